@@ -1,0 +1,100 @@
+"""The analytic engine: closed-form memory, FLOPs and time for any transformer at any scale (no torch)."""
+from __future__ import annotations
+
+from ..errors import SetupError
+from ..estimate import Estimate, Flops, Memory, Timing
+from ..hardware import GPU
+from ..setup import Setup
+from ..spec import ModelSpec
+from . import inference
+from .flops import forward_per_token, step_flops
+from .memory import train_memory
+from .params import count_params
+from .timing import budget, compute_dtype, step_seconds
+
+# Reserved per GPU for the CUDA context, cuBLAS workspace and allocator fragmentation when judging "fits".
+# NB: ~0.5 GiB context on H100 + workspace; fragmentation varies — a conservative round figure.
+DEFAULT_RESERVE = 1 << 30
+
+
+def validate_layout(spec: ModelSpec, setup: Setup) -> None:
+    t, p = setup.tp, setup.pp
+    if spec.heads % t:
+        raise SetupError(f"--tp {t} does not divide the {spec.heads} attention heads of {spec.name}; use a divisor of {spec.heads}")
+    if spec.kv_heads % t and t % spec.kv_heads:
+        raise SetupError(f"--tp {t} and the {spec.kv_heads} key/value heads of {spec.name} do not divide one another")
+    if spec.intermediate and spec.intermediate % t:
+        raise SetupError(f"--tp {t} does not divide the MLP width {spec.intermediate} of {spec.name}")
+    if spec.layers % p:
+        raise SetupError(f"--pp {p} does not divide the {spec.layers} layers of {spec.name}; use a divisor of {spec.layers}")
+    if setup.mode == "train" and p > 1 and setup.grad_accum < p:
+        raise SetupError(f"--pp {p} needs at least {p} micro-batches per step to fill the pipeline: set --grad-accum >= {p}")
+
+
+def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float = 0.4,
+             tokens: float | None = None, mbu: float = 0.8, reserve: int = DEFAULT_RESERVE) -> Estimate:
+    if not 0 < mfu <= 1:
+        raise SetupError(f"--mfu must be in (0, 1], got {mfu}")
+    if tokens is not None and tokens <= 0:
+        raise SetupError(f"--tokens must be positive, got {tokens}")
+    validate_layout(spec, setup)
+    pc = count_params(spec)
+    if setup.mode == "infer":
+        return _infer(spec, setup, pc, gpu, mfu, mbu, reserve)
+    mem = train_memory(spec, setup, pc)
+    f = step_flops(spec, setup, pc)
+    ranks_per_replica = setup.tp * setup.pp
+    fwd_rank = f.forward / ranks_per_replica
+    bwd_rank = f.backward / ranks_per_replica
+    rec_rank = f.recompute / ranks_per_replica
+    flops = Flops(int(fwd_rank), int(bwd_rank), int(rec_rank), int(fwd_rank + bwd_rank + rec_rank),
+                  int(fwd_rank + bwd_rank), int(f.per_token))
+    at = mem.at_peak
+    memory = Memory(
+        weights=mem.weights, gradients=mem.gradients, optimizer_states=mem.optimizer, master_weights=mem.master,
+        activations=mem.activations, temporaries=at.get("temporaries", 0) + mem.comm_buffers, kv_cache=0,
+        peak=mem.peak, peak_phase=mem.peak_phase, phases=mem.phases, at_peak=at,
+    )
+    timing = None
+    if gpu is not None:
+        secs = step_seconds(flops.step, gpu, setup, mfu)
+        tps = setup.tokens_per_step / secs
+        extra = budget(tokens, tps, setup.world_size, gpu) if tokens else {}
+        capacity = gpu.memory - reserve
+        timing = Timing(gpu=gpu.name, mfu=mfu * flops.model_step / flops.step, step_seconds=secs,
+                        tokens_per_second=tps, fits=mem.peak <= capacity, headroom=capacity - mem.peak, **extra)
+    notes = [f"attention kernel: {setup.attention_kernel}; optimizer {'foreach' if setup.device == 'cuda' else 'for-loop'} ({setup.device} semantics)"]
+    if setup.dp > 1 and setup.zero == 0:
+        notes.append("DDP keeps a gradient-sized bucket buffer (counted in temporaries)")
+    if gpu is not None:
+        notes.append(f"fits = peak <= GPU memory - {reserve / 2**30:.1f} GiB reserved for CUDA context and allocator")
+        notes.append("step time from FLOPs at the stated MFU; communication not included (see `trainfit plan`)")
+    return Estimate("analytic", spec.name, pc.total, int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
+                    setup, memory, flops, timing, tuple(notes), {"params_active": pc.active, **mem.detail})
+
+
+def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
+    m = inference.infer_memory(spec, setup, pc)
+    peak_phase = "prefill" if m.prefill_peak >= m.decode_peak else "decode"
+    peak = max(m.prefill_peak, m.decode_peak)
+    fpt = forward_per_token(spec, setup.seq, pc)
+    prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
+    memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,
+                    temporaries=m.logits, kv_cache=m.kv_cache, peak=peak, peak_phase=peak_phase,
+                    phases={"prefill": m.prefill_peak, "decode": m.decode_peak},
+                    at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations, "temporaries": m.logits})
+    flops = Flops(int(prefill_flops), 0, 0, int(prefill_flops), int(prefill_flops), int(fpt))
+    timing = None
+    if gpu is not None:
+        capacity = gpu.memory - reserve
+        prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
+        # decode: one pass over the weights and the whole KV cache per generated token (per sequence batch)
+        decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu)
+        timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=prefill_s, tokens_per_second=setup.batch * setup.seq / prefill_s,
+                        fits=peak <= capacity, headroom=capacity - peak, prefill_seconds=prefill_s,
+                        decode_tokens_per_second=setup.batch / decode_s,
+                        max_batch=inference.largest_batch(spec, setup, capacity),
+                        max_seq=inference.largest_context(spec, setup, capacity))
+    notes = [f"KV cache in {setup.kv_dtype or ('fp32' if setup.precision == 'fp32' else 'bf16')}; decode at {mbu:.0%} of memory bandwidth (roofline)"]
+    return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
+                    timing, tuple(notes), {"params_active": pc.active, "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup)})

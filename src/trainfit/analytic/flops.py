@@ -1,0 +1,62 @@
+"""FLOPs of a step. Matmuls count 2 FLOPs per multiply-add (Kaplan et al. 2020, Table 1: C_forward ≈ 2N +
+2·n_layer·n_ctx·d_attn); backward is twice the forward (Narayanan et al. 2021 §5.1: 3× total, 4× with full
+recompute). Causal attention counts the (s+1)/2 keys each query sees on average, as flash kernels skip the
+masked half. NB: norms, activations, softmax and the optimizer are elementwise and left out (< 1% for LLMs:
+under-counts slightly); embedding lookups are not matmuls and cost no FLOPs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .params import ParamCounts, count_params
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    forward: float  # whole model, all micro-batches of one DP rank
+    backward: float
+    recompute: float
+    per_token: float  # model FLOPs per trained token (fwd + bwd)
+    forward_per_token: float
+
+
+def matmul_params_per_token(spec: ModelSpec, pc: ParamCounts) -> int:
+    """Weights each token multiplies through: attention and MLP matrices (active experts only), the router and
+    the LM head (also when tied to the embedding)."""
+    n = pc.attention * spec.layers + pc.mlp * pc.dense_layers
+    if spec.moe is not None:
+        m = spec.moe
+        shared = (pc.moe_mlp - m.num_experts * pc.expert - m.num_experts * spec.hidden) if pc.moe_layers else 0
+        n += pc.moe_layers * (m.top_k * pc.expert + m.num_experts * spec.hidden + shared)
+    n += spec.vocab * (spec.embed_proj_dim or spec.hidden)
+    if spec.mlm_transform:
+        n += spec.hidden * spec.hidden
+    return n
+
+
+def attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
+    """q·kᵀ and probs·v: 2·2·q_dim FLOPs per key, per layer (Kaplan et al. 2020, Table 1)."""
+    keys = (seq + 1) / 2 if spec.causal else seq
+    return spec.layers * 4 * spec.q_dim * keys
+
+
+def forward_per_token(spec: ModelSpec, seq: int, pc: ParamCounts | None = None) -> float:
+    pc = pc or count_params(spec)
+    return 2 * matmul_params_per_token(spec, pc) + attention_flops_per_token(spec, seq)
+
+
+def step_flops(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> StepFlops:
+    pc = pc or count_params(spec)
+    fpt = forward_per_token(spec, setup.seq, pc)
+    tokens = setup.batch * setup.seq * setup.grad_accum
+    fwd = fpt * tokens
+    head = 2 * spec.vocab * spec.hidden * tokens  # the LM head is outside the checkpointed layers
+    if setup.recompute == "full":
+        recompute = fwd - head
+    elif setup.recompute == "selective":
+        recompute = attention_flops_per_token(spec, setup.seq) * tokens  # Korthikanti et al. 2022 §4.2
+    else:
+        recompute = 0.0
+    return StepFlops(fwd, 2 * fwd, recompute, 3 * fpt, fpt)

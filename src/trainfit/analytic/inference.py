@@ -1,0 +1,102 @@
+"""Inference memory and speed per rank: weights, KV cache, one layer's transient activations.
+
+KV cache = 2 (k and v) · layers · kv_heads · head_dim · batch · tokens · bytes (Pope et al. 2022, "Efficiently
+Scaling Transformer Inference", §2.1), GQA/MQA aware through kv_heads. Decode is memory-bound: each step
+streams the weights and the KV cache once (roofline, Williams et al. 2009); prefill is compute-bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SetupError
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import FP32
+from .params import ParamCounts, count_params
+from .precision import DTYPE_BYTES, state_bytes
+
+
+@dataclass(frozen=True)
+class InferMemory:
+    weights: int
+    kv_cache: int
+    activations: int  # prefill's largest transient (one layer at a time, nothing saved)
+    logits: int
+    prefill_peak: int
+    decode_peak: int
+
+
+def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
+    kv_dtype = setup.kv_dtype or ("fp32" if setup.precision == "fp32" else "bf16")
+    kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
+    layers = spec.layers / setup.pp
+    return 2 * layers * kv_heads_per_rank * spec.head_dim * DTYPE_BYTES[kv_dtype]
+
+
+def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """Largest set of live tensors inside one layer during a no-grad forward: the residual stream and its
+    normalised copy, then either attention (q, k, v, output; eager adds the s×s scores and probabilities) or
+    the MLP (gate, up and their product / fc1 and activation). NB: a bound within ~10% of traced layers."""
+    st = state_bytes(setup)
+    a, r = st.act, st.residual
+    t = setup.tp
+    base = 2 * r * spec.hidden * tokens
+    attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
+    if setup.attention_kernel == "eager":
+        attn += (FP32 + a) * spec.heads / t * tokens * setup.seq
+    width = spec.moe.expert_intermediate * spec.moe.top_k if spec.moe else spec.intermediate
+    mlp = (3 if spec.gated_mlp else 2) * a * width / t * tokens
+    return base + max(attn, mlp)
+
+
+def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> InferMemory:
+    pc = pc or count_params(spec)
+    st = state_bytes(setup)
+    n = pc.total / (setup.tp * setup.pp)
+    weights = n * st.weight
+    tokens = setup.batch * setup.seq
+    kv = kv_bytes_per_token(spec, setup) * tokens
+    act = _prefill_transient(spec, setup, tokens)
+    # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
+    logits = FP32 * spec.vocab / setup.tp * setup.batch
+    prefill = weights + kv + act + logits
+    decode = weights + kv_bytes_per_token(spec, setup) * setup.batch * (setup.seq + 1) + _prefill_transient(
+        spec, setup.with_(seq=1), setup.batch) + logits
+    return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
+
+
+def largest_batch(spec: ModelSpec, setup: Setup, capacity: int) -> int:
+    """Largest batch at this context whose prefill and decode fit `capacity` bytes (0 if none)."""
+    if infer_peak(spec, setup.with_(batch=1)) > capacity:
+        return 0
+    lo, hi = 1, 2
+    while infer_peak(spec, setup.with_(batch=hi)) <= capacity and hi < 1 << 24:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if infer_peak(spec, setup.with_(batch=mid)) <= capacity else (lo, mid)
+    return lo
+
+
+def largest_context(spec: ModelSpec, setup: Setup, capacity: int) -> int:
+    """Largest context (tokens) at this batch that fits `capacity`, up to the model's max positions × 64."""
+    if infer_peak(spec, setup.with_(seq=1)) > capacity:
+        return 0
+    lo, hi = 1, 2
+    limit = max(spec.max_positions, 1) * 64
+    while infer_peak(spec, setup.with_(seq=hi)) <= capacity and hi < limit:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if infer_peak(spec, setup.with_(seq=mid)) <= capacity else (lo, mid)
+    return lo
+
+
+def infer_peak(spec: ModelSpec, setup: Setup) -> int:
+    m = infer_memory(spec, setup)
+    return max(m.prefill_peak, m.decode_peak)
+
+
+def check_layout(spec: ModelSpec, setup: Setup) -> None:
+    if setup.dp > 1 and setup.mode == "infer" and setup.zero:
+        raise SetupError("--zero applies to training; inference replicas do not shard optimizer state")

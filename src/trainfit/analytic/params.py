@@ -1,0 +1,149 @@
+"""Exact parameter counts from a ModelSpec (pure arithmetic; no torch).
+
+`count_params(spec).total` equals `sum(p.numel() for p in model.parameters())` of the transformers
+`*ForCausalLM` (`*ForMaskedLM` for encoders) built from the same config.json; tied weights are
+counted once, as `parameters()` does. tests/models/test_params_exact.py checks every catalog model
+against the model built on the meta device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfit.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    embedding: int  # token + position + token-type embeddings, embedding norm, OPT project_in/out
+    attention: int  # one layer's attention (q,k,v,o + biases + qk norms)
+    mlp: int  # one DENSE layer's MLP
+    moe_mlp: int  # one MoE layer's MLP: all experts + router + shared expert (+gate); 0 if dense
+    norms: int  # one layer's norms
+    dense_layers: int  # how many layers use `mlp`
+    moe_layers: int  # how many layers use `moe_mlp`
+    final: int  # final norm + MLM transform
+    lm_head: int  # 0 when tied (+ decoder bias for BERT)
+    total: int  # == sum of numel() of the transformers *ForCausalLM / *ForMaskedLM model
+    active: int  # params touched per token (MoE: top_k experts + shared + router); == total for dense
+    expert: int = 0  # params of one routed expert
+
+    @property
+    def per_layer_dense(self) -> int:
+        """Attention + dense MLP + norms of one dense layer."""
+        return self.attention + self.mlp + self.norms
+
+    @property
+    def per_layer_moe(self) -> int:
+        """Attention + MoE MLP (all experts) + norms of one MoE layer."""
+        return self.attention + self.moe_mlp + self.norms
+
+    @property
+    def non_embedding(self) -> int:
+        """Total minus the embedding tables (the usual 'non-embedding parameters'; lm_head excluded)."""
+        return self.total - self.embedding - self.lm_head
+
+
+def norm_params(spec: ModelSpec, dim: int) -> int:
+    """One norm over `dim` features: LayerNorm weight + bias, RMSNorm weight only (torch.nn.LayerNorm,
+    HF *RMSNorm); none when not elementwise-affine (OPT layer_norm_elementwise_affine=False)."""
+    if not spec.norm_affine:
+        return 0
+    return dim * (2 if spec.norm == "layernorm" and spec.norm_bias else 1)
+
+
+def linear(n_in: int, n_out: int, bias: bool) -> int:
+    """torch.nn.Linear / HF Conv1D: weight n_in*n_out (+ bias n_out)."""
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def mlp_params(hidden: int, inner: int, gated: bool, bias: bool) -> int:
+    """Gated (SwiGLU/GeGLU, HF modeling_llama: gate_proj, up_proj, down_proj; Phi-3 fuses gate_up_proj)
+    or plain (GPT-2 c_fc/c_proj, NeoX dense_h_to_4h/dense_4h_to_h, OPT fc1/fc2, BERT intermediate/output)."""
+    n_up = 2 if gated else 1
+    return n_up * linear(hidden, inner, bias) + linear(inner, hidden, bias)
+
+
+def count_params(spec: ModelSpec) -> ParamCounts:
+    h = spec.hidden
+    # Token embedding: HF nn.Embedding(vocab, hidden) (OPT: vocab x word_embed_proj_dim).
+    emb_dim = spec.embed_proj_dim or h
+    embedding = spec.vocab * emb_dim
+    if spec.embed_proj_dim:
+        # HF modeling_opt: project_in (proj -> hidden) and project_out (hidden -> proj), bias=False
+        embedding += 2 * spec.embed_proj_dim * h
+    if spec.positions == "learned":
+        # GPT-2 wpe / BERT position_embeddings / OPT OPTLearnedPositionalEmbedding (max + 2 rows) /
+        # RoBERTa (max_position_embeddings rows, i.e. max_positions + padding offset)
+        embedding += (spec.max_positions + spec.position_offset) * h
+    embedding += spec.type_vocab * h  # BERT token_type_embeddings
+    if spec.embedding_norm:
+        embedding += norm_params(spec, h)  # BERT embeddings.LayerNorm
+
+    # Attention (HF modeling_llama: q_proj, k_proj, v_proj, o_proj; GPT-2 fused c_attn + c_proj;
+    # NeoX query_key_value + dense; Phi-3 qkv_proj + o_proj; BERT query/key/value + output.dense).
+    attention = (
+        linear(h, spec.q_dim, spec.qkv_bias)
+        + 2 * linear(h, spec.kv_dim, spec.qkv_bias)
+        + linear(spec.q_dim, h, spec.out_bias)
+    )
+    if spec.qk_norm:
+        attention += 2 * spec.head_dim  # HF modeling_qwen3: q_norm, k_norm = RMSNorm(head_dim)
+
+    mlp = mlp_params(h, spec.intermediate, spec.gated_mlp, spec.mlp_bias)
+    norms = spec.norms_per_layer * norm_params(spec, h)
+
+    moe_mlp = expert = moe_layers = 0
+    if spec.moe is not None:
+        m = spec.moe
+        # HF modeling_mixtral / qwen2_moe: experts.gate_up_proj (E, 2I, H) + experts.down_proj (E, H, I),
+        # no biases; router gate.weight (E, H)
+        expert = mlp_params(h, m.expert_intermediate, True, False)
+        moe_mlp = m.num_experts * expert + m.num_experts * h
+        if m.shared_intermediate:
+            moe_mlp += mlp_params(h, m.shared_intermediate, True, False)  # Qwen2-MoE shared_expert
+        if m.shared_gate:
+            moe_mlp += h  # Qwen2-MoE shared_expert_gate = Linear(hidden, 1, bias=False)
+        moe_layers = spec.layers if m.sparse_layers is None else m.sparse_layers
+    dense_layers = spec.layers - moe_layers
+
+    final = norm_params(spec, h) if spec.final_norm else 0
+    if spec.mlm_transform:
+        # BERT cls.predictions.transform / RoBERTa lm_head: dense (h x h + bias) + LayerNorm
+        final += linear(h, h, True) + norm_params(spec, h)
+
+    lm_head = 0 if spec.tied_embeddings else spec.vocab * emb_dim
+    if spec.lm_head_bias:
+        lm_head += spec.vocab  # BERT cls.predictions.bias / RoBERTa lm_head.bias
+        if not spec.tied_embeddings:
+            # transformers 5 ties decoder.bias to that bias only under tie_word_embeddings (its
+            # _tied_weights_keys); untied, decoder.bias is a second vocab-sized parameter.
+            # NB: transformers 4.x always shared the bias, so there an untied BERT has `vocab` fewer.
+            lm_head += spec.vocab
+
+    per_layer = attention + norms
+    total = (
+        embedding
+        + spec.layers * per_layer
+        + dense_layers * mlp
+        + moe_layers * moe_mlp
+        + final
+        + lm_head
+    )
+    active = total
+    if spec.moe is not None:
+        # Each token runs top_k routed experts (plus the shared expert and router, counted above).
+        active = total - moe_layers * (spec.moe.num_experts - spec.moe.top_k) * expert
+    return ParamCounts(
+        embedding=embedding,
+        attention=attention,
+        mlp=mlp,
+        moe_mlp=moe_mlp,
+        norms=norms,
+        dense_layers=dense_layers,
+        moe_layers=moe_layers,
+        final=final,
+        lm_head=lm_head,
+        total=total,
+        active=active,
+        expert=expert,
+    )

@@ -1,0 +1,52 @@
+"""Bytes per parameter of the model states under each precision policy and optimizer (no torch).
+
+Mixed precision per Micikevicius et al. 2018 ("Mixed Precision Training") as torch.autocast does it:
+fp32 weights/grads/states, low-precision activations. Master copies per Rajbhandari et al. 2020 (ZeRO, §3:
+"2Ψ + 2Ψ + 12Ψ = 16Ψ bytes" for fp16 weights + fp16 grads + fp32 master, momentum, variance).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..setup import Setup
+
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
+               # int4 weight-only quantisation (GPTQ/AWQ style): 4 bits + one fp16 scale and zero per group of 128
+               # NB: group size 128 assumed; finer groups cost slightly more.
+               "int4": 0.5 + 4 / 128}
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    weight: float  # bytes per parameter
+    grad: float
+    master: float  # fp32 master copy (bf16-master only)
+    optimizer: float  # optimizer state bytes per parameter (Adafactor: see `factored`)
+    factored: bool  # Adafactor keeps row + column statistics per matrix instead of per-element state
+    act: int  # activation (compute) dtype bytes
+    residual: int  # dtype of the residual stream: fp32 under autocast (embeddings are never autocast)
+
+
+def state_bytes(setup: Setup) -> StateBytes:
+    p = setup.precision
+    if setup.mode == "infer":
+        act = 4 if p == "fp32" else 2
+        wdtype = {"amp-bf16": "fp32", "amp-fp16": "fp32"}.get(p, p)
+        return StateBytes(DTYPE_BYTES[wdtype], 0, 0, 0, False, act, 4 if p.startswith("amp") or p == "fp32" else 2)
+    weight = 2.0 if p in ("bf16", "bf16-master") else 4.0
+    grad = weight  # .grad has the parameter's dtype in PyTorch
+    master = 4.0 if p == "bf16-master" else 0.0
+    # the optimizer keeps its state in the dtype of the parameters it updates (fp32 masters when present)
+    s = 4.0 if p in ("fp32", "amp-bf16", "amp-fp16", "bf16-master") else 2.0
+    opt = {
+        "sgd": 0.0,
+        "momentum": s,  # momentum buffer
+        "adam": 2 * s,  # exp_avg, exp_avg_sq (Kingma & Ba 2015, Alg. 1)
+        "adamw": 2 * s,  # Loshchilov & Hutter 2019: same state as Adam
+        "lion": s,  # Chen et al. 2023 ("Symbolic Discovery of Optimization Algorithms"): one momentum
+        "adamw-8bit": 2.0 + 2 * 4 / 2048,  # Dettmers et al. 2022: two 8-bit states + one fp32 absmax per 2048-block each
+        "adafactor": 0.0,  # factored: rows + columns, computed per matrix in memory.py
+    }[setup.optimizer]
+    act = 4 if p == "fp32" else 2
+    residual = 2 if p in ("bf16", "bf16-master") else 4
+    return StateBytes(weight, grad, master, opt, setup.optimizer == "adafactor", act, residual)

@@ -1,0 +1,122 @@
+"""The library's front door: what the CLI, the web UI and scripts call. No torch at import time."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import EngineUnavailableError, SetupError
+from .estimate import Estimate
+from .setup import Setup
+
+ENGINES = ("analytic", "trace", "measure", "all")
+
+
+@dataclass(frozen=True)
+class Request:
+    model: str
+    batch: int = 1
+    seq: int = 2048
+    grad_accum: int = 1
+    precision: str | None = None
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    attention: str = "auto"
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    device: str = "cuda"
+    gpu: str | None = None
+    mode: str = "train"
+    mfu: float = 0.4
+    tokens: float | None = None
+    price: float | None = None
+    kv_dtype: str | None = None
+
+    def setup(self) -> Setup:
+        precision = self.precision or ("amp-bf16" if self.mode == "train" else "bf16")
+        return Setup(batch=self.batch, seq=self.seq, grad_accum=self.grad_accum, precision=precision,
+                     optimizer=self.optimizer, recompute=self.recompute, attention=self.attention, dp=self.dp,
+                     tp=self.tp, pp=self.pp, zero=self.zero, sequence_parallel=self.sequence_parallel,
+                     device=self.device, mode=self.mode, kv_dtype=self.kv_dtype)
+
+
+def load_spec(model: str):
+    from .models.resolve import load_model
+
+    return load_model(model)
+
+
+def load_gpu(name: str | None, price: float | None = None):
+    if name is None:
+        if price is not None:
+            raise SetupError("--price needs --gpu")
+        return None
+    from .hardware import get_gpu
+
+    return get_gpu(name).with_price(price)
+
+
+def analytic(req: Request) -> Estimate:
+    from .analytic.engine import estimate
+
+    return estimate(load_spec(req.model), req.setup(), load_gpu(req.gpu, req.price), mfu=req.mfu, tokens=req.tokens)
+
+
+def _trace(req: Request) -> Estimate:
+    try:
+        from .trace.engine import trace_spec
+    except ImportError as e:
+        raise EngineUnavailableError(f"the trace engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
+    return trace_spec(load_spec(req.model), req.setup())
+
+
+def _measure(req: Request) -> Estimate:
+    try:
+        from .measure import measure, to_estimate
+    except ImportError as e:
+        raise EngineUnavailableError(f"the measure engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
+    spec, setup = load_spec(req.model), req.setup()
+    return to_estimate(measure(spec, setup, device=setup.device), spec, setup)
+
+
+def run_engines(req: Request, engine: str) -> list[Estimate]:
+    if engine not in ENGINES:
+        raise SetupError(f"--engine {engine!r} is not one of: {', '.join(ENGINES)}")
+    order = {"analytic": [analytic], "trace": [_trace], "measure": [_measure], "all": [analytic, _trace]}[engine]
+    return [f(req) for f in order]
+
+
+def gaps(results: list[Estimate]) -> dict:
+    """Signed relative gap of each estimate's peak against the last one (the most exact engine run)."""
+    ref = results[-1].memory.peak
+    return {"reference": results[-1].engine,
+            "peak_gap": {e.engine: (e.memory.peak - ref) / ref if ref else None for e in results[:-1]}}
+
+
+def compare(model: str, batch: int, seq: int, precision: str | None = None, optimizer: str = "adamw",
+            recompute: str = "none", attention: str = "auto", device: str = "cuda", gpu: str | None = None) -> dict:
+    """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1."""
+    base = Request(model=model, batch=batch, seq=seq, precision=precision, optimizer=optimizer, recompute=recompute,
+                   attention=attention, device=device, gpu=gpu)
+    infer_prec = "bf16" if (precision or "amp-bf16") in ("amp-bf16", "bf16", "bf16-master") else (
+        "fp16" if precision == "amp-fp16" else "fp32")
+    infer = Request(model=model, batch=batch, seq=seq, precision=infer_prec, attention=attention, device=device,
+                    gpu=gpu, mode="infer")
+    one = Request(model=model, batch=1, seq=seq, precision=infer_prec, attention=attention, device=device, gpu=gpu,
+                  mode="infer")
+    return {f"train (batch {batch})": analytic(base), f"infer (batch {batch})": analytic(infer),
+            "infer (batch 1)": analytic(one)}
+
+
+def catalog_models() -> list[dict]:
+    from .analytic.params import count_params
+    from .models.resolve import catalog_entry, list_models
+
+    out = []
+    for s in list_models():
+        meta = catalog_entry(s.name)
+        out.append({"name": s.name, "family": s.family, "params": count_params(s).total, "layers": s.layers,
+                    "hidden": s.hidden, "heads": s.heads, "kv_heads": s.kv_heads, "vocab": s.vocab,
+                    "hf_id": meta.get("hf_id"), "aliases": meta.get("aliases", []), "source": meta.get("source", "")})
+    return out

@@ -1,0 +1,186 @@
+"""Command line: parses arguments into the library's dataclasses and hands results to a report.
+
+Every error a user can cause is one line on stderr and exit code 2 (DESIGN.md §6).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+import typer
+
+from . import api
+from .errors import TrainfitError
+from .units import parse_count
+
+app = typer.Typer(
+    help="Will it train (or serve) on my hardware? Memory, compute and time of a training step or of inference, "
+    "per GPU, from the model's architecture.\n\nStart with: trainfit estimate llama-3.1-8b --gpu H100-80GB",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
+BatchOpt = typer.Option(1, "--batch", "-b", help="Micro-batch per GPU (sequences).")
+SeqOpt = typer.Option(2048, "--seq", "-s", help="Sequence length (training) or context length (inference), tokens.")
+AccumOpt = typer.Option(1, "--grad-accum", help="Micro-batches accumulated per optimizer step.")
+PrecOpt = typer.Option(None, "--precision", help="Training: fp32, amp-bf16 (default), amp-fp16, bf16, bf16-master. Inference: bf16 (default), fp16, fp32, fp8, int8, int4.")
+OptimOpt = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, lion.")
+RecOpt = typer.Option("none", "--recompute", help="Activation recomputation: none, selective (attention core), full (every layer).")
+AttnOpt = typer.Option("auto", "--attention", help="Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on cuda, sdpa on cpu.")
+DpOpt = typer.Option(1, "--dp", help="Data-parallel degree.")
+TpOpt = typer.Option(1, "--tp", help="Tensor-parallel degree (divides heads).")
+PpOpt = typer.Option(1, "--pp", help="Pipeline-parallel degree (divides layers; 1F1B schedule).")
+ZeroOpt = typer.Option(0, "--zero", help="ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, = FSDP).")
+SpOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism (with --tp).")
+DevOpt = typer.Option("cuda", "--device", help="Kernel semantics: cuda (flash SDPA, foreach optimizers) or cpu (PyTorch CPU kernels, for-loop optimizers).")
+GpuOpt = typer.Option(None, "--gpu", help="GPU to check the fit and time against (see `trainfit gpus`).")
+ModeOpt = typer.Option("train", "--mode", help="train or infer.")
+EngineOpt = typer.Option("analytic", "--engine", help="analytic (formulas, instant), trace (fake-tensor run of the real model), measure (real run here), all.")
+MfuOpt = typer.Option(0.4, "--mfu", help="Model-FLOPs utilisation assumed for the step time.")
+TokensOpt = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost and energy.")
+PriceOpt = typer.Option(None, "--price", help="GPU price per hour in USD (overrides the catalog).")
+KvOpt = typer.Option(None, "--kv-dtype", help="Inference KV-cache dtype (default: the activation dtype).")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
+
+
+def _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
+             sequence_parallel, device, gpu, mode, mfu, tokens, price, kv_dtype) -> api.Request:
+    return api.Request(
+        model=model, batch=batch, seq=seq, grad_accum=grad_accum, precision=precision, optimizer=optimizer,
+        recompute=recompute, attention=attention, dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sequence_parallel,
+        device=device, gpu=gpu, mode=mode, mfu=mfu, tokens=parse_count(tokens) if tokens else None, price=price,
+        kv_dtype=kv_dtype,
+    )
+
+
+@app.command()
+def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
+             precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
+             attention: str = AttnOpt, dp: int = DpOpt, tp: int = TpOpt, pp: int = PpOpt, zero: int = ZeroOpt,
+             sequence_parallel: bool = SpOpt, device: str = DevOpt, gpu: Optional[str] = GpuOpt, mode: str = ModeOpt,
+             engine: str = EngineOpt, mfu: float = MfuOpt, tokens: Optional[str] = TokensOpt,
+             price: Optional[float] = PriceOpt, kv_dtype: Optional[str] = KvOpt, json: bool = JsonOpt) -> None:
+    """Memory (by category and phase, with the peak), FLOPs and — with --gpu — fit, step time and cost, per GPU.
+
+    Examples:\n
+      trainfit estimate llama-3.1-8b --gpu H100-80GB\n
+      trainfit estimate ./config.json --batch 4 --seq 2048 --precision amp-bf16 --recompute full --json\n
+      trainfit estimate llama-3.1-70b --dp 8 --tp 8 --pp 2 --grad-accum 8 --zero 1 --gpu H100-80GB\n
+      trainfit estimate llama-3.1-8b --mode infer --batch 16 --seq 8192 --precision bf16 --gpu L4
+    """
+    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
+                   sequence_parallel, device, gpu, mode, mfu, tokens, price, kv_dtype)
+    results = api.run_engines(req, engine)
+    from .report import json_out, terminal
+
+    if json:
+        if len(results) == 1:
+            typer.echo(json_out.dumps(json_out.estimate_dict(results[0])))
+        else:
+            typer.echo(json_out.dumps({"estimates": [json_out.estimate_dict(e) for e in results],
+                                       **api.gaps(results)}))
+        return
+    if len(results) == 1:
+        terminal.render_estimate(results[0])
+    else:
+        terminal.render_side_by_side(results, reference=len(results) - 1)
+
+
+@app.command()
+def compare(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, precision: Optional[str] = PrecOpt,
+            optimizer: str = OptimOpt, recompute: str = RecOpt, attention: str = AttnOpt, device: str = DevOpt,
+            gpu: Optional[str] = GpuOpt, json: bool = JsonOpt) -> None:
+    """Training vs inference of the same model, side by side, with the ratio — at this batch and at batch 1.
+
+    Example: trainfit compare llama-3.1-8b --batch 8 --seq 4096
+    """
+    results = api.compare(model, batch=batch, seq=seq, precision=precision, optimizer=optimizer,
+                          recompute=recompute, attention=attention, device=device, gpu=gpu)
+    from .report import json_out, terminal
+
+    if json:
+        typer.echo(json_out.dumps({k: json_out.estimate_dict(v) for k, v in results.items()}))
+        return
+    labels = list(results)
+    terminal.render_side_by_side(list(results.values()), labels=labels, reference=0)
+    train, infer = results[labels[0]].memory.peak, results[labels[1]].memory.peak
+    typer.echo(f"inference at the same batch needs {infer / train:.0%} of the training peak "
+               f"({1 - infer / train:.0%} less); at batch 1 it needs {results[labels[2]].memory.peak / train:.1%}.")
+
+
+@app.command()
+def models(json: bool = JsonOpt) -> None:
+    """The model catalog: names you can pass to `estimate` (a config.json path works too)."""
+    rows = api.catalog_models()
+    if json:
+        from .report.json_out import dumps
+
+        typer.echo(dumps(rows))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from .units import fmt_count
+
+    t = Table(title="trainfit models", header_style="bold")
+    for col in ("name", "family", "params", "layers", "hidden", "heads (kv)", "vocab", "hub id"):
+        t.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left")
+    for r in rows:
+        t.add_row(r["name"], r["family"], fmt_count(r["params"]), str(r["layers"]), str(r["hidden"]),
+                  f"{r['heads']} ({r['kv_heads']})", str(r["vocab"]), r.get("hf_id") or "")
+    Console().print(t)
+
+
+@app.command()
+def gpus(json: bool = JsonOpt) -> None:
+    """The GPU catalog: memory, bandwidth, dense peak FLOP/s, power, price (override with --price)."""
+    from .hardware import list_gpus
+
+    items = list_gpus()
+    if json:
+        from .report.json_out import dumps
+
+        typer.echo(dumps([{"name": g.name, "memory": g.memory, "memory_bandwidth": g.memory_bandwidth,
+                           "peak_flops": g.peak_flops, "power_watts": g.power_watts,
+                           "intra_node_bandwidth": g.intra_node_bandwidth, "inter_node_bandwidth": g.inter_node_bandwidth,
+                           "gpus_per_node": g.gpus_per_node, "price_per_hour": g.price_per_hour, "vendor": g.vendor,
+                           "aliases": list(g.aliases), "source": g.source} for g in items]))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from .units import fmt_bytes
+
+    t = Table(title="trainfit gpus (dense peaks)", header_style="bold")
+    for col in ("name", "memory", "bandwidth", "bf16 TFLOP/s", "fp32/tf32 TFLOP/s", "W", "$/h"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for g in items:
+        bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0
+        t.add_row(g.name, fmt_bytes(g.memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s", f"{bf16 / 1e12:,.1f}",
+                  f"{g.flops_for('fp32') / 1e12:,.1f}", f"{g.power_watts:.0f}", f"{g.price_per_hour:.2f}")
+    Console().print(t)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors (ours and click's usage errors) become one line and exit code 2."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="trainfit", standalone_mode=False)
+    except TrainfitError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as e:
+        typer.echo(f"error: {e.format_message()} (see `trainfit {(e.ctx.info_name + ' ') if getattr(e, 'ctx', None) and e.ctx.parent else ''}--help`)", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

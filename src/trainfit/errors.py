@@ -1,0 +1,25 @@
+"""Errors a user can cause. The CLI prints the message on one line and exits with code 2."""
+
+
+class TrainfitError(Exception):
+    """Base class: the message says what is wrong and how to fix it."""
+
+
+class UnknownModelError(TrainfitError):
+    pass
+
+
+class UnknownGPUError(TrainfitError):
+    pass
+
+
+class ConfigError(TrainfitError):
+    """A config.json that cannot be read or describes something we do not support."""
+
+
+class SetupError(TrainfitError):
+    """An impossible setup: sizes <= 0, a parallel layout that does not divide the model, ..."""
+
+
+class EngineUnavailableError(TrainfitError):
+    pass

@@ -1,0 +1,398 @@
+"""HF config.json (a plain dict) -> ModelSpec. Standard library only: no torch, no transformers.
+
+Each supported `model_type` has a small builder that reads the keys that HF transformers' own
+`Configuration*` / `modeling_*` classes read, with the same defaults (transformers 4.45 .. 5.x), so
+that `trainfit.analytic.params.count_params(spec).total` equals the numel() of the transformers
+model built from the same config (tests/models/test_params_exact.py checks every catalog model).
+
+Defaults that differ by model type and change parameter counts (checked against
+transformers/models/*/configuration_*.py):
+- tie_word_embeddings: True for gpt2, opt, bert, roberta, gemma, gemma2; False for the rest.
+- head_dim: qwen3 defaults to 128 and gemma/gemma2 to 256 (NOT hidden/heads); others hidden/heads.
+- biases: qwen2/qwen2_moe always have q/k/v bias (qwen2_moe: `qkv_bias`, default True);
+  llama/qwen3/gemma use `attention_bias` on q,k,v,o; gpt_neox `attention_bias` (default True) on
+  qkv+dense with biased MLP; gpt2/bert/roberta bias everything; opt `enable_bias` (default True).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from trainfit.errors import ConfigError
+from trainfit.spec import ModelSpec, MoESpec
+
+_MISSING = object()
+
+
+class _Cfg:
+    """A config dict with helpers that raise one-line ConfigErrors."""
+
+    def __init__(self, config: dict, name: str, model_type: str):
+        self.d = config
+        self.name = name
+        self.mt = model_type
+
+    def has(self, key: str) -> bool:
+        return self.d.get(key) is not None
+
+    def get(self, *keys: str, default: Any = _MISSING) -> Any:
+        for k in keys:
+            v = self.d.get(k)
+            if v is not None:
+                return v
+        if default is _MISSING:
+            alts = " or ".join(f"'{k}'" for k in keys)
+            raise ConfigError(
+                f"{self.name}: config.json (model_type '{self.mt}') has no {alts}; "
+                "pass a complete HF config.json"
+            )
+        return default
+
+    def int(self, *keys: str, default: Any = _MISSING, minimum: int = 1) -> int:
+        v = self.get(*keys, default=default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+            raise ConfigError(f"{self.name}: '{keys[0]}' must be an integer, got {v!r}")
+        v = int(v)
+        if v < minimum:
+            raise ConfigError(f"{self.name}: '{keys[0]}' must be >= {minimum}, got {v}")
+        return v
+
+    def bool(self, *keys: str, default: Any = _MISSING) -> bool:
+        v = self.get(*keys, default=default)
+        if not isinstance(v, bool):
+            raise ConfigError(f"{self.name}: '{keys[0]}' must be true or false, got {v!r}")
+        return v
+
+    def str(self, *keys: str, default: Any = _MISSING) -> str:
+        v = self.get(*keys, default=default)
+        if not isinstance(v, str):
+            raise ConfigError(f"{self.name}: '{keys[0]}' must be a string, got {v!r}")
+        return v
+
+    def dtype(self) -> str:
+        v = self.d.get("torch_dtype") or self.d.get("dtype") or ""
+        return v if isinstance(v, str) else ""
+
+    def fail(self, what: str) -> ConfigError:
+        return ConfigError(f"{self.name}: {what}")
+
+
+def _heads(c: _Cfg, hidden: int, heads: int, *, head_dim_default: int | None = None,
+           kv_default: int | None = None) -> tuple[int, int]:
+    """(kv_heads, head_dim). num_key_value_heads: explicit key, else (key absent) the config class's
+    default, else (null) heads. head_dim: explicit key, else the model type's default, else hidden/heads."""
+    if "num_key_value_heads" not in c.d and kv_default is not None:
+        kv = kv_default
+    else:
+        kv = c.int("num_key_value_heads", default=heads)
+    if heads % kv:
+        why = "" if "num_key_value_heads" in c.d else f", the {c.mt} default when the key is absent"
+        raise c.fail(f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv}{why})")
+    if c.has("head_dim"):
+        hd = c.int("head_dim")
+    elif head_dim_default is not None:
+        hd = head_dim_default
+    else:
+        if hidden % heads:
+            raise c.fail(
+                f"hidden size {hidden} is not divisible by num_attention_heads {heads} "
+                "and the config gives no head_dim"
+            )
+        hd = hidden // heads
+    return kv, hd
+
+
+def _sliding_layers(c: _Cfg, layers: int) -> int | None:
+    """How many layers use the local window, from `layer_types` (transformers >= 4.53) when given."""
+    lt = c.d.get("layer_types")
+    if isinstance(lt, list) and lt:
+        n = sum(1 for t in lt if t == "sliding_attention")
+        return None if n == len(lt) else n
+    return None
+
+
+def _rope_decoder(c: _Cfg, *, tie_default: bool, head_dim_default: int | None = None,
+                  kv_default: int | None = None, act_keys: tuple[str, ...] = ("hidden_act",), act_default: str = "silu") -> dict:
+    """Llama-style decoder: RMSNorm, rotary positions, gated MLP (HF modeling_llama and descendants)."""
+    hidden = c.int("hidden_size")
+    heads = c.int("num_attention_heads")
+    kv, hd = _heads(c, hidden, heads, head_dim_default=head_dim_default, kv_default=kv_default)
+    return dict(
+        causal=True,
+        hidden=hidden,
+        layers=c.int("num_hidden_layers"),
+        heads=heads,
+        kv_heads=kv,
+        head_dim=hd,
+        intermediate=c.int("intermediate_size"),
+        vocab=c.int("vocab_size"),
+        max_positions=c.int("max_position_embeddings"),
+        gated_mlp=True,
+        activation=c.str(*act_keys, default=act_default),
+        norm="rmsnorm",
+        norm_bias=False,
+        positions="rotary",
+        tied_embeddings=c.bool("tie_word_embeddings", default=tie_default),
+        dtype=c.dtype(),
+    )
+
+
+def _window(c: _Cfg) -> int | None:
+    w = c.d.get("sliding_window")
+    if w is None:
+        return None
+    return c.int("sliding_window")
+
+
+# ---- per model_type builders ---------------------------------------------------------------
+
+
+def _llama(c: _Cfg) -> dict:
+    f = _rope_decoder(c, tie_default=False)
+    ab = c.bool("attention_bias", default=False)  # HF modeling_llama: q/k/v/o bias=config.attention_bias
+    f.update(qkv_bias=ab, out_bias=ab, mlp_bias=c.bool("mlp_bias", default=False))
+    return f
+
+
+def _mistral(c: _Cfg) -> dict:
+    f = _rope_decoder(c, tie_default=False, kv_default=8)  # HF modeling_mistral: no biases anywhere
+    f.update(sliding_window=_window(c))
+    return f
+
+
+def _qwen2(c: _Cfg, kv_default: int = 32) -> dict:
+    f = _rope_decoder(c, tie_default=False, kv_default=kv_default)
+    f.update(qkv_bias=True)  # HF modeling_qwen2: q/k/v bias=True, o_proj bias=False
+    if c.bool("use_sliding_window", default=False):
+        # Qwen2Config.layer_types: layer i is sliding when i >= max_window_layers
+        n = f["layers"] - c.int("max_window_layers", default=28, minimum=0)
+        if n > 0:
+            f["sliding_window"] = _window(c)
+            f["sliding_window_layers"] = n if n < f["layers"] else None
+    return f
+
+
+def _qwen3(c: _Cfg, kv_default: int = 32) -> dict:
+    # Qwen3Config: head_dim = 128, num_key_value_heads = 32 when absent
+    f = _rope_decoder(c, tie_default=False, head_dim_default=128, kv_default=kv_default)
+    ab = c.bool("attention_bias", default=False)
+    f.update(qkv_bias=ab, out_bias=ab, qk_norm=True)  # HF modeling_qwen3: q_norm, k_norm over head_dim
+    if c.bool("use_sliding_window", default=False):
+        f["sliding_window"] = _window(c)
+    return f
+
+
+def _gemma(c: _Cfg, kv_default: int = 16) -> dict:
+    # HF modeling_gemma: GeGLU MLP, RMSNorm (1 + w), embeddings scaled by sqrt(hidden), tied by default
+    f = _rope_decoder(c, tie_default=True, head_dim_default=256, kv_default=kv_default,
+                      act_keys=("hidden_activation", "hidden_act"), act_default="gelu_pytorch_tanh")
+    ab = c.bool("attention_bias", default=False)
+    f.update(qkv_bias=ab, out_bias=ab)
+    return f
+
+
+def _gemma2(c: _Cfg) -> dict:
+    f = _gemma(c, kv_default=4)  # Gemma2Config.num_key_value_heads = 4
+    # HF modeling_gemma2: input, post_attention, pre_feedforward, post_feedforward RMSNorms
+    f["norms_per_layer"] = 4
+    f["sliding_window"] = _window(c) if "sliding_window" in c.d else 4096  # Gemma2Config default
+    if f["sliding_window"] is not None:
+        n = _sliding_layers(c, f["layers"])
+        # Gemma2Config: layer i is sliding when i is even -> ceil(layers / 2)
+        f["sliding_window_layers"] = n if "layer_types" in c.d else math.ceil(f["layers"] / 2)
+    return f
+
+
+def _phi3(c: _Cfg) -> dict:
+    # HF modeling_phi3: fused qkv_proj and gate_up_proj (same counts as separate), no biases
+    f = _rope_decoder(c, tie_default=False)
+    f.update(sliding_window=_window(c))
+    return f
+
+
+def _moe_layers(c: _Cfg, layers: int, num_experts: int) -> int:
+    """HF modeling_qwen2_moe / qwen3_moe: layer i is MoE iff i not in mlp_only_layers and
+    num_experts > 0 and (i + 1) % decoder_sparse_step == 0."""
+    step = c.int("decoder_sparse_step", default=1)
+    only = c.get("mlp_only_layers", default=[])
+    if not isinstance(only, list):
+        raise c.fail(f"'mlp_only_layers' must be a list of layer indices, got {only!r}")
+    return sum(1 for i in range(layers) if i not in only and num_experts > 0 and (i + 1) % step == 0)
+
+
+def _mixtral(c: _Cfg) -> dict:
+    f = _rope_decoder(c, tie_default=False, kv_default=8)
+    f.update(sliding_window=_window(c))
+    e = c.int("num_local_experts", "num_experts")
+    k = c.int("num_experts_per_tok")
+    if k > e:
+        raise c.fail(f"num_experts_per_tok ({k}) exceeds num_local_experts ({e})")
+    # HF modeling_mixtral: every layer is a sparse block; experts have intermediate_size width
+    f["moe"] = MoESpec(num_experts=e, top_k=k, expert_intermediate=f["intermediate"])
+    return f
+
+
+def _qwen_moe(c: _Cfg, *, shared: bool) -> dict:
+    # Qwen2MoeConfig.num_key_value_heads = 16, Qwen3MoeConfig = 4 (when absent)
+    f = _qwen2(c, kv_default=16) if shared else _qwen3(c, kv_default=4)
+    if shared:
+        f["qkv_bias"] = c.bool("qkv_bias", default=True)  # Qwen2MoeConfig.qkv_bias
+    else:
+        f["head_dim"] = c.int("head_dim") if c.has("head_dim") else f["hidden"] // f["heads"]
+        if not c.has("head_dim") and f["hidden"] % f["heads"]:
+            raise c.fail(f"hidden size {f['hidden']} is not divisible by num_attention_heads {f['heads']}")
+    e = c.int("num_experts", "num_local_experts", minimum=0)
+    k = c.int("num_experts_per_tok")
+    n_moe = _moe_layers(c, f["layers"], e)
+    if n_moe == 0:
+        return f  # no sparse layer: a dense model
+    if k > e:
+        raise c.fail(f"num_experts_per_tok ({k}) exceeds num_experts ({e})")
+    f["moe"] = MoESpec(
+        num_experts=e,
+        top_k=k,
+        expert_intermediate=c.int("moe_intermediate_size"),
+        # HF Qwen2MoeSparseMoeBlock: shared_expert (gated MLP) + shared_expert_gate Linear(hidden, 1)
+        shared_intermediate=c.int("shared_expert_intermediate_size", minimum=0) if shared else 0,
+        shared_gate=shared,
+        sparse_layers=None if n_moe == f["layers"] else n_moe,
+    )
+    return f
+
+
+def _gpt2(c: _Cfg) -> dict:
+    # HF modeling_gpt2: wte, wpe, Conv1D c_attn (3h) / c_proj / c_fc / c_proj, all biased; ln_1, ln_2, ln_f
+    if c.bool("add_cross_attention", default=False):
+        raise c.fail("GPT-2 with add_cross_attention is not supported (decoder-only models only)")
+    hidden = c.int("n_embd", "hidden_size")
+    heads = c.int("n_head", "num_attention_heads")
+    if hidden % heads:
+        raise c.fail(f"n_embd {hidden} is not divisible by n_head {heads}")
+    return dict(
+        causal=True, hidden=hidden, layers=c.int("n_layer", "num_hidden_layers"), heads=heads,
+        kv_heads=heads, head_dim=hidden // heads,
+        intermediate=c.int("n_inner", default=4 * hidden),
+        vocab=c.int("vocab_size"), max_positions=c.int("n_positions", "max_position_embeddings"),
+        gated_mlp=False, activation=c.str("activation_function", default="gelu_new"),
+        norm="layernorm", positions="learned",
+        tied_embeddings=c.bool("tie_word_embeddings", default=True),
+        qkv_bias=True, out_bias=True, mlp_bias=True, dtype=c.dtype(),
+    )
+
+
+def _gpt_neox(c: _Cfg) -> dict:
+    # HF modeling_gpt_neox: embed_in, query_key_value + dense (bias=attention_bias), biased MLP,
+    # input/post_attention LayerNorms, final_layer_norm, untied embed_out (lm_head)
+    hidden = c.int("hidden_size")
+    heads = c.int("num_attention_heads")
+    if hidden % heads:
+        raise c.fail(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    ab = c.bool("attention_bias", default=True)
+    return dict(
+        causal=True, hidden=hidden, layers=c.int("num_hidden_layers"), heads=heads, kv_heads=heads,
+        head_dim=hidden // heads, intermediate=c.int("intermediate_size"), vocab=c.int("vocab_size"),
+        max_positions=c.int("max_position_embeddings"), gated_mlp=False,
+        activation=c.str("hidden_act", default="gelu"), norm="layernorm", positions="rotary",
+        tied_embeddings=c.bool("tie_word_embeddings", default=False),
+        parallel_residual=c.bool("use_parallel_residual", default=True),
+        qkv_bias=ab, out_bias=ab, mlp_bias=True, dtype=c.dtype(),
+    )
+
+
+def _opt(c: _Cfg) -> dict:
+    # HF modeling_opt: embed_tokens (vocab x word_embed_proj_dim), OPTLearnedPositionalEmbedding
+    # (max_position_embeddings + 2 rows), project_in/out (no bias) when word_embed_proj_dim != hidden,
+    # q/k/v/out_proj and fc1/fc2 with bias=enable_bias, final_layer_norm only if do_layer_norm_before
+    hidden = c.int("hidden_size")
+    heads = c.int("num_attention_heads")
+    if hidden % heads:
+        raise c.fail(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    proj = c.int("word_embed_proj_dim", default=hidden)
+    bias = c.bool("enable_bias", default=True)
+    return dict(
+        causal=True, hidden=hidden, layers=c.int("num_hidden_layers"), heads=heads, kv_heads=heads,
+        head_dim=hidden // heads, intermediate=c.int("ffn_dim"), vocab=c.int("vocab_size"),
+        max_positions=c.int("max_position_embeddings"), gated_mlp=False,
+        activation=c.str("activation_function", default="relu"), norm="layernorm", positions="learned",
+        position_offset=2, tied_embeddings=c.bool("tie_word_embeddings", default=True),
+        qkv_bias=bias, out_bias=bias, mlp_bias=bias,
+        norm_affine=c.bool("layer_norm_elementwise_affine", default=True),
+        final_norm=c.bool("do_layer_norm_before", default=True)
+        and not c.bool("_remove_final_layer_norm", default=False),
+        embed_proj_dim=proj if proj != hidden else 0, dtype=c.dtype(),
+    )
+
+
+def _bert(c: _Cfg, *, roberta: bool = False) -> dict:
+    # HF modeling_bert BertForMaskedLM: word/position/token_type embeddings + LayerNorm; per layer
+    # query/key/value/dense (biased) + LayerNorm, intermediate + output dense (biased) + LayerNorm;
+    # no pooler; cls.predictions.transform (dense + LayerNorm), decoder tied to word embeddings + bias.
+    # RobertaForMaskedLM: same shapes; position rows = max_position_embeddings (incl. padding offset).
+    if c.bool("is_decoder", default=False) or c.bool("add_cross_attention", default=False):
+        raise c.fail(f"{c.mt} as a decoder (is_decoder/add_cross_attention) is not supported")
+    pet = c.str("position_embedding_type", default="absolute")
+    if pet != "absolute":
+        raise c.fail(f"position_embedding_type '{pet}' is not supported (only 'absolute')")
+    hidden = c.int("hidden_size")
+    heads = c.int("num_attention_heads")
+    if hidden % heads:
+        raise c.fail(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    rows = c.int("max_position_embeddings")
+    offset = 0
+    if roberta:
+        offset = c.int("pad_token_id", default=1, minimum=0) + 1  # positions start at padding_idx + 1
+        if rows <= offset:
+            raise c.fail(f"max_position_embeddings {rows} leaves no positions after the padding offset")
+    return dict(
+        causal=False, hidden=hidden, layers=c.int("num_hidden_layers"), heads=heads, kv_heads=heads,
+        head_dim=hidden // heads, intermediate=c.int("intermediate_size"), vocab=c.int("vocab_size"),
+        max_positions=rows - offset, position_offset=offset, gated_mlp=False,
+        activation=c.str("hidden_act", default="gelu"), norm="layernorm", positions="learned",
+        tied_embeddings=c.bool("tie_word_embeddings", default=True),
+        qkv_bias=True, out_bias=True, mlp_bias=True, final_norm=False, embedding_norm=True,
+        type_vocab=c.int("type_vocab_size", default=2, minimum=0), lm_head_bias=True,
+        mlm_transform=True, dtype=c.dtype(),
+    )
+
+
+_BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
+    "llama": _llama,
+    "mistral": _mistral,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "gemma": _gemma,
+    "gemma2": _gemma2,
+    "phi3": _phi3,
+    "mixtral": _mixtral,
+    "qwen2_moe": lambda c: _qwen_moe(c, shared=True),
+    "qwen3_moe": lambda c: _qwen_moe(c, shared=False),
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "opt": _opt,
+    "bert": _bert,
+    "roberta": lambda c: _bert(c, roberta=True),
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
+
+
+def spec_from_config(config: dict, name: str, source: str = "") -> ModelSpec:
+    """Build a ModelSpec from an HF config.json dict. Raises ConfigError (one line) when the
+    config is malformed or its model_type is not supported."""
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{name}: config.json must hold a JSON object, got {type(config).__name__}")
+    mt = config.get("model_type")
+    if not mt:
+        raise ConfigError(f"{name}: config.json has no 'model_type'; supported model types: {supported}")
+    if not isinstance(mt, str) or mt not in _BUILDERS:
+        hint = ""
+        if isinstance(config.get("text_config"), dict):
+            hint = " (multimodal configs are not supported; pass the text model's config.json)"
+        raise ConfigError(f"{name}: model_type '{mt}' is not supported{hint}; supported model types: {supported}")
+    raw = {k: v for k, v in config.items() if k != "_trainfit"}
+    fields = _BUILDERS[mt](_Cfg(raw, name, mt))
+    spec = ModelSpec(name=name, family=mt, source=source, config=raw, **fields)
+    if spec.moe is not None and spec.moe.num_experts < 1:
+        raise ConfigError(f"{name}: an MoE model needs num_experts >= 1")
+    return spec

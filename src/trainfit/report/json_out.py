@@ -1,0 +1,29 @@
+"""The --json contract (issue 2): one object per estimate; integer bytes and FLOPs; stable keys."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from ..estimate import Estimate
+
+
+def estimate_dict(e: Estimate) -> dict:
+    d = {
+        "engine": e.engine,
+        "model": e.model,
+        "mode": e.setup.mode,
+        "params": e.params,
+        "params_per_rank": e.params_per_rank,
+        "setup": asdict(e.setup),
+        "memory": asdict(e.memory),
+        "flops": asdict(e.flops),
+        "notes": list(e.notes),
+        "detail": e.detail,
+    }
+    if e.time is not None:
+        d["time"] = {k: v for k, v in asdict(e.time).items() if v is not None}
+    return d
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))

@@ -1,0 +1,108 @@
+"""Rich tables for the terminal. Reports never compute: they format an Estimate."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ..estimate import Estimate
+from ..units import fmt_bytes, fmt_count, fmt_seconds
+
+PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
+               "prefill": "prefill", "decode": "decode"}
+
+
+def setup_line(e: Estimate) -> str:
+    s = e.setup
+    par = f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 else ""
+    if s.mode == "infer":
+        return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
+    return (f"training · micro-batch {s.batch} · seq {s.seq} · accum {s.grad_accum} · {s.precision} · {s.optimizer}"
+            f" · recompute {s.recompute} · attention {s.attention_kernel}{par} · {s.device}")
+
+
+def memory_rows(e: Estimate) -> list[tuple[str, int]]:
+    m = e.memory
+    rows = [("weights", m.weights)]
+    if e.setup.mode == "train":
+        rows += [("gradients", m.gradients), ("optimizer states", m.optimizer_states)]
+        if m.master_weights:
+            rows.append(("fp32 master weights", m.master_weights))
+        rows += [("activations (saved for backward)", m.activations)]
+    else:
+        rows += [("KV cache", m.kv_cache), ("activations (one layer, transient)", m.activations)]
+    rows.append(("temporaries at the peak", m.temporaries))
+    return rows
+
+
+def render_estimate(e: Estimate, console: Console | None = None) -> None:
+    console = console or Console()
+    title = f"{e.model} — {e.engine} engine — per GPU"
+    t = Table(title=title, caption=setup_line(e), show_header=True, header_style="bold")
+    t.add_column("memory", style="cyan")
+    t.add_column("bytes", justify="right")
+    for name, v in memory_rows(e):
+        t.add_row(name, fmt_bytes(v))
+    m = e.memory
+    for phase, v in m.phases.items():
+        mark = " ◀ peak" if phase == m.peak_phase else ""
+        t.add_row(f"[dim]at {PHASE_NAMES.get(phase, phase)}[/dim]", f"[dim]{fmt_bytes(v)}{mark}[/dim]")
+    t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
+    console.print(t)
+
+    c = Table(show_header=True, header_style="bold")
+    c.add_column("compute", style="cyan")
+    c.add_column("value", justify="right")
+    c.add_row("parameters", f"{fmt_count(e.params)} ({e.params:,})")
+    if e.params_per_rank != e.params:
+        c.add_row("parameters per GPU", fmt_count(e.params_per_rank))
+    f = e.flops
+    if e.setup.mode == "train":
+        c.add_row("FLOPs per step (fwd / bwd / recompute)", f"{fmt_count(f.forward)} / {fmt_count(f.backward)} / {fmt_count(f.recompute)}")
+        c.add_row("FLOPs per step (hardware)", fmt_count(f.step, "FLOP"))
+        c.add_row("model FLOPs per token", fmt_count(f.per_token, "FLOP"))
+    else:
+        c.add_row("prefill FLOPs", fmt_count(f.forward, "FLOP"))
+        c.add_row("forward FLOPs per token", fmt_count(f.per_token, "FLOP"))
+    tm = e.time
+    if tm is not None:
+        verdict = "[green]fits[/green]" if tm.fits else "[red]does not fit[/red]"
+        c.add_row(f"on {tm.gpu}", f"{verdict}, headroom {fmt_bytes(tm.headroom)}")
+        if e.setup.mode == "train":
+            c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
+            c.add_row("tokens/s (all GPUs)", fmt_count(tm.tokens_per_second))
+        else:
+            c.add_row("prefill time", fmt_seconds(tm.prefill_seconds))
+            c.add_row("decode tokens/s (batch)", f"{tm.decode_tokens_per_second:,.0f}")
+            c.add_row(f"largest batch at {e.setup.seq} tokens", f"{tm.max_batch:,}")
+            c.add_row(f"longest context at batch {e.setup.batch}", f"{tm.max_seq:,}")
+        if tm.train_seconds is not None:
+            c.add_row(f"train on {fmt_count(tm.train_tokens)} tokens", fmt_seconds(tm.train_seconds))
+            c.add_row("GPU-hours / cost", f"{tm.gpu_hours:,.0f} h / ${tm.cost_usd:,.0f}")
+            c.add_row("energy (GPU boards)", f"{tm.energy_kwh:,.0f} kWh")
+    console.print(c)
+    for n in e.notes:
+        console.print(f"[dim]· {n}[/dim]")
+
+
+def render_side_by_side(estimates: list[Estimate], console: Console | None = None, labels: list[str] | None = None,
+                        reference: int | None = None) -> None:
+    """Several estimates of the same model in columns (engines, or training vs inference), with the gap."""
+    console = console or Console()
+    labels = labels or [e.engine for e in estimates]
+    t = Table(title=f"{estimates[0].model} — per GPU", header_style="bold")
+    t.add_column("", style="cyan")
+    for label in labels:
+        t.add_column(label, justify="right")
+    fields = ["weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache", "temporaries", "peak"]
+    for fld in fields:
+        vals = [getattr(e.memory, fld) for e in estimates]
+        if not any(vals):
+            continue
+        ref = vals[reference] if reference is not None else 0
+        row = [fmt_bytes(v) + (f" [dim]({v / ref:.2f}×)[/dim]" if ref and i != reference else "")
+               for i, v in enumerate(vals)]
+        t.add_row(fld.replace("_", " "), *row)
+    t.add_row("peak phase", *[e.memory.peak_phase.replace("_", " ") for e in estimates])
+    if reference is not None:
+        t.caption = f"(×) = ratio to {labels[reference]}"
+    console.print(t)

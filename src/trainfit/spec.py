@@ -1,0 +1,74 @@
+"""ModelSpec: the architecture facts every engine needs, as plain data (no torch).
+
+One ModelSpec describes a transformer (decoder or encoder, dense or MoE). It is built from an HF
+config.json by `trainfit.models.hf_config`, never by hand, so that parameter counts match the
+transformers model built from the same config exactly (tests/models check this on the meta device).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts MLP (Mixtral, Qwen-MoE): each token goes to `top_k` of `num_experts`."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate: int
+    shared_intermediate: int = 0  # Qwen-MoE's always-on shared expert (0: none)
+    shared_gate: bool = False  # Qwen-MoE's sigmoid gate on the shared expert (hidden -> 1)
+    sparse_layers: int | None = None  # how many layers are MoE (None: all); the rest use `intermediate`
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # HF model_type: llama, gpt2, bert, mixtral, ...
+    causal: bool  # decoder (causal LM) vs encoder (masked LM)
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int  # == heads for MHA, 1 for MQA, in between for GQA
+    head_dim: int  # explicit in some configs (Gemma: 256 with hidden 3072 / 16 heads)
+    intermediate: int  # dense MLP width
+    vocab: int
+    max_positions: int
+    gated_mlp: bool  # SwiGLU/GeGLU: gate, up, down (3 matrices) vs up, down (2)
+    activation: str = "gelu"
+    norm: str = "layernorm"  # "layernorm" (weight + bias) or "rmsnorm" (weight only)
+    positions: str = "rotary"  # "rotary", "learned", or "none"
+    tied_embeddings: bool = False
+    parallel_residual: bool = False  # GPT-NeoX / Phi-2 style: attn and MLP read the same input
+    qkv_bias: bool = False
+    out_bias: bool = False  # attention output projection bias
+    mlp_bias: bool = False
+    norm_bias: bool = True  # LayerNorm has a bias; RMSNorm never does
+    norms_per_layer: int = 2  # Gemma-2: 4 (pre/post attention, pre/post feed-forward)
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    final_norm: bool = True
+    embedding_norm: bool = False  # BERT: LayerNorm after the embeddings
+    type_vocab: int = 0  # BERT token-type embeddings
+    position_offset: int = 0  # OPT's learned positions have 2 extra rows
+    lm_head_bias: bool = False  # BERT's MLM decoder bias
+    mlm_transform: bool = False  # BERT's MLM head: dense + activation + LayerNorm before the decoder
+    embed_proj_dim: int = 0  # OPT-350m: word embeddings in a smaller dim with project_in/out (0: none)
+    sliding_window: int | None = None  # Mistral/Gemma-2 local attention window (affects KV cache bound)
+    sliding_window_layers: int | None = None  # how many layers use the window (None: all); Gemma-2: every other
+    norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
+    dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given
+    moe: MoESpec | None = None
+    source: str = ""  # where the config came from (catalog file, path, hub id)
+    config: dict = field(default_factory=dict, compare=False, repr=False)  # the raw HF config
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None

@@ -1,0 +1,98 @@
+"""Build the real transformers model and its input batches for the standard step (DESIGN.md §3).
+
+Shared by the measure engine (real tensors) and the trace engine (the same calls made under
+`FakeTensorMode` or `with torch.device("meta")`), so that both run exactly the same model and step.
+Nothing here downloads weights: models are built from their config with random initialisation,
+and nothing reads tensor values (no `.item()`), so the functions work on fake and meta tensors.
+
+Choices that affect memory (documented here because both engines inherit them):
+- `use_cache=False` in the config: a training step does not need the KV cache. With the HF default
+  (`use_cache=True`) llama-style models build a `DynamicCache` during the forward pass that keeps each
+  layer's pre-`repeat_kv` K/V alive (extra memory under eager GQA attention); HF itself forces
+  `use_cache=False` under gradient checkpointing, and fine-tuning scripts usually set it.
+- attention: `setup.attention_kernel` "eager" -> HF "eager"; "sdpa" and "flash" -> HF "sdpa"
+  (on CUDA torch's SDPA dispatches to its flash / memory-efficient kernels when no mask is given;
+  we do not require the flash-attn package).
+- batches carry no `attention_mask`, so HF's SDPA path passes `is_causal=True` instead of
+  materialising a (batch, 1, seq, seq) mask.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..setup import Setup
+    from ..spec import ModelSpec
+
+# Keys of the raw config dict that are not transformers config arguments.
+_DROP_KEYS = ("_trainfit", "model_type", "transformers_version", "architectures", "auto_map")
+
+
+def param_dtype(setup: "Setup") -> torch.dtype:
+    """dtype of the model parameters: bf16 for pure bf16 and bf16-master, else fp32 (fp32, amp-*)."""
+    if setup.precision in ("bf16", "bf16-master"):
+        return torch.bfloat16
+    if setup.precision == "fp16":  # inference-only policy; kept for completeness
+        return torch.float16
+    return torch.float32
+
+
+def autocast_dtype(setup: "Setup") -> torch.dtype | None:
+    """dtype for torch.autocast (None: no autocast)."""
+    return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(setup.precision)
+
+
+def hf_attn_implementation(setup: "Setup") -> str:
+    return "eager" if setup.attention_kernel == "eager" else "sdpa"
+
+
+def hf_config(spec: "ModelSpec", setup: "Setup"):
+    """The transformers config for `spec` (from `spec.config`, the raw HF config dict)."""
+    from transformers import AutoConfig
+
+    cfg = {k: v for k, v in dict(spec.config).items() if k not in _DROP_KEYS}
+    model_type = spec.config.get("model_type") or spec.family
+    # The config's own dtype would otherwise decide the parameter dtype in _from_config; we pass
+    # the dtype explicitly in build_model.
+    cfg.pop("torch_dtype", None)
+    cfg.pop("dtype", None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    config.use_cache = False
+    config._attn_implementation = hf_attn_implementation(setup)
+    return config
+
+
+def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Module:
+    """The HF model for `spec` (causal LM or masked LM), random init, in train mode.
+
+    Parameters are fp32 for fp32 / amp-* and bf16 for bf16 / bf16-master (the fp32 master copy of
+    bf16-master belongs to the optimizer, see `trainfit.step.standard`).
+    Works under FakeTensorMode and `torch.device("meta")`: the model is created inside
+    `with torch.device(device)` and no tensor value is read.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    config = hf_config(spec, setup)
+    auto = AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM
+    with torch.device(device):
+        model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(setup))
+    model.train()
+    return model
+
+
+def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
+    """`setup.grad_accum` micro-batches of {input_ids, labels}, each (batch, seq) int64, random ids < vocab.
+
+    labels is a copy of input_ids (as `DataCollatorForLanguageModeling` does): causal LMs shift
+    internally; for masked LMs every position is a target (NB: a real MLM batch sets 80-85% of the
+    labels to -100, but the logits and the loss are computed over every position either way, so the
+    memory is the same up to the loss's tiny per-token temporaries).
+    No attention_mask (see module docstring).
+    """
+    batches = []
+    for _ in range(setup.grad_accum):
+        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)
+        batches.append({"input_ids": ids, "labels": ids.clone()})
+    return batches

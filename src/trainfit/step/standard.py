@@ -1,0 +1,217 @@
+"""The standard training step (DESIGN.md §3), shared by the measure and trace engines.
+
+    for each micro-batch:            phase("forward")
+        with autocast (amp-*):       loss = model(**b).loss / len(batches)
+                                     phase("backward")
+        loss.backward()
+    phase("optimizer"); optimizer.step(); optimizer.zero_grad(set_to_none=True); phase("end")
+
+Precision policies (see trainfit.setup):
+- fp32:        fp32 params, grads, optimizer state.
+- amp-bf16/16: fp32 params, grads and state; forward/backward under torch.autocast (low-precision
+               activations and autocast's cached low-precision weight copies). NB: amp-fp16 runs
+               without a GradScaler (the scaler's own memory is a few scalars; its unscale pass is
+               in place).
+- bf16:        bf16 params and grads; the torch optimizer runs directly on them (bf16 state).
+- bf16-master: bf16 params and grads, plus an fp32 master copy held by `MasterWeightOptimizer`:
+               the torch optimizer steps the fp32 masters (fp32 state). Memory per parameter:
+               2 (bf16 weight) + 2 (bf16 grad, until zero_grad) + 4 (fp32 master) + optimizer state
+               in fp32 (Adam: 8), and during `step()` a transient 4 (fp32 copy of every grad, all
+               alive while the inner optimizer steps, freed right after) plus the inner optimizer's
+               own per-parameter temporaries.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import torch
+
+from ..errors import EngineUnavailableError
+from .build import autocast_dtype, build_model, make_batches
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..setup import Setup
+    from ..spec import ModelSpec
+
+LR = 1e-3
+
+
+def _params(params_or_model) -> list[torch.nn.Parameter]:
+    if isinstance(params_or_model, torch.nn.Module):
+        return [p for p in params_or_model.parameters() if p.requires_grad]
+    return [p for p in params_or_model if p.requires_grad]
+
+
+def _torch_optimizer(params: list, name: str) -> torch.optim.Optimizer:
+    # CPU: foreach=False, the CPU default (a for-loop over parameters, one parameter's temporaries
+    # alive at a time). CUDA: torch's default (foreach, multi-tensor kernels), i.e. foreach=None.
+    on_cuda = bool(params) and params[0].device.type == "cuda"
+    foreach = None if on_cuda else False
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=LR, foreach=foreach)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=LR, momentum=0.9, foreach=foreach)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=LR, foreach=foreach)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=LR, foreach=foreach)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=1e-2, foreach=foreach)
+    if name == "adamw-8bit":
+        raise EngineUnavailableError(
+            "--optimizer adamw-8bit needs bitsandbytes, which this engine does not run; use the analytic engine"
+        )
+    if name == "lion":
+        raise EngineUnavailableError(
+            "--optimizer lion is not in torch.optim and this engine does not run it; use the analytic engine"
+        )
+    raise EngineUnavailableError(f"--optimizer {name!r} is not supported by this engine")
+
+
+class MasterWeightOptimizer(torch.optim.Optimizer):
+    """bf16 params/grads with fp32 master weights (Megatron / DeepSpeed bf16 style).
+
+    Holds `master_params` (fp32 copies of the model's bf16 params); `inner` is the torch optimizer
+    over the masters (its state is fp32). `step()`: for each param, master.grad = p.grad.float();
+    then inner.step(); then each bf16 param is overwritten from its master and the master grads are
+    dropped. `param_groups` and `state` are the inner optimizer's (keyed by master params).
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], name: str):
+        self.model_params = list(params)
+        with torch.no_grad():
+            self.master_params = [p.detach().to(torch.float32).clone() for p in self.model_params]
+        for m in self.master_params:
+            m.requires_grad_(True)
+        self.inner = _torch_optimizer(self.master_params, name)
+        super().__init__(self.master_params, dict(self.inner.defaults))
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102
+        for p, m in zip(self.model_params, self.master_params):
+            m.grad = None if p.grad is None else p.grad.to(torch.float32)
+        self.inner.step()
+        for p, m in zip(self.model_params, self.master_params):
+            p.copy_(m)
+            m.grad = None
+
+    def zero_grad(self, set_to_none: bool = True):  # noqa: D102
+        for p in self.model_params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        for m in self.master_params:
+            m.grad = None
+
+
+def make_optimizer(params_or_model, setup: "Setup") -> torch.optim.Optimizer:
+    """The optimizer of `setup.optimizer` (lr 1e-3; Adafactor 1e-2). bf16-master wraps it with fp32 masters."""
+    params = _params(params_or_model)
+    if setup.precision == "bf16-master":
+        if setup.optimizer in ("adamw-8bit", "lion"):
+            _torch_optimizer(params, setup.optimizer)  # raises
+        return MasterWeightOptimizer(params, setup.optimizer)
+    return _torch_optimizer(params, setup.optimizer)
+
+
+def _device_type(model: torch.nn.Module, setup: "Setup") -> str:
+    try:
+        t = next(model.parameters()).device.type
+    except StopIteration:
+        t = setup.device
+    # meta (trace engine) has no autocast: use the device the setup targets.
+    return t if t in ("cpu", "cuda") else setup.device
+
+
+def _is_real(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(t) and t.device.type != "meta"
+
+
+@contextlib.contextmanager
+def _unpacked_sequences():
+    """Make HF's mask building take the same path on fake/meta tensors as on real ones.
+
+    transformers' `find_packed_sequence_indices(position_ids)` returns None for ordinary (unpacked)
+    batches after reading a tensor value; on a FakeTensor it cannot read it (`is_tracing` is true) and
+    returns the packed-sequence mask instead, which makes `create_causal_mask` materialise a
+    (batch, 1, seq, seq) boolean mask rather than passing `is_causal=True` to SDPA -- a different
+    memory profile from the real step; on meta tensors it raises (`.item()`). Our batches
+    (`make_batches`) are never packed, so on fake/meta inputs we return None, the real answer.
+    Real tensors go through the original function unchanged.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:  # pragma: no cover - other transformers versions
+        yield
+        return
+
+    def patched(position_ids):
+        if not _is_real(position_ids):
+            return None
+        return original(position_ids)
+
+    masking_utils.find_packed_sequence_indices = patched
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], None] = lambda name: None) -> float:
+    """One standard step (module docstring). Returns the last micro-batch's loss (already divided by
+    the number of micro-batches), or nan when the loss is fake/meta."""
+    dtype = autocast_dtype(setup)
+    device_type = _device_type(model, setup)
+    n = len(batches)
+    loss = None
+    with _unpacked_sequences():  # also covers recomputation inside backward
+        for b in batches:
+            phase("forward")
+            with torch.autocast(device_type=device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = model(**b).loss / n
+            phase("backward")
+            loss.backward()
+    phase("optimizer")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    phase("end")
+    if loss is None or not _is_real(loss):
+        return math.nan
+    return loss.item()
+
+
+def enable_recompute(model: torch.nn.Module, setup: "Setup") -> None:
+    if setup.recompute == "none":
+        return
+    if setup.recompute == "selective":
+        raise EngineUnavailableError(
+            "--recompute selective: transformers has no selective (attention-only) checkpointing, so the "
+            "trace/measure engines cannot run it; use --recompute full or none, or the analytic engine"
+        )
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise EngineUnavailableError(
+            f"--recompute full: {type(model).__name__} does not support gradient checkpointing in transformers"
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def prepare(spec: "ModelSpec", setup: "Setup", device="cpu"):
+    """(model, optimizer, batches) in steady state: built, recompute enabled, one warm-up step run
+    so that the optimizer state is resident (Adam's exp_avg/exp_avg_sq, momentum buffers...)."""
+    model = build_model(spec, setup, device=device)
+    enable_recompute(model, setup)
+    optimizer = make_optimizer(model, setup)
+    batches = make_batches(spec, setup, device=device)
+    run_step(model, optimizer, batches, setup)
+    return model, optimizer, batches

@@ -1,0 +1,46 @@
+"""Which module is running: a stack kept by global forward pre/post hooks.
+
+Why global hooks (torch.nn.modules.module.register_module_forward_*_hook) and not a stack walk per
+allocation: a hook push/pop per module call is a few microseconds, a Python stack walk per op would
+cost more than the op itself under fake tensors. Checkpointed modules re-run their forward during
+backward, so a non-empty stack in the backward phase means "recomputation" (flops.py uses this).
+Backward allocations happen outside any module forward and are attributed to "" (gradients carry
+their parameter's name instead, see engine.py).
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.modules import module as nn_module
+
+
+class ModuleStack:
+    def __init__(self, model: torch.nn.Module):
+        self.names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
+        self.stack: list[str] = []
+        self.current = ""
+        self._handles = []
+
+    def _pre(self, module, args):
+        name = self.names.get(id(module))
+        if name is not None:
+            self.stack.append(name)
+            self.current = name
+
+    def _post(self, module, args, output):
+        if id(module) in self.names and self.stack:
+            self.stack.pop()
+            self.current = self.stack[-1] if self.stack else ""
+
+    def __enter__(self):
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.stack.clear()
+        self.current = ""

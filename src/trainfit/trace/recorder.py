@@ -1,0 +1,182 @@
+"""AllocationRecorder: a dispatch-level record of every storage's birth and death during a step.
+
+Why our own mode rather than `torch.distributed._tools.MemTracker`: MemTracker does a pytree walk, a
+module-stack lookup and a per-category dict update on every op, and takes ~30 s for a 7B step on
+two cores, about 10x the bare fake-tensor step. Here the per-op work is one `id()` lookup per
+output (and registration of genuinely new storages); categories, activations and the peak's make-up
+are worked out afterwards from the birth/death records (see `analysis.py`).
+
+What is counted is what PyTorch's allocator would hold: one entry per untyped storage (views share
+it), `storage.nbytes()` bytes (rounded like the CUDA caching allocator when asked), from the op that
+returns it until its last reference dies (a weakref callback on the storage object, whose Python
+object PyTorch keeps alive as long as the C++ storage lives). Allocations made and freed *inside*
+one kernel (scratch buffers) are invisible at this level: NB the trace can under-read a real peak
+that falls inside such a kernel.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .flops import FlopCounter
+
+# Categories (index into the per-category arrays). "activation" is decided after the fact: a storage
+# born in a forward phase and still alive when that forward ends (see analysis.py); until then every
+# storage born during the step is recorded as TEMPORARY.
+CATEGORIES = ("parameter", "buffer", "master_weight", "gradient", "optimizer_state", "activation", "temporary",
+              "input", "kv_cache")
+(PARAMETER, BUFFER, MASTER_WEIGHT, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, INPUT,
+ KV_CACHE) = range(len(CATEGORIES))
+
+
+class Record:
+    """One storage's life. `death` is None while alive; event indices order births and deaths."""
+
+    __slots__ = ("nbytes", "cat", "birth", "death", "phase", "module", "shape", "dtype", "name", "_ref")
+
+    def __init__(self, nbytes, cat, birth, phase, module, shape, dtype, name=""):
+        self.nbytes = nbytes
+        self.cat = cat
+        self.birth = birth
+        self.death = None
+        self.phase = phase
+        self.module = module
+        self.shape = shape
+        self.dtype = dtype
+        self.name = name
+
+
+def cuda_rounded(nbytes: int) -> int:
+    """The CUDA caching allocator hands out multiples of 512 bytes (c10/cuda/CUDACachingAllocator.cpp,
+    kMinBlockSize), and max_memory_allocated counts the rounded size."""
+    return (nbytes + 511) & ~511
+
+
+class AllocationRecorder(TorchDispatchMode):
+    """Records storages created by ops while active, plus any pre-existing ones registered with `adopt`.
+
+    Enter it *inside* FakeTensorMode (so it sits on top of the mode stack and sees the fake outputs).
+    `modules` (a ModuleStack) supplies the owning module of each allocation; `flops` counts FLOPs.
+    """
+
+    def __init__(self, modules=None, count_flops: bool = False, round_cuda: bool = False):
+        super().__init__()
+        self.live: dict[int, Record] = {}  # id(storage) -> record; ids are unique while the storage lives
+        self.records: list[Record] = []
+        self.event = 0  # increments on every birth and death
+        self.total = 0  # live bytes now
+        self.peak = 0
+        self.peak_event = 0
+        self.phase = "setup"
+        self.phase_marks: list[tuple[int, str]] = []  # (event index at which the phase starts, name)
+        self.modules = modules
+        self.size = cuda_rounded if round_cuda else int
+        self.flops = FlopCounter(self) if count_flops else None
+
+    # -- phases ---------------------------------------------------------------------------------
+    def set_phase(self, name: str) -> None:
+        self.phase = name
+        self.phase_marks.append((self.event, name))
+
+    def reset_peak(self) -> None:
+        """Like torch.cuda.reset_peak_memory_stats() at the step start: the peak restarts at what is live now."""
+        self.peak = self.total
+        self.peak_event = self.event
+
+    # -- registration ---------------------------------------------------------------------------
+    def adopt(self, tensor: torch.Tensor, cat: int, name: str = "") -> Record:
+        """Count a tensor that exists already (weights, optimizer state, batch), or re-label one we saw
+        born (a gradient stolen by AccumulateGrad, a KV-cache entry). Returns its record."""
+        st = tensor.untyped_storage()
+        rec = self.live.get(id(st))
+        if rec is None:
+            rec = self._register(st, tensor, cat)
+        else:
+            rec.cat = cat
+        if name:
+            rec.name = name
+        return rec
+
+    def _register(self, st, tensor, cat) -> Record:
+        nbytes = self.size(st.nbytes())
+        key = id(st)
+        mod = self.modules.current if self.modules is not None else ""
+        rec = Record(nbytes, cat, self.event, self.phase, mod, tuple(tensor.shape), tensor.dtype)
+        self.event += 1
+        self.records.append(rec)
+        self.live[key] = rec
+        live = self.live
+
+        def died(_ref, key=key, rec=rec, self=self):
+            # Runs when the last reference to the storage goes: that is the allocator's free.
+            rec.death = self.event
+            self.event += 1
+            self.total -= rec.nbytes
+            del live[key]
+
+        rec._ref = weakref.ref(st, died)
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_event = rec.birth
+        return rec
+
+    # -- allocations that bypass the dispatcher ---------------------------------------------------
+    def __enter__(self):
+        # torch.utils.checkpoint stashes the CPU generator state (a 5056-byte uint8 tensor) per
+        # checkpointed call until its recomputation; torch.get_rng_state() builds that tensor without
+        # dispatching an op, so we count its result here. (CPU memory: it counts in a CPU peak; on
+        # CUDA it lives on the host and the CUDA allocator never sees it.)
+        self._get_rng_state = torch.get_rng_state
+        if not self.size is cuda_rounded:
+            def get_rng_state(*a, **k):
+                t = self._get_rng_state(*a, **k)
+                st = t.untyped_storage()
+                if id(st) not in self.live:
+                    self._register(st, t, TEMPORARY)
+                return t
+            torch.get_rng_state = get_rng_state
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.get_rng_state = self._get_rng_state
+        return super().__exit__(*exc)
+
+    # -- the hot path ---------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.flops is not None:
+            self.flops.count(func, args, kwargs, out)
+        live = self.live
+        if type(out) in (tuple, list):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    st = o.untyped_storage()
+                    if id(st) not in live:
+                        self._register(st, o, TEMPORARY)
+        elif isinstance(out, torch.Tensor):
+            st = out.untyped_storage()
+            rec = live.get(id(st))
+            if rec is None:
+                self._register(st, out, TEMPORARY)
+            elif func in _RESIZING and st.nbytes() != rec.nbytes:
+                self._resized(rec, st)
+        return out
+
+    def _resized(self, rec: Record, st) -> None:
+        # resize_/set_ grow a storage in place (out= kernels): count the new size from here on.
+        # NB: recorded as a size change of the same record, so the timeline's history of that storage
+        # uses the final size; the running total and peak are exact.
+        new = self.size(st.nbytes())
+        self.total += new - rec.nbytes
+        rec.nbytes = new
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_event = self.event
+        self.event += 1
+
+
+_RESIZING = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.set_.source_Storage,
+                       torch.ops.aten.set_.source_Storage_storage_offset})

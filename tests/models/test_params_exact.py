@@ -1,0 +1,175 @@
+"""count_params(spec).total == numel of the transformers model built from the same config.
+
+Independent truth: transformers' own modeling code, instantiated on the meta device (no memory, no
+weights, no download). Every catalog model is checked, plus small hand-written configs that exercise
+the quirks the catalog does not (biases, defaults that differ by model type, OPT projections,
+sparse-step MoE, ...). Published totals are checked too, against the source named in the catalog.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainfit.analytic.params import count_params
+from trainfit.models.hf_config import spec_from_config
+from trainfit.models.resolve import CATALOG_DIR
+
+torch = pytest.importorskip("torch", reason="the exactness check builds the transformers model (pip install trainfit[torch])")
+transformers = pytest.importorskip("transformers", reason="the exactness check needs transformers")
+
+CATALOG_FILES = sorted(CATALOG_DIR.glob("*.json"))
+ENCODERS = {"bert", "roberta"}
+
+
+def _catalog(path: Path) -> tuple[dict, dict]:
+    data = json.loads(path.read_text())
+    meta = data.pop("_trainfit")
+    return data, meta
+
+
+def hf_numel(config: dict) -> int:
+    """Parameters of the transformers *ForCausalLM / *ForMaskedLM built on the meta device
+    (parameters() yields tied weights once)."""
+    transformers.logging.set_verbosity_error()
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "_trainfit")}
+    cfg = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
+    auto = transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_catalog_is_big_enough():
+    names = {_catalog(p)[1]["name"] for p in CATALOG_FILES}
+    required = {
+        "bert-base", "bert-large", "roberta-base", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b",
+        "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
+        "llama-3.2-1b", "mistral-7b", "mixtral-8x7b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "gemma-2-9b",
+        "phi-3-mini", "pythia-1b", "opt-1.3b", "qwen1.5-moe-a2.7b",
+    }
+    assert required <= names
+    assert len(names) >= 24
+
+
+@pytest.mark.parametrize("path", CATALOG_FILES, ids=[p.stem for p in CATALOG_FILES])
+def test_catalog_total_matches_transformers(path):
+    config, meta = _catalog(path)
+    counts = count_params(spec_from_config(config, meta["name"]))
+    assert counts.total == hf_numel(config)
+
+
+@pytest.mark.parametrize("path", CATALOG_FILES, ids=[p.stem for p in CATALOG_FILES])
+def test_catalog_total_matches_published(path):
+    config, meta = _catalog(path)
+    published = meta.get("params_published")
+    if published is None:
+        pytest.skip(f"{meta['name']}: no published total")
+    tol = meta.get("params_published_tol", 0.02)
+    total = count_params(spec_from_config(config, meta["name"])).total
+    assert abs(total / published - 1) <= tol, f"{meta['name']}: {total:,} vs published {published:,} ({meta['source']})"
+    active_published = meta.get("active_published")
+    if active_published is not None:
+        active = count_params(spec_from_config(config, meta["name"])).active
+        assert abs(active / active_published - 1) <= 0.02, meta["source"]
+
+
+def test_mixtral_active_is_12_9b():
+    # mistral.ai/news/mixtral-of-experts: "46.7B total parameters but only uses 12.9B parameters per token"
+    config, meta = _catalog(CATALOG_DIR / "mixtral-8x7b.json")
+    c = count_params(spec_from_config(config, meta["name"]))
+    assert abs(c.active / 12.9e9 - 1) < 0.01
+    assert abs(c.total / 46.7e9 - 1) < 0.01
+    assert c.moe_layers == 32 and c.dense_layers == 0
+    assert c.expert == 3 * 4096 * 14336
+
+
+def test_breakdown_adds_up_and_dense_active_is_total():
+    for path in CATALOG_FILES:
+        config, meta = _catalog(path)
+        spec = spec_from_config(config, meta["name"])
+        c = count_params(spec)
+        per_layers = spec.layers * (c.attention + c.norms) + c.dense_layers * c.mlp + c.moe_layers * c.moe_mlp
+        assert c.total == c.embedding + per_layers + c.final + c.lm_head
+        assert c.dense_layers + c.moe_layers == spec.layers
+        if not spec.is_moe:
+            assert c.active == c.total and c.moe_mlp == 0 and c.expert == 0
+
+
+def test_hand_derivation_llama_2_7b():
+    # Hand derivation (not the code under test): 32 layers of 4*4096^2 attention + 3*4096*11008 SwiGLU
+    # + 2 RMSNorms, untied 32000-row embedding and lm_head, final RMSNorm.
+    config, meta = _catalog(CATALOG_DIR / "llama-2-7b.json")
+    layer = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+    assert count_params(spec_from_config(config, "x")).total == 32 * layer + 2 * 32000 * 4096 + 4096 == 6_738_415_616
+
+
+# Small configs exercising quirks the catalog leaves untouched. Each is checked against transformers.
+TINY = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+            vocab_size=211, max_position_embeddings=64)
+QUIRKS = {
+    "llama-biases-tied-headdim": dict(TINY, model_type="llama", attention_bias=True, mlp_bias=True,
+                                      tie_word_embeddings=True, head_dim=24, num_key_value_heads=2,
+                                      rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "mistral-headdim": dict(TINY, model_type="mistral", head_dim=8, num_key_value_heads=1, sliding_window=16),
+    "qwen2-sliding-tied": dict(TINY, model_type="qwen2", use_sliding_window=True, sliding_window=16,
+                               max_window_layers=1, tie_word_embeddings=True, num_key_value_heads=2),
+    "qwen3-default-head-dim": dict(TINY, model_type="qwen3", num_key_value_heads=2),  # Qwen3Config head_dim=128
+    "qwen3-attention-bias": dict(TINY, model_type="qwen3", head_dim=16, attention_bias=True, num_key_value_heads=4),
+    # Qwen3Config: num_key_value_heads = 32 and head_dim = 128 when absent (not heads, not hidden/heads)
+    "qwen3-absent-kv": dict(TINY, model_type="qwen3", num_attention_heads=32),
+    "gemma-defaults": dict(TINY, model_type="gemma", num_attention_heads=16),  # head_dim 256, kv 16, tied
+    "gemma-untied-bias": dict(TINY, model_type="gemma", head_dim=16, tie_word_embeddings=False, attention_bias=True,
+                              num_key_value_heads=1),
+    "gemma2-defaults": dict(TINY, model_type="gemma2"),  # head_dim 256, kv 4, tied
+    "phi3-gqa": dict(TINY, model_type="phi3", num_key_value_heads=2, pad_token_id=None, eos_token_id=None),
+    "mistral-absent-kv": dict(TINY, model_type="mistral", num_attention_heads=8),  # MistralConfig kv = 8
+    "gpt2-n-inner-untied": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_inner=80, n_positions=32,
+                                vocab_size=211, tie_word_embeddings=False),
+    "neox-no-bias-serial-tied": dict(TINY, model_type="gpt_neox", attention_bias=False,
+                                     use_parallel_residual=False, tie_word_embeddings=True),
+    "opt-proj-postnorm": dict(TINY, model_type="opt", ffn_dim=96, word_embed_proj_dim=32, do_layer_norm_before=False),
+    "opt-no-affine-no-bias": dict(TINY, model_type="opt", ffn_dim=96, enable_bias=False,
+                                  layer_norm_elementwise_affine=False, tie_word_embeddings=False),
+    "bert-untied": dict(TINY, model_type="bert", tie_word_embeddings=False, type_vocab_size=3),
+    "roberta-pad0": dict(TINY, model_type="roberta", pad_token_id=0, type_vocab_size=1),
+    "mixtral-headdim": dict(TINY, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                            num_key_value_heads=2),
+    "qwen2moe-sparse-step": dict(TINY, model_type="qwen2_moe", num_experts=6, num_experts_per_tok=2,
+                                 moe_intermediate_size=24, shared_expert_intermediate_size=40,
+                                 decoder_sparse_step=2, mlp_only_layers=[3], num_hidden_layers=5,
+                                 num_key_value_heads=4),
+    "qwen2moe-no-qkv-bias": dict(TINY, model_type="qwen2_moe", num_experts=4, num_experts_per_tok=1,
+                                 moe_intermediate_size=24, shared_expert_intermediate_size=32, qkv_bias=False,
+                                 mlp_only_layers=[0], num_key_value_heads=2),
+    "qwen3moe-dense-layer": dict(TINY, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                                 moe_intermediate_size=16, mlp_only_layers=[0], num_key_value_heads=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUIRKS))
+def test_quirk_total_matches_transformers(name):
+    config = QUIRKS[name]
+    assert count_params(spec_from_config(config, name)).total == hf_numel(config)
+
+
+def test_quirk_spec_fields():
+    s = spec_from_config(QUIRKS["qwen3-default-head-dim"], "q")
+    assert s.head_dim == 128 and s.qk_norm
+    assert spec_from_config(QUIRKS["qwen3-absent-kv"], "q").kv_heads == 32
+    assert spec_from_config(QUIRKS["mistral-absent-kv"], "m").kv_heads == 8
+    assert spec_from_config(QUIRKS["gemma2-defaults"], "g").kv_heads == 4
+    assert spec_from_config(QUIRKS["gemma-defaults"], "g").head_dim == 256
+    assert spec_from_config(QUIRKS["gemma-defaults"], "g").tied_embeddings
+    s = spec_from_config(QUIRKS["qwen2moe-sparse-step"], "m")
+    assert s.moe.sparse_layers == 1  # layers 1 and 3 are on the step; 3 is mlp-only
+    c = count_params(s)
+    assert (c.moe_layers, c.dense_layers) == (1, 4)
+    s = spec_from_config(QUIRKS["opt-proj-postnorm"], "o")
+    assert s.embed_proj_dim == 32 and not s.final_norm and s.position_offset == 2
+    s = spec_from_config(QUIRKS["qwen2-sliding-tied"], "q")
+    assert s.sliding_window == 16 and s.sliding_window_layers == 2
+    config, _ = _catalog(CATALOG_DIR / "gemma-2-9b.json")
+    s = spec_from_config(config, "g")
+    assert s.norms_per_layer == 4 and s.sliding_window == 4096 and s.sliding_window_layers == 21

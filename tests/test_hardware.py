@@ -1,0 +1,218 @@
+"""The GPU catalog: loading, lookups, and spot checks against published datasheet figures.
+
+The expected numbers below are written out by hand from the vendors' datasheets (dense = sparse / 2
+for NVIDIA tensor-core figures), not read back from gpus.json, so they check the data independently.
+"""
+import dataclasses
+import json
+from importlib import resources
+
+import pytest
+
+from trainfit.errors import TrainfitError, UnknownGPUError
+from trainfit.hardware import GPU, _key, get_gpu, list_gpus
+
+GiB = 2**30
+MiB = 2**20
+KNOWN_DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8"}
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+# ---------------------------------------------------------------------------------------------- catalog
+
+
+def test_json_has_every_field_and_notes():
+    raw = json.loads(resources.files("trainfit.data").joinpath("gpus.json").read_text())
+    assert isinstance(raw["notes"], str) and "dense" in raw["notes"].lower()
+    fields = {f.name for f in dataclasses.fields(GPU)}
+    for entry in raw["gpus"]:
+        assert set(entry) == fields, entry.get("name")
+        assert isinstance(entry["aliases"], list)
+
+
+def test_catalog_loads_with_enough_entries():
+    gpus = list_gpus()
+    assert len(gpus) >= 15
+    assert all(isinstance(g, GPU) for g in gpus)
+
+
+@pytest.mark.parametrize("gpu", list_gpus(), ids=lambda g: g.name)
+def test_entry_is_sane(gpu: GPU):
+    assert isinstance(gpu.memory, int) and gpu.memory > 1 * GiB
+    assert gpu.memory_bandwidth > 1e11
+    assert gpu.power_watts > 0
+    assert gpu.price_per_hour > 0
+    assert gpu.intra_node_bandwidth > 0 and gpu.inter_node_bandwidth > 0
+    assert gpu.intra_node_bandwidth >= gpu.inter_node_bandwidth  # inside a node is never slower
+    assert isinstance(gpu.gpus_per_node, int) and gpu.gpus_per_node >= 1
+    assert gpu.source.strip()
+    assert gpu.vendor in ("nvidia", "amd")
+    assert isinstance(gpu.aliases, tuple)
+    # flop figures: known dtypes only, in FLOP/s (not TFLOP/s), fp32 always present
+    assert set(gpu.peak_flops) <= KNOWN_DTYPES
+    assert "fp32" in gpu.peak_flops
+    assert all(v > 1e12 for v in gpu.peak_flops.values())
+    # 16-bit tensor peaks are at least the fp32 peak, and 8-bit at least the 16-bit one
+    half = gpu.peak_flops.get("bf16") or gpu.peak_flops["fp16"]
+    assert half >= gpu.peak_flops["fp32"]
+    for eight in ("fp8", "int8"):
+        if eight in gpu.peak_flops:
+            assert gpu.peak_flops[eight] >= half
+
+
+def test_names_unique_and_aliases_do_not_collide():
+    owner: dict[str, str] = {}
+    for gpu in list_gpus():
+        for n in (gpu.name, *gpu.aliases):
+            k = _key(n)
+            assert owner.setdefault(k, gpu.name) == gpu.name, f"{n!r} names {owner[k]} and {gpu.name}"
+
+
+# ---------------------------------------------------------------------------------------------- lookups
+
+
+@pytest.mark.parametrize(
+    "query, name",
+    [
+        ("H100-80GB", "H100-80GB"),
+        ("h100", "H100-80GB"),
+        ("H100-SXM", "H100-80GB"),
+        ("h100_sxm", "H100-80GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),  # torch.cuda.get_device_name
+        ("a100", "A100-80GB"),
+        ("A100-40GB", "A100-40GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("4090", "RTX-4090"),
+        ("rtx 4090", "RTX-4090"),
+        ("Tesla T4", "T4"),
+        ("v100", "V100-16GB"),
+        ("l40s", "L40S"),
+        ("mi300x", "MI300X"),
+        ("AMD Instinct MI250X", "MI250X-GCD"),
+        ("  H200 ", "H200"),
+    ],
+)
+def test_lookup_by_name_alias_any_case(query, name):
+    assert get_gpu(query).name == name
+
+
+def test_every_name_and_alias_resolves_to_itself():
+    for gpu in list_gpus():
+        for n in (gpu.name, *gpu.aliases):
+            assert get_gpu(n) is gpu
+            assert get_gpu(n.upper()) is gpu
+            assert get_gpu(n.lower()) is gpu
+
+
+def test_near_miss_suggests():
+    with pytest.raises(UnknownGPUError) as err:
+        get_gpu("H100-80G")
+    msg = str(err.value)
+    assert "Did you mean" in msg and "H100-80GB" in msg
+    assert msg.count("H100-80GB") == 1  # aliases of one GPU are not listed several times
+    assert isinstance(err.value, TrainfitError)
+
+
+def test_unknown_without_match_has_no_suggestion():
+    with pytest.raises(UnknownGPUError) as err:
+        get_gpu("zzzzzzzz-qqqq")
+    assert "Did you mean" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------- published datasheet facts
+
+
+def test_h100_sxm_datasheet():
+    h = get_gpu("H100-80GB")
+    assert rel(h.peak_flops["bf16"], 989.4e12) < 0.01  # 1,979 TFLOP/s with sparsity
+    assert rel(h.peak_flops["fp16"], 989.4e12) < 0.01
+    assert rel(h.peak_flops["fp8"], 1978.9e12) < 0.01
+    assert rel(h.peak_flops["tf32"], 494.7e12) < 0.01
+    assert rel(h.peak_flops["fp32"], 66.9e12) < 0.01
+    assert rel(h.memory_bandwidth, 3.35e12) < 0.01
+    assert h.power_watts == 700
+    assert h.memory == 81559 * MiB  # nvidia-smi: 81559MiB
+    assert rel(h.intra_node_bandwidth, 450e9) < 0.01  # NVLink4: 900 GB/s both directions
+    assert h.gpus_per_node == 8
+    assert h.peak_flops["bf16"] / h.peak_flops["fp32"] > 10  # tensor cores vs CUDA cores
+
+
+def test_a100_datasheet():
+    a80, a40 = get_gpu("A100-80GB"), get_gpu("A100-40GB")
+    for a in (a80, a40):
+        assert rel(a.peak_flops["bf16"], 312e12) < 0.01
+        assert rel(a.peak_flops["tf32"], 156e12) < 0.01
+        assert rel(a.peak_flops["fp32"], 19.5e12) < 0.01
+        assert "fp8" not in a.peak_flops  # Ampere has no fp8
+        assert a.power_watts == 400
+        assert rel(a.intra_node_bandwidth, 300e9) < 0.01
+    assert rel(a80.memory_bandwidth, 2.039e12) < 0.01
+    assert rel(a40.memory_bandwidth, 1.555e12) < 0.01
+    assert 39 * GiB < a40.memory < 41 * GiB and a40.memory == 40960 * MiB
+    assert 79 * GiB < a80.memory <= 80 * GiB
+
+
+def test_other_datasheet_facts():
+    t4 = get_gpu("T4")
+    assert rel(t4.peak_flops["fp16"], 65e12) < 0.01
+    assert rel(t4.peak_flops["fp32"], 8.1e12) < 0.01
+    assert rel(t4.memory_bandwidth, 320e9) < 0.01 and t4.power_watts == 70
+    v = get_gpu("V100-16GB")
+    assert rel(v.peak_flops["fp16"], 125e12) < 0.01 and rel(v.memory_bandwidth, 900e9) < 0.01
+    assert "bf16" not in v.peak_flops and "tf32" not in v.peak_flops
+    h200 = get_gpu("H200")
+    assert rel(h200.memory_bandwidth, 4.8e12) < 0.01 and 139 * GiB < h200.memory < 142 * GiB
+    assert rel(get_gpu("L4").peak_flops["bf16"], 121e12) < 0.01
+    assert rel(get_gpu("L4").memory_bandwidth, 300e9) < 0.01
+    assert rel(get_gpu("RTX-4090").memory_bandwidth, 1008e9) < 0.01
+    assert rel(get_gpu("MI300X").peak_flops["bf16"], 1307.4e12) < 0.01
+    assert rel(get_gpu("MI300X").memory_bandwidth, 5.3e12) < 0.01
+    b200 = get_gpu("B200")
+    assert rel(b200.peak_flops["bf16"], 2.25e15) < 0.01 and rel(b200.memory_bandwidth, 8e12) < 0.01
+
+
+def test_memory_is_in_bytes_and_ordered():
+    # 24 GB consumer cards hold less than a 40 GB A100, which holds less than an 80 GB H100 ...
+    order = ["T4", "RTX-4090", "A100-40GB", "H100-80GB", "H200", "MI300X"]
+    mems = [get_gpu(n).memory for n in order]
+    assert mems == sorted(mems)
+    assert get_gpu("H100-PCIe").peak_flops["bf16"] < get_gpu("H100-80GB").peak_flops["bf16"]
+
+
+# ---------------------------------------------------------------------------------------------- methods
+
+
+def test_flops_for_fp32_uses_tf32_where_present():
+    h = get_gpu("H100-80GB")
+    assert h.flops_for("fp32") == h.peak_flops["tf32"]
+    assert h.flops_for("bf16") == h.peak_flops["bf16"]
+    assert h.flops_for("fp8") == h.peak_flops["fp8"]
+    v = get_gpu("V100-16GB")
+    assert v.flops_for("fp32") == v.peak_flops["fp32"] == pytest.approx(15.7e12)
+    assert v.flops_for("fp16") == v.peak_flops["fp16"]
+
+
+def test_flops_for_fallbacks():
+    a = get_gpu("A100-80GB")
+    assert a.flops_for("fp8") == a.peak_flops["bf16"]  # no fp8 on Ampere: runs in 16-bit
+    v = get_gpu("V100-16GB")
+    assert v.flops_for("bf16") == v.peak_flops["fp32"]  # no bf16 tensor cores: emulated
+    assert v.flops_for("int8") == v.peak_flops["fp16"]
+
+
+def test_with_price_overrides():
+    h = get_gpu("H100-80GB")
+    h3 = h.with_price(3.0)
+    assert h3.price_per_hour == 3.0
+    assert h3.name == h.name and h3.memory == h.memory and h3.peak_flops == h.peak_flops
+    assert h.with_price(None) is h
+    assert get_gpu("H100-80GB") == h  # the catalog is not mutated
+    assert h.with_price(7.5).price_per_hour == 7.5
+
+
+def test_gpu_is_hashable():
+    h = get_gpu("H100-80GB")
+    assert len({h, get_gpu("h100"), h.with_price(1.0)}) == 2
