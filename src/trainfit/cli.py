@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-import click
 import typer
 
 from . import api
@@ -173,12 +172,14 @@ def main(argv: list[str] | None = None) -> None:
     except TrainfitError as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         sys.exit(130)
-    except click.ClickException as e:
-        typer.echo(f"error: {e.format_message()} (see `trainfit {(e.ctx.info_name + ' ') if getattr(e, 'ctx', None) and e.ctx.parent else ''}--help`)", err=True)
+    except typer.TyperException as e:  # click's usage errors (typer vendors click)
+        ctx = getattr(e, "ctx", None)
+        where = f"trainfit {ctx.info_name} --help" if ctx is not None and ctx.parent is not None else "trainfit --help"
+        typer.echo(f"error: {e.format_message()} (see `{where}`)", err=True)
         sys.exit(2)
 
 

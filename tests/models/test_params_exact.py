@@ -173,3 +173,36 @@ def test_quirk_spec_fields():
     config, _ = _catalog(CATALOG_DIR / "gemma-2-9b.json")
     s = spec_from_config(config, "g")
     assert s.norms_per_layer == 4 and s.sliding_window == 4096 and s.sliding_window_layers == 21
+
+
+def test_catalog_spec_fields():
+    def spec(name):
+        config, _ = _catalog(CATALOG_DIR / f"{name}.json")
+        return spec_from_config(config, name)
+
+    s = spec("bert-base")
+    assert not s.causal and s.embedding_norm and s.mlm_transform and s.lm_head_bias and s.type_vocab == 2
+    assert s.positions == "learned" and s.tied_embeddings and not s.final_norm
+    s = spec("roberta-base")
+    assert s.max_positions == 512 and s.position_offset == 2 and s.type_vocab == 1
+    s = spec("gpt2")
+    assert s.positions == "learned" and s.tied_embeddings and s.intermediate == 3072 and not s.gated_mlp
+    s = spec("pythia-1b")
+    assert s.parallel_residual and not s.tied_embeddings and s.positions == "rotary"
+    s = spec("opt-1.3b")
+    assert s.position_offset == 2 and s.activation == "relu" and s.embed_proj_dim == 0
+    s = spec("llama-3.1-8b")
+    assert (s.kv_heads, s.head_dim, s.norm, s.gated_mlp, s.dtype) == (8, 128, "rmsnorm", True, "bfloat16")
+    s = spec("llama-3.2-1b")
+    assert s.tied_embeddings and s.head_dim == 64
+    s = spec("qwen2.5-7b")
+    assert s.qkv_bias and not s.out_bias and s.sliding_window is None
+    s = spec("qwen3-8b")
+    assert s.qk_norm and s.head_dim == 128
+    s = spec("mistral-7b")
+    assert s.sliding_window == 4096 and s.sliding_window_layers is None
+    s = spec("qwen1.5-moe-a2.7b")
+    assert s.moe.num_experts == 60 and s.moe.top_k == 4 and s.moe.shared_intermediate == 5632 and s.moe.shared_gate
+    assert s.moe.expert_intermediate == 1408 and s.moe.sparse_layers is None
+    s = spec("gpt-3-175b")
+    assert (s.hidden, s.layers, s.heads, s.max_positions, s.vocab) == (12288, 96, 96, 2048, 50257)

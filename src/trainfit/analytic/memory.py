@@ -181,7 +181,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     if recompute == "full":
         # torch.utils.checkpoint keeps each layer's input (the residual stream); the layer is recomputed in backward
         saved_layer = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
-        bwd_recompute = one_layer
+        # the recomputed layer's first saved tensor is the checkpointed input itself (same storage)
+        bwd_recompute = max(one_layer - saved_layer, 0)
     else:
         saved_layer = one_layer
         bwd_recompute = 0
@@ -204,8 +205,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     grads_before = grads if setup.grad_accum > 1 else 0  # earlier micro-batches' gradients stay live
     forward_end = states + grads_before + activations + fwd_transient + gathered
     bwd_start = states + grads_before + activations + bwd_start_transient + bwd_layer_transient + gathered
-    # end of backward: all gradients, only the embedding's saved tensors left
-    bwd_end = states + grads + emb_saved + bwd_layer_transient + gathered
+    # end of backward: all gradients, the first layer's saved tensors (freed by its own backward) and the embedding's
+    bwd_end = states + grads + emb_saved + saved_layer + bwd_layer_transient + gathered
     backward = max(bwd_start, bwd_end)
     opt_temps = _optimizer_temporaries(setup, st, n / (dp if z >= 1 else 1), largest)
     optimizer_step = states + grads + opt_temps
@@ -219,7 +220,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         at = {**resident, "gradients": grads_before, "activations": activations,
               "temporaries": bwd_start_transient + bwd_layer_transient + gathered}
     elif peak_phase == "backward":
-        at = {**resident, "gradients": grads, "activations": emb_saved, "temporaries": bwd_layer_transient + gathered}
+        at = {**resident, "gradients": grads, "activations": emb_saved + saved_layer,
+              "temporaries": bwd_layer_transient + gathered}
     else:
         at = {**resident, "gradients": grads, "activations": 0, "temporaries": opt_temps}
     at = {k: int(v) for k, v in at.items()}

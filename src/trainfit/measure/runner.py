@@ -61,7 +61,6 @@ class MeasureResult:
     step_times: list[float] = field(default_factory=list)
     reserved_peak: int | None = None  # CUDA: max_memory_reserved (allocator cache included)
     device_used: int | None = None  # CUDA: device memory in use after the step (all processes, context)
-    gradients_at_peak: int | None = None  # gradient bytes live at the peak (CPU: by address matching)
 
 
 def _device_type(device) -> str:
@@ -178,9 +177,7 @@ def _peak_cpu(model, optimizer, batches, setup) -> MeasureResult:
 
     def on_phase(name: str) -> None:
         if name == "optimizer":  # end of the last backward: gradients complete
-            grads = _grad_tensors(model, optimizer)
-            grad_info["bytes"] = storage_bytes(grads, device="cpu")
-            grad_info["ptrs"] = {g.untyped_storage().data_ptr() for g in grads}
+            grad_info["bytes"] = storage_bytes(_grad_tensors(model, optimizer), device="cpu")
 
     peak, _ = cpu_peak(lambda phase: run_step(model, optimizer, batches, setup, phase), baseline, on_phase)
     notes = list(peak.notes)

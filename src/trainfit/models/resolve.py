@@ -8,6 +8,12 @@ A reference is, in the order tried:
    (HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub,
    ~/.cache/huggingface/hub; layout models--org--name/snapshots/<rev>/config.json),
    else the catalog entry whose hf_id matches.
+
+Catalog files (models/catalog/<name>.json) are HF config.json copies plus a "_trainfit" object:
+name (lowercase, hyphenated), aliases, hf_id, source (where the numbers come from),
+params_published / active_published (published totals, checked by tests/models within 2%, or
+params_published_tol where the published figure is known to be off, with the reason in source).
+Parameter counts are never stored: they are computed from the config by trainfit.analytic.params.
 """
 from __future__ import annotations
 

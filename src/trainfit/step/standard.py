@@ -203,7 +203,12 @@ def enable_recompute(model: torch.nn.Module, setup: "Setup") -> None:
         raise EngineUnavailableError(
             f"--recompute full: {type(model).__name__} does not support gradient checkpointing in transformers"
         )
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # every decoder layer checkpointed (non-reentrant torch.utils.checkpoint), no CPU offload.
+    # transformers >= 5.x names it activation_checkpointing_enable (gradient_... is a deprecated alias).
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def prepare(spec: "ModelSpec", setup: "Setup", device="cpu"):

@@ -1,0 +1,77 @@
+"""KV cache, FLOPs and time against hand derivations and published rules."""
+import pytest
+
+from trainfit.analytic.engine import estimate
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+GiB = 1 << 30
+
+
+def test_llama31_8b_kv_cache_is_one_gib_per_8k_sequence():
+    # 2 (k, v) · 32 layers · 8 kv heads · 128 head_dim · 8192 tokens · 2 bytes = 2^30 (issue 2)
+    e = estimate(load_model("llama-3.1-8b"), Setup(mode="infer", precision="bf16", batch=1, seq=8192))
+    assert e.memory.kv_cache == GiB
+
+
+def test_kv_cache_scales_with_batch_and_mqa():
+    spec = load_model("llama-3.1-8b")
+    assert estimate(spec, Setup(mode="infer", batch=16, seq=8192)).memory.kv_cache == 16 * GiB
+    # GQA: llama-2-70b has 8 kv heads of 64 → 8x smaller cache than its 64 query heads would need
+    l70 = load_model("llama-2-70b")
+    kv = estimate(l70, Setup(mode="infer", batch=1, seq=4096)).memory.kv_cache
+    assert kv == 2 * 80 * 8 * 128 * 4096 * 2
+
+
+def test_six_n_rule_for_gpt3():
+    # Kaplan et al. 2020: C ≈ 6N per token, attention adding 6·n_layer·n_ctx·d_attn (here halved: causal)
+    spec = load_model("gpt-3-175b")
+    e = estimate(spec, Setup(seq=2048))
+    n = e.params
+    assert e.flops.per_token == pytest.approx(6 * n, rel=0.03)
+    attn = 6 * 96 * 12288 * (2048 + 1) / 2 * 2
+    assert e.flops.per_token > 6 * (n - 50257 * 12288 - 2048 * 12288)  # lookups cost nothing, head does
+    assert e.flops.per_token - attn == pytest.approx(6 * (n - 2048 * 12288), rel=0.01)
+
+
+def test_full_recompute_adds_one_forward_of_the_layers():
+    spec = load_model("llama-2-7b")
+    base = estimate(spec, Setup(seq=4096))
+    full = estimate(spec, Setup(seq=4096, recompute="full"))
+    head = 2 * 32000 * 4096 * 4096
+    assert full.flops.recompute == pytest.approx(base.flops.forward - head, rel=1e-9)
+    assert full.flops.step / base.flops.step == pytest.approx(4 / 3, rel=0.02)  # Narayanan et al. 2021: 4 passes
+
+
+def test_step_time_at_stated_mfu():
+    spec = load_model("llama-3.1-8b")
+    gpu = get_gpu("H100-80GB")
+    e = estimate(spec, Setup(batch=1, seq=4096), gpu, mfu=0.5)
+    assert e.time.step_seconds == pytest.approx(e.flops.step / (989.4e12 * 0.5), rel=0.01)
+    e2 = estimate(spec, Setup(batch=1, seq=4096), gpu, mfu=0.5, tokens=1e12)
+    hours = 1e12 / e2.time.tokens_per_second / 3600
+    assert e2.time.gpu_hours == pytest.approx(hours)
+    assert e2.time.cost_usd == pytest.approx(hours * gpu.price_per_hour)
+    assert e2.time.energy_kwh == pytest.approx(hours * 0.7)
+
+
+def test_decode_is_memory_bound():
+    spec = load_model("llama-3.1-8b")
+    gpu = get_gpu("H100-80GB")
+    e = estimate(spec, Setup(mode="infer", precision="bf16", batch=1, seq=1024), gpu)
+    # one pass over 16 GB of bf16 weights per token at 80% of 3.35 TB/s ≈ 167 tokens/s
+    expected = 0.8 * 3.35e12 / (e.memory.weights + e.memory.kv_cache)
+    assert e.time.decode_tokens_per_second == pytest.approx(expected, rel=1e-6)
+    assert 150 < e.time.decode_tokens_per_second < 180
+
+
+def test_largest_batch_really_is_the_largest():
+    spec = load_model("llama-3.1-8b")
+    gpu = get_gpu("L4")
+    e = estimate(spec, Setup(mode="infer", precision="bf16", batch=1, seq=4096), gpu)
+    b = e.time.max_batch
+    cap = gpu.memory - GiB
+    assert b >= 1
+    assert estimate(spec, Setup(mode="infer", precision="bf16", batch=b, seq=4096)).memory.peak <= cap
+    assert estimate(spec, Setup(mode="infer", precision="bf16", batch=b + 1, seq=4096)).memory.peak > cap

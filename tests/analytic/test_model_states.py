@@ -1,0 +1,76 @@
+"""Model-state bytes against hand derivations and the ZeRO paper (Rajbhandari et al. 2020, Figure 1 / §5)."""
+import pytest
+
+from trainfit.analytic.engine import estimate
+from trainfit.analytic.params import count_params
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return load_model("llama-3.1-8b")
+
+
+def states(e):
+    m = e.memory
+    return m.weights + m.gradients + m.optimizer_states + m.master_weights
+
+
+def test_amp_bf16_adamw_is_16_bytes_per_param(llama8b):
+    # hand derivation: fp32 weights 4 + fp32 grads 4 + Adam m and v 4 + 4 = 16 bytes/param
+    e = estimate(llama8b, Setup(precision="amp-bf16", optimizer="adamw"))
+    assert states(e) == 16 * 8_030_261_248
+
+
+@pytest.mark.parametrize("precision,optimizer,per_param", [
+    ("fp32", "sgd", 8),  # weights + grads
+    ("fp32", "momentum", 12),  # + momentum buffer
+    ("bf16", "adamw", 8),  # everything bf16: 2 + 2 + 2 + 2
+    ("bf16-master", "adam", 16),  # ZeRO §3: 2Ψ + 2Ψ + KΨ with K = 12 (master, m, v in fp32)
+    ("amp-fp16", "lion", 12),  # Lion keeps one momentum
+])
+def test_bytes_per_param(llama8b, precision, optimizer, per_param):
+    e = estimate(llama8b, Setup(precision=precision, optimizer=optimizer))
+    assert states(e) == per_param * e.params
+
+
+@pytest.mark.parametrize("stage,per_param", [
+    # ZeRO paper Figure 1, Ψ = 7.5B, K = 12, Nd = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
+    (0, 16.0), (1, 2 + 2 + 12 / 64), (2, 2 + (2 + 12) / 64), (3, 16 / 64),
+])
+def test_zero_stages_match_the_zero_paper(llama8b, stage, per_param):
+    e = estimate(llama8b, Setup(precision="bf16-master", optimizer="adam", dp=64, zero=stage))
+    assert states(e) / e.params == pytest.approx(per_param, rel=1e-6)
+    # and the paper's absolute figure for Ψ = 7.5B, in GB (1e9), to its printed precision
+    paper = {0: 120, 1: 31.4, 2: 16.6, 3: 1.9}[stage]
+    assert per_param * 7.5 == pytest.approx(paper, abs=0.06)
+
+
+def test_adafactor_keeps_factored_state(llama8b):
+    # Shazeer & Stern 2018: rows + cols per matrix instead of per element: far below 1 byte/param
+    e = estimate(llama8b, Setup(optimizer="adafactor"))
+    assert 0 < e.memory.optimizer_states < 0.01 * 4 * e.params
+
+
+def test_int4_weights_are_about_half_a_byte(llama8b):
+    e = estimate(llama8b, Setup(mode="infer", precision="int4"))
+    assert e.memory.weights == pytest.approx(e.params * (0.5 + 4 / 128), rel=1e-6)
+
+
+def test_tp_and_pp_shard_the_weights(llama8b):
+    full = estimate(llama8b, Setup(precision="bf16")).memory.weights
+    tp8 = estimate(llama8b, Setup(precision="bf16", tp=8)).memory.weights
+    # norms are replicated, everything else split 8 ways: a little over 1/8
+    assert full / 8 < tp8 < full / 8 * 1.001
+    pp4 = estimate(llama8b, Setup(precision="bf16", pp=4, grad_accum=4))
+    assert pp4.memory.weights < full / 3
+
+
+def test_mixtral_active_params_drive_flops():
+    spec = load_model("mixtral-8x7b")
+    pc = count_params(spec)
+    e = estimate(spec, Setup(seq=128))
+    # model FLOPs per token ≈ 6 × active params (Kaplan et al. 2020), not 6 × total
+    assert e.flops.per_token == pytest.approx(6 * pc.active, rel=0.03)
+    assert pc.active < 0.3 * pc.total
