@@ -42,8 +42,12 @@ def family_traits(spec: ModelSpec) -> dict:
 
 def dropouts(spec: ModelSpec) -> tuple[float, float, float]:
     """(embedding, attention-probabilities, residual) dropout probabilities from the config."""
-    keys = family_traits(spec)["dropout_keys"]
-    return tuple(float(spec.config.get(k) or 0.0) if k else 0.0 for k in keys)  # type: ignore[return-value]
+    traits = family_traits(spec)
+    out = []
+    for key, default in zip(traits["dropout_keys"], traits["dropout_defaults"]):
+        value = spec.config.get(key) if key else None
+        out.append(float(default if value is None else value))
+    return tuple(out)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -83,10 +87,8 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
     i = mlp_width if mlp_width is not None else spec.intermediate
     traits = family_traits(spec)
     _, p_attn, p_resid = dropouts(spec)
-    kernel = setup.attention_kernel
-    # CPU SDPA with dropout goes down the math path (it saves the probabilities like eager does).
-    if kernel in ("sdpa", "flash") and p_attn > 0 and setup.device == "cpu":
-        kernel = "eager"
+    kernel = resolved_kernel(spec, setup)
+    mask = dropout_mask_bytes(setup, a)
     t: dict[str, float] = {}
     per_key = 0.0
 
@@ -102,15 +104,29 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
     else:
         t["linear_inputs"] = (1 + experts_per_token) * a * h
     # Attention core.
-    if kernel == "eager":
-        # q·kᵀ saves q and k (k repeated to all heads for GQA), softmax saves its fp32 output (HF softmaxes in
-        # fp32), the probabilities cast to the compute dtype are saved by probs·v with v (repeated), and o_proj
-        # saves a contiguous copy of the merged heads.
-        t["attention"] = 4 * a * q
-        per_key = FP32 * nh + (a * nh if a != FP32 else 0) + (1 * nh if p_attn > 0 else 0)
-    else:
+    if kernel == "flash":
         # q, k, v (kv heads only: SDPA's enable_gqa), output (shared with o_proj's input), logsumexp (fp32).
         t["attention"] = a * (2 * q + 2 * kv) + FP32 * nh
+    else:
+        # q·kᵀ saves q and k (k repeated to all heads), probs·v saves the probabilities and v (repeated), o_proj
+        # saves a contiguous copy of the merged heads. Under CPU autocast the math path runs in fp32 (observed:
+        # its q, k, v and probabilities are fp32 while the flash path gets bf16); o_proj then saves its bf16 cast.
+        if kernel == "math" and amp:
+            a_attn = FP32
+            t["attention"] = 3 * FP32 * q + a * q
+        else:
+            a_attn = a
+            t["attention"] = 4 * a * q
+        if kernel == "eager":
+            # HF eager softmaxes in fp32 and casts back; the fp32 output is what softmax's backward keeps
+            probs = FP32 + (a if a != FP32 and p_attn == 0 else 0)
+        else:  # SDPA math path: softmax in its compute dtype, its output saved
+            probs = a_attn
+        if spec.config.get("attn_logit_softcapping", traits.get("softcap_default")):
+            probs += a_attn  # Gemma-2 caps the scores with tanh, whose output is saved
+        if p_attn > 0:
+            probs += dropout_mask_bytes(setup, a_attn) + a_attn  # dropout's mask; probs·v keeps the dropped probs
+        per_key = probs * nh
     if spec.qk_norm:
         t["attention"] += _norm_saved(spec, a) * (q + kv) / h  # q_norm, k_norm over head_dim, on each head
     # MLP.
@@ -118,17 +134,34 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
         # gate output (saved by the activation), act(gate) and up (saved by the product), product (down_proj input)
         t["mlp"] = 4 * a * i * experts_per_token
     else:
-        # fc1 output (saved by the activation), activation output (fc2 input). NB: tanh-GELU written as a
-        # composite (gelu_new) saves more; we count the fused kernel.
-        t["mlp"] = 2 * a * i
-    # Dropout masks (1 byte per element, Korthikanti eq. 1) on the attention output and the MLP output.
+        # fc1 output saved by the activation, activation output saved by fc2 — except ReLU, whose backward uses
+        # its own output (one tensor), and HF's gelu_new, a composite of pow/tanh/mul that saves four tensors.
+        t["mlp"] = {"relu": 1, "gelu_new": 5, "gelu_fast": 5}.get(spec.activation, 2) * a * i
+    # Dropout on the attention output and on the MLP output (Korthikanti eq. 1 counts 1-byte masks).
     if p_resid > 0:
-        t["dropout"] = 2 * h * 1
+        t["dropout"] = 2 * h * mask
     fixed = 0.0
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled).
         fixed = a * linear_params_per_layer(spec, mlp_width=i)
     return LayerActivations(sum(t.values()), per_key, fixed, t)
+
+
+def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
+    """'flash', 'math' or 'eager'. HF's sdpa runs the flash kernel on CUDA (with dropout too) and on CPU without
+    dropout; CPU SDPA with dropout falls back to the math path (torch's sdp_utils_cpp.cpp)."""
+    kernel = setup.attention_kernel
+    if kernel == "eager" or not family_traits(spec)["sdpa"]:
+        return "eager"
+    if setup.device == "cpu" and dropouts(spec)[1] > 0:
+        return "math"
+    return "flash"
+
+
+def dropout_mask_bytes(setup: Setup, elem_bytes: int) -> int:
+    """CUDA's fused native_dropout keeps a 1-byte mask; the CPU path multiplies by a noise tensor of the input's
+    dtype and keeps that (aten/src/ATen/native/Dropout.cpp)."""
+    return 1 if setup.device == "cuda" else elem_bytes
 
 
 def linear_params_per_layer(spec: ModelSpec, mlp_width: int | None = None) -> int:

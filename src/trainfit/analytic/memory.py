@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, INDEX, _norm_saved, dropouts, keys_per_token, layer_activations
+from .activations import FP32, INDEX, _norm_saved, dropout_mask_bytes, dropouts, keys_per_token, layer_activations, resolved_kernel
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 
@@ -99,7 +99,7 @@ def _head_bytes(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> d
     p_emb, _, _ = dropouts(spec)
     emb_saved = INDEX * tokens  # token ids saved by the embedding backward
     if p_emb > 0:
-        emb_saved += 1 * h * tokens  # dropout mask
+        emb_saved += dropout_mask_bytes(setup, r) * h * tokens  # dropout mask on the (fp32 under amp) embeddings
     if spec.embedding_norm:
         emb_saved += _norm_saved(spec, r) * tokens
     head_saved = (_norm_saved(spec, r) if spec.final_norm else 0) * tokens
@@ -116,9 +116,9 @@ def _head_bytes(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> d
         "head_saved": head_saved + head_fixed + lsm + labels,
         # forward high point: the logits, their fp32 copy and the log-softmax output, all live at once
         "loss_forward_transient": logits + upcast,
-        # backward start: grad of the log-softmax output and the logits' fp32 gradient beside the saved output,
-        # then its cast for the LM-head matmul under autocast
-        "loss_backward_transient": 2 * FP32 * v * tokens + (a * v * tokens if a != FP32 else 0) - lsm,
+        # backward start: grad of the log-softmax output and the logits' fp32 gradient beside the saved output
+        # (counted in head_saved), then its cast for the LM-head matmul under autocast
+        "loss_backward_transient": 2 * FP32 * v * tokens + (a * v * tokens if a != FP32 else 0),
     }
 
 
@@ -193,18 +193,26 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     head_saved = head["head_saved"] if stage.head else 0
     activations = layers_saved + emb_saved * stage.in_flight + head_saved
     fwd_transient = head["loss_forward_transient"] if stage.head else 0
+    if recompute == "full" and setup.precision.startswith("amp"):
+        # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
+        fwd_transient += stage.layers * la.fixed / t
     bwd_start_transient = head["loss_backward_transient"] if stage.head else 0
-    # During one layer's backward: its recomputed activations (full recompute) and the gradients of its largest
-    # intermediates. NB: approximated by two MLP-intermediate gradients; low for eager attention's s×s grads.
+    # During one layer's backward: with full recompute, its recomputed activations (the big intermediate gradients
+    # only appear once some of them are freed); without, the gradients of its largest intermediates.
+    # NB: approximated by two MLP-intermediate gradients plus the s×s gradient for non-flash attention.
     a = st.act
-    bwd_layer_transient = bwd_recompute + 2 * a * spec.intermediate * tokens / t
-    if setup.attention_kernel == "eager" and recompute != "selective":
-        bwd_layer_transient += (FP32 + a) * spec.heads * tokens * keys / t
+    if recompute == "full":
+        bwd_layer_transient = bwd_recompute
+    else:
+        bwd_layer_transient = 2 * a * spec.intermediate * tokens / t
+        if resolved_kernel(spec, layer_setup) != "flash":
+            bwd_layer_transient += (FP32 + a) * spec.heads * tokens * keys / t
 
     states = weights + master + opt + comm
     grads_before = grads if setup.grad_accum > 1 else 0  # earlier micro-batches' gradients stay live
     forward_end = states + grads_before + activations + fwd_transient + gathered
-    bwd_start = states + grads_before + activations + bwd_start_transient + bwd_layer_transient + gathered
+    # the loss's gradients and a layer's backward temporaries are not live at the same time
+    bwd_start = states + grads_before + activations + max(bwd_start_transient, bwd_layer_transient) + gathered
     # end of backward: all gradients, the first layer's saved tensors (freed by its own backward) and the embedding's
     bwd_end = states + grads + emb_saved + saved_layer + bwd_layer_transient + gathered
     backward = max(bwd_start, bwd_end)
@@ -218,7 +226,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         at = {**resident, "gradients": grads_before, "activations": activations, "temporaries": fwd_transient + gathered}
     elif peak_phase == "backward" and bwd_start >= bwd_end:
         at = {**resident, "gradients": grads_before, "activations": activations,
-              "temporaries": bwd_start_transient + bwd_layer_transient + gathered}
+              "temporaries": max(bwd_start_transient, bwd_layer_transient) + gathered}
     elif peak_phase == "backward":
         at = {**resident, "gradients": grads, "activations": emb_saved + saved_layer,
               "temporaries": bwd_layer_transient + gathered}

@@ -262,8 +262,8 @@ def _peak_cuda(model, optimizer, batches, setup, device) -> MeasureResult:
                 notes.append(f"NVML: this process uses {p.usedGpuMemory} bytes on the device (context included)")
     except Exception:
         pass
-    peak_phase = max(phase_peaks, key=lambda k: phase_peaks[k])
-    peak = phase_peaks[peak_phase]
+    peak = max(phase_peaks.values())
+    peak_phase = next(k for k in ("forward", "backward", "optimizer", "end", "start") if phase_peaks.get(k) == peak)
     fw = [v for n, v in marks if n == "forward"]
     bw = [v for n, v in marks if n == "backward"]
     activations = (bw[-1] - fw[-1]) if fw and bw else 0

@@ -44,8 +44,14 @@ def autocast_dtype(setup: "Setup") -> torch.dtype | None:
     return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(setup.precision)
 
 
-def hf_attn_implementation(setup: "Setup") -> str:
-    return "eager" if setup.attention_kernel == "eager" else "sdpa"
+def hf_attn_implementation(spec: "ModelSpec", setup: "Setup") -> str:
+    """HF's attention implementation: eager when asked for, or when transformers refuses SDPA for the family
+    (Gemma-2) — the analytic engine reads the same fact from data/families.json."""
+    from ..analytic.activations import family_traits
+
+    if setup.attention_kernel == "eager" or not family_traits(spec)["sdpa"]:
+        return "eager"
+    return "sdpa"
 
 
 def hf_config(spec: "ModelSpec", setup: "Setup"):
@@ -60,7 +66,7 @@ def hf_config(spec: "ModelSpec", setup: "Setup"):
     cfg.pop("dtype", None)
     config = AutoConfig.for_model(model_type, **cfg)
     config.use_cache = False
-    config._attn_implementation = hf_attn_implementation(setup)
+    config._attn_implementation = hf_attn_implementation(spec, setup)
     return config
 
 
@@ -77,7 +83,7 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     config = hf_config(spec, setup)
     auto = AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM
     with torch.device(device):
-        model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(setup))
+        model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
     model.train()
     return model
 

@@ -43,18 +43,81 @@ def settle_activations(rec: AllocationRecorder) -> None:
                 r.cat = ACTIVATION
 
 
+def _event_tables(rec: AllocationRecorder):
+    """births[ev] / deaths[ev]: the record born / dying at event ev (each event is one or the other)."""
+    births: list = [None] * rec.event
+    deaths: list = [None] * rec.event
+    for r in rec.records:
+        births[r.birth] = r
+        if r.death is not None:
+            deaths[r.death] = r
+    return births, deaths
+
+
+def segment_maxima(rec: AllocationRecorder, start_event: int) -> dict:
+    """Per structural segment of the step, the highest live total and its per-category make-up.
+
+    A segment runs from one mark (phase start, module entry/exit, gradient ready) to the next. Keys:
+    (phase index, phase, mark key, occurrence of that key within the phase); the value at the phase
+    start is kept under mark key ("at",). Call after analyse() (categories settled).
+    Used by extrapolate.py: a segment in repeated layer i of an n-layer trace has the same events,
+    shifted by bytes linear in i and n, whatever n is.
+    """
+    births, deaths = _event_tables(rec)
+    marks: dict[int, list] = {}
+    for ev, name in rec.phase_marks:
+        marks.setdefault(ev, []).append(("phase", name))
+    for ev, key in rec.seg_marks or ():
+        marks.setdefault(ev, []).append(key)
+    by_cat = [0] * len(CATEGORIES)
+    total = 0
+    out: dict = {}
+    phase_i, phase = -1, "setup"
+    seen: dict = {}
+    key = None
+    best, best_cat = -1, None
+
+    def close():
+        if key is not None:
+            out[key] = (best, best_cat)
+
+    for ev in range(rec.event + 1):
+        if ev in marks and ev >= start_event:
+            for m in marks[ev]:
+                close()
+                if m[0] == "phase":
+                    phase_i, phase = phase_i + 1, m[1]
+                    seen = {}
+                    out[(phase_i, phase, ("at",), 0)] = (total, tuple(by_cat))
+                    m = ("start",)
+                occ = seen.get(m, 0)
+                seen[m] = occ + 1
+                key = (phase_i, phase, m, occ)
+                best, best_cat = total, tuple(by_cat)
+        if ev == rec.event:
+            break
+        r = births[ev]
+        if r is not None:
+            by_cat[r.cat] += r.nbytes
+            total += r.nbytes
+        else:
+            r = deaths[ev]
+            if r is not None:
+                by_cat[r.cat] -= r.nbytes
+                total -= r.nbytes
+        if key is not None and total > best:
+            best, best_cat = total, tuple(by_cat)
+    close()
+    return out
+
+
 def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, str],
             n_top: int = 25, n_points: int = 400) -> Analysis:
     """Sweep all events once: per-phase maxima, the peak's make-up, the timeline, top tensors at the peak."""
     settle_activations(rec)
     ncat = len(CATEGORIES)
     n = rec.event
-    births: list = [None] * n
-    deaths: list = [None] * n
-    for r in rec.records:
-        births[r.birth] = r
-        if r.death is not None:
-            deaths[r.death] = r
+    births, deaths = _event_tables(rec)
     marks = dict(rec.phase_marks)  # event -> phase starting there (last one wins)
 
     by_cat = [0] * ncat

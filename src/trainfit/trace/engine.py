@@ -88,28 +88,58 @@ def _device_notes(setup: Setup) -> list[str]:
     return []
 
 
-def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True) -> Estimate:
-    """Trace the standard step (training, or prefill + decode for mode="infer") of the HF model for `spec`."""
+def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate: bool = True) -> Estimate:
+    """Trace the standard step (training, or prefill + decode for mode="infer") of the HF model for `spec`.
+
+    extrapolate: trace 1, 2 and 3 periods of the repeated decoder layers and extrapolate to the
+    full depth when every number is exactly linear across those traces (extrapolate.py); otherwise,
+    or when the model is shallow, trace the full model.
+    """
     _check_setup(setup)
     if setup.mode == "infer":
         from .inference import trace_inference
 
         return trace_inference(spec, setup, flops=flops)
-    from ..step import build_model, make_batches, make_optimizer
+    if extrapolate:
+        from .extrapolate import trace_extrapolated
+
+        est = trace_extrapolated(spec, setup, flops=flops)
+        if est is not None:
+            return est
+    t0 = time.perf_counter()
+    model, rec, an = trace_train(spec, setup, flops=flops)
+    return _estimate(spec.name, model, setup, rec, an, setup.batch * setup.seq * setup.grad_accum,
+                     time.perf_counter() - t0, _NOTES + tuple(_device_notes(setup)))
+
+
+def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: bool = False):
+    """Build, warm up and record one training step on fake tensors: (model, recorder, Analysis)."""
+    from ..step import make_batches, make_optimizer
     from ..step.standard import enable_recompute
     from .train import record_train_step, warm_up_optimizer
 
-    t0 = time.perf_counter()
     with translated_errors(spec.name), fake_mode():
-        model = build_model(spec, setup)
+        model = build_hf(spec, setup)
         enable_recompute(model, setup)
         optimizer = make_optimizer(model, setup)
         batches = make_batches(spec, setup)
         warm_up_optimizer(model, optimizer)
         rec, an = record_train_step(model, optimizer, batches, setup, count_flops=flops,
-                                    round_cuda=setup.device == "cuda")
-    return _estimate(spec.name, model, setup, rec, an, setup.batch * setup.seq * setup.grad_accum,
-                     time.perf_counter() - t0, _NOTES + tuple(_device_notes(setup)))
+                                    round_cuda=setup.device == "cuda", segments=segments)
+    return model, rec, an
+
+
+def build_hf(spec: ModelSpec, setup: Setup) -> torch.nn.Module:
+    """trainfit.step.build_model, with transformers' refusals (an attention kernel the architecture
+    lacks, an unknown model class) turned into one-line EngineUnavailableErrors."""
+    from ..step import build_model
+
+    try:
+        return build_model(spec, setup)
+    except (ValueError, ImportError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        hint = " (try --attention eager)" if "attention" in first.lower() else ""
+        raise EngineUnavailableError(f"transformers cannot build {spec.name}: {first}{hint}") from e
 
 
 # -- any nn.Module --------------------------------------------------------------------------------
@@ -218,7 +248,7 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
             batches = [first] + [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in first.items()}
                                  for _ in range(setup.grad_accum - 1)]
             rec, an = record_train_step(wrapped, optimizer, batches, setup, count_flops=flops,
-                                        round_cuda=setup.device == "cuda")
+                                        round_cuda=setup.device == "cuda", named=model)
     tokens = setup.batch * setup.seq * setup.grad_accum
     return _estimate(name, model, setup, rec, an, tokens, time.perf_counter() - t0,
                      _NOTES + tuple(_device_notes(setup)))

@@ -38,6 +38,7 @@ class FlopCounter:
         self.rec = recorder
         self.by_kind = {"forward": 0, "backward": 0, "recompute": 0, "other": 0}
         self.by_module: dict[str, int] = defaultdict(int)  # forward + recompute FLOPs per leaf module
+        self.by_phase: dict[str, int] = defaultdict(int)
         reg = {}
         for packet, fn in fc.flop_registry.items():
             if isinstance(packet, torch._ops.OpOverloadPacket):
@@ -67,5 +68,6 @@ class FlopCounter:
         else:
             kind = "other"
         self.by_kind[kind] += n
+        self.by_phase[phase] += n
         if inside and kind != "backward":
             self.by_module[mods.current] += n

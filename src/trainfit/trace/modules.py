@@ -14,10 +14,11 @@ from torch.nn.modules import module as nn_module
 
 
 class ModuleStack:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, on_mark=None):
         self.names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
         self.stack: list[str] = []
         self.current = ""
+        self.on_mark = on_mark  # called with ("pre"|"post", name): structural marks for extrapolation
         self._handles = []
 
     def _pre(self, module, args):
@@ -25,11 +26,16 @@ class ModuleStack:
         if name is not None:
             self.stack.append(name)
             self.current = name
+            if self.on_mark is not None:
+                self.on_mark(("pre", name))
 
     def _post(self, module, args, output):
-        if id(module) in self.names and self.stack:
+        name = self.names.get(id(module))
+        if name is not None and self.stack:
             self.stack.pop()
             self.current = self.stack[-1] if self.stack else ""
+            if self.on_mark is not None:
+                self.on_mark(("post", name))
 
     def __enter__(self):
         self._handles = [

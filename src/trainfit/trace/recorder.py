@@ -20,6 +20,8 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .cpu_casts import PROMOTING, cast_scratch
+from .fake_overrides import OVERRIDES
 from .flops import FlopCounter
 
 # Categories (index into the per-category arrays). "activation" is decided after the fact: a storage
@@ -71,14 +73,22 @@ class AllocationRecorder(TorchDispatchMode):
         self.peak_event = 0
         self.phase = "setup"
         self.phase_marks: list[tuple[int, str]] = []  # (event index at which the phase starts, name)
+        # Structural marks (module entry/exit, gradient ready) for layer extrapolation; None: off.
+        self.seg_marks: list[tuple[int, tuple]] | None = None
         self.modules = modules
         self.size = cuda_rounded if round_cuda else int
         self.flops = FlopCounter(self) if count_flops else None
+        # CPU kernels' mixed-dtype input copies (cpu_casts.py); CUDA kernels make none.
+        self.promoting = frozenset() if round_cuda else PROMOTING
 
     # -- phases ---------------------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
         self.phase = name
         self.phase_marks.append((self.event, name))
+
+    def mark(self, key: tuple) -> None:
+        if self.seg_marks is not None:
+            self.seg_marks.append((self.event, key))
 
     def reset_peak(self) -> None:
         """Like torch.cuda.reset_peak_memory_stats() at the step start: the peak restarts at what is live now."""
@@ -146,9 +156,15 @@ class AllocationRecorder(TorchDispatchMode):
 
     # -- the hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        override = OVERRIDES.get(func)
+        out = func(*args, **(kwargs or {})) if override is None else override(func, args, kwargs or {})
         if self.flops is not None:
             self.flops.count(func, args, kwargs, out)
+        scratch = None
+        if func in self.promoting:
+            n = cast_scratch(func, args, out)
+            if n:
+                scratch = self._scratch_born(n)
         live = self.live
         if type(out) in (tuple, list):
             for o in out:
@@ -163,7 +179,22 @@ class AllocationRecorder(TorchDispatchMode):
                 self._register(st, out, TEMPORARY)
             elif func in _RESIZING and st.nbytes() != rec.nbytes:
                 self._resized(rec, st)
+        if scratch is not None:  # the kernel's copies die when it returns, after its outputs were made
+            scratch.death = self.event
+            self.event += 1
+            self.total -= scratch.nbytes
         return out
+
+    def _scratch_born(self, nbytes: int) -> Record:
+        rec = Record(nbytes, TEMPORARY, self.event, self.phase, self.modules.current if self.modules else "",
+                     (nbytes,), torch.uint8, "cpu dtype-cast scratch")
+        self.event += 1
+        self.records.append(rec)
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_event = rec.birth
+        return rec
 
     def _resized(self, rec: Record, st) -> None:
         # resize_/set_ grow a storage in place (out= kernels): count the new size from here on.

@@ -1,0 +1,102 @@
+"""Inference standard steps (DESIGN.md §3): prefill of a batch of prompts, then one decode step on the
+full KV cache, traced like the training step.
+
+    phase("prefill"): out = model(ids, use_cache=True, logits_to_keep=1)   # HF DynamicCache filled
+    phase("decode"):  model(next_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+`logits_to_keep=1` is what `generate()` passes (only the last position's logits are needed), so the
+(batch, seq, vocab) logits of a training forward are not materialised. Encoders (BERT) have no
+cache: one forward over the batch ("prefill"). The cache's tensors are labelled kv_cache; DynamicCache
+grows by `torch.cat`, so each layer briefly holds old and new cache during decode (counted).
+`inference_step` runs on real tensors too (tests compare it with the profiler).
+"""
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+from ..errors import EngineUnavailableError
+from ..setup import Setup
+from ..spec import ModelSpec
+from .analysis import INFER_PHASES, analyse
+from .fake import fake_mode, translated_errors
+from .modules import ModuleStack
+from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    out = []
+    for layer in getattr(cache, "layers", ()):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+    return out
+
+
+def inference_step(model, ids, setup: Setup, causal: bool = True, phase=lambda name: None,
+                   on_cache=lambda cache: None):
+    """Prefill + one decode step (module docstring; `causal=False`: one encoder forward). Returns the
+    final KV cache (or None)."""
+    from ..step.build import autocast_dtype
+
+    dtype = autocast_dtype(setup)
+    params = inspect.signature(model.forward).parameters
+    kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    causal = causal and "past_key_values" in params and "use_cache" in params
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        phase("prefill")
+        if not causal:
+            model(input_ids=ids)
+            phase("end")
+            return None
+        out = model(input_ids=ids, use_cache=True, **kw)
+        cache = out.past_key_values
+        on_cache(cache)
+        next_ids = out.logits[:, -1:].argmax(-1)  # greedy; its value is irrelevant to memory
+        del out
+        phase("decode")
+        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **kw)
+        on_cache(out.past_key_values)
+        del out
+        phase("end")
+    return cache
+
+
+def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True):
+    from .engine import _NOTES, _device_notes, _estimate, build_hf
+
+    if setup.precision in ("int8", "int4", "fp8"):
+        raise EngineUnavailableError(
+            f"--precision {setup.precision}: quantized inference kernels are not traced; use the analytic engine")
+    t0 = time.perf_counter()
+    with translated_errors(spec.name), fake_mode():
+        model = build_hf(spec, setup).eval()
+        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
+        modules = ModuleStack(model)
+        rec = AllocationRecorder(modules, count_flops=flops, round_cuda=setup.device == "cuda")
+
+        def on_cache(cache):
+            for t in cache_tensors(cache):
+                rec.adopt(t, KV_CACHE)
+
+        with modules, rec:
+            for name, p in model.named_parameters():
+                rec.adopt(p, PARAMETER, name)
+            for name, b in model.named_buffers():
+                rec.adopt(b, BUFFER, name)
+            rec.adopt(ids, INPUT, "input_ids")
+            start = rec.event
+            rec.reset_peak()
+            inference_step(model, ids, setup, spec.causal, phase=rec.set_phase, on_cache=on_cache)
+        an = analyse(rec, start, INFER_PHASES)
+    if rec.flops is not None:  # Flops.forward is the prefill; the decode step's FLOPs go in detail
+        by_phase = rec.flops.by_phase
+        rec.flops.by_kind["forward"] = by_phase.get("prefill", 0)
+    est = _estimate(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0,
+                    _NOTES + tuple(_device_notes(setup)) +
+                    ("inference: activations are reported as temporaries (nothing is saved for backward)",))
+    if rec.flops is not None:
+        est.detail["decode_flops"] = rec.flops.by_phase.get("decode", 0)
+    return est

@@ -1,0 +1,35 @@
+"""Tiny HF configs (2 layers, hidden 64, vocab 1000) of several families, for real-vs-trace checks."""
+from trainfit.models.hf_config import spec_from_config
+
+_COMMON = {"vocab_size": 1000, "max_position_embeddings": 128}
+
+CONFIGS = {
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1000, "n_positions": 128},
+    "llama": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, **_COMMON},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, **_COMMON},
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "intermediate_size": 256, "rotary_pct": 0.25, **_COMMON},
+    "phi3": {"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "intermediate_size": 128, "pad_token_id": 0,
+             "original_max_position_embeddings": 128, **_COMMON},
+    "gemma2": {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 16, **_COMMON},
+    # MoE: transformers' grouped_mm experts (static shapes; see trainfit/trace/fake_overrides.py)
+    "mixtral": {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2,
+                **_COMMON},
+    "qwen2_moe": {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "intermediate_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, **_COMMON},
+    "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
+}
+
+
+def tiny_spec(family: str, layers: int = 2):
+    cfg = dict(CONFIGS[family])
+    key = "n_layer" if family == "gpt2" else "num_hidden_layers"
+    cfg[key] = layers
+    return spec_from_config(cfg, name=f"tiny-{family}")
