@@ -71,20 +71,85 @@ def _trace(req: Request) -> Estimate:
     return trace_spec(load_spec(req.model), req.setup())
 
 
-def _measure(req: Request) -> Estimate:
+def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:
     try:
         from .measure import measure, to_estimate
     except ImportError as e:
         raise EngineUnavailableError(f"the measure engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
     spec, setup = load_spec(req.model), req.setup()
-    return to_estimate(measure(spec, setup, device=setup.device), spec, setup)
+    if not force:
+        check_room(spec, setup)
+    with quiet_native_stderr():
+        result = measure(spec, setup, steps=steps, warmup=warmup, device=setup.device, progress=progress)
+    return to_estimate(result, spec, setup)
 
 
-def run_engines(req: Request, engine: str) -> list[Estimate]:
+def check_room(spec, setup: Setup) -> None:
+    """Refuse a real run whose predicted peak exceeds the memory free on the device (--force overrides)."""
+    from .analytic.engine import estimate
+    from .units import fmt_bytes
+
+    predicted = estimate(spec, setup).memory.peak
+    free = available_memory(setup.device)
+    if free is not None and predicted > free:
+        raise SetupError(f"the analytic engine predicts a {fmt_bytes(predicted)} peak but only {fmt_bytes(free)} is free "
+                         f"on {setup.device}: lower --batch/--seq, or pass --force to try anyway")
+
+
+def available_memory(device: str) -> int | None:
+    import os
+
+    if device == "cpu":
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineUnavailableError("--device cuda: no CUDA device here; measure on this machine with --device cpu")
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+class quiet_native_stderr:
+    """Silence the profiler's C++ start/stop lines (Kineto writes them to fd 2 directly); Python errors still
+    propagate as exceptions and are printed by the CLI after the fd is restored."""
+
+    def __enter__(self):
+        import os
+        import sys
+
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(self._null, 2)
+
+    def __exit__(self, *exc):
+        import os
+
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        os.close(self._null)
+
+
+def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Estimate]:
+    """Estimates from the requested engines, most exact last ('all' = analytic and trace)."""
     if engine not in ENGINES:
         raise SetupError(f"--engine {engine!r} is not one of: {', '.join(ENGINES)}")
     order = {"analytic": [analytic], "trace": [_trace], "measure": [_measure], "all": [analytic, _trace]}[engine]
+    if measure_too and _measure not in order:
+        order = [*order, _measure]
     return [f(req) for f in order]
+
+
+def measure_with_predictions(req: Request, steps: int, warmup: int, progress=None, force: bool = False,
+                             with_trace: bool = False) -> tuple[Estimate, list[Estimate]]:
+    """The real run, and the predictions of the other engines for the same step."""
+    predictions = [analytic(req)]
+    if with_trace:
+        predictions.append(_trace(req))
+    return _measure(req, steps, warmup, progress, force), predictions
 
 
 def gaps(results: list[Estimate]) -> dict:

@@ -62,7 +62,9 @@ def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
              attention: str = AttnOpt, dp: int = DpOpt, tp: int = TpOpt, pp: int = PpOpt, zero: int = ZeroOpt,
              sequence_parallel: bool = SpOpt, device: str = DevOpt, gpu: Optional[str] = GpuOpt, mode: str = ModeOpt,
              engine: str = EngineOpt, mfu: float = MfuOpt, tokens: Optional[str] = TokensOpt,
-             price: Optional[float] = PriceOpt, kv_dtype: Optional[str] = KvOpt, json: bool = JsonOpt) -> None:
+             price: Optional[float] = PriceOpt, kv_dtype: Optional[str] = KvOpt,
+             measure: bool = typer.Option(False, "--measure", help="Also run the real step here and show each engine's error."),
+             json: bool = JsonOpt) -> None:
     """Memory (by category and phase, with the peak), FLOPs and — with --gpu — fit, step time and cost, per GPU.
 
     Examples:\n
@@ -73,7 +75,7 @@ def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
     """
     req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
                    sequence_parallel, device, gpu, mode, mfu, tokens, price, kv_dtype)
-    results = api.run_engines(req, engine)
+    results = api.run_engines(req, engine, measure_too=measure)
     from .report import json_out, terminal
 
     if json:
@@ -87,6 +89,48 @@ def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
         terminal.render_estimate(results[0])
     else:
         terminal.render_side_by_side(results, reference=len(results) - 1)
+
+
+@app.command()
+def measure(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
+            precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
+            attention: str = AttnOpt, device: str = typer.Option("cpu", "--device", help="cpu (here) or cuda."),
+            steps: int = typer.Option(3, "--steps", help="Timed steps after the measured one."),
+            warmup: int = typer.Option(1, "--warmup", help="Warm-up steps (>= 1: optimizer state resident)."),
+            trace: bool = typer.Option(False, "--trace", help="Also run the trace engine's prediction."),
+            force: bool = typer.Option(False, "--force", help="Run even when the prediction exceeds free memory."),
+            json: bool = JsonOpt) -> None:
+    """Run the real standard step here (random weights) and read its true peak; compare with the predictions.
+
+    Example: trainfit measure tiny-llama --batch 2 --seq 128 --precision amp-bf16 --steps 5
+    """
+    from rich.progress import Progress
+
+    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, 1, 1, 1, 0,
+                   False, device, None, "train", 0.4, None, None, None)
+    if steps < 0 or warmup < 1:
+        raise TrainfitError("--steps must be >= 0 and --warmup >= 1")
+    with Progress(transient=True, disable=json) as bar:
+        task = bar.add_task("building the model", total=warmup + 1 + steps)
+        labels = {"build": "building the model", "warmup": "warm-up", "peak": "measured step", "time": "timed steps"}
+
+        def progress(stage, i, n):
+            done = {"build": 0, "warmup": i, "peak": warmup + i, "time": warmup + 1 + i}[stage]
+            bar.update(task, completed=done, description=f"{labels[stage]} {i}/{n}")
+
+        measured, predictions = api.measure_with_predictions(req, steps, warmup, progress, force, trace)
+    from .report import json_out, terminal
+
+    if json:
+        d = json_out.estimate_dict(measured)
+        d["predictions"] = {p.engine: {"peak": p.memory.peak, "error": (p.memory.peak - measured.memory.peak) / measured.memory.peak}
+                            for p in predictions}
+        typer.echo(json_out.dumps(d))
+        return
+    terminal.render_side_by_side([*predictions, measured], reference=len(predictions))
+    tm = measured.time
+    typer.echo(f"step {tm.step_seconds * 1e3:.1f} ms · {tm.tokens_per_second:,.0f} tokens/s on {tm.gpu}"
+               + (f" · process RSS peak {measured.detail['rss_peak'] / 2**20:,.0f} MiB (secondary)" if measured.detail.get("rss_peak") else ""))
 
 
 @app.command()

@@ -142,6 +142,9 @@ def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, st
             phase = new
             if ev >= start_event:
                 point(ev)
+                name = phase_names.get(phase)  # a phase's high point includes its starting level
+                if name is not None and total > phase_max.get(name, -1):
+                    phase_max[name] = total
         if ev == start_event:
             baseline = list(by_cat)
             peak, peak_cat, peak_phase = total, list(by_cat), phase
