@@ -1,10 +1,14 @@
-"""Accuracy of the analytic (and trace) engines against real CPU training steps.
+"""Accuracy of the analytic (and trace) engines against real CPU steps: training and inference.
 
     python bench/accuracy.py            # the full matrix, writes bench/results/accuracy.md and .json
-    python bench/accuracy.py --quick    # a representative subset (about a minute)
+    python bench/accuracy.py --quick    # a representative subset (what CI runs)
+    python bench/anchors/run.py         # then: the other tools on the same cases (bench/results/anchors.md)
 
-Truth: `trainfit.measure` — the real standard step on this CPU, peak from PyTorch's profiler allocation
-records. Models: the tiny-* catalog configs (random weights). Predictions use --device cpu semantics.
+Truth: `trainfit.measure` — the real standard step on this CPU (training: forward, backward,
+optimizer step; inference: prefill of the batch, then one decode step on the full KV cache), peak from
+PyTorch's profiler allocation records. Models: the tiny-* catalog configs (random weights). Predictions
+use --device cpu semantics. An inference case gives two rows: the prefill peak and the decode peak
+(each engine's per-phase figure); a training case gives one row (the step's peak).
 """
 from __future__ import annotations
 
@@ -23,6 +27,9 @@ from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-gpt2", "tiny-neox", "tiny-phi3", "tiny-gemma2", "tiny-bert", "tiny-opt"]
+# inference: every family, the MoE too (tiny-bert is an encoder: one forward, prefill only)
+INFER_FAMILIES = FAMILIES + ["tiny-mixtral"]
+INFER_PHASES = ("prefill", "decode")
 
 
 def cases(quick: bool) -> list[tuple[str, Setup]]:
@@ -34,6 +41,9 @@ def cases(quick: bool) -> list[tuple[str, Setup]]:
             for rec in ("none", "full"):
                 out.append((fam, Setup(**{**base, "precision": prec, "recompute": rec})))
     if quick:
+        ib = dict(batch=4, seq=256, device="cpu", mode="infer", precision="bf16")
+        out += [(f, Setup(**ib)) for f in ("tiny-llama", "tiny-gpt2", "tiny-bert")]
+        out.append(("tiny-llama", Setup(**{**ib, "seq": 512, "attention": "eager"})))
         return out
     for opt in ("sgd", "momentum", "adam", "adafactor"):  # optimizers
         out.append(("tiny-llama", Setup(**{**base, "optimizer": opt, "precision": "fp32"})))
@@ -47,10 +57,30 @@ def cases(quick: bool) -> list[tuple[str, Setup]]:
         out.append(("tiny-llama", Setup(**{**base, "seq": s, "attention": "eager", "precision": "fp32"})))
         out.append(("tiny-llama", Setup(**{**base, "seq": s, "precision": "fp32"})))
     out.append(("tiny-mixtral", Setup(**{**base, "precision": "fp32"})))
+    out += infer_cases()
     return out
 
 
-def run(quick: bool, with_trace: bool) -> list[dict]:
+def infer_cases() -> list[tuple[str, Setup]]:
+    """Prefill + decode: every family in bf16, precisions, batch and sequence sweeps (sdpa linear in seq,
+    eager quadratic in the prefill), a long-context decode where the KV cache dominates."""
+    ib = dict(batch=4, seq=256, device="cpu", mode="infer", precision="bf16")
+    out = [(f, Setup(**ib)) for f in INFER_FAMILIES]
+    for prec in ("fp32", "fp16", "amp-bf16"):
+        out.append(("tiny-llama", Setup(**{**ib, "precision": prec})))
+    out.append(("tiny-gpt2", Setup(**{**ib, "precision": "fp32"})))
+    for b in (1, 8, 16):
+        out.append(("tiny-llama", Setup(**{**ib, "batch": b})))
+    for sq in (128, 512, 1024):
+        out.append(("tiny-llama", Setup(**{**ib, "seq": sq})))
+    for sq in (256, 512):
+        out.append(("tiny-llama", Setup(**{**ib, "seq": sq, "attention": "eager"})))
+        out.append(("tiny-gpt2", Setup(**{**ib, "seq": sq, "attention": "eager"})))
+    out.append(("tiny-qwen2", Setup(**{**ib, "batch": 8, "seq": 1024})))  # KV cache >> weights
+    return out
+
+
+def run(quick: bool, with_trace: bool, only: str | None = None) -> list[dict]:
     from trainfit.measure import measure
 
     trace = None
@@ -58,30 +88,43 @@ def run(quick: bool, with_trace: bool) -> list[dict]:
         with contextlib.suppress(ImportError):
             from trainfit.trace.engine import trace_spec as trace
     rows = []
-    todo = cases(quick)
+    todo = [c for c in cases(quick) if only is None or only in c[0]]
     for n, (name, setup) in enumerate(todo, 1):
         spec = load_model(name)
-        row = {"model": name, "precision": setup.precision, "optimizer": setup.optimizer, "recompute": setup.recompute,
-               "attention": setup.attention_kernel, "batch": setup.batch, "seq": setup.seq, "grad_accum": setup.grad_accum}
+        row = {"model": name, "mode": setup.mode, "precision": setup.precision, "optimizer": setup.optimizer,
+               "recompute": setup.recompute, "attention": setup.attention_kernel, "batch": setup.batch, "seq": setup.seq,
+               "grad_accum": setup.grad_accum}
+        if setup.mode == "infer":
+            row.update(optimizer="—", recompute="—", grad_accum=1)
         try:
+            t0 = time.perf_counter()
             with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
                 m = measure(spec, setup, steps=0)
+            row["measure_s"] = round(time.perf_counter() - t0, 2)
         except TrainfitError as e:
             row["error"] = str(e)
             rows.append(row)
             print(f"[{n}/{len(todo)}] {name} {setup.precision}: {e}", file=sys.stderr)
             continue
+        if setup.mode == "infer":
+            rows += infer_rows(row, spec, setup, m, trace)
+            print(f"[{n}/{len(todo)}] {name:13s} infer {setup.precision:9s} b={setup.batch} s={setup.seq} "
+                  f"{setup.attention_kernel:5s} " + " ".join(
+                      f"{r['phase']} {r['measured'] / 2**20:7.2f} MiB analytic {r['analytic_err']:+.2%}"
+                      + (f" trace {r['trace_err']:+.2%}" if "trace_err" in r else "") for r in rows[-2:]
+                      if r.get("setup_id") == row["setup_id"]), file=sys.stderr)
+            continue
         t0 = time.perf_counter()
         a = estimate(spec, setup)
         row["analytic_ms"] = (time.perf_counter() - t0) * 1e3
-        row.update(measured=m.peak, measured_phase=m.peak_phase, analytic=a.memory.peak, analytic_phase=a.memory.peak_phase)
+        row.update(phase="step", measured=m.peak, measured_phase=m.peak_phase, analytic=a.memory.peak,
+                   analytic_phase=a.memory.peak_phase, weights=m.weights, gradients=m.gradients,
+                   optimizer_states=m.optimizer_states, master_weights=m.master_weights, params=m.params)
         row["analytic_err"] = (a.memory.peak - m.peak) / m.peak
         if trace is not None:
-            try:
-                t = trace(spec, setup)
+            t = _trace(trace, spec, setup, row)
+            if t is not None:
                 row.update(trace=t.memory.peak, trace_err=(t.memory.peak - m.peak) / m.peak)
-            except TrainfitError as e:
-                row["trace_error"] = str(e)
         rows.append(row)
         extra = f" trace {row['trace_err']:+.2%}" if "trace_err" in row else ""
         print(f"[{n}/{len(todo)}] {name:13s} {setup.precision:11s} {setup.optimizer:9s} rec={setup.recompute:5s} "
@@ -90,34 +133,104 @@ def run(quick: bool, with_trace: bool) -> list[dict]:
     return rows
 
 
+_SETUP_IDS = iter(range(1, 1 << 30))
+
+
+def _trace(trace, spec, setup, row):
+    """The trace engine's estimate, or None (its error is kept in the row: the engine is in development,
+    so any exception is recorded rather than stopping the matrix)."""
+    try:
+        t0 = time.perf_counter()
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            est = trace(spec, setup)
+        row["trace_s"] = round(time.perf_counter() - t0, 2)
+        return est
+    except Exception as e:  # noqa: BLE001
+        row["trace_error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return None
+
+
+def infer_rows(base: dict, spec, setup, m, trace) -> list[dict]:
+    """One row per inference phase that the model has (encoders: prefill only); each engine's phase peak."""
+    t0 = time.perf_counter()
+    a = estimate(spec, setup)
+    ms = (time.perf_counter() - t0) * 1e3
+    t = _trace(trace, spec, setup, base) if trace is not None else None
+    sid = next(_SETUP_IDS)
+    base["setup_id"] = sid
+    out = []
+    for ph in INFER_PHASES:
+        if ph not in m.phase_peaks:
+            continue
+        meas = m.phase_peaks[ph]
+        row = {**base, "phase": ph, "measured": meas, "measured_phase": ph, "analytic_ms": ms,
+               "analytic": a.memory.phases.get(ph, a.memory.peak), "analytic_phase": ph,
+               "weights": m.weights, "kv_cache": m.kv_cache if ph == "prefill" else m.kv_cache_decode,
+               "analytic_kv_cache": a.memory.kv_cache, "params": m.params, "step_peak": m.peak}
+        row["analytic_err"] = (row["analytic"] - meas) / meas
+        if t is not None:
+            tv = t.memory.phases.get(ph)
+            if tv is not None:
+                row.update(trace=tv, trace_err=(tv - meas) / meas)
+        out.append(row)
+    return out
+
+
 def summary(rows: list[dict], key: str) -> str:
     errs = [abs(r[key]) for r in rows if key in r]
     if not errs:
         return "n/a"
     worst = max((r for r in rows if key in r), key=lambda r: abs(r[key]))
     return (f"{len(errs)} cases · median |error| {statistics.median(errs):.2%} · worst {abs(worst[key]):.2%} "
-            f"({worst['model']} {worst['precision']} recompute {worst['recompute']})")
+            f"({describe(worst)})")
 
 
-def markdown(rows: list[dict]) -> str:
+def describe(r: dict) -> str:
+    if r.get("mode") == "infer":
+        return f"{r['model']} {r['precision']} {r['phase']} b={r['batch']} s={r['seq']} {r['attention']}"
+    return f"{r['model']} {r['precision']} {r['optimizer']} recompute {r['recompute']} b={r['batch']} s={r['seq']}"
+
+
+def markdown(rows: list[dict], meta: dict | None = None) -> str:
     has_trace = any("trace_err" in r for r in rows)
+    train = [r for r in rows if r.get("mode", "train") == "train"]
+    infer = [r for r in rows if r.get("mode") == "infer"]
     lines = [f"- analytic vs measured: {summary(rows, 'analytic_err')}"]
     if has_trace:
         lines.append(f"- trace vs measured: {summary(rows, 'trace_err')}")
+    for label, part in (("training", train), ("inference", infer)):
+        if part and len(part) != len(rows):
+            lines.append(f"  - {label}: analytic {summary(part, 'analytic_err')}"
+                         + (f"; trace {summary(part, 'trace_err')}" if has_trace else ""))
+    failed = [r for r in rows if "trace_error" in r]
+    if failed:
+        lines.append(f"- trace engine failed on {len(failed)} case(s): first error `{failed[0]['trace_error']}`")
+    errors = [r for r in rows if "error" in r]
+    if errors:
+        lines.append(f"- {len(errors)} case(s) could not be measured (see the table)")
+    if meta:
+        lines.append(f"- {meta}")
     lines.append("")
-    head = "| model | precision | optimizer | recompute | attention | batch | seq | accum | measured peak (B) | phase | analytic | err |"
-    sep = "|" + "---|" * 12
+    lines.append("Measured = `trainfit.measure` on CPU (PyTorch profiler allocation records). Training rows: the "
+                 "step's peak; inference rows: the peak of the prefill, or of one decode step on the full KV cache. "
+                 "err = (prediction − measured) / measured.")
+    lines.append("")
+    head = "| model | mode | precision | optimizer | recompute | attention | batch | seq | accum | measured peak (B) | phase | analytic | err |"
+    sep = "|" + "---|" * 13
     if has_trace:
         head += " trace | err |"
         sep += "---|---|"
     lines += [head, sep]
     for r in rows:
+        mode = r.get("mode", "train")
+        label = r.get("phase", "") if mode == "infer" else "train"
         if "measured" not in r:
-            lines.append(f"| {r['model']} | {r['precision']} | {r['optimizer']} | {r['recompute']} | | | | | error: {r['error']} |")
+            lines.append(f"| {r['model']} | {mode} | {r['precision']} | {r['optimizer']} | {r['recompute']} | | | | | "
+                         f"error: {r['error']} |")
             continue
-        line = (f"| {r['model']} | {r['precision']} | {r['optimizer']} | {r['recompute']} | {r['attention']} | {r['batch']} | "
-                f"{r['seq']} | {r['grad_accum']} | {r['measured']:,} | {r['measured_phase']} | {r['analytic']:,} | "
-                f"{r['analytic_err']:+.2%} |")
+        line = (f"| {r['model']} | {label} | {r['precision']} | {r['optimizer']} | {r['recompute']} | {r['attention']} | "
+                f"{r['batch']} | {r['seq']} | {r['grad_accum']} | {r['measured']:,} | {r['measured_phase']} | "
+                f"{r['analytic']:,} | {r['analytic_err']:+.2%} |")
         if has_trace:
             line += f" {r['trace']:,} | {r['trace_err']:+.2%} |" if "trace_err" in r else " — | — |"
         lines.append(line)
@@ -129,13 +242,25 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a representative subset")
     ap.add_argument("--no-trace", action="store_true", help="skip the trace engine")
     ap.add_argument("--out", default="bench/results", help="folder for accuracy.md / accuracy.json")
+    ap.add_argument("--only", default=None, help="run only cases whose model name contains this string")
     args = ap.parse_args()
-    rows = run(args.quick, not args.no_trace)
+    t0 = time.perf_counter()
+    rows = run(args.quick, not args.no_trace, args.only)
+    wall = time.perf_counter() - t0
+    import platform
+
+    import torch
+    import transformers
+
+    meta = (f"{'quick subset' if args.quick else 'full matrix'}: {len(rows)} rows in {wall / 60:.1f} min on "
+            f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, {time.strftime('%Y-%m-%d')}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "accuracy.json").write_text(json.dumps(rows, indent=1))
-    md = markdown(rows)
-    (out / "accuracy.md").write_text(md + "\n")
+    name = "accuracy"
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "wall_s": round(wall, 1), "rows": rows}, indent=1))
+    md = markdown(rows, meta)
+    (out / f"{name}.md").write_text(md + "\n")
     print(md)
 
 

@@ -208,6 +208,18 @@ def gpus(json: bool = JsonOpt) -> None:
     Console().print(t)
 
 
+def _register_optional_commands() -> None:
+    """Commands that live beside their feature (planner, visuals); their heavy imports stay inside them."""
+    from .plan.command import plan
+    from .report.commands import report, serve, sweep, timeline
+
+    for command in (plan, timeline, sweep, report, serve):
+        app.command()(command)
+
+
+_register_optional_commands()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors (ours and click's usage errors) become one line and exit code 2."""
     command = typer.main.get_command(app)

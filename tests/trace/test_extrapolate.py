@@ -4,12 +4,11 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from trace_configs import tiny_spec  # tests/trace is on sys.path (rootdir-less import)
 
 from trainfit.setup import Setup
 from trainfit.trace.engine import trace_spec
 from trainfit.trace.extrapolate import trace_extrapolated
-
-from .tiny_configs import tiny_spec
 
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*")
 

@@ -109,9 +109,10 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
         t["attention"] = a * (2 * q + 2 * kv) + FP32 * nh
     else:
         # q·kᵀ saves q and k (k repeated to all heads), probs·v saves the probabilities and v (repeated), o_proj
-        # saves a contiguous copy of the merged heads. Under CPU autocast the math path runs in fp32 (observed:
-        # its q, k, v and probabilities are fp32 while the flash path gets bf16); o_proj then saves its bf16 cast.
-        if kernel == "math" and amp:
+        # saves a contiguous copy of the merged heads. The CPU math path upcasts bf16/fp16 inputs to fp32 for
+        # accuracy (aten attention.cpp: query_acc = query.to(kFloat)), under autocast or pure bf16 alike; o_proj
+        # then saves the output cast back to the compute dtype.
+        if kernel == "math" and a != FP32:
             a_attn = FP32
             t["attention"] = 3 * FP32 * q + a * q
         else:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, INDEX, _norm_saved, dropout_mask_bytes, dropouts, keys_per_token, layer_activations, resolved_kernel
+from .activations import (FP32, INDEX, _norm_saved, dropout_mask_bytes, dropouts, family_traits, keys_per_token,
+                          layer_activations, resolved_kernel)
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 
@@ -107,18 +108,22 @@ def _head_bytes(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> d
         head_saved += (2 * a * h + _norm_saved(spec, a)) * tokens  # dense input, GELU input, LayerNorm
     head_saved += a * h * tokens  # lm_head input (its autocast cast under amp)
     head_fixed = a * v * (spec.embed_proj_dim or h) if amp else 0  # autocast cast of the LM-head weight
-    lsm = FP32 * v * tokens  # saved log_softmax output
+    # log_softmax runs in fp32 when the loss upcasts the logits, under autocast (log_softmax is on its fp32 list),
+    # and in fp32 training; otherwise (BERT's MLM head in pure bf16) in the logits' dtype.
+    upcast = family_traits(spec)["loss_upcast"]
+    loss_bytes = FP32 if (upcast or amp or a == FP32) else a
+    lsm = loss_bytes * v * tokens  # saved log_softmax output
     labels = INDEX * tokens
     logits = a * v * tokens
-    upcast = FP32 * v * tokens if a != FP32 else 0
+    logits_fp32 = FP32 * v * tokens if (a != FP32 and loss_bytes == FP32) else 0
     return {
         "embedding_saved": emb_saved,
         "head_saved": head_saved + head_fixed + lsm + labels,
         # forward high point: the logits, their fp32 copy and the log-softmax output, all live at once
-        "loss_forward_transient": logits + upcast,
+        "loss_forward_transient": logits + logits_fp32,
         # backward start: grad of the log-softmax output and the logits' fp32 gradient beside the saved output
         # (counted in head_saved), then its cast for the LM-head matmul under autocast
-        "loss_backward_transient": 2 * FP32 * v * tokens + (a * v * tokens if a != FP32 else 0),
+        "loss_backward_transient": 2 * loss_bytes * v * tokens + (a * v * tokens if a != loss_bytes else 0),
     }
 
 

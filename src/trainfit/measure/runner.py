@@ -61,6 +61,10 @@ class MeasureResult:
     step_times: list[float] = field(default_factory=list)
     reserved_peak: int | None = None  # CUDA: max_memory_reserved (allocator cache included)
     device_used: int | None = None  # CUDA: device memory in use after the step (all processes, context)
+    mode: str = "train"  # "infer": prefill + decode (trainfit.measure.infer); phases "prefill" / "decode"
+    kv_cache: int = 0  # infer: bytes of the KV cache after prefill (seq tokens)
+    kv_cache_decode: int = 0  # infer: bytes of the KV cache after the decode step (seq + 1 tokens)
+    decode_seconds: float = 0.0  # infer: median seconds of one decode step (step_seconds is the prefill)
 
 
 def _device_type(device) -> str:
@@ -119,8 +123,13 @@ def measure(
 
     `warmup` >= 1 steps first (the optimizer state must be resident), then one profiled/peak step,
     then `steps` timed steps. `progress(stage, i, n)` is called with stage "build", "warmup",
-    "peak", "time".
+    "peak", "time". `setup.mode == "infer"`: prefill + one decode step instead
+    (trainfit.measure.infer.measure_inference).
     """
+    if setup.mode == "infer":
+        from .infer import measure_inference
+
+        return measure_inference(spec, setup, device=device, steps=steps, warmup=warmup, progress=progress)
     dev = _device_type(device)
     if dev == "cuda" and not torch.cuda.is_available():
         raise EngineUnavailableError("--device cuda: no CUDA device is available to measure on; use --device cpu")
@@ -309,6 +318,8 @@ def to_estimate(result: MeasureResult, spec: ModelSpec, setup: Setup) -> Estimat
     """The measured result as an `Estimate` (engine="measure"). FLOPs are left 0 (filled analytically
     by the caller); categories are what was resident (weights, states, master) or measured
     (gradients at the end of backward, activations saved by the last forward)."""
+    if result.mode == "infer":
+        return _infer_estimate(result, spec, setup)
     phases: dict[str, int] = {}
     for name, v in result.phase_peaks.items():
         key = ESTIMATE_PHASE.get(name)
@@ -364,4 +375,42 @@ def to_estimate(result: MeasureResult, spec: ModelSpec, setup: Setup) -> Estimat
         time=timing,
         notes=tuple(result.notes),
         detail=detail,
+    )
+
+
+def _infer_estimate(result: MeasureResult, spec: ModelSpec, setup: Setup) -> Estimate:
+    """Inference: phases "prefill" / "decode" (as the analytic engine's), kv_cache after prefill."""
+    at_peak = {
+        "weights": result.weights,
+        "inputs": result.inputs,
+        "kv_cache": result.kv_cache_decode if result.peak_phase == "decode" else result.kv_cache,
+    }
+    at_peak["other"] = max(0, result.peak - sum(at_peak.values()))  # activations, logits, cache growth
+    memory = Memory(
+        weights=result.weights, gradients=0, optimizer_states=0, master_weights=0,
+        activations=result.activations, temporaries=0, kv_cache=result.kv_cache, peak=result.peak,
+        peak_phase=result.peak_phase, phases=dict(result.phase_peaks), at_peak=at_peak,
+    )
+    total = _total_memory(result)
+    timing = Timing(
+        gpu=result.device, mfu=0.0, step_seconds=result.step_seconds, tokens_per_second=result.tokens_per_second,
+        fits=True, headroom=(total - result.peak) if total is not None else 0,
+        prefill_seconds=result.step_seconds or None,
+        decode_tokens_per_second=(setup.batch / result.decode_seconds) if result.decode_seconds > 0 else None,
+    )
+    detail = {
+        "phase_peaks": dict(result.phase_peaks),
+        "inputs": result.inputs,
+        "baseline": result.baseline,
+        "kv_cache_decode": result.kv_cache_decode,
+        "rss_peak": result.rss_peak,
+        "reserved_peak": result.reserved_peak,
+        "device_used": result.device_used,
+        "prefill_times": list(result.step_times),
+        "decode_seconds": result.decode_seconds,
+    }
+    return Estimate(
+        engine="measure", model=spec.name, params=result.params, params_per_rank=result.params, setup=setup,
+        memory=memory, flops=Flops(forward=0, backward=0, recompute=0, step=0, model_step=0, per_token=0),
+        time=timing, notes=tuple(result.notes), detail=detail,
     )

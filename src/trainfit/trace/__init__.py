@@ -2,6 +2,7 @@
 
 Importing this package imports torch; the rest of trainfit imports it only when the trace engine is asked for.
 """
-from .engine import load_factory, trace, trace_spec
+from .engine import trace_spec
+from .user import load_factory, trace
 
-__all__ = ["trace", "trace_spec", "load_factory"]
+__all__ = ["load_factory", "trace", "trace_spec"]

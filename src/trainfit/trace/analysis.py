@@ -27,6 +27,7 @@ class Analysis:
     baseline: dict[str, int]  # live at the step start, by category
     top_tensors: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    activations_by_module: dict[str, int] = field(default_factory=dict)  # at the first forward end
 
 
 def settle_activations(rec: AllocationRecorder) -> None:
@@ -165,11 +166,18 @@ def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, st
         if total > peak:
             peak, peak_ev, peak_cat, peak_phase = total, ev, list(by_cat), phase
         if (ev - start_event) % stride == 0:
-            point(ev)
+            point(ev + 1)  # the state after event ev, i.e. before event ev + 1
     if baseline is None:  # nothing happened after the start
         baseline = list(by_cat)
         peak, peak_cat = total, list(by_cat)
 
+    by_module: dict[str, int] = {}
+    fwd_ends = [ev for ev, name in rec.phase_marks if name == "backward"]
+    if fwd_ends:
+        end = fwd_ends[0]
+        for r in rec.records:
+            if r.cat == ACTIVATION and r.birth < end and (r.death is None or r.death > end):
+                by_module[r.module] = by_module.get(r.module, 0) + r.nbytes
     live_at_peak = [r for r in rec.records if r.birth <= peak_ev and (r.death is None or r.death > peak_ev)]
     live_at_peak.sort(key=lambda r: r.nbytes, reverse=True)
     top = [{"bytes": r.nbytes, "category": CATEGORIES[r.cat], "module": r.name or r.module,
@@ -184,4 +192,5 @@ def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, st
         baseline={CATEGORIES[c]: b for c, b in enumerate(baseline) if b},
         top_tensors=top,
         timeline=timeline,
+        activations_by_module=dict(sorted(by_module.items(), key=lambda kv: -kv[1])),
     )

@@ -177,7 +177,7 @@ def _linear(vals: list[int], n: int) -> int | None:
 
 def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min_periods: int = MIN_PERIODS) -> Estimate | None:
     """The extrapolated Estimate, or None when the model does not qualify or a check fails."""
-    from .engine import _NOTES, _device_notes, trace_train
+    from .engine import NOTES, device_notes, trace_train
 
     p = layer_period(spec, setup)
     if p is None or spec.layers // p < max(min_periods, TRACED[-1] + 1):
@@ -244,10 +244,11 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
                    per_token=(fwd + bwd) // max(tokens, 1))
     else:
         fl = Flops(0, 0, 0, 0, 0, 0)
-    last_model, last_rec, last_an, _, split = runs[-1]
+    _, last_rec, last_an, _, split = runs[-1]
     detail = {
         "extrapolated_from_layers": [k * p for k in TRACED],
         "top_tensors": last_an.top_tensors,
+        "activations_by_module": last_an.activations_by_module,
         "timeline": last_an.timeline,
         "timeline_layers": TRACED[-1] * p,
         "baseline": base,
@@ -257,12 +258,12 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
     if flops:  # per module, layer modules summed over all layers
         per = {}
         for name, v in last_rec.flops.by_module.items():
-            generic, r, m = split(name)
+            generic, r, _ = split(name)
             per[generic] = per.get(generic, 0) + (v * n_target // TRACED[-1] if r is not None else v)
         detail["flops_by_module"] = dict(sorted(per.items(), key=lambda kv: -kv[1]))
-    notes = _NOTES + tuple(_device_notes(setup)) + (
+    notes = (*NOTES, *device_notes(setup), (
         f"trace: {spec.layers} layers extrapolated from traces of {', '.join(str(k * p) for k in TRACED)} layers "
         "(every segment's bytes, the FLOPs and the parameter count checked exactly linear); "
-        f"top tensors and timeline are from the {TRACED[-1] * p}-layer trace",)
+        f"top tensors, activations by module and timeline are from the {TRACED[-1] * p}-layer trace"))
     return Estimate(engine="trace", model=spec.name, params=predicted["params"], params_per_rank=predicted["params"],
                     setup=setup, memory=memory, flops=fl, notes=notes, detail=detail)

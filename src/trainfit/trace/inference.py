@@ -65,7 +65,7 @@ def inference_step(model, ids, setup: Setup, causal: bool = True, phase=lambda n
 
 
 def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True):
-    from .engine import _NOTES, _device_notes, _estimate, build_hf
+    from .engine import NOTES, build_hf, device_notes, estimate_from
 
     if setup.precision in ("int8", "int4", "fp8"):
         raise EngineUnavailableError(
@@ -94,8 +94,8 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True):
     if rec.flops is not None:  # Flops.forward is the prefill; the decode step's FLOPs go in detail
         by_phase = rec.flops.by_phase
         rec.flops.by_kind["forward"] = by_phase.get("prefill", 0)
-    est = _estimate(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0,
-                    _NOTES + tuple(_device_notes(setup)) +
+    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0,
+                    NOTES + tuple(device_notes(setup)) +
                     ("inference: activations are reported as temporaries (nothing is saved for backward)",))
     if rec.flops is not None:
         est.detail["decode_flops"] = rec.flops.by_phase.get("decode", 0)

@@ -4,8 +4,9 @@ Why global hooks (torch.nn.modules.module.register_module_forward_*_hook) and no
 allocation: a hook push/pop per module call is a few microseconds, a Python stack walk per op would
 cost more than the op itself under fake tensors. Checkpointed modules re-run their forward during
 backward, so a non-empty stack in the backward phase means "recomputation" (flops.py uses this).
-Backward allocations happen outside any module forward and are attributed to "" (gradients carry
-their parameter's name instead, see engine.py).
+Backward: a hook on each module output's gradient (registered in the post hook) fires when that
+module's backward starts, and names it `current` until the next one fires (NB: the glue between two
+modules' backward, e.g. a residual add, is attributed to the module whose backward ran last).
 """
 from __future__ import annotations
 
@@ -36,6 +37,19 @@ class ModuleStack:
             self.current = self.stack[-1] if self.stack else ""
             if self.on_mark is not None:
                 self.on_mark(("post", name))
+            if torch.is_grad_enabled():
+                outs = (output.values() if isinstance(output, dict)  # HF ModelOutput is a dict
+                        else output if isinstance(output, (tuple, list)) else (output,))
+                for o in outs:
+                    if isinstance(o, torch.Tensor) and o.requires_grad:
+                        o.register_hook(self._backward_hook(name))
+
+    def _backward_hook(self, name):
+        def entered_backward(grad):
+            if not self.stack:  # not during a checkpoint's recomputation (a forward)
+                self.current = name
+
+        return entered_backward
 
     def __enter__(self):
         self._handles = [

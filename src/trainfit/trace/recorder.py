@@ -36,7 +36,7 @@ CATEGORIES = ("parameter", "buffer", "master_weight", "gradient", "optimizer_sta
 class Record:
     """One storage's life. `death` is None while alive; event indices order births and deaths."""
 
-    __slots__ = ("nbytes", "cat", "birth", "death", "phase", "module", "shape", "dtype", "name", "_ref")
+    __slots__ = ("_ref", "birth", "cat", "death", "dtype", "module", "name", "nbytes", "phase", "shape")
 
     def __init__(self, nbytes, cat, birth, phase, module, shape, dtype, name=""):
         self.nbytes = nbytes
@@ -78,8 +78,10 @@ class AllocationRecorder(TorchDispatchMode):
         self.modules = modules
         self.size = cuda_rounded if round_cuda else int
         self.flops = FlopCounter(self) if count_flops else None
-        # CPU kernels' mixed-dtype input copies (cpu_casts.py); CUDA kernels make none.
-        self.promoting = frozenset() if round_cuda else PROMOTING
+        # Allocations a CPU run makes that a CUDA device would not: CPU kernels' mixed-dtype input
+        # copies (cpu_casts.py) and host-side RNG state (see __enter__).
+        self.host_is_device = not round_cuda
+        self.promoting = PROMOTING if self.host_is_device else frozenset()
 
     # -- phases ---------------------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
@@ -110,23 +112,26 @@ class AllocationRecorder(TorchDispatchMode):
         return rec
 
     def _register(self, st, tensor, cat) -> Record:
-        nbytes = self.size(st.nbytes())
         key = id(st)
-        mod = self.modules.current if self.modules is not None else ""
-        rec = Record(nbytes, cat, self.event, self.phase, mod, tuple(tensor.shape), tensor.dtype)
-        self.event += 1
-        self.records.append(rec)
+        rec = self._born(self.size(st.nbytes()), cat, tuple(tensor.shape), tensor.dtype)
         self.live[key] = rec
         live = self.live
 
-        def died(_ref, key=key, rec=rec, self=self):
+        def died(_ref, key=key, self=self):
             # Runs when the last reference to the storage goes: that is the allocator's free.
+            rec = live.pop(key)
             rec.death = self.event
             self.event += 1
             self.total -= rec.nbytes
-            del live[key]
 
         rec._ref = weakref.ref(st, died)
+        return rec
+
+    def _born(self, nbytes: int, cat: int, shape: tuple, dtype, name: str = "") -> Record:
+        mod = self.modules.current if self.modules is not None else ""
+        rec = Record(nbytes, cat, self.event, self.phase, mod, shape, dtype, name)
+        self.event += 1
+        self.records.append(rec)
         self.total += nbytes
         if self.total > self.peak:
             self.peak = self.total
@@ -140,7 +145,7 @@ class AllocationRecorder(TorchDispatchMode):
         # dispatching an op, so we count its result here. (CPU memory: it counts in a CPU peak; on
         # CUDA it lives on the host and the CUDA allocator never sees it.)
         self._get_rng_state = torch.get_rng_state
-        if not self.size is cuda_rounded:
+        if self.host_is_device:
             def get_rng_state(*a, **k):
                 t = self._get_rng_state(*a, **k)
                 st = t.untyped_storage()
@@ -164,7 +169,7 @@ class AllocationRecorder(TorchDispatchMode):
         if func in self.promoting:
             n = cast_scratch(func, args, out)
             if n:
-                scratch = self._scratch_born(n)
+                scratch = self._born(n, TEMPORARY, (n,), torch.uint8, "cpu dtype-cast scratch")
         live = self.live
         if type(out) in (tuple, list):
             for o in out:
@@ -177,7 +182,7 @@ class AllocationRecorder(TorchDispatchMode):
             rec = live.get(id(st))
             if rec is None:
                 self._register(st, out, TEMPORARY)
-            elif func in _RESIZING and st.nbytes() != rec.nbytes:
+            elif self.size(st.nbytes()) != rec.nbytes:  # an out= or resize_ kernel grew it
                 self._resized(rec, st)
         if scratch is not None:  # the kernel's copies die when it returns, after its outputs were made
             scratch.death = self.event
@@ -185,29 +190,13 @@ class AllocationRecorder(TorchDispatchMode):
             self.total -= scratch.nbytes
         return out
 
-    def _scratch_born(self, nbytes: int) -> Record:
-        rec = Record(nbytes, TEMPORARY, self.event, self.phase, self.modules.current if self.modules else "",
-                     (nbytes,), torch.uint8, "cpu dtype-cast scratch")
-        self.event += 1
-        self.records.append(rec)
-        self.total += nbytes
-        if self.total > self.peak:
-            self.peak = self.total
-            self.peak_event = rec.birth
-        return rec
-
     def _resized(self, rec: Record, st) -> None:
-        # resize_/set_ grow a storage in place (out= kernels): count the new size from here on.
-        # NB: recorded as a size change of the same record, so the timeline's history of that storage
-        # uses the final size; the running total and peak are exact.
-        new = self.size(st.nbytes())
-        self.total += new - rec.nbytes
-        rec.nbytes = new
-        if self.total > self.peak:
-            self.peak = self.total
-            self.peak_event = self.event
+        # An out= or resize_ kernel changed a storage's size in place: the allocator allocates the new
+        # block, copies, then frees the old one (c10's resize_bytes_cpu); record exactly that. The
+        # weakref stays on the storage and finds the new record through `live`.
+        new = self._born(self.size(st.nbytes()), rec.cat, rec.shape, rec.dtype, rec.name)
+        new._ref = rec._ref
+        self.live[id(st)] = new
+        rec.death = self.event
         self.event += 1
-
-
-_RESIZING = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.set_.source_Storage,
-                       torch.ops.aten.set_.source_Storage_storage_offset})
+        self.total -= rec.nbytes

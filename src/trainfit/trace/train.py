@@ -10,8 +10,15 @@ import torch
 from ..step import run_step
 from .analysis import TRAIN_PHASES, Analysis, analyse
 from .modules import ModuleStack
-from .recorder import (BUFFER, GRADIENT, INPUT, MASTER_WEIGHT, OPTIMIZER_STATE, PARAMETER,
-                       AllocationRecorder)
+from .recorder import (
+    BUFFER,
+    GRADIENT,
+    INPUT,
+    MASTER_WEIGHT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    AllocationRecorder,
+)
 
 
 def warm_up_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -106,4 +113,4 @@ def record_train_step(model, optimizer, batches, setup, count_flops=True, round_
     return rec, analyse(rec, start, TRAIN_PHASES)
 
 
-__all__ = ["record_train_step", "warm_up_optimizer", "adopt_resident", "Analysis"]
+__all__ = ["Analysis", "adopt_resident", "record_train_step", "warm_up_optimizer"]

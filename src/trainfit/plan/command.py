@@ -1,0 +1,118 @@
+"""`trainfit plan`: the CLI command (registered by cli.py with `app.command()(plan)`). It only parses arguments and
+hands the result to a report or a config writer."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..errors import SetupError
+
+
+def _csv(text: str, what: str, cast=str) -> tuple:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        return tuple(cast(x) for x in items)
+    except ValueError:
+        raise SetupError(f"--{what} takes a comma-separated list, got {text!r}") from None
+
+
+def plan(
+    model: str = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU type (see `trainfit gpus`)."),
+    gpus: int = typer.Option(1, "--gpus", help="Number of GPUs; every plan uses all of them (dp × tp × pp = gpus)."),
+    seq: int = typer.Option(2048, "--seq", "-s", help="Sequence length, tokens."),
+    global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="Tokens per optimizer step (e.g. 4M); micro-batch × seq × accumulation × dp matches it within --batch-tolerance. Default: accumulation just fills the pipeline."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 15T): time, GPU-hours, cost and energy per plan."),
+    precision: str = typer.Option("amp-bf16,bf16-master", "--precision", help="Precision policies to search, comma-separated: fp32, amp-bf16, amp-fp16, bf16, bf16-master."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, lion (not searched)."),
+    recompute: str = typer.Option("none,selective,full", "--recompute", help="Recompute policies to search, comma-separated."),
+    zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to search, comma-separated (3 = FSDP full shard)."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Fix the tensor-parallel degree."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Fix the pipeline-parallel degree."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Fix the data-parallel degree."),
+    margin: float = typer.Option(0.05, "--margin", help="Fraction of GPU memory kept free for allocator fragmentation (on top of 1 GiB for the CUDA context)."),
+    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Fraction of the dense peak the matmuls reach (default: fitted on published runs, see docs/plan.md)."),
+    batch_tolerance: float = typer.Option(0.05, "--batch-tolerance", help="Allowed relative deviation from --global-batch-tokens."),
+    top: int = typer.Option(5, "--top", help="How many plans to show."),
+    price: Optional[float] = typer.Option(None, "--price", help="GPU price per hour in USD (overrides the catalog)."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchrun (torchtitan command)."),
+    verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch; single unsharded ranks only)."),
+    json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> None:
+    """The fastest parallel layout that fits: dp × tp × pp, ZeRO stage, micro-batch, accumulation, recompute and
+    precision, ranked by tokens/s with each time term shown. CPU offload is not searched.
+
+    Examples:\n
+      trainfit plan llama-3.1-70b --gpu H100-80GB --gpus 64 --global-batch-tokens 4M --seq 8192 --tokens 15T\n
+      trainfit plan llama-3.1-8b --gpu A100-40GB --gpus 8 --global-batch-tokens 1M --seq 4096 --emit deepspeed > ds.json\n
+      trainfit plan mistral-7b --gpu RTX-4090 --gpus 1 --seq 2048\n
+      trainfit plan gpt-3-175b --gpu A100-80GB --gpus 1024 --global-batch-tokens 3.2M --seq 2048 --json
+    """
+    from ..api import load_gpu, load_spec
+    from ..units import parse_count
+    from . import report
+    from .search import PlanQuery, search
+    from .timing import DEFAULT_EFFICIENCY
+
+    try:
+        gbt = parse_count(global_batch_tokens) if global_batch_tokens else None
+        budget_tokens = parse_count(tokens) if tokens else None
+    except ValueError:
+        raise SetupError("--global-batch-tokens and --tokens take counts like 4M, 15T or 1e12") from None
+    if budget_tokens is not None and budget_tokens <= 0:
+        raise SetupError(f"--tokens must be positive, got {tokens}")
+    if emit is not None and emit not in ("deepspeed", "accelerate", "torchrun"):
+        raise SetupError(f"--emit {emit!r} is not one of: deepspeed, accelerate, torchrun")
+    q = PlanQuery(gpus=gpus, seq=seq, global_batch_tokens=gbt, precisions=_csv(precision, "precision"),
+                  optimizer=optimizer, recomputes=_csv(recompute, "recompute"), zeros=_csv(zero, "zero", int),
+                  tp=tp, pp=pp, dp=dp, margin=margin,
+                  efficiency=DEFAULT_EFFICIENCY if efficiency is None else efficiency,
+                  batch_tolerance=batch_tolerance, top=top)
+    spec, g = load_spec(model), load_gpu(gpu, price)
+    result = search(spec, g, q, tokens=budget_tokens)
+    if verify and result.candidates:
+        from .verify import verify as run_verify
+
+        _, note = run_verify(spec, result.candidates)
+        if note:
+            result.notes = (*result.notes, note)
+    if emit:
+        _emit(emit, spec, g, q, result, budget_tokens)
+        return
+    if json:
+        typer.echo(report.dumps(report.plan_dict(result)))
+        return
+    report.render(result, echo=typer.echo)
+
+
+def _emit(engine, spec, g, q, result, budget_tokens) -> None:
+    """Config on stdout (so `> ds.json` works), the chosen plan and any caveat on stderr."""
+    from dataclasses import replace
+
+    from .emit import emit as write, precisions_for, supports
+    from .search import search
+
+    pick = next((c for c in result.candidates if supports(engine, c.setup) is None), None)
+    if pick is None:
+        allowed = tuple(p for p in q.precisions if p in precisions_for(engine)) or precisions_for(engine)[:1]
+        flat = engine in ("deepspeed", "accelerate")  # data-parallel only
+        qq = replace(q, precisions=allowed, top=50, tp=1 if flat else q.tp, pp=1 if flat else q.pp,
+                     recomputes=tuple(r for r in q.recomputes if not (flat and r == "selective")) or ("none",),
+                     zeros=tuple(z for z in q.zeros if not (engine != "deepspeed" and z == 1)) or (0,))
+        again = search(spec, g, qq, tokens=budget_tokens)
+        pick = next((c for c in again.candidates if supports(engine, c.setup) is None), None)
+        if pick is None:
+            why = supports(engine, result.candidates[0].setup) if result.candidates else "nothing fits at all"
+            raise SetupError(f"--emit {engine}: no plan that {engine} can run fits ({why}); try another --emit")
+        best = result.candidates[0] if result.candidates else None
+        if best is not None:
+            typer.echo(f"note: the fastest plan ({best.setup.dp}×{best.setup.tp}×{best.setup.pp}, "
+                       f"{best.time.tokens_per_second:,.0f} tokens/s) cannot run on {engine} "
+                       f"({supports(engine, best.setup)}); emitting the best one that can "
+                       f"({pick.time.tokens_per_second:,.0f} tokens/s)", err=True)
+    s = pick.setup
+    typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
+               f"{s.grad_accum}, {s.recompute} recompute, {s.precision}: {pick.time.tokens_per_second:,.0f} tokens/s, "
+               f"peak {pick.peak / 2**30:.1f} GiB", err=True)
+    typer.echo(write(engine, s, spec, g.gpus_per_node), nl=False)

@@ -1,0 +1,128 @@
+"""When nothing fits: say why, and what would — the fewest GPUs of this type, or which knob to turn."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..analytic.params import count_params
+from ..hardware import GPU, list_gpus
+from ..setup import Setup
+from ..units import fmt_bytes
+from .fit import PeakOracle
+from .space import divisors, layouts, tp_allowed
+
+MAX_GPUS = 1 << 17
+
+
+@dataclass
+class Diagnosis:
+    reason: str  # "layout", "batch" or "memory"
+    message: str
+    leanest_peak: int | None = None
+    leanest_setup: Setup | None = None
+    min_gpus: int | None = None
+    suggestions: list[str] = field(default_factory=list)
+
+
+def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, ignore_batch: bool = True) -> tuple[int, Setup | None]:
+    """The smallest analytic peak over every layout of `gpus` (micro-batch 1), and its setup."""
+    best, where = None, None
+    for lay in layouts(spec, gpus, gpu.gpus_per_node):
+        for prec in q.precisions:
+            for zero in ((max(q.zeros),) if lay.dp > 1 else (0,)):
+                for rec in (("full",) if "full" in q.recomputes else q.recomputes):
+                    s = Setup(batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec, optimizer=q.optimizer,
+                              recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero,
+                              sequence_parallel=lay.tp > 1)
+                    peak = oracle.peak(s)
+                    if best is None or peak < best:
+                        best, where = peak, s
+    return (best if best is not None else -1), where
+
+
+def _counts(start: int, gpn: int):
+    """GPU counts worth trying above `start`: 1..gpn within a node, then whole nodes (1, 2, 3, 4, 6, 8, ... nodes)."""
+    n = 1
+    while n <= gpn:
+        if n > start:
+            yield n
+        n *= 2
+    k = 1
+    while k * gpn <= MAX_GPUS:
+        if k * gpn > start:
+            yield k * gpn
+        k = k + 1 if k < 4 else (k + k // 2 if k < 16 else k * 2)
+
+
+def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
+    from .search import capacity
+
+    cap = capacity(gpu, q.margin)
+    oracle = PeakOracle(spec, count_params(spec))
+    if not layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp):
+        tps = [t for t in divisors(q.gpus) if tp_allowed(spec, t, gpu.gpus_per_node)]
+        msg = (f"no data × tensor × pipeline layout of {q.gpus} GPUs suits {spec.name}: tensor parallelism must divide "
+               f"its {spec.heads} heads, {spec.kv_heads} KV heads and MLP width {spec.intermediate} and stay within "
+               f"{gpu.gpus_per_node} GPUs of a node (possible here: {tps or 'none'}); pipeline parallelism must divide "
+               f"its {spec.layers} layers")
+        if q.tp or q.pp or q.dp:
+            msg += "; drop the fixed --tp/--pp/--dp"
+        return Diagnosis("layout", msg)
+    if result.stats["batch_unreachable"] == result.stats["layouts"]:
+        seqs = q.global_batch_tokens / q.seq
+        need = min(lay.dp * lay.pp for lay in layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp))
+        return Diagnosis("batch", f"a global batch of {q.global_batch_tokens:,.0f} tokens is {seqs:.1f} sequences of "
+                         f"{q.seq}: too few to give every data-parallel rank a micro-batch and fill every pipeline on "
+                         f"{q.gpus} GPUs; use --global-batch-tokens >= {need * q.seq:,} or fewer GPUs",
+                         suggestions=[f"--global-batch-tokens {need * q.seq}"])
+    peak, where = leanest(spec, gpu, q, q.gpus, oracle)
+    d = Diagnosis("memory", "", peak, where)
+    lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
+            f"{where.precision}, micro-batch 1") if where else "none"
+    d.message = (f"nothing fits in {fmt_bytes(cap)} per {gpu.name} (its {fmt_bytes(gpu.memory)} minus "
+                 f"{q.margin:.0%} margin and 1 GiB context): the leanest plan ({lean}) needs {fmt_bytes(peak)} per GPU")
+    if peak > cap:
+        for n in _counts(q.gpus, gpu.gpus_per_node):
+            p, s = leanest(spec, gpu, q, n, oracle)
+            if s is not None and p <= cap:
+                d.min_gpus = n
+                d.suggestions.append(f"--gpus {n} (the fewest {gpu.name}s that fit: {fmt_bytes(p)} per GPU with tp "
+                                     f"{s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} recompute)")
+                break
+    d.suggestions += knobs(spec, gpu, q, cap, oracle)
+    if peak <= cap:  # memory would fit at micro-batch 1 but the batch split did not allow it
+        d.message += " — it fits, but the global batch split does not allow micro-batch 1 with these layouts"
+    return d
+
+
+def knobs(spec, gpu: GPU, q, cap: int, oracle: PeakOracle) -> list[str]:
+    """Single changes that would make the leanest plan of this many GPUs fit."""
+    out = []
+    trials = [("--optimizer adamw-8bit", replace(q, optimizer="adamw-8bit")),
+              ("--optimizer sgd", replace(q, optimizer="sgd")),
+              ("--precision bf16 (pure bf16 states, no fp32 master)", replace(q, precisions=("bf16",)))]
+    s = q.seq // 2
+    while s >= 128:
+        trials.append((f"--seq {s}", replace(q, seq=s, global_batch_tokens=None)))
+        s //= 2
+    seen_seq = False
+    for label, qq in trials:
+        if label.startswith("--seq") and seen_seq:
+            continue
+        if qq.optimizer == q.optimizer and qq.precisions == q.precisions and qq.seq == q.seq:
+            continue
+        p, _ = leanest(spec, gpu, qq, q.gpus, oracle)
+        if 0 <= p <= cap:
+            out.append(label)
+            seen_seq = seen_seq or label.startswith("--seq")
+    bigger = []
+    for g in sorted(list_gpus(), key=lambda g: g.memory):
+        if g.memory <= gpu.memory or g.vendor != gpu.vendor:
+            continue
+        from .search import capacity
+
+        p, _ = leanest(spec, g, q, q.gpus, oracle)
+        if 0 <= p <= capacity(g, q.margin):
+            bigger.append(g.name)
+    if bigger:
+        out.append(f"--gpu {bigger[0]} (or: {', '.join(bigger[1:4])})" if len(bigger) > 1 else f"--gpu {bigger[0]}")
+    return out

@@ -1,0 +1,59 @@
+"""The largest micro-batch that fits, with as few calls to the analytic engine as possible.
+
+For a fixed layout, ZeRO stage, recompute policy and precision, every term of the engine's per-phase memory is
+affine in the micro-batch b (activations, logits and backward temporaries scale with b·s tokens; states do not),
+and the peak is the maximum of those phases and of the pipeline stages — so peak(b) is convex, piecewise affine
+and non-decreasing (tests/plan/test_fit.py checks this against the engine). Hence the secant through b = 1, 2
+under-estimates peak(b) for b ≥ 2, its crossing with the capacity bounds the answer from above, and one more
+call usually confirms it; a binary search covers the rest. Every number is the engine's own
+(`analytic.memory.train_memory`), so `trainfit estimate` with the chosen setup gives the same peak.
+"""
+from __future__ import annotations
+
+from ..analytic.memory import train_memory
+from ..analytic.params import ParamCounts
+from ..setup import Setup
+from ..spec import ModelSpec
+
+
+class PeakOracle:
+    """peak(setup with batch b), memoised; counts engine calls."""
+
+    def __init__(self, spec: ModelSpec, pc: ParamCounts):
+        self.spec, self.pc = spec, pc
+        self.calls = 0
+        self._memo: dict[Setup, int] = {}
+
+    def peak(self, setup: Setup) -> int:
+        got = self._memo.get(setup)
+        if got is None:
+            self.calls += 1
+            got = self._memo[setup] = train_memory(self.spec, setup, self.pc).peak
+        return got
+
+    def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:
+        """Largest b in [0, limit] with peak(base with batch=b) <= capacity (0: not even b = 1 fits)."""
+        if limit < 1:
+            return 0
+        p1 = self.peak(base.with_(batch=1))
+        if p1 > capacity:
+            return 0
+        if limit == 1:
+            return 1
+        p2 = self.peak(base.with_(batch=2))
+        if p2 > capacity:
+            return 1
+        slope = p2 - p1
+        hi = limit if slope <= 0 else min(limit, 2 + int((capacity - p2) // slope))
+        if hi <= 2:
+            return 2
+        if self.peak(base.with_(batch=hi)) <= capacity:
+            return hi
+        lo = 2  # fits; hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.peak(base.with_(batch=mid)) <= capacity:
+                lo = mid
+            else:
+                hi = mid
+        return lo

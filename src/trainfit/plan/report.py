@@ -1,0 +1,108 @@
+"""The plan as JSON (issue 5's contract) and as a terminal table. Reports never compute: numbers come from the
+search result."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from ..report.json_out import dumps  # noqa: F401  (re-exported for the command)
+from ..units import fmt_bytes, fmt_count, fmt_seconds
+from .search import Candidate, PlanResult
+
+TIME_TERMS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
+
+
+def candidate_dict(c: Candidate) -> dict:
+    s = c.setup
+    setup = {k: v for k, v in asdict(s).items() if k not in ("mode", "kv_dtype")}
+    mem = c.estimate.memory
+    d = {
+        "setup": setup,
+        "global_batch_tokens": s.tokens_per_step,
+        "memory": {"peak": mem.peak, "peak_phase": mem.peak_phase, "capacity": c.capacity, "headroom": c.headroom,
+                   "weights": mem.weights, "gradients": mem.gradients, "optimizer_states": mem.optimizer_states,
+                   "master_weights": mem.master_weights, "activations": mem.activations,
+                   "temporaries": mem.temporaries, "phases": mem.phases},
+        "time": c.time.as_dict(),
+        "flops": asdict(c.estimate.flops),
+    }
+    if c.budget:
+        d["budget"] = c.budget
+    if getattr(c, "verify", None):
+        d["verify"] = c.verify
+    return d
+
+
+def plan_dict(r: PlanResult) -> dict:
+    q = r.query
+    out = {
+        "model": r.model,
+        "gpu": r.gpu.name,
+        "gpus": q.gpus,
+        "query": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(q).items()},
+        "capacity": r.capacity,
+        "candidates": [candidate_dict(c) for c in r.candidates],
+        "search": r.stats,
+        "notes": list(r.notes),
+    }
+    if r.diagnosis is not None:
+        dg = r.diagnosis
+        out["nothing_fits"] = {"reason": dg.reason, "message": dg.message, "leanest_peak": dg.leanest_peak,
+                               "min_gpus": dg.min_gpus, "suggestions": dg.suggestions}
+    return out
+
+
+def render(r: PlanResult, echo=print) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    q = r.query
+    gb = f", global batch {fmt_count(q.global_batch_tokens)} tokens" if q.global_batch_tokens else ""
+    title = f"trainfit plan: {r.model} on {q.gpus} × {r.gpu.name} (seq {q.seq}{gb})"
+    if not r.candidates:
+        Console().print(f"[bold]{title}[/bold]")
+        dg = r.diagnosis
+        echo(f"nothing fits: {dg.message}")
+        if dg.suggestions:
+            echo("what would: " + "; ".join(dg.suggestions))
+        return
+    t = Table(title=title, header_style="bold")
+    for col in ("#", "dp×tp×pp", "ZeRO", "micro×accum", "recompute", "precision", "tokens/s", "MFU", "step", "peak",
+                "headroom"):
+        t.add_column(col, justify="left" if col in ("recompute", "precision", "dp×tp×pp") else "right")
+    for i, c in enumerate(r.candidates, 1):
+        s, tm = c.setup, c.time
+        t.add_row(str(i), f"{s.dp}×{s.tp}×{s.pp}", str(s.zero), f"{s.batch}×{s.grad_accum}", s.recompute, s.precision,
+                  f"{tm.tokens_per_second:,.0f}", f"{tm.mfu:.1%}", fmt_seconds(tm.step_seconds), fmt_bytes(c.peak),
+                  fmt_bytes(c.headroom))
+    terms = Table(title="step time by term (exposed; they add up to the step)", header_style="bold")
+    for col in ("#", *TIME_TERMS, "DP comm before overlap", "DP link"):
+        terms.add_column(col, justify="right")
+    for i, c in enumerate(r.candidates, 1):
+        tm = c.time
+        terms.add_row(str(i), *(fmt_seconds(getattr(tm, k)) if getattr(tm, k) else "-" for k in TIME_TERMS),
+                      fmt_seconds(tm.dp_comm_total) if tm.dp_comm_total else "-", tm.dp_bandwidth)
+    con = Console()
+    con.print(t)
+    con.print(terms)
+    if any(c.budget for c in r.candidates):
+        bt = Table(title=f"training budget: {fmt_count(r.candidates[0].budget['train_tokens'])} tokens", header_style="bold")
+        for col in ("#", "time", "GPU-hours", "cost", "energy"):
+            bt.add_column(col, justify="right")
+        for i, c in enumerate(r.candidates, 1):
+            b = c.budget
+            bt.add_row(str(i), fmt_seconds(b["train_seconds"]), fmt_count(b["gpu_hours"]), f"${b['cost_usd']:,.0f}",
+                       f"{b['energy_kwh'] / 1000:,.1f} MWh")
+        con.print(bt)
+    for i, c in enumerate(r.candidates, 1):
+        v = getattr(c, "verify", None)
+        if v:
+            echo(f"verify #{i}: " + (v["skipped"] if "skipped" in v else
+                 f"trace peak {fmt_bytes(v['trace_peak'])} vs analytic {fmt_bytes(v['analytic_peak'])} ({v['gap']:+.1%})"))
+    st = r.stats
+    echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
+         f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
+         f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); capacity {fmt_bytes(r.capacity)} per GPU "
+         f"(GPU minus {q.margin:.0%} margin and 1 GiB context); compute at {q.efficiency:.0%} of peak "
+         f"(--efficiency)")
+    for n in r.notes:
+        echo(f"note: {n}")

@@ -1,0 +1,227 @@
+"""The planner's search: every layout × ZeRO stage × recompute × precision × (micro-batch, accumulation), ranked
+by tokens per second among the plans whose analytic peak fits the GPU.
+
+Cost: memory needs a few engine calls per (layout, ZeRO, recompute, precision) group (fit.PeakOracle: the
+largest fitting micro-batch bounds all others, since the peak grows with the micro-batch); the time model is
+arithmetic per candidate (timing.step_time). Only the top plans get a full `analytic.engine.estimate`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ..analytic.engine import DEFAULT_RESERVE, estimate
+from ..analytic.memory import Stage, rank_params
+from ..analytic.params import count_params
+from ..analytic.precision import state_bytes
+from ..analytic.timing import budget
+from ..errors import SetupError
+from ..estimate import Estimate
+from ..hardware import GPU
+from ..setup import OPTIMIZERS, RECOMPUTE, TRAIN_PRECISIONS, Setup
+from ..spec import ModelSpec
+from .fit import PeakOracle
+from .space import Layout, batch_splits, layouts, max_micro_batch
+from .timing import DEFAULT_EFFICIENCY, ModelCosts, StepTime, step_time
+
+DEFAULT_PRECISIONS = ("amp-bf16", "bf16-master")
+RECOMPUTE_ORDER = {r: i for i, r in enumerate(RECOMPUTE)}
+
+
+@dataclass(frozen=True)
+class PlanQuery:
+    gpus: int
+    seq: int = 2048
+    global_batch_tokens: float | None = None
+    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
+    optimizer: str = "adamw"
+    recomputes: tuple[str, ...] = RECOMPUTE
+    zeros: tuple[int, ...] = (0, 1, 2, 3)
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    margin: float = 0.05  # fraction of GPU memory kept free for allocator fragmentation
+    efficiency: float = DEFAULT_EFFICIENCY
+    batch_tolerance: float = 0.05  # relative deviation allowed from the requested global batch
+    top: int = 5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpus, int) or self.gpus < 1:
+            raise SetupError(f"--gpus must be a positive integer, got {self.gpus!r}")
+        if self.seq < 1:
+            raise SetupError(f"--seq must be a positive integer, got {self.seq!r}")
+        if self.global_batch_tokens is not None and self.global_batch_tokens < self.seq:
+            raise SetupError(f"--global-batch-tokens {self.global_batch_tokens:g} is less than one sequence of "
+                             f"{self.seq} tokens; raise it or lower --seq")
+        bad = [p for p in self.precisions if p not in TRAIN_PRECISIONS]
+        if bad or not self.precisions:
+            raise SetupError(f"--precision {','.join(bad) or '(empty)'} is not a training precision; choose from: "
+                             f"{', '.join(TRAIN_PRECISIONS)} (comma-separated)")
+        if self.optimizer not in OPTIMIZERS:
+            raise SetupError(f"--optimizer {self.optimizer!r} is not supported; choose one of: {', '.join(OPTIMIZERS)}")
+        badr = [r for r in self.recomputes if r not in RECOMPUTE]
+        if badr or not self.recomputes:
+            raise SetupError(f"--recompute {','.join(badr) or '(empty)'} is not supported; choose from: {', '.join(RECOMPUTE)}")
+        if not self.zeros or any(z not in (0, 1, 2, 3) for z in self.zeros):
+            raise SetupError(f"--zero stages must be among 0, 1, 2, 3, got {self.zeros!r}")
+        if not 0 <= self.margin < 1:
+            raise SetupError(f"--margin is a fraction of GPU memory in [0, 1), got {self.margin}")
+        if not 0 < self.efficiency <= 1:
+            raise SetupError(f"--efficiency must be in (0, 1], got {self.efficiency}")
+        if not 0 <= self.batch_tolerance < 1:
+            raise SetupError(f"--batch-tolerance must be in [0, 1), got {self.batch_tolerance}")
+        for name in ("tp", "pp", "dp"):
+            v = getattr(self, name)
+            if v is not None and (v < 1 or self.gpus % v):
+                raise SetupError(f"--{name} {v} must divide --gpus {self.gpus}")
+        if self.top < 1:
+            raise SetupError(f"--top must be >= 1, got {self.top}")
+
+
+def capacity(gpu: GPU, margin: float) -> int:
+    """Bytes a plan's peak may use: the GPU minus the engine's CUDA-context reserve minus the safety margin."""
+    return int(gpu.memory - DEFAULT_RESERVE - margin * gpu.memory)
+
+
+class _Cfg(NamedTuple):
+    """The fields of Setup that the time model reads, without Setup's validation cost (search inner loop)."""
+
+    batch: int
+    seq: int
+    grad_accum: int
+    precision: str
+    recompute: str
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    mode: str = "train"
+
+
+@dataclass
+class Candidate:
+    setup: Setup
+    time: StepTime
+    estimate: Estimate | None = None  # the analytic engine's full result (top candidates only)
+    capacity: int = 0
+    budget: dict = field(default_factory=dict)  # with --tokens
+
+    @property
+    def peak(self) -> int:
+        return self.estimate.memory.peak if self.estimate else -1
+
+    @property
+    def headroom(self) -> int:
+        return self.capacity - self.peak
+
+
+@dataclass
+class PlanResult:
+    model: str
+    gpu: GPU
+    query: PlanQuery
+    candidates: list[Candidate]
+    stats: dict
+    capacity: int
+    diagnosis: object | None = None  # diagnose.Diagnosis when nothing fits
+    notes: tuple[str, ...] = ()
+
+
+def stage_params(spec: ModelSpec, pc, tp: int, pp: int) -> int:
+    """Parameters on the busiest rank (first stage with the embedding or last with the head)."""
+    per = spec.layers // pp
+    probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))
+    if pp == 1:
+        return rank_params(spec, pc, probe, Stage(0, per, True, True, 1))[0]
+    return max(rank_params(spec, pc, probe, Stage(0, per, True, False, 1))[0],
+               rank_params(spec, pc, probe, Stage(pp - 1, per, False, True, 1))[0])
+
+
+def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None) -> PlanResult:
+    t0 = time.perf_counter()
+    pc = count_params(spec)
+    cap = capacity(gpu, q.margin)
+    oracle = PeakOracle(spec, pc)
+    costs = ModelCosts.of(spec, q.seq, pc)
+    gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
+    lays = layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp)
+    st_of = {p: state_bytes(Setup(precision=p, optimizer=q.optimizer)) for p in q.precisions}
+    stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
+             "memory_rejected_groups": 0}
+    best: dict[tuple, tuple[float, Candidate | tuple]] = {}
+    for lay in lays:
+        bcap = max_micro_batch(lay, gseqs, q.batch_tolerance)
+        splits_all = batch_splits(lay, gseqs, bcap, q.batch_tolerance) if gseqs is not None else None
+        if bcap < 1 or (splits_all is not None and not splits_all):
+            stats["batch_unreachable"] += 1
+            continue
+        sp = stage_params(spec, pc, lay.tp, lay.pp)
+        for prec in q.precisions:
+            st = st_of[prec]
+            for zero in (q.zeros if lay.dp > 1 else (0,)):
+                for rec in q.recomputes:
+                    stats["groups"] += 1
+                    _search_group(spec, gpu, q, lay, prec, zero, rec, st, sp, costs, oracle, cap, gseqs, bcap,
+                                  splits_all, stats, best)
+    ranked = sorted(best.values(), key=lambda v: v[0])
+    cands = []
+    for _, (cfg, tm) in ranked[: q.top]:
+        setup = Setup(batch=cfg.batch, seq=cfg.seq, grad_accum=cfg.grad_accum, precision=cfg.precision,
+                      optimizer=q.optimizer, recompute=cfg.recompute, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero,
+                      sequence_parallel=cfg.tp > 1)
+        est = estimate(spec, setup)
+        c = Candidate(setup, tm, est, cap)
+        if tokens:
+            c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu)
+        cands.append(c)
+    elapsed = time.perf_counter() - t0
+    stats.update(seconds=elapsed, engine_calls=oracle.calls,
+                 searched_per_second=stats["searched"] / elapsed if elapsed > 0 else float("inf"))
+    result = PlanResult(spec.name, gpu, q, cands, stats, cap)
+    if not cands:
+        from .diagnose import diagnose
+
+        result.diagnosis = diagnose(spec, gpu, q, result)
+    return result
+
+
+def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, st, sp, costs, oracle, cap, gseqs, bcap, splits_all,
+                  stats, best) -> None:
+    base = Setup(batch=1, seq=q.seq, grad_accum=lay.pp if lay.pp > 1 else 1, precision=prec, optimizer=q.optimizer,
+                 recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero, sequence_parallel=lay.tp > 1)
+    # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
+    # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
+    bmax: dict[bool, int] = {}
+
+    def largest(multi: bool) -> int:
+        if multi not in bmax:
+            b = base if (lay.pp > 1 or not multi) else base.with_(grad_accum=2)
+            bmax[multi] = oracle.largest_batch(b, cap, bcap)
+        return bmax[multi]
+
+    if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
+        splits = batch_splits(lay, None, largest(lay.pp > 1), q.batch_tolerance)
+        stats["searched"] += len(splits)
+    else:
+        splits = splits_all
+        stats["searched"] += len(splits)
+    key = (lay, zero, rec, prec)
+    any_fit = False
+    for b, accum in splits:
+        if b > largest(accum > 1):
+            continue
+        any_fit = True
+        cfg = _Cfg(b, q.seq, accum, prec, rec, lay.dp, lay.tp, lay.pp, zero)
+        tm = step_time(spec, cfg, gpu, costs, sp, st, q.efficiency)
+        stats["timed"] += 1
+        # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
+        # less recompute
+        rank = (-tm.tokens_per_second, -b, zero, RECOMPUTE_ORDER[rec], q.precisions.index(prec), lay.pp, lay.tp)
+        old = best.get(key)
+        if old is None or rank < old[0]:
+            best[key] = (rank, (cfg, tm))
+    if any_fit:
+        stats["fits"] += 1
+    else:
+        stats["memory_rejected_groups"] += 1

@@ -1,0 +1,197 @@
+"""Step time of a parallel layout: compute + exposed communication, term by term (no torch).
+
+step = (m + (p−1)/v) · t_mb + exposed DP communication + optimizer step, where t_mb is one micro-batch
+(forward + backward, incl. recompute) on the slowest pipeline stage, including its tensor-parallel
+all-reduces and pipeline sends. m = micro-batches per step (grad_accum), p = pipeline stages, v = virtual
+stages per rank (interleaved schedule; the search uses v = 1).
+
+Sources:
+  * compute: hardware FLOPs (trainfit.analytic.flops: 2 FLOPs per MAC, backward = 2 × forward, recompute
+    added) over peak × `efficiency` — the fraction of the dense peak the matmuls reach. ONE global default,
+    fitted on published runs (bench/plan_published.py); override with --efficiency.
+  * pipeline bubble: (p−1)/(v·m) of the ideal time (Narayanan et al. 2021, §2.2.1 eq. 1 and §2.2.2).
+  * ring collectives (Patarasuk & Yuan 2009; NCCL "bus bandwidth"): all-reduce 2(n−1)/n · bytes / bw,
+    reduce-scatter and all-gather (n−1)/n · bytes / bw each.
+  * tensor parallelism (Shoeybi et al. 2019 §3, Fig. 4): 2 all-reduces of b·s·h activations per layer in the
+    forward and 2 in the backward; full recompute repeats the forward's 2 (Korthikanti et al. 2022 §4.1). With
+    sequence parallelism they become all-gather + reduce-scatter pairs of the same volume (ibid. §4.2.2).
+  * ZeRO (Rajbhandari et al. 2020, §7): stage 0 all-reduces gradients once per step; stage 1 reduce-scatters
+    them and all-gathers the updated weights; stage 2 reduce-scatters every micro-batch (its gradients are
+    sharded, so they cannot be accumulated whole); stage 3 also all-gathers the weights in every micro-batch's
+    forward and again in its backward (1.5× the DDP volume, §7.2.2).
+
+Placement: tensor-parallel ranks innermost, then pipeline, then data parallel (tp × pp packed into nodes
+first). A group whose ranks all sit in one node uses the intra-node bandwidth, otherwise the per-GPU
+inter-node bandwidth (one NIC per GPU, as in DGX/HGX nodes).
+
+Overlap assumption (stated, one rule for all): data-parallel communication overlaps the backward compute of
+the same micro-batch (the last one for stages 0/1, each one for stages 2/3; ZeRO-3's forward all-gathers
+overlap the forward) and only the part longer than that compute is exposed — but never less than one
+25 MiB bucket (DDP's default bucket_cap_mb), which must wait for the last layer's gradients. The ZeRO-1/2
+weight all-gather after the optimizer step is exposed. Tensor-parallel all-reduces and pipeline sends are on
+the critical path (not overlapped).
+NB: perfect overlap up to the compute time is optimistic (comm kernels also steal SMs and memory bandwidth);
+exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-comm-overlap). Latency terms
+(α in the α-β model) are ignored: optimistic for very large rings and small messages.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..hardware import GPU
+from ..spec import ModelSpec
+from ..analytic.flops import attention_flops_per_token, forward_per_token
+from ..analytic.params import ParamCounts
+from ..analytic.precision import StateBytes
+from ..analytic.timing import compute_dtype
+from ..setup import Setup
+
+# Fraction of the dense bf16/fp16 peak that the matmul compute reaches, fitted ONCE on the published A100
+# runs of Narayanan et al. 2021 (Table 2) and Korthikanti et al. 2022 (Table 5) by bench/plan_published.py
+# (least squares on log step time; see bench/results/plan.md). Not tuned per case.
+DEFAULT_EFFICIENCY = 0.615
+BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
+
+
+def ring_allreduce(n: int, nbytes: float, bw: float) -> float:
+    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bw
+
+
+def ring_half(n: int, nbytes: float, bw: float) -> float:
+    """Reduce-scatter or all-gather of a tensor of `nbytes` (full size) over n ranks."""
+    return 0.0 if n <= 1 else (n - 1) / n * nbytes / bw
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step, by term; the terms add up to `step_seconds`."""
+
+    compute: float  # forward + backward matmul time of all micro-batches (excl. recompute)
+    recompute: float
+    tp_comm: float  # tensor-parallel all-reduces (critical path)
+    pp_comm: float  # pipeline point-to-point sends
+    bubble: float  # pipeline fill and drain: (p−1)/v micro-batch times
+    dp_comm: float  # exposed data-parallel communication (after overlap)
+    optimizer: float  # optimizer.step(): memory-bound elementwise update
+    step_seconds: float
+    tokens_per_second: float
+    mfu: float  # model FLOPs (no recompute) / (world × step × peak)
+    hfu: float  # hardware FLOPs (with recompute) / (world × step × peak)
+    dp_comm_total: float  # DP communication before overlap (for the reader)
+    dp_bandwidth: str  # "intra" or "inter"
+    efficiency: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """Per-token FLOPs of a model at one sequence length, split so that stages can be costed."""
+
+    layer_forward: float  # per token, one layer (matmuls + attention)
+    head_forward: float  # per token, the LM head (+ MLM transform)
+    attention_per_layer: float  # per token, one layer's attention core (selective recompute redoes this)
+    forward_total: float  # per token, the whole model
+
+    @classmethod
+    def of(cls, spec: ModelSpec, seq: int, pc: ParamCounts) -> "ModelCosts":
+        fpt = forward_per_token(spec, seq, pc)
+        head = 2 * spec.vocab * (spec.embed_proj_dim or spec.hidden) + (2 * spec.hidden**2 if spec.mlm_transform else 0)
+        return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt)
+
+
+def stage_layers(layers: int, pp: int) -> tuple[int, int, int]:
+    """(first, middle, last) stage layer counts for an even split."""
+    per = layers // pp
+    return per, per, per
+
+
+def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_params: int, st: StateBytes,
+              efficiency: float = DEFAULT_EFFICIENCY, virtual_stages: int = 1,
+              layers_per_stage: tuple[int, int, int] | None = None) -> StepTime:
+    """Time of one optimizer step of `setup` on `gpu`. `stage_params`: parameters held by the busiest rank
+    (its tensor-parallel shard of its pipeline stage), whose gradients and weights the DP group exchanges."""
+    b, s, m = setup.batch, setup.seq, setup.grad_accum
+    t, p, d = setup.tp, setup.pp, setup.dp
+    peak = gpu.flops_for(compute_dtype(setup)) * efficiency
+    tokens = b * s
+    first, middle, last = layers_per_stage or stage_layers(spec.layers, p)
+    if p == 1:
+        first = middle = last = spec.layers
+    # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
+    stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
+                        last * costs.layer_forward + costs.head_forward)
+    stage_layers_n = max(first, middle, last)
+    fwd = tokens * stage_fwd_tok / t
+    bwd = 2 * fwd
+    if setup.recompute == "full":
+        rec = tokens * stage_layers_n * costs.layer_forward / t
+    elif setup.recompute == "selective":
+        rec = tokens * stage_layers_n * costs.attention_per_layer / t
+    else:
+        rec = 0.0
+    c_f, c_b, c_r = fwd / peak, bwd / peak, rec / peak
+
+    intra, inter, gpn = gpu.intra_node_bandwidth, gpu.inter_node_bandwidth, gpu.gpus_per_node
+    act_bytes = 4 if setup.precision == "fp32" else 2
+    x = tokens * spec.hidden * act_bytes  # one b·s·h activation
+    # TP: 2 all-reduces per layer forward, 2 backward, +2 with full recompute (Korthikanti et al. 2022 §4.1)
+    n_ar = 4 + (2 if setup.recompute == "full" else 0)
+    tp_mb = stage_layers_n * n_ar * ring_allreduce(t, x, intra) if t > 1 else 0.0
+    # PP: the activation goes forward and its gradient back once per micro-batch and stage boundary; each TP rank
+    # sends its 1/t share (Narayanan et al. 2021 §4.1 scatter/gather; sequence parallelism shards it anyway).
+    pp_bw = intra if t * p <= gpn else inter
+    pp_mb = 2 * virtual_stages * (x / t) / pp_bw if p > 1 else 0.0
+
+    # DP: the busiest rank's gradients and weights.
+    dp_bw_name = "intra" if t * p * d <= gpn else "inter"
+    dp_bw = intra if dp_bw_name == "intra" else inter
+    g_bytes, w_bytes = stage_params * st.grad, stage_params * st.weight
+    bucket = min(BUCKET_BYTES, g_bytes)
+    bucket_t = ring_allreduce(d, bucket, dp_bw)
+    z = setup.zero
+    per_mb_exposed = 0.0  # stretches every micro-batch (ZeRO-2/3)
+    once_exposed = 0.0
+    if d > 1:
+        if z == 0:
+            total = ring_allreduce(d, g_bytes, dp_bw)
+            once_exposed = max(total - (c_b + c_r), bucket_t)
+        elif z == 1:
+            rs, ag = ring_half(d, g_bytes, dp_bw), ring_half(d, w_bytes, dp_bw)
+            total = rs + ag
+            once_exposed = max(rs - (c_b + c_r), bucket_t / 2) + ag
+        elif z == 2:
+            rs, ag = ring_half(d, g_bytes, dp_bw), ring_half(d, w_bytes, dp_bw)
+            total = m * rs + ag
+            per_mb_exposed = max(rs - (c_b + c_r), bucket_t / 2)
+            once_exposed = ag
+        else:
+            rs, ag = ring_half(d, g_bytes, dp_bw), ring_half(d, w_bytes, dp_bw)
+            total = m * (2 * ag + rs)
+            # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
+            per_mb_exposed = max(ag - c_f, 0.0) + max(ag + rs - (c_b + c_r), bucket_t / 2)
+    else:
+        total = 0.0
+
+    t_mb = c_f + c_b + c_r + tp_mb + pp_mb + per_mb_exposed
+    bubble = (p - 1) / virtual_stages * t_mb if p > 1 else 0.0
+    # optimizer.step(): reads and writes weights, grads, master and states of the rank's shard once.
+    # NB: memory-bound estimate at full bandwidth; fused/foreach kernels get close, for-loop ones do not.
+    shard = stage_params / (d if z >= 1 else 1)
+    opt = 2 * shard * (st.weight + st.grad + st.master + st.optimizer) / gpu.memory_bandwidth
+    step = m * t_mb + bubble + once_exposed + opt
+
+    world = t * p * d
+    tok_step = tokens * m * d
+    dense_peak = gpu.flops_for(compute_dtype(setup))
+    model_flops = 3 * costs.forward_total * tok_step
+    rec_total = (spec.layers * (costs.layer_forward if setup.recompute == "full" else costs.attention_per_layer)
+                 * tok_step if setup.recompute != "none" else 0.0)
+    return StepTime(
+        compute=m * (c_f + c_b), recompute=m * c_r, tp_comm=m * tp_mb, pp_comm=m * pp_mb, bubble=bubble,
+        dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, step_seconds=step,
+        tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
+        hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
+        efficiency=efficiency,
+    )

@@ -1,0 +1,229 @@
+"""The visual commands: `timeline`, `sweep`, `report`, `serve` (issue 6).
+
+Plain typer-compatible functions; cli.py registers them with `app.command()(fn)`. Like the rest of the CLI
+they only parse arguments into the library's dataclasses and hand results to a report; errors a user can
+cause are TrainfitErrors (one line, exit code 2, printed by cli.main).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import typer
+
+from .. import api
+from ..errors import EngineUnavailableError, SetupError, TrainfitError
+
+# Options (same names and help as `trainfit estimate`; defined here so this module does not import cli.py).
+ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
+BatchOpt = typer.Option(1, "--batch", "-b", help="Micro-batch per GPU (sequences).")
+SeqOpt = typer.Option(2048, "--seq", "-s", help="Sequence length (training) or context length (inference), tokens.")
+AccumOpt = typer.Option(1, "--grad-accum", help="Micro-batches accumulated per optimizer step.")
+PrecOpt = typer.Option(None, "--precision", help="Training: fp32, amp-bf16 (default), amp-fp16, bf16, bf16-master. Inference: bf16 (default), fp16, fp32, fp8, int8, int4.")
+OptimOpt = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, lion.")
+RecOpt = typer.Option("none", "--recompute", help="Activation recomputation: none, selective (attention core), full (every layer).")
+AttnOpt = typer.Option("auto", "--attention", help="Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on cuda, sdpa on cpu.")
+DpOpt = typer.Option(1, "--dp", help="Data-parallel degree.")
+TpOpt = typer.Option(1, "--tp", help="Tensor-parallel degree (divides heads).")
+PpOpt = typer.Option(1, "--pp", help="Pipeline-parallel degree (divides layers; 1F1B schedule).")
+ZeroOpt = typer.Option(0, "--zero", help="ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, = FSDP).")
+DevOpt = typer.Option("cuda", "--device", help="Kernel semantics: cuda (flash SDPA, foreach optimizers) or cpu (PyTorch CPU kernels, for-loop optimizers).")
+GpuOpt = typer.Option(None, "--gpu", help="GPU to check the fit and time against (see `trainfit gpus`); drawn as a capacity line.")
+ModeOpt = typer.Option("train", "--mode", help="train or infer.")
+MfuOpt = typer.Option(0.4, "--mfu", help="Model-FLOPs utilisation assumed for the step time.")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
+
+
+def _request(model, batch=1, seq=2048, grad_accum=1, precision=None, optimizer="adamw", recompute="none",
+             attention="auto", dp=1, tp=1, pp=1, zero=0, device="cuda", gpu=None, mode="train", mfu=0.4) -> api.Request:
+    return api.Request(model=model, batch=batch, seq=seq, grad_accum=grad_accum, precision=precision,
+                       optimizer=optimizer, recompute=recompute, attention=attention, dp=dp, tp=tp, pp=pp, zero=zero,
+                       device=device, gpu=gpu, mode=mode, mfu=mfu)
+
+
+def _plots():
+    from . import plots
+
+    plots._mpl()  # a missing matplotlib is one line, before any engine runs
+    return plots
+
+
+def trace_estimate(req: api.Request, fast: bool = False):
+    """The trace engine's Estimate (with its timeline), or a one-line EngineUnavailableError."""
+    try:
+        from ..trace.engine import trace_spec
+    except ImportError as e:
+        raise EngineUnavailableError(
+            f"the timeline comes from the trace engine, which needs torch and transformers ({e.name} is missing): "
+            "pip install 'trainfit[torch]'") from e
+    return trace_spec(api.load_spec(req.model), req.setup(), extrapolate=fast)
+
+
+def timeline(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
+             precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
+             attention: str = AttnOpt, device: str = DevOpt, gpu: Optional[str] = GpuOpt, mode: str = ModeOpt,
+             output: str = typer.Option("timeline.png", "--output", "-o", help="Image to write: .png, .svg or .pdf."),
+             measure: bool = typer.Option(False, "--measure", help="Also run the real step here (use --device cpu) and overlay its measured peaks."),
+             fast: bool = typer.Option(False, "--fast", help="Trace a few layers and extrapolate the peak (deep models: seconds instead of a minute); the curve is then the short trace's."),
+             json: bool = JsonOpt) -> None:
+    """Memory over one step, stacked by category (parameters, optimizer state, gradients, activations,
+    temporaries), phases shaded, the peak annotated with what holds it; --gpu draws the GPU's capacity.
+    From the trace engine (the real PyTorch step on fake tensors; needs trainfit[torch]).
+
+    Examples:\n
+      trainfit timeline llama-3.1-8b --batch 1 --seq 2048 --precision amp-bf16 --gpu H100-80GB -o step.png\n
+      trainfit timeline ./config.json --device cpu --measure -o step.png\n
+      trainfit timeline tiny-llama --device cpu --grad-accum 2 --measure -o accum.svg\n
+      trainfit timeline llama-3.1-70b --fast -o 70b.png
+    """
+    plots = _plots()
+    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, device=device,
+                   gpu=gpu, mode=mode)
+    g = api.load_gpu(gpu)
+    traced = trace_estimate(req, fast=fast)
+    measured = None
+    if measure:
+        if mode != "train":
+            raise SetupError("--measure overlays a measured training step; drop --mode infer")
+        measured = api._measure(req)
+    plots.plot_timeline(traced, output, gpu=g, measured=measured)
+    if json:
+        from .json_out import dumps, estimate_dict
+
+        out = {"output": output, "trace": estimate_dict(traced)}
+        if measured is not None:
+            out["measured"] = estimate_dict(measured)
+        typer.echo(dumps(out))
+        return
+    from ..units import fmt_bytes
+    from .terminal import PHASE_NAMES
+
+    m = traced.memory
+    line = f"wrote {output}: peak {fmt_bytes(m.peak)} at {PHASE_NAMES.get(m.peak_phase, m.peak_phase)} (trace engine)"
+    if g is not None:
+        line += f"; {'fits' if m.peak <= g.memory else 'does not fit'} on {g.name} ({fmt_bytes(g.memory)})"
+    typer.echo(line)
+    if measured is not None:
+        mp = measured.memory.peak
+        typer.echo(f"measured peak {fmt_bytes(mp)} (trace {(m.peak - mp) / mp:+.2%}); the measure engine records "
+                   "peaks per phase, not a curve: drawn as a dotted line and per-phase bars")
+
+
+def sweep(model: str = ModelArg,
+          vary: Tuple[str, str] = typer.Option(..., "--vary", help="KNOB VALUES: the knob (batch, seq, grad-accum, gpus, dp, tp, pp, zero, recompute, attention, precision, optimizer) and its values: low:high doubles (1:64 → 1,2,4,…,64; zero 0:3 counts), or a comma list."),
+          batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
+          precision: Optional[str] = typer.Option(None, "--precision", help="Precision policy; a comma list draws one line per value."),
+          optimizer: str = typer.Option("adamw", "--optimizer", help="Optimizer; a comma list draws one line per value."),
+          recompute: str = typer.Option("none", "--recompute", help="none, selective, full; a comma list draws one line per value."),
+          attention: str = typer.Option("auto", "--attention", help="auto, eager, sdpa, flash; a comma list (eager,flash) draws one line per value."),
+          dp: int = DpOpt, tp: int = TpOpt, pp: int = PpOpt, zero: int = ZeroOpt, device: str = DevOpt,
+          gpu: Optional[str] = GpuOpt, mode: str = ModeOpt, mfu: float = MfuOpt,
+          output: Optional[str] = typer.Option(None, "--output", "-o", help="Also draw the sweep: .png, .svg or .pdf."),
+          json: bool = JsonOpt) -> None:
+    """Peak memory and step time against one knob (analytic engine), one line per variant; with --gpu, where
+    it stops fitting. Prints the table; -o draws it.
+
+    Examples:\n
+      trainfit sweep llama-3.1-8b --vary seq 512:16384 --attention eager,flash -o seq.png\n
+      trainfit sweep llama-3.2-1b --vary batch 1:64 --gpu H100-80GB -o batch.png\n
+      trainfit sweep llama-3.1-70b --vary gpus 8:64 --zero 3 --gpu H100-80GB --recompute none,full\n
+      trainfit sweep mistral-7b --vary recompute none,selective,full --batch 8 --gpu A100-80GB --json
+    """
+    from .sweep import render_table, run_sweep
+
+    knob, values = vary
+    variants = {"attention": attention, "recompute": recompute, "precision": precision, "optimizer": optimizer}
+    single = {k: (v if v and "," not in v else None) for k, v in variants.items()}
+    req = _request(model, batch, seq, grad_accum, single["precision"], single["optimizer"] or "adamw",
+                   single["recompute"] or "none", single["attention"] or "auto", dp, tp, pp, zero, device, gpu, mode, mfu)
+    multi = {k: v for k, v in variants.items() if v and "," in v}
+    plots = _plots() if output else None
+    result = run_sweep(req, knob, values, multi)
+    if output:
+        plots.plot_sweep(result, output)
+    if json:
+        from .json_out import dumps
+
+        d = result.to_dict()
+        if output:
+            d["output"] = output
+        typer.echo(dumps(d))
+        return
+    render_table(result)
+    if output:
+        typer.echo(f"wrote {output}")
+
+
+def report(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
+           precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
+           attention: str = AttnOpt, dp: int = DpOpt, tp: int = TpOpt, pp: int = PpOpt, zero: int = ZeroOpt,
+           device: str = DevOpt, gpu: Optional[str] = GpuOpt, mode: str = ModeOpt, mfu: float = MfuOpt,
+           gpus: Optional[int] = typer.Option(None, "--gpus", help="Also plan for this many GPUs of --gpu (the planner's fastest layouts that fit)."),
+           global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="With --gpus: tokens per optimizer step for the plan (e.g. 1M)."),
+           vary: Optional[Tuple[str, str]] = typer.Option(None, "--vary", help="The report's sweep: KNOB VALUES as in `trainfit sweep` (default: batch 1:64)."),
+           trace: Optional[bool] = typer.Option(None, "--trace/--no-trace", help="Draw the traced timeline (default: when the trace engine is installed; otherwise the analytic phase chart)."),
+           output: str = typer.Option("report.html", "--output", "-o", help="The HTML file to write."),
+           ) -> None:
+    """One self-contained HTML page (inline SVG and CSS; opens offline): verdict and breakdown, the memory
+    timeline of the step, training vs inference (same batch and batch 1), a sweep, and the plan with --gpus.
+
+    Examples:\n
+      trainfit report llama-3.1-8b --gpu H100-80GB -o report.html\n
+      trainfit report llama-3.2-1b --batch 8 --gpu A100-40GB --vary seq 512:16384 -o 1b.html\n
+      trainfit report llama-3.1-70b --gpu H100-80GB --gpus 64 --global-batch-tokens 4M --no-trace -o 70b.html
+    """
+    from ..units import parse_count
+    from .html import write_report
+
+    _plots()
+    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
+                   device, gpu, mode, mfu)
+    if gpus is not None and gpus < 1:
+        raise SetupError(f"--gpus must be a positive integer, got {gpus}")
+    try:
+        gbt = parse_count(global_batch_tokens) if global_batch_tokens else None
+    except ValueError:
+        raise SetupError("--global-batch-tokens takes a count like 4M or 1e6") from None
+    path = write_report(req, output, gpus=gpus, trace=trace, vary=tuple(vary) if vary else None,
+                        global_batch_tokens=gbt)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, self-contained)")
+
+
+def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: this machine only)."),
+          port: int = typer.Option(8000, "--port", "-p", help="Port to listen on."),
+          open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser."),
+          ) -> None:
+    """A local web app: pick a model (catalog or pasted config.json), a GPU and the knobs; see the breakdown,
+    the fit verdict and the chart update. JSON API: /api/estimate?model=…&batch=…&seq=… (same object as
+    `trainfit estimate --json`). Needs trainfit[web].
+
+    Examples:\n
+      trainfit serve --port 8000\n
+      curl 'http://127.0.0.1:8000/api/estimate?model=llama-3.1-8b&batch=4&seq=4096&gpu=H100-80GB'
+    """
+    if not 0 < port < 65536:
+        raise SetupError(f"--port must be between 1 and 65535, got {port}")
+    try:
+        import uvicorn
+
+        from ..web.app import create_app
+    except ImportError as e:
+        raise EngineUnavailableError(f"trainfit serve needs the web extra ({e.name} is missing): pip install 'trainfit[web]'") from e
+    import socket
+
+    try:  # a taken port is one line here, not uvicorn's log and exit
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise TrainfitError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port") from None
+    url = f"http://{host}:{port}/"
+    typer.echo(f"trainfit web UI at {url} (Ctrl-C to stop)")
+    if open_browser:
+        import threading
+        import webbrowser
+
+        threading.Timer(1.0, webbrowser.open, args=(url,)).start()
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+
+
+__all__ = ["timeline", "sweep", "report", "serve"]

@@ -1,0 +1,297 @@
+"""`trainfit report`: one self-contained HTML file (inline CSS and SVG; nothing fetched when it is opened).
+
+Sections: the verdict and breakdown (analytic engine), the step's memory timeline (trace engine when it is
+available, else the analytic phase chart), training vs inference (api.compare: the same batch and batch 1),
+a sweep (report/sweep.py), and the plan when --gpus is given and the planner (trainfit.plan) is installed.
+The page computes nothing: every number comes from an engine through the library's API.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from html import escape
+from pathlib import Path
+
+from .. import api
+from ..errors import TrainfitError
+from ..estimate import Estimate
+from ..units import fmt_bytes, fmt_count, fmt_seconds
+from . import plots
+from .sweep import SweepResult, run_sweep, sweep_html_table
+from .terminal import PHASE_NAMES, memory_rows, setup_line
+
+CSS = """
+:root { --fg:#1d2330; --muted:#5b6475; --line:#e3e6ec; --ok:#1a7f37; --bad:#c62828; --accent:#4C72B0; }
+* { box-sizing: border-box; }
+body { font: 15px/1.5 -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+       color: var(--fg); margin: 0; background: #f6f7f9; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 60px; }
+header h1 { margin: 0 0 4px; font-size: 26px; }
+header .setup { color: var(--muted); font-size: 13px; }
+.verdict { display:flex; gap: 14px; flex-wrap: wrap; margin: 18px 0 6px; }
+.card { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; min-width: 170px; }
+.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 22px; font-weight: 600; }
+.ok { color: var(--ok); font-weight: 600; } .bad { color: var(--bad); font-weight: 600; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 16px 20px; margin-top: 18px; }
+section h2 { margin: 0 0 10px; font-size: 19px; }
+section p.note, .muted { color: var(--muted); font-size: 13px; }
+.row { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 20px; align-items: start; }
+.row.even { grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); }
+@media (max-width: 900px) { .row, .row.even { grid-template-columns: 1fr; } }
+svg { max-width: 100%; height: auto; }
+table { border-collapse: collapse; font-size: 13.5px; width: 100%; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 8px; text-align: left; }
+table.num td:not(:first-child), table.num th:not(:first-child) { text-align: right; font-variant-numeric: tabular-nums; }
+tr.peak td { font-weight: 700; } tr.sub td { color: var(--muted); }
+ul.notes { color: var(--muted); font-size: 12.5px; padding-left: 18px; }
+footer { color: var(--muted); font-size: 12px; margin-top: 24px; }
+"""
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("trainfit")
+    except Exception:  # pragma: no cover - not installed as a distribution
+        return "dev"
+
+
+def _svg(fig) -> str:
+    return f"<figure>{plots.svg_text(fig)}</figure>"
+
+
+def _table(head: list[str], rows: list[list[str]], cls: str = "num", row_classes: list[str] | None = None) -> str:
+    out = [f"<table class='{cls}'><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"]
+    for i, r in enumerate(rows):
+        rc = f" class='{row_classes[i]}'" if row_classes and row_classes[i] else ""
+        out.append(f"<tr{rc}>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _notes(notes) -> str:
+    return "<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
+
+
+# ---- sections ------------------------------------------------------------------------------------------
+def _verdict(e: Estimate) -> str:
+    cards = [("peak memory per GPU", fmt_bytes(e.memory.peak), f"at {PHASE_NAMES.get(e.memory.peak_phase, e.memory.peak_phase)}"),
+             ("parameters", fmt_count(e.params), f"{e.params:,}")]
+    t = e.time
+    if t is not None:
+        fit = "<span class='ok'>fits</span>" if t.fits else "<span class='bad'>does not fit</span>"
+        cards.insert(0, (f"on {escape(t.gpu)}", fit, f"headroom {fmt_bytes(t.headroom)}"))
+        if e.setup.mode == "train":
+            cards.append((f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds),
+                          f"{fmt_count(t.tokens_per_second)} tokens/s"))
+        else:
+            cards.append(("decode", f"{t.decode_tokens_per_second:,.0f} tok/s", f"prefill {fmt_seconds(t.prefill_seconds)}"))
+    body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='muted'>{escape(s)}</div></div>"
+                   for k, v, s in cards)
+    return f"<div class='verdict'>{body}</div>"
+
+
+def _breakdown(e: Estimate, traced: Estimate | None) -> str:
+    head = ["memory per GPU", "analytic"] + (["trace"] if traced is not None else [])
+    rows, classes = [], []
+    tmem = None
+    if traced is not None:
+        tmem = dict(memory_rows(traced))
+    for name, v in memory_rows(e):
+        rows.append([escape(name), fmt_bytes(v)] + ([fmt_bytes(tmem[name]) if name in tmem else ""] if tmem is not None else []))
+        classes.append("")
+    for phase, v in e.memory.phases.items():
+        mark = " ◀ peak" if phase == e.memory.peak_phase else ""
+        tv = traced.memory.phases.get(phase) if traced is not None else None
+        rows.append([f"at {PHASE_NAMES.get(phase, phase)}", fmt_bytes(v) + mark]
+                    + ([fmt_bytes(tv) if tv is not None else ""] if traced is not None else []))
+        classes.append("sub")
+    rows.append(["peak", f"{fmt_bytes(e.memory.peak)} ({PHASE_NAMES.get(e.memory.peak_phase, e.memory.peak_phase)})"]
+                + ([f"{fmt_bytes(traced.memory.peak)} ({PHASE_NAMES.get(traced.memory.peak_phase, traced.memory.peak_phase)})"]
+                   if traced is not None else []))
+    classes.append("peak")
+    mem = _table(head, rows, row_classes=classes)
+    f = e.flops
+    crow = [["parameters", f"{fmt_count(e.params)} ({e.params:,})"]]
+    if e.params_per_rank != e.params:
+        crow.append(["parameters per GPU", fmt_count(e.params_per_rank)])
+    if e.setup.mode == "train":
+        crow += [["FLOPs per step (fwd / bwd / recompute)", f"{fmt_count(f.forward)} / {fmt_count(f.backward)} / {fmt_count(f.recompute)}"],
+                 ["FLOPs per step (hardware)", fmt_count(f.step, "FLOP")],
+                 ["model FLOPs per token", fmt_count(f.per_token, "FLOP")]]
+    else:
+        crow += [["prefill FLOPs", fmt_count(f.forward, "FLOP")], ["forward FLOPs per token", fmt_count(f.per_token, "FLOP")]]
+    t = e.time
+    if t is not None and e.setup.mode == "train":
+        crow += [[f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds)], ["tokens/s (all GPUs)", fmt_count(t.tokens_per_second)]]
+    elif t is not None:
+        crow += [["prefill time", fmt_seconds(t.prefill_seconds)],
+                 [f"largest batch at {e.setup.seq} tokens", f"{t.max_batch:,}"],
+                 [f"longest context at batch {e.setup.batch}", f"{t.max_seq:,}"]]
+    comp = _table(["compute", "value"], crow)
+    gap = ""
+    if traced is not None and traced.memory.peak:
+        g = (e.memory.peak - traced.memory.peak) / traced.memory.peak
+        gap = (f"<p class='note'>The analytic peak is {abs(g):.1%} {'above' if g > 0 else 'below'} the trace engine's "
+               "(a fake-tensor run of the real PyTorch step).</p>")
+    return (f"<section id='breakdown'><h2>Breakdown</h2><div class='row'><div>{mem}{gap}</div><div>{comp}</div></div>"
+            f"{_notes(e.notes)}</section>")
+
+
+def _try_trace(req: api.Request, want: bool | None) -> tuple[Estimate | None, str]:
+    """(trace estimate or None, why not). want=None: try when the trace engine can be imported."""
+    if want is False:
+        return None, "not requested (--no-trace)"
+    try:
+        from ..trace.engine import trace_spec
+    except ImportError as e:
+        msg = f"the trace engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'"
+        if want:
+            raise TrainfitError(msg) from e
+        return None, msg
+    spec = api.load_spec(req.model)
+    try:
+        # the whole model's curve when that is quick; deep models: a short trace extrapolated (curve labelled)
+        return trace_spec(spec, req.setup(), extrapolate=spec.layers > 40), ""
+    except TrainfitError as e:
+        if want:
+            raise
+        return None, str(e)
+
+
+def _timeline(e: Estimate, traced: Estimate | None, why: str, gpu) -> str:
+    if traced is not None and traced.detail.get("timeline"):
+        fig = plots.plot_timeline(traced, gpu=gpu)
+        return ("<section id='timeline'><h2>Memory over the step</h2>"
+                "<p class='note'>Traced: the real PyTorch step run on fake tensors; every storage's birth and death, "
+                "stacked by category.</p>" + _svg(fig) + "</section>")
+    fig = plots.plot_phases(e, gpu=gpu)
+    return ("<section id='timeline'><h2>Memory at each phase of the step</h2>"
+            f"<p class='note'>No traced timeline ({escape(why)}); the analytic engine's memory at each phase's "
+            "high point is shown instead.</p>" + _svg(fig) + "</section>")
+
+
+def _compare(req: api.Request, gpu) -> str:
+    if req.mode != "train":
+        return ""
+    results = api.compare(req.model, batch=req.batch, seq=req.seq, precision=req.precision, optimizer=req.optimizer,
+                          recompute=req.recompute, attention=req.attention, device=req.device, gpu=req.gpu)
+    labels = list(results)
+    ests = list(results.values())
+    fields = ["weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache", "temporaries", "peak"]
+    rows, classes = [], []
+    for fld in fields:
+        vals = [getattr(x.memory, fld) for x in ests]
+        if not any(vals):
+            continue
+        ref = vals[0]
+        rows.append([fld.replace("_", " ")] + [fmt_bytes(v) + (f" <span class='muted'>({v / ref:.0%})</span>" if ref and i else "")
+                                               for i, v in enumerate(vals)])
+        classes.append("peak" if fld == "peak" else "")
+    train, same, one = ests[0].memory.peak, ests[1].memory.peak, ests[-1].memory.peak  # batch 1: two entries
+    summary = (f"<p>Inference at the same batch needs <b>{same / train:.0%}</b> of the training peak "
+               f"({1 - same / train:.0%} less)"
+               + (f"; at batch 1 it needs <b>{one / train:.1%}</b>.</p>" if len(ests) > 2 else ".</p>"))
+    fig = plots.plot_compare(results, gpu=gpu)
+    table = _table([""] + [escape(x) for x in labels], rows, row_classes=classes)
+    return (f"<section id='compare'><h2>Training vs inference</h2>{summary}<div class='row even'><div>{_svg(fig)}</div>"
+            f"<div>{table}<p class='note'>Inference: prefill of a batch of prompts of {req.seq} tokens and one decode step "
+            "with a full KV cache; (%) = share of the training value.</p></div></div></section>")
+
+
+def _sweep(req: api.Request, vary: tuple[str, str] | None, variants: dict[str, str] | None) -> tuple[str, SweepResult | None]:
+    knob, values = vary or ("batch", "1:64")
+    s = run_sweep(req, knob, values, variants)
+    fig = plots.plot_sweep(s)
+    lines = []
+    if s.gpu is not None:
+        for v in s.variants:
+            up = s.fits_up_to(v)
+            who = f"{escape(v)}: " if v else ""
+            lines.append(f"{who}fits on {escape(s.gpu.name)} up to {escape(s.vary)} {up}" if up is not None
+                         else f"{who}<span class='bad'>does not fit at any {escape(s.vary)} swept</span>")
+    text = "<p>" + "<br>".join(lines) + "</p>" if lines else ""
+    return (f"<section id='sweep'><h2>Sweep over {escape(s.vary)}</h2>{text}{_svg(fig)}{sweep_html_table(s)}"
+            f"<p class='note'>{escape(s.caption)}</p></section>"), s
+
+
+# ---- the plan (issue 5's planner; optional) -------------------------------------------------------------
+def plan_candidates(req: api.Request, gpus: int, global_batch_tokens: float | None = None) -> tuple[list[dict], str]:
+    """Top candidates from the planner (trainfit.plan, issue 5) in its --json shape, and a note.
+
+    Imported lazily: the report works without the planner (the section then says why it is missing).
+    """
+    if req.gpu is None:
+        return [], "the plan needs a GPU type: pass --gpu with --gpus"
+    try:
+        from ..plan.report import plan_dict
+        from ..plan.search import PlanQuery, search
+    except ImportError as e:
+        return [], f"the planner is not available in this build ({e})"
+    kw = {"precisions": (req.precision,)} if req.precision else {}
+    q = PlanQuery(gpus=gpus, seq=req.seq, global_batch_tokens=global_batch_tokens, optimizer=req.optimizer,
+                  top=5, **kw)
+    d = plan_dict(search(api.load_spec(req.model), api.load_gpu(req.gpu, req.price), q, tokens=req.tokens))
+    note = (d.get("nothing_fits") or {}).get("message", "")
+    return d.get("candidates", []), note
+
+
+def _plan(req: api.Request, gpus: int | None, global_batch_tokens: float | None = None) -> str:
+    if not gpus:
+        return ""
+    cands, note = plan_candidates(req, gpus, global_batch_tokens)
+    if not cands:
+        return (f"<section id='plan'><h2>Plan for {gpus} × {escape(req.gpu or 'GPU')}</h2>"
+                f"<p class='note'>{escape(note or 'no configuration fits')}</p></section>")
+    keys = ("dp", "tp", "pp", "zero", "batch", "grad_accum", "recompute", "precision")
+    rows = []
+    for c in cands[:8]:
+        s, m, t = c.get("setup", {}), c.get("memory", {}), c.get("time", {}) or {}
+        rows.append([str(s.get(k, "")) for k in keys]
+                    + [fmt_bytes(m["peak"]) if "peak" in m else "", fmt_seconds(t["step_seconds"]) if t.get("step_seconds") else "",
+                       fmt_count(t["tokens_per_second"]) if t.get("tokens_per_second") else ""])
+    table = _table([k.replace("_", "-") for k in keys] + ["peak", "step time", "tokens/s"], rows)
+    return (f"<section id='plan'><h2>Plan for {gpus} × {escape(req.gpu or 'GPU')}</h2>"
+            f"<p class='note'>Fastest configurations that fit, ranked by tokens/s (<code>trainfit plan {escape(req.model)} "
+            f"--gpu {escape(req.gpu)} --gpus {gpus}</code> shows each time term and writes launch configs).</p>{table}</section>")
+
+
+# ---- the page ------------------------------------------------------------------------------------------
+def build_report(req: api.Request, gpus: int | None = None, trace: bool | None = None,
+                 vary: tuple[str, str] | None = None, variants: dict[str, str] | None = None,
+                 global_batch_tokens: float | None = None) -> str:
+    """The whole report as one HTML string (raises TrainfitError for a bad model or setup)."""
+    e = api.analytic(req)
+    gpu = api.load_gpu(req.gpu, req.price)
+    traced, why = _try_trace(req, trace)
+    sweep_html, _ = _sweep(req, vary, variants)
+    parts = [
+        "<!DOCTYPE html>",
+        "<html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>trainfit report — {escape(e.model)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        f"<header><h1>{escape(e.model)} — will it {'train' if req.mode == 'train' else 'serve'}?</h1>",
+        f"<div class='setup'>{escape(setup_line(e))}</div></header>",
+        _verdict(e),
+        _breakdown(e, traced),
+        _timeline(e, traced, why, gpu),
+        _compare(req, gpu),
+        sweep_html,
+        _plan(req, gpus, global_batch_tokens),
+        f"<footer>trainfit {escape(_version())} · generated {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')} · "
+        "all numbers per GPU, binary units (GiB = 2<sup>30</sup> bytes) · self-contained: open it anywhere, offline.</footer>",
+        "</main></body></html>",
+    ]
+    return "\n".join(p for p in parts if p)
+
+
+def write_report(req: api.Request, path: str | Path, **kw) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise TrainfitError(f"-o {path}: the report is an HTML file; end the name in .html")
+    if not path.parent.exists():
+        raise TrainfitError(f"-o {path}: folder {path.parent} does not exist")
+    path.write_text(build_report(req, **kw), encoding="utf-8")
+    return path

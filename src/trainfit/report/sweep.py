@@ -1,0 +1,275 @@
+"""Sweeps: one knob varied over a range, one line per variant (e.g. --attention eager,flash).
+
+`run_sweep` asks the analytic engine (api.analytic) for every point; the table, the JSON and the plot
+(plots.plot_sweep) only format what it returned. A point whose setup is impossible (say --tp 3 for 32
+heads) is kept as a row with its error, so a sweep over tp or zero shows which values are valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .. import api
+from ..errors import SetupError, TrainfitError
+from ..estimate import Estimate
+
+# knob -> (Request field, numeric?, axis label)
+KNOBS = {
+    "batch": ("batch", True, "micro-batch per GPU (sequences)"),
+    "seq": ("seq", True, "sequence length (tokens)"),
+    "grad-accum": ("grad_accum", True, "gradient-accumulation micro-batches"),
+    "dp": ("dp", True, "data-parallel GPUs"),
+    "gpus": ("dp", True, "GPUs (data parallel)"),
+    "tp": ("tp", True, "tensor-parallel degree"),
+    "pp": ("pp", True, "pipeline-parallel degree"),
+    "zero": ("zero", True, "ZeRO stage"),
+    "recompute": ("recompute", False, "activation recomputation"),
+    "attention": ("attention", False, "attention kernel"),
+    "precision": ("precision", False, "precision policy"),
+    "optimizer": ("optimizer", False, "optimizer"),
+}
+VARIANT_KNOBS = ("attention", "recompute", "precision", "optimizer")
+MAX_POINTS = 64
+MAX_VARIANTS = 12
+
+
+def parse_values(knob: str, text: str) -> list:
+    """'512:16384' -> 512, 1024, ..., 16384 (doubling; for zero, consecutive stages); '1,4,16' -> a list;
+    categorical knobs take comma lists ('none,selective,full')."""
+    if knob not in KNOBS:
+        raise SetupError(f"--vary {knob!r} is not a knob to sweep; choose one of: {', '.join(KNOBS)}")
+    _, numeric, _ = KNOBS[knob]
+    text = text.strip()
+    if not text:
+        raise SetupError(f"--vary {knob} needs values: a range like 1:64 or a comma list like 1,2,4")
+    if not numeric:
+        if ":" in text:
+            raise SetupError(f"--vary {knob} takes a comma list (e.g. none,selective,full), not a range")
+        return _unique([v.strip() for v in text.split(",") if v.strip()])
+    try:
+        if ":" in text:
+            a, _, b = text.partition(":")
+            lo, hi = int(a), int(b)
+            if hi < lo:
+                raise SetupError(f"--vary {knob} {text}: the range must go up (low:high)")
+            if knob == "zero":
+                values = list(range(lo, hi + 1))
+            else:
+                if lo <= 0:
+                    raise SetupError(f"--vary {knob} {text}: a doubling range must start at 1 or more")
+                values, v = [], lo
+                while v <= hi and len(values) <= MAX_POINTS:
+                    values.append(v)
+                    v *= 2
+                if values[-1] != hi:
+                    values.append(hi)  # always include the upper end the user asked for
+        else:
+            values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SetupError(f"--vary {knob} {text!r}: give whole numbers as low:high (doubling) or a comma list") from None
+    if len(values) > MAX_POINTS:
+        raise SetupError(f"--vary {knob} {text}: {len(values)} points is too many (at most {MAX_POINTS})")
+    return sorted(_unique(values))
+
+
+def _unique(values: list) -> list:
+    seen, out = set(), []
+    for v in values:
+        if v not in seen:
+            seen.add(v)
+            out.append(v)
+    return out
+
+
+def split_list(text: str | None) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()] if text else []
+
+
+@dataclass
+class SweepResult:
+    model: str
+    vary: str
+    values: list
+    variants: list[str]  # labels ("" when there is a single variant)
+    rows: list[dict]
+    gpu: object | None  # hardware.GPU
+    mfu: float
+    base: dict  # the Request's fields (the setup held fixed)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def numeric(self) -> bool:
+        return KNOBS[self.vary][1]
+
+    @property
+    def axis_label(self) -> str:
+        return KNOBS[self.vary][2]
+
+    @property
+    def log_x(self) -> bool:
+        vals = [v for v in self.values if isinstance(v, int) and v > 0]
+        return self.numeric and self.vary != "zero" and len(vals) == len(self.values) and max(vals) / min(vals) >= 8
+
+    @property
+    def log_y(self) -> bool:
+        peaks = [r["peak"] for r in self.rows if r.get("error") is None and r["peak"] > 0]
+        return bool(peaks) and max(peaks) / min(peaks) > 200
+
+    @property
+    def caption(self) -> str:
+        b = self.base
+        fixed = {k: b[k] for k in ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention",
+                                   "dp", "tp", "pp", "zero", "mode", "device")
+                 if k != KNOBS[self.vary][0] and not (k in _variant_fields(self) and len(self.variants) > 1)}
+        text = "fixed: " + ", ".join(f"{k.replace('_', '-')} {v if v is not None else 'default'}" for k, v in fixed.items())
+        text += " · analytic engine, per GPU"
+        return "\n".join([text, *self.notes])
+
+    def fits_up_to(self, variant: str):
+        """The largest swept value that still fits the GPU, per variant (None: none fits / no GPU)."""
+        ok = [r["value"] for r in self.rows if r["variant"] == variant and r.get("error") is None and r["fits"]]
+        return ok[-1] if ok else None
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "vary": self.vary, "values": self.values, "variants": self.variants,
+                "gpu": self.gpu.name if self.gpu is not None else None, "mfu": self.mfu, "engine": "analytic",
+                "setup": self.base, "rows": self.rows, "notes": self.notes,
+                **({"fits_up_to": {v: self.fits_up_to(v) for v in self.variants}} if self.gpu is not None else {})}
+
+
+def _variant_fields(s: SweepResult) -> set[str]:
+    return {k for k in VARIANT_KNOBS if len(split_list(str(s.base.get(k) or ""))) > 1}
+
+
+def _row(variant: str, value, e: Estimate | None, error: str | None) -> dict:
+    if e is None:
+        return {"variant": variant, "value": value, "error": error}
+    m, t = e.memory, e.time
+    row = {"variant": variant, "value": value, "error": None, "peak": m.peak, "peak_phase": m.peak_phase,
+           "weights": m.weights, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
+           "master_weights": m.master_weights, "activations": m.activations, "temporaries": m.temporaries,
+           "kv_cache": m.kv_cache, "flops_step": e.flops.step, "fits": None, "headroom": None,
+           "step_seconds": None, "tokens_per_second": None}
+    if t is not None:
+        row.update(fits=t.fits, headroom=t.headroom, step_seconds=t.step_seconds, tokens_per_second=t.tokens_per_second)
+    return row
+
+
+def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[str, str] | None = None) -> SweepResult:
+    """Estimate `req` with `vary` set to each value, for each combination of the variant lists.
+
+    variants: {"attention": "eager,flash", ...}; a knob with one value is simply part of the setup.
+    """
+    vals = parse_values(vary, values) if isinstance(values, str) else list(values)
+    field_name = KNOBS[vary][0]
+    lists = {k: split_list(v) for k, v in (variants or {}).items() if v}
+    for k in lists:
+        if k not in VARIANT_KNOBS:
+            raise SetupError(f"variants can be given for {', '.join(VARIANT_KNOBS)}, not {k!r}")
+        if KNOBS.get(k, (None,))[0] == field_name:
+            raise SetupError(f"--vary {vary} and --{k} {variants[k]} name the same knob; give the values to --vary only")
+    combos: list[dict] = [{}]
+    for k, vs in lists.items():
+        combos = [{**c, k: v} for c in combos for v in vs]
+    if len(combos) > MAX_VARIANTS:
+        raise SetupError(f"{len(combos)} variants is too many to draw (at most {MAX_VARIANTS}); give fewer values")
+    multi = [k for k, vs in lists.items() if len(vs) > 1]
+    labels = [" ".join(f"{k} {c[k]}" if len(multi) > 1 else str(c[k]) for k in multi) for c in combos]
+    base = dataclasses.asdict(req) | {k: v for k, v in (variants or {}).items() if v}
+    notes: list[str] = []
+    rows: list[dict] = []
+    gpu = api.load_gpu(req.gpu, req.price)
+    spec = api.load_spec(req.model)  # an unknown model is one error, not one per row
+    for combo, label in zip(combos, labels):
+        for v in vals:
+            changes = {**combo, field_name: v}
+            if field_name == "dp" and v == 1 and req.zero:
+                changes["zero"] = 0  # ZeRO shards over dp ranks: with one GPU there is nothing to shard
+                note = "at 1 GPU ZeRO is off (nothing to shard)"
+                if note not in notes:
+                    notes.append(note)
+            try:
+                e = api.analytic(dataclasses.replace(req, **changes))
+                rows.append(_row(label, v, e, None))
+            except TrainfitError as err:
+                rows.append(_row(label, v, None, str(err)))
+    valid = [r for r in rows if r["error"] is None]
+    if not valid:
+        raise SetupError(f"no point of the sweep is a valid setup: {rows[0]['error']}")
+    return SweepResult(model=spec.name, vary=vary, values=vals, variants=labels,
+                       rows=rows, gpu=gpu, mfu=req.mfu, base=base, notes=notes)
+
+
+def render_table(s: SweepResult, console=None) -> None:
+    """The sweep as a rich table: one row per value, per variant its peak (and step time, fit with --gpu)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..units import fmt_bytes, fmt_count, fmt_seconds
+
+    console = console or Console()
+    t = Table(title=f"{s.model} — sweep over {s.vary} (analytic, per GPU)", header_style="bold",
+              caption=s.caption)
+    t.add_column(s.vary, justify="right", style="cyan")
+    timed = s.gpu is not None
+    for v in s.variants:
+        prefix = f"{v} " if v else ""
+        t.add_column(f"{prefix}peak", justify="right")
+        t.add_column(f"{prefix}step time" if timed else f"{prefix}FLOPs/step", justify="right")
+        if timed:
+            t.add_column(f"{prefix}fits {s.gpu.name}", justify="center")
+    by = {(r["variant"], r["value"]): r for r in s.rows}
+    for value in s.values:
+        cells = [str(value)]
+        for v in s.variants:
+            r = by[(v, value)]
+            if r["error"] is not None:
+                cells += ["[dim]n/a[/dim]", "[dim]invalid[/dim]"] + ([""] if timed else [])
+                continue
+            cells.append(fmt_bytes(r["peak"]))
+            cells.append(fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"]))
+            if timed:
+                cells.append("[green]yes[/green]" if r["fits"] else "[red]no[/red]")
+        t.add_row(*cells)
+    console.print(t)
+    errors = {r["error"] for r in s.rows if r["error"]}
+    for err in sorted(errors):
+        console.print(f"[dim]· n/a: {err}[/dim]")
+    if timed:
+        for v in s.variants:
+            up = s.fits_up_to(v)
+            who = f"{v}: " if v else ""
+            if up is None:
+                console.print(f"{who}[red]does not fit on {s.gpu.name} at any {s.vary} swept[/red]")
+            elif up != s.values[-1]:
+                console.print(f"{who}fits on {s.gpu.name} up to {s.vary} {up}")
+            else:
+                console.print(f"{who}fits on {s.gpu.name} at every {s.vary} swept")
+
+
+def sweep_html_table(s: SweepResult) -> str:
+    """The same table as HTML (for the report)."""
+    from html import escape
+
+    from ..units import fmt_bytes, fmt_count, fmt_seconds
+
+    timed = s.gpu is not None
+    head = [escape(s.vary)]
+    for v in s.variants:
+        p = f"{v} " if v else ""
+        head += [f"{p}peak", f"{p}step time" if timed else f"{p}FLOPs/step"] + ([f"{p}fits"] if timed else [])
+    by = {(r["variant"], r["value"]): r for r in s.rows}
+    lines = ["<table class='num'><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"]
+    for value in s.values:
+        cells = [str(value)]
+        for v in s.variants:
+            r = by[(v, value)]
+            if r["error"] is not None:
+                cells += [f"<span title='{escape(r['error'])}'>n/a</span>", ""] + ([""] if timed else [])
+                continue
+            cells += [fmt_bytes(r["peak"]), fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"])]
+            if timed:
+                cells.append("<span class='ok'>yes</span>" if r["fits"] else "<span class='bad'>no</span>")
+        lines.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    lines.append("</tbody></table>")
+    return "\n".join(lines)

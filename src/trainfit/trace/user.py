@@ -1,0 +1,158 @@
+"""Trace a training step of any nn.Module: `trace(model_or_factory, batch, setup)`.
+
+The module is made fake (a real module is copied with FakeCopyMode, a factory is called under the
+fake mode, so a 70B factory costs nothing), wrapped so that `model(**batch).loss` works, and run
+through the same standard step (trainfit.step.run_step) and recorder as `trace_spec`.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import time
+from collections.abc import Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeCopyMode, is_fake
+
+from ..errors import EngineUnavailableError, SetupError
+from ..estimate import Estimate
+from ..setup import Setup
+from .engine import (
+    NOTES,
+    check_setup,
+    device_notes,
+    estimate_from,
+    use_cuda_optimizer_default,
+)
+from .fake import fake_mode, translated_errors
+
+
+def load_factory(ref: str) -> Callable:
+    """"pkg.module:function" -> the function (a model factory for `trace`)."""
+    mod_name, _, attr = ref.partition(":")
+    if not mod_name or not attr:
+        raise SetupError(f"model factory {ref!r} must look like 'package.module:function'")
+    try:
+        obj = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise SetupError(f"cannot load model factory {ref!r}: {e}") from e
+    if not callable(obj):
+        raise SetupError(f"model factory {ref!r} is not callable")
+    return obj
+
+
+class _Out:
+    def __init__(self, loss):
+        self.loss = loss
+
+
+class _LossModule(torch.nn.Module):
+    """Gives any module the HF interface run_step expects: model(**batch).loss.
+
+    Loss: the output's `.loss` if it has one, else the first element of a tuple/list output, else
+    the output itself; a non-scalar output is reduced with `.float().mean()` (NB: that reduction's
+    own temporaries are counted; a real loss function would have others of similar size).
+    """
+
+    def __init__(self, module: torch.nn.Module, positional: bool):
+        super().__init__()
+        self.module = module
+        self.positional = positional
+
+    def forward(self, **batch):
+        out = self.module(*batch.values()) if self.positional else self.module(**batch)
+        loss = getattr(out, "loss", None)
+        if loss is None:
+            loss = out[0] if isinstance(out, (tuple, list)) else out
+        if loss.dim() != 0:
+            loss = loss.float().mean()
+        return _Out(loss)
+
+
+def _as_batch(batch) -> tuple[dict, bool]:
+    """A micro-batch as keyword fields, and whether the module takes them positionally."""
+    if isinstance(batch, dict):
+        return batch, False
+    if isinstance(batch, torch.Tensor):
+        return {"input": batch}, True
+    if isinstance(batch, (tuple, list)):
+        return {f"arg{i}": t for i, t in enumerate(batch)}, True
+    raise SetupError(f"batch must be a tensor, a tuple of tensors or a dict of tensors, not {type(batch).__name__}")
+
+
+def _cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """model.to(dtype) for a model of fake tensors: Module.to would swap_tensors, which fake tensors
+    copied with FakeCopyMode refuse (they carry weakrefs); assigning .data converts in place."""
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point():
+                t.data = t.data.to(dtype)
+
+
+def _fake_model(model_or_factory, batch, mode):
+    """(fake model, example batch) from a module or a factory. Call inside `mode` for factories."""
+    if isinstance(model_or_factory, torch.nn.Module):
+        with FakeCopyMode(mode):
+            return copy.deepcopy(model_or_factory), batch
+    made = model_or_factory()
+    model, example = made if isinstance(made, tuple) else (made, None)
+    return model, (batch if batch is not None else example)
+
+
+def _fake_batches(batch, mode, dtype: torch.dtype, n: int) -> tuple[list[dict], bool]:
+    """`n` fake micro-batches like `batch` (each its own tensors, as in a real loop); floating inputs
+    in the parameters' dtype (a bf16 model is fed bf16)."""
+    if batch is None:
+        raise SetupError("trace() needs an example batch (or a factory returning (model, batch))")
+    fields, positional = _as_batch(batch)
+    first = {}
+    for k, v in fields.items():
+        if isinstance(v, torch.Tensor):
+            v = v if is_fake(v) else mode.from_tensor(v)
+            if v.is_floating_point() and dtype != torch.float32:
+                v = v.to(dtype)
+        first[k] = v
+    more = [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in first.items()} for _ in range(n - 1)]
+    return [first] + more, positional
+
+
+def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bool = True) -> Estimate:
+    """Trace a training step of any nn.Module.
+
+    model_or_factory: an nn.Module (its real weights are copied as fake tensors; it is not run or
+    changed), a callable returning a model or (model, example_batch), or "pkg.mod:fn".
+    `batch`: one micro-batch (tensor, tuple or dict), repeated `setup.grad_accum` times. The model
+    is cast to bf16 for bf16 precisions.
+    """
+    from ..step import make_optimizer
+    from ..step.build import param_dtype
+    from ..step.standard import enable_recompute
+    from .train import record_train_step, warm_up_optimizer
+
+    setup = setup or Setup(device="cpu")
+    check_setup(setup)
+    if setup.mode != "train":
+        raise EngineUnavailableError("trace(model, ...) traces training steps; for inference use trace_spec")
+    if isinstance(model_or_factory, str):
+        model_or_factory = load_factory(model_or_factory)
+    t0 = time.perf_counter()
+    mode = fake_mode()
+    dtype = param_dtype(setup)
+    with translated_errors(getattr(model_or_factory, "__name__", type(model_or_factory).__name__)), mode:
+        model, batch = _fake_model(model_or_factory, batch, mode)
+        batches, positional = _fake_batches(batch, mode, dtype, setup.grad_accum)
+        if dtype != torch.float32:
+            _cast_floating(model, dtype)
+        model.train()
+        if setup.recompute != "none":
+            enable_recompute(model, setup)
+        wrapped = _LossModule(model, positional)
+        optimizer = make_optimizer(model, setup)
+        if setup.device == "cuda":
+            use_cuda_optimizer_default(optimizer)
+        warm_up_optimizer(wrapped, optimizer)
+        rec, an = record_train_step(wrapped, optimizer, batches, setup, count_flops=flops,
+                                    round_cuda=setup.device == "cuda", named=model)
+    tokens = setup.batch * setup.seq * setup.grad_accum
+    return estimate_from(type(model).__name__, model, setup, rec, an, tokens, time.perf_counter() - t0,
+                     NOTES + tuple(device_notes(setup)))

@@ -1,0 +1,245 @@
+"""`trainfit serve`: a local web app on FastAPI (the `web` extra: fastapi + uvicorn).
+
+Routes
+  GET  /                      the page (page.py: one HTML document, vanilla JS, nothing fetched from elsewhere)
+  GET  /api/estimate?model=…  exactly `estimate_dict(api.analytic(req))`, the object `trainfit estimate --json` prints
+  POST /api/estimate          the same, for a pasted config.json: {"config": {...} or "<json text>", knobs...}
+  POST /api/view              what the page shows: the estimate plus its formatted rows and the phase chart's bars
+  GET  /api/timeline.svg?…    the trace engine's memory timeline (needs trainfit[torch]; seconds per call)
+  GET  /api/models, /api/gpus the catalogs (for the page's dropdowns)
+
+Every error a user can cause answers HTTP 400 (a TrainfitError: unknown model, batch 0, tp not dividing the
+heads, a malformed pasted config) or 422 (a parameter of the wrong type), with the body {"error": "<one line>"}.
+The app computes nothing itself: the numbers come from trainfit.api and the formatting from trainfit.report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from functools import lru_cache
+from typing import Annotated, Any, Optional, Union
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from .. import api
+from ..errors import ConfigError, SetupError, TrainfitError
+from ..estimate import Estimate
+from ..report.json_out import estimate_dict
+
+
+class Knobs(BaseModel):
+    """The setup knobs, with `trainfit estimate`'s defaults (query parameters or JSON body fields)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    batch: int = 1
+    seq: int = 2048
+    grad_accum: int = 1
+    precision: Optional[str] = None
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    attention: str = "auto"
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    device: str = "cuda"
+    gpu: Optional[str] = None
+    mode: str = "train"
+    mfu: float = 0.4
+    tokens: Optional[float] = None
+    price: Optional[float] = None
+    kv_dtype: Optional[str] = None
+
+
+class PastedKnobs(Knobs):
+    config: Union[dict[str, Any], str, None] = None  # a pasted config.json (object or its text)
+
+
+def _blank_to_none(v):
+    return None if isinstance(v, str) and not v.strip() else v
+
+
+def to_request(k: Knobs, model: str | None = None) -> api.Request:
+    fields = k.model_dump(exclude={"config"})
+    fields = {name: _blank_to_none(v) for name, v in fields.items()}
+    fields["model"] = model if model is not None else fields["model"]
+    for name in ("optimizer", "recompute", "attention", "device", "mode"):  # blank -> the CLI default
+        if fields[name] is None:
+            fields.pop(name)
+    return api.Request(**fields)
+
+
+def _catalog_ref(model: str | None) -> str:
+    """The web app resolves catalog names and cached hub ids, not paths on the server's disk."""
+    if model is None or not model.strip():
+        raise SetupError("choose a model: a catalog name (see /api/models) or paste a config.json")
+    m = model.strip()
+    if m.startswith(("/", ".", "~")) or "\\" in m or os.path.exists(m):
+        raise SetupError(f"model {m!r}: the web app takes catalog names or hub ids; paste a config.json for other models")
+    return m
+
+
+def parse_config(config: Union[dict, str, None]) -> dict:
+    if config is None or (isinstance(config, str) and not config.strip()):
+        raise ConfigError("paste a config.json (a JSON object with the model's architecture)")
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"the pasted config.json is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"the pasted config.json must be a JSON object, not {type(config).__name__}")
+    return config
+
+
+def estimate_pasted(k: PastedKnobs) -> Estimate:
+    """The analytic engine on a pasted config.json (as api.analytic, with the spec from the text)."""
+    from ..analytic.engine import estimate
+    from ..models.hf_config import spec_from_config
+
+    data = parse_config(k.config)
+    name = str(data.get("_name_or_path") or data.get("model_type") or "pasted-config").split("/")[-1] or "pasted-config"
+    req = to_request(k, model=name)
+    try:
+        spec = spec_from_config(data, name, source="pasted config.json")
+        return estimate(spec, req.setup(), api.load_gpu(req.gpu, req.price), mfu=req.mfu, tokens=req.tokens)
+    except TrainfitError:
+        raise
+    except (ValueError, TypeError, KeyError, ArithmeticError, AttributeError) as e:
+        # NB: spec_from_config validates the fields it reads; this catches values of the wrong JSON type
+        raise ConfigError(f"the pasted config.json cannot be estimated: {type(e).__name__}: {e}") from None
+
+
+def estimate_for(k: PastedKnobs) -> Estimate:
+    if k.config is not None and not (isinstance(k.config, str) and not k.config.strip()):
+        return estimate_pasted(k)
+    return api.analytic(to_request(k, model=_catalog_ref(k.model)))
+
+
+def view(e: Estimate) -> dict:
+    """What the page draws: the estimate, its formatted rows and the phase chart's stacked bars."""
+    from ..report import plots
+    from ..report.terminal import PHASE_NAMES, memory_rows, setup_line
+    from ..units import fmt_bytes, fmt_count, fmt_seconds
+
+    m, t = e.memory, e.time
+    summary = {"model": e.model, "setup": setup_line(e), "peak": m.peak, "peak_text": fmt_bytes(m.peak),
+               "peak_phase": PHASE_NAMES.get(m.peak_phase, m.peak_phase), "params_text": fmt_count(e.params),
+               "fits": None, "gpu": None}
+    if t is not None:
+        summary.update(fits=t.fits, gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom))
+        if e.setup.mode == "train":
+            summary.update(time_text=f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "
+                                     f"{fmt_count(t.tokens_per_second)} tokens/s")
+        else:
+            summary.update(time_text=f"prefill {fmt_seconds(t.prefill_seconds)} · decode "
+                                     f"{t.decode_tokens_per_second:,.0f} tokens/s · max batch {t.max_batch:,}")
+    rows = [{"name": n, "bytes": v, "text": fmt_bytes(v)} for n, v in memory_rows(e)]
+    rows += [{"name": f"at {PHASE_NAMES.get(p, p)}", "bytes": v, "text": fmt_bytes(v), "phase": True,
+              "peak": p == m.peak_phase} for p, v in m.phases.items()]
+    bars = []
+    for phase, cats in plots.phase_breakdown(e):
+        parts = [{"key": k, "label": plots.category_label(k), "color": plots._BY_KEY[k].color,
+                  "hatch": bool(plots._BY_KEY[k].hatch), "bytes": v, "text": fmt_bytes(v)} for k, v in cats.items()]
+        total = sum(cats.values())
+        bars.append({"phase": phase, "label": plots.PHASE_LABELS.get(phase, phase), "total": total,
+                     "total_text": fmt_bytes(total), "peak": phase == m.peak_phase, "parts": parts})
+    gpu_mem = None
+    if t is not None:
+        from ..hardware import get_gpu
+
+        gpu_mem = get_gpu(t.gpu).memory
+    return {"estimate": estimate_dict(e), "summary": summary, "rows": rows, "bars": bars, "capacity": gpu_mem,
+            "notes": list(e.notes)}
+
+
+_trace_lock = threading.Lock()  # one fake-tensor trace at a time (they are CPU-bound and use global torch state)
+
+
+@lru_cache(maxsize=16)
+def _timeline_svg(req: api.Request) -> str:
+    from ..report import plots
+    from ..report.commands import trace_estimate
+
+    spec = api.load_spec(req.model)
+    with _trace_lock:
+        traced = trace_estimate(req, fast=spec.layers > 16)
+    fig = plots.plot_timeline(traced, gpu=api.load_gpu(req.gpu, req.price))
+    return plots.svg_text(fig)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    first = message.strip().splitlines()[0] if message.strip() else "bad request"
+    return JSONResponse({"error": first}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x not in ("query", "body"))
+        parts.append(f"{loc or 'request'}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app() -> FastAPI:
+    # No Swagger UI: it loads its scripts from a CDN, and this app must work offline. The schema is served.
+    app = FastAPI(title="trainfit", description="Will it train (or serve) on my hardware?", docs_url=None,
+                  redoc_url=None, openapi_url="/api/openapi.json")
+
+    @app.exception_handler(TrainfitError)
+    async def _trainfit_error(request: Request, exc: TrainfitError):
+        return _error(400, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return _error(422, _validation_message(exc))
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> HTMLResponse:
+        from .page import PAGE
+
+        return HTMLResponse(PAGE)
+
+    @app.get("/api/estimate")
+    def get_estimate(knobs: Annotated[Knobs, Query()]) -> JSONResponse:
+        """The analytic estimate for a catalog model: exactly `trainfit estimate MODEL ... --json`."""
+        return JSONResponse(estimate_dict(api.analytic(to_request(knobs, model=_catalog_ref(knobs.model)))))
+
+    @app.post("/api/estimate")
+    def post_estimate(knobs: PastedKnobs) -> JSONResponse:
+        """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
+        return JSONResponse(estimate_dict(estimate_for(knobs)))
+
+    @app.post("/api/view")
+    def post_view(knobs: PastedKnobs) -> JSONResponse:
+        return JSONResponse(view(estimate_for(knobs)))
+
+    @app.get("/api/timeline.svg")
+    def get_timeline(knobs: Annotated[Knobs, Query()]) -> Response:
+        req = to_request(knobs, model=_catalog_ref(knobs.model))
+        req.setup()  # bad knobs: a 400 before any trace
+        return Response(_timeline_svg(req), media_type="image/svg+xml")
+
+    @app.get("/api/models")
+    def get_models() -> JSONResponse:
+        return JSONResponse(_models())
+
+    @app.get("/api/gpus")
+    def get_gpus() -> JSONResponse:
+        from ..hardware import list_gpus
+
+        return JSONResponse([{"name": g.name, "memory": g.memory, "vendor": g.vendor} for g in list_gpus()])
+
+    return app
+
+
+@lru_cache(maxsize=1)
+def _models() -> list[dict]:
+    return [{"name": m["name"], "family": m["family"], "params": m["params"]} for m in api.catalog_models()]

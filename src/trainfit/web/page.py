@@ -1,0 +1,271 @@
+"""The web app's one page: HTML, CSS and vanilla JavaScript in one string (no build step, nothing external).
+
+The page posts the form to /api/view on every change and draws what comes back: the verdict, the breakdown
+table and a stacked bar chart of memory at each phase (an inline SVG built here from the server's bars).
+Element ids used by the end-to-end test: #batch (and every knob by its name), #peak (data-bytes holds the
+peak in bytes), #verdict, #error, #status.
+"""
+
+PAGE = r"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>trainfit — will it train?</title>
+<style>
+:root { --fg:#1d2330; --muted:#5b6475; --line:#e3e6ec; --ok:#1a7f37; --bad:#c62828; --accent:#4C72B0; }
+* { box-sizing: border-box; }
+body { margin:0; font: 14px/1.45 -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, Arial, sans-serif;
+       color: var(--fg); background:#f6f7f9; }
+header { padding: 14px 24px; background:#fff; border-bottom:1px solid var(--line); }
+header h1 { margin:0; font-size:20px; } header p { margin:2px 0 0; color:var(--muted); }
+.wrap { display:grid; grid-template-columns: 330px minmax(0,1fr); gap:18px; padding:18px 24px; max-width:1300px; }
+@media (max-width: 860px) { .wrap { grid-template-columns: 1fr; } }
+form, .panel { background:#fff; border:1px solid var(--line); border-radius:8px; padding:14px 16px; }
+fieldset { border:none; padding:0; margin:0 0 10px; }
+legend { font-weight:600; margin-bottom:4px; }
+label { display:flex; justify-content:space-between; align-items:center; gap:8px; margin:5px 0; }
+label span { color:var(--muted); }
+input, select, textarea { font: inherit; padding:3px 6px; border:1px solid #c9ced8; border-radius:5px; width: 150px; }
+textarea { width:100%; height:140px; font: 12px/1.3 ui-monospace, Menlo, Consolas, monospace; }
+.src { display:flex; gap:14px; margin-bottom:6px; } .src label { margin:0; } .src input { width:auto; }
+.grid2 { display:grid; grid-template-columns: 1fr 1fr; gap: 0 12px; } .grid2 input, .grid2 select { width: 80px; }
+#error { display:none; background:#fdecea; color:var(--bad); border:1px solid #f5c2c0; border-radius:6px;
+         padding:8px 12px; margin-bottom:12px; font-weight:600; }
+.cards { display:flex; flex-wrap:wrap; gap:12px; margin-bottom:14px; }
+.card { background:#fff; border:1px solid var(--line); border-radius:8px; padding:10px 14px; min-width:180px; }
+.card .k { color:var(--muted); font-size:11.5px; text-transform:uppercase; letter-spacing:.04em; }
+.card .v { font-size:24px; font-weight:650; }
+.ok { color:var(--ok); } .bad { color:var(--bad); }
+table { border-collapse:collapse; width:100%; font-size:13px; }
+td { border-bottom:1px solid var(--line); padding:3px 6px; } td:last-child { text-align:right; font-variant-numeric: tabular-nums; }
+tr.phase td { color:var(--muted); } tr.peak td { font-weight:700; }
+.cols { display:grid; grid-template-columns: minmax(0,3fr) minmax(0,2fr); gap:16px; }
+@media (max-width: 1100px) { .cols { grid-template-columns: 1fr; } }
+#chart svg { width:100%; height:auto; } #timeline img, #timeline svg { width:100%; height:auto; }
+.muted, #notes { color:var(--muted); font-size:12px; } #status { color:var(--muted); font-size:12px; min-height:1.2em; }
+button { font:inherit; padding:5px 12px; border-radius:6px; border:1px solid var(--accent); background:var(--accent); color:#fff; cursor:pointer; }
+button:disabled { opacity:.6; cursor:wait; }
+</style>
+</head>
+<body>
+<header><h1>trainfit — will it train (or serve) on this GPU?</h1>
+<p>Memory per GPU by category and phase, the fit verdict and step time, from the analytic engine. API: <code>/api/estimate?model=…</code> · schema <a href="/api/openapi.json">/api/openapi.json</a></p></header>
+<div class="wrap">
+<form id="form" autocomplete="off" onsubmit="return false">
+  <fieldset><legend>Model</legend>
+    <div class="src">
+      <label><input type="radio" name="source" value="catalog" checked> catalog</label>
+      <label><input type="radio" name="source" value="config"> paste config.json</label>
+    </div>
+    <div id="catalog-box"><select id="model" name="model" style="width:100%"></select></div>
+    <div id="config-box" style="display:none"><textarea id="config" name="config" placeholder='{"model_type": "llama", "hidden_size": 4096, ...}'></textarea></div>
+  </fieldset>
+  <fieldset><legend>Hardware</legend>
+    <label>GPU <select id="gpu" name="gpu"></select></label>
+    <label>mode <select id="mode" name="mode"><option value="train">train</option><option value="infer">infer</option></select></label>
+    <label>kernels <select id="device" name="device"><option>cuda</option><option>cpu</option></select></label>
+    <label>MFU <input id="mfu" name="mfu" type="number" value="0.4" min="0.01" max="1" step="0.05"></label>
+  </fieldset>
+  <fieldset><legend>Step</legend>
+    <label>micro-batch <input id="batch" name="batch" type="number" value="1" min="1" step="1"></label>
+    <label>sequence <input id="seq" name="seq" type="number" value="2048" min="1" step="256"></label>
+    <label>grad accum <input id="grad_accum" name="grad_accum" type="number" value="1" min="1" step="1"></label>
+    <label>precision <select id="precision" name="precision"></select></label>
+    <label>optimizer <select id="optimizer" name="optimizer">
+      <option>adamw</option><option>adam</option><option>sgd</option><option>momentum</option><option>adafactor</option><option>adamw-8bit</option><option>lion</option></select></label>
+    <label>recompute <select id="recompute" name="recompute"><option>none</option><option>selective</option><option>full</option></select></label>
+    <label>attention <select id="attention" name="attention"><option>auto</option><option>flash</option><option>sdpa</option><option>eager</option></select></label>
+  </fieldset>
+  <fieldset><legend>Parallelism</legend>
+    <div class="grid2">
+      <label>dp <input id="dp" name="dp" type="number" value="1" min="1"></label>
+      <label>tp <input id="tp" name="tp" type="number" value="1" min="1"></label>
+      <label>pp <input id="pp" name="pp" type="number" value="1" min="1"></label>
+      <label>ZeRO <select id="zero" name="zero"><option>0</option><option>1</option><option>2</option><option>3</option></select></label>
+    </div>
+    <label>sequence parallel <input id="sequence_parallel" name="sequence_parallel" type="checkbox" style="width:auto"></label>
+  </fieldset>
+  <div id="status"></div>
+</form>
+<div>
+  <div id="error" role="alert"></div>
+  <div class="cards">
+    <div class="card"><div class="k">peak memory per GPU</div><div class="v" id="peak" data-bytes="">–</div><div class="muted" id="peak-phase"></div></div>
+    <div class="card"><div class="k" id="verdict-k">fit</div><div class="v" id="verdict">–</div><div class="muted" id="headroom"></div></div>
+    <div class="card"><div class="k">parameters</div><div class="v" id="params">–</div><div class="muted" id="time"></div></div>
+  </div>
+  <div class="panel">
+    <div class="muted" id="setup"></div>
+    <div class="cols">
+      <div id="chart"></div>
+      <div><table id="rows"></table></div>
+    </div>
+    <div id="notes"></div>
+  </div>
+  <div class="panel" style="margin-top:14px">
+    <button id="trace-btn" type="button">Trace the step's memory timeline</button>
+    <span class="muted">the real PyTorch step on fake tensors (needs trainfit[torch]; a few seconds, longer for big models)</span>
+    <div id="timeline"></div>
+  </div>
+</div>
+</div>
+<script>
+"use strict";
+const PRECISIONS = {train: ["amp-bf16", "amp-fp16", "bf16", "bf16-master", "fp32"],
+                    infer: ["bf16", "fp16", "fp32", "fp8", "int8", "int4"]};
+const $ = (id) => document.getElementById(id);
+let seq = 0, timer = null;
+
+function setPrecisions() {
+  const mode = $("mode").value, sel = $("precision"), old = sel.value;
+  sel.innerHTML = PRECISIONS[mode].map(p => `<option>${p}</option>`).join("");
+  if (PRECISIONS[mode].includes(old)) sel.value = old;
+}
+
+function knobs() {
+  const f = $("form"), body = {};
+  for (const name of ["batch", "seq", "grad_accum", "dp", "tp", "pp", "zero", "mfu"]) body[name] = f.elements[name].value;
+  for (const name of ["precision", "optimizer", "recompute", "attention", "device", "mode", "gpu"]) body[name] = f.elements[name].value || null;
+  body.sequence_parallel = $("sequence_parallel").checked;
+  if (f.elements["source"].value === "config") body.config = $("config").value; else body.model = $("model").value;
+  return body;
+}
+
+function esc(s) { return String(s).replace(/[&<>"']/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c])); }
+
+function showError(msg) { const e = $("error"); e.textContent = msg || ""; e.style.display = msg ? "block" : "none"; }
+
+async function update() {
+  const mine = ++seq;
+  $("status").textContent = "estimating…";
+  let resp, data;
+  try {
+    resp = await fetch("/api/view", {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(knobs())});
+    data = await resp.json();
+  } catch (err) {
+    if (mine === seq) { showError("the trainfit server did not answer: " + err); $("status").textContent = ""; }
+    return;
+  }
+  if (mine !== seq) return;  // a newer request is on its way
+  $("status").textContent = "";
+  if (!resp.ok) { showError(data.error || ("HTTP " + resp.status)); return; }
+  showError("");
+  render(data);
+}
+
+function schedule() { clearTimeout(timer); timer = setTimeout(update, 120); }
+
+function render(v) {
+  const s = v.summary;
+  $("peak").textContent = s.peak_text;
+  $("peak").dataset.bytes = String(s.peak);
+  $("peak-phase").textContent = "at " + s.peak_phase;
+  $("params").textContent = s.params_text;
+  $("time").textContent = s.time_text || "";
+  $("setup").textContent = s.model + " · " + s.setup;
+  if (s.fits === null) {
+    $("verdict-k").textContent = "fit"; $("verdict").textContent = "pick a GPU"; $("verdict").className = "v";
+    $("headroom").textContent = "";
+  } else {
+    $("verdict-k").textContent = "on " + s.gpu;
+    $("verdict").textContent = s.fits ? "fits" : "does not fit";
+    $("verdict").className = "v " + (s.fits ? "ok" : "bad");
+    $("headroom").textContent = "headroom " + s.headroom_text;
+  }
+  $("rows").innerHTML = v.rows.map(r =>
+    `<tr class="${r.phase ? "phase" : ""} ${r.peak ? "peak" : ""}"><td>${esc(r.name)}${r.peak ? " ◀ peak" : ""}</td><td>${esc(r.text)}</td></tr>`).join("");
+  $("notes").innerHTML = v.notes.map(n => "· " + esc(n)).join("<br>");
+  $("chart").innerHTML = chart(v.bars, v.capacity, s.gpu);
+}
+
+function unitFor(x) {
+  const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  for (const [n, s] of units) if (x >= 2 * s) return [n, s];
+  return ["B", 1];
+}
+
+function niceStep(max) {
+  const raw = max / 5, p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
+  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+}
+
+function chart(bars, capacity, gpu) {
+  const W = 560, H = 330, L = 56, R = 12, T = 22, B = 40;
+  const top = Math.max(...bars.map(b => b.total), capacity || 0) * 1.12 || 1;
+  const [un, us] = unitFor(top), ymax = top / us, step = niceStep(ymax);
+  const y = (bytes) => T + (H - T - B) * (1 - bytes / us / ymax);
+  const bw = Math.min(90, (W - L - R) / bars.length * 0.55);
+  let out = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="memory at each phase">`;
+  out += `<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#777" stroke-width="1.2"/></pattern></defs>`;
+  for (let t = 0; t <= ymax + 1e-9; t += step) {
+    const yy = y(t * us);
+    out += `<line x1="${L}" x2="${W - R}" y1="${yy}" y2="${yy}" stroke="#eee"/><text x="${L - 6}" y="${yy + 4}" font-size="11" text-anchor="end" fill="#555">${+t.toFixed(2)}</text>`;
+  }
+  out += `<text x="14" y="${(H - B + T) / 2}" font-size="11" fill="#555" transform="rotate(-90 14 ${(H - B + T) / 2})" text-anchor="middle">memory per GPU (${un})</text>`;
+  const legend = new Map();
+  bars.forEach((b, i) => {
+    const cx = L + (W - L - R) * (i + 0.5) / bars.length, x = cx - bw / 2;
+    let acc = 0;
+    for (const p of b.parts) {
+      const y1 = y(acc + p.bytes), y0 = y(acc);
+      out += `<rect x="${x}" y="${y1}" width="${bw}" height="${Math.max(0, y0 - y1)}" fill="${p.color}"><title>${esc(p.label)}: ${esc(p.text)}</title></rect>`;
+      if (p.hatch) out += `<rect x="${x}" y="${y1}" width="${bw}" height="${Math.max(0, y0 - y1)}" fill="url(#hatch)"/>`;
+      acc += p.bytes; legend.set(p.key, p);
+    }
+    out += `<text x="${cx}" y="${y(b.total) - 5}" font-size="11.5" text-anchor="middle" font-weight="${b.peak ? 700 : 400}">${b.peak ? "peak " : ""}${esc(b.total_text)}</text>`;
+    out += `<text x="${cx}" y="${H - B + 16}" font-size="12" text-anchor="middle">${esc(b.label)}</text>`;
+  });
+  if (capacity) {
+    const yy = y(capacity);
+    out += `<line x1="${L}" x2="${W - R}" y1="${yy}" y2="${yy}" stroke="#D62728" stroke-width="1.5" stroke-dasharray="6 4"/>`;
+    out += `<text x="${W - R}" y="${yy - 4}" font-size="11" text-anchor="end" fill="#D62728">${esc(gpu)} memory</text>`;
+  }
+  out += `<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/></svg>`;
+  out += `<div class="muted">` + [...legend.values()].reverse().map(p =>
+    `<span style="display:inline-block;width:10px;height:10px;background:${p.color};margin:0 4px 0 10px"></span>${esc(p.label)}`).join("") + `</div>`;
+  return out;
+}
+
+async function trace() {
+  const btn = $("trace-btn"), body = knobs();
+  if (body.config !== undefined) { $("timeline").innerHTML = '<p class="muted">the timeline traces catalog models only here; use `trainfit timeline ./config.json`</p>'; return; }
+  const q = new URLSearchParams(Object.entries(body).filter(([k, v]) => v !== null && v !== "")).toString();
+  btn.disabled = true; $("timeline").innerHTML = '<p class="muted">tracing…</p>';
+  try {
+    const resp = await fetch("/api/timeline.svg?" + q);
+    if (!resp.ok) { const d = await resp.json(); $("timeline").innerHTML = `<p class="bad">${esc(d.error)}</p>`; }
+    else $("timeline").innerHTML = await resp.text();
+  } catch (err) { $("timeline").innerHTML = `<p class="bad">${esc(err)}</p>`; }
+  btn.disabled = false;
+}
+
+async function init() {
+  const [models, gpus] = await Promise.all([fetch("/api/models").then(r => r.json()), fetch("/api/gpus").then(r => r.json())]);
+  const fams = new Map();
+  for (const m of models) { if (!fams.has(m.family)) fams.set(m.family, []); fams.get(m.family).push(m); }
+  const fmtP = (n) => n >= 1e9 ? (n / 1e9).toFixed(1) + "B" : (n / 1e6).toFixed(n >= 1e7 ? 0 : 1) + "M";
+  $("model").innerHTML = [...fams].map(([f, ms]) => `<optgroup label="${esc(f)}">` +
+    ms.map(m => `<option value="${esc(m.name)}">${esc(m.name)} (${fmtP(m.params)})</option>`).join("") + "</optgroup>").join("");
+  $("model").value = models.some(m => m.name === "llama-3.1-8b") ? "llama-3.1-8b" : models[0].name;
+  $("gpu").innerHTML = `<option value="">(none)</option>` + gpus.map(g => `<option>${esc(g.name)}</option>`).join("");
+  $("gpu").value = gpus.some(g => g.name === "H100-80GB") ? "H100-80GB" : "";
+  setPrecisions();
+  $("form").addEventListener("input", schedule);
+  $("form").addEventListener("change", (ev) => {
+    if (ev.target.name === "mode") setPrecisions();
+    if (ev.target.name === "source") {
+      const cfg = $("form").elements["source"].value === "config";
+      $("catalog-box").style.display = cfg ? "none" : ""; $("config-box").style.display = cfg ? "" : "none";
+    }
+    schedule();
+  });
+  $("trace-btn").addEventListener("click", trace);
+  await update();
+  document.body.dataset.ready = "1";
+}
+init().catch(err => showError("could not load the catalogs: " + err));
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,189 @@
+"""The planner: layout constraints, batch consistency, agreement with the analytic engine, a hand-checkable optimum,
+'nothing fits', launch configs, bad inputs. Fast (no torch)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from trainfit.analytic.engine import estimate, validate_layout
+from trainfit.analytic.memory import train_memory
+from trainfit.api import load_spec
+from trainfit.errors import SetupError, TrainfitError
+from trainfit.hardware import get_gpu
+from trainfit.plan import emit
+from trainfit.plan.fit import PeakOracle
+from trainfit.analytic.params import count_params
+from trainfit.plan.search import PlanQuery, capacity, search
+from trainfit.plan.space import Layout, batch_splits, layouts, tp_allowed
+from trainfit.setup import Setup
+
+
+@pytest.fixture(scope="module")
+def l8b():
+    return load_spec("llama-3.1-8b")
+
+
+def test_layouts_respect_the_model_shape(l8b):
+    spec = l8b  # 32 heads, 8 kv heads, MLP 14336 = 2^11·7, 32 layers
+    for lay in layouts(spec, 64, 8):
+        assert lay.dp * lay.tp * lay.pp == 64
+        assert spec.heads % lay.tp == 0 and spec.intermediate % lay.tp == 0 and lay.tp <= 8
+        assert spec.layers % lay.pp == 0
+        validate_layout(spec, Setup(dp=lay.dp, tp=lay.tp, pp=lay.pp, grad_accum=max(lay.pp, 1)))
+    assert not tp_allowed(spec, 16, 8)  # beyond a node
+    assert not tp_allowed(replace(spec, heads=24, kv_heads=8), 16, 16)  # 16 does not divide 24 heads
+    assert {lay.pp for lay in layouts(load_spec("llama-3.1-405b"), 16384, 8)} == {1, 2}  # 126 layers
+
+
+def test_global_batch_is_respected():
+    lay = Layout(dp=8, tp=1, pp=2)
+    gseqs = 4e6 / 8192  # 488.3 sequences
+    for b, accum in batch_splits(lay, gseqs, 64, 0.05):
+        assert accum >= lay.pp
+        assert abs(b * accum * lay.dp - gseqs) <= 0.05 * gseqs
+    r = search(load_spec("llama-3.1-8b"), get_gpu("H100-80GB"), PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**21))
+    for c in r.candidates:
+        assert abs(c.setup.tokens_per_step - 2**21) <= 0.05 * 2**21
+
+
+def test_peak_is_convex_nondecreasing_in_micro_batch(l8b):
+    """The property fit.PeakOracle relies on (secant bound + binary search)."""
+    pc = count_params(l8b)
+    for s in (Setup(seq=4096, dp=4, tp=2, zero=3, sequence_parallel=True),
+              Setup(seq=4096, pp=4, grad_accum=8, recompute="full", precision="bf16-master"),
+              Setup(seq=2048, attention="eager")):
+        peaks = [train_memory(l8b, s.with_(batch=b), pc).peak for b in range(1, 12)]
+        d = [b - a for a, b in zip(peaks, peaks[1:])]
+        assert all(x > 0 for x in d)
+        assert all(y - x >= -2 for x, y in zip(d, d[1:]))  # non-decreasing slopes (int rounding aside)
+
+
+def test_largest_batch_matches_brute_force(l8b):
+    o = PeakOracle(l8b, count_params(l8b))
+    base = Setup(seq=4096, dp=8, zero=1, precision="bf16-master")
+    cap = 60 * 2**30
+    brute = max(b for b in range(1, 200) if o.peak(base.with_(batch=b)) <= cap)
+    assert PeakOracle(l8b, count_params(l8b)).largest_batch(base, cap, 199) == brute
+
+
+def test_candidates_peak_equals_trainfit_estimate(l8b):
+    """The JSON contract: `trainfit estimate MODEL` with a candidate's setup gives the same peak."""
+    r = search(l8b, get_gpu("A100-80GB"), PlanQuery(gpus=16, seq=4096, global_batch_tokens=1e6, top=5))
+    assert r.candidates
+    for c in r.candidates:
+        assert estimate(l8b, c.setup).memory.peak == c.peak <= capacity(get_gpu("A100-80GB"), 0.05)
+
+
+def test_estimate_cli_gives_the_same_peak(l8b):
+    from typer.testing import CliRunner
+
+    from trainfit.cli import app
+    from trainfit.plan.command import plan
+    from trainfit.plan.report import plan_dict
+
+    r = search(l8b, get_gpu("H100-80GB"), PlanQuery(gpus=8, seq=4096, global_batch_tokens=5e5, top=2))
+    s = plan_dict(r)["candidates"][0]["setup"]
+    args = ["estimate", "llama-3.1-8b", "--json"]
+    for k in ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "dp", "tp", "pp", "zero"):
+        args += [f"--{k.replace('_', '-')}", str(s[k])]
+    if s["sequence_parallel"]:
+        args.append("--sequence-parallel")
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["memory"]["peak"] == plan_dict(r)["candidates"][0]["memory"]["peak"]
+
+
+def test_hand_checkable_optimum(l8b):
+    """8 H100s in one node, 8B model, 1M-token batches: everything fits without recompute, NVLink is fast and a
+    pipeline only adds a bubble and tensor parallelism only adds all-reduces, so the winner must be pure data
+    parallelism (tp = pp = 1) without recompute (its gradient all-reduce hides behind the backward over NVLink)."""
+    r = search(l8b, get_gpu("H100-80GB"), PlanQuery(gpus=8, seq=4096, global_batch_tokens=2**20))
+    best = r.candidates[0].setup
+    assert (best.tp, best.pp, best.dp) == (1, 1, 8)
+    assert best.recompute == "none"
+    tm = r.candidates[0].time
+    parts = tm.compute + tm.recompute + tm.tp_comm + tm.pp_comm + tm.bubble + tm.dp_comm + tm.optimizer
+    assert parts == pytest.approx(tm.step_seconds)
+
+
+def test_search_is_fast_for_405b_on_16k_gpus():
+    r = search(load_spec("llama-3.1-405b"), get_gpu("H100-80GB"),
+               PlanQuery(gpus=16384, seq=8192, global_batch_tokens=16 * 2**20))
+    assert r.candidates and r.stats["seconds"] < 2
+
+
+def test_nothing_fits_says_why_and_what_would():
+    r = search(load_spec("mistral-7b"), get_gpu("RTX-4090"), PlanQuery(gpus=1, seq=2048))
+    assert not r.candidates and r.diagnosis.reason == "memory"
+    assert r.diagnosis.min_gpus and r.diagnosis.min_gpus > 1
+    assert "leanest plan" in r.diagnosis.message and r.diagnosis.suggestions
+    r2 = search(load_spec("llama-3.1-8b"), get_gpu("H100-80GB"), PlanQuery(gpus=64, seq=4096, global_batch_tokens=8192))
+    assert r2.diagnosis.reason == "batch"
+
+
+@pytest.mark.parametrize("kwargs", [dict(gpus=0), dict(gpus=8, precisions=("fp8",)), dict(gpus=8, zeros=(4,)),
+                                    dict(gpus=8, tp=3), dict(gpus=8, margin=1.5), dict(gpus=8, seq=4096,
+                                    global_batch_tokens=100), dict(gpus=8, recomputes=("some",))])
+def test_bad_inputs_raise_one_line_errors(kwargs):
+    with pytest.raises(TrainfitError) as e:
+        PlanQuery(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_command_and_emits(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from trainfit.plan.command import plan
+
+    app = typer.Typer()
+    app.command()(plan)
+    app.command("noop")(lambda: None)  # keep `plan` a sub-command
+    run = CliRunner().invoke
+    out = run(app, ["plan", "llama-3.1-8b", "--gpu", "A100-80GB", "--gpus", "8", "--seq", "4096",
+                    "--global-batch-tokens", "1M", "--json"])
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.output)
+    c = d["candidates"][0]
+    assert {"batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "dp", "tp", "pp", "zero"} <= set(c["setup"])
+    assert {"peak"} <= set(c["memory"]) and {"step_seconds", "tokens_per_second"} <= set(c["time"])
+    ds = run(app, ["plan", "llama-3.1-8b", "--gpu", "A100-40GB", "--gpus", "8", "--seq", "4096",
+                   "--global-batch-tokens", "1M", "--emit", "deepspeed"])
+    assert ds.exit_code == 0, ds.output
+    cfg = json.loads(ds.stdout)
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 8
+    assert cfg["zero_optimization"]["stage"] in (0, 1, 2, 3)
+    bad = run(app, ["plan", "llama-3.1-8b", "--gpu", "A100-40GB", "--gpus", "8", "--emit", "megatron"])
+    assert bad.exit_code != 0 and isinstance(bad.exception, SetupError)
+
+
+# accelerate's documented config-file keys (accelerate docs: usage_guides/fsdp and "FSDP1 vs FSDP2")
+ACCELERATE_TOP = {"compute_environment", "debug", "distributed_type", "downcast_bf16", "fsdp_config", "machine_rank",
+                  "main_training_function", "mixed_precision", "num_machines", "num_processes", "rdzv_backend",
+                  "same_network", "use_cpu", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "gpu_ids"}
+ACCELERATE_FSDP = {"fsdp_version", "fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap",
+                   "fsdp_reshard_after_forward", "fsdp_activation_checkpointing", "fsdp_offload_params",
+                   "fsdp_cpu_ram_efficient_loading", "fsdp_state_dict_type", "fsdp_sharding_strategy",
+                   "fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_sync_module_states", "fsdp_use_orig_params",
+                   "fsdp_min_num_params"}
+
+
+def test_accelerate_yaml_keys(l8b):
+    yaml = pytest.importorskip("yaml")
+    s = Setup(batch=2, seq=4096, grad_accum=8, dp=8, zero=3, recompute="full", precision="amp-bf16")
+    text = emit.emit("accelerate", s, l8b, 8)
+    cfg = yaml.safe_load(text)
+    assert set(cfg) <= ACCELERATE_TOP and set(cfg["fsdp_config"]) <= ACCELERATE_FSDP
+    assert cfg["distributed_type"] == "FSDP" and cfg["fsdp_config"]["fsdp_reshard_after_forward"] is True
+    assert cfg["num_processes"] == 8 and cfg["mixed_precision"] == "bf16" and cfg["downcast_bf16"] == "no"
+    with pytest.raises(SetupError):
+        emit.emit("accelerate", s.with_(tp=2, dp=4, sequence_parallel=True), l8b, 8)
+
+
+def test_torchrun_command(l8b):
+    s = Setup(batch=1, seq=8192, grad_accum=16, dp=4, tp=8, pp=2, zero=3, precision="amp-bf16", sequence_parallel=True)
+    cmd = emit.emit("torchrun", s, l8b, 8)
+    assert "--nnodes=8" in cmd and "--parallelism.tensor_parallel_degree 8" in cmd
+    assert "--parallelism.pipeline_parallel_degree 2" in cmd and "--training.global_batch_size 64" in cmd

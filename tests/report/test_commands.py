@@ -1,0 +1,109 @@
+"""The visual commands through a throwaway typer app (cli.py registers the same functions)."""
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+pytest.importorskip("matplotlib")
+
+from trainfit.errors import EngineUnavailableError, TrainfitError  # noqa: E402
+from trainfit.report import commands  # noqa: E402
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+
+
+@pytest.fixture(scope="module")
+def app():
+    a = typer.Typer(pretty_exceptions_enable=False, rich_markup_mode=None)
+    for fn in (commands.timeline, commands.sweep, commands.report, commands.serve):
+        a.command()(fn)
+    return a
+
+
+def invoke(app, *args):
+    return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+
+def test_help_has_examples(app):
+    for name in ("timeline", "sweep", "report", "serve"):
+        r = invoke(app, name, "--help")
+        assert r.exit_code == 0, r.output
+        assert "Examples" in r.output and f"trainfit {name}" in r.output
+
+
+def test_sweep_json_and_plot(app, tmp_path):
+    out = tmp_path / "seq.png"
+    r = invoke(app, "sweep", "llama-3.1-8b", "--vary", "seq", "512:4096", "--attention", "eager,flash",
+               "-o", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["variants"] == ["eager", "flash"] and d["values"] == [512, 1024, 2048, 4096]
+    assert d["output"] == str(out) and out.stat().st_size > 5000
+    r = invoke(app, "sweep", "llama-3.2-1b", "--vary", "batch", "1:64", "--gpu", "H100-80GB")
+    assert r.exit_code == 0, r.output
+    assert "fits on H100-80GB up to batch" in r.output
+
+
+def test_sweep_user_errors_are_trainfit_errors(app):
+    r = invoke(app, "sweep", "llama-3.1-8b", "--vary", "colour", "1,2")
+    assert isinstance(r.exception, TrainfitError)
+    r = invoke(app, "sweep", "no-such-model", "--vary", "batch", "1:4")
+    assert isinstance(r.exception, TrainfitError)
+
+
+def test_report_without_trace(app, tmp_path):
+    out = tmp_path / "r.html"
+    r = invoke(app, "report", "llama-3.2-1b", "--gpu", "H100-80GB", "--no-trace", "--vary", "seq", "512:4096",
+               "-o", str(out))
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "Memory at each phase" in text and "Training vs inference" in text and "Sweep over seq" in text
+    r = invoke(app, "report", "llama-3.2-1b", "-o", str(tmp_path / "r.txt"))
+    assert isinstance(r.exception, TrainfitError)
+
+
+def test_timeline_without_trace_engine_is_one_clear_error(app, tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_torch(name, *a, **kw):
+        if name.endswith("trace.engine"):  # `from ..trace.engine import trace_spec`, as without torch
+            raise ImportError("No module named 'torch'", name="torch")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    r = invoke(app, "timeline", "tiny-llama", "-o", str(tmp_path / "t.png"))
+    assert isinstance(r.exception, EngineUnavailableError)
+    msg = str(r.exception)
+    assert "\n" not in msg and "trace engine" in msg and "pip install 'trainfit[torch]'" in msg
+    assert not (tmp_path / "t.png").exists()
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
+def test_timeline_from_the_trace_engine(app, tmp_path):
+    out = tmp_path / "step.svg"
+    r = invoke(app, "timeline", "tiny-llama", "--device", "cpu", "--seq", "32", "--gpu", "T4", "-o", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["trace"]["engine"] == "trace" and d["trace"]["detail"]["timeline"]
+    text = out.read_text()
+    assert "activations" in text and "T4 memory" in text and "backward" in text
+
+
+def test_serve_without_web_extra(app, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_uvicorn(name, *a, **kw):
+        if name == "uvicorn":
+            raise ImportError("No module named 'uvicorn'", name="uvicorn")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    r = invoke(app, "serve", "--port", "8123")
+    assert isinstance(r.exception, EngineUnavailableError) and "trainfit[web]" in str(r.exception)
+    r = invoke(app, "serve", "--port", "0")
+    assert isinstance(r.exception, TrainfitError)

@@ -1,0 +1,82 @@
+"""`trainfit report`: one self-contained HTML file with every section."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from trainfit import api  # noqa: E402
+from trainfit.report.html import build_report, plan_candidates, write_report  # noqa: E402
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+
+
+class Refs(HTMLParser):
+    """Every attribute that makes a browser fetch something, and the tags seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs: list[tuple[str, str, str]] = []
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        for k, v in attrs:
+            if k in ("src", "href", "xlink:href", "srcset", "action", "data", "poster") and v:
+                self.refs.append((tag, k, v))
+
+
+def assert_self_contained(text: str) -> Refs:
+    p = Refs()
+    p.feed(text)
+    for tag, k, v in p.refs:
+        assert v.startswith("#") or v.startswith("data:"), f"<{tag} {k}={v!r}> points outside the file"
+    assert not re.search(r"https?://", text), "no absolute URL anywhere (not even namespaces)"
+    assert "@import" not in text and "url(" not in text.replace("url(#", "")
+    assert "script" not in p.tags or all(k != "src" for t, k, _ in p.refs if t == "script")
+    assert "link" not in p.tags
+    return p
+
+
+def test_report_is_self_contained_with_every_section(tmp_path):
+    req = api.Request("llama-3.2-1b", batch=4, gpu="H100-80GB")
+    path = write_report(req, tmp_path / "report.html", trace=False, gpus=8)
+    text = path.read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    p = assert_self_contained(text)
+    assert "svg" in p.tags and "style" in p.tags
+    for section in ("breakdown", "timeline", "compare", "sweep", "plan"):
+        assert f"id='{section}'" in text
+    e = api.analytic(req)
+    from trainfit.units import fmt_bytes
+
+    assert fmt_bytes(e.memory.peak) in text  # the breakdown's numbers are the engine's
+    same = api.compare("llama-3.2-1b", 4, 2048, gpu="H100-80GB")
+    train, infer = (x.memory.peak for x in list(same.values())[:2])
+    assert f"<b>{infer / train:.0%}</b> of the training peak" in text
+    assert text.count("<svg") >= 3  # phases, compare, sweep
+
+
+def test_plan_section(tmp_path):
+    req = api.Request("llama-3.1-8b", gpu="H100-80GB")
+    cands, note = plan_candidates(req, 8)
+    if importlib.util.find_spec("trainfit.plan") is None:
+        assert not cands and "not available" in note
+        return
+    text = build_report(req, gpus=8, trace=False)
+    assert "Plan for 8 × H100-80GB" in text
+    if cands:
+        assert all("setup" in c and "memory" in c for c in cands)
+    assert plan_candidates(api.Request("llama-3.1-8b"), 8)[1].startswith("the plan needs a GPU")
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
+def test_report_with_the_traced_timeline(tmp_path):
+    text = build_report(api.Request("tiny-llama", batch=2, seq=64, device="cpu", gpu="T4"), trace=True,
+                        vary=("seq", "64:256"))
+    assert_self_contained(text)
+    assert "Memory over the step" in text and "trace" in text

@@ -1,0 +1,100 @@
+"""Sweeps: value parsing, the physics the table must show (monotone where it must be), the JSON and table."""
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from trainfit import api
+from trainfit.errors import SetupError
+from trainfit.report.sweep import parse_values, render_table, run_sweep, sweep_html_table
+
+
+def test_parse_values():
+    assert parse_values("seq", "512:16384") == [512, 1024, 2048, 4096, 8192, 16384]
+    assert parse_values("batch", "1:48") == [1, 2, 4, 8, 16, 32, 48]  # the upper end asked for is kept
+    assert parse_values("batch", "8,1,4,4") == [1, 4, 8]
+    assert parse_values("zero", "0:3") == [0, 1, 2, 3]
+    assert parse_values("attention", "eager, flash") == ["eager", "flash"]
+    for knob, text in [("batch", "0:8"), ("batch", "8:1"), ("batch", "a:b"), ("color", "1,2"), ("recompute", "a:b"),
+                       ("batch", ""), ("seq", "1:1e30")]:
+        with pytest.raises(SetupError):
+            parse_values(knob, text)
+
+
+def _series(s, variant=""):
+    return [r for r in s.rows if r["variant"] == variant and r["error"] is None]
+
+
+def test_batch_sweep_is_monotone_and_marks_the_fit():
+    s = run_sweep(api.Request("llama-3.2-1b", gpu="H100-80GB"), "batch", "1:64")
+    rows = _series(s)
+    assert [r["value"] for r in rows] == [1, 2, 4, 8, 16, 32, 64]
+    peaks = [r["peak"] for r in rows]
+    times = [r["step_seconds"] for r in rows]
+    assert all(a <= b for a, b in zip(peaks, peaks[1:])) and peaks[-1] > peaks[0]
+    assert all(a < b for a, b in zip(times, times[1:]))
+    acts = [r["activations"] for r in rows]  # activations are affine in the micro-batch (1, 2, 4, ...)
+    assert acts[2] - acts[1] == pytest.approx(2 * (acts[1] - acts[0]), rel=1e-6)
+    fits = [r["fits"] for r in rows]
+    assert fits[0] and not fits[-1] and fits == sorted(fits, reverse=True)  # fits, then stops fitting for good
+    up = s.fits_up_to("")
+    assert up == max(r["value"] for r in rows if r["fits"])
+    gpu = api.load_gpu("H100-80GB")
+    assert all(r["fits"] == (r["peak"] <= gpu.memory - 2**30) for r in rows)  # the engine's 1 GiB reserve
+
+
+def test_seq_sweep_eager_vs_flash():
+    s = run_sweep(api.Request("llama-3.1-8b"), "seq", "512:16384", {"attention": "eager,flash"})
+    assert s.variants == ["eager", "flash"]
+    eager, flash = _series(s, "eager"), _series(s, "flash")
+    for e, f in zip(eager, flash):
+        assert e["value"] == f["value"]
+        assert e["peak"] >= f["peak"]
+        assert e["activations"] > f["activations"]
+    for series in (eager, flash):
+        peaks = [r["peak"] for r in series]
+        assert all(a <= b for a, b in zip(peaks, peaks[1:]))
+    # eager stores the s×s scores: its extra activation memory over flash grows quadratically with seq
+    extra = [e["activations"] - f["activations"] for e, f in zip(eager, flash)]
+    assert extra[-1] / extra[-2] == pytest.approx(4, rel=0.05)
+
+
+def test_recompute_and_zero_sweeps_decrease():
+    # selective recompute drops the attention core: it matters when that is stored (eager attention)
+    s = run_sweep(api.Request("llama-3.2-1b", batch=8, attention="eager"), "recompute", "none,selective,full")
+    acts = [r["activations"] for r in _series(s)]
+    assert acts[0] > acts[1] > acts[2]
+    s = run_sweep(api.Request("llama-3.1-8b", dp=8), "zero", "0:3")
+    peaks = [r["peak"] for r in _series(s)]
+    assert all(a >= b for a, b in zip(peaks, peaks[1:])) and peaks[-1] < peaks[0]
+    s = run_sweep(api.Request("llama-3.1-70b", zero=3), "gpus", "1:64")
+    peaks = [r["peak"] for r in _series(s)]
+    assert all(a >= b for a, b in zip(peaks, peaks[1:])) and peaks[-1] < peaks[0] / 4  # states sharded 64 ways; activations are not
+    assert any("ZeRO is off" in n for n in s.notes)
+
+
+def test_invalid_points_are_rows_with_errors():
+    s = run_sweep(api.Request("llama-3.1-8b"), "tp", "1,2,3,4")
+    bad = [r for r in s.rows if r["error"]]
+    assert [r["value"] for r in bad] == [3] and "does not divide" in bad[0]["error"]
+    with pytest.raises(SetupError):
+        run_sweep(api.Request("llama-3.1-8b"), "tp", "3,5")  # no valid point at all
+    with pytest.raises(SetupError):
+        run_sweep(api.Request("llama-3.1-8b"), "attention", "eager,flash", {"attention": "eager,flash"})
+
+
+def test_json_and_tables_hold_the_same_numbers():
+    s = run_sweep(api.Request("llama-3.2-1b", gpu="A100-40GB"), "batch", "1,4,16", {"recompute": "none,full"})
+    d = s.to_dict()
+    assert d["gpu"] == "A100-40GB" and d["vary"] == "batch" and len(d["rows"]) == 6
+    assert set(d["fits_up_to"]) == {"none", "full"}
+    e = api.analytic(api.Request("llama-3.2-1b", gpu="A100-40GB", batch=4, recompute="full"))
+    row = next(r for r in d["rows"] if r["variant"] == "full" and r["value"] == 4)
+    assert row["peak"] == e.memory.peak and row["step_seconds"] == e.time.step_seconds
+    console = Console(record=True, width=200)
+    render_table(s, console)
+    text = console.export_text()
+    from trainfit.units import fmt_bytes
+
+    assert fmt_bytes(row["peak"]) in text
+    assert fmt_bytes(row["peak"]) in sweep_html_table(s)

@@ -1,0 +1,149 @@
+"""The web app's JSON API (FastAPI TestClient): the same object as `trainfit estimate --json`, and bad inputs
+answered with 400/422 and {"error": "<one line>"}, never a 500."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from trainfit import api  # noqa: E402
+from trainfit.report.json_out import dumps, estimate_dict  # noqa: E402
+from trainfit.web.app import create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    return TestClient(create_app(), raise_server_exceptions=False)
+
+
+def same_as_cli(req: api.Request) -> dict:
+    return json.loads(dumps(estimate_dict(api.analytic(req))))  # what `trainfit estimate --json` prints
+
+
+@pytest.mark.parametrize("params", [
+    {"model": "llama-3.1-8b"},
+    {"model": "llama-3.1-8b", "batch": 4, "seq": 4096, "gpu": "H100-80GB", "recompute": "full", "attention": "eager"},
+    {"model": "llama-3.1-70b", "dp": 8, "tp": 8, "pp": 2, "grad_accum": 8, "zero": 1, "gpu": "H100-80GB"},
+    {"model": "mistral-7b", "mode": "infer", "batch": 16, "seq": 8192, "precision": "int8", "gpu": "L4"},
+    {"model": "qwen2.5-7b", "optimizer": "sgd", "precision": "bf16-master", "device": "cpu", "mfu": 0.3,
+     "tokens": 1e12, "price": 2.5, "gpu": "A100-80GB", "sequence_parallel": "false"},
+])
+def test_estimate_is_exactly_the_cli_json(client, params):
+    r = client.get("/api/estimate", params=params)
+    assert r.status_code == 200, r.text
+    kw = {k: (False if v == "false" else v) for k, v in params.items()}
+    assert r.json() == same_as_cli(api.Request(**kw))
+
+
+def test_pasted_config_matches_the_same_file(client, tmp_path):
+    cfg = json.loads((api.__file__ and __import__("pathlib").Path(api.__file__).parent / "models" / "catalog" /
+                      "llama-3.2-1b.json").read_text())
+    cfg.pop("_trainfit")
+    path = tmp_path / "my-model" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    ref = same_as_cli(api.Request(model=str(path), batch=2, gpu="A10G"))
+    for config in (cfg, json.dumps(cfg)):  # an object or the pasted text
+        r = client.post("/api/estimate", json={"config": config, "batch": 2, "gpu": "A10G"})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        for key in ("memory", "flops", "time", "params", "setup"):
+            assert got[key] == ref[key]
+
+
+def test_view_is_what_the_page_draws(client):
+    r = client.post("/api/view", json={"model": "llama-3.1-8b", "batch": "8", "gpu": "H100-80GB", "precision": ""})
+    assert r.status_code == 200, r.text
+    v = r.json()
+    assert v["estimate"] == same_as_cli(api.Request("llama-3.1-8b", batch=8, gpu="H100-80GB"))
+    assert v["summary"]["peak"] == v["estimate"]["memory"]["peak"]
+    assert v["summary"]["fits"] is False and v["capacity"] == api.load_gpu("H100-80GB").memory
+    assert [b["total"] for b in v["bars"]] == list(v["estimate"]["memory"]["phases"].values())
+    assert all(sum(p["bytes"] for p in b["parts"]) == b["total"] for b in v["bars"])
+
+
+def test_page_and_catalogs(client):
+    r = client.get("/")
+    assert r.status_code == 200 and 'id="batch"' in r.text and 'id="peak"' in r.text
+    assert "https://" not in r.text and "<script src" not in r.text  # works offline
+    models = client.get("/api/models").json()
+    assert any(m["name"] == "llama-3.1-8b" for m in models)
+    assert any(g["name"] == "H100-80GB" for g in client.get("/api/gpus").json())
+
+
+BAD_GET = [
+    ({"model": "no-such-model"}, 400, "unknown model"),
+    ({}, 400, "choose a model"),
+    ({"model": "llama-3.1-8b", "batch": 0}, 400, "--batch must be a positive integer"),
+    ({"model": "llama-3.1-8b", "batch": -3}, 400, "--batch"),
+    ({"model": "llama-3.1-8b", "seq": 0}, 400, "--seq"),
+    ({"model": "llama-3.1-8b", "tp": 3}, 400, "does not divide the 32 attention heads"),
+    ({"model": "llama-3.1-8b", "pp": 5}, 400, "--pp 5 does not divide"),
+    ({"model": "llama-3.1-8b", "zero": 3}, 400, "needs --dp > 1"),
+    ({"model": "llama-3.1-8b", "zero": 7, "dp": 2}, 400, "--zero"),
+    ({"model": "llama-3.1-8b", "gpu": "H900"}, 400, "unknown GPU"),
+    ({"model": "llama-3.1-8b", "precision": "fp7"}, 400, "--precision"),
+    ({"model": "llama-3.1-8b", "optimizer": "sgdx"}, 400, "--optimizer"),
+    ({"model": "llama-3.1-8b", "mode": "serve"}, 400, "--mode"),
+    ({"model": "llama-3.1-8b", "mfu": 3}, 400, "--mfu"),
+    ({"model": "llama-3.1-8b", "tokens": -1}, 400, "--tokens"),
+    ({"model": "llama-3.1-8b", "price": 2}, 400, "--price needs --gpu"),
+    ({"model": "/etc/passwd"}, 400, "catalog names or hub ids"),
+    ({"model": "../config.json"}, 400, "catalog names or hub ids"),
+    ({"model": "llama-3.1-8b", "batch": "eight"}, 422, "batch"),
+    ({"model": "llama-3.1-8b", "seq": "1.5"}, 422, "seq"),
+    ({"model": "llama-3.1-8b", "sequence_parallel": "maybe"}, 422, "sequence_parallel"),
+]
+
+
+@pytest.mark.parametrize("params,status,words", BAD_GET)
+def test_bad_inputs_get_one_line_errors(client, params, status, words):
+    r = client.get("/api/estimate", params=params)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert list(body) == ["error"] and words in body["error"] and "\n" not in body["error"]
+
+
+BAD_POST = [
+    ({"config": "{not json"}, "not valid JSON"),
+    ({"config": "[1, 2]"}, "must be a JSON object"),
+    ({"config": "   "}, "choose a model"),
+    ({"config": {"model_type": "llama"}}, "hidden_size"),
+    ({"config": {"model_type": "nonsense", "hidden_size": 8}}, "model_type"),
+    ({"config": {"model_type": "llama", "hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "vocab_size": 10, "intermediate_size": 8}}, "hidden_size"),
+    ({"config": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 3,
+                 "vocab_size": 10, "intermediate_size": 8}}, "not divisible"),
+    ({"config": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 4, "vocab_size": 10, "intermediate_size": 8,
+                 "max_position_embeddings": 128}, "tp": 8}, "--tp 8"),
+    ({"config": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": -2, "num_attention_heads": 4,
+                 "vocab_size": 10, "intermediate_size": 8}}, "num_hidden_layers"),
+]
+
+
+@pytest.mark.parametrize("body,words", BAD_POST)
+def test_bad_pasted_configs_get_400(client, body, words):
+    for route in ("/api/estimate", "/api/view"):
+        r = client.post(route, json=body)
+        assert r.status_code == 400, r.text
+        assert list(r.json()) == ["error"] and words in r.json()["error"]
+
+
+def test_malformed_request_bodies_are_422(client):
+    r = client.post("/api/view", content=b"{oops", headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "error" in r.json()
+    r = client.post("/api/view", json={"model": "llama-3.1-8b", "batch": [1, 2]})
+    assert r.status_code == 422 and "batch" in r.json()["error"]
+
+
+def test_timeline_endpoint_validates_before_tracing(client):
+    r = client.get("/api/timeline.svg", params={"model": "llama-3.1-8b", "batch": 0})
+    assert r.status_code == 400 and "--batch" in r.json()["error"]
+    r = client.get("/api/timeline.svg", params={"model": "llama-3.1-8b", "tp": 2})
+    assert r.status_code == 400 and "error" in r.json()  # the trace engine runs one unsharded rank

@@ -1,0 +1,125 @@
+"""End to end, as a user: the page in headless Chromium (Debian's chromium + chromium-driver, via Selenium)
+against a real server on a free localhost port. Change a knob; the displayed peak follows the API.
+
+CI needs: apt-get install -y chromium chromium-driver (see README). Skips cleanly without them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent: apt-get install -y chromium chromium-driver"),
+    pytest.mark.skipif(not os.path.exists(DRIVER), reason="chromedriver is absent: apt-get install -y chromium-driver"),
+]
+
+selenium = pytest.importorskip("selenium")
+pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from trainfit import api  # noqa: E402
+from trainfit.units import fmt_bytes  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    import uvicorn
+
+    from trainfit.web.app import create_app
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("the trainfit server did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,1000",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=DRIVER))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def peak_bytes(driver) -> int:
+    v = driver.find_element(By.ID, "peak").get_attribute("data-bytes")
+    return int(v) if v else -1
+
+
+def set_number(driver, element_id: str, value: int) -> None:
+    box = driver.find_element(By.ID, element_id)
+    box.clear()  # fires input: the page may briefly show an error for the empty box
+    box.send_keys(str(value))
+
+
+def test_changing_batch_updates_the_peak(server, browser):
+    browser.get(server + "/")
+    wait = WebDriverWait(browser, 20)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+    model = browser.find_element(By.ID, "model").get_attribute("value")
+    gpu = browser.find_element(By.ID, "gpu").get_attribute("value")
+    base = dict(model=model, gpu=gpu or None, precision="amp-bf16")
+    before = peak_bytes(browser)
+    assert before == api.analytic(api.Request(batch=1, **base)).memory.peak
+    assert browser.find_element(By.ID, "peak").text == fmt_bytes(before)
+
+    set_number(browser, "batch", 8)
+    expected = api.analytic(api.Request(batch=8, **base)).memory.peak
+    wait.until(lambda d: peak_bytes(d) == expected)
+    assert expected > before
+    assert browser.find_element(By.ID, "peak").text == fmt_bytes(expected)
+    verdict = browser.find_element(By.ID, "verdict").text
+    fits = api.analytic(api.Request(batch=8, **base)).time.fits
+    assert verdict == ("fits" if fits else "does not fit")
+    assert not browser.find_element(By.ID, "error").is_displayed()
+
+    # a bad knob: a clear message on the page, the last good numbers stay
+    set_number(browser, "tp", 3)
+    wait.until(lambda d: d.find_element(By.ID, "error").is_displayed()
+               and "does not divide" in d.find_element(By.ID, "error").text)
+    assert peak_bytes(browser) == expected
+    set_number(browser, "tp", 1)
+    wait.until(lambda d: not d.find_element(By.ID, "error").is_displayed())
+
+    # switching to inference lowers the peak, to exactly the API's number
+    from selenium.webdriver.support.select import Select
+
+    Select(browser.find_element(By.ID, "mode")).select_by_value("infer")
+    infer = api.analytic(api.Request(model=model, gpu=gpu or None, batch=8, mode="infer", precision="bf16")).memory.peak
+    wait.until(lambda d: peak_bytes(d) == infer)
+    assert infer < expected
