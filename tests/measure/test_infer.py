@@ -44,7 +44,7 @@ def kv(tokens: int, nbytes: int, batch: int = B) -> int:
 # q*cos + rotate_half(q)*sin promotes K to fp32, and HF's DynamicLayer allocates V in K's dtype.
 @pytest.mark.parametrize("precision,nbytes", [("bf16", 2), ("fp32", 4), ("fp16", 2), ("amp-bf16", 4)])
 def test_kv_cache_by_hand(llama, precision, nbytes):
-    r = measure_inference(llama, infer_setup(precision=precision), steps=1)
+    r = measure_inference(llama, infer_setup(precision=precision), steps=1 if precision == "bf16" else 0)
     assert r.mode == "infer"
     assert r.kv_cache == kv(S, nbytes)  # bf16: 2·4·2·32·2·64·2 = 131072
     assert r.kv_cache_decode == kv(S + 1, nbytes)  # the decode step appends one token
@@ -57,7 +57,8 @@ def test_kv_cache_by_hand(llama, precision, nbytes):
     assert r.peak == max(r.phase_peaks.values()) and r.peak_phase in ("prefill", "decode")
     assert r.phase_peaks["decode"] > r.baseline + r.kv_cache_decode
     assert r.gradients == 0 and r.optimizer_states == 0
-    assert r.step_seconds > 0 and r.decode_seconds > 0
+    if precision == "bf16":  # timed runs (prefill and decode medians)
+        assert r.step_seconds > 0 and r.decode_seconds > 0 and r.tokens_per_second > 0
     assert not any("foreign" in n for n in r.notes), r.notes
 
 

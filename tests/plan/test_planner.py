@@ -54,9 +54,13 @@ def test_peak_is_convex_nondecreasing_in_micro_batch(l8b):
     for s in (Setup(seq=4096, dp=4, tp=2, zero=3, sequence_parallel=True),
               Setup(seq=4096, pp=4, grad_accum=8, recompute="full", precision="bf16-master"),
               Setup(seq=2048, attention="eager")):
-        peaks = [train_memory(l8b, s.with_(batch=b), pc).peak for b in range(1, 12)]
+        mems = [train_memory(l8b, s.with_(batch=b), pc) for b in range(1, 12)]
+        peaks = [m.peak for m in mems]
         d = [b - a for a, b in zip(peaks, peaks[1:])]
-        assert all(x > 0 for x in d)
+        # the peak may sit flat on the optimizer step (batch-independent) before activations overtake it
+        assert all(x >= 0 for x in d)
+        fwd = [m.phases["forward_end"] for m in mems]
+        assert all(b > a for a, b in zip(fwd, fwd[1:]))
         assert all(y - x >= -2 for x, y in zip(d, d[1:]))  # non-decreasing slopes (int rounding aside)
 
 

@@ -145,7 +145,9 @@ def _optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int)
         per = 1  # _foreach_sqrt(exp_avg_sq) is the one full-size temporary; the rest is in place
     temps = per * state_dtype * size
     if st.master:
-        temps += FP32 * largest  # bf16 grad -> fp32 copy for the master update, one tensor at a time
+        # every bf16 gradient gets an fp32 copy on the master before the update (trainfit.step's
+        # MasterWeightOptimizer; Megatron's main_grad / DeepSpeed's fp32 gradient partition hold the same bytes)
+        temps += FP32 * n
     return temps
 
 

@@ -19,6 +19,7 @@ from ..estimate import Estimate, Flops, Memory
 from ..setup import Setup
 from ..spec import ModelSpec
 from .analysis import Analysis
+from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors
 
 
@@ -41,11 +42,17 @@ def _flops(rec, tokens: int) -> Flops:
                  step=model_step + k["recompute"], model_step=model_step, per_token=model_step // max(tokens, 1))
 
 
-def _memory(an: Analysis) -> Memory:
+def grad_bytes(model: torch.nn.Module) -> int:
+    """Bytes of all gradients of a training step: every trainable parameter's .grad has its dtype. Like the
+    analytic and measure engines, `Memory.gradients` is this full size; `at_peak` says how much is live at the peak."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def _memory(an: Analysis, gradients: int) -> Memory:
     at = an.at_peak
     return Memory(
         weights=an.baseline.get("parameter", 0),
-        gradients=at.get("gradient", 0),
+        gradients=gradients,
         optimizer_states=at.get("optimizer_state", 0),
         master_weights=an.baseline.get("master_weight", 0),
         activations=an.activations,
@@ -71,7 +78,8 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=()) -> Est
     if rec.flops is not None:
         detail["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
     return Estimate(engine="trace", model=name, params=n, params_per_rank=n, setup=setup,
-                    memory=_memory(an), flops=_flops(rec, tokens), notes=tuple(notes), detail=detail)
+                    memory=_memory(an, grad_bytes(model) if setup.mode == "train" else 0), flops=_flops(rec, tokens),
+                    notes=tuple(notes), detail=detail)
 
 
 NOTES = (
@@ -120,7 +128,7 @@ def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: 
     from ..step.standard import enable_recompute
     from .train import record_train_step, warm_up_optimizer
 
-    with translated_errors(spec.name), fake_mode():
+    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup):
         model = build_hf(spec, setup)
         enable_recompute(model, setup)
         optimizer = make_optimizer(model, setup)

@@ -232,7 +232,8 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
     cats = {CATEGORIES[i]: v for i, v in enumerate(peak_vec[1:]) if v}
     base = {CATEGORIES[i]: v for i, v in enumerate(baseline_vec[1:]) if v}
     memory = Memory(
-        weights=base.get("parameter", 0), gradients=cats.get("gradient", 0),
+        # HF models train every parameter, and each .grad has its parameter's dtype (see engine.grad_bytes)
+        weights=base.get("parameter", 0), gradients=base.get("parameter", 0),
         optimizer_states=cats.get("optimizer_state", 0), master_weights=base.get("master_weight", 0),
         activations=acts, temporaries=cats.get("temporary", 0), kv_cache=cats.get("kv_cache", 0),
         peak=peak, peak_phase=TRAIN_PHASES[peak_key[1]], phases=phase_max, at_peak=cats,

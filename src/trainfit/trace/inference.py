@@ -21,6 +21,7 @@ from ..errors import EngineUnavailableError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .analysis import INFER_PHASES, analyse
+from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors
 from .modules import ModuleStack
 from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
@@ -71,7 +72,7 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True):
         raise EngineUnavailableError(
             f"--precision {setup.precision}: quantized inference kernels are not traced; use the analytic engine")
     t0 = time.perf_counter()
-    with translated_errors(spec.name), fake_mode():
+    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup):
         model = build_hf(spec, setup).eval()
         ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
         modules = ModuleStack(model)

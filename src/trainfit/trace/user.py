@@ -24,6 +24,7 @@ from .engine import (
     estimate_from,
     use_cuda_optimizer_default,
 )
+from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors
 
 
@@ -138,7 +139,8 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
     t0 = time.perf_counter()
     mode = fake_mode()
     dtype = param_dtype(setup)
-    with translated_errors(getattr(model_or_factory, "__name__", type(model_or_factory).__name__)), mode:
+    with translated_errors(getattr(model_or_factory, "__name__", type(model_or_factory).__name__)), mode, \
+            cuda_kernels(setup):
         model, batch = _fake_model(model_or_factory, batch, mode)
         batches, positional = _fake_batches(batch, mode, dtype, setup.grad_accum)
         if dtype != torch.float32:

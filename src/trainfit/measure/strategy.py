@@ -1,0 +1,137 @@
+"""Data-parallel strategies for `--zero` (issue 7), shared by the distributed measure worker (real process
+group) and the distributed trace (fake process group), so that both run exactly the same wrapped step.
+
+    zero 0  torch DistributedDataParallel (default buckets, gradient_as_bucket_view=False: DDP copies each
+            gradient into its own flat bucket buffer, resident from construction -- a second gradient-sized
+            allocation, which the analytic engine counts as comm_buffers)
+    zero 1  DDP + torch.distributed.optim.ZeroRedundancyOptimizer (optimizer states sharded by parameter,
+            gradients all-reduced in full: ZeRO stage 1, Rajbhandari et al. 2020 "P_os")
+    zero 2  FSDP2 `fully_shard(reshard_after_forward=False)` on every decoder layer and the root: parameters,
+            gradients and optimizer states sharded at rest, each layer's parameters gathered in forward and
+            kept unsharded until its backward (FSDP1's SHARD_GRAD_OP). NB: that holds *all* layers' full
+            parameters from the end of forward until backward frees them, beside the sharded copy, which is
+            more than ZeRO-2's "P_os+g" accounting (full weights + sharded grads/states) assumes.
+    zero 3  FSDP2 `fully_shard(reshard_after_forward=True)` on every decoder layer and the root (FULL_SHARD;
+            FSDP2 keeps the root's own parameters -- embeddings, final norm, LM head -- unsharded after
+            forward, by design).
+
+Decoder layers are the modules whose class is in the HF model's `_no_split_modules` (what accelerate's FSDP
+auto-wrap uses), else the children of the largest ModuleList.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import EngineUnavailableError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..setup import Setup
+
+STRATEGIES = {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
+              2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2 / SHARD_GRAD_OP)",
+              3: "FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3 / FULL_SHARD)"}
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names] if names else []
+    if layers:
+        return layers
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        return []
+    return list(max(lists, key=len))
+
+
+def check_strategy(setup: "Setup") -> None:
+    if setup.tp > 1 or setup.pp > 1:
+        raise EngineUnavailableError("the distributed measure/trace runs data parallelism only: --tp/--pp are analytic-only")
+    if setup.precision == "bf16-master" and setup.dp > 1:
+        raise EngineUnavailableError("--precision bf16-master is not run under DDP/ZeRO/FSDP by the measure/trace "
+                                     "engines; use bf16 or amp-bf16, or the analytic engine")
+    if setup.grad_accum > 1 and setup.dp > 1:
+        # DDP would all-reduce every micro-batch (no no_sync), FSDP2 reduce-scatter each one: not the step users run
+        raise EngineUnavailableError("--grad-accum > 1 with --dp > 1 is not run by the distributed measure/trace "
+                                     "engines; use --grad-accum 1 or the analytic engine")
+
+
+def _optimizer_class_and_kwargs(setup: "Setup"):
+    from ..step.standard import _torch_optimizer
+
+    proto = _torch_optimizer([torch.nn.Parameter(torch.zeros(1))], setup.optimizer)
+    kwargs = {k: v for k, v in proto.defaults.items() if k not in ("differentiable", "fused") or v}
+    return type(proto), kwargs
+
+
+def wrap(model: torch.nn.Module, setup: "Setup", device_type: str = "cpu", device_index: int | None = None,
+         mesh=None):
+    """(wrapped model, optimizer) for `setup.zero` over the default process group (module docstring).
+
+    Call after `init_process_group` and after the model is built (same seed on every rank) and
+    recompute is enabled. Returns the module to call in the step and the optimizer to step.
+    `mesh`: FSDP2's DeviceMesh (default: a 1-D mesh over the default group; the fake-tensor trace makes it
+    outside FakeTensorMode, whose tensors DeviceMesh cannot read).
+    """
+    import torch.distributed as dist
+
+    from ..step import make_optimizer
+
+    check_strategy(setup)
+    z = setup.zero
+    if z in (0, 1):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device_index] if device_type == "cuda" and device_index is not None else None
+        ddp = DDP(model, device_ids=ids)
+        if z == 0:
+            return ddp, make_optimizer(ddp, setup)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        cls, kwargs = _optimizer_class_and_kwargs(setup)
+        params = [p for p in ddp.parameters() if p.requires_grad]
+        return ddp, ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = mesh if mesh is not None else init_device_mesh(device_type, (dist.get_world_size(),))
+    reshard = z == 3
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model, make_optimizer(model, setup)
+
+
+def local(t):
+    """The rank-local tensor behind a DTensor (FSDP2 parameters, their gradients and optimizer state)."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
+
+
+def inner_optimizer(optimizer):
+    """ZeroRedundancyOptimizer keeps the real state in `.optim` (this rank's shard)."""
+    return getattr(optimizer, "optim", optimizer)
+
+
+def resident_tensors(model: torch.nn.Module, optimizer) -> dict[str, list[torch.Tensor]]:
+    """Rank-local tensors resident between steps: weights (+buffers), optimizer state, DDP's bucket buffers."""
+    weights = [local(p) for p in model.parameters()] + [local(b) for b in model.buffers()]
+    states = []
+    for st in inner_optimizer(optimizer).state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                states.append(local(v))
+    return {"weights": weights, "states": states, "buckets": ddp_buckets(model)}
+
+
+def ddp_buckets(model) -> list[torch.Tensor]:
+    """Stand-ins for DDP's flat gradient bucket buffers: with gradient_as_bucket_view=False the reducer holds
+    one buffer per bucket, the buckets partition the parameters that need gradients, so their bytes are the
+    gradients' bytes (torch/csrc/distributed/c10d/reducer.cpp, initialize_buckets). Returned as meta tensors
+    of the right size (only their bytes are read)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not isinstance(model, DDP):
+        return []
+    return [torch.empty(p.numel(), dtype=p.dtype, device="meta") for p in model.parameters() if p.requires_grad]

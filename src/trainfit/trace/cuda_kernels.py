@@ -1,0 +1,66 @@
+"""CUDA kernel semantics for a trace that runs CPU kernels on fake tensors (`--device cuda`).
+
+Where CUDA and CPU kernels keep different tensors for backward, run the CUDA op itself — its fake-tensor
+kernel gives the CUDA output and saved tensors without a GPU:
+  * SDPA: on CUDA, HF's sdpa runs the flash kernel for fp16/bf16 (dropout included: it saves the philox RNG
+    state, not a mask) and the memory-efficient kernel for fp32; both save the output and an fp32
+    logsumexp. On CPU, SDPA with dropout falls back to the math path, which materialises the s×s
+    probabilities — a different memory profile. torch/nn/attention sdp dispatch (sdp_utils.cpp).
+  * Dropout: CUDA's fused native_dropout keeps a 1-byte mask; the CPU path keeps a noise tensor of the
+    input's dtype (aten Dropout.cpp).
+NB: an explicit attention mask (padding) goes to the original SDPA; fp32 GQA repeats k/v for the
+memory-efficient kernel as PyTorch's fallback does (a slight over-count if a future kernel avoids it).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from ..setup import Setup
+
+
+def _cuda_sdpa(original):
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        if torch.is_autocast_enabled("cpu"):  # CUDA autocast lists SDPA as a lower-precision op
+            dtype = torch.get_autocast_dtype("cpu")
+            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+        with torch.autocast("cpu", enabled=False):
+            if query.dtype in (torch.float16, torch.bfloat16):
+                return torch.ops.aten._scaled_dot_product_flash_attention(
+                    query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+            if key.shape[1] != query.shape[1]:
+                rep = query.shape[1] // key.shape[1]
+                key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, None, True, dropout_p, is_causal, scale=scale)[0]
+    return sdpa
+
+
+def _cuda_dropout(original):
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return input
+        if inplace:
+            return original(input, p, training, inplace)
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+    return dropout
+
+
+@contextlib.contextmanager
+def cuda_kernels(setup: Setup):
+    """Patch torch.nn.functional's SDPA and dropout for the duration of a `--device cuda` trace."""
+    if setup.device != "cuda":
+        yield
+        return
+    saved = F.scaled_dot_product_attention, F.dropout
+    F.scaled_dot_product_attention = _cuda_sdpa(saved[0])
+    F.dropout = _cuda_dropout(saved[1])
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.dropout = saved

@@ -1,0 +1,240 @@
+"""Trace one data-parallel rank of a sharded step in ONE process, at any world size (issue 7).
+
+`trace_distributed(spec, setup)` joins a fake process group of `setup.dp` ranks (torch's own "fake" backend,
+`torch.testing._internal.distributed.fake_pg.FakeStore`: every collective returns at once and moves no
+data), builds the real model under FakeTensorMode, wraps it exactly as the distributed measure worker does
+(trainfit.measure.strategy: DDP, DDP + ZeroRedundancyOptimizer, FSDP2 fully_shard), runs the same warm-up
+steps, and records the standard step with the AllocationRecorder. The recorder is on from before the model
+is built, so what is resident at the step start (DDP's bucket buffers, FSDP2's sharded parameters and
+whatever else the wrappers keep) is read from births and deaths, not summed. Per-rank memory -- FSDP2's
+unsharded parameters, its prefetched next layer, its all-gather and reduce-scatter buffers, DDP's buckets --
+is what the wrappers allocate.
+
+Two things a fake process group cannot show, and how they are handled:
+- DTensor: FSDP2's sharded parameters, gradients and optimizer state are DTensors, whose ops run inside
+  DTensor's own dispatch (below the recorder): outputs are counted by their local tensor (`_local_tensor`),
+  so the optimizer step's per-parameter temporaries are seen; temporaries inside DTensor's dispatch
+  (redistribution) are not (FSDP2's optimizer step needs none).
+- backend temporaries: the backend allocates inside the collective. `backend="gloo"` (CPU) adds what
+  ProcessGroupGloo allocates: `_allgather_base_` gathers into its own flat buffer of the output's size and
+  copies out; `_reduce_scatter_base_` clones its input (and the clone lives until the collective ends);
+  `allreduce` of DDP's buckets works in place. NCCL works in the given buffers (`backend="nccl"`: none).
+  NB: collectives run synchronously here, so a backend temporary is live only during its collective; on
+  gloo the work runs in a worker thread and may overlap the next ops (a few hundred KB in tiny models).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from ..errors import EngineUnavailableError
+from ..estimate import Estimate
+from ..setup import Setup
+from ..spec import ModelSpec
+from .recorder import GRADIENT, OPTIMIZER_STATE, PARAMETER, TEMPORARY, AllocationRecorder
+
+
+def _local(t):
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
+
+
+class ShardedRecorder(AllocationRecorder):
+    """AllocationRecorder that counts DTensor outputs by their local shard and adds backend temporaries."""
+
+    def __init__(self, *a, backend: str = "gloo", **k):
+        super().__init__(*a, **k)
+        self.backend = backend
+        c10d = torch.ops.c10d
+        self.scratch_of = {}
+        if backend == "gloo":
+            self.scratch_of = {c10d._allgather_base_.default: lambda args: args[0],  # output buffer
+                               c10d._reduce_scatter_base_.default: lambda args: args[1]}  # input clone
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        scratch = None
+        pick = self.scratch_of.get(func)
+        if pick is not None:
+            t = pick(args)
+            scratch = self._born(self.size(t.numel() * t.element_size()), TEMPORARY, tuple(t.shape), t.dtype,
+                                 f"{self.backend} {func._opname} buffer")
+        out = func(*args, **(kwargs or {}))
+        if self.flops is not None:
+            self.flops.count(func, args, kwargs, out)
+        outs = out if type(out) in (tuple, list) else (out,)
+        live = self.live
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                o = _local(o)
+                st = o.untyped_storage()
+                rec = live.get(id(st))
+                if rec is None:
+                    self._register(st, o, TEMPORARY)
+                elif self.size(st.nbytes()) != rec.nbytes:
+                    self._resized(rec, st)
+        if scratch is not None:
+            scratch.death = self.event
+            self.event += 1
+            self.total -= scratch.nbytes
+        return out
+
+    def storage_resized(self, tensor) -> None:
+        """FSDP2 frees and re-allocates its unsharded parameters with `untyped_storage().resize_()`, which no
+        dispatched op reports: record it as the allocator sees it."""
+        st = _local(tensor).untyped_storage()
+        rec = self.live.get(id(st))
+        if rec is None:
+            if st.nbytes():
+                self._register(st, tensor, TEMPORARY)
+        elif self.size(st.nbytes()) != rec.nbytes:
+            self._resized(rec, st)
+
+    def adopt(self, tensor, cat, name=""):
+        return super().adopt(_local(tensor), cat, name)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int = 0):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise EngineUnavailableError("a process group is already initialised in this process; the distributed trace "
+                                     "needs its own fake one")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def trace_rank(spec: ModelSpec, setup: Setup, *, rank: int = 0, backend: str | None = None, warmup: int = 2,
+               flops: bool = False):
+    """(model, recorder, Analysis) of one rank's standard step under the strategy for `setup.zero`."""
+    from ..measure.strategy import local, wrap
+    from ..step import make_batches, run_step
+    from ..step.standard import enable_recompute
+    from .analysis import TRAIN_PHASES, analyse
+    from .engine import build_hf
+    from .fake import fake_mode, translated_errors
+    from .modules import ModuleStack
+
+    backend = backend or ("nccl" if setup.device == "cuda" else "gloo")
+    with fake_process_group(setup.dp, rank), translated_errors(spec.name), _no_param_verification():
+        mesh = None
+        if setup.zero >= 2:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (setup.dp,))  # reads real rank tensors: outside FakeTensorMode
+        with fake_mode():
+            return _trace_rank(spec, setup, backend, warmup, flops, mesh)
+
+
+@contextlib.contextmanager
+def _fsdp_storage_hooks(rec: ShardedRecorder):
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_storage(tensor):
+        alloc(tensor)
+        rec.storage_resized(tensor)
+
+    def free_storage(tensor):
+        free(tensor)
+        rec.storage_resized(tensor)
+
+    _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc_storage, free_storage
+    _fsdp_param_group.alloc_storage = alloc_storage
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc, free
+        _fsdp_param_group.alloc_storage = alloc
+
+
+@contextlib.contextmanager
+def _no_param_verification():
+    """DDP's constructor checks that every rank has the same parameter shapes by reading real tensors (an
+    all-gather of sizes); under FakeTensorMode there is nothing to read and the fake group has one real rank."""
+    import torch.distributed.utils as dutils
+    from torch.nn.parallel import distributed as ddp_mod
+
+    saved = ddp_mod._verify_param_shape_across_processes
+    ddp_mod._verify_param_shape_across_processes = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        ddp_mod._verify_param_shape_across_processes = saved
+    del dutils
+
+
+def _trace_rank(spec, setup, backend, warmup, flops, mesh):
+    from ..measure.strategy import local, wrap
+    from ..step import make_batches, run_step
+    from ..step.standard import enable_recompute
+    from .analysis import TRAIN_PHASES, analyse
+    from .engine import build_hf
+    from .modules import ModuleStack
+
+    if True:
+        rec = ShardedRecorder(None, count_flops=flops, round_cuda=setup.device == "cuda", backend=backend)
+        with rec, _fsdp_storage_hooks(rec):
+            torch.manual_seed(0)
+            model = build_hf(spec, setup)
+            enable_recompute(model, setup)
+            wrapped, optimizer = wrap(model, setup, "cpu", mesh=mesh)
+            batches = make_batches(spec, setup)
+            for _ in range(max(2, warmup)):
+                run_step(wrapped, optimizer, batches, setup)
+            # categories of what is resident
+            for name, p in model.named_parameters():
+                rec.adopt(p, PARAMETER, name)
+            inner = getattr(optimizer, "optim", optimizer)
+            for st in inner.state.values():
+                for key, t in st.items():
+                    if isinstance(t, torch.Tensor):
+                        rec.adopt(t, OPTIMIZER_STATE, key)
+            handles = []
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    def hook(p, name=name + ".grad"):
+                        if p.grad is not None:
+                            rec.adopt(p.grad, GRADIENT, name)
+                    handles.append(p.register_post_accumulate_grad_hook(hook))
+            modules = ModuleStack(model)
+            rec.modules = modules
+            try:
+                with modules:
+                    start = rec.event
+                    rec.reset_peak()
+                    run_step(wrapped, optimizer, batches, setup, phase=rec.set_phase)
+                    grads = sum(local(p.grad).untyped_storage().nbytes() for p in model.parameters()
+                                if p.grad is not None)
+            finally:
+                for h in handles:
+                    h.remove()
+        an = analyse(rec, start, TRAIN_PHASES)
+    return model, rec, an
+
+
+def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = None, flops: bool = False) -> Estimate:
+    """The trace engine's Estimate for one rank of `setup` (dp ranks, zero stage), from a fake process group."""
+    from ..estimate import Memory
+    from .engine import NOTES, estimate_from
+
+    if setup.dp < 2:
+        raise EngineUnavailableError("the distributed trace needs --dp >= 2 (one rank: trainfit.trace.trace_spec)")
+    t0 = time.perf_counter()
+    model, rec, an = trace_rank(spec, setup, backend=backend, flops=flops)
+    from ..measure.strategy import STRATEGIES
+
+    notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {STRATEGIES[setup.zero]}, "
+                     f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries",)
+    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes)
+    import dataclasses
+
+    n_local = sum(_local(p).numel() for p in model.parameters())
+    return dataclasses.replace(est, params_per_rank=n_local)
