@@ -11,6 +11,30 @@ import typer
 
 from . import api
 from .errors import TrainfitError
+from .options import (
+    AccumOpt,
+    AttnOpt,
+    BatchOpt,
+    DevOpt,
+    DpOpt,
+    EngineOpt,
+    GpuOpt,
+    JsonOpt,
+    KvOpt,
+    MfuOpt,
+    ModelArg,
+    ModeOpt,
+    OptimOpt,
+    PpOpt,
+    PrecOpt,
+    PriceOpt,
+    RecOpt,
+    SeqOpt,
+    SpOpt,
+    TokensOpt,
+    TpOpt,
+    ZeroOpt,
+)
 from .units import parse_count
 
 app = typer.Typer(
@@ -21,29 +45,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-
-ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
-BatchOpt = typer.Option(1, "--batch", "-b", help="Micro-batch per GPU (sequences).")
-SeqOpt = typer.Option(2048, "--seq", "-s", help="Sequence length (training) or context length (inference), tokens.")
-AccumOpt = typer.Option(1, "--grad-accum", help="Micro-batches accumulated per optimizer step.")
-PrecOpt = typer.Option(None, "--precision", help="Training: fp32, amp-bf16 (default), amp-fp16, bf16, bf16-master. Inference: bf16 (default), fp16, fp32, fp8, int8, int4.")
-OptimOpt = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, lion.")
-RecOpt = typer.Option("none", "--recompute", help="Activation recomputation: none, selective (attention core), full (every layer).")
-AttnOpt = typer.Option("auto", "--attention", help="Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on cuda, sdpa on cpu.")
-DpOpt = typer.Option(1, "--dp", help="Data-parallel degree.")
-TpOpt = typer.Option(1, "--tp", help="Tensor-parallel degree (divides heads).")
-PpOpt = typer.Option(1, "--pp", help="Pipeline-parallel degree (divides layers; 1F1B schedule).")
-ZeroOpt = typer.Option(0, "--zero", help="ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, = FSDP).")
-SpOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism (with --tp).")
-DevOpt = typer.Option("cuda", "--device", help="Kernel semantics: cuda (flash SDPA, foreach optimizers) or cpu (PyTorch CPU kernels, for-loop optimizers).")
-GpuOpt = typer.Option(None, "--gpu", help="GPU to check the fit and time against (see `trainfit gpus`).")
-ModeOpt = typer.Option("train", "--mode", help="train or infer.")
-EngineOpt = typer.Option("analytic", "--engine", help="analytic (formulas, instant), trace (fake-tensor run of the real model), measure (real run here), all.")
-MfuOpt = typer.Option(0.4, "--mfu", help="Model-FLOPs utilisation assumed for the step time.")
-TokensOpt = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost and energy.")
-PriceOpt = typer.Option(None, "--price", help="GPU price per hour in USD (overrides the catalog).")
-KvOpt = typer.Option(None, "--kv-dtype", help="Inference KV-cache dtype (default: the activation dtype).")
-JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
 
 
 def _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,

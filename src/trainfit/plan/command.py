@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ..errors import SetupError
+from ..options import ModelArg
 
 
 def _csv(text: str, what: str, cast=str) -> tuple:
@@ -18,7 +19,7 @@ def _csv(text: str, what: str, cast=str) -> tuple:
 
 
 def plan(
-    model: str = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name."),
+    model: str = ModelArg,
     gpu: str = typer.Option(..., "--gpu", help="GPU type (see `trainfit gpus`)."),
     gpus: int = typer.Option(1, "--gpus", help="Number of GPUs; every plan uses all of them (dp × tp × pp = gpus)."),
     seq: int = typer.Option(2048, "--seq", "-s", help="Sequence length, tokens."),
@@ -90,7 +91,8 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
     """Config on stdout (so `> ds.json` works), the chosen plan and any caveat on stderr."""
     from dataclasses import replace
 
-    from .emit import emit as write, precisions_for, supports
+    from .emit import emit as write
+    from .emit import precisions_for, supports
     from .search import search
 
     pick = next((c for c in result.candidates if supports(engine, c.setup) is None), None)

@@ -12,25 +12,25 @@ import typer
 
 from .. import api
 from ..errors import EngineUnavailableError, SetupError, TrainfitError
-
-# Options (same names and help as `trainfit estimate`; defined here so this module does not import cli.py).
-ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
-BatchOpt = typer.Option(1, "--batch", "-b", help="Micro-batch per GPU (sequences).")
-SeqOpt = typer.Option(2048, "--seq", "-s", help="Sequence length (training) or context length (inference), tokens.")
-AccumOpt = typer.Option(1, "--grad-accum", help="Micro-batches accumulated per optimizer step.")
-PrecOpt = typer.Option(None, "--precision", help="Training: fp32, amp-bf16 (default), amp-fp16, bf16, bf16-master. Inference: bf16 (default), fp16, fp32, fp8, int8, int4.")
-OptimOpt = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, lion.")
-RecOpt = typer.Option("none", "--recompute", help="Activation recomputation: none, selective (attention core), full (every layer).")
-AttnOpt = typer.Option("auto", "--attention", help="Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on cuda, sdpa on cpu.")
-DpOpt = typer.Option(1, "--dp", help="Data-parallel degree.")
-TpOpt = typer.Option(1, "--tp", help="Tensor-parallel degree (divides heads).")
-PpOpt = typer.Option(1, "--pp", help="Pipeline-parallel degree (divides layers; 1F1B schedule).")
-ZeroOpt = typer.Option(0, "--zero", help="ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, = FSDP).")
-DevOpt = typer.Option("cuda", "--device", help="Kernel semantics: cuda (flash SDPA, foreach optimizers) or cpu (PyTorch CPU kernels, for-loop optimizers).")
-GpuOpt = typer.Option(None, "--gpu", help="GPU to check the fit and time against (see `trainfit gpus`); drawn as a capacity line.")
-ModeOpt = typer.Option("train", "--mode", help="train or infer.")
-MfuOpt = typer.Option(0.4, "--mfu", help="Model-FLOPs utilisation assumed for the step time.")
-JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
+from ..options import (
+    AccumOpt,
+    AttnOpt,
+    BatchOpt,
+    DevOpt,
+    DpOpt,
+    GpuOpt,
+    JsonOpt,
+    MfuOpt,
+    ModelArg,
+    ModeOpt,
+    OptimOpt,
+    PpOpt,
+    PrecOpt,
+    RecOpt,
+    SeqOpt,
+    TpOpt,
+    ZeroOpt,
+)
 
 
 def _request(model, batch=1, seq=2048, grad_accum=1, precision=None, optimizer="adamw", recompute="none",
