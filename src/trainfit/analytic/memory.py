@@ -15,8 +15,17 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import (FP32, INDEX, _norm_saved, dropout_mask_bytes, dropouts, family_traits, keys_per_token,
-                          layer_activations, resolved_kernel)
+from .activations import (
+    FP32,
+    INDEX,
+    _norm_saved,
+    dropout_mask_bytes,
+    dropouts,
+    family_traits,
+    keys_per_token,
+    layer_activations,
+    resolved_kernel,
+)
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 
@@ -121,9 +130,9 @@ def _head_bytes(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> d
         "head_saved": head_saved + head_fixed + lsm + labels,
         # forward high point: the logits, their fp32 copy and the log-softmax output, all live at once
         "loss_forward_transient": logits + logits_fp32,
-        # backward start: grad of the log-softmax output and the logits' fp32 gradient beside the saved output
-        # (counted in head_saved), then its cast for the LM-head matmul under autocast
-        "loss_backward_transient": 2 * loss_bytes * v * tokens + (a * v * tokens if a != loss_bytes else 0),
+        # backward start: grad of the log-softmax output and the logits' gradient beside the saved output
+        # (counted in head_saved); the gradient's cast for the LM-head matmul comes after the first is freed
+        "loss_backward_transient": max(2 * loss_bytes, loss_bytes + (a if a != loss_bytes else 0)) * v * tokens,
     }
 
 
