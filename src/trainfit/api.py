@@ -68,7 +68,12 @@ def _trace(req: Request) -> Estimate:
         from .trace.engine import trace_spec
     except ImportError as e:
         raise EngineUnavailableError(f"the trace engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
-    return trace_spec(load_spec(req.model), req.setup())
+    spec, setup = load_spec(req.model), req.setup()
+    if setup.dp > 1 and setup.tp == setup.pp == 1:
+        from .trace.distributed import trace_distributed  # one rank of the sharded step, fake process group
+
+        return trace_distributed(spec, setup)
+    return trace_spec(spec, setup)
 
 
 def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:
@@ -84,12 +89,28 @@ def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force
     return to_estimate(result, spec, setup)
 
 
-def check_room(spec, setup: Setup) -> None:
-    """Refuse a real run whose predicted peak exceeds the memory free on the device (--force overrides)."""
+def measure_ranks(req: Request, nproc: int, launcher_args: tuple = (), steps: int = 3, warmup: int = 2,
+                  progress=None, force: bool = False) -> tuple[list[Estimate], list[dict]]:
+    """A real run on `nproc` local processes (torch.distributed.run): each rank's Estimate and the ranks JSON."""
+    try:
+        from .measure.distributed import measure_distributed, ranks_json, to_estimates
+    except ImportError as e:
+        raise EngineUnavailableError(f"the measure engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
+    spec, setup = load_spec(req.model), req.setup()
+    if not force:
+        check_room(spec, setup, processes=nproc if setup.device == "cpu" else 1)
+    results = measure_distributed(spec, setup, nproc, steps=steps, warmup=max(2, warmup), device=setup.device,
+                                  launcher_args=launcher_args, progress=progress)
+    return to_estimates(results, spec, setup), ranks_json(results)
+
+
+def check_room(spec, setup: Setup, processes: int = 1) -> None:
+    """Refuse a real run whose predicted peak exceeds the memory free on the device (--force overrides). CPU
+    ranks share the host's memory, so their peaks add up."""
     from .analytic.engine import estimate
     from .units import fmt_bytes
 
-    predicted = estimate(spec, setup).memory.peak
+    predicted = estimate(spec, setup).memory.peak * processes
     free = available_memory(setup.device)
     if free is not None and predicted > free:
         raise SetupError(f"the analytic engine predicts a {fmt_bytes(predicted)} peak but only {fmt_bytes(free)} is free "

@@ -100,17 +100,36 @@ def measure(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gra
             warmup: int = typer.Option(1, "--warmup", help="Warm-up steps (>= 1: optimizer state resident)."),
             trace: bool = typer.Option(False, "--trace", help="Also run the trace engine's prediction."),
             force: bool = typer.Option(False, "--force", help="Run even when the prediction exceeds free memory."),
+            nproc: int = typer.Option(1, "--nproc", help="Processes on this node (torch.distributed.run; gloo on cpu, NCCL on cuda)."),
+            dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel ranks in all (default: nproc × nnodes)."),
+            zero: int = ZeroOpt,
+            nnodes: Optional[str] = typer.Option(None, "--nnodes", help="Passed to torch.distributed.run (multi-node)."),
+            node_rank: Optional[int] = typer.Option(None, "--node-rank", help="Passed to torch.distributed.run."),
+            rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="Passed to torch.distributed.run, e.g. host:29500."),
+            rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", help="Passed to torch.distributed.run."),
+            rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="Passed to torch.distributed.run."),
             json: bool = JsonOpt) -> None:
     """Run the real standard step here (random weights) and read its true peak; compare with the predictions.
 
-    Example: trainfit measure tiny-llama --batch 2 --seq 128 --precision amp-bf16 --steps 5
+    Examples:\n
+      trainfit measure tiny-llama --batch 2 --seq 128 --precision amp-bf16 --steps 5\n
+      trainfit measure tiny-llama --nproc 4 --zero 3 --device cpu        # FSDP2 over 4 gloo processes, per rank\n
+      trainfit measure ./config.json --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint host:29500 --zero 1
     """
     from rich.progress import Progress
 
-    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, 1, 1, 1, 0,
+    if steps < 0 or warmup < 1 or nproc < 1:
+        raise TrainfitError("--steps must be >= 0, --warmup >= 1 and --nproc >= 1")
+    launcher = [f"--{k.replace('_', '-')}={v}" for k, v in (("nnodes", nnodes), ("node_rank", node_rank),
+                ("rdzv_endpoint", rdzv_endpoint), ("rdzv_backend", rdzv_backend), ("rdzv_id", rdzv_id)) if v is not None]
+    if dp is None:
+        nodes = int(str(nnodes).split(":")[-1]) if nnodes else 1
+        dp = nproc * nodes
+    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, 1, 1, zero,
                    False, device, None, "train", 0.4, None, None, None)
-    if steps < 0 or warmup < 1:
-        raise TrainfitError("--steps must be >= 0 and --warmup >= 1")
+    if nproc > 1 or launcher:
+        _measure_ranks(req, nproc, tuple(launcher), steps, warmup, force, json)
+        return
     with Progress(transient=True, disable=json) as bar:
         task = bar.add_task("building the model", total=warmup + 1 + steps)
         labels = {"build": "building the model", "warmup": "warm-up", "peak": "measured step", "time": "timed steps"}
@@ -132,6 +151,30 @@ def measure(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gra
     tm = measured.time
     typer.echo(f"step {tm.step_seconds * 1e3:.1f} ms · {tm.tokens_per_second:,.0f} tokens/s on {tm.gpu}"
                + (f" · process RSS peak {measured.detail['rss_peak'] / 2**20:,.0f} MiB (secondary)" if measured.detail.get("rss_peak") else ""))
+
+
+def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
+    from rich.progress import Progress
+
+    from .report import json_out, terminal
+
+    with Progress(transient=True, disable=json) as bar:
+        task = bar.add_task(f"{nproc} processes", total=None)
+        per_rank, ranks = api.measure_ranks(req, nproc, launcher, steps, warmup,
+                                            lambda stage, i, n: bar.update(task, description=f"rank 0: {stage} {i}/{n}"), force)
+    worst = max(per_rank, key=lambda e: e.memory.peak)
+    predicted = api.analytic(req)
+    if json:
+        d = json_out.estimate_dict(worst)
+        d["ranks"] = ranks
+        d["predictions"] = {"analytic": {"peak": predicted.memory.peak,
+                                         "error": (predicted.memory.peak - worst.memory.peak) / worst.memory.peak}}
+        typer.echo(json_out.dumps(d))
+        return
+    terminal.render_side_by_side([predicted, worst], labels=["analytic", f"measured (rank {worst.detail['rank']})"], reference=1)
+    for r in ranks:
+        typer.echo(f"rank {r['rank']}: peak {r['peak'] / 2**20:,.2f} MiB ({r['peak_phase']}), step {r['step_seconds'] * 1e3:,.1f} ms, "
+                   f"in collectives {r['comm_seconds'] * 1e3:,.1f} ms")
 
 
 @app.command()

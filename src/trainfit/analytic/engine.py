@@ -77,11 +77,12 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     m = inference.infer_memory(spec, setup, pc)
     peak_phase = "prefill" if m.prefill_peak >= m.decode_peak else "decode"
     peak = max(m.prefill_peak, m.decode_peak)
+    phases = {"prefill": m.prefill_peak, "decode": m.decode_peak} if spec.causal else {"prefill": m.prefill_peak}
     fpt = forward_per_token(spec, setup.seq, pc)
     prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,
                     temporaries=m.logits, kv_cache=m.kv_cache, peak=peak, peak_phase=peak_phase,
-                    phases={"prefill": m.prefill_peak, "decode": m.decode_peak},
+                    phases=phases,
                     at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations, "temporaries": m.logits})
     flops = Flops(int(prefill_flops), 0, 0, int(prefill_flops), int(prefill_flops), int(fpt))
     timing = None
@@ -89,10 +90,10 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
         capacity = gpu.memory - reserve
         prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
         # decode: one pass over the weights and the whole KV cache per generated token (per sequence batch)
-        decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu)
+        decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu) if spec.causal else None
         timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=prefill_s, tokens_per_second=setup.batch * setup.seq / prefill_s,
                         fits=peak <= capacity, headroom=capacity - peak, prefill_seconds=prefill_s,
-                        decode_tokens_per_second=setup.batch / decode_s,
+                        decode_tokens_per_second=setup.batch / decode_s if decode_s else None,
                         max_batch=inference.largest_batch(spec, setup, capacity),
                         max_seq=inference.largest_context(spec, setup, capacity))
     notes = [f"KV cache in {setup.kv_dtype or ('fp32' if setup.precision == 'fp32' else 'bf16')}; decode at {mbu:.0%} of memory bandwidth (roofline)"]

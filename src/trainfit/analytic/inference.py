@@ -34,18 +34,20 @@ def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
 
 
 def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
-    """Largest set of live tensors inside one layer during a no-grad forward: the residual stream and its
-    normalised copy, then either attention (q, k, v, output; eager adds the s×s scores and probabilities) or
-    the MLP (gate, up and their product / fc1 and activation). NB: a bound within ~10% of traced layers."""
+    """Largest set of live tensors inside one layer during a no-grad forward (read off traced prefills): the
+    embedding output (HF's forward keeps `inputs_embeds` alive to the end), the layer's input and mid-layer
+    residuals and the normalised copy, plus either attention (q, k, v, output; eager adds the s×s scores
+    and probabilities) or the MLP (gate, up, product; fc1 and activation; four for HF's composite gelu_new)."""
     st = state_bytes(setup)
     a, r = st.act, st.residual
     t = setup.tp
-    base = 2 * r * spec.hidden * tokens
+    base = 4 * r * spec.hidden * tokens
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
     if setup.attention_kernel == "eager":
         attn += (FP32 + a) * spec.heads / t * tokens * setup.seq
     width = spec.moe.expert_intermediate * spec.moe.top_k if spec.moe else spec.intermediate
-    mlp = (3 if spec.gated_mlp else 2) * a * width / t * tokens
+    live = 3 if spec.gated_mlp else {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
+    mlp = live * a * width / t * tokens
     return base + max(attn, mlp)
 
 
@@ -59,6 +61,9 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     act = _prefill_transient(spec, setup, tokens)
     # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
     logits = FP32 * spec.vocab / setup.tp * setup.batch
+    if not spec.causal:  # encoders: one forward over the whole sequence, no KV cache, no decode
+        full_logits = st.act * spec.vocab / setup.tp * tokens  # an MLM head scores every position (no loss: no upcast)
+        return InferMemory(int(weights), 0, int(act), int(full_logits), int(weights + act + full_logits), 0)
     prefill = weights + kv + act + logits
     decode = weights + kv_bytes_per_token(spec, setup) * setup.batch * (setup.seq + 1) + _prefill_transient(
         spec, setup.with_(seq=1), setup.batch) + logits

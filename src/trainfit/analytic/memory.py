@@ -172,9 +172,16 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         opt = n * st.optimizer / (dp if z >= 1 else 1)
     # DDP copies gradients into its own bucket buffers (torch DDP, gradient_as_bucket_view=False): a second
     # gradient-sized allocation resident through the step. ZeRO-2/3 reduce-scatter in small buckets.
-    comm = grads if (dp > 1 and z == 0) else 0
-    # ZeRO-3 / FSDP: the current layer's and the prefetched next layer's full parameters are gathered.
-    gathered = 2 * pc.per_layer_dense / t * st.weight if z >= 3 else 0
+    # ZeRO-1 as torch runs it (DDP + ZeroRedundancyOptimizer) keeps those buckets too. ZeRO-2 as FSDP2 runs it
+    # (reshard_after_forward=False) keeps the sharded parameter storage it gathers from beside the full parameters
+    # (Rajbhandari's Pos+g, as DeepSpeed runs it, has only the full ones: n/dp fewer bytes).
+    comm = n * st.grad if (dp > 1 and z <= 1) else (n * st.weight / dp if z == 2 else 0)
+    # ZeRO-3 / FSDP2: the current layer's and the prefetched next layer's full parameters are gathered, and the
+    # root module (embeddings, final norm, LM head) stays unsharded from its forward all-gather to its backward.
+    root = 0
+    if z >= 3:
+        root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * st.weight * (1 - 1 / dp)
+    gathered = 2 * pc.per_layer_dense / t * st.weight + root if z >= 3 else 0
 
     tokens = setup.batch * setup.seq
     keys = keys_per_token(spec, setup.seq)
@@ -223,6 +230,16 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         bwd_layer_transient = 2 * a * spec.intermediate * tokens / t
         if resolved_kernel(spec, layer_setup) != "flash":
             bwd_layer_transient += (FP32 + a) * spec.heads * tokens * keys / t
+
+    if z >= 2:
+        # a module's full gradient lives until its reduce-scatter: a whole layer's, or the LM head's/embedding's
+        layer = pc.per_layer_dense / t
+        bwd_layer_transient += max(largest, layer) * st.grad * (1 - 1 / dp)
+        if setup.device == "cpu":
+            # gloo (the CPU backend) clones the reduce-scatter input and, where backward re-gathers parameters
+            # (ZeRO-3), all-gathers into its own flat buffer; NCCL does neither (ProcessGroupGloo.cpp
+            # _reduce_scatter_base / _allgather_base)
+            bwd_layer_transient += layer * (st.grad + (st.weight if z >= 3 else 0))
 
     states = weights + master + opt + comm
     grads_before = grads if setup.grad_accum > 1 else 0  # earlier micro-batches' gradients stay live

@@ -156,7 +156,13 @@ def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 
     `warmup` unprofiled runs first (lazy initialisations), then one peak run (profiler on CPU,
     allocator statistics on CUDA), then `steps` timed runs (median prefill and decode seconds).
     """
-    from .runner import MeasureResult, StepOutOfMemoryError, _device_type, _rss_peak, _rss_reset
+    from .runner import (
+        MeasureResult,
+        StepOutOfMemoryError,
+        _device_type,
+        _rss_peak,
+        _rss_reset,
+    )
 
     check_infer_setup(setup)
     dev = _device_type(device)

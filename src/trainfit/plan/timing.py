@@ -38,13 +38,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..hardware import GPU
-from ..spec import ModelSpec
 from ..analytic.flops import attention_flops_per_token, forward_per_token
 from ..analytic.params import ParamCounts
 from ..analytic.precision import StateBytes
 from ..analytic.timing import compute_dtype
+from ..hardware import GPU
 from ..setup import Setup
+from ..spec import ModelSpec
 
 # Fraction of the dense bf16/fp16 peak that the matmul compute reaches, fitted ONCE on the published A100
 # runs of Narayanan et al. 2021 (Table 2) and Korthikanti et al. 2022 (Table 5) by bench/plan_published.py

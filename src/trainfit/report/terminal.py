@@ -72,7 +72,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             c.add_row("tokens/s (all GPUs)", fmt_count(tm.tokens_per_second))
         else:
             c.add_row("prefill time", fmt_seconds(tm.prefill_seconds))
-            c.add_row("decode tokens/s (batch)", f"{tm.decode_tokens_per_second:,.0f}")
+            if tm.decode_tokens_per_second is not None:
+                c.add_row("decode tokens/s (batch)", f"{tm.decode_tokens_per_second:,.0f}")
             c.add_row(f"largest batch at {e.setup.seq} tokens", f"{tm.max_batch:,}")
             c.add_row(f"longest context at batch {e.setup.batch}", f"{tm.max_seq:,}")
         if tm.train_seconds is not None:

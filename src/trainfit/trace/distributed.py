@@ -33,7 +33,13 @@ from ..errors import EngineUnavailableError
 from ..estimate import Estimate
 from ..setup import Setup
 from ..spec import ModelSpec
-from .recorder import GRADIENT, OPTIMIZER_STATE, PARAMETER, TEMPORARY, AllocationRecorder
+from .recorder import (
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    TEMPORARY,
+    AllocationRecorder,
+)
 
 
 def _local(t):
@@ -132,6 +138,41 @@ def trace_rank(spec: ModelSpec, setup: Setup, *, rank: int = 0, backend: str | N
             return _trace_rank(spec, setup, backend, warmup, flops, mesh)
 
 
+def _fake_allreduce_hook(model, world: int) -> None:
+    """DDP's built-in all-reduce hook takes its result from the work's future, which the fake backend leaves
+    empty; this hook does what the built-in one does to memory (divide the bucket in place, all-reduce in
+    place, hand the same buffer back) and returns the bucket itself."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not isinstance(model, DDP):
+        return
+
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        buf.div_(world)
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+
+    model.register_comm_hook(None, hook)
+    model.reducer = _NoRebuild(model.reducer)
+
+
+class _NoRebuild:
+    """DDP re-partitions its buckets at the second forward (`_rebuild_buckets`, in the order gradients became
+    ready), agreeing on the new partition with a broadcast of real index tensors, which fake tensors cannot do.
+    The new buckets hold the same bytes (every gradient once), so the trace keeps the first partition."""
+
+    def __init__(self, reducer):
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self._reducer, name)
+
+
 @contextlib.contextmanager
 def _fsdp_storage_hooks(rec: ShardedRecorder):
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
@@ -186,6 +227,7 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
             model = build_hf(spec, setup)
             enable_recompute(model, setup)
             wrapped, optimizer = wrap(model, setup, "cpu", mesh=mesh)
+            _fake_allreduce_hook(wrapped, setup.dp)
             batches = make_batches(spec, setup)
             for _ in range(max(2, warmup)):
                 run_step(wrapped, optimizer, batches, setup)

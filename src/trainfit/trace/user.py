@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeCopyMode, is_fake
 from ..errors import EngineUnavailableError, SetupError
 from ..estimate import Estimate
 from ..setup import Setup
+from .cuda_kernels import cuda_kernels
 from .engine import (
     NOTES,
     check_setup,
@@ -24,7 +25,6 @@ from .engine import (
     estimate_from,
     use_cuda_optimizer_default,
 )
-from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors
 
 
