@@ -76,7 +76,16 @@ def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
     """
     req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
                    sequence_parallel, device, gpu, mode, mfu, tokens, price, kv_dtype)
-    results = api.run_engines(req, engine, measure_too=measure)
+    slow = engine in ("trace", "all", "measure") or measure
+    if slow and not json:
+        from rich.console import Console
+
+        what = {"trace": "tracing the step on fake tensors", "all": "analytic, then tracing the step on fake tensors",
+                "measure": "running the real step"}.get(engine, "estimating")
+        with Console(stderr=True).status(f"{what}{' and running the real step' if measure else ''} …"):
+            results = api.run_engines(req, engine, measure_too=measure)
+    else:
+        results = api.run_engines(req, engine, measure_too=measure)
     from .report import json_out, terminal
 
     if json:

@@ -11,6 +11,10 @@ PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_
                "prefill": "prefill", "decode": "decode"}
 
 
+def _unit(e: Estimate) -> str:
+    return "GPU" if e.setup.device == "cuda" else "process (CPU semantics)"
+
+
 def setup_line(e: Estimate) -> str:
     s = e.setup
     par = f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 else ""
@@ -36,7 +40,7 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
 
 def render_estimate(e: Estimate, console: Console | None = None) -> None:
     console = console or Console()
-    title = f"{e.model} — {e.engine} engine — per GPU"
+    title = f"{e.model} — {e.engine} engine — per {_unit(e)}"
     t = Table(title=title, caption=setup_line(e), show_header=True, header_style="bold")
     t.add_column("memory", style="cyan")
     t.add_column("bytes", justify="right")
@@ -90,7 +94,7 @@ def render_side_by_side(estimates: list[Estimate], console: Console | None = Non
     """Several estimates of the same model in columns (engines, or training vs inference), with the gap."""
     console = console or Console()
     labels = labels or [e.engine for e in estimates]
-    t = Table(title=f"{estimates[0].model} — per GPU", header_style="bold")
+    t = Table(title=f"{estimates[0].model} — per {_unit(estimates[0])}", header_style="bold")
     t.add_column("", style="cyan")
     for label in labels:
         t.add_column(label, justify="right")
