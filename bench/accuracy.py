@@ -80,7 +80,7 @@ def infer_cases() -> list[tuple[str, Setup]]:
     return out
 
 
-def run(quick: bool, with_trace: bool, only: str | None = None) -> list[dict]:
+def run(quick: bool, with_trace: bool, only: str | None = None, mode: str | None = None) -> list[dict]:
     from trainfit.measure import measure
 
     trace = None
@@ -88,7 +88,7 @@ def run(quick: bool, with_trace: bool, only: str | None = None) -> list[dict]:
         with contextlib.suppress(ImportError):
             from trainfit.trace.engine import trace_spec as trace
     rows = []
-    todo = [c for c in cases(quick) if only is None or only in c[0]]
+    todo = [c for c in cases(quick) if (only is None or only in c[0]) and (mode is None or c[1].mode == mode)]
     for n, (name, setup) in enumerate(todo, 1):
         spec = load_model(name)
         row = {"model": name, "mode": setup.mode, "precision": setup.precision, "optimizer": setup.optimizer,
@@ -243,9 +243,10 @@ def main() -> None:
     ap.add_argument("--no-trace", action="store_true", help="skip the trace engine")
     ap.add_argument("--out", default="bench/results", help="folder for accuracy.md / accuracy.json")
     ap.add_argument("--only", default=None, help="run only cases whose model name contains this string")
+    ap.add_argument("--mode", choices=("train", "infer"), default=None, help="run only training or inference cases")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    rows = run(args.quick, not args.no_trace, args.only)
+    rows = run(args.quick, not args.no_trace, args.only, args.mode)
     wall = time.perf_counter() - t0
     import platform
 

@@ -309,7 +309,8 @@ def markdown(rows, tools: dict, meta: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", default=str(ROOT / "bench/results/accuracy.json"), help="measured cases (bench/accuracy.py)")
+    ap.add_argument("--results", nargs="+", default=[str(ROOT / "bench/results/accuracy.json")],
+                    help="measured cases (bench/accuracy.py's JSON; several files are concatenated)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"), help="folder for anchors.md / anchors.json")
     ap.add_argument("--only", default=None, help="only cases whose model name contains this string")
     ap.add_argument("--no-memtracker", action="store_true", help="skip MemTracker (it re-runs every real step)")
@@ -325,7 +326,12 @@ def main() -> None:
     if args.from_bench:
         rows, meta = bench_rows(args.from_bench == "quick"), ""
     else:
-        rows, meta = load_rows(Path(args.results))
+        rows, metas = [], []
+        for path in args.results:
+            part, m = load_rows(Path(path))
+            rows += part
+            metas.append(m)
+        meta = "; ".join(m for m in metas if m)
     if args.only:
         rows = [r for r in rows if args.only in r["model"]]
     if args.reuse:

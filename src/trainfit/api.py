@@ -1,6 +1,7 @@
 """The library's front door: what the CLI, the web UI and scripts call. No torch at import time."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .errors import EngineUnavailableError, SetupError
@@ -102,6 +103,46 @@ def measure_ranks(req: Request, nproc: int, launcher_args: tuple = (), steps: in
     results = measure_distributed(spec, setup, nproc, steps=steps, warmup=max(2, warmup), device=setup.device,
                                   launcher_args=launcher_args, progress=progress)
     return to_estimates(results, spec, setup), ranks_json(results)
+
+
+def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
+    """Trace any nn.Module from a 'package.module:function' factory (trainfit trace)."""
+    try:
+        from .trace.user import load_factory, trace
+    except ImportError as e:
+        raise EngineUnavailableError(f"the trace engine needs torch ({e.name} is missing): pip install 'trainfit[torch]'") from e
+    import inspect
+
+    factory = load_factory(ref)
+    if batch is not None:
+        params = inspect.signature(factory).parameters
+        key = next((k for k in ("batch", "batch_size") if k in params), None)
+        if key is not None:  # called by the trace inside its fake mode: a 70B factory allocates nothing
+            return trace(functools.partial(factory, **{key: batch}), None, setup)
+        return trace(lambda: _resized(factory(), batch), None, setup)
+    return trace(factory, None, setup)
+
+
+def _resized(made, batch: int):
+    """(model, example) with the example's leading dimension set to `batch` (values do not matter to a trace)."""
+    import torch
+
+    if not isinstance(made, tuple):
+        raise SetupError("--batch needs the factory to return (model, example batch) or to take a batch argument")
+    model, example = made
+
+    def resize(t):
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return torch.zeros((batch, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        return t
+
+    if isinstance(example, dict):
+        example = {k: resize(v) for k, v in example.items()}
+    elif isinstance(example, (tuple, list)):
+        example = type(example)(resize(v) for v in example)
+    else:
+        example = resize(example)
+    return model, example
 
 
 def check_room(spec, setup: Setup, processes: int = 1) -> None:

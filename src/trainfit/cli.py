@@ -186,6 +186,38 @@ def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
                    f"in collectives {r['comm_seconds'] * 1e3:,.1f} ms")
 
 
+@app.command("trace")
+def trace_module(factory: str = typer.Argument(..., help="'package.module:function' returning an nn.Module or (module, example batch)."),
+                 batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Micro-batch: passed to the factory's batch/batch_size argument, else the example batch's first dimension is resized."),
+                 grad_accum: int = AccumOpt, precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt,
+                 recompute: str = typer.Option("none", "--recompute", help="none, or full (torch.utils.checkpoint around each direct child module)."),
+                 device: str = DevOpt, json: bool = JsonOpt) -> None:
+    """Trace a training step of any nn.Module on fake tensors (no real memory): peak, phase, what holds it.
+
+    The module's output (or its .loss, or its first element) is the loss; a non-scalar output is averaged.
+
+    Example: trainfit trace my_pkg.models:build --batch 32 --precision amp-bf16
+    """
+    from .api import trace_factory
+    from .report import json_out, terminal
+
+    setup = api.Request(model="-", batch=batch or 1, grad_accum=grad_accum, precision=precision, optimizer=optimizer,
+                        recompute=recompute, device=device).setup()
+    if json:
+        typer.echo(json_out.dumps(json_out.estimate_dict(trace_factory(factory, batch, setup))))
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"tracing {factory} on fake tensors …"):
+        result = trace_factory(factory, batch, setup)
+    terminal.render_estimate(result)
+    top = result.detail.get("top_tensors", [])[:8]
+    if top:
+        typer.echo("largest tensors at the peak:")
+        for x in top:
+            typer.echo(f"  {x['bytes'] / 2**20:10.2f} MiB  {x['category']:15s} {x['module']}  {x['shape']} {x['dtype']}")
+
+
 @app.command()
 def compare(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, precision: Optional[str] = PrecOpt,
             optimizer: str = OptimOpt, recompute: str = RecOpt, attention: str = AttnOpt, device: str = DevOpt,
