@@ -122,3 +122,9 @@ def test_refusals(llama):
     measure_inference(llama, infer_setup(precision="amp-bf16", kv_dtype="fp32", batch=1, seq=8), steps=0)
     with pytest.raises(SetupError):
         measure_inference(llama, Setup(batch=1, seq=8, precision="fp32", device="cpu"))  # train mode
+
+
+def test_decode_past_learned_positions_refused():
+    spec = load_model("tiny-gpt2")  # 512 learned positions: the decode token of a 512-token prompt has none
+    with pytest.raises(SetupError, match="positions"):
+        measure_inference(spec, infer_setup(seq=spec.max_positions))

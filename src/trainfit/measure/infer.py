@@ -165,6 +165,10 @@ def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 
     )
 
     check_infer_setup(setup)
+    if spec.causal and getattr(spec, "positions", None) == "learned" and setup.seq + 1 > spec.max_positions:
+        raise SetupError(
+            f"--seq {setup.seq}: {spec.name} has {spec.max_positions} learned positions and the decode step's token "
+            f"sits at position {setup.seq}; use --seq {spec.max_positions - 1} or less")
     dev = _device_type(device)
     if dev == "cuda" and not torch.cuda.is_available():
         raise EngineUnavailableError("--device cuda: no CUDA device is available to measure on; use --device cpu")

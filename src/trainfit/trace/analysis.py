@@ -171,6 +171,11 @@ def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, st
         baseline = list(by_cat)
         peak, peak_cat = total, list(by_cat)
 
+    # the sampled timeline can step over a short spike: put the peak moment itself on it
+    timeline.append({"event": peak_ev + 1, "phase": phase_names.get(peak_phase, peak_phase),
+                     "bytes": {CATEGORIES[c]: b for c, b in enumerate(peak_cat) if b}})
+    timeline.sort(key=lambda p: p["event"])
+
     by_module: dict[str, int] = {}
     fwd_ends = [ev for ev, name in rec.phase_marks if name == "backward"]
     if fwd_ends:
