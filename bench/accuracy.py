@@ -286,7 +286,8 @@ def main() -> None:
     import torch
     import transformers
 
-    meta = (f"{'quick subset' if args.quick else 'full matrix'}: {len(rows)} rows in {wall / 60:.1f} min on "
+    meta = (f"{'quick subset' if args.quick else 'full matrix'}{f' ({args.mode} cases)' if args.mode else ''}"
+            f"{f' (models *{args.only}*)' if args.only else ''}: {len(rows)} rows in {wall / 60:.1f} min on "
             f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
             f"transformers {transformers.__version__}, {time.strftime('%Y-%m-%d')}")
     name = "accuracy"

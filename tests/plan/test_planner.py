@@ -67,8 +67,10 @@ def test_peak_is_convex_nondecreasing_in_micro_batch(l8b):
 def test_largest_batch_matches_brute_force(l8b):
     o = PeakOracle(l8b, count_params(l8b))
     base = Setup(seq=4096, dp=8, zero=1, precision="bf16-master")
-    cap = 60 * 2**30
-    brute = max(b for b in range(1, 200) if o.peak(base.with_(batch=b)) <= cap)
+    cap = 100 * 2**30  # batch 1 needs ~72 GiB (DDP's bucket copy stays under ZeRO-1); several batches fit
+    fitting = [b for b in range(1, 200) if o.peak(base.with_(batch=b)) <= cap]
+    assert len(fitting) > 2
+    brute = max(fitting)
     assert PeakOracle(l8b, count_params(l8b)).largest_batch(base, cap, 199) == brute
 
 
