@@ -67,7 +67,7 @@ def test_peak_is_convex_nondecreasing_in_micro_batch(l8b):
 def test_largest_batch_matches_brute_force(l8b):
     o = PeakOracle(l8b, count_params(l8b))
     base = Setup(seq=4096, dp=8, zero=1, precision="bf16-master")
-    cap = 100 * 2**30  # batch 1 needs ~72 GiB (DDP's bucket copy stays under ZeRO-1); several batches fit
+    cap = 200 * 2**30  # batch 1 needs ~72 GiB (DDP bucket copy under ZeRO-1), each sequence ~27 GiB more
     fitting = [b for b in range(1, 200) if o.peak(base.with_(batch=b)) <= cap]
     assert len(fitting) > 2
     brute = max(fitting)
