@@ -248,9 +248,28 @@ def summarise(errs: list[tuple[float, dict]]) -> str:
     vals = [abs(e) for e, _ in errs]
     worst_e, worst_r = max(errs, key=lambda x: abs(x[0]))
     signed = statistics.median(e for e, _ in errs)
-    desc = f"{worst_r['model']} {worst_r['precision']} {worst_r.get('phase', '')} b={worst_r['batch']} s={worst_r['seq']}"
+    what = worst_r.get("phase", "") if worst_r.get("mode") == "infer" else f"{worst_r['optimizer']} recompute {worst_r['recompute']}"
+    desc = (f"{worst_r['model']} {worst_r['precision']} {what} b={worst_r['batch']} s={worst_r['seq']}"
+            f"{' ' + worst_r['attention'] if worst_r['attention'] == 'eager' else ''}"
+            f"{' accum ' + str(worst_r['grad_accum']) if worst_r.get('grad_accum', 1) > 1 else ''}")
     return (f"{len(errs)} cases · median |error| {statistics.median(vals):.1%} (median signed {signed:+.1%}) · "
             f"worst {worst_e:+.1%} ({desc.replace('  ', ' ')})")
+
+
+def _why(tool: dict, rows: list[dict]) -> str:
+    reasons: dict[str, int] = {}
+    for r in rows:
+        res = tool.get("results", {}).get(case_key(r))
+        if res is None:
+            why = "no result"
+        elif "error" in res:
+            why = res["error"].split(". ")[0][:120]
+        elif prediction(tool, r) is None:
+            why = "no figure for this phase/mode"
+        else:
+            continue
+        reasons[why] = reasons.get(why, 0) + 1
+    return "; ".join(f"{n}× `{w}`" for w, n in reasons.items())
 
 
 def cell(pred, truth) -> str:
@@ -279,13 +298,26 @@ def markdown(rows, tools: dict, meta: str) -> str:
             lines.append(f"- **{label}**: did not run — {tool['error']}")
             continue
         ver = tool.get("tool", "")
+        adam_only = name in ("accelerate", "deepspeed")  # they model Adam only: other optimizers are out of scope
         for mode in ("train", "infer"):
-            e = [(err(prediction(tool, r), r["measured"]), r) for r in measured if r.get("mode", "train") == mode]
+            part = [r for r in measured if r.get("mode", "train") == mode]
+            scope = ""
+            if adam_only and mode == "train":
+                n_all = len(part)
+                part = [r for r in part if r["optimizer"] in ("adam", "adamw")]
+                scope = f", Adam/AdamW cases; {n_all - len(part)} other-optimizer cases left out"
+            e = [(err(prediction(tool, r), r["measured"]), r) for r in part]
             e = [x for x in e if x[0] is not None]
             if e:
-                lines.append(f"- **{label}** [{ver}] ({mode}, vs measured peak): {summarise(e)}")
+                lines.append(f"- **{label}** [{ver}] ({mode}, vs measured peak{scope}): {summarise(e)}")
+            n_none = len(part) - len(e)
+            if n_none and not e and name == "deepspeed":
+                lines.append(f"  - {mode}: DeepSpeed has no inference estimator")
+            elif n_none:
+                lines.append(f"  - no figure for {n_none} {mode} case(s): " + _why(tool, part))
         if name == "deepspeed":
-            e = [(err(prediction(tool, r), model_states(r)), r) for r in measured if model_states(r)]
+            e = [(err(prediction(tool, r), model_states(r)), r) for r in measured
+                 if model_states(r) and r["optimizer"] in ("adam", "adamw")]
             e = [x for x in e if x[0] is not None]
             if e:
                 lines.append(f"- **{label}** [{ver}] (train, vs measured model states = weights + grads + "

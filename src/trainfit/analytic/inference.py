@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32
+from .activations import FP32, family_traits
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
 
@@ -44,7 +44,13 @@ def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     base = 4 * r * spec.hidden * tokens
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
     if setup.attention_kernel == "eager":
-        attn += (FP32 + a) * spec.heads / t * tokens * setup.seq
+        # HF's eager softmax(dtype=float32) copies the scores to fp32 beside its fp32 output (the scores stay
+        # alive as its input), and the model's (b, 1, s, s) causal mask is live throughout; GPT-2's eager
+        # softmaxes in the scores' dtype with a boolean mask.
+        if family_traits(spec)["eager_softmax_fp32"]:
+            attn += ((2 * FP32 + (a if a != FP32 else 0)) * spec.heads / t + a) * tokens * setup.seq
+        else:
+            attn += (3 * a * spec.heads / t + 1) * tokens * setup.seq  # scores, masked scores, probabilities
     width = spec.moe.expert_intermediate * spec.moe.top_k if spec.moe else spec.intermediate
     live = 3 if spec.gated_mlp else {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
     mlp = live * a * width / t * tokens
@@ -65,8 +71,14 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         full_logits = st.act * spec.vocab / setup.tp * tokens  # an MLM head scores every position (no loss: no upcast)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(weights + act + full_logits), 0)
     prefill = weights + kv + act + logits
-    decode = weights + kv_bytes_per_token(spec, setup) * setup.batch * (setup.seq + 1) + _prefill_transient(
-        spec, setup.with_(seq=1), setup.batch) + logits
+    cached = setup.batch * (setup.seq + 1)
+    # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager
+    # attention with fewer kv heads than heads repeats k and v to every head (repeat_kv)
+    layer_kv = kv_bytes_per_token(spec, setup) / (spec.layers / setup.pp) * cached
+    repeated = 2 * st.act * spec.q_dim / setup.tp * cached if (setup.attention_kernel == "eager"
+                                                                 and spec.kv_heads < spec.heads) else 0
+    decode = (weights + kv_bytes_per_token(spec, setup) * cached + layer_kv + repeated
+              + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 
 
