@@ -247,6 +247,20 @@ def markdown(rows: list[dict], meta: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def rescore(row: dict) -> dict:
+    """The row's analytic prediction recomputed with the current code; the measurement is untouched."""
+    if "measured" not in row:
+        return row
+    infer = row["mode"] == "infer"
+    setup = Setup(batch=row["batch"], seq=row["seq"], precision=row["precision"], device="cpu", mode=row["mode"],
+                  attention=row["attention"], grad_accum=row["grad_accum"],
+                  **({} if infer else {"optimizer": row["optimizer"], "recompute": row["recompute"]}))
+    est = estimate(load_model(row["model"]), setup)
+    predicted = est.memory.phases.get(row["phase"], est.memory.peak) if infer else est.memory.peak
+    return {**row, "analytic": predicted, "analytic_phase": row["phase"] if infer else est.memory.peak_phase,
+            "analytic_err": (predicted - row["measured"]) / row["measured"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a representative subset")
@@ -256,6 +270,9 @@ def main() -> None:
     ap.add_argument("--mode", choices=("train", "infer"), default=None, help="run only training or inference cases")
     ap.add_argument("--render", nargs="+", default=None, metavar="JSON",
                     help="no runs: concatenate the rows of these accuracy JSON files and write OUT/accuracy.md/.json")
+    ap.add_argument("--rescore", action="store_true",
+                    help="with --render: keep the stored measurements (the truth) and trace results, recompute the "
+                         "analytic predictions with the current code")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -268,6 +285,9 @@ def main() -> None:
                 metas.append(data.get("meta", ""))
                 wall += data.get("wall_s", 0.0)
         meta = "; ".join(m for m in metas if m)
+        if args.rescore:
+            rows = [rescore(r) for r in rows]
+            meta += "; analytic predictions recomputed with the current code (--rescore)"
         (out / "accuracy.json").write_text(json.dumps({"meta": meta, "wall_s": round(wall, 1), "rows": rows}, indent=1))
         md = markdown(rows, meta)
         (out / "accuracy.md").write_text(md + "\n")

@@ -17,7 +17,7 @@ def test_llama31_8b_kv_cache_is_one_gib_per_8k_sequence():
 
 def test_kv_cache_scales_with_batch_and_mqa():
     spec = load_model("llama-3.1-8b")
-    assert estimate(spec, Setup(mode="infer", batch=16, seq=8192)).memory.kv_cache == 16 * GiB
+    assert estimate(spec, Setup(mode="infer", precision="bf16", batch=16, seq=8192)).memory.kv_cache == 16 * GiB
     # GQA: llama-2-70b has 8 kv heads of 64 → 8x smaller cache than its 64 query heads would need
     l70 = load_model("llama-2-70b")
     kv = estimate(l70, Setup(mode="infer", batch=1, seq=4096)).memory.kv_cache

@@ -100,6 +100,6 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                         decode_tokens_per_second=setup.batch / decode_s if decode_s else None,
                         max_batch=inference.largest_batch(spec, setup, capacity),
                         max_seq=inference.largest_context(spec, setup, capacity))
-    notes = [f"KV cache in {setup.kv_dtype or ('fp32' if setup.precision == 'fp32' else 'bf16')}; decode at {mbu:.0%} of memory bandwidth (roofline)"]
+    notes = [f"KV cache in {inference.kv_dtype(spec, setup)}; decode at {mbu:.0%} of memory bandwidth (roofline)"]
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active, "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup)})

@@ -222,14 +222,15 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     bwd_start_transient = head["loss_backward_transient"] if stage.head else 0
     # During one layer's backward: with full recompute, its recomputed activations (the big intermediate gradients
     # only appear once some of them are freed); without, the gradients of its largest intermediates.
-    # NB: approximated by two MLP-intermediate gradients plus the s×s gradient for non-flash attention.
+    # NB: approximated by two MLP-intermediate gradients, or the s×s gradient for non-flash attention.
     a = st.act
     if recompute == "full":
         bwd_layer_transient = bwd_recompute
     else:
         bwd_layer_transient = 2 * a * spec.intermediate * tokens / t
         if resolved_kernel(spec, layer_setup) != "flash":
-            bwd_layer_transient += (FP32 + a) * spec.heads * tokens * keys / t
+            # the softmax's fp32 s×s gradient (observed in traced eager steps; not live with the MLP's)
+            bwd_layer_transient = max(bwd_layer_transient, FP32 * spec.heads * tokens * keys / t)
 
     if z >= 2:
         # a module's full gradient lives until its reduce-scatter: a whole layer's, or the LM head's/embedding's
