@@ -20,7 +20,7 @@ def test_kv_cache_scales_with_batch_and_mqa():
     assert estimate(spec, Setup(mode="infer", precision="bf16", batch=16, seq=8192)).memory.kv_cache == 16 * GiB
     # GQA: llama-2-70b has 8 kv heads of 64 → 8x smaller cache than its 64 query heads would need
     l70 = load_model("llama-2-70b")
-    kv = estimate(l70, Setup(mode="infer", batch=1, seq=4096)).memory.kv_cache
+    kv = estimate(l70, Setup(mode="infer", precision="bf16", batch=1, seq=4096)).memory.kv_cache
     assert kv == 2 * 80 * 8 * 128 * 4096 * 2
 
 
