@@ -117,11 +117,13 @@ def measure(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gra
             rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="Passed to torch.distributed.run, e.g. host:29500."),
             rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", help="Passed to torch.distributed.run."),
             rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="Passed to torch.distributed.run."),
+            mode: str = ModeOpt, kv_dtype: Optional[str] = KvOpt,
             json: bool = JsonOpt) -> None:
     """Run the real standard step here (random weights) and read its true peak; compare with the predictions.
 
     Examples:\n
       trainfit measure tiny-llama --batch 2 --seq 128 --precision amp-bf16 --steps 5\n
+      trainfit measure tiny-llama --mode infer --batch 4 --seq 256 --precision bf16   # prefill + one decode step\n
       trainfit measure tiny-llama --nproc 4 --zero 3 --device cpu        # FSDP2 over 4 gloo processes, per rank\n
       trainfit measure ./config.json --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint host:29500 --zero 1
     """
@@ -135,7 +137,7 @@ def measure(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gra
         nodes = int(str(nnodes).split(":")[-1]) if nnodes else 1
         dp = nproc * nodes
     req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, 1, 1, zero,
-                   False, device, None, "train", 0.4, None, None, None)
+                   False, device, None, mode, 0.4, None, None, kv_dtype)
     if nproc > 1 or launcher:
         _measure_ranks(req, nproc, tuple(launcher), steps, warmup, force, json)
         return
