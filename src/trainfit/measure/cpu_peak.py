@@ -213,6 +213,13 @@ def cpu_peak(
     `phase` argument); `on_phase(name)` is called from it too (e.g. to read gradient bytes).
     `baseline`: live bytes at the start (see module docstring). Returns (CpuPeak, run's result).
     """
+    prof, result = profile_run(run, on_phase)
+    return analyse(prof, baseline), result
+
+
+def profile_run(run, on_phase=None):
+    """Run `run(phase)` under the memory profiler, with an empty record_function marker at each phase boundary
+    and the garbage collector off (a collection mid-step would free at an arbitrary moment). Returns (prof, result)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def phase(name: str) -> None:
@@ -230,4 +237,4 @@ def cpu_peak(
     finally:
         if was_enabled:
             gc.enable()
-    return analyse(prof, baseline), result
+    return prof, result

@@ -21,10 +21,9 @@ was allocated in the session: the baseline is read, not summed.
 from __future__ import annotations
 
 import bisect
-import gc
 from typing import Any, Callable
 
-from .cpu_peak import PHASE_PREFIX, START, CpuPeak, _walk
+from .cpu_peak import PHASE_PREFIX, START, CpuPeak, _walk, profile_run
 
 
 def _in_c10d(e) -> bool:
@@ -121,21 +120,5 @@ def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
 
 def profiled(run: Callable[[Callable[[str], None]], Any], on_phase: Callable[[str], None] | None = None):
     """Run `run(phase)` under the memory profiler (as cpu_peak.cpu_peak) and rebuild its live bytes block by block."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    def phase(name: str) -> None:
-        with record_function(PHASE_PREFIX + name):
-            pass
-        if on_phase is not None:
-            on_phase(name)
-
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            result = run(phase)
-    finally:
-        if was_enabled:
-            gc.enable()
+    prof, result = profile_run(run, on_phase)
     return analyse_blocks(prof), result

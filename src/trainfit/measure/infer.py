@@ -157,7 +157,6 @@ def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 
     allocator statistics on CUDA), then `steps` timed runs (median prefill and decode seconds).
     """
     from .runner import (
-        MeasureResult,
         StepOutOfMemoryError,
         _device_type,
         _rss_peak,

@@ -119,13 +119,7 @@ def fake_process_group(world_size: int, rank: int = 0):
 def trace_rank(spec: ModelSpec, setup: Setup, *, rank: int = 0, backend: str | None = None, warmup: int = 2,
                flops: bool = False):
     """(model, recorder, Analysis) of one rank's standard step under the strategy for `setup.zero`."""
-    from ..measure.strategy import local, wrap
-    from ..step import make_batches, run_step
-    from ..step.standard import enable_recompute
-    from .analysis import TRAIN_PHASES, analyse
-    from .engine import build_hf
     from .fake import fake_mode, translated_errors
-    from .modules import ModuleStack
 
     backend = backend or ("nccl" if setup.device == "cuda" else "gloo")
     with fake_process_group(setup.dp, rank), translated_errors(spec.name), _no_param_verification():
@@ -213,7 +207,7 @@ def _no_param_verification():
 
 
 def _trace_rank(spec, setup, backend, warmup, flops, mesh):
-    from ..measure.strategy import local, wrap
+    from ..measure.strategy import wrap
     from ..step import make_batches, run_step
     from ..step.standard import enable_recompute
     from .analysis import TRAIN_PHASES, analyse
@@ -253,8 +247,6 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
                     start = rec.event
                     rec.reset_peak()
                     run_step(wrapped, optimizer, batches, setup, phase=rec.set_phase)
-                    grads = sum(local(p.grad).untyped_storage().nbytes() for p in model.parameters()
-                                if p.grad is not None)
             finally:
                 for h in handles:
                     h.remove()
@@ -264,7 +256,6 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
 
 def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = None, flops: bool = False) -> Estimate:
     """The trace engine's Estimate for one rank of `setup` (dp ranks, zero stage), from a fake process group."""
-    from ..estimate import Memory
     from .engine import NOTES, estimate_from
 
     if setup.dp < 2:
