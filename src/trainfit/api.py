@@ -71,7 +71,9 @@ def _trace(req: Request) -> Estimate:
         raise EngineUnavailableError(f"the trace engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
     spec, setup = load_spec(req.model), req.setup()
     if setup.dp > 1 and setup.tp == setup.pp == 1:
-        from .trace.distributed import trace_distributed  # one rank of the sharded step, fake process group
+        from .trace.distributed import (
+            trace_distributed,  # one rank of the sharded step, fake process group
+        )
 
         return trace_distributed(spec, setup)
     return trace_spec(spec, setup)

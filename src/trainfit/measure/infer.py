@@ -18,8 +18,7 @@
   int8 / int4 / fp8 need quantised kernels that this engine does not run (EngineUnavailableError).
 - The model is in eval mode (dropout off), random weights, no downloads.
 
-Same semantics as the trace engine's `trainfit.trace.inference.inference_step` (written separately;
-the two must agree). Peaks come from the same allocation records as training (trainfit.measure.cpu_peak)
+The step itself is `trainfit.step.infer.inference_step`, the one the trace engine runs too. Peaks come from the same allocation records as training (trainfit.measure.cpu_peak)
 on CPU, and from `max_memory_allocated` reset at every phase boundary on CUDA.
 
     baseline = weights + buffers + the prompt ids (distinct storages)
@@ -27,7 +26,6 @@ on CPU, and from `max_memory_allocated` reset at every phase boundary on CUDA.
 """
 from __future__ import annotations
 
-import inspect
 import math
 import statistics
 import time
@@ -38,6 +36,7 @@ import torch
 from ..errors import EngineUnavailableError, SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
+from ..step.infer import inference_step
 from .cpu_peak import cpu_peak, storage_bytes
 
 INFER_PHASES = ("prefill", "decode")
@@ -70,10 +69,6 @@ def cache_bytes(cache) -> int:
     return storage_bytes(cache_tensors(cache))
 
 
-def _autocast_dtype(setup: Setup):
-    return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(setup.precision)
-
-
 def check_infer_setup(setup: Setup) -> None:
     """Refuse what the real inference step here cannot run (a TrainfitError that says what to do)."""
     if setup.mode != "infer":
@@ -104,35 +99,6 @@ def check_kv_dtype(setup: Setup, cache) -> None:
             f"--kv-dtype {setup.kv_dtype}: HF's DynamicCache holds K/V in {str(have).removeprefix('torch.')} for "
             f"this model at --precision {setup.precision}; the measure engine does not convert the cache: "
             "drop --kv-dtype or use the analytic engine")
-
-
-def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
-                   phase: Callable[[str], None] = lambda name: None,
-                   on_cache: Callable[[object], None] = lambda cache: None):
-    """Prefill + one decode step (module docstring). Returns the final cache (None for encoders)."""
-    dtype = _autocast_dtype(setup)
-    params = inspect.signature(model.forward).parameters
-    kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-    causal = causal and "past_key_values" in params and "use_cache" in params
-    device_type = ids.device.type if ids.device.type in ("cpu", "cuda") else "cpu"
-    with torch.no_grad(), torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        phase("prefill")
-        if not causal:
-            out = model(input_ids=ids)
-            del out
-            phase("end")
-            return None
-        out = model(input_ids=ids, use_cache=True, **kw)
-        cache = out.past_key_values
-        on_cache(cache)
-        next_ids = out.logits[:, -1:].argmax(-1)  # greedy; its value does not matter for memory
-        del out
-        phase("decode")
-        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **kw)
-        on_cache(out.past_key_values)
-        del out
-        phase("end")
-    return cache
 
 
 def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):

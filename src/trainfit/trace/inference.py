@@ -8,11 +8,10 @@ full KV cache, traced like the training step.
 (batch, seq, vocab) logits of a training forward are not materialised. Encoders (BERT) have no
 cache: one forward over the batch ("prefill"). The cache's tensors are labelled kv_cache; DynamicCache
 grows by `torch.cat`, so each layer briefly holds old and new cache during decode (counted).
-`inference_step` runs on real tensors too (tests compare it with the profiler).
+The step is `trainfit.step.infer.inference_step`, the one the measure engine runs on real tensors.
 """
 from __future__ import annotations
 
-import inspect
 import time
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from ..errors import EngineUnavailableError
 from ..setup import Setup
 from ..spec import ModelSpec
+from ..step.infer import inference_step
 from .analysis import INFER_PHASES, analyse
 from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors
@@ -34,35 +34,6 @@ def cache_tensors(cache) -> list[torch.Tensor]:
             if isinstance(t, torch.Tensor):
                 out.append(t)
     return out
-
-
-def inference_step(model, ids, setup: Setup, causal: bool = True, phase=lambda name: None,
-                   on_cache=lambda cache: None):
-    """Prefill + one decode step (module docstring; `causal=False`: one encoder forward). Returns the
-    final KV cache (or None)."""
-    from ..step.build import autocast_dtype
-
-    dtype = autocast_dtype(setup)
-    params = inspect.signature(model.forward).parameters
-    kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-    causal = causal and "past_key_values" in params and "use_cache" in params
-    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        phase("prefill")
-        if not causal:
-            model(input_ids=ids)
-            phase("end")
-            return None
-        out = model(input_ids=ids, use_cache=True, **kw)
-        cache = out.past_key_values
-        on_cache(cache)
-        next_ids = out.logits[:, -1:].argmax(-1)  # greedy; its value is irrelevant to memory
-        del out
-        phase("decode")
-        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **kw)
-        on_cache(out.past_key_values)
-        del out
-        phase("end")
-    return cache
 
 
 def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True):

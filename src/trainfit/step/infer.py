@@ -1,0 +1,46 @@
+"""The inference standard step (DESIGN.md §3), shared by the measure and trace engines.
+
+    phase("prefill"): out = model(ids, use_cache=True, logits_to_keep=1)   # HF DynamicCache filled
+    phase("decode"):  model(next_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+`logits_to_keep=1` is what `generate()` passes (only the last position's logits are needed). Encoders (BERT)
+have no cache: one forward over the batch ("prefill"). Under amp-* the step runs under torch.autocast.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+
+from ..setup import Setup
+from .build import autocast_dtype
+
+
+def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
+                   phase: Callable[[str], None] = lambda name: None,
+                   on_cache: Callable[[object], None] = lambda cache: None):
+    """Prefill + one decode step; returns the final cache (None for encoders). `on_cache` sees the cache after
+    each forward (the engines label or weigh it)."""
+    dtype = autocast_dtype(setup)
+    params = inspect.signature(model.forward).parameters
+    kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    causal = causal and "past_key_values" in params and "use_cache" in params
+    device_type = ids.device.type if ids.device.type in ("cpu", "cuda") else "cpu"
+    with torch.no_grad(), torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        phase("prefill")
+        if not causal:
+            model(input_ids=ids)
+            phase("end")
+            return None
+        out = model(input_ids=ids, use_cache=True, **kw)
+        cache = out.past_key_values
+        on_cache(cache)
+        next_ids = out.logits[:, -1:].argmax(-1)  # greedy; its value does not matter for memory
+        del out
+        phase("decode")
+        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **kw)
+        on_cache(out.past_key_values)
+        del out
+        phase("end")
+    return cache
