@@ -70,7 +70,8 @@ def _norm_saved(spec: ModelSpec, in_bytes: int) -> float:
     rsqrt(variance) and the normalised tensor cast back to the input dtype."""
     h = spec.hidden
     if spec.norm == "rmsnorm":
-        return FP32 * h + FP32 + in_bytes * h
+        # Gemma's RMSNorm multiplies in fp32 and keeps that normalised tensor (family fact `norm_fp32`)
+        return FP32 * h + FP32 + (FP32 if family_traits(spec)["norm_fp32"] else in_bytes) * h
     return in_bytes * h + 2 * FP32
 
 

@@ -101,7 +101,7 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager
     # attention with fewer kv heads than heads repeats k and v to every head (repeat_kv)
     layer_kv = kv_bytes_per_token(spec, setup) / (spec.layers / setup.pp) * cached
-    repeated = 2 * st.act * spec.q_dim / setup.tp * cached if (setup.attention_kernel == "eager"
+    repeated = 2 * st.act * spec.q_dim / setup.tp * cached if (resolved_kernel(spec, setup) == "eager"
                                                                  and spec.kv_heads < spec.heads) else 0
     decode = (weights + kv_bytes_per_token(spec, setup) * cached + layer_kv + repeated + casts + head_cast
               + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)

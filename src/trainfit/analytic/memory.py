@@ -122,6 +122,8 @@ def _head_bytes(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> d
     upcast = family_traits(spec)["loss_upcast"]
     loss_bytes = FP32 if (upcast or amp or a == FP32) else a
     lsm = loss_bytes * v * tokens  # saved log_softmax output
+    if spec.config.get("final_logit_softcapping", family_traits(spec).get("final_softcap_default")):
+        head_saved += a * v * tokens  # Gemma-2 caps the logits with tanh, whose output is saved
     labels = INDEX * tokens
     logits = a * v * tokens
     logits_fp32 = FP32 * v * tokens if (a != FP32 and loss_bytes == FP32) else 0
