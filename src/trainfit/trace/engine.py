@@ -26,7 +26,8 @@ from .fake import fake_mode, translated_errors
 def check_setup(setup: Setup) -> None:
     if setup.tp > 1 or setup.pp > 1 or setup.zero:
         raise EngineUnavailableError(
-            "the trace engine runs one unsharded rank: --tp/--pp/--zero are not traced; use the analytic engine")
+            "the trace engine does not trace --tp/--pp (use the analytic engine); --dp with --zero is traced one rank at "
+            "a time with a fake process group (trainfit estimate --engine trace --dp N --zero Z)")
 
 
 def _n_params(model: torch.nn.Module) -> int:
