@@ -3,10 +3,11 @@ user.py). Both build the real PyTorch model under FakeTensorMode (shapes, dtypes
 real; no memory is used), put it in steady state, run the standard step (trainfit.step.run_step)
 under an AllocationRecorder and return an `Estimate` (engine="trace").
 
-Scope: one unsharded rank on CPU kernels. NB for `--device cuda` setups the trace still runs CPU
-kernels and CPU autocast op lists (fake CUDA tensors cannot run autocast on a CPU-only build); sizes
-are rounded like the CUDA caching allocator, but kernels whose CUDA outputs differ (SDPA's extra
-outputs, cuBLAS workspaces) are not modelled.
+Scope: one unsharded rank (--dp/--zero: trace/distributed.py, a fake process group). For `--device cuda`
+setups the trace runs CUDA's own SDPA kernels and fused dropout on fake tensors (cuda_kernels.py), the
+foreach optimizers, and rounds sizes like the CUDA caching allocator. NB: other ops still run CPU kernels
+and CPU autocast op lists (fake CUDA tensors cannot run autocast on a CPU-only build), and cuBLAS
+workspaces are not counted (they are outside `max_memory_allocated`'s tensors anyway).
 """
 from __future__ import annotations
 
