@@ -7,7 +7,8 @@ Scope: one unsharded rank (--dp/--zero: trace/distributed.py, a fake process gro
 setups the trace runs CUDA's own SDPA kernels and fused dropout on fake tensors (cuda_kernels.py), the
 foreach optimizers, and rounds sizes like the CUDA caching allocator. NB: other ops still run CPU kernels
 and CPU autocast op lists (fake CUDA tensors cannot run autocast on a CPU-only build), and cuBLAS
-workspaces are not counted (they are outside `max_memory_allocated`'s tensors anyway).
+workspaces are not counted (NB: an under-count of a few MiB where they come from the caching allocator;
+to be checked on a GPU).
 """
 from __future__ import annotations
 
