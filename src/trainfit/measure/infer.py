@@ -33,6 +33,7 @@ from typing import Callable
 
 import torch
 
+from ..analytic.engine import validate_layout
 from ..errors import EngineUnavailableError, SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -124,21 +125,14 @@ def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 
     """
     from .runner import (
         StepOutOfMemoryError,
-        _device_type,
         _rss_peak,
         _rss_reset,
+        check_device,
     )
 
     check_infer_setup(setup)
-    if spec.causal and getattr(spec, "positions", None) == "learned" and setup.seq + 1 > spec.max_positions:
-        raise SetupError(
-            f"--seq {setup.seq}: {spec.name} has {spec.max_positions} learned positions and the decode step's token "
-            f"sits at position {setup.seq}; use --seq {spec.max_positions - 1} or less")
-    dev = _device_type(device)
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailableError("--device cuda: no CUDA device is available to measure on; use --device cpu")
-    if dev not in ("cpu", "cuda"):
-        raise EngineUnavailableError(f"the measure engine runs on cpu or cuda, not {device!r}")
+    validate_layout(spec, setup)  # e.g. the decode token past a model's learned positions
+    dev = check_device(device)
     progress = progress or (lambda stage, i, n: None)
     torch.manual_seed(0)
     try:

@@ -71,6 +71,16 @@ def _device_type(device) -> str:
     return torch.device(device).type
 
 
+def check_device(device) -> str:
+    """'cpu' or 'cuda' for a device the measure engine can run on here, else a one-line EngineUnavailableError."""
+    dev = _device_type(device)
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise EngineUnavailableError("--device cuda: no CUDA device is available to measure on; use --device cpu")
+    if dev not in ("cpu", "cuda"):
+        raise EngineUnavailableError(f"the measure engine runs on cpu or cuda, not {device!r}")
+    return dev
+
+
 def _rss_reset() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -130,11 +140,7 @@ def measure(
         from .infer import measure_inference
 
         return measure_inference(spec, setup, device=device, steps=steps, warmup=warmup, progress=progress)
-    dev = _device_type(device)
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailableError("--device cuda: no CUDA device is available to measure on; use --device cpu")
-    if dev not in ("cpu", "cuda"):
-        raise EngineUnavailableError(f"the measure engine runs on cpu or cuda, not {device!r}")
+    dev = check_device(device)
     progress = progress or (lambda stage, i, n: None)
     warmup = max(1, warmup)
     torch.manual_seed(0)
