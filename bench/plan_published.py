@@ -39,7 +39,7 @@ from trainfit.analytic.params import count_params  # noqa: E402
 from trainfit.analytic.precision import state_bytes  # noqa: E402
 from trainfit.api import load_spec  # noqa: E402
 from trainfit.hardware import get_gpu  # noqa: E402
-from trainfit.plan.timing import DEFAULT_EFFICIENCY, ModelCosts, step_time  # noqa: E402
+from trainfit.analytic.step_time import DEFAULT_EFFICIENCY, ModelCosts, step_time  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
 
 
@@ -84,7 +84,7 @@ def runs() -> list[Run]:
     for name, spec, p, n, B, t_full, t_sel in k:
         for rec, sp, t in (("full", False, t_full), ("selective", True, t_sel)):
             s = Setup(batch=1, seq=2048, grad_accum=B, precision="bf16-master", recompute=rec, dp=n // (8 * p), tp=8,
-                      pp=p, sequence_parallel=sp)
+                      pp=p, sequence_parallel=sp, attention="eager")  # Megatron 2022: no flash attention
             label = "full recompute" if rec == "full" else "SP + selective"
             out.append(Run(f"{name}, {n} GPUs, {label}", "Korthikanti 2022 Table 5", spec, "A100-80GB", s, t,
                            float("nan"), "", True))

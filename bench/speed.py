@@ -39,7 +39,7 @@ def cli_seconds(args: list[str], repeat: int = 5) -> float:
 
 
 def main() -> None:
-    setups = [Setup(batch=b, seq=s, recompute=r, dp=dp, tp=tp, zero=z)
+    setups = [Setup(batch=b, seq=s, recompute=r, dp=dp, tp=tp, zero=z, attention="eager" if r == "selective" else "auto")
               for b in (1, 2, 4, 8) for s in (2048, 8192) for r in ("none", "selective", "full")
               for dp, tp, z in ((1, 1, 0), (8, 1, 1), (8, 8, 3))]
     rows = [("analytic estimate, llama-3.1-8b (72 setups)", f"{per_setup_us('llama-3.1-8b', setups):.0f} µs per setup"),

@@ -8,38 +8,25 @@ from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate
 from .setup import Setup
 
-ENGINES = ("analytic", "trace", "measure", "all")
+from .engines import ENGINES
+from .setup import Request
+
+__all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "run_engines", "compare", "load_spec", "load_gpu",
+           "trace_factory", "catalog_models"]
 
 
-@dataclass(frozen=True)
-class Request:
-    model: str
-    batch: int = 1
-    seq: int = 2048
-    grad_accum: int = 1
-    precision: str | None = None
-    optimizer: str = "adamw"
-    recompute: str = "none"
-    attention: str = "auto"
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0
-    sequence_parallel: bool = False
-    device: str = "cuda"
-    gpu: str | None = None
-    mode: str = "train"
-    mfu: float = 0.4
-    tokens: float | None = None
-    price: float | None = None
-    kv_dtype: str | None = None
+def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
+    """One estimate of `model` (catalog name, config.json path or cached hub id) with any settings of
+    trainfit.setup (batch, seq, precision, optimizer, recompute, dp/tp/pp, zero, gpu, tokens, ...).
 
-    def setup(self) -> Setup:
-        precision = self.precision or ("amp-bf16" if self.mode == "train" else "bf16")
-        return Setup(batch=self.batch, seq=self.seq, grad_accum=self.grad_accum, precision=precision,
-                     optimizer=self.optimizer, recompute=self.recompute, attention=self.attention, dp=self.dp,
-                     tp=self.tp, pp=self.pp, zero=self.zero, sequence_parallel=self.sequence_parallel,
-                     device=self.device, mode=self.mode, kv_dtype=self.kv_dtype)
+    >>> from trainfit import estimate
+    >>> e = estimate("llama-3.1-8b", batch=2, seq=4096, gpu="H100-80GB")
+    >>> e.memory.peak > e.memory.weights > 0, e.time.gpu
+    (True, 'H100-80GB')
+    """
+    if engine == "all":
+        raise SetupError("estimate() returns one Estimate: pick analytic, trace or measure (run_engines for several)")
+    return run_engines(Request(model=model, **settings), engine)[0]
 
 
 def load_spec(model: str):
@@ -58,38 +45,35 @@ def load_gpu(name: str | None, price: float | None = None):
     return get_gpu(name).with_price(price)
 
 
+def resolve(req: Request):
+    """(spec, setup) of a request: the model loaded, model-dependent defaults (seq) resolved."""
+    spec = load_spec(req.model)
+    return spec, req.setup(spec)
+
+
 def analytic(req: Request) -> Estimate:
-    from .analytic.engine import estimate
+    from . import engines
 
-    return estimate(load_spec(req.model), req.setup(), load_gpu(req.gpu, req.price), mfu=req.mfu, tokens=req.tokens)
+    spec, setup = resolve(req)
+    return engines.analytic(spec, setup, load_gpu(req.gpu, req.price), mfu=req.mfu, tokens=req.tokens)
 
 
-def _trace(req: Request) -> Estimate:
-    try:
-        from .trace.engine import trace_spec
-    except ImportError as e:
-        raise EngineUnavailableError(f"the trace engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
-    spec, setup = load_spec(req.model), req.setup()
-    if setup.dp > 1 and setup.tp == setup.pp == 1:
-        from .trace.distributed import (
-            trace_distributed,  # one rank of the sharded step, fake process group
-        )
+def _trace(req: Request, extrapolate: bool = True) -> Estimate:
+    from . import engines
 
-        return trace_distributed(spec, setup)
-    return trace_spec(spec, setup)
+    spec, setup = resolve(req)
+    return engines.trace(spec, setup, extrapolate=extrapolate)
 
 
 def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:
-    try:
-        from .measure import measure, to_estimate
-    except ImportError as e:
-        raise EngineUnavailableError(f"the measure engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
-    spec, setup = load_spec(req.model), req.setup()
+    from . import engines
+
+    spec, setup = resolve(req)
+    engines.check_limits(spec, setup)
     if not force:
         check_room(spec, setup)
     with quiet_native_stderr():
-        result = measure(spec, setup, steps=steps, warmup=warmup, device=setup.device, progress=progress)
-    return to_estimate(result, spec, setup)
+        return engines.measure(spec, setup, steps=steps, warmup=warmup, progress=progress)
 
 
 def measure_ranks(req: Request, nproc: int, launcher_args: tuple = (), steps: int = 3, warmup: int = 2,
@@ -99,7 +83,7 @@ def measure_ranks(req: Request, nproc: int, launcher_args: tuple = (), steps: in
         from .measure.distributed import measure_distributed, ranks_json, to_estimates
     except ImportError as e:
         raise EngineUnavailableError(f"the measure engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
-    spec, setup = load_spec(req.model), req.setup()
+    spec, setup = resolve(req)
     if not force:
         check_room(spec, setup, processes=nproc if setup.device == "cpu" else 1)
     results = measure_distributed(spec, setup, nproc, steps=steps, warmup=max(2, warmup), device=setup.device,
@@ -223,19 +207,23 @@ def gaps(results: list[Estimate]) -> dict:
             "peak_gap": {e.engine: (e.memory.peak - ref) / ref if ref else None for e in results[:-1]}}
 
 
-def compare(model: str, batch: int, seq: int, precision: str | None = None, optimizer: str = "adamw",
-            recompute: str = "none", attention: str = "auto", device: str = "cuda", gpu: str | None = None) -> dict:
-    """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1."""
-    base = Request(model=model, batch=batch, seq=seq, precision=precision, optimizer=optimizer, recompute=recompute,
-                   attention=attention, device=device, gpu=gpu)
-    infer_prec = "bf16" if (precision or "amp-bf16") in ("amp-bf16", "bf16", "bf16-master") else (
-        "fp16" if precision == "amp-fp16" else "fp32")
-    infer = Request(model=model, batch=batch, seq=seq, precision=infer_prec, attention=attention, device=device,
-                    gpu=gpu, mode="infer")
-    one = Request(model=model, batch=1, seq=seq, precision=infer_prec, attention=attention, device=device, gpu=gpu,
-                  mode="infer")
-    return {f"train (batch {batch})": analytic(base), f"infer (batch {batch})": analytic(infer),
-            "infer (batch 1)": analytic(one)}
+def compare(req: Request) -> dict[str, Estimate]:
+    """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1 (when the batch is
+    larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype."""
+    from dataclasses import replace
+
+    from .precision import DEFAULT, inference_counterpart
+
+    if req.mode != "train":
+        raise SetupError("compare contrasts a training step with inference: drop --mode")
+    train = analytic(req)
+    infer = replace(req, mode="infer", precision=inference_counterpart(req.precision or DEFAULT["train"]),
+                    optimizer="adamw", recompute="none", grad_accum=1, dp=1, zero=0, sequence_parallel=False,
+                    tokens=None, seq=train.setup.seq)
+    rows = [(f"train (batch {req.batch})", train), (f"infer (batch {req.batch})", analytic(infer))]
+    if req.batch > 1:
+        rows.append(("infer (batch 1)", analytic(replace(infer, batch=1))))
+    return dict(rows)
 
 
 def catalog_models() -> list[dict]:

@@ -11,31 +11,8 @@ import typer
 
 from . import api
 from .errors import TrainfitError
-from .options import (
-    AccumOpt,
-    AttnOpt,
-    BatchOpt,
-    DevOpt,
-    DpOpt,
-    EngineOpt,
-    GpuOpt,
-    JsonOpt,
-    KvOpt,
-    MfuOpt,
-    ModelArg,
-    ModeOpt,
-    OptimOpt,
-    PpOpt,
-    PrecOpt,
-    PriceOpt,
-    RecOpt,
-    SeqOpt,
-    SpOpt,
-    TokensOpt,
-    TpOpt,
-    ZeroOpt,
-)
-from .units import parse_count
+from .options import EngineOpt, JsonOpt, with_settings
+from .setup import Request
 
 app = typer.Typer(
     help="Will it train (or serve) on my hardware? Memory, compute and time of a training step or of inference, "
@@ -47,23 +24,9 @@ app = typer.Typer(
 )
 
 
-def _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
-             sequence_parallel, device, gpu, mode, mfu, tokens, price, kv_dtype) -> api.Request:
-    return api.Request(
-        model=model, batch=batch, seq=seq, grad_accum=grad_accum, precision=precision, optimizer=optimizer,
-        recompute=recompute, attention=attention, dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sequence_parallel,
-        device=device, gpu=gpu, mode=mode, mfu=mfu, tokens=parse_count(tokens) if tokens else None, price=price,
-        kv_dtype=kv_dtype,
-    )
-
-
 @app.command()
-def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
-             precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
-             attention: str = AttnOpt, dp: int = DpOpt, tp: int = TpOpt, pp: int = PpOpt, zero: int = ZeroOpt,
-             sequence_parallel: bool = SpOpt, device: str = DevOpt, gpu: Optional[str] = GpuOpt, mode: str = ModeOpt,
-             engine: str = EngineOpt, mfu: float = MfuOpt, tokens: Optional[str] = TokensOpt,
-             price: Optional[float] = PriceOpt, kv_dtype: Optional[str] = KvOpt,
+@with_settings()
+def estimate(req: Request, engine: str = EngineOpt,
              measure: bool = typer.Option(False, "--measure", help="Also run the real step here and show each engine's error."),
              json: bool = JsonOpt) -> None:
     """Memory (by category and phase, with the peak), FLOPs and — with --gpu — fit, step time and cost, per GPU.
@@ -74,8 +37,6 @@ def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
       trainfit estimate llama-3.1-70b --dp 8 --tp 8 --pp 2 --grad-accum 8 --zero 1 --gpu H100-80GB\n
       trainfit estimate llama-3.1-8b --mode infer --batch 16 --seq 8192 --precision bf16 --gpu L4
     """
-    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
-                   sequence_parallel, device, gpu, mode, mfu, tokens, price, kv_dtype)
     slow = engine in ("trace", "all", "measure") or measure
     if slow and not json:
         from rich.console import Console
@@ -102,22 +63,20 @@ def estimate(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
 
 
 @app.command()
-def measure(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
-            precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
-            attention: str = AttnOpt, device: str = typer.Option("cpu", "--device", help="cpu (here) or cuda."),
+@with_settings(only=("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention", "zero", "device",
+                     "mode", "kv_dtype"), defaults={"device": "cpu"}, helps={"device": "cpu (here) or cuda."})
+def measure(req: Request,
             steps: int = typer.Option(3, "--steps", help="Timed steps after the measured one."),
             warmup: int = typer.Option(1, "--warmup", help="Warm-up steps (>= 1: optimizer state resident)."),
             trace: bool = typer.Option(False, "--trace", help="Also run the trace engine's prediction."),
             force: bool = typer.Option(False, "--force", help="Run even when the prediction exceeds free memory."),
             nproc: int = typer.Option(1, "--nproc", help="Processes on this node (torch.distributed.run; gloo on cpu, NCCL on cuda)."),
             dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel ranks in all (default: nproc × nnodes)."),
-            zero: int = ZeroOpt,
             nnodes: Optional[str] = typer.Option(None, "--nnodes", help="Passed to torch.distributed.run (multi-node)."),
             node_rank: Optional[int] = typer.Option(None, "--node-rank", help="Passed to torch.distributed.run."),
             rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="Passed to torch.distributed.run, e.g. host:29500."),
             rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", help="Passed to torch.distributed.run."),
             rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="Passed to torch.distributed.run."),
-            mode: str = ModeOpt, kv_dtype: Optional[str] = KvOpt,
             json: bool = JsonOpt) -> None:
     """Run the real standard step here (random weights) and read its true peak; compare with the predictions.
 
@@ -134,10 +93,15 @@ def measure(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gra
     launcher = [f"--{k.replace('_', '-')}={v}" for k, v in (("nnodes", nnodes), ("node_rank", node_rank),
                 ("rdzv_endpoint", rdzv_endpoint), ("rdzv_backend", rdzv_backend), ("rdzv_id", rdzv_id)) if v is not None]
     if dp is None:
-        nodes = int(str(nnodes).split(":")[-1]) if nnodes else 1
+        try:
+            nodes = int(str(nnodes).split(":")[-1]) if nnodes else 1
+        except ValueError:
+            raise TrainfitError(f"--nnodes {nnodes!r} must be a number of nodes or a range MIN:MAX") from None
         dp = nproc * nodes
-    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, 1, 1, zero,
-                   False, device, None, mode, 0.4, None, None, kv_dtype)
+    if dp != req.dp:
+        from dataclasses import replace
+
+        req = replace(req, dp=dp)
     if nproc > 1 or launcher:
         _measure_ranks(req, nproc, tuple(launcher), steps, warmup, force, json)
         return
@@ -189,11 +153,12 @@ def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
 
 
 @app.command("trace")
-def trace_module(factory: str = typer.Argument(..., help="'package.module:function' returning an nn.Module or (module, example batch)."),
+@with_settings(only=("grad_accum", "precision", "optimizer", "recompute", "device"), model=False,
+               helps={"recompute": "none, or full (torch.utils.checkpoint around each direct child module)."})
+def trace_module(req: Request,
+                 factory: str = typer.Argument(..., help="'package.module:function' returning an nn.Module or (module, example batch)."),
                  batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Micro-batch: passed to the factory's batch/batch_size argument, else the example batch's first dimension is resized."),
-                 grad_accum: int = AccumOpt, precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt,
-                 recompute: str = typer.Option("none", "--recompute", help="none, or full (torch.utils.checkpoint around each direct child module)."),
-                 device: str = DevOpt, json: bool = JsonOpt) -> None:
+                 json: bool = JsonOpt) -> None:
     """Trace a training step of any nn.Module on fake tensors (no real memory): peak, phase, what holds it.
 
     The module's output (or its .loss, or its first element) is the loss; a non-scalar output is averaged.
@@ -203,8 +168,9 @@ def trace_module(factory: str = typer.Argument(..., help="'package.module:functi
     from .api import trace_factory
     from .report import json_out, terminal
 
-    setup = api.Request(model="-", batch=batch or 1, grad_accum=grad_accum, precision=precision, optimizer=optimizer,
-                        recompute=recompute, device=device).setup()
+    from dataclasses import replace
+
+    setup = replace(req, batch=batch or 1).setup()
     if json:
         typer.echo(json_out.dumps(json_out.estimate_dict(trace_factory(factory, batch, setup))))
         return
@@ -221,25 +187,25 @@ def trace_module(factory: str = typer.Argument(..., help="'package.module:functi
 
 
 @app.command()
-def compare(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, precision: Optional[str] = PrecOpt,
-            optimizer: str = OptimOpt, recompute: str = RecOpt, attention: str = AttnOpt, device: str = DevOpt,
-            gpu: Optional[str] = GpuOpt, json: bool = JsonOpt) -> None:
+@with_settings(exclude=("mode", "kv_dtype", "tokens", "mfu", "price"))
+def compare(req: Request, json: bool = JsonOpt) -> None:
     """Training vs inference of the same model, side by side, with the ratio — at this batch and at batch 1.
 
     Example: trainfit compare llama-3.1-8b --batch 8 --seq 4096
     """
-    results = api.compare(model, batch=batch, seq=seq, precision=precision, optimizer=optimizer,
-                          recompute=recompute, attention=attention, device=device, gpu=gpu)
+    results = api.compare(req)
     from .report import json_out, terminal
 
     if json:
         typer.echo(json_out.dumps({k: json_out.estimate_dict(v) for k, v in results.items()}))
         return
-    labels = list(results)
-    terminal.render_side_by_side(list(results.values()), labels=labels, reference=0)
-    train, infer = results[labels[0]].memory.peak, results[labels[1]].memory.peak
-    typer.echo(f"inference at the same batch needs {infer / train:.0%} of the training peak "
-               f"({1 - infer / train:.0%} less); at batch 1 it needs {results[labels[2]].memory.peak / train:.1%}.")
+    labels, ests = list(results), list(results.values())
+    terminal.render_side_by_side(ests, labels=labels, reference=0)
+    train, infer = ests[0].memory.peak, ests[1].memory.peak
+    line = f"inference at the same batch needs {infer / train:.0%} of the training peak ({1 - infer / train:.0%} less)"
+    if len(ests) > 2:
+        line += f"; at batch 1 it needs {ests[2].memory.peak / train:.1%}"
+    typer.echo(line + ".")
 
 
 @app.command()

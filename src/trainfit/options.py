@@ -1,25 +1,92 @@
-"""Command-line options shared by every command, so that a flag means the same thing everywhere."""
+"""CLI options generated from the one list of settings (trainfit.setup.SETTINGS), so that a flag means the same
+thing, with the same help, default and validation, in every command.
+
+A command is written as `def cmd(req: Request, <its own options>)` and decorated with `@with_settings(...)`: the
+decorator gives it the model argument and one option per setting, builds the `Request` (which validates every
+value once) and calls the command with it.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from typing import Any, Callable, Optional
+
 import typer
 
+from .errors import SetupError
+from .setup import SETTINGS, Request, Setting
+
 ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
-BatchOpt = typer.Option(1, "--batch", "-b", help="Micro-batch per GPU (sequences).")
-SeqOpt = typer.Option(2048, "--seq", "-s", help="Sequence length (training) or context length (inference), tokens.")
-AccumOpt = typer.Option(1, "--grad-accum", help="Micro-batches accumulated per optimizer step.")
-PrecOpt = typer.Option(None, "--precision", help="Training: fp32, amp-bf16 (default), amp-fp16, bf16, bf16-master. Inference: bf16 (default), fp16, fp32, fp8, int8, int4.")
-OptimOpt = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, lion.")
-RecOpt = typer.Option("none", "--recompute", help="Activation recomputation: none, selective (attention core), full (every layer).")
-AttnOpt = typer.Option("auto", "--attention", help="Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on cuda, sdpa on cpu.")
-DpOpt = typer.Option(1, "--dp", help="Data-parallel degree.")
-TpOpt = typer.Option(1, "--tp", help="Tensor-parallel degree (divides heads).")
-PpOpt = typer.Option(1, "--pp", help="Pipeline-parallel degree (divides layers; 1F1B schedule).")
-ZeroOpt = typer.Option(0, "--zero", help="ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, = FSDP).")
-SpOpt = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism (with --tp).")
-DevOpt = typer.Option("cuda", "--device", help="Kernel semantics: cuda (flash SDPA, foreach optimizers) or cpu (PyTorch CPU kernels, for-loop optimizers).")
-GpuOpt = typer.Option(None, "--gpu", help="GPU to check the fit and time against (see `trainfit gpus`).")
-ModeOpt = typer.Option("train", "--mode", help="train or infer.")
-EngineOpt = typer.Option("analytic", "--engine", help="analytic (formulas, instant), trace (fake-tensor run of the real model), measure (real run here), all.")
-MfuOpt = typer.Option(0.4, "--mfu", help="Model-FLOPs utilisation assumed for the step time.")
-TokensOpt = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost and energy.")
-PriceOpt = typer.Option(None, "--price", help="GPU price per hour in USD (overrides the catalog).")
-KvOpt = typer.Option(None, "--kv-dtype", help="Inference KV-cache dtype (default: the activation dtype).")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
+EngineOpt = typer.Option("analytic", "--engine", help="analytic (formulas, instant), trace (fake-tensor run of the real model), measure (real run here), all.")
+
+
+def _help(s: Setting) -> str:
+    h = s.meta.help
+    if s.meta.choices and s.name != "precision" and "choose" not in h and not all(str(c) in h for c in s.meta.choices):
+        h += f" One of: {', '.join(map(str, s.meta.choices))}."
+    if s.meta.auto:
+        h += f" Default: {s.meta.auto}."
+    if tuple(s.meta.modes) != ("train", "infer"):
+        h += f" ({'/'.join(s.meta.modes)} only)"
+    return h
+
+
+def option(s: Setting, default: Any = inspect.Parameter.empty, help: str | None = None) -> tuple[Any, Any]:
+    """(annotation, typer.Option) of one setting; `default`/`help` override the declared ones for a command."""
+    d = s.request_default if default is inspect.Parameter.empty else default
+    t = s.base_type
+    if s.meta.parse is not None:
+        t = str  # parsed by the setting's own parser (e.g. counts with suffixes)
+    names = [s.flag] + ([s.meta.short] if s.meta.short else [])
+    annotation = Optional[t] if d is None and t is not bool else t
+    return annotation, typer.Option(d, *names, help=help or _help(s), show_default=d is not None and not s.meta.auto)
+
+
+def parse_value(s: Setting, value: Any) -> Any:
+    """Text from the CLI or the web -> the setting's value, with a one-line error naming the flag."""
+    if value is None or s.meta.parse is None or not isinstance(value, str):
+        return value
+    try:
+        return s.meta.parse(value)
+    except (ValueError, ArithmeticError) as e:
+        example = f" (e.g. {s.flag} {s.meta.example})" if s.meta.example else ""
+        raise SetupError(f"{s.flag} {value!r}: {e}{example}") from None
+
+
+def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (), model: bool = True,
+                  defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None) -> Callable:
+    """Decorate `fn(req, **own)`: add the model argument (unless model=False) and the settings' options."""
+    defaults, helps = defaults or {}, helps or {}
+    chosen = [s for s in SETTINGS if (only is None or s.name in only) and s.name not in exclude]
+
+    def decorate(fn: Callable) -> Callable:
+        own = list(inspect.signature(fn).parameters.values())[1:]  # the first parameter receives the Request
+        hints = typing.get_type_hints(fn)  # resolved in fn's module (string annotations)
+        params, annotations = [], {}
+        if model:
+            params.append(inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=ModelArg,
+                                            annotation=str))
+            annotations["model"] = str
+        for s in chosen:
+            ann, opt = option(s, defaults.get(s.name, inspect.Parameter.empty), helps.get(s.name))
+            params.append(inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann))
+            annotations[s.name] = ann
+        for p in own:
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            if p.name in hints:
+                annotations[p.name] = hints[p.name]
+
+        @functools.wraps(fn)
+        def command(**kwargs):
+            values = {s.name: parse_value(s, kwargs.pop(s.name)) for s in chosen}
+            req = Request(model=kwargs.pop("model") if model else "-", **values)
+            return fn(req, **kwargs)
+
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = annotations
+        del command.__wrapped__  # typer must read the generated signature, not fn's
+        return command
+
+    return decorate

@@ -1,69 +1,91 @@
-"""Setup: how the model is run (batch, sequence, precision, optimizer, parallelism...). Plain data, no torch."""
+"""THE one definition of a run's settings (no torch).
+
+Each setting is declared once, here, with its type, default, help text, allowed values, bounds and the modes it
+applies to. Everything else is generated from these declarations:
+  * `Setup`  — how the model is run (what the engines read);
+  * `Request` — a model plus every setting, flat (the Python API's, CLI's and web API's view), built by
+    `make_request_class` below;
+  * the CLI options of every command (trainfit.options), the web form and the web API's schema (trainfit.web).
+Adding a setting = one field below (plus the formula that uses it).
+
+Validation happens once, in `validate`: positive integers, finite numbers within bounds, allowed choices, and
+flags that do not apply to the mode (refused, never silently ignored).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass, replace
+from typing import Any, Callable, Optional
 
+from . import precision as _precision
 from .errors import SetupError
+from .units import parse_count
 
-# Precision policies (DESIGN.md §4; issue 2):
-#   fp32         everything fp32
-#   amp-bf16/16  torch.autocast: fp32 weights, grads, optimizer states; low-precision activations
-#   bf16         pure bf16 weights, grads and optimizer states
-#   bf16-master  bf16 weights and grads + an fp32 master copy (Megatron / DeepSpeed style)
-#   fp16 / int8 / int4 / fp8  inference weight formats (fp16 also fine for pure-fp16 inference)
-TRAIN_PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-master")
-INFER_PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "amp-bf16", "amp-fp16")
+MODES = ("train", "infer")
+TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
+INFER_PRECISIONS = _precision.INFER_PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "lion")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("auto", "eager", "sdpa", "flash")
 DEVICES = ("cuda", "cpu")
-MODES = ("train", "infer")
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+DEFAULT_SEQ = 2048
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a setting means and accepts (dataclass field metadata under the key "setting")."""
+
+    help: str
+    choices: tuple | None = None  # allowed values (for precision: by mode, see `choices_for`)
+    minimum: float | None = None  # inclusive lower bound for numbers
+    maximum: float | None = None  # inclusive upper bound
+    above: float | None = None  # exclusive lower bound (e.g. mfu > 0)
+    modes: tuple[str, ...] = MODES  # the modes the setting applies to
+    short: str | None = None  # one-letter CLI alias
+    auto: str | None = None  # the request default is None, resolved later (how, in words, for --help)
+    parse: Callable[[str], Any] | None = None  # CLI/web text -> value (e.g. "15T" -> 1.5e13)
+    example: str = ""  # a valid value, for error messages
+
+
+def setting(default, help: str, **meta) -> Any:
+    return field(default=default, metadata={"setting": Meta(help, **meta)})
 
 
 @dataclass(frozen=True)
 class Setup:
-    batch: int = 1  # micro-batch per data-parallel rank
-    seq: int = 2048
-    grad_accum: int = 1
-    precision: str = "amp-bf16"
-    optimizer: str = "adamw"
-    recompute: str = "none"
-    attention: str = "auto"  # auto: the device default (flash SDPA on cuda, HF's sdpa on cpu)
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0  # 0 = plain DDP, 1/2/3 = ZeRO stages (3 == FSDP full shard)
-    sequence_parallel: bool = False  # Megatron SP: shard the LayerNorm/dropout activations over tp
-    device: str = "cuda"
-    mode: str = "train"
-    kv_dtype: str | None = None  # inference: KV cache dtype (default: the activation dtype)
+    """How the model is run: batch, sequence, precision, optimizer, recompute, kernels and parallel layout."""
+
+    batch: int = setting(1, "Micro-batch per GPU (sequences).", minimum=1, short="-b", example="8")
+    seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens.",
+                       minimum=1, short="-s", auto="2048, or the model's position limit if smaller", example="4096")
+    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", minimum=1, modes=("train",),
+                              example="4")
+    precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
+        f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: any of those or "
+        "fp16, fp8, int8, int4 (weight formats).", choices=INFER_PRECISIONS,
+        auto="amp-bf16 for training, bf16 for inference")
+    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=("train",))
+    recompute: str = setting("none", "Activation recomputation: none, selective (the attention scores; needs "
+                             "--attention eager, since sdpa/flash never store them), full (every layer).",
+                             choices=RECOMPUTE, modes=("train",))
+    attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on "
+                             "cuda, sdpa on cpu.", choices=ATTENTION)
+    dp: int = setting(1, "Data-parallel degree.", minimum=1, modes=("train",), example="8")
+    tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8")
+    pp: int = setting(1, "Pipeline-parallel degree (divides layers; 1F1B schedule).", minimum=1, example="4")
+    zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
+                        "= FSDP).", choices=(0, 1, 2, 3), modes=("train",))
+    sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
+                                      "over --tp ranks).", modes=("train",))
+    device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, foreach optimizers) or cpu (PyTorch CPU "
+                          "kernels, for-loop optimizers).", choices=DEVICES)
+    mode: str = setting("train", "train (a training step) or infer (prefill + one decode step).", choices=MODES)
+    kv_dtype: Optional[str] = setting(None, "Inference KV-cache dtype (default: the activation dtype).",
+                                      choices=KV_DTYPES, modes=("infer",))
 
     def __post_init__(self) -> None:
-        for name in ("batch", "seq", "grad_accum", "dp", "tp", "pp"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise SetupError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-        checks = (
-            ("precision", TRAIN_PRECISIONS if self.mode == "train" else INFER_PRECISIONS),
-            ("optimizer", OPTIMIZERS),
-            ("recompute", RECOMPUTE),
-            ("attention", ATTENTION),
-            ("device", DEVICES),
-            ("mode", MODES),
-        )
-        for name, allowed in checks:
-            v = getattr(self, name)
-            if v not in allowed:
-                hint = f" ({self.mode} mode)" if name == "precision" else ""
-                raise SetupError(f"--{name} {v!r} is not supported{hint}; choose one of: {', '.join(allowed)}")
-        if self.zero not in (0, 1, 2, 3):
-            raise SetupError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.zero and self.dp == 1:
-            raise SetupError("--zero shards states over data-parallel ranks: it needs --dp > 1")
-        if self.sequence_parallel and self.tp == 1:
-            raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
-        if self.kv_dtype is not None and self.kv_dtype not in ("fp32", "bf16", "fp16", "fp8", "int8"):
-            raise SetupError(f"--kv-dtype {self.kv_dtype!r} is not supported; choose fp32, bf16, fp16, fp8 or int8")
+        validate(self)
 
     @property
     def world_size(self) -> int:
@@ -77,9 +99,187 @@ class Setup:
     @property
     def attention_kernel(self) -> str:
         """The kernel actually assumed: 'auto' resolves to flash on CUDA and sdpa (HF default) on CPU."""
-        if self.attention != "auto":
-            return self.attention
-        return "flash" if self.device == "cuda" else "sdpa"
+        return resolved_attention(self.attention, self.device)
+
+    @property
+    def policy(self) -> _precision.Precision:
+        """The precision policy's dtypes (trainfit.precision)."""
+        return _precision.PRECISIONS[self.precision]
 
     def with_(self, **changes) -> "Setup":
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Settings of the question rather than of the step: which GPU, what utilisation, what budget."""
+
+    gpu: Optional[str] = setting(None, "GPU to check the fit and time against (see `trainfit gpus`).",
+                                 example="H100-80GB")
+    mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
+                                   "(0 < mfu <= 1).", above=0, maximum=1, example="0.4")
+    tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
+                                      "and energy.", above=0, modes=("train",), parse=parse_count, example="15T")
+    price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
+                                     minimum=0, example="2.5")
+
+
+def resolved_attention(attention: str, device: str) -> str:
+    if attention != "auto":
+        return attention
+    return "flash" if device == "cuda" else "sdpa"
+
+
+# -- the registry -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: Any  # the Python annotation (int, str, bool, Optional[...])
+    default: Any  # the Setup/RunSettings default
+    meta: Meta
+    owner: type  # Setup or RunSettings
+    base_type: type  # int, float, str or bool (Optional stripped)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def request_default(self) -> Any:
+        return None if self.meta.auto else self.default
+
+
+def _base_type(annotation) -> type:
+    t = eval(annotation, {"Optional": Optional}) if isinstance(annotation, str) else annotation  # postponed annotations
+    args = getattr(t, "__args__", None)
+    return next(a for a in args if a is not type(None)) if args else t  # Optional[X] -> X
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every setting, in declaration order (Setup's, then RunSettings')."""
+    out = []
+    for owner in (Setup, RunSettings):
+        for f in fields(owner):
+            meta = f.metadata.get("setting")
+            if meta is not None:
+                out.append(Setting(f.name, f.type, f.default if f.default is not MISSING else None, meta, owner,
+                                   _base_type(f.type)))
+    return tuple(out)
+
+
+SETTINGS = settings()
+BY_NAME = {s.name: s for s in SETTINGS}
+SETUP_NAMES = tuple(s.name for s in SETTINGS if s.owner is Setup)
+_SETUP_SETTINGS = tuple(s for s in SETTINGS if s.owner is Setup)
+
+
+def choices_for(s: Setting, mode: str) -> tuple | None:
+    if s.name == "precision":
+        return TRAIN_PRECISIONS if mode == "train" else INFER_PRECISIONS
+    return s.meta.choices
+
+
+def check_value(s: Setting, v: Any, mode: str = "train") -> None:
+    """One setting's value: its type, bounds and allowed choices."""
+    m = s.meta
+    if v is None:
+        return
+    t = s.base_type
+    example = f" (e.g. {s.flag} {m.example})" if m.example else ""
+    if t is bool:
+        if not isinstance(v, bool):
+            raise SetupError(f"{s.flag} is a switch (true/false), got {v!r}")
+        return
+    if t is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SetupError(f"{s.flag} must be an integer, got {v!r}{example}")
+    if t is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise SetupError(f"{s.flag} must be a number, got {v!r}{example}")
+        if not math.isfinite(v):
+            raise SetupError(f"{s.flag} must be a finite number, got {v!r}{example}")
+    allowed = choices_for(s, mode)
+    if allowed is not None and v not in allowed:
+        hint = f" ({mode} mode)" if s.name == "precision" else ""
+        raise SetupError(f"{s.flag} {v!r} is not supported{hint}; choose one of: {', '.join(map(str, allowed))}")
+    if t in (int, float):
+        low = m.minimum if m.minimum is not None else m.above
+        if (m.minimum is not None and v < m.minimum) or (m.above is not None and v <= m.above):
+            what = "a positive integer" if t is int and low == 1 else (
+                f"greater than {m.above:g}" if m.above is not None else f"at least {m.minimum:g}")
+            raise SetupError(f"{s.flag} must be {what}, got {v!r}{example}")
+        if m.maximum is not None and v > m.maximum:
+            raise SetupError(f"{s.flag} must be at most {m.maximum:g}, got {v!r}{example}")
+
+
+def validate(setup: Setup) -> None:
+    """Every Setup field, then the rules that tie settings together."""
+    mode = setup.mode
+    if mode not in MODES:
+        raise SetupError(f"--mode {mode!r} is not supported; choose one of: {', '.join(MODES)}")
+    for s in _SETUP_SETTINGS:
+        check_value(s, getattr(setup, s.name), mode)
+    for s in _SETUP_SETTINGS:  # a flag that does not apply to the mode is refused, not ignored
+        if mode not in s.meta.modes and getattr(setup, s.name) != s.default:
+            raise SetupError(f"{s.flag} applies to {' and '.join(s.meta.modes)} only, not --mode {mode}: drop it")
+    if setup.zero and setup.dp == 1:
+        raise SetupError("--zero shards states over data-parallel ranks: it needs --dp > 1")
+    if setup.sequence_parallel and setup.tp == 1:
+        raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
+    if setup.recompute == "selective" and setup.attention_kernel != "eager":
+        raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
+                         f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
+                         "eager, or --recompute full")
+
+
+# -- the flat request ---------------------------------------------------------------------------------------
+def _request_fields():
+    out = [("model", str)]
+    for s in SETTINGS:
+        t = s.type if s.meta.auto is None else Optional[s.base_type]
+        out.append((s.name, t, field(default=s.request_default)))
+    return out
+
+
+def _setup_of(self, spec=None) -> Setup:
+    """The Setup this request describes; `spec` (a ModelSpec) resolves the model-dependent defaults."""
+    values = {n: getattr(self, n) for n in SETUP_NAMES}
+    mode = values["mode"]
+    if values["precision"] is None:
+        values["precision"] = _precision.DEFAULT.get(mode, "amp-bf16")
+    if values["seq"] is None:
+        values["seq"] = default_seq(spec)
+    return Setup(**values)
+
+
+def default_seq(spec=None) -> int:
+    """2048, or fewer when the model's learned position table is shorter (GPT-2 1024, BERT 512)."""
+    if spec is not None and getattr(spec, "positions", None) == "learned":
+        room = spec.max_positions - (1 if spec.causal else 0)  # decode writes position `seq`
+        return max(1, min(DEFAULT_SEQ, room))
+    return DEFAULT_SEQ
+
+
+def _request_post_init(self) -> None:
+    if not isinstance(self.model, str) or not self.model.strip():
+        raise SetupError("choose a model: a catalog name (see `trainfit models`), a config.json, or a hub id")
+    mode = self.mode
+    for s in SETTINGS:
+        check_value(s, getattr(self, s.name), mode if mode in MODES else "train")
+    for s in SETTINGS:
+        if s.owner is RunSettings and mode not in s.meta.modes and getattr(self, s.name) is not None:
+            raise SetupError(f"{s.flag} applies to {' and '.join(s.meta.modes)} only, not --mode {mode}: drop it")
+    if self.price is not None and self.gpu is None:
+        raise SetupError("--price needs --gpu")
+
+
+def make_request_class():
+    cls = make_dataclass("Request", _request_fields(), frozen=True, namespace={
+        "setup": _setup_of, "__post_init__": _request_post_init,
+        "__doc__": "A model and every setting (trainfit.setup.SETTINGS), flat: what the CLI, the web API and "
+                   "scripts fill in. `.setup(spec)` gives the engines' Setup."})
+    cls.__module__ = __name__
+    return cls
+
+
+Request = make_request_class()

@@ -122,7 +122,7 @@ def test_phase_compare_and_sweep_plots(tmp_path):
     e = api.analytic(api.Request("llama-3.2-1b", gpu="H100-80GB"))
     for name, fig in {
         "phases.png": plots.plot_phases(e, gpu=gpu),
-        "compare.svg": plots.plot_compare(api.compare("llama-3.2-1b", 8, 2048, gpu="H100-80GB"), gpu=gpu),
+        "compare.svg": plots.plot_compare(api.compare(api.Request("llama-3.2-1b", batch=8, seq=2048, gpu="H100-80GB")), gpu=gpu),
         "sweep.png": plots.plot_sweep(run_sweep(api.Request("llama-3.2-1b", gpu="H100-80GB"), "batch", "1:64")),
         "variants.svg": plots.plot_sweep(run_sweep(api.Request("llama-3.2-1b"), "seq", "512:8192",
                                                    {"attention": "eager,flash"})),

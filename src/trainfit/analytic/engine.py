@@ -10,6 +10,7 @@ from . import inference
 from .flops import forward_per_token, step_flops
 from .memory import train_memory
 from .params import count_params
+from .step_time import layout_step_time
 from .timing import budget, compute_dtype, step_seconds
 
 # Reserved per GPU for the CUDA context, cuBLAS workspace and allocator fragmentation when judging "fits".
@@ -36,16 +37,24 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
         raise SetupError(f"--pp {p} needs at least {p} micro-batches per step to fill the pipeline: set --grad-accum >= {p}")
 
 
-def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float = 0.4,
+# Inference time has no layout model yet: prefill at this model-FLOPs utilisation, decode at `mbu` of bandwidth.
+# NB: a flat utilisation, stated in the estimate's notes; the step-time issue replaces it.
+INFER_MFU = 0.4
+
+
+def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
              tokens: float | None = None, mbu: float = 0.8, reserve: int = DEFAULT_RESERVE) -> Estimate:
-    if not 0 < mfu <= 1:
+    """mfu: None times a training step with the step-time model (analytic/step_time.py: compute at the fitted
+    matmul efficiency + exposed communication + bubble + optimizer, the planner's model); a number overrides it
+    with a flat model-FLOPs utilisation."""
+    if mfu is not None and not 0 < mfu <= 1:
         raise SetupError(f"--mfu must be in (0, 1], got {mfu}")
     if tokens is not None and tokens <= 0:
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
     pc = count_params(spec)
     if setup.mode == "infer":
-        return _infer(spec, setup, pc, gpu, mfu, mbu, reserve)
+        return _infer(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
     mem = train_memory(spec, setup, pc)
     f = step_flops(spec, setup, pc)
     ranks_per_replica = setup.tp * setup.pp
@@ -61,21 +70,30 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float =
         peak=mem.peak, peak_phase=mem.peak_phase, phases=mem.phases, at_peak=at,
     )
     timing = None
+    detail = {"params_active": pc.active, **mem.detail}
     if gpu is not None:
-        secs = step_seconds(flops.step, gpu, setup, mfu)
+        if mfu is None:
+            tm = layout_step_time(spec, setup, gpu, pc=pc)
+            secs, achieved = tm.step_seconds, tm.mfu
+            detail["step_time"] = tm.as_dict()
+        else:
+            secs = step_seconds(flops.step, gpu, setup, mfu)
+            achieved = mfu * flops.model_step / flops.step
         tps = setup.tokens_per_step / secs
         extra = budget(tokens, tps, setup.world_size, gpu) if tokens else {}
         capacity = gpu.memory - reserve
-        timing = Timing(gpu=gpu.name, mfu=mfu * flops.model_step / flops.step, step_seconds=secs,
+        timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
                         tokens_per_second=tps, fits=mem.peak <= capacity, headroom=capacity - mem.peak, **extra)
     notes = [f"attention kernel: {setup.attention_kernel}; optimizer {'foreach' if setup.device == 'cuda' else 'for-loop'} ({setup.device} semantics)"]
     if setup.dp > 1 and setup.zero == 0:
         notes.append("DDP keeps a gradient-sized bucket buffer (counted in temporaries)")
     if gpu is not None:
         notes.append(f"fits = peak <= GPU memory - {reserve / 2**30:.1f} GiB reserved for CUDA context and allocator")
-        notes.append("step time from FLOPs at the stated MFU; communication not included (see `trainfit plan`)")
+        notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
+                     else "step time: the planner's model (matmuls at the fitted efficiency + exposed communication, "
+                          "bubble, optimizer); --mfu overrides it")
     return Estimate("analytic", spec.name, pc.total, int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
-                    setup, memory, flops, timing, tuple(notes), {"params_active": pc.active, **mem.detail})
+                    setup, memory, flops, timing, tuple(notes), detail)
 
 
 def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:

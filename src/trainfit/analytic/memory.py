@@ -188,7 +188,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     tokens = setup.batch * setup.seq
     keys = keys_per_token(spec, setup.seq)
     recompute = setup.recompute
-    layer_setup = setup if recompute != "selective" else setup.with_(attention="flash")
+    layer_setup = setup if recompute != "selective" else setup.with_(attention="flash", recompute="none")
     la = layer_activations(spec, layer_setup)
     if spec.moe is not None and pc.moe_layers:
         m = spec.moe

@@ -1,4 +1,5 @@
-"""Step time from FLOPs at a stated utilisation, and the cost of a token budget.
+"""The --mfu override (step time from FLOPs at a stated utilisation), and the cost of a token budget. The step-time
+model itself is analytic/step_time.py.
 
 time = hardware FLOPs / (peak dense FLOP/s of the compute dtype × MFU). `mfu` is the fraction of peak the
 model's matmuls reach without recompute (PaLM, Chowdhery et al. 2022, App. B); recompute adds its FLOPs at the
@@ -8,22 +9,15 @@ included here (it is overlapped in well-tuned runs; `trainfit plan` models it ex
 from __future__ import annotations
 
 from ..hardware import GPU
+from ..precision import PRECISIONS
 from ..setup import Setup
 
 SECONDS_PER_HOUR = 3600.0
 
 
 def compute_dtype(setup: Setup) -> str:
-    p = setup.precision
-    if p in ("amp-bf16", "bf16", "bf16-master"):
-        return "bf16"
-    if p in ("amp-fp16", "fp16"):
-        return "fp16"
-    if p in ("fp8", "int8") and setup.mode == "infer":
-        return p
-    if p == "int4":
-        return "fp16"  # weight-only quantisation computes in fp16/bf16
-    return "fp32"
+    """The dtype the matmuls run in (trainfit.precision's table)."""
+    return PRECISIONS[setup.precision].compute  # setup may be the planner's light _Cfg
 
 
 def step_seconds(hw_flops_per_rank: float, gpu: GPU, setup: Setup, mfu: float) -> float:

@@ -27,7 +27,7 @@ def plan(
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 15T): time, GPU-hours, cost and energy per plan."),
     precision: str = typer.Option("amp-bf16,bf16-master", "--precision", help="Precision policies to search, comma-separated: fp32, amp-bf16, amp-fp16, bf16, bf16-master."),
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, lion (not searched)."),
-    recompute: str = typer.Option("none,selective,full", "--recompute", help="Recompute policies to search, comma-separated."),
+    recompute: str = typer.Option("none,full", "--recompute", help="Recompute policies to search, comma-separated: none, full (plans run flash attention, so selective would equal none)."),
     zero: str = typer.Option("0,1,2,3", "--zero", help="ZeRO stages to search, comma-separated (3 = FSDP full shard)."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Fix the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Fix the pipeline-parallel degree."),
@@ -54,7 +54,7 @@ def plan(
     from ..units import parse_count
     from . import report
     from .search import PlanQuery, search
-    from .timing import DEFAULT_EFFICIENCY
+    from ..analytic.step_time import DEFAULT_EFFICIENCY
 
     try:
         gbt = parse_count(global_batch_tokens) if global_batch_tokens else None

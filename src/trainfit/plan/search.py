@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..analytic.engine import DEFAULT_RESERVE, estimate
-from ..analytic.memory import Stage, rank_params
 from ..analytic.params import count_params
 from ..analytic.precision import state_bytes
 from ..analytic.timing import budget
@@ -23,7 +22,7 @@ from ..setup import OPTIMIZERS, RECOMPUTE, TRAIN_PRECISIONS, Setup
 from ..spec import ModelSpec
 from .fit import PeakOracle
 from .space import Layout, batch_splits, layouts, max_micro_batch
-from .timing import DEFAULT_EFFICIENCY, ModelCosts, StepTime, step_time
+from ..analytic.step_time import DEFAULT_EFFICIENCY, ModelCosts, StepTime, stage_params, step_time
 
 DEFAULT_PRECISIONS = ("amp-bf16", "bf16-master")
 RECOMPUTE_ORDER = {r: i for i, r in enumerate(RECOMPUTE)}
@@ -36,7 +35,7 @@ class PlanQuery:
     global_batch_tokens: float | None = None
     precisions: tuple[str, ...] = DEFAULT_PRECISIONS
     optimizer: str = "adamw"
-    recomputes: tuple[str, ...] = RECOMPUTE
+    recomputes: tuple[str, ...] = ("none", "full")  # the plans run flash attention: selective == none there
     zeros: tuple[int, ...] = (0, 1, 2, 3)
     tp: int | None = None
     pp: int | None = None
@@ -63,6 +62,9 @@ class PlanQuery:
         badr = [r for r in self.recomputes if r not in RECOMPUTE]
         if badr or not self.recomputes:
             raise SetupError(f"--recompute {','.join(badr) or '(empty)'} is not supported; choose from: {', '.join(RECOMPUTE)}")
+        if "selective" in self.recomputes:
+            raise SetupError("--recompute selective recomputes attention scores that the planned steps (flash "
+                             "attention) never store: it equals none; search none,full")
         if not self.zeros or any(z not in (0, 1, 2, 3) for z in self.zeros):
             raise SetupError(f"--zero stages must be among 0, 1, 2, 3, got {self.zeros!r}")
         if not 0 <= self.margin < 1:
@@ -126,16 +128,6 @@ class PlanResult:
     capacity: int
     diagnosis: object | None = None  # diagnose.Diagnosis when nothing fits
     notes: tuple[str, ...] = ()
-
-
-def stage_params(spec: ModelSpec, pc, tp: int, pp: int) -> int:
-    """Parameters on the busiest rank (first stage with the embedding or last with the head)."""
-    per = spec.layers // pp
-    probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))
-    if pp == 1:
-        return rank_params(spec, pc, probe, Stage(0, per, True, True, 1))[0]
-    return max(rank_params(spec, pc, probe, Stage(0, per, True, False, 1))[0],
-               rank_params(spec, pc, probe, Stage(pp - 1, per, False, True, 1))[0])
 
 
 def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None) -> PlanResult:

@@ -12,32 +12,19 @@ import typer
 
 from .. import api
 from ..errors import EngineUnavailableError, SetupError, TrainfitError
-from ..options import (
-    AccumOpt,
-    AttnOpt,
-    BatchOpt,
-    DevOpt,
-    DpOpt,
-    GpuOpt,
-    JsonOpt,
-    MfuOpt,
-    ModelArg,
-    ModeOpt,
-    OptimOpt,
-    PpOpt,
-    PrecOpt,
-    RecOpt,
-    SeqOpt,
-    TpOpt,
-    ZeroOpt,
-)
+from ..options import JsonOpt, with_settings
+from ..setup import BY_NAME, Request
 
 
-def _request(model, batch=1, seq=2048, grad_accum=1, precision=None, optimizer="adamw", recompute="none",
-             attention="auto", dp=1, tp=1, pp=1, zero=0, device="cuda", gpu=None, mode="train", mfu=0.4) -> api.Request:
-    return api.Request(model=model, batch=batch, seq=seq, grad_accum=grad_accum, precision=precision,
-                       optimizer=optimizer, recompute=recompute, attention=attention, dp=dp, tp=tp, pp=pp, zero=zero,
-                       device=device, gpu=gpu, mode=mode, mfu=mfu)
+def _status(quiet: bool, what: str):
+    """A spinner on stderr for work that can take more than 2 s (nothing when printing JSON)."""
+    import contextlib
+
+    if quiet:
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(f"{what} …")
 
 
 def _plots():
@@ -47,20 +34,8 @@ def _plots():
     return plots
 
 
-def trace_estimate(req: api.Request, fast: bool = False):
-    """The trace engine's Estimate (with its timeline), or a one-line EngineUnavailableError."""
-    try:
-        from ..trace.engine import trace_spec
-    except ImportError as e:
-        raise EngineUnavailableError(
-            f"the timeline comes from the trace engine, which needs torch and transformers ({e.name} is missing): "
-            "pip install 'trainfit[torch]'") from e
-    return trace_spec(api.load_spec(req.model), req.setup(), extrapolate=fast)
-
-
-def timeline(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
-             precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
-             attention: str = AttnOpt, device: str = DevOpt, gpu: Optional[str] = GpuOpt, mode: str = ModeOpt,
+@with_settings(exclude=("mfu", "tokens", "price", "tp", "pp"))
+def timeline(req: Request,
              output: str = typer.Option("timeline.png", "--output", "-o", help="Image to write: .png, .svg or .pdf."),
              measure: bool = typer.Option(False, "--measure", help="Also run the real step here (use --device cpu) and overlay its measured peaks."),
              fast: bool = typer.Option(False, "--fast", help="Trace a few layers and extrapolate the peak (deep models: seconds instead of a minute); the curve is then the short trace's."),
@@ -76,15 +51,15 @@ def timeline(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
       trainfit timeline llama-3.1-70b --fast -o 70b.png
     """
     plots = _plots()
-    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, device=device,
-                   gpu=gpu, mode=mode)
-    g = api.load_gpu(gpu)
-    traced = trace_estimate(req, fast=fast)
+    g = api.load_gpu(req.gpu)
+    if measure and req.mode != "train":
+        raise SetupError("--measure overlays a measured training step; drop --mode infer")
+    with _status(json, "tracing the step on fake tensors"):
+        traced = api._trace(req, extrapolate=fast)
     measured = None
     if measure:
-        if mode != "train":
-            raise SetupError("--measure overlays a measured training step; drop --mode infer")
-        measured = api._measure(req)
+        with _status(json, "running the real step here"):
+            measured = api._measure(req)
     plots.plot_timeline(traced, output, gpu=g, measured=measured)
     if json:
         from .json_out import dumps, estimate_dict
@@ -108,15 +83,17 @@ def timeline(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
                    "peaks per phase, not a curve: drawn as a dotted line and per-phase bars")
 
 
-def sweep(model: str = ModelArg,
+def _list_help(name: str) -> str:
+    return BY_NAME[name].meta.help + " A comma list draws one line per value."
+
+
+@with_settings(exclude=("precision", "optimizer", "recompute", "attention"))
+def sweep(req: Request,
           vary: Tuple[str, str] = typer.Option(..., "--vary", help="KNOB VALUES: the knob (batch, seq, grad-accum, gpus, dp, tp, pp, zero, recompute, attention, precision, optimizer) and its values: low:high doubles (1:64 → 1,2,4,…,64; zero 0:3 counts), or a comma list."),
-          batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
-          precision: Optional[str] = typer.Option(None, "--precision", help="Precision policy; a comma list draws one line per value."),
-          optimizer: str = typer.Option("adamw", "--optimizer", help="Optimizer; a comma list draws one line per value."),
-          recompute: str = typer.Option("none", "--recompute", help="none, selective, full; a comma list draws one line per value."),
-          attention: str = typer.Option("auto", "--attention", help="auto, eager, sdpa, flash; a comma list (eager,flash) draws one line per value."),
-          dp: int = DpOpt, tp: int = TpOpt, pp: int = PpOpt, zero: int = ZeroOpt, device: str = DevOpt,
-          gpu: Optional[str] = GpuOpt, mode: str = ModeOpt, mfu: float = MfuOpt,
+          precision: Optional[str] = typer.Option(None, "--precision", help=_list_help("precision")),
+          optimizer: str = typer.Option("adamw", "--optimizer", help=_list_help("optimizer")),
+          recompute: str = typer.Option("none", "--recompute", help=_list_help("recompute")),
+          attention: str = typer.Option("auto", "--attention", help=_list_help("attention")),
           output: Optional[str] = typer.Option(None, "--output", "-o", help="Also draw the sweep: .png, .svg or .pdf."),
           json: bool = JsonOpt) -> None:
     """Peak memory and step time against one knob (analytic engine), one line per variant; with --gpu, where
@@ -132,9 +109,10 @@ def sweep(model: str = ModelArg,
 
     knob, values = vary
     variants = {"attention": attention, "recompute": recompute, "precision": precision, "optimizer": optimizer}
-    single = {k: (v if v and "," not in v else None) for k, v in variants.items()}
-    req = _request(model, batch, seq, grad_accum, single["precision"], single["optimizer"] or "adamw",
-                   single["recompute"] or "none", single["attention"] or "auto", dp, tp, pp, zero, device, gpu, mode, mfu)
+    single = {k: v for k, v in variants.items() if v and "," not in v}
+    from dataclasses import replace
+
+    req = replace(req, **single)
     multi = {k: v for k, v in variants.items() if v and "," in v}
     plots = _plots() if output else None
     result = run_sweep(req, knob, values, multi)
@@ -153,10 +131,8 @@ def sweep(model: str = ModelArg,
         typer.echo(f"wrote {output}")
 
 
-def report(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad_accum: int = AccumOpt,
-           precision: Optional[str] = PrecOpt, optimizer: str = OptimOpt, recompute: str = RecOpt,
-           attention: str = AttnOpt, dp: int = DpOpt, tp: int = TpOpt, pp: int = PpOpt, zero: int = ZeroOpt,
-           device: str = DevOpt, gpu: Optional[str] = GpuOpt, mode: str = ModeOpt, mfu: float = MfuOpt,
+@with_settings()
+def report(req: Request,
            gpus: Optional[int] = typer.Option(None, "--gpus", help="Also plan for this many GPUs of --gpu (the planner's fastest layouts that fit)."),
            global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="With --gpus: tokens per optimizer step for the plan (e.g. 1M)."),
            vary: Optional[Tuple[str, str]] = typer.Option(None, "--vary", help="The report's sweep: KNOB VALUES as in `trainfit sweep` (default: batch 1:64)."),
@@ -175,16 +151,15 @@ def report(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad
     from .html import write_report
 
     _plots()
-    req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
-                   device, gpu, mode, mfu)
     if gpus is not None and gpus < 1:
         raise SetupError(f"--gpus must be a positive integer, got {gpus}")
     try:
         gbt = parse_count(global_batch_tokens) if global_batch_tokens else None
     except ValueError:
         raise SetupError("--global-batch-tokens takes a count like 4M or 1e6") from None
-    path = write_report(req, output, gpus=gpus, trace=trace, vary=tuple(vary) if vary else None,
-                        global_batch_tokens=gbt)
+    with _status(False, "building the report (trace, comparison, sweep" + (", plan" if gpus else "") + ")"):
+        path = write_report(req, output, gpus=gpus, trace=trace, vary=tuple(vary) if vary else None,
+                            global_batch_tokens=gbt)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, self-contained)")
 
 

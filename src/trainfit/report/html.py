@@ -175,8 +175,7 @@ def _timeline(e: Estimate, traced: Estimate | None, why: str, gpu) -> str:
 def _compare(req: api.Request, gpu) -> str:
     if req.mode != "train":
         return ""
-    results = api.compare(req.model, batch=req.batch, seq=req.seq, precision=req.precision, optimizer=req.optimizer,
-                          recompute=req.recompute, attention=req.attention, device=req.device, gpu=req.gpu)
+    results = api.compare(req)
     labels = list(results)
     ests = list(results.values())
     fields = ["weights", "gradients", "optimizer_states", "master_weights", "activations", "kv_cache", "temporaries", "peak"]
@@ -230,9 +229,10 @@ def plan_candidates(req: api.Request, gpus: int, global_batch_tokens: float | No
     except ImportError as e:
         return [], f"the planner is not available in this build ({e})"
     kw = {"precisions": (req.precision,)} if req.precision else {}
-    q = PlanQuery(gpus=gpus, seq=req.seq, global_batch_tokens=global_batch_tokens, optimizer=req.optimizer,
+    spec = api.load_spec(req.model)
+    q = PlanQuery(gpus=gpus, seq=req.setup(spec).seq, global_batch_tokens=global_batch_tokens, optimizer=req.optimizer,
                   top=5, **kw)
-    d = plan_dict(search(api.load_spec(req.model), api.load_gpu(req.gpu, req.price), q, tokens=req.tokens))
+    d = plan_dict(search(spec, api.load_gpu(req.gpu, req.price), q, tokens=req.tokens))
     note = (d.get("nothing_fits") or {}).get("message", "")
     return d.get("candidates", []), note
 

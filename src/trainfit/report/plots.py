@@ -483,7 +483,7 @@ def plot_sweep(sweep: "SweepResult", path: str | Path | None = None) -> "Figure"
         ax_t.set_yscale("log")
     ax_m.set_title(f"{sweep.model} — peak memory vs {sweep.vary}", loc="left", fontsize=11)
     ax_t.set_title(("step time" if timed else "compute") + f" vs {sweep.vary}"
-                   + (f" on {gpu.name} (MFU {sweep.mfu:.0%})" if timed else " (pass --gpu for step time)"),
+                   + (f" on {gpu.name} " + (f"(MFU {sweep.mfu:.0%})" if sweep.mfu else "(step-time model)") if timed else " (pass --gpu for step time)"),
                    loc="left", fontsize=11)
     ax_m.legend(fontsize=8.5, loc="upper left")
     if len(sweep.variants) > 1:

@@ -23,57 +23,43 @@ from typing import Annotated, Any, Optional, Union
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, create_model
 
 from .. import api
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
+from ..options import parse_value
 from ..report.json_out import estimate_dict
+from ..setup import SETTINGS, Request, Setting
 
 
-class Knobs(BaseModel):
-    """The setup knobs, with `trainfit estimate`'s defaults (query parameters or JSON body fields)."""
+def _knob_type(s: Setting):
+    t = s.base_type
+    if s.meta.parse is not None:
+        return Union[t, str, None]  # a number, or text the setting's parser reads ("15T")
+    return Optional[t]
 
-    model_config = ConfigDict(extra="ignore")
 
-    model: Optional[str] = None
-    batch: int = 1
-    seq: int = 2048
-    grad_accum: int = 1
-    precision: Optional[str] = None
-    optimizer: str = "adamw"
-    recompute: str = "none"
-    attention: str = "auto"
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0
-    sequence_parallel: bool = False
-    device: str = "cuda"
-    gpu: Optional[str] = None
-    mode: str = "train"
-    mfu: float = 0.4
-    tokens: Optional[float] = None
-    price: Optional[float] = None
-    kv_dtype: Optional[str] = None
+# The setup knobs, generated from trainfit.setup.SETTINGS with the CLI's defaults (query parameters or JSON body
+# fields): the same names, defaults and validation as `trainfit estimate`. Blank fields take the defaults.
+Knobs = create_model("Knobs", __config__=ConfigDict(extra="ignore"), model=(Optional[str], None),
+                     **{s.name: (_knob_type(s), s.request_default) for s in SETTINGS})
 
 
 class PastedKnobs(Knobs):
     config: Union[dict[str, Any], str, None] = None  # a pasted config.json (object or its text)
 
 
-def _blank_to_none(v):
-    return None if isinstance(v, str) and not v.strip() else v
-
-
-def to_request(k: Knobs, model: str | None = None) -> api.Request:
-    fields = k.model_dump(exclude={"config"})
-    fields = {name: _blank_to_none(v) for name, v in fields.items()}
-    fields["model"] = model if model is not None else fields["model"]
-    for name in ("optimizer", "recompute", "attention", "device", "mode"):  # blank -> the CLI default
-        if fields[name] is None:
-            fields.pop(name)
-    return api.Request(**fields)
+def to_request(k: Knobs, model: str | None = None) -> Request:
+    values = {}
+    for s in SETTINGS:
+        v = getattr(k, s.name)
+        if isinstance(v, str) and not v.strip():
+            v = None
+        if v is None and s.request_default is not None:
+            continue  # blank -> the CLI default
+        values[s.name] = parse_value(s, v)
+    return Request(model=model if model is not None else (k.model or ""), **values)
 
 
 def _catalog_ref(model: str | None) -> str:
@@ -101,7 +87,7 @@ def parse_config(config: Union[dict, str, None]) -> dict:
 
 def estimate_pasted(k: PastedKnobs) -> Estimate:
     """The analytic engine on a pasted config.json (as api.analytic, with the spec from the text)."""
-    from ..analytic.engine import estimate
+    from .. import engines
     from ..models.hf_config import spec_from_config
 
     data = parse_config(k.config)
@@ -109,7 +95,8 @@ def estimate_pasted(k: PastedKnobs) -> Estimate:
     req = to_request(k, model=name)
     try:
         spec = spec_from_config(data, name, source="pasted config.json")
-        return estimate(spec, req.setup(), api.load_gpu(req.gpu, req.price), mfu=req.mfu, tokens=req.tokens)
+        return engines.analytic(spec, req.setup(spec), api.load_gpu(req.gpu, req.price), mfu=req.mfu,
+                                tokens=req.tokens)
     except TrainfitError:
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError, AttributeError) as e:
@@ -164,13 +151,12 @@ _trace_lock = threading.Lock()  # one fake-tensor trace at a time (they are CPU-
 
 
 @lru_cache(maxsize=16)
-def _timeline_svg(req: api.Request) -> str:
+def _timeline_svg(req: Request) -> str:
     from ..report import plots
-    from ..report.commands import trace_estimate
 
     spec = api.load_spec(req.model)
     with _trace_lock:
-        traced = trace_estimate(req, fast=spec.layers > 16)
+        traced = api._trace(req, extrapolate=spec.layers > 16)
     fig = plots.plot_timeline(traced, gpu=api.load_gpu(req.gpu, req.price))
     return plots.svg_text(fig)
 
@@ -224,7 +210,7 @@ def create_app() -> FastAPI:
     @app.get("/api/timeline.svg")
     def get_timeline(knobs: Annotated[Knobs, Query()]) -> Response:
         req = to_request(knobs, model=_catalog_ref(knobs.model))
-        req.setup()  # bad knobs: a 400 before any trace
+        req.setup(api.load_spec(req.model))  # bad knobs: a 400 before any trace
         return Response(_timeline_svg(req), media_type="image/svg+xml")
 
     @app.get("/api/models")

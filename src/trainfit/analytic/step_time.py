@@ -1,4 +1,8 @@
-"""Step time of a parallel layout: compute + exposed communication, term by term (no torch).
+"""THE step-time model: compute + exposed communication of a parallel layout, term by term (no torch).
+
+`trainfit estimate --gpu`, `trainfit plan`, the HTML report and the web page all time a step with `layout_step_time`
+(or, in the planner's inner loop, `step_time` on precomputed costs), so one layout has one step time everywhere.
+`--mfu` replaces it with a flat utilisation (analytic/timing.py) — an override, not the model.
 
 step = (m + (p−1)/v) · t_mb + exposed DP communication + optimizer step, where t_mb is one micro-batch
 (forward + backward, incl. recompute) on the slowest pipeline stage, including its tensor-parallel
@@ -38,13 +42,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..analytic.flops import attention_flops_per_token, forward_per_token
-from ..analytic.params import ParamCounts
-from ..analytic.precision import StateBytes
-from ..analytic.timing import compute_dtype
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from .flops import attention_flops_per_token, forward_per_token
+from .params import ParamCounts, count_params
+from .precision import StateBytes, state_bytes
+from .timing import compute_dtype
 
 # Fraction of the dense bf16/fp16 peak that the matmul compute reaches, fitted ONCE on the published A100
 # runs of Narayanan et al. 2021 (Table 2) and Korthikanti et al. 2022 (Table 5) by bench/plan_published.py
@@ -195,3 +199,23 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
         efficiency=efficiency,
     )
+
+
+def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int) -> int:
+    """Parameters on the busiest rank (first stage with the embedding or last with the head)."""
+    from .memory import Stage, rank_params
+
+    per = spec.layers // pp
+    probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))
+    if pp == 1:
+        return rank_params(spec, pc, probe, Stage(0, per, True, True, 1))[0]
+    return max(rank_params(spec, pc, probe, Stage(0, per, True, False, 1))[0],
+               rank_params(spec, pc, probe, Stage(pp - 1, per, False, True, 1))[0])
+
+
+def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float = DEFAULT_EFFICIENCY,
+                     pc: ParamCounts | None = None) -> StepTime:
+    """The step time of one training setup on `gpu` (the planner's model, every term)."""
+    pc = pc or count_params(spec)
+    return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc), stage_params(spec, pc, setup.tp, setup.pp),
+                     state_bytes(setup), efficiency)

@@ -1,0 +1,69 @@
+"""The only way callers run an engine: routing, the layer-extrapolation policy, the model limits every engine
+enforces, and one-line errors for a missing extra. Used by the API, the CLI, the web app, the planner's
+--verify, the sweep and the report.
+
+  analytic  formulas (no torch), any layout
+  trace     the real model on fake tensors: one process; dp > 1 (ZeRO/FSDP) runs one rank of the sharded step
+            with a fake process group (trace/distributed.py); tp/pp are not traced (analytic only)
+  measure   real steps on this machine
+"""
+from __future__ import annotations
+
+from .errors import EngineUnavailableError, SetupError
+from .estimate import Estimate
+from .hardware import GPU
+from .setup import Setup
+from .spec import ModelSpec
+
+ENGINES = ("analytic", "trace", "measure", "all")
+
+
+def check_limits(spec: ModelSpec, setup: Setup) -> None:
+    """The model and layout limits every engine enforces (divisibility, learned positions, pipeline fill)."""
+    from .analytic.engine import validate_layout
+
+    validate_layout(spec, setup)
+
+
+def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
+             tokens: float | None = None) -> Estimate:
+    from .analytic.engine import estimate
+
+    return estimate(spec, setup, gpu, mfu=mfu, tokens=tokens)
+
+
+def _missing(what: str, e: ImportError) -> EngineUnavailableError:
+    return EngineUnavailableError(f"{what} needs torch and transformers ({e.name} is missing): "
+                                  "pip install 'trainfit[torch]'")
+
+
+def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool = True) -> Estimate:
+    """The trace engine for any setup it can run.
+
+    extrapolate: trace a few repeated layers and extend to full depth only where every number is exactly linear
+    (trace/extrapolate.py verifies it, and falls back to the full trace otherwise) — the same peak, seconds
+    instead of a minute for deep models. Pass False when the caller draws the whole step's curve."""
+    check_limits(spec, setup)
+    if setup.tp > 1 or setup.pp > 1:
+        raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
+                         "(use --engine analytic); --dp/--zero are traced one rank at a time")
+    try:
+        from .trace.engine import trace_spec
+    except ImportError as e:
+        raise _missing("the trace engine", e) from e
+    if setup.dp > 1:
+        from .trace.distributed import trace_distributed  # one rank of the sharded step, fake process group
+
+        return trace_distributed(spec, setup)
+    return trace_spec(spec, setup, extrapolate=extrapolate, flops=flops)
+
+
+def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:
+    """Real steps here (one process); the caller checks free memory first (api.check_room)."""
+    check_limits(spec, setup)
+    try:
+        from .measure import measure as run, to_estimate
+    except ImportError as e:
+        raise _missing("the measure engine", e) from e
+    result = run(spec, setup, steps=steps, warmup=warmup, device=setup.device, progress=progress)
+    return to_estimate(result, spec, setup)
