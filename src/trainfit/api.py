@@ -207,6 +207,13 @@ def gaps(results: list[Estimate]) -> dict:
             "peak_gap": {e.engine: (e.memory.peak - ref) / ref if ref else None for e in results[:-1]}}
 
 
+def fit_advice(req: Request, est: Estimate) -> list[str]:
+    """For an estimate that does not fit its GPU: the smallest change per knob that would (studies/fit_advice.py)."""
+    from .studies.fit_advice import fit_advice as advise
+
+    return advise(load_spec(req.model), est.setup, load_gpu(req.gpu, req.price))
+
+
 def compare(req: Request) -> dict[str, Estimate]:
     """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1 (when the batch is
     larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype."""

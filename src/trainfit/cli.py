@@ -49,9 +49,13 @@ def estimate(req: Request, engine: str = EngineOpt,
         results = api.run_engines(req, engine, measure_too=measure)
     from .report import json_out, terminal
 
+    advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:
         if len(results) == 1:
-            typer.echo(json_out.dumps(json_out.estimate_dict(results[0])))
+            d = json_out.estimate_dict(results[0])
+            if advice:
+                d["would_fit"] = advice
+            typer.echo(json_out.dumps(d))
         else:
             typer.echo(json_out.dumps({"estimates": [json_out.estimate_dict(e) for e in results],
                                        **api.gaps(results)}))
@@ -60,6 +64,8 @@ def estimate(req: Request, engine: str = EngineOpt,
         terminal.render_estimate(results[0])
     else:
         terminal.render_side_by_side(results, reference=len(results) - 1)
+    if advice:
+        typer.echo(f"does not fit on {results[0].time.gpu}; what would (one change each): " + "; ".join(advice))
 
 
 @app.command()
@@ -217,18 +223,24 @@ def models(json: bool = JsonOpt) -> None:
 
         typer.echo(dumps(rows))
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from .units import fmt_count
 
-    t = Table(title="trainfit models", header_style="bold")
-    for col in ("name", "family", "params", "layers", "hidden", "heads (kv)", "vocab", "hub id"):
-        t.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left")
+    console = Console()
+    wide = console.width >= 120  # the hub id column only where it fits; names are never cut
+    t = Table(title="trainfit models", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for col in ("name", "family", "params", "layers", "hidden", "heads", "vocab") + (("hub id",) if wide else ()):
+        t.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left",
+                     no_wrap=True, min_width=max((len(r["name"]) for r in rows), default=4) if col == "name" else len(col))
     for r in rows:
-        t.add_row(r["name"], r["family"], fmt_count(r["params"]), str(r["layers"]), str(r["hidden"]),
-                  f"{r['heads']} ({r['kv_heads']})", str(r["vocab"]), r.get("hf_id") or "")
-    Console().print(t)
+        t.add_row(r["name"], r["family"], fmt_count(r["params"]).replace(" ", ""), str(r["layers"]), str(r["hidden"]),
+                  f"{r['heads']} ({r['kv_heads']})", fmt_count(r["vocab"]).replace(" ", ""), *((r.get("hf_id") or "",) if wide else ()))
+    console.print(t)
+    if not wide:
+        console.print("heads: query (key/value); hub ids: trainfit models --json, or a wider terminal")
 
 
 @app.command()
@@ -251,9 +263,10 @@ def gpus(json: bool = JsonOpt) -> None:
 
     from .units import fmt_bytes
 
-    t = Table(title="trainfit gpus (dense peaks)", header_style="bold")
+    t = Table(title="trainfit gpus (dense peaks)", header_style="bold", padding=(0, 1))
     for col in ("name", "memory", "bandwidth", "bf16 TFLOP/s", "fp32/tf32 TFLOP/s", "W", "$/h"):
-        t.add_column(col, justify="left" if col == "name" else "right")
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name",
+                     min_width=max(len(g.name) for g in items) if col == "name" else None)
     for g in items:
         bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0
         t.add_row(g.name, fmt_bytes(g.memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s", f"{bf16 / 1e12:,.1f}",

@@ -24,9 +24,10 @@ class Diagnosis:
 
 
 def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, ignore_batch: bool = True) -> tuple[int, Setup | None]:
-    """The smallest analytic peak over every layout of `gpus` (micro-batch 1), and its setup."""
+    """The smallest analytic peak over the layouts of `gpus` that the query allows (its fixed --tp/--pp, and --dp
+    when `gpus` is the query's count; micro-batch 1), and its setup."""
     best, where = None, None
-    for lay in layouts(spec, gpus, gpu.gpus_per_node):
+    for lay in layouts(spec, gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp if gpus == q.gpus else None):
         for prec in q.precisions:
             for zero in ((max(q.zeros),) if lay.dp > 1 else (0,)):
                 for rec in (("full",) if "full" in q.recomputes else q.recomputes):
@@ -82,6 +83,8 @@ def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
                  f"{q.margin:.0%} margin and 1 GiB context): the leanest plan ({lean}) needs {fmt_bytes(peak)} per GPU")
     if peak > cap:
         for n in _counts(q.gpus, gpu.gpus_per_node):
+            if (q.tp and n % q.tp) or (q.pp and n % q.pp):
+                continue
             p, s = leanest(spec, gpu, q, n, oracle)
             if s is not None and p <= cap:
                 d.min_gpus = n
@@ -89,8 +92,9 @@ def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
                                      f"{s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} recompute)")
                 break
     d.suggestions += knobs(spec, gpu, q, cap, oracle)
-    if peak <= cap:  # memory would fit at micro-batch 1 but the batch split did not allow it
-        d.message += " — it fits, but the global batch split does not allow micro-batch 1 with these layouts"
+    if 0 <= peak <= cap:  # memory would fit at micro-batch 1 but the batch split did not allow it
+        d.message += (" and fits at micro-batch 1, but the global batch split does not allow micro-batch 1 with these "
+                      "layouts: change --global-batch-tokens")
     return d
 
 
