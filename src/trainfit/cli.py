@@ -112,11 +112,13 @@ def measure(req: Request,
         _measure_ranks(req, nproc, tuple(launcher), steps, warmup, force, json)
         return
     with Progress(transient=True, disable=json) as bar:
-        task = bar.add_task("building the model", total=warmup + 1 + steps)
-        labels = {"build": "building the model", "warmup": "warm-up", "peak": "measured step", "time": "timed steps"}
+        # the build includes the first warm-up step (optimizer state resident): its own unit, so the bar moves
+        task = bar.add_task("building the model and its first warm-up step", total=1 + warmup + 1 + steps)
+        labels = {"build": "building the model and its first warm-up step", "warmup": "warm-up",
+                  "peak": "measured step", "time": "timed steps"}
 
         def progress(stage, i, n):
-            done = {"build": 0, "warmup": i, "peak": warmup + i, "time": warmup + 1 + i}[stage]
+            done = {"build": 0, "warmup": 1 + i, "peak": 1 + warmup + i, "time": 2 + warmup + i}[stage]
             bar.update(task, completed=done, description=f"{labels[stage]} {i}/{n}")
 
         measured, predictions = api.measure_with_predictions(req, steps, warmup, progress, force, trace)
