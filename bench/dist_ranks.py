@@ -17,7 +17,7 @@ import time
 
 from trainfit.analytic.engine import estimate
 from trainfit.measure.distributed import measure_distributed_many
-from trainfit.measure.strategy import STRATEGIES
+from trainfit.step.strategy import STRATEGIES
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.distributed import trace_distributed

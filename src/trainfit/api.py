@@ -243,4 +243,4 @@ def catalog_models() -> list[dict]:
         out.append({"name": s.name, "family": s.family, "params": count_params(s).total, "layers": s.layers,
                     "hidden": s.hidden, "heads": s.heads, "kv_heads": s.kv_heads, "vocab": s.vocab,
                     "hf_id": meta.get("hf_id"), "aliases": meta.get("aliases", []), "source": meta.get("source", "")})
-    return out
+    return sorted(out, key=lambda m: (m["family"], m["params"], m["name"]))  # by size within a family

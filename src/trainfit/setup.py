@@ -5,7 +5,7 @@ applies to. Everything else is generated from these declarations:
   * `Setup`  — how the model is run (what the engines read);
   * `Request` — a model plus every setting, flat (the Python API's, CLI's and web API's view), built by
     `make_request_class` below;
-  * the CLI options of every command (trainfit.options), the web form and the web API's schema (trainfit.web).
+  * the CLI options of every command (trainfit.cli.options), the web form and the web API's schema (trainfit.web).
 Adding a setting = one field below (plus the formula that uses it).
 
 Validation happens once, in `validate`: positive integers, finite numbers within bounds, allowed choices, and
@@ -210,6 +210,17 @@ def check_value(s: Setting, v: Any, mode: str = "train") -> None:
             raise SetupError(f"{s.flag} must be {what}, got {v!r}{example}")
         if m.maximum is not None and v > m.maximum:
             raise SetupError(f"{s.flag} must be at most {m.maximum:g}, got {v!r}{example}")
+
+
+def parse_value(s: Setting, value: Any) -> Any:
+    """Text from the CLI or the web -> the setting's value, with a one-line error naming the flag."""
+    if value is None or s.meta.parse is None or not isinstance(value, str):
+        return value
+    try:
+        return s.meta.parse(value)
+    except (ValueError, ArithmeticError) as e:
+        example = f" (e.g. {s.flag} {s.meta.example})" if s.meta.example else ""
+        raise SetupError(f"{s.flag} {value!r}: {e}{example}") from None
 
 
 def validate(setup: Setup) -> None:

@@ -70,9 +70,14 @@ def test_catalog_entry_metadata():
 def test_list_models_ordered_by_family_then_size():
     models = list_models()
     assert len(models) >= 24
-    keys = [(m.family, count_params(m).total) for m in models]
-    assert keys == sorted(keys)
     assert len({m.name for m in models}) == len(models)
+    from trainfit.api import catalog_models  # the listing users see: by family, then size
+
+    rows = catalog_models()
+    keys = [(m["family"], m["params"]) for m in rows]
+    assert keys == sorted(keys) and {m["name"] for m in rows} == {m.name for m in models}
+    assert all(m["params"] == count_params(s).total for m, s in zip(sorted(rows, key=lambda r: r["name"]),
+                                                                   sorted(models, key=lambda s: s.name)))
 
 
 def test_unknown_name_says_did_you_mean_and_trainfit_models():

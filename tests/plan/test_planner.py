@@ -86,8 +86,8 @@ def test_estimate_cli_gives_the_same_peak(l8b):
     from typer.testing import CliRunner
 
     from trainfit.cli import app
-    from trainfit.plan.command import plan
-    from trainfit.plan.report import plan_dict
+    from trainfit.cli.plan import plan
+    from trainfit.report.plan import plan_dict
 
     r = search(l8b, get_gpu("H100-80GB"), PlanQuery(gpus=8, seq=4096, global_batch_tokens=5e5, top=2))
     s = plan_dict(r)["candidates"][0]["setup"]
@@ -142,7 +142,7 @@ def test_cli_command_and_emits(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from trainfit.plan.command import plan
+    from trainfit.cli.plan import plan
 
     app = typer.Typer()
     app.command()(plan)

@@ -9,7 +9,7 @@ the launcher and waiting for it: the launcher starts, watches and stops the work
 terminates the others), and its rendezvous options pass through unchanged for several nodes
 (`launcher_args=["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "host:29500", ...]`, in which
 case `--standalone` is not added); see docs/distributed.md. Each worker (trainfit.measure.worker) runs the
-standard step under the strategy for `setup.zero` (trainfit.measure.strategy) and measures its own peak,
+standard step under the strategy for `setup.zero` (trainfit.step.strategy) and measures its own peak,
 step time and time in collectives; rank 0 gathers and writes the JSON that we read back.
 
 Failures: a rank that raises (an out-of-memory error included) writes its rank, error type and message;
@@ -136,7 +136,7 @@ def measure_distributed_many(
 ) -> list[list[RankResult]]:
     """`measure_distributed` for several setups in one launch (the same processes run them one after the other,
     each from a fresh model): one list of rank results per setup."""
-    from .strategy import check_strategy
+    from ..step.strategy import check_strategy
 
     if nproc < 1:
         raise SetupError(f"--nproc must be a positive integer, got {nproc}")

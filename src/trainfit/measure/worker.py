@@ -9,7 +9,7 @@ and the run options. For each setup, each rank:
    user's terminal; the parent shows the log's tail only when something fails);
 2. joins the process group (gloo on CPU, NCCL on CUDA; env:// rendezvous from the launcher);
 3. builds the model with seed 0 (the same weights on every rank), wraps it for `setup.zero`
-   (trainfit.measure.strategy), makes its own batches (seed 1000 + rank), runs warm-up steps (at least 2:
+   (trainfit.step.strategy), makes its own batches (seed 1000 + rank), runs warm-up steps (at least 2:
    DDP rebuilds its buckets at the second step's forward, after which they are fixed);
 4. measures one step's peak (CPU: trainfit.measure.cpu_peak, the same reconstruction as the one-process
    measure engine, rebuilt block by block (trainfit.measure.dist_peak: gloo frees some tensors in its own
@@ -101,7 +101,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
     from ..step.standard import enable_recompute
     from .cpu_peak import START, batch_tensors, storage_bytes
     from .dist_peak import profiled
-    from .strategy import STRATEGIES, local, resident_tensors, wrap
+    from ..step.strategy import STRATEGIES, local, resident_tensors, wrap
 
     spec, device = job["spec"], job["device"]
     dev_type = torch.device(device).type

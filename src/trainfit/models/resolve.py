@@ -13,7 +13,7 @@ Catalog files (models/catalog/<name>.json) are HF config.json copies plus a "_tr
 name (lowercase, hyphenated), aliases, hf_id, source (where the numbers come from),
 params_published / active_published (published totals, checked by tests/models within 2%, or
 params_published_tol where the published figure is known to be off, with the reason in source).
-Parameter counts are never stored: they are computed from the config by trainfit.analytic.params.
+Parameter counts are never stored: they are computed from the config by trainfit.analytic.params (api.catalog_models).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from trainfit.analytic.params import count_params
 from trainfit.errors import ConfigError, UnknownModelError
 from trainfit.models.hf_config import spec_from_config
 from trainfit.spec import ModelSpec
@@ -101,7 +100,7 @@ def catalog_entry(name: str) -> dict:
 def list_models() -> list[ModelSpec]:
     """Every catalog model, ordered by family (HF model_type) then total parameters."""
     specs = [_catalog_spec(n) for n in _catalog()[0]]
-    return sorted(specs, key=lambda s: (s.family, count_params(s).total, s.name))
+    return sorted(specs, key=lambda s: (s.family, s.name))
 
 
 # ---- local files and the HF cache -----------------------------------------------------------

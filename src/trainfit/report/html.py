@@ -224,7 +224,7 @@ def plan_candidates(req: api.Request, gpus: int, global_batch_tokens: float | No
     if req.gpu is None:
         return [], "the plan needs a GPU type: pass --gpu with --gpus"
     try:
-        from ..plan.report import plan_dict
+        from .plan import plan_dict
         from ..plan.search import PlanQuery, search
     except ImportError as e:
         return [], f"the planner is not available in this build ({e})"

@@ -3,7 +3,7 @@
 `trace_distributed(spec, setup)` joins a fake process group of `setup.dp` ranks (torch's own "fake" backend,
 `torch.testing._internal.distributed.fake_pg.FakeStore`: every collective returns at once and moves no
 data), builds the real model under FakeTensorMode, wraps it exactly as the distributed measure worker does
-(trainfit.measure.strategy: DDP, DDP + ZeroRedundancyOptimizer, FSDP2 fully_shard), runs the same warm-up
+(trainfit.step.strategy: DDP, DDP + ZeroRedundancyOptimizer, FSDP2 fully_shard), runs the same warm-up
 steps, and records the standard step with the AllocationRecorder. The recorder is on from before the model
 is built, so what is resident at the step start (DDP's bucket buffers, FSDP2's sharded parameters and
 whatever else the wrappers keep) is read from births and deaths, not summed. Per-rank memory -- FSDP2's
@@ -207,7 +207,7 @@ def _no_param_verification():
 
 
 def _trace_rank(spec, setup, backend, warmup, flops, mesh):
-    from ..measure.strategy import wrap
+    from ..step.strategy import wrap
     from ..step import make_batches, run_step
     from ..step.standard import enable_recompute
     from .analysis import TRAIN_PHASES, analyse
@@ -262,7 +262,7 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
         raise EngineUnavailableError("the distributed trace needs --dp >= 2 (one rank: trainfit.trace.trace_spec)")
     t0 = time.perf_counter()
     model, rec, an = trace_rank(spec, setup, backend=backend, flops=flops)
-    from ..measure.strategy import STRATEGIES
+    from ..step.strategy import STRATEGIES
 
     notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {STRATEGIES[setup.zero]}, "
                      f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries",)

@@ -28,9 +28,8 @@ from pydantic import ConfigDict, create_model
 from .. import api
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
-from ..options import parse_value
 from ..report.json_out import estimate_dict
-from ..setup import SETTINGS, Request, Setting
+from ..setup import SETTINGS, Request, Setting, parse_value
 
 
 def _knob_type(s: Setting):

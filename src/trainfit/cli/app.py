@@ -9,10 +9,10 @@ from typing import Optional
 
 import typer
 
-from . import api
-from .errors import TrainfitError
+from .. import api
+from ..errors import TrainfitError
+from ..setup import Request
 from .options import EngineOpt, JsonOpt, with_settings
-from .setup import Request
 
 app = typer.Typer(
     help="Will it train (or serve) on my hardware? Memory, compute and time of a training step or of inference, "
@@ -47,7 +47,7 @@ def estimate(req: Request, engine: str = EngineOpt,
             results = api.run_engines(req, engine, measure_too=measure)
     else:
         results = api.run_engines(req, engine, measure_too=measure)
-    from .report import json_out, terminal
+    from ..report import json_out, terminal
 
     advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:
@@ -122,7 +122,7 @@ def measure(req: Request,
             bar.update(task, completed=done, description=f"{labels[stage]} {i}/{n}")
 
         measured, predictions = api.measure_with_predictions(req, steps, warmup, progress, force, trace)
-    from .report import json_out, terminal
+    from ..report import json_out, terminal
 
     if json:
         d = json_out.estimate_dict(measured)
@@ -139,7 +139,7 @@ def measure(req: Request,
 def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
     from rich.progress import Progress
 
-    from .report import json_out, terminal
+    from ..report import json_out, terminal
 
     with Progress(transient=True, disable=json) as bar:
         task = bar.add_task(f"{nproc} processes", total=None)
@@ -173,8 +173,8 @@ def trace_module(req: Request,
 
     Example: trainfit trace my_pkg.models:build --batch 32 --precision amp-bf16
     """
-    from .api import trace_factory
-    from .report import json_out, terminal
+    from ..api import trace_factory
+    from ..report import json_out, terminal
 
     from dataclasses import replace
 
@@ -202,7 +202,7 @@ def compare(req: Request, json: bool = JsonOpt) -> None:
     Example: trainfit compare llama-3.1-8b --batch 8 --seq 4096
     """
     results = api.compare(req)
-    from .report import json_out, terminal
+    from ..report import json_out, terminal
 
     if json:
         typer.echo(json_out.dumps({k: json_out.estimate_dict(v) for k, v in results.items()}))
@@ -221,7 +221,7 @@ def models(json: bool = JsonOpt) -> None:
     """The model catalog: names you can pass to `estimate` (a config.json path works too)."""
     rows = api.catalog_models()
     if json:
-        from .report.json_out import dumps
+        from ..report.json_out import dumps
 
         typer.echo(dumps(rows))
         return
@@ -229,7 +229,7 @@ def models(json: bool = JsonOpt) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .units import fmt_count
+    from ..units import fmt_count
 
     console = Console()
     wide = console.width >= 120  # the hub id column only where it fits; names are never cut
@@ -248,11 +248,11 @@ def models(json: bool = JsonOpt) -> None:
 @app.command()
 def gpus(json: bool = JsonOpt) -> None:
     """The GPU catalog: memory, bandwidth, dense peak FLOP/s, power, price (override with --price)."""
-    from .hardware import list_gpus
+    from ..hardware import list_gpus
 
     items = list_gpus()
     if json:
-        from .report.json_out import dumps
+        from ..report.json_out import dumps
 
         typer.echo(dumps([{"name": g.name, "memory": g.memory, "memory_bandwidth": g.memory_bandwidth,
                            "peak_flops": g.peak_flops, "power_watts": g.power_watts,
@@ -263,7 +263,7 @@ def gpus(json: bool = JsonOpt) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .units import fmt_bytes
+    from ..units import fmt_bytes
 
     t = Table(title="trainfit gpus (dense peaks)", header_style="bold", padding=(0, 1))
     for col in ("name", "memory", "bandwidth", "bf16 TFLOP/s", "fp32/tf32 TFLOP/s", "W", "$/h"):
@@ -278,8 +278,8 @@ def gpus(json: bool = JsonOpt) -> None:
 
 def _register_optional_commands() -> None:
     """Commands that live beside their feature (planner, visuals); their heavy imports stay inside them."""
-    from .plan.command import plan
-    from .report.commands import report, serve, sweep, timeline
+    from .plan import plan
+    from .visual import report, serve, sweep, timeline
 
     for command in (plan, timeline, sweep, report, serve):
         app.command()(command)

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from ..errors import SetupError
-from ..options import ModelArg
+from .options import ModelArg
 
 
 def _csv(text: str, what: str, cast=str) -> tuple:
@@ -52,8 +52,8 @@ def plan(
     """
     from ..api import load_gpu, load_spec
     from ..units import parse_count
-    from . import report
-    from .search import PlanQuery, search
+    from ..report import plan as report
+    from ..plan.search import PlanQuery, search
     from ..analytic.step_time import DEFAULT_EFFICIENCY
 
     try:
@@ -73,7 +73,7 @@ def plan(
     spec, g = load_spec(model), load_gpu(gpu, price)
     result = search(spec, g, q, tokens=budget_tokens)
     if verify and result.candidates:
-        from .verify import verify as run_verify
+        from ..plan.verify import verify as run_verify
 
         _, note = run_verify(spec, result.candidates)
         if note:
@@ -91,9 +91,9 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
     """Config on stdout (so `> ds.json` works), the chosen plan and any caveat on stderr."""
     from dataclasses import replace
 
-    from .emit import emit as write
-    from .emit import precisions_for, supports
-    from .search import search
+    from ..plan.emit import emit as write
+    from ..plan.emit import precisions_for, supports
+    from ..plan.search import search
 
     pick = next((c for c in result.candidates if supports(engine, c.setup) is None), None)
     if pick is None:

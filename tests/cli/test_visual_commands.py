@@ -1,4 +1,4 @@
-"""The visual commands through a throwaway typer app (cli.py registers the same functions)."""
+"""The visual commands through a throwaway typer app (cli/app.py registers the same functions)."""
 from __future__ import annotations
 
 import builtins
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 pytest.importorskip("matplotlib")
 
 from trainfit.errors import EngineUnavailableError, TrainfitError  # noqa: E402
-from trainfit.report import commands  # noqa: E402
+from trainfit.cli import visual as commands  # noqa: E402
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from ..report.json_out import dumps  # noqa: F401  (re-exported for the command)
+from .json_out import dumps  # noqa: F401  (re-exported for the command)
 from ..units import fmt_bytes, fmt_count, fmt_seconds
-from .search import Candidate, PlanResult
+from ..plan.search import Candidate, PlanResult
 
 TIME_TERMS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
 

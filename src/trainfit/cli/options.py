@@ -14,8 +14,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .errors import SetupError
-from .setup import SETTINGS, Request, Setting
+from ..setup import SETTINGS, Request, Setting, parse_value
 
 ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
@@ -42,17 +41,6 @@ def option(s: Setting, default: Any = inspect.Parameter.empty, help: str | None 
     names = [s.flag] + ([s.meta.short] if s.meta.short else [])
     annotation = Optional[t] if d is None and t is not bool else t
     return annotation, typer.Option(d, *names, help=help or _help(s), show_default=d is not None and not s.meta.auto)
-
-
-def parse_value(s: Setting, value: Any) -> Any:
-    """Text from the CLI or the web -> the setting's value, with a one-line error naming the flag."""
-    if value is None or s.meta.parse is None or not isinstance(value, str):
-        return value
-    try:
-        return s.meta.parse(value)
-    except (ValueError, ArithmeticError) as e:
-        example = f" (e.g. {s.flag} {s.meta.example})" if s.meta.example else ""
-        raise SetupError(f"{s.flag} {value!r}: {e}{example}") from None
 
 
 def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (), model: bool = True,

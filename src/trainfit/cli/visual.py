@@ -12,7 +12,7 @@ import typer
 
 from .. import api
 from ..errors import EngineUnavailableError, SetupError, TrainfitError
-from ..options import JsonOpt, with_settings
+from .options import JsonOpt, with_settings
 from ..setup import BY_NAME, Request
 
 
@@ -28,7 +28,7 @@ def _status(quiet: bool, what: str):
 
 
 def _plots():
-    from . import plots
+    from ..report import plots
 
     plots._mpl()  # a missing matplotlib is one line, before any engine runs
     return plots
@@ -62,7 +62,7 @@ def timeline(req: Request,
             measured = api._measure(req)
     plots.plot_timeline(traced, output, gpu=g, measured=measured)
     if json:
-        from .json_out import dumps, estimate_dict
+        from ..report.json_out import dumps, estimate_dict
 
         out = {"output": output, "trace": estimate_dict(traced)}
         if measured is not None:
@@ -70,7 +70,7 @@ def timeline(req: Request,
         typer.echo(dumps(out))
         return
     from ..units import fmt_bytes
-    from .terminal import PHASE_NAMES
+    from ..report.terminal import PHASE_NAMES
 
     m = traced.memory
     line = f"wrote {output}: peak {fmt_bytes(m.peak)} at {PHASE_NAMES.get(m.peak_phase, m.peak_phase)} (trace engine)"
@@ -105,7 +105,7 @@ def sweep(req: Request,
       trainfit sweep llama-3.1-70b --vary gpus 8:64 --zero 3 --gpu H100-80GB --recompute none,full\n
       trainfit sweep mistral-7b --vary recompute none,selective,full --batch 8 --gpu A100-80GB --json
     """
-    from .sweep import render_table, run_sweep
+    from ..report.sweep import render_table, run_sweep
 
     knob, values = vary
     variants = {"attention": attention, "recompute": recompute, "precision": precision, "optimizer": optimizer}
@@ -119,7 +119,7 @@ def sweep(req: Request,
     if output:
         plots.plot_sweep(result, output)
     if json:
-        from .json_out import dumps
+        from ..report.json_out import dumps
 
         d = result.to_dict()
         if output:
@@ -148,7 +148,7 @@ def report(req: Request,
       trainfit report llama-3.1-70b --gpu H100-80GB --gpus 64 --global-batch-tokens 4M --no-trace -o 70b.html
     """
     from ..units import parse_count
-    from .html import write_report
+    from ..report.html import write_report
 
     _plots()
     if gpus is not None and gpus < 1:
