@@ -2,10 +2,38 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 
 from .setup import Setup
 
-PHASES = ("forward_end", "backward", "optimizer_step")  # training; inference uses "prefill" / "decode"
+
+class Category(str, Enum):
+    """What holds memory: the one vocabulary of `Memory.at_peak` in every engine, the reports and the JSON."""
+
+    WEIGHTS = "weights"  # parameters as the model holds them
+    BUFFERS = "buffers"  # non-parameter module state (rotary tables, BatchNorm statistics)
+    MASTER_WEIGHTS = "master_weights"  # fp32 copies the optimizer updates (bf16-master)
+    OPTIMIZER_STATES = "optimizer_states"
+    COMM_BUFFERS = "comm_buffers"  # DDP gradient buckets, ZeRO/FSDP flat buffers
+    GRADIENTS = "gradients"
+    ACTIVATIONS = "activations"  # saved for backward
+    KV_CACHE = "kv_cache"
+    TEMPORARIES = "temporaries"  # made and freed within the phase
+    INPUTS = "inputs"  # the batch
+    OTHER = "other"  # not attributable by the engine (measure: from allocation records alone)
+
+
+class Phase(str, Enum):
+    FORWARD_END = "forward_end"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer_step"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+CATEGORY_NAMES = frozenset(c.value for c in Category)
+PHASE_NAMES = frozenset(p.value for p in Phase)
+PHASES = (Phase.FORWARD_END.value, Phase.BACKWARD.value, Phase.OPTIMIZER_STEP.value)  # training phases
 
 
 @dataclass(frozen=True)
@@ -23,7 +51,15 @@ class Memory:
     peak: int
     peak_phase: str
     phases: dict[str, int]  # total live bytes at each phase's high point
-    at_peak: dict[str, int] = field(default_factory=dict)  # category -> bytes live at the peak
+    at_peak: dict[str, int] = field(default_factory=dict)  # Category value -> bytes live at the peak
+
+    def __post_init__(self) -> None:
+        # every engine fills the same Memory the same way: Category names, Phase names
+        bad = set(self.at_peak) - CATEGORY_NAMES
+        if bad:
+            raise ValueError(f"Memory.at_peak keys must be Category values, got {sorted(bad)}")
+        if self.peak_phase not in PHASE_NAMES or set(self.phases) - PHASE_NAMES:
+            raise ValueError(f"Memory phases must be Phase values, got {self.peak_phase!r} / {sorted(self.phases)}")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def test_trace_of_an_mlp_matches_a_hand_derivation(capsys, factory):
     # saved for backward (hand derivation, fp32): ReLU's output (b×1024), kept by ReLU and the second Linear; the
     # first Linear's output dies inside ReLU's forward; x is the batch (category "input"); + the 4-byte loss
     assert m["activations"] == 4 * b * 1024 + 4
-    assert m["at_peak"].get("input") == 4 * b * 256
+    assert m["at_peak"].get("inputs") == 4 * b * 256
     # the peak can be no lower than weights + all gradients
     assert m["peak"] >= 8 * params
 

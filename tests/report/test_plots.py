@@ -21,22 +21,22 @@ MiB = 2**20
 def synthetic_timeline(layers: int = 4, accum: int = 1) -> list[dict]:
     """A training step as the trace engine records it: activations rise through forward, gradients build and
     activations fall through backward, the optimizer step adds temporaries; phase names as in the Estimate."""
-    base = {"parameter": 100 * MiB, "optimizer_state": 200 * MiB, "input": 1 * MiB}
+    base = {"weights": 100 * MiB, "optimizer_states": 200 * MiB, "inputs": 1 * MiB}
     out, ev = [], 1000
     grads = 0
     for m in range(accum):
         for i in range(layers + 1):
-            out.append({"event": ev, "phase": "forward_end", "bytes": {**base, "activation": i * 30 * MiB,
-                                                                        "gradient": grads, "temporary": 2 * MiB}})
+            out.append({"event": ev, "phase": "forward_end", "bytes": {**base, "activations": i * 30 * MiB,
+                                                                        "gradients": grads, "temporaries": 2 * MiB}})
             ev += 10
         for i in range(layers + 1):
             grads = min(100 * MiB, grads + 20 * MiB)
-            out.append({"event": ev, "phase": "backward", "bytes": {**base, "activation": (layers - i) * 30 * MiB,
-                                                                     "gradient": grads, "temporary": 5 * MiB}})
+            out.append({"event": ev, "phase": "backward", "bytes": {**base, "activations": (layers - i) * 30 * MiB,
+                                                                     "gradients": grads, "temporaries": 5 * MiB}})
             ev += 10
     for i in range(3):
-        out.append({"event": ev, "phase": "optimizer_step", "bytes": {**base, "gradient": 100 * MiB,
-                                                                       "temporary": (i + 1) * 40 * MiB}})
+        out.append({"event": ev, "phase": "optimizer_step", "bytes": {**base, "gradients": 100 * MiB,
+                                                                       "temporaries": (i + 1) * 40 * MiB}})
         ev += 2
     return out
 
@@ -46,7 +46,7 @@ def traced_like(timeline: list[dict], mode: str = "train"):
     peak_pt = max(timeline, key=lambda p: sum(p["bytes"].values()))
     mem = dataclasses.replace(e.memory, peak=sum(peak_pt["bytes"].values()), peak_phase=peak_pt["phase"],
                               at_peak=dict(peak_pt["bytes"]))
-    top = [{"bytes": 40 * MiB, "category": "temporary", "module": "optimizer.exp_avg_sq", "shape": [10], "dtype": "float32",
+    top = [{"bytes": 40 * MiB, "category": "temporaries", "module": "optimizer.exp_avg_sq", "shape": [10], "dtype": "float32",
             "born": "optimizer_step"}]
     return dataclasses.replace(e, engine="trace", memory=mem, detail={"timeline": timeline, "top_tensors": top})
 

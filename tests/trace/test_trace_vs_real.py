@@ -60,7 +60,7 @@ def test_trace_peak_equals_real_peak(family, precision, recompute, optimizer, gr
     real = measure(spec, setup, steps=0)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak)
     # The parts a real run also reports exactly.
-    assert traced.memory.weights + traced.memory.at_peak.get("buffer", 0) == real.weights
+    assert traced.memory.weights + traced.memory.at_peak.get("buffers", 0) == real.weights
     assert traced.memory.optimizer_states == real.optimizer_states
     assert traced.memory.master_weights == real.master_weights
     assert traced.params == real.params

@@ -6,9 +6,8 @@ follows the output path's extension (.png, .svg, .pdf). matplotlib is an optiona
 
 Timeline format (the trace engine's `Estimate.detail["timeline"]`, see trace/analysis.py): a list of
 points `{"event": int, "phase": str, "bytes": {category: int}}` in event order, one every few
-allocation events plus one at each phase start. Trace categories are "parameter", "buffer",
-"master_weight", "gradient", "optimizer_state", "activation", "temporary", "input", "kv_cache"; the
-forward phase is labelled "forward_end" (the Estimate's phase names).
+allocation events plus one at each phase start. Categories and phases are trainfit.estimate's Category and
+Phase values, as in every engine's Memory.
 """
 from __future__ import annotations
 
@@ -65,13 +64,10 @@ CATEGORIES = (
     Category("mixed", "activations + gradients (freed / built in backward)", "#A9CBA0", "//"),
 )
 _BY_KEY = {c.key: c for c in CATEGORIES}
-CATEGORY_OF = {
-    # trace engine
-    "parameter": "params", "buffer": "params", "master_weight": "master", "gradient": "grads",
-    "optimizer_state": "opt", "activation": "acts", "temporary": "temps", "input": "inputs", "kv_cache": "kv",
-    # analytic / measure engines (Memory.at_peak and Memory fields)
-    "weights": "params", "master_weights": "master", "optimizer_states": "opt", "comm_buffers": "comm",
-    "gradients": "grads", "activations": "acts", "temporaries": "temps", "inputs": "inputs", "other": "other",
+CATEGORY_OF = {  # trainfit.estimate.Category -> display category (every engine reports the same names)
+    "weights": "params", "buffers": "params", "master_weights": "master", "optimizer_states": "opt",
+    "comm_buffers": "comm", "gradients": "grads", "activations": "acts", "temporaries": "temps", "inputs": "inputs",
+    "kv_cache": "kv", "other": "other",
 }
 PHASE_LABELS = {"forward_end": "forward", "backward": "backward", "optimizer_step": "optimizer step",
                 "prefill": "prefill", "decode": "decode", "setup": "setup"}

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .recorder import ACTIVATION, CATEGORIES, TEMPORARY, AllocationRecorder
+from .recorder import ACTIVATION, AS_CATEGORY, CATEGORIES, TEMPORARY, AllocationRecorder
+
+SHOWN = tuple(AS_CATEGORY[c] for c in CATEGORIES)  # what the timeline and top tensors call each category
 
 # Phase names used by the standard step (trainfit.step.run_step) -> the Estimate's phase names.
 TRAIN_PHASES = {"forward": "forward_end", "backward": "backward", "optimizer": "optimizer_step", "end": "optimizer_step"}
@@ -133,7 +135,7 @@ def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, st
 
     def point(ev):
         timeline.append({"event": ev, "phase": phase_names.get(phase, phase),
-                         "bytes": {CATEGORIES[c]: b for c, b in enumerate(by_cat) if b}})
+                         "bytes": {SHOWN[c]: b for c, b in enumerate(by_cat) if b}})
 
     for ev in range(n):
         if ev in marks:
@@ -173,7 +175,7 @@ def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, st
 
     # the sampled timeline can step over a short spike: put the peak moment itself on it
     timeline.append({"event": peak_ev + 1, "phase": phase_names.get(peak_phase, peak_phase),
-                     "bytes": {CATEGORIES[c]: b for c, b in enumerate(peak_cat) if b}})
+                     "bytes": {SHOWN[c]: b for c, b in enumerate(peak_cat) if b}})
     timeline.sort(key=lambda p: p["event"])
 
     by_module: dict[str, int] = {}
@@ -185,7 +187,7 @@ def analyse(rec: AllocationRecorder, start_event: int, phase_names: dict[str, st
                 by_module[r.module] = by_module.get(r.module, 0) + r.nbytes
     live_at_peak = [r for r in rec.records if r.birth <= peak_ev and (r.death is None or r.death > peak_ev)]
     live_at_peak.sort(key=lambda r: r.nbytes, reverse=True)
-    top = [{"bytes": r.nbytes, "category": CATEGORIES[r.cat], "module": r.name or r.module,
+    top = [{"bytes": r.nbytes, "category": SHOWN[r.cat], "module": r.name or r.module,
             "shape": list(r.shape), "dtype": str(r.dtype).replace("torch.", ""),
             "born": phase_names.get(r.phase, r.phase)} for r in live_at_peak[:n_top]]
     return Analysis(

@@ -23,6 +23,7 @@ from ..spec import ModelSpec
 from .analysis import Analysis
 from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors
+from .recorder import as_categories
 
 
 def check_setup(setup: Setup) -> None:
@@ -64,7 +65,7 @@ def _memory(an: Analysis, gradients: int) -> Memory:
         peak=an.peak,
         peak_phase=an.peak_phase,
         phases=dict(an.phases),
-        at_peak=dict(at),
+        at_peak=as_categories(at),
     )
 
 

@@ -30,7 +30,7 @@ from ..estimate import Estimate, Flops, Memory
 from ..setup import Setup
 from ..spec import ModelSpec
 from .analysis import TRAIN_PHASES, segment_maxima
-from .recorder import ACTIVATION, CATEGORIES
+from .recorder import ACTIVATION, CATEGORIES, as_categories
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 MIN_PERIODS = 16  # below this many layer periods the full trace costs about as much as 3 + 4 + 5
@@ -236,7 +236,7 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
         weights=base.get("parameter", 0), gradients=base.get("parameter", 0),
         optimizer_states=cats.get("optimizer_state", 0), master_weights=base.get("master_weight", 0),
         activations=acts, temporaries=cats.get("temporary", 0), kv_cache=cats.get("kv_cache", 0),
-        peak=peak, peak_phase=TRAIN_PHASES[peak_key[1]], phases=phase_max, at_peak=cats,
+        peak=peak, peak_phase=TRAIN_PHASES[peak_key[1]], phases=phase_max, at_peak=as_categories(cats),
     )
     tokens = setup.batch * setup.seq * setup.grad_accum
     if flops:

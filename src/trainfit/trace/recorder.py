@@ -31,6 +31,14 @@ CATEGORIES = ("parameter", "buffer", "master_weight", "gradient", "optimizer_sta
               "input", "kv_cache")
 (PARAMETER, BUFFER, MASTER_WEIGHT, GRADIENT, OPTIMIZER_STATE, ACTIVATION, TEMPORARY, INPUT,
  KV_CACHE) = range(len(CATEGORIES))
+# The recorder's names -> the Category every engine reports (trainfit.estimate.Category)
+AS_CATEGORY = {"parameter": "weights", "buffer": "buffers", "master_weight": "master_weights",
+               "gradient": "gradients", "optimizer_state": "optimizer_states", "activation": "activations",
+               "temporary": "temporaries", "input": "inputs", "kv_cache": "kv_cache"}
+
+
+def as_categories(at: dict) -> dict:
+    return {AS_CATEGORY[k]: v for k, v in at.items()}
 
 
 class Record:
