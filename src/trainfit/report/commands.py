@@ -76,15 +76,14 @@ def timeline(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
       trainfit timeline llama-3.1-70b --fast -o 70b.png
     """
     plots = _plots()
+    plots.check_output(output)  # a bad -o before the trace, not after it
+    if measure and mode != "train":
+        raise SetupError("--measure overlays a measured training step; drop --mode infer")
     req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, device=device,
                    gpu=gpu, mode=mode)
     g = api.load_gpu(gpu)
     traced = trace_estimate(req, fast=fast)
-    measured = None
-    if measure:
-        if mode != "train":
-            raise SetupError("--measure overlays a measured training step; drop --mode infer")
-        measured = api._measure(req)
+    measured = api._measure(req) if measure else None
     plots.plot_timeline(traced, output, gpu=g, measured=measured)
     if json:
         from .json_out import dumps, estimate_dict
@@ -137,6 +136,8 @@ def sweep(model: str = ModelArg,
                    single["recompute"] or "none", single["attention"] or "auto", dp, tp, pp, zero, device, gpu, mode, mfu)
     multi = {k: v for k, v in variants.items() if v and "," in v}
     plots = _plots() if output else None
+    if output:
+        plots.check_output(output)
     result = run_sweep(req, knob, values, multi)
     if output:
         plots.plot_sweep(result, output)
@@ -179,10 +180,11 @@ def report(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad
                    device, gpu, mode, mfu)
     if gpus is not None and gpus < 1:
         raise SetupError(f"--gpus must be a positive integer, got {gpus}")
-    try:
-        gbt = parse_count(global_batch_tokens) if global_batch_tokens else None
-    except ValueError:
-        raise SetupError("--global-batch-tokens takes a count like 4M or 1e6") from None
+    if gpus is not None and gpu is None:
+        raise SetupError(f"--gpus {gpus} plans for that many GPUs of one type: add --gpu (see `trainfit gpus`)")
+    gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
+    if gbt is not None and gpus is None:
+        raise SetupError("--global-batch-tokens sets the batch of the plan: add --gpus N (and --gpu), or drop it")
     path = write_report(req, output, gpus=gpus, trace=trace, vary=tuple(vary) if vary else None,
                         global_batch_tokens=gbt)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, self-contained)")
