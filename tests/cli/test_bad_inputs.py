@@ -355,10 +355,18 @@ CASES = [
     C("sweep llama-3.1-8b --vary batch 1:4 --precision fp32,bf16,amp-bf16 --optimizer sgd,adamw,lion,adam,momentum",
       "variants"),
     C("sweep llama-3.1-8b --vary batch 1:4 --mfu nan --gpu H100-80GB", "--mfu"),
+    C("sweep llama-3.1-8b --vary batch 1:4 --batch 8", "drop --batch 8"),
+    C("sweep llama-3.1-8b --vary seq 128:512 --seq 1024", "drop --seq 1024"),
+    C("sweep llama-3.1-8b --vary gpus 1:8 --dp 4", "drop --dp 4"),
+    C("sweep llama-3.1-8b --vary attention eager,flash --attention sdpa", "drop --attention sdpa"),
+    C("sweep llama-3.1-8b --vary precision fp32,bf16 --precision amp-bf16", "drop --precision amp-bf16"),
     # ---- report ------------------------------------------------------------------------------------------
     C("report llama-3.1-8b --vary colour 1:4 --no-trace -o {tmp}/r.html", "--vary"),
     C("report llama-3.1-8b --gpus 8 --no-trace -o {tmp}/r.html", "--gpu"),
     C("report llama-3.1-8b --gpu H100-80GB --global-batch-tokens 4M --no-trace -o {tmp}/r.html", "--gpus"),
+    C("report llama-3.1-8b --vary seq 512:4096 --seq 1024 --no-trace -o {tmp}/r.html", "drop --seq 1024"),
+    C("timeline tiny-llama --mode infer --fast -o {tmp}/t.png", "--fast"),
+    C("plan llama-3.1-8b --gpu H100-80GB --gpus 8 --emit deepspeed --json", "--json"),
     # ---- trace (a user's nn.Module factory) ----------------------------------------------------------------
     C("trace nomodule", "package.module:function"),
     C("trace :build", "package.module:function"),

@@ -60,6 +60,8 @@ def plan(
     budget_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
     if emit is not None and emit not in ("deepspeed", "accelerate", "torchrun"):
         raise SetupError(f"--emit {emit!r} is not one of: deepspeed, accelerate, torchrun")
+    if emit is not None and json:
+        raise SetupError(f"--emit {emit} prints a launch config, --json the plans: choose one of them")
     q = PlanQuery(gpus=gpus, seq=seq, global_batch_tokens=gbt, precisions=_csv(precision, "precision"),
                   optimizer=optimizer, recomputes=_csv(recompute, "recompute"), zeros=_csv(zero, "zero", int),
                   tp=tp, pp=pp, dp=dp, margin=margin,

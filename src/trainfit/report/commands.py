@@ -40,6 +40,19 @@ def _request(model, batch=1, seq=2048, grad_accum=1, precision=None, optimizer="
                        device=device, gpu=gpu, mode=mode, mfu=mfu)
 
 
+def _vary_not_fixed(knob: str, req: api.Request) -> None:
+    """Refuse a knob both swept (--vary) and fixed by its own flag: the flag would be silently overridden."""
+    from .sweep import KNOBS
+
+    field = KNOBS[knob][0] if knob in KNOBS else None
+    if field is None:
+        return  # sweep.parse_values names the valid knobs
+    value, default = getattr(req, field), getattr(_request(req.model), field)
+    if value != default:
+        flag = "--" + field.replace("_", "-")
+        raise SetupError(f"--vary {knob} sets {flag} at each point of the sweep; drop {flag} {value}")
+
+
 def _plots():
     from . import plots
 
@@ -79,6 +92,8 @@ def timeline(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, gr
     plots.check_output(output)  # a bad -o before the trace, not after it
     if measure and mode != "train":
         raise SetupError("--measure overlays a measured training step; drop --mode infer")
+    if fast and mode != "train":
+        raise SetupError("--fast extrapolates a training trace over the layers; inference is traced whole: drop --fast")
     req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, device=device,
                    gpu=gpu, mode=mode)
     g = api.load_gpu(gpu)
@@ -135,6 +150,7 @@ def sweep(model: str = ModelArg,
     req = _request(model, batch, seq, grad_accum, single["precision"], single["optimizer"] or "adamw",
                    single["recompute"] or "none", single["attention"] or "auto", dp, tp, pp, zero, device, gpu, mode, mfu)
     multi = {k: v for k, v in variants.items() if v and "," in v}
+    _vary_not_fixed(knob, req)
     plots = _plots() if output else None
     if output:
         plots.check_output(output)
@@ -178,6 +194,8 @@ def report(model: str = ModelArg, batch: int = BatchOpt, seq: int = SeqOpt, grad
     _plots()
     req = _request(model, batch, seq, grad_accum, precision, optimizer, recompute, attention, dp, tp, pp, zero,
                    device, gpu, mode, mfu)
+    if vary:
+        _vary_not_fixed(vary[0], req)
     if gpus is not None and gpus < 1:
         raise SetupError(f"--gpus must be a positive integer, got {gpus}")
     if gpus is not None and gpu is None:
