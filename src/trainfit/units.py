@@ -1,4 +1,7 @@
 """Units appear only when printing: everything inside trainfit is integer bytes, FLOPs and float seconds."""
+import math
+
+from .errors import SetupError
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -35,10 +38,39 @@ def fmt_seconds(s: float) -> str:
     return f"{s / 86400:.1f} days"
 
 
-def parse_count(text: str) -> float:
-    """'4M' -> 4e6, '15T' -> 1.5e13, '1e12' -> 1e12. Used for --tokens and --global-batch-tokens."""
-    t = text.strip().upper()
-    mult = {"K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
-    if t and t[-1] in mult:
-        return float(t[:-1]) * mult[t[-1]]
-    return float(t)
+_COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
+
+
+def parse_count(text: str, flag: str = "--tokens") -> float:
+    """'4M' -> 4e6, '15T' -> 1.5e13, '1e12' -> 1e12: a positive, finite count of tokens.
+
+    Used for --tokens and --global-batch-tokens; `flag` is the option named in the error (a one-line
+    SetupError saying what is wrong, with a valid example) for a malformed, unknown-suffix, NaN, infinite,
+    zero or negative count.
+    """
+    example = f"e.g. {flag} 15T, {flag} 4M or {flag} 1e12"
+    t = str(text).strip().upper()
+    body, mult = t, 1.0
+    if t and t[-1] in _COUNT_SUFFIXES:
+        body, mult = t[:-1].strip(), _COUNT_SUFFIXES[t[-1]]
+    try:
+        value = float(body) * mult
+    except ValueError:
+        head = t.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+        unknown = t[len(head):]
+        why = (f"unknown suffix {unknown!r} (use K, M, G or B, T, P)" if head and unknown and _is_number(head)
+               else "not a number")
+        raise SetupError(f"{flag} {text!r}: {why}; give a count like {example[5:]}") from None
+    if math.isnan(value) or math.isinf(value):
+        raise SetupError(f"{flag} {text!r} is not a finite count; give a positive number of tokens, {example}")
+    if value <= 0:
+        raise SetupError(f"{flag} {text!r} must be a positive number of tokens, {example}")
+    return value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -56,15 +56,12 @@ def plan(
     from ..plan.search import PlanQuery, search
     from ..analytic.step_time import DEFAULT_EFFICIENCY
 
-    try:
-        gbt = parse_count(global_batch_tokens) if global_batch_tokens else None
-        budget_tokens = parse_count(tokens) if tokens else None
-    except ValueError:
-        raise SetupError("--global-batch-tokens and --tokens take counts like 4M, 15T or 1e12") from None
-    if budget_tokens is not None and budget_tokens <= 0:
-        raise SetupError(f"--tokens must be positive, got {tokens}")
+    gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
+    budget_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
     if emit is not None and emit not in ("deepspeed", "accelerate", "torchrun"):
         raise SetupError(f"--emit {emit!r} is not one of: deepspeed, accelerate, torchrun")
+    if emit is not None and json:
+        raise SetupError(f"--emit {emit} prints a launch config, --json the plans: choose one of them")
     q = PlanQuery(gpus=gpus, seq=seq, global_batch_tokens=gbt, precisions=_csv(precision, "precision"),
                   optimizer=optimizer, recomputes=_csv(recompute, "recompute"), zeros=_csv(zero, "zero", int),
                   tp=tp, pp=pp, dp=dp, margin=margin,

@@ -27,6 +27,19 @@ def _status(quiet: bool, what: str):
     return Console(stderr=True).status(f"{what} …")
 
 
+def _vary_not_fixed(knob: str, req: Request) -> None:
+    """Refuse a knob both swept (--vary) and fixed by its own flag: the flag would be silently overridden."""
+    from ..report.sweep import KNOBS
+
+    field = KNOBS[knob][0] if knob in KNOBS else None
+    if field is None:
+        return  # sweep.parse_values names the valid knobs
+    value, default = getattr(req, field), getattr(Request(model=req.model), field)
+    if value != default:
+        flag = "--" + field.replace("_", "-")
+        raise SetupError(f"--vary {knob} sets {flag} at each point of the sweep; drop {flag} {value}")
+
+
 def _plots():
     from ..report import plots
 
@@ -51,9 +64,12 @@ def timeline(req: Request,
       trainfit timeline llama-3.1-70b --fast -o 70b.png
     """
     plots = _plots()
-    g = api.load_gpu(req.gpu)
+    plots.check_output(output)  # a bad -o before the trace, not after it
+    g = api.load_gpu(req.gpu)  # a bad --gpu before the trace too
     if measure and req.mode != "train":
         raise SetupError("--measure overlays a measured training step; drop --mode infer")
+    if fast and req.mode != "train":
+        raise SetupError("--fast extrapolates a training trace over the layers; inference is traced whole: drop --fast")
     with _status(json, "tracing the step on fake tensors"):
         traced = api._trace(req, extrapolate=fast)
     measured = None
@@ -114,7 +130,10 @@ def sweep(req: Request,
 
     req = replace(req, **single)
     multi = {k: v for k, v in variants.items() if v and "," in v}
+    _vary_not_fixed(knob, req)
     plots = _plots() if output else None
+    if output:
+        plots.check_output(output)
     result = run_sweep(req, knob, values, multi)
     if output:
         plots.plot_sweep(result, output)
@@ -151,12 +170,15 @@ def report(req: Request,
     from ..report.html import write_report
 
     _plots()
+    if vary:
+        _vary_not_fixed(vary[0], req)
     if gpus is not None and gpus < 1:
         raise SetupError(f"--gpus must be a positive integer, got {gpus}")
-    try:
-        gbt = parse_count(global_batch_tokens) if global_batch_tokens else None
-    except ValueError:
-        raise SetupError("--global-batch-tokens takes a count like 4M or 1e6") from None
+    if gpus is not None and req.gpu is None:
+        raise SetupError(f"--gpus {gpus} plans for that many GPUs of one type: add --gpu (see `trainfit gpus`)")
+    gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
+    if gbt is not None and gpus is None:
+        raise SetupError("--global-batch-tokens sets the batch of the plan: add --gpus N (and --gpu), or drop it")
     with _status(False, "building the report (trace, comparison, sweep" + (", plan" if gpus else "") + ")"):
         path = write_report(req, output, gpus=gpus, trace=trace, vary=tuple(vary) if vary else None,
                             global_batch_tokens=gbt)

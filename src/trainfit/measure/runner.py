@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from ..analytic.engine import validate_layout
 from ..errors import EngineUnavailableError, TrainfitError
 from ..estimate import Estimate, Flops, Memory, Timing
 from ..setup import Setup
@@ -140,6 +141,7 @@ def measure(
         from .infer import measure_inference
 
         return measure_inference(spec, setup, device=device, steps=steps, warmup=warmup, progress=progress)
+    validate_layout(spec, setup)  # e.g. --seq past a model's learned positions (even with --force)
     dev = check_device(device)
     progress = progress or (lambda stage, i, n: None)
     warmup = max(1, warmup)

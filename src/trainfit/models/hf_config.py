@@ -15,6 +15,7 @@ transformers/models/*/configuration_*.py):
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable
 
@@ -22,6 +23,74 @@ from trainfit.errors import ConfigError
 from trainfit.spec import ModelSpec, MoESpec
 
 _MISSING = object()
+
+# No architecture size comes near this (vocabularies ~2**18, widths ~2**16, contexts ~2**24); a bigger value is
+# a broken config, and would overflow the float arithmetic of the estimates.
+MAX_SIZE = 2**40
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(token: str):
+    raise _NonFinite(token)
+
+
+def _finite_float(token: str) -> float:
+    v = float(token)
+    if not math.isfinite(v):
+        raise _NonFinite(token)
+    return v
+
+
+def loads_config(data: bytes | str, where: str) -> dict:
+    """A config.json's bytes (or text) -> its JSON object, or a one-line ConfigError naming `where` that says
+    what is wrong: not UTF-8 (binary, UTF-16, Latin-1), not JSON, NaN/Infinity (Python's json accepts them;
+    JSON does not), numbers out of range, nesting too deep, or not an object."""
+    if isinstance(data, bytes):
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise ConfigError(f"{where} is UTF-16 text; save it as UTF-8 (as HF writes config.json)")
+        if b"\x00" in data[:4096]:
+            raise ConfigError(f"{where} is a binary file, not JSON text; pass the model's config.json")
+        try:
+            data = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{where} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                              "save it as UTF-8 JSON") from None
+    if not data.strip():
+        raise ConfigError(f"{where} is empty; a config.json is a JSON object with the model's architecture")
+    try:
+        config = json.loads(data, parse_constant=_no_constant, parse_float=_finite_float)
+    except _NonFinite as e:
+        raise ConfigError(f"{where} holds {e}, which is not a finite number (nor valid JSON); "
+                          "replace it with a number or null") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{where} is nested too deeply to be a config.json") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where} must hold a JSON object (the model's architecture), not a JSON "
+                          f"{_json_type(config)}")
+    return config
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number")
+
+
+def _check_finite(config: dict, name: str) -> None:
+    """Refuse NaN and infinities anywhere in a config dict (a pasted config parsed by a lenient JSON reader)."""
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{name}: '{path}' is {v}, not a finite number; replace it with a number or null")
+        if isinstance(v, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
 
 
 class _Cfg:
@@ -50,11 +119,16 @@ class _Cfg:
 
     def int(self, *keys: str, default: Any = _MISSING, minimum: int = 1) -> int:
         v = self.get(*keys, default=default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
+                or int(v) != v):
             raise ConfigError(f"{self.name}: '{keys[0]}' must be an integer, got {v!r}")
         v = int(v)
         if v < minimum:
             raise ConfigError(f"{self.name}: '{keys[0]}' must be >= {minimum}, got {v}")
+        if v > MAX_SIZE:
+            shown = str(v) if len(str(v)) <= 20 else f"a {len(str(v))}-digit number"
+            raise ConfigError(f"{self.name}: '{keys[0]}' is {shown}, beyond any real model (at most 2**40); "
+                              "check the config")
         return v
 
     def bool(self, *keys: str, default: Any = _MISSING) -> bool:
@@ -391,6 +465,7 @@ def spec_from_config(config: dict, name: str, source: str = "") -> ModelSpec:
             hint = " (multimodal configs are not supported; pass the text model's config.json)"
         raise ConfigError(f"{name}: model_type '{mt}' is not supported{hint}; supported model types: {supported}")
     raw = {k: v for k, v in config.items() if k != "_trainfit"}
+    _check_finite(raw, name)
     fields = _BUILDERS[mt](_Cfg(raw, name, mt))
     spec = ModelSpec(name=name, family=mt, source=source, config=raw, **fields)
     if spec.moe is not None and spec.moe.num_experts < 1:

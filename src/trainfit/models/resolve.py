@@ -18,14 +18,13 @@ Parameter counts are never stored: they are computed from the config by trainfit
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from functools import lru_cache
 from pathlib import Path
 
 from trainfit.errors import ConfigError, UnknownModelError
-from trainfit.models.hf_config import spec_from_config
+from trainfit.models.hf_config import loads_config, spec_from_config
 from trainfit.spec import ModelSpec
 
 CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
@@ -37,16 +36,10 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$
 
 def _read_json(path: Path, what: str) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{what} {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return loads_config(data, f"{what} {path}")
 
 
 @lru_cache(maxsize=1)

@@ -66,7 +66,8 @@ class PlanQuery:
             raise SetupError("--recompute selective recomputes attention scores that the planned steps (flash "
                              "attention) never store: it equals none; search none,full")
         if not self.zeros or any(z not in (0, 1, 2, 3) for z in self.zeros):
-            raise SetupError(f"--zero stages must be among 0, 1, 2, 3, got {self.zeros!r}")
+            raise SetupError(f"--zero {','.join(map(str, self.zeros)) or '(empty)'}: ZeRO stages are 0, 1, 2 and 3; "
+                             "give a comma-separated list of them (e.g. --zero 1,3)")
         if not 0 <= self.margin < 1:
             raise SetupError(f"--margin is a fraction of GPU memory in [0, 1), got {self.margin}")
         if not 0 < self.efficiency <= 1:
@@ -76,7 +77,7 @@ class PlanQuery:
         for name in ("tp", "pp", "dp"):
             v = getattr(self, name)
             if v is not None and (v < 1 or self.gpus % v):
-                raise SetupError(f"--{name} {v} must divide --gpus {self.gpus}")
+                raise SetupError(f"--{name} {v} must be a positive divisor of --gpus {self.gpus}")
         if self.top < 1:
             raise SetupError(f"--top must be >= 1, got {self.top}")
 

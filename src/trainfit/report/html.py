@@ -292,6 +292,6 @@ def write_report(req: api.Request, path: str | Path, **kw) -> Path:
     if path.suffix.lower() not in (".html", ".htm"):
         raise TrainfitError(f"-o {path}: the report is an HTML file; end the name in .html")
     if not path.parent.exists():
-        raise TrainfitError(f"-o {path}: folder {path.parent} does not exist")
+        raise TrainfitError(f"-o {path}: folder {path.parent} does not exist; create it or write elsewhere")
     path.write_text(build_report(req, **kw), encoding="utf-8")
     return path

@@ -112,14 +112,22 @@ def _fmt_bytes(n: float) -> str:
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 
 
-def save(fig: "Figure", path: str | Path, dpi: int = 110) -> Path:
-    """Write the figure in the format its extension names (.png, .svg or .pdf)."""
+def check_output(path: str | Path) -> str:
+    """The image format of `path` (png, svg or pdf), or a one-line TrainfitError; commands call it before any
+    engine runs, so that a bad -o costs nothing."""
     path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise TrainfitError(f"-o {path}: cannot tell the image format; end the file name in .png, .svg or .pdf")
     if path.parent and not path.parent.exists():
-        raise TrainfitError(f"-o {path}: folder {path.parent} does not exist")
+        raise TrainfitError(f"-o {path}: folder {path.parent} does not exist; create it or write elsewhere")
+    return fmt
+
+
+def save(fig: "Figure", path: str | Path, dpi: int = 110) -> Path:
+    """Write the figure in the format its extension names (.png, .svg or .pdf)."""
+    path = Path(path)
+    fmt = check_output(path)
     kw = {"metadata": {"Date": None}} if fmt == "svg" else {}
     fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight", **kw)
     return path

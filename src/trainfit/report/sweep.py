@@ -196,6 +196,10 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
     valid = [r for r in rows if r["error"] is None]
     if not valid:
         raise SetupError(f"no point of the sweep is a valid setup: {rows[0]['error']}")
+    for label in labels:  # a variant invalid at every point is a bad variant value (say --attention eager,magic)
+        mine = [r for r in rows if r["variant"] == label]
+        if all(r["error"] is not None for r in mine):
+            raise SetupError(f"variant {label!r} is not valid at any point of the sweep ({mine[0]['error']}); drop it")
     return SweepResult(model=spec.name, vary=vary, values=vals, variants=labels,
                        rows=rows, gpu=gpu, mfu=req.mfu, base=base, notes=notes)
 

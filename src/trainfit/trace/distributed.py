@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from ..analytic.engine import validate_layout
 from ..errors import EngineUnavailableError
 from ..estimate import Estimate
 from ..setup import Setup
@@ -260,6 +261,7 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
 
     if setup.dp < 2:
         raise EngineUnavailableError("the distributed trace needs --dp >= 2 (one rank: trainfit.trace.trace_spec)")
+    validate_layout(spec, setup)  # e.g. --seq past a model's learned positions: refused before tracing
     t0 = time.perf_counter()
     model, rec, an = trace_rank(spec, setup, backend=backend, flops=flops)
     from ..step.strategy import STRATEGIES

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from ..analytic.engine import validate_layout
 from ..errors import EngineUnavailableError
 from ..estimate import Estimate, Flops, Memory
 from ..setup import Setup
@@ -110,6 +111,7 @@ def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate
     or when the model is shallow (< 16 periods), trace the full model.
     """
     check_setup(setup)
+    validate_layout(spec, setup)  # e.g. --seq past a model's learned positions: refused before tracing
     if setup.mode == "infer":
         from .inference import trace_inference
 

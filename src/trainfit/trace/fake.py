@@ -8,6 +8,7 @@ what to use instead, not shown a traceback.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from torch._subclasses import fake_tensor as ft
 
@@ -24,21 +25,44 @@ _HINT = ("the trace engine runs on fake tensors, which cannot execute ops whose 
          "tensor values; use the analytic engine (--engine analytic) or the measure engine")
 
 
-@contextlib.contextmanager
-def translated_errors(what: str):
-    """Re-raise fake-tensor limitations as EngineUnavailableError (one line, names the op)."""
-    try:
-        yield
-    except (ft.DataDependentOutputException, ft.DynamicOutputShapeException) as e:
-        raise EngineUnavailableError(f"cannot trace {what}: op {e.func} has a data-dependent output; {_HINT}") from e
-    except ft.UnsupportedOperatorException as e:
-        raise EngineUnavailableError(f"cannot trace {what}: op {e.func} has no fake-tensor implementation; {_HINT}") from e
-    except ft.UnsupportedFakeTensorException as e:
-        raise EngineUnavailableError(f"cannot trace {what}: {e.reason}; {_HINT}") from e
-    except RuntimeError as e:
+def fake_limitation(e: BaseException, what: str) -> EngineUnavailableError | None:
+    """The one-line EngineUnavailableError for a fake-tensor limitation (naming the op), or None when `e` is
+    something else."""
+    if isinstance(e, (ft.DataDependentOutputException, ft.DynamicOutputShapeException)):
+        return EngineUnavailableError(f"cannot trace {what}: op {e.func} has a data-dependent output; {_HINT}")
+    if isinstance(e, ft.UnsupportedOperatorException):
+        return EngineUnavailableError(f"cannot trace {what}: op {e.func} has no fake-tensor implementation; {_HINT}")
+    if isinstance(e, ft.UnsupportedFakeTensorException):
+        return EngineUnavailableError(f"cannot trace {what}: {e.reason}; {_HINT}")
+    if isinstance(e, RuntimeError):
         # Symbolic-shape guards on data-dependent values surface as plain RuntimeErrors
         # (GuardOnDataDependentSymNode and friends) with this wording.
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "data-dependent" in msg or "data dependent" in msg or "DataDependent" in type(e).__name__:
-            raise EngineUnavailableError(f"cannot trace {what}: {msg}; {_HINT}") from e
-        raise
+            return EngineUnavailableError(f"cannot trace {what}: {msg}; {_HINT}")
+    return None
+
+
+class _MetaFailureFilter(logging.Filter):
+    """FakeTensorMode logs every failing meta kernel with its traceback (log.exception) before re-raising; the
+    exception itself reaches the caller (and the user as one line), so the log record is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+@contextlib.contextmanager
+def translated_errors(what: str):
+    """Re-raise fake-tensor limitations as EngineUnavailableError (one line, names the op); no traceback logged
+    by the fake mode on the way."""
+    log, quiet = logging.getLogger(ft.__name__), _MetaFailureFilter()
+    log.addFilter(quiet)
+    try:
+        yield
+    except Exception as e:
+        err = fake_limitation(e, what)
+        if err is None:
+            raise
+        raise err from e
+    finally:
+        log.removeFilter(quiet)

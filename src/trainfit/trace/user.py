@@ -6,6 +6,7 @@ through the same standard step (trainfit.step.run_step) and recorder as `trace_s
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import time
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, is_fake
 
-from ..errors import EngineUnavailableError, SetupError
+from ..errors import EngineUnavailableError, SetupError, TrainfitError
 from ..estimate import Estimate
 from ..setup import Setup
 from .cuda_kernels import cuda_kernels
@@ -25,7 +26,7 @@ from .engine import (
     estimate_from,
     use_cuda_optimizer_default,
 )
-from .fake import fake_mode, translated_errors
+from .fake import fake_limitation, fake_mode, translated_errors
 
 
 def load_factory(ref: str) -> Callable:
@@ -36,10 +37,33 @@ def load_factory(ref: str) -> Callable:
     try:
         obj = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as e:
-        raise SetupError(f"cannot load model factory {ref!r}: {e}") from e
+        raise SetupError(f"cannot load model factory {ref!r}: {_first_line(e)}") from e
+    except Exception as e:  # the module itself fails: a syntax error, an exception at import time
+        raise SetupError(f"cannot load model factory {ref!r}: importing {mod_name} raised "
+                         f"{type(e).__name__}: {_first_line(e)}; fix the module") from e
     if not callable(obj):
         raise SetupError(f"model factory {ref!r} is not callable")
     return obj
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0].rstrip(". ") if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def _user_code(what: str, doing: str, fix: str):
+    """Errors raised by the user's own code (the factory, the module's forward) as one-line SetupErrors;
+    fake-tensor limitations as EngineUnavailableErrors (fake.fake_limitation); trainfit's own errors as they are."""
+    try:
+        yield
+    except TrainfitError:
+        raise
+    except Exception as e:
+        limitation = fake_limitation(e, what)
+        if limitation is not None:
+            raise limitation from e
+        raise SetupError(f"{doing} raised {type(e).__name__}: {_first_line(e)}; {fix}") from e
 
 
 class _Out:
@@ -95,8 +119,14 @@ def _fake_model(model_or_factory, batch, mode):
     if isinstance(model_or_factory, torch.nn.Module):
         with FakeCopyMode(mode):
             return copy.deepcopy(model_or_factory), batch
-    made = model_or_factory()
-    model, example = made if isinstance(made, tuple) else (made, None)
+    name = getattr(model_or_factory, "__name__", type(model_or_factory).__name__)
+    shape = "take no required argument (or a batch/batch_size one) and return an nn.Module or (nn.Module, example batch)"
+    with _user_code(name, f"calling model factory {name}", f"a factory must {shape}"):
+        made = model_or_factory()
+    model, example = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    if not isinstance(model, torch.nn.Module):
+        got = type(made).__name__ if made is model else f"({type(model).__name__}, ...)"
+        raise SetupError(f"model factory {name} returned {got}; it must return an nn.Module or (nn.Module, example batch)")
     return model, (batch if batch is not None else example)
 
 
@@ -139,22 +169,28 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
     t0 = time.perf_counter()
     mode = fake_mode()
     dtype = param_dtype(setup)
-    with translated_errors(getattr(model_or_factory, "__name__", type(model_or_factory).__name__)), mode, \
-            cuda_kernels(setup):
+    name = getattr(model_or_factory, "__name__", type(model_or_factory).__name__)
+    with translated_errors(name), mode, cuda_kernels(setup):
         model, batch = _fake_model(model_or_factory, batch, mode)
+        name = type(model).__name__ if isinstance(model_or_factory, torch.nn.Module) else name
+        if not any(p.requires_grad for p in model.parameters()):
+            raise SetupError(f"{name} has no trainable parameters: a training step has nothing to update; "
+                             "trace a module with parameters")
         batches, positional = _fake_batches(batch, mode, dtype, setup.grad_accum)
         if dtype != torch.float32:
             _cast_floating(model, dtype)
         model.train()
-        if setup.recompute != "none":
-            enable_recompute(model, setup)
-        wrapped = _LossModule(model, positional)
-        optimizer = make_optimizer(model, setup)
-        if setup.device == "cuda":
-            use_cuda_optimizer_default(optimizer)
-        warm_up_optimizer(wrapped, optimizer)
-        rec, an = record_train_step(wrapped, optimizer, batches, setup, count_flops=flops,
-                                    round_cuda=setup.device == "cuda", named=model)
+        with _user_code(name, f"the training step of {name} on its example batch",
+                        "check that the example batch matches the module's forward()"):
+            if setup.recompute != "none":
+                enable_recompute(model, setup)
+            wrapped = _LossModule(model, positional)
+            optimizer = make_optimizer(model, setup)
+            if setup.device == "cuda":
+                use_cuda_optimizer_default(optimizer)
+            warm_up_optimizer(wrapped, optimizer)
+            rec, an = record_train_step(wrapped, optimizer, batches, setup, count_flops=flops,
+                                        round_cuda=setup.device == "cuda", named=model)
     tokens = setup.batch * setup.seq * setup.grad_accum
     return estimate_from(type(model).__name__, model, setup, rec, an, tokens, time.perf_counter() - t0,
                      NOTES + tuple(device_notes(setup)))
