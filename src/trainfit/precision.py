@@ -54,7 +54,7 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 )}
 
 TRAIN_PRECISIONS = tuple(n for n, p in PRECISIONS.items() if p.train)
-INFER_PRECISIONS = tuple(PRECISIONS)
+INFER_PRECISIONS = tuple(n for n, p in PRECISIONS.items() if not p.master)  # a master copy is a training thing
 DEFAULT = {"train": "amp-bf16", "infer": "bf16"}
 
 

@@ -30,6 +30,8 @@ ATTENTION = ("auto", "eager", "sdpa", "flash")
 DEVICES = ("cuda", "cpu")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_SEQ = 2048
+# Sizes beyond this are typos, not runs (and would overflow the float arithmetic of times and FLOPs).
+MAX_SIZE = 2**40
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,8 @@ class Setup:
     grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", minimum=1, modes=("train",),
                               example="4")
     precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
-        f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: any of those or "
-        "fp16, fp8, int8, int4 (weight formats).", choices=INFER_PRECISIONS,
+        f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: " + ", ".join(
+        INFER_PRECISIONS) + ".", choices=INFER_PRECISIONS,
         auto="amp-bf16 for training, bf16 for inference")
     optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=("train",))
     recompute: str = setting("none", "Activation recomputation: none, selective (the attention scores; needs "
@@ -193,6 +195,8 @@ def check_value(s: Setting, v: Any, mode: str = "train") -> None:
     if t is int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise SetupError(f"{s.flag} must be an integer, got {v!r}{example}")
+        if v > MAX_SIZE:
+            raise SetupError(f"{s.flag} {v} is too large (at most {MAX_SIZE:,}){example}")
     if t is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise SetupError(f"{s.flag} must be a number, got {v!r}{example}")
@@ -230,9 +234,11 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--mode {mode!r} is not supported; choose one of: {', '.join(MODES)}")
     for s in _SETUP_SETTINGS:
         check_value(s, getattr(setup, s.name), mode)
-    for s in _SETUP_SETTINGS:  # a flag that does not apply to the mode is refused, not ignored
-        if mode not in s.meta.modes and getattr(setup, s.name) != s.default:
-            raise SetupError(f"{s.flag} applies to {' and '.join(s.meta.modes)} only, not --mode {mode}: drop it")
+    off = [s.flag for s in _SETUP_SETTINGS if mode not in s.meta.modes and getattr(setup, s.name) != s.default]
+    if off:  # flags that do not apply to the mode are refused, not ignored (all of them named at once)
+        only = "train" if mode == "infer" else "infer"
+        raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to {only} only, not "
+                         f"--mode {mode}: drop {'them' if len(off) > 1 else 'it'}")
     if setup.zero and setup.dp == 1:
         raise SetupError("--zero shards states over data-parallel ranks: it needs --dp > 1")
     if setup.sequence_parallel and setup.tp == 1:
@@ -282,6 +288,8 @@ def _request_post_init(self) -> None:
             raise SetupError(f"{s.flag} applies to {' and '.join(s.meta.modes)} only, not --mode {mode}: drop it")
     if self.price is not None and self.gpu is None:
         raise SetupError("--price needs --gpu")
+    if self.tokens is not None and self.gpu is None:
+        raise SetupError("--tokens gives the time and cost of a budget, which needs a GPU: add --gpu (see `trainfit gpus`)")
 
 
 def make_request_class():

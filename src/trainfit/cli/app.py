@@ -100,9 +100,12 @@ def measure(req: Request,
                 ("rdzv_endpoint", rdzv_endpoint), ("rdzv_backend", rdzv_backend), ("rdzv_id", rdzv_id)) if v is not None]
     if dp is None:
         try:
-            nodes = int(str(nnodes).split(":")[-1]) if nnodes else 1
+            parts = [int(x) for x in str(nnodes).split(":")] if nnodes else [1]
         except ValueError:
-            raise TrainfitError(f"--nnodes {nnodes!r} must be a number of nodes or a range MIN:MAX") from None
+            parts = []
+        if not 1 <= len(parts) <= 2 or min(parts) < 1:
+            raise TrainfitError(f"--nnodes {nnodes!r} must be a positive number of nodes or a range MIN:MAX (e.g. 2 or 1:4)")
+        nodes = parts[-1]
         dp = nproc * nodes
     if dp != req.dp:
         from dataclasses import replace
@@ -178,7 +181,7 @@ def trace_module(req: Request,
 
     from dataclasses import replace
 
-    setup = replace(req, batch=batch or 1).setup()
+    setup = replace(req, batch=1 if batch is None else batch).setup()  # an explicit --batch is validated
     if json:
         typer.echo(json_out.dumps(json_out.estimate_dict(trace_factory(factory, batch, setup))))
         return

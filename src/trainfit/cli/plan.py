@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ..errors import SetupError
+from ..setup import BY_NAME, check_value
 from .options import ModelArg
 
 
@@ -36,7 +37,7 @@ def plan(
     efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Fraction of the dense peak the matmuls reach (default: fitted on published runs, see docs/plan.md)."),
     batch_tolerance: float = typer.Option(0.05, "--batch-tolerance", help="Allowed relative deviation from --global-batch-tokens."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
-    price: Optional[float] = typer.Option(None, "--price", help="GPU price per hour in USD (overrides the catalog)."),
+    price: Optional[float] = typer.Option(None, "--price", help=BY_NAME["price"].meta.help),
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchrun (torchtitan command)."),
     verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch; single unsharded ranks only)."),
     json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
@@ -51,6 +52,7 @@ def plan(
       trainfit plan gpt-3-175b --gpu A100-80GB --gpus 1024 --global-batch-tokens 3.2M --seq 2048 --json
     """
     from ..api import load_gpu, load_spec
+    check_value(BY_NAME["price"], price)  # the one definition of --price: finite, >= 0
     from ..units import parse_count
     from ..report import plan as report
     from ..plan.search import PlanQuery, search

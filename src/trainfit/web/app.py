@@ -22,6 +22,7 @@ from typing import Annotated, Any, Optional, Union
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import ConfigDict, create_model
 
@@ -74,11 +75,10 @@ def _catalog_ref(model: str | None) -> str:
 def parse_config(config: Union[dict, str, None]) -> dict:
     if config is None or (isinstance(config, str) and not config.strip()):
         raise ConfigError("paste a config.json (a JSON object with the model's architecture)")
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"the pasted config.json is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if isinstance(config, str):  # the same reader as config.json files: NaN, nesting, non-objects refused
+        from ..models.hf_config import loads_config
+
+        config = loads_config(config, "the pasted config.json")
     if not isinstance(config, dict):
         raise ConfigError(f"the pasted config.json must be a JSON object, not {type(config).__name__}")
     return config
@@ -181,6 +181,10 @@ def create_app() -> FastAPI:
     @app.exception_handler(TrainfitError)
     async def _trainfit_error(request: Request, exc: TrainfitError):
         return _error(400, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):  # e.g. a body FastAPI cannot parse
+        return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
