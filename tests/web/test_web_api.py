@@ -111,7 +111,7 @@ def test_bad_inputs_get_one_line_errors(client, params, status, words):
 
 BAD_POST = [
     ({"config": "{not json"}, "not valid JSON"),
-    ({"config": "[1, 2]"}, "must be a JSON object"),
+    ({"config": "[1, 2]"}, "must hold a JSON object"),
     ({"config": "   "}, "choose a model"),
     ({"config": {"model_type": "llama"}}, "hidden_size"),
     ({"config": {"model_type": "nonsense", "hidden_size": 8}}, "model_type"),

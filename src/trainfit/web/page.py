@@ -4,9 +4,67 @@ The page posts the form to /api/view on every change and draws what comes back: 
 table and a stacked bar chart of memory at each phase (an inline SVG built here from the server's bars).
 Element ids used by the end-to-end test: #batch (and every knob by its name), #peak (data-bytes holds the
 peak in bytes), #verdict, #error, #status.
-"""
 
-PAGE = r"""<!DOCTYPE html>
+The knob inputs and the JavaScript's list of knobs are generated from trainfit.setup.SETTINGS (knob_fieldsets),
+so a new setting appears on the page with its help as a tooltip, its default and its allowed values.
+"""
+import html
+import json
+
+from ..setup import SETTINGS, TRAIN_PRECISIONS, INFER_PRECISIONS, Setting
+
+# Which fieldset each setting sits in (a setting not named here lands in "More").
+GROUPS = (("Hardware", ("gpu", "mode", "device", "mfu")),
+          ("Step", ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention")),
+          ("Parallelism", ("dp", "tp", "pp", "zero", "sequence_parallel")),
+          ("Inference and budget", ("kv_dtype", "tokens", "price")))
+
+
+def _input(s: Setting) -> str:
+    name, tip = s.name, html.escape(s.meta.help, quote=True)
+    label = name.replace("_", " ")
+    if s.name == "gpu":  # filled from /api/gpus
+        field = '<select id="gpu" name="gpu"></select>'
+    elif s.base_type is bool:
+        field = f'<input id="{name}" name="{name}" type="checkbox" style="width:auto"{" checked" if s.default else ""}>'
+    elif s.meta.choices and s.name != "precision":
+        blank = '<option value="">(default)</option>' if s.default is None else ""
+        opts = "".join(f'<option{" selected" if c == s.default else ""}>{html.escape(str(c))}</option>'
+                       for c in s.meta.choices)
+        field = f'<select id="{name}" name="{name}">{blank}{opts}</select>'
+    elif s.name == "precision":  # by mode, set by the script
+        field = '<select id="precision" name="precision"></select>'
+    elif s.base_type in (int, float) and s.meta.parse is None:
+        low = s.meta.minimum if s.meta.minimum is not None else s.meta.above
+        attrs = (f' min="{low:g}"' if low is not None else "") + (f' max="{s.meta.maximum:g}"' if s.meta.maximum else "")
+        step = ' step="any"' if s.base_type is float else ' step="1"'
+        value = "" if s.request_default is None else f' value="{s.request_default}"'
+        hint = f' placeholder="{html.escape(s.meta.auto or "default")}"' if s.request_default is None else ""
+        field = f'<input id="{name}" name="{name}" type="number"{value}{attrs}{step}{hint}>'
+    else:
+        field = f'<input id="{name}" name="{name}" type="text" placeholder="e.g. {html.escape(s.meta.example)}">'
+    return f'    <label title="{tip}">{label} {field}</label>'
+
+
+def knob_fieldsets() -> str:
+    by_name = {s.name: s for s in SETTINGS}
+    placed = {n for _, names in GROUPS for n in names}
+    groups = [*GROUPS, ("More", tuple(n for n in by_name if n not in placed))]
+    out = []
+    for legend, names in groups:
+        rows = [_input(by_name[n]) for n in names if n in by_name]
+        if rows:
+            out.append(f"  <fieldset><legend>{legend}</legend>\n" + "\n".join(rows) + "\n  </fieldset>")
+    return "\n".join(out)
+
+
+def settings_json() -> str:
+    kind = {bool: "bool", int: "int", float: "float", str: "str"}
+    return json.dumps([{"name": s.name, "kind": kind.get(s.base_type, "str"), "modes": list(s.meta.modes)}
+                       for s in SETTINGS])
+
+
+_TEMPLATE = r"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -61,31 +119,7 @@ button:disabled { opacity:.6; cursor:wait; }
     <div id="catalog-box"><select id="model" name="model" style="width:100%"></select></div>
     <div id="config-box" style="display:none"><textarea id="config" name="config" placeholder='{"model_type": "llama", "hidden_size": 4096, ...}'></textarea></div>
   </fieldset>
-  <fieldset><legend>Hardware</legend>
-    <label>GPU <select id="gpu" name="gpu"></select></label>
-    <label>mode <select id="mode" name="mode"><option value="train">train</option><option value="infer">infer</option></select></label>
-    <label>kernels <select id="device" name="device"><option>cuda</option><option>cpu</option></select></label>
-    <label>MFU <input id="mfu" name="mfu" type="number" value="0.4" min="0.01" max="1" step="0.05"></label>
-  </fieldset>
-  <fieldset><legend>Step</legend>
-    <label>micro-batch <input id="batch" name="batch" type="number" value="1" min="1" step="1"></label>
-    <label>sequence <input id="seq" name="seq" type="number" value="2048" min="1" step="256"></label>
-    <label>grad accum <input id="grad_accum" name="grad_accum" type="number" value="1" min="1" step="1"></label>
-    <label>precision <select id="precision" name="precision"></select></label>
-    <label>optimizer <select id="optimizer" name="optimizer">
-      <option>adamw</option><option>adam</option><option>sgd</option><option>momentum</option><option>adafactor</option><option>adamw-8bit</option><option>lion</option></select></label>
-    <label>recompute <select id="recompute" name="recompute"><option>none</option><option>selective</option><option>full</option></select></label>
-    <label>attention <select id="attention" name="attention"><option>auto</option><option>flash</option><option>sdpa</option><option>eager</option></select></label>
-  </fieldset>
-  <fieldset><legend>Parallelism</legend>
-    <div class="grid2">
-      <label>dp <input id="dp" name="dp" type="number" value="1" min="1"></label>
-      <label>tp <input id="tp" name="tp" type="number" value="1" min="1"></label>
-      <label>pp <input id="pp" name="pp" type="number" value="1" min="1"></label>
-      <label>ZeRO <select id="zero" name="zero"><option>0</option><option>1</option><option>2</option><option>3</option></select></label>
-    </div>
-    <label>sequence parallel <input id="sequence_parallel" name="sequence_parallel" type="checkbox" style="width:auto"></label>
-  </fieldset>
+@@KNOB_FIELDSETS@@
   <div id="status"></div>
 </form>
 <div>
@@ -112,22 +146,29 @@ button:disabled { opacity:.6; cursor:wait; }
 </div>
 <script>
 "use strict";
-const PRECISIONS = {train: ["amp-bf16", "amp-fp16", "bf16", "bf16-master", "fp32"],
-                    infer: ["bf16", "fp16", "fp32", "fp8", "int8", "int4"]};
+const SETTINGS = @@SETTINGS_JSON@@;  // generated from trainfit.setup.SETTINGS: name, kind, modes
+const PRECISIONS = @@PRECISIONS_JSON@@;
 const $ = (id) => document.getElementById(id);
 let seq = 0, timer = null;
 
 function setPrecisions() {
   const mode = $("mode").value, sel = $("precision"), old = sel.value;
-  sel.innerHTML = PRECISIONS[mode].map(p => `<option>${p}</option>`).join("");
+  sel.innerHTML = `<option value="">auto</option>` + PRECISIONS[mode].map(p => `<option>${p}</option>`).join("");
   if (PRECISIONS[mode].includes(old)) sel.value = old;
+  for (const s of SETTINGS) {  // grey out what does not apply to this mode
+    const el = $(s.name);
+    if (el) el.closest("label").style.opacity = s.modes.includes(mode) ? "" : "0.4";
+  }
 }
 
 function knobs() {
-  const f = $("form"), body = {};
-  for (const name of ["batch", "seq", "grad_accum", "dp", "tp", "pp", "zero", "mfu"]) body[name] = f.elements[name].value;
-  for (const name of ["precision", "optimizer", "recompute", "attention", "device", "mode", "gpu"]) body[name] = f.elements[name].value || null;
-  body.sequence_parallel = $("sequence_parallel").checked;
+  // every setting that applies to the chosen mode (a flag that does not apply would be refused)
+  const f = $("form"), body = {}, mode = f.elements["mode"].value;
+  for (const s of SETTINGS) {
+    if (!s.modes.includes(mode)) continue;
+    const el = f.elements[s.name];
+    body[s.name] = s.kind === "bool" ? el.checked : (el.value === "" ? null : el.value);
+  }
   if (f.elements["source"].value === "config") body.config = $("config").value; else body.model = $("model").value;
   return body;
 }
@@ -269,3 +310,7 @@ init().catch(err => showError("could not load the catalogs: " + err));
 </body>
 </html>
 """
+
+PAGE = (_TEMPLATE.replace("@@KNOB_FIELDSETS@@", knob_fieldsets())
+        .replace("@@SETTINGS_JSON@@", settings_json())
+        .replace("@@PRECISIONS_JSON@@", json.dumps({"train": list(TRAIN_PRECISIONS), "infer": list(INFER_PRECISIONS)})))
