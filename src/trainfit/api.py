@@ -9,7 +9,7 @@ from .estimate import Estimate
 from .setup import Setup
 
 from .engines import ENGINES
-from .setup import Request
+from .setup import Request, run_settings
 
 __all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "run_engines", "compare", "load_spec", "load_gpu",
            "trace_factory", "catalog_models"]
@@ -55,7 +55,7 @@ def analytic(req: Request) -> Estimate:
     from . import engines
 
     spec, setup = resolve(req)
-    return engines.analytic(spec, setup, load_gpu(req.gpu, req.price), mfu=req.mfu, tokens=req.tokens)
+    return engines.analytic(spec, setup, load_gpu(req.gpu, req.price), **run_settings(req))
 
 
 def _trace(req: Request, extrapolate: bool = True) -> Estimate:
@@ -211,7 +211,7 @@ def fit_advice(req: Request, est: Estimate) -> list[str]:
     """For an estimate that does not fit its GPU: the smallest change per knob that would (studies/fit_advice.py)."""
     from .studies.fit_advice import fit_advice as advise
 
-    return advise(load_spec(req.model), est.setup, load_gpu(req.gpu, req.price))
+    return advise(load_spec(req.model), est.setup, load_gpu(req.gpu, req.price), reserve=req.reserve)
 
 
 def compare(req: Request) -> dict[str, Estimate]:

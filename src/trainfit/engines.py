@@ -25,11 +25,11 @@ def check_limits(spec: ModelSpec, setup: Setup) -> None:
     validate_layout(spec, setup)
 
 
-def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
-             tokens: float | None = None) -> Estimate:
+def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, **run) -> Estimate:
+    """`run`: the run settings (trainfit.setup.RunSettings: mfu, tokens, reserve, ...) as keywords."""
     from .analytic.engine import estimate
 
-    return estimate(spec, setup, gpu, mfu=mfu, tokens=tokens)
+    return estimate(spec, setup, gpu, **run)
 
 
 def _missing(what: str, e: ImportError) -> EngineUnavailableError:

@@ -124,6 +124,9 @@ class RunSettings:
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
                                      minimum=0, example="2.5")
+    reserve: float = setting(1.0, "GiB per GPU kept for the CUDA context, cuBLAS workspaces and allocator caching "
+                             "when judging the fit (a flat allowance until the allocator model replaces it).",
+                             minimum=0, maximum=1024, example="2")
 
 
 def resolved_attention(attention: str, device: str) -> str:
@@ -275,6 +278,11 @@ def default_seq(spec=None) -> int:
         room = spec.max_positions - (1 if spec.causal else 0)  # decode writes position `seq`
         return max(1, min(DEFAULT_SEQ, room))
     return DEFAULT_SEQ
+
+
+def run_settings(req) -> dict:
+    """The request's run settings the engines take as keywords (gpu and price become the GPU object instead)."""
+    return {s.name: getattr(req, s.name) for s in SETTINGS if s.owner is RunSettings and s.name not in ("gpu", "price")}
 
 
 def _request_post_init(self) -> None:

@@ -13,8 +13,9 @@ from .params import count_params
 from .step_time import layout_step_time
 from .timing import budget, compute_dtype, step_seconds
 
-# Reserved per GPU for the CUDA context, cuBLAS workspace and allocator fragmentation when judging "fits".
-# NB: ~0.5 GiB context on H100 + workspace; fragmentation varies — a conservative round figure.
+# Reserved per GPU for the CUDA context, cuBLAS workspace and allocator fragmentation when judging "fits"
+# (the --reserve setting, GiB). NB: ~0.5 GiB context on H100 + workspace; fragmentation varies — a conservative
+# round figure until the allocator model replaces it.
 DEFAULT_RESERVE = 1 << 30
 
 
@@ -43,10 +44,11 @@ INFER_MFU = 0.4
 
 
 def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
-             tokens: float | None = None, mbu: float = 0.8, reserve: int = DEFAULT_RESERVE) -> Estimate:
+             tokens: float | None = None, mbu: float = 0.8, reserve: float = DEFAULT_RESERVE / 2**30) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: compute at the fitted
     matmul efficiency + exposed communication + bubble + optimizer, the planner's model); a number overrides it
-    with a flat model-FLOPs utilisation."""
+    with a flat model-FLOPs utilisation. reserve: GiB per GPU kept free when judging the fit."""
+    reserve = int(reserve * 2**30)
     if mfu is not None and not 0 < mfu <= 1:
         raise SetupError(f"--mfu must be in (0, 1], got {mfu}")
     if tokens is not None and tokens <= 0:
@@ -88,7 +90,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     if setup.dp > 1 and setup.zero == 0:
         notes.append("DDP keeps a gradient-sized bucket buffer (counted in temporaries)")
     if gpu is not None:
-        notes.append(f"fits = peak <= GPU memory - {reserve / 2**30:.1f} GiB reserved for CUDA context and allocator")
+        notes.append(f"fits = peak <= GPU memory - {reserve / 2**30:.1f} GiB reserved for CUDA context and allocator "
+                     "(--reserve)")
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (matmuls at the fitted efficiency + exposed communication, "
                           "bubble, optimizer); --mfu overrides it")

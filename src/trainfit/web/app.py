@@ -30,7 +30,7 @@ from .. import api
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
 from ..report.json_out import estimate_dict
-from ..setup import SETTINGS, Request, Setting, parse_value
+from ..setup import SETTINGS, Request, Setting, parse_value, run_settings
 
 
 def _knob_type(s: Setting):
@@ -94,8 +94,7 @@ def estimate_pasted(k: PastedKnobs) -> Estimate:
     req = to_request(k, model=name)
     try:
         spec = spec_from_config(data, name, source="pasted config.json")
-        return engines.analytic(spec, req.setup(spec), api.load_gpu(req.gpu, req.price), mfu=req.mfu,
-                                tokens=req.tokens)
+        return engines.analytic(spec, req.setup(spec), api.load_gpu(req.gpu, req.price), **run_settings(req))
     except TrainfitError:
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError, AttributeError) as e:
