@@ -29,8 +29,8 @@ def _input(s: Setting) -> str:
         field = f'<input id="{name}" name="{name}" type="checkbox" style="width:auto"{" checked" if s.default else ""}>'
     elif s.meta.choices and s.name != "precision":
         blank = '<option value="">(default)</option>' if s.default is None else ""
-        opts = "".join(f'<option{" selected" if c == s.default else ""}>{html.escape(str(c))}</option>'
-                       for c in s.meta.choices)
+        opts = "".join(f'<option value="{html.escape(str(c))}"{" selected" if c == s.default else ""}>'
+                       f'{html.escape(str(c))}</option>' for c in s.meta.choices)
         field = f'<select id="{name}" name="{name}">{blank}{opts}</select>'
     elif s.name == "precision":  # by mode, set by the script
         field = '<select id="precision" name="precision"></select>'
@@ -153,7 +153,7 @@ let seq = 0, timer = null;
 
 function setPrecisions() {
   const mode = $("mode").value, sel = $("precision"), old = sel.value;
-  sel.innerHTML = `<option value="">auto</option>` + PRECISIONS[mode].map(p => `<option>${p}</option>`).join("");
+  sel.innerHTML = `<option value="">auto</option>` + PRECISIONS[mode].map(p => `<option value="${p}">${p}</option>`).join("");
   if (PRECISIONS[mode].includes(old)) sel.value = old;
   for (const s of SETTINGS) {  // grey out what does not apply to this mode
     const el = $(s.name);
