@@ -147,3 +147,13 @@ def test_timeline_endpoint_validates_before_tracing(client):
     assert r.status_code == 400 and "--batch" in r.json()["error"]
     r = client.get("/api/timeline.svg", params={"model": "llama-3.1-8b", "tp": 2})
     assert r.status_code == 400 and "error" in r.json()  # the trace engine runs one unsharded rank
+
+
+def test_view_says_what_would_fit_like_the_cli(client):
+    from trainfit.studies.fit_advice import fit_advice
+
+    v = client.post("/api/view", json={"model": "llama-3.1-8b", "gpu": "H100-80GB"}).json()
+    e = api.analytic(api.Request("llama-3.1-8b", gpu="H100-80GB"))
+    assert not e.time.fits
+    assert v["would_fit"] == fit_advice(api.load_spec("llama-3.1-8b"), e.setup, api.load_gpu("H100-80GB"))
+    assert "would_fit" not in client.post("/api/view", json={"model": "llama-3.2-1b", "gpu": "H100-80GB"}).json()

@@ -102,6 +102,14 @@ def estimate_pasted(k: PastedKnobs) -> Estimate:
         raise ConfigError(f"the pasted config.json cannot be estimated: {type(e).__name__}: {e}") from None
 
 
+def _spec_of(k: PastedKnobs, e: Estimate):
+    if k.config is not None and not (isinstance(k.config, str) and not k.config.strip()):
+        from ..models.hf_config import spec_from_config
+
+        return spec_from_config(parse_config(k.config), e.model, source="pasted config.json")
+    return api.load_spec(_catalog_ref(k.model))
+
+
 def estimate_for(k: PastedKnobs) -> Estimate:
     if k.config is not None and not (isinstance(k.config, str) and not k.config.strip()):
         return estimate_pasted(k)
@@ -207,7 +215,15 @@ def create_app() -> FastAPI:
 
     @app.post("/api/view")
     def post_view(knobs: PastedKnobs) -> JSONResponse:
-        return JSONResponse(view(estimate_for(knobs)))
+        e = estimate_for(knobs)
+        v = view(e)
+        if e.time is not None and not e.time.fits:  # what would fit: the CLI's advice, checked by the engine
+            from ..studies.fit_advice import fit_advice
+
+            spec = _spec_of(knobs, e)
+            v["would_fit"] = fit_advice(spec, e.setup, api.load_gpu(e.time.gpu, knobs.price),
+                                        reserve=to_request(knobs, model=e.model).reserve)
+        return JSONResponse(v)
 
     @app.get("/api/timeline.svg")
     def get_timeline(knobs: Annotated[Knobs, Query()]) -> Response:
