@@ -126,4 +126,17 @@ def test_kernel_above_the_cap_is_named_in_a_note():
     est = trace(_Attention(), x, Setup(batch=1, seq=1024, precision="fp32", device="cpu"))
     assert est.detail["cpu_isa"]["capability"] == torch.backends.cpu.get_cpu_capability()
     assert "_scaled_dot_product_flash_attention_for_cpu.default" in est.detail["kernel_scratch"]["unprobed"]
-    assert any(n.startswith("NB: CPU kernels above the probe cap") and "under-read" in n for n in est.notes)
+    assert any(n.startswith("NB: internal scratch not measured") and "under-read" in n for n in est.notes)
+
+
+def test_no_probe_inside_a_callers_profiler_session():
+    # Starting our own session would end the caller's: the call is listed as not measured instead.
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof, fake_mode():
+        q = torch.empty(2, 4, 64, 16)
+        scratch = ks.KernelScratch()
+        n = scratch.bytes(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q, 0.0, True), {}, None)
+        assert torch.autograd._profiler_enabled()
+    assert n == 0 and scratch.probes == 0 and scratch.unprobed
+    assert prof.events() is not None

@@ -98,6 +98,7 @@ PROBED = MATMUL | ATTENTION | CONVOLUTION
 # Process-wide: the same op on the same CPU with the same settings allocates the same.
 _CACHE: dict[tuple, int] = {}
 _CLASSES: dict[tuple, int] = {}  # layout class -> the scratch its verifying probe measured
+_FAILED: set[tuple] = set()  # calls whose probe raised (not retried)
 
 
 def cpu_isa() -> dict:
@@ -256,6 +257,8 @@ def scratch_of(run) -> tuple[int, int]:
     """Run `run()` (real tensors) under the profiler's memory events: (max live bytes allocated during the
     call, bytes of those still live when it returns), both from c10's own running total, events ordered
     as trainfit.measure.cpu_peak.analyse orders them (time, then event-tree order)."""
+    if torch.autograd._profiler_enabled():  # ours would end the caller's session: not measured
+        raise RuntimeError("a profiler session is already active")
     start, stop = _profiler()
     was = gc.isenabled()
     gc.disable()  # a collection inside would free older tensors mid-call
@@ -311,13 +314,13 @@ class KernelScratch:
         t0 = time.perf_counter()
         try:
             n = measure_call(func, leaves, spec, shrink)
-        except RuntimeError:  # a profiler already running, an op refusing zeros...: not probed
+        except RuntimeError:  # an op refusing zero inputs...: not probed
             n = None
         self.seconds += time.perf_counter() - t0
         self.probes += 1
         return n
 
-    def _skip(self, func, key) -> int:
+    def _skip(self, func, key) -> int:  # not measured: counts as 0, and is listed
         self.unprobed[key] = str(func).removeprefix("aten.")
         return 0
 
@@ -327,6 +330,8 @@ class KernelScratch:
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
+        if key in _FAILED or torch.autograd._profiler_enabled():  # a probe would end the caller's session
+            return self._skip(func, key)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         small = (_work(func, args, out) <= PROBE_MAX_FLOPS and _materialised_bytes(leaves, out) <= PROBE_MAX_BYTES)
         cls = None
@@ -350,6 +355,7 @@ class KernelScratch:
             return self._skip(func, key)
         n = self._probe(func, leaves, spec)
         if n is None:
+            _FAILED.add(key)
             return self._skip(func, key)
         _CACHE[key] = n
         if cls is not None:
@@ -377,5 +383,5 @@ def notes(summ: dict) -> list[str]:
     if not summ["unprobed"]:
         return []
     ops = ", ".join(f"{k} x{v}" for k, v in sorted(summ["unprobed"].items()))
-    return [f"NB: CPU kernels above the probe cap ({PROBE_MAX_FLOPS / 1e6:.0f} MFLOP) not run to measure their "
-            f"internal scratch (distinct shapes: {ops}): can under-read if the peak falls inside one of them"]
+    return [f"NB: internal scratch not measured for CPU kernels above the probe cap ({PROBE_MAX_FLOPS / 1e6:.0f} "
+            f"MFLOP) or that could not be probed (distinct shapes: {ops}): can under-read if the peak falls inside one"]
