@@ -64,8 +64,10 @@ def _mats(dtype):
     w = torch.randn(1000, 64).to(dtype)
     bias = torch.randn(1000).to(dtype)
     batch = torch.randn(8, 64, 32).to(dtype)
+    padded = torch.randn(128, 96).to(dtype)[:, :64]  # not dense, but a valid BLAS leading dimension: no copy
     strided = torch.randn(128, 128).to(dtype)[:, ::2]  # neither contiguous nor transposed: cloned inside
     return [
+        ("mm-padded", aten.mm.default, (padded, w.t())),
         ("mm", aten.mm.default, (x, w.t())),
         ("mm-contiguous", aten.mm.default, (x, w.t().contiguous())),
         ("addmm-bias", aten.addmm.default, (bias, x, w.t())),

@@ -51,9 +51,11 @@ are cached per (op, sizes, strides, offsets, aliasing, dtypes, scalars, threads,
 
 Skipped as known zero (CUDA-semantics traces never probe at all): matmuls that cannot reach oneDNN by the
 checks above (fp32 at the default fp32 precision; bf16/fp16 where `_is_mkldnn_bf16_supported()` /
-`_is_mkldnn_fp16_supported()` is false; other dtypes) are probed once per *layout class* (op, dtypes,
-which dims are 1 or broadcast, stride order, dense or not): on the call itself, or, above the cap, on a
-dense copy shrunk to at most SHRINK per dim. Every later call of a class that measured 0 is 0 unrun.
+`_is_mkldnn_fp16_supported()` is false; other dtypes) whose operands are each dense in their stride order
+(addmm_impl_cpu_ then clones none of them, whatever the sizes: it clones only an operand with neither
+stride 1 nor a leading dimension >= the matrix extent) are probed once per *layout class* (op, dtypes,
+which dims are 1 or broadcast, stride order): on the call itself, or, above the cap, on a dense copy
+shrunk to at most SHRINK per dim. Every later call of a class that measured 0 is 0 without running it.
 
 Cost cap: a call whose work exceeds PROBE_MAX_FLOPS (or whose real tensors would exceed PROBE_MAX_BYTES) is
 not run; it is listed in `unprobed` and the estimate says so (NB: can under-read, by that kernel's scratch,
@@ -324,6 +326,17 @@ class KernelScratch:
         self.unprobed[key] = str(func).removeprefix("aten.")
         return 0
 
+    def _layout_class(self, func, tensors) -> tuple | None:
+        """The class a matmul off the oneDNN path belongs to, if its zero scratch can be verified once for
+        all sizes: every operand dense in its stride order (then addmm_impl_cpu_/bmm never clone it, and a
+        dense shrunk copy has the same class) and no two operands sharing storage. None otherwise."""
+        if func not in MATMUL or _reaches_onednn(tensors, self.settings):
+            return None
+        sigs = tuple(_signature(t) for t in tensors)
+        if not all(s[-1] for s in sigs) or len({id(t.untyped_storage()) for t in tensors}) != len(tensors):
+            return None
+        return (func, self.settings, sigs)
+
     def bytes(self, func, args, kwargs, out) -> int:
         leaves, spec = tree_flatten((args, kwargs))
         key = _call_key(func, leaves, self.settings)
@@ -334,23 +347,16 @@ class KernelScratch:
             return self._skip(func, key)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         small = (_work(func, args, out) <= PROBE_MAX_FLOPS and _materialised_bytes(leaves, out) <= PROBE_MAX_BYTES)
-        cls = None
-        if func in MATMUL and not _reaches_onednn(tensors, self.settings):
-            sigs = tuple(_signature(t) for t in tensors)
-            cls = (func, self.settings, sigs)
+        cls = self._layout_class(func, tensors)
+        if cls is not None:
             verified = _CLASSES.get(cls)
+            if verified is None and not small:  # verify on a shrunk copy of the same class
+                verified = self._probe(func, leaves, spec, shrink=True)
+                if verified is not None:
+                    _CLASSES[cls] = verified
             if verified == 0:
                 self.known_zero += 1
                 return 0
-            if verified is None and not small:
-                distinct = len({id(t.untyped_storage()) for t in tensors}) == len(tensors)
-                if distinct and all(s[-1] for s in sigs):  # the shrunk copy has the same layout class
-                    n = self._probe(func, leaves, spec, shrink=True)
-                    if n is not None:
-                        _CLASSES[cls] = n
-                        if n == 0:
-                            self.known_zero += 1
-                            return 0
         if not small:
             return self._skip(func, key)
         n = self._probe(func, leaves, spec)
