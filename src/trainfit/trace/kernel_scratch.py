@@ -316,7 +316,7 @@ class KernelScratch:
         t0 = time.perf_counter()
         try:
             n = measure_call(func, leaves, spec, shrink)
-        except RuntimeError:  # an op refusing zero inputs...: not probed
+        except Exception:  # noqa: BLE001 - an op refusing zero inputs, a profiler API that moved...: listed, not fatal
             n = None
         self.seconds += time.perf_counter() - t0
         self.probes += 1
