@@ -18,6 +18,7 @@ from trainfit.errors import EngineUnavailableError
 from trainfit.measure import measure
 from trainfit.setup import Setup
 from trainfit.trace import trace, trace_spec
+from trainfit.trace.kernel_scratch import cpu_isa
 
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*")
 
@@ -45,6 +46,11 @@ CASES = [
 ]
 
 
+def _isa() -> str:
+    """The CPU facts that change kernel-internal scratch (kernel_scratch.py), for failure messages."""
+    return " ".join(f"{k}={v}" for k, v in cpu_isa().items())
+
+
 def _setup(family, precision, recompute, optimizer, grad_accum, seq):
     return Setup(batch=2, seq=seq, precision=precision, optimizer=optimizer, recompute=recompute,
                  grad_accum=grad_accum, device="cpu")
@@ -58,7 +64,8 @@ def test_trace_peak_equals_real_peak(family, precision, recompute, optimizer, gr
     setup = _setup(family, precision, recompute, optimizer, grad_accum, seq)
     traced = trace_spec(spec, setup)
     real = measure(spec, setup, steps=0)
-    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak)
+    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
+    assert traced.detail["cpu_isa"] == cpu_isa()  # the trace says which CPU's kernels it emulated
     # The parts a real run also reports exactly.
     assert traced.memory.weights + traced.memory.at_peak.get("buffers", 0) == real.weights
     assert traced.memory.optimizer_states == real.optimizer_states
@@ -170,25 +177,52 @@ class _LossOf(torch.nn.Module):  # model(**batch).loss for the real standard ste
         return _Out(self.m(*b.values()))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp-bf16", "bf16-master"])
-def test_user_module_trace_equals_real_step(precision):
+class _CNN(torch.nn.Module):
+    """Convolutions run oneDNN on any x86 CPU, whose reorders and scratchpad come from c10's allocator
+    (kernel_scratch.py): the same mechanism as bf16 matmuls on AVX512/AMX CPUs, testable here."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x, y):
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        return torch.nn.functional.mse_loss(self.fc(h.mean((2, 3))), y)
+
+
+def _user_module_peaks(module_cls, x, y, setup):
     from trainfit.measure.cpu_peak import cpu_peak, optimizer_tensors, storage_bytes
     from trainfit.step import make_optimizer, run_step
     from trainfit.step.build import param_dtype
 
-    setup = Setup(batch=32, seq=1, precision=precision, grad_accum=2, device="cpu")
-    x, y = torch.randn(32, 64), torch.randn(32, 64)
-    traced = trace(_MLP(), (x, y), setup)
+    traced = trace(module_cls(), (x, y), setup)
     dtype = param_dtype(setup)
-    model = _LossOf(_MLP().to(dtype))
+    model = _LossOf(module_cls().to(dtype))
     opt = make_optimizer(model, setup)
     batches = [{"x": x.to(dtype).clone(), "y": y.to(dtype).clone()} for _ in range(setup.grad_accum)]
     run_step(model, opt, batches, setup)  # warm-up: optimizer state resident
     base = storage_bytes(list(model.parameters()) + list(getattr(opt, "master_params", [])) + optimizer_tensors(opt)
                          + [t for b in batches for t in b.values()])
     real, _ = cpu_peak(lambda phase: run_step(model, opt, batches, setup, phase), base)
-    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak)
+    return traced, real
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp-bf16", "bf16-master"])
+def test_user_module_trace_equals_real_step(precision):
+    setup = Setup(batch=32, seq=1, precision=precision, grad_accum=2, device="cpu")
+    traced, real = _user_module_peaks(_MLP, torch.randn(32, 64), torch.randn(32, 64), setup)
+    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp-bf16"])
+def test_convolution_scratch_is_probed_and_the_trace_equals_real_step(precision):
+    setup = Setup(batch=8, seq=1, precision=precision, device="cpu")
+    traced, real = _user_module_peaks(_CNN, torch.randn(8, 3, 32, 32), torch.randn(8, 10), setup)
+    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
+    assert not traced.detail["kernel_scratch"]["unprobed"]
 
 
 def test_data_dependent_op_is_a_one_line_engine_error():
@@ -224,7 +258,7 @@ def test_inference_trace_peak_equals_real_peak(family, precision):
     ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
     base = storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids])
     real, cache = cpu_peak(lambda phase: inference_step(model, ids, setup, spec.causal, phase), base)
-    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak)
+    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
     assert traced.memory.peak_phase == real.peak_phase
     if spec.causal and not spec.sliding_window:
         # At the prefill peak every layer's K and V for the prompt are in the cache (hand derivation).

@@ -8,7 +8,9 @@ setups the trace runs CUDA's own SDPA kernels and fused dropout on fake tensors 
 foreach optimizers, and rounds sizes like the CUDA caching allocator. NB: other ops still run CPU kernels
 and CPU autocast op lists (fake CUDA tensors cannot run autocast on a CPU-only build), and cuBLAS
 workspaces are not counted (NB: an under-count of a few MiB where they come from the caching allocator;
-to be checked on a GPU).
+to be checked on a GPU). For `--device cpu` the scratch that matmul, flash-attention and convolution
+kernels allocate inside one op (it depends on this CPU's ISA: oneDNN on AVX512/AMX) is measured by running
+each such op once on this CPU (kernel_scratch.py); `detail["cpu_isa"]` says which CPU that was.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from ..spec import ModelSpec
 from .analysis import Analysis
 from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors
+from .kernel_scratch import cpu_isa, summary
+from .kernel_scratch import notes as scratch_notes
 from .recorder import as_categories
 
 
@@ -82,14 +86,28 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=()) -> Est
     }
     if rec.flops is not None:
         detail["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
+    notes = tuple(notes) + tuple(kernel_detail(detail, [rec]))
     return Estimate(engine="trace", model=name, params=n, params_per_rank=n, setup=setup,
                     memory=_memory(an, grad_bytes(model) if setup.mode == "train" else 0), flops=_flops(rec, tokens),
                     notes=tuple(notes), detail=detail)
 
 
+def kernel_detail(detail: dict, recs) -> list[str]:
+    """For CPU-semantics traces: the CPU's ISA and the kernel-scratch probes (kernel_scratch.py) into
+    `detail`; returns the notes they call for (kernels too big to probe)."""
+    scratches = [r.kernels for r in recs if r.kernels is not None]
+    if not scratches:
+        return []
+    summ = summary(scratches)
+    detail["cpu_isa"] = cpu_isa()
+    detail["kernel_scratch"] = summ
+    return scratch_notes(summ)
+
+
 NOTES = (
     "trace: real PyTorch step on fake tensors; every storage counted from the op that returns it to its last reference",
-    "NB: scratch buffers allocated and freed inside one kernel are not seen (can under-read a peak inside such a kernel)",
+    "NB: scratch buffers allocated and freed inside one kernel are not seen, except (CPU runs) mixed-dtype cast "
+    "copies and matmul/attention/convolution scratch probed on this CPU (can under-read a peak inside another kernel)",
 )
 
 

@@ -177,7 +177,7 @@ def _linear(vals: list[int], n: int) -> int | None:
 
 def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min_periods: int = MIN_PERIODS) -> Estimate | None:
     """The extrapolated Estimate, or None when the model does not qualify or a check fails."""
-    from .engine import NOTES, device_notes, trace_train
+    from .engine import NOTES, device_notes, kernel_detail, trace_train
 
     p = layer_period(spec, setup)
     if p is None or spec.layers // p < max(min_periods, TRACED[-1] + 1):
@@ -262,7 +262,8 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
             generic, r, _ = split(name)
             per[generic] = per.get(generic, 0) + (v * n_target // TRACED[-1] if r is not None else v)
         detail["flops_by_module"] = dict(sorted(per.items(), key=lambda kv: -kv[1]))
-    notes = (*NOTES, *device_notes(setup), (
+    probe_notes = kernel_detail(detail, [r[1] for r in runs])
+    notes = (*NOTES, *device_notes(setup), *probe_notes, (
         f"trace: {spec.layers} layers extrapolated from traces of {', '.join(str(k * p) for k in TRACED)} layers "
         "(every segment's bytes, the FLOPs and the parameter count checked exactly linear); "
         f"top tensors, activations by module and timeline are from the {TRACED[-1] * p}-layer trace"))

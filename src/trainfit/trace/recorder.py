@@ -10,8 +10,11 @@ What is counted is what PyTorch's allocator would hold: one entry per untyped st
 it), `storage.nbytes()` bytes (rounded like the CUDA caching allocator when asked), from the op that
 returns it until its last reference dies (a weakref callback on the storage object, whose Python
 object PyTorch keeps alive as long as the C++ storage lives). Allocations made and freed *inside*
-one kernel (scratch buffers) are invisible at this level: NB the trace can under-read a real peak
-that falls inside such a kernel.
+one kernel (scratch buffers) are invisible at this level; for CPU runs two kinds are added back as a
+TEMPORARY born before the op's outputs and dying right after them: mixed-dtype input copies, by
+formula (cpu_casts.py), and the scratch of matmul, flash-attention and convolution kernels, measured
+by running the op on this CPU (kernel_scratch.py). NB the trace can under-read a real peak that falls
+inside another kernel's scratch.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .cpu_casts import PROMOTING, cast_scratch
 from .fake_overrides import OVERRIDES
+from .kernel_scratch import PROBED, KernelScratch
 from .flops import FlopCounter
 
 # Categories (index into the per-category arrays). "activation" is decided after the fact: a storage
@@ -90,6 +94,9 @@ class AllocationRecorder(TorchDispatchMode):
         # copies (cpu_casts.py) and host-side RNG state (see __enter__).
         self.host_is_device = not round_cuda
         self.promoting = PROMOTING if self.host_is_device else frozenset()
+        # CPU kernels whose internal scratch depends on this CPU's ISA: measured by a probe (kernel_scratch.py).
+        self.kernels = KernelScratch() if self.host_is_device else None
+        self.probed = PROBED if self.host_is_device else frozenset()
 
     # -- phases ---------------------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
@@ -178,6 +185,10 @@ class AllocationRecorder(TorchDispatchMode):
             n = cast_scratch(func, args, out)
             if n:
                 scratch = self._born(n, TEMPORARY, (n,), torch.uint8, "cpu dtype-cast scratch")
+        elif func in self.probed:
+            n = self.kernels.bytes(func, args, kwargs or {}, out)
+            if n:
+                scratch = self._born(n, TEMPORARY, (n,), torch.uint8, "cpu kernel scratch (probed)")
         live = self.live
         if type(out) in (tuple, list):
             for o in out:
