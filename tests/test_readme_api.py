@@ -29,5 +29,5 @@ def test_module_doctests(module):
 def test_help_lists_the_api():
     import trainfit
 
-    assert {"estimate", "trace_module", "measure", "compare", "Setup", "SETTINGS"} <= set(trainfit.__all__)
+    assert {"estimate", "trace_module", "measure_step", "compare", "Setup", "SETTINGS"} <= set(trainfit.__all__)
     assert "estimate(model" in trainfit.__doc__

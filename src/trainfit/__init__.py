@@ -4,7 +4,7 @@ The Python API (no torch at import; the trace and measure engines import it when
 
     estimate(model, engine="analytic", **settings) -> Estimate   a catalog name, config.json path or cached hub id
     trace_module(module_or_factory, batch=None, **settings)      the training step of any nn.Module, on fake tensors
-    measure(model, **settings) -> Estimate                       real steps here (cpu) or on a GPU (device="cuda")
+    measure_step(model, **settings) -> Estimate                  real steps here (cpu) or on a GPU (device="cuda")
     compare(Request(...)) -> {label: Estimate}                   training vs inference
     SETTINGS                                                     every setting: name, default, help, choices, modes
 
@@ -19,7 +19,7 @@ from .estimate import Estimate
 from .setup import SETTINGS, Request, Setup
 
 __version__ = "0.1.0"
-__all__ = ["estimate", "trace_module", "measure", "compare", "Estimate", "Request", "Setup", "SETTINGS",
+__all__ = ["estimate", "trace_module", "measure_step", "compare", "Estimate", "Request", "Setup", "SETTINGS",
            "TrainfitError"]
 
 
@@ -37,10 +37,11 @@ def trace_module(module_or_factory, batch=None, **settings) -> Estimate:
     return trace(module_or_factory, batch, Setup(**settings))
 
 
-def measure(model: str, steps: int = 3, warmup: int = 1, **settings) -> Estimate:
+def measure_step(model: str, steps: int = 3, warmup: int = 1, **settings) -> Estimate:
     """Run the standard step for real (random weights) and read its true peak from PyTorch's allocation records.
+    (Not named `measure`: that is the engine's subpackage, trainfit.measure.)
 
-    >>> e = measure("tiny-llama", batch=1, seq=32, device="cpu", steps=0)
+    >>> e = measure_step("tiny-llama", batch=1, seq=32, device="cpu", steps=0)
     >>> e.engine, e.memory.peak > e.memory.weights
     ('measure', True)
     """
