@@ -21,7 +21,7 @@ from .parallel.zero import gathered_params, model_states, reduce_scatter_transie
 from .params import ParamCounts, count_params
 from .phases import StepBytes, peak
 from .precision import StateBytes, state_bytes
-from .recompute import layer_memory
+from .recompute import layer_memory, layer_params
 
 __all__ = ["Stage", "TrainMemory", "adafactor_state", "rank_params", "stages", "train_memory"]
 
@@ -58,23 +58,35 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     keys = keys_per_token(spec, setup.seq)
     lm = layer_memory(spec, setup, pc, st, tokens, keys)
     head = head_and_loss(spec, setup, st, tokens)
-    emb_saved = embedding_saved(spec, setup, st, tokens) if stage.embedding else 0
-    head_saved = head.saved if stage.head else 0
-    activations = stage.layers * lm.saved * stage.in_flight + emb_saved * stage.in_flight + head_saved
-    fwd_transient = (head.forward_transient if stage.head else 0) + stage.layers * lm.autocast_casts
+    gb = st.grad / shard(setup, 2)  # gradient bytes per parameter on this rank
+    head_params = (pc.final + pc.lm_head / t) if stage.head else 0
+    if stage.head and spec.tied_embeddings:
+        head_params += spec.vocab * (spec.embed_proj_dim or spec.hidden) / t  # the tied weight's gradient
+    # the layer's backward high point: the moment with the most temporaries and gradients made so far
+    moment = max(lm.moments, key=lambda m: m.extra + m.grads_done * gb)
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
         gradients=ms.gradients,
-        grads_before=ms.gradients if setup.grad_accum > 1 else 0,  # earlier micro-batches' gradients stay live
-        activations=activations,
-        forward_transient=fwd_transient,
+        accumulating=setup.grad_accum > 1,  # earlier micro-batches' gradients stay live
+        head_gradients=head_params * gb,
+        layer_gradients=layer_params(spec, pc, setup) * gb,
+        layers=stage.layers,
+        in_flight=stage.in_flight,
+        layer_saved=lm.saved,
+        embedding_saved=embedding_saved(spec, setup, st, tokens) if stage.embedding else 0,
+        head_saved=head.saved if stage.head else 0,
+        inputs=head.labels if stage.head else 0,
+        forward_transient=(head.forward_transient if stage.head else 0) + stage.layers * lm.autocast_casts,
         loss_backward=head.backward_transient if stage.head else 0,
-        layer_backward=lm.backward_transient + reduce_scatter_transient(pc, largest, st, setup),
-        last_saved=emb_saved + lm.saved,
+        layer_backward=moment.extra + reduce_scatter_transient(pc, largest, st, setup),
+        layer_grads_done=moment.grads_done * gb,
+        embedding_backward=st.residual * spec.hidden * tokens if stage.embedding else 0,
         gathered=gathered,
         optimizer_transient=optimizer_temporaries(setup, st, n / shard(setup, 1), largest),
     )
+    activations = step.activations
+    fwd_transient = step.forward_transient
     p = peak(step)
     la = lm.activations
     detail = {

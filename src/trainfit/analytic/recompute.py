@@ -13,17 +13,21 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, LayerActivations, layer_activations, resolved_kernel
+from .activations import LayerActivations, layer_activations
+from .backward import layer_moments
 from .params import ParamCounts
-from .parallel.tensor import layer_bytes_per_rank
+from .parallel.tensor import layer_bytes_per_rank, term_divisors
 from .precision import StateBytes
+
+
+CPU_RNG_STATE = 5056  # bytes of torch.get_rng_state() (the mt19937 CPU generator)
 
 
 @dataclass(frozen=True)
 class LayerMemory:
     activations: LayerActivations  # of a dense layer, for the breakdown
     saved: float  # kept per layer and micro-batch until that layer's backward
-    backward_transient: float  # live during one layer's backward, beside the saved activations
+    moments: list  # backward.Moment: the layer's backward high points (beside its saved tensors)
     autocast_casts: float  # weight casts autocast keeps per layer beyond `saved` (full recompute under amp)
 
 
@@ -36,30 +40,38 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     t = setup.tp
     ls = layer_setup(setup)
     la = layer_activations(spec, ls)
-    if spec.moe is not None and pc.moe_layers:
-        m = spec.moe
-        la_moe = layer_activations(spec, ls, mlp_width=m.expert_intermediate, experts_per_token=m.top_k)
-    else:
-        la_moe = la
+    moe = spec.moe is not None and pc.moe_layers > 0
+    la_moe = layer_activations(spec, ls, moe=True) if moe else la
     frac_moe = pc.moe_layers / spec.layers
     one_layer = (1 - frac_moe) * layer_bytes_per_rank(la, setup, tokens, keys) \
         + frac_moe * layer_bytes_per_rank(la_moe, setup, tokens, keys)
     casts = 0.0
+    recomputed = 0.0
     if setup.recompute == "full":
         # checkpoint keeps each layer's input (the residual stream; split t ways only under sequence parallelism)
         saved = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
-        # in backward the layer's recomputed activations are live (the big intermediate gradients only appear once
-        # some of them are freed); the first of them is the checkpointed input itself (same storage)
-        transient = max(one_layer - saved, 0)
+        if setup.device == "cpu":
+            # and the CPU generator's state, to replay dropout (torch/utils/checkpoint.py:1632
+            # `torch.get_rng_state()`, a 5056-byte tensor); a CUDA step keeps the CPU state in host memory
+            saved += CPU_RNG_STATE
+        # in backward the layer's forward runs again: all its saved tensors are live once more, the first of them
+        # the checkpointed input itself (same storage)
+        recomputed = max(one_layer - saved, 0)
         if setup.precision.startswith("amp"):
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
-            casts = la.fixed / t
+            casts = ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
     else:
         saved = one_layer
-        # the gradients of the layer's largest intermediates.
-        # NB: approximated by two MLP-intermediate gradients, or the s×s gradient for non-flash attention.
-        transient = 2 * st.act * spec.intermediate * tokens / t
-        if resolved_kernel(spec, ls) != "flash":
-            # the softmax's fp32 s×s gradient (observed in traced eager steps; not live with the MLP's)
-            transient = max(transient, FP32 * spec.heads * tokens * keys / t)
-    return LayerMemory(la, saved, transient, casts)
+    # NB: with some dense and some MoE layers, the backward high points are those of the layer kind the rank has
+    # most of
+    big = la_moe if moe and frac_moe >= 0.5 else la
+    div = term_divisors(big, setup)
+    mlp_saved = sum(v / div[k] for k, v in big.mlp_share.items() if k in div)
+    moments = layer_moments(spec, ls, st, tokens, keys, moe and frac_moe >= 0.5, mlp_saved, layer_params(spec, pc, setup),
+                            recomputed)
+    return LayerMemory(la, saved, moments, casts)
+
+
+def layer_params(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> float:
+    """One (average) layer's parameters on one TP rank (norms replicated, as parallel/tensor.py:rank_params)."""
+    return pc.norms + (pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers) / setup.tp

@@ -1,0 +1,80 @@
+"""Inside one layer's backward: what is live beside the layer's saved tensors at its high points, and which of the
+layer's parameter gradients exist by then.
+
+Autograd runs the layer's ops in reverse (torch/csrc/autograd/engine.cpp: ready nodes by sequence number): each op's
+backward allocates its input gradients (and weight gradients), then drops the tensors only it saved and its output
+gradient. The high points read off traced steps:
+  MLP        the activation's backward: the gradient of the layer output (the residual stream's, kept until the
+             attention branch adds its part), the dropout's input gradient, the output projection's weight gradient,
+             and the MLP's intermediate gradients — for a gated MLP the product's gradient and the two the product
+             rule makes, the product (down_proj's input) freed: 2 × width net; for ReLU (which saves its output, fc2's
+             input) the same; for other activations (which save their input) one;
+  attention  (eager and math kernels only) the s×s gradient, once the MLP's saved tensors and its gradients are done;
+  recompute  with full recomputation, the end of the layer's re-run forward: all its saved tensors again, plus its
+             output (discarded) and the incoming gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import FP32, _norm_saved, dropout_mask_bytes, dropouts, resolved_kernel
+from .families import family_traits
+from .precision import StateBytes
+
+
+@dataclass(frozen=True)
+class Moment:
+    extra: float  # bytes beside the layer's saved tensors (negative: saved tensors already freed), one TP rank
+    grads_done: float  # parameters of the layer whose gradients exist by then, one TP rank
+
+
+def _mlp_intermediates(spec: ModelSpec) -> int:
+    """How many MLP-width gradients are live net of freed saved tensors at the activation's backward."""
+    if spec.gated_mlp or spec.activation == "relu":
+        return 2
+    return 1
+
+
+def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, keys: float, moe: bool,
+                  mlp_saved: float, layer_params: float, recomputed: float) -> list[Moment]:
+    """The layer's backward high points. mlp_saved: per-token bytes the MLP sub-block saves (on this rank);
+    layer_params: the layer's parameters on this rank; recomputed: bytes re-created by full recomputation."""
+    t = setup.tp
+    h, a = spec.hidden, st.act
+    sp = t if setup.sequence_parallel else 1
+    # the gradient of the layer's output, in the residual stream's dtype (split by SP only)
+    incoming = st.residual * h * tokens / sp
+    _, p_attn, p_resid = dropouts(spec)
+    # the MLP-output dropout's backward: its input gradient is live, its saved mask freed
+    drop_grad = (a - dropout_mask_bytes(setup, a)) * h * tokens / sp if p_resid > 0 else 0
+    # post-norm (BERT): the norm after the MLP's residual add runs its backward first, freeing its saved input
+    post_norm = _norm_saved(spec, st.residual) * tokens / sp if family_traits(spec)["post_norm"] else 0
+    if moe:
+        m = spec.moe
+        ex = int(st.weight)  # grouped_mm runs in the experts' weight dtype (moe.py)
+        # per routed copy: the down projection's input gradient (i) beside the product rule's two (i), the
+        # product freed; the routing multiply's gradient (h) is live too; the whole grouped down_proj weight
+        # gradient (all experts) is allocated at once
+        mlp = ex * m.top_k * (2 * m.expert_intermediate + h) * tokens / t
+        out_params = m.num_experts * h * m.expert_intermediate / t
+    else:
+        mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
+        out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
+    moments = [Moment(recomputed + incoming + drop_grad - post_norm + mlp, out_params)]
+    if resolved_kernel(spec, setup) != "flash":
+        # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
+        # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist
+        a_attn = FP32 if resolved_kernel(spec, setup) == "math" else a
+        scores = FP32 * spec.heads * tokens * keys / t if resolved_kernel(spec, setup) == "eager" else \
+            a_attn * spec.heads * tokens * keys / t
+        mask = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
+        qkv = (h * (spec.q_dim + 2 * spec.kv_dim) + ((spec.q_dim + 2 * spec.kv_dim) if spec.qkv_bias else 0)) / t
+        moments.append(Moment(recomputed - mlp_saved * tokens - mask - post_norm + incoming + scores, layer_params - qkv))
+    if setup.recompute == "full":
+        # BERT's blocks end `LayerNorm(dropout(x) + input)` with the dropout's output still referenced until the
+        # norm returns (modeling_bert.py BertOutput.forward)
+        dropped = a * h * tokens / sp if (post_norm and p_resid > 0) else 0
+        moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + dropped, 0.0))
+    return moments
