@@ -54,15 +54,28 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     if moe:
         m = spec.moe
         ex = int(st.weight)  # grouped_mm runs in the experts' weight dtype (moe.py)
-        # per routed copy: the down projection's input gradient (i) beside the product rule's two (i), the
-        # product freed; the routing multiply's gradient (h) is live too; the whole grouped down_proj weight
-        # gradient (all experts) is allocated at once
-        mlp = ex * m.top_k * (2 * m.expert_intermediate + h) * tokens / t
-        out_params = m.num_experts * h * m.expert_intermediate / t
+        routed = m.top_k * tokens / t  # the S = tokens·top_k routed copies
+        # the routing-weight multiply's output takes the promoted dtype: fp32 when the weights stay fp32 (Mixtral)
+        wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, a)
+        # (a) its backward: the gradient arriving through the final sum (expanded to S×h), the reordered output's
+        # and the down output's gradients (S×h each, that dtype)
+        moments = [Moment(recomputed + incoming + 3 * routed * h * wb, 0.0)]
+        if setup.recompute == "full":
+            # the re-run forward's own high point, at that multiply: the sum's expanded gradient (computed before
+            # the re-run starts: it needs no saved tensor) beside the multiply's output; a CPU kernel multiplying
+            # bf16 by fp32 first copies the bf16 operand to fp32 (TensorIterator; trace/cpu_casts.py)
+            scratch = FP32 * routed * h if (setup.device == "cpu" and wb != ex) else 0
+            # the layer's mid residual (x + attention) is still referenced for the MLP's residual add
+            moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
+                                  0.0))
+        # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
+        # product (down's input) and down's output freed; the grouped down_proj weight gradient (all experts at once)
+        moments.append(Moment(recomputed + incoming + ex * routed * (2 * m.expert_intermediate - h),
+                              m.num_experts * h * m.expert_intermediate / t))
     else:
         mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
-    moments = [Moment(recomputed + incoming + drop_grad - post_norm + mlp, out_params)]
+        moments = [Moment(recomputed + incoming + drop_grad - post_norm + mlp, out_params)]
     if resolved_kernel(spec, setup) != "flash":
         # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
         # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import LayerActivations, layer_activations
+from .activations import FP32, LayerActivations, layer_activations
+from .families import family_traits
 from .backward import layer_moments
 from .params import ParamCounts
 from .parallel.tensor import layer_bytes_per_rank, term_divisors
@@ -54,9 +55,12 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             # and the CPU generator's state, to replay dropout (torch/utils/checkpoint.py:1632
             # `torch.get_rng_state()`, a 5056-byte tensor); a CUDA step keeps the CPU state in host memory
             saved += CPU_RNG_STATE
-        # in backward the layer's forward runs again: all its saved tensors are live once more, the first of them
-        # the checkpointed input itself (same storage)
-        recomputed = max(one_layer - saved, 0)
+        # in backward the layer's forward runs again (with a fresh copy of the RNG state on CPU): all its saved
+        # tensors are live once more — less the checkpointed input itself where the layer saves its input
+        # (the same storage)
+        layer_input = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
+        recomputed = one_layer - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
+            (CPU_RNG_STATE if setup.device == "cpu" else 0)
         if setup.precision.startswith("amp"):
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
             casts = ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
@@ -70,6 +74,17 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     moments = layer_moments(spec, ls, st, tokens, keys, moe and frac_moe >= 0.5, mlp_saved, layer_params(spec, pc, setup),
                             recomputed)
     return LayerMemory(la, saved, moments, casts)
+
+
+def _saves_its_input(spec: ModelSpec, setup: Setup, st: StateBytes) -> bool:
+    """Whether the layer's saved tensors include its input: a pre-LayerNorm saves it (aten native_layer_norm); HF's
+    RMSNorm saves its fp32 upcast, which is the input itself only when that is fp32 (`x.to(torch.float32)` is a
+    no-op); post-norm BERT's q/k/v save it without autocast (with autocast they save their casts)."""
+    if family_traits(spec)["post_norm"]:
+        return not setup.precision.startswith("amp")
+    if spec.norm == "layernorm":
+        return True
+    return st.residual == FP32
 
 
 def layer_params(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> float:

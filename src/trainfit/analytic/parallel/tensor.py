@@ -11,6 +11,7 @@ from __future__ import annotations
 from ...setup import Setup
 from ...spec import ModelSpec
 from ..activations import LayerActivations
+from ..families import family_traits
 from ..params import ParamCounts
 from .pipeline import Stage
 
@@ -32,8 +33,21 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
         n += pc.final + pc.lm_head / t
         if spec.tied_embeddings and not stage.embedding:
             n += pc.embedding / t  # Megatron keeps a copy of the tied embedding on the last stage
-    largest = max(spec.vocab * (spec.embed_proj_dim or spec.hidden) // t, spec.hidden * spec.intermediate // t)
-    return int(n), int(largest)
+    return int(n), int(largest_tensor(spec) // t)
+
+
+def largest_tensor(spec: ModelSpec) -> int:
+    """Elements of the model's largest parameter tensor: the embedding, an MLP matrix (Phi-3's fused gate_up_proj
+    is one 2·i×h tensor), the fused qkv projection, or a MoE layer's grouped experts (transformers keeps all
+    experts' gate_up_proj in one (E, 2·i, h) parameter: modeling_mixtral.py MixtralExperts)."""
+    h, traits = spec.hidden, family_traits(spec)
+    sizes = [spec.vocab * (spec.embed_proj_dim or h),
+             (2 if traits["fused_gate_up"] else 1) * h * spec.intermediate]
+    if traits["fused_qkv"]:
+        sizes.append(h * (spec.q_dim + 2 * spec.kv_dim))
+    if spec.moe is not None:
+        sizes.append(spec.moe.num_experts * 2 * spec.moe.expert_intermediate * h)
+    return max(sizes)
 
 
 def term_divisors(la: LayerActivations, setup: Setup) -> dict:
