@@ -26,8 +26,9 @@ from .precision import StateBytes
 
 @dataclass(frozen=True)
 class Moment:
-    extra: float  # bytes beside the layer's saved tensors (negative: saved tensors already freed), one TP rank
+    extra: float  # bytes beside the layer's saved tensors, one TP rank
     grads_done: float  # parameters of the layer whose gradients exist by then, one TP rank
+    freed: float = 0.0  # of the layer's saved tensors, those already freed by then
 
 
 def _mlp_intermediates(spec: ModelSpec) -> int:
@@ -75,7 +76,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     else:
         mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
-        moments = [Moment(recomputed + incoming + drop_grad - post_norm + mlp, out_params)]
+        moments = [Moment(recomputed + incoming + drop_grad + mlp, out_params, post_norm)]
     if resolved_kernel(spec, setup) != "flash":
         # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
         # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist
@@ -84,7 +85,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             a_attn * spec.heads * tokens * keys / t
         mask = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
         qkv = (h * (spec.q_dim + 2 * spec.kv_dim) + ((spec.q_dim + 2 * spec.kv_dim) if spec.qkv_bias else 0)) / t
-        moments.append(Moment(recomputed - mlp_saved * tokens - mask - post_norm + incoming + scores, layer_params - qkv))
+        moments.append(Moment(recomputed + incoming + scores, layer_params - qkv, mlp_saved * tokens + mask + post_norm))
     if setup.recompute == "full":
         # BERT's blocks end `LayerNorm(dropout(x) + input)` with the dropout's output still referenced until the
         # norm returns (modeling_bert.py BertOutput.forward)

@@ -155,10 +155,15 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         casts_attn = casts - st.act * (h * spec.q_dim + mlp_casts) / setup.tp
         casts_mlp = casts - st.act * later_mlp / setup.tp
     if not spec.causal:  # encoders: one forward over the whole sequence, no KV cache, no decode
-        # an MLM head scores every position (no loss: no upcast), after the layers' high point
+        # an MLM head scores every position (no loss: no upcast), after the layers' high point: the encoder's output
+        # and the transform's normalised output beside the logits; under autocast with every matmul's cast
+        # (biases included) cached, the transform's and the decoder's among them
         full_logits = st.act * spec.vocab / setup.tp * tokens
-        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp,
-                             casts + full_logits + 2 * st.residual * spec.hidden * tokens)
+        head = full_logits + (st.residual + st.act) * spec.hidden * tokens
+        if casts:
+            h = spec.hidden
+            head += casts + st.act * (h * h + h + (spec.vocab * h + spec.vocab) / setup.tp)
+        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, head)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp)
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers

@@ -62,8 +62,13 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     head_params = (pc.final + pc.lm_head / t) if stage.head else 0
     if stage.head and spec.tied_embeddings:
         head_params += spec.vocab * (spec.embed_proj_dim or spec.hidden) / t  # the tied weight's gradient
+    # A tied embedding gets two gradients, the LM head's and the embedding's; autograd sums them out of place
+    # before AccumulateGrad (torch/csrc/autograd/input_buffer.cpp InputBuffer::add), so at the embedding's backward
+    # both partials and their sum are live. (On a pipeline, Megatron's last stage holds its own copy: not here.)
+    tied_partials = 2 * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb \
+        if (spec.tied_embeddings and stage.embedding and stage.head) else 0
     # the layer's backward high point: the moment with the most temporaries and gradients made so far
-    moment = max(lm.moments, key=lambda m: m.extra + m.grads_done * gb)
+    moment = max(lm.moments, key=lambda m: m.extra - m.freed + m.grads_done * gb)
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
@@ -80,8 +85,9 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         forward_transient=(head.forward_transient if stage.head else 0) + stage.layers * lm.autocast_casts,
         loss_backward=head.backward_transient if stage.head else 0,
         layer_backward=moment.extra + reduce_scatter_transient(pc, largest, st, setup),
+        layer_freed=moment.freed,
         layer_grads_done=moment.grads_done * gb,
-        embedding_backward=st.residual * spec.hidden * tokens if stage.embedding else 0,
+        embedding_backward=(st.residual * spec.hidden * tokens + tied_partials) if stage.embedding else 0,
         gathered=gathered,
         optimizer_transient=optimizer_temporaries(setup, st, n / shard(setup, 1), largest),
     )

@@ -33,8 +33,9 @@ class StepBytes:
     forward_transient: float  # the logits buffers and autocast caches at the forward's end
     loss_backward: float  # the loss's gradients at the backward's start
     layer_backward: float  # beside a layer's saved tensors at its backward high point (ZeRO buffers included)
+    layer_freed: float  # of the layer's saved tensors, those already freed at that high point
     layer_grads_done: float  # gradient bytes of that layer made by then
-    embedding_backward: float  # the embedding's backward: the incoming gradient
+    embedding_backward: float  # the embedding's backward: the incoming gradient (and a tied weight's two partials)
     gathered: float  # ZeRO-3's gathered parameters, live in forward and backward
     optimizer_transient: float
 
@@ -66,11 +67,11 @@ def peak(b: StepBytes) -> Peak:
         ("forward_end", before, b.activations, b.forward_transient + b.gathered),
         # the loss's gradients and a layer's backward temporaries are not live at the same time
         ("loss_backward", before, b.activations, b.loss_backward + b.gathered),
-        ("last_layer_backward", grads(b.head_gradients + b.layer_grads_done), after_head,
+        ("last_layer_backward", grads(b.head_gradients + b.layer_grads_done), after_head - b.layer_freed,
          b.layer_backward + b.gathered),
         ("first_layer_backward",
          grads(b.head_gradients + (b.layers - 1) * b.layer_gradients + b.layer_grads_done),
-         others + b.embedding_saved + b.layer_saved + b.inputs, b.layer_backward + b.gathered),
+         others + b.embedding_saved + b.layer_saved - b.layer_freed + b.inputs, b.layer_backward + b.gathered),
         ("embedding_backward", b.gradients, others + b.embedding_saved + b.inputs, b.embedding_backward + b.gathered),
         ("optimizer_step", b.gradients, 0, b.optimizer_transient),
     ]
