@@ -80,12 +80,18 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     if resolved_kernel(spec, setup) != "flash":
         # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
         # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist
-        a_attn = FP32 if resolved_kernel(spec, setup) == "math" else a
-        scores = FP32 * spec.heads * tokens * keys / t if resolved_kernel(spec, setup) == "eager" else \
-            a_attn * spec.heads * tokens * keys / t
+        # softmax's backward allocates the scores' gradient while the probabilities' gradient is live: two s×s
+        # (aten _softmax_backward_data), in the probabilities' dtype (the math path's fp32 upcast; eager: the
+        # matmul's dtype for the probabilities' gradient, fp32 for softmax(dtype=float32)'s)
+        kernel = resolved_kernel(spec, setup)
+        a_probs = FP32 if kernel == "math" else a
+        scores = (a_probs + FP32) * spec.heads * tokens * keys / t
         mask = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
         qkv = (h * (spec.q_dim + 2 * spec.kv_dim) + ((spec.q_dim + 2 * spec.kv_dim) if spec.qkv_bias else 0)) / t
         moments.append(Moment(recomputed + incoming + scores, layer_params - qkv, mlp_saved * tokens + mask + post_norm))
+    if recomputed:
+        # under full recomputation the freed tensors are recomputed ones, not the layer's saved (its input)
+        moments = [Moment(m.extra - m.freed, m.grads_done) for m in moments]
     if setup.recompute == "full":
         # BERT's blocks end `LayerNorm(dropout(x) + input)` with the dropout's output still referenced until the
         # norm returns (modeling_bert.py BertOutput.forward)

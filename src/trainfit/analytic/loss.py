@@ -47,9 +47,9 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     labels = INDEX * tokens * (2 if spec.causal else 1)
     logits = a * v * tokens
     logits_fp32 = FP32 * v * tokens if (a != FP32 and loss_bytes == FP32) else 0
-    # HF's *ForCausalLM.forward holds the final hidden states (`outputs.last_hidden_state`) until it returns with
-    # the loss: under autocast that fp32 tensor is not the one the LM head saved (its bf16 cast is)
-    hidden = r * h * tokens if (amp and spec.causal) else 0
+    # HF's *ForCausalLM / *ForMaskedLM forward holds the final hidden states (`outputs[0]`) until it returns with
+    # the loss: under autocast that fp32 tensor is not the one the head saved (its bf16 cast is)
+    hidden = r * h * tokens if amp else 0
     # ForCausalLMLoss pads the labels by one position before shifting them (loss_utils.py:64)
     padded = INDEX * (tokens + setup.batch) if spec.causal else 0
     return HeadBytes(
