@@ -12,6 +12,9 @@ gradient. The high points read off traced steps:
   attention  (eager and math kernels only) the s×s gradient, once the MLP's saved tensors and its gradients are done;
   recompute  with full recomputation, the end of the layer's re-run forward: all its saved tensors again, plus its
              output (discarded) and the incoming gradient.
+NB: moments not modelled, each an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists
+the cases): the backward of an fp32-computing RMSNorm after the MLP (Gemma-2's post-feed-forward norm), the CPU math
+path's re-run forward inside the attention, Qwen2-MoE's shared-expert output at the routed experts' backward.
 """
 from __future__ import annotations
 
@@ -32,7 +35,11 @@ class Moment:
 
 
 def _mlp_intermediates(spec: ModelSpec) -> int:
-    """How many MLP-width gradients are live net of freed saved tensors at the activation's backward."""
+    """How many MLP-width gradients are live net of freed saved tensors at the activation's backward: the product
+    rule's two beside the product's gradient, the product freed (gated); ReLU's input gradient beside fc2's, its
+    output (fc2's input) still saved by ReLU (aten threshold_backward); otherwise fc2's input gradient alone, the
+    activation's output freed before its backward allocates.
+    NB: HF's composite gelu_new backward is taken like a one-op activation (under-counts GPT-2's MLP moment)."""
     if spec.gated_mlp or spec.activation == "relu":
         return 2
     return 1
@@ -47,7 +54,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     sp = t if setup.sequence_parallel else 1
     # the gradient of the layer's output, in the residual stream's dtype (split by SP only)
     incoming = st.residual * h * tokens / sp
-    _, p_attn, p_resid = dropouts(spec)
+    _, _, p_resid = dropouts(spec)
     # the MLP-output dropout's backward: its input gradient is live, its saved mask freed
     drop_grad = (a - dropout_mask_bytes(setup, a)) * h * tokens / sp if p_resid > 0 else 0
     # post-norm (BERT): the norm after the MLP's residual add runs its backward first, freeing its saved input
