@@ -50,7 +50,11 @@ def test_recompute_lowers_activations(name, kw):
     e0 = estimate(SPECS[name], Setup(**kw))
     e1 = estimate(SPECS[name], Setup(**{**kw, "recompute": "full"}))
     assert e1.memory.activations < e0.memory.activations
-    assert e1.memory.peak <= e0.memory.peak
+    # The peak can rise, by less than a layer: where the first layer's backward sets it (gradients nearly all made,
+    # activations small), recomputation adds that layer's checkpointed input and re-run output to the same high
+    # point. The trace engine shows it: mixtral-8x7b, fp32, SGD, eager, 4096 tokens on CPU peaks at 379.91 GB
+    # without recompute and 379.98 GB with it (the analytic engine: 379.98 / 379.98).
+    assert e1.memory.peak <= e0.memory.peak + e0.detail["activation_per_layer"]
 
 
 @settings(max_examples=40, deadline=None)

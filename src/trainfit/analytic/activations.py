@@ -15,29 +15,16 @@ Sizes are per token, so multiply by micro-batch × sequence (and layers).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
 from ..setup import Setup
 from ..spec import ModelSpec
+from .families import family_traits
+from .moe import moe_block
 from .precision import state_bytes
 
 FP32 = 4
 INDEX = 8  # int64 token ids / labels
-
-
-@lru_cache(maxsize=1)
-def _families() -> dict:
-    return json.loads(resources.files("trainfit.data").joinpath("families.json").read_text())
-
-
-def family_traits(spec: ModelSpec) -> dict:
-    fam = _families()
-    out = dict(fam["default"])
-    out.update(fam.get(spec.family, {}))
-    return out
 
 
 def dropouts(spec: ModelSpec) -> tuple[float, float, float]:
@@ -59,24 +46,28 @@ class LayerActivations:
     per_token_key: float
     fixed: float
     terms: dict  # name -> bytes per token, for the breakdown
+    mlp_share: dict  # name -> of that term, the bytes per token the MLP sub-block saves (its norm, inputs, dropout)
 
     def bytes(self, tokens: int, keys: float) -> float:
         return self.per_token * tokens + self.per_token_key * tokens * keys + self.fixed
 
 
 def _norm_saved(spec: ModelSpec, in_bytes: int) -> float:
-    """Per token. LayerNorm (aten.native_layer_norm) saves its input, mean and rstd (fp32).
-    HF RMSNorm computes in fp32: saves an fp32 copy of the input (the input itself when already fp32),
-    rsqrt(variance) and the normalised tensor cast back to the input dtype."""
+    """Per token. LayerNorm (aten.native_layer_norm) saves its input, mean and rstd; the CPU kernel keeps the
+    statistics in the input's dtype when input and weight agree (aten/src/ATen/native/layer_norm.cpp,
+    param_scalar_type). NB: CUDA's kernel keeps them in fp32 (layer_norm_kernel.cu, acc_type): 4 bytes per token
+    more per bf16 LayerNorm there. HF RMSNorm computes in fp32: saves an fp32 copy of the input (the input itself
+    when already fp32), rsqrt(variance) and the normalised tensor cast back to the input dtype."""
     h = spec.hidden
     if spec.norm == "rmsnorm":
         # Gemma's RMSNorm multiplies in fp32 and keeps that normalised tensor (family fact `norm_fp32`)
         return FP32 * h + FP32 + (FP32 if family_traits(spec)["norm_fp32"] else in_bytes) * h
-    return in_bytes * h + 2 * FP32
+    return in_bytes * h + 2 * in_bytes
 
 
-def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = None, experts_per_token: int = 1) -> LayerActivations:
-    """Saved-for-backward bytes of one decoder/encoder layer under `setup` (no recompute, one TP rank).
+def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> LayerActivations:
+    """Saved-for-backward bytes of one decoder/encoder layer under `setup` (no recompute, one TP rank); `moe`: a
+    layer whose MLP is the sparse MoE block (moe.py).
 
     Assumes the kernels of the resolved attention implementation (`setup.attention_kernel`):
     'flash'/'sdpa' = flash SDPA (no s×s tensor), 'eager' = matmul + softmax.
@@ -85,7 +76,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
     a, r = st.act, st.residual
     amp = setup.precision.startswith("amp")
     h, q, kv, nh = spec.hidden, spec.q_dim, spec.kv_dim, spec.heads
-    i = mlp_width if mlp_width is not None else spec.intermediate
+    i = spec.intermediate
     traits = family_traits(spec)
     _, p_attn, p_resid = dropouts(spec)
     kernel = resolved_kernel(spec, setup)
@@ -96,18 +87,17 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
     # Two norms per layer (pre-norm: before attention and MLP; post-norm: after each residual add).
     # NB: Gemma-2's extra post-norms are counted as ordinary norms (4 per layer).
     t["norms"] = spec.norms_per_layer * _norm_saved(spec, r)
+    if spec.parallel_residual:
+        # GPT-NeoX: both norms read the layer input (modeling_gpt_neox.py GPTNeoXLayer.forward), saved once
+        t["norms"] -= r * h
     # Linear inputs: the norm output (dtype r) feeds q/k/v and the MLP input projections. Without autocast one
     # tensor is saved per input; with autocast each linear saves its own cast (the input is fp32).
     qkv_calls = 1 if traits["fused_qkv"] else 3
     up_calls = (1 if traits["fused_gate_up"] else 2) if spec.gated_mlp else 1
-    if amp:
-        t["linear_inputs"] = (qkv_calls + up_calls * experts_per_token) * a * h
-    else:
-        t["linear_inputs"] = (1 + experts_per_token) * a * h
+    t["linear_inputs"] = ((qkv_calls + up_calls) if amp else 2) * a * h
     # Attention core.
     if kernel == "flash":
-        # q, k, v (kv heads only: SDPA's enable_gqa), output (shared with o_proj's input), logsumexp (fp32).
-        t["attention"] = a * (2 * q + 2 * kv) + FP32 * nh
+        t["attention"] = _flash_saved(spec, setup, a)
     else:
         # q·kᵀ saves q and k (k repeated to all heads), probs·v saves the probabilities and v (repeated), o_proj
         # saves a contiguous copy of the merged heads. The CPU math path upcasts bf16/fp16 inputs to fp32 for
@@ -130,11 +120,21 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
             probs += dropout_mask_bytes(setup, a_attn) + a_attn  # dropout's mask; probs·v keeps the dropped probs
         per_key = probs * nh
     if spec.qk_norm:
-        t["attention"] += _norm_saved(spec, a) * (q + kv) / h  # q_norm, k_norm over head_dim, on each head
+        # q_norm, k_norm (HF Qwen3RMSNorm over head_dim, modeling_qwen3.py): per element the fp32 input copy and the
+        # normalised output, per head an fp32 rsqrt
+        out = FP32 if traits["norm_fp32"] else a
+        t["attention"] += (FP32 + out) * (q + kv) + FP32 * (nh + spec.kv_heads)
+    fixed = 0.0
+    mlp_inputs = up_calls
     # MLP.
-    if spec.gated_mlp:
+    if moe:
+        block, fixed = moe_block(spec, setup)
+        t["linear_inputs"] += block["linear_inputs"] - (up_calls if amp else 1) * a * h
+        t["mlp"] = block["mlp"]
+        mlp_inputs = block["linear_inputs"] / (a * h)
+    elif spec.gated_mlp:
         # gate output (saved by the activation), act(gate) and up (saved by the product), product (down_proj input)
-        t["mlp"] = 4 * a * i * experts_per_token
+        t["mlp"] = 4 * a * i
     else:
         # fc1 output saved by the activation, activation output saved by fc2 — except ReLU, whose backward uses
         # its own output (one tensor), and HF's gelu_new, a composite of pow/tanh/mul that saves four tensors.
@@ -142,11 +142,36 @@ def layer_activations(spec: ModelSpec, setup: Setup, mlp_width: int | None = Non
     # Dropout on the attention output and on the MLP output (Korthikanti eq. 1 counts 1-byte masks).
     if p_resid > 0:
         t["dropout"] = 2 * h * mask
-    fixed = 0.0
     if amp:
-        # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled).
-        fixed = a * linear_params_per_layer(spec, mlp_width=i)
-    return LayerActivations(sum(t.values()), per_key, fixed, t)
+        # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE
+        # experts run grouped_mm outside autocast (moe.py), so only the attention's weights are cast there
+        fixed += a * (attention_linear_params(spec) if moe else linear_params_per_layer(spec))
+    mlp_share = {"norms": t["norms"] / 2, "linear_inputs": (mlp_inputs if amp else 1) * a * h, "mlp": t["mlp"],
+                 "dropout": t.get("dropout", 0) / 2}
+    return LayerActivations(sum(t.values()), per_key, fixed, t, mlp_share)
+
+
+def _flash_saved(spec: ModelSpec, setup: Setup, a: int) -> float:
+    """Per token, what SDPA's fused kernels save: q, k, v, the output (shared with o_proj's input) and an fp32
+    logsumexp — k and v with kv heads only (transformers passes enable_gqa=True without a mask,
+    integrations/sdpa_attention.py:131) — plus what HF's projections keep alive around them.
+    NB: the kernels' 8-16 byte RNG seed/offset tensors (512 B each in the CUDA allocator) are not counted."""
+    q, kv = spec.q_dim, spec.kv_dim
+    saved = a * (2 * q + 2 * kv) + FP32 * spec.heads
+    # fp32 on CUDA runs the memory-efficient kernel, which has no GQA: k and v are repeated to every head first
+    # (trace/cuda_kernels.py, PyTorch's fallback), and the repeated copies are what it saves
+    efficient = setup.device == "cuda" and a == FP32
+    repeated = efficient and kv < q
+    if repeated:
+        saved += 2 * a * (q - kv)
+    elif family_traits(spec)["fused_qkv"] and spec.positions == "rotary":
+        # Fused qkv with rotary (Phi-3, GPT-NeoX): v is a view of the fused projection's output, so SDPA keeping v
+        # keeps all of it (its q and k parts too; rotary made new q and k). Rotary's output for such a strided slice
+        # is contiguous in (b, h, s, d), and the flash kernels allocate their output like the query
+        # (torch/_meta_registrations.py:6122 `torch.empty_like(query)`), so `transpose(1, 2).contiguous()` before
+        # o_proj copies it; the memory-efficient kernel writes (b, s, h, d) and needs no copy.
+        saved += a * (q + kv) + (0 if efficient else a * q)
+    return saved
 
 
 def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
@@ -166,12 +191,14 @@ def dropout_mask_bytes(setup: Setup, elem_bytes: int) -> int:
     return 1 if setup.device == "cuda" else elem_bytes
 
 
-def linear_params_per_layer(spec: ModelSpec, mlp_width: int | None = None) -> int:
-    """Weights of the layer's matmuls (what autocast casts): q, k, v, o and the MLP matrices."""
-    i = mlp_width if mlp_width is not None else spec.intermediate
-    attn = spec.hidden * (2 * spec.q_dim + 2 * spec.kv_dim)
-    mlp = (3 if spec.gated_mlp else 2) * spec.hidden * i
-    return attn + mlp
+def attention_linear_params(spec: ModelSpec) -> int:
+    """Weights of the attention's matmuls: q, k, v and o."""
+    return spec.hidden * (2 * spec.q_dim + 2 * spec.kv_dim)
+
+
+def linear_params_per_layer(spec: ModelSpec) -> int:
+    """Weights of a dense layer's matmuls (what autocast casts): q, k, v, o and the MLP matrices."""
+    return attention_linear_params(spec) + (3 if spec.gated_mlp else 2) * spec.hidden * spec.intermediate
 
 
 def keys_per_token(spec: ModelSpec, seq: int) -> float:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, family_traits, linear_params_per_layer, resolved_kernel
+from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
+from .embedding import rotary_dim
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
 
@@ -44,36 +45,90 @@ def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
 
 
 def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
-    """Largest set of live tensors inside one layer during a no-grad forward (read off traced prefills): the
-    embedding output (HF's forward keeps `inputs_embeds` alive to the end), the layer's input and mid-layer
-    residuals and the normalised copy, plus either attention (q, k, v, output; eager adds the s×s scores
-    and probabilities) or the MLP (gate, up, product; fc1 and activation; four for HF's composite gelu_new)."""
+    """The larger of the two high points of `_prefill_moments`."""
+    return max(_prefill_moments(spec, setup, tokens))
+
+
+def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float]:
+    """(attention, MLP): the largest sets of live tensors inside one layer during a no-grad forward (read off traced prefills): the
+    embedding output (HF's forward keeps `inputs_embeds` alive to the end), the rotary tables, the layer's input
+    and mid-layer residuals and the normalised copy, plus either attention (q, k, v, output; eager adds the s×s
+    scores and probabilities) or the MLP (gate, up, product; fc1 and activation; four for HF's composite
+    gelu_new; the MoE block's routed copies). At the attention's high point the mid-layer residual does not exist
+    yet; at the MLP's it does (GPT-NeoX's parallel residual holds the attention output instead)."""
     st = state_bytes(setup)
     a, r = st.act, st.residual
     t = setup.tp
-    base = 4 * r * spec.hidden * tokens
+    h = spec.hidden
+    traits = family_traits(spec)
+    base = 3 * r * h * tokens  # the embedding output, the layer's input, the normalised copy
+    if spec.positions == "rotary":
+        # cos and sin (1, s, rotary_dim) in the hidden states' dtype, and the positions they came from, live
+        # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
+        base += 2 * setup.seq * rotary_dim(spec) * r + INDEX * setup.seq
+    if traits["position_embeds_kept"]:
+        base += r * setup.seq * h  # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
     if resolved_kernel(spec, setup) == "eager":
         # HF's eager softmax(dtype=float32) copies the scores to fp32 beside its fp32 output (the scores stay
         # alive as its input), and the model's (b, 1, s, s) causal mask is live throughout; GPT-2's eager
         # softmaxes in the scores' dtype with a boolean mask.
-        traits = family_traits(spec)
         if traits["eager_softmax_fp32"]:
             attn += ((2 * FP32 + (a if a != FP32 else 0)) * spec.heads / t + a * traits["causal_masks"]) * tokens * setup.seq
         else:  # GPT-2: scores and probabilities in the scores' dtype; the mask is a view of a buffer
             attn += 2 * a * spec.heads / t * tokens * setup.seq
-    width = spec.moe.expert_intermediate * spec.moe.top_k if spec.moe else spec.intermediate
-    if spec.gated_mlp:
-        # gate and up (one 2×-wide output when fused: Phi-3, the MoE experts), the activation, the product
-        live = 4 if (spec.moe or family_traits(spec)["fused_gate_up"]) else 3
-    else:
-        live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
-    mlp = live * a * width / t * tokens
+    elif traits["fused_qkv"] and spec.positions == "rotary":
+        # Phi-3/GPT-NeoX: the fused projection's output stays whole beside rotary's new q (k goes to the cache),
+        # and the flash kernels' (b, h, s, d) output is copied for the output projection (activations._flash_saved)
+        efficient = setup.device == "cuda" and a == FP32
+        attn += a * spec.q_dim / t * tokens * (1 if efficient else 2)
     if spec.moe:
-        mlp += a * spec.hidden * spec.moe.top_k * tokens  # the tokens gathered for their experts
-    if resolved_kernel(spec, setup) == "eager" and not family_traits(spec)["eager_softmax_fp32"]:
-        mlp += a * spec.heads / t * tokens * setup.seq  # GPT-2's block holds the returned probabilities
-    return base + max(attn, mlp)
+        mlp = _moe_prefill(spec, setup, st) / t * tokens
+    else:
+        if spec.gated_mlp:
+            # gate and up (one 2×-wide output when fused: Phi-3), the activation, the product
+            live = 4 if traits["fused_gate_up"] else 3
+        else:
+            live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
+        mlp = live * a * spec.intermediate / t * tokens
+    if traits["block_keeps_attn_output"]:
+        # GPT-2's block holds its attention's outputs (`attn_outputs`, modeling_gpt2.py GPT2Block.forward) through
+        # the MLP: the output, and under eager attention the returned probabilities
+        mlp += a * h * tokens
+        if resolved_kernel(spec, setup) == "eager":
+            mlp += a * spec.heads / t * tokens * setup.seq
+    return base + attn, base + r * h * tokens + mlp
+
+
+def cast_params(spec: ModelSpec) -> float:
+    """Per layer (averaged over dense and MoE layers), the weights autocast casts: the matmuls' — the MoE experts
+    run grouped_mm outside autocast (moe.py), so a MoE layer casts its attention, router and shared expert."""
+    if spec.moe is None:
+        return linear_params_per_layer(spec)
+    m = spec.moe
+    h = spec.hidden
+    moe_layer = attention_linear_params(spec) + m.num_experts * h + \
+        (3 * h * m.shared_intermediate + h if m.shared_intermediate else 0)
+    n_moe = spec.layers if m.sparse_layers is None else m.sparse_layers
+    return (n_moe * moe_layer + (spec.layers - n_moe) * linear_params_per_layer(spec)) / spec.layers
+
+
+def _moe_prefill(spec: ModelSpec, setup: Setup, st) -> float:
+    """Per token, the MoE block's high point in a no-grad forward (moe.py for the kernels): either the experts'
+    activation (the routed copies of the input, gate_up's output, act(gate), the product) or the routing multiply
+    (the input copies, down's output, the weighted output and its reordered copy), all in the experts' weight
+    dtype (grouped_mm runs outside autocast) except the weighted ones (promoted to the routing weights' dtype)."""
+    m = spec.moe
+    h, k, i = spec.hidden, m.top_k, m.expert_intermediate
+    ex = int(st.weight)
+    wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, st.act)
+    routed = max(ex * k * (h + 4 * i), k * h * (2 * ex + 2 * wb))
+    # the router's fp32 softmax and top-k, the sort's indices and the routing weights
+    router = FP32 * m.num_experts + (INDEX + FP32) * k + (2 * INDEX + 2 * wb) * k
+    shared = 0
+    if m.shared_intermediate:
+        shared = st.act * h  # Qwen2-MoE computes its shared expert first and holds the output
+    return routed + router + shared
 
 
 def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> InferMemory:
@@ -83,19 +138,34 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     weights = n * st.weight
     tokens = setup.batch * setup.seq
     kv = kv_bytes_per_token(spec, setup) * tokens
-    act = _prefill_transient(spec, setup, tokens)
+    attn_moment, mlp_moment = _prefill_moments(spec, setup, tokens)
+    act = max(attn_moment, mlp_moment)
     # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
     logits = FP32 * spec.vocab / setup.tp * setup.batch
     # autocast caches each weight's low-precision cast for the whole autocast region (the layers' by the last one)
-    casts = 0
+    casts = casts_attn = casts_mlp = 0
     if setup.precision.startswith("amp"):
-        casts = st.act * linear_params_per_layer(spec) * spec.layers / (setup.tp * setup.pp)
+        casts = st.act * cast_params(spec) * spec.layers / (setup.tp * setup.pp)
+        # at the last layer's high points its later matmuls have not been cast yet: the output projection and the
+        # MLP at its attention, a dense MLP's down projection at its activation
+        h = spec.hidden
+        later_mlp = 0 if spec.moe else h * spec.intermediate
+        mlp_casts = (cast_params(spec) - attention_linear_params(spec)) if spec.moe else \
+            (3 if spec.gated_mlp else 2) * h * spec.intermediate
+        casts_attn = casts - st.act * (h * spec.q_dim + mlp_casts) / setup.tp
+        casts_mlp = casts - st.act * later_mlp / setup.tp
     if not spec.causal:  # encoders: one forward over the whole sequence, no KV cache, no decode
-        # an MLM head scores every position (no loss: no upcast), after the layers' high point
+        # an MLM head scores every position (no loss: no upcast), after the layers' high point: the encoder's output
+        # and the transform's normalised output beside the logits; under autocast with every matmul's cast
+        # (biases included) cached, the transform's and the decoder's among them
         full_logits = st.act * spec.vocab / setup.tp * tokens
-        peak = weights + casts + max(act, full_logits + 2 * st.residual * spec.hidden * tokens)
+        head = full_logits + (st.residual + st.act) * spec.hidden * tokens
+        if casts:
+            h = spec.hidden
+            head += casts + st.act * (h * h + h + (spec.vocab * h + spec.vocab) / setup.tp)
+        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, head)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
-    prefill = weights + kv + act + logits + casts
+    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp)
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     cached = setup.batch * (setup.seq + 1)
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager

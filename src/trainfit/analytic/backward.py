@@ -1,0 +1,107 @@
+"""Inside one layer's backward: what is live beside the layer's saved tensors at its high points, and which of the
+layer's parameter gradients exist by then.
+
+Autograd runs the layer's ops in reverse (torch/csrc/autograd/engine.cpp: ready nodes by sequence number): each op's
+backward allocates its input gradients (and weight gradients), then drops the tensors only it saved and its output
+gradient. The high points read off traced steps:
+  MLP        the activation's backward: the gradient of the layer output (the residual stream's, kept until the
+             attention branch adds its part), the dropout's input gradient, the output projection's weight gradient,
+             and the MLP's intermediate gradients — for a gated MLP the product's gradient and the two the product
+             rule makes, the product (down_proj's input) freed: 2 × width net; for ReLU (which saves its output, fc2's
+             input) the same; for other activations (which save their input) one;
+  attention  (eager and math kernels only) the s×s gradient, once the MLP's saved tensors and its gradients are done;
+  recompute  with full recomputation, the end of the layer's re-run forward: all its saved tensors again, plus its
+             output (discarded) and the incoming gradient.
+NB: moments not modelled, each an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists
+the cases): the backward of an fp32-computing RMSNorm after the MLP (Gemma-2's post-feed-forward norm), the CPU math
+path's re-run forward inside the attention, Qwen2-MoE's shared-expert output at the routed experts' backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import FP32, _norm_saved, dropout_mask_bytes, dropouts, resolved_kernel
+from .families import family_traits
+from .precision import StateBytes
+
+
+@dataclass(frozen=True)
+class Moment:
+    extra: float  # bytes beside the layer's saved tensors, one TP rank
+    grads_done: float  # parameters of the layer whose gradients exist by then, one TP rank
+    freed: float = 0.0  # of the layer's saved tensors, those already freed by then
+
+
+def _mlp_intermediates(spec: ModelSpec) -> int:
+    """How many MLP-width gradients are live net of freed saved tensors at the activation's backward: the product
+    rule's two beside the product's gradient, the product freed (gated); ReLU's input gradient beside fc2's, its
+    output (fc2's input) still saved by ReLU (aten threshold_backward); otherwise fc2's input gradient alone, the
+    activation's output freed before its backward allocates.
+    NB: HF's composite gelu_new backward is taken like a one-op activation (under-counts GPT-2's MLP moment)."""
+    if spec.gated_mlp or spec.activation == "relu":
+        return 2
+    return 1
+
+
+def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, keys: float, moe: bool,
+                  mlp_saved: float, layer_params: float, recomputed: float) -> list[Moment]:
+    """The layer's backward high points. mlp_saved: per-token bytes the MLP sub-block saves (on this rank);
+    layer_params: the layer's parameters on this rank; recomputed: bytes re-created by full recomputation."""
+    t = setup.tp
+    h, a = spec.hidden, st.act
+    sp = t if setup.sequence_parallel else 1
+    # the gradient of the layer's output, in the residual stream's dtype (split by SP only)
+    incoming = st.residual * h * tokens / sp
+    _, _, p_resid = dropouts(spec)
+    # the MLP-output dropout's backward: its input gradient is live, its saved mask freed
+    drop_grad = (a - dropout_mask_bytes(setup, a)) * h * tokens / sp if p_resid > 0 else 0
+    # post-norm (BERT): the norm after the MLP's residual add runs its backward first, freeing its saved input
+    post_norm = _norm_saved(spec, st.residual) * tokens / sp if family_traits(spec)["post_norm"] else 0
+    if moe:
+        m = spec.moe
+        ex = int(st.weight)  # grouped_mm runs in the experts' weight dtype (moe.py)
+        routed = m.top_k * tokens / t  # the S = tokens·top_k routed copies
+        # the routing-weight multiply's output takes the promoted dtype: fp32 when the weights stay fp32 (Mixtral)
+        wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, a)
+        # (a) its backward: the gradient arriving through the final sum (expanded to S×h), the reordered output's
+        # and the down output's gradients (S×h each, that dtype)
+        moments = [Moment(recomputed + incoming + 3 * routed * h * wb, 0.0)]
+        if setup.recompute == "full":
+            # the re-run forward's own high point, at that multiply: the sum's expanded gradient (computed before
+            # the re-run starts: it needs no saved tensor) beside the multiply's output; a CPU kernel multiplying
+            # bf16 by fp32 first copies the bf16 operand to fp32 (TensorIterator; trace/cpu_casts.py)
+            scratch = FP32 * routed * h if (setup.device == "cpu" and wb != ex) else 0
+            # the layer's mid residual (x + attention) is still referenced for the MLP's residual add
+            moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
+                                  0.0))
+        # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
+        # product (down's input) and down's output freed; the grouped down_proj weight gradient (all experts at once)
+        moments.append(Moment(recomputed + incoming + ex * routed * (2 * m.expert_intermediate - h),
+                              m.num_experts * h * m.expert_intermediate / t))
+    else:
+        mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
+        out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
+        moments = [Moment(recomputed + incoming + drop_grad + mlp, out_params, post_norm)]
+    if resolved_kernel(spec, setup) != "flash":
+        # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
+        # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist
+        # softmax's backward allocates the scores' gradient while the probabilities' gradient is live: two s×s
+        # (aten _softmax_backward_data), in the probabilities' dtype (the math path's fp32 upcast; eager: the
+        # matmul's dtype for the probabilities' gradient, fp32 for softmax(dtype=float32)'s)
+        kernel = resolved_kernel(spec, setup)
+        a_probs = FP32 if kernel == "math" else a
+        scores = (a_probs + FP32) * spec.heads * tokens * keys / t
+        mask = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
+        qkv = (h * (spec.q_dim + 2 * spec.kv_dim) + ((spec.q_dim + 2 * spec.kv_dim) if spec.qkv_bias else 0)) / t
+        moments.append(Moment(recomputed + incoming + scores, layer_params - qkv, mlp_saved * tokens + mask + post_norm))
+    if recomputed:
+        # under full recomputation the freed tensors are recomputed ones, not the layer's saved (its input)
+        moments = [Moment(m.extra - m.freed, m.grads_done) for m in moments]
+    if setup.recompute == "full":
+        # BERT's blocks end `LayerNorm(dropout(x) + input)` with the dropout's output still referenced until the
+        # norm returns (modeling_bert.py BertOutput.forward)
+        dropped = a * h * tokens / sp if (post_norm and p_resid > 0) else 0
+        moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + dropped, 0.0))
+    return moments

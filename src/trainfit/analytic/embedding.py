@@ -1,0 +1,40 @@
+"""What the embedding block keeps for backward until the end of the backward pass: the token ids, the learned
+positions' indices, the embedding dropout's mask, BERT's embedding norm, and rotary models' cos/sin tables."""
+from __future__ import annotations
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import INDEX, _norm_saved, dropout_mask_bytes, dropouts
+from .families import family_traits
+from .precision import StateBytes
+
+
+def rotary_dim(spec: ModelSpec) -> int:
+    """Channels of each head that rotary rotates: head_dim × partial_rotary_factor (GPT-NeoX's rotary_pct,
+    modeling_gpt_neox.py `rotary_ndims`)."""
+    rope = spec.config.get("rope_parameters") or spec.config.get("rope_scaling") or {}
+    frac = spec.config.get("partial_rotary_factor") or spec.config.get("rotary_pct") or \
+        (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) or 1.0
+    return int(spec.head_dim * frac)
+
+
+def embedding_saved(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> float:
+    """Bytes saved by the embedding block for one micro-batch (torch embedding_backward needs the ids)."""
+    r, h = st.residual, spec.hidden
+    p_emb, _, _ = dropouts(spec)
+    saved = INDEX * tokens  # token ids saved by the embedding backward
+    if spec.positions == "learned":
+        # the position embedding saves its indices: one row of positions (GPT-2's and BERT's position_ids), or
+        # one per sequence where they come from the attention mask (OPT's cumsum positions; families.json)
+        saved += INDEX * (tokens if family_traits(spec)["positions_per_sequence"] else setup.seq)
+    if spec.positions == "rotary":
+        # HF's rotary embedding returns cos and sin of shape (1, s, rotary_dim) in the hidden states' dtype
+        # (modeling_llama.py LlamaRotaryEmbedding.forward: `cos.to(dtype=x.dtype)`); every layer's q·cos, k·sin
+        # saves the same two tensors, freed after the first layer's backward
+        saved += 2 * setup.seq * rotary_dim(spec) * r
+        saved += INDEX * setup.seq  # the positions (cache_position) the rotary table was computed from
+    if p_emb > 0:
+        saved += dropout_mask_bytes(setup, r) * h * tokens  # dropout mask on the (fp32 under amp) embeddings
+    if spec.embedding_norm:
+        saved += _norm_saved(spec, r) * tokens
+    return saved

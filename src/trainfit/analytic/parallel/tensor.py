@@ -1,0 +1,65 @@
+"""Tensor (and sequence) parallelism: which parameters and activations one TP rank holds.
+
+Megatron's TP (Shoeybi et al. 2019, "Megatron-LM", §3, Fig. 3): q/k/v and the MLP's first matrices are split by
+columns, the attention output and the MLP's second matrix by rows, the vocabulary of the embedding and LM head
+across ranks; norms are replicated. Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation",
+eq. 2-4): the attention and MLP interiors are split t ways (eq. 2, the 24/t and 5as/(ht) terms); the norms',
+dropouts' and linear inputs' activations are replicated unless sequence parallelism splits them too (eq. 4).
+"""
+from __future__ import annotations
+
+from ...setup import Setup
+from ...spec import ModelSpec
+from ..activations import LayerActivations
+from ..families import family_traits
+from ..params import ParamCounts
+from .pipeline import Stage
+
+# LayerActivations.terms split t ways by TP alone (Korthikanti eq. 2); the rest need sequence parallelism (eq. 4)
+TP_SPLIT_TERMS = ("attention", "mlp")
+
+
+def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> tuple[int, int]:
+    """(parameters held by this rank, largest single parameter tensor) under TP and PP.
+    NB: TP shards the matmul weights and the vocab; norms and row-parallel biases are replicated — we shard
+    the whole attention/MLP count, under-counting by those biases (< 0.01% for LLMs)."""
+    t = setup.tp
+    layer_norms = pc.norms
+    layer_rest = pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers
+    n = stage.layers * (layer_norms + layer_rest / t)
+    if stage.embedding:
+        n += pc.embedding / t
+    if stage.head:
+        n += pc.final + pc.lm_head / t
+        if spec.tied_embeddings and not stage.embedding:
+            n += pc.embedding / t  # Megatron keeps a copy of the tied embedding on the last stage
+    return int(n), int(largest_tensor(spec) // t)
+
+
+def largest_tensor(spec: ModelSpec) -> int:
+    """Elements of the model's largest parameter tensor: the embedding, an MLP matrix (Phi-3's fused gate_up_proj
+    is one 2·i×h tensor), the fused qkv projection, or a MoE layer's grouped experts (transformers keeps all
+    experts' gate_up_proj in one (E, 2·i, h) parameter: modeling_mixtral.py MixtralExperts)."""
+    h, traits = spec.hidden, family_traits(spec)
+    sizes = [spec.vocab * (spec.embed_proj_dim or h),
+             (2 if traits["fused_gate_up"] else 1) * h * spec.intermediate]
+    if traits["fused_qkv"]:
+        sizes.append(h * (spec.q_dim + 2 * spec.kv_dim))
+    if spec.moe is not None:
+        sizes.append(spec.moe.num_experts * 2 * spec.moe.expert_intermediate * h)
+    return max(sizes)
+
+
+def term_divisors(la: LayerActivations, setup: Setup) -> dict:
+    """How many ways each activation term of a layer is split across the TP group (Korthikanti eq. 2 and 4)."""
+    t = setup.tp
+    return {k: (t if (k in TP_SPLIT_TERMS or setup.sequence_parallel) else 1) for k in la.terms}
+
+
+def layer_bytes_per_rank(la: LayerActivations, setup: Setup, tokens: int, keys: float) -> float:
+    """One layer's saved bytes on one TP rank: per-token terms split per `term_divisors`, the s×s attention
+    scores split by heads (t ways) and autocast's weight casts by the weight shards (t ways)."""
+    t = setup.tp
+    div = term_divisors(la, setup)
+    per_tok = sum(v / div[k] for k, v in la.terms.items())
+    return per_tok * tokens + la.per_token_key * tokens * keys / t + la.fixed / t

@@ -1,0 +1,85 @@
+"""The peak of a training step as the largest of its high points (not the sum of categories).
+
+  forward end      states + activations saved by every layer + the loss's logits buffers;
+  backward         the loss's backward (all activations + the logits' gradients), then layer by layer: at each
+                   layer's high point (backward.py) the gradients so far, the activations of the layers not yet
+                   done and that layer's temporaries. Layer by layer the live bytes change by a constant (one
+                   layer's gradients in, its saved tensors out), so the largest is the last layer's or the first's;
+                   then the embedding's backward (all gradients);
+  optimizer step   states + all gradients + the optimizer's temporaries.
+Gradients appear as each module's backward runs (AccumulateGrad); with gradient accumulation all of them exist
+from the start (earlier micro-batches').
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """One rank's bytes, by what they are, that the phases combine."""
+
+    resident: dict  # weights, master_weights, optimizer_states, comm_buffers: live through the step
+    gradients: float  # all of this rank's gradients
+    accumulating: bool  # gradients of earlier micro-batches exist through the backward
+    head_gradients: float  # gradients made by the LM head's and final norm's backward (before the layers')
+    layer_gradients: float  # one layer's gradients
+    layers: int  # layers on this rank
+    in_flight: int  # micro-batches whose activations are stored at once (pipeline stage 0)
+    layer_saved: float  # one layer's saved bytes for one micro-batch
+    embedding_saved: float  # the embedding block's saved bytes for one micro-batch (live to the backward's end)
+    head_saved: float  # the head's and loss's saved bytes (freed by the loss's and head's backward)
+    inputs: float  # of head_saved, the batch's labels (live to the end)
+    forward_transient: float  # the logits buffers and autocast caches at the forward's end
+    loss_backward: float  # the loss's gradients at the backward's start
+    layer_backward: float  # beside a layer's saved tensors at its backward high point (ZeRO buffers included)
+    layer_freed: float  # of the layer's saved tensors, those already freed at that high point
+    layer_grads_done: float  # gradient bytes of that layer made by then
+    embedding_backward: float  # the embedding's backward: the incoming gradient (and a tied weight's two partials)
+    gathered: float  # ZeRO-3's gathered parameters, live in forward and backward
+    optimizer_transient: float
+
+    @property
+    def activations(self) -> float:
+        """Saved for backward at the forward's end (all in-flight micro-batches)."""
+        return self.in_flight * (self.layers * self.layer_saved + self.embedding_saved) + self.head_saved
+
+
+@dataclass(frozen=True)
+class Peak:
+    phases: dict  # phase -> bytes
+    phase: str
+    peak: int
+    at_peak: dict  # category -> bytes at the peak
+
+
+def peak(b: StepBytes) -> Peak:
+    states = sum(b.resident.values())
+    before = b.gradients if b.accumulating else 0
+
+    def grads(made: float) -> float:
+        return b.gradients if b.accumulating else made
+
+    others = (b.in_flight - 1) * (b.layers * b.layer_saved + b.embedding_saved)  # other micro-batches in flight
+    after_head = b.activations - b.head_saved + b.inputs
+    # (name, gradients, activations, temporaries)
+    moments = [
+        ("forward_end", before, b.activations, b.forward_transient + b.gathered),
+        # the loss's gradients and a layer's backward temporaries are not live at the same time
+        ("loss_backward", before, b.activations, b.loss_backward + b.gathered),
+        ("last_layer_backward", grads(b.head_gradients + b.layer_grads_done), after_head - b.layer_freed,
+         b.layer_backward + b.gathered),
+        ("first_layer_backward",
+         grads(b.head_gradients + (b.layers - 1) * b.layer_gradients + b.layer_grads_done),
+         others + b.embedding_saved + b.layer_saved - b.layer_freed + b.inputs, b.layer_backward + b.gathered),
+        ("embedding_backward", b.gradients, others + b.embedding_saved + b.inputs, b.embedding_backward + b.gathered),
+        ("optimizer_step", b.gradients, 0, b.optimizer_transient),
+    ]
+    totals = {name: states + g + act + tmp for name, g, act, tmp in moments}
+    phases = {"forward_end": int(totals["forward_end"]),
+              "backward": int(max(v for k, v in totals.items() if k.endswith("backward"))),
+              "optimizer_step": int(totals["optimizer_step"])}
+    phase = max(phases, key=phases.get)
+    name, g, act, tmp = max(moments, key=lambda m: totals[m[0]])
+    at = {**b.resident, "gradients": g, "activations": act, "temporaries": tmp}
+    return Peak(phases, phase, phases[phase], {k: int(v) for k, v in at.items()})

@@ -1,0 +1,186 @@
+"""The analytic engine against the trace engine for every model family in the catalog: peaks within 1%.
+
+The trace runs the real transformers model on fake tensors and records every allocation (exact against real CPU
+steps, tests/trace), so any gap here is a term the closed form misses. Each family is a catalog config shrunk to
+2 layers, hidden 128, 4 heads, vocabulary 1000 (its structural flags kept: GQA ratio, fused projections, biases,
+norms, tied embeddings, MoE routing, dropout), trained with batch 2 × 128 tokens — where every part of the step
+(states, activations, the loss's logits, the optimizer's temporaries) weighs a few percent or more, so a missing
+term shows. The families come from the catalog files: a new family is covered when its config lands there.
+"""
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trainfit.analytic.engine import estimate  # noqa: E402
+from trainfit.models.hf_config import spec_from_config  # noqa: E402
+from trainfit.setup import Setup  # noqa: E402
+from trainfit.trace import trace_spec  # noqa: E402
+
+TOLERANCE = 0.01
+HIDDEN, HEADS, HEAD_DIM, WIDTH, VOCAB, LAYERS, POSITIONS = 128, 4, 32, 256, 1000, 2, 256
+PRECISIONS = ("fp32", "amp-bf16", "bf16", "bf16-master")
+RECOMPUTE = ("none", "full")
+INFER_PRECISIONS = ("fp32", "bf16", "amp-bf16")
+
+
+def catalog_configs() -> dict[str, dict]:
+    """One catalog config per model_type: a published model's where there is one (its flags are the family's)."""
+    out: dict[str, tuple[bool, str, dict]] = {}
+    for f in sorted(resources.files("trainfit.models.catalog").iterdir(), key=lambda p: p.name):
+        if not f.name.endswith(".json"):
+            continue
+        cfg = json.loads(f.read_text())
+        tiny = f.name.startswith("tiny-")
+        mt = cfg["model_type"]
+        if mt not in out or (out[mt][0] and not tiny):
+            out[mt] = (tiny, f.name, cfg)
+    return {mt: cfg for mt, (_, _, cfg) in sorted(out.items())}
+
+
+def _set(cfg: dict, keys: tuple[str, ...], value) -> None:
+    """Set the first of `keys` the config uses (the family's own name for it), or the first one."""
+    cfg[next((k for k in keys if k in cfg), keys[0])] = value
+
+
+def shrink(cfg: dict) -> dict:
+    """The family's config at test size: dimensions replaced, structural flags (biases, norms, tying, fused
+    projections, dropout, routing) kept."""
+    c = {k: v for k, v in cfg.items() if k != "_trainfit"}
+    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+    _set(c, ("hidden_size", "n_embd"), HIDDEN)
+    _set(c, ("num_hidden_layers", "n_layer"), LAYERS)
+    _set(c, ("num_attention_heads", "n_head"), HEADS)
+    kv = cfg.get("num_key_value_heads")
+    if kv is not None:
+        c["num_key_value_heads"] = HEADS if kv == heads else max(1, HEADS // 2)  # MHA stays MHA, GQA/MQA → 2
+    if "head_dim" in c or c["model_type"] in ("qwen3", "qwen3_moe", "gemma", "gemma2"):
+        c["head_dim"] = HEAD_DIM  # families whose default head_dim is not hidden / heads
+    for k in ("intermediate_size", "ffn_dim", "n_inner"):
+        if c.get(k) is not None:
+            c[k] = WIDTH
+    if "word_embed_proj_dim" in c and cfg["word_embed_proj_dim"] != cfg.get("hidden_size"):
+        c["word_embed_proj_dim"] = HIDDEN // 2  # OPT-350m's projected embeddings
+    elif "word_embed_proj_dim" in c:
+        c["word_embed_proj_dim"] = HIDDEN
+    c["vocab_size"] = VOCAB
+    offset = (c.get("pad_token_id") or 0) + 1 if c["model_type"] == "roberta" else 0
+    for k in ("max_position_embeddings", "n_positions", "n_ctx", "original_max_position_embeddings"):
+        if k in c:
+            c[k] = POSITIONS + (offset if k == "max_position_embeddings" else 0)
+    for k, v in (("num_local_experts", 4), ("num_experts", 4), ("num_experts_per_tok", 2),
+                 ("moe_intermediate_size", WIDTH // 4), ("shared_expert_intermediate_size", WIDTH // 2)):
+        if k in c:
+            c[k] = v
+    if c.get("rope_scaling"):
+        c["rope_scaling"] = None
+    if "max_window_layers" in c:
+        c["max_window_layers"] = LAYERS
+    if isinstance(c.get("layer_types"), list):
+        c["layer_types"] = c["layer_types"][:LAYERS]
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        v = c.get(k)
+        if isinstance(v, int) and v >= VOCAB:
+            c[k] = 1
+        elif isinstance(v, list):
+            c[k] = [x if x < VOCAB else 1 for x in v]
+    return c
+
+
+CONFIGS = catalog_configs()
+FAMILIES = list(CONFIGS)
+
+
+def setups(index: int) -> list[Setup]:
+    """A few setups per family: every precision × recompute pair once, half on each device (which half rotates
+    with the family), the optimizer alternating; and inference on both devices."""
+    out = []
+    pairs = [(p, r) for p in PRECISIONS for r in RECOMPUTE]
+    for i, (precision, recompute) in enumerate(pairs):
+        out.append(Setup(batch=2, seq=128, precision=precision, recompute=recompute,
+                         optimizer="adamw" if (i // 2 + index) % 2 == 0 else "sgd",
+                         device="cpu" if (i + index) % 2 == 0 else "cuda"))
+    for j, device in enumerate(("cpu", "cuda")):
+        out.append(Setup(batch=2, seq=128, precision=INFER_PRECISIONS[(index + j) % 3], device=device, mode="infer"))
+    return out
+
+
+def _id(family: str, s: Setup) -> str:
+    if s.mode == "infer":
+        return f"{family}-infer-{s.precision}-{s.device}"
+    return f"{family}-{s.precision}-{s.recompute}-{s.optimizer}-{s.device}"
+
+
+# Cases whose gap is a term the analytic engine does not have yet: (id) -> what is missing. strict: an xfail that
+# starts passing fails the run, so a fixed term retires its entry.
+_GEMMA2_RECOMPUTE = (
+    "Gemma-2 with full recompute: the post-feed-forward RMSNorm runs its backward in fp32 (x.float() * (1 + w), "
+    "modeling_gemma2.py Gemma2RMSNorm) and holds ~5 fp32 h-sized gradients while the whole re-run layer is live, and "
+    "checkpoint keeps the eager (b, 1, s, s) mask as a layer input; analytic/backward.py has no norm-backward moment "
+    "and no checkpointed mask (-3.7%)")
+_GPT2_RECOMPUTE = (
+    "GPT-2 with full recompute on CPU (SDPA math path with dropout): the re-run layer's MLP backward holds three more "
+    "h-sized tensors than the saved set plus one gelu_new gradient (the attention's dropout output, the mid residual "
+    "and ln_2's output are observed live); analytic/backward.py's MLP moment for non-gated activations misses them "
+    "(-1.5% to -3.7%)")
+KNOWN_GAPS: dict[str, str] = {
+    "gemma2-amp-bf16-full-sgd-cuda": _GEMMA2_RECOMPUTE,
+    "gemma2-bf16-full-adamw-cuda": _GEMMA2_RECOMPUTE,
+    "gemma2-bf16-master-full-sgd-cuda": _GEMMA2_RECOMPUTE,
+    "gpt2-fp32-full-sgd-cpu": _GPT2_RECOMPUTE,
+    "gpt2-bf16-full-sgd-cpu": _GPT2_RECOMPUTE,
+    "gpt2-bf16-master-full-adamw-cpu": _GPT2_RECOMPUTE,
+    "qwen2_moe-fp32-full-sgd-cpu": (
+        "Qwen2-MoE with full recompute: the shared expert's gated output (sigmoid(gate(h)) * shared(h), one h-sized "
+        "tensor) is still live at the routed experts' backward in the re-run layer; analytic/backward.py's MoE "
+        "moments count the routed experts only (-1.5%)"),
+    "roberta-bf16-full-adamw-cuda": (
+        "CUDA allocator rounding: the trace rounds every allocation up to 512 B (trace/recorder.py cuda_rounded), "
+        "which at hidden 128 in bf16 doubles each of RoBERTa's ~40 bias/norm vectors and their Adam states, and "
+        "counts Adam's per-parameter `step` scalars at 512 B each (torch keeps them on the CPU unless capturable); "
+        "the analytic engine counts exact bytes (-1.04%; nil at real sizes)"),
+    "gemma2-infer-amp-bf16-cpu": (
+        "eager prefill under CPU autocast: rotary's fp32 cos/sin promote q and the repeated k, v to fp32, the "
+        "(b, 1, s, s) mask has the embeddings' fp32 dtype, and adding it to the bf16 scores makes an fp32 scratch "
+        "copy (TensorIterator); analytic/inference.py prices all of them in the activation dtype (-6.8%)"),
+    "gpt_neox-infer-amp-bf16-cuda": (
+        "fused-qkv rotary prefill under autocast: rotary's fp32 cos/sin promote q to fp32 and SDPA's autocast casts "
+        "q, k, v back to bf16 beside the fused projection's output; analytic/inference.py counts q, k, v once in the "
+        "activation dtype (-2.6%)"),
+    "opt-infer-amp-bf16-cpu": (
+        "the last layer's closing residual add under CPU autocast (bf16 fc2 output + fp32 residual) copies the bf16 "
+        "operand to fp32 (TensorIterator scratch) beside the new fp32 residual; analytic/inference.py has no "
+        "residual-add moment (-3.9%)"),
+}
+
+CASES = []
+for _i, _family in enumerate(FAMILIES):
+    for _s in setups(_i):
+        _case = _id(_family, _s)
+        _marks = [pytest.mark.xfail(reason=KNOWN_GAPS[_case], strict=True)] if _case in KNOWN_GAPS else []
+        CASES.append(pytest.param(_family, _s, id=_case, marks=_marks))
+
+
+def test_every_catalog_family_is_covered():
+    shrunk = {mt: spec_from_config(shrink(cfg), f"small-{mt}") for mt, cfg in CONFIGS.items()}
+    assert set(shrunk) == {json.loads(f.read_text())["model_type"]
+                           for f in resources.files("trainfit.models.catalog").iterdir() if f.name.endswith(".json")}
+    for mt, spec in shrunk.items():
+        assert (spec.hidden, spec.layers, spec.vocab) == (HIDDEN, LAYERS, VOCAB), mt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,setup", CASES)
+def test_analytic_peak_within_1_percent_of_the_trace(family, setup):
+    spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
+    traced = trace_spec(spec, setup, flops=False).memory
+    predicted = estimate(spec, setup).memory
+    gap = (predicted.peak - traced.peak) / traced.peak
+    assert abs(gap) <= TOLERANCE, (
+        f"{family}: analytic {predicted.peak} ({predicted.peak_phase}) vs trace {traced.peak} ({traced.peak_phase}): "
+        f"{gap:+.2%}; analytic at peak {predicted.at_peak}, trace at peak {traced.at_peak}")
