@@ -11,14 +11,6 @@ from trainfit.setup import SETTINGS, Request, Setup
 fastapi = pytest.importorskip("fastapi")
 
 
-def run(capsys, *args):
-    from trainfit.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code or 0, out.out, out.err
 
 
 def test_every_setting_is_a_request_field_with_its_default():
@@ -28,8 +20,8 @@ def test_every_setting_is_a_request_field_with_its_default():
 
 
 @pytest.mark.parametrize("command", ["estimate", "report"])
-def test_every_setting_is_a_cli_option(capsys, command):
-    code, out, _ = run(capsys, command, "--help")
+def test_every_setting_is_a_cli_option(cli, command):
+    code, out, _ = cli(command, "--help")
     assert code == 0
     for s in SETTINGS:
         assert s.flag in out, f"{s.flag} missing from `trainfit {command} --help`"
@@ -49,18 +41,18 @@ def test_every_setting_is_in_the_web_schema_and_on_the_page():
         assert f'id="{s.name}"' in page
 
 
-def test_reserve_the_setting_added_in_one_place(capsys):
+def test_reserve_the_setting_added_in_one_place(cli):
     """--reserve was added by one declaration in RunSettings and one use in the fit formula. Hand check: the
     headroom is GPU memory minus reserve minus peak, so 8 GiB instead of 1 GiB leaves exactly 7 GiB less."""
     base = ["estimate", "llama-3.2-1b", "--gpu", "H100-80GB", "--json"]
-    _, a, _ = run(capsys, *base)
-    _, b, _ = run(capsys, *base, "--reserve", "8")
+    _, a, _ = cli(*base)
+    _, b, _ = cli(*base, "--reserve", "8")
     a, b = json.loads(a), json.loads(b)
     assert a["time"]["headroom"] - b["time"]["headroom"] == 7 * 2**30
     assert a["memory"]["peak"] == b["memory"]["peak"]
     web = api.analytic(Request(model="llama-3.2-1b", gpu="H100-80GB", reserve=8.0))
     assert web.time.headroom == b["time"]["headroom"]
-    code, _, err = run(capsys, *base, "--reserve", "-1")
+    code, _, err = cli(*base, "--reserve", "-1")
     assert code == 2 and "--reserve" in err
 
 

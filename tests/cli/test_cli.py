@@ -5,19 +5,12 @@ import sys
 
 import pytest
 
-from trainfit.cli import main
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code or 0, out.out, out.err
 
 
-def test_estimate_json_contract(capsys):
-    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--batch", "2", "--seq", "1024", "--gpu", "H100-80GB", "--json")
+def test_estimate_json_contract(cli):
+    code, out, _ = cli("estimate", "llama-3.1-8b", "--batch", "2", "--seq", "1024", "--gpu", "H100-80GB", "--json")
     assert code == 0
     d = json.loads(out)
     assert isinstance(d["params"], int) and d["params"] == 8_030_261_248
@@ -29,16 +22,16 @@ def test_estimate_json_contract(capsys):
     assert d["time"]["step_seconds"] > 0
 
 
-def test_infer_json_has_kv_cache(capsys):
-    code, out, _ = run(capsys, "estimate", "LLAMA-3.1-8B", "--mode", "infer", "--batch", "1", "--seq", "8192", "--json")
+def test_infer_json_has_kv_cache(cli):
+    code, out, _ = cli("estimate", "LLAMA-3.1-8B", "--mode", "infer", "--batch", "1", "--seq", "8192", "--json")
     assert code == 0 and json.loads(out)["memory"]["kv_cache"] == 1 << 30
 
 
-def test_catalog_listings(capsys):
-    code, out, _ = run(capsys, "gpus", "--json")
+def test_catalog_listings(cli):
+    code, out, _ = cli("gpus", "--json")
     gpus = json.loads(out)
     assert code == 0 and len(gpus) >= 15 and all(isinstance(g["memory"], int) for g in gpus)
-    code, out, _ = run(capsys, "models", "--json")
+    code, out, _ = cli("models", "--json")
     models = json.loads(out)
     assert code == 0 and len(models) >= 20 and {"llama-3.1-8b", "gpt-3-175b", "bert-large"} <= {m["name"] for m in models}
 
@@ -56,29 +49,29 @@ def test_catalog_listings(capsys):
     (["estimate", "llama-3.1-8b", "--engine", "magic"], "--engine"),
     (["estimate", "/nonexistent/config.json"], "config"),
 ])
-def test_bad_input_is_one_line_and_exit_2(capsys, args, needle):
-    code, out, err = run(capsys, *args)
+def test_bad_input_is_one_line_and_exit_2(cli, args, needle):
+    code, out, err = cli(*args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1, err
     assert needle.lower() in err.lower()
     assert "Traceback" not in err
 
 
-def test_malformed_config(tmp_path, capsys):
+def test_malformed_config(tmp_path, cli):
     p = tmp_path / "config.json"
     p.write_text("{ not json")
-    code, _, err = run(capsys, "estimate", str(p))
+    code, _, err = cli("estimate", str(p))
     assert code == 2 and len(err.strip().splitlines()) == 1
 
 
-def test_config_path_gives_same_answer_as_catalog(tmp_path, capsys):
+def test_config_path_gives_same_answer_as_catalog(tmp_path, cli):
     from trainfit.models.resolve import catalog_entry  # noqa: F401  (the catalog file is an HF config.json)
     import importlib.resources as r
     cfg = json.loads(r.files("trainfit.models.catalog").joinpath("llama-3.1-8b.json").read_text())
     cfg.pop("_trainfit", None)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    _, a, _ = run(capsys, "estimate", str(tmp_path), "--json")
-    _, b, _ = run(capsys, "estimate", "llama-3.1-8b", "--json")
+    _, a, _ = cli("estimate", str(tmp_path), "--json")
+    _, b, _ = cli("estimate", "llama-3.1-8b", "--json")
     assert json.loads(a)["memory"]["peak"] == json.loads(b)["memory"]["peak"]
 
 

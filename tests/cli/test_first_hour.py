@@ -4,45 +4,38 @@ import json
 import pytest
 
 from trainfit import api
-from trainfit.cli import main
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code or 0, out.out, out.err
 
 
-def test_compare_at_its_default_batch(capsys):
-    code, out, err = run(capsys, "compare", "llama-3.2-1b", "--json")
+def test_compare_at_its_default_batch(cli):
+    code, out, err = cli("compare", "llama-3.2-1b", "--json")
     assert code == 0, err
     d = json.loads(out)
     assert list(d) == ["train (batch 1)", "infer (batch 1)"]  # no third row that would repeat the second
     assert d["infer (batch 1)"]["memory"]["peak"] < d["train (batch 1)"]["memory"]["peak"]
-    code, out, _ = run(capsys, "compare", "llama-3.2-1b", "--batch", "4")
+    code, out, _ = cli("compare", "llama-3.2-1b", "--batch", "4")
     assert code == 0 and "at batch 1 it needs" in out
 
 
 @pytest.mark.parametrize("model,positions", [("gpt2", 1024), ("bert-base", 512), ("roberta-base", 514),
                                              ("opt-125m", 2048)])
-def test_default_seq_adapts_to_learned_positions(capsys, model, positions):
-    code, out, err = run(capsys, "estimate", model, "--json")
+def test_default_seq_adapts_to_learned_positions(cli, model, positions):
+    code, out, err = cli("estimate", model, "--json")
     assert code == 0, err
     seq = json.loads(out)["setup"]["seq"]
     spec = api.load_spec(model)
     assert seq <= 2048 and seq <= spec.max_positions
     # hand check of the limit: a causal model's decode writes position `seq`, so inference needs seq + 1 positions
-    code, out, _ = run(capsys, "estimate", model, "--mode", "infer", "--json")
+    code, out, _ = cli("estimate", model, "--mode", "infer", "--json")
     assert code == 0 and json.loads(out)["setup"]["seq"] + (1 if spec.causal else 0) <= spec.max_positions
-    code, _, err = run(capsys, "estimate", model, "--seq", str(spec.max_positions + 1))
+    code, _, err = cli("estimate", model, "--seq", str(spec.max_positions + 1))
     assert code == 2 and "learned positions" in err and len(err.strip().splitlines()) == 1
 
 
-def test_estimate_and_plan_give_the_same_step_time(capsys):
+def test_estimate_and_plan_give_the_same_step_time(cli):
     """The layout the planner picks, timed by `estimate --gpu`: one step-time model, one number."""
-    code, out, err = run(capsys, "plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--seq", "4096",
+    code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--seq", "4096",
                          "--global-batch-tokens", "1M", "--json")
     assert code == 0, err
     best = json.loads(out)["candidates"][0]
@@ -52,16 +45,16 @@ def test_estimate_and_plan_give_the_same_step_time(capsys):
         args += [f"--{k.replace('_', '-')}", str(s[k])]
     if s["sequence_parallel"]:
         args.append("--sequence-parallel")
-    code, out, err = run(capsys, *args)
+    code, out, err = cli(*args)
     assert code == 0, err
     est = json.loads(out)
     assert est["time"]["step_seconds"] == pytest.approx(best["time"]["step_seconds"], rel=1e-9)
     assert est["memory"]["peak"] == best["memory"]["peak"]
 
 
-def test_mfu_overrides_the_step_time_model(capsys):
+def test_mfu_overrides_the_step_time_model(cli):
     base = ["estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--json"]
-    _, out, _ = run(capsys, *base, "--mfu", "0.5")
+    _, out, _ = cli(*base, "--mfu", "0.5")
     flat = json.loads(out)
     # hand derivation: step = hardware FLOPs / (dense bf16 peak × MFU); H100 SXM bf16 dense = 989.4 TFLOP/s
     from trainfit.hardware import get_gpu
@@ -70,40 +63,40 @@ def test_mfu_overrides_the_step_time_model(capsys):
     assert flat["time"]["step_seconds"] == pytest.approx(flat["flops"]["step"] / (peak * 0.5), rel=1e-9)
 
 
-def test_what_would_fit_is_checked_by_the_engine(capsys):
-    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--batch", "4", "--seq", "4096",
+def test_what_would_fit_is_checked_by_the_engine(cli):
+    code, out, _ = cli("estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--batch", "4", "--seq", "4096",
                        "--json")
     advice = json.loads(out)["would_fit"]
     assert advice and any(a.startswith("--tp") for a in advice)
     for a in advice:  # each suggestion, applied, fits
         flags = a.split(" (")[0].split()
-        code, out, err = run(capsys, "estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--batch", "4", "--seq", "4096",
+        code, out, err = cli("estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--batch", "4", "--seq", "4096",
                              *flags, "--json")
         assert code == 0, err
         assert json.loads(out)["time"]["fits"], a
-    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--batch", "4", "--seq", "4096")
+    code, out, _ = cli("estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--batch", "4", "--seq", "4096")
     assert "what would (one change each)" in out
 
 
-def test_selective_recompute_is_refused_where_it_equals_none(capsys):
-    code, _, err = run(capsys, "estimate", "llama-3.1-8b", "--recompute", "selective")
+def test_selective_recompute_is_refused_where_it_equals_none(cli):
+    code, _, err = cli("estimate", "llama-3.1-8b", "--recompute", "selective")
     assert code == 2 and "--attention eager" in err
-    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--recompute", "selective", "--attention", "eager", "--json")
+    code, out, _ = cli("estimate", "llama-3.1-8b", "--recompute", "selective", "--attention", "eager", "--json")
     sel = json.loads(out)["memory"]["activations"]
-    _, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--attention", "eager", "--json")
+    _, out, _ = cli("estimate", "llama-3.1-8b", "--attention", "eager", "--json")
     assert sel < json.loads(out)["memory"]["activations"]  # with eager scores stored, selective does save memory
 
 
 @pytest.mark.parametrize("flag", [["--optimizer", "sgd"], ["--recompute", "full"], ["--grad-accum", "2"],
                                   ["--tokens", "1T"], ["--zero", "1", "--dp", "2"]])
-def test_training_flags_are_refused_for_inference(capsys, flag):
-    code, _, err = run(capsys, "estimate", "llama-3.1-8b", "--mode", "infer", *flag)
+def test_training_flags_are_refused_for_inference(cli, flag):
+    code, _, err = cli("estimate", "llama-3.1-8b", "--mode", "infer", *flag)
     assert code == 2 and " to train only" in err and flag[0] in err and len(err.strip().splitlines()) == 1
 
 
-def test_models_readable_at_80_columns(capsys, monkeypatch):
+def test_models_readable_at_80_columns(cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
-    code, out, _ = run(capsys, "models")
+    code, out, _ = cli("models")
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
     for m in api.catalog_models():

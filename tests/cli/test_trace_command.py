@@ -6,23 +6,17 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-from trainfit.cli import main  # noqa: E402
+
 
 sys.path.insert(0, str(Path(__file__).parent))  # example_factories
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code or 0, out.out, out.err
 
 
 @pytest.mark.parametrize("factory", ["example_factories:mlp", "example_factories:mlp_no_batch_arg"])
-def test_trace_of_an_mlp_matches_a_hand_derivation(capsys, factory):
+def test_trace_of_an_mlp_matches_a_hand_derivation(cli, factory):
     b = 64
-    code, out, err = run(capsys, "trace", factory, "--batch", str(b), "--precision", "fp32", "--optimizer", "sgd",
+    code, out, err = cli("trace", factory, "--batch", str(b), "--precision", "fp32", "--optimizer", "sgd",
                          "--device", "cpu", "--json")
     assert code == 0, err
     d = json.loads(out)
@@ -38,6 +32,6 @@ def test_trace_of_an_mlp_matches_a_hand_derivation(capsys, factory):
     assert m["peak"] >= 8 * params
 
 
-def test_trace_bad_factory_is_one_line(capsys):
-    code, _, err = run(capsys, "trace", "no_such_module:build")
+def test_trace_bad_factory_is_one_line(cli):
+    code, _, err = cli("trace", "no_such_module:build")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "factory" in err
