@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate

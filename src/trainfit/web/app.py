@@ -14,13 +14,13 @@ The app computes nothing itself: the numbers come from trainfit.api and the form
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 from functools import lru_cache
 from typing import Annotated, Any, Optional, Union
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Query
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -186,15 +186,15 @@ def create_app() -> FastAPI:
                   redoc_url=None, openapi_url="/api/openapi.json")
 
     @app.exception_handler(TrainfitError)
-    async def _trainfit_error(request: Request, exc: TrainfitError):
+    async def _trainfit_error(request: HTTPRequest, exc: TrainfitError):
         return _error(400, str(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):  # e.g. a body FastAPI cannot parse
+    async def _http_error(request: HTTPRequest, exc: StarletteHTTPException):  # e.g. a body FastAPI cannot parse
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
+    async def _validation_error(request: HTTPRequest, exc: RequestValidationError):
         return _error(422, _validation_message(exc))
 
     @app.get("/", response_class=HTMLResponse)
