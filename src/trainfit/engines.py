@@ -1,5 +1,6 @@
-"""The only way callers run an engine: routing, the layer-extrapolation policy, the model limits every engine
-enforces, and one-line errors for a missing extra. Used by the API, the CLI, the web app, the planner's
+"""The only way callers run an engine: routing, the layer-extrapolation policy and one-line errors for a missing
+extra. The model and layout limits (analytic.engine.validate_layout: divisibility, learned positions, pipeline
+fill) are enforced by each engine at its own entry, so direct library calls get them too. Used by the API, the CLI, the web app, the planner's
 --verify, the sweep and the report.
 
   analytic  formulas (no torch), any layout
@@ -16,13 +17,6 @@ from .setup import Setup
 from .spec import ModelSpec
 
 ENGINES = ("analytic", "trace", "measure", "all")
-
-
-def check_limits(spec: ModelSpec, setup: Setup) -> None:
-    """The model and layout limits every engine enforces (divisibility, learned positions, pipeline fill)."""
-    from .analytic.engine import validate_layout
-
-    validate_layout(spec, setup)
 
 
 def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, **run) -> Estimate:
@@ -43,7 +37,6 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     extrapolate: trace a few repeated layers and extend to full depth only where every number is exactly linear
     (trace/extrapolate.py verifies it, and falls back to the full trace otherwise) — the same peak, seconds
     instead of a minute for deep models. Pass False when the caller draws the whole step's curve."""
-    check_limits(spec, setup)
     if setup.tp > 1 or setup.pp > 1:
         raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
                          "(use --engine analytic); --dp/--zero are traced one rank at a time")
@@ -60,7 +53,6 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
 
 def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:
     """Real steps here (one process); the caller checks free memory first (api.check_room)."""
-    check_limits(spec, setup)
     try:
         from .measure import measure as run, to_estimate
     except ImportError as e:

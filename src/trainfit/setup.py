@@ -101,7 +101,9 @@ class Setup:
     @property
     def attention_kernel(self) -> str:
         """The kernel actually assumed: 'auto' resolves to flash on CUDA and sdpa (HF default) on CPU."""
-        return resolved_attention(self.attention, self.device)
+        if self.attention != "auto":
+            return self.attention
+        return "flash" if self.device == "cuda" else "sdpa"
 
     @property
     def policy(self) -> _precision.Precision:
@@ -127,12 +129,6 @@ class RunSettings:
     reserve: float = setting(1.0, "GiB per GPU kept for the CUDA context, cuBLAS workspaces and allocator caching "
                              "when judging the fit (a flat allowance until the allocator model replaces it).",
                              minimum=0, maximum=1024, example="2")
-
-
-def resolved_attention(attention: str, device: str) -> str:
-    if attention != "auto":
-        return attention
-    return "flash" if device == "cuda" else "sdpa"
 
 
 # -- the registry -----------------------------------------------------------------------------------------
@@ -176,6 +172,7 @@ SETTINGS = settings()
 BY_NAME = {s.name: s for s in SETTINGS}
 SETUP_NAMES = tuple(s.name for s in SETTINGS if s.owner is Setup)
 _SETUP_SETTINGS = tuple(s for s in SETTINGS if s.owner is Setup)
+_RUN_SETTINGS = tuple(s for s in SETTINGS if s.owner is RunSettings)
 
 
 def choices_for(s: Setting, mode: str) -> tuple | None:
@@ -230,6 +227,15 @@ def parse_value(s: Setting, value: Any) -> Any:
         raise SetupError(f"{s.flag} {value!r}: {e}{example}") from None
 
 
+def refuse_inapplicable(values, settings, mode: str) -> None:
+    """Flags set away from their default that do not apply to `mode` are refused, not ignored (named at once)."""
+    off = [s.flag for s in settings if mode not in s.meta.modes and getattr(values, s.name) != s.default]
+    if off:
+        only = "train" if mode == "infer" else "infer"
+        raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to {only} only, not "
+                         f"--mode {mode}: drop {'them' if len(off) > 1 else 'it'}")
+
+
 def validate(setup: Setup) -> None:
     """Every Setup field, then the rules that tie settings together."""
     mode = setup.mode
@@ -237,11 +243,7 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--mode {mode!r} is not supported; choose one of: {', '.join(MODES)}")
     for s in _SETUP_SETTINGS:
         check_value(s, getattr(setup, s.name), mode)
-    off = [s.flag for s in _SETUP_SETTINGS if mode not in s.meta.modes and getattr(setup, s.name) != s.default]
-    if off:  # flags that do not apply to the mode are refused, not ignored (all of them named at once)
-        only = "train" if mode == "infer" else "infer"
-        raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to {only} only, not "
-                         f"--mode {mode}: drop {'them' if len(off) > 1 else 'it'}")
+    refuse_inapplicable(setup, _SETUP_SETTINGS, mode)
     if setup.zero and setup.dp == 1:
         raise SetupError("--zero shards states over data-parallel ranks: it needs --dp > 1")
     if setup.sequence_parallel and setup.tp == 1:
@@ -268,21 +270,19 @@ def _setup_of(self, spec=None) -> Setup:
     if values["precision"] is None:
         values["precision"] = _precision.DEFAULT.get(mode, "amp-bf16")
     if values["seq"] is None:
-        values["seq"] = default_seq(spec)
+        values["seq"] = default_seq(spec, mode)
     return Setup(**values)
 
 
-def default_seq(spec=None) -> int:
+def default_seq(spec=None, mode: str = "train") -> int:
     """2048, or fewer when the model's learned position table is shorter (GPT-2 1024, BERT 512)."""
-    if spec is not None and getattr(spec, "positions", None) == "learned":
-        room = spec.max_positions - (1 if spec.causal else 0)  # decode writes position `seq`
-        return max(1, min(DEFAULT_SEQ, room))
-    return DEFAULT_SEQ
+    longest = spec.longest_sequence(mode) if spec is not None else None
+    return DEFAULT_SEQ if longest is None else max(1, min(DEFAULT_SEQ, longest))
 
 
 def run_settings(req) -> dict:
     """The request's run settings the engines take as keywords (gpu and price become the GPU object instead)."""
-    return {s.name: getattr(req, s.name) for s in SETTINGS if s.owner is RunSettings and s.name not in ("gpu", "price")}
+    return {s.name: getattr(req, s.name) for s in _RUN_SETTINGS if s.name not in ("gpu", "price")}
 
 
 def _request_post_init(self) -> None:
@@ -291,9 +291,8 @@ def _request_post_init(self) -> None:
     mode = self.mode
     for s in SETTINGS:
         check_value(s, getattr(self, s.name), mode if mode in MODES else "train")
-    for s in SETTINGS:
-        if s.owner is RunSettings and mode not in s.meta.modes and getattr(self, s.name) is not None:
-            raise SetupError(f"{s.flag} applies to {' and '.join(s.meta.modes)} only, not --mode {mode}: drop it")
+    if mode in MODES:  # (an unknown mode is refused by Setup's validation)
+        refuse_inapplicable(self, _RUN_SETTINGS, mode)
     if self.price is not None and self.gpu is None:
         raise SetupError("--price needs --gpu")
     if self.tokens is not None and self.gpu is None:

@@ -72,3 +72,10 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    def longest_sequence(self, mode: str) -> int | None:
+        """The longest --seq the model's learned position table allows (None: no table, e.g. rotary). A causal
+        model's decode step writes position `seq` (HF generate), so inference needs one position more."""
+        if self.positions != "learned":
+            return None
+        return self.max_positions - (1 if mode == "infer" and self.causal else 0)

@@ -101,3 +101,15 @@ def test_models_readable_at_80_columns(cli, monkeypatch):
     assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
     for m in api.catalog_models():
         assert f" {m['name']} " in out  # every name in full
+
+
+def test_longest_context_that_fits_honours_learned_positions(cli):
+    """GPT-2 has 1024 learned positions and decode writes position `seq`: on a 80 GB GPU memory allows far more,
+    so the longest context is 1023 (it was 65,535 when only memory bounded it). Rotary models are not capped so."""
+    code, out, err = cli("estimate", "gpt2", "--mode", "infer", "--gpu", "H100-80GB", "--json")
+    assert code == 0, err
+    assert json.loads(out)["time"]["max_seq"] == 1023
+    _, out, _ = cli("estimate", "bert-base", "--mode", "infer", "--gpu", "H100-80GB", "--json")
+    assert json.loads(out)["time"]["max_seq"] == 512  # an encoder has no decode step
+    _, out, _ = cli("estimate", "llama-3.2-1b", "--mode", "infer", "--gpu", "H100-80GB", "--json")
+    assert json.loads(out)["time"]["max_seq"] > 131072  # rotary: bounded by memory, not a table

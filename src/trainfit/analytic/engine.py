@@ -29,11 +29,12 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
         raise SetupError(f"--tp {t} does not divide the MLP width {spec.intermediate} of {spec.name}")
     if spec.layers % p:
         raise SetupError(f"--pp {p} does not divide the {spec.layers} layers of {spec.name}; use a divisor of {spec.layers}")
-    need = setup.seq + (1 if setup.mode == "infer" and spec.causal else 0)  # decode writes position `seq`
-    if spec.positions == "learned" and need > spec.max_positions:
-        raise SetupError(f"{spec.name} has {spec.max_positions} learned positions; --seq {setup.seq} needs {need}"
-                         f"{' (decode writes position --seq)' if need > setup.seq else ''}: "
-                         f"use --seq {spec.max_positions - (need - setup.seq)} or less")
+    longest = spec.longest_sequence(setup.mode)
+    if longest is not None and setup.seq > longest:
+        extra = spec.max_positions - longest  # the decode position
+        raise SetupError(f"{spec.name} has {spec.max_positions} learned positions; --seq {setup.seq} needs "
+                         f"{setup.seq + extra}{' (decode writes position --seq)' if extra else ''}: "
+                         f"use --seq {longest} or less")
     if setup.mode == "train" and p > 1 and setup.grad_accum < p:
         raise SetupError(f"--pp {p} needs at least {p} micro-batches per step to fill the pipeline: set --grad-accum >= {p}")
 

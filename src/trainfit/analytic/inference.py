@@ -192,13 +192,14 @@ def largest_batch(spec: ModelSpec, setup: Setup, capacity: int) -> int:
 
 
 def largest_context(spec: ModelSpec, setup: Setup, capacity: int) -> int:
-    """Largest context (tokens) at this batch that fits `capacity`, up to the model's max positions × 64."""
+    """Largest context (tokens) at this batch that fits `capacity`, up to the longest sequence a learned position
+    table allows (spec.longest_sequence), else up to the model's max positions × 64 (rotary extrapolation)."""
     if infer_peak(spec, setup.with_(seq=1)) > capacity:
         return 0
-    lo, hi = 1, 2
-    limit = max(spec.max_positions, 1) * 64
-    while infer_peak(spec, setup.with_(seq=hi)) <= capacity and hi < limit:
-        lo, hi = hi, hi * 2
+    limit = spec.longest_sequence(setup.mode) or max(spec.max_positions, 1) * 64
+    lo, hi = 1, min(2, limit + 1)  # invariant: lo fits, hi does not or exceeds the limit
+    while hi <= limit and infer_peak(spec, setup.with_(seq=hi)) <= capacity:
+        lo, hi = hi, min(hi * 2, limit + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if infer_peak(spec, setup.with_(seq=mid)) <= capacity else (lo, mid)
