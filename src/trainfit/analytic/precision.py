@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..precision import DTYPE_BYTES, PRECISIONS
 from ..setup import Setup
-
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
-               # int4 weight-only quantisation (GPTQ/AWQ style): 4 bits + one fp16 scale and zero per group of 128
-               # NB: group size 128 assumed; finer groups cost slightly more.
-               "int4": 0.5 + 4 / 128}
 
 
 @dataclass(frozen=True)
@@ -28,16 +24,17 @@ class StateBytes:
 
 
 def state_bytes(setup: Setup) -> StateBytes:
-    p = setup.precision
+    pol = PRECISIONS[setup.precision]  # the policy's dtypes (trainfit/precision.py)
+    act = 4 if pol.compute == "fp32" else 2
+    # the residual stream keeps the weights' dtype: fp32 under autocast (embeddings are never autocast)
+    residual = 4 if pol.weight == "fp32" else 2
     if setup.mode == "infer":
-        act = 4 if p == "fp32" else 2
-        wdtype = {"amp-bf16": "fp32", "amp-fp16": "fp32"}.get(p, p)
-        return StateBytes(DTYPE_BYTES[wdtype], 0, 0, 0, False, act, 4 if p.startswith("amp") or p == "fp32" else 2)
-    weight = 2.0 if p in ("bf16", "bf16-master") else 4.0
+        return StateBytes(DTYPE_BYTES[pol.weight], 0, 0, 0, False, act, residual)
+    weight = DTYPE_BYTES[pol.weight]
     grad = weight  # .grad has the parameter's dtype in PyTorch
-    master = 4.0 if p == "bf16-master" else 0.0
+    master = DTYPE_BYTES[pol.master] if pol.master else 0.0
     # the optimizer keeps its state in the dtype of the parameters it updates (fp32 masters when present)
-    s = 4.0 if p in ("fp32", "amp-bf16", "amp-fp16", "bf16-master") else 2.0
+    s = DTYPE_BYTES[pol.state]
     opt = {
         "sgd": 0.0,
         "momentum": s,  # momentum buffer
@@ -47,6 +44,4 @@ def state_bytes(setup: Setup) -> StateBytes:
         "adamw-8bit": 2.0 + 2 * 4 / 2048,  # Dettmers et al. 2022: two 8-bit states + one fp32 absmax per 2048-block each
         "adafactor": 0.0,  # factored: rows + columns, computed per matrix in memory.py
     }[setup.optimizer]
-    act = 4 if p == "fp32" else 2
-    residual = 2 if p in ("bf16", "bf16-master") else 4
     return StateBytes(weight, grad, master, opt, setup.optimizer == "adafactor", act, residual)

@@ -30,18 +30,17 @@ if TYPE_CHECKING:  # pragma: no cover
 _DROP_KEYS = ("_trainfit", "model_type", "transformers_version", "architectures", "auto_map")
 
 
+_TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def param_dtype(setup: "Setup") -> torch.dtype:
-    """dtype of the model parameters: bf16 for pure bf16 and bf16-master, else fp32 (fp32, amp-*)."""
-    if setup.precision in ("bf16", "bf16-master"):
-        return torch.bfloat16
-    if setup.precision == "fp16":  # inference-only policy; kept for completeness
-        return torch.float16
-    return torch.float32
+    """dtype of the model parameters (the precision table's weight dtype; quantised formats build in fp32)."""
+    return _TORCH_DTYPE.get(setup.policy.weight, torch.float32)
 
 
 def autocast_dtype(setup: "Setup") -> torch.dtype | None:
     """dtype for torch.autocast (None: no autocast)."""
-    return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(setup.precision)
+    return _TORCH_DTYPE.get(setup.policy.autocast)
 
 
 def hf_attn_implementation(spec: "ModelSpec", setup: "Setup") -> str:
