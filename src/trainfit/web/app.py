@@ -84,36 +84,38 @@ def parse_config(config: Union[dict, str, None]) -> dict:
     return config
 
 
-def estimate_pasted(k: PastedKnobs) -> Estimate:
-    """The analytic engine on a pasted config.json (as api.analytic, with the spec from the text)."""
-    from .. import engines
+def _pasted(k: PastedKnobs) -> bool:
+    return k.config is not None and not (isinstance(k.config, str) and not k.config.strip())
+
+
+def _spec_and_request(k: PastedKnobs):
+    """The model (catalog name, or the pasted config.json) and the request the knobs describe."""
+    if not _pasted(k):
+        req = to_request(k, model=_catalog_ref(k.model))
+        return api.load_spec(req.model), req
     from ..models.hf_config import spec_from_config
 
     data = parse_config(k.config)
     name = str(data.get("_name_or_path") or data.get("model_type") or "pasted-config").split("/")[-1] or "pasted-config"
     req = to_request(k, model=name)
+    return spec_from_config(data, name, source="pasted config.json"), req
+
+
+def estimate_for(k: PastedKnobs):
+    """(spec, request, the analytic Estimate) for a catalog model or a pasted config.json (as api.analytic)."""
+    from .. import engines
+
     try:
-        spec = spec_from_config(data, name, source="pasted config.json")
-        return engines.analytic(spec, req.setup(spec), api.load_gpu(req.gpu, req.price), **run_settings(req))
+        spec, req = _spec_and_request(k)
+        return spec, req, engines.analytic(spec, req.setup(spec), api.load_gpu(req.gpu, req.price),
+                                           **run_settings(req))
     except TrainfitError:
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError, AttributeError) as e:
+        if not _pasted(k):
+            raise
         # NB: spec_from_config validates the fields it reads; this catches values of the wrong JSON type
         raise ConfigError(f"the pasted config.json cannot be estimated: {type(e).__name__}: {e}") from None
-
-
-def _spec_of(k: PastedKnobs, e: Estimate):
-    if k.config is not None and not (isinstance(k.config, str) and not k.config.strip()):
-        from ..models.hf_config import spec_from_config
-
-        return spec_from_config(parse_config(k.config), e.model, source="pasted config.json")
-    return api.load_spec(_catalog_ref(k.model))
-
-
-def estimate_for(k: PastedKnobs) -> Estimate:
-    if k.config is not None and not (isinstance(k.config, str) and not k.config.strip()):
-        return estimate_pasted(k)
-    return api.analytic(to_request(k, model=_catalog_ref(k.model)))
 
 
 def view(e: Estimate) -> dict:
@@ -211,18 +213,16 @@ def create_app() -> FastAPI:
     @app.post("/api/estimate")
     def post_estimate(knobs: PastedKnobs) -> JSONResponse:
         """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
-        return JSONResponse(estimate_dict(estimate_for(knobs)))
+        return JSONResponse(estimate_dict(estimate_for(knobs)[2]))
 
     @app.post("/api/view")
     def post_view(knobs: PastedKnobs) -> JSONResponse:
-        e = estimate_for(knobs)
+        spec, req, e = estimate_for(knobs)
         v = view(e)
         if e.time is not None and not e.time.fits:  # what would fit: the CLI's advice, checked by the engine
             from ..studies.fit_advice import fit_advice
 
-            spec = _spec_of(knobs, e)
-            v["would_fit"] = fit_advice(spec, e.setup, api.load_gpu(e.time.gpu, knobs.price),
-                                        reserve=to_request(knobs, model=e.model).reserve)
+            v["would_fit"] = fit_advice(spec, e.setup, api.load_gpu(req.gpu, req.price), reserve=req.reserve)
         return JSONResponse(v)
 
     @app.get("/api/timeline.svg")
