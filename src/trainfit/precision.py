@@ -32,11 +32,6 @@ class Precision:
     train: bool  # a training policy (all are valid for inference)
     summary: str
 
-    @property
-    def activation(self) -> str:
-        """dtype of the activations a layer produces (the matmul outputs)."""
-        return "fp32" if self.compute == "fp32" else ("fp16" if self.compute == "fp16" else "bf16")
-
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp32", "fp32", "fp32", "", "fp32", "fp32", "", True, "everything fp32"),
@@ -56,10 +51,6 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 TRAIN_PRECISIONS = tuple(n for n, p in PRECISIONS.items() if p.train)
 INFER_PRECISIONS = tuple(n for n, p in PRECISIONS.items() if not p.master)  # a master copy is a training thing
 DEFAULT = {"train": "amp-bf16", "infer": "bf16"}
-
-
-def precision(name: str) -> Precision:
-    return PRECISIONS[name]
 
 
 def inference_counterpart(train_name: str) -> str:

@@ -13,6 +13,7 @@ from .. import api
 from ..errors import TrainfitError
 from ..setup import Request
 from .options import EngineOpt, JsonOpt, with_settings
+from .spinner import spinner
 
 app = typer.Typer(
     help="Will it train (or serve) on my hardware? Memory, compute and time of a training step or of inference, "
@@ -38,14 +39,9 @@ def estimate(req: Request, engine: str = EngineOpt,
       trainfit estimate llama-3.1-8b --mode infer --batch 16 --seq 8192 --precision bf16 --gpu L4
     """
     slow = engine in ("trace", "all", "measure") or measure
-    if slow and not json:
-        from rich.console import Console
-
-        what = {"trace": "tracing the step on fake tensors", "all": "analytic, then tracing the step on fake tensors",
-                "measure": "running the real step"}.get(engine, "estimating")
-        with Console(stderr=True).status(f"{what}{' and running the real step' if measure else ''} …"):
-            results = api.run_engines(req, engine, measure_too=measure)
-    else:
+    what = {"trace": "tracing the step on fake tensors", "all": "analytic, then tracing the step on fake tensors",
+            "measure": "running the real step"}.get(engine, "estimating")
+    with spinner(what + (" and running the real step" if measure else ""), quiet=json or not slow):
         results = api.run_engines(req, engine, measure_too=measure)
     from ..report import json_out, terminal
 
@@ -176,19 +172,17 @@ def trace_module(req: Request,
 
     Example: trainfit trace my_pkg.models:build --batch 32 --precision amp-bf16
     """
+    from dataclasses import replace
+
     from ..api import trace_factory
     from ..report import json_out, terminal
 
-    from dataclasses import replace
-
     setup = replace(req, batch=1 if batch is None else batch).setup()  # an explicit --batch is validated
-    if json:
-        typer.echo(json_out.dumps(json_out.estimate_dict(trace_factory(factory, batch, setup))))
-        return
-    from rich.console import Console
-
-    with Console(stderr=True).status(f"tracing {factory} on fake tensors …"):
+    with spinner(f"tracing {factory} on fake tensors", quiet=json):
         result = trace_factory(factory, batch, setup)
+    if json:
+        typer.echo(json_out.dumps(json_out.estimate_dict(result)))
+        return
     terminal.render_estimate(result)
     top = result.detail.get("top_tensors", [])[:8]
     if top:

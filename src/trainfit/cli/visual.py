@@ -13,18 +13,8 @@ import typer
 from .. import api
 from ..errors import EngineUnavailableError, SetupError, TrainfitError
 from .options import JsonOpt, with_settings
+from .spinner import spinner
 from ..setup import BY_NAME, Request
-
-
-def _status(quiet: bool, what: str):
-    """A spinner on stderr for work that can take more than 2 s (nothing when printing JSON)."""
-    import contextlib
-
-    if quiet:
-        return contextlib.nullcontext()
-    from rich.console import Console
-
-    return Console(stderr=True).status(f"{what} …")
 
 
 def _vary_not_fixed(knob: str, req: Request) -> None:
@@ -70,11 +60,11 @@ def timeline(req: Request,
         raise SetupError("--measure overlays a measured training step; drop --mode infer")
     if fast and req.mode != "train":
         raise SetupError("--fast extrapolates a training trace over the layers; inference is traced whole: drop --fast")
-    with _status(json, "tracing the step on fake tensors"):
+    with spinner("tracing the step on fake tensors", quiet=json):
         traced = api._trace(req, extrapolate=fast)
     measured = None
     if measure:
-        with _status(json, "running the real step here"):
+        with spinner("running the real step here", quiet=json):
             measured = api._measure(req)
     plots.plot_timeline(traced, output, gpu=g, measured=measured)
     if json:
@@ -179,7 +169,7 @@ def report(req: Request,
     gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
     if gbt is not None and gpus is None:
         raise SetupError("--global-batch-tokens sets the batch of the plan: add --gpus N (and --gpu), or drop it")
-    with _status(False, "building the report (trace, comparison, sweep" + (", plan" if gpus else "") + ")"):
+    with spinner("building the report (trace, comparison, sweep" + (", plan" if gpus else "") + ")"):
         path = write_report(req, output, gpus=gpus, trace=trace, vary=tuple(vary) if vary else None,
                             global_batch_tokens=gbt)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, self-contained)")
