@@ -7,6 +7,8 @@ from its name. Sources:
   * bf16: pure bf16 — every tensor in bf16, the optimizer's state in the parameters' dtype (torch.optim).
   * bf16-master: bf16 weights and gradients plus an fp32 master copy the optimizer updates (Rajbhandari et
     al. 2020, ZeRO §3: 2Ψ + 2Ψ + 12Ψ bytes; Megatron-LM / DeepSpeed `bf16`).
+  * fp16-master: the same with fp16 weights and gradients and a dynamic loss scale (Micikevicius et al. 2018 §3.2;
+    Megatron-LM `--fp16`, DeepSpeed `fp16.enabled`); V100 and T4 run its matmuls on fp16 tensor cores.
   * inference weight formats fp16 / fp8 / int8 / int4 store the weights so and compute in fp16/bf16 (int4:
     weight-only quantisation, GPTQ/AWQ) or natively (fp8, int8 GEMMs on GPUs that have them).
 """
@@ -42,6 +44,8 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("bf16", "bf16", "bf16", "", "bf16", "bf16", "", True, "pure bf16 weights, grads and states"),
     Precision("bf16-master", "bf16", "bf16", "fp32", "fp32", "bf16", "", True,
               "bf16 weights and grads + fp32 master and states (Megatron/DeepSpeed)"),
+    Precision("fp16-master", "fp16", "fp16", "fp32", "fp32", "fp16", "", True,
+              "fp16 weights and grads + fp32 master and states, dynamic loss scaling (Megatron/DeepSpeed fp16)"),
     Precision("fp16", "fp16", "", "", "", "fp16", "", False, "fp16 weights (inference)"),
     Precision("fp8", "fp8", "", "", "", "fp8", "", False, "fp8 weights and GEMMs (inference)"),
     Precision("int8", "int8", "", "", "", "int8", "", False, "int8 weights and GEMMs (inference)"),

@@ -27,8 +27,11 @@ MODES = ("train", "infer")
 TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
 INFER_PRECISIONS = _precision.INFER_PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "lion")
-# "layer:N" (checkpoint every N-th layer) is the one pattern beside these names (see `check_recompute`)
+# patterns beside these names (see `check_recompute`): "layer:N" (torchtitan: every N-th layer checkpointed whole),
+# "uniform:N" and "block:N" (Megatron's recompute_method with recompute_num_layers N)
 RECOMPUTE = ("none", "selective", "full", "op")
+RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
+OFFLOAD = ("none", "optimizer", "params")
 STACKS = _stacks.NAMES
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS
@@ -74,26 +77,46 @@ class Setup:
     precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
         f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: " + ", ".join(
         INFER_PRECISIONS) + ".", choices=INFER_PRECISIONS,
-        auto="amp-bf16 for training, bf16 for inference")
+        auto="the stack's for training (hf, torchtitan: amp-bf16; megatron, deepspeed: bf16-master), bf16 for "
+        "inference")
     optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=("train",))
     recompute: str = setting("none", "Activation checkpointing: none; full (every layer); layer:N (every N-th "
                              "layer, torchtitan); op (torchtitan's per-op SAC: saves matmul and attention outputs, "
-                             "recomputes every second matmul and all else); selective = the stack's own meaning "
-                             "(torchtitan: op; hf: the attention scores, needs --attention eager).",
+                             "recomputes every second matmul and all else); uniform:N (Megatron: groups of N layers, "
+                             "only each group's input kept) and block:N (Megatron: the first N layers of each stage "
+                             "checkpointed); selective = the stack's own meaning (torchtitan: op; megatron: core "
+                             "attention; hf: the attention scores, needs --attention eager).",
                              modes=("train",), check=lambda v: check_recompute(v), example="op",
-                             suggestions=RECOMPUTE + ("layer:2",))
+                             suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"))
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on "
                              "cuda, sdpa on cpu.", choices=ATTENTION)
     dp: int = setting(1, "Data-parallel degree.", minimum=1, modes=("train",), example="8")
     tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8")
-    pp: int = setting(1, "Pipeline-parallel degree (divides layers; 1F1B schedule).", minimum=1, example="4")
+    pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).", minimum=1,
+                      example="4")
+    vpp: int = setting(1, "Virtual pipeline stages per pipeline rank (Megatron's interleaved 1F1B: each rank holds "
+                       "--vpp model chunks).", minimum=1, modes=("train",), example="3")
+    pp_split: str = setting("even", "How layers are split over pipeline stages: even; embedding-loss (Megatron's "
+                            "account_for_embedding/loss_in_pipeline_split: the embedding and the loss each count as "
+                            "one layer, so the first and last stages hold one layer fewer); first:N,last:M (Megatron's "
+                            "decoder_first/last_pipeline_num_layers, the rest even).", check=lambda v: check_pp_split(v),
+                            example="embedding-loss", suggestions=("even", "embedding-loss"))
+    cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
+                      "every sequence).", minimum=1, modes=("train",), example="2")
+    ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "
+                      "tp).", minimum=1, modes=("train",), example="8")
+    etp: Optional[int] = setting(None, "Expert tensor-parallel degree (each expert's matrices split over etp ranks).",
+                                 minimum=1, modes=("train",), auto="--tp (Megatron's default)", example="1")
     zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
                         "= FSDP).", choices=(0, 1, 2, 3), modes=("train",))
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
                                       "over --tp ranks).", modes=("train",))
     stack: str = setting("hf", "Training stack whose step is modelled: hf (HF Trainer/accelerate: torch.autocast, "
-                         "fused AdamW, HF RMSNorm in fp32) or torchtitan (FSDP2 mixed precision: bf16 all-gather and "
-                         "fp32 reduce; fused AdamW; per-op SAC). Facts and sources: trainfit/stacks/*.toml.",
+                         "fused AdamW, HF RMSNorm in fp32), torchtitan (FSDP2 mixed precision: bf16 all-gather and "
+                         "fp32 reduce; fused AdamW; per-op SAC), megatron (Megatron-Core: 16-bit weights, fp32 "
+                         "main grads and distributed optimizer (--zero 1), fused kernels, TP/SP/PP/CP/EP) or "
+                         "deepspeed (ZeRO 0-3 with FusedAdam, bucketed reduction, offload). Facts and sources: "
+                         "trainfit/stacks/*.toml.",
                          choices=STACKS, modes=("train",))
     compile: bool = setting(False, "torch.compile the model (inductor), as the stack does it: torchtitan compiles each "
                             "block and the loss, the HF Trainer's torch_compile the whole model. Its partitioner saves "
@@ -102,6 +125,9 @@ class Setup:
     float8: bool = setting(False, "Float8 training of the linear layers (torchao Float8Linear, tensorwise dynamic "
                            "scaling, fp8 FSDP all-gather), as torchtitan applies it: --stack torchtitan; fp8 GEMMs "
                            "need a GPU with fp8 tensor cores (H100/H200/B200/L4/L40S...).", modes=("train",))
+    offload: str = setting("none", "DeepSpeed ZeRO-Offload: optimizer (fp32 master and optimizer states in host "
+                           "memory, the step on the CPU; --zero >= 1) or params (ZeRO-Infinity: the 16-bit weights "
+                           "too; --zero 3); --stack deepspeed.", choices=OFFLOAD, modes=("train",))
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
                                             modes=("train",), auto="the stack's (fused for Adam/AdamW/SGD; torch's "
@@ -127,7 +153,18 @@ class Setup:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel degree: --etp, else --tp (Megatron's expert_tensor_parallel_size default)."""
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel ranks an expert is replicated on: the dp × cp × tp ranks of a stage over ep × etp
+        (Megatron-Core parallel_state.py: expert layout etp × ep × expert-dp × pp = world)."""
+        return self.dp * self.cp * self.tp // (self.ep * self.expert_tp)
 
     @property
     def tokens_per_step(self) -> int:
@@ -155,10 +192,22 @@ class Setup:
         return impl
 
     @property
+    def recompute_policy(self) -> str:
+        """The policy's name without its N: none, selective, full, op, layer, uniform, block."""
+        return self.recompute.split(":", 1)[0]
+
+    @property
+    def recompute_layers(self) -> int:
+        """N of layer:N, uniform:N and block:N (1 for full, 0 otherwise)."""
+        if ":" in self.recompute:
+            return int(self.recompute.split(":", 1)[1])
+        return 1 if self.recompute == "full" else 0
+
+    @property
     def layers_every(self) -> int:
         """N of `layer:N` (1 for full, 0 when no layer is checkpointed whole)."""
         if self.recompute.startswith("layer:"):
-            return int(self.recompute.split(":", 1)[1])
+            return self.recompute_layers
         return 1 if self.recompute == "full" else 0
 
     @property
@@ -310,11 +359,31 @@ def validate(setup: Setup) -> None:
     if setup.sequence_parallel and setup.tp == 1:
         raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
     stack = _stacks.get_stack(setup.stack)
-    policy = "layer" if setup.recompute.startswith("layer:") else setup.recompute
+    policy = setup.recompute_policy
     if policy not in stack.policies:
+        owner = {"op": "torchtitan", "layer": "torchtitan", "uniform": "megatron", "block": "megatron"}.get(policy)
         raise SetupError(f"--recompute {setup.recompute} is not a {stack.name} policy; {stack.name} runs: "
-                         f"{', '.join(p if p != 'layer' else 'layer:N' for p in stack.policies)}"
-                         + ("; use --stack torchtitan" if policy in ("op", "layer") else ""))
+                         f"{', '.join(p + (':N' if p in RECOMPUTE_PATTERNS else '') for p in stack.policies)}"
+                         + (f"; use --stack {owner}" if owner else ""))
+    for name, flag in (("cp", "--cp"), ("ep", "--ep"), ("vpp", "--vpp"), ("pp_split", "--pp-split"),
+                       ("offload", "--offload"), ("etp", "--etp")):
+        if getattr(setup, name) not in (1, "even", "none", None) and name not in stack.axes:
+            runs = [s for s in _stacks.NAMES if name in _stacks.get_stack(s).axes]
+            raise SetupError(f"{flag} is not run by --stack {stack.name}; use --stack {' or '.join(runs)}")
+    if setup.vpp > 1 and setup.pp == 1:
+        raise SetupError("--vpp interleaves model chunks over pipeline stages: it needs --pp > 1")
+    if setup.pp_split != "even" and setup.pp == 1:
+        raise SetupError("--pp-split splits layers over pipeline stages: it needs --pp > 1")
+    if setup.cp > 1 and setup.seq % (2 * setup.cp):
+        raise SetupError(f"--cp {setup.cp} splits each sequence into 2 × cp = {2 * setup.cp} load-balanced chunks: "
+                         f"--seq {setup.seq} must be divisible by {2 * setup.cp}")
+    if (setup.ep > 1 or setup.etp is not None) and (setup.dp * setup.cp * setup.tp) % (setup.ep * setup.expert_tp):
+        raise SetupError(f"--ep {setup.ep} × --etp {setup.expert_tp} must divide the dp × cp × tp = "
+                         f"{setup.dp * setup.cp * setup.tp} ranks of a pipeline stage (Megatron's expert layout)")
+    if setup.offload == "optimizer" and setup.zero < 1:
+        raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
+    if setup.offload == "params" and setup.zero < 3:
+        raise SetupError("--offload params (ZeRO-Infinity) offloads the partitioned weights: it needs --zero 3")
     if setup.zero not in stack.zero_stages:
         raise SetupError(f"--zero {setup.zero} is not run by --stack {stack.name} (it runs ZeRO stages "
                          f"{', '.join(map(str, stack.zero_stages))}); use one of those or --stack hf")
@@ -343,14 +412,38 @@ def validate(setup: Setup) -> None:
 def check_recompute(v: str) -> None:
     if not isinstance(v, str):
         raise SetupError(f"--recompute must be text, got {v!r} (e.g. --recompute full)")
-    if v.startswith("layer:"):
-        n = v.split(":", 1)[1]
+    name, _, n = v.partition(":")
+    if name in RECOMPUTE_PATTERNS:
         if not n.isdigit() or int(n) < 1:
-            raise SetupError(f"--recompute {v!r}: layer:N needs a positive integer N (e.g. layer:2 = every second "
-                             "layer)")
+            raise SetupError(f"--recompute {v!r}: {name}:N needs a positive integer N (e.g. {name}:2)")
         return
     if v not in RECOMPUTE:
-        raise SetupError(f"--recompute {v!r} is not supported; choose one of: {', '.join(RECOMPUTE)}, layer:N")
+        raise SetupError(f"--recompute {v!r} is not supported; choose one of: {', '.join(RECOMPUTE)}, "
+                         + ", ".join(p + ":N" for p in RECOMPUTE_PATTERNS))
+
+
+def parse_pp_split(v: str) -> tuple[int, int] | str:
+    """"even", "embedding-loss", or (first, last) layer counts of "first:N,last:M" (either part may be left out:
+    then -1, meaning the even share)."""
+    if v in ("even", "embedding-loss"):
+        return v
+    first = last = -1
+    for part in v.split(","):
+        key, _, n = part.strip().partition(":")
+        if key not in ("first", "last") or not n.isdigit() or int(n) < 1:
+            raise SetupError(f"--pp-split {v!r}: use even, embedding-loss, or first:N,last:M with positive layer "
+                             "counts (e.g. first:7,last:7)")
+        if key == "first":
+            first = int(n)
+        else:
+            last = int(n)
+    return first, last
+
+
+def check_pp_split(v: str) -> None:
+    if not isinstance(v, str):
+        raise SetupError(f"--pp-split must be text, got {v!r} (e.g. --pp-split embedding-loss)")
+    parse_pp_split(v)
 
 
 # -- the flat request ---------------------------------------------------------------------------------------
@@ -366,8 +459,10 @@ def _setup_of(self, spec=None) -> Setup:
     """The Setup this request describes; `spec` (a ModelSpec) resolves the model-dependent defaults."""
     values = {n: getattr(self, n) for n in SETUP_NAMES}
     mode = values["mode"]
-    if values["precision"] is None:
-        values["precision"] = _precision.DEFAULT.get(mode, "amp-bf16")
+    if values["precision"] is None:  # the stack's own default for training (stacks/*.toml [precision] default)
+        stack = values["stack"] if values["stack"] in _stacks.NAMES else "hf"
+        values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
+                               if mode == "train" else _precision.DEFAULT.get(mode, "bf16"))
     if values["seq"] is None:
         values["seq"] = default_seq(spec, mode)
     if spec is not None and mode == "train":

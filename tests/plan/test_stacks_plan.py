@@ -108,7 +108,7 @@ def test_layer_n_recomputes_every_nth_layer_per_stage(l8b):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--stack", "megatron"], ["--stacks", "hf, torchtitan"]),
+    (["--stack", "nemo"], ["--stacks", "hf, torchtitan, megatron, deepspeed"]),
     (["--stack", "torchtitan", "--zero", "1"], ["--zero", "torchtitan", "0, 2, 3"]),
     (["--stack", "torchtitan", "--recompute", "selective"], ["--recompute selective", "op"]),
     (["--stack", "hf", "--recompute", "op"], ["--recompute", "hf"]),

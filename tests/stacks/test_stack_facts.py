@@ -63,7 +63,7 @@ def test_selective_means_the_stacks_policy():
     (dict(stack="torchtitan", dp=2, zero=1), "--zero 1 is not run by --stack torchtitan"),
     (dict(optimizer="adafactor", optimizer_impl="fused"), "no fused adafactor"),
     (dict(stack="torchtitan", head="seq-cls"), "causal language models"),
-    (dict(stack="megatron"), "choose one of"),
+    (dict(stack="nemo"), "choose one of"),
 ])
 def test_bad_stack_settings_are_one_line(kw, fragment):
     with pytest.raises(SetupError, match=re.escape(fragment)) as e:

@@ -172,10 +172,21 @@ class _Cfg(NamedTuple):
     sequence_parallel: bool = False
     optimizer: str = "adamw"
     optimizer_impl: str | None = None
+    cp: int = 1
+    vpp: int = 1
+    pp_split: str = "even"
+    ep: int = 1
+    etp: int | None = None
+    offload: str = "none"
 
     # what the recompute FLOPs read of a Setup (analytic/flops.py recompute_per_token), computed as Setup does
     stack_facts = Setup.stack_facts
+    recompute_policy = Setup.recompute_policy
+    recompute_layers = Setup.recompute_layers
     layers_every = Setup.layers_every
+    world_size = Setup.world_size
+    expert_tp = Setup.expert_tp
+    expert_dp = Setup.expert_dp
     policy = Setup.policy
     optimizer_kernel = Setup.optimizer_kernel
 

@@ -14,7 +14,7 @@ from importlib import resources
 
 from ..errors import SetupError
 
-NAMES = ("hf", "torchtitan")
+NAMES = ("hf", "torchtitan", "megatron", "deepspeed")
 # optimizers torch.optim implements fused (torch/optim/{adam,adamw,sgd}.py accept fused=True)
 FUSABLE = ("adam", "adamw", "sgd", "momentum")
 
@@ -32,6 +32,11 @@ class Stack:
     @property
     def policies(self) -> tuple[str, ...]:
         return tuple(self.facts["recompute"]["policies"])
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Settings beyond dp/tp/pp/zero the stack runs (cp, ep, etp, vpp, pp_split, offload); [parallel] axes."""
+        return tuple(self.facts.get("parallel", {}).get("axes", ()))
 
     @property
     def zero_stages(self) -> tuple[int, ...]:
