@@ -147,8 +147,9 @@ class Setup:
     def __post_init__(self) -> None:
         validate(self)
         if self.recompute == "selective":  # the stack's own meaning, resolved once (stacks/*.toml [recompute])
-            meaning = _stacks.get_stack(self.stack).fact("recompute", "selective")
-            if meaning != "attention":
+            stack = _stacks.get_stack(self.stack)
+            meaning = stack.fact("recompute", "selective")
+            if meaning in stack.policies:  # another policy's name (torchtitan: op); else selective's own kind
                 object.__setattr__(self, "recompute", meaning)
 
     @property

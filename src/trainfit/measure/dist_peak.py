@@ -9,9 +9,12 @@ one layer per reduce-scatter (13.7 MB over 3 steps of a 2-rank FSDP tiny-llama).
 
 Here the live bytes are rebuilt from the allocation events themselves, block by block (pointer and size,
 in all threads): a block whose free is not reported is recognised when its address is allocated again,
-or when it was born inside a c10d op and is still open at the end; it is then taken to die when the first
-backend work record (`gloo:*` / `nccl:*`, in the worker thread) that started after its birth ends -- the
-moment gloo drops the work and its tensors -- or at the reuse of its address, whichever is first. Work
+or when it was born inside a c10d op and is still open at the end; it is then taken to die when its own
+collective's backend work record (`gloo:*` / `nccl:*`, in the worker thread) ends -- the moment gloo drops the
+work and its tensors -- or at the reuse of its address, whichever is first. A c10d op enqueues exactly one work
+and gloo's queue is FIFO, so the k-th c10d op of a kind owns the k-th work record of that kind (WORK_KIND); matching
+by time alone ("the first work that started after the birth") is wrong when gloo's two worker threads run a
+prefetched all-gather beside the reduce-scatter, which made a loaded 2-core machine's peaks jitter by a layer. Work
 records in the worker threads also carry gloo's own temporaries (all_gather allocates a full-size flat
 buffer in its thread), which are reported and counted like any allocation.
 
@@ -26,17 +29,46 @@ from typing import Any, Callable
 from .cpu_peak import PHASE_PREFIX, START, CpuPeak, _walk, profile_run
 
 
-def _in_c10d(e) -> bool:
-    p = e.parent
+# The backend work each c10d op enqueues, by name (seen in the profiler: gloo runs _reduce_scatter_base_ as an
+# all_reduce of its input's clone, torch/csrc/distributed/c10d/ProcessGroupGloo.cpp _reduce_scatter_base).
+WORK_KIND = {"c10d::_reduce_scatter_base_": "all_reduce", "c10d::allreduce_": "all_reduce",
+             "c10d::_allgather_base_": "all_gather", "c10d::allgather_": "all_gather",
+             "c10d::broadcast_": "broadcast", "c10d::barrier": "barrier"}
+
+
+def _outer_c10d(e):
+    """The outermost c10d op an event happened in (None outside any)."""
+    found, p = None, e.parent
     while p is not None:
         if p.name.startswith("c10d::"):
-            return True
+            found = p
         p = p.parent
-    return False
+    return found
+
+
+def _key(e) -> tuple:
+    # the profiler's tree hands out new wrappers for the same event (e.parent), so events are matched by value
+    return e.name, e.start_time_ns, e.end_time_ns
+
+
+def _own_work_ends(ops: list, works: dict) -> dict:
+    """{(name, start) of a c10d op event: end of its own work record}: the k-th op of a kind owns the k-th work of that kind (FIFO);
+    a kind whose counts differ is left out (its blocks fall back to the first work after their birth)."""
+    by_kind: dict[str, list] = {}
+    for op in sorted(ops, key=lambda o: o.start_time_ns):
+        kind = WORK_KIND.get(op.name)
+        if kind is not None:
+            by_kind.setdefault(kind, []).append(op)
+    out = {}
+    for kind, kops in by_kind.items():
+        kworks = sorted(works.get(kind, []))
+        if len(kworks) == len(kops):
+            out.update({_key(op): end for op, (_, end) in zip(kops, kworks)})
+    return out
 
 
 def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
-    allocs, marks, works = [], [], []
+    allocs, marks, works, ops, by_kind = [], [], [], {}, {}
     for i, e in enumerate(_walk(prof.profiler.kineto_results.experimental_event_tree())):
         ef = e.extra_fields
         if type(ef).__name__ == "_ExtraFields_Allocation":
@@ -46,18 +78,25 @@ def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
             marks.append((e.start_time_ns, i, e.name[len(PHASE_PREFIX):]))
         elif e.name.startswith(("gloo:", "nccl:")):
             works.append((e.start_time_ns, e.end_time_ns))
+            by_kind.setdefault(e.name.split(":", 1)[1], []).append((e.start_time_ns, e.end_time_ns))
+        elif e.name.startswith("c10d::") and _outer_c10d(e) is None:
+            ops[_key(e)] = e
     allocs.sort(key=lambda a: (a[0], a[1]))
     marks.sort()
     works.sort()
     work_starts = [w[0] for w in works]
+    own_end = _own_work_ends(list(ops.values()), by_kind)
 
     # pair births and deaths by address
     open_: dict[int, list] = {}  # ptr -> block [birth_t, order, size, death_t, e]
     blocks, unreported, foreign, foreign_bytes = [], 0, 0, 0
 
     def unreported_death(b, limit):
-        j = bisect.bisect_left(work_starts, b[0])
-        t = works[j][1] if j < len(works) else None
+        op = _outer_c10d(b[4])
+        t = own_end.get(_key(op)) if op is not None else None
+        if t is None:
+            j = bisect.bisect_left(work_starts, b[0])
+            t = works[j][1] if j < len(works) else None
         return min(t, limit) if (t is not None and limit is not None) else (t if t is not None else limit)
 
     for t, i, ptr, size, e in allocs:
@@ -77,7 +116,7 @@ def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
             else:
                 b[3] = t
     for b in open_.values():
-        if _in_c10d(b[4]):  # a collective's own copy cannot outlive the step: its free went unreported
+        if _outer_c10d(b[4]) is not None:  # a collective's own copy cannot outlive the step: its free went unreported
             b[3] = unreported_death(b, None)
             unreported += 1 if b[3] is not None else 0
 
