@@ -48,6 +48,8 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         out += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
     if spec.activation == "silu":
         out += ["--swiglu"]
+    if not (spec.qkv_bias or spec.out_bias or spec.mlp_bias):
+        out += ["--disable-bias-linear"]
     if not spec.tied_embeddings:
         out += ["--untie-embeddings-and-output-weights"]
     if s.tp > 1 and s.sequence_parallel:
