@@ -11,6 +11,7 @@ from ..spec import ModelSpec
 from . import compile_effects, float8, inference
 from .flops import forward_per_token, step_flops
 from .memory import train_memory
+from .parallel import pipeline
 from .params import count_params
 from .precision import fsdp2_mixed_precision
 from ..precision import PRECISIONS
@@ -52,8 +53,18 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
         raise SetupError(f"--tp {t} and the {spec.kv_heads} key/value heads of {spec.name} do not divide one another")
     if spec.intermediate and spec.intermediate % t:
         raise SetupError(f"--tp {t} does not divide the MLP width {spec.intermediate} of {spec.name}")
-    if spec.layers % p:
-        raise SetupError(f"--pp {p} does not divide the {spec.layers} layers of {spec.name}; use a divisor of {spec.layers}")
+    if p > spec.layers:
+        raise SetupError(f"--pp {p} exceeds the {spec.layers} layers of {spec.name}; use --pp {spec.layers} or less")
+    try:
+        pipeline.check(spec, setup)  # Megatron's split and interleaving checks (parallel/pipeline.py)
+    except SetupError as e:
+        raise SetupError(f"{spec.name}: {e}") from None
+    if setup.ep > 1 and not spec.is_moe:
+        raise SetupError(f"--ep {setup.ep} splits the experts of a mixture-of-experts model; {spec.name} is dense "
+                         "(Megatron: transformer_config.py:1048-1049): use --ep 1")
+    if setup.ep > 1 and spec.moe.num_experts % setup.ep:
+        raise SetupError(f"--ep {setup.ep} does not divide the {spec.moe.num_experts} experts of {spec.name} (Megatron: "
+                         f"moe/moe_layer.py:101); use a divisor of {spec.moe.num_experts}")
     longest = spec.longest_sequence(setup.mode)
     if longest is not None and setup.seq > longest:
         extra = spec.max_positions - longest  # the decode position

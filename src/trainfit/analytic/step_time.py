@@ -7,13 +7,24 @@
 step = (m + (p−1)/v) · t_mb + exposed DP communication + optimizer step, where t_mb is one micro-batch
 (forward + backward, incl. recompute) on the slowest pipeline stage, including its tensor-parallel
 all-reduces and pipeline sends. m = micro-batches per step (grad_accum), p = pipeline stages, v = virtual
-stages per rank (interleaved schedule; the search uses v = 1).
+stages per rank (--vpp, Megatron's interleaved schedule).
 
 Sources:
   * compute: hardware FLOPs (trainfit.analytic.flops: 2 FLOPs per MAC, backward = 2 × forward, recompute
     added) over peak × `efficiency` — the fraction of the dense peak the matmuls reach. ONE global default,
     fitted on published runs (bench/plan_published.py); override with --efficiency.
-  * pipeline bubble: (p−1)/(v·m) of the ideal time (Narayanan et al. 2021, §2.2.1 eq. 1 and §2.2.2).
+  * pipeline bubble: (p−1)/(v·m) of the ideal time (Narayanan et al. 2021, §2.2.1 eq. 1 and §2.2.2); the
+    interleaved schedule sends v× as many activations between stages (ibid. §2.2.2). Layers per stage follow
+    --pp-split (parallel/pipeline.py); the slowest stage sets the pace.
+  * context parallelism (Megatron ring attention, megatron/core/transformer/dot_product_attention_context_parallel
+    and Liu et al. 2023 "Ring Attention"): each rank computes on b·s/cp tokens; per layer the K/V of its chunk
+    (2 · b·(s/cp) · kv_heads·head_dim/t elements) pass cp−1 times around the ring in the forward and twice that in
+    the backward (K/V again + their gradients), overlapped with the attention compute: only the excess is exposed.
+    Gradients are reduced over the dp × cp ranks (Megatron's data-parallel-with-context-parallel group).
+  * expert parallelism (Megatron's alltoall token dispatcher, moe/token_dispatcher.py): per MoE layer each rank
+    sends its tokens × top_k × hidden × 2 bytes to the experts and back (dispatch + combine), in the forward and
+    again in the backward: 4 all-to-alls, (ep−1)/ep of the volume leaving the rank. NB: on the critical path (not
+    overlapped): pessimistic for --overlap-moe-expert-parallel-comm.
   * ring collectives (Patarasuk & Yuan 2009; NCCL "bus bandwidth"): all-reduce 2(n−1)/n · bytes / bw,
     reduce-scatter and all-gather (n−1)/n · bytes / bw each.
   * tensor parallelism (Shoeybi et al. 2019 §3, Fig. 4): 2 all-reduces of b·s·h activations per layer in the
@@ -49,6 +60,7 @@ from .flops import attention_flops_per_token, forward_per_token, head_matmul_per
 from .float8 import compute_speedup
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
+from .parallel.pipeline import split
 from .timing import compute_dtype
 
 # Fraction of the dense bf16/fp16 peak that the matmul compute reaches, fitted ONCE on the published A100
@@ -74,6 +86,8 @@ class StepTime:
     compute: float  # forward + backward matmul time of all micro-batches (excl. recompute)
     recompute: float
     tp_comm: float  # tensor-parallel all-reduces (critical path)
+    cp_comm: float  # exposed ring-attention K/V passing (context parallelism)
+    ep_comm: float  # expert-parallel all-to-alls (critical path)
     pp_comm: float  # pipeline point-to-point sends
     bubble: float  # pipeline fill and drain: (p−1)/v micro-batch times
     dp_comm: float  # exposed data-parallel communication (after overlap)
@@ -106,22 +120,23 @@ class ModelCosts:
         return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt)
 
 
-def stage_layers(layers: int, pp: int) -> tuple[int, int, int]:
-    """(first, middle, last) stage layer counts for an even split."""
-    per = layers // pp
-    return per, per, per
+def stage_layers(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
+    """(first, middle, last) stage layer counts (parallel/pipeline.py split: --pp-split)."""
+    return split(layers, pp, pp_split)
 
 
 def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_params: int, st: StateBytes,
-              efficiency: float = DEFAULT_EFFICIENCY, virtual_stages: int = 1,
+              efficiency: float = DEFAULT_EFFICIENCY, virtual_stages: int | None = None,
               layers_per_stage: tuple[int, int, int] | None = None) -> StepTime:
     """Time of one optimizer step of `setup` on `gpu`. `stage_params`: parameters held by the busiest rank
     (its tensor-parallel shard of its pipeline stage), whose gradients and weights the DP group exchanges."""
     b, s, m = setup.batch, setup.seq, setup.grad_accum
-    t, p, d = setup.tp, setup.pp, setup.dp
+    t, p, d, cp = setup.tp, setup.pp, setup.dp, setup.cp
+    v = virtual_stages or setup.vpp
+    # fp16-master computes in fp16: V100/T4 fp16 tensor cores (timing.compute_dtype, hardware.GPU.flops_for)
     peak = gpu.flops_for(compute_dtype(setup)) * efficiency
-    tokens = b * s
-    first, middle, last = layers_per_stage or stage_layers(spec.layers, p)
+    tokens = b * s / cp  # this rank's share of each micro-batch (context parallelism splits the sequence)
+    first, middle, last = layers_per_stage or (stage_layers(spec.layers, p, setup.pp_split) if p > 1 else (0, 0, 0))
     if p == 1:
         first = middle = last = spec.layers
     # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
@@ -149,56 +164,77 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # PP: the activation goes forward and its gradient back once per micro-batch and stage boundary; each TP rank
     # sends its 1/t share (Narayanan et al. 2021 §4.1 scatter/gather; sequence parallelism shards it anyway).
     pp_bw = intra if t * p <= gpn else inter
-    pp_mb = 2 * virtual_stages * (x / t) / pp_bw if p > 1 else 0.0
+    pp_mb = 2 * v * (x / t) / pp_bw if p > 1 else 0.0
+    # CP (Megatron rank order tp-cp-ep-dp-pp, parallel_state.py): the ring spans t·cp consecutive ranks
+    cp_mb = 0.0
+    if cp > 1:
+        kv = 2 * tokens * spec.kv_heads * spec.head_dim / max(1, t) * act_bytes  # K and V of the local chunk
+        if t > spec.kv_heads:  # GQA with tp > kv heads: each rank keeps one (replicated) kv head
+            kv = 2 * tokens * spec.head_dim * act_bytes
+        cp_bw = intra if t * cp <= gpn else inter
+        ring = (cp - 1) * kv / cp_bw  # forward: cp − 1 hops of the local K/V
+        attn_f = tokens * costs.attention_per_layer / t / peak
+        per_layer = max(ring - attn_f, 0.0) + max(2 * ring - 2 * attn_f, 0.0)
+        cp_mb = stage_layers_n * per_layer * (1 + rerun)  # full recompute re-runs the forward ring
+    # EP: 4 all-to-alls per MoE layer (dispatch + combine, forward + backward) of tokens × top_k × hidden × 2 B
+    ep_mb = 0.0
+    if setup.ep > 1 and spec.is_moe:
+        e = setup.ep
+        ep_bw = intra if setup.expert_tp * e <= gpn else inter
+        sent = (tokens / (t if setup.sequence_parallel else 1)) * spec.moe.top_k * spec.hidden * act_bytes
+        ep_mb = stage_layers_n * 4 * (e - 1) / e * sent / ep_bw
 
-    # DP: the busiest rank's gradients and weights.
-    dp_bw_name = "intra" if t * p * d <= gpn else "inter"
+    # DP: the busiest rank's gradients and weights, reduced over the dp × cp ranks that hold the same shard.
+    dpc = d * cp
+    dp_bw_name = "intra" if t * p * dpc <= gpn else "inter"
     dp_bw = intra if dp_bw_name == "intra" else inter
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduce-scatters in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     g_bytes, w_bytes = stage_params * (st.reduce or st.grad), stage_params * (st.param or st.weight)
     bucket = min(BUCKET_BYTES, g_bytes)
-    bucket_t = ring_allreduce(d, bucket, dp_bw)
+    bucket_t = ring_allreduce(dpc, bucket, dp_bw)
     z = setup.zero
     per_mb_exposed = 0.0  # stretches every micro-batch (ZeRO-2/3)
     once_exposed = 0.0
-    if d > 1:
+    if dpc > 1:
         if z == 0:
-            total = ring_allreduce(d, g_bytes, dp_bw)
+            total = ring_allreduce(dpc, g_bytes, dp_bw)
             once_exposed = max(total - (c_b + c_r), bucket_t)
         elif z == 1:
-            rs, ag = ring_half(d, g_bytes, dp_bw), ring_half(d, w_bytes, dp_bw)
+            rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = rs + ag
             once_exposed = max(rs - (c_b + c_r), bucket_t / 2) + ag
         elif z == 2:
-            rs, ag = ring_half(d, g_bytes, dp_bw), ring_half(d, w_bytes, dp_bw)
+            rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * rs + ag
             per_mb_exposed = max(rs - (c_b + c_r), bucket_t / 2)
             once_exposed = ag
         else:
-            rs, ag = ring_half(d, g_bytes, dp_bw), ring_half(d, w_bytes, dp_bw)
+            rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * (2 * ag + rs)
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
             per_mb_exposed = max(ag - c_f, 0.0) + max(ag + rs - (c_b + c_r), bucket_t / 2)
     else:
         total = 0.0
 
-    t_mb = c_f + c_b + c_r + tp_mb + pp_mb + per_mb_exposed
-    bubble = (p - 1) / virtual_stages * t_mb if p > 1 else 0.0
+    t_mb = c_f + c_b + c_r + tp_mb + pp_mb + cp_mb + ep_mb + per_mb_exposed
+    bubble = (p - 1) / v * t_mb if p > 1 else 0.0  # Narayanan et al. 2021 §2.2.2: (p−1)/(v·m) of m·t_mb
     # optimizer.step(): reads and writes weights, grads, master and states of the rank's shard once.
     # NB: memory-bound estimate at full bandwidth; fused/foreach kernels get close, for-loop ones do not.
-    shard = stage_params / (d if z >= 1 else 1)
+    shard = stage_params / (dpc if z >= 1 else 1)
     opt = 2 * shard * (st.weight + st.grad + st.master + st.optimizer) / gpu.memory_bandwidth
     step = m * t_mb + bubble + once_exposed + opt
 
-    world = t * p * d
-    tok_step = tokens * m * d
+    world = t * p * d * cp
+    tok_step = b * s * m * d
     dense_peak = gpu.flops_for(compute_dtype(setup))
     model_flops = 3 * costs.forward_total * tok_step
+    # NB: recompute FLOPs of the whole model as p stages of layers // p (uneven splits differ by a layer)
     rec_total = p * recompute_per_token(spec, setup, spec.layers // p, costs.layer_forward,
                                         costs.attention_per_layer) * tok_step
     return StepTime(
-        compute=m * (c_f + c_b), recompute=m * c_r, tp_comm=m * tp_mb, pp_comm=m * pp_mb, bubble=bubble,
+        compute=m * (c_f + c_b), recompute=m * c_r, tp_comm=m * tp_mb, cp_comm=m * cp_mb, ep_comm=m * ep_mb,
+        pp_comm=m * pp_mb, bubble=bubble,
         dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, step_seconds=step,
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
@@ -206,21 +242,22 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     )
 
 
-def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int) -> int:
-    """Parameters on the busiest rank (first stage with the embedding or last with the head)."""
+def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: str = "even") -> int:
+    """Parameters on the busiest rank (first stage with the embedding, a middle one, or last with the head)."""
     from .memory import Stage, rank_params
 
-    per = spec.layers // pp
     probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))
     if pp == 1:
-        return rank_params(spec, pc, probe, Stage(0, per, True, True, 1))[0]
-    return max(rank_params(spec, pc, probe, Stage(0, per, True, False, 1))[0],
-               rank_params(spec, pc, probe, Stage(pp - 1, per, False, True, 1))[0])
+        return rank_params(spec, pc, probe, Stage(0, spec.layers, True, True, 1))[0]
+    first, middle, last = split(spec.layers, pp, pp_split)
+    return max(rank_params(spec, pc, probe, Stage(0, first, True, False, 1))[0],
+               rank_params(spec, pc, probe, Stage(1, middle, False, False, 1))[0] if pp > 2 else 0,
+               rank_params(spec, pc, probe, Stage(pp - 1, last, False, True, 1))[0])
 
 
 def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float = DEFAULT_EFFICIENCY,
                      pc: ParamCounts | None = None) -> StepTime:
     """The step time of one training setup on `gpu` (the planner's model, every term)."""
     pc = pc or count_params(spec)
-    return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc), stage_params(spec, pc, setup.tp, setup.pp),
-                     state_bytes(setup), efficiency)
+    return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
+                     stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split), state_bytes(setup), efficiency)

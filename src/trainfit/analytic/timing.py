@@ -3,7 +3,7 @@ model itself is analytic/step_time.py.
 
 time = hardware FLOPs / (peak dense FLOP/s of the compute dtype × MFU). `mfu` is the fraction of peak the
 model's matmuls reach without recompute (PaLM, Chowdhery et al. 2022, App. B); recompute adds its FLOPs at the
-same rate. Pipeline bubble: (p−1)/m of the ideal time (Narayanan et al. 2021, eq. 1). NB: communication is not
+same rate. Pipeline bubble: (p−1)/(v·m) of the ideal time (Narayanan et al. 2021, eq. 1 and §2.2.2; v = --vpp). NB: communication is not
 included here (it is overlapped in well-tuned runs; `trainfit plan` models it explicitly).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ def compute_dtype(setup: Setup) -> str:
 def step_seconds(hw_flops_per_rank: float, gpu: GPU, setup: Setup, mfu: float) -> float:
     ideal = hw_flops_per_rank / (gpu.flops_for(compute_dtype(setup)) * mfu)
     if setup.pp > 1:
-        ideal *= 1 + (setup.pp - 1) / setup.grad_accum
+        ideal *= 1 + (setup.pp - 1) / (setup.vpp * setup.grad_accum)
     return ideal
 
 

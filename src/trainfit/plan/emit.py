@@ -16,7 +16,7 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 
-ENGINES = ("deepspeed", "accelerate", "torchtitan", "torchrun")
+ENGINES = ("deepspeed", "accelerate", "torchtitan", "torchrun", "megatron")
 
 # HF decoder-layer classes for accelerate's TRANSFORMER_BASED_WRAP, by config model_type
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
@@ -61,6 +61,10 @@ def supports(engine: str, s: Setup) -> str | None:
         if s.seq % (2 * s.tp):  # parallelize.py:69-74, parallel_dims.py:365-372 (seq_len_divisor = tp * 2 * cp)
             return f"torchtitan needs --seq divisible by 2 × tp = {2 * s.tp}"
         return None
+    if engine == "megatron":
+        from .emit_megatron import supports as megatron_supports
+
+        return megatron_supports(s)
     raise SetupError(f"--emit {engine!r} is not one of: {', '.join(ENGINES)}")
 
 
@@ -69,7 +73,7 @@ def precisions_for(engine: str) -> tuple[str, ...]:
         from ..stacks import get_stack
 
         return get_stack("torchtitan").precisions
-    return {"deepspeed": ("bf16-master", "amp-fp16", "fp32"), "accelerate": ("amp-bf16", "amp-fp16", "fp32")}[engine]
+    return {"megatron": ("bf16-master", "fp16-master", "fp32"), "deepspeed": ("bf16-master", "amp-fp16", "fp32"), "accelerate": ("amp-bf16", "amp-fp16", "fp32")}[engine]
 
 
 # -- torchtitan -------------------------------------------------------------------------------------------------
@@ -326,4 +330,8 @@ def emit(engine: str, s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: flo
         return accelerate(s, spec, gpus_per_node)
     if engine == "torchtitan":
         return torchtitan_toml(s, spec, tokens)
+    if engine == "megatron":
+        from .emit_megatron import command
+
+        return command(s, spec, gpus_per_node)
     return torchrun(s, spec, gpus_per_node, tokens)

@@ -22,13 +22,18 @@ from ..setup import OPTIMIZERS, STACKS, TRAIN_PRECISIONS, Setup, check_recompute
 from ..spec import ModelSpec
 from ..stacks import get_stack
 from .fit import PeakOracle
-from .space import Layout, batch_splits, layouts, max_micro_batch
+from .space import Layout, batch_splits, layouts, max_micro_batch, megatron_variants
 from ..analytic.step_time import DEFAULT_EFFICIENCY, ModelCosts, StepTime, stage_params, step_time
 
 DEFAULT_PRECISIONS = ("amp-bf16", "bf16-master")
 # the precisions searched when none are given: hf's fp32-master pair; torchtitan's FSDP2 mixed precision (its pure
 # bf16, training.dtype bfloat16, is searched when asked for: --precision amp-bf16,bf16)
-STACK_PRECISIONS = {"hf": DEFAULT_PRECISIONS, "torchtitan": ("amp-bf16",)}
+# Megatron and DeepSpeed: bf16 weights and gradients with an fp32 master (their `--bf16` / `bf16.enabled`)
+STACK_PRECISIONS = {"hf": DEFAULT_PRECISIONS, "torchtitan": ("amp-bf16",), "megatron": ("bf16-master",),
+                    "deepspeed": ("bf16-master",)}
+# Stacks whose plans are data-parallel only (ZeRO over dp, tp = pp = 1): trainfit models DeepSpeed's ZeRO engine,
+# not its PipelineModule / Megatron-DeepSpeed tensor parallelism (stacks/deepspeed.toml axes).
+DP_ONLY = ("deepspeed",)
 # layer:N values searched where a stack checkpoints every N-th layer (torchtitan's selective_ac_option = N)
 LAYER_EVERY = (2, 4)
 
@@ -36,12 +41,15 @@ LAYER_EVERY = (2, 4)
 def stack_recomputes(stack: str) -> tuple[str, ...]:
     """The recompute policies searched for a stack: its policies (stacks/*.toml [recompute]) less `selective`
     (hf's attention-score recompute equals none under the flash attention plans run; torchtitan's selective is
-    op, searched as op), with layer:N for N in LAYER_EVERY."""
+    op, searched as op), with layer:N for N in LAYER_EVERY. Megatron's selective (core attention, Korthikanti et
+    al. 2022 §4.3) is searched; its uniform:N / block:N are left to the user."""
     out = []
     for p in get_stack(stack).policies:
         if p == "layer":
             out += [f"layer:{n}" for n in LAYER_EVERY]
-        elif p != "selective":
+        elif p in ("uniform", "block"):
+            continue
+        elif p != "selective" or stack == "megatron":
             out.append(p)
     return tuple(out)
 
@@ -50,7 +58,7 @@ def recompute_rank(rec: str) -> float:
     """Tie-break order, least recomputation first: none, layer:N (1/N of the layers), op, selective, full."""
     if rec.startswith("layer:"):
         return 1 / int(rec.split(":", 1)[1])
-    return {"none": 0.0, "op": 0.6, "selective": 0.8, "full": 1.0}[rec]
+    return {"none": 0.0, "op": 0.6, "selective": 0.8, "core_attn": 0.8, "full": 1.0}[rec]
 
 
 @dataclass(frozen=True)
@@ -231,7 +239,9 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
     oracle = PeakOracle(spec, pc)
     costs = ModelCosts.of(spec, q.seq, pc)
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
-    lays = layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp)
+    lays = layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven="megatron" in q.stacks)
+    if "megatron" in q.stacks:  # Megatron's own axes: cp, vpp, pp_split (space.megatron_variants)
+        lays = [v for lay in lays for v in megatron_variants(spec, lay, q.seq)]
     st_of = {(x, p): state_bytes(Setup(precision=p, optimizer=q.optimizer, stack=x))
              for x in q.stacks for p in q.precisions_for(x)}
     stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
@@ -246,8 +256,13 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
         if bcap < 1 or (splits_all is not None and not splits_all):
             stats["batch_unreachable"] += 1
             continue
-        sp = stage_params(spec, pc, lay.tp, lay.pp)
+        sp = stage_params(spec, pc, lay.tp, lay.pp, lay.pp_split)
+        plain = lay.cp == 1 and lay.vpp == 1 and lay.pp_split == "even"
         for stack in q.stacks:
+            if stack != "megatron" and not plain:
+                continue  # cp, vpp and uneven splits are Megatron's
+            if stack in DP_ONLY and (lay.tp > 1 or lay.pp > 1):
+                continue
             facts = get_stack(stack)
             for prec in q.precisions_for(stack):
                 st = st_of[(stack, prec)]
@@ -262,9 +277,11 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
     for _, (cfg, tm) in ranked[: q.top]:
+        # the _Cfg holds the stack's resolved meaning (megatron: core_attn); Setup takes the setting's name
+        rec = "selective" if cfg.recompute == get_stack(cfg.stack).fact("recompute", "selective") else cfg.recompute
         setup = Setup(batch=cfg.batch, seq=cfg.seq, grad_accum=cfg.grad_accum, precision=cfg.precision,
-                      optimizer=q.optimizer, recompute=cfg.recompute, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero,
-                      sequence_parallel=cfg.tp > 1, stack=cfg.stack)
+                      optimizer=q.optimizer, recompute=rec, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero,
+                      sequence_parallel=cfg.tp > 1, stack=cfg.stack, cp=cfg.cp, vpp=cfg.vpp, pp_split=cfg.pp_split)
         est = estimate(spec, setup)
         c = Candidate(setup, tm, est, cap)
         if tokens:
@@ -283,8 +300,12 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, st, sp, costs, oracle, cap, gseqs, bcap, splits_all,
                   stats, best, stack: str = "hf") -> None:
-    base = Setup(batch=1, seq=q.seq, grad_accum=lay.pp if lay.pp > 1 else 1, precision=prec, optimizer=q.optimizer,
-                 recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero, sequence_parallel=lay.tp > 1, stack=stack)
+    # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
+    # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
+    accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
+    base = Setup(batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
+                 recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
+                 cp=lay.cp, vpp=lay.vpp, pp_split=lay.pp_split)
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
     bmax: dict[bool, int] = {}
@@ -307,13 +328,14 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, st, sp, costs, ora
         if b > largest(accum > 1):
             continue
         any_fit = True
-        cfg = _Cfg(b, q.seq, accum, prec, rec, lay.dp, lay.tp, lay.pp, zero, stack)
+        cfg = _Cfg(b, q.seq, accum, prec, base.recompute, lay.dp, lay.tp, lay.pp, zero, stack, sequence_parallel=lay.tp > 1,
+                   cp=lay.cp, vpp=lay.vpp, pp_split=lay.pp_split)
         tm = step_time(spec, cfg, gpu, costs, sp, st, q.efficiency)
         stats["timed"] += 1
         # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
         # less recompute, then the stacks' order as given
         rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), q.precisions_for(stack).index(prec), lay.pp,
-                lay.tp, q.stacks.index(stack))
+                lay.tp, lay.cp, lay.vpp, lay.pp_split, q.stacks.index(stack))
         old = best.get(key)
         if old is None or rank < old[0]:
             best[key] = (rank, (cfg, tm))

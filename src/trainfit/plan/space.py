@@ -28,17 +28,49 @@ class Layout:
     dp: int
     tp: int
     pp: int
+    cp: int = 1  # Megatron context parallelism
+    vpp: int = 1  # Megatron interleaved 1F1B chunks per rank
+    pp_split: str = "even"  # Megatron's layer split (parallel/pipeline.py)
+
+
+# Context parallelism is searched from this sequence length on (Megatron's CP targets long context: Llama 3 used
+# CP 16 only for its 128k stage, Dubey et al. 2024 §3.3.2); NB: shorter sequences could also use it.
+CP_MIN_SEQ = 16384
+VPP_MAX = 8  # interleaving depths searched: 1..VPP_MAX where the stage layers divide
+
+
+def megatron_variants(spec: ModelSpec, lay: Layout, seq: int) -> list[Layout]:
+    """Megatron's extra axes on one dp × tp × pp layout of the same GPUs: CP carved out of dp (world = dp·tp·pp·cp),
+    pp_split even | embedding-loss, vpp where each stage's layers split into equal chunks (pipeline.check)."""
+    from ..analytic.parallel.pipeline import split
+    from ..errors import SetupError
+
+    out = []
+    cps = [c for c in divisors(lay.dp) if c == 1 or (seq >= CP_MIN_SEQ and seq % (2 * c) == 0)]
+    for how in (("even", "embedding-loss") if lay.pp > 1 else ("even",)):
+        try:
+            first, middle, last = split(spec.layers, lay.pp, how)
+        except SetupError:
+            continue
+        extra = 1 if how == "embedding-loss" else 0
+        vs = [v for v in range(1, VPP_MAX + 1) if v == 1 or (lay.pp > 1 and (first + extra) % v == 0
+                                                              and middle % v == 0 and (last + extra) % v == 0)]
+        for c in cps:
+            for v in vs:
+                out.append(Layout(lay.dp // c, lay.tp, lay.pp, c, v, how))
+    return out
 
 
 def layouts(spec: ModelSpec, gpus: int, gpus_per_node: int, tp: int | None = None, pp: int | None = None,
-            dp: int | None = None) -> list[Layout]:
-    """Every dp × tp × pp == gpus with tp valid for the model and pp dividing the layers (fixed where given)."""
+            dp: int | None = None, uneven: bool = False) -> list[Layout]:
+    """Every dp × tp × pp == gpus with tp valid for the model and pp dividing the layers (fixed where given); with
+    `uneven`, also pp dividing layers + 2 (Megatron's embedding-loss split)."""
     out = []
     for t in divisors(gpus):
         if (tp is not None and t != tp) or not tp_allowed(spec, t, gpus_per_node):
             continue
         for p in divisors(gpus // t):
-            if (pp is not None and p != pp) or spec.layers % p:
+            if (pp is not None and p != pp) or (spec.layers % p and not (uneven and (spec.layers + 2) % p == 0)):
                 continue
             d = gpus // (t * p)
             if dp is not None and d != dp:
@@ -67,10 +99,14 @@ def batch_splits(layout: Layout, global_seqs: float | None, max_batch: int, tole
         return [(b, accum) for b in bs]
     per_rank = global_seqs / layout.dp
     out = []
+    # interleaving runs micro-batch groups of pp: the accumulation is a multiple of pp (schedules.py:995-1015)
+    step = p if layout.vpp > 1 else 1
     for b in range(1, max_batch + 1):
-        accum = max(1, round(per_rank / b))
-        if accum < p:
-            break  # larger micro-batches leave even fewer micro-batches
+        accum = max(step, step * round(per_rank / (b * step)))
+        if accum < p:  # the nearest count is too few to fill the pipeline: pp micro-batches, if within tolerance
+            accum = p
+            if abs(b * accum * layout.dp - global_seqs) > tolerance * global_seqs:
+                break  # larger micro-batches leave even fewer micro-batches
         if abs(b * accum * layout.dp - global_seqs) <= tolerance * global_seqs:
             out.append((b, accum))
     return out

@@ -1,33 +1,122 @@
-"""Pipeline parallelism: what one stage holds and how many micro-batches' activations it stores at once.
+"""Pipeline parallelism: which layers each stage holds and how many micro-batches' activations it stores at once.
 
-1F1B schedule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM", §2.2.1): stage i runs pp - i warm-up forwards before its first backward, so the first stage keeps
-min(pp, micro-batches) micro-batches' activations in flight and the last stage one.
+Layer split (megatron/core/transformer/transformer_block.py:75-200 `get_num_layers_to_build`, checked in
+transformer_config.py:1359-1480):
+  * even: layers / pp per stage.
+  * embedding-loss (account_for_embedding_in_pipeline_split + account_for_loss_in_pipeline_split,
+    transformer_config.py:96-100): the embedding and the loss each count as one layer, (layers + 2) / pp per stage,
+    and the first and last stages build one decoder layer fewer (transformer_block.py:187-198). Llama 3 405B on
+    pp 16: 7 / 8 ... 8 / 7 (Dubey et al. 2024, "The Llama 3 Herd of Models", §3.3.2).
+  * first:N,last:M (decoder_first/last_pipeline_num_layers → num_layers_in_first/last_pipeline_stage,
+    transformer_block.py:102-145): N on the first, M on the last, the rest even over the middle stages.
+
+In flight (megatron/core/pipeline_parallel/schedules.py:738-796 `get_pp_rank_microbatches`): rank r runs
+  1F1B: p − r − 1 warm-up forwards, interleaved (v model chunks per rank, micro-batch groups of g = pp,
+  model_parallel_config.py:447-448): 2(p − r − 1) + (v − 1)·g warm-up chunk-forwards,
+then one more forward before its first backward, all capped at the m·v chunk-micro-batches of the step. One
+chunk holds layers / v of the rank's layers, so `in_flight` (in whole-stage micro-batches) = chunks / v. Rank 0,
+interleaved: p + (p − 1)/v = p·(1 + (p − 1)/(p·v)) — Korthikanti et al. 2022 §4.2.3 (Narayanan et al. 2021 §2.2.2).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...setup import Setup
+from ...errors import SetupError
+from ...setup import Setup, parse_pp_split
 from ...spec import ModelSpec
 
 
 @dataclass(frozen=True)
 class Stage:
-    """What one pipeline stage holds."""
+    """What one pipeline stage holds. Stored activations = in_flight × layers × one layer's bytes."""
 
     index: int
     layers: int
     embedding: bool
     head: bool
-    in_flight: int  # micro-batches whose activations are stored at once
+    in_flight: float  # micro-batches (of the whole stage) whose activations are stored at once
+
+
+def split(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
+    """(first, middle, last) decoder layers per stage; raises SetupError where Megatron's config checks would
+    (transformer_config.py:1359-1480), with the fix."""
+    if pp == 1:
+        return layers, layers, layers
+    how = parse_pp_split(pp_split)
+    if how == "even":
+        if layers % pp:
+            raise SetupError(f"--pp {pp} does not divide the {layers} layers; use a divisor of {layers}, or "
+                             "--pp-split embedding-loss / first:N,last:M (--stack megatron)")
+        per = layers // pp
+        return per, per, per
+    if how == "embedding-loss":
+        if (layers + 2) % pp:
+            raise SetupError(f"--pp-split embedding-loss: the {layers} layers + embedding + loss = {layers + 2} must "
+                             f"be divisible by --pp {pp} (transformer_config.py:1436-1448); use a divisor of {layers + 2}")
+        per = (layers + 2) // pp
+        if per < 2:
+            raise SetupError(f"--pp-split embedding-loss on --pp {pp}: the first and last stages would hold no "
+                             "decoder layer; use a smaller --pp")
+        return per - 1, per, per - 1
+    first, last = how
+    rest, left = layers, pp
+    for n in (first, last):
+        if n > 0:
+            rest -= n
+            left -= 1
+    if rest < 0 or bool(rest) != bool(left) or (left and rest % left):
+        raise SetupError(f"--pp-split {pp_split}: the {max(rest, 0)} remaining layers must split evenly over the "
+                         f"{left} middle stages of --pp {pp} (transformer_config.py:1404-1418)")
+    mid = rest // left if left else 0
+    return first if first > 0 else mid, mid, last if last > 0 else mid
+
+
+def warmup_chunks(pp: int, rank: int, vpp: int, micro_batches: int) -> int:
+    """Warm-up forwards of `rank` (schedules.py:760-786; micro-batch group size g = pp, the default)."""
+    if vpp == 1:
+        n = pp - rank - 1
+    else:
+        n = 2 * (pp - rank - 1) + (vpp - 1) * pp
+    return min(n, micro_batches * vpp)
+
+
+def in_flight(pp: int, rank: int, vpp: int, micro_batches: int) -> float:
+    """Whole-stage micro-batches whose activations rank `rank` stores at its peak: the warm-up forwards plus the
+    first steady-state forward (schedules.py max_outstanding_backprops = warm-up + 1), capped at the step's
+    m·v chunk-micro-batches, in units of the v chunks of a stage."""
+    chunks = min(warmup_chunks(pp, rank, vpp, micro_batches) + 1, micro_batches * vpp)
+    return chunks / vpp
 
 
 def stages(spec: ModelSpec, setup: Setup) -> list[Stage]:
-    """First and last pipeline stages (the others are like the first minus the embedding).
-    NB: layers split evenly (validate_layout requires pp | layers); the middle stages are never the worst."""
-    per = spec.layers // setup.pp
-    if setup.pp == 1:
+    """The distinct stages: the first, a middle one where its layers differ (rank 1: the most in flight of the
+    middle ranks), and the last; memory takes the worst.
+    NB: with embedding-loss and --vpp the embedding's missing layer is in rank 0's first chunk only; counted
+    spread over its chunks (an over-estimate by under one layer × the in-flight chunks of chunk 0)."""
+    p, v, m = setup.pp, setup.vpp, setup.grad_accum
+    if p == 1:
         return [Stage(0, spec.layers, True, True, 1)]
-    in_flight = min(setup.pp, setup.grad_accum)  # 1F1B warm-up depth on stage 0 (Narayanan 2021 §2.2.1)
-    return [Stage(0, per, True, False, in_flight), Stage(setup.pp - 1, per, False, True, 1)]
+    first, middle, last = split(spec.layers, p, setup.pp_split)
+    out = [Stage(0, first, True, False, in_flight(p, 0, v, m))]
+    if p > 2 and middle != first:
+        out.append(Stage(1, middle, False, False, in_flight(p, 1, v, m)))
+    out.append(Stage(p - 1, last, False, True, in_flight(p, p - 1, v, m)))
+    return out
+
+
+def check(spec: ModelSpec, setup: Setup) -> None:
+    """Megatron's pipeline checks, one-line SetupErrors with the fix."""
+    p, v, m = setup.pp, setup.vpp, setup.grad_accum
+    first, middle, last = split(spec.layers, p, setup.pp_split)
+    if v > 1:
+        # each stage's layers split into v chunks (transformer_block.py:174-178; transformer_config.py:1371-1432)
+        for name, n in (("first", first), ("middle", middle), ("last", last)):
+            total = n + (1 if setup.pp_split == "embedding-loss" and name != "middle" else 0)
+            if total % v:
+                raise SetupError(f"--vpp {v}: the {name} pipeline stage's {total} layers"
+                                 f"{' (with the embedding/loss)' if total != n else ''} must split into {v} equal "
+                                 f"chunks; use a --vpp dividing {total}")
+        # interleaving: micro-batch groups of pp in [pp, m] and m % pp == 0 (schedules.py:995-1015)
+        if m < p or m % p:
+            raise SetupError(f"--vpp {v} (interleaved 1F1B) runs micro-batches in groups of --pp {p}: --grad-accum "
+                             f"{m} must be a multiple of {p}")

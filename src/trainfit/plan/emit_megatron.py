@@ -1,0 +1,92 @@
+"""`trainfit plan --emit megatron`: a Megatron-LM `pretrain_gpt.py` command line for the chosen plan.
+
+Flag names are Megatron-LM's (megatron/training/arguments.py; each maps 1:1 onto a megatron.core config field,
+e.g. --tensor-model-parallel-size → ModelParallelConfig.tensor_model_parallel_size, --account-for-embedding-in-
+pipeline-split → TransformerConfig.account_for_embedding_in_pipeline_split (transformer_config.py:96-100),
+--decoder-first/last-pipeline-num-layers → num_layers_in_first/last_pipeline_stage, --use-distributed-optimizer
+→ DistributedDataParallelConfig/OptimizerConfig.use_distributed_optimizer). tests/plan/test_emit_megatron.py builds
+megatron.core's own configs from the emitted list, so their __post_init__ checks validate it.
+"""
+from __future__ import annotations
+
+import shlex
+
+from ..setup import Setup, parse_pp_split
+from ..spec import ModelSpec
+
+
+def supports(s: Setup) -> str | None:
+    if s.stack != "megatron":
+        return f"the plan models the {s.stack} stack's step (its memory and time); plan with --stack megatron"
+    if s.zero > 1:
+        return "Megatron shards optimizer states only (--use-distributed-optimizer, ZeRO-1)"
+    return None
+
+
+def _recompute(rec: str) -> list[str]:
+    """Megatron's recompute flags (transformer_config.py recompute_granularity/method/num_layers)."""
+    if rec == "none":
+        return []
+    if rec in ("selective", "core_attn"):
+        return ["--recompute-granularity", "selective"]
+    if rec == "full":  # every layer: uniform over chunks of one layer
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    method, _, n = rec.partition(":")  # uniform:N / block:N
+    return ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", n]
+
+
+def args(s: Setup, spec: ModelSpec) -> list[str]:
+    """The pretrain_gpt.py arguments of setup `s` for model `spec`."""
+    out = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden),
+           "--num-attention-heads", str(spec.heads), "--kv-channels", str(spec.head_dim),
+           "--ffn-hidden-size", str(spec.intermediate), "--seq-length", str(s.seq),
+           "--max-position-embeddings", str(max(s.seq, spec.max_positions or s.seq)),
+           "--micro-batch-size", str(s.batch), "--global-batch-size", str(s.batch * s.grad_accum * s.dp),
+           "--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp),
+           "--context-parallel-size", str(s.cp)]
+    if spec.kv_heads != spec.heads:
+        out += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
+    if spec.activation == "silu":
+        out += ["--swiglu"]
+    if not (spec.qkv_bias or spec.out_bias or spec.mlp_bias):
+        out += ["--disable-bias-linear"]
+    if not spec.tied_embeddings:
+        out += ["--untie-embeddings-and-output-weights"]
+    if s.tp > 1 and s.sequence_parallel:
+        out += ["--sequence-parallel"]
+    if s.pp > 1 and s.vpp > 1:
+        out += ["--virtual-pipeline-model-parallel-size", str(s.vpp)]
+    how = parse_pp_split(s.pp_split)
+    if how == "embedding-loss":
+        out += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    elif isinstance(how, tuple):
+        first, last = how
+        out += (["--decoder-first-pipeline-num-layers", str(first)] if first > 0 else []) + \
+               (["--decoder-last-pipeline-num-layers", str(last)] if last > 0 else [])
+    if spec.is_moe:
+        out += ["--num-experts", str(spec.moe.num_experts), "--moe-router-topk", str(spec.moe.top_k),
+                "--expert-model-parallel-size", str(s.ep)]
+        if s.etp is not None:
+            out += ["--expert-tensor-parallel-size", str(s.etp)]
+    if s.zero == 1:
+        out += ["--use-distributed-optimizer"]
+    out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]
+    return out + _recompute(s.recompute)
+
+
+def command(s: Setup, spec: ModelSpec, gpus_per_node: int) -> str:
+    world = s.world_size
+    nodes = max(1, -(-world // gpus_per_node))
+    head = ["torchrun", f"--nproc-per-node={min(world, gpus_per_node)}", f"--nnodes={nodes}", "pretrain_gpt.py"]
+    return " \\\n    ".join([shlex.join(head)] + [shlex.join(p) for p in _pairs(args(s, spec))]) + "\n"
+
+
+def _pairs(a: list[str]) -> list[list[str]]:
+    """Flags with their values, one per line."""
+    out: list[list[str]] = []
+    for x in a:
+        if x.startswith("--"):
+            out.append([x])
+        else:
+            out[-1].append(x)
+    return out

@@ -1,0 +1,84 @@
+"""--emit megatron: the emitted pretrain_gpt.py arguments build megatron.core's own configs (their __post_init__
+checks run on CPU) and the layout round-trips."""
+from __future__ import annotations
+
+import shlex
+
+from trainfit.models.resolve import load_model
+from trainfit.plan.emit import emit
+from trainfit.setup import Setup
+
+# Megatron-LM flag → megatron.core config field (arguments.py names; transformer_config.py / model_parallel_config.py)
+FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-attention-heads": "num_attention_heads",
+          "--kv-channels": "kv_channels", "--ffn-hidden-size": "ffn_hidden_size", "--num-query-groups": "num_query_groups",
+          "--tensor-model-parallel-size": "tensor_model_parallel_size",
+          "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+          "--virtual-pipeline-model-parallel-size": "virtual_pipeline_model_parallel_size",
+          "--context-parallel-size": "context_parallel_size", "--expert-model-parallel-size": "expert_model_parallel_size",
+          "--sequence-parallel": "sequence_parallel", "--bf16": "bf16", "--fp16": "fp16",
+          "--account-for-embedding-in-pipeline-split": "account_for_embedding_in_pipeline_split",
+          "--account-for-loss-in-pipeline-split": "account_for_loss_in_pipeline_split",
+          "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+          "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+          "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
+          "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
+          "--moe-router-topk": "moe_router_topk"}
+
+
+def _parse(text: str) -> dict:
+    toks = shlex.split(text.replace("\\\n", " "))
+    toks = toks[toks.index("pretrain_gpt.py") + 1:]
+    out, i = {}, 0
+    while i < len(toks):
+        if i + 1 < len(toks) and not toks[i + 1].startswith("--"):
+            out[toks[i]] = toks[i + 1]
+            i += 2
+        else:
+            out[toks[i]] = True
+            i += 1
+    return out
+
+
+def _configs(a: dict):
+    import torch
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
+
+    kw = {}
+    for flag, field in FIELDS.items():
+        if flag in a:
+            v = a[flag]
+            kw[field] = v if v is True else (int(v) if v.isdigit() else v)
+    kw["params_dtype"] = torch.bfloat16 if a.get("--bf16") else (torch.float16 if a.get("--fp16") else torch.float32)
+    kw["pipeline_dtype"] = kw["params_dtype"]
+    kw["add_bias_linear"] = not a.get("--disable-bias-linear")  # Megatron-LM: add_bias_linear = not the flag
+    tc = TransformerConfig(**kw)  # __post_init__: Megatron's split, vpp, recompute, SP checks
+    dist = bool(a.get("--use-distributed-optimizer"))
+    oc = OptimizerConfig(use_distributed_optimizer=dist, bf16=bool(a.get("--bf16")), fp16=bool(a.get("--fp16")))
+    dc = DistributedDataParallelConfig(use_distributed_optimizer=dist)
+    return tc, oc, dc
+
+
+def test_405b_meta_layout_round_trips():
+    spec = load_model("llama-3.1-405b")
+    s = Setup(stack="megatron", precision="bf16-master", tp=8, pp=16, dp=128, vpp=4, pp_split="embedding-loss",
+              grad_accum=16, seq=8192, batch=1, sequence_parallel=True, recompute="full", zero=1)
+    a = _parse(emit("megatron", s, spec, 8))
+    tc, oc, dc = _configs(a)
+    assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.context_parallel_size) == (8, 16, 1)
+    assert tc.virtual_pipeline_model_parallel_size == 4 and tc.sequence_parallel
+    assert tc.account_for_embedding_in_pipeline_split and tc.account_for_loss_in_pipeline_split
+    assert tc.num_layers == 126 and tc.num_query_groups == 8 and tc.bf16
+    assert tc.recompute_granularity == "full" and oc.use_distributed_optimizer and dc.use_distributed_optimizer
+    assert int(a["--global-batch-size"]) * int(a["--seq-length"]) == 2048 * 8192  # 16M tokens (Llama 3 Table 4)
+
+
+def test_uneven_split_selective_moe_round_trips():
+    spec = load_model("mixtral-8x7b")
+    s = Setup(stack="megatron", precision="bf16-master", tp=2, pp=4, dp=8, ep=4, pp_split="first:7,last:7",
+              grad_accum=8, seq=4096, batch=1, sequence_parallel=True, recompute="selective", zero=0)
+    a = _parse(emit("megatron", s, spec, 8))
+    tc, _, _ = _configs(a)
+    assert (tc.num_layers_in_first_pipeline_stage, tc.num_layers_in_last_pipeline_stage) == (7, 7)
+    assert tc.recompute_granularity == "selective" and tc.expert_model_parallel_size == 4 and tc.num_moe_experts == 8
