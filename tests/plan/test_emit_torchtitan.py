@@ -160,7 +160,7 @@ def test_cli_emits_the_plan_it_names(titan, tmp_path, cli):
 def test_emit_refusals_are_one_line(cli):
     code, _, err = cli("plan", "llama-3.2-1b", "--gpu", "H100-80GB", "--gpus", "8", "--emit", "torchtitan")
     assert code == 2 and "registry" in err and len(err.strip().splitlines()) == 1
-    code, _, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--emit", "megatron")
+    code, _, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--emit", "nemo")
     assert code == 2 and "torchtitan" in err and len(err.strip().splitlines()) == 1
 
 

@@ -27,7 +27,7 @@ def _recompute(rec: str) -> list[str]:
     """Megatron's recompute flags (transformer_config.py recompute_granularity/method/num_layers)."""
     if rec == "none":
         return []
-    if rec in ("selective", "core_attn"):
+    if rec == "selective":
         return ["--recompute-granularity", "selective"]
     if rec == "full":  # every layer: uniform over chunks of one layer
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]

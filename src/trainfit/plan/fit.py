@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from ..analytic.memory import train_memory
 from ..analytic.params import ParamCounts
-import copy
-
 from ..setup import Setup
 from ..spec import ModelSpec
 
@@ -33,36 +31,28 @@ class PeakOracle:
             got = self._memo[setup] = train_memory(self.spec, setup, self.pc).peak
         return got
 
-    @staticmethod
-    def _at(base: Setup, b: int) -> Setup:
-        """`base` with micro-batch b. NB: not Setup.with_, which re-validates and refuses the stack meaning a
-        `selective` recompute was resolved to (megatron's core_attn); only the batch (>= 1 here) changes."""
-        out = copy.copy(base)
-        object.__setattr__(out, "batch", b)
-        return out
-
     def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:
         """Largest b in [0, limit] with peak(base with batch=b) <= capacity (0: not even b = 1 fits)."""
         if limit < 1:
             return 0
-        p1 = self.peak(self._at(base, 1))
+        p1 = self.peak(base.with_(batch=1))
         if p1 > capacity:
             return 0
         if limit == 1:
             return 1
-        p2 = self.peak(self._at(base, 2))
+        p2 = self.peak(base.with_(batch=2))
         if p2 > capacity:
             return 1
         slope = p2 - p1
         hi = limit if slope <= 0 else min(limit, 2 + int((capacity - p2) // slope))
         if hi <= 2:
             return 2
-        if self.peak(self._at(base, hi)) <= capacity:
+        if self.peak(base.with_(batch=hi)) <= capacity:
             return hi
         lo = 2  # fits; hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.peak(self._at(base, mid)) <= capacity:
+            if self.peak(base.with_(batch=mid)) <= capacity:
                 lo = mid
             else:
                 hi = mid

@@ -58,7 +58,7 @@ def recompute_rank(rec: str) -> float:
     """Tie-break order, least recomputation first: none, layer:N (1/N of the layers), op, selective, full."""
     if rec.startswith("layer:"):
         return 1 / int(rec.split(":", 1)[1])
-    return {"none": 0.0, "op": 0.6, "selective": 0.8, "core_attn": 0.8, "full": 1.0}[rec]
+    return {"none": 0.0, "op": 0.6, "selective": 0.8, "full": 1.0}[rec]
 
 
 @dataclass(frozen=True)
@@ -277,8 +277,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
     for _, (cfg, tm) in ranked[: q.top]:
-        # the _Cfg holds the stack's resolved meaning (megatron: core_attn); Setup takes the setting's name
-        rec = "selective" if cfg.recompute == get_stack(cfg.stack).fact("recompute", "selective") else cfg.recompute
+        rec = cfg.recompute
         setup = Setup(batch=cfg.batch, seq=cfg.seq, grad_accum=cfg.grad_accum, precision=cfg.precision,
                       optimizer=q.optimizer, recompute=rec, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero,
                       sequence_parallel=cfg.tp > 1, stack=cfg.stack, cp=cfg.cp, vpp=cfg.vpp, pp_split=cfg.pp_split)
