@@ -120,3 +120,12 @@ def test_context_parallel_divides_activations():
     one = train_memory(spec, mg(tp=2, dp=2)).detail["activation_per_layer"]
     two = train_memory(spec, mg(tp=2, cp=2)).detail["activation_per_layer"]
     assert two == pytest.approx(one / 2, rel=1e-3)
+
+
+def test_recompute_flops_follow_korthikanti_section_4_2():
+    """Full recompute re-runs every layer's forward, selective only the attention core (Korthikanti §4.2), block:N
+    the N checkpointed layers."""
+    from trainfit.analytic.flops import recompute_per_token
+    spec = gpt(layers=8)
+    f = lambda rc: recompute_per_token(spec, mg(tp=T, recompute=rc, attention="eager"), 8, 10.0, 3.0)
+    assert (f("full"), f("uniform:2"), f("selective"), f("block:3"), f("none")) == (80.0, 80.0, 24.0, 30.0, 0.0)

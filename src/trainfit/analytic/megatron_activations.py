@@ -94,22 +94,20 @@ def _moe_replicated(spec: ModelSpec, a: int) -> dict:
 
 
 def _moe_terms(spec: ModelSpec, setup: Setup, a: int) -> dict:
-    """Per token of this rank, the experts' saved tensors under the all-to-all dispatcher with TEGroupedMLP
+    """Per token, the experts' saved tensors under the all-to-all dispatcher with TEGroupedMLP
     (transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher, experts.py TEGroupedMLP), assuming balanced
-    routing: the rank's local experts receive top_k × (the rank's tokens) copies. Per copy: fc1's input (h),
-    fc1's output (SwiGLU: 2i; /etp), the activation output (i; /etp, fc2's input), fc2's output saved by
-    unpermute's probability multiply (h). Written as 'split by TP' terms scaled by t/etp.
-    NB: routing imbalance (moe_expert_capacity_factor None: no cap) makes the busiest rank hold more: under-counts."""
+    routing. A rank holds tokens/t tokens (sequence parallel) and its local experts receive top_k copies of as many;
+    the expert-TP group all-gathers its members' copies (etp × as many tokens) and splits the intermediate etp ways.
+    Per copy: fc1's input and fc2's output (saved by unpermute's probability multiply), h wide each, ×etp; fc1's
+    output (SwiGLU: 2i) and the activation's output (i, fc2's input), whose etp-fold tokens and 1/etp width cancel.
+    As 'split by TP' terms (÷t: the rank's tokens/t).
+    NB: routing imbalance (no capacity factor by default) makes the busiest rank hold more: under-counts; without
+    SP (Megatron requires it for MoE with TP > 1) counted as with SP."""
     m = spec.moe
     k, i = m.top_k, m.expert_intermediate
-    t, etp = setup.tp, setup.expert_tp
     gate = 2 if spec.gated_mlp else 1
-    per_copy_rep = 2 * a * spec.hidden  # fc1 input, fc2 output (replicated over etp)
-    per_copy_split = a * i * (gate + 1) / etp
-    # expressed per TP rank as "split by t" terms: multiply back by t (the rank's tokens are tokens/t under SP,
-    # which Megatron requires for MoE with TP; each token's copies land on some expert rank)
-    out = {"expert_tokens": k * per_copy_rep * (1 if setup.sequence_parallel else t),
-           "expert_hidden": k * per_copy_split * t}
+    out = {"expert_tokens": k * 2 * a * spec.hidden * setup.expert_tp,
+           "expert_hidden": k * a * i * (gate + 1)}
     if m.shared_intermediate:
         s = m.shared_intermediate
         out["shared_expert"] = a * s * (gate + 1)  # SharedExpertMLP: an ordinary MLP, column/row-parallel over tp
