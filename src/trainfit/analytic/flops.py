@@ -87,6 +87,14 @@ def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forwar
         return layers * (layer_forward - stored)
     if r.startswith("layer:"):
         return layers // setup.layers_every * layer_forward
+    # Megatron (transformer_block.py:532-563 _checkpointed_forward): core_attn = selective; uniform:N re-runs every
+    # group's forward; block:N the first N layers of each of the stage's vpp model chunks
+    if r == "core_attn":
+        return layers * attention_per_layer
+    if r.startswith("uniform:"):
+        return layers * layer_forward
+    if r.startswith("block:"):
+        return min(setup.recompute_layers, layers // setup.vpp) * setup.vpp * layer_forward
     return 0.0
 
 

@@ -55,6 +55,9 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
 
 
 def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage) -> TrainMemory:
+    if setup.stack == "megatron":  # Megatron-Core's own states, TE layers and recompute (megatron_memory.py)
+        from .megatron_memory import stage_memory
+        return stage_memory(spec, setup, pc, stage, TrainMemory)
     t = setup.tp
     n, largest = rank_params(spec, pc, setup, stage)
     fsdp2 = torchtitan_fsdp(setup)  # the stack's own FSDP2 groups and mixed precision (parallel/fsdp2.py)

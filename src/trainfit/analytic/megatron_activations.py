@@ -1,0 +1,120 @@
+"""Bytes one Megatron-Core transformer layer saves for backward, per token, on one TP rank (--stack megatron).
+
+Megatron-Core's GPT layer with Transformer Engine (gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec):
+TELayerNormColumnParallelLinear (the norm fused into linear_qkv / linear_fc1), TEDotProductAttention (fused/flash
+attention; `--attention eager` = Megatron's local DotProductAttention: baddbmm + fused softmax + dropout + bmm),
+TERowParallelLinear, bias-dropout-add, bias-GeLU / bias-SwiGLU fusions. The 16-bit model computes in its own dtype
+(no autocast; Float16Module), the residual stream is 16-bit (fp32_residual_connection off).
+
+Named terms after Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models") §4.1,
+eq. 1: per layer sbh(34 + 5as/h) for GPT in 16-bit with dropout. `replicated` terms are split t ways only by
+sequence parallelism (eq. 4), `split` terms by TP alone (eq. 2), `scores` scale with b·s·s (split by heads).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import dropouts
+
+FP32, MASK, INDEX = 4, 1, 8
+
+
+@dataclass(frozen=True)
+class MegatronLayer:
+    replicated: dict  # name -> bytes per token, split t ways only with sequence parallelism
+    split: dict  # name -> bytes per token, split t ways by TP
+    scores: float  # bytes per token per key (all heads), split t ways by TP (eager attention only)
+
+    def per_rank(self, setup: Setup, tokens: float, keys: float) -> float:
+        """One layer's saved bytes on one TP rank for `tokens` tokens (this CP rank's) attending to `keys` keys."""
+        t = setup.tp
+        rep = sum(self.replicated.values()) / (t if setup.sequence_parallel else 1)
+        return (rep + sum(self.split.values()) / t) * tokens + self.scores * tokens * keys / t
+
+
+def act_bytes(setup: Setup) -> int:
+    return 4 if setup.precision == "fp32" else 2
+
+
+def attention_core_recomputed(setup: Setup) -> bool:
+    """recompute_modules ['core_attn'] (Setup resolves --recompute selective to the stack's 'core_attn')."""
+    return setup.recompute_policy in ("selective", "core_attn")
+
+
+def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False) -> MegatronLayer:
+    a = act_bytes(setup)
+    h, q, kv, nh = spec.hidden, spec.q_dim, spec.kv_dim, spec.heads
+    _, p_attn, p_hidden = dropouts(spec)
+    eager = setup.attention_kernel == "eager"
+    rep: dict = {}
+    split: dict = {}
+    # Korthikanti eq. 1 "LayerNorm ... stores its input 2sbh" (×2 norms): TE's _LayerNormLinear saves `inputmat`
+    rep["norm_inputs"] = 2 * a * h
+    # Korthikanti "QKV ... input 2sbh", "MLP ... first linear stores its input 2sbh": TE saves `ln_out` (the local
+    # shard under SP, re-gathered in backward)
+    rep["linear_inputs"] = 2 * a * h
+    # Korthikanti "dropout ... mask sbh" after attention and after the MLP (bias_dropout_add: 1-byte masks)
+    if p_hidden > 0:
+        rep["dropout_masks"] = 2 * MASK * h
+    # not in the paper: TE's norms keep fp32 statistics per token (LayerNorm mu + rsigma, RMSNorm rsigma)
+    rep["norm_statistics"] = 2 * FP32 * (2 if spec.norm == "layernorm" else 1)
+    # Korthikanti "QK^T ... Q and K 4sbh", "attention over values ... V 2sbh": GQA's k, v are kv_dim wide
+    split["qkv"] = a * (q + 2 * kv)
+    # Korthikanti "output projection stores its input 2sbh": the attention core's output (TE/flash return it,
+    # linear_proj saves it; one tensor)
+    split["attention_output"] = a * q
+    scores = 0.0
+    if eager and not attention_core_recomputed(setup):
+        # Korthikanti "softmax output 2as²b", "softmax dropout mask as²b", "dropout output 2as²b" (per head)
+        scores = nh * (a + ((MASK + a) if p_attn > 0 else 0))
+    elif not eager and not attention_core_recomputed(setup):
+        # TE FusedAttention/flash saves the softmax statistics (fp32 logsumexp, b·heads·s) beside q, k, v, out
+        split["softmax_lse"] = FP32 * nh
+    if moe:
+        split.update(_moe_terms(spec, setup, a))
+        rep.update(_moe_replicated(spec, a))
+    else:
+        i = spec.intermediate
+        # Korthikanti "GeLU ... input 8sbh" (fc1's output, 4h wide; SwiGLU: 2i wide, bias_swiglu_impl saves it)
+        split["fc1_output"] = a * i * (2 if spec.gated_mlp else 1)
+        # Korthikanti "second linear ... input 8sbh": the activation's output, saved by linear_fc2
+        split["activation_output"] = a * i
+    return MegatronLayer(rep, split, scores)
+
+
+def _moe_replicated(spec: ModelSpec, a: int) -> dict:
+    """The MoE block's router on every TP rank's tokens (transformer/moe/router.py TopKRouter: logits = input @
+    weightᵀ, softmax over experts in fp32 (moe_router_dtype), top-k indices): fp32 probabilities per expert and the
+    top-k routing map. NB: the pre-MLP norm is a separate TENorm for MoE (its output is the router's and the
+    dispatcher's input): counted as the dense layer's fused norm + ln_out."""
+    m = spec.moe
+    return {"router": FP32 * m.num_experts + INDEX * m.top_k}
+
+
+def _moe_terms(spec: ModelSpec, setup: Setup, a: int) -> dict:
+    """Per token, the experts' saved tensors under the all-to-all dispatcher with TEGroupedMLP
+    (transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher, experts.py TEGroupedMLP), assuming balanced
+    routing. A rank holds tokens/t tokens (sequence parallel) and its local experts receive top_k copies of as many;
+    the expert-TP group all-gathers its members' copies (etp × as many tokens) and splits the intermediate etp ways.
+    Per copy: fc1's input and fc2's output (saved by unpermute's probability multiply), h wide each, ×etp; fc1's
+    output (SwiGLU: 2i) and the activation's output (i, fc2's input), whose etp-fold tokens and 1/etp width cancel.
+    As 'split by TP' terms (÷t: the rank's tokens/t).
+    NB: routing imbalance (no capacity factor by default) makes the busiest rank hold more: under-counts; without
+    SP (Megatron requires it for MoE with TP > 1) counted as with SP."""
+    m = spec.moe
+    k, i = m.top_k, m.expert_intermediate
+    gate = 2 if spec.gated_mlp else 1
+    out = {"expert_tokens": k * 2 * a * spec.hidden * setup.expert_tp,
+           "expert_hidden": k * a * i * (gate + 1)}
+    if m.shared_intermediate:
+        s = m.shared_intermediate
+        out["shared_expert"] = a * s * (gate + 1)  # SharedExpertMLP: an ordinary MLP, column/row-parallel over tp
+    return out
+
+
+def layer_input(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes per token of a layer's input, what a checkpoint keeps (Korthikanti §5: full recompute stores 2sbh,
+    /t with sequence parallelism: tensor_parallel/random.py CheckpointFunction saves the hidden states)."""
+    return act_bytes(setup) * spec.hidden / (setup.tp if setup.sequence_parallel else 1)

@@ -1,0 +1,99 @@
+"""One pipeline stage's memory under --stack megatron: Megatron-Core's model states (parallel/megatron.py), its
+TE layers' saved tensors (megatron_activations.py), its recompute methods, context parallelism, the vocab-parallel
+embedding and cross-entropy — combined by phases.peak like every other stack.
+
+Recompute (transformer/transformer_block.py:532-563 _checkpointed_forward):
+  core_attn   (--recompute selective) the attention core's saved tensors are not stored (megatron_activations.py);
+  uniform:N   the stage's layers in groups of N, each group's input checkpointed (full = uniform:1); in a group's
+              backward its N layers' activations are recomputed and live together;
+  block:N     the first N layers of each model chunk (virtual stage) checkpointed one by one, the rest store all.
+Context parallelism (--cp): each rank holds seq/cp tokens of every sequence (TE's load-balanced 2·cp chunks).
+"""
+from __future__ import annotations
+
+import math
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms
+from .activations import dropouts
+from .params import ParamCounts
+from .parallel.megatron import megatron_model_states
+from .parallel.pipeline import Stage
+from .phases import LayerKind, StepBytes, peak
+
+
+def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, result_type):
+    t, a, h = setup.tp, act_bytes(setup), spec.hidden
+    sp = t if setup.sequence_parallel else 1
+    tokens = setup.batch * setup.seq / setup.cp  # this CP rank's tokens of the micro-batch
+    keys = setup.seq / setup.cp  # NB: eager scores per CP chunk pair; TE runs CP only with fused attention
+    ms = megatron_model_states(spec, pc, setup, stage)
+    moe = spec.moe is not None and pc.moe_layers > 0
+    frac = pc.moe_layers / spec.layers if moe else 0.0
+    full = (1 - frac) * layer_terms(spec, setup).per_rank(setup, tokens, keys) + \
+        (frac * layer_terms(spec, setup, moe=True).per_rank(setup, tokens, keys) if moe else 0.0)
+    kept = layer_input(spec, setup) * tokens  # a checkpointed layer's (group's) input
+    # NB: a layer's backward temporaries, approximated as the incoming and outgoing residual gradients, the
+    # re-gathered ln_out under SP (TE's backward all-gather) and fc1's output gradient; TE's gradient-accumulation
+    # fusion writes weight gradients straight into main_grad (no per-layer weight-gradient temporaries)
+    width = spec.moe.expert_intermediate * spec.moe.top_k if moe and frac >= 0.5 else spec.intermediate
+    temps = (2 * a * h / sp + (a * h if sp > 1 else 0) + a * width * (2 if spec.gated_mlp else 1) / t) * tokens
+    kv_chunk = a * 2 * spec.kv_dim / t * tokens  # this rank's k and v
+    ring = 2 * kv_chunk if setup.cp > 1 else 0.0  # TE's P2P ring: the KV chunk being computed on and the one received
+    temps += 2 * ring  # NB: backward also passes dkv around the ring (2 more chunk buffers)
+
+    policy, n = setup.recompute_policy, setup.recompute_layers
+    pattern: tuple = ()
+    kinds: tuple = ()
+    if policy in ("full", "uniform"):
+        groups = math.ceil(stage.layers / max(setup.vpp, 1) / n) * max(setup.vpp, 1)
+        saved = groups * kept / stage.layers
+        uniform = LayerKind(saved, min(n, stage.layers) * full + temps, 0.0, 0.0)
+    elif policy == "block":
+        uniform = LayerKind(full, temps, 0.0, 0.0)
+        chunk = stage.layers // max(setup.vpp, 1)
+        ck = min(n, chunk)
+        pattern = tuple(([1] * ck + [0] * (chunk - ck)) * max(setup.vpp, 1))
+        kinds = (uniform, LayerKind(kept, full + temps, 0.0, 0.0))
+    else:  # none, core_attn
+        uniform = LayerKind(full, temps, 0.0, 0.0)
+
+    _, _, p_hidden = dropouts(spec)
+    embed = emb_back = 0.0
+    if stage.embedding:
+        # input ids (int64), VocabParallelEmbedding's masked ids under TP, embedding dropout's mask (after the SP
+        # scatter: language_model_embedding.py:140-148)
+        embed = (INDEX + (INDEX if t > 1 else 0) + (MASK * h / sp if p_hidden > 0 else 0)) * tokens
+        # the incoming gradient and the word embedding's dense weight gradient (param.grad, then main_grad.add_:
+        # distributed_data_parallel.py:440)
+        emb_back = a * h / sp * tokens + a * spec.vocab * h / t
+    head_saved = labels = fwd = loss_back = norm_back = 0.0
+    if stage.head:
+        v = spec.vocab / t
+        # final TENorm (input + statistics) and output_layer's input, /t under SP; the cross-entropy's fp32 softmax,
+        # target mask and masked targets (cross_entropy.py:187); the labels and their [s b] contiguous copy
+        # (language_module.py:139)
+        head_saved = ((2 * a * h + FP32) / sp + FP32 * v + MASK + INDEX + 2 * INDEX) * tokens
+        labels = INDEX * tokens
+        fwd = a * v * tokens  # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`)
+        loss_back = a * v * tokens  # the logits' 16-bit gradient (the fp32 one is computed in place of the softmax)
+        norm_back = 2 * a * h / sp * tokens
+    step = StepBytes(
+        resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
+                  "comm_buffers": ms.comm},
+        gradients=ms.gradients,
+        accumulating=True,  # the contiguous grad buffer exists from initialisation (param_and_grad_buffer.py)
+        head_gradients=0.0, layer_gradients=0.0, layers=stage.layers, in_flight=stage.in_flight,
+        layer_saved=uniform.saved, embedding_saved=embed, head_saved=head_saved, inputs=labels,
+        forward_transient=fwd + ring, loss_backward=loss_back, layer_backward=uniform.backward, layer_freed=0.0,
+        layer_grads_done=0.0, embedding_backward=emb_back, gathered=0.0,
+        optimizer_transient=0.0,  # fused Adam, in place (stacks/megatron.toml [optimizer_impl])
+        norm_kept=0.0, norm_backward=norm_back, kinds=kinds, pattern=pattern)
+    p = peak(step)
+    detail = {"stage": stage.index, "layers_on_rank": stage.layers, "in_flight_microbatches": stage.in_flight,
+              "activation_per_layer": int(step.layers_saved / max(stage.layers, 1)),
+              "activation_per_layer_stored": int(full), "logits_buffers": int(fwd), "optimizer_temporaries": 0,
+              "context_parallel_ring_buffers": int(ring)}
+    return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
+                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail)

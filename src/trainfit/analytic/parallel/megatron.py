@@ -1,0 +1,80 @@
+"""Model states of one rank as Megatron-Core allocates them (--stack megatron), megatron-core 0.16.1.
+
+  weights     the model's own parameters in the param dtype (bf16/fp16 under --bf16/--fp16: Float16Module), kept in
+              the contiguous param buffer (distributed/param_and_grad_buffer.py _ParamAndGradBuffer);
+  gradients   the contiguous grad buffer that backward accumulates `main_grad` into, never sharded (the distributed
+              optimizer reduce-scatters inside it): fp32 when grad_reduce_in_fp32 (Megatron-LM sets it for --bf16:
+              accumulate_allreduce_grads_in_fp32), else the param dtype (distributed_data_parallel.py:147);
+  master      fp32 main params (optimizer.py:674, distrib_optimizer.py:386-399: the rank's shard only) and, where the
+              grad buffer is 16-bit, their fp32 `.grad` copies (optimizer.py:759, distrib_optimizer.py:2419);
+  optimizer   Adam's exp_avg and exp_avg_sq in fp32 (optimizer/__init__.py:396-397), of the main params.
+The distributed optimizer (--zero 1) shards master and optimizer over the data-parallel group with context
+parallelism (dp × cp: parallel_state's data_parallel_group_with_cp, what DDP's buffers use) and an expert's states over
+the expert data-parallel group (Setup.expert_dp). That is Megatron's own table (docs: distrib_optimizer,
+"bytes per parameter"): fp16/fp16 20 vs 4 + 16/d, bf16/fp32 18 vs 6 + 12/d, fp32/fp32 16 vs 8 + 8/d.
+Fused Adam (TE/apex: stacks/megatron.toml [optimizer_impl]) updates in place: no step temporaries.
+NB: each bucket is padded to a multiple of lcm(dp, 128) elements and each param starts 64-element aligned
+(param_and_grad_buffer.py:635-665): under-counts by < 128·dp elements per bucket (40M-element buckets: < 0.1%).
+"""
+from __future__ import annotations
+
+from ...setup import Setup
+from ...spec import ModelSpec
+from ..params import ParamCounts
+from .pipeline import Stage
+from .zero import ModelStates
+
+FP32 = 4
+
+
+def bytes_per_param(setup: Setup) -> dict:
+    """Unsharded bytes per parameter by state: weights, gradients (the grad buffer), master (fp32 main params and
+    the fp32 main-grad copies), optimizer."""
+    low = setup.precision in ("bf16-master", "fp16-master")
+    weight = 2 if low else FP32
+    # Megatron-LM: --bf16 sets accumulate_allreduce_grads_in_fp32 (grad_reduce_in_fp32); --fp16 keeps the param
+    # dtype (DistributedDataParallelConfig.grad_reduce_in_fp32 = False: distributed_data_parallel_config.py:11)
+    grad = FP32 if setup.precision in ("bf16-master", "fp32") else 2
+    master = (FP32 if low else 0) + (FP32 if grad == 2 else 0)
+    optimizer = {"adam": 2 * FP32, "adamw": 2 * FP32, "momentum": FP32, "sgd": 0}[setup.optimizer]
+    return {"weights": weight, "gradients": grad, "master": master, "optimizer": optimizer}
+
+
+def shards(setup: Setup, expert: bool = False) -> int:
+    """The distributed optimizer's shard count: dp × cp for dense params, the expert data-parallel size for experts."""
+    if setup.zero < 1:
+        return 1
+    return setup.expert_dp if expert else setup.dp * setup.cp
+
+
+def routed_expert_params(spec: ModelSpec, pc: ParamCounts) -> int:
+    """All routed experts' parameters of one MoE layer (the rest of the MoE block: router and shared expert)."""
+    return spec.moe.num_experts * pc.expert if spec.moe is not None else 0
+
+
+def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> tuple[float, float]:
+    """(dense, expert) parameters on this rank: attention/MLP/vocab over tp (Shoeybi et al. 2019 §3), norms
+    replicated; routed experts num_experts/ep per rank, each split etp ways (transformer/moe/experts.py
+    TEGroupedMLP: num_local_experts = num_moe_experts // ep, linear_fc1/fc2 over expert_tensor_parallel).
+    NB: row-parallel biases and the router (replicated) are divided by tp: under-counts by < 0.01%."""
+    t = setup.tp
+    experts = routed_expert_params(spec, pc)
+    per_layer = pc.attention + (pc.mlp * pc.dense_layers + (pc.moe_mlp - experts) * pc.moe_layers) / spec.layers
+    dense = stage.layers * (pc.norms + per_layer / t)
+    expert = stage.layers * pc.moe_layers / spec.layers * experts / (setup.ep * setup.expert_tp)
+    if stage.embedding:
+        dense += pc.embedding / t
+    if stage.head:
+        dense += pc.final + pc.lm_head / t
+        if spec.tied_embeddings and not stage.embedding:
+            dense += pc.embedding / t  # the last stage's copy of the tied word embedding (LanguageModule)
+    return dense, expert
+
+
+def megatron_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> ModelStates:
+    dense, expert = rank_params(spec, pc, setup, stage)
+    b = bytes_per_param(setup)
+    sharded = dense / shards(setup) + expert / shards(setup, expert=True)
+    n = dense + expert
+    # DDP accumulates straight into the grad buffer and reduces in place: no bucket copies (comm = 0)
+    return ModelStates(n * b["weights"], n * b["gradients"], sharded * b["master"], sharded * b["optimizer"], 0.0)
