@@ -87,10 +87,8 @@ def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forwar
         return layers * (layer_forward - stored)
     if r.startswith("layer:"):
         return layers // setup.layers_every * layer_forward
-    # Megatron (transformer_block.py:532-563 _checkpointed_forward): core_attn = selective; uniform:N re-runs every
-    # group's forward; block:N the first N layers of each of the stage's vpp model chunks
-    if r == "core_attn":
-        return layers * attention_per_layer
+    # Megatron (transformer_block.py:532-563 _checkpointed_forward): selective (core_attn) as above; uniform:N re-runs
+    # every group's forward; block:N the first N layers of each of the stage's vpp model chunks
     if r.startswith("uniform:"):
         return layers * layer_forward
     if r.startswith("block:"):

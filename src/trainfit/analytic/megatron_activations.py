@@ -39,8 +39,8 @@ def act_bytes(setup: Setup) -> int:
 
 
 def attention_core_recomputed(setup: Setup) -> bool:
-    """recompute_modules ['core_attn'] (Setup resolves --recompute selective to the stack's 'core_attn')."""
-    return setup.recompute_policy in ("selective", "core_attn")
+    """--recompute selective under megatron: recompute_modules ['core_attn'] (stacks/megatron.toml [recompute])."""
+    return setup.recompute_policy == "selective"
 
 
 def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False) -> MegatronLayer:

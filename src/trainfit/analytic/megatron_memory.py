@@ -3,7 +3,7 @@ TE layers' saved tensors (megatron_activations.py), its recompute methods, conte
 embedding and cross-entropy — combined by phases.peak like every other stack.
 
 Recompute (transformer/transformer_block.py:532-563 _checkpointed_forward):
-  core_attn   (--recompute selective) the attention core's saved tensors are not stored (megatron_activations.py);
+  selective   (recompute_modules ['core_attn']) the attention core's saved tensors are not stored (megatron_activations.py);
   uniform:N   the stage's layers in groups of N, each group's input checkpointed (full = uniform:1); in a group's
               backward its N layers' activations are recomputed and live together;
   block:N     the first N layers of each model chunk (virtual stage) checkpointed one by one, the rest store all.
@@ -56,7 +56,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         ck = min(n, chunk)
         pattern = tuple(([1] * ck + [0] * (chunk - ck)) * max(setup.vpp, 1))
         kinds = (uniform, LayerKind(kept, full + temps, 0.0, 0.0))
-    else:  # none, core_attn
+    else:  # none, selective
         uniform = LayerKind(full, temps, 0.0, 0.0)
 
     _, _, p_hidden = dropouts(spec)

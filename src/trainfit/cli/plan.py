@@ -23,7 +23,7 @@ def plan(
     model: str = ModelArg,
     gpu: str = typer.Option(..., "--gpu", help="GPU type (see `trainfit gpus`), or a .json/.toml file with the catalog's fields."),
     gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help=BY_NAME["gpu_memory"].meta.help),
-    gpus: int = typer.Option(1, "--gpus", help="Number of GPUs; every plan uses all of them (dp × tp × pp = gpus)."),
+    gpus: int = typer.Option(1, "--gpus", help="Number of GPUs; every plan uses all of them (dp × tp × pp × cp = gpus)."),
     seq: int = typer.Option(2048, "--seq", "-s", help="Sequence length, tokens."),
     global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="Tokens per optimizer step (e.g. 4M); micro-batch × seq × accumulation × dp matches it within --batch-tolerance. Default: accumulation just fills the pipeline."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 15T): time, GPU-hours, cost and energy per plan."),

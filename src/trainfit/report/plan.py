@@ -11,6 +11,15 @@ from ..plan.search import Candidate, PlanResult
 TIME_TERMS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
 
 
+
+def layout_text(s) -> str:
+    """dp×tp×pp, then Megatron's extra axes where set: cp, virtual stages, the uneven split, ep."""
+    out = f"{s.dp}×{s.tp}×{s.pp}"
+    extra = [f"cp{s.cp}" if s.cp > 1 else "", f"v{s.vpp}" if s.vpp > 1 else "", "" if s.pp_split == "even" else
+             ("emb/loss" if s.pp_split == "embedding-loss" else s.pp_split), f"ep{s.ep}" if s.ep > 1 else ""]
+    extra = [e for e in extra if e]
+    return out + (f" ({', '.join(extra)})" if extra else "")
+
 def candidate_dict(c: Candidate) -> dict:
     s = c.setup
     setup = {k: v for k, v in asdict(s).items() if k not in ("mode", "kv_dtype")}
@@ -74,7 +83,7 @@ def render(r: PlanResult, echo=print) -> None:
         t.add_column(col, justify="left" if col in ("stack", "recompute", "precision", "dp×tp×pp") else "right")
     for i, c in enumerate(r.candidates, 1):
         s, tm = c.setup, c.time
-        t.add_row(str(i), *((s.stack,) if show_stack else ()), f"{s.dp}×{s.tp}×{s.pp}", str(s.zero),
+        t.add_row(str(i), *((s.stack,) if show_stack else ()), layout_text(s), str(s.zero),
                   f"{s.batch}×{s.grad_accum}", s.recompute, s.precision, f"{tm.tokens_per_second:,.0f}",
                   f"{tm.mfu:.1%}", fmt_seconds(tm.step_seconds), fmt_bytes(c.peak), fmt_bytes(c.headroom))
     terms = Table(title="step time by term (exposed; they add up to the step)", header_style="bold")
