@@ -102,10 +102,11 @@ class PlanQuery:
                 raise SetupError("--recompute (empty): give policies, comma-separated (e.g. none,full)")
             for r in self.recomputes:
                 check_recompute(r)  # the one definition of a valid policy (layer:N included)
-            if "selective" in self.recomputes:
+            if "selective" in self.recomputes and "megatron" not in self.stacks:
                 raise SetupError("--recompute selective means each stack's own policy: hf's recomputes attention "
                                  "scores that the planned steps (flash attention) never store (it equals none), "
-                                 "torchtitan's is op; search none,full (and op for torchtitan)")
+                                 "torchtitan's is op; search none,full (and op for torchtitan; selective is "
+                                 "megatron's core-attention recompute)")
         if self.zeros is not None and (not self.zeros or any(z not in (0, 1, 2, 3) for z in self.zeros)):
             raise SetupError(f"--zero {','.join(map(str, self.zeros)) or '(empty)'}: ZeRO stages are 0, 1, 2 and 3; "
                              "give a comma-separated list of them (e.g. --zero 1,3)")

@@ -17,7 +17,12 @@ def _unit(e: Estimate) -> str:
 
 def setup_line(e: Estimate) -> str:
     s = e.setup
-    par = f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 else ""
+    extra = [f"{k}={v}" for k, v, off in (("sp", "on", not s.sequence_parallel), ("cp", s.cp, s.cp == 1),
+                                           ("vpp", s.vpp, s.vpp == 1), ("split", s.pp_split, s.pp_split == "even"),
+                                           ("ep", s.ep, s.ep == 1), ("etp", s.etp, s.etp is None),
+                                           ("offload", s.offload, s.offload == "none")) if not off]
+    par = (f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 else "") + \
+        "".join(" " + x for x in extra)
     if s.mode == "infer":
         return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
     labels = e.detail.get("num_labels") if isinstance(e.detail, dict) else None
