@@ -39,7 +39,7 @@ def torchtitan_fsdp(setup: Setup) -> bool:
     """FSDP as the stack's own wrapping runs it (torchtitan: parallel_dims.fsdp_enabled with dp > 1): the stack's
     [fsdp] fact names torchtitan's groups (embedding, each block, [norm, output], root)."""
     return (setup.mode == "train" and setup.dp > 1 and setup.zero >= 2
-            and setup.stack_facts.fact("fsdp", "groups") == "embedding, each block, [norm, output], root")
+            and setup.stack_facts.facts.get("fsdp", {}).get("groups") == "embedding, each block, [norm, output], root")
 
 
 def reshards_after_forward(setup: Setup) -> bool:
