@@ -123,7 +123,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         optimizer_transient=ds.step_transient if ds else optimizer_temporaries(setup, st, n / shard(setup, 1), largest),
         norm_kept=head.norm_kept if stage.head else 0,
         norm_backward=head.norm_backward if stage.head else 0,
-        gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else {},
+        gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
+        (ds.backward_moments(gathered) if ds else {}),
         kinds=kinds if every else (),
         pattern=pattern,
     )

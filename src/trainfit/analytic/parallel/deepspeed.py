@@ -51,6 +51,15 @@ class DeepSpeedStates:
     states: ModelStates  # on the device, resident through the step
     step_transient: float  # bytes the optimizer step adds on the device beside the gradients
     host: float  # ZeRO-Offload's host bytes
+    in_backward: float = 0.0  # buffers live from the backward's start to its end (ZeRO-1/2's ipg buckets)
+
+    def backward_moments(self, gathered: float) -> dict:
+        """phases.StepBytes.gathered_at: what is live beside the states at each backward moment."""
+        if not self.in_backward:
+            return {}
+        held = gathered + self.in_backward
+        return {"loss_backward": held, "last_layer_backward": held, "first_layer_backward": held,
+                "embedding_backward": held, "layer_backward": (held, 0.0)}
 
 
 def overlap_comm(setup: Setup) -> bool:
@@ -104,6 +113,12 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     # fp32, the 16-bit partition is already fp32 (stage3.py:1162-1167)
     master = part * FP32 if (z < 3 or low) else 0.0
     comm = ipg_buckets(setup, w)
+    in_backward = 0.0
+    if z < 3:
+        # ZeRO-1/2 allocate the buckets at the backward's start (engine.py:3313 -> stage_1_and_2.py:3256
+        # setup_buckets) and free them at its end (:1061 -> :924 _release_ipg_buffers); ZeRO-3 keeps its one
+        # bucket from construction on (stage3.py:782)
+        comm, in_backward = 0.0, comm
     if z == 3:
         weights = part * w + persistent * w * (1 - 1 / dp)
         grads = part * w  # grad_partitions_flat_buffer (stage3.py:791)
@@ -116,6 +131,9 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # :3113-3118: the partition's flat gradient and its fp32 cast are both live at the cast. Under fp32
         # the cast is a copy-free .to() (same dtype) and only the flat copy exists
         transient = part * w + (part * FP32 if low else 0.0)
+        if z == 1:
+            # the step first frees the gradients outside the rank's partition (:3103 free_grad_in_param_list)
+            transient -= (n - part) * w
     if off_opt:
         # host: fp32 partition, its optimizer state, its fp32 gradient, the 16-bit copy buffer
         host = master + opt + part * FP32 + (part * w if z < 3 else 0.0)
@@ -127,7 +145,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     if setup.offload == "params":
         host += part * w  # the 16-bit partitions (stage3.py:907)
         weights -= part * w
-    return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host)
+    return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward)
 
 
 def gathered(pc: ParamCounts, setup: Setup, st: StateBytes, layer: float) -> float:
