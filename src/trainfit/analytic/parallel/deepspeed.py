@@ -42,6 +42,12 @@ def deepspeed_engine(setup: Setup) -> bool:
     return setup.stack == "deepspeed" and setup.mode == "train"
 
 
+def fused_adam(setup: Setup) -> bool:
+    """The client optimizer is DeepSpeed's FusedAdam (engine.py:2486, the stack's fused kernel): it needs CUDA
+    (ops/adam/fused_adam.py builds a CUDA kernel), so a CPU run takes any other optimizer (torch's AdamW)."""
+    return setup.device != "cpu" and setup.optimizer in ("adam", "adamw") and setup.optimizer_kernel == "fused"
+
+
 def _fact(setup: Setup, key: str):
     return setup.stack_facts.fact(key)
 
@@ -104,9 +110,14 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         opt = optimizer_bytes
         master = n * FP32 if low else 0.0  # fused_optimizer.py:100
         comm = 0.0
-        # fused_optimizer.py:283-291: per-parameter fp32 casts and their flat copy, both live at the cat;
-        # fp32: the all-reduce's flat bucket copy (engine.py:3795), made after backward with the grads live
-        transient = 2 * n * FP32 if low else min(n, _fact(setup, "stage0_allreduce")) * w
+        # FP16_Optimizer (client optimizer FusedAdam), fused_optimizer.py:283-291: per-parameter fp32 casts and
+        # their flat copy, both live at the cat; FP16_UnfusedOptimizer (any other optimizer, engine.py:2564-2599)
+        # keeps one fp32 .grad per parameter (unfused_optimizer.py:217-221). fp32: the all-reduce's flat bucket
+        # copy (engine.py:3795), made after backward with the grads live
+        if low:
+            transient = (2 if fused_adam(setup) else 1) * n * FP32
+        else:
+            transient = min(n, _fact(setup, "stage0_allreduce")) * w
         return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host)
     opt = optimizer_bytes / dp
     # stages 1-2 clone an fp32 partition even under fp32 (stage_1_and_2.py:556-577); stage 3 does not under
