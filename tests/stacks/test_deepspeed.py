@@ -16,7 +16,7 @@ GB = 1e9
 
 
 def _setup(**kw) -> Setup:
-    return Setup(**{"stack": "deepspeed", "optimizer": "adamw", "batch": 1, "seq": 512, **kw})
+    return Setup(**{"stack": "deepspeed", "optimizer": "adamw", "precision": "bf16-master", "batch": 1, "seq": 512, **kw})
 
 
 def _states(m) -> float:
