@@ -96,3 +96,30 @@ def test_zero2_bf16_step_on_cpu_matches_analytic():
                                              (0, "fp32"), (1, "fp32"), (2, "fp32"), (3, "fp32")])
 def test_deepspeed_step_on_cpu_matches_analytic(zero, precision):
     _measured_vs_analytic(zero, precision)
+
+
+@pytest.mark.parametrize("zero, precision, offload", [(0, "fp16-master", "none"), (1, "bf16-master", "none"),
+                                                      (2, "fp16-master", "optimizer"), (3, "bf16-master", "params"),
+                                                      (3, "fp32", "none")])
+def test_emitted_config_is_read_by_deepspeed_as_modelled(zero, precision, offload):
+    """--emit deepspeed: DeepSpeed's own config classes parse the JSON into the precision, stage, buckets and
+    offload devices the estimate modelled."""
+    cfgmod = pytest.importorskip("deepspeed.runtime.config")
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from trainfit.plan.emit import deepspeed as emit_deepspeed
+
+    s = _setup(zero=zero, dp=2 if zero else 1, precision=precision, offload=offload)
+    cfg = emit_deepspeed(s)
+    # one process, no process group: DeepSpeed sees world size 1, so it derives train_batch_size itself
+    ds = cfgmod.DeepSpeedConfig({k: v for k, v in cfg.items() if k != "train_batch_size"})
+    assert ds.float16_config.enabled == (precision == "fp16-master")
+    assert ds.bfloat16_config.enabled == (precision == "bf16-master")
+    z = ds.zero_config
+    default = DeepSpeedZeroConfig(stage=zero)  # what DeepSpeed runs when the config names nothing else
+    assert z.stage == zero
+    for key in ("reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients", "overlap_comm",
+                "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "sub_group_size"):
+        assert getattr(z, key) == getattr(default, key), key
+    assert (z.offload_optimizer is not None) == (offload != "none")
+    assert (z.offload_param is not None) == (offload == "params")
