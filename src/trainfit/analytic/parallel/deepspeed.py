@@ -58,14 +58,15 @@ class DeepSpeedStates:
     step_transient: float  # bytes the optimizer step adds on the device beside the gradients
     host: float  # ZeRO-Offload's host bytes
     in_backward: float = 0.0  # buffers live from the backward's start to its end (ZeRO-1/2's ipg buckets)
+    backward_end: float = 0.0  # made at the backward's end with every gradient live (ZeRO-0's all-reduce copy)
 
     def backward_moments(self, gathered: float) -> dict:
         """phases.StepBytes.gathered_at: what is live beside the states at each backward moment."""
-        if not self.in_backward:
+        if not (self.in_backward or self.backward_end):
             return {}
         held = gathered + self.in_backward
         return {"loss_backward": held, "last_layer_backward": held, "first_layer_backward": held,
-                "embedding_backward": held, "layer_backward": (held, 0.0)}
+                "embedding_backward": held + self.backward_end, "layer_backward": (held, 0.0)}
 
 
 def overlap_comm(setup: Setup) -> bool:
@@ -113,12 +114,12 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # FP16_Optimizer (client optimizer FusedAdam), fused_optimizer.py:283-291: per-parameter fp32 casts and
         # their flat copy, both live at the cat; FP16_UnfusedOptimizer (any other optimizer, engine.py:2564-2599)
         # keeps one fp32 .grad per parameter (unfused_optimizer.py:217-221). fp32: the all-reduce's flat bucket
-        # copy (engine.py:3795), made after backward with the grads live
-        if low:
-            transient = (2 if fused_adam(setup) else 1) * n * FP32
-        else:
-            transient = min(n, _fact(setup, "stage0_allreduce")) * w
-        return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host)
+        # copy (engine.py:3795), made at the backward's end with the grads live
+        transient = (2 if fused_adam(setup) else 1) * n * FP32 if low else 0.0
+        # the all-reduce runs inside engine.backward at the accumulation boundary (engine.py:3073 allreduce_gradients)
+        # NB: one bucket's flat copy (the largest, min(n, bucket)); buckets after it reuse the freed memory
+        flat = min(n, _fact(setup, "stage0_allreduce")) * w if setup.dp > 1 else 0.0
+        return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, 0.0, flat)
     opt = optimizer_bytes / dp
     # stages 1-2 clone an fp32 partition even under fp32 (stage_1_and_2.py:556-577); stage 3 does not under
     # fp32, the 16-bit partition is already fp32 (stage3.py:1162-1167)
