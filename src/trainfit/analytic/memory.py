@@ -17,6 +17,7 @@ from .activations import keys_per_token
 from .embedding import embedding_saved
 from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, state_bytes_unsharded
+from .parallel import deepspeed as ds_zero
 from .parallel.pipeline import Stage, stages
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
 from .parallel.tensor import rank_params, term_divisors
@@ -63,6 +64,11 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     fsdp2 = torchtitan_fsdp(setup)  # the stack's own FSDP2 groups and mixed precision (parallel/fsdp2.py)
     ms = (fsdp2_model_states if fsdp2 else model_states)(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
     gathered = 0.0 if fsdp2 else gathered_params(pc, setup, st, stage)
+    ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
+    if ds_zero.deepspeed_engine(setup):
+        ds = ds_zero.deepspeed_states(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup,
+                                      ds_zero.persistent_params(pc, setup, stage), largest)
+        ms, gathered = ds.states, ds_zero.gathered(pc, setup, st, layer_params(spec, pc, setup))
 
     tokens = setup.batch * setup.seq
     keys = keys_per_token(spec, setup.seq)
@@ -86,7 +92,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     # both partials and their sum are live. (On a pipeline, Megatron's last stage holds its own copy: not here.)
     tied_partials = 2 * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb \
         if (spec.tied_embeddings and stage.embedding and stage.head) else 0
-    rs = 0.0 if fsdp2 else reduce_scatter_transient(pc, largest, st, setup)
+    rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup)
 
     def kind(m: LayerMemory) -> LayerKind:
         # the layer's backward high point: the moment with the most temporaries and gradients made so far
@@ -117,10 +123,11 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         layer_grads_done=uniform.grads_done,
         embedding_backward=(st.residual * spec.hidden * tokens + tied_partials) if stage.embedding else 0,
         gathered=gathered,
-        optimizer_transient=optimizer_temporaries(setup, st, n / shard(setup, 1), largest),
+        optimizer_transient=ds.step_transient if ds else optimizer_temporaries(setup, st, n / shard(setup, 1), largest),
         norm_kept=head.norm_kept if stage.head else 0,
         norm_backward=head.norm_backward if stage.head else 0,
-        gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else {},
+        gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
+        (ds.backward_moments(gathered) if ds else {}),
         kinds=kinds if every else (),
         pattern=pattern,
     )
@@ -141,5 +148,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         "optimizer_temporaries": int(step.optimizer_transient),
         "zero3_gathered_params": int(gathered if not fsdp2 else step.gathered_at["last_layer_backward"]),
     }
+    if ds:
+        detail["host_memory"] = int(ds.host)  # ZeRO-Offload's host bytes
     return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
                        int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail)

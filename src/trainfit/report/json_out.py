@@ -20,6 +20,8 @@ def estimate_dict(e: Estimate) -> dict:
         "notes": list(e.notes),
         "detail": e.detail,
     }
+    if "host_memory" in (e.detail or {}):  # ZeRO-Offload's host bytes (analytic/parallel/deepspeed.py)
+        d["memory"]["host_memory"] = e.detail["host_memory"]
     if e.setup.mode == "train":  # the stack modelled and the defaults it resolved (trainfit/stacks/*.toml)
         st = e.setup.stack_facts
         d["stack"] = {"name": st.name, "version": st.version, "summary": st.summary,

@@ -1,0 +1,171 @@
+"""What DeepSpeed's ZeRO engine (deepspeed 0.19.8) holds on one rank: model states as its optimizers allocate
+them, its gradient buckets, the fp32 gradient of the step, and what ZeRO-Offload moves to host memory.
+
+Paths are inside the deepspeed package; the defaults are stacks/deepspeed.toml facts. Per rank, `n` parameters
+(after TP/PP), `dp` data-parallel ranks, 16-bit dtype bytes `w` (4 under fp32):
+  * stage 0, bf16/fp16: FP16_Optimizer (engine.py:2321 -> fused_optimizer.py): a flat 16-bit copy the params
+    view (:94-97), a flat fp32 master (:100), 16-bit .grad; the step casts every .grad to fp32 and flattens the
+    casts into one fp32 gradient (:283-291: casts and flat both live, then the casts go).
+  * stage 0, fp32: the client optimizer alone; the gradient all-reduce flattens each bucket into a new tensor
+    (engine.py:3795-3797, buckets of MEMORY_OPT_ALLREDUCE_SIZE elements, :151).
+  * stages 1-2: DeepSpeedZeroOptimizer: the flat 16-bit weights (stage_1_and_2.py:509), an fp32 partition of
+    them cloned even under fp32 (:556-577: `.clone().to(master_weights_and_grads_dtype)`), the optimizer state
+    of that partition, and the ipg bucket: reduce_bucket_size elements allocated whole (:3265), two with
+    overlap_comm (:3273-3278). Stage 2 keeps the rank's reduced gradients in grads_in_partition (n/dp in the
+    model dtype, :2192); stage 1 keeps every gradient. The step flattens the partition's gradients and casts
+    them to a new fp32 tensor (:3113-3118), freed after the update (:3142).
+  * stage 3: DeepSpeedZeroOptimizer_Stage3: 16-bit partitions of the parameters (parameters under
+    stage3_param_persistence_threshold elements stay whole), the fp32 partition (stage3.py:1170-1172; none
+    under fp32: the partition itself is the master, :1162-1167), grad_partitions_flat_buffer (n/dp in the
+    accumulation dtype, :791), one ipg bucket (:782), and at the step an fp32 gradient of the largest
+    sub-group (:1306, sub_group_size).
+  * offload optimizer: the fp32 partition, its optimizer state and its fp32 gradient partition live in host
+    memory (stage_1_and_2.py:278 device='cpu', :937-941; stage3.py:1158-1160, :1338), plus a 16-bit host copy
+    of the partition that the update is copied through (stage_1_and_2.py:563-571). offload params (stage 3)
+    moves the 16-bit partitions to host as well (stage3.py:907).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...setup import Setup
+from ..params import ParamCounts
+from ..precision import StateBytes
+from .pipeline import Stage
+from .zero import ModelStates
+
+FP32 = 4
+
+
+def deepspeed_engine(setup: Setup) -> bool:
+    """The ZeRO engine's own allocation (this module) rather than torch DDP/ZeRO's (parallel/zero.py)."""
+    return setup.stack == "deepspeed" and setup.mode == "train"
+
+
+def fused_adam(setup: Setup) -> bool:
+    """The client optimizer is DeepSpeed's FusedAdam (engine.py:2486, the stack's fused kernel): it needs CUDA
+    (ops/adam/fused_adam.py builds a CUDA kernel), so a CPU run takes any other optimizer (torch's AdamW)."""
+    return setup.device != "cpu" and setup.optimizer in ("adam", "adamw") and setup.optimizer_kernel == "fused"
+
+
+def _fact(setup: Setup, key: str):
+    return setup.stack_facts.fact(key)
+
+
+@dataclass(frozen=True)
+class DeepSpeedStates:
+    states: ModelStates  # on the device, resident through the step
+    step_transient: float  # bytes the optimizer step adds on the device beside the gradients
+    host: float  # ZeRO-Offload's host bytes
+    in_backward: float = 0.0  # buffers live from the backward's start to its end (ZeRO-1/2's ipg buckets)
+    backward_end: float = 0.0  # made at the backward's end with every gradient live (ZeRO-0's all-reduce copy)
+
+    def backward_moments(self, gathered: float) -> dict:
+        """phases.StepBytes.gathered_at: what is live beside the states at each backward moment."""
+        if not (self.in_backward or self.backward_end):
+            return {}
+        held = gathered + self.in_backward
+        return {"loss_backward": held, "last_layer_backward": held, "first_layer_backward": held,
+                "embedding_backward": held + self.backward_end, "layer_backward": (held, 0.0)}
+
+
+def overlap_comm(setup: Setup) -> bool:
+    # config.py:384-386: overlap_comm None -> stage == 3
+    return setup.zero == 3
+
+
+def ipg_buckets(setup: Setup, w: float) -> float:
+    """The contiguous_gradients bucket buffers: reduce_bucket_size elements each, allocated whole, in the
+    gradient-reduction dtype (the model dtype: grad_accum_dtype defaults to it, engine.py:1806-1807)."""
+    if setup.zero == 0 or not _fact(setup, "contiguous_gradients"):
+        return 0.0
+    # stage_1_and_2.py:3265 one buffer, :3273-3278 a second with overlap_comm; stage3.py:782 always one
+    count = 2 if (setup.zero in (1, 2) and overlap_comm(setup)) else 1
+    return count * _fact(setup, "reduce_bucket_size") * w
+
+
+def persistent_params(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
+    """ZeRO-3 leaves parameters below stage3_param_persistence_threshold elements whole on every rank
+    (parameter_offload.py:187): in a transformer the norm weights and biases (vectors of `hidden` elements).
+    NB: counted as the layer norms and the final norm only; small biases are not (under-counts by their
+    (1 - 1/dp) share, a few hidden-sized vectors per layer)."""
+    thr = _fact(setup, "stage3_param_persistence_threshold")
+    norms = pc.norms if pc.norms < thr else 0
+    final = pc.final if (stage.head and pc.final < thr) else 0
+    return stage.layers * norms + final
+
+
+def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup, persistent: float = 0.0,
+                     largest: float = 0.0) -> DeepSpeedStates:
+    """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state (fp32 states:
+    the ZeRO optimizers hand the client optimizer the fp32 partition); persistent: ZeRO-3's whole small
+    parameters; largest: the largest parameter (ZeRO-Offload stages its gradient through a buffer of it)."""
+    dp, z = setup.dp, setup.zero
+    w = st.weight  # the model dtype: 2 under bf16/fp16-master, 4 under fp32
+    low = st.master > 0  # a 16-bit model with fp32 masters
+    part = n / dp
+    off_opt = setup.offload in ("optimizer", "params")
+    host = 0.0
+    if z == 0:
+        weights, grads = n * w, n * w
+        opt = optimizer_bytes
+        master = n * FP32 if low else 0.0  # fused_optimizer.py:100
+        comm = 0.0
+        # FP16_Optimizer (client optimizer FusedAdam), fused_optimizer.py:283-291: per-parameter fp32 casts and
+        # their flat copy, both live at the cat; FP16_UnfusedOptimizer (any other optimizer, engine.py:2564-2599)
+        # keeps one fp32 .grad per parameter (unfused_optimizer.py:217-221). fp32: the all-reduce's flat bucket
+        # copy (engine.py:3795), made at the backward's end with the grads live
+        transient = (2 if fused_adam(setup) else 1) * n * FP32 if low else 0.0
+        # the all-reduce runs inside engine.backward at the accumulation boundary (engine.py:3073 allreduce_gradients)
+        # NB: one bucket's flat copy (the largest, min(n, bucket)); buckets after it reuse the freed memory
+        flat = min(n, _fact(setup, "stage0_allreduce")) * w if setup.dp > 1 else 0.0
+        return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, 0.0, flat)
+    opt = optimizer_bytes / dp
+    # stages 1-2 clone an fp32 partition even under fp32 (stage_1_and_2.py:556-577); stage 3 does not under
+    # fp32, the 16-bit partition is already fp32 (stage3.py:1162-1167)
+    master = part * FP32 if (z < 3 or low) else 0.0
+    comm = ipg_buckets(setup, w)
+    in_backward = 0.0
+    if z < 3:
+        # ZeRO-1/2 allocate the buckets at the backward's start (engine.py:3313 -> stage_1_and_2.py:3256
+        # setup_buckets) and free them at its end (:1061 -> :924 _release_ipg_buffers); ZeRO-3 keeps its one
+        # bucket from construction on (stage3.py:782)
+        comm, in_backward = 0.0, comm
+    if z == 3:
+        weights = part * w + persistent * w * (1 - 1 / dp)
+        grads = part * w  # grad_partitions_flat_buffer (stage3.py:791)
+        # the fp32 gradient of the largest sub-group at the step (stage3.py:1306); under fp32 the step uses
+        # the flat buffer's own partition. NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
+        transient = min(part, _fact(setup, "sub_group_size")) * FP32 if low else 0.0
+    else:
+        weights = n * w  # bit16_groups_flat (stage_1_and_2.py:509)
+        grads = part * w if z == 2 else n * w  # grads_in_partition (:2192) / every .grad (stage 1)
+        # :3113-3118: the partition's flat gradient and its fp32 cast are both live at the cast. Under fp32
+        # the cast is a copy-free .to() (same dtype) and only the flat copy exists
+        transient = part * w + (part * FP32 if low else 0.0)
+        if z == 1:
+            # the step first frees the gradients outside the rank's partition (:3103 free_grad_in_param_list)
+            transient -= (n - part) * w
+    if off_opt:
+        # host: fp32 partition, its optimizer state, its fp32 gradient, the 16-bit copy buffer
+        host = master + opt + part * FP32 + (part * w if z < 3 else 0.0)
+        if z < 3:
+            # the partition's gradients go straight to the host fp32 gradient through a buffer of the largest
+            # parameter on the device (stage_1_and_2.py:659 temp_grad_buffer_for_gpu_offload)
+            grads = largest * w
+        master, opt, transient = 0.0, 0.0, 0.0
+    if setup.offload == "params":
+        host += part * w  # the 16-bit partitions (stage3.py:907)
+        weights -= part * w
+    return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward)
+
+
+def gathered(pc: ParamCounts, setup: Setup, st: StateBytes, layer: float) -> float:
+    """ZeRO-3 in forward and backward: the module being run, all-gathered whole, and the prefetch of the
+    modules after it, up to stage3_prefetch_bucket_size elements (config.py:222). NB: the embedding and LM
+    head are gathered only at their own use and are taken as the same size as a layer's gather (under-counts
+    when one is larger than a layer)."""
+    if setup.zero < 3:
+        return 0.0
+    prefetch = min(layer, _fact(setup, "stage3_prefetch_bucket_size"))
+    return (layer + prefetch) * st.weight
