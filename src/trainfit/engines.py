@@ -17,6 +17,18 @@ from .setup import Setup
 from .spec import ModelSpec
 
 ENGINES = ("analytic", "trace", "measure", "all")
+# the stacks whose own step the trace and measure engines run (trainfit.step.hf, trainfit.step.torchtitan)
+RUN_STACKS = ("hf", "torchtitan")
+WHY_NOT_RUN = {
+    "megatron": "Megatron-Core's step runs Transformer Engine's CUDA layers, which neither fakes nor runs on this CPU",
+    "deepspeed": "DeepSpeed's ZeRO engine is measured on CPU by bench/deepspeed_cpu.py (torchrun), not by this engine yet",
+}
+
+
+def _check_stack(setup: Setup, engine: str) -> None:
+    if setup.mode == "train" and setup.stack not in RUN_STACKS:
+        raise SetupError(f"--engine {engine} runs the stack's own step, which it does not for --stack {setup.stack} "
+                         f"({WHY_NOT_RUN.get(setup.stack, 'not wired')}): use --engine analytic")
 
 
 def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, **run) -> Estimate:
@@ -37,6 +49,7 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     extrapolate: trace a few repeated layers and extend to full depth only where every number is exactly linear
     (trace/extrapolate.py verifies it, and falls back to the full trace otherwise) — the same peak, seconds
     instead of a minute for deep models. Pass False when the caller draws the whole step's curve."""
+    _check_stack(setup, "trace")
     if setup.tp > 1 or setup.pp > 1:
         raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
                          "(use --engine analytic); --dp/--zero are traced one rank at a time")
@@ -56,6 +69,7 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
 
 def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:
     """Real steps here (one process); the caller checks free memory first (api.check_room)."""
+    _check_stack(setup, "measure")
     if setup.float8:
         raise SetupError("--float8 is torchtitan's Float8Linear, which the measure engine does not run: use --engine "
                          "analytic")
