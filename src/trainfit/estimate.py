@@ -52,6 +52,12 @@ class Memory:
     peak_phase: str
     phases: dict[str, int]  # total live bytes at each phase's high point
     at_peak: dict[str, int] = field(default_factory=dict)  # Category value -> bytes live at the peak
+    # what the GPU really holds (issue 13): the caching allocator's reserved bytes at the peak (allocated + cached
+    # blocks and segment slack), and reserved + the fixed overheads (CUDA context, cuBLAS workspaces, NCCL
+    # buffers) = what nvidia-smi shows; None where the engine does not model them
+    reserved: int | None = None
+    device_total: int | None = None
+    overheads: dict[str, int] = field(default_factory=dict)  # fixed overhead name -> bytes (in device_total)
 
     def __post_init__(self) -> None:
         # every engine fills the same Memory the same way: Category names, Phase names
