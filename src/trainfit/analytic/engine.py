@@ -130,8 +130,11 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                         gpu_memory=gpu.memory, **extra)
     notes = [f"attention kernel: {setup.attention_kernel}; optimizer {setup.optimizer_kernel} ({setup.device} semantics); stack {setup.stack}"]
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
-    if setup.dp > 1 and setup.zero == 0:
+    if setup.dp > 1 and setup.zero == 0 and setup.stack in ("hf", "torchtitan"):
         notes.append("DDP keeps a gradient-sized bucket buffer (counted in temporaries)")
+    if setup.stack == "megatron" and spec.is_moe and setup.tp > 1 and not setup.sequence_parallel:
+        notes.append("Megatron warns that expert and tensor parallelism need --sequence-parallel "
+                     "(model_parallel_config.py:440-445); the MoE layers are modelled as with it")
     if fsdp2_mixed_precision(setup):
         notes.append("FSDP2 mixed precision (stack facts): fp32 shards; each group all-gathered in "
                      f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "
