@@ -43,9 +43,9 @@ def test_every_setting_is_in_the_web_schema_and_on_the_page():
 
 def test_reserve_the_setting_added_in_one_place(cli):
     """--reserve was added by one declaration in RunSettings and one use in the fit formula. Hand check: the
-    headroom is GPU memory minus reserve minus peak, so 8 GiB instead of 1 GiB leaves exactly 7 GiB less."""
+    headroom is GPU memory minus reserve minus device total, so 8 GiB instead of 1 GiB leaves exactly 7 GiB less."""
     base = ["estimate", "llama-3.2-1b", "--gpu", "H100-80GB", "--json"]
-    _, a, _ = cli(*base)
+    _, a, _ = cli(*base, "--reserve", "1")
     _, b, _ = cli(*base, "--reserve", "8")
     a, b = json.loads(a), json.loads(b)
     assert a["time"]["headroom"] - b["time"]["headroom"] == 7 * 2**30
@@ -58,14 +58,16 @@ def test_reserve_the_setting_added_in_one_place(cli):
 
 def test_gpu_memory_replaces_the_gpus_capacity_everywhere(cli):
     """--gpu-memory, one declaration in RunSettings: 40 GiB on an H100-80GB is exactly 40 GiB in the estimate's
-    JSON (time.gpu_memory) and in the plan's, the headroom is 40 GiB - 1 GiB reserve - peak (a hand check), the web
+    JSON (time.gpu_memory) and in the plan's, the headroom is 40 GiB - device total (a hand check: peak + the
+    H100's 32 MiB cuBLAS workspace + 400 MiB CUDA context, data/overheads.toml; one GPU, no NCCL), the web
     API and view say the same, and it needs --gpu."""
     base = ["estimate", "llama-3.2-1b", "--gpu", "H100-80GB", "--json"]
     code, out, _ = cli(*base, "--gpu-memory", "40")
     assert code == 0
     d = json.loads(out)
     assert d["time"]["gpu_memory"] == 40 * 2**30
-    assert d["time"]["headroom"] == 40 * 2**30 - 2**30 - d["memory"]["peak"]
+    assert d["memory"]["device_total"] == d["memory"]["peak"] + 32 * 2**20 + 400 * 2**20
+    assert d["time"]["headroom"] == 40 * 2**30 - d["memory"]["device_total"]
     _, full, _ = cli(*base)
     assert json.loads(full)["time"]["gpu_memory"] == 81559 * 2**20  # the catalog's H100 (nvidia-smi 81559 MiB)
     web = api.analytic(Request(model="llama-3.2-1b", gpu="H100-80GB", gpu_memory=40.0))
@@ -73,7 +75,7 @@ def test_gpu_memory_replaces_the_gpus_capacity_everywhere(cli):
     code, out, _ = cli("plan", "llama-3.2-1b", "--gpu", "H100-80GB", "--gpus", "1", "--gpu-memory", "40", "--json")
     assert code == 0
     p = json.loads(out)
-    assert p["gpu_memory"] == 40 * 2**30 and p["capacity"] == int(40 * 2**30 - 2**30 - 0.05 * 40 * 2**30)
+    assert p["gpu_memory"] == 40 * 2**30 and p["capacity"] == int(40 * 2**30 - 0.05 * 40 * 2**30 - 432 * 2**20)  # 32 MiB cuBLAS + 400 MiB context
     for args, word in (((*base[:2], "--gpu-memory", "40"), "needs --gpu"), ((*base, "--gpu-memory", "0"), "greater"),
                        ((*base, "--gpu-memory", "1e6"), "at most")):
         code, _, err = cli(*args)
@@ -87,7 +89,7 @@ def test_gpu_memory_reaches_the_web_view():
 
     client = TestClient(create_app())
     v = client.post("/api/view", json={"model": "llama-3.2-1b", "gpu": "H100-80GB", "gpu_memory": 12}).json()
-    assert v["capacity"] == 12 * 2**30 and v["summary"]["headroom"] == 11 * 2**30 - v["summary"]["peak"]
+    assert v["capacity"] == 12 * 2**30 and v["summary"]["headroom"] == 12 * 2**30 - 432 * 2**20 - v["summary"]["peak"]
     assert v["summary"]["fits"] is False and v["would_fit"]  # the advice judges against 12 GiB too
     r = client.get("/api/estimate", params={"model": "llama-3.2-1b", "gpu": "/etc/passwd.json"})
     assert r.status_code == 400 and "catalog GPU names" in r.json()["error"]

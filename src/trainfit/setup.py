@@ -235,9 +235,9 @@ class RunSettings:
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
                                      minimum=0, example="2.5")
-    reserve: float = setting(1.0, "GiB per GPU kept for the CUDA context, cuBLAS workspaces and allocator caching "
-                             "when judging the fit (a flat allowance until the allocator model replaces it).",
-                             minimum=0, maximum=1024, example="2")
+    reserve: float = setting(0.0, "Extra GiB per GPU kept free beyond the modelled device total (CUDA context, "
+                             "cuBLAS workspace and NCCL buffers are already in it) when judging the fit: other "
+                             "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2")
 
 
 # -- the registry -----------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def test_largest_batch_really_is_the_largest():
     gpu = get_gpu("L4")
     e = estimate(spec, Setup(mode="infer", precision="bf16", batch=1, seq=4096), gpu)
     b = e.time.max_batch
-    cap = gpu.memory - GiB
+    cap = gpu.memory - 426 * 2**20 - (4096 * 1024 * 2 + 16 * 1024 * 8)  # Ada context (unsloth-zoo#1053) + cuBLAS workspace (CublasHandlePool.cpp)
     assert b >= 1
     assert estimate(spec, Setup(mode="infer", precision="bf16", batch=b, seq=4096)).memory.peak <= cap
     assert estimate(spec, Setup(mode="infer", precision="bf16", batch=b + 1, seq=4096)).memory.peak > cap

@@ -79,7 +79,7 @@ def test_candidates_peak_equals_trainfit_estimate(l8b):
     r = search(l8b, get_gpu("A100-80GB"), PlanQuery(gpus=16, seq=4096, global_batch_tokens=1e6, top=5))
     assert r.candidates
     for c in r.candidates:
-        assert estimate(l8b, c.setup).memory.peak == c.peak <= capacity(get_gpu("A100-80GB"), 0.05)
+        assert estimate(l8b, c.setup).memory.peak == c.peak <= c.capacity == capacity(get_gpu("A100-80GB"), 0.05, c.setup)
 
 
 def test_estimate_cli_gives_the_same_peak(l8b):

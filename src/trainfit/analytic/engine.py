@@ -1,7 +1,7 @@
 """The analytic engine: closed-form memory, FLOPs and time for any transformer at any scale (no torch)."""
 from __future__ import annotations
 
-from .. import heads
+from .. import heads, overheads
 from ..models.hf_config import for_setup
 from ..errors import SetupError
 from ..estimate import Estimate, Flops, Memory, Timing
@@ -18,10 +18,23 @@ from ..precision import PRECISIONS
 from .step_time import layout_step_time
 from .timing import budget, compute_dtype, step_seconds
 
-# Reserved per GPU for the CUDA context, cuBLAS workspace and allocator fragmentation when judging "fits"
-# (the --reserve setting, GiB). NB: ~0.5 GiB context on H100 + workspace; fragmentation varies — a conservative
-# round figure until the allocator model replaces it.
-DEFAULT_RESERVE = 1 << 30
+# Extra bytes per GPU the user keeps free beyond the modelled device total when judging "fits" (the --reserve
+# setting, GiB; default 0): the device total already holds the CUDA context, cuBLAS workspace and NCCL buffers
+# (trainfit/overheads.py, data/overheads.toml).
+DEFAULT_RESERVE = 0
+
+
+def device_memory(peak: int, gpu: GPU | None, setup: Setup) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
+    """(reserved, device_total, overheads, allocator-held buffers) for a step whose allocated peak is `peak`
+    (DESIGN.md §4c): reserved from the allocated peak (overheads.reserved_from_allocated — NB: under-counts the
+    allocator's cache until the simulator-derived fragmentation model replaces it), device total = reserved + the
+    fixed overheads beside the allocator (None without a GPU: the context and workspace depend on it)."""
+    held = overheads.allocator_held(gpu, setup)
+    reserved = overheads.reserved_from_allocated(peak, held)
+    if gpu is None:
+        return reserved, None, {}, held
+    beside = overheads.overheads(gpu, setup)
+    return reserved, reserved + sum(beside.values()), beside, held
 
 
 def check_stack_model(spec: ModelSpec, setup: Setup) -> None:
@@ -84,7 +97,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
              tokens: float | None = None, mbu: float = 0.8, reserve: float = DEFAULT_RESERVE / 2**30) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: compute at the fitted
     matmul efficiency + exposed communication + bubble + optimizer, the planner's model); a number overrides it
-    with a flat model-FLOPs utilisation. reserve: GiB per GPU kept free when judging the fit."""
+    with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free beyond the device total when judging
+    the fit (fits = device_total + reserve <= GPU memory)."""
     spec = for_setup(spec, setup)  # the model with the head this setup trains (--head / architectures)
     reserve = int(reserve * 2**30)
     if mfu is not None and not 0 < mfu <= 1:
@@ -105,10 +119,12 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     flops = Flops(int(fwd_rank), int(bwd_rank), int(rec_rank), int(fwd_rank + bwd_rank + rec_rank),
                   int(fwd_rank + bwd_rank), int(f.per_token))
     at = mem.at_peak
+    reserved, device_total, beside, held = device_memory(mem.peak, gpu, setup)
     memory = Memory(
         weights=mem.weights, gradients=mem.gradients, optimizer_states=mem.optimizer, master_weights=mem.master,
         activations=mem.activations, temporaries=at.get("temporaries", 0) + mem.comm_buffers, kv_cache=0,
         peak=mem.peak, peak_phase=mem.peak_phase, phases=mem.phases, at_peak=at,
+        reserved=reserved, device_total=device_total, overheads=beside,
     )
     timing = None
     detail = {"params_active": pc.active, "head": spec.task_head, **mem.detail}
@@ -124,9 +140,9 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
             achieved = mfu * flops.model_step / flops.step
         tps = setup.tokens_per_step / secs
         extra = budget(tokens, tps, setup.world_size, gpu) if tokens else {}
-        capacity = gpu.memory - reserve
+        headroom = gpu.memory - reserve - device_total
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
-                        tokens_per_second=tps, fits=mem.peak <= capacity, headroom=capacity - mem.peak,
+                        tokens_per_second=tps, fits=headroom >= 0, headroom=headroom,
                         gpu_memory=gpu.memory, **extra)
     notes = [f"attention kernel: {setup.attention_kernel}; optimizer {setup.optimizer_kernel} ({setup.device} semantics); stack {setup.stack}"]
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
@@ -140,13 +156,18 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                      f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "
                      f"{setup.stack_facts.fact('mixed_precision', 'reduce_dtype')}; no autocast")
     if gpu is not None:
-        notes.append(f"fits = peak <= GPU memory - {reserve / 2**30:.1f} GiB reserved for CUDA context and allocator "
-                     "(--reserve)")
+        notes.append(_fit_note(reserve))
+        notes.append(overheads.describe(beside, held))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (matmuls at the fitted efficiency + exposed communication, "
                           "bubble, optimizer); --mfu overrides it")
     return Estimate("analytic", spec.name, pc.total, int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
                     setup, memory, flops, timing, tuple(notes), detail)
+
+
+def _fit_note(reserve: int) -> str:
+    extra = f" - {reserve / 2**30:.1f} GiB (--reserve)" if reserve else ""
+    return f"fits = device total <= GPU memory{extra}; jobs run out of memory at the device total, not at the peak"
 
 
 def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
@@ -156,23 +177,28 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     phases = {"prefill": m.prefill_peak, "decode": m.decode_peak} if spec.causal else {"prefill": m.prefill_peak}
     fpt = forward_per_token(spec, setup.seq, pc)
     prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
+    reserved, device_total, beside, held = device_memory(peak, gpu, setup)
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,
                     temporaries=m.logits, kv_cache=m.kv_cache, peak=peak, peak_phase=peak_phase,
-                    phases=phases,
+                    phases=phases, reserved=reserved, device_total=device_total, overheads=beside,
                     at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations, "temporaries": m.logits})
     flops = Flops(int(prefill_flops), 0, 0, int(prefill_flops), int(prefill_flops), int(fpt))
     timing = None
     if gpu is not None:
-        capacity = gpu.memory - reserve
+        # the peak may use what the device total leaves: GPU memory - --reserve - the fixed overheads
+        capacity = gpu.memory - reserve - overheads.fixed_bytes(gpu, setup)
         prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
         # decode: one pass over the weights and the whole KV cache per generated token (per sequence batch)
         decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu) if spec.causal else None
         timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=prefill_s, tokens_per_second=setup.batch * setup.seq / prefill_s,
-                        fits=peak <= capacity, headroom=capacity - peak, gpu_memory=gpu.memory,
+                        fits=device_total + reserve <= gpu.memory, headroom=gpu.memory - reserve - device_total,
+                        gpu_memory=gpu.memory,
                         prefill_seconds=prefill_s,
                         decode_tokens_per_second=setup.batch / decode_s if decode_s else None,
                         max_batch=inference.largest_batch(spec, setup, capacity),
                         max_seq=inference.largest_context(spec, setup, capacity))
     notes = [f"KV cache in {inference.kv_dtype(spec, setup)}; decode at {mbu:.0%} of memory bandwidth (roofline)"]
+    if gpu is not None:
+        notes += [_fit_note(reserve), overheads.describe(beside, held)]
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active, "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup)})

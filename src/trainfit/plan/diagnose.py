@@ -87,7 +87,7 @@ def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
     lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
             f"{where.precision}, micro-batch 1") if where else "none"
     d.message = (f"nothing fits in {fmt_bytes(cap)} per {gpu.name} (its {fmt_bytes(gpu.memory)} minus "
-                 f"{q.margin:.0%} margin and 1 GiB context): the leanest plan ({lean}) needs {fmt_bytes(peak)} per GPU")
+                 f"{q.margin:.0%} margin, the CUDA context and cuBLAS workspace): the leanest plan ({lean}) needs {fmt_bytes(peak)} per GPU")
     if peak > cap:
         for n in _counts(q.gpus, gpu.gpus_per_node):
             if (q.tp and n % q.tp) or (q.pp and n % q.pp):

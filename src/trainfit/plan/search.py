@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..analytic.engine import DEFAULT_RESERVE, estimate
+from ..overheads import fixed_bytes
 from ..analytic.params import count_params
 from ..analytic.precision import state_bytes
 from ..analytic.timing import budget
@@ -158,9 +159,13 @@ class PlanQuery:
         return stages if self.zeros is None else tuple(z for z in self.zeros if z in stages)
 
 
-def capacity(gpu: GPU, margin: float) -> int:
-    """Bytes a plan's peak may use: the GPU minus the engine's CUDA-context reserve minus the safety margin."""
-    return int(gpu.memory - DEFAULT_RESERVE - margin * gpu.memory)
+def capacity(gpu: GPU, margin: float, setup: Setup | None = None) -> int:
+    """Bytes a plan's peak may use, on the estimate's basis (its fit is device total <= GPU memory): the GPU minus
+    the safety margin minus the fixed overheads the device total adds to the peak (overheads.fixed_bytes: CUDA
+    context, cuBLAS workspace, and for `setup` its NCCL communicators; without a setup, one process's context and
+    workspace). NB: reserved = peak + workspace until the allocator model lands (overheads.reserved_from_allocated)."""
+    base = setup if setup is not None else Setup()
+    return int(gpu.memory - DEFAULT_RESERVE - margin * gpu.memory - fixed_bytes(gpu, base))
 
 
 class _Cfg(NamedTuple):
@@ -283,7 +288,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                       optimizer=q.optimizer, recompute=rec, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero,
                       sequence_parallel=cfg.tp > 1, stack=cfg.stack, cp=cfg.cp, vpp=cfg.vpp, pp_split=cfg.pp_split)
         est = estimate(spec, setup)
-        c = Candidate(setup, tm, est, cap)
+        c = Candidate(setup, tm, est, capacity(gpu, q.margin, setup))
         if tokens:
             c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu)
         cands.append(c)
@@ -309,11 +314,12 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, st, sp, costs, ora
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
     bmax: dict[bool, int] = {}
+    gcap = capacity(gpu, q.margin, base)  # this layout's communicators (NCCL buffers) come off the GPU too
 
     def largest(multi: bool) -> int:
         if multi not in bmax:
             b = base if (lay.pp > 1 or not multi) else base.with_(grad_accum=2)
-            bmax[multi] = oracle.largest_batch(b, cap, bcap)
+            bmax[multi] = oracle.largest_batch(b, gcap, bcap)
         return bmax[multi]
 
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit

@@ -26,7 +26,7 @@ def _largest(lo: int, hi: int, ok) -> int:
     return hi if ok(hi) else lo
 
 
-def fit_advice(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 1.0) -> list[str]:
+def fit_advice(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0) -> list[str]:
     """Single changes (as CLI flags, with a short why) under which `setup` fits on `gpu` (keeping `reserve` GiB
     free, as the estimate did); [] if it fits already."""
     s = setup

@@ -1,0 +1,133 @@
+"""What the GPU holds beyond live tensors (issue 13; DESIGN.md §4c), from data/overheads.toml (no torch).
+
+    allocated (memory.peak)  <  reserved (memory.reserved)  <  device total (memory.device_total, nvidia-smi)
+
+- `allocator_held`: buffers libraries take through PyTorch's caching allocator — the cuBLAS workspace
+  (CublasHandlePool.cpp allocates it with the CUDA caching allocator), so it is inside `max_memory_reserved`, not
+  beside it; it is not one of the model's tensors, so the engines' peak leaves it out.
+- `overheads`: memory beside the allocator — the CUDA context (driver state and lazily loaded kernels) and NCCL's
+  buffers, one set per communicator the stack creates (`communicators`).
+
+Every figure is a data entry with its source and the versions it holds for (data/overheads.toml).
+"""
+from __future__ import annotations
+
+import tomllib
+from functools import lru_cache
+from importlib import resources
+
+from .hardware import GPU
+
+
+@lru_cache(maxsize=1)
+def data() -> dict:
+    return tomllib.loads(resources.files("trainfit.data").joinpath("overheads.toml").read_text())
+
+
+def cuda_context(gpu: GPU) -> int:
+    """The CUDA context of one process on `gpu` (lazy module loading on): its generation's published figure,
+    else the default one. NB: the context right after the first CUDA calls; kernels loaded lazily during the step
+    add to it (under-count). NB: ROCm has no figure here; AMD GPUs get the CUDA default (direction unknown)."""
+    ctx = data()["cuda_context"]
+    for entry in ctx.values():
+        if gpu.name in entry.get("gpus", ()):
+            return int(entry["bytes"])
+    return int(ctx["default"]["bytes"])
+
+
+def blas_workspace(gpu: GPU) -> int:
+    """One cuBLAS (hipBLAS on ROCm) workspace as torch sizes it (CublasHandlePool.cpp parseChosenWorkspaceSize):
+    32 MiB on sm_90, 4096 KiB × 2 + 16 KiB × 8 elsewhere; ROCm 128 MiB on gfx94x, else 32 MiB."""
+    if gpu.vendor == "amd":
+        w = data()["hipblas_workspace"]
+        return int(w["gfx94_bytes"] if gpu.name in w["gfx94_gpus"] else w["other_bytes"])
+    w = data()["cublas_workspace"]
+    return int(w["sm90_bytes"] if gpu.name in w["sm90_gpus"] else w["other_bytes"])
+
+
+def nccl_connection_bytes() -> int:
+    """One NCCL connection (one peer on one channel): a FIFO per protocol, LL + LL128 + SIMPLE (NCCL init.cc
+    DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, DEFAULT_BUFFSIZE = NCCL_BUFFSIZE 4 MiB)."""
+    n = data()["nccl"]
+    return int(n["ll_bytes"] + n["ll128_bytes"] + n["simple_bytes"])
+
+
+def nccl_communicator_bytes(ranks: int) -> int:
+    """NCCL buffers one rank holds for a communicator of `ranks` ranks: channels × connections × per-connection
+    FIFOs, connections = ring (1: the previous rank) + tree (a chain within the node: parent and child, at most
+    ranks - 1). NB: channels = MAXCHANNELS (over-counts where the topology search picks fewer); NVLS/CollNet
+    buffers are not counted (under-count on NVSwitch H100 systems)."""
+    if ranks < 2:
+        return 0
+    n = data()["nccl"]
+    peers = n["ring_peers"] + min(n["tree_peers"], ranks - 1)
+    return int(n["channels"] * peers * nccl_connection_bytes())
+
+
+def communicators(setup) -> dict[str, int]:
+    """The NCCL communicators one rank joins: process-group name -> ranks (groups of one rank create none).
+
+    torch creates a communicator per process group on its first collective (ProcessGroupNCCL, lazily), so only
+    the groups the step communicates on count:
+    - hf / deepspeed / torchtitan: DDP, FSDP and ZeRO reduce over one data-parallel group; torchtitan adds one
+      group per DeviceMesh dimension of size > 1 (tp, pp).
+    - megatron (megatron/core/parallel_state.py initialize_model_parallel): tensor (tp), pipeline (pp: send/recv),
+      context (cp: ring attention), data + context (dp × cp: gradient reduce-scatter/all-reduce,
+      get_data_parallel_group(with_context_parallel=True)), model (tp × pp: the gradient-norm all-reduce,
+      get_model_parallel_group), embedding (pp > 1: first and last stage, get_embedding_group), expert (ep) and
+      expert data (expert_dp) groups for MoE.
+    - inference (tp > 1): the tensor-parallel group.
+    """
+    s = setup
+    groups: dict[str, int] = {}
+    if s.mode == "infer":
+        groups["tp"] = s.tp
+    elif s.stack == "megatron":
+        groups.update(tp=s.tp, pp=s.pp, cp=s.cp, dp_cp=s.dp * s.cp, model=s.tp * s.pp,
+                      embedding=2 if s.pp > 1 else 1)
+        if s.ep > 1:
+            groups.update(ep=s.ep, expert_dp=s.expert_dp)
+    else:
+        groups.update(dp=s.dp, tp=s.tp, pp=s.pp)
+    return {k: v for k, v in groups.items() if v > 1}
+
+
+def allocator_held(gpu: GPU | None, setup) -> dict[str, int]:
+    """Library buffers inside the caching allocator's reserved pool (not model tensors): name -> bytes."""
+    if gpu is None or setup.device != "cuda":
+        return {}
+    streams = int(data()["cublas_workspace"]["streams"])
+    return {"cublas_workspace": streams * blas_workspace(gpu)}
+
+
+def overheads(gpu: GPU | None, setup) -> dict[str, int]:
+    """Memory beside the caching allocator that nvidia-smi counts: name -> bytes (empty without a GPU)."""
+    if gpu is None or setup.device != "cuda":
+        return {}
+    out = {"cuda_context": cuda_context(gpu)}
+    for name, ranks in communicators(setup).items():
+        out[f"nccl_{name}"] = nccl_communicator_bytes(ranks)
+    return out
+
+
+def fixed_bytes(gpu: GPU | None, setup) -> int:
+    """Everything on the device that is not the step's own tensors: allocator-held buffers + overheads."""
+    return sum(allocator_held(gpu, setup).values()) + sum(overheads(gpu, setup).values())
+
+
+def reserved_from_allocated(peak: int, held: dict[str, int]) -> int:
+    """The caching allocator's reserved bytes at the peak, from the allocated peak: the peak plus the library
+    buffers allocated through it. NB: under-counts — the allocator's cached free blocks and segment slack are
+    not modelled until the simulator-derived fragmentation model (issue 13, trainfit.alloc) replaces this."""
+    return peak + sum(held.values())
+
+
+def describe(mem_overheads: dict[str, int], held: dict[str, int]) -> str:
+    """One sentence for the notes: what lies between the peak and the device total."""
+    from .units import fmt_bytes
+
+    parts = [f"{k} {fmt_bytes(v)}" for k, v in held.items()]
+    beside = [f"{k} {fmt_bytes(v)}" for k, v in mem_overheads.items()]
+    return ("reserved = peak + " + (", ".join(parts) or "nothing") + " (through the caching allocator; NB: its "
+            "cached blocks are not modelled yet, so reserved under-counts); device total (nvidia-smi) = reserved + "
+            + (", ".join(beside) or "nothing") + " (data/overheads.toml, sources and versions there)")
