@@ -70,7 +70,7 @@ def _trace(req: Request, extrapolate: bool = True) -> Estimate:
     from . import engines
 
     spec, setup = resolve(req)
-    return engines.trace(spec, setup, extrapolate=extrapolate)
+    return engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf)
 
 
 def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:

@@ -35,6 +35,7 @@ def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, **run) -> Es
     """`run`: the run settings (trainfit.setup.RunSettings: mfu, tokens, reserve, ...) as keywords."""
     from .analytic.engine import estimate
 
+    run.pop("alloc_conf", None)  # the trace engine's allocator replay reads it; the analytic model does not yet
     return estimate(spec, setup, gpu, **run)
 
 
@@ -43,7 +44,8 @@ def _missing(what: str, e: ImportError) -> EngineUnavailableError:
                                   "pip install 'trainfit[torch]'")
 
 
-def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool = True) -> Estimate:
+def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool = True,
+          alloc_conf: str | None = None) -> Estimate:
     """The trace engine for any setup it can run.
 
     extrapolate: trace a few repeated layers and extend to full depth only where every number is exactly linear
@@ -63,8 +65,8 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     if setup.dp > 1:
         from .trace.distributed import trace_distributed  # one rank of the sharded step, fake process group
 
-        return trace_distributed(spec, setup)
-    return trace_spec(spec, setup, extrapolate=extrapolate, flops=flops)
+        return trace_distributed(spec, setup, alloc_conf=alloc_conf)
+    return trace_spec(spec, setup, extrapolate=extrapolate, flops=flops, alloc_conf=alloc_conf)
 
 
 def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:

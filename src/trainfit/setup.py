@@ -220,6 +220,12 @@ class Setup:
         return replace(self, **changes)
 
 
+def _check_alloc_conf(text) -> None:
+    from .alloc.config import parse_alloc_conf
+
+    parse_alloc_conf(text)  # a one-line SetupError on bad input
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """Settings of the question rather than of the step: which GPU, what utilisation, what budget."""
@@ -238,6 +244,11 @@ class RunSettings:
     reserve: float = setting(0.0, "Extra GiB per GPU kept free beyond the modelled device total (CUDA context, "
                              "cuBLAS workspace and NCCL buffers are already in it) when judging the fit: other "
                              "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2")
+    alloc_conf: Optional[str] = setting(None, "The CUDA caching allocator's settings for memory.reserved, in "
+                                        "PYTORCH_CUDA_ALLOC_CONF syntax (max_split_size_mb, expandable_segments, "
+                                        "roundup_power2_divisions, garbage_collection_threshold).",
+                                        auto="torch's defaults", check=lambda v: _check_alloc_conf(v),
+                                        example="expandable_segments:True")
 
 
 # -- the registry -----------------------------------------------------------------------------------------

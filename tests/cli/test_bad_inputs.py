@@ -106,6 +106,11 @@ CASES = [
     C("estimate", "Missing argument"),
     C("estimate llama-3.1-8b --no-such-flag", "--no-such-flag"),
     C("estimate llama-3.1-8b extra-positional", "unexpected extra argument"),
+    # ---- the caching allocator's settings (issue 13) ------------------------------------------------------------
+    C("estimate tiny-llama --alloc-conf max_split_size_mb:5", "max_split_size_mb too small"),
+    C("estimate tiny-llama --alloc-conf expandable_segment:True", "unknown key"),
+    C("estimate tiny-llama --alloc-conf garbage_collection_threshold:2", "garbage_collection_threshold"),
+    C("estimate tiny-llama --alloc-conf roundup_power2_divisions:3", "power of 2"),
     # ---- the 3D-parallel stacks (issue 12) ---------------------------------------------------------------------
     C("estimate tiny-llama --stack megatron --engine trace --device cpu", "use --engine analytic"),
     C("estimate tiny-llama --stack deepspeed --engine measure --device cpu", "use --engine analytic"),

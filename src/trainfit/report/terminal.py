@@ -59,8 +59,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         mark = " ◀ peak" if phase == m.peak_phase else ""
         t.add_row(f"[dim]at {PHASE_NAMES.get(phase, phase)}[/dim]", f"[dim]{fmt_bytes(v)}{mark}[/dim]")
     t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
-    if m.reserved is not None:
-        t.add_row("reserved", fmt_bytes(m.reserved))
+    if m.reserved is not None:  # not a component of the peak: allocated + what the allocator keeps cached
+        t.add_row("reserved (caching allocator)", fmt_bytes(m.reserved))
     if m.device_total is not None:
         t.add_row("device total (nvidia-smi)", fmt_bytes(m.device_total))
     console.print(t)

@@ -267,7 +267,8 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
     return model, rec, an
 
 
-def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = None, flops: bool = False) -> Estimate:
+def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = None, flops: bool = False,
+                      alloc_conf: str | None = None) -> Estimate:
     """The trace engine's Estimate for one rank of `setup` (dp ranks, zero stage), from a fake process group."""
     from .engine import NOTES, estimate_from
 
@@ -282,7 +283,8 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
     notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {kit.STRATEGIES[setup.zero]}, "
                      f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries",) + \
         ((kit.NOTE,) if kit.NOTE else ())
-    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes)
+    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes,
+                        alloc_conf=alloc_conf)
     import dataclasses
 
     n_local = sum(_local(p).numel() for p in model.parameters())

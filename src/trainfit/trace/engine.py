@@ -60,7 +60,17 @@ def grad_bytes(model: torch.nn.Module) -> int:
     return sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def _memory(an: Analysis, gradients: int) -> Memory:
+def reserved_of(rec, setup: Setup, alloc_conf: str | None) -> int | None:
+    """The caching allocator's max reserved over the traced step (trainfit.alloc.replay); None for CPU runs
+    (no caching allocator there)."""
+    if setup.device != "cuda":
+        return None
+    from ..alloc.replay import replay
+
+    return replay(rec.records, rec.step_start, alloc_conf).reserved
+
+
+def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory:
     at = an.at_peak
     return Memory(
         weights=an.baseline.get("parameter", 0),
@@ -74,10 +84,11 @@ def _memory(an: Analysis, gradients: int) -> Memory:
         peak_phase=an.peak_phase,
         phases=dict(an.phases),
         at_peak=as_categories(at),
+        reserved=reserved,
     )
 
 
-def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=()) -> Estimate:
+def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_conf: str | None = None) -> Estimate:
     n = _n_params(model)
     detail = {
         "top_tensors": an.top_tensors,
@@ -91,7 +102,8 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=()) -> Est
         detail["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
     notes = tuple(notes) + tuple(kernel_detail(detail, [rec]))
     return Estimate(engine="trace", model=name, params=n, params_per_rank=n, setup=setup,
-                    memory=_memory(an, grad_bytes(model) if setup.mode == "train" else 0), flops=_flops(rec, tokens),
+                    memory=_memory(an, grad_bytes(model) if setup.mode == "train" else 0,
+                                   reserved_of(rec, setup, alloc_conf)), flops=_flops(rec, tokens),
                     notes=tuple(notes), detail=detail)
 
 
@@ -121,14 +133,18 @@ def device_notes(setup: Setup) -> list[str]:
     if setup.device == "cuda":
         notes.append("NB: traced with CPU kernels and CPU autocast lists, sizes rounded to the CUDA allocator's "
                      "512 B")
+        notes.append("reserved: the step's allocations and frees replayed through a simulation of the CUDA caching "
+                     "allocator (trainfit.alloc); NB one stream, so FSDP's communication streams are not separated")
     if setup.dp > 1:
         notes.append("NB: one data-parallel rank traced without DDP's gradient buckets (+ about one gradient copy)")
     return notes
 
 
-def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate: bool = True) -> Estimate:
+def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate: bool = True,
+               alloc_conf: str | None = None) -> Estimate:
     """Trace the standard step (training, or prefill + decode for mode="infer") of the HF model for `spec`.
 
+    alloc_conf: the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax) for `memory.reserved`.
     extrapolate: trace 3, 4 and 5 periods of the repeated decoder layers and extrapolate to the
     full depth when every number is exactly linear across those traces (extrapolate.py); otherwise,
     or when the model is shallow (< 16 periods), trace the full model.
@@ -138,17 +154,17 @@ def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate
     if setup.mode == "infer":
         from .inference import trace_inference
 
-        return trace_inference(spec, setup, flops=flops)
+        return trace_inference(spec, setup, flops=flops, alloc_conf=alloc_conf)
     if extrapolate:
         from .extrapolate import trace_extrapolated
 
-        est = trace_extrapolated(spec, setup, flops=flops)
+        est = trace_extrapolated(spec, setup, flops=flops, alloc_conf=alloc_conf)
         if est is not None:
             return est
     t0 = time.perf_counter()
     model, rec, an = trace_train(spec, setup, flops=flops)
     return estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq * setup.grad_accum,
-                     time.perf_counter() - t0, NOTES + tuple(device_notes(setup)))
+                     time.perf_counter() - t0, NOTES + tuple(device_notes(setup)), alloc_conf=alloc_conf)
 
 
 def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: bool = False):

@@ -180,9 +180,18 @@ def _linear(vals: list[int], n: int) -> int | None:
     return vals[0] + (n - TRACED[0]) * d
 
 
-def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min_periods: int = MIN_PERIODS) -> Estimate | None:
+def _reserved(vals: list, n: int, peak: int) -> int | None:
+    """Reserved of the full depth from the traced depths' simulated reserved: linear through the last two.
+    NB: not checked exact like the peak (segment reuse can step); never below the extrapolated peak."""
+    if vals[-1] is None:
+        return None
+    return max(peak, vals[-1] + (n - TRACED[-1]) * (vals[-1] - vals[-2]))
+
+
+def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min_periods: int = MIN_PERIODS,
+                       alloc_conf: str | None = None) -> Estimate | None:
     """The extrapolated Estimate, or None when the model does not qualify or a check fails."""
-    from .engine import NOTES, device_notes, kernel_detail, trace_train
+    from .engine import NOTES, device_notes, kernel_detail, reserved_of, trace_train
 
     p = layer_period(spec, setup)
     if p is None or spec.layers // p < max(min_periods, TRACED[-1] + 1):
@@ -242,6 +251,7 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
         optimizer_states=cats.get("optimizer_state", 0), master_weights=base.get("master_weight", 0),
         activations=acts, temporaries=cats.get("temporary", 0), kv_cache=cats.get("kv_cache", 0),
         peak=peak, peak_phase=TRAIN_PHASES[peak_key[1]], phases=phase_max, at_peak=as_categories(cats),
+        reserved=_reserved([reserved_of(r[1], setup, alloc_conf) for r in runs], n_target, peak),
     )
     tokens = setup.batch * setup.seq * setup.grad_accum
     if flops:

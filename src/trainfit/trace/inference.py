@@ -36,7 +36,7 @@ def cache_tensors(cache) -> list[torch.Tensor]:
     return out
 
 
-def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True):
+def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_conf: str | None = None):
     from .engine import NOTES, build_hf, device_notes, estimate_from
 
     if setup.precision in ("int8", "int4", "fp8"):
@@ -68,7 +68,8 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True):
         rec.flops.by_kind["forward"] = by_phase.get("prefill", 0)
     est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0,
                     NOTES + tuple(device_notes(setup)) +
-                    ("inference: activations are reported as temporaries (nothing is saved for backward)",))
+                    ("inference: activations are reported as temporaries (nothing is saved for backward)",),
+                    alloc_conf=alloc_conf)
     if rec.flops is not None:
         est.detail["decode_flops"] = rec.flops.by_phase.get("decode", 0)
     return est

@@ -84,6 +84,7 @@ class AllocationRecorder(TorchDispatchMode):
         self.total = 0  # live bytes now
         self.peak = 0
         self.peak_event = 0
+        self.step_start = 0  # event index of the step start (reset_peak): replays of the step start here
         self.phase = "setup"
         self.phase_marks: list[tuple[int, str]] = []  # (event index at which the phase starts, name)
         # Structural marks (module entry/exit, gradient ready) for layer extrapolation; None: off.
@@ -112,6 +113,7 @@ class AllocationRecorder(TorchDispatchMode):
         """Like torch.cuda.reset_peak_memory_stats() at the step start: the peak restarts at what is live now."""
         self.peak = self.total
         self.peak_event = self.event
+        self.step_start = self.event
 
     # -- registration ---------------------------------------------------------------------------
     def adopt(self, tensor: torch.Tensor, cat: int, name: str = "") -> Record:

@@ -1,0 +1,60 @@
+"""Replay a traced step's allocation stream (trace/recorder.py Records: nbytes, birth, death event indices)
+through the caching-allocator simulation: the step's `max_memory_reserved`.
+
+Order: every record's birth and death by event index (each index is one or the other). The resident state
+(weights, optimizer state, batches: born before `start`) is allocated first, in adoption order, then the step
+runs twice, the way a measured run reaches steady state: before the second pass the storages the first one
+left alive are freed (the next step makes its own), and the peaks are reset at its start
+(torch.cuda.reset_peak_memory_stats); reserved never shrinks without an OOM, so the second pass' maximum is
+the steady state's.
+NB (each reads reserved low where it applies): one CUDA stream (FSDP's all-gather / reduce-scatter streams and
+recordStream'd blocks are not separated); resident tensors are allocated in adoption order, not in the order
+model construction and the optimizer's first step made them; allocations inside one kernel (cuBLAS workspaces)
+are not in the trace.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .caching_allocator import Allocator
+from .config import AllocConf, parse_alloc_conf
+
+
+@dataclass(frozen=True)
+class Replay:
+    reserved: int  # max reserved over the (second) step, including the resident state
+    allocated: int  # max allocated over it: the trace's peak rounded like the allocator
+    segments: int  # segments (or mapped ranges) held at the end
+
+
+def _events(records, lo: int, hi: int | None = None):
+    ev = []
+    for r in records:
+        if r.birth >= lo and (hi is None or r.birth < hi):
+            ev.append((r.birth, 1, r))
+        if r.death is not None and r.death >= lo and (hi is None or r.death < hi):
+            ev.append((r.death, 0, r))
+    ev.sort(key=lambda e: e[0])
+    return ev
+
+
+def replay(records, start: int, conf: AllocConf | str | None = None, capacity: int | None = None) -> Replay:
+    """Max reserved over a steady-state step. records: objects with nbytes, birth, death (None: alive at the end);
+    start: the event index at which the step starts."""
+    a = Allocator(conf if isinstance(conf, AllocConf) else parse_alloc_conf(conf), capacity=capacity)
+    handles: dict[int, int] = {}
+    for _, born, r in _events(records, 0):  # setup, then step 1
+        if born:
+            handles[id(r)] = a.malloc(r.nbytes)
+        elif id(r) in handles:
+            a.free(handles.pop(id(r)))
+    for r in records:  # what step 1 left alive is replaced by step 2's own
+        if r.birth >= start and id(r) in handles:
+            a.free(handles.pop(id(r)))
+    a.reset_peak()
+    for _, born, r in _events(records, start):
+        if born:
+            handles[id(r)] = a.malloc(r.nbytes)
+        elif r.birth >= start and id(r) in handles:  # a resident storage dies once, in step 1
+            a.free(handles.pop(id(r)))
+    return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(a.segments))
