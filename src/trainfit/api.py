@@ -69,8 +69,11 @@ def analytic(req: Request) -> Estimate:
 def _trace(req: Request, extrapolate: bool = True) -> Estimate:
     from . import engines
 
+    from .overheads import with_device_total
+
     spec, setup = resolve(req)
-    return engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf)
+    return with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf),
+                             gpu_of(req))
 
 
 def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:

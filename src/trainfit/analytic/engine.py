@@ -24,13 +24,27 @@ from .timing import budget, compute_dtype, step_seconds
 DEFAULT_RESERVE = 0
 
 
-def device_memory(peak: int, gpu: GPU | None, setup: Setup) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
+def largest_transient(spec: ModelSpec, setup: Setup, on_last_stage: bool) -> int:
+    """The largest tensor a training step makes and frees before its peak, for the allocator's cache
+    (overheads.reserved_from_allocated): the loss's fp32 logits (every stack's loss upcasts: stacks/*.toml [loss])
+    on the stage that holds the head, or one layer's MLP intermediate (tokens × intermediate / tp)."""
+    if setup.mode != "train" or setup.device != "cuda":
+        return 0
+    tokens = setup.batch * setup.seq // setup.cp
+    act = 4 if setup.precision == "fp32" else 2
+    mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * act
+    logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
+    return max(mlp, logits)
+
+
+def device_memory(peak: int, gpu: GPU | None, setup: Setup, transient: int = 0
+                  ) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
     """(reserved, device_total, overheads, allocator-held buffers) for a step whose allocated peak is `peak`
-    (DESIGN.md §4c): reserved from the allocated peak (overheads.reserved_from_allocated — NB: under-counts the
-    allocator's cache until the simulator-derived fragmentation model replaces it), device total = reserved + the
-    fixed overheads beside the allocator (None without a GPU: the context and workspace depend on it)."""
+    (DESIGN.md §4c): reserved from the allocated peak and its largest freed tensor (overheads.reserved_from_allocated,
+    checked against the allocator simulator: bench/alloc_fragmentation.py), device total = reserved + the fixed
+    overheads beside the allocator (None without a GPU: the context and workspace depend on it)."""
     held = overheads.allocator_held(gpu, setup)
-    reserved = overheads.reserved_from_allocated(peak, held)
+    reserved = overheads.reserved_from_allocated(peak, held, transient)
     if gpu is None:
         return reserved, None, {}, held
     beside = overheads.overheads(gpu, setup)
@@ -119,7 +133,9 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     flops = Flops(int(fwd_rank), int(bwd_rank), int(rec_rank), int(fwd_rank + bwd_rank + rec_rank),
                   int(fwd_rank + bwd_rank), int(f.per_token))
     at = mem.at_peak
-    reserved, device_total, beside, held = device_memory(mem.peak, gpu, setup)
+    last = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
+    reserved, device_total, beside, held = device_memory(mem.peak, gpu, setup,
+                                                         largest_transient(spec, setup, last))
     memory = Memory(
         weights=mem.weights, gradients=mem.gradients, optimizer_states=mem.optimizer, master_weights=mem.master,
         activations=mem.activations, temporaries=at.get("temporaries", 0) + mem.comm_buffers, kv_cache=0,

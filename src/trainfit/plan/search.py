@@ -163,7 +163,7 @@ def capacity(gpu: GPU, margin: float, setup: Setup | None = None) -> int:
     """Bytes a plan's peak may use, on the estimate's basis (its fit is device total <= GPU memory): the GPU minus
     the safety margin minus the fixed overheads the device total adds to the peak (overheads.fixed_bytes: CUDA
     context, cuBLAS workspace, and for `setup` its NCCL communicators; without a setup, one process's context and
-    workspace). NB: reserved = peak + workspace until the allocator model lands (overheads.reserved_from_allocated)."""
+    workspace). The step's own reserve (the allocated peak + one cached block) is the oracle's side (plan/fit.py)."""
     base = setup if setup is not None else Setup()
     return int(gpu.memory - DEFAULT_RESERVE - margin * gpu.memory - fixed_bytes(gpu, base))
 
@@ -223,7 +223,9 @@ class Candidate:
 
     @property
     def headroom(self) -> int:
-        return self.capacity - self.peak
+        """capacity minus what the step's tensors reserve (the allocated peak + the allocator's cached block:
+        the estimate's reserved without a GPU), as the estimate's own headroom."""
+        return self.capacity - (self.estimate.memory.reserved if self.estimate else -1)
 
 
 @dataclass
