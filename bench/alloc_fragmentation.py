@@ -5,7 +5,7 @@ For each setup: the trace engine's full step (fake tensors, CUDA semantics) repl
 use without a trace:
     reserved ~ peak + largest transient storage of the step (cached after it dies, while later, differently
     sized requests open new segments) + 2 MiB rounding of the live large tensors (not modelled separately).
-Run: PYTHONPATH=src python bench/alloc_fragmentation.py [model ...]   (prints a markdown table)
+Run: PYTHONPATH=src python bench/alloc_fragmentation.py [model ...] > bench/results/alloc_fragmentation.md
 """
 from __future__ import annotations
 
