@@ -168,3 +168,15 @@ def test_emitted_config_is_read_by_deepspeed_as_modelled(zero, precision, offloa
         assert getattr(z, key) == getattr(default, key), key
     assert (z.offload_optimizer is not None) == (offload != "none")
     assert (z.offload_param is not None) == (offload == "params")
+
+
+def test_engine_all_skips_a_refused_trace_with_a_note(cli):
+    """--engine all on a stack the trace does not run: the trace is skipped with its one-line reason, not an error
+    (megatron: nothing else runs it either, so the analytic estimate alone)."""
+    import json
+
+    code, out, err = cli("estimate", "tiny-llama", "--stack", "megatron", "--engine", "all", "--device", "cpu", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["engine"] == "analytic"
+    assert any(n.startswith("trace engine skipped: --engine trace runs the stack's own step") for n in d["notes"])
