@@ -171,9 +171,12 @@ def allgather_flat(n: float, w: float, setup: Setup) -> float:
     gathers into its own flat output, world x partition = n elements in the model dtype, made in its worker thread
     and freed once copied out (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp: _allgather_base -> allgather ->
     AsyncAllgatherWork::allgather, flatOutputTensor = newLikeFlat(outputs[0])).
-    NB: under-counts by another n x w when the work's own output copy (AsyncAllgatherWork::getOutputTensors,
-    newLikeFlat again, made in the calling thread) is released by gloo's thread after the work rather than by the
-    caller at once -- a thread-timing race seen on some ranks and runs (bench/results/deepspeed_cpu.md)."""
+    The allocation records show a second n x w block, born in the calling thread inside c10d::_allgather_base_
+    (AsyncAllgatherWork::getOutputTensors makes one with newLikeFlat: inferred, the records name no C++ frame).
+    Usually the caller frees it at once, before gloo's buffer is made (ZeRO-1/2 optimizer phases within 0.5 %,
+    bench/results/deepspeed_cpu.md). NB: under-counts by that n x w on a rank where its free is made by gloo's
+    thread after the work instead: a thread-timing race, seen once (ZeRO-1 fp32 optimizer phase 68,576,404 B
+    measured vs 53,132,800 B, = this model + n x 4)."""
     if setup.device != "cpu" or setup.dp <= 1:
         return 0.0
     return n * w
