@@ -2,7 +2,7 @@
 run_step, prepare, for the distributed measure (trainfit.measure.worker, one torch.distributed.run process a rank).
 
 wrap is `deepspeed.initialize(model, optimizer, config)` with the JSON `trainfit plan/estimate --emit deepspeed`
-writes for the setup (trainfit.plan.emit.deepspeed: DeepSpeed's own bucket defaults, bf16/fp16, ZeRO stage). The
+writes for the setup (trainfit.stacks.deepspeed_config: DeepSpeed's own bucket defaults, bf16/fp16, ZeRO stage). The
 client optimizer is the torch optimizer of `--optimizer` with the setup's kernel (torch AdamW(fused=True) by
 default): DeepSpeed's FusedAdam needs CUDA (ops/adam/fused_adam.py), and on CUDA the analytic engine counts
 FusedAdam, whose fused kernel has the same no-temporaries property. The step is the engine's own: engine(**batch),
@@ -44,10 +44,10 @@ def check(setup) -> None:
 
 
 def ds_config(setup) -> dict:
-    """The DeepSpeed config of `--emit deepspeed` for the setup (trainfit.plan.emit.deepspeed)."""
-    from ..plan.emit import deepspeed as emit
+    """The DeepSpeed config of `--emit deepspeed` for the setup (trainfit.stacks.deepspeed_config)."""
+    from ..stacks.deepspeed_config import ds_config as config
 
-    return emit(setup)
+    return config(setup)
 
 
 def build(spec, setup, device="cpu", mesh=None):
