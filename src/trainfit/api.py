@@ -80,8 +80,11 @@ def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force
     from . import engines
 
     spec, setup = resolve(req)
-    if not force:
-        check_room(spec, setup)  # the analytic estimate in it refuses a layout the model does not allow
+    if not force:  # the analytic estimate in it refuses a layout the model does not allow
+        from .engines import MEASURE_STACKS
+
+        ranks = setup.dp if (setup.stack in MEASURE_STACKS and setup.mode == "train") else 1  # one process a rank
+        check_room(spec, setup, processes=ranks)
     with quiet_native_stderr():
         return engines.measure(spec, setup, steps=steps, warmup=warmup, progress=progress)
 
@@ -196,9 +199,34 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
     if engine not in ENGINES:
         raise SetupError(f"--engine {engine!r} is not one of: {', '.join(ENGINES)}")
     order = {"analytic": [analytic], "trace": [_trace], "measure": [_measure], "all": [analytic, _trace]}[engine]
+    skipped = None
+    if engine == "all":
+        skipped = _trace_refused(req)
+        if skipped is not None:
+            # the trace does not run this stack's step: skipped with its reason, and the measure engine takes its
+            # place where it runs the stack (DeepSpeed on --dp ranks)
+            from .engines import MEASURE_STACKS
+
+            order = [analytic] + ([_measure] if resolve(req)[1].stack in MEASURE_STACKS else [])
     if measure_too and _measure not in order:
         order = [*order, _measure]
-    return [f(req) for f in order]
+    results = [f(req) for f in order]
+    if skipped is not None:
+        from dataclasses import replace
+
+        results[0] = replace(results[0], notes=(*results[0].notes, f"trace engine skipped: {skipped}"))
+    return results
+
+
+def _trace_refused(req: Request) -> str | None:
+    """Why the trace engine refuses this setup's stack (engines._check_stack), or None when it runs it."""
+    from .engines import _check_stack
+
+    try:
+        _check_stack(resolve(req)[1], "trace")
+    except SetupError as e:
+        return str(e)
+    return None
 
 
 def measure_with_predictions(req: Request, steps: int, warmup: int, progress=None, force: bool = False,

@@ -6,7 +6,7 @@ fill) are enforced by each engine at its own entry, so direct library calls get 
   analytic  formulas (no torch), any layout
   trace     the real model on fake tensors: one process; dp > 1 (ZeRO/FSDP) runs one rank of the sharded step
             with a fake process group (trace/distributed.py); tp/pp are not traced (analytic only)
-  measure   real steps on this machine
+  measure   real steps on this machine (--stack deepspeed: DeepSpeed's engine on --dp local torchrun ranks)
 """
 from __future__ import annotations
 
@@ -19,13 +19,18 @@ from .spec import ModelSpec
 ENGINES = ("analytic", "trace", "measure", "all")
 # the stacks whose own step the trace and measure engines run (trainfit.step.hf, trainfit.step.torchtitan)
 RUN_STACKS = ("hf", "torchtitan")
+# the stacks only the measure engine runs: DeepSpeed's ZeRO engine, on torch.distributed ranks (step/deepspeed.py)
+MEASURE_STACKS = ("deepspeed",)
 WHY_NOT_RUN = {
     "megatron": "Megatron-Core's step runs Transformer Engine's CUDA layers, which neither fakes nor runs on this CPU",
-    "deepspeed": "DeepSpeed's ZeRO engine is measured on CPU by bench/deepspeed_cpu.py (torchrun), not by this engine yet",
+    "deepspeed": "DeepSpeed's ZeRO engine runs real collectives and its own flat buffers, which the fake-tensor trace "
+                 "does not run; --engine measure runs it on --dp torchrun ranks",
 }
 
 
 def _check_stack(setup: Setup, engine: str) -> None:
+    if engine == "measure" and setup.stack in MEASURE_STACKS:
+        return
     if setup.mode == "train" and setup.stack not in RUN_STACKS:
         raise SetupError(f"--engine {engine} runs the stack's own step, which it does not for --stack {setup.stack} "
                          f"({WHY_NOT_RUN.get(setup.stack, 'not wired')}): use --engine analytic")
@@ -75,9 +80,33 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
     if setup.float8:
         raise SetupError("--float8 is torchtitan's Float8Linear, which the measure engine does not run: use --engine "
                          "analytic")
+    if setup.mode == "train" and setup.stack in MEASURE_STACKS:
+        return _measure_ranks(spec, setup, steps, warmup, progress)
     try:
         from .measure import measure as run, to_estimate
     except ImportError as e:
         raise _missing("the measure engine", e) from e
     result = run(spec, setup, steps=steps, warmup=warmup, device=setup.device, progress=progress)
     return to_estimate(result, spec, setup)
+
+
+def _measure_ranks(spec: ModelSpec, setup: Setup, steps: int, warmup: int, progress) -> Estimate:
+    """A stack whose step needs its process group (DeepSpeed): `setup.dp` local torch.distributed.run ranks
+    (trainfit.measure.distributed), the rank with the highest peak as the Estimate, every rank's peak in detail."""
+    from dataclasses import replace
+
+    try:
+        from .measure.distributed import measure_distributed, to_estimates
+    except ImportError as e:
+        raise _missing("the measure engine", e) from e
+    if setup.device.split(":")[0] != "cpu":
+        raise SetupError(f"--engine measure --stack {setup.stack} runs its --dp ranks on this machine's CPU (gloo): "
+                         "use --device cpu, or trainfit measure --nproc on a GPU node")
+    results = measure_distributed(spec, setup, setup.dp, steps=steps, warmup=max(2, warmup), device="cpu",
+                                  progress=progress)
+    per_rank = to_estimates(results, spec, setup)
+    worst = max(per_rank, key=lambda e: e.memory.peak)
+    peaks = {e.detail["rank"]: e.memory.peak for e in per_rank}
+    note = (f"{setup.dp} {setup.stack} ranks (torch.distributed.run, gloo); the highest peak is rank "
+            f"{worst.detail['rank']}'s: " + ", ".join(f"rank {r} {p:,} B" for r, p in sorted(peaks.items())))
+    return replace(worst, notes=(*worst.notes, note), detail={**worst.detail, "rank_peaks": peaks})

@@ -113,7 +113,11 @@ CASES = [
     C("estimate tiny-llama --alloc-conf roundup_power2_divisions:3", "power of 2"),
     # ---- the 3D-parallel stacks (issue 12) ---------------------------------------------------------------------
     C("estimate tiny-llama --stack megatron --engine trace --device cpu", "use --engine analytic"),
-    C("estimate tiny-llama --stack deepspeed --engine measure --device cpu", "use --engine analytic"),
+    C("estimate tiny-llama --stack deepspeed --engine trace --device cpu", "use --engine analytic"),
+    C("estimate tiny-llama --stack deepspeed --engine measure --device cpu --zero 2 --dp 2 --offload optimizer",
+      "--offload"),
+    C("estimate tiny-llama --stack deepspeed --engine measure --device cpu --zero 1 --dp 2 --precision amp-bf16",
+      "--precision amp-bf16"),
     C("estimate llama-3.1-8b --cp 2", "--stack megatron"),
     C("estimate llama-3.1-8b --stack megatron --vpp 2", "needs --pp > 1"),
     C("estimate llama-3.1-8b --stack megatron --pp 2 --pp-split first:0", "first:N,last:M"),

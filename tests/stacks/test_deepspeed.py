@@ -99,11 +99,48 @@ def test_deepspeed_step_on_cpu_matches_analytic(zero, precision):
 
 
 @pytest.mark.dist
+@pytest.mark.slow
+def test_cli_engine_all_measures_deepspeed_and_matches_analytic(cli, capsys):
+    """`trainfit estimate --stack deepspeed --engine all`: the trace is skipped with its reason, the measure engine
+    runs DeepSpeed's own step on --dp torchrun ranks (trainfit.step.deepspeed), and the analytic peak is within 2 %
+    of the measured one (the highest rank's), every phase too."""
+    pytest.importorskip("deepspeed")
+    capsys.readouterr()  # deepspeed's import logs its accelerator on stdout
+    import json
+
+    code, out, err = cli("estimate", "tiny-llama", "--stack", "deepspeed", "--zero", "2", "--dp", "2", "--device", "cpu",
+                         "--seq", "64", "--batch", "1", "--optimizer", "adamw", "--engine", "all", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    analytic, measured = d["estimates"]
+    assert (analytic["engine"], measured["engine"]) == ("analytic", "measure")
+    assert any("trace engine skipped" in n for n in analytic["notes"])
+    assert measured["memory"]["peak"] > 0
+    assert abs(d["peak_gap"]["analytic"]) < 0.02
+    for phase in ("backward", "optimizer_step"):
+        assert analytic["memory"]["phases"][phase] == pytest.approx(measured["memory"]["phases"][phase], rel=0.02)
+
+@pytest.mark.dist
 @pytest.mark.heavy
-def test_zero1_fp32_step_on_cpu_peak_matches_analytic():
-    """The peak (the backward's ipg bucket) within 2 %; the optimizer phase is under-counted by about one fp32
-    gradient copy of the model (-22 %): a ZeRO-1 fp32 step buffer not yet traced in stage_1_and_2.py."""
-    _measured_vs_analytic(1, "fp32", phases=(("backward", "backward"),))
+def test_zero1_fp32_optimizer_phase_is_the_step_or_gloos_allgather():
+    """ZeRO-1 fp32: the peak (the backward's ipg bucket) within 2 %; the optimizer phase's high point is the flat
+    gradient cat (stage_1_and_2.py:3113-3118) tied with gloo's all-gather flat buffer (allgather_flat) -- or, on a
+    rank where gloo's thread releases the all-gather work's own output copy after its flat buffer is made, that
+    copy too (one more n x 4 bytes, the race allgather_flat's NB names; measured 68,576,404 vs 53,132,800 B)."""
+    pytest.importorskip("deepspeed")
+    from trainfit.analytic.parallel.deepspeed import allgather_flat
+    from trainfit.analytic.params import count_params
+
+    b = _bench()
+    spec, setup = b.case("tiny-llama", 1, "fp32")
+    est = b.analytic(spec, setup)
+    ranks = b.measure(spec, setup)
+    assert est.peak == pytest.approx(max(r["peak"] for r in ranks), rel=0.02)
+    race = allgather_flat(count_params(spec).total, 4, setup)
+    for r in ranks:
+        m = r["phase_peaks"]["optimizer"]
+        assert m == pytest.approx(est.phases["optimizer_step"], rel=0.02) or \
+            m == pytest.approx(est.phases["optimizer_step"] + race, rel=0.02), (m, r["rank"])
 
 
 @pytest.mark.parametrize("zero, precision, offload", [(0, "fp16-master", "none"), (1, "bf16-master", "none"),
@@ -131,3 +168,15 @@ def test_emitted_config_is_read_by_deepspeed_as_modelled(zero, precision, offloa
         assert getattr(z, key) == getattr(default, key), key
     assert (z.offload_optimizer is not None) == (offload != "none")
     assert (z.offload_param is not None) == (offload == "params")
+
+
+def test_engine_all_skips_a_refused_trace_with_a_note(cli):
+    """--engine all on a stack the trace does not run: the trace is skipped with its one-line reason, not an error
+    (megatron: nothing else runs it either, so the analytic estimate alone)."""
+    import json
+
+    code, out, err = cli("estimate", "tiny-llama", "--stack", "megatron", "--engine", "all", "--device", "cpu", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["engine"] == "analytic"
+    assert any(n.startswith("trace engine skipped: --engine trace runs the stack's own step") for n in d["notes"])

@@ -60,6 +60,9 @@ def estimate(req: Request, engine: str = EngineOpt,
         terminal.render_estimate(results[0])
     else:
         terminal.render_side_by_side(results, reference=len(results) - 1)
+        for note in results[0].notes:  # the side-by-side table shows no notes: an engine --engine all skipped
+            if note.startswith("trace engine skipped"):
+                typer.echo(f"· {note}")
     if advice:
         typer.echo(f"does not fit on {results[0].time.gpu}; what would (one change each): " + "; ".join(advice))
 

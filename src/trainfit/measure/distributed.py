@@ -197,6 +197,11 @@ def measure_distributed_many(
             raise EngineUnavailableError("the distributed measure runs training steps; inference is measured on one process")
         if not multi_node and setup.dp != nproc:
             raise SetupError(f"--nproc {nproc} runs {nproc} data-parallel ranks: set --dp {nproc}")
+        if setup.stack == "deepspeed":
+            from ..step.deepspeed import check
+
+            check(setup)  # DeepSpeed's own engine, not trainfit's DDP/ZeRO/FSDP strategies
+            continue
         check_strategy(setup)
         if setup.stack == "torchtitan":
             from ..step.torchtitan import check

@@ -157,14 +157,20 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
                                                                 state["batches"], setup, on_phase)
     progress("peak", 1, 1)
     wrapped, optimizer, batches = state["wrapped"], state["optimizer"], state["batches"]
-    res = resident_tensors(wrapped, optimizer)
+    res = getattr(kit, "resident_tensors", resident_tensors)(wrapped, optimizer)
     seen: set = set()
     weights = storage_bytes(res["weights"], seen)
     states = storage_bytes(res["states"], seen)
     inputs = storage_bytes(batch_tensors(batches), seen)
     buckets = sum(t.numel() * t.element_size() for t in res["buckets"])
     other = 0
-    if dev_type == "cpu":
+    if dev_type == "cpu" and getattr(kit, "READ_BASELINE", False):
+        # the stack's engine keeps buffers no resident-tensor sum sees (trainfit.step.deepspeed): the level read
+        # from the session's allocation records is the measurement
+        baseline, phase_peaks = read_baseline, step_peaks
+        peak_phase = max(phase_peaks, key=phase_peaks.get)
+        peak = phase_peaks[peak_phase]
+    elif dev_type == "cpu":
         # The step's own curve is exact (births and deaths during the step); its starting level is the sum of what
         # is resident, as in the one-process engine. The level read from the session (`other_resident` = read -
         # summed) is a diagnostic: blocks that gloo frees in its threads without a report and whose address is

@@ -221,43 +221,10 @@ def torchtitan_toml(s: Setup, spec: ModelSpec, tokens: float | None = None) -> s
 
 
 def deepspeed(s: Setup) -> dict:
-    """DeepSpeed config JSON. train_batch_size = micro × accumulation × dp (DeepSpeed checks this identity). The
-    ZeRO block names the buckets and overlap trainfit models (stacks/deepspeed.toml, DeepSpeed's own defaults),
-    so the run allocates what the estimate counts; --offload adds the offload blocks."""
-    from ..stacks import get_stack
+    """DeepSpeed config JSON (trainfit.stacks.deepspeed_config, shared with the measure engine's DeepSpeed step)."""
+    from ..stacks.deepspeed_config import ds_config
 
-    ds = get_stack("deepspeed")
-    fp16 = s.precision in ("fp16-master", "amp-fp16")  # DeepSpeed's fp16 mode: fp16 weights + fp32 masters
-    zero = {"stage": s.zero, "contiguous_gradients": ds.fact("contiguous_gradients"),
-            "overlap_comm": s.zero == 3,  # config.py:384-386: the default DeepSpeed resolves (stage == 3)
-            "reduce_bucket_size": ds.fact("reduce_bucket_size"),
-            "allgather_bucket_size": ds.fact("allgather_bucket_size")}
-    cfg = {
-        "train_batch_size": s.batch * s.grad_accum * s.dp,
-        "train_micro_batch_size_per_gpu": s.batch,
-        "gradient_accumulation_steps": s.grad_accum,
-        "gradient_clipping": 1.0,
-        "bf16": {"enabled": s.precision == "bf16-master"},
-        "fp16": {"enabled": fp16},
-        "zero_optimization": zero,
-        "steps_per_print": 10,
-        "wall_clock_breakdown": False,
-    }
-    if s.zero == 3:
-        zero.update({"stage3_prefetch_bucket_size": ds.fact("stage3_prefetch_bucket_size"),
-                     "stage3_param_persistence_threshold": ds.fact("stage3_param_persistence_threshold"),
-                     "stage3_max_live_parameters": ds.fact("stage3_max_live_parameters"),
-                     "sub_group_size": ds.fact("sub_group_size"),
-                     "stage3_gather_16bit_weights_on_model_save": True})
-    if s.offload in ("optimizer", "params"):
-        zero["offload_optimizer"] = {"device": ds.fact("offload_optimizer"), "pin_memory": True}
-    if s.offload == "params":
-        zero["offload_param"] = {"device": ds.fact("offload_param"), "pin_memory": True}
-    if s.recompute == "full":
-        # DeepSpeed's own checkpointing API settings; a HF model must also call model.gradient_checkpointing_enable()
-        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
-                                           "cpu_checkpointing": False}
-    return cfg
+    return ds_config(s)
 
 
 def _yaml(obj, indent: int = 0) -> str:

@@ -4,12 +4,15 @@ from .standard import MasterWeightOptimizer, make_optimizer, prepare, run_step
 
 
 def stack_step(setup):
-    """The module that runs `setup.stack`'s step (trainfit.step.hf or trainfit.step.torchtitan): build(spec, setup,
+    """The module that runs `setup.stack`'s step (trainfit.step.hf, trainfit.step.torchtitan or, for the
+    distributed measure, trainfit.step.deepspeed): build(spec, setup,
     device, mesh), wrap(model, setup, device_type, device_index, mesh) -> (model, optimizer), make_batches(spec,
     setup, device), run_step(model, optimizer, batches, setup, phase), prepare(spec, setup, device), STRATEGIES
     (--zero -> how the stack applies data parallelism) and NOTE (a line for the engines' notes, "" for none)."""
     if getattr(setup, "stack", "hf") == "torchtitan":
         from . import torchtitan as step
+    elif getattr(setup, "stack", "hf") == "deepspeed" and getattr(setup, "mode", "train") == "train":
+        from . import deepspeed as step
     else:
         from . import hf as step
     return step

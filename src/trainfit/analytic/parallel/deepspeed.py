@@ -13,7 +13,8 @@ Paths are inside the deepspeed package; the defaults are stacks/deepspeed.toml f
     of that partition, and the ipg bucket: reduce_bucket_size elements allocated whole (:3265), two with
     overlap_comm (:3273-3278). Stage 2 keeps the rank's reduced gradients in grads_in_partition (n/dp in the
     model dtype, :2192); stage 1 keeps every gradient. The step flattens the partition's gradients and casts
-    them to a new fp32 tensor (:3113-3118), freed after the update (:3142).
+    them to a new fp32 tensor (:3113-3118), freed after the update (:3142); the step ends with the all-gather of
+    the updated partitions (:3155), into a flat buffer of the whole model under gloo (allgather_flat).
   * stage 3: DeepSpeedZeroOptimizer_Stage3: 16-bit partitions of the parameters (parameters under
     stage3_param_persistence_threshold elements stay whole), the fp32 partition (stage3.py:1170-1172; none
     under fp32: the partition itself is the master, :1162-1167), grad_partitions_flat_buffer (n/dp in the
@@ -157,7 +158,28 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     if setup.offload == "params":
         host += part * w  # the 16-bit partitions (stage3.py:907)
         weights -= part * w
+    if z in (1, 2):
+        # the step's last moment, the all-gather of the updated 16-bit partitions: every gradient is freed by then
+        transient = max(transient, allgather_flat(n, w, setup) - grads)
     return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward)
+
+
+def allgather_flat(n: float, w: float, setup: Setup) -> float:
+    """ZeRO-1/2's step ends with all_gather_dp_groups (stage_1_and_2.py:3155) -> dist.all_gather_into_tensor of the
+    rank's updated partition into bit16_groups_flat (runtime/utils.py:1016), after the step freed every gradient
+    (:3103, :3128 free_grad_in_param_list, :3141 the fp32 gradient). NCCL gathers in place; gloo (the CPU backend)
+    gathers into its own flat output, world x partition = n elements in the model dtype, made in its worker thread
+    and freed once copied out (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp: _allgather_base -> allgather ->
+    AsyncAllgatherWork::allgather, flatOutputTensor = newLikeFlat(outputs[0])).
+    The allocation records show a second n x w block, born in the calling thread inside c10d::_allgather_base_
+    (AsyncAllgatherWork::getOutputTensors makes one with newLikeFlat: inferred, the records name no C++ frame).
+    Usually the caller frees it at once, before gloo's buffer is made (ZeRO-1/2 optimizer phases within 0.5 %,
+    bench/results/deepspeed_cpu.md). NB: under-counts by that n x w on a rank where its free is made by gloo's
+    thread after the work instead: a thread-timing race, seen once (ZeRO-1 fp32 optimizer phase 68,576,404 B
+    measured vs 53,132,800 B, = this model + n x 4)."""
+    if setup.device != "cpu" or setup.dp <= 1:
+        return 0.0
+    return n * w
 
 
 def gathered(pc: ParamCounts, setup: Setup, st: StateBytes, layer: float) -> float:

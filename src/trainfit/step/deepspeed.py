@@ -1,0 +1,122 @@
+"""DeepSpeed's step (`--stack deepspeed`) behind the same functions as trainfit.step.hf: build, wrap, make_batches,
+run_step, prepare, for the distributed measure (trainfit.measure.worker, one torch.distributed.run process a rank).
+
+wrap is `deepspeed.initialize(model, optimizer, config)` with the JSON `trainfit plan/estimate --emit deepspeed`
+writes for the setup (trainfit.stacks.deepspeed_config: DeepSpeed's own bucket defaults, bf16/fp16, ZeRO stage). The
+client optimizer is the torch optimizer of `--optimizer` with the setup's kernel (torch AdamW(fused=True) by
+default): DeepSpeed's FusedAdam needs CUDA (ops/adam/fused_adam.py), and on CUDA the analytic engine counts
+FusedAdam, whose fused kernel has the same no-temporaries property. The step is the engine's own: engine(**batch),
+engine.backward(loss), engine.step() (engine.py), gradient accumulation inside the engine (its micro-steps).
+
+The measured peak is the live-bytes level read from the allocation records of the whole session (the profiler runs
+from before the model is built, trainfit.measure.dist_peak), not a sum of resident tensors: the ZeRO optimizers
+keep flat buffers that the model's parameters view (stage_1_and_2.py:509) and fp32 partitions the client optimizer
+holds (:556-577), which READ_BASELINE tells the worker to take as they are.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import EngineUnavailableError, SetupError
+from .build import build_model, make_batches
+from .standard import enable_recompute
+
+STRATEGIES = {0: "DeepSpeed engine, ZeRO-0 (data parallel)", 1: "DeepSpeedZeroOptimizer, ZeRO-1",
+              2: "DeepSpeedZeroOptimizer, ZeRO-2", 3: "DeepSpeedZeroOptimizer_Stage3, ZeRO-3"}
+NOTE = "DeepSpeed's own step: deepspeed.initialize with the --emit deepspeed config"
+READ_BASELINE = True  # the worker reads the session's live bytes (module docstring)
+PRECISIONS = ("bf16-master", "fp16-master", "fp32")
+
+
+def check(setup) -> None:
+    """One-line refusals for what this step does not run (the analytic engine models them)."""
+    if setup.tp > 1 or setup.pp > 1:
+        raise SetupError("--engine measure --stack deepspeed runs ZeRO data parallelism only: --tp/--pp are "
+                         "analytic-only (use --engine analytic)")
+    if setup.precision not in PRECISIONS:
+        raise SetupError(f"--stack deepspeed --engine measure runs {', '.join(PRECISIONS)} (DeepSpeed's bf16/fp16 "
+                         f"modes or plain fp32), not --precision {setup.precision}")
+    if setup.offload != "none":
+        raise SetupError("--offload is modelled by the analytic engine; the measure engine runs DeepSpeed without "
+                         "ZeRO-Offload (its DeepSpeedCPUAdam is a separate C++ build)")
+    if setup.compile or setup.float8:
+        raise SetupError("--compile/--float8 are not run under DeepSpeed by the measure engine: use --engine analytic")
+
+
+def ds_config(setup) -> dict:
+    """The DeepSpeed config of `--emit deepspeed` for the setup (trainfit.stacks.deepspeed_config)."""
+    from ..stacks.deepspeed_config import ds_config as config
+
+    return config(setup)
+
+
+def build(spec, setup, device="cpu", mesh=None):
+    """The transformers model (seed set by the caller) with recompute enabled; DeepSpeed wraps it in `wrap`."""
+    model = build_model(spec, setup, device=device)
+    enable_recompute(model, setup)
+    return model
+
+
+def client_optimizer(model, setup):
+    from .standard import _torch_optimizer
+
+    return _torch_optimizer(list(model.parameters()), setup.optimizer, setup.optimizer_kernel)
+
+
+def wrap(model, setup, device_type: str = "cpu", device_index: int | None = None, mesh=None):
+    """(DeepSpeed engine, its optimizer): deepspeed.initialize in the process group the worker joined."""
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise EngineUnavailableError(f"--stack deepspeed --engine measure needs deepspeed ({e.name} is missing): "
+                                     "pip install deepspeed") from e
+    check(setup)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer(model, setup),
+                                                   config={**ds_config(setup), "zero_allow_untested_optimizer": True})
+    return engine, optimizer
+
+
+def run_step(engine, optimizer, batches, setup, phase: Callable[[str], None] = lambda name: None) -> float:
+    """One optimizer step: every micro-batch through engine(**b) and engine.backward (DeepSpeed scales the loss by
+    the accumulation steps itself, engine.py), then engine.step() at the boundary. Returns the last loss."""
+    loss = None
+    for b in batches:
+        phase("forward")
+        loss = engine(**b).loss
+        phase("backward")
+        engine.backward(loss)
+        if b is not batches[-1]:
+            engine.step()  # a micro-step: DeepSpeed only accumulates (is_gradient_accumulation_boundary False)
+    phase("optimizer")
+    engine.step()
+    phase("end")
+    return float(loss.detach()) if loss is not None else float("nan")
+
+
+def resident_tensors(engine, optimizer) -> dict:
+    """What the engine keeps between steps: the module's weights (views into the ZeRO flat buffers count as those
+    buffers) and the optimizer state (the client optimizer's, over DeepSpeed's fp32 partitions, and those
+    partitions/masters themselves)."""
+    import torch
+
+    from .strategy import local
+
+    weights = [local(p) for p in engine.module.parameters()] + [b for b in engine.module.buffers()]
+    for name in ("bit16_groups_flat", "fp16_groups_flat", "fp16_partitioned_groups_flat"):
+        weights += [t for t in (getattr(optimizer, name, None) or []) if isinstance(t, torch.Tensor)]
+    states = []
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for st in inner.state.values():
+        states += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    for g in inner.param_groups:
+        states += [p for p in g["params"] if isinstance(p, torch.Tensor)]
+    return {"weights": weights, "states": states, "buckets": []}
+
+
+def prepare(spec, setup, device="cpu"):
+    raise EngineUnavailableError("--stack deepspeed runs on torch.distributed ranks (trainfit.measure.distributed), "
+                                 "not in one process")
+
+
+__all__ = ["NOTE", "STRATEGIES", "READ_BASELINE", "check", "ds_config", "build", "wrap", "make_batches", "run_step",
+           "resident_tensors", "prepare"]
