@@ -71,9 +71,22 @@ def wrap(model, setup, device_type: str = "cpu", device_index: int | None = None
         raise EngineUnavailableError(f"--stack deepspeed --engine measure needs deepspeed ({e.name} is missing): "
                                      "pip install deepspeed") from e
     check(setup)
+    _skip_shm_kernel(deepspeed)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer(model, setup),
                                                    config={**ds_config(setup), "zero_allow_untested_optimizer": True})
     return engine, optimizer
+
+
+def _skip_shm_kernel(deepspeed) -> None:
+    """Leave out DeepSpeed's shared-memory all-reduce kernel on CPU: its backend JIT-compiles it (minutes, in the
+    user's torch_extensions cache) when the process group starts (deepspeed/comm/torch.py:47-52, 207), but only
+    `inference_all_reduce` uses it (:292-306); the training step's collectives are torch.distributed's (gloo), so
+    the measured memory is the same without it."""
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def run_step(engine, optimizer, batches, setup, phase: Callable[[str], None] = lambda name: None) -> float:
