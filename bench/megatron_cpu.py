@@ -44,7 +44,7 @@ def hf_config(m: dict = MODEL) -> dict:
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": m["hidden"], "n_head": m["heads"],
             "n_layer": m["layers"], "vocab_size": m["vocab"], "n_positions": m["positions"], "n_inner": m["ffn"],
             "activation_function": "gelu", "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0,
-            "tie_word_embeddings": True}
+            "tie_word_embeddings": False}  # GPTModel(share_embeddings_and_output_weights=False) default
 
 
 def spec_and_setup(name: str, batch: int = BATCH, seq: int = SEQ):
@@ -54,7 +54,7 @@ def spec_and_setup(name: str, batch: int = BATCH, seq: int = SEQ):
     tp, sp, precision = CASES[name]
     spec = spec_from_config(hf_config(), "megatron-cpu-gpt")
     setup = Setup(stack="megatron", device="cpu", attention="eager", tp=tp, sequence_parallel=sp,
-                  precision=precision, batch=batch, seq=seq, zero=1, optimizer="adam")
+                  precision=precision, batch=batch, seq=seq, optimizer="adam")  # dp 1: the distributed optimizer shards over 1 rank (= --zero 0)
     return spec, setup
 
 

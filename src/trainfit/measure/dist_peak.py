@@ -33,7 +33,11 @@ from .cpu_peak import PHASE_PREFIX, START, CpuPeak, _walk, profile_run
 # all_reduce of its input's clone, torch/csrc/distributed/c10d/ProcessGroupGloo.cpp _reduce_scatter_base).
 WORK_KIND = {"c10d::_reduce_scatter_base_": "all_reduce", "c10d::allreduce_": "all_reduce",
              "c10d::_allgather_base_": "all_gather", "c10d::allgather_": "all_gather",
-             "c10d::broadcast_": "broadcast", "c10d::barrier": "barrier"}
+             "c10d::broadcast_": "broadcast", "c10d::barrier": "barrier",
+             # the coalesced forms Megatron-Core's DDP and distributed optimizer call (param_and_grad_buffer.py
+             # reduce_scatter_tensor / all_gather_into_tensor under _coalescing_manager): one work each on gloo
+             "c10d::reduce_scatter_tensor_coalesced_": "all_reduce",
+             "c10d::allgather_into_tensor_coalesced_": "all_gather"}
 
 
 def _outer_c10d(e):
