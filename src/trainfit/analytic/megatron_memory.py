@@ -82,7 +82,11 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`; a no-op on fp32 logits, which
         # the function then overwrites in place: cross_entropy.py:45)
         fwd = a * v * tokens if a < FP32 else 0.0
-        loss_back = a * v * tokens
+        # backward: the logits' 16-bit gradient (the `.float()` cast's; the fp32 one is computed in place of the
+        # saved softmax: cross_entropy.py:196-210), then output_layer's backward without gradient-accumulation fusion
+        # (off by default; TE-less CPU): its input gradient [s b h] and a whole weight gradient (layers.py:531,614),
+        # the latter added into main_grad by the DDP hook and freed
+        loss_back = max(a * v * tokens if a < FP32 else 0.0, a * h * tokens + a * v * h)
         norm_back = 2 * a * h / sp * tokens
     elif stage.head:
         v = spec.vocab / t
