@@ -222,7 +222,7 @@ def measure(name: str, batch: int = BATCH, seq: int = SEQ, model: dict = MODEL, 
         files = sorted(x for x in os.listdir(d) if x.startswith("rank") and x.endswith(".json"))
         if p.returncode != 0 or len(files) != tp:
             lines = [ln for ln in (p.stdout + p.stderr).splitlines()
-                     if ("Error" in ln or "error" in ln) and "ChildFailedError" not in ln and "elastic" not in ln]
+                     if "Error:" in ln and "ChildFailedError" not in ln]
             if os.environ.get("TRAINFIT_DEBUG"):
                 print(p.stdout + p.stderr, file=sys.stderr)
             raise RuntimeError(f"megatron run failed (rc {p.returncode}): {(lines or ['no output'])[-1]}")
@@ -281,7 +281,7 @@ def main() -> None:
             print(row, flush=True)
             lines.append(row)
             continue
-        amap = {"forward": "forward", "backward": "backward", "optimizer": "optimizer_step"}
+        amap = {"forward": "forward_end", "backward": "backward", "optimizer": "optimizer_step"}
         for ph in PHASES:
             meas = max(r["phase_peaks"][ph] for r in ranks)
             an = mem.phases[amap[ph]]
