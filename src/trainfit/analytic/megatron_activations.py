@@ -26,12 +26,25 @@ class MegatronLayer:
     replicated: dict  # name -> bytes per token, split t ways only with sequence parallelism
     split: dict  # name -> bytes per token, split t ways by TP
     scores: float  # bytes per token per key (all heads), split t ways by TP (eager attention only)
+    mask: float = 0.0  # bytes per (query, key) pair of one sequence, on every rank (the local spec's causal mask)
 
     def per_rank(self, setup: Setup, tokens: float, keys: float) -> float:
         """One layer's saved bytes on one TP rank for `tokens` tokens (this CP rank's) attending to `keys` keys."""
         t = setup.tp
         rep = sum(self.replicated.values()) / (t if setup.sequence_parallel else 1)
-        return (rep + sum(self.split.values()) / t) * tokens + self.scores * tokens * keys / t
+        return (rep + sum(self.split.values()) / t) * tokens + self.scores * tokens * keys / t + \
+            self.mask * keys * keys
+
+
+def local_spec(setup: Setup) -> bool:
+    """--device cpu under megatron: the local layer spec (gpt_layer_specs.py get_gpt_layer_local_spec: no TE, no
+    apex), the only one that runs on CPU: torch LayerNorm/RMSNorm (WrappedTorchNorm), ColumnParallelLinear /
+    RowParallelLinear, DotProductAttention with torch softmax, unfused bias + activation. bench/megatron_cpu.py
+    measures it (GPT-style LayerNorm + GeLU, dropouts 0): within 0.2 % per phase at tp 1 and 2.
+    NB: not measured, counted as the LayerNorm/GeLU layer: torch RMSNorm (composite on CPU, saves more than rstd:
+    under-counts), SwiGLU, and dropout > 0 (ATen's CPU dropout keeps a mask in the input dtype, not 1 byte:
+    under-counts); sequence parallelism does not run (torch_norm.py:32 asserts it off)."""
+    return setup.device == "cpu"
 
 
 def act_bytes(setup: Setup) -> int:
@@ -58,17 +71,31 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False) -> MegatronLay
     # Korthikanti "dropout ... mask sbh" after attention and after the MLP (bias_dropout_add: 1-byte masks)
     if p_hidden > 0:
         rep["dropout_masks"] = 2 * MASK * h
-    # not in the paper: TE's norms keep fp32 statistics per token (LayerNorm mu + rsigma, RMSNorm rsigma)
-    rep["norm_statistics"] = 2 * FP32 * (2 if spec.norm == "layernorm" else 1)
+    # not in the paper: TE's norms keep fp32 statistics per token (LayerNorm mu + rsigma, RMSNorm rsigma); the local
+    # spec's torch.nn.LayerNorm (torch_norm.py WrappedTorchNorm) saves mean and rstd in the input's dtype on CPU
+    # (aten native_layer_norm's CPU kernel; measured: 2 bytes each under bf16)
+    stat = a if local_spec(setup) else FP32
+    rep["norm_statistics"] = 2 * stat * (2 if spec.norm == "layernorm" else 1)
     # Korthikanti "QK^T ... Q and K 4sbh", "attention over values ... V 2sbh": GQA's k, v are kv_dim wide
     split["qkv"] = a * (q + 2 * kv)
     # Korthikanti "output projection stores its input 2sbh": the attention core's output (TE/flash return it,
     # linear_proj saves it; one tensor)
     split["attention_output"] = a * q
-    scores = 0.0
+    scores = mask = 0.0
     if eager and not attention_core_recomputed(setup):
         # Korthikanti "softmax output 2as²b", "softmax dropout mask as²b", "dropout output 2as²b" (per head)
         scores = nh * (a + ((MASK + a) if p_attn > 0 else 0))
+        if local_spec(setup):
+            # masked_softmax_fusion is off by default (transformer_config.py:357) and the fused kernel needs 16-bit
+            # CUDA input (fused_softmax.py:253-260): forward_torch_softmax upcasts 16-bit scores (fused_softmax.py:
+            # 313-314, attention_softmax_in_fp32 transformer_config.py:343), torch softmax saves its fp32 output,
+            # and the 16-bit copy of the probabilities (fused_softmax.py:335-339) is what bmm saves
+            # (dot_product_attention.py:229): fp32 + 16-bit per score (fp32 runs: the one fp32 tensor)
+            scores += nh * (FP32 if a < FP32 else 0)
+            # no mask is passed for causal attention: get_default_causal_mask builds a fresh [sq, sk] bool mask per
+            # layer (transformer/utils.py:33-35, fused_softmax.py:323-327), kept by masked_fill_ for backward
+            # (transformer/utils.py:49-51)
+            mask = MASK
     elif not eager and not attention_core_recomputed(setup):
         # TE FusedAttention/flash saves the softmax statistics (fp32 logsumexp, b·heads·s) beside q, k, v, out
         split["softmax_lse"] = FP32 * nh
@@ -81,7 +108,7 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False) -> MegatronLay
         split["fc1_output"] = a * i * (2 if spec.gated_mlp else 1)
         # Korthikanti "second linear ... input 8sbh": the activation's output, saved by linear_fc2
         split["activation_output"] = a * i
-    return MegatronLayer(rep, split, scores)
+    return MegatronLayer(rep, split, scores, mask)
 
 
 def _moe_replicated(spec: ModelSpec, a: int) -> dict:

@@ -15,7 +15,7 @@ import math
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms
+from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
 from .activations import dropouts
 from .params import ParamCounts
 from .parallel.megatron import megatron_model_states
@@ -69,7 +69,26 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # distributed_data_parallel.py:440)
         emb_back = a * h / sp * tokens + a * spec.vocab * h / t
     head_saved = labels = fwd = loss_back = norm_back = 0.0
-    if stage.head:
+    local = local_spec(setup)
+    if stage.head and local:
+        v = spec.vocab / t
+        stats = (2 if spec.norm == "layernorm" else 1) * a  # torch norm statistics in the input dtype on CPU
+        # final norm (input + statistics) and output_layer's input; the cross-entropy's fp32 softmax, target mask and
+        # masked targets (cross_entropy.py:187 save_for_backward); the per-token fp32 loss handed back to the caller
+        # ([b s] copy: language_module.py:170), alive until its backward. The labels' [s b] copy
+        # (language_module.py:139) is not saved: the function keeps masked_target_1d instead
+        head_saved = ((2 * a * h + stats) / sp + FP32 * v + MASK + INDEX + FP32) * tokens
+        labels = INDEX * tokens
+        # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`; a no-op on fp32 logits, which
+        # the function then overwrites in place: cross_entropy.py:45)
+        fwd = a * v * tokens if a < FP32 else 0.0
+        # backward: the logits' 16-bit gradient (the `.float()` cast's; the fp32 one is computed in place of the
+        # saved softmax: cross_entropy.py:196-210), then output_layer's backward without gradient-accumulation fusion
+        # (off by default; TE-less CPU): its input gradient [s b h] and a whole weight gradient (layers.py:531,614),
+        # the latter added into main_grad by the DDP hook and freed
+        loss_back = max(a * v * tokens if a < FP32 else 0.0, a * h * tokens + a * v * h)
+        norm_back = 2 * a * h / sp * tokens
+    elif stage.head:
         v = spec.vocab / t
         # final TENorm (input + statistics) and output_layer's input, /t under SP; the cross-entropy's fp32 softmax,
         # target mask and masked targets (cross_entropy.py:187); the labels and their [s b] contiguous copy
@@ -79,16 +98,29 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         fwd = a * v * tokens  # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`)
         loss_back = a * v * tokens  # the logits' 16-bit gradient (the fp32 one is computed in place of the softmax)
         norm_back = 2 * a * h / sp * tokens
+    comm, opt_tmp = ms.comm, 0.0
+    if local:
+        # parallel_state.py:2046 get_global_memory_buffer: a [b·heads/t, sq, sk] tensor in the activation dtype, the
+        # baddbmm input of every layer's DotProductAttention (dot_product_attention.py:189-191, beta=0: its contents
+        # unused), kept for the process's life (utils.py:617-635 GlobalMemoryBuffer.get_tensor reuses it)
+        comm += a * spec.heads / t * setup.batch * keys * keys if setup.attention_kernel == "eager" else 0.0
+        # gloo all-gathers the updated params into the whole param buffer (distributed_data_parallel.py:463
+        # start_param_sync -> param_and_grad_buffer.py:274 all_gather_into_tensor under _coalescing_manager, called
+        # even at dp 1); ProcessGroupGloo's allgather_into_tensor_coalesced allocates a flat output of the buffer's
+        # size in its worker thread. NB: torch AdamW's for-loop step temporaries (2 × the largest fp32 main param,
+        # optimizer/__init__.py:32 without TE/apex) come before it and are smaller unless one param is > 1/2 of
+        # the buffer: under-counts then
+        opt_tmp = ms.weights
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
-                  "comm_buffers": ms.comm},
+                  "comm_buffers": comm},
         gradients=ms.gradients,
         accumulating=True,  # the contiguous grad buffer exists from initialisation (param_and_grad_buffer.py)
         head_gradients=0.0, layer_gradients=0.0, layers=stage.layers, in_flight=stage.in_flight,
         layer_saved=uniform.saved, embedding_saved=embed, head_saved=head_saved, inputs=labels,
         forward_transient=fwd + ring, loss_backward=loss_back, layer_backward=uniform.backward, layer_freed=0.0,
         layer_grads_done=0.0, embedding_backward=emb_back, gathered=0.0,
-        optimizer_transient=0.0,  # fused Adam, in place (stacks/megatron.toml [optimizer_impl])
+        optimizer_transient=opt_tmp,  # CUDA: fused Adam, in place (stacks/megatron.toml [optimizer_impl])
         norm_kept=0.0, norm_backward=norm_back, kinds=kinds, pattern=pattern)
     p = peak(step)
     detail = {"stage": stage.index, "layers_on_rank": stage.layers, "in_flight_microbatches": stage.in_flight,
@@ -96,4 +128,4 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "activation_per_layer_stored": int(full), "logits_buffers": int(fwd), "optimizer_temporaries": 0,
               "context_parallel_ring_buffers": int(ring)}
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
-                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail)
+                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail)

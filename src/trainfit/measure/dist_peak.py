@@ -33,7 +33,11 @@ from .cpu_peak import PHASE_PREFIX, START, CpuPeak, _walk, profile_run
 # all_reduce of its input's clone, torch/csrc/distributed/c10d/ProcessGroupGloo.cpp _reduce_scatter_base).
 WORK_KIND = {"c10d::_reduce_scatter_base_": "all_reduce", "c10d::allreduce_": "all_reduce",
              "c10d::_allgather_base_": "all_gather", "c10d::allgather_": "all_gather",
-             "c10d::broadcast_": "broadcast", "c10d::barrier": "barrier"}
+             "c10d::broadcast_": "broadcast", "c10d::barrier": "barrier",
+             # the coalesced forms Megatron-Core's DDP and distributed optimizer call (param_and_grad_buffer.py
+             # reduce_scatter_tensor / all_gather_into_tensor under _coalescing_manager): one work each on gloo
+             "c10d::reduce_scatter_tensor_coalesced_": "all_reduce",
+             "c10d::allgather_into_tensor_coalesced_": "all_gather"}
 
 
 def _outer_c10d(e):
@@ -67,7 +71,12 @@ def _own_work_ends(ops: list, works: dict) -> dict:
     return out
 
 
-def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
+def analyse_blocks(prof, device_type: str = "cpu", alive: set | None = None) -> CpuPeak:
+    """alive: the data pointers of every storage still held when the run returned (None: not known). A block open at
+    the end, born outside any c10d op, whose address no live storage holds was freed unreported too -- a tensor whose
+    last reference a process-group worker dropped (Megatron's async all_reduce of a linear layer's input gradient,
+    tensor_parallel/layers.py: the gloo work outlives the caller's handle); it is taken to die when the first work
+    that started after its birth ends."""
     allocs, marks, works, ops, by_kind = [], [], [], {}, {}
     for i, e in enumerate(_walk(prof.profiler.kineto_results.experimental_event_tree())):
         ef = e.extra_fields
@@ -89,7 +98,7 @@ def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
 
     # pair births and deaths by address
     open_: dict[int, list] = {}  # ptr -> block [birth_t, order, size, death_t, e]
-    blocks, unreported, foreign, foreign_bytes = [], 0, 0, 0
+    blocks, unreported, foreign, foreign_bytes, orphaned = [], 0, 0, 0, 0
 
     def unreported_death(b, limit):
         op = _outer_c10d(b[4])
@@ -115,10 +124,14 @@ def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
                 foreign_bytes += -size
             else:
                 b[3] = t
-    for b in open_.values():
+    for ptr, b in open_.items():
         if _outer_c10d(b[4]) is not None:  # a collective's own copy cannot outlive the step: its free went unreported
             b[3] = unreported_death(b, None)
             unreported += 1 if b[3] is not None else 0
+        elif alive is not None and ptr not in alive:
+            j = bisect.bisect_left(work_starts, b[0])
+            b[3] = works[j][1] if j < len(works) else None
+            orphaned += 1 if b[3] is not None else 0
 
     # one time-ordered walk: births, deaths, phase marks
     ev = []
@@ -151,13 +164,35 @@ def analyse_blocks(prof, device_type: str = "cpu") -> CpuPeak:
     if unreported:
         notes.append(f"{unreported} free(s) made by process-group threads outside the profiler were placed at the "
                      "end of the collective that released them")
+    if orphaned:
+        notes.append(f"{orphaned} block(s) no live tensor holds at the end, freed by process-group threads, were "
+                     "placed at the end of the first collective after their birth")
     if foreign:
         notes.append(f"{foreign} free(s) ({foreign_bytes} bytes) of memory allocated before the session (ignored)")
     return CpuPeak(baseline=0, peak=peak, peak_phase=peak_phase, phase_peaks=phase_peaks, marks=mark_vals, end=live,
                    events=len(allocs), foreign_frees=foreign, foreign_bytes=foreign_bytes, notes=notes)
 
 
-def profiled(run: Callable[[Callable[[str], None]], Any], on_phase: Callable[[str], None] | None = None):
-    """Run `run(phase)` under the memory profiler (as cpu_peak.cpu_peak) and rebuild its live bytes block by block."""
+def profiled(run: Callable[[Callable[[str], None]], Any], on_phase: Callable[[str], None] | None = None,
+             alive: Callable[[], set] | None = None):
+    """Run `run(phase)` under the memory profiler (as cpu_peak.cpu_peak) and rebuild its live bytes block by block.
+    alive(): called after the run, the data pointers of the storages still held (see analyse_blocks)."""
     prof, result = profile_run(run, on_phase)
-    return analyse_blocks(prof), result
+    return analyse_blocks(prof, alive=alive() if alive is not None else None), result
+
+
+def live_storage_ptrs() -> set:
+    """The data pointers of every CPU tensor storage the garbage collector can reach (parameters, buffers, optimizer
+    state, caches such as Megatron's GlobalMemoryBuffer)."""
+    import gc
+
+    import torch
+
+    out = set()
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, torch.Tensor) and o.device.type == "cpu":
+                out.add(o.untyped_storage().data_ptr())
+        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse, wrappers)
+            continue
+    return out

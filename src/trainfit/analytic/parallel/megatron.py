@@ -56,14 +56,20 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     """(dense, expert) parameters on this rank: attention/MLP/vocab over tp (Shoeybi et al. 2019 §3), norms
     replicated; routed experts num_experts/ep per rank, each split etp ways (transformer/moe/experts.py
     TEGroupedMLP: num_local_experts = num_moe_experts // ep, linear_fc1/fc2 over expert_tensor_parallel).
-    NB: row-parallel biases and the router (replicated) are divided by tp: under-counts by < 0.01%."""
+    Row-parallel biases (linear_proj, a dense linear_fc2) are full size on every rank (tensor_parallel/layers.py:
+    1213 RowParallelLinear: bias of output_size); the word embedding is vocab-parallel, the learned position
+    embedding a plain replicated torch.nn.Embedding (language_model_embedding.py:56,67).
+    NB: the router (replicated) is divided by tp: under-counts by < 0.01%."""
     t = setup.tp
     experts = routed_expert_params(spec, pc)
     per_layer = pc.attention + (pc.mlp * pc.dense_layers + (pc.moe_mlp - experts) * pc.moe_layers) / spec.layers
-    dense = stage.layers * (pc.norms + per_layer / t)
+    row_bias = spec.hidden * ((1 if spec.out_bias else 0) +
+                              (pc.dense_layers / spec.layers if spec.mlp_bias else 0))
+    dense = stage.layers * (pc.norms + (per_layer - row_bias) / t + row_bias)
     expert = stage.layers * pc.moe_layers / spec.layers * experts / (setup.ep * setup.expert_tp)
+    word = min(pc.embedding, spec.vocab * spec.hidden)
     if stage.embedding:
-        dense += pc.embedding / t
+        dense += word / t + (pc.embedding - word)
     if stage.head:
         dense += pc.final + pc.lm_head / t
         if spec.tied_embeddings and not stage.embedding:
