@@ -56,9 +56,13 @@ def test_reserve_the_setting_added_in_one_place(cli):
     assert code == 2 and "--reserve" in err
 
 
+LOGITS = 2048 * 128_256 * 4  # llama-3.2-1b's fp32 logits at the default batch 1 × seq 2048
+
+
 def test_gpu_memory_replaces_the_gpus_capacity_everywhere(cli):
     """--gpu-memory, one declaration in RunSettings: 40 GiB on an H100-80GB is exactly 40 GiB in the estimate's
-    JSON (time.gpu_memory) and in the plan's, the headroom is 40 GiB - device total (a hand check: peak + the
+    JSON (time.gpu_memory) and in the plan's, the headroom is 40 GiB - device total (a hand check: peak + one
+    cached block of the largest freed tensor, the loss's fp32 logits 2048 tokens × vocab 128,256 × 4 B, + the
     H100's 32 MiB cuBLAS workspace + 400 MiB CUDA context, data/overheads.toml; one GPU, no NCCL), the web
     API and view say the same, and it needs --gpu."""
     base = ["estimate", "llama-3.2-1b", "--gpu", "H100-80GB", "--json"]
@@ -66,7 +70,7 @@ def test_gpu_memory_replaces_the_gpus_capacity_everywhere(cli):
     assert code == 0
     d = json.loads(out)
     assert d["time"]["gpu_memory"] == 40 * 2**30
-    assert d["memory"]["device_total"] == d["memory"]["peak"] + 32 * 2**20 + 400 * 2**20
+    assert d["memory"]["device_total"] == d["memory"]["peak"] + LOGITS + 32 * 2**20 + 400 * 2**20
     assert d["time"]["headroom"] == 40 * 2**30 - d["memory"]["device_total"]
     _, full, _ = cli(*base)
     assert json.loads(full)["time"]["gpu_memory"] == 81559 * 2**20  # the catalog's H100 (nvidia-smi 81559 MiB)
@@ -89,7 +93,8 @@ def test_gpu_memory_reaches_the_web_view():
 
     client = TestClient(create_app())
     v = client.post("/api/view", json={"model": "llama-3.2-1b", "gpu": "H100-80GB", "gpu_memory": 12}).json()
-    assert v["capacity"] == 12 * 2**30 and v["summary"]["headroom"] == 12 * 2**30 - 432 * 2**20 - v["summary"]["peak"]
+    assert v["capacity"] == 12 * 2**30
+    assert v["summary"]["headroom"] == 12 * 2**30 - 432 * 2**20 - LOGITS - v["summary"]["peak"]
     assert v["summary"]["fits"] is False and v["would_fit"]  # the advice judges against 12 GiB too
     r = client.get("/api/estimate", params={"model": "llama-3.2-1b", "gpu": "/etc/passwd.json"})
     assert r.status_code == 400 and "catalog GPU names" in r.json()["error"]

@@ -99,7 +99,7 @@ def test_deepspeed_step_on_cpu_matches_analytic(zero, precision):
 
 
 @pytest.mark.dist
-@pytest.mark.slow
+@pytest.mark.heavy  # 25-40 s: a second DeepSpeed launch (the ZeRO-2 real step above stays in the default run)
 def test_cli_engine_all_measures_deepspeed_and_matches_analytic(cli, capsys):
     """`trainfit estimate --stack deepspeed --engine all`: the trace is skipped with its reason, the measure engine
     runs DeepSpeed's own step on --dp torchrun ranks (trainfit.step.deepspeed), and the analytic peak is within 2 %
