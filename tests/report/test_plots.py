@@ -141,3 +141,18 @@ def test_inline_svg_has_no_external_reference():
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
     assert "http://" not in svg and "https://" not in svg
     ET.fromstring(svg.replace("<svg", '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"', 1))
+
+
+def test_timeline_draws_reserved_and_device_total_levels():
+    """The allocated curve, with the caching allocator's reserved high-water and the device total as dashed levels
+    and the caption's one sentence on the difference (issue 13)."""
+    e = traced_like(synthetic_timeline())
+    m = dataclasses.replace(e.memory, reserved=e.memory.peak + 50 * MiB,
+                            device_total=e.memory.peak + 50 * MiB + 400 * MiB)
+    fig = plots.plot_timeline(dataclasses.replace(e, memory=m))
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    levels = {lab.split(" (")[0]: line.get_ydata()[0] for line, lab in zip(*fig.axes[0].get_legend_handles_labels())
+              if lab.startswith(("reserved", "device total"))}
+    assert any(lab.startswith("reserved (caching allocator)") for lab in labels)
+    assert levels["device total"] - levels["reserved"] == pytest.approx(400)  # MiB: the plot's unit here
+    assert "caching allocator" in "".join(t.get_text() for t in fig.texts)

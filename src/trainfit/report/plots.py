@@ -248,7 +248,8 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
         raise TrainfitError(f"the {e.engine} estimate has no timeline; the trace engine records one "
                             "(trainfit timeline runs it)")
     s = timeline_series(tl)
-    top = max([e.memory.peak, max(s.totals)] + ([measured.memory.peak] if measured else []))
+    held = [v for v in (e.memory.reserved, e.memory.device_total) if v is not None]
+    top = max([e.memory.peak, max(s.totals)] + held + ([measured.memory.peak] if measured else []))
     unit = byte_unit(top)
     fig, ax = _figure(11, 5.6)
     _style(ax)
@@ -279,6 +280,7 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
                 bbox={"boxstyle": "round,pad=0.4", "fc": "white", "ec": "#999999", "alpha": 0.95},
                 arrowprops={"arrowstyle": "->", "color": "#444444", "linewidth": 0.9})
     _capacity(ax, gpu, unit)
+    _held_lines(ax, e, unit)
     if measured is not None:
         _overlay_measured(ax, s, measured, unit)
     ax.set_xlim(0, xmax)
@@ -291,6 +293,11 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
     ax.set_title(title or f"{e.model} — {what}, memory timeline ({e.engine} engine)", loc="left", fontsize=12,
                  pad=18)
     caption = setup_caption(e)
+    if e.memory.reserved is not None and e.memory.reserved != e.memory.peak:
+        caption += ("\nThe curve is allocated memory (live tensors); reserved is what PyTorch's caching allocator "
+                    "holds — freed blocks stay cached in their segments"
+                    + ("; the device total adds the CUDA context and NCCL buffers (what nvidia-smi shows)"
+                       if e.memory.device_total is not None else "") + ".")
     layers = (e.detail or {}).get("timeline_layers")
     if layers:
         caption += (f"\nNB: curve from a {layers}-layer trace (the peak in the box is extrapolated to the full "
@@ -302,6 +309,16 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
     if path is not None:
         save(fig, path)
     return fig
+
+
+def _held_lines(ax, e: Estimate, unit) -> None:
+    """The step's reserved memory (the caching allocator's high-water) and device total, as dashed levels."""
+    m = e.memory
+    for value, label, color in ((m.reserved, "reserved (caching allocator)", "#7A4EAB"),
+                                (m.device_total, "device total (nvidia-smi)", "#222222")):
+        if value is not None and (value != m.peak or label.startswith("device")):
+            ax.axhline(value / unit[1], color=color, linestyle="--", linewidth=1.1, zorder=5,
+                       label=f"{label} {_fmt(value, unit)}")
 
 
 def _overlay_measured(ax, s: TimelineSeries, measured: Estimate, unit) -> None:
