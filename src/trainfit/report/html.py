@@ -112,6 +112,12 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
                 + ([f"{fmt_bytes(traced.memory.peak)} ({PHASE_NAMES.get(traced.memory.peak_phase, traced.memory.peak_phase)})"]
                    if traced is not None else []))
     classes.append("peak")
+    for label, fld in (("reserved (caching allocator)", "reserved"), ("device total (nvidia-smi)", "device_total")):
+        mine, theirs = getattr(e.memory, fld), getattr(traced.memory, fld) if traced is not None else None
+        if mine is not None or theirs is not None:
+            rows.append([label, fmt_bytes(mine) if mine is not None else ""]
+                        + ([fmt_bytes(theirs) if theirs is not None else ""] if traced is not None else []))
+            classes.append("sub")
     mem = _table(head, rows, row_classes=classes)
     f = e.flops
     crow = [["parameters", f"{fmt_count(e.params)} ({e.params:,})"]]
@@ -136,6 +142,10 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
         g = (e.memory.peak - traced.memory.peak) / traced.memory.peak
         gap = (f"<p class='note'>The analytic peak is {abs(g):.1%} {'above' if g > 0 else 'below'} the trace engine's "
                "(a fake-tensor run of the real PyTorch step).</p>")
+    if e.memory.device_total is not None:
+        gap += ("<p class='note'>The peak is allocated memory (live tensors); reserved is what PyTorch's caching "
+                "allocator holds (freed blocks stay cached in their segments); the device total adds the CUDA context "
+                "and NCCL buffers — what nvidia-smi shows, and what the fit is judged on.</p>")
     return (f"<section id='breakdown'><h2>Breakdown</h2><div class='row'><div>{mem}{gap}</div><div>{comp}</div></div>"
             f"{_notes(e.notes)}</section>")
 
