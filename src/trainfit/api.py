@@ -201,13 +201,14 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
     order = {"analytic": [analytic], "trace": [_trace], "measure": [_measure], "all": [analytic, _trace]}[engine]
     skipped = None
     if engine == "all":
-        skipped = _trace_refused(req)
+        setup = resolve(req)[1]
+        skipped = _trace_refused(setup)
         if skipped is not None:
             # the trace does not run this stack's step: skipped with its reason, and the measure engine takes its
             # place where it runs the stack (DeepSpeed on --dp ranks)
             from .engines import MEASURE_STACKS
 
-            order = [analytic] + ([_measure] if resolve(req)[1].stack in MEASURE_STACKS else [])
+            order = [analytic] + ([_measure] if setup.stack in MEASURE_STACKS else [])
     if measure_too and _measure not in order:
         order = [*order, _measure]
     results = [f(req) for f in order]
@@ -218,12 +219,12 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
     return results
 
 
-def _trace_refused(req: Request) -> str | None:
+def _trace_refused(setup: Setup) -> str | None:
     """Why the trace engine refuses this setup's stack (engines._check_stack), or None when it runs it."""
     from .engines import _check_stack
 
     try:
-        _check_stack(resolve(req)[1], "trace")
+        _check_stack(setup, "trace")
     except SetupError as e:
         return str(e)
     return None

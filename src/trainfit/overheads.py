@@ -115,39 +115,51 @@ def fixed_bytes(gpu: GPU | None, setup) -> int:
     return sum(allocator_held(gpu, setup).values()) + sum(overheads(gpu, setup).values())
 
 
-def reserved_from_allocated(peak: int, held: dict[str, int], transient: int = 0) -> int:
-    """The caching allocator's reserved bytes at the peak: the allocated peak, the library buffers allocated through
-    it, and one cached block the size of the largest tensor freed before the peak (`transient`). Why: a freed block
-    stays in its segment (CUDACachingAllocator.cpp free_block: blocks return to the pool, segments are released
-    only by empty_cache or the OOM path), and the peak's tensors, made later in other sizes, are carved from other
+def reserved_from_allocated(peak: int, transient: int = 0) -> int:
+    """What a step's own tensors hold in the caching allocator, from its allocated peak: the peak and one cached
+    block the size of the largest tensor freed before the peak (`transient`). Why: a freed block stays in its
+    segment (CUDACachingAllocator.cpp free_block: blocks return to the pool, segments are released only by
+    empty_cache or the OOM path), and the peak's tensors, made later in other sizes, are carved from other
     segments. NB: one block, not the whole cache: against the simulator (trainfit.alloc) replaying the trace of 7
-    setups it reads −8.5 % to +0.9 % (mean −3.5 %, bench/alloc_fragmentation.md) — low where 20 MiB segment slack
-    of many small tensors adds up."""
-    return peak + sum(held.values()) + transient
+    setups it reads −8.5 % to +0.9 % (mean −3.5 %, bench/results/alloc_fragmentation.md) — low where 20 MiB
+    segment slack of many small tensors adds up."""
+    return peak + transient
 
 
-def describe(mem_overheads: dict[str, int], held: dict[str, int]) -> str:
-    """One sentence for the notes: what lies between the peak and the device total."""
+def device_memory(step_reserved: int, gpu: GPU | None, setup) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
+    """(reserved, device_total, overheads, allocator-held buffers) from what the step's own tensors reserve (the
+    analytic engine's reserved_from_allocated, the trace engine's allocator replay) (DESIGN.md §4c): reserved adds
+    the library buffers taken through the caching allocator (cuBLAS workspace), device total = reserved + the
+    fixed overheads beside it (None without a GPU: the context and workspace depend on it)."""
+    held = allocator_held(gpu, setup)
+    reserved = step_reserved + sum(held.values())
+    if gpu is None:
+        return reserved, None, {}, held
+    beside = overheads(gpu, setup)
+    return reserved, reserved + sum(beside.values()), beside, held
+
+
+def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: bool = False) -> str:
+    """One sentence for the notes: what lies between the peak and the device total (`cached_block`: reserved also
+    holds one block of the largest freed tensor, reserved_from_allocated's training rule)."""
     from .units import fmt_bytes
 
     parts = [f"{k} {fmt_bytes(v)}" for k, v in held.items()]
     beside = [f"{k} {fmt_bytes(v)}" for k, v in mem_overheads.items()]
-    return ("reserved = peak + " + (", ".join(parts) or "nothing") + " + one cached block "
-            "the size of the largest freed tensor (through the caching allocator; NB: reads a few % under the "
-            "allocator simulator); device total (nvidia-smi) = reserved + "
+    block = (" + one cached block the size of the largest freed tensor" if cached_block else "")
+    return ("reserved = peak + " + (", ".join(parts) or "nothing") + block + " (through the caching allocator"
+            + ("; NB: reads a few % under the allocator simulator" if cached_block else "")
+            + "); device total (nvidia-smi) = reserved + "
             + (", ".join(beside) or "nothing") + " (data/overheads.toml, sources and versions there)")
 
 
 def with_device_total(est, gpu: GPU | None):
     """A trace estimate (reserved from the allocator simulator) with the library buffers and the fixed overheads
-    added: reserved += the buffers allocated through the caching allocator (cuBLAS workspace, which the traced
-    step does not allocate), device_total = reserved + overheads. Unchanged without a GPU or a reserved figure."""
+    added (device_memory). Unchanged without a GPU or a reserved figure."""
     from dataclasses import replace
 
     m = est.memory
     if gpu is None or m.reserved is None:
         return est
-    held, beside = allocator_held(gpu, est.setup), overheads(gpu, est.setup)
-    reserved = m.reserved + sum(held.values())
-    return replace(est, memory=replace(m, reserved=reserved, device_total=reserved + sum(beside.values()),
-                                       overheads=beside))
+    reserved, device_total, beside, _ = device_memory(m.reserved, gpu, est.setup)
+    return replace(est, memory=replace(m, reserved=reserved, device_total=device_total, overheads=beside))

@@ -377,11 +377,11 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--recompute {setup.recompute} is not a {stack.name} policy; {stack.name} runs: "
                          f"{', '.join(p + (':N' if p in RECOMPUTE_PATTERNS else '') for p in stack.policies)}"
                          + (f"; use --stack {owner}" if owner else ""))
-    for name, flag in (("cp", "--cp"), ("ep", "--ep"), ("vpp", "--vpp"), ("pp_split", "--pp-split"),
-                       ("offload", "--offload"), ("etp", "--etp")):
+    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp"):  # the axes a stack may run (stacks/*.toml)
         if getattr(setup, name) not in (1, "even", "none", None) and name not in stack.axes:
             runs = [s for s in _stacks.NAMES if name in _stacks.get_stack(s).axes]
-            raise SetupError(f"{flag} is not run by --stack {stack.name}; use --stack {' or '.join(runs)}")
+            raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}; use --stack "
+                             f"{' or '.join(runs)}")
     if setup.vpp > 1 and setup.pp == 1:
         raise SetupError("--vpp interleaves model chunks over pipeline stages: it needs --pp > 1")
     if setup.pp_split != "even" and setup.pp == 1:

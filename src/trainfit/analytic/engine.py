@@ -10,10 +10,10 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import compile_effects, float8, inference
 from .flops import forward_per_token, step_flops
-from .memory import train_memory
+from .memory import TrainMemory, train_memory
 from .parallel import pipeline
 from .params import count_params
-from .precision import fsdp2_mixed_precision
+from .precision import fsdp2_mixed_precision, state_bytes
 from ..precision import PRECISIONS
 from .step_time import layout_step_time
 from .timing import budget, compute_dtype, step_seconds
@@ -24,31 +24,24 @@ from .timing import budget, compute_dtype, step_seconds
 DEFAULT_RESERVE = 0
 
 
-def largest_transient(spec: ModelSpec, setup: Setup, on_last_stage: bool) -> int:
+def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory) -> int:
     """The largest tensor a training step makes and frees before its peak, for the allocator's cache
     (overheads.reserved_from_allocated): the loss's fp32 logits (every stack's loss upcasts: stacks/*.toml [loss])
-    on the stage that holds the head, or one layer's MLP intermediate (tokens × intermediate / tp)."""
+    when the peak's stage holds the head, or one layer's MLP intermediate (tokens × intermediate / tp)."""
     if setup.mode != "train" or setup.device != "cuda":
         return 0
     tokens = setup.batch * setup.seq // setup.cp
-    act = 4 if setup.precision == "fp32" else 2
-    mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * act
+    mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * state_bytes(setup).act
+    on_last_stage = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
     return max(mlp, logits)
 
 
-def device_memory(peak: int, gpu: GPU | None, setup: Setup, transient: int = 0
-                  ) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
-    """(reserved, device_total, overheads, allocator-held buffers) for a step whose allocated peak is `peak`
-    (DESIGN.md §4c): reserved from the allocated peak and its largest freed tensor (overheads.reserved_from_allocated,
-    checked against the allocator simulator: bench/alloc_fragmentation.py), device total = reserved + the fixed
-    overheads beside the allocator (None without a GPU: the context and workspace depend on it)."""
-    held = overheads.allocator_held(gpu, setup)
-    reserved = overheads.reserved_from_allocated(peak, held, transient)
-    if gpu is None:
-        return reserved, None, {}, held
-    beside = overheads.overheads(gpu, setup)
-    return reserved, reserved + sum(beside.values()), beside, held
+def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory) -> int:
+    """What the training step's own tensors hold in the caching allocator: the allocated peak and one cached block
+    of its largest freed tensor (overheads.reserved_from_allocated, checked against the allocator simulator:
+    bench/alloc_fragmentation.py). The estimate and the planner's oracle (plan/fit.py) both judge on it."""
+    return overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem))
 
 
 def check_stack_model(spec: ModelSpec, setup: Setup) -> None:
@@ -133,9 +126,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     flops = Flops(int(fwd_rank), int(bwd_rank), int(rec_rank), int(fwd_rank + bwd_rank + rec_rank),
                   int(fwd_rank + bwd_rank), int(f.per_token))
     at = mem.at_peak
-    last = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
-    reserved, device_total, beside, held = device_memory(mem.peak, gpu, setup,
-                                                         largest_transient(spec, setup, last))
+    reserved, device_total, beside, held = overheads.device_memory(step_reserve(spec, setup, mem), gpu, setup)
     memory = Memory(
         weights=mem.weights, gradients=mem.gradients, optimizer_states=mem.optimizer, master_weights=mem.master,
         activations=mem.activations, temporaries=at.get("temporaries", 0) + mem.comm_buffers, kv_cache=0,
@@ -173,7 +164,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                      f"{setup.stack_facts.fact('mixed_precision', 'reduce_dtype')}; no autocast")
     if gpu is not None:
         notes.append(_fit_note(reserve))
-        notes.append(overheads.describe(beside, held))
+        notes.append(overheads.describe(beside, held, cached_block=True))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (matmuls at the fitted efficiency + exposed communication, "
                           "bubble, optimizer); --mfu overrides it")
@@ -193,7 +184,7 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     phases = {"prefill": m.prefill_peak, "decode": m.decode_peak} if spec.causal else {"prefill": m.prefill_peak}
     fpt = forward_per_token(spec, setup.seq, pc)
     prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
-    reserved, device_total, beside, held = device_memory(peak, gpu, setup)
+    reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,
                     temporaries=m.logits, kv_cache=m.kv_cache, peak=peak, peak_phase=peak_phase,
                     phases=phases, reserved=reserved, device_total=device_total, overheads=beside,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import dropouts
+from .precision import state_bytes
 
 FP32, MASK, INDEX = 4, 1, 8
 
@@ -48,7 +49,8 @@ def local_spec(setup: Setup) -> bool:
 
 
 def act_bytes(setup: Setup) -> int:
-    return 4 if setup.precision == "fp32" else 2
+    """Bytes of an activation: the policy's compute dtype (analytic/precision.py state_bytes, every engine's)."""
+    return state_bytes(setup).act
 
 
 def attention_core_recomputed(setup: Setup) -> bool:

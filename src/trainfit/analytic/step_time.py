@@ -120,11 +120,6 @@ class ModelCosts:
         return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt)
 
 
-def stage_layers(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
-    """(first, middle, last) stage layer counts (parallel/pipeline.py split: --pp-split)."""
-    return split(layers, pp, pp_split)
-
-
 def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_params: int, st: StateBytes,
               efficiency: float = DEFAULT_EFFICIENCY, virtual_stages: int | None = None,
               layers_per_stage: tuple[int, int, int] | None = None) -> StepTime:
@@ -136,9 +131,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # fp16-master computes in fp16: V100/T4 fp16 tensor cores (timing.compute_dtype, hardware.GPU.flops_for)
     peak = gpu.flops_for(compute_dtype(setup)) * efficiency
     tokens = b * s / cp  # this rank's share of each micro-batch (context parallelism splits the sequence)
-    first, middle, last = layers_per_stage or (stage_layers(spec.layers, p, setup.pp_split) if p > 1 else (0, 0, 0))
-    if p == 1:
-        first = middle = last = spec.layers
+    first, middle, last = layers_per_stage or split(spec.layers, p, setup.pp_split)  # (layers × 3 when p = 1)
     # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
     stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
                         last * costs.layer_forward + costs.head_forward)
@@ -151,7 +144,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     c_f, c_b, c_r = fwd / peak, bwd / peak, rec / peak
 
     intra, inter, gpn = gpu.intra_node_bandwidth, gpu.inter_node_bandwidth, gpu.gpus_per_node
-    act_bytes = 4 if setup.precision == "fp32" else 2
+    act_bytes = st.act
     x = tokens * spec.hidden * act_bytes  # one b·s·h activation
     # TP: 2 all-reduces per layer forward, 2 backward, +2 with full recompute (Korthikanti et al. 2022 §4.1) — and
     # with per-op SAC, whose re-run forward all-reduces again (the functional all_reduce is not on torchtitan's save

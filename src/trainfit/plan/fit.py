@@ -10,7 +10,7 @@ call usually confirms it; a binary search covers the rest. Every number is the e
 """
 from __future__ import annotations
 
-from ..analytic.engine import largest_transient
+from ..analytic.engine import step_reserve
 from ..analytic.memory import train_memory
 from ..analytic.params import ParamCounts
 from ..setup import Setup
@@ -27,13 +27,11 @@ class PeakOracle:
 
     def peak(self, setup: Setup) -> int:
         """The step's tensors as the allocator holds them at the peak: the allocated peak + one cached block the
-        size of the largest freed tensor (overheads.reserved_from_allocated; affine in b like the peak)."""
+        size of the largest freed tensor (analytic.engine.step_reserve; affine in b like the peak)."""
         got = self._memo.get(setup)
         if got is None:
             self.calls += 1
-            m = train_memory(self.spec, setup, self.pc)
-            last = setup.pp == 1 or m.detail.get("stage") == setup.pp - 1
-            got = self._memo[setup] = m.peak + largest_transient(self.spec, setup, last)
+            got = self._memo[setup] = step_reserve(self.spec, setup, train_memory(self.spec, setup, self.pc))
         return got
 
     def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:

@@ -42,19 +42,17 @@ VPP_MAX = 8  # interleaving depths searched: 1..VPP_MAX where the stage layers d
 def megatron_variants(spec: ModelSpec, lay: Layout, seq: int) -> list[Layout]:
     """Megatron's extra axes on one dp × tp × pp layout of the same GPUs: CP carved out of dp (world = dp·tp·pp·cp),
     pp_split even | embedding-loss, vpp where each stage's layers split into equal chunks (pipeline.check)."""
-    from ..analytic.parallel.pipeline import split
+    from ..analytic.parallel.pipeline import chunked_layers
     from ..errors import SetupError
 
     out = []
     cps = [c for c in divisors(lay.dp) if c == 1 or (seq >= CP_MIN_SEQ and seq % (2 * c) == 0)]
     for how in (("even", "embedding-loss") if lay.pp > 1 else ("even",)):
         try:
-            first, middle, last = split(spec.layers, lay.pp, how)
+            chunked = chunked_layers(spec.layers, lay.pp, how)
         except SetupError:
             continue
-        extra = 1 if how == "embedding-loss" else 0
-        vs = [v for v in range(1, VPP_MAX + 1) if v == 1 or (lay.pp > 1 and (first + extra) % v == 0
-                                                              and middle % v == 0 and (last + extra) % v == 0)]
+        vs = [v for v in range(1, VPP_MAX + 1) if v == 1 or (lay.pp > 1 and all(n % v == 0 for n in chunked))]
         for c in cps:
             for v in vs:
                 out.append(Layout(lay.dp // c, lay.tp, lay.pp, c, v, how))

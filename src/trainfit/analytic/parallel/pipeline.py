@@ -71,6 +71,15 @@ def split(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
     return first if first > 0 else mid, mid, last if last > 0 else mid
 
 
+def chunked_layers(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
+    """(first, middle, last) layers each stage's --vpp model chunks divide: the decoder layers (split), with the
+    embedding on the first and the loss on the last stage under embedding-loss (transformer_block.py:174-178;
+    transformer_config.py:1371-1432)."""
+    first, middle, last = split(layers, pp, pp_split)
+    extra = 1 if pp_split == "embedding-loss" else 0
+    return first + extra, middle, last + extra
+
+
 def warmup_chunks(pp: int, rank: int, vpp: int, micro_batches: int) -> int:
     """Warm-up forwards of `rank` (schedules.py:760-786; micro-batch group size g = pp, the default)."""
     if vpp == 1:
@@ -107,14 +116,13 @@ def stages(spec: ModelSpec, setup: Setup) -> list[Stage]:
 def check(spec: ModelSpec, setup: Setup) -> None:
     """Megatron's pipeline checks, one-line SetupErrors with the fix."""
     p, v, m = setup.pp, setup.vpp, setup.grad_accum
-    first, middle, last = split(spec.layers, p, setup.pp_split)
+    chunked = chunked_layers(spec.layers, p, setup.pp_split)  # raises split's errors for any --vpp
     if v > 1:
-        # each stage's layers split into v chunks (transformer_block.py:174-178; transformer_config.py:1371-1432)
-        for name, n in (("first", first), ("middle", middle), ("last", last)):
-            total = n + (1 if setup.pp_split == "embedding-loss" and name != "middle" else 0)
+        for name, total in zip(("first", "middle", "last"), chunked):
             if total % v:
+                with_ends = setup.pp_split == "embedding-loss" and name != "middle"
                 raise SetupError(f"--vpp {v}: the {name} pipeline stage's {total} layers"
-                                 f"{' (with the embedding/loss)' if total != n else ''} must split into {v} equal "
+                                 f"{' (with the embedding/loss)' if with_ends else ''} must split into {v} equal "
                                  f"chunks; use a --vpp dividing {total}")
         # interleaving: micro-batch groups of pp in [pp, m] and m % pp == 0 (schedules.py:995-1015)
         if m < p or m % p:
