@@ -1,0 +1,228 @@
+"""Per-kernel time on one GPU by a roofline with measured efficiencies (issue 14; no torch).
+
+A kernel takes max(its FLOPs at the achievable matmul rate, its bytes at the achieved HBM bandwidth) plus a
+per-kernel launch cost. The achievable rates are data with sources (data/kernels.toml, read once); the shape
+dependence is a mechanism, not a fitted curve:
+
+  * GEMM: wave and tile quantisation after NVIDIA's "Matrix Multiplication Background User's Guide"
+    (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication, §"Dimension Quantization
+    Effects"): the output is cut into Tm x Tn tiles, one tile per SM per wave; a wave takes as long as one full
+    tile, so time = ceil(tiles / SMs) x (one tile's FLOPs at the per-SM achievable rate). The per-SM rate is the
+    MAMF (max achievable matmul FLOP/s, measured on the best-quantised large shape) / SMs.
+  * fused attention (FlashAttention-2 §3.2 work partitioning): the grid is batch x heads x query tiles (Br rows);
+    each CTA walks ceil(s_kv / Bc) key blocks (fewer under a causal mask) and pays a prologue/epilogue that is not
+    overlapped with its MMAs: loading its Q tile, the first K/V block, and storing its O tile, at its share of the
+    HBM bandwidth. Short sequences have few key blocks per CTA, so the fixed part weighs more; few CTAs leave SMs
+    idle in the last wave. Long sequences reach the kernel's published fraction of peak.
+  * eager attention: two batched GEMMs plus the s_q x s_kv score tensor's softmax (and mask) traffic.
+  * memory-bound ops: bytes at the achieved HBM bandwidth + launches.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+from trainfit.hardware import GPU
+
+# bytes per element of trainfit's compute dtypes
+_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    sms: int                          # streaming multiprocessors / compute units (wave size)
+    matmul_fraction: dict[str, float]  # dtype -> MAMF / datasheet dense peak
+    hbm_fraction: float               # achieved / datasheet HBM bandwidth
+    launch_seconds: float             # GPU-side cost per kernel
+    attention: dict[str, float]       # kernel -> forward fraction of the datasheet peak at long sequence
+    attention_bwd: dict[str, float] = field(default_factory=dict)  # kernel -> backward fraction (falls back to forward)
+    tile: tuple[int, int] = (256, 128)       # GEMM output tile per SM per wave (MMBG)
+    attn_tile: tuple[int, int] = (128, 64)   # fused attention [Br query rows, Bc key rows]
+    generation: str = ""
+    known: bool = True                # False: no kernels.toml entry, a stated default was used
+
+    def matmul(self, dtype: str) -> float:
+        """Fraction for `dtype`; a dtype the GPU's entry lacks takes bf16's, then fp16's (NB: fp8 without a
+        measurement takes the 16-bit fraction — the peak it is applied to is already the 16-bit one)."""
+        f = self.matmul_fraction
+        return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict:
+    return tomllib.loads(resources.files("trainfit.data").joinpath("kernels.toml").read_text())
+
+
+def _build(entry: dict, gen: dict, name: str, known: bool) -> Kernels:
+    d = {**gen, **entry}
+    try:
+        return Kernels(sms=int(d["sms"]), matmul_fraction=dict(d["matmul_fraction"]),
+                       hbm_fraction=float(d["hbm_fraction"]), launch_seconds=float(d["launch_seconds"]),
+                       attention=dict(d["attention"]), attention_bwd=dict(d.get("attention_bwd", {})),
+                       tile=tuple(d.get("tile", (256, 128))), attn_tile=tuple(d.get("attn_tile", (128, 64))),
+                       generation=str(d.get("generation", "")), known=known)
+    except KeyError as e:
+        raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
+
+
+# NB: a GPU with no entry (a user's --gpu file) is timed with the Ampere generation's measured fractions and
+# sms=1 (no wave quantisation): optimistic for small GEMMs, and the A100 fractions may not hold on it.
+_DEFAULT_GEN = {"nvidia": "ampere", "amd": "cdna3"}
+
+
+@lru_cache(maxsize=64)
+def _kernels_by_name(name: str, vendor: str) -> Kernels:
+    t = _table()
+    entry = t["gpu"].get(name)
+    if entry is None:
+        gen = _DEFAULT_GEN.get(vendor, "ampere")
+        return _build({"sms": 1, "generation": gen}, t["generation"][gen], name, known=False)
+    return _build(entry, t["generation"][entry["generation"]], name, known=True)
+
+
+def kernels_for(gpu: GPU) -> Kernels:
+    """Kernel data for `gpu` by its canonical name (catalog aliases resolve to it in hardware.get_gpu)."""
+    return _kernels_by_name(gpu.name, gpu.vendor)
+
+
+def _size(dtype: str) -> int:
+    return _SIZE.get(dtype, 2)
+
+
+def _bandwidth(gpu: GPU, kn: Kernels) -> float:
+    return gpu.memory_bandwidth * kn.hbm_fraction
+
+
+# ---- GEMM ------------------------------------------------------------------------------------------------------
+def gemm_waves(kn: Kernels, m: int, n: int, batch: int = 1) -> tuple[int, int]:
+    """(output tiles, waves) of a (batched) GEMM with the GPU's tile, one tile per SM per wave (MMBG §wave
+    quantization: 'wave size' = SMs for a 256x128 tile on A100)."""
+    tm, tn = kn.tile
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    return tiles, math.ceil(tiles / kn.sms)
+
+
+def gemm_efficiency(kn: Kernels, m: int, n: int, batch: int = 1) -> float:
+    """Useful fraction of the SM-time a GEMM occupies: m*n*batch / (waves * SMs * Tm*Tn) — tile quantisation
+    (padded edge tiles) times wave quantisation (idle SMs in the last wave), MMBG Fig. "wave quantization"."""
+    tm, tn = kn.tile
+    _, waves = gemm_waves(kn, m, n, batch)
+    return (m * n * batch) / (waves * kn.sms * tm * tn)
+
+
+def gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int = 1) -> float:
+    """C[m,n] = A[m,k] @ B[k,n], `batch` of them in one launch. Compute: waves x one tile's 2*Tm*Tn*k FLOPs at the
+    per-SM achievable rate (MAMF / SMs). When the output grid leaves SMs idle, cuBLAS/CUTLASS split K over them
+    (split-K / stream-K, CUTLASS docs "Efficient GEMM in CUDA" §Parallelized Reductions): s = SMs // tiles slices,
+    whose fp32 partial sums are written and re-read (added to the bytes). Memory: A, B, C once at achieved HBM bw.
+    NB: one tile size per GPU (cuBLAS picks smaller tiles for small m or n): pessimistic for skinny GEMMs whose
+    padded tile is mostly empty, where the byte floor usually dominates anyway."""
+    if min(m, n, k, batch) <= 0:
+        return 0.0
+    kn = kernels_for(gpu)
+    tm, tn = kn.tile
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    splits = max(1, min(kn.sms // tiles, math.ceil(k / 256))) if tiles < kn.sms else 1  # >= 256-deep K slices
+    waves = math.ceil(tiles * splits / kn.sms)
+    per_sm = gpu.flops_for(dtype) * kn.matmul(dtype) / kn.sms
+    compute = waves * 2 * tm * tn * math.ceil(k / splits) / per_sm
+    size = _size(dtype)
+    nbytes = (m * k + k * n + m * n) * size * batch
+    if splits > 1:
+        nbytes += 2 * splits * m * n * 4 * batch  # fp32 partials written then reduced
+    return max(compute, nbytes / _bandwidth(gpu, kn)) + kn.launch_seconds
+
+
+# ---- attention -------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[int, int, int]:
+    """(query tiles, total key-block steps over all tiles, the longest tile's steps) for one (batch, head).
+    Causal: query row i sees keys <= i + (s_kv - s_q) (bottom-right aligned, flash-attn >= 2.1 convention), so
+    tile t walks ceil(min(s_kv, (t+1)*br + s_kv - s_q) / bc) blocks; masked tiles are skipped (FA2 §3.1.1)."""
+    tiles = math.ceil(s_q / br)
+    full = math.ceil(s_kv / bc)
+    if not causal:
+        return tiles, tiles * full, full
+    total, longest = 0, 0
+    for t in range(tiles):
+        steps = min(full, max(0, math.ceil(((t + 1) * br + s_kv - s_q) / bc)))
+        total += steps
+        longest = max(longest, steps)
+    return tiles, total, longest
+
+
+def flash_efficiency(gpu: GPU, kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int,
+                     causal: bool, dtype: str, frac: float) -> float:
+    """Sequence factor in (0, 1]: useful key-block steps / (steps the SMs are busy), with the per-CTA prologue
+    (Q tile + first K/V block loaded) and epilogue (O tile stored) in step units and the waves of CTAs over SMs.
+    A step = 4*Br*Bc*d FLOPs (QK^T and PV of one block) at the per-SM long-sequence rate; the prologue/epilogue
+    bytes (2*Br*d + 2*Bc*d elements) move at the SM's share of the achieved HBM bandwidth (not overlapped: FA2
+    §3.1 loads Q before its loop and writes O after it)."""
+    br, bc = kn.attn_tile
+    tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal)
+    if total == 0:
+        return 1.0
+    ctas = batch_heads * tiles
+    step_flops = 4 * br * bc * head_dim
+    step_s = step_flops / (gpu.flops_for(dtype) * frac / kn.sms)
+    fixed_s = (2 * br + 2 * bc) * head_dim * _size(dtype) / (_bandwidth(gpu, kn) / kn.sms)
+    c = fixed_s / step_s
+    work = batch_heads * total + ctas * c               # step units, summed over CTAs
+    waves = math.ceil(ctas / kn.sms)
+    busy = max(waves * work / ctas, longest + c)         # waves of the mean CTA; never under the longest CTA
+    return (batch_heads * total) / (kn.sms * busy)
+
+
+def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool) -> float:
+    """Forward FLOPs 4*bh*s_q*s_kv*d (QK^T and PV, 2 FLOPs per MAC; FA2 §4.1 counts the same), halved by a causal
+    mask for kernels that skip masked blocks (FA2 §4.1: 'divide by 2 for causal')."""
+    f = 4.0 * batch_heads * s_q * s_kv * head_dim
+    return f / 2 if causal else f
+
+
+def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
+                      dtype: str, backward: bool) -> float:
+    """One attention call (forward, or its backward when `backward`)."""
+    if min(batch_heads, s_q, s_kv, head_dim) <= 0:
+        return 0.0
+    kn = kernels_for(gpu)
+    if kernel == "eager" or kernel not in kn.attention:
+        return _eager_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+    flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal)
+    frac = kn.attention[kernel]
+    if backward:
+        flops *= 2.5  # FA2 §4.1: backward = 2.5x forward FLOPs (5 matmuls vs 2, one recomputing QK^T)
+        frac = kn.attention_bwd.get(kernel, frac)
+        # FA2 §3.2: the backward grid is batch x heads x key blocks walking the query blocks (swap roles)
+        seq = flash_efficiency(gpu, kn, batch_heads, s_kv, s_q, head_dim, causal, dtype, frac)
+    else:
+        seq = flash_efficiency(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, frac)
+    compute = flops / (gpu.flops_for(dtype) * frac * seq)
+    # HBM traffic: forward reads Q, K, V and writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV
+    io = batch_heads * head_dim * _size(dtype) * ((4 * s_q + 4 * s_kv) if backward else (2 * s_q + 2 * s_kv))
+    return max(compute, io / _bandwidth(gpu, kn)) + kn.launch_seconds
+
+
+def _eager_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str,
+                   backward: bool) -> float:
+    """Unfused attention (PyTorch math path): S = QK^T and O = PV as batched GEMMs, with the score tensor written by
+    the first, read/written by softmax (and by the mask when causal) and read by the second. Backward: dV = P^T dO,
+    dP = dO V^T, dS = softmax'(P, dP) (reads P and dP, writes dS), dQ = dS K, dK = dS^T Q."""
+    scores = bh * s_q * s_kv * _size(dtype)
+    if not backward:
+        t = gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh) + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh)
+        elementwise = 2 * scores * (2 if causal else 1)  # softmax read+write (+ masked_fill read+write)
+        return t + memory_seconds(gpu, elementwise, kernels=2 if causal else 1)
+    t = (gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh) + gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh)
+         + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh) + gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh))
+    return t + memory_seconds(gpu, 3 * scores, kernels=1)
+
+
+# ---- memory-bound ops ------------------------------------------------------------------------------------------
+def memory_seconds(gpu: GPU, nbytes: float, kernels: int = 1) -> float:
+    """Elementwise / reduction / copy: bytes read + written at the achieved HBM bandwidth, plus launches."""
+    kn = kernels_for(gpu)
+    return max(0.0, nbytes) / _bandwidth(gpu, kn) + kernels * kn.launch_seconds
