@@ -78,3 +78,19 @@ def test_tiny_llama_layer_bytes_by_hand():
     fused = 4 * h + 4 * q + 4 * kv + 6 * h + 4 * h + 6 * i + 6 * h
     got = sum(o.nbytes for o in compiled(ops) if o.kind == "memory")
     assert got == pytest.approx(128 * fused, rel=1e-12)
+
+
+def test_op_sac_reruns_every_second_matmul_and_not_sdpa():
+    """torchtitan's per-op SAC (activation_checkpoint.py:110-116) stores the outputs of the 1st, 3rd, 5th, 7th mm of a
+    Llama block (wq, wv, w1... in call order q, k, v, o, gate, up, down: q, v, gate, down) and the SDPA kernel's;
+    the backward re-runs k, o, up and every elementwise kernel."""
+    from trainfit.analytic.ops import recomputed
+    from trainfit.setup import Setup
+
+    spec = load_model("llama-3.1-8b")
+    setup = Setup(stack="torchtitan", recompute="op", batch=1, seq=512)
+    fwd = layer_forward(spec, Shape(batch=1, seq=512, norm="torch-rms-norm", rope="complex"))
+    rerun = recomputed(spec, setup, fwd)
+    assert [o.name for o in rerun if o.kind == "gemm"] == ["k", "o", "up"]
+    assert not any(o.kind == "attention" for o in rerun)
+    assert [o for o in fwd if o.kind == "memory"] == [o for o in rerun if o.kind == "memory"]
