@@ -12,6 +12,7 @@ MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix pe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..hardware import GPU
 from ..setup import Setup
@@ -49,6 +50,12 @@ class ListTime:
     __rmul__ = __mul__
 
 
+@lru_cache(maxsize=8192)
+def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: float) -> float:
+    """(a backward's dgrad/wgrad and a recompute repeat the forward's shapes)"""
+    return roofline.gemm_seconds(gpu, m, n, k, dtype, batch)
+
+
 def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     launch = roofline.kernels_for(gpu).launch_seconds
     g = at = fl = 0.0
@@ -56,7 +63,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     nbytes = 0.0
     for op in ops:
         if op.kind == "gemm":
-            g += roofline.gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch) - launch
+            g += _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch) - launch
             n += 1
             fl += op.flops
         elif op.kind == "attention":
@@ -99,12 +106,14 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     sh = shape_of(spec, setup, st, compute_dtype(setup))
     prep = compiled if sh.compile else (lambda ops: ops)
     frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
-    kinds = [(1.0 - frac_moe, False)] + ([(frac_moe, True)] if frac_moe else [])
+    kinds = [(w, moe) for w, moe in ((1.0 - frac_moe, False), (frac_moe, True)) if w > 0]
     lf = lb = lr = ListTime()
     attn = 0.0
     for w, moe in kinds:
         fwd, bwd, rec = _lists(spec, setup, sh, moe)
-        lf, lb, lr = lf + w * time_ops(gpu, prep(fwd)), lb + w * time_ops(gpu, prep(bwd)), lr + w * time_ops(gpu, prep(rec))
+        tf = time_ops(gpu, prep(fwd))
+        tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
+        lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
         attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
     ef = embedding_forward(spec, sh)
     emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh))
