@@ -189,10 +189,11 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
 
 def tensors_per_rank(spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
     """Parameter tensors of a stage (each a separate optimizer operand): per layer its linear weights and biases and
-    its norms' weights (+ biases); the embedding and the final norm and head."""
-    lin = 4 + (3 if spec.gated_mlp else 2) if spec.moe is None else 4 + 3 + 1
-    biases = (2 if spec.qkv_bias else 0) + (1 if spec.qkv_bias else 0) + int(spec.out_bias) + \
-        (3 if spec.mlp_bias else 0)
+    its norms' weights (+ biases); the embedding and the final norm and head. MoE: the router and the experts'
+    two stacked 3-D weights (transformers 5 gate_up_proj / down_proj). NB: fused qkv / gate_up counted as
+    separate tensors (launch counts only: over-reads by a few launches per layer)."""
+    lin = 4 + ((3 if spec.gated_mlp else 2) if spec.moe is None else 3)
+    biases = (3 if spec.qkv_bias else 0) + int(spec.out_bias) + (3 if spec.mlp_bias else 0)
     norms = spec.norms_per_layer * (2 if spec.norm_bias and spec.norm != "rmsnorm" else 1)
     n = layers * (lin + biases + norms)
     if embedding:

@@ -109,6 +109,7 @@ class Shape:
     ep: int = 1
     compile: bool = False
     float8: bool = False
+    fused_elementwise: bool = False  # Megatron-core's fused bias-GeLU and bias-dropout-add kernels
 
     @property
     def tokens(self) -> float:
@@ -134,7 +135,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
-                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)))
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
+                 stack == "megatron")
 
 
 # --- building blocks ----------------------------------------------------------------------------------------------
@@ -212,7 +214,8 @@ def _activation(spec: ModelSpec, name: str, x: float, sh: Shape, group: str) -> 
     """The MLP activation over x elements: one kernel (SiLU, GeLU, ReLU), or HF's composite gelu_new / gelu_fast
     (activations.py NewGELUActivation: pow, mul, add, mul, tanh, add, mul, mul: 8 kernels)."""
     a = sh.act
-    passes = 8 if spec.activation in ("gelu_new", "gelu_fast") else 1
+    # (Megatron-core: one fused bias-GeLU kernel, megatron/core/fusions/fused_bias_gelu.py)
+    passes = 8 if spec.activation in ("gelu_new", "gelu_fast") and not sh.fused_elementwise else 1
     return [_ew(f"{name}.{spec.activation}{j}", x * a * (2 if j in (2, 5, 6, 7) and passes > 1 else 1), x * a,
                 "transformers activations.py", group, (x * a if j == 0 else 0, x * a if j == passes - 1 else 0))
             for j in range(passes)]
@@ -222,6 +225,17 @@ def _dropout(name: str, x: float, sh: Shape, group: str) -> list[Op]:
     """CUDA native_dropout: reads x, writes y and a 1-byte mask (activations.dropout_mask_bytes)."""
     a = sh.act
     return [_ew(name, x * a, x * (a + 1), "aten native_dropout", group, (0, x), saves=False)]
+
+
+def _residual(name: str, x: float, p: float, sh: Shape, group: str, src: str) -> list[Op]:
+    """[dropout on the branch output,] then the residual add (reads the branch and the stream, writes the stream);
+    Megatron-core fuses the two (megatron/core/fusions/fused_bias_dropout.py bias_dropout_add: one kernel)."""
+    a, r = sh.act, sh.residual
+    if p > 0 and sh.fused_elementwise:
+        return [_ew(f"{name}_bias_dropout_add", x * (r + a), x * (r + 1), "megatron fused_bias_dropout.py", group,
+                    saves=False)]
+    drop = _dropout(f"{name}_dropout", x, sh, group) if p > 0 else []
+    return drop + [_ew(f"{name}_residual", x * (r + a), x * r, src, group, saves=False)]
 
 
 def _fp8(linear: Op, sh: Shape) -> list[Op]:
@@ -281,12 +295,11 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
         s2 = bh * (sh.seq / sh.cp) * sh.seq * a
         ops += [_ew(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
     ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, spec.head_dim, bh, causal=spec.causal,
-                  kernel=sh.attention, source="SDPA / eager_attention_forward (p_attn dropout inside the kernel)"))
+                  kernel=sh.attention, source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
+    if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
+        ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")
     proj("o", h, spec.q_dim, h, q, spec.out_bias, "modeling_llama.py:269 o_proj")
-    if p_resid > 0:
-        ops += _dropout("attn_dropout", Tn * h, sh, "attn_out")
-    ops.append(_ew("attn_residual", Tn * h * (r + a), Tn * h * r, "modeling_llama.py:306 residual add", "attn_out",
-                   saves=False))
+    ops += _residual("attn", Tn * h, p_resid, sh, "attn_out", "modeling_llama.py:306 residual add")
     if pre == "post":
         ops += norm_ops(spec, "attn_norm", Tn, sh, "attn_out")
     # MLP sub-block
@@ -311,10 +324,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
         proj("fc1", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_gpt2.py:239 c_fc")
         ops += _activation(spec, "act", T * i, sh, "act")
         proj("fc2", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_gpt2.py:241 c_proj")
-    if p_resid > 0:
-        ops += _dropout("mlp_dropout", Tn * h, sh, "mlp_out")
-    ops.append(_ew("mlp_residual", Tn * h * (r + a), Tn * h * r, "modeling_llama.py:312 residual add", "mlp_out",
-                   saves=False))
+    ops += _residual("mlp", Tn * h, p_resid, sh, "mlp_out", "modeling_llama.py:312 residual add")
     if pre == "post":
         ops += norm_ops(spec, "mlp_norm", Tn, sh, "mlp_out")
     if sh.autocast and sh.act != FP32:
@@ -434,8 +444,10 @@ def head_forward(spec: ModelSpec, sh: Shape) -> list[Op]:
     lb = FP32 if (sh.loss_upcast or sh.autocast or a == FP32) else a
     src = "loss_utils.py:61 logits.float() + cross_entropy"
     if lb != a:
-        ops.append(_ew("logits_fp32", x * a, x * lb, src, "loss", (x * a, 0), saves=False))
-    ops += [_ew("log_softmax", 2 * x * lb, x * lb, src, "loss", (0 if lb != a else x * a, 2 * FP32 * T), kernels=1),
+        ops.append(_ew("logits_fp32", x * a, x * lb, src, "loss", (0, 0), saves=False))
+    # fused, the loss kernel reads the logits and keeps two fp32 numbers per row (max, log-sum-exp); its backward
+    # reads the logits again and writes their gradient (compile_effects.compiled_head)
+    ops += [_ew("log_softmax", 2 * x * lb, x * lb, src, "loss", (x * a, 2 * FP32 * T), kernels=1),
             _ew("nll_loss", T * (lb + INDEX), FP32, src, "loss", (0, 0), saves=False)]
     return ops
 
@@ -501,7 +513,7 @@ def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
 
     pol = setup.recompute.split(":", 1)[0]
     if pol == "selective":
-        return [o for o in forward if o.kind == "attention" or o.name.startswith(("softcap", "repeat_kv"))]
+        return [o for o in forward if o.kind == "attention" or o.name.startswith(("softcap", "repeat_kv", "attn_probs"))]
     if pol == "op":
         saved = {name for name, *_ in op_sac_saved_matmuls(spec, setup)}
         sdpa = op_sac_stores_sdpa(spec, setup)
