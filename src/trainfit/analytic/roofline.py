@@ -40,7 +40,7 @@ class Kernels:
     attention: dict[str, float]       # kernel -> forward fraction of the datasheet peak at long sequence
     attention_bwd: dict[str, float] = field(default_factory=dict)  # kernel -> backward fraction (falls back to forward)
     tile: tuple[int, int] = (256, 128)       # GEMM output tile per SM per wave (MMBG)
-    attn_tile: tuple[int, int] = (128, 64)   # fused attention [Br query rows, Bc key rows]
+    attn_tiles: tuple[tuple[int, int, int], ...] = ((64, 128, 128), (128, 128, 64), (256, 64, 64))  # (max head_dim, Br, Bc)
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -49,6 +49,13 @@ class Kernels:
         measurement takes the 16-bit fraction — the peak it is applied to is already the 16-bit one)."""
         f = self.matmul_fraction
         return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
+
+    def attn_block(self, head_dim: int) -> tuple[int, int]:
+        """[Br, Bc] of the fused kernel for this head dim: the first entry whose head-dim bound covers it."""
+        for bound, br, bc in self.attn_tiles:
+            if head_dim <= bound:
+                return br, bc
+        return self.attn_tiles[-1][1], self.attn_tiles[-1][2]
 
 
 @lru_cache(maxsize=1)
@@ -62,7 +69,8 @@ def _build(entry: dict, gen: dict, name: str, known: bool) -> Kernels:
         return Kernels(sms=int(d["sms"]), matmul_fraction=dict(d["matmul_fraction"]),
                        hbm_fraction=float(d["hbm_fraction"]), launch_seconds=float(d["launch_seconds"]),
                        attention=dict(d["attention"]), attention_bwd=dict(d.get("attention_bwd", {})),
-                       tile=tuple(d.get("tile", (256, 128))), attn_tile=tuple(d.get("attn_tile", (128, 64))),
+                       tile=tuple(d.get("tile", (256, 128))),
+                       attn_tiles=tuple(tuple(t) for t in d["attn_tiles"]),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
@@ -154,26 +162,34 @@ def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[i
     return tiles, total, longest
 
 
-def flash_efficiency(gpu: GPU, kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int,
-                     causal: bool, dtype: str, frac: float) -> float:
-    """Sequence factor in (0, 1]: useful key-block steps / (steps the SMs are busy), with the per-CTA prologue
-    (Q tile + first K/V block loaded) and epilogue (O tile stored) in step units and the waves of CTAs over SMs.
-    A step = 4*Br*Bc*d FLOPs (QK^T and PV of one block) at the per-SM long-sequence rate; the prologue/epilogue
-    bytes (2*Br*d + 2*Bc*d elements) move at the SM's share of the achieved HBM bandwidth (not overlapped: FA2
-    §3.1 loads Q before its loop and writes O after it)."""
-    br, bc = kn.attn_tile
+def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool) -> float:
+    """Sequence factor in (0, 1]: useful block steps / the step-slots the SMs are held for.
+    A step = one Br x Bc block of QK^T and PV (4*Br*Bc*d FLOPs) at the per-SM long-sequence rate. Each CTA (one
+    query tile of one head, FA2 §3.2) walks its key blocks — a partial edge block costs a whole step — plus one
+    pipeline-fill step: its K/V tiles are double-buffered (flash-attn csrc/flash_attn/src/flash_fwd_kernel.h loads
+    block j+1 while computing block j; FA3 §3.1 two-stage pipeline), so the first load is exposed once per CTA.
+    CTAs run in waves over the SMs (one CTA per SM per wave), never faster than the longest CTA.
+    NB: the fill step is one block-compute long, not a measured latency; errs either way by < 1 step per CTA."""
+    br, bc = kn.attn_block(head_dim)
     tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal)
     if total == 0:
         return 1.0
+    fill = 1
     ctas = batch_heads * tiles
-    step_flops = 4 * br * bc * head_dim
-    step_s = step_flops / (gpu.flops_for(dtype) * frac / kn.sms)
-    fixed_s = (2 * br + 2 * bc) * head_dim * _size(dtype) / (_bandwidth(gpu, kn) / kn.sms)
-    c = fixed_s / step_s
-    work = batch_heads * total + ctas * c               # step units, summed over CTAs
+    useful = batch_heads * (_causal_pairs(s_q, s_kv) if causal else s_q * s_kv) / (br * bc)
     waves = math.ceil(ctas / kn.sms)
-    busy = max(waves * work / ctas, longest + c)         # waves of the mean CTA; never under the longest CTA
-    return (batch_heads * total) / (kn.sms * busy)
+    busy = max(waves * (batch_heads * total + ctas * fill) / ctas, longest + fill)  # per-SM step-slots
+    return min(1.0, useful / (kn.sms * busy))
+
+
+def _causal_pairs(s_q: int, s_kv: int) -> float:
+    """(query, key) pairs a bottom-right-aligned causal mask keeps: row i sees min(s_kv, i + 1 + s_kv - s_q) keys."""
+    off = s_kv - s_q
+    if off >= 0:  # every row sees at least off+1 keys, none more than s_kv
+        return s_q * off + s_q * (s_q + 1) / 2
+    first = -off  # rows with i + 1 + off <= 0 see nothing
+    n = s_q - first
+    return n * (n + 1) / 2
 
 
 def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool) -> float:
@@ -197,9 +213,9 @@ def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: i
         flops *= 2.5  # FA2 §4.1: backward = 2.5x forward FLOPs (5 matmuls vs 2, one recomputing QK^T)
         frac = kn.attention_bwd.get(kernel, frac)
         # FA2 §3.2: the backward grid is batch x heads x key blocks walking the query blocks (swap roles)
-        seq = flash_efficiency(gpu, kn, batch_heads, s_kv, s_q, head_dim, causal, dtype, frac)
+        seq = flash_efficiency(kn, batch_heads, s_kv, s_q, head_dim, causal)
     else:
-        seq = flash_efficiency(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, frac)
+        seq = flash_efficiency(kn, batch_heads, s_q, s_kv, head_dim, causal)
     compute = flops / (gpu.flops_for(dtype) * frac * seq)
     # HBM traffic: forward reads Q, K, V and writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV
     io = batch_heads * head_dim * _size(dtype) * ((4 * s_q + 4 * s_kv) if backward else (2 * s_q + 2 * s_kv))
