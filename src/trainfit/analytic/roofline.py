@@ -41,6 +41,7 @@ class Kernels:
     attention_bwd: dict[str, float] = field(default_factory=dict)  # kernel -> backward fraction (falls back to forward)
     tile: tuple[int, int] = (256, 128)       # GEMM output tile per SM per wave (MMBG)
     attn_tiles: tuple[tuple[int, int, int], ...] = ((64, 128, 128), (128, 128, 64), (256, 64, 64))  # (max head_dim, Br, Bc)
+    l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -71,6 +72,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool) -> Kernels:
                        attention=dict(d["attention"]), attention_bwd=dict(d.get("attention_bwd", {})),
                        tile=tuple(d.get("tile", (256, 128))),
                        attn_tiles=tuple(tuple(t) for t in d["attn_tiles"]),
+                       l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
@@ -106,7 +108,7 @@ def _bandwidth(gpu: GPU, kn: Kernels) -> float:
 
 # ---- GEMM ------------------------------------------------------------------------------------------------------
 def gemm_waves(kn: Kernels, m: int, n: int, batch: int = 1) -> tuple[int, int]:
-    """(output tiles, waves) of a (batched) GEMM with the GPU's tile, one tile per SM per wave (MMBG §wave
+    """(output tiles, waves) of a (batched) GEMM with the GPU's largest tile, one tile per SM per wave (MMBG §wave
     quantization: 'wave size' = SMs for a 256x128 tile on A100)."""
     tm, tn = kn.tile
     tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
@@ -121,27 +123,64 @@ def gemm_efficiency(kn: Kernels, m: int, n: int, batch: int = 1) -> float:
     return (m * n * batch) / (waves * kn.sms * tm * tn)
 
 
+# MMBG §"Dimension Quantization Effects": cuBLAS picks among these thread-block tiles, 256x128 / 128x256 the most
+# efficient and 64x64 the least ("larger tiles have more data reuse, allowing them to use less bandwidth").
+_CUBLAS_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
+
+
+@lru_cache(maxsize=256)
+def _tile_rates(name: str, vendor: str, dtype: str, per_sm: float) -> tuple[tuple[int, int, float], ...]:
+    """(Tm, Tn, per-SM FLOP/s) for each tile the GPU may use. A tile streams (Tm + Tn) * size bytes of A and B from
+    L2 per 2*Tm*Tn FLOPs, so with the measured L2 bandwidth per SM its rate is at most l2 * 2*Tm*Tn/((Tm+Tn)*size).
+    The GPU's own tile is the one the MAMF was measured with: its rate is the MAMF, and a smaller tile loses the
+    ratio of the two L2 bounds (only where that bound binds). No L2 measurement: the GPU's tile alone (NB)."""
+    kn = _kernels_by_name(name, vendor)
+    big = kn.tile
+    if not kn.l2_bytes_per_sm:
+        return ((big[0], big[1], per_sm),)
+    size = _size(dtype)
+
+    def l2_bound(tm: int, tn: int) -> float:
+        return kn.l2_bytes_per_sm * 2 * tm * tn / ((tm + tn) * size)
+
+    top = min(per_sm, l2_bound(*big))
+    out = [(big[0], big[1], per_sm)]
+    for tm, tn in _CUBLAS_TILES:
+        if tm * tn < big[0] * big[1]:
+            out.append((tm, tn, per_sm * min(per_sm, l2_bound(tm, tn)) / top))
+    return tuple(out)
+
+
 def gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int = 1) -> float:
-    """C[m,n] = A[m,k] @ B[k,n], `batch` of them in one launch. Compute: waves x one tile's 2*Tm*Tn*k FLOPs at the
-    per-SM achievable rate (MAMF / SMs). When the output grid leaves SMs idle, cuBLAS/CUTLASS split K over them
-    (split-K / stream-K, CUTLASS docs "Efficient GEMM in CUDA" §Parallelized Reductions): s = SMs // tiles slices,
-    whose fp32 partial sums are written and re-read (added to the bytes). Memory: A, B, C once at achieved HBM bw.
-    NB: one tile size per GPU (cuBLAS picks smaller tiles for small m or n): pessimistic for skinny GEMMs whose
-    padded tile is mostly empty, where the byte floor usually dominates anyway."""
+    """C[m,n] = A[m,k] @ B[k,n] on one GPU, `batch` independent GEMMs in one launch (see _gemm_seconds)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
+    return _gemm_seconds(gpu, int(m), int(n), int(k), dtype, int(batch))
+
+
+@lru_cache(maxsize=65536)  # the planner times the same shapes for many layouts
+def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> float:
+    """C[m,n] = A[m,k] @ B[k,n], `batch` of them in one launch. Compute: for each tile the GPU may use (see
+    _tile_rates), waves x one tile's 2*Tm*Tn*k FLOPs at that tile's per-SM rate; the fastest is taken (cuBLAS's
+    heuristic picks the tile). When the output grid leaves SMs idle, K is split over them (split-K / stream-K,
+    CUTLASS docs "Efficient GEMM in CUDA" §"Parallelized Reductions"): s = SMs // tiles slices of >= 256 deep, whose
+    fp32 partial sums are written and re-read. Memory: A, B, C once (+ partials) at the achieved HBM bandwidth.
+    NB: assumes operands hit in L2 (a tile row/column is re-read by the other tiles of its wave): optimistic for
+    GEMMs whose operands overflow L2 in a bad raster order."""
     kn = kernels_for(gpu)
-    tm, tn = kn.tile
-    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-    splits = max(1, min(kn.sms // tiles, math.ceil(k / 256))) if tiles < kn.sms else 1  # >= 256-deep K slices
-    waves = math.ceil(tiles * splits / kn.sms)
     per_sm = gpu.flops_for(dtype) * kn.matmul(dtype) / kn.sms
-    compute = waves * 2 * tm * tn * math.ceil(k / splits) / per_sm
     size = _size(dtype)
-    nbytes = (m * k + k * n + m * n) * size * batch
-    if splits > 1:
-        nbytes += 2 * splits * m * n * 4 * batch  # fp32 partials written then reduced
-    return max(compute, nbytes / _bandwidth(gpu, kn)) + kn.launch_seconds
+    base = (m * k + k * n + m * n) * size * batch
+    bw = _bandwidth(gpu, kn)
+    best = math.inf
+    for tm, tn, rate in _tile_rates(gpu.name, gpu.vendor, dtype, per_sm):
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        splits = max(1, min(kn.sms // tiles, math.ceil(k / 256))) if tiles < kn.sms else 1
+        waves = math.ceil(tiles * splits / kn.sms)
+        compute = waves * 2 * tm * tn * math.ceil(k / splits) / rate
+        nbytes = base + (2 * splits * m * n * 4 * batch if splits > 1 else 0)  # fp32 partials written then reduced
+        best = min(best, max(compute, nbytes / bw))
+    return best + kn.launch_seconds
 
 
 # ---- attention -------------------------------------------------------------------------------------------------
@@ -201,9 +240,16 @@ def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causa
 
 def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
                       dtype: str, backward: bool) -> float:
-    """One attention call (forward, or its backward when `backward`)."""
+    """One attention call (forward, or its backward when `backward`) on one GPU."""
     if min(batch_heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
+    return _attention_seconds(gpu, kernel, int(batch_heads), int(s_q), int(s_kv), int(head_dim), bool(causal),
+                              dtype, bool(backward))
+
+
+@lru_cache(maxsize=65536)
+def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
+                       dtype: str, backward: bool) -> float:
     kn = kernels_for(gpu)
     if kernel == "eager" or kernel not in kn.attention:
         return _eager_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
