@@ -126,3 +126,9 @@ def test_unknown_gpu_gets_a_stated_default():
     kn = kernels_for(custom)
     assert not kn.known and kn.sms == 1
     assert gemm_seconds(custom, 1024, 1024, 1024, "bf16") > 0
+
+
+def test_a_kernel_the_gpu_cannot_run_falls_back_like_sdpa():
+    # FlashAttention-3 is Hopper-only (FA3 paper §1); on an A100 PyTorch SDPA runs FlashAttention-2 instead
+    args = (512, 4096, 4096, 128, True, "bf16", False)
+    assert attention_seconds(A100, "flash3", *args) == attention_seconds(A100, "flash", *args)

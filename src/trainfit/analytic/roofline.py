@@ -7,13 +7,13 @@ dependence is a mechanism, not a fitted curve:
   * GEMM: wave and tile quantisation after NVIDIA's "Matrix Multiplication Background User's Guide"
     (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication, §"Dimension Quantization
     Effects"): the output is cut into Tm x Tn tiles, one tile per SM per wave; a wave takes as long as one full
-    tile, so time = ceil(tiles / SMs) x (one tile's FLOPs at the per-SM achievable rate). The per-SM rate is the
-    MAMF (max achievable matmul FLOP/s, measured on the best-quantised large shape) / SMs.
+    tile, so time = ceil(tiles / SMs) x (one tile's FLOPs at the per-SM achievable rate). The largest tile's rate
+    is the MAMF (max achievable matmul FLOP/s, measured on a well-quantised large shape) / SMs; smaller tiles
+    (the guide's list) are capped by the measured L2 bandwidth per SM; the fastest tile is taken.
   * fused attention (FlashAttention-2 §3.2 work partitioning): the grid is batch x heads x query tiles (Br rows);
-    each CTA walks ceil(s_kv / Bc) key blocks (fewer under a causal mask) and pays a prologue/epilogue that is not
-    overlapped with its MMAs: loading its Q tile, the first K/V block, and storing its O tile, at its share of the
-    HBM bandwidth. Short sequences have few key blocks per CTA, so the fixed part weighs more; few CTAs leave SMs
-    idle in the last wave. Long sequences reach the kernel's published fraction of peak.
+    each CTA walks its key blocks (Bc rows, fewer under a causal mask, a partial edge block costing a whole one)
+    plus one pipeline-fill step, and CTAs run in waves over the SMs. Short sequences have few key blocks per CTA,
+    so the fill step weighs more. Long sequences reach the kernel's published fraction of peak.
   * eager attention: two batched GEMMs plus the s_q x s_kv score tensor's softmax (and mask) traffic.
   * memory-bound ops: bytes at the achieved HBM bandwidth + launches.
 """
@@ -40,23 +40,27 @@ class Kernels:
     attention: dict[str, float]       # kernel -> forward fraction of the datasheet peak at long sequence
     attention_bwd: dict[str, float] = field(default_factory=dict)  # kernel -> backward fraction (falls back to forward)
     tile: tuple[int, int] = (256, 128)       # GEMM output tile per SM per wave (MMBG)
-    attn_tiles: tuple[tuple[int, int, int], ...] = ((64, 128, 128), (128, 128, 64), (256, 64, 64))  # (max head_dim, Br, Bc)
+    # fused-attention kernel -> ((max head_dim, Br, Bc), ...); "default" for kernels without their own entry
+    attn_tiles: dict[str, tuple[tuple[int, int, int], ...]] = field(
+        default_factory=lambda: {"default": ((64, 128, 128), (128, 128, 64), (256, 64, 64))})
     l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
     def matmul(self, dtype: str) -> float:
-        """Fraction for `dtype`; a dtype the GPU's entry lacks takes bf16's, then fp16's (NB: fp8 without a
-        measurement takes the 16-bit fraction — the peak it is applied to is already the 16-bit one)."""
+        """Fraction for `dtype`; a dtype the GPU's entry lacks takes bf16's, then fp16's (NB: an unmeasured dtype's
+        fraction of its own peak is assumed equal to bf16's; GPU.flops_for already maps fp8 without hardware
+        support to the 16-bit peak)."""
         f = self.matmul_fraction
         return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
 
-    def attn_block(self, head_dim: int) -> tuple[int, int]:
+    def attn_block(self, head_dim: int, kernel: str = "default") -> tuple[int, int]:
         """[Br, Bc] of the fused kernel for this head dim: the first entry whose head-dim bound covers it."""
-        for bound, br, bc in self.attn_tiles:
+        tiles = self.attn_tiles.get(kernel) or self.attn_tiles["default"]
+        for bound, br, bc in tiles:
             if head_dim <= bound:
                 return br, bc
-        return self.attn_tiles[-1][1], self.attn_tiles[-1][2]
+        return tiles[-1][1], tiles[-1][2]
 
 
 @lru_cache(maxsize=1)
@@ -71,11 +75,17 @@ def _build(entry: dict, gen: dict, name: str, known: bool) -> Kernels:
                        hbm_fraction=float(d["hbm_fraction"]), launch_seconds=float(d["launch_seconds"]),
                        attention=dict(d["attention"]), attention_bwd=dict(d.get("attention_bwd", {})),
                        tile=tuple(d.get("tile", (256, 128))),
-                       attn_tiles=tuple(tuple(t) for t in d["attn_tiles"]),
+                       attn_tiles=_attn_tiles(d["attn_tiles"]),
                        l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
+
+
+def _attn_tiles(raw) -> dict[str, tuple[tuple[int, int, int], ...]]:
+    """kernels.toml's attn_tiles: a list (every fused kernel) or a table kernel -> list with a "default" key."""
+    table = raw if isinstance(raw, dict) else {"default": raw}
+    return {k: tuple(tuple(int(x) for x in t) for t in v) for k, v in table.items()}
 
 
 # NB: a GPU with no entry (a user's --gpu file) is timed with the Ampere generation's measured fractions and
@@ -201,7 +211,8 @@ def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[i
     return tiles, total, longest
 
 
-def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool) -> float:
+def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
+                     kernel: str = "default") -> float:
     """Sequence factor in (0, 1]: useful block steps / the step-slots the SMs are held for.
     A step = one Br x Bc block of QK^T and PV (4*Br*Bc*d FLOPs) at the per-SM long-sequence rate. Each CTA (one
     query tile of one head, FA2 §3.2) walks its key blocks — a partial edge block costs a whole step — plus one
@@ -209,7 +220,7 @@ def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_di
     block j+1 while computing block j; FA3 §3.1 two-stage pipeline), so the first load is exposed once per CTA.
     CTAs run in waves over the SMs (one CTA per SM per wave), never faster than the longest CTA.
     NB: the fill step is one block-compute long, not a measured latency; errs either way by < 1 step per CTA."""
-    br, bc = kn.attn_block(head_dim)
+    br, bc = kn.attn_block(head_dim, kernel)
     tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal)
     if total == 0:
         return 1.0
@@ -251,7 +262,8 @@ def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: i
 def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
                        dtype: str, backward: bool) -> float:
     kn = kernels_for(gpu)
-    if kernel == "eager" or kernel not in kn.attention:
+    kernel = _runnable(kn, kernel)
+    if kernel == "eager":
         return _eager_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
     flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal)
     frac = kn.attention[kernel]
@@ -259,13 +271,22 @@ def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: 
         flops *= 2.5  # FA2 §4.1: backward = 2.5x forward FLOPs (5 matmuls vs 2, one recomputing QK^T)
         frac = kn.attention_bwd.get(kernel, frac)
         # FA2 §3.2: the backward grid is batch x heads x key blocks walking the query blocks (swap roles)
-        seq = flash_efficiency(kn, batch_heads, s_kv, s_q, head_dim, causal)
+        seq = flash_efficiency(kn, batch_heads, s_kv, s_q, head_dim, causal, kernel)
     else:
-        seq = flash_efficiency(kn, batch_heads, s_q, s_kv, head_dim, causal)
+        seq = flash_efficiency(kn, batch_heads, s_q, s_kv, head_dim, causal, kernel)
     compute = flops / (gpu.flops_for(dtype) * frac * seq)
     # HBM traffic: forward reads Q, K, V and writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV
     io = batch_heads * head_dim * _size(dtype) * ((4 * s_q + 4 * s_kv) if backward else (2 * s_q + 2 * s_kv))
     return max(compute, io / _bandwidth(gpu, kn)) + kn.launch_seconds
+
+
+def _runnable(kn: Kernels, kernel: str) -> str:
+    """The kernel that actually runs: one the GPU has data for, else the next one PyTorch's SDPA dispatcher would
+    try (torch/nn/functional.py scaled_dot_product_attention: flash, then memory-efficient, then math) — e.g.
+    "flash3" on an A100 runs FlashAttention-2."""
+    if kernel == "eager" or kernel in kn.attention:
+        return kernel
+    return next((k for k in ("flash", "efficient") if k in kn.attention), "eager")
 
 
 def _eager_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str,
