@@ -26,7 +26,7 @@ def test_every_catalog_gpu_has_cited_kernel_data():
 
 
 def test_wave_quantisation_hand_count_on_a100():
-    # NVIDIA Matrix Multiplication Background guide, "Wave Quantization": A100 has 108 SMs and runs one 256x128 tile
+    # NVIDIA Matrix Multiplication Background guide §3.2 (wave quantization): A100 has 108 SMs and runs one 256x128 tile
     # per SM per wave. An output of 256 x (109*128) is 1 x 109 tiles: 108 in the first wave, 1 in a second.
     kn = kernels_for(A100)
     m, n = 256, 109 * 128

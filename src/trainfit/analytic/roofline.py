@@ -5,8 +5,8 @@ per-kernel launch cost. The achievable rates are data with sources (data/kernels
 dependence is a mechanism, not a fitted curve:
 
   * GEMM: wave and tile quantisation after NVIDIA's "Matrix Multiplication Background User's Guide"
-    (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication, §"Dimension Quantization
-    Effects"): the output is cut into Tm x Tn tiles, one tile per SM per wave; a wave takes as long as one full
+    (docs.nvidia.com/deeplearning/performance, DU-09799-001, ch. 3 "Dimension Quantization Effects", §3.1 tile and
+    §3.2 wave quantization): the output is cut into Tm x Tn tiles, one tile per SM per wave; a wave takes as long as one full
     tile, so time = ceil(tiles / SMs) x (one tile's FLOPs at the per-SM achievable rate). The largest tile's rate
     is the MAMF (max achievable matmul FLOP/s, measured on a well-quantised large shape) / SMs; smaller tiles
     (the guide's list) are capped by the measured L2 bandwidth per SM; the fastest tile is taken.
@@ -118,8 +118,8 @@ def _bandwidth(gpu: GPU, kn: Kernels) -> float:
 
 # ---- GEMM ------------------------------------------------------------------------------------------------------
 def gemm_waves(kn: Kernels, m: int, n: int, batch: int = 1) -> tuple[int, int]:
-    """(output tiles, waves) of a (batched) GEMM with the GPU's largest tile, one tile per SM per wave (MMBG §wave
-    quantization: 'wave size' = SMs for a 256x128 tile on A100)."""
+    """(output tiles, waves) of a (batched) GEMM with the GPU's largest tile, one tile per SM per wave (MMBG §3.2:
+    on A100 a 256x128 tile runs one thread block per SM, so a wave is 108 tiles)."""
     tm, tn = kn.tile
     tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     return tiles, math.ceil(tiles / kn.sms)
@@ -127,14 +127,14 @@ def gemm_waves(kn: Kernels, m: int, n: int, batch: int = 1) -> tuple[int, int]:
 
 def gemm_efficiency(kn: Kernels, m: int, n: int, batch: int = 1) -> float:
     """Useful fraction of the SM-time a GEMM occupies: m*n*batch / (waves * SMs * Tm*Tn) — tile quantisation
-    (padded edge tiles) times wave quantisation (idle SMs in the last wave), MMBG Fig. "wave quantization"."""
+    (padded edge tiles, MMBG §3.1) times wave quantisation (idle SMs in the last wave, §3.2)."""
     tm, tn = kn.tile
     _, waves = gemm_waves(kn, m, n, batch)
     return (m * n * batch) / (waves * kn.sms * tm * tn)
 
 
-# MMBG §"Dimension Quantization Effects": cuBLAS picks among these thread-block tiles, 256x128 / 128x256 the most
-# efficient and 64x64 the least ("larger tiles have more data reuse, allowing them to use less bandwidth").
+# MMBG §2.3 "Typical Tile Dimensions in cuBLAS and Performance" (paraphrased): cuBLAS picks among these thread-block
+# tiles, 256x128 / 128x256 the most efficient and 64x64 the least, larger tiles reusing each loaded operand more.
 _CUBLAS_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
 
 
