@@ -40,15 +40,16 @@ from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, dropouts, norm_kernel, resolved_kernel
-from .families import config_flag, family_traits
+from .families import family_traits
 from .precision import StateBytes
 
 SIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
 
 
 class Op(NamedTuple):
-    """One kernel call (a NamedTuple: the planner builds thousands; dataclasses.replace is ~20× slower). gemm: C[m,n] = A[m,k]·B[k,n], `batch` of them; attention: batch = b·heads, m = s_q,
-    n = s_kv, k = head_dim; memory: `reads` + `writes` bytes over `kernels` launches."""
+    """One kernel call. gemm: C[m,n] = A[m,k]·B[k,n], `batch` of them; attention: batch = b·heads, m = s_q,
+    n = s_kv, k = head_dim; memory: `reads` + `writes` bytes over `kernels` launches. (A NamedTuple: the planner
+    builds thousands, and dataclasses.replace is ~20× slower than _replace.)"""
 
     name: str
     kind: str  # "gemm" | "attention" | "memory"
@@ -256,7 +257,7 @@ def _fp8(linear: Op, sh: Shape) -> list[Op]:
 def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block."""
     traits = family_traits(spec)
-    h, t, a, r = spec.hidden, sh.tp, sh.act, sh.residual
+    h, t, a = spec.hidden, sh.tp, sh.act
     T, Tn = sh.tokens, sh.norm_tokens
     q, kv = spec.q_dim / t, spec.kv_dim / t
     _, p_attn, p_resid = dropouts(spec)
@@ -278,7 +279,8 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     ops += _casts("attn_in", T, h, qkv_calls, sh, "attn_in")
     src = "modeling_llama.py:243 q/k/v_proj"
     if traits["fused_qkv"]:
-        proj("qkv", spec.q_dim + 2 * spec.kv_dim, h, q + 2 * kv, h, spec.qkv_bias, "fused qkv (gpt2 c_attn, neox, phi3)")
+        proj("qkv", spec.q_dim + 2 * spec.kv_dim, h, q + 2 * kv, h, spec.qkv_bias,
+             "fused qkv (gpt2 c_attn, neox, phi3)")
     else:
         for name, full, n in (("q", spec.q_dim, q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
             proj(name, full, h, n, h, spec.qkv_bias, src)
@@ -513,7 +515,8 @@ def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
 
     pol = setup.recompute.split(":", 1)[0]
     if pol == "selective":
-        return [o for o in forward if o.kind == "attention" or o.name.startswith(("softcap", "repeat_kv", "attn_probs"))]
+        return [o for o in forward
+                if o.kind == "attention" or o.name.startswith(("softcap", "repeat_kv", "attn_probs"))]
     if pol == "op":
         saved = {name for name, *_ in op_sac_saved_matmuls(spec, setup)}
         sdpa = op_sac_stores_sdpa(spec, setup)
