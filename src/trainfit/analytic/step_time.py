@@ -100,7 +100,8 @@ class StepTime:
     hfu: float  # hardware FLOPs (with recompute) / (world × step × peak)
     dp_comm_total: float  # DP communication before overlap (for the reader)
     dp_bandwidth: str  # "intra" or "inter"
-    efficiency: float  # fraction of the dense peak the matmuls + attention reached (or the flat override given)
+    efficiency: float  # FLOPs of the matmuls + attention / (their time × the compute dtype's dense peak); fp8 GEMMs
+    #                    can lift it past 1 — or, under the flat override, the fraction given
     # seconds of the step's compute (compute + recompute) by kind: gemm, attention, memory (memory-bound kernels),
     # launches (kernel launch cost); empty under the flat --efficiency override
     compute_terms: dict = field(default_factory=dict)
@@ -231,7 +232,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
 
     t_mb = c_f + c_b + c_r + tp_mb + pp_mb + cp_mb + ep_mb + per_mb_exposed
     bubble = (p - 1) / v * t_mb if p > 1 else 0.0  # Narayanan et al. 2021 §2.2.2: (p−1)/(v·m) of m·t_mb
-    # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py)
+    # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
+    # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     shard = stage_params / (dpc if z >= 1 else 1)
     opt_mem, opt_launch = optimizer_seconds(gpu, setup, st, shard, tensors_per_rank(
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
