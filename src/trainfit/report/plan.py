@@ -56,7 +56,7 @@ def plan_dict(r: PlanResult) -> dict:
     }
     if r.diagnosis is not None:
         dg = r.diagnosis
-        out["nothing_fits"] = {"reason": dg.reason, "message": dg.message, "leanest_peak": dg.leanest_peak,
+        out["nothing_fits"] = {"reason": dg.reason, "message": dg.message, "leanest_device_total": dg.leanest_device_total,
                                "min_gpus": dg.min_gpus, "suggestions": dg.suggestions}
     return out
 
