@@ -16,6 +16,7 @@ from ..errors import TrainfitError
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
+from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .terminal import PHASE_NAMES, memory_rows, setup_line
 
@@ -112,7 +113,7 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
                 + ([f"{fmt_bytes(traced.memory.peak)} ({PHASE_NAMES.get(traced.memory.peak_phase, traced.memory.peak_phase)})"]
                    if traced is not None else []))
     classes.append("peak")
-    for label, fld in (("reserved (caching allocator)", "reserved"), ("device total (nvidia-smi)", "device_total")):
+    for label, fld in ((RESERVED_LABEL, "reserved"), (DEVICE_TOTAL_LABEL, "device_total")):
         mine, theirs = getattr(e.memory, fld), getattr(traced.memory, fld) if traced is not None else None
         if mine is not None or theirs is not None:
             rows.append([label, fmt_bytes(mine) if mine is not None else ""]
@@ -143,9 +144,7 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
         gap = (f"<p class='note'>The analytic peak is {abs(g):.1%} {'above' if g > 0 else 'below'} the trace engine's "
                "(a fake-tensor run of the real PyTorch step).</p>")
     if e.memory.device_total is not None:
-        gap += ("<p class='note'>The peak is allocated memory (live tensors); reserved is what PyTorch's caching "
-                "allocator holds (freed blocks stay cached in their segments); the device total adds the CUDA context "
-                "and NCCL buffers — what nvidia-smi shows, and what the fit is judged on.</p>")
+        gap += f"<p class='note'>{escape(held_sentence())}</p>"
     return (f"<section id='breakdown'><h2>Breakdown</h2><div class='row'><div>{mem}{gap}</div><div>{comp}</div></div>"
             f"{_notes(e.notes)}</section>")
 

@@ -6,6 +6,7 @@ from rich.table import Table
 
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
+from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL
 
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
                "prefill": "prefill", "decode": "decode"}
@@ -60,9 +61,9 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         t.add_row(f"[dim]at {PHASE_NAMES.get(phase, phase)}[/dim]", f"[dim]{fmt_bytes(v)}{mark}[/dim]")
     t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
     if m.reserved is not None:  # not a component of the peak: allocated + what the allocator keeps cached
-        t.add_row("reserved (caching allocator)", fmt_bytes(m.reserved))
+        t.add_row(RESERVED_LABEL, fmt_bytes(m.reserved))
     if m.device_total is not None:
-        t.add_row("device total (nvidia-smi)", fmt_bytes(m.device_total))
+        t.add_row(DEVICE_TOTAL_LABEL, fmt_bytes(m.device_total))
     console.print(t)
 
     c = Table(show_header=True, header_style="bold")
