@@ -75,7 +75,7 @@ class PlanQuery:
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
-    margin: float = 0.05  # fraction of GPU memory kept free for allocator fragmentation
+    margin: float = 0.05  # fraction of GPU memory kept free beyond the modelled device total (unmodelled slack)
     efficiency: float = DEFAULT_EFFICIENCY
     batch_tolerance: float = 0.05  # relative deviation allowed from the requested global batch
     top: int = 5

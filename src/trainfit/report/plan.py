@@ -118,7 +118,8 @@ def render(r: PlanResult, echo=print) -> None:
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); capacity {fmt_bytes(r.capacity)} per GPU "
-         f"(GPU minus {q.margin:.0%} margin and 1 GiB context); compute at {q.efficiency:.0%} of peak "
+         f"for the step's tensors (GPU minus {q.margin:.0%} margin, the CUDA context and cuBLAS workspace, and each "
+         f"layout's NCCL buffers: fits = device total <= GPU minus margin); compute at {q.efficiency:.0%} of peak "
          f"(--efficiency)")
     for n in r.notes:
         echo(f"note: {n}")
