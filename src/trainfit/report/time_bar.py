@@ -28,7 +28,7 @@ def time_bar_svg(rows: list[tuple[str, float, float]]) -> str:
               f"font-size='12'>{escape(name.replace('_', ' '))} {share:.1%}</text>"
               for i, (name, _, share) in enumerate(rows)]
     height = BAR_H + 16 + ((len(rows) + 2) // 3) * LEGEND_ROW
-    return (f"<svg class='time-bar' xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {WIDTH} {height}' "
+    return (f"<svg class='time-bar' viewBox='0 0 {WIDTH} {height}' "
             f"width='{WIDTH}' height='{height}' role='img' aria-label='where the time goes'>"
             + "".join(rects) + "".join(legend) + "</svg>")
 
