@@ -20,7 +20,7 @@ def test_hand_derived_budget_on_a100():
     step = {"compute": 0.6, "recompute": 0.0, "tp_comm": 0.1, "bubble": 0.2, "optimizer": 0.1,
             # not terms of the step: must be ignored
             "step_seconds": 1.0, "tokens_per_second": 1e5, "mfu": 0.4, "hfu": 0.45, "dp_comm_total": 3.0,
-            "dp_bandwidth": "inter", "efficiency": 0.615}
+            "dp_bandwidth": "inter", "efficiency": 0.615, "a_ratio_added_later": 0.5}
     assert average_power(gpu, step) == pytest.approx(298.3, rel=1e-12)
     b = budget(1e9, 1e5, 8, gpu, step)
     assert b["gpu_hours"] == pytest.approx(22.22222222, rel=1e-8)

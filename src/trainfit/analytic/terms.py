@@ -8,9 +8,16 @@ NOT_TERMS = frozenset({"step_seconds", "tokens_per_second", "mfu", "hfu", "effic
 
 
 def time_terms(step: dict) -> dict[str, float]:
-    """name -> seconds of every term of the step, in StepTime's order (zero terms included)."""
-    return {k: float(v) for k, v in step.items()
-            if k not in NOT_TERMS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """name -> seconds of every term of the step, in StepTime's order (zero terms included). StepTime lists its
+    terms first and `step_seconds` after them, so the fields after `step_seconds` (rates, ratios, totals, and any
+    such field added later) are never read as terms; NOT_TERMS guards dicts in another order."""
+    out = {}
+    for k, v in step.items():
+        if k == "step_seconds":
+            break
+        if k not in NOT_TERMS and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out
 
 
 def is_waiting(name: str) -> bool:
