@@ -3,15 +3,16 @@
 P = P_static + (P_tdp − P_static) · a, with a = the busy share of the step: the seconds of the terms in which the
 GPU runs its own kernels (matmuls, recompute, optimizer) over the whole step; waiting terms (pipeline bubble,
 exposed communication: analytic/terms.py) draw the static power. This is the linear utilisation-power model of
-Fan, Weber & Barroso 2007 ("Power provisioning for a warehouse-sized computer", ISCA, §4.1: P(u) = P_idle +
+Fan, Weber & Barroso 2007 ("Power provisioning for a warehouse-sized computer", ISCA: their server model P(u) = P_idle +
 (P_busy − P_idle)·u) applied to the GPU board, with u the busy share of the step. P_busy = TDP: dense tensor-core
 kernels run at the board's power cap (the power limit is what throttles their clocks); P_static is the P0 reading at
 0 % utilisation (data/power.toml, sourced per GPU). Llama 3 (Dubey et al. 2024, §3.3.4) reports the same two-level
 behaviour at scale: whole-cluster power swings by tens of MW as 16K GPUs go from computing to waiting together.
 
-NB: busy at TDP over-counts kernels that do not reach the power cap (small models, memory-bound steps: measured
-training draws 43-92 % of TDP, Dodge et al. 2022 Table 2); waiting at the static floor under-counts NCCL's kernels
-and a resident process's P0 draw. Board power only: host, network and cooling (PUE) are not included.
+NB: busy at TDP over-counts kernels that do not reach the power cap (small models, memory-bound steps: measured GPU
+energy over GPU-hours is 43-92 % of TDP in Dodge et al. 2022's table, docs.codecarbon.io model_examples: BERT on
+V100 129 W, ViT-Huge on V100 275 W, a 6.1B LM on A100 281 W); waiting at the static floor under-counts NCCL's
+kernels and a resident process's P0 draw. Board power only: host, network and cooling (PUE) are not included.
 """
 from __future__ import annotations
 
