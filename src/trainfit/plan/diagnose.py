@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..analytic.params import count_params
+from ..analytic.step_time import layout_step_time
 from ..errors import SetupError
 from ..hardware import GPU, list_gpus
 from ..overheads import fixed_bytes
@@ -23,6 +24,7 @@ class Diagnosis:
     leanest_setup: Setup | None = None
     min_gpus: int | None = None
     suggestions: list[str] = field(default_factory=list)
+    leanest_time: dict | None = None  # the leanest plan timed anyway (StepTime.as_dict()), beside its verdict
 
 
 def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, ignore_batch: bool = True) -> tuple[int, Setup | None]:
@@ -87,6 +89,8 @@ def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
                          suggestions=[f"--global-batch-tokens {need * q.seq}"])
     need, where = leanest(spec, gpu, q, q.gpus, oracle)
     d = Diagnosis("memory", "", need, where)
+    if where is not None:  # time it even though it does not fit (issue 14): the one step-time model
+        d.leanest_time = layout_step_time(spec, where, gpu, q.efficiency, oracle.pc).as_dict()
     lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
             f"{where.precision}, micro-batch 1") if where else "none"
     d.message = (f"nothing fits in {fmt_bytes(cap)} per {gpu.name} (its {fmt_bytes(gpu.memory)} minus "

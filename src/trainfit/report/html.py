@@ -18,6 +18,7 @@ from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
 from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
 from .sweep import SweepResult, run_sweep, sweep_html_table
+from .time_bar import time_section
 from .terminal import PHASE_NAMES, memory_rows, setup_line
 
 CSS = """
@@ -286,6 +287,7 @@ def build_report(req: api.Request, gpus: int | None = None, trace: bool | None =
         f"<div class='setup'>{escape(setup_line(e))}</div></header>",
         _verdict(e),
         _breakdown(e, traced),
+        time_section(e),
         _timeline(e, traced, why, gpu),
         _compare(req, gpu),
         sweep_html,
