@@ -7,10 +7,15 @@ runs twice, the way a measured run reaches steady state: before the second pass 
 left alive are freed (the next step makes its own), and the peaks are reset at its start
 (torch.cuda.reset_peak_memory_stats); reserved never shrinks without an OOM, so the second pass' maximum is
 the steady state's.
-NB (each reads reserved low where it applies): one CUDA stream (FSDP's all-gather / reduce-scatter streams and
-recordStream'd blocks are not separated); resident tensors are allocated in adoption order, not in the order
-model construction and the optimizer's first step made them; allocations inside one kernel (cuBLAS workspaces)
-are not in the trace.
+Streams: each record is allocated on its `stream` (trace/streams.py: FSDP2's all-gather copy-in and
+reduce-scatter streams are 1..; records without one are on 0), so a block freed on a side stream serves only that
+stream's later requests, as in the caching allocator (caching_allocator.py, get_free_block).
+NB (each reads reserved low where it applies): a free returns its block at once -- right for FSDP2, which holds
+references until its events instead of calling record_stream (trace/streams.py), but blocks a collective
+backend record_stream's (ProcessGroupNCCL's own stream) would stay busy until the GPU catches up, which a
+trace without timing cannot know; resident tensors are allocated in adoption order, not in the order model
+construction and the optimizer's first step made them; allocations inside one kernel (cuBLAS workspaces) are
+not in the trace.
 """
 from __future__ import annotations
 
@@ -39,13 +44,13 @@ def _events(records, lo: int, hi: int | None = None):
 
 
 def replay(records, start: int, conf: AllocConf | str | None = None, capacity: int | None = None) -> Replay:
-    """Max reserved over a steady-state step. records: objects with nbytes, birth, death (None: alive at the end);
-    start: the event index at which the step starts."""
+    """Max reserved over a steady-state step. records: objects with nbytes, birth, death (None: alive at the end)
+    and optionally stream (default 0); start: the event index at which the step starts."""
     a = Allocator(conf if isinstance(conf, AllocConf) else parse_alloc_conf(conf), capacity=capacity)
     handles: dict[int, int] = {}
     for _, born, r in _events(records, 0):  # setup, then step 1
         if born:
-            handles[id(r)] = a.malloc(r.nbytes)
+            handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
         elif id(r) in handles:
             a.free(handles.pop(id(r)))
     for r in records:  # what step 1 left alive is replaced by step 2's own
@@ -54,7 +59,7 @@ def replay(records, start: int, conf: AllocConf | str | None = None, capacity: i
     a.reset_peak()
     for _, born, r in _events(records, start):
         if born:
-            handles[id(r)] = a.malloc(r.nbytes)
+            handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
         elif r.birth >= start and id(r) in handles:  # a resident storage dies once, in step 1
             a.free(handles.pop(id(r)))
     return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(a.segments))
