@@ -24,3 +24,16 @@ def test_replay_with_expandable_segments():
     records = [R(nbytes=12 * MiB, birth=0, death=None), R(nbytes=6 * MiB, birth=1, death=3),
                R(nbytes=6 * MiB, birth=2, death=4)]
     assert replay(records, start=1, conf="expandable_segments:True").reserved == 40 * MiB
+
+
+def test_replay_keeps_each_stream_s_blocks_apart():
+    # A (6 MiB) on stream 1, freed; B (6 MiB) on stream 0, alive at the end. 6 MiB: > kSmallSize and
+    # < kMinLargeAlloc (10 MiB) -> a kLargeBuffer 20 MiB segment, split (rest 14 MiB > 1 MiB). A's free merges
+    # its segment back into one free 20 MiB block filed under stream 1; get_free_block looks up (stream 0, 6 MiB)
+    # and never crosses streams, so B needs a second 20 MiB segment: reserved 40 MiB. The second pass reuses
+    # both cached blocks. On one stream B reuses A's block: 20 MiB. Allocated peak 6 MiB either way.
+    two = [R(nbytes=6 * MiB, birth=0, death=1, stream=1), R(nbytes=6 * MiB, birth=2, death=None, stream=0)]
+    one = [R(nbytes=6 * MiB, birth=0, death=1), R(nbytes=6 * MiB, birth=2, death=None)]  # no stream: 0
+    assert (replay(two, start=0).reserved, replay(two, start=0).segments) == (40 * MiB, 2)
+    assert (replay(one, start=0).reserved, replay(one, start=0).segments) == (20 * MiB, 1)
+    assert replay(two, start=0).allocated == replay(one, start=0).allocated == 6 * MiB
