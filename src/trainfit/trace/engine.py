@@ -67,7 +67,7 @@ def reserved_of(rec, setup: Setup, alloc_conf: str | None) -> int | None:
         return None
     from ..alloc.replay import replay
 
-    return replay(rec.records, rec.step_start, alloc_conf).reserved
+    return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop).reserved
 
 
 def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory:

@@ -88,6 +88,7 @@ class AllocationRecorder(TorchDispatchMode):
         self.peak = 0
         self.peak_event = 0
         self.step_start = 0  # event index of the step start (reset_peak): replays of the step start here
+        self.stop = None  # event index at which recording stopped (__exit__)
         self.phase = "setup"
         self.phase_marks: list[tuple[int, str]] = []  # (event index at which the phase starts, name)
         # Structural marks (module entry/exit, gradient ready) for layer extrapolation; None: off.
@@ -180,6 +181,7 @@ class AllocationRecorder(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
+        self.stop = self.event  # later deaths are the traced objects going away, not the step's (alloc/replay.py)
         torch.get_rng_state = self._get_rng_state
         return super().__exit__(*exc)
 
