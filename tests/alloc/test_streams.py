@@ -1,7 +1,9 @@
 """Which CUDA stream the trace files each storage under (trace/streams.py), checked against FSDP2's code read by
 hand (torch 2.13, torch/distributed/fsdp/_fully_shard/) and a tiny model's parameter counts."""
-import torch
 from types import SimpleNamespace
+
+import torch
+import transformers.models.llama.modeling_llama  # noqa: F401  (imported once for the suite, not in the test's time)
 
 from trainfit.alloc.replay import replay
 from trainfit.models.hf_config import spec_from_config
