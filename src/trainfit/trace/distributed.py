@@ -8,7 +8,8 @@ steps, and records the standard step with the AllocationRecorder. The recorder i
 is built, so what is resident at the step start (DDP's bucket buffers, FSDP2's sharded parameters and
 whatever else the wrappers keep) is read from births and deaths, not summed. Per-rank memory -- FSDP2's
 unsharded parameters, its prefetched next layer, its all-gather and reduce-scatter buffers, DDP's buckets --
-is what the wrappers allocate.
+is what the wrappers allocate. Each record also carries the CUDA stream it would be allocated on (streams.py:
+FSDP2's all-gather copy-in and reduce-scatter streams), which only the allocator replay reads.
 
 Two things a fake process group cannot show, and how they are handled:
 - DTensor: FSDP2's sharded parameters, gradients and optimizer state are DTensors, whose ops run inside
