@@ -28,7 +28,8 @@ SETUPS = [  # Request settings; dp > 1: one rank of the sharded step (trace/dist
     dict(model="tiny-llama", batch=4, seq=512, recompute="op", stack="torchtitan"),
     dict(model="tiny-llama", batch=4, seq=512, recompute="none", stack="torchtitan", dp=2, zero=3),
     dict(model="tiny-llama", batch=4, seq=512, recompute="op", stack="torchtitan", dp=2, zero=3),
-    dict(model="llama-3.2-1b", batch=1, seq=512, recompute="op", stack="torchtitan", dp=2, zero=3),
+    dict(model="tinyllama-1.1b", batch=1, seq=512, recompute="op", stack="torchtitan", dp=2, zero=3),
+    dict(model="qwen2.5-0.5b", batch=2, seq=256, recompute="none", dp=2, zero=3),
 ]
 
 
