@@ -17,14 +17,20 @@ from trainfit.alloc.replay import replay
 
 GiB = 2 ** 30
 SETUPS = [  # Request settings; dp > 1: one rank of the sharded step (trace/distributed.py, FSDP2's streams apart)
-    dict(model="tiny-llama", batch=4, seq=512, recompute="none"), dict(model="tiny-llama", batch=4, seq=512, recompute="full"),
-    dict(model="gpt2", batch=1, seq=256, recompute="none"), dict(model="gpt2", batch=4, seq=512, recompute="none"),
+    dict(model="tiny-llama", batch=4, seq=512, recompute="none"),
+    dict(model="tiny-llama", batch=4, seq=512, recompute="full"),
+    dict(model="gpt2", batch=1, seq=256, recompute="none"),
+    dict(model="gpt2", batch=4, seq=512, recompute="none"),
     dict(model="gpt2", batch=4, seq=512, recompute="full"),
-    dict(model="pythia-160m", batch=2, seq=512, recompute="none"), dict(model="pythia-160m", batch=2, seq=512, recompute="full"),
+    dict(model="pythia-160m", batch=2, seq=512, recompute="none"),
+    dict(model="pythia-160m", batch=2, seq=512, recompute="full"),
     # issue 13 additions: other families, op-level SAC, FSDP2 on two ranks
-    dict(model="llama-3.2-1b", batch=1, seq=256, recompute="none"), dict(model="llama-3.2-1b", batch=1, seq=256, recompute="full"),
-    dict(model="gpt2-medium", batch=2, seq=512, recompute="none"), dict(model="gpt2-medium", batch=2, seq=512, recompute="full"),
-    dict(model="qwen2.5-0.5b", batch=2, seq=256, recompute="none"), dict(model="opt-125m", batch=4, seq=512, recompute="none"),
+    dict(model="llama-3.2-1b", batch=1, seq=256, recompute="none"),
+    dict(model="llama-3.2-1b", batch=1, seq=256, recompute="full"),
+    dict(model="gpt2-medium", batch=2, seq=512, recompute="none"),
+    dict(model="gpt2-medium", batch=2, seq=512, recompute="full"),
+    dict(model="qwen2.5-0.5b", batch=2, seq=256, recompute="none"),
+    dict(model="opt-125m", batch=4, seq=512, recompute="none"),
     dict(model="tiny-llama", batch=4, seq=512, recompute="op", stack="torchtitan"),
     dict(model="tiny-llama", batch=4, seq=512, recompute="none", stack="torchtitan", dp=2, zero=3),
     dict(model="tiny-llama", batch=4, seq=512, recompute="op", stack="torchtitan", dp=2, zero=3),

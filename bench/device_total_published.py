@@ -51,8 +51,8 @@ def c2() -> list[str]:
         t = trainfit.estimate("llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,
                               gpu="H100-96GB", engine="trace")
         r = t.memory.reserved / GiB
-        rows.append(f"| C2, trace engine + allocator simulator (FSDP2's streams kept apart) | {pub} GiB max_memory_reserved "
-                    f"| reserved {r:.2f} GiB ({(r - pub) / pub:+.1%}); device total {t.memory.device_total / GiB:.2f} "
+        rows.append(f"| C2, trace engine + allocator simulator (FSDP2's streams kept apart) | {pub} GiB "
+                    f"max_memory_reserved | reserved {r:.2f} GiB ({(r - pub) / pub:+.1%}); device total {t.memory.device_total / GiB:.2f} "
                     "GiB | each allocation on its stream (trace/streams.py); NB frees are immediate (no record_stream "
                     "delays: reads low) |")
     return rows

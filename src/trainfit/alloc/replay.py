@@ -36,7 +36,7 @@ class Replay:
 def _events(records, lo: int, hi: int | None = None):
     ev = []
     for r in records:
-        if not r.nbytes:  # no block for 0 bytes (CUDACachingAllocator.cpp NativeCachingAllocator::allocate: malloc if size != 0)
+        if not r.nbytes:  # no block: CUDACachingAllocator.cpp NativeCachingAllocator::allocate mallocs if size != 0
             continue
         if r.birth >= lo and (hi is None or r.birth < hi):
             ev.append((r.birth, 1, r))
