@@ -297,7 +297,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
         est = estimate(spec, setup)
         c = Candidate(setup, tm, est, capacity(gpu, q.margin, setup))
         if tokens:
-            c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu)
+            c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu, tm.as_dict())
         cands.append(c)
     elapsed = time.perf_counter() - t0
     stats.update(seconds=elapsed, engine_calls=oracle.calls,
