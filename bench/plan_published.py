@@ -100,7 +100,8 @@ def main() -> None:
         "## Time model vs published runs (bench/plan_published.py)",
         "",
         f"Fitted efficiency (fraction of dense peak reached by the matmuls, ONE value, least squares on log step time "
-        f"over the {sum(r.fit for r in rs)} in-sample runs, calibration C3): **{eff:.3f}**; shipped default `DEFAULT_EFFICIENCY` = "
+        f"over the {sum(r.fit for r in rs)} in-sample runs, calibration C3): **{eff:.3f}**; shipped default "
+        f"`DEFAULT_EFFICIENCY` = "
         f"{shipped:.3f}. Errors at the shipped default: median |error| "
         f"{sorted(abs(e) for e in errs_shipped)[len(errs_shipped) // 2]:.1%}, worst "
         f"{max(errs_shipped, key=abs):+.1%} (at the exact fit: median {sorted(abs(e) for e in errs)[len(errs) // 2]:.1%}, "
