@@ -9,6 +9,7 @@ Error = predicted / published step time − 1 (positive: predicted slower).
 """
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_runs import RUNS, SKIPPED, gpus, published_step  # noqa: E402
 
 from trainfit.analytic.step_time import layout_step_time  # noqa: E402
+from trainfit.analytic.params import count_params  # noqa: E402
 from trainfit.api import load_spec  # noqa: E402
 from trainfit.hardware import get_gpu  # noqa: E402
 from trainfit.models.hf_config import for_setup, spec_from_config  # noqa: E402
@@ -43,6 +45,12 @@ def generation(gpu: str) -> str:
     return GENERATION.get(gpu.split("-")[0], gpu)
 
 
+def size_band(run: dict) -> str:
+    n = count_params(build_spec(run)).total
+    return next(name for limit, name in ((1e9, "< 1B"), (20e9, "1B–20B"), (200e9, "20B–200B"), (math.inf, "≥ 200B"))
+                if n < limit)
+
+
 def predict(run: dict) -> float:
     setup = build_setup(run)
     spec = for_setup(build_spec(run), setup)  # the task head / config the setup asks for, as the CLI does
@@ -64,21 +72,24 @@ def render() -> str:
             pred = predict(r)
         except Exception as err:  # noqa: BLE001 — a setting this checkout refuses is reported, not fatal
             rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
-                        f"{pub:.3g} | error: {str(err).splitlines()[0]} | — |")
+                        f"{r['published']:g} {r['unit']} | {pub:.3g} | error: {str(err).splitlines()[0]} | — |")
             continue
         e = pred / pub - 1
+        groups.setdefault("all runs", []).append(e)
         groups.setdefault("in sample (C1–C3)" if r.get("in_sample") else "out of sample", []).append(e)
         groups.setdefault("gen: " + generation(r["gpu"]), []).append(e)
+        groups.setdefault("size: " + size_band(r), []).append(e)
+        groups.setdefault("source: " + r["id"].split("-")[0], []).append(e)
         rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
-                    f"{pub:.3g} | {pred:.3g} | {e:+.1%} |")
+                    f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} |")
     out = ["# Step time vs published runs (`python bench/time_published.py`)", "",
            "Runs and sources: bench/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
            "slower). Nothing fitted here; in sample = calibration C1–C3 (/work/shared/calibration.md).", "",
            "| group | summary |", "| --- | --- |"]
-    for name in sorted(groups, key=lambda g: (g.startswith("gen"), g)):
+    for name in sorted(groups, key=lambda g: (g.split(":")[0] in ("gen", "size", "source"), g.split(":")[0], g)):
         out.append(f"| {name} | {summary(groups[name])} |")
-    out += ["", "| run | GPU | GPUs | sample | published s/step | predicted s/step | error |",
-            "| --- | --- | ---: | --- | ---: | ---: | ---: |", *rows, "", "Left out:", ""]
+    out += ["", "| run | GPU | GPUs | sample | published | published s/step | predicted s/step | error |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |", *rows, "", "Left out:", ""]
     out += [f"- {what}: {why}" for what, why in SKIPPED]
     return "\n".join(out) + "\n"
 

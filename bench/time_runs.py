@@ -33,6 +33,8 @@ DLE = ("https://github.com/NVIDIA/DeepLearningExamples/blob/23a6382cbe8f77c22b0a
 NARAYANAN = "https://arxiv.org/abs/2104.04473 (Narayanan et al. 2021)"
 KORTHIKANTI = "https://arxiv.org/abs/2205.05198 (Korthikanti et al. 2022)"
 LLAMA3 = "https://arxiv.org/abs/2407.21783 (The Llama 3 Herd of Models, 2024)"
+TT_H200 = ("https://github.com/pytorch/torchtitan/blob/bcdeaa37c92d1eaceeec3351e7ac81be6a1488af/benchmarks/"
+           "llama3_8b_h200_2025-06_torchtitan.md")
 TORCHTUNE = "https://github.com/pytorch/torchtune README, 'Optimization flags' table"
 
 
@@ -128,6 +130,19 @@ def _tt(id_, table, row, model, setup, tps, notes="", in_sample=False):
                       + notes)
 
 
+def _squad(precision, batch, sps):
+    return dict(
+        id=f"dle-bert-large-squad-V100-32GB-{precision}-b{batch}",
+        source=f"{DLE} 'Fine-tuning NVIDIA DGX-1 With 32G' (pytorch:19.07-py3), row 8 GPUs, batch {batch}/GPU",
+        gpu="V100-32GB", model="bert-large",
+        setup=dict(stack="hf", batch=batch, seq=384, dp=8, precision=precision, attention="eager",
+                   optimizer="adamw", head="token-cls"),
+        published=sps, unit="sequences/s",
+        notes="SQuAD v1.1 fine-tuning (run_squad.py, fused Adam, APEX AMP, DDP), no accumulation. The QA head "
+              "(qa_outputs: Linear(hidden, 2) on every token) is a 2-label token-classification head. NB: sequence "
+              "384 is run_squad.sh's max_seq_length (the README's fine-tuning inference rows use 384).")
+
+
 def _c3(name, cfg, pp, gpus, batch, vpp, full, selective):
     out = []
     for rec, sp, t in (("full", False, full), ("selective", True, selective)):
@@ -212,12 +227,23 @@ RUNS: list[dict] = [
         dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, float8=True), 829,
         "Local batch 16 per FSDP rank run as one micro-batch (no pipeline, no accumulation). Seq 8192 "
         "(torchtitan's llama3_70b.toml)."),
+    *(dict(id=f"tt-h200-8b-fsdp{n}", source=f"{TT_H200}, Results table, row NUM_NODES {n // 8}", gpu="H200",
+           model="llama-3.1-8b",
+           setup=dict(stack="torchtitan", batch=2, seq=8192, dp=n, zero=3, recompute="op", compile=True,
+                      float8=True, precision="amp-bf16", attention="flash"),
+           published=tps, unit="tokens/s/GPU",
+           notes="Trainy, June 2025: llama3_8b.toml (seq 8192, FSDP over all ranks, selective op AC) with local batch "
+                 "2, compile and Float8 (fp8 FSDP all-gather). NB: force_recompute_fp8_weight_in_bwd is not "
+                 "modelled (predicted faster).")
+      for n, tps in ((32, 10938), (64, 10753))),
     *(_mpt(*r) for r in MPT_RUNS),
     _bert("V100-16GB", "amp-fp16", 16, 128, 512, 919.04, "Pre-training NVIDIA DGX-1 With 16G"),
     _bert("V100-16GB", "amp-fp16", 4, 512, 1024, 194.56, "Pre-training NVIDIA DGX-1 With 16G"),
     _bert("V100-32GB", "amp-fp16", 64, 128, 128, 1305.6, "Pre-training NVIDIA DGX-1 With 32G"),
     _bert("V100-32GB", "amp-fp16", 8, 512, 512, 231.68, "Pre-training NVIDIA DGX-1 With 32G"),
     _bert("V100-32GB", "fp32", 32, 128, 256, 309.76, "Pre-training NVIDIA DGX-1 With 32G"),
+    _squad("amp-fp16", 10, 325.60),
+    _squad("fp32", 8, 64.32),
 ]
 
 # Candidates looked at and left out (configuration not pinned down, or not expressible):
