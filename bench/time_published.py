@@ -47,8 +47,8 @@ def generation(gpu: str) -> str:
 
 def size_band(run: dict) -> str:
     n = count_params(build_spec(run)).total
-    return next(name for limit, name in ((1e9, "< 1B"), (20e9, "1B–20B"), (200e9, "20B–200B"), (math.inf, "≥ 200B"))
-                if n < limit)
+    bands = ((1e9, "< 1B"), (20e9, "1B–20B"), (200e9, "20B–200B"), (math.inf, "≥ 200B"))
+    return next(name for limit, name in bands if n < limit)
 
 
 def predict(run: dict) -> float:

@@ -7,7 +7,8 @@ Fields of a run: id; source (URL + table/row); gpu (name in src/trainfit/data/gp
 src/trainfit/models/catalog, or an HF-style config.json dict, built with trainfit.models.hf_config.spec_from_config);
 setup (trainfit.setup.Setup keyword arguments; dp × tp × pp × cp = the run's GPU count); published + unit;
 in_sample (True ONLY for the calibration runs C1–C3 of /work/shared/calibration.md: the only ones a constant may be
-fitted on); notes (assumptions, each NB with its direction where known).
+fitted on); published_params (optional: the source's parameter count, a check of the model dims); notes
+(assumptions, each NB with its direction where known).
 
 Units and their conversion to seconds per step (global tokens per step T = batch · seq · grad_accum · dp; cp splits
 each sequence and does not add tokens):
@@ -50,8 +51,10 @@ def megatron_gpt(hidden: int, layers: int, heads: int) -> dict:
     return gpt2_config(hidden, layers, heads, 51200, 2048)  # vocab 51200, seq 2048 (Narayanan §5; Korthikanti §6)
 
 
-# llm-foundry benchmark MPT sizes: (d_model, n_layers, n_heads), vocab 50368 (scripts/train/yamls/pretrain/mpt-*.yaml;
-# checked against the README's NumParams column by the test).
+# llm-foundry benchmark MPT sizes: (d_model, n_layers, n_heads), vocab 50368 (mosaicml/llm-foundry
+# scripts/train/yamls/pretrain/mpt-*.yaml at 39393a2, e.g. mpt-760m.yaml: d_model 1536, n_heads 12, n_layers 24;
+# MPTConfig defaults learned_pos_emb=True, no_bias=False). `published_params` = the README's NumParams column, which
+# tests/bench/test_time_runs.py checks against a hand count of these dims.
 MPT = {"125m": (768, 12, 12), "350m": (1024, 24, 16), "760m": (1536, 24, 12), "1b": (2048, 24, 16),
        "3b": (2560, 32, 20), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56),
        "70b": (8192, 80, 64)}

@@ -77,6 +77,10 @@ def test_published_step_conversions_against_the_sources():
     n, l, h, s = r["published_params"], 32, 4096, 2048
     mfu = (6 * n + 12 * l * h * s) * r["published"] / 312e12
     assert mfu == pytest.approx(0.6423, rel=5e-3)
+    # and on H100 (70b, 512 GPUs: MFU 41.25 %, H100 SXM bf16 dense peak 989.4 TFLOP/s)
+    r = by["llmf-70b-s2048-512xH100-80GB"]
+    mfu = (6 * r["published_params"] + 12 * 80 * 8192 * 2048) * r["published"] / 989.4e12
+    assert mfu == pytest.approx(0.4125, rel=5e-3)
     # Narayanan Table 2: 153 TFLOP/s on 384 GPUs; their §5.1 training-time example gives the same order (eq. 3)
     t = published_step(by["narayanan-gpt3-175b-384"])
     assert t == pytest.approx(96 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 51200 / (16 * 96 * 12288))
