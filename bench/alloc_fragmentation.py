@@ -6,6 +6,7 @@ use without a trace:
     reserved ~ peak + largest transient storage of the step (cached after it dies, while later, differently
     sized requests open new segments) + 2 MiB rounding of the live large tensors (not modelled separately).
 Run: PYTHONPATH=src python bench/alloc_fragmentation.py [model ...] > bench/results/alloc_fragmentation.md
+(dp > 1 rows trace one rank of FSDP2 in a fake process group, trace/distributed.py.)
 """
 from __future__ import annotations
 
@@ -15,38 +16,65 @@ import time
 from trainfit.alloc.replay import replay
 
 GiB = 2 ** 30
-SETUPS = [  # (model, batch, seq, recompute)
-    ("tiny-llama", 4, 512, "none"), ("tiny-llama", 4, 512, "full"),
-    ("gpt2", 1, 256, "none"), ("gpt2", 4, 512, "none"), ("gpt2", 4, 512, "full"),
-    ("pythia-160m", 2, 512, "none"), ("pythia-160m", 2, 512, "full"),
+SETUPS = [  # Request settings; dp > 1: one rank of the sharded step (trace/distributed.py, FSDP2's streams apart)
+    dict(model="tiny-llama", batch=4, seq=512, recompute="none"),
+    dict(model="tiny-llama", batch=4, seq=512, recompute="full"),
+    dict(model="gpt2", batch=1, seq=256, recompute="none"),
+    dict(model="gpt2", batch=4, seq=512, recompute="none"),
+    dict(model="gpt2", batch=4, seq=512, recompute="full"),
+    dict(model="pythia-160m", batch=2, seq=512, recompute="none"),
+    dict(model="pythia-160m", batch=2, seq=512, recompute="full"),
+    # issue 13 additions: other families, op-level SAC, FSDP2 on two ranks
+    dict(model="llama-3.2-1b", batch=1, seq=256, recompute="none"),
+    dict(model="llama-3.2-1b", batch=1, seq=256, recompute="full"),
+    dict(model="gpt2-medium", batch=2, seq=512, recompute="none"),
+    dict(model="gpt2-medium", batch=2, seq=512, recompute="full"),
+    dict(model="qwen2.5-0.5b", batch=2, seq=256, recompute="none"),
+    dict(model="opt-125m", batch=4, seq=512, recompute="none"),
+    dict(model="tiny-llama", batch=4, seq=512, recompute="op", stack="torchtitan"),
+    dict(model="tiny-llama", batch=4, seq=512, recompute="none", stack="torchtitan", dp=2, zero=3),
+    dict(model="tiny-llama", batch=4, seq=512, recompute="op", stack="torchtitan", dp=2, zero=3),
+    dict(model="tinyllama-1.1b", batch=1, seq=512, recompute="op", stack="torchtitan", dp=2, zero=3),
+    dict(model="qwen2.5-0.5b", batch=2, seq=256, recompute="none", dp=2, zero=3),
 ]
 
 
-def study(model: str, batch: int, seq: int, recompute: str) -> dict:
+def label(kw: dict) -> str:
+    extra = "".join(f" {k}={kw[k]}" for k in ("stack", "dp", "zero") if k in kw)
+    return f"{kw['model']} b{kw['batch']} s{kw['seq']} rc={kw['recompute']}{extra}"
+
+
+def study(kw: dict) -> dict:
     from trainfit.api import resolve
     from trainfit.setup import Request
+    from trainfit.trace.distributed import trace_rank
     from trainfit.trace.engine import trace_train
 
-    spec, setup = resolve(Request(model=model, batch=batch, seq=seq, recompute=recompute))
+    spec, setup = resolve(Request(**kw))
     t0 = time.perf_counter()
-    _, rec, an = trace_train(spec, setup, flops=False)
-    base = replay(rec.records, rec.step_start)
-    exp = replay(rec.records, rec.step_start, "expandable_segments:True")
+    _, rec, an = trace_rank(spec, setup) if setup.dp > 1 else trace_train(spec, setup, flops=False)
+    base = replay(rec.records, rec.step_start, end=rec.stop)
+    exp = replay(rec.records, rec.step_start, "expandable_segments:True", end=rec.stop)
     largest = max((r.nbytes for r in rec.records if r.birth >= rec.step_start and r.death is not None), default=0)
     formula = an.peak + largest
-    return {"setup": f"{model} b{batch} s{seq} rc={recompute}", "peak": an.peak, "reserved": base.reserved,
+    return {"setup": label(kw), "peak": an.peak, "reserved": base.reserved,
             "expandable": exp.reserved, "formula": formula, "err": formula / base.reserved - 1,
             "seconds": time.perf_counter() - t0}
 
 
 def main(argv: list[str]) -> None:
-    rows = [s for s in SETUPS if not argv or s[0] in argv]
+    rows = [s for s in SETUPS if not argv or s["model"] in argv]
+    print("# bench/alloc_fragmentation.py output (trace engine, CUDA semantics, torch defaults; simulator = "
+          "trainfit.alloc, each allocation on its CUDA stream)\n")
     print("| setup | peak GiB | reserved GiB | reserved/peak | expandable GiB | peak+largest transient GiB | error |")
     print("|---|---|---|---|---|---|---|")
+    errs = []
     for s in rows:
-        r = study(*s)
+        r = study(s)
+        errs.append(r["err"])
         print(f"| {r['setup']} | {r['peak'] / GiB:.3f} | {r['reserved'] / GiB:.3f} | {r['reserved'] / r['peak']:.3f} | "
               f"{r['expandable'] / GiB:.3f} | {r['formula'] / GiB:.3f} | {r['err']:+.1%} |", flush=True)
+    print(f"\n{len(errs)} setups: error {min(errs):+.1%} to {max(errs):+.1%}, mean {sum(errs) / len(errs):+.1%}")
 
 
 if __name__ == "__main__":

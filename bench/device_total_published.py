@@ -4,7 +4,7 @@
 The analytic engine's `memory.reserved` is the allocated peak plus the cuBLAS workspace (which torch takes through
 the caching allocator) plus one cached block the size of the largest tensor freed before the peak
 (overheads.reserved_from_allocated); the trace engine replays the step's allocations through the allocator
-simulator (trainfit.alloc; `--trace` adds that row for C2, ~80 s). `memory.device_total` = reserved + the fixed overheads of data/overheads.toml (CUDA context, NCCL
+simulator (trainfit.alloc, each allocation on its CUDA stream; `--trace` adds that row for C2, ~80 s). `memory.device_total` = reserved + the fixed overheads of data/overheads.toml (CUDA context, NCCL
 buffers per communicator).
 
 Sources:
@@ -51,9 +51,10 @@ def c2() -> list[str]:
         t = trainfit.estimate("llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,
                               gpu="H100-96GB", engine="trace")
         r = t.memory.reserved / GiB
-        rows.append(f"| C2, trace engine + allocator simulator (one stream) | {pub} GiB max_memory_reserved | reserved "
-                    f"{r:.2f} GiB ({(r - pub) / pub:+.1%}); device total {t.memory.device_total / GiB:.2f} GiB | "
-                    "NB: FSDP's all-gather/reduce-scatter streams are replayed as one (reads low) |")
+        rows.append(f"| C2, trace engine + allocator simulator (FSDP2's streams kept apart) | {pub} GiB "
+                    f"max_memory_reserved | reserved {r:.2f} GiB ({(r - pub) / pub:+.1%}); device total {t.memory.device_total / GiB:.2f} "
+                    "GiB | each allocation on its stream (trace/streams.py); NB frees are immediate (no record_stream "
+                    "delays: reads low) |")
     return rows
 
 

@@ -92,7 +92,8 @@ class Timing:
     train_seconds: float | None = None
     gpu_hours: float | None = None
     cost_usd: float | None = None
-    energy_kwh: float | None = None
+    energy_kwh: float | None = None  # GPU boards at average_power_watts (analytic/energy.py)
+    average_power_watts: float | None = None
     # inference
     prefill_seconds: float | None = None
     decode_tokens_per_second: float | None = None

@@ -24,3 +24,29 @@ def test_replay_with_expandable_segments():
     records = [R(nbytes=12 * MiB, birth=0, death=None), R(nbytes=6 * MiB, birth=1, death=3),
                R(nbytes=6 * MiB, birth=2, death=4)]
     assert replay(records, start=1, conf="expandable_segments:True").reserved == 40 * MiB
+
+
+def test_replay_keeps_each_stream_s_blocks_apart():
+    # A (6 MiB) on stream 1, freed; B (6 MiB) on stream 0, alive at the end. 6 MiB: > kSmallSize and
+    # < kMinLargeAlloc (10 MiB) -> a kLargeBuffer 20 MiB segment, split (rest 14 MiB > 1 MiB). A's free merges
+    # its segment back into one free 20 MiB block filed under stream 1; get_free_block looks up (stream 0, 6 MiB)
+    # and never crosses streams, so B needs a second 20 MiB segment: reserved 40 MiB. The second pass reuses
+    # both cached blocks. On one stream B reuses A's block: 20 MiB. Allocated peak 6 MiB either way.
+    two = [R(nbytes=6 * MiB, birth=0, death=1, stream=1), R(nbytes=6 * MiB, birth=2, death=None, stream=0)]
+    one = [R(nbytes=6 * MiB, birth=0, death=1), R(nbytes=6 * MiB, birth=2, death=None)]  # no stream: 0
+    assert (replay(two, start=0).reserved, replay(two, start=0).segments) == (40 * MiB, 2)
+    assert (replay(one, start=0).reserved, replay(one, start=0).segments) == (20 * MiB, 1)
+    assert replay(two, start=0).allocated == replay(one, start=0).allocated == 6 * MiB
+
+
+def test_deaths_after_the_recording_stopped_are_not_replayed():
+    # W (12 MiB, resident) dies at event 4, after the recorder stopped (end=4: the trace's objects going away).
+    # A (6 MiB) lives 1-2 in the step, B (6 MiB) from 3 to the end. Replayed up to `end`, W stays allocated in the
+    # second pass: allocated peak W + A = 18 MiB (W + B later, also 18). Replaying W's teardown death instead
+    # frees W at the end of pass 1 and the second pass peaks at 6 MiB. Segments: W's own 12 MiB, and a 20 MiB
+    # one that A and then B use: 32 MiB reserved.
+    records = [R(nbytes=12 * MiB, birth=0, death=4), R(nbytes=6 * MiB, birth=1, death=2),
+               R(nbytes=6 * MiB, birth=3, death=None)]
+    kept = replay(records, start=1, end=4)
+    assert (kept.reserved, kept.allocated) == (32 * MiB, 18 * MiB)
+    assert replay(records, start=1).allocated == 6 * MiB

@@ -43,6 +43,7 @@ def test_batch_sweep_is_monotone_and_marks_the_fit():
     # judged on the device total: peak + one cached block of the largest freed tensor (the loss's fp32 logits:
     # batch × 2048 tokens × vocab 128,256 × 4 bytes) + the H100's 32 MiB cuBLAS workspace + 400 MiB CUDA context
     assert all(r["fits"] == (r["peak"] + r["value"] * 2048 * 128_256 * 4 + 432 * 2**20 <= gpu.memory) for r in rows)
+    assert all(r["device_total"] == r["peak"] + r["value"] * 2048 * 128_256 * 4 + 432 * 2**20 for r in rows)
 
 
 def test_seq_sweep_eager_vs_flash():
@@ -100,3 +101,5 @@ def test_json_and_tables_hold_the_same_numbers():
 
     assert fmt_bytes(row["peak"]) in text
     assert fmt_bytes(row["peak"]) in sweep_html_table(s)
+    # the fit column sits beside the number it is judged on
+    assert fmt_bytes(row["device_total"]) in text and fmt_bytes(row["device_total"]) in sweep_html_table(s)

@@ -104,8 +104,13 @@ def test_changing_batch_updates_the_peak(server, browser):
     assert expected > before
     assert browser.find_element(By.ID, "peak").text == fmt_bytes(expected)
     verdict = browser.find_element(By.ID, "verdict").text
-    fits = api.analytic(api.Request(batch=8, **base)).time.fits
-    assert verdict == ("fits" if fits else "does not fit")
+    e8 = api.analytic(api.Request(batch=8, **base))
+    assert verdict == ("fits" if e8.time.fits else "does not fit")
+    # what the GPU holds: the API's reserved and device total (the number the verdict reads), the reports' sentence
+    held = {i: browser.find_element(By.ID, i).get_attribute("data-bytes") for i in ("reserved", "device-total")}
+    assert held == {"reserved": str(e8.memory.reserved), "device-total": str(e8.memory.device_total)}
+    assert fmt_bytes(e8.memory.device_total) in browser.find_element(By.ID, "headroom").text
+    assert "what nvidia-smi shows" in browser.find_element(By.ID, "held-note").text
     assert not browser.find_element(By.ID, "error").is_displayed()
 
     # a bad knob: a clear message on the page, the last good numbers stay

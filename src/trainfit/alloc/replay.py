@@ -6,11 +6,17 @@ Order: every record's birth and death by event index (each index is one or the o
 runs twice, the way a measured run reaches steady state: before the second pass the storages the first one
 left alive are freed (the next step makes its own), and the peaks are reset at its start
 (torch.cuda.reset_peak_memory_stats); reserved never shrinks without an OOM, so the second pass' maximum is
-the steady state's.
-NB (each reads reserved low where it applies): one CUDA stream (FSDP's all-gather / reduce-scatter streams and
-recordStream'd blocks are not separated); resident tensors are allocated in adoption order, not in the order
-model construction and the optimizer's first step made them; allocations inside one kernel (cuBLAS workspaces)
-are not in the trace.
+the steady state's. Events from `end` on (the recorder had stopped: the model and optimizer going away after the
+trace) are not replayed: the resident state stays allocated through the second pass.
+Streams: each record is allocated on its `stream` (trace/streams.py: FSDP2's all-gather copy-in and
+reduce-scatter streams are 1..; records without one are on 0), so a block freed on a side stream serves only that
+stream's later requests, as in the caching allocator (caching_allocator.py, get_free_block).
+NB (each reads reserved low where it applies): a free returns its block at once -- right for FSDP2, which holds
+references until its events instead of calling record_stream (trace/streams.py), but blocks a collective
+backend record_stream's (ProcessGroupNCCL's own stream) would stay busy until the GPU catches up, which a
+trace without timing cannot know; resident tensors are allocated in adoption order, not in the order model
+construction and the optimizer's first step made them; allocations inside one kernel (cuBLAS workspaces) are
+not in the trace.
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ class Replay:
 def _events(records, lo: int, hi: int | None = None):
     ev = []
     for r in records:
+        if not r.nbytes:  # no block: CUDACachingAllocator.cpp NativeCachingAllocator::allocate mallocs if size != 0
+            continue
         if r.birth >= lo and (hi is None or r.birth < hi):
             ev.append((r.birth, 1, r))
         if r.death is not None and r.death >= lo and (hi is None or r.death < hi):
@@ -38,23 +46,25 @@ def _events(records, lo: int, hi: int | None = None):
     return ev
 
 
-def replay(records, start: int, conf: AllocConf | str | None = None, capacity: int | None = None) -> Replay:
-    """Max reserved over a steady-state step. records: objects with nbytes, birth, death (None: alive at the end);
-    start: the event index at which the step starts."""
+def replay(records, start: int, conf: AllocConf | str | None = None, capacity: int | None = None,
+           end: int | None = None) -> Replay:
+    """Max reserved over a steady-state step. records: objects with nbytes, birth, death (None: alive at the end)
+    and optionally stream (default 0); start: the event index at which the step starts; end: the first event
+    after it (None: the last record's)."""
     a = Allocator(conf if isinstance(conf, AllocConf) else parse_alloc_conf(conf), capacity=capacity)
     handles: dict[int, int] = {}
-    for _, born, r in _events(records, 0):  # setup, then step 1
+    for _, born, r in _events(records, 0, end):  # setup, then step 1
         if born:
-            handles[id(r)] = a.malloc(r.nbytes)
+            handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
         elif id(r) in handles:
             a.free(handles.pop(id(r)))
     for r in records:  # what step 1 left alive is replaced by step 2's own
         if r.birth >= start and id(r) in handles:
             a.free(handles.pop(id(r)))
     a.reset_peak()
-    for _, born, r in _events(records, start):
+    for _, born, r in _events(records, start, end):
         if born:
-            handles[id(r)] = a.malloc(r.nbytes)
+            handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
         elif r.birth >= start and id(r) in handles:  # a resident storage dies once, in step 1
             a.free(handles.pop(id(r)))
     return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(a.segments))

@@ -16,7 +16,7 @@ from .params import count_params
 from .precision import fsdp2_mixed_precision, state_bytes
 from ..precision import PRECISIONS
 from .step_time import layout_step_time
-from .timing import budget, compute_dtype, step_seconds
+from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 
 # Extra bytes per GPU the user keeps free beyond the modelled device total when judging "fits" (the --reserve
 # setting, GiB; default 0): the device total already holds the CUDA context, cuBLAS workspace and NCCL buffers
@@ -141,12 +141,13 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         if mfu is None:
             tm = layout_step_time(spec, setup, gpu, pc=pc)
             secs, achieved = tm.step_seconds, tm.mfu
-            detail["step_time"] = tm.as_dict()
+            terms = detail["step_time"] = tm.as_dict()
         else:
             secs = step_seconds(flops.step, gpu, setup, mfu)
             achieved = mfu * flops.model_step / flops.step
+            terms = mfu_step_terms(flops.step, gpu, setup, mfu)
         tps = setup.tokens_per_step / secs
-        extra = budget(tokens, tps, setup.world_size, gpu) if tokens else {}
+        extra = budget(tokens, tps, setup.world_size, gpu, terms) if tokens else {}
         headroom = gpu.memory - reserve - device_total
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
                         tokens_per_second=tps, fits=headroom >= 0, headroom=headroom,

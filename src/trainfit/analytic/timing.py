@@ -1,5 +1,5 @@
-"""The --mfu override (step time from FLOPs at a stated utilisation), and the cost of a token budget. The step-time
-model itself is analytic/step_time.py.
+"""The --mfu override (step time from FLOPs at a stated utilisation), and the time, cost and energy of a token budget.
+The step-time model itself is analytic/step_time.py; the board power behind the energy is analytic/energy.py.
 
 time = hardware FLOPs / (peak dense FLOP/s of the compute dtype × MFU). `mfu` is the fraction of peak the
 model's matmuls reach without recompute (PaLM, Chowdhery et al. 2022, App. B); recompute adds its FLOPs at the
@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..hardware import GPU
 from ..precision import PRECISIONS
 from ..setup import Setup
+from .energy import average_power
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -27,14 +28,25 @@ def step_seconds(hw_flops_per_rank: float, gpu: GPU, setup: Setup, mfu: float) -
     return ideal
 
 
-def budget(train_tokens: float, tokens_per_second: float, world: int, gpu: GPU) -> dict:
+def mfu_step_terms(hw_flops_per_rank: float, gpu: GPU, setup: Setup, mfu: float) -> dict:
+    """The --mfu step as terms (compute at the stated utilisation, and the pipeline bubble), for the power model."""
+    compute = hw_flops_per_rank / (gpu.flops_for(compute_dtype(setup)) * mfu)
+    return {"compute": compute, "bubble": step_seconds(hw_flops_per_rank, gpu, setup, mfu) - compute}
+
+
+def budget(train_tokens: float, tokens_per_second: float, world: int, gpu: GPU, step: dict | None = None) -> dict:
+    """Time, GPU-hours, cost and energy of training on `train_tokens`. `step`: the step's terms (StepTime.as_dict());
+    without them the board draws TDP throughout (an upper bound)."""
     seconds = train_tokens / tokens_per_second
     gpu_hours = seconds * world / SECONDS_PER_HOUR
+    watts = average_power(gpu, step)
     return {
         "train_tokens": train_tokens,
         "train_seconds": seconds,
         "gpu_hours": gpu_hours,
         "cost_usd": gpu_hours * gpu.price_per_hour,
-        # NB: board power at TDP for the whole run; excludes host, network and cooling (PUE) — an under-count.
-        "energy_kwh": gpu_hours * gpu.power_watts / 1000,
+        # NB: GPU boards only (analytic/energy.py); excludes host, network and cooling (PUE): an under-count of the
+        # facility's energy.
+        "energy_kwh": gpu_hours * watts / 1000,
+        "average_power_watts": watts,
     }

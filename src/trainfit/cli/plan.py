@@ -35,7 +35,7 @@ def plan(
     tp: Optional[int] = typer.Option(None, "--tp", help="Fix the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Fix the pipeline-parallel degree."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Fix the data-parallel degree."),
-    margin: float = typer.Option(0.05, "--margin", help="Fraction of GPU memory kept free for allocator fragmentation (on top of 1 GiB for the CUDA context)."),
+    margin: float = typer.Option(0.05, "--margin", help="Fraction of GPU memory kept free beyond the modelled device total (reserved + CUDA context + NCCL buffers)."),
     efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Override: time compute as FLOPs at this flat fraction of the dense peak (default: each kernel timed by the roofline, analytic/ops.py)."),
     batch_tolerance: float = typer.Option(0.05, "--batch-tolerance", help="Allowed relative deviation from --global-batch-tokens."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),

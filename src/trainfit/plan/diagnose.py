@@ -4,8 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..analytic.params import count_params
+from ..analytic.step_time import layout_step_time
 from ..errors import SetupError
 from ..hardware import GPU, list_gpus
+from ..overheads import fixed_bytes
 from ..setup import Setup
 from ..units import fmt_bytes
 from .fit import PeakOracle
@@ -18,15 +20,18 @@ MAX_GPUS = 1 << 17
 class Diagnosis:
     reason: str  # "layout", "batch" or "memory"
     message: str
-    leanest_peak: int | None = None
+    leanest_device_total: int | None = None  # the leanest plan's device total at micro-batch 1 (what the fit reads)
     leanest_setup: Setup | None = None
     min_gpus: int | None = None
     suggestions: list[str] = field(default_factory=list)
+    leanest_time: dict | None = None  # the leanest plan timed anyway (StepTime.as_dict()), beside its verdict
 
 
 def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, ignore_batch: bool = True) -> tuple[int, Setup | None]:
-    """The smallest analytic peak over the layouts of `gpus` that the query allows (its fixed --tp/--pp, and --dp
-    when `gpus` is the query's count; micro-batch 1), and its setup."""
+    """The smallest device total over the layouts of `gpus` that the query allows (its fixed --tp/--pp, and --dp
+    when `gpus` is the query's count; micro-batch 1), and its setup: the step's reserve (the oracle's) + the fixed
+    overheads of that layout (overheads.fixed_bytes: context, cuBLAS workspace, its NCCL communicators), so it is
+    judged as the search judges it (peak <= capacity(gpu, margin, setup) <=> this <= usable(gpu, margin))."""
     from ..stacks import get_stack
 
     best, where = None, None
@@ -41,9 +46,9 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, ignore_batch: bool
                         s = Setup(batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
                                   optimizer=q.optimizer, recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero,
                                   sequence_parallel=lay.tp > 1, stack=stack)
-                        peak = oracle.peak(s)
-                        if best is None or peak < best:
-                            best, where = peak, s
+                        need = oracle.peak(s) + fixed_bytes(gpu, s)
+                        if best is None or need < best:
+                            best, where = need, s
     return (best if best is not None else -1), where
 
 
@@ -62,9 +67,9 @@ def _counts(start: int, gpn: int):
 
 
 def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
-    from .search import capacity
+    from .search import usable
 
-    cap = capacity(gpu, q.margin)
+    cap = usable(gpu, q.margin)
     oracle = PeakOracle(spec, count_params(spec))
     if not layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp):
         tps = [t for t in divisors(q.gpus) if tp_allowed(spec, t, gpu.gpus_per_node)]
@@ -82,24 +87,27 @@ def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
                          f"{q.seq}: too few to give every data-parallel rank a micro-batch and fill every pipeline on "
                          f"{q.gpus} GPUs; use --global-batch-tokens >= {need * q.seq:,} or fewer GPUs",
                          suggestions=[f"--global-batch-tokens {need * q.seq}"])
-    peak, where = leanest(spec, gpu, q, q.gpus, oracle)
-    d = Diagnosis("memory", "", peak, where)
+    need, where = leanest(spec, gpu, q, q.gpus, oracle)
+    d = Diagnosis("memory", "", need, where)
+    if where is not None:  # time it even though it does not fit (issue 14): the one step-time model
+        d.leanest_time = layout_step_time(spec, where, gpu, q.efficiency, oracle.pc).as_dict()
     lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
             f"{where.precision}, micro-batch 1") if where else "none"
     d.message = (f"nothing fits in {fmt_bytes(cap)} per {gpu.name} (its {fmt_bytes(gpu.memory)} minus "
-                 f"{q.margin:.0%} margin, the CUDA context and cuBLAS workspace): the leanest plan ({lean}) needs {fmt_bytes(peak)} per GPU")
-    if peak > cap:
+                 f"{q.margin:.0%} margin): the leanest plan ({lean}) needs a device total of {fmt_bytes(need)} "
+                 "per GPU (its tensors as the caching allocator holds them, the CUDA context and NCCL buffers)")
+    if need > cap:
         for n in _counts(q.gpus, gpu.gpus_per_node):
             if (q.tp and n % q.tp) or (q.pp and n % q.pp):
                 continue
             p, s = leanest(spec, gpu, q, n, oracle)
             if s is not None and p <= cap:
                 d.min_gpus = n
-                d.suggestions.append(f"--gpus {n} (the fewest {gpu.name}s that fit: {fmt_bytes(p)} per GPU with tp "
-                                     f"{s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} recompute)")
+                d.suggestions.append(f"--gpus {n} (the fewest {gpu.name}s that fit: device total {fmt_bytes(p)} per "
+                                     f"GPU with tp {s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} recompute)")
                 break
     d.suggestions += knobs(spec, gpu, q, cap, oracle)
-    if 0 <= peak <= cap:  # memory would fit at micro-batch 1 but the batch split did not allow it
+    if 0 <= need <= cap:  # memory would fit at micro-batch 1 but the batch split did not allow it
         d.message += (" and fits at micro-batch 1, but the global batch split does not allow micro-batch 1 with these "
                       "layouts: change --global-batch-tokens")
     return d
@@ -134,10 +142,10 @@ def knobs(spec, gpu: GPU, q, cap: int, oracle: PeakOracle) -> list[str]:
     for g in sorted(list_gpus(), key=lambda g: g.memory):
         if g.memory <= gpu.memory or g.vendor != gpu.vendor:
             continue
-        from .search import capacity
+        from .search import usable
 
         p, _ = leanest(spec, g, q, q.gpus, oracle)
-        if 0 <= p <= capacity(g, q.margin):
+        if 0 <= p <= usable(g, q.margin):
             bigger.append(g.name)
     if bigger:
         out.append(f"--gpu {bigger[0]} (or: {', '.join(bigger[1:4])})" if len(bigger) > 1 else f"--gpu {bigger[0]}")

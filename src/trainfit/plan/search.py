@@ -75,7 +75,7 @@ class PlanQuery:
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
-    margin: float = 0.05  # fraction of GPU memory kept free for allocator fragmentation
+    margin: float = 0.05  # fraction of GPU memory kept free beyond the modelled device total (unmodelled slack)
     efficiency: float | None = None  # None: the roofline-timed op list; a number: flat fraction of peak (override)
     batch_tolerance: float = 0.05  # relative deviation allowed from the requested global batch
     top: int = 5
@@ -159,13 +159,18 @@ class PlanQuery:
         return stages if self.zeros is None else tuple(z for z in self.zeros if z in stages)
 
 
+def usable(gpu: GPU, margin: float) -> int:
+    """Bytes a plan's device total may fill: the GPU minus the safety margin (and the estimate's --reserve default)."""
+    return int(gpu.memory - DEFAULT_RESERVE - margin * gpu.memory)
+
+
 def capacity(gpu: GPU, margin: float, setup: Setup | None = None) -> int:
-    """Bytes a plan's peak may use, on the estimate's basis (its fit is device total <= GPU memory): the GPU minus
-    the safety margin minus the fixed overheads the device total adds to the peak (overheads.fixed_bytes: CUDA
-    context, cuBLAS workspace, and for `setup` its NCCL communicators; without a setup, one process's context and
-    workspace). The step's own reserve (the allocated peak + one cached block) is the oracle's side (plan/fit.py)."""
+    """Bytes a plan's peak may use, on the estimate's basis (its fit is device total <= GPU memory): `usable` minus
+    the fixed overheads the device total adds to the peak (overheads.fixed_bytes: CUDA context, cuBLAS workspace,
+    and for `setup` its NCCL communicators; without a setup, one process's context and workspace). The step's own
+    reserve (the allocated peak + one cached block) is the oracle's side (plan/fit.py)."""
     base = setup if setup is not None else Setup()
-    return int(gpu.memory - DEFAULT_RESERVE - margin * gpu.memory - fixed_bytes(gpu, base))
+    return usable(gpu, margin) - fixed_bytes(gpu, base)
 
 
 class _Cfg(NamedTuple):
@@ -292,7 +297,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
         est = estimate(spec, setup)
         c = Candidate(setup, tm, est, capacity(gpu, q.margin, setup))
         if tokens:
-            c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu)
+            c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu, tm.as_dict())
         cands.append(c)
     elapsed = time.perf_counter() - t0
     stats.update(seconds=elapsed, engine_calls=oracle.calls,

@@ -16,7 +16,9 @@ from ..errors import TrainfitError
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
+from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
 from .sweep import SweepResult, run_sweep, sweep_html_table
+from .time_bar import time_section
 from .terminal import PHASE_NAMES, memory_rows, setup_line
 
 CSS = """
@@ -112,7 +114,7 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
                 + ([f"{fmt_bytes(traced.memory.peak)} ({PHASE_NAMES.get(traced.memory.peak_phase, traced.memory.peak_phase)})"]
                    if traced is not None else []))
     classes.append("peak")
-    for label, fld in (("reserved (caching allocator)", "reserved"), ("device total (nvidia-smi)", "device_total")):
+    for label, fld in ((RESERVED_LABEL, "reserved"), (DEVICE_TOTAL_LABEL, "device_total")):
         mine, theirs = getattr(e.memory, fld), getattr(traced.memory, fld) if traced is not None else None
         if mine is not None or theirs is not None:
             rows.append([label, fmt_bytes(mine) if mine is not None else ""]
@@ -143,9 +145,7 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
         gap = (f"<p class='note'>The analytic peak is {abs(g):.1%} {'above' if g > 0 else 'below'} the trace engine's "
                "(a fake-tensor run of the real PyTorch step).</p>")
     if e.memory.device_total is not None:
-        gap += ("<p class='note'>The peak is allocated memory (live tensors); reserved is what PyTorch's caching "
-                "allocator holds (freed blocks stay cached in their segments); the device total adds the CUDA context "
-                "and NCCL buffers — what nvidia-smi shows, and what the fit is judged on.</p>")
+        gap += f"<p class='note'>{escape(held_sentence())}</p>"
     return (f"<section id='breakdown'><h2>Breakdown</h2><div class='row'><div>{mem}{gap}</div><div>{comp}</div></div>"
             f"{_notes(e.notes)}</section>")
 
@@ -287,6 +287,7 @@ def build_report(req: api.Request, gpus: int | None = None, trace: bool | None =
         f"<div class='setup'>{escape(setup_line(e))}</div></header>",
         _verdict(e),
         _breakdown(e, traced),
+        time_section(e),
         _timeline(e, traced, why, gpu),
         _compare(req, gpu),
         sweep_html,

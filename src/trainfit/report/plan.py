@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .json_out import dumps  # noqa: F401  (re-exported for the command)
+from ..analytic.terms import time_terms
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..plan.search import Candidate, PlanResult
-
-TIME_TERMS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
-
 
 
 def layout_text(s) -> str:
@@ -56,8 +54,9 @@ def plan_dict(r: PlanResult) -> dict:
     }
     if r.diagnosis is not None:
         dg = r.diagnosis
-        out["nothing_fits"] = {"reason": dg.reason, "message": dg.message, "leanest_peak": dg.leanest_peak,
-                               "min_gpus": dg.min_gpus, "suggestions": dg.suggestions}
+        out["nothing_fits"] = {"reason": dg.reason, "message": dg.message, "leanest_device_total": dg.leanest_device_total,
+                               "min_gpus": dg.min_gpus, "suggestions": dg.suggestions,
+                               "leanest_time": dg.leanest_time}
     return out
 
 
@@ -72,6 +71,11 @@ def render(r: PlanResult, echo=print) -> None:
         Console().print(f"[bold]{title}[/bold]")
         dg = r.diagnosis
         echo(f"nothing fits: {dg.message}")
+        lt = getattr(dg, "leanest_time", None)
+        if lt:
+            terms = ", ".join(f"{k.replace('_', ' ')} {fmt_seconds(v)}" for k, v in time_terms(lt).items() if v > 0)
+            echo(f"the leanest plan, timed anyway (does not fit): step {fmt_seconds(lt['step_seconds'])}, "
+                 f"{lt['tokens_per_second']:,.0f} tokens/s, MFU {lt['mfu']:.1%} ({terms})")
         if dg.suggestions:
             echo("what would: " + "; ".join(dg.suggestions))
         return
@@ -87,23 +91,25 @@ def render(r: PlanResult, echo=print) -> None:
                   f"{s.batch}×{s.grad_accum}", s.recompute, s.precision, f"{tm.tokens_per_second:,.0f}",
                   f"{tm.mfu:.1%}", fmt_seconds(tm.step_seconds), fmt_bytes(c.peak), fmt_bytes(c.headroom))
     terms = Table(title="step time by term (exposed; they add up to the step)", header_style="bold")
-    for col in ("#", *TIME_TERMS, "DP comm before overlap", "DP link"):
+    rows = [time_terms(c.time.as_dict()) for c in r.candidates]
+    names = [k for k in rows[0] if any(row.get(k) for row in rows)]  # StepTime's terms, read generically
+    for col in ("#", *(k.replace("_", " ") for k in names), "DP comm before overlap", "DP link"):
         terms.add_column(col, justify="right")
-    for i, c in enumerate(r.candidates, 1):
+    for i, (c, row) in enumerate(zip(r.candidates, rows), 1):
         tm = c.time
-        terms.add_row(str(i), *(fmt_seconds(getattr(tm, k)) if getattr(tm, k) else "-" for k in TIME_TERMS),
+        terms.add_row(str(i), *(fmt_seconds(row[k]) if row.get(k) else "-" for k in names),
                       fmt_seconds(tm.dp_comm_total) if tm.dp_comm_total else "-", tm.dp_bandwidth)
     con = Console()
     con.print(t)
     con.print(terms)
     if any(c.budget for c in r.candidates):
         bt = Table(title=f"training budget: {fmt_count(r.candidates[0].budget['train_tokens'])} tokens", header_style="bold")
-        for col in ("#", "time", "GPU-hours", "cost", "energy"):
+        for col in ("#", "time", "GPU-hours", "cost", "energy", "W per GPU"):
             bt.add_column(col, justify="right")
         for i, c in enumerate(r.candidates, 1):
             b = c.budget
             bt.add_row(str(i), fmt_seconds(b["train_seconds"]), fmt_count(b["gpu_hours"]), f"${b['cost_usd']:,.0f}",
-                       f"{b['energy_kwh'] / 1000:,.1f} MWh")
+                       f"{b['energy_kwh'] / 1000:,.1f} MWh", f"{b.get('average_power_watts', 0):,.0f}")
         con.print(bt)
     for i, c in enumerate(r.candidates, 1):
         v = getattr(c, "verify", None)
@@ -118,7 +124,8 @@ def render(r: PlanResult, echo=print) -> None:
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); capacity {fmt_bytes(r.capacity)} per GPU "
-         f"(GPU minus {q.margin:.0%} margin and 1 GiB context); " + (
+         f"for the step's tensors (GPU minus {q.margin:.0%} margin, the CUDA context and cuBLAS workspace, and each "
+         f"layout's NCCL buffers: fits = device total <= GPU minus margin); " + (
              f"compute at a flat {q.efficiency:.0%} of peak (--efficiency override)" if q.efficiency is not None else
              "compute: each kernel timed by the roofline (--efficiency N: a flat fraction of peak instead)"))
     for n in r.notes:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 from ..errors import EngineUnavailableError, TrainfitError
 from ..estimate import Estimate
 from ..units import GiB, KiB, MiB, TiB
+from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -294,10 +295,7 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
                  pad=18)
     caption = setup_caption(e)
     if e.memory.reserved is not None and e.memory.reserved != e.memory.peak:
-        caption += ("\nThe curve is allocated memory (live tensors); reserved is what PyTorch's caching allocator "
-                    "holds — freed blocks stay cached in their segments"
-                    + ("; the device total adds the CUDA context and NCCL buffers (what nvidia-smi shows)"
-                       if e.memory.device_total is not None else "") + ".")
+        caption += "\n" + held_sentence("The curve", device_total=e.memory.device_total is not None)
     layers = (e.detail or {}).get("timeline_layers")
     if layers:
         caption += (f"\nNB: curve from a {layers}-layer trace (the peak in the box is extrapolated to the full "
@@ -314,9 +312,8 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
 def _held_lines(ax, e: Estimate, unit) -> None:
     """The step's reserved memory (the caching allocator's high-water) and device total, as dashed levels."""
     m = e.memory
-    for value, label, color in ((m.reserved, "reserved (caching allocator)", "#7A4EAB"),
-                                (m.device_total, "device total (nvidia-smi)", "#222222")):
-        if value is not None and (value != m.peak or label.startswith("device")):
+    for value, label, color in ((m.reserved, RESERVED_LABEL, "#7A4EAB"), (m.device_total, DEVICE_TOTAL_LABEL, "#222222")):
+        if value is not None and (value != m.peak or label == DEVICE_TOTAL_LABEL):
             ax.axhline(value / unit[1], color=color, linestyle="--", linewidth=1.1, zorder=5,
                        label=f"{label} {_fmt(value, unit)}")
 

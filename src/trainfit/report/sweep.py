@@ -148,8 +148,8 @@ def _row(variant: str, value, e: Estimate | None, error: str | None) -> dict:
     row = {"variant": variant, "value": value, "error": None, "peak": m.peak, "peak_phase": m.peak_phase,
            "weights": m.weights, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
            "master_weights": m.master_weights, "activations": m.activations, "temporaries": m.temporaries,
-           "kv_cache": m.kv_cache, "flops_step": e.flops.step, "fits": None, "headroom": None,
-           "step_seconds": None, "tokens_per_second": None}
+           "kv_cache": m.kv_cache, "flops_step": e.flops.step, "reserved": m.reserved, "device_total": m.device_total,
+           "fits": None, "headroom": None, "step_seconds": None, "tokens_per_second": None}
     if t is not None:
         row.update(fits=t.fits, headroom=t.headroom, step_seconds=t.step_seconds, tokens_per_second=t.tokens_per_second)
     return row
@@ -220,7 +220,8 @@ def render_table(s: SweepResult, console=None) -> None:
         prefix = f"{v} " if v else ""
         t.add_column(f"{prefix}peak", justify="right")
         t.add_column(f"{prefix}step time" if timed else f"{prefix}FLOPs/step", justify="right")
-        if timed:
+        if timed:  # the fit is judged on the device total (nvidia-smi), shown beside it
+            t.add_column(f"{prefix}device total", justify="right")
             t.add_column(f"{prefix}fits {s.gpu.name}", justify="center")
     by = {(r["variant"], r["value"]): r for r in s.rows}
     for value in s.values:
@@ -228,11 +229,12 @@ def render_table(s: SweepResult, console=None) -> None:
         for v in s.variants:
             r = by[(v, value)]
             if r["error"] is not None:
-                cells += ["[dim]n/a[/dim]", "[dim]invalid[/dim]"] + ([""] if timed else [])
+                cells += ["[dim]n/a[/dim]", "[dim]invalid[/dim]"] + (["", ""] if timed else [])
                 continue
             cells.append(fmt_bytes(r["peak"]))
             cells.append(fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"]))
             if timed:
+                cells.append(fmt_bytes(r["device_total"]) if r["device_total"] is not None else "")
                 cells.append("[green]yes[/green]" if r["fits"] else "[red]no[/red]")
         t.add_row(*cells)
     console.print(t)
@@ -261,7 +263,8 @@ def sweep_html_table(s: SweepResult) -> str:
     head = [escape(s.vary)]
     for v in s.variants:
         p = f"{v} " if v else ""
-        head += [f"{p}peak", f"{p}step time" if timed else f"{p}FLOPs/step"] + ([f"{p}fits"] if timed else [])
+        head += [f"{p}peak", f"{p}step time" if timed else f"{p}FLOPs/step"]
+        head += [f"{p}device total", f"{p}fits"] if timed else []
     by = {(r["variant"], r["value"]): r for r in s.rows}
     lines = ["<table class='num'><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for value in s.values:
@@ -269,10 +272,11 @@ def sweep_html_table(s: SweepResult) -> str:
         for v in s.variants:
             r = by[(v, value)]
             if r["error"] is not None:
-                cells += [f"<span title='{escape(r['error'])}'>n/a</span>", ""] + ([""] if timed else [])
+                cells += [f"<span title='{escape(r['error'])}'>n/a</span>", ""] + (["", ""] if timed else [])
                 continue
             cells += [fmt_bytes(r["peak"]), fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"])]
             if timed:
+                cells.append(fmt_bytes(r["device_total"]) if r["device_total"] is not None else "")
                 cells.append("<span class='ok'>yes</span>" if r["fits"] else "<span class='bad'>no</span>")
         lines.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     lines.append("</tbody></table>")

@@ -4,8 +4,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..analytic.terms import time_terms
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
+from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL
 
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
                "prefill": "prefill", "decode": "decode"}
@@ -46,6 +48,19 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
     return rows
 
 
+def step_term_rows(e: Estimate) -> list[tuple[str, float, float]]:
+    """(term, seconds, share of the step) for each non-zero term of the step-time model (none under --mfu)."""
+    st = e.detail.get("step_time") if isinstance(e.detail, dict) else None
+    if not st or not st.get("step_seconds"):
+        return []
+    return [(k, v, v / st["step_seconds"]) for k, v in time_terms(st).items() if v > 0]
+
+
+def budget_line(tm) -> str:
+    power = f" at {tm.average_power_watts:,.0f} W per GPU" if tm.average_power_watts else ""
+    return f"{tm.gpu_hours:,.0f} GPU-h · ${tm.cost_usd:,.0f} · {tm.energy_kwh:,.0f} kWh{power}"
+
+
 def render_estimate(e: Estimate, console: Console | None = None) -> None:
     console = console or Console()
     title = f"{e.model} — {e.engine} engine — per {_unit(e)}"
@@ -60,9 +75,9 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         t.add_row(f"[dim]at {PHASE_NAMES.get(phase, phase)}[/dim]", f"[dim]{fmt_bytes(v)}{mark}[/dim]")
     t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
     if m.reserved is not None:  # not a component of the peak: allocated + what the allocator keeps cached
-        t.add_row("reserved (caching allocator)", fmt_bytes(m.reserved))
+        t.add_row(RESERVED_LABEL, fmt_bytes(m.reserved))
     if m.device_total is not None:
-        t.add_row("device total (nvidia-smi)", fmt_bytes(m.device_total))
+        t.add_row(DEVICE_TOTAL_LABEL, fmt_bytes(m.device_total))
     console.print(t)
 
     c = Table(show_header=True, header_style="bold")
@@ -86,6 +101,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         c.add_row(f"on {tm.gpu}{held}", f"{verdict}, headroom {fmt_bytes(tm.headroom)}")
         if e.setup.mode == "train":
             c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
+            for name, secs, share in step_term_rows(e):
+                c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
             c.add_row("tokens/s (all GPUs)", fmt_count(tm.tokens_per_second))
         else:
             c.add_row("prefill time", fmt_seconds(tm.prefill_seconds))
@@ -95,8 +112,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             c.add_row(f"longest context at batch {e.setup.batch}", f"{tm.max_seq:,}")
         if tm.train_seconds is not None:
             c.add_row(f"train on {fmt_count(tm.train_tokens)} tokens", fmt_seconds(tm.train_seconds))
-            c.add_row("GPU-hours / cost", f"{tm.gpu_hours:,.0f} h / ${tm.cost_usd:,.0f}")
-            c.add_row("energy (GPU boards)", f"{tm.energy_kwh:,.0f} kWh")
+            c.add_row("budget (GPU boards)", budget_line(tm))
     console.print(c)
     for n in e.notes:
         console.print(f"[dim]· {n}[/dim]")

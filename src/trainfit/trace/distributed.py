@@ -8,7 +8,8 @@ steps, and records the standard step with the AllocationRecorder. The recorder i
 is built, so what is resident at the step start (DDP's bucket buffers, FSDP2's sharded parameters and
 whatever else the wrappers keep) is read from births and deaths, not summed. Per-rank memory -- FSDP2's
 unsharded parameters, its prefetched next layer, its all-gather and reduce-scatter buffers, DDP's buckets --
-is what the wrappers allocate.
+is what the wrappers allocate. Each record also carries the CUDA stream it would be allocated on (streams.py:
+FSDP2's all-gather copy-in and reduce-scatter streams), which only the allocator replay reads.
 
 Two things a fake process group cannot show, and how they are handled:
 - DTensor: FSDP2's sharded parameters, gradients and optimizer state are DTensors, whose ops run inside
@@ -35,6 +36,7 @@ from ..estimate import Estimate
 from ..setup import Setup
 from ..spec import ModelSpec
 from .cuda_kernels import cuda_kernels
+from .streams import numbered_streams
 from .recorder import (
     GRADIENT,
     OPTIMIZER_STATE,
@@ -226,7 +228,9 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
     run_step = step.run_step
     if True:
         rec = ShardedRecorder(None, count_flops=flops, round_cuda=setup.device == "cuda", backend=backend)
-        with rec, _fsdp_storage_hooks(rec), cuda_kernels(setup):  # --device cuda: CUDA kernels' saved tensors
+        # numbered_streams: each record's CUDA stream (FSDP2's side streams) for the allocator replay, reads only;
+        # cuda_kernels: --device cuda's kernels' saved tensors
+        with rec, numbered_streams(rec), _fsdp_storage_hooks(rec), cuda_kernels(setup):
             torch.manual_seed(0)
             if setup.stack == "hf":
                 model = build_hf(spec, setup)
@@ -270,7 +274,7 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
 def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = None, flops: bool = False,
                       alloc_conf: str | None = None) -> Estimate:
     """The trace engine's Estimate for one rank of `setup` (dp ranks, zero stage), from a fake process group."""
-    from .engine import NOTES, estimate_from
+    from .engine import NOTES, RESERVED_NOTE, estimate_from
 
     if setup.dp < 2:
         raise EngineUnavailableError("the distributed trace needs --dp >= 2 (one rank: trainfit.trace.trace_spec)")
@@ -282,7 +286,7 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
     kit = stack_step(setup)
     notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {kit.STRATEGIES[setup.zero]}, "
                      f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries",) + \
-        ((kit.NOTE,) if kit.NOTE else ())
+        ((kit.NOTE,) if kit.NOTE else ()) + ((RESERVED_NOTE,) if setup.device == "cuda" else ())
     est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes,
                         alloc_conf=alloc_conf)
     import dataclasses

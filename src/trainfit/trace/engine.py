@@ -67,7 +67,7 @@ def reserved_of(rec, setup: Setup, alloc_conf: str | None) -> int | None:
         return None
     from ..alloc.replay import replay
 
-    return replay(rec.records, rec.step_start, alloc_conf).reserved
+    return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop).reserved
 
 
 def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory:
@@ -126,6 +126,11 @@ NOTES = (
 )
 
 
+RESERVED_NOTE = ("reserved: the step's allocations and frees replayed through a simulation of the CUDA caching "
+                 "allocator (trainfit.alloc), each on the stream it is made on (FSDP2's all-gather and reduce-scatter "
+                 "streams keep their own cached blocks); NB frees are immediate (no record_stream delays)")
+
+
 def device_notes(setup: Setup) -> list[str]:
     from ..step import stack_step
 
@@ -133,8 +138,7 @@ def device_notes(setup: Setup) -> list[str]:
     if setup.device == "cuda":
         notes.append("NB: traced with CPU kernels and CPU autocast lists, sizes rounded to the CUDA allocator's "
                      "512 B")
-        notes.append("reserved: the step's allocations and frees replayed through a simulation of the CUDA caching "
-                     "allocator (trainfit.alloc); NB one stream, so FSDP's communication streams are not separated")
+        notes.append(RESERVED_NOTE)
     if setup.dp > 1:
         notes.append("NB: one data-parallel rank traced without DDP's gradient buckets (+ about one gradient copy)")
     return notes

@@ -46,9 +46,11 @@ def as_categories(at: dict) -> dict:
 
 
 class Record:
-    """One storage's life. `death` is None while alive; event indices order births and deaths."""
+    """One storage's life. `death` is None while alive; event indices order births and deaths. `stream`: the CUDA
+    stream it would be allocated on (0 the compute stream, 1.. side streams in creation order: streams.py)."""
 
-    __slots__ = ("_ref", "birth", "cat", "death", "dtype", "fixed", "module", "name", "nbytes", "phase", "shape")
+    __slots__ = ("_ref", "birth", "cat", "death", "dtype", "fixed", "module", "name", "nbytes", "phase", "shape",
+                 "stream")
 
     def __init__(self, nbytes, cat, birth, phase, module, shape, dtype, name=""):
         self.nbytes = nbytes
@@ -61,6 +63,7 @@ class Record:
         self.shape = shape
         self.dtype = dtype
         self.name = name
+        self.stream = 0
 
 
 def cuda_rounded(nbytes: int) -> int:
@@ -85,11 +88,13 @@ class AllocationRecorder(TorchDispatchMode):
         self.peak = 0
         self.peak_event = 0
         self.step_start = 0  # event index of the step start (reset_peak): replays of the step start here
+        self.stop = None  # event index at which recording stopped (__exit__)
         self.phase = "setup"
         self.phase_marks: list[tuple[int, str]] = []  # (event index at which the phase starts, name)
         # Structural marks (module entry/exit, gradient ready) for layer extrapolation; None: off.
         self.seg_marks: list[tuple[int, tuple]] | None = None
         self.modules = modules
+        self.stream_of = None  # () -> the current stream's number (streams.numbered_streams); None: all on 0
         self.size = cuda_rounded if round_cuda else int
         self.flops = FlopCounter(self) if count_flops else None
         # Allocations a CPU run makes that a CUDA device would not: CPU kernels' mixed-dtype input
@@ -148,6 +153,8 @@ class AllocationRecorder(TorchDispatchMode):
     def _born(self, nbytes: int, cat: int, shape: tuple, dtype, name: str = "") -> Record:
         mod = self.modules.current if self.modules is not None else ""
         rec = Record(nbytes, cat, self.event, self.phase, mod, shape, dtype, name)
+        if self.stream_of is not None:
+            rec.stream = self.stream_of()
         self.event += 1
         self.records.append(rec)
         self.total += nbytes
@@ -174,6 +181,7 @@ class AllocationRecorder(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
+        self.stop = self.event  # later deaths are the traced objects going away, not the step's (alloc/replay.py)
         torch.get_rng_state = self._get_rng_state
         return super().__exit__(*exc)
 

@@ -4,7 +4,8 @@ Routes
   GET  /                      the page (page.py: one HTML document, vanilla JS, nothing fetched from elsewhere)
   GET  /api/estimate?model=…  exactly `estimate_dict(api.analytic(req))`, the object `trainfit estimate --json` prints
   POST /api/estimate          the same, for a pasted config.json: {"config": {...} or "<json text>", knobs...}
-  POST /api/view              what the page shows: the estimate plus its formatted rows and the phase chart's bars
+  POST /api/view              what the page shows: the estimate plus its formatted rows, the phase chart's bars
+                              and what the GPU holds (allocated peak, reserved, overheads, device total: `held`)
   GET  /api/timeline.svg?…    the trace engine's memory timeline (needs trainfit[torch]; seconds per call)
   GET  /api/models, /api/gpus the catalogs (for the page's dropdowns)
 
@@ -135,7 +136,12 @@ def view(e: Estimate) -> dict:
                "peak_phase": PHASE_NAMES.get(m.peak_phase, m.peak_phase), "params_text": fmt_count(e.params),
                "fits": None, "gpu": None}
     if t is not None:
-        summary.update(fits=t.fits, gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom))
+        # the verdict is the engine's: device total + --reserve <= GPU memory (analytic/engine.py); the page shows
+        # the device total it was judged on beside it
+        summary.update(fits=t.fits, gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom),
+                       device_total=m.device_total, gpu_memory=t.gpu_memory,
+                       judged_text=(f"device total {fmt_bytes(m.device_total)} of {fmt_bytes(t.gpu_memory)}"
+                                    if m.device_total is not None and t.gpu_memory else None))
         if e.setup.mode == "train":
             summary.update(time_text=f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "
                                      f"{fmt_count(t.tokens_per_second)} tokens/s")
@@ -154,7 +160,25 @@ def view(e: Estimate) -> dict:
                      "total_text": fmt_bytes(total), "peak": phase == m.peak_phase, "parts": parts})
     gpu_mem = t.gpu_memory if t is not None else None  # the GPU's memory as judged (--gpu-memory included)
     return {"estimate": estimate_dict(e), "summary": summary, "rows": rows, "bars": bars, "capacity": gpu_mem,
-            "notes": list(e.notes)}
+            "held": held_rows(e), "notes": list(e.notes)}
+
+
+def held_rows(e: Estimate) -> dict:
+    """What the GPU holds, allocated -> reserved -> device total (issue 13): the rows the page's "held" table
+    shows (the estimate's own numbers, formatted) and the one sentence the reports use. The fit is judged on the
+    device total (time.fits), so the page shows the number the verdict reads."""
+    from ..report.held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence, overhead_label
+    from ..units import fmt_bytes
+
+    m = e.memory
+
+    def row(key: str, name: str, v: int | None) -> dict:
+        return {"key": key, "name": name, "bytes": v, "text": fmt_bytes(v) if v is not None else None}
+
+    rows = [row("peak", "peak (allocated)", m.peak), row("reserved", RESERVED_LABEL, m.reserved)]
+    rows += [row(f"overhead:{k}", "+ " + overhead_label(k), v) for k, v in m.overheads.items()]
+    rows.append(row("device_total", DEVICE_TOTAL_LABEL, m.device_total))
+    return {"rows": rows, "sentence": held_sentence(device_total=m.device_total is not None)}
 
 
 _trace_lock = threading.Lock()  # one fake-tensor trace at a time (they are CPU-bound and use global torch state)

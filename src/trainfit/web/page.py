@@ -3,7 +3,9 @@
 The page posts the form to /api/view on every change and draws what comes back: the verdict, the breakdown
 table and a stacked bar chart of memory at each phase (an inline SVG built here from the server's bars).
 Element ids used by the end-to-end test: #batch (and every knob by its name), #peak (data-bytes holds the
-peak in bytes), #verdict, #error, #status.
+peak in bytes), #verdict, #error, #status; the "held" table (allocated peak -> reserved -> overheads -> device
+total, issue 13) has #reserved and #device-total (data-bytes: the API's memory.reserved / memory.device_total) and
+its labels and sentence come from trainfit.report.held, as in the CLI table and the reports.
 
 The knob inputs and the JavaScript's list of knobs are generated from trainfit.setup.SETTINGS (knob_fieldsets),
 so a new setting appears on the page with its help as a tooltip, its default and its allowed values.
@@ -11,6 +13,7 @@ so a new setting appears on the page with its help as a tooltip, its default and
 import html
 import json
 
+from ..report.held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
 from ..setup import SETTINGS, TRAIN_PRECISIONS, INFER_PRECISIONS, Setting
 
 # Which fieldset each setting sits in (a setting not named here lands in "More").
@@ -138,7 +141,14 @@ button:disabled { opacity:.6; cursor:wait; }
     <div class="muted" id="setup"></div>
     <div class="cols">
       <div id="chart"></div>
-      <div><table id="rows"></table></div>
+      <div><table id="rows"></table>
+        <table id="held" style="margin-top:10px">
+          <tbody><tr><td>peak (allocated)</td><td id="held-peak">–</td></tr>
+            <tr><td>@@RESERVED_LABEL@@</td><td id="reserved" data-bytes="">–</td></tr></tbody>
+          <tbody id="overheads"></tbody>
+          <tbody><tr class="peak"><td>@@DEVICE_TOTAL_LABEL@@</td><td id="device-total" data-bytes="">–</td></tr></tbody>
+        </table>
+        <p class="muted" id="held-note">@@HELD_SENTENCE@@</p></div>
     </div>
     <div id="notes"></div>
   </div>
@@ -217,13 +227,23 @@ function render(v) {
     $("verdict-k").textContent = "on " + s.gpu;
     $("verdict").textContent = s.fits ? "fits" : "does not fit";
     $("verdict").className = "v " + (s.fits ? "ok" : "bad");
-    $("headroom").textContent = "headroom " + s.headroom_text;
+    $("headroom").textContent = (s.judged_text ? s.judged_text + " · " : "") + "headroom " + s.headroom_text;
   }
+  renderHeld(v.held);
   $("rows").innerHTML = v.rows.map(r =>
     `<tr class="${r.phase ? "phase" : ""} ${r.peak ? "peak" : ""}"><td>${esc(r.name)}${r.peak ? " ◀ peak" : ""}</td><td>${esc(r.text)}</td></tr>`).join("");
   $("notes").innerHTML = (v.would_fit ? `<p><b>What would fit</b> (one change each): ${v.would_fit.map(esc).join("; ")}</p>` : "")
     + v.notes.map(n => "· " + esc(n)).join("<br>");
-  $("chart").innerHTML = chart(v.bars, v.capacity, s.gpu);
+  $("chart").innerHTML = chart(v.bars, v.capacity, s.gpu, s.device_total);
+}
+
+function renderHeld(h) {  // allocated -> reserved -> overheads -> device total, as the server formatted them
+  const by = new Map(h.rows.map(r => [r.key, r]));
+  const put = (id, r) => { $(id).textContent = r && r.text !== null ? r.text : "pick a GPU"; $(id).dataset.bytes = r && r.bytes !== null ? String(r.bytes) : ""; };
+  put("held-peak", by.get("peak")); put("reserved", by.get("reserved")); put("device-total", by.get("device_total"));
+  $("overheads").innerHTML = h.rows.filter(r => r.key.startsWith("overhead:")).map(r =>
+    `<tr class="phase"><td>${esc(r.name)}</td><td>${esc(r.text)}</td></tr>`).join("");
+  $("held-note").textContent = h.sentence;
 }
 
 function unitFor(x) {
@@ -237,9 +257,9 @@ function niceStep(max) {
   return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
 }
 
-function chart(bars, capacity, gpu) {
+function chart(bars, capacity, gpu, deviceTotal) {
   const W = 560, H = 330, L = 56, R = 12, T = 22, B = 40;
-  const top = Math.max(...bars.map(b => b.total), capacity || 0) * 1.12 || 1;
+  const top = Math.max(...bars.map(b => b.total), capacity || 0, deviceTotal || 0) * 1.12 || 1;
   const [un, us] = unitFor(top), ymax = top / us, step = niceStep(ymax);
   const y = (bytes) => T + (H - T - B) * (1 - bytes / us / ymax);
   const bw = Math.min(90, (W - L - R) / bars.length * 0.55);
@@ -268,9 +288,14 @@ function chart(bars, capacity, gpu) {
     out += `<line x1="${L}" x2="${W - R}" y1="${yy}" y2="${yy}" stroke="#D62728" stroke-width="1.5" stroke-dasharray="6 4"/>`;
     out += `<text x="${W - R}" y="${yy - 4}" font-size="11" text-anchor="end" fill="#D62728">${esc(gpu)} memory</text>`;
   }
+  if (deviceTotal) {  // what the fit is judged on: the bars are allocated bytes, this is what nvidia-smi would show
+    const yy = y(deviceTotal);
+    out += `<line x1="${L}" x2="${W - R}" y1="${yy}" y2="${yy}" stroke="#222" stroke-width="1.1" stroke-dasharray="3 3"/>`;
+  }
   out += `<line x1="${L}" x2="${W - R}" y1="${H - B}" y2="${H - B}" stroke="#333"/></svg>`;
   out += `<div class="muted">` + [...legend.values()].reverse().map(p =>
-    `<span style="display:inline-block;width:10px;height:10px;background:${p.color};margin:0 4px 0 10px"></span>${esc(p.label)}`).join("") + `</div>`;
+    `<span style="display:inline-block;width:10px;height:10px;background:${p.color};margin:0 4px 0 10px"></span>${esc(p.label)}`).join("")
+    + (deviceTotal ? `<span style="display:inline-block;width:14px;border-top:1.5px dashed #222;margin:0 4px 3px 10px"></span>@@DEVICE_TOTAL_LABEL@@` : "") + `</div>`;
   return out;
 }
 
@@ -318,5 +343,7 @@ init().catch(err => showError("could not load the catalogs: " + err));
 """
 
 PAGE = (_TEMPLATE.replace("@@KNOB_FIELDSETS@@", knob_fieldsets())
+        .replace("@@RESERVED_LABEL@@", html.escape(RESERVED_LABEL)).replace("@@DEVICE_TOTAL_LABEL@@", html.escape(DEVICE_TOTAL_LABEL))
+        .replace("@@HELD_SENTENCE@@", html.escape(held_sentence()))
         .replace("@@SETTINGS_JSON@@", settings_json())
         .replace("@@PRECISIONS_JSON@@", json.dumps({"train": list(TRAIN_PRECISIONS), "infer": list(INFER_PRECISIONS)})))

@@ -1,0 +1,106 @@
+"""The step-time model against every published run of bench/time_runs.py: error per run, then median |error| and
+worst, in sample (C1–C3) and out of sample apart, and per GPU generation. Nothing is fitted here.
+
+    python bench/time_published.py        # prints the table, writes bench/results/time_published.md
+
+Only the public path is used (spec + Setup + trainfit.hardware.get_gpu -> layout_step_time(spec, setup, gpu) ->
+StepTime.step_seconds), so the table keeps working when step_time.py's internals change.
+Error = predicted / published step time − 1 (positive: predicted slower).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from time_runs import RUNS, SKIPPED, gpus, published_step  # noqa: E402
+
+from trainfit.analytic.step_time import layout_step_time  # noqa: E402
+from trainfit.analytic.params import count_params  # noqa: E402
+from trainfit.api import load_spec  # noqa: E402
+from trainfit.hardware import get_gpu  # noqa: E402
+from trainfit.models.hf_config import for_setup, spec_from_config  # noqa: E402
+from trainfit.setup import Setup  # noqa: E402
+
+GENERATION = {"V100": "Volta (V100)", "A100": "Ampere (A100)", "H100": "Hopper (H100/H200)",
+              "H200": "Hopper (H100/H200)", "B200": "Blackwell (B200)"}
+
+
+def build_spec(run: dict):
+    model = run["model"]
+    if isinstance(model, str):
+        return load_spec(model)
+    return spec_from_config(model, run["id"], run["source"])
+
+
+def build_setup(run: dict) -> Setup:
+    return Setup(**run["setup"])
+
+
+def generation(gpu: str) -> str:
+    return GENERATION.get(gpu.split("-")[0], gpu)
+
+
+def size_band(run: dict) -> str:
+    n = count_params(build_spec(run)).total
+    bands = ((1e9, "< 1B"), (20e9, "1B–20B"), (200e9, "20B–200B"), (math.inf, "≥ 200B"))
+    return next(name for limit, name in bands if n < limit)
+
+
+def predict(run: dict) -> float:
+    setup = build_setup(run)
+    spec = for_setup(build_spec(run), setup)  # the task head / config the setup asks for, as the CLI does
+    return layout_step_time(spec, setup, get_gpu(run["gpu"])).step_seconds
+
+
+def summary(errs: list[float]) -> str:
+    if not errs:
+        return "no runs"
+    a = [abs(e) for e in errs]
+    return f"{len(errs)} runs · median |error| {statistics.median(a):.1%} · worst {max(errs, key=abs):+.1%}"
+
+
+def render() -> str:
+    rows, groups = [], {}
+    for r in RUNS:
+        pub = published_step(r)
+        try:
+            pred = predict(r)
+        except Exception as err:  # noqa: BLE001 — a setting this checkout refuses is reported, not fatal
+            rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
+                        f"{r['published']:g} {r['unit']} | {pub:.3g} | error: {str(err).splitlines()[0]} | — |")
+            continue
+        e = pred / pub - 1
+        groups.setdefault("all runs", []).append(e)
+        groups.setdefault("in sample (C1–C3)" if r.get("in_sample") else "out of sample", []).append(e)
+        groups.setdefault("gen: " + generation(r["gpu"]), []).append(e)
+        groups.setdefault("size: " + size_band(r), []).append(e)
+        groups.setdefault("source: " + r["id"].split("-")[0], []).append(e)
+        rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
+                    f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} |")
+    out = ["# Step time vs published runs (`python bench/time_published.py`)", "",
+           "Runs and sources: bench/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
+           "slower). Nothing fitted here; in sample = calibration C1–C3 (/work/shared/calibration.md).", "",
+           "| group | summary |", "| --- | --- |"]
+    for name in sorted(groups, key=lambda g: (g.split(":")[0] in ("gen", "size", "source"), g.split(":")[0], g)):
+        out.append(f"| {name} | {summary(groups[name])} |")
+    out += ["", "| run | GPU | GPUs | sample | published | published s/step | predicted s/step | error |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |", *rows, "", "Left out:", ""]
+    out += [f"- {what}: {why}" for what, why in SKIPPED]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    text = render()
+    print(text)
+    path = Path(__file__).resolve().parent / "results" / "time_published.md"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""What the GPU holds beyond the allocated peak (issue 13), in words: the row labels and the one sentence that the
+terminal table, the timeline plot, the HTML report and the web page all use (one definition, so they agree)."""
+from __future__ import annotations
+
+RESERVED_LABEL = "reserved (caching allocator)"
+DEVICE_TOTAL_LABEL = "device total (nvidia-smi)"
+
+
+def held_sentence(subject: str = "The peak", device_total: bool = True) -> str:
+    """allocated vs reserved vs nvidia-smi in one sentence. subject: what shows the allocated bytes ("The peak",
+    "The curve"); device_total: whether the device total is shown too (it needs a GPU)."""
+    text = (f"{subject} is allocated memory (live tensors); reserved is what PyTorch's caching allocator holds "
+            "(freed blocks stay cached in their segments)")
+    if device_total:
+        text += ("; the device total adds the CUDA context and NCCL buffers — what nvidia-smi shows, and what the "
+                 "fit is judged on")
+    return text + "."
+
+
+def overhead_label(name: str) -> str:
+    """A Memory.overheads key (overheads.overheads: "cuda_context", "nccl_<process group>") as a row label."""
+    if name == "cuda_context":
+        return "CUDA context"
+    if name.startswith("nccl_"):
+        return f"NCCL buffers ({name[len('nccl_'):]} group)"
+    return name.replace("_", " ")

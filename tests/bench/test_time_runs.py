@@ -1,0 +1,92 @@
+"""bench/time_runs.py, the published-throughput validation set: every run loads, builds a valid Setup on a catalog
+GPU, cites its source, and only the calibration runs C1–C3 are marked in sample. Numbers are checked against the
+sources themselves (published parameter counts, published MFU), never against trainfit's own formulas."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from time_runs import MPT, MPT_VOCAB, RUNS, SKIPPED, gpus, published_step  # noqa: E402
+
+from trainfit.hardware import get_gpu  # noqa: E402
+from trainfit.setup import Setup  # noqa: E402
+
+
+def test_ids_unique_and_enough_runs():
+    ids = [r["id"] for r in RUNS]
+    assert len(ids) == len(set(ids))
+    assert sum(not r.get("in_sample") for r in RUNS) >= 25  # issue 14: at least 25 out-of-sample runs
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: r["id"])
+def test_run_is_complete_and_valid(run):
+    for key in ("id", "source", "gpu", "model", "setup", "unit", "notes"):
+        assert run[key], f"{run['id']}: empty {key}"
+    assert "http" in run["source"] or "arxiv" in run["source"]
+    assert run["published"] > 0
+    get_gpu(run["gpu"])  # a catalog GPU (raises otherwise)
+    Setup(**run["setup"])  # validates every field and their combination
+    assert published_step(run) > 0
+
+
+def test_in_sample_only_calibration():
+    for r in RUNS:
+        is_cal = r["id"].startswith(("c1-", "c2-", "c3-"))
+        assert bool(r.get("in_sample")) == is_cal, r["id"]
+        if is_cal:
+            assert "calibration.md" in r["source"] or "C2 of calibration.md" in r["notes"]
+
+
+def test_generations_and_sizes_span_the_issue():
+    gens = {r["gpu"].split("-")[0] for r in RUNS if not r.get("in_sample")}
+    assert {"V100", "A100", "H100"} <= gens
+    assert any(r["model"] == "llama-3.1-405b" for r in RUNS)
+    assert any(isinstance(r["model"], dict) and r["model"]["n_embd"] == 768 for r in RUNS)  # 125M
+    assert any(r["model"] == "bert-large" for r in RUNS)  # an encoder
+    assert SKIPPED and all(why for _, why in SKIPPED)
+
+
+def _mpt_params(h, layers, seq):
+    # Hand count of a GPT-2-architecture block stack (llm-foundry MPT with biases and learned positions):
+    # per layer Wqkv 3h² + out h² + up 4h² + down 4h², biases 3h + h + 4h + h, two LayerNorms 2·2h;
+    # final LayerNorm 2h; tied token embedding V·h; positions seq·h.
+    return layers * (12 * h * h + 13 * h) + 2 * h + MPT_VOCAB * h + seq * h
+
+
+def test_mpt_dims_match_published_param_counts():
+    # llm-foundry's README prints NumParams per row: an independent check of the MPT dims written in time_runs.py
+    for r in RUNS:
+        if "published_params" in r:
+            m = r["model"]
+            size = r["id"].split("-")[1]
+            assert (m["n_embd"], m["n_layer"], m["n_head"]) == MPT[size]
+            assert _mpt_params(m["n_embd"], m["n_layer"], r["setup"]["seq"]) == r["published_params"], r["id"]
+
+
+def test_published_step_conversions_against_the_sources():
+    by = {r["id"]: r for r in RUNS}
+    # llm-foundry 7b, 8 × A100-80GB: GlobalBatchSize (T) 196608 at Throughput (T/s) 37130 -> 5.295 s
+    assert published_step(by["llmf-7b-s2048-8xA100-80GB"]) == pytest.approx(196608 / 37130, rel=2e-3)
+    # Its published MFU 64.23 % with the README's formula (3·2N + 3·4·l·h·s per token, A100 bf16 peak 312 TFLOP/s)
+    r = by["llmf-7b-s2048-8xA100-80GB"]
+    n, l, h, s = r["published_params"], 32, 4096, 2048
+    mfu = (6 * n + 12 * l * h * s) * r["published"] / 312e12
+    assert mfu == pytest.approx(0.6423, rel=5e-3)
+    # and on H100 (70b, 512 GPUs: MFU 41.25 %, H100 SXM bf16 dense peak 989.4 TFLOP/s)
+    r = by["llmf-70b-s2048-512xH100-80GB"]
+    mfu = (6 * r["published_params"] + 12 * 80 * 8192 * 2048) * r["published"] / 989.4e12
+    assert mfu == pytest.approx(0.4125, rel=5e-3)
+    # Narayanan Table 2: 153 TFLOP/s on 384 GPUs; their §5.1 training-time example gives the same order (eq. 3)
+    t = published_step(by["narayanan-gpt3-175b-384"])
+    assert t == pytest.approx(96 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 51200 / (16 * 96 * 12288))
+                              / (153e12 * 384), rel=1e-9)
+    # Llama 3: 430 TFLOP/s/GPU with 43 % MFU published -> the FLOP count implies a 989-1000 TFLOP/s peak (H100 bf16)
+    assert 430 / 0.43 == pytest.approx(get_gpu("H100-80GB").flops_for("bf16") / 1e12, rel=0.02)
+    # DeepLearningExamples: 8 GPUs × 64 sequences × 128 accumulation / 1305.6 sequences/s
+    assert published_step(by["dle-bert-large-V100-32GB-amp-fp16-b64-s128"]) == pytest.approx(8 * 64 * 128 / 1305.6)
+    assert gpus(by["c3-1T-full"]) == 512

@@ -1,0 +1,104 @@
+"""What the GPU holds, on the web (issue 13): the JSON API returns the allocated peak, reserved, the overheads and
+the device total; the page shows them with the reports' one sentence; its verdict reads the device total.
+Expected bytes are derived here from data/overheads.toml's entries and the model's shapes, not from trainfit's
+functions."""
+from __future__ import annotations
+
+import html
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from trainfit.web.app import create_app  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "trainfit"
+TOML = tomllib.loads((SRC / "data" / "overheads.toml").read_text())
+GiB = 2**30
+A100 = 80 * GiB  # A100-80GB: 80 GiB (the catalog's figure, as nvidia-smi reports 81920 MiB)
+
+
+@pytest.fixture(scope="module")
+def client():
+    return TestClient(create_app(), raise_server_exceptions=False)
+
+
+def a100_context() -> int:
+    """The CUDA context overheads.toml gives an A100: it is in no generation's `gpus` list, so the default entry."""
+    ctx = TOML["cuda_context"]
+    assert not any("A100-80GB" in e.get("gpus", ()) for e in ctx.values())
+    return ctx["default"]["bytes"]
+
+
+def nccl_communicator(ranks: int) -> int:
+    """overheads.toml [nccl]: channels x (ring peer + tree peers within the group) x (LL + LL128 + SIMPLE FIFOs)."""
+    n = TOML["nccl"]
+    return n["channels"] * (n["ring_peers"] + min(n["tree_peers"], ranks - 1)) * (
+        n["ll_bytes"] + n["ll128_bytes"] + n["simple_bytes"])
+
+
+@pytest.mark.parametrize("dp", [1, 4])
+def test_api_returns_allocated_reserved_and_device_total(client, dp):
+    params = {"model": "llama-3.2-1b", "gpu": "A100-80GB"} | ({"dp": dp, "zero": 1} if dp > 1 else {})
+    r = client.get("/api/estimate", params=params)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    m = d["memory"]
+    assert d["setup"]["batch"] == 1 and d["setup"]["seq"] == 2048  # the defaults the numbers below assume
+    # reserved = allocated peak + the cuBLAS workspace (sm_80: 4096 KiB x 2 + 16 KiB x 8, CublasHandlePool.cpp) +
+    # one cached block of the loss's fp32 logits freed before the peak (1 x 2048 tokens x vocab 128,256 x 4 B)
+    workspace = 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert workspace == TOML["cublas_workspace"]["other_bytes"] and "A100-80GB" not in TOML["cublas_workspace"]["sm90_gpus"]
+    assert m["reserved"] >= m["peak"]
+    assert m["reserved"] == m["peak"] + workspace + 1 * 2048 * 128_256 * 4
+    # device total = reserved + the CUDA context + one NCCL communicator per process group of > 1 rank (dp here)
+    want = {"cuda_context": a100_context()} | ({"nccl_dp": nccl_communicator(dp)} if dp > 1 else {})
+    assert m["overheads"] == want
+    assert m["device_total"] == m["reserved"] + sum(want.values())
+    # the fit reads the device total: headroom = GPU memory - device total (--reserve 0)
+    assert d["time"]["headroom"] == A100 - m["device_total"] and d["time"]["fits"] is True
+
+
+def test_page_verdict_reads_the_device_total(client):
+    """A GPU cut between the allocated peak and the device total: the peak would fit, the job does not."""
+    base = {"model": "llama-3.2-1b", "gpu": "A100-80GB"}
+    m = client.get("/api/estimate", params=base).json()["memory"]
+    between = (m["peak"] + m["device_total"]) / 2 / GiB  # GiB, as --gpu-memory takes it
+    assert m["peak"] < between * GiB < m["device_total"]
+    v = client.post("/api/view", json=base | {"gpu_memory": between}).json()
+    s = v["summary"]
+    assert s["fits"] is False and s["device_total"] == m["device_total"] and "device total" in s["judged_text"]
+    assert s["headroom"] == int(between * GiB) - m["device_total"]
+    roomy = client.post("/api/view", json=base | {"gpu_memory": m["device_total"] / GiB + 0.01}).json()["summary"]
+    assert roomy["fits"] is True
+    held = {r["key"]: r["bytes"] for r in v["held"]["rows"]}
+    assert held == {"peak": m["peak"], "reserved": m["reserved"], "overhead:cuda_context": a100_context(),
+                    "device_total": m["device_total"]}
+    assert "what nvidia-smi shows" in v["held"]["sentence"]
+
+
+def test_page_has_the_held_rows_and_the_reports_sentence(client):
+    page = client.get("/").text
+    for element in ('id="held-peak"', 'id="reserved"', 'id="overheads"', 'id="device-total"', 'id="held-note"'):
+        assert element in page
+    assert "reserved (caching allocator)" in page and "device total (nvidia-smi)" in page
+    assert html.escape("reserved is what PyTorch's caching allocator holds") in page
+
+
+def test_the_sentence_has_one_definition():
+    """The web page, the HTML report and the timeline take the sentence from report/held.py, not a copy."""
+    phrase = "reserved is what PyTorch's caching allocator"
+    hits = [p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py") if phrase in p.read_text()]
+    assert hits == ["report/held.py"]
+
+
+def test_bad_gpu_memory_is_still_a_4xx(client):
+    for bad in ({"gpu_memory": -1}, {"gpu_memory": "lots"}, {"gpu_memory": 40}):  # the last: no --gpu to cap
+        body = {"model": "llama-3.2-1b"} | bad | ({} if bad == {"gpu_memory": 40} else {"gpu": "A100-80GB"})
+        r = client.post("/api/view", json=body)
+        assert r.status_code in (400, 422) and "gpu_memory" in r.json()["error"].replace("-", "_"), r.text
