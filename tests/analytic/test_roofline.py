@@ -85,8 +85,9 @@ def test_memory_bound_op_at_measured_a100_bandwidth():
     assert memory_seconds(A100, nbytes, kernels=1) == pytest.approx(nbytes / 1818.21e9, rel=0.05)
 
 
-# Dao-AILab/flash-attention PR #2688 (benchmarks/benchmark_flash_attention.py, FlashAttention-2, Hopper GPU; the
-# script's setting: batch x seqlen = 16k tokens, hidden 2048, head dim 64 -> 32 heads, bf16, non-causal), forward:
+# Dao-AILab/flash-attention PR #2688 (2026-06, benchmarks/benchmark_flash_attention.py, FlashAttention-2; the script's
+# setting: batch x seqlen = 16k tokens, hidden 2048, head dim 64 -> 32 heads, bf16, non-causal), forward. NB: the PR
+# does not name the GPU; ~310 TFLOP/s at 8k is FA2 on a Hopper part (FA3 paper: FA2 reaches ~35 % of H100 SXM).
 FA2_H100_D64_FWD = {512: 252.49, 1024: 294.78, 2048: 308.09, 4096: 311.97, 8192: 310.20}
 
 
