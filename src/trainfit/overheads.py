@@ -16,7 +16,12 @@ import tomllib
 from functools import lru_cache
 from importlib import resources
 
+from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
+    allocation_size, round_size
+from .alloc.config import AllocConf
 from .hardware import GPU
+
+_DEFAULT_CONF = AllocConf()  # torch's defaults: the analytic engine models no PYTORCH_CUDA_ALLOC_CONF
 
 
 @lru_cache(maxsize=1)
@@ -115,15 +120,41 @@ def fixed_bytes(gpu: GPU | None, setup) -> int:
     return sum(allocator_held(gpu, setup).values()) + sum(overheads(gpu, setup).values())
 
 
-def reserved_from_allocated(peak: int, transient: int = 0) -> int:
-    """What a step's own tensors hold in the caching allocator, from its allocated peak: the peak and one cached
-    block the size of the largest tensor freed before the peak (`transient`). Why: a freed block stays in its
-    segment (CUDACachingAllocator.cpp free_block: blocks return to the pool, segments are released only by
-    empty_cache or the OOM path), and the peak's tensors, made later in other sizes, are carved from other
-    segments. NB: one block, not the whole cache: against the simulator (trainfit.alloc) replaying the trace of 7
-    setups it reads −8.5 % to +0.9 % (mean −3.5 %, bench/results/alloc_fragmentation.md) — low where 20 MiB
-    segment slack of many small tensors adds up."""
-    return peak + transient
+def held_segments(requests: dict[int, int]) -> int:
+    """The segments the caching allocator holds for requests (bytes -> how many) that are all live at once (or that
+    it keeps apart), none served from an earlier block: round_size each (CUDACachingAllocator.cpp, 512 B
+    granularity), then get_allocation_size's pools: requests <= 1 MiB are packed into 2 MiB small-pool segments
+    (kSmallBuffer), 1-10 MiB ones into 20 MiB segments (kLargeBuffer, split by alloc_found_block), larger ones get
+    a segment of their own rounded to 2 MiB (kRoundLarge). NB: packing is taken as perfect (under-reads by < one
+    segment per pool)."""
+    small = mid = large = 0
+    for nbytes, count in requests.items():
+        if nbytes <= 0:
+            continue
+        n = round_size(nbytes, _DEFAULT_CONF)
+        if n <= K_SMALL_SIZE:
+            small += n * count
+        elif n < K_MIN_LARGE_ALLOC:
+            mid += n * count
+        else:
+            large += allocation_size(n) * count
+    return -(-small // K_SMALL_BUFFER) * K_SMALL_BUFFER + -(-mid // K_LARGE_BUFFER) * K_LARGE_BUFFER + large
+
+
+def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0) -> int:
+    """What a step's own tensors hold in the caching allocator, from its allocated peak:
+    - the peak;
+    - one cached block the size of the largest tensor freed before the peak (`transient`): a freed block stays in
+      its segment (CUDACachingAllocator.cpp free_block: blocks return to the pool, segments are released only by
+      empty_cache or the OOM path), and the peak's tensors, made later in other sizes, are carved from other
+      segments;
+    - the blocks of side streams the peak does not count (`side_streams`: FSDP2's all-gather copy-in and
+      reduce-scatter streams, analytic.engine.fsdp2_side_streams): a block freed on one stream serves only that
+      stream (get_free_block searches the pool keyed by (stream, size)).
+    NB: reads low (the sum of what else the cache holds: several logits-sized blocks where the loss makes them
+    at once, 2-20 MiB segment slack of many small tensors). Against the simulator (trainfit.alloc) replaying the
+    trace: see bench/results/alloc_fragmentation.md for the range over its setups."""
+    return peak + transient + side_streams
 
 
 def device_memory(step_reserved: int, gpu: GPU | None, setup) -> tuple[int, int | None, dict[str, int], dict[str, int]]:

@@ -31,7 +31,7 @@ class PeakOracle:
         got = self._memo.get(setup)
         if got is None:
             self.calls += 1
-            got = self._memo[setup] = step_reserve(self.spec, setup, train_memory(self.spec, setup, self.pc))
+            got = self._memo[setup] = step_reserve(self.spec, setup, train_memory(self.spec, setup, self.pc), self.pc)
         return got
 
     def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:
