@@ -144,16 +144,21 @@ def held_segments(requests: dict[int, int]) -> int:
 def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0) -> int:
     """What a step's own tensors hold in the caching allocator, from its allocated peak:
     - the peak;
-    - one cached block the size of the largest tensor freed before the peak (`transient`): a freed block stays in
+    - the cached blocks of tensors freed before the peak (`transient`, analytic.engine.largest_transient: the
+      largest one, or a tied embedding's partial gradient beside the loss's blocks): a freed block stays in
       its segment (CUDACachingAllocator.cpp free_block: blocks return to the pool, segments are released only by
       empty_cache or the OOM path), and the peak's tensors, made later in other sizes, are carved from other
       segments;
     - the blocks of side streams the peak does not count (`side_streams`: FSDP2's all-gather copy-in and
       reduce-scatter streams, analytic.engine.fsdp2_side_streams): a block freed on one stream serves only that
       stream (get_free_block searches the pool keyed by (stream, size)).
-    NB: reads low (the sum of what else the cache holds: several logits-sized blocks where the loss makes them
-    at once, 2-20 MiB segment slack of many small tensors). Against the simulator (trainfit.alloc) replaying the
-    trace: see bench/results/alloc_fragmentation.md for the range over its setups."""
+    Against the simulator (trainfit.alloc) replaying the trace of 23 setups (bench/results/alloc_fragmentation.md,
+    the analytic peak in): −16.6 % to +4.4 %, mean −3.5 %; the 18 with a peak >= 1 GiB −11.3 % to +4.4 %, mean
+    −2.3 % (C2, torchtitan Llama-3.1-8B FSDP 8: +0.9 % of the published 82.4 GiB, bench/device_total_published.py).
+    NB: mostly low, by the blocks no rule here counts: pythia-1b −11.3 % (freed autocast weight casts, too small
+    for the fp32 gradients made after them), torchtitan FSDP2 at longer sequences −8.7 %, sub-GiB steps −8 to
+    −17 % (2-20 MiB segment slack of many small tensors). NB: where a tied embedding's partial gradient outgrows
+    the logits (b·s < hidden) the loss's blocks are counted, above they are not: not monotone in the batch there."""
     return peak + transient + side_streams
 
 
@@ -172,14 +177,15 @@ def device_memory(step_reserved: int, gpu: GPU | None, setup) -> tuple[int, int 
 
 def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: bool = False) -> str:
     """One sentence for the notes: what lies between the peak and the device total (`cached_block`: reserved also
-    holds one block of the largest freed tensor, reserved_from_allocated's training rule)."""
+    holds the cached blocks of reserved_from_allocated's training rule)."""
     from .units import fmt_bytes
 
     parts = [f"{k} {fmt_bytes(v)}" for k, v in held.items()]
     beside = [f"{k} {fmt_bytes(v)}" for k, v in mem_overheads.items()]
-    block = (" + one cached block the size of the largest freed tensor" if cached_block else "")
+    block = (" + the cached blocks of freed tensors (the largest; a tied embedding's gradient and the loss's) and "
+             "FSDP2's side-stream blocks" if cached_block else "")
     return ("reserved = peak + " + (", ".join(parts) or "nothing") + block + " (through the caching allocator"
-            + ("; NB: reads a few % under the allocator simulator" if cached_block else "")
+            + ("; NB: within a few % of the allocator simulator, mostly under" if cached_block else "")
             + "); device total (nvidia-smi) = reserved + "
             + (", ".join(beside) or "nothing") + " (data/overheads.toml, sources and versions there)")
 

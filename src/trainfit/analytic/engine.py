@@ -99,8 +99,8 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
 
 
 def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
-    """What the training step's own tensors hold in the caching allocator: the allocated peak, one cached block
-    of its largest freed tensor and FSDP2's side-stream blocks (overheads.reserved_from_allocated, checked against
+    """What the training step's own tensors hold in the caching allocator: the allocated peak, the cached blocks
+    of its freed tensors (largest_transient) and FSDP2's side-stream blocks (overheads.reserved_from_allocated, checked against
     the allocator simulator: bench/alloc_fragmentation.py). The estimate and the planner's oracle (plan/fit.py)
     both judge on it. pc: the model's ParamCounts when the caller has them (the planner: saves a count)."""
     return overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem),
