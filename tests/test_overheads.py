@@ -114,3 +114,25 @@ def test_reserve_is_an_extra_margin_on_top_of_the_device_total():
     a = estimate(spec, Setup(), gpu)
     b = estimate(spec, Setup(), gpu, reserve=2.0)
     assert a.time.headroom - b.time.headroom == 2 * 2**30
+
+
+def test_fsdp2_block_reduce_scatter_input_keeps_the_loss_blocks_cached():
+    # tinyllama-1.1b under torchtitan FSDP2 (dp 2, bf16 param_dtype, fp32 reduce_dtype), batch 1 × 512 tokens.
+    # Shapes: embedding = output = 32,000 × 2,048 = 65,536,000; block = q,o 2 × 2048² + k,v 2 × 2048 × 256 +
+    # w1,w2,w3 3 × 2048 × 5632 + 2 norms × 2048 = 44,044,288; [norm, output] = 65,538,048.
+    spec = load_spec("tinyllama-1.1b")
+    m = estimate(spec, Setup(batch=1, seq=512, dp=2, zero=3, recompute="op", stack="torchtitan")).memory
+    seg = lambda n: -(-n // (2 * MiB)) * 2 * MiB  # noqa: E731  (requests >= 10 MiB: own segment, 2 MiB multiples)
+    # a block's flat fp32 reduce-scatter input (44,044,288 × 4 B = 168 MiB) is larger than the fp32 logits
+    # (512 × 32,000 × 4 = 62.5 MiB), so the loss's three logits-sized blocks stay cached, beside one MLP
+    # intermediate (512 × 5632 × 2 B)
+    logits = 512 * 32_000 * 4
+    assert 44_044_288 * 4 > logits
+    cached = 512 * 5632 * 2 + 3 * logits
+    copy_in = seg(65_536_000 * 2) + seg(44_044_288 * 2) + seg(65_538_048 * 2) + seg(65_538_048 * 2 // 2)
+    assert copy_in == (63 + 43 + 63 + 32) * 2 * MiB
+    copy_out = 2 * seg(65_536_000 * 2)
+    reduce_out = seg(65_536_000 * 4 // 2) + 22 * seg(44_044_288 * 4 // 2) + seg(65_538_048 * 4 // 2)
+    assert reduce_out == (63 + 22 * 43 + 63) * 2 * MiB
+    side = copy_in + copy_out + max(0, reduce_out - int(m.at_peak["gradients"]))
+    assert m.reserved == m.peak + cached + side

@@ -27,18 +27,22 @@ from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 DEFAULT_RESERVE = 0
 
 
-def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory) -> int:
+def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
     """The blocks of tensors a training step makes and frees before its peak that stay cached beside the peak's
     tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (every stack's loss upcasts:
     stacks/*.toml [loss]) when the peak's stage holds the head, one layer's MLP intermediate (tokens ×
     intermediate / tp), or a tied embedding's partial gradient (vocab × hidden / tp in the gradients' dtype: autograd
     sums the head's and the embedding's partials out of place and frees them, torch/csrc/autograd/input_buffer.cpp
     InputBuffer::add, at the end of the backward).
-    When that partial is larger than the logits, the request for it cannot be carved from a logits-sized block
-    (get_free_block takes only a block >= the request), so every logits-sized block the loss held at once stays
-    cached beside it: the saved log-softmax output and the loss backward's gradients (analytic/loss.py
-    backward_transient), three blocks in the simulator's qwen2.5-0.5b and llama-3.2-1b replays.
-    NB: the one block otherwise reads low where smaller freed blocks are not reused (2-20 MiB segment slack)."""
+    When a request the backward makes after the loss is larger than the logits, it cannot be carved from a
+    logits-sized block (get_free_block takes only a block >= the request), and best fit serves the smaller requests
+    from smaller blocks, so every logits-sized block the loss held at once stays cached: the saved log-softmax
+    output and the loss backward's gradients (analytic/loss.py backward_transient); three blocks in the
+    simulator's qwen2.5-0.5b and llama-3.2-1b replays. Those later requests: a tied embedding's partial gradient,
+    the input embedding's gradient (vocab × hidden, made at its backward: grads are set to None between steps), and
+    under FSDP2 a block's flat reduce-scatter input (its parameters in reduce_dtype, unsharded:
+    _fsdp_collectives.py:597-601). NB: Megatron and DeepSpeed keep gradients in preallocated buffers: only the
+    tied partial is counted there."""
     if setup.mode != "train" or setup.device != "cuda":
         return 0
     st = state_bytes(setup)
@@ -46,10 +50,18 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory) -> int:
     mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
     on_last_stage = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
-    tied = (spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp * int(st.param or st.grad)
-            if (spec.tied_embeddings and setup.pp == 1) else 0)
-    if logits and tied > logits:
-        return tied + logits + int(head_and_loss(spec, setup, st, tokens).backward_transient)
+    table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
+    tied = table * int(st.param or st.grad) if (spec.tied_embeddings and setup.pp == 1) else 0
+    later = tied
+    if setup.stack in ("hf", "torchtitan"):
+        fsdp = fsdp2_strategy(setup)
+        if mem.detail.get("stage", 0) == 0:
+            later = max(later, table * int((st.reduce or st.grad) if fsdp else st.grad))
+        if fsdp:
+            later = max(later, int(layer_params(spec, pc or count_params(spec), setup) * (st.reduce or st.grad)))
+    if logits and later > logits:
+        # the later request gates; it is itself a live gradient (or reused by the next block's), not a cached block
+        return max(mlp, tied) + logits + int(head_and_loss(spec, setup, st, tokens).backward_transient)
     return max(mlp, logits, tied)
 
 
@@ -103,7 +115,7 @@ def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> in
     of its freed tensors (largest_transient) and FSDP2's side-stream blocks (overheads.reserved_from_allocated, checked against
     the allocator simulator: bench/alloc_fragmentation.py). The estimate and the planner's oracle (plan/fit.py)
     both judge on it. pc: the model's ParamCounts when the caller has them (the planner: saves a count)."""
-    return overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem),
+    return overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem, pc),
                                              fsdp2_side_streams(spec, setup, mem, pc))
 
 
