@@ -153,12 +153,13 @@ def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0
       reduce-scatter streams, analytic.engine.fsdp2_side_streams): a block freed on one stream serves only that
       stream (get_free_block searches the pool keyed by (stream, size)).
     Against the simulator (trainfit.alloc) replaying the trace of 23 setups (bench/results/alloc_fragmentation.md,
-    the analytic peak in): −16.6 % to +4.4 %, mean −3.5 %; the 18 with a peak >= 1 GiB −11.3 % to +4.4 %, mean
-    −2.3 % (C2, torchtitan Llama-3.1-8B FSDP 8: +0.9 % of the published 82.4 GiB, bench/device_total_published.py).
-    NB: mostly low, by the blocks no rule here counts: pythia-1b −11.3 % (freed autocast weight casts, too small
-    for the fp32 gradients made after them), torchtitan FSDP2 at longer sequences −8.7 %, sub-GiB steps −8 to
-    −17 % (2-20 MiB segment slack of many small tensors). NB: where a tied embedding's partial gradient outgrows
-    the logits (b·s < hidden) the loss's blocks are counted, above they are not: not monotone in the batch there."""
+    the analytic peak in): −16.6 % to +4.4 %, mean −3.3 %; the 18 with a peak >= 1 GiB −10.1 % to +4.4 %, mean
+    −2.0 %, 15 of them within ±5 % (C2, torchtitan Llama-3.1-8B FSDP 8: +0.9 % of the published 82.4 GiB,
+    bench/device_total_published.py). NB: mostly low, by blocks no rule here counts: pythia-1b −10.1 % (freed
+    autocast weight casts, too small for the fp32 gradients made after them), torchtitan FSDP2 at 1024 tokens
+    −6.2 %, gpt2 full recompute −5.4 %, sub-GiB steps −8 to −17 % (2-20 MiB segment slack of many small tensors).
+    NB: where the later backward request outgrows the logits (small b·s) the loss's blocks are counted, above they
+    are not: not monotone in the batch at that crossing (plan/fit.py assumes it is: may stop one batch short)."""
     return peak + transient + side_streams
 
 
