@@ -2,8 +2,8 @@
     python bench/device_total_published.py [--trace]   # prints the tables, writes bench/results/device_total.md
 
 The analytic engine's `memory.reserved` is the allocated peak plus the cuBLAS workspace (which torch takes through
-the caching allocator) plus one cached block the size of the largest tensor freed before the peak
-(overheads.reserved_from_allocated); the trace engine replays the step's allocations through the allocator
+the caching allocator) plus the cached blocks of tensors freed before the peak and FSDP2's side-stream blocks
+(overheads.reserved_from_allocated, analytic.engine.step_reserve); the trace engine replays the step's allocations through the allocator
 simulator (trainfit.alloc, each allocation on its CUDA stream; `--trace` adds that row for C2, ~80 s). `memory.device_total` = reserved + the fixed overheads of data/overheads.toml (CUDA context, NCCL
 buffers per communicator).
 
@@ -44,8 +44,9 @@ def c2() -> list[str]:
     rows = [f"| C2 torchtitan 8B FSDP 8 (H100-96GB) | {pub} GiB max_memory_reserved | allocated peak {m.peak / GiB:.2f} "
             f"GiB; reserved {m.reserved / GiB:.2f} GiB ({(m.reserved / GiB - pub) / pub:+.1%}); device total "
             f"{m.device_total / GiB:.2f} GiB ({(m.device_total / GiB - pub) / pub:+.1%}) | the reserved gap "
-            f"({pub - m.reserved / GiB:.1f} GiB): the analytic engine keeps one cached block (the fp32 logits), the "
-            f"allocator keeps more (FSDP's streams, segment slack); judged {'fits' if e.time.fits else 'does not fit'} "
+            f"({pub - m.reserved / GiB:+.1f} GiB): the analytic engine keeps one cached block (the fp32 logits) and "
+            f"FSDP2's side-stream blocks (all-gather outputs, gradient shards) and the unsharded embedding and output "
+            f"copies; judged {'fits' if e.time.fits else 'does not fit'} "
             f"(it ran) |"]
     if "--trace" in sys.argv:  # the trace engine's allocation stream through the allocator simulator (~80 s)
         t = trainfit.estimate("llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,

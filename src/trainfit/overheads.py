@@ -16,7 +16,12 @@ import tomllib
 from functools import lru_cache
 from importlib import resources
 
+from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
+    allocation_size, round_size
+from .alloc.config import AllocConf
 from .hardware import GPU
+
+_DEFAULT_CONF = AllocConf()  # torch's defaults: the analytic engine models no PYTORCH_CUDA_ALLOC_CONF
 
 
 @lru_cache(maxsize=1)
@@ -115,15 +120,47 @@ def fixed_bytes(gpu: GPU | None, setup) -> int:
     return sum(allocator_held(gpu, setup).values()) + sum(overheads(gpu, setup).values())
 
 
-def reserved_from_allocated(peak: int, transient: int = 0) -> int:
-    """What a step's own tensors hold in the caching allocator, from its allocated peak: the peak and one cached
-    block the size of the largest tensor freed before the peak (`transient`). Why: a freed block stays in its
-    segment (CUDACachingAllocator.cpp free_block: blocks return to the pool, segments are released only by
-    empty_cache or the OOM path), and the peak's tensors, made later in other sizes, are carved from other
-    segments. NB: one block, not the whole cache: against the simulator (trainfit.alloc) replaying the trace of 7
-    setups it reads −8.5 % to +0.9 % (mean −3.5 %, bench/results/alloc_fragmentation.md) — low where 20 MiB
-    segment slack of many small tensors adds up."""
-    return peak + transient
+def held_segments(requests: dict[int, int]) -> int:
+    """The segments the caching allocator holds for requests (bytes -> how many) that are all live at once (or that
+    it keeps apart), none served from an earlier block: round_size each (CUDACachingAllocator.cpp, 512 B
+    granularity), then get_allocation_size's pools: requests <= 1 MiB are packed into 2 MiB small-pool segments
+    (kSmallBuffer), 1-10 MiB ones into 20 MiB segments (kLargeBuffer, split by alloc_found_block), larger ones get
+    a segment of their own rounded to 2 MiB (kRoundLarge). NB: packing is taken as perfect (under-reads by < one
+    segment per pool)."""
+    small = mid = large = 0
+    for nbytes, count in requests.items():
+        if nbytes <= 0:
+            continue
+        n = round_size(nbytes, _DEFAULT_CONF)
+        if n <= K_SMALL_SIZE:
+            small += n * count
+        elif n < K_MIN_LARGE_ALLOC:
+            mid += n * count
+        else:
+            large += allocation_size(n) * count
+    return -(-small // K_SMALL_BUFFER) * K_SMALL_BUFFER + -(-mid // K_LARGE_BUFFER) * K_LARGE_BUFFER + large
+
+
+def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0) -> int:
+    """What a step's own tensors hold in the caching allocator, from its allocated peak:
+    - the peak;
+    - the cached blocks of tensors freed before the peak (`transient`, analytic.engine.largest_transient: the
+      largest one, or a tied embedding's partial gradient beside the loss's blocks): a freed block stays in
+      its segment (CUDACachingAllocator.cpp free_block: blocks return to the pool, segments are released only by
+      empty_cache or the OOM path), and the peak's tensors, made later in other sizes, are carved from other
+      segments;
+    - the blocks of side streams the peak does not count (`side_streams`: FSDP2's all-gather copy-in and
+      reduce-scatter streams, analytic.engine.fsdp2_side_streams): a block freed on one stream serves only that
+      stream (get_free_block searches the pool keyed by (stream, size)).
+    Against the simulator (trainfit.alloc) replaying the trace of 23 setups (bench/results/alloc_fragmentation.md,
+    the analytic peak in): −16.6 % to +4.4 %, mean −3.3 %; the 18 with a peak >= 1 GiB −10.1 % to +4.4 %, mean
+    −2.0 %, 15 of them within ±5 % (C2, torchtitan Llama-3.1-8B FSDP 8: +0.9 % of the published 82.4 GiB,
+    bench/device_total_published.py). NB: mostly low, by blocks no rule here counts: pythia-1b −10.1 % (freed
+    autocast weight casts, too small for the fp32 gradients made after them), torchtitan FSDP2 at 1024 tokens
+    −6.2 %, gpt2 full recompute −5.4 %, sub-GiB steps −8 to −17 % (2-20 MiB segment slack of many small tensors).
+    NB: where the later backward request outgrows the logits (small b·s) the loss's blocks are counted, above they
+    are not: not monotone in the batch at that crossing (plan/fit.py assumes it is: may stop one batch short)."""
+    return peak + transient + side_streams
 
 
 def device_memory(step_reserved: int, gpu: GPU | None, setup) -> tuple[int, int | None, dict[str, int], dict[str, int]]:
@@ -141,14 +178,15 @@ def device_memory(step_reserved: int, gpu: GPU | None, setup) -> tuple[int, int 
 
 def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: bool = False) -> str:
     """One sentence for the notes: what lies between the peak and the device total (`cached_block`: reserved also
-    holds one block of the largest freed tensor, reserved_from_allocated's training rule)."""
+    holds the cached blocks of reserved_from_allocated's training rule)."""
     from .units import fmt_bytes
 
     parts = [f"{k} {fmt_bytes(v)}" for k, v in held.items()]
     beside = [f"{k} {fmt_bytes(v)}" for k, v in mem_overheads.items()]
-    block = (" + one cached block the size of the largest freed tensor" if cached_block else "")
+    block = (" + the cached blocks of freed tensors (the largest; a tied embedding's gradient and the loss's) and "
+             "FSDP2's side-stream blocks" if cached_block else "")
     return ("reserved = peak + " + (", ".join(parts) or "nothing") + block + " (through the caching allocator"
-            + ("; NB: reads a few % under the allocator simulator" if cached_block else "")
+            + ("; NB: within a few % of the allocator simulator, mostly under" if cached_block else "")
             + "); device total (nvidia-smi) = reserved + "
             + (", ".join(beside) or "nothing") + " (data/overheads.toml, sources and versions there)")
 

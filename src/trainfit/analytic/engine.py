@@ -13,7 +13,10 @@ from .flops import forward_per_token, step_flops
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
 from .params import count_params
+from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks
 from .precision import fsdp2_mixed_precision, state_bytes
+from .loss import head_and_loss
+from .recompute import layer_params
 from ..precision import PRECISIONS
 from .step_time import layout_step_time
 from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
@@ -24,24 +27,96 @@ from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 DEFAULT_RESERVE = 0
 
 
-def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory) -> int:
-    """The largest tensor a training step makes and frees before its peak, for the allocator's cache
-    (overheads.reserved_from_allocated): the loss's fp32 logits (every stack's loss upcasts: stacks/*.toml [loss])
-    when the peak's stage holds the head, or one layer's MLP intermediate (tokens × intermediate / tp)."""
+def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+    """The blocks of tensors a training step makes and frees before its peak that stay cached beside the peak's
+    tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (every stack's loss upcasts:
+    stacks/*.toml [loss]) when the peak's stage holds the head, one layer's MLP intermediate (tokens ×
+    intermediate / tp), or a tied embedding's partial gradient (vocab × hidden / tp in the gradients' dtype: autograd
+    sums the head's and the embedding's partials out of place and frees them, torch/csrc/autograd/input_buffer.cpp
+    InputBuffer::add, at the end of the backward).
+    When a request the backward makes after the loss is larger than the logits, it cannot be carved from a
+    logits-sized block (get_free_block takes only a block >= the request), and best fit serves the smaller requests
+    from smaller blocks, so every logits-sized block the loss held at once stays cached: the saved log-softmax
+    output and the loss backward's gradients (analytic/loss.py backward_transient); three blocks in the
+    simulator's qwen2.5-0.5b and llama-3.2-1b replays. Those later requests: a tied embedding's partial gradient,
+    the input embedding's gradient (vocab × hidden, made at its backward: grads are set to None between steps), and
+    under FSDP2 a block's flat reduce-scatter input (its parameters in reduce_dtype, unsharded:
+    _fsdp_collectives.py:597-601). NB: Megatron and DeepSpeed keep gradients in preallocated buffers: only the
+    tied partial is counted there."""
     if setup.mode != "train" or setup.device != "cuda":
         return 0
+    st = state_bytes(setup)
     tokens = setup.batch * setup.seq // setup.cp
-    mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * state_bytes(setup).act
+    mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
     on_last_stage = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
-    return max(mlp, logits)
+    table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
+    tied = table * int(st.param or st.grad) if (spec.tied_embeddings and setup.pp == 1) else 0
+    later = tied
+    if setup.stack in ("hf", "torchtitan"):
+        fsdp = fsdp2_strategy(setup)
+        if mem.detail.get("stage", 0) == 0:
+            later = max(later, table * int((st.reduce or st.grad) if fsdp else st.grad))
+        if fsdp:
+            later = max(later, int(layer_params(spec, pc or count_params(spec), setup) * (st.reduce or st.grad)))
+    if logits and later > logits:
+        # the later request gates; it is itself a live gradient (or reused by the next block's), not a cached block
+        return max(mlp, tied) + logits + int(head_and_loss(spec, setup, st, tokens).backward_transient)
+    return max(mlp, logits, tied)
 
 
-def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory) -> int:
-    """What the training step's own tensors hold in the caching allocator: the allocated peak and one cached block
-    of its largest freed tensor (overheads.reserved_from_allocated, checked against the allocator simulator:
-    bench/alloc_fragmentation.py). The estimate and the planner's oracle (plan/fit.py) both judge on it."""
-    return overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem))
+def _held(requests) -> int:
+    """overheads.held_segments of (bytes, count) pairs, equal sizes merged."""
+    sizes: dict[int, int] = {}
+    for nbytes, count in requests:
+        sizes[int(nbytes)] = sizes.get(int(nbytes), 0) + count
+    return overheads.held_segments(sizes)
+
+
+def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+    """FSDP2's blocks on its side streams, which the compute stream cannot reuse (parallel/fsdp2.py
+    side_stream_blocks; trace/streams.py for the file:line facts), beyond what the allocated peak already counts:
+    - all-gather copy-in stream: one segment per group kind's all-gather output (+ the cast shards), freed at
+      once after the copy-out, so none of it is in the peak's tensors (the copy-out targets are, on stream 0);
+    - reduce-scatter stream: the reduce-scatter outputs, one flat buffer per group in reduce_dtype, which ARE the
+      sharded gradients (_fsdp_collectives.py:611-616, live to zero_grad): their blocks stay reserved on that
+      stream when the peak comes before they exist (grads set to None: forward, early backward), so only what
+      the peak's gradients do not cover is added.
+    Groups: torchtitan's (embedding, each block, [norm, output]; parallel/fsdp2.py groups) or trainfit's hf
+    strategy (each decoder layer, the root holding embedding + final norm + head: step/strategy.py)."""
+    if setup.device != "cuda" or not fsdp2_strategy(setup):
+        return 0
+    pc = pc or count_params(spec)
+    st = state_bytes(setup)
+    t, stage = setup.tp, mem.detail.get("stage", 0)
+    first, last = stage == 0, stage == setup.pp - 1
+    lp = layer_params(spec, pc, setup)
+    layers = mem.detail.get("layers_on_rank", spec.layers)
+    head = (pc.final + pc.lm_head / t) * last
+    if setup.stack == "torchtitan":
+        kinds = {"embedding": pc.embedding / t * first, "layer": lp, "head": head}
+    else:
+        kinds = {"root": pc.embedding / t * first + head, "layer": lp}
+    copy_in = side_stream_blocks(kinds, st, setup, overheads.held_segments)
+    # compute stream: torchtitan reshards the embedding after forward and [norm, output] after its backward, both
+    # before a block's backward peak; their unsharded parameters' blocks (copy-out targets, param_dtype,
+    # _fsdp_param.py:616-627 alloc_storage, per parameter) stay cached, larger than any block request after them.
+    # NB: counts the embedding's and the output weight's blocks only (norms are small-pool bytes).
+    p = st.param or st.weight
+    copy_out = (_held(((pc.embedding / t * first * p, 1), (pc.lm_head / t * last * p, 1)))
+                if setup.stack == "torchtitan" and reshards_after_forward(setup) else 0)
+    r = st.reduce or st.grad
+    reduce_out = _held((n * r / setup.dp, layers if k == "layer" else 1) for k, n in kinds.items())
+    return copy_in + copy_out + max(0, reduce_out - int(mem.at_peak.get("gradients", 0)))
+
+
+def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+    """What the training step's own tensors hold in the caching allocator: the allocated peak, the cached blocks
+    of its freed tensors (largest_transient) and FSDP2's side-stream blocks (overheads.reserved_from_allocated, checked against
+    the allocator simulator: bench/alloc_fragmentation.py). The estimate and the planner's oracle (plan/fit.py)
+    both judge on it. pc: the model's ParamCounts when the caller has them (the planner: saves a count)."""
+    return overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem, pc),
+                                             fsdp2_side_streams(spec, setup, mem, pc))
 
 
 def check_stack_model(spec: ModelSpec, setup: Setup) -> None:

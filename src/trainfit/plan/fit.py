@@ -26,12 +26,13 @@ class PeakOracle:
         self._memo: dict[Setup, int] = {}
 
     def peak(self, setup: Setup) -> int:
-        """The step's tensors as the allocator holds them at the peak: the allocated peak + one cached block the
-        size of the largest freed tensor (analytic.engine.step_reserve; affine in b like the peak)."""
+        """The step's tensors as the allocator holds them at the peak: the allocated peak + the cached blocks of
+        freed tensors + FSDP2's side-stream blocks (analytic.engine.step_reserve; affine in b like the peak: the
+        cached blocks scale with b·s tokens or not at all, the side streams do not depend on b)."""
         got = self._memo.get(setup)
         if got is None:
             self.calls += 1
-            got = self._memo[setup] = step_reserve(self.spec, setup, train_memory(self.spec, setup, self.pc))
+            got = self._memo[setup] = step_reserve(self.spec, setup, train_memory(self.spec, setup, self.pc), self.pc)
         return got
 
     def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:

@@ -42,6 +42,12 @@ def torchtitan_fsdp(setup: Setup) -> bool:
             and setup.stack_facts.facts.get("fsdp", {}).get("groups") == "embedding, each block, [norm, output], root")
 
 
+def fsdp2_strategy(setup: Setup) -> bool:
+    """Whether the step runs FSDP2 (fully_shard) at all: torchtitan's own wrapping (torchtitan_fsdp) or trainfit's
+    hf/--zero 2-3 strategy (step/strategy.py: fully_shard on each decoder layer and the root)."""
+    return setup.mode == "train" and setup.dp > 1 and setup.zero >= 2 and setup.stack in ("hf", "torchtitan")
+
+
 def reshards_after_forward(setup: Setup) -> bool:
     """torchtitan's reshard_after_forward for the embedding and the blocks: --zero 3 ("default" policy) unless
     pipeline parallelism is on (`not pp_enabled`); --zero 2 is the "never" policy."""
@@ -119,3 +125,27 @@ def layer_unsharded_grad_bytes(st: StateBytes) -> float:
     """Bytes per parameter of a block's gradients made in its backward, before its post-backward reduce-scatter:
     the unsharded parameters' dtype (param_dtype)."""
     return st.param or st.weight
+
+
+def side_stream_blocks(group_params: dict[str, float], st: StateBytes, setup: Setup, segments) -> int:
+    """What FSDP2's all-gather copy-in stream holds in the caching allocator at its high-water, none of it usable by
+    the compute stream (a block returns to its own stream's pool: CUDACachingAllocator.cpp free_block /
+    get_free_block keyed by stream; trace/streams.py). `group_params`: parameters per group kind on this rank
+    (unsharded, one TP shard); `segments`: request sizes -> counts -> the segments the allocator holds for them
+    (overheads.held_segments).
+
+    Each group's all-gather output (flat, param_dtype, _fsdp_collectives.py:336-361) is allocated on the copy-in
+    stream; consecutive groups coexist (the next one is prefetched), and a smaller kind's request is carved from a
+    freed larger block (best fit + split, alloc_found_block), so the next larger kind opens a segment of its own:
+    one segment per group kind. Under a mixed-precision policy the shards are first cast to param_dtype on that
+    stream (:416-421), 1/dp of a group, the largest kind's held in a segment of its own.
+    NB: one segment per kind over-reads where two kinds' sizes coincide closely enough to share one; the
+    reduce-scatter stream's blocks (the sharded gradients) are counted by the caller."""
+    p = st.param or st.weight
+    sizes: dict[int, int] = {}
+    for n in group_params.values():
+        sizes[int(n * p)] = sizes.get(int(n * p), 0) + 1
+    if st.param and st.param != st.weight:
+        shard = int(max(group_params.values()) * p / setup.dp)
+        sizes[shard] = sizes.get(shard, 0) + 1
+    return segments(sizes)
