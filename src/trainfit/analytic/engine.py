@@ -12,6 +12,7 @@ from . import compile_effects, float8, inference
 from .flops import forward_per_token, step_flops
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
+from . import lora
 from .params import count_params
 from .precision import fsdp2_mixed_precision, state_bytes
 from ..precision import PRECISIONS
@@ -135,6 +136,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     )
     timing = None
     detail = {"params_active": pc.active, "head": spec.task_head, **mem.detail}
+    if setup.lora_rank:  # peft's adapters join the model's parameters; only they train (analytic/lora.py)
+        detail["params_trainable"] = lora.adapter_params(spec, setup)
     if spec.task_head in heads.CLASSIFIERS:
         detail["num_labels"] = spec.num_labels
     if gpu is not None:
@@ -169,7 +172,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (matmuls at the fitted efficiency + exposed communication, "
                           "bubble, optimizer); --mfu overrides it")
-    return Estimate("analytic", spec.name, pc.total, int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
+    return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
                     setup, memory, flops, timing, tuple(notes), detail)
 
 
