@@ -55,6 +55,9 @@ def test_lora_trace_equals_real_and_analytic_follows(precision, kw):
     n = _adapters(spec, kw)
     # gradients and optimizer states of the fp32 adapters only (peft keeps adapters fp32): 4 B per gradient, AdamW 8
     assert traced.memory.gradients == an.memory.gradients == 4 * n
+    # the frozen base in the precision's weight dtype beside the fp32 adapters
+    base = traced.params - n
+    assert traced.memory.weights == an.memory.weights == (2 if precision == "bf16" else 4) * base + 4 * n
     assert abs(traced.memory.optimizer_states - 8 * n) <= 512  # the recorder counts AdamW's step scalars too
     assert an.detail["params_trainable"] == n
 

@@ -157,6 +157,9 @@ def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
     requires_grad, torch/nn/parallel/distributed.py _build_params_for_reducer)."""
     from .parallel.zero import ModelStates
 
+    if setup.compile:
+        raise SetupError("--lora-rank with --compile: the analytic engine models torch.compile's saved set for full "
+                         "fine-tuning only; use --engine trace, or drop --compile")
     if setup.tp > 1 or setup.pp > 1 or setup.zero > 0 or setup.cp > 1:
         raise SetupError("--lora-rank: the analytic engine models LoRA on one rank or DDP (--dp); drop --tp, --pp, "
                          "--cp and --zero")
