@@ -186,3 +186,17 @@ def adapter_setup(setup: Setup, st) -> Setup:
     if not setup.lora_rank or st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16"):
         return setup
     return setup.with_(precision="fp32")
+
+
+def flops_per_token(spec: ModelSpec, setup: Setup, fpt: float, attention: float) -> tuple[float, float]:
+    """(forward, backward) FLOPs per token with adapters. Forward: the model's `fpt` plus 2 FLOPs per MAC of each
+    adapter's two matmuls, r·(in + out) MACs (Hu et al. 2021 §4.1). Backward: the attention core twice its forward
+    (both operands need gradients); every frozen Linear (LM head included) only its input gradient, once its
+    forward (no weight-gradient GEMM: derivatives.yaml mm, mat2 not needing grad); the adapters twice theirs.
+    NB: the first layer's frozen q/k/v compute no input gradient without checkpointing, and DoRA's
+    batch-independent weight-norm pass is not counted: both small over/under-counts."""
+    r = setup.lora_rank
+    adapters = 2 * spec.layers * sum(r * (i + o) for i, o, _ in targets(spec, setup).values())
+    forward = fpt + adapters
+    backward = 2 * attention + (fpt - attention) + 2 * adapters
+    return forward, backward
