@@ -13,7 +13,7 @@ optimizer takes requires_grad parameters only, trainfit.step.standard._params). 
 - gradient checkpointing: transformers' activation_checkpointing_enable calls enable_input_require_grads for
   input_ids models (modeling_utils.py:3181-3189), as peft does (peft_model.py:722-735), so that the frozen
   embedding's output requires grad; trainfit.step.standard.enable_recompute runs after this wrap, as the HF
-  Trainer enables checkpointing on the PeftModel it is given.
+  Trainer calls activation_checkpointing_enable on the (Peft)model it is given (trainer.py:1510-1511).
 """
 from __future__ import annotations
 
