@@ -1,19 +1,18 @@
-"""The planner's time model against published runs with public configurations; fits the ONE default efficiency.
+"""The planner's time model against published runs with public configurations, term by term.
 
     python bench/plan_published.py            # prints the table, writes its section of bench/results/plan.md
 
 Runs (definitions, sources and unit conversions: bench/time_runs.py, the one list): Korthikanti et al. 2022 Table 5
-(calibration C3, the only runs the efficiency is fitted on — /work/shared/calibration.md), and, out of sample,
+(calibration C3, /work/shared/calibration.md), and, out of sample,
 Narayanan et al. 2021 Table 2 (GPT-3 174.6B on 384 / 768 / 1536 A100s) and Llama 3 Table 4 (405B on 8192 / 16384
 H100s; its interleaved schedule's virtual-stage count is not published, so it is shown at v = 1 and v = 3).
 The "GPT-3 on 1024 A100s, 34 days" figure of Narayanan et al. §5.1 is an estimate from their eq. 4, not a measured
 run: left out. The full validation set (all GPUs and stacks) is bench/time_published.py.
 
-Fit: the efficiency minimising the squared log error of step time over the in-sample runs (C3, 8 runs).
+Nothing is fitted: the compute is the roofline-timed op list (analytic/compute_time.py).
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_published import build_setup, build_spec  # noqa: E402
 from time_runs import RUNS, published_step as run_published_step  # noqa: E402
 
-from trainfit.analytic.step_time import DEFAULT_EFFICIENCY, layout_step_time  # noqa: E402
+from trainfit.analytic.step_time import layout_step_time  # noqa: E402
 from trainfit.hardware import get_gpu  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
 
@@ -60,25 +59,17 @@ def runs() -> list[Run]:
     return out
 
 
-def predict(r: Run, eff: float):
-    return layout_step_time(r.spec, r.setup, get_gpu(r.gpu), eff)
+def predict(r: Run):
+    """The shipped model: the roofline-timed op list (analytic/compute_time.py) + communication, nothing fitted."""
+    return layout_step_time(r.spec, r.setup, get_gpu(r.gpu))
 
 
-def fit(rs: list[Run]) -> float:
-    lo, hi = 0.2, 1.0
-    f = lambda e: sum(math.log(predict(r, e).step_seconds / r.published_step) ** 2 for r in rs if r.fit)  # noqa: E731
-    for _ in range(60):  # golden-section search (the loss is unimodal in e)
-        a, b = hi - (hi - lo) / 1.618, lo + (hi - lo) / 1.618
-        lo, hi = (lo, b) if f(a) < f(b) else (a, hi)
-    return (lo + hi) / 2
-
-
-def table(rs: list[Run], eff: float) -> str:
+def table(rs: list[Run]) -> str:
     lines = ["| run | source | layout (dp×tp×pp, micro×accum) | published step | predicted step | error | "
              "published | predicted MFU / HFU | compute | recompute | TP | PP | bubble | DP exposed |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rs:
-        tm = predict(r, eff)
+        tm = predict(r)
         pub = r.published_step
         s = r.setup
         util = r.published
@@ -92,27 +83,22 @@ def table(rs: list[Run], eff: float) -> str:
 
 def main() -> None:
     rs = runs()
-    eff = fit(rs)
-    errs = [predict(r, eff).step_seconds / r.published_step - 1 for r in rs if r.fit]
-    shipped = DEFAULT_EFFICIENCY
-    errs_shipped = [predict(r, shipped).step_seconds / r.published_step - 1 for r in rs if r.fit]
+    errs = sorted((predict(r).step_seconds / r.published_step - 1 for r in rs if r.fit), key=abs)
+    outs = sorted((predict(r).step_seconds / r.published_step - 1 for r in rs if not r.fit), key=abs)
     text = [
         "## Time model vs published runs (bench/plan_published.py)",
         "",
-        f"Fitted efficiency (fraction of dense peak reached by the matmuls, ONE value, least squares on log step time "
-        f"over the {sum(r.fit for r in rs)} in-sample runs, calibration C3): **{eff:.3f}**; shipped default "
-        f"`DEFAULT_EFFICIENCY` = "
-        f"{shipped:.3f}. Errors at the shipped default: median |error| "
-        f"{sorted(abs(e) for e in errs_shipped)[len(errs_shipped) // 2]:.1%}, worst "
-        f"{max(errs_shipped, key=abs):+.1%} (at the exact fit: median {sorted(abs(e) for e in errs)[len(errs) // 2]:.1%}, "
-        f"worst {max(errs, key=abs):+.1%}).",
+        f"The shipped model (each kernel of the step timed by the roofline, analytic/compute_time.py; nothing fitted). "
+        f"Calibration C3 ({len(errs)} runs): median |error| {abs(errs[len(errs) // 2]):.1%}, worst {errs[-1]:+.1%}; "
+        f"out of sample ({len(outs)} rows): median |error| {abs(outs[len(outs) // 2]):.1%}, worst {outs[-1]:+.1%}. "
+        "All 49 published runs: bench/time_published.py.",
         "",
         "Error = predicted / published step time − 1 (positive: we predict slower). Time columns are seconds per "
-        "step at the shipped default. `*` = not in the fit (out of sample). Published step times converted as "
+        "step. `*` = out of sample. Published step times converted as "
         "bench/time_runs.py says: Narayanan from TFLOP/s via their eq. 3; Korthikanti as printed (Table 5); Llama 3 "
         "from TFLOP/s/GPU with 6N + 12·l·h·s FLOPs per token.",
         "",
-        table(rs, shipped),
+        table(rs),
         "",
     ]
     out = "\n".join(text)

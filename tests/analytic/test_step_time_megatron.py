@@ -42,11 +42,15 @@ def test_context_parallel_splits_compute_and_passes_kv():
     one = layout_step_time(spec, Setup(cp=1, dp=2, **kw), gpu)
     two = layout_step_time(spec, Setup(cp=2, dp=1, **kw), gpu)  # same 16 GPUs, the sequence split in two
     assert one.cp_comm == 0
-    assert two.compute == pytest.approx(one.compute / 2, rel=1e-9)  # each rank computes on s / cp tokens
+    # each rank computes on s / cp tokens (against all s keys: the causal attention FLOPs halve too); the roofline's
+    # fixed per-kernel launch costs and shape-dependent GEMM efficiency do not halve exactly
+    assert two.compute == pytest.approx(one.compute / 2, rel=0.01)
     # ring attention overlaps the K/V passing with the attention compute (quadratic in s, the K/V linear): at 128k
     # tokens the ring hides behind the attention; at 2k, over the inter-node ring (t·cp = 16 > 8 GPUs per node), not
     assert two.cp_comm == 0
-    short = layout_step_time(spec, Setup(cp=2, dp=1, **{**kw, "seq": 2048}), gpu)
+    # (Llama-2-7B: no GQA, 4x the K/V of Llama-3.1-8B's per rank, so the 2k ring is clearly longer than the
+    # attention kernel it overlaps)
+    short = layout_step_time(load_model("llama-2-7b"), Setup(cp=2, dp=1, **{**kw, "seq": 2048}), gpu)
     assert short.cp_comm > 0
 
 

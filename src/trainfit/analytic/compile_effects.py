@@ -234,6 +234,8 @@ def notes(spec: ModelSpec, setup: Setup) -> list[str]:
     if _mask_materialized(setup):
         out.append("compile (hf): transformers builds a (b, 1, s, s) attention mask while tracing, so SDPA repeats "
                    "k and v to every head and keeps the mask")
-    out.append("compile: step time as eager (the fitted matmul efficiency includes eager's elementwise kernels; NB: "
-               "under-reads compiled throughput — torchtitan's Llama-3.1-8B: +16%)")
+    out.append("compile: step time from the op list with inductor's fusion — each chain of elementwise kernels "
+               "between two matmuls one kernel moving only its inputs and outputs (ops.compiled); matmuls and "
+               "attention as eager (NB: fusions across a matmul's epilogue and CUDA graphs not modelled: may "
+               "under-read compiled throughput)")
     return out

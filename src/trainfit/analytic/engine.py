@@ -103,8 +103,8 @@ INFER_MFU = 0.4
 
 def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
              tokens: float | None = None, mbu: float = 0.8, reserve: float = DEFAULT_RESERVE / 2**30) -> Estimate:
-    """mfu: None times a training step with the step-time model (analytic/step_time.py: compute at the fitted
-    matmul efficiency + exposed communication + bubble + optimizer, the planner's model); a number overrides it
+    """mfu: None times a training step with the step-time model (analytic/step_time.py: each kernel of the op list
+    timed by the roofline + exposed communication + bubble + optimizer, the planner's model); a number overrides it
     with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free beyond the device total when judging
     the fit (fits = device_total + reserve <= GPU memory)."""
     spec = for_setup(spec, setup)  # the model with the head this setup trains (--head / architectures)
@@ -170,8 +170,9 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         notes.append(_fit_note(reserve))
         notes.append(overheads.describe(beside, held, cached_block=True))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
-                     else "step time: the planner's model (matmuls at the fitted efficiency + exposed communication, "
-                          "bubble, optimizer); --mfu overrides it")
+                     else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
+                          "timed by the roofline, analytic/ops.py + roofline.py, + exposed communication, bubble, "
+                          "optimizer); --mfu overrides it")
     return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
                     setup, memory, flops, timing, tuple(notes), detail)
 

@@ -22,11 +22,11 @@ Memory, term by term (torchao 0.18):
   NB: the fp8 copies of one linear's operands (input, weight, gradient; fp8 + transposed copies in backward) are
   transients of that linear and not counted: under-reads a layer's backward high point by about (N·k + N·n) bytes.
 
-Time: the converted projections' FLOPs run at the GPU's fp8 dense peak (data/gpus.json peak_flops["fp8"]) at the
-same fitted efficiency as bf16 (step_time.py), attention and the LM head stay bf16.
-NB: the amax reductions and casts of every operand (memory-bound, one or two passes over each GEMM input) are not
-timed, nor fp8 GEMMs' lower efficiency at small shapes: over-reads throughput — most without --compile, where
-torchao's casts are separate kernels (torchao and torchtitan run float8 with torch.compile).
+Time (analytic/ops.py): the converted projections' three GEMMs (forward, dgrad, wgrad) are fp8 GEMMs timed by the
+roofline at the fp8 peak and its measured fraction (data/kernels.toml), attention and the LM head stay bf16; each
+operand's amax reduction and fp8 cast (input and weight in forward; dY and the transposed copies in backward) are
+memory-bound ops of the list. `compute_speedup` below is the flat --efficiency override's version (FLOP share at
+the fp8 peak). NB: torchao's small scale kernels (a few per linear) are counted as part of the cast launches.
 """
 from __future__ import annotations
 
@@ -106,8 +106,7 @@ def notes(spec: ModelSpec, setup: Setup, gpu: GPU | None) -> list[str]:
            f"scaling, LM head kept bf16); {saved}{gather} (float8.py; NB: the fp8 operand copies of one linear "
            "are not counted: may under-read a layer's backward)"]
     if gpu is not None:
-        eager = "" if setup.compile else "; without --compile torchao's casts are separate kernels: over-reads more"
-        out.append(f"float8: projections at the fp8 peak ({gpu.peak_flops['fp8'] / 1e12:.0f} TFLOP/s dense) at the "
-                   f"fitted efficiency; NB: amax/cast kernels and fp8 GEMM efficiency not timed: over-reads "
-                   f"throughput{eager}")
+        eager = "" if setup.compile else "; without --compile torchao's casts are separate kernels (timed so)"
+        out.append(f"float8: projection GEMMs in fp8 ({gpu.peak_flops['fp8'] / 1e12:.0f} TFLOP/s dense) timed by the "
+                   f"roofline, with the amax and cast kernels of every operand as memory-bound ops{eager}")
     return out

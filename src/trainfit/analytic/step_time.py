@@ -10,9 +10,14 @@ all-reduces and pipeline sends. m = micro-batches per step (grad_accum), p = pip
 stages per rank (--vpp, Megatron's interleaved schedule).
 
 Sources:
-  * compute: hardware FLOPs (trainfit.analytic.flops: 2 FLOPs per MAC, backward = 2 × forward, recompute
-    added) over peak × `efficiency` — the fraction of the dense peak the matmuls reach. ONE global default,
-    fitted on published runs (bench/plan_published.py); override with --efficiency.
+  * compute: the kernels the step runs (analytic/ops.py: GEMMs, attention, memory-bound elementwise ops, for one
+    layer's forward/backward/recompute and the embedding, head and loss), each timed by the roofline
+    (analytic/roofline.py, per-GPU kernel data in data/kernels.toml; analytic/compute_time.py) — no global
+    efficiency factor. `efficiency` (plan --efficiency) = a number replaces it with the flat model: hardware FLOPs
+    (analytic/flops.py) over peak × efficiency, an override like --mfu. StepTime.efficiency reports the fraction
+    of the dense peak the matmuls and attention reached.
+  * optimizer.step(): the bytes the stack's optimizer kernel moves (fused: one pass; foreach / for-loop: torch's
+    8 Adam passes) at the roofline's bandwidth, plus its launches (compute_time.optimizer_seconds).
   * pipeline bubble: (p−1)/(v·m) of the ideal time (Narayanan et al. 2021, §2.2.1 eq. 1 and §2.2.2); the
     interleaved schedule sends v× as many activations between stages (ibid. §2.2.2). Layers per stage follow
     --pp-split (parallel/pipeline.py); the slowest stage sets the pace.
@@ -51,11 +56,12 @@ exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-co
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from .compute_time import cached_stage_compute, optimizer_seconds, tensors_per_rank
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .params import ParamCounts, count_params
@@ -63,10 +69,6 @@ from .precision import StateBytes, state_bytes
 from .parallel.pipeline import split
 from .timing import compute_dtype
 
-# Fraction of the dense bf16/fp16 peak that the matmul compute reaches, fitted ONCE on the published A100
-# runs of Narayanan et al. 2021 (Table 2) and Korthikanti et al. 2022 (Table 5) by bench/plan_published.py
-# (least squares on log step time; see bench/results/plan.md). Not tuned per case.
-DEFAULT_EFFICIENCY = 0.615
 BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
 
 
@@ -98,7 +100,11 @@ class StepTime:
     hfu: float  # hardware FLOPs (with recompute) / (world × step × peak)
     dp_comm_total: float  # DP communication before overlap (for the reader)
     dp_bandwidth: str  # "intra" or "inter"
-    efficiency: float
+    efficiency: float  # FLOPs of the matmuls + attention / (their time × the compute dtype's dense peak); fp8 GEMMs
+    #                    can lift it past 1 — or, under the flat override, the fraction given
+    # seconds of the step's compute (compute + recompute) by kind: gemm, attention, memory (memory-bound kernels),
+    # launches (kernel launch cost); empty under the flat --efficiency override
+    compute_terms: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -112,36 +118,51 @@ class ModelCosts:
     head_forward: float  # per token, the task head
     attention_per_layer: float  # per token, one layer's attention core (selective recompute redoes this)
     forward_total: float  # per token, the whole model
+    pc: ParamCounts | None = field(default=None, compare=False)  # (the op lists' MoE layer mix)
 
     @classmethod
     def of(cls, spec: ModelSpec, seq: int, pc: ParamCounts) -> "ModelCosts":
         fpt = forward_per_token(spec, seq, pc)
         head = 2 * head_matmul_per_token(spec, seq)  # the task head: LM (+ MLM transform) or classifier (flops.py)
-        return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt)
+        return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt, pc)
 
 
 def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_params: int, st: StateBytes,
-              efficiency: float = DEFAULT_EFFICIENCY, virtual_stages: int | None = None,
+              efficiency: float | None = None, virtual_stages: int | None = None,
               layers_per_stage: tuple[int, int, int] | None = None) -> StepTime:
     """Time of one optimizer step of `setup` on `gpu`. `stage_params`: parameters held by the busiest rank
-    (its tensor-parallel shard of its pipeline stage), whose gradients and weights the DP group exchanges."""
+    (its tensor-parallel shard of its pipeline stage), whose gradients and weights the DP group exchanges.
+    `efficiency`: None = the roofline-timed op list; a fraction of the dense peak = the flat override."""
     b, s, m = setup.batch, setup.seq, setup.grad_accum
     t, p, d, cp = setup.tp, setup.pp, setup.dp, setup.cp
     v = virtual_stages or setup.vpp
     # fp16-master computes in fp16: V100/T4 fp16 tensor cores (timing.compute_dtype, hardware.GPU.flops_for)
-    peak = gpu.flops_for(compute_dtype(setup)) * efficiency
+    dense_peak = gpu.flops_for(compute_dtype(setup))
     tokens = b * s / cp  # this rank's share of each micro-batch (context parallelism splits the sequence)
     first, middle, last = layers_per_stage or split(spec.layers, p, setup.pp_split)  # (layers × 3 when p = 1)
-    # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
-    stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
-                        last * costs.layer_forward + costs.head_forward)
     stage_layers_n = max(first, middle, last)
-    peak *= compute_speedup(spec, setup, gpu, costs.layer_forward, stage_layers_n * costs.layer_forward / stage_fwd_tok)
-    fwd = tokens * stage_fwd_tok / t
-    bwd = 2 * fwd
-    rec = tokens * recompute_per_token(spec, setup, stage_layers_n, costs.layer_forward,
-                                       costs.attention_per_layer) / t
-    c_f, c_b, c_r = fwd / peak, bwd / peak, rec / peak
+    terms: dict = {}
+    if efficiency is None:
+        sc = cached_stage_compute(spec, setup, gpu, st, costs.pc or count_params(spec), (first, middle, last))
+        c_f, c_b, c_r = sc.forward.seconds, sc.backward.seconds, sc.recompute.seconds
+        attn_f = sc.attention_forward
+        tot = sc.total
+        matmul_s = tot.gemm + tot.attention
+        achieved = tot.flops / (matmul_s * dense_peak) if matmul_s > 0 else 0.0
+        terms = {k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")}
+    else:
+        peak = dense_peak * efficiency
+        # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
+        stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
+                            last * costs.layer_forward + costs.head_forward)
+        peak *= compute_speedup(spec, setup, gpu, costs.layer_forward,
+                                stage_layers_n * costs.layer_forward / stage_fwd_tok)
+        fwd = tokens * stage_fwd_tok / t
+        rec = tokens * recompute_per_token(spec, setup, stage_layers_n, costs.layer_forward,
+                                           costs.attention_per_layer) / t
+        c_f, c_b, c_r = fwd / peak, 2 * fwd / peak, rec / peak
+        attn_f = tokens * costs.attention_per_layer / t / peak
+        achieved = efficiency
 
     intra, inter, gpn = gpu.intra_node_bandwidth, gpu.inter_node_bandwidth, gpu.gpus_per_node
     act_bytes = st.act
@@ -166,7 +187,6 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
             kv = 2 * tokens * spec.head_dim * act_bytes
         cp_bw = intra if t * cp <= gpn else inter
         ring = (cp - 1) * kv / cp_bw  # forward: cp − 1 hops of the local K/V
-        attn_f = tokens * costs.attention_per_layer / t / peak
         per_layer = max(ring - attn_f, 0.0) + max(2 * ring - 2 * attn_f, 0.0)
         cp_mb = stage_layers_n * per_layer * (1 + rerun)  # full recompute re-runs the forward ring
     # EP: 4 all-to-alls per MoE layer (dispatch + combine, forward + backward) of tokens × top_k × hidden × 2 B
@@ -212,15 +232,16 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
 
     t_mb = c_f + c_b + c_r + tp_mb + pp_mb + cp_mb + ep_mb + per_mb_exposed
     bubble = (p - 1) / v * t_mb if p > 1 else 0.0  # Narayanan et al. 2021 §2.2.2: (p−1)/(v·m) of m·t_mb
-    # optimizer.step(): reads and writes weights, grads, master and states of the rank's shard once.
-    # NB: memory-bound estimate at full bandwidth; fused/foreach kernels get close, for-loop ones do not.
+    # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
+    # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     shard = stage_params / (dpc if z >= 1 else 1)
-    opt = 2 * shard * (st.weight + st.grad + st.master + st.optimizer) / gpu.memory_bandwidth
+    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st, shard, tensors_per_rank(
+        spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
+    opt = opt_mem + opt_launch
     step = m * t_mb + bubble + once_exposed + opt
 
     world = t * p * d * cp
     tok_step = b * s * m * d
-    dense_peak = gpu.flops_for(compute_dtype(setup))
     model_flops = 3 * costs.forward_total * tok_step
     # NB: recompute FLOPs of the whole model as p stages of layers // p (uneven splits differ by a layer)
     rec_total = p * recompute_per_token(spec, setup, spec.layers // p, costs.layer_forward,
@@ -231,7 +252,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, step_seconds=step,
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
-        efficiency=efficiency,
+        efficiency=achieved, compute_terms=terms,
     )
 
 
@@ -248,7 +269,7 @@ def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: s
                rank_params(spec, pc, probe, Stage(pp - 1, last, False, True, 1))[0])
 
 
-def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float = DEFAULT_EFFICIENCY,
+def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float | None = None,
                      pc: ParamCounts | None = None) -> StepTime:
     """The step time of one training setup on `gpu` (the planner's model, every term)."""
     pc = pc or count_params(spec)

@@ -36,7 +36,7 @@ def plan(
     pp: Optional[int] = typer.Option(None, "--pp", help="Fix the pipeline-parallel degree."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Fix the data-parallel degree."),
     margin: float = typer.Option(0.05, "--margin", help="Fraction of GPU memory kept free beyond the modelled device total (reserved + CUDA context + NCCL buffers)."),
-    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Fraction of the dense peak the matmuls reach (default: fitted on published runs, see docs/plan.md)."),
+    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Override: time compute as FLOPs at this flat fraction of the dense peak (default: each kernel timed by the roofline, analytic/ops.py)."),
     batch_tolerance: float = typer.Option(0.05, "--batch-tolerance", help="Allowed relative deviation from --global-batch-tokens."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     price: Optional[float] = typer.Option(None, "--price", help=BY_NAME["price"].meta.help),
@@ -62,7 +62,6 @@ def plan(
     from ..report import plan as report
     from ..plan.emit import ENGINES
     from ..plan.search import PlanQuery, search
-    from ..analytic.step_time import DEFAULT_EFFICIENCY
 
     gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
     budget_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
@@ -74,7 +73,7 @@ def plan(
                   optimizer=optimizer, recomputes=_csv(recompute, "recompute") if recompute is not None else None,
                   zeros=_csv(zero, "zero", int) if zero is not None else None, stacks=_csv(stack, "stack"),
                   tp=tp, pp=pp, dp=dp, margin=margin,
-                  efficiency=DEFAULT_EFFICIENCY if efficiency is None else efficiency,
+                  efficiency=efficiency,
                   batch_tolerance=batch_tolerance, top=top)
     spec, g = load_spec(model), load_gpu(gpu, price, gpu_memory)
     if emit == "torchtitan":

@@ -24,7 +24,7 @@ from ..spec import ModelSpec
 from ..stacks import get_stack
 from .fit import PeakOracle
 from .space import Layout, batch_splits, layouts, max_micro_batch, megatron_variants
-from ..analytic.step_time import DEFAULT_EFFICIENCY, ModelCosts, StepTime, stage_params, step_time
+from ..analytic.step_time import ModelCosts, StepTime, stage_params, step_time
 
 DEFAULT_PRECISIONS = ("amp-bf16", "bf16-master")
 # the precisions searched when none are given: hf's fp32-master pair; torchtitan's FSDP2 mixed precision (its pure
@@ -76,7 +76,7 @@ class PlanQuery:
     pp: int | None = None
     dp: int | None = None
     margin: float = 0.05  # fraction of GPU memory kept free beyond the modelled device total (unmodelled slack)
-    efficiency: float = DEFAULT_EFFICIENCY
+    efficiency: float | None = None  # None: the roofline-timed op list; a number: flat fraction of peak (override)
     batch_tolerance: float = 0.05  # relative deviation allowed from the requested global batch
     top: int = 5
 
@@ -132,7 +132,7 @@ class PlanQuery:
                                  "add a stack that runs it (see `trainfit plan --help`)")
         if not 0 <= self.margin < 1:
             raise SetupError(f"--margin is a fraction of GPU memory in [0, 1), got {self.margin}")
-        if not 0 < self.efficiency <= 1:
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise SetupError(f"--efficiency must be in (0, 1], got {self.efficiency}")
         if not 0 <= self.batch_tolerance < 1:
             raise SetupError(f"--batch-tolerance must be in [0, 1), got {self.batch_tolerance}")

@@ -1,0 +1,203 @@
+"""Compute time of one micro-batch on the slowest pipeline stage, and of the optimizer step: the op list
+(analytic/ops.py) timed kernel by kernel by the roofline (analytic/roofline.py) — no global efficiency factor.
+
+forward  = embedding (first stage) + layers × one layer's forward + head and loss (last stage);
+backward = the same lists' backward (ops.backward) — GEMM dgrad + wgrad, attention's backward kernel, the
+           elementwise rule; + Float8Linear's backward casts;
+recompute = the layers the policy checkpoints × what each re-runs (ops.recomputed, ops.checkpointed_layers).
+torch.compile: the lists pass through ops.compiled (fused elementwise chains) where compile_effects models the
+block; otherwise eager's kernels.
+MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix per stage is averaged).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..hardware import GPU
+from ..setup import Setup
+from ..spec import ModelSpec
+from . import roofline
+from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
+                  fp8_backward_extra, head_backward_extra, head_forward, layer_forward, recomputed, shape_of)
+from .params import ParamCounts
+from .precision import StateBytes
+from .timing import compute_dtype
+
+TERMS = ("gemm", "attention", "memory", "launches")
+
+
+@dataclass(frozen=True)
+class ListTime:
+    """Seconds of an op list by term (launches: kernels × the GPU's launch cost, taken out of the others)."""
+
+    gemm: float = 0.0
+    attention: float = 0.0
+    memory: float = 0.0
+    launches: float = 0.0
+    flops: float = 0.0  # GEMM + attention FLOPs
+
+    @property
+    def seconds(self) -> float:
+        return self.gemm + self.attention + self.memory + self.launches
+
+    def __add__(self, o: "ListTime") -> "ListTime":
+        return ListTime(*(getattr(self, f) + getattr(o, f) for f in (*TERMS, "flops")))
+
+    def __mul__(self, c: float) -> "ListTime":
+        return ListTime(*(getattr(self, f) * c for f in (*TERMS, "flops")))
+
+    __rmul__ = __mul__
+
+
+@lru_cache(maxsize=8192)
+def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: float) -> float:
+    """(a backward's dgrad/wgrad and a recompute repeat the forward's shapes)"""
+    return roofline.gemm_seconds(gpu, m, n, k, dtype, batch)
+
+
+def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
+    launch = roofline.kernels_for(gpu).launch_seconds
+    g = at = fl = 0.0
+    n = 0
+    nbytes = 0.0
+    for op in ops:
+        if op.kind == "gemm":
+            g += _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch) - launch
+            n += 1
+            fl += op.flops
+        elif op.kind == "attention":
+            at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
+                                             op.backward) - launch
+            n += 1
+            fl += op.flops
+        else:
+            nbytes += op.nbytes
+            n += op.kernels
+    # memory_seconds is bytes / achieved bandwidth + launches (roofline API): one call for the whole list
+    mem = roofline.memory_seconds(gpu, nbytes, 0) if nbytes else 0.0
+    return ListTime(g, at, mem, n * launch, fl)
+
+
+@dataclass(frozen=True)
+class StageCompute:
+    """One micro-batch on the slowest stage."""
+
+    forward: ListTime
+    backward: ListTime
+    recompute: ListTime
+    attention_forward: float  # seconds of one layer's attention core forward (ring attention overlaps it)
+
+    @property
+    def total(self) -> ListTime:
+        return self.forward + self.backward + self.recompute
+
+
+def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool):
+    fwd = layer_forward(spec, sh, moe)
+    bwd = backward(fwd) + fp8_backward_extra(fwd, sh)
+    rec = recomputed(spec, setup, fwd)
+    return fwd, bwd, rec
+
+
+def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
+                  layers: tuple[int, int, int]) -> StageCompute:
+    """Forward, backward and recompute time of one micro-batch on the slowest of the (first, middle, last) stages."""
+    sh = shape_of(spec, setup, st, compute_dtype(setup))
+    prep = compiled if sh.compile else (lambda ops: ops)
+    frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
+    kinds = [(w, moe) for w, moe in ((1.0 - frac_moe, False), (frac_moe, True)) if w > 0]
+    lf = lb = lr = ListTime()
+    attn = 0.0
+    for w, moe in kinds:
+        fwd, bwd, rec = _lists(spec, setup, sh, moe)
+        tf = time_ops(gpu, prep(fwd))
+        tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
+        lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
+        attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
+    ef = embedding_forward(spec, sh)
+    emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh))
+    hf = head_forward(spec, sh)
+    head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
+    first, middle, last = layers
+    zero = ListTime()
+    if setup.pp == 1:
+        stages = [(first, emb_f + head_f, emb_b + head_b)]
+    else:
+        stages = [(first, emb_f, emb_b), (middle, zero, zero), (last, head_f, head_b)]
+    best = None
+    for n, extra_f, extra_b in stages:
+        cand = StageCompute(n * lf + extra_f, n * lb + extra_b, checkpointed_layers(setup, n) * lr, attn)
+        if best is None or cand.total.seconds > best.total.seconds:
+            best = cand
+    return best
+
+
+_CACHE: dict = {}
+_CACHE_MAX = 8192  # entries (each a few hundred bytes): the planner's searches stay well within it
+
+
+def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
+                         layers: tuple[int, int, int]) -> StageCompute:
+    """stage_compute, memoised on what the op lists read: the planner's inner loop and repeated estimates re-use
+    the lists' times. The spec's hash leaves out its raw config, so the config values the lists read (dropouts,
+    soft-capping) are in the key."""
+    from .activations import dropouts
+
+    cfg = spec.config
+    key = (spec, dropouts(spec), cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping"),
+           setup.batch, setup.seq, setup.tp, setup.cp, setup.pp, setup.vpp, bool(setup.sequence_parallel),
+           setup.precision, setup.recompute, setup.stack, setup.attention_kernel, setup.device, setup.ep,
+           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)), st, gpu, layers)
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        hit = _CACHE[key] = stage_compute(spec, setup, gpu, st, pc, layers)
+    return hit
+
+
+def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int) -> tuple[float, float]:
+    """(memory seconds, launch seconds) of optimizer.step() over this rank's `shard` parameters in `tensors`
+    tensors, per kernel (Setup.optimizer_kernel):
+      fused     one pass: read weight (or fp32 master), gradient and states, write weight/master and states
+                (torch/optim/adam.py _fused_adam: aten._fused_adamw_, multi_tensor_apply launches per chunk of tensors);
+                with a master, the update writes the fp32 master and one cast writes the 16-bit weight;
+      foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): _foreach_mul_ (weight decay), lerp_ (m),
+                mul_ + addcmul_ (v), sqrt, div_, add_ (eps), addcdiv_ (param): 8 passes, each a launch per chunk of
+                tensors; other optimizers one fused-like pass per state (NB);
+      for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each.
+    multi_tensor_apply handles up to 110 tensors per launch for depth-1 lists (aten/src/ATen/native/cuda/
+    MultiTensorApply.cuh depth_to_max_tensors, 48 at depth 3): NB 48 taken for every list."""
+    w, g, mast, o = st.weight, st.grad, st.master, st.optimizer
+    p = mast or w  # the tensor the update reads and writes: the fp32 master when there is one
+    kernel = setup.optimizer_kernel
+    adam = setup.optimizer in ("adam", "adamw")
+    per_launch = 48
+    if kernel == "fused" or not adam:
+        nbytes = shard * (2 * p + g + 2 * o + ((mast + w) if mast else 0))
+        passes = 1
+    else:
+        s = o / 2  # bytes of one Adam state
+        # weight decay 2p, lerp (m) 2s+g, mul (v) 2s, addcmul (v) 2s+g, sqrt 2s, div 2s, add 2s, addcdiv 2p+2s
+        nbytes = shard * (4 * p + 12 * s + 2 * g + ((mast + w) if mast else 0))
+        passes = 8
+    launches = passes * (tensors if kernel == "for-loop" else -(-tensors // per_launch)) + (1 if mast else 0)
+    launch = roofline.kernels_for(gpu).launch_seconds
+    return roofline.memory_seconds(gpu, nbytes, 0), launches * launch
+
+
+def tensors_per_rank(spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
+    """Parameter tensors of a stage (each a separate optimizer operand): per layer its linear weights and biases and
+    its norms' weights (+ biases); the embedding and the final norm and head. MoE: the router and the experts'
+    two stacked 3-D weights (transformers 5 gate_up_proj / down_proj). NB: fused qkv / gate_up counted as
+    separate tensors (launch counts only: over-reads by a few launches per layer)."""
+    lin = 4 + ((3 if spec.gated_mlp else 2) if spec.moe is None else 3)
+    biases = (3 if spec.qkv_bias else 0) + int(spec.out_bias) + (3 if spec.mlp_bias else 0)
+    norms = spec.norms_per_layer * (2 if spec.norm_bias and spec.norm != "rmsnorm" else 1)
+    n = layers * (lin + biases + norms)
+    if embedding:
+        n += 1 + (spec.positions == "learned")
+    if head:
+        n += 2 + int(spec.lm_head_bias)
+    return n

@@ -1,0 +1,562 @@
+"""The kernels one training step runs on one pipeline-stage rank, as an op list the roofline times (issue 14).
+
+One list, parameterised by the spec and the setup (not one per stack): a layer's forward, its backward derived
+from it, and the embedding / head / loss around the layers. Each op is a GEMM (m, n, k, batch), an attention core
+(batch·heads, s_q, s_kv, head_dim) or a memory-bound kernel (bytes read and written). The rank holds
+T = b·s/cp tokens (context parallelism), 1/t of every projection's columns (Megatron column/row parallel, Shoeybi
+et al. 2019 §3) and, with sequence parallelism, 1/t of the tokens in the norm / residual / dropout region
+(Korthikanti et al. 2022 §4.2.2).
+
+Sources, transformers 5.x in the venv (models/<family>/modeling_<family>.py):
+  llama  modeling_llama.py: RMSNorm :61-66 (fp32 upcast, pow, mean, rsqrt, mul, cast back, weight mul), q/k/v
+         :243, rotary :127-148 (q·cos + rotate_half(q)·sin; rotate_half = neg + cat :119-123), repeat_kv :168 (eager
+         with GQA), o_proj :269, residual adds :306/:312, MLP :164 (down(act(gate(x))·up(x))), embed :370, final
+         norm :402, lm_head :468; loss/loss_utils.py:61 `logits.float()` then cross_entropy (log_softmax + nll).
+  gpt2   modeling_gpt2.py: fused c_attn :185, c_proj :223 + resid_dropout :224, MLP c_fc/act/c_proj/dropout
+         :239-242, ln_1 :273 / ln_2 :304, wte/wpe :567/:574 (biased Conv1D: addmm, bias in the GEMM epilogue).
+  neox   modeling_gpt_neox.py: fused query_key_value :195, dense_h_to_4h + GeLU :45; parallel residual (two norms of
+         one input, two adds: the same op count as sequential). bert/opt/phi3/gemma/qwen: the same blocks with
+         their families.json facts (fused projections, dropout, post-norm).
+  MoE    integrations/moe.py grouped_mm experts (:355-412), router modeling_mixtral.py:105-107 (linear, fp32
+         softmax, topk); experts are grouped GEMMs of T·top_k/E tokens each (balanced routing: NB the busiest
+         expert sets a real kernel's time).
+  torchtitan llama3 (models/llama3/model/model.py): nn.RMSNorm (fused torch.rms_norm on CUDA), rotary in fp32
+         complex arithmetic :164-169 (cast up, complex mul, cast back), w2(silu(w1 x)·w3 x) :343; loss
+         components/loss.py:20-27 (`pred.float()`, cross_entropy). Megatron-core: fused rotary and fused
+         vocab-parallel cross-entropy — NB timed with the HF kernel counts (over-reads Megatron's memory ops).
+Backward of a GEMM (m, n, k): dgrad (m, k, n) + wgrad (k, n, m) — 2× the forward FLOPs (Narayanan et al. 2021
+§5.1); biased linears add the bias-gradient reduction (a read of dY). Backward of an elementwise kernel reads dY
+and, when its derivative depends on its input, that input, and writes dX: reads = writes_fwd + reads_fwd,
+writes = reads_fwd (NB: exact for unary ops, an upper bound for ops with constant operands).
+torch.compile (inductor) fuses each chain of elementwise kernels between two matmuls into one kernel that reads
+the chain's inputs and writes its outputs once (`group`): the op's fused_reads / fused_writes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from ..heads import CLASSIFIERS, layout
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import FP32, INDEX, dropouts, norm_kernel, resolved_kernel
+from .families import family_traits
+from .precision import StateBytes
+
+SIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
+
+
+class Op(NamedTuple):
+    """One kernel call. gemm: C[m,n] = A[m,k]·B[k,n], `batch` of them; attention: batch = b·heads, m = s_q,
+    n = s_kv, k = head_dim; memory: `reads` + `writes` bytes over `kernels` launches. (A NamedTuple: the planner
+    builds thousands, and dataclasses.replace is ~20× slower than _replace.)"""
+
+    name: str
+    kind: str  # "gemm" | "attention" | "memory"
+    dtype: str
+    m: float = 0.0
+    n: float = 0.0
+    k: float = 0.0
+    batch: float = 1.0
+    causal: bool = False
+    kernel: str = ""  # attention kernel: flash, efficient, eager
+    reads: float = 0.0
+    writes: float = 0.0
+    kernels: int = 1
+    saves_input: bool = True  # memory: its backward reads its input
+    wgrad: bool = True  # gemm: B is a trained weight
+    bias: bool = False  # gemm: a bias added in the epilogue (its gradient is a reduction of dY)
+    group: str = ""  # memory: the fusion group under torch.compile
+    fused_reads: float = 0.0  # memory: bytes that still cross HBM when its group is one kernel
+    fused_writes: float = 0.0
+    backward: bool = False  # attention: the backward kernel
+    grad: bool = True  # memory: has a backward kernel (False: fp8 casts, whose backward fp8_backward_extra lists)
+    source: str = ""
+
+    @property
+    def flops(self) -> float:
+        if self.kind == "gemm":
+            return 2 * self.m * self.n * self.k * self.batch
+        if self.kind == "attention":
+            # q·kᵀ and p·v, 2 FLOPs per MAC each; causal: the (s+1)/2 keys a query sees on average (flops.py)
+            keys = (self.n + 1) / 2 if self.causal else self.n
+            return 4 * self.batch * self.m * keys * self.k * (2.5 if self.backward else 1.0)
+        return 0.0
+
+    @property
+    def nbytes(self) -> float:
+        return self.reads + self.writes
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the op shapes of one micro-batch on one rank depend on (hashable: the planner caches on it)."""
+
+    batch: int
+    seq: int
+    cp: int = 1
+    tp: int = 1
+    sp: bool = False
+    dtype: str = "bf16"  # the matmuls' dtype (timing.compute_dtype)
+    act: int = 2  # bytes of an activation (StateBytes.act)
+    residual: int = 2  # bytes of the residual stream (fp32 under autocast)
+    weight: int = 2  # bytes of a weight as stored (autocast casts it per forward)
+    grad: int = 2  # bytes of a weight gradient
+    autocast: bool = False
+    attention: str = "flash"  # resolved kernel: flash, efficient, eager
+    norm: str = "hf-rmsnorm-fp32"  # stacks/*.toml [norm]
+    rope: str = "hf"  # "hf" (real arithmetic), "complex" (torchtitan), "fused" (Megatron)
+    loss_upcast: bool = True
+    ep: int = 1
+    compile: bool = False
+    float8: bool = False
+    fused_elementwise: bool = False  # Megatron-core's fused bias-GeLU and bias-dropout-add kernels
+
+    @property
+    def tokens(self) -> float:
+        return self.batch * self.seq / self.cp
+
+    @property
+    def norm_tokens(self) -> float:
+        return self.tokens / (self.tp if self.sp else 1)
+
+
+def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape:
+    """The Shape of `setup` (a Setup or the planner's light _Cfg)."""
+    from .compile_effects import not_modelled
+
+    stack = setup.stack
+    kernel = resolved_kernel(spec, setup)
+    if kernel == "math":
+        kernel = "eager"  # SDPA's math path: bmm + softmax, as eager
+    elif kernel == "flash" and st.act == FP32:
+        kernel = "efficient"  # fp32 runs the memory-efficient kernel (activations._flash_saved)
+    compiled = bool(getattr(setup, "compile", False)) and not not_modelled(spec, setup)
+    rope = {"torchtitan": "complex", "megatron": "fused"}.get(stack, "hf")
+    return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
+                 int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
+                 norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
+                 stack == "megatron")
+
+
+# --- building blocks ----------------------------------------------------------------------------------------------
+
+def _gemm(name: str, m: float, n: float, k: float, sh: Shape, src: str, bias: bool = False, batch: float = 1,
+          wgrad: bool = True, fp8: bool = False) -> Op:
+    return Op(name, "gemm", "fp8" if fp8 else sh.dtype, m, n, k, batch, wgrad=wgrad, bias=bias, source=src)
+
+
+def _ew(name: str, reads: float, writes: float, src: str, group: str = "", fused: tuple[float, float] | None = None,
+        saves: bool = True, kernels: int = 1, grad: bool = True) -> Op:
+    fr, fw = (reads, writes) if fused is None else fused
+    return Op(name, "memory", "", reads=reads, writes=writes, kernels=kernels, saves_input=saves, group=group,
+              fused_reads=fr, fused_writes=fw, grad=grad, source=src)
+
+
+def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, out_bytes: int | None = None,
+             width: int | None = None) -> list[Op]:
+    """One norm over `tokens` rows of `hidden`. Fused kernels (LayerNorm; torch.rms_norm on CUDA) read x and write y
+    once; HF's RMSNorm (modeling_llama.py:61-66) is six kernels in eager: [to fp32], pow, mean, rsqrt(+eps), mul,
+    [to input dtype], weight mul — each a pass over the row in fp32."""
+    h, r = width or spec.hidden, sh.residual
+    out = sh.residual if out_bytes is None else out_bytes  # weight·x: the input's dtype (fp32 weights keep fp32)
+    x, n = tokens * h, tokens
+    if spec.norm != "rmsnorm" or sh.norm == "torch-rms-norm":
+        src = "aten native_layer_norm" if spec.norm != "rmsnorm" else "aten._fused_rms_norm (torch.rms_norm)"
+        return [_ew(name, x * r, x * out + 2 * FP32 * n, src, group, (x * r, x * sh.act))]
+    src = "modeling_llama.py:61-66 LlamaRMSNorm"
+    ops = []
+    if r != FP32:
+        ops.append(_ew(f"{name}.to_fp32", x * r, x * FP32, src, group, (x * r, 0)))
+    ops += [_ew(f"{name}.pow", x * FP32, x * FP32, src, group, (0, 0)),
+            _ew(f"{name}.mean", x * FP32, n * FP32, src, group, (0, 0)),
+            _ew(f"{name}.rsqrt", n * FP32, n * FP32, src, group, (0, 0), kernels=2),
+            _ew(f"{name}.mul", x * FP32 + n * FP32, x * FP32, src, group, (0 if r != FP32 else x * r, 0))]
+    if r != FP32:
+        ops.append(_ew(f"{name}.to_dtype", x * FP32, x * r, src, group, (0, 0)))
+    if family_traits(spec)["norm_fp32"]:
+        out = FP32  # Gemma: x.float() * (1 + weight.float()) (modeling_gemma.py GemmaRMSNorm)
+    # fused: the compiled norm writes its output in the dtype the next matmul reads (the autocast cast folded in)
+    ops.append(_ew(f"{name}.weight", x * max(r, out), x * out, src, group, (0, x * sh.act)))
+    return ops
+
+
+def _casts(name: str, tokens: float, width: float, calls: int, sh: Shape, group: str) -> list[Op]:
+    """torch.autocast casts a linear's fp32 input to the compute dtype per call (q, k and v each cast the same
+    input); compiled, the norm writes the low-precision tensor once (norm_ops)."""
+    if not sh.autocast or sh.act == FP32:
+        return []
+    x = tokens * width
+    return [_ew(f"{name}.autocast{j}", x * FP32, x * sh.act, "torch.autocast (linear inputs)", group, (0, 0))
+            for j in range(calls)]
+
+
+def _rope(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
+    """Rotary on q or k (`width` features). HF (modeling_llama.py:119-148): neg + cat (rotate_half), two muls, one
+    add. torchtitan (model.py:164-169): cast to fp32, complex mul, cast back. Megatron: one fused kernel."""
+    x, a = tokens * width, sh.act
+    if sh.rope == "fused":
+        return [_ew(f"{name}.rope", x * a, x * a, "megatron fused_apply_rotary_pos_emb", "rope", saves=False)]
+    if sh.rope == "complex":
+        src = "torchtitan llama3 model.py:164-169"
+        return [_ew(f"{name}.rope_fp32", x * a, x * FP32, src, "rope", (x * a, 0), saves=False),
+                _ew(f"{name}.rope_cmul", x * FP32, x * FP32, src, "rope", (0, 0), saves=False),
+                _ew(f"{name}.rope_cast", x * FP32, x * a, src, "rope", (0, x * a), saves=False)]
+    src = "modeling_llama.py:119-148"
+    return [_ew(f"{name}.rope_neg", x * a / 2, x * a / 2, src, "rope", (x * a, 0), saves=False),
+            _ew(f"{name}.rope_cat", x * a, x * a, src, "rope", (0, 0), saves=False),
+            _ew(f"{name}.rope_cos", x * a, x * a, src, "rope", (0, 0), saves=False),
+            _ew(f"{name}.rope_sin", x * a, x * a, src, "rope", (0, 0), saves=False),
+            _ew(f"{name}.rope_add", 2 * x * a, x * a, src, "rope", (0, x * a), saves=False)]
+
+
+def _activation(spec: ModelSpec, name: str, x: float, sh: Shape, group: str) -> list[Op]:
+    """The MLP activation over x elements: one kernel (SiLU, GeLU, ReLU), or HF's composite gelu_new / gelu_fast
+    (activations.py NewGELUActivation: pow, mul, add, mul, tanh, add, mul, mul: 8 kernels)."""
+    a = sh.act
+    # (Megatron-core: one fused bias-GeLU kernel, megatron/core/fusions/fused_bias_gelu.py)
+    passes = 8 if spec.activation in ("gelu_new", "gelu_fast") and not sh.fused_elementwise else 1
+    return [_ew(f"{name}.{spec.activation}{j}", x * a * (2 if j in (2, 5, 6, 7) and passes > 1 else 1), x * a,
+                "transformers activations.py", group, (x * a if j == 0 else 0, x * a if j == passes - 1 else 0))
+            for j in range(passes)]
+
+
+def _dropout(name: str, x: float, sh: Shape, group: str) -> list[Op]:
+    """CUDA native_dropout: reads x, writes y and a 1-byte mask (activations.dropout_mask_bytes)."""
+    a = sh.act
+    return [_ew(name, x * a, x * (a + 1), "aten native_dropout", group, (0, x), saves=False)]
+
+
+def _residual(name: str, x: float, p: float, sh: Shape, group: str, src: str) -> list[Op]:
+    """[dropout on the branch output,] then the residual add (reads the branch and the stream, writes the stream);
+    Megatron-core fuses the two (megatron/core/fusions/fused_bias_dropout.py bias_dropout_add: one kernel)."""
+    a, r = sh.act, sh.residual
+    if p > 0 and sh.fused_elementwise:
+        return [_ew(f"{name}_bias_dropout_add", x * (r + a), x * (r + 1), "megatron fused_bias_dropout.py", group,
+                    saves=False)]
+    drop = _dropout(f"{name}_dropout", x, sh, group) if p > 0 else []
+    return drop + [_ew(f"{name}_residual", x * (r + a), x * r, src, group, saves=False)]
+
+
+def _fp8(linear: Op, sh: Shape) -> list[Op]:
+    """torchao Float8Linear (float8/float8_linear.py, tensorwise dynamic scaling): before the fp8 GEMM each operand
+    gets an amax reduction and a scaled cast to fp8 (input: T·k, weight: k·n). Compiled, amax and cast stay two
+    passes (the amax must finish before the cast), so fused == eager bytes."""
+    a, w = sh.act, sh.weight
+    x, wt = linear.m * linear.k * linear.batch, linear.k * linear.n * linear.batch
+    src = "torchao float8 tensorwise scaling (amax + cast)"
+    return [_ew(f"{linear.name}.amax_x", x * a, FP32, src, grad=False),
+            _ew(f"{linear.name}.cast_x", x * a, x, src, grad=False),
+            _ew(f"{linear.name}.amax_w", wt * w, FP32, src, grad=False),
+            _ew(f"{linear.name}.cast_w", wt * w, wt, src, grad=False)]
+
+
+# --- one layer ------------------------------------------------------------------------------------------------------
+
+def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
+    """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block."""
+    traits = family_traits(spec)
+    h, t, a = spec.hidden, sh.tp, sh.act
+    T, Tn = sh.tokens, sh.norm_tokens
+    q, kv = spec.q_dim / t, spec.kv_dim / t
+    _, p_attn, p_resid = dropouts(spec)
+    ops: list[Op] = []
+
+    def proj(name: str, n_full: int, k_full: int, n: float, k: float, bias: bool, src: str) -> Op:
+        fp8 = sh.float8 and n_full % 16 == 0 and k_full % 16 == 0  # torchtitan module_filter_fn
+        g = _gemm(name, T, n, k, sh, src, bias=bias, fp8=fp8)
+        if fp8:
+            ops.extend(_fp8(g, sh))
+        ops.append(g)
+        return g
+
+    pre = "post" if traits["post_norm"] else "pre"
+    # attention sub-block
+    if pre == "pre":
+        ops += norm_ops(spec, "attn_norm", Tn, sh, "attn_in")
+    qkv_calls = 1 if traits["fused_qkv"] else 3
+    ops += _casts("attn_in", T, h, qkv_calls, sh, "attn_in")
+    src = "modeling_llama.py:243 q/k/v_proj"
+    if traits["fused_qkv"]:
+        proj("qkv", spec.q_dim + 2 * spec.kv_dim, h, q + 2 * kv, h, spec.qkv_bias,
+             "fused qkv (gpt2 c_attn, neox, phi3)")
+    else:
+        for name, full, n in (("q", spec.q_dim, q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
+            proj(name, full, h, n, h, spec.qkv_bias, src)
+    if spec.qk_norm:  # Qwen3 q_norm / k_norm over head_dim (modeling_qwen3.py)
+        ops += norm_ops(spec, "q_norm", T * q / spec.head_dim, sh, "qk_norm", a, spec.head_dim)
+        ops += norm_ops(spec, "k_norm", T * kv / spec.head_dim, sh, "qk_norm", a, spec.head_dim)
+    if spec.positions == "rotary":
+        ops += _rope("q", T, q, sh) + _rope("k", T, kv, sh)
+    bh = sh.batch * spec.heads / t
+    if sh.attention == "eager" and kv < q:  # repeat_kv: expand + reshape copies k and v to every head (:168)
+        ops.append(_ew("repeat_kv", 2 * T * kv * a, 2 * T * q * a, "modeling_llama.py:168 repeat_kv", saves=False))
+    softcap = spec.config.get("attn_logit_softcapping", traits.get("softcap_default"))
+    if sh.attention == "eager" and softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
+        s2 = bh * (sh.seq / sh.cp) * sh.seq * a
+        ops += [_ew(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
+    ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, spec.head_dim, bh, causal=spec.causal,
+                  kernel=sh.attention, source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
+    if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
+        ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")
+    proj("o", h, spec.q_dim, h, q, spec.out_bias, "modeling_llama.py:269 o_proj")
+    ops += _residual("attn", Tn * h, p_resid, sh, "attn_out", "modeling_llama.py:306 residual add")
+    if pre == "post":
+        ops += norm_ops(spec, "attn_norm", Tn, sh, "attn_out")
+    # MLP sub-block
+    if pre == "pre":
+        ops += norm_ops(spec, "mlp_norm", Tn, sh, "attn_out")
+    i = spec.intermediate / t
+    if moe:
+        ops += _moe(spec, sh)
+    elif spec.gated_mlp:
+        ops += _casts("mlp_in", T, h, 1 if traits["fused_gate_up"] else 2, sh, "attn_out")
+        if traits["fused_gate_up"]:
+            proj("gate_up", 2 * spec.intermediate, h, 2 * i, h, spec.mlp_bias, "phi3 gate_up_proj")
+        else:
+            proj("gate", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 gate_proj")
+            proj("up", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 up_proj")
+        ops += _activation(spec, "act", T * i, sh, "act")
+        ops.append(_ew("act_mul", 2 * T * i * a, T * i * a, "modeling_llama.py:164 act(gate)·up", "act",
+                       (0, T * i * a)))
+        proj("down", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_llama.py:164 down_proj")
+    else:
+        ops += _casts("mlp_in", T, h, 1, sh, "attn_out")
+        proj("fc1", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_gpt2.py:239 c_fc")
+        ops += _activation(spec, "act", T * i, sh, "act")
+        proj("fc2", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_gpt2.py:241 c_proj")
+    ops += _residual("mlp", Tn * h, p_resid, sh, "mlp_out", "modeling_llama.py:312 residual add")
+    if pre == "post":
+        ops += norm_ops(spec, "mlp_norm", Tn, sh, "mlp_out")
+    if sh.autocast and sh.act != FP32:
+        # autocast's weight cache: each weight of an autocast matmul cast once per forward (its backward casts the
+        # gradient back): the projections' weights, not the experts' (grouped_mm runs outside autocast, moe.py)
+        n = sum(o.n * o.k * o.batch for o in ops if o.kind == "gemm" and not o.name.startswith("experts"))
+        ops.insert(0, _ew("weight_casts", n * sh.weight, n * sh.act, "torch.autocast weight cast cache", "",
+                          saves=False, kernels=sum(1 for o in ops if o.kind == "gemm")))
+    return ops
+
+
+def _moe(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """The sparse MoE block (integrations/moe.py grouped_mm experts; router modeling_mixtral.py:105-107). With
+    --ep the rank runs E/ep experts on the T·top_k routed copies it receives (balanced)."""
+    m = spec.moe
+    h, t, a = spec.hidden, sh.tp, sh.act
+    T, e, k = sh.tokens, m.num_experts, m.top_k
+    i = m.expert_intermediate / t
+    local = max(1, e // sh.ep)
+    per_expert = T * k / local
+    src = "transformers integrations/moe.py grouped_mm experts"
+    ops = _casts("router_in", T, h, 1, sh, "attn_out")
+    ops.append(_gemm("router", T, e, h, sh, "modeling_mixtral.py:105 router linear"))
+    ops += [_ew("router_softmax", T * e * a, T * e * FP32, "modeling_mixtral.py:106 softmax(fp32)", "router"),
+            _ew("router_topk", T * e * FP32, T * k * (FP32 + INDEX), "modeling_mixtral.py:107 topk", "router",
+                saves=False),
+            _ew("dispatch", T * k * h * a + T * k * INDEX, T * k * h * a, src + " (hidden[perm // k])", saves=False)]
+    gate = 2 if spec.gated_mlp else 1
+    # grouped_mm is not autocast-enabled: transformers casts the input to the weights' dtype (moe.py:379), so under
+    # autocast the experts run in the fp32 master weights' dtype (NB: TF32 peak where the GPU has it)
+    ex = replace(sh, dtype="fp32") if sh.autocast else sh
+    ops.append(_gemm("experts_in", per_expert, gate * i, h, ex, src + " grouped_mm gate_up", batch=local))
+    ops += _activation(spec, "experts_act", T * k * i, sh, "experts_act")
+    if spec.gated_mlp:
+        ops.append(_ew("experts_mul", 2 * T * k * i * a, T * k * i * a, src, "experts_act", (0, T * k * i * a)))
+    ops.append(_gemm("experts_out", per_expert, h, i, ex, src + " grouped_mm down", batch=local))
+    ops += [_ew("routing_weight", T * k * h * a + T * k * FP32, T * k * h * a, src + " · routing weight", "combine"),
+            _ew("combine", T * k * h * a + T * k * INDEX, T * h * a, src + " (out[inv_perm], sum over k)", "combine",
+                saves=False)]
+    if m.shared_intermediate:  # Qwen-MoE shared expert: a gated MLP scaled by sigmoid(gate(x)) (modeling_qwen2_moe.py)
+        s = m.shared_intermediate / t
+        ops += [_gemm("shared_gate", T, s, h, sh, "modeling_qwen2_moe.py shared_expert"),
+                _gemm("shared_up", T, s, h, sh, "modeling_qwen2_moe.py shared_expert")]
+        ops += _activation(spec, "shared_act", T * s, sh, "shared_act")
+        ops.append(_ew("shared_mul", 2 * T * s * a, T * s * a, "modeling_qwen2_moe.py shared_expert", "shared_act",
+                       (0, T * s * a)))
+        ops.append(_gemm("shared_down", T, h, s, sh, "modeling_qwen2_moe.py shared_expert"))
+        if m.shared_gate:
+            ops += [_gemm("shared_expert_gate", T, 1, h, sh, "modeling_qwen2_moe.py shared_expert_gate"),
+                    _ew("shared_scale", 2 * T * h * a, T * h * a, "modeling_qwen2_moe.py sigmoid gate", "combine")]
+    return ops
+
+
+# --- embedding, head and loss ------------------------------------------------------------------------------------
+
+def embedding_forward(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """The first stage's input: the token gather (and learned positions, BERT's token types and LayerNorm, Gemma's
+    √h scale, embedding dropout). NB: OPT-350m's project_in GEMM is not listed (as in flops.py)."""
+    h, T, r = spec.embed_proj_dim or spec.hidden, sh.tokens, sh.residual
+    w = sh.weight
+    ops = [_ew("embed", T * h * w + T * INDEX, T * h * r, "modeling_llama.py:370 embed_tokens (gather)", "embed",
+               saves=False)]
+    if spec.positions == "learned":
+        ops.append(_ew("embed_positions", T * h * (w + r), T * h * r, "modeling_gpt2.py:574 wpe + add", "embed",
+                       saves=False))
+    if spec.type_vocab:
+        ops.append(_ew("embed_types", T * h * (w + r), T * h * r, "modeling_bert.py token_type_embeddings + add",
+                       "embed", saves=False))
+    if spec.family.startswith("gemma"):
+        ops.append(_ew("embed_scale", T * h * r, T * h * r, "modeling_gemma.py normalizer", "embed", saves=False))
+    if spec.embedding_norm:
+        ops += norm_ops(spec, "embed_norm", T, sh, "embed")
+    if dropouts(spec)[0] > 0:
+        ops += _dropout("embed_dropout", T * h, sh, "embed")
+    return ops
+
+
+def embedding_backward(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """embedding_dense_backward (aten/src/ATen/native/cuda/Embedding.cu): a zeroed V/t × h gradient, the indices
+    sorted, the T rows of dY summed into it."""
+    h, T = spec.embed_proj_dim or spec.hidden, sh.tokens
+    v = spec.vocab / sh.tp
+    src = "aten embedding_dense_backward"
+    return [_ew("embed.grad_zero", 0, v * h * sh.grad, src, saves=False),
+            _ew("embed.grad_sort", 2 * T * INDEX, 2 * T * INDEX, src, saves=False, kernels=3),
+            _ew("embed.grad_scatter", T * h * (sh.residual + sh.grad), T * h * sh.grad, src, saves=False)]
+
+
+def head_forward(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """The last stage's final norm, task head (trainfit.heads) and loss. The LM loss: HF's ForCausalLMLoss and
+    torchtitan's cross_entropy_loss upcast the T × V/t logits to fp32 (loss_utils.py:61, loss.py:23) and run
+    log_softmax (two reading passes: max/sum, then write) + nll_loss; compiled, one kernel reads the logits."""
+    h, t, a = spec.hidden, sh.tp, sh.act
+    T, Tn = sh.tokens, sh.norm_tokens
+    ops = norm_ops(spec, "final_norm", Tn, sh, "final") if spec.final_norm else []
+    head = layout(spec)
+    if head.kind in CLASSIFIERS:
+        rows = sh.batch if head.rows == "first" else T
+        ops += _casts("head_in", rows, head.in_dim, 1, sh, "final")
+        if head.pooler:
+            ops.append(_gemm("pooler", rows, h, h, sh, "modeling_bert.py BertPooler dense", bias=True))
+        ops.append(_gemm("classifier", rows, head.width, head.in_dim, sh, "heads.py classifier", bias=head.out_bias))
+        return ops
+    if spec.mlm_transform:
+        ops += _casts("mlm_in", T, h, 1, sh, "final")
+        ops.append(_gemm("mlm_dense", T, h, h, sh, "modeling_bert.py BertPredictionHeadTransform", bias=True))
+        ops += _activation(spec, "mlm_act", T * h, sh, "mlm")
+        ops += norm_ops(spec, "mlm_norm", T, sh, "mlm", a)
+    he = spec.embed_proj_dim or h
+    v = spec.vocab / t
+    ops += _casts("lm_head_in", T, he, 1, sh, "final")
+    ops.append(_gemm("lm_head", T, v, he, sh, "modeling_llama.py:468 lm_head", bias=spec.lm_head_bias))
+    x = T * v
+    if spec.config.get("final_logit_softcapping", family_traits(spec).get("final_softcap_default")):
+        ops += [_ew(f"logit_softcap{j}", x * a, x * a, "modeling_gemma2.py final_logit_softcapping", "loss", (0, 0))
+                for j in range(3)]
+    lb = FP32 if (sh.loss_upcast or sh.autocast or a == FP32) else a
+    src = "loss_utils.py:61 logits.float() + cross_entropy"
+    if lb != a:
+        ops.append(_ew("logits_fp32", x * a, x * lb, src, "loss", (0, 0), saves=False))
+    # fused, the loss kernel reads the logits and keeps two fp32 numbers per row (max, log-sum-exp); its backward
+    # reads the logits again and writes their gradient (compile_effects.compiled_head)
+    ops += [_ew("log_softmax", 2 * x * lb, x * lb, src, "loss", (x * a, 2 * FP32 * T), kernels=1),
+            _ew("nll_loss", T * (lb + INDEX), FP32, src, "loss", (0, 0), saves=False)]
+    return ops
+
+
+def head_backward_extra(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """nll_loss's backward writes a zeroed T × V/t gradient before scattering -1 (aten nll_loss_backward)."""
+    if layout(spec).kind in CLASSIFIERS:
+        return []
+    lb = FP32 if (sh.loss_upcast or sh.autocast or sh.act == FP32) else sh.act
+    x = sh.tokens * spec.vocab / sh.tp
+    return [_ew("nll_loss.grad", 0, x * lb, "aten nll_loss_backward (zeros + scatter)", "loss", (0, 0), saves=False)]
+
+
+# --- derived lists ---------------------------------------------------------------------------------------------------
+
+def backward(ops: list[Op]) -> list[Op]:
+    """The backward kernels of a forward list, in reverse order: GEMM dgrad (m, k, n) and wgrad (k, n, m); attention's
+    backward kernel; the elementwise rule of the module docstring."""
+    out: list[Op] = []
+    for op in reversed(ops):
+        if op.kind == "gemm":
+            out.append(op._replace(name=op.name + ".dgrad", m=op.m, n=op.k, k=op.n))
+            if op.wgrad:
+                out.append(op._replace(name=op.name + ".wgrad", m=op.k, n=op.n, k=op.m))
+            if op.bias:  # db = Σ_tokens dY: one read of dY
+                dy = op.m * op.n * op.batch * SIZE.get(op.dtype, 2)
+                out.append(_ew(op.name + ".bias_grad", dy, op.n * FP32, "autograd bias gradient", saves=False))
+        elif op.kind == "attention":
+            out.append(op._replace(name=op.name + ".backward", backward=True))
+        elif op.grad:
+            reads = op.writes + (op.reads if op.saves_input else 0.0)
+            fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
+            out.append(op._replace(name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,
+                               fused_writes=op.fused_reads))
+    return out
+
+
+def compiled(ops: list[Op]) -> list[Op]:
+    """torch.compile's view of a list: each run of consecutive memory ops sharing a group becomes one kernel moving
+    only the bytes that cross HBM (fused_reads + fused_writes); ungrouped memory ops keep their own bytes."""
+    out: list[Op] = []
+    for op in ops:
+        if op.kind != "memory":
+            out.append(op)
+            continue
+        prev = out[-1] if out else None
+        if op.group and prev is not None and prev.kind == "memory" and prev.group == op.group:
+            out[-1] = prev._replace(reads=prev.reads + op.fused_reads, writes=prev.writes + op.fused_writes,
+                              kernels=1)
+        elif op.group:
+            out.append(op._replace(name=op.group, reads=op.fused_reads, writes=op.fused_writes, kernels=1))
+        else:
+            out.append(op)
+    return out
+
+
+def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
+    """What ONE checkpointed layer re-runs in its backward under the setup's per-layer policy (flops.py
+    recompute_per_token, op by op): full / layer:N / uniform / block — the whole forward; selective — the attention
+    core (Korthikanti et al. 2022 §4.2); op — everything but the matmuls and SDPA whose outputs torchtitan's per-op
+    SAC stores (recompute.op_sac_saved_matmuls, op_sac_stores_sdpa)."""
+    from .recompute import op_sac_saved_matmuls, op_sac_stores_sdpa
+
+    pol = setup.recompute.split(":", 1)[0]
+    if pol == "selective":
+        return [o for o in forward
+                if o.kind == "attention" or o.name.startswith(("softcap", "repeat_kv", "attn_probs"))]
+    if pol == "op":
+        saved = {name for name, *_ in op_sac_saved_matmuls(spec, setup)}
+        sdpa = op_sac_stores_sdpa(spec, setup)
+        keep = []
+        for o in forward:
+            base = o.name.split(".", 1)[0]
+            if o.kind == "gemm" and o.name in saved:
+                continue
+            if o.kind == "memory" and base in saved and o.name.endswith((".amax_x", ".cast_x")):
+                continue  # the saved matmul's own fp8 input casts are not re-run either (NB: the weight's are)
+            if o.kind == "attention" and sdpa:
+                continue
+            keep.append(o)
+        return keep
+    if pol in ("full", "layer", "uniform", "block"):
+        return list(forward)
+    return []
+
+
+def checkpointed_layers(setup: Setup, layers: int) -> int:
+    """Of a stage's `layers`, how many re-run (part of) their forward (flops.recompute_per_token's counts)."""
+    r = setup.recompute
+    if r in ("full", "selective", "op") or r.startswith("uniform:"):
+        return layers
+    if r.startswith("layer:"):
+        return layers // setup.layers_every
+    if r.startswith("block:"):
+        return min(setup.recompute_layers, layers // setup.vpp) * setup.vpp
+    return 0
+
+
+def fp8_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
+    """Float8Linear's backward (float8_linear.py:113-195): dY's amax and fp8 cast, and the transposed fp8 copies the
+    two backward GEMMs read (dYᵀ, xᵀ; the weight's cast re-used)."""
+    out = []
+    for op in ops:
+        if op.kind == "gemm" and op.dtype == "fp8":
+            dy, x = op.m * op.n * op.batch, op.m * op.k * op.batch
+            src = "torchao float8_linear.py:113-195 backward casts"
+            out += [_ew(f"{op.name}.amax_dy", dy * sh.act, FP32, src, saves=False),
+                    _ew(f"{op.name}.cast_dy", dy * sh.act, 2 * dy, src, saves=False),
+                    _ew(f"{op.name}.cast_xT", x * sh.act, x, src, saves=False)]
+    return out

@@ -1,0 +1,311 @@
+"""Per-kernel time on one GPU by a roofline with measured efficiencies (issue 14; no torch).
+
+A kernel takes max(its FLOPs at the achievable matmul rate, its bytes at the achieved HBM bandwidth) plus a
+per-kernel launch cost. The achievable rates are data with sources (data/kernels.toml, read once); the shape
+dependence is a mechanism, not a fitted curve:
+
+  * GEMM: wave and tile quantisation after NVIDIA's "Matrix Multiplication Background User's Guide"
+    (docs.nvidia.com/deeplearning/performance, DU-09799-001, ch. 3 "Dimension Quantization Effects", §3.1 tile and
+    §3.2 wave quantization): the output is cut into Tm x Tn tiles, one tile per SM per wave; a wave takes as long as one full
+    tile, so time = ceil(tiles / SMs) x (one tile's FLOPs at the per-SM achievable rate). The largest tile's rate
+    is the MAMF (max achievable matmul FLOP/s, measured on a well-quantised large shape) / SMs; smaller tiles
+    (the guide's list) are capped by the measured L2 bandwidth per SM; the fastest tile is taken.
+  * fused attention (FlashAttention-2 §3.2 work partitioning): the grid is batch x heads x query tiles (Br rows);
+    each CTA walks its key blocks (Bc rows, fewer under a causal mask, a partial edge block costing a whole one)
+    plus one pipeline-fill step, and CTAs run in waves over the SMs. Short sequences have few key blocks per CTA,
+    so the fill step weighs more. Long sequences reach the kernel's published fraction of peak.
+  * eager attention: two batched GEMMs plus the s_q x s_kv score tensor's softmax (and mask) traffic.
+  * memory-bound ops: bytes at the achieved HBM bandwidth + launches.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+from trainfit.hardware import GPU
+
+# bytes per element of trainfit's compute dtypes
+_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    sms: int                          # streaming multiprocessors / compute units (wave size)
+    matmul_fraction: dict[str, float]  # dtype -> MAMF / datasheet dense peak
+    hbm_fraction: float               # achieved / datasheet HBM bandwidth
+    launch_seconds: float             # GPU-side cost per kernel
+    attention: dict[str, float]       # kernel -> forward fraction of the datasheet peak at long sequence
+    attention_bwd: dict[str, float] = field(default_factory=dict)  # kernel -> backward fraction (falls back to forward)
+    tile: tuple[int, int] = (256, 128)       # GEMM output tile per SM per wave (MMBG)
+    # fused-attention kernel -> ((max head_dim, Br, Bc), ...); "default" for kernels without their own entry
+    attn_tiles: dict[str, tuple[tuple[int, int, int], ...]] = field(
+        default_factory=lambda: {"default": ((64, 128, 128), (128, 128, 64), (256, 64, 64))})
+    l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
+    generation: str = ""
+    known: bool = True                # False: no kernels.toml entry, a stated default was used
+
+    def matmul(self, dtype: str) -> float:
+        """Fraction for `dtype`; a dtype the GPU's entry lacks takes bf16's, then fp16's (NB: an unmeasured dtype's
+        fraction of its own peak is assumed equal to bf16's; GPU.flops_for already maps fp8 without hardware
+        support to the 16-bit peak)."""
+        f = self.matmul_fraction
+        return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
+
+    def attn_block(self, head_dim: int, kernel: str = "default") -> tuple[int, int]:
+        """[Br, Bc] of the fused kernel for this head dim: the first entry whose head-dim bound covers it."""
+        tiles = self.attn_tiles.get(kernel) or self.attn_tiles["default"]
+        for bound, br, bc in tiles:
+            if head_dim <= bound:
+                return br, bc
+        return tiles[-1][1], tiles[-1][2]
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict:
+    return tomllib.loads(resources.files("trainfit.data").joinpath("kernels.toml").read_text())
+
+
+def _build(entry: dict, gen: dict, name: str, known: bool) -> Kernels:
+    d = {**gen, **entry}
+    try:
+        return Kernels(sms=int(d["sms"]), matmul_fraction=dict(d["matmul_fraction"]),
+                       hbm_fraction=float(d["hbm_fraction"]), launch_seconds=float(d["launch_seconds"]),
+                       attention=dict(d["attention"]), attention_bwd=dict(d.get("attention_bwd", {})),
+                       tile=tuple(d.get("tile", (256, 128))),
+                       attn_tiles=_attn_tiles(d["attn_tiles"]),
+                       l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
+                       generation=str(d.get("generation", "")), known=known)
+    except KeyError as e:
+        raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
+
+
+def _attn_tiles(raw) -> dict[str, tuple[tuple[int, int, int], ...]]:
+    """kernels.toml's attn_tiles: a list (every fused kernel) or a table kernel -> list with a "default" key."""
+    table = raw if isinstance(raw, dict) else {"default": raw}
+    return {k: tuple(tuple(int(x) for x in t) for t in v) for k, v in table.items()}
+
+
+# NB: a GPU with no entry (a user's --gpu file) is timed with the Ampere generation's measured fractions and
+# sms=1 (no wave quantisation): optimistic for small GEMMs, and the A100 fractions may not hold on it.
+_DEFAULT_GEN = {"nvidia": "ampere", "amd": "cdna3"}
+
+
+@lru_cache(maxsize=64)
+def _kernels_by_name(name: str, vendor: str) -> Kernels:
+    t = _table()
+    entry = t["gpu"].get(name)
+    if entry is None:
+        gen = _DEFAULT_GEN.get(vendor, "ampere")
+        return _build({"sms": 1, "generation": gen}, t["generation"][gen], name, known=False)
+    return _build(entry, t["generation"][entry["generation"]], name, known=True)
+
+
+def kernels_for(gpu: GPU) -> Kernels:
+    """Kernel data for `gpu` by its canonical name (catalog aliases resolve to it in hardware.get_gpu)."""
+    return _kernels_by_name(gpu.name, gpu.vendor)
+
+
+def _size(dtype: str) -> int:
+    return _SIZE.get(dtype, 2)
+
+
+def _bandwidth(gpu: GPU, kn: Kernels) -> float:
+    return gpu.memory_bandwidth * kn.hbm_fraction
+
+
+# ---- GEMM ------------------------------------------------------------------------------------------------------
+def gemm_waves(kn: Kernels, m: int, n: int, batch: int = 1) -> tuple[int, int]:
+    """(output tiles, waves) of a (batched) GEMM with the GPU's largest tile, one tile per SM per wave (MMBG §3.2:
+    on A100 a 256x128 tile runs one thread block per SM, so a wave is 108 tiles)."""
+    tm, tn = kn.tile
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    return tiles, math.ceil(tiles / kn.sms)
+
+
+def gemm_efficiency(kn: Kernels, m: int, n: int, batch: int = 1) -> float:
+    """Useful fraction of the SM-time a GEMM occupies: m*n*batch / (waves * SMs * Tm*Tn) — tile quantisation
+    (padded edge tiles, MMBG §3.1) times wave quantisation (idle SMs in the last wave, §3.2)."""
+    tm, tn = kn.tile
+    _, waves = gemm_waves(kn, m, n, batch)
+    return (m * n * batch) / (waves * kn.sms * tm * tn)
+
+
+# MMBG §2.3 "Typical Tile Dimensions in cuBLAS and Performance" (paraphrased): cuBLAS picks among these thread-block
+# tiles, 256x128 / 128x256 the most efficient and 64x64 the least, larger tiles reusing each loaded operand more.
+_CUBLAS_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
+
+
+@lru_cache(maxsize=256)
+def _tile_rates(name: str, vendor: str, dtype: str, per_sm: float) -> tuple[tuple[int, int, float], ...]:
+    """(Tm, Tn, per-SM FLOP/s) for each tile the GPU may use. A tile streams (Tm + Tn) * size bytes of A and B from
+    L2 per 2*Tm*Tn FLOPs, so with the measured L2 bandwidth per SM its rate is at most l2 * 2*Tm*Tn/((Tm+Tn)*size).
+    The GPU's own tile is the one the MAMF was measured with: its rate is the MAMF, and a smaller tile loses the
+    ratio of the two L2 bounds (only where that bound binds). No L2 measurement: the GPU's tile alone (NB)."""
+    kn = _kernels_by_name(name, vendor)
+    big = kn.tile
+    if not kn.l2_bytes_per_sm:
+        return ((big[0], big[1], per_sm),)
+    size = _size(dtype)
+
+    def l2_bound(tm: int, tn: int) -> float:
+        return kn.l2_bytes_per_sm * 2 * tm * tn / ((tm + tn) * size)
+
+    top = min(per_sm, l2_bound(*big))
+    out = [(big[0], big[1], per_sm)]
+    for tm, tn in _CUBLAS_TILES:
+        if tm * tn < big[0] * big[1]:
+            out.append((tm, tn, per_sm * min(per_sm, l2_bound(tm, tn)) / top))
+    return tuple(out)
+
+
+def gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int = 1) -> float:
+    """C[m,n] = A[m,k] @ B[k,n] on one GPU, `batch` independent GEMMs in one launch (see _gemm_seconds)."""
+    if min(m, n, k, batch) <= 0:
+        return 0.0
+    return _gemm_seconds(gpu, int(m), int(n), int(k), dtype, int(batch))
+
+
+@lru_cache(maxsize=65536)  # the planner times the same shapes for many layouts
+def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> float:
+    """C[m,n] = A[m,k] @ B[k,n], `batch` of them in one launch. Compute: for each tile the GPU may use (see
+    _tile_rates), waves x one tile's 2*Tm*Tn*k FLOPs at that tile's per-SM rate; the fastest is taken (cuBLAS's
+    heuristic picks the tile). When the output grid leaves SMs idle, K is split over them (split-K / stream-K,
+    CUTLASS docs "Efficient GEMM in CUDA" §"Parallelized Reductions"): s = SMs // tiles slices of >= 256 deep, whose
+    fp32 partial sums are written and re-read. Memory: A, B, C once (+ partials) at the achieved HBM bandwidth.
+    NB: assumes operands hit in L2 (a tile row/column is re-read by the other tiles of its wave): optimistic for
+    GEMMs whose operands overflow L2 in a bad raster order."""
+    kn = kernels_for(gpu)
+    per_sm = gpu.flops_for(dtype) * kn.matmul(dtype) / kn.sms
+    size = _size(dtype)
+    base = (m * k + k * n + m * n) * size * batch
+    bw = _bandwidth(gpu, kn)
+    best = math.inf
+    for tm, tn, rate in _tile_rates(gpu.name, gpu.vendor, dtype, per_sm):
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        splits = max(1, min(kn.sms // tiles, math.ceil(k / 256))) if tiles < kn.sms else 1
+        waves = math.ceil(tiles * splits / kn.sms)
+        compute = waves * 2 * tm * tn * math.ceil(k / splits) / rate
+        nbytes = base + (2 * splits * m * n * 4 * batch if splits > 1 else 0)  # fp32 partials written then reduced
+        best = min(best, max(compute, nbytes / bw))
+    return best + kn.launch_seconds
+
+
+# ---- attention -------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[int, int, int]:
+    """(query tiles, total key-block steps over all tiles, the longest tile's steps) for one (batch, head).
+    Causal: query row i sees keys <= i + (s_kv - s_q) (bottom-right aligned, flash-attn >= 2.1 convention), so
+    tile t walks ceil(min(s_kv, (t+1)*br + s_kv - s_q) / bc) blocks; masked tiles are skipped (FA2 §3.1.1)."""
+    tiles = math.ceil(s_q / br)
+    full = math.ceil(s_kv / bc)
+    if not causal:
+        return tiles, tiles * full, full
+    total, longest = 0, 0
+    for t in range(tiles):
+        steps = min(full, max(0, math.ceil(((t + 1) * br + s_kv - s_q) / bc)))
+        total += steps
+        longest = max(longest, steps)
+    return tiles, total, longest
+
+
+def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
+                     kernel: str = "default") -> float:
+    """Sequence factor in (0, 1]: useful block steps / the step-slots the SMs are held for.
+    A step = one Br x Bc block of QK^T and PV (4*Br*Bc*d FLOPs) at the per-SM long-sequence rate. Each CTA (one
+    query tile of one head, FA2 §3.2) walks its key blocks — a partial edge block costs a whole step — plus one
+    pipeline-fill step: its K/V tiles are double-buffered (flash-attn csrc/flash_attn/src/flash_fwd_kernel.h loads
+    block j+1 while computing block j; FA3 §3.1 two-stage pipeline), so the first load is exposed once per CTA.
+    CTAs run in waves over the SMs (one CTA per SM per wave), never faster than the longest CTA.
+    NB: the fill step is one block-compute long, not a measured latency; errs either way by < 1 step per CTA."""
+    br, bc = kn.attn_block(head_dim, kernel)
+    tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal)
+    if total == 0:
+        return 1.0
+    fill = 1
+    ctas = batch_heads * tiles
+    useful = batch_heads * (_causal_pairs(s_q, s_kv) if causal else s_q * s_kv) / (br * bc)
+    waves = math.ceil(ctas / kn.sms)
+    busy = max(waves * (batch_heads * total + ctas * fill) / ctas, longest + fill)  # per-SM step-slots
+    return min(1.0, useful / (kn.sms * busy))
+
+
+def _causal_pairs(s_q: int, s_kv: int) -> float:
+    """(query, key) pairs a bottom-right-aligned causal mask keeps: row i sees min(s_kv, i + 1 + s_kv - s_q) keys."""
+    off = s_kv - s_q
+    if off >= 0:  # every row sees at least off+1 keys, none more than s_kv
+        return s_q * off + s_q * (s_q + 1) / 2
+    first = -off  # rows with i + 1 + off <= 0 see nothing
+    n = s_q - first
+    return n * (n + 1) / 2
+
+
+def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool) -> float:
+    """Forward FLOPs 4*bh*s_q*s_kv*d (QK^T and PV, 2 FLOPs per MAC; FA2 §4.1 counts the same), halved by a causal
+    mask for kernels that skip masked blocks (FA2 §4.1: 'divide by 2 for causal')."""
+    f = 4.0 * batch_heads * s_q * s_kv * head_dim
+    return f / 2 if causal else f
+
+
+def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
+                      dtype: str, backward: bool) -> float:
+    """One attention call (forward, or its backward when `backward`) on one GPU."""
+    if min(batch_heads, s_q, s_kv, head_dim) <= 0:
+        return 0.0
+    return _attention_seconds(gpu, kernel, int(batch_heads), int(s_q), int(s_kv), int(head_dim), bool(causal),
+                              dtype, bool(backward))
+
+
+@lru_cache(maxsize=65536)
+def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
+                       dtype: str, backward: bool) -> float:
+    kn = kernels_for(gpu)
+    kernel = _runnable(kn, kernel)
+    if kernel == "eager":
+        return _eager_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+    flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal)
+    frac = kn.attention[kernel]
+    if backward:
+        flops *= 2.5  # FA2 §4.1: backward = 2.5x forward FLOPs (5 matmuls vs 2, one recomputing QK^T)
+        frac = kn.attention_bwd.get(kernel, frac)
+        # FA2 §3.2: the backward grid is batch x heads x key blocks walking the query blocks (swap roles)
+        seq = flash_efficiency(kn, batch_heads, s_kv, s_q, head_dim, causal, kernel)
+    else:
+        seq = flash_efficiency(kn, batch_heads, s_q, s_kv, head_dim, causal, kernel)
+    compute = flops / (gpu.flops_for(dtype) * frac * seq)
+    # HBM traffic: forward reads Q, K, V and writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV
+    io = batch_heads * head_dim * _size(dtype) * ((4 * s_q + 4 * s_kv) if backward else (2 * s_q + 2 * s_kv))
+    return max(compute, io / _bandwidth(gpu, kn)) + kn.launch_seconds
+
+
+def _runnable(kn: Kernels, kernel: str) -> str:
+    """The kernel that actually runs: one the GPU has data for, else the next one PyTorch's SDPA dispatcher would
+    try (torch/nn/functional.py scaled_dot_product_attention: flash, then memory-efficient, then math) — e.g.
+    "flash3" on an A100 runs FlashAttention-2."""
+    if kernel == "eager" or kernel in kn.attention:
+        return kernel
+    return next((k for k in ("flash", "efficient") if k in kn.attention), "eager")
+
+
+def _eager_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str,
+                   backward: bool) -> float:
+    """Unfused attention (PyTorch math path): S = QK^T and O = PV as batched GEMMs, with the score tensor written by
+    the first, read/written by softmax (and by the mask when causal) and read by the second. Backward: dV = P^T dO,
+    dP = dO V^T, dS = softmax'(P, dP) (reads P and dP, writes dS), dQ = dS K, dK = dS^T Q."""
+    scores = bh * s_q * s_kv * _size(dtype)
+    if not backward:
+        t = gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh) + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh)
+        elementwise = 2 * scores * (2 if causal else 1)  # softmax read+write (+ masked_fill read+write)
+        return t + memory_seconds(gpu, elementwise, kernels=2 if causal else 1)
+    t = (gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh) + gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh)
+         + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh) + gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh))
+    return t + memory_seconds(gpu, 3 * scores, kernels=1)
+
+
+# ---- memory-bound ops ------------------------------------------------------------------------------------------
+def memory_seconds(gpu: GPU, nbytes: float, kernels: int = 1) -> float:
+    """Elementwise / reduction / copy: bytes read + written at the achieved HBM bandwidth, plus launches."""
+    kn = kernels_for(gpu)
+    return max(0.0, nbytes) / _bandwidth(gpu, kn) + kernels * kn.launch_seconds
