@@ -137,6 +137,16 @@ class Setup:
                                   "num_labels/id2label (default 2).", choices=HEADS, modes=("train",),
                                   auto="the config's architectures (e.g. BertForSequenceClassification -> seq-cls), "
                                   "else the family's LM head", example="seq-cls")
+    lora_rank: int = setting(0, "LoRA adapter rank (peft's LoraConfig r): the base weights are frozen and only the "
+                             "adapters train; 0 = full fine-tuning. Alpha does not change memory; lora_dropout 0.",
+                             minimum=0, modes=("train",), example="16", suggestions=(0, 8, 16, 64))
+    lora_targets: str = setting("all-linear", "Linear layers that get adapters: all-linear (peft's: every Linear "
+                                "but the output head), attention (q/k/v/o projections) or comma-separated module "
+                                "names (e.g. q_proj,v_proj); needs --lora-rank.", modes=("train",),
+                                check=lambda v: check_lora_targets(v), example="q_proj,v_proj",
+                                suggestions=("all-linear", "attention", "q_proj,v_proj"))
+    dora: bool = setting(False, "DoRA (weight-decomposed LoRA, peft use_dora): a trainable magnitude per output "
+                         "feature of each adapted Linear; needs --lora-rank.", modes=("train",))
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
                           choices=DEVICES)
@@ -414,6 +424,11 @@ def validate(setup: Setup) -> None:
     if setup.float8 and not stack.fact("float8", "supported"):
         raise SetupError(f"--float8 is not run by --stack {stack.name}: {stack.fact('float8', 'why')}; use --stack "
                          "torchtitan")
+    if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
+        raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
+                         "--lora-rank R > 0")
+    if setup.lora_rank and not stack.fact("peft", "supported"):
+        raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf")
     if setup.recompute == "selective" and stack.fact("recompute", "selective") == "attention" \
             and setup.attention_kernel != "eager":
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
@@ -432,6 +447,23 @@ def check_recompute(v: str) -> None:
     if v not in RECOMPUTE:
         raise SetupError(f"--recompute {v!r} is not supported; choose one of: {', '.join(RECOMPUTE)}, "
                          + ", ".join(p + ":N" for p in RECOMPUTE_PATTERNS))
+
+
+def check_lora_targets(v: str) -> None:
+    """all-linear, attention, or comma-separated module names (checked against the model where it is built)."""
+    if not isinstance(v, str):
+        raise SetupError(f"--lora-targets must be text, got {v!r} (e.g. --lora-targets q_proj,v_proj)")
+    names = [n.strip() for n in v.split(",")]
+    if v in ("all-linear", "attention"):
+        return
+    if not all(n.isidentifier() for n in names):
+        raise SetupError(f"--lora-targets {v!r}: use all-linear, attention, or comma-separated module names "
+                         "(e.g. q_proj,v_proj)")
+
+
+def lora_target_names(v: str) -> tuple[str, ...]:
+    """The explicit module names of --lora-targets (empty for all-linear / attention)."""
+    return () if v in ("all-linear", "attention") else tuple(n.strip() for n in v.split(","))
 
 
 def parse_pp_split(v: str) -> tuple[int, int] | str:

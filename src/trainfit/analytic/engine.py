@@ -12,6 +12,7 @@ from . import compile_effects, float8, inference
 from .flops import forward_per_token, step_flops
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
+from . import lora
 from .params import count_params
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks
 from .precision import fsdp2_mixed_precision, state_bytes
@@ -210,6 +211,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     )
     timing = None
     detail = {"params_active": pc.active, "head": spec.task_head, **mem.detail}
+    if setup.lora_rank:  # peft's adapters join the model's parameters; only they train (analytic/lora.py)
+        detail["params_trainable"] = lora.adapter_params(spec, setup)
     if spec.task_head in heads.CLASSIFIERS:
         detail["num_labels"] = spec.num_labels
     if gpu is not None:
@@ -245,7 +248,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
                           "timed by the roofline, analytic/ops.py + roofline.py, + exposed communication, bubble, "
                           "optimizer); --mfu overrides it")
-    return Estimate("analytic", spec.name, pc.total, int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
+    return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
                     setup, memory, flops, timing, tuple(notes), detail)
 
 

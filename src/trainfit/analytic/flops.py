@@ -107,4 +107,11 @@ def step_flops(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> 
     # per pipeline stage: torchtitan's layer:N counts the blocks on each rank (activation_checkpoint.py:27-50)
     per_stage = recompute_per_token(spec, setup, spec.layers // setup.pp, layer_forward, attention_layer)
     recompute = setup.pp * per_stage * tokens
+    if setup.lora_rank:  # frozen base: no weight gradients; the adapters' matmuls (analytic/lora.py)
+        from .lora import flops_per_token
+
+        f, b = flops_per_token(spec, setup, fpt, attention_flops_per_token(spec, setup.seq))
+        if setup.recompute == "full":  # the adapters' forward matmuls re-run with their layers (selective: not)
+            recompute += (f - fpt) * tokens
+        return StepFlops(f * tokens, b * tokens, recompute, f + b, f)
     return StepFlops(fwd, 2 * fwd, recompute, 3 * fpt, fpt)

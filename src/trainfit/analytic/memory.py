@@ -7,7 +7,7 @@ as the largest of the step's high points).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..models.hf_config import for_setup
 from ..setup import Setup
@@ -15,6 +15,7 @@ from ..spec import ModelSpec
 from . import compile_effects
 from .activations import keys_per_token
 from .embedding import embedding_saved
+from .lora import adapter_setup, embedding_grad, head_saved_delta, lora_layer_params, lora_states
 from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
@@ -63,6 +64,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     n, largest = rank_params(spec, pc, setup, stage)
     fsdp2 = torchtitan_fsdp(setup)  # the stack's own FSDP2 groups and mixed precision (parallel/fsdp2.py)
     ms = (fsdp2_model_states if fsdp2 else model_states)(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
+    if setup.lora_rank:  # frozen base weights; gradients, masters and optimizer states of the adapters only
+        ms, st_grad, n, largest = lora_states(spec, setup, st, n)
     gathered = 0.0 if fsdp2 else gathered_params(pc, setup, st, stage)
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
@@ -80,7 +83,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     lm_full = layer_memory(spec, setup, pc, st, tokens, keys, "full") if every else None
     head = head_and_loss(spec, setup, st, tokens)
     lm, lm_full, head = compile_effects.apply(spec, setup, st, tokens, lm, head, lm_full)  # --compile
-    gb = st.grad / shard(setup, 2)  # gradient bytes per parameter on this rank
+    gb = (st_grad if setup.lora_rank else st.grad) / shard(setup, 2)  # gradient bytes per parameter on this rank
     # a layer's gradients made during its backward: FSDP2 keeps them unsharded in param_dtype until its
     # post-backward reduce-scatter (parallel/fsdp2.py); otherwise they are the rank's own gradients
     gb_layer = layer_unsharded_grad_bytes(st) if fsdp2 else gb
@@ -92,12 +95,18 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     # both partials and their sum are live. (On a pipeline, Megatron's last stage holds its own copy: not here.)
     tied_partials = 2 * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb \
         if (spec.tied_embeddings and stage.embedding and stage.head) else 0
+    if setup.lora_rank:  # frozen head and embedding: no gradients there; the layers' gradients are the adapters'
+        head_params, tied_partials = 0, 0
+        lp_trainable = lora_layer_params(spec, setup)
+        head = replace(head, saved=head.saved + head_saved_delta(spec, setup) * tokens)
     rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup)
 
     def kind(m: LayerMemory) -> LayerKind:
         # the layer's backward high point: the moment with the most temporaries and gradients made so far
-        moment = max(m.moments, key=lambda x: x.extra - x.freed + x.grads_done * gb_layer)
-        return LayerKind(m.saved, moment.extra + rs, moment.freed, moment.grads_done * gb_layer)
+        # NB (LoRA): the moments' gradients made are scaled to the adapters' share of the layer's parameters
+        share = lp_trainable / lp if setup.lora_rank else 1.0
+        moment = max(m.moments, key=lambda x: x.extra - x.freed + x.grads_done * share * gb_layer)
+        return LayerKind(m.saved, moment.extra + rs, moment.freed, moment.grads_done * share * gb_layer)
 
     kinds = (kind(lm),) + ((kind(lm_full),) if every else ())
     pattern = tuple(1 if (j + 1) % every == 0 else 0 for j in range(stage.layers)) if every else ()
@@ -109,7 +118,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         gradients=ms.gradients,
         accumulating=setup.grad_accum > 1,  # earlier micro-batches' gradients stay live
         head_gradients=head_params * gb,
-        layer_gradients=lp * gb,
+        layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
         layers=stage.layers,
         in_flight=stage.in_flight,
         layer_saved=uniform.saved,
@@ -121,9 +130,10 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         layer_backward=uniform.backward,
         layer_freed=uniform.freed,
         layer_grads_done=uniform.grads_done,
-        embedding_backward=(st.residual * spec.hidden * tokens + tied_partials) if stage.embedding else 0,
+        embedding_backward=embedding_grad(spec, setup, st, tokens) + tied_partials if stage.embedding else 0,
         gathered=gathered,
-        optimizer_transient=ds.step_transient if ds else optimizer_temporaries(setup, st, n / shard(setup, 1), largest),
+        optimizer_transient=ds.step_transient if ds else optimizer_temporaries(
+            adapter_setup(setup, st), st, n / shard(setup, 1), largest),
         norm_kept=head.norm_kept if stage.head else 0,
         norm_backward=head.norm_backward if stage.head else 0,
         gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else

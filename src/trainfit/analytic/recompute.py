@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
+from . import lora
 from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
 from .backward import Moment, layer_moments
@@ -60,6 +61,11 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     frac_moe = pc.moe_layers / spec.layers
     one_layer = (1 - frac_moe) * layer_bytes_per_rank(la, setup, tokens, keys) \
         + frac_moe * layer_bytes_per_rank(la_moe, setup, tokens, keys)
+    adapter_casts = 0.0
+    if setup.lora_rank:  # frozen base, adapters (lora.py); autocast caches casts of trainable leaves only
+        one_layer += lora.layer_saved_delta(spec, setup) * tokens
+        adapter_casts = st.act * lora.adapter_params_per_layer(spec, setup) if st.autocast else 0.0
+        one_layer += lora.layer_fixed_delta(spec, setup)
     casts = 0.0
     recomputed = 0.0
     if setup.recompute == "full":
@@ -76,8 +82,10 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         recomputed = one_layer - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
             (CPU_RNG_STATE if setup.device == "cpu" else 0)
         if st.autocast:
-            # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
-            casts = ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
+            # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not —
+            # of trainable leaves only (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() &&
+            # arg.is_leaf()): with LoRA only the adapters' casts stay, the frozen weights' are freed in the forward
+            casts = adapter_casts if setup.lora_rank else ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
     elif setup.recompute == "op":
         saved = op_sac_stored(spec, setup, st, tokens)
         # the block's backward re-runs its forward first: its whole saved set is live again (the stored outputs

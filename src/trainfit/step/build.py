@@ -29,6 +29,7 @@ import torch
 
 from ..heads import CLASSIFIERS
 from ..models.hf_config import for_setup
+from .lora import apply_lora
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -94,6 +95,7 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
 
     Parameters are fp32 for fp32 / amp-* and bf16 for bf16 / bf16-master (the fp32 master copy of
     bf16-master belongs to the optimizer, see `trainfit.step.standard`).
+    With --lora-rank the model is peft's PeftModel around it (trainfit.step.lora).
     Works under FakeTensorMode and `torch.device("meta")`: the model is created inside
     `with torch.device(device)` and no tensor value is read.
     """
@@ -104,7 +106,7 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     with torch.device(device):
         model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
     model.train()
-    return model
+    return apply_lora(model, setup)  # --lora-rank: peft's adapters, base frozen (step/lora.py)
 
 
 def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:

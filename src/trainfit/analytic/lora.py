@@ -1,0 +1,202 @@
+"""LoRA / DoRA adapters (--lora-rank, --lora-targets, --dora) as peft 0.21 builds them (trainfit/step/lora.py):
+the trainable parameters and what freezing the base and adding the adapters changes in the saved set (no torch).
+
+Parameters (Hu et al. 2021, "LoRA", §4.1: W0 + BA with B ∈ R^{d×r}, A ∈ R^{r×k}): each adapted Linear of `in`
+inputs and `out` outputs gets lora_A (r × in) and lora_B (out × r), no biases (peft lora/layer.py update_layer:
+`nn.Linear(self.in_features, r, bias=False)`, `nn.Linear(r, self.out_features, bias=lora_bias)`, lora_bias False);
+DoRA (Liu et al. 2024, eq. 5) adds a magnitude vector of `out` (peft lora/dora.py:130 `nn.Parameter(weight_norm)`,
+the norm over dim=1 of the (out, in) weight, dora.py:90). peft keeps bf16/fp16 adapters in fp32
+(mapping_func.py:110 autocast_adapter_dtype=True, tuners_utils.py:2705-2760 cast_adapter_dtype).
+
+Saved for backward (autograd saves an input of mm only when the other operand needs its gradient:
+tools/autograd/derivatives.yaml `mm: self: ... mat2` with SavedVariables guarded by should_compute_output):
+- a frozen Linear saves its weight (or autocast's cast of it) for the input gradient, not its input;
+- a frozen norm weight: HF RMSNorm's `weight * hidden.to(dtype)` no longer saves the normalised tensor;
+- the LM head and final norm are frozen: no head input, no normalised tensor;
+- per adapted Linear: lora.Linear casts its input to the adapter dtype (lora/layer.py:1100 `_cast_input_dtype`),
+  lora_A saves that input (under autocast: its own bf16 cast per call), lora_B saves lora_A's r outputs;
+  `* scaling` (a Python float) and the add save nothing.
+"""
+from __future__ import annotations
+
+from ..errors import SetupError
+from ..setup import Setup, lora_target_names
+from ..spec import ModelSpec
+from .activations import FP32
+from .families import family_traits
+from .precision import state_bytes
+
+# the Llama-style block's Linear modules (transformers models/llama/modeling_llama.py LlamaAttention, LlamaMLP)
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+ADAPTER = FP32  # adapter dtype (module docstring)
+
+
+def linears(spec: ModelSpec) -> dict[str, tuple[int, int, str]]:
+    """One layer's Linear modules: name -> (in, out, input group). Inputs of the same group are one tensor (q, k, v
+    read the first norm's output; gate and up the second's)."""
+    traits = family_traits(spec)
+    if traits["fused_qkv"] or traits["fused_gate_up"] or not spec.gated_mlp or spec.moe is not None \
+            or spec.task_head != "causal-lm":
+        raise SetupError(f"--lora-rank: the analytic engine models LoRA on Llama-style causal LMs (q/k/v/o_proj, "
+                         f"gate/up/down_proj); {spec.name} is not one: use --engine trace or measure")
+    h, q, kv, i = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
+    return {"q_proj": (h, q, "norm1"), "k_proj": (h, kv, "norm1"), "v_proj": (h, kv, "norm1"),
+            "o_proj": (q, h, "attn"), "gate_proj": (h, i, "norm2"), "up_proj": (h, i, "norm2"),
+            "down_proj": (i, h, "act")}
+
+
+def targets(spec: ModelSpec, setup: Setup) -> dict[str, tuple[int, int, str]]:
+    """The adapted Linear modules of one layer (all-linear: every one; the LM head is excluded by peft,
+    tuners_utils.py:2464-2469)."""
+    lin = linears(spec)
+    if setup.lora_targets == "all-linear":
+        return lin
+    names = ATTENTION if setup.lora_targets == "attention" else lora_target_names(setup.lora_targets)
+    unknown = [n for n in names if n not in lin]
+    if unknown:
+        raise SetupError(f"--lora-targets: {', '.join(unknown)} not a Linear module of {spec.name}; its Linear "
+                         f"modules: {', '.join(lin)}")
+    return {n: lin[n] for n in names}
+
+
+def adapter_params_per_layer(spec: ModelSpec, setup: Setup) -> int:
+    """r·(in + out) per adapted Linear, + out for DoRA's magnitude (module docstring)."""
+    r = setup.lora_rank
+    return sum(r * (i + o) + (o if setup.dora else 0) for i, o, _ in targets(spec, setup).values())
+
+
+def adapter_params(spec: ModelSpec, setup: Setup) -> int:
+    return spec.layers * adapter_params_per_layer(spec, setup)
+
+
+def largest_adapter(spec: ModelSpec, setup: Setup) -> int:
+    r = setup.lora_rank
+    return max(r * max(i, o) for i, o, _ in targets(spec, setup).values())
+
+
+def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes per token one layer saves with adapters minus what it saves in full fine-tuning (the layer's input
+    needing its gradient, as in every layer past the first).
+    NB: without checkpointing the frozen embedding's output needs no gradient, so the first layer's frozen q/k/v
+    keep nothing at all (not even their weight casts under autocast): over-estimates by about that one layer's
+    share (+0.6% on a 2-layer tiny Llama under amp-bf16, 1/L of it on deeper models)."""
+    st = state_bytes(setup)
+    a, res, amp, r = st.act, st.residual, st.autocast, setup.lora_rank
+    lin, tgt = linears(spec), targets(spec, setup)
+    # full fine-tuning: every Linear's input, for its weight gradient — under autocast each call's own cast of the
+    # norm outputs (activations.py "linear_inputs"), the attention output and the MLP product once each
+    full = sum((a * i if amp or g in ("attn", "act") else 0) for i, _, g in lin.values())
+    if not amp:
+        full += a * spec.hidden * 2  # the two norm outputs, one tensor each
+    # frozen norm weights: the normalised tensor the weight multiplies is no longer saved (activations._norm_saved)
+    norm_fp32 = family_traits(spec)["norm_fp32"]
+    full += spec.norms_per_layer * (FP32 if norm_fp32 else res) * spec.hidden
+    lora = 0.0
+    groups_saved = set()
+    for name, (i, o, g) in tgt.items():
+        group_dtype = res if g.startswith("norm") else a  # norm outputs in the residual dtype; the rest in act
+        if amp:
+            lora += a * i  # lora_A under autocast: its own cast of the input, per call
+        elif group_dtype != ADAPTER:
+            lora += ADAPTER * i  # _cast_input_dtype makes a new fp32 copy per call, saved by lora_A
+        elif g not in groups_saved:
+            lora += ADAPTER * i  # the input itself (shared by the group's adapters)
+            groups_saved.add(g)
+        lora += (a if amp else ADAPTER) * r  # lora_B's input: lora_A's r outputs
+        if setup.dora:
+            # dora.py:165 `(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling`: each mul
+            # keeps its activation for the magnitude's gradient — the base Linear's output (compute dtype) and
+            # lora_B's output (bf16 under autocast, else the fp32 adapter dtype)
+            lora += (a + (a if amp else ADAPTER)) * o
+    return lora - full
+
+
+def layer_fixed_delta(spec: ModelSpec, setup: Setup) -> float:
+    """Batch-independent bytes one layer's adapters save: under autocast the cached bf16 casts of the adapters
+    (trainable leaves: aten/src/ATen/autocast_mode.cpp cached_cast), and DoRA's per-output fp32 vectors — the
+    detached weight norm kept by `magnitude / weight_norm` and mag_norm_scale − 1 and mag_norm_scale kept by the
+    two multiplies (dora.py:153,165). (The frozen weights' casts are not cached but their Linear keeps them for
+    the input gradient: the same bytes as full fine-tuning's cached casts, activations.py `fixed`.)"""
+    st = state_bytes(setup)
+    casts = st.act * adapter_params_per_layer(spec, setup) if st.autocast else 0.0
+    dora = 3 * FP32 * sum(o for _, o, _ in targets(spec, setup).values()) if setup.dora else 0.0
+    return casts + dora
+
+
+def head_saved_delta(spec: ModelSpec, setup: Setup) -> float:
+    """Per token: the frozen final norm and LM head save neither the normalised tensor nor the head's input
+    (loss.head_and_loss counts both)."""
+    st = state_bytes(setup)
+    norm = (FP32 if family_traits(spec)["norm_fp32"] else st.residual) * spec.hidden if spec.final_norm else 0
+    return -(norm + st.act * spec.hidden)
+
+
+def lora_layer_params(spec: ModelSpec, setup: Setup) -> int:
+    """One layer's trainable parameters: its adapters."""
+    return adapter_params_per_layer(spec, setup)
+
+
+def _adapter_optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """The optimizer state of the fp32 adapters: per element as precision.state_bytes gives it for fp32 parameters;
+    Adafactor (Shazeer & Stern 2018, Alg. 4) keeps row + column statistics per matrix, a full vector for DoRA's
+    magnitude (as analytic/optimizer.adafactor_state does for the full model)."""
+    st32 = state_bytes(setup.with_(precision="fp32", lora_rank=setup.lora_rank))
+    if not st32.factored:
+        return adapter_params(spec, setup) * st32.optimizer
+    r = setup.lora_rank
+    per_layer = sum((r + i) + (o + r) + (o if setup.dora else 0) for i, o, _ in targets(spec, setup).values())
+    return FP32 * spec.layers * per_layer
+
+
+def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
+    """(ModelStates, gradient bytes per trainable element, trainable parameters, largest trainable tensor) of a
+    LoRA step: the base weights (`n`) frozen in the policy's weight dtype; the fp32 adapters, their fp32 gradients,
+    fp32 masters (bf16-master: trainfit.step.MasterWeightOptimizer copies every trainable parameter) and optimizer
+    states; DDP's bucket buffers hold the adapters' gradients only (torch DDP buckets parameters with
+    requires_grad, torch/nn/parallel/distributed.py _build_params_for_reducer)."""
+    from .parallel.zero import ModelStates
+
+    if setup.compile:
+        raise SetupError("--lora-rank with --compile: the analytic engine models torch.compile's saved set for full "
+                         "fine-tuning only; use --engine trace, or drop --compile")
+    if setup.tp > 1 or setup.pp > 1 or setup.zero > 0 or setup.cp > 1:
+        raise SetupError("--lora-rank: the analytic engine models LoRA on one rank or DDP (--dp); drop --tp, --pp, "
+                         "--cp and --zero")
+    n_a = adapter_params(spec, setup)
+    weights = n * st.weight + n_a * ADAPTER
+    master = n_a * FP32 if st.master else 0.0
+    comm = n_a * ADAPTER if setup.dp > 1 else 0.0
+    states = ModelStates(weights, n_a * ADAPTER, master, _adapter_optimizer_bytes(spec, setup), comm)
+    return states, ADAPTER, n_a, largest_adapter(spec, setup)
+
+
+def embedding_grad(spec: ModelSpec, setup: Setup, st, tokens: int) -> float:
+    """The embedding output's gradient at the end of backward: full fine-tuning always; with LoRA only under
+    checkpointing, where transformers' enable_input_require_grads makes the frozen embedding's output require grad
+    (modeling_utils.py:3181-3189); otherwise the backward stops at the first adapter."""
+    if setup.lora_rank and setup.recompute == "none":
+        return 0.0
+    return st.residual * spec.hidden * tokens
+
+
+def adapter_setup(setup: Setup, st) -> Setup:
+    """The setup whose optimizer temporaries are the adapters': their state dtype is fp32 under every policy
+    (module docstring); bf16-master keeps its master copies. Unchanged without LoRA."""
+    if not setup.lora_rank or st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16"):
+        return setup
+    return setup.with_(precision="fp32")
+
+
+def flops_per_token(spec: ModelSpec, setup: Setup, fpt: float, attention: float) -> tuple[float, float]:
+    """(forward, backward) FLOPs per token with adapters. Forward: the model's `fpt` plus 2 FLOPs per MAC of each
+    adapter's two matmuls, r·(in + out) MACs (Hu et al. 2021 §4.1). Backward: the attention core twice its forward
+    (both operands need gradients); every frozen Linear (LM head included) only its input gradient, once its
+    forward (no weight-gradient GEMM: derivatives.yaml mm, mat2 not needing grad); the adapters twice theirs.
+    NB: the first layer's frozen q/k/v compute no input gradient without checkpointing, and DoRA's
+    batch-independent weight-norm pass is not counted: both small over/under-counts."""
+    r = setup.lora_rank
+    adapters = 2 * spec.layers * sum(r * (i + o) for i, o, _ in targets(spec, setup).values())
+    forward = fpt + adapters
+    backward = 2 * attention + (fpt - attention) + 2 * adapters
+    return forward, backward

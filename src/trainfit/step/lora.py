@@ -1,0 +1,114 @@
+"""LoRA/DoRA adapters on the built transformers model (--lora-rank, --lora-targets, --dora), as peft builds them.
+
+`apply_lora` wraps the model with peft's own `get_peft_model(model, LoraConfig(...))`, so the trace and measure
+engines run peft's real lora.Linear forward: the base weights stay in the precision's weight dtype with
+requires_grad False; the adapters (lora_A, lora_B, DoRA's magnitude) are the only trainable parameters (the
+optimizer takes requires_grad parameters only, trainfit.step.standard._params). Choices that affect memory:
+- lora_alpha = 2·r: alpha only scales the adapter output (peft lora/layer.py `scaling = lora_alpha / r`), no memory;
+- lora_dropout = 0.0: peft then uses nn.Identity, so no dropout mask and no dropped copy of the input is saved
+  (peft lora/layer.py update_layer: `nn.Dropout(p) if p > 0 else nn.Identity()`);
+- peft's default autocast_adapter_dtype=True keeps bf16/fp16 adapters in fp32 (peft mapping_func.py:110,
+  tuners_utils.py _cast_adapter_dtype), and lora.Linear casts its input to the adapter dtype
+  (lora/layer.py Linear.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)`).
+- gradient checkpointing: transformers' activation_checkpointing_enable calls enable_input_require_grads for
+  input_ids models (modeling_utils.py:3181-3189), as peft does (peft_model.py:722-735), so that the frozen
+  embedding's output requires grad; trainfit.step.standard.enable_recompute runs after this wrap, as the HF
+  Trainer calls activation_checkpointing_enable on the (Peft)model it is given (trainer.py:1510-1511).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import SetupError
+from ..setup import lora_target_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..setup import Setup
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """The distinct leaf names of the model's Linear / Conv1D modules except the output head (what all-linear
+    selects: peft tuners_utils.py:2445-2469 _maybe_include_all_linear_layers)."""
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+             if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head}
+    return sorted(names)
+
+
+def attention_names(model: torch.nn.Module) -> list[str]:
+    """Leaf names of the Linear / Conv1D modules inside the attention blocks (class name ending in Attention)."""
+    from transformers.pytorch_utils import Conv1D
+
+    out = set()
+    for m in model.modules():
+        if type(m).__name__.endswith("Attention"):
+            out |= {n.rsplit(".", 1)[-1] for n, c in m.named_modules() if isinstance(c, (torch.nn.Linear, Conv1D))}
+    return sorted(out)
+
+
+def target_modules(model: torch.nn.Module, setup: "Setup"):
+    """peft's target_modules for --lora-targets: "all-linear", the attention projections, or the names given
+    (unknown names refused with the model's Linear names)."""
+    if setup.lora_targets == "all-linear":
+        return "all-linear"
+    available = linear_names(model)
+    names = attention_names(model) if setup.lora_targets == "attention" else list(lora_target_names(setup.lora_targets))
+    unknown = [n for n in names if n not in available]
+    if unknown or not names:
+        raise SetupError(f"--lora-targets: {', '.join(unknown) or setup.lora_targets} not a Linear module of this "
+                         f"model; its Linear modules: {', '.join(available)}")
+    return names
+
+
+def apply_lora(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
+    """The PeftModel of `model` with --lora-rank adapters (module docstring), or `model` when the rank is 0."""
+    if not setup.lora_rank:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    r = setup.lora_rank
+    config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=target_modules(model, setup),
+                        use_dora=setup.dora, bias="none")
+    with _fake_safe_adapter_moves(model):
+        return get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def _fake_safe_adapter_moves(model: torch.nn.Module):
+    """Under FakeTensorMode (the trace engine), peft moves each new adapter and lora.Linear to its base layer's
+    device and dtype with Module.to (tuners_utils.py:2210, lora/model.py:496), and torch's Module._apply swaps fake
+    parameters with torch.utils.swap_tensors (nn/modules/module.py:968-987), which fails on fake tensors
+    ("Cannot swap t1 because it has weakref associated with it", even for a plain nn.Linear). On fake tensors we
+    make the same move by reassigning each parameter and buffer that changes (as peft's own cast_adapter_dtype
+    does, tuners_utils.py:2745-2760): the resulting devices and dtypes are those of Module.to. Real tensors take
+    torch's path unchanged."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if not any(is_fake(p) for p in model.parameters()):
+        yield
+        return
+    original = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        for owner in self.modules():
+            for name, p in list(owner.named_parameters(recurse=False)):
+                want = p.to(device=device, dtype=dtype if dtype is not None and p.is_floating_point() else None)
+                if want is not p:
+                    setattr(owner, name, torch.nn.Parameter(want.detach(), p.requires_grad))
+            for name, b in list(owner.named_buffers(recurse=False)):
+                if b is not None:
+                    owner._buffers[name] = b.to(device=device, dtype=dtype if dtype is not None and
+                                                b.is_floating_point() else None)
+        return self
+
+    torch.nn.Module.to = to
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original
