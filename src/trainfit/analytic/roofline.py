@@ -44,6 +44,7 @@ class Kernels:
     attn_tiles: dict[str, tuple[tuple[int, int, int], ...]] = field(
         default_factory=lambda: {"default": ((64, 128, 128), (128, 128, 64), (256, 64, 64))})
     l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
+    nccl_channels: int = 0            # SMs an NCCL collective occupies (one CTA per channel); 0 = not modelled
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -90,6 +91,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        tile=tuple(d.get("tile", (256, 128))),
                        attn_tiles=_attn_tiles(d["attn_tiles"]),
                        l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
+                       nccl_channels=int(d.get("nccl_channels", 0)),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None

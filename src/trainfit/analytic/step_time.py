@@ -50,7 +50,8 @@ overlap the forward) and only the part longer than that compute is exposed — b
 25 MiB bucket (DDP's default bucket_cap_mb), which must wait for the last layer's gradients. The ZeRO-1/2
 weight all-gather after the optimizer step is exposed. Tensor-parallel all-reduces and pipeline sends are on
 the critical path (not overlapped).
-NB: perfect overlap up to the compute time is optimistic (comm kernels also steal SMs and memory bandwidth);
+The overlapped compute runs on the SMs NCCL leaves free (analytic/overlap.py); the slowdown is counted in dp_comm.
+NB: the collectives' HBM traffic is not counted against the overlapped kernels (optimistic);
 exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-comm-overlap). Latency terms
 (α in the α-β model) are ignored: optimistic for very large rings and small messages.
 """
@@ -64,6 +65,7 @@ from ..spec import ModelSpec
 from .compute_time import cached_stage_compute, optimizer_seconds, tensors_per_rank
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
+from .overlap import exposed
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 from .parallel.pipeline import split
@@ -212,21 +214,21 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     if dpc > 1:
         if z == 0:
             total = ring_allreduce(dpc, g_bytes, dp_bw)
-            once_exposed = max(total - (c_b + c_r), bucket_t)
+            once_exposed = max(exposed(gpu, total, c_b + c_r), bucket_t)
         elif z == 1:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = rs + ag
-            once_exposed = max(rs - (c_b + c_r), bucket_t / 2) + ag
+            once_exposed = max(exposed(gpu, rs, c_b + c_r), bucket_t / 2) + ag
         elif z == 2:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * rs + ag
-            per_mb_exposed = max(rs - (c_b + c_r), bucket_t / 2)
+            per_mb_exposed = max(exposed(gpu, rs, c_b + c_r), bucket_t / 2)
             once_exposed = ag
         else:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * (2 * ag + rs)
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
-            per_mb_exposed = max(ag - c_f, 0.0) + max(ag + rs - (c_b + c_r), bucket_t / 2)
+            per_mb_exposed = exposed(gpu, ag, c_f) + max(exposed(gpu, ag + rs, c_b + c_r), bucket_t / 2)
     else:
         total = 0.0
 
