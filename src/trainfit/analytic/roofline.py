@@ -45,6 +45,7 @@ class Kernels:
         default_factory=lambda: {"default": ((64, 128, 128), (128, 128, 64), (256, 64, 64))})
     l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
     nccl_channels: int = 0            # SMs an NCCL collective occupies (one CTA per channel); 0 = not modelled
+    link_fraction: float = 1.0        # NCCL bus bandwidth / datasheet NVLink rate (1.0 = not measured)
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -92,6 +93,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        attn_tiles=_attn_tiles(d["attn_tiles"]),
                        l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
                        nccl_channels=int(d.get("nccl_channels", 0)),
+                       link_fraction=float(d.get("link_fraction", 1.0)),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None

@@ -30,7 +30,8 @@ Sources:
     sends its tokens × top_k × hidden × 2 bytes to the experts and back (dispatch + combine), in the forward and
     again in the backward: 4 all-to-alls, (ep−1)/ep of the volume leaving the rank. NB: on the critical path (not
     overlapped): pessimistic for --overlap-moe-expert-parallel-comm.
-  * ring collectives (Patarasuk & Yuan 2009; NCCL "bus bandwidth"): all-reduce 2(n−1)/n · bytes / bw,
+  * ring collectives (Patarasuk & Yuan 2009; NCCL "bus bandwidth"): all-reduce 2(n−1)/n · bytes / bw, bw = the NVLink
+    rate × the bus-bandwidth fraction NCCL reaches (data/kernels.toml link_fraction) inside a node,
     reduce-scatter and all-gather (n−1)/n · bytes / bw each.
   * tensor parallelism (Shoeybi et al. 2019 §3, Fig. 4): 2 all-reduces of b·s·h activations per layer in the
     forward and 2 in the backward; full recompute repeats the forward's 2 (Korthikanti et al. 2022 §4.1). With
@@ -66,6 +67,7 @@ from .compute_time import cached_stage_compute, optimizer_seconds, tensors_per_r
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .overlap import exposed
+from .roofline import kernels_for
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 from .parallel.pipeline import split
@@ -166,7 +168,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         attn_f = tokens * costs.attention_per_layer / t / peak
         achieved = efficiency
 
-    intra, inter, gpn = gpu.intra_node_bandwidth, gpu.inter_node_bandwidth, gpu.gpus_per_node
+    # NCCL reaches link_fraction of the NVLink line rate (protocol overhead; data/kernels.toml)
+    intra = gpu.intra_node_bandwidth * kernels_for(gpu).link_fraction
+    inter, gpn = gpu.inter_node_bandwidth, gpu.gpus_per_node
     act_bytes = st.act
     x = tokens * spec.hidden * act_bytes  # one b·s·h activation
     # TP: 2 all-reduces per layer forward, 2 backward, +2 with full recompute (Korthikanti et al. 2022 §4.1) — and
