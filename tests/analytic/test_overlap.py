@@ -24,3 +24,15 @@ def test_long_collective_is_the_wall_time():
 def test_no_collective_or_no_channel_data_costs_nothing():
     assert overlapped_seconds(H100, 0.0, 1.0) == 1.0
     assert overlapped_seconds(get_gpu("MI300X"), 0.5, 1.0) == 1.0  # no nccl_channels entry: not modelled
+
+
+def test_memory_bound_kernels_share_hbm_with_the_collective():
+    a100 = get_gpu("A100-80GB")
+    # A100: 2039 GB/s x 0.863 (STREAM triad) = 1760 GB/s achieved; an NVLink collective at 207 GB/s stores and
+    # re-reads every byte (nccl#1428): 414 GB/s of it gone -> memory-bound kernels at 1346/1760 = 0.765 speed;
+    # GEMMs on 84 of 108 SMs (24 NCCL channels) = 0.778. Half the work of each kind: 1 s of work takes
+    # 0.5/0.778 + 0.5/0.765 = 1.296 s overlapped, i.e. progress rate 0.7716
+    r = 1 / (0.5 / (84 / 108) + 0.5 / ((1760 - 414) / 1760))
+    assert overlapped_seconds(a100, 0.5, 1.0, mem_share=0.5, link_bw=207e9) == pytest.approx(1 + 0.5 * (1 - r), rel=2e-3)
+    # a slow inter-node link barely touches HBM: the slowdown is then mostly the SMs'
+    assert exposed(a100, 0.5, 1.0, mem_share=0.5, link_bw=25e9) < exposed(a100, 0.5, 1.0, mem_share=0.5, link_bw=207e9)

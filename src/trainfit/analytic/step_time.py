@@ -154,6 +154,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         matmul_s = tot.gemm + tot.attention
         achieved = tot.flops / (matmul_s * dense_peak) if matmul_s > 0 else 0.0
         terms = {k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")}
+        mem = tot.memory / tot.seconds if tot.seconds > 0 else 0.0  # memory-bound share (overlap.py's HBM contention)
     else:
         peak = dense_peak * efficiency
         # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
@@ -167,6 +168,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         c_f, c_b, c_r = fwd / peak, 2 * fwd / peak, rec / peak
         attn_f = tokens * costs.attention_per_layer / t / peak
         achieved = efficiency
+        mem = 0.0  # the flat override has no memory-bound kernels
 
     # NCCL reaches link_fraction of the NVLink line rate (protocol overhead; data/kernels.toml)
     intra = gpu.intra_node_bandwidth * kernels_for(gpu).link_fraction
@@ -218,21 +220,22 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     if dpc > 1:
         if z == 0:
             total = ring_allreduce(dpc, g_bytes, dp_bw)
-            once_exposed = max(exposed(gpu, total, c_b + c_r), bucket_t)
+            once_exposed = max(exposed(gpu, total, c_b + c_r, mem, dp_bw), bucket_t)
         elif z == 1:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = rs + ag
-            once_exposed = max(exposed(gpu, rs, c_b + c_r), bucket_t / 2) + ag
+            once_exposed = max(exposed(gpu, rs, c_b + c_r, mem, dp_bw), bucket_t / 2) + ag
         elif z == 2:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * rs + ag
-            per_mb_exposed = max(exposed(gpu, rs, c_b + c_r), bucket_t / 2)
+            per_mb_exposed = max(exposed(gpu, rs, c_b + c_r, mem, dp_bw), bucket_t / 2)
             once_exposed = ag
         else:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * (2 * ag + rs)
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
-            per_mb_exposed = exposed(gpu, ag, c_f) + max(exposed(gpu, ag + rs, c_b + c_r), bucket_t / 2)
+            per_mb_exposed = (exposed(gpu, ag, c_f, mem, dp_bw)
+                              + max(exposed(gpu, ag + rs, c_b + c_r, mem, dp_bw), bucket_t / 2))
     else:
         total = 0.0
 
