@@ -44,6 +44,8 @@ class Kernels:
     attn_tiles: dict[str, tuple[tuple[int, int, int], ...]] = field(
         default_factory=lambda: {"default": ((64, 128, 128), (128, 128, 64), (256, 64, 64))})
     l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
+    nccl_channels: int = 0            # SMs an NCCL collective occupies (one CTA per channel); 0 = not modelled
+    link_fraction: float = 1.0        # NCCL bus bandwidth / datasheet NVLink rate (1.0 = not measured)
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -68,15 +70,30 @@ def _table() -> dict:
     return tomllib.loads(resources.files("trainfit.data").joinpath("kernels.toml").read_text())
 
 
-def _build(entry: dict, gen: dict, name: str, known: bool) -> Kernels:
+def power_clock(watts: float, ref_watts: float, static_watts: float) -> float:
+    """SM clock at a board power cap `watts` relative to the clock the fractions were measured at (`ref_watts`).
+    Board power = static + dynamic, dynamic = a*C*V^2*f (CMOS switching power) with V rising ~linearly with f over
+    the DVFS range, so dynamic ∝ f^3 and f/f_ref = ((P - P_static) / (P_ref - P_static))^(1/3); tensor-core FLOP/s ∝ f.
+    NB: V ∝ f is the upper DVFS range; near the minimum voltage dynamic power ∝ f and the loss is larger (errs
+    optimistic at deep caps); a kernel that drew less than ref_watts uncapped loses less (errs pessimistic)."""
+    if not ref_watts or watts >= ref_watts:
+        return 1.0
+    return (max(watts - static_watts, 0.0) / (ref_watts - static_watts)) ** (1 / 3)
+
+
+def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -> Kernels:
     d = {**gen, **entry}
     try:
-        return Kernels(sms=int(d["sms"]), matmul_fraction=dict(d["matmul_fraction"]),
+        return Kernels(sms=int(d["sms"]), matmul_fraction={k: v * clock for k, v in d["matmul_fraction"].items()},
                        hbm_fraction=float(d["hbm_fraction"]), launch_seconds=float(d["launch_seconds"]),
-                       attention=dict(d["attention"]), attention_bwd=dict(d.get("attention_bwd", {})),
+                       attention={k: v * clock if k != "eager" else v for k, v in d["attention"].items()},
+                       attention_bwd={k: v * clock if k != "eager" else v
+                                      for k, v in d.get("attention_bwd", {}).items()},
                        tile=tuple(d.get("tile", (256, 128))),
                        attn_tiles=_attn_tiles(d["attn_tiles"]),
                        l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
+                       nccl_channels=int(d.get("nccl_channels", 0)),
+                       link_fraction=float(d.get("link_fraction", 1.0)),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
@@ -94,18 +111,25 @@ _DEFAULT_GEN = {"nvidia": "ampere", "amd": "cdna3"}
 
 
 @lru_cache(maxsize=64)
-def _kernels_by_name(name: str, vendor: str) -> Kernels:
+def _kernels_by_name(name: str, vendor: str, watts: float = 0.0) -> Kernels:
+    """`watts`: the board's power cap (gpus.json power_watts); it lowers the compute fractions of an entry whose
+    fractions were measured on a board with more power (kernels.toml `fraction_watts`, see power_clock)."""
     t = _table()
     entry = t["gpu"].get(name)
     if entry is None:
         gen = _DEFAULT_GEN.get(vendor, "ampere")
         return _build({"sms": 1, "generation": gen}, t["generation"][gen], name, known=False)
-    return _build(entry, t["generation"][entry["generation"]], name, known=True)
+    clock = 1.0
+    if watts and entry.get("fraction_watts"):
+        from .energy import static_watts  # lazy: energy -> terms -> step_time imports this module
+        from ..hardware import get_gpu
+        clock = power_clock(watts, float(entry["fraction_watts"]), static_watts(get_gpu(name)))
+    return _build(entry, t["generation"][entry["generation"]], name, known=True, clock=clock)
 
 
 def kernels_for(gpu: GPU) -> Kernels:
     """Kernel data for `gpu` by its canonical name (catalog aliases resolve to it in hardware.get_gpu)."""
-    return _kernels_by_name(gpu.name, gpu.vendor)
+    return _kernels_by_name(gpu.name, gpu.vendor, gpu.power_watts)
 
 
 def _size(dtype: str) -> int:

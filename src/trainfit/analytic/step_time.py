@@ -30,7 +30,8 @@ Sources:
     sends its tokens × top_k × hidden × 2 bytes to the experts and back (dispatch + combine), in the forward and
     again in the backward: 4 all-to-alls, (ep−1)/ep of the volume leaving the rank. NB: on the critical path (not
     overlapped): pessimistic for --overlap-moe-expert-parallel-comm.
-  * ring collectives (Patarasuk & Yuan 2009; NCCL "bus bandwidth"): all-reduce 2(n−1)/n · bytes / bw,
+  * ring collectives (Patarasuk & Yuan 2009; NCCL "bus bandwidth"): all-reduce 2(n−1)/n · bytes / bw, bw = the NVLink
+    rate × the bus-bandwidth fraction NCCL reaches (data/kernels.toml link_fraction) inside a node,
     reduce-scatter and all-gather (n−1)/n · bytes / bw each.
   * tensor parallelism (Shoeybi et al. 2019 §3, Fig. 4): 2 all-reduces of b·s·h activations per layer in the
     forward and 2 in the backward; full recompute repeats the forward's 2 (Korthikanti et al. 2022 §4.1). With
@@ -50,7 +51,8 @@ overlap the forward) and only the part longer than that compute is exposed — b
 25 MiB bucket (DDP's default bucket_cap_mb), which must wait for the last layer's gradients. The ZeRO-1/2
 weight all-gather after the optimizer step is exposed. Tensor-parallel all-reduces and pipeline sends are on
 the critical path (not overlapped).
-NB: perfect overlap up to the compute time is optimistic (comm kernels also steal SMs and memory bandwidth);
+The overlapped compute runs on the SMs NCCL leaves free (analytic/overlap.py); the slowdown is counted in dp_comm.
+NB: the collectives' HBM traffic is not counted against the overlapped kernels (optimistic);
 exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-comm-overlap). Latency terms
 (α in the α-β model) are ignored: optimistic for very large rings and small messages.
 """
@@ -64,6 +66,8 @@ from ..spec import ModelSpec
 from .compute_time import cached_stage_compute, optimizer_seconds, tensors_per_rank
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
+from .overlap import exposed
+from .roofline import kernels_for
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 from .parallel.pipeline import split
@@ -150,6 +154,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         matmul_s = tot.gemm + tot.attention
         achieved = tot.flops / (matmul_s * dense_peak) if matmul_s > 0 else 0.0
         terms = {k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")}
+        mem = tot.memory / tot.seconds if tot.seconds > 0 else 0.0  # memory-bound share (overlap.py's HBM contention)
     else:
         peak = dense_peak * efficiency
         # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
@@ -163,8 +168,11 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         c_f, c_b, c_r = fwd / peak, 2 * fwd / peak, rec / peak
         attn_f = tokens * costs.attention_per_layer / t / peak
         achieved = efficiency
+        mem = 0.0  # the flat override has no memory-bound kernels
 
-    intra, inter, gpn = gpu.intra_node_bandwidth, gpu.inter_node_bandwidth, gpu.gpus_per_node
+    # NCCL reaches link_fraction of the NVLink line rate (protocol overhead; data/kernels.toml)
+    intra = gpu.intra_node_bandwidth * kernels_for(gpu).link_fraction
+    inter, gpn = gpu.inter_node_bandwidth, gpu.gpus_per_node
     act_bytes = st.act
     x = tokens * spec.hidden * act_bytes  # one b·s·h activation
     # TP: 2 all-reduces per layer forward, 2 backward, +2 with full recompute (Korthikanti et al. 2022 §4.1) — and
@@ -212,21 +220,22 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     if dpc > 1:
         if z == 0:
             total = ring_allreduce(dpc, g_bytes, dp_bw)
-            once_exposed = max(total - (c_b + c_r), bucket_t)
+            once_exposed = max(exposed(gpu, total, c_b + c_r, mem, dp_bw), bucket_t)
         elif z == 1:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = rs + ag
-            once_exposed = max(rs - (c_b + c_r), bucket_t / 2) + ag
+            once_exposed = max(exposed(gpu, rs, c_b + c_r, mem, dp_bw), bucket_t / 2) + ag
         elif z == 2:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * rs + ag
-            per_mb_exposed = max(rs - (c_b + c_r), bucket_t / 2)
+            per_mb_exposed = max(exposed(gpu, rs, c_b + c_r, mem, dp_bw), bucket_t / 2)
             once_exposed = ag
         else:
             rs, ag = ring_half(dpc, g_bytes, dp_bw), ring_half(dpc, w_bytes, dp_bw)
             total = m * (2 * ag + rs)
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
-            per_mb_exposed = max(ag - c_f, 0.0) + max(ag + rs - (c_b + c_r), bucket_t / 2)
+            per_mb_exposed = (exposed(gpu, ag, c_f, mem, dp_bw)
+                              + max(exposed(gpu, ag + rs, c_b + c_r, mem, dp_bw), bucket_t / 2))
     else:
         total = 0.0
 
