@@ -102,10 +102,10 @@ def test_tied_embedding_gradient_keeps_the_loss_blocks_cached():
 
 def test_held_segments_pack_by_pool():
     # kSmallBuffer 2 MiB segments for <= 1 MiB requests, kLargeBuffer 20 MiB for 1-10 MiB, 2 MiB multiples above
-    assert overheads.held_segments({512 * 1024: 3}) == 2 * MiB
-    assert overheads.held_segments({3 * MiB: 7}) == 40 * MiB
-    assert overheads.held_segments({11 * MiB + 1: 2}) == 2 * 12 * MiB
-    assert overheads.held_segments({100: 1, 3 * MiB: 1, 10 * MiB: 1}) == 2 * MiB + 20 * MiB + 10 * MiB
+    assert overheads.held_segments({512 * 1024: 3}.items()) == 2 * MiB
+    assert overheads.held_segments({3 * MiB: 7}.items()) == 40 * MiB
+    assert overheads.held_segments({11 * MiB + 1: 2}.items()) == 2 * 12 * MiB
+    assert overheads.held_segments({100: 1, 3 * MiB: 1, 10 * MiB: 1}.items()) == 2 * MiB + 20 * MiB + 10 * MiB
 
 
 def test_reserve_is_an_extra_margin_on_top_of_the_device_total():

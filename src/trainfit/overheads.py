@@ -120,15 +120,16 @@ def fixed_bytes(gpu: GPU | None, setup) -> int:
     return sum(allocator_held(gpu, setup).values()) + sum(overheads(gpu, setup).values())
 
 
-def held_segments(requests: dict[int, int]) -> int:
-    """The segments the caching allocator holds for requests (bytes -> how many) that are all live at once (or that
+def held_segments(requests) -> int:
+    """The segments the caching allocator holds for requests ((bytes, how many) pairs) that are all live at once (or that
     it keeps apart), none served from an earlier block: round_size each (CUDACachingAllocator.cpp, 512 B
     granularity), then get_allocation_size's pools: requests <= 1 MiB are packed into 2 MiB small-pool segments
     (kSmallBuffer), 1-10 MiB ones into 20 MiB segments (kLargeBuffer, split by alloc_found_block), larger ones get
     a segment of their own rounded to 2 MiB (kRoundLarge). NB: packing is taken as perfect (under-reads by < one
     segment per pool)."""
     small = mid = large = 0
-    for nbytes, count in requests.items():
+    for nbytes, count in requests:
+        nbytes = int(nbytes)
         if nbytes <= 0:
             continue
         n = round_size(nbytes, _DEFAULT_CONF)

@@ -66,14 +66,6 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
     return max(mlp, logits, tied)
 
 
-def _held(requests) -> int:
-    """overheads.held_segments of (bytes, count) pairs, equal sizes merged."""
-    sizes: dict[int, int] = {}
-    for nbytes, count in requests:
-        sizes[int(nbytes)] = sizes.get(int(nbytes), 0) + count
-    return overheads.held_segments(sizes)
-
-
 def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
     """FSDP2's blocks on its side streams, which the compute stream cannot reuse (parallel/fsdp2.py
     side_stream_blocks; trace/streams.py for the file:line facts), beyond what the allocated peak already counts:
@@ -98,16 +90,16 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
         kinds = {"embedding": pc.embedding / t * first, "layer": lp, "head": head}
     else:
         kinds = {"root": pc.embedding / t * first + head, "layer": lp}
-    copy_in = side_stream_blocks(kinds, st, setup, overheads.held_segments)
+    copy_in = side_stream_blocks(kinds, st, setup)
     # compute stream: torchtitan reshards the embedding after forward and [norm, output] after its backward, both
     # before a block's backward peak; their unsharded parameters' blocks (copy-out targets, param_dtype,
     # _fsdp_param.py:616-627 alloc_storage, per parameter) stay cached, larger than any block request after them.
     # NB: counts the embedding's and the output weight's blocks only (norms are small-pool bytes).
     p = st.param or st.weight
-    copy_out = (_held(((pc.embedding / t * first * p, 1), (pc.lm_head / t * last * p, 1)))
+    copy_out = (overheads.held_segments(((pc.embedding / t * first * p, 1), (pc.lm_head / t * last * p, 1)))
                 if setup.stack == "torchtitan" and reshards_after_forward(setup) else 0)
     r = st.reduce or st.grad
-    reduce_out = _held((n * r / setup.dp, layers if k == "layer" else 1) for k, n in kinds.items())
+    reduce_out = overheads.held_segments((n * r / setup.dp, layers if k == "layer" else 1) for k, n in kinds.items())
     return copy_in + copy_out + max(0, reduce_out - int(mem.at_peak.get("gradients", 0)))
 
 

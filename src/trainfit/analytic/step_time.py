@@ -52,7 +52,7 @@ overlap the forward) and only the part longer than that compute is exposed — b
 weight all-gather after the optimizer step is exposed. Tensor-parallel all-reduces and pipeline sends are on
 the critical path (not overlapped).
 The overlapped compute runs on the SMs NCCL leaves free (analytic/overlap.py); the slowdown is counted in dp_comm.
-NB: the collectives' HBM traffic is not counted against the overlapped kernels (optimistic);
+NB: the collectives' HBM traffic slows only the overlapped memory-bound kernels, not the GEMMs' reads (optimistic);
 exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-comm-overlap). Latency terms
 (α in the α-β model) are ignored: optimistic for very large rings and small messages.
 """

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...overheads import held_segments
 from ...setup import Setup
 from ..params import ParamCounts
 from ..precision import StateBytes
@@ -127,12 +128,11 @@ def layer_unsharded_grad_bytes(st: StateBytes) -> float:
     return st.param or st.weight
 
 
-def side_stream_blocks(group_params: dict[str, float], st: StateBytes, setup: Setup, segments) -> int:
+def side_stream_blocks(group_params: dict[str, float], st: StateBytes, setup: Setup) -> int:
     """What FSDP2's all-gather copy-in stream holds in the caching allocator at its high-water, none of it usable by
     the compute stream (a block returns to its own stream's pool: CUDACachingAllocator.cpp free_block /
     get_free_block keyed by stream; trace/streams.py). `group_params`: parameters per group kind on this rank
-    (unsharded, one TP shard); `segments`: request sizes -> counts -> the segments the allocator holds for them
-    (overheads.held_segments).
+    (unsharded, one TP shard); the segments the allocator holds for them: overheads.held_segments.
 
     Each group's all-gather output (flat, param_dtype, _fsdp_collectives.py:336-361) is allocated on the copy-in
     stream; consecutive groups coexist (the next one is prefetched), and a smaller kind's request is carved from a
@@ -142,10 +142,7 @@ def side_stream_blocks(group_params: dict[str, float], st: StateBytes, setup: Se
     NB: one segment per kind over-reads where two kinds' sizes coincide closely enough to share one; the
     reduce-scatter stream's blocks (the sharded gradients) are counted by the caller."""
     p = st.param or st.weight
-    sizes: dict[int, int] = {}
-    for n in group_params.values():
-        sizes[int(n * p)] = sizes.get(int(n * p), 0) + 1
+    requests = [(n * p, 1) for n in group_params.values()]
     if st.param and st.param != st.weight:
-        shard = int(max(group_params.values()) * p / setup.dp)
-        sizes[shard] = sizes.get(shard, 0) + 1
-    return segments(sizes)
+        requests.append((max(group_params.values()) * p / setup.dp, 1))
+    return held_segments(requests)
