@@ -32,6 +32,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "li
 RECOMPUTE = ("none", "selective", "full", "op")
 RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
 OFFLOAD = ("none", "optimizer", "params")
+QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
+LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
 STACKS = _stacks.NAMES
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS
@@ -147,6 +149,15 @@ class Setup:
                                 suggestions=("all-linear", "attention", "q_proj,v_proj"))
     dora: bool = setting(False, "DoRA (weight-decomposed LoRA, peft use_dora): a trainable magnitude per output "
                          "feature of each adapted Linear; needs --lora-rank.", modes=("train",))
+    quant: Optional[str] = setting(None, "Frozen base weights quantised by bitsandbytes, as transformers' "
+                                   "BitsAndBytesConfig loads them: nf4 or fp4 (4-bit, blocks of 64, double "
+                                   "quantisation, compute dtype = the matmul dtype) or int8 (LLM.int8); every "
+                                   "Linear but the output head; with --lora-rank this is QLoRA; --stack hf.",
+                                   choices=QUANTS, modes=("train",), example="nf4")
+    lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "
+                              "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
+                              "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES,
+                              modes=("train",))
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
                           choices=DEVICES)
@@ -427,6 +438,11 @@ def validate(setup: Setup) -> None:
     if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
         raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
                          "--lora-rank R > 0")
+    if (setup.quant or setup.lora_dtype != "fp32") and not setup.lora_rank:
+        raise SetupError(f"{'--quant' if setup.quant else '--lora-dtype'} applies to a frozen base with LoRA "
+                         "adapters (a quantised base has nothing to train otherwise): it needs --lora-rank R > 0")
+    if setup.quant and stack.name != "hf":
+        raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack hf")
     if setup.lora_rank and not stack.fact("peft", "supported"):
         raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf")
     if setup.recompute == "selective" and stack.fact("recompute", "selective") == "attention" \

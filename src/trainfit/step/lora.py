@@ -24,6 +24,7 @@ import torch
 
 from ..errors import SetupError
 from ..setup import lora_target_names
+from .quant import quantize_base
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -72,10 +73,29 @@ def apply_lora(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     r = setup.lora_rank
-    config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=target_modules(model, setup),
+    targets = target_modules(model, setup)  # named from the unquantised model: bnb layers are Linear subclasses
+    model = quantize_base(model, setup)  # --quant: the bitsandbytes base peft wraps (step/quant.py)
+    config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=targets,
                         use_dora=setup.dora, bias="none")
     with _fake_safe_adapter_moves(model):
-        return get_peft_model(model, config)
+        model = get_peft_model(model, config)
+    if setup.lora_dtype == "weight":
+        from .build import param_dtype  # build imports this module
+
+        _cast_trainable(model, param_dtype(setup))
+    return model
+
+
+def _cast_trainable(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """--lora-dtype weight: the adapters in the weights' dtype, as torchtune builds its whole LoRA model under
+    the training dtype (recipes/lora_finetune_single_device.py `with training.set_default_dtype(self._dtype)`).
+    peft's autocast_adapter_dtype=False does not reach this for a bitsandbytes base, whose uint8/int8 weight dtype
+    peft does not copy (tuners_utils.py:2182-2186 casts to floating dtypes only), so we
+    reassign each trainable parameter (fake-safe, as _fake_safe_adapter_moves)."""
+    for owner in model.modules():
+        for name, p in list(owner.named_parameters(recurse=False)):
+            if p.requires_grad and p.dtype != dtype:
+                setattr(owner, name, torch.nn.Parameter(p.detach().to(dtype), True))
 
 
 @contextlib.contextmanager
