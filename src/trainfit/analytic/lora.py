@@ -22,6 +22,7 @@ from __future__ import annotations
 from ..errors import SetupError
 from ..setup import Setup, lora_target_names
 from ..spec import ModelSpec
+from . import quant
 from .activations import FP32
 from .families import family_traits
 from .precision import state_bytes
@@ -29,7 +30,13 @@ from .precision import state_bytes
 # the Llama-style block's Linear modules (transformers models/llama/modeling_llama.py LlamaAttention, LlamaMLP)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
-ADAPTER = FP32  # adapter dtype (module docstring)
+ADAPTER = FP32  # peft's default adapter dtype (module docstring)
+
+
+def adapter_bytes(setup: Setup) -> float:
+    """Bytes per adapter element: fp32 (peft's default), or --lora-dtype weight: the policy's weight dtype
+    (trainfit/step/lora.py _cast_trainable)."""
+    return ADAPTER if setup.lora_dtype == "fp32" else state_bytes(setup).weight
 
 
 def linears(spec: ModelSpec) -> dict[str, tuple[int, int, str]]:
@@ -82,7 +89,7 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     keep nothing at all (not even their weight casts under autocast): over-estimates by about that one layer's
     share (+0.6% on a 2-layer tiny Llama under amp-bf16, 1/L of it on deeper models)."""
     st = state_bytes(setup)
-    a, res, amp, r = st.act, st.residual, st.autocast, setup.lora_rank
+    a, res, amp, r, ad = st.act, st.residual, st.autocast, setup.lora_rank, adapter_bytes(setup)
     lin, tgt = linears(spec), targets(spec, setup)
     # full fine-tuning: every Linear's input, for its weight gradient — under autocast each call's own cast of the
     # norm outputs (activations.py "linear_inputs"), the attention output and the MLP product once each
@@ -98,17 +105,17 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
         group_dtype = res if g.startswith("norm") else a  # norm outputs in the residual dtype; the rest in act
         if amp:
             lora += a * i  # lora_A under autocast: its own cast of the input, per call
-        elif group_dtype != ADAPTER:
-            lora += ADAPTER * i  # _cast_input_dtype makes a new fp32 copy per call, saved by lora_A
+        elif group_dtype != ad:
+            lora += ad * i  # _cast_input_dtype makes a new copy in the adapter dtype per call, saved by lora_A
         elif g not in groups_saved:
-            lora += ADAPTER * i  # the input itself (shared by the group's adapters)
+            lora += ad * i  # the input itself (shared by the group's adapters)
             groups_saved.add(g)
-        lora += (a if amp else ADAPTER) * r  # lora_B's input: lora_A's r outputs
+        lora += (a if amp else ad) * r  # lora_B's input: lora_A's r outputs
         if setup.dora:
             # dora.py:165 `(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling`: each mul
             # keeps its activation for the magnitude's gradient — the base Linear's output (compute dtype) and
             # lora_B's output (bf16 under autocast, else the fp32 adapter dtype)
-            lora += (a + (a if amp else ADAPTER)) * o
+            lora += (a + (a if amp else ad)) * o
     return lora - full
 
 
@@ -141,12 +148,13 @@ def _adapter_optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     """The optimizer state of the fp32 adapters: per element as precision.state_bytes gives it for fp32 parameters;
     Adafactor (Shazeer & Stern 2018, Alg. 4) keeps row + column statistics per matrix, a full vector for DoRA's
     magnitude (as analytic/optimizer.adafactor_state does for the full model)."""
-    st32 = state_bytes(setup.with_(precision="fp32", lora_rank=setup.lora_rank))
+    st32 = state_bytes(setup if setup.lora_dtype == "weight" else setup.with_(precision="fp32"))
     if not st32.factored:
         return adapter_params(spec, setup) * st32.optimizer
     r = setup.lora_rank
     per_layer = sum((r + i) + (o + r) + (o if setup.dora else 0) for i, o, _ in targets(spec, setup).values())
-    return FP32 * spec.layers * per_layer
+    state = FP32 if st32.master else adapter_bytes(setup)  # the statistics' dtype: the parameters' it updates
+    return state * spec.layers * per_layer
 
 
 def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
@@ -163,12 +171,17 @@ def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
     if setup.tp > 1 or setup.pp > 1 or setup.zero > 0 or setup.cp > 1:
         raise SetupError("--lora-rank: the analytic engine models LoRA on one rank or DDP (--dp); drop --tp, --pp, "
                          "--cp and --zero")
-    n_a = adapter_params(spec, setup)
-    weights = n * st.weight + n_a * ADAPTER
+    n_a, ad = adapter_params(spec, setup), adapter_bytes(setup)
+    weights = n * st.weight + n_a * ad
+    if setup.quant:  # the decoder layers' Linear weights packed, with their quant state (analytic/quant.py)
+        # NB: the quant state is booked as weights here; the trace and measure engines count it as buffers
+        quant.check(setup)
+        packed, replaced, _ = quant.base_bytes(spec, setup)
+        weights += packed - replaced
     master = n_a * FP32 if st.master else 0.0
-    comm = n_a * ADAPTER if setup.dp > 1 else 0.0
-    states = ModelStates(weights, n_a * ADAPTER, master, _adapter_optimizer_bytes(spec, setup), comm)
-    return states, ADAPTER, n_a, largest_adapter(spec, setup)
+    comm = n_a * ad if setup.dp > 1 else 0.0
+    states = ModelStates(weights, n_a * ad, master, _adapter_optimizer_bytes(spec, setup), comm)
+    return states, ad, n_a, largest_adapter(spec, setup)
 
 
 def embedding_grad(spec: ModelSpec, setup: Setup, st, tokens: int) -> float:
@@ -183,7 +196,8 @@ def embedding_grad(spec: ModelSpec, setup: Setup, st, tokens: int) -> float:
 def adapter_setup(setup: Setup, st) -> Setup:
     """The setup whose optimizer temporaries are the adapters': their state dtype is fp32 under every policy
     (module docstring); bf16-master keeps its master copies. Unchanged without LoRA."""
-    if not setup.lora_rank or st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16"):
+    if not setup.lora_rank or st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16") \
+            or setup.lora_dtype == "weight":
         return setup
     return setup.with_(precision="fp32")
 

@@ -20,6 +20,7 @@ from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
 from .parallel.pipeline import Stage, stages
+from . import quant
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
 from .parallel.tensor import rank_params, term_divisors
 from .parallel.zero import gathered_params, model_states, reduce_scatter_transient, shard
@@ -100,6 +101,9 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         lp_trainable = lora_layer_params(spec, setup)
         head = replace(head, saved=head.saved + head_saved_delta(spec, setup) * tokens)
     rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup)
+    if setup.quant:  # a frozen 4-bit matmul's dequantised weight beside the backward's temporaries (quant.py)
+        # NB: over-reads where the layer's high point is not inside a frozen matmul (by at most that copy)
+        rs += quant.dequant_transient(spec, setup)
 
     def kind(m: LayerMemory) -> LayerKind:
         # the layer's backward high point: the moment with the most temporaries and gradients made so far

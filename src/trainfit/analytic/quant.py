@@ -1,0 +1,76 @@
+"""A bitsandbytes 4-bit frozen base (--quant nf4|fp4, QLoRA) as trainfit/step/quant.py builds it (no torch):
+the bytes of the packed weights and their quant state, and the dequantised copy each frozen matmul makes.
+
+Quantised: every Linear of the decoder layers (transformers replace_with_bnb_linear; the LM head and the
+embedding are skipped, quantizers/base.py:39-63 get_keys_to_not_convert) — all 7 of a Llama block, whichever
+of them carry adapters. Per Linear of n = out·in weights, bitsandbytes 0.50 functional.quantize_4bit
+(functional.py:925-960) with blocksize 64 and double quantisation (Dettmers et al. 2023, QLoRA §3):
+- packed weight: two 4-bit codes per uint8, ceil(n/2) bytes (the op's output ((n+1)//2, 1));
+- absmax, one per block of 64: with double quantisation 8-bit (quantize_blockwise of absmax − mean, uint8,
+  one byte per block) + its own fp32 absmax per 256 blocks + the fp32 offset (the mean, a 0-d tensor);
+- the 16-entry fp32 code of the 4-bit type (get_4bit_type, a new tensor per call) and a copy of the 256-entry
+  fp32 dynamic map of the nested quantisation (functional.py:676 `code.to(A.device, copy=True)`), per Linear.
+Dettmers et al. 2023 §3 count the same thing as 4 + 8/64 + 32/(64·256) ≈ 4.127 bits per parameter.
+
+Dequantised copy: bitsandbytes::gemm_4bit has a single (default) kernel on every device
+(backends/default/ops.py:323-345): forward dequantises the nested absmax to fp32 (+ the offset: a second fp32
+copy) and the whole weight to the input dtype, then F.linear; MatMul4Bit saves only the packed weight
+(autograd/_functions.py:357-358 `ctx.tensors = (None, B)`) and its backward dequantises it again for the input
+gradient (:383-384). So beside the saved set each frozen matmul holds n elements in the compute dtype plus its
+fp32 absmax, freed when the matmul returns: a temporary of the largest Linear, never saved.
+"""
+from __future__ import annotations
+
+from math import ceil
+
+from ..errors import SetupError
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import FP32
+from .precision import state_bytes
+
+BLOCK = 64  # bnb Params4bit blocksize default (nn/modules.py:230-231)
+NESTED_BLOCK = 256  # quantize_4bit's nested quantize_blockwise(..., blocksize=256) (functional.py:940)
+CODE_4BIT = 16  # entries of the nf4/fp4 code (functional.py get_4bit_type)
+CODE_8BIT = 256  # entries of the dynamic map (functional.py create_dynamic_map)
+
+
+def check(setup: Setup) -> None:
+    """The analytic engine models a 4-bit base under a precision without autocast (QLoRA recipes' bf16)."""
+    if setup.quant == "int8":
+        raise SetupError("--quant int8: the analytic engine models 4-bit bases (nf4, fp4) only; use --engine trace "
+                         "(LLM.int8's matmul saves its input and differs between CPU and CUDA kernels)")
+    if state_bytes(setup).autocast:
+        raise SetupError(f"--quant with --precision {setup.precision}: bitsandbytes returns each frozen matmul in "
+                         "its input dtype (fp32 under autocast), which the analytic engine does not model; use "
+                         "--precision bf16 (as QLoRA recipes) or --engine trace")
+
+
+def linear_bytes(n: int) -> tuple[int, int]:
+    """(packed weight, quant state) bytes of one 4-bit Linear of n weights (module docstring)."""
+    blocks = ceil(n / BLOCK)
+    state = blocks + FP32 * ceil(blocks / NESTED_BLOCK) + FP32 + FP32 * (CODE_4BIT + CODE_8BIT)
+    return ceil(n / 2), state
+
+
+def layer_linears(spec: ModelSpec) -> list[int]:
+    """Weights of each quantised Linear of one layer."""
+    from .lora import linears
+
+    return [i * o for i, o, _ in linears(spec).values()]
+
+
+def base_bytes(spec: ModelSpec, setup: Setup) -> tuple[float, float, int]:
+    """(packed weights + quant state bytes, the 16-bit bytes they replace, parameters quantised) of the model."""
+    st = state_bytes(setup)
+    ns = layer_linears(spec)
+    packed = sum(linear_bytes(n)[0] + linear_bytes(n)[1] for n in ns)
+    return spec.layers * packed, spec.layers * st.weight * sum(ns), spec.layers * sum(ns)
+
+
+def dequant_transient(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes a frozen 4-bit matmul holds beside its output: the largest Linear dequantised to the compute dtype
+    and its fp32 absmax (forward: + the offset-added copy)."""
+    st = state_bytes(setup)
+    n = max(layer_linears(spec))
+    return st.act * n + 2 * FP32 * ceil(n / BLOCK)
