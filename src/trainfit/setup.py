@@ -438,9 +438,11 @@ def validate(setup: Setup) -> None:
     if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
         raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
                          "--lora-rank R > 0")
-    if (setup.quant or setup.lora_dtype != "fp32") and not setup.lora_rank:
-        raise SetupError(f"{'--quant' if setup.quant else '--lora-dtype'} applies to a frozen base with LoRA "
-                         "adapters (a quantised base has nothing to train otherwise): it needs --lora-rank R > 0")
+    if setup.quant and not setup.lora_rank:
+        raise SetupError("--quant freezes the base weights, which leaves nothing to train without adapters: it needs "
+                         "--lora-rank R > 0 (QLoRA)")
+    if setup.lora_dtype != "fp32" and not setup.lora_rank:
+        raise SetupError("--lora-dtype sets the LoRA adapters' dtype: it needs --lora-rank R > 0")
     if setup.quant and stack.name != "hf":
         raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack hf")
     if setup.lora_rank and not stack.fact("peft", "supported"):

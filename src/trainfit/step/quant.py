@@ -20,6 +20,10 @@ measure engines count them with the resident weights (adopt_resident, cpu_peak's
 state_dict is unchanged. Under FakeTensorMode the same calls run on bnb's registered fake kernels
 (bitsandbytes/_ops.py register_fake for quantize_4bit, quantize_blockwise, int8_vectorwise_quant, gemm_4bit,
 dequantize_4bit...), so trace and measure build exactly the same layout.
+NB: --quant int8 on fake tensors runs bnb's CPU training matmul (MatMul8bitFp: dequantise + F.linear, saves its
+input; autograd/_functions.py:245-271 — bnb.matmul picks it for CPU tensors, :400-404); a CUDA step runs
+MatMul8bitLt, which saves the same input plus the outlier columns (data-dependent, :186-187) and makes int8 copies
+of the input in forward: a --device cuda trace of int8 under-reads by those.
 NB: recipes often also call peft's prepare_model_for_kbit_training, which casts the unquantised 16-bit parameters
 (norms, embedding, lm_head) to fp32: that is --precision amp-bf16's fp32 weights; --precision bf16 keeps them bf16
 as torchtune does.
@@ -31,6 +35,8 @@ import functools
 from typing import TYPE_CHECKING
 
 import torch
+
+from ..errors import EngineUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -59,7 +65,10 @@ def quantize_base(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
     """`model` with its Linear layers quantised by bitsandbytes (module docstring); unchanged without --quant."""
     if not setup.quant:
         return model
-    import bitsandbytes as bnb
+    try:
+        import bitsandbytes as bnb
+    except ImportError as e:
+        raise EngineUnavailableError("--quant runs bitsandbytes' own layers: pip install 'trainfit[bnb]'") from e
     from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
     from transformers.pytorch_utils import Conv1D
