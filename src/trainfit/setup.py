@@ -441,6 +441,9 @@ def validate(setup: Setup) -> None:
     if setup.quant and not setup.lora_rank:
         raise SetupError("--quant freezes the base weights, which leaves nothing to train without adapters: it needs "
                          "--lora-rank R > 0 (QLoRA)")
+    if setup.quant == "int8" and setup.dora:
+        raise SetupError("--dora with --quant int8: peft 0.21's DoRA fails on bitsandbytes 0.50's LLM.int8 layers "
+                         "(their row scales are moved out of the weight at the first forward); use --quant nf4")
     if setup.lora_dtype != "fp32" and not setup.lora_rank:
         raise SetupError("--lora-dtype sets the LoRA adapters' dtype: it needs --lora-rank R > 0")
     if setup.quant and stack.name != "hf":

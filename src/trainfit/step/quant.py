@@ -77,6 +77,11 @@ def quantize_base(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
     skip = get_keys_to_not_convert(model)
     old = {n: m for n, m in model.named_modules() if isinstance(m, Conv1D) or type(m) is torch.nn.Linear}
     fake = any(is_fake(m.weight) for m in old.values())
+    if fake and setup.dora:
+        raise EngineUnavailableError("--dora with --quant: peft dequantises the base for DoRA's weight norm only "
+                                     "through bitsandbytes' Params4bit (peft utils/integrations.py "
+                                     "dequantize_bnb_weight), which cannot wrap fake tensors; use --engine analytic "
+                                     "or measure")
     # the new modules are built on the meta device (replace_with_bnb_linear); Params4bit/Int8Params cannot wrap a
     # FakeTensor (Tensor._make_subclass refuses an already-wrapped tensor), so build them on real meta tensors
     with unset_fake_temporarily() if fake else contextlib.nullcontext():
