@@ -49,7 +49,7 @@ def test_qlora_model_states_from_first_principles():
     ("estimate llama-3.1-8b --quant nf3 --lora-rank 8", "nf4, fp4, int8"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --stack torchtitan", "use --stack hf"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --mode infer", "apply to train only"),
-    ("estimate llama-3.1-8b --quant int8 --lora-rank 8 --precision bf16", "use --engine trace"),
+    ("estimate llama-3.1-8b --quant int8 --lora-rank 8 --dora", "use --quant nf4"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --precision amp-bf16", "use --precision bf16"),
 ])
 def test_bad_quant_inputs_one_line_exit_2(argv, needle, capsys):
@@ -58,3 +58,12 @@ def test_bad_quant_inputs_one_line_exit_2(argv, needle, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_int8_weights_from_first_principles():
+    # LLM.int8 (Dettmers et al. 2022 §3): one int8 per weight and one fp32 absmax scale per output row
+    spec = load_model("llama-3.1-8b")
+    base = estimate(spec, Setup(lora_rank=16, precision="bf16", optimizer="adamw")).memory.weights
+    int8 = estimate(spec, Setup(lora_rank=16, quant="int8", precision="bf16", optimizer="adamw")).memory.weights
+    rows = L * (Q + KV + KV + H + I + I + H)  # out features of q, k, v, o, gate, up, down per layer
+    assert base - int8 == L * LAYER_LINEARS * (2 - 1) - 4 * rows

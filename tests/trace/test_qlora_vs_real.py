@@ -30,7 +30,7 @@ CASES = [
     ("bf16", dict(quant="nf4", lora_dtype="weight")),
 ]
 IDS = ["-".join([p] + [f"{k}={v}" for k, v in kw.items()]) for p, kw in CASES]
-ANALYTIC = {0, 1, 2, 6}  # the 4-bit cases without autocast (analytic/quant.py check)
+ANALYTIC = {0, 1, 2, 3, 4, 6}  # the cases without autocast (analytic/quant.py check)
 
 
 def _setup(precision, kw):

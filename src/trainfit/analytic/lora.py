@@ -116,7 +116,28 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
             # keeps its activation for the magnitude's gradient — the base Linear's output (compute dtype) and
             # lora_B's output (bf16 under autocast, else the fp32 adapter dtype)
             lora += (a + (a if amp else ad)) * o
+    if setup.quant == "int8":  # bnb's int8 matmul saves its input (analytic/quant.py): once per input group
+        # NB: the first layer's q/k/v inputs need no gradient without checkpointing and are not saved: over-reads
+        lora += int8_inputs(spec, setup, groups_saved)
     return lora - full
+
+
+def int8_inputs(spec: ModelSpec, setup: Setup, shared: set = frozenset()) -> float:
+    """Bytes per token of one layer's inputs that bnb's int8 matmuls keep (ctx.A, analytic/quant.py), one per
+    input group, less the groups whose adapters save that same tensor (`shared`)."""
+    st = state_bytes(setup)
+    groups = {g: i for i, _, g in linears(spec).values()}
+    return sum((st.residual if g.startswith("norm") else st.act) * i for g, i in groups.items() if g not in shared)
+
+
+def checkpoint_held(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes per token a checkpointed layer keeps beside its input: bnb's int8 matmul keeps its input as a plain
+    ctx attribute (autograd/_functions.py:269 `ctx.A = A`), which torch.utils.checkpoint's saved-tensor hooks never
+    see, so the first forward's graph holds it until the layer's backward (measured: tests/trace/
+    test_qlora_vs_real.py, int8 + full recompute)."""
+    if setup.quant != "int8":
+        return 0.0
+    return int8_inputs(spec, setup)
 
 
 def layer_fixed_delta(spec: ModelSpec, setup: Setup) -> float:

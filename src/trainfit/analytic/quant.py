@@ -1,4 +1,4 @@
-"""A bitsandbytes 4-bit frozen base (--quant nf4|fp4, QLoRA) as trainfit/step/quant.py builds it (no torch):
+"""A bitsandbytes-quantised frozen base (--quant nf4|fp4|int8, QLoRA) as trainfit/step/quant.py builds it (no torch):
 the bytes of the packed weights and their quant state, and the dequantised copy each frozen matmul makes.
 
 Quantised: every Linear of the decoder layers (transformers replace_with_bnb_linear; the LM head and the
@@ -11,6 +11,8 @@ of them carry adapters. Per Linear of n = out·in weights, bitsandbytes 0.50 fun
 - the 16-entry fp32 code of the 4-bit type (get_4bit_type, a new tensor per call) and a copy of the 256-entry
   fp32 dynamic map of the nested quantisation (functional.py:676 `code.to(A.device, copy=True)`), per Linear.
 Dettmers et al. 2023 §3 count the same thing as 4 + 8/64 + 32/(64·256) ≈ 4.127 bits per parameter.
+int8 (LLM.int8, Dettmers et al. 2022): one int8 per weight (CB) and one fp32 scale per output row (SCB)
+(functional.int8_vectorwise_quant, Int8Params._quantize nn/modules.py:737-748).
 
 Dequantised copy: bitsandbytes::gemm_4bit has a single (default) kernel on every device
 (backends/default/ops.py:323-345): forward dequantises the nested absmax to fp32 (+ the offset: a second fp32
@@ -18,6 +20,11 @@ copy) and the whole weight to the input dtype, then F.linear; MatMul4Bit saves o
 (autograd/_functions.py:357-358 `ctx.tensors = (None, B)`) and its backward dequantises it again for the input
 gradient (:383-384). So beside the saved set each frozen matmul holds n elements in the compute dtype plus its
 fp32 absmax, freed when the matmul returns: a temporary of the largest Linear, never saved.
+int8: bnb's training matmul dequantises CB·SCB/127 to the input dtype in forward and again in backward
+(autograd/_functions.py:264 MatMul8bitFp, :292 the backward of both), and saves its input A (ctx.A; MatMul8bitLt
+also: ctx.tensors = (CAt, subA, A), :186-187): unlike a 16-bit frozen Linear, every int8 Linear keeps its input
+(lora.layer_saved_delta). NB: on CUDA MatMul8bitLt also keeps the outlier columns subA (a few per token, data-
+dependent): an under-estimate.
 """
 from __future__ import annotations
 
@@ -36,41 +43,44 @@ CODE_8BIT = 256  # entries of the dynamic map (functional.py create_dynamic_map)
 
 
 def check(setup: Setup) -> None:
-    """The analytic engine models a 4-bit base under a precision without autocast (QLoRA recipes' bf16)."""
-    if setup.quant == "int8":
-        raise SetupError("--quant int8: the analytic engine models 4-bit bases (nf4, fp4) only; use --engine trace "
-                         "(LLM.int8's matmul saves its input and differs between CPU and CUDA kernels)")
+    """The analytic engine models a quantised base under a precision without autocast (QLoRA recipes' bf16)."""
     if state_bytes(setup).autocast:
         raise SetupError(f"--quant with --precision {setup.precision}: bitsandbytes returns each frozen matmul in "
                          "its input dtype (fp32 under autocast), which the analytic engine does not model; use "
                          "--precision bf16 (as QLoRA recipes) or --engine trace")
 
 
-def linear_bytes(n: int) -> tuple[int, int]:
-    """(packed weight, quant state) bytes of one 4-bit Linear of n weights (module docstring)."""
+def linear_bytes(setup: Setup, inp: int, out: int) -> tuple[int, int]:
+    """(packed weight, quant state) bytes of one quantised Linear (module docstring)."""
+    n = inp * out
+    if setup.quant == "int8":
+        return n, FP32 * out
     blocks = ceil(n / BLOCK)
     state = blocks + FP32 * ceil(blocks / NESTED_BLOCK) + FP32 + FP32 * (CODE_4BIT + CODE_8BIT)
     return ceil(n / 2), state
 
 
-def layer_linears(spec: ModelSpec) -> list[int]:
-    """Weights of each quantised Linear of one layer."""
+def layer_linears(spec: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) of each quantised Linear of one layer."""
     from .lora import linears
 
-    return [i * o for i, o, _ in linears(spec).values()]
+    return [(i, o) for i, o, _ in linears(spec).values()]
 
 
 def base_bytes(spec: ModelSpec, setup: Setup) -> tuple[float, float, int]:
     """(packed weights + quant state bytes, the 16-bit bytes they replace, parameters quantised) of the model."""
     st = state_bytes(setup)
     ns = layer_linears(spec)
-    packed = sum(linear_bytes(n)[0] + linear_bytes(n)[1] for n in ns)
-    return spec.layers * packed, spec.layers * st.weight * sum(ns), spec.layers * sum(ns)
+    packed = sum(sum(linear_bytes(setup, i, o)) for i, o in ns)
+    n = sum(i * o for i, o in ns)
+    return spec.layers * packed, spec.layers * st.weight * n, spec.layers * n
 
 
 def dequant_transient(spec: ModelSpec, setup: Setup) -> float:
-    """Bytes a frozen 4-bit matmul holds beside its output: the largest Linear dequantised to the compute dtype
-    and its fp32 absmax (forward: + the offset-added copy)."""
+    """Bytes a frozen quantised matmul holds beside its output: the largest Linear dequantised to the compute
+    dtype, with its fp32 absmax (4-bit; forward: + the offset-added copy) or int8's fp32 row scales / 127."""
     st = state_bytes(setup)
-    n = max(layer_linears(spec))
-    return st.act * n + 2 * FP32 * ceil(n / BLOCK)
+    i, o = max(layer_linears(spec), key=lambda d: d[0] * d[1])
+    if setup.quant == "int8":
+        return st.act * i * o + FP32 * o
+    return st.act * i * o + 2 * FP32 * ceil(i * o / BLOCK)

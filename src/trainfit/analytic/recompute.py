@@ -71,6 +71,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     if setup.recompute == "full":
         # checkpoint keeps each layer's input (the residual stream; split t ways only under sequence parallelism)
         saved = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
+        saved += lora.checkpoint_held(spec, setup) * tokens  # --quant int8: inputs checkpoint cannot drop (lora.py)
         if setup.device == "cpu":
             # and the CPU generator's state, to replay dropout (torch/utils/checkpoint.py:1632
             # `torch.get_rng_state()`, a 5056-byte tensor); a CUDA step keeps the CPU state in host memory
