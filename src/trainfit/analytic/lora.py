@@ -6,7 +6,9 @@ inputs and `out` outputs gets lora_A (r × in) and lora_B (out × r), no biases 
 `nn.Linear(self.in_features, r, bias=False)`, `nn.Linear(r, self.out_features, bias=lora_bias)`, lora_bias False);
 DoRA (Liu et al. 2024, eq. 5) adds a magnitude vector of `out` (peft lora/dora.py:130 `nn.Parameter(weight_norm)`,
 the norm over dim=1 of the (out, in) weight, dora.py:90). peft keeps bf16/fp16 adapters in fp32
-(mapping_func.py:110 autocast_adapter_dtype=True, tuners_utils.py:2705-2760 cast_adapter_dtype).
+(mapping_func.py:110 autocast_adapter_dtype=True, tuners_utils.py:2705-2760 cast_adapter_dtype); --lora-dtype weight
+keeps them (their gradients and optimizer states) in the policy's weight dtype, as torchtune does. With --quant the
+base's Linear weights are bitsandbytes-quantised (analytic/quant.py).
 
 Saved for backward (autograd saves an input of mm only when the other operand needs its gradient:
 tools/autograd/derivatives.yaml `mm: self: ... mat2` with SavedVariables guarded by should_compute_output):
@@ -148,6 +150,7 @@ def layer_fixed_delta(spec: ModelSpec, setup: Setup) -> float:
     the input gradient: the same bytes as full fine-tuning's cached casts, activations.py `fixed`.)"""
     st = state_bytes(setup)
     casts = st.act * adapter_params_per_layer(spec, setup) if st.autocast else 0.0
+    # NB: with --lora-dtype weight DoRA's vectors follow the 16-bit magnitude: over-reads by half of them
     dora = 3 * FP32 * sum(o for _, o, _ in targets(spec, setup).values()) if setup.dora else 0.0
     return casts + dora
 

@@ -10,6 +10,9 @@ optimizer takes requires_grad parameters only, trainfit.step.standard._params). 
 - peft's default autocast_adapter_dtype=True keeps bf16/fp16 adapters in fp32 (peft mapping_func.py:110,
   tuners_utils.py _cast_adapter_dtype), and lora.Linear casts its input to the adapter dtype
   (lora/layer.py Linear.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)`).
+- --lora-dtype weight casts the adapters to the policy's weight dtype after the wrap (torchtune's bf16 adapters);
+- --quant: the base is quantised by bitsandbytes before the wrap (trainfit.step.quant), and peft then builds its
+  lora.Linear4bit / Linear8bitLt around those layers (lora/bnb.py), whose forward adds `result.clone()`.
 - gradient checkpointing: transformers' activation_checkpointing_enable calls enable_input_require_grads for
   input_ids models (modeling_utils.py:3181-3189), as peft does (peft_model.py:722-735), so that the frozen
   embedding's output requires grad; trainfit.step.standard.enable_recompute runs after this wrap, as the HF
