@@ -25,7 +25,7 @@ from ..errors import SetupError
 from ..setup import Setup, lora_target_names
 from ..spec import ModelSpec
 from . import quant
-from .activations import FP32
+from .activations import FP32, resolved_kernel
 from .families import family_traits
 from .precision import state_bytes
 
@@ -110,7 +110,9 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
         elif group_dtype != ad:
             lora += ad * i  # _cast_input_dtype makes a new copy in the adapter dtype per call, saved by lora_A
         elif g not in groups_saved:
-            lora += ad * i  # the input itself (shared by the group's adapters)
+            # the input itself (shared by the group's adapters; o_proj's is SDPA's saved output under the fused
+            # kernels, activations._flash_saved: nothing more)
+            lora += 0 if _kept_by_attention(spec, setup, g) else ad * i
             groups_saved.add(g)
         lora += (a if amp else ad) * r  # lora_B's input: lora_A's r outputs
         if setup.dora:
@@ -124,12 +126,26 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     return lora - full
 
 
-def int8_inputs(spec: ModelSpec, setup: Setup, shared: set = frozenset()) -> float:
+def int8_inputs(spec: ModelSpec, setup: Setup, shared: set = frozenset(), checkpointed: bool = False) -> float:
     """Bytes per token of one layer's inputs that bnb's int8 matmuls keep (ctx.A, analytic/quant.py), one per
-    input group, less the groups whose adapters save that same tensor (`shared`)."""
+    input group, less the groups whose adapters save that same tensor (`shared`) and, unless the attention's own
+    saved set is dropped by checkpointing, o_proj's input that the attention kernel keeps anyway."""
     st = state_bytes(setup)
     groups = {g: i for i, _, g in linears(spec).values()}
-    return sum((st.residual if g.startswith("norm") else st.act) * i for g, i in groups.items() if g not in shared)
+    return sum((st.residual if g.startswith("norm") else st.act) * i for g, i in groups.items()
+               if g not in shared and (checkpointed or not _kept_by_attention(spec, setup, g)))
+
+
+def _kept_by_attention(spec: ModelSpec, setup: Setup, group: str) -> bool:
+    """Whether this input group's tensor is one the attention kernel saves anyway: o_proj's input is the fused SDPA
+    kernel's saved output where that kernel writes it in (b, s, h, d) layout, so that HF's `transpose(1, 2)
+    .contiguous()` copies nothing: the CPU flash kernel (aten/src/ATen/native/transformers/attention.cpp
+    _scaled_dot_product_flash_attention_cpu allocates {batch, q_len, heads, head_dim} and returns its transpose) and
+    CUDA's memory-efficient kernel (fp32; activations._flash_saved); CUDA's flash kernel allocates its output like
+    the (b, h, s, d) query (torch/_meta_registrations.py `torch.empty_like(query)`), which the transpose copies."""
+    if group != "attn" or resolved_kernel(spec, setup) != "flash" or family_traits(spec)["fused_qkv"]:
+        return False
+    return setup.device == "cpu" or state_bytes(setup).act == FP32
 
 
 def checkpoint_held(spec: ModelSpec, setup: Setup) -> float:
@@ -139,7 +155,7 @@ def checkpoint_held(spec: ModelSpec, setup: Setup) -> float:
     test_qlora_vs_real.py, int8 + full recompute)."""
     if setup.quant != "int8":
         return 0.0
-    return int8_inputs(spec, setup)
+    return int8_inputs(spec, setup, checkpointed=True)
 
 
 def layer_fixed_delta(spec: ModelSpec, setup: Setup) -> float:
