@@ -10,16 +10,23 @@
   int8_vectorwise_quant of an fp16 copy); we quantise the randomly initialised weights the same way;
 - 4-bit: blocksize 64, quant_storage uint8 (BitsAndBytesConfig defaults), double quantisation on and
   bnb_4bit_compute_dtype = the step's matmul dtype (autocast's, else the weights'), as the QLoRA recipe sets them
-  (Dettmers et al. 2023 §3 "Double Quantization"; artidoro/qlora qlora.py --double_quant True, compute dtype bf16);
+  (Dettmers et al. 2023 §3 "Double Quantization"; the paper's qlora.py defaults double_quant=True and the compute
+  dtype to the training dtype);
 - int8: llm_int8_threshold 6.0, has_fp16_weights False (BitsAndBytesConfig defaults);
 - model.is_loaded_in_4bit / is_loaded_in_8bit, which peft reads to wrap these layers in its lora.Linear4bit /
   Linear8bitLt (peft lora/model.py:329-330, lora/bnb.py dispatch_bnb_4bit).
 The quant state's tensors (absmax, the nested absmax and code, offset; int8's SCB row scales) are attributes, not
 parameters or buffers: we also register them as non-persistent buffers of their module, so that the trace and
 measure engines count them with the resident weights (adopt_resident, cpu_peak's baseline) — the checkpoint's
-state_dict is unchanged. Under FakeTensorMode the same calls run on bnb's registered fake kernels
-(bitsandbytes/_ops.py register_fake for quantize_4bit, quantize_blockwise, int8_vectorwise_quant, gemm_4bit,
-dequantize_4bit...), so trace and measure build exactly the same layout.
+state_dict is unchanged.
+Fake tensors (the trace engine): bnb registers fake kernels for its ops (bitsandbytes/_ops.py register_fake:
+quantize_4bit, quantize_blockwise, int8_vectorwise_quant, gemm_4bit, dequantize_4bit...), so the quantisation
+itself runs under FakeTensorMode; three things do not, and are done the equivalent way: Params4bit/Int8Params
+cannot wrap a FakeTensor (so the packed weight is a plain frozen Parameter carrying their attributes, built by the
+same functional call their _quantize makes), replace_with_bnb_linear's meta-device modules are built outside the
+fake mode, and gemm_4bit's fake kernel hides the dequantised weight its real (default) kernel allocates (so its
+Python implementation runs op by op: _fake_linear4bit). The layout and every allocation then match the real step
+(tests/trace/test_qlora_vs_real.py).
 NB: --quant int8 on fake tensors runs bnb's CPU training matmul (MatMul8bitFp: dequantise + F.linear, saves its
 input; autograd/_functions.py:245-271 — bnb.matmul picks it for CPU tensors, :400-404); a CUDA step runs
 MatMul8bitLt, which saves the same input plus the outlier columns (data-dependent, :186-187) and makes int8 copies
@@ -41,7 +48,6 @@ from ..errors import EngineUnavailableError
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
 
-BLOCKSIZE = 64  # bnb nn/modules.py:230-231 Params4bit default; transformers passes none
 INT8_THRESHOLD = 6.0  # BitsAndBytesConfig llm_int8_threshold default (Dettmers et al. 2022 LLM.int8() §3.2)
 
 
