@@ -129,8 +129,8 @@ def fake_process_group(world_size: int, rank: int = 0):
 def trace_rank(spec: ModelSpec, setup: Setup, *, rank: int = 0, backend: str | None = None, warmup: int = 2,
                flops: bool = False):
     """(model, recorder, Analysis) of one rank's standard step under the strategy for `setup.zero`."""
+    from .fake import fake_mode, translated_errors
     from .optimizer_scalars import optimizer_scalar_reads
-from .fake import fake_mode, translated_errors
 
     backend = backend or ("nccl" if setup.device == "cuda" else "gloo")
     with fake_process_group(setup.dp, rank), translated_errors(spec.name), _no_param_verification():
