@@ -26,7 +26,10 @@ from .units import parse_count
 MODES = ("train", "infer")
 TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
 INFER_PRECISIONS = _precision.INFER_PRECISIONS
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "lion")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
+# built by bitsandbytes (bnb.optim.AdamW / Lion with optim_bits and is_paged), as the HF Trainer builds its
+# adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit and lion_32bit (transformers 5.23 trainer_optimizer.py:246-292)
+BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
 # patterns beside these names (see `check_recompute`): "layer:N" (torchtitan: every N-th layer checkpointed whole),
 # "uniform:N" and "block:N" (Megatron's recompute_method with recompute_num_layers N)
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -158,6 +161,10 @@ class Setup:
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
                               "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES,
                               modes=("train",))
+    optimizer_in_backward: bool = setting(False, "Step the optimizer inside the backward pass, one parameter at a "
+                                          "time as its gradient is ready, and free that gradient at once (torchtune's "
+                                          "optimizer_in_bwd): gradients never all live. Needs --grad-accum 1 and one "
+                                          "GPU (no --dp).", modes=("train",))
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
                           choices=DEVICES)
@@ -426,6 +433,25 @@ def validate(setup: Setup) -> None:
     if setup.mode == "train" and setup.optimizer not in stack.optimizers:
         raise SetupError(f"--optimizer {setup.optimizer} is not built by --stack {stack.name} (it builds "
                          f"{', '.join(stack.optimizers)}); use one of those or --stack hf")
+    if setup.optimizer_impl is not None and setup.optimizer in BNB_OPTIMIZERS:
+        raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs bitsandbytes' own in-place kernel; "
+                         "drop --optimizer-impl")
+    if setup.optimizer_in_backward:
+        # torchtune full_finetune_single_device.py _setup_optimizer / train: one optimizer per parameter stepped in
+        # a post-accumulate-grad hook; it raises for gradient accumulation ("Gradient accumulation is not supported
+        # with optimizer in bwd") since each gradient is applied the moment it is made
+        if setup.grad_accum > 1:
+            raise SetupError("--optimizer-in-backward applies each gradient as soon as it is made: it cannot "
+                             "accumulate micro-batches; use --grad-accum 1 (raise --batch instead)")
+        if setup.dp > 1 or setup.tp > 1 or setup.pp > 1:
+            raise SetupError("--optimizer-in-backward is modelled on one GPU (torchtune's single-device recipe): "
+                             "drop --dp/--tp/--pp")
+        if stack.name != "hf":
+            raise SetupError(f"--optimizer-in-backward: --stack {stack.name} steps the optimizer after the backward; "
+                             "use --stack hf")
+        if setup.precision == "bf16-master":
+            raise SetupError("--optimizer-in-backward steps each parameter in its own dtype: use --precision bf16 or "
+                             "amp-bf16, not bf16-master")
     if setup.optimizer_impl == "fused" and setup.optimizer not in _stacks.FUSABLE:
         raise SetupError(f"--optimizer-impl fused: torch.optim has no fused {setup.optimizer}; use foreach or "
                          "for-loop")

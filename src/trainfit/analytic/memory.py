@@ -144,6 +144,13 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         (ds.backward_moments(gathered) if ds else {}),
         kinds=kinds if every else (),
         pattern=pattern,
+        # torchtune's optimizer_in_bwd (step/in_backward.py): one optimizer per parameter, so the step's
+        # temporaries are the largest parameter's, beside its gradient; before them (under autocast) the
+        # low-precision weight gradient the matmul's backward made, which AccumulateGrad casts up to the fp32 .grad
+        in_backward_step=largest * (st_grad if setup.lora_rank else st.grad) + max(
+            largest * st.act if st.autocast else 0,
+            optimizer_temporaries(adapter_setup(setup, st), st, largest, largest)) if setup.optimizer_in_backward
+        else None,
     )
     step = compile_effects.adjust_step(step, spec, setup, st, stage)  # --compile's mask, --float8's gather
     activations = step.activations

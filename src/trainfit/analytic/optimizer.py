@@ -1,7 +1,8 @@
 """The optimizer's own bytes: its state (per element, or factored for Adafactor) and the temporaries of step()."""
 from __future__ import annotations
 
-from ..setup import Setup
+from ..precision import PRECISIONS
+from ..setup import BNB_OPTIMIZERS, Setup
 from ..spec import ModelSpec
 from .activations import FP32
 from .params import ParamCounts
@@ -11,17 +12,56 @@ from .precision import StateBytes
 def state_bytes_unsharded(spec: ModelSpec, n: float, pc: ParamCounts, st: StateBytes, setup: Setup) -> float:
     """The optimizer state of this rank's `n` parameters before ZeRO shards it (per-element bytes from
     precision.state_bytes; Adafactor factored, below)."""
-    return adafactor_state(spec, n, pc, setup) if st.factored else n * st.optimizer
+    if st.factored:
+        return adafactor_state(spec, n, pc, setup)
+    if setup.optimizer in EIGHT_BIT:
+        # each optimizer builds its own quantisation maps: one per parameter tensor with --optimizer-in-backward
+        maps = _eight_bit_tensors(spec, pc) if setup.optimizer_in_backward else 1
+        return eight_bit_state(spec, n, pc) + (maps - 1) * QMAPS
+    return n * st.optimizer
+
+
+EIGHT_BIT = ("adamw-8bit", "paged-adamw-8bit")
+MIN_8BIT_SIZE = 4096  # bitsandbytes optim/optimizer.py:414,502-503: smaller tensors keep fp32 states
+QMAPS = 2 * 256 * FP32  # the signed and unsigned dynamic quantisation maps, shared by all parameters (:515-521)
+
+
+def eight_bit_state(spec: ModelSpec, n: float, pc: ParamCounts) -> float:
+    """bitsandbytes' block-wise 8-bit AdamW states of `n` parameters: 2 uint8 states + 2 fp32 absmax per 256
+    elements (precision.state_bytes), except tensors shorter than min_8bit_size, which keep two fp32 states
+    (8 B per element): the norm vectors, and in small models whole projections (a 64 x 32 k_proj).
+    NB: the small tensors' share of `n` is the model's share (exact without tensor or pipeline parallelism);
+    MoE experts' matrices and biases are taken as large (under-counts by 6 B per element of a small one)."""
+    h = spec.hidden
+    vectors = [h] * (spec.layers * pc.norms // h) + [h] * (pc.final // h)
+    mats = [r * c for r, c in _layer_matrices(spec, 1)] * spec.layers
+    small = sum(v for v in vectors + mats if v < MIN_8BIT_SIZE) / pc.total * n
+    return (n - small) * (2.0 + 2 * FP32 / 256) + small * 2 * FP32 + QMAPS
+
+
+def _eight_bit_tensors(spec: ModelSpec, pc: ParamCounts) -> int:
+    """Parameter tensors that get 8-bit states (min_8bit_size elements or more) in a dense model: each layer's
+    projections and norm vectors, the embedding, the final norm and an untied head. NB: biases and MoE experts
+    are not counted (each tensor's maps are 2 KiB)."""
+    h = spec.hidden
+    sizes = [r * c for r, c in _layer_matrices(spec, 1)] + [h] * (pc.norms // h)
+    per_layer = sum(1 for v in sizes if v >= MIN_8BIT_SIZE)
+    ends = [spec.vocab * h] + [h] * (pc.final // h) + ([pc.lm_head] if pc.lm_head else [])
+    return spec.layers * per_layer + sum(1 for v in ends if v >= MIN_8BIT_SIZE)
+
+
+def _layer_matrices(spec: ModelSpec, t: int) -> list[tuple[int, int]]:
+    """(rows, columns) of one dense layer's projection matrices on a tp = t rank."""
+    h, i = spec.hidden, spec.intermediate
+    mats = [(spec.q_dim // t, h), (spec.kv_dim // t, h), (spec.kv_dim // t, h), (h, spec.q_dim // t)]
+    return mats + [(i // t, h), (h, i // t)] + ([(i // t, h)] if spec.gated_mlp else [])
 
 
 def adafactor_state(spec: ModelSpec, n_params: int, pc: ParamCounts, setup: Setup) -> float:
     """torch.optim.Adafactor (Shazeer & Stern 2018, Alg. 4): row and column second-moment statistics for each
     matrix, full second moment for vectors; no first moment by default. fp32."""
     h, t = spec.hidden, setup.tp
-    i = spec.intermediate
-    mats = [(spec.q_dim // t, h), (spec.kv_dim // t, h), (spec.kv_dim // t, h), (h, spec.q_dim // t)]
-    mats += [(i // t, h), (h, i // t)] + ([(i // t, h)] if spec.gated_mlp else [])
-    per_layer = sum(r + c for r, c in mats)
+    per_layer = sum(r + c for r, c in _layer_matrices(spec, t))
     emb = spec.vocab // t + h
     # vectors (norm weights, biases) keep a full second moment
     vectors = pc.norms
@@ -37,7 +77,9 @@ def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) 
     kernel = setup.optimizer_kernel
     foreach = kernel == "foreach"
     size = n if foreach else largest
-    per = {"sgd": 0, "momentum": 0, "adam": 2, "adamw": 2, "lion": 1, "adafactor": 2, "adamw-8bit": 1}[setup.optimizer]
+    if setup.optimizer in BNB_OPTIMIZERS and setup.stack == "hf":
+        return bnb_temporaries(setup, largest)
+    per = {"sgd": 0, "momentum": 0, "adam": 2, "adamw": 2, "lion": 1, "adafactor": 2}[setup.optimizer]
     if foreach and setup.optimizer in ("adam", "adamw"):
         per = 1  # _foreach_sqrt(exp_avg_sq) is the one full-size temporary; the rest is in place
     temps = 0 if kernel == "fused" else per * state_dtype * size
@@ -46,3 +88,17 @@ def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) 
         # MasterWeightOptimizer; Megatron's main_grad / DeepSpeed's fp32 gradient partition hold the same bytes)
         temps += FP32 * n
     return temps
+
+
+def bnb_temporaries(setup: Setup, largest: int) -> float:
+    """bitsandbytes' update kernels: in place on CUDA (backends/cuda/ops.py:1059,1118), so none. On a CPU the 8-bit
+    update is PyTorch code (backends/cpu/ops.py:469-580) that, for the parameter being stepped, holds fp32
+    copies of both dequantised states, the scaled gradient (g.float() * gnorm_scale: a new tensor), the parameter
+    (p.data.float(): a copy unless the weights are fp32) and, while it forms the denominator, sqrt(state2) and
+    sqrt(state2)/c2 — five or six fp32 tensors of the largest parameter (the requantisation later allocates only
+    uint8 outputs and absmax). NB: the CPU's 32-bit update (backends/default/ops.py:430, compiled by
+    torch.compile) is counted as in place: it under-reads a CPU step by the compiled kernel's buffers."""
+    if setup.device != "cpu" or setup.optimizer not in EIGHT_BIT:
+        return 0.0
+    param_copy = 0 if PRECISIONS[setup.precision].weight == "fp32" else 1
+    return (5 + param_copy) * FP32 * largest

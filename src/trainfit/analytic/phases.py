@@ -58,6 +58,9 @@ class StepBytes:
     # layer_saved, layer_backward, layer_freed, layer_grads_done say)
     kinds: tuple = ()
     pattern: tuple = ()
+    # --optimizer-in-backward: each gradient is applied and freed as it is made (step/in_backward.py), so instead
+    # of the gradients so far a backward moment holds one: the largest gradient with its step's temporaries
+    in_backward_step: float | None = None
 
     @property
     def layers_saved(self) -> float:
@@ -83,8 +86,12 @@ class Peak:
 def peak(b: StepBytes) -> Peak:
     states = sum(b.resident.values())
     before = b.gradients if b.accumulating else 0
+    in_bwd = b.in_backward_step is not None
 
     def grads(made: float) -> float:
+        # NB (in backward): the largest gradient at every backward moment over-reads the moments of smaller ones
+        if in_bwd:
+            return b.in_backward_step
         return b.gradients if b.accumulating else made
 
     def gathered(name: str) -> float:
@@ -113,9 +120,10 @@ def peak(b: StepBytes) -> Peak:
              b.layer_backward + gathered("first_layer_backward")),
         ]
     moments += [
-        ("embedding_backward", b.gradients, others + b.embedding_saved + b.inputs,
+        ("embedding_backward", grads(b.gradients), others + b.embedding_saved + b.inputs,
          b.embedding_backward + gathered("embedding_backward")),
-        ("optimizer_step", b.gradients, 0, b.optimizer_transient),
+        # in backward, nothing is left for the step after it
+        ("optimizer_step", 0 if in_bwd else b.gradients, 0, 0 if in_bwd else b.optimizer_transient),
     ]
     totals = {name: states + g + act + tmp for name, g, act, tmp in moments}
     phases = {"forward_end": int(totals["forward_end"]),

@@ -67,8 +67,14 @@ def state_bytes(setup: Setup) -> StateBytes:
         "momentum": s,  # momentum buffer
         "adam": 2 * s,  # exp_avg, exp_avg_sq (Kingma & Ba 2015, Alg. 1)
         "adamw": 2 * s,  # Loshchilov & Hutter 2019: same state as Adam
-        "lion": s,  # Chen et al. 2023 ("Symbolic Discovery of Optimization Algorithms"): one momentum
-        "adamw-8bit": 2.0 + 2 * 4 / 2048,  # Dettmers et al. 2022: two 8-bit states + one fp32 absmax per 2048-block each
+        # Chen et al. 2023 ("Symbolic Discovery of Optimization Algorithms"): one momentum; the hf stack's Lion is
+        # bitsandbytes' 32-bit one, whose state is fp32 whatever the weights (step/optimizers.py)
+        "lion": 4.0 if setup.stack == "hf" else s,
+        # Dettmers et al. 2022 ("8-bit Optimizers via Block-wise Quantization"): two uint8 states + one fp32 absmax
+        # per 256-element block each (bitsandbytes 0.50 optim/optimizer.py:519-526); small tensors: optimizer.py
+        "adamw-8bit": 2.0 + 2 * 4 / 256,
+        "paged-adamw-8bit": 2.0 + 2 * 4 / 256,
+        "paged-adamw": 8.0,  # bitsandbytes' 32-bit AdamW: two fp32 states whatever the weights
         "adafactor": 0.0,  # factored: rows + columns, computed per matrix in memory.py
     }[setup.optimizer]
     return StateBytes(weight, grad, master, opt, setup.optimizer == "adafactor", act, residual, autocast, param, reduce)

@@ -29,7 +29,10 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import torch
 
 from ..errors import EngineUnavailableError
+from ..setup import BNB_OPTIMIZERS
 from .build import autocast_dtype, build_model, make_batches
+from .in_backward import InBackwardOptimizer
+from .optimizers import bnb_optimizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -58,14 +61,8 @@ def _torch_optimizer(params: list, name: str, kernel: str = "for-loop") -> torch
         return torch.optim.AdamW(params, lr=LR, **flags)
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=1e-2, **flags)
-    if name == "adamw-8bit":
-        raise EngineUnavailableError(
-            "--optimizer adamw-8bit needs bitsandbytes, which this engine does not run; use the analytic engine"
-        )
-    if name == "lion":
-        raise EngineUnavailableError(
-            "--optimizer lion is not in torch.optim and this engine does not run it; use the analytic engine"
-        )
+    if name in BNB_OPTIMIZERS:
+        return bnb_optimizer(params, name, LR)
     raise EngineUnavailableError(f"--optimizer {name!r} is not supported by this engine")
 
 
@@ -109,12 +106,13 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
 
 def make_optimizer(params_or_model, setup: "Setup") -> torch.optim.Optimizer:
-    """The optimizer of `setup.optimizer` (lr 1e-3; Adafactor 1e-2). bf16-master wraps it with fp32 masters."""
+    """The optimizer of `setup.optimizer` (lr 1e-3; Adafactor 1e-2). bf16-master wraps it with fp32 masters;
+    --optimizer-in-backward makes one per parameter, stepped during the backward (step/in_backward.py)."""
     params = _params(params_or_model)
     if setup.precision == "bf16-master":
-        if setup.optimizer in ("adamw-8bit", "lion"):
-            _torch_optimizer(params, setup.optimizer)  # raises
         return MasterWeightOptimizer(params, setup.optimizer, setup.optimizer_kernel)
+    if setup.optimizer_in_backward:
+        return InBackwardOptimizer(params, lambda p: _torch_optimizer([p], setup.optimizer, setup.optimizer_kernel))
     return _torch_optimizer(params, setup.optimizer, setup.optimizer_kernel)
 
 

@@ -130,6 +130,7 @@ def trace_rank(spec: ModelSpec, setup: Setup, *, rank: int = 0, backend: str | N
                flops: bool = False):
     """(model, recorder, Analysis) of one rank's standard step under the strategy for `setup.zero`."""
     from .fake import fake_mode, translated_errors
+    from .optimizer_scalars import optimizer_scalar_reads
 
     backend = backend or ("nccl" if setup.device == "cuda" else "gloo")
     with fake_process_group(setup.dp, rank), translated_errors(spec.name), _no_param_verification():
@@ -138,7 +139,7 @@ def trace_rank(spec: ModelSpec, setup: Setup, *, rank: int = 0, backend: str | N
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh("cpu", (setup.dp,))  # reads real rank tensors: outside FakeTensorMode
-        with fake_mode():
+        with fake_mode(), optimizer_scalar_reads():
             return _trace_rank(spec, setup, backend, warmup, flops, mesh)
 
 

@@ -25,6 +25,8 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .analysis import Analysis
 from .cuda_kernels import cuda_kernels
+from .bnb_cpu import bnb_cpu_kernels
+from .optimizer_scalars import optimizer_scalar_reads
 from .fake import fake_mode, translated_errors
 from .kernel_scratch import cpu_isa, summary
 from .kernel_scratch import notes as scratch_notes
@@ -178,7 +180,8 @@ def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: 
     from .train import record_train_step, warm_up_optimizer
 
     step = stack_step(setup)
-    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup):
+    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup), optimizer_scalar_reads(), \
+            bnb_cpu_kernels(setup):
         if setup.stack == "hf":
             model = build_hf(spec, setup)
             enable_recompute(model, setup)

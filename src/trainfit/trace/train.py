@@ -80,7 +80,8 @@ def _grad_hooks(rec: AllocationRecorder, model):
     for name, p in model.named_parameters():
         if p.requires_grad:
             def hook(p, name=name + ".grad"):
-                rec.adopt(p.grad, GRADIENT, name)  # must return None
+                if p.grad is not None:  # --optimizer-in-backward's hook (registered first) applied and freed it
+                    rec.adopt(p.grad, GRADIENT, name)  # must return None
                 rec.mark(("grad", name))
             handles.append(p.register_post_accumulate_grad_hook(hook))
     return handles

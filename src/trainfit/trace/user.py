@@ -25,6 +25,7 @@ from .engine import (
     device_notes,
     estimate_from,
 )
+from .optimizer_scalars import optimizer_scalar_reads
 from .fake import fake_limitation, fake_mode, translated_errors
 
 
@@ -172,7 +173,7 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
     mode = fake_mode()
     dtype = param_dtype(setup)
     name = getattr(model_or_factory, "__name__", type(model_or_factory).__name__)
-    with translated_errors(name), mode, cuda_kernels(setup):
+    with translated_errors(name), mode, cuda_kernels(setup), optimizer_scalar_reads():
         model, batch = _fake_model(model_or_factory, batch, mode)
         name = type(model).__name__ if isinstance(model_or_factory, torch.nn.Module) else name
         if not any(p.requires_grad for p in model.parameters()):
