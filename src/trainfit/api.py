@@ -246,9 +246,10 @@ def gaps(results: list[Estimate]) -> dict:
             "peak_gap": {e.engine: (e.memory.peak - ref) / ref if ref else None for e in results[:-1]}}
 
 
-def fit_advice(req: Request, est: Estimate) -> list[str]:
-    """For an estimate that does not fit its GPU: the smallest change per knob that would (studies/fit_advice.py)."""
-    from .studies.fit_advice import fit_advice as advise
+def fit_advice(req: Request, est: Estimate) -> list:
+    """For an estimate that does not fit its GPU: the changes that would, fastest first (studies/fit_advice.py
+    Suggestion objects)."""
+    from .studies.fit_advice import suggestions as advise
 
     return advise(load_spec(req.model), est.setup, gpu_of(req), reserve=req.reserve)
 

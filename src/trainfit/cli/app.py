@@ -50,7 +50,7 @@ def estimate(req: Request, engine: str = EngineOpt,
         if len(results) == 1:
             d = json_out.estimate_dict(results[0])
             if advice:
-                d["would_fit"] = advice
+                d["would_fit"] = [x.as_dict() for x in advice]
             typer.echo(json_out.dumps(d))
         else:
             typer.echo(json_out.dumps({"estimates": [json_out.estimate_dict(e) for e in results],
@@ -64,7 +64,10 @@ def estimate(req: Request, engine: str = EngineOpt,
             if note.startswith("trace engine skipped"):
                 typer.echo(f"· {note}")
     if advice:
-        typer.echo(f"does not fit on {results[0].time.gpu}; what would (one change each): " + "; ".join(advice))
+        typer.echo(f"does not fit on {results[0].time.gpu}; what would, fastest first (each checked by the analytic "
+                   "engine; `trainfit fit` searches further):")
+        for x in advice:
+            typer.echo("  " + x.line())
 
 
 @app.command()
@@ -279,10 +282,11 @@ def gpus(json: bool = JsonOpt) -> None:
 
 def _register_optional_commands() -> None:
     """Commands that live beside their feature (planner, visuals); their heavy imports stay inside them."""
+    from .fit import fit
     from .plan import plan
     from .visual import report, serve, sweep, timeline
 
-    for command in (plan, timeline, sweep, report, serve):
+    for command in (fit, plan, timeline, sweep, report, serve):
         app.command()(command)
 
 

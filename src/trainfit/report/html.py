@@ -95,6 +95,19 @@ def _verdict(e: Estimate) -> str:
     return f"<div class='verdict'>{body}</div>"
 
 
+def _would_fit(req: api.Request, e: Estimate) -> str:
+    """When it does not fit: the changes that would, fastest first (studies/fit_advice.py, as `estimate` lists)."""
+    if e.time is None or e.time.fits:
+        return ""
+    rows = [[escape(x.flags), escape(x.why), fmt_bytes(x.device_total), fmt_seconds(x.step_seconds),
+             f"{x.slowdown:.2f}x"] for x in api.fit_advice(req, e)]
+    if not rows:
+        return ""
+    return ("<section><h2>What would fit</h2><p class='muted'>Each change checked by the analytic engine on the "
+            "device total; slowdown = time per token per GPU against this setup's.</p>"
+            + _table(["change", "why", "GPU holds", "step", "slowdown"], rows) + "</section>")
+
+
 def _breakdown(e: Estimate, traced: Estimate | None) -> str:
     head = ["memory per GPU", "analytic"] + (["trace"] if traced is not None else [])
     rows, classes = [], []
@@ -286,6 +299,7 @@ def build_report(req: api.Request, gpus: int | None = None, trace: bool | None =
         f"<header><h1>{escape(e.model)} — will it {'train' if req.mode == 'train' else 'serve'}?</h1>",
         f"<div class='setup'>{escape(setup_line(e))}</div></header>",
         _verdict(e),
+        _would_fit(req, e),
         _breakdown(e, traced),
         time_section(e),
         _timeline(e, traced, why, gpu),

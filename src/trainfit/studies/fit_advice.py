@@ -1,19 +1,126 @@
-"""When an estimate does not fit its GPU: the smallest change per knob that would make it fit (no torch).
+"""What would fit: the changes under which a setup fits its GPU, each with its peak and step time, by slowdown.
 
-Each suggestion changes one knob (micro-batch with accumulation keeping the tokens per step, recompute, ZeRO,
-tensor parallelism, precision, optimizer, sequence, a larger GPU) and is checked with the analytic engine, so
-`trainfit estimate` with the suggested flags fits. Searches are monotone in the knob (the peak grows with batch
-and sequence, falls with tp and ZeRO), so a bisection or an ordered scan finds the smallest change.
+One definition for `trainfit estimate` (when a setup does not fit), `trainfit fit`, the HTML report and the web
+page. Every suggestion is checked with the analytic engine on the device total (as the estimate judges), so
+`trainfit estimate` with the suggested flags fits. Two kinds of change:
+- memory knobs (KNOBS: recompute, 8-bit optimizer, optimizer in backward, pure bf16, LoRA, QLoRA, micro-batch 1
+  with accumulation), tried alone and in combinations of up to three — one per group — since a fine-tuning
+  setup that fits a 24 GB card usually needs several at once;
+- single changes searched for their smallest value (searches monotone in the knob: the peak grows with batch and
+  sequence, falls with ZeRO-3 ranks and tensor parallelism): data parallelism with ZeRO-3, tensor parallelism, a
+  shorter sequence, a larger GPU.
+Ranked by slowdown: the time per token per GPU against the original setup's (timed although it does not fit),
+so more GPUs cost what they add. A combination is dropped when a subset of its knobs already fits at no greater
+slowdown. Knobs that change what is trained (LoRA, QLoRA, a shorter sequence) say so.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from itertools import combinations
+
 from ..engines import analytic
 from ..errors import TrainfitError
+from ..estimate import Estimate
 from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..spec import ModelSpec
+from ..units import fmt_bytes
 
 MAX_DP = 1024
+MAX_KNOBS = 3  # combinations of up to this many memory knobs
+SHOWN = 6  # suggestions kept, fastest first
+
+
+@dataclass(frozen=True)
+class Knob:
+    group: str  # a combination takes at most one knob per group
+    flags: str
+    changes: dict
+    why: str
+
+
+def knobs(s: Setup) -> list[Knob]:
+    """The memory knobs that change something for setup `s` (training)."""
+    out = [
+        Knob("recompute", "--recompute full", dict(recompute="full"), "activations recomputed in backward"),
+        Knob("optimizer", "--optimizer adamw-8bit", dict(optimizer="adamw-8bit"), "8-bit optimizer states"),
+        Knob("in_backward", "--optimizer-in-backward", dict(optimizer_in_backward=True),
+             "each gradient applied and freed as it is made"),
+        Knob("precision", "--precision bf16", dict(precision="bf16"), "pure bf16 weights, gradients and states"),
+        Knob("adapters", "--lora-rank 16", dict(lora_rank=16), "LoRA adapters only: a different fine-tune"),
+        Knob("adapters", "--lora-rank 16 --quant nf4 --precision bf16",
+             dict(lora_rank=16, quant="nf4", precision="bf16"), "QLoRA on a 4-bit base: a different fine-tune"),
+    ]
+    if s.batch > 1:
+        accum = s.batch * s.grad_accum
+        out.append(Knob("batch", f"--batch 1 --grad-accum {accum}", dict(batch=1, grad_accum=accum),
+                        "same tokens per step"))
+    return [k for k in out if any(getattr(s, name) != v for name, v in k.changes.items())
+            and not (s.lora_rank and k.group in ("adapters", "optimizer"))]
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    flags: str  # the CLI flags that apply it
+    why: str
+    device_total: int  # bytes the GPU holds under it
+    gpu_memory: int
+    step_seconds: float
+    tokens_per_second: float  # the whole job's
+    gpus: int
+    slowdown: float  # time per token per GPU against the original setup's (1.0 = as fast)
+    setup: Setup = field(repr=False, compare=False)
+    knobs: frozenset = field(default=frozenset(), repr=False, compare=False)
+
+    def line(self) -> str:
+        return (f"{self.flags} ({self.why}; {fmt_bytes(self.device_total)} of {fmt_bytes(self.gpu_memory)}, "
+                f"{self.slowdown:.2f}x the time per token per GPU)")
+
+    def as_dict(self) -> dict:
+        return {"flags": self.flags, "why": self.why, "device_total": self.device_total,
+                "gpu_memory": self.gpu_memory, "step_seconds": self.step_seconds,
+                "tokens_per_second": self.tokens_per_second, "gpus": self.gpus, "slowdown": self.slowdown}
+
+
+class _Judge:
+    """Estimates setups on a GPU (analytic engine, cached) and turns the fitting ones into suggestions."""
+
+    def __init__(self, spec: ModelSpec, base: Setup, gpu: GPU, reserve: float):
+        self.spec, self.base, self.gpu, self.reserve = spec, base, gpu, reserve
+        self.cache: dict = {}
+        ref = self.estimate(base)
+        self.per_gpu = ref.time.tokens_per_second / base.world_size if ref is not None else None
+
+    def estimate(self, s: Setup, on: GPU | None = None) -> Estimate | None:
+        key = (s, (on or self.gpu).name)
+        if key not in self.cache:
+            try:  # a change the model or the settings do not allow is simply not advice
+                self.cache[key] = analytic(self.spec, s, on or self.gpu, reserve=self.reserve)
+            except TrainfitError:
+                self.cache[key] = None
+        return self.cache[key]
+
+    def fits(self, on: GPU | None = None, **changes) -> bool:
+        try:
+            s = self.base.with_(**changes)
+        except TrainfitError:
+            return False
+        e = self.estimate(s, on)
+        return e is not None and e.time is not None and e.time.fits
+
+    def suggest(self, flags: str, why: str, on: GPU | None = None, knobs: frozenset = frozenset(),
+                **changes) -> Suggestion | None:
+        try:
+            s = self.base.with_(**changes)
+        except TrainfitError:
+            return None
+        e = self.estimate(s, on)
+        if e is None or e.time is None or not e.time.fits:
+            return None
+        per_gpu = e.time.tokens_per_second / s.world_size
+        slowdown = self.per_gpu / per_gpu if self.per_gpu and per_gpu else float("nan")
+        return Suggestion(flags, why, int(e.memory.device_total or e.memory.peak), e.time.gpu_memory,
+                          e.time.step_seconds, e.time.tokens_per_second, s.world_size, slowdown, s, knobs)
 
 
 def _largest(lo: int, hi: int, ok) -> int:
@@ -26,64 +133,109 @@ def _largest(lo: int, hi: int, ok) -> int:
     return hi if ok(hi) else lo
 
 
-def fit_advice(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0) -> list[str]:
-    """Single changes (as CLI flags, with a short why) under which `setup` fits on `gpu` (keeping `reserve` GiB
-    free, as the estimate did); [] if it fits already."""
-    s = setup
-
-    def fits(on: GPU = gpu, **changes) -> bool:
-        try:  # a change the model or the settings do not allow is simply not advice
-            e = analytic(spec, s.with_(**changes), on, reserve=reserve)
-        except TrainfitError:
-            return False
-        return e.time is not None and e.time.fits
-
-    def accum(b: int) -> int:  # accumulation that keeps the tokens per step at micro-batch b
-        return -(-s.batch * s.grad_accum // b)
-
-    if fits():
+def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, shown: int = SHOWN,
+                larger_gpu: bool = True) -> list[Suggestion]:
+    """Changes under which `setup` fits on `gpu` (keeping `reserve` GiB free), fastest first; [] if it fits.
+    `larger_gpu`: also suggest the smallest larger GPU it fits on."""
+    j = _Judge(spec, setup, gpu, reserve)
+    if j.fits():
         return []
-    out: list[str] = []
+    s = setup
+    found: list[Suggestion] = []
+
+    def add(x: Suggestion | None) -> None:
+        if x is not None:
+            found.append(x)
+
     if s.mode == "train":
-        if s.batch > 1:
-            b = _largest(1, s.batch - 1, lambda b: fits(batch=b, grad_accum=accum(b)))
-            if b >= 1:
-                out.append(f"--batch {b} --grad-accum {accum(b)} (same tokens per step)")
-        if s.recompute != "full" and fits(recompute="full"):
-            out.append("--recompute full")
+        ks = knobs(s)
+        for n in range(1, MAX_KNOBS + 1):
+            for combo in combinations(ks, n):
+                if len({k.group for k in combo}) < n:
+                    continue
+                changes: dict = {}
+                for k in combo:
+                    changes.update(k.changes)
+                add(j.suggest(" ".join(k.flags for k in combo), "; ".join(k.why for k in combo),
+                              knobs=frozenset(k.flags for k in combo), **changes))
         if s.dp > 1:
-            z = next((z for z in range(s.zero + 1, 4) if fits(zero=z)), None)
+            z = next((z for z in range(s.zero + 1, 4) if j.fits(zero=z)), None)
             if z is not None:
-                out.append(f"--zero {z}")
+                add(j.suggest(f"--zero {z}", "shards more of the states over the data-parallel ranks", zero=z))
         else:  # shard over more GPUs: the fewest data-parallel ranks with ZeRO-3 (FSDP)
-            d = next((d for d in (2 ** k for k in range(1, MAX_DP.bit_length())) if fits(dp=d, zero=3)), None)
+            d = next((d for d in (2 ** k for k in range(1, MAX_DP.bit_length())) if j.fits(dp=d, zero=3)), None)
             if d is not None:
-                out.append(f"--dp {d} --zero 3 ({d} GPUs, FSDP)")
-        if s.precision != "bf16" and fits(precision="bf16"):
-            out.append("--precision bf16 (pure bf16 weights, grads and states)")
-        opt = next((o for o in ("adamw-8bit", "sgd") if s.optimizer != o and fits(optimizer=o)), None)
-        if opt is not None:
-            out.append(f"--optimizer {opt}")
+                add(j.suggest(f"--dp {d} --zero 3", f"{d} GPUs, FSDP", dp=d, zero=3))
     else:
-        prec = next((p for p in ("int8", "int4") if s.precision != p and fits(precision=p)), None)
-        if prec is not None:
-            out.append(f"--precision {prec} (quantised weights)")
+        for p in ("int8", "int4"):
+            add(j.suggest(f"--precision {p}", "quantised weights", precision=p))
         if s.batch > 1:
-            b = _largest(1, s.batch - 1, lambda b: fits(batch=b))
+            b = _largest(1, s.batch - 1, lambda b: j.fits(batch=b))
             if b >= 1:
-                out.append(f"--batch {b}")
+                add(j.suggest(f"--batch {b}", "fewer sequences at once", batch=b))
     train = s.mode == "train"
     t = next((t for t in range(s.tp + 1, gpu.gpus_per_node + 1)
-              if spec.heads % t == 0 and fits(tp=t, sequence_parallel=train)), None)
+              if spec.heads % t == 0 and j.fits(tp=t, sequence_parallel=train)), None)
     if t is not None:
-        out.append(f"--tp {t}" + (" --sequence-parallel" if train else "") + f" ({t} GPUs per replica)")
+        add(j.suggest(f"--tp {t}" + (" --sequence-parallel" if train else ""), f"{t} GPUs per replica", tp=t,
+                      sequence_parallel=train))
     if s.seq > 1:
-        q = _largest(1, s.seq - 1, lambda q: fits(seq=q))
+        q = _largest(1, s.seq - 1, lambda q: j.fits(seq=q))
         if q >= 1:
-            out.append(f"--seq {q}")
+            add(j.suggest(f"--seq {q}", "shorter sequences: a different job", seq=q))
     bigger = sorted((g for g in list_gpus() if g.memory > gpu.memory and g.vendor == gpu.vendor),
                     key=lambda g: (g.memory, g.name))
-    g = next((g for g in bigger if fits(on=g)), None)
+    g = next((g for g in bigger if j.fits(on=g)), None) if larger_gpu else None
     if g is not None:
-        out.append(f"--gpu {g.name}")
-    return out
+        add(j.suggest(f"--gpu {g.name}", "a larger GPU", on=g))
+    return _ranked(found)[:shown]
+
+
+def _ranked(found: list[Suggestion]) -> list[Suggestion]:
+    """Fastest first; a combination whose knobs include a fitting suggestion's, at no less slowdown, is dropped."""
+    found = sorted(found, key=lambda x: (x.slowdown, len(x.knobs), x.flags))
+    kept: list[Suggestion] = []
+    for x in found:
+        if any(k.knobs and k.knobs < x.knobs and k.slowdown <= x.slowdown for k in kept):
+            continue
+        kept.append(x)
+    return kept
+
+
+def fit_advice(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0) -> list[str]:
+    """The suggestions as one line each (the CLI's and the web page's text)."""
+    return [x.line() for x in suggestions(spec, setup, gpu, reserve)]
+
+
+MAX_BATCH = 64  # `trainfit fit` grows the micro-batch of each fitting setup up to this
+
+
+def fastest_that_fit(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0,
+                     shown: int = SHOWN) -> list[Suggestion]:
+    """`trainfit fit`: the setup as given if it fits, else the suggestions on this GPU (not a larger one); each
+    with its micro-batch grown as far as it fits (more tokens per kernel: faster per token), fastest first."""
+    j = _Judge(spec, setup, gpu, reserve)
+    start = j.suggest("", "as given")
+    found = [start] if start is not None else suggestions(spec, setup, gpu, reserve, 4 * shown, larger_gpu=False)
+    grown: list[Suggestion] = []
+    for x in found:
+        s = x.setup
+        if s.mode == "train" and s.grad_accum == setup.grad_accum:  # not the micro-batch knob itself
+            on = gpu
+            b = _largest(s.batch, MAX_BATCH, lambda b: _fits(j, s, b, on))
+            if b > s.batch:
+                bigger = j.suggest(f"{x.flags} --batch {b}".strip(), x.why, on=on, knobs=x.knobs,
+                                   **_changes(setup, s.with_(batch=b)))
+                if bigger is not None and bigger.slowdown < x.slowdown:
+                    x = bigger
+        grown.append(x)
+    return sorted(grown, key=lambda x: (x.slowdown, len(x.knobs), x.flags))[:shown]
+
+
+def _fits(j: _Judge, s: Setup, b: int, gpu: GPU) -> bool:
+    e = j.estimate(s.with_(batch=b), gpu)
+    return e is not None and e.time is not None and e.time.fits
+
+
+def _changes(base: Setup, s: Setup) -> dict:
+    return {k: v for k, v in vars(s).items() if getattr(base, k) != v}

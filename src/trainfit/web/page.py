@@ -232,7 +232,7 @@ function render(v) {
   renderHeld(v.held);
   $("rows").innerHTML = v.rows.map(r =>
     `<tr class="${r.phase ? "phase" : ""} ${r.peak ? "peak" : ""}"><td>${esc(r.name)}${r.peak ? " ◀ peak" : ""}</td><td>${esc(r.text)}</td></tr>`).join("");
-  $("notes").innerHTML = (v.would_fit ? `<p><b>What would fit</b> (one change each): ${v.would_fit.map(esc).join("; ")}</p>` : "")
+  $("notes").innerHTML = (v.would_fit ? `<p><b>What would fit</b> (fastest first): ${v.would_fit.map(esc).join("; ")}</p>` : "")
     + v.notes.map(n => "· " + esc(n)).join("<br>");
   $("chart").innerHTML = chart(v.bars, v.capacity, s.gpu, s.device_total);
 }

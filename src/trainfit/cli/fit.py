@@ -1,0 +1,63 @@
+"""`trainfit fit`: can I train this model on this GPU, and how? The fastest setups that fit, each as a command."""
+from __future__ import annotations
+
+import shlex
+
+import typer
+
+from .options import JsonOpt, with_settings
+from .spinner import spinner
+
+
+@with_settings(defaults={"batch": 1})
+def fit(req, json: bool = JsonOpt) -> None:
+    """Can MODEL train on --gpu, and how? Starting from the setup you give (default: full fine-tuning, micro-batch
+    1), the fastest setups that fit the GPU's device total: the changes each needs (checkpointing, 8-bit or
+    in-backward optimizer, pure bf16, LoRA, QLoRA, more GPUs...), its memory, step time and tokens/s, and the
+    `trainfit estimate` command that shows it in full. The micro-batch of each is grown as far as it fits.
+
+    Examples:\n
+      trainfit fit llama-3.1-8b --gpu RTX-4090 --seq 2048\n
+      trainfit fit qwen2.5-7b --gpu A100-80GB --seq 4096 --json
+    """
+    from .. import api
+    from ..errors import SetupError
+    from ..studies.fit_advice import fastest_that_fit
+
+    if req.gpu is None:
+        raise SetupError("trainfit fit judges a GPU: give --gpu NAME (see `trainfit gpus`)")
+    if req.mode != "train":
+        raise SetupError("trainfit fit answers for training; for serving use `trainfit estimate --mode infer`")
+    spec = api.load_spec(req.model)
+    setup, gpu = req.setup(spec), api.gpu_of(req)
+    with spinner(f"searching setups of {req.model} that fit {gpu.name}", quiet=json):
+        found = fastest_that_fit(spec, setup, gpu, reserve=req.reserve)
+    base = ["trainfit", "estimate", req.model, "--gpu", gpu.name, "--seq", str(setup.seq)]
+    rows = [dict(x.as_dict(), command=shlex.join(base) + (" " + x.flags if x.flags else "")) for x in found]
+    if json:
+        from ..report.json_out import dumps
+
+        typer.echo(dumps({"model": req.model, "gpu": gpu.name, "seq": setup.seq, "fits": rows}))
+        return
+    if not rows:
+        typer.echo(f"nothing trainfit knows fits {req.model} at seq {setup.seq} on {gpu.name}, even on more "
+                   "GPUs; try a shorter --seq or a smaller model")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..units import fmt_seconds
+
+    GIB = 2**30
+
+    t = Table(title=f"{req.model} on {gpu.name}, seq {setup.seq}: fastest setups that fit", title_justify="left")
+    for col in ("change", "GPU holds", "step", "tokens/s/GPU", "vs fastest"):
+        t.add_column(col, justify="left" if col == "change" else "right", overflow="fold", ratio=3 if col == "change" else None)
+    best = rows[0]["tokens_per_second"] / rows[0]["gpus"]
+    for r in rows:
+        per = r["tokens_per_second"] / r["gpus"]
+        t.add_row(r["flags"] or "(as given)", f"{r['device_total'] / GIB:.1f} / {r['gpu_memory'] / GIB:.1f} GiB",
+                  fmt_seconds(r["step_seconds"]), f"{per:,.0f}", f"{best / per:.2f}x")
+    Console().print(t)
+    typer.echo("why: " + rows[0]["why"])
+    typer.echo("see it in full: " + rows[0]["command"])
