@@ -17,7 +17,7 @@ from functools import lru_cache
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import roofline
+from . import lora_ops, roofline
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
                   fp8_backward_extra, head_backward_extra, head_forward, layer_forward, recomputed, shape_of)
 from .params import ParamCounts
@@ -95,7 +95,10 @@ class StageCompute:
 
 def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool):
     fwd = layer_forward(spec, sh, moe)
-    bwd = backward(fwd) + fp8_backward_extra(fwd, sh)
+    if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
+        fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
+    bwd = backward(fwd) + fp8_backward_extra(fwd, sh) + (lora_ops.dequant_backward(setup, sh, fwd)
+                                                          if setup.lora_rank else [])
     rec = recomputed(spec, setup, fwd)
     return fwd, bwd, rec
 
@@ -118,6 +121,8 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     ef = embedding_forward(spec, sh)
     emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh))
     hf = head_forward(spec, sh)
+    if setup.lora_rank:  # frozen embedding (no gradient scatter) and LM head (no weight gradient)
+        emb_b, hf = ListTime(), lora_ops.frozen(hf)
     head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
     first, middle, last = layers
     zero = ListTime()
@@ -148,7 +153,8 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     key = (spec, dropouts(spec), cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping"),
            setup.batch, setup.seq, setup.tp, setup.cp, setup.pp, setup.vpp, bool(setup.sequence_parallel),
            setup.precision, setup.recompute, setup.stack, setup.attention_kernel, setup.device, setup.ep,
-           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)), st, gpu, layers)
+           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)),
+           setup.lora_rank, setup.lora_targets, setup.dora, setup.quant, st, gpu, layers)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_MAX:

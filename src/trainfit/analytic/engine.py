@@ -240,9 +240,6 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
                           "timed by the roofline, analytic/ops.py + roofline.py, + exposed communication, bubble, "
                           "optimizer); --mfu overrides it")
-        if setup.lora_rank:  # NB: over-reads: the op list still has every weight gradient GEMM and a full optimizer step
-            notes.append("step time with --lora-rank: timed as full fine-tuning (the frozen weights' gradient GEMMs "
-                         "and optimizer step are not yet removed): NB an over-estimate")
     return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
                     setup, memory, flops, timing, tuple(notes), detail)
 

@@ -470,7 +470,7 @@ def backward(ops: list[Op]) -> list[Op]:
     backward kernel; the elementwise rule of the module docstring."""
     out: list[Op] = []
     for op in reversed(ops):
-        if op.kind == "gemm":
+        if op.kind == "gemm" and op.grad:  # (a GEMM run under no_grad has no backward: DoRA's weight norm)
             out.append(op._replace(name=op.name + ".dgrad", m=op.m, n=op.k, k=op.n))
             if op.wgrad:
                 out.append(op._replace(name=op.name + ".wgrad", m=op.k, n=op.n, k=op.m))
@@ -479,7 +479,7 @@ def backward(ops: list[Op]) -> list[Op]:
                 out.append(_ew(op.name + ".bias_grad", dy, op.n * FP32, "autograd bias gradient", saves=False))
         elif op.kind == "attention":
             out.append(op._replace(name=op.name + ".backward", backward=True))
-        elif op.grad:
+        elif op.kind != "gemm" and op.grad:
             reads = op.writes + (op.reads if op.saves_input else 0.0)
             fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
             out.append(op._replace(name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,

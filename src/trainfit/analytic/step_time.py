@@ -211,7 +211,15 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     dp_bw = intra if dp_bw_name == "intra" else inter
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduce-scatters in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
-    g_bytes, w_bytes = stage_params * (st.reduce or st.grad), stage_params * (st.param or st.weight)
+    trained, st_opt, tensors = stage_params, st, None
+    if setup.lora_rank:  # only the adapters are reduced and stepped (analytic/lora.py: fp32 unless --lora-dtype)
+        from .lora import adapter_params, adapter_setup, targets
+        from .precision import state_bytes
+
+        trained = adapter_params(spec, setup) * stage_layers_n / spec.layers
+        st_opt = state_bytes(adapter_setup(setup, st))
+        tensors = stage_layers_n * len(targets(spec, setup)) * (3 if setup.dora else 2)
+    g_bytes, w_bytes = trained * (st_opt.reduce or st_opt.grad), stage_params * (st.param or st.weight)
     bucket = min(BUCKET_BYTES, g_bytes)
     bucket_t = ring_allreduce(dpc, bucket, dp_bw)
     z = setup.zero
@@ -243,8 +251,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     bubble = (p - 1) / v * t_mb if p > 1 else 0.0  # Narayanan et al. 2021 §2.2.2: (p−1)/(v·m) of m·t_mb
     # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
     # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
-    shard = stage_params / (dpc if z >= 1 else 1)
-    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st, shard, tensors_per_rank(
+    shard = trained / (dpc if z >= 1 else 1)
+    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors or tensors_per_rank(
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
     opt = opt_mem + opt_launch
     step = m * t_mb + bubble + once_exposed + opt

@@ -197,6 +197,10 @@ class _Cfg(NamedTuple):
     ep: int = 1
     etp: int | None = None
     offload: str = "none"
+    lora_rank: int = 0  # the planner plans full training: no adapters (the time model reads these)
+    lora_targets: str = "all-linear"
+    dora: bool = False
+    quant: str | None = None
 
     # what the recompute FLOPs read of a Setup (analytic/flops.py recompute_per_token), computed as Setup does
     stack_facts = Setup.stack_facts

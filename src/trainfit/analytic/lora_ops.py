@@ -1,0 +1,69 @@
+"""The kernels a LoRA/DoRA/QLoRA step runs (--lora-rank, --dora, --quant), from the full fine-tuning op list.
+
+- Frozen base weights: a Linear whose weight has requires_grad False gets no weight-gradient GEMM — autograd's
+  addmm/mm backward computes only the inputs that need grad (torch/csrc/autograd/FunctionsManual.cpp mm_mat2_backward
+  runs under `if (grad_input_mask[1])`): every base projection and the LM head keep forward + dgrad only, and the
+  frozen embedding's backward (its gradient scatter) is not run.
+- Adapters (Hu et al. 2021 eq. 3, h = W0 x + B A x): per adapted projection lora_A (d_in -> r) and lora_B (r -> d_out),
+  each forward, dgrad and wgrad, in the compute dtype (under autocast F.linear runs in bf16 whatever the adapters'
+  dtype, torch/amp/autocast_mode.py lower_precision_fp ops). NB: --precision bf16 with peft's fp32 adapters runs them
+  as fp32 GEMMs (the roofline's bf16 rate under-reads those thin GEMMs).
+- DoRA (Liu et al. 2024 eq. 5; peft tuners/lora/dora.py get_weight_norm): each forward forms W0 + scale·B·A
+  (a d_out × d_in × r GEMM) and its row norms (reads the d_out × d_in result), peft under torch.no_grad.
+- QLoRA (bitsandbytes MatMul4Bit, autograd/_functions.py): each frozen 4-bit matmul dequantises its weight to the
+  compute dtype in forward and again for the input gradient (reads 0.5 B + the block scales, writes 2 B per weight).
+"""
+from __future__ import annotations
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .lora import targets
+from .ops import Op, Shape, _ew, _gemm
+
+# ops.py projection names -> the HF module names peft targets (analytic/lora.py linears)
+MODULE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+          "down": "down_proj", "qkv": "qkv_proj", "gate_up": "gate_up_proj", "fc1": "fc1", "fc2": "fc2"}
+PACKED = {"nf4": 0.5 + 4 / 64 / 4, "fp4": 0.5 + 4 / 64 / 4, "int8": 1.0 + 4 / 4096}  # NB: B per weight incl. scales
+
+
+def frozen(ops: list[Op]) -> list[Op]:
+    """The same kernels with every GEMM's weight frozen (no wgrad)."""
+    return [op._replace(wgrad=False) if op.kind == "gemm" else op for op in ops]
+
+
+def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
+    """One layer's forward under LoRA: frozen projections, each adapted one followed by its adapters' kernels."""
+    adapted = targets(spec, setup)
+    r, T = setup.lora_rank, sh.tokens
+    out: list[Op] = []
+    for op in frozen(ops):
+        if op.kind == "gemm" and setup.quant:
+            w = op.n * op.k
+            out.append(_ew(op.name + ".dequant", w * PACKED[setup.quant], w * sh.act,
+                           "bitsandbytes dequantize_4bit / int8 dequant (MatMul4Bit forward)", saves=False,
+                           grad=False))
+        out.append(op)
+        name = MODULE.get(op.name)
+        if op.kind != "gemm" or name not in adapted:
+            continue
+        d_in, d_out = op.k, op.n
+        out.append(_gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A"))
+        out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B"))
+        out.append(_ew(op.name + ".lora_add", 2 * T * d_out * sh.act, T * d_out * sh.act,
+                       "peft: result + lora_B(lora_A(x)) * scaling", saves=False))
+        if setup.dora:
+            # under torch.no_grad (peft dora.py): no backward kernels
+            out.append(_gemm(op.name + ".dora_BA", d_out, d_in, r, sh, "peft dora.py get_weight_norm: B @ A",
+                             wgrad=False)._replace(grad=False))
+            out.append(_ew(op.name + ".dora_norm", 2 * d_out * d_in * sh.act, d_out * 4,
+                           "peft dora.py: weight + scale * BA, row norms", saves=False, grad=False))
+    return out
+
+
+def dequant_backward(setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
+    """QLoRA's backward dequantises each frozen weight again for the input gradient."""
+    if not setup.quant:
+        return []
+    return [_ew(op.name + ".dequant_bwd", op.n * op.k * PACKED[setup.quant], op.n * op.k * sh.act,
+                "bitsandbytes MatMul4Bit.backward: dequantize_4bit for grad_A", saves=False, grad=False)
+            for op in ops if op.kind == "gemm" and ".lora_" not in op.name and ".dora" not in op.name]
