@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import types
 
 import pytest
@@ -232,11 +233,12 @@ def test_optimizers(name):
     assert math.isfinite(run_step(model, opt, batches, setup))
 
 
-def test_unavailable():
+def test_unavailable(monkeypatch):
     spec = tiny_spec("gpt2")
     model = build_model(spec, cpu_setup(batch=1, seq=8))
+    monkeypatch.setitem(sys.modules, "bitsandbytes.optim", None)  # as if bitsandbytes were not installed
     for name in ("adamw-8bit", "lion"):
-        with pytest.raises(EngineUnavailableError):
+        with pytest.raises(EngineUnavailableError, match=r"trainfit\[bnb\]"):
             make_optimizer(model, cpu_setup(optimizer=name))
     with pytest.raises(EngineUnavailableError, match="selective"):
         prepare(spec, cpu_setup(recompute="selective", attention="eager", batch=1, seq=8))
