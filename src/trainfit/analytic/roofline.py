@@ -189,7 +189,9 @@ def gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int = 1) -
     """C[m,n] = A[m,k] @ B[k,n] on one GPU, `batch` independent GEMMs in one launch (see _gemm_seconds)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
-    return _gemm_seconds(gpu, int(m), int(n), int(k), dtype, int(batch))
+    # averaged dimensions (tokens per expert, experts per rank) can be fractional: a kernel runs whole rows and
+    # whole GEMMs, so round up (int() made 0.5 rows a 0-tile GEMM and divided by zero)
+    return _gemm_seconds(gpu, *(math.ceil(x) for x in (m, n, k)), dtype, math.ceil(batch))
 
 
 @lru_cache(maxsize=65536)  # the planner times the same shapes for many layouts

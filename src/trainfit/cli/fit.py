@@ -40,8 +40,9 @@ def fit(req, json: bool = JsonOpt) -> None:
         typer.echo(dumps({"model": req.model, "gpu": gpu.name, "seq": setup.seq, "fits": rows}))
         return
     if not rows:
-        typer.echo(f"nothing trainfit knows fits {req.model} at seq {setup.seq} on {gpu.name}, even on more "
-                   "GPUs; try a shorter --seq or a smaller model")
+        typer.echo(f"nothing trainfit tried fits {req.model} at seq {setup.seq} on {gpu.name} (memory knobs, up to "
+                   "1024 GPUs with ZeRO-3 or a node's tensor parallelism, with recompute); try a shorter --seq, "
+                   "`trainfit plan` for pipeline layouts, or a smaller model")
         return
     from rich.console import Console
     from rich.table import Table

@@ -162,10 +162,13 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             z = next((z for z in range(s.zero + 1, 4) if j.fits(zero=z)), None)
             if z is not None:
                 add(j.suggest(f"--zero {z}", "shards more of the states over the data-parallel ranks", zero=z))
-        else:  # shard over more GPUs: the fewest data-parallel ranks with ZeRO-3 (FSDP)
-            d = next((d for d in (2 ** k for k in range(1, MAX_DP.bit_length())) if j.fits(dp=d, zero=3)), None)
-            if d is not None:
-                add(j.suggest(f"--dp {d} --zero 3", f"{d} GPUs, FSDP", dp=d, zero=3))
+        else:  # shard over more GPUs: the fewest data-parallel ranks with ZeRO-3 (FSDP), with recompute if need be
+            for extra, flags in (({}, ""), (dict(recompute="full"), " --recompute full")):
+                d = next((d for d in (2 ** k for k in range(1, MAX_DP.bit_length()))
+                          if j.fits(dp=d, zero=3, **extra)), None)
+                if d is not None:
+                    add(j.suggest(f"--dp {d} --zero 3{flags}", f"{d} GPUs, FSDP", dp=d, zero=3, **extra))
+                    break
     else:
         for p in ("int8", "int4"):
             add(j.suggest(f"--precision {p}", "quantised weights", precision=p))
@@ -174,11 +177,13 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             if b >= 1:
                 add(j.suggest(f"--batch {b}", "fewer sequences at once", batch=b))
     train = s.mode == "train"
-    t = next((t for t in range(s.tp + 1, gpu.gpus_per_node + 1)
-              if spec.heads % t == 0 and j.fits(tp=t, sequence_parallel=train)), None)
-    if t is not None:
-        add(j.suggest(f"--tp {t}" + (" --sequence-parallel" if train else ""), f"{t} GPUs per replica", tp=t,
-                      sequence_parallel=train))
+    for extra, flags in (({}, ""), (dict(recompute="full"), " --recompute full") if train else ({}, "")):
+        t = next((t for t in range(s.tp + 1, gpu.gpus_per_node + 1)
+                  if spec.heads % t == 0 and j.fits(tp=t, sequence_parallel=train, **extra)), None)
+        if t is not None:
+            add(j.suggest(f"--tp {t}" + (" --sequence-parallel" if train else "") + flags, f"{t} GPUs per replica",
+                          tp=t, sequence_parallel=train, **extra))
+            break
     if s.seq > 1:
         q = _largest(1, s.seq - 1, lambda q: j.fits(seq=q))
         if q >= 1:
