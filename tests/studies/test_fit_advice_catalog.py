@@ -1,0 +1,21 @@
+"""Every catalog model gets an answer, never a traceback: its default training estimate on an 80 GB GPU and, when it
+does not fit, the what-would-fit search (which visits layouts the default does not: ZeRO-3 ranks, TP, and their
+averaged MoE shapes — a fractional tokens-per-expert GEMM once divided by zero)."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit import api
+from trainfit.models.resolve import catalog_names
+from trainfit.setup import Request
+from trainfit.studies.fit_advice import suggestions
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_estimate_and_advice_answer(name):
+    req = Request(model=name, gpu="H100-80GB")
+    spec = api.load_spec(name)
+    e = api.analytic(req)
+    assert e.time is not None and e.time.step_seconds > 0
+    for x in suggestions(spec, req.setup(spec), api.gpu_of(req)):
+        assert x.device_total <= x.gpu_memory and x.step_seconds > 0
