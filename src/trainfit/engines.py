@@ -29,6 +29,9 @@ WHY_NOT_RUN = {
 
 
 def _check_stack(setup: Setup, engine: str) -> None:
+    if setup.loss != "full":
+        raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "
+                         "not run here; use --engine analytic")
     if engine == "measure" and setup.stack in MEASURE_STACKS:
         return
     if setup.mode == "train" and setup.stack not in RUN_STACKS:

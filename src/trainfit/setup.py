@@ -37,6 +37,7 @@ RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
 OFFLOAD = ("none", "optimizer", "params")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
 LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
+LOSSES = ("full", "fused-linear")  # --loss
 STACKS = _stacks.NAMES
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS
@@ -161,6 +162,10 @@ class Setup:
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
                               "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES,
                               modes=("train",))
+    loss: str = setting("full", "Loss kernel: full (the model's own: whole logits, upcast to fp32) or fused-linear "
+                        "(Liger's fused linear cross-entropy, as TRL's use_liger_kernel applies it: the LM head and the "
+                        "loss run chunk by chunk, the logits never whole, the head's gradients made in forward); "
+                        "--stack hf, analytic engine.", choices=LOSSES, modes=("train",))
     optimizer_in_backward: bool = setting(False, "Step the optimizer inside the backward pass, one parameter at a "
                                           "time as its gradient is ready, and free that gradient at once (torchtune's "
                                           "optimizer_in_bwd): gradients never all live. Needs --grad-accum 1 and one "
@@ -436,6 +441,9 @@ def validate(setup: Setup) -> None:
     if setup.optimizer_impl is not None and setup.optimizer in BNB_OPTIMIZERS:
         raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs bitsandbytes' own in-place kernel; "
                          "drop --optimizer-impl")
+    if setup.loss != "full" and (stack.name != "hf" or setup.head not in (None, "causal-lm")):
+        raise SetupError(f"--loss {setup.loss} replaces a causal LM's head and loss as Liger does in the HF stack: use "
+                         "--stack hf with a causal-lm head")
     if setup.optimizer_in_backward:
         # torchtune full_finetune_single_device.py _setup_optimizer / train: one optimizer per parameter stepped in
         # a post-accumulate-grad hook; it raises for gradient accumulation ("Gradient accumulation is not supported

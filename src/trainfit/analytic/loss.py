@@ -89,6 +89,9 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     # ForCausalLMLoss pads the labels by one position before shifting them (loss_utils.py:64)
     padded = INDEX * (tokens + setup.batch) if shifts else 0
     kept, norm_bwd = final_norm_backward(spec, setup, st, tokens)
+    if setup.loss == "fused-linear":
+        norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
+        return fused_linear_head(spec, setup, st, tokens, norm, weight_cast, labels, hidden + padded, kept, norm_bwd)
     return HeadBytes(
         saved=saved + weight_cast + lsm + labels,
         labels=INDEX * tokens,
@@ -164,6 +167,35 @@ def classifier_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: i
         labels=labels,
         forward_transient=logits + logits_fp32 + transient,
         backward_transient=max(2 * loss_bytes, loss_bytes + (a if a != loss_bytes else 0)) * n * rows,
+        norm_kept=kept,
+        norm_backward=norm_bwd,
+    )
+
+
+def fused_linear_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, norm_saved: float,
+                      weight_cast: float, labels: float, held: float, kept: float, norm_bwd: float) -> HeadBytes:
+    """--loss fused-linear: Liger's fused linear cross-entropy (linkedin/Liger-Kernel ops/fused_linear_cross_entropy.py,
+    fused_linear_cross_entropy_forward). The tokens run in chunks of next_pow2(ceil(BT / ceil(V / H))) rows, so a
+    chunk's logits are about BT × H values; its Triton kernel turns each chunk's logits into their gradient in place
+    (fp32 only in registers); the input gradient (BT × H, the input's dtype) and the LM head's weight gradient (V × H,
+    the weight's dtype, when it trains) are made in the forward and saved for the backward, which only scales them.
+    So no logits, fp32 copy or log-softmax outlive a chunk, and nothing is left to do at the loss's backward.
+    NB: the chunk's input-gradient product (chunk × H) is counted beside its logits; the HF Trainer's labels shift
+    (padded copy) and the final hidden states held by the forward stay as for the full loss; Gemma-2's logit
+    soft-capping runs inside the kernel. The step time keeps the full loss's kernels (ops.head_forward): NB an
+    over-estimate of the loss's memory traffic (a few % of a step at large vocabularies)."""
+    a, h, v = st.act, spec.hidden, spec.vocab // setup.tp
+    inc = -(-v // h)
+    chunk = min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+    grad_input = a * h * tokens
+    lm_head_trains = not setup.lora_rank
+    grad_weight = st.weight * v * h if lm_head_trains else 0.0
+    loss_1d = FP32 * tokens
+    return HeadBytes(
+        saved=norm_saved + weight_cast + grad_input + grad_weight + loss_1d + labels,
+        labels=INDEX * tokens,
+        forward_transient=held + a * chunk * v + a * chunk * h,
+        backward_transient=0.0,
         norm_kept=kept,
         norm_backward=norm_bwd,
     )

@@ -1,0 +1,63 @@
+"""--loss fused-linear (Liger's fused linear cross-entropy) in the analytic engine, by hand from Liger's algorithm
+(linkedin/Liger-Kernel ops/fused_linear_cross_entropy.py): chunks of next_pow2(ceil(BT / ceil(V / H))) tokens, the
+input and weight gradients made in forward and saved, no whole logits."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit import api
+from trainfit.analytic.loss import head_and_loss
+from trainfit.analytic.precision import state_bytes
+from trainfit.errors import SetupError
+from trainfit.setup import Request, Setup
+
+
+def _head(**kw):
+    req = Request(model="llama-3.2-1b", batch=2, seq=1024, precision="bf16", **kw)
+    spec = api.load_spec(req.model)
+    setup = req.setup(spec)
+    return spec, head_and_loss(spec, setup, state_bytes(setup), 2 * 1024)
+
+
+def test_fused_linear_saves_gradients_not_logits():
+    spec, full = _head()
+    _, fused = _head(loss="fused-linear")
+    T, H, V = 2048, spec.hidden, spec.vocab  # llama-3.2-1b: H 2048, V 128256
+    # full loss (bf16 weights): the LM head's bf16 input and the fp32 log-softmax (T × V) are saved
+    # fused: the bf16 input gradient (T × H), the bf16 weight gradient (V × H) and the fp32 per-token loss
+    delta = full.saved - fused.saved
+    assert delta == (2 * T * H + 4 * T * V) - (2 * T * H + 2 * V * H + 4 * T)
+    # chunk: ceil(V / H) = 63 -> ceil(2048 / 63) = 33 -> next power of two 64 tokens; its bf16 logits and input grad
+    chunk = 64
+    padded = 8 * (T + 2)  # the labels padded by one position per sequence before the shift (int64), as for HF's loss
+    assert fused.forward_transient == 2 * chunk * V + 2 * chunk * H + padded
+    assert fused.backward_transient == 0
+
+
+def test_fused_linear_with_lora_makes_no_head_weight_gradient():
+    spec, fused = _head(loss="fused-linear")
+    _, lora = _head(loss="fused-linear", lora_rank=8)
+    assert fused.saved - lora.saved == 2 * spec.vocab * spec.hidden  # the frozen LM head's bf16 gradient
+
+
+def test_fused_linear_lowers_the_peak_of_a_large_vocabulary_fine_tune():
+    base = dict(model="llama-3.1-8b", gpu="RTX-4090", seq=2048, precision="bf16", lora_rank=16, recompute="full")
+    full, fused = (api.analytic(Request(**base, **kw)) for kw in ({}, dict(loss="fused-linear")))
+    # at least the whole fp32 log-softmax (2048 × 128256 × 4 B = 1 GiB) less the saved gradients' growth
+    assert full.memory.peak - fused.memory.peak > 0.5 * 2**30
+
+
+@pytest.mark.parametrize("kw,words", [(dict(loss="fused-linear", stack="torchtitan"), "--stack hf"),
+                                      (dict(loss="fused-linear", head="seq-cls"), "causal-lm")])
+def test_refusals(kw, words):
+    with pytest.raises(SetupError, match=words):
+        Setup(**kw)
+
+
+def test_trace_and_measure_refuse_in_one_line():
+    from trainfit.engines import measure, trace
+
+    spec = api.load_spec("tiny-llama")
+    for engine in (trace, measure):
+        with pytest.raises(SetupError, match="--engine analytic"):
+            engine(spec, Setup(loss="fused-linear", device="cpu", batch=1, seq=8))
