@@ -32,6 +32,9 @@ def _check_stack(setup: Setup, engine: str) -> None:
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "
                          "not run here; use --engine analytic")
+    if setup.offload == "activations":
+        raise SetupError(f"--offload activations moves saved tensors to pinned host memory, which --engine {engine} "
+                         "cannot tell apart from device memory on this CPU; use --engine analytic")
     if engine == "measure" and setup.stack in MEASURE_STACKS:
         return
     if setup.mode == "train" and setup.stack not in RUN_STACKS:

@@ -34,7 +34,7 @@ BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
 # "uniform:N" and "block:N" (Megatron's recompute_method with recompute_num_layers N)
 RECOMPUTE = ("none", "selective", "full", "op")
 RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
-OFFLOAD = ("none", "optimizer", "params")
+OFFLOAD = ("none", "optimizer", "params", "activations")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
 LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
 LOSSES = ("full", "fused-linear")  # --loss
@@ -131,9 +131,11 @@ class Setup:
     float8: bool = setting(False, "Float8 training of the linear layers (torchao Float8Linear, tensorwise dynamic "
                            "scaling, fp8 FSDP all-gather), as torchtitan applies it: --stack torchtitan; fp8 GEMMs "
                            "need a GPU with fp8 tensor cores (H100/H200/B200/L4/L40S...).", modes=("train",))
-    offload: str = setting("none", "DeepSpeed ZeRO-Offload: optimizer (fp32 master and optimizer states in host "
-                           "memory, the step on the CPU; --zero >= 1) or params (ZeRO-Infinity: the 16-bit weights "
-                           "too; --zero 3); --stack deepspeed.", choices=OFFLOAD, modes=("train",))
+    offload: str = setting("none", "What lives in host memory: optimizer (DeepSpeed ZeRO-Offload: fp32 master and "
+                           "optimizer states, the step on the CPU; --zero >= 1; --stack deepspeed), params "
+                           "(ZeRO-Infinity: the 16-bit weights too; --zero 3; --stack deepspeed) or activations "
+                           "(torchtune's activation offloading: saved tensors to pinned host memory in forward, back "
+                           "in backward; --stack hf, analytic engine).", choices=OFFLOAD, modes=("train",))
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
                                             modes=("train",), auto="the stack's (fused for Adam/AdamW/SGD; torch's "
@@ -410,7 +412,12 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--recompute {setup.recompute} is not a {stack.name} policy; {stack.name} runs: "
                          f"{', '.join(p + (':N' if p in RECOMPUTE_PATTERNS else '') for p in stack.policies)}"
                          + (f"; use --stack {owner}" if owner else ""))
+    if setup.offload == "activations" and stack.name != "hf":
+        raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack hf; "
+                         f"--stack {stack.name} does not run it")
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp"):  # the axes a stack may run (stacks/*.toml)
+        if name == "offload" and setup.offload == "activations":
+            continue
         if getattr(setup, name) not in (1, "even", "none", None) and name not in stack.axes:
             runs = [s for s in _stacks.NAMES if name in _stacks.get_stack(s).axes]
             raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}; use --stack "

@@ -57,6 +57,13 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     return max(results, key=lambda m: m.peak)
 
 
+# torchtune's OffloadActivations (training/_activation_offloading.py): each saved tensor is copied to pinned host
+# memory on a side stream as the forward moves on, and in backward the next layer's tensors are brought back while
+# the current one runs: the layer in flight and the one prefetched are on the device.
+# NB: tensors under its min_offload_size (1 KiB) stay: not counted; the copy in flight is taken as done.
+OFFLOAD_WINDOW = 2
+
+
 def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage) -> TrainMemory:
     if setup.stack == "megatron":  # Megatron-Core's own states, TE layers and recompute (megatron_memory.py)
         from .megatron_memory import stage_memory
@@ -151,6 +158,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
             largest * st.act if st.autocast else 0,
             optimizer_temporaries(adapter_setup(setup, st), st, largest, largest)) if setup.optimizer_in_backward
         else None,
+        layers_on_device=OFFLOAD_WINDOW if setup.offload == "activations" else None,
     )
     step = compile_effects.adjust_step(step, spec, setup, st, stage)  # --compile's mask, --float8's gather
     activations = step.activations
@@ -171,5 +179,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     }
     if ds:
         detail["host_memory"] = int(ds.host)  # ZeRO-Offload's host bytes
+    if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
+        detail["host_memory"] = int(stage.in_flight * (uniform.saved * stage.layers if not every else
+                                                       sum(kinds[k].saved for k in pattern)) - step.layers_saved)
     return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
                        int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail)

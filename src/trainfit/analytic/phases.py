@@ -61,13 +61,16 @@ class StepBytes:
     # --optimizer-in-backward: each gradient is applied and freed as it is made (step/in_backward.py), so instead
     # of the gradients so far a backward moment holds one: the largest gradient with its step's temporaries
     in_backward_step: float | None = None
+    # --offload activations: how many layers' saved tensors are on the device at once (None: all of them)
+    layers_on_device: int | None = None
 
     @property
     def layers_saved(self) -> float:
-        """The saved bytes of all this rank's layers for one micro-batch."""
-        if self.pattern:
-            return sum(self.kinds[k].saved for k in self.pattern)
-        return self.layers * self.layer_saved
+        """The saved bytes of all this rank's layers for one micro-batch held on the device (all, unless offloaded)."""
+        n = self.layers if self.layers_on_device is None else min(self.layers, self.layers_on_device)
+        if self.pattern:  # NB (offloaded): the largest kinds taken for the layers on the device
+            return sum(sorted((self.kinds[k].saved for k in self.pattern), reverse=True)[:n])
+        return n * self.layer_saved
 
     @property
     def activations(self) -> float:

@@ -20,8 +20,9 @@ def estimate_dict(e: Estimate) -> dict:
         "notes": list(e.notes),
         "detail": e.detail,
     }
-    if "host_memory" in (e.detail or {}):  # ZeRO-Offload's host bytes (analytic/parallel/deepspeed.py)
-        d["memory"]["host_memory"] = e.detail["host_memory"]
+    # host bytes of what is offloaded (ZeRO-Offload's states, analytic/parallel/deepspeed.py; activations,
+    # analytic/memory.py); 0 when nothing is
+    d["memory"]["host_memory"] = int((e.detail or {}).get("host_memory", 0))
     if e.setup.mode == "train":  # the stack modelled and the defaults it resolved (trainfit/stacks/*.toml)
         st = e.setup.stack_facts
         d["stack"] = {"name": st.name, "version": st.version, "summary": st.summary,

@@ -74,6 +74,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         mark = " ◀ peak" if phase == m.peak_phase else ""
         t.add_row(f"[dim]at {PHASE_NAMES.get(phase, phase)}[/dim]", f"[dim]{fmt_bytes(v)}{mark}[/dim]")
     t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
+    if (e.detail or {}).get("host_memory"):  # offloaded states or activations: pinned host memory, not the GPU's
+        t.add_row("host memory (offloaded)", fmt_bytes(e.detail["host_memory"]))
     if m.reserved is not None:  # not a component of the peak: allocated + what the allocator keeps cached
         t.add_row(RESERVED_LABEL, fmt_bytes(m.reserved))
     if m.device_total is not None:

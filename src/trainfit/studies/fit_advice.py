@@ -3,9 +3,9 @@
 One definition for `trainfit estimate` (when a setup does not fit), `trainfit fit`, the HTML report and the web
 page. Every suggestion is checked with the analytic engine on the device total (as the estimate judges), so
 `trainfit estimate` with the suggested flags fits. Two kinds of change:
-- memory knobs (KNOBS: recompute, 8-bit optimizer, optimizer in backward, pure bf16, Liger's fused loss, LoRA,
-  QLoRA, micro-batch 1 with accumulation), tried alone and in combinations of up to three — one per group — since a fine-tuning
-  setup that fits a 24 GB card usually needs several at once;
+- memory knobs (KNOBS: recompute, 8-bit optimizer, optimizer in backward, pure bf16, Liger's fused loss,
+  activation offloading, LoRA, QLoRA, micro-batch 1 with accumulation), tried alone and in combinations of up to
+  three — one per group — since a fine-tuning setup that fits a 24 GB card usually needs several at once;
 - single changes searched for their smallest value (searches monotone in the knob: the peak grows with batch and
   sequence, falls with ZeRO-3 ranks and tensor parallelism): data parallelism with ZeRO-3, tensor parallelism, a
   shorter sequence, a larger GPU.
@@ -48,6 +48,7 @@ def knobs(s: Setup) -> list[Knob]:
              "each gradient applied and freed as it is made"),
         Knob("precision", "--precision bf16", dict(precision="bf16"), "pure bf16 weights, gradients and states"),
         Knob("loss", "--loss fused-linear", dict(loss="fused-linear"), "Liger's fused linear cross-entropy"),
+        Knob("offload", "--offload activations", dict(offload="activations"), "saved activations in host memory"),
         Knob("adapters", "--lora-rank 16", dict(lora_rank=16), "LoRA adapters only: a different fine-tune"),
         Knob("adapters", "--lora-rank 16 --quant nf4 --precision bf16",
              dict(lora_rank=16, quant="nf4", precision="bf16"), "QLoRA on a 4-bit base: a different fine-tune"),
