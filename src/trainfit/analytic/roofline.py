@@ -46,6 +46,7 @@ class Kernels:
     l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
     nccl_channels: int = 0            # SMs an NCCL collective occupies (one CTA per channel); 0 = not modelled
     link_fraction: float = 1.0        # NCCL bus bandwidth / datasheet NVLink rate (1.0 = not measured)
+    host_link: float = 0.0            # GPU <-> host bytes/s per direction (pinned copies); 0 = unknown
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -94,6 +95,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
                        nccl_channels=int(d.get("nccl_channels", 0)),
                        link_fraction=float(d.get("link_fraction", 1.0)),
+                       host_link=float(d.get("host_link", 0.0)),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -98,6 +99,7 @@ class StepTime:
     bubble: float  # pipeline fill and drain: (p−1)/v micro-batch times
     dp_comm: float  # exposed data-parallel communication (after overlap)
     optimizer: float  # optimizer.step(): memory-bound elementwise update
+    host_copies: float  # exposed GPU <-> host copies of offloaded activations (after overlap)
     step_seconds: float
     tokens_per_second: float
     mfu: float  # model FLOPs (no recompute) / (world × step × peak)
@@ -255,7 +257,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors or tensors_per_rank(
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
     opt = opt_mem + opt_launch
-    step = m * t_mb + bubble + once_exposed + opt
+    host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
+    step = m * t_mb + bubble + once_exposed + opt + host
 
     world = t * p * d * cp
     tok_step = b * s * m * d
@@ -266,7 +269,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     return StepTime(
         compute=m * (c_f + c_b), recompute=m * c_r, tp_comm=m * tp_mb, cp_comm=m * cp_mb, ep_comm=m * ep_mb,
         pp_comm=m * pp_mb, bubble=bubble,
-        dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, step_seconds=step,
+        dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, host_copies=host, step_seconds=step,
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
         efficiency=achieved, compute_terms=terms,
@@ -292,3 +295,21 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
     pc = pc or count_params(spec)
     return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
                      stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split), state_bytes(setup), efficiency)
+
+
+def offload_exposed(spec: ModelSpec, setup: Setup, gpu: GPU, forward: float, backward: float) -> float:
+    """--offload activations: seconds per micro-batch the GPU waits on host copies. torchtune's OffloadActivations
+    copies each saved tensor to pinned host memory on a side stream during the forward and brings it back one
+    layer ahead during the backward (training/_activation_offloading.py), so each direction overlaps its pass:
+    exposed = max(0, bytes / link − the pass's compute), each way (the offloaded bytes: analytic/memory.py).
+    NB: the copies' HBM traffic is not charged to the overlapped kernels."""
+    if setup.offload != "activations":
+        return 0.0
+    from .memory import train_memory
+
+    link = kernels_for(gpu).host_link
+    if not link:
+        raise SetupError(f"--offload activations: no host link bandwidth is known for {gpu.name} (kernels.toml "
+                         "host_link); use a catalog GPU")
+    copied = train_memory(spec, setup).detail["host_memory"]
+    return max(0.0, copied / link - forward) + max(0.0, copied / link - backward)
