@@ -19,11 +19,11 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .lora import targets
 from .ops import Op, Shape, _ew, _gemm
+from .quant import linear_bytes
 
 # ops.py projection names -> the HF module names peft targets (analytic/lora.py linears)
 MODULE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
           "down": "down_proj", "qkv": "qkv_proj", "gate_up": "gate_up_proj", "fc1": "fc1", "fc2": "fc2"}
-PACKED = {"nf4": 0.5 + 4 / 64 / 4, "fp4": 0.5 + 4 / 64 / 4, "int8": 1.0 + 4 / 4096}  # NB: B per weight incl. scales
 
 
 def frozen(ops: list[Op]) -> list[Op]:
@@ -39,7 +39,7 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
     for op in frozen(ops):
         if op.kind == "gemm" and setup.quant:
             w = op.n * op.k
-            out.append(_ew(op.name + ".dequant", w * PACKED[setup.quant], w * sh.act,
+            out.append(_ew(op.name + ".dequant", sum(linear_bytes(setup, int(op.k), int(op.n))), w * sh.act,
                            "bitsandbytes dequantize_4bit / int8 dequant (MatMul4Bit forward)", saves=False,
                            grad=False))
         out.append(op)
@@ -64,6 +64,6 @@ def dequant_backward(setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
     """QLoRA's backward dequantises each frozen weight again for the input gradient."""
     if not setup.quant:
         return []
-    return [_ew(op.name + ".dequant_bwd", op.n * op.k * PACKED[setup.quant], op.n * op.k * sh.act,
+    return [_ew(op.name + ".dequant_bwd", sum(linear_bytes(setup, int(op.k), int(op.n))), op.n * op.k * sh.act,
                 "bitsandbytes MatMul4Bit.backward: dequantize_4bit for grad_A", saves=False, grad=False)
             for op in ops if op.kind == "gemm" and ".lora_" not in op.name and ".dora" not in op.name]

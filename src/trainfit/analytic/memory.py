@@ -180,7 +180,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     if ds:
         detail["host_memory"] = int(ds.host)  # ZeRO-Offload's host bytes
     if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
-        detail["host_memory"] = int(stage.in_flight * (uniform.saved * stage.layers if not every else
-                                                       sum(kinds[k].saved for k in pattern)) - step.layers_saved)
+        every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
+        detail["host_memory"] = int(stage.in_flight * (every_layer - step.layers_saved))
     return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
                        int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail)
