@@ -21,6 +21,8 @@ warnings.filterwarnings("ignore", message=".*[Pp]aged.*")
 CASES = [
     ("amp-bf16", 64, dict(optimizer="adamw-8bit")),
     ("bf16", 64, dict(optimizer="adamw-8bit")),
+    ("bf16", 64, dict(optimizer="paged-adamw")),
+    ("bf16", 64, dict(optimizer="lion")),
     ("amp-bf16", 64, dict(optimizer="adafactor")),
     ("amp-bf16", 8, dict(optimizer_in_backward=True)),  # short sequence: the gradients decide the peak
     ("amp-bf16", 8, dict(optimizer_in_backward=True, optimizer="adamw-8bit")),
@@ -77,8 +79,7 @@ def test_in_backward_frees_gradients():
 def test_bnb_32bit_states_are_fp32(optimizer, per_element):
     """bitsandbytes' 32-bit states are fp32 whatever the weights (get_state_buffer(p, dtype=torch.float32)): with
     bf16 weights, 8 B (AdamW) or 4 B (Lion) per parameter, not the weights' 2 per state.
-    NB: no trace-vs-real peak here — the CPU runs bitsandbytes' torch.compile'd update, whose buffers the trace
-    (CUDA's in-place kernel) does not see."""
+    (Their peaks against a real CPU step are in CASES.)"""
     pytest.importorskip("bitsandbytes")
     spec = tiny_spec("llama")
     setup = _setup("bf16", 64, dict(optimizer=optimizer))

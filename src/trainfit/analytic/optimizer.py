@@ -91,14 +91,18 @@ def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) 
 
 
 def bnb_temporaries(setup: Setup, largest: int) -> float:
-    """bitsandbytes' update kernels: in place on CUDA (backends/cuda/ops.py:1059,1118), so none. On a CPU the 8-bit
-    update is PyTorch code (backends/cpu/ops.py:469-580) that, for the parameter being stepped, holds fp32
-    copies of both dequantised states, the scaled gradient (g.float() * gnorm_scale: a new tensor), the parameter
-    (p.data.float(): a copy unless the weights are fp32) and, while it forms the denominator, sqrt(state2) and
-    sqrt(state2)/c2 — five or six fp32 tensors of the largest parameter (the requantisation later allocates only
-    uint8 outputs and absmax). NB: the CPU's 32-bit update (backends/default/ops.py:430, compiled by
-    torch.compile) is counted as in place: it under-reads a CPU step by the compiled kernel's buffers."""
-    if setup.device != "cpu" or setup.optimizer not in EIGHT_BIT:
+    """bitsandbytes' update kernels: in place on CUDA (backends/cuda/ops.py:1059,1118), so none. On a CPU they are
+    PyTorch code that, for the parameter being stepped, holds fp32 temporaries of its size:
+      8-bit (backends/cpu/ops.py:469-580): both dequantised states, the scaled gradient (g.float() * gnorm_scale: a
+        new tensor), the parameter (p.data.float(): a copy unless the weights are fp32) and, while it forms the
+        denominator, sqrt(state2) and sqrt(state2)/c2 — five, plus the parameter copy;
+      32-bit (:345-448; paged-adamw, lion): the scaled gradient and the parameter copy, then two at once — AdamW's
+        sqrt(state2) and its sum with eps, then that sum and the update; Lion's state1·beta1 and the update, then
+        the update and its sign — three, plus the parameter copy.
+    NB: the 8-bit optimizers' fp32 states of tensors under 4,096 elements take the 32-bit path: smaller than the
+    largest tensor's 8-bit temporaries, not counted."""
+    if setup.device != "cpu" or setup.optimizer not in BNB_OPTIMIZERS:
         return 0.0
     param_copy = 0 if PRECISIONS[setup.precision].weight == "fp32" else 1
-    return (5 + param_copy) * FP32 * largest
+    held = 5 if setup.optimizer in EIGHT_BIT else 3
+    return (held + param_copy) * FP32 * largest
