@@ -49,6 +49,20 @@ DEFAULT_SEQ = 2048
 MAX_SIZE = 2**40
 
 
+def combine_offload(text: str) -> str:
+    """--offload given several times ("optimizer,params"): one of OFFLOAD. DeepSpeed's offload_param comes with
+    offload_optimizer in trainfit's model (ZeRO-Infinity, analytic/parallel/deepspeed.py), so the pair is `params`;
+    torchtune's activation offloading and DeepSpeed's offload are two stacks' features, and one run has one stack."""
+    parts = {p.strip() for p in text.split(",") if p.strip()} - {"none"}
+    unknown = parts - set(OFFLOAD)
+    if unknown:
+        raise ValueError(f"unknown {', '.join(sorted(unknown))}; choose from {', '.join(OFFLOAD)}")
+    if "activations" in parts and len(parts) > 1:
+        raise ValueError("activations (torchtune's offloading, --stack hf) cannot be combined with DeepSpeed's "
+                         "optimizer/params offload (--stack deepspeed): choose one")
+    return "params" if "params" in parts else (parts.pop() if parts else "none")
+
+
 @dataclass(frozen=True)
 class Meta:
     """What a setting means and accepts (dataclass field metadata under the key "setting")."""
@@ -65,6 +79,7 @@ class Meta:
     example: str = ""  # a valid value, for error messages
     check: Callable[[Any], None] | None = None  # a value rule beyond choices and bounds (raises SetupError)
     suggestions: tuple = ()  # common values of a free-form setting (the web form offers them)
+    repeatable: bool = False  # the flag may be given several times (or "a,b"): `parse` combines the values
 
 
 def setting(default, help: str, **meta) -> Any:
@@ -135,7 +150,9 @@ class Setup:
                            "optimizer states, the step on the CPU; --zero >= 1; --stack deepspeed), params "
                            "(ZeRO-Infinity: the 16-bit weights too; --zero 3; --stack deepspeed) or activations "
                            "(torchtune's activation offloading: saved tensors to pinned host memory in forward, back "
-                           "in backward; --stack hf, analytic engine).", choices=OFFLOAD, modes=("train",))
+                           "in backward; --stack hf, analytic engine). Repeatable: --offload optimizer --offload "
+                           "params is ZeRO-Infinity's pair, the same as params.", choices=OFFLOAD, modes=("train",),
+                           repeatable=True, parse=lambda v: combine_offload(v), example="optimizer")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
                                             modes=("train",), auto="the stack's (fused for Adam/AdamW/SGD; torch's "
@@ -375,6 +392,8 @@ def check_value(s: Setting, v: Any, mode: str = "train") -> None:
 
 def parse_value(s: Setting, value: Any) -> Any:
     """Text from the CLI or the web -> the setting's value, with a one-line error naming the flag."""
+    if s.meta.repeatable and not isinstance(value, str):  # the flag given several times (or not at all)
+        value = ",".join(value) if value else s.request_default
     if value is None or s.meta.parse is None or not isinstance(value, str):
         return value
     try:

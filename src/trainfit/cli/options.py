@@ -39,6 +39,9 @@ def option(s: Setting, default: Any = inspect.Parameter.empty, help: str | None 
     if s.meta.parse is not None:
         t = str  # parsed by the setting's own parser (e.g. counts with suffixes)
     names = [s.flag] + ([s.meta.short] if s.meta.short else [])
+    if s.meta.repeatable:  # typer collects every occurrence; parse_value combines them
+        return Optional[list[str]], typer.Option(None, *names, help=help or _help(s), show_default=False,
+                                                 metavar="<str>")
     annotation = Optional[t] if d is None and t is not bool else t
     return annotation, typer.Option(d, *names, help=help or _help(s), show_default=d is not None and not s.meta.auto)
 
