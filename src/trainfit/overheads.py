@@ -177,6 +177,17 @@ def device_memory(step_reserved: int, gpu: GPU | None, setup) -> tuple[int, int 
     return reserved, reserved + sum(beside.values()), beside, held
 
 
+def with_paged(device_total: int, beside: dict[str, int], paged: int, gpu: GPU, reserve: int = 0) -> tuple[int, int]:
+    """bitsandbytes' paged optimizer states (CUDA unified memory, beside the caching allocator; analytic/optimizer.py
+    paged_state_bytes) on the device: resident as far as the rest leaves room, the remainder evicted to the host by
+    the driver (oversubscription: the optimizer's kernels fault its pages back in each step). Adds the resident part
+    to `beside` (in place) and returns (device total, evicted bytes). NB: the pages' migration time is not in the
+    step time (optimistic by ~2 x evicted / host link per step)."""
+    resident = int(min(paged, max(0, gpu.memory - reserve - device_total)))
+    beside["paged_optimizer_states"] = resident
+    return device_total + resident, int(paged) - resident
+
+
 def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: bool = False) -> str:
     """One sentence for the notes: what lies between the peak and the device total (`cached_block`: reserved also
     holds the cached blocks of reserved_from_allocated's training rule)."""
@@ -201,4 +212,9 @@ def with_device_total(est, gpu: GPU | None):
     if gpu is None or m.reserved is None:
         return est
     reserved, device_total, beside, _ = device_memory(m.reserved, gpu, est.setup)
+    paged = (est.detail or {}).get("paged_optimizer_states", 0)
+    if paged:
+        device_total, evicted = with_paged(device_total, beside, paged, gpu)
+        if evicted:
+            est = replace(est, detail={**est.detail, "host_memory": est.detail.get("host_memory", 0) + evicted})
     return replace(est, memory=replace(m, reserved=reserved, device_total=device_total, overheads=beside))

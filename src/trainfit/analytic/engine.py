@@ -6,6 +6,7 @@ from ..models.hf_config import for_setup
 from ..errors import SetupError
 from ..estimate import Estimate, Flops, Memory, Timing
 from ..hardware import GPU
+from ..units import fmt_bytes
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import compile_effects, float8, inference
@@ -19,7 +20,7 @@ from .precision import fsdp2_mixed_precision, state_bytes
 from .loss import head_and_loss
 from .recompute import layer_params
 from ..precision import PRECISIONS
-from .step_time import layout_step_time
+from .step_time import layout_step_time, with_paged_migration
 from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 
 # Extra bytes per GPU the user keeps free beyond the modelled device total when judging "fits" (the --reserve
@@ -195,6 +196,11 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                   int(fwd_rank + bwd_rank), int(f.per_token))
     at = mem.at_peak
     reserved, device_total, beside, held = overheads.device_memory(step_reserve(spec, setup, mem), gpu, setup)
+    paged, evicted = mem.detail.get("paged_optimizer_states", 0), 0
+    if paged and gpu is not None:  # unified memory: resident where the rest leaves room, else on the host
+        device_total, evicted = overheads.with_paged(device_total, beside, paged, gpu, reserve)
+        if evicted:
+            mem.detail["host_memory"] = mem.detail.get("host_memory", 0) + evicted
     memory = Memory(
         weights=mem.weights, gradients=mem.gradients, optimizer_states=mem.optimizer, master_weights=mem.master,
         activations=mem.activations, temporaries=at.get("temporaries", 0) + mem.comm_buffers, kv_cache=0,
@@ -209,7 +215,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         detail["num_labels"] = spec.num_labels
     if gpu is not None:
         if mfu is None:
-            tm = layout_step_time(spec, setup, gpu, pc=pc)
+            tm = with_paged_migration(layout_step_time(spec, setup, gpu, pc=pc), evicted, gpu)
             secs, achieved = tm.step_seconds, tm.mfu
             terms = detail["step_time"] = tm.as_dict()
         else:
@@ -240,6 +246,11 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
                           "timed by the roofline, analytic/ops.py + roofline.py, + exposed communication, bubble, "
                           "optimizer); --mfu overrides it")
+        if paged:
+            notes.append(f"--optimizer {setup.optimizer}: {fmt_bytes(paged)} of states in CUDA unified memory "
+                         "(bitsandbytes' paged buffers), not in torch's allocated/reserved; on the device while "
+                         "they fit, the rest evicted to the host (host memory) and migrated back and forth each step "
+                         "(step term 'host copies', at the host link's line rate: NB optimistic)")
         if setup.offload == "activations":  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")

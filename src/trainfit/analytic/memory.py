@@ -17,7 +17,7 @@ from .activations import keys_per_token
 from .embedding import embedding_saved
 from .lora import adapter_setup, embedding_grad, head_saved_delta, lora_layer_params, lora_states
 from .loss import head_and_loss
-from .optimizer import adafactor_state, optimizer_temporaries, state_bytes_unsharded
+from .optimizer import adafactor_state, optimizer_temporaries, paged_state_bytes, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
 from .parallel.pipeline import Stage, stages
 from . import quant
@@ -74,6 +74,10 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     ms = (fsdp2_model_states if fsdp2 else model_states)(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
     if setup.lora_rank:  # frozen base weights; gradients, masters and optimizer states of the adapters only
         ms, st_grad, n, largest = lora_states(spec, setup, st, n)
+    # paged states live in CUDA unified memory, beside the allocator (analytic/optimizer.py; engine.py adds the
+    # resident part to the device total)
+    paged = paged_state_bytes(spec, setup, n)
+    ms = replace(ms, optimizer=ms.optimizer - paged)
     gathered = 0.0 if fsdp2 else gathered_params(pc, setup, st, stage)
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
@@ -177,6 +181,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         "optimizer_temporaries": int(step.optimizer_transient),
         "zero3_gathered_params": int(gathered if not fsdp2 else step.gathered_at["last_layer_backward"]),
     }
+    if paged:
+        detail["paged_optimizer_states"] = int(paged)
     if ds:
         detail["host_memory"] = int(ds.host)  # ZeRO-Offload's host bytes
     if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers

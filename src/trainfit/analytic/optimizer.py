@@ -57,6 +57,36 @@ def _layer_matrices(spec: ModelSpec, t: int) -> list[tuple[int, int]]:
     return mats + [(i // t, h), (h, i // t)] + ([(i // t, h)] if spec.gated_mlp else [])
 
 
+# bitsandbytes 0.50 optim/optimizer.py:383-389 (get_state_buffer): with is_paged, the states of a parameter of 1e5
+# elements or more are allocated by functional.get_paged (:91-99: cudaMallocManaged, wrapped by torch.frombuffer),
+# outside torch's caching allocator; smaller ones, and the 8-bit absmax, are ordinary CUDA tensors.
+PAGED = ("paged-adamw-8bit", "paged-adamw")
+PAGED_MIN = 100_000
+
+
+def paged_state_bytes(spec: ModelSpec, setup: Setup, n: float) -> float:
+    """The optimizer states in CUDA unified memory (not torch's allocator: not in memory_allocated/reserved; in
+    device memory while resident, evicted to the host under pressure) of this rank's `n` trainable parameters:
+    AdamW's two states, uint8 or fp32, of every tensor of PAGED_MIN elements or more (LoRA: the adapters' A, r x in,
+    and B, out x r). NB: the large tensors' share of `n` is the model's (exact without pipeline stages); MoE experts
+    are taken as large."""
+    if setup.device != "cuda" or setup.optimizer not in PAGED:
+        return 0.0
+    per_element = 2 * (1 if setup.optimizer in EIGHT_BIT else FP32)
+    if setup.lora_rank:
+        from .lora import targets
+        r = setup.lora_rank
+        sizes = [k for i, o, _ in targets(spec, setup).values() for k in (r * i, o * r)]
+    else:
+        t = setup.tp
+        sizes = [r * c for r, c in _layer_matrices(spec, t)] + [spec.hidden] * spec.norms_per_layer
+        ends = spec.vocab * spec.hidden / t * (1 if spec.tied_embeddings else 2)
+        big_ends = ends if spec.vocab * spec.hidden / t >= PAGED_MIN else 0
+        total = spec.layers * sum(sizes) + ends
+        return per_element * n * (spec.layers * sum(k for k in sizes if k >= PAGED_MIN) + big_ends) / total
+    return per_element * spec.layers * sum(k for k in sizes if k >= PAGED_MIN)
+
+
 def adafactor_state(spec: ModelSpec, n_params: int, pc: ParamCounts, setup: Setup) -> float:
     """torch.optim.Adafactor (Shazeer & Stern 2018, Alg. 4): row and column second-moment statistics for each
     matrix, full second moment for vectors; no first moment by default. fp32."""

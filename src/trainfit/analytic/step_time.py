@@ -58,7 +58,7 @@ exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-co
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import SetupError
 from ..hardware import GPU
@@ -99,7 +99,7 @@ class StepTime:
     bubble: float  # pipeline fill and drain: (p−1)/v micro-batch times
     dp_comm: float  # exposed data-parallel communication (after overlap)
     optimizer: float  # optimizer.step(): memory-bound elementwise update
-    host_copies: float  # exposed GPU <-> host copies of offloaded activations (after overlap)
+    host_copies: float  # exposed GPU <-> host copies: offloaded activations (after overlap), evicted paged states
     step_seconds: float
     tokens_per_second: float
     mfu: float  # model FLOPs (no recompute) / (world × step × peak)
@@ -295,6 +295,22 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
     pc = pc or count_params(spec)
     return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
                      stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split), state_bytes(setup), efficiency)
+
+
+def with_paged_migration(tm: StepTime, evicted: float, gpu: GPU) -> StepTime:
+    """The step with bitsandbytes' evicted paged states brought back: its optimizer prefetches each parameter's
+    states to the device and synchronises before the next (optim/optimizer.py:333-335, prefetch_state ->
+    cudaMemPrefetchAsync), so with the device full every evicted byte is copied out and another in, exposed:
+    2 x evicted / host link per step, added to the host-copies term.
+    NB: optimistic — unified-memory migration runs below the link's line rate (driver faults, 2 MiB chunks)."""
+    link = kernels_for(gpu).host_link
+    if not evicted or not link:
+        return tm
+    extra = 2 * evicted / link
+    new = tm.step_seconds + extra
+    scale = tm.step_seconds / new
+    return replace(tm, host_copies=tm.host_copies + extra, step_seconds=new,
+                   tokens_per_second=tm.tokens_per_second * scale, mfu=tm.mfu * scale, hfu=tm.hfu * scale)
 
 
 def offload_exposed(spec: ModelSpec, setup: Setup, gpu: GPU, forward: float, backward: float) -> float:

@@ -44,6 +44,8 @@ def knobs(s: Setup) -> list[Knob]:
     out = [
         Knob("recompute", "--recompute full", dict(recompute="full"), "activations recomputed in backward"),
         Knob("optimizer", "--optimizer adamw-8bit", dict(optimizer="adamw-8bit"), "8-bit optimizer states"),
+        Knob("optimizer", "--optimizer paged-adamw-8bit", dict(optimizer="paged-adamw-8bit"),
+             "8-bit states in unified memory, evicted to the host when the device is full"),
         Knob("in_backward", "--optimizer-in-backward", dict(optimizer_in_backward=True),
              "each gradient applied and freed as it is made"),
         Knob("precision", "--precision bf16", dict(precision="bf16"), "pure bf16 weights, gradients and states"),
@@ -199,11 +201,13 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
 
 
 def _ranked(found: list[Suggestion]) -> list[Suggestion]:
-    """Fastest first; a combination whose knobs include a fitting suggestion's, at no less slowdown, is dropped."""
+    """Fastest first; a combination whose knobs include a fitting suggestion's, at no less slowdown, is dropped, and
+    so is one that holds and runs exactly as an earlier one (paged states when nothing is large enough to page)."""
     found = sorted(found, key=lambda x: (x.slowdown, len(x.knobs), x.flags))
     kept: list[Suggestion] = []
     for x in found:
-        if any(k.knobs and k.knobs < x.knobs and k.slowdown <= x.slowdown for k in kept):
+        if any(k.knobs and k.knobs < x.knobs and k.slowdown <= x.slowdown for k in kept) or any(
+                (k.device_total, k.step_seconds, k.gpus) == (x.device_total, x.step_seconds, x.gpus) for k in kept):
             continue
         kept.append(x)
     return kept
@@ -236,7 +240,7 @@ def fastest_that_fit(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0
                 if bigger is not None and bigger.slowdown < x.slowdown:
                     x = bigger
         grown.append(x)
-    return sorted(grown, key=lambda x: (x.slowdown, len(x.knobs), x.flags))[:shown]
+    return _ranked(grown)[:shown]
 
 
 def _fits(j: _Judge, s: Setup, b: int, gpu: GPU) -> bool:

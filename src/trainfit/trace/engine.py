@@ -100,6 +100,8 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_
         "trace_seconds": round(seconds, 3),
         "storages": len(rec.records),
     }
+    if getattr(rec, "paged_bytes", 0):  # bitsandbytes' paged states (unified memory, beside the allocator)
+        detail["paged_optimizer_states"] = rec.paged_bytes
     if rec.flops is not None:
         detail["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
     notes = tuple(notes) + tuple(kernel_detail(detail, [rec]))

@@ -212,6 +212,7 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
 
     scalars = {
         "params": [sum(q.numel() for q in r[0].parameters()) for r in runs],
+        "paged_optimizer_states": [getattr(r[1], "paged_bytes", 0) for r in runs],  # linear in layers too
     }
     if flops:
         for kind in ("forward", "backward", "recompute"):
@@ -271,6 +272,8 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
         "trace_seconds": round(time.perf_counter() - t0, 3),
         "storages": len(last_rec.records),
     }
+    if predicted["paged_optimizer_states"]:  # bitsandbytes' paged states (unified memory, beside the allocator)
+        detail["paged_optimizer_states"] = predicted["paged_optimizer_states"]
     if flops:  # per module, layer modules summed over all layers
         per = {}
         for name, v in last_rec.flops.by_module.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..analytic.optimizer import PAGED_MIN
 from ..step import stack_step
 from .analysis import TRAIN_PHASES, Analysis, analyse
 from .modules import ModuleStack
@@ -50,8 +51,10 @@ def warm_up_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     optimizer.zero_grad(set_to_none=True)
 
 
-def adopt_resident(rec: AllocationRecorder, model, optimizer, batches) -> None:
-    """Count what is resident at the step start: weights, buffers, master weights, optimizer state, batches."""
+def adopt_resident(rec: AllocationRecorder, model, optimizer, batches, unified: bool = False) -> None:
+    """Count what is resident at the step start: weights, buffers, master weights, optimizer state, batches.
+    `unified` (CUDA semantics): bitsandbytes' paged states are not the allocator's; their bytes go to
+    rec.paged_bytes."""
     names = {}
     for name, p in model.named_parameters():
         rec.adopt(p, PARAMETER, name)
@@ -63,10 +66,18 @@ def adopt_resident(rec: AllocationRecorder, model, optimizer, batches) -> None:
         for p, m in zip(optimizer.model_params, masters):
             rec.adopt(m, MASTER_WEIGHT, names.get(p, "") + " (master)")
             names[m] = names.get(p, "") + " (master)"
+    rec.paged_bytes = 0
     for p, state in optimizer.state.items():
         for key, t in state.items():
-            if isinstance(t, torch.Tensor):
-                rec.adopt(t, OPTIMIZER_STATE, f"{names.get(p, '')}.{key}")
+            if not isinstance(t, torch.Tensor):
+                continue
+            if unified and getattr(optimizer, "is_paged", False) and key in ("state1", "state2") \
+                    and p.numel() >= PAGED_MIN:
+                # on CUDA bitsandbytes allocates these in unified memory, beside torch's allocator
+                # (optim/optimizer.py:383-389); on a CPU it falls back to ordinary tensors, as traced here
+                rec.paged_bytes += t.numel() * t.element_size()
+                continue
+            rec.adopt(t, OPTIMIZER_STATE, f"{names.get(p, '')}.{key}")
     for i, b in enumerate(batches):
         for key, t in (b.items() if isinstance(b, dict) else enumerate(b)):
             if isinstance(t, torch.Tensor):
@@ -104,7 +115,7 @@ def record_train_step(model, optimizer, batches, setup, count_flops=True, round_
     handles = _grad_hooks(rec, named)
     try:
         with modules, rec:
-            adopt_resident(rec, named, optimizer, batches)
+            adopt_resident(rec, named, optimizer, batches, unified=round_cuda)
             start = rec.event
             rec.reset_peak()
             stack_step(setup).run_step(model, optimizer, batches, setup, phase=rec.set_phase)
