@@ -29,6 +29,9 @@ WHY_NOT_RUN = {
 
 
 def _check_stack(setup: Setup, engine: str) -> None:
+    if setup.mode == "serve":
+        raise SetupError(f"--mode serve models vLLM's start-up on a GPU (analytic/serving.py); --engine {engine} would "
+                         "run vLLM, which needs CUDA: use --engine analytic")
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "
                          "not run here; use --engine analytic")

@@ -23,7 +23,10 @@ from . import stacks as _stacks
 from .errors import SetupError
 from .units import parse_count
 
-MODES = ("train", "infer")
+MODES = ("train", "infer", "serve")
+STEP_MODES = ("train", "infer")  # a setting applies to these unless it says otherwise
+SERVERS = ("vllm",)  # --server: the serving engine modelled (analytic/serving.py)
+SERVE_PRECISIONS = ("bf16", "fp16", "fp32")  # vLLM's --dtype (no autocast: the weights' dtype)
 TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
 INFER_PRECISIONS = _precision.INFER_PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
@@ -36,6 +39,7 @@ RECOMPUTE = ("none", "selective", "full", "op")
 RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
 OFFLOAD = ("none", "optimizer", "params", "activations")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
+SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight formats (analytic/serving.py)
 LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
 LOSSES = ("full", "fused-linear")  # --loss
 STACKS = _stacks.NAMES
@@ -72,7 +76,7 @@ class Meta:
     minimum: float | None = None  # inclusive lower bound for numbers
     maximum: float | None = None  # inclusive upper bound
     above: float | None = None  # exclusive lower bound (e.g. mfu > 0)
-    modes: tuple[str, ...] = MODES  # the modes the setting applies to
+    modes: tuple[str, ...] = STEP_MODES  # the modes the setting applies to
     short: str | None = None  # one-letter CLI alias
     auto: str | None = None  # the request default is None, resolved later (how, in words, for --help)
     parse: Callable[[str], Any] | None = None  # CLI/web text -> value (e.g. "15T" -> 1.5e13)
@@ -80,6 +84,7 @@ class Meta:
     check: Callable[[Any], None] | None = None  # a value rule beyond choices and bounds (raises SetupError)
     suggestions: tuple = ()  # common values of a free-form setting (the web form offers them)
     repeatable: bool = False  # the flag may be given several times (or "a,b"): `parse` combines the values
+    aliases: tuple[str, ...] = ()  # other CLI names (an engine's own flag name)
 
 
 def setting(default, help: str, **meta) -> Any:
@@ -97,9 +102,9 @@ class Setup:
                               example="4")
     precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
         f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: " + ", ".join(
-        INFER_PRECISIONS) + ".", choices=INFER_PRECISIONS,
+        INFER_PRECISIONS) + ". Serving: the weights' dtype (bf16, fp16, fp32).", choices=INFER_PRECISIONS,
         auto="the stack's for training (hf, torchtitan: amp-bf16; megatron, deepspeed: bf16-master), bf16 for "
-        "inference")
+        "inference and serving", modes=MODES)
     optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=("train",))
     recompute: str = setting("none", "Activation checkpointing: none; full (every layer); layer:N (every N-th "
                              "layer, torchtitan); op (torchtitan's per-op SAC: saves matmul and attention outputs, "
@@ -112,9 +117,9 @@ class Setup:
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on "
                              "cuda, sdpa on cpu.", choices=ATTENTION)
     dp: int = setting(1, "Data-parallel degree.", minimum=1, modes=("train",), example="8")
-    tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8")
+    tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8", modes=MODES)
     pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).", minimum=1,
-                      example="4")
+                      example="4", modes=MODES)
     vpp: int = setting(1, "Virtual pipeline stages per pipeline rank (Megatron's interleaved 1F1B: each rank holds "
                        "--vpp model chunks).", minimum=1, modes=("train",), example="3")
     pp_split: str = setting("even", "How layers are split over pipeline stages: even; embedding-loss (Megatron's "
@@ -175,8 +180,9 @@ class Setup:
     quant: Optional[str] = setting(None, "Frozen base weights quantised by bitsandbytes, as transformers' "
                                    "BitsAndBytesConfig loads them: nf4 or fp4 (4-bit, blocks of 64, double "
                                    "quantisation, compute dtype = the matmul dtype) or int8 (LLM.int8); every "
-                                   "Linear but the output head; with --lora-rank this is QLoRA; --stack hf.",
-                                   choices=QUANTS, modes=("train",), example="nf4")
+                                   "Linear but the output head; with --lora-rank this is QLoRA; --stack hf. "
+                                   "Serving (vLLM's --quantization): fp8, or awq / gptq (4-bit, groups of 128).",
+                                   choices=QUANTS + SERVE_QUANTS, modes=("train", "serve"), example="nf4")
     lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
                               "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES,
@@ -192,9 +198,32 @@ class Setup:
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
                           choices=DEVICES)
-    mode: str = setting("train", "train (a training step) or infer (prefill + one decode step).", choices=MODES)
-    kv_dtype: Optional[str] = setting(None, "Inference KV-cache dtype (default: the activation dtype).",
-                                      choices=KV_DTYPES, modes=("infer",))
+    mode: str = setting("train", "train (a training step), infer (prefill + one decode step) or serve (a serving "
+                        "engine's memory: its KV-cache capacity in tokens and concurrent sequences).", choices=MODES,
+                        modes=MODES)
+    kv_dtype: Optional[str] = setting(None, "KV-cache dtype (default: the activation dtype; vLLM's "
+                                      "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve"),
+                                      aliases=("--kv-cache-dtype",))
+    server: str = setting("vllm", "Serving engine modelled (vLLM 0.33's start-up profiling and paged KV cache).",
+                          choices=SERVERS, modes=("serve",))
+    gpu_memory_utilization: float = setting(0.92, "Fraction of the GPU's memory the engine may take (vLLM's "
+                                            "--gpu-memory-utilization; weights, activations and CUDA graphs come "
+                                            "out of it, the rest is KV cache).", above=0, maximum=1,
+                                            modes=("serve",), example="0.9")
+    max_model_len: Optional[int] = setting(None, "Longest request (prompt + output) served, tokens (vLLM's "
+                                           "--max-model-len).", minimum=1, modes=("serve",),
+                                           auto="the model's max_position_embeddings", example="8192")
+    max_num_batched_tokens: Optional[int] = setting(None, "Tokens per engine step (vLLM's "
+                                                    "--max-num-batched-tokens; the profile run's size).", minimum=1,
+                                                    modes=("serve",), auto="vLLM's for the GPU: 8192 on H100/H200, "
+                                                    "16384 from 160 GB, else 2048", example="8192")
+    max_num_seqs: Optional[int] = setting(None, "Sequences per engine step (vLLM's --max-num-seqs).", minimum=1,
+                                          modes=("serve",), auto="vLLM's for the GPU: 1024 on H100/H200 and up, "
+                                          "else 256", example="256")
+    block_size: int = setting(16, "KV-cache block size, tokens (vLLM's --block-size).", minimum=1,
+                              modes=("serve",), example="16")
+    enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
+                                  "budget.", modes=("serve",))
 
     def __post_init__(self) -> None:
         validate(self)
@@ -283,16 +312,17 @@ class RunSettings:
     """Settings of the question rather than of the step: which GPU, what utilisation, what budget."""
 
     gpu: Optional[str] = setting(None, "GPU to check the fit and time against: a catalog name (see `trainfit "
-                                 "gpus`) or a .json/.toml file with the catalog's fields.", example="H100-80GB")
+                                 "gpus`) or a .json/.toml file with the catalog's fields.", example="H100-80GB",
+                                 modes=MODES)
     gpu_memory: Optional[float] = setting(None, "GiB of device memory per GPU, replacing the GPU's own (a MIG "
                                           "slice, a memory cap, a variant the catalog lacks); needs --gpu.",
-                                          above=0, maximum=4096, example="40")
+                                          above=0, maximum=4096, example="40", modes=MODES)
     mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
                                    "(0 < mfu <= 1).", above=0, maximum=1, example="0.4")
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
-                                     minimum=0, example="2.5")
+                                     minimum=0, example="2.5", modes=MODES)
     reserve: float = setting(0.0, "Extra GiB per GPU kept free beyond the modelled device total (CUDA context, "
                              "cuBLAS workspace and NCCL buffers are already in it) when judging the fit: other "
                              "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2")
@@ -349,7 +379,9 @@ _RUN_SETTINGS = tuple(s for s in SETTINGS if s.owner is RunSettings)
 
 def choices_for(s: Setting, mode: str) -> tuple | None:
     if s.name == "precision":
-        return TRAIN_PRECISIONS if mode == "train" else INFER_PRECISIONS
+        return {"train": TRAIN_PRECISIONS, "serve": SERVE_PRECISIONS}.get(mode, INFER_PRECISIONS)
+    if s.name == "quant":
+        return {"train": QUANTS, "serve": SERVE_QUANTS}.get(mode, s.meta.choices)
     return s.meta.choices
 
 
@@ -405,11 +437,14 @@ def parse_value(s: Setting, value: Any) -> Any:
 
 def refuse_inapplicable(values, settings, mode: str) -> None:
     """Flags set away from their default that do not apply to `mode` are refused, not ignored (named at once)."""
-    off = [s.flag for s in settings if mode not in s.meta.modes and getattr(values, s.name) != s.default]
+    off = [s for s in settings if mode not in s.meta.modes and getattr(values, s.name) != s.default]
     if off:
-        only = "train" if mode == "infer" else "infer"
-        raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to {only} only, not "
-                         f"--mode {mode}: drop {'them' if len(off) > 1 else 'it'}")
+        flags, them = " and ".join(s.flag for s in off), "them" if len(off) > 1 else "it"
+        where = {"/".join(s.meta.modes) for s in off}
+        if len(where) > 1:
+            raise SetupError(f"{flags} do not apply to --mode {mode}: drop {them}")
+        raise SetupError(f"{flags} {'apply' if len(off) > 1 else 'applies'} to {where.pop()} only, not --mode "
+                         f"{mode}: drop {them}")
 
 
 def validate(setup: Setup) -> None:
@@ -498,6 +533,9 @@ def validate(setup: Setup) -> None:
     if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
         raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
                          "--lora-rank R > 0")
+    if mode == "serve":
+        _validate_serve(setup)
+        return
     if setup.quant and not setup.lora_rank:
         raise SetupError("--quant freezes the base weights, which leaves nothing to train without adapters: it needs "
                          "--lora-rank R > 0 (QLoRA)")
@@ -515,6 +553,14 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
                          f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
                          "eager, or --recompute full")
+
+
+def _validate_serve(setup: Setup) -> None:
+    """--mode serve: vLLM's own limits (config/cache.py CacheDType: no fp32 or int8 KV cache)."""
+    if setup.kv_dtype in ("fp32", "int8"):
+        raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of those")
+    if setup.quant and setup.precision == "fp32":
+        raise SetupError(f"--quant {setup.quant} runs 16-bit activations in vLLM: use --precision bf16 or fp16")
 
 
 def check_recompute(v: str) -> None:
@@ -587,12 +633,20 @@ def _setup_of(self, spec=None) -> Setup:
     if values["precision"] is None:  # the stack's own default for training (stacks/*.toml [precision] default)
         stack = values["stack"] if values["stack"] in _stacks.NAMES else "hf"
         values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
-                               if mode == "train" else _precision.DEFAULT.get(mode, "bf16"))
-    if values["seq"] is None:
-        values["seq"] = default_seq(spec, mode)
+                               if mode == "train" else serve_dtype(spec) if mode == "serve" else
+                               _precision.DEFAULT.get(mode, "bf16"))
+    if values["seq"] is None:  # (serving sizes by --max-model-len: --seq does not apply)
+        values["seq"] = DEFAULT_SEQ if mode == "serve" else default_seq(spec, mode)
     if spec is not None and mode == "train":
         values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
     return Setup(**values)
+
+
+def serve_dtype(spec=None) -> str:
+    """vLLM's --dtype auto (config/model.py:2423-2446): the checkpoint's dtype, fp32 ones downcast to the first
+    supported dtype (bf16 on CUDA GPUs since Ampere)."""
+    config = spec.config if spec is not None else {}
+    return "fp16" if str(config.get("torch_dtype") or config.get("dtype")) == "float16" else "bf16"
 
 
 def default_seq(spec=None, mode: str = "train") -> int:

@@ -48,7 +48,7 @@ def test_qlora_model_states_from_first_principles():
     ("estimate llama-3.1-8b --lora-dtype weight", "needs --lora-rank"),
     ("estimate llama-3.1-8b --quant nf3 --lora-rank 8", "nf4, fp4, int8"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --stack torchtitan", "use --stack hf"),
-    ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --mode infer", "apply to train only"),
+    ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --mode infer", "do not apply to --mode infer"),
     ("estimate llama-3.1-8b --quant int8 --lora-rank 8 --dora", "use --quant nf4"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --precision amp-bf16", "use --precision bf16"),
 ])

@@ -9,7 +9,7 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects, float8, inference
+from . import compile_effects, float8, inference, serving
 from .flops import forward_per_token, step_flops
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
@@ -186,6 +186,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     pc = count_params(spec)
     if setup.mode == "infer":
         return _infer(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
+    if setup.mode == "serve":
+        return _serve(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
     mem = train_memory(spec, setup, pc)
     f = step_flops(spec, setup, pc)
     ranks_per_replica = setup.tp * setup.pp
@@ -295,3 +297,50 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
         notes += [_fit_note(reserve), overheads.describe(beside, held)]
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active, "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup)})
+
+
+def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
+    """--mode serve: vLLM's start-up sizing (analytic/serving.py), the device total, and the decode rate at the
+    concurrency the KV cache allows."""
+    if gpu is None:
+        raise SetupError("--mode serve sizes the KV cache from the GPU's memory: add --gpu (see `trainfit gpus`)")
+    sv = serving.serve_memory(spec, setup, gpu, pc)
+    k = sv.knobs
+    peak = sv.weights + sv.activations + sv.cuda_graphs + sv.kv_pool  # the engine's budget, as used
+    reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
+    at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": sv.activations,
+          "temporaries": sv.cuda_graphs}
+    memory = Memory(weights=sv.weights, gradients=0, optimizer_states=0, master_weights=0,
+                    activations=sv.activations, temporaries=sv.cuda_graphs, kv_cache=sv.kv_pool, peak=peak,
+                    peak_phase="prefill", phases={"prefill": peak}, reserved=reserved, device_total=device_total,
+                    overheads=beside, at_peak=at)
+    # a request of max_model_len must fit (vLLM raises at start-up otherwise: kv_cache_utils.py, "max seq len ...
+    # larger than the maximum number of tokens that can be stored in KV cache")
+    per_request = -(-k.max_model_len // k.block_size)
+    fits = sv.kv_blocks >= per_request and device_total + reserve <= gpu.memory
+    # Decode: each step reads the weights and the running sequences' KV once (memory-bound roofline).
+    # NB: sequences taken at half of max_model_len on average; prefill at a flat --mfu
+    concurrent = max(1, min(k.max_num_seqs, int(sv.max_concurrent_sequences)))
+    decode_s = (sv.weights + concurrent * k.max_model_len / 2 * sv.kv_bytes_per_token) / (gpu.memory_bandwidth * mbu)
+    prompt = min(k.max_model_len, k.max_num_batched_tokens)
+    fpt = forward_per_token(spec, prompt, pc)
+    prefill_s = fpt * prompt / (setup.tp * setup.pp) / (gpu.flops_for(compute_dtype(setup)) * mfu)
+    timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=decode_s, tokens_per_second=concurrent / decode_s,
+                    fits=fits, headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
+                    prefill_seconds=prefill_s, decode_tokens_per_second=concurrent / decode_s,
+                    max_batch=concurrent, max_seq=k.max_model_len)
+    flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
+    notes = [f"vLLM {serving.VLLM_VERSION}: requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache "
+             f"= requested − weights − profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} "
+             f"sequences) − CUDA graphs ({len(k.capture_sizes)} sizes) = {fmt_bytes(sv.available_kv)} → "
+             f"{sv.kv_blocks:,} blocks of {k.block_size} tokens ({k.kv_dtype} KV)",
+             "the CUDA context, NCCL and cuBLAS come before vLLM's baseline snapshot: outside --gpu-memory-utilization, "
+             "in the device total; NB: vLLM's total is cudaMemGetInfo's, 0.5-0.8 GiB below the catalog's nvidia-smi "
+             "figure on 80 GB parts (set --gpu-memory to the total_gpu_memory vLLM logs)",
+             f"decode: {concurrent} sequences at half of --max-model-len on average, at {mbu:.0%} of memory bandwidth; "
+             f"prefill of a {prompt}-token prompt at MFU {mfu:.0%}"]
+    if not fits and sv.kv_blocks < per_request:
+        notes.append(f"does not start: {sv.kv_tokens:,} KV tokens < --max-model-len {k.max_model_len} (vLLM raises); "
+                     "lower --max-model-len, raise --gpu-memory-utilization, add --tp or --quant")
+    return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
+                    timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from .. import api
-from ..errors import TrainfitError
+from ..errors import SetupError, TrainfitError
 from ..setup import Request
 from .options import EngineOpt, JsonOpt, with_settings
 from .spinner import spinner
@@ -25,10 +25,21 @@ app = typer.Typer(
 )
 
 
+def _check_emit(req: Request, emit: str, json: bool, engine: str) -> None:
+    if emit != "vllm":
+        raise SetupError(f"--emit {emit!r}: estimate emits vllm (with --mode serve); training configs come from "
+                         "`trainfit plan --emit`")
+    if req.mode != "serve":
+        raise SetupError("--emit vllm prints a serving command: add --mode serve")
+    if json or engine != "analytic":
+        raise SetupError("--emit vllm prints one command: drop --json and --engine")
+
+
 @app.command()
 @with_settings()
 def estimate(req: Request, engine: str = EngineOpt,
              measure: bool = typer.Option(False, "--measure", help="Also run the real step here and show each engine's error."),
+             emit: Optional[str] = typer.Option(None, "--emit", help="vllm: print the `vllm serve` command that runs this setup (--mode serve), instead of the tables."),
              json: bool = JsonOpt) -> None:
     """Memory (by category and phase, with the peak), FLOPs and — with --gpu — fit, step time and cost, per GPU.
 
@@ -38,6 +49,8 @@ def estimate(req: Request, engine: str = EngineOpt,
       trainfit estimate llama-3.1-70b --dp 8 --tp 8 --pp 2 --grad-accum 8 --zero 1 --gpu H100-80GB\n
       trainfit estimate llama-3.1-8b --mode infer --batch 16 --seq 8192 --precision bf16 --gpu L4
     """
+    if emit is not None:
+        _check_emit(req, emit, json, engine)
     slow = engine in ("trace", "all", "measure") or measure
     what = {"trace": "tracing the step on fake tensors", "all": "analytic, then tracing the step on fake tensors",
             "measure": "running the real step"}.get(engine, "estimating")
@@ -45,6 +58,11 @@ def estimate(req: Request, engine: str = EngineOpt,
         results = api.run_engines(req, engine, measure_too=measure)
     from ..report import json_out, terminal
 
+    if emit is not None:
+        from ..plan.emit_vllm import vllm_command
+        e = results[0]
+        typer.echo(vllm_command(api.load_spec(req.model), e.setup, e.detail["serving"]))
+        return
     advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:
         if len(results) == 1:

@@ -38,7 +38,7 @@ def option(s: Setting, default: Any = inspect.Parameter.empty, help: str | None 
     t = s.base_type
     if s.meta.parse is not None:
         t = str  # parsed by the setting's own parser (e.g. counts with suffixes)
-    names = [s.flag] + ([s.meta.short] if s.meta.short else [])
+    names = [s.flag] + list(s.meta.aliases) + ([s.meta.short] if s.meta.short else [])
     if s.meta.repeatable:  # typer collects every occurrence; parse_value combines them
         return Optional[list[str]], typer.Option(None, *names, help=help or _help(s), show_default=False,
                                                  metavar="<str>")

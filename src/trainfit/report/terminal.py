@@ -27,6 +27,12 @@ def setup_line(e: Estimate) -> str:
         "".join(" " + x for x in extra)
     if s.mode == "infer":
         return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
+    if s.mode == "serve":
+        sv = e.detail["serving"]
+        quant = f" · --quant {s.quant}" if s.quant else ""
+        return (f"serving · {s.server} {sv['version']} · {s.precision} weights{quant} · {sv['kv_cache_dtype']} KV · "
+                f"tp={s.tp} pp={s.pp} · max-model-len {sv['max_model_len']:,} · utilization "
+                f"{sv['gpu_memory_utilization']}")
     labels = e.detail.get("num_labels") if isinstance(e.detail, dict) else None
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
     return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq} · accum {s.grad_accum} · "
@@ -42,6 +48,9 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
         if m.master_weights:
             rows.append(("fp32 master weights", m.master_weights))
         rows += [("activations (saved for backward)", m.activations)]
+    elif e.setup.mode == "serve":  # the engine's budget as vLLM splits it (analytic/serving.py)
+        return rows + [("profile-run peak (activations)", m.activations), ("CUDA graphs", m.temporaries),
+                       ("KV cache (all blocks)", m.kv_cache)]
     else:
         rows += [("KV cache", m.kv_cache), ("activations (one layer, transient)", m.activations)]
     rows.append(("temporaries at the peak", m.temporaries))
@@ -106,6 +115,13 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             for name, secs, share in step_term_rows(e):
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
             c.add_row("tokens/s (all GPUs)", fmt_count(tm.tokens_per_second))
+        elif e.setup.mode == "serve":
+            sv = e.detail["serving"]
+            c.add_row("KV cache", f"{sv['kv_tokens']:,} tokens in {sv['kv_blocks']:,} blocks of {sv['block_size']}")
+            c.add_row(f"sequences of {sv['max_model_len']:,} tokens at once", f"{sv['max_concurrent_sequences']:,.2f}")
+            c.add_row(f"prefill of a {min(sv['max_model_len'], sv['max_num_batched_tokens']):,}-token prompt",
+                      fmt_seconds(tm.prefill_seconds))
+            c.add_row(f"decode tokens/s ({tm.max_batch:,} sequences)", f"{tm.decode_tokens_per_second:,.0f}")
         else:
             c.add_row("prefill time", fmt_seconds(tm.prefill_seconds))
             if tm.decode_tokens_per_second is not None:

@@ -1,0 +1,105 @@
+"""Serving capacity (--mode serve, analytic/serving.py) against published vLLM start-up logs.
+
+trainfit models vLLM 0.33. The published runs used older vLLMs whose start-up formula differed; each case is
+recomputed with ITS version's formula from trainfit's own terms (weights, the profile run's activation peak, the
+CUDA context and cuBLAS workspace of data/overheads.toml), so what is checked is the terms, not a refit:
+
+  late 2023 (v0.2.x, after PR #2031 "Fix peak memory profiling", worker.py profile_num_available_blocks):
+      blocks = (total × util − (total − free after the profile run)) // block bytes
+      (everything in use counts: weights, the profile run's cached activations, the CUDA context, cuBLAS);
+      the profile run: max(max_model_len, 2048) tokens over 256 sequences, no CUDA graphs subtracted.
+  v0.6 (worker.py determine_num_available_blocks, its log line "Memory profiling results: total_gpu_memory=...
+      peak_torch_memory=... non_torch_memory=... kv_cache_size=..."):
+      kv = total × util − peak torch (weights + activation peak) − non-torch (context, cuBLAS);
+      without chunked prefill the profile run is max_model_len tokens.
+  0.33 (trainfit's model): see analytic/serving.py.
+
+Calibration (C4, ../shared/calibration.md; fitting allowed, nothing fitted) and validation (never fitted) rows.
+Run: python bench/serving_published.py
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+from trainfit import overheads
+from trainfit.analytic.inference import kv_bytes_per_token
+from trainfit.analytic.params import count_params
+from trainfit.analytic.serving import forward_transient, sampler_transient, serve_memory, weights_per_gpu, Knobs
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    source: str
+    kind: str  # "calibration" or "validation"
+    model: str
+    gpu: str
+    total_gib: float | None  # the total the log prints (None: the catalog's)
+    precision: str
+    utilization: float
+    max_model_len: int
+    formula: str  # "v0.2" or "v0.6"
+    published_blocks: int
+
+
+CASES = [
+    Case("C4: Llama-2-7B, A100-80GB, fp16, util 0.9", "vLLM PR #2031 (calibration C4)", "calibration",
+         "llama-2-7b", "A100-80GB", None, "fp16", 0.9, 4096, "v0.2", 7351),
+    Case("Llama-3.1-8B-Instruct, RTX 3090, bf16, util 0.9, max-model-len 20000",
+         "vllm-project/vllm#10517 (2024-12-02 comment: 1952 GPU blocks)", "validation",
+         "llama-3.1-8b", "RTX-3090", 23.58, "bf16", 0.9, 20000, "v0.6", 1952),
+    Case("Llama-3.1-8B-Instruct, RTX 3090, bf16, util 0.9, max-model-len 29000",
+         "vllm-project/vllm#10517 (2024-12-02 comment: 1478 GPU blocks)", "validation",
+         "llama-3.1-8b", "RTX-3090", 23.58, "bf16", 0.9, 29000, "v0.6", 1478),
+]
+
+
+def legacy_blocks(case: Case) -> tuple[int, dict]:
+    """Blocks by the case's vLLM formula, from trainfit's terms."""
+    spec = load_model(case.model)
+    gpu = get_gpu(case.gpu)
+    total = case.total_gib * GiB if case.total_gib else gpu.memory
+    setup = Setup(mode="serve", precision=case.precision, max_model_len=case.max_model_len,
+                  gpu_memory_utilization=case.utilization)
+    pc = count_params(spec)
+    weights = weights_per_gpu(spec, setup, pc)
+    tokens = max(case.max_model_len, 2048) if case.formula == "v0.2" else case.max_model_len
+    knobs = Knobs(case.utilization, case.max_model_len, tokens, 256, 16, case.precision, ())
+    act = max(forward_transient(spec, setup, tokens), sampler_transient(spec, setup, knobs))
+    non_torch = overheads.cuda_context(gpu) + overheads.blas_workspace(gpu)
+    kv = total * case.utilization - weights - act - non_torch
+    block = 16 * kv_bytes_per_token(spec, setup.with_(kv_dtype=case.precision))
+    terms = {"total": total, "weights": weights, "activations": act, "non_torch": non_torch, "kv": kv}
+    return int(kv // block), terms
+
+
+def rows() -> list[tuple[Case, int, float]]:
+    out = []
+    for c in CASES:
+        blocks, _ = legacy_blocks(c)
+        out.append((c, blocks, (blocks - c.published_blocks) / c.published_blocks))
+    return out
+
+
+def main() -> int:
+    print("| case | source | kind | published blocks | trainfit | error |")
+    print("|---|---|---|---:|---:|---:|")
+    for c, blocks, err in rows():
+        print(f"| {c.label} | {c.source} | {c.kind} | {c.published_blocks:,} | {blocks:,} | {err:+.1%} |")
+    # the same model in trainfit's own (0.33) terms, for the record
+    sv = serve_memory(load_model("llama-2-7b"), Setup(mode="serve", precision="fp16", max_model_len=4096,
+                                                      gpu_memory_utilization=0.9), get_gpu("A100-80GB"))
+    print(f"\nC4's model under vLLM 0.33 (trainfit's model): {sv.kv_blocks:,} blocks "
+          f"(CUDA graphs {sv.cuda_graphs / GiB:.2f} GiB and no context subtracted; total {sv.cuda_total / GiB:.2f} GiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

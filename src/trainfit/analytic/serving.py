@@ -1,0 +1,220 @@
+"""--mode serve --server vllm: what a vLLM engine holds on each GPU, and the KV cache it is left with.
+
+vLLM 0.33 sizes its paged KV cache once, at start-up (v1/worker/gpu_worker.py determine_available_memory,
+:641-757; utils/mem_utils.py memory_profiling, :230-317):
+  requested  = ceil(total × gpu_memory_utilization)        total = cudaMemGetInfo's (v1/worker/utils.py:724)
+  non-KV     = what the engine took since its baseline snapshot (weights, persistent buffers, non-torch memory
+               made after it) + the profile run's transient peak (torch peak − allocated after it)
+  available  = requested − non-KV − the CUDA-graph estimate (profile_cudagraph_memory, default on:
+               envs.py:2219, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)
+  blocks     = available // (block_size × KV bytes per token of every layer)   (v1/core/kv_cache_planning.py:681)
+  tokens     = blocks / ceil(max_model_len / block_size) × max_model_len,  concurrency = that / max_model_len
+               (kv_cache_utils.py:1061-1150, the "GPU KV cache size: N tokens" and "Maximum concurrency" lines)
+The CUDA context, NCCL communicators and the cuBLAS handles and workspace exist before the snapshot
+(gpu_worker.py:499-541): outside `requested`, but on the device (the device total).
+
+The profile run (gpu_model_runner.py profile_run, _dummy_sampler_run :5866-5926) is one forward of
+max_num_batched_tokens tokens and the sampler over max_num_seqs rows; its transient peak is the larger of
+  forward: inside one layer, as the down projection runs, the residual stream, its normalised copy (the MLP's
+           input, still referenced by the decoder layer) and the projection's output (h each) beside the fused
+           gate_up output (2i) and SiluAndMul's output (i) (model_executor/models/llama.py LlamaMLP.forward: locals
+           live to its return; fused_add_rms_norm works in place); or, as o_proj runs, the fused qkv output and
+           the attention output beside the same three — per token, in the model dtype, the sharded ones over TP;
+  sampler: the model's output hidden states (T × h) beside the logits of R = min(max_num_seqs, T) rows: in the
+           model dtype, their fp32 copy and the fp32 probabilities (vocab per row: LogitsProcessor gathers the
+           vocab shards).
+NB: the sampler's top-k/top-p buffers are not counted (FlashInfer's sampling kernels keep none; the PyTorch
+fallback sorts: under); non-torch memory made after the snapshot (kernel images loaded lazily by the first forward,
+tens to hundreds of MiB) is not counted (over-reads the KV cache by as much).
+CUDA graphs (profile_cudagraph_memory, gpu_model_runner.py:6268-6405): vLLM captures the two smallest sizes of each
+mode (FULL and PIECEWISE), counts the first capture whole and the second as the per-graph cost of the rest; here
+the first capture is the graph pool's activations at the largest capture size (the forward transient at that many
+tokens) and every further graph costs vLLM's floor of 1 MiB (:6351-6354). NB: under where graphs cost more.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import SetupError
+from ..hardware import GPU
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import FP32
+from .embedding import rotary_dim
+from .inference import kv_bytes_per_token
+from .params import ParamCounts, count_params
+from .precision import DTYPE_BYTES
+
+VLLM_VERSION = "0.33.0"
+DEFAULT_UTILIZATION = 0.92  # config/cache.py:215
+DEFAULT_BLOCK_SIZE = 16  # config/cache.py:185, 462-463
+VOCAB_PADDING = 64  # model_executor/layers/vocab_parallel_embedding.py:36 (pad_vocab_size)
+GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py:6351-6354: at least 1 MiB per further graph
+GRAPH_MODES = 2  # FULL_AND_PIECEWISE, the v1 default (config/compilation.py:618)
+GROUP = 128  # AWQ/GPTQ group size of the published int4 checkpoints (a checkpoint property; NB: 128 assumed)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The engine's settings, defaults resolved as `vllm serve` resolves them on this GPU."""
+
+    utilization: float
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+    kv_dtype: str
+    capture_sizes: tuple[int, ...]  # () with --enforce-eager
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Bytes per GPU and the KV capacity (the numbers vLLM logs)."""
+
+    knobs: Knobs
+    cuda_total: int  # what cudaMemGetInfo reports as the device's total
+    requested: int
+    weights: int
+    activations: int  # the profile run's transient peak
+    cuda_graphs: int
+    available_kv: int
+    kv_bytes_per_token: float  # this GPU's layers and heads
+    kv_blocks: int
+    kv_tokens: int
+    max_concurrent_sequences: float
+    kv_pool: int  # bytes of the blocks allocated
+
+    def as_dict(self) -> dict:
+        k = self.knobs
+        return {"server": "vllm", "version": VLLM_VERSION, "gpu_memory_utilization": k.utilization,
+                "max_model_len": k.max_model_len, "max_num_batched_tokens": k.max_num_batched_tokens,
+                "max_num_seqs": k.max_num_seqs, "block_size": k.block_size, "kv_cache_dtype": k.kv_dtype,
+                "cuda_graph_sizes": len(k.capture_sizes), "cuda_total": self.cuda_total,
+                "requested": self.requested, "weights": self.weights, "activation_peak": self.activations,
+                "cuda_graphs": self.cuda_graphs, "available_kv": self.available_kv,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "kv_blocks": self.kv_blocks,
+                "kv_tokens": self.kv_tokens, "max_concurrent_sequences": round(self.max_concurrent_sequences, 2)}
+
+
+def default_limits(gpu: GPU) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` (UsageContext.OPENAI_API_SERVER) on this GPU:
+    engine/arg_utils.py:2970-3006 — 16384 / 1024 from 160 GiB, 8192 / 1024 from 70 GiB except A100s, else
+    2048 / 256 (with chunked prefill, on by default for these models)."""
+    gib = gpu.memory / 2**30
+    if gib >= 160:
+        return 16384, 1024
+    if gib >= 70 and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def capture_sizes(max_num_seqs: int, max_tokens: int, blackwell: bool = False) -> tuple[int, ...]:
+    """CUDA-graph batch sizes (config/vllm.py:2453-2470, 2575-2591): up to min(2 × max_num_seqs, 512 — 1024 on
+    Blackwell, compute capability 10.x), capped by max_num_batched_tokens: 1, 2, 4, then every 8 to 248, then
+    every 16 from 256."""
+    top = min(max_num_seqs * 2, 1024 if blackwell else 512, max_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + \
+        list(range(256, top + 1, 16))
+    return tuple(sizes)
+
+
+def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
+    tokens, seqs = default_limits(gpu)
+    longest = spec.max_positions or setup.seq
+    max_len = setup.max_model_len or longest
+    if setup.max_model_len and spec.max_positions and setup.max_model_len > spec.max_positions:
+        raise SetupError(f"--max-model-len {setup.max_model_len} exceeds {spec.name}'s max_position_embeddings "
+                         f"({spec.max_positions}); vLLM refuses it without VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    batched = setup.max_num_batched_tokens or tokens
+    seqs = setup.max_num_seqs or seqs
+    blackwell = gpu.name.upper().startswith(("B200", "B300", "GB200", "GB300"))
+    sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell)
+    dtype = setup.kv_dtype or _weight_dtype(setup)
+    return Knobs(setup.gpu_memory_utilization, max_len, batched, seqs, setup.block_size, dtype, sizes)
+
+
+def _weight_dtype(setup: Setup) -> str:
+    return {"fp32": "fp32", "fp16": "fp16"}.get(setup.precision, "bf16")
+
+
+def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+    """The model's weights on one GPU as vLLM shards them: every layer's projections over TP (kv heads replicated
+    when TP exceeds them), the vocabulary padded to 64 and split over TP for the embedding and an untied head,
+    norms replicated; layers split evenly over PP, the embedding on the first stage (the largest).
+    --quant fp8: the projections in 1 byte (vLLM's fp8 checkpoints and online quantisation keep the embedding and
+    head in the model dtype); awq/gptq: 4-bit projections with an fp16 scale and a 4-bit zero per GROUP inputs."""
+    b = DTYPE_BYTES[_weight_dtype(setup)]
+    t, p = setup.tp, setup.pp
+    h = spec.hidden
+    vocab = math.ceil(spec.vocab / VOCAB_PADDING) * VOCAB_PADDING
+    embed = vocab * h / t * b
+    head = 0 if spec.tied_embeddings else embed
+    layer_linear = (pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers)
+    kv_params = 2 * spec.kv_dim * h  # k and v: each rank holds max(kv_heads / tp, 1) heads (replicated past them)
+    per_layer = (layer_linear - kv_params) / t + kv_params * max(1 / t, 1 / max(spec.kv_heads, 1))
+    per_byte = {"fp8": 1.0, "awq": 0.5 + (2 + 0.5) / GROUP, "gptq": 0.5 + (2 + 0.5) / GROUP}.get(setup.quant, b)
+    layers = spec.layers / p * (per_layer * per_byte + pc.norms * b)
+    # RotaryEmbedding's cos/sin cache, a buffer of (max positions, rotary dim) in the model dtype on every rank
+    # (model_executor/layers/rotary_embedding/base.py _compute_cos_sin_cache; "Loading model weights took" counts it)
+    rope = (spec.max_positions or 0) * rotary_dim(spec) * b if spec.positions == "rotary" else 0
+    return layers + embed + rope + (head + pc.final * b if p == 1 else 0)
+
+
+def forward_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """The larger in-layer moment of a no-KV forward over `tokens` tokens (module docstring)."""
+    a = DTYPE_BYTES[_weight_dtype(setup)]
+    t, h = setup.tp, spec.hidden
+    if spec.moe is not None:  # fused_moe's intermediate caches: top_k copies of gate_up and its activation
+        i = spec.moe.expert_intermediate * spec.moe.top_k
+    else:
+        i = spec.intermediate
+    mlp = 3 * h + 3 * i / t  # as the down projection runs: its output beside its input and gate_up's
+    attention = 3 * h + (2 * spec.q_dim + 2 * spec.kv_dim) / t  # as o_proj runs: qkv, the attention output, o_proj's
+    return a * tokens * max(mlp, attention)
+
+
+def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
+    a = DTYPE_BYTES[_weight_dtype(setup)]
+    rows = min(k.max_num_seqs, k.max_num_batched_tokens)
+    return a * k.max_num_batched_tokens * spec.hidden + rows * spec.vocab * (a + 2 * FP32)
+
+
+def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
+    if not k.capture_sizes:
+        return 0.0
+    return forward_transient(spec, setup, max(k.capture_sizes)) + GRAPH_MODES * (len(k.capture_sizes) - 1) * GRAPH_FLOOR
+
+
+def check(spec: ModelSpec, setup: Setup) -> None:
+    if not spec.causal:
+        raise SetupError(f"--mode serve: {spec.name} is an encoder; vLLM's KV cache serves decoders")
+    if spec.config.get("sliding_window") and spec.config.get("use_sliding_window", True) is not False \
+            and spec.config.get("sliding_window") < (spec.max_positions or 0):
+        raise SetupError(f"--mode serve: {spec.name} has sliding-window layers, whose blocks vLLM's hybrid KV "
+                         "cache manager recycles; not modelled yet")
+    if setup.pp > 1 and spec.layers % setup.pp:
+        raise SetupError(f"--pp {setup.pp} must divide {spec.name}'s {spec.layers} layers")
+
+
+def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None = None) -> Serving:
+    check(spec, setup)
+    pc = pc or count_params(spec)
+    k = knobs(spec, setup, gpu)
+    # NB: vLLM's total is cudaMemGetInfo's, 0.5-0.8 GiB below nvidia-smi's (the catalog's) on 80 GB parts (its logs
+    # print total_gpu_memory 79.11-79.33 GiB): over-reads `requested` by utilisation × that; --gpu-memory sets it
+    total = gpu.memory
+    requested = math.ceil(total * k.utilization)
+    weights = weights_per_gpu(spec, setup, pc)
+    act = max(forward_transient(spec, setup, k.max_num_batched_tokens), sampler_transient(spec, setup, k))
+    graphs = cuda_graph_bytes(spec, setup, k)
+    available = requested - weights - act - graphs
+    per_token = kv_bytes_per_token(spec, setup.with_(kv_dtype=k.kv_dtype))
+    block = k.block_size * per_token
+    blocks = max(0, int(available // block))
+    per_request = math.ceil(k.max_model_len / k.block_size)
+    concurrency = blocks / per_request
+    return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
+                   int(concurrency * k.max_model_len), concurrency, int(blocks * block))
+
+

@@ -1,0 +1,44 @@
+"""`--emit vllm` (with --mode serve): the `vllm serve` command line that runs the setup trainfit sized.
+
+Every flag is vLLM 0.33's own (engine/arg_utils.py EngineArgs: each field is the flag with dashes), so the engine
+starts with the settings the estimate assumed: the model's dtype, TP/PP, the memory fraction, the lengths and
+batch limits the profile run and the CUDA graphs are sized from, the block size, the KV dtype and quantisation.
+"""
+from __future__ import annotations
+
+import shlex
+
+from ..setup import Setup
+from ..spec import ModelSpec
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype
+KV_DTYPES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --kv-cache-dtype (fp8 = e4m3)
+
+
+def _hub_id(spec: ModelSpec) -> str:
+    """The catalog entry's hub id (vLLM downloads by it); a config file or hub id passed in is used as given."""
+    from ..errors import UnknownModelError
+    from ..models.resolve import catalog_entry
+
+    try:
+        return catalog_entry(spec.name).get("hf_id") or spec.name
+    except UnknownModelError:
+        return spec.name
+
+
+def vllm_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
+    """`serving`: the estimate's resolved engine settings (Estimate.detail["serving"], analytic/serving.py)."""
+    model = _hub_id(spec)
+    args = ["vllm", "serve", model, "--dtype", DTYPES[setup.precision],
+            "--tensor-parallel-size", str(setup.tp), "--pipeline-parallel-size", str(setup.pp),
+            "--gpu-memory-utilization", f"{serving['gpu_memory_utilization']:g}",
+            "--max-model-len", str(serving["max_model_len"]),
+            "--max-num-batched-tokens", str(serving["max_num_batched_tokens"]),
+            "--max-num-seqs", str(serving["max_num_seqs"]), "--block-size", str(serving["block_size"])]
+    if setup.kv_dtype is not None:
+        args += ["--kv-cache-dtype", KV_DTYPES.get(setup.kv_dtype, setup.kv_dtype)]
+    if setup.quant:
+        args += ["--quantization", setup.quant]
+    if setup.enforce_eager:
+        args.append("--enforce-eager")
+    return shlex.join(args)

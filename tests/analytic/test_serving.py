@@ -1,0 +1,128 @@
+"""--mode serve (analytic/serving.py): vLLM's KV-cache capacity. Truths: hand derivations from the published
+architectures, vLLM's own printed numbers (calibration C4; validation logs in bench/serving_published.py), and
+vLLM 0.33's argument names for --emit vllm."""
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfit.analytic.engine import estimate
+from trainfit.analytic.inference import kv_bytes_per_token
+from trainfit.analytic.params import count_params
+from trainfit.analytic.serving import capture_sizes, serve_memory, weights_per_gpu
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "serving_published.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("serving_published", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["serving_published"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _serve(**kw) -> Setup:
+    return Setup(mode="serve", **{"precision": "bf16", **kw})
+
+
+# (model, layers, kv heads, head dim) from each published config.json: 2 (k, v) x layers x kv heads x head dim x 2 B
+KV_CASES = [
+    ("llama-2-7b", 32, 32, 128),  # multi-head
+    ("llama-3.1-8b", 32, 8, 128),  # GQA
+    ("qwen2.5-7b", 28, 4, 128),
+    ("qwen3-8b", 36, 8, 128),  # explicit head_dim
+    ("mixtral-8x7b", 32, 8, 128),  # MoE: attention as Mistral's
+    ("gemma-2-9b", 42, 8, 256),  # head_dim 256 (not hidden / heads)
+    ("phi-3-mini", 32, 32, 96),
+    ("gpt2", 12, 12, 64),
+    ("pythia-1b", 16, 8, 256),
+]
+
+
+@pytest.mark.parametrize("name,layers,kv_heads,head_dim", KV_CASES)
+def test_kv_bytes_per_token_by_hand(name, layers, kv_heads, head_dim):
+    assert kv_bytes_per_token(load_model(name), _serve()) == 2 * layers * kv_heads * head_dim * 2
+
+
+def test_tensor_parallel_splits_kv_heads_until_one_per_rank():
+    spec = load_model("llama-3.1-70b")  # 80 layers, 8 kv heads of 128
+    assert kv_bytes_per_token(spec, _serve(tp=4)) == 2 * 80 * 2 * 128 * 2
+    assert kv_bytes_per_token(spec, _serve(tp=16)) == 2 * 80 * 1 * 128 * 2  # replicated past 8 ranks
+
+
+def test_weights_match_vllms_printed_load():
+    """vllm-project/vllm#10517: "Loading model weights took 14.9888 GB" (GiB) for Llama-3.1-8B-Instruct in bf16:
+    8,030,261,248 parameters x 2 B plus the rotary cos/sin cache (131,072 positions x 128 x 2 B)."""
+    spec = load_model("llama-3.1-8b")
+    w = weights_per_gpu(spec, _serve(), count_params(spec))
+    assert w == 8_030_261_248 * 2 + 131_072 * 128 * 2
+    assert round(w / 2**30, 4) == 14.9888
+
+
+def test_fp8_kv_doubles_the_tokens():
+    spec, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    bf16, fp8 = (serve_memory(spec, _serve(max_model_len=8192, kv_dtype=d), gpu) for d in ("bf16", "fp8"))
+    assert bf16.available_kv == fp8.available_kv
+    assert abs(fp8.kv_blocks - 2 * bf16.kv_blocks) <= 1
+
+
+def test_capture_sizes_as_vllm_lists_them():
+    """config/vllm.py: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(2 x max_num_seqs, 512)."""
+    assert capture_sizes(1024, 8192) == tuple([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)))
+    assert capture_sizes(4, 8192) == (1, 2, 4, 8)
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_published_start_up_logs(i):
+    """C4 (calibration) within 3 %, the validation logs within 5 % (bench/serving_published.py)."""
+    mod = _bench()
+    case, blocks, err = mod.rows()[i]
+    assert abs(err) <= (0.03 if case.kind == "calibration" else 0.05), (case.label, blocks, case.published_blocks)
+
+
+def test_json_reports_the_engines_numbers():
+    est = estimate(load_model("llama-3.1-8b"), _serve(max_model_len=8192), gpu=get_gpu("H100-80GB"))
+    sv = est.detail["serving"]
+    assert sv["kv_tokens"] == sv["kv_blocks"] * 16  # 8192 is a whole number of blocks
+    assert sv["max_concurrent_sequences"] == pytest.approx(sv["kv_tokens"] / 8192, abs=0.01)
+    assert est.time.fits and est.memory.device_total <= get_gpu("H100-80GB").memory
+
+
+def test_too_long_a_context_does_not_start():
+    est = estimate(load_model("llama-3.1-70b"), _serve(tp=2, max_model_len=131072), gpu=get_gpu("L4"))
+    assert not est.time.fits
+
+
+# vLLM 0.33.0 engine/arg_utils.py EngineArgs fields (line): the flags --emit vllm may print
+VLLM_FLAGS = {"--dtype": 517, "--kv-cache-dtype": 518, "--max-model-len": 520, "--pipeline-parallel-size": 535,
+              "--tensor-parallel-size": 548, "--block-size": 597, "--gpu-memory-utilization": 614,
+              "--max-num-batched-tokens": 616, "--max-num-seqs": 622, "--quantization": 640, "--enforce-eager": 648}
+VLLM_CHOICES = {"--dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"},
+                "--kv-cache-dtype": {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"},
+                "--quantization": {"awq", "fp8", "gptq"}}  # config/cache.py CacheDType; quantization/__init__.py
+
+
+@pytest.mark.parametrize("kw", [dict(tp=4, max_model_len=32768), dict(tp=2, kv_dtype="fp8", quant="fp8",
+                                                                       enforce_eager=True)])
+def test_emit_vllm_uses_vllms_flags(kw):
+    from trainfit.plan.emit_vllm import vllm_command
+
+    spec = load_model("llama-3.1-70b")
+    setup = _serve(**kw)
+    est = estimate(spec, setup, gpu=get_gpu("H100-80GB"))
+    argv = shlex.split(vllm_command(spec, setup, est.detail["serving"]))
+    assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-70B"]
+    flags = [a for a in argv[3:] if a.startswith("--")]
+    assert set(flags) <= set(VLLM_FLAGS)
+    for flag, allowed in VLLM_CHOICES.items():
+        if flag in argv:
+            assert argv[argv.index(flag) + 1] in allowed
+    assert argv[argv.index("--max-num-seqs") + 1] == str(est.detail["serving"]["max_num_seqs"])
