@@ -318,10 +318,9 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     # larger than the maximum number of tokens that can be stored in KV cache")
     per_request = -(-k.max_model_len // k.block_size)
     fits = sv.kv_blocks >= per_request and device_total + reserve <= gpu.memory
-    # Decode: each step reads the weights and the running sequences' KV once (memory-bound roofline).
-    # NB: sequences taken at half of max_model_len on average; prefill at a flat --mfu
+    # decode at the concurrency the KV cache allows (serving.decode_seconds); NB: prefill at a flat --mfu
     concurrent = max(1, min(k.max_num_seqs, int(sv.max_concurrent_sequences)))
-    decode_s = (sv.weights + concurrent * k.max_model_len / 2 * sv.kv_bytes_per_token) / (gpu.memory_bandwidth * mbu)
+    decode_s = serving.decode_seconds(sv, gpu, concurrent, mbu)
     prompt = min(k.max_model_len, k.max_num_batched_tokens)
     fpt = forward_per_token(spec, prompt, pc)
     prefill_s = fpt * prompt / (setup.tp * setup.pp) / (gpu.flops_for(compute_dtype(setup)) * mfu)

@@ -218,3 +218,12 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
                    int(concurrency * k.max_model_len), concurrency, int(blocks * block))
 
 
+
+
+def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:
+    """One decode step of `sequences` running sequences: memory-bound, it reads the weights and every sequence's KV
+    once (Pope et al. 2022 §3; the roofline of Williams et al. 2009) at `mbu` of the memory bandwidth.
+    NB: sequences taken at half of max_model_len on average; TP's two all-reduces per layer are not counted
+    (optimistic by tens of µs per layer)."""
+    context = sv.knobs.max_model_len / 2
+    return (sv.weights + sequences * context * sv.kv_bytes_per_token) / (gpu.memory_bandwidth * mbu)

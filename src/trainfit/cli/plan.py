@@ -43,6 +43,11 @@ def plan(
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchtitan (job-config TOML for torchtitan's own registry models; --tokens sets its steps), torchrun (torchtitan command line)."),
     verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch; single unsharded ranks only)."),
     json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens under vLLM; --gpu may list several types, or all)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="--mode serve: sequences served at once."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="--mode serve: the longest request, tokens (vLLM's --max-model-len). Default: the model's max_position_embeddings."),
+    tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", help="--mode serve: the most time per output token, milliseconds, at that load."),
+    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="--mode serve: bf16, fp16 or fp8."),
 ) -> None:
     """The fastest parallel layout that fits: dp × tp × pp, ZeRO stage, micro-batch, accumulation, recompute and
     precision, ranked by tokens/s with each time term shown. CPU offload is not searched.
@@ -56,6 +61,27 @@ def plan(
       trainfit plan gpt-3-175b --gpu A100-80GB --gpus 1024 --global-batch-tokens 3.2M --seq 2048 --json
     """
     from ..api import load_gpu, load_spec
+    if mode not in ("train", "serve"):
+        raise SetupError(f"--mode {mode!r}: plan searches train or serve")
+    if mode == "serve":
+        given = dict(gpus=gpus != 1, global_batch_tokens=global_batch_tokens is not None, tokens=tokens is not None,
+                     stack=stack != "hf", optimizer=optimizer != "adamw", recompute=recompute is not None,
+                     zero=zero is not None, pp=pp is not None, dp=dp is not None, margin=margin != 0.05,
+                     efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
+                     seq=seq != 2048, gpu_memory=gpu_memory is not None)
+        off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
+        if off:
+            raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
+                             "--mode serve takes --concurrency, --max-model-len, --tpot-ms, --kv-cache-dtype, --tp, "
+                             "--precision, --price, --top")
+        _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top,
+                    emit, json)
+        return
+    serve_only = [f for f, v in (("--concurrency", concurrency), ("--max-model-len", max_model_len),
+                                 ("--tpot-ms", tpot_ms), ("--kv-cache-dtype", kv_cache_dtype)) if v is not None]
+    if serve_only:
+        raise SetupError(f"{' and '.join(serve_only)} {'apply' if len(serve_only) > 1 else 'applies'} to --mode serve "
+                         "only: add --mode serve")
     check_value(BY_NAME["price"], price)  # the one definitions of --price (finite, >= 0) and --gpu-memory
     check_value(BY_NAME["gpu_memory"], gpu_memory)
     from ..units import parse_count
@@ -131,3 +157,65 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
                f"{s.grad_accum}, {s.recompute} recompute, {s.precision}, stack {s.stack}: "
                f"{pick.time.tokens_per_second:,.0f} tokens/s, peak {pick.peak / 2**30:.1f} GiB", err=True)
     typer.echo(write(engine, s, spec, g.gpus_per_node, budget_tokens), nl=False)
+
+
+def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top, emit,
+                json) -> None:
+    from ..api import load_spec
+    from ..hardware import list_gpus, resolve_gpu
+    from ..plan.serve import serve_plans
+    from ..report.plan import dumps
+    from ..setup import Setup, serve_dtype
+
+    if concurrency is None:
+        raise SetupError("--mode serve plans for a number of concurrent sequences: add --concurrency N")
+    if tpot_ms is not None and not tpot_ms > 0:
+        raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
+    if emit is not None and emit != "vllm":
+        raise SetupError(f"--emit {emit!r}: --mode serve emits vllm")
+    if emit is not None and json:
+        raise SetupError("--emit vllm prints a command, --json the plans: choose one of them")
+    check_value(BY_NAME["price"], price)
+    spec = load_spec(model)
+    names = [g.strip() for g in gpu.split(",") if g.strip()]
+    gpus = [g for g in list_gpus() if g.vendor == "nvidia"] if names == ["all"] else [resolve_gpu(n) for n in names]
+    gpus = [g.with_price(price) for g in gpus]
+    base = Setup(mode="serve", precision=precision or serve_dtype(spec), max_model_len=max_model_len,
+                 kv_dtype=kv_cache_dtype)
+    plans, why_not = serve_plans(spec, gpus, concurrency, base, tpot_ms / 1e3 if tpot_ms else None, top)
+    if tp is not None:
+        plans = [p for p in plans if p.tp == tp]
+    if emit:
+        if not plans:
+            raise SetupError("--emit vllm: no plan serves that load" + (f" ({'; '.join(why_not)})" if why_not else ""))
+        from ..analytic.engine import estimate
+        from ..plan.emit_vllm import vllm_command
+
+        best = plans[0]
+        sv = estimate(spec, best.setup, gpu=resolve_gpu(best.gpu)).detail["serving"]
+        typer.echo(f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {best.sequences_per_replica} "
+                   f"sequences each, {best.tpot_seconds * 1e3:.1f} ms per token", err=True)
+        typer.echo(vllm_command(spec, best.setup, sv))
+        return
+    if json:
+        typer.echo(dumps({"model": spec.name, "concurrency": concurrency, "plans": [p.as_dict() for p in plans],
+                          "not_served": why_not}))
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{spec.name}: {concurrency} sequences of {base.max_model_len or spec.max_positions:,} tokens "
+              "(vLLM), cheapest first", box=box.SIMPLE_HEAD, header_style="bold")
+    for col in ("GPU", "tp", "replicas", "GPUs", "sequences each", "KV tokens each", "ms per token", "$/h"):
+        t.add_column(col, justify="left" if col == "GPU" else "right")
+    for p in plans:
+        t.add_row(p.gpu, str(p.tp), str(p.replicas), str(p.gpus), str(p.sequences_per_replica), f"{p.kv_tokens:,}",
+                  f"{p.tpot_seconds * 1e3:.1f}", f"{p.price_per_hour:,.2f}")
+    Console().print(t)
+    if not plans:
+        typer.echo("no GPU type serves that load within the target")
+    for line in why_not:
+        typer.echo(f"· not served: {line}")
+    typer.echo("· decode time: the roofline at 80% of memory bandwidth with sequences at half of --max-model-len "
+               "(NB: TP's all-reduces not counted); prices: the catalog's, or --price")

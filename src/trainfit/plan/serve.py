@@ -1,0 +1,81 @@
+"""`trainfit plan MODEL --mode serve`: the cheapest GPUs that serve N concurrent sequences of --max-model-len
+tokens under vLLM within a time per output token.
+
+For each GPU type and tensor-parallel degree (a power of two within a node that divides the attention heads —
+vLLM refuses others: config/model.py verify_with_parallel_config), one engine is sized as vLLM sizes it
+(analytic/serving.py); it holds min(max_num_seqs, its KV capacity in whole sequences) sequences, so N needs
+ceil(N / that) replicas; each replica decodes ceil(N / replicas) sequences, timed by serving.decode_seconds.
+Plans within the target are ranked by price per hour (GPUs × the catalog's, or --price), then by that time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..analytic.engine import estimate
+from ..analytic.serving import decode_seconds, serve_memory
+from ..errors import SetupError
+from ..hardware import GPU
+from ..setup import Setup
+from ..spec import ModelSpec
+
+MBU = 0.8  # the analytic engine's decode memory-bandwidth utilisation (engine.estimate's default)
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    gpu: str
+    tp: int
+    replicas: int
+    sequences_per_replica: int
+    kv_tokens: int  # per replica
+    tpot_seconds: float  # time per output token at that load
+    price_per_hour: float  # all GPUs
+    setup: Setup = field(repr=False)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.replicas
+
+    def as_dict(self) -> dict:
+        return {"gpu": self.gpu, "tp": self.tp, "replicas": self.replicas, "gpus": self.gpus,
+                "sequences_per_replica": self.sequences_per_replica, "kv_tokens_per_replica": self.kv_tokens,
+                "tpot_seconds": self.tpot_seconds, "price_per_hour": self.price_per_hour}
+
+
+def tp_degrees(spec: ModelSpec, gpu: GPU) -> list[int]:
+    return [t for t in (1, 2, 4, 8, 16) if t <= gpu.gpus_per_node and spec.heads % t == 0]
+
+
+def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup, tpot: float | None,
+                top: int = 5) -> tuple[list[ServePlan], list[str]]:
+    """The plans that serve `concurrency` sequences (cheapest first) and a line per GPU type that cannot."""
+    if concurrency < 1:
+        raise SetupError(f"--concurrency must be a positive integer, got {concurrency}")
+    plans, why_not = [], []
+    for gpu in gpus:
+        best_reason = None
+        for tp in tp_degrees(spec, gpu):
+            setup = base.with_(tp=tp)
+            try:
+                sv = serve_memory(spec, setup, gpu)
+                fits = estimate(spec, setup, gpu=gpu).time.fits
+            except SetupError as e:
+                best_reason = str(e)
+                continue
+            per_replica = min(sv.knobs.max_num_seqs, int(sv.max_concurrent_sequences))
+            if not fits or per_replica < 1:
+                best_reason = f"tp up to {tp} holds no {sv.knobs.max_model_len}-token sequence"
+                continue
+            replicas = math.ceil(concurrency / per_replica)
+            load = math.ceil(concurrency / replicas)
+            t = decode_seconds(sv, gpu, load, MBU)
+            if tpot is not None and t > tpot:
+                best_reason = f"{t * 1e3:.1f} ms per token at best (tp {tp})"
+                continue
+            plans.append(ServePlan(gpu.name, tp, replicas, load, sv.kv_tokens, t,
+                                   replicas * tp * gpu.price_per_hour, setup))
+        if best_reason and not any(p.gpu == gpu.name for p in plans):
+            why_not.append(f"{gpu.name}: {best_reason}")
+    plans.sort(key=lambda p: (p.price_per_hour, p.tpot_seconds, p.gpus))
+    return plans[:top], why_not
