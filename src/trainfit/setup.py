@@ -224,6 +224,10 @@ class Setup:
                               modes=("serve",), example="16")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", modes=("serve",))
+    draft_model: Optional[str] = setting(None, "Speculative decoding with a draft model (a catalog name or "
+                                         "config.json; vLLM's --speculative-config model): its weights and its KV "
+                                         "cache share the engine's budget. Needs the target's vocabulary.",
+                                         modes=("serve",), example="llama-3.2-1b")
 
     def __post_init__(self) -> None:
         validate(self)

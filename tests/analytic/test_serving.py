@@ -104,14 +104,16 @@ def test_too_long_a_context_does_not_start():
 # vLLM 0.33.0 engine/arg_utils.py EngineArgs fields (line): the flags --emit vllm may print
 VLLM_FLAGS = {"--dtype": 517, "--kv-cache-dtype": 518, "--max-model-len": 520, "--pipeline-parallel-size": 535,
               "--tensor-parallel-size": 548, "--block-size": 597, "--gpu-memory-utilization": 614,
-              "--max-num-batched-tokens": 616, "--max-num-seqs": 622, "--quantization": 640, "--enforce-eager": 648}
+              "--max-num-batched-tokens": 616, "--max-num-seqs": 622, "--quantization": 640, "--enforce-eager": 648,
+              "--speculative-config": 732}
 VLLM_CHOICES = {"--dtype": {"auto", "half", "float16", "bfloat16", "float", "float32"},
                 "--kv-cache-dtype": {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"},
                 "--quantization": {"awq", "fp8", "gptq"}}  # config/cache.py CacheDType; quantization/__init__.py
 
 
 @pytest.mark.parametrize("kw", [dict(tp=4, max_model_len=32768), dict(tp=2, kv_dtype="fp8", quant="fp8",
-                                                                       enforce_eager=True)])
+                                                                       enforce_eager=True),
+                                dict(tp=4, max_model_len=8192, draft_model="llama-3.2-1b")])
 def test_emit_vllm_uses_vllms_flags(kw):
     from trainfit.plan.emit_vllm import vllm_command
 
@@ -126,3 +128,22 @@ def test_emit_vllm_uses_vllms_flags(kw):
         if flag in argv:
             assert argv[argv.index(flag) + 1] in allowed
     assert argv[argv.index("--max-num-seqs") + 1] == str(est.detail["serving"]["max_num_seqs"])
+
+
+def test_a_draft_models_weights_and_kv_share_the_pool():
+    """--draft-model llama-3.2-1b beside llama-3.1-70b at tp 4: the draft's KV per token is added to every block
+    (16 layers x 8/4 kv heads x 64 x 2 x 2 B = 8,192 B), its weights come out of the budget."""
+    spec, gpu = load_model("llama-3.1-70b"), get_gpu("H100-80GB")
+    plain = serve_memory(spec, _serve(tp=4, max_model_len=8192), gpu)
+    spec_dec = serve_memory(spec, _serve(tp=4, max_model_len=8192, draft_model="llama-3.2-1b"), gpu)
+    assert spec_dec.kv_bytes_per_token - plain.kv_bytes_per_token == 16 * 2 * 64 * 2 * 2
+    draft = load_model("llama-3.2-1b")
+    assert spec_dec.weights - plain.weights == pytest.approx(weights_per_gpu(draft, _serve(tp=4), count_params(draft)), abs=1)
+    assert spec_dec.kv_tokens < plain.kv_tokens
+
+
+def test_a_draft_with_another_vocabulary_is_refused():
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match="tokenizer"):
+        serve_memory(load_model("llama-3.1-8b"), _serve(draft_model="qwen2.5-0.5b"), get_gpu("H100-80GB"))

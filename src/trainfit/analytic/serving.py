@@ -197,9 +197,30 @@ def check(spec: ModelSpec, setup: Setup) -> None:
         raise SetupError(f"--pp {setup.pp} must divide {spec.name}'s {spec.layers} layers")
 
 
+def draft_of(spec: ModelSpec, setup: Setup) -> ModelSpec | None:
+    """--draft-model: the draft model vLLM runs beside the target (v1/spec_decode/draft_model.py), at the target's
+    TP (config/speculative.py:1850-1870: draft_tensor_parallel_size defaults to it), in the target's dtype. vLLM
+    gives the draft's attention layers KV-cache pages of their own in the same pool (one KV spec per layer of both
+    models), and loads its weights before the profile run."""
+    if not setup.draft_model:
+        return None
+    from ..models.resolve import load_model
+
+    draft = load_model(setup.draft_model)
+    if draft.vocab != spec.vocab:
+        raise SetupError(f"--draft-model {setup.draft_model}: its vocabulary ({draft.vocab:,}) is not {spec.name}'s "
+                         f"({spec.vocab:,}); a draft must share the target's tokenizer")
+    check(draft, setup)
+    if draft.heads % setup.tp:
+        raise SetupError(f"--draft-model {setup.draft_model} runs at --tp {setup.tp}, which must divide its "
+                         f"{draft.heads} heads")
+    return draft
+
+
 def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None = None) -> Serving:
     check(spec, setup)
     pc = pc or count_params(spec)
+    draft = draft_of(spec, setup)
     k = knobs(spec, setup, gpu)
     # NB: vLLM's total is cudaMemGetInfo's, 0.5-0.8 GiB below nvidia-smi's (the catalog's) on 80 GB parts (its logs
     # print total_gpu_memory 79.11-79.33 GiB): over-reads `requested` by utilisation × that; --gpu-memory sets it
@@ -208,8 +229,13 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     weights = weights_per_gpu(spec, setup, pc)
     act = max(forward_transient(spec, setup, k.max_num_batched_tokens), sampler_transient(spec, setup, k))
     graphs = cuda_graph_bytes(spec, setup, k)
-    available = requested - weights - act - graphs
     per_token = kv_bytes_per_token(spec, setup.with_(kv_dtype=k.kv_dtype))
+    if draft is not None:  # NB: the two models' profile peaks taken as not overlapping (they run one after another)
+        weights += weights_per_gpu(draft, setup, count_params(draft))
+        act = max(act, forward_transient(draft, setup, k.max_num_batched_tokens))
+        graphs += cuda_graph_bytes(draft, setup, k)
+        per_token += kv_bytes_per_token(draft, setup.with_(kv_dtype=k.kv_dtype))
+    available = requested - weights - act - graphs
     block = k.block_size * per_token
     blocks = max(0, int(available // block))
     per_request = math.ceil(k.max_model_len / k.block_size)

@@ -6,6 +6,7 @@ batch limits the profile run and the CUDA graphs are sized from, the block size,
 """
 from __future__ import annotations
 
+import json
 import shlex
 
 from ..setup import Setup
@@ -16,14 +17,18 @@ KV_DTYPES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float
 
 
 def _hub_id(spec: ModelSpec) -> str:
+    return _hub_id_of(spec.name)
+
+
+def _hub_id_of(name: str) -> str:
     """The catalog entry's hub id (vLLM downloads by it); a config file or hub id passed in is used as given."""
     from ..errors import UnknownModelError
     from ..models.resolve import catalog_entry
 
     try:
-        return catalog_entry(spec.name).get("hf_id") or spec.name
+        return catalog_entry(name).get("hf_id") or name
     except UnknownModelError:
-        return spec.name
+        return name
 
 
 def vllm_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
@@ -41,4 +46,7 @@ def vllm_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
         args += ["--quantization", setup.quant]
     if setup.enforce_eager:
         args.append("--enforce-eager")
+    if setup.draft_model:  # NB: the number of speculative tokens is a throughput choice, not a memory one
+        draft = _hub_id_of(setup.draft_model)
+        args += ["--speculative-config", json.dumps({"model": draft, "num_speculative_tokens": 4})]
     return shlex.join(args)
