@@ -19,6 +19,24 @@ class MoESpec:
     shared_intermediate: int = 0  # Qwen-MoE's always-on shared expert (0: none)
     shared_gate: bool = False  # Qwen-MoE's sigmoid gate on the shared expert (hidden -> 1)
     sparse_layers: int | None = None  # how many layers are MoE (None: all); the rest use `intermediate`
+    # DeepSeek: the router is sigmoid-scored with a per-expert e_score_correction_bias buffer (V3) or softmax (V2)
+    router_scoring: str = "softmax"
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head Latent Attention (DeepSeek-V2 paper, arXiv:2405.04434 §2.1): k and v are rebuilt per head from a
+    shared kv_lora_rank latent; the RoPE part of the key (qk_rope_head_dim) is one head shared by all heads."""
+
+    q_lora_rank: int  # query down-projection width (0: V2-Lite, a plain q_proj)
+    kv_lora_rank: int  # d_c: the compressed latent that the KV cache keeps
+    qk_nope_head_dim: int  # per-head q/k width without positions
+    qk_rope_head_dim: int  # d_h^R: decoupled RoPE width (q per head, k shared)
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,8 @@ class ModelSpec:
     norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
     dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given
     moe: MoESpec | None = None
+    # MLA attention (DeepSeek); head_dim is then the q/k head width (nope + rope) and kv_heads == heads
+    mla: MLASpec | None = None
     # the task head the model is built with (trainfit.heads): causal-lm, masked-lm, seq-cls, token-cls; "" = the
     # family's LM head (hand-built specs). hf_config reads it from the config's `architectures`; hf_config.with_head
     # changes it.

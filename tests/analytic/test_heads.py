@@ -99,7 +99,8 @@ def test_classes_table_matches_transformers_auto_mappings():
 
 # -- parameters: transformers' numel of each head's class ------------------------------------------------------
 PARAM_MODELS = ["bert-base", "roberta-base", "tiny-bert", "tiny-llama", "tiny-gpt2", "tiny-neox", "tiny-opt",
-                "opt-350m", "tiny-gemma2", "tiny-qwen2", "tiny-phi3", "tiny-mixtral", "qwen1.5-moe-a2.7b"]
+                "opt-350m", "tiny-gemma2", "tiny-qwen2", "tiny-phi3", "tiny-mixtral", "qwen1.5-moe-a2.7b",
+                "tiny-deepseek", "tiny-deepseek-v2"]
 
 
 @pytest.mark.parametrize("name", PARAM_MODELS)

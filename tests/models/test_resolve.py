@@ -244,7 +244,7 @@ def test_explicit_head_dim_need_not_divide_hidden():
 
 def test_supported_model_types():
     for mt in ["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "opt",
-               "bert", "roberta", "mixtral", "qwen2_moe", "qwen3_moe"]:
+               "bert", "roberta", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"]:
         assert mt in SUPPORTED_MODEL_TYPES
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
@@ -88,6 +89,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     Assumes the kernels of the resolved attention implementation (`setup.attention_kernel`):
     'flash'/'sdpa' = flash SDPA (no s×s tensor), 'eager' = matmul + softmax.
     """
+    check_trainable(spec)
     st = state_bytes(setup)
     a, r = st.act, st.residual
     amp = st.autocast  # torch.autocast's per-call casts and weight cache (not under FSDP2 mixed precision)
@@ -165,6 +167,16 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     mlp_share = {"norms": t["norms"] / 2, "linear_inputs": (mlp_inputs if amp else 1) * a * h, "mlp": t["mlp"],
                  "dropout": t.get("dropout", 0) / 2}
     return LayerActivations(sum(t.values()), per_key, fixed, t, mlp_share)
+
+
+def check_trainable(spec: ModelSpec) -> None:
+    """Refuse what the per-layer accounting below does not model, rather than price it as standard attention:
+    MLA (DeepSeek) saves its q/kv down- and up-projections, two extra RMSNorms and the decoupled RoPE key, and its
+    SDPA runs with a v head width unlike q/k's (the CPU trace shows the math path's fp32 copies); its MoE routes with
+    a grouped sigmoid router and always-on shared experts that moe.py does not describe."""
+    if spec.mla is not None:
+        raise SetupError(f"{spec.name}: the analytic engine does not model the training activations of MLA attention "
+                         "(DeepSeek) yet; use --engine trace for a training estimate (inference is supported)")
 
 
 def _flash_saved(spec: ModelSpec, setup: Setup, a: int) -> float:

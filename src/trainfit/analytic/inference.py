@@ -1,7 +1,8 @@
 """Inference memory and speed per rank: weights, KV cache, one layer's transient activations.
 
 KV cache = 2 (k and v) · layers · kv_heads · head_dim · batch · tokens · bytes (Pope et al. 2022, "Efficiently
-Scaling Transformer Inference", §2.1), GQA/MQA aware through kv_heads. Decode is memory-bound: each step
+Scaling Transformer Inference", §2.1), GQA/MQA aware through kv_heads; MLA (DeepSeek) caches its compressed latent,
+(kv_lora_rank + qk_rope_head_dim) · layers · batch · tokens · bytes (kv_values_per_token_layer). Decode is memory-bound: each step
 streams the weights and the KV cache once (roofline, Williams et al. 2009); prefill is compute-bound.
 """
 from __future__ import annotations
@@ -37,8 +38,34 @@ def kv_dtype(spec: ModelSpec, setup: Setup) -> str:
     return "fp16" if setup.precision in ("fp16", "amp-fp16") else "bf16"
 
 
+def kv_values_per_token_layer(spec: ModelSpec, tp: int = 1) -> float:
+    """Cached values per token per layer on one tensor-parallel rank.
+    MHA/GQA: k and v of each kv head, 2·kv_heads·head_dim (Pope et al. 2022 §2.1); kv heads are replicated when
+    tp > kv_heads. MLA: the compressed latent c^KV and the shared RoPE key k^R, d_c + d_h^R values whatever the head
+    count (DeepSeek-V2 paper arXiv:2405.04434 §2.1.3 and Table 1: (d_c + d_h^R)·l elements per token). vLLM caches
+    exactly that, one latent per token replicated on every TP rank (vllm/attention/backends/mla/common.py: "a single
+    latent vector to represent the per-token entry of the KV cache", kv_c [Skv, Lkv] + k_pe [Skv, R]); transformers
+    5.x caches the same pair (modeling_deepseek_v3.py DeepseekV3Attention.forward: `past_key_values.update(kv_nope,
+    k_rot)`, both (b, 1, s, ·)) and decompresses per step (see `mla_decompressed`)."""
+    if spec.mla is not None:
+        return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+    return 2 * max(spec.kv_heads / tp, 1) * spec.head_dim
+
+
+def mla_decompressed(spec: ModelSpec, tp: int = 1) -> float:
+    """Values per cached token that HF's MLA attention rebuilds for one layer at each decode step
+    (modeling_deepseek_v3.py expand_kv): kv_b_proj's output heads·(nope + v) (v is a view of it) and the new
+    key_states heads·(nope + rope) (k_rot is expanded as a view, then copied in). 0 for other attention."""
+    m = spec.mla
+    if m is None:
+        return 0.0
+    return spec.heads / tp * (m.qk_nope_head_dim + m.v_head_dim + m.qk_head_dim)
+
+
 def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
     kv_dtype_ = kv_dtype(spec, setup)
+    if spec.mla is not None:
+        return spec.layers / setup.pp * kv_values_per_token_layer(spec, setup.tp) * DTYPE_BYTES[kv_dtype_]
     kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
     layers = spec.layers / setup.pp
     return 2 * layers * kv_heads_per_rank * spec.head_dim * DTYPE_BYTES[kv_dtype_]
@@ -173,6 +200,9 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     layer_kv = kv_bytes_per_token(spec, setup) / (spec.layers / setup.pp) * cached
     repeated = 2 * st.act * spec.q_dim / setup.tp * cached if (resolved_kernel(spec, setup) == "eager"
                                                                  and spec.kv_heads < spec.heads) else 0
+    # MLA under HF: the layer's k and v rebuilt from the latent for every cached token (NB: vLLM/SGLang absorb
+    # kv_b_proj into q and o at decode and rebuild nothing, so this over-estimates a serving engine's decode)
+    repeated += st.act * mla_decompressed(spec, setup.tp) * cached
     decode = (weights + kv_bytes_per_token(spec, setup) * cached + layer_kv + repeated + casts + head_cast
               + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))

@@ -65,6 +65,38 @@ def mlp_params(hidden: int, inner: int, gated: bool, bias: bool) -> int:
     return n_up * linear(hidden, inner, bias) + linear(inner, hidden, bias)
 
 
+def mla_params(spec: ModelSpec) -> int:
+    """One MLA attention (HF modeling_deepseek_v3.py DeepseekV3Attention.__init__, same in deepseek_v2):
+    q_a_proj (h -> q_lora, bias=attention_bias) + q_a_layernorm + q_b_proj (q_lora -> heads*(nope+rope)), or q_proj
+    (h -> heads*(nope+rope)) when q_lora_rank is null; kv_a_proj_with_mqa (h -> kv_lora + rope, bias=attention_bias)
+    + kv_a_layernorm (kv_lora) + kv_b_proj (kv_lora -> heads*(nope+v)); o_proj (heads*v -> h, bias=attention_bias).
+    Norms are RMSNorm (weight only)."""
+    m, h, n = spec.mla, spec.hidden, spec.heads
+    bias = spec.qkv_bias
+    if m.q_lora_rank:
+        q = linear(h, m.q_lora_rank, bias) + m.q_lora_rank + linear(m.q_lora_rank, n * m.qk_head_dim, False)
+    else:
+        q = linear(h, n * m.qk_head_dim, False)
+    kv = (linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias) + m.kv_lora_rank
+          + linear(m.kv_lora_rank, n * (m.qk_nope_head_dim + m.v_head_dim), False))
+    return q + kv + linear(n * m.v_head_dim, h, spec.out_bias)
+
+
+def mtp_params(spec: ModelSpec) -> int:
+    """Unique parameters of DeepSeek-V3's multi-token-prediction modules (config num_nextn_predict_layers), which
+    transformers does not build and `count_params` leaves out. Per module (DeepSeek-V3 paper arXiv:2412.19437
+    §2.2 eq. 21, and the checkpoint's model.layers.61.*: enorm, hnorm, eh_proj, shared_head.norm + one MoE decoder
+    layer): two RMSNorms over h, M_k = eh_proj (2h -> h, no bias), a full MoE layer and the shared head's final
+    RMSNorm. The embedding and output head are shared with the main model (the checkpoint stores copies; not
+    counted)."""
+    n = int(spec.config.get("num_nextn_predict_layers") or 0)
+    if n == 0:
+        return 0
+    c = count_params(spec)
+    layer = c.per_layer_moe if spec.moe is not None else c.per_layer_dense
+    return n * (2 * spec.hidden + 2 * spec.hidden * spec.hidden + layer + spec.hidden)
+
+
 def count_params(spec: ModelSpec) -> ParamCounts:
     h = spec.hidden
     # Token embedding: HF nn.Embedding(vocab, hidden) (OPT: vocab x word_embed_proj_dim).
@@ -83,11 +115,14 @@ def count_params(spec: ModelSpec) -> ParamCounts:
 
     # Attention (HF modeling_llama: q_proj, k_proj, v_proj, o_proj; GPT-2 fused c_attn + c_proj;
     # NeoX query_key_value + dense; Phi-3 qkv_proj + o_proj; BERT query/key/value + output.dense).
-    attention = (
-        linear(h, spec.q_dim, spec.qkv_bias)
-        + 2 * linear(h, spec.kv_dim, spec.qkv_bias)
-        + linear(spec.q_dim, h, spec.out_bias)
-    )
+    if spec.mla is not None:
+        attention = mla_params(spec)
+    else:
+        attention = (
+            linear(h, spec.q_dim, spec.qkv_bias)
+            + 2 * linear(h, spec.kv_dim, spec.qkv_bias)
+            + linear(spec.q_dim, h, spec.out_bias)
+        )
     if spec.qk_norm:
         attention += 2 * spec.head_dim  # HF modeling_qwen3: q_norm, k_norm = RMSNorm(head_dim)
 
@@ -102,7 +137,8 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         expert = mlp_params(h, m.expert_intermediate, True, False)
         moe_mlp = m.num_experts * expert + m.num_experts * h
         if m.shared_intermediate:
-            moe_mlp += mlp_params(h, m.shared_intermediate, True, False)  # Qwen2-MoE shared_expert
+            # Qwen2-MoE shared_expert (no bias); DeepSeek shared_experts (DeepseekV2MLP: bias=config.mlp_bias)
+            moe_mlp += mlp_params(h, m.shared_intermediate, True, spec.mlp_bias)
         if m.shared_gate:
             moe_mlp += h  # Qwen2-MoE shared_expert_gate = Linear(hidden, 1, bias=False)
         moe_layers = spec.layers if m.sparse_layers is None else m.sparse_layers

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trainfit import heads
 from trainfit.errors import ConfigError, SetupError
-from trainfit.spec import ModelSpec, MoESpec
+from trainfit.spec import MLASpec, ModelSpec, MoESpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainfit.setup import Setup
@@ -338,6 +338,57 @@ def _qwen_moe(c: _Cfg, *, shared: bool) -> dict:
     return f
 
 
+def _deepseek(c: _Cfg, *, v3: bool) -> dict:
+    """DeepSeek-V2/V3 (HF modeling_deepseek_v2.py / modeling_deepseek_v3.py): MLA attention, dense MLP in the first
+    `first_k_dense_replace` layers, then an MoE block of n_routed_experts (top num_experts_per_tok) plus an always-on
+    shared MLP of moe_intermediate_size * n_shared_experts. MLA widths default as DeepseekV2Config/DeepseekV3Config.
+    The MTP module (num_nextn_predict_layers) is not built by transformers (modeling_deepseek_v3.py
+    `_keys_to_ignore_on_load_unexpected` skips the checkpoint's model.layers.61.*): params.mtp_params counts it
+    apart."""
+    hidden = c.int("hidden_size")
+    heads = c.int("num_attention_heads")
+    layers = c.int("num_hidden_layers")
+    # q_lora_rank: null means a plain q_proj (V2-Lite); absent means the config class default 1536
+    q_lora = 0 if "q_lora_rank" in c.d and c.d["q_lora_rank"] is None else c.int("q_lora_rank", default=1536)
+    mla = MLASpec(
+        q_lora_rank=q_lora,
+        kv_lora_rank=c.int("kv_lora_rank", default=512),
+        qk_nope_head_dim=c.int("qk_nope_head_dim", default=128),
+        qk_rope_head_dim=c.int("qk_rope_head_dim", default=64),
+        v_head_dim=c.int("v_head_dim", default=128),
+    )
+    ab = c.bool("attention_bias", default=False)
+    f = dict(
+        causal=True, hidden=hidden, layers=layers, heads=heads,
+        # MLA rebuilds k and v for every head from the latent: no grouping; head_dim is the q/k width
+        kv_heads=heads, head_dim=mla.qk_head_dim,
+        intermediate=c.int("intermediate_size"), vocab=c.int("vocab_size"),
+        max_positions=c.int("max_position_embeddings"), gated_mlp=True,
+        activation=c.str("hidden_act", default="silu"), norm="rmsnorm", norm_bias=False, positions="rotary",
+        tied_embeddings=c.bool("tie_word_embeddings", default=False),
+        qkv_bias=ab, out_bias=ab,
+        # DeepseekV2MLP: gate/up/down bias=config.mlp_bias (dense and shared experts); DeepseekV3MLP: none
+        mlp_bias=False if v3 else c.bool("mlp_bias", default=False),
+        dtype=c.dtype(), mla=mla,
+    )
+    e = c.int("n_routed_experts", "num_experts", "num_local_experts", default=256 if v3 else 64, minimum=0)
+    dense = c.int("first_k_dense_replace", default=3 if v3 else 0, minimum=0)
+    n_moe = max(layers - dense, 0) if e > 0 else 0  # DecoderLayer: MoE iff layer_idx >= first_k_dense_replace
+    if n_moe == 0:
+        return f
+    k = c.int("num_experts_per_tok", default=8) if v3 else c.int("num_experts_per_tok")
+    if k > e:
+        raise c.fail(f"num_experts_per_tok ({k}) exceeds n_routed_experts ({e})")
+    mi = c.int("moe_intermediate_size", default=2048 if v3 else 1407)
+    f["moe"] = MoESpec(
+        num_experts=e, top_k=k, expert_intermediate=mi,
+        shared_intermediate=mi * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0),
+        sparse_layers=None if n_moe == layers else n_moe,
+        router_scoring="sigmoid" if v3 else "softmax",  # DeepseekV3TopkRouter: sigmoid; V2: softmax
+    )
+    return f
+
+
 def _gpt2(c: _Cfg) -> dict:
     # HF modeling_gpt2: wte, wpe, Conv1D c_attn (3h) / c_proj / c_fc / c_proj, all biased; ln_1, ln_2, ln_f
     if c.bool("add_cross_attention", default=False):
@@ -444,6 +495,8 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "mixtral": _mixtral,
     "qwen2_moe": lambda c: _qwen_moe(c, shared=True),
     "qwen3_moe": lambda c: _qwen_moe(c, shared=False),
+    "deepseek_v2": lambda c: _deepseek(c, v3=False),
+    "deepseek_v3": lambda c: _deepseek(c, v3=True),
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,
