@@ -52,6 +52,14 @@ def test_kv_bytes_per_token_by_hand(name, layers, kv_heads, head_dim):
     assert kv_bytes_per_token(load_model(name), _serve()) == 2 * layers * kv_heads * head_dim * 2
 
 
+def test_mla_caches_the_latent_on_every_rank():
+    """DeepSeek-V3: (d_c + d_h^R) = 512 + 64 values per token per layer (DeepSeek-V2 paper §2.1.3), 61 layers,
+    bf16: 70,272 B, whatever the TP (vLLM keeps one latent per token on every rank)."""
+    spec = load_model("deepseek-v3")
+    assert kv_bytes_per_token(spec, _serve()) == (512 + 64) * 61 * 2
+    assert kv_bytes_per_token(spec, _serve(tp=8)) == (512 + 64) * 61 * 2
+
+
 def test_tensor_parallel_splits_kv_heads_until_one_per_rank():
     spec = load_model("llama-3.1-70b")  # 80 layers, 8 kv heads of 128
     assert kv_bytes_per_token(spec, _serve(tp=4)) == 2 * 80 * 2 * 128 * 2

@@ -151,8 +151,16 @@ def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
     embed = vocab * h / t * b
     head = 0 if spec.tied_embeddings else embed
     layer_linear = (pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers)
-    kv_params = 2 * spec.kv_dim * h  # k and v: each rank holds max(kv_heads / tp, 1) heads (replicated past them)
-    per_layer = (layer_linear - kv_params) / t + kv_params * max(1 / t, 1 / max(spec.kv_heads, 1))
+    if spec.mla is not None:
+        # MLA: the down-projections q_a_proj and kv_a_proj_with_mqa (and their norms) are replicated on every rank,
+        # the up-projections and o_proj sharded (model_executor/models/deepseek_v2.py: MergedReplicatedLinear
+        # fused_qkv_a_proj / ReplicatedLinear kv_a_proj_with_mqa, ColumnParallelLinear q_b_proj and kv_b_proj)
+        m = spec.mla
+        replicated = h * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim) + m.q_lora_rank + m.kv_lora_rank
+        per_layer = (layer_linear - replicated) / t + replicated
+    else:
+        kv_params = 2 * spec.kv_dim * h  # k and v: each rank holds max(kv_heads / tp, 1) heads (replicated past)
+        per_layer = (layer_linear - kv_params) / t + kv_params * max(1 / t, 1 / max(spec.kv_heads, 1))
     per_byte = {"fp8": 1.0, "awq": 0.5 + (2 + 0.5) / GROUP, "gptq": 0.5 + (2 + 0.5) / GROUP}.get(setup.quant, b)
     layers = spec.layers / p * (per_layer * per_byte + pc.norms * b)
     # RotaryEmbedding's cos/sin cache, a buffer of (max positions, rotary dim) in the model dtype on every rank
