@@ -155,3 +155,19 @@ def test_a_draft_with_another_vocabulary_is_refused():
 
     with pytest.raises(SetupError, match="tokenizer"):
         serve_memory(load_model("llama-3.1-8b"), _serve(draft_model="qwen2.5-0.5b"), get_gpu("H100-80GB"))
+
+
+def test_a_sliding_window_caps_the_blocks_a_request_holds():
+    """Mistral-7B (window 4,096, every layer) on an A100 (vLLM's 2,048 batched tokens, async scheduling: 2 batches
+    in flight): a request keeps min(4095 + 2 x 2048, 32768) = 8,191 tokens = 512 blocks, + 1 for the window's
+    unaligned start; its capacity in 32,768-token sequences is blocks / 513, not blocks / 2,048."""
+    sv = serve_memory(load_model("mistral-7b"), _serve(), get_gpu("A100-80GB"))
+    assert sv.knobs.max_model_len == 32768 and sv.knobs.max_num_batched_tokens == 2048
+    assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / 513)
+
+
+def test_alternating_sliding_layers_are_refused():
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match="mixes sliding-window and full-attention"):
+        serve_memory(load_model("gemma-2-9b"), _serve(), get_gpu("H100-80GB"))

@@ -316,7 +316,7 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                     overheads=beside, at_peak=at)
     # a request of max_model_len must fit (vLLM raises at start-up otherwise: kv_cache_utils.py, "max seq len ...
     # larger than the maximum number of tokens that can be stored in KV cache")
-    per_request = -(-k.max_model_len // k.block_size)
+    per_request = serving.blocks_per_request(spec, setup, k)
     fits = sv.kv_blocks >= per_request and device_total + reserve <= gpu.memory
     # decode at the concurrency the KV cache allows (serving.decode_seconds); NB: prefill at a flat --mfu
     concurrent = max(1, min(k.max_num_seqs, int(sv.max_concurrent_sequences)))

@@ -194,13 +194,43 @@ def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
     return forward_transient(spec, setup, max(k.capture_sizes)) + GRAPH_MODES * (len(k.capture_sizes) - 1) * GRAPH_FLOOR
 
 
+HYBRID_FAMILIES = ("gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss")  # sliding layers alternate with full ones
+
+
+def sliding_window(spec: ModelSpec) -> int | None:
+    """The window when every layer attends within it (Mistral-7B-v0.1, Phi-3-mini-4k: vLLM's Attention takes
+    cache_config.sliding_window from the config for every layer), None for full attention. A mix of sliding and
+    full layers (layer_types, or the families that alternate them) puts the layers in separate KV-cache groups
+    sharing one block pool (vLLM's hybrid allocator): refused, not modelled yet."""
+    c = spec.config
+    window = c.get("sliding_window")
+    types = c.get("layer_types")
+    mixed = isinstance(types, list) and len(set(types)) > 1
+    if window and (mixed or c.get("model_type") in HYBRID_FAMILIES):
+        raise SetupError(f"--mode serve: {spec.name} mixes sliding-window and full-attention layers, which vLLM's "
+                         "hybrid KV-cache manager keeps in separate groups of one pool; not modelled yet")
+    if not window or c.get("use_sliding_window") is False or window >= (spec.max_positions or window + 1):
+        return None
+    return int(window)
+
+
+def blocks_per_request(spec: ModelSpec, setup: Setup, k: Knobs) -> int:
+    """Blocks one request of max_model_len holds (kv_cache_interface.py): full attention cdiv(L, B); a sliding
+    window (SlidingWindowSpec.max_admission_blocks_per_request, :918-944) keeps the last window − 1 tokens plus
+    the tokens in flight — max_num_batched_tokens per concurrent batch, 2 batches with async scheduling (the default,
+    config/vllm.py:588-598, 1685-1719) or pp of them — never more than L, + 1 block for a window that does not start
+    at a block boundary."""
+    window = sliding_window(spec)
+    if window is None:
+        return math.ceil(k.max_model_len / k.block_size)
+    in_flight = max(2 if setup.pp == 1 else setup.pp, 1) * k.max_num_batched_tokens
+    return math.ceil(min(window - 1 + in_flight, k.max_model_len) / k.block_size) + 1
+
+
 def check(spec: ModelSpec, setup: Setup) -> None:
     if not spec.causal:
         raise SetupError(f"--mode serve: {spec.name} is an encoder; vLLM's KV cache serves decoders")
-    if spec.config.get("sliding_window") and spec.config.get("use_sliding_window", True) is not False \
-            and spec.config.get("sliding_window") < (spec.max_positions or 0):
-        raise SetupError(f"--mode serve: {spec.name} has sliding-window layers, whose blocks vLLM's hybrid KV "
-                         "cache manager recycles; not modelled yet")
+    sliding_window(spec)  # refuses a mix of sliding-window and full-attention layers
     if setup.pp > 1 and spec.layers % setup.pp:
         raise SetupError(f"--pp {setup.pp} must divide {spec.name}'s {spec.layers} layers")
 
@@ -246,7 +276,7 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     available = requested - weights - act - graphs
     block = k.block_size * per_token
     blocks = max(0, int(available // block))
-    per_request = math.ceil(k.max_model_len / k.block_size)
+    per_request = blocks_per_request(spec, setup, k)
     concurrency = blocks / per_request
     return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
                    int(concurrency * k.max_model_len), concurrency, int(blocks * block))
