@@ -227,6 +227,26 @@ def resnet50():
          "(issue 16)")
 
 
+def energy_per_iteration():
+    e = est("llama-3.1-8b", batch=8, seq=2048, precision="bf16-master", recompute="full", dp=8, zero=3,
+            gpu="H100-80GB", tokens=1e9)
+    t = e.time
+    joules = t.average_power_watts * t.step_seconds * 8
+    return (f"llama-3.1-8b on 8 H100-80GB (ZeRO-3, batch 8 × 2048 each): {t.average_power_watts:,.0f} W per board "
+            f"at the achieved utilisation × {t.step_seconds:.2f} s × 8 = {joules / 1e3:,.1f} kJ per step, "
+            f"{joules / (8 * 8 * 2048):.2f} J per token; {t.energy_kwh:,.0f} kWh for 1B tokens"), \
+        "holds (measurable: trainfit prints it; the power model and its assumption are BENCHMARKS.md §13)"
+
+
+def sag_memory():
+    n = count_params(load_model("llama-3.2-1b")).total
+    examples = 1_000_000
+    return (f"SAG keeps the last gradient of every training example: llama-3.2-1b ({n / 1e9:.2f}B parameters) × "
+            f"fp32 × {examples:,} examples = {n * 4 * examples / 1e15:,.1f} PB"), \
+        within(n * 4 * examples / 1e12, 0, 80 * 8 / 1e3, " of one 8-GPU node's memory") + \
+        " for a network: its memory grows with the data set, not the batch"
+
+
 def rl_rollouts():
     return "no --mode rl yet", "not modelled yet (issue 16: GRPO/PPO phases)"
 
@@ -247,6 +267,8 @@ CLAIMS = [
     Claim("000", "Training is also done over batches, which increase memory requirements by several orders of magnitude",
           ("trainfit estimate llama-3.2-1b --batch 1|64 --seq 2048",), batch_orders_of_magnitude),
     Claim("000", "Training now involves large amounts of inference for RL rollouts", ("—",), rl_rollouts),
+    Claim("000", "use something like Stochastic Average Gradient Descent (memory for a network)",
+          ("trainfit models --json",), sag_memory),
     Claim("001", "Training needs 3-4x more memory (activations for backward pass)",
           ("trainfit compare llama-3.1-8b --batch 8 --seq 2048 --precision bf16-master",), train_vs_infer_memory),
     Claim("001", "Compute: Training is 3x compute (forward + 2 gradient computations)",
@@ -259,6 +281,9 @@ CLAIMS = [
     Claim("001", "BERT: model size 110M-340M parameters", ("trainfit models",), bert_params),
     Claim("001", "BERT: batch 256-1024, memory 256GB+ (distributed)",
           ("trainfit estimate bert-large --head masked-lm --batch 256 --seq 512 --precision amp-fp16",), bert_memory),
+    Claim("001", "Measure energy/iteration: larger training = more power consumption",
+          ("trainfit estimate llama-3.1-8b --batch 8 --seq 2048 --precision bf16-master --recompute full --dp 8 "
+           "--zero 3 --gpu H100-80GB --tokens 1B --json",), energy_per_iteration),
     Claim("002", "inference can use around 50% to 70% less memory than training ... under the same batch size",
           ("trainfit compare llama-3.2-1b|llama-3.1-8b --batch 4 --seq 2048",), infer_less_than_train),
     Claim("002", "Memory usage scales linearly with the batch size",
