@@ -261,10 +261,10 @@ def models(json: bool = JsonOpt) -> None:
                      no_wrap=True, min_width=max((len(r["name"]) for r in rows), default=4) if col == "name" else len(col))
     for r in rows:
         t.add_row(r["name"], r["family"], fmt_count(r["params"]).replace(" ", ""), str(r["layers"]), str(r["hidden"]),
-                  f"{r['heads']} ({r['kv_heads']})", fmt_count(r["vocab"]).replace(" ", ""), *((r.get("hf_id") or "",) if wide else ()))
+                  f"{r['heads']}/{r['kv_heads']}", f"{r['vocab'] / 1000:.0f}k" if r["vocab"] >= 10_000 else str(r["vocab"]), *((r.get("hf_id") or "",) if wide else ()))
     console.print(t)
     if not wide:
-        console.print("heads: query (key/value); hub ids: trainfit models --json, or a wider terminal")
+        console.print("heads: query/key-value; hub ids: trainfit models --json, or a wider terminal")
 
 
 @app.command()
