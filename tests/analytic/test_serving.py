@@ -166,8 +166,10 @@ def test_a_sliding_window_caps_the_blocks_a_request_holds():
     assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / 513)
 
 
-def test_alternating_sliding_layers_are_refused():
-    from trainfit.errors import SetupError
-
-    with pytest.raises(SetupError, match="mixes sliding-window and full-attention"):
-        serve_memory(load_model("gemma-2-9b"), _serve(), get_gpu("H100-80GB"))
+def test_alternating_sliding_layers_share_one_pool():
+    """Gemma-2-9B: 21 full + 21 sliding (window 4,096) layers, two cache groups of 21 sharing one pool, so a block is
+    16 tokens of 21 layers' k and v (8 kv heads x 256 x 2 B) and an 8,192-token request holds 512 full-group blocks +
+    min(4095 + 2 x 2048, 8192) / 16 + 1 = 513 sliding-group blocks (A100 defaults: 2,048 batched tokens)."""
+    sv = serve_memory(load_model("gemma-2-9b"), _serve(), get_gpu("A100-80GB"))
+    assert sv.kv_pool == sv.kv_blocks * 16 * 21 * 2 * 8 * 256 * 2
+    assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / (512 + 513))

@@ -194,43 +194,71 @@ def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
     return forward_transient(spec, setup, max(k.capture_sizes)) + GRAPH_MODES * (len(k.capture_sizes) - 1) * GRAPH_FLOOR
 
 
-HYBRID_FAMILIES = ("gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss")  # sliding layers alternate with full ones
+@dataclass(frozen=True)
+class LayerKinds:
+    """How many layers attend fully and how many within a sliding window (of `window` tokens)."""
+
+    full: int
+    sliding: int
+    window: int | None
 
 
-def sliding_window(spec: ModelSpec) -> int | None:
-    """The window when every layer attends within it (Mistral-7B-v0.1, Phi-3-mini-4k: vLLM's Attention takes
-    cache_config.sliding_window from the config for every layer), None for full attention. A mix of sliding and
-    full layers (layer_types, or the families that alternate them) puts the layers in separate KV-cache groups
-    sharing one block pool (vLLM's hybrid allocator): refused, not modelled yet."""
-    c = spec.config
+def layer_kinds(spec: ModelSpec) -> LayerKinds:
+    """vLLM gives a layer a sliding window when the config's layer_types says so (model_executor/models/gemma2.py:
+    155-156; transformers' Gemma2Config makes every odd-numbered layer sliding, configuration_gemma2.py:95-98), or,
+    without layer_types, to every layer from the config's sliding_window (Mistral-7B-v0.1, Phi-3-mini-4k: vLLM's
+    Attention falls back to cache_config.sliding_window). A window as long as the context is full attention."""
+    c, n = spec.config, spec.layers
     window = c.get("sliding_window")
-    types = c.get("layer_types")
-    mixed = isinstance(types, list) and len(set(types)) > 1
-    if window and (mixed or c.get("model_type") in HYBRID_FAMILIES):
-        raise SetupError(f"--mode serve: {spec.name} mixes sliding-window and full-attention layers, which vLLM's "
-                         "hybrid KV-cache manager keeps in separate groups of one pool; not modelled yet")
     if not window or c.get("use_sliding_window") is False or window >= (spec.max_positions or window + 1):
-        return None
-    return int(window)
+        return LayerKinds(n, 0, None)
+    types = c.get("layer_types")
+    if isinstance(types, list) and types:
+        sliding = sum(1 for t in types[:n] if t == "sliding_attention")
+    elif c.get("model_type") == "gemma2":
+        sliding = (n + 1) // 2
+    elif c.get("model_type") in ("gemma3", "gemma3_text", "cohere2", "gpt_oss"):
+        raise SetupError(f"--mode serve: {spec.name}'s pattern of sliding and full layers is not in its config "
+                         "(layer_types); give a config.json that lists them")
+    else:
+        sliding = n
+    return LayerKinds(n - sliding, sliding, int(window))
+
+
+def cache_groups(kinds: LayerKinds) -> tuple[int, int, int]:
+    """(layers per group, full groups, sliding groups) as vLLM's hybrid allocator splits the layers
+    (v1/core/kv_cache_planning.py:509-557): the group size is the smaller count of the two kinds — the larger if it
+    is under 1.5 × the smaller — each kind in ceil(n / size) groups (the last padded); every group's layers share
+    the block ids of one pool, so a block holds one page of each layer of a group (bytes per block: the largest
+    group's pages, :574-605)."""
+    counts = [x for x in (kinds.full, kinds.sliding) if x]
+    size = min(counts)
+    if max(counts) < 1.5 * size:
+        size = max(counts)
+    return size, math.ceil(kinds.full / size), math.ceil(kinds.sliding / size)
 
 
 def blocks_per_request(spec: ModelSpec, setup: Setup, k: Knobs) -> int:
-    """Blocks one request of max_model_len holds (kv_cache_interface.py): full attention cdiv(L, B); a sliding
-    window (SlidingWindowSpec.max_admission_blocks_per_request, :918-944) keeps the last window − 1 tokens plus
-    the tokens in flight — max_num_batched_tokens per concurrent batch, 2 batches with async scheduling (the default,
-    config/vllm.py:588-598, 1685-1719) or pp of them — never more than L, + 1 block for a window that does not start
-    at a block boundary."""
-    window = sliding_window(spec)
-    if window is None:
-        return math.ceil(k.max_model_len / k.block_size)
+    """Blocks one request of max_model_len holds, summed over its cache groups (kv_cache_utils.py:1061-1087,
+    get_max_concurrency_for_kv_cache_config): a full-attention group ceil(L / B); a sliding-window group
+    (SlidingWindowSpec.max_admission_blocks_per_request, kv_cache_interface.py:918-944) the last window − 1 tokens
+    plus the tokens in flight — max_num_batched_tokens per concurrent batch, 2 batches with async scheduling (the
+    default, config/vllm.py:588-598, 1685-1719) or pp of them — never more than L, + 1 block for a window that does
+    not start at a block boundary."""
+    kinds = layer_kinds(spec)
+    _, full_groups, sliding_groups = cache_groups(kinds)
+    full = math.ceil(k.max_model_len / k.block_size)
+    if not sliding_groups:
+        return full_groups * full
     in_flight = max(2 if setup.pp == 1 else setup.pp, 1) * k.max_num_batched_tokens
-    return math.ceil(min(window - 1 + in_flight, k.max_model_len) / k.block_size) + 1
+    sliding = math.ceil(min(kinds.window - 1 + in_flight, k.max_model_len) / k.block_size) + 1
+    return full_groups * full + sliding_groups * sliding
 
 
 def check(spec: ModelSpec, setup: Setup) -> None:
     if not spec.causal:
         raise SetupError(f"--mode serve: {spec.name} is an encoder; vLLM's KV cache serves decoders")
-    sliding_window(spec)  # refuses a mix of sliding-window and full-attention layers
+    layer_kinds(spec)  # refuses hybrid families whose config does not list their layers' kinds
     if setup.pp > 1 and spec.layers % setup.pp:
         raise SetupError(f"--pp {setup.pp} must divide {spec.name}'s {spec.layers} layers")
 
@@ -274,7 +302,12 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
         graphs += cuda_graph_bytes(draft, setup, k)
         per_token += kv_bytes_per_token(draft, setup.with_(kv_dtype=k.kv_dtype))
     available = requested - weights - act - graphs
-    block = k.block_size * per_token
+    kinds = layer_kinds(spec)
+    if draft is not None and kinds.sliding:
+        raise SetupError("--draft-model with a sliding-window target: vLLM's mixed page sizes are not modelled")
+    size, full_groups, sliding_groups = cache_groups(kinds) if draft is None else (spec.layers, 1, 0)
+    # a block: one page (block_size tokens) of each layer of a group; equals block_size × per_token without hybrid
+    block = k.block_size * per_token * (size / spec.layers if draft is None else 1)
     blocks = max(0, int(available // block))
     per_request = blocks_per_request(spec, setup, k)
     concurrency = blocks / per_request
