@@ -170,7 +170,9 @@ def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
 
 
 def forward_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
-    """The larger in-layer moment of a no-KV forward over `tokens` tokens (module docstring)."""
+    """The larger in-layer moment of a no-KV forward over `tokens` tokens (module docstring).
+    NB: MoE layers are taken as a dense MLP of top_k × the expert width (fused_moe's intermediate caches; its
+    sorted-token buffers are not counted: under), MLA's attention as standard attention of its q/k width."""
     a = DTYPE_BYTES[_weight_dtype(setup)]
     t, h = setup.tp, spec.hidden
     if spec.moe is not None:  # fused_moe's intermediate caches: top_k copies of gate_up and its activation
