@@ -30,8 +30,9 @@ WHY_NOT_RUN = {
 
 def _check_stack(setup: Setup, engine: str) -> None:
     if setup.mode == "serve":
-        raise SetupError(f"--mode serve models vLLM's start-up on a GPU (analytic/serving.py); --engine {engine} would "
-                         "run vLLM, which needs CUDA: use --engine analytic")
+        from .trace.engine import SERVE_ONLY_ANALYTIC
+
+        raise SetupError(SERVE_ONLY_ANALYTIC)
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "
                          "not run here; use --engine analytic")

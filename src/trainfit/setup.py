@@ -197,7 +197,7 @@ class Setup:
                                           "GPU (no --dp).", modes=("train",))
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
-                          choices=DEVICES)
+                          choices=DEVICES, modes=MODES)
     mode: str = setting("train", "train (a training step), infer (prefill + one decode step) or serve (a serving "
                         "engine's memory: its KV-cache capacity in tokens and concurrent sequences).", choices=MODES,
                         modes=MODES)
@@ -560,7 +560,10 @@ def validate(setup: Setup) -> None:
 
 
 def _validate_serve(setup: Setup) -> None:
-    """--mode serve: vLLM's own limits (config/cache.py CacheDType: no fp32 or int8 KV cache)."""
+    """--mode serve: a GPU engine, and vLLM's own limits (config/cache.py CacheDType: no fp32 or int8 KV cache)."""
+    if setup.device != "cuda":
+        raise SetupError("--mode serve models a serving engine on a GPU: --device cpu does not apply (trainfit measure "
+                         "and trace run training and inference steps; use trainfit estimate --mode serve)")
     if setup.kv_dtype in ("fp32", "int8"):
         raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of those")
     if setup.quant and setup.precision == "fp32":

@@ -173,3 +173,21 @@ def test_alternating_sliding_layers_share_one_pool():
     sv = serve_memory(load_model("gemma-2-9b"), _serve(), get_gpu("A100-80GB"))
     assert sv.kv_pool == sv.kv_blocks * 16 * 21 * 2 * 8 * 256 * 2
     assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / (512 + 513))
+
+
+def test_every_command_answers_serve_mode_in_one_line(capsys):
+    """The HTML report builds for a serving setup (no batch sweep: a serving engine has no batch); the engines
+    that run steps refuse it in one line, naming the command that answers."""
+    from trainfit.cli import main
+    from trainfit.report.html import build_report
+    from trainfit.setup import Request
+
+    page = build_report(Request(model="llama-3.1-8b", mode="serve", gpu="H100-80GB", max_model_len=8192), trace=None)
+    assert "serving · vllm" in page and "Sweep over" not in page
+    for argv in (["timeline", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB"],
+                 ["measure", "tiny-llama", "--mode", "serve"],
+                 ["estimate", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--engine", "trace"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and "trainfit estimate --mode serve" in err, err

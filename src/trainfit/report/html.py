@@ -224,6 +224,8 @@ def _compare(req: api.Request, gpu) -> str:
 
 
 def _sweep(req: api.Request, vary: tuple[str, str] | None, variants: dict[str, str] | None) -> tuple[str, SweepResult | None]:
+    if req.mode == "serve" and vary is None:  # a serving engine has no batch: its capacity is in `serving`
+        return "", None
     knob, values = vary or ("batch", "1:64")
     s = run_sweep(req, knob, values, variants)
     fig = plots.plot_sweep(s)

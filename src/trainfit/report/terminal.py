@@ -27,9 +27,9 @@ def setup_line(e: Estimate) -> str:
         "".join(" " + x for x in extra)
     if s.mode == "infer":
         return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
-    if s.mode == "serve":
-        sv = e.detail["serving"]
+    if s.mode == "serve" and "serving" in (e.detail or {}):
         quant = f" · --quant {s.quant}" if s.quant else ""
+        sv = e.detail["serving"]
         return (f"serving · {s.server} {sv['version']} · {s.precision} weights{quant} · {sv['kv_cache_dtype']} KV · "
                 f"tp={s.tp} pp={s.pp} · max-model-len {sv['max_model_len']:,} · utilization "
                 f"{sv['gpu_memory_utilization']}")

@@ -33,7 +33,13 @@ from .kernel_scratch import notes as scratch_notes
 from .recorder import as_categories
 
 
+SERVE_ONLY_ANALYTIC = ("--mode serve models a serving engine's start-up on a GPU (analytic/serving.py), which the "
+                       "trace and measure engines do not run: use trainfit estimate --mode serve")
+
+
 def check_setup(setup: Setup) -> None:
+    if setup.mode == "serve":
+        raise EngineUnavailableError(SERVE_ONLY_ANALYTIC)
     if setup.tp > 1 or setup.pp > 1 or setup.zero:
         raise EngineUnavailableError(
             "the trace engine does not trace --tp/--pp (use the analytic engine); --dp with --zero is traced one rank at "
