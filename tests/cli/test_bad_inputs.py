@@ -135,6 +135,7 @@ CASES = [
     C("estimate llama-3.1-8b --gpu-memory-utilization 0.5", "serve only"),
     C("estimate gemma-2-9b --mode serve --gpu H100-80GB --draft-model gemma-2-2b", "sliding-window target"),
     C("plan llama-3.1-8b --mode serve --gpu H100-80GB", "--concurrency"),
+    C("sweep llama-3.1-8b --mode serve --gpu H100-80GB --vary batch 1:8", "trainfit estimate --mode serve"),
     C("plan llama-3.1-8b --concurrency 8 --gpu H100-80GB", "add --mode serve"),
     C("plan llama-3.1-8b --mode serve --concurrency 0 --gpu H100-80GB", "positive integer"),
     C("plan llama-3.1-8b --mode serve --concurrency 8 --gpu H100-80GB --global-batch-tokens 1M", "--mode train only"),

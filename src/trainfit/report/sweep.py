@@ -160,6 +160,9 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
 
     variants: {"attention": "eager,flash", ...}; a knob with one value is simply part of the setup.
     """
+    if req.mode == "serve":
+        raise SetupError("a sweep varies a training or inference step; a serving engine's capacity is one estimate: "
+                         "trainfit estimate --mode serve, or trainfit plan --mode serve to compare GPUs and TP")
     vals = parse_values(vary, values) if isinstance(values, str) else list(values)
     field_name = KNOBS[vary][0]
     lists = {k: split_list(v) for k, v in (variants or {}).items() if v}
