@@ -27,7 +27,8 @@ def fit(req, json: bool = JsonOpt) -> None:
     if req.gpu is None:
         raise SetupError("trainfit fit judges a GPU: give --gpu NAME (see `trainfit gpus`)")
     if req.mode != "train":
-        raise SetupError("trainfit fit answers for training; for serving use `trainfit estimate --mode infer`")
+        raise SetupError("trainfit fit answers for training; for serving use `trainfit estimate --mode serve` or "
+                         "`trainfit plan --mode serve`")
     spec = api.load_spec(req.model)
     setup, gpu = req.setup(spec), api.gpu_of(req)
     with spinner(f"searching setups of {req.model} that fit {gpu.name}", quiet=json):
