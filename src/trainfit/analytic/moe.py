@@ -79,15 +79,14 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
 def _sigmoid_router(spec: ModelSpec, setup: Setup) -> tuple[float, int]:
     """(bytes per token, routing-weight bytes) of DeepSeek-V3's router (DeepseekV3TopkRouter.forward,
     modeling_deepseek_v3.py:133-159): F.linear on `.type(float32)` operands — under autocast the linear still runs
-    in the autocast dtype — then sigmoid (saves its output), group-limited selection: topk over the group scores
-    (saves topk_group int64 indices), masked_fill (saves the bool mask, one byte per expert), topk of the masked
-    scores and gather (the same k int64 indices); norm_topk_prob divides by the sum (saves the k weights and the
-    sum); routed_scaling_factor multiplies by a Python float (saves nothing). Read off a real CPU step
+    in the autocast dtype — then sigmoid (saves its output, which `gather` reads). The group-limited selection
+    (topk over groups, masked_fill, topk) yields integer indices only, so its autograd branch is freed in the forward;
+    `gather` keeps the k int64 indices. norm_topk_prob divides by the sum (saves the k weights and the sum);
+    routed_scaling_factor multiplies by a Python float (saves nothing). Checked against a real CPU step
     (tests/analytic/test_mla_activations.py)."""
     m, st = spec.moe, state_bytes(setup)
     logits = st.act if st.autocast else FP32
-    groups = int(config_flag(spec, "topk_group", 4))  # configuration_deepseek_v3.py:99 default 4
-    router = logits * m.num_experts + INDEX * groups + m.num_experts + INDEX * m.top_k
+    router = logits * m.num_experts + INDEX * m.top_k
     if config_flag(spec, "norm_topk_prob", True):  # configuration_deepseek_v3.py:102 default True
         router += logits * m.top_k + logits
     return router, logits
