@@ -1,6 +1,7 @@
 """The trace engine against a real CPU training step (trainfit.measure) on the DeepSeek test configs: MLA attention
 (q/kv down- and up-projections, decoupled RoPE, SDPA math path with v narrower than q/k) and the shared-expert MoE
-with its first dense layer. Peaks within 0.5%, as tests/trace/test_trace_vs_real.py for the other families."""
+with its first dense layer. Peaks within 0.5%, as tests/trace/test_trace_vs_real.py for the other families
+(~7 s a case: heavy)."""
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,7 @@ CASES = [("tiny-deepseek", "amp-bf16", "none"), ("tiny-deepseek", "fp32", "full"
          ("tiny-deepseek-v2", "fp32", "none"), ("tiny-deepseek-v2", "amp-bf16", "full")]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("name,precision,recompute", CASES, ids=["-".join(c) for c in CASES])
 def test_trace_peak_equals_real_cpu_step(name, precision, recompute):
     spec = load_model(name)

@@ -10,8 +10,8 @@ transformers 5 runs every MoE family's experts through `grouped_mm_experts_forwa
               autocast-enabled: transformers casts the input to the weights' dtype (moe.py:376, `input.to(weight.dtype)`),
               so under autocast the experts compute in the fp32 master weights' dtype.
 DeepSeek-V3 scores with a sigmoid and a group-limited top-k (`_sigmoid_router`); DeepSeek-V2 with a softmax (as
-above, weights kept fp32). Qwen2-MoE adds an always-on shared expert (an ordinary gated MLP) scaled by sigmoid(shared_expert_gate(h))
-(modeling_qwen2_moe.py:339-350).
+above, weights kept fp32). Qwen2-MoE adds an always-on shared expert (an ordinary gated MLP) scaled by
+sigmoid(shared_expert_gate(h)) (modeling_qwen2_moe.py:339-350); DeepSeek's shared experts are not gated.
 """
 from __future__ import annotations
 
