@@ -39,9 +39,10 @@ def _cuda_sdpa(original, efficient: bool = True):
             dtype = torch.get_autocast_dtype("cpu")
             query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
         with torch.autocast("cpu", enabled=False):
-            # the flash kernel wants one head width for q, k and v (sdp_utils.cpp check_head_dim_size_flash); MLA's
-            # v is narrower, so PyTorch falls back to the memory-efficient kernel
-            if query.dtype in (torch.float16, torch.bfloat16) and value.shape[-1] == query.shape[-1]:
+            # the flash kernel needs one head width for q, k and v (sdp_utils.cpp check_head_dim_size_flash);
+            # MLA's v is narrower than its q/k, so CUDA's dispatcher takes the memory-efficient kernel
+            # (check_head_dim_size_mem_efficient: q and k equal, v its own width)
+            if query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] == value.shape[-1]:
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     query, key, value, dropout_p, is_causal, False, scale=scale)[0]
             if not efficient:  # math: a composite op, decomposed as on CUDA
