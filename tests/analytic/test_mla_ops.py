@@ -36,3 +36,10 @@ def test_v2_lite_style_plain_q_proj_and_tensor_parallel_up_projections():
     assert (ops["kv_a"].n, ops["kv_a"].k) == (32 + 8, 64)
     assert (ops["kv_b"].n, ops["kv_b"].k) == (4 * 32 / 2, 32)
     assert (ops["o"].n, ops["o"].k) == (64, 4 * 16 / 2)
+
+
+def test_model_flops_count_mla_attention_with_its_two_head_widths():
+    """flops.py's attention core per token for tiny-deepseek at 32 tokens: 3 layers x 4 heads x 16.5 keys x
+    2 x (24 + 16) — the same hand count as the op list's."""
+    from trainfit.analytic.flops import attention_flops_per_token
+    assert attention_flops_per_token(load_model("tiny-deepseek"), 32) == 3 * 4 * 16.5 * 2 * (24 + 16)
