@@ -68,7 +68,7 @@ def fused_saved(spec: ModelSpec, a: int) -> float:
     output (heads·v) and an fp32 logsumexp per head; o_proj's input is `attn_output.reshape(...).contiguous()`, a
     copy (heads·v): the kernel's output is laid out (b, heads, s, v) like its query.
     NB: PyTorch's CUDA flash kernel also wants one head width (sdp_utils.cpp check_head_dim_size_flash), so a real
-    bf16 step runs the memory-efficient kernel, which saves the same tensors with a logsumexp padded to 32 rows
-    (over-counted here by < 1 fp32 per head per token... under-counted by at most 31 rows per sequence)."""
+    bf16 step runs the memory-efficient kernel (as the trace does), which saves the same tensors with its logsumexp
+    padded to a multiple of 32 rows: under-counted here by at most 31 fp32 per head per sequence."""
     m, n = spec.mla, spec.heads
     return a * (2 * n * m.qk_head_dim + n * (m.qk_nope_head_dim + m.v_head_dim) + 2 * n * m.v_head_dim) + FP32 * n
