@@ -159,13 +159,27 @@ KNOWN_GAPS: dict[str, str] = {
         "residual-add moment (-3.9%)"),
 }
 
-# MLA (DeepSeek): the analytic engine refuses training (activations.check_trainable), and its inference prefill
-# moment prices MLA's attention as standard attention: the q/kv up-projections' outputs, the rebuilt per-head keys
-# and SDPA's fp32 math-path copies (v's head width differs from q/k's) are missing (-6.6% to -36% at this size).
-_MLA = "MLA attention (DeepSeek): training refused, inference prefill moment not modelled (analytic/activations.py)"
-for _i, _family in enumerate(FAMILIES):
-    if _family.startswith("deepseek"):
-        KNOWN_GAPS.update({_id(_family, _s): _MLA for _s in setups(_i)})
+# MLA (DeepSeek): checked at 3%, the target of issue 16 — the shrunk configs keep the published MLA widths
+# (q_lora 1536, kv_lora 512 beside hidden 128) and 2 layers of which one is dense, so the q/kv down-projections and
+# the dense/MoE mix weigh far more than at real sizes.
+MLA_TOLERANCE = 0.03
+_MLA_FULL_MIXED = (
+    "DeepSeek-V2 with full recompute on CPU: the high point is in layer 0 (dense) with the MoE layer's 64 experts' "
+    "gradients made; analytic/recompute.py gives the moments an MoE layer's own parameters and the CPU math path's "
+    "re-run attention is not a moment (backward.py NB) (+5.9%, -7.0%)")
+_MLA_PREFILL = ("MLA inference prefill: the q/kv up-projections' outputs, the rebuilt per-head keys and SDPA's "
+                "fp32 math-path copies are not in analytic/inference.py's prefill moment (-5% to -31%)")
+KNOWN_GAPS.update({
+    "deepseek_v2-fp32-full-sgd-cpu": _MLA_FULL_MIXED,
+    "deepseek_v2-bf16-full-sgd-cpu": _MLA_FULL_MIXED,
+    "deepseek_v3-amp-bf16-none-sgd-cpu": (
+        "DeepSeek-V3 under CPU autocast: the analytic backward high point (the MoE moments beside q_lora 1536's "
+        "saved norm) exceeds the traced one by 2.2 MB; with SGD's small states that is +4.5% (AdamW: +2.6%)"),
+    "deepseek_v2-infer-fp32-cpu": _MLA_PREFILL,
+    "deepseek_v2-infer-bf16-cuda": _MLA_PREFILL,
+    "deepseek_v3-infer-bf16-cpu": _MLA_PREFILL,
+    "deepseek_v3-infer-amp-bf16-cuda": _MLA_PREFILL,
+})
 
 CASES = []
 for _i, _family in enumerate(FAMILIES):
@@ -197,4 +211,4 @@ def assert_analytic_near_trace(spec, setup, label: str, tolerance: float) -> Non
 @pytest.mark.parametrize("family,setup", CASES)
 def test_analytic_peak_within_1_percent_of_the_trace(family, setup):
     spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
-    assert_analytic_near_trace(spec, setup, family, TOLERANCE)
+    assert_analytic_near_trace(spec, setup, family, MLA_TOLERANCE if spec.mla is not None else TOLERANCE)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from trainfit import api
-from trainfit.errors import SetupError
 from trainfit.models.resolve import catalog_names
 from trainfit.setup import Request
 from trainfit.studies.fit_advice import suggestions
@@ -16,10 +15,6 @@ from trainfit.studies.fit_advice import suggestions
 def test_estimate_and_advice_answer(name):
     req = Request(model=name, gpu="H100-80GB")
     spec = api.load_spec(name)
-    if spec.mla is not None:  # MLA training is refused in one line that names the engine that runs it
-        with pytest.raises(SetupError, match="use --engine trace"):
-            api.analytic(req)
-        return
     e = api.analytic(req)
     assert e.time is not None and e.time.step_seconds > 0
     for x in suggestions(spec, req.setup(spec), api.gpu_of(req)):

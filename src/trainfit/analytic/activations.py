@@ -21,6 +21,7 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
+from . import mla
 from .moe import moe_block
 from .precision import state_bytes
 
@@ -89,7 +90,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     Assumes the kernels of the resolved attention implementation (`setup.attention_kernel`):
     'flash'/'sdpa' = flash SDPA (no s×s tensor), 'eager' = matmul + softmax.
     """
-    check_trainable(spec)
+    check_trainable(spec, setup)
     st = state_bytes(setup)
     a, r = st.act, st.residual
     amp = st.autocast  # torch.autocast's per-call casts and weight cache (not under FSDP2 mixed precision)
@@ -112,9 +113,19 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     # tensor is saved per input; with autocast each linear saves its own cast (the input is fp32).
     qkv_calls = 1 if traits["fused_qkv"] else 3
     up_calls = (1 if traits["fused_gate_up"] else 2) if spec.gated_mlp else 1
+    if spec.mla is not None:
+        qkv_calls = mla.input_calls(spec)
     t["linear_inputs"] = ((qkv_calls + up_calls) if amp else 2) * a * h
     # Attention core.
-    if kernel == "flash":
+    if spec.mla is not None:
+        # MLA (mla.py): the q/kv down- and up-projections and their norms, then SDPA with q/k wider than v
+        t["attention"] = mla.projections_saved(spec, a)
+        if kernel == "flash":
+            t["attention"] += mla.fused_saved(spec, a)
+        else:
+            core, per_key = mla.math_saved(spec, a)
+            t["attention"] += core
+    elif kernel == "flash":
         t["attention"] = _flash_saved(spec, setup, a)
     else:
         # q·kᵀ saves q and k (k repeated to all heads), probs·v saves the probabilities and v (repeated), o_proj
@@ -169,14 +180,12 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     return LayerActivations(sum(t.values()), per_key, fixed, t, mlp_share)
 
 
-def check_trainable(spec: ModelSpec) -> None:
+def check_trainable(spec: ModelSpec, setup: Setup) -> None:
     """Refuse what the per-layer accounting below does not model, rather than price it as standard attention:
-    MLA (DeepSeek) saves its q/kv down- and up-projections, two extra RMSNorms and the decoupled RoPE key, and its
-    SDPA runs with a v head width unlike q/k's (the CPU trace shows the math path's fp32 copies); its MoE routes with
-    a grouped sigmoid router and always-on shared experts that moe.py does not describe."""
-    if spec.mla is not None:
-        raise SetupError(f"{spec.name}: the analytic engine does not model the training activations of MLA attention "
-                         "(DeepSeek) yet; use --engine trace for a training estimate (inference is supported)")
+    MLA (DeepSeek) under eager attention (matmul + softmax on q/k wider than v; not measured)."""
+    if spec.mla is not None and resolved_kernel(spec, setup) == "eager":
+        raise SetupError(f"{spec.name}: the analytic engine does not model MLA attention (DeepSeek) under eager "
+                         "attention; use --attention sdpa or --engine trace")
 
 
 def _flash_saved(spec: ModelSpec, setup: Setup, a: int) -> float:
@@ -213,6 +222,8 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
         return "eager"
     if setup.device == "cpu" and dropouts(spec)[1] > 0:
         return "math"
+    if setup.device == "cpu" and spec.mla is not None and spec.mla.qk_head_dim != spec.mla.v_head_dim:
+        return "math"  # the CPU flash kernel wants one head width for q, k and v (mla.math_saved)
     if setup.device == "cuda" and \
             "efficient" not in setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",)) \
             and state_bytes(setup).act == FP32:
@@ -227,7 +238,9 @@ def dropout_mask_bytes(setup: Setup, elem_bytes: int) -> int:
 
 
 def attention_linear_params(spec: ModelSpec) -> int:
-    """Weights of the attention's matmuls: q, k, v and o."""
+    """Weights of the attention's matmuls: q, k, v and o (MLA: its down/up projections, mla.py)."""
+    if spec.mla is not None:
+        return mla.linear_params(spec)
     return spec.hidden * (2 * spec.q_dim + 2 * spec.kv_dim)
 
 

@@ -100,6 +100,10 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         mask = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
         qkv = (h * (spec.q_dim + 2 * spec.kv_dim) + ((spec.q_dim + 2 * spec.kv_dim) if spec.qkv_bias else 0)) / t
         moments.append(Moment(recomputed + incoming + scores, layer_params - qkv, mlp_saved * tokens + mask + post_norm))
+    if spec.mla is not None and resolved_kernel(spec, setup) == "flash":
+        moments.append(_mla_sdpa_moment(spec, setup, st, tokens, mlp_saved, layer_params, recomputed + incoming))
+    if spec.mla is not None and spec.mla.q_lora_rank:
+        moments.append(_q_norm_moment(spec, setup, st, tokens, keys, moe, layer_params, recomputed + incoming))
     if recomputed:
         # under full recomputation the freed tensors are recomputed ones, not the layer's saved (its input)
         moments = [Moment(m.extra - m.freed, m.grads_done) for m in moments]
@@ -109,3 +113,37 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         dropped = a * h * tokens / sp if (post_norm and p_resid > 0) else 0
         moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + dropped, 0.0))
     return moments
+
+
+def _q_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, keys: float, moe: bool,
+                   layer_params: float, base: float) -> Moment:
+    """MLA's q_a_layernorm backward (DeepseekV3RMSNorm over q_lora_rank in fp32, modeling_deepseek_v3.py:46-51; its
+    autograd runs mul/rsqrt/mean/pow backward one by one): five fp32 (tokens, q_lora) gradients live at once (read off
+    the trace of small-deepseek_v3, q_lora 1536 beside hidden 128, where this moment sets the peak). It runs last in
+    the attention's backward (the q path was recorded before the kv path): every saved tensor of the layer is freed
+    but the input norm's, q_a_proj's input (under autocast its own cast; kv_a_proj's is freed) and the q norm's fp32
+    input copy and rsqrt (its normalised tensor, saved by the weight multiply, went with that op's backward); of
+    autocast's weight casts only q_a_proj's is left; every gradient exists but q_a_proj's."""
+    from .activations import layer_activations  # noqa: PLC0415 (activations imports this module's peers)
+    t, h, a, ql = setup.tp, spec.hidden, st.act, spec.mla.q_lora_rank
+    la = layer_activations(spec, setup, moe)
+    kept = la.terms["norms"] / 2 + a * h + FP32 * ql + FP32
+    # autocast's weight casts: all freed by their matmuls' backward but q_a_proj's
+    casts = la.fixed - (a * h * ql if st.autocast else 0)
+    freed = ((la.per_token - kept) * tokens + la.per_token_key * tokens * keys + casts) / t
+    grads = 5 * FP32 * ql * tokens / t
+    return Moment(base + grads, layer_params - (h * ql + (ql if spec.qkv_bias else 0)) / t, freed)
+
+
+def _mla_sdpa_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, mlp_saved: float,
+                     layer_params: float, base: float) -> Moment:
+    """MLA's fused SDPA backward (aten _scaled_dot_product_efficient_attention_backward /
+    _flash_attention_backward): it allocates dq, dk (heads·(nope+rope) each) and dv (heads·v) in the inputs' dtype
+    while all of the attention's saved tensors are still live; the MLP's saved tensors are freed by then and every
+    gradient exists but the q/kv projections'. With MLA's widths (v_head_dim 128, qk 192 beside hidden 2048 in
+    DeepSeek-V2-Lite) this moment can top the MLP's (read off the trace of small-deepseek_v2 on CUDA)."""
+    from .mla import linear_params  # noqa: PLC0415
+    m, t, n = spec.mla, setup.tp, spec.heads
+    grads = st.act * (2 * n * m.qk_head_dim + n * m.v_head_dim) * tokens / t
+    proj = (linear_params(spec) - n * m.v_head_dim * spec.hidden) / t  # all but o_proj
+    return Moment(base + grads, layer_params - proj, mlp_saved * tokens)

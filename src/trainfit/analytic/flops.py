@@ -52,9 +52,11 @@ def matmul_params_per_token(spec: ModelSpec, pc: ParamCounts, seq: int = 1) -> f
 
 
 def attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
-    """q·kᵀ and probs·v: 2·2·q_dim FLOPs per key, per layer (Kaplan et al. 2020, Table 1)."""
+    """q·kᵀ and probs·v: 2·2·q_dim FLOPs per key, per layer (Kaplan et al. 2020, Table 1); MLA (DeepSeek): q·kᵀ over
+    the qk head width, probs·v over v_head_dim, 2·(q_dim + heads·v_head_dim)."""
     keys = (seq + 1) / 2 if spec.causal else seq
-    return spec.layers * 4 * spec.q_dim * keys
+    width = 2 * spec.q_dim if spec.mla is None else spec.q_dim + spec.heads * spec.mla.v_head_dim
+    return spec.layers * 2 * width * keys
 
 
 def forward_per_token(spec: ModelSpec, seq: int, pc: ParamCounts | None = None) -> float:

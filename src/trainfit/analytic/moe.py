@@ -9,11 +9,13 @@ transformers 5 runs every MoE family's experts through `grouped_mm_experts_forwa
   experts     grouped_mm(x, gate_up) -> act(gate)·up -> grouped_mm(·, down) -> · routing weight. grouped_mm is not
               autocast-enabled: transformers casts the input to the weights' dtype (moe.py:376, `input.to(weight.dtype)`),
               so under autocast the experts compute in the fp32 master weights' dtype.
-Qwen2-MoE adds an always-on shared expert (an ordinary gated MLP) scaled by sigmoid(shared_expert_gate(h))
-(modeling_qwen2_moe.py:339-350).
+DeepSeek-V3 scores with a sigmoid and a group-limited top-k (`_sigmoid_router`); DeepSeek-V2 with a softmax (as
+above, weights kept fp32). Qwen2-MoE adds an always-on shared expert (an ordinary gated MLP) scaled by
+sigmoid(shared_expert_gate(h)) (modeling_qwen2_moe.py:339-350); DeepSeek's shared experts are not gated.
 """
 from __future__ import annotations
 
+from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .families import config_flag, family_traits
@@ -39,12 +41,19 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     # softmax's fp32 output and topk's indices are saved; normalising the top-k weights (Mixtral always; Qwen-MoE
     # when norm_topk_prob) saves them and their sum (families.json moe_norm_topk_key/default).
     inputs = a * h
-    router = FP32 * e + INDEX * k
-    if config_flag(spec, traits["moe_norm_topk_key"], traits["moe_norm_topk_default"]):
-        router += FP32 * k + FP32
-    # the routing weights stay fp32 (Mixtral) or are cast back to the router logits' dtype (Qwen-MoE:
-    # `router_top_value.to(router_logits.dtype)`, families.json moe_weights_logits_dtype)
-    weight_bytes = a if traits["moe_weights_logits_dtype"] else FP32
+    if m.router_scoring == "sigmoid":
+        router, weight_bytes = _sigmoid_router(spec, setup)
+    else:
+        if config_flag(spec, "topk_method", "greedy") != "greedy" and spec.family == "deepseek_v2":
+            # DeepseekV2TopkRouter's group_limited_greedy (max over groups, group mask) is not measured
+            raise SetupError(f"{spec.name}: the analytic engine does not model DeepSeek-V2's group_limited_greedy "
+                             "router; use --engine trace")
+        router = FP32 * e + INDEX * k
+        if config_flag(spec, traits["moe_norm_topk_key"], traits["moe_norm_topk_default"]):
+            router += FP32 * k + FP32
+        # the routing weights stay fp32 (Mixtral, DeepSeek-V2's softmax(dtype=fp32)) or are cast back to the router
+        # logits' dtype (Qwen-MoE: `router_top_value.to(router_logits.dtype)`, families.json moe_weights_logits_dtype)
+        weight_bytes = a if traits["moe_weights_logits_dtype"] else FP32
     dispatch = 3 * INDEX * k + weight_bytes * k
     # experts, per routed copy: input (h), gate_up output (2i; act(gate) and up are views of it), act(gate) (i),
     # the product (i, down's input) and down's output (h, saved by the routing-weight multiply)
@@ -57,8 +66,27 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
         s = m.shared_intermediate
         # shared expert: a gated MLP (gate/up casts under autocast; else they share the saved input), its output
         # (saved by the sigmoid-gate multiply), the gate linear's own cast and sigmoid output
+        # (DeepSeek's shared experts have no gate: DeepseekV3MoE.forward adds shared_experts(residuals) as is,
+        # modeling_deepseek_v3.py:215-222)
+        gate = 1 if m.shared_gate else 0
         if amp:
-            inputs += 3 * a * h  # gate_proj, up_proj and shared_expert_gate each cast the input
-            fixed += a * (3 * h * s + h)
-        mlp += 4 * a * s + a * h + a
+            inputs += (2 + gate) * a * h  # gate_proj, up_proj (and shared_expert_gate) each cast the input
+            fixed += a * (3 * h * s + gate * h)
+        mlp += 4 * a * s + gate * (a * h + a)
     return {"linear_inputs": inputs, "mlp": mlp}, fixed
+
+
+def _sigmoid_router(spec: ModelSpec, setup: Setup) -> tuple[float, int]:
+    """(bytes per token, routing-weight bytes) of DeepSeek-V3's router (DeepseekV3TopkRouter.forward,
+    modeling_deepseek_v3.py:133-159): F.linear on `.type(float32)` operands — under autocast the linear still runs
+    in the autocast dtype — then sigmoid (saves its output, which `gather` reads). The group-limited selection
+    (topk over groups, masked_fill, topk) yields integer indices only, so its autograd branch is freed in the forward;
+    `gather` keeps the k int64 indices. norm_topk_prob divides by the sum (saves the k weights and the sum);
+    routed_scaling_factor multiplies by a Python float (saves nothing). Checked against a real CPU step
+    (tests/analytic/test_mla_activations.py)."""
+    m, st = spec.moe, state_bytes(setup)
+    logits = st.act if st.autocast else FP32
+    router = logits * m.num_experts + INDEX * m.top_k
+    if config_flag(spec, "norm_topk_prob", True):  # configuration_deepseek_v3.py:102 default True
+        router += logits * m.top_k + logits
+    return router, logits

@@ -276,18 +276,27 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     if pre == "pre":
         ops += norm_ops(spec, "attn_norm", Tn, sh, "attn_in")
     qkv_calls = 1 if traits["fused_qkv"] else 3
+    if spec.mla is not None:
+        qkv_calls = 2  # q_a_proj (or q_proj) and kv_a_proj_with_mqa read the norm output
     ops += _casts("attn_in", T, h, qkv_calls, sh, "attn_in")
     src = "modeling_llama.py:243 q/k/v_proj"
-    if traits["fused_qkv"]:
+    head_k = spec.head_dim
+    if spec.mla is not None:
+        ops += _mla_projections(spec, sh, proj)
+        # q·kᵀ contracts the qk head width, p·v the v head width: Op.flops' 4·k is 2·(qk + v) with k their mean
+        head_k = (spec.mla.qk_head_dim + spec.mla.v_head_dim) / 2
+    elif traits["fused_qkv"]:
         proj("qkv", spec.q_dim + 2 * spec.kv_dim, h, q + 2 * kv, h, spec.qkv_bias,
              "fused qkv (gpt2 c_attn, neox, phi3)")
     else:
         for name, full, n in (("q", spec.q_dim, q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
             proj(name, full, h, n, h, spec.qkv_bias, src)
-    if spec.qk_norm:  # Qwen3 q_norm / k_norm over head_dim (modeling_qwen3.py)
+    if spec.mla is not None:
+        pass
+    elif spec.qk_norm:  # Qwen3 q_norm / k_norm over head_dim (modeling_qwen3.py)
         ops += norm_ops(spec, "q_norm", T * q / spec.head_dim, sh, "qk_norm", a, spec.head_dim)
         ops += norm_ops(spec, "k_norm", T * kv / spec.head_dim, sh, "qk_norm", a, spec.head_dim)
-    if spec.positions == "rotary":
+    if spec.positions == "rotary" and spec.mla is None:
         ops += _rope("q", T, q, sh) + _rope("k", T, kv, sh)
     bh = sh.batch * spec.heads / t
     if sh.attention == "eager" and kv < q:  # repeat_kv: expand + reshape copies k and v to every head (:168)
@@ -296,11 +305,15 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     if sh.attention == "eager" and softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
         s2 = bh * (sh.seq / sh.cp) * sh.seq * a
         ops += [_ew(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
-    ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, spec.head_dim, bh, causal=spec.causal,
+    ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
                   kernel=sh.attention, source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
         ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")
-    proj("o", h, spec.q_dim, h, q, spec.out_bias, "modeling_llama.py:269 o_proj")
+    if spec.mla is not None:  # o_proj reads heads·v_head_dim (modeling_deepseek_v3.py:398-402)
+        o_in = spec.heads * spec.mla.v_head_dim
+        proj("o", h, o_in, h, o_in / t, spec.out_bias, "modeling_deepseek_v3.py:481 o_proj")
+    else:
+        proj("o", h, spec.q_dim, h, q, spec.out_bias, "modeling_llama.py:269 o_proj")
     ops += _residual("attn", Tn * h, p_resid, sh, "attn_out", "modeling_llama.py:306 residual add")
     if pre == "post":
         ops += norm_ops(spec, "attn_norm", Tn, sh, "attn_out")
@@ -335,6 +348,36 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
         n = sum(o.n * o.k * o.batch for o in ops if o.kind == "gemm" and not o.name.startswith("experts"))
         ops.insert(0, _ew("weight_casts", n * sh.weight, n * sh.act, "torch.autocast weight cast cache", "",
                           saves=False, kernels=sum(1 for o in ops if o.kind == "gemm")))
+    return ops
+
+
+def _mla_projections(spec: ModelSpec, sh: Shape, proj) -> list[Op]:
+    """MLA's q and kv paths before SDPA (DeepseekV3Attention.forward, modeling_deepseek_v3.py:436-470): q_a_proj ->
+    q_a_layernorm -> q_b_proj (or q_proj), kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj, RoPE on q's rope part
+    (every head) and on the one shared k_rot, and the copies building q (cat) and k (expand_kv's new_empty + 2
+    copy_). Under TP the down-projections are replicated and the up-projections split by heads (vLLM
+    deepseek_v2.py: ReplicatedLinear q_a_proj / kv_a_proj_with_mqa, ColumnParallelLinear q_b_proj / kv_b_proj)."""
+    m, h, t, a, n = spec.mla, spec.hidden, sh.tp, sh.act, spec.heads
+    T = sh.tokens
+    ops: list[Op] = []
+    qk, kv_up = n * m.qk_head_dim, n * (m.qk_nope_head_dim + m.v_head_dim)
+    src = "modeling_deepseek_v3.py:437-440"
+    if m.q_lora_rank:
+        proj("q_a", m.q_lora_rank, h, m.q_lora_rank, h, spec.qkv_bias, src + " q_a_proj")
+        ops += norm_ops(spec, "q_a_norm", T, sh, "q_a_norm", a, m.q_lora_rank)
+        ops += _casts("q_b_in", T, m.q_lora_rank, 1, sh, "q_a_norm")
+        proj("q_b", qk, m.q_lora_rank, qk / t, m.q_lora_rank, False, src + " q_b_proj")
+    else:
+        proj("q", qk, h, qk / t, h, False, src + " q_proj")
+    proj("kv_a", m.kv_lora_rank + m.qk_rope_head_dim, h, m.kv_lora_rank + m.qk_rope_head_dim, h, spec.qkv_bias,
+         "modeling_deepseek_v3.py:444 kv_a_proj_with_mqa")
+    ops += norm_ops(spec, "kv_a_norm", T, sh, "kv_a_norm", a, m.kv_lora_rank)
+    ops += _casts("kv_b_in", T, m.kv_lora_rank, 1, sh, "kv_a_norm")
+    proj("kv_b", kv_up, m.kv_lora_rank, kv_up / t, m.kv_lora_rank, False, "modeling_deepseek_v3.py:418 kv_b_proj")
+    ops += _rope("q", T, n * m.qk_rope_head_dim / t, sh) + _rope("k", T, m.qk_rope_head_dim, sh)
+    ops += [_ew("q_cat", T * qk / t * a, T * qk / t * a, "modeling_deepseek_v3.py:466 torch.cat", saves=False),
+            _ew("k_build", T * (n * m.qk_nope_head_dim / t + m.qk_rope_head_dim) * a, T * qk / t * a,
+                "modeling_deepseek_v3.py:421-423 expand_kv copy_", saves=False)]
     return ops
 
 
