@@ -212,9 +212,13 @@ def llama1_steps():
 
 
 def deepseek_batch():
-    return ("DeepSeek-V3: 14.8T tokens (paper: 2.788M H800 GPU-hours); its training memory and time are refused by "
-            "the analytic engine (MLA training activations not modelled; §16 of BENCHMARKS.md)"), \
-        "not modelled yet (issue 16)"
+    e = est("deepseek-v3", batch=1, seq=4096, precision="bf16-master", recompute="full")
+    steps = 14.8e12 / 60e6
+    return (f"60M-token batches over 14.8T tokens = {steps:,.0f} optimizer steps; one 4,096-token sequence of "
+            f"deepseek-v3 trains with {gib(e.memory.activations)} of saved activations (full recompute) beside "
+            f"{e.memory.weights / 1e9:,.0f} GB of bf16 weights; the paper's 2.788M H800 GPU-hours use FP8, DualPipe "
+            "and 64-way expert parallelism"), \
+        "not checked: H800 and DeepSeek's FP8/DualPipe/EP layout are not trainfit settings"
 
 
 RESNET50_PARAMS = 25_557_032  # torchvision's ResNet50_Weights.IMAGENET1K_V1 meta "num_params"
