@@ -316,8 +316,7 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                     overheads=beside, at_peak=at)
     # a request of max_model_len must fit (vLLM raises at start-up otherwise: kv_cache_utils.py, "max seq len ...
     # larger than the maximum number of tokens that can be stored in KV cache")
-    per_request = serving.blocks_per_request(spec, setup, k)
-    fits = sv.kv_blocks >= per_request and device_total + reserve <= gpu.memory
+    fits = sv.kv_blocks >= sv.blocks_per_request and device_total + reserve <= gpu.memory
     # decode at the concurrency the KV cache allows (serving.decode_seconds); NB: prefill at a flat --mfu
     concurrent = max(1, min(k.max_num_seqs, int(sv.max_concurrent_sequences)))
     decode_s = serving.decode_seconds(sv, gpu, concurrent, mbu)
@@ -338,7 +337,7 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              "figure on 80 GB parts (set --gpu-memory to the total_gpu_memory vLLM logs)",
              f"decode: {concurrent} sequences at half of --max-model-len on average, at {mbu:.0%} of memory bandwidth; "
              f"prefill of a {prompt}-token prompt at MFU {mfu:.0%}"]
-    if not fits and sv.kv_blocks < per_request:
+    if not fits and sv.kv_blocks < sv.blocks_per_request:
         notes.append(f"does not start: {sv.kv_tokens:,} KV tokens < --max-model-len {k.max_model_len} (vLLM raises); "
                      "lower --max-model-len, raise --gpu-memory-utilization, add --tp or --quant")
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,

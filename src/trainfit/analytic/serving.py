@@ -84,6 +84,7 @@ class Serving:
     kv_tokens: int
     max_concurrent_sequences: float
     kv_pool: int  # bytes of the blocks allocated
+    blocks_per_request: int  # what one request of max_model_len holds (vLLM refuses to start below it)
 
     def as_dict(self) -> dict:
         k = self.knobs
@@ -240,14 +241,13 @@ def cache_groups(kinds: LayerKinds) -> tuple[int, int, int]:
     return size, math.ceil(kinds.full / size), math.ceil(kinds.sliding / size)
 
 
-def blocks_per_request(spec: ModelSpec, setup: Setup, k: Knobs) -> int:
+def blocks_per_request(kinds: LayerKinds, setup: Setup, k: Knobs) -> int:
     """Blocks one request of max_model_len holds, summed over its cache groups (kv_cache_utils.py:1061-1087,
     get_max_concurrency_for_kv_cache_config): a full-attention group ceil(L / B); a sliding-window group
     (SlidingWindowSpec.max_admission_blocks_per_request, kv_cache_interface.py:918-944) the last window − 1 tokens
     plus the tokens in flight — max_num_batched_tokens per concurrent batch, 2 batches with async scheduling (the
     default, config/vllm.py:588-598, 1685-1719) or pp of them — never more than L, + 1 block for a window that does
     not start at a block boundary."""
-    kinds = layer_kinds(spec)
     _, full_groups, sliding_groups = cache_groups(kinds)
     full = math.ceil(k.max_model_len / k.block_size)
     if not sliding_groups:
@@ -307,16 +307,15 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     kinds = layer_kinds(spec)
     if draft is not None and kinds.sliding:
         raise SetupError("--draft-model with a sliding-window target: vLLM's mixed page sizes are not modelled")
-    size, full_groups, sliding_groups = cache_groups(kinds) if draft is None else (spec.layers, 1, 0)
-    # a block: one page (block_size tokens) of each layer of a group; equals block_size × per_token without hybrid
-    block = k.block_size * per_token * (size / spec.layers if draft is None else 1)
+    # a block: one page (block_size tokens) of each layer of a group (all of the target's and a draft's layers when
+    # there is no sliding window): block_size × per_token × the group's share of the layers
+    size = cache_groups(kinds)[0] if draft is None else spec.layers
+    block = k.block_size * per_token * size / spec.layers
     blocks = max(0, int(available // block))
-    per_request = blocks_per_request(spec, setup, k)
+    per_request = blocks_per_request(kinds, setup, k)
     concurrency = blocks / per_request
     return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
-                   int(concurrency * k.max_model_len), concurrency, int(blocks * block))
-
-
+                   int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request)
 
 
 def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:

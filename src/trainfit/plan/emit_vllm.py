@@ -16,10 +16,6 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype
 KV_DTYPES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --kv-cache-dtype (fp8 = e4m3)
 
 
-def _hub_id(spec: ModelSpec) -> str:
-    return _hub_id_of(spec.name)
-
-
 def _hub_id_of(name: str) -> str:
     """The catalog entry's hub id (vLLM downloads by it); a config file or hub id passed in is used as given."""
     from ..errors import UnknownModelError
@@ -33,7 +29,7 @@ def _hub_id_of(name: str) -> str:
 
 def vllm_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
     """`serving`: the estimate's resolved engine settings (Estimate.detail["serving"], analytic/serving.py)."""
-    model = _hub_id(spec)
+    model = _hub_id_of(spec.name)
     args = ["vllm", "serve", model, "--dtype", DTYPES[setup.precision],
             "--tensor-parallel-size", str(setup.tp), "--pipeline-parallel-size", str(setup.pp),
             "--gpu-memory-utilization", f"{serving['gpu_memory_utilization']:g}",
