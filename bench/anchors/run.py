@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import statistics
@@ -180,7 +181,7 @@ def memtracker_case(r: dict) -> dict:
         with mt:  # prefill (the same calls as trainfit.measure.infer.inference_step)
             if causal:
                 out = model(input_ids=ids, use_cache=True, **kw)
-                cache = out.past_key_values
+                cache = getattr(out, "cache", None) or out.past_key_values  # renamed in transformers 5.24
                 next_ids = out.logits[:, -1:].argmax(-1)
             else:
                 out = model(input_ids=ids)
@@ -190,7 +191,8 @@ def memtracker_case(r: dict) -> dict:
             mt = MemTracker()
             mt.track_external(model, ids, next_ids, *cache_tensors(cache))
             with mt:
-                out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **kw)
+                arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+                out = model(input_ids=next_ids, use_cache=True, **{arg: cache}, **kw)
                 del out
             res["decode"] = _tracker_peak(mt)
     res["tracked_s"] = round(time.perf_counter() - t1, 2)

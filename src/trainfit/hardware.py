@@ -30,10 +30,10 @@ class GPU:
     source: str = ""
 
     def flops_for(self, dtype: str) -> float:
-        """Dense peak for the matmul dtype; fp32 training uses TF32 tensor cores where the GPU has them
-        (PyTorch's default for cuDNN convs; matmuls need allow_tf32 — NB: optimistic for fp32 matmuls)."""
+        """Dense peak for the matmul dtype: 'fp32' the CUDA cores' rate (PyTorch's default for matmuls), 'tf32' the
+        TF32 tensor cores where the GPU has them (allow_tf32; cuDNN convolutions' default)."""
         f = self.peak_flops
-        if dtype == "fp32":
+        if dtype == "tf32":
             return f.get("tf32") or f["fp32"]
         if dtype in f:
             return f[dtype]

@@ -101,8 +101,9 @@ def allocator_held(gpu: GPU | None, setup) -> dict[str, int]:
     """Library buffers inside the caching allocator's reserved pool (not model tensors): name -> bytes."""
     if gpu is None or setup.device != "cuda":
         return {}
-    streams = int(data()["cublas_workspace"]["streams"])
-    return {"cublas_workspace": streams * blas_workspace(gpu)}
+    w = data()["cublas_workspace"]
+    threads = int(w["train_threads"]) if getattr(setup, "mode", "train") == "train" else 1
+    return {"cublas_workspace": int(w["streams"]) * threads * blas_workspace(gpu)}
 
 
 def overheads(gpu: GPU | None, setup) -> dict[str, int]:

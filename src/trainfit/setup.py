@@ -148,6 +148,9 @@ class Setup:
                             "block and the loss, the HF Trainer's torch_compile the whole model. Its partitioner saves "
                             "matmul/attention outputs and recomputes pointwise chains in backward (modelled for "
                             "Llama-style blocks and the loss).", modes=("train",))
+    tf32: bool = setting(False, "fp32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32 = True, "
+                         "HF TrainingArguments tf32=True). Off is PyTorch's default: fp32 matmuls then run at the GPU's "
+                         "fp32 rate, 7x slower than TF32 on an H100. Time only; --precision fp32.")
     float8: bool = setting(False, "Float8 training of the linear layers (torchao Float8Linear, tensorwise dynamic "
                            "scaling, fp8 FSDP all-gather), as torchtitan applies it: --stack torchtitan; fp8 GEMMs "
                            "need a GPU with fp8 tensor cores (H100/H200/B200/L4/L40S...).", modes=("train",))

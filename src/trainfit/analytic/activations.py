@@ -168,6 +168,10 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
         # fc1 output saved by the activation, activation output saved by fc2 — except ReLU, whose backward uses
         # its own output (one tensor), and HF's gelu_new, a composite of pow/tanh/mul that saves four tensors.
         t["mlp"] = {"relu": 1, "gelu_new": 5, "gelu_fast": 5}.get(spec.activation, 2) * a * i
+        if amp and setup.device == "cuda" and spec.activation == "gelu_new":
+            # CUDA autocast runs pow in fp32 (autocast_mode.h AT_FORALL_FP32; trace/cuda_autocast.py): pow keeps an
+            # fp32 copy of its input, tanh's output and 1 + tanh are fp32; 0.5·x and fc2's cast input stay 16-bit
+            t["mlp"] = (3 * FP32 + 2 * a) * i
     # Dropout on the attention output and on the MLP output (Korthikanti eq. 1 counts 1-byte masks).
     if p_resid > 0:
         t["dropout"] = 2 * h * mask
@@ -195,13 +199,9 @@ def _flash_saved(spec: ModelSpec, setup: Setup, a: int) -> float:
     NB: the kernels' 8-16 byte RNG seed/offset tensors (512 B each in the CUDA allocator) are not counted."""
     q, kv = spec.q_dim, spec.kv_dim
     saved = a * (2 * q + 2 * kv) + FP32 * spec.heads
-    # fp32 on CUDA runs the memory-efficient kernel, which has no GQA: k and v are repeated to every head first
-    # (trace/cuda_kernels.py, PyTorch's fallback), and the repeated copies are what it saves
+    # fp32 on CUDA runs the memory-efficient kernel (without GQA: with it, resolved_kernel takes the math path)
     efficient = setup.device == "cuda" and a == FP32
-    repeated = efficient and kv < q
-    if repeated:
-        saved += 2 * a * (q - kv)
-    elif family_traits(spec)["fused_qkv"] and spec.positions == "rotary":
+    if family_traits(spec)["fused_qkv"] and spec.positions == "rotary":
         # Fused qkv with rotary (Phi-3, GPT-NeoX): v is a view of the fused projection's output, so SDPA keeping v
         # keeps all of it (its q and k parts too; rotary made new q and k). Rotary's output for such a strided slice
         # is contiguous in (b, h, s, d), and the flash kernels allocate their output like the query
@@ -214,9 +214,9 @@ def _flash_saved(spec: ModelSpec, setup: Setup, a: int) -> float:
 def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
     """'flash', 'math' or 'eager'. HF's sdpa runs the flash kernel on CUDA (with dropout too) and on CPU without
     dropout; CPU SDPA with dropout falls back to the math path (torch's sdp_utils_cpp.cpp). On CUDA, fp32 runs the
-    memory-efficient kernel ('flash' here: the same saved set, _flash_saved) where the stack allows it; a stack
-    whose SDPA backends leave it out (stacks/*.toml [attention]: torchtitan's cuDNN, flash, math) takes the math path
-    for fp32, which the flash and cuDNN kernels do not run."""
+    memory-efficient kernel ('flash' here: the same saved set, _flash_saved) where the stack allows it and the
+    model has no GQA; a stack whose SDPA backends leave it out (stacks/*.toml [attention]: torchtitan's cuDNN, flash,
+    math) or a GQA model takes the math path for fp32, which the flash and cuDNN kernels do not run."""
     kernel = setup.attention_kernel
     if kernel == "eager" or not family_traits(spec)["sdpa"]:
         return "eager"
@@ -224,9 +224,12 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
         return "math"
     if setup.device == "cpu" and spec.mla is not None and spec.mla.qk_head_dim != spec.mla.v_head_dim:
         return "math"  # the CPU flash kernel wants one head width for q, k and v (mla.math_saved)
-    if setup.device == "cuda" and \
-            "efficient" not in setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",)) \
-            and state_bytes(setup).act == FP32:
+    if setup.device == "cuda" and state_bytes(setup).act == FP32 and (
+            "efficient" not in setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",))
+            or (spec.kv_heads < spec.heads and spec.mla is None)):
+        # the memory-efficient kernel does not take GQA (sdp_utils.cpp use_mem_efficient_attention:
+        # check_batch_size_and_num_heads_dense<false>) and transformers passes enable_gqa=True: the math path
+        # (measured on an H200, torch 2.11: llama-3.2-1b fp32 kept its s×s probabilities, 4.36 GB)
         return "math"
     return "flash"
 

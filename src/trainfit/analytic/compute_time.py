@@ -19,7 +19,8 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, roofline
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
-                  fp8_backward_extra, head_backward_extra, head_forward, layer_forward, recomputed, shape_of)
+                  fp8_backward_extra, grad_accumulations, head_backward_extra, head_forward, layer_forward,
+                  recomputed, shape_of)
 from .params import ParamCounts
 from .precision import StateBytes
 from .timing import compute_dtype
@@ -36,16 +37,17 @@ class ListTime:
     memory: float = 0.0
     launches: float = 0.0
     flops: float = 0.0  # GEMM + attention FLOPs
+    kernels: float = 0.0  # kernels launched (the host issues each one: step_time's host-issue bound)
 
     @property
     def seconds(self) -> float:
         return self.gemm + self.attention + self.memory + self.launches
 
     def __add__(self, o: "ListTime") -> "ListTime":
-        return ListTime(*(getattr(self, f) + getattr(o, f) for f in (*TERMS, "flops")))
+        return ListTime(*(getattr(self, f) + getattr(o, f) for f in (*TERMS, "flops", "kernels")))
 
     def __mul__(self, c: float) -> "ListTime":
-        return ListTime(*(getattr(self, f) * c for f in (*TERMS, "flops")))
+        return ListTime(*(getattr(self, f) * c for f in (*TERMS, "flops", "kernels")))
 
     __rmul__ = __mul__
 
@@ -64,19 +66,19 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     for op in ops:
         if op.kind == "gemm":
             g += _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch) - launch
-            n += 1
+            n += op.kernels
             fl += op.flops
         elif op.kind == "attention":
             at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
                                              op.backward) - launch
-            n += 1
+            n += op.kernels
             fl += op.flops
         else:
             nbytes += op.nbytes
             n += op.kernels
     # memory_seconds is bytes / achieved bandwidth + launches (roofline API): one call for the whole list
     mem = roofline.memory_seconds(gpu, nbytes, 0) if nbytes else 0.0
-    return ListTime(g, at, mem, n * launch, fl)
+    return ListTime(g, at, mem, n * launch, fl, n)
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,8 @@ def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool):
     fwd = layer_forward(spec, sh, moe)
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
         fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
-    bwd = backward(fwd) + fp8_backward_extra(fwd, sh) + (lora_ops.dequant_backward(setup, sh, fwd)
-                                                          if setup.lora_rank else [])
+    dequant = lora_ops.dequant_backward(setup, sh, fwd) if setup.lora_rank else []
+    bwd = backward(fwd) + grad_accumulations(spec, sh) + fp8_backward_extra(fwd, sh) + dequant
     rec = recomputed(spec, setup, fwd)
     return fwd, bwd, rec
 
@@ -153,7 +155,7 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     key = (spec, dropouts(spec), cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping"),
            setup.batch, setup.seq, setup.tp, setup.cp, setup.pp, setup.vpp, bool(setup.sequence_parallel),
            setup.precision, setup.recompute, setup.stack, setup.attention_kernel, setup.device, setup.ep,
-           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)),
+           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)), bool(getattr(setup, "tf32", False)),
            setup.lora_rank, setup.lora_targets, setup.dora, setup.quant, st, gpu, layers)
     hit = _CACHE.get(key)
     if hit is None:

@@ -49,8 +49,13 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
         d_in, d_out = op.k, op.n
         out.append(_gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A"))
         out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B"))
+        # peft lora/layer.py Linear.forward: x cast to the adapters' dtype, · scaling, + result, result cast back
+        # (forward 4 kernels; backward: the casts' and the product's gradients and x's two gradients summed, 4);
+        # adapters in the base's dtype need no casts (2 and 2)
+        casts = 2 if getattr(setup, "lora_dtype", "fp32") == "fp32" and not sh.autocast and sh.act != 4 else 0
         out.append(_ew(op.name + ".lora_add", 2 * T * d_out * sh.act, T * d_out * sh.act,
-                       "peft: result + lora_B(lora_A(x)) * scaling", saves=False))
+                       "peft: result + lora_B(lora_A(x)) * scaling", saves=False, kernels=2 + casts,
+                       bwd=2 + casts))
         if setup.dora:
             # under torch.no_grad (peft dora.py): no backward kernels
             out.append(_gemm(op.name + ".dora_BA", d_out, d_in, r, sh, "peft dora.py get_weight_norm: B @ A",

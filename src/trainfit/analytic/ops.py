@@ -72,6 +72,7 @@ class Op(NamedTuple):
     backward: bool = False  # attention: the backward kernel
     grad: bool = True  # memory: has a backward kernel (False: fp8 casts, whose backward fp8_backward_extra lists)
     source: str = ""
+    bwd_kernels: int = -1  # memory: kernels its autograd backward launches (-1: as many as the forward)
 
     @property
     def flops(self) -> float:
@@ -148,10 +149,10 @@ def _gemm(name: str, m: float, n: float, k: float, sh: Shape, src: str, bias: bo
 
 
 def _ew(name: str, reads: float, writes: float, src: str, group: str = "", fused: tuple[float, float] | None = None,
-        saves: bool = True, kernels: int = 1, grad: bool = True) -> Op:
+        saves: bool = True, kernels: int = 1, grad: bool = True, bwd: int = -1) -> Op:
     fr, fw = (reads, writes) if fused is None else fused
     return Op(name, "memory", "", reads=reads, writes=writes, kernels=kernels, saves_input=saves, group=group,
-              fused_reads=fr, fused_writes=fw, grad=grad, source=src)
+              fused_reads=fr, fused_writes=fw, grad=grad, source=src, bwd_kernels=bwd)
 
 
 def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, out_bytes: int | None = None,
@@ -166,19 +167,22 @@ def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, o
         src = "aten native_layer_norm" if spec.norm != "rmsnorm" else "aten._fused_rms_norm (torch.rms_norm)"
         return [_ew(name, x * r, x * out + 2 * FP32 * n, src, group, (x * r, x * sh.act))]
     src = "modeling_llama.py:61-66 LlamaRMSNorm"
+    # Backward kernels (tools/autograd/derivatives.yaml): pow(x, 2) -> grad·2·x (2; x's two uses then summed: +1),
+    # mean -> grad / n (1), x + eps -> none, rsqrt -> -0.5·grad·y³ (3), x·r -> grad·r and Σ(grad·x) over the row (3),
+    # weight·y -> grad·w and Σ(grad·y) (3), a dtype cast -> a cast back (1)
     ops = []
     if r != FP32:
         ops.append(_ew(f"{name}.to_fp32", x * r, x * FP32, src, group, (x * r, 0)))
-    ops += [_ew(f"{name}.pow", x * FP32, x * FP32, src, group, (0, 0)),
+    ops += [_ew(f"{name}.pow", x * FP32, x * FP32, src, group, (0, 0), bwd=3),
             _ew(f"{name}.mean", x * FP32, n * FP32, src, group, (0, 0)),
-            _ew(f"{name}.rsqrt", n * FP32, n * FP32, src, group, (0, 0), kernels=2),
-            _ew(f"{name}.mul", x * FP32 + n * FP32, x * FP32, src, group, (0 if r != FP32 else x * r, 0))]
+            _ew(f"{name}.rsqrt", n * FP32, n * FP32, src, group, (0, 0), kernels=2, bwd=3),
+            _ew(f"{name}.mul", x * FP32 + n * FP32, x * FP32, src, group, (0 if r != FP32 else x * r, 0), bwd=3)]
     if r != FP32:
         ops.append(_ew(f"{name}.to_dtype", x * FP32, x * r, src, group, (0, 0)))
     if family_traits(spec)["norm_fp32"]:
         out = FP32  # Gemma: x.float() * (1 + weight.float()) (modeling_gemma.py GemmaRMSNorm)
     # fused: the compiled norm writes its output in the dtype the next matmul reads (the autocast cast folded in)
-    ops.append(_ew(f"{name}.weight", x * max(r, out), x * out, src, group, (0, x * sh.act)))
+    ops.append(_ew(f"{name}.weight", x * max(r, out), x * out, src, group, (0, x * sh.act), bwd=3))
     return ops
 
 
@@ -204,11 +208,14 @@ def _rope(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
                 _ew(f"{name}.rope_cmul", x * FP32, x * FP32, src, "rope", (0, 0), saves=False),
                 _ew(f"{name}.rope_cast", x * FP32, x * a, src, "rope", (0, x * a), saves=False)]
     src = "modeling_llama.py:119-148"
+    # backward: the add passes its gradient on (no kernel), the cos/sin products one each, cat's halves are views
+    # but rotate_half's two input slices each make zeros + a copy (slice_backward), then x's three gradients are
+    # summed (2)
     return [_ew(f"{name}.rope_neg", x * a / 2, x * a / 2, src, "rope", (x * a, 0), saves=False),
-            _ew(f"{name}.rope_cat", x * a, x * a, src, "rope", (0, 0), saves=False),
+            _ew(f"{name}.rope_cat", x * a, x * a, src, "rope", (0, 0), saves=False, bwd=6),
             _ew(f"{name}.rope_cos", x * a, x * a, src, "rope", (0, 0), saves=False),
             _ew(f"{name}.rope_sin", x * a, x * a, src, "rope", (0, 0), saves=False),
-            _ew(f"{name}.rope_add", 2 * x * a, x * a, src, "rope", (0, x * a), saves=False)]
+            _ew(f"{name}.rope_add", 2 * x * a, x * a, src, "rope", (0, x * a), saves=False, bwd=0)]
 
 
 def _activation(spec: ModelSpec, name: str, x: float, sh: Shape, group: str) -> list[Op]:
@@ -305,8 +312,10 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     if sh.attention == "eager" and softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
         s2 = bh * (sh.seq / sh.cp) * sh.seq * a
         ops += [_ew(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
+    # eager attention launches q·kᵀ, the scaling, the mask, softmax, its cast and p·v (6; backward 7, ATTENTION_BWD_KERNELS)
     ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
-                  kernel=sh.attention, source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
+                  kernel=sh.attention, kernels=6 if sh.attention == "eager" else 1,
+                  source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
         ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")
     if spec.mla is not None:  # o_proj reads heads·v_head_dim (modeling_deepseek_v3.py:398-402)
@@ -332,7 +341,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
             proj("up", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 up_proj")
         ops += _activation(spec, "act", T * i, sh, "act")
         ops.append(_ew("act_mul", 2 * T * i * a, T * i * a, "modeling_llama.py:164 act(gate)·up", "act",
-                       (0, T * i * a)))
+                       (0, T * i * a), bwd=2))  # grad·up and grad·act(gate)
         proj("down", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_llama.py:164 down_proj")
     else:
         ops += _casts("mlp_in", T, h, 1, sh, "attn_out")
@@ -521,13 +530,36 @@ def backward(ops: list[Op]) -> list[Op]:
                 dy = op.m * op.n * op.batch * SIZE.get(op.dtype, 2)
                 out.append(_ew(op.name + ".bias_grad", dy, op.n * FP32, "autograd bias gradient", saves=False))
         elif op.kind == "attention":
-            out.append(op._replace(name=op.name + ".backward", backward=True))
+            out.append(op._replace(name=op.name + ".backward", backward=True,
+                                   kernels=ATTENTION_BWD_KERNELS.get(op.kernel, 1)))
         elif op.kind != "gemm" and op.grad:
             reads = op.writes + (op.reads if op.saves_input else 0.0)
             fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
+            k = op.kernels if op.bwd_kernels < 0 else op.bwd_kernels
             out.append(op._replace(name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,
-                               fused_writes=op.fused_reads))
+                                   fused_writes=op.fused_reads, kernels=k))
     return out
+
+
+# Kernels of one attention backward: the flash kernel's pre-pass (dot(dO, O)), its dq/dk/dv kernel and the dq
+# conversion (flash-attention csrc flash_bwd_launch_template.h run_flash_bwd_seqk_parallel: compute_dot_do_o,
+# flash_bwd_dq_dk_dv_loop_seqk_parallel, convert_dQ); the memory-efficient kernel one (cutlass fmha backward). NB: on
+# an H200 with torch 2.11 SDPA ran cuDNN's kernel, 5 per backward (bprop, dot_do_o, 2 reduce_head, convert_dq).
+# Eager: p·v's two GEMMs, the cast's and softmax's backward, the scaling's, q·kᵀ's two GEMMs (7).
+ATTENTION_BWD_KERNELS = {"flash": 3, "efficient": 1, "eager": 7}
+
+
+def grad_accumulations(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """Backward-only kernels of one layer: autograd sums the gradients of a tensor used k times with k - 1 adds
+    (torch/csrc/autograd/input_buffer.cpp InputBuffer::add): the residual stream read by each norm and its residual
+    add (2), the attention input read by q, k and v (2; 0 when fused), the MLP input read by gate and up (1)."""
+    traits = family_traits(spec)
+    x = sh.norm_tokens * spec.hidden * sh.residual
+    n = 2 + (0 if traits["fused_qkv"] or spec.mla is not None else 2)
+    n += 1 if spec.gated_mlp and not traits["fused_gate_up"] and spec.moe is None else 0
+    if sh.compile:
+        return []  # the compiled backward sums inside its fused kernels
+    return [_ew("grad_accumulate", 2 * x * n, x * n, "autograd InputBuffer::add", saves=False, kernels=n)]
 
 
 def compiled(ops: list[Op]) -> list[Op]:

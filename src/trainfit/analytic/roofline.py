@@ -129,6 +129,11 @@ def _kernels_by_name(name: str, vendor: str, watts: float = 0.0) -> Kernels:
     return _build(entry, t["generation"][entry["generation"]], name, known=True, clock=clock)
 
 
+def host_seconds_per_kernel() -> float:
+    """The host's time to issue one kernel from eager PyTorch (kernels.toml [host], measured on an H200's host)."""
+    return float(_table()["host"]["eager_seconds_per_kernel"])
+
+
 def kernels_for(gpu: GPU) -> Kernels:
     """Kernel data for `gpu` by its canonical name (catalog aliases resolve to it in hardware.get_gpu)."""
     return _kernels_by_name(gpu.name, gpu.vendor, gpu.power_watts)

@@ -68,7 +68,7 @@ from .compute_time import cached_stage_compute, optimizer_seconds, tensors_per_r
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .overlap import exposed
-from .roofline import kernels_for
+from .roofline import host_seconds_per_kernel, kernels_for
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 from .parallel.pipeline import split
@@ -111,6 +111,8 @@ class StepTime:
     # seconds of the step's compute (compute + recompute) by kind: gemm, attention, memory (memory-bound kernels),
     # launches (kernel launch cost); empty under the flat --efficiency override
     compute_terms: dict = field(default_factory=dict)
+    # the GPU waiting on the host's kernel launches: eager steps of short kernels (host_issue_exposed)
+    host_issue: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -258,7 +260,11 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
-    step = m * t_mb + bubble + once_exposed + opt + host
+    issue = 0.0
+    if efficiency is None:
+        kernels = m * tot.kernels + opt_launch / kernels_for(gpu).launch_seconds
+        issue = host_issue_exposed(setup, kernels, m * (c_f + c_b + c_r) + opt)
+    step = m * t_mb + bubble + once_exposed + opt + host + issue
 
     world = t * p * d * cp
     tok_step = b * s * m * d
@@ -272,8 +278,19 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, host_copies=host, step_seconds=step,
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
-        efficiency=achieved, compute_terms=terms,
+        efficiency=achieved, compute_terms=terms, host_issue=issue,
     )
+
+
+def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> float:
+    """Seconds the GPU waits on an eager host: issuing `kernels` takes kernels × the host's time per kernel
+    (kernels.toml [host]); when that exceeds the kernels' own `gpu_seconds` the step is host-bound by the
+    difference. NB: the two are taken over the whole step, as if the host were ahead or behind throughout:
+    optimistic where short and long kernels alternate (the GPU idles in the short stretches even when the sum
+    of kernels is longer). Compiled steps are not charged (NB optimistic: inductor's launches are cheaper, not free)."""
+    if getattr(setup, "compile", False):
+        return 0.0
+    return max(0.0, kernels * host_seconds_per_kernel() - gpu_seconds)
 
 
 def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: str = "even") -> int:

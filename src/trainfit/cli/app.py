@@ -295,7 +295,7 @@ def gpus(json: bool = JsonOpt) -> None:
     for g in items:
         bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0
         t.add_row(g.name, fmt_bytes(g.memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s", f"{bf16 / 1e12:,.1f}",
-                  f"{g.flops_for('fp32') / 1e12:,.1f}", f"{g.power_watts:.0f}", f"{g.price_per_hour:.2f}")
+                  f"{g.flops_for('tf32') / 1e12:,.1f}", f"{g.power_watts:.0f}", f"{g.price_per_hour:.2f}")
     Console().print(t)
 
 

@@ -25,7 +25,9 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
     dtype = autocast_dtype(setup)
     params = inspect.signature(model.forward).parameters
     kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-    causal = causal and "past_key_values" in params and "use_cache" in params
+    # transformers 5.24 renamed past_key_values to cache (the argument and the output field)
+    cache_arg = "cache" if "cache" in params else "past_key_values"
+    causal = causal and cache_arg in params and "use_cache" in params
     device_type = ids.device.type if ids.device.type in ("cpu", "cuda") else "cpu"
     with torch.no_grad(), torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         phase("prefill")
@@ -34,13 +36,13 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
             phase("end")
             return None
         out = model(input_ids=ids, use_cache=True, **kw)
-        cache = out.past_key_values
+        cache = getattr(out, cache_arg)
         on_cache(cache)
         next_ids = out.logits[:, -1:].argmax(-1)  # greedy; its value does not matter for memory
         del out
         phase("decode")
-        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, **kw)
-        on_cache(out.past_key_values)
+        out = model(input_ids=next_ids, use_cache=True, **{cache_arg: cache}, **kw)
+        on_cache(getattr(out, cache_arg))
         del out
         phase("end")
     return cache

@@ -258,7 +258,9 @@ def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], N
     from torchtitan.components.loss import IGNORE_INDEX
     from torchtitan.distributed import utils as dist_utils
 
-    local_valid_tokens = torch.tensor(0, dtype=torch.int64)  # train.py:560-563
+    # train.py:560-568 counts on the host's labels, then moves the count to the device; our batches already live on
+    # the device, so the count starts there (a host counter += a CUDA sum fails: seen on an H200)
+    local_valid_tokens = torch.zeros((), dtype=torch.int64, device=batches[0]["labels"].device)
     for b in batches:
         local_valid_tokens += (b["labels"] != IGNORE_INDEX).sum()
     if setup.dp > 1:

@@ -8,8 +8,8 @@ kernel gives the CUDA output and saved tensors without a GPU:
     probabilities — a different memory profile. torch/nn/attention sdp dispatch (sdp_utils.cpp).
   * Dropout: CUDA's fused native_dropout keeps a 1-byte mask; the CPU path keeps a noise tensor of the
     input's dtype (aten Dropout.cpp).
-NB: an explicit attention mask (padding) goes to the original SDPA; fp32 GQA repeats k/v for the
-memory-efficient kernel as PyTorch's fallback does (a slight over-count if a future kernel avoids it).
+NB: an explicit attention mask (padding) goes to the original SDPA. fp32 with GQA (enable_gqa) takes the math
+path: the memory-efficient kernel does not take GQA (sdp_utils.cpp), the flash kernel not fp32.
 `--stack torchtitan` allows only the cuDNN, flash and math backends (torchtitan/models/attention.py:173-178, 190:
 sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)): bf16 runs the flash kernel here (NB: on
 GPUs with cuDNN attention torchtitan gets cuDNN's kernel, which also saves the output and an fp32 logsumexp), fp32
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..setup import Setup
+from .cuda_autocast import CudaAutocastLists
 
 
 def _cuda_sdpa(original, efficient: bool = True):
@@ -45,12 +46,12 @@ def _cuda_sdpa(original, efficient: bool = True):
             if query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] == value.shape[-1]:
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     query, key, value, dropout_p, is_causal, False, scale=scale)[0]
-            if not efficient:  # math: a composite op, decomposed as on CUDA
+            # the memory-efficient kernel has no GQA (sdp_utils.cpp use_mem_efficient_attention:
+            # check_batch_size_and_num_heads_dense<false>), so fp32 with enable_gqa takes the math path
+            # (seen on an H200, torch 2.11: llama-3.2-1b fp32 kept 4.36 GB more, its s×s probabilities)
+            if not efficient or key.shape[1] != query.shape[1]:  # math: a composite op, decomposed as on CUDA
                 return torch.ops.aten._scaled_dot_product_attention_math(
                     query, key, value, None, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
-            if key.shape[1] != query.shape[1]:
-                rep = query.shape[1] // key.shape[1]
-                key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 query, key, value, None, True, dropout_p, is_causal, scale=scale)[0]
     return sdpa
@@ -93,7 +94,8 @@ def _cuda_rms_norm(original):
 
 @contextlib.contextmanager
 def cuda_kernels(setup: Setup):
-    """Patch torch.nn.functional's SDPA, dropout and RMSNorm for the duration of a `--device cuda` trace."""
+    """Patch torch.nn.functional's SDPA, dropout and RMSNorm for the duration of a `--device cuda` trace, and apply
+    CUDA autocast's fp32 op lists (cuda_autocast.py)."""
     if setup.device != "cuda":
         yield
         return
@@ -102,6 +104,7 @@ def cuda_kernels(setup: Setup):
     F.dropout = _cuda_dropout(saved[1])
     F.rms_norm = _cuda_rms_norm(saved[2])
     try:
-        yield
+        with CudaAutocastLists() if setup.policy.autocast else contextlib.nullcontext():
+            yield
     finally:
         F.scaled_dot_product_attention, F.dropout, F.rms_norm = saved

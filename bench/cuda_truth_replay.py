@@ -1,0 +1,81 @@
+"""Today's analytic engine against a committed CUDA truth run (no GPU needed).
+
+    python bench/cuda_truth_replay.py bench/results/cuda-H200-2026-11-26.json
+
+bench/cuda_truth.py measured real steps on a lent GPU and wrote what it measured; this re-estimates every case
+with the analytic engine as it is now and prints the errors: the step's own allocated peak (measured above what
+the process held before the case: the cuBLAS workspaces and earlier cases' leftovers), the step time, and the
+kernels launched per step (the count behind the host-issue bound, analytic/step_time.py). The measured numbers are
+ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU); tests/bench/test_cuda_truth_replay.py checks the
+memory column against them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def replay(path: Path) -> list[dict]:
+    """One row per measured case: measured and analytic peak, step time and kernels."""
+    from trainfit.analytic.engine import estimate
+    from trainfit.hardware import get_gpu
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+
+    run = json.loads(path.read_text())
+    gpu = get_gpu(run["gpu"])
+    rows = []
+    for case in run["cases"]:
+        m, own = case.get("measured", {}), case.get("measured_own", {})
+        if "peak" not in m:
+            continue
+        spec = load_model(case["model"])
+        e = estimate(spec, Setup(**{"device": "cuda", **case["settings"]}), gpu=gpu)
+        st = (e.detail or {}).get("step_time") or {}
+        launches = (st.get("compute_terms") or {}).get("launches")
+        rows.append({"id": case["id"], "peak": own.get("peak") or m["peak"], "analytic_peak": e.memory.peak,
+                     "step": m["step_seconds"], "analytic_step": e.time.step_seconds if e.time else None,
+                     "host_issue": st.get("host_issue"),
+                     "kernels": (m.get("profile") or {}).get("kernels"),
+                     "analytic_kernels": round(launches / 3e-6) if launches else None,
+                     "kinds": m.get("kinds"), "analytic_kinds": _kinds(st)})
+    return rows
+
+
+def _kinds(st: dict) -> dict:
+    """The analytic step's kernel time in the profile's kinds (bench/cuda_truth.py kind_of)."""
+    t = st.get("compute_terms") or {}
+    return {"gemm": t.get("gemm", 0.0), "attention": t.get("attention", 0.0),
+            "other": t.get("memory", 0.0) + t.get("launches", 0.0), "optimizer": st.get("optimizer", 0.0)}
+
+
+def _err(a, b):
+    return None if a is None or not b else (a - b) / b
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="a bench/results/cuda-<gpu>-<date>.json from bench/cuda_truth.py")
+    args = ap.parse_args(argv)
+    rows = replay(args.results)
+    print("| case | peak (measured) | analytic | step ms (measured) | analytic | host-bound part | kernels measured "
+          "/ analytic |\n|---|---:|---:|---:|---:|---:|---:|")
+    steps = []
+    for r in rows:
+        pe, se = _err(r["analytic_peak"], r["peak"]), _err(r["analytic_step"], r["step"])
+        if se is not None and r["kernels"]:
+            steps.append(abs(se))
+        kern = f"{r['kernels']} / {r['analytic_kernels']}" if r["kernels"] else "—"
+        print(f"| {r['id']} | {r['peak']:,} | {pe:+.2%} | {r['step'] * 1e3:.1f} | "
+              f"{r['analytic_step'] * 1e3:.1f} ({se:+.1%}) | {(r['host_issue'] or 0) * 1e3:.1f} ms | {kern} |")
+    if steps:
+        print(f"\ntraining step time: median |error| {statistics.median(steps):.1%}, worst {max(steps):.1%} "
+              f"over {len(steps)} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The analytic engine against real steps on an H200 (bench/results/cuda-H200-2026-11-26.json, measured by
+bench/cuda_truth.py with torch 2.11.0+cu130: each case's max_memory_allocated above what the process held before it).
+Ground truth of rule 1; issue 18's target for the analytic peak is 3 %."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+RESULTS = ROOT / "bench" / "results" / "cuda-H200-2026-11-26.json"
+# measured +5.0 % over: with full recompute the real step holds one vocab x hidden fp32 gradient fewer at the end of
+# backward than both engines (the tied embedding's two partial gradients; under investigation)
+KNOWN = "llama-3.2-1b-amp-bf16-full-recompute"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    from cuda_truth_replay import replay
+
+    return {r["id"]: r for r in replay(RESULTS)}
+
+
+def test_every_measured_case_is_replayed(rows):
+    assert len(rows) >= 17 and "tinyllama-1.1b-torchtitan" in rows and "llama-3.1-8b-bf16" in rows
+
+
+@pytest.mark.parametrize("case", ["gpt2-amp-bf16", "llama-3.2-1b-amp-bf16", "qwen2.5-1.5b-amp-bf16",
+                                  "llama-3.2-3b-amp-bf16", "llama-3.2-1b-fp32", "llama-3.2-1b-bf16",
+                                  "llama-3.2-1b-bf16-master", "llama-3.2-1b-amp-bf16-eager",
+                                  "llama-3.2-1b-amp-bf16-foreach",
+                                  pytest.param("llama-3.2-1b-amp-bf16-full-recompute",
+                                               marks=pytest.mark.xfail(strict=True, reason="+5 % (KNOWN)")),
+                                  "tinyllama-1.1b-torchtitan", "llama-3.2-1b-lora", "llama-3.2-1b-qlora",
+                                  "llama-3.2-1b-infer", "gpt2-amp-bf16-eager", "gpt2-fp32", "llama-3.1-8b-bf16",
+                                  "qwen2.5-1.5b-infer"])
+def test_analytic_peak_within_3_percent_of_the_h200(rows, case):
+    r = rows[case]
+    assert abs(r["analytic_peak"] - r["peak"]) <= 0.03 * r["peak"], (r["analytic_peak"], r["peak"])
+
+
+@pytest.mark.parametrize("case", ["llama-3.2-1b-amp-bf16", "llama-3.2-1b-bf16", "llama-3.2-1b-fp32",
+                                  "llama-3.1-8b-bf16", "tinyllama-1.1b-torchtitan"])
+def test_gemm_time_within_15_percent_of_the_profiled_kernels(rows, case):
+    """Issue 14/18: the large ops' time against the profiler's kernel time (cuBLAS GEMMs, all the step's). fp32
+    matmuls run at the fp32 rate: PyTorch leaves TF32 off for matmuls (--tf32 turns it on)."""
+    r = rows[case]
+    measured, predicted = r["kinds"]["gemm"], r["analytic_kinds"]["gemm"]
+    assert abs(predicted - measured) <= 0.15 * measured, (predicted, measured)
