@@ -91,7 +91,8 @@ def test_device_total_is_reserved_plus_overheads_and_fits_on_it():
 
 def test_tied_embedding_gradient_keeps_the_loss_blocks_cached():
     # llama-3.2-1b ties its 128,256 × 2,048 embedding: the head's and the embedding's partial gradients (fp32 under
-    # amp-bf16) are summed out of place at the end of backward; that 1 GiB request is larger than any of the loss's
+    # amp-bf16) are summed at the end of backward (in place, the embedding's freed after); that 1 GiB request (the
+    # embedding's partial) is larger than any of the loss's
     # fp32 logits blocks (256 tokens × 128,256 × 4 = 125 MiB), so the three the loss held at once -- the saved
     # log-softmax output, its gradient and the logits' gradient -- stay cached beside the partial's block.
     spec = load_spec("llama-3.2-1b")

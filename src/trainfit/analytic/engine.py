@@ -34,8 +34,8 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
     tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (every stack's loss upcasts:
     stacks/*.toml [loss]) when the peak's stage holds the head, one layer's MLP intermediate (tokens ×
     intermediate / tp), or a tied embedding's partial gradient (vocab × hidden / tp in the gradients' dtype: autograd
-    sums the head's and the embedding's partials out of place and frees them, torch/csrc/autograd/input_buffer.cpp
-    InputBuffer::add, at the end of the backward).
+    sums the head's and the embedding's partials, in place under autocast, and frees the partial it does not keep
+    as the .grad, torch/csrc/autograd/input_buffer.cpp accumulate, at the end of the backward).
     When a request the backward makes after the loss is larger than the logits, it cannot be carved from a
     logits-sized block (get_free_block takes only a block >= the request), and best fit serves the smaller requests
     from smaller blocks, so every logits-sized block the loss held at once stays cached: the saved log-softmax

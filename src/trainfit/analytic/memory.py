@@ -102,10 +102,16 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     head_params = (pc.final + pc.lm_head / t) if stage.head else 0
     if stage.head and spec.tied_embeddings:
         head_params += spec.vocab * (spec.embed_proj_dim or spec.hidden) / t  # the tied weight's gradient
-    # A tied embedding gets two gradients, the LM head's and the embedding's; autograd sums them out of place
-    # before AccumulateGrad (torch/csrc/autograd/input_buffer.cpp InputBuffer::add), so at the embedding's backward
-    # both partials and their sum are live. (On a pipeline, Megatron's last stage holds its own copy: not here.)
-    tied_partials = 2 * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb \
+    # A tied embedding gets two gradients, the LM head's and the embedding's, which autograd sums before
+    # AccumulateGrad steals the sum as the .grad (torch/csrc/autograd/input_buffer.cpp accumulate). Under autocast
+    # the head's partial, which arrives first, is the fresh fp32 output of the weight cast's backward
+    # (ToCopyBackward0), which the buffer alone holds: the embedding's partial is added into it in place
+    # (old_var.add_(var)), so at the embedding's backward one partial is live beside the one that becomes the
+    # gradient. Without autocast the head's partial is a view of the matmul's gradient (TBackward0) sharing its
+    # base's storage, so the sum is out of place: both partials and their sum. Both seen on an H200 (torch
+    # 2.11.0+cu130; trace/recorder.py _sums_in_place). (On a pipeline, Megatron's last stage holds its own copy:
+    # not here.)
+    tied_partials = (1 if st.autocast else 2) * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb \
         if (spec.tied_embeddings and stage.embedding and stage.head) else 0
     if setup.lora_rank:  # frozen head and embedding: no gradients there; the layers' gradients are the adapters'
         head_params, tied_partials = 0, 0
