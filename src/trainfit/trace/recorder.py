@@ -72,9 +72,6 @@ def cuda_rounded(nbytes: int) -> int:
     return (nbytes + 511) & ~511
 
 
-_ADD = torch.ops.aten.add.Tensor
-
-
 class AllocationRecorder(TorchDispatchMode):
     """Records storages created by ops while active, plus any pre-existing ones registered with `adopt`.
 
@@ -107,9 +104,6 @@ class AllocationRecorder(TorchDispatchMode):
         # CPU kernels whose internal scratch depends on this CPU's ISA: measured by a probe (kernel_scratch.py).
         self.kernels = KernelScratch() if self.host_is_device else None
         self.probed = PROBED if self.host_is_device else frozenset()
-        # (shape, dtype) of parameters used twice in the graph (a tied embedding): their gradient partials'
-        # sum is replayed as the autograd engine does it on plain tensors (see _sums_in_place); set by the caller
-        self.tied: frozenset = frozenset()
 
     # -- phases ---------------------------------------------------------------------------------
     def set_phase(self, name: str) -> None:
@@ -207,8 +201,6 @@ class AllocationRecorder(TorchDispatchMode):
             if n:
                 scratch = self._born(n, TEMPORARY, (n,), torch.uint8, "cpu kernel scratch (probed)")
         live = self.live
-        if func is _ADD and self.tied and self._sums_in_place(args, kwargs):
-            self._freed_into(args[0], out)
         if type(out) in (tuple, list):
             for o in out:
                 if isinstance(o, torch.Tensor):
@@ -227,46 +219,6 @@ class AllocationRecorder(TorchDispatchMode):
             self.event += 1
             self.total -= scratch.nbytes
         return out
-
-    def _sums_in_place(self, args, kwargs) -> bool:
-        """Is this `old + var` the autograd engine's sum of a tied parameter's two gradient partials, which the
-        real engine does in place? torch/csrc/autograd/input_buffer.cpp accumulate(): with grad mode off it runs
-        `old_var.add_(var)` when can_accumulate_inplace(old_var): a plain tensor (not a subclass:
-        at::isTensorSubclassLike), non-overlapping and dense, whose TensorImpl and storage the buffer alone holds
-        (use_count 1); otherwise `old_var + var`. Here it is always the latter: at::isTensorSubclassLike is true
-        for a fake tensor and for every tensor while a TorchDispatchMode (this recorder) is active
-        (aten/src/ATen/TensorSubclassLikeUtils.h). The buffer alone holds the partial that arrives first when a
-        backward node made it fresh: under autocast the LM head's partial is the fp32 output of the weight
-        cast's backward (ToCopyBackward0). Without autocast it is a view of the matmul's gradient (TBackward0),
-        whose base shares the storage (storage use_count 2): summed out of place. Both seen on an H200 (torch
-        2.11.0+cu130, a tied 128256 x 2048 toy): the profiler records aten::add_ with autocast bf16, aten::add
-        in fp32; the backward peak is 1.5 tables above the forward's end with autocast (the head's bf16 weight
-        copy freed), 3 without. NB: only a tied parameter's sum is replayed; the engine's other sums (a residual
-        stream's two gradients, q/k/v's input gradient) stay out of place here, an over-read of one activation-sized
-        temporary where a peak falls on one."""
-        if kwargs or len(args) != 2 or torch.is_grad_enabled() or self.phase != "backward":
-            return False
-        old, var = args
-        if not (isinstance(old, torch.Tensor) and isinstance(var, torch.Tensor)):
-            return False
-        if (tuple(old.shape), old.dtype) not in self.tied or old.shape != var.shape or old.dtype != var.dtype:
-            return False
-        if old._is_view() or not old.is_contiguous():
-            return False
-        rec = self.live.get(id(old.untyped_storage()))
-        return rec is not None and rec.cat == TEMPORARY and rec.phase == "backward" and rec.nbytes > 0
-
-    def _freed_into(self, old: torch.Tensor, out: torch.Tensor) -> None:
-        """Replay `old.add_(var)` for an `old + var` the fake run made out of place: `old`'s storage ends here (the
-        sum, registered next, takes its bytes); its later real death frees nothing."""
-        key = id(old.untyped_storage())
-        rec = self.live[key]
-        rec.death = self.event
-        self.event += 1
-        self.total -= rec.nbytes
-        gone = Record(0, rec.cat, rec.birth, rec.phase, rec.module, rec.shape, rec.dtype, rec.name)
-        gone.death = rec.death
-        self.live[key] = gone  # what the weakref callback pops when the fake storage dies
 
     def _resized(self, rec: Record, st) -> None:
         # An out= or resize_ kernel changed a storage's size in place: the allocator allocates the new

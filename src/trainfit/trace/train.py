@@ -98,16 +98,6 @@ def _grad_hooks(rec: AllocationRecorder, model):
     return handles
 
 
-def tied_gradients(model) -> frozenset:
-    """(shape, dtype) of each trainable parameter that two modules hold (a tied embedding and LM head): it gets
-    two gradient partials, which the autograd engine sums (AllocationRecorder._sums_in_place)."""
-    seen, tied = set(), set()
-    for _, p in model.named_parameters(remove_duplicate=False):
-        if p.requires_grad:
-            (tied if id(p) in seen else seen).add(id(p))
-    return frozenset((tuple(p.shape), p.dtype) for p in model.parameters() if id(p) in tied)
-
-
 def record_train_step(model, optimizer, batches, setup, count_flops=True, round_cuda=False, named=None,
                       segments=False):
     """Run one standard step under an AllocationRecorder. Returns (recorder, Analysis).
@@ -122,7 +112,6 @@ def record_train_step(model, optimizer, batches, setup, count_flops=True, round_
     if segments:
         rec.seg_marks = []
         modules.on_mark = rec.mark
-    rec.tied = tied_gradients(named)
     handles = _grad_hooks(rec, named)
     try:
         with modules, rec:
