@@ -68,14 +68,20 @@ def grad_bytes(model: torch.nn.Module) -> int:
     return sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def reserved_of(rec, setup: Setup, alloc_conf: str | None) -> int | None:
-    """The caching allocator's max reserved over the traced step (trainfit.alloc.replay); None for CPU runs
-    (no caching allocator there)."""
+def replay_of(rec, setup: Setup, alloc_conf: str | None):
+    """The caching-allocator replay of the traced step (trainfit.alloc.replay.Replay); None for CPU runs (no
+    caching allocator there)."""
     if setup.device != "cuda":
         return None
     from ..alloc.replay import replay
 
-    return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop).reserved
+    return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop)
+
+
+def reserved_of(rec, setup: Setup, alloc_conf: str | None) -> int | None:
+    """The caching allocator's max reserved over the traced step; None for CPU runs."""
+    r = replay_of(rec, setup, alloc_conf)
+    return None if r is None else r.reserved
 
 
 def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory:

@@ -21,12 +21,15 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .cpu_casts import PROMOTING, cast_scratch
 from .fake_overrides import OVERRIDES
 from .kernel_scratch import PROBED, KernelScratch
 from .flops import FlopCounter
+
+_ADD = torch.ops.aten.add.Tensor
 
 # Categories (index into the per-category arrays). "activation" is decided after the fact: a storage
 # born in a forward phase and still alive when that forward ends (see analysis.py); until then every
@@ -95,6 +98,9 @@ class AllocationRecorder(TorchDispatchMode):
         self.seg_marks: list[tuple[int, tuple]] | None = None
         self.modules = modules
         self.stream_of = None  # () -> the current stream's number (streams.numbered_streams); None: all on 0
+        # A gradient sum the autograd engine may make in place (_accumulated): (its first operand's storage
+        # id, the sum's storage id, the sum's record, the event right after the sum, (peak, peak_event) before it)
+        self._accum = None
         self.size = cuda_rounded if round_cuda else int
         self.flops = FlopCounter(self) if count_flops else None
         # Allocations a CPU run makes that a CUDA device would not: CPU kernels' mixed-dtype input
@@ -142,6 +148,10 @@ class AllocationRecorder(TorchDispatchMode):
 
         def died(_ref, key=key, self=self):
             # Runs when the last reference to the storage goes: that is the allocator's free.
+            acc = self._accum
+            if acc is not None and acc[0] == key and acc[3] == self.event:
+                self._in_place(acc)
+                return
             rec = live.pop(key)
             rec.death = self.event
             self.event += 1
@@ -162,6 +172,51 @@ class AllocationRecorder(TorchDispatchMode):
             self.peak = self.total
             self.peak_event = rec.birth
         return rec
+
+    # -- autograd's gradient sums ------------------------------------------------------------------
+    def _accumulated(self, args, kwargs, out) -> int | None:
+        """For an `aten.add.Tensor` that may be the autograd engine summing two gradients of one input: the
+        storage id of its first operand (else None).
+
+        The engine sums them in torch/csrc/autograd/input_buffer.cpp `accumulate`: `old_var.add_(var)` -- in
+        place, no new block -- when grad mode is off and `can_accumulate_inplace(old_var)`: a plain tensor,
+        non-overlapping and dense, whose last reference the buffer holds (`use_count() == 1` for the tensor and
+        its storage: a view fails this, its base holds the storage too); else `old_var + var`. Under the trace
+        every tensor is "subclass-like" (ATen/TensorSubclassLikeUtils.h isTensorSubclassLike: true while a dispatch mode is on, and for fake
+        tensors), so the engine always takes the out-of-place branch here. We see the same sum and can tell
+        the in-place case afterwards: the first operand's storage dies right after the sum, before any other
+        event (the buffer held its last reference); `died` then folds the sum into that storage (_in_place).
+        Only sums inside the backward engine (`_current_autograd_node`) with grad mode off qualify.
+        NB: a backward formula whose last op is `grad + x` on a gradient it holds the last reference to is
+        folded too (reads low by that one transient block); none is known in the traced models. FSDP2 traces
+        (distributed.ShardedRecorder) keep the out-of-place sums (reads high by one block per such sum)."""
+        if kwargs or len(args) != 2 or torch.is_grad_enabled() or torch._C._current_autograd_node() is None:
+            return None
+        old, var = args
+        if not (isinstance(old, torch.Tensor) and isinstance(var, torch.Tensor)):
+            return None
+        if old.shape != out.shape or old.dtype != out.dtype or old.device != out.device \
+                or not is_non_overlapping_and_dense_or_false(old) or old._base is not None:
+            return None  # a view keeps its base alive: their storage's use_count is 2, the engine adds out of place
+        st = old.untyped_storage()
+        rec = self.live.get(id(st))
+        if rec is None or rec.nbytes != self.size(out.untyped_storage().nbytes()):
+            return None
+        return id(st)
+
+    def _in_place(self, acc) -> None:
+        """The sum's first operand died right after the sum: the engine would have added in place. Its block
+        lives on as the sum; the sum's own block never existed (its record goes, the totals and peak with it)."""
+        old_key, out_key, out_rec, _, (peak, peak_event) = acc
+        self._accum = None
+        old_rec = self.live.pop(old_key)
+        self.live[out_key] = old_rec  # the sum's storage now ends the operand's record when it dies
+        old_rec._ref = out_rec._ref  # ... through the sum's weakref, which must outlive the dropped record
+        old_rec.shape, old_rec.dtype = out_rec.shape, out_rec.dtype
+        assert self.records[-1] is out_rec  # nothing was born since the sum (the event check in `died`)
+        self.records.pop()
+        self.total -= out_rec.nbytes
+        self.peak, self.peak_event = peak, peak_event
 
     # -- allocations that bypass the dispatcher ---------------------------------------------------
     def __enter__(self):
@@ -211,7 +266,10 @@ class AllocationRecorder(TorchDispatchMode):
             st = out.untyped_storage()
             rec = live.get(id(st))
             if rec is None:
-                self._register(st, out, TEMPORARY)
+                operand = self._accumulated(args, kwargs, out) if func is _ADD and scratch is None else None
+                peak = (self.peak, self.peak_event)
+                new = self._register(st, out, TEMPORARY)
+                self._accum = None if operand is None else (operand, id(st), new, self.event, peak)
             elif self.size(st.nbytes()) != rec.nbytes:  # an out= or resize_ kernel grew it
                 self._resized(rec, st)
         if scratch is not None:  # the kernel's copies die when it returns, after its outputs were made
