@@ -7,6 +7,8 @@ vocabulary 1000, 2 layers, untied, no biases.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trainfit.analytic.engine import estimate
@@ -177,9 +179,13 @@ def test_llama3_8b_fsdp8_op_sac_is_below_the_published_max_reserved():
 
 def test_torchtitan_fp32_attention_takes_the_math_path(small):
     # torchtitan allows the cuDNN, flash and math SDPA backends only (models/attention.py:173-178); fp32 runs neither
-    # cuDNN nor flash, so the math path keeps the s×s probabilities (fp32, one per head, query and key); HF's SDPA
-    # runs the memory-efficient kernel for fp32 (no s×s tensor)
+    # cuDNN nor flash, so the math path keeps the s×s probabilities (fp32, one per head, query and key). HF's SDPA
+    # runs the memory-efficient kernel for fp32 (no s×s tensor) -- unless k/v have fewer heads: transformers passes
+    # enable_gqa=True, which that kernel does not take (sdp_utils.cpp), so GQA fp32 takes the math path too
+    # (measured on an H200: llama-3.2-1b fp32 kept its s×s probabilities)
     titan = estimate(small, tt(precision="fp32")).detail["attention_scores_per_layer"]
     hf = estimate(small, Setup(batch=BATCH, seq=SEQ, precision="fp32")).detail["attention_scores_per_layer"]
-    assert hf == 0
-    assert titan == FP32 * HEADS * T * SEQ
+    mha = replace(small, kv_heads=HEADS)
+    hf_mha = estimate(mha, Setup(batch=BATCH, seq=SEQ, precision="fp32")).detail["attention_scores_per_layer"]
+    assert KV_HEADS < HEADS and hf == titan == FP32 * HEADS * T * SEQ
+    assert hf_mha == 0

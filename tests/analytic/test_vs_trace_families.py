@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainfit.analytic.engine import estimate  # noqa: E402
+from trainfit.analytic.inference import values_keep_their_dtype  # noqa: E402
 from trainfit.models.hf_config import spec_from_config  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
 from trainfit.trace import trace_spec  # noqa: E402
@@ -180,6 +181,11 @@ KNOWN_GAPS.update({
     "deepseek_v3-infer-bf16-cpu": _MLA_PREFILL,
     "deepseek_v3-infer-amp-bf16-cuda": _MLA_PREFILL,
 })
+
+if values_keep_their_dtype():
+    # transformers >= 5.24 caches v in its own bf16 (not k's fp32): SDPA's autocast copy of an fp32 v is gone and the
+    # gap narrows to -0.97 %
+    KNOWN_GAPS.pop("gpt_neox-infer-amp-bf16-cuda")
 
 CASES = []
 for _i, _family in enumerate(FAMILIES):

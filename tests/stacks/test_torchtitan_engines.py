@@ -192,9 +192,13 @@ def test_two_rank_trace_matches_each_measured_rank():
     for s, ranks in zip(setups, measured):
         est = trace_distributed(spec, s)
         traced[(s.zero, s.precision, s.recompute)] = est
+        # FSDP2 over gloo: a collective's buffer is freed when gloo's worker thread completes it, so on a loaded CPU
+        # one more group's unsharded fp32 tensor can still be alive at the measured peak (seen in CI: +131,320 B,
+        # the [norm, output] group's 32,832 params x 4 B, on (3, fp32, op)); the trace cannot time that race
+        race = (spec.vocab * spec.hidden + spec.hidden) * 4 if s.zero == 3 else 0
         for r in ranks:
-            assert abs(est.memory.peak - r.peak) <= TOL * r.peak, (s.zero, s.precision, s.recompute, r.rank,
-                                                                   est.memory.peak, r.peak)
+            assert -TOL * r.peak <= r.peak - est.memory.peak <= TOL * r.peak + race, (
+                s.zero, s.precision, s.recompute, r.rank, est.memory.peak, r.peak)
         assert est.memory.weights == ranks[0].weights - _buffers(spec, s)  # this rank's shard (or replica)
     # categories: FSDP2 shards weights, gradients and states over the 2 ranks; DDP replicates them
     z3, z2, z0 = traced[(3, "amp-bf16", "none")], traced[(2, "amp-bf16", "none")], traced[(0, "amp-bf16", "full")]

@@ -7,6 +7,8 @@ streams the weights and the KV cache once (roofline, Williams et al. 2009); pref
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from dataclasses import dataclass
 
 from ..errors import SetupError
@@ -30,7 +32,8 @@ class InferMemory:
 
 def kv_dtype(spec: ModelSpec, setup: Setup) -> str:
     """The cache's dtype: that of k. Under autocast, rotary models multiply k by fp32 cos/sin, which promotes it
-    to fp32, and HF's DynamicLayer allocates v like k (observed in measured amp-bf16 runs)."""
+    to fp32 (observed in measured amp-bf16 runs); v keeps the projection's dtype from transformers 5.24
+    (values_keep_their_dtype)."""
     if setup.kv_dtype:
         return setup.kv_dtype
     if setup.precision == "fp32" or (setup.precision.startswith("amp") and spec.positions == "rotary"):
@@ -62,13 +65,38 @@ def mla_decompressed(spec: ModelSpec, tp: int = 1) -> float:
     return spec.heads / tp * (m.qk_nope_head_dim + m.v_head_dim + m.qk_head_dim)
 
 
+@lru_cache(maxsize=1)
+def values_keep_their_dtype() -> bool:
+    """HF's DynamicLayer allocates v in v's own dtype from transformers 5.24 (cache_utils.py lazy_initialization:
+    `dtype=value_states.dtype`); up to 5.23 in k's (`dtype=self.dtype`, set from key_states). The installed
+    version decides (read from its metadata, transformers is not imported); without it, the current behaviour."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(x) for x in version("transformers").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return True
+    return (major, minor) >= (5, 24)
+
+
 def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
     kv_dtype_ = kv_dtype(spec, setup)
     if spec.mla is not None:
+        if not setup.kv_dtype and setup.precision.startswith("amp") and spec.family == "deepseek_v2" \
+                and values_keep_their_dtype():
+            # the cache's "values" are the RoPE key k^R, which DeepSeek-V2's complex rotary returns in its input's
+            # 16-bit dtype (modeling_deepseek_v2.py apply_rotary_emb: `.type_as(xk)`); the latent is fp32 (its
+            # norm's fp32 weight). V3 rotates with fp32 cos/sin: both fp32.
+            m, a = spec.mla, DTYPE_BYTES["fp16" if setup.precision == "amp-fp16" else "bf16"]
+            return spec.layers / setup.pp * (m.kv_lora_rank * DTYPE_BYTES[kv_dtype_] + m.qk_rope_head_dim * a)
         return spec.layers / setup.pp * kv_values_per_token_layer(spec, setup.tp) * DTYPE_BYTES[kv_dtype_]
     kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
     layers = spec.layers / setup.pp
-    return 2 * layers * kv_heads_per_rank * spec.head_dim * DTYPE_BYTES[kv_dtype_]
+    k_bytes = v_bytes = DTYPE_BYTES[kv_dtype_]
+    if not setup.kv_dtype and setup.precision.startswith("amp") and spec.positions == "rotary" \
+            and values_keep_their_dtype():
+        v_bytes = DTYPE_BYTES["fp16" if setup.precision == "amp-fp16" else "bf16"]  # v: the projection's output
+    return layers * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
 
 
 def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:

@@ -62,7 +62,10 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     h, v = spec.hidden, spec.vocab // setup.tp  # vocab-parallel logits under TP (Megatron)
     saved = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
     if spec.mlm_transform:
-        saved += (2 * a * h + _norm_saved(spec, a)) * tokens  # dense input, GELU input, LayerNorm
+        # dense input, GELU input, LayerNorm. CUDA autocast runs layer_norm in fp32 (autocast_mode.h AT_FORALL_FP32;
+        # trace/cuda_autocast.py): the LayerNorm keeps an fp32 copy of the GELU's bf16 output
+        ln_in = FP32 if amp and setup.device == "cuda" else a
+        saved += (2 * a * h + _norm_saved(spec, ln_in)) * tokens
         if amp:
             saved += a * h * h  # autocast's cast of the transform's dense weight
     saved += a * h * tokens  # lm_head input (its autocast cast under amp)

@@ -90,7 +90,8 @@ def check_infer_setup(setup: Setup) -> None:
 def check_kv_dtype(setup: Setup, cache) -> None:
     """--kv-dtype must be the dtype HF's cache actually has (we do not convert it). NB: that dtype is the K
     projection's output after the rotary embedding: under amp-* autocast llama-style models return cos/sin in
-    the fp32 hidden dtype, so K becomes fp32, and DynamicLayer allocates V in K's dtype: an fp32 cache."""
+    the fp32 hidden dtype, so K becomes fp32 (V too up to transformers 5.23, whose DynamicLayer allocated V in K's
+    dtype; from 5.24 V keeps its own)."""
     tensors = cache_tensors(cache)
     if setup.kv_dtype is None or not tensors:
         return
