@@ -100,6 +100,7 @@ class StepTime:
     dp_comm: float  # exposed data-parallel communication (after overlap)
     optimizer: float  # optimizer.step(): memory-bound elementwise update
     host_copies: float  # exposed GPU <-> host copies: offloaded activations (after overlap), evicted paged states
+    host_issue: float  # the GPU waiting on an eager host's kernel launches (host_issue_exposed)
     step_seconds: float
     tokens_per_second: float
     mfu: float  # model FLOPs (no recompute) / (world × step × peak)
@@ -111,8 +112,6 @@ class StepTime:
     # seconds of the step's compute (compute + recompute) by kind: gemm, attention, memory (memory-bound kernels),
     # launches (kernel launch cost); empty under the flat --efficiency override
     compute_terms: dict = field(default_factory=dict)
-    # the GPU waiting on the host's kernel launches: eager steps of short kernels (host_issue_exposed)
-    host_issue: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -275,10 +274,11 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     return StepTime(
         compute=m * (c_f + c_b), recompute=m * c_r, tp_comm=m * tp_mb, cp_comm=m * cp_mb, ep_comm=m * ep_mb,
         pp_comm=m * pp_mb, bubble=bubble,
-        dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, host_copies=host, step_seconds=step,
+        dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, host_copies=host, host_issue=issue,
+        step_seconds=step,
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
-        efficiency=achieved, compute_terms=terms, host_issue=issue,
+        efficiency=achieved, compute_terms=terms,
     )
 
 
