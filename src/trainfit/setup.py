@@ -551,6 +551,9 @@ def validate(setup: Setup) -> None:
                          "(their row scales are moved out of the weight at the first forward); use --quant nf4")
     if setup.lora_dtype != "fp32" and not setup.lora_rank:
         raise SetupError("--lora-dtype sets the LoRA adapters' dtype: it needs --lora-rank R > 0")
+    if setup.tf32 and _precision.PRECISIONS[setup.precision].compute != "fp32":
+        raise SetupError(f"--tf32 runs fp32 matmuls on TF32 tensor cores; --precision {setup.precision} has none: "
+                         "use --precision fp32, or drop --tf32")
     if setup.quant and stack.name != "hf":
         raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack hf")
     if setup.lora_rank and not stack.fact("peft", "supported"):

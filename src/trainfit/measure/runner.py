@@ -147,6 +147,8 @@ def measure(
     progress = progress or (lambda stage, i, n: None)
     warmup = max(1, warmup)
     torch.manual_seed(0)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = bool(setup.tf32)  # --tf32 (PyTorch's default: off); CPU ignores it
     try:
         progress("build", 0, 1)
         model, optimizer, batches = stack_step(setup).prepare(spec, setup, device=device)  # includes 1 warm-up step
@@ -179,6 +181,8 @@ def measure(
             f"the step ran out of {dev} memory (peak exceeded what is available: {first}); "
             "lower --batch or --seq, use --recompute full, --grad-accum, or a larger device"
         ) from e
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     result.step_times = times
     if stack_step(setup).NOTE:
         result.notes.append(stack_step(setup).NOTE)
