@@ -59,7 +59,8 @@ def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: flo
 
 
 def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
-    launch = roofline.kernels_for(gpu).launch_seconds
+    kn = roofline.kernels_for(gpu)
+    launch = kn.launch_seconds
     g = at = fl = 0.0
     n = 0
     nbytes = 0.0
@@ -71,7 +72,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
         elif op.kind == "attention":
             at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
                                              op.backward) - launch
-            n += op.kernels
+            n += kn.attention_bwd_launches.get(op.kernel, op.kernels) if op.backward else op.kernels
             fl += op.flops
         else:
             nbytes += op.nbytes

@@ -47,6 +47,8 @@ class Kernels:
     nccl_channels: int = 0            # SMs an NCCL collective occupies (one CTA per channel); 0 = not modelled
     link_fraction: float = 1.0        # NCCL bus bandwidth / datasheet NVLink rate (1.0 = not measured)
     host_link: float = 0.0            # GPU <-> host bytes/s per direction (pinned copies); 0 = unknown
+    # fused-attention kernel -> launches of its backward where the GPU's default kernel differs (cuDNN on Hopper)
+    attention_bwd_launches: dict[str, int] = field(default_factory=dict)
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -96,6 +98,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        nccl_channels=int(d.get("nccl_channels", 0)),
                        link_fraction=float(d.get("link_fraction", 1.0)),
                        host_link=float(d.get("host_link", 0.0)),
+                       attention_bwd_launches={k: int(v) for k, v in d.get("attention_bwd_launches", {}).items()},
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
