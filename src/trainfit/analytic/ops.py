@@ -165,7 +165,9 @@ def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, o
     x, n = tokens * h, tokens
     if spec.norm != "rmsnorm" or sh.norm == "torch-rms-norm":
         src = "aten native_layer_norm" if spec.norm != "rmsnorm" else "aten._fused_rms_norm (torch.rms_norm)"
-        return [_ew(name, x * r, x * out + 2 * FP32 * n, src, group, (x * r, x * sh.act))]
+        # backward: the input gradient, then the weight's (and bias') gradient reductions (aten/src/ATen/native/cuda/
+        # layer_norm_kernel.cu LayerNormBackwardKernelImplInternal: ComputeInternalGradients + GammaBetaBackward): 3
+        return [_ew(name, x * r, x * out + 2 * FP32 * n, src, group, (x * r, x * sh.act), bwd=3)]
     src = "modeling_llama.py:61-66 LlamaRMSNorm"
     # Backward kernels (tools/autograd/derivatives.yaml): pow(x, 2) -> grad·2·x (2; x's two uses then summed: +1),
     # mean -> grad / n (1), x + eps -> none, rsqrt -> -0.5·grad·y³ (3), x·r -> grad·r and Σ(grad·x) over the row (3),
