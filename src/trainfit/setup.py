@@ -578,6 +578,9 @@ def _validate_serve(setup: Setup) -> None:
     if setup.kv_dtype in ("fp32", "int8"):
         raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if setup.server == 'sglang' else 'vLLM'} "
                          "caches KV in bf16, fp16 or fp8; choose one of those")
+    if setup.server == "sglang" and setup.kv_dtype == "fp16" and setup.precision != "fp16":
+        raise SetupError("--kv-cache-dtype fp16: SGLang's KV dtypes are auto (the model's), bf16 and fp8 "
+                         "(sglang/srt/arg_groups/fields/model.py:197-219); use --precision fp16 or another KV dtype")
     other = VLLM_ONLY if setup.server == "sglang" else SGLANG_ONLY
     off = [BY_NAME[n] for n in other if getattr(setup, n) != BY_NAME[n].default]
     if off:
