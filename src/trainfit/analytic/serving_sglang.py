@@ -146,9 +146,9 @@ def cell_size(spec: ModelSpec, setup: Setup, kv_dtype: str) -> int:
     layers = spec.layers // setup.pp  # this rank's layers (check() refuses a pp that does not divide them)
     if spec.mla is not None:
         # kv_cache_configurator.py:3412 calculate_mla_kv_cache_dim: the latent and the rope key, every rank whole
-        return (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * layers * b
+        return int((spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * layers * b)
     heads = max(1, spec.kv_heads // setup.tp)  # configs/model_config.py get_num_kv_heads
-    return heads * (spec.head_dim + spec.head_dim) * layers * b  # head_dim + v_head_dim (equal in these models)
+    return int(heads * (spec.head_dim + spec.head_dim) * layers * b)  # head_dim + v_head_dim (equal in these models)
 
 
 def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None = None) -> Serving:
