@@ -15,6 +15,9 @@ CUDA context and cuBLAS workspace of data/overheads.toml), so what is checked is
   0.33 (trainfit's model): see analytic/serving.py.
 
 Calibration (C4, ../shared/calibration.md; fitting allowed, nothing fitted) and validation (never fitted) rows.
+
+SGLang (--server sglang, analytic/serving_sglang.py): published "KV Cache is allocated. #tokens: N" lines, checked
+out of sample (never fitted): max_total_num_tokens = (free memory at start × mem_fraction_static − weights) // cell.
 Run: python bench/serving_published.py
 """
 from __future__ import annotations
@@ -88,6 +91,59 @@ def rows() -> list[tuple[Case, int, float]]:
     return out
 
 
+@dataclass(frozen=True)
+class SglangCase:
+    label: str
+    source: str
+    config: dict  # the model's config.json values over a catalog entry of its family (HF config.json of the model)
+    base: str
+    gpu: str
+    tp: int
+    quant: str | None
+    mem_fraction_static: float
+    published_tokens: int
+    published_k_gib: float  # "K size: x GB" (GB = 2**30, mem_cache/memory_pool.py:2083-2090)
+
+
+SGLANG_CASES = [
+    SglangCase("Qwen3-235B-A22B-FP8, 4× H100-80GB, tp 4, mem-fraction-static 0.93",
+               "vllm-project/vllm#21348 (SGLang log: KV Cache is allocated. #tokens: 367404, K size: 8.23 GB)",
+               # HF Qwen/Qwen3-235B-A22B config.json: hidden 4096, 94 layers, 64 heads, 4 kv heads, head_dim 128,
+               # 128 experts of 1536, 8 active, vocab 151936, 40960 positions
+               {"hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+                "num_attention_heads": 64, "num_hidden_layers": 94, "max_window_layers": 94},
+               "qwen3-30b-a3b", "H100-80GB", 4, "fp8", 0.93, 367404, 8.23),
+]
+
+
+def sglang_spec(case: SglangCase):
+    import json
+    import os
+    import tempfile
+
+    base = os.path.join(os.path.dirname(__file__), "..", "src", "trainfit", "models", "catalog", f"{case.base}.json")
+    with open(base) as f:
+        cfg = json.load(f)
+    cfg.pop("_trainfit", None)
+    cfg.update(case.config)
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return load_model(folder)
+
+
+def sglang_rows() -> list[tuple[SglangCase, object, float]]:
+    from trainfit.analytic import serving_sglang as sg
+
+    out = []
+    for c in SGLANG_CASES:
+        setup = Setup(mode="serve", server="sglang", precision="bf16", tp=c.tp, quant=c.quant,
+                      mem_fraction_static=c.mem_fraction_static)
+        sv = sg.serve_memory(sglang_spec(c), setup, get_gpu(c.gpu))
+        out.append((c, sv, (sv.kv_tokens - c.published_tokens) / c.published_tokens))
+    return out
+
+
 def main() -> int:
     print("| case | source | kind | published blocks | trainfit | error |")
     print("|---|---|---|---:|---:|---:|")
@@ -98,6 +154,12 @@ def main() -> int:
                                                       gpu_memory_utilization=0.9), get_gpu("A100-80GB"))
     print(f"\nC4's model under vLLM 0.33 (trainfit's model): {sv.kv_blocks:,} blocks "
           f"(CUDA graphs {sv.cuda_graphs / GiB:.2f} GiB and no context subtracted; total {sv.cuda_total / GiB:.2f} GiB)")
+    print("\n| SGLang case | source | published tokens | trainfit | error | K size published / trainfit's cell |")
+    print("|---|---|---:|---:|---:|---:|")
+    for c, sg_sv, err in sglang_rows():
+        k_gib = c.published_tokens * sg_sv.kv_bytes_per_token / 2 / GiB
+        print(f"| {c.label} | {c.source} | {c.published_tokens:,} | {sg_sv.kv_tokens:,} | {err:+.1%} | "
+              f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB |")
     return 0
 
 

@@ -25,7 +25,10 @@ from .units import parse_count
 
 MODES = ("train", "infer", "serve")
 STEP_MODES = ("train", "infer")  # a setting applies to these unless it says otherwise
-SERVERS = ("vllm",)  # --server: the serving engine modelled (analytic/serving.py)
+SERVERS = ("vllm", "sglang")  # --server: the serving engine modelled (analytic/serving.py, serving_sglang.py)
+# settings one server reads and the other has no counterpart for (refused under the other: _validate_serve)
+VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs", "draft_model")
+SGLANG_ONLY = ("mem_fraction_static",)
 SERVE_PRECISIONS = ("bf16", "fp16", "fp32")  # vLLM's --dtype (no autocast: the weights' dtype)
 TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
 INFER_PRECISIONS = _precision.INFER_PRECISIONS
@@ -207,8 +210,13 @@ class Setup:
     kv_dtype: Optional[str] = setting(None, "KV-cache dtype (default: the activation dtype; vLLM's "
                                       "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve"),
                                       aliases=("--kv-cache-dtype",))
-    server: str = setting("vllm", "Serving engine modelled (vLLM 0.33's start-up profiling and paged KV cache).",
+    server: str = setting("vllm", "Serving engine modelled: vllm (vLLM 0.33's start-up profiling and paged KV "
+                          "cache) or sglang (SGLang 0.5.23's static memory fraction and token pool).",
                           choices=SERVERS, modes=("serve",))
+    mem_fraction_static: Optional[float] = setting(None, "SGLang's --mem-fraction-static: the share of the free "
+                                                   "memory for the weights and the KV pool (--server sglang).",
+                                                   above=0, maximum=1, modes=("serve",), example="0.85",
+                                                   auto="SGLang's own for the GPU, TP and PP (its memory_hook.py)")
     gpu_memory_utilization: float = setting(0.92, "Fraction of the GPU's memory the engine may take (vLLM's "
                                             "--gpu-memory-utilization; weights, activations and CUDA graphs come "
                                             "out of it, the rest is KV cache).", above=0, maximum=1,
@@ -571,7 +579,18 @@ def _validate_serve(setup: Setup) -> None:
         raise SetupError("--mode serve models a serving engine on a GPU: --device cpu does not apply (trainfit measure "
                          "and trace run training and inference steps; use trainfit estimate --mode serve)")
     if setup.kv_dtype in ("fp32", "int8"):
-        raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of those")
+        raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if setup.server == 'sglang' else 'vLLM'} "
+                         "caches KV in bf16, fp16 or fp8; choose one of those")
+    if setup.server == "sglang" and setup.kv_dtype == "fp16" and setup.precision != "fp16":
+        raise SetupError("--kv-cache-dtype fp16: SGLang's KV dtypes are auto (the model's), bf16 and fp8 "
+                         "(sglang/srt/arg_groups/fields/model.py:197-219); use --precision fp16 or another KV dtype")
+    other = VLLM_ONLY if setup.server == "sglang" else SGLANG_ONLY
+    off = [BY_NAME[n] for n in other if getattr(setup, n) != BY_NAME[n].default]
+    if off:
+        flags = " and ".join(s.flag for s in off)
+        raise SetupError(f"{flags} {'do' if len(off) > 1 else 'does'} not apply to --server {setup.server}: drop "
+                         f"{'them' if len(off) > 1 else 'it'}" + (" (SGLang's counterpart is --mem-fraction-static)"
+                                                                  if setup.server == "sglang" else ""))
     if setup.quant and setup.precision == "fp32":
         raise SetupError(f"--quant {setup.quant} runs 16-bit activations in vLLM: use --precision bf16 or fp16")
 

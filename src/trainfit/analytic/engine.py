@@ -307,6 +307,8 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     concurrency the KV cache allows."""
     if gpu is None:
         raise SetupError("--mode serve sizes the KV cache from the GPU's memory: add --gpu (see `trainfit gpus`)")
+    if setup.server == "sglang":
+        return _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve)
     sv = serving.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
     peak = sv.weights + sv.activations + sv.cuda_graphs + sv.kv_pool  # the engine's budget, as used
@@ -343,5 +345,46 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     if not fits and sv.kv_blocks < sv.blocks_per_request:
         notes.append(f"does not start: {sv.kv_tokens:,} KV tokens < --max-model-len {k.max_model_len} (vLLM raises); "
                      "lower --max-model-len, raise --gpu-memory-utilization, add --tp or --quant")
+    return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
+                    timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})
+
+
+def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
+    """--mode serve --server sglang: SGLang's static-fraction sizing (analytic/serving_sglang.py). The device
+    total counts the weights, the KV pool and the CUDA context and NCCL; activations and CUDA graphs live in the
+    headroom SGLang leaves (pre × (1 − mem_fraction_static)), not modelled tensor by tensor."""
+    from . import serving_sglang as sg
+
+    sv = sg.serve_memory(spec, setup, gpu, pc)
+    k = sv.knobs
+    peak = sv.weights + sv.kv_pool
+    reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
+    at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": 0, "temporaries": 0}
+    memory = Memory(weights=sv.weights, gradients=0, optimizer_states=0, master_weights=0, activations=0,
+                    temporaries=0, kv_cache=sv.kv_pool, peak=peak, peak_phase="prefill", phases={"prefill": peak},
+                    reserved=reserved, device_total=device_total, overheads=beside, at_peak=at)
+    fits = sg.fits(sv) and device_total + reserve <= gpu.memory
+    concurrent = max(1, min(sv.max_running_requests, int(sv.max_concurrent_sequences)))
+    decode_s = sg.decode_seconds(sv, gpu, concurrent, mbu)
+    prompt = min(k.context_length, k.chunked_prefill_size)
+    fpt = forward_per_token(spec, prompt, pc)
+    prefill_s = fpt * prompt / (setup.tp * setup.pp) / (gpu.flops_for(compute_dtype(setup)) * mfu)
+    timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=decode_s, tokens_per_second=concurrent / decode_s,
+                    fits=fits, headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
+                    prefill_seconds=prefill_s, decode_tokens_per_second=concurrent / decode_s,
+                    max_batch=concurrent, max_seq=k.context_length)
+    flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
+    notes = [f"SGLang {sg.SGLANG_VERSION}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
+             f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights = "
+             f"{fmt_bytes(sv.available_kv)} → max_total_num_tokens {sv.kv_tokens:,} ({sv.kv_bytes_per_token:,} "
+             f"bytes per token, {k.kv_dtype} KV), max_running_requests {sv.max_running_requests}",
+             f"activations (chunked prefill {k.chunked_prefill_size} tokens) and CUDA graphs (decode max bs "
+             f"{k.cuda_graph_max_bs}) use the {fmt_bytes(sv.headroom)} SGLang leaves outside the fraction: not in "
+             "the device total (NB: under)",
+             f"decode: {concurrent} sequences at half of the context length on average, at {mbu:.0%} of memory "
+             f"bandwidth; prefill of a {prompt}-token chunk at MFU {mfu:.0%}"]
+    if sv.kv_tokens < k.context_length:
+        notes.append(f"a request of --max-model-len {k.context_length} does not fit the {sv.kv_tokens:,}-token pool; "
+                     "lower --max-model-len, raise --mem-fraction-static, add --tp or --quant")
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})

@@ -26,20 +26,22 @@ app = typer.Typer(
 
 
 def _check_emit(req: Request, emit: str, json: bool, engine: str) -> None:
-    if emit != "vllm":
-        raise SetupError(f"--emit {emit!r}: estimate emits vllm (with --mode serve); training configs come from "
-                         "`trainfit plan --emit`")
+    if emit not in ("vllm", "sglang"):
+        raise SetupError(f"--emit {emit!r}: estimate emits vllm or sglang (with --mode serve); training configs come "
+                         "from `trainfit plan --emit`")
     if req.mode != "serve":
-        raise SetupError("--emit vllm prints a serving command: add --mode serve")
+        raise SetupError(f"--emit {emit} prints a serving command: add --mode serve")
+    if req.server != emit:
+        raise SetupError(f"--emit {emit} prints the command of the server the estimate models: add --server {emit}")
     if json or engine != "analytic":
-        raise SetupError("--emit vllm prints one command: drop --json and --engine")
+        raise SetupError(f"--emit {emit} prints one command: drop --json and --engine")
 
 
 @app.command()
 @with_settings()
 def estimate(req: Request, engine: str = EngineOpt,
              measure: bool = typer.Option(False, "--measure", help="Also run the real step here and show each engine's error."),
-             emit: Optional[str] = typer.Option(None, "--emit", help="vllm: print the `vllm serve` command that runs this setup (--mode serve), instead of the tables."),
+             emit: Optional[str] = typer.Option(None, "--emit", help="vllm or sglang: print the `vllm serve` (--server vllm) or `python -m sglang.launch_server` (--server sglang) command that runs this setup (--mode serve), instead of the tables."),
              json: bool = JsonOpt) -> None:
     """Memory (by category and phase, with the peak), FLOPs and — with --gpu — fit, step time and cost, per GPU.
 
@@ -60,9 +62,11 @@ def estimate(req: Request, engine: str = EngineOpt,
     from ..report import json_out, terminal
 
     if emit is not None:
+        from ..plan.emit_sglang import sglang_command
         from ..plan.emit_vllm import vllm_command
         e = results[0]
-        typer.echo(vllm_command(api.load_spec(req.model), e.setup, e.detail["serving"]))
+        command = sglang_command if emit == "sglang" else vllm_command
+        typer.echo(command(api.load_spec(req.model), e.setup, e.detail["serving"]))
         return
     advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:

@@ -31,8 +31,9 @@ def setup_line(e: Estimate) -> str:
         quant = f" · --quant {s.quant}" if s.quant else ""
         sv = e.detail["serving"]
         return (f"serving · {s.server} {sv['version']} · {s.precision} weights{quant} · {sv['kv_cache_dtype']} KV · "
-                f"tp={s.tp} pp={s.pp} · max-model-len {sv['max_model_len']:,} · utilization "
-                f"{sv['gpu_memory_utilization']}")
+                f"tp={s.tp} pp={s.pp} · max-model-len {sv['max_model_len']:,} · " +
+                (f"mem-fraction-static {sv['mem_fraction_static']}" if "mem_fraction_static" in sv else
+                 f"utilization {sv['gpu_memory_utilization']}"))
     labels = e.detail.get("num_labels") if isinstance(e.detail, dict) else None
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
     return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq} · accum {s.grad_accum} · "
@@ -117,9 +118,11 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             c.add_row("tokens/s (all GPUs)", fmt_count(tm.tokens_per_second))
         elif e.setup.mode == "serve":
             sv = e.detail["serving"]
-            c.add_row("KV cache", f"{sv['kv_tokens']:,} tokens in {sv['kv_blocks']:,} blocks of {sv['block_size']}")
+            block = sv.get("block_size", sv.get("page_size"))  # vLLM's blocks, SGLang's pages
+            c.add_row("KV cache", f"{sv['kv_tokens']:,} tokens in {sv['kv_blocks']:,} blocks of {block}")
             c.add_row(f"sequences of {sv['max_model_len']:,} tokens at once", f"{sv['max_concurrent_sequences']:,.2f}")
-            c.add_row(f"prefill of a {min(sv['max_model_len'], sv['max_num_batched_tokens']):,}-token prompt",
+            chunk = sv.get("max_num_batched_tokens", sv.get("chunked_prefill_size"))
+            c.add_row(f"prefill of a {min(sv['max_model_len'], chunk):,}-token prompt",
                       fmt_seconds(tm.prefill_seconds))
             c.add_row(f"decode tokens/s ({tm.max_batch:,} sequences)", f"{tm.decode_tokens_per_second:,.0f}")
         else:

@@ -1,0 +1,195 @@
+"""--mode serve --server sglang: what an SGLang server holds on each GPU, and the KV pool it is left with.
+
+SGLang 0.5.23 (the wheel's sglang/srt/...) sizes its token-to-KV pool once, at start-up, from a static fraction:
+
+  mem_fraction_static  (arg_groups/memory_hook.py:47-344 handle_gpu_memory_settings, when not given):
+      gpu_mem   = nvidia-smi's memory.total in MiB (utils/common.py:990-1015, 802-832: get_nvgpu_memory_capacity)
+      chunked_prefill_size and the decode CUDA-graph max_bs by gpu_mem (:87-167): < 20 GiB 2048 / 8; < 35 GiB
+          4096 / 48 (160 from tp 4); < 60 GiB 4096 / 32 (160 from tp 4); < 90 GiB and < 160 GiB 8192 / 256 (512
+          from tp 4); else 16384 / 512
+      reserved  = 512 + 1.5 × max(chunked_prefill_size, 2048) + tp × pp / 8 × 1024 + the graph reserve, MiB
+          (:300-313), at least 10 GiB on GPUs above 60 GiB (:314-315)
+      graph reserve (reserve_for_graph_mb, :355-399) = 2 × decode max_bs + 8 × the number of prefill
+          ("breakable", the CUDA default: model_executor/cuda_graph_config.py:119-123, 150-153) capture sizes
+          (arg_groups/cuda_graph_hook.py:480-497; 1.5 GiB instead for MLA)
+      mem_fraction_static = round((gpu_mem − reserved) / gpu_mem, 3)   (:324-328)
+      (post-capture KV sizing is off by default: environ.py:640 SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=False.)
+  pre = the free memory after the process group's start, before the weights load
+        (distributed/bootstrap.py:194-222 measure_pre_model_load_memory; cudaMemGetInfo's free)
+  rest = free after the weights load − pre × (1 − mem_fraction_static)
+        (mem_cache/kv_cache_configurator.py:2990-3060 _profile_available_bytes) = pre × f − weights
+  max_total_num_tokens = rest // cell_size // page_size × page_size   (model_executor/pool_configurator.py:637-647)
+  cell_size = kv heads per rank (max(1, kv_heads // attn tp), configs get_num_kv_heads) × (head_dim + v_head_dim)
+        × this rank's layers × the KV dtype's bytes; MLA: (kv_lora_rank + qk_rope_head_dim) × layers × bytes
+        (pool_configurator.py:340-535 _compute_cell_size)
+  page_size: 1 on CUDA (arg_groups/overrides.py:1343-1362 _page_size_default; FA4 on SM100 forces 128, :1270-1296)
+  max_running_requests = min(max(min(tokens / context_len × 512, 4096), 2048), tokens // 2)
+        (kv_cache_configurator.py:3119-3140 resolve_max_num_reqs)
+The scheduler logs "max_total_num_tokens=N, chunked_prefill_size=..., max_running_requests=..., context_len=..."
+(managers/scheduler.py:1267-1275) and the pool "KV Cache is allocated. ... #tokens: N, K size: x GB, V size: y GB"
+(mem_cache/memory_pool.py:2073-2097, GB = 2**30).
+Unlike vLLM there is no profile run: activations and CUDA graphs live in what (1 − mem_fraction_static) leaves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import overheads
+from ..errors import SetupError
+from ..hardware import GPU
+from ..setup import Setup
+from ..spec import ModelSpec
+from .params import ParamCounts, count_params
+from .precision import DTYPE_BYTES
+from .serving import _weight_dtype, check, weights_per_gpu
+
+SGLANG_VERSION = "0.5.23"
+MiB = 1 << 20
+PAGE_SIZE = 1  # arg_groups/overrides.py:1361-1362 (CUDA, non-FA4)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """SGLang's settings, defaults resolved as `python -m sglang.launch_server` resolves them on this GPU."""
+
+    mem_fraction_static: float
+    context_length: int
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int  # decode; 0 with --enforce-eager (both graph phases disabled)
+    prefill_graph_sizes: int  # how many prefill capture sizes (0 with --enforce-eager)
+    page_size: int
+    kv_dtype: str
+
+
+@dataclass(frozen=True)
+class Serving:
+    knobs: Knobs
+    cuda_total: int
+    pre_model_load: int  # free memory when SGLang takes its baseline (total − CUDA context − NCCL)
+    requested: int  # pre × mem_fraction_static: the weights' and the KV pool's share
+    weights: int
+    headroom: int  # pre × (1 − mem_fraction_static): activations and CUDA graphs live in it
+    available_kv: int
+    kv_bytes_per_token: float  # cell_size
+    kv_tokens: int  # max_total_num_tokens
+    max_running_requests: int
+    max_concurrent_sequences: float
+    kv_pool: int
+
+    def as_dict(self) -> dict:
+        k = self.knobs
+        return {"server": "sglang", "version": SGLANG_VERSION, "mem_fraction_static": k.mem_fraction_static,
+                "max_model_len": k.context_length, "context_length": k.context_length,
+                "chunked_prefill_size": k.chunked_prefill_size, "cuda_graph_max_bs": k.cuda_graph_max_bs,
+                "page_size": k.page_size, "kv_cache_dtype": k.kv_dtype, "cuda_total": self.cuda_total,
+                "pre_model_load": self.pre_model_load, "requested": self.requested, "weights": self.weights,
+                "headroom": self.headroom, "available_kv": self.available_kv,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "kv_blocks": self.kv_tokens // k.page_size,
+                "kv_tokens": self.kv_tokens, "max_total_num_tokens": self.kv_tokens,
+                "max_running_requests": self.max_running_requests,
+                "max_concurrent_sequences": round(self.max_concurrent_sequences, 2)}
+
+
+def capacity_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode cuda graph max_bs) by nvidia-smi's MiB (memory_hook.py:87-167)."""
+    if gpu_mib < 20 * 1024:
+        return 2048, 8
+    if gpu_mib < 35 * 1024:
+        return 4096, 48 if tp < 4 else 160
+    if gpu_mib < 60 * 1024:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mib < 160 * 1024:  # the < 90 GiB (H100, A100) and < 160 GiB (H20, H200) branches are the same
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def prefill_capture_sizes(max_bs: int) -> list[int]:
+    """arg_groups/cuda_graph_hook.py:480-497 (token counts captured for the breakable prefill graph)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) +
+             list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_bs + 1, 512)))
+    return [s for s in sizes if s <= max_bs]
+
+
+def default_mem_fraction(gpu_mib: float, setup: Setup, k_chunked: int, max_bs: int, prefill_sizes: int,
+                         mla: bool) -> float:
+    """memory_hook.py:296-328 (the regular, non-disaggregated, non-DP-attention path)."""
+    reserved = 512 + max(k_chunked, 2048) * 1.5 + setup.tp * setup.pp / 8 * 1024
+    graphs = 2 * max_bs  # reserve_for_graph_mb, :364-368
+    if prefill_sizes:
+        graphs += 1.5 * 1024 if mla else prefill_sizes * 8  # :381-386
+    reserved += graphs
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
+    # NB: SGLang reads nvidia-smi's memory.total; the catalog's figure is nvidia-smi's (exact where it is)
+    gpu_mib = gpu.memory / MiB
+    chunked, max_bs = capacity_defaults(gpu_mib, setup.tp)
+    max_bs = 0 if setup.enforce_eager else max_bs
+    prefill = 0 if setup.enforce_eager else len(prefill_capture_sizes(chunked))
+    # MLA's prefill graph captures at most 8192 tokens (memory_hook.py:222-227): its reserve is flat anyway
+    fraction = setup.mem_fraction_static
+    if fraction is None:
+        fraction = default_mem_fraction(gpu_mib, setup, chunked, max_bs, prefill, spec.mla is not None)
+    context = setup.max_model_len or spec.max_positions or setup.seq
+    if setup.max_model_len and spec.max_positions and setup.max_model_len > spec.max_positions:
+        raise SetupError(f"--max-model-len {setup.max_model_len} exceeds {spec.name}'s max_position_embeddings "
+                         f"({spec.max_positions}); SGLang refuses it without SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
+    return Knobs(fraction, context, chunked, max_bs, prefill, PAGE_SIZE, setup.kv_dtype or _weight_dtype(setup))
+
+
+def cell_size(spec: ModelSpec, setup: Setup, kv_dtype: str) -> int:
+    """Bytes per token slot on one GPU (pool_configurator.py:340-535 _compute_cell_size)."""
+    b = DTYPE_BYTES[kv_dtype]
+    layers = spec.layers // setup.pp  # this rank's layers (check() refuses a pp that does not divide them)
+    if spec.mla is not None:
+        # kv_cache_configurator.py:3412 calculate_mla_kv_cache_dim: the latent and the rope key, every rank whole
+        return int((spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * layers * b)
+    heads = max(1, spec.kv_heads // setup.tp)  # configs/model_config.py get_num_kv_heads
+    return int(heads * (spec.head_dim + spec.head_dim) * layers * b)  # head_dim + v_head_dim (equal in these models)
+
+
+def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None = None) -> Serving:
+    check(spec, setup)
+    if setup.draft_model:
+        raise SetupError("--draft-model with --server sglang is not modelled (SGLang's EAGLE/standalone drafts); "
+                         "use --server vllm")
+    pc = pc or count_params(spec)
+    k = knobs(spec, setup, gpu)
+    total = gpu.memory
+    # NB: the baseline is free memory after the CUDA context and NCCL's communicators (data/overheads.toml);
+    # SGLang's custom all-reduce buffers and the cuBLAS workspace made later are not subtracted (over by tens of MiB)
+    pre = total - sum(overheads.overheads(gpu, setup).values())
+    # NB: the weights as vLLM shards them (serving.weights_per_gpu); SGLang's layers shard the same way (its
+    # linear layers and vocab padding of 64 came from vLLM's); whatever SGLang allocates between the baseline and
+    # the profile besides the weights is not counted (over-reads the pool)
+    weights = weights_per_gpu(spec, setup, pc)
+    requested = pre * k.mem_fraction_static
+    available = requested - weights
+    if available <= 0:
+        raise SetupError(f"--server sglang: the weights ({weights / 2**30:.2f} GiB per GPU) exceed "
+                         f"mem_fraction_static {k.mem_fraction_static} of the free memory ({pre / 2**30:.2f} GiB); "
+                         "SGLang raises at start-up: raise --mem-fraction-static, add --tp or --quant")
+    cell = cell_size(spec, setup, k.kv_dtype)
+    tokens = int(available // cell) // k.page_size * k.page_size
+    estimated = max(min(int(tokens / k.context_length * 512), 4096), 2048)
+    running = min(estimated, tokens // 2)
+    return Serving(k, total, int(pre), int(requested), int(weights), int(pre - requested), int(available), cell,
+                   tokens, running, tokens / k.context_length, tokens * cell)
+
+
+def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:
+    """As serving.decode_seconds: weights + every sequence's KV at half the context, memory-bound."""
+    context = sv.knobs.context_length / 2
+    return (sv.weights + sequences * context * sv.kv_bytes_per_token) / (gpu.memory_bandwidth * mbu)
+
+
+def fits(sv: Serving) -> bool:
+    """SGLang starts when the pool is positive; a request longer than the pool is rejected at admission."""
+    return sv.kv_tokens >= sv.knobs.context_length
+
+
+__all__ = ["SGLANG_VERSION", "Knobs", "Serving", "serve_memory", "cell_size", "knobs", "decode_seconds", "fits",
+           "default_mem_fraction", "capacity_defaults", "prefill_capture_sizes"]

@@ -1,0 +1,40 @@
+"""`--emit sglang` (with --mode serve --server sglang): the `python -m sglang.launch_server` command line that runs
+the setup trainfit sized.
+
+Every flag is SGLang 0.5.23's own (its ServerArgs fields, each the flag with dashes: sglang/srt/arg_groups/fields/
+model.py:51-57 --model-path, :110-117 --context-length, :160-176 --dtype, :177-183 --quantization, :197-219
+--kv-cache-dtype; parallel.py:45-66 --tp-size, --pp-size; schedule.py:27-30 --mem-fraction-static, :52-55
+--chunked-prefill-size, :143-145 --page-size; exec_.py:629-631 --cuda-graph-max-bs-decode, :662-669
+--disable-decode-cuda-graph / --disable-prefill-cuda-graph), so the server starts with the settings the estimate
+assumed: the dtype, TP/PP, the static fraction, the context length, the chunk and graph sizes the default fraction
+was computed from, the page size and the KV dtype.
+"""
+from __future__ import annotations
+
+import shlex
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .emit_vllm import DTYPES, _hub_id_of
+
+# --kv-cache-dtype (fields/model.py:197-219: auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, ...): no fp16
+# choice, the model's own dtype is "auto"
+KV_DTYPES = {"fp8": "fp8_e4m3", "bf16": "bfloat16"}
+
+
+def sglang_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
+    """`serving`: the estimate's resolved settings (Estimate.detail["serving"], analytic/serving_sglang.py)."""
+    args = ["python", "-m", "sglang.launch_server", "--model-path", _hub_id_of(spec.name),
+            "--dtype", DTYPES[setup.precision], "--tp-size", str(setup.tp), "--pp-size", str(setup.pp),
+            "--mem-fraction-static", f"{serving['mem_fraction_static']:g}",
+            "--context-length", str(serving["context_length"]),
+            "--chunked-prefill-size", str(serving["chunked_prefill_size"]), "--page-size", str(serving["page_size"])]
+    if setup.kv_dtype is not None:
+        args += ["--kv-cache-dtype", KV_DTYPES.get(setup.kv_dtype, "auto")]
+    if setup.quant:
+        args += ["--quantization", setup.quant]
+    if setup.enforce_eager:
+        args += ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
+    else:
+        args += ["--cuda-graph-max-bs-decode", str(serving["cuda_graph_max_bs"])]
+    return shlex.join(args)

@@ -1,0 +1,163 @@
+"""--mode serve --server sglang (analytic/serving_sglang.py). Truths: hand derivations from SGLang 0.5.23's source
+(arg_groups/memory_hook.py, mem_cache/kv_cache_configurator.py, model_executor/pool_configurator.py) and the
+published config.json of each model; a published SGLang start-up log (bench/serving_published.py, out of sample);
+SGLang's own argument names for --emit sglang."""
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfit import overheads
+from trainfit.analytic import serving_sglang as sg
+from trainfit.analytic.engine import estimate
+from trainfit.errors import SetupError
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "serving_published.py"
+
+
+def _sgl(**kw) -> Setup:
+    return Setup(mode="serve", server="sglang", **{"precision": "bf16", **kw})
+
+
+@pytest.mark.parametrize("gpu, tp, expected", [
+    # H100-80GB: nvidia-smi 81559 MiB; chunked 8192, decode max_bs 256 (tp < 4), 58 prefill capture sizes
+    # reserved = 512 + 1.5 × 8192 + 1 × 1/8 × 1024 + 2 × 256 + 8 × 58 = 13904 MiB -> round(67655 / 81559, 3)
+    ("H100-80GB", 1, 0.830),
+    # tp 8: + 8/8 × 1024 and max_bs 512: 512 + 12288 + 1024 + 1024 + 464 = 15312 -> round(66247 / 81559, 3)
+    ("H100-80GB", 8, 0.812),
+    # H200: 143771 MiB, the same reserve as H100's at tp 1: round(129867 / 143771, 3)
+    ("H200", 1, 0.903),
+])
+def test_default_mem_fraction_static_by_hand(gpu, tp, expected):
+    k = sg.knobs(load_model("llama-3.1-70b"), _sgl(tp=tp), get_gpu(gpu))
+    assert k.mem_fraction_static == pytest.approx(expected, abs=1e-9)
+
+
+def test_prefill_capture_sizes_count():
+    # 4..32 by 4 (8), 48..256 by 16 (14), 288..512 by 32 (8), 576..1024 by 64 (8), 1280..4096 by 256 (12),
+    # 4608..8192 by 512 (8)
+    assert len(sg.prefill_capture_sizes(8192)) == 58
+
+
+def test_llama_8b_token_pool_by_hand():
+    """cell = 8 kv heads × (128 + 128) × 32 layers × 2 B = 131072 B; weights = 8,030,261,248 params × 2 B + the
+    rotary cache (131072 positions × 128 × 2 B); pool = free at start × 0.83 − weights."""
+    spec, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    sv = sg.serve_memory(spec, _sgl(), gpu)
+    assert sv.kv_bytes_per_token == 8 * 256 * 32 * 2 == 131072
+    assert sv.weights == 8_030_261_248 * 2 + 131072 * 128 * 2
+    pre = gpu.memory - overheads.cuda_context(gpu)  # tp 1: no communicator
+    assert sv.kv_tokens == int((pre * 0.83 - sv.weights) // 131072)
+    # scheduler's max_running_requests: min(max(min(tokens / 131072 × 512, 4096), 2048), tokens // 2)
+    assert sv.max_running_requests == 2048
+    assert sv.max_concurrent_sequences == pytest.approx(sv.kv_tokens / 131072)
+
+
+def test_tp_past_the_kv_heads_keeps_one_head_per_rank():
+    spec = load_model("llama-3.1-70b")  # 8 kv heads, 80 layers
+    assert sg.cell_size(spec, _sgl(tp=16), "bf16") == 1 * 256 * 80 * 2
+    assert sg.cell_size(spec, _sgl(tp=4), "fp8") == 2 * 256 * 80 * 1
+
+
+def test_mla_caches_the_latent():
+    spec = load_model("deepseek-v3")  # kv_lora_rank 512 + qk_rope_head_dim 64, 61 layers
+    assert sg.cell_size(spec, _sgl(tp=8), "bf16") == (512 + 64) * 61 * 2
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("serving_published", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["serving_published"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_published_sglang_log():
+    """Qwen3-235B-A22B-FP8 on 4× H100 (vllm-project/vllm#21348): the log's K size is #tokens × the cell's K half
+    (exact), and the token count is within 10 % (out of sample; +8.5 % today, see docs/serving.md)."""
+    (case, sv, err), = _bench().sglang_rows()
+    assert sv.kv_bytes_per_token == 94 * 1 * 256 * 2  # 4 kv heads over tp 4
+    assert round(case.published_tokens * sv.kv_bytes_per_token / 2 / 2**30, 2) == case.published_k_gib
+    assert abs(err) < 0.10
+
+
+def test_settings_of_the_other_server_are_refused():
+    for kw in (dict(gpu_memory_utilization=0.9), dict(block_size=32), dict(max_num_seqs=64),
+               dict(max_num_batched_tokens=4096), dict(draft_model="llama-3.2-1b")):
+        with pytest.raises(SetupError, match="does not apply to --server sglang"):
+            _sgl(**kw)
+    with pytest.raises(SetupError, match="--mem-fraction-static does not apply to --server vllm"):
+        Setup(mode="serve", precision="bf16", mem_fraction_static=0.8)
+    with pytest.raises(SetupError, match="applies to serve only"):
+        Setup(mode="infer", precision="bf16", mem_fraction_static=0.8)
+    with pytest.raises(SetupError, match="SGLang's KV dtypes"):
+        _sgl(kv_dtype="fp16")
+
+
+def test_cli_refusal_is_one_line_exit_2(capsys):
+    from trainfit.cli import main
+
+    for argv in (["estimate", "llama-3.1-8b", "--mode", "serve", "--server", "sglang", "--gpu", "H100-80GB",
+                  "--gpu-memory-utilization", "0.9"],
+                 ["estimate", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--emit", "sglang"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err
+
+
+# SGLang 0.5.23's flags (sglang/srt/arg_groups/fields/: model.py model_path, context_length, dtype, quantization,
+# kv_cache_dtype; parallel.py tp_size, pp_size; schedule.py mem_fraction_static, chunked_prefill_size, page_size;
+# exec_.py cuda_graph_max_bs_decode, disable_decode_cuda_graph, disable_prefill_cuda_graph; each flag is the field
+# with dashes, arg_groups/arg_utils.py:290)
+SGLANG_FLAGS = ("--model-path", "--context-length", "--dtype", "--quantization", "--kv-cache-dtype", "--tp-size",
+                "--pp-size", "--mem-fraction-static", "--chunked-prefill-size", "--page-size",
+                "--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")
+SGLANG_CHOICES = {"--kv-cache-dtype": ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16"),
+                  "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32")}
+EMIT_CASES = [dict(), dict(tp=2, kv_dtype="fp8", quant="fp8", max_model_len=32768),
+              dict(enforce_eager=True, mem_fraction_static=0.85)]
+
+
+def _emit(kw):
+    from trainfit.plan.emit_sglang import sglang_command
+
+    spec = load_model("llama-3.1-8b")
+    setup = _sgl(**kw)
+    est = estimate(spec, setup, gpu=get_gpu("H100-80GB"))
+    return est, shlex.split(sglang_command(spec, setup, est.detail["serving"]))
+
+
+@pytest.mark.parametrize("kw", EMIT_CASES)
+def test_emit_sglang_uses_sglangs_flags(kw):
+    est, argv = _emit(kw)
+    assert argv[:5] == ["python", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B"]
+    assert set(a for a in argv[3:] if a.startswith("--")) <= set(SGLANG_FLAGS)
+    for flag, allowed in SGLANG_CHOICES.items():
+        if flag in argv:
+            assert argv[argv.index(flag) + 1] in allowed
+    assert float(argv[argv.index("--mem-fraction-static") + 1]) == est.detail["serving"]["mem_fraction_static"]
+
+
+@pytest.mark.parametrize("kw", EMIT_CASES)
+def test_emit_sglang_parses_with_sglangs_own_parser(kw):
+    """Where sglang is importable (its server_args imports on CPU), its own argparse parser reads the command."""
+    pytest.importorskip("sglang.srt.server_args")
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    est, argv = _emit(kw)
+    ns = parser.parse_args(argv[3:])
+    sv = est.detail["serving"]
+    assert ns.mem_fraction_static == sv["mem_fraction_static"] and ns.context_length == sv["context_length"]
+    assert ns.tp_size == kw.get("tp", 1)
