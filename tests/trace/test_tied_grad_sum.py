@@ -57,7 +57,9 @@ def test_recorder_replays_the_engines_tied_gradient_sum(amp, recompute):
     step = _step(model, ids, amp)
     step(lambda name: None)  # warm-up: lazy one-time allocations out of the way
     weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
-    real, _ = cpu_peak(step, baseline=weights)
+    # NB: the profiler's allocation records occasionally miss a block (its "allocated before the profiling started"
+    # warning) and read a whole table low; the highest of three readings is the step's peak
+    real = max((cpu_peak(step, baseline=weights)[0] for _ in range(3)), key=lambda r: r.phase_peaks["backward"])
     rec = AllocationRecorder()
     with rec:
         for p in model.parameters():
@@ -67,15 +69,16 @@ def test_recorder_replays_the_engines_tied_gradient_sum(amp, recompute):
         step(rec.set_phase)
     an = analyse(rec, start, PHASES)
     table = V * H * 4
-    # NB: the real CPU run's backward peak varied by 2 MiB between runs here (one bf16 table: when the autocast
-    # weight cast, or in fp32 a half-table scratch, is freed relative to the sum), so the comparison allows half a
-    # table; the in-place sum is a whole table, which it still tells apart. In fp32 the real engine's order of the
-    # two partials also varied (fp32 + checkpointing), and with the embedding's first it adds in place.
+    # NB: the readings also vary by the step's small blocks (the 8 tokens' logits, 128-256 KiB) with what the
+    # allocator reuses between repeats: within a quarter of a table, which still tells the 4 MiB in-place sum apart
     diff = an.phases["backward"] - real.phase_peaks["backward"]
     if amp:
-        assert abs(diff) <= table // 2, diff
+        assert abs(diff) <= table // 4, diff
     else:
-        assert -table // 2 <= diff <= table + table // 2, diff
+        # fp32: the head's partial is a view, so when it arrives first the sum is out of place (what the recorder
+        # keeps); the order of the two partials varied between processes here, and with the embedding's first the
+        # real engine adds in place, a table lower: the trace is then the upper bound
+        assert abs(diff) <= table // 4 or abs(diff - table) <= table // 4, diff
     # the hand count of the high point: the tied weight, then the tables live at the embedding's backward: the
     # head's partial and the embedding's (in place), or both and their sum (plus the few small tensors)
     assert (an.phases["backward"] - weights) // table == (2 if amp else 3)
