@@ -259,11 +259,14 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
+    step = m * t_mb + bubble + once_exposed + opt + host
     issue = 0.0
     if efficiency is None:
+        # the host issues ahead while the GPU computes or waits (on the network, the pipeline): it is exposed only
+        # where issuing takes longer than all of that
         kernels = m * tot.kernels + opt_launch / kernels_for(gpu).launch_seconds
-        issue = host_issue_exposed(setup, kernels, m * (c_f + c_b + c_r) + opt)
-    step = m * t_mb + bubble + once_exposed + opt + host + issue
+        issue = host_issue_exposed(setup, kernels, step)
+    step += issue
 
     world = t * p * d * cp
     tok_step = b * s * m * d
@@ -284,8 +287,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
 
 def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> float:
     """Seconds the GPU waits on an eager host: issuing `kernels` takes kernels × the host's time per kernel
-    (kernels.toml [host]); when that exceeds the kernels' own `gpu_seconds` the step is host-bound by the
-    difference. NB: the two are taken over the whole step, as if the host were ahead or behind throughout:
+    (kernels.toml [host]); when that exceeds the step's GPU timeline `gpu_seconds` (its kernels, and the exposed
+    communication and bubble the host issues through) the step is host-bound by the difference. NB: the two are taken over the whole step, as if the host were ahead or behind throughout:
     optimistic where short and long kernels alternate (the GPU idles in the short stretches even when the sum
     of kernels is longer). Compiled steps are not charged (NB optimistic: inductor's launches are cheaper, not free)."""
     if getattr(setup, "compile", False):
