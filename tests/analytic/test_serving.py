@@ -3,10 +3,7 @@ architectures, vLLM's own printed numbers (calibration C4; validation logs in be
 vLLM 0.33's argument names for --emit vllm."""
 from __future__ import annotations
 
-import importlib.util
 import shlex
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,15 +15,6 @@ from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "serving_published.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("serving_published", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serving_published"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _serve(**kw) -> Setup:
@@ -89,9 +77,9 @@ def test_capture_sizes_as_vllm_lists_them():
 
 
 @pytest.mark.parametrize("i", range(3))
-def test_published_start_up_logs(i):
+def test_published_start_up_logs(i, bench_script):
     """C4 (calibration) within 3 %, the validation logs within 5 % (bench/serving_published.py)."""
-    mod = _bench()
+    mod = bench_script("serving_published")
     case, blocks, err = mod.rows()[i]
     assert abs(err) <= (0.03 if case.kind == "calibration" else 0.05), (case.label, blocks, case.published_blocks)
 

@@ -4,10 +4,7 @@ published config.json of each model; a published SGLang start-up log (bench/serv
 SGLang's own argument names for --emit sglang."""
 from __future__ import annotations
 
-import importlib.util
 import shlex
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +16,6 @@ from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "serving_published.py"
 
 
 def _sgl(**kw) -> Setup:
@@ -71,18 +67,10 @@ def test_mla_caches_the_latent():
     assert sg.cell_size(spec, _sgl(tp=8), "bf16") == (512 + 64) * 61 * 2
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("serving_published", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serving_published"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_published_sglang_log():
+def test_published_sglang_log(bench_script):
     """Qwen3-235B-A22B-FP8 on 4× H100 (vllm-project/vllm#21348): the log's K size is #tokens × the cell's K half
     (exact), and the token count is within 10 % (out of sample; +8.5 % today, see docs/serving.md)."""
-    (case, sv, err), = _bench().sglang_rows()
+    (case, sv, err), = bench_script("serving_published").sglang_rows()
     assert sv.kv_bytes_per_token == 94 * 1 * 256 * 2  # 4 kv heads over tp 4
     assert round(case.published_tokens * sv.kv_bytes_per_token / 2 / 2**30, 2) == case.published_k_gib
     assert abs(err) < 0.10

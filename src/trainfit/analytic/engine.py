@@ -311,28 +311,9 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
         return _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve)
     sv = serving.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
-    peak = sv.weights + sv.activations + sv.cuda_graphs + sv.kv_pool  # the engine's budget, as used
-    reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
-    at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": sv.activations,
-          "temporaries": sv.cuda_graphs}
-    memory = Memory(weights=sv.weights, gradients=0, optimizer_states=0, master_weights=0,
-                    activations=sv.activations, temporaries=sv.cuda_graphs, kv_cache=sv.kv_pool, peak=peak,
-                    peak_phase="prefill", phases={"prefill": peak}, reserved=reserved, device_total=device_total,
-                    overheads=beside, at_peak=at)
-    # a request of max_model_len must fit (vLLM raises at start-up otherwise: kv_cache_utils.py, "max seq len ...
-    # larger than the maximum number of tokens that can be stored in KV cache")
-    fits = sv.kv_blocks >= sv.blocks_per_request and device_total + reserve <= gpu.memory
     # decode at the concurrency the KV cache allows (serving.decode_seconds); NB: prefill at a flat --mfu
     concurrent = max(1, min(k.max_num_seqs, int(sv.max_concurrent_sequences)))
-    decode_s = serving.decode_seconds(sv, gpu, concurrent, mbu)
     prompt = min(k.max_model_len, k.max_num_batched_tokens)
-    fpt = forward_per_token(spec, prompt, pc)
-    prefill_s = fpt * prompt / (setup.tp * setup.pp) / (gpu.flops_for(compute_dtype(setup)) * mfu)
-    timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=decode_s, tokens_per_second=concurrent / decode_s,
-                    fits=fits, headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
-                    prefill_seconds=prefill_s, decode_tokens_per_second=concurrent / decode_s,
-                    max_batch=concurrent, max_seq=k.max_model_len)
-    flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     notes = [f"vLLM {serving.VLLM_VERSION}: requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache "
              f"= requested − weights − profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} "
              f"sequences) − CUDA graphs ({len(k.capture_sizes)} sizes) = {fmt_bytes(sv.available_kv)} → "
@@ -342,11 +323,15 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              "figure on 80 GB parts (set --gpu-memory to the total_gpu_memory vLLM logs)",
              f"decode: {concurrent} sequences at half of --max-model-len on average, at {mbu:.0%} of memory bandwidth; "
              f"prefill of a {prompt}-token prompt at MFU {mfu:.0%}"]
-    if not fits and sv.kv_blocks < sv.blocks_per_request:
+    # a request of max_model_len must fit (vLLM raises at start-up otherwise: kv_cache_utils.py, "max seq len ...
+    # larger than the maximum number of tokens that can be stored in KV cache")
+    starts = sv.kv_blocks >= sv.blocks_per_request
+    if not starts:
         notes.append(f"does not start: {sv.kv_tokens:,} KV tokens < --max-model-len {k.max_model_len} (vLLM raises); "
                      "lower --max-model-len, raise --gpu-memory-utilization, add --tp or --quant")
-    return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
-                    timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})
+    return _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, sv.activations, sv.cuda_graphs, starts,
+                             concurrent, serving.decode_seconds(sv, gpu, concurrent, mbu), prompt, k.max_model_len,
+                             notes)
 
 
 def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
@@ -357,23 +342,8 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
 
     sv = sg.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
-    peak = sv.weights + sv.kv_pool
-    reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
-    at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": 0, "temporaries": 0}
-    memory = Memory(weights=sv.weights, gradients=0, optimizer_states=0, master_weights=0, activations=0,
-                    temporaries=0, kv_cache=sv.kv_pool, peak=peak, peak_phase="prefill", phases={"prefill": peak},
-                    reserved=reserved, device_total=device_total, overheads=beside, at_peak=at)
-    fits = sg.fits(sv) and device_total + reserve <= gpu.memory
     concurrent = max(1, min(sv.max_running_requests, int(sv.max_concurrent_sequences)))
-    decode_s = sg.decode_seconds(sv, gpu, concurrent, mbu)
     prompt = min(k.context_length, k.chunked_prefill_size)
-    fpt = forward_per_token(spec, prompt, pc)
-    prefill_s = fpt * prompt / (setup.tp * setup.pp) / (gpu.flops_for(compute_dtype(setup)) * mfu)
-    timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=decode_s, tokens_per_second=concurrent / decode_s,
-                    fits=fits, headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
-                    prefill_seconds=prefill_s, decode_tokens_per_second=concurrent / decode_s,
-                    max_batch=concurrent, max_seq=k.context_length)
-    flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     notes = [f"SGLang {sg.SGLANG_VERSION}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
              f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights = "
              f"{fmt_bytes(sv.available_kv)} → max_total_num_tokens {sv.kv_tokens:,} ({sv.kv_bytes_per_token:,} "
@@ -386,5 +356,28 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     if sv.kv_tokens < k.context_length:
         notes.append(f"a request of --max-model-len {k.context_length} does not fit the {sv.kv_tokens:,}-token pool; "
                      "lower --max-model-len, raise --mem-fraction-static, add --tp or --quant")
+    return _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, 0, 0, sg.fits(sv), concurrent,
+                             sg.decode_seconds(sv, gpu, concurrent, mbu), prompt, k.context_length, notes)
+
+
+def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graphs, starts, concurrent, decode_s,
+                      prompt, max_seq, notes) -> Estimate:
+    """The Estimate of a serving engine, either server: its budget as used (weights, `activations`, CUDA `graphs`,
+    the KV pool) as the peak, the device total around it, decode at `concurrent` sequences and the prefill of a
+    `prompt`-token chunk at a flat --mfu; it fits when the engine starts (`starts`) and the device total fits."""
+    peak = sv.weights + activations + graphs + sv.kv_pool
+    reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
+    at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": activations, "temporaries": graphs}
+    memory = Memory(weights=sv.weights, gradients=0, optimizer_states=0, master_weights=0, activations=activations,
+                    temporaries=graphs, kv_cache=sv.kv_pool, peak=peak, peak_phase="prefill", phases={"prefill": peak},
+                    reserved=reserved, device_total=device_total, overheads=beside, at_peak=at)
+    fits = starts and device_total + reserve <= gpu.memory
+    fpt = forward_per_token(spec, prompt, pc)
+    prefill_s = fpt * prompt / (setup.tp * setup.pp) / (gpu.flops_for(compute_dtype(setup)) * mfu)
+    timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=decode_s, tokens_per_second=concurrent / decode_s,
+                    fits=fits, headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
+                    prefill_seconds=prefill_s, decode_tokens_per_second=concurrent / decode_s,
+                    max_batch=concurrent, max_seq=max_seq)
+    flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})
