@@ -21,6 +21,7 @@ from pathlib import Path
 def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
     from trainfit.analytic.engine import estimate
+    from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
     from trainfit.setup import Setup
@@ -40,7 +41,7 @@ def replay(path: Path) -> list[dict]:
                      "step": m["step_seconds"], "analytic_step": e.time.step_seconds if e.time else None,
                      "host_issue": st.get("host_issue"),
                      "kernels": (m.get("profile") or {}).get("kernels"),
-                     "analytic_kernels": round(launches / 3e-6) if launches else None,
+                     "analytic_kernels": round(launches / kernels_for(gpu).launch_seconds) if launches else None,
                      "kinds": m.get("kinds"), "analytic_kinds": _kinds(st)})
     return rows
 

@@ -156,7 +156,8 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     key = (spec, dropouts(spec), cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping"),
            setup.batch, setup.seq, setup.tp, setup.cp, setup.pp, setup.vpp, bool(setup.sequence_parallel),
            setup.precision, setup.recompute, setup.stack, setup.attention_kernel, setup.device, setup.ep,
-           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)), bool(getattr(setup, "tf32", False)),
+           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)),
+           bool(getattr(setup, "tf32", False)),
            setup.lora_rank, setup.lora_targets, setup.dora, setup.quant, st, gpu, layers)
     hit = _CACHE.get(key)
     if hit is None:

@@ -7,11 +7,11 @@ streams the weights and the KV cache once (roofline, Williams et al. 2009); pref
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
-from dataclasses import dataclass
-
 from ..errors import SetupError
+from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
@@ -80,23 +80,19 @@ def values_keep_their_dtype() -> bool:
 
 
 def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
-    kv_dtype_ = kv_dtype(spec, setup)
+    k_bytes = v_bytes = DTYPE_BYTES[kv_dtype(spec, setup)]
+    # under autocast the cache's "values" keep the 16-bit dtype they are made in (values_keep_their_dtype):
+    # v, the projection's output; MLA's RoPE key k^R where DeepSeek-V2's complex rotary returns its input's dtype
+    # (modeling_deepseek_v2.py apply_rotary_emb: `.type_as(xk)`; its latent is fp32, its norm's weight; V3 rotates
+    # with fp32 cos/sin: both fp32)
+    if not setup.kv_dtype and setup.precision.startswith("amp") and values_keep_their_dtype() and (
+            spec.family == "deepseek_v2" if spec.mla is not None else spec.positions == "rotary"):
+        v_bytes = DTYPE_BYTES[PRECISIONS[setup.precision].compute]
     if spec.mla is not None:
-        if not setup.kv_dtype and setup.precision.startswith("amp") and spec.family == "deepseek_v2" \
-                and values_keep_their_dtype():
-            # the cache's "values" are the RoPE key k^R, which DeepSeek-V2's complex rotary returns in its input's
-            # 16-bit dtype (modeling_deepseek_v2.py apply_rotary_emb: `.type_as(xk)`); the latent is fp32 (its
-            # norm's fp32 weight). V3 rotates with fp32 cos/sin: both fp32.
-            m, a = spec.mla, DTYPE_BYTES["fp16" if setup.precision == "amp-fp16" else "bf16"]
-            return spec.layers / setup.pp * (m.kv_lora_rank * DTYPE_BYTES[kv_dtype_] + m.qk_rope_head_dim * a)
-        return spec.layers / setup.pp * kv_values_per_token_layer(spec, setup.tp) * DTYPE_BYTES[kv_dtype_]
+        m = spec.mla
+        return spec.layers / setup.pp * (m.kv_lora_rank * k_bytes + m.qk_rope_head_dim * v_bytes)
     kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
-    layers = spec.layers / setup.pp
-    k_bytes = v_bytes = DTYPE_BYTES[kv_dtype_]
-    if not setup.kv_dtype and setup.precision.startswith("amp") and spec.positions == "rotary" \
-            and values_keep_their_dtype():
-        v_bytes = DTYPE_BYTES["fp16" if setup.precision == "amp-fp16" else "bf16"]  # v: the projection's output
-    return layers * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
+    return spec.layers / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
 
 
 def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:

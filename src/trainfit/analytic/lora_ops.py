@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..setup import Setup
 from ..spec import ModelSpec
+from .activations import FP32
 from .lora import targets
 from .ops import Op, Shape, _ew, _gemm
 from .quant import linear_bytes
@@ -52,7 +53,7 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
         # peft lora/layer.py Linear.forward: x cast to the adapters' dtype, · scaling, + result, result cast back
         # (forward 4 kernels; backward: the casts' and the product's gradients and x's two gradients summed, 4);
         # adapters in the base's dtype need no casts (2 and 2)
-        casts = 2 if getattr(setup, "lora_dtype", "fp32") == "fp32" and not sh.autocast and sh.act != 4 else 0
+        casts = 2 if setup.lora_dtype == "fp32" and not sh.autocast and sh.act != FP32 else 0
         out.append(_ew(op.name + ".lora_add", 2 * T * d_out * sh.act, T * d_out * sh.act,
                        "peft: result + lora_B(lora_A(x)) * scaling", saves=False, kernels=2 + casts,
                        bwd=2 + casts))

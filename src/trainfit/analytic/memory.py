@@ -109,7 +109,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     # (old_var.add_(var)), so at the embedding's backward one partial is live beside the one that becomes the
     # gradient. Without autocast the head's partial is a view of the matmul's gradient (TBackward0) sharing its
     # base's storage, so the sum is out of place: both partials and their sum. Both seen on an H200 (torch
-    # 2.11.0+cu130; trace/recorder.py _sums_in_place). (On a pipeline, Megatron's last stage holds its own copy:
+    # 2.11.0+cu130; the trace folds such sums: trace/recorder.py _accumulated). (On a pipeline, Megatron's last stage holds its own copy:
     # not here.)
     tied_partials = (1 if st.autocast else 2) * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb \
         if (spec.tied_embeddings and stage.embedding and stage.head) else 0
