@@ -197,7 +197,7 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
         row["analytic"] = {"peak": an.memory.peak, "phase": an.memory.peak_phase, "reserved": an.memory.reserved,
                            "device_total": an.memory.device_total,
                            "step_seconds": an.time.step_seconds if an.time else None,
-                           "kinds": _analytic_kinds(an), "memory": _memory(an.memory),
+                           "kinds": analytic_kinds((an.detail or {}).get("step_time") or {}), "memory": _memory(an.memory),
                            "step_time": (an.detail or {}).get("step_time")}
     except Exception as e:  # a refusal is a result too (the analytic engine does not model every case)
         row["analytic"] = {"error": str(e).splitlines()[0]}
@@ -249,14 +249,14 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
     return row
 
 
-def _analytic_kinds(an) -> dict[str, float] | None:
-    """The analytic step time's compute split (analytic/step_time.py compute_terms) in the profile's kinds."""
-    terms = ((an.detail or {}).get("step_time") or {}).get("compute_terms") or {}
+def analytic_kinds(step: dict) -> dict[str, float] | None:
+    """An analytic step's kernel time (its detail["step_time"]: analytic/step_time.py compute_terms and the
+    optimizer) in the profile's kinds; None under the flat --mfu/--efficiency override (no terms)."""
+    terms = step.get("compute_terms") or {}
     if not terms:
         return None
     return {"gemm": terms.get("gemm", 0.0), "attention": terms.get("attention", 0.0),
-            "other": terms.get("memory", 0.0) + terms.get("launches", 0.0),
-            "optimizer": ((an.detail or {}).get("step_time") or {}).get("optimizer", 0.0)}
+            "other": terms.get("memory", 0.0) + terms.get("launches", 0.0), "optimizer": step.get("optimizer", 0.0)}
 
 
 # ---- the report --------------------------------------------------------------------------------------------------

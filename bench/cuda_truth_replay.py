@@ -20,6 +20,7 @@ from pathlib import Path
 
 def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
+    from cuda_truth import analytic_kinds  # this folder's harness (bench/ scripts import each other by name)
     from trainfit.analytic.engine import estimate
     from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
@@ -42,15 +43,8 @@ def replay(path: Path) -> list[dict]:
                      "host_issue": st.get("host_issue"),
                      "kernels": (m.get("profile") or {}).get("kernels"),
                      "analytic_kernels": round(launches / kernels_for(gpu).launch_seconds) if launches else None,
-                     "kinds": m.get("kinds"), "analytic_kinds": _kinds(st)})
+                     "kinds": m.get("kinds"), "analytic_kinds": analytic_kinds(st)})
     return rows
-
-
-def _kinds(st: dict) -> dict:
-    """The analytic step's kernel time in the profile's kinds (bench/cuda_truth.py kind_of)."""
-    t = st.get("compute_terms") or {}
-    return {"gemm": t.get("gemm", 0.0), "attention": t.get("attention", 0.0),
-            "other": t.get("memory", 0.0) + t.get("launches", 0.0), "optimizer": st.get("optimizer", 0.0)}
 
 
 def _err(a, b):
