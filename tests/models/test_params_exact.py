@@ -45,7 +45,7 @@ def test_catalog_is_big_enough():
     names = {_catalog(p)[1]["name"] for p in CATALOG_FILES}
     required = {
         "bert-base", "bert-large", "roberta-base", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-3-175b",
-        "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
+        "llama-1-65b", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
         "llama-3.2-1b", "mistral-7b", "mixtral-8x7b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "gemma-2-9b",
         "phi-3-mini", "pythia-1b", "opt-1.3b", "qwen1.5-moe-a2.7b",
     }
