@@ -28,4 +28,8 @@ def test_dry_run_writes_results_and_the_trace_matches_the_cpu_step(tmp_path):
     assert data["dry_run"] and row["id"] == "tiny-llama-fp32"
     assert abs(row["errors"]["trace_peak"]) <= 0.005 and abs(row["errors"]["analytic_peak"]) <= 0.03
     assert sum(row["measured"]["kinds"].values()) > 0  # the profiler path ran
+    # the whole op list is recorded (the host-issue count is checked against it): tiny-llama's 4 layers x 7
+    # projections + the LM head are 29 linears, each one matmul forward and two backward (input and weight grads)
+    ops = row["measured"]["profile"]["aten_ops"]
+    assert ops.get("aten::mm", 0) == 3 * (4 * 7 + 1)
     assert js.with_suffix(".md").read_text().count("| tiny-llama-fp32 |") == 1
