@@ -39,12 +39,13 @@ TT_H200 = ("https://github.com/pytorch/torchtitan/blob/bcdeaa37c92d1eaceeec3351e
 TORCHTUNE = "https://github.com/pytorch/torchtune README, 'Optimization flags' table"
 
 
-def gpt2_config(hidden: int, layers: int, heads: int, vocab: int, positions: int) -> dict:
+def gpt2_config(hidden: int, layers: int, heads: int, vocab: int, positions: int, **extra) -> dict:
     """A GPT-2-architecture config.json: learned positions, biases, LayerNorm, GELU MLP 4h, tied embeddings —
     Megatron's GPT (Shoeybi et al. 2019 §3) and llm-foundry's benchmark MPT (its yamls set learned_pos_emb and
-    biases; NumParams of the README's table match this architecture exactly: tests/bench/test_time_runs.py)."""
+    biases; NumParams of the README's table match this architecture exactly: tests/bench/test_time_runs.py).
+    `extra`: config keys where the run's model differs from GPT-2's defaults (GPT2Config: gelu_new, dropout 0.1)."""
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": hidden, "n_layer": layers,
-            "n_head": heads, "vocab_size": vocab, "n_positions": positions, "n_ctx": positions}
+            "n_head": heads, "vocab_size": vocab, "n_positions": positions, "n_ctx": positions, **extra}
 
 
 def megatron_gpt(hidden: int, layers: int, heads: int) -> dict:
@@ -59,6 +60,11 @@ MPT = {"125m": (768, 12, 12), "350m": (1024, 24, 16), "760m": (1536, 24, 12), "1
        "3b": (2560, 32, 20), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56),
        "70b": (8192, 80, 64)}
 MPT_VOCAB = 50368
+# What MPT runs that GPT-2's config defaults would not: the exact GELU, one kernel (llmfoundry/models/layers/ffn.py
+# MPTMLP: `nn.GELU(approximate='none')`), where GPT2Config's default gelu_new is HF's 8-kernel tanh composite; and no
+# dropout (MPTConfig defaults resid_pdrop = emb_pdrop = 0.0 and attn_config attn_pdrop 0.0; the benchmark yamls set
+# none), where GPT2Config's are 0.1.
+MPT_DIFFERS = {"activation_function": "gelu", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
 
 def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="amp-bf16", zero=3):
@@ -66,7 +72,7 @@ def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="
     return dict(
         id=f"llmf-{size}-s{seq}-{gpus}x{gpu}" + ("-pure" if precision == "bf16" else ""),
         source=f"{LLMF} table '{table}', row {size} / SeqLen {seq} / {gpus} GPUs",
-        gpu=gpu, model=gpt2_config(h, n_layers, heads, MPT_VOCAB, seq),
+        gpu=gpu, model=gpt2_config(h, n_layers, heads, MPT_VOCAB, seq, **MPT_DIFFERS),
         setup=dict(stack="hf", batch=micro, seq=seq, grad_accum=accum, dp=gpus, zero=zero, precision=precision,
                    recompute="full" if ac else "none", attention="flash"),
         published=tps, unit="tokens/s/GPU", published_params=params,
