@@ -222,6 +222,13 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
                            "decode_seconds": m.decode_seconds or None, "phase_peaks": m.phase_peaks,
                            "weights": m.weights, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
                            "activations": m.activations, "kv_cache": m.kv_cache, "baseline": m.baseline}
+        if device == "cuda":  # the segments the step left cached (released only by empty_cache), beside the trace's
+            import torch
+
+            from trainfit.alloc.replay import segment_histogram
+
+            row["measured"]["segments"] = segment_histogram(s["total_size"] for s in torch.cuda.memory_snapshot())
+            row["trace"]["segments"] = tr.detail.get("segments") if "error" not in row["trace"] else None
         if setup.mode == "train":
             prof = profile_kinds(spec, setup, device)
             row["measured"]["kinds"] = prof.pop("kinds")

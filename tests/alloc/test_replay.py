@@ -50,3 +50,16 @@ def test_deaths_after_the_recording_stopped_are_not_replayed():
     kept = replay(records, start=1, end=4)
     assert (kept.reserved, kept.allocated) == (32 * MiB, 18 * MiB)
     assert replay(records, start=1).allocated == 6 * MiB
+
+
+def test_segment_histogram_of_a_replay():
+    # three 1,000 B tensors round to 1,024 B each (512 B granularity) and share one 2 MiB small-pool segment
+    # (kSmallBuffer); 5 MiB (1-10 MiB) takes a 20 MiB kLargeBuffer segment; 30 MiB + 1 B (>= kMinLargeAlloc) a
+    # segment of its own rounded up to 2 MiB: 32 MiB. Largest first, the form a real snapshot is summarised in.
+    from trainfit.alloc.replay import segment_histogram
+
+    records = [R(nbytes=1000, birth=i, death=None) for i in range(3)] + \
+        [R(nbytes=5 * MiB, birth=3, death=None), R(nbytes=30 * MiB + 1, birth=4, death=None)]
+    r = replay(records, start=0)
+    assert segment_histogram(r.segment_sizes) == [[32 * MiB, 1], [20 * MiB, 1], [2 * MiB, 1]]
+    assert segment_histogram([2 * MiB, 20 * MiB, 2 * MiB]) == [[20 * MiB, 1], [2 * MiB, 2]]

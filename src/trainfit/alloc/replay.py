@@ -31,6 +31,17 @@ class Replay:
     reserved: int  # max reserved over the (second) step, including the resident state
     allocated: int  # max allocated over it: the trace's peak rounded like the allocator
     segments: int  # segments (or mapped ranges) held at the end
+    segment_sizes: tuple[int, ...] = ()  # their sizes (bytes), by address
+
+
+def segment_histogram(sizes) -> list[list[int]]:
+    """[[segment bytes, how many], ...], largest first: the simulator's segments (Replay.segment_sizes) and a real
+    process's (torch.cuda.memory_snapshot()'s total_size per segment) in one form, so bench/cuda_truth.py can set
+    them side by side where reserved differs."""
+    counts: dict[int, int] = {}
+    for n in sizes:
+        counts[int(n)] = counts.get(int(n), 0) + 1
+    return [[n, c] for n, c in sorted(counts.items(), reverse=True)]
 
 
 def _events(records, lo: int, hi: int | None = None):
@@ -67,4 +78,5 @@ def replay(records, start: int, conf: AllocConf | str | None = None, capacity: i
             handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
         elif r.birth >= start and id(r) in handles:  # a resident storage dies once, in step 1
             a.free(handles.pop(id(r)))
-    return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(a.segments))
+    sizes = a.segments
+    return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(sizes), segment_sizes=tuple(sizes))

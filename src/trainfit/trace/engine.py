@@ -78,12 +78,6 @@ def replay_of(rec, setup: Setup, alloc_conf: str | None):
     return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop)
 
 
-def reserved_of(rec, setup: Setup, alloc_conf: str | None) -> int | None:
-    """The caching allocator's max reserved over the traced step; None for CPU runs."""
-    r = replay_of(rec, setup, alloc_conf)
-    return None if r is None else r.reserved
-
-
 def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory:
     at = an.at_peak
     return Memory(
@@ -112,6 +106,11 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_
         "trace_seconds": round(seconds, 3),
         "storages": len(rec.records),
     }
+    replayed = replay_of(rec, setup, alloc_conf)
+    if replayed is not None:  # the simulator's segments at the end of the step, to set beside a real process's
+        from ..alloc.replay import segment_histogram
+
+        detail["segments"] = segment_histogram(replayed.segment_sizes)
     if getattr(rec, "paged_bytes", 0):  # bitsandbytes' paged states (unified memory, beside the allocator)
         detail["paged_optimizer_states"] = rec.paged_bytes
     if rec.flops is not None:
@@ -119,7 +118,7 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_
     notes = tuple(notes) + tuple(kernel_detail(detail, [rec]))
     return Estimate(engine="trace", model=name, params=n, params_per_rank=n, setup=setup,
                     memory=_memory(an, grad_bytes(model) if setup.mode == "train" else 0,
-                                   reserved_of(rec, setup, alloc_conf)), flops=_flops(rec, tokens),
+                                   replayed and replayed.reserved), flops=_flops(rec, tokens),
                     notes=tuple(notes), detail=detail)
 
 
