@@ -310,10 +310,22 @@ def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: 
         seq = flash_efficiency(kn, batch_heads, s_kv, s_q, head_dim, causal, kernel)
     else:
         seq = flash_efficiency(kn, batch_heads, s_q, s_kv, head_dim, causal, kernel)
-    compute = flops / (gpu.flops_for(dtype) * frac * seq)
+    compute = flops / (_attention_peak(gpu, kernel, dtype) * frac * seq)
     # HBM traffic: forward reads Q, K, V and writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV
     io = batch_heads * head_dim * _size(dtype) * ((4 * s_q + 4 * s_kv) if backward else (2 * s_q + 2 * s_kv))
     return max(compute, io / _bandwidth(gpu, kn)) + kn.launch_seconds
+
+
+def _attention_peak(gpu: GPU, kernel: str, dtype: str) -> float:
+    """The peak a fused attention kernel's matmuls run at. PyTorch's memory-efficient kernel (the CUTLASS kernel
+    from xformers) runs fp32 on tensor cores from sm80 on, as 3xTF32 (aten/src/ATen/native/transformers/cuda/
+    mem_eff_attention/gemm_kernel_utils.h: DefaultGemmType<ArchTag, float> for kMinComputeCapability >= 80 is
+    OpClassTensorOp with OpMultiplyAddFastF32, three TF32 products per multiply-add), not on the CUDA cores that an
+    fp32 cuBLAS GEMM without allow_tf32 uses; before sm80 (no TF32) it is the SIMT kernel at the fp32 rate."""
+    tf32 = gpu.peak_flops.get("tf32")
+    if kernel == "efficient" and dtype == "fp32" and gpu.vendor == "nvidia" and tf32:
+        return tf32 / 3
+    return gpu.flops_for(dtype)
 
 
 def _runnable(kn: Kernels, kernel: str) -> str:
