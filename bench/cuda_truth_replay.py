@@ -22,7 +22,6 @@ def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
     from cuda_truth import analytic_kinds  # this folder's harness (bench/ scripts import each other by name)
     from trainfit.analytic.engine import estimate
-    from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
     from trainfit.setup import Setup
@@ -37,12 +36,11 @@ def replay(path: Path) -> list[dict]:
         spec = load_model(case["model"])
         e = estimate(spec, Setup(**{"device": "cuda", **case["settings"]}), gpu=gpu)
         st = (e.detail or {}).get("step_time") or {}
-        launches = (st.get("compute_terms") or {}).get("launches")
         rows.append({"id": case["id"], "peak": own.get("peak") or m["peak"], "analytic_peak": e.memory.peak,
                      "step": m["step_seconds"], "analytic_step": e.time.step_seconds if e.time else None,
                      "host_issue": st.get("host_issue"),
                      "kernels": (m.get("profile") or {}).get("kernels"),
-                     "analytic_kernels": round(launches / kernels_for(gpu).launch_seconds) if launches else None,
+                     "analytic_kernels": round(st["kernels"]) if st.get("kernels") else None,
                      "kinds": m.get("kinds"), "analytic_kinds": analytic_kinds(st)})
     return rows
 

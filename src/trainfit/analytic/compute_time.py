@@ -11,6 +11,8 @@ MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix pe
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -167,6 +169,9 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     return hit
 
 
+MTA_CHUNK, MTA_BLOCKS = 65536, 320  # MultiTensorApply.cuh kChunkSize, depth_to_max_blocks
+
+
 def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int) -> tuple[float, float]:
     """(memory seconds, launch seconds) of optimizer.step() over this rank's `shard` parameters in `tensors`
     tensors, per kernel (Setup.optimizer_kernel):
@@ -177,8 +182,12 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
                 mul_ + addcmul_ (v), sqrt, div_, add_ (eps), addcdiv_ (param): 8 passes, each a launch per chunk of
                 tensors; other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each.
-    multi_tensor_apply handles up to 110 tensors per launch for depth-1 lists (aten/src/ATen/native/cuda/
-    MultiTensorApply.cuh depth_to_max_tensors, 48 at depth 3): NB 48 taken for every list."""
+    multi_tensor_apply launches a kernel whenever its argument block is full: up to depth_to_max_tensors tensors
+    (110 for depth-1 lists, 48 at depth 3; NB 48 taken for every list) or depth_to_max_blocks = 320 blocks of
+    kChunkSize = 65,536 elements (aten/src/ATen/native/cuda/MultiTensorApply.cuh; the fused optimizers' variant
+    alike): so a pass over E elements launches at least E / 20,971,520 kernels — 60 for a 1.24B-parameter model,
+    as an H200 profile of _fused_adamw_ counted (bench/results/cuda-H200-2026-11-26.json). NB: each tensor's last
+    chunk is counted as half a chunk on average."""
     w, g, mast, o = st.weight, st.grad, st.master, st.optimizer
     p = mast or w  # the tensor the update reads and writes: the fp32 master when there is one
     kernel = setup.optimizer_kernel
@@ -192,7 +201,12 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
         # weight decay 2p, lerp (m) 2s+g, mul (v) 2s, addcmul (v) 2s+g, sqrt 2s, div 2s, add 2s, addcdiv 2p+2s
         nbytes = shard * (4 * p + 12 * s + 2 * g + ((mast + w) if mast else 0))
         passes = 8
-    launches = passes * (tensors if kernel == "for-loop" else -(-tensors // per_launch)) + (1 if mast else 0)
+    chunks = shard / MTA_CHUNK + tensors / 2
+    per_pass = tensors if kernel == "for-loop" else max(-(-tensors // per_launch), math.ceil(chunks / MTA_BLOCKS))
+    # fp32 masters: trainfit's hf step casts each gradient up and copies each master back, per tensor
+    # (step/standard.py MasterWeightOptimizer.step); the other stacks keep flat master buffers (NB: one launch)
+    master = (2 * tensors if setup.stack == "hf" else 1) if mast else 0
+    launches = passes * per_pass + master
     launch = roofline.kernels_for(gpu).launch_seconds
     return roofline.memory_seconds(gpu, nbytes, 0), launches * launch
 

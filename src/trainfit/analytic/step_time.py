@@ -112,6 +112,7 @@ class StepTime:
     # seconds of the step's compute (compute + recompute) by kind: gemm, attention, memory (memory-bound kernels),
     # launches (kernel launch cost); empty under the flat --efficiency override
     compute_terms: dict = field(default_factory=dict)
+    kernels: float = 0.0  # kernels launched per step, the optimizer's included (what host_issue counts); 0 if flat
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -260,7 +261,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
     step = m * t_mb + bubble + once_exposed + opt + host
-    issue = 0.0
+    issue = kernels = 0.0
     if efficiency is None:
         # the host issues ahead while the GPU computes or waits (on the network, the pipeline): it is exposed only
         # where issuing takes longer than all of that
@@ -281,7 +282,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         step_seconds=step,
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
-        efficiency=achieved, compute_terms=terms,
+        efficiency=achieved, compute_terms=terms, kernels=kernels,
     )
 
 
