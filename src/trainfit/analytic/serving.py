@@ -86,6 +86,15 @@ class Serving:
     kv_pool: int  # bytes of the blocks allocated
     blocks_per_request: int  # what one request of max_model_len holds (vLLM refuses to start below it)
 
+    @property
+    def max_sequences(self) -> int:
+        """The most requests the engine runs at once (--max-num-seqs)."""
+        return self.knobs.max_num_seqs
+
+    @property
+    def context(self) -> int:
+        return self.knobs.max_model_len
+
     def as_dict(self) -> dict:
         k = self.knobs
         return {"server": "vllm", "version": VLLM_VERSION, "gpu_memory_utilization": k.utilization,
@@ -185,10 +194,17 @@ def forward_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     return a * tokens * max(mlp, attention)
 
 
-def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
+def logits_transient(spec: ModelSpec, setup: Setup, tokens: int, rows: int, fp32_copies: int) -> float:
+    """The output hidden states of `tokens` tokens beside the logits of `rows` rows: the head's output in the model
+    dtype (the whole vocabulary per row, the shards gathered) and `fp32_copies` fp32 copies of it."""
     a = DTYPE_BYTES[_weight_dtype(setup)]
+    return a * tokens * spec.hidden + rows * spec.vocab * (a + fp32_copies * FP32)
+
+
+def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
+    """vLLM's dummy sampler run: the fp32 logits and the fp32 probabilities (two copies)."""
     rows = min(k.max_num_seqs, k.max_num_batched_tokens)
-    return a * k.max_num_batched_tokens * spec.hidden + rows * spec.vocab * (a + 2 * FP32)
+    return logits_transient(spec, setup, k.max_num_batched_tokens, rows, 2)
 
 
 def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
