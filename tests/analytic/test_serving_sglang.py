@@ -149,3 +149,48 @@ def test_emit_sglang_parses_with_sglangs_own_parser(kw):
     sv = est.detail["serving"]
     assert ns.mem_fraction_static == sv["mem_fraction_static"] and ns.context_length == sv["context_length"]
     assert ns.tp_size == kw.get("tp", 1)
+
+
+def test_headroom_terms_by_hand():
+    """Llama-3.1-8B on an H100-80GB at SGLang's defaults (chunk 8192, decode graphs up to batch 256, 58 prefill
+    sizes; max_running_requests 2048), hidden 4096, intermediate 14336, vocab 128,256, bf16:
+      chunk forward, as down_proj runs: 8192 × (3 × 4096 + 3 × 14336) × 2 B             =   905,969,664
+      logits of min(2048, 8192) rows beside the chunk's hidden states: 8192 × 4096 × 2 B
+          + 2048 × 128,256 × (2 B head output + 4 B fp32 copy; softmax in place)          = 1,643,118,592  (the peak)
+      decode graphs' pool at batch 256: the head output 256 × 4096 × 2 + 256 × 128,256 × 2 = 67,764,224
+          (over the forward's 256 × 55,296 × 2 = 28,311,552), + the fp32 logits buffer 256 × 128,256 × 4
+          = 131,334,144, + 58 prefill sizes × 8 MiB = 486,539,264                         =   685,637,632"""
+    gpu = get_gpu("H100-80GB")
+    sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(), gpu)
+    assert sv.activations == 8192 * 4096 * 2 + 2048 * 128256 * 6 == 1_643_118_592
+    assert sv.cuda_graphs == 67_764_224 + 131_334_144 + 58 * 8 * 2**20 == 685_637_632
+    assert sv.remainder_short == 0  # 13.5 GiB outside 0.83
+    est = estimate(load_model("llama-3.1-8b"), _sgl(), gpu=gpu)
+    m = est.memory
+    assert m.activations == sv.activations and m.temporaries == sv.cuda_graphs
+    # the device total: the context (tp 1: no NCCL) + the fraction's share used + the headroom's tenants
+    assert m.device_total - overheads.cuda_context(gpu) - (sv.weights + sv.kv_pool + sv.activations + sv.cuda_graphs) \
+        < 64 * 2**20  # the caching allocator's rounding of the segments
+    assert est.time.fits
+
+
+def test_a_fraction_that_leaves_too_little_is_a_warning_with_the_number():
+    """At 0.98 the headroom is 0.02 × 85,101,379,584 B free at start = 1,702,027,592 B, under the activations and
+    graphs' 1,643,118,592 + 685,637,632 = 2,328,756,224 B by 626,728,632 B; the largest fraction that leaves them
+    room: 1 − 2,328,756,224 / 85,101,379,584 = 0.97263 -> 0.972."""
+    gpu = get_gpu("H100-80GB")
+    sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.98), gpu)
+    assert sv.pre_model_load == gpu.memory - overheads.cuda_context(gpu) == 85_101_379_584
+    assert abs(sv.remainder_short - 626_728_632) <= 1
+    assert sv.largest_fraction() == 0.972
+    est = estimate(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.98), gpu=gpu)
+    warning, = [n for n in est.notes if n.startswith("warning:")]
+    assert "597.70 MiB short" in warning and "--mem-fraction-static 0.972" in warning
+    assert not est.time.fits
+    assert not [n for n in estimate(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.972), gpu=gpu).notes
+                if n.startswith("warning:")]
+
+
+def test_enforce_eager_has_no_graphs():
+    sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(enforce_eager=True), get_gpu("H100-80GB"))
+    assert sv.cuda_graphs == 0
