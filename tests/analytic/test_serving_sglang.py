@@ -44,11 +44,12 @@ def test_prefill_capture_sizes_count():
 
 def test_llama_8b_token_pool_by_hand():
     """cell = 8 kv heads × (128 + 128) × 32 layers × 2 B = 131072 B; weights = 8,030,261,248 params × 2 B + the
-    rotary cache (131072 positions × 128 × 2 B); pool = free at start × 0.83 − weights."""
+    rotary cache in fp32 (131072 positions × 128 × 4 B: SGLang keeps it fp32 on CUDA); pool = free at start × 0.83
+    − weights."""
     spec, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
     sv = sg.serve_memory(spec, _sgl(), gpu)
     assert sv.kv_bytes_per_token == 8 * 256 * 32 * 2 == 131072
-    assert sv.weights == 8_030_261_248 * 2 + 131072 * 128 * 2
+    assert sv.weights == 8_030_261_248 * 2 + 131072 * 128 * 4
     pre = gpu.memory - overheads.cuda_context(gpu)  # tp 1: no communicator
     assert sv.kv_tokens == int((pre * 0.83 - sv.weights) // 131072)
     # scheduler's max_running_requests: min(max(min(tokens / 131072 × 512, 4096), 2048), tokens // 2)
@@ -67,13 +68,22 @@ def test_mla_caches_the_latent():
     assert sg.cell_size(spec, _sgl(tp=8), "bf16") == (512 + 64) * 61 * 2
 
 
-def test_published_sglang_log(bench_script):
-    """Qwen3-235B-A22B-FP8 on 4× H100 (vllm-project/vllm#21348): the log's K size is #tokens × the cell's K half
-    (exact), and the token count is within 10 % (out of sample; +8.5 % today, see docs/serving.md)."""
-    (case, sv, err), = bench_script("serving_published").sglang_rows()
-    assert sv.kv_bytes_per_token == 94 * 1 * 256 * 2  # 4 kv heads over tp 4
-    assert round(case.published_tokens * sv.kv_bytes_per_token / 2 / 2**30, 2) == case.published_k_gib
-    assert abs(err) < 0.10
+def test_published_sglang_logs(bench_script):
+    """Published SGLang start-up logs (bench/serving_published.py, out of sample, never fitted). Each log's K size
+    is #tokens × the cell's K half (the cell is exact); where the log prints its free memory at start and its
+    weights, the formula on those two terms gives its token count within rounding (0.05 %: the logs print GiB to
+    2 decimals); trainfit's own terms within 5 % (the issue's target) — Qwen3-235B-A22B-FP8 within 10 % (+8.5 %, its
+    log prints neither term, see BENCHMARKS.md §15)."""
+    rows = bench_script("serving_published").sglang_rows()
+    assert len(rows) >= 4
+    for case, sv, err in rows:
+        assert round(case.published_tokens * sv.kv_bytes_per_token / 2 / 2**30, 2) == case.published_k_gib
+        if case.published_pre_gib is not None:
+            own = bench_script("serving_published").log_terms_tokens(case, sv.kv_bytes_per_token)
+            assert abs(own - case.published_tokens) / case.published_tokens < 5e-4
+        assert abs(err) < (0.10 if case.base == "qwen3-30b-a3b" else 0.05), case.label
+    qwen3 = rows[0][1]
+    assert qwen3.kv_bytes_per_token == 94 * 1 * 256 * 2  # 4 kv heads over tp 4
 
 
 def test_settings_of_the_other_server_are_refused():

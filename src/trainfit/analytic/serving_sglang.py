@@ -54,6 +54,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .params import ParamCounts, count_params
 from .activations import FP32
+from .embedding import rotary_dim
 from .precision import DTYPE_BYTES
 from .serving import _weight_dtype, check, forward_transient, logits_transient, weights_per_gpu
 
@@ -197,6 +198,18 @@ def cell_size(spec: ModelSpec, setup: Setup, kv_dtype: str) -> int:
     return int(heads * (spec.head_dim + spec.head_dim) * layers * b)  # head_dim + v_head_dim (equal in these models)
 
 
+def weights_on_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+    """The weights as vLLM shards them (serving.weights_per_gpu: SGLang's linear layers and vocabulary padding of
+    64 came from vLLM's), but the rotary cos/sin cache kept in fp32 on CUDA (layers/rotary_embedding/base.py:115-120:
+    "cache needs to be in FP32 for numerical stability") where vLLM casts it to the model dtype.
+    NB: whatever else SGLang allocates between its baseline and the pool is not counted (its logs' "mem usage" at
+    "Load weight end" reads ~0.07 GiB above this for Llama-3.1-8B: over-reads the pool by that)."""
+    weights = weights_per_gpu(spec, setup, pc)
+    if spec.positions == "rotary":
+        weights += (spec.max_positions or 0) * rotary_dim(spec) * (FP32 - DTYPE_BYTES[_weight_dtype(setup)])
+    return weights
+
+
 def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None = None) -> Serving:
     check(spec, setup)
     if setup.draft_model:
@@ -208,10 +221,7 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     # NB: the baseline is free memory after the CUDA context and NCCL's communicators (data/overheads.toml);
     # SGLang's custom all-reduce buffers and the cuBLAS workspace made later are not subtracted (over by tens of MiB)
     pre = total - sum(overheads.overheads(gpu, setup).values())
-    # NB: the weights as vLLM shards them (serving.weights_per_gpu); SGLang's layers shard the same way (its
-    # linear layers and vocab padding of 64 came from vLLM's); whatever SGLang allocates between the baseline and
-    # the profile besides the weights is not counted (over-reads the pool)
-    weights = weights_per_gpu(spec, setup, pc)
+    weights = weights_on_gpu(spec, setup, pc)
     requested = pre * k.mem_fraction_static
     available = requested - weights
     if available <= 0:
