@@ -88,11 +88,13 @@ def test_published_sglang_logs(bench_script):
 
 def test_settings_of_the_other_server_are_refused():
     for kw in (dict(gpu_memory_utilization=0.9), dict(block_size=32), dict(max_num_seqs=64),
-               dict(max_num_batched_tokens=4096), dict(draft_model="llama-3.2-1b")):
+               dict(max_num_batched_tokens=4096)):
         with pytest.raises(SetupError, match="does not apply to --server sglang"):
             _sgl(**kw)
     with pytest.raises(SetupError, match="--mem-fraction-static does not apply to --server vllm"):
         Setup(mode="serve", precision="bf16", mem_fraction_static=0.8)
+    with pytest.raises(SetupError, match="--speculative-algorithm does not apply to --server vllm"):
+        Setup(mode="serve", precision="bf16", speculative_algorithm="eagle", draft_model="llama-3.2-1b")
     with pytest.raises(SetupError, match="applies to serve only"):
         Setup(mode="infer", precision="bf16", mem_fraction_static=0.8)
     with pytest.raises(SetupError, match="SGLang's KV dtypes"):

@@ -355,6 +355,12 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"{k.prefill_graph_sizes} prefill sizes)",
              f"decode: {concurrent} sequences at half of the context length on average, at {mbu:.0%} of memory "
              f"bandwidth; prefill of a {prompt}-token chunk at MFU {mfu:.0%}"]
+    if sv.draft is not None:
+        d = sv.draft
+        notes.append(f"speculative {d.algorithm} ({d.model or 'the target MTP layers'}): draft weights "
+                     f"{fmt_bytes(d.weights)} in the fraction; its {d.layers} layer(s) add to each token's cell at the "
+                     f"target's per-layer size (SGLang's pool_configurator); the target verifies {d.draft_tokens} "
+                     f"tokens per request ({d.steps} steps, top-k {d.topk})")
     if sv.remainder_short:
         notes.append(f"warning: mem_fraction_static {k.mem_fraction_static} leaves {fmt_bytes(sv.headroom)} outside "
                      f"the pool, {fmt_bytes(sv.remainder_short)} short of the activations and CUDA graphs "

@@ -22,6 +22,8 @@ SGLang 0.5.23 (the wheel's sglang/srt/...) sizes its token-to-KV pool once, at s
   cell_size = kv heads per rank (max(1, kv_heads // attn tp), configs get_num_kv_heads) × (head_dim + v_head_dim)
         × this rank's layers × the KV dtype's bytes; MLA: (kv_lora_rank + qk_rope_head_dim) × layers × bytes
         (pool_configurator.py:340-535 _compute_cell_size)
+  with speculative decoding (--speculative-algorithm, --draft-model): the draft's weights join the target's and the
+        cell grows by the draft's layers (analytic/serving_sglang_spec.py)
   page_size: 1 on CUDA (arg_groups/overrides.py:1343-1362 _page_size_default; FA4 on SM100 forces 128, :1270-1296)
   max_running_requests = min(max(min(tokens / context_len × 512, 4096), 2048), tokens // 2)
         (kv_cache_configurator.py:3119-3140 resolve_max_num_reqs)
@@ -52,6 +54,7 @@ from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from . import serving_sglang_spec as speculative
 from .params import ParamCounts, count_params
 from .activations import FP32
 from .embedding import rotary_dim
@@ -87,13 +90,14 @@ class Serving:
     weights: int
     headroom: int  # pre × (1 − mem_fraction_static): activations and CUDA graphs live in it
     available_kv: int
-    kv_bytes_per_token: float  # cell_size
+    kv_bytes_per_token: float  # cell_size (the target's, + a draft's layers at its per-layer size)
     kv_tokens: int  # max_total_num_tokens
     max_running_requests: int
     max_concurrent_sequences: float
     kv_pool: int
     activations: int  # the largest eager transient (chunked prefill forward or the logits): in the headroom
     cuda_graphs: int  # in the headroom too
+    draft: speculative.Draft | None = None  # speculative decoding's draft (weights counted in `weights`)
 
     @property
     def remainder_needs(self) -> int:
@@ -130,7 +134,14 @@ class Serving:
                 "kv_bytes_per_token": self.kv_bytes_per_token, "kv_blocks": self.kv_tokens // k.page_size,
                 "kv_tokens": self.kv_tokens, "max_total_num_tokens": self.kv_tokens,
                 "max_running_requests": self.max_running_requests,
-                "max_concurrent_sequences": round(self.max_concurrent_sequences, 2)}
+                "max_concurrent_sequences": round(self.max_concurrent_sequences, 2),
+                **(self._draft_dict() if self.draft else {})}
+
+    def _draft_dict(self) -> dict:
+        d = self.draft
+        return {"speculative_algorithm": d.algorithm, "draft_model": d.model, "draft_layers": d.layers,
+                "draft_weights": int(d.weights), "speculative_num_steps": d.steps, "speculative_eagle_topk": d.topk,
+                "speculative_num_draft_tokens": d.draft_tokens}
 
 
 def capacity_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -212,29 +223,28 @@ def weights_on_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
 
 def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None = None) -> Serving:
     check(spec, setup)
-    if setup.draft_model:
-        raise SetupError("--draft-model with --server sglang is not modelled (SGLang's EAGLE/standalone drafts); "
-                         "use --server vllm")
     pc = pc or count_params(spec)
+    dr = speculative.draft(spec, setup, pc)
     k = knobs(spec, setup, gpu)
     total = gpu.memory
     # NB: the baseline is free memory after the CUDA context and NCCL's communicators (data/overheads.toml);
     # SGLang's custom all-reduce buffers and the cuBLAS workspace made later are not subtracted (over by tens of MiB)
     pre = total - sum(overheads.overheads(gpu, setup).values())
-    weights = weights_on_gpu(spec, setup, pc)
+    weights = weights_on_gpu(spec, setup, pc) + (dr.weights if dr else 0)
     requested = pre * k.mem_fraction_static
     available = requested - weights
     if available <= 0:
         raise SetupError(f"--server sglang: the weights ({weights / 2**30:.2f} GiB per GPU) exceed "
                          f"mem_fraction_static {k.mem_fraction_static} of the free memory ({pre / 2**30:.2f} GiB); "
                          "SGLang raises at start-up: raise --mem-fraction-static, add --tp or --quant")
-    cell = cell_size(spec, setup, k.kv_dtype)
+    cell = speculative.pool_cell(cell_size(spec, setup, k.kv_dtype), spec.layers // setup.pp, dr)
     tokens = int(available // cell) // k.page_size * k.page_size
     estimated = max(min(int(tokens / k.context_length * 512), 4096), 2048)
     running = min(estimated, tokens // 2)
     return Serving(k, total, int(pre), int(requested), int(weights), int(pre - requested), int(available), cell,
                    tokens, running, tokens / k.context_length, tokens * cell,
-                   int(activation_peak(spec, setup, k, running)), int(cuda_graph_bytes(spec, setup, k)))
+                   int(activation_peak(spec, setup, k, running)),
+                   int(cuda_graph_bytes(spec, setup, k, dr.draft_tokens if dr else 1)), dr)
 
 
 def activation_peak(spec: ModelSpec, setup: Setup, k: Knobs, running: int) -> float:
@@ -245,11 +255,12 @@ def activation_peak(spec: ModelSpec, setup: Setup, k: Knobs, running: int) -> fl
     return max(forward_transient(spec, setup, chunk), logits_transient(spec, setup, chunk, min(running, chunk), 1))
 
 
-def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
-    """The decode graphs' pool at cuda_graph_max_bs, their fp32 logits buffer, and the prefill graphs' non-torch
-    memory (module docstring). NB: the decode graphs' own non-torch memory (kernel nodes, tens of KiB each) is not
-    counted (under)."""
-    bs = k.cuda_graph_max_bs
+def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs, tokens_per_request: int = 1) -> float:
+    """The decode graphs' pool at cuda_graph_max_bs (× the verified draft tokens per request under speculative
+    decoding), their fp32 logits buffer, and the prefill graphs' non-torch memory (module docstring).
+    NB: the decode graphs' own non-torch memory (kernel nodes, tens of KiB each) and a draft's own graphs (its
+    decode and extend steps) are not counted (under)."""
+    bs = k.cuda_graph_max_bs * tokens_per_request
     decode = 0.0
     if bs:
         pool = max(forward_transient(spec, setup, bs), logits_transient(spec, setup, bs, bs, 0))
