@@ -115,15 +115,19 @@ def test_cli_refusal_is_one_line_exit_2(capsys):
 
 # SGLang 0.5.23's flags (sglang/srt/arg_groups/fields/: model.py model_path, context_length, dtype, quantization,
 # kv_cache_dtype; parallel.py tp_size, pp_size; schedule.py mem_fraction_static, chunked_prefill_size, page_size;
-# exec_.py cuda_graph_max_bs_decode, disable_decode_cuda_graph, disable_prefill_cuda_graph; each flag is the field
-# with dashes, arg_groups/arg_utils.py:290)
+# exec_.py cuda_graph_max_bs_decode, disable_decode_cuda_graph, disable_prefill_cuda_graph; spec.py:31-70
+# speculative_algorithm, speculative_draft_model_path, speculative_num_steps, speculative_eagle_topk,
+# speculative_num_draft_tokens; each flag is the field with dashes, arg_groups/arg_utils.py:290)
 SGLANG_FLAGS = ("--model-path", "--context-length", "--dtype", "--quantization", "--kv-cache-dtype", "--tp-size",
                 "--pp-size", "--mem-fraction-static", "--chunked-prefill-size", "--page-size",
-                "--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")
+                "--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph",
+                "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+                "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 SGLANG_CHOICES = {"--kv-cache-dtype": ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16"),
-                  "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32")}
+                  "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
+                  "--speculative-algorithm": ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")}  # fields/spec.py:31-34
 EMIT_CASES = [dict(), dict(tp=2, kv_dtype="fp8", quant="fp8", max_model_len=32768),
-              dict(enforce_eager=True, mem_fraction_static=0.85)]
+              dict(enforce_eager=True, mem_fraction_static=0.85), dict(draft_model="llama-3.2-1b")]
 
 
 def _emit(kw):

@@ -61,7 +61,8 @@ def test_sglang_plan_picks_the_cheapest_of_a_hand_enumeration():
       tp 8: (78.39 GiB × 0.812 − 1.90 GiB) / 16 KiB  = 4.05M tokens = 30.9 -> 1 replica, 8 GPUs
     $12/h for tp 1, 2 and 4, ranked by time per token: each GPU reads its weights and its share of the KV of the
     sequences it decodes (10, 5, 3 at 65,536 tokens each) — tp 4: 3.77 GiB + 10 × 65,536 × 32 KiB = 23.8 GiB;
-    tp 2: 7.51 + 5 × 65,536 × 64 KiB = 27.5 GiB; tp 1: 14.99 + 3 × 65,536 × 128 KiB = 39.0 GiB; tp 8 last ($24/h)."""
+    tp 2: 7.51 + 5 × 65,536 × 64 KiB = 27.5 GiB; tp 1: 14.99 + 3 × 65,536 × 128 KiB = 39.0 GiB; tp 8 last
+    ($24/h)."""
     gib = 2**30
     hand = {}
     for tp, pre, fraction, weights in ((1, 79.26, 0.830, 14.99), (2, 78.68, 0.828, 7.51), (4, 78.39, 0.819, 3.77),

@@ -350,8 +350,8 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"{fmt_bytes(sv.available_kv)} → max_total_num_tokens {sv.kv_tokens:,} ({sv.kv_bytes_per_token:,} "
              f"bytes per token, {k.kv_dtype} KV), max_running_requests {sv.max_running_requests}",
              f"outside the fraction ({fmt_bytes(sv.headroom)}): activations {fmt_bytes(sv.activations)} (a "
-             f"{k.chunked_prefill_size}-token chunk, or the logits of {min(sv.max_running_requests, k.chunked_prefill_size)}"
-             f" requests) + CUDA graphs {fmt_bytes(sv.cuda_graphs)} (decode up to batch {k.cuda_graph_max_bs}, "
+             f"{k.chunked_prefill_size}-token chunk, or the logits of "
+             f"{min(sv.max_running_requests, k.chunked_prefill_size)} requests) + CUDA graphs {fmt_bytes(sv.cuda_graphs)} (decode up to batch {k.cuda_graph_max_bs}, "
              f"{k.prefill_graph_sizes} prefill sizes)",
              f"decode: {concurrent} sequences at half of the context length on average, at {mbu:.0%} of memory "
              f"bandwidth; prefill of a {prompt}-token chunk at MFU {mfu:.0%}"]

@@ -73,8 +73,8 @@ def plan(
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
         if off:
             raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
-                             "--mode serve takes --concurrency, --max-model-len, --tpot-ms, --kv-cache-dtype, --server, "
-                             "--tp, --precision, --price, --top")
+                             "--mode serve takes --concurrency, --max-model-len, --tpot-ms, --kv-cache-dtype, "
+                             "--server, --tp, --precision, --price, --top")
         _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top,
                     emit, json, server or "vllm")
         return
@@ -202,15 +202,17 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         typer.echo((sglang_command if server == "sglang" else vllm_command)(spec, best.setup, sv))
         return
     if json:
-        typer.echo(dumps({"model": spec.name, "server": server, "concurrency": concurrency, "plans": [p.as_dict() for p in plans],
+        typer.echo(dumps({"model": spec.name, "server": server, "concurrency": concurrency,
+                          "plans": [p.as_dict() for p in plans],
                           "not_served": why_not}))
         return
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    engine = "SGLang" if server == "sglang" else "vLLM"
     t = Table(title=f"{spec.name}: {concurrency} sequences of {base.max_model_len or spec.max_positions:,} tokens "
-              f"({'SGLang' if server == 'sglang' else 'vLLM'}), cheapest first", box=box.SIMPLE_HEAD, header_style="bold")
+              f"({engine}), cheapest first", box=box.SIMPLE_HEAD, header_style="bold")
     for col in ("GPU", "tp", "replicas", "GPUs", "sequences each", "KV tokens each", "ms per token", "$/h"):
         t.add_column(col, justify="left" if col == "GPU" else "right")
     for p in plans:
