@@ -16,8 +16,12 @@ CUDA context and cuBLAS workspace of data/overheads.toml), so what is checked is
 
 Calibration (C4, ../shared/calibration.md; fitting allowed, nothing fitted) and validation (never fitted) rows.
 
-SGLang (--server sglang, analytic/serving_sglang.py): published "KV Cache is allocated. #tokens: N" lines, checked
-out of sample (never fitted): max_total_num_tokens = (free memory at start × mem_fraction_static − weights) // cell.
+SGLang (--server sglang, analytic/serving_sglang.py): published "KV Cache is allocated. #tokens: N" and
+"max_total_num_tokens=N" lines, checked out of sample (never fitted): max_total_num_tokens = (free memory at start ×
+mem_fraction_static − weights) // cell. The published runs used SGLang 0.4.x, whose formula is 0.5.23's (0.4.3.post4
+model_executor/model_runner.py:608-633 profile_max_num_token: rest = free after the weights − free at start × (1 −
+fraction), // cell_size); where the log prints its free memory at start ("Load weight begin. avail mem") and the
+weights ("mem usage" at "Load weight end"), the error is split between those two terms.
 Run: python bench/serving_published.py
 """
 from __future__ import annotations
@@ -103,6 +107,8 @@ class SglangCase:
     mem_fraction_static: float
     published_tokens: int
     published_k_gib: float  # "K size: x GB" (GB = 2**30, mem_cache/memory_pool.py:2083-2090)
+    published_pre_gib: float | None = None  # "Load weight begin. avail mem=x GB": the free memory at start
+    published_weights_gib: float | None = None  # "Load weight end. ... mem usage=x GB" (or begin − end avail mem)
 
 
 SGLANG_CASES = [
@@ -113,10 +119,24 @@ SGLANG_CASES = [
                {"hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
                 "num_attention_heads": 64, "num_hidden_layers": 94, "max_window_layers": 94},
                "qwen3-30b-a3b", "H100-80GB", 4, "fp8", 0.93, 367404, 8.23),
+    SglangCase("Llama-3.1-8B-Instruct, H100-80GB, tp 1, mem-fraction-static 0.88 (SGLang 0.4.1's default at tp 1)",
+               "SGLang docs, Quick Start: Sending Requests (docs.sglang.ai/start/send_request.html, notebook run "
+               "2025-01-23: avail mem 78.81 -> 63.72 GB, K size 27.13 GB, max_total_num_tokens=444500)",
+               {}, "llama-3.1-8b", "H100-80GB", 1, None, 0.88, 444500, 27.13, 78.81, 78.81 - 63.72),
+    SglangCase("Llama-3.1-8B-Instruct, H100 (FA3), tp 1, mem-fraction-static 0.88 (SGLang 0.4.4's default)",
+               "sgl-project/sglang PR #4760 (test log 2025-03-25: avail mem 63.48 GB, mem usage 15.11 GB, "
+               "#tokens: 442750, K size: 27.02 GB)",
+               {}, "llama-3.1-8b", "H100-80GB", 1, None, 0.88, 442750, 27.02, 63.48 + 15.11, 15.11),
+    SglangCase("QwQ-32B (Qwen2.5-32B architecture), 4× L4, tp 4, mem-fraction-static 0.85 (0.4.3.post4's at tp 4)",
+               "didier-durand/llms-in-clouds docs (SGLang 0.4.3.post4 start-up on a g6.12xlarge: avail mem 21.63 "
+               "GB, mem usage 15.54 GB, #tokens: 46611, K size: 1.42 GB)",
+               {}, "qwen2.5-32b", "L4", 4, None, 0.85, 46611, 1.42, 21.63, 15.54),
 ]
 
 
 def sglang_spec(case: SglangCase):
+    if not case.config:  # the catalog's config.json is the model's
+        return load_model(case.base)
     import json
     import os
     import tempfile
@@ -144,6 +164,12 @@ def sglang_rows() -> list[tuple[SglangCase, object, float]]:
     return out
 
 
+def log_terms_tokens(case: SglangCase, cell: float) -> int:
+    """The formula on the log's own free memory at start and weights (GiB to 2 decimals), trainfit's cell."""
+    rest = case.published_pre_gib * case.mem_fraction_static - case.published_weights_gib
+    return int(rest * GiB // cell)
+
+
 def main() -> int:
     print("| case | source | kind | published blocks | trainfit | error |")
     print("|---|---|---|---:|---:|---:|")
@@ -154,12 +180,19 @@ def main() -> int:
                                                       gpu_memory_utilization=0.9), get_gpu("A100-80GB"))
     print(f"\nC4's model under vLLM 0.33 (trainfit's model): {sv.kv_blocks:,} blocks "
           f"(CUDA graphs {sv.cuda_graphs / GiB:.2f} GiB and no context subtracted; total {sv.cuda_total / GiB:.2f} GiB)")
-    print("\n| SGLang case | source | published tokens | trainfit | error | K size published / trainfit's cell |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("\n| SGLang case | source | published tokens | trainfit | error | K size published / trainfit's cell | "
+          "free at start: log / trainfit | weights: log / trainfit | tokens from the log's own terms |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for c, sg_sv, err in sglang_rows():
         k_gib = c.published_tokens * sg_sv.kv_bytes_per_token / 2 / GiB
+        terms = ("—", "—", "—")
+        if c.published_pre_gib is not None:
+            own = log_terms_tokens(c, sg_sv.kv_bytes_per_token)
+            terms = (f"{c.published_pre_gib:.2f} / {sg_sv.pre_model_load / GiB:.2f} GiB",
+                     f"{c.published_weights_gib:.2f} / {sg_sv.weights / GiB:.2f} GiB",
+                     f"{own:,} ({(own - c.published_tokens) / c.published_tokens:+.2%})")
         print(f"| {c.label} | {c.source} | {c.published_tokens:,} | {sg_sv.kv_tokens:,} | {err:+.1%} | "
-              f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB |")
+              f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB | {' | '.join(terms)} |")
     return 0
 
 

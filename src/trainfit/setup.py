@@ -27,8 +27,11 @@ MODES = ("train", "infer", "serve")
 STEP_MODES = ("train", "infer")  # a setting applies to these unless it says otherwise
 SERVERS = ("vllm", "sglang")  # --server: the serving engine modelled (analytic/serving.py, serving_sglang.py)
 # settings one server reads and the other has no counterpart for (refused under the other: _validate_serve)
-VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs", "draft_model")
-SGLANG_ONLY = ("mem_fraction_static",)
+VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs")
+SGLANG_ONLY = ("mem_fraction_static", "speculative_algorithm")
+# --speculative-algorithm (SGLang 0.5.23's builtins that keep a draft KV pool beside the target's:
+# sglang/srt/arg_groups/fields/spec.py:31-34; analytic/serving_sglang_spec.py)
+SPECULATIVE_ALGORITHMS = ("eagle", "eagle3", "nextn", "standalone")
 SERVE_PRECISIONS = ("bf16", "fp16", "fp32")  # vLLM's --dtype (no autocast: the weights' dtype)
 TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
 INFER_PRECISIONS = _precision.INFER_PRECISIONS
@@ -236,9 +239,17 @@ class Setup:
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", modes=("serve",))
     draft_model: Optional[str] = setting(None, "Speculative decoding with a draft model (a catalog name or "
-                                         "config.json; vLLM's --speculative-config model): its weights and its KV "
-                                         "cache share the engine's budget. Needs the target's vocabulary.",
+                                         "config.json; vLLM's --speculative-config model, SGLang's "
+                                         "--speculative-draft-model-path): its weights and its KV cache share the "
+                                         "engine's budget. Needs the target's vocabulary.",
                                          modes=("serve",), example="llama-3.2-1b")
+    speculative_algorithm: Optional[str] = setting(None, "SGLang's --speculative-algorithm: eagle or eagle3 (a "
+                                                   "draft head given by --draft-model, sharing the target's "
+                                                   "embedding), nextn (the target's own MTP layers, DeepSeek's "
+                                                   "num_nextn_predict_layers; no --draft-model) or standalone (a "
+                                                   "whole draft model).", choices=SPECULATIVE_ALGORITHMS,
+                                                   modes=("serve",),
+                                                   auto="standalone with --draft-model, else none")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -593,6 +604,11 @@ def _validate_serve(setup: Setup) -> None:
                                                                   if setup.server == "sglang" else ""))
     if setup.quant and setup.precision == "fp32":
         raise SetupError(f"--quant {setup.quant} runs 16-bit activations in vLLM: use --precision bf16 or fp16")
+    if setup.speculative_algorithm == "nextn" and setup.draft_model:
+        raise SetupError("--speculative-algorithm nextn drafts with the target's own MTP layers: drop --draft-model")
+    if setup.speculative_algorithm in ("eagle", "eagle3") and not setup.draft_model:
+        raise SetupError(f"--speculative-algorithm {setup.speculative_algorithm} needs its draft head: add "
+                         "--draft-model (the head's config.json)")
 
 
 def check_recompute(v: str) -> None:

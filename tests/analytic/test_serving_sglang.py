@@ -44,11 +44,12 @@ def test_prefill_capture_sizes_count():
 
 def test_llama_8b_token_pool_by_hand():
     """cell = 8 kv heads × (128 + 128) × 32 layers × 2 B = 131072 B; weights = 8,030,261,248 params × 2 B + the
-    rotary cache (131072 positions × 128 × 2 B); pool = free at start × 0.83 − weights."""
+    rotary cache in fp32 (131072 positions × 128 × 4 B: SGLang keeps it fp32 on CUDA); pool = free at start × 0.83
+    − weights."""
     spec, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
     sv = sg.serve_memory(spec, _sgl(), gpu)
     assert sv.kv_bytes_per_token == 8 * 256 * 32 * 2 == 131072
-    assert sv.weights == 8_030_261_248 * 2 + 131072 * 128 * 2
+    assert sv.weights == 8_030_261_248 * 2 + 131072 * 128 * 4
     pre = gpu.memory - overheads.cuda_context(gpu)  # tp 1: no communicator
     assert sv.kv_tokens == int((pre * 0.83 - sv.weights) // 131072)
     # scheduler's max_running_requests: min(max(min(tokens / 131072 × 512, 4096), 2048), tokens // 2)
@@ -67,22 +68,33 @@ def test_mla_caches_the_latent():
     assert sg.cell_size(spec, _sgl(tp=8), "bf16") == (512 + 64) * 61 * 2
 
 
-def test_published_sglang_log(bench_script):
-    """Qwen3-235B-A22B-FP8 on 4× H100 (vllm-project/vllm#21348): the log's K size is #tokens × the cell's K half
-    (exact), and the token count is within 10 % (out of sample; +8.5 % today, see docs/serving.md)."""
-    (case, sv, err), = bench_script("serving_published").sglang_rows()
-    assert sv.kv_bytes_per_token == 94 * 1 * 256 * 2  # 4 kv heads over tp 4
-    assert round(case.published_tokens * sv.kv_bytes_per_token / 2 / 2**30, 2) == case.published_k_gib
-    assert abs(err) < 0.10
+def test_published_sglang_logs(bench_script):
+    """Published SGLang start-up logs (bench/serving_published.py, out of sample, never fitted). Each log's K size
+    is #tokens × the cell's K half (the cell is exact); where the log prints its free memory at start and its
+    weights, the formula on those two terms gives its token count within rounding (0.05 %: the logs print GiB to
+    2 decimals); trainfit's own terms within 5 % (the issue's target) — Qwen3-235B-A22B-FP8 within 10 % (+8.5 %, its
+    log prints neither term, see BENCHMARKS.md §15)."""
+    rows = bench_script("serving_published").sglang_rows()
+    assert len(rows) >= 4
+    for case, sv, err in rows:
+        assert round(case.published_tokens * sv.kv_bytes_per_token / 2 / 2**30, 2) == case.published_k_gib
+        if case.published_pre_gib is not None:
+            own = bench_script("serving_published").log_terms_tokens(case, sv.kv_bytes_per_token)
+            assert abs(own - case.published_tokens) / case.published_tokens < 5e-4
+        assert abs(err) < (0.10 if case.base == "qwen3-30b-a3b" else 0.05), case.label
+    qwen3 = rows[0][1]
+    assert qwen3.kv_bytes_per_token == 94 * 1 * 256 * 2  # 4 kv heads over tp 4
 
 
 def test_settings_of_the_other_server_are_refused():
     for kw in (dict(gpu_memory_utilization=0.9), dict(block_size=32), dict(max_num_seqs=64),
-               dict(max_num_batched_tokens=4096), dict(draft_model="llama-3.2-1b")):
+               dict(max_num_batched_tokens=4096)):
         with pytest.raises(SetupError, match="does not apply to --server sglang"):
             _sgl(**kw)
     with pytest.raises(SetupError, match="--mem-fraction-static does not apply to --server vllm"):
         Setup(mode="serve", precision="bf16", mem_fraction_static=0.8)
+    with pytest.raises(SetupError, match="--speculative-algorithm does not apply to --server vllm"):
+        Setup(mode="serve", precision="bf16", speculative_algorithm="eagle", draft_model="llama-3.2-1b")
     with pytest.raises(SetupError, match="applies to serve only"):
         Setup(mode="infer", precision="bf16", mem_fraction_static=0.8)
     with pytest.raises(SetupError, match="SGLang's KV dtypes"):
@@ -103,15 +115,19 @@ def test_cli_refusal_is_one_line_exit_2(capsys):
 
 # SGLang 0.5.23's flags (sglang/srt/arg_groups/fields/: model.py model_path, context_length, dtype, quantization,
 # kv_cache_dtype; parallel.py tp_size, pp_size; schedule.py mem_fraction_static, chunked_prefill_size, page_size;
-# exec_.py cuda_graph_max_bs_decode, disable_decode_cuda_graph, disable_prefill_cuda_graph; each flag is the field
-# with dashes, arg_groups/arg_utils.py:290)
+# exec_.py cuda_graph_max_bs_decode, disable_decode_cuda_graph, disable_prefill_cuda_graph; spec.py:31-70
+# speculative_algorithm, speculative_draft_model_path, speculative_num_steps, speculative_eagle_topk,
+# speculative_num_draft_tokens; each flag is the field with dashes, arg_groups/arg_utils.py:290)
 SGLANG_FLAGS = ("--model-path", "--context-length", "--dtype", "--quantization", "--kv-cache-dtype", "--tp-size",
                 "--pp-size", "--mem-fraction-static", "--chunked-prefill-size", "--page-size",
-                "--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")
+                "--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph",
+                "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+                "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 SGLANG_CHOICES = {"--kv-cache-dtype": ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16"),
-                  "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32")}
+                  "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
+                  "--speculative-algorithm": ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")}  # fields/spec.py:31-34
 EMIT_CASES = [dict(), dict(tp=2, kv_dtype="fp8", quant="fp8", max_model_len=32768),
-              dict(enforce_eager=True, mem_fraction_static=0.85)]
+              dict(enforce_eager=True, mem_fraction_static=0.85), dict(draft_model="llama-3.2-1b")]
 
 
 def _emit(kw):
@@ -149,3 +165,48 @@ def test_emit_sglang_parses_with_sglangs_own_parser(kw):
     sv = est.detail["serving"]
     assert ns.mem_fraction_static == sv["mem_fraction_static"] and ns.context_length == sv["context_length"]
     assert ns.tp_size == kw.get("tp", 1)
+
+
+def test_headroom_terms_by_hand():
+    """Llama-3.1-8B on an H100-80GB at SGLang's defaults (chunk 8192, decode graphs up to batch 256, 58 prefill
+    sizes; max_running_requests 2048), hidden 4096, intermediate 14336, vocab 128,256, bf16:
+      chunk forward, as down_proj runs: 8192 × (3 × 4096 + 3 × 14336) × 2 B             =   905,969,664
+      logits of min(2048, 8192) rows beside the chunk's hidden states: 8192 × 4096 × 2 B
+          + 2048 × 128,256 × (2 B head output + 4 B fp32 copy; softmax in place)          = 1,643,118,592  (the peak)
+      decode graphs' pool at batch 256: the head output 256 × 4096 × 2 + 256 × 128,256 × 2 = 67,764,224
+          (over the forward's 256 × 55,296 × 2 = 28,311,552), + the fp32 logits buffer 256 × 128,256 × 4
+          = 131,334,144, + 58 prefill sizes × 8 MiB = 486,539,264                         =   685,637,632"""
+    gpu = get_gpu("H100-80GB")
+    sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(), gpu)
+    assert sv.activations == 8192 * 4096 * 2 + 2048 * 128256 * 6 == 1_643_118_592
+    assert sv.cuda_graphs == 67_764_224 + 131_334_144 + 58 * 8 * 2**20 == 685_637_632
+    assert sv.remainder_short == 0  # 13.5 GiB outside 0.83
+    est = estimate(load_model("llama-3.1-8b"), _sgl(), gpu=gpu)
+    m = est.memory
+    assert m.activations == sv.activations and m.temporaries == sv.cuda_graphs
+    # the device total: the context (tp 1: no NCCL) + the fraction's share used + the headroom's tenants
+    assert m.device_total - overheads.cuda_context(gpu) - (sv.weights + sv.kv_pool + sv.activations + sv.cuda_graphs) \
+        < 64 * 2**20  # the caching allocator's rounding of the segments
+    assert est.time.fits
+
+
+def test_a_fraction_that_leaves_too_little_is_a_warning_with_the_number():
+    """At 0.98 the headroom is 0.02 × 85,101,379,584 B free at start = 1,702,027,592 B, under the activations and
+    graphs' 1,643,118,592 + 685,637,632 = 2,328,756,224 B by 626,728,632 B; the largest fraction that leaves them
+    room: 1 − 2,328,756,224 / 85,101,379,584 = 0.97263 -> 0.972."""
+    gpu = get_gpu("H100-80GB")
+    sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.98), gpu)
+    assert sv.pre_model_load == gpu.memory - overheads.cuda_context(gpu) == 85_101_379_584
+    assert abs(sv.remainder_short - 626_728_632) <= 1
+    assert sv.largest_fraction() == 0.972
+    est = estimate(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.98), gpu=gpu)
+    warning, = [n for n in est.notes if n.startswith("warning:")]
+    assert "597.70 MiB short" in warning and "--mem-fraction-static 0.972" in warning
+    assert not est.time.fits
+    assert not [n for n in estimate(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.972), gpu=gpu).notes
+                if n.startswith("warning:")]
+
+
+def test_enforce_eager_has_no_graphs():
+    sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(enforce_eager=True), get_gpu("H100-80GB"))
+    assert sv.cuda_graphs == 0

@@ -44,3 +44,64 @@ def test_cheapest_first_and_json(capsys):
     prices = [p["price_per_hour"] for p in out["plans"]]
     assert prices == sorted(prices) and out["plans"]
     assert all(p["gpus"] == p["tp"] * p["replicas"] for p in out["plans"])
+
+
+def _sglang_base(**kw):
+    return Setup(mode="serve", server="sglang", precision="bf16", **kw)
+
+
+def test_sglang_plan_picks_the_cheapest_of_a_hand_enumeration():
+    """Llama-3.1-8B, 10 sequences of its 131,072 tokens, H100-80GB ($3/h; 81,559 MiB), SGLang's defaults.
+    By hand, per TP degree (free at start = 81,559 MiB − 400 MiB context − NCCL 588 MiB at tp 2, 882 MiB from tp 4;
+    fraction from memory_hook.py as in test_serving_sglang; weights ≈ 8.03e9 × 2 B / tp; cell = 8/tp heads × 256
+    × 32 layers × 2 B):
+      tp 1: (79.26 GiB × 0.830 − 14.99 GiB) / 128 KiB = 416k tokens = 3.17 sequences -> 3 each, 4 replicas, 4 GPUs
+      tp 2: (78.68 GiB × 0.828 − 7.51 GiB) / 64 KiB  = 944k tokens = 7.20 -> 7 each, 2 replicas, 4 GPUs
+      tp 4: (78.39 GiB × 0.819 − 3.77 GiB) / 32 KiB  = 1.98M tokens = 15.1 -> 1 replica, 4 GPUs
+      tp 8: (78.39 GiB × 0.812 − 1.90 GiB) / 16 KiB  = 4.05M tokens = 30.9 -> 1 replica, 8 GPUs
+    $12/h for tp 1, 2 and 4, ranked by time per token: each GPU reads its weights and its share of the KV of the
+    sequences it decodes (10, 5, 3 at 65,536 tokens each) — tp 4: 3.77 GiB + 10 × 65,536 × 32 KiB = 23.8 GiB;
+    tp 2: 7.51 + 5 × 65,536 × 64 KiB = 27.5 GiB; tp 1: 14.99 + 3 × 65,536 × 128 KiB = 39.0 GiB; tp 8 last
+    ($24/h)."""
+    gib = 2**30
+    hand = {}
+    for tp, pre, fraction, weights in ((1, 79.26, 0.830, 14.99), (2, 78.68, 0.828, 7.51), (4, 78.39, 0.819, 3.77),
+                                       (8, 78.39, 0.812, 1.90)):
+        cell = 8 // tp * 256 * 32 * 2
+        per_replica = int((pre * fraction - weights) * gib / cell / 131072)
+        replicas = -(-10 // per_replica)
+        hand[tp] = (replicas, tp * replicas, weights * gib + -(-10 // replicas) * 65536 * cell)
+    expected = sorted(hand, key=lambda tp: (hand[tp][1], hand[tp][2]))
+    plans, why = serve_plans(load_model("llama-3.1-8b"), [get_gpu("H100-80GB")], 10, _sglang_base(), None, top=10)
+    assert not why
+    assert [(p.tp, p.replicas, p.gpus) for p in plans] == [(tp, *hand[tp][:2]) for tp in expected]
+    assert [p.tp for p in plans] == [4, 2, 1, 8]
+    assert plans[0].price_per_hour == 4 * 3.0
+
+
+def test_sglang_plan_emits_sglangs_command(capsys):
+    main(["plan", "llama-3.1-70b", "--mode", "serve", "--server", "sglang", "--concurrency", "16",
+          "--max-model-len", "8192", "--gpu", "H100-80GB", "--emit", "sglang"])
+    captured = capsys.readouterr()
+    argv = captured.out.split()
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    # SGLang 0.5.23's own flags (arg_groups/fields/parallel.py tp_size, model.py context_length, schedule.py
+    # mem_fraction_static: each field with dashes); the full list is checked in tests/analytic/test_serving_sglang.py
+    assert {"--tp-size", "--context-length", "--mem-fraction-static", "--cuda-graph-max-bs-decode"} <= set(argv)
+    # 70.6e9 × 2 B = 141 GB: over tp 2's 0.828 × 78.7 GiB = 65 GiB per GPU, so tp 4 is the smallest
+    assert argv[argv.index("--tp-size") + 1] == "4" and argv[argv.index("--context-length") + 1] == "8192"
+    assert "tp 4 on H100-80GB" in captured.err
+
+
+def test_sglang_plan_refusals_exit_2(capsys):
+    import pytest
+
+    for argv in (["plan", "llama-3.1-8b", "--mode", "serve", "--server", "sglang", "--concurrency", "4", "--gpu",
+                  "H100-80GB", "--emit", "vllm"],
+                 ["plan", "llama-3.1-8b", "--server", "sglang", "--gpu", "H100-80GB"],
+                 ["plan", "llama-3.1-8b", "--mode", "serve", "--server", "tgi", "--concurrency", "4", "--gpu",
+                  "H100-80GB"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err

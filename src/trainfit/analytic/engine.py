@@ -336,8 +336,9 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
 
 def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     """--mode serve --server sglang: SGLang's static-fraction sizing (analytic/serving_sglang.py). The device
-    total counts the weights, the KV pool and the CUDA context and NCCL; activations and CUDA graphs live in the
-    headroom SGLang leaves (pre × (1 − mem_fraction_static)), not modelled tensor by tensor."""
+    total counts the weights, the KV pool, the CUDA context and NCCL, and what lives in the headroom SGLang leaves
+    (pre × (1 − mem_fraction_static)): the largest eager activation and the CUDA graphs; a headroom too small for
+    them is a warning with the numbers (SGLang itself does not check)."""
     from . import serving_sglang as sg
 
     sv = sg.serve_memory(spec, setup, gpu, pc)
@@ -348,16 +349,28 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights = "
              f"{fmt_bytes(sv.available_kv)} → max_total_num_tokens {sv.kv_tokens:,} ({sv.kv_bytes_per_token:,} "
              f"bytes per token, {k.kv_dtype} KV), max_running_requests {sv.max_running_requests}",
-             f"activations (chunked prefill {k.chunked_prefill_size} tokens) and CUDA graphs (decode max bs "
-             f"{k.cuda_graph_max_bs}) use the {fmt_bytes(sv.headroom)} SGLang leaves outside the fraction: not in "
-             "the device total (NB: under)",
+             f"outside the fraction ({fmt_bytes(sv.headroom)}): activations {fmt_bytes(sv.activations)} (a "
+             f"{k.chunked_prefill_size}-token chunk, or the logits of "
+             f"{min(sv.max_running_requests, k.chunked_prefill_size)} requests) + CUDA graphs {fmt_bytes(sv.cuda_graphs)} (decode up to batch {k.cuda_graph_max_bs}, "
+             f"{k.prefill_graph_sizes} prefill sizes)",
              f"decode: {concurrent} sequences at half of the context length on average, at {mbu:.0%} of memory "
              f"bandwidth; prefill of a {prompt}-token chunk at MFU {mfu:.0%}"]
+    if sv.draft is not None:
+        d = sv.draft
+        notes.append(f"speculative {d.algorithm} ({d.model or 'the target MTP layers'}): draft weights "
+                     f"{fmt_bytes(d.weights)} in the fraction; its {d.layers} layer(s) add to each token's cell at the "
+                     f"target's per-layer size (SGLang's pool_configurator); the target verifies {d.draft_tokens} "
+                     f"tokens per request ({d.steps} steps, top-k {d.topk})")
+    if sv.remainder_short:
+        notes.append(f"warning: mem_fraction_static {k.mem_fraction_static} leaves {fmt_bytes(sv.headroom)} outside "
+                     f"the pool, {fmt_bytes(sv.remainder_short)} short of the activations and CUDA graphs "
+                     f"({fmt_bytes(sv.remainder_needs)}); SGLang starts and then runs out of memory at graph capture "
+                     f"or the first full chunk: --mem-fraction-static {sv.largest_fraction()} or lower")
     if sv.kv_tokens < k.context_length:
         notes.append(f"a request of --max-model-len {k.context_length} does not fit the {sv.kv_tokens:,}-token pool; "
                      "lower --max-model-len, raise --mem-fraction-static, add --tp or --quant")
-    return _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, 0, 0, sg.fits(sv), concurrent,
-                             sg.decode_seconds(sv, gpu, concurrent, mbu), prompt, k.context_length, notes)
+    return _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, sv.activations, sv.cuda_graphs, sg.fits(sv),
+                             concurrent, sg.decode_seconds(sv, gpu, concurrent, mbu), prompt, k.context_length, notes)
 
 
 def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graphs, starts, concurrent, decode_s,

@@ -86,6 +86,15 @@ class Serving:
     kv_pool: int  # bytes of the blocks allocated
     blocks_per_request: int  # what one request of max_model_len holds (vLLM refuses to start below it)
 
+    @property
+    def max_sequences(self) -> int:
+        """The most requests the engine runs at once (--max-num-seqs)."""
+        return self.knobs.max_num_seqs
+
+    @property
+    def context(self) -> int:
+        return self.knobs.max_model_len
+
     def as_dict(self) -> dict:
         k = self.knobs
         return {"server": "vllm", "version": VLLM_VERSION, "gpu_memory_utilization": k.utilization,
@@ -139,19 +148,22 @@ def _weight_dtype(setup: Setup) -> str:
     return {"fp32": "fp32", "fp16": "fp16"}.get(setup.precision, "bf16")
 
 
-def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
-    """The model's weights on one GPU as vLLM shards them: every layer's projections over TP (kv heads replicated
-    when TP exceeds them), the vocabulary padded to 64 and split over TP for the embedding and an untied head,
-    norms replicated; layers split evenly over PP, the embedding on the first stage (the largest).
-    --quant fp8: the projections in 1 byte (vLLM's fp8 checkpoints and online quantisation keep the embedding and
-    head in the model dtype); awq/gptq: 4-bit projections with an fp16 scale and a 4-bit zero per GROUP inputs."""
-    b = DTYPE_BYTES[_weight_dtype(setup)]
-    t, p = setup.tp, setup.pp
-    h = spec.hidden
+def embedding_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """One GPU's share of the embedding (or of an untied head): the vocabulary padded to 64, split over TP, in the
+    model dtype (vLLM's fp8 checkpoints and online quantisation keep it so)."""
     vocab = math.ceil(spec.vocab / VOCAB_PADDING) * VOCAB_PADDING
-    embed = vocab * h / t * b
-    head = 0 if spec.tied_embeddings else embed
-    layer_linear = (pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers)
+    return vocab * spec.hidden / setup.tp * DTYPE_BYTES[_weight_dtype(setup)]
+
+
+def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | None = None) -> float:
+    """One decoder layer on one GPU — the average of the model's layers, or one whose MLP has `mlp` parameters —:
+    its projections over TP (kv heads replicated when TP exceeds them; MLA's down-projections replicated), at
+    --quant's bytes, norms replicated."""
+    b = DTYPE_BYTES[_weight_dtype(setup)]
+    t, h = setup.tp, spec.hidden
+    if mlp is None:
+        mlp = (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers
+    layer_linear = pc.attention + mlp
     if spec.mla is not None:
         # MLA: the down-projections q_a_proj and kv_a_proj_with_mqa (and their norms) are replicated on every rank,
         # the up-projections and o_proj sharded (model_executor/models/deepseek_v2.py: MergedReplicatedLinear
@@ -162,12 +174,28 @@ def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
     else:
         kv_params = 2 * spec.kv_dim * h  # k and v: each rank holds max(kv_heads / tp, 1) heads (replicated past)
         per_layer = (layer_linear - kv_params) / t + kv_params * max(1 / t, 1 / max(spec.kv_heads, 1))
-    per_byte = {"fp8": 1.0, "awq": 0.5 + (2 + 0.5) / GROUP, "gptq": 0.5 + (2 + 0.5) / GROUP}.get(setup.quant, b)
-    layers = spec.layers / p * (per_layer * per_byte + pc.norms * b)
+    return per_layer * quant_bytes(setup) + pc.norms * b
+
+
+def quant_bytes(setup: Setup) -> float:
+    """Bytes per projection weight: --quant fp8 1; awq/gptq 4 bits with an fp16 scale and a 4-bit zero per GROUP
+    inputs; else the model dtype's."""
+    b = DTYPE_BYTES[_weight_dtype(setup)]
+    return {"fp8": 1.0, "awq": 0.5 + (2 + 0.5) / GROUP, "gptq": 0.5 + (2 + 0.5) / GROUP}.get(setup.quant, b)
+
+
+def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+    """The model's weights on one GPU as vLLM shards them: every layer as layer_bytes shards it, layers split
+    evenly over PP, the embedding (embedding_bytes) on the first stage (the largest), an untied head and the final
+    norm on the last."""
+    b = DTYPE_BYTES[_weight_dtype(setup)]
+    embed = embedding_bytes(spec, setup)
+    head = 0 if spec.tied_embeddings else embed
+    layers = spec.layers / setup.pp * layer_bytes(spec, setup, pc)
     # RotaryEmbedding's cos/sin cache, a buffer of (max positions, rotary dim) in the model dtype on every rank
     # (model_executor/layers/rotary_embedding/base.py _compute_cos_sin_cache; "Loading model weights took" counts it)
     rope = (spec.max_positions or 0) * rotary_dim(spec) * b if spec.positions == "rotary" else 0
-    return layers + embed + rope + (head + pc.final * b if p == 1 else 0)
+    return layers + embed + rope + (head + pc.final * b if setup.pp == 1 else 0)
 
 
 def forward_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
@@ -185,10 +213,17 @@ def forward_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     return a * tokens * max(mlp, attention)
 
 
-def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
+def logits_transient(spec: ModelSpec, setup: Setup, tokens: int, rows: int, fp32_copies: int) -> float:
+    """The output hidden states of `tokens` tokens beside the logits of `rows` rows: the head's output in the model
+    dtype (the whole vocabulary per row, the shards gathered) and `fp32_copies` fp32 copies of it."""
     a = DTYPE_BYTES[_weight_dtype(setup)]
+    return a * tokens * spec.hidden + rows * spec.vocab * (a + fp32_copies * FP32)
+
+
+def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
+    """vLLM's dummy sampler run: the fp32 logits and the fp32 probabilities (two copies)."""
     rows = min(k.max_num_seqs, k.max_num_batched_tokens)
-    return a * k.max_num_batched_tokens * spec.hidden + rows * spec.vocab * (a + 2 * FP32)
+    return logits_transient(spec, setup, k.max_num_batched_tokens, rows, 2)
 
 
 def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:

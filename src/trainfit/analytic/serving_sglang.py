@@ -22,16 +22,31 @@ SGLang 0.5.23 (the wheel's sglang/srt/...) sizes its token-to-KV pool once, at s
   cell_size = kv heads per rank (max(1, kv_heads // attn tp), configs get_num_kv_heads) × (head_dim + v_head_dim)
         × this rank's layers × the KV dtype's bytes; MLA: (kv_lora_rank + qk_rope_head_dim) × layers × bytes
         (pool_configurator.py:340-535 _compute_cell_size)
+  with speculative decoding (--speculative-algorithm, --draft-model): the draft's weights join the target's and the
+        cell grows by the draft's layers (analytic/serving_sglang_spec.py)
   page_size: 1 on CUDA (arg_groups/overrides.py:1343-1362 _page_size_default; FA4 on SM100 forces 128, :1270-1296)
   max_running_requests = min(max(min(tokens / context_len × 512, 4096), 2048), tokens // 2)
         (kv_cache_configurator.py:3119-3140 resolve_max_num_reqs)
 The scheduler logs "max_total_num_tokens=N, chunked_prefill_size=..., max_running_requests=..., context_len=..."
 (managers/scheduler.py:1267-1275) and the pool "KV Cache is allocated. ... #tokens: N, K size: x GB, V size: y GB"
 (mem_cache/memory_pool.py:2073-2097, GB = 2**30).
-Unlike vLLM there is no profile run: activations and CUDA graphs live in what (1 − mem_fraction_static) leaves.
+Unlike vLLM there is no profile run: activations and CUDA graphs live in what (1 − mem_fraction_static) leaves,
+and SGLang does not check that they fit — the graph captures only log "avail mem"
+(model_executor/model_runner_components/cuda_graph_setup.py:683-698, 757-791); a remainder too small shows up as a
+CUDA out-of-memory error at capture or at the first large prefill. What lives there (remainder_needs):
+  activations: the larger of a chunked-prefill forward (serving.forward_transient at chunked_prefill_size tokens:
+      SGLang's LlamaMLP.forward, models/llama.py:124-140, keeps gate_up and its activation as vLLM's does) and the
+      logits of max_running_requests rows — the head's output in the model dtype and its fp32 copy
+      (layers/logits_processor.py:1359-1368), softmaxed in place (layers/sampler.py:293-298: no further copy);
+  CUDA graphs: the decode graphs' private pool, the largest capture (cuda_graph_max_bs tokens: the forward, or the
+      head's output), the persistent fp32 logits buffer of cuda_graph_max_bs rows (graph_shared_output.py:62-90,
+      model_executor/runner/base_runner.py:113-121), and SGLang's own estimate of the prefill graphs' non-torch
+      memory, 8 MiB per capture size (1.5 GiB under MLA; memory_hook.py:380-389: their torch memory is the
+      activations', reused).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .. import overheads
@@ -39,12 +54,17 @@ from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from . import serving_sglang_spec as speculative
 from .params import ParamCounts, count_params
+from .activations import FP32
+from .embedding import rotary_dim
 from .precision import DTYPE_BYTES
-from .serving import _weight_dtype, check, weights_per_gpu
+from .serving import _weight_dtype, check, forward_transient, logits_transient, weights_per_gpu
 
 SGLANG_VERSION = "0.5.23"
 MiB = 1 << 20
+PREFILL_GRAPH_NON_TORCH = 8 * MiB  # per prefill capture size (memory_hook.py:384-386, SGLang's own estimate)
+MLA_PREFILL_GRAPHS = 1.5 * 1024 * MiB  # memory_hook.py:387-389 (its estimate for MLA backends' prefill graphs)
 PAGE_SIZE = 1  # arg_groups/overrides.py:1361-1362 (CUDA, non-FA4)
 
 
@@ -70,11 +90,37 @@ class Serving:
     weights: int
     headroom: int  # pre × (1 − mem_fraction_static): activations and CUDA graphs live in it
     available_kv: int
-    kv_bytes_per_token: float  # cell_size
+    kv_bytes_per_token: float  # cell_size (the target's, + a draft's layers at its per-layer size)
     kv_tokens: int  # max_total_num_tokens
     max_running_requests: int
     max_concurrent_sequences: float
     kv_pool: int
+    activations: int  # the largest eager transient (chunked prefill forward or the logits): in the headroom
+    cuda_graphs: int  # in the headroom too
+    draft: speculative.Draft | None = None  # speculative decoding's draft (weights counted in `weights`)
+
+    @property
+    def remainder_needs(self) -> int:
+        """What SGLang holds outside mem_fraction_static beside the context and NCCL."""
+        return self.activations + self.cuda_graphs
+
+    @property
+    def remainder_short(self) -> int:
+        """Bytes by which the headroom falls short of that (0 when it fits)."""
+        return max(0, self.remainder_needs - self.headroom)
+
+    def largest_fraction(self) -> float:
+        """The largest --mem-fraction-static that leaves the headroom the activations and graphs need."""
+        return math.floor((1 - self.remainder_needs / self.pre_model_load) * 1000) / 1000
+
+    @property
+    def max_sequences(self) -> int:
+        """The most requests the scheduler runs at once (max_running_requests)."""
+        return self.max_running_requests
+
+    @property
+    def context(self) -> int:
+        return self.knobs.context_length
 
     def as_dict(self) -> dict:
         k = self.knobs
@@ -83,11 +129,19 @@ class Serving:
                 "chunked_prefill_size": k.chunked_prefill_size, "cuda_graph_max_bs": k.cuda_graph_max_bs,
                 "page_size": k.page_size, "kv_cache_dtype": k.kv_dtype, "cuda_total": self.cuda_total,
                 "pre_model_load": self.pre_model_load, "requested": self.requested, "weights": self.weights,
-                "headroom": self.headroom, "available_kv": self.available_kv,
+                "headroom": self.headroom, "activation_peak": self.activations, "cuda_graphs": self.cuda_graphs,
+                "remainder_short": self.remainder_short, "available_kv": self.available_kv,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "kv_blocks": self.kv_tokens // k.page_size,
                 "kv_tokens": self.kv_tokens, "max_total_num_tokens": self.kv_tokens,
                 "max_running_requests": self.max_running_requests,
-                "max_concurrent_sequences": round(self.max_concurrent_sequences, 2)}
+                "max_concurrent_sequences": round(self.max_concurrent_sequences, 2),
+                **(self._draft_dict() if self.draft else {})}
+
+    def _draft_dict(self) -> dict:
+        d = self.draft
+        return {"speculative_algorithm": d.algorithm, "draft_model": d.model, "draft_layers": d.layers,
+                "draft_weights": int(d.weights), "speculative_num_steps": d.steps, "speculative_eagle_topk": d.topk,
+                "speculative_num_draft_tokens": d.draft_tokens}
 
 
 def capacity_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -110,14 +164,18 @@ def prefill_capture_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
+def prefill_graphs_non_torch(prefill_sizes: int, mla: bool) -> float:
+    """SGLang's estimate of the prefill graphs' non-torch memory, bytes (reserve_for_graph_mb, :380-389)."""
+    if not prefill_sizes:
+        return 0.0
+    return MLA_PREFILL_GRAPHS if mla else prefill_sizes * PREFILL_GRAPH_NON_TORCH
+
+
 def default_mem_fraction(gpu_mib: float, setup: Setup, k_chunked: int, max_bs: int, prefill_sizes: int,
                          mla: bool) -> float:
     """memory_hook.py:296-328 (the regular, non-disaggregated, non-DP-attention path)."""
     reserved = 512 + max(k_chunked, 2048) * 1.5 + setup.tp * setup.pp / 8 * 1024
-    graphs = 2 * max_bs  # reserve_for_graph_mb, :364-368
-    if prefill_sizes:
-        graphs += 1.5 * 1024 if mla else prefill_sizes * 8  # :381-386
-    reserved += graphs
+    reserved += 2 * max_bs + prefill_graphs_non_torch(prefill_sizes, mla) / MiB  # reserve_for_graph_mb, :357-389
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((gpu_mib - reserved) / gpu_mib, 3)
@@ -151,33 +209,63 @@ def cell_size(spec: ModelSpec, setup: Setup, kv_dtype: str) -> int:
     return int(heads * (spec.head_dim + spec.head_dim) * layers * b)  # head_dim + v_head_dim (equal in these models)
 
 
+def weights_on_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+    """The weights as vLLM shards them (serving.weights_per_gpu: SGLang's linear layers and vocabulary padding of
+    64 came from vLLM's), but the rotary cos/sin cache kept in fp32 on CUDA (layers/rotary_embedding/base.py:115-120:
+    "cache needs to be in FP32 for numerical stability") where vLLM casts it to the model dtype.
+    NB: whatever else SGLang allocates between its baseline and the pool is not counted (its logs' "mem usage" at
+    "Load weight end" reads ~0.07 GiB above this for Llama-3.1-8B: over-reads the pool by that)."""
+    weights = weights_per_gpu(spec, setup, pc)
+    if spec.positions == "rotary":
+        weights += (spec.max_positions or 0) * rotary_dim(spec) * (FP32 - DTYPE_BYTES[_weight_dtype(setup)])
+    return weights
+
+
 def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None = None) -> Serving:
     check(spec, setup)
-    if setup.draft_model:
-        raise SetupError("--draft-model with --server sglang is not modelled (SGLang's EAGLE/standalone drafts); "
-                         "use --server vllm")
     pc = pc or count_params(spec)
+    dr = speculative.draft(spec, setup, pc)
     k = knobs(spec, setup, gpu)
     total = gpu.memory
     # NB: the baseline is free memory after the CUDA context and NCCL's communicators (data/overheads.toml);
     # SGLang's custom all-reduce buffers and the cuBLAS workspace made later are not subtracted (over by tens of MiB)
     pre = total - sum(overheads.overheads(gpu, setup).values())
-    # NB: the weights as vLLM shards them (serving.weights_per_gpu); SGLang's layers shard the same way (its
-    # linear layers and vocab padding of 64 came from vLLM's); whatever SGLang allocates between the baseline and
-    # the profile besides the weights is not counted (over-reads the pool)
-    weights = weights_per_gpu(spec, setup, pc)
+    weights = weights_on_gpu(spec, setup, pc) + (dr.weights if dr else 0)
     requested = pre * k.mem_fraction_static
     available = requested - weights
     if available <= 0:
         raise SetupError(f"--server sglang: the weights ({weights / 2**30:.2f} GiB per GPU) exceed "
                          f"mem_fraction_static {k.mem_fraction_static} of the free memory ({pre / 2**30:.2f} GiB); "
                          "SGLang raises at start-up: raise --mem-fraction-static, add --tp or --quant")
-    cell = cell_size(spec, setup, k.kv_dtype)
+    cell = speculative.pool_cell(cell_size(spec, setup, k.kv_dtype), spec.layers // setup.pp, dr)
     tokens = int(available // cell) // k.page_size * k.page_size
     estimated = max(min(int(tokens / k.context_length * 512), 4096), 2048)
     running = min(estimated, tokens // 2)
     return Serving(k, total, int(pre), int(requested), int(weights), int(pre - requested), int(available), cell,
-                   tokens, running, tokens / k.context_length, tokens * cell)
+                   tokens, running, tokens / k.context_length, tokens * cell,
+                   int(activation_peak(spec, setup, k, running)),
+                   int(cuda_graph_bytes(spec, setup, k, dr.draft_tokens if dr else 1)), dr)
+
+
+def activation_peak(spec: ModelSpec, setup: Setup, k: Knobs, running: int) -> float:
+    """The larger eager transient (module docstring): a chunk's forward, or the logits of the running requests.
+    NB: the logits moment takes a chunk's hidden states beside min(running, chunk) rows — a decode batch has only
+    its own rows' hidden states and a prefill chunk rarely that many requests (over, by the hidden states: MiBs)."""
+    chunk = k.chunked_prefill_size
+    return max(forward_transient(spec, setup, chunk), logits_transient(spec, setup, chunk, min(running, chunk), 1))
+
+
+def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs, tokens_per_request: int = 1) -> float:
+    """The decode graphs' pool at cuda_graph_max_bs (× the verified draft tokens per request under speculative
+    decoding), their fp32 logits buffer, and the prefill graphs' non-torch memory (module docstring).
+    NB: the decode graphs' own non-torch memory (kernel nodes, tens of KiB each) and a draft's own graphs (its
+    decode and extend steps) are not counted (under)."""
+    bs = k.cuda_graph_max_bs * tokens_per_request
+    decode = 0.0
+    if bs:
+        pool = max(forward_transient(spec, setup, bs), logits_transient(spec, setup, bs, bs, 0))
+        decode = pool + bs * spec.vocab * FP32
+    return decode + prefill_graphs_non_torch(k.prefill_graph_sizes, spec.mla is not None)
 
 
 def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:

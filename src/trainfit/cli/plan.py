@@ -43,11 +43,12 @@ def plan(
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchtitan (job-config TOML for torchtitan's own registry models; --tokens sets its steps), torchrun (torchtitan command line)."),
     verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch; single unsharded ranks only)."),
     json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens under vLLM; --gpu may list several types, or all)."),
+    mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens under vLLM or SGLang (--server); --gpu may list several types, or all)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="--mode serve: sequences served at once."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="--mode serve: the longest request, tokens (vLLM's --max-model-len). Default: the model's max_position_embeddings."),
     tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", help="--mode serve: the most time per output token, milliseconds, at that load."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="--mode serve: bf16, fp16 or fp8."),
+    server: Optional[str] = typer.Option(None, "--server", help="--mode serve: " + BY_NAME["server"].meta.help + " Default: vllm."),
 ) -> None:
     """The fastest parallel layout that fits: dp × tp × pp, ZeRO stage, micro-batch, accumulation, recompute and
     precision, ranked by tokens/s with each time term shown. CPU offload is not searched.
@@ -72,13 +73,14 @@ def plan(
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
         if off:
             raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
-                             "--mode serve takes --concurrency, --max-model-len, --tpot-ms, --kv-cache-dtype, --tp, "
-                             "--precision, --price, --top")
+                             "--mode serve takes --concurrency, --max-model-len, --tpot-ms, --kv-cache-dtype, "
+                             "--server, --tp, --precision, --price, --top")
         _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top,
-                    emit, json)
+                    emit, json, server or "vllm")
         return
     serve_only = [f for f, v in (("--concurrency", concurrency), ("--max-model-len", max_model_len),
-                                 ("--tpot-ms", tpot_ms), ("--kv-cache-dtype", kv_cache_dtype)) if v is not None]
+                                 ("--tpot-ms", tpot_ms), ("--kv-cache-dtype", kv_cache_dtype),
+                                 ("--server", server)) if v is not None]
     if serve_only:
         raise SetupError(f"{' and '.join(serve_only)} {'apply' if len(serve_only) > 1 else 'applies'} to --mode serve "
                          "only: add --mode serve")
@@ -160,7 +162,7 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
 
 
 def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top, emit,
-                json) -> None:
+                json, server) -> None:
     from ..api import load_spec
     from ..hardware import list_gpus, resolve_gpu
     from ..plan.serve import serve_plans
@@ -171,42 +173,46 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         raise SetupError("--mode serve plans for a number of concurrent sequences: add --concurrency N")
     if tpot_ms is not None and not tpot_ms > 0:
         raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
-    if emit is not None and emit != "vllm":
-        raise SetupError(f"--emit {emit!r}: --mode serve emits vllm")
+    if emit is not None and emit != server:
+        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits {server}")
     if emit is not None and json:
-        raise SetupError("--emit vllm prints a command, --json the plans: choose one of them")
+        raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
     check_value(BY_NAME["price"], price)
     spec = load_spec(model)
     names = [g.strip() for g in gpu.split(",") if g.strip()]
     gpus = [g for g in list_gpus() if g.vendor == "nvidia"] if names == ["all"] else [resolve_gpu(n) for n in names]
     gpus = [g.with_price(price) for g in gpus]
-    base = Setup(mode="serve", precision=precision or serve_dtype(spec), max_model_len=max_model_len,
+    base = Setup(mode="serve", server=server, precision=precision or serve_dtype(spec), max_model_len=max_model_len,
                  kv_dtype=kv_cache_dtype)
     plans, why_not = serve_plans(spec, gpus, concurrency, base, tpot_ms / 1e3 if tpot_ms else None, top)
     if tp is not None:
         plans = [p for p in plans if p.tp == tp]
     if emit:
         if not plans:
-            raise SetupError("--emit vllm: no plan serves that load" + (f" ({'; '.join(why_not)})" if why_not else ""))
+            raise SetupError(f"--emit {emit}: no plan serves that load" + (f" ({'; '.join(why_not)})" if why_not
+                                                                            else ""))
         from ..analytic.engine import estimate
+        from ..plan.emit_sglang import sglang_command
         from ..plan.emit_vllm import vllm_command
 
         best = plans[0]
         sv = estimate(spec, best.setup, gpu=resolve_gpu(best.gpu)).detail["serving"]
         typer.echo(f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {best.sequences_per_replica} "
                    f"sequences each, {best.tpot_seconds * 1e3:.1f} ms per token", err=True)
-        typer.echo(vllm_command(spec, best.setup, sv))
+        typer.echo((sglang_command if server == "sglang" else vllm_command)(spec, best.setup, sv))
         return
     if json:
-        typer.echo(dumps({"model": spec.name, "concurrency": concurrency, "plans": [p.as_dict() for p in plans],
+        typer.echo(dumps({"model": spec.name, "server": server, "concurrency": concurrency,
+                          "plans": [p.as_dict() for p in plans],
                           "not_served": why_not}))
         return
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    engine = "SGLang" if server == "sglang" else "vLLM"
     t = Table(title=f"{spec.name}: {concurrency} sequences of {base.max_model_len or spec.max_positions:,} tokens "
-              "(vLLM), cheapest first", box=box.SIMPLE_HEAD, header_style="bold")
+              f"({engine}), cheapest first", box=box.SIMPLE_HEAD, header_style="bold")
     for col in ("GPU", "tp", "replicas", "GPUs", "sequences each", "KV tokens each", "ms per token", "$/h"):
         t.add_column(col, justify="left" if col == "GPU" else "right")
     for p in plans:

@@ -5,7 +5,9 @@ Every flag is SGLang 0.5.23's own (its ServerArgs fields, each the flag with das
 model.py:51-57 --model-path, :110-117 --context-length, :160-176 --dtype, :177-183 --quantization, :197-219
 --kv-cache-dtype; parallel.py:45-66 --tp-size, --pp-size; schedule.py:27-30 --mem-fraction-static, :52-55
 --chunked-prefill-size, :143-145 --page-size; exec_.py:629-631 --cuda-graph-max-bs-decode, :662-669
---disable-decode-cuda-graph / --disable-prefill-cuda-graph), so the server starts with the settings the estimate
+--disable-decode-cuda-graph / --disable-prefill-cuda-graph; spec.py:31-70 --speculative-algorithm,
+--speculative-draft-model-path, --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens),
+so the server starts with the settings the estimate
 assumed: the dtype, TP/PP, the static fraction, the context length, the chunk and graph sizes the default fraction
 was computed from, the page size and the KV dtype.
 """
@@ -33,6 +35,13 @@ def sglang_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
         args += ["--kv-cache-dtype", KV_DTYPES.get(setup.kv_dtype, "auto")]
     if setup.quant:
         args += ["--quantization", setup.quant]
+    if serving.get("speculative_algorithm"):  # the algorithm's builtin name is upper case (fields/spec.py:31-34)
+        args += ["--speculative-algorithm", serving["speculative_algorithm"].upper()]
+        if serving["draft_model"]:
+            args += ["--speculative-draft-model-path", _hub_id_of(serving["draft_model"])]
+        args += ["--speculative-num-steps", str(serving["speculative_num_steps"]),
+                 "--speculative-eagle-topk", str(serving["speculative_eagle_topk"]),
+                 "--speculative-num-draft-tokens", str(serving["speculative_num_draft_tokens"])]
     if setup.enforce_eager:
         args += ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
     else:

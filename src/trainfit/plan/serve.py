@@ -1,19 +1,21 @@
-"""`trainfit plan MODEL --mode serve`: the cheapest GPUs that serve N concurrent sequences of --max-model-len
-tokens under vLLM within a time per output token.
+"""`trainfit plan MODEL --mode serve [--server vllm|sglang]`: the cheapest GPUs that serve N concurrent sequences
+of --max-model-len tokens under vLLM or SGLang within a time per output token.
 
 For each GPU type and tensor-parallel degree (a power of two within a node that divides the attention heads —
-vLLM refuses others: config/model.py verify_with_parallel_config), one engine is sized as vLLM sizes it
-(analytic/serving.py); it holds min(max_num_seqs, its KV capacity in whole sequences) sequences, so N needs
-ceil(N / that) replicas; each replica decodes ceil(N / replicas) sequences, timed by serving.decode_seconds.
-Plans within the target are ranked by price per hour (GPUs × the catalog's, or --price), then by that time.
+vLLM refuses others: config/model.py verify_with_parallel_config; SGLang asserts it: sglang/srt/models/llama.py:183),
+one engine is sized as the server sizes it (analytic/serving.py for vLLM, analytic/serving_sglang.py for SGLang,
+the setup's `server` picks); it holds min(its request limit — vLLM's max_num_seqs, SGLang's max_running_requests —,
+its KV capacity in whole sequences) sequences, so N needs ceil(N / that) replicas; each replica decodes
+ceil(N / replicas) sequences, timed by the server's decode_seconds. Plans within the target are ranked by price per
+hour (GPUs × the catalog's, or --price), then by that time.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from ..analytic import serving, serving_sglang
 from ..analytic.engine import estimate
-from ..analytic.serving import decode_seconds, serve_memory
 from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
@@ -47,29 +49,36 @@ def tp_degrees(spec: ModelSpec, gpu: GPU) -> list[int]:
     return [t for t in (1, 2, 4, 8, 16) if t <= gpu.gpus_per_node and spec.heads % t == 0]
 
 
+def server_model(setup: Setup):
+    """The module that sizes and times the setup's server: serve_memory, decode_seconds; its Serving has
+    `max_sequences` (the server's request limit) and `context` (the longest request, tokens)."""
+    return serving_sglang if setup.server == "sglang" else serving
+
+
 def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup, tpot: float | None,
                 top: int = 5) -> tuple[list[ServePlan], list[str]]:
     """The plans that serve `concurrency` sequences (cheapest first) and a line per GPU type that cannot."""
     if concurrency < 1:
         raise SetupError(f"--concurrency must be a positive integer, got {concurrency}")
     plans, why_not = [], []
+    model = server_model(base)
     for gpu in gpus:
         best_reason = None
         for tp in tp_degrees(spec, gpu):
             setup = base.with_(tp=tp)
             try:
-                sv = serve_memory(spec, setup, gpu)
+                sv = model.serve_memory(spec, setup, gpu)
                 fits = estimate(spec, setup, gpu=gpu).time.fits
             except SetupError as e:
                 best_reason = str(e)
                 continue
-            per_replica = min(sv.knobs.max_num_seqs, int(sv.max_concurrent_sequences))
+            per_replica = min(sv.max_sequences, int(sv.max_concurrent_sequences))
             if not fits or per_replica < 1:
-                best_reason = f"tp up to {tp} holds no {sv.knobs.max_model_len}-token sequence"
+                best_reason = f"tp up to {tp} holds no {sv.context}-token sequence"
                 continue
             replicas = math.ceil(concurrency / per_replica)
             load = math.ceil(concurrency / replicas)
-            t = decode_seconds(sv, gpu, load, MBU)
+            t = model.decode_seconds(sv, gpu, load, MBU)
             if tpot is not None and t > tpot:
                 best_reason = f"{t * 1e3:.1f} ms per token at best (tp {tp})"
                 continue
