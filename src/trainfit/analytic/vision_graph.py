@@ -36,12 +36,16 @@ class Op:
     out: str  # the output tensor's name
     out_elems: int
     saves: tuple[str, ...] = ()  # tensors the op keeps for backward
-    own_saved: int = 0  # bytes the op keeps itself: BN's save_mean/invstd, max_pool's indices (fp32/int64)
+    own_saved: tuple[int, ...] = ()  # tensors (bytes) the op keeps itself: BN's save_mean/invstd, max_pool's indices (fp32/int64)
     weights: int = 0  # weight elements cast (autocast) and saved: conv / linear
-    params: int = 0  # parameter elements the backward makes gradients for
+    tensors: tuple[int, ...] = ()  # the op's parameter tensors (elements), each with its gradient
     stats: int = 0  # BN channels (running mean/var buffers)
     flops: int = 0  # forward FLOPs, whole batch
     in_place: bool = False  # the output is the first input's storage (the residual add)
+
+    @property
+    def params(self) -> int:
+        return sum(self.tensors)
 
 
 def _out(size: int, k: int, s: int, p: int) -> int:
@@ -69,15 +73,15 @@ class _Net:
         y = self._name(name)
         self.size[y] = (cout, side_o)
         self.ops.append(Op(name, "conv", (x,), y, self.b * cout * side_o * side_o, saves=(x,), weights=w,
-                           params=w + (cout if bias else 0), flops=2 * w * side_o * side_o * self.b))
+                           tensors=(w, cout) if bias else (w,), flops=2 * w * side_o * side_o * self.b))
         return y
 
     def bn(self, x: str, name: str) -> str:
         c, side = self.size[x]
         y = self._name(name)
         self.size[y] = (c, side)
-        self.ops.append(Op(name, "bn", (x,), y, self.b * c * side * side, saves=(x,), own_saved=2 * c * FP32,
-                           params=2 * c, stats=c, flops=4 * self.b * c * side * side))
+        self.ops.append(Op(name, "bn", (x,), y, self.b * c * side * side, saves=(x,), own_saved=(c * FP32, c * FP32),
+                           tensors=(c, c), stats=c, flops=4 * self.b * c * side * side))
         return y
 
     def relu(self, x: str, name: str) -> str:
@@ -93,7 +97,7 @@ class _Net:
         y = self._name(name)
         self.size[y] = (c, side_o)
         elems = self.b * c * side_o * side_o
-        self.ops.append(Op(name, "maxpool", (x,), y, elems, saves=(x,), own_saved=elems * INT64))
+        self.ops.append(Op(name, "maxpool", (x,), y, elems, saves=(x,), own_saved=(elems * INT64,)))
         return y
 
     def add_(self, x: str, r: str, name: str) -> str:
@@ -113,8 +117,8 @@ class _Net:
         self.size[logits] = (labels, 1)
         w = c * labels
         self.ops.append(Op("classifier", "linear", (pooled,), logits, self.b * labels, saves=(pooled,), weights=w + labels,
-                           params=w + labels, flops=2 * w * self.b))
-        self.ops.append(Op("loss", "loss", (logits,), "loss", 1, own_saved=self.b * labels * FP32))
+                           tensors=(w, labels), flops=2 * w * self.b))
+        self.ops.append(Op("loss", "loss", (logits,), "loss", 1, own_saved=(self.b * labels * FP32,)))
 
 
 def resnet_ops(spec: VisionSpec, batch: int, image: int) -> list[Op]:
