@@ -1,0 +1,94 @@
+"""Vision models (issue 16): catalog parameter counts against transformers' numel() on the meta device, the
+analytic ResNet engine against the trace engine (the real transformers model on fake tensors), the trace against a
+real CPU step, the CLI's answer to the issue's command, and the refusals of token-model flags."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainfit.api import Request, run_engines
+from trainfit.analytic.vision_graph import vision_params
+from trainfit.cli import main
+from trainfit.models.vision import list_vision_models, vision_entry
+
+torch = pytest.importorskip("torch", reason="the checks build the transformers models")
+transformers = pytest.importorskip("transformers", reason="the checks build the transformers models")
+
+
+@pytest.mark.parametrize("spec", list_vision_models(), ids=lambda s: s.name)
+def test_params_equal_transformers_numel(spec):
+    transformers.logging.set_verbosity_error()
+    kwargs = {k: v for k, v in spec.config.items() if k not in ("model_type", "_trainfit")}
+    cfg = transformers.AutoConfig.for_model(spec.family, **kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageClassification.from_config(cfg)
+    assert vision_params(spec) == sum(p.numel() for p in model.parameters())
+    published = vision_entry(spec.name).get("params_published")
+    if published:  # torchvision's weight metadata (num_params), exact for these architectures
+        assert vision_params(spec) == published
+
+
+def _engines(model: str, **settings):
+    return run_engines(Request(model=model, optimizer="momentum", **settings), "all")
+
+
+# CUDA semantics (the caching allocator's 512-byte blocks): the CPU's oneDNN scratch, which the trace measures
+# on this CPU and the analytic engine leaves out (NB in analytic/vision.py), would otherwise dominate tiny models.
+@pytest.mark.parametrize("model,precision", [("tiny-resnet", "fp32"), ("tiny-resnet", "amp-fp16"),
+                                             ("tiny-resnet-basic", "fp32"), ("tiny-resnet-basic", "bf16")])
+def test_analytic_within_3_percent_of_trace(model, precision):
+    analytic, traced = _engines(model, batch=4, precision=precision)
+    assert analytic.engine == "analytic" and traced.engine == "trace"
+    assert analytic.params == traced.params
+    assert analytic.memory.peak_phase == traced.memory.peak_phase
+    assert abs(analytic.memory.peak - traced.memory.peak) <= 0.03 * traced.memory.peak
+    for phase, bytes_ in traced.memory.phases.items():
+        assert abs(analytic.memory.phases[phase] - bytes_) <= 0.03 * bytes_, phase
+
+
+@pytest.mark.slow
+def test_trace_within_half_a_percent_of_a_real_cpu_step():
+    req = Request(model="tiny-resnet", batch=4, precision="fp32", optimizer="momentum", device="cpu")
+    traced = run_engines(req, "trace")[-1]
+    measured = run_engines(req, "measure")[-1]
+    assert measured.engine == "measure"
+    assert abs(traced.memory.peak - measured.memory.peak) <= 0.005 * measured.memory.peak
+
+
+def _cli(capsys, argv):
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_answers_resnet50_on_a_v100(capsys):
+    code, out, err = _cli(capsys, ["estimate", "resnet-50", "--batch", "256", "--precision", "amp-fp16",
+                                   "--optimizer", "momentum", "--gpu", "V100-16GB", "--json"])
+    assert code == 0, err
+    e = json.loads(out)
+    e = e[0] if isinstance(e, list) else e
+    assert e["engine"] == "analytic" and e["params"] == 25_557_032
+    mem = e["memory"]
+    # hand check: amp keeps fp32 weights, 25,557,032 x 4 B, each of the 161 tensors (53 convs, 53 BN weight + bias,
+    # the classifier's weight + bias) rounded up to the CUDA allocator's 512-byte block
+    assert 0 <= mem["weights"] - 25_557_032 * 4 < 161 * 512
+    assert mem["optimizer_states"] == mem["weights"]  # momentum: one fp32 buffer per parameter
+    assert mem["peak"] > mem["activations"] > 10 * mem["weights"]
+    assert e["time"]["fits"] is True  # NVIDIA's ResNet-50 AMP recipe runs batch 256 on a 16 GB V100
+
+
+@pytest.mark.parametrize("flag", [["--seq", "128"], ["--lora-rank", "8"], ["--tp", "2"]])
+def test_token_flags_refused_for_a_cnn(capsys, flag):
+    code, out, err = _cli(capsys, ["estimate", "resnet-50", *flag])
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "does not apply to resnet-50" in err
+
+
+def test_image_size_refused_for_a_text_model(capsys):
+    code, _, err = _cli(capsys, ["estimate", "gpt2", "--image-size", "64"])
+    assert code == 2 and "vision models" in err
