@@ -108,7 +108,7 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
                          "analytic")
     if _vision(spec):
         try:
-            from .trace.vision import measure_vision
+            from .measure.vision import measure_vision
         except ImportError as e:
             raise _missing("the measure engine", e) from e
         return measure_vision(spec, setup, steps=steps, warmup=warmup)

@@ -677,7 +677,7 @@ def _setup_of(self, spec=None) -> Setup:
     from .spec import VisionSpec
 
     if isinstance(spec, VisionSpec):
-        from .models.vision_settings import vision_values
+        from .vision_setup import vision_values
 
         return Setup(**vision_values(spec, values, self))
     if spec is not None and (values["image_size"] is not None or values["channels_last"]):

@@ -9,7 +9,6 @@ import pytest
 
 from trainfit.api import Request, run_engines
 from trainfit.analytic.vision_graph import vision_params
-from trainfit.cli import main
 from trainfit.models.vision import list_vision_models, vision_entry
 
 torch = pytest.importorskip("torch", reason="the checks build the transformers models")
@@ -56,19 +55,9 @@ def test_trace_within_half_a_percent_of_a_real_cpu_step():
     assert abs(traced.memory.peak - measured.memory.peak) <= 0.005 * measured.memory.peak
 
 
-def _cli(capsys, argv):
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_cli_answers_resnet50_on_a_v100(capsys):
-    code, out, err = _cli(capsys, ["estimate", "resnet-50", "--batch", "256", "--precision", "amp-fp16",
-                                   "--optimizer", "momentum", "--gpu", "V100-16GB", "--json"])
+def test_cli_answers_resnet50_on_a_v100(cli):
+    code, out, err = cli("estimate", "resnet-50", "--batch", "256", "--precision", "amp-fp16", "--optimizer",
+                         "momentum", "--gpu", "V100-16GB", "--json")
     assert code == 0, err
     e = json.loads(out)
     e = e[0] if isinstance(e, list) else e
@@ -83,12 +72,12 @@ def test_cli_answers_resnet50_on_a_v100(capsys):
 
 
 @pytest.mark.parametrize("flag", [["--seq", "128"], ["--lora-rank", "8"], ["--tp", "2"]])
-def test_token_flags_refused_for_a_cnn(capsys, flag):
-    code, out, err = _cli(capsys, ["estimate", "resnet-50", *flag])
+def test_token_flags_refused_for_a_cnn(cli, flag):
+    code, out, err = cli("estimate", "resnet-50", *flag)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "does not apply to resnet-50" in err
 
 
-def test_image_size_refused_for_a_text_model(capsys):
-    code, _, err = _cli(capsys, ["estimate", "gpt2", "--image-size", "64"])
+def test_image_size_refused_for_a_text_model(cli):
+    code, _, err = cli("estimate", "gpt2", "--image-size", "64")
     assert code == 2 and "vision models" in err

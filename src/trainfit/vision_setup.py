@@ -3,8 +3,8 @@
 one line (SetupError: the CLI exits 2)."""
 from __future__ import annotations
 
-from ..errors import SetupError
-from ..spec import VisionSpec
+from .errors import SetupError
+from .spec import VisionSpec
 
 # the settings a vision step reads; every other one must keep its default
 APPLY = ("batch", "precision", "optimizer", "optimizer_impl", "tf32", "device", "mode", "image_size", "channels_last",
@@ -18,7 +18,7 @@ WHY = {
 
 def vision_values(spec: VisionSpec, values: dict, req=None) -> dict:
     """`values` (the request's Setup values, precision resolved) checked and completed for `spec`."""
-    from ..setup import BY_NAME
+    from .setup import BY_NAME
 
     if values["mode"] != "train":
         raise SetupError(f"--mode {values['mode']}: for vision models ({spec.name}) trainfit models the training step; "
