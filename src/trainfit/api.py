@@ -11,7 +11,7 @@ from .engines import ENGINES
 from .setup import Request, run_settings
 
 __all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "run_engines", "compare", "load_spec", "load_gpu", "gpu_of",
-           "trace_factory", "catalog_models"]
+           "trace_factory", "catalog_models", "vision_models"]
 
 
 def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
@@ -290,3 +290,19 @@ def catalog_models() -> list[dict]:
                     "hidden": s.hidden, "heads": s.heads, "kv_heads": s.kv_heads, "vocab": s.vocab,
                     "hf_id": meta.get("hf_id"), "aliases": meta.get("aliases", []), "source": meta.get("source", "")})
     return sorted(out, key=lambda m: (m["family"], m["params"], m["name"]))  # by size within a family
+
+
+def vision_models() -> list[dict]:
+    """The vision catalog (models/catalog/vision) in catalog_models' fields: layers = all stages' blocks, hidden =
+    the last stage's width, heads (ViT), no vocabulary; plus the default image size and the number of classes."""
+    from .analytic.vision_graph import vision_params
+    from .models.vision import list_vision_models, vision_entry
+
+    out = []
+    for s in list_vision_models():
+        meta = vision_entry(s.name)
+        out.append({"name": s.name, "family": s.family, "params": vision_params(s), "layers": sum(s.depths),
+                    "hidden": s.widths[-1], "heads": s.heads, "kv_heads": s.heads, "vocab": 0,
+                    "image_size": s.image_size, "num_labels": s.num_labels, "hf_id": meta.get("hf_id"),
+                    "aliases": meta.get("aliases", []), "source": meta.get("source", "")})
+    return sorted(out, key=lambda m: (m["family"], m["params"], m["name"]))
