@@ -152,8 +152,6 @@ def check_room(spec, setup: Setup, processes: int = 1) -> None:
     from .units import fmt_bytes
 
     if isinstance(spec, VisionSpec):
-        if spec.family != "resnet":
-            return  # NB: the analytic engine models ResNets only; the others run unchecked
         from .analytic.vision import estimate
     predicted = estimate(spec, setup).memory.peak * processes
     free = available_memory(setup.device)

@@ -33,13 +33,14 @@ from ..spec import VisionSpec
 from .optimizer import optimizer_temporaries
 from .precision import state_bytes
 from .timing import budget, mfu_step_terms, step_seconds
-from .vision_graph import FP32, INT64, Op, vision_ops, vision_params
+from .vision_graph import FP32, HALF, INT64, Op, vision_ops
 
 # A CNN step is timed from its FLOPs at a flat model-FLOPs utilisation: the step-time model (step_time.py,
 # roofline.py) walks a transformer's GEMMs and attention, not convolutions. NB: an assumption, stated in the
 # notes; --mfu overrides it.
 VISION_MFU = 0.4
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+STATES = {"sgd": 1, "momentum": 1, "adam": 2, "adamw": 2}  # state tensors per parameter (sgd: none, st.optimizer 0)
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16")
 LABEL = INT64  # labels: int64 class indices, one per image
 
@@ -62,17 +63,20 @@ def check(spec: VisionSpec, setup: Setup) -> None:
 
 
 class _Walk:
-    """Live bytes by category while the step runs; `moment` records a high-point candidate."""
+    """Live bytes by category while the step runs. Tensors live in storages (views and the in-place add share
+    their input's); a storage is freed when no forward consumer, saver or the model's output holds it. Gradients
+    live in buffers (a residual's two branches share one). `moment` records a high-point candidate."""
 
     def __init__(self, rounded: bool, base: dict):
-        self.rounded = rounded
-        self.base = base  # resident: weights, buffers, optimizer_states, inputs
-        self.live: dict[str, int] = {}  # tensor -> bytes (activations: forward outputs, saved tensors)
+        self.rounded, self.base = rounded, base
+        self.storage: dict[str, str] = {}  # tensor -> storage
+        self.bytes: dict[str, int] = {}  # live storage -> bytes
         self.refs: dict[str, int] = {}
-        self.saved_own = 0  # bytes ops keep themselves (BN statistics, indices, weight casts)
+        self.savers: dict[str, int] = {}  # storage -> ops keeping it for backward
+        self.kept = 0  # bytes ops made and keep themselves (statistics, indices, autocast casts)
         self.grads = 0  # parameter .grad bytes made so far
-        self.gbuf: dict[str, int] = {}  # tensor -> gradient buffer id
-        self.gsize: dict[int, int] = {}  # buffer id -> bytes
+        self.gbuf: dict[str, int] = {}  # tensor -> gradient buffer
+        self.gbytes: dict[int, int] = {}
         self.grefs: dict[int, int] = {}
         self.temp = 0
         self.best: dict[str, tuple[int, dict]] = {}
@@ -81,159 +85,145 @@ class _Walk:
         n = int(n)
         return K_MIN_BLOCK * -(-n // K_MIN_BLOCK) if (self.rounded and n) else n
 
-    def moment(self, phase: str, saved: set) -> None:
-        act = sum(b for t, b in self.live.items() if t in saved) + self.saved_own
-        tmp = sum(b for t, b in self.live.items() if t not in saved) + sum(self.gsize.values()) + self.temp
+    def moment(self, phase: str) -> None:
+        act = sum(b for s, b in self.bytes.items() if self.savers.get(s)) + self.kept
+        tmp = sum(b for s, b in self.bytes.items() if not self.savers.get(s)) + sum(self.gbytes.values()) + self.temp
         at = {**self.base, "gradients": self.grads, "activations": act, "temporaries": tmp}
         total = sum(at.values())
         if total > self.best.get(phase, (-1, {}))[0]:
             self.best[phase] = (total, at)
 
-    def release(self, t: str) -> None:
-        self.refs[t] -= 1
-        if self.refs[t] <= 0:
-            self.live.pop(t, None)
+    def drop(self, t: str, savers: int = 0) -> None:
+        s = self.storage.get(t)
+        if s is None:
+            return
+        self.refs[s] -= 1
+        self.savers[s] = self.savers.get(s, 0) - savers
+        if self.refs[s] <= 0:
+            self.bytes.pop(s, None)
 
-    def grad_release(self, t: str) -> None:
+    def grad_new(self, t: str, nbytes: int) -> None:
+        """A gradient for t: a new buffer, or summed into the one t has (the new one freed after the op)."""
+        if t in self.gbuf:
+            self.temp += nbytes
+            return
+        g = len(self.grefs) + 1
+        while g in self.grefs:
+            g += 1
+        self.gbuf[t], self.gbytes[g], self.grefs[g] = g, nbytes, 1
+
+    def grad_share(self, t: str, g: int) -> None:
+        if t not in self.gbuf:
+            self.gbuf[t] = g
+            self.grefs[g] += 1
+
+    def grad_drop(self, t: str) -> None:
         g = self.gbuf.pop(t, None)
         if g is not None:
             self.grefs[g] -= 1
             if self.grefs[g] == 0:
-                del self.gsize[g], self.grefs[g]
-
-    def grad_give(self, t: str, nbytes: int) -> None:
-        """A gradient for tensor t: a new buffer, or summed into the one it has (the new one freed)."""
-        if t not in self.gbuf:
-            g = self.next_id = getattr(self, "next_id", 0) + 1
-            self.gbuf[t], self.gsize[g], self.grefs[g] = g, nbytes, 1
+                del self.gbytes[g], self.grefs[g]
 
 
 def walk(spec: VisionSpec, setup: Setup) -> dict:
-    """The step's high points: {phase: (bytes, {category: bytes})} and the resident sizes."""
+    """The step's high points: {phase: (bytes, {category: bytes})}, the resident sizes and the op list."""
     st = state_bytes(setup)
-    ops = vision_ops(spec, setup.batch, image_size(spec, setup))
+    size = image_size(spec, setup)
+    ops = vision_ops(spec, setup.batch, size, st.act, int(st.weight), st.autocast)
     w = _Walk(setup.device == "cuda", {})
     r = w.r
-    act, auto = st.act, st.autocast
     tensors = [n for op in ops for n in op.tensors]
-    bn_stats = [op.stats for op in ops if op.kind == "bn"]
-    size = image_size(spec, setup)
-    pixel_bytes = setup.batch * spec.channels * size * size * int(st.weight)
-    opt_per_tensor = (r(FP32) if setup.optimizer in ("adam", "adamw") else 0)  # Adam's `step` scalar per tensor
+    bn_channels = [op.tensors[0] for op in ops if op.kind == "bn"]
+    adam_step = r(FP32) if setup.optimizer in ("adam", "adamw") else 0  # a `step` scalar per tensor (NB: on the
+    # device as the trace and the fused kernel keep it; torch's default keeps it on the host)
     w.base = {
         "weights": sum(r(n * st.weight) for n in tensors),
         # BatchNorm running_mean/var in the weights' dtype (Module.to casts floating buffers) + num_batches_tracked
-        "buffers": sum(2 * r(c * st.weight) + r(INT64) for c in bn_stats),
-        "optimizer_states": sum(r(n * st.optimizer) + opt_per_tensor for n in tensors) if st.optimizer else 0,
-        "inputs": r(pixel_bytes) + r(setup.batch * LABEL),
+        "buffers": sum(2 * r(c * st.weight) + r(INT64) for c in bn_channels),
+        # each state its own tensor (momentum_buffer; exp_avg and exp_avg_sq), rounded one by one
+        "optimizer_states": sum(STATES[setup.optimizer] * r(n * st.optimizer / STATES[setup.optimizer]) + adam_step
+                                for n in tensors) if st.optimizer else 0,
+        "inputs": r(setup.batch * spec.channels * size * size * st.weight) + r(setup.batch * LABEL),
     }
-    # forward: who consumes and who saves each tensor
     consumers: dict[str, int] = {}
     for op in ops:
         for t in op.ins:
             consumers[t] = consumers.get(t, 0) + 1
-    saved: set = set()
-    w.refs = dict(consumers)
-    own: dict[int, int] = {}  # op index -> bytes it keeps
+    logits = ops[-1].ins[0]
+    own = [sum(r(b) for b in op.own_saved) for op in ops]
     for i, op in enumerate(ops):
-        kept = sum(r(b) for b in op.own_saved)
-        if auto and op.weights:
-            kept += sum(r(n * 2) for n in op.tensors)  # the cached 16-bit weight cast, saved by the op
-        if auto and op.kind == "conv" and op.ins[0] == "pixel_values" and st.weight == FP32:
-            kept += r(pixel_bytes // 2)  # autocast's 16-bit copy of the fp32 images, saved by the stem conv
-        saves = [t for t in op.saves if t != "pixel_values"]
-        if op.kind == "loss":  # cross_entropy in fp32 (autocast's fp32 list): the upcast, then log_softmax's output
-            w.temp = r(op.own_saved[0]) if act != FP32 else 0
-        if op.in_place:
-            base = op.ins[0]
-            w.live[op.out] = w.live.pop(base)
-            w.refs[op.out] = consumers.get(op.out, 0)
-            w.refs.pop(base, None)
-        elif op.kind != "loss":
-            w.live[op.out] = r(op.out_elems * act)
-            w.refs[op.out] = consumers.get(op.out, 0) + (1 if op.kind == "linear" else 0)  # logits: the output
-        own[i] = kept
-        w.saved_own += kept
-        for t in saves:
-            w.refs[t] = w.refs.get(t, 0) + 1
-            saved.add(t)
-        w.moment("forward_end", saved)
+        # the model's output keeps the logits, and the step the loss, to the step's end
+        uses = consumers.get(op.out, 0) + (op.out == logits or op.kind == "loss")
+        if op.alias:
+            s = w.storage[op.out] = w.storage[op.ins[0]]
+            w.refs[s] += uses
+        else:
+            s = w.storage[op.out] = op.out
+            w.bytes[s], w.refs[s] = r(op.out_bytes), uses
+        w.kept += own[i]
+        for t in op.saves:
+            if t not in w.storage:
+                continue  # the images: an input, resident through the step (w.base)
+            s = w.storage[t]
+            w.refs[s] += 1
+            w.savers[s] = w.savers.get(s, 0) + 1
+        w.temp = sum(r(b) for b in op.fwd_temp)
+        w.moment("forward_end")
         w.temp = 0
         for t in op.ins:
-            if not (op.in_place and t == op.ins[0]) and t != "pixel_values":
-                w.release(t)
-    # backward, last op first
+            w.drop(t)
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
-        if op.kind == "loss":
-            # nll_loss_backward and log_softmax_backward, fp32 (B x labels each), then the cast to the logits' dtype
-            n = op.own_saved[0]
-            w.temp = 2 * r(n)
-            w.moment("backward", saved)
-            w.temp = 0
-            w.grad_give(op.ins[0], r(n // FP32 * act))
-            w.saved_own -= own[i]
-            continue
-        made = []
-        for t in op.ins:
-            if t == "pixel_values":
+        if op.passes_grad:
+            # adds and views hand the output's gradient to every input as is, except to an input of a narrower
+            # dtype (a promoting add): the engine casts the gradient to it (validate_outputs), a new tensor
+            casts = op.grads_in or (0,) * len(op.ins)
+            for t, g in zip(op.ins, casts):
+                if g:
+                    w.grad_new(t, r(g))
+                else:
+                    w.grad_share(t, w.gbuf[op.out])
+            if not op.tensors and not any(casts):
+                w.grad_drop(op.out)
                 continue
-            if op.kind == "add":
-                g = w.gbuf[op.out]
-                if t not in w.gbuf:
-                    w.gbuf[t] = g
-                    w.grefs[g] += 1
-                continue
-            nbytes = w.live.get(t) or r(_elems(ops, t) * act)
-            if t in w.gbuf:
-                w.temp += nbytes  # summed into the buffer it has, then freed
-            else:
-                w.grad_give(t, nbytes)
-                made.append(t)
-        grads = sum(r(n * st.grad) for n in op.tensors)
-        if auto and op.weights:
-            w.temp += sum(r(n * 2) for n in op.tensors)  # the 16-bit weight gradient before its fp32 cast
-        w.grads += grads
-        w.moment("backward", saved)
+        else:
+            for t, g in zip(op.ins, op.grads_in):
+                if g:
+                    w.grad_new(t, r(g))
+        made = sum(r(n * st.grad) for n in op.tensors)
+        half = sum(r(n * HALF) for n in op.tensors) if op.cast_params else 0
+        w.grads += 0 if half else made
+        w.temp += half + sum(r(b) for b in op.bwd_temp)
+        w.moment("backward")
         w.temp = 0
-        w.grad_release(op.out)
-        w.saved_own -= own[i]
+        w.grad_drop(op.out)
+        w.kept -= own[i]
         for t in op.saves:
-            if t != "pixel_values":
-                w.release(t)
-        if op.kind == "linear":
-            pass  # the logits stay referenced by the model's output until the step ends
-    live_params = len(tensors)
-    largest = max(tensors)
-    w.grads = w.base["weights"] * st.grad // st.weight if st.weight else 0
-    w.live, w.gsize, w.saved_own = {}, {}, 0
-    w.temp = int(optimizer_temporaries(setup, st, sum(tensors), largest))
-    w.moment("optimizer_step", set())
-    return {"best": w.best, "base": w.base, "ops": ops, "params": sum(tensors), "param_tensors": live_params,
+            w.drop(t, savers=1)
+        if half:  # then the casts' ToCopyBackward0 nodes: each 16-bit gradient beside its fp32 .grad
+            w.temp, w.grads = half, w.grads + made
+            w.moment("backward")
+            w.temp = 0
+    w.bytes, w.gbytes, w.kept = {}, {}, 0
+    w.grads = sum(r(n * st.grad) for n in tensors)
+    w.temp = int(optimizer_temporaries(setup, st, sum(tensors), max(tensors)))
+    w.moment("optimizer_step")
+    return {"best": w.best, "base": w.base, "ops": ops, "params": sum(tensors), "param_tensors": len(tensors),
             "saved_at_forward_end": w.best["forward_end"][1]["activations"]}
 
 
-def _elems(ops: list[Op], t: str) -> int:
-    for op in ops:
-        if op.out == t:
-            return op.out_elems
-    raise KeyError(t)
-
-
 def step_flops(ops: list[Op]) -> tuple[int, int]:
-    """(forward, backward) FLOPs of the convolutions and the classifier: the backward computes the gradients of
-    both the input and the weight, 2x the forward (NB: the stem conv's input gradient is not computed — the images
-    need none — so this over-counts by the stem's forward FLOPs; BN/ReLU/pooling FLOPs are not counted)."""
-    fwd = sum(op.flops for op in ops if op.kind in ("conv", "linear"))
+    """(forward, backward) FLOPs of the convolutions, linears and attention (q·kᵀ and p·v: 4·N²·d per image and
+    layer): the backward computes the gradients of both the input and the weight, 2x the forward (NB: the stem's
+    input gradient is not computed — the images need none — so this over-counts by the stem's forward FLOPs;
+    normalisation, activation and pooling FLOPs are not counted: under)."""
+    fwd = sum(op.flops for op in ops if op.kind in ("conv", "linear", "sdpa"))
     return fwd, 2 * fwd
 
 
 def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
              tokens: float | None = None, reserve: float = 0.0, **_ignored) -> Estimate:
     check(spec, setup)
-    if spec.family != "resnet":
-        raise SetupError(f"the analytic engine models ResNet-family CNNs; {spec.name} is {spec.family}: use "
-                         "--engine trace or --engine measure (transformers builds it)")
     mfu = VISION_MFU if mfu is None else mfu
     res = walk(spec, setup)
     phases = {k: v[0] for k, v in res["best"].items()}
