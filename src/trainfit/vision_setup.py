@@ -37,9 +37,14 @@ def vision_values(spec: VisionSpec, values: dict, req=None) -> dict:
             why = WHY.get(name, f"{spec.name} is a {spec.family} image classifier: one rank's HF eager step")
             raise SetupError(f"{s.flag} does not apply to {spec.name}: {why.format(why=why_seq)}")
     size = values["image_size"] or spec.image_size
+    check_image(spec, size)
+    # seq: ViT's tokens per image; 1 for a CNN (so tokens/s reads as images/s)
+    return {**values, "image_size": size, "seq": spec.tokens(size) if spec.family == "vit" else 1}
+
+
+def check_image(spec: VisionSpec, size: int) -> None:
+    """An image size the model takes: a multiple of a ViT's patch; at least 32 pixels for a CNN (5 stride-2 steps)."""
     if spec.family == "vit" and size % spec.patch:
         raise SetupError(f"--image-size {size} is not a multiple of {spec.name}'s patch size {spec.patch}")
     if spec.is_cnn and size < 32:
         raise SetupError(f"--image-size {size}: {spec.name} downsamples by 32; use --image-size 32 or more")
-    # seq: ViT's tokens per image; 1 for a CNN (so tokens/s reads as images/s)
-    return {**values, "image_size": size, "seq": spec.tokens(size) if spec.family == "vit" else 1}

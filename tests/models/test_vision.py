@@ -28,22 +28,21 @@ def test_params_equal_transformers_numel(spec):
         assert vision_params(spec) == published
 
 
-def _engines(model: str, **settings):
-    return run_engines(Request(model=model, optimizer="momentum", **settings), "all")
-
-
 # CUDA semantics (the caching allocator's 512-byte blocks): the CPU's oneDNN scratch, which the trace measures
 # on this CPU and the analytic engine leaves out (NB in analytic/vision.py), would otherwise dominate tiny models.
-@pytest.mark.parametrize("model,precision", [("tiny-resnet", "fp32"), ("tiny-resnet", "amp-fp16"),
-                                             ("tiny-resnet-basic", "fp32"), ("tiny-resnet-basic", "bf16")])
-def test_analytic_within_3_percent_of_trace(model, precision):
-    analytic, traced = _engines(model, batch=4, precision=precision)
+# (bench/vision.py runs the wider table: every family x fp32 / amp / bf16)
+@pytest.mark.parametrize("model,precision,optimizer,bound", [
+    ("tiny-resnet", "amp-fp16", "adamw", 0.0), ("tiny-resnet-basic", "fp32", "momentum", 0.0),
+    ("tiny-vit", "amp-bf16", "momentum", 0.0), ("tiny-convnext", "amp-fp16", "momentum", 0.03)])
+def test_analytic_against_the_trace(model, precision, optimizer, bound):
+    """Exact where every tensor is modelled; ConvNeXt under autocast within 3 % (the stem's fp32 output, which a
+    Python local of HF's ConvNextModel keeps through the encoder, is not modelled: the analytic peak is lower)."""
+    analytic, traced = run_engines(Request(model=model, batch=4, precision=precision, optimizer=optimizer), "all")
     assert analytic.engine == "analytic" and traced.engine == "trace"
     assert analytic.params == traced.params
-    assert analytic.memory.peak_phase == traced.memory.peak_phase
-    assert abs(analytic.memory.peak - traced.memory.peak) <= 0.03 * traced.memory.peak
+    assert abs(analytic.memory.peak - traced.memory.peak) <= bound * traced.memory.peak
     for phase, bytes_ in traced.memory.phases.items():
-        assert abs(analytic.memory.phases[phase] - bytes_) <= 0.03 * bytes_, phase
+        assert abs(analytic.memory.phases[phase] - bytes_) <= max(bound, 0.01) * bytes_, phase
 
 
 @pytest.mark.slow
