@@ -11,7 +11,7 @@ from .engines import ENGINES
 from .setup import Request, run_settings
 
 __all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "run_engines", "compare", "load_spec", "load_gpu", "gpu_of",
-           "trace_factory", "catalog_models", "vision_models"]
+           "trace_factory", "catalog_models", "vision_models", "token_model"]
 
 
 def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
@@ -32,6 +32,18 @@ def load_spec(model: str):
     from .models.resolve import load_model
 
     return load_model(model)
+
+
+def token_model(model: str, command: str):
+    """The ModelSpec of a token model, for the commands that search or draw a transformer's layouts (fit, plan,
+    compare, report); a vision model (VisionSpec) is refused with one line."""
+    from .spec import VisionSpec
+
+    spec = load_spec(model)
+    if isinstance(spec, VisionSpec):
+        raise SetupError(f"trainfit {command} works on token models (sequence, attention, parallel layouts); "
+                         f"{spec.name} is a {spec.family} image classifier: use trainfit estimate (docs/vision.md)")
+    return spec
 
 
 def load_gpu(name: str | None, price: float | None = None, memory: float | None = None):
@@ -252,9 +264,13 @@ def gaps(results: list[Estimate]) -> dict:
 def fit_advice(req: Request, est: Estimate) -> list:
     """For an estimate that does not fit its GPU: the changes that would, fastest first (studies/fit_advice.py
     Suggestion objects)."""
+    from .spec import VisionSpec
     from .studies.fit_advice import suggestions as advise
 
-    return advise(load_spec(req.model), est.setup, gpu_of(req), reserve=req.reserve)
+    spec = load_spec(req.model)
+    if isinstance(spec, VisionSpec):
+        return []  # the advice searches a transformer's settings (recompute, sequence, parallelism)
+    return advise(spec, est.setup, gpu_of(req), reserve=req.reserve)
 
 
 def compare(req: Request) -> dict[str, Estimate]:
@@ -267,6 +283,7 @@ def compare(req: Request) -> dict[str, Estimate]:
 
     if req.mode != "train":
         raise SetupError("compare contrasts a training step with inference: drop --mode")
+    token_model(req.model, "compare")
     train = analytic(req)
     training_only = {s.name: s.request_default for s in SETTINGS if "infer" not in s.meta.modes}  # stack, zero, ...
     infer = replace(req, **training_only, mode="infer", seq=train.setup.seq,

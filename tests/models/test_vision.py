@@ -80,3 +80,21 @@ def test_token_flags_refused_for_a_cnn(cli, flag):
 def test_image_size_refused_for_a_text_model(cli):
     code, _, err = cli("estimate", "gpt2", "--image-size", "64")
     assert code == 2 and "vision models" in err
+
+
+def test_image_size_and_channels_last_against_the_trace():
+    """--image-size rebuilds the model at that size (a ViT's position table grows: 122,442 parameters at 96 px
+    against 117,322 at 64); --channels-last changes strides, not bytes: the traced channels-last step (the model and
+    the images in torch.channels_last) holds what the analytic engine gives the contiguous one."""
+    analytic, traced = run_engines(Request(model="tiny-vit", batch=4, image_size=96, optimizer="momentum"), "all")
+    assert analytic.params == traced.params == 122_442 and analytic.memory.peak == traced.memory.peak
+    contiguous = run_engines(Request(model="tiny-resnet", batch=4, precision="amp-bf16"), "analytic")[-1]
+    nhwc = run_engines(Request(model="tiny-resnet", batch=4, precision="amp-bf16", channels_last=True), "trace")[-1]
+    assert nhwc.memory.peak == contiguous.memory.peak
+
+
+@pytest.mark.parametrize("command", [["fit", "resnet-50", "--gpu", "V100-16GB"], ["compare", "vit-b-16"],
+                                     ["plan", "convnext-tiny", "--gpu", "A100-80GB", "--gpus", "8"]])
+def test_layout_commands_refuse_a_vision_model(cli, command):
+    code, _, err = cli(*command)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "image classifier" in err
