@@ -149,8 +149,11 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
         # each state its own tensor (momentum_buffer; exp_avg and exp_avg_sq), rounded one by one
         "optimizer_states": sum(STATES[setup.optimizer] * r(n * st.optimizer / STATES[setup.optimizer]) + adam_step
                                 for n in tensors) if st.optimizer else 0,
-        "inputs": r(setup.batch * spec.channels * size * size * st.weight) + r(setup.batch * LABEL),
+        # every micro-batch of the step is made before it runs (trainfit.step: a list of batches)
+        "inputs": setup.grad_accum * (r(setup.batch * spec.channels * size * size * st.weight) + r(setup.batch * LABEL)),
     }
+    accumulating = setup.grad_accum > 1  # the walk is the last micro-batch's: the step's high points
+    w.grads = sum(r(n * st.grad) for n in tensors) if accumulating else 0
     consumers: dict[str, int] = {}
     for op in ops:
         for t in op.ins:
@@ -198,7 +201,12 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
                     w.grad_new(t, r(g))
         made = sum(r(n * st.grad) for n in op.tensors)
         half = sum(r(n * HALF) for n in op.tensors) if op.cast_params else 0
-        w.grads += 0 if half else made
+        # accumulating: the .grad of earlier micro-batches exist; the new gradient is summed into it and freed
+        # (torch/csrc/autograd/functions/accumulate_grad.h: variable_grad += new_grad, in place)
+        if accumulating:
+            w.temp += 0 if half else made
+        else:
+            w.grads += 0 if half else made
         w.temp += half + sum(r(b) for b in op.bwd_temp)
         w.moment("backward")
         w.temp = 0
@@ -207,10 +215,11 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
         for t in op.saves:
             w.drop(t, savers=1)
         if half:  # then the casts' ToCopyBackward0 nodes: each 16-bit gradient beside its fp32 .grad
-            w.temp, w.grads = half, w.grads + made
+            w.temp, w.grads = (half + made, w.grads) if accumulating else (half, w.grads + made)
             w.moment("backward")
             w.temp = 0
-    w.bytes, w.gbytes, w.kept = {}, {}, 0
+    w.bytes = {s: b for s, b in w.bytes.items() if s == "loss"}  # the step keeps the loss it returns
+    w.gbytes, w.kept = {}, 0
     w.grads = sum(r(n * st.grad) for n in tensors)
     w.temp = int(optimizer_temporaries(setup, st, sum(tensors), max(tensors)))
     w.moment("optimizer_step")
