@@ -244,14 +244,19 @@ def deepseek_batch():
         "not checked: H800 and DeepSeek's FP8/DualPipe/EP layout are not trainfit settings"
 
 
-RESNET50_PARAMS = 25_557_032  # torchvision's ResNet50_Weights.IMAGENET1K_V1 meta "num_params"
-
-
 def resnet50():
-    return ("ResNet-50 is not in the catalog yet (torchvision's resnet50: 25,557,032 parameters, its weights' "
-            "meta); `trainfit trace my_pkg.models:build` traces any nn.Module"), \
-        (f"parameters: {within(RESNET50_PARAMS, 100e6, 100e6, ' of 100M')}; the memory claim is not modelled yet "
-         "(issue 16)")
+    out, fits = [], []
+    for batch, gpu in ((256, "V100-16GB"), (512, "V100-32GB")):
+        e = est("resnet-50", batch=batch, precision="amp-fp16", optimizer="momentum", gpu=gpu)
+        out.append(f"batch {batch} (amp-fp16, momentum): peak {gib(e.memory.peak)}, device total "
+                   f"{gib(e.memory.device_total)} on a {gpu}: {'fits' if e.time.fits else 'does not fit'}")
+        fits.append(e.time.fits)
+    params = e.params
+    return (f"resnet-50 has {params:,} parameters (transformers' ResNetForImageClassification = torchvision's "
+            "resnet50); " + "; ".join(out)), \
+        (f"parameters: {within(params, 100e6, 100e6, ' of 100M')}; memory: "
+         + ("holds (batch 256 fits a 16 GB card, 512 a 32 GB one)" if all(fits)
+            else "wrong: " + ", ".join("fits" if f else "does not fit" for f in fits)))
 
 
 def energy_per_iteration():
@@ -304,7 +309,8 @@ CLAIMS = [
           ("trainfit estimate llama-3.1-8b --batch 8 --seq 2048 --precision bf16-master",), memory_table),
     Claim("001", "Training GPT-3 (175B parameters) requires 1-2TB of GPU memory (H100 has 80GB, needs ~20 GPUs)",
           ("trainfit estimate gpt-3-175b --precision bf16-master --recompute full",), gpt3_memory),
-    Claim("001", "ResNet-50: model size 100M parameters; batch 256-512; memory 16-32GB (1 GPU)", ("—",), resnet50),
+    Claim("001", "ResNet-50: model size 100M parameters; batch 256-512; memory 16-32GB (1 GPU)", ("trainfit estimate resnet-50 --batch 256 --precision amp-fp16 --optimizer momentum --gpu V100-16GB",
+           "... --batch 512 --gpu V100-32GB"), resnet50),
     Claim("001", "BERT: model size 110M-340M parameters", ("trainfit models",), bert_params),
     Claim("001", "BERT: batch 256-1024, memory 256GB+ (distributed)",
           ("trainfit estimate bert-large --head masked-lm --batch 256 --seq 512 --precision amp-fp16",), bert_memory),

@@ -11,7 +11,7 @@ from .engines import ENGINES
 from .setup import Request, run_settings
 
 __all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "run_engines", "compare", "load_spec", "load_gpu", "gpu_of",
-           "trace_factory", "catalog_models"]
+           "trace_factory", "catalog_models", "vision_models", "token_model"]
 
 
 def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
@@ -32,6 +32,18 @@ def load_spec(model: str):
     from .models.resolve import load_model
 
     return load_model(model)
+
+
+def token_model(model: str, command: str):
+    """The ModelSpec of a token model, for the commands that search or draw a transformer's layouts (fit, plan,
+    compare, report); a vision model (VisionSpec) is refused with one line."""
+    from .spec import VisionSpec
+
+    spec = load_spec(model)
+    if isinstance(spec, VisionSpec):
+        raise SetupError(f"trainfit {command} works on token models (sequence, attention, parallel layouts); "
+                         f"{spec.name} is a {spec.family} image classifier: use trainfit estimate (docs/vision.md)")
+    return spec
 
 
 def load_gpu(name: str | None, price: float | None = None, memory: float | None = None):
@@ -148,8 +160,11 @@ def check_room(spec, setup: Setup, processes: int = 1) -> None:
     """Refuse a real run whose predicted peak exceeds the memory free on the device (--force overrides). CPU
     ranks share the host's memory, so their peaks add up."""
     from .analytic.engine import estimate
+    from .spec import VisionSpec
     from .units import fmt_bytes
 
+    if isinstance(spec, VisionSpec):
+        from .analytic.vision import estimate
     predicted = estimate(spec, setup).memory.peak * processes
     free = available_memory(setup.device)
     if free is not None and predicted > free:
@@ -249,9 +264,13 @@ def gaps(results: list[Estimate]) -> dict:
 def fit_advice(req: Request, est: Estimate) -> list:
     """For an estimate that does not fit its GPU: the changes that would, fastest first (studies/fit_advice.py
     Suggestion objects)."""
+    from .spec import VisionSpec
     from .studies.fit_advice import suggestions as advise
 
-    return advise(load_spec(req.model), est.setup, gpu_of(req), reserve=req.reserve)
+    spec = load_spec(req.model)
+    if isinstance(spec, VisionSpec):
+        return []  # the advice searches a transformer's settings (recompute, sequence, parallelism)
+    return advise(spec, est.setup, gpu_of(req), reserve=req.reserve)
 
 
 def compare(req: Request) -> dict[str, Estimate]:
@@ -264,6 +283,7 @@ def compare(req: Request) -> dict[str, Estimate]:
 
     if req.mode != "train":
         raise SetupError("compare contrasts a training step with inference: drop --mode")
+    token_model(req.model, "compare")
     train = analytic(req)
     training_only = {s.name: s.request_default for s in SETTINGS if "infer" not in s.meta.modes}  # stack, zero, ...
     infer = replace(req, **training_only, mode="infer", seq=train.setup.seq,
@@ -285,3 +305,19 @@ def catalog_models() -> list[dict]:
                     "hidden": s.hidden, "heads": s.heads, "kv_heads": s.kv_heads, "vocab": s.vocab,
                     "hf_id": meta.get("hf_id"), "aliases": meta.get("aliases", []), "source": meta.get("source", "")})
     return sorted(out, key=lambda m: (m["family"], m["params"], m["name"]))  # by size within a family
+
+
+def vision_models() -> list[dict]:
+    """The vision catalog (models/catalog/vision) in catalog_models' fields: layers = all stages' blocks, hidden =
+    the last stage's width, heads (ViT), no vocabulary; plus the default image size and the number of classes."""
+    from .analytic.vision_graph import vision_params
+    from .models.vision import list_vision_models, vision_entry
+
+    out = []
+    for s in list_vision_models():
+        meta = vision_entry(s.name)
+        out.append({"name": s.name, "family": s.family, "params": vision_params(s), "layers": sum(s.depths),
+                    "hidden": s.widths[-1], "heads": s.heads, "kv_heads": s.heads, "vocab": 0,
+                    "image_size": s.image_size, "num_labels": s.num_labels, "hf_id": meta.get("hf_id"),
+                    "aliases": meta.get("aliases", []), "source": meta.get("source", "")})
+    return sorted(out, key=lambda m: (m["family"], m["params"], m["name"]))

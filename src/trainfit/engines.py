@@ -46,8 +46,18 @@ def _check_stack(setup: Setup, engine: str) -> None:
                          f"({WHY_NOT_RUN.get(setup.stack, 'not wired')}): use --engine analytic")
 
 
+def _vision(spec) -> bool:
+    from .spec import VisionSpec
+
+    return isinstance(spec, VisionSpec)
+
+
 def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, **run) -> Estimate:
     """`run`: the run settings (trainfit.setup.RunSettings: mfu, tokens, reserve, ...) as keywords."""
+    if _vision(spec):  # image classifiers: analytic/vision.py
+        from .analytic.vision import estimate as vision_estimate
+
+        return vision_estimate(spec, setup, gpu, **run)
     from .analytic.engine import estimate
 
     run.pop("alloc_conf", None)  # the trace engine's allocator replay reads it; the analytic model does not yet
@@ -67,6 +77,12 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     (trace/extrapolate.py verifies it, and falls back to the full trace otherwise) — the same peak, seconds
     instead of a minute for deep models. Pass False when the caller draws the whole step's curve."""
     _check_stack(setup, "trace")
+    if _vision(spec):
+        try:
+            from .trace.vision import trace_vision
+        except ImportError as e:
+            raise _missing("the trace engine", e) from e
+        return trace_vision(spec, setup)
     if setup.tp > 1 or setup.pp > 1:
         raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
                          "(use --engine analytic); --dp/--zero are traced one rank at a time")
@@ -90,6 +106,12 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
     if setup.float8:
         raise SetupError("--float8 is torchtitan's Float8Linear, which the measure engine does not run: use --engine "
                          "analytic")
+    if _vision(spec):
+        try:
+            from .measure.vision import measure_vision
+        except ImportError as e:
+            raise _missing("the measure engine", e) from e
+        return measure_vision(spec, setup, steps=steps, warmup=warmup)
     if setup.mode == "train" and setup.stack in MEASURE_STACKS:
         return _measure_ranks(spec, setup, steps, warmup, progress)
     try:

@@ -204,6 +204,11 @@ class Setup:
                                           "time as its gradient is ready, and free that gradient at once (torchtune's "
                                           "optimizer_in_bwd): gradients never all live. Needs --grad-accum 1 and one "
                                           "GPU (no --dp).", modes=("train",))
+    image_size: Optional[int] = setting(None, "Image side in pixels (vision models: resnet, convnext, vit); the "
+                                        "batch is images.", minimum=1, maximum=8192, modes=("train",),
+                                        auto="the config's image_size (224 for the ImageNet models)", example="224")
+    channels_last: bool = setting(False, "Run a vision model in the channels-last memory format (NHWC; the same "
+                                  "bytes, other kernels).", modes=("train",))
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
                           choices=DEVICES, modes=MODES)
@@ -683,11 +688,26 @@ def _setup_of(self, spec=None) -> Setup:
         values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
                                if mode == "train" else serve_dtype(spec) if mode == "serve" else
                                _precision.DEFAULT.get(mode, "bf16"))
-    if values["seq"] is None:  # (serving sizes by --max-model-len: --seq does not apply)
+    if values["seq"] is None and not _is_vision(spec):  # (serving sizes by --max-model-len: --seq does not apply)
         values["seq"] = DEFAULT_SEQ if mode == "serve" else default_seq(spec, mode)
+    from .spec import VisionSpec
+
+    if isinstance(spec, VisionSpec):
+        from .vision_setup import vision_values
+
+        return Setup(**vision_values(spec, values, self))
+    if spec is not None and (values["image_size"] is not None or values["channels_last"]):
+        flag = "--image-size" if values["image_size"] is not None else "--channels-last"
+        raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit); {spec.name} is {spec.family}")
     if spec is not None and mode == "train":
         values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
     return Setup(**values)
+
+
+def _is_vision(spec) -> bool:
+    from .spec import VisionSpec
+
+    return isinstance(spec, VisionSpec)
 
 
 def serve_dtype(spec=None) -> str:

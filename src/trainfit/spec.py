@@ -109,3 +109,38 @@ class ModelSpec:
         if self.positions != "learned":
             return None
         return self.max_positions - (1 if mode == "infer" and self.causal else 0)
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """An image classifier (trainfit.models.vision builds it from an HF config.json): a CNN (ResNet, ConvNeXt) or a
+    ViT. ModelSpec describes token models (vocabulary, sequence, attention heads); an image model's activations
+    are set by the image size and its stages' widths, so it has its own spec. Plain data (no torch)."""
+
+    name: str
+    family: str  # HF model_type: resnet, convnext, vit
+    image_size: int  # the config's (pixels per side); --image-size overrides it per run
+    channels: int  # input channels (num_channels, 3)
+    num_labels: int  # classifier outputs (num_labels / id2label; ImageNet 1000)
+    widths: tuple[int, ...]  # resnet/convnext: hidden_sizes per stage; vit: (hidden_size,)
+    depths: tuple[int, ...]  # layers per stage (vit: (num_hidden_layers,))
+    stem: int = 0  # resnet: embedding_size (the 7x7 stem's channels); convnext/vit: 0
+    patch: int = 0  # convnext: the patchify stem's kernel = stride; vit: patch_size
+    layer_type: str = ""  # resnet: basic or bottleneck
+    downsample_in_first_stage: bool = False  # resnet
+    downsample_in_bottleneck: bool = False  # resnet: stride on the first 1x1 (v1) instead of the 3x3 (v1.5)
+    layer_scale: bool = True  # convnext: layer_scale_init_value > 0 adds a per-channel gamma
+    heads: int = 0  # vit
+    intermediate: int = 0  # vit MLP width
+    qkv_bias: bool = True  # vit
+    activation: str = "relu"
+    source: str = ""
+    config: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_cnn(self) -> bool:
+        return self.family in ("resnet", "convnext")
+
+    def tokens(self, image_size: int) -> int:
+        """ViT's sequence: (image / patch)^2 patches + the [CLS] token (modeling_vit.py ViTEmbeddings)."""
+        return (image_size // self.patch) ** 2 + 1 if self.family == "vit" else 0

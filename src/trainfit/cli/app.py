@@ -245,8 +245,9 @@ def compare(req: Request, json: bool = JsonOpt) -> None:
 
 @app.command()
 def models(json: bool = JsonOpt) -> None:
-    """The model catalog: names you can pass to `estimate` (a config.json path works too)."""
-    rows = api.catalog_models()
+    """The model catalog: names you can pass to `estimate` (a config.json path works too); image classifiers
+    last (their batch is images: docs/vision.md)."""
+    rows = api.catalog_models() + api.vision_models()
     if json:
         from ..report.json_out import dumps
 
@@ -266,7 +267,8 @@ def models(json: bool = JsonOpt) -> None:
                      no_wrap=True, min_width=max((len(r["name"]) for r in rows), default=4) if col == "name" else len(col))
     for r in rows:
         t.add_row(r["name"], r["family"], fmt_count(r["params"]).replace(" ", ""), str(r["layers"]), str(r["hidden"]),
-                  f"{r['heads']}/{r['kv_heads']}", f"{r['vocab'] / 1000:.0f}k" if r["vocab"] >= 10_000 else str(r["vocab"]), *((r.get("hf_id") or "",) if wide else ()))
+                  f"{r['heads']}/{r['kv_heads']}" if r["heads"] else "-",
+                  f"{r['vocab'] / 1000:.0f}k" if r["vocab"] >= 10_000 else str(r["vocab"] or "-"), *((r.get("hf_id") or "",) if wide else ()))
     console.print(t)
     if not wide:
         console.print("heads: query/key-value; hub ids: trainfit models --json, or a wider terminal")

@@ -29,7 +29,7 @@ def fit(req, json: bool = JsonOpt) -> None:
     if req.mode != "train":
         raise SetupError("trainfit fit answers for training; for serving use `trainfit estimate --mode serve` or "
                          "`trainfit plan --mode serve`")
-    spec = api.load_spec(req.model)
+    spec = api.token_model(req.model, "fit")
     setup, gpu = req.setup(spec), api.gpu_of(req)
     with spinner(f"searching setups of {req.model} that fit {gpu.name}", quiet=json):
         found = fastest_that_fit(spec, setup, gpu, reserve=req.reserve)

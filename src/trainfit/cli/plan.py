@@ -61,7 +61,7 @@ def plan(
       trainfit plan mistral-7b --gpu RTX-4090 --gpus 1 --seq 2048\n
       trainfit plan gpt-3-175b --gpu A100-80GB --gpus 1024 --global-batch-tokens 3.2M --seq 2048 --json
     """
-    from ..api import load_gpu, load_spec
+    from ..api import load_gpu, token_model
     if mode not in ("train", "serve"):
         raise SetupError(f"--mode {mode!r}: plan searches train or serve")
     if mode == "serve":
@@ -103,7 +103,7 @@ def plan(
                   tp=tp, pp=pp, dp=dp, margin=margin,
                   efficiency=efficiency,
                   batch_tolerance=batch_tolerance, top=top)
-    spec, g = load_spec(model), load_gpu(gpu, price, gpu_memory)
+    spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory)
     if emit == "torchtitan":
         from ..plan.emit import torchtitan_flavor_or_error
 
@@ -163,7 +163,7 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
 
 def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top, emit,
                 json, server) -> None:
-    from ..api import load_spec
+    from ..api import token_model
     from ..hardware import list_gpus, resolve_gpu
     from ..plan.serve import serve_plans
     from ..report.plan import dumps
@@ -178,7 +178,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
     if emit is not None and json:
         raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
     check_value(BY_NAME["price"], price)
-    spec = load_spec(model)
+    spec = token_model(model, "plan")
     names = [g.strip() for g in gpu.split(",") if g.strip()]
     gpus = [g for g in list_gpus() if g.vendor == "nvidia"] if names == ["all"] else [resolve_gpu(n) for n in names]
     gpus = [g.with_price(price) for g in gpus]

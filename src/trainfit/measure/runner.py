@@ -83,6 +83,21 @@ def check_device(device) -> str:
     return dev
 
 
+def timed_steps(step: Callable[[], object], n: int, dev: str, after: Callable[[int], None] = lambda i: None) -> list[float]:
+    """Wall seconds of `n` calls of `step` (synchronised before and after on CUDA); `after(i)` follows call i."""
+    times = []
+    for i in range(n):
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        after(i)
+    return times
+
+
 def _rss_reset() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:

@@ -36,7 +36,6 @@ import pickle
 import socket
 import statistics
 import sys
-import time
 import traceback
 
 # c10d collectives as they appear in the profiler: the c10d op dispatch ("c10d::allreduce_") and the
@@ -195,16 +194,10 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
     comm, comm_counts = comm_seconds(prof)
     del prof
 
-    times = []
-    for i in range(job["steps"]):
-        if dev_type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run_step(wrapped, optimizer, batches, setup)
-        if dev_type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        progress("time", i + 1, job["steps"])
+    from .runner import timed_steps
+
+    times = timed_steps(lambda: run_step(wrapped, optimizer, batches, setup), job["steps"], dev_type,
+                        lambda i: progress("time", i + 1, job["steps"]))
     step = statistics.median(times) if times else 0.0
     tokens = setup.batch * setup.seq * setup.grad_accum
     params_local = sum(local(p).numel() for p in wrapped.parameters())

@@ -24,11 +24,20 @@ from functools import lru_cache
 from pathlib import Path
 
 from trainfit.errors import ConfigError, UnknownModelError
-from trainfit.models.hf_config import loads_config, spec_from_config
-from trainfit.spec import ModelSpec
+from trainfit.models.hf_config import loads_config
+from trainfit.models.hf_config import spec_from_config as _text_spec
+from trainfit.models.vision import VISION_TYPES, vision_catalog_spec, vision_lookup, vision_names, vision_spec
+from trainfit.spec import ModelSpec, VisionSpec
 
 CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def spec_from_config(data: dict, name: str, source: str = "") -> ModelSpec | VisionSpec:
+    """A token model's ModelSpec, or an image classifier's VisionSpec (models/vision.py) by model_type."""
+    if isinstance(data, dict) and data.get("model_type") in VISION_TYPES:
+        return vision_spec(data, name, source=source)
+    return _text_spec(data, name, source=source)
 
 
 # ---- catalog -------------------------------------------------------------------------------
@@ -152,7 +161,7 @@ def find_cached_config(hub_id: str) -> Path | None:
 
 
 def _unknown_message(ref: str) -> str:
-    keys = catalog_names(include_aliases=True)
+    keys = catalog_names(include_aliases=True) + vision_names()
     close = difflib.get_close_matches(ref.strip().lower(), keys, n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     return (
@@ -170,7 +179,7 @@ def _looks_like_path(ref: str) -> bool:
     )
 
 
-def load_model(ref: str) -> ModelSpec:
+def load_model(ref: str) -> ModelSpec | VisionSpec:
     """Resolve a catalog name/alias, a config.json path or folder, or a cached HF hub id."""
     if not isinstance(ref, str) or not ref.strip():
         raise UnknownModelError("no model given: pass a catalog name (see `trainfit models`) or a config.json path")
@@ -182,6 +191,9 @@ def load_model(ref: str) -> ModelSpec:
     name = _lookup(ref)
     if name is not None:
         return _catalog_spec(name)
+    vision = vision_lookup(ref)  # the vision catalog (models/catalog/vision), names and hub ids
+    if vision is not None:
+        return vision_catalog_spec(vision)
     if path.is_dir():
         return _load_path(path)  # raises: the folder holds no config.json
     if _looks_like_path(ref):

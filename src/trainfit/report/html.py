@@ -174,7 +174,7 @@ def _try_trace(req: api.Request, want: bool | None) -> tuple[Estimate | None, st
         if want:
             raise TrainfitError(msg) from e
         return None, msg
-    spec = api.load_spec(req.model)
+    spec = api.token_model(req.model, "report")
     try:
         # the whole model's curve when that is quick; deep models: a short trace extrapolated (curve labelled)
         return trace_spec(spec, req.setup(), extrapolate=spec.layers > 40), ""
@@ -255,7 +255,7 @@ def plan_candidates(req: api.Request, gpus: int, global_batch_tokens: float | No
     except ImportError as e:
         return [], f"the planner is not available in this build ({e})"
     kw = {"precisions": (req.precision,)} if req.precision else {}
-    spec = api.load_spec(req.model)
+    spec = api.token_model(req.model, "report")
     q = PlanQuery(gpus=gpus, seq=req.setup(spec).seq, global_batch_tokens=global_batch_tokens, optimizer=req.optimizer,
                   top=5, stacks=(req.stack,), **kw)
     d = plan_dict(search(spec, api.gpu_of(req), q, tokens=req.tokens))

@@ -34,6 +34,10 @@ def setup_line(e: Estimate) -> str:
                 f"tp={s.tp} pp={s.pp} · max-model-len {sv['max_model_len']:,} · " +
                 (f"mem-fraction-static {sv['mem_fraction_static']}" if "mem_fraction_static" in sv else
                  f"utilization {sv['gpu_memory_utilization']}"))
+    if s.image_size:  # a vision model (trainfit.vision_setup): the batch is images, no sequence or attention kernel
+        return (f"training · {s.batch} images of {s.image_size}x{s.image_size} · {e.detail.get('num_labels')} classes "
+                f"· {s.precision} · {s.optimizer} ({s.optimizer_kernel})"
+                f"{' · channels-last' if s.channels_last else ''} · {s.device}")
     labels = e.detail.get("num_labels") if isinstance(e.detail, dict) else None
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
     return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq} · accum {s.grad_accum} · "
@@ -102,7 +106,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     if e.setup.mode == "train":
         c.add_row("FLOPs per step (fwd / bwd / recompute)", f"{fmt_count(f.forward)} / {fmt_count(f.backward)} / {fmt_count(f.recompute)}")
         c.add_row("FLOPs per step (hardware)", fmt_count(f.step, "FLOP"))
-        c.add_row("model FLOPs per token", fmt_count(f.per_token, "FLOP"))
+        c.add_row(f"model FLOPs per {'image' if e.setup.image_size else 'token'}", fmt_count(f.per_token, "FLOP"))
     else:
         c.add_row("prefill FLOPs", fmt_count(f.forward, "FLOP"))
         c.add_row("forward FLOPs per token", fmt_count(f.per_token, "FLOP"))
@@ -115,7 +119,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
             for name, secs, share in step_term_rows(e):
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
-            c.add_row("tokens/s (all GPUs)", fmt_count(tm.tokens_per_second))
+            c.add_row(f"{'images' if e.setup.image_size else 'tokens'}/s (all GPUs)", fmt_count(tm.tokens_per_second))
         elif e.setup.mode == "serve":
             sv = e.detail["serving"]
             block = sv.get("block_size", sv.get("page_size"))  # vLLM's blocks, SGLang's pages

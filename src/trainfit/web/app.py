@@ -272,4 +272,5 @@ def create_app() -> FastAPI:
 
 @lru_cache(maxsize=1)
 def _models() -> list[dict]:
-    return [{"name": m["name"], "family": m["family"], "params": m["params"]} for m in api.catalog_models()]
+    return [{"name": m["name"], "family": m["family"], "params": m["params"]}
+            for m in api.catalog_models() + api.vision_models()]

@@ -1,0 +1,50 @@
+"""The Setup of a vision model: the batch is images, the image size is a setting, and the settings of token models
+(sequence length, attention kernels, LoRA, tensor/pipeline/context/expert parallelism, serving) are refused with
+one line (SetupError: the CLI exits 2)."""
+from __future__ import annotations
+
+from .errors import SetupError
+from .spec import VisionSpec
+
+# the settings a vision step reads; every other one must keep its default
+APPLY = ("batch", "grad_accum", "precision", "optimizer", "optimizer_impl", "tf32", "device", "mode", "image_size",
+         "channels_last", "stack")
+WHY = {
+    "seq": "its sequence is set by the image ({why})",
+    "lora_rank": "trainfit's LoRA adapts a transformer's projections",
+    "attention": "it has no attention kernel to choose",
+}
+
+
+def vision_values(spec: VisionSpec, values: dict, req=None) -> dict:
+    """`values` (the request's Setup values, precision resolved) checked and completed for `spec`."""
+    from .setup import BY_NAME
+
+    if values["mode"] != "train":
+        raise SetupError(f"--mode {values['mode']}: for vision models ({spec.name}) trainfit models the training step; "
+                         "drop --mode")
+    if values["stack"] != "hf":
+        raise SetupError(f"--stack {values['stack']}: {spec.name} is built by transformers and trained by the HF "
+                         "eager step (--stack hf)")
+    why_seq = ("ViT: (image / patch)^2 + 1 tokens, from --image-size" if spec.family == "vit"
+               else "a CNN has no sequence; set --image-size")
+    for name, value in values.items():
+        if name in APPLY or name == "head" and value is None:
+            continue
+        s = BY_NAME[name]
+        default = s.request_default if name == "seq" else s.default
+        if value != default:
+            why = WHY.get(name, f"{spec.name} is a {spec.family} image classifier: one rank's HF eager step")
+            raise SetupError(f"{s.flag} does not apply to {spec.name}: {why.format(why=why_seq)}")
+    size = values["image_size"] or spec.image_size
+    check_image(spec, size)
+    # seq: ViT's tokens per image; 1 for a CNN (so tokens/s reads as images/s)
+    return {**values, "image_size": size, "seq": spec.tokens(size) if spec.family == "vit" else 1}
+
+
+def check_image(spec: VisionSpec, size: int) -> None:
+    """An image size the model takes: a multiple of a ViT's patch; at least 32 pixels for a CNN (5 stride-2 steps)."""
+    if spec.family == "vit" and size % spec.patch:
+        raise SetupError(f"--image-size {size} is not a multiple of {spec.name}'s patch size {spec.patch}")
+    if spec.is_cnn and size < 32:
+        raise SetupError(f"--image-size {size}: {spec.name} downsamples by 32; use --image-size 32 or more")
