@@ -92,6 +92,9 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     # ForCausalLMLoss pads the labels by one position before shifting them (loss_utils.py:64)
     padded = INDEX * (tokens + setup.batch) if shifts else 0
     kept, norm_bwd = final_norm_backward(spec, setup, st, tokens)
+    if setup.loss == "chunked-logprob":
+        norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
+        return chunked_logprob_head(spec, setup, st, tokens, norm, kept, norm_bwd)
     if setup.loss == "fused-linear":
         norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
         return fused_linear_head(spec, setup, st, tokens, norm, weight_cast, labels, hidden + padded, kept, norm_bwd)
@@ -170,6 +173,50 @@ def classifier_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: i
         labels=labels,
         forward_transient=logits + logits_fp32 + transient,
         backward_transient=max(2 * loss_bytes, loss_bytes + (a if a != loss_bytes else 0)) * n * rows,
+        norm_kept=kept,
+        norm_backward=norm_bwd,
+    )
+
+
+# TRL's fused LM head (trl/kernels/chunked_logprob.py, TRL 1.16): tiles of TOKEN_CHUNK_SIZE tokens (line 31) by
+# _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries (trl/trainer/utils.py:1506)
+TRL_TILE_TOKENS = 4096
+TRL_TILE_VOCAB = 32768
+# the per-token fp32 statistics its forward allocates whole (chunked_logprob.py:340-346: running max, sum of exp,
+# x·exp, squared, z sum, max before target, target logit)
+TRL_TOKEN_STATS = 7
+
+
+def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, norm_saved: float,
+                         kept: float, norm_bwd: float) -> HeadBytes:
+    """--loss chunked-logprob: TRL's fused LM head (trl/trainer/utils.py:1548-1660 add_fused_lm_head, TRL 1.16), what
+    its GRPO trainer scores and trains with: per-token log-probabilities of the labels, never the [tokens, vocab]
+    logits. The forward copies the shifted hidden states (`last_hidden_state[:, :-1]` reshaped, or `[mask]` on a
+    Triton device) and the targets, folds [4096 × 32768] logits tiles (one `mm_buf`, the compute dtype) into seven
+    fp32 per-token statistics, and saves the hidden copy, the targets, log Z and the entropy
+    (chunked_logprob.py:311-391). The backward recomputes each tile into the same kind of buffer and accumulates the
+    input and weight gradients in fp32 (chunked_logprob.py:394-470): grad_hidden [n, H] fp32 and grad_weight
+    [V, H] fp32 (the .grad itself when the weight is fp32; an fp32 accumulator beside it otherwise).
+    NB: n = every position with a next-token label (tokens − batch), what the torch path scores; on a Triton GPU
+    TRL scores only the labelled (completion) positions: over by the prompts' share of the [n, H] buffers."""
+    a, r, h, v = st.act, st.residual, spec.hidden, spec.vocab // setup.tp
+    n = tokens - setup.batch
+    rows, cols = min(n, TRL_TILE_TOKENS), min(v, TRL_TILE_VOCAB)
+    # each tile's operands cast to the compute dtype (`.to(compute_dtype)`, a copy when the dtypes differ)
+    casts = (a * rows * h if r != a else 0) + (a * cols * h if st.weight != a else 0)
+    tile = a * rows * cols + casts
+    labels = INDEX * tokens  # the batch's labels (input_ids with -100 on the prompt)
+    targets = INDEX * n
+    held = r * h * tokens  # the backbone's output, referenced by the forward until it returns
+    hidden_copy = r * h * n
+    lm_head_trains = not setup.lora_rank
+    grad_weight = FP32 * v * h if (lm_head_trains and st.grad != FP32) else 0.0
+    return HeadBytes(
+        # the hidden copy, targets, log Z and entropy saved; the log-probs and entropy returned to the loss
+        saved=norm_saved + hidden_copy + targets + 4 * FP32 * n + labels,
+        labels=labels,
+        forward_transient=held + tile + TRL_TOKEN_STATS * FP32 * n,
+        backward_transient=FP32 * h * n + grad_weight + tile,
         norm_kept=kept,
         norm_backward=norm_bwd,
     )
