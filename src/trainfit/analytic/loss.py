@@ -187,6 +187,26 @@ TRL_TILE_VOCAB = 32768
 TRL_TOKEN_STATS = 7
 
 
+def trl_tiles(spec: ModelSpec, setup: Setup, st: StateBytes, n: int, backward: bool = False) -> float:
+    """What TRL's fused head holds for one tile of `n` scored tokens: `mm_buf`, [min(n, 4096), 32768] in the compute
+    dtype whatever the vocabulary (chunked_logprob.py:347, :413), each tile's operands cast to the compute dtype
+    (`.to(compute_dtype)`, a copy when the dtypes differ), and off Triton (--device cpu) the torch fold's fp32
+    temporaries of the [rows, vocab-chunk] tile: in the forward three (`_forward_tile`: the transform's two
+    products, then z, z − max and its exp; chunked_logprob.py:235-245), in the backward seven and a boolean
+    (`_backward_tile` at `grad += grad_logprobs · (is_target.float() − p)`: z, log_p, p, grad, the float mask, the
+    difference and the product; :274-285) plus the tile's fp32 copy when the tile is 16-bit."""
+    a, r, h, v = st.act, st.residual, spec.hidden, spec.vocab // setup.tp
+    rows, cols = min(n, TRL_TILE_TOKENS), min(v, TRL_TILE_VOCAB)
+    casts = (a * rows * h if r != a else 0) + (a * cols * h if st.weight != a else 0)
+    out = a * rows * TRL_TILE_VOCAB + casts
+    if setup.device == "cpu":
+        if backward:
+            out += ((7 + (a != FP32)) * FP32 + 1) * rows * cols
+        else:
+            out += 3 * FP32 * rows * cols
+    return out
+
+
 def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, norm_saved: float,
                          kept: float, norm_bwd: float) -> HeadBytes:
     """--loss chunked-logprob: TRL's fused LM head (trl/trainer/utils.py:1548-1660 add_fused_lm_head, TRL 1.16), what
@@ -199,12 +219,8 @@ def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
     [V, H] fp32 (the .grad itself when the weight is fp32; an fp32 accumulator beside it otherwise).
     NB: n = every position with a next-token label (tokens − batch), what the torch path scores; on a Triton GPU
     TRL scores only the labelled (completion) positions: over by the prompts' share of the [n, H] buffers."""
-    a, r, h, v = st.act, st.residual, spec.hidden, spec.vocab // setup.tp
+    r, h, v = st.residual, spec.hidden, spec.vocab // setup.tp
     n = tokens - setup.batch
-    rows, cols = min(n, TRL_TILE_TOKENS), min(v, TRL_TILE_VOCAB)
-    # each tile's operands cast to the compute dtype (`.to(compute_dtype)`, a copy when the dtypes differ)
-    casts = (a * rows * h if r != a else 0) + (a * cols * h if st.weight != a else 0)
-    tile = a * rows * cols + casts
     labels = INDEX * tokens  # the batch's labels (input_ids with -100 on the prompt)
     targets = INDEX * n
     held = r * h * tokens  # the backbone's output, referenced by the forward until it returns
@@ -215,8 +231,8 @@ def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
         # the hidden copy, targets, log Z and entropy saved; the log-probs and entropy returned to the loss
         saved=norm_saved + hidden_copy + targets + 4 * FP32 * n + labels,
         labels=labels,
-        forward_transient=held + tile + TRL_TOKEN_STATS * FP32 * n,
-        backward_transient=FP32 * h * n + grad_weight + tile,
+        forward_transient=held + trl_tiles(spec, setup, st, n) + TRL_TOKEN_STATS * FP32 * n,
+        backward_transient=FP32 * h * n + grad_weight + trl_tiles(spec, setup, st, n, backward=True),
         norm_kept=kept,
         norm_backward=norm_bwd,
     )

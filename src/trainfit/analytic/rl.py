@@ -101,13 +101,10 @@ def no_grad_forward(spec: ModelSpec, setup: Setup, batch: int, seq: int) -> int:
     st = state_bytes(s)
     tokens = batch * seq
     n = tokens - batch
-    a, r, h = st.act, st.residual, spec.hidden
-    from .loss import TRL_TILE_TOKENS, TRL_TILE_VOCAB, TRL_TOKEN_STATS
+    from .loss import TRL_TOKEN_STATS, trl_tiles
 
-    rows, cols = min(n, TRL_TILE_TOKENS), min(spec.vocab, TRL_TILE_VOCAB)
-    casts = (a * rows * h if r != a else 0) + (a * cols * h if st.weight != a else 0)
-    # the backbone's output and its shifted copy, the targets, the tile and the per-token statistics
-    head = r * h * (tokens + n) + INDEX * (tokens + n) + a * rows * cols + casts + TRL_TOKEN_STATS * FP32 * n
+    # the backbone's output and its shifted copy, the labels and targets, the tiles and the per-token statistics
+    head = (st.residual * spec.hidden + INDEX) * (tokens + n) + trl_tiles(spec, s, st, n) + TRL_TOKEN_STATS * FP32 * n
     return int(max(layer, head))
 
 
@@ -156,10 +153,11 @@ def hf_rollout(spec: ModelSpec, setup: Setup) -> Rollout:
     with a growing DynamicCache; the high point is the prefill or the last decode step (inference.py)."""
     sh = shape(setup)
     pre = inference.infer_memory(spec, infer_setup(setup, sh.completions, sh.prompt_len))
-    # the last decode step reads the cache of prompt + completion − 1 tokens and writes one more
-    last = inference.infer_memory(spec, infer_setup(setup, sh.completions, sh.seq - 1))
+    # completion_len forwards in all (the prefill makes the first token): the last decode step reads a cache of
+    # prompt + completion − 2 tokens and writes one more (inference.py's decode at seq caches seq + 1)
+    last = inference.infer_memory(spec, infer_setup(setup, sh.completions, max(1, sh.seq - 2)))
     gen = max(pre.prefill_peak, last.decode_peak) - last.weights
-    kv = int(inference.kv_bytes_per_token(spec, infer_setup(setup, 1, 1)) * sh.completions * sh.seq)
+    kv = int(inference.kv_bytes_per_token(spec, infer_setup(setup, 1, 1)) * sh.completions * (sh.seq - 1))
     return Rollout(int(gen), kv, 0, 0, {"kv_bytes_per_token": inference.kv_bytes_per_token(
         spec, infer_setup(setup, 1, 1)), "prefill_peak": pre.prefill_peak, "decode_peak": last.decode_peak})
 

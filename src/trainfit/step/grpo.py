@@ -1,0 +1,110 @@
+"""A minimal GRPO step in the order TRL 1.16's GRPOTrainer runs it, shared by the trace and the CPU measurement
+(trace/rl.py, measure/rl.py); analytic/rl.py models the same phases.
+
+    phase("generate"): no_grad; prefill of every completion's prompt, then completion_len − 1 greedy decode steps
+                       on a DynamicCache (transformers' generate, grpo_trainer.py:1858-1873, without sampling or EOS:
+                       full-length completions, fake-tensor safe)
+    phase("score"):    no_grad; the reference model's per-token log-probs, micro-batch by micro-batch
+                       (grpo_trainer.py:2709-2739; only when beta > 0)
+    per micro-batch:   phase("forward"): the policy's log-probs and entropy (step/logprob.py) and the GRPO loss
+                       (_compute_loss, grpo_trainer.py:3020-3160: loss_type "dapo", TRL's default,
+                       grpo_config.py:801; old log-probs = the current ones detached, :3065-3066)
+                       phase("backward"): loss.backward()
+    phase("optimizer"): optimizer.step(); zero_grad(set_to_none=True); phase("end")
+
+Under amp-* each forward runs under torch.autocast (accelerate wraps the model's forward, and generate calls it).
+The step sees: `prompts` (completions × prompt_len int64, each prompt repeated group-size times as TRL's
+RepeatSampler does), `advantages` (completions fp32).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+
+from ..setup import Setup
+from .build import autocast_dtype
+from .logprob import per_token_logps
+
+EPSILON = 0.2  # TRL's epsilon (clip range) default, grpo_config.py (epsilon_high defaults to epsilon)
+
+
+def _autocast(setup: Setup, device_type: str):
+    dtype = autocast_dtype(setup)
+    return torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def generate(model, prompts: torch.Tensor, completion_len: int, setup: Setup,
+             on_cache: Callable[[object], None] = lambda cache: None) -> torch.Tensor:
+    """prompt + completion ids (completions × (prompt_len + completion_len)), greedy, every step's last-position
+    logits in fp32 as generate's _sample takes them (`.to(copy=True, dtype=torch.float32)`)."""
+    params = inspect.signature(model.forward).parameters
+    kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5.24 renamed it
+    device_type = prompts.device.type if prompts.device.type in ("cpu", "cuda") else "cpu"
+    ids = prompts
+    cache = None
+    with torch.no_grad():
+        for _ in range(completion_len):
+            with _autocast(setup, device_type):
+                step_ids = ids if cache is None else ids[:, -1:]
+                out = model(input_ids=step_ids, use_cache=True, **({cache_arg: cache} if cache is not None else {}),
+                            **kw)
+            cache = getattr(out, cache_arg)
+            on_cache(cache)
+            logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+            del out
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=-1)
+            del logits
+    return ids
+
+
+def grpo_step(model, ref_model, optimizer, prompts: torch.Tensor, advantages: torch.Tensor, setup: Setup,
+              phase: Callable[[str], None] = lambda name: None,
+              on_cache: Callable[[object], None] = lambda cache: None) -> float:
+    """One GRPO step (module docstring); returns the last micro-batch's loss (nan on fake tensors)."""
+    c = setup.completion_len
+    device_type = prompts.device.type if prompts.device.type in ("cpu", "cuda") else "cpu"
+    phase("generate")
+    ids = generate(model, prompts, c, setup, on_cache)
+    mask = torch.ones_like(ids)  # no padding, no EOS: every token attended and scored
+    micro = ids.shape[0] // setup.grad_accum
+    ref = None
+    if setup.beta > 0:
+        phase("score")
+        with torch.no_grad(), _autocast(setup, device_type):
+            ref = torch.cat([per_token_logps(ref_model, ids[i:i + micro], mask[i:i + micro], c)[0]
+                             for i in range(0, ids.shape[0], micro)], dim=0)
+    loss = None
+    for i in range(0, ids.shape[0], micro):
+        phase("forward")
+        with _autocast(setup, device_type):
+            logps, _entropy = per_token_logps(model, ids[i:i + micro], mask[i:i + micro], c, entropy=True)
+        loss = _grpo_loss(logps, advantages[i:i + micro], mask[i:i + micro, -c:],
+                          None if ref is None else ref[i:i + micro], setup.beta, ids.shape[0] * c)
+        phase("backward")
+        loss.backward()
+    phase("optimizer")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    phase("end")
+    try:
+        return float(loss.detach())
+    except (RuntimeError, NotImplementedError):
+        return float("nan")
+
+
+def _grpo_loss(logps, advantages, mask, ref, beta: float, items: int):
+    """grpo_trainer.py:3065-3150 for loss_type dapo, token-level importance sampling, on-policy."""
+    old = logps.detach()
+    coef_1 = torch.exp(logps - old)
+    adv = advantages.unsqueeze(1)
+    coef_2 = torch.clamp(coef_1, 1 - EPSILON, 1 + EPSILON)
+    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if ref is not None:
+        per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1
+        per_token_loss = per_token_loss + beta * per_token_kl
+    # dapo: num_items_in_batch (the generation batch's tokens) × grad_accum / steps_per_generation (= grad_accum by
+    # default) on one process (:3150-3155)
+    return (per_token_loss * mask).sum() / items

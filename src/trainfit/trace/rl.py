@@ -1,0 +1,69 @@
+"""The trace of one RL step (step/grpo.py) on fake tensors: the policy, its optimizer in steady state and the
+reference model built under FakeTensorMode, the step recorded like a training step (trace/train.py), the KV cache
+of the rollout labelled as such. Phases: generate, score, forward_end, backward, optimizer_step."""
+from __future__ import annotations
+
+import torch
+
+from ..analytic import rl
+from ..setup import Setup
+from ..spec import ModelSpec
+from .analysis import TRAIN_PHASES, analyse
+from .fake import fake_mode, translated_errors
+from .inference import cache_tensors
+from .modules import ModuleStack
+from .recorder import KV_CACHE, PARAMETER, AllocationRecorder
+from .train import _grad_hooks, adopt_resident, warm_up_optimizer
+
+RL_PHASES = {**TRAIN_PHASES, "generate": "generate", "score": "score"}
+
+
+def rl_inputs(spec: ModelSpec, setup: Setup, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompts, advantages): each of --batch random prompts repeated --group-size times (TRL's RepeatSampler),
+    one fp32 advantage per completion."""
+    prompts = torch.randint(0, spec.vocab, (setup.batch, setup.prompt_len), device=device)
+    return (prompts.repeat_interleave(setup.group_size, dim=0),
+            torch.randn(setup.batch * setup.group_size, device=device))
+
+
+def build(spec: ModelSpec, setup: Setup, device="cpu"):
+    """(policy, reference or None, optimizer) as the step starts: the optimizer's states resident."""
+    from ..step import build_model, make_optimizer
+
+    ts = rl.train_setup(setup)
+    model = build_model(spec, ts, device=device)
+    ref = None
+    if setup.beta > 0:
+        ref = build_model(spec, ts, device=device).eval().requires_grad_(False)
+    optimizer = make_optimizer(model, ts)
+    warm_up_optimizer(model, optimizer)
+    return model, ref, optimizer
+
+
+def trace_rl(spec: ModelSpec, setup: Setup):
+    """(trace.analysis.Analysis, recorder) of one RL step."""
+    from ..step.grpo import grpo_step
+
+    with translated_errors(spec.name), fake_mode():
+        model, ref, optimizer = build(spec, setup)
+        prompts, adv = rl_inputs(spec, setup)
+        modules = ModuleStack(model)
+        rec = AllocationRecorder(modules, count_flops=False, round_cuda=setup.device == "cuda")
+        handles = _grad_hooks(rec, model)
+
+        def on_cache(cache):
+            for t in cache_tensors(cache):
+                rec.adopt(t, KV_CACHE)
+
+        try:
+            with modules, rec:
+                adopt_resident(rec, model, optimizer, [{"prompts": prompts, "advantages": adv}])
+                for name, p in (ref.named_parameters() if ref is not None else ()):
+                    rec.adopt(p, PARAMETER, "ref." + name)
+                start = rec.event
+                rec.reset_peak()
+                grpo_step(model, ref, optimizer, prompts, adv, setup, phase=rec.set_phase, on_cache=on_cache)
+        finally:
+            for h in handles:
+                h.remove()
+        return analyse(rec, start, RL_PHASES), rec
