@@ -216,7 +216,7 @@ def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
     fp32 per-token statistics, and saves the hidden copy, the targets, log Z and the entropy
     (chunked_logprob.py:311-391). The backward recomputes each tile into the same kind of buffer and accumulates the
     input and weight gradients in fp32 (chunked_logprob.py:394-470): grad_hidden [n, H] fp32 and grad_weight
-    [V, H] fp32 (the .grad itself when the weight is fp32; an fp32 accumulator beside it otherwise).
+    [V, H] fp32 (the .grad itself when the weight is fp32 and no earlier micro-batch made one; beside it otherwise).
     NB: n = every position with a next-token label (tokens − batch), what the torch path scores; on a Triton GPU
     TRL scores only the labelled (completion) positions: over by the prompts' share of the [n, H] buffers."""
     r, h, v = st.residual, spec.hidden, spec.vocab // setup.tp
@@ -226,7 +226,10 @@ def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
     held = r * h * tokens  # the backbone's output, referenced by the forward until it returns
     hidden_copy = r * h * n
     lm_head_trains = not setup.lora_rank
-    grad_weight = FP32 * v * h if (lm_head_trains and st.grad != FP32) else 0.0
+    # the fp32 accumulator is a tensor beside the head's .grad when the .grad is 16-bit, or when an earlier
+    # micro-batch made the .grad already (AccumulateGrad adds the new one into it: torch/csrc/autograd/functions/
+    # accumulate_grad.h); otherwise it becomes the .grad itself
+    grad_weight = FP32 * v * h if (lm_head_trains and (st.grad != FP32 or setup.grad_accum > 1)) else 0.0
     return HeadBytes(
         # the hidden copy, targets, log Z and entropy saved; the log-probs and entropy returned to the loss
         saved=norm_saved + hidden_copy + targets + 4 * FP32 * n + labels,

@@ -26,6 +26,7 @@ import torch
 from ..setup import Setup
 from .build import autocast_dtype
 from .logprob import per_token_logps
+from .standard import _unpacked_sequences
 
 EPSILON = 0.2  # TRL's epsilon (clip range) default, grpo_config.py (epsilon_high defaults to epsilon)
 
@@ -63,24 +64,30 @@ def generate(model, prompts: torch.Tensor, completion_len: int, setup: Setup,
 def grpo_step(model, ref_model, optimizer, prompts: torch.Tensor, advantages: torch.Tensor, setup: Setup,
               phase: Callable[[str], None] = lambda name: None,
               on_cache: Callable[[object], None] = lambda cache: None) -> float:
-    """One GRPO step (module docstring); returns the last micro-batch's loss (nan on fake tensors)."""
+    """One GRPO step (module docstring); returns the last micro-batch's loss (nan on fake tensors). HF's mask
+    building takes the real tensors' path on fake ones too (standard.py _unpacked_sequences)."""
+    with _unpacked_sequences():
+        return _grpo_step(model, ref_model, optimizer, prompts, advantages, setup, phase, on_cache)
+
+
+def _grpo_step(model, ref_model, optimizer, prompts, advantages, setup, phase, on_cache) -> float:
     c = setup.completion_len
     device_type = prompts.device.type if prompts.device.type in ("cpu", "cuda") else "cpu"
     phase("generate")
     ids = generate(model, prompts, c, setup, on_cache)
-    mask = torch.ones_like(ids)  # no padding, no EOS: every token attended and scored
+    mask = torch.ones_like(ids)  # no padding, no EOS: every token attended and scored (completion_mask)
     micro = ids.shape[0] // setup.grad_accum
     ref = None
     if setup.beta > 0:
         phase("score")
         with torch.no_grad(), _autocast(setup, device_type):
-            ref = torch.cat([per_token_logps(ref_model, ids[i:i + micro], mask[i:i + micro], c)[0]
+            ref = torch.cat([per_token_logps(ref_model, ids[i:i + micro], None, c)[0]
                              for i in range(0, ids.shape[0], micro)], dim=0)
     loss = None
     for i in range(0, ids.shape[0], micro):
         phase("forward")
         with _autocast(setup, device_type):
-            logps, _entropy = per_token_logps(model, ids[i:i + micro], mask[i:i + micro], c, entropy=True)
+            logps, _entropy = per_token_logps(model, ids[i:i + micro], None, c, entropy=True)
         loss = _grpo_loss(logps, advantages[i:i + micro], mask[i:i + micro, -c:],
                           None if ref is None else ref[i:i + micro], setup.beta, ids.shape[0] * c)
         phase("backward")

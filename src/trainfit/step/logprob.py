@@ -113,12 +113,15 @@ def _backward_tile(tile, targets, log_z, entropy, grad_logprobs, grad_entropy, s
     tile.copy_(grad * 1.0)
 
 
-def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, completion_len: int,
                     entropy: bool = False):
     """`model(input_ids, attention_mask, labels, fused_lm_head=True)` as TRL patches it (utils.py:1596-1660) on a
     device without Triton, and the slice _get_per_token_logps_and_entropies keeps (grpo_trainer.py:1493-1501):
-    (log-probs [B, completion_len], entropy or None)."""
-    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    (log-probs [B, completion_len], entropy or None). `attention_mask` None: no padding. TRL passes an all-ones
+    mask then, which transformers' SDPA path drops (masking_utils.py:292, _ignore_causal_mask_sdpa: `padding_mask
+    is None or fast_all(padding_mask)`) but cannot read on fake tensors (:280, is_tracing): None is the same
+    attention on real tensors and traceable."""
+    labels = (input_ids.clone() if attention_mask is None else input_ids.masked_fill(attention_mask == 0, -100))
     labels[:, :-completion_len] = -100
     out = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     hidden_states = out.last_hidden_state[:, :-1]
