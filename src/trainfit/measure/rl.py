@@ -31,3 +31,17 @@ def measure_rl(spec: ModelSpec, setup: Setup, seed: int = 0) -> tuple[int, str, 
         if name is not None:
             phases[name] = max(phases.get(name, 0), v)
     return cp.peak, RL_PHASES.get(cp.peak_phase, cp.peak_phase), phases
+
+
+def measure_rl_estimate(spec: ModelSpec, setup: Setup):
+    """The measure engine's Estimate of one RL step on this CPU (--engine measure --mode rl)."""
+    from ..analytic.params import count_params
+    from ..estimate import Estimate, Flops, Memory
+
+    peak, phase, phases = measure_rl(spec, setup)
+    n = count_params(spec).total
+    memory = Memory(weights=0, gradients=0, optimizer_states=0, master_weights=0, activations=0, temporaries=0,
+                    kv_cache=0, peak=peak, peak_phase=phase, phases=phases)
+    return Estimate("measure", spec.name, n, n, setup, memory, Flops(0, 0, 0, 0, 0, 0),
+                    notes=("RL step (step/grpo.py) on this CPU: c10's allocation records under the profiler "
+                           "(measure/cpu_peak.py), after one warm-up step; the peak and each phase's high point",))

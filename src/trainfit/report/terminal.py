@@ -26,11 +26,11 @@ def setup_line(e: Estimate) -> str:
                                            ("offload", s.offload, s.offload == "none")) if not off]
     par = (f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 else "") + \
         "".join(" " + x for x in extra)
-    if s.mode == "rl" and "rl" in (e.detail or {}):
-        r = e.detail["rl"]
-        return (f"RL · {s.rl_algo} · rollout {s.rollout} · {r['prompts']} prompt(s) × group {s.group_size} = "
-                f"{r['completions']} completions of {s.prompt_len} + {s.completion_len} tokens · train micro-batch "
-                f"{r['micro_batch']} × accum {r['grad_accum']} · beta {s.beta:g} · {s.precision} · {s.optimizer} · "
+    if s.mode == "rl":
+        n = s.batch * s.group_size
+        return (f"RL · {s.rl_algo} · rollout {s.rollout} · {s.batch} prompt(s) × group {s.group_size} = {n} "
+                f"completions of {s.prompt_len} + {s.completion_len} tokens · train micro-batch "
+                f"{n // s.grad_accum} × accum {s.grad_accum} · beta {s.beta:g} · {s.precision} · {s.optimizer} · "
                 f"recompute {s.recompute} · {s.device}")
     if s.mode == "infer":
         return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
@@ -62,7 +62,7 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
         if m.master_weights:
             rows.append(("fp32 master weights", m.master_weights))
         rows += [("activations (saved for backward)", m.activations),
-                 ("KV cache (rollout)" if not e.detail["rl"]["engine"] else "KV pool (colocated vLLM)", m.kv_cache)]
+                 ("KV pool (colocated vLLM)" if e.setup.rollout == "vllm" else "KV cache (rollout)", m.kv_cache)]
     elif e.setup.mode == "serve":  # the engine's budget as vLLM splits it (analytic/serving.py)
         return rows + [("profile-run peak (activations)", m.activations), ("CUDA graphs", m.temporaries),
                        ("KV cache (all blocks)", m.kv_cache)]
@@ -130,7 +130,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         c.add_row(f"on {tm.gpu}{held}", f"{verdict}, headroom {fmt_bytes(tm.headroom)}")
         if e.setup.mode == "rl":
             c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
-            for name, secs in e.detail["rl"]["phase_seconds"].items():
+            for name, secs in (e.detail or {}).get("rl", {}).get("phase_seconds", {}).items():
                 c.add_row(f"[dim]  {PHASE_NAMES.get(name, name)}[/dim]",
                           f"[dim]{fmt_seconds(secs)} ({secs / tm.step_seconds:.1%})[/dim]")
             c.add_row("generated tokens/s", f"{tm.decode_tokens_per_second:,.0f}")

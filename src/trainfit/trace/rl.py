@@ -41,7 +41,7 @@ def build(spec: ModelSpec, setup: Setup, device="cpu"):
 
 
 def trace_rl(spec: ModelSpec, setup: Setup):
-    """(trace.analysis.Analysis, recorder) of one RL step."""
+    """(trace.analysis.Analysis, recorder, policy) of one RL step."""
     from ..step.grpo import grpo_step
 
     with translated_errors(spec.name), fake_mode():
@@ -66,4 +66,22 @@ def trace_rl(spec: ModelSpec, setup: Setup):
         finally:
             for h in handles:
                 h.remove()
-        return analyse(rec, start, RL_PHASES), rec
+        return analyse(rec, start, RL_PHASES), rec, model
+
+
+def trace_rl_estimate(spec: ModelSpec, setup: Setup):
+    """The trace engine's Estimate of one RL step (--engine trace --mode rl)."""
+    import time
+
+    from .engine import NOTES, estimate_from
+
+    t0 = time.perf_counter()
+    an, rec, model = trace_rl(spec, setup)
+    sh = rl.shape(setup)
+    est = estimate_from(spec.name, model, setup, rec, an, sh.completions * sh.seq,
+                        time.perf_counter() - t0, NOTES + (
+                            "RL step (step/grpo.py): greedy full-length generation with a DynamicCache, the "
+                            "reference's log-probs, the policy's GRPO micro-batches through TRL's fused head (torch "
+                            "path), the optimizer step",))
+    return est
+
