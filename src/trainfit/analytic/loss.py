@@ -190,21 +190,23 @@ TRL_TOKEN_STATS = 7
 def trl_tiles(spec: ModelSpec, setup: Setup, st: StateBytes, n: int, backward: bool = False) -> float:
     """What TRL's fused head holds for one tile of `n` scored tokens: `mm_buf`, [min(n, 4096), 32768] in the compute
     dtype whatever the vocabulary (chunked_logprob.py:347, :413), each tile's operands cast to the compute dtype
-    (`.to(compute_dtype)`, a copy when the dtypes differ), and off Triton (--device cpu) the torch fold's fp32
-    temporaries of the [rows, vocab-chunk] tile: in the forward three (`_forward_tile`: the transform's two
+    (`.to(compute_dtype)`, a copy when the dtypes differ; the forward's weight chunk only for its matmul), and off
+    Triton (--device cpu) the torch fold's fp32 temporaries of the [rows, vocab-chunk] tile: in the forward three (`_forward_tile`: the transform's two
     products, then z, z − max and its exp; chunked_logprob.py:235-245), in the backward seven and a boolean
-    (`_backward_tile` at `grad += grad_logprobs · (is_target.float() − p)`: z, log_p, p, grad, the float mask, the
-    difference and the product; :274-285) plus the tile's fp32 copy when the tile is 16-bit."""
+    (`_backward_tile` at `grad += grad_logprobs · (is_target.float() − p)`: y, z, log_p, p, grad, the difference
+    and the product, the float mask freed once subtracted; :274-285), or after it, with a 16-bit tile, the fp32 copies
+    `_addmm_fp32` makes of the tile and the weight chunk for the gradient GEMMs off CUDA (`acc.addmm_(a.float(),
+    b.float())`, :52-63)."""
     a, r, h, v = st.act, st.residual, spec.hidden, spec.vocab // setup.tp
     rows, cols = min(n, TRL_TILE_TOKENS), min(v, TRL_TILE_VOCAB)
-    casts = (a * rows * h if r != a else 0) + (a * cols * h if st.weight != a else 0)
-    out = a * rows * TRL_TILE_VOCAB + casts
-    if setup.device == "cpu":
-        if backward:
-            out += ((7 + (a != FP32)) * FP32 + 1) * rows * cols
-        else:
-            out += 3 * FP32 * rows * cols
-    return out
+    chunk_cast = a * rows * h if r != a else 0
+    weight_cast = a * cols * h if st.weight != a else 0
+    cpu = setup.device == "cpu"
+    if backward:  # the weight chunk's cast is a local of the whole tile's work
+        fold = max((7 * FP32 + 1) * rows * cols, FP32 * (rows + h) * cols if a != FP32 else 0) if cpu else 0
+        return a * rows * TRL_TILE_VOCAB + chunk_cast + weight_cast + fold
+    # forward: the weight chunk's cast dies with the tile's matmul, before the fold
+    return a * rows * TRL_TILE_VOCAB + chunk_cast + max(weight_cast, 3 * FP32 * rows * cols if cpu else 0)
 
 
 def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, norm_saved: float,
@@ -235,7 +237,9 @@ def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
         saved=norm_saved + hidden_copy + targets + 4 * FP32 * n + labels,
         labels=labels,
         forward_transient=held + trl_tiles(spec, setup, st, n) + TRL_TOKEN_STATS * FP32 * n,
-        backward_transient=FP32 * h * n + grad_weight + trl_tiles(spec, setup, st, n, backward=True),
+        # the loop's tiles, or at the return the gradients cast back to the inputs' dtypes beside the fp32 ones
+        backward_transient=FP32 * h * n + grad_weight + max(trl_tiles(spec, setup, st, n, backward=True), (
+            r * h * n if r != FP32 else 0) + (st.weight * v * h if (lm_head_trains and st.weight != FP32) else 0)),
         norm_kept=kept,
         norm_backward=norm_bwd,
     )

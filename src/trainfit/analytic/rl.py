@@ -103,8 +103,12 @@ def no_grad_forward(spec: ModelSpec, setup: Setup, batch: int, seq: int) -> int:
     n = tokens - batch
     from .loss import TRL_TOKEN_STATS, trl_tiles
 
-    # the backbone's output and its shifted copy, the labels and targets, the tiles and the per-token statistics
+    # the backbone's output and its shifted copy, the labels and targets, the tiles and the per-token statistics;
+    # under autocast every layer's cached weight casts (the models' parameters require grad, as TRL loads them:
+    # autocast caches the casts of such leaves for the region, inference.py cast_params)
     head = (st.residual * spec.hidden + INDEX) * (tokens + n) + trl_tiles(spec, s, st, n) + TRL_TOKEN_STATS * FP32 * n
+    if PRECISIONS[s.precision].autocast:
+        head += st.act * inference.cast_params(spec) * spec.layers
     return int(max(layer, head))
 
 

@@ -34,7 +34,10 @@ def build(spec: ModelSpec, setup: Setup, device="cpu"):
     model = build_model(spec, ts, device=device)
     ref = None
     if setup.beta > 0:
-        ref = build_model(spec, ts, device=device).eval().requires_grad_(False)
+        # TRL loads the reference with from_pretrained and leaves its parameters' requires_grad on
+        # (grpo_trainer.py:985-1003, 1188 prepare_model(evaluation_mode=True)): under autocast its weights' casts are
+        # cached like the policy's (autocast caches casts of leaves that require grad)
+        ref = build_model(spec, ts, device=device).eval()
     optimizer = make_optimizer(model, ts)
     warm_up_optimizer(model, optimizer)
     return model, ref, optimizer
