@@ -26,7 +26,7 @@ import torch
 from ..setup import Setup
 from .build import autocast_dtype
 from .logprob import per_token_logps
-from .standard import _unpacked_sequences
+from .standard import _unpacked_sequences, optimizer_phase
 
 EPSILON = 0.2  # TRL's epsilon (clip range) default, grpo_config.py (epsilon_high defaults to epsilon)
 
@@ -92,14 +92,7 @@ def _grpo_step(model, ref_model, optimizer, prompts, advantages, setup, phase, o
                           None if ref is None else ref[i:i + micro], setup.beta, ids.shape[0] * c)
         phase("backward")
         loss.backward()
-    phase("optimizer")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    phase("end")
-    try:
-        return float(loss.detach())
-    except (RuntimeError, NotImplementedError):
-        return float("nan")
+    return optimizer_phase(optimizer, loss, phase)
 
 
 def _grpo_loss(logps, advantages, mask, ref, beta: float, items: int):
