@@ -53,6 +53,8 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
     mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
     on_last_stage = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
+    if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
+        logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
     tied = table * int(st.param or st.grad) if (spec.tied_embeddings and setup.pp == 1) else 0
     later = tied
