@@ -6,7 +6,7 @@ import torch
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from ..trace.rl import RL_PHASES, build, rl_inputs
+from ..step.grpo import RL_PHASES, build, rl_inputs
 from .cpu_peak import analyse, optimizer_tensors, profile_run, storage_bytes
 
 

@@ -19,16 +19,48 @@ RepeatSampler does), `advantages` (completions fp32).
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ..setup import Setup
 from .build import autocast_dtype
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import ModelSpec
 from .logprob import per_token_logps
 from .standard import _unpacked_sequences, optimizer_phase
 
+# the step's phase markers -> the Phase each one's high point is reported as (the training markers as in
+# step/standard.py's step)
+RL_PHASES = {"generate": "generate", "score": "score", "forward": "forward_end", "backward": "backward",
+             "optimizer": "optimizer_step", "end": "optimizer_step"}
 EPSILON = 0.2  # TRL's epsilon (clip range) default, grpo_config.py (epsilon_high defaults to epsilon)
+
+
+def rl_inputs(spec: "ModelSpec", setup: Setup, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompts, advantages): each of --batch random prompts repeated --group-size times (TRL's RepeatSampler),
+    one fp32 advantage per completion."""
+    prompts = torch.randint(0, spec.vocab, (setup.batch, setup.prompt_len), device=device)
+    return (prompts.repeat_interleave(setup.group_size, dim=0),
+            torch.randn(setup.batch * setup.group_size, device=device))
+
+
+def build(spec: "ModelSpec", setup: Setup, device="cpu"):
+    """(policy, reference or None, optimizer), the optimizer's states not made yet (the callers warm up)."""
+    from ..analytic.rl import train_setup
+    from .build import build_model
+    from .standard import make_optimizer
+
+    ts = train_setup(setup)
+    model = build_model(spec, ts, device=device)
+    ref = None
+    if setup.beta > 0:
+        # TRL loads the reference with from_pretrained and leaves its parameters' requires_grad on
+        # (grpo_trainer.py:985-1003, 1188 prepare_model(evaluation_mode=True)): under autocast its weights' casts are
+        # cached like the policy's (autocast caches casts of leaves that require grad)
+        ref = build_model(spec, ts, device=device).eval()
+    return model, ref, make_optimizer(model, ts)
 
 
 def _autocast(setup: Setup, device_type: str):

@@ -3,44 +3,16 @@ reference model built under FakeTensorMode, the step recorded like a training st
 of the rollout labelled as such. Phases: generate, score, forward_end, backward, optimizer_step."""
 from __future__ import annotations
 
-import torch
-
 from ..analytic import rl
 from ..setup import Setup
 from ..spec import ModelSpec
-from .analysis import TRAIN_PHASES, analyse
+from ..step.grpo import RL_PHASES, build, rl_inputs
+from .analysis import analyse
 from .fake import fake_mode, translated_errors
 from .inference import cache_tensors
 from .modules import ModuleStack
 from .recorder import KV_CACHE, PARAMETER, AllocationRecorder
 from .train import _grad_hooks, adopt_resident, warm_up_optimizer
-
-RL_PHASES = {**TRAIN_PHASES, "generate": "generate", "score": "score"}
-
-
-def rl_inputs(spec: ModelSpec, setup: Setup, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """(prompts, advantages): each of --batch random prompts repeated --group-size times (TRL's RepeatSampler),
-    one fp32 advantage per completion."""
-    prompts = torch.randint(0, spec.vocab, (setup.batch, setup.prompt_len), device=device)
-    return (prompts.repeat_interleave(setup.group_size, dim=0),
-            torch.randn(setup.batch * setup.group_size, device=device))
-
-
-def build(spec: ModelSpec, setup: Setup, device="cpu"):
-    """(policy, reference or None, optimizer) as the step starts: the optimizer's states resident."""
-    from ..step import build_model, make_optimizer
-
-    ts = rl.train_setup(setup)
-    model = build_model(spec, ts, device=device)
-    ref = None
-    if setup.beta > 0:
-        # TRL loads the reference with from_pretrained and leaves its parameters' requires_grad on
-        # (grpo_trainer.py:985-1003, 1188 prepare_model(evaluation_mode=True)): under autocast its weights' casts are
-        # cached like the policy's (autocast caches casts of leaves that require grad)
-        ref = build_model(spec, ts, device=device).eval()
-    optimizer = make_optimizer(model, ts)
-    warm_up_optimizer(model, optimizer)
-    return model, ref, optimizer
 
 
 def trace_rl(spec: ModelSpec, setup: Setup):
@@ -49,6 +21,7 @@ def trace_rl(spec: ModelSpec, setup: Setup):
 
     with translated_errors(spec.name), fake_mode():
         model, ref, optimizer = build(spec, setup)
+        warm_up_optimizer(model, optimizer)
         prompts, adv = rl_inputs(spec, setup)
         modules = ModuleStack(model)
         rec = AllocationRecorder(modules, count_flops=False, round_cuda=setup.device == "cuda")
