@@ -35,12 +35,12 @@ def _check_stack(setup: Setup, engine: str) -> None:
         raise SetupError(SERVE_ONLY_ANALYTIC)
     if setup.mode == "rl":
         if setup.device != "cpu" or setup.rollout != "hf" or setup.rl_algo != "grpo" or setup.reward_model:
-            raise SetupError(f"--engine {engine} --mode rl runs the minimal GRPO step (step/grpo.py) with CPU semantics "
-                             "and an HF rollout: use --device cpu, --rl-algo grpo, --rollout hf and no --reward-model, "
-                             "or --engine analytic")
+            raise SetupError(f"--engine {engine} --mode rl runs the minimal GRPO step (step/grpo.py) with CPU "
+                             "semantics and an HF rollout: use --device cpu, --rl-algo grpo, --rollout hf and no "
+                             "--reward-model, or --engine analytic")
         if setup.lora_rank or setup.recompute != "none" or setup.precision not in ("fp32", "amp-bf16", "bf16"):
-            raise SetupError(f"--engine {engine} --mode rl runs full fine-tuning without recompute in fp32, amp-bf16 or "
-                             "bf16: drop --lora-rank/--recompute, or use --engine analytic")
+            raise SetupError(f"--engine {engine} --mode rl runs full fine-tuning without recompute in fp32, amp-bf16 "
+                             "or bf16: drop --lora-rank/--recompute, or use --engine analytic")
         return
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "

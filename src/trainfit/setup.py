@@ -103,7 +103,8 @@ class Setup:
     """How the model is run: batch, sequence, precision, optimizer, recompute, kernels and parallel layout."""
 
     batch: int = setting(1, "Micro-batch per GPU (sequences). --mode rl: prompts per optimizer step per GPU, each "
-                         "sampled --group-size times (see --group-size for TRL's names).", minimum=1, short="-b", example="8", modes=RL_STEP)
+                         "sampled --group-size times (see --group-size for TRL's names).", minimum=1, short="-b",
+                         example="8", modes=RL_STEP)
     seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens (--mode rl: "
                        "--prompt-len + --completion-len, not set).", minimum=1, short="-s",
                        auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP)
@@ -172,7 +173,8 @@ class Setup:
                            repeatable=True, parse=lambda v: combine_offload(v), example="optimizer")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
-                                            modes=("train", "rl"), auto="the stack's (fused for Adam/AdamW/SGD; torch's "
+                                            modes=("train", "rl"),
+                                            auto="the stack's (fused for Adam/AdamW/SGD; torch's "
                                             "default otherwise: foreach on cuda, for-loop on cpu)")
     head: Optional[str] = setting(None, "Task head trained: causal-lm, masked-lm, seq-cls (sequence "
                                   "classification), token-cls (token classification); labels from the config's "
@@ -252,10 +254,11 @@ class Setup:
     rl_algo: str = setting("grpo", "RL algorithm: grpo (TRL's GRPOTrainer: group-relative advantages, no critic) or "
                            "ppo (verl/OpenRLHF's PPO: a critic (value model) trained beside the policy).",
                            choices=RL_ALGOS, modes=("rl",))
-    group_size: int = setting(8, "Completions sampled per prompt (TRL's num_generations, default 8: grpo_config.py:480; "
-                              "verl's rollout.n). With --batch P prompts and --grad-accum A, each GPU generates "
-                              "P × group completions at once and trains on them in A micro-batches of P × group / A "
-                              "(TRL's per_device_train_batch_size, which counts completions).", minimum=1,
+    group_size: int = setting(8, "Completions sampled per prompt (TRL's num_generations, default 8: "
+                              "grpo_config.py:480; verl's rollout.n). With --batch P prompts and --grad-accum A, "
+                              "each GPU generates P × group completions at once and trains on them in A "
+                              "micro-batches of P × group / A (TRL's per_device_train_batch_size, which counts "
+                              "completions).", minimum=1,
                               modes=("rl",), example="8")
     prompt_len: int = setting(512, "Prompt tokens per sequence (the dataset's; TRL pads a batch's prompts to its "
                               "longest).", minimum=1, modes=("rl",), example="1024")
@@ -278,8 +281,8 @@ class Setup:
                                           "config.json, trained beside the policy.", modes=("rl",),
                                           auto="the policy's model (verl's critic.model.path defaults to the actor's)",
                                           example="qwen2.5-0.5b")
-    reward_model: Optional[str] = setting(None, "A reward model scoring each completion (a catalog name or config.json; "
-                                          "a sequence classifier, frozen).", modes=("rl",),
+    reward_model: Optional[str] = setting(None, "A reward model scoring each completion (a catalog name or "
+                                          "config.json; a sequence classifier, frozen).", modes=("rl",),
                                           auto="none: rule-based reward functions (TRL's reward_funcs)",
                                           example="qwen2.5-0.5b")
 
@@ -387,7 +390,8 @@ class RunSettings:
                                      minimum=0, example="2.5", modes=MODES)
     reserve: float = setting(0.0, "Extra GiB per GPU kept free beyond the modelled device total (CUDA context, "
                              "cuBLAS workspace and NCCL buffers are already in it) when judging the fit: other "
-                             "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2", modes=RL_STEP)
+                             "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2",
+                             modes=RL_STEP)
     alloc_conf: Optional[str] = setting(None, "The CUDA caching allocator's settings for memory.reserved, in "
                                         "PYTORCH_CUDA_ALLOC_CONF syntax (max_split_size_mb, expandable_segments, "
                                         "roundup_power2_divisions, garbage_collection_threshold).",
@@ -657,8 +661,8 @@ def _validate_rl(setup: Setup) -> None:
                          f"completions do not split into --grad-accum {setup.grad_accum} equal micro-batches (TRL "
                          "requires it); choose a --grad-accum that divides them")
     if setup.critic_model is not None and setup.rl_algo != "ppo":
-        raise SetupError(f"--critic-model is PPO's value model; --rl-algo {setup.rl_algo} has no critic: drop it or use "
-                         "--rl-algo ppo")
+        raise SetupError(f"--critic-model is PPO's value model; --rl-algo {setup.rl_algo} has no critic: drop it or "
+                         "use --rl-algo ppo")
     if setup.vllm_gpu_memory_utilization != BY_NAME["vllm_gpu_memory_utilization"].default and setup.rollout != "vllm":
         raise SetupError("--vllm-gpu-memory-utilization sizes the colocated vLLM engine: it needs --rollout vllm")
     if setup.rollout == "vllm":

@@ -447,6 +447,7 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     cf = step_flops(critic.spec, rl.train_setup(setup, head="token-cls")) if critic else None
     infer_mfu = INFER_MFU if mfu is None else mfu
     prefill = forward_per_token(spec, sh.prompt_len, pc) * sh.completions * sh.prompt_len
+    # the decode steps' FLOPs, attention growing with the cache: sampled every completion_len / 64 steps
     decode = sum(forward_per_token(spec, sh.prompt_len + i, pc) for i in range(0, sh.completion_len,
                                                                               max(1, sh.completion_len // 64))) \
         * max(1, sh.completion_len // 64) * sh.completions

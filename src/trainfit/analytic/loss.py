@@ -191,12 +191,12 @@ def trl_tiles(spec: ModelSpec, setup: Setup, st: StateBytes, n: int, backward: b
     """What TRL's fused head holds for one tile of `n` scored tokens: `mm_buf`, [min(n, 4096), 32768] in the compute
     dtype whatever the vocabulary (chunked_logprob.py:347, :413), each tile's operands cast to the compute dtype
     (`.to(compute_dtype)`, a copy when the dtypes differ; the forward's weight chunk only for its matmul), and off
-    Triton (--device cpu) the torch fold's fp32 temporaries of the [rows, vocab-chunk] tile: in the forward three (`_forward_tile`: the transform's two
-    products, then z, z − max and its exp; chunked_logprob.py:235-245), in the backward seven and a boolean
-    (`_backward_tile` at `grad += grad_logprobs · (is_target.float() − p)`: y, z, log_p, p, grad, the difference
-    and the product, the float mask freed once subtracted; :274-285), or after it, with a 16-bit tile, the fp32 copies
-    `_addmm_fp32` makes of the tile and the weight chunk for the gradient GEMMs off CUDA (`acc.addmm_(a.float(),
-    b.float())`, :52-63)."""
+    Triton (--device cpu) the torch fold's fp32 temporaries of the [rows, vocab-chunk] tile: in the forward three
+    (`_forward_tile`: the transform's two products, then z, z − max and its exp; chunked_logprob.py:235-245), in
+    the backward seven and a boolean (`_backward_tile` at `grad += grad_logprobs · (is_target.float() − p)`: y, z,
+    log_p, p, grad, the difference and the product, the float mask freed once subtracted; :274-285), or after it,
+    with a 16-bit tile, the fp32 copies `_addmm_fp32` makes of the tile and the weight chunk for the gradient GEMMs
+    off CUDA (`acc.addmm_(a.float(), b.float())`, :52-63)."""
     a, r, h, v = st.act, st.residual, spec.hidden, spec.vocab // setup.tp
     rows, cols = min(n, TRL_TILE_TOKENS), min(v, TRL_TILE_VOCAB)
     chunk_cast = a * rows * h if r != a else 0
