@@ -279,7 +279,8 @@ class Setup:
                           minimum=0, modes=("rl",), example="0.04")
     critic_model: Optional[str] = setting(None, "--rl-algo ppo: the critic (value model), a catalog name or "
                                           "config.json, trained beside the policy.", modes=("rl",),
-                                          auto="the policy's model (verl's critic.model.path defaults to the actor's)",
+                                          auto="the policy's model (the critic initialised from the policy's "
+                                          "checkpoint; verl's critic.yaml takes its own model.path)",
                                           example="qwen2.5-0.5b")
     reward_model: Optional[str] = setting(None, "A reward model scoring each completion (a catalog name or "
                                           "config.json; a sequence classifier, frozen).", modes=("rl",),

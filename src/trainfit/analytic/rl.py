@@ -14,14 +14,14 @@ The step as TRL 1.16's GRPOTrainer runs it (trl/trainer/grpo_trainer.py), every 
             default True) or PPO needs its ratio, PPO's critic values, a reward model's scores;
   train     the policy's training step over the completions in --grad-accum micro-batches (the HF Trainer's step,
             analytic/memory.py), its loss through TRL's fused LM head (loss.py chunked_logprob_head);
-  critic_step  PPO: the critic's own training step (verl's critic update after the actor's rollout and scoring).
+  critic_step  PPO: the critic's own training step (a token-classification value head, as verl builds it).
 
 Between steps the policy's gradients are freed (transformers trainer.py:1954 model.zero_grad(), set_to_none) while
 its weights and optimizer states stay; the frozen models' weights stay throughout.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import SetupError
 from ..estimate import Phase
@@ -91,13 +91,17 @@ def infer_setup(setup: Setup, batch: int, seq: int) -> Setup:
                  **{n: getattr(setup, n) for n in INFER_SHARED})
 
 
-def no_grad_forward(spec: ModelSpec, setup: Setup, batch: int, seq: int) -> int:
+def no_grad_forward(spec: ModelSpec, setup: Setup, batch: int, seq: int, lm_head: bool = True) -> int:
     """The transient of a no-grad forward over `batch` sequences of `seq` tokens without a cache (TRL's fused
     head sets use_cache=False: utils.py add_fused_lm_head): one layer's high point (inference.py's prefill
-    moments, autocast's cached casts) or the fused head's, whichever is larger."""
+    moments, autocast's cached casts) or the fused head's, whichever is larger. `lm_head` False: a value or
+    reward head (one or a few outputs per position), only the layers' high point. NB: inference.py's prefill
+    moment includes one position's fp32 logits row per sequence: over by batch × vocabulary × 4 bytes there."""
     s = infer_setup(setup, batch, seq)
     m = inference.infer_memory(spec, s)
     layer = m.prefill_peak - m.weights - m.kv_cache - m.logits
+    if not lm_head:
+        return int(layer)
     st = state_bytes(s)
     tokens = batch * seq
     n = tokens - batch
@@ -134,8 +138,10 @@ def other_models(spec: ModelSpec, setup: Setup, load) -> list[Model]:
         r = load(setup.reward_model)
         out.append(Model("reward", r, int(count_params(r).total * weight)))
     if setup.rl_algo == "ppo":
-        c = load(setup.critic_model) if setup.critic_model is not None else spec
-        # a value head on the backbone (verl: AutoModelForTokenClassification, one label): the token-cls head
+        # a value head on the backbone, one output per token: verl builds the critic as
+        # AutoModelForTokenClassification with num_labels = 1 (verl/workers/fsdp_workers.py, CriticWorker
+        # _build_critic_model_optimizer; volcengine/verl main, read 2026-11)
+        c = replace(load(setup.critic_model) if setup.critic_model is not None else spec, num_labels=1)
         cm = train_memory(c, train_setup(setup, head="token-cls"))
         out.append(Model("critic", c, int(cm.weights + cm.master + cm.optimizer), cm))
     return out
@@ -238,7 +244,8 @@ def rl_memory(spec: ModelSpec, setup: Setup, gpu=None, load=None) -> RLMemory:
         # the reward model scores the whole generation batch at once (TRL's _calculate_rewards); the others go
         # micro-batch by micro-batch
         phases[Phase.SCORE.value] = int(resident + buffers + max(
-            no_grad_forward(s, setup, sh.completions if role == "reward" else sh.micro, sh.seq)
+            no_grad_forward(s, setup, sh.completions if role == "reward" else sh.micro, sh.seq,
+                            lm_head=role in ("policy", "reference"))
             for role, s in scorers))
     beside = frozen + roll.engine + buffers  # what the training phases carry besides the policy's step
     for name, v in policy.phases.items():
