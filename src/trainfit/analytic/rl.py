@@ -95,8 +95,8 @@ def no_grad_forward(spec: ModelSpec, setup: Setup, batch: int, seq: int, lm_head
     """The transient of a no-grad forward over `batch` sequences of `seq` tokens without a cache (TRL's fused
     head sets use_cache=False: utils.py add_fused_lm_head): one layer's high point (inference.py's prefill
     moments, autocast's cached casts) or the fused head's, whichever is larger. `lm_head` False: a value or
-    reward head (one or a few outputs per position), only the layers' high point. NB: inference.py's prefill
-    moment includes one position's fp32 logits row per sequence: over by batch × vocabulary × 4 bytes there."""
+    reward head (one or a few outputs per position), only the layers' high point (NB: the classifier's own
+    outputs, batch × seq × labels, not counted: under by that)."""
     s = infer_setup(setup, batch, seq)
     m = inference.infer_memory(spec, s)
     layer = m.prefill_peak - m.weights - m.kv_cache - m.logits
