@@ -76,6 +76,18 @@ def test_ppo_critic_step_and_reward_model():
     assert e.detail["rl"]["models"] == {"policy": "qwen2.5-7b", "reward": "qwen2.5-0.5b", "critic": "qwen2.5-0.5b"}
 
 
+
+def test_reward_model_in_its_checkpoint_dtype_with_one_output():
+    # TRL loads it with AutoModelForSequenceClassification.from_pretrained(num_labels=1) and no dtype: the
+    # checkpoint's bf16. qwen2.5-1.5b by hand: hidden 1536, 28 layers, 2 kv heads of 128, MLP 8960, vocabulary
+    # 151936, tied embeddings; the score head 1536 × 1 replaces the LM head
+    h, layers, kv, d, mlp, vocab = 1536, 28, 2, 128, 8960, 151936
+    layer = (h * h + h) + 2 * (h * kv * d + kv * d) + h * h + 3 * h * mlp + 2 * h
+    params = layers * layer + vocab * h + h + h * 1
+    e = analytic(Request(model="qwen2.5-7b", reward_model="qwen2.5-1.5b", **ISSUE))
+    assert e.detail["rl"]["resident"]["reward"] == params * 2
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(critic_model="qwen2.5-0.5b"), "--critic-model"),
     (dict(grad_accum=3), "--grad-accum 3"),

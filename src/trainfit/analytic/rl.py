@@ -29,6 +29,7 @@ from ..precision import PRECISIONS
 from ..setup import SETTINGS, Setup
 from ..spec import ModelSpec
 from . import inference, serving
+from ..models.hf_config import with_head
 from .activations import FP32, INDEX
 from .flops import forward_per_token
 from .memory import TrainMemory, train_memory
@@ -135,16 +136,32 @@ def other_models(spec: ModelSpec, setup: Setup, load) -> list[Model]:
     if setup.beta > 0 and not setup.lora_rank:
         out.append(Model("reference", spec, int(count_params(spec).total * weight)))
     if setup.reward_model is not None:
-        r = load(setup.reward_model)
-        out.append(Model("reward", r, int(count_params(r).total * weight)))
+        # AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, **model_init_kwargs)
+        # (grpo_trainer.py:558-559): no dtype given, so transformers' "auto" (modeling_utils.py:4186-4187), the
+        # checkpoint's own dtype
+        r = with_head(one_label(load(setup.reward_model)), "seq-cls")
+        out.append(Model("reward", r, int(count_params(r).total * checkpoint_bytes(r))))
     if setup.rl_algo == "ppo":
         # a value head on the backbone, one output per token: verl builds the critic as
         # AutoModelForTokenClassification with num_labels = 1 (verl/workers/fsdp_workers.py, CriticWorker
         # _build_critic_model_optimizer; volcengine/verl main, read 2026-11)
-        c = replace(load(setup.critic_model) if setup.critic_model is not None else spec, num_labels=1)
+        c = one_label(load(setup.critic_model) if setup.critic_model is not None else spec)
         cm = train_memory(c, train_setup(setup, head="token-cls"))
         out.append(Model("critic", c, int(cm.weights + cm.master + cm.optimizer), cm))
     return out
+
+
+def one_label(spec: ModelSpec) -> ModelSpec:
+    """`spec` whose classifier head has one output (a value or reward head: num_labels=1), in its config too (a head
+    is rebuilt from the config: models/hf_config.py with_head)."""
+    return replace(spec, config={**spec.config, "num_labels": 1}, num_labels=1)
+
+
+def checkpoint_bytes(spec: ModelSpec) -> float:
+    """Bytes per parameter of the checkpoint as its config.json states it (torch_dtype, or dtype from
+    transformers 5); NB: fp32 when the config states none (transformers would read the weights' own dtype)."""
+    name = str(spec.config.get("dtype") or spec.config.get("torch_dtype") or "float32")
+    return {"bfloat16": 2.0, "float16": 2.0}.get(name, 4.0)
 
 
 @dataclass(frozen=True)
@@ -241,8 +258,8 @@ def rl_memory(spec: ModelSpec, setup: Setup, gpu=None, load=None) -> RLMemory:
     resident = policy.weights + policy.master + policy.optimizer + frozen + roll.engine
     phases = {Phase.GENERATE.value: int(resident + roll.generate)}
     if scorers:
-        # the reward model scores the whole generation batch at once (TRL's _calculate_rewards); the others go
-        # micro-batch by micro-batch
+        # the reward model scores the whole generation batch at once (TRL's _calculate_rewards,
+        # grpo_trainer.py:1615-1620); the others go micro-batch by micro-batch
         phases[Phase.SCORE.value] = int(resident + buffers + max(
             no_grad_forward(s, setup, sh.completions if role == "reward" else sh.micro, sh.seq,
                             lm_head=role in ("policy", "reference"))
