@@ -33,6 +33,15 @@ def _check_stack(setup: Setup, engine: str) -> None:
         from .trace.engine import SERVE_ONLY_ANALYTIC
 
         raise SetupError(SERVE_ONLY_ANALYTIC)
+    if setup.mode == "rl":
+        if setup.device != "cpu" or setup.rollout != "hf" or setup.rl_algo != "grpo" or setup.reward_model:
+            raise SetupError(f"--engine {engine} --mode rl runs the minimal GRPO step (step/grpo.py) with CPU "
+                             "semantics and an HF rollout: use --device cpu, --rl-algo grpo, --rollout hf and no "
+                             "--reward-model, or --engine analytic")
+        if setup.lora_rank or setup.recompute != "none" or setup.precision not in ("fp32", "amp-bf16", "bf16"):
+            raise SetupError(f"--engine {engine} --mode rl runs full fine-tuning without recompute in fp32, amp-bf16 "
+                             "or bf16: drop --lora-rank/--recompute, or use --engine analytic")
+        return
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "
                          "not run here; use --engine analytic")
@@ -89,6 +98,12 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     if setup.compile or setup.float8:
         raise SetupError("the trace engine runs eager kernels on fake tensors: --compile and --float8 are modelled by "
                          "the analytic engine (and --compile is measured by --engine measure)")
+    if setup.mode == "rl":
+        try:
+            from .trace.rl import trace_rl_estimate
+        except ImportError as e:
+            raise _missing("the trace engine", e) from e
+        return trace_rl_estimate(spec, setup)
     try:
         from .trace.engine import trace_spec
     except ImportError as e:
@@ -114,6 +129,12 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
         return measure_vision(spec, setup, steps=steps, warmup=warmup)
     if setup.mode == "train" and setup.stack in MEASURE_STACKS:
         return _measure_ranks(spec, setup, steps, warmup, progress)
+    if setup.mode == "rl":
+        try:
+            from .measure.rl import measure_rl_estimate
+        except ImportError as e:
+            raise _missing("the measure engine", e) from e
+        return measure_rl_estimate(spec, setup)
     try:
         from .measure import measure as run, to_estimate
     except ImportError as e:

@@ -29,6 +29,10 @@ class Phase(str, Enum):
     OPTIMIZER_STEP = "optimizer_step"
     PREFILL = "prefill"
     DECODE = "decode"
+    # an RL step (analytic/rl.py): the rollout's generation, the frozen models' scoring, PPO's critic update
+    GENERATE = "generate"
+    SCORE = "score"
+    CRITIC_STEP = "critic_step"
 
 
 CATEGORY_NAMES = frozenset(c.value for c in Category)

@@ -23,8 +23,12 @@ from . import stacks as _stacks
 from .errors import SetupError
 from .units import parse_count
 
-MODES = ("train", "infer", "serve")
+MODES = ("train", "infer", "serve", "rl")
 STEP_MODES = ("train", "infer")  # a setting applies to these unless it says otherwise
+# the settings of a training step an RL step runs too (its policy update: analytic/rl.py)
+RL_STEP = ("train", "infer", "rl")
+RL_ALGOS = ("grpo", "ppo")  # --rl-algo
+ROLLOUTS = ("hf", "vllm")  # --rollout: HF generate in the trainer, or a colocated vLLM engine
 SERVERS = ("vllm", "sglang")  # --server: the serving engine modelled (analytic/serving.py, serving_sglang.py)
 # settings one server reads and the other has no counterpart for (refused under the other: _validate_serve)
 VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs")
@@ -47,7 +51,7 @@ OFFLOAD = ("none", "optimizer", "params", "activations")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
 SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight formats (analytic/serving.py)
 LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
-LOSSES = ("full", "fused-linear")  # --loss
+LOSSES = ("full", "fused-linear", "chunked-logprob")  # --loss
 STACKS = _stacks.NAMES
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS
@@ -101,27 +105,30 @@ def setting(default, help: str, **meta) -> Any:
 class Setup:
     """How the model is run: batch, sequence, precision, optimizer, recompute, kernels and parallel layout."""
 
-    batch: int = setting(1, "Micro-batch per GPU (sequences).", minimum=1, short="-b", example="8")
-    seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens.",
-                       minimum=1, short="-s", auto="2048, or the model's position limit if smaller", example="4096")
-    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", minimum=1, modes=("train",),
+    batch: int = setting(1, "Micro-batch per GPU (sequences). --mode rl: prompts per optimizer step per GPU, each "
+                         "sampled --group-size times (see --group-size for TRL's names).", minimum=1, short="-b",
+                         example="8", modes=RL_STEP)
+    seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens (--mode rl: "
+                       "--prompt-len + --completion-len, not set).", minimum=1, short="-s",
+                       auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP)
+    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", minimum=1, modes=("train", "rl"),
                               example="4")
     precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
         f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: " + ", ".join(
         INFER_PRECISIONS) + ". Serving: the weights' dtype (bf16, fp16, fp32).", choices=INFER_PRECISIONS,
         auto="the stack's for training (hf, torchtitan: amp-bf16; megatron, deepspeed: bf16-master), bf16 for "
         "inference and serving", modes=MODES)
-    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=("train",))
+    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=("train", "rl"))
     recompute: str = setting("none", "Activation checkpointing: none; full (every layer); layer:N (every N-th "
                              "layer, torchtitan); op (torchtitan's per-op SAC: saves matmul and attention outputs, "
                              "recomputes every second matmul and all else); uniform:N (Megatron: groups of N layers, "
                              "only each group's input kept) and block:N (Megatron: the first N layers of each stage "
                              "checkpointed); selective = the stack's own meaning (torchtitan: op; megatron: core "
                              "attention; hf: the attention scores, needs --attention eager).",
-                             modes=("train",), check=lambda v: check_recompute(v), example="op",
+                             modes=("train", "rl"), check=lambda v: check_recompute(v), example="op",
                              suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"))
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on "
-                             "cuda, sdpa on cpu.", choices=ATTENTION)
+                             "cuda, sdpa on cpu.", choices=ATTENTION, modes=RL_STEP)
     dp: int = setting(1, "Data-parallel degree.", minimum=1, modes=("train",), example="8")
     tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8", modes=MODES)
     pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).", minimum=1,
@@ -169,7 +176,8 @@ class Setup:
                            repeatable=True, parse=lambda v: combine_offload(v), example="optimizer")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
-                                            modes=("train",), auto="the stack's (fused for Adam/AdamW/SGD; torch's "
+                                            modes=("train", "rl"),
+                                            auto="the stack's (fused for Adam/AdamW/SGD; torch's "
                                             "default otherwise: foreach on cuda, for-loop on cpu)")
     head: Optional[str] = setting(None, "Task head trained: causal-lm, masked-lm, seq-cls (sequence "
                                   "classification), token-cls (token classification); labels from the config's "
@@ -178,14 +186,14 @@ class Setup:
                                   "else the family's LM head", example="seq-cls")
     lora_rank: int = setting(0, "LoRA adapter rank (peft's LoraConfig r): the base weights are frozen and only the "
                              "adapters train; 0 = full fine-tuning. Alpha does not change memory; lora_dropout 0.",
-                             minimum=0, modes=("train",), example="16", suggestions=(0, 8, 16, 64))
+                             minimum=0, modes=("train", "rl"), example="16", suggestions=(0, 8, 16, 64))
     lora_targets: str = setting("all-linear", "Linear layers that get adapters: all-linear (peft's: every Linear "
                                 "but the output head), attention (q/k/v/o projections) or comma-separated module "
-                                "names (e.g. q_proj,v_proj); needs --lora-rank.", modes=("train",),
+                                "names (e.g. q_proj,v_proj); needs --lora-rank.", modes=("train", "rl"),
                                 check=lambda v: check_lora_targets(v), example="q_proj,v_proj",
                                 suggestions=("all-linear", "attention", "q_proj,v_proj"))
     dora: bool = setting(False, "DoRA (weight-decomposed LoRA, peft use_dora): a trainable magnitude per output "
-                         "feature of each adapted Linear; needs --lora-rank.", modes=("train",))
+                         "feature of each adapted Linear; needs --lora-rank.", modes=("train", "rl"))
     quant: Optional[str] = setting(None, "Frozen base weights quantised by bitsandbytes, as transformers' "
                                    "BitsAndBytesConfig loads them: nf4 or fp4 (4-bit, blocks of 64, double "
                                    "quantisation, compute dtype = the matmul dtype) or int8 (LLM.int8); every "
@@ -195,10 +203,12 @@ class Setup:
     lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
                               "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES,
-                              modes=("train",))
+                              modes=("train", "rl"))
     loss: str = setting("full", "Loss kernel: full (the model's own: whole logits, upcast to fp32) or fused-linear "
                         "(Liger's fused linear cross-entropy, as TRL's use_liger_kernel applies it: the LM head and the "
-                        "loss run chunk by chunk, the logits never whole, the head's gradients made in forward); "
+                        "loss run chunk by chunk, the logits never whole, the head's gradients made in forward) or "
+                        "chunked-logprob (TRL's fused LM head, what its GRPO trainer trains with: per-token "
+                        "log-probs from [4096 × 32768] logits tiles, recomputed in backward; --mode rl uses it); "
                         "--stack hf, analytic engine.", choices=LOSSES, modes=("train",))
     optimizer_in_backward: bool = setting(False, "Step the optimizer inside the backward pass, one parameter at a "
                                           "time as its gradient is ready, and free that gradient at once (torchtune's "
@@ -212,11 +222,12 @@ class Setup:
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
                           choices=DEVICES, modes=MODES)
-    mode: str = setting("train", "train (a training step), infer (prefill + one decode step) or serve (a serving "
-                        "engine's memory: its KV-cache capacity in tokens and concurrent sequences).", choices=MODES,
+    mode: str = setting("train", "train (a training step), infer (prefill + one decode step), serve (a serving "
+                        "engine's memory: its KV-cache capacity in tokens and concurrent sequences) or rl (an RL "
+                        "post-training step, GRPO or PPO: generate, score, train; docs/rl.md).", choices=MODES,
                         modes=MODES)
     kv_dtype: Optional[str] = setting(None, "KV-cache dtype (default: the activation dtype; vLLM's "
-                                      "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve"),
+                                      "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve", "rl"),
                                       aliases=("--kv-cache-dtype",))
     server: str = setting("vllm", "Serving engine modelled: vllm (vLLM 0.33's start-up profiling and paged KV "
                           "cache) or sglang (SGLang 0.5.23's static memory fraction and token pool).",
@@ -256,7 +267,46 @@ class Setup:
                                                    modes=("serve",),
                                                    auto="standalone with --draft-model, else none")
 
+    rl_algo: str = setting("grpo", "RL algorithm: grpo (TRL's GRPOTrainer: group-relative advantages, no critic) or "
+                           "ppo (verl/OpenRLHF's PPO: a critic (value model) trained beside the policy).",
+                           choices=RL_ALGOS, modes=("rl",))
+    group_size: int = setting(8, "Completions sampled per prompt (TRL's num_generations, default 8: "
+                              "grpo_config.py:480; verl's rollout.n). With --batch P prompts and --grad-accum A, "
+                              "each GPU generates P × group completions at once and trains on them in A "
+                              "micro-batches of P × group / A (TRL's per_device_train_batch_size, which counts "
+                              "completions).", minimum=1,
+                              modes=("rl",), example="8")
+    prompt_len: int = setting(512, "Prompt tokens per sequence (the dataset's; TRL pads a batch's prompts to its "
+                              "longest).", minimum=1, modes=("rl",), example="1024")
+    completion_len: int = setting(512, "Generated tokens per completion (TRL's max_completion_length, default 512: "
+                                  "grpo_config.py:494; modelled at full length: no early EOS).", minimum=1,
+                                  modes=("rl",), example="4096")
+    rollout: str = setting("hf", "Who generates: hf (transformers' generate in the training process, TRL's default) "
+                           "or vllm (a vLLM engine colocated on the same GPU with --vllm-gpu-memory-utilization of it, "
+                           "TRL's vllm_mode='colocate', verl's hybrid engine).", choices=ROLLOUTS, modes=("rl",))
+    vllm_gpu_memory_utilization: float = setting(0.3, "--rollout vllm: the fraction of the GPU's memory the colocated "
+                                                 "vLLM engine takes for its weights, activations, CUDA graphs and "
+                                                 "KV cache (TRL's vllm_gpu_memory_utilization, default 0.3: "
+                                                 "grpo_config.py:656).", above=0, maximum=1, modes=("rl",),
+                                                 example="0.4")
+    beta: float = setting(0.0, "KL coefficient (TRL's beta, default 0.0: grpo_config.py:681). Above 0 a frozen "
+                          "reference model is loaded and scores every completion (grpo_trainer.py:985-1003, "
+                          "2709-2739); with --lora-rank the policy with its adapters disabled is the reference.",
+                          minimum=0, modes=("rl",), example="0.04")
+    critic_model: Optional[str] = setting(None, "--rl-algo ppo: the critic (value model), a catalog name or "
+                                          "config.json, trained beside the policy.", modes=("rl",),
+                                          auto="the policy's model (the critic initialised from the policy's "
+                                          "checkpoint; verl's critic.yaml takes its own model.path)",
+                                          example="qwen2.5-0.5b")
+    reward_model: Optional[str] = setting(None, "A reward model scoring each completion (a catalog name or "
+                                          "config.json; a sequence classifier, frozen).", modes=("rl",),
+                                          auto="none: rule-based reward functions (TRL's reward_funcs)",
+                                          example="qwen2.5-0.5b")
+
     def __post_init__(self) -> None:
+        if self.mode == "rl" and isinstance(self.prompt_len, int) and isinstance(self.completion_len, int):
+            # an RL step's sequences are its prompts and completions: --seq follows them
+            object.__setattr__(self, "seq", self.prompt_len + self.completion_len)
         validate(self)
         if self.recompute == "selective":  # the stack's own meaning, resolved once (stacks/*.toml [recompute])
             stack = _stacks.get_stack(self.stack)
@@ -349,14 +399,16 @@ class RunSettings:
                                           "slice, a memory cap, a variant the catalog lacks); needs --gpu.",
                                           above=0, maximum=4096, example="40", modes=MODES)
     mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
-                                   "(0 < mfu <= 1).", above=0, maximum=1, example="0.4")
+                                   "(0 < mfu <= 1).", above=0, maximum=1, example="0.4",
+                                   modes=RL_STEP)
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
                                      minimum=0, example="2.5", modes=MODES)
     reserve: float = setting(0.0, "Extra GiB per GPU kept free beyond the modelled device total (CUDA context, "
                              "cuBLAS workspace and NCCL buffers are already in it) when judging the fit: other "
-                             "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2")
+                             "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2",
+                             modes=RL_STEP)
     alloc_conf: Optional[str] = setting(None, "The CUDA caching allocator's settings for memory.reserved, in "
                                         "PYTORCH_CUDA_ALLOC_CONF syntax (max_split_size_mb, expandable_segments, "
                                         "roundup_power2_divisions, garbage_collection_threshold).",
@@ -410,7 +462,8 @@ _RUN_SETTINGS = tuple(s for s in SETTINGS if s.owner is RunSettings)
 
 def choices_for(s: Setting, mode: str) -> tuple | None:
     if s.name == "precision":
-        return {"train": TRAIN_PRECISIONS, "serve": SERVE_PRECISIONS}.get(mode, INFER_PRECISIONS)
+        return {"train": TRAIN_PRECISIONS, "rl": TRAIN_PRECISIONS, "serve": SERVE_PRECISIONS}.get(mode,
+                                                                                                INFER_PRECISIONS)
     if s.name == "quant":
         return {"train": QUANTS, "serve": SERVE_QUANTS}.get(mode, s.meta.choices)
     return s.meta.choices
@@ -567,6 +620,8 @@ def validate(setup: Setup) -> None:
     if mode == "serve":
         _validate_serve(setup)
         return
+    if mode == "rl":
+        _validate_rl(setup)
     if setup.quant and not setup.lora_rank:
         raise SetupError("--quant freezes the base weights, which leaves nothing to train without adapters: it needs "
                          "--lora-rank R > 0 (QLoRA)")
@@ -614,6 +669,30 @@ def _validate_serve(setup: Setup) -> None:
     if setup.speculative_algorithm in ("eagle", "eagle3") and not setup.draft_model:
         raise SetupError(f"--speculative-algorithm {setup.speculative_algorithm} needs its draft head: add "
                          "--draft-model (the head's config.json)")
+
+
+def _validate_rl(setup: Setup) -> None:
+    """--mode rl: one GPU running TRL's colocated loop (analytic/rl.py); the settings of the other algorithm or
+    rollout refused."""
+    if setup.world_size > 1:
+        raise SetupError("--mode rl is modelled on one GPU that generates, scores and trains (TRL's colocated loop): "
+                         "drop --dp/--tp/--pp/--cp")
+    completions = setup.batch * setup.group_size
+    if completions % setup.grad_accum:
+        raise SetupError(f"--mode rl: --batch {setup.batch} prompts × --group-size {setup.group_size} = {completions} "
+                         f"completions do not split into --grad-accum {setup.grad_accum} equal micro-batches (TRL "
+                         "requires it); choose a --grad-accum that divides them")
+    if setup.critic_model is not None and setup.rl_algo != "ppo":
+        raise SetupError(f"--critic-model is PPO's value model; --rl-algo {setup.rl_algo} has no critic: drop it or "
+                         "use --rl-algo ppo")
+    if setup.vllm_gpu_memory_utilization != BY_NAME["vllm_gpu_memory_utilization"].default and setup.rollout != "vllm":
+        raise SetupError("--vllm-gpu-memory-utilization sizes the colocated vLLM engine: it needs --rollout vllm")
+    if setup.rollout == "vllm":
+        if setup.device != "cuda":
+            raise SetupError("--rollout vllm is a GPU engine: --device cpu does not apply (use --rollout hf)")
+        if setup.kv_dtype in ("fp32", "int8"):
+            raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of "
+                             "those")
 
 
 def check_recompute(v: str) -> None:
@@ -686,10 +765,11 @@ def _setup_of(self, spec=None) -> Setup:
     if values["precision"] is None:  # the stack's own default for training (stacks/*.toml [precision] default)
         stack = values["stack"] if values["stack"] in _stacks.NAMES else "hf"
         values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
-                               if mode == "train" else serve_dtype(spec) if mode == "serve" else
+                               if mode in ("train", "rl") else serve_dtype(spec) if mode == "serve" else
                                _precision.DEFAULT.get(mode, "bf16"))
-    if values["seq"] is None and not _is_vision(spec):  # (serving sizes by --max-model-len: --seq does not apply)
-        values["seq"] = DEFAULT_SEQ if mode == "serve" else default_seq(spec, mode)
+    if values["seq"] is None and not _is_vision(spec):  # (serving sizes by --max-model-len, rl by its prompts and
+        # completions: not --seq)
+        values["seq"] = DEFAULT_SEQ if mode in ("serve", "rl") else default_seq(spec, mode)
     from .spec import VisionSpec
 
     if isinstance(spec, VisionSpec):
@@ -741,6 +821,8 @@ def _request_post_init(self) -> None:
         check_value(s, getattr(self, s.name), mode if mode in MODES else "train")
     if mode in MODES:  # (an unknown mode is refused by Setup's validation)
         refuse_inapplicable(self, _RUN_SETTINGS, mode)
+    if mode == "rl" and self.seq is not None:
+        raise SetupError("--seq does not apply to --mode rl: its sequences are --prompt-len + --completion-len tokens")
     if self.price is not None and self.gpu is None:
         raise SetupError("--price needs --gpu")
     if self.gpu_memory is not None and self.gpu is None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 from .. import heads, overheads
 from ..models.hf_config import for_setup
 from ..errors import SetupError
-from ..estimate import Estimate, Flops, Memory, Timing
+from ..estimate import PHASES, Estimate, Flops, Memory, Phase, Timing
 from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects, float8, inference, serving
+from . import compile_effects, float8, inference, rl, serving
 from .flops import forward_per_token, step_flops
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
@@ -53,6 +53,8 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
     mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
     on_last_stage = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
+    if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
+        logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
     tied = table * int(st.param or st.grad) if (spec.tied_embeddings and setup.pp == 1) else 0
     later = tied
@@ -189,6 +191,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         return _infer(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
     if setup.mode == "serve":
         return _serve(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
+    if setup.mode == "rl":
+        return _rl(spec, setup, pc, gpu, mfu, mbu, reserve)
     mem = train_memory(spec, setup, pc)
     f = step_flops(spec, setup, pc)
     ranks_per_replica = setup.tp * setup.pp
@@ -394,3 +398,140 @@ def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graph
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})
+
+
+def _rl_at_peak(m: "rl.RLMemory") -> dict[str, int]:
+    """What is live at the RL step's peak, by Category: the phase's own breakdown (the policy's or the critic's
+    training step) with the models and buffers the phase carries beside it; the generate and score phases' own
+    bytes (KV cache, a forward's transient) beside the resident models."""
+    frozen = sum(o.resident for o in m.others if o.role != "critic")
+    critic = next((o for o in m.others if o.role == "critic"), None)
+    p = m.policy
+    at: dict[str, int] = {}
+
+    def add(k, v):
+        if v:
+            at[k] = at.get(k, 0) + int(v)
+
+    add("weights", frozen + m.rollout.engine_weights)
+    add("kv_cache", m.rollout.kv_cache if m.rollout.engine else 0)
+    add("temporaries", m.rollout.engine - m.rollout.engine_weights - (m.rollout.kv_cache if m.rollout.engine else 0))
+    if m.peak_phase in PHASES or m.peak_phase == Phase.CRITIC_STEP.value:
+        add("inputs", m.buffers)
+        step = p if m.peak_phase in PHASES else critic.train
+        for k, v in step.at_peak.items():
+            add(k, v)
+        others = [critic] if (critic and step is p) else []
+        if step is not p:  # the policy between its steps
+            add("weights", p.weights)
+            add("master_weights", p.master)
+            add("optimizer_states", p.optimizer)
+        for o in others:
+            add("weights", o.train.weights)
+            add("master_weights", o.train.master)
+            add("optimizer_states", o.train.optimizer)
+    else:
+        add("weights", p.weights)
+        add("master_weights", p.master)
+        add("optimizer_states", p.optimizer)
+        if critic:
+            add("weights", critic.train.weights)
+            add("master_weights", critic.train.master)
+            add("optimizer_states", critic.train.optimizer)
+        if m.peak_phase == Phase.SCORE.value:
+            add("inputs", m.buffers)
+        elif not m.rollout.engine:
+            add("kv_cache", m.rollout.kv_cache)
+    add("temporaries", m.peak - sum(at.values()))  # the phase's own transient (a forward's, generation's)
+    return at
+
+
+def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
+    """--mode rl: the step's phases (analytic/rl.py), its FLOPs and time (generate + score + train)."""
+    from ..models.resolve import load_model
+    from ..estimate import Phase
+
+    m = rl.rl_memory(spec, setup, gpu, load_model)
+    sh = rl.shape(setup)
+    ts = rl.train_setup(setup)
+    p = m.policy
+    critic = next((o for o in m.others if o.role == "critic"), None)
+    f = step_flops(spec, ts, pc)
+    cf = step_flops(critic.spec, rl.train_setup(setup, head="token-cls")) if critic else None
+    infer_mfu = INFER_MFU if mfu is None else mfu
+    prefill = forward_per_token(spec, sh.prompt_len, pc) * sh.completions * sh.prompt_len
+    # the decode steps' FLOPs, attention growing with the cache: sampled every completion_len / 64 steps
+    decode = sum(forward_per_token(spec, sh.prompt_len + i, pc) for i in range(0, sh.completion_len,
+                                                                              max(1, sh.completion_len // 64))) \
+        * max(1, sh.completion_len // 64) * sh.completions
+    score = rl.score_flops(setup, m, spec, m.others)
+    fwd = prefill + decode + score + f.forward + (cf.forward if cf else 0)
+    bwd = f.backward + (cf.backward if cf else 0)
+    rec = f.recompute + (cf.recompute if cf else 0)
+    flops = Flops(int(fwd), int(bwd), int(rec), int(fwd + bwd + rec), int(fwd + bwd), int(f.per_token))
+    at = _rl_at_peak(m)
+    # the caching allocator: the policy's training step keeps its freed blocks cached (step_reserve); the other
+    # phases reserve what they allocate (NB: their own freed blocks are not modelled: under)
+    cached = step_reserve(spec, ts, p) - p.peak
+    reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts)
+    weights = p.weights + sum(o.resident for o in m.others if o.role != "critic") + m.rollout.engine_weights
+    memory = Memory(weights=int(weights + (critic.train.weights if critic else 0)), gradients=p.gradients,
+                    optimizer_states=int(p.optimizer + (critic.train.optimizer if critic else 0)),
+                    master_weights=int(p.master + (critic.train.master if critic else 0)),
+                    activations=p.activations, temporaries=at.get("temporaries", 0), kv_cache=m.rollout.kv_cache,
+                    peak=m.peak, peak_phase=m.peak_phase, phases=m.phases, at_peak=at, reserved=reserved,
+                    device_total=device_total, overheads=beside)
+    seconds = {}
+    timing = None
+    if gpu is not None:
+        seconds[Phase.GENERATE.value] = rl.generate_seconds(spec, setup, m, gpu, infer_mfu, mbu, pc)
+        peak_flops = gpu.flops_for(compute_dtype(ts))
+        seconds[Phase.SCORE.value] = score / (peak_flops * infer_mfu)
+        if mfu is None:
+            seconds["train"] = layout_step_time(spec, ts, gpu, pc=pc).step_seconds
+            if critic:
+                seconds[Phase.CRITIC_STEP.value] = layout_step_time(
+                    critic.spec, rl.train_setup(setup, head="token-cls"), gpu).step_seconds
+        else:
+            seconds["train"] = step_seconds(f.step, gpu, ts, mfu)
+            if critic:
+                seconds[Phase.CRITIC_STEP.value] = step_seconds(cf.step, gpu, ts, mfu)
+        secs = sum(seconds.values())
+        headroom = gpu.memory - reserve - device_total
+        timing = Timing(gpu=gpu.name, mfu=flops.model_step / (secs * peak_flops), step_seconds=secs,
+                        tokens_per_second=sh.completions * sh.seq / secs, fits=headroom >= 0, headroom=headroom,
+                        gpu_memory=gpu.memory, prefill_seconds=seconds[Phase.GENERATE.value],
+                        decode_tokens_per_second=sh.completions * sh.completion_len / seconds[Phase.GENERATE.value])
+    models = {"policy": spec.name, **{o.role: o.spec.name for o in m.others}}
+    detail = {"params_active": pc.active, "rl": {
+        "algo": setup.rl_algo, "rollout": setup.rollout, "prompts": sh.prompts, "completions": sh.completions,
+        "micro_batch": sh.micro, "grad_accum": sh.accum, "prompt_len": sh.prompt_len,
+        "completion_len": sh.completion_len, "models": models, "scored_by": m.scored,
+        "resident": {"policy": m.policy_resident, **{o.role: o.resident for o in m.others}},
+        "rollout_buffers": m.buffers, "engine": m.rollout.engine, "phase_seconds": seconds, **m.rollout.detail}}
+    notes = [f"--batch {setup.batch} prompts × --group-size {setup.group_size} = {sh.completions} completions "
+             f"generated at once, trained in {sh.accum} micro-batch(es) of {sh.micro} (TRL's "
+             f"per_device_train_batch_size={sh.micro}, gradient_accumulation_steps={sh.accum}, "
+             f"num_generations={setup.group_size})",
+             "phases as TRL's GRPOTrainer runs them (docs/rl.md): generate, score (no-grad log-probs), the policy's "
+             "training step" + (" and the critic's" if critic else "") + "; the policy's optimizer states stay "
+             "resident while it generates, its gradients are freed (zero_grad)",
+             "the training step's LM head is TRL's fused chunked log-prob head (--loss chunked-logprob)"]
+    if setup.beta == 0 and setup.rl_algo == "grpo":
+        notes.append("--beta 0 (TRL's default): no reference model is loaded")
+    if setup.rollout == "vllm":
+        sv = m.rollout.detail["serving"]
+        notes.append(f"colocated vLLM: {setup.vllm_gpu_memory_utilization} of the GPU held through every phase "
+                     f"(TRL's vllm_enable_sleep_mode off), KV pool {sv['kv_tokens']:,} tokens")
+        if sv["kv_tokens"] < m.rollout.detail["kv_tokens_needed"]:
+            notes.append(f"the KV pool holds {sv['kv_tokens']:,} of the {m.rollout.detail['kv_tokens_needed']:,} "
+                         "tokens of all completions: vLLM preempts and runs them in waves (the decode time is a "
+                         "lower bound); raise --vllm-gpu-memory-utilization")
+    if gpu is not None:
+        notes.append("time: generate = prefill at MFU "
+                     f"{infer_mfu:.0%} + {sh.completion_len} decode steps at {mbu:.0%} of memory bandwidth "
+                     "(full-length completions); score = forwards at that MFU; train = the step-time model")
+        notes.append(_fit_note(reserve))
+        notes.append(overheads.describe(beside, held, cached_block=True))
+    params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)
+    return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail)

@@ -92,6 +92,9 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     # ForCausalLMLoss pads the labels by one position before shifting them (loss_utils.py:64)
     padded = INDEX * (tokens + setup.batch) if shifts else 0
     kept, norm_bwd = final_norm_backward(spec, setup, st, tokens)
+    if setup.loss == "chunked-logprob":
+        norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
+        return chunked_logprob_head(spec, setup, st, tokens, norm, kept, norm_bwd)
     if setup.loss == "fused-linear":
         norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
         return fused_linear_head(spec, setup, st, tokens, norm, weight_cast, labels, hidden + padded, kept, norm_bwd)
@@ -170,6 +173,73 @@ def classifier_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: i
         labels=labels,
         forward_transient=logits + logits_fp32 + transient,
         backward_transient=max(2 * loss_bytes, loss_bytes + (a if a != loss_bytes else 0)) * n * rows,
+        norm_kept=kept,
+        norm_backward=norm_bwd,
+    )
+
+
+# TRL's fused LM head (trl/kernels/chunked_logprob.py, TRL 1.16): tiles of TOKEN_CHUNK_SIZE tokens (line 31) by
+# _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries (trl/trainer/utils.py:1506)
+TRL_TILE_TOKENS = 4096
+TRL_TILE_VOCAB = 32768
+# the per-token fp32 statistics its forward allocates whole (chunked_logprob.py:340-346: running max, sum of exp,
+# x·exp, squared, z sum, max before target, target logit)
+TRL_TOKEN_STATS = 7
+
+
+def trl_tiles(spec: ModelSpec, setup: Setup, st: StateBytes, n: int, backward: bool = False) -> float:
+    """What TRL's fused head holds for one tile of `n` scored tokens: `mm_buf`, [min(n, 4096), 32768] in the compute
+    dtype whatever the vocabulary (chunked_logprob.py:347, :413), each tile's operands cast to the compute dtype
+    (`.to(compute_dtype)`, a copy when the dtypes differ; the forward's weight chunk only for its matmul), and off
+    Triton (--device cpu) the torch fold's fp32 temporaries of the [rows, vocab-chunk] tile: in the forward three
+    (`_forward_tile`: the transform's two products, then z, z − max and its exp; chunked_logprob.py:235-245), in
+    the backward seven and a boolean (`_backward_tile` at `grad += grad_logprobs · (is_target.float() − p)`: y, z,
+    log_p, p, grad, the difference and the product, the float mask freed once subtracted; :274-285), or after it,
+    with a 16-bit tile, the fp32 copies `_addmm_fp32` makes of the tile and the weight chunk for the gradient GEMMs
+    off CUDA (`acc.addmm_(a.float(), b.float())`, :52-63)."""
+    a, r, h, v = st.act, st.residual, spec.hidden, spec.vocab // setup.tp
+    rows, cols = min(n, TRL_TILE_TOKENS), min(v, TRL_TILE_VOCAB)
+    chunk_cast = a * rows * h if r != a else 0
+    weight_cast = a * cols * h if st.weight != a else 0
+    cpu = setup.device == "cpu"
+    if backward:  # the weight chunk's cast is a local of the whole tile's work
+        fold = max((7 * FP32 + 1) * rows * cols, FP32 * (rows + h) * cols if a != FP32 else 0) if cpu else 0
+        return a * rows * TRL_TILE_VOCAB + chunk_cast + weight_cast + fold
+    # forward: the weight chunk's cast dies with the tile's matmul, before the fold
+    return a * rows * TRL_TILE_VOCAB + chunk_cast + max(weight_cast, 3 * FP32 * rows * cols if cpu else 0)
+
+
+def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, norm_saved: float,
+                         kept: float, norm_bwd: float) -> HeadBytes:
+    """--loss chunked-logprob: TRL's fused LM head (trl/trainer/utils.py:1548-1660 add_fused_lm_head, TRL 1.16), what
+    its GRPO trainer scores and trains with: per-token log-probabilities of the labels, never the [tokens, vocab]
+    logits. The forward copies the shifted hidden states (`last_hidden_state[:, :-1]` reshaped, or `[mask]` on a
+    Triton device) and the targets, folds [4096 × 32768] logits tiles (one `mm_buf`, the compute dtype) into seven
+    fp32 per-token statistics, and saves the hidden copy, the targets, log Z and the entropy
+    (chunked_logprob.py:311-391). The backward recomputes each tile into the same kind of buffer and accumulates the
+    input and weight gradients in fp32 (chunked_logprob.py:394-470): grad_hidden [n, H] fp32 and grad_weight
+    [V, H] fp32 (the .grad itself when the weight is fp32 and no earlier micro-batch made one; beside it otherwise).
+    NB: n = every position with a next-token label (tokens − batch), what the torch path scores; on a Triton GPU
+    TRL scores only the labelled (completion) positions: over by the prompts' share of the [n, H] buffers."""
+    r, h, v = st.residual, spec.hidden, spec.vocab // setup.tp
+    n = tokens - setup.batch
+    labels = INDEX * tokens  # the batch's labels (input_ids with -100 on the prompt)
+    targets = INDEX * n
+    held = r * h * tokens  # the backbone's output, referenced by the forward until it returns
+    hidden_copy = r * h * n
+    lm_head_trains = not setup.lora_rank
+    # the fp32 accumulator is a tensor beside the head's .grad when the .grad is 16-bit, or when an earlier
+    # micro-batch made the .grad already (AccumulateGrad adds the new one into it: torch/csrc/autograd/functions/
+    # accumulate_grad.h); otherwise it becomes the .grad itself
+    grad_weight = FP32 * v * h if (lm_head_trains and (st.grad != FP32 or setup.grad_accum > 1)) else 0.0
+    return HeadBytes(
+        # the hidden copy, targets, log Z and entropy saved; the log-probs and entropy returned to the loss
+        saved=norm_saved + hidden_copy + targets + 4 * FP32 * n + labels,
+        labels=labels,
+        forward_transient=held + trl_tiles(spec, setup, st, n) + TRL_TOKEN_STATS * FP32 * n,
+        # the loop's tiles, or at the return the gradients cast back to the inputs' dtypes beside the fp32 ones
+        backward_transient=FP32 * h * n + grad_weight + max(trl_tiles(spec, setup, st, n, backward=True), (
+            r * h * n if r != FP32 else 0) + (st.weight * v * h if (lm_head_trains and st.weight != FP32) else 0)),
         norm_kept=kept,
         norm_backward=norm_bwd,
     )

@@ -138,14 +138,21 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
     crow = [["parameters", f"{fmt_count(e.params)} ({e.params:,})"]]
     if e.params_per_rank != e.params:
         crow.append(["parameters per GPU", fmt_count(e.params_per_rank)])
-    if e.setup.mode == "train":
+    if e.setup.mode == "rl":
+        crow += [["FLOPs per step (generate + score + train)", fmt_count(f.step, "FLOP")],
+                 ["model FLOPs per trained token", fmt_count(f.per_token, "FLOP")]]
+    elif e.setup.mode == "train":
         crow += [["FLOPs per step (fwd / bwd / recompute)", f"{fmt_count(f.forward)} / {fmt_count(f.backward)} / {fmt_count(f.recompute)}"],
                  ["FLOPs per step (hardware)", fmt_count(f.step, "FLOP")],
                  ["model FLOPs per token", fmt_count(f.per_token, "FLOP")]]
     else:
         crow += [["prefill FLOPs", fmt_count(f.forward, "FLOP")], ["forward FLOPs per token", fmt_count(f.per_token, "FLOP")]]
     t = e.time
-    if t is not None and e.setup.mode == "train":
+    if t is not None and e.setup.mode == "rl":
+        crow += [[f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds)]]
+        crow += [[f"&nbsp;&nbsp;{name.replace('_', ' ')}", fmt_seconds(secs)]
+                 for name, secs in (e.detail or {}).get("rl", {}).get("phase_seconds", {}).items()]
+    elif t is not None and e.setup.mode == "train":
         crow += [[f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds)], ["tokens/s (all GPUs)", fmt_count(t.tokens_per_second)]]
     elif t is not None:
         crow += [["prefill time", fmt_seconds(t.prefill_seconds)],

@@ -27,6 +27,8 @@ def estimate_dict(e: Estimate) -> dict:
         st = e.setup.stack_facts
         d["stack"] = {"name": st.name, "version": st.version, "summary": st.summary,
                       "optimizer_kernel": e.setup.optimizer_kernel, "recompute": e.setup.recompute}
+    if e.setup.mode == "rl" and "rl" in (e.detail or {}):  # the RL step's shape, models, phase times (analytic/rl.py)
+        d["rl"] = e.detail["rl"]
     if e.setup.mode == "serve":  # the serving engine's sizing: KV tokens, blocks, concurrency (analytic/serving.py)
         d["serving"] = e.detail["serving"]
     if e.time is not None:

@@ -10,7 +10,8 @@ from ..units import fmt_bytes, fmt_count, fmt_seconds
 from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL
 
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
-               "prefill": "prefill", "decode": "decode"}
+               "prefill": "prefill", "decode": "decode", "generate": "generate", "score": "score",
+               "critic_step": "critic step"}
 
 
 def _unit(e: Estimate) -> str:
@@ -25,6 +26,12 @@ def setup_line(e: Estimate) -> str:
                                            ("offload", s.offload, s.offload == "none")) if not off]
     par = (f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 else "") + \
         "".join(" " + x for x in extra)
+    if s.mode == "rl":
+        n = s.batch * s.group_size
+        return (f"RL · {s.rl_algo} · rollout {s.rollout} · {s.batch} prompt(s) × group {s.group_size} = {n} "
+                f"completions of {s.prompt_len} + {s.completion_len} tokens · train micro-batch "
+                f"{n // s.grad_accum} × accum {s.grad_accum} · beta {s.beta:g} · {s.precision} · {s.optimizer} · "
+                f"recompute {s.recompute} · {s.device}")
     if s.mode == "infer":
         return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
     if s.mode == "serve" and "serving" in (e.detail or {}):
@@ -53,6 +60,13 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
         if m.master_weights:
             rows.append(("fp32 master weights", m.master_weights))
         rows += [("activations (saved for backward)", m.activations)]
+    elif e.setup.mode == "rl":  # every model of the step (analytic/rl.py)
+        rows = [("weights (all models)", m.weights), ("gradients (training step)", m.gradients),
+                ("optimizer states", m.optimizer_states)]
+        if m.master_weights:
+            rows.append(("fp32 master weights", m.master_weights))
+        rows += [("activations (saved for backward)", m.activations),
+                 ("KV pool (colocated vLLM)" if e.setup.rollout == "vllm" else "KV cache (rollout)", m.kv_cache)]
     elif e.setup.mode == "serve":  # the engine's budget as vLLM splits it (analytic/serving.py)
         return rows + [("profile-run peak (activations)", m.activations), ("CUDA graphs", m.temporaries),
                        ("KV cache (all blocks)", m.kv_cache)]
@@ -103,7 +117,10 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     if e.params_per_rank != e.params:
         c.add_row("parameters per GPU", fmt_count(e.params_per_rank))
     f = e.flops
-    if e.setup.mode == "train":
+    if e.setup.mode == "rl":
+        c.add_row("FLOPs per step (generate + score + train)", fmt_count(f.step, "FLOP"))
+        c.add_row("model FLOPs per trained token", fmt_count(f.per_token, "FLOP"))
+    elif e.setup.mode == "train":
         c.add_row("FLOPs per step (fwd / bwd / recompute)", f"{fmt_count(f.forward)} / {fmt_count(f.backward)} / {fmt_count(f.recompute)}")
         c.add_row("FLOPs per step (hardware)", fmt_count(f.step, "FLOP"))
         c.add_row(f"model FLOPs per {'image' if e.setup.image_size else 'token'}", fmt_count(f.per_token, "FLOP"))
@@ -115,7 +132,13 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         verdict = "[green]fits[/green]" if tm.fits else "[red]does not fit[/red]"
         held = f" ({fmt_bytes(tm.gpu_memory)})" if tm.gpu_memory else ""
         c.add_row(f"on {tm.gpu}{held}", f"{verdict}, headroom {fmt_bytes(tm.headroom)}")
-        if e.setup.mode == "train":
+        if e.setup.mode == "rl":
+            c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
+            for name, secs in (e.detail or {}).get("rl", {}).get("phase_seconds", {}).items():
+                c.add_row(f"[dim]  {PHASE_NAMES.get(name, name)}[/dim]",
+                          f"[dim]{fmt_seconds(secs)} ({secs / tm.step_seconds:.1%})[/dim]")
+            c.add_row("generated tokens/s", f"{tm.decode_tokens_per_second:,.0f}")
+        elif e.setup.mode == "train":
             c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
             for name, secs, share in step_term_rows(e):
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")

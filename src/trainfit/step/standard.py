@@ -179,6 +179,12 @@ def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], N
                 loss = model(**b).loss / n
             phase("backward")
             loss.backward()
+    return optimizer_phase(optimizer, loss, phase)
+
+
+def optimizer_phase(optimizer, loss, phase: Callable[[str], None]) -> float:
+    """A step's end: phase("optimizer"), the optimizer step, the gradients freed (zero_grad(set_to_none=True)),
+    phase("end"); returns the last micro-batch's loss, nan when it is fake/meta."""
     phase("optimizer")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
