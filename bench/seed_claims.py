@@ -279,8 +279,21 @@ def sag_memory():
         " for a network: its memory grows with the data set, not the batch"
 
 
+RL_7B = dict(mode="rl", rl_algo="grpo", group_size=8, prompt_len=1024, completion_len=4096, gpu="H100-80GB",
+             precision="bf16", beta=0.04, grad_accum=8, recompute="full")
+
+
 def rl_rollouts():
-    return "no --mode rl yet", "not modelled yet (issue 16: GRPO/PPO phases)"
+    e = est("qwen2.5-7b", **RL_7B)
+    secs = e.detail["rl"]["phase_seconds"]
+    share = secs["generate"] / sum(secs.values())
+    kv = e.detail["rl"]["kv_bytes_per_token"] * 8 * (1024 + 4096)
+    return (f"qwen2.5-7b GRPO on one H100-80GB (8 completions of 4,096 tokens per 1,024-token prompt, bf16, "
+            f"reference model, full recompute): generate {secs['generate']:.1f} s, score {secs['score']:.1f} s, "
+            f"train {secs['train']:.1f} s per step ({share:.0%} generating); the rollout's KV cache "
+            f"{gib(kv)}, peak {gib(e.memory.peak)} at {e.memory.peak_phase}"), \
+        ("holds: " if share >= 0.5 else "depends: ") + f"{share:.0%} of the step is generation (decode-bound, one " \
+        "token per step per sequence); the memory peak stays in training"
 
 
 CLAIMS = [
@@ -298,7 +311,9 @@ CLAIMS = [
           accumulation_equivalent),
     Claim("000", "Training is also done over batches, which increase memory requirements by several orders of magnitude",
           ("trainfit estimate llama-3.2-1b --batch 1|64 --seq 2048",), batch_orders_of_magnitude),
-    Claim("000", "Training now involves large amounts of inference for RL rollouts", ("—",), rl_rollouts),
+    Claim("000", "Training now involves large amounts of inference for RL rollouts",
+          ("trainfit estimate qwen2.5-7b --mode rl --rl-algo grpo --group-size 8 --prompt-len 1024 --completion-len "
+           "4096 --precision bf16 --beta 0.04 --grad-accum 8 --recompute full --gpu H100-80GB",), rl_rollouts),
     Claim("000", "use something like Stochastic Average Gradient Descent (memory for a network)",
           ("trainfit models --json",), sag_memory),
     Claim("001", "Training needs 3-4x more memory (activations for backward pass)",
