@@ -51,3 +51,12 @@ def test_fp32_memory_efficient_attention_runs_on_tensor_cores(rows):
     r = rows["gpt2-fp32"]
     assert r["analytic_kinds"]["attention"] < 2 * r["kinds"]["attention"], (r["analytic_kinds"], r["kinds"])
     assert abs(r["analytic_step"] - r["step"]) <= 0.15 * r["step"], (r["analytic_step"], r["step"])
+
+
+def test_fp32_adapters_on_a_bf16_base_run_fp32_gemms(rows):
+    """llama-3.2-1b with rank-16 LoRA in pure bf16: peft keeps the adapters in fp32 and casts the input up, so their
+    thin GEMMs ran as fp32 FFMA kernels (sm80_xmma_gemm_f32f32 ... in the profile). Timed at the bf16 rate the
+    step's GEMM time was -42 %; at the fp32 rate -17.5 % (NB: the thin GEMMs' own efficiency is not modelled)."""
+    r = rows["llama-3.2-1b-lora"]
+    measured, predicted = r["kinds"]["gemm"], r["analytic_kinds"]["gemm"]
+    assert abs(predicted - measured) <= 0.20 * measured, (predicted, measured)

@@ -160,7 +160,8 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
            setup.precision, setup.recompute, setup.stack, setup.attention_kernel, setup.device, setup.ep,
            bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)),
            bool(getattr(setup, "tf32", False)),
-           setup.lora_rank, setup.lora_targets, setup.dora, setup.quant, st, gpu, layers)
+           setup.lora_rank, setup.lora_targets, getattr(setup, "lora_dtype", "fp32"), setup.dora, setup.quant, st, gpu,
+           layers)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_MAX:

@@ -6,8 +6,10 @@
   frozen embedding's backward (its gradient scatter) is not run.
 - Adapters (Hu et al. 2021 eq. 3, h = W0 x + B A x): per adapted projection lora_A (d_in -> r) and lora_B (r -> d_out),
   each forward, dgrad and wgrad, in the compute dtype (under autocast F.linear runs in bf16 whatever the adapters'
-  dtype, torch/amp/autocast_mode.py lower_precision_fp ops). NB: --precision bf16 with peft's fp32 adapters runs them
-  as fp32 GEMMs (the roofline's bf16 rate under-reads those thin GEMMs).
+  dtype, torch/amp/autocast_mode.py lower_precision_fp ops). Without autocast, peft's fp32 adapters beside a 16-bit
+  base (--lora-dtype fp32) run on the input cast to fp32 (peft lora/layer.py Linear.forward `x = self._cast_input_dtype(
+  x, lora_A.weight.dtype)`): fp32 GEMMs at the CUDA cores' rate (PyTorch leaves TF32 off for matmuls), as the H200
+  profile shows (sm80_xmma_gemm_f32f32 ... ffma kernels, bench/results/cuda-H200-2026-11-26.json llama-3.2-1b-lora).
 - DoRA (Liu et al. 2024 eq. 5; peft tuners/lora/dora.py get_weight_norm): each forward forms W0 + scale·B·A
   (a d_out × d_in × r GEMM) and its row norms (reads the d_out × d_in result), peft under torch.no_grad.
 - QLoRA (bitsandbytes MatMul4Bit, autograd/_functions.py): each frozen 4-bit matmul dequantises its weight to the
@@ -48,12 +50,15 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
         if op.kind != "gemm" or name not in adapted:
             continue
         d_in, d_out = op.k, op.n
-        out.append(_gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A"))
-        out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B"))
         # peft lora/layer.py Linear.forward: x cast to the adapters' dtype, · scaling, + result, result cast back
         # (forward 4 kernels; backward: the casts' and the product's gradients and x's two gradients summed, 4);
         # adapters in the base's dtype need no casts (2 and 2)
         casts = 2 if setup.lora_dtype == "fp32" and not sh.autocast and sh.act != FP32 else 0
+        dtype = "fp32" if casts else sh.dtype  # fp32 adapters on a 16-bit base run fp32 GEMMs (docstring)
+        out.append(_gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A")
+                   ._replace(dtype=dtype))
+        out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B")
+                   ._replace(dtype=dtype))
         out.append(_ew(op.name + ".lora_add", 2 * T * d_out * sh.act, T * d_out * sh.act,
                        "peft: result + lora_B(lora_A(x)) * scaling", saves=False, kernels=2 + casts,
                        bwd=2 + casts))
