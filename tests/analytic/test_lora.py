@@ -40,7 +40,7 @@ def test_lora_model_states_from_first_principles():
     ("estimate llama-3.1-8b --lora-targets attention", "needs --lora-rank"),
     ("estimate llama-3.1-8b --dora", "needs --lora-rank"),
     ("estimate llama-3.1-8b --lora-rank 8 --stack torchtitan", "use --stack hf"),
-    ("estimate llama-3.1-8b --lora-rank 8 --mode infer", "applies to train only"),
+    ("estimate llama-3.1-8b --lora-rank 8 --mode infer", "applies to train/rl only"),
 ])
 def test_bad_lora_inputs_one_line_exit_2(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
