@@ -26,7 +26,14 @@ peak (and it stays cached: reserved). On a CPU, oneDNN's per-op scratch (measure
 not counted either.
 NB: --channels-last changes strides, not sizes: a channels_last tensor holds the same N·C·H·W elements
 (torch.empty(..., memory_format=torch.channels_last).nbytes equals the contiguous tensor's), so no byte here
-changes; it changes which cuDNN kernels run (NHWC tensor-core kernels), i.e. time, not memory.
+changes; it changes which cuDNN kernels run (NHWC tensor-core kernels), i.e. time, not memory: the step time
+(analytic/vision_time.py) drops cuDNN's NCHW<->NHWC transposes around tensor-core convs.
+
+Step time: every kernel of the step timed by the roofline (analytic/vision_time.py: convs as cuDNN implicit GEMMs,
+TF32 for fp32 convs where the GPU has it; memory-bound ops at the achieved HBM bandwidth; SDPA; the optimizer step;
+the host-issue bound), a StepTime like the token models'; --mfu is an override. Against NVIDIA's published
+ResNet-50 v1.5 rows (BENCHMARKS.md §21, out of sample): V100 FP32 −9.5 %, the tensor-core rows +27 % to +42 %
+(optimistic).
 """
 from __future__ import annotations
 
@@ -37,18 +44,13 @@ from ..hardware import GPU
 from .. import overheads
 from ..setup import Setup
 from ..spec import VisionSpec
-from .engine import INFER_MFU
 from .optimizer import optimizer_temporaries
 from .precision import state_bytes
 from .timing import budget, mfu_step_terms, step_seconds
 from ..vision_setup import check_image
 from .vision_graph import FP32, HALF, INT64, Op, vision_ops
+from .vision_time import dtypes, vision_step_time
 
-# A vision step is timed from its FLOPs at a flat model-FLOPs utilisation: the step-time model (step_time.py,
-# roofline.py) walks a ModelSpec transformer's GEMMs and attention, not convolutions or a VisionSpec. NB: an
-# assumption (40 %, as the transformer engine's inference prefill: engine.INFER_MFU), stated in the notes; --mfu
-# overrides it.
-VISION_MFU = INFER_MFU
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 STATES = {"sgd": 1, "momentum": 1, "adam": 2, "adamw": 2}  # state tensors per parameter (sgd: none, st.optimizer 0)
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16")
@@ -57,6 +59,12 @@ LABEL = INT64  # labels: int64 class indices, one per image
 
 def image_size(spec: VisionSpec, setup: Setup) -> int:
     return setup.image_size or spec.image_size
+
+
+def image_bytes(spec: VisionSpec, setup: Setup, st) -> int:
+    """One micro-batch of images, in the weights' dtype (the HF step casts the batch to the model's dtype)."""
+    size = image_size(spec, setup)
+    return int(setup.batch * spec.channels * size * size * st.weight)
 
 
 def check(spec: VisionSpec, setup: Setup) -> None:
@@ -150,7 +158,7 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
         "optimizer_states": sum(STATES[setup.optimizer] * r(n * st.optimizer / STATES[setup.optimizer]) + adam_step
                                 for n in tensors) if st.optimizer else 0,
         # every micro-batch of the step is made before it runs (trainfit.step: a list of batches)
-        "inputs": setup.grad_accum * (r(setup.batch * spec.channels * size * size * st.weight) + r(setup.batch * LABEL)),
+        "inputs": setup.grad_accum * (r(image_bytes(spec, setup, st)) + r(setup.batch * LABEL)),
     }
     accumulating = setup.grad_accum > 1  # the walk is the last micro-batch's: the step's high points
     w.grads = sum(r(n * st.grad) for n in tensors) if accumulating else 0
@@ -239,7 +247,6 @@ def step_flops(ops: list[Op]) -> tuple[int, int]:
 def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
              tokens: float | None = None, reserve: float = 0.0, **_ignored) -> Estimate:
     check(spec, setup)
-    mfu = VISION_MFU if mfu is None else mfu
     res = walk(spec, setup)
     phases = {k: v[0] for k, v in res["best"].items()}
     phase = max(phases, key=phases.get)
@@ -259,19 +266,29 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     size = image_size(spec, setup)
     notes = [f"{spec.name}: {size}x{size} images, {spec.num_labels} classes; HF eager step ({setup.device} semantics)",
              "cuDNN convolution workspace not counted (NB: under by up to the largest conv's workspace)",
-             "--channels-last: same bytes (strides change, not sizes)" if setup.channels_last else
-             "channels-last would not change these bytes (strides, not sizes)"]
-    timing = None
-    if gpu is not None:
-        secs = step_seconds(flops.step, gpu, setup, mfu)
-        extra = budget(tokens, images * setup.dp / secs, setup.world_size, gpu,
-                       mfu_step_terms(flops.step, gpu, setup, mfu)) if tokens else {}
-        headroom = gpu.memory - int(reserve * 2**30) - device_total
-        timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=secs, tokens_per_second=images * setup.dp / secs,
-                        fits=headroom >= 0, headroom=headroom, gpu_memory=gpu.memory, **extra)
-        notes.append(f"step time from FLOPs at MFU {mfu:.0%} (the transformer step-time model does not walk "
-                     "convolutions; --mfu overrides it); tokens/s are images/s")
-        notes.append(overheads.describe(beside, held) + "; NB: the cached blocks of freed tensors not counted")
+             "--channels-last: same bytes (strides change, not sizes); no NCHW<->NHWC transposes in the step time"
+             if setup.channels_last else "channels-last would not change these bytes (strides, not sizes); the step "
+             "time counts cuDNN's NCHW<->NHWC transposes around tensor-core convs"]
     detail = {"image_size": size, "num_labels": spec.num_labels, "buffers": base["buffers"], "inputs": base["inputs"],
               "param_tensors": res["param_tensors"]}
+    timing = None
+    if gpu is not None:
+        if mfu is None:  # the kernels the step runs, timed by the roofline (analytic/vision_time.py)
+            tm = vision_step_time(setup, gpu, res["ops"], params, res["param_tensors"],
+                                  image_bytes(spec, setup, state_bytes(setup)), flops.step)
+            secs, achieved = tm.step_seconds, tm.mfu
+            terms = detail["step_time"] = tm.as_dict()
+        else:
+            secs, achieved = step_seconds(flops.step, gpu, setup, mfu), mfu
+            terms = mfu_step_terms(flops.step, gpu, setup, mfu)
+        extra = budget(tokens, images * setup.dp / secs, setup.world_size, gpu, terms) if tokens else {}
+        headroom = gpu.memory - int(reserve * 2**30) - device_total
+        timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs, tokens_per_second=images * setup.dp / secs,
+                        fits=headroom >= 0, headroom=headroom, gpu_memory=gpu.memory, **extra)
+        conv_dt, lin_dt = dtypes(setup, gpu)
+        notes.append(f"step time from FLOPs at the stated --mfu {mfu:.0%} (an override)" if mfu is not None else
+                     f"step time: each kernel of the step timed by the roofline (analytic/vision_time.py: convs as "
+                     f"cuDNN implicit GEMMs in {conv_dt}, linears in {lin_dt}, depthwise convs and the other ops "
+                     "memory-bound, + optimizer + host issue); --mfu overrides it; tokens/s are images/s")
+        notes.append(overheads.describe(beside, held) + "; NB: the cached blocks of freed tensors not counted")
     return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail)

@@ -51,6 +51,12 @@ class Op:
     flops: int = 0  # forward FLOPs, whole batch
     alias: bool = False  # the output shares the first input's storage (in-place add, permute, view)
     passes_grad: bool = False  # the backward hands the output's gradient to every input as is (adds, views)
+    # conv / linear: the implicit GEMM of one group, (m, n, k) = (batch·Hout·Wout or rows, Cout/groups,
+    # Cin/groups·K·K or in), and the groups (conv only; > 1: ConvNeXt's depthwise conv, groups = channels)
+    gemm: tuple[int, int, int] = ()
+    groups: int = 1
+    cast_in: int = 0  # bytes of the autocast cast of its input that it computes from (0: none)
+    attn: tuple[int, int, int] = ()  # sdpa: (batch·heads, rows, head_dim)
 
     @property
     def params(self) -> int:
@@ -100,7 +106,7 @@ class Net:
             return HALF, (self.elems(x) * HALF,), ()
         return (HALF if self.autocast else self.dt[x]), (), (x,)
 
-    def _weighted(self, name, kind, x, y, dt, casts, saves, w, bias_len, flops) -> None:
+    def _weighted(self, name, kind, x, y, dt, casts, saves, w, bias_len, flops, gemm, groups=1) -> None:
         """A conv or linear: keeps its input (or its cast) and its weight's 16-bit cast under autocast; makes the
         input's gradient (a kept cast's gradient first in its dtype: ToCopyBackward0 then makes x's; the images
         need none)."""
@@ -109,7 +115,7 @@ class Net:
         self.ops.append(Op(name, kind, (x,), y, self.elems(y) * dt, saves=saves,
                            own_saved=casts + ((w * HALF,) if self.autocast else ()),
                            tensors=(w, bias_len) if bias_len else (w,), cast_params=self.autocast, grads_in=grads,
-                           bwd_temp=tmp, flops=flops))
+                           bwd_temp=tmp, flops=flops, gemm=gemm, groups=groups, cast_in=sum(casts)))
 
     def conv(self, x: str, cout: int, k: int, s: int, name: str, p: int | None = None, groups: int = 1,
              bias: bool = False) -> str:
@@ -118,7 +124,14 @@ class Net:
         w = k * k * cin // groups * cout
         dt, casts, saves = self._lowp(x)
         y = self.new(name, cout * side_o * side_o, dt, side_o, (cout, side_o))
-        self._weighted(name, "conv", x, y, dt, casts, saves, w, cout if bias else 0, 2 * w * side_o * side_o * self.b)
+        # cuDNN's implicit GEMM (NVIDIA "Convolutional Layers User's Guide", docs.nvidia.com/deeplearning/performance/
+        # dl-performance-convolutional, §"Convolution Algorithms", implicit GEMM dimensions; CUTLASS docs
+        # implicit_gemm_convolution "Mapping Convolution to GEMM"): M = N·P·Q output pixels, N = K output channels,
+        # K = C·R·S input channels × filter taps, per group. NB: the guide pads C to a multiple of 4 (TF32) / 8
+        # (fp16) for tensor cores, e.g. the 3-channel stem: not modelled (under by up to 8/3 on the stem's GEMM)
+        gemm = (self.b * side_o * side_o, cout // groups, cin // groups * k * k)
+        self._weighted(name, "conv", x, y, dt, casts, saves, w, cout if bias else 0, 2 * w * side_o * side_o * self.b,
+                       gemm, groups)
         return y
 
     def linear(self, x: str, out: int, name: str, bias: bool = True) -> str:
@@ -128,7 +141,7 @@ class Net:
         geom = (out, self.geom[x][1]) if x in self.geom else None  # a channels-last map stays a map
         y = self.new(name, rows * out, dt, out, geom)
         self._weighted(name, "linear", x, y, dt, casts, saves, width * out, out if bias else 0,
-                       2 * width * out * rows * self.b)
+                       2 * width * out * rows * self.b, (rows * self.b, out, width))
         return y
 
     def bn(self, x: str, name: str) -> str:
@@ -247,7 +260,8 @@ class Net:
         softmax_d = (self.b * heads * rows * FP32,) if dt == HALF else ()
         self.ops.append(Op(name, "sdpa", (q, k, v), y, g, saves=(q, k, v, y),
                            own_saved=(self.b * heads * lse_rows * FP32, INT64, INT64), grads_in=(g, g, g),
-                           bwd_temp=softmax_d, flops=4 * self.b * rows * rows * self.last[q]))
+                           bwd_temp=softmax_d, flops=4 * self.b * rows * rows * self.last[q],
+                           attn=(self.b * heads, rows, self.last[q] // heads)))
         return y
 
     def first_row(self, x: str, name: str) -> str:
