@@ -168,18 +168,12 @@ _MLA_FULL_MIXED = (
     "DeepSeek-V2 with full recompute on CPU: the high point is in layer 0 (dense) with the MoE layer's 64 experts' "
     "gradients made; analytic/recompute.py gives the moments an MoE layer's own parameters and the CPU math path's "
     "re-run attention is not a moment (backward.py NB) (+5.9%, -7.0%)")
-_MLA_PREFILL = ("MLA inference prefill: the q/kv up-projections' outputs, the rebuilt per-head keys and SDPA's "
-                "fp32 math-path copies are not in analytic/inference.py's prefill moment (-5% to -31%)")
 KNOWN_GAPS.update({
     "deepseek_v2-fp32-full-sgd-cpu": _MLA_FULL_MIXED,
     "deepseek_v2-bf16-full-sgd-cpu": _MLA_FULL_MIXED,
     "deepseek_v3-amp-bf16-none-sgd-cpu": (
         "DeepSeek-V3 under CPU autocast: the analytic backward high point (the MoE moments beside q_lora 1536's "
         "saved norm) exceeds the traced one by 2.2 MB; with SGD's small states that is +4.5% (AdamW: +2.6%)"),
-    "deepseek_v2-infer-fp32-cpu": _MLA_PREFILL,
-    "deepseek_v2-infer-bf16-cuda": _MLA_PREFILL,
-    "deepseek_v3-infer-bf16-cpu": _MLA_PREFILL,
-    "deepseek_v3-infer-amp-bf16-cuda": _MLA_PREFILL,
 })
 
 if values_keep_their_dtype():

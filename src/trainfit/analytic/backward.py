@@ -22,7 +22,7 @@ full and layer:2 at hidden 128 on one GPU or DDP).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -104,6 +104,8 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         moments.append(_mla_sdpa_moment(spec, setup, st, tokens, mlp_saved, layer_params, recomputed + incoming))
     if spec.mla is not None and spec.mla.q_lora_rank:
         moments.append(_q_norm_moment(spec, setup, st, tokens, keys, moe, layer_params, recomputed + incoming))
+    if spec.mla is not None:
+        moments.append(_kv_norm_moment(spec, setup, st, tokens, keys, moe, layer_params, recomputed + incoming))
     if recomputed:
         # under full recomputation the freed tensors are recomputed ones, not the layer's saved (its input)
         moments = [Moment(m.extra - m.freed, m.grads_done) for m in moments]
@@ -133,6 +135,33 @@ def _q_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, k
     freed = ((la.per_token - kept) * tokens + la.per_token_key * tokens * keys + casts) / t
     grads = 5 * FP32 * ql * tokens / t
     return Moment(base + grads, layer_params - (h * ql + (ql if spec.qkv_bias else 0)) / t, freed)
+
+
+def _kv_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, keys: float, moe: bool,
+                    layer_params: float, base: float) -> Moment:
+    """MLA's kv_a_layernorm backward (DeepseekV3RMSNorm over kv_lora_rank in fp32, modeling_deepseek_v3.py:46-51):
+    like the q norm's (_q_norm_moment) five fp32 (tokens, kv_lora) gradients live at once. The kv path was recorded
+    after the q path (DeepseekV3Attention.forward, modeling_deepseek_v3.py:440-447), so its backward runs first:
+    SDPA's query gradient (heads·qk) waits for the q path, and the gradient of the shared RoPE key, summed from its
+    per-head expansion (heads·rope, then rope), for the rotary backward (read off the trace of small-deepseek_v2 on
+    CUDA, where this moment sets the peak). Every saved tensor of the layer is freed but the input norm's, the
+    projections' input (under autocast q's and kv_a's own casts), the kv norm's fp32 input copy (its whole
+    kv_lora + rope storage in fp32: a view of kv_a_proj's output) and rsqrt, and the q path's saved tensors; of
+    autocast's weight casts q's and kv_a_proj's are left; every gradient exists but the q path's and kv_a_proj's."""
+    from .activations import layer_activations  # noqa: PLC0415 (activations imports this module's peers)
+    from .mla import projections_saved  # noqa: PLC0415
+    m, t, h, a = spec.mla, setup.tp, spec.hidden, st.act
+    n, kvl, ql = spec.heads, m.kv_lora_rank, m.q_lora_rank
+    la = layer_activations(spec, setup, moe)
+    q_saved = projections_saved(spec, a) - projections_saved(replace(spec, mla=replace(m, q_lora_rank=0)), a)
+    kept = (la.terms["norms"] / 2 + (2 if st.autocast else 1) * a * h + FP32 * (kvl + (m.qk_rope_head_dim if a == FP32
+            else 0)) + FP32 + q_saved)
+    q_params = h * ql + ql + ql * n * m.qk_head_dim + (ql if spec.qkv_bias else 0) if ql else h * n * m.qk_head_dim
+    kv_a_params = h * (kvl + m.qk_rope_head_dim) + ((kvl + m.qk_rope_head_dim) if spec.qkv_bias else 0)
+    casts = la.fixed - (a * (q_params - (ql if ql else 0) + h * (kvl + m.qk_rope_head_dim)) if st.autocast else 0)
+    freed = ((la.per_token - kept) * tokens + la.per_token_key * tokens * keys + casts) / t
+    grads = (5 * FP32 * kvl + a * (n * m.qk_head_dim + (n + 1) * m.qk_rope_head_dim)) * tokens / t
+    return Moment(base + grads, layer_params - (q_params + kv_a_params) / t, freed)
 
 
 def _mla_sdpa_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, mlp_saved: float,

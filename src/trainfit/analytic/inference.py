@@ -15,7 +15,8 @@ from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
-from .embedding import rotary_dim
+from . import mla
+from .embedding import rotary_tables
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
 
@@ -116,11 +117,16 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
     if spec.positions == "rotary":
         # cos and sin (1, s, rotary_dim) in the hidden states' dtype, and the positions they came from, live
         # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
-        base += 2 * setup.seq * rotary_dim(spec) * r + INDEX * setup.seq
+        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
     if traits["position_embeds_kept"]:
         base += r * setup.seq * h  # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
-    if resolved_kernel(spec, setup) == "eager":
+    if spec.mla is not None:
+        autocast = setup.precision.startswith("amp")
+        attn = mla.prefill_attention(spec, a=a, r=r, kernel=resolved_kernel(spec, setup), seq=setup.seq,
+                                     tokens=tokens, tp=t, autocast=autocast,
+                                     o_cast=a * o_proj_params(spec) / t if autocast else 0)
+    elif resolved_kernel(spec, setup) == "eager":
         # HF's eager softmax(dtype=float32) copies the scores to fp32 beside its fp32 output (the scores stay
         # alive as its input), and the model's (b, 1, s, s) causal mask is live throughout; GPT-2's eager
         # softmaxes in the scores' dtype with a boolean mask.
@@ -149,6 +155,13 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         if resolved_kernel(spec, setup) == "eager":
             mlp += a * spec.heads / t * tokens * setup.seq
     return base + attn, base + r * h * tokens + mlp
+
+
+def o_proj_params(spec: ModelSpec) -> int:
+    """The attention output projection's weights: h·q_dim, MLA's heads·v_head_dim·h (mla.linear_params)."""
+    if spec.mla is not None:
+        return spec.heads * spec.mla.v_head_dim * spec.hidden
+    return spec.hidden * spec.q_dim
 
 
 def cast_params(spec: ModelSpec) -> float:
@@ -203,7 +216,7 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         later_mlp = 0 if spec.moe else h * spec.intermediate
         mlp_casts = (cast_params(spec) - attention_linear_params(spec)) if spec.moe else \
             (3 if spec.gated_mlp else 2) * h * spec.intermediate
-        casts_attn = casts - st.act * (h * spec.q_dim + mlp_casts) / setup.tp
+        casts_attn = casts - st.act * (o_proj_params(spec) + mlp_casts) / setup.tp
         casts_mlp = casts - st.act * later_mlp / setup.tp
     if not spec.causal:  # encoders: one forward over the whole sequence, no KV cache, no decode
         # an MLM head scores every position (no loss: no upcast), after the layers' high point: the encoder's output
