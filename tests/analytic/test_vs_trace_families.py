@@ -137,10 +137,6 @@ KNOWN_GAPS: dict[str, str] = {
     "gpt2-fp32-full-sgd-cpu": _GPT2_RECOMPUTE,
     "gpt2-bf16-full-sgd-cpu": _GPT2_RECOMPUTE,
     "gpt2-bf16-master-full-adamw-cpu": _GPT2_RECOMPUTE,
-    "qwen2_moe-fp32-full-sgd-cpu": (
-        "Qwen2-MoE with full recompute: the shared expert's gated output (sigmoid(gate(h)) * shared(h), one h-sized "
-        "tensor) is still live at the routed experts' backward in the re-run layer; analytic/backward.py's MoE "
-        "moments count the routed experts only (-1.5%)"),
     "roberta-bf16-full-adamw-cuda": (
         "CUDA allocator rounding: the trace rounds every allocation up to 512 B (trace/recorder.py cuda_rounded), "
         "which at hidden 128 in bf16 doubles each of RoBERTa's ~40 bias/norm vectors and their Adam states, and "

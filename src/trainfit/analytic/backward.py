@@ -14,7 +14,7 @@ gradient. The high points read off traced steps:
              output (discarded) and the incoming gradient.
 NB: moments not modelled, each an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists
 the cases): the backward of an fp32-computing RMSNorm after the MLP (Gemma-2's post-feed-forward norm), the CPU math
-path's re-run forward inside the attention, Qwen2-MoE's shared-expert output at the routed experts' backward.
+path's re-run forward inside the attention.
 NB: moments over-counted: under autocast the down projection's weight cast (saved by that matmul alone) is freed by
 the MLP moment, and a recomputed layer's fork_rng copy of the CPU RNG state only lives through the re-run forward —
 both still counted there (a·h·i/t and 5 KiB; +0.5-0.9% against the trace where that moment sets the peak: torchtitan's
@@ -69,20 +69,25 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         routed = m.top_k * tokens / t  # the S = tokens·top_k routed copies
         # the routing-weight multiply's output takes the promoted dtype: fp32 when the weights stay fp32 (Mixtral)
         wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, a)
+        # Qwen2-MoE's gated shared expert (modeling_qwen2_moe.py:347, `sigmoid(shared_expert_gate(x)) * shared`) was
+        # recorded after the routed experts, so its gate's backward has run: the gradient it passes to the block's
+        # input (h, in the normalised input's dtype: the residual's) waits in autograd's input buffer for the routed
+        # experts' and the router's; the multiply's saved shared output is traded for that output's gradient
+        pending = incoming + (st.residual * h * tokens / sp if m.shared_gate else 0)
         # (a) its backward: the gradient arriving through the final sum (expanded to S×h), the reordered output's
         # and the down output's gradients (S×h each, that dtype)
-        moments = [Moment(recomputed + incoming + 3 * routed * h * wb, 0.0)]
+        moments = [Moment(recomputed + pending + 3 * routed * h * wb, 0.0)]
         if setup.recompute == "full":
             # the re-run forward's own high point, at that multiply: the sum's expanded gradient (computed before
             # the re-run starts: it needs no saved tensor) beside the multiply's output; a CPU kernel multiplying
             # bf16 by fp32 first copies the bf16 operand to fp32 (TensorIterator; trace/cpu_casts.py)
             scratch = FP32 * routed * h if (setup.device == "cpu" and wb != ex) else 0
             # the layer's mid residual (x + attention) is still referenced for the MLP's residual add
-            moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
+            moments.append(Moment(recomputed + pending + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
                                   0.0))
         # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
         # product (down's input) and down's output freed; the grouped down_proj weight gradient (all experts at once)
-        moments.append(Moment(recomputed + incoming + ex * routed * (2 * m.expert_intermediate - h),
+        moments.append(Moment(recomputed + pending + ex * routed * (2 * m.expert_intermediate - h),
                               m.num_experts * h * m.expert_intermediate / t))
     else:
         mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
