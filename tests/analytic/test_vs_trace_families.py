@@ -150,10 +150,6 @@ KNOWN_GAPS: dict[str, str] = {
         "fused-qkv rotary prefill under autocast: rotary's fp32 cos/sin promote q to fp32 and SDPA's autocast casts "
         "q, k, v back to bf16 beside the fused projection's output; analytic/inference.py counts q, k, v once in the "
         "activation dtype (-2.6%)"),
-    "opt-infer-amp-bf16-cpu": (
-        "the last layer's closing residual add under CPU autocast (bf16 fc2 output + fp32 residual) copies the bf16 "
-        "operand to fp32 (TensorIterator scratch) beside the new fp32 residual; analytic/inference.py has no "
-        "residual-add moment (-3.9%)"),
 }
 
 # MLA (DeepSeek): checked at 3%, the target of issue 16 — the shrunk configs keep the published MLA widths

@@ -101,8 +101,8 @@ def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     return max(_prefill_moments(spec, setup, tokens))
 
 
-def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float]:
-    """(attention, MLP): the largest sets of live tensors inside one layer during a no-grad forward (read off traced prefills): the
+def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float, float]:
+    """(attention, MLP, residual add): the largest sets of live tensors inside one layer during a no-grad forward (read off traced prefills): the
     embedding output (HF's forward keeps `inputs_embeds` alive to the end), the rotary tables, the layer's input
     and mid-layer residuals and the normalised copy, plus either attention (q, k, v, output; eager adds the s×s
     scores and probabilities) or the MLP (gate, up, product; fc1 and activation; four for HF's composite
@@ -119,7 +119,8 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
         base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
     if traits["position_embeds_kept"]:
-        base += r * setup.seq * h  # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`
+        # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`; OPT's `pos_embeds` are (b, s, h)
+        base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
     if spec.mla is not None:
         autocast = setup.precision.startswith("amp")
@@ -148,13 +149,23 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         else:
             live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
         mlp = live * a * spec.intermediate / t * tokens
+    kept = 0
     if traits["block_keeps_attn_output"]:
         # GPT-2's block holds its attention's outputs (`attn_outputs`, modeling_gpt2.py GPT2Block.forward) through
         # the MLP: the output, and under eager attention the returned probabilities
-        mlp += a * h * tokens
+        kept = a * h * tokens
         if resolved_kernel(spec, setup) == "eager":
-            mlp += a * spec.heads / t * tokens * setup.seq
-    return base + attn, base + r * h * tokens + mlp
+            kept += a * spec.heads / t * tokens * setup.seq
+    # the MLP's closing residual add (`hidden_states = residual + hidden_states`, modeling_llama.py
+    # LlamaDecoderLayer.forward; OPT's modeling_opt.py OPTDecoderLayer.forward): the normalised copy is freed, the
+    # MLP's output (a) and the mid residual make the new residual (r); on CPU, adding a 16-bit output to an fp32
+    # residual first copies it to fp32 (TensorIterator compute_types; trace/cpu_casts.py). NB: a MoE block's output
+    # is priced in the activation dtype.
+    scratch = FP32 * h * tokens if (setup.device == "cpu" and a != r) else 0
+    add = base - r * h * tokens + r * h * tokens + a * h * tokens + r * h * tokens + scratch + kept
+    # an inline MLP (OPT) frees the normalised copy at fc1: the mid residual takes its place
+    mid = 0 if traits["mlp_inline"] else r * h * tokens
+    return base + attn, base + mid + mlp + kept, add
 
 
 def o_proj_params(spec: ModelSpec) -> int:
@@ -202,8 +213,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     weights = n * st.weight
     tokens = setup.batch * setup.seq
     kv = kv_bytes_per_token(spec, setup) * tokens
-    attn_moment, mlp_moment = _prefill_moments(spec, setup, tokens)
-    act = max(attn_moment, mlp_moment)
+    attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)
+    act = max(attn_moment, mlp_moment, add_moment)
     # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
     logits = FP32 * spec.vocab / setup.tp * setup.batch
     # autocast caches each weight's low-precision cast for the whole autocast region (the layers' by the last one)
@@ -227,9 +238,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         if casts:
             h = spec.hidden
             head += casts + st.act * (h * h + h + (spec.vocab * h + spec.vocab) / setup.tp)
-        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, head)
+        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, head)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
-    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp)
+    # at the residual add every matmul of the layer has cast its weight
+    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts)
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     cached = setup.batch * (setup.seq + 1)
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager
