@@ -142,10 +142,6 @@ KNOWN_GAPS: dict[str, str] = {
         "which at hidden 128 in bf16 doubles each of RoBERTa's ~40 bias/norm vectors and their Adam states, and "
         "counts Adam's per-parameter `step` scalars at 512 B each (torch keeps them on the CPU unless capturable); "
         "the analytic engine counts exact bytes (-1.04%; nil at real sizes)"),
-    "gemma2-infer-amp-bf16-cpu": (
-        "eager prefill under CPU autocast: rotary's fp32 cos/sin promote q and the repeated k, v to fp32, the "
-        "(b, 1, s, s) mask has the embeddings' fp32 dtype, and adding it to the bf16 scores makes an fp32 scratch "
-        "copy (TensorIterator); analytic/inference.py prices all of them in the activation dtype (-6.8%)"),
     "gpt_neox-infer-amp-bf16-cuda": (
         "fused-qkv rotary prefill under autocast: rotary's fp32 cos/sin promote q to fp32 and SDPA's autocast casts "
         "q, k, v back to bf16 beside the fused projection's output; analytic/inference.py counts q, k, v once in the "

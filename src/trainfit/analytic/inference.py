@@ -132,7 +132,22 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         # alive as its input), and the model's (b, 1, s, s) causal mask is live throughout; GPT-2's eager
         # softmaxes in the scores' dtype with a boolean mask.
         if traits["eager_softmax_fp32"]:
-            attn += ((2 * FP32 + (a if a != FP32 else 0)) * spec.heads / t + a * traits["causal_masks"]) * tokens * setup.seq
+            # the mask is built in the embeddings' dtype (r: fp32 under autocast); under autocast, rotary's fp32
+            # cos/sin promote q and k to fp32 (kv_dtype), k repeated to every head when kv_heads < heads (repeat_kv)
+            # and adding the fp32 mask to the 16-bit scores makes fp32 scores, which softmax(dtype=float32) does not
+            # copy: on CUDA 2 fp32 s×s per head, on CPU the add's fp32 scratch copy of the 16-bit scores beside them
+            # (TensorIterator; trace/cpu_casts.py) as before the softmax's copy
+            low = a if a != FP32 and (a == r or setup.device == "cpu") else 0
+            # beside the scores: the rotated q, and k and v repeated to every head when kv_heads < heads (repeat_kv;
+            # otherwise they are the cache's own tensors: k and v's projections went into DynamicCache's torch.cat);
+            # the output does not exist yet
+            promoted = setup.precision.startswith("amp") and spec.positions == "rotary"
+            q_b = FP32 if promoted else a
+            v_b = a if (promoted and values_keep_their_dtype()) else q_b
+            attn = q_b * spec.q_dim / t * tokens
+            if spec.kv_heads < spec.heads:
+                attn += (q_b + v_b) * spec.q_dim / t * tokens
+            attn += ((2 * FP32 + low) * spec.heads / t + r * traits["causal_masks"]) * tokens * setup.seq
         else:  # GPT-2: scores and probabilities in the scores' dtype; the mask is a view of a buffer
             attn += 2 * a * spec.heads / t * tokens * setup.seq
     elif traits["fused_qkv"] and spec.positions == "rotary":
