@@ -15,10 +15,8 @@ gradient. The high points read off traced steps:
 NB: moments not modelled, each an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists
 the cases): the backward of an fp32-computing RMSNorm after the MLP (Gemma-2's post-feed-forward norm), the CPU math
 path's re-run forward inside the attention.
-NB: moments over-counted: under autocast the down projection's weight cast (saved by that matmul alone) is freed by
-the MLP moment, and a recomputed layer's fork_rng copy of the CPU RNG state only lives through the re-run forward —
-both still counted there (a·h·i/t and 5 KiB; +0.5-0.9% against the trace where that moment sets the peak: torchtitan's
-full and layer:2 at hidden 128 on one GPU or DDP).
+NB: moment over-counted: a recomputed layer's fork_rng copy of the CPU RNG state only lives through the re-run
+forward — still counted at the MLP moment (5 KiB).
 """
 from __future__ import annotations
 
@@ -41,10 +39,13 @@ class Moment:
 def _mlp_intermediates(spec: ModelSpec) -> int:
     """How many MLP-width gradients are live net of freed saved tensors at the activation's backward: the product
     rule's two beside the product's gradient, the product freed (gated); ReLU's input gradient beside fc2's, its
-    output (fc2's input) still saved by ReLU (aten threshold_backward); otherwise fc2's input gradient alone, the
-    activation's output freed before its backward allocates.
-    NB: HF's composite gelu_new backward is taken like a one-op activation (under-counts GPT-2's MLP moment)."""
-    if spec.gated_mlp or spec.activation == "relu":
+    output (fc2's input) still saved by ReLU (aten threshold_backward); HF's composite tanh GELUs (gelu_new,
+    gelu_fast: `0.5 * input * (1.0 + torch.tanh(...))`, transformers/activations.py:59-66 NewGELUActivation,
+    :107-113 FastGELUActivation) the same: their last multiply's backward makes both operands' gradients beside
+    fc2's input gradient, the product (fc2's input) freed (read off the trace of small-gpt2: three MLP-width
+    gradients, four of its five saved tensors left); otherwise fc2's input gradient alone, the activation's output
+    freed before its backward allocates."""
+    if spec.gated_mlp or spec.activation in ("relu", "gelu_new", "gelu_fast"):
         return 2
     return 1
 
@@ -92,7 +93,10 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     else:
         mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
-        moments = [Moment(recomputed + incoming + drop_grad + mlp, out_params, post_norm)]
+        # under autocast the down projection's weight cast, saved by that matmul alone, went with its backward
+        # (read off the trace of small-gpt2 amp-bf16: no c_proj cast live at the activation's backward)
+        out_cast = a * out_params if st.autocast else 0
+        moments = [Moment(recomputed + incoming + drop_grad + mlp, out_params, post_norm + out_cast)]
     if resolved_kernel(spec, setup) != "flash":
         # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
         # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist
