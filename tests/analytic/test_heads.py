@@ -177,15 +177,11 @@ _BERT_FORWARD = (
     "embedding output and the layer's fp32 inputs held beside its MLP), and on CPU the math-path attention's backward "
     "moment is over-counted (analytic/backward.py: ~2 h-sized tensors more freed and fewer temporaries in the "
     "trace); the LM head's logits hid both (layer model, not the head: +1.5% to +2.2% cpu, -3% cuda amp)")
-_GPT2_GELU = (
-    "GPT-2: HF's composite gelu_new backward holds more MLP-width tensors than analytic/backward.py's one-op "
-    "activation (its documented NB under-count); the LM head's loss moment hid it (-2.1% fp32 cpu)")
 KNOWN_GAPS = {
     "bert-seq-cls-amp-bf16-cpu": _BERT_FORWARD,
     "bert-seq-cls-amp-bf16-cuda": _BERT_FORWARD,
     "bert-seq-cls-bf16-cpu": _BERT_FORWARD,
     "bert-token-cls-amp-bf16-cuda": _BERT_FORWARD,
-    "gpt2-seq-cls-fp32-cpu": _GPT2_GELU,
 }
 VS_TRACE = [(f, h, p, d) for f in ("bert", "llama") for h in CLASSIFIERS
             for p, d in (("fp32", "cpu"), ("fp32", "cuda"), ("amp-bf16", "cpu"), ("amp-bf16", "cuda"), ("bf16", "cpu"),

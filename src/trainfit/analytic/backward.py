@@ -14,15 +14,13 @@ gradient. The high points read off traced steps:
              output (discarded) and the incoming gradient.
 NB: moments not modelled, each an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists
 the cases): the backward of an fp32-computing RMSNorm after the MLP (Gemma-2's post-feed-forward norm), the CPU math
-path's re-run forward inside the attention, Qwen2-MoE's shared-expert output at the routed experts' backward.
-NB: moments over-counted: under autocast the down projection's weight cast (saved by that matmul alone) is freed by
-the MLP moment, and a recomputed layer's fork_rng copy of the CPU RNG state only lives through the re-run forward —
-both still counted there (a·h·i/t and 5 KiB; +0.5-0.9% against the trace where that moment sets the peak: torchtitan's
-full and layer:2 at hidden 128 on one GPU or DDP).
+path's re-run forward inside the attention.
+NB: moment over-counted: a recomputed layer's fork_rng copy of the CPU RNG state only lives through the re-run
+forward — still counted at the MLP moment (5 KiB).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -41,10 +39,13 @@ class Moment:
 def _mlp_intermediates(spec: ModelSpec) -> int:
     """How many MLP-width gradients are live net of freed saved tensors at the activation's backward: the product
     rule's two beside the product's gradient, the product freed (gated); ReLU's input gradient beside fc2's, its
-    output (fc2's input) still saved by ReLU (aten threshold_backward); otherwise fc2's input gradient alone, the
-    activation's output freed before its backward allocates.
-    NB: HF's composite gelu_new backward is taken like a one-op activation (under-counts GPT-2's MLP moment)."""
-    if spec.gated_mlp or spec.activation == "relu":
+    output (fc2's input) still saved by ReLU (aten threshold_backward); HF's composite tanh GELUs (gelu_new,
+    gelu_fast: `0.5 * input * (1.0 + torch.tanh(...))`, transformers/activations.py:59-66 NewGELUActivation,
+    :107-113 FastGELUActivation) the same: their last multiply's backward makes both operands' gradients beside
+    fc2's input gradient, the product (fc2's input) freed (read off the trace of small-gpt2: three MLP-width
+    gradients, four of its five saved tensors left); otherwise fc2's input gradient alone, the activation's output
+    freed before its backward allocates."""
+    if spec.gated_mlp or spec.activation in ("relu", "gelu_new", "gelu_fast"):
         return 2
     return 1
 
@@ -69,25 +70,33 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         routed = m.top_k * tokens / t  # the S = tokens·top_k routed copies
         # the routing-weight multiply's output takes the promoted dtype: fp32 when the weights stay fp32 (Mixtral)
         wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, a)
+        # Qwen2-MoE's gated shared expert (modeling_qwen2_moe.py:347, `sigmoid(shared_expert_gate(x)) * shared`) was
+        # recorded after the routed experts, so its gate's backward has run: the gradient it passes to the block's
+        # input (h, in the normalised input's dtype: the residual's) waits in autograd's input buffer for the routed
+        # experts' and the router's; the multiply's saved shared output is traded for that output's gradient
+        pending = incoming + (st.residual * h * tokens / sp if m.shared_gate else 0)
         # (a) its backward: the gradient arriving through the final sum (expanded to S×h), the reordered output's
         # and the down output's gradients (S×h each, that dtype)
-        moments = [Moment(recomputed + incoming + 3 * routed * h * wb, 0.0)]
+        moments = [Moment(recomputed + pending + 3 * routed * h * wb, 0.0)]
         if setup.recompute == "full":
             # the re-run forward's own high point, at that multiply: the sum's expanded gradient (computed before
             # the re-run starts: it needs no saved tensor) beside the multiply's output; a CPU kernel multiplying
             # bf16 by fp32 first copies the bf16 operand to fp32 (TensorIterator; trace/cpu_casts.py)
             scratch = FP32 * routed * h if (setup.device == "cpu" and wb != ex) else 0
             # the layer's mid residual (x + attention) is still referenced for the MLP's residual add
-            moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
+            moments.append(Moment(recomputed + pending + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
                                   0.0))
         # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
         # product (down's input) and down's output freed; the grouped down_proj weight gradient (all experts at once)
-        moments.append(Moment(recomputed + incoming + ex * routed * (2 * m.expert_intermediate - h),
+        moments.append(Moment(recomputed + pending + ex * routed * (2 * m.expert_intermediate - h),
                               m.num_experts * h * m.expert_intermediate / t))
     else:
         mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
-        moments = [Moment(recomputed + incoming + drop_grad + mlp, out_params, post_norm)]
+        # under autocast the down projection's weight cast, saved by that matmul alone, went with its backward
+        # (read off the trace of small-gpt2 amp-bf16: no c_proj cast live at the activation's backward)
+        out_cast = a * out_params if st.autocast else 0
+        moments = [Moment(recomputed + incoming + drop_grad + mlp, out_params, post_norm + out_cast)]
     if resolved_kernel(spec, setup) != "flash":
         # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
         # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist
@@ -104,6 +113,8 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         moments.append(_mla_sdpa_moment(spec, setup, st, tokens, mlp_saved, layer_params, recomputed + incoming))
     if spec.mla is not None and spec.mla.q_lora_rank:
         moments.append(_q_norm_moment(spec, setup, st, tokens, keys, moe, layer_params, recomputed + incoming))
+    if spec.mla is not None:
+        moments.append(_kv_norm_moment(spec, setup, st, tokens, keys, moe, layer_params, recomputed + incoming))
     if recomputed:
         # under full recomputation the freed tensors are recomputed ones, not the layer's saved (its input)
         moments = [Moment(m.extra - m.freed, m.grads_done) for m in moments]
@@ -133,6 +144,33 @@ def _q_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, k
     freed = ((la.per_token - kept) * tokens + la.per_token_key * tokens * keys + casts) / t
     grads = 5 * FP32 * ql * tokens / t
     return Moment(base + grads, layer_params - (h * ql + (ql if spec.qkv_bias else 0)) / t, freed)
+
+
+def _kv_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, keys: float, moe: bool,
+                    layer_params: float, base: float) -> Moment:
+    """MLA's kv_a_layernorm backward (DeepseekV3RMSNorm over kv_lora_rank in fp32, modeling_deepseek_v3.py:46-51):
+    like the q norm's (_q_norm_moment) five fp32 (tokens, kv_lora) gradients live at once. The kv path was recorded
+    after the q path (DeepseekV3Attention.forward, modeling_deepseek_v3.py:440-447), so its backward runs first:
+    SDPA's query gradient (heads·qk) waits for the q path, and the gradient of the shared RoPE key, summed from its
+    per-head expansion (heads·rope, then rope), for the rotary backward (read off the trace of small-deepseek_v2 on
+    CUDA, where this moment sets the peak). Every saved tensor of the layer is freed but the input norm's, the
+    projections' input (under autocast q's and kv_a's own casts), the kv norm's fp32 input copy (its whole
+    kv_lora + rope storage in fp32: a view of kv_a_proj's output) and rsqrt, and the q path's saved tensors; of
+    autocast's weight casts q's and kv_a_proj's are left; every gradient exists but the q path's and kv_a_proj's."""
+    from .activations import layer_activations  # noqa: PLC0415 (activations imports this module's peers)
+    from .mla import projections_saved  # noqa: PLC0415
+    m, t, h, a = spec.mla, setup.tp, spec.hidden, st.act
+    n, kvl, ql = spec.heads, m.kv_lora_rank, m.q_lora_rank
+    la = layer_activations(spec, setup, moe)
+    q_saved = projections_saved(spec, a) - projections_saved(replace(spec, mla=replace(m, q_lora_rank=0)), a)
+    kept = (la.terms["norms"] / 2 + (2 if st.autocast else 1) * a * h + FP32 * (kvl + (m.qk_rope_head_dim if a == FP32
+            else 0)) + FP32 + q_saved)
+    q_params = h * ql + ql + ql * n * m.qk_head_dim + (ql if spec.qkv_bias else 0) if ql else h * n * m.qk_head_dim
+    kv_a_params = h * (kvl + m.qk_rope_head_dim) + ((kvl + m.qk_rope_head_dim) if spec.qkv_bias else 0)
+    casts = la.fixed - (a * (q_params - (ql if ql else 0) + h * (kvl + m.qk_rope_head_dim)) if st.autocast else 0)
+    freed = ((la.per_token - kept) * tokens + la.per_token_key * tokens * keys + casts) / t
+    grads = (5 * FP32 * kvl + a * (n * m.qk_head_dim + (n + 1) * m.qk_rope_head_dim)) * tokens / t
+    return Moment(base + grads, layer_params - (q_params + kv_a_params) / t, freed)
 
 
 def _mla_sdpa_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, mlp_saved: float,

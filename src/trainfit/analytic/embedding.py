@@ -15,7 +15,21 @@ def rotary_dim(spec: ModelSpec) -> int:
     rope = spec.config.get("rope_parameters") or spec.config.get("rope_scaling") or {}
     frac = spec.config.get("partial_rotary_factor") or spec.config.get("rotary_pct") or \
         (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) or 1.0
+    if spec.mla is not None:
+        # MLA rotates only the qk_rope_head_dim channels: transformers sets head_dim to it for the rotary
+        # embedding (configuration_deepseek_v3.py:123, configuration_deepseek_v2.py:124)
+        return spec.mla.qk_rope_head_dim
     return int(spec.head_dim * frac)
+
+
+def rotary_tables(spec: ModelSpec, seq: int, r: int) -> int:
+    """Bytes of the position tables HF's rotary embedding returns for one forward: cos and sin, (1, s, rotary_dim)
+    in the hidden states' dtype (modeling_llama.py LlamaRotaryEmbedding.forward: `cos.to(dtype=x.dtype)`), or
+    DeepSeek-V2's one complex64 freqs_cis of (1, s, rotary_dim / 2) (modeling_deepseek_v2.py:214-219
+    `torch.polar`)."""
+    if spec.mla is not None and spec.family == "deepseek_v2":
+        return 8 * seq * rotary_dim(spec) // 2
+    return 2 * seq * rotary_dim(spec) * r
 
 
 def embedding_saved(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> float:
@@ -33,10 +47,9 @@ def embedding_saved(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) 
         # NB: counted with the first micro-batch's embedding bytes, so once per micro-batch in flight on a pipeline
         saved += 8 * setup.seq * rotary_dim(spec) // 2
     elif spec.positions == "rotary":
-        # HF's rotary embedding returns cos and sin of shape (1, s, rotary_dim) in the hidden states' dtype
-        # (modeling_llama.py LlamaRotaryEmbedding.forward: `cos.to(dtype=x.dtype)`); every layer's q·cos, k·sin
-        # saves the same two tensors, freed after the first layer's backward
-        saved += 2 * setup.seq * rotary_dim(spec) * r
+        # HF's rotary tables (rotary_tables); every layer's q·cos, k·sin saves the same tensors, freed after the
+        # first layer's backward
+        saved += rotary_tables(spec, setup.seq, r)
         saved += INDEX * setup.seq  # the positions (cache_position) the rotary table was computed from
     if p_emb > 0:
         saved += dropout_mask_bytes(setup, r) * h * tokens  # dropout mask on the (fp32 under amp) embeddings

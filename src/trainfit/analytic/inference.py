@@ -15,7 +15,8 @@ from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
-from .embedding import rotary_dim
+from . import mla
+from .embedding import rotary_tables
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
 
@@ -100,8 +101,8 @@ def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     return max(_prefill_moments(spec, setup, tokens))
 
 
-def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float]:
-    """(attention, MLP): the largest sets of live tensors inside one layer during a no-grad forward (read off traced prefills): the
+def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float, float]:
+    """(attention, MLP, residual add): the largest sets of live tensors inside one layer during a no-grad forward (read off traced prefills): the
     embedding output (HF's forward keeps `inputs_embeds` alive to the end), the rotary tables, the layer's input
     and mid-layer residuals and the normalised copy, plus either attention (q, k, v, output; eager adds the s×s
     scores and probabilities) or the MLP (gate, up, product; fc1 and activation; four for HF's composite
@@ -116,16 +117,37 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
     if spec.positions == "rotary":
         # cos and sin (1, s, rotary_dim) in the hidden states' dtype, and the positions they came from, live
         # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
-        base += 2 * setup.seq * rotary_dim(spec) * r + INDEX * setup.seq
+        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
     if traits["position_embeds_kept"]:
-        base += r * setup.seq * h  # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`
+        # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`; OPT's `pos_embeds` are (b, s, h)
+        base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
-    if resolved_kernel(spec, setup) == "eager":
+    if spec.mla is not None:
+        autocast = setup.precision.startswith("amp")
+        attn = mla.prefill_attention(spec, a=a, r=r, kernel=resolved_kernel(spec, setup), seq=setup.seq,
+                                     tokens=tokens, tp=t, autocast=autocast,
+                                     o_cast=a * o_proj_params(spec) / t if autocast else 0)
+    elif resolved_kernel(spec, setup) == "eager":
         # HF's eager softmax(dtype=float32) copies the scores to fp32 beside its fp32 output (the scores stay
         # alive as its input), and the model's (b, 1, s, s) causal mask is live throughout; GPT-2's eager
         # softmaxes in the scores' dtype with a boolean mask.
         if traits["eager_softmax_fp32"]:
-            attn += ((2 * FP32 + (a if a != FP32 else 0)) * spec.heads / t + a * traits["causal_masks"]) * tokens * setup.seq
+            # the mask is built in the embeddings' dtype (r: fp32 under autocast); under autocast, rotary's fp32
+            # cos/sin promote q and k to fp32 (kv_dtype), k repeated to every head when kv_heads < heads (repeat_kv)
+            # and adding the fp32 mask to the 16-bit scores makes fp32 scores, which softmax(dtype=float32) does not
+            # copy: on CUDA 2 fp32 s×s per head, on CPU the add's fp32 scratch copy of the 16-bit scores beside them
+            # (TensorIterator; trace/cpu_casts.py) as before the softmax's copy
+            low = a if a != FP32 and (a == r or setup.device == "cpu") else 0
+            # beside the scores: the rotated q, and k and v repeated to every head when kv_heads < heads (repeat_kv;
+            # otherwise they are the cache's own tensors: k and v's projections went into DynamicCache's torch.cat);
+            # the output does not exist yet
+            promoted = setup.precision.startswith("amp") and spec.positions == "rotary"
+            q_b = FP32 if promoted else a
+            v_b = a if (promoted and values_keep_their_dtype()) else q_b
+            attn = q_b * spec.q_dim / t * tokens
+            if spec.kv_heads < spec.heads:
+                attn += (q_b + v_b) * spec.q_dim / t * tokens
+            attn += ((2 * FP32 + low) * spec.heads / t + r * traits["causal_masks"]) * tokens * setup.seq
         else:  # GPT-2: scores and probabilities in the scores' dtype; the mask is a view of a buffer
             attn += 2 * a * spec.heads / t * tokens * setup.seq
     elif traits["fused_qkv"] and spec.positions == "rotary":
@@ -142,13 +164,30 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         else:
             live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
         mlp = live * a * spec.intermediate / t * tokens
+    kept = 0
     if traits["block_keeps_attn_output"]:
         # GPT-2's block holds its attention's outputs (`attn_outputs`, modeling_gpt2.py GPT2Block.forward) through
         # the MLP: the output, and under eager attention the returned probabilities
-        mlp += a * h * tokens
+        kept = a * h * tokens
         if resolved_kernel(spec, setup) == "eager":
-            mlp += a * spec.heads / t * tokens * setup.seq
-    return base + attn, base + r * h * tokens + mlp
+            kept += a * spec.heads / t * tokens * setup.seq
+    # the MLP's closing residual add (`hidden_states = residual + hidden_states`, modeling_llama.py
+    # LlamaDecoderLayer.forward; OPT's modeling_opt.py OPTDecoderLayer.forward): the normalised copy is freed, the
+    # MLP's output (a) and the mid residual make the new residual (r); on CPU, adding a 16-bit output to an fp32
+    # residual first copies it to fp32 (TensorIterator compute_types; trace/cpu_casts.py). NB: a MoE block's output
+    # is priced in the activation dtype.
+    scratch = FP32 * h * tokens if (setup.device == "cpu" and a != r) else 0
+    add = base - r * h * tokens + r * h * tokens + a * h * tokens + r * h * tokens + scratch + kept
+    # an inline MLP (OPT) frees the normalised copy at fc1: the mid residual takes its place
+    mid = 0 if traits["mlp_inline"] else r * h * tokens
+    return base + attn, base + mid + mlp + kept, add
+
+
+def o_proj_params(spec: ModelSpec) -> int:
+    """The attention output projection's weights: h·q_dim, MLA's heads·v_head_dim·h (mla.linear_params)."""
+    if spec.mla is not None:
+        return spec.heads * spec.mla.v_head_dim * spec.hidden
+    return spec.hidden * spec.q_dim
 
 
 def cast_params(spec: ModelSpec) -> float:
@@ -189,8 +228,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     weights = n * st.weight
     tokens = setup.batch * setup.seq
     kv = kv_bytes_per_token(spec, setup) * tokens
-    attn_moment, mlp_moment = _prefill_moments(spec, setup, tokens)
-    act = max(attn_moment, mlp_moment)
+    attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)
+    act = max(attn_moment, mlp_moment, add_moment)
     # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
     logits = FP32 * spec.vocab / setup.tp * setup.batch
     # autocast caches each weight's low-precision cast for the whole autocast region (the layers' by the last one)
@@ -203,7 +242,7 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         later_mlp = 0 if spec.moe else h * spec.intermediate
         mlp_casts = (cast_params(spec) - attention_linear_params(spec)) if spec.moe else \
             (3 if spec.gated_mlp else 2) * h * spec.intermediate
-        casts_attn = casts - st.act * (h * spec.q_dim + mlp_casts) / setup.tp
+        casts_attn = casts - st.act * (o_proj_params(spec) + mlp_casts) / setup.tp
         casts_mlp = casts - st.act * later_mlp / setup.tp
     if not spec.causal:  # encoders: one forward over the whole sequence, no KV cache, no decode
         # an MLM head scores every position (no loss: no upcast), after the layers' high point: the encoder's output
@@ -214,9 +253,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         if casts:
             h = spec.hidden
             head += casts + st.act * (h * h + h + (spec.vocab * h + spec.vocab) / setup.tp)
-        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, head)
+        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, head)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
-    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp)
+    # at the residual add every matmul of the layer has cast its weight
+    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts)
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     cached = setup.batch * (setup.seq + 1)
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager

@@ -65,10 +65,71 @@ def math_saved(spec: ModelSpec, a: int) -> tuple[float, float]:
 def fused_saved(spec: ModelSpec, a: int) -> float:
     """Per token, SDPA's fused kernels on CUDA (as the trace runs them, trace/cuda_kernels.py): q and the new key
     tensor (heads·(nope+rope) each), v — a view of kv_b_proj's output, so its whole heads·(nope+v) storage — the
-    output (heads·v) and an fp32 logsumexp per head; o_proj's input is `attn_output.reshape(...).contiguous()`, a
-    copy (heads·v): the kernel's output is laid out (b, heads, s, v) like its query.
+    output (heads·v, shared with o_proj's input) and an fp32 logsumexp per head. The memory-efficient kernel writes
+    its output (b, s, heads, v) (torch/_meta_registrations.py:6855 `torch.empty(B, M, num_heads, Kv)`), so HF's
+    `attn_output.transpose(1, 2).contiguous()` (integrations/sdpa_attention.py:195) and the reshape before o_proj
+    copy nothing (read off the trace of small-deepseek_v2 on CUDA: no copy between SDPA and o_proj).
     NB: PyTorch's CUDA flash kernel also wants one head width (sdp_utils.cpp check_head_dim_size_flash), so a real
     bf16 step runs the memory-efficient kernel (as the trace does), which saves the same tensors with its logsumexp
     padded to a multiple of 32 rows: under-counted here by at most 31 fp32 per head per sequence."""
     m, n = spec.mla, spec.heads
-    return a * (2 * n * m.qk_head_dim + n * (m.qk_nope_head_dim + m.v_head_dim) + 2 * n * m.v_head_dim) + FP32 * n
+    return a * (2 * n * m.qk_head_dim + n * (m.qk_nope_head_dim + m.v_head_dim) + n * m.v_head_dim) + FP32 * n
+
+
+def complex_rope(spec: ModelSpec) -> bool:
+    """DeepSeek-V2 rotates with complex numbers (modeling_deepseek_v2.py:259-272 apply_rotary_emb: the product of
+    complex64 views, `.type_as(xq)` back); V3 with real cos/sin tables (modeling_deepseek_v3.py:285-307, 310-343)."""
+    return spec.family == "deepseek_v2"
+
+
+def prefill_attention(spec: ModelSpec, *, a: int, r: int, kernel: str, seq: int, tokens: int, tp: int,
+                      autocast: bool, o_cast: float) -> float:
+    """Bytes live inside one MLA attention at its prefill high point (no grad), beside the layer's input and the
+    caches; read off traced prefills of small-deepseek_v2/v3 (trace/ with the aten op of each allocation).
+    `a`: the projections' output dtype, `r`: the hidden states' (cos/sin's) dtype, `o_cast`: the o_proj weight's
+    autocast copy (made at its call).
+
+    Held by DeepseekV3Attention.forward (modeling_deepseek_v3.py:427-476; V2 :368-418) through SDPA, per token:
+      q_states (q_proj / q_b_proj's output, a·n·qk: q_pass is a view of it), compressed_kv (kv_a_proj_with_mqa's
+      output, a·(kv_lora + rope): the latent is normalised into the cache, k_rot rotated into it), the rotated
+      q_rot (n·rope: V2 `.type_as(xq)` keeps a; V3 `q * cos` promotes to cos's dtype, r: fp32 under autocast),
+      query_states = torch.cat((q_pass, q_rot)) (n·qk in the promoted dtype), and expand_kv's kv_b_proj output
+      (a·n·(nope + v), value_states a view of it) and the new key_states (a·n·qk, new_empty + two copy_, :407-424).
+    SDPA (torch 2.13):
+      'math' (CPU, q/k wider than v: activations.resolved_kernel): aten _scaled_dot_product_attention_math
+        upcasts q, k, v to fp32 when they are not (FP32·n·(2qk + v)), scales q then k (n·qk each), builds the
+        causal mask (FP32·s², once per call: ones/tril/where), then three moments: at the scores' bmm (scaled q, k,
+        scores n·s), at the softmax (scaled q, the masked scores, softmax) and at the output bmm (scaled q,
+        softmax and its cast back to a when a is not fp32, v's contiguous clone when batch and seq exceed 1,
+        output n·v).
+      'flash' (CUDA memory-efficient kernel): the output a·n·v with the fp32 logsumexp (n per token), then o_proj
+        reads the output as is (sdpa_attention.py:195's contiguous() is a no-op on the kernel's (b, s, n, v)
+        layout; NB: the logsumexp is padded to 32 rows, under-counted by at most 31·n fp32 per sequence, and the
+        kernel's two int64 philox scalars are left out) and writes a·h, beside its autocast weight copy.
+      'eager' (--attention eager): HF eager_attention_forward's q·kᵀ and scaled scores (a·n·s each), fp32 softmax
+        and its cast back (NB: not traced; priced like the math path's softmax moment without the fp32 upcasts).
+    Under autocast SDPA casts a query that rotary promoted to fp32 back to a (a·n·qk)."""
+    m = spec.mla
+    n = spec.heads / tp
+    qk, v, rope = m.qk_head_dim, m.v_head_dim, m.qk_rope_head_dim
+    rot = a if complex_rope(spec) else max(a, r)
+    query = max(a, rot)
+    held = (a * n * qk + a * (m.kv_lora_rank + rope) + rot * n * rope + query * n * qk
+            + a * n * (m.qk_nope_head_dim + v) + a * n * qk) * tokens
+    # SDPA's autocast copy of a query rotary promoted to fp32, freed when SDPA returns
+    q_copy = a * n * qk * tokens if autocast and query != a else 0
+    sdpa_in = a if autocast else query
+    low = sdpa_in if sdpa_in != FP32 else 0  # the casts back to the inputs' dtype
+    if kernel == "flash":
+        return held + a * n * v * tokens + max(q_copy + FP32 * n * tokens, a * spec.hidden * tokens + o_cast)
+    held += q_copy
+    if kernel == "eager":
+        return held + (2 * a * n * seq + (FP32 + low) * n * seq) * tokens + FP32 * seq * seq
+    upcast = FP32 * n * (2 * qk + v) if sdpa_in != FP32 else 0
+    # v (a view of kv_b_proj's output) enters the second bmm as a (b·n, s, v) view when b or s is 1, else as a
+    # clone: (b, n) do not merge (stride s·n·(nope + v) vs n·(nope + v))
+    v_clone = n * v if tokens > seq > 1 else 0
+    scores = FP32 * (2 * n * qk + n * seq)
+    softmax = FP32 * (n * qk + 2 * n * seq)  # the scores freed as the masked copy replaces them
+    output = FP32 * (n * qk + n * seq + n * v + v_clone) + low * n * seq
+    return held + (upcast + max(scores, softmax, output)) * tokens + FP32 * seq * seq

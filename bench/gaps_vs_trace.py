@@ -1,0 +1,58 @@
+"""The analytic engine against the trace engine on the terms closed from the families matrix's known gaps, at sizes
+and setups the matrix does not run (BENCHMARKS.md §22).
+
+    python bench/gaps_vs_trace.py      # ~20 s on 2 cores; prints a markdown table
+
+Each family is its catalog config shrunk as tests/analytic/test_vs_trace_families.py shrinks it (2 layers, hidden
+128, the published MLA widths kept), traced on fake tensors (exact against real CPU steps) and priced analytically.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analytic"))
+
+from test_vs_trace_families import CONFIGS, shrink  # noqa: E402
+
+from trainfit.analytic.engine import estimate  # noqa: E402
+from trainfit.models.hf_config import spec_from_config  # noqa: E402
+from trainfit.setup import Setup  # noqa: E402
+from trainfit.trace import trace_spec  # noqa: E402
+
+INFER = dict(mode="infer")
+CASES = [  # (family, batch, seq, setup fields)
+    ("deepseek_v2", 1, 96, dict(INFER, precision="fp32", device="cpu")),
+    ("deepseek_v2", 2, 300, dict(INFER, precision="fp32", device="cpu")),
+    ("deepseek_v2", 3, 64, dict(INFER, precision="bf16", device="cuda")),
+    ("deepseek_v2", 2, 128, dict(INFER, precision="amp-bf16", device="cpu")),
+    ("deepseek_v3", 3, 200, dict(INFER, precision="bf16", device="cpu")),
+    ("deepseek_v3", 2, 400, dict(INFER, precision="bf16", device="cpu")),
+    ("deepseek_v3", 1, 300, dict(INFER, precision="amp-bf16", device="cuda")),
+    ("deepseek_v3", 2, 128, dict(INFER, precision="fp32", device="cuda")),
+    ("qwen2_moe", 3, 64, dict(precision="fp32", recompute="full", optimizer="sgd", device="cpu")),
+    ("opt", 5, 64, dict(INFER, precision="amp-bf16", device="cpu")),
+    ("gemma2", 3, 64, dict(INFER, precision="amp-bf16", device="cpu")),
+    ("gemma2", 2, 128, dict(INFER, precision="amp-bf16", device="cuda")),
+    ("llama", 2, 128, dict(INFER, precision="bf16", device="cpu", attention="eager")),
+    ("llama", 2, 128, dict(INFER, precision="amp-bf16", device="cuda", attention="eager")),
+]
+
+
+def main() -> None:
+    print("| family | mode | precision | recompute | attention | device | batch | seq | trace peak | analytic peak | gap |")
+    print("|" + "---|" * 11)
+    gaps = []
+    for family, batch, seq, fields in CASES:
+        spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
+        st = Setup(batch=batch, seq=seq, **fields)
+        t, a = trace_spec(spec, st, flops=False).memory.peak, estimate(spec, st).memory.peak
+        gaps.append(abs((a - t) / t))
+        print(f"| {family} | {st.mode} | {st.precision} | {st.recompute} | {st.attention_kernel} | {st.device} | {batch} "
+              f"| {seq} | {t:,} | {a:,} | {(a - t) / t:+.2%} |", flush=True)
+    gaps.sort()
+    print(f"\n{len(gaps)} cases · median |gap| {gaps[len(gaps) // 2]:.2%} · worst {gaps[-1]:.2%}")
+
+
+if __name__ == "__main__":
+    main()
