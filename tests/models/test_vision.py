@@ -47,8 +47,11 @@ def test_analytic_against_the_trace(model, precision, optimizer, accum, bound):
 
 
 @pytest.mark.slow
-def test_trace_within_half_a_percent_of_a_real_cpu_step():
-    req = Request(model="tiny-resnet", batch=4, precision="fp32", optimizer="momentum", device="cpu")
+@pytest.mark.parametrize("model,precision", [("tiny-resnet", "fp32"), ("tiny-convnext", "amp-bf16")])
+def test_trace_within_half_a_percent_of_a_real_cpu_step(model, precision):
+    """tiny-convnext under CPU autocast runs its LayerNorms on 16-bit inputs with fp32 weights, whose mean and rstd
+    the CPU kernel keeps in fp32 (the fake kernel made them 16-bit: -0.58 % before trace/fake_overrides.py)."""
+    req = Request(model=model, batch=4, precision=precision, optimizer="momentum", device="cpu")
     traced = run_engines(req, "trace")[-1]
     measured = run_engines(req, "measure")[-1]
     assert measured.engine == "measure"

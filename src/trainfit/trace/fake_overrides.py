@@ -1,4 +1,5 @@
-"""Fake kernels for ops whose meta implementation refuses inputs the real CPU kernel accepts.
+"""Fake kernels for ops whose meta implementation refuses inputs the real CPU kernel accepts, or makes other
+tensors than it does.
 
 `aten._grouped_mm` (transformers' MoE experts, "grouped_mm" implementation): its meta kernel checks
 CUDA's constraint "inputs must be bf16", so an fp32 MoE step fails under FakeTensorMode although the
@@ -34,4 +35,22 @@ def _grouped_mm(func, args, kwargs):
     return torch.empty_strided(size, stride, dtype=out_dtype, device=a.device)
 
 
-OVERRIDES = {aten._grouped_mm.default: _grouped_mm}
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _layer_norm(func, args, kwargs):
+    """`aten.native_layer_norm` with a 16-bit input and fp32 weight or bias (a "mixed type" LayerNorm: ConvNeXt's
+    norms after a 16-bit conv under CPU autocast): the CPU kernel keeps mean and rstd in fp32
+    (aten/src/ATen/native/layer_norm.cpp layer_norm_cpu: `dtype = param_scalar_type(input, mixed_type)`), and so
+    does CUDA's, in the accumulate type; the fake kernel (torch/_refs native_layer_norm) casts them to the input's
+    dtype on every CPU input, 2 bytes short per row each. NB: a LayerNorm all in 16 bits keeps them 16-bit on CPU
+    and fp32 on CUDA; left as the fake kernel makes them (CPU's)."""
+    out, mean, rstd = func(*args, **kwargs)
+    x = args[0]
+    params = [p for p in (args[2:4] if len(args) > 2 else ()) if isinstance(p, torch.Tensor)]
+    if isinstance(x, FakeTensor) and x.dtype in _HALF and any(p.dtype == torch.float32 for p in params):
+        return out, mean.to(torch.float32), rstd.to(torch.float32)
+    return out, mean, rstd
+
+
+OVERRIDES = {aten._grouped_mm.default: _grouped_mm, aten.native_layer_norm.default: _layer_norm}
