@@ -316,7 +316,7 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     sv = serving.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
     # decode at the concurrency the KV cache allows (serving.decode_seconds); NB: prefill at a flat --mfu
-    concurrent = max(1, min(k.max_num_seqs, int(sv.max_concurrent_sequences)))
+    concurrent = max(1, serving.concurrency(sv))
     prompt = min(k.max_model_len, k.max_num_batched_tokens)
     notes = [f"vLLM {serving.VLLM_VERSION}: requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache "
              f"= requested − weights − profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} "
@@ -347,7 +347,7 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
 
     sv = sg.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
-    concurrent = max(1, min(sv.max_running_requests, int(sv.max_concurrent_sequences)))
+    concurrent = max(1, serving.concurrency(sv))
     prompt = min(k.context_length, k.chunked_prefill_size)
     notes = [f"SGLang {sg.SGLANG_VERSION}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
              f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights = "

@@ -353,6 +353,12 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
                    int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request)
 
 
+def concurrency(sv) -> int:
+    """Sequences one engine holds at once: its request limit (`max_sequences`) or the whole `context`-token
+    sequences its KV cache holds, whichever is fewer. `sv`: either server's Serving (vLLM's or SGLang's)."""
+    return min(sv.max_sequences, int(sv.max_concurrent_sequences))
+
+
 def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:
     """One decode step of `sequences` running sequences: memory-bound, it reads the weights and every sequence's KV
     once (Pope et al. 2022 §3; the roofline of Williams et al. 2009) at `mbu` of the memory bandwidth.

@@ -72,7 +72,7 @@ def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup,
             except SetupError as e:
                 best_reason = str(e)
                 continue
-            per_replica = min(sv.max_sequences, int(sv.max_concurrent_sequences))
+            per_replica = serving.concurrency(sv)
             if not fits or per_replica < 1:
                 best_reason = f"tp up to {tp} holds no {sv.context}-token sequence"
                 continue
