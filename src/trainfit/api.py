@@ -159,13 +159,10 @@ def _resized(made, batch: int):
 def check_room(spec, setup: Setup, processes: int = 1) -> None:
     """Refuse a real run whose predicted peak exceeds the memory free on the device (--force overrides). CPU
     ranks share the host's memory, so their peaks add up."""
-    from .analytic.engine import estimate
-    from .spec import VisionSpec
+    from .engines import analytic as analytic_engine  # (routes an image classifier to its own analytic engine)
     from .units import fmt_bytes
 
-    if isinstance(spec, VisionSpec):
-        from .analytic.vision import estimate
-    predicted = estimate(spec, setup).memory.peak * processes
+    predicted = analytic_engine(spec, setup).memory.peak * processes
     free = available_memory(setup.device)
     if free is not None and predicted > free:
         raise SetupError(f"the analytic engine predicts a {fmt_bytes(predicted)} peak but only {fmt_bytes(free)} is free "
