@@ -25,7 +25,9 @@ from .units import parse_count
 
 MODES = ("train", "infer", "serve", "rl")
 STEP_MODES = ("train", "infer")  # a setting applies to these unless it says otherwise
-# the settings of a training step an RL step runs too (its policy update: analytic/rl.py)
+# the modes with a policy update: a training step, and an RL step, which runs one (analytic/rl.py)
+TRAINING = ("train", "rl")
+# the settings of a training step or an inference step that an RL step runs too
 RL_STEP = ("train", "infer", "rl")
 RL_ALGOS = ("grpo", "ppo")  # --rl-algo
 ROLLOUTS = ("hf", "vllm")  # --rollout: HF generate in the trainer, or a colocated vLLM engine
@@ -111,21 +113,21 @@ class Setup:
     seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens (--mode rl: "
                        "--prompt-len + --completion-len, not set).", minimum=1, short="-s",
                        auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP)
-    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", minimum=1, modes=("train", "rl"),
+    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", minimum=1, modes=TRAINING,
                               example="4")
     precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
         f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: " + ", ".join(
         INFER_PRECISIONS) + ". Serving: the weights' dtype (bf16, fp16, fp32).", choices=INFER_PRECISIONS,
         auto="the stack's for training (hf, torchtitan: amp-bf16; megatron, deepspeed: bf16-master), bf16 for "
         "inference and serving", modes=MODES)
-    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=("train", "rl"))
+    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=TRAINING)
     recompute: str = setting("none", "Activation checkpointing: none; full (every layer); layer:N (every N-th "
                              "layer, torchtitan); op (torchtitan's per-op SAC: saves matmul and attention outputs, "
                              "recomputes every second matmul and all else); uniform:N (Megatron: groups of N layers, "
                              "only each group's input kept) and block:N (Megatron: the first N layers of each stage "
                              "checkpointed); selective = the stack's own meaning (torchtitan: op; megatron: core "
                              "attention; hf: the attention scores, needs --attention eager).",
-                             modes=("train", "rl"), check=lambda v: check_recompute(v), example="op",
+                             modes=TRAINING, check=lambda v: check_recompute(v), example="op",
                              suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"))
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on "
                              "cuda, sdpa on cpu.", choices=ATTENTION, modes=RL_STEP)
@@ -176,7 +178,7 @@ class Setup:
                            repeatable=True, parse=lambda v: combine_offload(v), example="optimizer")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
-                                            modes=("train", "rl"),
+                                            modes=TRAINING,
                                             auto="the stack's (fused for Adam/AdamW/SGD; torch's "
                                             "default otherwise: foreach on cuda, for-loop on cpu)")
     head: Optional[str] = setting(None, "Task head trained: causal-lm, masked-lm, seq-cls (sequence "
@@ -186,14 +188,14 @@ class Setup:
                                   "else the family's LM head", example="seq-cls")
     lora_rank: int = setting(0, "LoRA adapter rank (peft's LoraConfig r): the base weights are frozen and only the "
                              "adapters train; 0 = full fine-tuning. Alpha does not change memory; lora_dropout 0.",
-                             minimum=0, modes=("train", "rl"), example="16", suggestions=(0, 8, 16, 64))
+                             minimum=0, modes=TRAINING, example="16", suggestions=(0, 8, 16, 64))
     lora_targets: str = setting("all-linear", "Linear layers that get adapters: all-linear (peft's: every Linear "
                                 "but the output head), attention (q/k/v/o projections) or comma-separated module "
-                                "names (e.g. q_proj,v_proj); needs --lora-rank.", modes=("train", "rl"),
+                                "names (e.g. q_proj,v_proj); needs --lora-rank.", modes=TRAINING,
                                 check=lambda v: check_lora_targets(v), example="q_proj,v_proj",
                                 suggestions=("all-linear", "attention", "q_proj,v_proj"))
     dora: bool = setting(False, "DoRA (weight-decomposed LoRA, peft use_dora): a trainable magnitude per output "
-                         "feature of each adapted Linear; needs --lora-rank.", modes=("train", "rl"))
+                         "feature of each adapted Linear; needs --lora-rank.", modes=TRAINING)
     quant: Optional[str] = setting(None, "Frozen base weights quantised by bitsandbytes, as transformers' "
                                    "BitsAndBytesConfig loads them: nf4 or fp4 (4-bit, blocks of 64, double "
                                    "quantisation, compute dtype = the matmul dtype) or int8 (LLM.int8); every "
@@ -203,7 +205,7 @@ class Setup:
     lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
                               "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES,
-                              modes=("train", "rl"))
+                              modes=TRAINING)
     loss: str = setting("full", "Loss kernel: full (the model's own: whole logits, upcast to fp32) or fused-linear "
                         "(Liger's fused linear cross-entropy, as TRL's use_liger_kernel applies it: the LM head and the "
                         "loss run chunk by chunk, the logits never whole, the head's gradients made in forward) or "
@@ -765,7 +767,7 @@ def _setup_of(self, spec=None) -> Setup:
     if values["precision"] is None:  # the stack's own default for training (stacks/*.toml [precision] default)
         stack = values["stack"] if values["stack"] in _stacks.NAMES else "hf"
         values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
-                               if mode in ("train", "rl") else serve_dtype(spec) if mode == "serve" else
+                               if mode in TRAINING else serve_dtype(spec) if mode == "serve" else
                                _precision.DEFAULT.get(mode, "bf16"))
     if values["seq"] is None and not _is_vision(spec):  # (serving sizes by --max-model-len, rl by its prompts and
         # completions: not --seq)

@@ -21,7 +21,7 @@ import torch
 from ..analytic.engine import validate_layout
 from ..errors import EngineUnavailableError
 from ..estimate import Estimate, Flops, Memory
-from ..setup import Setup
+from ..setup import TRAINING, Setup
 from ..spec import ModelSpec
 from .analysis import Analysis
 from .cuda_kernels import cuda_kernels
@@ -117,7 +117,7 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_
         detail["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
     notes = tuple(notes) + tuple(kernel_detail(detail, [rec]))
     return Estimate(engine="trace", model=name, params=n, params_per_rank=n, setup=setup,
-                    memory=_memory(an, grad_bytes(model) if setup.mode in ("train", "rl") else 0,
+                    memory=_memory(an, grad_bytes(model) if setup.mode in TRAINING else 0,
                                    replayed and replayed.reserved), flops=_flops(rec, tokens),
                     notes=tuple(notes), detail=detail)
 
