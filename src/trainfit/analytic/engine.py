@@ -413,31 +413,26 @@ def _rl_at_peak(m: "rl.RLMemory") -> dict[str, int]:
         if v:
             at[k] = at.get(k, 0) + int(v)
 
+    def add_states(s):  # a model's weights, fp32 master and optimizer states, resident between its steps
+        add("weights", s.weights)
+        add("master_weights", s.master)
+        add("optimizer_states", s.optimizer)
+
     add("weights", frozen + m.rollout.engine_weights)
     add("kv_cache", m.rollout.kv_cache if m.rollout.engine else 0)
     add("temporaries", m.rollout.engine - m.rollout.engine_weights - (m.rollout.kv_cache if m.rollout.engine else 0))
+    trained = [p] + ([critic.train] if critic else [])  # the models with optimizer states
     if m.peak_phase in PHASES or m.peak_phase == Phase.CRITIC_STEP.value:
         add("inputs", m.buffers)
         step = p if m.peak_phase in PHASES else critic.train
         for k, v in step.at_peak.items():
             add(k, v)
-        others = [critic] if (critic and step is p) else []
-        if step is not p:  # the policy between its steps
-            add("weights", p.weights)
-            add("master_weights", p.master)
-            add("optimizer_states", p.optimizer)
-        for o in others:
-            add("weights", o.train.weights)
-            add("master_weights", o.train.master)
-            add("optimizer_states", o.train.optimizer)
+        for s in trained:
+            if s is not step:  # the other model, between its steps
+                add_states(s)
     else:
-        add("weights", p.weights)
-        add("master_weights", p.master)
-        add("optimizer_states", p.optimizer)
-        if critic:
-            add("weights", critic.train.weights)
-            add("master_weights", critic.train.master)
-            add("optimizer_states", critic.train.optimizer)
+        for s in trained:
+            add_states(s)
         if m.peak_phase == Phase.SCORE.value:
             add("inputs", m.buffers)
         elif not m.rollout.engine:
