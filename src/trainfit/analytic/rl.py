@@ -184,9 +184,10 @@ def hf_rollout(spec: ModelSpec, setup: Setup) -> Rollout:
     # prompt + completion − 2 tokens and writes one more (inference.py's decode at seq caches seq + 1)
     last = inference.infer_memory(spec, infer_setup(setup, sh.completions, max(1, sh.seq - 2)))
     gen = max(pre.prefill_peak, last.decode_peak) - last.weights
-    kv = int(inference.kv_bytes_per_token(spec, infer_setup(setup, 1, 1)) * sh.completions * (sh.seq - 1))
-    return Rollout(int(gen), kv, 0, 0, {"kv_bytes_per_token": inference.kv_bytes_per_token(
-        spec, infer_setup(setup, 1, 1)), "prefill_peak": pre.prefill_peak, "decode_peak": last.decode_peak})
+    per_token = inference.kv_bytes_per_token(spec, infer_setup(setup, 1, 1))
+    kv = int(per_token * sh.completions * (sh.seq - 1))
+    return Rollout(int(gen), kv, 0, 0, {"kv_bytes_per_token": per_token, "prefill_peak": pre.prefill_peak,
+                                        "decode_peak": last.decode_peak})
 
 
 def vllm_setup(setup: Setup) -> Setup:
@@ -255,7 +256,8 @@ def rl_memory(spec: ModelSpec, setup: Setup, gpu=None, load=None) -> RLMemory:
     scorers = scored_models(spec, setup, others)
     buffers = rollout_buffers(setup, sum(1 for role, _ in scorers if role in ("policy", "reference")))
     frozen = sum(m.resident for m in others)
-    resident = policy.weights + policy.master + policy.optimizer + frozen + roll.engine
+    kept = policy.weights + policy.master + policy.optimizer  # the policy between its steps
+    resident = kept + frozen + roll.engine
     phases = {Phase.GENERATE.value: int(resident + roll.generate)}
     if scorers:
         # the reward model scores the whole generation batch at once (TRL's _calculate_rewards,
@@ -270,7 +272,7 @@ def rl_memory(spec: ModelSpec, setup: Setup, gpu=None, load=None) -> RLMemory:
     critic = next((m for m in others if m.role == "critic"), None)
     if critic is not None:
         phases[Phase.CRITIC_STEP.value] = int(critic.train.peak + frozen - critic.resident + roll.engine + buffers
-                                              + policy.weights + policy.master + policy.optimizer)
+                                              + kept)
     peak_phase = max(phases, key=phases.get)
     return RLMemory(phases, phases[peak_phase], peak_phase, policy, others, roll, buffers,
                     [role for role, _ in scorers])
