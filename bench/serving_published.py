@@ -26,7 +26,6 @@ Run: python bench/serving_published.py
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 

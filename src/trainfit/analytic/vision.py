@@ -15,7 +15,7 @@ which gets a cast (engine.cpp validate_outputs). Under autocast a weight's 16-bi
 saved tensors. On CUDA every tensor is rounded up to the caching allocator's 512-byte block
 (CUDACachingAllocator.cpp kMinBlockSize; alloc/caching_allocator.py K_MIN_BLOCK).
 Against the trace engine (tests/models/test_vision.py, BENCHMARKS.md §19): exact on the tiny ResNets and ViT in
-fp32 and amp; ViT bf16 +0.3 %; ConvNeXt within 2.4 % (NB: under under autocast: HF's ConvNextModel keeps the
+fp32 and amp; ViT bf16 +0.3 %; ConvNeXt within 2.4 % (NB: under autocast: HF's ConvNextModel keeps the
 stem's fp32 output in a Python local through the encoder, not modelled).
 
 NB: reserved is the peak plus the cuBLAS workspace: the cached blocks of tensors freed before the peak are not

@@ -25,7 +25,8 @@ class ChunkedLogProb(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         device, n, vocab = hidden.device, hidden.shape[0], weight.shape[0]
         compute = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
-        # chunked_logprob.py:340-347: the seven statistics and one tile buffer, whole
+        # chunked_logprob.py:340-347: the seven statistics and one tile buffer, whole (TRL allocates all seven; the
+        # torch tile fold reads four, the other three are held for the memory they take)
         running_max = torch.full((n,), float("-inf"), device=device, dtype=torch.float32)
         sum_exp = torch.zeros((n,), device=device, dtype=torch.float32)
         x_sum_exp = torch.zeros((n,), device=device, dtype=torch.float32)
