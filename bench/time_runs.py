@@ -74,9 +74,11 @@ def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="
         source=f"{LLMF} table '{table}', row {size} / SeqLen {seq} / {gpus} GPUs",
         gpu=gpu, model=gpt2_config(h, n_layers, heads, MPT_VOCAB, seq, **MPT_DIFFERS),
         setup=dict(stack="hf", batch=micro, seq=seq, grad_accum=accum, dp=gpus, zero=zero, precision=precision,
-                   recompute="full" if ac else "none", attention="flash"),
+                   recompute="full" if ac else "none", attention="triton"),
         published=tps, unit="tokens/s/GPU", published_params=params,
-        notes="Composer + torch FSDP1 (FULL_SHARD = zero 3, SHARD_GRAD_OP = zero 2), triton flash attention, "
+        notes="Composer + torch FSDP1 (FULL_SHARD = zero 3, SHARD_GRAD_OP = zero 2), FlashAttention in Triton "
+              "(submit_benchmarks.py `--attn_impl` default 'triton', set on every run's model; at 5e85bd62d, the "
+              "commit that published these tables: --attention triton), "
               "modelled as the hf stack; MP mode DEFAULT = amp-bf16, PURE = bf16. NB: the hf stack's FSDP overlap "
               "stands in for Composer's (FSDP1 backward prefetch).")
 

@@ -57,7 +57,7 @@ LOSSES = ("full", "fused-linear", "chunked-logprob")  # --loss
 STACKS = _stacks.NAMES
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS
-ATTENTION = ("auto", "eager", "sdpa", "flash")
+ATTENTION = ("auto", "eager", "sdpa", "flash", "triton")
 DEVICES = ("cuda", "cpu")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_SEQ = 2048
@@ -129,8 +129,10 @@ class Setup:
                              "attention; hf: the attention scores, needs --attention eager).",
                              modes=TRAINING, check=lambda v: check_recompute(v), example="op",
                              suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"))
-    attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; auto = flash on "
-                             "cuda, sdpa on cpu.", choices=ATTENTION, modes=RL_STEP)
+    attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; triton = "
+                             "FlashAttention in Triton (llm-foundry's attn_impl: triton; CUDA, 16-bit, --stack hf; "
+                             "saves what flash saves, runs slower); auto = flash on cuda, sdpa on cpu.",
+                             choices=ATTENTION, modes=RL_STEP)
     dp: int = setting(1, "Data-parallel degree.", minimum=1, modes=("train",), example="8")
     tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8", modes=MODES)
     pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).", minimum=1,
@@ -639,11 +641,27 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack hf")
     if setup.lora_rank and not stack.fact("peft", "supported"):
         raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf")
+    if setup.attention == "triton":
+        _validate_triton_attention(setup, stack.name)
     if setup.recompute == "selective" and stack.fact("recompute", "selective") == "attention" \
             and setup.attention_kernel != "eager":
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
                          f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
                          "eager, or --recompute full")
+
+
+def _validate_triton_attention(setup: Setup, stack: str) -> None:
+    """--attention triton: Dao's FlashAttention in Triton as llm-foundry vendors it (llmfoundry/models/layers/
+    flash_attn_triton.py `_flash_attn_forward`: asserts q.dtype in [float16, bfloat16]; Triton kernels run on the
+    GPU only), called by MPT's attn_impl: triton (layers/attention.py triton_flash_attn_fn)."""
+    if setup.device != "cuda":
+        raise SetupError("--attention triton is a Triton GPU kernel: --device cpu runs sdpa or eager")
+    if stack != "hf":
+        raise SetupError(f"--attention triton is llm-foundry's kernel, modelled on --stack hf; --stack {stack} runs "
+                         "SDPA: use --attention flash")
+    if _precision.PRECISIONS[setup.precision].compute == "fp32":
+        raise SetupError(f"--attention triton runs fp16/bf16 only (flash_attn_triton.py asserts it); --precision "
+                         f"{setup.precision} computes in fp32: use amp-bf16, bf16 or fp16")
 
 
 def _validate_serve(setup: Setup) -> None:

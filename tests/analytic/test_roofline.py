@@ -147,3 +147,18 @@ def test_flash2_forward_short_sequences_on_b200(seqlen, published):
     batch, heads, d = 16384 // seqlen, 32, 64
     t = attention_seconds(b200, "flash", batch * heads, seqlen, seqlen, d, False, "bf16", backward=False)
     assert 4 * batch * heads * seqlen * seqlen * d / t / 1e12 == pytest.approx(published, rel=0.15)
+
+
+@pytest.mark.parametrize("seqlen", [2048, 4096, 8192, 16384])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_in_triton_against_flash2_on_a100(seqlen, causal):
+    # FA2 §4.1's benchmark setting (A100 80GB SXM4, 16k tokens per batch, hidden 2048, head dim 128 -> 16 heads):
+    # "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x
+    # faster in the backward pass". The Triton kernel's own 128 x 128 tiles (flash_attn_triton.py) against FA2's
+    # 128 x 64 keep the ratio a mechanism, not the constant restated.
+    bh = (16384 // seqlen) * 16
+    args = (bh, seqlen, seqlen, 128, causal, "bf16")
+    fwd = attention_seconds(A100, "triton", *args, False) / attention_seconds(A100, "flash", *args, False)
+    bwd = attention_seconds(A100, "triton", *args, True) / attention_seconds(A100, "flash", *args, True)
+    assert 1.3 <= fwd <= 1.55
+    assert 1.8 <= bwd <= 2.25

@@ -235,6 +235,10 @@ CASES = [
     C("sweep gpt2 --vary batch 1:4 --seq 2048", "learned positions"),
     C("report llama-3.1-8b --pp 5 -o {tmp}/r.html", "--pp 5"),
     C("measure tiny-llama --device cpu --zero 1", "--dp"),
+    # ---- --attention triton: llm-foundry's Triton kernel runs on a GPU, in 16 bits, on the hf stack -------------
+    C("estimate gpt2 --attention triton --device cpu", "--device cpu"),
+    C("estimate gpt2 --attention triton --precision fp32", "fp16/bf16"),
+    C("estimate llama-3.1-8b --attention triton --precision amp-bf16 --stack torchtitan", "--attention flash"),
     # ---- the learned-position limit in the trace engine (checked before tracing) ----------------------------
     # (the default --seq adapts to the position table: min(2048, positions), so these name a longer one)
     C("estimate gpt2 --engine trace --seq 2048", "learned positions"),

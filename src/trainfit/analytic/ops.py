@@ -132,6 +132,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
         kernel = "eager"  # SDPA's math path: bmm + softmax, as eager
     elif kernel == "flash" and st.act == FP32:
         kernel = "efficient"  # fp32 runs the memory-efficient kernel (activations._flash_saved)
+    elif kernel == "flash" and setup.attention_kernel == "triton":
+        kernel = "triton"  # FlashAttention in Triton: flash's saved set, its own speed (kernels.toml [derived])
     compiled = bool(getattr(setup, "compile", False)) and not not_modelled(spec, setup)
     rope = {"torchtitan": "complex", "megatron": "fused"}.get(stack, "hf")
     return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),

@@ -85,7 +85,7 @@ def power_clock(watts: float, ref_watts: float, static_watts: float) -> float:
 
 
 def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -> Kernels:
-    d = {**gen, **entry}
+    d = _with_derived({**gen, **entry})
     try:
         return Kernels(sms=int(d["sms"]), matmul_fraction={k: v * clock for k, v in d["matmul_fraction"].items()},
                        hbm_fraction=float(d["hbm_fraction"]), launch_seconds=float(d["launch_seconds"]),
@@ -102,6 +102,24 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
+
+
+def _with_derived(d: dict) -> dict:
+    """Adds kernels.toml's [derived.*] attention kernels to an entry that has their base kernel: fractions = the
+    base's times the published ratio, with their own tiles and backward launches."""
+    d = dict(d)
+    for name, k in _table().get("derived", {}).items():
+        base = k["of"]
+        if base not in d["attention"]:
+            continue
+        fwd = d["attention"][base]
+        d["attention"] = {**d["attention"], name: fwd * k["forward"]}
+        d["attention_bwd"] = {**d.get("attention_bwd", {}),
+                              name: d.get("attention_bwd", {}).get(base, fwd) * k["backward"]}
+        tiles = d["attn_tiles"] if isinstance(d["attn_tiles"], dict) else {"default": d["attn_tiles"]}
+        d["attn_tiles"] = {**tiles, name: k["tiles"]}
+        d["attention_bwd_launches"] = {**d.get("attention_bwd_launches", {}), name: k["bwd_launches"]}
+    return d
 
 
 def _attn_tiles(raw) -> dict[str, tuple[tuple[int, int, int], ...]]:
