@@ -61,3 +61,33 @@ def test_trace_and_measure_refuse_in_one_line():
     for engine in (trace, measure):
         with pytest.raises(SetupError, match="--engine analytic"):
             engine(spec, Setup(loss="fused-linear", device="cpu", batch=1, seq=8))
+
+
+def test_chunk_rows_match_ligers_own_example():
+    # ops/fused_linear_cross_entropy.py:62-63: "BT = 4096*4, V = 32000, H = 4096 ==> inc_factor = 8, chunk_size = 2048"
+    from trainfit.analytic.liger_ops import chunk_rows
+    assert chunk_rows(4096 * 4, 32000, 4096) == 2048
+    assert chunk_rows(100, 32000, 4096) == 16  # ceil(100 / 8) = 13 -> 16
+
+
+def test_fused_linear_step_runs_the_head_gemms_in_forward():
+    # Liger's forward: per chunk the logits GEMM, the in-place cross-entropy kernel (two reads and one write of the
+    # chunk's logits), the input-gradient GEMM and the weight-gradient GEMM; its backward only scales the two
+    # gradients. Hand count for llama-3.2-1b, 2 × 1024 tokens, bf16: chunk 64 rows (test above), 32 chunks.
+    from trainfit.analytic.liger_ops import fused_linear_loss
+    from trainfit.analytic.ops import shape_of
+    req = Request(model="llama-3.2-1b", batch=2, seq=1024, precision="bf16", loss="fused-linear")
+    spec = api.load_spec(req.model)
+    setup = req.setup(spec)
+    sh = shape_of(spec, setup, state_bytes(setup), "bf16")
+    fwd, bwd = fused_linear_loss(spec, sh, trains_head=True)
+    T, H, V = 2048, spec.hidden, spec.vocab
+    gemms = [o for o in fwd if o.kind == "gemm"]
+    assert len(gemms) == 3 * 32
+    assert sum(o.flops for o in gemms) == 3 * 2 * T * V * H  # the head's forward, dgrad and wgrad FLOPs
+    ce = [o for o in fwd if o.name == "flce.cross_entropy"]
+    assert sum(o.reads + o.writes for o in ce) == 3 * 2 * T * V + 8 * T + 4 * T  # bf16 logits ×3, labels, loss
+    assert not [o for o in bwd if o.kind == "gemm"]
+    assert sum(o.reads + o.writes for o in bwd) == 2 * (2 * T * H + 2 * V * H)  # scale dX and dW in place
+    _, lora_bwd = fused_linear_loss(spec, sh, trains_head=False)
+    assert len(lora_bwd) == 1  # a frozen head: no weight gradient to make or scale

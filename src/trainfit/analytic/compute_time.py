@@ -20,9 +20,10 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, roofline
+from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
                   fp8_backward_extra, grad_accumulations, head_backward_extra, head_forward, layer_forward,
-                  recomputed, shape_of)
+                  norm_ops, recomputed, shape_of)
 from .params import ParamCounts
 from .precision import StateBytes
 from .timing import compute_dtype
@@ -129,6 +130,11 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     if setup.lora_rank:  # frozen embedding (no gradient scatter) and LM head (no weight gradient)
         emb_b, hf = ListTime(), lora_ops.frozen(hf)
     head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
+    if getattr(setup, "loss", "full") == "fused-linear":  # Liger's head + loss replaces the LM head and loss
+        norm = norm_ops(spec, "final_norm", sh.norm_tokens, sh, "final") if spec.final_norm else []
+        flce_f, flce_b = fused_linear_loss(spec, sh, trains_head=not setup.lora_rank)
+        head_f = time_ops(gpu, prep(norm) + flce_f)
+        head_b = time_ops(gpu, prep(backward(norm)) + flce_b)
     first, middle, last = layers
     zero = ListTime()
     if setup.pp == 1:
@@ -160,8 +166,8 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
            setup.precision, setup.recompute, setup.stack, setup.attention_kernel, setup.device, setup.ep,
            bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)),
            bool(getattr(setup, "tf32", False)),
-           setup.lora_rank, setup.lora_targets, getattr(setup, "lora_dtype", "fp32"), setup.dora, setup.quant, st, gpu,
-           layers)
+           setup.lora_rank, setup.lora_targets, getattr(setup, "lora_dtype", "fp32"), setup.dora, setup.quant,
+           getattr(setup, "loss", "full"), st, gpu, layers)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_MAX:

@@ -20,6 +20,7 @@ from ..precision import DTYPE_BYTES
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, _norm_saved, dropout_mask_bytes, family_traits, norm_kernel
+from .liger_ops import chunk_rows
 from .precision import StateBytes
 
 
@@ -255,11 +256,9 @@ def fused_linear_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int
     So no logits, fp32 copy or log-softmax outlive a chunk, and nothing is left to do at the loss's backward.
     NB: the chunk's input-gradient product (chunk × H) is counted beside its logits; the HF Trainer's labels shift
     (padded copy) and the final hidden states held by the forward stay as for the full loss; Gemma-2's logit
-    soft-capping runs inside the kernel. The step time keeps the full loss's kernels (ops.head_forward): NB an
-    over-estimate of the loss's memory traffic (a few % of a step at large vocabularies)."""
+    soft-capping runs inside the kernel. Its kernels, for the step time: analytic/liger_ops.py."""
     a, h, v = st.act, spec.hidden, spec.vocab // setup.tp
-    inc = -(-v // h)
-    chunk = min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
+    chunk = chunk_rows(tokens, v, h)
     grad_input = a * h * tokens
     lm_head_trains = not setup.lora_rank
     grad_weight = st.weight * v * h if lm_head_trains else 0.0
