@@ -158,12 +158,17 @@ def embedding_bytes(spec: ModelSpec, setup: Setup) -> float:
 def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | None = None) -> float:
     """One decoder layer on one GPU — the average of the model's layers, or one whose MLP has `mlp` parameters —:
     its projections over TP (kv heads replicated when TP exceeds them; MLA's down-projections replicated), at
-    --quant's bytes, norms replicated."""
+    --quant's bytes, norms replicated. A MoE layer's router gate (experts × hidden) is whole on every rank and in
+    the model dtype whatever --quant (SGLang 0.5.23 models/qwen3_moe.py:290-296 and qwen2_moe.py:348-354
+    ReplicatedLinear with no quant config, deepseek_v2.py:509-518 MoEGate an nn.Parameter in the default dtype;
+    0.4.9.post2 qwen3_moe.py:131-136 the same). NB: taken as vLLM's too (its models were not read here)."""
     b = DTYPE_BYTES[_weight_dtype(setup)]
     t, h = setup.tp, spec.hidden
+    moe_share = pc.moe_layers / spec.layers if mlp is None else float(spec.moe is not None and mlp == pc.moe_mlp)
+    router = spec.moe.num_experts * h * moe_share if spec.moe is not None else 0
     if mlp is None:
         mlp = (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers
-    layer_linear = pc.attention + mlp
+    layer_linear = pc.attention + mlp - router
     if spec.mla is not None:
         # MLA: the down-projections q_a_proj and kv_a_proj_with_mqa (and their norms) are replicated on every rank,
         # the up-projections and o_proj sharded (model_executor/models/deepseek_v2.py: MergedReplicatedLinear
@@ -174,7 +179,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | Non
     else:
         kv_params = 2 * spec.kv_dim * h  # k and v: each rank holds max(kv_heads / tp, 1) heads (replicated past)
         per_layer = (layer_linear - kv_params) / t + kv_params * max(1 / t, 1 / max(spec.kv_heads, 1))
-    return per_layer * quant_bytes(setup) + pc.norms * b
+    return per_layer * quant_bytes(setup) + (pc.norms + router) * b
 
 
 def quant_bytes(setup: Setup) -> float:

@@ -54,6 +54,7 @@ from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from . import serving_segments as segments
 from . import serving_sglang_spec as speculative
 from .params import ParamCounts, count_params
 from .activations import FP32
@@ -212,10 +213,12 @@ def cell_size(spec: ModelSpec, setup: Setup, kv_dtype: str) -> int:
 def weights_on_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
     """The weights as vLLM shards them (serving.weights_per_gpu: SGLang's linear layers and vocabulary padding of
     64 came from vLLM's), but the rotary cos/sin cache kept in fp32 on CUDA (layers/rotary_embedding/base.py:115-120:
-    "cache needs to be in FP32 for numerical stability") where vLLM casts it to the model dtype.
+    "cache needs to be in FP32 for numerical stability") where vLLM casts it to the model dtype, plus what the
+    caching allocator holds for them beyond their bytes (serving_segments: SGLang reads the weights off
+    cudaMemGetInfo; QwQ-32B at tp 4 +226 MiB, Qwen3-235B-A22B-FP8 at tp 4 +295 MiB, Llama-3.1-8B +1.5 MiB).
     NB: whatever else SGLang allocates between its baseline and the pool is not counted (its logs' "mem usage" at
     "Load weight end" reads ~0.07 GiB above this for Llama-3.1-8B: over-reads the pool by that)."""
-    weights = weights_per_gpu(spec, setup, pc)
+    weights = weights_per_gpu(spec, setup, pc) + segments.slack(spec, setup)
     if spec.positions == "rotary":
         weights += (spec.max_positions or 0) * rotary_dim(spec) * (FP32 - DTYPE_BYTES[_weight_dtype(setup)])
     return weights
