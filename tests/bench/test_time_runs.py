@@ -87,6 +87,34 @@ def test_published_step_conversions_against_the_sources():
                               / (153e12 * 384), rel=1e-9)
     # Llama 3: 430 TFLOP/s/GPU with 43 % MFU published -> the FLOP count implies a 989-1000 TFLOP/s peak (H100 bf16)
     assert 430 / 0.43 == pytest.approx(get_gpu("H100-80GB").flops_for("bf16") / 1e12, rel=0.02)
-    # DeepLearningExamples: 8 GPUs × 64 sequences × 128 accumulation / 1305.6 sequences/s
-    assert published_step(by["dle-bert-large-V100-32GB-amp-fp16-b64-s128"]) == pytest.approx(8 * 64 * 128 / 1305.6)
+    # DeepLearningExamples: 8 GPUs × 64 sequences / 1305.6 sequences/s, no accumulation
+    # (test_dle_bert_benchmark_did_not_accumulate)
+    assert published_step(by["dle-bert-large-V100-32GB-amp-fp16-b64-s128"]) == pytest.approx(8 * 64 / 1305.6)
     assert gpus(by["c3-1T-full"]) == 512
+
+
+# DeepLearningExamples BERT README (3d3ff3e1; the pre-training tables' 1- and 8-GPU rows, DGX-1 V100, sequences/s):
+# (GPU memory, precision, micro-batch per GPU, seq) -> (1 GPU, 8 GPUs)
+DLE_WEAK_SCALING = {
+    ("16G", "fp32", 8, 128): (33.36, 245.12), ("16G", "mixed", 16, 128): (125.44, 919.04),
+    ("16G", "fp32", 2, 512): (7.56, 56.16), ("16G", "mixed", 4, 512): (26.64, 194.56),
+    ("32G", "fp32", 32, 128): (40.32, 309.76), ("32G", "mixed", 64, 128): (171.52, 1305.6),
+    ("32G", "fp32", 4, 512): (8.36, 62.72), ("32G", "mixed", 8, 512): (30.08, 231.68),
+}
+
+
+def test_dle_bert_benchmark_did_not_accumulate():
+    """Why the DLE pre-training rows run grad_accum 1 (bench/time_runs.py DLE_BERT): with 128-1024 micro-batches per
+    gradient all-reduce, 8 GPUs would take at most ~0.2 ms longer per micro-batch than one (an all-reduce of BERT-
+    large's 335M fp32 gradients, 2·7/8·1.34 GB at the 150 GB/s NVLink line rate of gpus.json: 15.6 ms, spread over 128
+    micro-batches: 0.12 ms). The README's own 1-GPU rows show 10-33 ms per micro-batch: one all-reduce each."""
+    # seconds per micro-batch = micro-batch / (sequences/s per GPU); extra = 8 GPUs' minus 1 GPU's, in ms
+    extra = {k: (k[2] / (eight / 8) - k[2] / one) * 1e3 for k, (one, eight) in DLE_WEAK_SCALING.items()}
+    assert min(extra.values()) > 10  # ms per micro-batch, in every row
+    # fp32 gradients are twice the bytes of the fp16 ones the mixed-precision runs all-reduce: on each machine the
+    # fp32 rows pay more per micro-batch than the mixed-precision rows at the same sequence length
+    for mem in ("16G", "32G"):
+        for seq in (128, 512):
+            fp32 = next(v for k, v in extra.items() if k[:2] == (mem, "fp32") and k[3] == seq)
+            mixed = next(v for k, v in extra.items() if k[:2] == (mem, "mixed") and k[3] == seq)
+            assert fp32 > 1.3 * mixed
