@@ -27,7 +27,7 @@ Run: python bench/serving_published.py
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainfit import overheads
 from trainfit.analytic.inference import kv_bytes_per_token
@@ -108,6 +108,11 @@ class SglangCase:
     published_k_gib: float  # "K size: x GB" (GB = 2**30, mem_cache/memory_pool.py:2083-2090)
     published_pre_gib: float | None = None  # "Load weight begin. avail mem=x GB": the free memory at start
     published_weights_gib: float | None = None  # "Load weight end. ... mem usage=x GB" (or begin − end avail mem)
+    # NCCL communicators the run's SGLang opens before its baseline: pynccl's tp communicator; 0.4.3.post4 also
+    # all-reduces a CUDA tensor on torch's default (NCCL) group there (srt/utils.py:225-229, get_available_gpu_memory
+    # with distributed=True), from 0.4.9 on the gloo group (0.4.9.post2 srt/utils.py:417-421): trainfit counts one
+    communicators: int = 1
+    published_dist_gib: float | None = None  # "Init torch distributed ends. mem usage=x GB"
 
 
 SGLANG_CASES = [
@@ -129,7 +134,8 @@ SGLANG_CASES = [
     SglangCase("QwQ-32B (Qwen2.5-32B architecture), 4× L4, tp 4, mem-fraction-static 0.85 (0.4.3.post4's at tp 4)",
                "didier-durand/llms-in-clouds docs (SGLang 0.4.3.post4 start-up on a g6.12xlarge: avail mem 21.63 "
                "GB, mem usage 15.54 GB, #tokens: 46611, K size: 1.42 GB)",
-               {}, "qwen2.5-32b", "L4", 4, None, 0.85, 46611, 1.42, 21.63, 15.54),
+               {}, "qwen2.5-32b", "L4", 4, None, 0.85, 46611, 1.42, 21.63, 15.54, communicators=2,
+               published_dist_gib=0.13),
 ]
 
 
@@ -158,9 +164,22 @@ def sglang_rows() -> list[tuple[SglangCase, object, float]]:
     for c in SGLANG_CASES:
         setup = Setup(mode="serve", server="sglang", precision="bf16", tp=c.tp, quant=c.quant,
                       mem_fraction_static=c.mem_fraction_static)
-        sv = sg.serve_memory(sglang_spec(c), setup, get_gpu(c.gpu))
+        gpu = get_gpu(c.gpu)
+        # the version's further communicators (NVLS off under SGLang) are taken off the memory serve_memory starts
+        # from, so its free memory at start is the run's
+        extra = (c.communicators - 1) * overheads.nccl_communicator_bytes(gpu, c.tp, 0)
+        sv = sg.serve_memory(sglang_spec(c), setup, replace(gpu, memory=gpu.memory - extra))
         out.append((c, sv, (sv.kv_tokens - c.published_tokens) / c.published_tokens))
     return out
+
+
+def dist_init_bytes(case: SglangCase) -> int:
+    """What the run's distributed init holds by trainfit's terms: its NCCL communicators (NVLS off) + SGLang's custom
+    all-reduce buffers."""
+    gpu = get_gpu(case.gpu)
+    setup = Setup(mode="serve", server="sglang", precision="bf16", tp=case.tp)
+    return case.communicators * overheads.nccl_communicator_bytes(gpu, case.tp, 0) + \
+        overheads.custom_allreduce_bytes(gpu, setup)
 
 
 def log_terms_tokens(case: SglangCase, cell: float) -> int:
@@ -180,8 +199,9 @@ def main() -> int:
     print(f"\nC4's model under vLLM 0.33 (trainfit's model): {sv.kv_blocks:,} blocks "
           f"(CUDA graphs {sv.cuda_graphs / GiB:.2f} GiB and no context subtracted; total {sv.cuda_total / GiB:.2f} GiB)")
     print("\n| SGLang case | source | published tokens | trainfit | error | K size published / trainfit's cell | "
-          "free at start: log / trainfit | weights: log / trainfit | tokens from the log's own terms |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "free at start: log / trainfit | weights: log / trainfit | tokens from the log's own terms | "
+          "distributed init: log / trainfit |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c, sg_sv, err in sglang_rows():
         k_gib = c.published_tokens * sg_sv.kv_bytes_per_token / 2 / GiB
         terms = ("—", "—", "—")
@@ -190,8 +210,10 @@ def main() -> int:
             terms = (f"{c.published_pre_gib:.2f} / {sg_sv.pre_model_load / GiB:.2f} GiB",
                      f"{c.published_weights_gib:.2f} / {sg_sv.weights / GiB:.2f} GiB",
                      f"{own:,} ({(own - c.published_tokens) / c.published_tokens:+.2%})")
+        dist = f"{c.published_dist_gib:.2f}" if c.published_dist_gib is not None else "—"
         print(f"| {c.label} | {c.source} | {c.published_tokens:,} | {sg_sv.kv_tokens:,} | {err:+.1%} | "
-              f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB | {' | '.join(terms)} |")
+              f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB | {' | '.join(terms)} | "
+              f"{dist} / {dist_init_bytes(c) / GiB:.2f} GiB |")
     return 0
 
 

@@ -9,20 +9,64 @@ from trainfit.setup import Setup
 MiB = 2**20
 
 
-def test_nccl_connection_is_the_three_protocol_fifos_of_init_cc():
-    # NCCL src/init.cc: DEFAULT_LL_BUFFSIZE = NCCL_LL_LINES_PER_THREAD (8) * NCCL_LL_MAX_NTHREADS (512) * NCCL_STEPS (8)
-    # * sizeof(ncclLLFifoLine) (16); DEFAULT_LL128_BUFFSIZE = NCCL_LL128_ELEMS_PER_THREAD (120) *
-    # NCCL_LL128_MAX_NTHREADS (640) * NCCL_STEPS (8) * sizeof(uint64_t) (8); DEFAULT_BUFFSIZE = 1 << 22 (NCCL_BUFFSIZE)
-    assert overheads.nccl_connection_bytes() == 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8 + (1 << 22) == 9_633_792
+def test_nccl_channels_from_the_topology_search():
+    """NCCL v2.21.5 graph/search.cc on a flat node, by hand; the counts published NCCL logs print."""
+    from trainfit import nccl_buffers as nb
+    # H100 SXM: 18 NVLinks x 20.6 GB/s (topo.h SM90_NVLINK_BW) = 370.8 GB/s to the NVSwitch. sm_90 speeds 60, 50,
+    # 40, 30, 24: 6 x 60 = 360, 7 x 50 = 350, 9 x 40 = 360, 12 x 30 = 360 (not larger), 24 / 60 < 0.49 stops: 6
+    # channels at 60; ncclTopoDupChannels (60 >= 50) -> 12; ncclTopoPostset -> 24. Published: "24 coll channels"
+    # on 8 x H100 (p5.48xlarge NCCL INFO lines).
+    assert nb.ring_channels({"nvlinks": 18, "sm": 90}) == 24
+    # H800: 8 NVLinks = 164.8 GB/s: 2 x 60, 3 x 50, 4 x 40 = 160 (best), 5 x 30, 6 x 24, 8 x 20 = 160 (not larger);
+    # dup: 40 < 50 but 4 channels is not > 4 -> 8; Postset -> 16. Published: NVIDIA/nccl#892, 8 x H800:
+    # "16 coll channels".
+    assert nb.ring_channels({"nvlinks": 8, "sm": 90}) == 16
+    # A100 SXM: 12 x 20 = 240 GB/s; older speeds start at 40: 6 x 40 = 240 reaches the total; dup -> 12 -> 24
+    # (NVIDIA/nccl#652, kwen2501: "24 would have been the number of channels needed for intra-node bandwidth").
+    assert nb.ring_channels({"nvlinks": 12, "sm": 80}) == 24
+    # L4, PCIe Gen4 x16: 16 x 120 / 80 = 24 GB/s; speeds from 20: 1 x 20, 1 x 18, 1 x 15, 2 x 12 = 24 reaches it;
+    # 12 < 25: no dup; Postset -> 4.
+    assert nb.ring_channels({"pcie": "gen4", "sm": 89}) == 4
+    # T4, Gen3 x16 = 12 GB/s: 1 x 12 reaches it -> 2.
+    assert nb.ring_channels({"pcie": "gen3", "sm": 75}) == 2
 
 
-def test_nccl_communicator_channels_times_ring_and_tree_peers():
-    conn = 9_633_792
-    # 8 ranks in a node: 32 channels (MAXCHANNELS) x (ring: 1 receiving connection + tree chain: parent and child)
-    assert overheads.nccl_communicator_bytes(8) == 32 * 3 * conn == 924_844_032  # 882 MiB
-    # 2 ranks: the chain has one neighbour
-    assert overheads.nccl_communicator_bytes(2) == 32 * 2 * conn
-    assert overheads.nccl_communicator_bytes(1) == 0
+def test_nccl_communicator_bytes_per_rank():
+    # P2P transport (transport/p2p.cc): receiver ncclRecvMem (4096) + LL 524,288 + LL128 4,915,200 + SIMPLE 4 MiB =
+    # 9,637,888 B -> 10 MiB (CUDA_IPC_MIN 2 MiB); sender ncclSendMem 4096 -> 2 MiB. A middle rank of the chain
+    # receives from 2 peers and sends to 2 (ring and chain share the neighbour's connection): 24 MiB per channel.
+    assert 4096 + 524_288 + 4_915_200 + (1 << 22) == 9_637_888 and -(-9_637_888 // (2 * MiB)) == 5
+    h100, l4, a100 = get_gpu("H100-80GB"), get_gpu("L4"), get_gpu("A100-80GB")
+    assert overheads.nccl_communicator_bytes(h100, 4, nvls_local=0) == 24 * (2 * 10 + 2 * 2) * MiB  # 576 MiB
+    # NVLS at 8 ranks (transport/nvls.cc): 16 channels x 2 x (128 KiB x 8 + 2 MiB) x 8 heads = 768 MiB more
+    assert overheads.nccl_communicator_bytes(h100, 8) == (576 + 16 * 2 * 3 * 8) * MiB
+    # 4 L4s over PCIe: 4 channels x 24 MiB
+    assert overheads.nccl_communicator_bytes(l4, 4) == 96 * MiB
+    # 2 A100s (NVLink, P2P read: SIMPLE on the sender): receiver 4096 + LL + LL128 -> 6 MiB, sender 4096 + 4 MiB ->
+    # 6 MiB; one peer each way: 24 channels x 12 MiB
+    assert overheads.nccl_communicator_bytes(a100, 2) == 24 * 12 * MiB
+    assert overheads.nccl_communicator_bytes(a100, 1) == 0
+
+
+def test_nvls_only_where_a_group_has_more_than_two_gpus_on_a_node():
+    # Megatron tp 8 x dp 4 on 8-GPU H100 nodes (ranks in order tp, cp, dp, pp): rank 0's tp group is GPUs 0-7 of
+    # its node: NVLS over 8 heads; its dp group is ranks 0, 8, 16, 24, one per node: NCCL sees 1 local GPU and
+    # keeps NVLS off (transport/nvls.cc:241: gpuCount <= 2); the model group (tp x pp = 8) is the tp block again.
+    s = Setup(stack="megatron", tp=8, dp=4, precision="bf16-master")
+    o = overheads.overheads(get_gpu("H100-80GB"), s)
+    assert overheads.local_ranks(s, "dp_cp", 4, 8) == 1 and overheads.local_ranks(s, "tp", 8, 8) == 8
+    assert o["nccl_tp"] == o["nccl_model"] == (576 + 768) * MiB
+    assert o["nccl_dp_cp"] == 576 * MiB
+
+
+def test_sglang_turns_nvls_off_and_adds_its_custom_allreduce():
+    # SGLang (engine.py: NCCL_NVLS_ENABLE = --enable-nccl-nvls, off) at tp 4 on H100s: the tp communicator without
+    # NVLS, + custom all-reduce: 2 x 8 MiB cudaMalloc + an 8 MiB tensor in a 20 MiB allocator segment
+    s = Setup(mode="serve", server="sglang", precision="bf16", tp=4)
+    o = overheads.overheads(get_gpu("H100-80GB"), s)
+    assert o["nccl_tp"] == 576 * MiB and o["custom_allreduce"] == (16 + 20) * MiB
+    # 4 PCIe L4s: custom all-reduce refuses more than two PCIe-only GPUs
+    assert "custom_allreduce" not in overheads.overheads(get_gpu("L4"), s)
 
 
 def test_cublas_workspace_as_torch_sizes_it():
@@ -35,7 +79,8 @@ def test_cublas_workspace_as_torch_sizes_it():
 
 def test_every_entry_states_versions_and_source():
     d = overheads.data()
-    entries = list(d["cuda_context"].values()) + [d["cublas_workspace"], d["hipblas_workspace"], d["nccl"]]
+    entries = list(d["cuda_context"].values()) + [d["cublas_workspace"], d["hipblas_workspace"], d["nccl"],
+                                                   d["sglang_custom_allreduce"]]
     for e in entries:
         assert e["versions"] and e["source"].startswith("https://")
     # the published context figures (pytorch#109888 ~400 MB; InvokeAI#9413 256 MiB; unsloth-zoo#1053 426 MiB)
@@ -79,8 +124,9 @@ def test_device_total_is_reserved_plus_overheads_and_fits_on_it():
     assert reduce_out == (126 + 32 * 53 + 126) * 2 * MiB
     side = copy_in + copy_out + reduce_out
     assert m.reserved == m.peak + 64 * MiB + logits + side
-    assert m.overheads == {"cuda_context": 400 * MiB, "nccl_dp": 924_844_032}
-    assert m.device_total == m.reserved + 400 * MiB + 924_844_032
+    # the dp group's NCCL buffers on 8 NVSwitch H100s: 24 channels x 24 MiB + NVLS 768 MiB (test above)
+    assert m.overheads == {"cuda_context": 400 * MiB, "nccl_dp": 1344 * MiB}
+    assert m.device_total == m.reserved + 400 * MiB + 1344 * MiB
     assert e.time.headroom == gpu.memory - m.device_total and e.time.fits
     # the planner's capacity for this setup is the same basis: peak <= capacity <=> device total <= GPU memory
     assert capacity(gpu, 0.0, s) - (m.reserved - 64 * MiB) == e.time.headroom

@@ -5,8 +5,9 @@
 - `allocator_held`: buffers libraries take through PyTorch's caching allocator — the cuBLAS workspace
   (CublasHandlePool.cpp allocates it with the CUDA caching allocator), so it is inside `max_memory_reserved`, not
   beside it; it is not one of the model's tensors, so the engines' peak leaves it out.
-- `overheads`: memory beside the allocator — the CUDA context (driver state and lazily loaded kernels) and NCCL's
-  buffers, one set per communicator the stack creates (`communicators`).
+- `overheads`: memory beside the allocator — the CUDA context (driver state and lazily loaded kernels), NCCL's
+  buffers, one set per communicator the stack creates (`communicators`), sized by the GPU's interconnect
+  (nccl_buffers), and SGLang's custom all-reduce buffers (`custom_allreduce_bytes`).
 
 Every figure is a data entry with its source and the versions it holds for (data/overheads.toml).
 """
@@ -16,6 +17,7 @@ import tomllib
 from functools import lru_cache
 from importlib import resources
 
+from . import nccl_buffers
 from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
     allocation_size, round_size
 from .alloc.config import AllocConf
@@ -50,23 +52,57 @@ def blas_workspace(gpu: GPU) -> int:
     return int(w["sm90_bytes"] if gpu.name in w["sm90_gpus"] else w["other_bytes"])
 
 
-def nccl_connection_bytes() -> int:
-    """One NCCL connection (one peer on one channel): a FIFO per protocol, LL + LL128 + SIMPLE (NCCL init.cc
-    DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, DEFAULT_BUFFSIZE = NCCL_BUFFSIZE 4 MiB)."""
-    n = data()["nccl"]
-    return int(n["ll_bytes"] + n["ll128_bytes"] + n["simple_bytes"])
+def nccl_communicator_bytes(gpu: GPU, ranks: int, nvls_local: int | None = None) -> int:
+    """NCCL's device memory one rank holds for a communicator of `ranks` ranks on `gpu`s, by its interconnect
+    (nccl_buffers.communicator_bytes: topology-searched channels x P2P connections, + NVLS over `nvls_local` GPUs of
+    an sm_90 NVSwitch node; None = all ranks on one node, 0 = off)."""
+    return nccl_buffers.communicator_bytes(gpu, ranks, nvls_local)
 
 
-def nccl_communicator_bytes(ranks: int) -> int:
-    """NCCL buffers one rank holds for a communicator of `ranks` ranks: channels × connections × per-connection
-    FIFOs, connections = ring (1: the previous rank) + tree (a chain within the node: parent and child, at most
-    ranks - 1). NB: channels = MAXCHANNELS (over-counts where the topology search picks fewer); NVLS/CollNet
-    buffers are not counted (under-count on NVSwitch H100 systems)."""
-    if ranks < 2:
+def local_ranks(setup, name: str, ranks: int, per_node: int) -> int:
+    """How many of rank 0's group `name` sit on rank 0's node (per_node GPUs, ranks packed in order), from the
+    stacks' rank orders: Megatron-Core tp, cp, dp, pp from the innermost (parallel_state.py
+    initialize_model_parallel, order "tp-cp-ep-dp-pp"; experts etp, ep, expert-dp), torchtitan's DeviceMesh
+    [pp, dp, cp, tp] (tp innermost), one data-parallel group elsewhere."""
+    s = setup
+    stage = s.world_size // s.pp  # ranks per pipeline stage
+    if name == "model":  # tp x pp: a tp block in each stage
+        members = [i + j * stage for j in range(s.pp) for i in range(s.tp)]
+    elif name == "embedding":  # the first and last stage
+        members = [0, (s.pp - 1) * stage]
+    else:
+        stride = {"tp": 1, "cp": s.tp, "dp_cp": s.tp, "dp": s.tp * s.cp, "pp": stage, "ep": s.expert_tp,
+                  "expert_dp": s.expert_tp * s.ep}[name]
+        members = [k * stride for k in range(ranks)]
+    return sum(1 for r in members if r < per_node)
+
+
+def _sglang(setup) -> bool:
+    return getattr(setup, "mode", "train") == "serve" and getattr(setup, "server", None) == "sglang"
+
+
+def nvls_on(setup) -> bool:
+    """Whether the stack leaves NCCL's NVLS on (NCCL_NVLS_ENABLE, default 2 = on where supported). SGLang sets it
+    from --enable-nccl-nvls, off by default (0.4.3.post4 entrypoints/engine.py:356, 0.4.9.post2 :624)."""
+    return not _sglang(setup)
+
+
+def custom_allreduce_bytes(gpu: GPU, setup) -> int:
+    """SGLang's custom all-reduce buffers at --tp 2, 4, 6 or 8 (0.4.9.post2 distributed/device_communicators/
+    custom_all_reduce.py:147-148, :260-278; created by parallel_state.py:286-289): two cudaMalloc'd IPC buffers of
+    _MAX_CAR_SIZE (8 MiB; the first adds the small signal block, not counted: under by ~3 KiB) and an 8 MiB
+    `rank_data` tensor from the caching allocator, which holds it in a 20 MiB segment (held_segments). NB: that
+    segment is inside torch's pool but no other term counts it, so it is listed here. Only where it is enabled: a
+    node whose GPUs are all NVLink-connected, or two GPUs (:236-252; two PCIe GPUs also need peer access, taken as
+    given: NB over where not)."""
+    if not _sglang(setup):
         return 0
-    n = data()["nccl"]
-    peers = n["ring_peers"] + min(n["tree_peers"], ranks - 1)
-    return int(n["channels"] * peers * nccl_connection_bytes())
+    link = nccl_buffers.interconnect(gpu)
+    tp = setup.tp
+    c = data()["sglang_custom_allreduce"]
+    if tp not in c["world_sizes"] or link is None or (tp > 2 and "nvlinks" not in link):
+        return 0
+    return 2 * c["max_size_bytes"] + held_segments([(c["rank_data_bytes"], 1)])
 
 
 def communicators(setup) -> dict[str, int]:
@@ -111,8 +147,13 @@ def overheads(gpu: GPU | None, setup) -> dict[str, int]:
     if gpu is None or setup.device != "cuda":
         return {}
     out = {"cuda_context": cuda_context(gpu)}
+    nvls = nvls_on(setup)
     for name, ranks in communicators(setup).items():
-        out[f"nccl_{name}"] = nccl_communicator_bytes(ranks)
+        local = local_ranks(setup, name, ranks, gpu.gpus_per_node) if nvls else 0
+        out[f"nccl_{name}"] = nccl_communicator_bytes(gpu, ranks, local)
+    car = custom_allreduce_bytes(gpu, setup)
+    if car:
+        out["custom_allreduce"] = car
     return out
 
 

@@ -52,21 +52,23 @@ def _sglang_base(**kw):
 
 def test_sglang_plan_picks_the_cheapest_of_a_hand_enumeration():
     """Llama-3.1-8B, 10 sequences of its 131,072 tokens, H100-80GB ($3/h; 81,559 MiB), SGLang's defaults.
-    By hand, per TP degree (free at start = 81,559 MiB − 400 MiB context − NCCL 588 MiB at tp 2, 882 MiB from tp 4;
+    By hand, per TP degree (free at start = 81,559 MiB − 400 MiB context − NCCL (24 channels on NVSwitch H100s:
+    12 MiB each at tp 2, 24 MiB from tp 4; tests/test_overheads.py) − SGLang's custom all-reduce 36 MiB: 324 MiB at
+    tp 2, 612 MiB from tp 4;
     fraction from memory_hook.py as in test_serving_sglang; weights ≈ 8.03e9 × 2 B / tp; cell = 8/tp heads × 256
     × 32 layers × 2 B):
       tp 1: (79.26 GiB × 0.830 − 14.99 GiB) / 128 KiB = 416k tokens = 3.17 sequences -> 3 each, 4 replicas, 4 GPUs
-      tp 2: (78.68 GiB × 0.828 − 7.51 GiB) / 64 KiB  = 944k tokens = 7.20 -> 7 each, 2 replicas, 4 GPUs
-      tp 4: (78.39 GiB × 0.819 − 3.77 GiB) / 32 KiB  = 1.98M tokens = 15.1 -> 1 replica, 4 GPUs
-      tp 8: (78.39 GiB × 0.812 − 1.90 GiB) / 16 KiB  = 4.05M tokens = 30.9 -> 1 replica, 8 GPUs
+      tp 2: (78.94 GiB × 0.828 − 7.51 GiB) / 64 KiB  = 948k tokens = 7.23 -> 7 each, 2 replicas, 4 GPUs
+      tp 4: (78.66 GiB × 0.819 − 3.77 GiB) / 32 KiB  = 1.99M tokens = 15.2 -> 1 replica, 4 GPUs
+      tp 8: (78.66 GiB × 0.812 − 1.90 GiB) / 16 KiB  = 4.06M tokens = 31.0 -> 1 replica, 8 GPUs
     $12/h for tp 1, 2 and 4, ranked by time per token: each GPU reads its weights and its share of the KV of the
     sequences it decodes (10, 5, 3 at 65,536 tokens each) — tp 4: 3.77 GiB + 10 × 65,536 × 32 KiB = 23.8 GiB;
     tp 2: 7.51 + 5 × 65,536 × 64 KiB = 27.5 GiB; tp 1: 14.99 + 3 × 65,536 × 128 KiB = 39.0 GiB; tp 8 last
     ($24/h)."""
     gib = 2**30
     hand = {}
-    for tp, pre, fraction, weights in ((1, 79.26, 0.830, 14.99), (2, 78.68, 0.828, 7.51), (4, 78.39, 0.819, 3.77),
-                                       (8, 78.39, 0.812, 1.90)):
+    for tp, pre, fraction, weights in ((1, 79.26, 0.830, 14.99), (2, 78.94, 0.828, 7.51), (4, 78.66, 0.819, 3.77),
+                                       (8, 78.66, 0.812, 1.90)):
         cell = 8 // tp * 256 * 32 * 2
         per_replica = int((pre * fraction - weights) * gib / cell / 131072)
         replicas = -(-10 // per_replica)

@@ -36,10 +36,14 @@ def a100_context() -> int:
 
 
 def nccl_communicator(ranks: int) -> int:
-    """overheads.toml [nccl]: channels x (ring peer + tree peers within the group) x (LL + LL128 + SIMPLE FIFOs)."""
+    """overheads.toml [nccl] for A100s (12 NVLinks, sm_80), by hand: 12 x 20 GB/s = 240 = 6 ring channels at 40 GB/s,
+    doubled twice = 24 channels; P2P read (sm_80 NVLink): a receiver holds ncclRecvMem + LL + LL128, a sender
+    ncclSendMem + SIMPLE, each rounded up to 2 MiB; a middle rank (ranks > 2) has 2 of each, no NVLS (sm_80)."""
     n = TOML["nccl"]
-    return n["channels"] * (n["ring_peers"] + min(n["tree_peers"], ranks - 1)) * (
-        n["ll_bytes"] + n["ll128_bytes"] + n["simple_bytes"])
+    assert n["gpus"]["A100-80GB"] == {"nvlinks": 12, "sm": 80}
+    up = lambda b: -(-b // n["ipc_align_bytes"]) * n["ipc_align_bytes"]  # noqa: E731
+    per_pair = up(n["recv_mem_bytes"] + n["ll_bytes"] + n["ll128_bytes"]) + up(n["send_mem_bytes"] + n["simple_bytes"])
+    return 24 * (1 if ranks == 2 else 2) * per_pair
 
 
 @pytest.mark.parametrize("dp", [1, 4])

@@ -230,8 +230,9 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     dr = speculative.draft(spec, setup, pc)
     k = knobs(spec, setup, gpu)
     total = gpu.memory
-    # NB: the baseline is free memory after the CUDA context and NCCL's communicators (data/overheads.toml);
-    # SGLang's custom all-reduce buffers and the cuBLAS workspace made later are not subtracted (over by tens of MiB)
+    # NB: the baseline is free memory after the CUDA context, NCCL's tp communicator (sized by the GPU's
+    # interconnect, NVLS off: nccl_buffers) and SGLang's custom all-reduce buffers (data/overheads.toml); the cuBLAS
+    # workspace is made later and not subtracted
     pre = total - sum(overheads.overheads(gpu, setup).values())
     weights = weights_on_gpu(spec, setup, pc) + (dr.weights if dr else 0)
     requested = pre * k.mem_fraction_static

@@ -18,9 +18,12 @@ def held_sentence(subject: str = "The peak", device_total: bool = True) -> str:
 
 
 def overhead_label(name: str) -> str:
-    """A Memory.overheads key (overheads.overheads: "cuda_context", "nccl_<process group>") as a row label."""
+    """A Memory.overheads key (overheads.overheads: "cuda_context", "nccl_<process group>", "custom_allreduce") as a
+    row label."""
     if name == "cuda_context":
         return "CUDA context"
+    if name == "custom_allreduce":
+        return "SGLang custom all-reduce buffers"
     if name.startswith("nccl_"):
         return f"NCCL buffers ({name[len('nccl_'):]} group)"
     return name.replace("_", " ")
