@@ -4,26 +4,28 @@ import pytest
 from trainfit.analytic.overlap import exposed, overlapped_seconds
 from trainfit.hardware import get_gpu
 
-H100 = get_gpu("H100-80GB")  # 132 SMs (WP-H Table 3), 16 NCCL channels (NVIDIA/nccl#1453)
+# 132 SMs (WP-H Table 3); 24 NCCL channels on an NVSwitch H100 node (NCCL's search, tests/test_overheads.py; AWS p5
+# NCCL_DEBUG logs print "24 coll channels")
+H100 = get_gpu("H100-80GB")
 
 
 def test_short_collective_stretches_compute_by_its_stolen_sms():
-    # simulate it step by step: 0.5 s with 116 of 132 SMs, then the rest of 1.0 s of work on all 132
-    done = 0.5 * 116 / 132
+    # simulate it step by step: 0.5 s with 108 of 132 SMs, then the rest of 1.0 s of work on all 132
+    done = 0.5 * 108 / 132
     assert overlapped_seconds(H100, 0.5, 1.0) == pytest.approx(0.5 + (1.0 - done), rel=1e-9)
-    assert exposed(H100, 0.5, 1.0) == pytest.approx(0.5 * 16 / 132, rel=1e-9)  # 60.6 ms
+    assert exposed(H100, 0.5, 1.0) == pytest.approx(0.5 * 24 / 132, rel=1e-9)  # 90.9 ms
 
 
 def test_long_collective_is_the_wall_time():
-    # the compute alone would end at 1.0 * 132/116 = 1.138 s < 2.0 s: the collective sets the time
+    # the compute alone would end at 1.0 * 132/108 = 1.222 s < 2.0 s: the collective sets the time
     assert overlapped_seconds(H100, 2.0, 1.0) == pytest.approx(2.0)
-    # just past the crossover the slowed compute (1.138 s) ends before the collective
-    assert overlapped_seconds(H100, 1.14, 1.0) == pytest.approx(1.14)
+    # just past the crossover the slowed compute (1.222 s) ends before the collective
+    assert overlapped_seconds(H100, 1.23, 1.0) == pytest.approx(1.23)
 
 
 def test_no_collective_or_no_channel_data_costs_nothing():
     assert overlapped_seconds(H100, 0.0, 1.0) == 1.0
-    assert overlapped_seconds(get_gpu("MI300X"), 0.5, 1.0) == 1.0  # no nccl_channels entry: not modelled
+    assert overlapped_seconds(get_gpu("MI300X"), 0.5, 1.0) == 1.0  # RCCL's search is not modelled
 
 
 def test_memory_bound_kernels_share_hbm_with_the_collective():

@@ -2,7 +2,8 @@
 
 An NCCL collective runs one CTA per channel, and "NCCL CTAs won't share an SM with compute kernels" (NVIDIA/nccl#689,
 quoted in #1656): while a collective is in flight the overlapped kernels get S − C of the S SMs
-(data/kernels.toml `nccl_channels`), so they progress at r = (S − C)/S. For compute of W seconds (at full rate)
+(C = the channels of NCCL's topology search, trainfit/nccl_buffers.py; none for GPUs it does not model, such as AMD's:
+NB optimistic there), so they progress at r = (S − C)/S. For compute of W seconds (at full rate)
 overlapping a collective of T seconds: during T the compute does r·T of its work, the rest runs at full rate, so
 the pair takes max(T, W + min(T, W/r)·(1 − r)) — W/r when the collective outlasts the slowed compute.
 
@@ -15,13 +16,16 @@ measured an A100 GEMM at 2.08 ms overlapped vs 1.18 ms alone, far more than this
 from __future__ import annotations
 
 from ..hardware import GPU
+from ..nccl_buffers import interconnect, ring_channels
 from .roofline import kernels_for
 
 
 def _rate(gpu: GPU, mem_share: float, link_bw: float) -> float:
     """Progress rate of the overlapped compute (1 = unslowed), see module doc."""
     kn = kernels_for(gpu)
-    r_sm = 1 - kn.nccl_channels / kn.sms if kn.nccl_channels and kn.nccl_channels < kn.sms else 1.0
+    link = interconnect(gpu)
+    channels = ring_channels(link) if link else 0
+    r_sm = 1 - channels / kn.sms if 0 < channels < kn.sms else 1.0
     hbm = gpu.memory_bandwidth * kn.hbm_fraction
     r_hbm = max(1 - 2 * link_bw / hbm, 0.1) if link_bw > 0 else 1.0  # NB: floor 0.1 keeps a saturated HBM finite
     return 1 / ((1 - mem_share) / r_sm + mem_share / r_hbm)

@@ -44,7 +44,6 @@ class Kernels:
     attn_tiles: dict[str, tuple[tuple[int, int, int], ...]] = field(
         default_factory=lambda: {"default": ((64, 128, 128), (128, 128, 64), (256, 64, 64))})
     l2_bytes_per_sm: float = 0.0     # measured L2 -> SM bandwidth per SM (B/s); 0 = not measured
-    nccl_channels: int = 0            # SMs an NCCL collective occupies (one CTA per channel); 0 = not modelled
     link_fraction: float = 1.0        # NCCL bus bandwidth / datasheet NVLink rate (1.0 = not measured)
     host_link: float = 0.0            # GPU <-> host bytes/s per direction (pinned copies); 0 = unknown
     # fused-attention kernel -> launches of its backward where the GPU's default kernel differs (cuDNN on Hopper)
@@ -95,7 +94,6 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        tile=tuple(d.get("tile", (256, 128))),
                        attn_tiles=_attn_tiles(d["attn_tiles"]),
                        l2_bytes_per_sm=float(d.get("l2_per_sm", 0.0)),
-                       nccl_channels=int(d.get("nccl_channels", 0)),
                        link_fraction=float(d.get("link_fraction", 1.0)),
                        host_link=float(d.get("host_link", 0.0)),
                        attention_bwd_launches={k: int(v) for k, v in d.get("attention_bwd_launches", {}).items()},
