@@ -80,7 +80,9 @@ def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="
               "(submit_benchmarks.py `--attn_impl` default 'triton', set on every run's model; at 5e85bd62d, the "
               "commit that published these tables: --attention triton), "
               "modelled as the hf stack; MP mode DEFAULT = amp-bf16, PURE = bf16. NB: the hf stack's FSDP overlap "
-              "stands in for Composer's (FSDP1 backward prefetch).")
+              "stands in for Composer's (FSDP1 backward prefetch). NB: FSDP1 gathers into its flat parameter and "
+              "reduces from its flat gradient, so the hf stack's FSDP2 copy-out/copy-in kernels are an over-count "
+              "here (predicted slower, 0-4 % of a step).")
 
 
 MPT_RUNS = [

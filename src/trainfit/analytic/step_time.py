@@ -68,7 +68,8 @@ from .compute_time import cached_stage_compute, optimizer_seconds, tensors_per_r
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .overlap import exposed
-from .roofline import host_seconds_per_kernel, kernels_for
+from .parallel.fsdp2 import copy_bytes as fsdp2_copy_bytes, fsdp2_strategy, reshards_after_forward
+from .roofline import host_seconds_per_kernel, kernels_for, memory_seconds
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 from .parallel.pipeline import split
@@ -248,6 +249,14 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
             per_mb_exposed = (exposed(gpu, ag, c_f, mem, dp_bw)
                               + max(exposed(gpu, ag + rs, c_b + c_r, mem, dp_bw), bucket_t / 2))
+        if z >= 2 and fsdp2_strategy(setup):
+            # FSDP2's copies on the compute stream: each all-gather's copy-out (two per micro-batch when the forward
+            # reshards, one otherwise: the backward reshards either way) and each reduce-scatter's copy-in, one
+            # kernel per FSDP group (parallel/fsdp2.py copy_bytes)
+            out_b, in_b = fsdp2_copy_bytes(st, st_opt, stage_params, trained)
+            gathers = 2 if reshards_after_forward(setup) else 1
+            groups = stage_layers_n + 2  # the blocks, the embedding and the head's group (NB: per stage, ±1)
+            per_mb_exposed += memory_seconds(gpu, gathers * out_b + in_b, kernels=(gathers + 1) * groups)
     else:
         total = 0.0
 

@@ -146,3 +146,18 @@ def side_stream_blocks(group_params: dict[str, float], st: StateBytes, setup: Se
     if st.param and st.param != st.weight:
         requests.append((max(group_params.values()) * p / setup.dp, 1))
     return held_segments(requests)
+
+
+def copy_bytes(st: StateBytes, st_grads: StateBytes, params: float, trained: float) -> tuple[float, float]:
+    """(bytes of one all-gather's copy-out, bytes of one reduce-scatter's copy-in) over a rank's `params` (one TP
+    shard of a pipeline stage; `trained`: those that get gradients), both on the compute stream (torch 2.13
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py wait_for_unshard -> _fsdp_collectives.py:431-489
+    foreach_all_gather_copy_out: split_with_sizes_copy from the all-gather output into the unsharded parameters,
+    read + write in param_dtype; foreach_reduce :603 foreach_reduce_scatter_copy_in: chunk_cat of the unsharded
+    gradients (param_dtype) into the reduce-scatter input (reduce_dtype), before `reduce_scatter_stream.wait_stream
+    (current_stream)`). The copy-in to the all-gather (1/dp of the bytes, on its own stream) is not counted."""
+    p = st.param or st.weight
+    g = st_grads.param or st_grads.weight  # the unsharded gradients have the unsharded parameters' dtype
+    r = st_grads.reduce or st_grads.grad
+    return 2 * p * params, (g + r) * trained
+
