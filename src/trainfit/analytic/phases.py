@@ -1,6 +1,7 @@
 """The peak of a training step as the largest of its high points (not the sum of categories).
 
-  forward end      states + activations saved by every layer + the loss's logits buffers;
+  forward end      states + activations saved by every layer + the loss's logits buffers; for a post-norm encoder
+                   also the last layer's own forward high point (forward_moments.py), the head's tensors not made;
   backward         the loss's backward (all activations + the logits' gradients), the final norm's backward (the
                    head's saved tensors freed, its gradients made), then layer by layer: at each
                    layer's high point (backward.py) the gradients so far, the activations of the layers not yet
