@@ -69,7 +69,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     post_norm = _norm_saved(spec, st.residual) * tokens / sp if family_traits(spec)["post_norm"] else 0
     # Gemma-2's post-feed-forward norm (norms_per_layer 4: modeling_gemma2.py:326) runs its backward before the
     # MLP's, freeing what it saved (its input's fp32 copy, rsqrt, the fp32 normalised tensor; its moment is its own,
-    # below); the post-attention norm (:321) likewise before the attention's. (mlp_saved holds the former.)
+    # below); the post-attention norm (:320) likewise before the attention's. (mlp_saved holds the former.)
     post_ff = _norm_saved(spec, a, norm_kernel(setup), setup.device) * tokens / sp if spec.norms_per_layer == 4 else 0
     if moe:
         m = spec.moe
