@@ -4,19 +4,22 @@ layer's parameter gradients exist by then.
 Autograd runs the layer's ops in reverse (torch/csrc/autograd/engine.cpp: ready nodes by sequence number): each op's
 backward allocates its input gradients (and weight gradients), then drops the tensors only it saved and its output
 gradient. The high points read off traced steps:
-  MLP        the activation's backward: the gradient of the layer output (the residual stream's, kept until the
-             attention branch adds its part), the dropout's input gradient, the output projection's weight gradient,
-             and the MLP's intermediate gradients — for a gated MLP the product's gradient and the two the product
-             rule makes, the product (down_proj's input) freed: 2 × width net; for ReLU (which saves its output, fc2's
-             input) the same; for other activations (which save their input) one;
-  attention  (eager and math kernels only) the s×s gradient, once the MLP's saved tensors and its gradients are done;
+  MLP        the down projection's backward: the gradient of the layer output (the residual stream's, kept until
+             the attention branch adds its part), the dropout's input gradient, the down projection's input and weight
+             gradients; then the activation's backward, the dropout's input gradient gone with the down projection's
+             (its only reader) and its mask freed: the MLP's intermediate gradients — for a gated MLP the product's
+             gradient and the two the product rule makes, the product (down_proj's input) freed: 2 × width net; for
+             ReLU (which saves its output, fc2's input) the same; for other activations (which save their input) one;
+  norm       Gemma-2's post-feed-forward RMSNorm, the first op of its layer's backward: five fp32 h-sized gradients;
+  attention  (eager and math kernels only) the s×s gradient, once the MLP's saved tensors and its gradients are done
+             (the math path with dropout: first probs·v's backward, then softmax's, the dropped probabilities and
+             the noise freed);
   recompute  with full recomputation, the end of the layer's re-run forward: all its saved tensors again, plus its
              output (discarded) and the incoming gradient.
-NB: moments not modelled, each an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists
-the cases): the backward of an fp32-computing RMSNorm after the MLP (Gemma-2's post-feed-forward norm), the CPU math
-path's re-run forward inside the attention.
-NB: moment over-counted: a recomputed layer's fork_rng copy of the CPU RNG state only lives through the re-run
-forward — still counted at the MLP moment (5 KiB).
+NB: moment not modelled, an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists the
+cases): the CPU math path's re-run attention backward under full recomputation (DeepSeek-V2's MLA).
+NB: moment over-counted: a recomputed layer's fork_rng copy of the CPU RNG state (torch/utils/checkpoint.py:
+1663-1665) only lives through the re-run forward — still counted at the MLP moment (5 KiB; +0.05% on small-gpt2).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, _norm_saved, dropout_mask_bytes, dropouts, resolved_kernel
+from .activations import FP32, _norm_saved, dropout_mask_bytes, dropouts, norm_kernel, resolved_kernel
 from .families import family_traits
 from .precision import StateBytes
 
@@ -64,6 +67,10 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     drop_grad = (a - dropout_mask_bytes(setup, a)) * h * tokens / sp if p_resid > 0 else 0
     # post-norm (BERT): the norm after the MLP's residual add runs its backward first, freeing its saved input
     post_norm = _norm_saved(spec, st.residual) * tokens / sp if family_traits(spec)["post_norm"] else 0
+    # Gemma-2's post-feed-forward norm (norms_per_layer 4: modeling_gemma2.py:326) runs its backward before the
+    # MLP's, freeing what it saved (its input's fp32 copy, rsqrt, the fp32 normalised tensor; its moment is its own,
+    # below); the post-attention norm (:320) likewise before the attention's. (mlp_saved holds the former.)
+    post_ff = _norm_saved(spec, a, norm_kernel(setup), setup.device) * tokens / sp if spec.norms_per_layer == 4 else 0
     if moe:
         m = spec.moe
         ex = int(st.param or st.weight)  # grouped_mm runs in the experts' (gathered) weight dtype (moe.py)
@@ -96,7 +103,26 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         # under autocast the down projection's weight cast, saved by that matmul alone, went with its backward
         # (read off the trace of small-gpt2 amp-bf16: no c_proj cast live at the activation's backward)
         out_cast = a * out_params if st.autocast else 0
-        moments = [Moment(recomputed + incoming + drop_grad + mlp, out_params, post_norm + out_cast)]
+        # (a) the down projection's backward: its input gradient (one width) beside the dropout's input gradient
+        # (the down projection's output gradient, which that backward reads)
+        moments = [Moment(recomputed + incoming + drop_grad + a * spec.intermediate * tokens / t, out_params,
+                          post_norm + post_ff + out_cast)]
+        # (b) the activation's backward: the dropout's input gradient went with the down projection's backward
+        # (its only reader; GPT2MLP.forward runs dropout(c_proj(...)), transformers/models/gpt2/modeling_gpt2.py:
+        # 240-245), so of the dropout only its freed mask (CPU: the noise, Dropout.cpp's input * noise) is left in
+        # the account; with two MLP-width intermediates this is the higher of the two (read off the trace of
+        # small-gpt2 fp32 full recompute on CPU: no h-sized dropout gradient live at gelu_new's last multiply)
+        mask_freed = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
+        moments.append(Moment(recomputed + incoming + mlp, out_params, post_norm + post_ff + out_cast + mask_freed))
+    if family_traits(spec)["norm_fp32"] and spec.norms_per_layer == 4 and not moe:
+        # Gemma-2's post-feed-forward RMSNorm (`self._norm(x.float()) * (1.0 + self.weight.float())`,
+        # modeling_gemma2.py:55-63, applied to the MLP's output at :326) is the first op of the layer's backward:
+        # beside the incoming gradient, five fp32 h-sized gradients live at once as autograd runs its
+        # mul/rsqrt/mean/pow backward one by one (as MLA's fp32 norms: _q_norm_moment), its normalised fp32 output
+        # and rsqrt freed, only its own weight's gradient made — every other saved tensor of the layer still live
+        # (read off the trace of small-gemma2 with full recompute, where this moment sets the peak)
+        moments.append(Moment(recomputed + incoming + 5 * FP32 * h * tokens / sp, h,
+                              FP32 * (h + 1) * tokens / sp))
     if resolved_kernel(spec, setup) != "flash":
         # the s×s gradient of the probabilities; by then the MLP's saved tensors (and the attention output's
         # dropout mask) are freed and all but q/k/v's and the first norm's gradients exist
@@ -108,7 +134,37 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         scores = (a_probs + FP32) * spec.heads * tokens * keys / t
         mask = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
         qkv = (h * (spec.q_dim + 2 * spec.kv_dim) + ((spec.q_dim + 2 * spec.kv_dim) if spec.qkv_bias else 0)) / t
-        moments.append(Moment(recomputed + incoming + scores, layer_params - qkv, mlp_saved * tokens + mask + post_norm))
+        if spec.mla is not None:
+            # MLA's q and kv down/up projections all run their backward after the scores' (as at the SDPA moment,
+            # _mla_sdpa_moment): none of their gradients exists yet (read off the trace of small-deepseek_v3 on
+            # CPU, whose math-path attention saves the s×s probabilities: only o_proj's and the MLP's gradients)
+            from .mla import linear_params  # noqa: PLC0415
+            qkv = (linear_params(spec) - spec.heads * spec.mla.v_head_dim * h) / t
+        freed = mlp_saved * tokens + mask + post_norm
+        # the attention output's sub-block, where its backward has run before the moment: the output projection's
+        # saved input (the kernel's output) and, under autocast, its weight cast
+        from .inference import o_proj_params  # noqa: PLC0415 (inference imports this module's peers)
+        o_w = o_proj_params(spec)
+        o_block = (a * o_w // h * tokens + (a * (o_w + (h if spec.out_bias else 0)) if st.autocast else 0)) / t
+        if kernel == "math" and dropouts(spec)[1] > 0:
+            # the math path with dropout on the probabilities (fp32 q, k, v; dropout; probs·v; the output cast back:
+            # the aten ops the trace of small-bert records inside it): the attention output's sub-block has run its
+            # backward too, and a post-norm layer's first LayerNorm (BertSelfOutput, modeling_bert.py:290-293)
+            freed += o_block + post_norm
+            # (i) probs·v's backward, the higher of the two: the dropped probabilities' gradient beside v's and the
+            # output's fp32 gradient (ToCopyBackward of the fp32 matmul's output; the gradient itself when fp32)
+            moments.append(Moment(recomputed + incoming + FP32 * (spec.heads * keys + 2 * spec.q_dim) * tokens / t,
+                                  layer_params - qkv, freed))
+            # (ii) by softmax's backward the dropped probabilities and the dropout's noise (fp32: the math path's
+            # dtype; Dropout.cpp multiplies by a noise tensor on CPU) went with the dropout's and the matmul's
+            freed += (dropout_mask_bytes(setup, FP32) + FP32) * spec.heads * tokens * keys / t
+        elif kernel == "eager" and dropouts(spec)[1] == 0:
+            # eager attention (transformers' eager_attention_forward: softmax(dtype=float32).to(query.dtype), then
+            # matmul with v): by softmax's backward the output projection's saved input and weight cast (autocast)
+            # went with its backward, the probabilities' 16-bit cast with probs·v's, and a post-attention norm's
+            # saved tensors (Gemma-2's, norms_per_layer 4) with its own (read off the trace of small-gemma2 at 1 x 200)
+            freed += o_block + (a * spec.heads * tokens * keys / t if a != FP32 else 0) + post_ff
+        moments.append(Moment(recomputed + incoming + scores, layer_params - qkv, freed))
     if spec.mla is not None and resolved_kernel(spec, setup) == "flash":
         moments.append(_mla_sdpa_moment(spec, setup, st, tokens, mlp_saved, layer_params, recomputed + incoming))
     if spec.mla is not None and spec.mla.q_lora_rank:

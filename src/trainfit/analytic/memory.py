@@ -15,6 +15,7 @@ from ..spec import ModelSpec
 from . import compile_effects
 from .activations import keys_per_token
 from .embedding import embedding_saved
+from .forward_moments import last_layer_forward
 from .lora import adapter_setup, embedding_grad, head_saved_delta, lora_layer_params, lora_states
 from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, paged_state_bytes, state_bytes_unsharded
@@ -27,7 +28,7 @@ from .parallel.zero import gathered_params, model_states, reduce_scatter_transie
 from .params import ParamCounts, count_params
 from .phases import LayerKind, StepBytes, peak
 from .precision import StateBytes, state_bytes
-from .recompute import LayerMemory, layer_memory, layer_params
+from .recompute import LayerMemory, checkpoint_held_masks, layer_memory, layer_params
 
 __all__ = ["Stage", "TrainMemory", "adafactor_state", "rank_params", "stages", "train_memory"]
 
@@ -133,6 +134,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     pattern = tuple(1 if (j + 1) % every == 0 else 0 for j in range(stage.layers)) if every else ()
     uniform = kinds[pattern[0] if pattern else 0]
     casts = sum((lm, lm_full)[k].autocast_casts for k in pattern) if every else stage.layers * lm.autocast_casts
+    masks_held, masks_first = checkpoint_held_masks(spec, setup, st, stage.layers)
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
@@ -155,6 +157,9 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         gathered=gathered,
         optimizer_transient=ds.step_transient if ds else optimizer_temporaries(
             adapter_setup(setup, st), st, n / shard(setup, 1), largest),
+        masks_held=masks_held,
+        masks_first=masks_first if stage.embedding else masks_held,
+        last_layer_forward=last_layer_forward(spec, setup, st, tokens, uniform.saved) if stage.head else 0,
         norm_kept=head.norm_kept if stage.head else 0,
         norm_backward=head.norm_backward if stage.head else 0,
         gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else

@@ -1,6 +1,7 @@
 """The peak of a training step as the largest of its high points (not the sum of categories).
 
-  forward end      states + activations saved by every layer + the loss's logits buffers;
+  forward end      states + activations saved by every layer + the loss's logits buffers; for a post-norm encoder
+                   also the last layer's own forward high point (forward_moments.py), the head's tensors not made;
   backward         the loss's backward (all activations + the logits' gradients), the final norm's backward (the
                    head's saved tensors freed, its gradients made), then layer by layer: at each
                    layer's high point (backward.py) the gradients so far, the activations of the layers not yet
@@ -49,6 +50,12 @@ class StepBytes:
     embedding_backward: float  # the embedding's backward: the incoming gradient (and a tied weight's two partials)
     gathered: float  # ZeRO-3's gathered parameters, live in forward and backward
     optimizer_transient: float
+    # the (b, 1, s, s) masks full recomputation keeps (recompute.checkpoint_held_masks), per micro-batch: all of
+    # them through the last layer's backward, the first layer's at its backward, none at the embedding's
+    masks_held: float = 0.0
+    masks_first: float = 0.0
+    # beside every layer's saved tensors at the last layer's forward high point (forward_moments.py; 0: none)
+    last_layer_forward: float = 0.0
     norm_kept: float = 0.0  # of head_saved, the final norm's tensors still saved at its backward's high point
     norm_backward: float = 0.0  # the final norm's backward temporaries at that point
     # per moment, the gathered parameters and FSDP buffers where they differ from `gathered` (parallel/fsdp2.py);
@@ -75,7 +82,7 @@ class StepBytes:
     @property
     def activations(self) -> float:
         """Saved for backward at the forward's end (all in-flight micro-batches)."""
-        return self.in_flight * (self.layers_saved + self.embedding_saved) + self.head_saved
+        return self.in_flight * (self.layers_saved + self.embedding_saved + self.masks_held) + self.head_saved
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ def peak(b: StepBytes) -> Peak:
     def gathered(name: str) -> float:
         return b.gathered_at.get(name, b.gathered)
 
-    others = (b.in_flight - 1) * (b.layers_saved + b.embedding_saved)  # other micro-batches in flight
+    others = (b.in_flight - 1) * (b.layers_saved + b.embedding_saved + b.masks_held)  # other micro-batches in flight
     after_head = b.activations - b.head_saved + b.inputs
     # (name, gradients, activations, temporaries)
     moments = [
@@ -111,6 +118,9 @@ def peak(b: StepBytes) -> Peak:
         ("final_norm_backward", grads(b.head_gradients), after_head + b.norm_kept,
          b.norm_backward + gathered("loss_backward")),
     ]
+    if b.last_layer_forward:  # the head's tensors not made yet
+        moments.append(("last_layer_forward", before, b.activations - b.head_saved,
+                        b.last_layer_forward + gathered("forward_end")))
     if b.pattern:
         moments += _mixed_layer_moments(b, grads, others, gathered)
     else:
@@ -119,7 +129,7 @@ def peak(b: StepBytes) -> Peak:
              b.layer_backward + gathered("last_layer_backward")),
             ("first_layer_backward",
              grads(b.head_gradients + (b.layers - 1) * b.layer_gradients + b.layer_grads_done),
-             others + b.embedding_saved + b.layer_saved - b.layer_freed + b.inputs,
+             others + b.embedding_saved + b.masks_first + b.layer_saved - b.layer_freed + b.inputs,
              b.layer_backward + gathered("first_layer_backward")),
         ]
     moments += [
@@ -129,7 +139,8 @@ def peak(b: StepBytes) -> Peak:
         ("optimizer_step", 0 if in_bwd else b.gradients, 0, 0 if in_bwd else b.optimizer_transient),
     ]
     totals = {name: states + g + act + tmp for name, g, act, tmp in moments}
-    phases = {"forward_end": int(totals["forward_end"]),
+    phases = {"forward_end": int(max(v for k, v in totals.items() if k.startswith("forward_end")
+                                     or k == "last_layer_forward")),
               "backward": int(max(v for k, v in totals.items() if k.endswith("backward"))),
               "optimizer_step": int(totals["optimizer_step"])}
     phase = max(phases, key=phases.get)
@@ -155,6 +166,7 @@ def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:
             constant, per = b.gathered_at["layer_backward"]
             held = constant + (k + 1) * per
         out.append((name, grads(b.head_gradients + (n - 1 - k) * b.layer_gradients + lk.grads_done),
-                    others + b.embedding_saved + b.inputs + below + lk.saved - lk.freed, lk.backward + held))
+                    others + b.embedding_saved + (b.masks_first if k == 0 else b.masks_held) + b.inputs + below
+                    + lk.saved - lk.freed, lk.backward + held))
         below += lk.saved
     return out

@@ -110,8 +110,9 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     mlp_saved = sum(v / div[k] for k, v in big.mlp_share.items() if k in div)
     moe_kind = moe and frac_moe >= 0.5
     # the moments' layer has the parameters of its kind (NB: with full recomputation DeepSeek's high point is in
-    # layer 0, dense, the MoE layers' gradients all made — taken as an MoE layer's own: an over-count, +0.8% to +4.8%
-    # on small-deepseek_v2 against the trace, tests/analytic/test_vs_trace_families.py)
+    # layer 0, dense, the MoE layers' gradients all made — taken as an MoE layer's own: an over-count, which on
+    # small-deepseek_v2 on CPU partly offsets the missing math-path attention moment: -1.9% to +2.4% against the
+    # trace, -11.2% in bf16 with SGD, tests/analytic/test_vs_trace_families.py)
     moments = layer_moments(spec, ls, st, tokens, keys, moe_kind, mlp_saved, layer_params(spec, pc, setup, moe_kind),
                             recomputed)
     if setup.recompute == "op":
@@ -202,6 +203,23 @@ def op_sac_stored(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     if op_sac_stores_sdpa(spec, setup):
         stored += (a * spec.q_dim + FP32 * spec.heads) / t
     return stored * tokens
+
+
+def checkpoint_held_masks(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int) -> tuple[float, float]:
+    """The (b, 1, s, s) attention masks that full recomputation keeps alive: (from the forward through the last
+    layer's backward, at the first layer's backward). HF's eager attention gets a mask the model builds once per
+    forward in the embeddings' dtype (one per kind of layer: Gemma-2's sliding and global, modeling_gemma2.py:431-
+    443); the checkpointed layer's `recompute_fn` closes over the layer's arguments, mask included
+    (torch/utils/checkpoint.py:1657-1688 `fn(*args, **kwargs)`), so each mask lives until the backward of the lowest
+    layer that uses it — without recomputation only the model's forward holds it, and the add that reads it saves
+    nothing. By the first layer's backward only that layer's kind is left. (GPT-2's eager attention indexes a
+    boolean buffer: no mask is built. SDPA gets none for a causal batch without padding.)"""
+    traits = family_traits(spec)
+    if (setup.recompute != "full" or setup.stack != "hf" or setup.compile or resolved_kernel(spec, setup) != "eager"
+            or not traits["eager_softmax_fp32"]):
+        return 0.0, 0.0
+    one = st.residual * setup.batch * setup.seq * setup.seq
+    return min(traits["causal_masks"], layers) * one, one
 
 
 def _saves_its_input(spec: ModelSpec, setup: Setup, st: StateBytes) -> bool:
