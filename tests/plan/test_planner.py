@@ -102,13 +102,18 @@ def test_estimate_cli_gives_the_same_peak(l8b):
 
 
 def test_hand_checkable_optimum(l8b):
-    """8 H100s in one node, 8B model, 1M-token batches: everything fits without recompute, NVLink is fast and a
-    pipeline only adds a bubble and tensor parallelism only adds all-reduces, so the winner must be pure data
-    parallelism (tp = pp = 1) without recompute (its gradient all-reduce hides behind the backward over NVLink)."""
-    r = search(l8b, get_gpu("H100-80GB"), PlanQuery(gpus=8, seq=4096, global_batch_tokens=2**20))
+    """8 H100s in one node, 8B model, 1M-token batches: everything fits without recompute and a pipeline only adds a
+    bubble, so the winner has pp = 1 and no recompute. Between TP 1 and TP 2 it is close: pure DP 8 needs ZeRO-2 to
+    fit without recompute (bf16-master under ZeRO-1 keeps 4 B/param of bf16 weights and gradients whole beside its
+    1/8 of 12 B/param: too little room for a micro-batch's activations), so its gradients are reduce-scattered and FSDP2 copies its parameters in and out at each of the 32
+    micro-batches, about as much as TP 2's four all-reduces per layer over NVLink; larger TP only adds all-reduces."""
+    r = search(l8b, get_gpu("H100-80GB"), PlanQuery(gpus=8, seq=4096, global_batch_tokens=2**20, top=20))
     best = r.candidates[0].setup
-    assert (best.tp, best.pp, best.dp) == (1, 1, 8)
+    assert (best.pp, best.tp * best.dp) == (1, 8) and best.tp <= 2
     assert best.recompute == "none"
+    dp8 = [c for c in r.candidates if c.setup.dp == 8]
+    assert dp8 and dp8[0].setup.zero >= 2 and dp8[0].time.step_seconds == pytest.approx(
+        r.candidates[0].time.step_seconds, rel=0.05)
     tm = r.candidates[0].time
     parts = tm.compute + tm.recompute + tm.tp_comm + tm.pp_comm + tm.bubble + tm.dp_comm + tm.optimizer
     assert parts == pytest.approx(tm.step_seconds)
