@@ -78,7 +78,12 @@ def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="
         published=tps, unit="tokens/s/GPU", published_params=params,
         notes="Composer + torch FSDP1 (FULL_SHARD = zero 3, SHARD_GRAD_OP = zero 2), triton flash attention, "
               "modelled as the hf stack; MP mode DEFAULT = amp-bf16, PURE = bf16. NB: the hf stack's FSDP overlap "
-              "stands in for Composer's (FSDP1 backward prefetch).")
+              "stands in for Composer's (FSDP1 backward prefetch). Composer's DEFAULT policy (composer/trainer/"
+              "mosaic_fsdp_utils.py get_mixed_precision, read at commit 0099561e) sets param_dtype = buffer_dtype = "
+              "bf16 and leaves reduce_dtype None, which FSDP1 resolves to param_dtype (torch/distributed/fsdp/"
+              "_flat_param.py:926-932, api.py:123-128): bf16 all-gathers and reduce-scatters, as the hf stack's "
+              "accelerate policy now models them (step/strategy.py). NB: FSDP1 flat-parameter all-gathers and its "
+              "buffer_dtype bf16 are not modelled (the hf stack runs FSDP2 per-parameter shards); direction unknown.")
 
 
 MPT_RUNS = [
