@@ -39,7 +39,8 @@ ROOT = 512 * 64 * 2 + 64  # embedding, lm_head, final norm = 65,600
 
 def _trace(zero):
     spec = spec_from_config(TINY, "tiny-streams")
-    # --stack hf at amp-bf16: fp32 parameters, no MixedPrecisionPolicy (trainfit.step.strategy)
+    # --stack hf at amp-bf16: fp32 parameter shards under accelerate's MixedPrecisionPolicy(param_dtype=bf16,
+    # reduce_dtype=bf16) (trainfit.step.strategy)
     _, rec, _ = trace_rank(spec, Setup(stack="hf", batch=2, seq=32, device="cuda", dp=2, zero=zero))
     return rec
 
@@ -49,14 +50,16 @@ def test_fsdp2_side_stream_buffers_and_their_replay():
     step = [r for r in rec.records if r.birth >= rec.step_start]
     by = {s: sorted(r.nbytes for r in step if r.stream == s) for s in {r.stream for r in step}}
     # Streams 1-4: lazy_init's all_gather_copy_in, all_gather, reduce_scatter, all_reduce (_fsdp_param_group.py
-    # :84-102). Stream 1: each group's all-gather output, world x its shard (_fsdp_collectives.py:351-353) =
-    # the group's fp32 parameters (no cast buffer: no param_dtype, :388-393), gathered in forward and again in
-    # backward (reshard_after_forward=True). Stream 2 holds nothing: NCCL works in the given buffers. Stream 3:
-    # each group's reduce-scatter output, its shard of fp32 gradients (:611-616). Groups: 2 layers and the root.
+    # :84-102). Stream 1, per all-gather: the fp32 shard cast to param_dtype bf16 (the foreach-copy input,
+    # _fsdp_collectives.py:419-423: 2 B x n / 2 ranks) and the all-gather output, world x that shard
+    # (:351-353: 2 B x n), gathered in forward and again in backward (reshard_after_forward=True). Stream 2 holds
+    # nothing: NCCL works in the given buffers. Stream 3: each group's reduce-scatter output in reduce_dtype bf16
+    # (:612-616: 2 B x n / 2) and its cast to the fp32 shard of gradients (:696, _to_dtype_if_needed on the
+    # post-reduce stream, the reduce-scatter stream without HSDP: 4 B x n / 2). Groups: 2 layers and the root.
     groups = [LAYER, LAYER, ROOT]
     assert set(by) == {0, 1, 3}
-    assert by[1] == sorted(cuda_rounded(4 * n) for n in groups * 2)
-    assert by[3] == sorted(cuda_rounded(4 * n // 2) for n in groups)
+    assert by[1] == sorted(cuda_rounded(b * n) for n in groups * 2 for b in (2, 1))
+    assert by[3] == sorted(cuda_rounded(b * n // 2) for n in groups for b in (2, 4))
     one = [SimpleNamespace(nbytes=r.nbytes, birth=r.birth, death=r.death) for r in rec.records]
     streams, single = replay(rec.records, rec.step_start, end=rec.stop), replay(one, rec.step_start, end=rec.stop)
     assert streams.reserved >= single.reserved

@@ -16,7 +16,7 @@ from .parallel import pipeline
 from . import lora
 from .params import count_params
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks
-from .precision import fsdp2_mixed_precision, state_bytes
+from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
 from .loss import head_and_loss
 from .recompute import layer_params
 from ..precision import PRECISIONS
@@ -104,6 +104,12 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
                 if setup.stack == "torchtitan" and reshards_after_forward(setup) else 0)
     r = st.reduce or st.grad
     reduce_out = overheads.held_segments((n * r / setup.dp, layers if k == "layer" else 1) for k, n in kinds.items())
+    if r != st.grad:
+        # a reduce_dtype unlike the shards' (hf: accelerate's bf16): the reduce-scatter output is cast to the fp32
+        # gradient shard on the same stream (_fsdp_collectives.py:696, _to_dtype_if_needed), and the low-precision
+        # output, freed, is reused by the next group's: one block of the largest kind beside the fp32 shards
+        reduce_out = overheads.held_segments([(n * st.grad / setup.dp, layers if k == "layer" else 1)
+                                              for k, n in kinds.items()] + [(max(kinds.values()) * r / setup.dp, 1)])
     return copy_in + copy_out + max(0, reduce_out - int(mem.at_peak.get("gradients", 0)))
 
 
@@ -245,7 +251,9 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     if fsdp2_mixed_precision(setup):
         notes.append("FSDP2 mixed precision (stack facts): fp32 shards; each group all-gathered in "
                      f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "
-                     f"{setup.stack_facts.fact('mixed_precision', 'reduce_dtype')}; no autocast")
+                     f"{policy_dtype(setup, 'reduce_dtype')}; "
+                     + ("autocast on, over low-precision weights (no weight casts)"
+                        if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
     if gpu is not None:
         notes.append(_fit_note(reserve))
         notes.append(overheads.describe(beside, held, cached_block=True))

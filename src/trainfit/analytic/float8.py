@@ -36,6 +36,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, linear_params_per_layer
 from .parallel.pipeline import Stage
+from .precision import policy_dtype
 from .timing import compute_dtype
 
 LINEARS_PER_LAYER = 7  # q, k, v, o, gate, up, down (a Llama block; compile_effects.not_modelled checks the block)
@@ -61,7 +62,7 @@ def gathered_saving(spec: ModelSpec, setup: Setup, stage: Stage) -> float:
     one fp32 scale per weight."""
     if not fp8_all_gather(setup) or stage.layers == 0:
         return 0.0
-    param_bytes = DTYPE_BYTES[setup.stack_facts.fact("mixed_precision", "param_dtype")]
+    param_bytes = DTYPE_BYTES[policy_dtype(setup, "param_dtype")]
     return 2 * (converted(spec, setup) * (param_bytes - 1) - LINEARS_PER_LAYER * FP32)
 
 

@@ -24,7 +24,7 @@ from .parallel.pipeline import Stage, stages
 from . import quant
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
 from .parallel.tensor import rank_params, term_divisors
-from .parallel.zero import gathered_params, model_states, reduce_scatter_transient, shard
+from .parallel.zero import gathered_params, model_states, reduce_scatter_transient, shard, unsharded_at
 from .params import ParamCounts, count_params
 from .phases import LayerKind, StepBytes, peak
 from .precision import StateBytes, state_bytes
@@ -99,7 +99,11 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     gb = (st_grad if setup.lora_rank else st.grad) / shard(setup, 2)  # gradient bytes per parameter on this rank
     # a layer's gradients made during its backward: FSDP2 keeps them unsharded in param_dtype until its
     # post-backward reduce-scatter (parallel/fsdp2.py); otherwise they are the rank's own gradients
-    gb_layer = layer_unsharded_grad_bytes(st) if fsdp2 else gb
+    # (so does trainfit's hf strategy under a MixedPrecisionPolicy, st.param: parallel/zero.py unsharded_at)
+    gb_layer = layer_unsharded_grad_bytes(st) if (fsdp2 or (st.param and setup.zero >= 2)) else gb
+    # hf under FSDP2 mixed precision: the head's (and a tied embedding's) gradients are the root group's, unsharded
+    # in param_dtype until the root's post-backward, after the embedding's backward (parallel/zero.py unsharded_at)
+    gb_root = st.param if (st.param and not fsdp2 and setup.zero >= 2) else gb
     head_params = (pc.final + pc.lm_head / t) if stage.head else 0
     if stage.head and spec.tied_embeddings:
         head_params += spec.vocab * (spec.embed_proj_dim or spec.hidden) / t  # the tied weight's gradient
@@ -112,7 +116,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     # base's storage, so the sum is out of place: both partials and their sum. Both seen on an H200 (torch
     # 2.11.0+cu130; the trace folds such sums: trace/recorder.py _accumulated). (On a pipeline, Megatron's last stage holds its own copy:
     # not here.)
-    tied_partials = (1 if st.autocast else 2) * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb \
+    tied_partials = (1 if st.autocast else 2) * spec.vocab * (spec.embed_proj_dim or spec.hidden) / t * gb_root \
         if (spec.tied_embeddings and stage.embedding and stage.head) else 0
     if setup.lora_rank:  # frozen head and embedding: no gradients there; the layers' gradients are the adapters'
         head_params, tied_partials = 0, 0
@@ -140,7 +144,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
                   "comm_buffers": ms.comm},
         gradients=ms.gradients,
         accumulating=setup.grad_accum > 1,  # earlier micro-batches' gradients stay live
-        head_gradients=head_params * gb,
+        head_gradients=head_params * gb_root,
         layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
         layers=stage.layers,
         in_flight=stage.in_flight,
@@ -163,7 +167,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         norm_kept=head.norm_kept if stage.head else 0,
         norm_backward=head.norm_backward if stage.head else 0,
         gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
-        (ds.backward_moments(gathered) if ds else {}),
+        (ds.backward_moments(gathered) if ds else unsharded_at(pc, setup, st, stage)),
         kinds=kinds if every else (),
         pattern=pattern,
         # torchtune's optimizer_in_bwd (step/in_backward.py): one optimizer per parameter, so the step's

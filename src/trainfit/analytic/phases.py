@@ -127,6 +127,15 @@ def peak(b: StepBytes) -> Peak:
         moments += [
             ("last_layer_backward", grads(b.head_gradients + b.layer_grads_done), after_head - b.layer_freed,
              b.layer_backward + gathered("last_layer_backward")),
+        ]
+        if b.layers > 2 and "next_layer_backward" in b.gathered_at:
+            # the layer before the last, where FSDP2 holds both a prefetched copy and the last layer's kept
+            # reduce-scatter input (parallel/zero.py unsharded_at): the last layer's gradients made and its saved
+            # tensors freed
+            moments.append(("next_layer_backward", grads(b.head_gradients + b.layer_gradients + b.layer_grads_done),
+                            after_head - b.layer_saved - b.layer_freed,
+                            b.layer_backward + gathered("next_layer_backward")))
+        moments += [
             ("first_layer_backward",
              grads(b.head_gradients + (b.layers - 1) * b.layer_gradients + b.layer_grads_done),
              others + b.embedding_saved + b.masks_first + b.layer_saved - b.layer_freed + b.inputs,

@@ -34,12 +34,23 @@ class StateBytes:
 
 
 def fsdp2_mixed_precision(setup: Setup) -> bool:
-    """Whether the step runs FSDP2's MixedPrecisionPolicy instead of torch.autocast: the stack's mechanism is
-    fsdp2, FSDP is on (dp > 1 with sharded states: torchtitan's parallel_dims.fsdp_enabled), and the policy has a
-    low-precision compute dtype over fp32 weights (an amp-* policy; torchtitan's mixed_precision_param).
-    torchtitan/distributed/utils.py:243-263 (maybe_enable_amp: autocast only without FSDP)."""
+    """Whether the step runs FSDP2's MixedPrecisionPolicy: FSDP is on (dp > 1 with sharded states: torchtitan's
+    parallel_dims.fsdp_enabled, trainfit's hf --zero 2/3), the policy has a low-precision compute dtype over fp32
+    weights (an amp-* policy), and the stack sets one: its mechanism is fsdp2 (torchtitan, instead of autocast:
+    torchtitan/distributed/utils.py:243-263, maybe_enable_amp: autocast only without FSDP) or its [mixed_precision]
+    fsdp_policy is on (hf: accelerate's policy beside its autocast, stacks/hf.toml)."""
+    mp = setup.stack_facts.facts.get("mixed_precision", {})
     return (setup.dp > 1 and setup.zero >= 2 and setup.mode == "train"
-            and setup.stack_facts.fact("mixed_precision") == "fsdp2" and bool(PRECISIONS[setup.precision].autocast))
+            and (mp.get("value") == "fsdp2" or bool(mp.get("fsdp_policy")))
+            and bool(PRECISIONS[setup.precision].autocast))
+
+
+def policy_dtype(setup: Setup, field: str) -> str:
+    """The dtype of the stack's FSDP2 MixedPrecisionPolicy field ("param_dtype", "reduce_dtype") under `setup`'s
+    precision: the [mixed_precision] fact, where "compute" is the policy's compute dtype (hf: accelerate's amp
+    dtype for both)."""
+    dtype = setup.stack_facts.fact("mixed_precision", field)
+    return PRECISIONS[setup.precision].compute if dtype == "compute" else dtype
 
 
 def state_bytes(setup: Setup) -> StateBytes:
@@ -51,12 +62,20 @@ def state_bytes(setup: Setup) -> StateBytes:
         return StateBytes(DTYPE_BYTES[pol.weight], 0, 0, 0, False, act, residual, bool(pol.autocast))
     autocast, param, reduce = bool(pol.autocast), 0.0, 0.0
     if fsdp2_mixed_precision(setup):
-        # MixedPrecisionPolicy(param_dtype, reduce_dtype) (stacks/torchtitan.toml [mixed_precision]): param_dtype is
-        # the policy's compute dtype (torchtitan's mixed_precision_param, bf16 by default); the embedding runs on a
-        # low-precision weight, so the residual stream is low precision as well
+        # MixedPrecisionPolicy(param_dtype, reduce_dtype) (stacks/*.toml [mixed_precision]): param_dtype is the
+        # policy's compute dtype (torchtitan's mixed_precision_param, bf16 by default; accelerate's amp dtype); the
+        # embedding runs on a low-precision weight, so the residual stream is low precision as well. The hf stack
+        # keeps torch.autocast on, but over low-precision weights and inputs it casts nothing: cached_cast
+        # (aten/src/ATen/autocast_mode.cpp) casts only tensors not already in the target dtype and caches only fp32
+        # leaves that require grad, so there are no weight copies and no per-call input casts (autocast=False here).
+        # NB: autocast still runs its fp32-list ops (layer_norm, softmax, ... on CUDA) in fp32 on a bf16 input; the
+        # HF Llama-style blocks upcast their norms, softmax and loss explicitly, so nothing changes there, but a
+        # LayerNorm family's norm output is fp32 under hf FSDP on CUDA, which this under-counts (saved norm outputs
+        # in bf16): -2.9 % / -3.6 % on a 2-layer GPT-2 at --zero 3 / 2 (BENCHMARKS.md §23; CPU autocast keeps
+        # layer_norm in bf16 and matches the trace).
         autocast, residual = False, act
         param = DTYPE_BYTES[pol.compute]
-        reduce = DTYPE_BYTES[setup.stack_facts.fact("mixed_precision", "reduce_dtype")]
+        reduce = DTYPE_BYTES[policy_dtype(setup, "reduce_dtype")]
     weight = DTYPE_BYTES[pol.weight]
     grad = weight  # .grad has the parameter's dtype in PyTorch
     master = DTYPE_BYTES[pol.master] if pol.master else 0.0

@@ -15,6 +15,16 @@ group) and the distributed trace (fake process group), so that both run exactly 
             FSDP2 keeps the root's own parameters -- embeddings, final norm, LM head -- unsharded after
             forward, by design).
 
+Mixed precision under FSDP2 (--zero 2/3 with amp-bf16/amp-fp16), as HF Trainer / accelerate 1.15 runs it: accelerate
+gives every fully_shard call a MixedPrecisionPolicy whose param_dtype, reduce_dtype and output_dtype are all the
+amp dtype (state.py:1014-1015 set_mixed_precision; utils/dataclasses.py:2109-2143, the dtype_args at :2137-2141;
+utils/fsdp_utils.py:779 mp_policy), over fp32 shards (fsdp_utils.py:815-820 upcasts the trainable parameters), and
+still wraps the forward in torch.autocast (accelerator.py:1824-1835, native_amp). So each layer is all-gathered and
+computes in bf16/fp16 under autocast, and its gradients are reduce-scattered in the same dtype. The stack fact
+stacks/hf.toml [mixed_precision] fsdp_policy says so; the analytic engine reads the same fact
+(analytic/precision.py). fp32, bf16 and bf16-master set no policy: accelerate's mixed_precision is "no" there (a
+model loaded in bfloat16 and trained without bf16=True is sharded and gathered in bf16 as it is).
+
 Decoder layers are the modules whose class is in the HF model's `_no_split_modules` (what accelerate's FSDP
 auto-wrap uses), else the children of the largest ModuleList.
 """
@@ -100,11 +110,26 @@ def wrap(model: torch.nn.Module, setup: "Setup", device_type: str = "cpu", devic
     from torch.distributed.fsdp import fully_shard
 
     mesh = mesh if mesh is not None else init_device_mesh(device_type, (dist.get_world_size(),))
-    reshard = z == 3
+    kw = dict(mesh=mesh, reshard_after_forward=z == 3, mp_policy=mixed_precision_policy(setup))
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     return model, make_optimizer(model, setup)
+
+
+def mixed_precision_policy(setup: "Setup"):
+    """accelerate's FSDP2 MixedPrecisionPolicy for `setup` (module docstring): param_dtype = reduce_dtype =
+    output_dtype = the amp dtype when the stack fact [mixed_precision] fsdp_policy is on and the precision is an
+    amp-* policy; else fully_shard's default (no casts: accelerate passes `MixedPrecisionPolicy()`,
+    fsdp_utils.py:779)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from .build import autocast_dtype
+
+    dtype = autocast_dtype(setup)
+    if dtype is None or not setup.stack_facts.facts.get("mixed_precision", {}).get("fsdp_policy"):
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
 
 
 def local(t):

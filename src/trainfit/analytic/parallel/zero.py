@@ -48,30 +48,89 @@ def model_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup)
     # FSDP2 runs it (fully_shard(reshard_after_forward=False)) keeps the sharded parameter storage it gathers from
     # beside the full parameters (Rajbhandari's P_os+g, as DeepSpeed runs it, has only the full ones: n/dp fewer).
     comm = n * st.grad if (dp > 1 and z <= 1) else (n * st.weight / dp if z == 2 else 0)
+    if z == 2 and st.param:
+        # under an FSDP2 MixedPrecisionPolicy (hf: accelerate's, analytic/precision.py) the weights are the fp32
+        # shards; the param_dtype copies kept from forward to backward are freed group by group (unsharded_at)
+        weights, comm = n * st.weight / dp, 0.0
     return ModelStates(weights, grads, master, opt, comm)
 
 
 def gathered_params(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) -> float:
     """ZeRO-3 / FSDP2: the current layer's and the prefetched next layer's full parameters are gathered
     (Rajbhandari §5.3: parameters are broadcast layer by layer), and the root module (embeddings, final norm,
-    LM head) stays unsharded from its forward all-gather to its backward (FSDP2's root is not resharded)."""
+    LM head) stays unsharded from its forward all-gather to its backward (FSDP2's root is not resharded).
+    Under an FSDP2 MixedPrecisionPolicy (st.param) the gathered copies are in param_dtype, beside the fp32 shards."""
     if setup.zero < 3:
         return 0
     t, dp = setup.tp, setup.dp
-    root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * st.weight * (1 - 1 / dp)
-    return 2 * pc.per_layer_dense / t * st.weight + root
+    root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t
+    root *= st.param if st.param else st.weight * (1 - 1 / dp)
+    return 2 * pc.per_layer_dense / t * (st.param or st.weight) + root
+
+
+def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) -> dict:
+    """Under an FSDP2 MixedPrecisionPolicy on trainfit's hf strategy (st.param: each decoder layer and the root,
+    step/strategy.py), the param_dtype unsharded copies one rank holds at the step's moments where they differ from
+    `gathered_params` (phases.peak's gathered_at; {} without the policy). FSDP2 frees a group's unsharded parameters
+    at its post-backward reshard (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward), and the
+    root (embedding, final norm, LM head) is resharded last, after the embedding's backward:
+      * --zero 2 (reshard_after_forward=False): every group's copy from the forward to its own backward, so the
+        last layer's backward still holds all of them, the first layer's the root's and its own, the embedding's
+        the root's alone (each finished layer's copy traded for its fp32 gradient shard);
+      * --zero 3: the loss's backward holds the root and the last layer, prefetched by the root's pre-backward
+        (_fsdp_param_group.py _backward_prefetch); layer k's backward holds k and the prefetched k-1 beside the
+        root (gathered_params); the first layer prefetches nothing (the root is unsharded already): its own and
+        the root's; the embedding's, the root's alone.
+    The layer before the last (phases.peak's next_layer_backward) holds both a prefetched copy (zero 3) and the
+    last layer's kept reduce-scatter input. From the second layer's backward on, the previous layer's reduce-scatter
+    input (reduce_dtype, flat, unsharded) is kept until the next post-backward (comm_ctx.reduce_scatter_states, _fsdp_param_group.py:641-658), beside the
+    layer's own gradients; the root's comes last, after the embedding's backward.
+    At the forward's end the last layer's flat all-gather output is still held (comm_ctx.all_gather_state, freed by
+    the root's post-forward: _fsdp_state.py:335-342) when the loss runs inside the model's forward (the stack's
+    [loss] in_forward: transformers' ForCausalLMLoss), beside the copies: all of them (zero 2) or the root's."""
+    if not st.param or setup.zero < 2:
+        return {}
+    t = setup.tp
+    layer = pc.per_layer_dense / t * st.param
+    root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * st.param
+    held = layer if setup.stack_facts.facts.get("loss", {}).get("in_forward") else 0.0
+    r = st.reduce or st.grad
+    kept = pc.per_layer_dense / t * r  # the previous layer's reduce-scatter input
+    before_first = kept if stage.layers > 1 else 0.0
+    # the root's backward (the embedding's, then its post-backward), where phases.peak counts every gradient as its
+    # fp32 shard: the root's are still unsharded in param_dtype; during the embedding's backward beside the root's
+    # parameters and layer 0's kept input, then (parameters resharded, that input recycled) beside its own
+    # reduce-scatter input
+    n_root = root / st.param
+    embedding = max(root + kept, n_root * r) + root - n_root * st.grad / setup.dp
+    if setup.zero == 2:
+        every = root + stage.layers * layer
+        return {"forward_end": every + held, "loss_backward": every, "last_layer_backward": every,
+                "next_layer_backward": every - layer + kept,
+                "first_layer_backward": root + layer + before_first, "embedding_backward": embedding}
+    return {"forward_end": root + held, "loss_backward": root + layer, "next_layer_backward": root + 2 * layer + kept,
+            "first_layer_backward": root + layer + before_first, "embedding_backward": embedding}
 
 
 def reduce_scatter_transient(pc: ParamCounts, largest: int, st: StateBytes, setup: Setup) -> float:
     """ZeRO-2/3 in backward: a module's full gradient lives until its reduce-scatter — a whole layer's, or the
     LM head's/embedding's; gloo (the CPU backend) also clones the reduce-scatter input and, where backward
     re-gathers parameters (ZeRO-3), all-gathers into its own flat buffer; NCCL does neither
-    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, _reduce_scatter_base / _allgather_base)."""
+    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, _reduce_scatter_base / _allgather_base).
+    Under an FSDP2 MixedPrecisionPolicy (st.param) none: a layer's unsharded gradients are counted as its backward
+    makes them (memory.py gb_layer), the root's (LM head, embedding) with the head's gradients and at the root's
+    post-backward, and the reduce-scatter inputs FSDP2 keeps, by unsharded_at."""
     z, dp = setup.zero, setup.dp
     if z < 2:
         return 0
     layer = pc.per_layer_dense / setup.tp
+    if st.param:
+        return 0.0
     extra = max(largest, layer) * st.grad * (1 - 1 / dp)
     if setup.device == "cpu":
         extra += layer * (st.grad + (st.weight if z >= 3 else 0))
+    # NB (FSDP2 mixed precision on CPU): gloo's copies come at a layer's post-backward (the reduce-scatter input's
+    # clone) and pre-backward (the prefetch's all-gather buffer), not at its backward's high point, so they are not
+    # added to it; the pre-backward moment they make is not modelled (under-counts a CPU peak by up to one layer's
+    # param_dtype copy: -3.6 % on tiny-llama, --zero 3, BENCHMARKS.md)
     return extra
