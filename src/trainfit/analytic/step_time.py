@@ -187,6 +187,13 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     if setup.recompute.startswith("layer:"):
         rerun = (stage_layers_n // setup.layers_every) / stage_layers_n
     n_ar = 4 + 2 * rerun
+    if getattr(setup, "float8", False):
+        # torchtitan's tensorwise Float8 TP casts each block input to fp8 before its sequence-parallel all-gather
+        # (torchtitan models/llama3/infra/parallelize.py:83-86, 191-203 PrepareFloat8ModuleInput; torchao
+        # float8/float8_tensor_parallel.py:176-177 "the float8 cast happens before the all-gather"): in each forward
+        # (and re-run forward) all-reduce the all-gather half moves 1 byte per element, the reduce-scatter half of the
+        # row-parallel outputs and the backward's gradients keep act_bytes
+        n_ar -= (2 + 2 * rerun) * 0.5 * (1 - 1 / act_bytes)
     tp_mb = stage_layers_n * n_ar * ring_allreduce(t, x, intra) if t > 1 else 0.0
     # PP: the activation goes forward and its gradient back once per micro-batch and stage boundary; each TP rank
     # sends its 1/t share (Narayanan et al. 2021 §4.1 scatter/gather; sequence parallelism shards it anyway).
