@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 
-from trainfit import overheads
+from trainfit import nccl_buffers, overheads
 from trainfit.analytic.inference import kv_bytes_per_token
 from trainfit.analytic.params import count_params
 from trainfit.analytic.serving import forward_transient, sampler_transient, serve_memory, weights_per_gpu, Knobs
@@ -167,7 +167,7 @@ def sglang_rows() -> list[tuple[SglangCase, object, float]]:
         gpu = get_gpu(c.gpu)
         # the version's further communicators (NVLS off under SGLang) are taken off the memory serve_memory starts
         # from, so its free memory at start is the run's
-        extra = (c.communicators - 1) * overheads.nccl_communicator_bytes(gpu, c.tp, 0)
+        extra = (c.communicators - 1) * nccl_buffers.communicator_bytes(gpu, c.tp, 0)
         sv = sg.serve_memory(sglang_spec(c), setup, replace(gpu, memory=gpu.memory - extra))
         out.append((c, sv, (sv.kv_tokens - c.published_tokens) / c.published_tokens))
     return out
@@ -178,7 +178,7 @@ def dist_init_bytes(case: SglangCase) -> int:
     all-reduce buffers."""
     gpu = get_gpu(case.gpu)
     setup = Setup(mode="serve", server="sglang", precision="bf16", tp=case.tp)
-    return case.communicators * overheads.nccl_communicator_bytes(gpu, case.tp, 0) + \
+    return case.communicators * nccl_buffers.communicator_bytes(gpu, case.tp, 0) + \
         overheads.custom_allreduce_bytes(gpu, setup)
 
 

@@ -1,5 +1,5 @@
 """Fixed overheads (trainfit/overheads.py, data/overheads.toml) against independent sources, derived by hand."""
-from trainfit import overheads
+from trainfit import nccl_buffers, overheads
 from trainfit.analytic.engine import estimate
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model as load_spec
@@ -37,15 +37,15 @@ def test_nccl_communicator_bytes_per_rank():
     # receives from 2 peers and sends to 2 (ring and chain share the neighbour's connection): 24 MiB per channel.
     assert 4096 + 524_288 + 4_915_200 + (1 << 22) == 9_637_888 and -(-9_637_888 // (2 * MiB)) == 5
     h100, l4, a100 = get_gpu("H100-80GB"), get_gpu("L4"), get_gpu("A100-80GB")
-    assert overheads.nccl_communicator_bytes(h100, 4, nvls_local=0) == 24 * (2 * 10 + 2 * 2) * MiB  # 576 MiB
+    assert nccl_buffers.communicator_bytes(h100, 4, nvls_local=0) == 24 * (2 * 10 + 2 * 2) * MiB  # 576 MiB
     # NVLS at 8 ranks (transport/nvls.cc): 16 channels x 2 x (128 KiB x 8 + 2 MiB) x 8 heads = 768 MiB more
-    assert overheads.nccl_communicator_bytes(h100, 8) == (576 + 16 * 2 * 3 * 8) * MiB
+    assert nccl_buffers.communicator_bytes(h100, 8) == (576 + 16 * 2 * 3 * 8) * MiB
     # 4 L4s over PCIe: 4 channels x 24 MiB
-    assert overheads.nccl_communicator_bytes(l4, 4) == 96 * MiB
+    assert nccl_buffers.communicator_bytes(l4, 4) == 96 * MiB
     # 2 A100s (NVLink, P2P read: SIMPLE on the sender): receiver 4096 + LL + LL128 -> 6 MiB, sender 4096 + 4 MiB ->
     # 6 MiB; one peer each way: 24 channels x 12 MiB
-    assert overheads.nccl_communicator_bytes(a100, 2) == 24 * 12 * MiB
-    assert overheads.nccl_communicator_bytes(a100, 1) == 0
+    assert nccl_buffers.communicator_bytes(a100, 2) == 24 * 12 * MiB
+    assert nccl_buffers.communicator_bytes(a100, 1) == 0
 
 
 def test_nvls_only_where_a_group_has_more_than_two_gpus_on_a_node():

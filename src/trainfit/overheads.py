@@ -52,13 +52,6 @@ def blas_workspace(gpu: GPU) -> int:
     return int(w["sm90_bytes"] if gpu.name in w["sm90_gpus"] else w["other_bytes"])
 
 
-def nccl_communicator_bytes(gpu: GPU, ranks: int, nvls_local: int | None = None) -> int:
-    """NCCL's device memory one rank holds for a communicator of `ranks` ranks on `gpu`s, by its interconnect
-    (nccl_buffers.communicator_bytes: topology-searched channels x P2P connections, + NVLS over `nvls_local` GPUs of
-    an sm_90 NVSwitch node; None = all ranks on one node, 0 = off)."""
-    return nccl_buffers.communicator_bytes(gpu, ranks, nvls_local)
-
-
 def local_ranks(setup, name: str, ranks: int, per_node: int) -> int:
     """How many of rank 0's group `name` sit on rank 0's node (per_node GPUs, ranks packed in order), from the
     stacks' rank orders: Megatron-Core tp, cp, dp, pp from the innermost (parallel_state.py
@@ -150,7 +143,7 @@ def overheads(gpu: GPU | None, setup) -> dict[str, int]:
     nvls = nvls_on(setup)
     for name, ranks in communicators(setup).items():
         local = local_ranks(setup, name, ranks, gpu.gpus_per_node) if nvls else 0
-        out[f"nccl_{name}"] = nccl_communicator_bytes(gpu, ranks, local)
+        out[f"nccl_{name}"] = nccl_buffers.communicator_bytes(gpu, ranks, local)
     car = custom_allreduce_bytes(gpu, setup)
     if car:
         out["custom_allreduce"] = car

@@ -126,15 +126,17 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
     ef = embedding_forward(spec, sh)
     emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh))
-    hf = head_forward(spec, sh)
-    if setup.lora_rank:  # frozen embedding (no gradient scatter) and LM head (no weight gradient)
-        emb_b, hf = ListTime(), lora_ops.frozen(hf)
-    head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
+    if setup.lora_rank:  # frozen embedding: no gradient scatter
+        emb_b = ListTime()
     if getattr(setup, "loss", "full") == "fused-linear":  # Liger's head + loss replaces the LM head and loss
         norm = norm_ops(spec, "final_norm", sh.norm_tokens, sh, "final") if spec.final_norm else []
         flce_f, flce_b = fused_linear_loss(spec, sh, trains_head=not setup.lora_rank)
-        head_f = time_ops(gpu, prep(norm) + flce_f)
-        head_b = time_ops(gpu, prep(backward(norm)) + flce_b)
+        head_f, head_b = time_ops(gpu, prep(norm) + flce_f), time_ops(gpu, prep(backward(norm)) + flce_b)
+    else:
+        hf = head_forward(spec, sh)
+        if setup.lora_rank:  # a frozen LM head: no weight gradient
+            hf = lora_ops.frozen(hf)
+        head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
     first, middle, last = layers
     zero = ListTime()
     if setup.pp == 1:

@@ -178,8 +178,14 @@ def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | Non
         per_layer = (layer_linear - replicated) / t + replicated
     else:
         kv_params = 2 * spec.kv_dim * h  # k and v: each rank holds max(kv_heads / tp, 1) heads (replicated past)
-        per_layer = (layer_linear - kv_params) / t + kv_params * max(1 / t, 1 / max(spec.kv_heads, 1))
+        per_layer = (layer_linear - kv_params) / t + kv_params * kv_share(spec, t)
     return per_layer * quant_bytes(setup) + (pc.norms + router) * b
+
+
+def kv_share(spec: ModelSpec, tp: int) -> float:
+    """The share of the k and v projections one TP rank holds: max(kv_heads / tp, 1) of the kv heads, each head
+    replicated once TP exceeds them."""
+    return max(1 / tp, 1 / max(spec.kv_heads, 1))
 
 
 def quant_bytes(setup: Setup) -> float:

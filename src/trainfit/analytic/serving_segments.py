@@ -31,7 +31,7 @@ from .activations import FP32
 from .embedding import rotary_dim
 from .params import norm_params
 from .precision import DTYPE_BYTES
-from .serving import _weight_dtype, embedding_bytes, quant_bytes
+from .serving import _weight_dtype, embedding_bytes, kv_share, quant_bytes
 
 
 def construction(spec: ModelSpec, setup: Setup) -> list[tuple[str, str, float]]:
@@ -41,7 +41,7 @@ def construction(spec: ModelSpec, setup: Setup) -> list[tuple[str, str, float]]:
     b = DTYPE_BYTES[_weight_dtype(setup)]
     q = quant_bytes(setup)
     t, h = setup.tp, spec.hidden
-    kv_rows = spec.kv_dim * max(1 / t, 1 / max(spec.kv_heads, 1))  # kv heads replicated once tp exceeds them
+    kv_rows = spec.kv_dim * kv_share(spec, t)
     qkv_rows = spec.q_dim / t + 2 * kv_rows
     norm = norm_params(spec, h) * b
     moe_layers = 0

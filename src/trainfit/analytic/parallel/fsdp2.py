@@ -160,4 +160,3 @@ def copy_bytes(st: StateBytes, st_grads: StateBytes, params: float, trained: flo
     g = st_grads.param or st_grads.weight  # the unsharded gradients have the unsharded parameters' dtype
     r = st_grads.reduce or st_grads.grad
     return 2 * p * params, (g + r) * trained
-
