@@ -79,6 +79,17 @@ GEMM = ("gemm", "cutlass", "cublas", "xmma", "sm90_", "sm80_", "aten::mm", "aten
 ATTENTION = ("flash", "fmha", "attention", "attn", "sdpa")
 
 
+# profiler rows with a device time that are not kernels: a record_function range's span on the GPU (with CPU
+# activity on, Kineto's gpu_user_annotation, e.g. torch/optim/optimizer.py's `Optimizer.step#AdamW.step`: its
+# kernels' time again), the profiler's own buffer requests, and CUPTI's "Command Buffer Full" (the host waiting on
+# a full launch queue: a GPU-bound step). The H200 runs of 2026-11-27 counted the first and the last as kernels.
+NOT_KERNELS = ("Optimizer.", "ProfilerStep", "Activity Buffer Request", "Command Buffer Full")
+
+
+def not_a_kernel(name: str) -> bool:
+    return name.startswith(NOT_KERNELS)
+
+
 def kind_of(name: str) -> str:
     n = name.lower()
     if any(k in n for k in OPTIMIZER):
@@ -112,9 +123,22 @@ def profile_kinds(spec, setup, device: str) -> dict:
     # CPU activity beside CUDA: the aten ops that launched the kernels and the runtime calls (cudaLaunchKernel,
     # cudaMemsetAsync, ...) the host issued, i.e. what the host-issue bound counts (analytic/step_time.py host_issue)
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
+    # record_shapes: each aten op's input shapes, strides and dtypes beside the kernels it launched itself, so the
+    # bytes a memory-bound op moves can be set against its kernel time (the "other" kind's achieved bandwidth)
+    with profile(activities=activities, record_shapes=True) as prof:
         step.run_step(model, optimizer, batches, setup)
         sync()
+    by_shape: dict[tuple, list] = {}
+    for ev in prof.events():
+        t = getattr(ev, "self_device_time_total", 0) if device == "cuda" else 0
+        if t and ev.name.startswith("aten::"):
+            key = (ev.name, str(ev.input_shapes), str(getattr(ev, "input_dtypes", None)),
+                   str(getattr(ev, "structured_input_strides", None) or ""))
+            acc = by_shape.setdefault(key, [0, 0.0])
+            acc[0] += 1
+            acc[1] += t / 1e6
+    aten_kernels = [{"op": k[0], "shapes": k[1], "dtypes": k[2], "strides": k[3], "count": n, "seconds": sec}
+                    for k, (n, sec) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])]
     out = {"gemm": 0.0, "attention": 0.0, "other": 0.0, "optimizer": 0.0}
     kernels, top, aten, runtime = 0, [], {}, {}
     for ev in prof.key_averages():
@@ -124,8 +148,9 @@ def profile_kinds(spec, setup, device: str) -> dict:
             runtime[ev.key] = ev.count  # CUDA runtime API calls on the host
         if device == "cuda":
             t = getattr(ev, "self_device_time_total", 0) or getattr(ev, "self_cuda_time_total", 0)
-            if not t or ev.key.startswith("aten::"):
-                continue  # kernels only (aten ops' device time is their kernels')
+            if not t or ev.key.startswith("aten::") or getattr(ev, "is_user_annotation", False) \
+                    or not_a_kernel(ev.key):
+                continue  # kernels only (aten ops' and annotated ranges' device time is their kernels')
         else:
             t = ev.self_cpu_time_total
             if not ev.key.startswith("aten::"):
@@ -138,7 +163,48 @@ def profile_kinds(spec, setup, device: str) -> dict:
     # every kernel by name (not only the largest): the analytic kernel count is checked against the whole list
     return {"kinds": out, "kernels": kernels, "host_seconds": host, "wall_seconds": wall,
             "top": [{"seconds": t, "count": n, "name": k} for t, n, k in top],
-            "aten_ops": dict(sorted(aten.items(), key=lambda kv: -kv[1])), "runtime_calls": runtime}
+            "aten_ops": dict(sorted(aten.items(), key=lambda kv: -kv[1])), "runtime_calls": runtime,
+            "aten_kernels": aten_kernels[:150]}
+
+
+def profile_infer(spec, setup, device: str) -> dict:
+    """Kernels of an inference step's prefill and of its decode step, each profiled on its own (the step's phase
+    callback starts and stops the profiler): their count, summed kernel time, and the pass's wall time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainfit.measure.infer import prepare_inference
+    from trainfit.step.infer import inference_step
+
+    model, ids = prepare_inference(spec, setup, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    inference_step(model, ids, setup, spec.causal)  # warm-up
+    sync()
+    act = [ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
+    profs, stamps, out = {}, {}, {}
+
+    def phase(name: str) -> None:
+        sync()
+        now = time.perf_counter()
+        for running, prof in profs.items():
+            if running not in stamps:
+                prof.stop()
+                stamps[running] = now
+        if name != "end":
+            profs[name] = profile(activities=act)
+            stamps.pop(name, None)
+            profs[name].start()
+            out[name] = {"start": now}
+
+    inference_step(model, ids, setup, spec.causal, phase=phase)
+    for name, prof in profs.items():
+        rows = [e for e in prof.key_averages() if (getattr(e, "self_device_time_total", 0) if device == "cuda"
+                                                    else e.key.startswith("aten::")) and not not_a_kernel(e.key)]
+        out[name] = {"kernels": sum(e.count for e in rows),
+                     "kernel_seconds": sum(getattr(e, "self_device_time_total", 0) for e in rows) / 1e6,
+                     "wall_seconds": stamps[name] - out[name]["start"]}
+    del model, ids
+    return out
 
 
 def _memory(mem) -> dict:
@@ -203,6 +269,9 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
     try:
         an = estimate(spec, setup, gpu=gpu)
         row["analytic"] = {"peak": an.memory.peak, "phase": an.memory.peak_phase, "reserved": an.memory.reserved,
+                           "decode_seconds": (setup.batch / an.time.decode_tokens_per_second
+                                              if an.time and an.time.decode_tokens_per_second else None),
+                           "passes": {k: (an.detail or {}).get(k) for k in ("prefill", "decode")},
                            "device_total": an.memory.device_total,
                            "step_seconds": an.time.step_seconds if an.time else None,
                            "kinds": analytic_kinds((an.detail or {}).get("step_time") or {}), "memory": _memory(an.memory),
@@ -233,6 +302,8 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
             prof = profile_kinds(spec, setup, device)
             row["measured"]["kinds"] = prof.pop("kinds")
             row["measured"]["profile"] = prof
+        elif setup.mode == "infer":
+            row["measured"]["passes"] = profile_infer(spec, setup, device)
     except StepOutOfMemoryError as e:
         row["measured"] = {"oom": str(e)}
     except Exception as e:
@@ -343,12 +414,17 @@ def main(argv: list[str] | None = None) -> int:
     def write(rows: list[dict], minutes: float) -> None:  # after every case: a run cut off keeps what it measured
         stem.with_suffix(".json").write_text(json.dumps({"gpu": gpu.name, "device_name": name, "dry_run": dry,
                                                          "workspaces": ws, "predicted_workspaces": predicted_ws,
+                                                         "host": host,
                                                          "torch": torch.__version__, "minutes": round(minutes, 2),
                                                          "cases": rows}, indent=1, default=str))
         stem.with_suffix(".md").write_text(render(rows, gpu.name, dry, minutes))
 
     rows, t0 = [], time.perf_counter()
     ws = warm_up(device)
+    # this host's time to issue an eager op (the host-issue bound's rate, analytic/step_time.py host_issue): hosts
+    # differ by ~2x between lent machines, so each run records its own beside its steps
+    from cuda_kernels import host as host_issue  # this folder's microbenchmarks
+    host = host_issue(device)
     predicted_ws = sum(allocator_held(gpu, Setup(device="cuda")).values())
     print(f"cuBLAS workspaces: {ws['allocated']:,} B allocated ({ws['reserved']:,} reserved); predicted for a training "
           f"step {predicted_ws:,}", file=sys.stderr, flush=True)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
-    from cuda_truth import analytic_kinds  # this folder's harness (bench/ scripts import each other by name)
+    # this folder's harness (bench/ scripts import each other by name)
+    from cuda_truth import analytic_kinds, kind_of, not_a_kernel
     from trainfit.analytic.engine import estimate
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
@@ -41,8 +42,32 @@ def replay(path: Path) -> list[dict]:
                      "host_issue": st.get("host_issue"),
                      "kernels": (m.get("profile") or {}).get("kernels"),
                      "analytic_kernels": round(st["kernels"]) if st.get("kernels") else None,
-                     "kinds": m.get("kinds"), "analytic_kinds": analytic_kinds(st)})
+                     "kinds": measured_kinds(m, kind_of, not_a_kernel), "analytic_kinds": analytic_kinds(st),
+                     "decode": m.get("decode_seconds"), "passes": m.get("passes"),
+                     "analytic_decode": (e.setup.batch / e.time.decode_tokens_per_second
+                                         if e.time and e.time.decode_tokens_per_second else None),
+                     "analytic_passes": {k: (e.detail or {}).get(k) for k in ("prefill", "decode")}})
     return rows
+
+
+def measured_kinds(m: dict, kind_of, not_a_kernel) -> dict | None:
+    """Kernel seconds by kind. Where the profile lists every kernel (runs from 2026-11-27 on) they are summed again
+    from it without the rows that are not kernels (cuda_truth.NOT_KERNELS), which that day's harness counted."""
+    top = (m.get("profile") or {}).get("top") or []
+    if not any(not_a_kernel(t["name"]) for t in top):
+        return m.get("kinds")
+    out = dict.fromkeys(("gemm", "attention", "other", "optimizer"), 0.0)
+    for t in top:
+        if not not_a_kernel(t["name"]):
+            out[kind_of(t["name"])] += t["seconds"]
+    return out
+
+
+def _kinds(pred: dict | None, meas: dict | None) -> str:
+    if not pred or not meas:
+        return "—"
+    return " / ".join(f"{_err(pred[k], meas[k]):+.0%}" if meas.get(k) else "—"
+                      for k in ("gemm", "attention", "other", "optimizer"))
 
 
 def _err(a, b):
@@ -55,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = replay(args.results)
     print("| case | peak (measured) | analytic | step ms (measured) | analytic | host-bound part | kernels measured "
-          "/ analytic |\n|---|---:|---:|---:|---:|---:|---:|")
+          "/ analytic | kinds: gemm / attention / other / optimizer |\n|---|---:|---:|---:|---:|---:|---:|---|")
     steps = []
     for r in rows:
         pe, se = _err(r["analytic_peak"], r["peak"]), _err(r["analytic_step"], r["step"])
@@ -63,10 +88,22 @@ def main(argv: list[str] | None = None) -> int:
             steps.append(abs(se))
         kern = f"{r['kernels']} / {r['analytic_kernels']}" if r["kernels"] else "—"
         print(f"| {r['id']} | {r['peak']:,} | {pe:+.2%} | {r['step'] * 1e3:.1f} | "
-              f"{r['analytic_step'] * 1e3:.1f} ({se:+.1%}) | {(r['host_issue'] or 0) * 1e3:.1f} ms | {kern} |")
+              f"{r['analytic_step'] * 1e3:.1f} ({se:+.1%}) | {(r['host_issue'] or 0) * 1e3:.1f} ms | {kern} | "
+              f"{_kinds(r['analytic_kinds'], r['kinds'])} |")
     if steps:
         print(f"\ntraining step time: median |error| {statistics.median(steps):.1%}, worst {max(steps):.1%} "
               f"over {len(steps)} steps")
+    gen = [r for r in rows if r["decode"] and r["analytic_decode"]]
+    if gen:
+        print("\n| inference | prefill ms (measured) | analytic | decode ms (measured) | analytic | kernels prefill / "
+              "decode: measured, analytic |\n|---|---:|---:|---:|---:|---|")
+    for r in gen:
+        mp, ap = r["passes"] or {}, r["analytic_passes"] or {}
+        kern = " / ".join(f"{(mp.get(k) or {}).get('kernels', '—')}, {round((ap.get(k) or {}).get('kernels', 0))}"
+                          for k in ("prefill", "decode"))
+        print(f"| {r['id']} | {r['step'] * 1e3:.1f} | {r['analytic_step'] * 1e3:.1f} "
+              f"({_err(r['analytic_step'], r['step']):+.1%}) | {r['decode'] * 1e3:.2f} | "
+              f"{r['analytic_decode'] * 1e3:.2f} ({_err(r['analytic_decode'], r['decode']):+.1%}) | {kern} |")
     return 0
 
 

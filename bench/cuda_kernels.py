@@ -1,0 +1,333 @@
+"""Kernel microbenchmarks on a lent GPU (issue 14: per-op efficiency curves measured, not assumed).
+
+    python bench/cuda_kernels.py                 # on a CUDA machine, ~1 minute
+    python bench/cuda_kernels.py --dry-run       # anywhere: tiny sizes on CPU (the harness itself; CI runs it)
+
+Times, with CUDA events over repeated launches, the kernels an eager training step spends its time in, each beside
+trainfit's roofline prediction for it (analytic/roofline.py):
+  elementwise   copy / add / fp32->bf16 cast / in-place scale, bf16 and fp32, 256 K to 256 M elements: achieved
+                bytes/s against the hbm_fraction bandwidth (the "other" kernels of bench/cuda_truth.py);
+  step_ops      the memory-bound ops of an eager LLM step (RMSNorm's fp32 pieces, SiLU, adds, a transpose copy,
+                log-softmax) at 2,048 tokens x 768-8,192 wide;
+  sdpa          torch's scaled_dot_product_attention, causal, forward and backward, by backend (the default
+                dispatch, cuDNN, FlashAttention-2, memory-efficient) over sequence and head dim;
+  gemm          the forward and both backward GEMMs of each linear layer of the models bench/cuda_truth.py runs,
+                at its 2 x 1024 tokens (vocabularies not a multiple of 8 included: GPT-2's 50,257);
+  adamw         torch.optim.AdamW (fused and foreach) over Llama-3.2-1B's parameter tensors, fp32 and bf16;
+  host          the host's time to issue one eager op (a small add; a small linear's forward + backward).
+Writes bench/results/kernels-<gpu>-<date>.json: ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("gpt2", "llama-3.2-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b")
+
+
+def timer(device: str):
+    """seconds(fn, reps): per call, the kernels' own time (torch.profiler's device time of every kernel the `reps`
+    calls launched, summed) on a GPU, so a host slower than the kernels does not inflate it; on CPU (the dry run)
+    the wall time. Also keeps, in `seconds.wall`, the last CUDA-event wall time per call (kernels + host gaps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def seconds(fn, reps: int = 10) -> float:
+        fn()  # warm-up (autotuning, the allocator, cuDNN's graph cache)
+        if device != "cuda":
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - t0) / reps
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        seconds.wall = a.elapsed_time(b) / 1e3 / reps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        kernels = {}
+        for ev in prof.key_averages():
+            t = getattr(ev, "self_device_time_total", 0)
+            if t and not ev.key.startswith(("aten::", "Activity Buffer", "Command Buffer", "ProfilerStep")):
+                kernels[ev.key[:160]] = kernels.get(ev.key[:160], 0.0) + t / 1e6 / reps  # names can share a prefix
+        seconds.kernels = kernels
+        return sum(kernels.values())
+    seconds.wall, seconds.kernels = None, {}
+    return seconds
+
+
+def elementwise(device: str, gpu, sizes) -> list[dict]:
+    import torch
+
+    from trainfit.analytic.roofline import memory_seconds
+
+    seconds, rows = timer(device), []
+    for dtype in (torch.bfloat16, torch.float32):
+        el = torch.finfo(dtype).bits // 8
+        for n in sizes:
+            x, y, z = (torch.randn(n, device=device).to(dtype) for _ in range(3))
+            x32 = torch.randn(n, device=device)
+            ops = {"copy": (lambda: z.copy_(x), 2 * n * el),
+                   "add": (lambda: torch.add(x, y, out=z), 3 * n * el),
+                   "scale_": (lambda: z.mul_(1.0001), 2 * n * el)}
+            if dtype == torch.bfloat16:
+                ops["cast_fp32_bf16"] = (lambda: z.copy_(x32), n * (4 + el))
+            for op, (fn, nbytes) in ops.items():
+                t = seconds(fn, reps=20)
+                rows.append({"op": op, "dtype": str(dtype).split(".")[-1], "elements": n, "bytes": nbytes,
+                             "seconds": t, "wall_seconds": seconds.wall, "bytes_per_second": nbytes / t,
+                             "predicted_seconds": memory_seconds(gpu, nbytes, kernels=1)})
+    return rows
+
+
+def step_ops(device: str, gpu, tokens: int, widths) -> list[dict]:
+    """The memory-bound ops an eager LLM step runs, at its sizes (tokens x width): RMSNorm's fp32 pieces (upcast,
+    square, row mean, broadcast multiply), SiLU, the residual add, a head-major transpose copy (attention's
+    (b, s, h, d) -> (b, h, s, d)), and a row softmax (the loss): bytes counted as the tensors read and written."""
+    import torch
+
+    from trainfit.analytic.roofline import memory_seconds
+
+    seconds, rows = timer(device), []
+    for w in widths:
+        xb, yb = (torch.randn(tokens, w, device=device, dtype=torch.bfloat16) for _ in range(2))
+        xf = xb.float()
+        r = torch.randn(tokens, 1, device=device)
+        n = tokens * w
+        ops = {"upcast_bf16_fp32": (lambda: xb.float(), n * 6),
+               "square_fp32": (lambda: xf.pow(2), n * 8),
+               "mean_last_fp32": (lambda: xf.mean(-1, keepdim=True), n * 4 + tokens * 4),
+               "broadcast_mul_fp32": (lambda: xf * r, n * 8 + tokens * 4),
+               "silu_bf16": (lambda: torch.nn.functional.silu(xb), n * 4),
+               "add_bf16": (lambda: xb + yb, n * 6),
+               "transpose_copy_bf16": (lambda: xb.view(2, tokens // 2, -1, 64).transpose(1, 2).contiguous(), n * 4),
+               "softmax_fp32": (lambda: torch.log_softmax(xf, -1), n * 8)}
+        for op, (fn, nbytes) in ops.items():
+            t = seconds(fn, reps=20)
+            rows.append({"op": op, "tokens": tokens, "width": w, "bytes": nbytes, "seconds": t,
+                         "bytes_per_second": nbytes / t, "predicted_seconds": memory_seconds(gpu, nbytes, kernels=1),
+                         "kernels": seconds.kernels})
+    return rows
+
+
+def sdpa(device: str, gpu, shapes) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from trainfit.analytic.roofline import attention_seconds
+
+    seconds, rows = timer(device), []
+    backends = {"default": None} if device != "cuda" else {
+        "default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    dtype = torch.bfloat16
+    for b, h, s, d in shapes:
+        # HF's layout: the projections' (b, s, h, d) output viewed as (b, h, s, d) (transformers' attention modules)
+        q, k, v = (torch.randn(b, s, h, d, device=device, dtype=dtype).transpose(1, 2).requires_grad_()
+                   for _ in range(3))
+        g = torch.randn(b, h, s, d, device=device, dtype=dtype)
+        pred = {p: attention_seconds(gpu, "flash", b * h, s, s, d, True, "bf16", backward=p == "bwd")
+                for p in ("fwd", "bwd")}
+        for name, be in backends.items():
+            ctx = (lambda: sdpa_kernel(be)) if be is not None else (lambda: _nullcontext())
+
+            def fwd():
+                with ctx():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def fwd_bwd():
+                with ctx():
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                torch.autograd.grad(o, (q, k, v), g)
+            try:
+                tf = seconds(fwd, reps=5)
+                fwd_kernels = seconds.kernels
+                tb = seconds(fwd_bwd, reps=5) - tf
+            except RuntimeError as e:  # a backend that does not take this shape or GPU
+                rows.append({"backend": name, "shape": [b, h, s, d], "error": str(e).splitlines()[0][:160]})
+                continue
+            flops = 4 * b * h * s * s * d / 2  # causal: half of QK^T and PV (FA2 paper's FLOP count)
+            rows.append({"backend": name, "shape": [b, h, s, d], "fwd_seconds": tf, "bwd_seconds": tb,
+                         "fwd_tflops": flops / tf / 1e12, "bwd_tflops": 2.5 * flops / max(tb, 1e-12) / 1e12,
+                         "predicted_fwd_seconds": pred["fwd"], "predicted_bwd_seconds": pred["bwd"],
+                         "fwd_kernels": fwd_kernels, "kernels": seconds.kernels})
+    return rows
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def linear_shapes(model: str) -> list[tuple[str, int, int]]:
+    """(name, out_features, in_features) of each distinct linear layer of `model` (built on the meta device)."""
+    import torch
+
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+    from trainfit.step.build import build_model
+
+    spec = load_model(model)
+    net = build_model(spec, Setup(precision="bf16"), device="meta")
+    seen = {}
+    for name, mod in net.named_modules():
+        w = getattr(mod, "weight", None)
+        if isinstance(mod, torch.nn.Linear) or type(mod).__name__ == "Conv1D":  # GPT-2's Conv1D is a linear
+            out_f, in_f = (w.shape[1], w.shape[0]) if type(mod).__name__ == "Conv1D" else tuple(w.shape)
+            seen.setdefault((out_f, in_f), name.split(".")[-1])
+    return [(n, o, i) for (o, i), n in seen.items()]
+
+
+def gemm(device: str, gpu, models, tokens: int) -> list[dict]:
+    import torch
+
+    from trainfit.analytic.roofline import gemm_seconds
+
+    seconds, rows = timer(device), []
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    for model in models:
+        for name, n, k in linear_shapes(model):
+            x = torch.randn(tokens, k, device=device, dtype=dtype)
+            w = torch.randn(n, k, device=device, dtype=dtype)
+            dy = torch.randn(tokens, n, device=device, dtype=dtype)
+            # Y = X W^T (m=tokens, n, k); dX = dY W (m=tokens, n=k, k=n); dW = dY^T X (m=n, n=k, k=tokens)
+            for which, fn, (mm, nn, kk) in (("fwd", lambda: x @ w.t(), (tokens, n, k)),
+                                             ("dgrad", lambda: dy @ w, (tokens, k, n)),
+                                             ("wgrad", lambda: dy.t() @ x, (n, k, tokens))):
+                t = seconds(fn, reps=10)
+                rows.append({"model": model, "layer": name, "pass": which, "mnk": [mm, nn, kk], "seconds": t,
+                             "wall_seconds": seconds.wall, "kernel": max(seconds.kernels, key=seconds.kernels.get,
+                                                                        default=None),
+                             "tflops": 2 * mm * nn * kk / t / 1e12,
+                             "predicted_seconds": gemm_seconds(gpu, mm, nn, kk, "bf16")})
+    return rows
+
+
+def adamw(device: str, gpu, model: str) -> list[dict]:
+    import torch
+
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+    from trainfit.step.build import build_model
+
+    spec = load_model(model)
+    shapes = [p.shape for p in build_model(spec, Setup(precision="bf16"), device="meta").parameters()]
+    seconds, rows = timer(device), []
+    for dtype in (torch.float32, torch.bfloat16):
+        params = [torch.zeros(s, device=device, dtype=dtype, requires_grad=True) for s in shapes]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        n = sum(p.numel() for p in params)
+        for kind in (("fused", "foreach") if device == "cuda" else ("foreach",)):
+            opt = torch.optim.AdamW(params, lr=1e-4, **{kind: True})
+            t = seconds(opt.step, reps=3)
+            el = torch.finfo(dtype).bits // 8
+            rows.append({"model": model, "dtype": str(dtype).split(".")[-1], "kernel": kind, "params": n,
+                         "tensors": len(params), "seconds": t, "wall_seconds": seconds.wall,
+                         "kernels": seconds.kernels,
+                         # fused: read p, g, m, v and write p, m, v once (torch/optim/adam.py _fused_adam)
+                         "stream_bytes": 7 * n * el, "bytes_per_second": 7 * n * el / t})
+            del opt
+        del params
+    return rows
+
+
+def host(device: str) -> dict:
+    """The host's seconds per kernel issued from eager PyTorch, without waiting on the device: 2,000 small adds
+    (one kernel each), and 300 small linears' forward + backward (autograd's engine thread too); kernels per call
+    counted by the profiler on a GPU (on CPU: aten ops)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randn(64, device=device)
+    lin = torch.nn.Linear(64, 64, device=device)
+    x = torch.randn(8, 64, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    for name, fn, reps in (("add", lambda: torch.add(a, a), 2000),
+                           ("linear_fwd_bwd", lambda: lin(x).sum().backward(), 300)):
+        for _ in range(50):
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        host_s = (time.perf_counter() - t0) / reps
+        sync()
+        act = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
+        with profile(activities=[act]) as prof:
+            for _ in range(10):
+                fn()
+            sync()
+        if device == "cuda":
+            n = sum(e.count for e in prof.key_averages() if getattr(e, "self_device_time_total", 0)
+                    and not e.key.startswith(("aten::", "Activity Buffer", "Command Buffer")))
+        else:
+            n = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::") and e.cpu_parent is None)
+        kernels = max(1, n / 10)
+        out[name] = {"kernels_per_call": kernels, "host_seconds_per_call": host_s,
+                     "host_seconds_per_kernel": host_s / kernels}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU (no GPU needed)")
+    ap.add_argument("--only", default=None, help="one section: elementwise, step_ops, sdpa, gemm, adamw or host")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json results")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from trainfit.hardware import get_gpu
+
+    dry = args.dry_run
+    if not dry and not torch.cuda.is_available():
+        print("no CUDA device here: run with --dry-run, or on a GPU machine", file=sys.stderr)
+        return 2
+    device = "cpu" if dry else "cuda"
+    name = "H100-80GB" if dry else torch.cuda.get_device_name()
+    gpu = get_gpu(name)
+    sections = {
+        "elementwise": lambda: elementwise(device, gpu, [2**12] if dry else [2**k for k in range(18, 29, 2)]),
+        "step_ops": lambda: step_ops(device, gpu, 64 if dry else 2048, (128,) if dry else (768, 2048, 4096, 8192)),
+        "sdpa": lambda: sdpa(device, gpu, [(1, 2, 64, 32)] if dry else
+                             [(16384 // s, 16, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192)]
+                             + [(2, 32, 1024, 64), (2, 12, 1024, 128), (2, 24, 1024, 128), (2, 32, 1024, 128)]),
+        "gemm": lambda: gemm(device, gpu, ("tiny-gpt2",) if dry else MODELS, 64 if dry else 2048),
+        "adamw": lambda: adamw(device, gpu, "tiny-llama" if dry else "llama-3.2-1b"),
+        "host": lambda: host(device),
+    }
+    out, t0 = {"gpu": gpu.name, "device_name": name, "dry_run": dry, "torch": torch.__version__}, time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"kernels-{gpu.name}{'-dry-run' if dry else ''}-{_dt.date.today()}.json"
+    for sec, fn in sections.items():
+        if args.only and sec != args.only:
+            continue
+        print(f"{sec} ...", file=sys.stderr, flush=True)
+        out[sec] = fn()
+        out["minutes"] = round((time.perf_counter() - t0) / 60, 2)
+        path.write_text(json.dumps(out, indent=1))  # after every section: a run cut off keeps what it measured
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    print(f"wrote {path} ({out.get('minutes', 0):.1f} min)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

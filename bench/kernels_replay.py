@@ -1,0 +1,87 @@
+"""Today's roofline against a committed kernel microbenchmark run (no GPU needed).
+
+    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27.json
+
+bench/cuda_kernels.py timed, on a lent GPU, the kernels an eager step spends its time in (kernel time from
+torch.profiler); this re-predicts each with analytic/roofline.py as it is now and prints the errors by section:
+the GEMMs of five models' linear layers, torch's SDPA (the backend it picks by default), the memory-bound ops of a
+step by access class, and the optimizer. Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+# bench/cuda_kernels.py step_ops -> ops.Op.access (the class analytic/ops.py gives the op it stands for)
+ACCESS = {"upcast_bf16_fp32": "upcast", "broadcast_mul_fp32": "strided", "transpose_copy_bf16": "transpose",
+          "mean_last_fp32": "reduce", "softmax_fp32": "reduce", "square_fp32": "vector", "silu_bf16": "vector",
+          "add_bf16": "vector"}
+
+
+def _summary(name: str, errs: list[float]) -> str:
+    if not errs:
+        return f"{name}: no rows"
+    return (f"{name}: {len(errs)} rows, median |error| {statistics.median(abs(e) for e in errs):.1%}, "
+            f"worst {max(errs, key=abs):+.1%}")
+
+
+def replay(run: dict) -> dict[str, list[tuple[str, float]]]:
+    """(label, (predicted - measured) / measured) per row of each section."""
+    from trainfit.analytic.compute_time import optimizer_seconds
+    from trainfit.analytic.precision import state_bytes
+    from trainfit.analytic.roofline import attention_seconds, gemm_seconds, memory_seconds
+    from trainfit.hardware import get_gpu
+    from trainfit.setup import Setup
+
+    gpu = get_gpu(run["gpu"])
+    out: dict[str, list[tuple[str, float]]] = {"gemm": [], "sdpa": [], "step_ops": [], "adamw": []}
+    for r in run.get("gemm", []):
+        m, n, k = r["mnk"]
+        # the engine times a weight gradient as (in, out, tokens) (ops.backward); the benchmark ran (out, in, tokens)
+        shape = (n, m, k) if r["pass"] == "wgrad" else (m, n, k)
+        out["gemm"].append((f"{r['model']} {r['layer']} {r['pass']} {r['mnk']}",
+                            gemm_seconds(gpu, *shape, "bf16") / r["seconds"] - 1))
+    for r in run.get("sdpa", []):
+        if r.get("backend") != "default" or "error" in r:
+            continue
+        b, h, s, d = r["shape"]
+        for p in ("fwd", "bwd"):
+            t = attention_seconds(gpu, "sdpa", b * h, s, s, d, True, "bf16", backward=p == "bwd")
+            out["sdpa"].append((f"{r['shape']} {p}", t / r[f"{p}_seconds"] - 1))
+    for r in run.get("step_ops", []):
+        access = ACCESS.get(r["op"])
+        if access:
+            t = memory_seconds(gpu, r["bytes"], 1, access)
+            out["step_ops"].append((f"{r['op']} {r['tokens']}x{r['width']} ({access})", t / r["seconds"] - 1))
+    for r in run.get("adamw", []):
+        if r["kernel"] != "fused":
+            continue
+        precision = "fp32" if r["dtype"] == "float32" else "bf16"
+        setup = Setup(device="cuda", precision=precision, optimizer_impl="fused")
+        mem, launch = optimizer_seconds(gpu, setup, state_bytes(setup), r["params"], r["tensors"])
+        out["adamw"].append((f"fused AdamW {r['dtype']} {r['params']:,} params", (mem + launch) / r["seconds"] - 1))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/cuda_kernels.py")
+    ap.add_argument("--rows", action="store_true", help="print every row, not only the summaries")
+    args = ap.parse_args(argv)
+    run = json.loads(args.results.read_text())
+    if run.get("dry_run"):
+        print("a dry run's times are CPU times: nothing to compare", file=sys.stderr)
+        return 2
+    for section, rows in replay(run).items():
+        print(_summary(section, [e for _, e in rows]))
+        if args.rows:
+            for label, e in rows:
+                print(f"    {label}: {e:+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
