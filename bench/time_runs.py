@@ -151,7 +151,10 @@ def _bert(gpu, precision, batch, seq, sps, table_row):
 
 
 def _tt(id_, table, row, model, setup, tps, notes="", in_sample=False):
-    base = dict(stack="torchtitan", seq=8192, precision="amp-bf16", attention="flash")
+    # attention flash2: torchtitan then called SDPA under torch 2.6's priority (FlashAttention-2 first); cuDNN came
+    # first only on sm100 until Oct 2025 (torchtitan models/attention.py at bcdeaa37, 2025-07-01: _init_backend
+    # FLASH, EFFICIENT, MATH, CUDNN prepended if has_cuda_capability(10, 0); 6a3a9da95, 2025-10-09, made it first)
+    base = dict(stack="torchtitan", seq=8192, precision="amp-bf16", attention="flash2")
     return dict(id=id_, source=f"{TT} Table {table}, row '{row}'", gpu="H100-96GB", model=model,
                 setup={**base, **setup}, published=tps, unit="tokens/s/GPU", in_sample=in_sample,
                 notes="torchtitan Dec 2024 on Grand Teton H100 96 GB HBM2e at 500 W. NB: the 500 W cap lowers the "
@@ -274,10 +277,11 @@ RUNS: list[dict] = [
     *(dict(id=f"tt-h200-8b-fsdp{n}", source=f"{TT_H200}, Results table, row NUM_NODES {n // 8}", gpu="H200",
            model="llama-3.1-8b",
            setup=dict(stack="torchtitan", batch=2, seq=8192, dp=n, zero=3, recompute="op", compile=True,
-                      float8=True, precision="amp-bf16", attention="flash"),
+                      float8=True, precision="amp-bf16", attention="flash2"),
            published=tps, unit="tokens/s/GPU",
            notes="Trainy, June 2025: llama3_8b.toml (seq 8192, FSDP over all ranks, selective op AC) with local batch "
-                 "2, compile and Float8 (fp8 FSDP all-gather). NB: force_recompute_fp8_weight_in_bwd is not "
+                 "2, compile and Float8 (fp8 FSDP all-gather); SDPA pinned to FlashAttention-2 first on sm90 "
+                 "(torchtitan models/attention.py at bcdeaa37: flash2). NB: force_recompute_fp8_weight_in_bwd is not "
                  "modelled (predicted faster).")
       for n, tps in ((32, 10938), (64, 10753))),
     *(_mpt(*r) for r in MPT_RUNS),

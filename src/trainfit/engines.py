@@ -121,9 +121,10 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
     if setup.float8:
         raise SetupError("--float8 is torchtitan's Float8Linear, which the measure engine does not run: use --engine "
                          "analytic")
-    if setup.attention == "triton":
-        raise SetupError("--attention triton is llm-foundry's Triton kernel; the measure engine runs PyTorch's SDPA "
-                         "in its place: use --attention flash, or --engine analytic/trace (which save what flash saves)")
+    if setup.attention in ("triton", "flash2"):
+        raise SetupError(f"--attention {setup.attention} names a kernel the measure engine does not pin; it runs "
+                         "PyTorch's SDPA in its place: use --attention flash, or --engine analytic/trace (which save "
+                         "what flash saves)")
     if _vision(spec):
         try:
             from .measure.vision import measure_vision

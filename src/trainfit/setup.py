@@ -57,7 +57,7 @@ LOSSES = ("full", "fused-linear", "chunked-logprob")  # --loss
 STACKS = _stacks.NAMES
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS
-ATTENTION = ("auto", "eager", "sdpa", "flash", "triton")
+ATTENTION = ("auto", "eager", "sdpa", "flash", "flash2", "triton")
 DEVICES = ("cuda", "cpu")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_SEQ = 2048
@@ -129,9 +129,11 @@ class Setup:
                              "attention; hf: the attention scores, needs --attention eager).",
                              modes=TRAINING, check=lambda v: check_recompute(v), example="op",
                              suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"))
-    attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash; triton = "
-                             "FlashAttention in Triton (llm-foundry's attn_impl: triton; CUDA, 16-bit, --stack hf; "
-                             "saves what flash saves, runs slower); auto = flash on cuda, sdpa on cpu.",
+    attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash (the fused kernel "
+                             "torch's SDPA picks: cuDNN on H100/H200 from torch 2.9); flash2 = FlashAttention-2 (SDPA "
+                             "before torch 2.9, or the flash-attn package; CUDA, 16-bit); triton = FlashAttention in "
+                             "Triton (llm-foundry's attn_impl: triton; CUDA, 16-bit, --stack hf; saves what flash "
+                             "saves, runs slower); auto = flash on cuda, sdpa on cpu.",
                              choices=ATTENTION, modes=RL_STEP)
     dp: int = setting(1, "Data-parallel degree.", minimum=1, modes=("train",), example="8")
     tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8", modes=MODES)
@@ -643,6 +645,9 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf")
     if setup.attention == "triton":
         _validate_triton_attention(setup, stack.name)
+    if setup.attention == "flash2" and (setup.device != "cuda" or setup.precision == "fp32"):
+        raise SetupError("--attention flash2 is FlashAttention-2's CUDA kernel, 16-bit only: use --device cuda with a "
+                         "16-bit precision, or --attention sdpa")
     if setup.recompute == "selective" and stack.fact("recompute", "selective") == "attention" \
             and setup.attention_kernel != "eager":
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "

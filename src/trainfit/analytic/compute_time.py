@@ -65,24 +65,30 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     kn = roofline.kernels_for(gpu)
     launch = kn.launch_seconds
     g = at = fl = 0.0
-    n = 0
-    nbytes = 0.0
+    n = timed = 0  # kernels launched (the host issues each); launches whose time is the launches term's
+    nbytes: dict[str, float] = {}  # memory ops' bytes by access class (roofline.memory_seconds)
     for op in ops:
         if op.kind == "gemm":
             g += _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch) - launch
             n += op.kernels
+            timed += op.kernels
             fl += op.flops
         elif op.kind == "attention":
             at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
                                              op.backward) - launch
-            n += kn.attention_bwd_launches.get(op.kernel, op.kernels) if op.backward else op.kernels
+            kernel = roofline.runnable(kn, op.kernel)
+            k = kn.attention_bwd_launches.get(kernel, op.kernels) if op.backward else op.kernels
+            n += k
+            # cuDNN's measured time per call includes its own launches (roofline._cudnn_seconds): one is timed here
+            timed += 1 if kernel == "cudnn" else k
             fl += op.flops
         else:
-            nbytes += op.nbytes
+            nbytes[op.access] = nbytes.get(op.access, 0.0) + op.nbytes
             n += op.kernels
-    # memory_seconds is bytes / achieved bandwidth + launches (roofline API): one call for the whole list
-    mem = roofline.memory_seconds(gpu, nbytes, 0) if nbytes else 0.0
-    return ListTime(g, at, mem, n * launch, fl, n)
+            timed += op.kernels
+    # memory_seconds is bytes / achieved bandwidth + launches (roofline API): one call per access class
+    mem = sum(roofline.memory_seconds(gpu, b, 0, access) for access, b in nbytes.items())
+    return ListTime(g, at, mem, timed * launch, fl, n)
 
 
 @dataclass(frozen=True)
@@ -217,7 +223,12 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     master = (2 * tensors if setup.stack == "hf" else 1) if mast else 0
     launches = passes * per_pass + master
     launch = roofline.kernels_for(gpu).launch_seconds
-    return roofline.memory_seconds(gpu, nbytes, 0), launches * launch
+    # multi_tensor_apply kernels load kILP = 4 elements per thread per access (aten/src/ATen/native/cuda/
+    # ForeachFunctors.cuh, fused_adam_utils.cuh): 16-byte accesses on fp32 weights, 8-byte on 16-bit ones, which
+    # keep half the bytes in flight (kernels.toml access mta32 / mta16). NB: the for-loop path's per-tensor kernels
+    # are TensorIterator's vectorised ones, timed as mta too
+    access = "mta32" if p >= 4 else "mta16"
+    return roofline.memory_seconds(gpu, nbytes, 0, access), launches * launch
 
 
 def tensors_per_rank(spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:

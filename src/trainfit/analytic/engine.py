@@ -9,7 +9,7 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects, float8, inference, rl, serving
+from . import compile_effects, float8, infer_time, inference, rl, serving
 from .flops import forward_per_token, step_flops
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
@@ -173,8 +173,8 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
         raise SetupError(f"--pp {p} needs at least {p} micro-batches per step to fill the pipeline: set --grad-accum >= {p}")
 
 
-# Inference time has no layout model yet: prefill at this model-FLOPs utilisation, decode at `mbu` of bandwidth.
-# NB: a flat utilisation, stated in the estimate's notes; the step-time issue replaces it.
+# Serving and RL generation have no layout model yet: prefill at this model-FLOPs utilisation, decode at `mbu` of
+# bandwidth. NB: a flat utilisation, stated in the estimate's notes. (--mode infer: analytic/infer_time.py.)
 INFER_MFU = 0.4
 
 
@@ -194,7 +194,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":
-        return _infer(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
+        return _infer(spec, setup, pc, gpu, mfu, mbu, reserve)
     if setup.mode == "serve":
         return _serve(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
     if setup.mode == "rl":
@@ -293,13 +293,23 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                     phases=phases, reserved=reserved, device_total=device_total, overheads=beside,
                     at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations, "temporaries": m.logits})
     flops = Flops(int(prefill_flops), 0, 0, int(prefill_flops), int(prefill_flops), int(fpt))
-    timing = None
+    timing, detail = None, {}
+    modelled = mfu is None
     if gpu is not None:
         # the peak may use what the device total leaves: GPU memory - --reserve - the fixed overheads
         capacity = gpu.memory - reserve - overheads.fixed_bytes(gpu, setup)
-        prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
-        # decode: one pass over the weights and the whole KV cache per generated token (per sequence batch)
-        decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu) if spec.causal else None
+        if modelled:  # each pass's op list, timed as the training step's (analytic/infer_time.py)
+            pre, dec = infer_time.prefill_decode(spec, setup, gpu, pc)
+            prefill_s, decode_s = pre.seconds, dec.seconds if dec else None
+            mfu = prefill_flops / (prefill_s * gpu.flops_for(compute_dtype(setup)))
+            detail = {"prefill": {"gpu_seconds": pre.gpu.seconds, "kernels": pre.gpu.kernels,
+                                  "host_bound": pre.host_bound}}
+            if dec:
+                detail["decode"] = {"gpu_seconds": dec.gpu.seconds, "kernels": dec.gpu.kernels,
+                                    "host_bound": dec.host_bound}
+        else:  # --mfu: a flat utilisation for the prefill; decode: the weights and the whole KV cache at `mbu`
+            prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
+            decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu) if spec.causal else None
         timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=prefill_s, tokens_per_second=setup.batch * setup.seq / prefill_s,
                         fits=device_total + reserve <= gpu.memory, headroom=gpu.memory - reserve - device_total,
                         gpu_memory=gpu.memory,
@@ -307,11 +317,14 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                         decode_tokens_per_second=setup.batch / decode_s if decode_s else None,
                         max_batch=inference.largest_batch(spec, setup, capacity),
                         max_seq=inference.largest_context(spec, setup, capacity))
-    notes = [f"KV cache in {inference.kv_dtype(spec, setup)}; decode at {mbu:.0%} of memory bandwidth (roofline)"]
+    notes = [f"KV cache in {inference.kv_dtype(spec, setup)}; " + (
+        "prefill and decode timed op by op (the training step's kernel model) and by the host's kernel issue"
+        if modelled else f"prefill at --mfu {mfu:.0%}, decode at {mbu:.0%} of memory bandwidth (roofline)")]
     if gpu is not None:
         notes += [_fit_note(reserve), overheads.describe(beside, held)]
     return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
-                    timing, tuple(notes), {"params_active": pc.active, "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup)})
+                    timing, tuple(notes), {"params_active": pc.active,
+                                           "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup), **detail})
 
 
 def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from .. import stacks as _stacks
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -73,6 +74,10 @@ class Op(NamedTuple):
     grad: bool = True  # memory: has a backward kernel (False: fp8 casts, whose backward fp8_backward_extra lists)
     source: str = ""
     bwd_kernels: int = -1  # memory: kernels its autograd backward launches (-1: as many as the forward)
+    # memory: how the kernel reaches memory (roofline.memory_seconds): "vector" (contiguous, vectorised loads),
+    # "upcast" (16 -> 32-bit conversion), "strided" (a broadcast or gathered operand), "transpose" (a layout copy)
+    access: str = "vector"
+    bwd_access: str = ""  # its backward kernel's access ("" = the same)
 
     @property
     def flops(self) -> float:
@@ -112,6 +117,7 @@ class Shape:
     compile: bool = False
     float8: bool = False
     fused_elementwise: bool = False  # Megatron-core's fused bias-GeLU and bias-dropout-add kernels
+    sdpa: bool = False  # the stack calls torch's scaled_dot_product_attention (stacks/*.toml [attention])
 
     @property
     def tokens(self) -> float:
@@ -140,7 +146,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
                  bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
-                 stack == "megatron")
+                 stack == "megatron", "sdpa_backends" in _stacks.get_stack(stack).facts.get("attention", {})
+                 and setup.attention_kernel != "flash2")
 
 
 # --- building blocks ----------------------------------------------------------------------------------------------
@@ -151,10 +158,25 @@ def _gemm(name: str, m: float, n: float, k: float, sh: Shape, src: str, bias: bo
 
 
 def _ew(name: str, reads: float, writes: float, src: str, group: str = "", fused: tuple[float, float] | None = None,
-        saves: bool = True, kernels: int = 1, grad: bool = True, bwd: int = -1) -> Op:
+        saves: bool = True, kernels: int = 1, grad: bool = True, bwd: int = -1, access: str = "vector",
+        bwd_access: str = "") -> Op:
     fr, fw = (reads, writes) if fused is None else fused
     return Op(name, "memory", "", reads=reads, writes=writes, kernels=kernels, saves_input=saves, group=group,
-              fused_reads=fr, fused_writes=fw, grad=grad, source=src, bwd_kernels=bwd)
+              fused_reads=fr, fused_writes=fw, grad=grad, source=src, bwd_kernels=bwd, access=access,
+              bwd_access=bwd_access)
+
+
+# Access classes of casts: torch converts fp32 -> bf16 in a vectorised kernel (bfloat16_copy_kernel_cuda) but a
+# 16 -> 32-bit upcast in the generic dynamic-cast loop (unrolled_elementwise_kernel<direct_copy_kernel_cuda>, no
+# vector loads): aten/src/ATen/native/cuda/Copy.cu, CUDALoops.cuh; both names in the H200 profiles. A cast's
+# backward is the cast the other way.
+DOWNCAST = {"access": "vector", "bwd_access": "upcast"}
+UPCAST = {"access": "upcast", "bwd_access": "vector"}
+# A broadcast operand (a [T, 1] or [h] factor) has a zero stride, so TensorIterator runs the strided
+# elementwise_kernel with per-element offsets instead of a vectorised one (CUDALoops.cuh gpu_kernel_impl)
+BROADCAST = {"access": "strided"}
+# a row reduction (mean, softmax): reduce_kernel / the softmax kernels, below streaming bandwidth
+REDUCE = {"access": "reduce"}
 
 
 def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, out_bytes: int | None = None,
@@ -176,17 +198,18 @@ def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, o
     # weight·y -> grad·w and Σ(grad·y) (3), a dtype cast -> a cast back (1)
     ops = []
     if r != FP32:
-        ops.append(_ew(f"{name}.to_fp32", x * r, x * FP32, src, group, (x * r, 0)))
+        ops.append(_ew(f"{name}.to_fp32", x * r, x * FP32, src, group, (x * r, 0), **UPCAST))
     ops += [_ew(f"{name}.pow", x * FP32, x * FP32, src, group, (0, 0), bwd=3),
-            _ew(f"{name}.mean", x * FP32, n * FP32, src, group, (0, 0)),
+            _ew(f"{name}.mean", x * FP32, n * FP32, src, group, (0, 0), **REDUCE),
             _ew(f"{name}.rsqrt", n * FP32, n * FP32, src, group, (0, 0), kernels=2, bwd=3),
-            _ew(f"{name}.mul", x * FP32 + n * FP32, x * FP32, src, group, (0 if r != FP32 else x * r, 0), bwd=3)]
+            _ew(f"{name}.mul", x * FP32 + n * FP32, x * FP32, src, group, (0 if r != FP32 else x * r, 0), bwd=3,
+                **BROADCAST)]
     if r != FP32:
-        ops.append(_ew(f"{name}.to_dtype", x * FP32, x * r, src, group, (0, 0)))
+        ops.append(_ew(f"{name}.to_dtype", x * FP32, x * r, src, group, (0, 0), **DOWNCAST))
     if family_traits(spec)["norm_fp32"]:
         out = FP32  # Gemma: x.float() * (1 + weight.float()) (modeling_gemma.py GemmaRMSNorm)
     # fused: the compiled norm writes its output in the dtype the next matmul reads (the autocast cast folded in)
-    ops.append(_ew(f"{name}.weight", x * max(r, out), x * out, src, group, (0, x * sh.act), bwd=3))
+    ops.append(_ew(f"{name}.weight", x * max(r, out), x * out, src, group, (0, x * sh.act), bwd=3, **BROADCAST))
     return ops
 
 
@@ -196,8 +219,8 @@ def _casts(name: str, tokens: float, width: float, calls: int, sh: Shape, group:
     if not sh.autocast or sh.act == FP32:
         return []
     x = tokens * width
-    return [_ew(f"{name}.autocast{j}", x * FP32, x * sh.act, "torch.autocast (linear inputs)", group, (0, 0))
-            for j in range(calls)]
+    return [_ew(f"{name}.autocast{j}", x * FP32, x * sh.act, "torch.autocast (linear inputs)", group, (0, 0),
+                **DOWNCAST) for j in range(calls)]
 
 
 def _rope(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
@@ -208,17 +231,18 @@ def _rope(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
         return [_ew(f"{name}.rope", x * a, x * a, "megatron fused_apply_rotary_pos_emb", "rope", saves=False)]
     if sh.rope == "complex":
         src = "torchtitan llama3 model.py:164-169"
-        return [_ew(f"{name}.rope_fp32", x * a, x * FP32, src, "rope", (x * a, 0), saves=False),
-                _ew(f"{name}.rope_cmul", x * FP32, x * FP32, src, "rope", (0, 0), saves=False),
-                _ew(f"{name}.rope_cast", x * FP32, x * a, src, "rope", (0, x * a), saves=False)]
+        return [_ew(f"{name}.rope_fp32", x * a, x * FP32, src, "rope", (x * a, 0), saves=False, **UPCAST),
+                _ew(f"{name}.rope_cmul", x * FP32, x * FP32, src, "rope", (0, 0), saves=False, **BROADCAST),
+                _ew(f"{name}.rope_cast", x * FP32, x * a, src, "rope", (0, x * a), saves=False, **DOWNCAST)]
     src = "modeling_llama.py:119-148"
     # backward: the add passes its gradient on (no kernel), the cos/sin products one each, cat's halves are views
     # but rotate_half's two input slices each make zeros + a copy (slice_backward), then x's three gradients are
     # summed (2)
-    return [_ew(f"{name}.rope_neg", x * a / 2, x * a / 2, src, "rope", (x * a, 0), saves=False),
-            _ew(f"{name}.rope_cat", x * a, x * a, src, "rope", (0, 0), saves=False, bwd=6),
-            _ew(f"{name}.rope_cos", x * a, x * a, src, "rope", (0, 0), saves=False),
-            _ew(f"{name}.rope_sin", x * a, x * a, src, "rope", (0, 0), saves=False),
+    # the halves are strided slices; cos and sin ([1, s, d]) broadcast over batch and heads
+    return [_ew(f"{name}.rope_neg", x * a / 2, x * a / 2, src, "rope", (x * a, 0), saves=False, **BROADCAST),
+            _ew(f"{name}.rope_cat", x * a, x * a, src, "rope", (0, 0), saves=False, bwd=6, **BROADCAST),
+            _ew(f"{name}.rope_cos", x * a, x * a, src, "rope", (0, 0), saves=False, **BROADCAST),
+            _ew(f"{name}.rope_sin", x * a, x * a, src, "rope", (0, 0), saves=False, **BROADCAST),
             _ew(f"{name}.rope_add", 2 * x * a, x * a, src, "rope", (0, x * a), saves=False, bwd=0)]
 
 
@@ -311,14 +335,17 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
         ops += _rope("q", T, q, sh) + _rope("k", T, kv, sh)
     bh = sh.batch * spec.heads / t
     if sh.attention == "eager" and kv < q:  # repeat_kv: expand + reshape copies k and v to every head (:168)
-        ops.append(_ew("repeat_kv", 2 * T * kv * a, 2 * T * q * a, "modeling_llama.py:168 repeat_kv", saves=False))
+        ops.append(_ew("repeat_kv", 2 * T * kv * a, 2 * T * q * a, "modeling_llama.py:168 repeat_kv", saves=False,
+                       **BROADCAST))
     softcap = spec.config.get("attn_logit_softcapping", traits.get("softcap_default"))
     if sh.attention == "eager" and softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
         s2 = bh * (sh.seq / sh.cp) * sh.seq * a
         ops += [_ew(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
     # eager attention launches q·kᵀ, the scaling, the mask, softmax, its cast and p·v (6; backward 7, ATTENTION_BWD_KERNELS)
+    # a 16-bit flash call through torch's SDPA runs what torch picks on the GPU (roofline.runnable "sdpa")
+    kernel = "sdpa" if sh.attention == "flash" and sh.sdpa else sh.attention
     ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
-                  kernel=sh.attention, kernels=6 if sh.attention == "eager" else 1,
+                  kernel=kernel, kernels=6 if sh.attention == "eager" else 1,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
         ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")
@@ -360,7 +387,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
         # gradient back): the projections' weights, not the experts' (grouped_mm runs outside autocast, moe.py)
         n = sum(o.n * o.k * o.batch for o in ops if o.kind == "gemm" and not o.name.startswith("experts"))
         ops.insert(0, _ew("weight_casts", n * sh.weight, n * sh.act, "torch.autocast weight cast cache", "",
-                          saves=False, kernels=sum(1 for o in ops if o.kind == "gemm")))
+                          saves=False, kernels=sum(1 for o in ops if o.kind == "gemm"), **DOWNCAST))
     return ops
 
 
@@ -471,10 +498,12 @@ def embedding_backward(spec: ModelSpec, sh: Shape) -> list[Op]:
             _ew("embed.grad_scatter", T * h * (sh.residual + sh.grad), T * h * sh.grad, src, saves=False)]
 
 
-def head_forward(spec: ModelSpec, sh: Shape) -> list[Op]:
+def head_forward(spec: ModelSpec, sh: Shape, logits_rows: float | None = None) -> list[Op]:
     """The last stage's final norm, task head (trainfit.heads) and loss. The LM loss: HF's ForCausalLMLoss and
     torchtitan's cross_entropy_loss upcast the T × V/t logits to fp32 (loss_utils.py:61, loss.py:23) and run
-    log_softmax (two reading passes: max/sum, then write) + nll_loss; compiled, one kernel reads the logits."""
+    log_softmax (two reading passes: max/sum, then write) + nll_loss; compiled, one kernel reads the logits.
+    `logits_rows` (generation): the LM head runs on those rows only (transformers' logits_to_keep: the norm sees
+    every token, the head the last one per sequence) and there is no loss."""
     h, t, a = spec.hidden, sh.tp, sh.act
     T, Tn = sh.tokens, sh.norm_tokens
     ops = norm_ops(spec, "final_norm", Tn, sh, "final") if spec.final_norm else []
@@ -493,19 +522,23 @@ def head_forward(spec: ModelSpec, sh: Shape) -> list[Op]:
         ops += norm_ops(spec, "mlm_norm", T, sh, "mlm", a)
     he = spec.embed_proj_dim or h
     v = spec.vocab / t
+    if logits_rows is not None:
+        T = logits_rows
     ops += _casts("lm_head_in", T, he, 1, sh, "final")
     ops.append(_gemm("lm_head", T, v, he, sh, "modeling_llama.py:468 lm_head", bias=spec.lm_head_bias))
     x = T * v
     if spec.config.get("final_logit_softcapping", family_traits(spec).get("final_softcap_default")):
         ops += [_ew(f"logit_softcap{j}", x * a, x * a, "modeling_gemma2.py final_logit_softcapping", "loss", (0, 0))
                 for j in range(3)]
+    if logits_rows is not None:
+        return ops
     lb = FP32 if (sh.loss_upcast or sh.autocast or a == FP32) else a
     src = "loss_utils.py:61 logits.float() + cross_entropy"
     if lb != a:
-        ops.append(_ew("logits_fp32", x * a, x * lb, src, "loss", (0, 0), saves=False))
+        ops.append(_ew("logits_fp32", x * a, x * lb, src, "loss", (0, 0), saves=False, **UPCAST))
     # fused, the loss kernel reads the logits and keeps two fp32 numbers per row (max, log-sum-exp); its backward
     # reads the logits again and writes their gradient (compile_effects.compiled_head)
-    ops += [_ew("log_softmax", 2 * x * lb, x * lb, src, "loss", (x * a, 2 * FP32 * T), kernels=1),
+    ops += [_ew("log_softmax", 2 * x * lb, x * lb, src, "loss", (x * a, 2 * FP32 * T), kernels=1, **REDUCE),
             _ew("nll_loss", T * (lb + INDEX), FP32, src, "loss", (0, 0), saves=False)]
     return ops
 
@@ -541,7 +574,8 @@ def backward(ops: list[Op]) -> list[Op]:
             fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
             k = op.kernels if op.bwd_kernels < 0 else op.bwd_kernels
             out.append(op._replace(name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,
-                                   fused_writes=op.fused_reads, kernels=k))
+                                   fused_writes=op.fused_reads, kernels=k, access=op.bwd_access or op.access,
+                                   bwd_access=""))
     return out
 
 
@@ -550,7 +584,7 @@ def backward(ops: list[Op]) -> list[Op]:
 # flash_bwd_dq_dk_dv_loop_seqk_parallel, convert_dQ); the memory-efficient kernel one (cutlass fmha backward). NB: on
 # an H200 with torch 2.11 SDPA ran cuDNN's kernel, 5 per backward (bprop, dot_do_o, 2 reduce_head, convert_dq).
 # Eager: p·v's two GEMMs, the cast's and softmax's backward, the scaling's, q·kᵀ's two GEMMs (7).
-ATTENTION_BWD_KERNELS = {"flash": 3, "efficient": 1, "eager": 7}
+ATTENTION_BWD_KERNELS = {"flash": 3, "sdpa": 3, "efficient": 1, "eager": 7}
 
 
 def grad_accumulations(spec: ModelSpec, sh: Shape) -> list[Op]:

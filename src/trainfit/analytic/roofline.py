@@ -48,6 +48,11 @@ class Kernels:
     host_link: float = 0.0            # GPU <-> host bytes/s per direction (pinned copies); 0 = unknown
     # fused-attention kernel -> launches of its backward where the GPU's default kernel differs (cuDNN on Hopper)
     attention_bwd_launches: dict[str, int] = field(default_factory=dict)
+    gemm_tiles: tuple[tuple[int, int], ...] = ()  # the tiles cuBLAS runs on this generation (measured); () = MMBG's
+    unaligned_fraction: float = 0.0  # 16-bit GEMM with a row not 16-byte aligned / peak (measured); 0 = unmeasured
+    access: dict[str, float] = field(default_factory=dict)  # memory access class -> / streaming bandwidth
+    sdpa: str = "flash"              # the kernel torch's SDPA runs for a 16-bit call on this generation
+    cudnn: "CudnnAttention | None" = None  # cuDNN's fused attention, measured (kernels.toml [generation.*.cudnn])
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -97,9 +102,47 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        link_fraction=float(d.get("link_fraction", 1.0)),
                        host_link=float(d.get("host_link", 0.0)),
                        attention_bwd_launches={k: int(v) for k, v in d.get("attention_bwd_launches", {}).items()},
+                       gemm_tiles=tuple(tuple(int(x) for x in t) for t in d.get("gemm_tiles", ())),
+                       unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
+                       access={k: float(v) for k, v in d.get("access", {}).items()},
+                       sdpa=str(d.get("sdpa", "flash")), cudnn=_cudnn(d.get("cudnn")),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
+
+
+@dataclass(frozen=True)
+class CudnnAttention:
+    """cuDNN's fused attention as measured (kernels.toml [generation.hopper.cudnn]): per head dim, the fraction of
+    the peak its matmuls reach and a fixed time per call, for the forward and the backward."""
+    head_dims: tuple[int, ...]
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    forward_fixed: tuple[float, ...]
+    backward_fixed: tuple[float, ...]
+    tile: tuple[int, int]
+    fill: int
+    backward_bytes_per_element: float
+
+    def at(self, head_dim: int, backward: bool) -> tuple[float, float]:
+        """(fraction, fixed seconds) at `head_dim`: linear between the measured head dims, the nearer one outside."""
+        frac, fixed = (self.backward, self.backward_fixed) if backward else (self.forward, self.forward_fixed)
+        dims = self.head_dims
+        if head_dim <= dims[0]:
+            return frac[0], fixed[0]
+        for i in range(1, len(dims)):
+            if head_dim <= dims[i]:
+                w = (head_dim - dims[i - 1]) / (dims[i] - dims[i - 1])
+                return frac[i - 1] + w * (frac[i] - frac[i - 1]), fixed[i - 1] + w * (fixed[i] - fixed[i - 1])
+        return frac[-1], fixed[-1]
+
+
+def _cudnn(raw: dict | None) -> CudnnAttention | None:
+    if not raw:
+        return None
+    return CudnnAttention(tuple(raw["head_dims"]), tuple(raw["forward"]), tuple(raw["backward"]),
+                          tuple(raw["forward_fixed_seconds"]), tuple(raw["backward_fixed_seconds"]),
+                          tuple(raw["tile"]), int(raw["fill"]), float(raw["backward_bytes_per_element"]))
 
 
 def _with_derived(d: dict) -> dict:
@@ -148,9 +191,10 @@ def _kernels_by_name(name: str, vendor: str, watts: float = 0.0) -> Kernels:
     return _build(entry, t["generation"][entry["generation"]], name, known=True, clock=clock)
 
 
-def host_seconds_per_kernel() -> float:
-    """The host's time to issue one kernel from eager PyTorch (kernels.toml [host], measured on an H200's host)."""
-    return float(_table()["host"]["eager_seconds_per_kernel"])
+def host_seconds_per_kernel(no_grad: bool = False) -> float:
+    """The host's time to issue one kernel from eager PyTorch: a training step's, or an inference forward's under
+    no_grad (no autograd recording) — kernels.toml [host], measured on H200 hosts."""
+    return float(_table()["host"]["no_grad_seconds_per_kernel" if no_grad else "eager_seconds_per_kernel"])
 
 
 def kernels_for(gpu: GPU) -> Kernels:
@@ -193,7 +237,8 @@ def _tile_rates(name: str, vendor: str, dtype: str, per_sm: float) -> tuple[tupl
     """(Tm, Tn, per-SM FLOP/s) for each tile the GPU may use. A tile streams (Tm + Tn) * size bytes of A and B from
     L2 per 2*Tm*Tn FLOPs, so with the measured L2 bandwidth per SM its rate is at most l2 * 2*Tm*Tn/((Tm+Tn)*size).
     The GPU's own tile is the one the MAMF was measured with: its rate is the MAMF, and a smaller tile loses the
-    ratio of the two L2 bounds (only where that bound binds). No L2 measurement: the GPU's tile alone (NB)."""
+    ratio of the two L2 bounds (only where that bound binds). No L2 measurement: the GPU's tile alone (NB).
+    The candidates: the generation's measured tiles (kernels.toml gemm_tiles), else MMBG's smaller than the GPU's."""
     kn = _kernels_by_name(name, vendor)
     big = kn.tile
     if not kn.l2_bytes_per_sm:
@@ -204,11 +249,9 @@ def _tile_rates(name: str, vendor: str, dtype: str, per_sm: float) -> tuple[tupl
         return kn.l2_bytes_per_sm * 2 * tm * tn / ((tm + tn) * size)
 
     top = min(per_sm, l2_bound(*big))
-    out = [(big[0], big[1], per_sm)]
-    for tm, tn in _CUBLAS_TILES:
-        if tm * tn < big[0] * big[1]:
-            out.append((tm, tn, per_sm * min(per_sm, l2_bound(tm, tn)) / top))
-    return tuple(out)
+    tiles = kn.gemm_tiles or [big] + [t for t in _CUBLAS_TILES if t[0] * t[1] < big[0] * big[1]]
+    # a larger tile than the GPU's streams less per FLOP but runs no faster than the MAMF
+    return tuple((tm, tn, per_sm * min(1.0, min(per_sm, l2_bound(tm, tn)) / top)) for tm, tn in tiles)
 
 
 def gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int = 1) -> float:
@@ -230,8 +273,12 @@ def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> f
     NB: assumes operands hit in L2 (a tile row/column is re-read by the other tiles of its wave): optimistic for
     GEMMs whose operands overflow L2 in a bad raster order."""
     kn = kernels_for(gpu)
-    per_sm = gpu.flops_for(dtype) * kn.matmul(dtype) / kn.sms
     size = _size(dtype)
+    # a row (n or k) not a multiple of 16 bytes: the unaligned fallback kernels where measured (kernels.toml
+    # matmul_unaligned_fraction). NB: m is not checked: the engine times a linear layer's three GEMMs at the forward's
+    # (tokens, out, in) shape, where the rows are n and k; tokens are never a row of them
+    unaligned = kn.unaligned_fraction and size == 2 and (n * size % 16 or k * size % 16)
+    per_sm = gpu.flops_for(dtype) * (kn.unaligned_fraction if unaligned else kn.matmul(dtype)) / kn.sms
     base = (m * k + k * n + m * n) * size * batch
     bw = _bandwidth(gpu, kn)
     best = math.inf
@@ -264,19 +311,19 @@ def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[i
 
 
 def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                     kernel: str = "default") -> float:
+                     kernel: str = "default", block: tuple[int, int] | None = None, fill: int = 1) -> float:
     """Sequence factor in (0, 1]: useful block steps / the step-slots the SMs are held for.
     A step = one Br x Bc block of QK^T and PV (4*Br*Bc*d FLOPs) at the per-SM long-sequence rate. Each CTA (one
     query tile of one head, FA2 §3.2) walks its key blocks — a partial edge block costs a whole step — plus one
     pipeline-fill step: its K/V tiles are double-buffered (flash-attn csrc/flash_attn/src/flash_fwd_kernel.h loads
     block j+1 while computing block j; FA3 §3.1 two-stage pipeline), so the first load is exposed once per CTA.
     CTAs run in waves over the SMs (one CTA per SM per wave), never faster than the longest CTA.
-    NB: the fill step is one block-compute long, not a measured latency; errs either way by < 1 step per CTA."""
-    br, bc = kn.attn_block(head_dim, kernel)
+    NB: the fill step is one block-compute long, not a measured latency; errs either way by < 1 step per CTA.
+    `block` and `fill` override the kernel's tiles and the one fill step (cuDNN's, fitted: CudnnAttention)."""
+    br, bc = block or kn.attn_block(head_dim, kernel)
     tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal)
     if total == 0:
         return 1.0
-    fill = 1
     ctas = batch_heads * tiles
     useful = batch_heads * (_causal_pairs(s_q, s_kv) if causal else s_q * s_kv) / (br * bc)
     waves = math.ceil(ctas / kn.sms)
@@ -314,7 +361,9 @@ def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: i
 def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
                        dtype: str, backward: bool) -> float:
     kn = kernels_for(gpu)
-    kernel = _runnable(kn, kernel)
+    kernel = runnable(kn, kernel)
+    if kernel == "cudnn":
+        return _cudnn_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
     if kernel == "eager":
         return _eager_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
     flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal)
@@ -344,10 +393,29 @@ def _attention_peak(gpu: GPU, kernel: str, dtype: str) -> float:
     return gpu.flops_for(dtype)
 
 
-def _runnable(kn: Kernels, kernel: str) -> str:
-    """The kernel that actually runs: one the GPU has data for, else the next one PyTorch's SDPA dispatcher would
-    try (torch/nn/functional.py scaled_dot_product_attention: flash, then memory-efficient, then math) — e.g.
-    "flash3" on an A100 runs FlashAttention-2."""
+def _cudnn_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str,
+                   backward: bool) -> float:
+    """cuDNN's fused attention (CudnnAttention, measured): FLOPs at its fraction of the peak over the 64x64-block
+    tile factor, its fixed time per call, and in the backward its pre/post passes' bytes at HBM bandwidth. The
+    fixed time includes its launches: time_ops times one launch for it, and counts all of them for the host."""
+    c = kn.cudnn
+    frac, fixed = c.at(d, backward)
+    flops = _attention_flops(bh, s_q, s_kv, d, causal) * (2.5 if backward else 1.0)
+    seq = flash_efficiency(kn, bh, s_kv, s_q, d, causal, block=c.tile, fill=c.fill) if backward else \
+        flash_efficiency(kn, bh, s_q, s_kv, d, causal, block=c.tile, fill=c.fill)
+    extra = bh * s_q * d * c.backward_bytes_per_element / _bandwidth(gpu, kn) if backward else 0.0
+    return flops / (_attention_peak(gpu, "cudnn", dtype) * frac * seq) + extra + fixed
+
+
+def runnable(kn: Kernels, kernel: str) -> str:
+    """The kernel that actually runs: "sdpa" (a stack calling torch's SDPA with 16-bit inputs) is what torch picks
+    on this GPU (Kernels.sdpa: cuDNN on sm90 where it is measured, else FlashAttention-2); otherwise one the GPU has
+    data for, else the next one PyTorch's SDPA dispatcher would try (flash, then memory-efficient, then math) —
+    e.g. "flash3" on an A100 runs FlashAttention-2."""
+    if kernel == "sdpa":
+        kernel = "cudnn" if kn.sdpa == "cudnn" and kn.cudnn is not None else "flash"
+    if kernel == "cudnn" and kn.cudnn is not None:
+        return kernel
     if kernel == "eager" or kernel in kn.attention:
         return kernel
     return next((k for k in ("flash", "efficient") if k in kn.attention), "eager")
@@ -369,7 +437,9 @@ def _eager_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, 
 
 
 # ---- memory-bound ops ------------------------------------------------------------------------------------------
-def memory_seconds(gpu: GPU, nbytes: float, kernels: int = 1) -> float:
-    """Elementwise / reduction / copy: bytes read + written at the achieved HBM bandwidth, plus launches."""
+def memory_seconds(gpu: GPU, nbytes: float, kernels: int = 1, access: str = "vector") -> float:
+    """Elementwise / reduction / copy: bytes read + written at the achieved HBM bandwidth, plus launches. `access`
+    (ops.Op.access): a kernel that cannot vectorise reaches a measured fraction of the streaming bandwidth
+    (kernels.toml access); unmeasured on this GPU: the streaming bandwidth (NB optimistic)."""
     kn = kernels_for(gpu)
-    return max(0.0, nbytes) / _bandwidth(gpu, kn) + kernels * kn.launch_seconds
+    return max(0.0, nbytes) / (_bandwidth(gpu, kn) * kn.access.get(access, 1.0)) + kernels * kn.launch_seconds

@@ -10,7 +10,7 @@ Choices that affect memory (documented here because both engines inherit them):
   (`use_cache=True`) llama-style models build a `DynamicCache` during the forward pass that keeps each
   layer's pre-`repeat_kv` K/V alive (extra memory under eager GQA attention); HF itself forces
   `use_cache=False` under gradient checkpointing, and fine-tuning scripts usually set it.
-- attention: `setup.attention_kernel` "eager" -> HF "eager"; "sdpa", "flash" and "triton" -> HF "sdpa" (the trace
+- attention: `setup.attention_kernel` "eager" -> HF "eager"; "sdpa", "flash", "flash2" and "triton" -> HF "sdpa" (the trace
   of "triton": FlashAttention in Triton saves what the flash kernel saves, O and the log-sum-exp; NB: its LSE rows
   are padded to a multiple of 128, flash_attn_triton.py `seqlen_q_rounded`: < 512 B per head under-counted)
   (on CUDA torch's SDPA dispatches to its flash / memory-efficient kernels when no mask is given;

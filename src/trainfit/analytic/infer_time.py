@@ -1,0 +1,65 @@
+"""Inference time of an eager HF forward (--mode infer: trainfit.step.infer runs a prefill and one decode step): each
+pass is its op list (ops.py, the training step's lists without a backward or a loss) timed by the roofline
+(compute_time.time_ops), and never faster than the host can issue its kernels (step_time.host_issue_exposed's rule).
+
+Prefill: the layers over batch x seq tokens, the final norm over all of them and the LM head over the last token of
+each sequence (transformers' logits_to_keep=1, which the step passes). Decode: the same at one query token per
+sequence attending to the cache, plus the cache's growth: DynamicCache appends each layer's new k and v with
+torch.cat, a copy of the whole cache (transformers cache_utils.py DynamicLayer.update).
+NB: pipeline stages (--pp, device_map style) run one after another here, so every layer is timed on one GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..hardware import GPU
+from ..setup import Setup
+from ..spec import ModelSpec
+from .compute_time import ListTime, time_ops
+from .ops import Op, embedding_forward, head_forward, layer_forward, shape_of
+from .params import ParamCounts
+from .precision import state_bytes
+from .roofline import host_seconds_per_kernel
+from .inference import kv_bytes_per_token
+from .timing import compute_dtype
+
+
+@dataclass(frozen=True)
+class PassTime:
+    """One forward pass: the GPU's kernels, the kernels the host issues, and the pass's time (the larger)."""
+    gpu: ListTime
+    seconds: float
+
+    @property
+    def host_bound(self) -> bool:
+        return self.seconds > self.gpu.seconds
+
+
+def _attending(ops: list[Op], kv_len: float) -> list[Op]:
+    """The attention cores see `kv_len` keys (one query token attends to the whole cache: not causal)."""
+    return [o._replace(n=kv_len, causal=o.m > 1 and o.causal) if o.kind == "attention" else o for o in ops]
+
+
+def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len: int, kv_len: int) -> PassTime:
+    """One forward over `q_len` new tokens per sequence with `kv_len` keys in attention."""
+    st = state_bytes(setup)
+    sh = replace(shape_of(spec, setup, st, compute_dtype(setup)), seq=q_len)
+    frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
+    total = ListTime()
+    for w, moe in ((1.0 - frac_moe, False), (frac_moe, True)):
+        if w > 0:
+            total = total + (w * spec.layers) * time_ops(gpu, _attending(layer_forward(spec, sh, moe), kv_len))
+    total = total + time_ops(gpu, embedding_forward(spec, sh) + head_forward(spec, sh, logits_rows=setup.batch))
+    if q_len == 1 and spec.causal:  # the cache's torch.cat per layer: reads the old k, v and the new, writes all
+        cache = setup.batch * kv_len * kv_bytes_per_token(spec, setup)  # (this rank's share)
+        total = total + time_ops(gpu, [Op("kv_cat", "memory", "", reads=cache, writes=cache, kernels=2 * spec.layers,
+                                          source="transformers cache_utils.py DynamicLayer.update (torch.cat)")])
+    # an eager forward is issued op by op: the GPU waits when the host is slower (step_time.host_issue_exposed)
+    return PassTime(total, max(total.seconds, total.kernels * host_seconds_per_kernel(no_grad=True)))
+
+
+def prefill_decode(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts) -> tuple[PassTime, PassTime | None]:
+    """The prefill of batch x seq tokens and, for a causal model, one decode step at seq + 1 keys."""
+    pre = forward_time(spec, setup, gpu, pc, setup.seq, setup.seq)
+    dec = forward_time(spec, setup, gpu, pc, 1, setup.seq + 1) if spec.causal else None
+    return pre, dec

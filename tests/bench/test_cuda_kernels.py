@@ -1,0 +1,96 @@
+"""The roofline against kernels timed on H200s (bench/cuda_kernels.py, kernel time from torch.profiler; torch
+2.11.0+cu130). Ground truth of rule 1. The cuDNN attention constants (kernels.toml [generation.hopper.cudnn]) were
+fitted on the first run (kernels-H200-2026-11-27-first.json); these tests check them on the second, another machine's
+run, and check the mechanisms the step model rests on in the measured numbers themselves."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+RESULTS = ROOT / "bench" / "results"
+VALIDATION = RESULTS / "kernels-H200-2026-11-27-second.json"
+
+
+@pytest.fixture(scope="module")
+def run():
+    return json.loads(VALIDATION.read_text())
+
+
+@pytest.fixture(scope="module")
+def h200():
+    from trainfit.hardware import get_gpu
+
+    return get_gpu("H200")
+
+
+def test_sdpa_runs_cudnn_on_the_h200_and_its_fit_holds_on_another_run(run, h200):
+    """torch's SDPA picked cuDNN (sdp_utils.cpp check_prefer_cudnn_attention on sm90): the default backend's kernels
+    are cuDNN's, and the fitted cuDNN model predicts every measured causal call (seq 512-8192, head dims 64 and
+    128, the CUDA-truth steps' shapes) within 7 %, forward and backward."""
+    from trainfit.analytic.roofline import attention_seconds
+
+    rows = [r for r in run["sdpa"] if r["backend"] == "default"]
+    assert len(rows) == 14
+    for r in rows:
+        assert any("cudnn" in k for k in r["kernels"]), r["kernels"]
+        b, h, s, d = r["shape"]
+        for p in ("fwd", "bwd"):
+            t = attention_seconds(h200, "sdpa", b * h, s, s, d, True, "bf16", backward=p == "bwd")
+            assert abs(t / r[f"{p}_seconds"] - 1) <= 0.07, (r["shape"], p, t, r[f"{p}_seconds"])
+
+
+def test_cudnn_is_faster_than_flashattention2_where_it_was_measured(run):
+    """The reason torch made it the default on sm90: at long sequence the measured cuDNN kernel beats torch's own
+    FlashAttention-2 by > 1.5x at head dim 128 (and the model times FA2 for the runs that pinned it: --attention
+    flash2)."""
+    by = {(r["backend"], tuple(r["shape"])): r for r in run["sdpa"] if "error" not in r}
+    for shape in ((2, 16, 8192, 128), (4, 16, 4096, 128)):
+        assert by[("cudnn", shape)]["fwd_tflops"] > 1.5 * by[("flash", shape)]["fwd_tflops"]
+
+
+def test_a_vocabulary_not_a_multiple_of_8_runs_the_unaligned_gemm(run, h200):
+    """GPT-2's 50,257-word head: cuBLAS ran sm75-era align1 kernels at < 15 % of the bf16 peak (TMA needs 16-byte
+    rows), the 768-wide layers beside it > 35 %; the model's unaligned fraction puts the head's forward and input
+    gradient within 25 %."""
+    from trainfit.analytic.roofline import gemm_seconds
+
+    head = {r["pass"]: r for r in run["gemm"] if r["model"] == "gpt2" and r["layer"] == "lm_head"}
+    peak = h200.flops_for("bf16") / 1e12
+    assert all("align1" in r["kernel"] and r["tflops"] < 0.15 * peak for r in head.values())
+    assert all(r["tflops"] > 0.35 * peak for r in run["gemm"] if r["model"] == "gpt2" and r["layer"] == "c_fc")
+    for p in ("fwd", "dgrad"):
+        assert abs(gemm_seconds(h200, *head[p]["mnk"], "bf16") / head[p]["seconds"] - 1) <= 0.25, p
+
+
+def test_gemms_of_five_models_within_the_issue_target(run):
+    """Issue 14's 15 % for large ops: the median over the 75 measured GEMMs (forward, input and weight gradients of
+    every linear layer of five models at 2,048 tokens) is within 8 %."""
+    from kernels_replay import replay
+
+    errs = [abs(e) for _, e in replay(run)["gemm"]]
+    assert len(errs) == 75
+    assert sorted(errs)[len(errs) // 2] <= 0.08
+
+
+def test_memory_bound_ops_by_access_class_beyond_l2(run, h200):
+    """At 2,048 x 8,192 (operands beyond the H200's 50 MB L2) each access class predicts its op within 15 %: the
+    upcast's unvectorised loop, the broadcast multiply, the head-major copy, the vectorised ops. (The committed
+    run's add_bf16 added a tensor to itself, which HBM reads once: left out; cuda_kernels.py now adds two.)"""
+    from kernels_replay import replay
+
+    rows = {label: e for label, e in replay(run)["step_ops"]
+            if "2048x8192" in label and "softmax" not in label and "add_bf16" not in label}
+    assert len(rows) == 6
+    assert all(abs(e) <= 0.15 for e in rows.values()), rows
+
+
+def test_dry_run_writes_the_kernel_results(tmp_path):
+    import cuda_kernels
+
+    assert cuda_kernels.main(["--dry-run", "--only", "host", "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("kernels-*-dry-run-*.json")
+    host = json.loads(js.read_text())["host"]
+    assert host["add"]["kernels_per_call"] == 1 and host["add"]["host_seconds_per_call"] > 0
