@@ -602,7 +602,8 @@ def grad_accumulations(spec: ModelSpec, sh: Shape) -> list[Op]:
 
 def compiled(ops: list[Op]) -> list[Op]:
     """torch.compile's view of a list: each run of consecutive memory ops sharing a group becomes one kernel moving
-    only the bytes that cross HBM (fused_reads + fused_writes); ungrouped memory ops keep their own bytes."""
+    only the bytes that cross HBM (fused_reads + fused_writes); ungrouped memory ops keep their own bytes. A fused
+    kernel is Inductor's generated Triton, with vector loads whatever the casts and broadcasts inside it (NB)."""
     out: list[Op] = []
     for op in ops:
         if op.kind != "memory":
@@ -611,9 +612,10 @@ def compiled(ops: list[Op]) -> list[Op]:
         prev = out[-1] if out else None
         if op.group and prev is not None and prev.kind == "memory" and prev.group == op.group:
             out[-1] = prev._replace(reads=prev.reads + op.fused_reads, writes=prev.writes + op.fused_writes,
-                              kernels=1)
+                                    kernels=1, access="vector")
         elif op.group:
-            out.append(op._replace(name=op.group, reads=op.fused_reads, writes=op.fused_writes, kernels=1))
+            out.append(op._replace(name=op.group, reads=op.fused_reads, writes=op.fused_writes, kernels=1,
+                                   access="vector"))
         else:
             out.append(op)
     return out

@@ -105,7 +105,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        gemm_tiles=tuple(tuple(int(x) for x in t) for t in d.get("gemm_tiles", ())),
                        unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
                        access={k: float(v) for k, v in d.get("access", {}).items()},
-                       sdpa=str(d.get("sdpa", "flash")), cudnn=_cudnn(d.get("cudnn")),
+                       sdpa=str(d.get("sdpa", "flash")), cudnn=_cudnn(d.get("cudnn"), clock),
                        generation=str(d.get("generation", "")), known=known)
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
@@ -137,10 +137,12 @@ class CudnnAttention:
         return frac[-1], fixed[-1]
 
 
-def _cudnn(raw: dict | None) -> CudnnAttention | None:
+def _cudnn(raw: dict | None, clock: float = 1.0) -> CudnnAttention | None:
+    """`clock`: a power-capped board's SM clock ratio (power_clock), which scales the compute fractions."""
     if not raw:
         return None
-    return CudnnAttention(tuple(raw["head_dims"]), tuple(raw["forward"]), tuple(raw["backward"]),
+    return CudnnAttention(tuple(raw["head_dims"]), tuple(f * clock for f in raw["forward"]),
+                          tuple(f * clock for f in raw["backward"]),
                           tuple(raw["forward_fixed_seconds"]), tuple(raw["backward_fixed_seconds"]),
                           tuple(raw["tile"]), int(raw["fill"]), float(raw["backward_bytes_per_element"]))
 
