@@ -69,23 +69,24 @@ H200_RESERVED = {("llama-3.2-1b", "amp-bf16"): 25_652_363_264, ("llama-3.1-8b", 
 
 def test_reserved_counts_a_segment_step_between_traced_depths_once():
     # llama-3.1-8b bf16 b2 s1024 --device cuda: the allocator replays of its 3-, 4- and 5-layer traces
-    # (reserved, max allocated), and the extrapolated peak at 32 layers (trace_extrapolated, torch 2.13 CPU build).
-    # The 5-layer replay needs one 1.05 GB segment (a 128256 x 4096 bf16 block) more than the 4-layer one: a step.
-    replays = [Replay(15_317_598_208, 14_683_754_496, 0), Replay(17_041_457_152, 16_403_752_448, 0),
-               Replay(19_815_989_248, 18_123_750_400, 0)]
+    # (reserved, max allocated; the optimizer states made in the first step's optimizer phase, alloc/replay.py
+    # lazy), and the extrapolated peak at 32 layers (trace_extrapolated, torch 2.13 CPU build). With the states
+    # made at setup the 5-layer replay held one 1.05 GB segment more than the 4-layer one, and the line through the
+    # last two depths read 94.7 GB; the cache beyond the peak (0.83, 1.01, 1.31 GB here) is grown at its average
+    # step, not the last one.
+    replays = [Replay(15_516_827_648, 14_683_754_496, 0), Replay(17_416_847_360, 16_403_752_448, 0),
+               Replay(19_432_210_432, 18_123_750_400, 0)]
     peak, measured = 64_563_695_104, H200_RESERVED[("llama-3.1-8b", "bf16")]
-    line = replays[-1].reserved + 27 * (replays[-1].reserved - replays[-2].reserved)  # the former rule
-    assert line > 1.3 * measured  # the step, multiplied by the 27 missing layers: 94.7 GB
     got = _reserved(replays, 32, peak)
-    assert peak < got <= measured  # NB in _reserved: reads low where steps recur every few layers
-    assert abs(got - measured) / measured < 0.10
+    assert peak < got
+    assert abs(got - measured) / measured < 0.05  # issue 18's target for reserved
 
 
 @pytest.mark.slow
 def test_llama_3_2_1b_amp_reserved_against_the_h200():
     # The tied 128256 x 2048 embedding: the trace summed its two fp32 gradients out of place (recorder.py
     # _accumulated), which put a 1 GB segment step into the 5-layer replay and the line through the last two
-    # depths read 38.2 GB (+49 %).
+    # depths read 38.2 GB (+49 %). Issue 18's target for reserved: 5 % (the full-depth replay is within 3.3 %).
     from trainfit.api import resolve
     from trainfit.setup import Request
 
@@ -93,4 +94,4 @@ def test_llama_3_2_1b_amp_reserved_against_the_h200():
     est = trace_extrapolated(spec, setup, flops=False)
     assert est is not None
     measured = H200_RESERVED[("llama-3.2-1b", "amp-bf16")]
-    assert abs(est.memory.reserved - measured) / measured < 0.03
+    assert abs(est.memory.reserved - measured) / measured < 0.05

@@ -15,8 +15,8 @@ NB (each reads reserved low where it applies): a free returns its block at once 
 references until its events instead of calling record_stream (trace/streams.py), but blocks a collective
 backend record_stream's (ProcessGroupNCCL's own stream) would stay busy until the GPU catches up, which a
 trace without timing cannot know; resident tensors are allocated in adoption order, not in the order model
-construction and the optimizer's first step made them; allocations inside one kernel (cuBLAS workspaces) are
-not in the trace.
+construction made them (the optimizer's states, where the caller names them `lazy`, in the first step's optimizer
+phase, as torch.optim makes them); allocations inside one kernel (cuBLAS workspaces) are not in the trace.
 """
 from __future__ import annotations
 
@@ -58,17 +58,29 @@ def _events(records, lo: int, hi: int | None = None):
 
 
 def replay(records, start: int, conf: AllocConf | str | None = None, capacity: int | None = None,
-           end: int | None = None) -> Replay:
+           end: int | None = None, lazy=None, lazy_at: int | None = None) -> Replay:
     """Max reserved over a steady-state step. records: objects with nbytes, birth, death (None: alive at the end)
     and optionally stream (default 0); start: the event index at which the step starts; end: the first event
-    after it (None: the last record's)."""
+    after it (None: the last record's). lazy, lazy_at: resident records (`lazy(r)` true) that the first step makes
+    at its event `lazy_at` rather than before it — torch.optim's states, created in the first optimizer.step()
+    after the backward has freed its activations into the cache (torch/optim/adam.py _init_group: zeros_like)."""
     a = Allocator(conf if isinstance(conf, AllocConf) else parse_alloc_conf(conf), capacity=capacity)
     handles: dict[int, int] = {}
-    for _, born, r in _events(records, 0, end):  # setup, then step 1
+    deferred = [r for r in records if r.nbytes and r.birth < start and lazy_at is not None and lazy(r)]
+    skip = {id(r) for r in deferred}
+    for at, born, r in _events(records, 0, end):  # setup, then step 1
+        if deferred and at >= lazy_at:
+            for d in deferred:
+                handles[id(d)] = a.malloc(d.nbytes, getattr(d, "stream", 0))
+            deferred = []
+        if id(r) in skip and r.birth == at and born:
+            continue  # made at lazy_at
         if born:
             handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
         elif id(r) in handles:
             a.free(handles.pop(id(r)))
+    for d in deferred:  # a step without an optimizer phase (lazy_at past its events)
+        handles[id(d)] = a.malloc(d.nbytes, getattr(d, "stream", 0))
     for r in records:  # what step 1 left alive is replaced by step 2's own
         if r.birth >= start and id(r) in handles:
             a.free(handles.pop(id(r)))

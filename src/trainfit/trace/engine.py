@@ -74,8 +74,16 @@ def replay_of(rec, setup: Setup, alloc_conf: str | None):
     if setup.device != "cuda":
         return None
     from ..alloc.replay import replay
+    from .recorder import OPTIMIZER_STATE
 
-    return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop)
+    # torch.optim makes its states in the first optimizer.step() (adam.py _init_group), which the measured
+    # process's warm-up step runs after its backward; the stacks that use it (hf, torchtitan) replay them there.
+    # NB: DeepSpeed's ZeRO makes them at initialize (stage_1_and_2.py initialize_optimizer_states): kept resident.
+    lazy_at = None
+    if setup.mode in ("train", "rl") and setup.stack in ("hf", "torchtitan"):
+        lazy_at = next((e for e, name in rec.phase_marks if name == "optimizer" and e >= rec.step_start), None)
+    return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop,
+                  lazy=lambda r: r.cat == OPTIMIZER_STATE, lazy_at=lazy_at)
 
 
 def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory:
