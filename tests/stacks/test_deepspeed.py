@@ -73,15 +73,26 @@ def _bench():
 
 
 def _measured_vs_analytic(zero: int, precision: str, phases=(("backward", "backward"), ("optimizer_step", "optimizer"))):
+    """Each phase within 2 %; ZeRO-1/2's optimizer phase may also hold gloo's all-gather output copy, n elements in
+    the model dtype, on a rank where gloo's thread frees it late (the race analytic/parallel/deepspeed.py
+    allgather_flat's NB names; seen on ZeRO-1 fp32 and, in a clean CI run, on ZeRO-2 bf16-master rank 1:
+    53,134,229 vs 45,542,400 B = + 3,795,200 x 2)."""
     pytest.importorskip("deepspeed")
+    from trainfit.analytic.parallel.deepspeed import allgather_flat
+    from trainfit.analytic.params import count_params
+
     b = _bench()
     spec, setup = b.case("tiny-llama", zero, precision)
     est = b.analytic(spec, setup)
     ranks = b.measure(spec, setup)
     assert est.peak == pytest.approx(max(r["peak"] for r in ranks), rel=0.02)
+    race = allgather_flat(count_params(spec).total, 4 if precision == "fp32" else 2, setup) if zero in (1, 2) else 0
     for r in ranks:
         for phase, key in phases:
-            assert est.phases[phase] == pytest.approx(r["phase_peaks"][key], rel=0.02), (phase, r["rank"])
+            m = r["phase_peaks"][key]
+            assert est.phases[phase] == pytest.approx(m, rel=0.02) or (
+                phase == "optimizer_step" and est.phases[phase] + race == pytest.approx(m, rel=0.02)), \
+                (phase, r["rank"], m, est.phases[phase])
 
 
 @pytest.mark.dist

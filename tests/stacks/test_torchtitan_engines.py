@@ -227,7 +227,7 @@ def test_cli_trace(cli):
     assert d["engine"] == "trace" and any("torchtitan" in n for n in d["notes"])
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # ~7 s: the default run keeps torchtitan's measured step (test_trace_peak_matches_real_cpu_step)
 def test_cli_all_engines_with_measure(cli):
     code, out, err = cli("estimate", "tiny-llama", "--stack", "torchtitan", "--engine", "all", "--measure",
                          "--device", "cpu", "--seq", "64", "-b", "2", "--recompute", "op")
