@@ -294,15 +294,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trainfit.hardware import get_gpu
+    from cuda_truth import device_and_gpu  # this folder's harness (bench/ scripts import each other by name)
 
     dry = args.dry_run
-    if not dry and not torch.cuda.is_available():
-        print("no CUDA device here: run with --dry-run, or on a GPU machine", file=sys.stderr)
+    resolved = device_and_gpu(dry)
+    if resolved is None:
         return 2
-    device = "cpu" if dry else "cuda"
-    name = "H100-80GB" if dry else torch.cuda.get_device_name()
-    gpu = get_gpu(name)
+    device, name, gpu = resolved
     sections = {
         "elementwise": lambda: elementwise(device, gpu, [2**12] if dry else [2**k for k in range(18, 29, 2)]),
         "step_ops": lambda: step_ops(device, gpu, 64 if dry else 2048, (128,) if dry else (768, 2048, 4096, 8192)),

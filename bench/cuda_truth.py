@@ -181,28 +181,28 @@ def profile_infer(spec, setup, device: str) -> dict:
     inference_step(model, ids, setup, spec.causal)  # warm-up
     sync()
     act = [ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
-    profs, stamps, out = {}, {}, {}
+    running, passes = [], {}  # the pass being profiled: (name, profiler, start)
 
     def phase(name: str) -> None:
         sync()
         now = time.perf_counter()
-        for running, prof in profs.items():
-            if running not in stamps:
-                prof.stop()
-                stamps[running] = now
+        if running:
+            done, prof, start = running.pop()
+            prof.stop()
+            passes[done] = (prof, now - start)
         if name != "end":
-            profs[name] = profile(activities=act)
-            stamps.pop(name, None)
-            profs[name].start()
-            out[name] = {"start": now}
+            prof = profile(activities=act)
+            prof.start()
+            running.append((name, prof, now))
 
     inference_step(model, ids, setup, spec.causal, phase=phase)
-    for name, prof in profs.items():
+    out = {}
+    for name, (prof, wall) in passes.items():
         rows = [e for e in prof.key_averages() if (getattr(e, "self_device_time_total", 0) if device == "cuda"
                                                     else e.key.startswith("aten::")) and not not_a_kernel(e.key)]
         out[name] = {"kernels": sum(e.count for e in rows),
                      "kernel_seconds": sum(getattr(e, "self_device_time_total", 0) for e in rows) / 1e6,
-                     "wall_seconds": stamps[name] - out[name]["start"]}
+                     "wall_seconds": wall}
     del model, ids
     return out
 
@@ -335,6 +335,20 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
     return row
 
 
+def measured_kinds(measured: dict) -> dict | None:
+    """A committed case's kernel seconds by kind. Where the profile lists every kernel (runs from 2026-11-27 on) they
+    are summed again from it without the rows that are not kernels (NOT_KERNELS), which that day's first runs
+    counted."""
+    top = (measured.get("profile") or {}).get("top") or []
+    if not any(not_a_kernel(t["name"]) for t in top):
+        return measured.get("kinds")
+    out = dict.fromkeys(("gemm", "attention", "other", "optimizer"), 0.0)
+    for t in top:
+        if not not_a_kernel(t["name"]):
+            out[kind_of(t["name"])] += t["seconds"]
+    return out
+
+
 def analytic_kinds(step: dict) -> dict[str, float] | None:
     """An analytic step's kernel time (its detail["step_time"]: analytic/step_time.py compute_terms and the
     optimizer) in the profile's kinds; None under the flat --mfu/--efficiency override (no terms)."""
@@ -377,6 +391,28 @@ def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float) -> str:
     return "\n".join(head) + "\n"
 
 
+def device_and_gpu(dry: bool):
+    """(device, the device's name, its catalog GPU) for a run: the catalog H100 on CPU semantics for a dry run; a
+    GPU the catalog lacks is judged as an H100-80GB with its own memory. None (said on stderr) without CUDA."""
+    import torch
+
+    from trainfit.errors import UnknownGPUError
+    from trainfit.hardware import get_gpu
+
+    if dry:
+        return "cpu", "H100-80GB", get_gpu("H100-80GB")
+    if not torch.cuda.is_available():
+        print("no CUDA device here: run with --dry-run (CPU semantics), or on a GPU machine", file=sys.stderr)
+        return None
+    name = torch.cuda.get_device_name()
+    try:
+        return "cuda", name, get_gpu(name)
+    except UnknownGPUError:
+        props = torch.cuda.get_device_properties(0)
+        print(f"{name} is not in the catalog: judged as an H100-80GB with its own memory", file=sys.stderr)
+        return "cuda", name, get_gpu("H100-80GB").with_memory(props.total_memory / 2**30)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny models, --device cpu semantics (no GPU needed)")
@@ -387,23 +423,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trainfit.errors import UnknownGPUError
-    from trainfit.hardware import get_gpu
     from trainfit.overheads import allocator_held
     from trainfit.setup import Setup
 
     dry = args.dry_run
-    if not dry and not torch.cuda.is_available():
-        print("no CUDA device here: run with --dry-run (CPU semantics), or on a GPU machine", file=sys.stderr)
+    resolved = device_and_gpu(dry)
+    if resolved is None:
         return 2
-    device = "cpu" if dry else "cuda"
-    name = torch.cuda.get_device_name() if not dry else "H100-80GB"
-    try:
-        gpu = get_gpu(name)
-    except UnknownGPUError:
-        props = torch.cuda.get_device_properties(0)
-        print(f"{name} is not in the catalog: judged as an H100-80GB with its own memory", file=sys.stderr)
-        gpu = get_gpu("H100-80GB").with_memory(props.total_memory / 2**30)
+    device, name, gpu = resolved
     cases = dry_run_cases() if dry else cuda_cases()
     if args.only:
         cases = [c for c in cases if args.only in c.id]

@@ -21,7 +21,7 @@ from pathlib import Path
 def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
     # this folder's harness (bench/ scripts import each other by name)
-    from cuda_truth import analytic_kinds, kind_of, not_a_kernel
+    from cuda_truth import analytic_kinds, measured_kinds
     from trainfit.analytic.engine import estimate
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
@@ -42,25 +42,12 @@ def replay(path: Path) -> list[dict]:
                      "host_issue": st.get("host_issue"),
                      "kernels": (m.get("profile") or {}).get("kernels"),
                      "analytic_kernels": round(st["kernels"]) if st.get("kernels") else None,
-                     "kinds": measured_kinds(m, kind_of, not_a_kernel), "analytic_kinds": analytic_kinds(st),
+                     "kinds": measured_kinds(m), "analytic_kinds": analytic_kinds(st),
                      "decode": m.get("decode_seconds"), "passes": m.get("passes"),
                      "analytic_decode": (e.setup.batch / e.time.decode_tokens_per_second
                                          if e.time and e.time.decode_tokens_per_second else None),
                      "analytic_passes": {k: (e.detail or {}).get(k) for k in ("prefill", "decode")}})
     return rows
-
-
-def measured_kinds(m: dict, kind_of, not_a_kernel) -> dict | None:
-    """Kernel seconds by kind. Where the profile lists every kernel (runs from 2026-11-27 on) they are summed again
-    from it without the rows that are not kernels (cuda_truth.NOT_KERNELS), which that day's harness counted."""
-    top = (m.get("profile") or {}).get("top") or []
-    if not any(not_a_kernel(t["name"]) for t in top):
-        return m.get("kinds")
-    out = dict.fromkeys(("gemm", "attention", "other", "optimizer"), 0.0)
-    for t in top:
-        if not not_a_kernel(t["name"]):
-            out[kind_of(t["name"])] += t["seconds"]
-    return out
 
 
 def _kinds(pred: dict | None, meas: dict | None) -> str:

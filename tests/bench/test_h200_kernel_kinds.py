@@ -27,10 +27,9 @@ def _estimate(case_id: str):
 def test_kernel_time_by_kind_of_the_larger_steps(case):
     """GEMMs (hopper's measured tiles), cuDNN attention and the optimizer within 10 %, the memory-bound rest (by
     access class) within 15 % of the profiled kernels."""
-    from cuda_truth import analytic_kinds, kind_of, not_a_kernel
-    from cuda_truth_replay import measured_kinds
+    from cuda_truth import analytic_kinds, measured_kinds
 
-    measured = measured_kinds(CASES[case]["measured"], kind_of, not_a_kernel)
+    measured = measured_kinds(CASES[case]["measured"])
     predicted = analytic_kinds(_estimate(case).detail["step_time"])
     for kind, tol in (("gemm", 0.10), ("attention", 0.10), ("optimizer", 0.10), ("other", 0.15)):
         assert abs(predicted[kind] / measured[kind] - 1) <= tol, (kind, predicted[kind], measured[kind])

@@ -36,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from .. import stacks as _stacks
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -146,7 +145,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
                  bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
-                 stack == "megatron", "sdpa_backends" in _stacks.get_stack(stack).facts.get("attention", {})
+                 stack == "megatron", "sdpa_backends" in setup.stack_facts.facts.get("attention", {})
                  and setup.attention_kernel != "flash2")
 
 
