@@ -66,8 +66,8 @@ def predict(r: Run):
 
 def table(rs: list[Run]) -> str:
     lines = ["| run | source | layout (dp×tp×pp, micro×accum) | published step | predicted step | error | "
-             "published | predicted MFU / HFU | compute | recompute | TP | PP | bubble | DP exposed |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "published | predicted MFU / HFU | compute | recompute | TP | PP | bubble | DP exposed | slowest GPU |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rs:
         tm = predict(r)
         pub = r.published_step
@@ -77,7 +77,7 @@ def table(rs: list[Run]) -> str:
             f"| {r.name}{'' if r.fit else ' *'} | {r.source} | {s.dp}×{s.tp}×{s.pp}, {s.batch}×{s.grad_accum} | "
             f"{pub:.2f} s | {tm.step_seconds:.2f} s | {tm.step_seconds / pub - 1:+.1%} | {util} | "
             f"{tm.mfu:.1%} / {tm.hfu:.1%} | {tm.compute:.2f} | {tm.recompute:.2f} | {tm.tp_comm:.2f} | "
-            f"{tm.pp_comm:.2f} | {tm.bubble:.2f} | {tm.dp_comm:.2f} |")
+            f"{tm.pp_comm:.2f} | {tm.bubble:.2f} | {tm.dp_comm:.2f} | {tm.straggler:.2f} |")
     return "\n".join(lines)
 
 

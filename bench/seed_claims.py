@@ -228,7 +228,7 @@ def llama1_steps():
             f" per GPU ({'fits' if t.fits else 'does not fit'}), {tok_s:,.0f} tokens/s/GPU, "
             f"{t.train_seconds / 86400:.1f} days, {t.gpu_hours / 1e6:.2f}M GPU-hours, "
             f"{t.energy_kwh / 1e3:,.0f} MWh at {t.average_power_watts:,.0f} W per board"), \
-        (f"{'holds' if abs(err) <= 0.15 else f'time off by {err:+.0%}'}: the paper's 380 tokens/s/GPU, ~21 days, "
+        (f"{'holds' if abs(err) <= 0.15 else f'wrong by {err:+.0%}'}: the paper's 380 tokens/s/GPU, ~21 days, "
          f"{LLAMA1_GPU_HOURS / 1e6:.2f}M GPU-hours (Touvron et al. "
          f"2023a §2.4, Table 15): GPU-hours {err:+.0%} at the assumed layout; its 449 MWh assume 400 W per GPU and "
          "PUE 1.1")

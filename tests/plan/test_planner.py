@@ -115,7 +115,7 @@ def test_hand_checkable_optimum(l8b):
     assert dp8 and dp8[0].setup.zero >= 2 and dp8[0].time.step_seconds == pytest.approx(
         r.candidates[0].time.step_seconds, rel=0.05)
     tm = r.candidates[0].time
-    parts = tm.compute + tm.recompute + tm.tp_comm + tm.pp_comm + tm.bubble + tm.dp_comm + tm.optimizer
+    parts = tm.compute + tm.recompute + tm.tp_comm + tm.pp_comm + tm.bubble + tm.dp_comm + tm.optimizer + tm.straggler
     assert parts == pytest.approx(tm.step_seconds)
 
 

@@ -42,7 +42,7 @@ def test_html_bar_has_one_rect_per_term_with_its_share():
     st = e.detail["step_time"]
     rects = re.findall(r"<rect class='term' data-term='(\w+)' x='[\d.]+' y='0' width='([\d.]+)'", html)
     terms = [k for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm",
-                         "optimizer", "host_copies", "host_issue") if st[k] > 0]
+                         "optimizer", "host_copies", "host_issue", "straggler") if st[k] > 0]
     assert [r[0] for r in rects] == terms
     for name, width in rects:  # the bar is 760 px wide: each rect is its share of the step
         assert float(width) == pytest.approx(760 * st[name] / st["step_seconds"], abs=0.01)

@@ -21,7 +21,7 @@ from .loss import head_and_loss
 from .recompute import layer_params
 from ..precision import PRECISIONS
 from .step_time import layout_step_time, with_paged_migration
-from .roofline import host_seconds_per_kernel
+from .roofline import cluster_table, host_seconds_per_kernel
 from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 
 # Extra bytes per GPU the user keeps free beyond the modelled device total when judging "fits" (the --reserve
@@ -262,7 +262,9 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                           "timed by the roofline, analytic/ops.py + roofline.py, + exposed communication, bubble, "
                           "optimizer, + host issue: the GPU waiting on an eager host's kernel launches, "
                           f"kernels x {host_seconds_per_kernel() * 1e6:.1f} µs measured on an H200's host, when "
-                          "they outlast the kernels); --mfu overrides it")
+                          "they outlast the kernels, + straggler: the job's slowest GPU, chips' compute rates "
+                          f"spread {cluster_table()['compute_spread']:.1%} under a power cap, measured on H200s); "
+                          "--mfu overrides it")
         if paged:
             notes.append(f"--optimizer {setup.optimizer}: {fmt_bytes(paged)} of states in CUDA unified memory "
                          "(bitsandbytes' paged buffers), not in torch's allocated/reserved; on the device while "

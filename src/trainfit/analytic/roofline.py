@@ -199,6 +199,11 @@ def host_seconds_per_kernel(no_grad: bool = False) -> float:
     return float(_table()["host"]["no_grad_seconds_per_kernel" if no_grad else "eager_seconds_per_kernel"])
 
 
+def cluster_table() -> dict:
+    """kernels.toml [cluster]: what a job of many GPUs of one SKU adds to one GPU's kernels (analytic/stragglers.py)."""
+    return _table()["cluster"]
+
+
 def kernels_for(gpu: GPU) -> Kernels:
     """Kernel data for `gpu` by its canonical name (catalog aliases resolve to it in hardware.get_gpu)."""
     return _kernels_by_name(gpu.name, gpu.vendor, gpu.power_watts)

@@ -70,6 +70,7 @@ from .float8 import compute_speedup
 from .overlap import exposed
 from .parallel.fsdp2 import copy_bytes as fsdp2_copy_bytes, fsdp2_strategy, reshards_after_forward
 from .roofline import host_seconds_per_kernel, kernels_for, memory_seconds
+from .stragglers import slowest_gpu_factor
 from .params import ParamCounts, count_params
 from .precision import StateBytes, state_bytes
 from .parallel.pipeline import split
@@ -102,6 +103,7 @@ class StepTime:
     optimizer: float  # optimizer.step(): memory-bound elementwise update
     host_copies: float  # exposed GPU <-> host copies: offloaded activations (after overlap), evicted paged states
     host_issue: float  # the GPU waiting on an eager host's kernel launches (host_issue_exposed)
+    straggler: float  # the job's slowest GPU over the mean chip in the compute-bound kernels (stragglers.py)
     step_seconds: float
     tokens_per_second: float
     mfu: float  # model FLOPs (no recompute) / (world × step × peak)
@@ -277,8 +279,12 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
     step = m * t_mb + bubble + once_exposed + opt + host
-    issue = kernels = 0.0
+    issue = kernels = slowest = 0.0
     if efficiency is None:
+        # every collective waits for the slowest of the job's GPUs (stragglers.py): its GEMMs and attention run
+        # slower than the mean chip the kernel model times
+        slowest = m * (tot.gemm + tot.attention) * slowest_gpu_factor(t * p * d * cp)
+        step += slowest
         # the host issues ahead while the GPU computes or waits (on the network, the pipeline): it is exposed only
         # where issuing takes longer than all of that
         kernels = m * tot.kernels + opt_launch / kernels_for(gpu).launch_seconds
@@ -295,7 +301,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         compute=m * (c_f + c_b), recompute=m * c_r, tp_comm=m * tp_mb, cp_comm=m * cp_mb, ep_comm=m * ep_mb,
         pp_comm=m * pp_mb, bubble=bubble,
         dp_comm=m * per_mb_exposed + once_exposed, optimizer=opt, host_copies=host, host_issue=issue,
-        step_seconds=step,
+        straggler=slowest, step_seconds=step,
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
         efficiency=achieved, compute_terms=terms, kernels=kernels,

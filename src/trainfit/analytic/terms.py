@@ -23,5 +23,6 @@ def time_terms(step: dict) -> dict[str, float]:
 def is_waiting(name: str) -> bool:
     """The GPU runs no compute kernel of its own: the pipeline bubble (waiting on other stages), exposed
     communication (`*_comm`: waiting on the network; NCCL's kernels hold a few SMs) and the host's kernel launches
-    (`host_issue`: the GPU idles between short kernels)."""
-    return name in ("bubble", "host_issue") or name.endswith("_comm")
+    (`host_issue`: the GPU idles between short kernels), and the job's slowest GPU (`straggler`: the others wait
+    for it at each collective)."""
+    return name in ("bubble", "host_issue", "straggler") or name.endswith("_comm")

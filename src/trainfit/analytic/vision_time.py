@@ -43,6 +43,7 @@ from .compute_time import ListTime, optimizer_seconds, time_ops
 from .precision import state_bytes
 from .roofline import kernels_for, memory_seconds
 from .step_time import StepTime, host_issue_exposed
+from .stragglers import slowest_gpu_factor
 from .timing import compute_dtype
 from .vision_graph import FP32, HALF, Op
 
@@ -150,7 +151,9 @@ def vision_step_time(setup: Setup, gpu: GPU, ops: list[Op], params: int, tensors
     tot: ListTime = tf + tb
     opt_mem, opt_launch = optimizer_seconds(gpu, setup, st, params, tensors)
     opt = opt_mem + opt_launch
-    step = m * tot.seconds + opt
+    # the slowest of the data-parallel GPUs sets the pace of their compute-bound kernels (stragglers.py)
+    slowest = m * (tot.gemm + tot.attention) * slowest_gpu_factor(setup.dp)
+    step = m * tot.seconds + opt + slowest
     n_kernels = m * tot.kernels + opt_launch / kernels_for(gpu).launch_seconds
     issue = host_issue_exposed(setup, n_kernels, step)
     step += issue
@@ -159,7 +162,7 @@ def vision_step_time(setup: Setup, gpu: GPU, ops: list[Op], params: int, tensors
     mfu = model_flops / (step * peak)
     return StepTime(
         compute=m * tot.seconds, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0, bubble=0.0,
-        dp_comm=0.0, optimizer=opt, host_copies=0.0, host_issue=issue, step_seconds=step,
+        dp_comm=0.0, optimizer=opt, host_copies=0.0, host_issue=issue, straggler=slowest, step_seconds=step,
         tokens_per_second=setup.batch * m * setup.dp / step, mfu=mfu, hfu=mfu, dp_comm_total=0.0,
         dp_bandwidth="intra", efficiency=tot.flops / (matmul * peak) if matmul else 0.0,
         compute_terms={k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")},
