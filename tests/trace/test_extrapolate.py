@@ -14,11 +14,12 @@ from trainfit.trace.extrapolate import _reserved, trace_extrapolated
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*")
 
 CASES = [
-    ("llama", "amp-bf16", "none", "adamw", 1),
-    # ~8 s (grad accumulation 2 traces two micro-batches): heavy, to keep the default run under 10 minutes;
-    # qwen2's case keeps full recompute, bert's the momentum optimizer in the default run
+    # heavy, to keep the default run under 10 minutes: llama amp-bf16 (~4 s; test_extrapolation_equals_full_trace_llama2_7b
+    # keeps llama amp-bf16 AdamW at real scale), llama bf16-master (~8 s: grad accumulation 2 traces two
+    # micro-batches), gpt2 fp32 full (~5 s); qwen2's case keeps full recompute, bert's the momentum optimizer
+    pytest.param("llama", "amp-bf16", "none", "adamw", 1, marks=pytest.mark.heavy),
     pytest.param("llama", "bf16-master", "full", "momentum", 2, marks=pytest.mark.heavy),
-    ("gpt2", "fp32", "full", "sgd", 1),
+    pytest.param("gpt2", "fp32", "full", "sgd", 1, marks=pytest.mark.heavy),
     pytest.param("gemma2", "amp-bf16", "none", "adamw", 2, marks=pytest.mark.heavy),  # period 2: sliding / global
     # layers (~14 s: its 6-layer trace; tests/stacks' layer:2 case keeps a period-2 extrapolation in the default run)
     ("qwen2", "bf16", "full", "adamw", 1),
@@ -35,7 +36,7 @@ def _same(extra, full):
 
 
 @pytest.mark.parametrize("family,precision,recompute,optimizer,grad_accum", CASES,
-                         ids=["-".join(map(str, c)) for c in CASES])
+                         ids=["-".join(map(str, getattr(c, "values", c))) for c in CASES])
 def test_extrapolation_equals_full_trace(family, precision, recompute, optimizer, grad_accum):
     layers = 12
     spec = tiny_spec(family, layers=layers)
