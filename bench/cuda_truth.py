@@ -413,6 +413,27 @@ def device_and_gpu(dry: bool):
         return "cuda", name, get_gpu("H100-80GB").with_memory(props.total_memory / 2**30)
 
 
+def device_totals(device: str) -> dict:
+    """What the device says it holds, beside the catalog's nvidia-smi total: cudaMemGetInfo's total and free (the
+    total vLLM and SGLang size their pools from: analytic/serving.py NB) and NVML's total and used, read before any
+    case runs (this process's CUDA context is made by the first call). None of them on CPU."""
+    if device != "cuda":
+        return {}
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    out = {"cuda_total": total, "cuda_free": free, "properties_total": torch.cuda.get_device_properties(0).total_memory}
+    try:
+        import pynvml  # type: ignore
+
+        pynvml.nvmlInit()
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device()))
+        out.update(nvml_total=int(info.total), nvml_used=int(info.used))
+    except Exception as err:  # noqa: BLE001 — NVML is optional: say why it is missing, keep the run
+        out["nvml"] = f"unavailable: {err}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny models, --device cpu semantics (no GPU needed)")
@@ -441,12 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     def write(rows: list[dict], minutes: float) -> None:  # after every case: a run cut off keeps what it measured
         stem.with_suffix(".json").write_text(json.dumps({"gpu": gpu.name, "device_name": name, "dry_run": dry,
                                                          "workspaces": ws, "predicted_workspaces": predicted_ws,
-                                                         "host": host,
+                                                         "host": host, "memory_totals": totals,
                                                          "torch": torch.__version__, "minutes": round(minutes, 2),
                                                          "cases": rows}, indent=1, default=str))
         stem.with_suffix(".md").write_text(render(rows, gpu.name, dry, minutes))
 
     rows, t0 = [], time.perf_counter()
+    totals = device_totals(device)
     ws = warm_up(device)
     # this host's time to issue an eager op (the host-issue bound's rate, analytic/step_time.py host_issue): hosts
     # differ by ~2x between lent machines, so each run records its own beside its steps

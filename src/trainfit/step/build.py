@@ -107,6 +107,13 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     auto = getattr(transformers, _AUTO[for_setup(spec, setup).task_head])
     with torch.device(device):
         model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
+    if torch.device(device).type == "cuda" and torch.cuda.is_initialized():
+        # from_config on the device makes the LM head's own weight before tie_weights replaces it with the word
+        # embedding: the freed block stays in the caching allocator's cache (a second embedding-sized segment in
+        # the H200 runs' snapshots, bench/results/cuda-H200-2026-11-27.json). A user's model never holds it:
+        # from_pretrained builds on the meta device (transformers 5.24 modeling_utils.py:3840 get_init_context)
+        # and .to() moves the tied tensor once. Released here so that the measured process holds what theirs does.
+        torch.cuda.empty_cache()
     model.train()
     return apply_lora(model, setup)  # --lora-rank: peft's adapters, base frozen (step/lora.py)
 
