@@ -14,9 +14,9 @@ from trainfit.trace.extrapolate import _reserved, trace_extrapolated
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*")
 
 CASES = [
-    # heavy, to keep the default run under 10 minutes: llama amp-bf16 (~4 s; test_extrapolation_equals_full_trace_llama2_7b
-    # keeps llama amp-bf16 AdamW at real scale), llama bf16-master (~8 s: grad accumulation 2 traces two
-    # micro-batches), gpt2 fp32 full (~5 s); qwen2's case keeps full recompute, bert's the momentum optimizer
+    # heavy, to keep the default run under 10 minutes: llama amp-bf16 (~4 s; the llama2_7b test below keeps llama
+    # amp-bf16 AdamW at real scale), llama bf16-master (~8 s: grad accumulation 2 traces two micro-batches), gpt2
+    # fp32 full (~5 s); qwen2's case keeps full recompute, bert's the momentum optimizer
     pytest.param("llama", "amp-bf16", "none", "adamw", 1, marks=pytest.mark.heavy),
     pytest.param("llama", "bf16-master", "full", "momentum", 2, marks=pytest.mark.heavy),
     pytest.param("gpt2", "fp32", "full", "sgd", 1, marks=pytest.mark.heavy),

@@ -14,10 +14,12 @@ E[max_N] ≈ Φ⁻¹((N − 0.375) / (N + 0.25)) (Blom 1958, the expected order 
 GPU, 1.43 for 8, 3.03 for 512, 3.96 for 16,384 (NB: +4 % over the exact value at 2, within 1 % from 10 on).
 
 σ (kernels.toml [cluster] compute_spread) is measured on the lent H200s, not taken from Sinha et al.: their metric
-is a spread over whole clusters, not a coefficient of variation.
-NB: memory-bound kernels are not slowed (the HBM clock is not power-managed: between two of the H200s the same GEMMs
-differed by 4-8 %, the memory-bound kernels by < 1 %); a normal tail is optimistic where a cluster keeps its 1.5x outliers in service, pessimistic where
-operators drain slow nodes; the bubble and the exposed communication are not re-timed around the slower compute.
+is a spread over whole clusters, not a coefficient of variation. The kernel model sits at those chips' mean (the
+llama-3.1-8b step's GEMMs: 118.9 ms predicted, 119.3 ms the six chips' mean).
+NB: memory-bound kernels are not slowed (the HBM clock is not power-managed: between two of the H200s the same
+GEMMs differed by 4-8 %, the memory-bound kernels by < 1 %); a normal tail is optimistic where a cluster keeps its
+1.5x outliers in service, pessimistic where operators drain slow nodes; the bubble and the exposed communication
+are not re-timed around the slower compute.
 """
 from __future__ import annotations
 
