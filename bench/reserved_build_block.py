@@ -39,17 +39,18 @@ def _replay_with_build_block(records, start, *args, **kwargs):
     return _plain_replay(records, start, *args, **kwargs)
 
 
-def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("full", "extrapolated")):
+def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("full", "extrapolated"),
+         labels: tuple[str, ...] = ("plain", "build")):
     """One dict per measured case: the error of each (plain | build) x depth replay. The replay is wrapped only
     while this runs."""
     alloc_replay.replay = _replay_with_build_block
     try:
-        yield from _rows(path, only, depths)
+        yield from _rows(path, only, depths, labels)
     finally:
         alloc_replay.replay = _plain_replay
 
 
-def _rows(path: Path, only: list[str] | None, depths: tuple[str, ...]):
+def _rows(path: Path, only: list[str] | None, depths: tuple[str, ...], labels: tuple[str, ...]):
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
     from trainfit.overheads import allocator_held
@@ -69,6 +70,8 @@ def _rows(path: Path, only: list[str] | None, depths: tuple[str, ...]):
         head = spec.vocab * spec.hidden * (4 if setup.precision in ("fp32", "amp-bf16", "amp-fp16") else 2)
         out = {"id": case["id"], "tied": spec.tied_embeddings}
         for label, block in (("plain", 0), ("build", head)) if spec.tied_embeddings else (("plain", 0),):
+            if label not in labels and spec.tied_embeddings:
+                continue
             _BLOCK["bytes"] = block
             for depth in depths:
                 e = trace_spec(spec, setup, extrapolate=depth == "extrapolated")

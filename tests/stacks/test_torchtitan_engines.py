@@ -160,7 +160,8 @@ def test_op_sac_saves_attention_output_and_logsumexp_cuda():
 
 # -- layer extrapolation ---------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("recompute,layers", [("op", 6), ("layer:2", 12)])  # layer:2 repeats every 2 blocks
+@pytest.mark.parametrize("recompute,layers", [pytest.param("op", 6, marks=pytest.mark.heavy),  # ~4 s: heavy tier
+                                             ("layer:2", 12)])  # layer:2 repeats every 2 blocks
 def test_extrapolated_trace_equals_full_trace(recompute, layers):
     from trainfit.trace.extrapolate import trace_extrapolated
 

@@ -37,8 +37,13 @@ def _setup(precision, kw):
     return Setup(batch=1, seq=64, precision=precision, optimizer="adamw", device="cpu", lora_rank=8, **kw)
 
 
+# nf4 and int8 without recompute (~2 s each) run in the heavy tier: their recompute=full cases keep both formats
+HEAVY = {0, 3}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
+@pytest.mark.parametrize("i", [pytest.param(i, marks=pytest.mark.heavy) if i in HEAVY else i
+                               for i in range(len(CASES))], ids=IDS)
 def test_qlora_trace_equals_real(i):
     precision, kw = CASES[i]
     spec = tiny_spec("llama")
