@@ -1,6 +1,6 @@
 """Kernel microbenchmarks on a lent GPU (issue 14: per-op efficiency curves measured, not assumed).
 
-    python bench/cuda_kernels.py                 # on a CUDA machine, ~1 minute
+    python bench/cuda_kernels.py                 # on a CUDA machine, ~1.5 minutes
     python bench/cuda_kernels.py --dry-run       # anywhere: tiny sizes on CPU (the harness itself; CI runs it)
 
 Times, with CUDA events over repeated launches, the kernels an eager training step spends its time in, each beside
@@ -14,7 +14,9 @@ trainfit's roofline prediction for it (analytic/roofline.py):
   gemm          the forward and both backward GEMMs of each linear layer of the models bench/cuda_truth.py runs,
                 at its 2 x 1024 tokens (vocabularies not a multiple of 8 included: GPT-2's 50,257);
   adamw         torch.optim.AdamW (fused and foreach) over Llama-3.2-1B's parameter tensors, fp32 and bf16;
-  host          the host's time to issue one eager op (a small add; a small linear's forward + backward).
+  host          the host's time to issue one eager op (a small add; a small linear's forward + backward);
+  sustained     one large bf16 GEMM back to back for 20 s: its rate per second beside NVML's SM clock, power and
+                temperature (the chip-to-chip spread of analytic/stragglers.py, measured per machine).
 Writes bench/results/kernels-<gpu>-<date>.json: ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
 """
 from __future__ import annotations
@@ -285,10 +287,55 @@ def host(device: str) -> dict:
     return out
 
 
+def sustained(device: str, seconds: float) -> dict:
+    """A large bf16 GEMM (8,192 cubed; 128 cubed in the dry run) back to back for `seconds`: its rate per ~1 s window
+    beside the SM clock, board power and temperature NVML reads at the window's end. The chip-to-chip spread of the
+    rate under a power cap is what analytic/stragglers.py's compute_spread measures (kernels.toml [cluster]); the
+    first and last windows show how far a chip falls from its cold rate when it heats."""
+    import torch
+
+    n = 8192 if device == "cuda" else 128
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    nvml = None
+    if device == "cuda":
+        try:
+            import pynvml  # type: ignore
+
+            pynvml.nvmlInit()
+            nvml = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 — NVML is optional: the rates alone still say the spread
+            nvml = None
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    windows, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sync()
+        t0, calls = time.perf_counter(), 0
+        while time.perf_counter() - t0 < min(1.0, seconds):
+            for _ in range(20):
+                a @ b
+            calls += 20
+            sync()
+        dt = time.perf_counter() - t0
+        w = {"t": round(time.perf_counter() - start, 2), "tflops": 2 * n**3 * calls / dt / 1e12}
+        if nvml:
+            lib, h = nvml
+            w.update(sm_mhz=lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM),
+                     watts=lib.nvmlDeviceGetPowerUsage(h) / 1e3,
+                     temp_c=lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU))
+        windows.append(w)
+    out = {"n": n, "dtype": str(dtype).split(".")[-1], "windows": windows}
+    if nvml:
+        lib, h = nvml
+        out["power_limit_watts"] = lib.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU (no GPU needed)")
-    ap.add_argument("--only", default=None, help="one section: elementwise, step_ops, sdpa, gemm, adamw or host")
+    ap.add_argument("--only", default=None,
+                    help="one section: elementwise, step_ops, sdpa, gemm, adamw, host or sustained")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json results")
     args = ap.parse_args(argv)
 
@@ -310,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm": lambda: gemm(device, gpu, ("tiny-gpt2",) if dry else MODELS, 64 if dry else 2048),
         "adamw": lambda: adamw(device, gpu, "tiny-llama" if dry else "llama-3.2-1b"),
         "host": lambda: host(device),
+        "sustained": lambda: sustained(device, 0.3 if dry else 20.0),  # last: its heat does not reach the others
     }
     out, t0 = {"gpu": gpu.name, "device_name": name, "dry_run": dry, "torch": torch.__version__}, time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)

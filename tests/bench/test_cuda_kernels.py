@@ -94,3 +94,15 @@ def test_dry_run_writes_the_kernel_results(tmp_path):
     (js,) = tmp_path.glob("kernels-*-dry-run-*.json")
     host = json.loads(js.read_text())["host"]
     assert host["add"]["kernels_per_call"] == 1 and host["add"]["host_seconds_per_call"] > 0
+
+
+def test_dry_run_of_the_sustained_gemm(tmp_path):
+    """The sustained section (one GEMM back to back, its rate per window) runs end to end on CPU; on a GPU its
+    windows also carry NVML's SM clock, power and temperature."""
+    import cuda_kernels
+
+    assert cuda_kernels.main(["--dry-run", "--only", "sustained", "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("kernels-*-dry-run-*.json")
+    out = json.loads(js.read_text())["sustained"]
+    assert out["n"] == 128 and out["windows"] and all(w["tflops"] > 0 for w in out["windows"])
+    assert "sm_mhz" not in out["windows"][0]  # no NVML on CPU
