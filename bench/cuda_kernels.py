@@ -297,15 +297,11 @@ def sustained(device: str, seconds: float) -> dict:
     n = 8192 if device == "cuda" else 128
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    nvml = None
-    if device == "cuda":
-        try:
-            import pynvml  # type: ignore
+    from cuda_truth import nvml_device  # this folder's harness
 
-            pynvml.nvmlInit()
-            nvml = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        except Exception:  # noqa: BLE001 — NVML is optional: the rates alone still say the spread
-            nvml = None
+    nvml = nvml_device() if device == "cuda" else None
+    if isinstance(nvml, str):  # NVML unavailable: the rates alone still say the spread
+        nvml = None
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     windows, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds:

@@ -413,6 +413,20 @@ def device_and_gpu(dry: bool):
         return "cuda", name, get_gpu("H100-80GB").with_memory(props.total_memory / 2**30)
 
 
+def nvml_device():
+    """(pynvml, this process's device handle), or the reason NVML is unavailable (a str): NVML is optional, both GPU
+    scripts (this harness, cuda_kernels.py) keep running without it."""
+    import torch
+
+    try:
+        import pynvml  # type: ignore
+
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception as err:  # noqa: BLE001 — missing module, driver or permission: say which
+        return f"unavailable: {err}"
+
+
 def device_totals(device: str) -> dict:
     """What the device says it holds, beside the catalog's nvidia-smi total: cudaMemGetInfo's total and free (the
     total vLLM and SGLang size their pools from: analytic/serving.py NB) and NVML's total and used, read before any
@@ -423,14 +437,13 @@ def device_totals(device: str) -> dict:
 
     free, total = torch.cuda.mem_get_info()
     out = {"cuda_total": total, "cuda_free": free, "properties_total": torch.cuda.get_device_properties(0).total_memory}
-    try:
-        import pynvml  # type: ignore
-
-        pynvml.nvmlInit()
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device()))
+    nvml = nvml_device()
+    if isinstance(nvml, str):
+        out["nvml"] = nvml
+    else:
+        lib, h = nvml
+        info = lib.nvmlDeviceGetMemoryInfo(h)
         out.update(nvml_total=int(info.total), nvml_used=int(info.used))
-    except Exception as err:  # noqa: BLE001 — NVML is optional: say why it is missing, keep the run
-        out["nvml"] = f"unavailable: {err}"
     return out
 
 

@@ -279,11 +279,12 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
     step = m * t_mb + bubble + once_exposed + opt + host
+    world = t * p * d * cp
     issue = kernels = slowest = 0.0
     if efficiency is None:
         # every collective waits for the slowest of the job's GPUs (stragglers.py): its GEMMs and attention run
         # slower than the mean chip the kernel model times
-        slowest = m * (tot.gemm + tot.attention) * slowest_gpu_factor(t * p * d * cp)
+        slowest = m * (tot.gemm + tot.attention) * slowest_gpu_factor(world)
         step += slowest
         # the host issues ahead while the GPU computes or waits (on the network, the pipeline): it is exposed only
         # where issuing takes longer than all of that
@@ -291,7 +292,6 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         issue = host_issue_exposed(setup, kernels, step)
     step += issue
 
-    world = t * p * d * cp
     tok_step = b * s * m * d
     model_flops = 3 * costs.forward_total * tok_step
     # NB: recompute FLOPs of the whole model as p stages of layers // p (uneven splits differ by a layer)
