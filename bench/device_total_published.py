@@ -75,8 +75,9 @@ def c4() -> list[str]:
     return [f"| C4 vLLM Llama-2-7B TP1 (A100-80GB), 0.9 utilisation | {pub:,} blocks (7,449 before the fix: "
             f"784 MiB non-torch + cache) | weights {weights / GiB:.2f} GiB + activation peak ({tokens} tokens) "
             f"{act / GiB:.2f} GiB + non-torch {non_torch / MiB:.0f} MiB ({', '.join(f'{k} {v / MiB:.0f} MiB' for k, v in {**held, **beside}.items())}) "
-            f"-> {blocks:,} blocks ({(blocks - pub) / pub:+.1%}) | total taken as the catalog's {gpu.memory / GiB:.1f} "
-            f"GiB; NB: cudaMemGetInfo's total is below nvidia-smi's by the driver's reservation (over-counts blocks) |"]
+            f"-> {blocks:,} blocks ({(blocks - pub) / pub:+.1%}) | total: CUDA's, {gpu.memory / GiB:.2f} "
+            f"GiB (nvidia-smi's {gpu.smi_memory / GiB:.2f} less the driver's reserve; NB by a 2024 driver, the run's "
+            f"was 2023's) |"]
 
 
 def vllm_10511() -> list[str]:
@@ -88,8 +89,9 @@ def vllm_10511() -> list[str]:
         tot = sum(beside.values()) / GiB
         out.append(f"| vLLM #10511 Llama-3-8B TP{tp} (H100-80GB) | non_torch_memory {pub} GiB | overheads "
                    f"{tot:.2f} GiB ({', '.join(f'{k} {v / MiB:.0f} MiB' for k, v in beside.items())}) "
-                   f"({(tot - pub) / pub:+.1%}) | vLLM's second (pynccl) communicator, custom all-reduce buffers and "
-                   "lazily loaded kernels are not in trainfit's count |")
+                   f"({(tot - pub) / pub:+.1%}) | vLLM's second (pynccl) communicator and custom all-reduce "
+                   "buffers are not in trainfit's count; its context is the one after an HF step (measured on an "
+                   "H200), not vLLM's kernels |")
     return out
 
 

@@ -27,10 +27,14 @@ def rel(a: float, b: float) -> float:
 def test_json_has_every_field_and_notes():
     raw = json.loads(resources.files("trainfit.data").joinpath("gpus.json").read_text())
     assert isinstance(raw["notes"], str) and "dense" in raw["notes"].lower()
-    fields = {f.name for f in dataclasses.fields(GPU)}
+    # the file's memory is nvidia-smi's total; GPU.memory is CUDA's (cuda_memory, with its own source)
+    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory"}
     for entry in raw["gpus"]:
-        assert set(entry) == fields, entry.get("name")
+        assert set(entry) - {"cuda_memory", "cuda_memory_source"} == fields, entry.get("name")
         assert isinstance(entry["aliases"], list)
+        if entry["vendor"] == "nvidia":  # CUDA sees nvidia-smi's total less the driver's reserve (15.9 MiB to 1.1 GiB)
+            assert 15 * MiB <= entry["memory"] - entry["cuda_memory"] <= 1103 * MiB, entry["name"]
+            assert entry["cuda_memory_source"], entry["name"]
 
 
 def test_catalog_loads_with_enough_entries():
@@ -134,7 +138,8 @@ def test_h100_sxm_datasheet():
     assert rel(h.peak_flops["fp32"], 66.9e12) < 0.01
     assert rel(h.memory_bandwidth, 3.35e12) < 0.01
     assert h.power_watts == 700
-    assert h.memory == 81559 * MiB  # nvidia-smi: 81559MiB
+    assert h.smi_memory == 81559 * MiB  # nvidia-smi: 81559MiB
+    assert h.memory == 85017755648  # deviceQuery: 81079 MBytes (85017755648 bytes)
     assert rel(h.intra_node_bandwidth, 450e9) < 0.01  # NVLink4: 900 GB/s both directions
     assert h.gpus_per_node == 8
     assert h.peak_flops["bf16"] / h.peak_flops["fp32"] > 10  # tensor cores vs CUDA cores
@@ -151,7 +156,7 @@ def test_a100_datasheet():
         assert rel(a.intra_node_bandwidth, 300e9) < 0.01
     assert rel(a80.memory_bandwidth, 2.039e12) < 0.01
     assert rel(a40.memory_bandwidth, 1.555e12) < 0.01
-    assert 39 * GiB < a40.memory < 41 * GiB and a40.memory == 40960 * MiB
+    assert a40.smi_memory == 40960 * MiB and a40.memory == 42_405_855_232  # Modal's torch total_memory
     assert 79 * GiB < a80.memory <= 80 * GiB
 
 
@@ -233,7 +238,7 @@ def test_h100_96gb_matches_the_torchtitan_benchmark_and_the_sxm_datasheet():
     assert rel(g.peak_flops["bf16"], 989.4e12) < 0.001 and rel(g.peak_flops["fp8"], 1978.9e12) < 0.001
     assert g.peak_flops == get_gpu("H100-80GB").peak_flops  # the same SXM figures, by the entry's stated assumption
     # NB-assumed driver total: 97871 MiB, between 95 GiB and the 96 GiB of HBM
-    assert g.memory == 97871 * MiB and 95 * GiB < g.memory < 96 * GiB
+    assert g.smi_memory == 97871 * MiB and 95 * GiB < g.memory < 96 * GiB
     assert get_gpu("h100-96gb-hbm2e") is g and "NB" in g.source and "llama3_h100_202412" in g.source
 
 
@@ -268,6 +273,7 @@ def test_user_gpu_file_round_trip(tmp_path, fmt):
     assert g.flops_for("bf16") == 800e12 and g.flops_for("fp8") == 800e12  # fallbacks as for catalog GPUs
     h = get_gpu("H100-80GB")
     entry = {f.name: getattr(h, f.name) for f in dataclasses.fields(GPU)} | {"aliases": list(h.aliases)}
+    entry |= {"memory": h.smi_memory, "cuda_memory": entry.pop("smi_memory") and h.memory}
     again = tmp_path / "h100.json"
     again.write_text(json.dumps(entry))
     assert load_gpu_file(str(again)) == h and load_gpu_file(str(again)).aliases == h.aliases
@@ -309,4 +315,5 @@ def test_with_memory_overrides_only_the_memory():
     h = get_gpu("H100-80GB")
     h40 = h.with_memory(40)
     assert h40.memory == 40 * GiB and h40.peak_flops == h.peak_flops and h40.name == h.name
-    assert h.with_memory(None) is h and get_gpu("H100-80GB").memory == 81559 * MiB
+    assert h40.smi_memory == 40 * GiB  # --gpu-memory states CUDA's total; nvidia-smi's is taken as the same
+    assert h.with_memory(None) is h and get_gpu("H100-80GB").smi_memory == 81559 * MiB

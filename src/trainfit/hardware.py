@@ -17,7 +17,9 @@ from .errors import GPUFileError, UnknownGPUError
 @dataclass(frozen=True)
 class GPU:
     name: str  # canonical, e.g. "H100-80GB"
-    memory: int  # bytes of device memory
+    # bytes CUDA can allocate in: cudaMemGetInfo's total (torch.cuda.mem_get_info()[1]), nvidia-smi's memory.total
+    # less the framebuffer the driver keeps back (data/gpus.json cuda_memory); fits and serving pools are judged on it
+    memory: int
     memory_bandwidth: float  # bytes/s
     peak_flops: dict[str, float]  # dense FLOP/s per dtype: fp32, tf32, bf16, fp16, fp8, int8
     power_watts: float  # board power (TDP)
@@ -28,6 +30,11 @@ class GPU:
     vendor: str = "nvidia"
     aliases: tuple[str, ...] = ()
     source: str = ""
+    smi_memory: int = 0  # nvidia-smi's memory.total in bytes (0: as memory); SGLang sizes its defaults from it
+
+    def __post_init__(self):
+        if not self.smi_memory:
+            object.__setattr__(self, "smi_memory", self.memory)
 
     def flops_for(self, dtype: str) -> float:
         """Dense peak for the matmul dtype: 'fp32' the CUDA cores' rate (PyTorch's default for matmuls), 'tf32' the
@@ -49,8 +56,12 @@ class GPU:
         return self if price is None else replace(self, price_per_hour=price)
 
     def with_memory(self, gib: float | None) -> "GPU":
-        """The same GPU holding `gib` GiB (--gpu-memory: a MIG slice, a capped or unlisted variant)."""
-        return self if gib is None else replace(self, memory=int(round(gib * 2**30)))
+        """The same GPU holding `gib` GiB as CUDA reports it (--gpu-memory: a MIG slice, a capped or unlisted variant,
+        or the total_gpu_memory vLLM logs). NB: nvidia-smi's total is taken as the same (SGLang's defaults read it)."""
+        if gib is None:
+            return self
+        b = int(round(gib * 2**30))
+        return replace(self, memory=b, smi_memory=b)
 
 
 @lru_cache(maxsize=1)
@@ -60,6 +71,12 @@ def _catalog() -> dict[str, GPU]:
     for entry in raw["gpus"]:
         entry = dict(entry)
         entry["aliases"] = tuple(entry.get("aliases", ()))
+        # the file's memory is nvidia-smi's total; what CUDA sees (cuda_memory) becomes GPU.memory
+        entry["smi_memory"] = entry["memory"]
+        entry["memory"] = entry.pop("cuda_memory", entry["memory"])
+        cuda_source = entry.pop("cuda_memory_source", None)
+        if cuda_source:
+            entry["source"] += f" CUDA's total: {cuda_source}."
         gpu = GPU(**entry)
         if gpu.name in out:
             raise ValueError(f"gpus.json: GPU {gpu.name!r} is listed twice")
@@ -106,6 +123,8 @@ FLOP_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 FILE_FIELDS = {
     "name": ("a label for reports", "MyGPU-64GB"),
     "memory": ("device memory in bytes, as the driver reports it: nvidia-smi MiB x 2^20", 68719476736),
+    "cuda_memory": ("bytes CUDA reports as the total, torch.cuda.mem_get_info()[1]: nvidia-smi's less the driver's "
+                    "reserve (default: memory)", 68182605824),
     "memory_bandwidth": ("bytes/s, datasheet peak", 2.0e12),
     "peak_flops": ("dense FLOP/s per dtype, fp32 required; keys fp32, tf32, bf16, fp16, fp8, int8",
                    {"fp32": 60e12, "bf16": 800e12}),
@@ -118,10 +137,10 @@ FILE_FIELDS = {
     "aliases": ("other names", ["MyGPU"]),
     "source": ("where the numbers come from", "vendor datasheet"),
 }
-OPTIONAL = ("name", "vendor", "aliases", "source")
+OPTIONAL = ("name", "vendor", "aliases", "source", "cuda_memory")
 # Below these the number is in the wrong unit (GB instead of bytes, TFLOP/s instead of FLOP/s): a real GPU has
 # more than 64 MiB, 1 GB/s and 1 GFLOP/s.
-_UNIT_FLOOR = {"memory": 2**26, "memory_bandwidth": 1e9, "intra_node_bandwidth": 1e8, "inter_node_bandwidth": 1e8}
+_UNIT_FLOOR = {"memory": 2**26, "cuda_memory": 2**26, "memory_bandwidth": 1e9, "intra_node_bandwidth": 1e8, "inter_node_bandwidth": 1e8}
 
 
 def is_gpu_file(name: str) -> bool:
@@ -161,6 +180,11 @@ def load_gpu_file(path: str) -> GPU:
     entry.setdefault("name", os.path.splitext(os.path.basename(path))[0])
     entry.setdefault("source", f"user file {path}")
     entry["aliases"] = tuple(entry.get("aliases", ()))
+    entry["smi_memory"] = entry["memory"]  # as the catalog: GPU.memory is what CUDA sees
+    entry["memory"] = entry.pop("cuda_memory", entry["memory"])
+    if entry["memory"] > entry["smi_memory"]:
+        raise GPUFileError(f"{where}: cuda_memory ({entry['memory']}) exceeds memory ({entry['smi_memory']}): CUDA "
+                           "sees nvidia-smi's total less the driver's reserve; swap them or drop cuda_memory")
     return GPU(**entry)
 
 
@@ -212,8 +236,9 @@ def _check_field(where: str, k: str, v, toml: bool):
             or (v == 0 and k != "price_per_hour"):
         raise bad(f"must be a {'non-negative' if k == 'price_per_hour' else 'positive'} number, got {v!r}")
     if k in _UNIT_FLOOR and v < _UNIT_FLOOR[k]:
-        raise bad(f"= {v:g} is too small for {'bytes (a value in GB?)' if k == 'memory' else 'bytes/s (a value in GB/s?)'}")
-    if k == "memory":
+        raise bad(f"= {v:g} is too small for "
+                  f"{'bytes (a value in GB?)' if k.endswith('memory') else 'bytes/s (a value in GB/s?)'}")
+    if k in ("memory", "cuda_memory"):
         if isinstance(v, float) and not v.is_integer():
             raise bad(f"must be a whole number of bytes, got {v!r}")
         return int(v)

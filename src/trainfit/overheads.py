@@ -31,15 +31,14 @@ def data() -> dict:
     return tomllib.loads(resources.files("trainfit.data").joinpath("overheads.toml").read_text())
 
 
-def cuda_context(gpu: GPU) -> int:
-    """The CUDA context of one process on `gpu` (lazy module loading on): its generation's published figure,
-    else the default one. NB: the context right after the first CUDA calls; kernels loaded lazily during the step
-    add to it (under-count). NB: ROCm has no figure here; AMD GPUs get the CUDA default (direction unknown)."""
+def cuda_context(gpu: GPU, after_step: bool = False) -> int:
+    """The CUDA context of one process on `gpu` (lazy module loading on): its generation's figure, else the default
+    one; `after_step`: once a step has loaded its kernels (measured where the entry has after_step_bytes). NB: else
+    the context right after the first CUDA calls, which kernels loaded lazily during the step add to (under-counts:
+    +383 MiB on an H200). NB: ROCm has no figure here; AMD GPUs get the CUDA default (direction unknown)."""
     ctx = data()["cuda_context"]
-    for entry in ctx.values():
-        if gpu.name in entry.get("gpus", ()):
-            return int(entry["bytes"])
-    return int(ctx["default"]["bytes"])
+    entry = next((e for e in ctx.values() if gpu.name in e.get("gpus", ())), ctx["default"])
+    return int(entry["after_step_bytes"] if after_step and "after_step_bytes" in entry else entry["bytes"])
 
 
 def blas_workspace(gpu: GPU) -> int:
@@ -136,10 +135,11 @@ def allocator_held(gpu: GPU | None, setup) -> dict[str, int]:
 
 
 def overheads(gpu: GPU | None, setup) -> dict[str, int]:
-    """Memory beside the caching allocator that nvidia-smi counts: name -> bytes (empty without a GPU)."""
+    """Memory beside the caching allocator that nvidia-smi counts: name -> bytes (empty without a GPU). The context is
+    the one after a step, except under a serving engine, which sizes its pool before any step."""
     if gpu is None or setup.device != "cuda":
         return {}
-    out = {"cuda_context": cuda_context(gpu)}
+    out = {"cuda_context": cuda_context(gpu, after_step=getattr(setup, "mode", "train") != "serve")}
     nvls = nvls_on(setup)
     for name, ranks in communicators(setup).items():
         local = local_ranks(setup, name, ranks, gpu.gpus_per_node) if nvls else 0

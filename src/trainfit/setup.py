@@ -401,8 +401,10 @@ class RunSettings:
     gpu: Optional[str] = setting(None, "GPU to check the fit and time against: a catalog name (see `trainfit "
                                  "gpus`) or a .json/.toml file with the catalog's fields.", example="H100-80GB",
                                  modes=MODES)
-    gpu_memory: Optional[float] = setting(None, "GiB of device memory per GPU, replacing the GPU's own (a MIG "
-                                          "slice, a memory cap, a variant the catalog lacks); needs --gpu.",
+    gpu_memory: Optional[float] = setting(None, "GiB of device memory per GPU as CUDA reports it "
+                                          "(torch.cuda.mem_get_info()[1], vLLM's total_gpu_memory), replacing the "
+                                          "GPU's own (a MIG slice, a memory cap, a variant the catalog lacks); needs "
+                                          "--gpu.",
                                           above=0, maximum=4096, example="40", modes=MODES)
     mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
                                    "(0 < mfu <= 1).", above=0, maximum=1, example="0.4",

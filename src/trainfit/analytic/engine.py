@@ -279,7 +279,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
 
 def _fit_note(reserve: int) -> str:
     extra = f" - {reserve / 2**30:.1f} GiB (--reserve)" if reserve else ""
-    return f"fits = device total <= GPU memory{extra}; jobs run out of memory at the device total, not at the peak"
+    return (f"fits = device total <= GPU memory{extra}, as CUDA reports it (nvidia-smi's total less the driver's "
+            "reserve: `trainfit gpus`); jobs run out of memory at the device total, not at the peak")
 
 
 def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
@@ -346,8 +347,9 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"sequences) − CUDA graphs ({len(k.capture_sizes)} sizes) = {fmt_bytes(sv.available_kv)} → "
              f"{sv.kv_blocks:,} blocks of {k.block_size} tokens ({k.kv_dtype} KV)",
              "the CUDA context, NCCL and cuBLAS come before vLLM's baseline snapshot: outside --gpu-memory-utilization, "
-             "in the device total; NB: vLLM's total is cudaMemGetInfo's, 0.5-0.8 GiB below the catalog's nvidia-smi "
-             "figure on 80 GB parts (set --gpu-memory to the total_gpu_memory vLLM logs)",
+             "in the device total; the total is CUDA's (cudaMemGetInfo), as vLLM reads it: nvidia-smi's less the "
+             f"driver's reserve, {fmt_bytes(gpu.smi_memory - gpu.memory)} here (NB: by driver version; set --gpu-memory "
+             "to the total_gpu_memory vLLM logs)",
              f"decode: {concurrent} sequences at half of --max-model-len on average, at {mbu:.0%} of memory bandwidth; "
              f"prefill of a {prompt}-token prompt at MFU {mfu:.0%}"]
     # a request of max_model_len must fit (vLLM raises at start-up otherwise: kv_cache_utils.py, "max seq len ...

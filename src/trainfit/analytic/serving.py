@@ -336,8 +336,8 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     pc = pc or count_params(spec)
     draft = draft_of(spec, setup)
     k = knobs(spec, setup, gpu)
-    # NB: vLLM's total is cudaMemGetInfo's, 0.5-0.8 GiB below nvidia-smi's (the catalog's) on 80 GB parts (its logs
-    # print total_gpu_memory 79.11-79.33 GiB): over-reads `requested` by utilisation × that; --gpu-memory sets it
+    # vLLM's total is cudaMemGetInfo's (GPU.memory: nvidia-smi's less the driver's reserve; its logs print
+    # total_gpu_memory 79.11-79.33 GiB on an H100). NB: the reserve varies by driver by ~0.1 GiB; --gpu-memory sets it
     total = gpu.memory
     requested = math.ceil(total * k.utilization)
     weights = weights_per_gpu(spec, setup, pc)

@@ -183,8 +183,8 @@ def default_mem_fraction(gpu_mib: float, setup: Setup, k_chunked: int, max_bs: i
 
 
 def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
-    # NB: SGLang reads nvidia-smi's memory.total; the catalog's figure is nvidia-smi's (exact where it is)
-    gpu_mib = gpu.memory / MiB
+    # SGLang's defaults read nvidia-smi's memory.total (utils get_nvgpu_memory_capacity); its pool reads CUDA's
+    gpu_mib = gpu.smi_memory / MiB
     chunked, max_bs = capacity_defaults(gpu_mib, setup.tp)
     max_bs = 0 if setup.enforce_eager else max_bs
     prefill = 0 if setup.enforce_eager else len(prefill_capture_sizes(chunked))

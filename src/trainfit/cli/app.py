@@ -276,14 +276,16 @@ def models(json: bool = JsonOpt) -> None:
 
 @app.command()
 def gpus(json: bool = JsonOpt) -> None:
-    """The GPU catalog: memory, bandwidth, dense peak FLOP/s, power, price (override with --price)."""
+    """The GPU catalog: memory (what CUDA can allocate; nvidia-smi's total beside it), bandwidth, dense peak FLOP/s,
+    power, price (override with --price)."""
     from ..hardware import list_gpus
 
     items = list_gpus()
     if json:
         from ..report.json_out import dumps
 
-        typer.echo(dumps([{"name": g.name, "memory": g.memory, "memory_bandwidth": g.memory_bandwidth,
+        typer.echo(dumps([{"name": g.name, "memory": g.memory, "smi_memory": g.smi_memory,
+                           "memory_bandwidth": g.memory_bandwidth,
                            "peak_flops": g.peak_flops, "power_watts": g.power_watts,
                            "intra_node_bandwidth": g.intra_node_bandwidth, "inter_node_bandwidth": g.inter_node_bandwidth,
                            "gpus_per_node": g.gpus_per_node, "price_per_hour": g.price_per_hour, "vendor": g.vendor,
@@ -295,12 +297,12 @@ def gpus(json: bool = JsonOpt) -> None:
     from ..units import fmt_bytes
 
     t = Table(title="trainfit gpus (dense peaks)", header_style="bold", padding=(0, 1))
-    for col in ("name", "memory", "bandwidth", "bf16 TFLOP/s", "fp32/tf32 TFLOP/s", "W", "$/h"):
+    for col in ("name", "memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 TFLOP/s", "fp32/tf32 TFLOP/s", "W", "$/h"):
         t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name",
                      min_width=max(len(g.name) for g in items) if col == "name" else None)
     for g in items:
         bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0
-        t.add_row(g.name, fmt_bytes(g.memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s", f"{bf16 / 1e12:,.1f}",
+        t.add_row(g.name, fmt_bytes(g.memory), fmt_bytes(g.smi_memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s", f"{bf16 / 1e12:,.1f}",
                   f"{g.flops_for('tf32') / 1e12:,.1f}", f"{g.power_watts:.0f}", f"{g.price_per_hour:.2f}")
     Console().print(t)
 
