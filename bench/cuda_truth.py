@@ -365,8 +365,26 @@ def _pct(x) -> str:
     return "—" if x is None else f"{x:+.2%}"
 
 
-def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float) -> str:
-    head = [f"# CUDA truth: {gpu_name}{' (dry run on CPU)' if dry else ''}", "",
+def totals_lines(totals: dict, gpu) -> list[str]:
+    """The device's own totals beside the catalog's (BENCHMARKS §30): CUDA's total (cudaMemGetInfo), nvidia-smi's
+    (NVML), and the context at start (CUDA's total less its free memory before any case: this process's context
+    alone) beside overheads.cuda_context; empty on CPU."""
+    from trainfit.overheads import cuda_context
+
+    if not totals.get("cuda_total"):
+        return []
+    at_start = totals["cuda_total"] - totals["cuda_free"]
+    out = [f"Device: CUDA's total {totals['cuda_total']:,} B (catalog {gpu.memory:,}: "
+           f"{_pct(_err(gpu.memory, totals['cuda_total']))}); context at start {at_start / 2**20:.1f} MiB "
+           f"(catalog {cuda_context(gpu) / 2**20:.1f} MiB; after a step {cuda_context(gpu, after_step=True) / 2**20:.1f})"]
+    if totals.get("nvml_total"):
+        out[0] += (f"; NVML's total {totals['nvml_total']:,} B (catalog's nvidia-smi {gpu.smi_memory:,}: "
+                   f"{_pct(_err(gpu.smi_memory, totals['nvml_total']))})")
+    return out + [""]
+
+
+def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float, totals: list[str] = ()) -> str:
+    head = [f"# CUDA truth: {gpu_name}{' (dry run on CPU)' if dry else ''}", "", *totals,
             f"`python bench/cuda_truth.py{' --dry-run' if dry else ''}`, {_dt.date.today()}, {minutes:.1f} min. "
             "Errors are (prediction − measured) / measured; targets: trace peak 1 %, analytic peak 3 %, reserved "
             "5 %, kernel time by kind 15 %. Measured peak and reserved: the step's own, above what the process held "
@@ -478,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          "host": host, "memory_totals": totals,
                                                          "torch": torch.__version__, "minutes": round(minutes, 2),
                                                          "cases": rows}, indent=1, default=str))
-        stem.with_suffix(".md").write_text(render(rows, gpu.name, dry, minutes))
+        stem.with_suffix(".md").write_text(render(rows, gpu.name, dry, minutes, totals_lines(totals, gpu)))
 
     rows, t0 = [], time.perf_counter()
     totals = device_totals(device)

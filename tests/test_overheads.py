@@ -96,6 +96,18 @@ def test_every_entry_states_versions_and_source():
     assert overheads.cuda_context(get_gpu("RTX-6000-Ada")) == 426 * MiB
 
 
+def test_a_context_measured_on_one_gpu_is_carried_to_another_by_its_local_memory():
+    """NVIDIA: the context reserves local memory = max threads per SM x SMs x the per-thread stack (1 KiB by default).
+    The Ada figure (426 MiB, RTX 6000 Ada: 142 SMs x 1536 threads) on an L4 (58 SMs, CUDA guide: 1536 threads per
+    sm89 SM): 426 MiB - 142 x 1536 KiB + 58 x 1536 KiB = 426 - 213 + 87 = 300 MiB; the A10 (72 SMs, sm86) from the
+    RTX 3090's 256 MiB (82 SMs): 256 - 123 + 108 = 241 MiB."""
+    assert overheads.cuda_context(get_gpu("L4")) == 300 * MiB
+    assert overheads.cuda_context(get_gpu("A10")) == 241 * MiB
+    assert overheads.cuda_context(get_gpu("RTX-6000-Ada")) == overheads.cuda_context(get_gpu("L40S")) == 426 * MiB
+    e = overheads.data()["local_memory"]
+    assert e["per_thread_bytes"] == 1024 and e["source"].startswith("https://")
+
+
 def test_hopper_context_after_a_step_is_what_the_h200_runs_held_beside_the_allocator():
     """The committed H200 runs: cudaMemGetInfo's used less max_memory_reserved after each step is the memory beside the
     caching allocator (context, loaded kernels, library handles); the catalog's after-step figure is their median."""

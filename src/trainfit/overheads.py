@@ -21,7 +21,7 @@ from . import nccl_buffers
 from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
     allocation_size, round_size
 from .alloc.config import AllocConf
-from .hardware import GPU
+from .hardware import GPU, get_gpu
 
 _DEFAULT_CONF = AllocConf()  # torch's defaults: the analytic engine models no PYTORCH_CUDA_ALLOC_CONF
 
@@ -35,10 +35,25 @@ def cuda_context(gpu: GPU, after_step: bool = False) -> int:
     """The CUDA context of one process on `gpu` (lazy module loading on): its generation's figure, else the default
     one; `after_step`: once a step has loaded its kernels (measured where the entry has after_step_bytes). NB: else
     the context right after the first CUDA calls, which kernels loaded lazily during the step add to (under-counts:
-    +383 MiB on an H200). NB: ROCm has no figure here; AMD GPUs get the CUDA default (direction unknown)."""
+    +383 MiB on an H200). A figure measured on one GPU of the entry (reference_gpu) is carried to the others by the
+    local memory the context reserves per resident thread (local_memory). NB: ROCm has no figure here; AMD GPUs get
+    the CUDA default (direction unknown)."""
     ctx = data()["cuda_context"]
     entry = next((e for e in ctx.values() if gpu.name in e.get("gpus", ())), ctx["default"])
-    return int(entry["after_step_bytes"] if after_step and "after_step_bytes" in entry else entry["bytes"])
+    held = int(entry["after_step_bytes"] if after_step and "after_step_bytes" in entry else entry["bytes"])
+    ref = entry.get("reference_gpu")
+    if ref and ref != gpu.name:
+        held += local_memory(gpu) - local_memory(get_gpu(ref))
+    return held
+
+
+def local_memory(gpu: GPU) -> int:
+    """The local memory a CUDA context reserves: every resident thread's stack (overheads.toml [local_memory])."""
+    # the SM facts live with the kernel data (kernels.toml); imported here, not at the top: analytic imports overheads
+    from .analytic.roofline import kernels_for
+
+    kn = kernels_for(gpu)
+    return kn.sms * kn.threads_per_sm * int(data()["local_memory"]["per_thread_bytes"])
 
 
 def blas_workspace(gpu: GPU) -> int:

@@ -79,7 +79,9 @@ def test_largest_batch_really_is_the_largest():
     gpu = get_gpu("L4")
     e = estimate(spec, Setup(mode="infer", precision="bf16", batch=1, seq=4096), gpu)
     b = e.time.max_batch
-    cap = gpu.memory - 426 * 2**20 - (4096 * 1024 * 2 + 16 * 1024 * 8)  # Ada context (unsloth-zoo#1053) + cuBLAS workspace (CublasHandlePool.cpp)
+    # the Ada context (426 MiB, unsloth-zoo#1053) carried to the L4's 58 SMs (426 - 142 x 1536 KiB + 58 x 1536 KiB)
+    # + the cuBLAS workspace (CublasHandlePool.cpp)
+    cap = gpu.memory - 300 * 2**20 - (4096 * 1024 * 2 + 16 * 1024 * 8)
     assert b >= 1
     assert estimate(spec, Setup(mode="infer", precision="bf16", batch=b, seq=4096)).memory.peak <= cap
     assert estimate(spec, Setup(mode="infer", precision="bf16", batch=b + 1, seq=4096)).memory.peak > cap

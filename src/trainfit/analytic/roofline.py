@@ -53,6 +53,7 @@ class Kernels:
     access: dict[str, float] = field(default_factory=dict)  # memory access class -> / streaming bandwidth
     sdpa: str = "flash"              # the kernel torch's SDPA runs for a 16-bit call on this generation
     cudnn: "CudnnAttention | None" = None  # cuDNN's fused attention, measured (kernels.toml [generation.*.cudnn])
+    threads_per_sm: int = 0           # maximum resident threads per SM (0: not listed, AMD)
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
 
@@ -106,7 +107,8 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
                        access={k: float(v) for k, v in d.get("access", {}).items()},
                        sdpa=str(d.get("sdpa", "flash")), cudnn=_cudnn(d.get("cudnn"), clock),
-                       generation=str(d.get("generation", "")), known=known)
+                       generation=str(d.get("generation", "")), known=known,
+                       threads_per_sm=int(d.get("threads_per_sm", 0)))
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
 
