@@ -11,6 +11,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import compile_effects, float8, infer_time, inference, rl, serving
 from .flops import forward_per_token, step_flops
+from .foreach_segments import new_segments, parameter_tensors
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
 from . import lora
@@ -18,6 +19,7 @@ from .params import count_params
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks
 from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
 from .loss import head_and_loss
+from .optimizer import temporary_bytes
 from .recompute import layer_params
 from ..precision import PRECISIONS
 from .step_time import layout_step_time, with_paged_migration
@@ -30,7 +32,7 @@ from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 DEFAULT_RESERVE = 0
 
 
-def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> list[int]:
     """The blocks of tensors a training step makes and frees before its peak that stay cached beside the peak's
     tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (every stack's loss upcasts:
     stacks/*.toml [loss]) when the peak's stage holds the head, one layer's MLP intermediate (tokens ×
@@ -47,7 +49,7 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
     _fsdp_collectives.py:597-601). NB: Megatron and DeepSpeed keep gradients in preallocated buffers: only the
     tied partial is counted there."""
     if setup.mode != "train" or setup.device != "cuda":
-        return 0
+        return []
     st = state_bytes(setup)
     tokens = setup.batch * setup.seq // setup.cp
     mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
@@ -66,8 +68,30 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
             later = max(later, int(layer_params(spec, pc or count_params(spec), setup) * (st.reduce or st.grad)))
     if logits and later > logits:
         # the later request gates; it is itself a live gradient (or reused by the next block's), not a cached block
-        return max(mlp, tied) + logits + int(head_and_loss(spec, setup, st, tokens).backward_transient)
-    return max(mlp, logits, tied)
+        # NB: the loss backward's blocks are taken as one
+        return [max(mlp, tied), logits, int(head_and_loss(spec, setup, st, tokens).backward_transient)]
+    return [max(mlp, logits, tied)]
+
+
+def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+    """The bytes of transient_blocks: what reserved holds beside the allocated peak for the step's freed tensors."""
+    return sum(transient_blocks(spec, setup, mem, pc))
+
+
+def foreach_segments(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+    """The segments foreach AdamW's exp_avg_sq_sqrt opens at optimizer.step() (analytic/foreach_segments.py): its
+    per-parameter tensors placed into the blocks cached at the end of the backward."""
+    if setup.mode != "train" or setup.device != "cuda" or setup.optimizer_kernel != "foreach" \
+            or setup.optimizer not in ("adam", "adamw") or setup.lora_rank or setup.stack not in ("hf", "torchtitan"):
+        return 0
+    st = state_bytes(setup)
+    blocks = transient_blocks(spec, setup, mem, pc)
+    tokens = setup.batch * setup.seq // setup.cp
+    largest_activation = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
+    before = max(v for k, v in mem.phases.items() if k != "optimizer_step") + sum(blocks)
+    live = mem.weights + mem.gradients + mem.master + mem.optimizer + mem.comm_buffers
+    temporaries = [(n * temporary_bytes(setup, st), c) for n, c in parameter_tensors(spec, setup)]
+    return new_segments(temporaries, blocks, largest_activation, max(0, before - sum(blocks) - live))
 
 
 def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
@@ -116,10 +140,16 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
 def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
     """What the training step's own tensors hold in the caching allocator: the allocated peak, the cached blocks
     of its freed tensors (largest_transient) and FSDP2's side-stream blocks (overheads.reserved_from_allocated, checked against
-    the allocator simulator: bench/alloc_fragmentation.py). The estimate and the planner's oracle (plan/fit.py)
+    the allocator simulator: bench/alloc_fragmentation.py); under foreach AdamW, the segments its temporaries open,
+    counted from the backward's peak (foreach_segments; bench/foreach_reserved.py). The estimate and the planner's oracle (plan/fit.py)
     both judge on it. pc: the model's ParamCounts when the caller has them (the planner: saves a count)."""
-    return overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem, pc),
-                                             fsdp2_side_streams(spec, setup, mem, pc))
+    reserved = overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem, pc),
+                                                 fsdp2_side_streams(spec, setup, mem, pc))
+    opened = foreach_segments(spec, setup, mem, pc)
+    if opened:  # the temporaries are in the cache or their own segments, not on top of the backward's blocks
+        backward = max(v for k, v in mem.phases.items() if k != "optimizer_step")
+        reserved = max(mem.peak, reserved - mem.peak + backward + opened)
+    return reserved
 
 
 def check_stack_model(spec: ModelSpec, setup: Setup) -> None:

@@ -98,12 +98,17 @@ def adafactor_state(spec: ModelSpec, n_params: int, pc: ParamCounts, setup: Setu
     return FP32 * (spec.layers * (per_layer + vectors) / setup.pp + 2 * emb)
 
 
+def temporary_bytes(setup: Setup, st: StateBytes) -> int:
+    """Bytes per element of the optimizer's temporaries: the states' dtype (fp32 beside fp32 or master weights)."""
+    return 4 if st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
+
+
 def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) -> float:
     """Temporaries of optimizer.step() for the kernel the stack runs (Setup.optimizer_kernel): foreach kernels
     allocate whole-group temporaries, the for-loop one parameter's worth at a time (torch/optim/adam.py
     _multi_tensor_adam / _single_tensor_adam, sgd.py), fused kernels none (torch/optim/adam.py _fused_adam:
     one in-place aten._fused_adamw_ over all tensors)."""
-    state_dtype = 4 if st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
+    state_dtype = temporary_bytes(setup, st)
     kernel = setup.optimizer_kernel
     foreach = kernel == "foreach"
     size = n if foreach else largest

@@ -27,6 +27,7 @@ import math
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
+from torch.overrides import _get_current_function_mode_stack
 
 from ..errors import EngineUnavailableError
 from ..setup import BNB_OPTIMIZERS
@@ -208,10 +209,28 @@ def enable_recompute(model: torch.nn.Module, setup: "Setup") -> None:
         )
     # every decoder layer checkpointed (non-reentrant torch.utils.checkpoint), no CPU offload.
     # transformers >= 5.x names it activation_checkpointing_enable (gradient_... is a deprecated alias).
+    kwargs = {"use_reentrant": False, "context_fn": _forward_function_modes}
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _forward_function_modes():
+    """torch.utils.checkpoint's context_fn: the recomputation runs inside the backward, where the Python function
+    modes of the forward are not on the stack (TorchFunctionMode: none there, checked), so it re-enters the forward's
+    (the trace's CUDA autocast lists, trace/cuda_autocast.py): else an op they cast recomputes in another dtype and
+    checkpoint refuses (check_recomputed_tensors_match). A real step has none: nothing changes."""
+    modes = _get_current_function_mode_stack()
+
+    @contextlib.contextmanager
+    def again():
+        with contextlib.ExitStack() as stack:
+            for mode in modes:
+                stack.enter_context(mode)
+            yield
+
+    return contextlib.nullcontext(), again()
 
 
 def prepare(spec: "ModelSpec", setup: "Setup", device="cpu"):
