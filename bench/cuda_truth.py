@@ -376,7 +376,8 @@ def totals_lines(totals: dict, gpu) -> list[str]:
     at_start = totals["cuda_total"] - totals["cuda_free"]
     out = [f"Device: CUDA's total {totals['cuda_total']:,} B (catalog {gpu.memory:,}: "
            f"{_pct(_err(gpu.memory, totals['cuda_total']))}); context at start {at_start / 2**20:.1f} MiB "
-           f"(catalog {cuda_context(gpu) / 2**20:.1f} MiB; after a step {cuda_context(gpu, after_step=True) / 2**20:.1f})"]
+           f"(catalog {cuda_context(gpu) / 2**20:.1f} MiB; "
+           f"after a step {cuda_context(gpu, after_step=True) / 2**20:.1f})"]
     if totals.get("nvml_total"):
         out[0] += (f"; NVML's total {totals['nvml_total']:,} B (catalog's nvidia-smi {gpu.smi_memory:,}: "
                    f"{_pct(_err(gpu.smi_memory, totals['nvml_total']))})")

@@ -64,6 +64,15 @@ class GPU:
         return replace(self, memory=b, smi_memory=b)
 
 
+def _cuda_memory_as_memory(entry: dict) -> dict:
+    """A file's fields (gpus.json or a user's) as GPU's: the file's memory is nvidia-smi's total, its cuda_memory
+    (default: the same) what CUDA sees, which GPU.memory holds."""
+    entry = dict(entry)
+    entry["smi_memory"] = entry["memory"]
+    entry["memory"] = entry.pop("cuda_memory", entry["memory"])
+    return entry
+
+
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, GPU]:
     raw = json.loads(resources.files("trainfit.data").joinpath("gpus.json").read_text())
@@ -71,13 +80,10 @@ def _catalog() -> dict[str, GPU]:
     for entry in raw["gpus"]:
         entry = dict(entry)
         entry["aliases"] = tuple(entry.get("aliases", ()))
-        # the file's memory is nvidia-smi's total; what CUDA sees (cuda_memory) becomes GPU.memory
-        entry["smi_memory"] = entry["memory"]
-        entry["memory"] = entry.pop("cuda_memory", entry["memory"])
         cuda_source = entry.pop("cuda_memory_source", None)
         if cuda_source:
             entry["source"] += f" CUDA's total: {cuda_source}."
-        gpu = GPU(**entry)
+        gpu = GPU(**_cuda_memory_as_memory(entry))
         if gpu.name in out:
             raise ValueError(f"gpus.json: GPU {gpu.name!r} is listed twice")
         out[gpu.name] = gpu
@@ -140,7 +146,8 @@ FILE_FIELDS = {
 OPTIONAL = ("name", "vendor", "aliases", "source", "cuda_memory")
 # Below these the number is in the wrong unit (GB instead of bytes, TFLOP/s instead of FLOP/s): a real GPU has
 # more than 64 MiB, 1 GB/s and 1 GFLOP/s.
-_UNIT_FLOOR = {"memory": 2**26, "cuda_memory": 2**26, "memory_bandwidth": 1e9, "intra_node_bandwidth": 1e8, "inter_node_bandwidth": 1e8}
+_UNIT_FLOOR = {"memory": 2**26, "cuda_memory": 2**26, "memory_bandwidth": 1e9, "intra_node_bandwidth": 1e8,
+               "inter_node_bandwidth": 1e8}
 
 
 def is_gpu_file(name: str) -> bool:
@@ -180,8 +187,7 @@ def load_gpu_file(path: str) -> GPU:
     entry.setdefault("name", os.path.splitext(os.path.basename(path))[0])
     entry.setdefault("source", f"user file {path}")
     entry["aliases"] = tuple(entry.get("aliases", ()))
-    entry["smi_memory"] = entry["memory"]  # as the catalog: GPU.memory is what CUDA sees
-    entry["memory"] = entry.pop("cuda_memory", entry["memory"])
+    entry = _cuda_memory_as_memory(entry)
     if entry["memory"] > entry["smi_memory"]:
         raise GPUFileError(f"{where}: cuda_memory ({entry['memory']}) exceeds memory ({entry['smi_memory']}): CUDA "
                            "sees nvidia-smi's total less the driver's reserve; swap them or drop cuda_memory")

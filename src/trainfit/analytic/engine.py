@@ -52,7 +52,7 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
         return []
     st = state_bytes(setup)
     tokens = setup.batch * setup.seq // setup.cp
-    mlp = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
+    mlp = mlp_intermediate(spec, setup)
     on_last_stage = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
     if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
@@ -78,20 +78,32 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
     return sum(transient_blocks(spec, setup, mem, pc))
 
 
-def foreach_segments(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+def mlp_intermediate(spec: ModelSpec, setup: Setup) -> int:
+    """Bytes of one layer's MLP intermediate on a rank (tokens × intermediate / tp in the activations' dtype): the
+    largest activation block a layer frees."""
+    tokens = setup.batch * setup.seq // setup.cp
+    return tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * state_bytes(setup).act
+
+
+def backward_peak(mem: TrainMemory) -> int:
+    """The allocated high point of the forward and backward: every phase's but optimizer.step()'s."""
+    return max(v for k, v in mem.phases.items() if k != "optimizer_step")
+
+
+def foreach_segments(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None, blocks: list[int] | None = None) -> int:
     """The segments foreach AdamW's exp_avg_sq_sqrt opens at optimizer.step() (analytic/foreach_segments.py): its
-    per-parameter tensors placed into the blocks cached at the end of the backward."""
+    per-parameter tensors placed into the blocks cached at the end of the backward (`blocks`: transient_blocks,
+    when the caller has them)."""
     if setup.mode != "train" or setup.device != "cuda" or setup.optimizer_kernel != "foreach" \
             or setup.optimizer not in ("adam", "adamw") or setup.lora_rank or setup.stack not in ("hf", "torchtitan"):
         return 0
-    st = state_bytes(setup)
-    blocks = transient_blocks(spec, setup, mem, pc)
-    tokens = setup.batch * setup.seq // setup.cp
-    largest_activation = tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * st.act
-    before = max(v for k, v in mem.phases.items() if k != "optimizer_step") + sum(blocks)
+    if blocks is None:
+        blocks = transient_blocks(spec, setup, mem, pc)
     live = mem.weights + mem.gradients + mem.master + mem.optimizer + mem.comm_buffers
+    st = state_bytes(setup)
     temporaries = [(n * temporary_bytes(setup, st), c) for n, c in parameter_tensors(spec, setup)]
-    return new_segments(temporaries, blocks, largest_activation, max(0, before - sum(blocks) - live))
+    # the activations' cache: what the backward reserved beside the transient blocks, less what stays live
+    return new_segments(temporaries, blocks, mlp_intermediate(spec, setup), max(0, backward_peak(mem) - live))
 
 
 def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
@@ -139,17 +151,16 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
 
 def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
     """What the training step's own tensors hold in the caching allocator: the allocated peak, the cached blocks
-    of its freed tensors (largest_transient) and FSDP2's side-stream blocks (overheads.reserved_from_allocated, checked against
+    of its freed tensors (transient_blocks) and FSDP2's side-stream blocks (overheads.reserved_from_allocated, checked against
     the allocator simulator: bench/alloc_fragmentation.py); under foreach AdamW, the segments its temporaries open,
-    counted from the backward's peak (foreach_segments; bench/foreach_reserved.py). The estimate and the planner's oracle (plan/fit.py)
-    both judge on it. pc: the model's ParamCounts when the caller has them (the planner: saves a count)."""
-    reserved = overheads.reserved_from_allocated(mem.peak, largest_transient(spec, setup, mem, pc),
-                                                 fsdp2_side_streams(spec, setup, mem, pc))
-    opened = foreach_segments(spec, setup, mem, pc)
+    counted from the backward's peak (foreach_segments; bench/foreach_reserved.py). The estimate and the planner's
+    oracle (plan/fit.py) both judge on it. pc: the model's ParamCounts when the caller has them (the planner: saves a count)."""
+    blocks = transient_blocks(spec, setup, mem, pc)
+    side = fsdp2_side_streams(spec, setup, mem, pc)
+    opened = foreach_segments(spec, setup, mem, pc, blocks)
     if opened:  # the temporaries are in the cache or their own segments, not on top of the backward's blocks
-        backward = max(v for k, v in mem.phases.items() if k != "optimizer_step")
-        reserved = max(mem.peak, reserved - mem.peak + backward + opened)
-    return reserved
+        return max(mem.peak, overheads.reserved_from_allocated(backward_peak(mem), sum(blocks), side) + opened)
+    return overheads.reserved_from_allocated(mem.peak, sum(blocks), side)
 
 
 def check_stack_model(spec: ModelSpec, setup: Setup) -> None:

@@ -8,18 +8,19 @@ temporary larger than every cached block opens a segment of its own, which stays
 there: the loss's and the head's freed blocks (analytic.engine.transient_blocks, each counted in reserved) and the
 saved activations, none larger than one layer's MLP intermediate (tokens x intermediate / tp in the activations'
 dtype). So the temporaries are placed largest first, best fit into those blocks; what does not fit is new segments.
-NB: packing into the activation blocks is taken as perfect and their total as the cache beside the loss's blocks at
-the end of the backward (reserved − the transient blocks − what the optimizer phase holds live): reads low where
-they are fragmented. Checked against the allocator simulator on traced steps: bench/alloc_fragmentation.py.
+NB: packing into the activation blocks is taken as perfect and their total as the backward's allocated high point
+less what the optimizer phase holds live: reads low where they are fragmented. Checked against the allocator
+simulator on traced steps: bench/foreach_reserved.py.
 """
 from __future__ import annotations
 
 from ..alloc.caching_allocator import K_SMALL_SIZE, allocation_size, round_size
-from ..alloc.config import parse_alloc_conf
+from ..alloc.config import AllocConf
 from ..setup import Setup
 from ..spec import ModelSpec
+from .families import family_traits
 
-_CONF = parse_alloc_conf(None)
+_CONF = AllocConf()  # torch's defaults, as overheads.py's: no PYTORCH_CUDA_ALLOC_CONF modelled
 
 
 def parameter_tensors(spec: ModelSpec, setup: Setup) -> list[tuple[int, int]]:
@@ -28,14 +29,12 @@ def parameter_tensors(spec: ModelSpec, setup: Setup) -> list[tuple[int, int]]:
     one (E, 2·i, h) parameter), the word embedding and an untied head; TP splits the matrices and the vocabulary,
     FSDP/ZeRO-3 shards every tensor dp ways (a DTensor's local shard). NB: norms and biases left out (small-pool
     bytes, placed anywhere)."""
-    from .families import family_traits
-
     h, t, traits = spec.hidden, setup.tp, family_traits(spec)
     q, kv = spec.q_dim, spec.kv_dim
     attn = [(h * (q + 2 * kv), 1)] if traits["fused_qkv"] else [(h * q, 1), (h * kv, 2)]
     attn.append((q * h, 1))
     i = spec.intermediate
-    ups = (2 if spec.gated_mlp else 1)
+    ups = 2 if spec.gated_mlp else 1
     dense = [(2 * i * h, 1)] if traits["fused_gate_up"] and spec.gated_mlp else [(i * h, ups)]
     dense.append((i * h, 1))
     layers = spec.layers // setup.pp

@@ -302,8 +302,9 @@ def gpus(json: bool = JsonOpt) -> None:
                      min_width=max(len(g.name) for g in items) if col == "name" else None)
     for g in items:
         bf16 = g.peak_flops.get("bf16") or g.peak_flops.get("fp16") or 0
-        t.add_row(g.name, fmt_bytes(g.memory), fmt_bytes(g.smi_memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s", f"{bf16 / 1e12:,.1f}",
-                  f"{g.flops_for('tf32') / 1e12:,.1f}", f"{g.power_watts:.0f}", f"{g.price_per_hour:.2f}")
+        t.add_row(g.name, fmt_bytes(g.memory), fmt_bytes(g.smi_memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s",
+                  f"{bf16 / 1e12:,.1f}", f"{g.flops_for('tf32') / 1e12:,.1f}", f"{g.power_watts:.0f}",
+                  f"{g.price_per_hour:.2f}")
     Console().print(t)
 
 
