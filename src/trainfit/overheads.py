@@ -35,7 +35,7 @@ def cuda_context(gpu: GPU, after_step: bool = False) -> int:
     """The CUDA context of one process on `gpu` (lazy module loading on): its generation's figure, else the default
     one; `after_step`: once a step has loaded its kernels (measured where the entry has after_step_bytes). NB: else
     the context right after the first CUDA calls, which kernels loaded lazily during the step add to (under-counts:
-    +383 MiB on an H200). A figure measured on one GPU of the entry (reference_gpu) is carried to the others by the
+    +256 MiB on an H200). A figure measured on one GPU of the entry (reference_gpu) is carried to the others by the
     local memory the context reserves per resident thread (local_memory). NB: ROCm has no figure here; AMD GPUs get
     the CUDA default (direction unknown)."""
     ctx = data()["cuda_context"]

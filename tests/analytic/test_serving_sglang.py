@@ -210,18 +210,19 @@ def test_headroom_terms_by_hand():
 
 
 def test_a_fraction_that_leaves_too_little_is_a_warning_with_the_number():
-    """Free at start: CUDA's total on an H100 (deviceQuery 85,017,755,648 B) − the context's 419,430,400 B =
-    84,598,325,248 B. At 0.98 the headroom is 0.02 × that = 1,691,966,505 B, under the activations and graphs'
-    1,643,118,592 + 685,637,632 = 2,328,756,224 B by 636,789,719 B (607.29 MiB); the largest fraction that leaves
-    them room: 1 − 2,328,756,224 / 84,598,325,248 = 0.97247 -> 0.972."""
+    """Free at start: CUDA's total on an H100 (deviceQuery 85,017,755,648 B) − the context at start, 552,402,944 B
+    (measured on an H200, bench/results/context-H200-2026-11-27.json) = 84,465,352,704 B. At 0.98 the headroom is
+    0.02 × that = 1,689,307,054 B, under the activations and graphs' 1,643,118,592 + 685,637,632 = 2,328,756,224 B
+    by 639,449,170 B (609.83 MiB); the largest fraction that leaves them room: 1 − 2,328,756,224 / 84,465,352,704
+    = 0.97243 -> 0.972."""
     gpu = get_gpu("H100-80GB")
     sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.98), gpu)
-    assert sv.pre_model_load == 85_017_755_648 - 419_430_400
-    assert abs(sv.remainder_short - 636_789_719) <= 1
+    assert sv.pre_model_load == 85_017_755_648 - 552_402_944
+    assert abs(sv.remainder_short - 639_449_170) <= 1
     assert sv.largest_fraction() == 0.972
     est = estimate(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.98), gpu=gpu)
     warning, = [n for n in est.notes if n.startswith("warning:")]
-    assert "607.29 MiB short" in warning and "--mem-fraction-static 0.972" in warning
+    assert "609.83 MiB short" in warning and "--mem-fraction-static 0.972" in warning
     assert not est.time.fits
     assert not [n for n in estimate(load_model("llama-3.1-8b"), _sgl(mem_fraction_static=0.972), gpu=gpu).notes
                 if n.startswith("warning:")]

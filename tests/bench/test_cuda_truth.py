@@ -38,13 +38,14 @@ def test_dry_run_writes_results_and_the_trace_matches_the_cpu_step(tmp_path):
 def test_the_device_totals_line_sets_the_catalog_beside_what_the_device_reports():
     """An H100 under driver 565.57.01 (thamada/gls captures): deviceQuery 85,045,477,376 B, nvidia-smi 81,559 MiB;
     the catalog's CUDA total is a CUDA 13.0 driver's 85,017,755,648 B: (85,017,755,648 − 85,045,477,376) /
-    85,045,477,376 = −0.03 %; a process that holds 400 MiB before any case has a 400.0 MiB context at start."""
+    85,045,477,376 = −0.03 %; a process that holds 400 MiB before any case has a 400.0 MiB context at start (the
+    catalog's: 526.8 MiB, measured on an H200)."""
     from trainfit.hardware import get_gpu
 
     total = 85_045_477_376
     line, blank = cuda_truth.totals_lines({"cuda_total": total, "cuda_free": total - 400 * 2**20,
                                            "nvml_total": 81559 * 2**20}, get_gpu("H100-80GB"))
     assert "85,045,477,376 B (catalog 85,017,755,648: -0.03%)" in line and blank == ""
-    assert "context at start 400.0 MiB (catalog 400.0 MiB; after a step 782.8)" in line
+    assert "context at start 400.0 MiB (catalog 526.8 MiB; after a step 782.8)" in line
     assert "catalog's nvidia-smi 85,520,809,984: +0.00%" in line
     assert cuda_truth.totals_lines({}, get_gpu("H100-80GB")) == []  # CPU: nothing to compare
