@@ -181,7 +181,8 @@ def _linear(vals: list[int], n: int) -> int | None:
 
 
 def _reserved(replays: list, n: int, peak: int) -> int | None:
-    """Reserved of the full depth from the traced depths' allocator replays (alloc/replay.py Replay): the
+    """The fallback when depth_records.py cannot write the full depth's records (a structure it does not know):
+    reserved of the full depth from the traced depths' allocator replays (alloc/replay.py Replay): the
     extrapolated peak plus the cache beyond it, `overhead` = reserved - max allocated of a replay, grown at its
     average per-layer increment over the traced depths (the line through the first and the last).
 
@@ -200,6 +201,22 @@ def _reserved(replays: list, n: int, peak: int) -> int | None:
     over = [r.reserved - r.allocated for r in replays]
     rate = (over[-1] - over[0]) / (TRACED[-1] - TRACED[0])
     return int(peak + max(0, over[-1] + (n - TRACED[-1]) * rate))
+
+
+def _full_depth_reserved(rec, split: _Split, period: int, n: int, peak: int, setup: Setup,
+                         alloc_conf: str | None) -> int | None:
+    """Reserved from the allocator's replay of the full depth's records, written down from the deepest trace
+    (depth_records.py); None off CUDA, or when they cannot be written or do not reach the extrapolated peak exactly
+    (the caller falls back to `_reserved`'s line)."""
+    from .depth_records import full_depth_stream, step_peak
+    from .engine import replay_of
+
+    if setup.device != "cuda":
+        return None
+    stream = full_depth_stream(rec, split.prefix, period, TRACED[-1], n)
+    if stream is None or step_peak(stream) != peak:
+        return None
+    return replay_of(stream, setup, alloc_conf).reserved
 
 
 def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min_periods: int = MIN_PERIODS,
@@ -260,13 +277,17 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
             peak, peak_key, peak_vec = vec[0], key, vec
     cats = {CATEGORIES[i]: v for i, v in enumerate(peak_vec[1:]) if v}
     base = {CATEGORIES[i]: v for i, v in enumerate(baseline_vec[1:]) if v}
+    reserved = _full_depth_reserved(runs[-1][1], runs[-1][4], p, n_target, peak, setup, alloc_conf)
+    reserved_from = "full-depth records" if reserved is not None else "line through the traced depths"
+    if reserved is None:
+        reserved = _reserved([replay_of(r[1], setup, alloc_conf) for r in runs], n_target, peak)
     memory = Memory(
         # HF models train every parameter, and each .grad has its parameter's dtype (see engine.grad_bytes)
         weights=base.get("parameter", 0), gradients=base.get("parameter", 0),
         optimizer_states=cats.get("optimizer_state", 0), master_weights=base.get("master_weight", 0),
         activations=acts, temporaries=cats.get("temporary", 0), kv_cache=cats.get("kv_cache", 0),
         peak=peak, peak_phase=TRAIN_PHASES[peak_key[1]], phases=phase_max, at_peak=as_categories(cats),
-        reserved=_reserved([replay_of(r[1], setup, alloc_conf) for r in runs], n_target, peak),
+        reserved=reserved,
     )
     tokens = setup.batch * setup.seq * setup.grad_accum
     if flops:
@@ -286,6 +307,8 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
         "trace_seconds": round(time.perf_counter() - t0, 3),
         "storages": len(last_rec.records),
     }
+    if reserved is not None:
+        detail["reserved_from"] = reserved_from  # depth_records.py, else _reserved's line
     if predicted["paged_optimizer_states"]:  # bitsandbytes' paged states (unified memory, beside the allocator)
         detail["paged_optimizer_states"] = predicted["paged_optimizer_states"]
     if flops:  # per module, layer modules summed over all layers

@@ -20,6 +20,7 @@ class ModuleStack:
         self.stack: list[str] = []
         self.current = ""
         self.on_mark = on_mark  # called with ("pre"|"post", name): structural marks for extrapolation
+        self.on_backward = None  # called with a module's name when its backward starts (depth_records.py)
         self._handles = []
 
     def _pre(self, module, args):
@@ -48,6 +49,8 @@ class ModuleStack:
         def entered_backward(grad):
             if not self.stack:  # not during a checkpoint's recomputation (a forward)
                 self.current = name
+                if self.on_backward is not None:
+                    self.on_backward(name)
 
         return entered_backward
 

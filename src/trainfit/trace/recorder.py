@@ -53,7 +53,7 @@ class Record:
     stream it would be allocated on (0 the compute stream, 1.. side streams in creation order: streams.py)."""
 
     __slots__ = ("_ref", "birth", "cat", "death", "dtype", "fixed", "module", "name", "nbytes", "phase", "shape",
-                 "stream")
+                 "source", "stream")
 
     def __init__(self, nbytes, cat, birth, phase, module, shape, dtype, name=""):
         self.nbytes = nbytes
@@ -67,6 +67,7 @@ class Record:
         self.dtype = dtype
         self.name = name
         self.stream = 0
+        self.source = None  # the record of the op's first argument (its element, for a foreach op's output)
 
 
 def cuda_rounded(nbytes: int) -> int:
@@ -96,6 +97,7 @@ class AllocationRecorder(TorchDispatchMode):
         self.phase_marks: list[tuple[int, str]] = []  # (event index at which the phase starts, name)
         # Structural marks (module entry/exit, gradient ready) for layer extrapolation; None: off.
         self.seg_marks: list[tuple[int, tuple]] | None = None
+        self.bwd_marks: list[tuple[int, str]] = []  # (event, module) where a module's backward starts (with seg_marks)
         self.modules = modules
         self.stream_of = None  # () -> the current stream's number (streams.numbered_streams); None: all on 0
         # A gradient sum the autograd engine may make in place (_accumulated): (its first operand's storage
@@ -119,6 +121,10 @@ class AllocationRecorder(TorchDispatchMode):
     def mark(self, key: tuple) -> None:
         if self.seg_marks is not None:
             self.seg_marks.append((self.event, key))
+
+    def mark_backward(self, module: str) -> None:
+        if self.seg_marks is not None:
+            self.bwd_marks.append((self.event, module))
 
     def reset_peak(self) -> None:
         """Like torch.cuda.reset_peak_memory_stats() at the step start: the peak restarts at what is live now."""
@@ -256,12 +262,19 @@ class AllocationRecorder(TorchDispatchMode):
             if n:
                 scratch = self._born(n, TEMPORARY, (n,), torch.uint8, "cpu kernel scratch (probed)")
         live = self.live
+        # where a storage came from (with seg_marks: depth_records.py finds the layer of an optimizer's temporary
+        # through it): an op's first argument, element by element for a foreach op (torch.optim's multi-tensor
+        # step makes one output per parameter)
+        src = args[0] if self.seg_marks is not None and args else None
         if type(out) in (tuple, list):
-            for o in out:
+            each = src if type(src) in (tuple, list) and len(src) == len(out) else None
+            for j, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     st = o.untyped_storage()
                     if id(st) not in live:
-                        self._register(st, o, TEMPORARY)
+                        new = self._register(st, o, TEMPORARY)
+                        if each is not None and isinstance(each[j], torch.Tensor):
+                            new.source = live.get(id(each[j].untyped_storage()))
         elif isinstance(out, torch.Tensor):
             st = out.untyped_storage()
             rec = live.get(id(st))
@@ -270,6 +283,8 @@ class AllocationRecorder(TorchDispatchMode):
                 peak = (self.peak, self.peak_event)
                 new = self._register(st, out, TEMPORARY)
                 self._accum = None if operand is None else (operand, id(st), new, self.event, peak)
+                if isinstance(src, torch.Tensor):
+                    new.source = live.get(id(src.untyped_storage()))
             elif self.size(st.nbytes()) != rec.nbytes:  # an out= or resize_ kernel grew it
                 self._resized(rec, st)
         if scratch is not None:  # the kernel's copies die when it returns, after its outputs were made

@@ -112,6 +112,7 @@ def record_train_step(model, optimizer, batches, setup, count_flops=True, round_
     if segments:
         rec.seg_marks = []
         modules.on_mark = rec.mark
+        modules.on_backward = rec.mark_backward
     handles = _grad_hooks(rec, named)
     try:
         with modules, rec:
