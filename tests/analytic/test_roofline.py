@@ -121,6 +121,31 @@ def test_eager_attention_pays_for_the_score_tensor():
     assert eager > attention_seconds(A100, "flash", bh, s, s, d, False, "bf16", False)
 
 
+def test_hf_eager_attention_elementwise_against_the_h200_profile():
+    """HF's eager attention under autocast (llama-3.2-1b, b2 s1024, 32 heads of 64: S is 64 x 1024 x 1024): the
+    committed H200 profile (bench/results/cuda-H200-2026-11-27-fifth.json, rule 1) times its score-sized kernels —
+    the scaling's two muls, the broadcast mask add that promotes S to fp32, softmax and its backward, and the three
+    [2, 32, 1024, 1024] casts — at 19.3 ms over 16 layers (besides one S x S tensor mul per layer, 3.0 ms, whose op the CPU trace of the same step does
+    not have: left out). The roofline's chain (its GEMMs taken out) must read them
+    within 10 %; the SDPA-math model it replaces for HF eager read 3.3 ms."""
+    import json as _json
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[2] / "bench" / "results" / "cuda-H200-2026-11-27-fifth.json"
+    case = next(c for c in _json.loads(run.read_text())["cases"] if c["id"] == "llama-3.2-1b-amp-bf16-eager")
+    scores = "[2, 32, 1024, 1024]"
+    measured = sum(k["seconds"] for k in case["measured"]["profile"]["aten_kernels"]
+                   if k["shapes"].startswith(f"[{scores}") and k["op"] in (
+                       "aten::mul", "aten::add", "aten::_softmax", "aten::_softmax_backward_data", "aten::copy_")
+                   and not (k["op"] == "aten::mul" and k["shapes"].count(scores) == 2))  # one unexplained S*S mul
+    h200 = get_gpu("H200")
+    bh, s, d = 64, 1024, 64
+    gemms = (2 * gemm_seconds(h200, s, s, d, "bf16", batch=bh) + 4 * gemm_seconds(h200, s, d, s, "bf16", batch=bh))
+    chain = sum(attention_seconds(h200, "eager", bh, s, s, d, True, "bf16", bwd, mask=4) for bwd in (False, True))
+    assert measured == pytest.approx(0.0193, abs=0.0005)
+    assert 16 * (chain - gemms) == pytest.approx(measured, rel=0.10)
+
+
 def test_unknown_gpu_gets_a_stated_default():
     from dataclasses import replace
     custom = replace(A100, name="MyGPU-64GB")

@@ -75,7 +75,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
             fl += op.flops
         elif op.kind == "attention":
             at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
-                                             op.backward) - launch
+                                             op.backward, op.mask) - launch
             kernel = roofline.runnable(kn, op.kernel)
             k = kn.attention_bwd_launches.get(kernel, op.kernels) if op.backward else op.kernels
             n += k

@@ -77,6 +77,7 @@ class Op(NamedTuple):
     # "upcast" (16 -> 32-bit conversion), "strided" (a broadcast or gathered operand), "transpose" (a layout copy)
     access: str = "vector"
     bwd_access: str = ""  # its backward kernel's access ("" = the same)
+    mask: int = 0  # attention, HF eager: bytes per element of the additive causal mask (0: none; roofline._eager_seconds)
 
     @property
     def flops(self) -> float:
@@ -117,6 +118,9 @@ class Shape:
     float8: bool = False
     fused_elementwise: bool = False  # Megatron-core's fused bias-GeLU and bias-dropout-add kernels
     sdpa: bool = False  # the stack calls torch's scaled_dot_product_attention (stacks/*.toml [attention])
+    # HF's eager_attention_forward adds a float causal mask made in the embeddings' output dtype, the parameters'
+    # (transformers masking_utils.py:965 `dtype = inputs_embeds.dtype`, eager_mask :615-617): its bytes; 0 else
+    eager_mask: int = 0
 
     @property
     def tokens(self) -> float:
@@ -146,7 +150,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
                  bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
                  stack == "megatron", "sdpa_backends" in setup.stack_facts.facts.get("attention", {})
-                 and setup.attention_kernel != "flash2")
+                 and setup.attention_kernel != "flash2",
+                 int(st.param or st.weight) if kernel == "eager" and stack == "hf" and spec.causal else 0)
 
 
 # --- building blocks ----------------------------------------------------------------------------------------------
@@ -340,11 +345,11 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     if sh.attention == "eager" and softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
         s2 = bh * (sh.seq / sh.cp) * sh.seq * a
         ops += [_ew(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
-    # eager attention launches q·kᵀ, the scaling, the mask, softmax, its cast and p·v (6; backward 7, ATTENTION_BWD_KERNELS)
     # a 16-bit flash call through torch's SDPA runs what torch picks on the GPU (roofline.runnable "sdpa")
     kernel = "sdpa" if sh.attention == "flash" and sh.sdpa else sh.attention
+    fwd_k, bwd_k = (eager_kernels(SIZE[sh.dtype], sh.eager_mask) if sh.attention == "eager" else (1, -1))
     ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
-                  kernel=kernel, kernels=6 if sh.attention == "eager" else 1,
+                  kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
         ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")
@@ -566,8 +571,8 @@ def backward(ops: list[Op]) -> list[Op]:
                 dy = op.m * op.n * op.batch * SIZE.get(op.dtype, 2)
                 out.append(_ew(op.name + ".bias_grad", dy, op.n * FP32, "autograd bias gradient", saves=False))
         elif op.kind == "attention":
-            out.append(op._replace(name=op.name + ".backward", backward=True,
-                                   kernels=ATTENTION_BWD_KERNELS.get(op.kernel, 1)))
+            k = op.bwd_kernels if op.bwd_kernels >= 0 else ATTENTION_BWD_KERNELS.get(op.kernel, 1)
+            out.append(op._replace(name=op.name + ".backward", backward=True, kernels=k))
         elif op.kind != "gemm" and op.grad:
             reads = op.writes + (op.reads if op.saves_input else 0.0)
             fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
@@ -582,8 +587,21 @@ def backward(ops: list[Op]) -> list[Op]:
 # conversion (flash-attention csrc flash_bwd_launch_template.h run_flash_bwd_seqk_parallel: compute_dot_do_o,
 # flash_bwd_dq_dk_dv_loop_seqk_parallel, convert_dQ); the memory-efficient kernel one (cutlass fmha backward). NB: on
 # an H200 with torch 2.11 SDPA ran cuDNN's kernel, 5 per backward (bprop, dot_do_o, 2 reduce_head, convert_dq).
-# Eager: p·v's two GEMMs, the cast's and softmax's backward, the scaling's, q·kᵀ's two GEMMs (7).
+# Eager (SDPA's math path): p·v's two GEMMs, softmax's backward, the mask's and the scaling's, q·kᵀ's two GEMMs (7);
+# HF's eager_attention_forward: eager_kernels.
 ATTENTION_BWD_KERNELS = {"flash": 3, "sdpa": 3, "efficient": 1, "eager": 7}
+
+
+def eager_kernels(scores: int, mask: int) -> tuple[int, int]:
+    """(forward, backward) launches of HF's eager attention (modeling_llama.py:193-199; roofline._eager_seconds has
+    their bytes): q·kᵀ, the scaling, the mask add, [an upcast to fp32 when the sum is 16-bit], softmax in fp32,
+    [its cast to the query's dtype], p·v; backward: p·v's two GEMMs, [the cast's], softmax's, [the upcast's], [the
+    add's cast back to the scores' dtype when the mask promoted them], the scaling's, q·kᵀ's two GEMMs."""
+    if not mask:
+        return 6, ATTENTION_BWD_KERNELS["eager"]
+    summed = max(scores, mask)
+    up, down, promoted = int(summed < 4), int(scores < 4), int(summed != scores)
+    return 5 + up + down, 6 + up + down + promoted
 
 
 def grad_accumulations(spec: ModelSpec, sh: Shape) -> list[Op]:

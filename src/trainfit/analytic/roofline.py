@@ -358,21 +358,24 @@ def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causa
 
 
 def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                      dtype: str, backward: bool) -> float:
-    """One attention call (forward, or its backward when `backward`) on one GPU."""
+                      dtype: str, backward: bool, mask: int = 0) -> float:
+    """One attention call (forward, or its backward when `backward`) on one GPU. mask: HF eager's additive mask's
+    bytes per element (ops.Shape.eager_mask; 0: SDPA's math path)."""
     if min(batch_heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     return _attention_seconds(gpu, kernel, int(batch_heads), int(s_q), int(s_kv), int(head_dim), bool(causal),
-                              dtype, bool(backward))
+                              dtype, bool(backward), int(mask))
 
 
 @lru_cache(maxsize=65536)
 def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                       dtype: str, backward: bool) -> float:
+                       dtype: str, backward: bool, mask: int = 0) -> float:
     kn = kernels_for(gpu)
     kernel = runnable(kn, kernel)
     if kernel == "cudnn":
         return _cudnn_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+    if kernel == "eager" and mask:
+        return _hf_eager_seconds(gpu, batch_heads, s_q, s_kv, head_dim, dtype, mask, backward)
     if kernel == "eager":
         return _eager_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
     flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal)
@@ -443,6 +446,35 @@ def _eager_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, 
     t = (gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh) + gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh)
          + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh) + gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh))
     return t + memory_seconds(gpu, 3 * scores, kernels=1)
+
+
+def _hf_eager_seconds(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, dtype: str, mask: int,
+                      backward: bool) -> float:
+    """HF's eager_attention_forward (transformers 5.24 modeling_llama.py:193-199): S = QK^T, S * scaling, S + mask
+    (the mask in the parameters' dtype: a 16-bit S with an fp32 mask, as under autocast, sums to fp32 by type
+    promotion), softmax(dim=-1, dtype=float32) (an upcast first when the sum is 16-bit), .to(query's dtype), P V.
+    Backward, each the other way: P V's two GEMMs, the cast's upcast, softmax's backward (reads P and dP, writes dS,
+    fp32), the upcast's cast back, the add's cast to S's dtype when it promoted (autograd casts a gradient to its
+    input's dtype: engine.cpp validate_outputs), the scaling's, QK^T's two GEMMs. The H200 profile of llama-3.2-1b
+    eager (bench/results/cuda-H200-2026-11-27-fifth.json) has these kernels: per layer one broadcast add<float>,
+    one softmax_warp_forward / _backward<float>, three [2, 32, 1024, 1024] copies. NB: the mask add's broadcast
+    fp32 + bf16 kernel (elementwise_kernel with dynamic casts) ran at 1.1 TB/s there, timed here at the upcast
+    class's rate (2.0 TB/s on an H200; kernels.toml access): under-reads it; the mask's own read (1/heads of S) is left out."""
+    kn = kernels_for(gpu)
+    n = bh * s_q * s_kv
+    s, summed = _size(dtype), max(_size(dtype), mask)
+    up, down = summed < 4, s < 4
+    if not backward:
+        t = gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh) + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh)
+        add = "upcast" if summed != s else "strided"  # a promoting add casts as it loads; else a broadcast add
+        parts = [(2 * s, "vector"), (s + summed, add), (summed + 4 if up else 0, "upcast"),
+                 (8, "reduce"), (4 + s if down else 0, "vector")]
+    else:
+        t = (gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh) + gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh)
+             + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh) + gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh))
+        parts = [(s + 4 if down else 0, "upcast"), (12, "reduce"), (4 + summed if up else 0, "vector"),
+                 (summed + s if summed != s else 0, "vector"), (2 * s, "vector")]
+    return t + sum(memory_seconds(gpu, n * b, 0, access) for b, access in parts if b) + kn.launch_seconds
 
 
 # ---- memory-bound ops ------------------------------------------------------------------------------------------
