@@ -463,6 +463,10 @@ def device_totals(device: str) -> dict:
         lib, h = nvml
         info = lib.nvmlDeviceGetMemoryInfo(h)
         out.update(nvml_total=int(info.total), nvml_used=int(info.used))
+        try:  # which chip: runs on the same one must not count twice in the chips' spread (analytic/stragglers.py)
+            out["uuid"] = str(lib.nvmlDeviceGetUUID(h))
+        except Exception:  # noqa: BLE001 — an old NVML: the run goes on without it
+            pass
     return out
 
 

@@ -29,7 +29,9 @@ def test_compute_spread_is_the_h200_runs_coefficient_of_variation():
     """kernels.toml's compute_spread = the sample CV of the llama-3.1-8b bf16 step's GEMM time over the seven H200
     runs committed in bench/results (one chip each)."""
     gemm = []
-    for f in sorted(RESULTS.glob("cuda-H200-2026-11-2*.json")):
+    # -sixth ran on the fifth's chip, as far as the runs tell (the same driver, its 8b GEMMs 116.6 ms to 0.1 ms): one
+    # chip, counted once
+    for f in sorted(set(RESULTS.glob("cuda-H200-2026-11-2*.json")) - {RESULTS / "cuda-H200-2026-11-27-sixth.json"}):
         for case in json.loads(f.read_text())["cases"]:
             if case["id"] == "llama-3.1-8b-bf16":
                 gemm.append(case["measured"]["kinds"]["gemm"])
