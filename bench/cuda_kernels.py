@@ -14,6 +14,7 @@ trainfit's roofline prediction for it (analytic/roofline.py):
   gemm          the forward and both backward GEMMs of each linear layer of the models bench/cuda_truth.py runs,
                 at its 2 x 1024 tokens (vocabularies not a multiple of 8 included: GPT-2's 50,257);
   adamw         torch.optim.AdamW (fused and foreach) over Llama-3.2-1B's parameter tensors, fp32 and bf16;
+  lora          the six thin GEMMs of a LoRA pair on Llama-3.2-1B's linear shapes, ranks 8 / 16 / 64, fp32 and bf16;
   host          the host's time to issue one eager op (a small add; a small linear's forward + backward);
   sustained     one large bf16 GEMM back to back for 20 s: its rate per second beside NVML's SM clock, power and
                 temperature (the chip-to-chip spread of analytic/stragglers.py, measured per machine).
@@ -220,6 +221,38 @@ def gemm(device: str, gpu, models, tokens: int) -> list[dict]:
     return rows
 
 
+def lora(device: str, gpu, model: str, tokens: int, ranks, dtypes) -> list[dict]:
+    """The six GEMMs of a LoRA pair (peft lora/layer.py Linear: B(A(x))) on each of `model`'s linear shapes, per
+    rank and dtype: forward x·Aᵀ (tokens, r, in) and h·Bᵀ (tokens, out, r); backward B's dgrad (tokens, r, out) and
+    wgrad (out, r, tokens), A's dgrad (tokens, in, r) and wgrad (r, in, tokens). One thin dimension each: peft keeps
+    the adapters in fp32 and casts the input to them without autocast (analytic/lora_ops.py), so fp32 runs too."""
+    import torch
+
+    from trainfit.analytic.roofline import gemm_seconds
+
+    seconds, rows = timer(device), []
+    for dt in dtypes:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
+        for name, n, k in {(n, k): (name, n, k) for name, n, k in linear_shapes(model)}.values():
+            for r in ranks:
+                def mat(a, b):
+                    return torch.randn(a, b, device=device, dtype=dtype)
+                x, h, dy, dh, a_w, b_w = mat(tokens, k), mat(tokens, r), mat(tokens, n), mat(tokens, r), mat(r, k), \
+                    mat(n, r)
+                for which, fn, mnk in (("A.fwd", lambda: x @ a_w.t(), (tokens, r, k)),
+                                       ("B.fwd", lambda: h @ b_w.t(), (tokens, n, r)),
+                                       ("B.dgrad", lambda: dy @ b_w, (tokens, r, n)),
+                                       ("B.wgrad", lambda: dy.t() @ h, (n, r, tokens)),
+                                       ("A.dgrad", lambda: dh @ a_w, (tokens, k, r)),
+                                       ("A.wgrad", lambda: dh.t() @ x, (r, k, tokens))):
+                    t = seconds(fn, reps=10)
+                    rows.append({"model": model, "layer": name, "rank": r, "dtype": dt, "pass": which,
+                                 "mnk": list(mnk), "seconds": t, "wall_seconds": seconds.wall,
+                                 "kernel": max(seconds.kernels, key=seconds.kernels.get, default=None),
+                                 "predicted_seconds": gemm_seconds(gpu, *mnk, dt)})
+    return rows
+
+
 def adamw(device: str, gpu, model: str) -> list[dict]:
     import torch
 
@@ -331,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU (no GPU needed)")
     ap.add_argument("--only", default=None,
-                    help="one section: elementwise, step_ops, sdpa, gemm, adamw, host or sustained")
+                    help="one section: elementwise, step_ops, sdpa, gemm, adamw, lora, host or sustained")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json results")
     args = ap.parse_args(argv)
 
@@ -352,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                              + [(2, 32, 1024, 64), (2, 12, 1024, 128), (2, 24, 1024, 128), (2, 32, 1024, 128)]),
         "gemm": lambda: gemm(device, gpu, ("tiny-gpt2",) if dry else MODELS, 64 if dry else 2048),
         "adamw": lambda: adamw(device, gpu, "tiny-llama" if dry else "llama-3.2-1b"),
+        "lora": lambda: lora(device, gpu, "tiny-llama" if dry else "llama-3.2-1b", 64 if dry else 2048,
+                             (4,) if dry else (8, 16, 64), ("fp32",) if dry else ("fp32", "bf16")),
         "host": lambda: host(device),
         "sustained": lambda: sustained(device, 0.3 if dry else 20.0),  # last: its heat does not reach the others
     }

@@ -106,3 +106,16 @@ def test_dry_run_of_the_sustained_gemm(tmp_path):
     out = json.loads(js.read_text())["sustained"]
     assert out["n"] == 128 and out["windows"] and all(w["tflops"] > 0 for w in out["windows"])
     assert "sm_mhz" not in out["windows"][0]  # no NVML on CPU
+
+
+def test_dry_run_of_the_lora_gemms(tmp_path):
+    """The lora section times the six thin GEMMs of an adapter pair on each of the model's distinct (out, in) linear
+    shapes per rank: tiny-llama, rank 4, fp32 on CPU; each row's (m, n, k) has the rank in it."""
+    import cuda_kernels
+
+    assert cuda_kernels.main(["--dry-run", "--only", "lora", "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("kernels-*-dry-run-*.json")
+    rows = json.loads(js.read_text())["lora"]
+    shapes = {(n, k) for _, n, k in cuda_kernels.linear_shapes("tiny-llama")}
+    assert len(rows) == 6 * len(shapes)
+    assert all(4 in r["mnk"] and r["seconds"] > 0 and r["predicted_seconds"] > 0 for r in rows)
