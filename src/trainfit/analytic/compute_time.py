@@ -64,7 +64,7 @@ def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: flo
 def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     kn = roofline.kernels_for(gpu)
     launch = kn.launch_seconds
-    g = at = fl = 0.0
+    g = at = fl = unfused = 0.0
     n = timed = 0  # kernels launched (the host issues each); launches whose time is the launches term's
     nbytes: dict[str, float] = {}  # memory ops' bytes by access class (roofline.memory_seconds)
     for op in ops:
@@ -74,9 +74,15 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
             timed += op.kernels
             fl += op.flops
         elif op.kind == "attention":
-            at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
-                                             op.backward, op.mask) - launch
             kernel = roofline.runnable(kn, op.kernel)
+            if kernel == "eager":  # cuBLAS's batched GEMMs and PyTorch's elementwise kernels, as a profile sorts them
+                gemms, elementwise = roofline.unfused_attention(
+                    gpu, *(math.ceil(x) for x in (op.batch, op.m, op.n, op.k)), op.causal, op.dtype, op.backward,
+                    op.mask)
+                g, unfused = g + gemms, unfused + elementwise
+            else:
+                at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
+                                                 op.backward, op.mask) - launch
             k = kn.attention_bwd_launches.get(kernel, op.kernels) if op.backward else op.kernels
             n += k
             # cuDNN's measured time per call includes its own launches (roofline._cudnn_seconds): one is timed here
@@ -87,7 +93,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
             n += op.kernels
             timed += op.kernels
     # memory_seconds is bytes / achieved bandwidth + launches (roofline API): one call per access class
-    mem = sum(roofline.memory_seconds(gpu, b, 0, access) for access, b in nbytes.items())
+    mem = unfused + sum(roofline.memory_seconds(gpu, b, 0, access) for access, b in nbytes.items())
     return ListTime(g, at, mem, timed * launch, fl, n)
 
 

@@ -77,7 +77,7 @@ class Op(NamedTuple):
     # "upcast" (16 -> 32-bit conversion), "strided" (a broadcast or gathered operand), "transpose" (a layout copy)
     access: str = "vector"
     bwd_access: str = ""  # its backward kernel's access ("" = the same)
-    mask: int = 0  # attention, HF eager: bytes per element of the additive causal mask (0: none; roofline._eager_seconds)
+    mask: int = 0  # attention, HF eager: bytes per element of its additive causal mask (0: none; roofline.unfused_attention)
 
     @property
     def flops(self) -> float:
@@ -593,7 +593,7 @@ ATTENTION_BWD_KERNELS = {"flash": 3, "sdpa": 3, "efficient": 1, "eager": 7}
 
 
 def eager_kernels(scores: int, mask: int) -> tuple[int, int]:
-    """(forward, backward) launches of HF's eager attention (modeling_llama.py:193-199; roofline._eager_seconds has
+    """(forward, backward) launches of HF's eager attention (modeling_llama.py:193-199; roofline.unfused_attention has
     their bytes): q·kᵀ, the scaling, the mask add, [an upcast to fp32 when the sum is 16-bit], softmax in fp32,
     [its cast to the query's dtype], p·v; backward: p·v's two GEMMs, [the cast's], softmax's, [the upcast's], [the
     add's cast back to the scores' dtype when the mask promoted them], the scaling's, q·kᵀ's two GEMMs."""

@@ -374,10 +374,9 @@ def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: 
     kernel = runnable(kn, kernel)
     if kernel == "cudnn":
         return _cudnn_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
-    if kernel == "eager" and mask:
-        return _hf_eager_seconds(gpu, batch_heads, s_q, s_kv, head_dim, dtype, mask, backward)
     if kernel == "eager":
-        return _eager_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+        return sum(unfused_attention(gpu, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward, mask)) \
+            + kn.launch_seconds
     flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal)
     frac = kn.attention[kernel]
     if backward:
@@ -433,48 +432,43 @@ def runnable(kn: Kernels, kernel: str) -> str:
     return next((k for k in ("flash", "efficient") if k in kn.attention), "eager")
 
 
-def _eager_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str,
-                   backward: bool) -> float:
-    """Unfused attention (PyTorch math path): S = QK^T and O = PV as batched GEMMs, with the score tensor written by
-    the first, read/written by softmax (and by the mask when causal) and read by the second. Backward: dV = P^T dO,
-    dP = dO V^T, dS = softmax'(P, dP) (reads P and dP, writes dS), dQ = dS K, dK = dS^T Q."""
-    scores = bh * s_q * s_kv * _size(dtype)
-    if not backward:
-        t = gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh) + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh)
-        elementwise = 2 * scores * (2 if causal else 1)  # softmax read+write (+ masked_fill read+write)
-        return t + memory_seconds(gpu, elementwise, kernels=2 if causal else 1)
-    t = (gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh) + gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh)
-         + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh) + gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh))
-    return t + memory_seconds(gpu, 3 * scores, kernels=1)
-
-
-def _hf_eager_seconds(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, dtype: str, mask: int,
-                      backward: bool) -> float:
-    """HF's eager_attention_forward (transformers 5.24 modeling_llama.py:193-199): S = QK^T, S * scaling, S + mask
-    (the mask in the parameters' dtype: a 16-bit S with an fp32 mask, as under autocast, sums to fp32 by type
-    promotion), softmax(dim=-1, dtype=float32) (an upcast first when the sum is 16-bit), .to(query's dtype), P V.
-    Backward, each the other way: P V's two GEMMs, the cast's upcast, softmax's backward (reads P and dP, writes dS,
-    fp32), the upcast's cast back, the add's cast to S's dtype when it promoted (autograd casts a gradient to its
-    input's dtype: engine.cpp validate_outputs), the scaling's, QK^T's two GEMMs. The H200 profile of llama-3.2-1b
-    eager (bench/results/cuda-H200-2026-11-27-fifth.json) has these kernels: per layer one broadcast add<float>,
-    one softmax_warp_forward / _backward<float>, three [2, 32, 1024, 1024] copies. NB: the mask add's broadcast
-    fp32 + bf16 kernel (elementwise_kernel with dynamic casts) ran at 1.1 TB/s there, timed here at the upcast
-    class's rate (2.0 TB/s on an H200; kernels.toml access): under-reads it; the mask's own read (1/heads of S) is left out."""
-    kn = kernels_for(gpu)
+@lru_cache(maxsize=16384)
+def unfused_attention(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str, backward: bool,
+                      mask: int = 0) -> tuple[float, float]:
+    """(batched-GEMM seconds, memory-bound seconds) of unfused attention, launches left out: its GEMMs run as cuBLAS
+    GEMMs and its elementwise kernels as PyTorch's, which is how a profile sorts them (bench/cuda_truth.py kinds).
+    S = QK^T and O = PV as batched GEMMs; backward dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q.
+    mask = 0, PyTorch's math path: softmax reads and writes S (and the mask when causal) in the compute dtype;
+    backward dS = softmax'(P, dP) reads P and dP, writes dS.
+    mask > 0, HF's eager_attention_forward (transformers 5.24 modeling_llama.py:193-199): S * scaling, S + mask (the
+    mask in the parameters' dtype, `mask` bytes: a 16-bit S with an fp32 mask, as under autocast, sums to fp32 by
+    type promotion), softmax(dim=-1, dtype=float32) (an upcast first when the sum is 16-bit), .to(query's dtype), P V;
+    backward, each the other way: the cast's upcast, softmax's backward (reads P and dP, writes dS, fp32), the
+    upcast's cast back, the add's cast to S's dtype when it promoted (autograd casts a gradient to its input's dtype:
+    engine.cpp validate_outputs), the scaling's. The H200 profile of llama-3.2-1b eager (bench/results/
+    cuda-H200-2026-11-27-fifth.json) has these kernels: per layer one broadcast add<float>, one softmax_warp_forward /
+    _backward<float>, three [2, 32, 1024, 1024] copies. NB: the mask add's broadcast fp32 + bf16 kernel
+    (elementwise_kernel with dynamic casts) ran at 1.1 TB/s there, timed here at the upcast class's rate (2.0 TB/s on
+    an H200; kernels.toml access): under-reads it; the mask's own read (1/heads of S) is left out."""
+    launch = kernels_for(gpu).launch_seconds
+    shapes = ((s_kv, d, s_q), (s_q, s_kv, d), (s_q, d, s_kv), (s_kv, d, s_q)) if backward else \
+        ((s_q, s_kv, d), (s_q, d, s_kv))
+    gemms = sum(gemm_seconds(gpu, m, n, k, dtype, batch=bh) - launch for m, n, k in shapes)
     n = bh * s_q * s_kv
-    s, summed = _size(dtype), max(_size(dtype), mask)
-    up, down = summed < 4, s < 4
-    if not backward:
-        t = gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh) + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh)
-        add = "upcast" if summed != s else "strided"  # a promoting add casts as it loads; else a broadcast add
-        parts = [(2 * s, "vector"), (s + summed, add), (summed + 4 if up else 0, "upcast"),
-                 (8, "reduce"), (4 + s if down else 0, "vector")]
+    s = _size(dtype)
+    if not mask:
+        parts = [(3 * s, "vector")] if backward else [(2 * s * (2 if causal else 1), "vector")]
     else:
-        t = (gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh) + gemm_seconds(gpu, s_q, s_kv, d, dtype, batch=bh)
-             + gemm_seconds(gpu, s_q, d, s_kv, dtype, batch=bh) + gemm_seconds(gpu, s_kv, d, s_q, dtype, batch=bh))
-        parts = [(s + 4 if down else 0, "upcast"), (12, "reduce"), (4 + summed if up else 0, "vector"),
-                 (summed + s if summed != s else 0, "vector"), (2 * s, "vector")]
-    return t + sum(memory_seconds(gpu, n * b, 0, access) for b, access in parts if b) + kn.launch_seconds
+        summed = max(s, mask)
+        up, down = summed < 4, s < 4
+        if not backward:
+            add = "upcast" if summed != s else "strided"  # a promoting add casts as it loads; else a broadcast add
+            parts = [(2 * s, "vector"), (s + summed, add), (summed + 4 if up else 0, "upcast"),
+                     (8, "reduce"), (4 + s if down else 0, "vector")]
+        else:
+            parts = [(s + 4 if down else 0, "upcast"), (12, "reduce"), (4 + summed if up else 0, "vector"),
+                     (summed + s if summed != s else 0, "vector"), (2 * s, "vector")]
+    return gemms, sum(memory_seconds(gpu, n * b, 0, access) for b, access in parts if b)
 
 
 # ---- memory-bound ops ------------------------------------------------------------------------------------------
