@@ -202,7 +202,8 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
       foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): _foreach_mul_ (weight decay), lerp_ (m),
                 mul_ + addcmul_ (v), sqrt, div_, add_ (eps), addcdiv_ (param): 8 passes, each a launch per chunk of
                 tensors; other optimizers one fused-like pass per state (NB);
-      for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each.
+      for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
+    after a stack's gradient clipping (its [grad_clip] fact: torchtitan's).
     multi_tensor_apply launches a kernel whenever its argument block is full: up to depth_to_max_tensors tensors
     (110 for depth-1 lists, 48 at depth 3; NB 48 taken for every list) or depth_to_max_blocks = 320 blocks of
     kChunkSize = 65,536 elements (aten/src/ATen/native/cuda/MultiTensorApply.cuh; the fused optimizers' variant
@@ -234,7 +235,13 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     # keep half the bytes in flight (kernels.toml access mta32 / mta16). NB: the for-loop path's per-tensor kernels
     # are TensorIterator's vectorised ones, timed as mta too
     access = "mta32" if p >= 4 else "mta16"
-    return roofline.memory_seconds(gpu, nbytes, 0, access), launches * launch
+    seconds = roofline.memory_seconds(gpu, nbytes, 0, access)
+    if setup.stack_facts.facts.get("grad_clip"):  # clip_grad_norm_ first (stacks/*.toml [grad_clip]): a foreach
+        # norm reads every gradient, a foreach mul by the clip coefficient reads and writes it (torch/nn/utils/
+        # clip_grad.py), each a multi_tensor_apply pass. The H200 torchtitan step: 1.24 + 2.40 ms for 1.1B fp32
+        seconds += roofline.memory_seconds(gpu, shard * 3 * g, 0, "mta32" if g >= 4 else "mta16")
+        launches += 2 * max(-(-tensors // per_launch), math.ceil(chunks / MTA_BLOCKS))
+    return seconds, launches * launch
 
 
 def tensors_per_rank(spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:

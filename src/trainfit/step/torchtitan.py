@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from ..errors import EngineUnavailableError
+from ..stacks import get_stack
 from .build import param_dtype
 from .standard import _is_real, make_optimizer
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # torchtitan's mixed_precision_param (config/job_config.py:282: bfloat16 | float32) and training.dtype
 # (job_config.py:275: float32 | bfloat16) for each trainfit precision it can run.
 PRECISIONS = {"fp32": "float32", "amp-bf16": "bfloat16", "bf16": "bfloat16"}
-MAX_NORM = 1.0  # config/job_config.py:264 (training.max_norm)
+MAX_NORM = get_stack("torchtitan").fact("grad_clip", "max_norm")  # stacks/torchtitan.toml [grad_clip]
 NOTE = ("stack torchtitan 0.2.2: its own Llama3 Transformer, apply_ac, apply_fsdp/apply_ddp, maybe_enable_amp, "
         "cross_entropy_loss and clip_grad_norm_ (trainfit/step/torchtitan.py)")
 # how torchtitan applies data parallelism for each --zero it runs (models/llama3/infra/parallelize.py:125-156)
