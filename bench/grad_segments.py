@@ -6,7 +6,7 @@ GPU needed; ~6 minutes on 2 cores).
 analytic/grad_segments.py: a gradient larger than every activation block, not carved from the loss's freed blocks,
 opens a segment of its own in the first step, which sits free at every later step's peak, less the optimizer states
 the first optimizer.step() carved from the activations' cache. The reference is the trace engine's allocator replay
-(trace/depth_records.py at full depth for deep models; within 1.5 % of the 18 steps measured on an H200,
+(trace/depth_records.py at full depth for deep models; within 1.35 % of the 18 steps measured on an H200,
 bench/results/trace_reserved.md). Error = analytic reserved / simulated reserved − 1 (both with --gpu H200's
 workspaces).
 """

@@ -25,7 +25,7 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
     one was made."""
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
-    from trainfit.overheads import allocator_held
+    from trainfit.overheads import allocator_held, with_device_total
     from trainfit.setup import Setup
     from trainfit.trace.engine import trace_spec
 
@@ -40,7 +40,8 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
         held = sum(allocator_held(gpu, setup).values())
         out = {"id": case["id"]}
         for depth in depths:
-            e = trace_spec(spec, setup, flops=False, extrapolate=depth == "extrapolated")
+            # with the workspaces, as bench/cuda_truth.py compares it (trace_spec's own reserved leaves them out)
+            e = with_device_total(trace_spec(spec, setup, flops=False, extrapolate=depth == "extrapolated"), gpu)
             out[depth] = (e.memory.reserved - held) / own - 1
             if "extrapolated_from_layers" in (e.detail or {}):
                 out["from"] = e.detail.get("reserved_from")

@@ -5,7 +5,7 @@ Why: reserved is not linear in depth. Which freed block serves which request dep
 and at 3-5 layers the model's fixed blocks (the fp32 logits, the tied embedding's gradient: a GiB each for
 Llama-3.2-1B) are as large as all the layers together, so the cache beyond the peak moves by whole segments from
 one traced depth to the next (extrapolate.py `_reserved`: 0.62, 1.98, 1.30 GB for llama-3.2-1b foreach). A line
-through it read llama-3.2-1b amp 6.8 % low on an H200 where the full-depth replay is within 0.3 %
+through it read llama-3.2-1b amp 6.6 % low on an H200 where the full-depth replay is within 0.02 %
 (bench/results/cuda-H200-2026-11-27-fifth.json). The step itself is exactly periodic, so its events at the full
 depth can be written down and replayed instead:
 
