@@ -12,7 +12,7 @@ from ..spec import ModelSpec
 from . import compile_effects, float8, infer_time, inference, rl, serving
 from .flops import forward_per_token, step_flops
 from .foreach_segments import new_segments, parameter_tensors
-from .grad_segments import gradient_segments, largest_cached_block
+from .grad_segments import gradient_segments
 from .memory import TrainMemory, train_memory
 from .parallel import pipeline
 from . import lora
@@ -91,12 +91,19 @@ def backward_peak(mem: TrainMemory) -> int:
     return max(v for k, v in mem.phases.items() if k != "optimizer_step")
 
 
+def _torch_optim_on_cuda(setup: Setup) -> bool:
+    """A CUDA training step whose torch.optim optimizer steps every parameter's own gradient: the hf and torchtitan
+    stacks (Megatron and DeepSpeed step flat buffers), without LoRA (a few small adapters)."""
+    return setup.mode == "train" and setup.device == "cuda" and setup.stack in ("hf", "torchtitan") \
+        and not setup.lora_rank
+
+
 def foreach_segments(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None, blocks: list[int] | None = None) -> int:
     """The segments foreach AdamW's exp_avg_sq_sqrt opens at optimizer.step() (analytic/foreach_segments.py): its
     per-parameter tensors placed into the blocks cached at the end of the backward (`blocks`: transient_blocks,
     when the caller has them)."""
-    if setup.mode != "train" or setup.device != "cuda" or setup.optimizer_kernel != "foreach" \
-            or setup.optimizer not in ("adam", "adamw") or setup.lora_rank or setup.stack not in ("hf", "torchtitan"):
+    if not _torch_optim_on_cuda(setup) or setup.optimizer_kernel != "foreach" \
+            or setup.optimizer not in ("adam", "adamw"):
         return 0
     if blocks is None:
         blocks = transient_blocks(spec, setup, mem, pc)
@@ -111,16 +118,15 @@ def grad_segments(spec: ModelSpec, setup: Setup, mem: TrainMemory, blocks: list[
     """The gradients' own segments, free at a forward/backward peak (analytic/grad_segments.py): where torch.optim
     steps per-parameter gradients the stack allocates (hf, torchtitan; no ZeRO or FSDP), the fused or for-loop
     kernel."""
-    if setup.mode != "train" or setup.device != "cuda" or setup.stack not in ("hf", "torchtitan") or setup.lora_rank \
-            or setup.optimizer_kernel == "foreach" or setup.zero or fsdp2_strategy(setup):
+    if not _torch_optim_on_cuda(setup) or setup.optimizer_kernel == "foreach" or setup.zero or fsdp2_strategy(setup):
         return 0  # (ZeRO / FSDP: sharded gradients and states, in flat buffers or DTensors)
     if mem.phases.get("optimizer_step", 0) >= backward_peak(mem):
         return 0  # the peak is optimizer.step()'s, when the gradients are live in it
     st = state_bytes(setup)
     per = temporary_bytes(setup, st)
     states = 0 if st.factored else round(st.optimizer / per)
-    return gradient_segments(spec, setup, st.grad, per, states, largest_cached_block(mlp_intermediate(spec, setup)),
-                             blocks, int(mem.at_peak.get("gradients", 0)))
+    return gradient_segments(spec, setup, st.grad, per, states, mlp_intermediate(spec, setup), blocks,
+                             int(mem.at_peak.get("gradients", 0)))
 
 
 def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:

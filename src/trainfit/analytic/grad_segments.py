@@ -13,7 +13,7 @@ one of the activations' cached blocks; the next forward then serves those activa
 segments. So the gradients' own segments, less the states carved from the activations' cache, are reserved beyond
 the peak.
 
-NB: no parameter. Against the allocator simulator replaying traced steps (itself within 1.5 % of 18 steps measured
+NB: no parameter. Against the allocator simulator replaying traced steps (itself within 1.35 % of 18 steps measured
 on an H200; bench/grad_segments.py): Llama-3.1-8B bf16 -7.4 -> -0.4 %, torchtitan's TinyLlama -7.3 -> -2.1 %,
 Llama-3.2-3B amp -2.1 -> +4.9 % (over: its 36 MiB q/o gradients, just above the 32 MiB intermediate, are counted
 whole); the 23 small setups of bench/alloc_fragmentation.py do not move. Not counted where gradients live in
@@ -38,15 +38,16 @@ def largest_cached_block(mlp_intermediate: int) -> int:
 
 
 def gradient_segments(spec: ModelSpec, setup: Setup, grad_bytes: float, state_bytes: float, states: int,
-                      largest: int, blocks: list[int], live_gradients: int) -> int:
+                      mlp_intermediate: int, blocks: list[int], live_gradients: int) -> int:
     """Bytes of the gradients' own segments free at the step's peak (module docstring). grad_bytes / state_bytes:
-    bytes per element of a gradient and of one optimizer state; states: optimizer states per parameter; largest:
-    largest_cached_block; blocks: the loss's cached blocks (engine.transient_blocks); live_gradients: the
-    gradients the peak holds (their segments are not free then). Gradients under 10 MiB share 20 MiB segments with
-    the activations: never their own."""
+    bytes per element of a gradient and of one optimizer state; states: optimizer states per parameter;
+    mlp_intermediate: one layer's MLP intermediate (engine.mlp_intermediate); blocks: the loss's cached blocks
+    (engine.transient_blocks); live_gradients: the gradients the peak holds (their segments are not free then).
+    The largest cached block is at least 10 MiB, so gradients under it, which share 20 MiB segments with the
+    activations, never count."""
+    largest = largest_cached_block(mlp_intermediate)
     tensors = parameter_tensors(spec, setup)[:-1]  # the embedding and head: engine.transient_blocks counts them
-    big = [(n * grad_bytes, c) for n, c in tensors
-           if round_size(int(n * grad_bytes), _CONF) > max(largest, K_MIN_LARGE_ALLOC - 1)]
+    big = [(n * grad_bytes, c) for n, c in tensors if round_size(int(n * grad_bytes), _CONF) > largest]
     opened = new_segments(big, blocks, 0, 0)
     carved = 0
     for n, c in tensors:
