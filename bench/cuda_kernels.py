@@ -11,6 +11,7 @@ trainfit's roofline prediction for it (analytic/roofline.py):
                 log-softmax) at 2,048 tokens x 768-8,192 wide;
   sdpa          torch's scaled_dot_product_attention, causal, forward and backward, by backend (the default
                 dispatch, cuDNN, FlashAttention-2, memory-efficient) over sequence and head dim;
+  sdpa_variants fp32 and dropout 0.1 by backend (the default and the memory-efficient kernel), the fits' checks;
   gemm          the forward and both backward GEMMs of each linear layer of the models bench/cuda_truth.py runs,
                 at its 2 x 1024 tokens (vocabularies not a multiple of 8 included: GPT-2's 50,257);
   adamw         torch.optim.AdamW (fused and foreach) over Llama-3.2-1B's parameter tensors, fp32 and bf16;
@@ -166,6 +167,47 @@ def sdpa(device: str, gpu, shapes) -> list[dict]:
                          "fwd_tflops": flops / tf / 1e12, "bwd_tflops": 2.5 * flops / max(tb, 1e-12) / 1e12,
                          "predicted_fwd_seconds": pred["fwd"], "predicted_bwd_seconds": pred["bwd"],
                          "fwd_kernels": fwd_kernels, "kernels": seconds.kernels})
+    return rows
+
+
+def sdpa_variants(device: str, gpu, shapes) -> list[dict]:
+    """What the sdpa section leaves out, for the kernel models to be checked on: fp32 (the memory-efficient kernel's
+    3xTF32 matmuls, roofline._attention_peak) and dropout 0.1 inside the kernel (kernels.toml [dropout]), by backend:
+    torch's default pick and the memory-efficient kernel. Kernel time from torch.profiler, as in sdpa."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    seconds, rows = timer(device), []
+    backends = {"default": None} if device != "cuda" else {"default": None, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    for b, h, s, d in shapes:
+        for dtype, p in (("fp32", 0.0), ("fp32", 0.1), ("bf16", 0.1)):
+            tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
+            q, k, v = (torch.randn(b, s, h, d, device=device, dtype=tdt).transpose(1, 2).requires_grad_()
+                       for _ in range(3))
+            g = torch.randn(b, h, s, d, device=device, dtype=tdt)
+            for name, be in backends.items():
+                ctx = (lambda: sdpa_kernel(be)) if be is not None else (lambda: _nullcontext())
+
+                def fwd():
+                    with ctx():
+                        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+
+                def fwd_bwd():
+                    with ctx():
+                        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+                    torch.autograd.grad(o, (q, k, v), g)
+                try:
+                    tf = seconds(fwd, reps=5)
+                    fwd_kernels = seconds.kernels
+                    tb = seconds(fwd_bwd, reps=5) - tf
+                except RuntimeError as e:  # a backend that does not take this dtype, dropout or GPU
+                    rows.append({"backend": name, "shape": [b, h, s, d], "dtype": dtype, "dropout": p,
+                                 "error": str(e).splitlines()[0][:160]})
+                    continue
+                rows.append({"backend": name, "shape": [b, h, s, d], "dtype": dtype, "dropout": p,
+                             "fwd_seconds": tf, "bwd_seconds": tb, "fwd_kernels": fwd_kernels,
+                             "kernels": seconds.kernels})
     return rows
 
 
@@ -364,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU (no GPU needed)")
     ap.add_argument("--only", default=None,
-                    help="one section: elementwise, step_ops, sdpa, gemm, adamw, lora, host or sustained")
+                    help="one section: elementwise, step_ops, sdpa, sdpa_variants, gemm, adamw, lora, host or sustained")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json results")
     args = ap.parse_args(argv)
 
@@ -383,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         "sdpa": lambda: sdpa(device, gpu, [(1, 2, 64, 32)] if dry else
                              [(16384 // s, 16, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192)]
                              + [(2, 32, 1024, 64), (2, 12, 1024, 128), (2, 24, 1024, 128), (2, 32, 1024, 128)]),
+        "sdpa_variants": lambda: sdpa_variants(device, gpu, [(1, 2, 64, 32)] if dry else
+                                               [(16384 // s, 16, s, 64) for s in (512, 1024, 2048, 4096)]
+                                               + [(2, 12, 1024, 64), (2, 16, 1024, 128)]),
         "gemm": lambda: gemm(device, gpu, ("tiny-gpt2",) if dry else MODELS, 64 if dry else 2048),
         "adamw": lambda: adamw(device, gpu, "tiny-llama" if dry else "llama-3.2-1b"),
         "lora": lambda: lora(device, gpu, "tiny-llama" if dry else "llama-3.2-1b", 64 if dry else 2048,

@@ -47,9 +47,12 @@ def test_gemm_time_within_15_percent_of_the_profiled_kernels(rows, case):
 def test_fp32_memory_efficient_attention_runs_on_tensor_cores(rows):
     """gpt2 fp32 on the H200 ran SDPA's memory-efficient kernel (fmha_cutlassF/B_f32 ..._sm80 in the profile), whose
     fp32 matmuls are 3xTF32 on tensor cores from sm80 on (roofline._attention_peak). Timed at the CUDA cores' fp32
-    rate instead, its attention was +323 % and the step +34.5 %."""
+    rate instead, its attention was +323 % and the step +34.5 %; at the 3xTF32 rate with the H100's default
+    fractions +73 %; with the fractions measured on the bf16 kernel (kernels.toml [generation.hopper.efficient]) and
+    dropout's draws +17 % (NB: the backward reads +32 %, slow: tripling its matmuls costs it less than 3x)."""
     r = rows["gpt2-fp32"]
-    assert r["analytic_kinds"]["attention"] < 2 * r["kinds"]["attention"], (r["analytic_kinds"], r["kinds"])
+    assert abs(r["analytic_kinds"]["attention"] / r["kinds"]["attention"] - 1) <= 0.25, (r["analytic_kinds"],
+                                                                                        r["kinds"])
     assert abs(r["analytic_step"] - r["step"]) <= 0.15 * r["step"], (r["analytic_step"], r["step"])
 
 
@@ -60,3 +63,13 @@ def test_fp32_adapters_on_a_bf16_base_run_fp32_gemms(rows):
     r = rows["llama-3.2-1b-lora"]
     measured, predicted = r["kinds"]["gemm"], r["analytic_kinds"]["gemm"]
     assert abs(predicted - measured) <= 0.20 * measured, (predicted, measured)
+
+
+def test_dropout_inside_cudnns_attention(rows):
+    """GPT-2 trains with attn_pdrop 0.1, which HF passes to SDPA: cuDNN's forward draws a random number per score
+    (kernels.toml [dropout], measured on this step's forward: 41.1 us per call where llama's no-dropout calls fit
+    18.2). Its attention kind within 10 % of the profile (was -27 % without the draws); llama's, without dropout,
+    stays within 10 % (the term is not added where attention_dropout is 0)."""
+    for case in ("gpt2-amp-bf16", "llama-3.2-1b-amp-bf16"):
+        r = rows[case]
+        assert abs(r["analytic_kinds"]["attention"] / r["kinds"]["attention"] - 1) <= 0.10, (case, r["kinds"])

@@ -83,10 +83,12 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
             else:
                 at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
                                                  op.backward, op.mask) - launch
+                if op.dropout and not op.backward:  # its random draws (the backward's hide under its matmuls)
+                    at += roofline.fused_dropout_seconds(gpu, op.batch, op.m, op.n, op.causal)
             k = kn.attention_bwd_launches.get(kernel, op.kernels) if op.backward else op.kernels
             n += k
-            # cuDNN's measured time per call includes its own launches (roofline._cudnn_seconds): one is timed here
-            timed += 1 if kernel == "cudnn" else k
+            # a measured kernel's time per call includes its own launches (roofline._fitted_seconds): one is timed
+            timed += 1 if kernel in kn.fitted else k
             fl += op.flops
         else:
             nbytes[op.access] = nbytes.get(op.access, 0.0) + op.nbytes

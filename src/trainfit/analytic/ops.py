@@ -78,6 +78,7 @@ class Op(NamedTuple):
     access: str = "vector"
     bwd_access: str = ""  # its backward kernel's access ("" = the same)
     mask: int = 0  # attention, HF eager: bytes per element of its additive causal mask (0: none; roofline.unfused_attention)
+    dropout: bool = False  # attention: dropout on the probabilities inside the fused kernel (roofline.fused_dropout_seconds)
 
     @property
     def flops(self) -> float:
@@ -350,6 +351,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     fwd_k, bwd_k = (eager_kernels(SIZE[sh.dtype], sh.eager_mask) if sh.attention == "eager" else (1, -1))
     ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
+                  dropout=p_attn > 0 and sh.attention != "eager",
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
         ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")

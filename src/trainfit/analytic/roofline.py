@@ -52,7 +52,8 @@ class Kernels:
     unaligned_fraction: float = 0.0  # 16-bit GEMM with a row not 16-byte aligned / peak (measured); 0 = unmeasured
     access: dict[str, float] = field(default_factory=dict)  # memory access class -> / streaming bandwidth
     sdpa: str = "flash"              # the kernel torch's SDPA runs for a 16-bit call on this generation
-    cudnn: "CudnnAttention | None" = None  # cuDNN's fused attention, measured (kernels.toml [generation.*.cudnn])
+    # fused-attention kernel -> its measured model (kernels.toml [generation.*.cudnn], [generation.*.efficient])
+    fitted: dict[str, "FittedAttention"] = field(default_factory=dict)
     threads_per_sm: int = 0           # maximum resident threads per SM (0: not listed, AMD)
     generation: str = ""
     known: bool = True                # False: no kernels.toml entry, a stated default was used
@@ -106,23 +107,30 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        gemm_tiles=tuple(tuple(int(x) for x in t) for t in d.get("gemm_tiles", ())),
                        unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
                        access={k: float(v) for k, v in d.get("access", {}).items()},
-                       sdpa=str(d.get("sdpa", "flash")), cudnn=_cudnn(d.get("cudnn"), clock),
+                       sdpa=str(d.get("sdpa", "flash")),
+                       fitted={k: _fitted(d[k], clock) for k in FITTED_KERNELS if d.get(k)},
                        generation=str(d.get("generation", "")), known=known,
                        threads_per_sm=int(d.get("threads_per_sm", 0)))
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
 
 
+# the fused-attention kernels kernels.toml may give a measured model of, as [generation.*.<kernel>]
+FITTED_KERNELS = ("cudnn", "efficient")
+
+
 @dataclass(frozen=True)
-class CudnnAttention:
-    """cuDNN's fused attention as measured (kernels.toml [generation.hopper.cudnn]): per head dim, the fraction of
-    the peak its matmuls reach and a fixed time per call, for the forward and the backward."""
+class FittedAttention:
+    """A fused attention kernel as measured (kernels.toml [generation.hopper.cudnn] / [...efficient]): per head dim,
+    the fraction of the peak its matmuls reach, a fixed time per call, and the tiles its forward and backward walk,
+    for the forward and the backward; `fill` pipeline-fill steps per CTA in the tile factor."""
     head_dims: tuple[int, ...]
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     forward_fixed: tuple[float, ...]
     backward_fixed: tuple[float, ...]
-    tile: tuple[int, int]
+    forward_tiles: tuple[tuple[int, int], ...]
+    backward_tiles: tuple[tuple[int, int], ...]
     fill: int
     backward_bytes_per_element: float
 
@@ -138,15 +146,25 @@ class CudnnAttention:
                 return frac[i - 1] + w * (frac[i] - frac[i - 1]), fixed[i - 1] + w * (fixed[i] - fixed[i - 1])
         return frac[-1], fixed[-1]
 
+    def tile(self, head_dim: int, backward: bool) -> tuple[int, int]:
+        """The [queries, keys] tile of the first measured head dim that holds `head_dim` (the kernels pick their
+        tiles by head-dim bound), else the largest's."""
+        tiles = self.backward_tiles if backward else self.forward_tiles
+        return next((t for d, t in zip(self.head_dims, tiles) if head_dim <= d), tiles[-1])
 
-def _cudnn(raw: dict | None, clock: float = 1.0) -> CudnnAttention | None:
-    """`clock`: a power-capped board's SM clock ratio (power_clock), which scales the compute fractions."""
-    if not raw:
-        return None
-    return CudnnAttention(tuple(raw["head_dims"]), tuple(f * clock for f in raw["forward"]),
-                          tuple(f * clock for f in raw["backward"]),
-                          tuple(raw["forward_fixed_seconds"]), tuple(raw["backward_fixed_seconds"]),
-                          tuple(raw["tile"]), int(raw["fill"]), float(raw["backward_bytes_per_element"]))
+
+def _fitted(raw: dict, clock: float = 1.0) -> FittedAttention:
+    """`clock`: a power-capped board's SM clock ratio (power_clock), which scales the compute fractions. One
+    `tile` is every head dim's, both ways; else `forward_tiles` / `backward_tiles` per head dim."""
+    n = len(raw["head_dims"])
+    fwd_tiles = raw.get("forward_tiles") or [raw["tile"]] * n
+    bwd_tiles = raw.get("backward_tiles") or [raw["tile"]] * n
+    return FittedAttention(tuple(raw["head_dims"]), tuple(f * clock for f in raw["forward"]),
+                           tuple(f * clock for f in raw["backward"]),
+                           tuple(raw["forward_fixed_seconds"]), tuple(raw["backward_fixed_seconds"]),
+                           tuple(tuple(int(x) for x in t) for t in fwd_tiles),
+                           tuple(tuple(int(x) for x in t) for t in bwd_tiles),
+                           int(raw["fill"]), float(raw.get("backward_bytes_per_element", 0.0)))
 
 
 def _with_derived(d: dict) -> dict:
@@ -193,6 +211,13 @@ def _kernels_by_name(name: str, vendor: str, watts: float = 0.0) -> Kernels:
         from ..hardware import get_gpu
         clock = power_clock(watts, float(entry["fraction_watts"]), static_watts(get_gpu(name)))
     return _build(entry, t["generation"][entry["generation"]], name, known=True, clock=clock)
+
+
+def fused_dropout_seconds(gpu: GPU, batch_heads: float, s_q: float, s_kv: float, causal: bool) -> float:
+    """What dropout adds to one fused attention forward: a random draw per score at the measured SM-seconds
+    (kernels.toml [dropout]) spread over the GPU's SMs. Causal kernels skip masked blocks, so only kept pairs draw."""
+    scores = batch_heads * (_causal_pairs(s_q, s_kv) if causal else s_q * s_kv)
+    return scores * float(_table()["dropout"]["sm_seconds_per_score"]) / kernels_for(gpu).sms
 
 
 def host_seconds_per_kernel(no_grad: bool = False) -> float:
@@ -328,7 +353,7 @@ def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_di
     block j+1 while computing block j; FA3 §3.1 two-stage pipeline), so the first load is exposed once per CTA.
     CTAs run in waves over the SMs (one CTA per SM per wave), never faster than the longest CTA.
     NB: the fill step is one block-compute long, not a measured latency; errs either way by < 1 step per CTA.
-    `block` and `fill` override the kernel's tiles and the one fill step (cuDNN's, fitted: CudnnAttention)."""
+    `block` and `fill` override the kernel's tiles and the one fill step (a measured kernel's: FittedAttention)."""
     br, bc = block or kn.attn_block(head_dim, kernel)
     tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal)
     if total == 0:
@@ -372,8 +397,8 @@ def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: 
                        dtype: str, backward: bool, mask: int = 0) -> float:
     kn = kernels_for(gpu)
     kernel = runnable(kn, kernel)
-    if kernel == "cudnn":
-        return _cudnn_seconds(gpu, kn, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+    if kernel in kn.fitted:
+        return _fitted_seconds(gpu, kn, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
     if kernel == "eager":
         return sum(unfused_attention(gpu, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward, mask)) \
             + kn.launch_seconds
@@ -404,18 +429,20 @@ def _attention_peak(gpu: GPU, kernel: str, dtype: str) -> float:
     return gpu.flops_for(dtype)
 
 
-def _cudnn_seconds(gpu: GPU, kn: Kernels, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str,
-                   backward: bool) -> float:
-    """cuDNN's fused attention (CudnnAttention, measured): FLOPs at its fraction of the peak over the 64x64-block
-    tile factor, its fixed time per call, and in the backward its pre/post passes' bytes at HBM bandwidth. The
-    fixed time includes its launches: time_ops times one launch for it, and counts all of them for the host."""
-    c = kn.cudnn
+def _fitted_seconds(gpu: GPU, kn: Kernels, kernel: str, bh: int, s_q: int, s_kv: int, d: int, causal: bool,
+                    dtype: str, backward: bool) -> float:
+    """A measured fused attention kernel (FittedAttention): FLOPs at its fraction of the peak over its tiles' tile
+    factor, its fixed time per call, and in the backward its pre/post passes' bytes at HBM bandwidth. The fixed
+    time includes its launches: time_ops times one launch for it, and counts all of them for the host."""
+    c = kn.fitted[kernel]
     frac, fixed = c.at(d, backward)
     flops = _attention_flops(bh, s_q, s_kv, d, causal) * (2.5 if backward else 1.0)
-    seq = flash_efficiency(kn, bh, s_kv, s_q, d, causal, block=c.tile, fill=c.fill) if backward else \
-        flash_efficiency(kn, bh, s_q, s_kv, d, causal, block=c.tile, fill=c.fill)
+    tile = c.tile(d, backward)
+    # the backward's grid walks the query blocks per key block (FA2 §3.2): the roles swap
+    seq = flash_efficiency(kn, bh, s_kv, s_q, d, causal, block=tile, fill=c.fill) if backward else \
+        flash_efficiency(kn, bh, s_q, s_kv, d, causal, block=tile, fill=c.fill)
     extra = bh * s_q * d * c.backward_bytes_per_element / _bandwidth(gpu, kn) if backward else 0.0
-    return flops / (_attention_peak(gpu, "cudnn", dtype) * frac * seq) + extra + fixed
+    return flops / (_attention_peak(gpu, kernel, dtype) * frac * seq) + extra + fixed
 
 
 def runnable(kn: Kernels, kernel: str) -> str:
@@ -424,8 +451,8 @@ def runnable(kn: Kernels, kernel: str) -> str:
     data for, else the next one PyTorch's SDPA dispatcher would try (flash, then memory-efficient, then math) —
     e.g. "flash3" on an A100 runs FlashAttention-2."""
     if kernel == "sdpa":
-        kernel = "cudnn" if kn.sdpa == "cudnn" and kn.cudnn is not None else "flash"
-    if kernel == "cudnn" and kn.cudnn is not None:
+        kernel = "cudnn" if kn.sdpa == "cudnn" and "cudnn" in kn.fitted else "flash"
+    if kernel in kn.fitted:
         return kernel
     if kernel == "eager" or kernel in kn.attention:
         return kernel

@@ -1,0 +1,130 @@
+"""Fit a fused attention kernel's timing constants on a committed kernel microbenchmark (no GPU needed).
+
+    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-fifth.json --backend efficient
+    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-fifth.json --backend cudnn \
+        --check bench/results/kernels-H200-2026-11-27-second.json
+
+bench/cuda_kernels.py timed torch's causal SDPA by backend on a lent GPU (the kernel's own time from
+torch.profiler). The model it fits is roofline.FittedAttention's: one call = FLOPs / (peak x fraction x tile
+factor) + a fixed time, the tile factor roofline.flash_efficiency with the kernel's own tiles (read from its name)
+and `fill` pipeline-fill steps per CTA. For each head dim and direction, fraction and fixed time are the least
+squares fit of the relative error (time is linear in 1 / fraction and the fixed time). Prints the kernels.toml
+values and each shape's error, on the fitted run and on `--check` (another chip's run: out of sample).
+Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+# the kernel's tile [queries, keys] from its name: cuDNN's ..._64x64x64_..., the memory-efficient kernel's
+# fmha_cutlass{F,B}_<dtype>_aligned_64x128_...
+_TILE = re.compile(r"(?:_|^)(\d+)x(\d+)(?:x\d+)?_")
+
+
+def kernel_tiles(row: dict) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(forward tile, backward tile) of an SDPA row's main kernels, or None when the names do not say."""
+    out = []
+    for key, mark in (("fwd_kernels", ("cutlassF", "fprop")), ("kernels", ("cutlassB", "bprop"))):
+        names = [n for n in (row.get(key) or {}) if any(m in n for m in mark)]
+        m = _TILE.search(names[0]) if names else None
+        if not m:
+            return None
+        out.append((int(m.group(1)), int(m.group(2))))
+    return out[0], out[1]
+
+
+def main_kernel_seconds(row: dict, backward: bool) -> float:
+    """The fused kernel's own time: the backward's row also holds the copies and fills around it."""
+    if not backward:
+        return row["fwd_seconds"]
+    mark = ("cutlassB", "bprop", "dot_do_o", "reduce_head", "convert_dq")
+    own = [t for n, t in (row.get("kernels") or {}).items() if any(m in n for m in mark)]
+    return sum(own) if own else row["bwd_seconds"]
+
+
+def fit(rows: list[dict], gpu, backward: bool, fill: int) -> tuple[float, float]:
+    """(fraction, fixed seconds) minimising sum((a x + c) / t - 1)^2 with x = FLOPs / (peak x tile factor)."""
+    from trainfit.analytic.roofline import _attention_flops, _attention_peak, flash_efficiency, kernels_for
+
+    kn = kernels_for(gpu)
+    xs, ts = [], []
+    for r in rows:
+        b, h, s, d = r["shape"]
+        tile = kernel_tiles(r)[1 if backward else 0]
+        seq = flash_efficiency(kn, b * h, s, s, d, True, block=tile, fill=fill)
+        flops = _attention_flops(b * h, s, s, d, True) * (2.5 if backward else 1.0)
+        xs.append(flops / (_attention_peak(gpu, "efficient", "bf16") * seq))
+        ts.append(main_kernel_seconds(r, backward))
+    # normal equations of sum((a x_i + c) / t_i - 1)^2 in (a, c)
+    sxx = sum((x / t) ** 2 for x, t in zip(xs, ts))
+    sxc = sum(x / t ** 2 for x, t in zip(xs, ts))
+    scc = sum(1 / t ** 2 for t in ts)
+    sx1 = sum(x / t for x, t in zip(xs, ts))
+    sc1 = sum(1 / t for t in ts)
+    det = sxx * scc - sxc * sxc
+    a = (sx1 * scc - sc1 * sxc) / det
+    c = (sxx * sc1 - sxc * sx1) / det
+    return 1 / a, c
+
+
+def _rows(run: dict, backend: str) -> list[dict]:
+    return [r for r in run.get("sdpa", []) if r.get("backend") == backend and "error" not in r and kernel_tiles(r)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/cuda_kernels.py")
+    ap.add_argument("--backend", default="efficient", help="the SDPA backend's rows to fit (efficient, cudnn, flash)")
+    ap.add_argument("--fill", type=int, default=1, help="pipeline-fill steps per CTA in the tile factor")
+    ap.add_argument("--check", type=Path, help="another run of the same GPU to check the fit on")
+    args = ap.parse_args(argv)
+    from trainfit.analytic.roofline import _attention_flops, _attention_peak, flash_efficiency, kernels_for
+    from trainfit.hardware import get_gpu
+
+    run = json.loads(args.results.read_text())
+    gpu = get_gpu(run["gpu"])
+    kn = kernels_for(gpu)
+    rows = _rows(run, args.backend)
+    if not rows:
+        print(f"no {args.backend} rows with kernel names in {args.results}", file=sys.stderr)
+        return 2
+    dims = sorted({r["shape"][3] for r in rows})
+    fitted = {(d, bwd): fit([r for r in rows if r["shape"][3] == d], gpu, bwd, args.fill)
+              for d in dims for bwd in (False, True)}
+    for bwd in (False, True):
+        name = "backward" if bwd else "forward"
+        print(f"{name} = {[round(fitted[d, bwd][0], 3) for d in dims]}")
+        print(f"{name}_fixed_seconds = {[round(fitted[d, bwd][1] * 1e6, 1) for d in dims]}  # us")
+        tiles = sorted({(r['shape'][3], kernel_tiles(r)[bwd]) for r in rows})
+        print(f"{name}_tiles = {[list(t) for _, t in tiles]}")
+    for label, path in (("fit", args.results), ("check", args.check)):
+        if path is None:
+            continue
+        errs = []
+        for r in _rows(json.loads(path.read_text()), args.backend):
+            b, h, s, d = r["shape"]
+            if d not in dims:
+                continue
+            line = [f"{label} {r['shape']}"]
+            for bwd in (False, True):
+                frac, fixed = fitted[d, bwd]
+                tile = kernel_tiles(r)[bwd]
+                seq = flash_efficiency(kn, b * h, s, s, d, True, block=tile, fill=args.fill)
+                flops = _attention_flops(b * h, s, s, d, True) * (2.5 if bwd else 1.0)
+                t = flops / (_attention_peak(gpu, "efficient", "bf16") * frac * seq) + fixed
+                e = t / main_kernel_seconds(r, bwd) - 1
+                errs.append(e)
+                line.append(f"{'bwd' if bwd else 'fwd'} {e:+.1%}")
+            print("  ".join(line))
+        print(f"{label}: {len(errs)} calls, median |error| {statistics.median(abs(e) for e in errs):.1%}, "
+              f"worst {max(errs, key=abs):+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
