@@ -217,13 +217,16 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     kernel = setup.optimizer_kernel
     adam = setup.optimizer in ("adam", "adamw")
     per_launch = 48
+    casts = master_cast_seconds(gpu, setup, st, shard)
+    # the master's casts: in the pass (flat buffers) or apart, where the update then reads fp32 gradient copies
+    g, cast_bytes = (mast, 0) if casts else (g, (mast + w) if mast else 0)
     if kernel == "fused" or not adam:
-        nbytes = shard * (2 * p + g + 2 * o + ((mast + w) if mast else 0))
+        nbytes = shard * (2 * p + g + 2 * o + cast_bytes)
         passes = 1
     else:
         s = o / 2  # bytes of one Adam state
         # weight decay 2p, lerp (m) 2s+g, mul (v) 2s, addcmul (v) 2s+g, sqrt 2s, div 2s, add 2s, addcdiv 2p+2s
-        nbytes = shard * (4 * p + 12 * s + 2 * g + ((mast + w) if mast else 0))
+        nbytes = shard * (4 * p + 12 * s + 2 * g + cast_bytes)
         passes = 8
     chunks = shard / MTA_CHUNK + tensors / 2
     per_pass = tensors if kernel == "for-loop" else max(-(-tensors // per_launch), math.ceil(chunks / MTA_BLOCKS))
@@ -237,13 +240,27 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     # keep half the bytes in flight (kernels.toml access mta32 / mta16). NB: the for-loop path's per-tensor kernels
     # are TensorIterator's vectorised ones, timed as mta too
     access = "mta32" if p >= 4 else "mta16"
-    seconds = roofline.memory_seconds(gpu, nbytes, 0, access)
+    seconds = roofline.memory_seconds(gpu, nbytes, 0, access) + casts
     if setup.stack_facts.facts.get("grad_clip"):  # clip_grad_norm_ first (stacks/*.toml [grad_clip]): a foreach
         # norm reads every gradient, a foreach mul by the clip coefficient reads and writes it (torch/nn/utils/
         # clip_grad.py), each a multi_tensor_apply pass. The H200 torchtitan step: 1.24 + 2.40 ms for 1.1B fp32
         seconds += roofline.memory_seconds(gpu, shard * 3 * g, 0, "mta32" if g >= 4 else "mta16")
         launches += 2 * max(-(-tensors // per_launch), math.ceil(chunks / MTA_BLOCKS))
     return seconds, launches * launch
+
+
+def master_cast_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int = 0) -> float:
+    """Seconds of the fp32 master's casts where they are their own kernels: trainfit's hf step casts each 16-bit
+    gradient up into an fp32 copy and, after the update, each master down into its weight, per tensor (step/
+    standard.py MasterWeightOptimizer.step). TensorIterator runs the up-cast as its unvectorised dynamic-cast loop and
+    the down-cast vectorised (kernels.toml access upcast / vector; the H200 profile: direct_copy_kernel_cuda 3.9 ms
+    and bfloat16_copy_kernel_cuda 1.9 ms over 1.24 B parameters). 0 where there is no master, or where the stack
+    casts flat buffers inside its optimizer pass (optimizer_seconds keeps those bytes in the pass). With `tensors`,
+    their two launches per tensor too (which optimizer_seconds counts among its launches)."""
+    if not st.master or setup.stack != "hf":
+        return 0.0
+    return (roofline.memory_seconds(gpu, shard * (st.grad + st.master), tensors, "upcast")
+            + roofline.memory_seconds(gpu, shard * (st.master + st.weight), tensors, "vector"))
 
 
 def tensors_per_rank(spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:

@@ -64,7 +64,7 @@ from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
-from .compute_time import cached_stage_compute, optimizer_seconds, tensors_per_rank
+from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds, tensors_per_rank
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .overlap import exposed
@@ -116,6 +116,7 @@ class StepTime:
     # launches (kernel launch cost); empty under the flat --efficiency override
     compute_terms: dict = field(default_factory=dict)
     kernels: float = 0.0  # kernels launched per step, the optimizer's included (what host_issue counts); 0 if flat
+    optimizer_casts: float = 0.0  # of `optimizer`: the fp32 master's casts run as their own copy kernels
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -274,8 +275,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
     # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     shard = trained / (dpc if z >= 1 else 1)
-    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors or tensors_per_rank(
-        spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
+    tensors = tensors or tensors_per_rank(spec, stage_layers_n, p == 1 or first == stage_layers_n,
+                                          p == 1 or last == stage_layers_n)
+    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors)
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
     step = m * t_mb + bubble + once_exposed + opt + host
@@ -305,6 +307,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         tokens_per_second=tok_step / step, mfu=model_flops / (world * step * dense_peak),
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
         efficiency=achieved, compute_terms=terms, kernels=kernels,
+        optimizer_casts=master_cast_seconds(gpu, setup, st_opt, shard, tensors),
     )
 
 
