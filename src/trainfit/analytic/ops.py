@@ -174,7 +174,7 @@ def _ew(name: str, reads: float, writes: float, src: str, group: str = "", fused
 # Access classes of casts: torch converts fp32 -> bf16 in a vectorised kernel (bfloat16_copy_kernel_cuda) but a
 # 16 -> 32-bit upcast in the generic dynamic-cast loop (unrolled_elementwise_kernel<direct_copy_kernel_cuda>, no
 # vector loads): aten/src/ATen/native/cuda/Copy.cu, CUDALoops.cuh; both names in the H200 profiles. A cast's
-# backward is the cast the other way.
+# backward is the cast the other way, of its output's gradient alone (saves=False: it never reads its input).
 DOWNCAST = {"access": "vector", "bwd_access": "upcast"}
 UPCAST = {"access": "upcast", "bwd_access": "vector"}
 # A broadcast operand (a [T, 1] or [h] factor) has a zero stride, so TensorIterator runs the strided
@@ -203,14 +203,14 @@ def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, o
     # weight·y -> grad·w and Σ(grad·y) (3), a dtype cast -> a cast back (1)
     ops = []
     if r != FP32:
-        ops.append(_ew(f"{name}.to_fp32", x * r, x * FP32, src, group, (x * r, 0), **UPCAST))
+        ops.append(_ew(f"{name}.to_fp32", x * r, x * FP32, src, group, (x * r, 0), saves=False, **UPCAST))
     ops += [_ew(f"{name}.pow", x * FP32, x * FP32, src, group, (0, 0), bwd=3),
             _ew(f"{name}.mean", x * FP32, n * FP32, src, group, (0, 0), **REDUCE),
             _ew(f"{name}.rsqrt", n * FP32, n * FP32, src, group, (0, 0), kernels=2, bwd=3),
             _ew(f"{name}.mul", x * FP32 + n * FP32, x * FP32, src, group, (0 if r != FP32 else x * r, 0), bwd=3,
                 **BROADCAST)]
     if r != FP32:
-        ops.append(_ew(f"{name}.to_dtype", x * FP32, x * r, src, group, (0, 0), **DOWNCAST))
+        ops.append(_ew(f"{name}.to_dtype", x * FP32, x * r, src, group, (0, 0), saves=False, **DOWNCAST))
     if family_traits(spec)["norm_fp32"]:
         out = FP32  # Gemma: x.float() * (1 + weight.float()) (modeling_gemma.py GemmaRMSNorm)
     # fused: the compiled norm writes its output in the dtype the next matmul reads (the autocast cast folded in)
@@ -225,7 +225,7 @@ def _casts(name: str, tokens: float, width: float, calls: int, sh: Shape, group:
         return []
     x = tokens * width
     return [_ew(f"{name}.autocast{j}", x * FP32, x * sh.act, "torch.autocast (linear inputs)", group, (0, 0),
-                **DOWNCAST) for j in range(calls)]
+                saves=False, **DOWNCAST) for j in range(calls)]
 
 
 def _rope(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
