@@ -1,11 +1,14 @@
 """Today's roofline against a committed kernel microbenchmark run (no GPU needed).
 
     python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27.json
+    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27-lora.json   # LoRA's thin GEMMs
 
 bench/cuda_kernels.py timed, on a lent GPU, the kernels an eager step spends its time in (kernel time from
 torch.profiler); this re-predicts each with analytic/roofline.py as it is now and prints the errors by section:
 the GEMMs of five models' linear layers, torch's SDPA (the backend it picks by default), the memory-bound ops of a
-step by access class, and the optimizer. Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+step by access class, the optimizer, and LoRA's six thin GEMMs per layer shape and rank by dtype (fp32: peft's
+adapters without autocast, timed as cuBLAS's SIMT kernels, roofline._simt_gemm_seconds), each beside the prediction
+the run stored when it was measured. Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ ACCESS = {"upcast_bf16_fp32": "upcast", "broadcast_mul_fp32": "strided", "transp
 def _summary(name: str, errs: list[float]) -> str:
     if not errs:
         return f"{name}: no rows"
-    return (f"{name}: {len(errs)} rows, median |error| {statistics.median(abs(e) for e in errs):.1%}, "
-            f"worst {max(errs, key=abs):+.1%}")
+    return (f"{name}: {len(errs)} rows, median |error| {statistics.median(abs(e) for e in errs):.1%} "
+            f"(median {statistics.median(errs):+.1%}), worst {max(errs, key=abs):+.1%}")
 
 
 def replay(run: dict) -> dict[str, list[tuple[str, float]]]:
@@ -63,6 +66,23 @@ def replay(run: dict) -> dict[str, list[tuple[str, float]]]:
         setup = Setup(device="cuda", precision=precision, optimizer_impl="fused")
         mem, launch = optimizer_seconds(gpu, setup, state_bytes(setup), r["params"], r["tensors"])
         out["adamw"].append((f"fused AdamW {r['dtype']} {r['params']:,} params", (mem + launch) / r["seconds"] - 1))
+    for r in run.get("lora", []):
+        m, n, k = r["mnk"]
+        shape = (n, m, k) if r["pass"].endswith("wgrad") else (m, n, k)  # as the gemm rows above
+        out.setdefault(f"lora {r['dtype']}", []).append(
+            (_lora_label(r), gemm_seconds(gpu, *shape, r["dtype"]) / r["seconds"] - 1))
+    return out
+
+
+def _lora_label(r: dict) -> str:
+    return f"{r['layer']} r{r['rank']} {r['pass']} {r['mnk']}"
+
+
+def at_measurement(run: dict) -> dict[str, list[tuple[str, float]]]:
+    """The lora rows' errors as the roofline of the day they were measured predicted them (their predicted_seconds)."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for r in run.get("lora", []):
+        out.setdefault(f"lora {r['dtype']}", []).append((_lora_label(r), r["predicted_seconds"] / r["seconds"] - 1))
     return out
 
 
@@ -75,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     if run.get("dry_run"):
         print("a dry run's times are CPU times: nothing to compare", file=sys.stderr)
         return 2
+    then = at_measurement(run)
     for section, rows in replay(run).items():
         print(_summary(section, [e for _, e in rows]))
+        if section in then:
+            print("    " + _summary("as predicted when measured", [e for _, e in then[section]]))
         if args.rows:
             for label, e in rows:
                 print(f"    {label}: {e:+.1%}")

@@ -14,6 +14,8 @@ dependence is a mechanism, not a fitted curve:
     each CTA walks its key blocks (Bc rows, fewer under a causal mask, a partial edge block costing a whole one)
     plus one pipeline-fill step, and CTAs run in waves over the SMs. Short sequences have few key blocks per CTA,
     so the fill step weighs more. Long sequences reach the kernel's published fraction of peak.
+  * fp32 GEMMs on the CUDA cores (no TF32) where their kernels were measured: cuBLAS's SIMT tiles, warps per SM
+    scheduler, the thin operand's stream and the epilogue's writes (_simt_gemm_seconds).
   * eager attention: two batched GEMMs plus the s_q x s_kv score tensor's softmax (and mask) traffic.
   * memory-bound ops: bytes at the achieved HBM bandwidth + launches.
 """
@@ -50,6 +52,10 @@ class Kernels:
     attention_bwd_launches: dict[str, int] = field(default_factory=dict)
     gemm_tiles: tuple[tuple[int, int], ...] = ()  # the tiles cuBLAS runs on this generation (measured); () = MMBG's
     unaligned_fraction: float = 0.0  # 16-bit GEMM with a row not 16-byte aligned / peak (measured); 0 = unmeasured
+    # fp32 GEMMs on the CUDA cores: cuBLAS's SIMT tiles (Tm, Tn, warps per CTA) and its split-K reduction kernel's
+    # time (measured); () = fp32 timed with the tensor-core tiles above
+    simt_tiles: tuple[tuple[int, int, int], ...] = ()
+    splitk_reduce_seconds: float = 0.0
     access: dict[str, float] = field(default_factory=dict)  # memory access class -> / streaming bandwidth
     sdpa: str = "flash"              # the kernel torch's SDPA runs for a 16-bit call on this generation
     # fused-attention kernel -> its measured model (kernels.toml [generation.*.cudnn], [generation.*.efficient])
@@ -106,6 +112,8 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        attention_bwd_launches={k: int(v) for k, v in d.get("attention_bwd_launches", {}).items()},
                        gemm_tiles=tuple(tuple(int(x) for x in t) for t in d.get("gemm_tiles", ())),
                        unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
+                       simt_tiles=tuple(tuple(int(x) for x in t) for t in d.get("simt_tiles", ())),
+                       splitk_reduce_seconds=float(d.get("splitk_reduce_seconds", 0.0)),
                        access={k: float(v) for k, v in d.get("access", {}).items()},
                        sdpa=str(d.get("sdpa", "flash")),
                        fitted={k: _fitted(d[k], clock) for k in FITTED_KERNELS if d.get(k)},
@@ -307,6 +315,8 @@ def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> f
     NB: assumes operands hit in L2 (a tile row/column is re-read by the other tiles of its wave): optimistic for
     GEMMs whose operands overflow L2 in a bad raster order."""
     kn = kernels_for(gpu)
+    if dtype == "fp32" and kn.simt_tiles:
+        return _simt_gemm_seconds(gpu, kn, m, n, k, batch)
     size = _size(dtype)
     # a row (n or k) not a multiple of 16 bytes: the unaligned fallback kernels where measured (kernels.toml
     # matmul_unaligned_fraction). NB: m is not checked: the engine times a linear layer's three GEMMs at the forward's
@@ -323,6 +333,43 @@ def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> f
         compute = waves * 2 * tm * tn * math.ceil(k / splits) / rate
         nbytes = base + (2 * splits * m * n * 4 * batch if splits > 1 else 0)  # fp32 partials written then reduced
         best = min(best, max(compute, nbytes / bw))
+    return best + kn.launch_seconds
+
+
+def _simt_gemm_seconds(gpu: GPU, kn: Kernels, m: int, n: int, k: int, batch: int) -> float:
+    """An fp32 GEMM on the CUDA cores: cuBLAS's SIMT kernels (kernels.toml simt_tiles, 8-deep k steps), timed as
+    _gemm_seconds times a tile (waves of tiles, split-K over idle SMs, the fastest tile), with what the H200's fp32 LoRA
+    GEMMs (bench/results/kernels-H200-2026-11-27-lora.json, BENCHMARKS §36) showed these kernels add:
+      * an SM has 4 warp schedulers, each issuing one instruction per clock for its own warps (CUDA C++ Programming
+        Guide, compute capability 8.x / 9.0): a CTA of w < 4 warps alone on its SM issues FFMAs at w/4 of the SM's
+        rate, so a thin GEMM's single wave of 2-warp CTAs runs at half rate, and split-K keeps splitting until every
+        scheduler has a warp (SMs x 4 // w CTAs). NB: one warp per scheduler is taken to keep it busy (its
+        micro-tile's independent FMAs): optimistic where latency is exposed;
+      * the k loop streams A and B at the `simt` access class (kernels.toml access: a thin GEMM's large operand read
+        by a few CTAs' shallow pipelines) or does its FMAs, whichever is longer;
+      * the epilogue then writes C (and split-K's fp32 slices) at the streaming bandwidth, not overlapped;
+      * split-K's slices are summed by a second kernel (cublasLt::splitKreduce_kernel): its measured time + a launch.
+    NB: every tile runs at the one per-SM rate (matmul_fraction fp32, fitted on large GEMMs), so the smallest tile,
+    which quantises best, wins on large GEMMs where cuBLAS runs 128-256 wide ones: the fitted rate absorbs their wave
+    loss, and mid-sized GEMMs whose wide tiles leave SMs idle read fast (GPT-2's 768-wide layers, -13 % on the H200);
+    cuBLAS's 64-wide xmma tiles (4 warps, 32 outputs per thread) run below that rate: rank-64 adapters read -7 %."""
+    per_sm = gpu.flops_for("fp32") * kn.matmul("fp32") / kn.sms
+    bw = _bandwidth(gpu, kn)
+    stream = bw * kn.access.get("simt", 1.0)
+    reads, write = (m * k + k * n) * 4 * batch, m * n * 4 * batch
+    best = math.inf
+    for tm, tn, warps in kn.simt_tiles:
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        slots = kn.sms * max(1, 4 // warps)  # CTAs that give every sub-partition a warp
+        splits = max(1, min(slots // tiles, math.ceil(k / 256))) if tiles < slots else 1
+        waves = math.ceil(tiles * splits / kn.sms)
+        busy = min(1.0, warps * waves / 4)  # sub-partitions with a warp to issue (waves = CTAs per SM)
+        compute = waves * 2 * tm * tn * math.ceil(k / splits) / (per_sm * busy)
+        partials = 2 * splits * m * n * 4 * batch if splits > 1 else 0  # fp32 slices written, read by the reduction
+        t = max(compute, reads / stream) + (write + partials) / bw
+        if splits > 1:
+            t += kn.splitk_reduce_seconds + kn.launch_seconds
+        best = min(best, t)
     return best + kn.launch_seconds
 
 
