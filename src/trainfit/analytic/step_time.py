@@ -275,7 +275,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     shard = trained / (dpc if z >= 1 else 1)
     opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors or tensors_per_rank(
-        spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n))
+        spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n),
+        grads=trained / (dpc if z >= 2 else 1))  # the gradients a clip reads: whole below ZeRO-2
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
     step = m * t_mb + bubble + once_exposed + opt + host
