@@ -60,6 +60,16 @@ def cuda_cases() -> list[Case]:
     return out
 
 
+def recorded_settings(settings: dict) -> dict:
+    """A committed case's settings as the step it measured ran them: runs before the hf step clipped its gradients
+    (2026-11-27 and earlier; the key max_grad_norm recorded since) ran hf training steps without clipping, so those
+    get max_grad_norm 0 (torchtitan's step always clipped, its default 1.0)."""
+    if settings.get("mode", "train") in ("train", "rl") and settings.get("stack", "hf") == "hf" \
+            and "max_grad_norm" not in settings:
+        return {**settings, "max_grad_norm": 0.0}
+    return settings
+
+
 def dry_run_cases() -> list[Case]:
     base = dict(batch=1, seq=128, device="cpu")
     return [Case("tiny-llama-fp32", "tiny-llama", dict(base, precision="fp32")),
@@ -259,7 +269,7 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
     from trainfit.measure.runner import StepOutOfMemoryError
     from trainfit.models.resolve import load_model
     from trainfit.overheads import allocator_held, with_device_total
-    from trainfit.setup import Setup
+    from trainfit.setup import TRAINING, Setup
     from trainfit.trace import trace_spec
 
     row = {"id": case.id, "model": case.model, "settings": case.settings}
@@ -268,6 +278,9 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
         return {**row, "skipped": f"needs {', '.join(missing)}"}
     spec = load_model(case.model)
     setup = Setup(**{"device": device, **case.settings})
+    if setup.mode in TRAINING and setup.stack_facts.max_grad_norm:
+        # the clipping the step ran, so that a replay estimates the same step whatever the defaults become
+        row["settings"] = {**case.settings, "max_grad_norm": setup.grad_clip_norm}
     t0 = time.perf_counter()
     try:
         an = estimate(spec, setup, gpu=gpu)

@@ -7,7 +7,8 @@ with the analytic engine as it is now and prints the errors: the step's own allo
 the process held before the case: the cuBLAS workspaces and earlier cases' leftovers), the step time, and the
 kernels launched per step (the count behind the host-issue bound, analytic/step_time.py). The measured numbers are
 ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU); tests/bench/test_cuda_truth_replay.py checks the
-memory column against them.
+memory column against them. Each case is estimated as it ran (cuda_truth.recorded_settings: the hf steps of runs
+that predate max_grad_norm in the settings did not clip their gradients).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
     # this folder's harness (bench/ scripts import each other by name)
-    from cuda_truth import analytic_kinds, measured_kinds
+    from cuda_truth import analytic_kinds, measured_kinds, recorded_settings
     from trainfit.analytic.engine import estimate
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
@@ -35,7 +36,7 @@ def replay(path: Path) -> list[dict]:
         if "peak" not in m:
             continue
         spec = load_model(case["model"])
-        e = estimate(spec, Setup(**{"device": "cuda", **case["settings"]}), gpu=gpu)
+        e = estimate(spec, Setup(**{"device": "cuda", **recorded_settings(case["settings"])}), gpu=gpu)
         st = (e.detail or {}).get("step_time") or {}
         rows.append({"id": case["id"], "peak": own.get("peak") or m["peak"], "analytic_peak": e.memory.peak,
                      "step": m["step_seconds"], "analytic_step": e.time.step_seconds if e.time else None,

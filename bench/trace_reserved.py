@@ -29,6 +29,8 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
     from trainfit.setup import Setup
     from trainfit.trace.engine import trace_spec
 
+    from cuda_truth import recorded_settings  # this folder's harness: each case as its step ran (clipping)
+
     run = json.loads(path.read_text())
     gpu = get_gpu(run["gpu"])
     for case in run["cases"]:
@@ -36,7 +38,7 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
         if not own or (only and case["id"] not in only):
             continue
         spec = load_model(case["model"])
-        setup = Setup(**{"device": "cuda", **case["settings"]})
+        setup = Setup(**{"device": "cuda", **recorded_settings(case["settings"])})
         held = sum(allocator_held(gpu, setup).values())
         out = {"id": case["id"]}
         for depth in depths:

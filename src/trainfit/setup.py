@@ -185,6 +185,15 @@ class Setup:
                                             modes=TRAINING,
                                             auto="the stack's (fused for Adam/AdamW/SGD; torch's "
                                             "default otherwise: foreach on cuda, for-loop on cpu)")
+    max_grad_norm: Optional[float] = setting(None, "Gradient clipping before each optimizer step: "
+                                             "torch.nn.utils.clip_grad_norm_ scales all gradients to at most this "
+                                             "total L2 norm (a pass reading every gradient, one reading and writing "
+                                             "it). The HF Trainer's max_grad_norm (default 1.0; 0 turns clipping "
+                                             "off) or torchtitan's training.max_norm (1.0; torchtitan always clips: "
+                                             "a positive value). Megatron's clip_grad and DeepSpeed's "
+                                             "gradient_clipping are not modelled.", minimum=0, modes=TRAINING,
+                                             auto="the stack's: 1.0 (hf, torchtitan); none with "
+                                             "--optimizer-in-backward", example="0", suggestions=(0, 0.5, 1.0))
     head: Optional[str] = setting(None, "Task head trained: causal-lm, masked-lm, seq-cls (sequence "
                                   "classification), token-cls (token classification); labels from the config's "
                                   "num_labels/id2label (default 2).", choices=HEADS, modes=("train",),
@@ -359,6 +368,17 @@ class Setup:
         if impl == "default":
             return "foreach" if self.device == "cuda" else "for-loop"
         return impl
+
+    @property
+    def grad_clip_norm(self) -> float:
+        """The norm clip_grad_norm_ clips the gradients to before each optimizer step, 0.0 for no clipping (what
+        the steps run and the analytic optimizer time prices): --max-grad-norm, else the stack's [grad_clip]
+        max_norm (stacks/*.toml); none without an optimizer step or with --optimizer-in-backward."""
+        if self.mode not in TRAINING or self.optimizer_in_backward:
+            return 0.0
+        if self.max_grad_norm is not None:
+            return float(self.max_grad_norm)
+        return self.stack_facts.max_grad_norm
 
     @property
     def recompute_policy(self) -> str:
@@ -613,6 +633,8 @@ def validate(setup: Setup) -> None:
         if setup.precision == "bf16-master":
             raise SetupError("--optimizer-in-backward steps each parameter in its own dtype: use --precision bf16 or "
                              "amp-bf16, not bf16-master")
+    if setup.max_grad_norm is not None:
+        _validate_grad_clip(setup, stack)
     if setup.optimizer_impl == "fused" and setup.optimizer not in _stacks.FUSABLE:
         raise SetupError(f"--optimizer-impl fused: torch.optim has no fused {setup.optimizer}; use foreach or "
                          "for-loop")
@@ -655,6 +677,28 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
                          f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
                          "eager, or --recompute full")
+
+
+# the stacks whose clipping trainfit does not model (no [grad_clip] fact): what they run instead
+UNMODELLED_CLIP = {
+    "megatron": "Megatron's clip_grad (1.0 by default: core/optimizer/optimizer_config.py:331) is not modelled",
+    "deepspeed": "DeepSpeed clips inside its engine (gradient_clipping, which trainfit's DeepSpeed config sets to "
+                 "1.0 as the HF Trainer's integration does), not modelled",
+}
+
+
+def _validate_grad_clip(setup: Setup, stack: _stacks.Stack) -> None:
+    """--max-grad-norm: only where the stack's clipping is modelled (stacks/*.toml [grad_clip])."""
+    if not stack.max_grad_norm:
+        raise SetupError(f"--max-grad-norm: {UNMODELLED_CLIP.get(stack.name, f'--stack {stack.name} does not clip')}"
+                         "; drop it, or use --stack hf or torchtitan")
+    if setup.max_grad_norm == 0 and stack.name == "torchtitan":
+        raise SetupError("--max-grad-norm 0: torchtitan clips to whatever training.max_norm it is given (train.py:"
+                         "592-598, no off switch), and 0 would zero every gradient; use a positive value")
+    if setup.max_grad_norm > 0 and setup.optimizer_in_backward:
+        raise SetupError("--max-grad-norm with --optimizer-in-backward: each gradient is applied as soon as it is "
+                         "made, so there is no total norm to clip to (torchtune refuses clip_grad_norm with "
+                         "optimizer_in_bwd); drop --max-grad-norm")
 
 
 def _validate_triton_attention(setup: Setup, stack: str) -> None:

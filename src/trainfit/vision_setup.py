@@ -7,8 +7,8 @@ from .errors import SetupError
 from .spec import VisionSpec
 
 # the settings a vision step reads; every other one must keep its default
-APPLY = ("batch", "grad_accum", "precision", "optimizer", "optimizer_impl", "tf32", "device", "mode", "image_size",
-         "channels_last", "stack")
+APPLY = ("batch", "grad_accum", "precision", "optimizer", "optimizer_impl", "max_grad_norm", "tf32", "device", "mode",
+         "image_size", "channels_last", "stack")
 WHY = {
     "seq": "its sequence is set by the image ({why})",
     "lora_rank": "trainfit's LoRA adapts a transformer's projections",

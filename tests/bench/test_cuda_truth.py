@@ -33,6 +33,18 @@ def test_dry_run_writes_results_and_the_trace_matches_the_cpu_step(tmp_path):
     ops = row["measured"]["profile"]["aten_ops"]
     assert ops.get("aten::mm", 0) == 3 * (4 * 7 + 1)
     assert js.with_suffix(".md").read_text().count("| tiny-llama-fp32 |") == 1
+    # the step's clipping is recorded beside its settings (the HF Trainer's max_grad_norm, run by the hf step)
+    assert row["settings"]["max_grad_norm"] == 1.0
+
+
+def test_committed_hf_cases_replay_without_clipping():
+    """The runs committed before the hf step clipped (no max_grad_norm in their settings) ran hf training steps
+    without clipping; torchtitan's step always clipped, and inference has no optimizer step."""
+    assert cuda_truth.recorded_settings({"batch": 2, "precision": "bf16", "lora_rank": 16}) == \
+        {"batch": 2, "precision": "bf16", "lora_rank": 16, "max_grad_norm": 0.0}
+    for settings in ({"precision": "amp-bf16", "stack": "torchtitan"}, {"precision": "bf16", "mode": "infer"},
+                     {"precision": "amp-bf16", "max_grad_norm": 1.0}):
+        assert cuda_truth.recorded_settings(settings) == settings
 
 
 def test_the_device_totals_line_sets_the_catalog_beside_what_the_device_reports():

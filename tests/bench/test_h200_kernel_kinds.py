@@ -19,8 +19,11 @@ def _estimate(case_id: str):
     from trainfit.models.resolve import load_model
     from trainfit.setup import Setup
 
+    from cuda_truth import recorded_settings  # the measured hf steps did not clip
+
     case = CASES[case_id]
-    return estimate(load_model(case["model"]), Setup(**{"device": "cuda", **case["settings"]}), gpu=get_gpu("H200"))
+    return estimate(load_model(case["model"]), Setup(**{"device": "cuda", **recorded_settings(case["settings"])}),
+                    gpu=get_gpu("H200"))
 
 
 @pytest.mark.parametrize("case", ["llama-3.1-8b-bf16", "llama-3.2-3b-amp-bf16", "qwen2.5-1.5b-amp-bf16"])
@@ -62,8 +65,10 @@ def test_full_depth_replay_makes_the_optimizer_states_where_torch_does():
     from trainfit.setup import Setup
     from trainfit.trace import trace_spec
 
+    from cuda_truth import recorded_settings
+
     c = CASES[case]
-    setup = Setup(**{"device": "cuda", **c["settings"]})
+    setup = Setup(**{"device": "cuda", **recorded_settings(c["settings"])})
     tr = trace_spec(load_model(c["model"]), setup, flops=False, extrapolate=False)
     own = tr.memory.reserved - sum(allocator_held(get_gpu("H200"), setup).values())
     assert abs(own / c["measured_own"]["reserved"] - 1) <= 0.05, (own, c["measured_own"]["reserved"])

@@ -195,9 +195,11 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
 MTA_CHUNK, MTA_BLOCKS = 65536, 320  # MultiTensorApply.cuh kChunkSize, depth_to_max_blocks
 
 
-def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int) -> tuple[float, float]:
+def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int,
+                      grads: float | None = None) -> tuple[float, float]:
     """(memory seconds, launch seconds) of optimizer.step() over this rank's `shard` parameters in `tensors`
-    tensors, per kernel (Setup.optimizer_kernel):
+    tensors (`grads`: the parameters whose gradients the rank holds and clips, default `shard`; ZeRO-1 keeps them
+    all), per kernel (Setup.optimizer_kernel):
       fused     one pass: read weight (or fp32 master), gradient and states, write weight/master and states
                 (torch/optim/adam.py _fused_adam: aten._fused_adamw_, multi_tensor_apply launches per chunk of tensors);
                 with a master, the update writes the fp32 master and one cast writes the 16-bit weight;
@@ -205,7 +207,8 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
                 mul_ + addcmul_ (v), sqrt, div_, add_ (eps), addcdiv_ (param): 8 passes, each a launch per chunk of
                 tensors; other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
-    after a stack's gradient clipping (its [grad_clip] fact: torchtitan's).
+    after the gradient clipping the setup runs (Setup.grad_clip_norm: --max-grad-norm, else the stack's [grad_clip]
+    fact, HF Trainer's and torchtitan's 1.0).
     multi_tensor_apply launches a kernel whenever its argument block is full: up to depth_to_max_tensors tensors
     (110 for depth-1 lists, 48 at depth 3; NB 48 taken for every list) or depth_to_max_blocks = 320 blocks of
     kChunkSize = 65,536 elements (aten/src/ATen/native/cuda/MultiTensorApply.cuh; the fused optimizers' variant
@@ -241,11 +244,13 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     # are TensorIterator's vectorised ones, timed as mta too
     access = "mta32" if p >= 4 else "mta16"
     seconds = roofline.memory_seconds(gpu, nbytes, 0, access) + casts
-    if setup.stack_facts.facts.get("grad_clip"):  # clip_grad_norm_ first (stacks/*.toml [grad_clip]): a foreach
-        # norm reads every gradient, a foreach mul by the clip coefficient reads and writes it (torch/nn/utils/
-        # clip_grad.py), each a multi_tensor_apply pass. The H200 torchtitan step: 1.24 + 2.40 ms for 1.1B fp32
-        seconds += roofline.memory_seconds(gpu, shard * 3 * g, 0, "mta32" if g >= 4 else "mta16")
-        launches += 2 * max(-(-tensors // per_launch), math.ceil(chunks / MTA_BLOCKS))
+    if setup.grad_clip_norm > 0:  # clip_grad_norm_ first (stacks/*.toml [grad_clip]): a foreach norm reads every
+        # gradient, a foreach mul by the clip coefficient reads and writes it (torch/nn/utils/clip_grad.py), each a
+        # multi_tensor_apply pass, whatever the norm. The H200 torchtitan step: 1.24 + 2.40 ms for 1.1B fp32. The
+        # model's own gradients (st.grad: a master's fp32 copies are made after the clip)
+        clipped, gc = (shard if grads is None else grads), st.grad
+        seconds += roofline.memory_seconds(gpu, clipped * 3 * gc, 0, "mta32" if gc >= 4 else "mta16")
+        launches += 2 * max(-(-tensors // per_launch), math.ceil((clipped / MTA_CHUNK + tensors / 2) / MTA_BLOCKS))
     return seconds, launches * launch
 
 

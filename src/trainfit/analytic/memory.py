@@ -159,6 +159,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         layer_grads_done=uniform.grads_done,
         embedding_backward=embedding_grad(spec, setup, st, tokens) + tied_partials if stage.embedding else 0,
         gathered=gathered,
+        # NB: gradient clipping's temporaries before the step (optimizer.clip_temporaries: a 0-d norm per tensor, a
+        # few KB; on CUDA 512 B each and _foreach_norm's scratch, 2.4 MB for llama-3.2-1b) not counted here
         optimizer_transient=ds.step_transient if ds else optimizer_temporaries(
             adapter_setup(setup, st), st, n / shard(setup, 1), largest),
         masks_held=masks_held,

@@ -1,6 +1,9 @@
 """The optimizer's own bytes: its state (per element, or factored for Adafactor) and the temporaries of step()."""
 from __future__ import annotations
 
+import math
+from typing import Callable
+
 from ..precision import PRECISIONS
 from ..setup import BNB_OPTIMIZERS, Setup
 from ..spec import ModelSpec
@@ -123,6 +126,25 @@ def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) 
         # MasterWeightOptimizer; Megatron's main_grad / DeepSpeed's fp32 gradient partition hold the same bytes)
         temps += FP32 * n
     return temps
+
+
+def clip_temporaries(setup: Setup, grad_bytes: float, tensors: int, largest: int,
+                     block: Callable[[float], float] = lambda n: n) -> float:
+    """The high point of clip_grad_norm_'s temporaries before optimizer.step() (Setup.grad_clip_norm; stacks/*.toml
+    [grad_clip]), each allocation rounded by `block` (the CUDA allocator's 512 bytes): a 0-d norm per gradient tensor
+    in the gradients' dtype, then their stack and the total beside them (torch/nn/utils/clip_grad.py:86-107); on CUDA
+    _foreach_norm first holds an fp32 scratch of tensors × the largest tensor's 65,536-element chunks beside the norms
+    (ATen ForeachReduceOp.cu). Then clip_coef = max_norm / (total + 1e-6) (:164) holds the total, the sum, its
+    reciprocal and the product, and on a CPU each Python float as a 0-d double (8 bytes) and its cast (the CUDA
+    kernels take the host scalar as it is)."""
+    if setup.grad_clip_norm <= 0 or not tensors:
+        return 0.0
+    norms = tensors * block(grad_bytes)
+    after = block(tensors * grad_bytes) + block(grad_bytes)
+    if setup.device == "cuda":
+        scratch = block(FP32 * tensors * math.ceil(largest / 65536))
+        return max(norms + max(scratch, after), 4 * block(grad_bytes))
+    return max(norms + after, 5 * grad_bytes + 8)
 
 
 def bnb_temporaries(setup: Setup, largest: int) -> float:

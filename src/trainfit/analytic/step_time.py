@@ -277,7 +277,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     shard = trained / (dpc if z >= 1 else 1)
     tensors = tensors or tensors_per_rank(spec, stage_layers_n, p == 1 or first == stage_layers_n,
                                           p == 1 or last == stage_layers_n)
-    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors)
+    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors,
+                                            grads=trained / (dpc if z >= 2 else 1))  # a clip reads: whole below ZeRO-2
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
     step = m * t_mb + bubble + once_exposed + opt + host

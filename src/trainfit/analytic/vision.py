@@ -44,7 +44,7 @@ from ..hardware import GPU
 from .. import overheads
 from ..setup import Setup
 from ..spec import VisionSpec
-from .optimizer import optimizer_temporaries
+from .optimizer import clip_temporaries, optimizer_temporaries
 from .precision import state_bytes
 from .timing import budget, mfu_step_terms, step_seconds
 from ..vision_setup import check_image
@@ -229,7 +229,9 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
     w.bytes = {s: b for s, b in w.bytes.items() if s == "loss"}  # the step keeps the loss it returns
     w.gbytes, w.kept = {}, 0
     w.grads = sum(r(n * st.grad) for n in tensors)
-    w.temp = int(optimizer_temporaries(setup, st, sum(tensors), max(tensors)))
+    # the clip's temporaries come and go before the step's own (step/standard.py clip_gradients)
+    w.temp = int(max(optimizer_temporaries(setup, st, sum(tensors), max(tensors)),
+                     clip_temporaries(setup, st.grad, len(tensors), max(tensors), r)))
     w.moment("optimizer_step")
     return {"best": w.best, "base": w.base, "ops": ops, "params": sum(tensors), "param_tensors": len(tensors),
             "saved_at_forward_end": w.best["forward_end"][1]["activations"]}

@@ -201,6 +201,8 @@ class _Cfg(NamedTuple):
     lora_targets: str = "all-linear"
     dora: bool = False
     quant: str | None = None
+    optimizer_in_backward: bool = False
+    max_grad_norm: float | None = None  # the stack's own clipping (Setup.grad_clip_norm)
 
     # what the recompute FLOPs read of a Setup (analytic/flops.py recompute_per_token), computed as Setup does
     stack_facts = Setup.stack_facts
@@ -212,6 +214,7 @@ class _Cfg(NamedTuple):
     expert_dp = Setup.expert_dp
     policy = Setup.policy
     optimizer_kernel = Setup.optimizer_kernel
+    grad_clip_norm = Setup.grad_clip_norm
 
     @property
     def attention_kernel(self) -> str:

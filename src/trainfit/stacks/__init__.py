@@ -51,6 +51,12 @@ class Stack:
     def optimizers(self) -> tuple[str, ...]:
         return tuple(self.facts["optimizers"]["names"])
 
+    @property
+    def max_grad_norm(self) -> float:
+        """The norm the stack clips the gradients to before each optimizer step ([grad_clip] max_norm); 0.0 where
+        trainfit models no clipping."""
+        return float(self.facts.get("grad_clip", {}).get("max_norm", 0.0))
+
     def runs_layout(self, dp: int, tp: int, pp: int, zero: int, precision: str | None = None) -> str | None:
         """None when the stack runs this data/tensor/pipeline layout, ZeRO stage (and precision), else why not."""
         if zero not in self.zero_stages:

@@ -10,7 +10,8 @@
                        (_compute_loss, grpo_trainer.py:3020-3160: loss_type "dapo", TRL's default,
                        grpo_config.py:801; old log-probs = the current ones detached, :3065-3066)
                        phase("backward"): loss.backward()
-    phase("optimizer"): optimizer.step(); zero_grad(set_to_none=True); phase("end")
+    phase("optimizer"): clip_grad_norm_ (GRPOTrainer runs the Trainer's loop: max_grad_norm, step/standard.py
+                        clip_gradients); optimizer.step(); zero_grad(set_to_none=True); phase("end")
 
 Under amp-* each forward runs under torch.autocast (accelerate wraps the model's forward, and generate calls it).
 The step sees: `prompts` (completions × prompt_len int64, each prompt repeated group-size times as TRL's
@@ -124,7 +125,7 @@ def _grpo_step(model, ref_model, optimizer, prompts, advantages, setup, phase, o
                           None if ref is None else ref[i:i + micro], setup.beta, ids.shape[0] * c)
         phase("backward")
         loss.backward()
-    return optimizer_phase(optimizer, loss, phase)
+    return optimizer_phase(model, optimizer, loss, setup, phase)
 
 
 def _grpo_loss(logps, advantages, mask, ref, beta: float, items: int):

@@ -4,7 +4,8 @@
         with autocast (amp-*):       loss = model(**b).loss / len(batches)
                                      phase("backward")
         loss.backward()
-    phase("optimizer"); optimizer.step(); optimizer.zero_grad(set_to_none=True); phase("end")
+    phase("optimizer"); clip_grad_norm_ (the HF Trainer's max_grad_norm, `clip_gradients`); optimizer.step();
+    optimizer.zero_grad(set_to_none=True); phase("end")
 
 Precision policies (see trainfit.setup):
 - fp32:        fp32 params, grads, optimizer state.
@@ -180,13 +181,30 @@ def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], N
                 loss = model(**b).loss / n
             phase("backward")
             loss.backward()
-    return optimizer_phase(optimizer, loss, phase)
+    return optimizer_phase(model, optimizer, loss, setup, phase)
 
 
-def optimizer_phase(optimizer, loss, phase: Callable[[str], None]) -> float:
-    """A step's end: phase("optimizer"), the optimizer step, the gradients freed (zero_grad(set_to_none=True)),
-    phase("end"); returns the last micro-batch's loss, nan when it is fake/meta."""
+def clip_gradients(model, setup: "Setup") -> None:
+    """The HF Trainer's gradient clipping (stacks/hf.toml [grad_clip]): once per optimizer step, after the last
+    micro-batch's backward and before optimizer.step(), torch.nn.utils.clip_grad_norm_(model.parameters(),
+    max_grad_norm) with torch's foreach=None, as accelerate calls it (trainer.py:1936-1943, accelerator.py:3047-3048);
+    nothing when Setup.grad_clip_norm is 0 (--max-grad-norm 0, --optimizer-in-backward). Its temporaries (a norm per
+    tensor, their stack, the total, the coefficient: a few KB) live at the optimizer phase's start. NB: fake tensors
+    take torch's per-tensor path (clip_grad.py:100-103), which makes the same per-tensor norms as the CPU's
+    _foreach_norm; CUDA's also holds an fp32 scratch of tensors × their most chunks (2.3 MB for llama-3.2-1b), not
+    traced. NB: amp-fp16 runs without a GradScaler here, so there is no unscale_ before it (an in-place pass over the
+    gradients)."""
+    norm = setup.grad_clip_norm
+    if norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), norm)
+
+
+def optimizer_phase(model, optimizer, loss, setup: "Setup", phase: Callable[[str], None]) -> float:
+    """A step's end: phase("optimizer"), the gradients clipped (`clip_gradients`), the optimizer step, the gradients
+    freed (zero_grad(set_to_none=True)), phase("end"); returns the last micro-batch's loss, nan when it is
+    fake/meta."""
     phase("optimizer")
+    clip_gradients(model, setup)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     phase("end")

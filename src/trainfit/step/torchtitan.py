@@ -12,7 +12,8 @@ its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks
             train.py:530-542   with maybe_enable_amp: pred = model(inputs); loss = cross_entropy_loss(pred,
                                labels) / global_valid_tokens; then `del pred`; loss.backward()
             train.py:590       accumulated_losses.append(loss.detach())
-            train.py:592-600   clip_grad_norm_(params, max_norm=1.0, foreach=True); optimizers.step()
+            train.py:592-600   clip_grad_norm_(params, training.max_norm, foreach=True); optimizers.step()
+                               (max_norm: Setup.grad_clip_norm, --max-grad-norm or the stack's 1.0)
                                (lr_schedulers.step() at :601 touches no tensor)
             train.py:550       optimizers.zero_grad() (set_to_none, torch's default). torchtitan calls it first
                                in each step; we call it last, in the previous step: the same sequence of steps,
@@ -34,7 +35,6 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from ..errors import EngineUnavailableError
-from ..stacks import get_stack
 from .build import param_dtype
 from .standard import _is_real, make_optimizer
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # torchtitan's mixed_precision_param (config/job_config.py:282: bfloat16 | float32) and training.dtype
 # (job_config.py:275: float32 | bfloat16) for each trainfit precision it can run.
 PRECISIONS = {"fp32": "float32", "amp-bf16": "bfloat16", "bf16": "bfloat16"}
-MAX_NORM = get_stack("torchtitan").fact("grad_clip", "max_norm")  # stacks/torchtitan.toml [grad_clip]
 NOTE = ("stack torchtitan 0.2.2: its own Llama3 Transformer, apply_ac, apply_fsdp/apply_ddp, maybe_enable_amp, "
         "cross_entropy_loss and clip_grad_norm_ (trainfit/step/torchtitan.py)")
 # how torchtitan applies data parallelism for each --zero it runs (models/llama3/infra/parallelize.py:125-156)
@@ -277,7 +276,7 @@ def run_step(model, optimizer, batches, setup: "Setup", phase: Callable[[str], N
         loss = _forward_backward(model, b, global_valid_tokens, amp, phase)
         accumulated_losses.append(loss.detach())  # train.py:590
     phase("optimizer")
-    dist_utils.clip_grad_norm_([p for p in model.parameters()], MAX_NORM, foreach=True, pp_mesh=None,
+    dist_utils.clip_grad_norm_([p for p in model.parameters()], setup.grad_clip_norm, foreach=True, pp_mesh=None,
                                ep_enabled=False)  # train.py:592-598
     optimizer.step()  # train.py:600
     optimizer.zero_grad()  # train.py:550, the next step's first call (module docstring)
