@@ -51,24 +51,66 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
         if op.kind != "gemm" or name not in adapted:
             continue
         d_in, d_out = op.k, op.n
-        # peft lora/layer.py Linear.forward: x cast to the adapters' dtype, · scaling, + result, result cast back
-        # (forward 4 kernels; backward: the casts' and the product's gradients and x's two gradients summed, 4);
-        # adapters in the base's dtype need no casts (2 and 2)
-        casts = 2 if setup.lora_dtype == "fp32" and not sh.autocast and sh.act != FP32 else 0
+        casts = setup.lora_dtype == "fp32" and not sh.autocast and sh.act != FP32
         dtype = "fp32" if casts else sh.dtype  # fp32 adapters on a 16-bit base run fp32 GEMMs (docstring)
+        if casts:  # x cast to the adapters' fp32: TensorIterator's unvectorised up-cast
+            out.append(_ew(op.name + ".lora_in_cast", T * d_in * sh.act, T * d_in * FP32, SRC, grad=False,
+                           access="upcast"))
         out.append(_gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A")
                    ._replace(dtype=dtype))
         out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B")
                    ._replace(dtype=dtype))
-        out.append(_ew(op.name + ".lora_add", 2 * T * d_out * sh.act, T * d_out * sh.act,
-                       "peft: result + lora_B(lora_A(x)) * scaling", saves=False, kernels=2 + casts,
-                       bwd=2 + casts))
+        out += [f for f, _ in _adapter_elementwise(op.name, T, d_in, d_out, sh, casts) if f is not None]
         if setup.dora:
             # under torch.no_grad (peft dora.py): no backward kernels
             out.append(_gemm(op.name + ".dora_BA", d_out, d_in, r, sh, "peft dora.py get_weight_norm: B @ A",
                              wgrad=False)._replace(grad=False))
             out.append(_ew(op.name + ".dora_norm", 2 * d_out * d_in * sh.act, d_out * 4,
                            "peft dora.py: weight + scale * BA, row norms", saves=False, grad=False))
+    return out
+
+
+SRC = "peft lora/layer.py Linear.forward"
+
+
+def _adapter_elementwise(name: str, T: float, d_in: float, d_out: float, sh: Shape, casts: bool
+                         ) -> list[tuple[Op, Op | None]]:
+    """(forward kernel, its backward kernel or None) of one adapter's elementwise work after its GEMMs (peft lora/
+    layer.py Linear.forward: `result = result + lora_B(lora_A(dropout(x))) * scaling`, then, for fp32 adapters,
+    `result.to(torch_result_dtype)`), and x's two gradients summed (the base's and the adapter's). Backward by
+    autograd's rules: a mul by a constant scales the gradient; an add passes it on, cast to each input's dtype
+    (tools/autograd/derivatives.yaml, add: `handle_r_to_c(self.scalar_type(), grad)`); a cast's is the cast back.
+    fp32 adapters on a 16-bit base: the mixed add (16-bit result + fp32 product -> fp32) runs TensorIterator's
+    unvectorised dynamic-cast loop, as does each 16 -> 32-bit cast (kernels.toml access upcast; the H200 LoRA
+    profile: unrolled_elementwise_kernel<CUDAFunctor_add<float>> 112 calls, 3.2 ms). The adapter's own dropout
+    (lora_dropout, default 0: nn.Identity) is not counted."""
+    a, o, i = sh.act, T * d_out, T * d_in
+    w = FP32 if casts else a  # the product's dtype
+    ew = lambda n, r, wr, acc="vector": _ew(f"{name}.{n}", r, wr, SRC, saves=False, grad=False, access=acc)  # noqa: E731
+    out = [(ew("lora_scale", o * w, o * w), ew("lora_scale.backward", o * w, o * w)),
+           # the add's backward: the result's gradient cast to its 16-bit dtype (none when both are 16-bit)
+           (ew("lora_add", o * (a + w), o * w, "upcast" if casts else "vector"),
+            ew("lora_add.backward", o * w, o * a) if casts else None)]
+    if casts:
+        out.append((ew("lora_out_cast", o * FP32, o * a), ew("lora_out_cast.backward", o * a, o * FP32, "upcast")))
+        out.append((None, ew("lora_in_cast.backward", i * FP32, i * a)))  # the in-cast's backward: fp32 -> 16-bit
+    out.append((None, ew("lora_grad_sum", 2 * i * a, i * a)))  # x's base and adapter gradients summed
+    return out
+
+
+def adapter_backward(setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
+    """The backward kernels of the adapters' elementwise work (_adapter_elementwise), one set per lora_B in `ops`
+    (the layer's forward, after layer_forward)."""
+    if not setup.lora_rank:
+        return []
+    out, d_in = [], 0.0
+    for op in ops:
+        if op.name.endswith(".lora_A"):
+            d_in = op.k
+        elif op.name.endswith(".lora_B"):
+            base = op.name[:-len(".lora_B")]
+            casts = op.dtype == "fp32" and sh.dtype != "fp32"
+            out += [b for _, b in _adapter_elementwise(base, op.m, d_in, op.n, sh, casts) if b is not None]
     return out
 
 

@@ -1,0 +1,68 @@
+"""LoRA's elementwise kernels against the H200 profile of a real step (bench/results/cuda-H200-2026-11-27-sixth.json,
+llama-3.2-1b, rank 16 on all seven projections, fp32 adapters on a bf16 base; torch.profiler kernel time). Ground
+truth of rule 1. peft's Linear.forward casts x up to fp32, scales the product, adds it to the bf16 result (a mixed
+add: fp32 out) and casts the sum back (analytic/lora_ops.py _adapter_elementwise); each kernel class of the profile
+is compared with the ops the model gives it. The extra kernels are the LoRA step's over the same model's bf16 step."""
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = json.loads((ROOT / "bench" / "results" / "cuda-H200-2026-11-27-sixth.json").read_text())
+CASES = {c["id"]: c for c in RUN["cases"]}
+
+
+def _measured(case: str, marker: str) -> tuple[int, float]:
+    """(calls, seconds) of the profile's kernels whose name holds `marker`."""
+    rows = [t for t in CASES[case]["measured"]["profile"]["top"] if marker in t["name"]]
+    return sum(t["count"] for t in rows), sum(t["seconds"] for t in rows)
+
+
+def _model(suffixes: tuple[str, ...]) -> tuple[int, float]:
+    """(kernels, seconds) of the LoRA step's adapter ops named with `suffixes`, forward and backward, all layers."""
+    from trainfit.analytic import compute_time, roofline
+    from trainfit.analytic.ops import shape_of
+    from trainfit.analytic.precision import state_bytes
+    from trainfit.analytic.timing import compute_dtype
+    from trainfit.hardware import get_gpu
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+
+    spec, gpu = load_model("llama-3.2-1b"), get_gpu("H200")
+    setup = Setup(device="cuda", **CASES["llama-3.2-1b-lora"]["settings"])
+    sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+    fwd, bwd, _ = compute_time._lists(spec, setup, sh, False)
+    ops = [o for o in fwd + bwd if o.kind == "memory" and o.name.endswith(suffixes)]
+    return (spec.layers * sum(o.kernels for o in ops),
+            spec.layers * sum(roofline.memory_seconds(gpu, o.nbytes, 0, o.access) for o in ops))
+
+
+@pytest.mark.parametrize("marker, suffixes, tol", [
+    # the mixed add result(bf16) + product(fp32): TensorIterator's unvectorised loop
+    ("unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>", (".lora_add",), 0.25),
+    # the product's scaling, forward and backward (fp32, vectorised)
+    ("AUnaryFunctor<float, float, float", (".lora_scale", ".lora_scale.backward"), 0.15),
+])
+def test_adapter_kernels_match_the_profile(marker, suffixes, tol):
+    calls, seconds = _measured("llama-3.2-1b-lora", marker)
+    base_calls, base_seconds = _measured("llama-3.2-1b-bf16", marker)
+    kernels, predicted = _model(suffixes)
+    assert abs(kernels - (calls - base_calls)) <= 0.05 * kernels, (kernels, calls, base_calls)
+    assert abs(predicted / (seconds - base_seconds) - 1) <= tol, (predicted, seconds - base_seconds)
+
+
+def test_adapter_casts_match_the_profile():
+    """x's up-cast and the gradient's up-cast (direct_copy_kernel_cuda, unvectorised), and the three down-casts
+    (bfloat16_copy_kernel_cuda: the sum's, the add's gradient's, x's gradient's): 2 and 3 per adapter, each class
+    within 15 % of the profile's extra time (the memory term alone was -51 % before these were counted)."""
+    for marker, suffixes, per_adapter in (
+            ("unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda", (".lora_in_cast",
+                                                                                ".lora_out_cast.backward"), 2),
+            ("bfloat16_copy_kernel_cuda", (".lora_out_cast", ".lora_add.backward", ".lora_in_cast.backward"), 3)):
+        calls, seconds = _measured("llama-3.2-1b-lora", marker)
+        base_calls, base_seconds = _measured("llama-3.2-1b-bf16", marker)
+        kernels, predicted = _model(suffixes)
+        assert kernels == per_adapter * 7 * 16
+        assert abs(kernels - (calls - base_calls)) <= 0.05 * kernels, (kernels, calls - base_calls)
+        assert abs(predicted / (seconds - base_seconds) - 1) <= 0.15, (marker, predicted, seconds - base_seconds)
