@@ -23,7 +23,7 @@ from ..spec import ModelSpec
 from .activations import FP32
 from .lora import targets
 from .ops import Op, Shape, _ew, _gemm
-from .quant import linear_bytes
+from .quant import BLOCK, linear_bytes
 
 # ops.py projection names -> the HF module names peft targets (analytic/lora.py linears)
 MODULE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
@@ -42,10 +42,7 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
     out: list[Op] = []
     for op in frozen(ops):
         if op.kind == "gemm" and setup.quant:
-            w = op.n * op.k
-            out.append(_ew(op.name + ".dequant", sum(linear_bytes(setup, int(op.k), int(op.n))), w * sh.act,
-                           "bitsandbytes dequantize_4bit / int8 dequant (MatMul4Bit forward)", saves=False,
-                           grad=False))
+            out.append(_dequant(op.name + ".dequant", setup, sh, op, "(MatMul4Bit forward)"))
         out.append(op)
         name = MODULE.get(op.name)
         if op.kind != "gemm" or name not in adapted:
@@ -60,7 +57,8 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
                    ._replace(dtype=dtype))
         out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B")
                    ._replace(dtype=dtype))
-        out += [f for f, _ in _adapter_elementwise(op.name, T, d_in, d_out, sh, casts) if f is not None]
+        out += [f for f, _ in _adapter_elementwise(op.name, T, d_in, d_out, sh, casts, setup.quant)
+                if f is not None]
         if setup.dora:
             # under torch.no_grad (peft dora.py): no backward kernels
             out.append(_gemm(op.name + ".dora_BA", d_out, d_in, r, sh, "peft dora.py get_weight_norm: B @ A",
@@ -73,26 +71,37 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
 SRC = "peft lora/layer.py Linear.forward"
 
 
-def _adapter_elementwise(name: str, T: float, d_in: float, d_out: float, sh: Shape, casts: bool
-                         ) -> list[tuple[Op, Op | None]]:
-    """(forward kernel, its backward kernel or None) of one adapter's elementwise work after its GEMMs (peft lora/
-    layer.py Linear.forward: `result = result + lora_B(lora_A(dropout(x))) * scaling`, then, for fp32 adapters,
-    `result.to(torch_result_dtype)`), and x's two gradients summed (the base's and the adapter's). Backward by
-    autograd's rules: a mul by a constant scales the gradient; an add passes it on, cast to each input's dtype
-    (tools/autograd/derivatives.yaml, add: `handle_r_to_c(self.scalar_type(), grad)`); a cast's is the cast back.
-    fp32 adapters on a 16-bit base: the mixed add (16-bit result + fp32 product -> fp32) runs TensorIterator's
-    unvectorised dynamic-cast loop, as does each 16 -> 32-bit cast (kernels.toml access upcast; the H200 LoRA
-    profile: unrolled_elementwise_kernel<CUDAFunctor_add<float>> 112 calls, 3.2 ms). The adapter's own dropout
-    (lora_dropout, default 0: nn.Identity) is not counted."""
+def _adapter_elementwise(name: str, T: float, d_in: float, d_out: float, sh: Shape, casts: bool,
+                         quant: str | None = None) -> list[tuple[Op | None, Op | None]]:
+    """(forward kernel, its backward kernel) of one adapter's elementwise work beside its GEMMs, either None, and
+    x's two gradients summed (the base's and the adapter's). peft 0.21:
+      plain Linear (lora/layer.py:1089-1113): result + lora_B(lora_A(x)) * scaling, then, for fp32 adapters on a
+        16-bit base, result.to(torch_result_dtype) — a mixed add (16-bit + fp32 -> fp32) first;
+      bitsandbytes Linear4bit (lora/bnb.py:513-565): result.clone() (a copy, "as per Tim Dettmers"), then the
+        product scaled, cast to the result's dtype, and added; Linear8bitLt (:237-282) the same without the clone.
+    Backward by autograd's rules (tools/autograd/derivatives.yaml): a mul by a constant scales the gradient; an add
+    passes it on, cast to each input's dtype; a cast's is the cast back; a clone's is none. TensorIterator runs a
+    mixed-dtype add and each 16 -> 32-bit cast as its unvectorised dynamic-cast loop (kernels.toml access upcast;
+    the H200 LoRA profile: unrolled_elementwise_kernel<CUDAFunctor_add<float>> 112 calls, 3.2 ms). The adapter's
+    own dropout (lora_dropout, default 0: nn.Identity) is not counted."""
     a, o, i = sh.act, T * d_out, T * d_in
     w = FP32 if casts else a  # the product's dtype
     ew = lambda n, r, wr, acc="vector": _ew(f"{name}.{n}", r, wr, SRC, saves=False, grad=False, access=acc)  # noqa: E731
-    out = [(ew("lora_scale", o * w, o * w), ew("lora_scale.backward", o * w, o * w)),
-           # the add's backward: the result's gradient cast to its 16-bit dtype (none when both are 16-bit)
-           (ew("lora_add", o * (a + w), o * w, "upcast" if casts else "vector"),
-            ew("lora_add.backward", o * w, o * a) if casts else None)]
+    out: list[tuple[Op | None, Op | None]] = []
+    if quant in ("nf4", "fp4"):
+        out.append((ew("lora_clone", o * a, o * a), None))
+    out.append((ew("lora_scale", o * w, o * w), ew("lora_scale.backward", o * w, o * w)))
+    if quant:  # the product cast to the result's dtype, then a same-dtype add (its backward: no kernel)
+        if casts:
+            out.append((ew("lora_out_cast", o * FP32, o * a), ew("lora_out_cast.backward", o * a, o * FP32, "upcast")))
+        out.append((ew("lora_add", 2 * o * a, o * a), None))
+    else:  # the add, then the sum cast back; the add's backward casts the result's gradient to its dtype
+        out.append((ew("lora_add", o * (a + w), o * w, "upcast" if casts else "vector"),
+                    ew("lora_add.backward", o * w, o * a) if casts else None))
+        if casts:
+            out.append((ew("lora_out_cast", o * FP32, o * a),
+                        ew("lora_out_cast.backward", o * a, o * FP32, "upcast")))
     if casts:
-        out.append((ew("lora_out_cast", o * FP32, o * a), ew("lora_out_cast.backward", o * a, o * FP32, "upcast")))
         out.append((None, ew("lora_in_cast.backward", i * FP32, i * a)))  # the in-cast's backward: fp32 -> 16-bit
     out.append((None, ew("lora_grad_sum", 2 * i * a, i * a)))  # x's base and adapter gradients summed
     return out
@@ -110,7 +119,8 @@ def adapter_backward(setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
         elif op.name.endswith(".lora_B"):
             base = op.name[:-len(".lora_B")]
             casts = op.dtype == "fp32" and sh.dtype != "fp32"
-            out += [b for _, b in _adapter_elementwise(base, op.m, d_in, op.n, sh, casts) if b is not None]
+            out += [b for _, b in _adapter_elementwise(base, op.m, d_in, op.n, sh, casts, setup.quant)
+                    if b is not None]
     return out
 
 
@@ -118,6 +128,19 @@ def dequant_backward(setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
     """QLoRA's backward dequantises each frozen weight again for the input gradient."""
     if not setup.quant:
         return []
-    return [_ew(op.name + ".dequant_bwd", sum(linear_bytes(setup, int(op.k), int(op.n))), op.n * op.k * sh.act,
-                "bitsandbytes MatMul4Bit.backward: dequantize_4bit for grad_A", saves=False, grad=False)
+    return [_dequant(op.name + ".dequant_bwd", setup, sh, op, "(MatMul4Bit.backward, for grad_A)")
             for op in ops if op.kind == "gemm" and ".lora_" not in op.name and ".dora" not in op.name]
+
+
+def _dequant(name: str, setup: Setup, sh: Shape, op: Op, where: str) -> Op:
+    """One frozen weight dequantised to the compute dtype. 4-bit with double quantisation (trainfit's step: step/
+    quant.py bnb_4bit_use_double_quant=True) first decodes the 8-bit block scales (bitsandbytes functional.py
+    dequantize_4bit: dequantize_blockwise(absmax), then absmax += offset) — 3 kernels, as the H200 QLoRA profile
+    has (kDequantizeBlockwise<float>, an fp32 add, kDequantizeBlockwise<bf16>: 221 of each); LLM.int8 one."""
+    packed, state = linear_bytes(setup, int(op.k), int(op.n))
+    n = op.n * op.k
+    if setup.quant == "int8":
+        return _ew(name, packed + state, n * sh.act, f"bitsandbytes int8 dequant {where}", saves=False, grad=False)
+    scales = FP32 * n / BLOCK  # the decoded block scales: written, read and rewritten by the add, read again
+    return _ew(name, packed + state + 2 * scales, n * sh.act + 2 * scales,
+               f"bitsandbytes dequantize_4bit {where}", saves=False, grad=False, kernels=3, access="dequant4")
