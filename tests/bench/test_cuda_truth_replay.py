@@ -80,9 +80,11 @@ def test_dropout_inside_cudnns_attention(rows):
 def test_master_weight_casts_are_their_own_copy_kernels(rows):
     """bf16 with fp32 masters (trainfit's hf step, MasterWeightOptimizer): each gradient is cast up and each master
     cast down per tensor, by TensorIterator's copy kernels (the profile: direct_copy_kernel_cuda and
-    bfloat16_copy_kernel_cuda, 5.8 ms over the pure-bf16 step's), around a fused fp32 AdamW over fp32 gradient
-    copies (28 B per parameter). Timed inside the optimizer pass at its rate the kinds read optimizer +27 % and
-    other -20 %; each is now within 10 %."""
-    r = rows["llama-3.2-1b-bf16-master"]
+    bfloat16_copy_kernel_cuda), around a fused fp32 AdamW over fp32 gradient copies (28 B per parameter). Against
+    the same model's pure-bf16 step: the elementwise kernels' extra time (5.8 ms measured) and the optimizer's
+    within 10 %. Timed inside the optimizer pass at its rate the optimizer kind had read +27 %."""
+    master, bf16 = rows["llama-3.2-1b-bf16-master"], rows["llama-3.2-1b-bf16"]
     for kind in ("optimizer", "other"):
-        assert abs(r["analytic_kinds"][kind] / r["kinds"][kind] - 1) <= 0.10, (kind, r["analytic_kinds"], r["kinds"])
+        measured = master["kinds"][kind] - bf16["kinds"][kind]
+        predicted = master["analytic_kinds"][kind] - bf16["analytic_kinds"][kind]
+        assert abs(predicted / measured - 1) <= 0.10, (kind, predicted, measured)

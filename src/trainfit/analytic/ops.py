@@ -79,6 +79,9 @@ class Op(NamedTuple):
     bwd_access: str = ""  # its backward kernel's access ("" = the same)
     mask: int = 0  # attention, HF eager: bytes per element of its additive causal mask (0: none; roofline.unfused_attention)
     dropout: bool = False  # attention: dropout on the probabilities inside the fused kernel (roofline.fused_dropout_seconds)
+    # memory: its backward's kernels spelled out (derivatives.yaml), where the generic rule (`backward`: read the
+    # output's gradient and the saved input, write the input's gradient, once) under-counts a multi-kernel formula
+    bwd_ops: tuple = ()
 
     @property
     def flops(self) -> float:
@@ -164,11 +167,16 @@ def _gemm(name: str, m: float, n: float, k: float, sh: Shape, src: str, bias: bo
 
 def _ew(name: str, reads: float, writes: float, src: str, group: str = "", fused: tuple[float, float] | None = None,
         saves: bool = True, kernels: int = 1, grad: bool = True, bwd: int = -1, access: str = "vector",
-        bwd_access: str = "") -> Op:
+        bwd_access: str = "", bwd_ops: tuple = ()) -> Op:
     fr, fw = (reads, writes) if fused is None else fused
     return Op(name, "memory", "", reads=reads, writes=writes, kernels=kernels, saves_input=saves, group=group,
               fused_reads=fr, fused_writes=fw, grad=grad, source=src, bwd_kernels=bwd, access=access,
-              bwd_access=bwd_access)
+              bwd_access=bwd_access, bwd_ops=bwd_ops)
+
+
+def _kernel(name: str, reads: float, writes: float, access: str = "vector") -> Op:
+    """One backward kernel of an op's bwd_ops (its fused bytes: the op's, set by `backward`)."""
+    return Op(name, "memory", "", reads=reads, writes=writes, access=access)
 
 
 # Access classes of casts: torch converts fp32 -> bf16 in a vectorised kernel (bfloat16_copy_kernel_cuda) but a
@@ -198,23 +206,38 @@ def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, o
         # layer_norm_kernel.cu LayerNormBackwardKernelImplInternal: ComputeInternalGradients + GammaBetaBackward): 3
         return [_ew(name, x * r, x * out + 2 * FP32 * n, src, group, (x * r, x * sh.act), bwd=3)]
     src = "modeling_llama.py:61-66 LlamaRMSNorm"
-    # Backward kernels (tools/autograd/derivatives.yaml): pow(x, 2) -> grad·2·x (2; x's two uses then summed: +1),
-    # mean -> grad / n (1), x + eps -> none, rsqrt -> -0.5·grad·y³ (3), x·r -> grad·r and Σ(grad·x) over the row (3),
-    # weight·y -> grad·w and Σ(grad·y) (3), a dtype cast -> a cast back (1)
+    # Backward kernels (tools/autograd/derivatives.yaml, FunctionsManual.cpp), each its own pass in eager:
+    #   weight·y -> grad·w [broadcast], grad·y, Σ over the tokens (the weight's gradient) (3)
+    #   a dtype cast -> a cast back (1)
+    #   x·r -> grad·r [broadcast], grad·x, Σ over the row (r's gradient) (3)
+    #   rsqrt -> -0.5·grad·y³ (3, [T, 1]);  x + eps -> none;  mean -> grad / h, expanded (1)
+    #   pow(x, 2) -> 2·x, grad·(2·x) (pow_backward) (2), then x's two gradients summed (1)
+    # The H200 llama-3.1-8b bf16 profile has each (per norm: 3 same-shape muls, 2 broadcast muls, 2 sums, a div, a
+    # mul by 2, an add; BENCHMARKS §37). NB: the column sum runs at the row reduction's rate (reduce): optimistic.
+    x4, n4, hw = x * FP32, n * FP32, h * sh.weight
     ops = []
     if r != FP32:
         ops.append(_ew(f"{name}.to_fp32", x * r, x * FP32, src, group, (x * r, 0), saves=False, **UPCAST))
-    ops += [_ew(f"{name}.pow", x * FP32, x * FP32, src, group, (0, 0), bwd=3),
-            _ew(f"{name}.mean", x * FP32, n * FP32, src, group, (0, 0), **REDUCE),
-            _ew(f"{name}.rsqrt", n * FP32, n * FP32, src, group, (0, 0), kernels=2, bwd=3),
-            _ew(f"{name}.mul", x * FP32 + n * FP32, x * FP32, src, group, (0 if r != FP32 else x * r, 0), bwd=3,
+    ops += [_ew(f"{name}.pow", x4, x4, src, group, (0, 0), bwd_ops=(
+                _kernel(f"{name}.pow.backward", x4, x4), _kernel(f"{name}.pow.backward_mul", 2 * x4, x4),
+                _kernel(f"{name}.grad_sum", 2 * x4, x4))),
+            _ew(f"{name}.mean", x4, n4, src, group, (0, 0), bwd_ops=(
+                _kernel(f"{name}.mean.backward", n4, x4, "strided"),), **REDUCE),
+            _ew(f"{name}.rsqrt", n4, n4, src, group, (0, 0), kernels=2, bwd=3),
+            _ew(f"{name}.mul", x4 + n4, x4, src, group, (0 if r != FP32 else x * r, 0), bwd_ops=(
+                _kernel(f"{name}.mul.backward", x4 + n4, x4, "strided"),
+                _kernel(f"{name}.mul.backward_r", 2 * x4, x4), _kernel(f"{name}.mul.backward_sum", x4, n4, "reduce")),
                 **BROADCAST)]
     if r != FP32:
-        ops.append(_ew(f"{name}.to_dtype", x * FP32, x * r, src, group, (0, 0), saves=False, **DOWNCAST))
+        ops.append(_ew(f"{name}.to_dtype", x4, x * r, src, group, (0, 0), saves=False, **DOWNCAST))
     if family_traits(spec)["norm_fp32"]:
         out = FP32  # Gemma: x.float() * (1 + weight.float()) (modeling_gemma.py GemmaRMSNorm)
+    y = x * max(r, out)  # the normalised input as the weight multiplies it
     # fused: the compiled norm writes its output in the dtype the next matmul reads (the autocast cast folded in)
-    ops.append(_ew(f"{name}.weight", x * max(r, out), x * out, src, group, (0, x * sh.act), bwd=3, **BROADCAST))
+    ops.append(_ew(f"{name}.weight", y, x * out, src, group, (0, x * sh.act), bwd_ops=(
+        _kernel(f"{name}.weight.backward", x * out + hw, y, "strided"),
+        _kernel(f"{name}.weight.backward_w", x * out + y, x * out), _kernel(f"{name}.weight.grad", x * out, hw, "reduce")),
+        **BROADCAST))
     return ops
 
 
@@ -579,6 +602,11 @@ def backward(ops: list[Op]) -> list[Op]:
             reads = op.writes + (op.reads if op.saves_input else 0.0)
             fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
             k = op.kernels if op.bwd_kernels < 0 else op.bwd_kernels
+            if op.bwd_ops:  # its kernels as spelled out; compiled, they fuse to the generic rule's HBM bytes
+                out += [b._replace(group=op.group, fused_reads=fr if j == 0 else 0.0,
+                                   fused_writes=op.fused_reads if j == 0 else 0.0, source=op.source)
+                        for j, b in enumerate(op.bwd_ops)]
+                continue
             out.append(op._replace(name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,
                                    fused_writes=op.fused_reads, kernels=k, access=op.bwd_access or op.access,
                                    bwd_access=""))
