@@ -400,8 +400,10 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
             proj("gate", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 gate_proj")
             proj("up", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 up_proj")
         ops += _activation(spec, "act", T * i, sh, "act")
-        ops.append(_ew("act_mul", 2 * T * i * a, T * i * a, "modeling_llama.py:164 act(gate)·up", "act",
-                       (0, T * i * a), bwd=2))  # grad·up and grad·act(gate)
+        x = T * i * a
+        ops.append(_ew("act_mul", 2 * x, x, "modeling_llama.py:164 act(gate)·up", "act", (0, x), bwd_ops=(
+            # mul's backward (derivatives.yaml): grad·up and grad·act(gate), each reading the gradient
+            _kernel("act_mul.backward", 2 * x, x), _kernel("act_mul.backward_up", 2 * x, x))))
         proj("down", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_llama.py:164 down_proj")
     else:
         ops += _casts("mlp_in", T, h, 1, sh, "attn_out")
