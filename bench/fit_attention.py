@@ -1,8 +1,6 @@
 """Fit a fused attention kernel's timing constants on a committed kernel microbenchmark (no GPU needed).
 
     python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-fifth.json --backend efficient
-    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-fifth.json --backend cudnn \
-        --check bench/results/kernels-H200-2026-11-27-second.json
 
 bench/cuda_kernels.py timed torch's causal SDPA by backend on a lent GPU (the kernel's own time from
 torch.profiler). The model it fits is roofline.FittedAttention's: one call = FLOPs / (peak x fraction x tile
@@ -10,7 +8,9 @@ factor) + a fixed time, the tile factor roofline.flash_efficiency with the kerne
 and `fill` pipeline-fill steps per CTA. For each head dim and direction, fraction and fixed time are the least
 squares fit of the relative error (time is linear in 1 / fraction and the fixed time). Prints the kernels.toml
 values and each shape's error, on the fitted run and on `--check` (another chip's run: out of sample).
-Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU). It fits the memory-efficient kernel's constants
+(kernels.toml [generation.hopper.efficient], with --fill 0). cuDNN's committed constants also hold its backward's
+pre/post passes (bytes at HBM bandwidth) and 2 fill steps, which this simpler form leaves out.
 """
 from __future__ import annotations
 
