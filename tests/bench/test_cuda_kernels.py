@@ -141,3 +141,20 @@ def test_dry_run_of_the_lora_gemms(tmp_path):
     shapes = {(n, k) for _, n, k in cuda_kernels.linear_shapes("tiny-llama")}
     assert len(rows) == 6 * len(shapes)
     assert all(4 in r["mnk"] and r["seconds"] > 0 and r["predicted_seconds"] > 0 for r in rows)
+
+
+def test_memory_efficient_constants_are_the_fit_of_the_committed_run(h200):
+    """kernels.toml [generation.hopper.efficient] is what `python bench/fit_attention.py
+    bench/results/kernels-H200-2026-11-27-fifth.json --fill 0` prints: the constants are reproducible from the data."""
+    from fit_attention import _rows, fit
+    from trainfit.analytic.roofline import kernels_for
+
+    run = json.loads((RESULTS / "kernels-H200-2026-11-27-fifth.json").read_text())
+    c = kernels_for(h200).fitted["efficient"]
+    assert c.fill == 0
+    rows = _rows(run, "efficient")
+    for i, d in enumerate(c.head_dims):
+        for bwd in (False, True):
+            frac, fixed = fit([r for r in rows if r["shape"][3] == d], h200, bwd, 0)
+            assert frac == pytest.approx((c.backward if bwd else c.forward)[i], abs=6e-4)
+            assert fixed == pytest.approx((c.backward_fixed if bwd else c.forward_fixed)[i], abs=6e-8)
