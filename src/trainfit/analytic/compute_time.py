@@ -117,8 +117,7 @@ def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool):
     fwd = layer_forward(spec, sh, moe)
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
         fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
-    dequant = (lora_ops.dequant_backward(setup, sh, fwd) + lora_ops.adapter_backward(setup, sh, fwd)
-               if setup.lora_rank else [])
+    dequant = lora_ops.dequant_backward(setup, sh, fwd) if setup.lora_rank else []
     bwd = backward(fwd) + grad_accumulations(spec, sh) + fp8_backward_extra(fwd, sh) + dequant
     rec = recomputed(spec, setup, fwd)
     return fwd, bwd, rec

@@ -22,7 +22,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32
 from .lora import targets
-from .ops import Op, Shape, _ew, _gemm
+from .ops import Op, Shape, _ew, _gemm, _kernel
 from .quant import BLOCK, linear_bytes
 
 # ops.py projection names -> the HF module names peft targets (analytic/lora.py linears)
@@ -50,15 +50,11 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
         d_in, d_out = op.k, op.n
         casts = setup.lora_dtype == "fp32" and not sh.autocast and sh.act != FP32
         dtype = "fp32" if casts else sh.dtype  # fp32 adapters on a 16-bit base run fp32 GEMMs (docstring)
-        if casts:  # x cast to the adapters' fp32: TensorIterator's unvectorised up-cast
-            out.append(_ew(op.name + ".lora_in_cast", T * d_in * sh.act, T * d_in * FP32, SRC, grad=False,
-                           access="upcast"))
         out.append(_gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A")
                    ._replace(dtype=dtype))
         out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B")
                    ._replace(dtype=dtype))
-        out += [f for f, _ in _adapter_elementwise(op.name, T, d_in, d_out, sh, casts, setup.quant)
-                if f is not None]
+        out += _adapter_elementwise(op.name, T, d_in, d_out, sh, casts, setup.quant)
         if setup.dora:
             # under torch.no_grad (peft dora.py): no backward kernels
             out.append(_gemm(op.name + ".dora_BA", d_out, d_in, r, sh, "peft dora.py get_weight_norm: B @ A",
@@ -72,11 +68,12 @@ SRC = "peft lora/layer.py Linear.forward"
 
 
 def _adapter_elementwise(name: str, T: float, d_in: float, d_out: float, sh: Shape, casts: bool,
-                         quant: str | None = None) -> list[tuple[Op | None, Op | None]]:
-    """(forward kernel, its backward kernel) of one adapter's elementwise work beside its GEMMs, either None, and
-    x's two gradients summed (the base's and the adapter's). peft 0.21:
-      plain Linear (lora/layer.py:1089-1113): result + lora_B(lora_A(x)) * scaling, then, for fp32 adapters on a
-        16-bit base, result.to(torch_result_dtype) — a mixed add (16-bit + fp32 -> fp32) first;
+                         quant: str | None = None) -> list[Op]:
+    """One adapter's elementwise kernels beside its GEMMs, each with its backward's (Op.bwd_ops; listed after the
+    GEMMs: the order does not time), and x's two gradients summed (the base's and the adapter's). peft 0.21:
+      plain Linear (lora/layer.py:1089-1113): x cast to the adapters' dtype, result + lora_B(lora_A(x)) * scaling,
+        then, for fp32 adapters on a 16-bit base, result.to(torch_result_dtype) — a mixed add (16-bit + fp32 ->
+        fp32) first;
       bitsandbytes Linear4bit (lora/bnb.py:513-565): result.clone() (a copy, "as per Tim Dettmers"), then the
         product scaled, cast to the result's dtype, and added; Linear8bitLt (:237-282) the same without the clone.
     Backward by autograd's rules (tools/autograd/derivatives.yaml): a mul by a constant scales the gradient; an add
@@ -86,41 +83,29 @@ def _adapter_elementwise(name: str, T: float, d_in: float, d_out: float, sh: Sha
     own dropout (lora_dropout, default 0: nn.Identity) is not counted."""
     a, o, i = sh.act, T * d_out, T * d_in
     w = FP32 if casts else a  # the product's dtype
-    ew = lambda n, r, wr, acc="vector": _ew(f"{name}.{n}", r, wr, SRC, saves=False, grad=False, access=acc)  # noqa: E731
-    out: list[tuple[Op | None, Op | None]] = []
+
+    def ew(n: str, r: float, wr: float, acc: str = "vector", bwd: tuple = ()) -> Op:
+        return _ew(f"{name}.{n}", r, wr, SRC, saves=False, grad=bool(bwd), access=acc, bwd_ops=bwd)
+
+    def k(n: str, r: float, wr: float, acc: str = "vector") -> Op:
+        return _kernel(f"{name}.{n}", r, wr, acc)
+
+    # x cast to the adapters' fp32 (unvectorised); its backward casts x's gradient back to 16-bit
+    out = [ew("lora_in_cast", i * a, i * FP32, "upcast", (k("lora_in_cast.backward", i * FP32, i * a),))] \
+        if casts else []
     if quant in ("nf4", "fp4"):
-        out.append((ew("lora_clone", o * a, o * a), None))
-    out.append((ew("lora_scale", o * w, o * w), ew("lora_scale.backward", o * w, o * w)))
+        out.append(ew("lora_clone", o * a, o * a))
+    # the scale's backward, and (listed with it) x's base and adapter gradients summed
+    out.append(ew("lora_scale", o * w, o * w, bwd=(k("lora_scale.backward", o * w, o * w),
+                                                  k("lora_grad_sum", 2 * i * a, i * a))))
+    out_cast = ew("lora_out_cast", o * FP32, o * a, bwd=(k("lora_out_cast.backward", o * a, o * FP32, "upcast"),))
     if quant:  # the product cast to the result's dtype, then a same-dtype add (its backward: no kernel)
-        if casts:
-            out.append((ew("lora_out_cast", o * FP32, o * a), ew("lora_out_cast.backward", o * a, o * FP32, "upcast")))
-        out.append((ew("lora_add", 2 * o * a, o * a), None))
+        out += [out_cast] if casts else []
+        out.append(ew("lora_add", 2 * o * a, o * a))
     else:  # the add, then the sum cast back; the add's backward casts the result's gradient to its dtype
-        out.append((ew("lora_add", o * (a + w), o * w, "upcast" if casts else "vector"),
-                    ew("lora_add.backward", o * w, o * a) if casts else None))
-        if casts:
-            out.append((ew("lora_out_cast", o * FP32, o * a),
-                        ew("lora_out_cast.backward", o * a, o * FP32, "upcast")))
-    if casts:
-        out.append((None, ew("lora_in_cast.backward", i * FP32, i * a)))  # the in-cast's backward: fp32 -> 16-bit
-    out.append((None, ew("lora_grad_sum", 2 * i * a, i * a)))  # x's base and adapter gradients summed
-    return out
-
-
-def adapter_backward(setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
-    """The backward kernels of the adapters' elementwise work (_adapter_elementwise), one set per lora_B in `ops`
-    (the layer's forward, after layer_forward)."""
-    if not setup.lora_rank:
-        return []
-    out, d_in = [], 0.0
-    for op in ops:
-        if op.name.endswith(".lora_A"):
-            d_in = op.k
-        elif op.name.endswith(".lora_B"):
-            base = op.name[:-len(".lora_B")]
-            casts = op.dtype == "fp32" and sh.dtype != "fp32"
-            out += [b for _, b in _adapter_elementwise(base, op.m, d_in, op.n, sh, casts, setup.quant)
-                    if b is not None]
+        out.append(ew("lora_add", o * (a + w), o * w, "upcast" if casts else "vector",
+                      (k("lora_add.backward", o * w, o * a),) if casts else ()))
+        out += [out_cast] if casts else []
     return out
 
 

@@ -603,12 +603,12 @@ def backward(ops: list[Op]) -> list[Op]:
         elif op.kind != "gemm" and op.grad:
             reads = op.writes + (op.reads if op.saves_input else 0.0)
             fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
-            k = op.kernels if op.bwd_kernels < 0 else op.bwd_kernels
             if op.bwd_ops:  # its kernels as spelled out; compiled, they fuse to the generic rule's HBM bytes
                 out += [b._replace(group=op.group, fused_reads=fr if j == 0 else 0.0,
                                    fused_writes=op.fused_reads if j == 0 else 0.0, source=op.source)
                         for j, b in enumerate(op.bwd_ops)]
                 continue
+            k = op.kernels if op.bwd_kernels < 0 else op.bwd_kernels
             out.append(op._replace(name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,
                                    fused_writes=op.fused_reads, kernels=k, access=op.bwd_access or op.access,
                                    bwd_access=""))
