@@ -47,19 +47,20 @@ def main_kernel_seconds(row: dict, backward: bool) -> float:
     return sum(own) if own else row["bwd_seconds"]
 
 
-def fit(rows: list[dict], gpu, backward: bool, fill: int) -> tuple[float, float]:
-    """(fraction, fixed seconds) minimising sum((a x + c) / t - 1)^2 with x = FLOPs / (peak x tile factor)."""
+def peak_seconds(row: dict, gpu, backward: bool, fill: int) -> float:
+    """The call's FLOPs at the full peak over its tile factor: the model's time is this / fraction + fixed time."""
     from trainfit.analytic.roofline import _attention_flops, _attention_peak, flash_efficiency, kernels_for
 
-    kn = kernels_for(gpu)
-    xs, ts = [], []
-    for r in rows:
-        b, h, s, d = r["shape"]
-        tile = kernel_tiles(r)[1 if backward else 0]
-        seq = flash_efficiency(kn, b * h, s, s, d, True, block=tile, fill=fill)
-        flops = _attention_flops(b * h, s, s, d, True) * (2.5 if backward else 1.0)
-        xs.append(flops / (_attention_peak(gpu, "efficient", "bf16") * seq))
-        ts.append(main_kernel_seconds(r, backward))
+    b, h, s, d = row["shape"]
+    seq = flash_efficiency(kernels_for(gpu), b * h, s, s, d, True, block=kernel_tiles(row)[backward], fill=fill)
+    flops = _attention_flops(b * h, s, s, d, True) * (2.5 if backward else 1.0)
+    return flops / (_attention_peak(gpu, "efficient", "bf16") * seq)
+
+
+def fit(rows: list[dict], gpu, backward: bool, fill: int) -> tuple[float, float]:
+    """(fraction, fixed seconds) minimising sum((a x + c) / t - 1)^2 with x = peak_seconds."""
+    xs = [peak_seconds(r, gpu, backward, fill) for r in rows]
+    ts = [main_kernel_seconds(r, backward) for r in rows]
     # normal equations of sum((a x_i + c) / t_i - 1)^2 in (a, c)
     sxx = sum((x / t) ** 2 for x, t in zip(xs, ts))
     sxc = sum(x / t ** 2 for x, t in zip(xs, ts))
@@ -83,12 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill", type=int, default=1, help="pipeline-fill steps per CTA in the tile factor")
     ap.add_argument("--check", type=Path, help="another run of the same GPU to check the fit on")
     args = ap.parse_args(argv)
-    from trainfit.analytic.roofline import _attention_flops, _attention_peak, flash_efficiency, kernels_for
     from trainfit.hardware import get_gpu
 
     run = json.loads(args.results.read_text())
     gpu = get_gpu(run["gpu"])
-    kn = kernels_for(gpu)
     rows = _rows(run, args.backend)
     if not rows:
         print(f"no {args.backend} rows with kernel names in {args.results}", file=sys.stderr)
@@ -107,17 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         errs = []
         for r in _rows(json.loads(path.read_text()), args.backend):
-            b, h, s, d = r["shape"]
+            d = r["shape"][3]
             if d not in dims:
                 continue
             line = [f"{label} {r['shape']}"]
             for bwd in (False, True):
                 frac, fixed = fitted[d, bwd]
-                tile = kernel_tiles(r)[bwd]
-                seq = flash_efficiency(kn, b * h, s, s, d, True, block=tile, fill=args.fill)
-                flops = _attention_flops(b * h, s, s, d, True) * (2.5 if bwd else 1.0)
-                t = flops / (_attention_peak(gpu, "efficient", "bf16") * frac * seq) + fixed
-                e = t / main_kernel_seconds(r, bwd) - 1
+                e = (peak_seconds(r, gpu, bwd, args.fill) / frac + fixed) / main_kernel_seconds(r, bwd) - 1
                 errs.append(e)
                 line.append(f"{'bwd' if bwd else 'fwd'} {e:+.1%}")
             print("  ".join(line))
