@@ -125,48 +125,66 @@ def step_ops(device: str, gpu, tokens: int, widths) -> list[dict]:
     return rows
 
 
-def sdpa(device: str, gpu, shapes) -> list[dict]:
+def _sdpa_backends(device: str, names: tuple[str, ...]) -> dict:
+    """name -> torch's SDPBackend to pin (None: torch's own pick); on CPU only the default."""
+    from torch.nn.attention import SDPBackend
+
+    pinned = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return {n: pinned.get(n) for n in names if n == "default" or device == "cuda"}
+
+
+def _time_sdpa(seconds, device: str, shape, dtype, dropout: float, backends: dict) -> list[dict]:
+    """One causal SDPA call on `shape` (b, h, s, d) in HF's layout, forward and forward + backward, per backend: its
+    kernel times (the backward's: the pair's less the forward's) and kernels, or the error of a backend that does
+    not take this shape, dtype, dropout or GPU."""
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
+
+    b, h, s, d = shape
+    # HF's layout: the projections' (b, s, h, d) output viewed as (b, h, s, d) (transformers' attention modules)
+    q, k, v = (torch.randn(b, s, h, d, device=device, dtype=dtype).transpose(1, 2).requires_grad_() for _ in range(3))
+    g = torch.randn(b, h, s, d, device=device, dtype=dtype)
+    rows = []
+    for name, be in backends.items():
+        ctx = (lambda: sdpa_kernel(be)) if be is not None else (lambda: _nullcontext())
+
+        def fwd():
+            with ctx():
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+
+        def fwd_bwd():
+            torch.autograd.grad(fwd(), (q, k, v), g)
+        try:
+            tf = seconds(fwd, reps=5)
+            fwd_kernels = seconds.kernels
+            tb = seconds(fwd_bwd, reps=5) - tf
+        except RuntimeError as e:
+            rows.append({"backend": name, "shape": list(shape), "error": str(e).splitlines()[0][:160]})
+            continue
+        rows.append({"backend": name, "shape": list(shape), "fwd_seconds": tf, "bwd_seconds": tb,
+                     "fwd_kernels": fwd_kernels, "kernels": seconds.kernels})
+    return rows
+
+
+def sdpa(device: str, gpu, shapes) -> list[dict]:
+    import torch
 
     from trainfit.analytic.roofline import attention_seconds
 
     seconds, rows = timer(device), []
-    backends = {"default": None} if device != "cuda" else {
-        "default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    dtype = torch.bfloat16
+    backends = _sdpa_backends(device, ("default", "cudnn", "flash", "efficient"))
     for b, h, s, d in shapes:
-        # HF's layout: the projections' (b, s, h, d) output viewed as (b, h, s, d) (transformers' attention modules)
-        q, k, v = (torch.randn(b, s, h, d, device=device, dtype=dtype).transpose(1, 2).requires_grad_()
-                   for _ in range(3))
-        g = torch.randn(b, h, s, d, device=device, dtype=dtype)
         pred = {p: attention_seconds(gpu, "flash", b * h, s, s, d, True, "bf16", backward=p == "bwd")
                 for p in ("fwd", "bwd")}
-        for name, be in backends.items():
-            ctx = (lambda: sdpa_kernel(be)) if be is not None else (lambda: _nullcontext())
-
-            def fwd():
-                with ctx():
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-            def fwd_bwd():
-                with ctx():
-                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                torch.autograd.grad(o, (q, k, v), g)
-            try:
-                tf = seconds(fwd, reps=5)
-                fwd_kernels = seconds.kernels
-                tb = seconds(fwd_bwd, reps=5) - tf
-            except RuntimeError as e:  # a backend that does not take this shape or GPU
-                rows.append({"backend": name, "shape": [b, h, s, d], "error": str(e).splitlines()[0][:160]})
-                continue
-            flops = 4 * b * h * s * s * d / 2  # causal: half of QK^T and PV (FA2 paper's FLOP count)
-            rows.append({"backend": name, "shape": [b, h, s, d], "fwd_seconds": tf, "bwd_seconds": tb,
-                         "fwd_tflops": flops / tf / 1e12, "bwd_tflops": 2.5 * flops / max(tb, 1e-12) / 1e12,
-                         "predicted_fwd_seconds": pred["fwd"], "predicted_bwd_seconds": pred["bwd"],
-                         "fwd_kernels": fwd_kernels, "kernels": seconds.kernels})
+        flops = 4 * b * h * s * s * d / 2  # causal: half of QK^T and PV (FA2 paper's FLOP count)
+        for r in _time_sdpa(seconds, device, (b, h, s, d), torch.bfloat16, 0.0, backends):
+            if "error" not in r:
+                r.update(fwd_tflops=flops / r["fwd_seconds"] / 1e12,
+                         bwd_tflops=2.5 * flops / max(r["bwd_seconds"], 1e-12) / 1e12,
+                         predicted_fwd_seconds=pred["fwd"], predicted_bwd_seconds=pred["bwd"])
+            rows.append(r)
     return rows
 
 
@@ -175,39 +193,13 @@ def sdpa_variants(device: str, gpu, shapes) -> list[dict]:
     3xTF32 matmuls, roofline._attention_peak) and dropout 0.1 inside the kernel (kernels.toml [dropout]), by backend:
     torch's default pick and the memory-efficient kernel. Kernel time from torch.profiler, as in sdpa."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     seconds, rows = timer(device), []
-    backends = {"default": None} if device != "cuda" else {"default": None, "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    for b, h, s, d in shapes:
+    backends = _sdpa_backends(device, ("default", "efficient"))
+    for shape in shapes:
         for dtype, p in (("fp32", 0.0), ("fp32", 0.1), ("bf16", 0.1)):
             tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
-            q, k, v = (torch.randn(b, s, h, d, device=device, dtype=tdt).transpose(1, 2).requires_grad_()
-                       for _ in range(3))
-            g = torch.randn(b, h, s, d, device=device, dtype=tdt)
-            for name, be in backends.items():
-                ctx = (lambda: sdpa_kernel(be)) if be is not None else (lambda: _nullcontext())
-
-                def fwd():
-                    with ctx():
-                        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-
-                def fwd_bwd():
-                    with ctx():
-                        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-                    torch.autograd.grad(o, (q, k, v), g)
-                try:
-                    tf = seconds(fwd, reps=5)
-                    fwd_kernels = seconds.kernels
-                    tb = seconds(fwd_bwd, reps=5) - tf
-                except RuntimeError as e:  # a backend that does not take this dtype, dropout or GPU
-                    rows.append({"backend": name, "shape": [b, h, s, d], "dtype": dtype, "dropout": p,
-                                 "error": str(e).splitlines()[0][:160]})
-                    continue
-                rows.append({"backend": name, "shape": [b, h, s, d], "dtype": dtype, "dropout": p,
-                             "fwd_seconds": tf, "bwd_seconds": tb, "fwd_kernels": fwd_kernels,
-                             "kernels": seconds.kernels})
+            rows += [{**r, "dtype": dtype, "dropout": p} for r in _time_sdpa(seconds, device, shape, tdt, p, backends)]
     return rows
 
 
