@@ -19,23 +19,31 @@ def _measured(case: str, marker: str) -> tuple[int, float]:
     return sum(t["count"] for t in rows), sum(t["seconds"] for t in rows)
 
 
-def _model(suffixes: tuple[str, ...]) -> tuple[int, float]:
-    """(kernels, seconds) of the LoRA step's adapter ops named with `suffixes`, forward and backward, all layers."""
-    from trainfit.analytic import compute_time, roofline
+def _ops(case: str):
+    """(layers, forward ops, backward ops) of one layer of a committed case's step, as the analytic engine lists them."""
+    from trainfit.analytic import compute_time
     from trainfit.analytic.ops import shape_of
     from trainfit.analytic.precision import state_bytes
     from trainfit.analytic.timing import compute_dtype
-    from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
     from trainfit.setup import Setup
 
-    spec, gpu = load_model("llama-3.2-1b"), get_gpu("H200")
-    setup = Setup(device="cuda", **CASES["llama-3.2-1b-lora"]["settings"])
+    spec = load_model(CASES[case]["model"])
+    setup = Setup(device="cuda", **CASES[case]["settings"])
     sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
     fwd, bwd, _ = compute_time._lists(spec, setup, sh, False)
+    return spec.layers, fwd, bwd
+
+
+def _model(suffixes: tuple[str, ...], case: str = "llama-3.2-1b-lora") -> tuple[int, float]:
+    """(kernels, seconds) of the step's memory ops named with `suffixes`, forward and backward, all layers."""
+    from trainfit.analytic import roofline
+    from trainfit.hardware import get_gpu
+
+    layers, fwd, bwd = _ops(case)
     ops = [o for o in fwd + bwd if o.kind == "memory" and o.name.endswith(suffixes)]
-    return (spec.layers * sum(o.kernels for o in ops),
-            spec.layers * sum(roofline.memory_seconds(gpu, o.nbytes, 0, o.access) for o in ops))
+    return (layers * sum(o.kernels for o in ops),
+            layers * sum(roofline.memory_seconds(get_gpu("H200"), o.nbytes, 0, o.access) for o in ops))
 
 
 @pytest.mark.parametrize("marker, suffixes, tol", [
@@ -76,30 +84,16 @@ def test_qlora_dequantisation_and_peft_bnb_adapters():
     mixed-dtype add, one Memcpy DtoD per adapter. Kernel counts within 5 % of the profile's; the dequantisation's
     time within 25 % (in part in sample: the 4-bit decode's rate, kernels.toml access dequant4, was measured on this
     profile; the two small kernels take 2 us each, a floor the memory term does not have: -20 %)."""
-    from trainfit.analytic import compute_time, roofline
-    from trainfit.analytic.ops import shape_of
-    from trainfit.analytic.precision import state_bytes
-    from trainfit.analytic.timing import compute_dtype
-    from trainfit.hardware import get_gpu
-    from trainfit.models.resolve import load_model
-    from trainfit.setup import Setup
-
-    spec, gpu = load_model("llama-3.2-1b"), get_gpu("H200")
-    setup = Setup(device="cuda", **CASES["llama-3.2-1b-qlora"]["settings"])
-    sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
-    fwd, bwd, _ = compute_time._lists(spec, setup, sh, False)
-    deq = [o for o in fwd + bwd if o.name.endswith((".dequant", ".dequant_bwd"))]
     marks = ("kDequantizeBlockwise<", "elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
              "CUDAFunctor_add<float>")  # the decodes and the scales' offset add (the LoRA step has no such add)
     assert _measured("llama-3.2-1b-lora", marks[1])[0] == 0
     calls = sum(_measured("llama-3.2-1b-qlora", m)[0] for m in marks)
     seconds = sum(_measured("llama-3.2-1b-qlora", m)[1] for m in marks)
-    kernels = spec.layers * sum(o.kernels for o in deq)
-    predicted = spec.layers * sum(roofline.memory_seconds(gpu, o.nbytes, 0, o.access) for o in deq)
+    kernels, predicted = _model((".dequant", ".dequant_bwd"), "llama-3.2-1b-qlora")
     assert abs(kernels - calls) <= 0.05 * calls, (kernels, calls)
     assert abs(predicted / seconds - 1) <= 0.25, (predicted, seconds)
-    clones = spec.layers * sum(o.kernels for o in fwd if o.name.endswith(".lora_clone"))
+    clones = _model((".lora_clone",), "llama-3.2-1b-qlora")[0]
     memcpy = _measured("llama-3.2-1b-qlora", "Memcpy DtoD")[0] - _measured("llama-3.2-1b-lora", "Memcpy DtoD")[0]
     assert clones == memcpy, (clones, memcpy)
     assert _measured("llama-3.2-1b-qlora", "unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>")[0] == 0
-    assert not any(o.name.endswith(".lora_add") and o.access == "upcast" for o in fwd)
+    assert not any(o.name.endswith(".lora_add") and o.access == "upcast" for o in _ops("llama-3.2-1b-qlora")[1])
