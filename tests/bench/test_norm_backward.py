@@ -19,6 +19,19 @@ def _aten(op: str, shapes: list) -> tuple[int, float]:
     return sum(a["count"] for a in rows), sum(a["seconds"] for a in rows)
 
 
+def _case():
+    """(model, GPU, ops.Shape) of the profiled step."""
+    from trainfit.analytic.ops import shape_of
+    from trainfit.analytic.precision import state_bytes
+    from trainfit.analytic.timing import compute_dtype
+    from trainfit.hardware import get_gpu
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+
+    spec, setup = load_model(CASE["model"]), Setup(device="cuda", **CASE["settings"])
+    return spec, get_gpu("H200"), shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+
+
 def test_rmsnorm_backward_kernels_match_the_profile():
     """Per norm (65: two per layer and the final one): the weight's (grad·w, grad·y, Σ over tokens), r's (grad·r,
     grad·x, Σ over the row), the mean's (grad / h, expanded) and pow's (2·x, grad·2·x). Their count is the profile's
@@ -26,16 +39,8 @@ def test_rmsnorm_backward_kernels_match_the_profile():
     over the tokens, a column reduction, runs at 0.16 of the streaming bandwidth where the model takes the row
     reduction's 0.70, NB)."""
     from trainfit.analytic import roofline
-    from trainfit.analytic.ops import backward, norm_ops, shape_of
-    from trainfit.analytic.precision import state_bytes
-    from trainfit.analytic.timing import compute_dtype
-    from trainfit.hardware import get_gpu
-    from trainfit.models.resolve import load_model
-    from trainfit.setup import Setup
-
-    spec, gpu = load_model(CASE["model"]), get_gpu("H200")
-    setup = Setup(device="cuda", **CASE["settings"])
-    sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+    from trainfit.analytic.ops import backward, norm_ops
+    spec, gpu, sh = _case()
     names = (".weight.backward", ".weight.backward_w", ".weight.grad", ".mul.backward", ".mul.backward_r",
              ".mul.backward_sum", ".mean.backward", ".pow.backward", ".pow.backward_mul")
     ops = [o for o in backward(norm_ops(spec, "n", sh.tokens, sh, "g")) if o.name.endswith(names)]
@@ -55,16 +60,8 @@ def test_swiglu_product_backward_reads_the_gradient_twice():
     """act(gate)·up's backward is two muls, grad·up and grad·act(gate), each reading the gradient (the generic rule
     read it once: -17 %). Forward and backward, 3 per layer, each 3 x 58.7 MB: within 10 % of the profile's."""
     from trainfit.analytic import roofline
-    from trainfit.analytic.ops import backward, layer_forward, shape_of
-    from trainfit.analytic.precision import state_bytes
-    from trainfit.analytic.timing import compute_dtype
-    from trainfit.hardware import get_gpu
-    from trainfit.models.resolve import load_model
-    from trainfit.setup import Setup
-
-    spec, gpu = load_model(CASE["model"]), get_gpu("H200")
-    setup = Setup(device="cuda", **CASE["settings"])
-    sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+    from trainfit.analytic.ops import backward, layer_forward
+    spec, gpu, sh = _case()
     fwd = [o for o in layer_forward(spec, sh) if o.name == "act_mul"]
     ops = fwd + [o for o in backward(fwd)]
     calls, seconds = _aten("aten::mul", [[2, 1024, 14336], [2, 1024, 14336]])
