@@ -197,7 +197,7 @@ def sdpa_variants(device: str, gpu, shapes) -> list[dict]:
     seconds, rows = timer(device), []
     backends = _sdpa_backends(device, ("default", "efficient"))
     for shape in shapes:
-        for dtype, p in (("fp32", 0.0), ("fp32", 0.1), ("bf16", 0.1)):
+        for dtype, p in (("fp32", 0.0), ("fp32", 0.1), ("bf16", 0.0), ("bf16", 0.1)):
             tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
             rows += [{**r, "dtype": dtype, "dropout": p} for r in _time_sdpa(seconds, device, shape, tdt, p, backends)]
     return rows
@@ -287,7 +287,10 @@ def lora(device: str, gpu, model: str, tokens: int, ranks, dtypes) -> list[dict]
     return rows
 
 
-def adamw(device: str, gpu, model: str) -> list[dict]:
+def adamw(device: str, gpu, model: str, lora_ranks=()) -> list[dict]:
+    """torch's AdamW step (fused and foreach, fp32 and bf16) over `model`'s parameters, then over the LoRA adapters
+    peft adds at each rank of `lora_ranks` on every linear layer but the head (A: r x in, B: out x r, fp32): many
+    small tensors, each under one multi_tensor_apply chunk (65,536 elements, ATen's MultiTensorApply.cuh)."""
     import torch
 
     from trainfit.models.resolve import load_model
@@ -295,24 +298,30 @@ def adamw(device: str, gpu, model: str) -> list[dict]:
     from trainfit.step.build import build_model
 
     spec = load_model(model)
-    shapes = [p.shape for p in build_model(spec, Setup(precision="bf16"), device="meta").parameters()]
+    net = build_model(spec, Setup(precision="bf16"), device="meta")
+    lists = [("model", None, [p.shape for p in net.parameters()], (torch.float32, torch.bfloat16))]
+    linears = [tuple(m.weight.shape) for name, m in net.named_modules()
+               if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head")]
+    lists += [(f"lora r{r}", r, [s for out_f, in_f in linears for s in ((r, in_f), (out_f, r))], (torch.float32,))
+              for r in lora_ranks]
     seconds, rows = timer(device), []
-    for dtype in (torch.float32, torch.bfloat16):
-        params = [torch.zeros(s, device=device, dtype=dtype, requires_grad=True) for s in shapes]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        n = sum(p.numel() for p in params)
-        for kind in (("fused", "foreach") if device == "cuda" else ("foreach",)):
-            opt = torch.optim.AdamW(params, lr=1e-4, **{kind: True})
-            t = seconds(opt.step, reps=3)
-            el = torch.finfo(dtype).bits // 8
-            rows.append({"model": model, "dtype": str(dtype).split(".")[-1], "kernel": kind, "params": n,
-                         "tensors": len(params), "seconds": t, "wall_seconds": seconds.wall,
-                         "kernels": seconds.kernels,
-                         # fused: read p, g, m, v and write p, m, v once (torch/optim/adam.py _fused_adam)
-                         "stream_bytes": 7 * n * el, "bytes_per_second": 7 * n * el / t})
-            del opt
-        del params
+    for what, rank, shapes, dtypes in lists:
+        for dtype in dtypes:
+            params = [torch.zeros(s, device=device, dtype=dtype, requires_grad=True) for s in shapes]
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            n = sum(p.numel() for p in params)
+            for kind in (("fused", "foreach") if device == "cuda" else ("foreach",)):
+                opt = torch.optim.AdamW(params, lr=1e-4, **{kind: True})
+                t = seconds(opt.step, reps=3 if rank is None else 10)
+                el = torch.finfo(dtype).bits // 8
+                rows.append({"model": model, "params_of": what, "rank": rank, "dtype": str(dtype).split(".")[-1],
+                             "kernel": kind, "params": n, "tensors": len(params), "seconds": t,
+                             "wall_seconds": seconds.wall, "kernels": seconds.kernels,
+                             # fused: read p, g, m, v and write p, m, v once (torch/optim/adam.py _fused_adam)
+                             "stream_bytes": 7 * n * el, "bytes_per_second": 7 * n * el / t})
+                del opt
+            del params
     return rows
 
 
@@ -418,10 +427,11 @@ def main(argv: list[str] | None = None) -> int:
                              [(16384 // s, 16, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192)]
                              + [(2, 32, 1024, 64), (2, 12, 1024, 128), (2, 24, 1024, 128), (2, 32, 1024, 128)]),
         "sdpa_variants": lambda: sdpa_variants(device, gpu, [(1, 2, 64, 32)] if dry else
-                                               [(16384 // s, 16, s, 64) for s in (512, 1024, 2048, 4096)]
-                                               + [(2, 12, 1024, 64), (2, 16, 1024, 128)]),
+                                               [(16384 // s, 16, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096)]
+                                               + [(b, 12, s, 64) for b, s in ((2, 1024), (4, 1024), (8, 1024), (2, 2048))]
+                                               + [(2, 16, 1024, 128)]),
         "gemm": lambda: gemm(device, gpu, ("tiny-gpt2",) if dry else MODELS, 64 if dry else 2048),
-        "adamw": lambda: adamw(device, gpu, "tiny-llama" if dry else "llama-3.2-1b"),
+        "adamw": lambda: adamw(device, gpu, "tiny-llama" if dry else "llama-3.2-1b", (4,) if dry else (16, 64)),
         "lora": lambda: lora(device, gpu, "tiny-llama" if dry else "llama-3.2-1b", 64 if dry else 2048,
                              (4,) if dry else (8, 16, 64), ("fp32",) if dry else ("fp32", "bf16")),
         "host": lambda: host(device),

@@ -261,7 +261,7 @@ def warm_up(device: str) -> dict:
     return process_memory(device)
 
 
-def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
+def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: int = 2) -> dict:
     import importlib.util
 
     from trainfit.analytic.engine import estimate
@@ -301,10 +301,10 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None) -> dict:
     except Exception as e:
         row["trace"] = {"error": str(e).splitlines()[0]}
     try:
-        m = measure(spec, setup, steps=2, warmup=1, device=device)
+        m = measure(spec, setup, steps=steps, warmup=1, device=device)
         row["measured"] = {"peak": m.peak, "phase": m.peak_phase, "reserved": m.reserved_peak,
                            "device_used": m.device_used, "step_seconds": m.step_seconds,
-                           "decode_seconds": m.decode_seconds or None, "phase_peaks": m.phase_peaks,
+                           "step_times": list(m.step_times), "decode_seconds": m.decode_seconds or None, "phase_peaks": m.phase_peaks,
                            "weights": m.weights, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
                            "activations": m.activations, "kv_cache": m.kv_cache, "baseline": m.baseline}
         if device == "cuda":  # the segments the step left cached (released only by empty_cache), beside the trace's
@@ -493,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny models, --device cpu semantics (no GPU needed)")
     ap.add_argument("--only", default=None, help="run the cases whose id contains this text")
+    ap.add_argument("--steps", type=int, default=2,
+                    help="timed steps per case (each recorded in step_times; step_seconds is their median)")
     ap.add_argument("--max-minutes", type=float, default=8.0, help="stop starting new cases after this long")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json and .md results")
     args = ap.parse_args(argv)
@@ -537,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"id": c.id, "skipped": f"--max-minutes {args.max_minutes} reached"})
             continue
         print(f"[{i}/{len(cases)}] {c.id}", file=sys.stderr, flush=True)
-        rows.append(run_case(c, gpu, device, process_memory(device)))
+        rows.append(run_case(c, gpu, device, process_memory(device), args.steps))
         print(f"    {json.dumps(rows[-1].get('errors') or rows[-1].get('skipped'), default=str)} "
               f"{rows[-1].get('seconds', 0)} s", file=sys.stderr, flush=True)
         if device == "cuda":

@@ -60,7 +60,7 @@ def replay(run: dict) -> dict[str, list[tuple[str, float]]]:
             t = memory_seconds(gpu, r["bytes"], 1, access)
             out["step_ops"].append((f"{r['op']} {r['tokens']}x{r['width']} ({access})", t / r["seconds"] - 1))
     for r in run.get("adamw", []):
-        if r["kernel"] != "fused":
+        if r["kernel"] != "fused" or r.get("rank"):  # the model's own parameters (LoRA adapters' rows apart)
             continue
         precision = "fp32" if r["dtype"] == "float32" else "bf16"
         setup = Setup(device="cuda", precision=precision, optimizer_impl="fused")
