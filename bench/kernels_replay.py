@@ -5,7 +5,8 @@
 
 bench/cuda_kernels.py timed, on a lent GPU, the kernels an eager step spends its time in (kernel time from
 torch.profiler); this re-predicts each with analytic/roofline.py as it is now and prints the errors by section:
-the GEMMs of five models' linear layers, torch's SDPA (the backend it picks by default), the memory-bound ops of a
+the GEMMs of five models' linear layers, torch's SDPA (the backend it picks by default; and fp32 and dropout 0.1
+inside the kernel by backend, sdpa_variants), the memory-bound ops of a
 step by access class, the optimizer, and LoRA's six thin GEMMs per layer shape and rank by dtype (fp32: peft's
 adapters without autocast, timed as cuBLAS's SIMT kernels, roofline._simt_gemm_seconds), each beside the prediction
 the run stored when it was measured. Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
@@ -54,6 +55,16 @@ def replay(run: dict) -> dict[str, list[tuple[str, float]]]:
         for p in ("fwd", "bwd"):
             t = attention_seconds(gpu, "sdpa", b * h, s, s, d, True, "bf16", backward=p == "bwd")
             out["sdpa"].append((f"{r['shape']} {p}", t / r[f"{p}_seconds"] - 1))
+    for r in run.get("sdpa_variants", []):  # fp32 and dropout 0.1 inside the kernel, by backend
+        if "error" in r:
+            continue
+        b, h, s, d = r["shape"]
+        kernel = "efficient" if r["backend"] == "efficient" or r["dtype"] == "fp32" else "sdpa"  # torch's pick
+        section = f"sdpa {r['dtype']}{' dropout' if r['dropout'] else ''} {kernel}"
+        for p in ("fwd", "bwd"):
+            t = attention_seconds(gpu, kernel, b * h, s, s, d, True, r["dtype"], backward=p == "bwd",
+                                  dropout=bool(r["dropout"]))
+            out.setdefault(section, []).append((f"{r['shape']} {p}", t / r[f"{p}_seconds"] - 1))
     for r in run.get("step_ops", []):
         access = ACCESS.get(r["op"])
         if access:

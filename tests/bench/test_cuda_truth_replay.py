@@ -48,10 +48,11 @@ def test_fp32_memory_efficient_attention_runs_on_tensor_cores(rows):
     """gpt2 fp32 on the H200 ran SDPA's memory-efficient kernel (fmha_cutlassF/B_f32 ..._sm80 in the profile), whose
     fp32 matmuls are 3xTF32 on tensor cores from sm80 on (roofline._attention_peak). Timed at the CUDA cores' fp32
     rate instead, its attention was +323 % and the step +34.5 %; at the 3xTF32 rate with the H100's default
-    fractions +73 %; with the fractions measured on the bf16 kernel (kernels.toml [generation.hopper.efficient]) and
-    dropout's draws +17 % (NB: the backward reads +32 %, slow: tripling its matmuls costs it less than 3x)."""
+    fractions +73 %; with the bf16 build's measured fractions and dropout's draws +17 %; with its own fp32 + dropout
+    build fitted on a kernel microbenchmark (kernels.toml [generation.hopper.efficient.fp32_dropout], not on this
+    step) +1 %."""
     r = rows["gpt2-fp32"]
-    assert abs(r["analytic_kinds"]["attention"] / r["kinds"]["attention"] - 1) <= 0.25, (r["analytic_kinds"],
+    assert abs(r["analytic_kinds"]["attention"] / r["kinds"]["attention"] - 1) <= 0.05, (r["analytic_kinds"],
                                                                                         r["kinds"])
     assert abs(r["analytic_step"] - r["step"]) <= 0.15 * r["step"], (r["analytic_step"], r["step"])
 
@@ -68,13 +69,14 @@ def test_fp32_adapters_on_a_bf16_base_run_fp32_gemms(rows):
 
 
 def test_dropout_inside_cudnns_attention(rows):
-    """GPT-2 trains with attn_pdrop 0.1, which HF passes to SDPA: cuDNN's forward draws a random number per score
-    (kernels.toml [dropout], measured on this step's forward: 41.1 us per call where llama's no-dropout calls fit
-    18.2). Its attention kind within 10 % of the profile (was -27 % without the draws); llama's, without dropout,
-    stays within 10 % (the term is not added where attention_dropout is 0)."""
-    for case in ("gpt2-amp-bf16", "llama-3.2-1b-amp-bf16"):
+    """GPT-2 trains with attn_pdrop 0.1, which HF passes to SDPA: cuDNN's forward draws a random number per score and
+    its backward regenerates them (kernels.toml [generation.hopper.cudnn.dropout], fitted on a kernel microbenchmark
+    with and without dropout, not on this step). gpt2's attention kind within 5 % of the profile (-27 % without the
+    draws, -4 % with a per-score forward cost fitted on this step's calls); llama's, without dropout, within 10 %
+    (the no-dropout fit)."""
+    for case, tol in (("gpt2-amp-bf16", 0.05), ("llama-3.2-1b-amp-bf16", 0.10)):
         r = rows[case]
-        assert abs(r["analytic_kinds"]["attention"] / r["kinds"]["attention"] - 1) <= 0.10, (case, r["kinds"])
+        assert abs(r["analytic_kinds"]["attention"] / r["kinds"]["attention"] - 1) <= tol, (case, r["kinds"])
 
 
 def test_master_weight_casts_are_their_own_copy_kernels(rows):

@@ -82,9 +82,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
                 g, unfused = g + gemms, unfused + elementwise
             else:
                 at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
-                                                 op.backward, op.mask) - launch
-                if op.dropout and not op.backward:  # its random draws (the backward's hide under its matmuls)
-                    at += roofline.fused_dropout_seconds(gpu, op.batch, op.m, op.n, op.causal)
+                                                 op.backward, op.mask, op.dropout) - launch
             k = kn.attention_bwd_launches.get(kernel, op.kernels) if op.backward else op.kernels
             n += k
             # a measured kernel's time per call includes its own launches (roofline._fitted_seconds): one is timed

@@ -141,6 +141,16 @@ class FittedAttention:
     backward_tiles: tuple[tuple[int, int], ...]
     fill: int
     backward_bytes_per_element: float
+    # the same kernel built for fp32 and/or dropout, fitted apart (kernels.toml [...<kernel>.fp32], .dropout,
+    # .fp32_dropout): another template instantiation or engine config (fmha_cutlassB_f32_..._dropout_sm80), not
+    # a scaling of this one
+    variants: tuple[tuple[str, "FittedAttention"], ...] = ()
+
+    def variant(self, dtype: str, dropout: bool) -> "FittedAttention | None":
+        """The fit for `dtype` with or without dropout: this one for 16-bit without, else the fitted variant, or
+        None where that was not measured."""
+        key = "_".join(k for k in ("fp32" if dtype == "fp32" else "", "dropout" if dropout else "") if k)
+        return dict(self.variants).get(key) if key else self
 
     def at(self, head_dim: int, backward: bool) -> tuple[float, float]:
         """(fraction, fixed seconds) at `head_dim`: linear between the measured head dims, the nearer one outside."""
@@ -167,12 +177,16 @@ def _fitted(raw: dict, clock: float = 1.0) -> FittedAttention:
     n = len(raw["head_dims"])
     fwd_tiles = raw.get("forward_tiles") or [raw["tile"]] * n
     bwd_tiles = raw.get("backward_tiles") or [raw["tile"]] * n
+    # a variant's sub-table gives its own fractions and fixed times; what it leaves out (tiles, fill, the
+    # backward's passes) is the base kernel's
+    own = {k: v for k, v in raw.items() if not isinstance(v, dict)}
+    variants = tuple((name, _fitted({**own, **sub}, clock)) for name, sub in raw.items() if isinstance(sub, dict))
     return FittedAttention(tuple(raw["head_dims"]), tuple(f * clock for f in raw["forward"]),
                            tuple(f * clock for f in raw["backward"]),
                            tuple(raw["forward_fixed_seconds"]), tuple(raw["backward_fixed_seconds"]),
                            tuple(tuple(int(x) for x in t) for t in fwd_tiles),
                            tuple(tuple(int(x) for x in t) for t in bwd_tiles),
-                           int(raw["fill"]), float(raw.get("backward_bytes_per_element", 0.0)))
+                           int(raw["fill"]), float(raw.get("backward_bytes_per_element", 0.0)), variants)
 
 
 def _with_derived(d: dict) -> dict:
@@ -430,22 +444,29 @@ def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causa
 
 
 def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                      dtype: str, backward: bool, mask: int = 0) -> float:
+                      dtype: str, backward: bool, mask: int = 0, dropout: bool = False) -> float:
     """One attention call (forward, or its backward when `backward`) on one GPU. mask: HF eager's additive mask's
-    bytes per element (ops.Shape.eager_mask; 0: SDPA's math path)."""
+    bytes per element (ops.Shape.eager_mask; 0: SDPA's math path). dropout: on the probabilities inside a fused
+    kernel (an eager step's dropout is its own kernel, ops.py)."""
     if min(batch_heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     return _attention_seconds(gpu, kernel, int(batch_heads), int(s_q), int(s_kv), int(head_dim), bool(causal),
-                              dtype, bool(backward), int(mask))
+                              dtype, bool(backward), int(mask), bool(dropout))
 
 
 @lru_cache(maxsize=65536)
 def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                       dtype: str, backward: bool, mask: int = 0) -> float:
+                       dtype: str, backward: bool, mask: int = 0, dropout: bool = False) -> float:
     kn = kernels_for(gpu)
     kernel = runnable(kn, kernel)
     if kernel in kn.fitted:
-        return _fitted_seconds(gpu, kn, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+        fit = kn.fitted[kernel].variant(dtype, dropout)
+        if fit is not None:
+            return _fitted_seconds(gpu, kn, fit, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+        # not measured this way: the fit without dropout (else the 16-bit one at this dtype's peak) + the draws
+        fit = kn.fitted[kernel].variant(dtype, False) or kn.fitted[kernel]
+        return _fitted_seconds(gpu, kn, fit, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward) \
+            + _draws(gpu, batch_heads, s_q, s_kv, causal, dropout and not backward)
     if kernel == "eager":
         return sum(unfused_attention(gpu, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward, mask)) \
             + kn.launch_seconds
@@ -461,7 +482,15 @@ def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: 
     compute = flops / (_attention_peak(gpu, kernel, dtype) * frac * seq)
     # HBM traffic: forward reads Q, K, V and writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV
     io = batch_heads * head_dim * _size(dtype) * ((4 * s_q + 4 * s_kv) if backward else (2 * s_q + 2 * s_kv))
-    return max(compute, io / _bandwidth(gpu, kn)) + kn.launch_seconds
+    return max(compute, io / _bandwidth(gpu, kn)) + kn.launch_seconds \
+        + _draws(gpu, batch_heads, s_q, s_kv, causal, dropout and not backward)
+
+
+def _draws(gpu: GPU, batch_heads: int, s_q: int, s_kv: int, causal: bool, dropout: bool) -> float:
+    """A fused kernel's random draws where no fit with dropout holds them (fused_dropout_seconds); the backward
+    regenerates them beside 2.5x the matmuls and is left as is. NB: fast where a fitted variant shows the
+    backward's dropout cost (the H200's: +10 ... +40 %, kernels.toml [dropout])."""
+    return fused_dropout_seconds(gpu, batch_heads, s_q, s_kv, causal) if dropout else 0.0
 
 
 def _attention_peak(gpu: GPU, kernel: str, dtype: str) -> float:
@@ -476,12 +505,11 @@ def _attention_peak(gpu: GPU, kernel: str, dtype: str) -> float:
     return gpu.flops_for(dtype)
 
 
-def _fitted_seconds(gpu: GPU, kn: Kernels, kernel: str, bh: int, s_q: int, s_kv: int, d: int, causal: bool,
-                    dtype: str, backward: bool) -> float:
-    """A measured fused attention kernel (FittedAttention): FLOPs at its fraction of the peak over its tiles' tile
-    factor, its fixed time per call, and in the backward its pre/post passes' bytes at HBM bandwidth. The fixed
-    time includes its launches: time_ops times one launch for it, and counts all of them for the host."""
-    c = kn.fitted[kernel]
+def _fitted_seconds(gpu: GPU, kn: Kernels, c: FittedAttention, kernel: str, bh: int, s_q: int, s_kv: int, d: int,
+                    causal: bool, dtype: str, backward: bool) -> float:
+    """A measured fused attention kernel `c` (FittedAttention): FLOPs at its fraction of the peak over its tiles'
+    tile factor, its fixed time per call, and in the backward its pre/post passes' bytes at HBM bandwidth. The
+    fixed time includes its launches: time_ops times one launch for it, and counts all of them for the host."""
     frac, fixed = c.at(d, backward)
     flops = _attention_flops(bh, s_q, s_kv, d, causal) * (2.5 if backward else 1.0)
     tile = c.tile(d, backward)
