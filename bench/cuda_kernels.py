@@ -98,7 +98,8 @@ def elementwise(device: str, gpu, sizes) -> list[dict]:
 def step_ops(device: str, gpu, tokens: int, widths) -> list[dict]:
     """The memory-bound ops an eager LLM step runs, at its sizes (tokens x width): RMSNorm's fp32 pieces (upcast,
     square, row mean, broadcast multiply), SiLU, the residual add, a head-major transpose copy (attention's
-    (b, s, h, d) -> (b, h, s, d)), and a row softmax (the loss): bytes counted as the tensors read and written."""
+    (b, s, h, d) -> (b, h, s, d)), a row softmax (the loss), and column sums over the tokens (a bias's or a norm
+weight's gradient): bytes counted as the tensors read and written."""
     import torch
 
     from trainfit.analytic.roofline import memory_seconds
@@ -116,7 +117,9 @@ def step_ops(device: str, gpu, tokens: int, widths) -> list[dict]:
                "silu_bf16": (lambda: torch.nn.functional.silu(xb), n * 4),
                "add_bf16": (lambda: xb + yb, n * 6),
                "transpose_copy_bf16": (lambda: xb.view(2, tokens // 2, -1, 64).transpose(1, 2).contiguous(), n * 4),
-               "softmax_fp32": (lambda: torch.log_softmax(xf, -1), n * 8)}
+               "softmax_fp32": (lambda: torch.log_softmax(xf, -1), n * 8),
+               "colsum_bf16": (lambda: xb.sum(0), n * 2 + w * 2),
+               "colsum_fp32": (lambda: xf.sum(0), n * 4 + w * 4)}
         for op, (fn, nbytes) in ops.items():
             t = seconds(fn, reps=20)
             rows.append({"op": op, "tokens": tokens, "width": w, "bytes": nbytes, "seconds": t,
