@@ -63,7 +63,8 @@ def replay(run: dict) -> dict[str, list[tuple[str, float]]]:
         if r["kernel"] != "fused" or r.get("rank"):  # the model's own parameters (LoRA adapters' rows apart)
             continue
         precision = "fp32" if r["dtype"] == "float32" else "bf16"
-        setup = Setup(device="cuda", precision=precision, optimizer_impl="fused")
+        # bench/cuda_kernels.py adamw times opt.step() alone: no clip_grad_norm_ (the hf stack's default would add one)
+        setup = Setup(device="cuda", precision=precision, optimizer_impl="fused", max_grad_norm=0.0)
         mem, launch = optimizer_seconds(gpu, setup, state_bytes(setup), r["params"], r["tensors"])
         out["adamw"].append((f"fused AdamW {r['dtype']} {r['params']:,} params", (mem + launch) / r["seconds"] - 1))
     for r in run.get("lora", []):
