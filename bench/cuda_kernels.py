@@ -310,9 +310,12 @@ def adamw(device: str, gpu, model: str, lora_ranks=()) -> list[dict]:
     seconds, rows = timer(device), []
     for what, rank, shapes, dtypes in lists:
         for dtype in dtypes:
-            params = [torch.zeros(s, device=device, dtype=dtype, requires_grad=True) for s in shapes]
+            # random values, not zeros: on zeros the step's sqrt(0) and 0 / x take CUDA's slower special-value paths
+            # (the runs up to kernels-H200-2026-11-27-eighth: fused AdamW 1.2-2x its time inside real steps;
+            # BENCHMARKS §39)
+            params = [(torch.randn(s, device=device, dtype=dtype) * 0.02).requires_grad_() for s in shapes]
             for p in params:
-                p.grad = torch.zeros_like(p)
+                p.grad = torch.randn_like(p) * 1e-3
             n = sum(p.numel() for p in params)
             for kind in (("fused", "foreach") if device == "cuda" else ("foreach",)):
                 opt = torch.optim.AdamW(params, lr=1e-4, **{kind: True})

@@ -111,8 +111,9 @@ def test_the_torchtitan_step_clips_to_max_grad_norm():
 def test_the_analytic_optimizer_time_adds_the_clip_passes():
     """llama-3.2-1b, amp-bf16 on an H200: fp32 gradients, 4 bytes each, read once by the norm and read and written
     once by the scale, at the catalog's HBM bandwidth times the fractions its multi_tensor_apply kernels reach
-    (kernels.toml hbm_fraction, access mta32); each pass launches a kernel per 320 chunks of 65,536 elements (a
-    tensor's last chunk counted as half), 3 µs each."""
+    (kernels.toml hbm_fraction, access mta32); each pass launches a kernel per 320 chunks of 65,536 elements, 3 µs
+    each. The last launch of each pass holds too few chunks to stream and takes analytic/multi_tensor.py's latency
+    floor instead: a few µs over the 4.7 ms (within 0.2 %)."""
     from trainfit.analytic.engine import estimate
     from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
@@ -130,7 +131,8 @@ def test_the_analytic_optimizer_time_adds_the_clip_passes():
     assert launches == 120
     expected = 3 * 4 * params / bandwidth + launches * kn.launch_seconds
     st_on, st_off = on.detail["step_time"], off.detail["step_time"]
-    assert st_on["optimizer"] - st_off["optimizer"] == pytest.approx(expected, rel=1e-9)
+    added = st_on["optimizer"] - st_off["optimizer"]
+    assert expected < added < expected * 1.002, (added, expected)
     assert st_on["kernels"] - st_off["kernels"] == launches
     assert on.memory.peak == off.memory.peak  # a few scalars: no memory term
 

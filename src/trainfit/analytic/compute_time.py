@@ -19,7 +19,7 @@ from functools import lru_cache
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora_ops, roofline
+from . import lora_ops, multi_tensor, roofline
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
                   fp8_backward_extra, grad_accumulations, head_backward_extra, head_forward, layer_forward,
@@ -190,66 +190,99 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     return hit
 
 
-MTA_CHUNK, MTA_BLOCKS = 65536, 320  # MultiTensorApply.cuh kChunkSize, depth_to_max_blocks
+# torch/optim/adam.py _multi_tensor_adam with capturable off (torch 2.13's lines): each op one multi_tensor_apply
+# pass — (op, list depth, a scalar per tensor, bytes per element read + written as multiples of (param, one Adam
+# state, grad)). 4p + 12s + 2g over the eight.
+FOREACH_ADAM = (
+    ("mul_", 1, False, (2, 0, 0)),  # :691 decoupled weight decay: param *= 1 - lr * wd
+    ("lerp_", 2, False, (0, 2, 1)),  # :704 exp_avg toward grad
+    ("mul_", 1, False, (0, 2, 0)),  # :708 exp_avg_sq *= beta2
+    ("addcmul_", 3, False, (0, 2, 1)),  # :721 exp_avg_sq += (1 - beta2) grad * grad (NB: grad's second read cached)
+    ("sqrt", 2, False, (0, 2, 0)),  # :790 into a new state-sized tensor
+    ("div_", 1, True, (0, 2, 0)),  # :792 by each tensor's bias_correction2_sqrt
+    ("add_", 1, False, (0, 2, 0)),  # :793 + eps
+    ("addcdiv_", 3, True, (2, 2, 0)),  # :794 param += step_size * exp_avg / denom
+)
 
 
 def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int,
-                      grads: float | None = None) -> tuple[float, float]:
-    """(memory seconds, launch seconds) of optimizer.step() over this rank's `shard` parameters in `tensors`
-    tensors (`grads`: the parameters whose gradients the rank holds and clips, default `shard`; ZeRO-1 keeps them
-    all), per kernel (Setup.optimizer_kernel):
+                      grads: float | None = None, sizes: tuple[int, ...] | None = None) -> tuple[float, float]:
+    """(kernel seconds, launch seconds) of optimizer.step() over this rank's `shard` parameters in `tensors`
+    tensors (`sizes`: each tensor's elements where known, in the optimizer's order, else `tensors` equal ones;
+    `grads`: the parameters whose gradients the rank holds and clips, default `shard`; ZeRO-1 keeps them all), per
+    kernel (Setup.optimizer_kernel):
       fused     one pass: read weight (or fp32 master), gradient and states, write weight/master and states
-                (torch/optim/adam.py _fused_adam: aten._fused_adamw_, multi_tensor_apply launches per chunk of tensors);
-                with a master, the update writes the fp32 master and one cast writes the 16-bit weight;
-      foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): _foreach_mul_ (weight decay), lerp_ (m),
-                mul_ + addcmul_ (v), sqrt, div_, add_ (eps), addcdiv_ (param): 8 passes, each a launch per chunk of
-                tensors; other optimizers one fused-like pass per state (NB);
+                (torch/optim/adam.py _fused_adam: aten._fused_adamw_, one depth-4 multi_tensor_apply pass); with a
+                master, the update writes the fp32 master and one cast writes the 16-bit weight. NB: the _foreach_add_
+                of the per-tensor step counts before it (adam.py:876: 2-3 launches of ~1.5 us on the H200 profiles)
+                is left out (errs fast by a few us);
+      foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): FOREACH_ADAM's 8 passes (its step counts
+                stay on the CPU, adam.py:681-684); other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
     after the gradient clipping the setup runs (Setup.grad_clip_norm: --max-grad-norm, else the stack's [grad_clip]
-    fact, HF Trainer's and torchtitan's 1.0).
-    multi_tensor_apply launches a kernel whenever its argument block is full: up to depth_to_max_tensors tensors
-    (110 for depth-1 lists, 48 at depth 3; NB 48 taken for every list) or depth_to_max_blocks = 320 blocks of
-    kChunkSize = 65,536 elements (aten/src/ATen/native/cuda/MultiTensorApply.cuh; the fused optimizers' variant
-    alike): so a pass over E elements launches at least E / 20,971,520 kernels — 60 for a 1.24B-parameter model,
-    as an H200 profile of _fused_adamw_ counted (bench/results/cuda-H200-2026-11-26.json). NB: each tensor's last
-    chunk is counted as half a chunk on average."""
+    fact, HF Trainer's and torchtitan's 1.0). Each multi_tensor_apply pass is timed launch by launch
+    (analytic/multi_tensor.py): its bytes at the streaming bandwidth, or the latency floor of a launch with few
+    chunks (LoRA's adapters: 224 tensors of under 2 chunks each on llama-3.2-1b)."""
     w, g, mast, o = st.weight, st.grad, st.master, st.optimizer
     p = mast or w  # the tensor the update reads and writes: the fp32 master when there is one
     kernel = setup.optimizer_kernel
-    adam = setup.optimizer in ("adam", "adamw")
-    per_launch = 48
     casts = master_cast_seconds(gpu, setup, st, shard)
     # the master's casts: in the pass (flat buffers) or apart, where the update then reads fp32 gradient copies
     g, cast_bytes = (mast, 0) if casts else (g, (mast + w) if mast else 0)
-    if kernel == "fused" or not adam:
-        nbytes = shard * (2 * p + g + 2 * o + cast_bytes)
-        passes = 1
-    else:
-        s = o / 2  # bytes of one Adam state
-        # weight decay 2p, lerp (m) 2s+g, mul (v) 2s, addcmul (v) 2s+g, sqrt 2s, div 2s, add 2s, addcdiv 2p+2s
-        nbytes = shard * (4 * p + 12 * s + 2 * g + cast_bytes)
-        passes = 8
-    chunks = shard / MTA_CHUNK + tensors / 2
-    per_pass = tensors if kernel == "for-loop" else max(-(-tensors // per_launch), math.ceil(chunks / MTA_BLOCKS))
-    # fp32 masters: trainfit's hf step casts each gradient up and copies each master back, per tensor
-    # (step/standard.py MasterWeightOptimizer.step); the other stacks keep flat master buffers (NB: one launch)
-    master = (2 * tensors if setup.stack == "hf" else 1) if mast else 0
-    launches = passes * per_pass + master
-    launch = roofline.kernels_for(gpu).launch_seconds
     # multi_tensor_apply kernels load kILP = 4 elements per thread per access (aten/src/ATen/native/cuda/
     # ForeachFunctors.cuh, fused_adam_utils.cuh): 16-byte accesses on fp32 weights, 8-byte on 16-bit ones, which
-    # keep half the bytes in flight (kernels.toml access mta32 / mta16). NB: the for-loop path's per-tensor kernels
-    # are TensorIterator's vectorised ones, timed as mta too
-    access = "mta32" if p >= 4 else "mta16"
-    seconds = roofline.memory_seconds(gpu, nbytes, 0, access) + casts
-    if setup.grad_clip_norm > 0:  # clip_grad_norm_ first (stacks/*.toml [grad_clip]): a foreach norm reads every
-        # gradient, a foreach mul by the clip coefficient reads and writes it (torch/nn/utils/clip_grad.py), each a
-        # multi_tensor_apply pass, whatever the norm. The H200 torchtitan step: 1.24 + 2.40 ms for 1.1B fp32. The
-        # model's own gradients (st.grad: a master's fp32 copies are made after the clip)
-        clipped, gc = (shard if grads is None else grads), st.grad
-        seconds += roofline.memory_seconds(gpu, clipped * 3 * gc, 0, "mta32" if gc >= 4 else "mta16")
-        launches += 2 * max(-(-tensors // per_launch), math.ceil((clipped / MTA_CHUNK + tensors / 2) / MTA_BLOCKS))
-    return seconds, launches * launch
+    # keep half the bytes in flight (kernels.toml access mta32 / mta16); foreach's kernels, a multiply or add per
+    # element between their loads and stores, keep more in flight than the fused kernel's Adam arithmetic
+    # (foreach32 / foreach16). NB: the for-loop path's per-tensor kernels are TensorIterator's vectorised ones,
+    # timed as mta too
+    wide = p >= 4
+    access = "mta32" if wide else "mta16"
+    adam = setup.optimizer in ("adam", "adamw")
+    if kernel == "for-loop":  # a kernel per op per tensor (TensorIterator's), each the op's bytes
+        nbytes = (4 * p + 6 * o + 2 * g) if adam else (2 * p + g + 2 * o)
+        seconds = roofline.memory_seconds(gpu, shard * (nbytes + cast_bytes), 0, access)
+        launches = (len(FOREACH_ADAM) if adam else 1) * tensors
+    else:
+        foreach = kernel == "foreach" and adam
+        seconds, launches = _step_passes(gpu, multi_tensor.runs_of(shard, tensors, sizes), (p, o, g), cast_bytes,
+                                         ("foreach32" if wide else "foreach16") if foreach else access, foreach)
+    # fp32 masters: trainfit's hf step casts each gradient up and copies each master back, per tensor
+    # (step/standard.py MasterWeightOptimizer.step); the other stacks keep flat master buffers (NB: one launch)
+    launches += (2 * tensors if setup.stack == "hf" else 1) if mast else 0
+    seconds += casts
+    if setup.grad_clip_norm > 0:  # clip_grad_norm_ first (stacks/*.toml [grad_clip]), the model's own gradients
+        # (st.grad: a master's fp32 copies are made after the clip); a clip reads them all below ZeRO-2
+        clip_s, clip_n = _clip_passes(gpu, multi_tensor.runs_of(shard if grads is None else grads, tensors, sizes),
+                                      st.grad)
+        seconds, launches = seconds + clip_s, launches + clip_n
+    return seconds, launches * roofline.kernels_for(gpu).launch_seconds
+
+
+def _step_passes(gpu: GPU, runs, pog: tuple[float, float, float], cast_bytes: float, access: str,
+                 foreach: bool) -> tuple[float, int]:
+    """(seconds, launches) of the step's multi_tensor_apply passes over `runs` (multi_tensor.runs_of), with
+    (param, all states, grad) bytes per element and a master's cast bytes where the pass writes them: foreach Adam
+    FOREACH_ADAM's eight (the cast after the last, which writes the parameter); otherwise one depth-4 pass reading
+    and writing param and states and reading grad (fused_adam_impl.cu: params, grads, exp_avgs, exp_avg_sqs;
+    NB: every non-Adam optimizer as one such pass)."""
+    p, o, g = pog
+    if not foreach:
+        return multi_tensor.pass_seconds(gpu, runs, 4, 2 * p + g + 2 * o + cast_bytes, access)
+    seconds, launches = 0.0, 0
+    for i, (_, depth, scalar_list, (np_, ns, ng)) in enumerate(FOREACH_ADAM):
+        bpe = np_ * p + ns * o / 2 + ng * g + (cast_bytes if i == len(FOREACH_ADAM) - 1 else 0)
+        t, n = multi_tensor.pass_seconds(gpu, runs, depth, bpe, access, scalar_list)
+        seconds, launches = seconds + t, launches + n
+    return seconds, launches
+
+
+def _clip_passes(gpu: GPU, runs, grad_bytes: float) -> tuple[float, int]:
+    """clip_grad_norm_'s two multi_tensor_apply passes over the gradients, whatever the norm (torch/nn/utils/
+    clip_grad.py:95 _foreach_norm reads each; :173 _foreach_mul_ by the clip coefficient reads and writes it)."""
+    access = "mta32" if grad_bytes >= 4 else "mta16"
+    norm = multi_tensor.pass_seconds(gpu, runs, 1, grad_bytes, access)
+    mul = multi_tensor.pass_seconds(gpu, runs, 1, 2 * grad_bytes, access)
+    return norm[0] + mul[0], norm[1] + mul[1]
 
 
 def master_cast_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int = 0) -> float:

@@ -79,6 +79,18 @@ def adapter_params(spec: ModelSpec, setup: Setup) -> int:
     return spec.layers * adapter_params_per_layer(spec, setup)
 
 
+def adapter_sizes(spec: ModelSpec, setup: Setup, layers: int) -> tuple[int, ...]:
+    """Elements of each trainable tensor of `layers` layers in the order the optimizer steps them: the model's
+    module order, and per adapted Linear peft's lora_A (r x in), lora_B (out x r) and DoRA's magnitude (out)
+    (peft tuners/lora/layer.py:134-145 registers lora_A, lora_B, lora_magnitude_vector in that order)."""
+    r, adapted = setup.lora_rank, targets(spec, setup)
+    per_layer = []
+    for name, (i, o, _) in linears(spec).items():
+        if name in adapted:
+            per_layer += [r * i, o * r] + ([o] if setup.dora else [])
+    return tuple(per_layer) * layers
+
+
 def largest_adapter(spec: ModelSpec, setup: Setup) -> int:
     r = setup.lora_rank
     return max(r * max(i, o) for i, o, _ in targets(spec, setup).values())

@@ -242,6 +242,12 @@ def fused_dropout_seconds(gpu: GPU, batch_heads: float, s_q: float, s_kv: float,
     return scores * float(_table()["dropout"]["sm_seconds_per_score"]) / kernels_for(gpu).sms
 
 
+def mta_iteration_seconds() -> float:
+    """The latency of one iteration of a multi_tensor_apply CTA (kernels.toml [multi_tensor_apply], measured on an
+    H200): analytic/multi_tensor.py's floor under a launch with too few CTAs to stream at HBM bandwidth."""
+    return float(_table()["multi_tensor_apply"]["iteration_seconds"])
+
+
 def host_seconds_per_kernel(no_grad: bool = False) -> float:
     """The host's time to issue one kernel from eager PyTorch: a training step's, or an inference forward's under
     no_grad (no autograd recording) — kernels.toml [host], measured on H200 hosts."""

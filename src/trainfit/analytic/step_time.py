@@ -226,14 +226,15 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     dp_bw = intra if dp_bw_name == "intra" else inter
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduce-scatters in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
-    trained, st_opt, tensors = stage_params, st, None
+    trained, st_opt, tensors, sizes = stage_params, st, None, None
     if setup.lora_rank:  # only the adapters are reduced and stepped (analytic/lora.py: fp32 unless --lora-dtype)
-        from .lora import adapter_params, adapter_setup, targets
+        from .lora import adapter_params, adapter_setup, adapter_sizes
         from .precision import state_bytes
 
         trained = adapter_params(spec, setup) * stage_layers_n / spec.layers
         st_opt = state_bytes(adapter_setup(setup, st))
-        tensors = stage_layers_n * len(targets(spec, setup)) * (3 if setup.dora else 2)
+        sizes = adapter_sizes(spec, setup, stage_layers_n)
+        tensors = len(sizes)
     g_bytes, w_bytes = trained * (st_opt.reduce or st_opt.grad), stage_params * (st.param or st.weight)
     bucket = min(BUCKET_BYTES, g_bytes)
     bucket_t = ring_allreduce(dpc, bucket, dp_bw)
@@ -277,7 +278,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     shard = trained / (dpc if z >= 1 else 1)
     tensors = tensors or tensors_per_rank(spec, stage_layers_n, p == 1 or first == stage_layers_n,
                                           p == 1 or last == stage_layers_n)
-    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors,
+    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors, sizes=sizes,
                                             grads=trained / (dpc if z >= 2 else 1))  # a clip reads: whole below ZeRO-2
     opt = opt_mem + opt_launch
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
