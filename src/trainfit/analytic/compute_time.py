@@ -193,6 +193,16 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
 
 
 MTA_CHUNK, MTA_BLOCKS = 65536, 320  # MultiTensorApply.cuh kChunkSize, depth_to_max_blocks
+MTA_TENSORS_DEPTH1 = 110  # MultiTensorApply.cuh depth_to_max_tensors[0]: a one-list foreach op's tensors per launch
+# clip_grad_norm_'s small kernels beside its two passes (torch/nn/utils/clip_grad.py _get_total_norm,
+# _clip_grads_with_norm_): _foreach_norm's zeroed per-chunk sums and its lpnorm_cleanup (aten/src/ATen/native/cuda/
+# ForeachReduceOp.cu foreach_tensor_norm_cuda: `at::zeros({ntensors * max_chunks_per_tensor})`, multi_tensor_apply,
+# lpnorm_cleanup), torch.stack of the norms (a cat), vector_norm of the stack, `total_norm + 1e-6`,
+# `max_norm / (...)` (reciprocal, then a mul), torch.clamp: 8, each in the H200 profiles once per step
+CLIP_SCALAR_KERNELS = 8
+# the stacks whose step runs torch's own clip_grad_norm_ and torch.optim's AdamW (stacks/*.toml [grad_clip],
+# [optimizer_impl]); DeepSpeed's engine and Megatron clip and step with their own kernels (NB: not counted here)
+TORCH_OPTIM_STACKS = ("hf", "torchtitan")
 
 
 def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int,
@@ -251,7 +261,19 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
         clipped, gc = (shard if grads is None else grads), st.grad
         seconds += roofline.memory_seconds(gpu, clipped * 3 * gc, 0, "mta32" if gc >= 4 else "mta16")
         launches += 2 * max(-(-tensors // per_launch), math.ceil((clipped / MTA_CHUNK + tensors / 2) / MTA_BLOCKS))
-    return seconds, launches * launch
+        launches += CLIP_SCALAR_KERNELS if setup.stack in TORCH_OPTIM_STACKS else 0
+    return seconds, (launches + step_count_launches(setup, tensors)) * launch
+
+
+def step_count_launches(setup: Setup, tensors: int) -> int:
+    """The fused Adam(W) keeps each parameter's step count on the GPU (torch/optim/adam.py: state["step"] on
+    p.device when fused) and increments them before the update (_fused_adam `torch._foreach_add_(device_state_steps,
+    1)`): a one-list foreach op, a launch per MTA_TENSORS_DEPTH1 tensors (the H200 profiles: 2 for 146-201 tensors).
+    The foreach and for-loop paths keep the counts on the CPU (no kernel)."""
+    if setup.optimizer_kernel != "fused" or setup.optimizer not in ("adam", "adamw") \
+            or setup.stack not in TORCH_OPTIM_STACKS:
+        return 0
+    return -(-tensors // MTA_TENSORS_DEPTH1)
 
 
 def master_cast_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int = 0) -> float:
