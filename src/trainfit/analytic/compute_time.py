@@ -85,7 +85,11 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
                                                  op.backward, op.mask) - launch
                 if op.dropout and not op.backward:  # its random draws (the backward's hide under its matmuls)
                     at += roofline.fused_dropout_seconds(gpu, op.batch, op.m, op.n, op.causal)
-            k = kn.attention_bwd_launches.get(kernel, op.kernels) if op.backward else op.kernels
+            if op.backward:
+                k = kn.attention_bwd_launches.get(kernel, op.kernels) + \
+                    (kn.attention_gqa_bwd_launches.get(kernel, 0) if op.gqa else 0)
+            else:
+                k = op.kernels + (kn.attention_dropout_launches.get(kernel, 0) if op.dropout else 0)
             n += k
             # a measured kernel's time per call includes its own launches (roofline._fitted_seconds): one is timed
             timed += 1 if kernel in kn.fitted else k

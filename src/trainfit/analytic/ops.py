@@ -79,6 +79,7 @@ class Op(NamedTuple):
     bwd_access: str = ""  # its backward kernel's access ("" = the same)
     mask: int = 0  # attention, HF eager: bytes per element of its additive causal mask (0: none; roofline.unfused_attention)
     dropout: bool = False  # attention: dropout on the probabilities inside the fused kernel (roofline.fused_dropout_seconds)
+    gqa: bool = False  # attention: k and v shared by groups of query heads (fewer kv heads)
     # memory: its backward's kernels spelled out (derivatives.yaml), where the generic rule (`backward`: read the
     # output's gradient and the saved input, write the input's gradient, once) under-counts a multi-kernel formula
     bwd_ops: tuple = ()
@@ -374,7 +375,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     fwd_k, bwd_k = (eager_kernels(SIZE[sh.dtype], sh.eager_mask) if sh.attention == "eager" else (1, -1))
     ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
-                  dropout=p_attn > 0 and sh.attention != "eager",
+                  dropout=p_attn > 0 and sh.attention != "eager", gqa=kv < q and spec.mla is None,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
         ops += _dropout("attn_probs_dropout", bh * (sh.seq / sh.cp) * sh.seq, sh, "")

@@ -50,6 +50,9 @@ class Kernels:
     host_link: float = 0.0            # GPU <-> host bytes/s per direction (pinned copies); 0 = unknown
     # fused-attention kernel -> launches of its backward where the GPU's default kernel differs (cuDNN on Hopper)
     attention_bwd_launches: dict[str, int] = field(default_factory=dict)
+    # ... and the launches it adds when k and v are shared by query-head groups (GQA), or, forward, with dropout
+    attention_gqa_bwd_launches: dict[str, int] = field(default_factory=dict)
+    attention_dropout_launches: dict[str, int] = field(default_factory=dict)
     gemm_tiles: tuple[tuple[int, int], ...] = ()  # the tiles cuBLAS runs on this generation (measured); () = MMBG's
     unaligned_fraction: float = 0.0  # 16-bit GEMM with a row not 16-byte aligned / peak (measured); 0 = unmeasured
     # fp32 GEMMs on the CUDA cores: cuBLAS's SIMT tiles (Tm, Tn, warps per CTA) and its split-K reduction kernel's
@@ -110,6 +113,10 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        link_fraction=float(d.get("link_fraction", 1.0)),
                        host_link=float(d.get("host_link", 0.0)),
                        attention_bwd_launches={k: int(v) for k, v in d.get("attention_bwd_launches", {}).items()},
+                       attention_gqa_bwd_launches={k: int(v) for k, v in
+                                                   d.get("attention_gqa_bwd_launches", {}).items()},
+                       attention_dropout_launches={k: int(v) for k, v in
+                                                   d.get("attention_dropout_launches", {}).items()},
                        gemm_tiles=tuple(tuple(int(x) for x in t) for t in d.get("gemm_tiles", ())),
                        unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
                        simt_tiles=tuple(tuple(int(x) for x in t) for t in d.get("simt_tiles", ())),
