@@ -143,7 +143,9 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
         attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
     ef = embedding_forward(spec, sh)
-    emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh))
+    # a tied LM head on the same stage sends the table a second gradient (ops.embedding_backward `tied`)
+    tied = spec.tied_embeddings and setup.pp == 1
+    emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh, tied))
     if setup.lora_rank:  # frozen embedding: no gradient scatter
         emb_b = ListTime()
     if getattr(setup, "loss", "full") == "fused-linear":  # Liger's head + loss replaces the LM head and loss
