@@ -35,9 +35,11 @@ def test_no_terms_is_the_tdp_upper_bound():
 
 
 def test_communication_heavy_layout_draws_less_than_tdp():
-    """llama-3.1-8b on 16 H100s as dp 8 × tp 2: the data-parallel ring leaves the node (one NIC per GPU), so exposed
-    DP communication is most of the step and the boards wait at their static power for it."""
-    e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", dp=8, tp=2, batch=1, seq=4096, tokens=1e12)
+    """llama-3.1-8b on 16 H100s as dp 8 × tp 2, 2,048 tokens per rank: the data-parallel ring leaves the node (one
+    NIC per GPU), so exposed DP communication is most of the step and the boards wait at their static power for it.
+    (At 4,096 tokens the exposed share was 0.508, and 0.495 once the op lists counted every kernel the step
+    launches: not the premise this test needs.)"""
+    e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", dp=8, tp=2, batch=1, seq=2048, tokens=1e12)
     t, st = e.time, e.detail["step_time"]
     assert st["dp_comm"] > 0.5 * st["step_seconds"]  # the premise: communication-heavy
     # at most half the step busy: P < 142 + (700 − 142) × 0.5 = 421 W (H100: TDP 700 W, P0 idle 142 W)

@@ -35,9 +35,10 @@ def _case():
 def test_rmsnorm_backward_kernels_match_the_profile():
     """Per norm (65: two per layer and the final one): the weight's (grad·w, grad·y, Σ over tokens), r's (grad·r,
     grad·x, Σ over the row), the mean's (grad / h, expanded) and pow's (2·x, grad·2·x). Their count is the profile's
-    exactly; their time within 25 % (was -45 % with one pass of bytes per backward op; now -20 %: the weight's sum
-    over the tokens, a column reduction, runs at 0.16 of the streaming bandwidth where the model takes the row
-    reduction's 0.70, NB)."""
+    aten calls exactly, plus the weight's column sum's memset of its semaphores (ops.column_sum_launches: a runtime
+    call beside the kernel, no aten op of its own); their time within 25 % (was -45 % with one pass of bytes per
+    backward op; now -20 %: the weight's sum over the tokens, a column reduction, runs at 0.16 of the streaming
+    bandwidth where the model takes the row reduction's 0.70, NB)."""
     from trainfit.analytic import roofline
     from trainfit.analytic.ops import backward, norm_ops
     spec, gpu, sh = _case()
@@ -51,7 +52,7 @@ def test_rmsnorm_backward_kernels_match_the_profile():
     bcast = _aten("aten::mul", [ROW, [2, 1024, 1]])  # forward x·r and backward grad·r: the same bytes
     parts = [same, (bcast[0] // 2, bcast[1] / 2), _aten("aten::sum", [ROW]), _aten("aten::div", [ROW]),
              _aten("aten::mul", [ROW]), _aten("aten::mul", [ROW, [4096]])]
-    assert kernels == sum(c for c, _ in parts) == 9 * norms, (kernels, parts)
+    assert kernels - norms == sum(c for c, _ in parts) == 9 * norms, (kernels, parts)
     measured = sum(t for _, t in parts)
     assert abs(predicted / measured - 1) <= 0.25, (predicted, measured)
 

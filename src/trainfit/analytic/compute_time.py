@@ -83,7 +83,11 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
             else:
                 at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
                                                  op.backward, op.mask, op.dropout) - launch
-            k = kn.attention_bwd_launches.get(kernel, op.kernels) if op.backward else op.kernels
+            if op.backward:
+                k = kn.attention_bwd_launches.get(kernel, op.kernels) + \
+                    (kn.attention_gqa_bwd_launches.get(kernel, 0) if op.gqa else 0)
+            else:
+                k = op.kernels + (kn.attention_dropout_launches.get(kernel, 0) if op.dropout else 0)
             n += k
             # a measured kernel's time per call includes its own launches (roofline._fitted_seconds): one is timed
             timed += 1 if kernel in kn.fitted else k
@@ -137,7 +141,9 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
         attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
     ef = embedding_forward(spec, sh)
-    emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh))
+    # a tied LM head on the same stage sends the table a second gradient (ops.embedding_backward `tied`)
+    tied = spec.tied_embeddings and setup.pp == 1
+    emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh, tied))
     if setup.lora_rank:  # frozen embedding: no gradient scatter
         emb_b = ListTime()
     if getattr(setup, "loss", "full") == "fused-linear":  # Liger's head + loss replaces the LM head and loss
@@ -203,6 +209,15 @@ FOREACH_ADAM = (
     ("add_", 1, False, (0, 2, 0)),  # :793 + eps
     ("addcdiv_", 3, True, (2, 2, 0)),  # :794 param += step_size * exp_avg / denom
 )
+# clip_grad_norm_'s small kernels beside its two passes (torch/nn/utils/clip_grad.py _get_total_norm,
+# _clip_grads_with_norm_): _foreach_norm's zeroed per-chunk sums and its lpnorm_cleanup (aten/src/ATen/native/cuda/
+# ForeachReduceOp.cu foreach_tensor_norm_cuda: `at::zeros({ntensors * max_chunks_per_tensor})`, multi_tensor_apply,
+# lpnorm_cleanup), torch.stack of the norms (a cat), vector_norm of the stack, `total_norm + 1e-6`,
+# `max_norm / (...)` (reciprocal, then a mul), torch.clamp: 8, each in the H200 profiles once per step
+CLIP_SCALAR_KERNELS = 8
+# the stacks whose step runs torch's own clip_grad_norm_ and torch.optim's AdamW (stacks/*.toml [grad_clip],
+# [optimizer_impl]); DeepSpeed's engine and Megatron clip and step with their own kernels (NB: not counted here)
+TORCH_OPTIM_STACKS = ("hf", "torchtitan")
 
 
 def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int,
@@ -255,7 +270,8 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
         clip_s, clip_n = _clip_passes(gpu, multi_tensor.runs_of(shard if grads is None else grads, tensors, sizes),
                                       st.grad)
         seconds, launches = seconds + clip_s, launches + clip_n
-    return seconds, launches * roofline.kernels_for(gpu).launch_seconds
+        launches += CLIP_SCALAR_KERNELS if setup.stack in TORCH_OPTIM_STACKS else 0
+    return seconds, (launches + step_count_launches(setup, tensors)) * roofline.kernels_for(gpu).launch_seconds
 
 
 def _step_passes(gpu: GPU, runs, pog: tuple[float, float, float], cast_bytes: float, access: str,
@@ -283,6 +299,17 @@ def _clip_passes(gpu: GPU, runs, grad_bytes: float) -> tuple[float, int]:
     norm = multi_tensor.pass_seconds(gpu, runs, 1, grad_bytes, access)
     mul = multi_tensor.pass_seconds(gpu, runs, 1, 2 * grad_bytes, access)
     return norm[0] + mul[0], norm[1] + mul[1]
+
+
+def step_count_launches(setup: Setup, tensors: int) -> int:
+    """The fused Adam(W) keeps each parameter's step count on the GPU (torch/optim/adam.py: state["step"] on
+    p.device when fused) and increments them before the update (_fused_adam `torch._foreach_add_(device_state_steps,
+    1)`): a one-list foreach op, a launch per multi_tensor.tensor_limit(1) tensors (the H200 profiles: 2 for 146-201
+    tensors). The foreach and for-loop paths keep the counts on the CPU (no kernel)."""
+    if setup.optimizer_kernel != "fused" or setup.optimizer not in ("adam", "adamw") \
+            or setup.stack not in TORCH_OPTIM_STACKS:
+        return 0
+    return -(-tensors // multi_tensor.tensor_limit(1))
 
 
 def master_cast_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int = 0) -> float:

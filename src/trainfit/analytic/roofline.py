@@ -50,6 +50,9 @@ class Kernels:
     host_link: float = 0.0            # GPU <-> host bytes/s per direction (pinned copies); 0 = unknown
     # fused-attention kernel -> launches of its backward where the GPU's default kernel differs (cuDNN on Hopper)
     attention_bwd_launches: dict[str, int] = field(default_factory=dict)
+    # ... and the launches it adds when k and v are shared by query-head groups (GQA), or, forward, with dropout
+    attention_gqa_bwd_launches: dict[str, int] = field(default_factory=dict)
+    attention_dropout_launches: dict[str, int] = field(default_factory=dict)
     gemm_tiles: tuple[tuple[int, int], ...] = ()  # the tiles cuBLAS runs on this generation (measured); () = MMBG's
     unaligned_fraction: float = 0.0  # 16-bit GEMM with a row not 16-byte aligned / peak (measured); 0 = unmeasured
     # fp32 GEMMs on the CUDA cores: cuBLAS's SIMT tiles (Tm, Tn, warps per CTA) and its split-K reduction kernel's
@@ -110,6 +113,10 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        link_fraction=float(d.get("link_fraction", 1.0)),
                        host_link=float(d.get("host_link", 0.0)),
                        attention_bwd_launches={k: int(v) for k, v in d.get("attention_bwd_launches", {}).items()},
+                       attention_gqa_bwd_launches={k: int(v) for k, v in
+                                                   d.get("attention_gqa_bwd_launches", {}).items()},
+                       attention_dropout_launches={k: int(v) for k, v in
+                                                   d.get("attention_dropout_launches", {}).items()},
                        gemm_tiles=tuple(tuple(int(x) for x in t) for t in d.get("gemm_tiles", ())),
                        unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
                        simt_tiles=tuple(tuple(int(x) for x in t) for t in d.get("simt_tiles", ())),
@@ -547,17 +554,19 @@ def unfused_attention(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, causal: bo
     GEMMs and its elementwise kernels as PyTorch's, which is how a profile sorts them (bench/cuda_truth.py kinds).
     S = QK^T and O = PV as batched GEMMs; backward dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q.
     mask = 0, PyTorch's math path: softmax reads and writes S (and the mask when causal) in the compute dtype;
-    backward dS = softmax'(P, dP) reads P and dP, writes dS.
+    backward dS = softmax'(P, dP): CUDA first forms dP·P (SoftMax.cu softmax_backward_cuda_out `grad * output`), then
+    its kernel reads that and P, writes dS (ops.SOFTMAX_BWD_KERNELS).
     mask > 0, HF's eager_attention_forward (transformers 5.24 modeling_llama.py:193-199): S * scaling, S + mask (the
     mask in the parameters' dtype, `mask` bytes: a 16-bit S with an fp32 mask, as under autocast, sums to fp32 by
     type promotion), softmax(dim=-1, dtype=float32) (an upcast first when the sum is 16-bit), .to(query's dtype), P V;
-    backward, each the other way: the cast's upcast, softmax's backward (reads P and dP, writes dS, fp32), the
-    upcast's cast back, the add's cast to S's dtype when it promoted (autograd casts a gradient to its input's dtype:
-    engine.cpp validate_outputs), the scaling's. The H200 profile of llama-3.2-1b eager (bench/results/
-    cuda-H200-2026-11-27-fifth.json) has these kernels: per layer one broadcast add<float>, one softmax_warp_forward /
-    _backward<float>, three [2, 32, 1024, 1024] copies. NB: the mask add's broadcast fp32 + bf16 kernel
-    (elementwise_kernel with dynamic casts) ran at 1.1 TB/s there, timed here at the upcast class's rate (2.0 TB/s on
-    an H200; kernels.toml access): under-reads it; the mask's own read (1/heads of S) is left out."""
+    backward, each the other way: the cast's upcast, softmax's backward (dP·P, then the kernel reading it and P,
+    writing dS, fp32), the upcast's cast back, the add's cast to S's dtype when it promoted (autograd casts a
+    gradient to its input's dtype: engine.cpp validate_outputs), the scaling's. The H200 profile of llama-3.2-1b
+    eager (bench/results/cuda-H200-2026-11-27-fifth.json) has these kernels: per layer one broadcast add<float>, one
+    softmax_warp_forward / _backward<float> (beside the backward's fp32 S·S mul), three [2, 32, 1024, 1024] copies.
+    NB: the mask add's broadcast fp32 + bf16 kernel (elementwise_kernel with dynamic casts) ran at 1.1 TB/s there,
+    timed here at the upcast class's rate (2.0 TB/s on an H200; kernels.toml access): under-reads it; the mask's own
+    read (1/heads of S) is left out."""
     launch = kernels_for(gpu).launch_seconds
     shapes = ((s_kv, d, s_q), (s_q, s_kv, d), (s_q, d, s_kv), (s_kv, d, s_q)) if backward else \
         ((s_q, s_kv, d), (s_q, d, s_kv))
@@ -565,7 +574,7 @@ def unfused_attention(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, causal: bo
     n = bh * s_q * s_kv
     s = _size(dtype)
     if not mask:
-        parts = [(3 * s, "vector")] if backward else [(2 * s * (2 if causal else 1), "vector")]
+        parts = [(6 * s, "vector")] if backward else [(2 * s * (2 if causal else 1), "vector")]
     else:
         summed = max(s, mask)
         up, down = summed < 4, s < 4
@@ -574,8 +583,8 @@ def unfused_attention(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, causal: bo
             parts = [(2 * s, "vector"), (s + summed, add), (summed + 4 if up else 0, "upcast"),
                      (8, "reduce"), (4 + s if down else 0, "vector")]
         else:
-            parts = [(s + 4 if down else 0, "upcast"), (12, "reduce"), (4 + summed if up else 0, "vector"),
-                     (summed + s if summed != s else 0, "vector"), (2 * s, "vector")]
+            parts = [(s + 4 if down else 0, "upcast"), (12, "vector"), (12, "reduce"), (4 + summed if up else 0,
+                     "vector"), (summed + s if summed != s else 0, "vector"), (2 * s, "vector")]
     return gemms, sum(memory_seconds(gpu, n * b, 0, access) for b, access in parts if b)
 
 
