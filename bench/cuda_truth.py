@@ -290,7 +290,8 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
                            "passes": {k: (an.detail or {}).get(k) for k in ("prefill", "decode")},
                            "device_total": an.memory.device_total,
                            "step_seconds": an.time.step_seconds if an.time else None,
-                           "kinds": analytic_kinds((an.detail or {}).get("step_time") or {}), "memory": _memory(an.memory),
+                           "kinds": analytic_kinds((an.detail or {}).get("step_time") or {}, gpu),
+                           "memory": _memory(an.memory),
                            "step_time": (an.detail or {}).get("step_time")}
     except Exception as e:  # a refusal is a result too (the analytic engine does not model every case)
         row["analytic"] = {"error": str(e).splitlines()[0]}
@@ -365,16 +366,23 @@ def measured_kinds(measured: dict) -> dict | None:
     return out
 
 
-def analytic_kinds(step: dict) -> dict[str, float] | None:
+def analytic_kinds(step: dict, gpu=None) -> dict[str, float] | None:
     """An analytic step's kernel time (its detail["step_time"]: analytic/step_time.py compute_terms and the
-    optimizer) in the profile's kinds; None under the flat --mfu/--efficiency override (no terms)."""
+    optimizer) in the profile's kinds; None under the flat --mfu/--efficiency override (no terms). A profile sums
+    kernel durations, which hold only part of each kernel's launch term (kernels.toml kernel_floor_seconds on
+    `gpu`): that part of every launch is counted with the memory-bound rest, the gaps between kernels not at all.
+    NB: the GEMMs' and fused attention's own floors land in "other" too (a few percent of it)."""
+    from trainfit.analytic import roofline
+
     terms = step.get("compute_terms") or {}
     if not terms:
         return None
+    kn = roofline.kernels_for(gpu) if gpu is not None else None
+    floor = kn.kernel_floor_seconds / kn.launch_seconds if kn and kn.kernel_floor_seconds else 1.0
     # the master's casts are TensorIterator copies, which the profile sorts with the other elementwise kernels
     casts = step.get("optimizer_casts", 0.0)
     return {"gemm": terms.get("gemm", 0.0), "attention": terms.get("attention", 0.0),
-            "other": terms.get("memory", 0.0) + terms.get("launches", 0.0) + casts,
+            "other": terms.get("memory", 0.0) + terms.get("launches", 0.0) * floor + casts,
             "optimizer": step.get("optimizer", 0.0) - casts}
 
 

@@ -43,7 +43,7 @@ def replay(path: Path) -> list[dict]:
                      "host_issue": st.get("host_issue"),
                      "kernels": (m.get("profile") or {}).get("kernels"),
                      "analytic_kernels": round(st["kernels"]) if st.get("kernels") else None,
-                     "kinds": measured_kinds(m), "analytic_kinds": analytic_kinds(st),
+                     "kinds": measured_kinds(m), "analytic_kinds": analytic_kinds(st, gpu),
                      "decode": m.get("decode_seconds"), "passes": m.get("passes"),
                      "analytic_decode": (e.setup.batch / e.time.decode_tokens_per_second
                                          if e.time and e.time.decode_tokens_per_second else None),

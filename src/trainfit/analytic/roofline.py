@@ -59,6 +59,8 @@ class Kernels:
     # time (measured); () = fp32 timed with the tensor-core tiles above
     simt_tiles: tuple[tuple[int, int, int], ...] = ()
     splitk_reduce_seconds: float = 0.0
+    # of launch_seconds, the part inside a kernel's own profiled duration (measured); 0 = unmeasured
+    kernel_floor_seconds: float = 0.0
     access: dict[str, float] = field(default_factory=dict)  # memory access class -> / streaming bandwidth
     sdpa: str = "flash"              # the kernel torch's SDPA runs for a 16-bit call on this generation
     # fused-attention kernel -> its measured model (kernels.toml [generation.*.cudnn], [generation.*.efficient])
@@ -121,6 +123,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        unaligned_fraction=float(d.get("matmul_unaligned_fraction", 0.0)) * clock,
                        simt_tiles=tuple(tuple(int(x) for x in t) for t in d.get("simt_tiles", ())),
                        splitk_reduce_seconds=float(d.get("splitk_reduce_seconds", 0.0)),
+                       kernel_floor_seconds=float(d.get("kernel_floor_seconds", 0.0)),
                        access={k: float(v) for k, v in d.get("access", {}).items()},
                        sdpa=str(d.get("sdpa", "flash")),
                        fitted={k: _fitted(d[k], clock) for k in FITTED_KERNELS if d.get(k)},
