@@ -20,6 +20,7 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, roofline
+from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
                   fp8_backward_extra, grad_accumulations, head_backward_extra, head_forward, layer_forward,
@@ -192,7 +193,6 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     return hit
 
 
-MTA_CHUNK, MTA_BLOCKS = 65536, 320  # MultiTensorApply.cuh kChunkSize, depth_to_max_blocks
 
 
 def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int,
@@ -207,8 +207,7 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
                 mul_ + addcmul_ (v), sqrt, div_, add_ (eps), addcdiv_ (param): 8 passes, each a launch per chunk of
                 tensors; other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
-    after the gradient clipping the setup runs (Setup.grad_clip_norm: --max-grad-norm, else the stack's [grad_clip]
-    fact, HF Trainer's and torchtitan's 1.0).
+    after the gradient clipping the setup's stack runs (grad_clip.clip_work: its passes and launches).
     multi_tensor_apply launches a kernel whenever its argument block is full: up to depth_to_max_tensors tensors
     (110 for depth-1 lists, 48 at depth 3; NB 48 taken for every list) or depth_to_max_blocks = 320 blocks of
     kChunkSize = 65,536 elements (aten/src/ATen/native/cuda/MultiTensorApply.cuh; the fused optimizers' variant
@@ -231,8 +230,7 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
         # weight decay 2p, lerp (m) 2s+g, mul (v) 2s, addcmul (v) 2s+g, sqrt 2s, div 2s, add 2s, addcdiv 2p+2s
         nbytes = shard * (4 * p + 12 * s + 2 * g + cast_bytes)
         passes = 8
-    chunks = shard / MTA_CHUNK + tensors / 2
-    per_pass = tensors if kernel == "for-loop" else max(-(-tensors // per_launch), math.ceil(chunks / MTA_BLOCKS))
+    per_pass = tensors if kernel == "for-loop" else roofline.mta_launches(shard, tensors, per_launch)
     # fp32 masters: trainfit's hf step casts each gradient up and copies each master back, per tensor
     # (step/standard.py MasterWeightOptimizer.step); the other stacks keep flat master buffers (NB: one launch)
     master = (2 * tensors if setup.stack == "hf" else 1) if mast else 0
@@ -244,13 +242,9 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     # are TensorIterator's vectorised ones, timed as mta too
     access = "mta32" if p >= 4 else "mta16"
     seconds = roofline.memory_seconds(gpu, nbytes, 0, access) + casts
-    if setup.grad_clip_norm > 0:  # clip_grad_norm_ first (stacks/*.toml [grad_clip]): a foreach norm reads every
-        # gradient, a foreach mul by the clip coefficient reads and writes it (torch/nn/utils/clip_grad.py), each a
-        # multi_tensor_apply pass, whatever the norm. The H200 torchtitan step: 1.24 + 2.40 ms for 1.1B fp32. The
-        # model's own gradients (st.grad: a master's fp32 copies are made after the clip)
-        clipped, gc = (shard if grads is None else grads), st.grad
-        seconds += roofline.memory_seconds(gpu, clipped * 3 * gc, 0, "mta32" if gc >= 4 else "mta16")
-        launches += 2 * max(-(-tensors // per_launch), math.ceil((clipped / MTA_CHUNK + tensors / 2) / MTA_BLOCKS))
+    clip = clip_work(setup, st, shard if grads is None else grads, tensors)
+    seconds += pass_seconds(gpu, clip)
+    launches += clip.kernels
     return seconds, launches * launch
 
 
