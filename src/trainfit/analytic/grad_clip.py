@@ -150,7 +150,7 @@ def megatron_clip(setup: Setup, clipped: float, tensors: int, largest: float) ->
 def megatron_temporaries(setup: Setup, tensors: int, piece: float, clip: bool) -> float:
     """CUDA (Transformer Engine): the int32 dummy_overflow_buf (clip_grads.py:103) beside multi_tensor_l2norm's output
     (one fp32 partial sum per block of a launch, MTA_BLOCKS) and its 1-element result (TE pytorch/csrc/extensions/
-    multi_tensor/l2norm.cpp:18, :21); the scale works in place. CPU, without TE or apex (clip_grads.py:26-43, the
+    multi_tensor/l2norm.cpp:18, :22); the scale works in place. CPU, without TE or apex (clip_grads.py:26-43, the
     local fallbacks of megatron/core/utils.py): the dummy, a 0-d fp32 norm per tensor, their 1-D tensor and its norm
     (:1205-1206); then the scale's dummy and, one tensor at a time, `src * scale` (:1214-1215) beside the Python scale
     wrapped as a 0-d double and its fp32 cast (TensorIterator's wrapped-number promotion, seen in the allocation
@@ -170,6 +170,7 @@ def deepspeed_clip(setup: Setup, st: StateBytes, clipped: float, tensors: int, l
         return zero_clip(setup, st, clipped, tensors, largest)
     if st.weight >= FP32:
         return ds_fp32_clip(setup, clipped, tensors)
+    # FusedAdam needs CUDA (the test parallel/deepspeed.py fused_adam makes; that module imports this one)
     if setup.device != "cpu" and setup.optimizer in ("adam", "adamw") and setup.optimizer_kernel == "fused":
         return ds_fused_fp16_clip(setup, clipped)
     return ds_unfused_fp16_clip(setup, st, clipped, tensors, largest)
