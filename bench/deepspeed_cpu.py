@@ -51,12 +51,155 @@ def analytic(spec, setup):
     return train_memory(spec, setup)
 
 
+def _norm_entry(engine, optimizer):
+    """(owner, attribute, the gradients it is called on) of the clip's norm DeepSpeed's step calls for this engine
+    (analytic/grad_clip.py deepspeed_clip): the ZeRO optimizers' get_grad_norm_direct(gradients, params),
+    FP16_UnfusedOptimizer's module-level get_weight_norm(grads), fp32 stage 0's engine.clip_fp32_gradients()."""
+    if hasattr(optimizer, "get_grad_norm_direct"):
+        return optimizer, "get_grad_norm_direct", lambda a: a[0]
+    if type(optimizer).__name__ == "FP16_UnfusedOptimizer":
+        from deepspeed.runtime.fp16 import unfused_optimizer
+        return unfused_optimizer, "get_weight_norm", lambda a: a[0]
+    return engine, "clip_fp32_gradients", lambda a: [p.grad for p in engine.module.parameters() if p.grad is not None]
+
+
+def clip_worker(job_path: str) -> None:
+    """One rank of `clip_probe`: trainfit's DeepSpeed step (trainfit.step.deepspeed: build, deepspeed.initialize with
+    the --emit deepspeed config, run_step), two warm-ups, then one step under the allocation recorder
+    (trainfit.measure.dist_peak) with the stack's own norm entry wrapped to mark a "clip" phase and to note the
+    gradients it visits."""
+    import json
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    from trainfit.measure.cpu_peak import profile_run
+    from trainfit.measure.dist_peak import analyse_blocks
+    from trainfit.step import deepspeed as kit
+
+    with open(job_path, "rb") as f:
+        job = pickle.load(f)
+    spec, setup = job["spec"], job["setup"]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    state, seen, mark = {}, [], {"fn": lambda name: None}
+
+    def run(phase):
+        torch.manual_seed(0)
+        engine, optimizer = kit.wrap(kit.build(spec, setup), setup, "cpu")
+        owner, name, grads_of = _norm_entry(engine, optimizer)
+        orig = getattr(owner, name)
+
+        def marked(*a, **k):
+            grads = list(grads_of(a))
+            seen.append({"tensors": len(grads), "elements": sum(g.numel() for g in grads),
+                         "largest": max(g.numel() for g in grads), "dtype": str(grads[0].dtype)})
+            mark["fn"]("clip")
+            out = orig(*a, **k)
+            mark["fn"]("optimizer")
+            return out
+
+        setattr(owner, name, marked)
+        torch.manual_seed(1000 + rank)
+        batches = kit.make_batches(spec, setup)
+        for _ in range(2):
+            kit.run_step(engine, optimizer, batches, setup)
+        mark["fn"] = phase
+        kit.run_step(engine, optimizer, batches, setup, phase)
+        state["strategy"] = type(optimizer).__name__
+
+    prof, _ = profile_run(run)
+    pk = analyse_blocks(prof)
+    out = {"rank": rank, "live_at_clip": pk.live_at("clip"), "clip_peak": pk.phase_peaks["clip"],
+           "optimizer_peak": pk.phase_peaks["optimizer"], "norm": seen[-1], "calls": len(seen),
+           "optimizer": state["strategy"], "ops": _clip_ops(prof)}
+    with open(os.path.join(job["dir"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+NORM_OPS = ("aten::linalg_vector_norm", "aten::norm")  # a gradient's norm (one reduction kernel)
+CAST_OPS = ("aten::_to_copy",)  # its cast to the norm dtype (one copy kernel)
+
+
+def _clip_ops(prof) -> dict:
+    """{norms, casts}: the outermost norm and dtype-cast ops the profiled step ran inside its (last) "clip" phase,
+    each one kernel on a GPU."""
+    from trainfit.measure.cpu_peak import PHASE_PREFIX, _walk
+
+    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
+    marks = sorted((e.start_time_ns, e.name[len(PHASE_PREFIX):]) for e in events if e.name.startswith(PHASE_PREFIX))
+    start = max(t for t, name in marks if name == "clip")
+    end = min(t for t, _ in marks if t > start)
+
+    def outermost(e, names):
+        p = e.parent
+        while p is not None:
+            if p.name in names:
+                return False
+            p = p.parent
+        return True
+
+    inside = [e for e in events if start <= e.start_time_ns < end]
+    return {kind: sum(1 for e in inside if e.name in names and outermost(e, names))
+            for kind, names in (("norms", NORM_OPS), ("casts", CAST_OPS))}
+
+
+def clip_probe(spec, setup, timeout: int = 600) -> list[dict]:
+    """Per rank {live_at_clip, clip_peak, norm: {tensors, elements, largest, dtype}}: the clip's norm in DeepSpeed's
+    own step on setup.dp CPU ranks (clip_worker)."""
+    import json
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trainfit-ds-clip-") as d:
+        job = os.path.join(d, "job.pkl")
+        with open(job, "wb") as f:
+            pickle.dump({"spec": spec, "setup": setup, "dir": d}, f)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+               "PYTHONPATH": os.pathsep.join([os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"),
+                                              os.environ.get("PYTHONPATH", "")])}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(setup.dp), "--standalone",
+               os.path.abspath(__file__), "--clip-worker", job]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        files = sorted(x for x in os.listdir(d) if x.startswith("rank") and x.endswith(".json"))
+        if p.returncode != 0 or len(files) != setup.dp:
+            lines = [ln for ln in (p.stdout + p.stderr).splitlines() if "Error" in ln]
+            raise RuntimeError(f"deepspeed clip probe failed (rc {p.returncode}): {(lines or ['no output'])[-1]}")
+        return [json.load(open(os.path.join(d, x))) for x in files]
+
+
+def clip_row(spec, setup) -> str:
+    """One clip_probe run of the setup against the analytic clip (grad_clip.clip_work) of the same rank."""
+    from trainfit.analytic.compute_time import tensors_per_rank
+    from trainfit.analytic.grad_clip import clip_work, clipped_params
+    from trainfit.analytic.params import count_params
+    from trainfit.analytic.parallel.pipeline import stages
+    from trainfit.analytic.parallel.tensor import rank_params
+    from trainfit.analytic.precision import state_bytes
+
+    stage = stages(spec, setup)[0]
+    n, largest = rank_params(spec, count_params(spec), setup, stage)
+    tensors = tensors_per_rank(spec, stage.layers, stage.embedding, stage.head)
+    work = clip_work(setup, state_bytes(setup), clipped_params(setup, n), tensors, largest)
+    pieces = tensors if setup.zero in (0, 3) else (tensors + setup.dp - 1) / setup.dp
+    ranks = clip_probe(spec, setup)
+    meas = max(r["clip_peak"] - r["live_at_clip"] for r in ranks)
+    ops = ranks[0]["ops"]
+    return (f"| {setup.zero} | {setup.precision} | {' / '.join(str(r['norm']['tensors']) for r in ranks)} / "
+            f"{pieces:g} | {ops['norms']} / {ops['casts']} | {meas:,} | {work.temporaries:,.0f} | "
+            f"{err(work.temporaries, meas)} |")
+
+
 def err(a: float, m: float) -> str:
     return f"{100 * (a - m) / m:+.2f} %"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--clip-worker")
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--zero", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--precision", nargs="+", default=["bf16-master", "fp32"])
@@ -65,6 +208,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "deepspeed_cpu.md"))
     a = ap.parse_args()
+    if a.clip_worker:
+        return clip_worker(a.clip_worker)
     import deepspeed
 
     cases = [case(a.model, z, p, a.batch, a.seq) for p in a.precision for z in a.zero]
@@ -86,6 +231,12 @@ def main() -> None:
         ab, ao = est.phases["backward"], est.phases["optimizer_step"]
         lines.append(f"| {setup.zero} | {setup.precision} | {ranks[0]['strategy']} | {m:,} | {est.peak:,} | "
                      f"{err(est.peak, m)} | {mb:,} / {mo:,} | {ab:,} / {ao:,} | {err(ab, mb)} / {err(ao, mo)} |")
+    lines += ["", "The clip's norm in DeepSpeed's own step (gradient_clipping 1.0; `clip_probe`: the engine's norm entry "
+              "marked as a phase), against analytic/grad_clip.py deepspeed_clip: the gradient pieces it visits (per "
+              "rank), its norm and dtype-cast ops, its temporaries (max rank).", "",
+              "| zero | precision | pieces: measured / analytic | norm ops / casts (rank 0) | measured temporaries | "
+              "analytic | error |", "|---|---|---|---|---|---|---|"]
+    lines += [clip_row(spec, setup) for _, setup in cases]
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

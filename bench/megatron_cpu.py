@@ -47,14 +47,15 @@ def hf_config(m: dict = MODEL) -> dict:
             "tie_word_embeddings": False}  # GPTModel(share_embeddings_and_output_weights=False) default
 
 
-def spec_and_setup(name: str, batch: int = BATCH, seq: int = SEQ):
+def spec_and_setup(name: str, batch: int = BATCH, seq: int = SEQ, max_grad_norm: float | None = None):
     from trainfit.models.hf_config import spec_from_config
     from trainfit.setup import Setup
 
     tp, sp, precision = CASES[name]
     spec = spec_from_config(hf_config(), "megatron-cpu-gpt")
     setup = Setup(stack="megatron", device="cpu", attention="eager", tp=tp, sequence_parallel=sp,
-                  precision=precision, batch=batch, seq=seq, optimizer="adam")  # dp 1: the distributed optimizer shards over 1 rank (= --zero 0)
+                  precision=precision, batch=batch, seq=seq, optimizer="adam",  # dp 1: the distributed optimizer
+                  max_grad_norm=max_grad_norm)  # shards over 1 rank (= --zero 0)
     return spec, setup
 
 
@@ -99,6 +100,7 @@ def worker(job_path: str) -> None:
     with open(job_path, "rb") as f:
         job = pickle.load(f)
     tp, sp, precision, batch, seq = job["tp"], job["sp"], job["precision"], job["batch"], job["seq"]
+    clip_grad = job["clip_grad"]
     m = job["model"]
     bf16 = precision == "bf16-master"
     dist.init_process_group("gloo")
@@ -116,11 +118,11 @@ def worker(job_path: str) -> None:
     from trainfit.measure.cpu_peak import START
     from trainfit.measure.dist_peak import live_storage_ptrs, profiled
 
-    state: dict = {}
+    state: dict = {"mark": lambda name: None}
 
     def step(phase=None):
         model, opt = state["model"], state["opt"]
-        mark = phase or (lambda name: None)
+        mark = state["mark"] = phase or (lambda name: None)
         model.zero_grad_buffer()
         opt.zero_grad()
         mark("forward")
@@ -150,8 +152,9 @@ def worker(job_path: str) -> None:
                                                 overlap_grad_reduce=False)
         model = DistributedDataParallel(config=cfg, ddp_config=ddp_cfg, module=model)
         opt_cfg = OptimizerConfig(optimizer="adam", lr=1e-4, bf16=bf16, params_dtype=cfg.params_dtype,
-                                  use_distributed_optimizer=True, clip_grad=0.0)
+                                  use_distributed_optimizer=True, clip_grad=clip_grad)
         state["model"], state["opt"] = model, get_megatron_optimizer(opt_cfg, [model])
+        _mark_clip(state)
         g = torch.Generator().manual_seed(1000)  # every TP rank reads the same micro-batch
         state["ids"] = torch.randint(0, m["vocab"], (batch, seq), generator=g)
         state["labels"] = torch.randint(0, m["vocab"], (batch, seq), generator=g)
@@ -163,17 +166,46 @@ def worker(job_path: str) -> None:
     if os.environ.get("TRAINFIT_MG_DUMP"):
         return _dump(run, rank)
     pk, _ = profiled(run, alive=live_storage_ptrs)
-    out = {"rank": rank, "peak": max(v for k, v in pk.phase_peaks.items() if k != START),
-           "phase_peaks": {k: v for k, v in pk.phase_peaks.items() if k != START},
+    # the clip runs inside optimizer.step(): its marked stretch belongs to the optimizer phase
+    phases = {k: v for k, v in pk.phase_peaks.items() if k not in (START, "clip")}
+    phases["optimizer"] = max(phases["optimizer"], pk.phase_peaks.get("clip", 0))
+    out = {"rank": rank, "peak": max(phases.values()), "phase_peaks": phases,
+           "clip_peak": pk.phase_peaks.get("clip"),
            "marks": pk.marks, "notes": pk.notes,
            "optimizer": type(state["opt"]).__name__,
            "inner": type(getattr(state["opt"], "optimizer", None)).__name__,
            "grad_buffer": sum(b.grad_data.numel() * b.grad_data.element_size() for b in state["model"].buffers),
            "param_buffer": sum(b.param_data.numel() * b.param_data.element_size() for b in state["model"].buffers
                                if b.param_data is not None),
-           "params": sum(p.numel() for p in state["model"].parameters())}
+           "params": sum(p.numel() for p in state["model"].parameters()),
+           "clip_at": pk.live_at("clip") if "clip" in pk.phase_peaks else None, "clip": state.get("clip")}
     with open(os.path.join(job["dir"], f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+
+
+def _mark_clip(state: dict) -> None:
+    """Megatron's own clip marked as a "clip" phase: get_megatron_optimizer returns a ChainedOptimizer (optimizer/
+    __init__.py:689), whose step() takes get_grad_norm(), then clip_grad_by_total_norm_fp32 when clip_grad > 0, then
+    step_with_ready_grads() (optimizer.py:1308-1335). The phase runs from the norm's start to the update's; the
+    record notes what the norm reads (get_main_grads_for_grad_norm), the norm and clip_grad (the scale runs when the
+    norm is above it: clip_grads.py:172-177)."""
+    opt = state["opt"]
+    norm_fn, update_fn = opt.get_grad_norm, opt.step_with_ready_grads
+
+    def norm():
+        grads = [g for o in opt.chained_optimizers for g in o.get_main_grads_for_grad_norm()]
+        state["mark"]("clip")
+        value = norm_fn()
+        state["clip"] = {"tensors": len(grads), "elements": sum(g.numel() for g in grads),
+                         "largest": max(g.numel() for g in grads), "dtype": str(grads[0].dtype),
+                         "norm": float(value), "clip_grad": opt.config.clip_grad}
+        return value
+
+    def update():
+        state["mark"]("optimizer")
+        return update_fn()
+
+    opt.get_grad_norm, opt.step_with_ready_grads = norm, update
 
 
 def _dump(run, rank):
@@ -206,14 +238,17 @@ def _dump(run, rank):
                 f.write(f"{size} {ph} {names}\n")
 
 
-def measure(name: str, batch: int = BATCH, seq: int = SEQ, model: dict = MODEL, timeout: int = 600) -> list[dict]:
-    """Per-rank {peak, phase_peaks, ...} of one Megatron-Core step of case `name` on TP CPU ranks."""
+def measure(name: str, batch: int = BATCH, seq: int = SEQ, model: dict = MODEL, timeout: int = 600,
+            max_grad_norm: float | None = None) -> list[dict]:
+    """Per-rank {peak, phase_peaks, clip_at, clip, ...} of one Megatron-Core step of case `name` on TP CPU ranks, with
+    the setup's clip_grad (Setup.grad_clip_norm: Megatron's 1.0 unless `max_grad_norm`)."""
     tp, sp, precision = CASES[name]
+    clip_grad = spec_and_setup(name, batch, seq, max_grad_norm)[1].grad_clip_norm
     with tempfile.TemporaryDirectory(prefix="trainfit-mg-") as d:
         job = os.path.join(d, "job.pkl")
         with open(job, "wb") as f:
             pickle.dump({"tp": tp, "sp": sp, "precision": precision, "batch": batch, "seq": seq, "model": model,
-                         "dir": d}, f)
+                         "clip_grad": clip_grad, "dir": d}, f)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
                "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp), "--standalone",
@@ -229,10 +264,10 @@ def measure(name: str, batch: int = BATCH, seq: int = SEQ, model: dict = MODEL, 
         return [json.load(open(os.path.join(d, x))) for x in files]
 
 
-def analytic(name: str, batch: int = BATCH, seq: int = SEQ):
+def analytic(name: str, batch: int = BATCH, seq: int = SEQ, max_grad_norm: float | None = None):
     from trainfit.analytic.engine import estimate
 
-    spec, setup = spec_and_setup(name, batch, seq)
+    spec, setup = spec_and_setup(name, batch, seq, max_grad_norm)
     return estimate(spec, setup).memory
 
 
@@ -254,6 +289,19 @@ Adam step counters) are left out (under-counts < 0.1 %).
 """
 
 
+def clip_row(name: str, ranks: list[dict]) -> str:
+    """The clip's temporaries (its "clip" phase's high point over the live bytes at its start, max rank) against the
+    analytic's (analytic/grad_clip.py megatron_clip), with the norm it took and the clip_grad it ran with."""
+    from trainfit.analytic.memory import train_memory
+
+    spec, setup = spec_and_setup(name)
+    an = train_memory(spec, setup).detail["grad_clip_temporaries"]
+    meas = max(r["clip_peak"] - r["clip_at"] for r in ranks)
+    c = ranks[0]["clip"]
+    return (f"| {name} | clip temporaries (norm {c['norm']:.3f}, clip_grad {c['clip_grad']:g}; {c['tensors']} fp32 "
+            f"main grads, {c['elements']:,} elements on rank 0) | {meas:,} | {an:,} | {err(an, meas)} |")
+
+
 def err(a: float, m: float) -> str:
     return f"{100 * (a - m) / m:+.2f} %"
 
@@ -268,8 +316,9 @@ def main() -> None:
     if a.worker:
         return worker(a.worker)
     lines = [f"Megatron-Core 0.16.1 GPTModel, local layer spec, {MODEL}, batch {BATCH}, seq {SEQ}, CPU ranks (gloo), "
-             "DDP + distributed optimizer (torch Adam), one step after two warm-ups. Live tensor bytes per rank "
-             "(trainfit.measure.dist_peak) vs trainfit's analytic `--stack megatron --device cpu`.\n",
+             "DDP + distributed optimizer (torch Adam), Megatron's default clip_grad 1.0, one step after two "
+             "warm-ups. Live tensor bytes per rank (trainfit.measure.dist_peak) vs trainfit's analytic `--stack "
+             "megatron --device cpu`.\n",
              "| case | phase | measured (max rank) | analytic | error |", "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for name in a.cases:
@@ -293,6 +342,8 @@ def main() -> None:
         row = f"| {name} | **peak** | {meas:,} | {mem.peak:,} | {err(mem.peak, meas)} |"
         print(row, flush=True)
         lines.append(row)
+        lines.append(clip_row(name, ranks))
+        print(lines[-1], flush=True)
         notes = sorted({n for r in ranks for n in r["notes"]})
         if notes:
             lines.append(f"| {name} | recorder notes | {'; '.join(notes)} | | |")

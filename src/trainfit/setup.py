@@ -185,15 +185,18 @@ class Setup:
                                             modes=TRAINING,
                                             auto="the stack's (fused for Adam/AdamW/SGD; torch's "
                                             "default otherwise: foreach on cuda, for-loop on cpu)")
-    max_grad_norm: Optional[float] = setting(None, "Gradient clipping before each optimizer step: "
-                                             "torch.nn.utils.clip_grad_norm_ scales all gradients to at most this "
-                                             "total L2 norm (a pass reading every gradient, one reading and writing "
-                                             "it). The HF Trainer's max_grad_norm (default 1.0; 0 turns clipping "
-                                             "off) or torchtitan's training.max_norm (1.0; torchtitan always clips: "
-                                             "a positive value). Megatron's clip_grad and DeepSpeed's "
-                                             "gradient_clipping are not modelled.", minimum=0, modes=TRAINING,
-                                             auto="the stack's: 1.0 (hf, torchtitan); none with "
-                                             "--optimizer-in-backward", example="0", suggestions=(0, 0.5, 1.0))
+    max_grad_norm: Optional[float] = setting(None, "Gradient clipping before each optimizer step: the "
+                                             "gradients are scaled to at most this total L2 norm, as the stack "
+                                             "does it: torch.nn.utils.clip_grad_norm_ (HF Trainer's max_grad_norm, "
+                                             "torchtitan's training.max_norm: a norm pass and a scale pass over "
+                                             "every gradient), Megatron's clip_grad (multi_tensor_l2norm over the "
+                                             "fp32 main grads, an all-reduce of the norm, a scale pass when the "
+                                             "norm is above it) or DeepSpeed's gradient_clipping (folded into its "
+                                             "optimizer's unscale pass). 0 turns clipping off (Megatron's and "
+                                             "DeepSpeed's optimizers still take the norm, which they log); "
+                                             "torchtitan always clips: a positive value.", minimum=0, modes=TRAINING,
+                                             auto="the stack's: 1.0 (hf, torchtitan, megatron, deepspeed); none "
+                                             "with --optimizer-in-backward", example="0", suggestions=(0, 0.5, 1.0))
     head: Optional[str] = setting(None, "Task head trained: causal-lm, masked-lm, seq-cls (sequence "
                                   "classification), token-cls (token classification); labels from the config's "
                                   "num_labels/id2label (default 2).", choices=HEADS, modes=("train",),
@@ -679,19 +682,10 @@ def validate(setup: Setup) -> None:
                          "eager, or --recompute full")
 
 
-# the stacks whose clipping trainfit does not model (no [grad_clip] fact): what they run instead
-UNMODELLED_CLIP = {
-    "megatron": "Megatron's clip_grad (1.0 by default: core/optimizer/optimizer_config.py:331) is not modelled",
-    "deepspeed": "DeepSpeed clips inside its engine (gradient_clipping, which trainfit's DeepSpeed config sets to "
-                 "1.0 as the HF Trainer's integration does), not modelled",
-}
-
-
 def _validate_grad_clip(setup: Setup, stack: _stacks.Stack) -> None:
-    """--max-grad-norm: only where the stack's clipping is modelled (stacks/*.toml [grad_clip])."""
+    """--max-grad-norm: where the stack clips (stacks/*.toml [grad_clip]) and a total norm exists."""
     if not stack.max_grad_norm:
-        raise SetupError(f"--max-grad-norm: {UNMODELLED_CLIP.get(stack.name, f'--stack {stack.name} does not clip')}"
-                         "; drop it, or use --stack hf or torchtitan")
+        raise SetupError(f"--max-grad-norm: --stack {stack.name} does not clip (no [grad_clip] fact); drop it")
     if setup.max_grad_norm == 0 and stack.name == "torchtitan":
         raise SetupError("--max-grad-norm 0: torchtitan clips to whatever training.max_norm it is given (train.py:"
                          "592-598, no off switch), and 0 would zero every gradient; use a positive value")

@@ -191,3 +191,58 @@ def test_engine_all_skips_a_refused_trace_with_a_note(cli):
     d = json.loads(out)
     assert d["engine"] == "analytic"
     assert any(n.startswith("trace engine skipped: --engine trace runs the stack's own step") for n in d["notes"])
+
+
+# the scalar ops of each ZeRO norm that make a tensor by a cast or an upload (aten::_to_copy): the sum's .float()
+# and the inf/nan mask's -1 (ZeRO-1/2); the -1 of the stage-3 norm's own mask
+_SCALAR_CASTS = {1: 2, 2: 2, 3: 1}
+
+
+def _clip_matches_analytic(zero: int, precision: str) -> None:
+    """DeepSpeed's own clip in its real CPU step (bench/deepspeed_cpu.py clip_probe: the engine's norm entry marked
+    as a "clip" phase) against analytic/grad_clip.py deepspeed_clip on the same setup:
+      * the gradients the norm visits: their dtype (the model's), elements (the rank's partition, or every gradient
+        at stage 0) and pieces (ZeRO-1/2: the partition's tensors, split at its ends; ZeRO-3: every parameter's
+        partition; stage 0: every gradient);
+      * its kernels per piece: one norm each, and (16-bit or ZeRO) one dtype cast each;
+      * its temporaries (the phase's high point over the live bytes at its start), to the byte, on the busier rank."""
+    pytest.importorskip("deepspeed")
+    from trainfit.analytic.compute_time import tensors_per_rank
+    from trainfit.analytic.grad_clip import clip_work, clipped_params
+    from trainfit.analytic.params import count_params
+    from trainfit.analytic.parallel.pipeline import stages
+    from trainfit.analytic.parallel.tensor import rank_params
+    from trainfit.analytic.precision import state_bytes
+
+    b = _bench()
+    spec, setup = b.case("tiny-llama", zero, precision)
+    stage = stages(spec, setup)[0]
+    n, largest = rank_params(spec, count_params(spec), setup, stage)
+    tensors = tensors_per_rank(spec, stage.layers, stage.embedding, stage.head)
+    clipped = clipped_params(setup, n)
+    work = clip_work(setup, state_bytes(setup), clipped, tensors, largest)
+    ranks = b.clip_probe(spec, setup)
+    dtype = "torch.float32" if precision == "fp32" else "torch.bfloat16"
+    pieces = tensors if zero in (0, 3) else (tensors + setup.dp - 1) / setup.dp
+    for r in ranks:
+        assert r["norm"]["dtype"] == dtype and r["norm"]["elements"] == clipped, r
+        assert r["ops"]["norms"] == r["norm"]["tensors"], r
+        if zero:
+            assert r["ops"]["casts"] == r["norm"]["tensors"] + _SCALAR_CASTS[zero], r
+        elif precision != "fp32":
+            assert r["ops"]["casts"] == r["norm"]["tensors"] + 1, r  # the running sum's 1-element tensor
+    assert sum(r["norm"]["tensors"] for r in ranks) / len(ranks) == pieces
+    assert max(r["clip_peak"] - r["live_at_clip"] for r in ranks) == work.temporaries
+
+
+@pytest.mark.dist
+def test_zero2_clip_matches_deepspeeds_own_step():
+    _clip_matches_analytic(2, "bf16-master")
+
+
+@pytest.mark.dist
+@pytest.mark.heavy
+@pytest.mark.parametrize("zero, precision", [(0, "bf16-master"), (0, "fp32"), (1, "bf16-master"), (1, "fp32"),
+                                             (2, "fp32"), (3, "bf16-master"), (3, "fp32")])
+def test_clip_matches_deepspeeds_own_step(zero, precision):
+    _clip_matches_analytic(zero, precision)

@@ -1,11 +1,14 @@
 """Gradient clipping before the optimizer step (stacks/*.toml [grad_clip], --max-grad-norm), checked against
 independent sources:
-  * the installed transformers and torchtitan's own defaults (TrainingArguments.max_grad_norm, training.max_norm);
+  * the installed transformers, torchtitan, megatron-core and deepspeed's own defaults (TrainingArguments.
+    max_grad_norm, training.max_norm, OptimizerConfig.clip_grad, GRADIENT_CLIPPING_DEFAULT), and their own config
+    classes reading what --emit writes;
   * the gradients the real CPU step hands optimizer.step(), read by a step pre-hook and compared with torch's own
     vector norm of the unclipped step's gradients;
-  * the clip's bytes counted by hand (each gradient read for the norm, read and written for the scale) at the H200's
-    catalog bandwidth.
-"""
+  * the clip's bytes and kernels counted by hand (each gradient read for the norm, read and written for the scale;
+    Megatron's multi_tensor_apply launches, DeepSpeed's per-tensor fp64 casts and norms) at the catalog bandwidth.
+Megatron's and DeepSpeed's real CPU steps check the temporaries and the gradients read (test_megatron_cpu.py,
+test_deepspeed.py)."""
 from __future__ import annotations
 
 import copy
@@ -30,7 +33,6 @@ def test_the_defaults_are_the_stacks_own():
     assert Setup(max_grad_norm=0).grad_clip_norm == 0.0 and Setup(max_grad_norm=0.5).grad_clip_norm == 0.5
     assert Setup(optimizer_in_backward=True).grad_clip_norm == 0.0  # torchtune: no clipping in backward
     assert Setup(mode="infer").grad_clip_norm == 0.0
-    assert Setup(stack="megatron", precision="bf16-master").grad_clip_norm == 0.0  # not modelled
     try:
         from torchtitan.config.job_config import Training
     except Exception:  # pragma: no cover - torchtitan is optional
@@ -144,3 +146,154 @@ def test_cli_refuses_a_negative_max_grad_norm(cli):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--max-grad-norm" in err
     code, out, err = cli("estimate", "tiny-llama", "--mode", "infer", "--max-grad-norm", "0")
     assert code == 2 and "train/rl only" in err
+
+
+def test_megatron_and_deepspeed_clip_by_their_own_defaults():
+    """Megatron-Core's OptimizerConfig.clip_grad and DeepSpeed's GRADIENT_CLIPPING_DEFAULT are both 1.0 (HF Trainer's
+    DeepSpeed integration fills gradient_clipping from max_grad_norm, 1.0 as well); --max-grad-norm replaces them."""
+    pytest.importorskip("megatron.core")
+    constants = pytest.importorskip("deepspeed.runtime.constants")
+    from megatron.core.optimizer import OptimizerConfig
+
+    assert Setup(stack="megatron", precision="bf16-master").grad_clip_norm == OptimizerConfig().clip_grad == 1.0
+    assert Setup(stack="deepspeed", precision="bf16-master").grad_clip_norm == constants.GRADIENT_CLIPPING_DEFAULT
+    assert Setup(stack="megatron", precision="bf16-master", max_grad_norm=0).grad_clip_norm == 0.0
+    assert Setup(stack="deepspeed", precision="bf16-master", max_grad_norm=0.5).grad_clip_norm == 0.5
+
+
+@pytest.mark.parametrize("norm", [None, 0.0, 0.5])
+def test_emitted_configs_carry_the_clip_as_the_stacks_read_it(norm):
+    """--emit deepspeed's gradient_clipping, parsed by DeepSpeed's own DeepSpeedConfig; --emit megatron's --clip-grad,
+    given to Megatron-Core's OptimizerConfig (Megatron-LM's flag for OptimizerConfig.clip_grad)."""
+    pytest.importorskip("megatron.core")
+    cfgmod = pytest.importorskip("deepspeed.runtime.config")
+    import shlex
+
+    from megatron.core.optimizer import OptimizerConfig
+
+    from trainfit.models.resolve import load_model
+    from trainfit.plan.emit import deepspeed as emit_deepspeed, emit
+
+    expected = 1.0 if norm is None else norm
+    ds = Setup(stack="deepspeed", precision="bf16-master", zero=2, dp=2, max_grad_norm=norm)
+    cfg = {k: v for k, v in emit_deepspeed(ds).items() if k != "train_batch_size"}  # one process: world size 1
+    assert cfgmod.DeepSpeedConfig(cfg).gradient_clipping == expected
+    mg = Setup(stack="megatron", precision="bf16-master", tp=2, max_grad_norm=norm)
+    toks = shlex.split(emit("megatron", mg, load_model("tiny-llama"), 8).replace("\\\n", " "))
+    assert OptimizerConfig(clip_grad=float(toks[toks.index("--clip-grad") + 1])).clip_grad == expected
+
+
+def test_cli_max_grad_norm_applies_to_megatron_and_deepspeed(cli):
+    """Accepted (exit 0) for both stacks, 0 included; the refusals that still apply stay one line, exit 2."""
+    import json
+
+    for stack in ("megatron", "deepspeed"):
+        for norm in ("0", "0.5"):
+            code, out, err = cli("estimate", "tiny-llama", "--stack", stack, "--max-grad-norm", norm, "--gpu", "H100",
+                                 "--json")
+            assert code == 0, err
+            assert json.loads(out)["memory"]["peak"] > 0
+    code, out, err = cli("estimate", "tiny-llama", "--stack", "megatron", "--mode", "infer", "--max-grad-norm", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def _step_time(model: str, gpu: str, **kw):
+    from trainfit.analytic.step_time import layout_step_time
+    from trainfit.hardware import get_gpu
+    from trainfit.models.resolve import load_model
+
+    return layout_step_time(load_model(model), Setup(**kw), get_gpu(gpu))
+
+
+def _hand_seconds(gpu_name: str, passes, kernels: float) -> float:
+    """Bytes at the catalog bandwidth times each access class's fraction (kernels.toml), plus 3 µs per launch."""
+    from trainfit.analytic.roofline import kernels_for
+    from trainfit.hardware import get_gpu
+
+    gpu = get_gpu(gpu_name)
+    kn = kernels_for(gpu)
+    bw = gpu.memory_bandwidth * kn.hbm_fraction
+    return sum(b / (bw * kn.access.get(a, 1.0)) for b, a in passes) + kernels * kn.launch_seconds
+
+
+def test_megatron_clip_time_by_hand():
+    """llama-3.1-8b, TP 4 x DP 2, the distributed optimizer, bf16 with fp32 main grads, H100. Each rank's optimizer
+    holds a shard of its TP rank's parameters (half of them): multi_tensor_l2norm reads the shard's fp32 main grads
+    once (4 B each), multi_tensor_scale reads and writes them (8 B), both multi_tensor_apply kernels (access mta32),
+    one launch per 320 chunks of 65,536 elements (a tensor's last chunk counted as half: 195 tensors, Megatron's
+    fused linear_qkv and linear_fc1 making 6 a layer); then 6 scalar
+    launches (2 zero fills, l2norm's cleanup, the square, the all-reduce, the scale's zero fill). The square of the
+    norm, 4 bytes, is all-reduced over all 8 ranks (the distributed optimizer's grad-stats group), ring model at the
+    NVLink rate: 2·7/8·4 B / bandwidth."""
+    from trainfit.analytic.params import count_params
+    from trainfit.analytic.roofline import kernels_for
+    from trainfit.analytic.step_time import stage_params
+    from trainfit.hardware import get_gpu
+    from trainfit.models.resolve import load_model
+
+    kw = dict(stack="megatron", precision="bf16-master", tp=4, dp=2, zero=1, batch=1, seq=4096)
+    spec, gpu = load_model("llama-3.1-8b"), get_gpu("H100")
+    shard = stage_params(spec, count_params(spec), 4, 1) / 2
+    tensors = 32 * 6 + 3
+    launches = math.ceil((shard / 65536 + tensors / 2) / 320)
+    assert launches == 49
+    intra = gpu.intra_node_bandwidth * kernels_for(gpu).link_fraction
+    allreduce = 2 * 7 / 8 * 4 / intra
+    on, off = _step_time("llama-3.1-8b", "H100", **kw), _step_time("llama-3.1-8b", "H100", max_grad_norm=0, **kw)
+    assert on.grad_clip == pytest.approx(
+        _hand_seconds("H100", [(4 * shard, "mta32"), (8 * shard, "mta32")], 2 * launches + 6) + allreduce, rel=1e-9)
+    # --max-grad-norm 0: the ChainedOptimizer still takes (and all-reduces) the norm; the scale pass goes
+    assert off.grad_clip == pytest.approx(_hand_seconds("H100", [(4 * shard, "mta32")], launches + 5) + allreduce,
+                                          rel=1e-9)
+    assert on.optimizer - off.optimizer == pytest.approx(on.grad_clip - off.grad_clip, rel=1e-9)
+    assert on.kernels - off.kernels == launches + 1
+
+
+def test_deepspeed_zero2_clip_time_by_hand():
+    """llama-2-7b, ZeRO-2 over 8 ranks, bf16 with fp32 masters, H100. DeepSpeedZeroOptimizer takes the norm of the
+    rank's gradient partition (1/8 of the parameters) piece by piece: each bf16 piece cast to fp64 (read 2 B, write
+    8 B; access upcast) and its vector norm (read 8 B; access reduce), 2 kernels per piece, (291 + 7) / 8 pieces on
+    the mean rank (291 tensors, the partitions' ends split 7 of them); 20 scalar kernels (stack, pow, sum, float,
+    the all-reduce, pow, the inf/nan mask's 5, combine_grad_norm_groups' 9); the fp64 norm's 8 bytes all-reduced over
+    the 8 data-parallel ranks. The clip multiplies the fp32 gradient partition in place (read and write 4 B) after 6
+    scalar kernels; without gradient_clipping (bf16: loss scale 1) that multiply is skipped, the norm is not."""
+    from trainfit.analytic.params import count_params
+    from trainfit.analytic.roofline import kernels_for
+    from trainfit.hardware import get_gpu
+    from trainfit.models.resolve import load_model
+
+    kw = dict(stack="deepspeed", precision="bf16-master", zero=2, dp=8, batch=1, seq=4096)
+    spec, gpu = load_model("llama-2-7b"), get_gpu("H100")
+    part = count_params(spec).total / 8
+    pieces = (291 + 7) / 8
+    intra = gpu.intra_node_bandwidth * kernels_for(gpu).link_fraction
+    allreduce = 2 * 7 / 8 * 8 / intra
+    norm = [(10 * part, "upcast"), (8 * part, "reduce")]
+    on, off = _step_time("llama-2-7b", "H100", **kw), _step_time("llama-2-7b", "H100", max_grad_norm=0, **kw)
+    assert on.grad_clip == pytest.approx(
+        _hand_seconds("H100", norm + [(8 * part, "vector")], 2 * pieces + 20 + 1 + 6) + allreduce, rel=1e-9)
+    assert off.grad_clip == pytest.approx(_hand_seconds("H100", norm, 2 * pieces + 20) + allreduce, rel=1e-9)
+
+
+def test_what_max_grad_norm_zero_leaves_per_stack():
+    """0 turns clipping off as each stack does: nothing left under HF (clip_grad_norm_ is not called); the norm left
+    under Megatron (the ChainedOptimizer logs it) and DeepSpeed's ZeRO-1/2 (compute_grad_norm); ZeRO-3 and the 16-bit
+    stage-0 optimizers still multiply by the (loss) scale, so only the clip coefficient's scalar kernels go (ZeRO-3's
+    6: / loss scale, + 1e-6, / clip, clamp, * loss scale, reciprocal)."""
+    from trainfit.analytic.roofline import kernels_for
+    from trainfit.hardware import get_gpu
+
+    launch = kernels_for(get_gpu("H100")).launch_seconds
+    base = dict(precision="bf16-master", batch=1, seq=1024)
+    hf = _step_time("llama-3.2-1b", "H100", max_grad_norm=0, precision="amp-bf16", batch=1, seq=1024)
+    assert hf.grad_clip == 0.0
+    for stack, zero, dp, left in (("megatron", 1, 2, True), ("deepspeed", 2, 2, True), ("deepspeed", 3, 2, True),
+                                  ("deepspeed", 0, 2, True)):
+        on = _step_time("llama-3.2-1b", "H100", stack=stack, zero=zero, dp=dp, **base)
+        off = _step_time("llama-3.2-1b", "H100", stack=stack, zero=zero, dp=dp, max_grad_norm=0, **base)
+        assert 0 < off.grad_clip <= on.grad_clip, (stack, zero)
+        scalars = {("deepspeed", 0): 0, ("deepspeed", 3): 6}.get((stack, zero))
+        if scalars is None:  # the scale pass goes
+            assert on.grad_clip - off.grad_clip > 10 * launch, (stack, zero)
+        else:
+            assert on.grad_clip - off.grad_clip == pytest.approx(scalars * launch, abs=1e-12), (stack, zero)

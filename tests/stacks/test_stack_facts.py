@@ -65,12 +65,10 @@ def test_selective_means_the_stacks_policy():
     (dict(optimizer="adafactor", optimizer_impl="fused"), "no fused adafactor"),
     (dict(stack="torchtitan", head="seq-cls"), "causal language models"),
     (dict(stack="nemo"), "choose one of"),
-    # --max-grad-norm: only where the stack's clipping is modelled (stacks/*.toml [grad_clip])
+    # --max-grad-norm: where the stack clips (stacks/*.toml [grad_clip]) and a total norm exists
     (dict(max_grad_norm=-1.0), "--max-grad-norm must be at least 0"),
     (dict(max_grad_norm=math.nan), "--max-grad-norm must be a finite number"),
     (dict(max_grad_norm=1.0, mode="infer"), "--max-grad-norm applies to train/rl only"),
-    (dict(max_grad_norm=1.0, stack="megatron", precision="bf16-master"), "Megatron's clip_grad"),
-    (dict(max_grad_norm=1.0, stack="deepspeed", precision="bf16-master"), "DeepSpeed clips inside its engine"),
     (dict(max_grad_norm=0.0, stack="torchtitan"), "torchtitan clips"),
     (dict(max_grad_norm=1.0, optimizer_in_backward=True), "--optimizer-in-backward"),
 ])

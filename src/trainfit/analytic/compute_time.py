@@ -20,6 +20,7 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, multi_tensor, roofline
+from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
                   fp8_backward_extra, grad_accumulations, head_backward_extra, head_forward, layer_forward,
@@ -209,14 +210,8 @@ FOREACH_ADAM = (
     ("add_", 1, False, (0, 2, 0)),  # :793 + eps
     ("addcdiv_", 3, True, (2, 2, 0)),  # :794 param += step_size * exp_avg / denom
 )
-# clip_grad_norm_'s small kernels beside its two passes (torch/nn/utils/clip_grad.py _get_total_norm,
-# _clip_grads_with_norm_): _foreach_norm's zeroed per-chunk sums and its lpnorm_cleanup (aten/src/ATen/native/cuda/
-# ForeachReduceOp.cu foreach_tensor_norm_cuda: `at::zeros({ntensors * max_chunks_per_tensor})`, multi_tensor_apply,
-# lpnorm_cleanup), torch.stack of the norms (a cat), vector_norm of the stack, `total_norm + 1e-6`,
-# `max_norm / (...)` (reciprocal, then a mul), torch.clamp: 8, each in the H200 profiles once per step
-CLIP_SCALAR_KERNELS = 8
-# the stacks whose step runs torch's own clip_grad_norm_ and torch.optim's AdamW (stacks/*.toml [grad_clip],
-# [optimizer_impl]); DeepSpeed's engine and Megatron clip and step with their own kernels (NB: not counted here)
+# the stacks whose step runs torch.optim's AdamW (stacks/*.toml [optimizer_impl]); DeepSpeed's engine and Megatron
+# step with their own kernels
 TORCH_OPTIM_STACKS = ("hf", "torchtitan")
 
 
@@ -234,10 +229,10 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
       foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): FOREACH_ADAM's 8 passes (its step counts
                 stay on the CPU, adam.py:681-684); other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
-    after the gradient clipping the setup runs (Setup.grad_clip_norm: --max-grad-norm, else the stack's [grad_clip]
-    fact, HF Trainer's and torchtitan's 1.0). Each multi_tensor_apply pass is timed launch by launch
-    (analytic/multi_tensor.py): its bytes at the streaming bandwidth, or the latency floor of a launch with few
-    chunks (LoRA's adapters: 224 tensors of under 2 chunks each on llama-3.2-1b)."""
+    after the gradient clipping the setup's stack runs (grad_clip.clip_work: its passes and launches). Each
+    multi_tensor_apply pass is timed launch by launch (analytic/multi_tensor.py): its bytes at the streaming
+    bandwidth, or the latency floor of a launch with few chunks (LoRA's adapters: 224 tensors of under 2 chunks
+    each on llama-3.2-1b)."""
     w, g, mast, o = st.weight, st.grad, st.master, st.optimizer
     p = mast or w  # the tensor the update reads and writes: the fp32 master when there is one
     kernel = setup.optimizer_kernel
@@ -265,12 +260,10 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     # (step/standard.py MasterWeightOptimizer.step); the other stacks keep flat master buffers (NB: one launch)
     launches += (2 * tensors if setup.stack == "hf" else 1) if mast else 0
     seconds += casts
-    if setup.grad_clip_norm > 0:  # clip_grad_norm_ first (stacks/*.toml [grad_clip]), the model's own gradients
-        # (st.grad: a master's fp32 copies are made after the clip); a clip reads them all below ZeRO-2
-        clip_s, clip_n = _clip_passes(gpu, multi_tensor.runs_of(shard if grads is None else grads, tensors, sizes),
-                                      st.grad)
-        seconds, launches = seconds + clip_s, launches + clip_n
-        launches += CLIP_SCALAR_KERNELS if setup.stack in TORCH_OPTIM_STACKS else 0
+    # the clip first, as the stack runs it (grad_clip.clip_work), on the model's own gradients (st.grad: a master's
+    # fp32 copies are made after it); a clip reads them all below ZeRO-2
+    clip = clip_work(setup, st, shard if grads is None else grads, tensors, sizes=sizes)
+    seconds, launches = seconds + pass_seconds(gpu, clip), launches + clip.kernels
     return seconds, (launches + step_count_launches(setup, tensors)) * roofline.kernels_for(gpu).launch_seconds
 
 
@@ -290,15 +283,6 @@ def _step_passes(gpu: GPU, runs, pog: tuple[float, float, float], cast_bytes: fl
         t, n = multi_tensor.pass_seconds(gpu, runs, depth, bpe, access, scalar_list)
         seconds, launches = seconds + t, launches + n
     return seconds, launches
-
-
-def _clip_passes(gpu: GPU, runs, grad_bytes: float) -> tuple[float, int]:
-    """clip_grad_norm_'s two multi_tensor_apply passes over the gradients, whatever the norm (torch/nn/utils/
-    clip_grad.py:95 _foreach_norm reads each; :173 _foreach_mul_ by the clip coefficient reads and writes it)."""
-    access = "mta32" if grad_bytes >= 4 else "mta16"
-    norm = multi_tensor.pass_seconds(gpu, runs, 1, grad_bytes, access)
-    mul = multi_tensor.pass_seconds(gpu, runs, 1, 2 * grad_bytes, access)
-    return norm[0] + mul[0], norm[1] + mul[1]
 
 
 def step_count_launches(setup: Setup, tensors: int) -> int:

@@ -18,9 +18,11 @@ from ..spec import ModelSpec
 from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
 from .activations import dropouts
 from .params import ParamCounts
-from .parallel.megatron import megatron_model_states
+from .grad_clip import clip_work
+from .parallel.megatron import largest_param, megatron_model_states, megatron_tensors, rank_params, shards
 from .parallel.pipeline import Stage
 from .phases import LayerKind, StepBytes, peak
+from .precision import state_bytes
 
 
 def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, result_type):
@@ -111,6 +113,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # optimizer/__init__.py:32 without TE/apex) come before it and are smaller unless one param is > 1/2 of
         # the buffer: under-counts then
         opt_tmp = ms.weights
+    clip = grad_clip_temporaries(spec, setup, pc, stage)
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": comm},
@@ -120,12 +123,23 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         layer_saved=uniform.saved, embedding_saved=embed, head_saved=head_saved, inputs=labels,
         forward_transient=fwd + ring, loss_backward=loss_back, layer_backward=uniform.backward, layer_freed=0.0,
         layer_grads_done=0.0, embedding_backward=emb_back, gathered=0.0,
-        optimizer_transient=opt_tmp,  # CUDA: fused Adam, in place (stacks/megatron.toml [optimizer_impl])
+        # CUDA: fused Adam, in place (stacks/megatron.toml [optimizer_impl]); the clip's temporaries come and go before
+        optimizer_transient=max(opt_tmp, clip),
         norm_kept=0.0, norm_backward=norm_back, kinds=kinds, pattern=pattern)
     p = peak(step)
     detail = {"stage": stage.index, "layers_on_rank": stage.layers, "in_flight_microbatches": stage.in_flight,
               "activation_per_layer": int(step.layers_saved / max(stage.layers, 1)),
-              "activation_per_layer_stored": int(full), "logits_buffers": int(fwd), "optimizer_temporaries": 0,
+              "activation_per_layer_stored": int(full), "logits_buffers": int(fwd),
+              "optimizer_temporaries": int(step.optimizer_transient), "grad_clip_temporaries": int(clip),
               "context_parallel_ring_buffers": int(ring)}
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
                        int(comm), p.phases, p.peak, p.phase, p.at_peak, detail)
+
+
+def grad_clip_temporaries(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> float:
+    """The clip's temporaries before the step (grad_clip.megatron_clip) over the optimizer's main grads: the rank's
+    shard of its parameters under the distributed optimizer (parallel/megatron.py shards)."""
+    dense, expert = rank_params(spec, pc, setup, stage)
+    clipped = dense / shards(setup) + expert / shards(setup, expert=True)
+    tensors = megatron_tensors(spec, stage.layers, stage.embedding, stage.head)
+    return clip_work(setup, state_bytes(setup), clipped, tensors, largest_param(spec, setup, stage)).temporaries

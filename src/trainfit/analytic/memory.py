@@ -14,6 +14,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import compile_effects
 from .activations import keys_per_token
+from .compute_time import tensors_per_rank
 from .embedding import embedding_saved
 from .forward_moments import last_layer_forward
 from .lora import adapter_setup, embedding_grad, head_saved_delta, lora_layer_params, lora_states
@@ -83,7 +84,8 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
         ds = ds_zero.deepspeed_states(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup,
-                                      ds_zero.persistent_params(pc, setup, stage), largest)
+                                      ds_zero.persistent_params(pc, setup, stage), largest,
+                                      tensors_per_rank(spec, stage.layers, stage.embedding, stage.head))
         ms, gathered = ds.states, ds_zero.gathered(pc, setup, st, layer_params(spec, pc, setup))
 
     tokens = setup.batch * setup.seq

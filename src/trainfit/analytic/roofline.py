@@ -598,3 +598,16 @@ def memory_seconds(gpu: GPU, nbytes: float, kernels: int = 1, access: str = "vec
     (kernels.toml access); unmeasured on this GPU: the streaming bandwidth (NB optimistic)."""
     kn = kernels_for(gpu)
     return max(0.0, nbytes) / (_bandwidth(gpu, kn) * kn.access.get(access, 1.0)) + kernels * kn.launch_seconds
+
+
+# multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh; apex's and Transformer Engine's copies,
+# transformer_engine/common/multi_tensor/multi_tensor_apply.cuh:17-18, alike): kChunkSize elements per block, and a
+# launch whenever the argument block holds depth_to_max_blocks blocks or depth_to_max_tensors tensors
+MTA_CHUNK, MTA_BLOCKS = 65536, 320
+MTA_MAX_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}  # by the number of tensor lists (depth)
+
+
+def mta_launches(elements: float, tensors: int, per_launch: int) -> int:
+    """Kernels one multi_tensor_apply pass over `elements` in `tensors` tensors launches: at least one per
+    `per_launch` tensors and one per MTA_BLOCKS chunks. NB: each tensor's last chunk counted as half a chunk."""
+    return max(-(-tensors // per_launch), math.ceil((elements / MTA_CHUNK + tensors / 2) / MTA_BLOCKS))

@@ -65,10 +65,12 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds, tensors_per_rank
+from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .overlap import exposed
 from .parallel.fsdp2 import copy_bytes as fsdp2_copy_bytes, fsdp2_strategy, reshards_after_forward
+from .parallel.megatron import megatron_tensors
 from .roofline import host_seconds_per_kernel, kernels_for, memory_seconds
 from .stragglers import slowest_gpu_factor
 from .params import ParamCounts, count_params
@@ -117,6 +119,7 @@ class StepTime:
     compute_terms: dict = field(default_factory=dict)
     kernels: float = 0.0  # kernels launched per step, the optimizer's included (what host_issue counts); 0 if flat
     optimizer_casts: float = 0.0  # of `optimizer`: the fp32 master's casts run as their own copy kernels
+    grad_clip: float = 0.0  # of `optimizer`: the stack's gradient clipping (passes, launches, norm all-reduces)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -276,11 +279,14 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
     # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     shard = trained / (dpc if z >= 1 else 1)
-    tensors = tensors or tensors_per_rank(spec, stage_layers_n, p == 1 or first == stage_layers_n,
-                                          p == 1 or last == stage_layers_n)
-    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors, sizes=sizes,
-                                            grads=trained / (dpc if z >= 2 else 1))  # a clip reads: whole below ZeRO-2
-    opt = opt_mem + opt_launch
+    count = megatron_tensors if setup.stack == "megatron" else tensors_per_rank  # the stack's own parameter tensors
+    tensors = tensors or count(spec, stage_layers_n, p == 1 or first == stage_layers_n,
+                               p == 1 or last == stage_layers_n)
+    clipped = clipped_params(setup, trained)  # the gradients the stack's clip reads on this rank
+    opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors, sizes=sizes, grads=clipped)
+    clip = clip_work(setup, st_opt, clipped, tensors, sizes=sizes)
+    clip_comm = clip_allreduce_seconds(setup, clip, intra, inter, gpn)
+    opt = opt_mem + opt_launch + clip_comm
     host = m * offload_exposed(spec, setup, gpu, c_f, c_b + c_r)
     step = m * t_mb + bubble + once_exposed + opt + host
     world = t * p * d * cp
@@ -310,7 +316,21 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         hfu=(model_flops + rec_total) / (world * step * dense_peak), dp_comm_total=total, dp_bandwidth=dp_bw_name,
         efficiency=achieved, compute_terms=terms, kernels=kernels,
         optimizer_casts=master_cast_seconds(gpu, setup, st_opt, shard, tensors),
+        grad_clip=clip_seconds(gpu, clip) + clip_comm,
     )
+
+
+def clip_allreduce_seconds(setup: Setup, clip: ClipWork, intra: float, inter: float, gpn: int) -> float:
+    """The clip's all-reduces of its norm (grad_clip.ClipWork.allreduces), by the ring model over their group, placed
+    as the step's other groups are (tensor-parallel ranks innermost, then pipeline, then data parallel): a group
+    runs at the intra-node bandwidth when the ranks it spans fit in a node. NB: a few bytes each, so the ring's
+    bandwidth term is ~0 and its latency, which the comm model leaves out (module docstring), is all of it:
+    optimistic by a small-message all-reduce's latency (tens of µs) per group."""
+    t, p = setup.tp, setup.pp
+    spans = {"dp": (setup.dp * setup.cp, t * p * setup.dp * setup.cp), "model": (t * p, t * p),
+             "world": (setup.world_size, setup.world_size)}
+    return sum(ring_allreduce(spans[g][0], nbytes, intra if spans[g][1] <= gpn else inter)
+               for g, nbytes in clip.allreduces)
 
 
 def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> float:

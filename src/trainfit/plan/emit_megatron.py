@@ -71,6 +71,8 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
     if s.zero == 1:
         out += ["--use-distributed-optimizer"]
     out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]
+    # Megatron-LM's --clip-grad (default 1.0) -> OptimizerConfig.clip_grad; 0 turns clipping off
+    out += ["--clip-grad", f"{s.grad_clip_norm:g}"]
     return out + _recompute(s.recompute)
 
 

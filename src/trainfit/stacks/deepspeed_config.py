@@ -20,7 +20,9 @@ def ds_config(s) -> dict:
         "train_batch_size": s.batch * s.grad_accum * s.dp,
         "train_micro_batch_size_per_gpu": s.batch,
         "gradient_accumulation_steps": s.grad_accum,
-        "gradient_clipping": 1.0,
+        # the setup's clip (Setup.grad_clip_norm: --max-grad-norm, else stacks/deepspeed.toml [grad_clip], 1.0 as
+        # DeepSpeed's own default and HF Trainer's integration set it); 0 turns DeepSpeed's clip off
+        "gradient_clipping": s.grad_clip_norm,
         "bf16": {"enabled": s.precision == "bf16-master"},
         "fp16": {"enabled": fp16},
         "zero_optimization": zero,

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...setup import Setup
+from ..grad_clip import clip_work
 from ..params import ParamCounts
 from ..precision import StateBytes
 from .pipeline import Stage
@@ -97,10 +98,11 @@ def persistent_params(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
 
 
 def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup, persistent: float = 0.0,
-                     largest: float = 0.0) -> DeepSpeedStates:
+                     largest: float = 0.0, tensors: int = 0) -> DeepSpeedStates:
     """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state (fp32 states:
     the ZeRO optimizers hand the client optimizer the fp32 partition); persistent: ZeRO-3's whole small
-    parameters; largest: the largest parameter (ZeRO-Offload stages its gradient through a buffer of it)."""
+    parameters; largest: the largest parameter (ZeRO-Offload stages its gradient through a buffer of it, the
+    clip's norm casts it); tensors: the parameter tensors (the clip's per-tensor norms)."""
     dp, z = setup.dp, setup.zero
     w = st.weight  # the model dtype: 2 under bf16/fp16-master, 4 under fp32
     low = st.master > 0  # a 16-bit model with fp32 masters
@@ -116,7 +118,8 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # their flat copy, both live at the cat; FP16_UnfusedOptimizer (any other optimizer, engine.py:2564-2599)
         # keeps one fp32 .grad per parameter (unfused_optimizer.py:217-221). fp32: the all-reduce's flat bucket
         # copy (engine.py:3795), made at the backward's end with the grads live
-        transient = (2 if fused_adam(setup) else 1) * n * FP32 if low else 0.0
+        transient = max((2 if fused_adam(setup) else 1) * n * FP32 if low else 0.0,
+                        clip_work(setup, st, n, tensors, largest).temporaries)
         # the all-reduce runs inside engine.backward at the accumulation boundary (engine.py:3073 allreduce_gradients)
         # NB: one bucket's flat copy (the largest, min(n, bucket)); buckets after it reuse the freed memory
         flat = min(n, _fact(setup, "stage0_allreduce")) * w if setup.dp > 1 else 0.0
@@ -147,6 +150,13 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         if z == 1:
             # the step first frees the gradients outside the rank's partition (:3103 free_grad_in_param_list)
             transient -= (n - part) * w
+    # the clip's norm runs before the step's flat gradient is made (grad_clip.zero_clip), beside the rank's own
+    # gradients: ZeRO-1 has by then reduced every gradient into its compact partition buffer (stage_1_and_2.py:
+    # 1034-1036, :1336-1340) and dropped the rest (:2395-2399 _clear_previous_reduced_grads), n - part of `grads`.
+    # NB: under ZeRO-Offload the norm is taken on the host copies (complete_grad_norm_calculation_for_cpu_offload):
+    # not counted
+    dropped = (n - part) * w if z == 1 else 0.0
+    transient = max(transient, clip_work(setup, st, part, tensors, largest).temporaries - dropped)
     if off_opt:
         # host: fp32 partition, its optimizer state, its fp32 gradient, the 16-bit copy buffer
         host = master + opt + part * FP32 + (part * w if z < 3 else 0.0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ...setup import Setup
 from ...spec import ModelSpec
+from ..compute_time import tensors_per_rank
 from ..params import ParamCounts
 from .pipeline import Stage
 from .zero import ModelStates
@@ -75,6 +76,37 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
         if spec.tied_embeddings and not stage.embedding:
             dense += pc.embedding / t  # the last stage's copy of the tied word embedding (LanguageModule)
     return dense, expert
+
+
+def megatron_tensors(spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
+    """Parameter tensors of a stage as Megatron-Core builds them (each an optimizer operand, each a tensor its clip's
+    norm visits): per layer linear_qkv (q, k and v fused), linear_proj, linear_fc1 (gate and up fused under SwiGLU)
+    and linear_fc2, each a weight and its bias where the model has one, and each norm's weight (+ bias); the word
+    (+ learned position) embedding; the final norm and the output layer (none of its own when tied to the word
+    embedding on the same stage). MoE layers as compute_time.tensors_per_rank counts them (NB)."""
+    if spec.moe is not None:
+        return tensors_per_rank(spec, layers, embedding, head)
+    norm = 1 + int(spec.norm_bias and spec.norm != "rmsnorm")
+    per_layer = 4 + int(spec.qkv_bias) + int(spec.out_bias) + 2 * int(spec.mlp_bias) + spec.norms_per_layer * norm
+    n = layers * per_layer
+    if embedding:
+        n += 1 + (spec.positions == "learned")
+    if head:
+        n += norm + (0 if (spec.tied_embeddings and embedding) else 1)
+    return n
+
+
+def largest_param(spec: ModelSpec, setup: Setup, stage: Stage) -> float:
+    """Elements of the rank's largest parameter tensor: the vocab-parallel word embedding or output layer (vocab/t x
+    h), linear_qkv ((q + 2 kv)/t x h, one fused tensor: attention/qkv projections), linear_fc1 (its gate and up fused
+    under SwiGLU: mlp/layers.py) or linear_proj / linear_fc2. NB: MoE experts' grouped weights are not compared."""
+    t, h = setup.tp, spec.hidden
+    q = spec.heads * spec.head_dim
+    sizes = [(q + 2 * spec.kv_dim) * h / t, q * h / t, spec.intermediate * h * (2 if spec.gated_mlp else 1) / t,
+             spec.intermediate * h / t]
+    if stage.embedding or stage.head:
+        sizes.append(spec.vocab * h / t)
+    return max(sizes)
 
 
 def megatron_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> ModelStates:
