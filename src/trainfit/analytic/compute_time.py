@@ -223,9 +223,9 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     kernel (Setup.optimizer_kernel):
       fused     one pass: read weight (or fp32 master), gradient and states, write weight/master and states
                 (torch/optim/adam.py _fused_adam: aten._fused_adamw_, one depth-4 multi_tensor_apply pass); with a
-                master, the update writes the fp32 master and one cast writes the 16-bit weight. NB: the _foreach_add_
-                of the per-tensor step counts before it (adam.py:876: 2-3 launches of ~1.5 us on the H200 profiles)
-                is left out (errs fast by a few us);
+                master, the update writes the fp32 master and one cast writes the 16-bit weight; the _foreach_add_ of
+                the per-tensor step counts before it (adam.py:876) counts its launches (step_count_launches), its
+                ~1.5 us kernels' time left to the launch term;
       foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): FOREACH_ADAM's 8 passes (its step counts
                 stay on the CPU, adam.py:681-684); other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;

@@ -27,7 +27,7 @@ from ..setup import Setup
 from .optimizer import clip_temporaries
 from .precision import StateBytes
 from . import multi_tensor
-from .roofline import MTA_BLOCKS, MTA_MAX_TENSORS, kernels_for, memory_seconds, mta_launches
+from .roofline import kernels_for, memory_seconds
 
 FP32, FP64, INT32 = 4, 8, 4
 
@@ -161,7 +161,7 @@ def megatron_clip(setup: Setup, clipped: float, tensors: int, largest: float) ->
     if clip:
         passes.append(Pass(2 * FP32 * clipped, "mta32"))
         scalars += MEGATRON_SCALE_SCALARS
-    launches = sum(mta_launches(clipped, tensors, MTA_MAX_TENSORS[depth]) for depth in (1, 2)[:len(passes)])
+    launches = sum(multi_tensor.chunk_launches(clipped, tensors, depth) for depth in (1, 2)[:len(passes)])
     return ClipWork(passes=tuple(passes), kernels=launches + len(scalars),
                     allreduces=(("world" if setup.zero >= 1 else "model", FP32),),
                     temporaries=megatron_temporaries(setup, tensors, min(largest, clipped), clip))
@@ -169,7 +169,7 @@ def megatron_clip(setup: Setup, clipped: float, tensors: int, largest: float) ->
 
 def megatron_temporaries(setup: Setup, tensors: int, piece: float, clip: bool) -> float:
     """CUDA (Transformer Engine): the int32 dummy_overflow_buf (clip_grads.py:103) beside multi_tensor_l2norm's output
-    (one fp32 partial sum per block of a launch, MTA_BLOCKS) and its 1-element result (TE pytorch/csrc/extensions/
+    (one fp32 partial sum per block of a launch, multi_tensor.MAX_BLOCKS) and its 1-element result (TE pytorch/csrc/extensions/
     multi_tensor/l2norm.cpp:18, :22); the scale works in place. CPU, without TE or apex (clip_grads.py:26-43, the
     local fallbacks of megatron/core/utils.py): the dummy, a 0-d fp32 norm per tensor, their 1-D tensor and its norm
     (:1205-1206); then the scale's dummy and, one tensor at a time, `src * scale` (:1214-1215) beside the Python scale
@@ -177,7 +177,7 @@ def megatron_temporaries(setup: Setup, tensors: int, piece: float, clip: bool) -
     records): `piece`, the largest main grad."""
     block = block_of(setup)
     if setup.device == "cuda":
-        return block(INT32) + block(FP32 * MTA_BLOCKS) + block(FP32)
+        return block(INT32) + block(FP32 * multi_tensor.MAX_BLOCKS) + block(FP32)
     norm = INT32 + 2 * FP32 * tensors + FP32
     return max(norm, INT32 + FP64 + FP32 + FP32 * piece) if clip else norm
 

@@ -36,6 +36,14 @@ MAX_TENSORS_SCALAR_LIST = (96, 64, 48, 36, 30)
 MAX_BLOCKS = 320
 
 
+def chunk_launches(elements: float, tensors: int, depth: int) -> int:
+    """Kernels one pass launches, counted from totals rather than packed (pack): at least one per tensor_limit(depth)
+    tensors and one per MAX_BLOCKS chunks. Transformer Engine's and apex's copies of multi_tensor_apply pack alike
+    (transformer_engine/common/multi_tensor/multi_tensor_apply.cuh:17-18; Megatron's clip, grad_clip.py). NB: each
+    tensor's last chunk counted as half a chunk."""
+    return max(-(-tensors // tensor_limit(depth)), math.ceil((elements / CHUNK + tensors / 2) / MAX_BLOCKS))
+
+
 @dataclass(frozen=True)
 class Launch:
     """One multi_tensor_apply kernel: its CTAs (chunks), the elements they walk, and its largest chunk's."""

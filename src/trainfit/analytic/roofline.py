@@ -476,13 +476,13 @@ def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: 
     kn = kernels_for(gpu)
     kernel = runnable(kn, kernel)
     if kernel in kn.fitted:
-        fit = kn.fitted[kernel].variant(dtype, dropout)
-        if fit is not None:
-            return _fitted_seconds(gpu, kn, fit, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward)
+        base = kn.fitted[kernel]
+        fit = base.variant(dtype, dropout)
         # not measured this way: the fit without dropout (else the 16-bit one at this dtype's peak) + the draws
-        fit = kn.fitted[kernel].variant(dtype, False) or kn.fitted[kernel]
+        draws = dropout and fit is None and not backward
+        fit = fit or base.variant(dtype, False) or base
         return _fitted_seconds(gpu, kn, fit, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward) \
-            + _draws(gpu, batch_heads, s_q, s_kv, causal, dropout and not backward)
+            + _draws(gpu, batch_heads, s_q, s_kv, causal, draws)
     if kernel == "eager":
         return sum(unfused_attention(gpu, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward, mask)) \
             + kn.launch_seconds
@@ -598,16 +598,3 @@ def memory_seconds(gpu: GPU, nbytes: float, kernels: int = 1, access: str = "vec
     (kernels.toml access); unmeasured on this GPU: the streaming bandwidth (NB optimistic)."""
     kn = kernels_for(gpu)
     return max(0.0, nbytes) / (_bandwidth(gpu, kn) * kn.access.get(access, 1.0)) + kernels * kn.launch_seconds
-
-
-# multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh; apex's and Transformer Engine's copies,
-# transformer_engine/common/multi_tensor/multi_tensor_apply.cuh:17-18, alike): kChunkSize elements per block, and a
-# launch whenever the argument block holds depth_to_max_blocks blocks or depth_to_max_tensors tensors
-MTA_CHUNK, MTA_BLOCKS = 65536, 320
-MTA_MAX_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}  # by the number of tensor lists (depth)
-
-
-def mta_launches(elements: float, tensors: int, per_launch: int) -> int:
-    """Kernels one multi_tensor_apply pass over `elements` in `tensors` tensors launches: at least one per
-    `per_launch` tensors and one per MTA_BLOCKS chunks. NB: each tensor's last chunk counted as half a chunk."""
-    return max(-(-tensors // per_launch), math.ceil((elements / MTA_CHUNK + tensors / 2) / MTA_BLOCKS))
