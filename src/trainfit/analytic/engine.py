@@ -9,7 +9,7 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects, float8, infer_time, inference, rl, serving
+from . import compile_effects, fit_rule, float8, infer_time, inference, rl, serving
 from .flops import forward_per_token, step_flops
 from .foreach_segments import new_segments, parameter_tensors
 from .grad_segments import gradient_segments
@@ -286,7 +286,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     flops = Flops(int(fwd_rank), int(bwd_rank), int(rec_rank), int(fwd_rank + bwd_rank + rec_rank),
                   int(fwd_rank + bwd_rank), int(f.per_token))
     at = mem.at_peak
-    reserved, device_total, beside, held = overheads.device_memory(step_reserve(spec, setup, mem), gpu, setup)
+    needed = fit_rule.required(spec, setup, mem, pc)
+    reserved, device_total, beside, held = overheads.device_memory(step_reserve(spec, setup, mem, pc), gpu, setup)
     paged, evicted = mem.detail.get("paged_optimizer_states", 0), 0
     if paged and gpu is not None:  # unified memory: resident where the rest leaves room, else on the host
         device_total, evicted = overheads.with_paged(device_total, beside, paged, gpu, reserve)
@@ -315,7 +316,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
             terms = mfu_step_terms(flops.step, gpu, setup, mfu)
         tps = setup.tokens_per_step / secs
         extra = budget(tokens, tps, setup.world_size, gpu, terms) if tokens else {}
-        headroom = gpu.memory - reserve - device_total
+        # the fit rule (fit_rule.py); paged states resident on the device take what the step leaves
+        headroom = fit_rule.capacity(gpu, setup, reserve) - needed - beside.get("paged_optimizer_states", 0)
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
                         tokens_per_second=tps, fits=headroom >= 0, headroom=headroom,
                         gpu_memory=gpu.memory, **extra)

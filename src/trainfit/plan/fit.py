@@ -10,7 +10,7 @@ call usually confirms it; a binary search covers the rest. Every number is the e
 """
 from __future__ import annotations
 
-from ..analytic.engine import step_reserve
+from ..analytic.fit_rule import required
 from ..analytic.memory import train_memory
 from ..analytic.params import ParamCounts
 from ..setup import Setup
@@ -26,13 +26,13 @@ class PeakOracle:
         self._memo: dict[Setup, int] = {}
 
     def peak(self, setup: Setup) -> int:
-        """The step's tensors as the allocator holds them at the peak: the allocated peak + the cached blocks of
-        freed tensors + FSDP2's side-stream blocks (analytic.engine.step_reserve; affine in b like the peak: the
-        cached blocks scale with b·s tokens or not at all, the side streams do not depend on b)."""
+        """What the step's tensors need from the caching allocator: the fit rule's bytes (analytic/fit_rule.py
+        required; affine in b like the peak: the cached blocks scale with b·s tokens or not at all, the side
+        streams do not depend on b)."""
         got = self._memo.get(setup)
         if got is None:
             self.calls += 1
-            got = self._memo[setup] = step_reserve(self.spec, setup, train_memory(self.spec, setup, self.pc), self.pc)
+            got = self._memo[setup] = required(self.spec, setup, train_memory(self.spec, setup, self.pc), self.pc)
         return got
 
     def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:
