@@ -549,3 +549,36 @@ def test_real_entry_point(workdir, line, needle):
     p = subprocess.run(_entry_point() + argv_for(line, workdir), capture_output=True, text=True, env=env,
                        cwd=workdir, timeout=120)
     assert_refused(p.returncode, p.stdout, p.stderr, needle)
+
+
+# Every inference weight format × attention kernel, on a GPU where the estimate does not fit (so the fit advice runs:
+# it retries with int8/int4 weights) and on one where it does: an answer or one error line, never a traceback.
+# (Before: every eager estimate that did not fit raised KeyError 'int8' in analytic/ops.py layer_forward.)
+INFER_PATHS = [pytest.param(p, a, g, id=f"{p}-{a}-{g}")
+               for p in ("fp32", "bf16", "fp16", "fp8", "int8", "int4") for a in ("auto", "eager", "sdpa", "flash")
+               for g in ("T4", "H100-80GB")]
+
+
+@pytest.mark.parametrize("precision,attention,gpu", INFER_PATHS)
+def test_inference_paths_answer_without_traceback(capsys, precision, attention, gpu):
+    code, out, err = run(capsys, ["estimate", "llama-3.1-8b", "--mode", "infer", "--precision", precision,
+                                  "--attention", attention, "--seq", "8192", "--batch", "4", "--gpu", gpu])
+    assert "Traceback" not in out + err, err[-2000:]
+    if code != 0:
+        assert_refused(code, out, err, None)
+    else:
+        assert "fit" in out and "prefill" in out, out[-1500:]
+
+
+def test_attention_beside_int8_gemms_runs_in_fp16():
+    """bitsandbytes' LLM.int8 quantises the Linear layers' matmuls only; attention's q·kᵀ and p·v run on the fp16
+    activations, so an int8 model's eager attention launches the kernels an fp16 model's does, and what eager
+    attention costs over SDPA's fused kernel (the GEMMs being the same in both) is the fp16 model's to the ns."""
+    from trainfit import estimate
+
+    runs = {(p, a): estimate("llama-3.2-1b", mode="infer", precision=p, attention=a, seq=4096, gpu="T4").detail
+            for p in ("fp16", "int8") for a in ("eager", "sdpa")}
+    assert runs["int8", "eager"]["prefill"]["kernels"] == runs["fp16", "eager"]["prefill"]["kernels"]
+    eager_over_sdpa = {p: runs[p, "eager"]["prefill"]["gpu_seconds"] - runs[p, "sdpa"]["prefill"]["gpu_seconds"]
+                       for p in ("fp16", "int8")}
+    assert eager_over_sdpa["int8"] == pytest.approx(eager_over_sdpa["fp16"], rel=1e-9, abs=1e-9)

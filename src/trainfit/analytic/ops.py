@@ -44,6 +44,15 @@ from .families import family_traits
 from .precision import StateBytes
 
 SIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
+# weight formats whose GEMMs run quantised while attention runs on the 16-bit activations: bitsandbytes' LLM.int8
+# (int8 matmuls inside Linear8bitLt, fp16 everywhere else) and fp8 weights (vLLM's fp8 linear methods; attention in
+# the model dtype unless the KV cache is fp8). NB: timed at the fp16 rate, the bf16 one on every GPU with bf16 cores.
+QUANTISED_GEMMS = ("int8", "fp8")
+
+
+def attention_dtype(sh: "Shape") -> str:
+    """The dtype attention's matmuls run in: the step's matmul dtype, or fp16 beside quantised GEMMs."""
+    return "fp16" if sh.dtype in QUANTISED_GEMMS else sh.dtype
 
 
 class Op(NamedTuple):
@@ -529,8 +538,8 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     # a 16-bit flash call through torch's SDPA runs what torch picks on the GPU (roofline.runnable "sdpa")
     kernel = "sdpa" if sh.attention == "flash" and sh.sdpa else sh.attention
     fwd_k, bwd_k = (1, -1) if sh.attention != "eager" else (
-        eager_kernels(SIZE[sh.dtype], sh.eager_mask) if sh.hf_eager else math_kernels(spec.causal))
-    ops.append(Op("attention", "attention", sh.dtype, sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
+        eager_kernels(sh.act, sh.eager_mask) if sh.hf_eager else math_kernels(spec.causal))  # scores: q's dtype
+    ops.append(Op("attention", "attention", attention_dtype(sh), sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
                   dropout=p_attn > 0 and sh.attention != "eager", gqa=kv < q and spec.mla is None,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
