@@ -77,7 +77,5 @@ def test_eager_attention_is_quadratic_and_flash_linear():
     spec = SPECS["llama-3.1-8b"]
     act = lambda attn, s: estimate(spec, Setup(seq=s, attention=attn, precision="bf16")).memory.activations
     # doubling the sequence: flash roughly doubles the (batch-scaled) activations, eager more than doubles
-    fixed = act("flash", 1) * 0  # autocast copies are zero under pure bf16
     assert act("flash", 8192) / act("flash", 4096) < 2.05
     assert act("eager", 8192) / act("eager", 4096) > 2.5
-    assert fixed == 0
