@@ -226,15 +226,19 @@ def fit_advice(req: Request, est: Estimate) -> list:
 
 def compare(req: Request) -> dict[str, Estimate]:
     """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1 (when the batch is
-    larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype."""
+    larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype. Without
+    --seq both run at the model's default for inference (a causal model's decode writes position --seq, so a learned
+    position table allows one token fewer than training: GPT-2 1023)."""
     from dataclasses import replace
 
     from .precision import DEFAULT, inference_counterpart
-    from .setup import SETTINGS
+    from .setup import SETTINGS, default_seq
 
     if req.mode != "train":
         raise SetupError("compare contrasts a training step with inference: drop --mode")
-    token_model(req.model, "compare")
+    spec = token_model(req.model, "compare")
+    if req.seq is None:
+        req = replace(req, seq=default_seq(spec, "infer"))
     train = analytic(req)
     training_only = {s.name: s.request_default for s in SETTINGS if "infer" not in s.meta.modes}  # stack, zero, ...
     infer = replace(req, **training_only, mode="infer", seq=train.setup.seq,
