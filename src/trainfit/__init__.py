@@ -32,9 +32,9 @@ def trace_module(module_or_factory, batch=None, **settings) -> Estimate:
     >>> e.memory.weights == (1024 * 1024 + 1024) * 4  # fp32 weight and bias
     True
     """
-    from .trace import trace
+    from .engines import trace_module as run
 
-    return trace(module_or_factory, batch, Setup(**settings))
+    return run(module_or_factory, batch, Setup(**settings))
 
 
 def measure_step(model: str, steps: int = 3, warmup: int = 1, **settings) -> Estimate:
@@ -45,6 +45,6 @@ def measure_step(model: str, steps: int = 3, warmup: int = 1, **settings) -> Est
     >>> e.engine, e.memory.peak > e.memory.weights
     ('measure', True)
     """
-    from .api import _measure
+    from .api import measure
 
-    return _measure(Request(model=model, **settings), steps=steps, warmup=warmup)
+    return measure(Request(model=model, **settings), steps=steps, warmup=warmup)

@@ -1,17 +1,19 @@
-"""The library's front door: what the CLI, the web UI and scripts call. No torch at import time."""
+"""The library's front door: what the CLI, the web UI, the report and scripts call. No torch at import time.
+
+A request is resolved once (`resolve`: the model loaded, its defaults such as the sequence applied) and handed to
+trainfit.engines, the only way to run an engine: `analytic`, `trace` and `measure` here are those engines on a
+Request."""
 from __future__ import annotations
 
-import functools
-
+from . import engines
+from .engines import ENGINES, MEASURE_STACKS
 from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate
-from .setup import Setup
+from .setup import Request, Setup, run_settings
 
-from .engines import ENGINES
-from .setup import Request, run_settings
-
-__all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "run_engines", "compare", "load_spec", "load_gpu", "gpu_of",
-           "trace_factory", "catalog_models", "vision_models", "token_model"]
+__all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "trace", "measure", "measure_ranks", "run_engines",
+           "compare", "resolve", "load_spec", "load_gpu", "gpu_of", "trace_factory", "catalog_models", "vision_models",
+           "token_model"]
 
 
 def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
@@ -65,22 +67,21 @@ def gpu_of(req: Request):
     return load_gpu(req.gpu, req.price, req.gpu_memory)
 
 
-def resolve(req: Request):
-    """(spec, setup) of a request: the model loaded, model-dependent defaults (seq) resolved."""
-    spec = load_spec(req.model)
+def resolve(req: Request, spec=None):
+    """(spec, setup) of a request: the model loaded (or `spec`: one already built, e.g. from a pasted config.json),
+    its model-dependent defaults resolved (seq within the learned positions, the task head)."""
+    spec = load_spec(req.model) if spec is None else spec
     return spec, req.setup(spec)
 
 
-def analytic(req: Request) -> Estimate:
-    from . import engines
-
-    spec, setup = resolve(req)
+def analytic(req: Request, spec=None) -> Estimate:
+    spec, setup = resolve(req, spec)
     return engines.analytic(spec, setup, gpu_of(req), **run_settings(req))
 
 
-def _trace(req: Request, extrapolate: bool = True) -> Estimate:
-    from . import engines
-
+def trace(req: Request, extrapolate: bool = True) -> Estimate:
+    """The trace engine on the resolved request, with the GPU's device total (`trainfit estimate --engine trace`,
+    timeline, report, web timeline). extrapolate=False: the whole step's curve (engines.trace)."""
     from .overheads import with_device_total
 
     spec, setup = resolve(req)
@@ -88,13 +89,11 @@ def _trace(req: Request, extrapolate: bool = True) -> Estimate:
                              gpu_of(req))
 
 
-def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:
-    from . import engines
-
+def measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:
+    """Real steps of the resolved request here, after checking the predicted peak fits the free memory (--force
+    skips the check)."""
     spec, setup = resolve(req)
     if not force:  # the analytic estimate in it refuses a layout the model does not allow
-        from .engines import MEASURE_STACKS
-
         ranks = setup.dp if (setup.stack in MEASURE_STACKS and setup.mode == "train") else 1  # one process a rank
         check_room(spec, setup, processes=ranks)
     with quiet_native_stderr():
@@ -104,65 +103,24 @@ def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force
 def measure_ranks(req: Request, nproc: int, launcher_args: tuple = (), steps: int = 3, warmup: int = 2,
                   progress=None, force: bool = False) -> tuple[list[Estimate], list[dict]]:
     """A real run on `nproc` local processes (torch.distributed.run): each rank's Estimate and the ranks JSON."""
-    try:
-        from .measure.distributed import measure_distributed, ranks_json, to_estimates
-    except ImportError as e:
-        raise EngineUnavailableError(f"the measure engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'") from e
     spec, setup = resolve(req)
     if not force:
         check_room(spec, setup, processes=nproc if setup.device == "cpu" else 1)
-    results = measure_distributed(spec, setup, nproc, steps=steps, warmup=max(2, warmup), device=setup.device,
-                                  launcher_args=launcher_args, progress=progress)
-    return to_estimates(results, spec, setup), ranks_json(results)
+    return engines.measure_ranks(spec, setup, nproc, steps=steps, warmup=warmup, launcher_args=launcher_args,
+                                 progress=progress)
 
 
 def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
     """Trace any nn.Module from a 'package.module:function' factory (trainfit trace)."""
-    try:
-        from .trace.user import load_factory, trace
-    except ImportError as e:
-        raise EngineUnavailableError(f"the trace engine needs torch ({e.name} is missing): pip install 'trainfit[torch]'") from e
-    import inspect
-
-    factory = load_factory(ref)
-    if batch is not None:
-        params = inspect.signature(factory).parameters
-        key = next((k for k in ("batch", "batch_size") if k in params), None)
-        if key is not None:  # called by the trace inside its fake mode: a 70B factory allocates nothing
-            return trace(functools.partial(factory, **{key: batch}), None, setup)
-        return trace(lambda: _resized(factory(), batch), None, setup)
-    return trace(factory, None, setup)
-
-
-def _resized(made, batch: int):
-    """(model, example) with the example's leading dimension set to `batch` (values do not matter to a trace)."""
-    import torch
-
-    if not isinstance(made, tuple):
-        raise SetupError("--batch needs the factory to return (model, example batch) or to take a batch argument")
-    model, example = made
-
-    def resize(t):
-        if isinstance(t, torch.Tensor) and t.dim() > 0:
-            return torch.zeros((batch, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        return t
-
-    if isinstance(example, dict):
-        example = {k: resize(v) for k, v in example.items()}
-    elif isinstance(example, (tuple, list)):
-        example = type(example)(resize(v) for v in example)
-    else:
-        example = resize(example)
-    return model, example
+    return engines.trace_factory(ref, batch, setup)
 
 
 def check_room(spec, setup: Setup, processes: int = 1) -> None:
     """Refuse a real run whose predicted peak exceeds the memory free on the device (--force overrides). CPU
     ranks share the host's memory, so their peaks add up."""
-    from .engines import analytic as analytic_engine  # (routes an image classifier to its own analytic engine)
     from .units import fmt_bytes
 
-    predicted = analytic_engine(spec, setup).memory.peak * processes
+    predicted = engines.analytic(spec, setup).memory.peak * processes
     free = available_memory(setup.device)
     if free is not None and predicted > free:
         raise SetupError(f"the analytic engine predicts a {fmt_bytes(predicted)} peak but only {fmt_bytes(free)} is free "
@@ -210,7 +168,7 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
     """Estimates from the requested engines, most exact last ('all' = analytic and trace)."""
     if engine not in ENGINES:
         raise SetupError(f"--engine {engine!r} is not one of: {', '.join(ENGINES)}")
-    order = {"analytic": [analytic], "trace": [_trace], "measure": [_measure], "all": [analytic, _trace]}[engine]
+    order = {"analytic": [analytic], "trace": [trace], "measure": [measure], "all": [analytic, trace]}[engine]
     skipped = None
     if engine == "all":
         setup = resolve(req)[1]
@@ -218,11 +176,9 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
         if skipped is not None:
             # the trace does not run this stack's step: skipped with its reason, and the measure engine takes its
             # place where it runs the stack (DeepSpeed on --dp ranks)
-            from .engines import MEASURE_STACKS
-
-            order = [analytic] + ([_measure] if setup.stack in MEASURE_STACKS else [])
-    if measure_too and _measure not in order:
-        order = [*order, _measure]
+            order = [analytic] + ([measure] if setup.stack in MEASURE_STACKS else [])
+    if measure_too and measure not in order:
+        order = [*order, measure]
     results = [f(req) for f in order]
     if skipped is not None:
         from dataclasses import replace
@@ -232,11 +188,9 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
 
 
 def _trace_refused(setup: Setup) -> str | None:
-    """Why the trace engine refuses this setup's stack (engines._check_stack), or None when it runs it."""
-    from .engines import _check_stack
-
+    """Why the trace engine refuses this setup's stack (engines.check_stack), or None when it runs it."""
     try:
-        _check_stack(setup, "trace")
+        engines.check_stack(setup, "trace")
     except SetupError as e:
         return str(e)
     return None
@@ -247,8 +201,8 @@ def measure_with_predictions(req: Request, steps: int, warmup: int, progress=Non
     """The real run, and the predictions of the other engines for the same step."""
     predictions = [analytic(req)]
     if with_trace:
-        predictions.append(_trace(req))
-    return _measure(req, steps, warmup, progress, force), predictions
+        predictions.append(trace(req))
+    return measure(req, steps, warmup, progress, force), predictions
 
 
 def gaps(results: list[Estimate]) -> dict:
@@ -272,15 +226,19 @@ def fit_advice(req: Request, est: Estimate) -> list:
 
 def compare(req: Request) -> dict[str, Estimate]:
     """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1 (when the batch is
-    larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype."""
+    larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype. Without
+    --seq both run at the model's default for inference (a causal model's decode writes position --seq, so a learned
+    position table allows one token fewer than training: GPT-2 1023)."""
     from dataclasses import replace
 
     from .precision import DEFAULT, inference_counterpart
-    from .setup import SETTINGS
+    from .setup import SETTINGS, default_seq
 
     if req.mode != "train":
         raise SetupError("compare contrasts a training step with inference: drop --mode")
-    token_model(req.model, "compare")
+    spec = token_model(req.model, "compare")
+    if req.seq is None:
+        req = replace(req, seq=default_seq(spec, "infer"))
     train = analytic(req)
     training_only = {s.name: s.request_default for s in SETTINGS if "infer" not in s.meta.modes}  # stack, zero, ...
     infer = replace(req, **training_only, mode="infer", seq=train.setup.seq,

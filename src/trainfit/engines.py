@@ -1,12 +1,16 @@
-"""The only way callers run an engine: routing, the layer-extrapolation policy and one-line errors for a missing
-extra. The model and layout limits (analytic.engine.validate_layout: divisibility, learned positions, pipeline
-fill) are enforced by each engine at its own entry, so direct library calls get them too. Used by the API, the CLI, the web app, the planner's
---verify, the sweep and the report.
+"""The only way callers run an engine: routing, the stack checks, the layer-extrapolation policy and one-line errors
+for a missing extra. Nothing outside this module (and the engines' own packages) imports trainfit.trace,
+trainfit.measure or trainfit.analytic.engine: the import contract in pyproject.toml, checked by tests/test_layers.py.
+The model and layout limits (analytic/layout.py: divisibility, learned positions, pipeline fill) are enforced by each
+engine at its own entry, so direct library calls get them too. Callers: the API (trainfit.api: the CLI, the web
+app, the report, the sweep), the planner's --verify and its serving plans.
 
   analytic  formulas (no torch), any layout
   trace     the real model on fake tensors: one process; dp > 1 (ZeRO/FSDP) runs one rank of the sharded step
-            with a fake process group (trace/distributed.py); tp/pp are not traced (analytic only)
-  measure   real steps on this machine (--stack deepspeed: DeepSpeed's engine on --dp local torchrun ranks)
+            with a fake process group (trace/distributed.py); tp/pp are not traced (analytic only);
+            trace_module / trace_factory: any nn.Module (trace/user.py)
+  measure   real steps on this machine (--stack deepspeed: DeepSpeed's engine on --dp local torchrun ranks);
+            measure_ranks: the step on N local torch.distributed ranks (trainfit measure --nproc)
 """
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ WHY_NOT_RUN = {
 }
 
 
-def _check_stack(setup: Setup, engine: str) -> None:
+def check_stack(setup: Setup, engine: str) -> None:
+    """Refuse, in one line, what the trace or measure `engine` does not run for this setup's mode and stack."""
     if setup.mode == "serve":
         from .trace.engine import SERVE_ONLY_ANALYTIC
 
@@ -73,9 +78,21 @@ def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, **run) -> Es
     return estimate(spec, setup, gpu, **run)
 
 
-def _missing(what: str, e: ImportError) -> EngineUnavailableError:
-    return EngineUnavailableError(f"{what} needs torch and transformers ({e.name} is missing): "
-                                  "pip install 'trainfit[torch]'")
+def _needs(what: str, missing: str, needs: str = "torch and transformers") -> str:
+    return f"{what} needs {needs} ({missing} is missing): pip install 'trainfit[torch]'"
+
+
+def _missing(what: str, e: ImportError, needs: str = "torch and transformers") -> EngineUnavailableError:
+    return EngineUnavailableError(_needs(what, e.name, needs))
+
+
+def missing_extra(engine: str) -> str | None:
+    """Why the trace or measure `engine` cannot run here (torch or transformers not installed), in one line; None
+    when they are. Looks the packages up without importing them."""
+    from importlib.util import find_spec
+
+    missing = next((name for name in ("torch", "transformers") if find_spec(name) is None), None)
+    return None if missing is None else _needs(f"the {engine} engine", missing)
 
 
 def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool = True,
@@ -85,7 +102,7 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     extrapolate: trace a few repeated layers and extend to full depth only where every number is exactly linear
     (trace/extrapolate.py verifies it, and falls back to the full trace otherwise) — the same peak, seconds
     instead of a minute for deep models. Pass False when the caller draws the whole step's curve."""
-    _check_stack(setup, "trace")
+    check_stack(setup, "trace")
     if _vision(spec):
         try:
             from .trace.vision import trace_vision
@@ -115,9 +132,29 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     return trace_spec(spec, setup, extrapolate=extrapolate, flops=flops, alloc_conf=alloc_conf)
 
 
+def trace_module(module_or_factory, batch, setup: Setup) -> Estimate:
+    """The trace engine on any nn.Module, a factory returning one, or (module, example batch); `batch`: one
+    micro-batch (tensor, tuple or dict), or None when the factory gives it."""
+    try:
+        from .trace.user import trace as run
+    except ImportError as e:
+        raise _missing("the trace engine", e, "torch") from e
+    return run(module_or_factory, batch, setup)
+
+
+def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
+    """The trace engine on the nn.Module a 'package.module:function' factory returns (trainfit trace), its example
+    batch resized to `batch` when given."""
+    try:
+        from .trace.user import trace_factory as run
+    except ImportError as e:
+        raise _missing("the trace engine", e, "torch") from e
+    return run(ref, batch, setup)
+
+
 def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:
     """Real steps here (one process); the caller checks free memory first (api.check_room)."""
-    _check_stack(setup, "measure")
+    check_stack(setup, "measure")
     if setup.float8:
         raise SetupError("--float8 is torchtitan's Float8Linear, which the measure engine does not run: use --engine "
                          "analytic")
@@ -147,21 +184,28 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
     return to_estimate(result, spec, setup)
 
 
-def _measure_ranks(spec: ModelSpec, setup: Setup, steps: int, warmup: int, progress) -> Estimate:
-    """A stack whose step needs its process group (DeepSpeed): `setup.dp` local torch.distributed.run ranks
-    (trainfit.measure.distributed), the rank with the highest peak as the Estimate, every rank's peak in detail."""
-    from dataclasses import replace
-
+def measure_ranks(spec: ModelSpec, setup: Setup, nproc: int, *, steps: int = 3, warmup: int = 2,
+                  device: str | None = None, launcher_args: tuple = (), progress=None) -> tuple[list[Estimate], list[dict]]:
+    """The step on `nproc` local torch.distributed.run ranks (trainfit.measure.distributed): each rank's Estimate
+    and the ranks' JSON. The caller checks free memory first (api.check_room)."""
     try:
-        from .measure.distributed import measure_distributed, to_estimates
+        from .measure.distributed import measure_distributed, ranks_json, to_estimates
     except ImportError as e:
         raise _missing("the measure engine", e) from e
+    results = measure_distributed(spec, setup, nproc, steps=steps, warmup=max(2, warmup),
+                                  device=device or setup.device, launcher_args=launcher_args, progress=progress)
+    return to_estimates(results, spec, setup), ranks_json(results)
+
+
+def _measure_ranks(spec: ModelSpec, setup: Setup, steps: int, warmup: int, progress) -> Estimate:
+    """A stack whose step needs its process group (DeepSpeed): `setup.dp` local torch.distributed.run ranks
+    (measure_ranks), the rank with the highest peak as the Estimate, every rank's peak in detail."""
+    from dataclasses import replace
+
     if setup.device.split(":")[0] != "cpu":
         raise SetupError(f"--engine measure --stack {setup.stack} runs its --dp ranks on this machine's CPU (gloo): "
                          "use --device cpu, or trainfit measure --nproc on a GPU node")
-    results = measure_distributed(spec, setup, setup.dp, steps=steps, warmup=max(2, warmup), device="cpu",
-                                  progress=progress)
-    per_rank = to_estimates(results, spec, setup)
+    per_rank, _ = measure_ranks(spec, setup, setup.dp, steps=steps, warmup=warmup, device="cpu", progress=progress)
     worst = max(per_rank, key=lambda e: e.memory.peak)
     peaks = {e.detail["rank"]: e.memory.peak for e in per_rank}
     note = (f"{setup.dp} {setup.stack} ranks (torch.distributed.run, gloo); the highest peak is rank "

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainfit.analytic.engine import estimate, validate_layout
+from trainfit.analytic.engine import estimate
+from trainfit.analytic.layout import validate_layout
 from trainfit.analytic.parallel.pipeline import in_flight, stages, warmup_chunks
 from trainfit.errors import SetupError
 from trainfit.models.resolve import load_model

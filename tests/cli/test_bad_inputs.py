@@ -253,7 +253,7 @@ CASES = [
     C("timeline tiny-gpt2 --mode infer --seq 512 -o {tmp}/t.png", "learned positions"),
     C("measure tiny-gpt2 --device cpu --seq 1024 --force", "learned positions"),
     C("measure tiny-gpt2 --device cpu --seq 1024", "learned positions"),
-    C("report tiny-gpt2 --trace -o {tmp}/r.html", "learned positions"),
+    C("report tiny-gpt2 --trace --seq 1024 -o {tmp}/r.html", "learned positions"),
     # ---- engines that cannot run the setup -----------------------------------------------------------------
     C("estimate llama-3.1-8b --engine magic", "--engine"),
     C("estimate llama-3.1-8b --engine trace --tp 2", "--tp"),

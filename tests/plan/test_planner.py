@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from trainfit.analytic.engine import estimate, validate_layout
+from trainfit.analytic.engine import estimate
+from trainfit.analytic.layout import validate_layout
 from trainfit.analytic.memory import train_memory
 from trainfit.api import load_spec
 from trainfit.errors import SetupError, TrainfitError

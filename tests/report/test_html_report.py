@@ -81,3 +81,18 @@ def test_report_with_the_traced_timeline(tmp_path):
                         vary=("seq", "64:256"))
     assert_self_contained(text)
     assert "Memory over the step" in text and "trace" in text
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
+@pytest.mark.parametrize("model,positions", [("tiny-gpt2", 512), ("gpt2", 1024)])
+def test_report_at_the_default_sequence_of_a_model_with_learned_positions(cli, tmp_path, model, positions):
+    """The report traces what `trainfit estimate --engine trace` traces (api.trace: the model's defaults resolved,
+    here a sequence within its learned positions, not 2048), and compares training with inference at the longest
+    sequence both allow (a causal model's decode writes position --seq)."""
+    code, out, err = cli("report", model, "-o", str(tmp_path / "r.html"))
+    assert code == 0, err
+    text = (tmp_path / "r.html").read_text()
+    assert "Memory over the step" in text and "No traced timeline" not in text
+    assert f"prompts of {positions - 1} tokens" in text
+    traced = api.trace(api.Request(model))
+    assert traced.setup.seq == positions

@@ -2,6 +2,7 @@
 answered with 400/422 and {"error": "<one line>"}, never a 500."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -157,3 +158,13 @@ def test_view_says_what_would_fit_like_the_cli(client):
     assert not e.time.fits
     assert v["would_fit"] == fit_advice(api.load_spec("llama-3.1-8b"), e.setup, api.load_gpu("H100-80GB"))
     assert "would_fit" not in client.post("/api/view", json={"model": "llama-3.2-1b", "gpu": "H100-80GB"}).json()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
+                    reason="the trace engine needs torch and transformers")
+def test_timeline_at_a_models_default_sequence(client):
+    """tiny-gpt2 has 512 learned positions: the timeline traces at its default sequence (api.trace resolves it as
+    `trainfit estimate --engine trace` does), not at 2048."""
+    r = client.get("/api/timeline.svg", params={"model": "tiny-gpt2", "batch": 1})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("image/svg+xml") and "<svg" in r.text

@@ -18,6 +18,11 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 
+# Extra bytes per GPU the user keeps free beyond the modelled device total when judging "fits" (the --reserve
+# setting, GiB; default 0): the device total already holds the CUDA context, cuBLAS workspace and NCCL buffers
+# (trainfit/overheads.py, data/overheads.toml).
+DEFAULT_RESERVE = 0
+
 
 def capacity(gpu: GPU, setup: Setup, reserve: int = 0) -> int:
     """Bytes of `gpu` the step's tensors may use: its memory less `reserve` bytes (--reserve) and less the fixed

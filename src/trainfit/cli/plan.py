@@ -41,7 +41,7 @@ def plan(
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     price: Optional[float] = typer.Option(None, "--price", help=BY_NAME["price"].meta.help),
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchtitan (job-config TOML for torchtitan's own registry models; --tokens sets its steps), torchrun (torchtitan command line)."),
-    verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch; single unsharded ranks only)."),
+    verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch): one rank of the step, sharded on a fake process group when dp > 1; tp/pp plans are skipped with the reason."),
     json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens under vLLM or SGLang (--server); --gpu may list several types, or all)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="--mode serve: sequences served at once."),
@@ -191,12 +191,12 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         if not plans:
             raise SetupError(f"--emit {emit}: no plan serves that load" + (f" ({'; '.join(why_not)})" if why_not
                                                                             else ""))
-        from ..analytic.engine import estimate
+        from ..engines import analytic
         from ..plan.emit_sglang import sglang_command
         from ..plan.emit_vllm import vllm_command
 
         best = plans[0]
-        sv = estimate(spec, best.setup, gpu=resolve_gpu(best.gpu)).detail["serving"]
+        sv = analytic(spec, best.setup, resolve_gpu(best.gpu)).detail["serving"]
         typer.echo(f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {best.sequences_per_replica} "
                    f"sequences each, {best.tpot_seconds * 1e3:.1f} ms per token", err=True)
         typer.echo((sglang_command if server == "sglang" else vllm_command)(spec, best.setup, sv))

@@ -61,11 +61,11 @@ def timeline(req: Request,
     if fast and req.mode != "train":
         raise SetupError("--fast extrapolates a training trace over the layers; inference is traced whole: drop --fast")
     with spinner("tracing the step on fake tensors", quiet=json):
-        traced = api._trace(req, extrapolate=fast)
+        traced = api.trace(req, extrapolate=fast)
     measured = None
     if measure:
         with spinner("running the real step here", quiet=json):
-            measured = api._measure(req)
+            measured = api.measure(req)
     plots.plot_timeline(traced, output, gpu=g, measured=measured)
     if json:
         from ..report.json_out import dumps, estimate_dict

@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from ..analytic.engine import validate_layout
+from ..analytic.layout import validate_layout
 from ..errors import EngineUnavailableError, SetupError
 from ..setup import Setup
 from ..spec import ModelSpec

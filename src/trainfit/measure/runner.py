@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from ..analytic.engine import validate_layout
+from ..analytic.layout import validate_layout
 from ..errors import EngineUnavailableError, TrainfitError
 from ..estimate import Estimate, Flops, Memory, Timing
 from ..setup import Setup

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..analytic.engine import DEFAULT_RESERVE, estimate
+from ..analytic.fit_rule import DEFAULT_RESERVE
+from ..engines import analytic as estimate
 from ..overheads import fixed_bytes
 from ..analytic.params import count_params
 from ..analytic.precision import state_bytes

@@ -14,14 +14,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .. import engines
 from ..analytic import serving, serving_sglang
-from ..analytic.engine import estimate
 from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 
-MBU = 0.8  # the analytic engine's decode memory-bandwidth utilisation (engine.estimate's default)
+MBU = 0.8  # the analytic engine's decode memory-bandwidth utilisation (analytic/engine.py estimate's mbu default)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup,
             setup = base.with_(tp=tp)
             try:
                 sv = model.serve_memory(spec, setup, gpu)
-                fits = estimate(spec, setup, gpu=gpu).time.fits
+                fits = engines.analytic(spec, setup, gpu).time.fits
             except SetupError as e:
                 best_reason = str(e)
                 continue

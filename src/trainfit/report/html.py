@@ -171,20 +171,15 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
 
 
 def _try_trace(req: api.Request, want: bool | None) -> tuple[Estimate | None, str]:
-    """(trace estimate or None, why not). want=None: try when the trace engine can be imported."""
+    """(trace estimate or None, why not), resolved as `trainfit estimate --engine trace` resolves it (api.trace: the
+    model's defaults, e.g. a sequence within its learned positions). want=None: draw it when the trace engine runs
+    (torch installed, the setup traceable), else say why; want=True: its error is the report's."""
     if want is False:
         return None, "not requested (--no-trace)"
-    try:
-        from ..trace.engine import trace_spec
-    except ImportError as e:
-        msg = f"the trace engine needs torch and transformers ({e.name} is missing): pip install 'trainfit[torch]'"
-        if want:
-            raise TrainfitError(msg) from e
-        return None, msg
     spec = api.token_model(req.model, "report")
     try:
         # the whole model's curve when that is quick; deep models: a short trace extrapolated (curve labelled)
-        return trace_spec(spec, req.setup(), extrapolate=spec.layers > 40), ""
+        return api.trace(req, extrapolate=spec.layers > 40), ""
     except TrainfitError as e:
         if want:
             raise
@@ -226,7 +221,7 @@ def _compare(req: api.Request, gpu) -> str:
     fig = plots.plot_compare(results, gpu=gpu)
     table = _table([""] + [escape(x) for x in labels], rows, row_classes=classes)
     return (f"<section id='compare'><h2>Training vs inference</h2>{summary}<div class='row even'><div>{_svg(fig)}</div>"
-            f"<div>{table}<p class='note'>Inference: prefill of a batch of prompts of {req.seq} tokens and one decode step "
+            f"<div>{table}<p class='note'>Inference: prefill of a batch of prompts of {ests[1].setup.seq} tokens and one decode step "
             "with a full KV cache; (%) = share of the training value.</p></div></div></section>")
 
 

@@ -60,7 +60,7 @@ def _missing(e: ImportError) -> EngineUnavailableError:
 
 def check(spec: "ModelSpec", setup: "Setup") -> None:
     """One-line refusals for what torchtitan's llama3 model and step do not run."""
-    from ..analytic.engine import check_stack_model
+    from ..analytic.layout import check_stack_model
 
     check_stack_model(spec, setup)  # the models torchtitan builds: the same refusal for every engine
     # (precisions and optimizers torchtitan lacks never reach here: Setup refuses them from stacks/torchtitan.toml)

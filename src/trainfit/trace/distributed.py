@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from ..analytic.engine import validate_layout
+from ..analytic.layout import validate_layout
 from ..errors import EngineUnavailableError
 from ..estimate import Estimate
 from ..setup import Setup

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..analytic.engine import validate_layout
+from ..analytic.layout import validate_layout
 from ..errors import EngineUnavailableError
 from ..estimate import Estimate, Flops, Memory
 from ..setup import TRAINING, Setup

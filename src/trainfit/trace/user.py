@@ -1,4 +1,5 @@
-"""Trace a training step of any nn.Module: `trace(model_or_factory, batch, setup)`.
+"""Trace a training step of any nn.Module: `trace(model_or_factory, batch, setup)`; `trace_factory(ref, batch,
+setup)` for a 'package.module:function' factory (trainfit trace).
 
 The module is made fake (a real module is copied with FakeCopyMode, a factory is called under the
 fake mode, so a 70B factory costs nothing), wrapped so that `model(**batch).loss` works, and run
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
+import inspect
 import time
 from collections.abc import Callable
 
@@ -195,3 +198,36 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
     tokens = setup.batch * setup.seq * setup.grad_accum
     return estimate_from(type(model).__name__, model, setup, rec, an, tokens, time.perf_counter() - t0,
                      NOTES + tuple(device_notes(setup)))
+
+
+def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
+    """Trace the nn.Module a 'package.module:function' factory returns; `batch` sets the example's leading
+    dimension (passed to the factory when it takes `batch` or `batch_size`)."""
+    factory = load_factory(ref)
+    if batch is None:
+        return trace(factory, None, setup)
+    params = inspect.signature(factory).parameters
+    key = next((k for k in ("batch", "batch_size") if k in params), None)
+    if key is not None:  # called by the trace inside its fake mode: a 70B factory allocates nothing
+        return trace(functools.partial(factory, **{key: batch}), None, setup)
+    return trace(lambda: _resized(factory(), batch), None, setup)
+
+
+def _resized(made, batch: int):
+    """(model, example) with the example's leading dimension set to `batch` (values do not matter to a trace)."""
+    if not isinstance(made, tuple):
+        raise SetupError("--batch needs the factory to return (model, example batch) or to take a batch argument")
+    model, example = made
+
+    def resize(t):
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return torch.zeros((batch, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        return t
+
+    if isinstance(example, dict):
+        example = {k: resize(v) for k, v in example.items()}
+    elif isinstance(example, (tuple, list)):
+        example = type(example)(resize(v) for v in example)
+    else:
+        example = resize(example)
+    return model, example

@@ -6,7 +6,8 @@ Routes
   POST /api/estimate          the same, for a pasted config.json: {"config": {...} or "<json text>", knobs...}
   POST /api/view              what the page shows: the estimate plus its formatted rows, the phase chart's bars
                               and what the GPU holds (allocated peak, reserved, overheads, device total: `held`)
-  GET  /api/timeline.svg?…    the trace engine's memory timeline (needs trainfit[torch]; seconds per call)
+  GET  /api/timeline.svg?…    the trace engine's memory timeline, resolved as `trainfit estimate --engine trace` (api.trace;
+                              needs trainfit[torch]; seconds per call)
   GET  /api/models, /api/gpus the catalogs (for the page's dropdowns)
 
 Every error a user can cause answers HTTP 400 (a TrainfitError: unknown model, batch 0, tp not dividing the
@@ -31,7 +32,7 @@ from .. import api
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
 from ..report.json_out import estimate_dict
-from ..setup import SETTINGS, Request, Setting, parse_value, run_settings
+from ..setup import SETTINGS, Request, Setting, parse_value
 
 
 def _knob_type(s: Setting):
@@ -110,12 +111,9 @@ def _spec_and_request(k: PastedKnobs):
 
 def estimate_for(k: PastedKnobs):
     """(spec, request, the analytic Estimate) for a catalog model or a pasted config.json (as api.analytic)."""
-    from .. import engines
-
     try:
         spec, req = _spec_and_request(k)
-        return spec, req, engines.analytic(spec, req.setup(spec), api.gpu_of(req),
-                                           **run_settings(req))
+        return spec, req, api.analytic(req, spec)
     except TrainfitError:
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError, AttributeError) as e:
@@ -190,7 +188,7 @@ def _timeline_svg(req: Request) -> str:
 
     spec = api.load_spec(req.model)
     with _trace_lock:
-        traced = api._trace(req, extrapolate=spec.layers > 16)
+        traced = api.trace(req, extrapolate=spec.layers > 16)
     fig = plots.plot_timeline(traced, gpu=api.gpu_of(req))
     return plots.svg_text(fig)
 
@@ -254,7 +252,7 @@ def create_app() -> FastAPI:
     @app.get("/api/timeline.svg")
     def get_timeline(knobs: Annotated[Knobs, Query()]) -> Response:
         req = to_request(knobs, model=_catalog_ref(knobs.model))
-        req.setup(api.load_spec(req.model))  # bad knobs: a 400 before any trace
+        api.resolve(req)  # bad knobs: a 400 before any trace
         return Response(_timeline_svg(req), media_type="image/svg+xml")
 
     @app.get("/api/models")

@@ -1,0 +1,61 @@
+"""The model and layout limits every engine enforces at its own entry (no torch): what a stack's own model
+builds (check_stack_model), and whether a parallel layout, pipeline split and sequence fit the model
+(validate_layout). The analytic engine, the trace engine, the measure engine and the stacks' steps all call these,
+so every route refuses the same setups with the same line."""
+from __future__ import annotations
+
+from ..errors import SetupError
+from ..setup import Setup
+from ..spec import ModelSpec
+from .parallel import pipeline
+
+
+def check_stack_model(spec: ModelSpec, setup: Setup) -> None:
+    """The models a stack builds (every engine): torchtitan builds its own registry's architectures, and the one
+    trainfit runs is its llama3 Transformer (stacks/torchtitan.toml [models]): untied, bias-free SwiGLU, RoPE,
+    head_dim = dim // n_heads."""
+    if setup.stack != "torchtitan" or setup.mode != "train":
+        return
+    if spec.family != "llama" or spec.is_moe or not spec.causal:
+        raise SetupError(f"--stack torchtitan runs torchtitan's Llama3 Transformer, which builds llama-family models "
+                         f"(model_type llama) only; {spec.name} is {spec.family}: use --stack hf")
+    if spec.tied_embeddings:
+        raise SetupError(f"--stack torchtitan: {spec.name} ties its input and output embeddings, which torchtitan's "
+                         "llama3 model does not (separate tok_embeddings and output): use --stack hf")
+    if spec.qkv_bias or spec.out_bias or spec.mlp_bias or spec.activation != "silu":
+        raise SetupError(f"--stack torchtitan: {spec.name} has biases or a non-SiLU MLP, which torchtitan's llama3 "
+                         "model (bias-free SwiGLU) does not build: use --stack hf")
+    if spec.head_dim * spec.heads != spec.hidden or spec.heads % spec.kv_heads:
+        raise SetupError(f"--stack torchtitan: {spec.name} has head_dim {spec.head_dim} x {spec.heads} heads != "
+                         f"hidden {spec.hidden}; torchtitan's llama3 derives head_dim = dim // n_heads: use --stack hf")
+
+
+def validate_layout(spec: ModelSpec, setup: Setup) -> None:
+    check_stack_model(spec, setup)
+    t, p = setup.tp, setup.pp
+    if spec.heads % t:
+        raise SetupError(f"--tp {t} does not divide the {spec.heads} attention heads of {spec.name}; use a divisor of {spec.heads}")
+    if spec.kv_heads % t and t % spec.kv_heads:
+        raise SetupError(f"--tp {t} and the {spec.kv_heads} key/value heads of {spec.name} do not divide one another")
+    if spec.intermediate and spec.intermediate % t:
+        raise SetupError(f"--tp {t} does not divide the MLP width {spec.intermediate} of {spec.name}")
+    if p > spec.layers:
+        raise SetupError(f"--pp {p} exceeds the {spec.layers} layers of {spec.name}; use --pp {spec.layers} or less")
+    try:
+        pipeline.check(spec, setup)  # Megatron's split and interleaving checks (parallel/pipeline.py)
+    except SetupError as e:
+        raise SetupError(f"{spec.name}: {e}") from None
+    if setup.ep > 1 and not spec.is_moe:
+        raise SetupError(f"--ep {setup.ep} splits the experts of a mixture-of-experts model; {spec.name} is dense "
+                         "(Megatron: transformer_config.py:1048-1049): use --ep 1")
+    if setup.ep > 1 and spec.moe.num_experts % setup.ep:
+        raise SetupError(f"--ep {setup.ep} does not divide the {spec.moe.num_experts} experts of {spec.name} (Megatron: "
+                         f"moe/moe_layer.py:101); use a divisor of {spec.moe.num_experts}")
+    longest = spec.longest_sequence(setup.mode)
+    if longest is not None and setup.seq > longest:
+        extra = spec.max_positions - longest  # the decode position
+        raise SetupError(f"{spec.name} has {spec.max_positions} learned positions; --seq {setup.seq} needs "
+                         f"{setup.seq + extra}{' (decode writes position --seq)' if extra else ''}: "
+                         f"use --seq {longest} or less")
+    if setup.mode == "train" and p > 1 and setup.grad_accum < p:
+        raise SetupError(f"--pp {p} needs at least {p} micro-batches per step to fill the pipeline: set --grad-accum >= {p}")
