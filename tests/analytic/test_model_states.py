@@ -71,3 +71,28 @@ def test_mixtral_active_params_drive_flops():
     # model FLOPs per token ≈ 6 × active params (Kaplan et al. 2020), not 6 × total
     assert e.flops.per_token == pytest.approx(6 * pc.active, rel=0.03)
     assert pc.active < 0.3 * pc.total
+
+
+@pytest.mark.parametrize("stack,zero", [("hf", 1), ("hf", 3), ("torchtitan", 2)])
+def test_params_per_rank_is_the_distributed_traces_shard(stack, zero):
+    """params_per_rank counts the parameters whose storage the rank owns: the whole model under DDP/ZeRO-1, 1/dp of
+    it where the parameters are sharded (ZeRO-3; FSDP2 at either stage) — the distributed trace's rank holds
+    exactly that many elements in its parameters' local shards (trace/distributed.py)."""
+    pytest.importorskip("transformers")
+    from trainfit import engines
+
+    spec = load_model("tiny-llama")
+    s = Setup(batch=1, seq=64, dp=2, zero=zero, stack=stack, device="cpu")
+    assert engines.analytic(spec, s).params_per_rank == engines.trace(spec, s).params_per_rank
+
+
+def test_params_per_rank_counts_parameters_not_bytes(llama8b):
+    """Counted, not worked back from the weights' bytes: fp16 weights under Megatron, a 4-bit QLoRA base and an
+    unsharded rank all hold every parameter (before: 4.02 G, 2.94 G of 8.03 G); tensor parallelism splits all but
+    the replicated norms (Shoeybi et al. 2019 §3: each of the 32 layers' two norms, 4096 each, and the final one)."""
+    one = [estimate(llama8b, Setup(**kw)) for kw in (dict(stack="megatron", precision="fp16-master"),
+                                                     dict(lora_rank=16, quant="nf4", precision="bf16"), dict())]
+    assert [e.params_per_rank for e in one] == [e.params for e in one]
+    tp8 = estimate(llama8b, Setup(stack="megatron", precision="bf16-master", tp=8, sequence_parallel=True))
+    norms = (2 * 32 + 1) * 4096
+    assert tp8.params_per_rank == (tp8.params - norms) / 8 + norms

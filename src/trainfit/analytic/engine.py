@@ -24,7 +24,7 @@ from .loss import head_and_loss
 from .optimizer import temporary_bytes
 from .recompute import layer_params
 from ..precision import PRECISIONS
-from .step_time import layout_step_time, with_paged_migration
+from .step_time import layout_step_time, stage_params, with_paged_migration
 from .roofline import cluster_table, host_seconds_per_kernel
 from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 
@@ -298,7 +298,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         if setup.offload == "activations":  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")
-    return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), int(mem.weights / (2 if setup.precision in ('bf16', 'bf16-master') else 4) * (setup.dp if setup.zero >= 3 else 1)),
+    return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), mem.params,
                     setup, memory, flops, timing, tuple(notes), detail)
 
 
@@ -350,7 +350,7 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
         if modelled else f"prefill at --mfu {mfu:.0%}, decode at {mbu:.0%} of memory bandwidth (roofline)")]
     if gpu is not None:
         notes += [_fit_note(reserve), overheads.describe(beside, held)]
-    return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
+    return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active,
                                            "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup), **detail})
 
@@ -446,7 +446,7 @@ def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graph
                     prefill_seconds=prefill_s, decode_tokens_per_second=concurrent / decode_s,
                     max_batch=concurrent, max_seq=max_seq)
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
-    return Estimate("analytic", spec.name, pc.total, int(pc.total / (setup.tp * setup.pp)), setup, memory, flops,
+    return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})
 
 

@@ -132,8 +132,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "activation_per_layer_stored": int(full), "logits_buffers": int(fwd),
               "optimizer_temporaries": int(step.optimizer_transient), "grad_clip_temporaries": int(clip),
               "context_parallel_ring_buffers": int(ring)}
+    dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
-                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail)
+                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert))
 
 
 def grad_clip_temporaries(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> float:

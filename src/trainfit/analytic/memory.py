@@ -25,7 +25,7 @@ from .parallel.pipeline import Stage, stages
 from . import quant
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
 from .parallel.tensor import rank_params, term_divisors
-from .parallel.zero import gathered_params, model_states, reduce_scatter_transient, shard, unsharded_at
+from .parallel.zero import gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard, unsharded_at
 from .params import ParamCounts, count_params
 from .phases import LayerKind, StepBytes, peak
 from .precision import StateBytes, state_bytes
@@ -47,6 +47,7 @@ class TrainMemory:
     peak_phase: str
     at_peak: dict
     detail: dict
+    params: int = 0  # parameters whose storage this rank owns (parallel/zero.py params_at_rest), count
 
 
 def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> TrainMemory:
@@ -72,6 +73,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         return stage_memory(spec, setup, pc, stage, TrainMemory)
     t = setup.tp
     n, largest = rank_params(spec, pc, setup, stage)
+    owned = params_at_rest(n, setup)  # (before LoRA's n below becomes the adapters')
     fsdp2 = torchtitan_fsdp(setup)  # the stack's own FSDP2 groups and mixed precision (parallel/fsdp2.py)
     ms = (fsdp2_model_states if fsdp2 else model_states)(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
     if setup.lora_rank:  # frozen base weights; gradients, masters and optimizer states of the adapters only
@@ -207,5 +209,7 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
     if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
         every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
         detail["host_memory"] = int(stage.in_flight * (every_layer - step.layers_saved))
+    if setup.lora_rank:  # the adapters are the rank's too (LoRA runs on one rank or DDP: lora_states)
+        owned += n
     return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
-                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail)
+                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(owned))

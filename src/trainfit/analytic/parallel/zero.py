@@ -35,6 +35,18 @@ def shard(setup: Setup, from_stage: int) -> int:
     return setup.dp if setup.zero >= from_stage else 1
 
 
+def params_at_rest(n: float, setup: Setup) -> float:
+    """Parameters whose storage one rank owns between steps, of the `n` on its tensor/pipeline/expert shard: 1/dp of
+    them where data parallelism shards the parameters (ZeRO-3, Rajbhandari §5.1 P_os+g+p; FSDP2's fully_shard at
+    either stage it runs, parallel/fsdp2.py fsdp2_strategy: reshard_after_forward=False unshards them only between
+    the forward and the backward), all of them otherwise (DDP, ZeRO-1/2, Megatron's distributed optimizer).
+    NB: DeepSpeed's ZeRO-3 keeps parameters under its persistence threshold whole on every rank
+    (parallel/deepspeed.py persistent_params): under by those few."""
+    from .fsdp2 import fsdp2_strategy
+
+    return n / setup.dp if (setup.zero >= 3 or fsdp2_strategy(setup)) else n
+
+
 def model_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup) -> ModelStates:
     """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state."""
     dp, z = setup.dp, setup.zero
