@@ -7,7 +7,7 @@ from trainfit import nccl_buffers, overheads
 from trainfit.analytic.engine import estimate
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model as load_spec
-from trainfit.plan.search import capacity
+from trainfit.analytic.fit_rule import capacity
 from trainfit.setup import Setup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,8 +168,8 @@ def test_device_total_is_reserved_plus_overheads_and_fits_on_it():
     assert m.overheads == {"cuda_context": 820_838_400, "nccl_dp": 1344 * MiB}
     assert m.device_total == m.reserved + 820_838_400 + 1344 * MiB
     assert e.time.headroom == gpu.memory - m.device_total and e.time.fits
-    # the planner's capacity for this setup is the same basis: peak <= capacity <=> device total <= GPU memory
-    assert capacity(gpu, 0.0, s) - (m.reserved - 64 * MiB) == e.time.headroom
+    # the fit rule's capacity (the planner's too) for this setup: peak <= capacity <=> device total <= GPU memory
+    assert capacity(gpu, s) - (m.reserved - 64 * MiB) == e.time.headroom
     # no GPU: reserved is the step's own blocks, no device total
     bare = estimate(spec, s)
     assert bare.memory.reserved == bare.memory.peak + logits + side and bare.memory.device_total is None

@@ -86,7 +86,9 @@ def test_gpu_memory_replaces_the_gpus_capacity_everywhere(cli):
     code, out, _ = cli("plan", "llama-3.2-1b", "--gpu", "H100-80GB", "--gpus", "1", "--gpu-memory", "40", "--json")
     assert code == 0
     p = json.loads(out)
-    assert p["gpu_memory"] == 40 * 2**30 and p["capacity"] == int(40 * 2**30 - 0.05 * 40 * 2**30 - 64 * 2**20 - 820_838_400)
+    # the plan's capacity for the step's tensors: the same 40 GiB less the same cuBLAS workspaces and context
+    assert p["gpu_memory"] == 40 * 2**30
+    assert p["candidates"][0]["memory"]["capacity"] == 40 * 2**30 - 64 * 2**20 - 820_838_400
     for args, word in (((*base[:2], "--gpu-memory", "40"), "needs --gpu"), ((*base, "--gpu-memory", "0"), "greater"),
                        ((*base, "--gpu-memory", "1e6"), "at most")):
         code, _, err = cli(*args)
@@ -113,3 +115,21 @@ def test_setup_rejects_what_the_definition_rejects():
         with pytest.raises(Exception) as e:
             Setup(**bad)
         assert "--" in str(e.value)
+
+
+def test_with_micro_batches_is_with_and_keeps_its_rules():
+    """Setup.with_micro_batches (the planner's cheap derivation) builds the Setup `with_` builds and refuses what
+    `with_` refuses for those two settings."""
+    from trainfit.errors import SetupError
+
+    base = Setup(seq=4096, dp=8, zero=3, recompute="selective", stack="torchtitan", precision="amp-bf16")
+    for b, m in ((1, 1), (3, 7), (16, 2)):
+        got, want = base.with_micro_batches(b, m), base.with_(batch=b, grad_accum=m)
+        assert got == want and hash(got) == hash(want) and got.recompute == "op"
+    assert base.with_micro_batches(5) == base.with_(batch=5)
+    for bad in (dict(batch=0), dict(batch=2, grad_accum=0)):
+        with pytest.raises(SetupError):
+            base.with_micro_batches(**bad)
+    inbwd = Setup(optimizer_in_backward=True, precision="bf16")
+    with pytest.raises(SetupError, match="--grad-accum 1"):
+        inbwd.with_micro_batches(1, 2)

@@ -6,6 +6,7 @@ transformers model built from the same config exactly (tests/models check this o
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 
@@ -85,6 +86,12 @@ class ModelSpec:
     num_labels: int = 2  # classifier heads' outputs (config num_labels / id2label; transformers' default 2)
     source: str = ""  # where the config came from (catalog file, path, hub id)
     config: dict = field(default_factory=dict, compare=False, repr=False)  # the raw HF config
+    # the raw config's canonical JSON text, set from `config`: the spec's hash and equality cover every config value
+    # a formula reads (dropouts, soft-capping, rope scaling, ...), so a cache keyed on the spec is keyed on them too
+    config_text: str = field(init=False, default="", repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config_text", json.dumps(self.config, sort_keys=True, default=repr))
 
     @property
     def q_dim(self) -> int:

@@ -16,7 +16,8 @@ from trainfit.hardware import get_gpu
 from trainfit.plan import emit
 from trainfit.plan.fit import PeakOracle
 from trainfit.analytic.params import count_params
-from trainfit.plan.search import PlanQuery, capacity, search
+from trainfit.analytic.fit_rule import capacity
+from trainfit.plan.search import PlanQuery, search
 from trainfit.plan.space import Layout, batch_splits, layouts, tp_allowed
 from trainfit.setup import Setup
 
@@ -76,11 +77,14 @@ def test_largest_batch_matches_brute_force(l8b):
 
 
 def test_candidates_peak_equals_trainfit_estimate(l8b):
-    """The JSON contract: `trainfit estimate MODEL` with a candidate's setup gives the same peak."""
-    r = search(l8b, get_gpu("A100-80GB"), PlanQuery(gpus=16, seq=4096, global_batch_tokens=1e6, top=5))
+    """The JSON contract: `trainfit estimate MODEL` with a candidate's setup gives the same peak, and the candidate fits
+    by the fit rule (analytic/fit_rule.py) with its capacity."""
+    gpu = get_gpu("A100-80GB")
+    r = search(l8b, gpu, PlanQuery(gpus=16, seq=4096, global_batch_tokens=1e6, top=5))
     assert r.candidates
     for c in r.candidates:
-        assert estimate(l8b, c.setup).memory.peak == c.peak <= c.capacity == capacity(get_gpu("A100-80GB"), 0.05, c.setup)
+        assert estimate(l8b, c.setup).memory.peak == c.peak <= c.capacity == capacity(gpu, c.setup)
+        assert c.headroom == estimate(l8b, c.setup, gpu).time.headroom >= 0
 
 
 def test_estimate_cli_gives_the_same_peak(l8b):
@@ -136,7 +140,7 @@ def test_nothing_fits_says_why_and_what_would():
 
 
 @pytest.mark.parametrize("kwargs", [dict(gpus=0), dict(gpus=8, precisions=("fp8",)), dict(gpus=8, zeros=(4,)),
-                                    dict(gpus=8, tp=3), dict(gpus=8, margin=1.5), dict(gpus=8, seq=4096,
+                                    dict(gpus=8, tp=3), dict(gpus=8, reserve=-1.0), dict(gpus=8, seq=4096,
                                     global_batch_tokens=100), dict(gpus=8, recomputes=("some",))])
 def test_bad_inputs_raise_one_line_errors(kwargs):
     with pytest.raises(TrainfitError) as e:
@@ -199,3 +203,28 @@ def test_torchrun_command(l8b):
     cmd = emit.emit("torchrun", s, l8b, 8)
     assert "--nnodes=8" in cmd and "--parallelism.tensor_parallel_degree 8" in cmd
     assert "--parallelism.pipeline_parallel_degree 2" in cmd and "--training.global_batch_size 64" in cmd
+
+
+def test_fixed_tp_and_pp_constrain_the_search_before_the_top(l8b, cli):
+    """--tp/--pp are search constraints: only such plans are ranked, so --top 1 shows the best of them; a --tp the
+    model's heads or a node cannot take is one line, exit 2 (not an empty table)."""
+    gpu = get_gpu("H100-80GB")
+    r = search(l8b, gpu, PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, tp=4, pp=2, top=1))
+    assert [(c.setup.tp, c.setup.pp) for c in r.candidates] == [(4, 2)]
+    for args, words in ((("--gpus", "24", "--tp", "3"), "--tp 3 does not divide the 32 attention heads"),
+                        (("--gpus", "16", "--tp", "16"), "--tp 16: tensor parallelism stays inside a node")):
+        code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", *args)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_reserve_is_the_only_margin(cli):
+    """The plan keeps free what `--reserve` says (GiB, the estimate's run setting) and nothing else; --margin is
+    refused in one line pointing at --reserve."""
+    spec, gpu = load_spec("llama-3.2-1b"), get_gpu("RTX-4090")
+    q = PlanQuery(gpus=1, seq=4352, precisions=("bf16",), recomputes=("none",))
+    best = search(spec, gpu, q).candidates[0]
+    assert best.setup.batch == 1 and 0 < best.headroom < 2**30  # fits with under 1 GiB to spare, as estimate says
+    assert best.headroom == estimate(spec, best.setup, gpu).time.headroom
+    assert not search(spec, gpu, replace(q, reserve=1.0)).candidates  # keeping 1 GiB free leaves no plan
+    code, out, err = cli("plan", "llama-3.2-1b", "--gpu", "RTX-4090", "--margin", "0.05")
+    assert code == 2 and "--reserve" in err and len(err.strip().splitlines()) == 1

@@ -107,3 +107,21 @@ def test_sglang_plan_refusals_exit_2(capsys):
             main(argv)
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1, err
+
+
+def test_tp_is_a_search_constraint_before_the_top(cli):
+    """--tp 8 --top 3 lists tp-8 plans: the degree is fixed before the ranking, not filtered out of the three cheapest
+    (which, on one H100 type, are tp 1, 2 and 4 here); a degree that does not divide the heads is one line, exit 2."""
+    spec, gpus, base = load_model("llama-3.1-8b"), [get_gpu("H100-80GB")], _base(max_model_len=8192)
+    cheapest, _ = serve_plans(spec, gpus, 32, base, None, top=3)
+    assert cheapest and all(p.tp != 8 for p in cheapest)
+    fixed, why = serve_plans(spec, gpus, 32, base, None, top=3, tp=8)
+    assert fixed and all(p.tp == 8 for p in fixed) and not why
+    code, out, err = cli("plan", "llama-3.1-8b", "--mode", "serve", "--concurrency", "32", "--max-model-len", "8192",
+                         "--gpu", "H100-80GB", "--tp", "8", "--top", "3", "--json")
+    assert code == 0, err
+    assert [p["tp"] for p in json.loads(out)["plans"]] == [8]
+    code, out, err = cli("plan", "llama-3.1-8b", "--mode", "serve", "--concurrency", "32", "--gpu", "H100-80GB",
+                         "--tp", "3")
+    assert code == 2 and err.strip().splitlines() == [
+        "error: --tp 3 does not divide the 32 attention heads of llama-3.1-8b; use a divisor of 32"]

@@ -176,19 +176,10 @@ _CACHE_MAX = 8192  # entries (each a few hundred bytes): the planner's searches 
 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
                          layers: tuple[int, int, int]) -> StageCompute:
-    """stage_compute, memoised on what the op lists read: the planner's inner loop and repeated estimates re-use
-    the lists' times. The spec's hash leaves out its raw config, so the config values the lists read (dropouts,
-    soft-capping) are in the key."""
-    from .activations import dropouts
-
-    cfg = spec.config
-    key = (spec, dropouts(spec), cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping"),
-           setup.batch, setup.seq, setup.tp, setup.cp, setup.pp, setup.vpp, bool(setup.sequence_parallel),
-           setup.precision, setup.recompute, setup.stack, setup.attention_kernel, setup.device, setup.ep,
-           bool(getattr(setup, "compile", False)), bool(getattr(setup, "float8", False)),
-           bool(getattr(setup, "tf32", False)),
-           setup.lora_rank, setup.lora_targets, getattr(setup, "lora_dtype", "fp32"), setup.dora, setup.quant,
-           getattr(setup, "loss", "full"), st, gpu, layers)
+    """stage_compute, memoised on its inputs (`pc` is the spec's own count): the planner's inner loop and repeated
+    estimates re-use the lists' times. The spec's equality covers its raw config (ModelSpec.config_text) and the
+    setup's every setting, so no input the op lists read is left out of the key."""
+    key = (spec, setup, gpu, st, layers)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_MAX:

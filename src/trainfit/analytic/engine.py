@@ -7,10 +7,10 @@ from ..errors import SetupError
 from ..estimate import PHASES, Estimate, Flops, Memory, Phase, Timing
 from ..hardware import GPU
 from ..units import fmt_bytes
-from ..setup import Setup
+from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
 from . import compile_effects, fit_rule, float8, infer_time, inference, rl, serving
-from .fit_rule import DEFAULT_RESERVE
+from .fit_rule import reserve_bytes
 from .layout import validate_layout
 from .flops import forward_per_token, step_flops
 from .foreach_segments import new_segments, parameter_tensors
@@ -202,13 +202,13 @@ INFER_MFU = 0.4
 
 
 def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
-             tokens: float | None = None, mbu: float = 0.8, reserve: float = DEFAULT_RESERVE / 2**30) -> Estimate:
+             tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: each kernel of the op list
     timed by the roofline + exposed communication + bubble + optimizer, the planner's model); a number overrides it
     with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free beyond the device total when judging
     the fit (fits = device_total + reserve <= GPU memory)."""
     spec = for_setup(spec, setup)  # the model with the head this setup trains (--head / architectures)
-    reserve = int(reserve * 2**30)
+    reserve = reserve_bytes(reserve)
     if mfu is not None and not 0 < mfu <= 1:
         raise SetupError(f"--mfu must be in (0, 1], got {mfu}")
     if tokens is not None and tokens <= 0:

@@ -18,10 +18,11 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 
-# Extra bytes per GPU the user keeps free beyond the modelled device total when judging "fits" (the --reserve
-# setting, GiB; default 0): the device total already holds the CUDA context, cuBLAS workspace and NCCL buffers
-# (trainfit/overheads.py, data/overheads.toml).
-DEFAULT_RESERVE = 0
+
+def reserve_bytes(reserve: float) -> int:
+    """--reserve (trainfit.setup RunSettings: GiB per GPU the user keeps free beyond the modelled device total) in
+    bytes, as `capacity` takes it."""
+    return int(reserve * 2**30)
 
 
 def capacity(gpu: GPU, setup: Setup, reserve: int = 0) -> int:

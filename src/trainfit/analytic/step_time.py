@@ -59,6 +59,7 @@ exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-co
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 
 from ..errors import SetupError
 from ..hardware import GPU
@@ -344,8 +345,10 @@ def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> floa
     return max(0.0, kernels * host_seconds_per_kernel() - gpu_seconds)
 
 
+@lru_cache(maxsize=1024)
 def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: str = "even") -> int:
-    """Parameters on the busiest rank (first stage with the embedding, a middle one, or last with the head)."""
+    """Parameters on the busiest rank (first stage with the embedding, a middle one, or last with the head); memoised
+    on its arguments (the planner times many setups of one layout)."""
     from .memory import Stage, rank_params
 
     probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))

@@ -44,6 +44,7 @@ from ..hardware import GPU
 from .. import overheads
 from ..setup import Setup
 from ..spec import VisionSpec
+from .fit_rule import reserve_bytes
 from .optimizer import clip_temporaries, optimizer_temporaries
 from .precision import state_bytes
 from .timing import budget, mfu_step_terms, step_seconds
@@ -284,7 +285,7 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
             secs, achieved = step_seconds(flops.step, gpu, setup, mfu), mfu
             terms = mfu_step_terms(flops.step, gpu, setup, mfu)
         extra = budget(tokens, images * setup.dp / secs, setup.world_size, gpu, terms) if tokens else {}
-        headroom = gpu.memory - int(reserve * 2**30) - device_total
+        headroom = gpu.memory - reserve_bytes(reserve) - device_total
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs, tokens_per_second=images * setup.dp / secs,
                         fits=headroom >= 0, headroom=headroom, gpu_memory=gpu.memory, **extra)
         conv_dt, lin_dt = dtypes(setup, gpu)

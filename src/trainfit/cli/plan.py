@@ -32,10 +32,11 @@ def plan(
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, paged-adamw-8bit, paged-adamw, lion (not searched)."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Recompute policies to search, comma-separated: none, full, selective, op, layer:N, uniform:N, block:N (each stack searches those it runs; selective is megatron's core-attention recompute: hf's equals none under the flash attention plans run, torchtitan's is op). Default: each stack's own."),
     zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages to search, comma-separated (3 = FSDP full shard). Default: each stack's own."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Fix the tensor-parallel degree."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Fix the pipeline-parallel degree."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Fix the tensor-parallel degree: only plans with it are searched and ranked (--mode serve too)."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Fix the pipeline-parallel degree: only plans with it are searched and ranked."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Fix the data-parallel degree."),
-    margin: float = typer.Option(0.05, "--margin", help="Fraction of GPU memory kept free beyond the modelled device total (reserved + CUDA context + NCCL buffers)."),
+    reserve: float = typer.Option(BY_NAME["reserve"].default, "--reserve", help=BY_NAME["reserve"].meta.help + " The same fit as `trainfit estimate`'s (analytic/fit_rule.py)."),
+    margin: Optional[str] = typer.Option(None, "--margin", hidden=True),
     efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Override: time compute as FLOPs at this flat fraction of the dense peak (default: each kernel timed by the roofline, analytic/ops.py)."),
     batch_tolerance: float = typer.Option(0.05, "--batch-tolerance", help="Allowed relative deviation from --global-batch-tokens."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
@@ -62,12 +63,16 @@ def plan(
       trainfit plan gpt-3-175b --gpu A100-80GB --gpus 1024 --global-batch-tokens 3.2M --seq 2048 --json
     """
     from ..api import load_gpu, token_model
+    if margin is not None:
+        raise SetupError("--margin is gone: plan judges the fit as `trainfit estimate` does (device total <= GPU "
+                         "memory); keep memory free with --reserve GiB")
     if mode not in ("train", "serve"):
         raise SetupError(f"--mode {mode!r}: plan searches train or serve")
     if mode == "serve":
         given = dict(gpus=gpus != 1, global_batch_tokens=global_batch_tokens is not None, tokens=tokens is not None,
                      stack=stack != "hf", optimizer=optimizer != "adamw", recompute=recompute is not None,
-                     zero=zero is not None, pp=pp is not None, dp=dp is not None, margin=margin != 0.05,
+                     zero=zero is not None, pp=pp is not None, dp=dp is not None,
+                     reserve=reserve != BY_NAME["reserve"].default,
                      efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
                      seq=seq != 2048, gpu_memory=gpu_memory is not None)
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
@@ -86,6 +91,7 @@ def plan(
                          "only: add --mode serve")
     check_value(BY_NAME["price"], price)  # the one definitions of --price (finite, >= 0) and --gpu-memory
     check_value(BY_NAME["gpu_memory"], gpu_memory)
+    check_value(BY_NAME["reserve"], reserve)
     from ..units import parse_count
     from ..report import plan as report
     from ..plan.emit import ENGINES
@@ -100,7 +106,7 @@ def plan(
     q = PlanQuery(gpus=gpus, seq=seq, global_batch_tokens=gbt, precisions=_csv(precision, "precision") if precision is not None else None,
                   optimizer=optimizer, recomputes=_csv(recompute, "recompute") if recompute is not None else None,
                   zeros=_csv(zero, "zero", int) if zero is not None else None, stacks=_csv(stack, "stack"),
-                  tp=tp, pp=pp, dp=dp, margin=margin,
+                  tp=tp, pp=pp, dp=dp, reserve=reserve,
                   efficiency=efficiency,
                   batch_tolerance=batch_tolerance, top=top)
     spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory)
@@ -184,9 +190,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
     gpus = [g.with_price(price) for g in gpus]
     base = Setup(mode="serve", server=server, precision=precision or serve_dtype(spec), max_model_len=max_model_len,
                  kv_dtype=kv_cache_dtype)
-    plans, why_not = serve_plans(spec, gpus, concurrency, base, tpot_ms / 1e3 if tpot_ms else None, top)
-    if tp is not None:
-        plans = [p for p in plans if p.tp == tp]
+    plans, why_not = serve_plans(spec, gpus, concurrency, base, tpot_ms / 1e3 if tpot_ms else None, top, tp)
     if emit:
         if not plans:
             raise SetupError(f"--emit {emit}: no plan serves that load" + (f" ({'; '.join(why_not)})" if why_not

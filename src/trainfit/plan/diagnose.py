@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..analytic.params import count_params
+from ..analytic import fit_rule
+from ..analytic.fit_rule import reserve_bytes
 from ..analytic.step_time import layout_step_time
+from ..engines import analytic
 from ..errors import SetupError
 from ..hardware import GPU, list_gpus
-from ..overheads import fixed_bytes
 from ..setup import Setup
 from ..units import fmt_bytes
 from .fit import PeakOracle
@@ -20,22 +21,24 @@ MAX_GPUS = 1 << 17
 class Diagnosis:
     reason: str  # "layout", "batch" or "memory"
     message: str
-    leanest_device_total: int | None = None  # the leanest plan's device total at micro-batch 1 (what the fit reads)
+    leanest_device_total: int | None = None  # the leanest plan's device total at micro-batch 1 (the estimate's)
     leanest_setup: Setup | None = None
     min_gpus: int | None = None
     suggestions: list[str] = field(default_factory=list)
     leanest_time: dict | None = None  # the leanest plan timed anyway (StepTime.as_dict()), beside its verdict
 
 
-def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, ignore_batch: bool = True) -> tuple[int, Setup | None]:
-    """The smallest device total over the layouts of `gpus` that the query allows (its fixed --tp/--pp, and --dp
-    when `gpus` is the query's count; micro-batch 1), and its setup: the step's reserve (the oracle's) + the fixed
-    overheads of that layout (overheads.fixed_bytes: context, cuBLAS workspace, its NCCL communicators), so it is
-    judged as the search judges it (peak <= capacity(gpu, margin, setup) <=> this <= usable(gpu, margin))."""
+def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle) -> tuple[int | None, Setup | None]:
+    """The leanest plan of `gpus` GPUs that the query allows (its fixed --tp/--pp, and --dp when `gpus` is the
+    query's count; micro-batch 1, the most ZeRO and recompute searched): (its shortfall, its setup), the shortfall
+    being what the step's tensors need beyond the fit rule's capacity (analytic/fit_rule.py: required − capacity(gpu,
+    setup, --reserve); <= 0 fits), as the search judges it. (None, None) when no layout is allowed."""
     from ..stacks import get_stack
+    from .search import planned_setup
 
+    reserve = reserve_bytes(q.reserve)
     best, where = None, None
-    for lay in layouts(spec, gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp if gpus == q.gpus else None):
+    for lay in layouts(oracle.spec, gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp if gpus == q.gpus else None):
         for stack in q.stacks:
             recs, zeros = q.recomputes_for(stack), q.zeros_for(stack)
             for prec in q.precisions_for(stack):
@@ -43,13 +46,17 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, ignore_batch: bool
                     if get_stack(stack).runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue
                     for rec in (("full",) if "full" in recs else recs):
-                        s = Setup(batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
-                                  optimizer=q.optimizer, recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero,
-                                  sequence_parallel=lay.tp > 1, stack=stack)
-                        need = oracle.peak(s) + fixed_bytes(gpu, s)
-                        if best is None or need < best:
-                            best, where = need, s
-    return (best if best is not None else -1), where
+                        s = planned_setup(spec, batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
+                                          optimizer=q.optimizer, recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp,
+                                          zero=zero, sequence_parallel=lay.tp > 1, stack=stack)
+                        short = oracle.peak(s) - fit_rule.capacity(gpu, s, reserve)
+                        if best is None or short < best:
+                            best, where = short, s
+    return best, where
+
+
+def _fits(short: int | None) -> bool:
+    return short is not None and short <= 0
 
 
 def _counts(start: int, gpn: int):
@@ -66,54 +73,60 @@ def _counts(start: int, gpn: int):
         k = k + 1 if k < 4 else (k + k // 2 if k < 16 else k * 2)
 
 
-def diagnose(spec, gpu: GPU, q, result) -> Diagnosis:
-    from .search import usable
-
-    cap = usable(gpu, q.margin)
-    oracle = PeakOracle(spec, count_params(spec))
-    if not layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp):
-        tps = [t for t in divisors(q.gpus) if tp_allowed(spec, t, gpu.gpus_per_node)]
-        msg = (f"no data × tensor × pipeline layout of {q.gpus} GPUs suits {spec.name}: tensor parallelism must divide "
-               f"its {spec.heads} heads, {spec.kv_heads} KV heads and MLP width {spec.intermediate} and stay within "
+def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
+    """`spec`: the model as loaded (search's); `oracle`: the search's, on the model the setups train."""
+    model = oracle.spec
+    if not layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp):
+        tps = [t for t in divisors(q.gpus) if tp_allowed(model, t, gpu.gpus_per_node)]
+        msg = (f"no data × tensor × pipeline layout of {q.gpus} GPUs suits {model.name}: tensor parallelism must divide "
+               f"its {model.heads} heads, {model.kv_heads} KV heads and MLP width {model.intermediate} and stay within "
                f"{gpu.gpus_per_node} GPUs of a node (possible here: {tps or 'none'}); pipeline parallelism must divide "
-               f"its {spec.layers} layers")
+               f"its {model.layers} layers")
         if q.tp or q.pp or q.dp:
             msg += "; drop the fixed --tp/--pp/--dp"
         return Diagnosis("layout", msg)
     if result.stats["batch_unreachable"] == result.stats["layouts"]:
         seqs = q.global_batch_tokens / q.seq
-        need = min(lay.dp * lay.pp for lay in layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp))
+        need = min(lay.dp * lay.pp for lay in layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp))
         return Diagnosis("batch", f"a global batch of {q.global_batch_tokens:,.0f} tokens is {seqs:.1f} sequences of "
                          f"{q.seq}: too few to give every data-parallel rank a micro-batch and fill every pipeline on "
                          f"{q.gpus} GPUs; use --global-batch-tokens >= {need * q.seq:,} or fewer GPUs",
                          suggestions=[f"--global-batch-tokens {need * q.seq}"])
-    need, where = leanest(spec, gpu, q, q.gpus, oracle)
-    d = Diagnosis("memory", "", need, where)
-    if where is not None:  # time it even though it does not fit (issue 14): the one step-time model
-        d.leanest_time = layout_step_time(spec, where, gpu, q.efficiency, oracle.pc).as_dict()
-    lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
-            f"{where.precision}, micro-batch 1") if where else "none"
-    d.message = (f"nothing fits in {fmt_bytes(cap)} per {gpu.name} (its {fmt_bytes(gpu.memory)} minus "
-                 f"{q.margin:.0%} margin): the leanest plan ({lean}) needs a device total of {fmt_bytes(need)} "
-                 "per GPU (its tensors as the caching allocator holds them, the CUDA context and NCCL buffers)")
-    if need > cap:
+    short, where = leanest(spec, gpu, q, q.gpus, oracle)
+    d = Diagnosis("memory", "", leanest_setup=where)
+    lean = "none"
+    if where is not None:  # its device total and time as `trainfit estimate` gives them (timed although it does
+        # not fit, issue 14)
+        est = analytic(spec, where, gpu, reserve=q.reserve)
+        d.leanest_device_total = est.memory.device_total
+        d.leanest_time = (est.detail["step_time"] if q.efficiency is None else
+                          layout_step_time(model, where, gpu, q.efficiency, oracle.pc).as_dict())
+        lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
+                f"{where.precision}, micro-batch 1")
+    room = f"{fmt_bytes(gpu.memory)} per {gpu.name}" + (f" less --reserve {q.reserve:g} GiB" if q.reserve else "")
+    d.message = (f"nothing fits in {room}: the leanest plan ({lean}) needs a device total of "
+                 f"{fmt_bytes(d.leanest_device_total or 0)} per GPU (its tensors as the caching allocator holds them, "
+                 "the CUDA context and NCCL buffers)")
+    if not _fits(short):
         for n in _counts(q.gpus, gpu.gpus_per_node):
             if (q.tp and n % q.tp) or (q.pp and n % q.pp):
                 continue
             p, s = leanest(spec, gpu, q, n, oracle)
-            if s is not None and p <= cap:
+            if _fits(p):
                 d.min_gpus = n
-                d.suggestions.append(f"--gpus {n} (the fewest {gpu.name}s that fit: device total {fmt_bytes(p)} per "
-                                     f"GPU with tp {s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} recompute)")
+                total = analytic(spec, s, gpu, reserve=q.reserve).memory.device_total
+                d.suggestions.append(f"--gpus {n} (the fewest {gpu.name}s that fit: device total {fmt_bytes(total)} "
+                                     f"per GPU with tp {s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} "
+                                     "recompute)")
                 break
-    d.suggestions += knobs(spec, gpu, q, cap, oracle)
-    if 0 <= need <= cap:  # memory would fit at micro-batch 1 but the batch split did not allow it
+    d.suggestions += knobs(spec, gpu, q, oracle)
+    if _fits(short):  # memory would fit at micro-batch 1 but the batch split did not allow it
         d.message += (" and fits at micro-batch 1, but the global batch split does not allow micro-batch 1 with these "
                       "layouts: change --global-batch-tokens")
     return d
 
 
-def knobs(spec, gpu: GPU, q, cap: int, oracle: PeakOracle) -> list[str]:
+def knobs(spec, gpu: GPU, q, oracle: PeakOracle) -> list[str]:
     """Single changes that would make the leanest plan of this many GPUs fit."""
     out = []
     changes = [("--optimizer adamw-8bit", dict(optimizer="adamw-8bit")), ("--optimizer sgd", dict(optimizer="sgd")),
@@ -134,19 +147,11 @@ def knobs(spec, gpu: GPU, q, cap: int, oracle: PeakOracle) -> list[str]:
             continue
         if qq.optimizer == q.optimizer and qq.precisions == q.precisions and qq.seq == q.seq:
             continue
-        p, _ = leanest(spec, gpu, qq, q.gpus, oracle)
-        if 0 <= p <= cap:
+        if _fits(leanest(spec, gpu, qq, q.gpus, oracle)[0]):
             out.append(label)
             seen_seq = seen_seq or label.startswith("--seq")
-    bigger = []
-    for g in sorted(list_gpus(), key=lambda g: g.memory):
-        if g.memory <= gpu.memory or g.vendor != gpu.vendor:
-            continue
-        from .search import usable
-
-        p, _ = leanest(spec, g, q, q.gpus, oracle)
-        if 0 <= p <= usable(g, q.margin):
-            bigger.append(g.name)
+    bigger = [g.name for g in sorted(list_gpus(), key=lambda g: g.memory)
+              if g.memory > gpu.memory and g.vendor == gpu.vendor and _fits(leanest(spec, g, q, q.gpus, oracle)[0])]
     if bigger:
         out.append(f"--gpu {bigger[0]} (or: {', '.join(bigger[1:4])})" if len(bigger) > 1 else f"--gpu {bigger[0]}")
     return out

@@ -39,24 +39,24 @@ class PeakOracle:
         """Largest b in [0, limit] with peak(base with batch=b) <= capacity (0: not even b = 1 fits)."""
         if limit < 1:
             return 0
-        p1 = self.peak(base.with_(batch=1))
+        p1 = self.peak(base.with_micro_batches(1))
         if p1 > capacity:
             return 0
         if limit == 1:
             return 1
-        p2 = self.peak(base.with_(batch=2))
+        p2 = self.peak(base.with_micro_batches(2))
         if p2 > capacity:
             return 1
         slope = p2 - p1
         hi = limit if slope <= 0 else min(limit, 2 + int((capacity - p2) // slope))
         if hi <= 2:
             return 2
-        if self.peak(base.with_(batch=hi)) <= capacity:
+        if self.peak(base.with_micro_batches(hi)) <= capacity:
             return hi
         lo = 2  # fits; hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.peak(base.with_(batch=mid)) <= capacity:
+            if self.peak(base.with_micro_batches(mid)) <= capacity:
                 lo = mid
             else:
                 hi = mid

@@ -1,31 +1,39 @@
 """The planner's search: every layout × ZeRO stage × recompute × precision × (micro-batch, accumulation), ranked
-by tokens per second among the plans whose analytic peak fits the GPU.
+by tokens per second among the plans that fit the GPU.
+
+One verdict with `trainfit estimate`: every candidate is the Setup `estimate` builds for the same settings
+(`planned_setup`: Request.setup, the model's defaults resolved), timed by the estimate's step-time model
+(analytic/step_time.py layout_step_time), its fit judged by the estimate's rule (analytic/fit_rule.py: required <=
+capacity(gpu, setup, --reserve)); the top plans' numbers are the analytic engine's estimate of their setup
+(trainfit.engines.analytic), so `trainfit estimate` with a plan's settings answers the same step time, peak,
+device total, headroom and fit.
 
 Cost: memory needs a few engine calls per (layout, ZeRO, recompute, precision) group (fit.PeakOracle: the
-largest fitting micro-batch bounds all others, since the peak grows with the micro-batch); the time model is
-arithmetic per candidate (timing.step_time). Only the top plans get a full `analytic.engine.estimate`.
+largest fitting micro-batch bounds all others, since the peak grows with the micro-batch); each fitting
+(micro-batch, accumulation) is timed (its op lists' times memoised: compute_time.cached_stage_compute). Only the top
+plans get a full estimate.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from ..analytic.fit_rule import DEFAULT_RESERVE
-from ..engines import analytic as estimate
-from ..overheads import fixed_bytes
+from ..analytic import fit_rule
+from ..analytic.fit_rule import reserve_bytes
+from ..analytic.layout import validate_layout
 from ..analytic.params import count_params
-from ..analytic.precision import state_bytes
+from ..analytic.step_time import StepTime, layout_step_time
 from ..analytic.timing import budget
+from ..engines import analytic
 from ..errors import SetupError
 from ..estimate import Estimate
 from ..hardware import GPU
-from ..setup import OPTIMIZERS, STACKS, TRAIN_PRECISIONS, Setup, check_recompute
+from ..models.hf_config import for_setup
+from ..setup import BY_NAME, OPTIMIZERS, STACKS, TRAIN_PRECISIONS, Request, Setup, check_recompute, check_value
 from ..spec import ModelSpec
 from ..stacks import get_stack
 from .fit import PeakOracle
 from .space import Layout, batch_splits, layouts, max_micro_batch, megatron_variants
-from ..analytic.step_time import ModelCosts, StepTime, stage_params, step_time
 
 DEFAULT_PRECISIONS = ("amp-bf16", "bf16-master")
 # the precisions searched when none are given: hf's fp32-master pair; torchtitan's FSDP2 mixed precision (its pure
@@ -76,7 +84,7 @@ class PlanQuery:
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
-    margin: float = 0.05  # fraction of GPU memory kept free beyond the modelled device total (unmodelled slack)
+    reserve: float = 0.0  # GiB per GPU kept free beyond the device total: the run setting --reserve (setup.py)
     efficiency: float | None = None  # None: the roofline-timed op list; a number: flat fraction of peak (override)
     batch_tolerance: float = 0.05  # relative deviation allowed from the requested global batch
     top: int = 5
@@ -131,8 +139,7 @@ class PlanQuery:
             if unused:
                 raise SetupError(f"--{what} {unused[0]} is not run by --stack {','.join(self.stacks)}; drop it or "
                                  "add a stack that runs it (see `trainfit plan --help`)")
-        if not 0 <= self.margin < 1:
-            raise SetupError(f"--margin is a fraction of GPU memory in [0, 1), got {self.margin}")
+        check_value(BY_NAME["reserve"], self.reserve)  # the one definition of --reserve (GiB, >= 0)
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise SetupError(f"--efficiency must be in (0, 1], got {self.efficiency}")
         if not 0 <= self.batch_tolerance < 1:
@@ -160,85 +167,29 @@ class PlanQuery:
         return stages if self.zeros is None else tuple(z for z in self.zeros if z in stages)
 
 
-def usable(gpu: GPU, margin: float) -> int:
-    """Bytes a plan's device total may fill: the GPU minus the safety margin (and the estimate's --reserve default)."""
-    return int(gpu.memory - DEFAULT_RESERVE - margin * gpu.memory)
-
-
-def capacity(gpu: GPU, margin: float, setup: Setup | None = None) -> int:
-    """Bytes a plan's peak may use, on the estimate's basis (its fit is device total <= GPU memory): `usable` minus
-    the fixed overheads the device total adds to the peak (overheads.fixed_bytes: CUDA context, cuBLAS workspace,
-    and for `setup` its NCCL communicators; without a setup, one process's context and workspace). The step's own
-    reserve (the allocated peak + one cached block) is the oracle's side (plan/fit.py)."""
-    base = setup if setup is not None else Setup()
-    return usable(gpu, margin) - fixed_bytes(gpu, base)
-
-
-class _Cfg(NamedTuple):
-    """The fields of Setup that the time model reads, without Setup's validation cost (search inner loop)."""
-
-    batch: int
-    seq: int
-    grad_accum: int
-    precision: str
-    recompute: str
-    dp: int
-    tp: int
-    pp: int
-    zero: int
-    stack: str = "hf"
-    mode: str = "train"
-    device: str = "cuda"  # the plans run CUDA kernels: flash attention
-    sequence_parallel: bool = False
-    optimizer: str = "adamw"
-    optimizer_impl: str | None = None
-    cp: int = 1
-    vpp: int = 1
-    pp_split: str = "even"
-    ep: int = 1
-    etp: int | None = None
-    offload: str = "none"
-    lora_rank: int = 0  # the planner plans full training: no adapters (the time model reads these)
-    lora_targets: str = "all-linear"
-    dora: bool = False
-    quant: str | None = None
-    optimizer_in_backward: bool = False
-    max_grad_norm: float | None = None  # the stack's own clipping (Setup.grad_clip_norm)
-
-    # what the recompute FLOPs read of a Setup (analytic/flops.py recompute_per_token), computed as Setup does
-    stack_facts = Setup.stack_facts
-    recompute_policy = Setup.recompute_policy
-    recompute_layers = Setup.recompute_layers
-    layers_every = Setup.layers_every
-    world_size = Setup.world_size
-    expert_tp = Setup.expert_tp
-    expert_dp = Setup.expert_dp
-    policy = Setup.policy
-    optimizer_kernel = Setup.optimizer_kernel
-    grad_clip_norm = Setup.grad_clip_norm
-
-    @property
-    def attention_kernel(self) -> str:
-        return "flash"
+def planned_setup(spec: ModelSpec, **settings) -> Setup:
+    """The Setup `trainfit estimate` runs for these settings of `spec` (api.resolve: Request.setup resolves the
+    model's defaults — its head, the stack's precision — and Setup the rest: attention kernel, optimizer kernel,
+    clipping norm), so a plan and the estimate of its settings are the same step."""
+    return Request(model=spec.name, **settings).setup(spec)
 
 
 @dataclass
 class Candidate:
     setup: Setup
-    time: StepTime
-    estimate: Estimate | None = None  # the analytic engine's full result (top candidates only)
-    capacity: int = 0
+    time: StepTime  # the estimate's step-time terms (under --efficiency, the flat override's)
+    estimate: Estimate  # the analytic engine's estimate of `setup` on the GPU: memory, headroom, fit
+    capacity: int  # bytes the step's tensors may take (fit_rule.capacity with --reserve)
     budget: dict = field(default_factory=dict)  # with --tokens
 
     @property
     def peak(self) -> int:
-        return self.estimate.memory.peak if self.estimate else -1
+        return self.estimate.memory.peak
 
     @property
     def headroom(self) -> int:
-        """capacity minus what the step's tensors reserve (the allocated peak + the allocator's cached block:
-        the estimate's reserved without a GPU), as the estimate's own headroom."""
-        return self.capacity - (self.estimate.memory.reserved if self.estimate else -1)
+        """The estimate's headroom (fit_rule: capacity − what the step's tensors need)."""
+        return self.estimate.time.headroom
 
 
 @dataclass
@@ -248,36 +199,45 @@ class PlanResult:
     query: PlanQuery
     candidates: list[Candidate]
     stats: dict
-    capacity: int
     diagnosis: object | None = None  # diagnose.Diagnosis when nothing fits
     notes: tuple[str, ...] = ()
 
 
+def check_fixed_axes(spec: ModelSpec, gpu: GPU, q: PlanQuery) -> None:
+    """A fixed --tp the model or the node cannot take is the user's error, said in one line (the estimate's own
+    layout check, analytic.engine.validate_layout), not an empty search."""
+    if q.tp is None:
+        return
+    validate_layout(spec, Setup(tp=q.tp))
+    if q.tp > gpu.gpus_per_node:
+        raise SetupError(f"--tp {q.tp}: tensor parallelism stays inside a node, of {gpu.gpus_per_node} "
+                         f"{gpu.name}s; use --tp {gpu.gpus_per_node} or less")
+
+
 def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None) -> PlanResult:
+    """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it."""
     t0 = time.perf_counter()
-    pc = count_params(spec)
-    cap = capacity(gpu, q.margin)
-    oracle = PeakOracle(spec, pc)
-    costs = ModelCosts.of(spec, q.seq, pc)
+    # the model the setups train (its head: hf_config.for_setup, as the analytic engine resolves it)
+    model = for_setup(spec, planned_setup(spec, seq=q.seq))
+    check_fixed_axes(model, gpu, q)
+    pc = count_params(model)
+    oracle = PeakOracle(model, pc)
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
-    lays = layouts(spec, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven="megatron" in q.stacks)
+    lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven="megatron" in q.stacks)
     if "megatron" in q.stacks:  # Megatron's own axes: cp, vpp, pp_split (space.megatron_variants)
-        lays = [v for lay in lays for v in megatron_variants(spec, lay, q.seq)]
-    st_of = {(x, p): state_bytes(Setup(precision=p, optimizer=q.optimizer, stack=x))
-             for x in q.stacks for p in q.precisions_for(x)}
+        lays = [v for lay in lays for v in megatron_variants(model, lay, q.seq)]
     stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
              "memory_rejected_groups": 0, "stacks": {x: {"precisions": list(q.precisions_for(x)),
                                                          "recomputes": list(q.recomputes_for(x)),
                                                          "zeros": list(q.zeros_for(x)), "groups": 0}
                                                      for x in q.stacks}}
-    best: dict[tuple, tuple[float, Candidate | tuple]] = {}
+    best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
     for lay in lays:
         bcap = max_micro_batch(lay, gseqs, q.batch_tolerance)
         splits_all = batch_splits(lay, gseqs, bcap, q.batch_tolerance) if gseqs is not None else None
         if bcap < 1 or (splits_all is not None and not splits_all):
             stats["batch_unreachable"] += 1
             continue
-        sp = stage_params(spec, pc, lay.tp, lay.pp, lay.pp_split)
         plain = lay.cp == 1 and lay.vpp == 1 and lay.pp_split == "even"
         for stack in q.stacks:
             if stack != "megatron" and not plain:
@@ -286,72 +246,72 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                 continue
             facts = get_stack(stack)
             for prec in q.precisions_for(stack):
-                st = st_of[(stack, prec)]
                 for zero in (q.zeros_for(stack) if lay.dp > 1 else (0,)):
                     if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue  # e.g. torchtitan's DDP beside tensor/pipeline parallelism
                     for rec in q.recomputes_for(stack):
                         stats["groups"] += 1
                         stats["stacks"][stack]["groups"] += 1
-                        _search_group(spec, gpu, q, lay, prec, zero, rec, st, sp, costs, oracle, cap, gseqs, bcap,
-                                      splits_all, stats, best, stack)
+                        _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
+                                      best, stack)
     ranked = sorted(best.values(), key=lambda v: v[0])
+    reserve = reserve_bytes(q.reserve)
     cands = []
-    for _, (cfg, tm) in ranked[: q.top]:
-        rec = cfg.recompute
-        setup = Setup(batch=cfg.batch, seq=cfg.seq, grad_accum=cfg.grad_accum, precision=cfg.precision,
-                      optimizer=q.optimizer, recompute=rec, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero,
-                      sequence_parallel=cfg.tp > 1, stack=cfg.stack, cp=cfg.cp, vpp=cfg.vpp, pp_split=cfg.pp_split)
-        est = estimate(spec, setup)
-        c = Candidate(setup, tm, est, capacity(gpu, q.margin, setup))
+    for _, (setup, tm) in ranked[: q.top]:
+        est = analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
+        if q.efficiency is None:
+            tm = StepTime(**est.detail["step_time"])
+        c = Candidate(setup, tm, est, fit_rule.capacity(gpu, setup, reserve))
         if tokens:
             c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu, tm.as_dict())
         cands.append(c)
     elapsed = time.perf_counter() - t0
     stats.update(seconds=elapsed, engine_calls=oracle.calls,
                  searched_per_second=stats["searched"] / elapsed if elapsed > 0 else float("inf"))
-    result = PlanResult(spec.name, gpu, q, cands, stats, cap)
+    result = PlanResult(spec.name, gpu, q, cands, stats)
     if not cands:
         from .diagnose import diagnose
 
-        result.diagnosis = diagnose(spec, gpu, q, result)
+        result.diagnosis = diagnose(spec, gpu, q, result, oracle)
     return result
 
 
-def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, st, sp, costs, oracle, cap, gseqs, bcap, splits_all,
-                  stats, best, stack: str = "hf") -> None:
+def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
+                  best, stack: str = "hf") -> None:
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
-    base = Setup(batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
-                 recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
-                 cp=lay.cp, vpp=lay.vpp, pp_split=lay.pp_split)
+    base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
+                         recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero, sequence_parallel=lay.tp > 1,
+                         stack=stack, cp=lay.cp, vpp=lay.vpp, pp_split=lay.pp_split)
+    # The fit rule's capacity: the GPU less --reserve and this layout's fixed overheads (context, cuBLAS workspace,
+    # its NCCL communicators), which do not depend on the micro-batch or the accumulation.
+    cap = fit_rule.capacity(gpu, base, reserve_bytes(q.reserve))
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
     bmax: dict[bool, int] = {}
-    gcap = capacity(gpu, q.margin, base)  # this layout's communicators (NCCL buffers) come off the GPU too
 
     def largest(multi: bool) -> int:
         if multi not in bmax:
-            b = base if (lay.pp > 1 or not multi) else base.with_(grad_accum=2)
-            bmax[multi] = oracle.largest_batch(b, gcap, bcap)
+            b = base if (lay.pp > 1 or not multi) else base.with_micro_batches(1, 2)
+            bmax[multi] = oracle.largest_batch(b, cap, bcap)
         return bmax[multi]
 
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
         splits = batch_splits(lay, None, largest(lay.pp > 1), q.batch_tolerance)
-        stats["searched"] += len(splits)
     else:
         splits = splits_all
-        stats["searched"] += len(splits)
+    stats["searched"] += len(splits)
     key = (lay, zero, rec, prec, stack)
     any_fit = False
     for b, accum in splits:
         if b > largest(accum > 1):
             continue
         any_fit = True
-        cfg = _Cfg(b, q.seq, accum, prec, base.recompute, lay.dp, lay.tp, lay.pp, zero, stack, sequence_parallel=lay.tp > 1,
-                   cp=lay.cp, vpp=lay.vpp, pp_split=lay.pp_split)
-        tm = step_time(spec, cfg, gpu, costs, sp, st, q.efficiency)
+        setup = base.with_micro_batches(b, accum)
+        # the estimate's step time (NB: without paged optimizer states' migration, which the estimate adds where the
+        # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)
+        tm = layout_step_time(oracle.spec, setup, gpu, q.efficiency, oracle.pc)
         stats["timed"] += 1
         # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
         # less recompute, then the stacks' order as given
@@ -359,7 +319,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, st, sp, costs, ora
                 lay.tp, lay.cp, lay.vpp, lay.pp_split, q.stacks.index(stack))
         old = best.get(key)
         if old is None or rank < old[0]:
-            best[key] = (rank, (cfg, tm))
+            best[key] = (rank, (setup, tm))
     if any_fit:
         stats["fits"] += 1
     else:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .. import engines
 from ..analytic import serving, serving_sglang
+from ..analytic.layout import validate_layout
 from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
@@ -56,16 +57,24 @@ def server_model(setup: Setup):
 
 
 def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup, tpot: float | None,
-                top: int = 5) -> tuple[list[ServePlan], list[str]]:
-    """The plans that serve `concurrency` sequences (cheapest first) and a line per GPU type that cannot."""
+                top: int = 5, tp: int | None = None) -> tuple[list[ServePlan], list[str]]:
+    """The plans that serve `concurrency` sequences (cheapest first, the `top` of them) and a line per GPU type that
+    cannot. `tp`: only that tensor-parallel degree is searched (a constraint before the ranking), refused in one
+    line when the model cannot split its heads over it (the estimate's own check, engine.validate_layout)."""
     if concurrency < 1:
         raise SetupError(f"--concurrency must be a positive integer, got {concurrency}")
+    if tp is not None:
+        validate_layout(spec, base.with_(tp=tp))
     plans, why_not = [], []
     model = server_model(base)
     for gpu in gpus:
         best_reason = None
-        for tp in tp_degrees(spec, gpu):
-            setup = base.with_(tp=tp)
+        degrees = tp_degrees(spec, gpu) if tp is None else [tp]
+        if tp is not None and tp > gpu.gpus_per_node:
+            why_not.append(f"{gpu.name}: --tp {tp} exceeds its {gpu.gpus_per_node} GPUs per node")
+            continue
+        for degree in degrees:
+            setup = base.with_(tp=degree)
             try:
                 sv = model.serve_memory(spec, setup, gpu)
                 fits = engines.analytic(spec, setup, gpu).time.fits
@@ -74,16 +83,16 @@ def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup,
                 continue
             per_replica = serving.concurrency(sv)
             if not fits or per_replica < 1:
-                best_reason = f"tp up to {tp} holds no {sv.context}-token sequence"
+                best_reason = f"tp up to {degree} holds no {sv.context}-token sequence"
                 continue
             replicas = math.ceil(concurrency / per_replica)
             load = math.ceil(concurrency / replicas)
             t = model.decode_seconds(sv, gpu, load, MBU)
             if tpot is not None and t > tpot:
-                best_reason = f"{t * 1e3:.1f} ms per token at best (tp {tp})"
+                best_reason = f"{t * 1e3:.1f} ms per token at best (tp {degree})"
                 continue
-            plans.append(ServePlan(gpu.name, tp, replicas, load, sv.kv_tokens, t,
-                                   replicas * tp * gpu.price_per_hour, setup))
+            plans.append(ServePlan(gpu.name, degree, replicas, load, sv.kv_tokens, t,
+                                   replicas * degree * gpu.price_per_hour, setup))
         if best_reason and not any(p.gpu == gpu.name for p in plans):
             why_not.append(f"{gpu.name}: {best_reason}")
     plans.sort(key=lambda p: (p.price_per_hour, p.tpot_seconds, p.gpus))

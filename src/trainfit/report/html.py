@@ -259,7 +259,7 @@ def plan_candidates(req: api.Request, gpus: int, global_batch_tokens: float | No
     kw = {"precisions": (req.precision,)} if req.precision else {}
     spec = api.token_model(req.model, "report")
     q = PlanQuery(gpus=gpus, seq=req.setup(spec).seq, global_batch_tokens=global_batch_tokens, optimizer=req.optimizer,
-                  top=5, stacks=(req.stack,), **kw)
+                  top=5, stacks=(req.stack,), reserve=req.reserve, **kw)
     d = plan_dict(search(spec, api.gpu_of(req), q, tokens=req.tokens))
     note = (d.get("nothing_fits") or {}).get("message", "")
     return d.get("candidates", []), note

@@ -25,8 +25,9 @@ def candidate_dict(c: Candidate) -> dict:
     d = {
         "setup": setup,
         "global_batch_tokens": s.tokens_per_step,
-        "memory": {"peak": mem.peak, "peak_phase": mem.peak_phase, "capacity": c.capacity, "headroom": c.headroom,
-                   "weights": mem.weights, "gradients": mem.gradients, "optimizer_states": mem.optimizer_states,
+        "memory": {"peak": mem.peak, "peak_phase": mem.peak_phase, "reserved": mem.reserved,
+                   "device_total": mem.device_total, "capacity": c.capacity, "headroom": c.headroom,
+                   "fits": c.estimate.time.fits, "weights": mem.weights, "gradients": mem.gradients, "optimizer_states": mem.optimizer_states,
                    "master_weights": mem.master_weights, "activations": mem.activations,
                    "temporaries": mem.temporaries, "phases": mem.phases},
         "time": c.time.as_dict(),
@@ -47,7 +48,6 @@ def plan_dict(r: PlanResult) -> dict:
         "gpu_memory": r.gpu.memory,
         "gpus": q.gpus,
         "query": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(q).items()},
-        "capacity": r.capacity,
         "candidates": [candidate_dict(c) for c in r.candidates],
         "search": r.stats,
         "notes": list(r.notes),
@@ -123,9 +123,9 @@ def render(r: PlanResult, echo=print) -> None:
                  f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
-         f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); capacity {fmt_bytes(r.capacity)} per GPU "
-         f"for the step's tensors (GPU minus {q.margin:.0%} margin, the CUDA context and cuBLAS workspace, and each "
-         f"layout's NCCL buffers: fits = device total <= GPU minus margin); " + (
+         f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges: "
+         f"device total <= GPU memory{f' - {q.reserve:g} GiB (--reserve)' if q.reserve else ''}, each plan's numbers "
+         "the estimate's; " + (
              f"compute at a flat {q.efficiency:.0%} of peak (--efficiency override)" if q.efficiency is not None else
              "compute: each kernel timed by the roofline (--efficiency N: a flat fraction of peak instead)"))
     for n in r.notes:
