@@ -107,6 +107,8 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         # (the down projection's output gradient, which that backward reads)
         moments = [Moment(recomputed + incoming + drop_grad + a * spec.intermediate * tokens / t, out_params,
                           post_norm + post_ff + out_cast)]
+        moments += _down_backward_gemms(spec, setup, st, tokens, recomputed + incoming + drop_grad,
+                                        post_norm + post_ff)
         # (b) the activation's backward: the dropout's input gradient went with the down projection's backward
         # (its only reader; GPT2MLP.forward runs dropout(c_proj(...)), transformers/models/gpt2/modeling_gpt2.py:
         # 240-245), so of the dropout only its freed mask (CPU: the noise, Dropout.cpp's input * noise) is left in
@@ -180,6 +182,39 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         dropped = a * h * tokens / sp if (post_norm and p_resid > 0) else 0
         moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + dropped, 0.0))
     return moments
+
+
+def _down_backward_gemms(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, base: float,
+                         freed: float) -> list[Moment]:
+    """Inside the down projection's backward (moment (a)), its two matmuls, each with oneDNN's scratch (onednn.py:
+    none off that path, where these stay below moment (a)): the input gradient grad·W (tokens × h · h × width) and
+    the weight gradient with a transposed A — nn.Linear's grad^T·x (h × tokens · tokens × width: autograd keeps
+    the transposed weight's layout), Conv1D's x^T·grad (width × tokens · tokens × h). addmm's backward (a biased
+    linear: Linear.cpp's 3-D path, Conv1D) makes the input gradient first, mm's (unbiased) the weight gradient first
+    (ONEDNN_VERBOSE of nn.Linear's backward, torch 2.13; the trace of small-gpt2): the second runs beside the first's
+    output, as moment (a), its weight cast (autocast) not freed yet; the weight gradient comes out in the matmul's
+    dtype (autocast copies it to fp32 after). Frozen weights (LoRA) make no weight gradient.
+    NB: the other matmuls' backward (q/k/v/o, gate/up, the LM head: loss.py; MoE experts, shared experts) and the
+    forward's are not moments here: an under-count where the peak falls inside one on a CPU that takes oneDNN's path
+    (none in the families matrix on AVX512-BF16 or, capped, AVX-512 without BF16)."""
+    from .onednn import gemm_scratch  # noqa: PLC0415
+
+    if setup.quant:  # frozen 4-bit weights: dequantised per call (quant.py), not modelled here
+        return []
+    t, h, a = setup.tp, spec.hidden, st.act
+    width = spec.intermediate / t
+    s_in = gemm_scratch(setup, tokens, h, width)
+    if not s_in:
+        return []
+    in_grad = a * width * tokens
+    if setup.lora_rank:
+        return [Moment(base + in_grad + s_in, 0.0, freed)]
+    rows, cols = (width, h) if family_traits(spec)["conv1d_weights"] else (h, width)
+    s_w = gemm_scratch(setup, rows, tokens, cols, transposed_a=True)
+    w_grad = a * h * width
+    if spec.mlp_bias:  # addmm: the input gradient, then the weight gradient
+        return [Moment(base + in_grad + s_in, 0.0, freed), Moment(base + in_grad + w_grad + s_w, 0.0, freed)]
+    return [Moment(base + w_grad + s_w, 0.0, freed), Moment(base + w_grad + in_grad + s_in, 0.0, freed)]
 
 
 def _q_norm_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, keys: float, moe: bool,

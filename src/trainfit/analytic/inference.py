@@ -17,6 +17,7 @@ from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
 from . import mla
 from .embedding import rotary_tables
+from .onednn import gemm_scratch
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
 
@@ -183,6 +184,58 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
     return base + attn, base + mid + mlp + kept, add
 
 
+def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp: float) -> tuple[float, float, float]:
+    """(output projection, MLP's first matmul, MLP's last matmul): what is live inside each of the layer's largest
+    matmuls, oneDNN's scratch included (onednn.py: a transient inside the op, beside its output; 0 off its path).
+    Each is a moment of `_prefill_moments` less what is born after that matmul, plus its output and scratch; under
+    autocast plus the 16-bit copy of an fp32 input, which autocast makes per call (its weight casts are the caller's:
+    casts_attn + the output projection's, casts_mlp, and all of them at the last matmul). Without scratch they top
+    their moment only where such a copy outweighs what is born later: OPT under autocast, whose fc1 holds the fp32
+    normalised copy and its 16-bit cast (small-opt amp-bf16 prefill on CUDA semantics: -2.1 % -> -0.1 % against the
+    trace).
+      output projection (SDPA kernels): q's rotated copy and the kernel's output beside the projection's output, the
+        moment's k and v gone (read off traced prefills of small-llama, -qwen2, -opt); a fused q/k/v projection
+        keeps its whole output (its k and v are views): with rotary, the attention moment itself (small-gpt_neox,
+        -phi3), without (GPT-2's c_attn), the moment and the projection's output;
+      MLP, gated: the up projection, the activated gate beside it (the product not made yet); a fused gate_up, its own
+        output alone; the down projection, the product beside its output (gate and up freed; a fused gate_up's
+        storage still held by the gate's view: modeling_phi3.py Phi3MLP.forward);
+      MLP, one activation: fc1's output alone, and OPT's inline MLP (mlp_inline) still holds the normalised copy it
+        frees at fc1; fc2 with the activation's output beside its own.
+    NB: not modelled (an under-count where the peak falls inside one, on a CPU that takes oneDNN's path): eager and
+    MLA attention's projections and eager's bmm, the MoE experts' matmuls, q/k/v's projections (below the
+    attention moment in the traced prefills), and the LM head, which runs on the last position only (generate's
+    logits_to_keep=1: batch rows)."""
+    st = state_bytes(setup)
+    a, r, t, h = st.act, st.residual, setup.tp, spec.hidden
+    traits = family_traits(spec)
+    cast_in = a * h * tokens if st.autocast and r != a else 0  # autocast's copy of an fp32 input
+    o_gemm = first = last = 0.0
+    kernel = resolved_kernel(spec, setup)
+    if spec.mla is None and kernel != "eager":
+        if not traits["fused_qkv"]:
+            live = attn - 2 * a * spec.kv_dim / t * tokens + a * h * tokens
+        elif spec.positions == "rotary":
+            live = attn
+        else:
+            live = attn + a * h * tokens
+        o_gemm = live + gemm_scratch(setup, tokens, spec.q_dim / t, h)
+    if spec.moe is None:
+        i = spec.intermediate / t
+        if spec.gated_mlp:
+            live = 4 if traits["fused_gate_up"] else 3  # as _prefill_moments counts them at the product
+            width = 2 * i if traits["fused_gate_up"] else i
+            first = mlp - (live - 2) * a * i * tokens + cast_in + gemm_scratch(setup, tokens, h, width)
+            held = (live - 3) * a * i * tokens  # the fused gate_up's storage, minus the freed activation
+            last = mlp - 2 * a * i * tokens + held + a * h * tokens + gemm_scratch(setup, tokens, i, h)
+        else:
+            live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
+            inline = r * h * tokens if traits["mlp_inline"] else 0
+            first = mlp - (live - 1) * a * i * tokens + cast_in + inline + gemm_scratch(setup, tokens, h, i)
+            last = mlp - (live - 1) * a * i * tokens + a * h * tokens + gemm_scratch(setup, tokens, i, h)
+    return o_gemm, first, last
+
+
 def o_proj_params(spec: ModelSpec) -> int:
     """The attention output projection's weights: h·q_dim, MLA's heads·v_head_dim·h (mla.linear_params)."""
     if spec.mla is not None:
@@ -230,10 +283,11 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     kv = kv_bytes_per_token(spec, setup) * tokens
     attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)
     act = max(attn_moment, mlp_moment, add_moment)
+    o_gemm, mlp_first, mlp_last = _prefill_gemms(spec, setup, tokens, attn_moment, mlp_moment)
     # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
     logits = FP32 * spec.vocab / setup.tp * setup.batch
     # autocast caches each weight's low-precision cast for the whole autocast region (the layers' by the last one)
-    casts = casts_attn = casts_mlp = 0
+    casts = casts_attn = casts_mlp = casts_o = 0
     if setup.precision.startswith("amp"):
         casts = st.act * cast_params(spec) * spec.layers / (setup.tp * setup.pp)
         # at the last layer's high points its later matmuls have not been cast yet: the output projection and the
@@ -244,19 +298,25 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
             (3 if spec.gated_mlp else 2) * h * spec.intermediate
         casts_attn = casts - st.act * (o_proj_params(spec) + mlp_casts) / setup.tp
         casts_mlp = casts - st.act * later_mlp / setup.tp
+        # inside the output projection its own weight (and bias) is cast too
+        casts_o = casts_attn + st.act * (o_proj_params(spec) + (h if spec.out_bias else 0)) / setup.tp
     if not spec.causal:  # encoders: one forward over the whole sequence, no KV cache, no decode
         # an MLM head scores every position (no loss: no upcast), after the layers' high point: the encoder's output
         # and the transform's normalised output beside the logits; under autocast with every matmul's cast
         # (biases included) cached, the transform's and the decoder's among them
         full_logits = st.act * spec.vocab / setup.tp * tokens
-        head = full_logits + (st.residual + st.act) * spec.hidden * tokens
+        # (its high point is inside the decoder's matmul, tokens x hidden x vocab: oneDNN's scratch, onednn.py)
+        head = full_logits + (st.residual + st.act) * spec.hidden * tokens + \
+            gemm_scratch(setup, tokens, spec.hidden, spec.vocab / setup.tp)
         if casts:
             h = spec.hidden
             head += casts + st.act * (h * h + h + (spec.vocab * h + spec.vocab) / setup.tp)
-        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, head)
+        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, head,
+                             o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     # at the residual add every matmul of the layer has cast its weight
-    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts)
+    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts,
+                                          o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     cached = setup.batch * (setup.seq + 1)
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager

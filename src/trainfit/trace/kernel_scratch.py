@@ -41,6 +41,9 @@ aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, intel/ideep@8a6cc4e0 (branch 
   * Convolutions run oneDNN (`mkldnn_convolution`, the same ideep allocator) or slow_conv2d's im2col
     `at::empty` buffers: c10 scratch on any ISA (measured here: as large as the output, or larger).
 
+The analytic engine models the matmul part of this by formula from oneDNN's own booking (analytic/onednn.py);
+tests/analytic/test_onednn_scratch.py checks that formula against this probe.
+
 So for the ops in PROBED, when the trace uses CPU semantics (recorder.host_is_device), we run the same op
 once on real zero tensors of the same sizes/strides/offsets/dtypes on this CPU, outside the fake and
 dispatch modes, under the profiler's memory events (the source trainfit.measure reads), and record
