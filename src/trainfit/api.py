@@ -79,13 +79,16 @@ def analytic(req: Request) -> Estimate:
 
 
 def _trace(req: Request, extrapolate: bool = True) -> Estimate:
+    """The trace engine's estimate; with a GPU, its device total and its fit (fit_rule.with_fit: the allocator
+    simulator's least capacity against the GPU's capacity)."""
     from . import engines
-
+    from .analytic.fit_rule import with_fit
     from .overheads import with_device_total
 
     spec, setup = resolve(req)
-    return with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf),
-                             gpu_of(req))
+    gpu = gpu_of(req)
+    traced = with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf), gpu)
+    return with_fit(traced, gpu, int(req.reserve * 2**30))
 
 
 def _measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:

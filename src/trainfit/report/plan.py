@@ -125,7 +125,7 @@ def render(r: PlanResult, echo=print) -> None:
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); capacity {fmt_bytes(r.capacity)} per GPU "
          f"for the step's tensors (GPU minus {q.margin:.0%} margin, the CUDA context and cuBLAS workspace, and each "
-         f"layout's NCCL buffers: fits = device total <= GPU minus margin); " + (
+         f"layout's NCCL buffers: fits = the fit rule's required <= capacity); " + (
              f"compute at a flat {q.efficiency:.0%} of peak (--efficiency override)" if q.efficiency is not None else
              "compute: each kernel timed by the roofline (--efficiency N: a flat fraction of peak instead)"))
     for n in r.notes:
