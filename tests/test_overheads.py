@@ -4,7 +4,9 @@ import statistics
 from pathlib import Path
 
 from trainfit import nccl_buffers, overheads
+from trainfit.analytic import fit_rule
 from trainfit.analytic.engine import estimate
+from trainfit.analytic.memory import train_memory
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model as load_spec
 from trainfit.analytic.fit_rule import capacity
@@ -167,9 +169,17 @@ def test_device_total_is_reserved_plus_overheads_and_fits_on_it():
     # the context after a step: the H200 runs' median (test_hopper_context_after_a_step_...)
     assert m.overheads == {"cuda_context": 820_838_400, "nccl_dp": 1344 * MiB}
     assert m.device_total == m.reserved + 820_838_400 + 1344 * MiB
-    assert e.time.headroom == gpu.memory - m.device_total and e.time.fits
-    # the fit rule's capacity (the planner's too) for this setup: peak <= capacity <=> device total <= GPU memory
-    assert capacity(gpu, s) - (m.reserved - 64 * MiB) == e.time.headroom
+    # the fit rule (analytic/fit_rule.py): at the OOM retry the side streams' blocks and the copy-outs are free
+    # segments, released; the loss's logits block stays pinned, with the fp32 shards' segment slack: weights and
+    # two AdamW states per parameter, 1/8 each (no gradients at the peak): q,o 8 MiB and k,v 2 MiB pack 20 MiB
+    # segments exactly, w1-w3 are 28 MiB, the embedding and output 250.5 MiB in 252 MiB segments
+    slack = fit_rule.segment_slack(spec, s, train_memory(spec, s))
+    assert slack == 3 * 2 * (252 * MiB - 128_256 * 4096 // 8 * 4)
+    assert m.required == m.peak + logits + slack < m.reserved - 64 * MiB
+    assert e.fit.capacity == gpu.memory - 64 * MiB - 820_838_400 - 1344 * MiB
+    assert e.time.headroom == e.fit.headroom == e.fit.capacity - m.required and e.time.fits
+    # the fit rule's capacity (the planner's too) for this setup
+    assert capacity(gpu, s) - m.required == e.time.headroom
     # no GPU: reserved is the step's own blocks, no device total
     bare = estimate(spec, s)
     assert bare.memory.reserved == bare.memory.peak + logits + side and bare.memory.device_total is None

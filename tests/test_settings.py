@@ -43,7 +43,8 @@ def test_every_setting_is_in_the_web_schema_and_on_the_page():
 
 def test_reserve_the_setting_added_in_one_place(cli):
     """--reserve was added by one declaration in RunSettings and one use in the fit formula. Hand check: the
-    headroom is GPU memory minus reserve minus device total, so 8 GiB instead of 1 GiB leaves exactly 7 GiB less."""
+    headroom is GPU memory minus reserve minus fixed overheads minus required, so 8 GiB instead of 1 GiB leaves
+    exactly 7 GiB less."""
     base = ["estimate", "llama-3.2-1b", "--gpu", "H100-80GB", "--json"]
     _, a, _ = cli(*base, "--reserve", "1")
     _, b, _ = cli(*base, "--reserve", "8")
@@ -62,14 +63,15 @@ LOGITS = 2048 * 128_256 * 4  # llama-3.2-1b's fp32 logits at the default batch 1
 # logits block holds 15, 33 open segments (2,112 MiB), less the states carved from the activations' cache (q/o
 # 16 MiB and k/v 4 MiB, two each, 16 layers: 1,280 MiB) = 832 MiB
 GRAD_SEGMENTS = 832 * 2**20
+SLACK = 16 * 2**20  # the fit rule's segment slack of its states (test_gpu_memory_replaces_the_gpus_capacity_everywhere)
 
 
 def test_gpu_memory_replaces_the_gpus_capacity_everywhere(cli):
     """--gpu-memory, one declaration in RunSettings: 40 GiB on an H100-80GB is exactly 40 GiB in the estimate's
-    JSON (time.gpu_memory) and in the plan's, the headroom is 40 GiB - device total (a hand check: peak + one
-    cached block of the largest freed tensor, the loss's fp32 logits 2048 tokens × vocab 128,256 × 4 B, + the
-    H100's 32 MiB cuBLAS workspace + 400 MiB CUDA context, data/overheads.toml; one GPU, no NCCL), the web
-    API and view say the same, and it needs --gpu."""
+    JSON (time.gpu_memory) and in the plan's, the device total is a hand check (peak + one cached block of the
+    largest freed tensor, the loss's fp32 logits 2048 tokens × vocab 128,256 × 4 B, + the gradients' free
+    segments + the H100's cuBLAS workspaces + its CUDA context, data/overheads.toml; one GPU, no NCCL), the
+    headroom is the fit rule's capacity - required, the web API and view say the same, and it needs --gpu."""
     base = ["estimate", "llama-3.2-1b", "--gpu", "H100-80GB", "--json"]
     code, out, _ = cli(*base, "--gpu-memory", "40")
     assert code == 0
@@ -78,7 +80,12 @@ def test_gpu_memory_replaces_the_gpus_capacity_everywhere(cli):
     # + 2 x 32 MiB cuBLAS + the Hopper context after a step (820,838,400 B, our H200 runs: tests/test_overheads.py)
     assert d["memory"]["device_total"] == (d["memory"]["peak"] + LOGITS + GRAD_SEGMENTS + 64 * 2**20
                                            + 820_838_400)
-    assert d["time"]["headroom"] == 40 * 2**30 - d["memory"]["device_total"]
+    # the fit rule (analytic/fit_rule.py): required = peak + the logits block (pinned) + the states' segment slack:
+    # k/v weights and two AdamW states, 4 MiB each, 2 x 16 layers x 3 = 384 MiB in 20 MiB segments = 400 MiB; the
+    # gradients' free segments are released at the OOM retry. capacity = 40 GiB - cuBLAS - context
+    assert d["memory"]["required"] == d["memory"]["peak"] + LOGITS + SLACK
+    assert d["fit"]["capacity"] == 40 * 2**30 - 64 * 2**20 - 820_838_400
+    assert d["time"]["headroom"] == d["fit"]["headroom"] == d["fit"]["capacity"] - d["memory"]["required"]
     _, full, _ = cli(*base)
     assert json.loads(full)["time"]["gpu_memory"] == 85_017_755_648  # the catalog's H100 as CUDA sees it (deviceQuery)
     web = api.analytic(Request(model="llama-3.2-1b", gpu="H100-80GB", gpu_memory=40.0))
@@ -103,7 +110,7 @@ def test_gpu_memory_reaches_the_web_view():
     client = TestClient(create_app())
     v = client.post("/api/view", json={"model": "llama-3.2-1b", "gpu": "H100-80GB", "gpu_memory": 12}).json()
     assert v["capacity"] == 12 * 2**30
-    assert v["summary"]["headroom"] == (12 * 2**30 - 64 * 2**20 - 820_838_400 - LOGITS - GRAD_SEGMENTS
+    assert v["summary"]["headroom"] == (12 * 2**30 - 64 * 2**20 - 820_838_400 - LOGITS - SLACK
                                         - v["summary"]["peak"])
     assert v["summary"]["fits"] is False and v["would_fit"]  # the advice judges against 12 GiB too
     r = client.get("/api/estimate", params={"model": "llama-3.2-1b", "gpu": "/etc/passwd.json"})

@@ -80,13 +80,16 @@ def analytic(req: Request, spec=None) -> Estimate:
 
 
 def trace(req: Request, extrapolate: bool = True) -> Estimate:
-    """The trace engine on the resolved request, with the GPU's device total (`trainfit estimate --engine trace`,
-    timeline, report, web timeline). extrapolate=False: the whole step's curve (engines.trace)."""
+    """The trace engine on the resolved request (`trainfit estimate --engine trace`, timeline, report, web timeline);
+    with a GPU, its device total and its fit (fit_rule.with_fit: the allocator simulator's least capacity against the
+    GPU's capacity). extrapolate=False: the whole step's curve (engines.trace)."""
+    from .analytic.fit_rule import reserve_bytes, with_fit
     from .overheads import with_device_total
 
     spec, setup = resolve(req)
-    return with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf),
-                             gpu_of(req))
+    gpu = gpu_of(req)
+    traced = with_device_total(engines.trace(spec, setup, extrapolate=extrapolate, alloc_conf=req.alloc_conf), gpu)
+    return with_fit(traced, gpu, reserve_bytes(req.reserve))
 
 
 def measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force: bool = False) -> Estimate:

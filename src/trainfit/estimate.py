@@ -62,6 +62,10 @@ class Memory:
     reserved: int | None = None
     device_total: int | None = None
     overheads: dict[str, int] = field(default_factory=dict)  # fixed overhead name -> bytes (in device_total)
+    # what the step's tensors need from the caching allocator for every request to be served on a device that has
+    # no more (analytic/fit_rule.py): the peak + the fragmentation its OOM path cannot release; less than reserved,
+    # whose freed blocks a constrained run gives back. None where the engine does not model it
+    required: int | None = None
 
     def __post_init__(self) -> None:
         # every engine fills the same Memory the same way: Category names, Phase names
@@ -89,7 +93,7 @@ class Timing:
     step_seconds: float
     tokens_per_second: float  # whole job (all ranks)
     fits: bool
-    headroom: int  # GPU memory minus reserve minus peak (negative: does not fit)
+    headroom: int  # Estimate.fit's (capacity - required); a serving engine's: GPU memory - --reserve - device total
     gpu_memory: int | None = None  # bytes of device memory judged against (the catalog's, a --gpu file's or --gpu-memory)
     # with --tokens:
     train_tokens: float | None = None
@@ -106,6 +110,18 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Fit:
+    """The fit rule's verdict on one GPU (analytic/fit_rule.py verdict): fits <=> required <= capacity."""
+
+    gpu: str
+    gpu_memory: int  # bytes of device memory judged against (the catalog's, a --gpu file's or --gpu-memory)
+    capacity: int  # bytes the step's tensors may take: GPU memory - --reserve - fixed overheads (fit_rule.capacity)
+    required: int  # what they need (Memory.required), with the paged optimizer states resident beside them
+    headroom: int  # capacity - required (negative: does not fit)
+    fits: bool
+
+
+@dataclass(frozen=True)
 class Estimate:
     engine: str
     model: str
@@ -117,6 +133,7 @@ class Estimate:
     time: Timing | None = None
     notes: tuple[str, ...] = ()
     detail: dict = field(default_factory=dict)  # engine-specific extras (per-layer breakdown, top tensors, ...)
+    fit: Fit | None = None  # with a GPU, where the engine judges the fit (Timing.fits/headroom repeat it)
 
     def to_dict(self) -> dict:
         d = asdict(self)

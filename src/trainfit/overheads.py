@@ -9,6 +9,10 @@
   buffers, one set per communicator the stack creates (`communicators`), sized by the GPU's interconnect
   (nccl_buffers), and SGLang's custom all-reduce buffers (`custom_allreduce_bytes`).
 
+Both are fixed (fixed_bytes): the fit rule (analytic/fit_rule.py) takes them off the GPU's memory to get the
+capacity the step's tensors may use. Reserved is what an unconstrained run caches, not what it needs: the
+allocator gives its free cached segments back when a cudaMalloc fails (fit_rule.required).
+
 Every figure is a data entry with its source and the versions it holds for (data/overheads.toml).
 """
 from __future__ import annotations
@@ -193,7 +197,8 @@ def held_segments(requests) -> int:
 
 
 def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0) -> int:
-    """What a step's own tensors hold in the caching allocator, from its allocated peak:
+    """What a step's own tensors hold in the caching allocator when nothing limits it, from its allocated peak (the
+    fit is judged on analytic/fit_rule.py required: a run short of memory releases the free segments below):
     - the peak;
     - the cached blocks of tensors freed before the peak (`transient`, analytic.engine.largest_transient: the
       largest one, or a tied embedding's partial gradient beside the loss's blocks): a freed block stays in
@@ -248,10 +253,12 @@ def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: 
     beside = [f"{k} {fmt_bytes(v)}" for k, v in mem_overheads.items()]
     block = (" + the cached blocks of freed tensors (the largest; a tied embedding's gradient and the loss's) and "
              "FSDP2's side-stream blocks" if cached_block else "")
-    return ("reserved = peak + " + (", ".join(parts) or "nothing") + block + " (through the caching allocator"
+    return ("reserved = peak + " + (", ".join(parts) or "nothing") + block + " (through the caching allocator, "
+            "what an unconstrained run caches; a run near capacity gets the freed blocks back at its OOM retry"
             + ("; NB: within a few % of the allocator simulator, mostly under" if cached_block else "")
             + "); device total (nvidia-smi) = reserved + "
-            + (", ".join(beside) or "nothing") + " (data/overheads.toml, sources and versions there)")
+            + (", ".join(beside) or "nothing") + " (data/overheads.toml, sources and versions there); capacity = "
+            "GPU memory - --reserve - " + (", ".join(parts + beside) or "nothing"))
 
 
 def with_device_total(est, gpu: GPU | None):

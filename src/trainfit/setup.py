@@ -451,11 +451,12 @@ class RunSettings:
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
                                      minimum=0, example="2.5", modes=MODES)
-    reserve: float = setting(0.0, "Extra GiB per GPU kept free beyond the modelled device total (CUDA context, "
-                             "cuBLAS workspace and NCCL buffers are already in it) when judging the fit: other "
-                             "processes on the GPU, a safety margin.", minimum=0, maximum=1024, example="2",
+    reserve: float = setting(0.0, "Extra GiB per GPU kept free when judging the fit (the CUDA context, cuBLAS "
+                             "workspace and NCCL buffers are already taken off the capacity): other processes on "
+                             "the GPU, a safety margin.", minimum=0, maximum=1024, example="2",
                              modes=RL_STEP)
-    alloc_conf: Optional[str] = setting(None, "The CUDA caching allocator's settings for memory.reserved, in "
+    alloc_conf: Optional[str] = setting(None, "The CUDA caching allocator's settings for the trace's reserved and "
+                                        "required, in "
                                         "PYTORCH_CUDA_ALLOC_CONF syntax (max_split_size_mb, expandable_segments, "
                                         "roundup_power2_divisions, garbage_collection_threshold).",
                                         auto="torch's defaults", check=lambda v: _check_alloc_conf(v),

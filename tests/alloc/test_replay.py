@@ -1,6 +1,8 @@
 """replay(): a traced step's births and deaths through the allocator, hand-derived like test_caching_allocator."""
 from types import SimpleNamespace as R
 
+import pytest
+
 from trainfit.alloc.replay import replay
 
 MiB = 1 << 20
@@ -63,3 +65,39 @@ def test_segment_histogram_of_a_replay():
     r = replay(records, start=0)
     assert segment_histogram(r.segment_sizes) == [[32 * MiB, 1], [20 * MiB, 1], [2 * MiB, 1]]
     assert segment_histogram([2 * MiB, 20 * MiB, 2 * MiB]) == [[20 * MiB, 1], [2 * MiB, 2]]
+
+
+def test_least_capacity_releases_a_freed_segment_and_retries():
+    # the step (from event 0): X (40 MiB) lives 0-1, then Y (60 MiB) 2-3. Unconstrained: X opens a 40 MiB segment
+    # (>= kMinLargeAlloc: its own, 2 MiB multiple); its free block is smaller than Y, so Y opens a 60 MiB one:
+    # reserved 100 MiB. At a capacity of 60 MiB, Y's cudaMalloc fails (40 + 60 > 60); malloc releases the cached,
+    # non-split segments (release_cached_blocks: X's) and retries (num_alloc_retries): served. Below the allocated
+    # peak (60 MiB) nothing is. So the least capacity is the peak, 40 MiB below reserved.
+    from trainfit.alloc import OutOfMemory
+    from trainfit.alloc.replay import least_capacity
+
+    records = [R(nbytes=40 * MiB, birth=0, death=1), R(nbytes=60 * MiB, birth=2, death=3)]
+    free = replay(records, start=0)
+    assert (free.reserved, free.allocated, free.retries) == (100 * MiB, 60 * MiB, 0)
+    assert least_capacity(records, start=0) == 60 * MiB
+    assert replay(records, start=0, capacity=60 * MiB).retries == 1
+    with pytest.raises(OutOfMemory):
+        replay(records, start=0, capacity=58 * MiB)
+
+
+def test_least_capacity_keeps_a_split_segment():
+    # as above, but Z (12 MiB, alive to the step's end) is made between X's death and Y: best fit carves it from
+    # X's free 40 MiB block (alloc_found_block splits: 28 MiB left > kSmallSize). When Y's cudaMalloc fails,
+    # X's segment holds Z: release_blocks frees only non-split segments, so nothing is released and the retry
+    # fails too. The split remainder (28 MiB) cannot be given back: the least capacity is the unconstrained
+    # reserved, 100 MiB, 28 MiB above the allocated peak Z + Y.
+    from trainfit.alloc import OutOfMemory
+    from trainfit.alloc.replay import least_capacity
+
+    records = [R(nbytes=40 * MiB, birth=0, death=1), R(nbytes=12 * MiB, birth=2, death=None),
+               R(nbytes=60 * MiB, birth=3, death=4)]
+    free = replay(records, start=0)
+    assert (free.reserved, free.allocated) == (100 * MiB, 72 * MiB)
+    assert least_capacity(records, start=0) == 100 * MiB
+    with pytest.raises(OutOfMemory):
+        replay(records, start=0, capacity=98 * MiB)

@@ -39,14 +39,15 @@ def same(a, b) -> bool:
         a == pytest.approx(b, rel=1e-9, abs=0)
 
 
-def verdict(step_seconds, tokens_per_second, peak, reserved, device_total, headroom, fits) -> dict:
+def verdict(step_seconds, tokens_per_second, peak, reserved, device_total, required, headroom, fits) -> dict:
     return dict(step_seconds=step_seconds, tokens_per_second=tokens_per_second, peak=peak, reserved=reserved,
-                device_total=device_total, headroom=headroom, fits=fits)
+                device_total=device_total, required=required, headroom=headroom, fits=fits)
 
 
 def of_estimate(e) -> dict:
     m, t = e.memory, e.time
-    return verdict(t.step_seconds, t.tokens_per_second, m.peak, m.reserved, m.device_total, t.headroom, t.fits)
+    return verdict(t.step_seconds, t.tokens_per_second, m.peak, m.reserved, m.device_total, m.required, t.headroom,
+                   t.fits)
 
 
 def assert_same(got: dict, want: dict, where: str) -> None:
@@ -73,7 +74,8 @@ def test_every_plan_candidate_is_its_estimate(model, stacks):
             e = estimate_of(model, s, gpu=GPU, reserve=RESERVE)
             assert e is not c.estimate and e.setup == s  # the same step, resolved as estimate resolves it
             plan = verdict(c.time.step_seconds, c.time.tokens_per_second, c.peak, c.estimate.memory.reserved,
-                           c.estimate.memory.device_total, c.headroom, c.estimate.time.fits)
+                           c.estimate.memory.device_total, c.estimate.memory.required, c.headroom,
+                           c.estimate.time.fits)
             assert plan["fits"] is True
             assert_same(plan, of_estimate(e), f"{model} {stack} {s.dp}x{s.tp}x{s.pp} ZeRO-{s.zero} {s.recompute}")
             layouts.add((s.stack, s.dp, s.tp, s.pp, s.zero, s.cp, s.vpp, s.pp_split))
@@ -103,10 +105,10 @@ def test_plan_json_is_estimate_json(cli):
     m, t = e["memory"], e["time"]
     assert t["fits"] and 0 < t["headroom"] < 2**30
     got = verdict(first["time"]["step_seconds"], first["time"]["tokens_per_second"], first["memory"]["peak"],
-                  first["memory"]["reserved"], first["memory"]["device_total"], first["memory"]["headroom"],
-                  first["memory"]["fits"])
+                  first["memory"]["reserved"], first["memory"]["device_total"], first["memory"]["required"],
+                  first["memory"]["headroom"], first["memory"]["fits"])
     assert_same(got, verdict(t["step_seconds"], t["tokens_per_second"], m["peak"], m["reserved"], m["device_total"],
-                             t["headroom"], t["fits"]), "plan --json vs estimate --json")
+                             m["required"], t["headroom"], t["fits"]), "plan --json vs estimate --json")
 
 
 LAYOUT = dict(batch=2, seq=2048, dp=4, zero=3, recompute="full", precision="amp-bf16")
@@ -125,7 +127,7 @@ def test_fit_sweep_report_and_web_answer_the_estimate():
     assert found
     for x in found:
         e = estimate_of(model, x.setup, gpu=GPU, reserve=RESERVE)
-        assert (x.device_total, x.gpus) == (e.memory.device_total, e.setup.world_size)
+        assert (x.required, x.capacity, x.gpus) == (e.memory.required, e.fit.capacity, e.setup.world_size)
         assert same(x.step_seconds, e.time.step_seconds) and same(x.tokens_per_second, e.time.tokens_per_second)
 
     # sweep (report/sweep.py): the row at this layout's batch
@@ -142,7 +144,7 @@ def test_fit_sweep_report_and_web_answer_the_estimate():
     for c in cands:
         s = Setup(**{k: c["setup"][k] for k in PLAN_SETTINGS})
         got = verdict(c["time"]["step_seconds"], c["time"]["tokens_per_second"], *(c["memory"][k] for k in (
-            "peak", "reserved", "device_total", "headroom", "fits")))
+            "peak", "reserved", "device_total", "required", "headroom", "fits")))
         assert_same(got, of_estimate(estimate_of(model, s, gpu=GPU, reserve=RESERVE)), "report plan")
 
     # the web API: exactly `trainfit estimate --json`
@@ -158,5 +160,5 @@ def test_fit_sweep_report_and_web_answer_the_estimate():
     web = r.json()
     m, t = web["memory"], web["time"]
     assert_same(verdict(t["step_seconds"], t["tokens_per_second"], m["peak"], m["reserved"], m["device_total"],
-                        t["headroom"], t["fits"]), want, "web")
+                        m["required"], t["headroom"], t["fits"]), want, "web")
     assert web == json.loads(dumps(estimate_dict(trainfit.estimate(model, gpu=GPU, reserve=RESERVE, **LAYOUT))))

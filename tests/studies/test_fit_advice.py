@@ -47,7 +47,7 @@ def test_suggestions_fit_and_are_fastest_first():
     assert xs
     assert [x.slowdown for x in xs] == sorted(x.slowdown for x in xs)
     for x in xs:
-        assert x.device_total <= x.gpu_memory
+        assert x.required <= x.capacity
         on = api.load_gpu(x.flags.split("--gpu ")[1]) if "--gpu " in x.flags else gpu
         from trainfit.engines import analytic
 

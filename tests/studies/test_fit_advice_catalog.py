@@ -18,4 +18,4 @@ def test_estimate_and_advice_answer(name):
     e = api.analytic(req)
     assert e.time is not None and e.time.step_seconds > 0
     for x in suggestions(spec, req.setup(spec), api.gpu_of(req)):
-        assert x.device_total <= x.gpu_memory and x.step_seconds > 0
+        assert x.required <= x.capacity and x.step_seconds > 0

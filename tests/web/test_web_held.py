@@ -1,5 +1,6 @@
 """What the GPU holds, on the web (issue 13): the JSON API returns the allocated peak, reserved, the overheads and
-the device total; the page shows them with the reports' one sentence; its verdict reads the device total.
+the device total; the page shows them with the reports' one sentence; its verdict reads the fit rule (required
+within the capacity).
 Expected bytes are derived here from data/overheads.toml's entries and the model's shapes, not from trainfit's
 functions."""
 from __future__ import annotations
@@ -15,6 +16,10 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from trainfit.analytic.fit_rule import segment_slack  # noqa: E402
+from trainfit.analytic.memory import train_memory  # noqa: E402
+from trainfit.api import resolve  # noqa: E402
+from trainfit.setup import Request  # noqa: E402
 from trainfit.web.app import create_app  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainfit"
@@ -67,31 +72,42 @@ def test_api_returns_allocated_reserved_and_device_total(client, dp):
     want = {"cuda_context": a100_context()} | ({"nccl_dp": nccl_communicator(dp)} if dp > 1 else {})
     assert m["overheads"] == want
     assert m["device_total"] == m["reserved"] + sum(want.values())
-    # the fit reads the device total: headroom = GPU memory - device total (--reserve 0)
-    assert d["time"]["headroom"] == A100 - m["device_total"] and d["time"]["fits"] is True
+    # the fit rule (analytic/fit_rule.py): headroom = capacity - required, capacity = GPU memory - the cuBLAS
+    # workspaces - the overheads (--reserve 0); required = the peak + the loss's logits block (pinned) + the
+    # states' segment slack; the gradients' free segments and the other cached blocks are released at the OOM retry
+    assert d["fit"]["capacity"] == A100 - workspace - sum(want.values())
+    spec, setup = resolve(Request(**params))
+    slack = segment_slack(spec, setup, train_memory(spec, setup))
+    assert m["required"] == m["peak"] + 1 * 2048 * 128_256 * 4 + slack
+    assert d["time"]["headroom"] == d["fit"]["capacity"] - m["required"] and d["time"]["fits"] is True
 
 
-def test_page_verdict_reads_the_device_total(client):
-    """A GPU cut between the allocated peak and the device total: the peak would fit, the job does not."""
+def test_page_verdict_reads_the_fit_rule(client):
+    """A GPU cut between what the step needs (required + the fixed overheads) and the device total: the job fits,
+    since a run near capacity gets its cached free segments back at the OOM retry; one cut between the allocated
+    peak and the need does not."""
     base = {"model": "llama-3.2-1b", "gpu": "A100-80GB"}
-    m = client.get("/api/estimate", params=base).json()["memory"]
-    between = (m["peak"] + m["device_total"]) / 2 / GiB  # GiB, as --gpu-memory takes it
-    assert m["peak"] < between * GiB < m["device_total"]
+    d = client.get("/api/estimate", params=base).json()
+    m = d["memory"]
+    fixed = A100 - d["fit"]["capacity"]
+    need = m["required"] + fixed
+    assert m["peak"] + fixed < need < m["device_total"]
+    between = (need + m["device_total"]) / 2 / GiB  # GiB, as --gpu-memory takes it
     v = client.post("/api/view", json=base | {"gpu_memory": between}).json()
     s = v["summary"]
-    assert s["fits"] is False and s["device_total"] == m["device_total"] and "device total" in s["judged_text"]
-    assert s["headroom"] == int(between * GiB) - m["device_total"]
-    roomy = client.post("/api/view", json=base | {"gpu_memory": m["device_total"] / GiB + 0.01}).json()["summary"]
-    assert roomy["fits"] is True
+    assert s["fits"] is True and s["device_total"] == m["device_total"] and "required" in s["judged_text"]
+    assert s["headroom"] == int(between * GiB) - need
+    short = client.post("/api/view", json=base | {"gpu_memory": (m["peak"] + fixed + need) / 2 / GiB}).json()
+    assert short["summary"]["fits"] is False
     held = {r["key"]: r["bytes"] for r in v["held"]["rows"]}
-    assert held == {"peak": m["peak"], "reserved": m["reserved"], "overhead:cuda_context": a100_context(),
-                    "device_total": m["device_total"]}
+    assert held == {"peak": m["peak"], "required": m["required"], "reserved": m["reserved"],
+                    "overhead:cuda_context": a100_context(), "device_total": m["device_total"]}
     assert "what nvidia-smi shows" in v["held"]["sentence"]
 
 
 def test_page_has_the_held_rows_and_the_reports_sentence(client):
     page = client.get("/").text
-    for element in ('id="held-peak"', 'id="reserved"', 'id="overheads"', 'id="device-total"', 'id="held-note"'):
+    for element in ('id="held-peak"', 'id="required"', 'id="reserved"', 'id="overheads"', 'id="device-total"', 'id="held-note"'):
         assert element in page
     assert "reserved (caching allocator)" in page and "device total (nvidia-smi)" in page
     assert html.escape("reserved is what PyTorch's caching allocator holds") in page

@@ -32,6 +32,9 @@ class Replay:
     allocated: int  # max allocated over it: the trace's peak rounded like the allocator
     segments: int  # segments (or mapped ranges) held at the end
     segment_sizes: tuple[int, ...] = ()  # their sizes (bytes), by address
+    retries: int = 0  # malloc's OOM retries (num_alloc_retries): release_cached_blocks, then cudaMalloc again
+    # the least capacity at which every request of the step is served (least_capacity); None: not searched
+    required: int | None = None
 
 
 def segment_histogram(sizes) -> list[list[int]]:
@@ -91,4 +94,37 @@ def replay(records, start: int, conf: AllocConf | str | None = None, capacity: i
         elif r.birth >= start and id(r) in handles:  # a resident storage dies once, in step 1
             a.free(handles.pop(id(r)))
     sizes = a.segments
-    return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(sizes), segment_sizes=tuple(sizes))
+    return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(sizes), segment_sizes=tuple(sizes),
+                  retries=a.num_alloc_retries)
+
+
+def least_capacity(records, start: int, conf: AllocConf | str | None = None, end: int | None = None, lazy=None,
+                   lazy_at: int | None = None, unconstrained: Replay | None = None) -> int:
+    """The least capacity (bytes the allocator may reserve: cudaMalloc fails beyond it) at which `replay` serves
+    every request of the warm-up and the steady-state step: the step's memory requirement on a device, which
+    reserved (what an unconstrained run caches) is not. When a cudaMalloc fails, malloc releases every free
+    non-split cached segment (release_cached_blocks) and retries (CUDACachingAllocator.cpp malloc; the simulator's
+    OOM path), so the cached blocks of freed tensors are given back; what it cannot give back is the slack inside
+    segments that still hold a live block.
+
+    Bisection over capacities between the allocated peak (reserved >= allocated: below it nothing is served) and
+    the unconstrained run's reserved (served without a retry), in steps of 2 MiB, which is exact: every segment
+    and expandable page is a multiple of 2 MiB (get_allocation_size: kSmallBuffer, kLargeBuffer, kRoundLarge), so
+    a capacity acts as its 2 MiB floor. unconstrained: the replay without a capacity, when the caller has it.
+    NB: takes "served" as monotone in the capacity (a larger one releases later, so the step's blocks land
+    elsewhere); bench/alloc_capacity.py checks it on a grid above the answer for every setup it runs."""
+    from .caching_allocator import K_ROUND_LARGE, OutOfMemory
+
+    if unconstrained is None:
+        unconstrained = replay(records, start, conf, end=end, lazy=lazy, lazy_at=lazy_at)
+    unit = K_ROUND_LARGE
+    lo = (unconstrained.allocated - 1) // unit  # in units: a capacity below the allocated peak fails
+    hi = unconstrained.reserved // unit  # served: the unconstrained run never reserves more
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            replay(records, start, conf, capacity=mid * unit, end=end, lazy=lazy, lazy_at=lazy_at)
+            hi = mid
+        except OutOfMemory:
+            lo = mid
+    return hi * unit

@@ -169,13 +169,13 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
 
 
 def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
-    """What the training step's own tensors hold in the caching allocator: the allocated peak, the cached blocks
+    """What the training step's own tensors hold in the caching allocator when nothing limits it (reserved: an
+    unconstrained run's cache; the fit is judged on fit_rule.required): the allocated peak, the cached blocks
     of its freed tensors (transient_blocks) and FSDP2's side-stream blocks (overheads.reserved_from_allocated,
     checked against the allocator simulator: bench/alloc_fragmentation.py), the gradients' own segments free at the
     peak (grad_segments; bench/grad_segments.py); under foreach AdamW, the segments its temporaries open, counted
-    from the backward's peak (foreach_segments; bench/foreach_reserved.py). The estimate and the planner's oracle
-    (plan/fit.py) both judge on it. pc: the model's ParamCounts when the caller has them (the planner: saves a
-    count)."""
+    from the backward's peak (foreach_segments; bench/foreach_reserved.py). pc: the model's ParamCounts when the
+    caller has them."""
     blocks = transient_blocks(spec, setup, mem, pc)
     side = fsdp2_side_streams(spec, setup, mem, pc)
     opened = foreach_segments(spec, setup, mem, pc, blocks)
@@ -205,8 +205,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: each kernel of the op list
     timed by the roofline + exposed communication + bubble + optimizer, the planner's model); a number overrides it
-    with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free beyond the device total when judging
-    the fit (fits = device_total + reserve <= GPU memory)."""
+    with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free when judging the fit (fit_rule.py:
+    fits = required <= GPU memory - reserve - the fixed overheads)."""
     spec = for_setup(spec, setup)  # the model with the head this setup trains (--head / architectures)
     reserve = reserve_bytes(reserve)
     if mfu is not None and not 0 < mfu <= 1:
@@ -242,9 +242,9 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         weights=mem.weights, gradients=mem.gradients, optimizer_states=mem.optimizer, master_weights=mem.master,
         activations=mem.activations, temporaries=at.get("temporaries", 0) + mem.comm_buffers, kv_cache=0,
         peak=mem.peak, peak_phase=mem.peak_phase, phases=mem.phases, at_peak=at,
-        reserved=reserved, device_total=device_total, overheads=beside,
+        reserved=reserved, device_total=device_total, overheads=beside, required=needed,
     )
-    timing = None
+    timing = fit = None
     detail = {"params_active": pc.active, "head": spec.task_head, **mem.detail}
     if setup.lora_rank:  # peft's adapters join the model's parameters; only they train (analytic/lora.py)
         detail["params_trainable"] = lora.adapter_params(spec, setup)
@@ -262,9 +262,9 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         tps = setup.tokens_per_step / secs
         extra = budget(tokens, tps, setup.world_size, gpu, terms) if tokens else {}
         # the fit rule (fit_rule.py); paged states resident on the device take what the step leaves
-        headroom = fit_rule.capacity(gpu, setup, reserve) - needed - beside.get("paged_optimizer_states", 0)
+        fit = fit_rule.verdict(gpu, setup, needed, reserve, paged)
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
-                        tokens_per_second=tps, fits=headroom >= 0, headroom=headroom,
+                        tokens_per_second=tps, fits=fit.fits, headroom=fit.headroom,
                         gpu_memory=gpu.memory, **extra)
     notes = [f"attention kernel: {setup.attention_kernel}; optimizer {setup.optimizer_kernel} ({setup.device} semantics); stack {setup.stack}"]
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
@@ -280,7 +280,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                      + ("autocast on, over low-precision weights (no weight casts)"
                         if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
     if gpu is not None:
-        notes.append(_fit_note(reserve))
+        notes.append(_fit_note(fit))
         notes.append(overheads.describe(beside, held, cached_block=True))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
@@ -299,13 +299,17 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")
     return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), mem.params,
-                    setup, memory, flops, timing, tuple(notes), detail)
+                    setup, memory, flops, timing, tuple(notes), detail, fit)
 
 
-def _fit_note(reserve: int) -> str:
-    extra = f" - {reserve / 2**30:.1f} GiB (--reserve)" if reserve else ""
-    return (f"fits = device total <= GPU memory{extra}, as CUDA reports it (nvidia-smi's total less the driver's "
-            "reserve: `trainfit gpus`); jobs run out of memory at the device total, not at the peak")
+def _fit_note(fit) -> str:
+    """The fit rule in words, with this verdict's numbers (fit_rule.py)."""
+    return (f"fits = the step's requests can be served at capacity: required {fmt_bytes(fit.required)} (allocated "
+            "peak + the fragmentation the caching allocator cannot release: the largest freed block a later tensor "
+            f"was carved from, segment rounding) <= capacity {fmt_bytes(fit.capacity)} (GPU memory as CUDA reports "
+            "it: nvidia-smi's total less the driver's reserve, `trainfit gpus`; less --reserve and the fixed "
+            "overheads); reserved is what an unconstrained run caches: when cudaMalloc fails, PyTorch frees its "
+            "cached free segments and retries before it raises")
 
 
 def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
@@ -316,16 +320,16 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     fpt = forward_per_token(spec, setup.seq, pc)
     prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
     reserved, device_total, beside, held = overheads.device_memory(infer_reserve(spec, setup, m), gpu, setup)
+    needed = fit_rule.infer_required(spec, setup, m)
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,
                     temporaries=m.logits, kv_cache=m.kv_cache, peak=peak, peak_phase=peak_phase,
-                    phases=phases, reserved=reserved, device_total=device_total, overheads=beside,
+                    phases=phases, reserved=reserved, device_total=device_total, overheads=beside, required=needed,
                     at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations, "temporaries": m.logits})
     flops = Flops(int(prefill_flops), 0, 0, int(prefill_flops), int(prefill_flops), int(fpt))
-    timing, detail = None, {}
+    timing, fit, detail = None, None, {}
     modelled = mfu is None
     if gpu is not None:
-        # the peak may use what the device total leaves: GPU memory - --reserve - the fixed overheads
-        capacity = gpu.memory - reserve - overheads.fixed_bytes(gpu, setup)
+        fit = fit_rule.verdict(gpu, setup, needed, reserve)  # the largest batch and context: the same rule
         if modelled:  # each pass's op list, timed as the training step's (analytic/infer_time.py)
             pre, dec = infer_time.prefill_decode(spec, setup, gpu, pc)
             prefill_s, decode_s = pre.seconds, dec.seconds if dec else None
@@ -339,20 +343,20 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
             prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
             decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu) if spec.causal else None
         timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=prefill_s, tokens_per_second=setup.batch * setup.seq / prefill_s,
-                        fits=device_total + reserve <= gpu.memory, headroom=gpu.memory - reserve - device_total,
-                        gpu_memory=gpu.memory,
+                        fits=fit.fits, headroom=fit.headroom, gpu_memory=gpu.memory,
                         prefill_seconds=prefill_s,
                         decode_tokens_per_second=setup.batch / decode_s if decode_s else None,
-                        max_batch=inference.largest_batch(spec, setup, capacity),
-                        max_seq=inference.largest_context(spec, setup, capacity))
+                        max_batch=inference.largest_batch(spec, setup, fit.capacity),
+                        max_seq=inference.largest_context(spec, setup, fit.capacity))
     notes = [f"KV cache in {inference.kv_dtype(spec, setup)}; " + (
         "prefill and decode timed op by op (the training step's kernel model) and by the host's kernel issue"
         if modelled else f"prefill at --mfu {mfu:.0%}, decode at {mbu:.0%} of memory bandwidth (roofline)")]
     if gpu is not None:
-        notes += [_fit_note(reserve), overheads.describe(beside, held)]
+        notes += [_fit_note(fit), overheads.describe(beside, held)]
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
                     timing, tuple(notes), {"params_active": pc.active,
-                                           "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup), **detail})
+                                           "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup), **detail},
+                    fit)
 
 
 def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
@@ -515,9 +519,11 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     rec = f.recompute + (cf.recompute if cf else 0)
     flops = Flops(int(fwd), int(bwd), int(rec), int(fwd + bwd + rec), int(fwd + bwd), int(f.per_token))
     at = _rl_at_peak(m)
-    # the caching allocator: the policy's training step keeps its freed blocks cached (step_reserve); the other
-    # phases reserve what they allocate (NB: their own freed blocks are not modelled: under)
+    # the caching allocator: the policy's training step keeps its freed blocks cached (step_reserve) and needs its
+    # unreleasable fragmentation (fit_rule.required) beside the step's peak; the other phases reserve and need
+    # what they allocate (NB: their own freed blocks are not modelled: under)
     cached = step_reserve(spec, ts, p) - p.peak
+    needed = m.peak + fit_rule.required(spec, ts, p) - p.peak
     reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts)
     weights = p.weights + sum(o.resident for o in m.others if o.role != "critic") + m.rollout.engine_weights
     memory = Memory(weights=int(weights + (critic.train.weights if critic else 0)), gradients=p.gradients,
@@ -525,9 +531,9 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                     master_weights=int(p.master + (critic.train.master if critic else 0)),
                     activations=p.activations, temporaries=at.get("temporaries", 0), kv_cache=m.rollout.kv_cache,
                     peak=m.peak, peak_phase=m.peak_phase, phases=m.phases, at_peak=at, reserved=reserved,
-                    device_total=device_total, overheads=beside)
+                    device_total=device_total, overheads=beside, required=needed)
     seconds = {}
-    timing = None
+    timing = fit = None
     if gpu is not None:
         seconds[Phase.GENERATE.value] = rl.generate_seconds(spec, setup, m, gpu, infer_mfu, mbu, pc)
         peak_flops = gpu.flops_for(compute_dtype(ts))
@@ -542,9 +548,9 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
             if critic:
                 seconds[Phase.CRITIC_STEP.value] = step_seconds(cf.step, gpu, ts, mfu)
         secs = sum(seconds.values())
-        headroom = gpu.memory - reserve - device_total
+        fit = fit_rule.verdict(gpu, ts, needed, reserve)
         timing = Timing(gpu=gpu.name, mfu=flops.model_step / (secs * peak_flops), step_seconds=secs,
-                        tokens_per_second=sh.completions * sh.seq / secs, fits=headroom >= 0, headroom=headroom,
+                        tokens_per_second=sh.completions * sh.seq / secs, fits=fit.fits, headroom=fit.headroom,
                         gpu_memory=gpu.memory, prefill_seconds=seconds[Phase.GENERATE.value],
                         decode_tokens_per_second=sh.completions * sh.completion_len / seconds[Phase.GENERATE.value])
     models = {"policy": spec.name, **{o.role: o.spec.name for o in m.others}}
@@ -576,7 +582,7 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
         notes.append("time: generate = prefill at MFU "
                      f"{infer_mfu:.0%} + {sh.completion_len} decode steps at {mbu:.0%} of memory bandwidth "
                      "(full-length completions); score = forwards at that MFU; train = the step-time model")
-        notes.append(_fit_note(reserve))
+        notes.append(_fit_note(fit))
         notes.append(overheads.describe(beside, held, cached_block=True))
     params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)
-    return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail)
+    return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail, fit)

@@ -1,19 +1,28 @@
-"""THE fit rule: whether a training step runs on a GPU, and by how much (no torch).
+"""THE fit rule: whether a step runs on a GPU, and by how much (no torch).
 
 One definition for every command that answers "fits?" (estimate, fit and its advice, plan, sweep, report, the web
 page): they all reach it through the analytic engine's estimate or, in the planner's inner loop, through the same
-two functions below.
+functions below; the trace engine judges its own allocator replay with `verdict` (fit_rule.with_fit).
 
     fits  <=>  required(step) <= capacity(gpu, setup, reserve)
 
 - capacity: the bytes the step's own tensors may take from PyTorch's caching allocator: the GPU's memory as CUDA
   reports it, less the user's --reserve, less what the device holds beside the step's tensors whatever the step
   does (overheads.fixed_bytes: the CUDA context, the cuBLAS workspace, the NCCL communicators' buffers).
-- required: the bytes the step's tensors need from the allocator for every request of the step to be served.
+- required: the bytes the step's tensors need from the allocator for every request of the step to be served on a
+  device that has no more. Not reserved: reserved is what an unconstrained run caches. When a cudaMalloc fails,
+  the allocator frees every cached segment that holds no live block and retries before it raises
+  (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc: release_cached_blocks, then alloc_block
+  again; release_blocks frees only non-split segments), so the cached blocks of freed tensors are given back. What
+  it cannot give back is the slack inside segments that still hold a live block:
+    required = allocated peak + unreleasable fragmentation (pinned_block + segment_slack)
+  The trace engine's required is the allocator simulator's own least capacity (alloc/replay.py least_capacity);
+  bench/alloc_capacity.py sets this rule beside it.
 """
 from __future__ import annotations
 
 from .. import overheads
+from ..estimate import Fit
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -32,8 +41,93 @@ def capacity(gpu: GPU, setup: Setup, reserve: int = 0) -> int:
 
 
 def required(spec: ModelSpec, setup: Setup, mem, pc=None) -> int:
-    """Bytes the training step's tensors need from the caching allocator (mem: analytic.memory.TrainMemory): what
-    the step reserves (analytic.engine.step_reserve)."""
-    from .engine import step_reserve
+    """Bytes the training step's tensors need from the caching allocator (mem: analytic.memory.TrainMemory): the
+    allocated peak, the freed block pinned beside it (pinned_block) and the rounding of its live states into
+    segments (segment_slack). The blocks the unconstrained step caches beyond that (analytic.engine.step_reserve:
+    the other freed blocks, FSDP2's side-stream blocks, the gradients' and foreach temporaries' free segments) are
+    whole free segments at the OOM retry: released.
+    Against the allocator simulator's least capacity on 33 traced steps (bench/alloc_capacity.py, BENCHMARKS.md
+    §43): -10.9 % to +8.7 %, mean 0.0 %, mean |error| 3.4 %; the 10 real-size steps measured on an H200 -2.1 % to
+    +6.8 %, mean +1.3 % (the unconstrained reserved the fit read before: -11.7 % to +32.6 %, mean +5.4 %).
+    NB: over where no later tensor is carved from the freed block (opt-125m +8.7 %; llama-3.2-1b's tied embedding
+    gradient, +3 to +7 %), under where more than one is pinned (full recompute's re-run forwards carve the loss's
+    and the MLP's freed blocks: gpt2, pythia-160m -9 to -11 %; llama-3.1-8b bf16, two of the loss's blocks: -2.1 %)
+    and by the activations' 20 MiB segment slack in sub-GiB steps; mostly over on real-size steps (a conservative
+    verdict). Can exceed the analytic reserved by segment_slack, which reserved_from_allocated leaves out."""
+    from .engine import transient_blocks
 
-    return step_reserve(spec, setup, mem, pc)
+    return mem.peak + pinned_block(transient_blocks(spec, setup, mem, pc)) + segment_slack(spec, setup, mem)
+
+
+def pinned_block(blocks: list[int]) -> int:
+    """The freed block that stays reserved at the OOM retry (blocks: analytic.engine.transient_blocks, the blocks
+    the step frees before its peak): the largest. Once the loss (or a layer) frees it, it is the largest free block
+    of its pool, and a later request no other cached block holds is carved from it (get_free_block: the smallest
+    free block >= the request; alloc_found_block splits it); that tensor lives through the peak, so the segment is
+    split and release_blocks keeps it, with the free remainder, which cannot serve the next request of the freed
+    block's size. NB: one such block, whole: over where nothing is carved from it, under where several are."""
+    return max(blocks, default=0)
+
+
+def segment_slack(spec: ModelSpec, setup: Setup, mem) -> int:
+    """The bytes the segments of the peak's live parameter states hold beyond them (overheads.held_segments: 512 B
+    rounding, a segment of its own rounded to 2 MiB for a request of 10 MiB or more, 20 MiB segments for 1-10 MiB
+    ones, 2 MiB small-pool segments): the weights, fp32 master weights, the gradients the peak holds and the
+    per-element optimizer states (not bitsandbytes' paged ones: beside the allocator), one tensor per parameter
+    (foreach_segments.parameter_tensors) where torch.optim steps them (engine._torch_optim_on_cuda: hf and
+    torchtitan, no LoRA). NB: under elsewhere (Megatron's and
+    DeepSpeed's flat buffers: one segment each, slack < 2 MiB; LoRA's frozen weights), for the activations (their
+    own segments, and 20 MiB packing where they are 1-10 MiB: small steps), and for packing taken as perfect."""
+    from .engine import _torch_optim_on_cuda
+    from .foreach_segments import parameter_tensors
+    from .optimizer import temporary_bytes
+    from .precision import state_bytes
+
+    if not _torch_optim_on_cuda(setup):
+        return 0
+    st = state_bytes(setup)
+    per = temporary_bytes(setup, st)
+    kinds = [st.weight, st.master, st.grad if mem.at_peak.get("gradients", 0) else 0]
+    if not st.factored and not mem.detail.get("paged_optimizer_states"):  # paged: unified memory, not segments
+        kinds += [per] * round(st.optimizer / per)
+    requests = [(int(n * b), c) for n, c in parameter_tensors(spec, setup) for b in kinds if b]
+    return overheads.held_segments(requests) - sum(n * c for n, c in requests)
+
+
+def infer_required(spec: ModelSpec, setup: Setup, m) -> int:
+    """Bytes an inference run's tensors need from the caching allocator (m: analytic.inference.InferMemory): as in
+    training, the peak with the largest block freed before it (one layer's MLP intermediate: analytic.engine
+    infer_reserve) and the weights' segment slack (overheads.held_segments of one tensor per parameter). NB: the KV
+    cache's and activations' own slack left out (under)."""
+    from .engine import infer_reserve
+    from .foreach_segments import parameter_tensors
+    from .precision import state_bytes
+
+    if setup.device != "cuda":
+        return max(m.prefill_peak, m.decode_peak)
+    w = state_bytes(setup).weight
+    requests = [(int(n * w), c) for n, c in parameter_tensors(spec, setup)]
+    return infer_reserve(spec, setup, m) + overheads.held_segments(requests) - sum(n * c for n, c in requests)
+
+
+def verdict(gpu: GPU, setup: Setup, needed: int, reserve: int = 0, paged: int = 0) -> Fit:
+    """The verdict on `gpu`: the step needs `needed` bytes (required, or the trace's least capacity) within
+    capacity(gpu, setup, reserve). `paged`: bitsandbytes' paged optimizer states (CUDA unified memory beside the
+    allocator, overheads.with_paged), resident in what the step leaves and evicted to the host beyond it, so they
+    take headroom but never make a step not fit."""
+    cap = capacity(gpu, setup, reserve)
+    resident = min(paged, max(0, cap - needed))
+    headroom = cap - needed - resident
+    return Fit(gpu=gpu.name, gpu_memory=gpu.memory, capacity=cap, required=needed + resident, headroom=headroom,
+               fits=headroom >= 0)
+
+
+def with_fit(est, gpu: GPU | None, reserve: int = 0):
+    """A trace estimate judged on `gpu` (est.memory.required: the allocator simulator's least capacity): its Fit.
+    Unchanged without a GPU or a required figure (CPU runs: no caching allocator)."""
+    from dataclasses import replace
+
+    needed = est.memory.required
+    if gpu is None or needed is None:
+        return est
+    return replace(est, fit=verdict(gpu, est.setup, needed, reserve, (est.detail or {}).get("paged_optimizer_states", 0)))

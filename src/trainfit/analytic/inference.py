@@ -333,36 +333,40 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
 
 
 def largest_batch(spec: ModelSpec, setup: Setup, capacity: int) -> int:
-    """Largest batch at this context whose prefill and decode fit `capacity` bytes (0 if none)."""
-    if infer_peak(spec, setup.with_(batch=1)) > capacity:
+    """Largest batch at this context whose prefill and decode fit `capacity` bytes (0 if none): the fit rule's
+    required (required_at) within fit_rule.capacity."""
+    if required_at(spec, setup.with_(batch=1)) > capacity:
         return 0
     lo, hi = 1, 2
-    while infer_peak(spec, setup.with_(batch=hi)) <= capacity and hi < 1 << 24:
+    while required_at(spec, setup.with_(batch=hi)) <= capacity and hi < 1 << 24:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if infer_peak(spec, setup.with_(batch=mid)) <= capacity else (lo, mid)
+        lo, hi = (mid, hi) if required_at(spec, setup.with_(batch=mid)) <= capacity else (lo, mid)
     return lo
 
 
 def largest_context(spec: ModelSpec, setup: Setup, capacity: int) -> int:
-    """Largest context (tokens) at this batch that fits `capacity`, up to the longest sequence a learned position
-    table allows (spec.longest_sequence), else up to the model's max positions × 64 (rotary extrapolation)."""
-    if infer_peak(spec, setup.with_(seq=1)) > capacity:
+    """Largest context (tokens) at this batch whose required (required_at) fits `capacity`, up to the longest
+    sequence a learned position table allows (spec.longest_sequence), else up to the model's max positions × 64
+    (rotary extrapolation)."""
+    if required_at(spec, setup.with_(seq=1)) > capacity:
         return 0
     limit = spec.longest_sequence(setup.mode) or max(spec.max_positions, 1) * 64
     lo, hi = 1, min(2, limit + 1)  # invariant: lo fits, hi does not or exceeds the limit
-    while hi <= limit and infer_peak(spec, setup.with_(seq=hi)) <= capacity:
+    while hi <= limit and required_at(spec, setup.with_(seq=hi)) <= capacity:
         lo, hi = hi, min(hi * 2, limit + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if infer_peak(spec, setup.with_(seq=mid)) <= capacity else (lo, mid)
+        lo, hi = (mid, hi) if required_at(spec, setup.with_(seq=mid)) <= capacity else (lo, mid)
     return lo
 
 
-def infer_peak(spec: ModelSpec, setup: Setup) -> int:
-    m = infer_memory(spec, setup)
-    return max(m.prefill_peak, m.decode_peak)
+def required_at(spec: ModelSpec, setup: Setup) -> int:
+    """What the run's tensors need from the caching allocator at this setup (analytic/fit_rule.py infer_required)."""
+    from .fit_rule import infer_required
+
+    return infer_required(spec, setup, infer_memory(spec, setup))
 
 
 def check_layout(spec: ModelSpec, setup: Setup) -> None:

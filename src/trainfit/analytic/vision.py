@@ -42,9 +42,10 @@ from ..errors import SetupError
 from ..estimate import Estimate, Flops, Memory, Timing
 from ..hardware import GPU
 from .. import overheads
+from ..units import fmt_bytes
 from ..setup import Setup
 from ..spec import VisionSpec
-from .fit_rule import reserve_bytes
+from . import fit_rule
 from .optimizer import clip_temporaries, optimizer_temporaries
 from .precision import state_bytes
 from .timing import budget, mfu_step_terms, step_seconds
@@ -265,7 +266,7 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     memory = Memory(weights=base["weights"], gradients=at["gradients"], optimizer_states=base["optimizer_states"],
                     master_weights=0, activations=res["saved_at_forward_end"], temporaries=at["temporaries"],
                     kv_cache=0, peak=phases[phase], peak_phase=phase, phases=phases, at_peak=at,
-                    reserved=reserved, device_total=device_total, overheads=beside)
+                    reserved=reserved, device_total=device_total, overheads=beside, required=phases[phase])
     size = image_size(spec, setup)
     notes = [f"{spec.name}: {size}x{size} images, {spec.num_labels} classes; HF eager step ({setup.device} semantics)",
              "cuDNN convolution workspace not counted (NB: under by up to the largest conv's workspace)",
@@ -274,7 +275,7 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
              "time counts cuDNN's NCHW<->NHWC transposes around tensor-core convs"]
     detail = {"image_size": size, "num_labels": spec.num_labels, "buffers": base["buffers"], "inputs": base["inputs"],
               "param_tensors": res["param_tensors"]}
-    timing = None
+    timing = fit = None
     if gpu is not None:
         if mfu is None:  # the kernels the step runs, timed by the roofline (analytic/vision_time.py)
             tm = vision_step_time(setup, gpu, res["ops"], params, res["param_tensors"],
@@ -285,13 +286,16 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
             secs, achieved = step_seconds(flops.step, gpu, setup, mfu), mfu
             terms = mfu_step_terms(flops.step, gpu, setup, mfu)
         extra = budget(tokens, images * setup.dp / secs, setup.world_size, gpu, terms) if tokens else {}
-        headroom = gpu.memory - reserve_bytes(reserve) - device_total
+        fit = fit_rule.verdict(gpu, setup, phases[phase], fit_rule.reserve_bytes(reserve))  # NB: required = the peak
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs, tokens_per_second=images * setup.dp / secs,
-                        fits=headroom >= 0, headroom=headroom, gpu_memory=gpu.memory, **extra)
+                        fits=fit.fits, headroom=fit.headroom, gpu_memory=gpu.memory, **extra)
         conv_dt, lin_dt = dtypes(setup, gpu)
         notes.append(f"step time from FLOPs at the stated --mfu {mfu:.0%} (an override)" if mfu is not None else
                      f"step time: each kernel of the step timed by the roofline (analytic/vision_time.py: convs as "
                      f"cuDNN implicit GEMMs in {conv_dt}, linears in {lin_dt}, depthwise convs and the other ops "
                      "memory-bound, + optimizer + host issue); --mfu overrides it; tokens/s are images/s")
         notes.append(overheads.describe(beside, held) + "; NB: the cached blocks of freed tensors not counted")
-    return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail)
+        notes.append(f"fits = the step's requests can be served at capacity: required {fmt_bytes(fit.required)} "
+                     f"(the allocated peak; NB: its fragmentation not modelled, under) <= capacity "
+                     f"{fmt_bytes(fit.capacity)} (GPU memory less --reserve and the fixed overheads)")
+    return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail, fit)

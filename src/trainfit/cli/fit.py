@@ -12,7 +12,8 @@ from .spinner import spinner
 @with_settings(defaults={"batch": 1})
 def fit(req, json: bool = JsonOpt) -> None:
     """Can MODEL train on --gpu, and how? Starting from the setup you give (default: full fine-tuning, micro-batch
-    1), the fastest setups that fit the GPU's device total: the changes each needs (checkpointing, 8-bit or
+    1), the fastest setups that fit the GPU (the fit rule: what the step needs from the caching allocator within
+    the GPU's memory less the fixed overheads): the changes each needs (checkpointing, 8-bit or
     in-backward optimizer, pure bf16, LoRA, QLoRA, more GPUs...), its memory, step time and tokens/s, and the
     `trainfit estimate` command that shows it in full. The micro-batch of each is grown as far as it fits.
 
@@ -53,12 +54,12 @@ def fit(req, json: bool = JsonOpt) -> None:
     GIB = 2**30
 
     t = Table(title=f"{req.model} on {gpu.name}, seq {setup.seq}: fastest setups that fit", title_justify="left")
-    for col in ("change", "GPU holds", "step", "tokens/s/GPU", "vs fastest"):
+    for col in ("change", "needs / capacity", "step", "tokens/s/GPU", "vs fastest"):
         t.add_column(col, justify="left" if col == "change" else "right", overflow="fold", ratio=3 if col == "change" else None)
     best = rows[0]["tokens_per_second"] / rows[0]["gpus"]
     for r in rows:
         per = r["tokens_per_second"] / r["gpus"]
-        t.add_row(r["flags"] or "(as given)", f"{r['device_total'] / GIB:.1f} / {r['gpu_memory'] / GIB:.1f} GiB",
+        t.add_row(r["flags"] or "(as given)", f"{r['required'] / GIB:.1f} / {r['capacity'] / GIB:.1f} GiB",
                   fmt_seconds(r["step_seconds"]), f"{per:,.0f}", f"{best / per:.2f}x")
     Console().print(t)
     typer.echo("why: " + rows[0]["why"])

@@ -27,8 +27,8 @@ class PeakOracle:
 
     def peak(self, setup: Setup) -> int:
         """What the step's tensors need from the caching allocator: the fit rule's bytes (analytic/fit_rule.py
-        required; affine in b like the peak: the cached blocks scale with b·s tokens or not at all, the side
-        streams do not depend on b)."""
+        required; convex in b like the peak: the pinned block is the largest of blocks that scale with b·s tokens
+        or not at all, the segment slack does not depend on b)."""
         got = self._memo.get(setup)
         if got is None:
             self.calls += 1

@@ -179,7 +179,6 @@ class Candidate:
     setup: Setup
     time: StepTime  # the estimate's step-time terms (under --efficiency, the flat override's)
     estimate: Estimate  # the analytic engine's estimate of `setup` on the GPU: memory, headroom, fit
-    capacity: int  # bytes the step's tensors may take (fit_rule.capacity with --reserve)
     budget: dict = field(default_factory=dict)  # with --tokens
 
     @property
@@ -187,9 +186,14 @@ class Candidate:
         return self.estimate.memory.peak
 
     @property
+    def capacity(self) -> int:
+        """Bytes the step's tensors may take: the estimate's (fit_rule.capacity with --reserve)."""
+        return self.estimate.fit.capacity
+
+    @property
     def headroom(self) -> int:
         """The estimate's headroom (fit_rule: capacity − what the step's tensors need)."""
-        return self.estimate.time.headroom
+        return self.estimate.fit.headroom
 
 
 @dataclass
@@ -255,13 +259,12 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                         _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
                                       best, stack)
     ranked = sorted(best.values(), key=lambda v: v[0])
-    reserve = reserve_bytes(q.reserve)
     cands = []
     for _, (setup, tm) in ranked[: q.top]:
         est = analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
         if q.efficiency is None:
             tm = StepTime(**est.detail["step_time"])
-        c = Candidate(setup, tm, est, fit_rule.capacity(gpu, setup, reserve))
+        c = Candidate(setup, tm, est)
         if tokens:
             c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu, tm.as_dict())
         cands.append(c)

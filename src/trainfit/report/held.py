@@ -3,6 +3,7 @@ terminal table, the timeline plot, the HTML report and the web page all use (one
 from __future__ import annotations
 
 RESERVED_LABEL = "reserved (caching allocator)"
+REQUIRED_LABEL = "required (fit rule)"
 DEVICE_TOTAL_LABEL = "device total (nvidia-smi)"
 
 
@@ -10,10 +11,12 @@ def held_sentence(subject: str = "The peak", device_total: bool = True) -> str:
     """allocated vs reserved vs nvidia-smi in one sentence. subject: what shows the allocated bytes ("The peak",
     "The curve"); device_total: whether the device total is shown too (it needs a GPU)."""
     text = (f"{subject} is allocated memory (live tensors); reserved is what PyTorch's caching allocator holds "
-            "(freed blocks stay cached in their segments)")
+            "when nothing limits it (freed blocks stay cached in their segments)")
     if device_total:
-        text += ("; the device total adds the CUDA context and NCCL buffers — what nvidia-smi shows, and what the "
-                 "fit is judged on")
+        text += ("; the device total adds the CUDA context and NCCL buffers — what nvidia-smi shows. The fit is "
+                 "judged on required (the peak + the fragmentation the allocator cannot release: when cudaMalloc "
+                 "fails it frees its cached free segments and retries) within the GPU's memory less --reserve "
+                 "and those fixed overheads")
     return text + "."
 
 

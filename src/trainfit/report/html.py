@@ -16,7 +16,7 @@ from ..errors import TrainfitError
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
-from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
+from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, held_sentence
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .time_bar import time_section
 from .terminal import PHASE_NAMES, memory_rows, setup_line
@@ -84,7 +84,9 @@ def _verdict(e: Estimate) -> str:
     if t is not None:
         fit = "<span class='ok'>fits</span>" if t.fits else "<span class='bad'>does not fit</span>"
         held = f" ({fmt_bytes(t.gpu_memory)})" if t.gpu_memory else ""
-        cards.insert(0, (f"on {escape(t.gpu)}{held}", fit, f"headroom {fmt_bytes(t.headroom)}"))
+        judged = (f"required {fmt_bytes(e.fit.required)} of capacity {fmt_bytes(e.fit.capacity)}, "
+                  if e.fit is not None else "")
+        cards.insert(0, (f"on {escape(t.gpu)}{held}", fit, f"{judged}headroom {fmt_bytes(t.headroom)}"))
         if e.setup.mode == "train":
             cards.append((f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds),
                           f"{fmt_count(t.tokens_per_second)} tokens/s"))
@@ -99,13 +101,13 @@ def _would_fit(req: api.Request, e: Estimate) -> str:
     """When it does not fit: the changes that would, fastest first (studies/fit_advice.py, as `estimate` lists)."""
     if e.time is None or e.time.fits:
         return ""
-    rows = [[escape(x.flags), escape(x.why), fmt_bytes(x.device_total), fmt_seconds(x.step_seconds),
-             f"{x.slowdown:.2f}x"] for x in api.fit_advice(req, e)]
+    rows = [[escape(x.flags), escape(x.why), f"{fmt_bytes(x.required)} of {fmt_bytes(x.capacity)}",
+             fmt_seconds(x.step_seconds), f"{x.slowdown:.2f}x"] for x in api.fit_advice(req, e)]
     if not rows:
         return ""
-    return ("<section><h2>What would fit</h2><p class='muted'>Each change checked by the analytic engine on the "
-            "device total; slowdown = time per token per GPU against this setup's.</p>"
-            + _table(["change", "why", "GPU holds", "step", "slowdown"], rows) + "</section>")
+    return ("<section><h2>What would fit</h2><p class='muted'>Each change checked by the analytic engine's fit rule "
+            "(required within capacity); slowdown = time per token per GPU against this setup's.</p>"
+            + _table(["change", "why", "needs", "step", "slowdown"], rows) + "</section>")
 
 
 def _breakdown(e: Estimate, traced: Estimate | None) -> str:
@@ -127,7 +129,7 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
                 + ([f"{fmt_bytes(traced.memory.peak)} ({PHASE_NAMES.get(traced.memory.peak_phase, traced.memory.peak_phase)})"]
                    if traced is not None else []))
     classes.append("peak")
-    for label, fld in ((RESERVED_LABEL, "reserved"), (DEVICE_TOTAL_LABEL, "device_total")):
+    for label, fld in ((REQUIRED_LABEL, "required"), (RESERVED_LABEL, "reserved"), (DEVICE_TOTAL_LABEL, "device_total")):
         mine, theirs = getattr(e.memory, fld), getattr(traced.memory, fld) if traced is not None else None
         if mine is not None or theirs is not None:
             rows.append([label, fmt_bytes(mine) if mine is not None else ""]

@@ -33,6 +33,8 @@ def estimate_dict(e: Estimate) -> dict:
         d["serving"] = e.detail["serving"]
     if e.time is not None:
         d["time"] = {k: v for k, v in asdict(e.time).items() if v is not None}
+    if e.fit is not None:  # the fit rule's verdict (analytic/fit_rule.py): required within capacity
+        d["fit"] = asdict(e.fit)
     return d
 
 

@@ -26,7 +26,7 @@ def candidate_dict(c: Candidate) -> dict:
         "setup": setup,
         "global_batch_tokens": s.tokens_per_step,
         "memory": {"peak": mem.peak, "peak_phase": mem.peak_phase, "reserved": mem.reserved,
-                   "device_total": mem.device_total, "capacity": c.capacity, "headroom": c.headroom,
+                   "device_total": mem.device_total, "required": mem.required, "capacity": c.capacity, "headroom": c.headroom,
                    "fits": c.estimate.time.fits, "weights": mem.weights, "gradients": mem.gradients, "optimizer_states": mem.optimizer_states,
                    "master_weights": mem.master_weights, "activations": mem.activations,
                    "temporaries": mem.temporaries, "phases": mem.phases},
@@ -123,9 +123,9 @@ def render(r: PlanResult, echo=print) -> None:
                  f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
-         f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges: "
-         f"device total <= GPU memory{f' - {q.reserve:g} GiB (--reserve)' if q.reserve else ''}, each plan's numbers "
-         "the estimate's; " + (
+         f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges "
+         f"(the fit rule: required <= GPU memory - the fixed overheads{f' - {q.reserve:g} GiB (--reserve)' if q.reserve else ''}), "
+         "each plan's numbers the estimate's; " + (
              f"compute at a flat {q.efficiency:.0%} of peak (--efficiency override)" if q.efficiency is not None else
              "compute: each kernel timed by the roofline (--efficiency N: a flat fraction of peak instead)"))
     for n in r.notes:

@@ -149,7 +149,7 @@ def _row(variant: str, value, e: Estimate | None, error: str | None) -> dict:
            "weights": m.weights, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
            "master_weights": m.master_weights, "activations": m.activations, "temporaries": m.temporaries,
            "kv_cache": m.kv_cache, "flops_step": e.flops.step, "reserved": m.reserved, "device_total": m.device_total,
-           "fits": None, "headroom": None, "step_seconds": None, "tokens_per_second": None}
+           "required": m.required, "fits": None, "headroom": None, "step_seconds": None, "tokens_per_second": None}
     if t is not None:
         row.update(fits=t.fits, headroom=t.headroom, step_seconds=t.step_seconds, tokens_per_second=t.tokens_per_second)
     return row

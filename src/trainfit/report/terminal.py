@@ -7,7 +7,7 @@ from rich.table import Table
 from ..analytic.terms import time_terms
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
-from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL
+from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL
 
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
                "prefill": "prefill", "decode": "decode", "generate": "generate", "score": "score",
@@ -84,6 +84,19 @@ def step_term_rows(e: Estimate) -> list[tuple[str, float, float]]:
     return [(k, v, v / st["step_seconds"]) for k, v in time_terms(st).items() if v > 0]
 
 
+def verdict(e: Estimate, numbers: bool = True) -> tuple[str, str] | None:
+    """(label, text) of the estimate's fit on its GPU: the fit rule's verdict (Estimate.fit), else the Timing's
+    (serving engines, measured runs); None without a GPU. numbers: with the required and capacity bytes."""
+    judged = e.fit or e.time
+    if judged is None:
+        return None
+    held = f" ({fmt_bytes(judged.gpu_memory)})" if judged.gpu_memory else ""
+    text = "[green]fits[/green]" if judged.fits else "[red]does not fit[/red]"
+    if e.fit is not None and numbers:
+        text += f" (required {fmt_bytes(e.fit.required)} of capacity {fmt_bytes(e.fit.capacity)})"
+    return f"on {judged.gpu}{held}", f"{text}, headroom {fmt_bytes(judged.headroom)}"
+
+
 def budget_line(tm) -> str:
     power = f" at {tm.average_power_watts:,.0f} W per GPU" if tm.average_power_watts else ""
     return f"{tm.gpu_hours:,.0f} GPU-h · ${tm.cost_usd:,.0f} · {tm.energy_kwh:,.0f} kWh{power}"
@@ -104,6 +117,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
     if (e.detail or {}).get("host_memory"):  # offloaded states or activations: pinned host memory, not the GPU's
         t.add_row("host memory (offloaded)", fmt_bytes(e.detail["host_memory"]))
+    if m.required is not None:  # what the fit is judged on: the peak + the fragmentation no OOM retry releases
+        t.add_row(REQUIRED_LABEL, fmt_bytes(m.required))
     if m.reserved is not None:  # not a component of the peak: allocated + what the allocator keeps cached
         t.add_row(RESERVED_LABEL, fmt_bytes(m.reserved))
     if m.device_total is not None:
@@ -128,10 +143,10 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         c.add_row("prefill FLOPs", fmt_count(f.forward, "FLOP"))
         c.add_row("forward FLOPs per token", fmt_count(f.per_token, "FLOP"))
     tm = e.time
+    judged = verdict(e)
+    if judged is not None:
+        c.add_row(*judged)
     if tm is not None:
-        verdict = "[green]fits[/green]" if tm.fits else "[red]does not fit[/red]"
-        held = f" ({fmt_bytes(tm.gpu_memory)})" if tm.gpu_memory else ""
-        c.add_row(f"on {tm.gpu}{held}", f"{verdict}, headroom {fmt_bytes(tm.headroom)}")
         if e.setup.mode == "rl":
             c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
             for name, secs in (e.detail or {}).get("rl", {}).get("phase_seconds", {}).items():
@@ -185,6 +200,16 @@ def render_side_by_side(estimates: list[Estimate], console: Console | None = Non
                for i, v in enumerate(vals)]
         t.add_row(fld.replace("_", " "), *row)
     t.add_row("peak phase", *[e.memory.peak_phase.replace("_", " ") for e in estimates])
+    for label, fld in ((REQUIRED_LABEL, "required"), (RESERVED_LABEL, "reserved"), (DEVICE_TOTAL_LABEL, "device_total")):
+        vals = [getattr(e.memory, fld) for e in estimates]
+        if any(v is not None for v in vals):
+            t.add_row(label, *[fmt_bytes(v) if v is not None else "—" for v in vals])
+    judged = [verdict(e, numbers=False) for e in estimates]
+    if any(judged):
+        caps = [e.fit.capacity if e.fit is not None else None for e in estimates]
+        if any(v is not None for v in caps):
+            t.add_row("capacity (fit rule)", *[fmt_bytes(v) if v is not None else "—" for v in caps])
+        t.add_row(next(j[0] for j in judged if j), *[j[1] if j else "—" for j in judged])
     if reference is not None:
         t.caption = f"(×) = ratio to {labels[reference]}"
     console.print(t)

@@ -67,8 +67,8 @@ def knobs(s: Setup) -> list[Knob]:
 class Suggestion:
     flags: str  # the CLI flags that apply it
     why: str
-    device_total: int  # bytes the GPU holds under it
-    gpu_memory: int
+    required: int  # what the step's tensors need from the allocator under it (the fit rule: Estimate.fit)
+    capacity: int  # what they may take on the GPU (GPU memory - --reserve - fixed overheads)
     step_seconds: float
     tokens_per_second: float  # the whole job's
     gpus: int
@@ -77,12 +77,12 @@ class Suggestion:
     knobs: frozenset = field(default=frozenset(), repr=False, compare=False)
 
     def line(self) -> str:
-        return (f"{self.flags} ({self.why}; {fmt_bytes(self.device_total)} of {fmt_bytes(self.gpu_memory)}, "
+        return (f"{self.flags} ({self.why}; needs {fmt_bytes(self.required)} of {fmt_bytes(self.capacity)}, "
                 f"{self.slowdown:.2f}x the time per token per GPU)")
 
     def as_dict(self) -> dict:
-        return {"flags": self.flags, "why": self.why, "device_total": self.device_total,
-                "gpu_memory": self.gpu_memory, "step_seconds": self.step_seconds,
+        return {"flags": self.flags, "why": self.why, "required": self.required,
+                "capacity": self.capacity, "step_seconds": self.step_seconds,
                 "tokens_per_second": self.tokens_per_second, "gpus": self.gpus, "slowdown": self.slowdown}
 
 
@@ -123,8 +123,7 @@ class _Judge:
             return None
         per_gpu = e.time.tokens_per_second / s.world_size
         slowdown = self.per_gpu / per_gpu if self.per_gpu and per_gpu else float("nan")
-        return Suggestion(flags, why, int(e.memory.device_total or e.memory.peak), e.time.gpu_memory,
-                          e.time.step_seconds, e.time.tokens_per_second, s.world_size, slowdown, s, knobs)
+        return Suggestion(flags, why, e.fit.required, e.fit.capacity, e.time.step_seconds, e.time.tokens_per_second, s.world_size, slowdown, s, knobs)
 
 
 def _largest(lo: int, hi: int, ok) -> int:
@@ -207,7 +206,7 @@ def _ranked(found: list[Suggestion]) -> list[Suggestion]:
     kept: list[Suggestion] = []
     for x in found:
         if any(k.knobs and k.knobs < x.knobs and k.slowdown <= x.slowdown for k in kept) or any(
-                (k.device_total, k.step_seconds, k.gpus) == (x.device_total, x.step_seconds, x.gpus) for k in kept):
+                (k.required, k.step_seconds, k.gpus) == (x.required, x.step_seconds, x.gpus) for k in kept):
             continue
         kept.append(x)
     return kept

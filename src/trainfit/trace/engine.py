@@ -68,25 +68,37 @@ def grad_bytes(model: torch.nn.Module) -> int:
     return sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def replay_of(rec, setup: Setup, alloc_conf: str | None):
-    """The caching-allocator replay of the traced step (trainfit.alloc.replay.Replay); None for CPU runs (no
-    caching allocator there)."""
-    if setup.device != "cuda":
-        return None
-    from ..alloc.replay import replay
+def replay_args(rec, setup: Setup) -> dict:
+    """The traced step as alloc.replay's replay and least_capacity take it: records, start, end and the lazy states.
+    torch.optim makes its states in the first optimizer.step() (adam.py _init_group), which the measured process's
+    warm-up step runs after its backward; the stacks that use it (hf, torchtitan) replay them there. NB: DeepSpeed's
+    ZeRO makes them at initialize (stage_1_and_2.py initialize_optimizer_states): kept resident."""
     from .recorder import OPTIMIZER_STATE
 
-    # torch.optim makes its states in the first optimizer.step() (adam.py _init_group), which the measured
-    # process's warm-up step runs after its backward; the stacks that use it (hf, torchtitan) replay them there.
-    # NB: DeepSpeed's ZeRO makes them at initialize (stage_1_and_2.py initialize_optimizer_states): kept resident.
     lazy_at = None
     if setup.mode in ("train", "rl") and setup.stack in ("hf", "torchtitan"):
         lazy_at = next((e for e, name in rec.phase_marks if name == "optimizer" and e >= rec.step_start), None)
-    return replay(rec.records, rec.step_start, alloc_conf, end=rec.stop,
-                  lazy=lambda r: r.cat == OPTIMIZER_STATE, lazy_at=lazy_at)
+    return dict(records=rec.records, start=rec.step_start, end=rec.stop, lazy=lambda r: r.cat == OPTIMIZER_STATE,
+                lazy_at=lazy_at)
 
 
-def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory:
+def replay_of(rec, setup: Setup, alloc_conf: str | None):
+    """The caching-allocator replay of the traced step (trainfit.alloc.replay.Replay), with `required`: the least
+    capacity at which the simulator serves every request (least_capacity: its OOM path releases the free cached
+    segments and retries, as c10's malloc does), what the fit is judged on. None for CPU runs (no caching
+    allocator there)."""
+    if setup.device != "cuda":
+        return None
+    from dataclasses import replace
+
+    from ..alloc.replay import least_capacity, replay
+
+    step = replay_args(rec, setup)
+    free = replay(conf=alloc_conf, **step)
+    return replace(free, required=least_capacity(conf=alloc_conf, unconstrained=free, **step))
+
+
+def _memory(an: Analysis, gradients: int, replayed=None) -> Memory:
     at = an.at_peak
     return Memory(
         weights=an.baseline.get("parameter", 0),
@@ -100,7 +112,8 @@ def _memory(an: Analysis, gradients: int, reserved: int | None = None) -> Memory
         peak_phase=an.peak_phase,
         phases=dict(an.phases),
         at_peak=as_categories(at),
-        reserved=reserved,
+        reserved=replayed and replayed.reserved,
+        required=replayed and replayed.required,
     )
 
 
@@ -125,8 +138,8 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_
         detail["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
     notes = tuple(notes) + tuple(kernel_detail(detail, [rec]))
     return Estimate(engine="trace", model=name, params=n, params_per_rank=n, setup=setup,
-                    memory=_memory(an, grad_bytes(model) if setup.mode in TRAINING else 0,
-                                   replayed and replayed.reserved), flops=_flops(rec, tokens),
+                    memory=_memory(an, grad_bytes(model) if setup.mode in TRAINING else 0, replayed),
+                    flops=_flops(rec, tokens),
                     notes=tuple(notes), detail=detail)
 
 
@@ -151,7 +164,10 @@ NOTES = (
 
 RESERVED_NOTE = ("reserved: the step's allocations and frees replayed through a simulation of the CUDA caching "
                  "allocator (trainfit.alloc), each on the stream it is made on (FSDP2's all-gather and reduce-scatter "
-                 "streams keep their own cached blocks); NB frees are immediate (no record_stream delays)")
+                 "streams keep their own cached blocks); NB frees are immediate (no record_stream delays). required: "
+                 "the least capacity at which that replay serves every request, its OOM path releasing the free "
+                 "cached segments and retrying as c10's malloc does (alloc/replay.py least_capacity): the fit is "
+                 "judged on it, reserved is what an unconstrained run caches")
 
 
 def device_notes(setup: Setup) -> list[str]:

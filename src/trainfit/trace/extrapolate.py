@@ -180,7 +180,7 @@ def _linear(vals: list[int], n: int) -> int | None:
     return vals[0] + (n - TRACED[0]) * d
 
 
-def _reserved(replays: list, n: int, peak: int) -> int | None:
+def _reserved(replays: list, n: int, peak: int, key: str = "reserved") -> int | None:
     """The fallback when depth_records.py cannot write the full depth's records (a structure it does not know):
     reserved of the full depth from the traced depths' allocator replays (alloc/replay.py Replay): the
     extrapolated peak plus the cache beyond it, `overhead` = reserved - max allocated of a replay, grown at its
@@ -195,17 +195,17 @@ def _reserved(replays: list, n: int, peak: int) -> int | None:
     measured on an H200 (bench/results/cuda-H200-2026-11-27.json): within 5.5 % (the smaller increment, as
     before, read up to 12 % low; the full-depth replays are within 3.3 %). NB: segment steps make the overhead
     noisy from depth to depth (llama-3.2-1b foreach: 0.62, 1.98, 1.30 GB), so either way it errs by a segment or
-    two per traced depth; never below the extrapolated peak."""
+    two per traced depth; never below the extrapolated peak. key: "required" extrapolates the replays' least
+    capacity (alloc/replay.py least_capacity) the same way."""
     if replays[-1] is None:
         return None
-    over = [r.reserved - r.allocated for r in replays]
+    over = [getattr(r, key) - r.allocated for r in replays]
     rate = (over[-1] - over[0]) / (TRACED[-1] - TRACED[0])
     return int(peak + max(0, over[-1] + (n - TRACED[-1]) * rate))
 
 
-def _full_depth_reserved(rec, split: _Split, period: int, n: int, peak: int, setup: Setup,
-                         alloc_conf: str | None) -> int | None:
-    """Reserved from the allocator's replay of the full depth's records, written down from the deepest trace
+def _full_depth_replay(rec, split: _Split, period: int, n: int, peak: int, setup: Setup, alloc_conf: str | None):
+    """The allocator's replay (reserved, required) of the full depth's records, written down from the deepest trace
     (depth_records.py); None off CUDA, or when they cannot be written or do not reach the extrapolated peak exactly
     (the caller falls back to `_reserved`'s line)."""
     from .depth_records import full_depth_stream, step_peak
@@ -216,7 +216,7 @@ def _full_depth_reserved(rec, split: _Split, period: int, n: int, peak: int, set
     stream = full_depth_stream(rec, split.prefix, period, TRACED[-1], n)
     if stream is None or step_peak(stream) != peak:
         return None
-    return replay_of(stream, setup, alloc_conf).reserved
+    return replay_of(stream, setup, alloc_conf)
 
 
 def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min_periods: int = MIN_PERIODS,
@@ -277,17 +277,20 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
             peak, peak_key, peak_vec = vec[0], key, vec
     cats = {CATEGORIES[i]: v for i, v in enumerate(peak_vec[1:]) if v}
     base = {CATEGORIES[i]: v for i, v in enumerate(baseline_vec[1:]) if v}
-    reserved = _full_depth_reserved(runs[-1][1], runs[-1][4], p, n_target, peak, setup, alloc_conf)
-    reserved_from = "full-depth records" if reserved is not None else "line through the traced depths"
-    if reserved is None:
-        reserved = _reserved([replay_of(r[1], setup, alloc_conf) for r in runs], n_target, peak)
+    full = _full_depth_replay(runs[-1][1], runs[-1][4], p, n_target, peak, setup, alloc_conf)
+    reserved_from = "full-depth records" if full is not None else "line through the traced depths"
+    if full is not None:
+        reserved, required = full.reserved, full.required
+    else:
+        replays = [replay_of(r[1], setup, alloc_conf) for r in runs]
+        reserved, required = (_reserved(replays, n_target, peak, k) for k in ("reserved", "required"))
     memory = Memory(
         # HF models train every parameter, and each .grad has its parameter's dtype (see engine.grad_bytes)
         weights=base.get("parameter", 0), gradients=base.get("parameter", 0),
         optimizer_states=cats.get("optimizer_state", 0), master_weights=base.get("master_weight", 0),
         activations=acts, temporaries=cats.get("temporary", 0), kv_cache=cats.get("kv_cache", 0),
         peak=peak, peak_phase=TRAIN_PHASES[peak_key[1]], phases=phase_max, at_peak=as_categories(cats),
-        reserved=reserved,
+        reserved=reserved, required=required,
     )
     tokens = setup.batch * setup.seq * setup.grad_accum
     if flops:

@@ -134,12 +134,14 @@ def view(e: Estimate) -> dict:
                "peak_phase": PHASE_NAMES.get(m.peak_phase, m.peak_phase), "params_text": fmt_count(e.params),
                "fits": None, "gpu": None}
     if t is not None:
-        # the verdict is the engine's: device total + --reserve <= GPU memory (analytic/engine.py); the page shows
-        # the device total it was judged on beside it
+        # the verdict is the engine's fit rule (analytic/fit_rule.py): required <= capacity; the page shows the
+        # numbers it was judged on beside it (a serving engine's: its device total of the GPU's memory)
+        f = e.fit
+        judged = (f"required {fmt_bytes(f.required)} of capacity {fmt_bytes(f.capacity)}" if f is not None else
+                  f"device total {fmt_bytes(m.device_total)} of {fmt_bytes(t.gpu_memory)}"
+                  if m.device_total is not None and t.gpu_memory else None)
         summary.update(fits=t.fits, gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom),
-                       device_total=m.device_total, gpu_memory=t.gpu_memory,
-                       judged_text=(f"device total {fmt_bytes(m.device_total)} of {fmt_bytes(t.gpu_memory)}"
-                                    if m.device_total is not None and t.gpu_memory else None))
+                       device_total=m.device_total, gpu_memory=t.gpu_memory, judged_text=judged)
         if e.setup.mode == "train":
             summary.update(time_text=f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "
                                      f"{fmt_count(t.tokens_per_second)} tokens/s")
@@ -163,9 +165,9 @@ def view(e: Estimate) -> dict:
 
 def held_rows(e: Estimate) -> dict:
     """What the GPU holds, allocated -> reserved -> device total (issue 13): the rows the page's "held" table
-    shows (the estimate's own numbers, formatted) and the one sentence the reports use. The fit is judged on the
-    device total (time.fits), so the page shows the number the verdict reads."""
-    from ..report.held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence, overhead_label
+    shows (the estimate's own numbers, formatted) and the one sentence the reports use. The fit is judged on
+    required (Estimate.fit), shown first."""
+    from ..report.held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, held_sentence, overhead_label
     from ..units import fmt_bytes
 
     m = e.memory
@@ -173,7 +175,10 @@ def held_rows(e: Estimate) -> dict:
     def row(key: str, name: str, v: int | None) -> dict:
         return {"key": key, "name": name, "bytes": v, "text": fmt_bytes(v) if v is not None else None}
 
-    rows = [row("peak", "peak (allocated)", m.peak), row("reserved", RESERVED_LABEL, m.reserved)]
+    rows = [row("peak", "peak (allocated)", m.peak)]
+    if m.required is not None:
+        rows.append(row("required", REQUIRED_LABEL, m.required))
+    rows.append(row("reserved", RESERVED_LABEL, m.reserved))
     rows += [row(f"overhead:{k}", "+ " + overhead_label(k), v) for k, v in m.overheads.items()]
     rows.append(row("device_total", DEVICE_TOTAL_LABEL, m.device_total))
     return {"rows": rows, "sentence": held_sentence(device_total=m.device_total is not None)}

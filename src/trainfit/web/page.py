@@ -4,7 +4,7 @@ The page posts the form to /api/view on every change and draws what comes back: 
 table and a stacked bar chart of memory at each phase (an inline SVG built here from the server's bars).
 Element ids used by the end-to-end test: #batch (and every knob by its name), #peak (data-bytes holds the
 peak in bytes), #verdict, #error, #status; the "held" table (allocated peak -> reserved -> overheads -> device
-total, issue 13) has #reserved and #device-total (data-bytes: the API's memory.reserved / memory.device_total) and
+total, issue 13) has #required, #reserved and #device-total (data-bytes: the API's memory.required / .reserved / .device_total) and
 its labels and sentence come from trainfit.report.held, as in the CLI table and the reports.
 
 The knob inputs and the JavaScript's list of knobs are generated from trainfit.setup.SETTINGS (knob_fieldsets),
@@ -13,7 +13,7 @@ so a new setting appears on the page with its help as a tooltip, its default and
 import html
 import json
 
-from ..report.held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
+from ..report.held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, held_sentence
 from ..setup import SETTINGS, TRAIN_PRECISIONS, INFER_PRECISIONS, Setting
 
 # Which fieldset each setting sits in (a setting not named here lands in "More").
@@ -144,6 +144,7 @@ button:disabled { opacity:.6; cursor:wait; }
       <div><table id="rows"></table>
         <table id="held" style="margin-top:10px">
           <tbody><tr><td>peak (allocated)</td><td id="held-peak">–</td></tr>
+            <tr><td>@@REQUIRED_LABEL@@</td><td id="required" data-bytes="">–</td></tr>
             <tr><td>@@RESERVED_LABEL@@</td><td id="reserved" data-bytes="">–</td></tr></tbody>
           <tbody id="overheads"></tbody>
           <tbody><tr class="peak"><td>@@DEVICE_TOTAL_LABEL@@</td><td id="device-total" data-bytes="">–</td></tr></tbody>
@@ -240,7 +241,7 @@ function render(v) {
 function renderHeld(h) {  // allocated -> reserved -> overheads -> device total, as the server formatted them
   const by = new Map(h.rows.map(r => [r.key, r]));
   const put = (id, r) => { $(id).textContent = r && r.text !== null ? r.text : "pick a GPU"; $(id).dataset.bytes = r && r.bytes !== null ? String(r.bytes) : ""; };
-  put("held-peak", by.get("peak")); put("reserved", by.get("reserved")); put("device-total", by.get("device_total"));
+  put("held-peak", by.get("peak")); put("required", by.get("required")); put("reserved", by.get("reserved")); put("device-total", by.get("device_total"));
   $("overheads").innerHTML = h.rows.filter(r => r.key.startsWith("overhead:")).map(r =>
     `<tr class="phase"><td>${esc(r.name)}</td><td>${esc(r.text)}</td></tr>`).join("");
   $("held-note").textContent = h.sentence;
@@ -343,7 +344,7 @@ init().catch(err => showError("could not load the catalogs: " + err));
 """
 
 PAGE = (_TEMPLATE.replace("@@KNOB_FIELDSETS@@", knob_fieldsets())
-        .replace("@@RESERVED_LABEL@@", html.escape(RESERVED_LABEL)).replace("@@DEVICE_TOTAL_LABEL@@", html.escape(DEVICE_TOTAL_LABEL))
+        .replace("@@REQUIRED_LABEL@@", html.escape(REQUIRED_LABEL)).replace("@@RESERVED_LABEL@@", html.escape(RESERVED_LABEL)).replace("@@DEVICE_TOTAL_LABEL@@", html.escape(DEVICE_TOTAL_LABEL))
         .replace("@@HELD_SENTENCE@@", html.escape(held_sentence()))
         .replace("@@SETTINGS_JSON@@", settings_json())
         .replace("@@PRECISIONS_JSON@@", json.dumps({"train": list(TRAIN_PRECISIONS), "infer": list(INFER_PRECISIONS)})))
