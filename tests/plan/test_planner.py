@@ -207,12 +207,14 @@ def test_torchrun_command(l8b):
 
 def test_fixed_tp_and_pp_constrain_the_search_before_the_top(l8b, cli):
     """--tp/--pp are search constraints: only such plans are ranked, so --top 1 shows the best of them; a --tp the
-    model's heads or a node cannot take is one line, exit 2 (not an empty table)."""
+    model's heads or a node cannot take, or a --pp its layers cannot, is one line, exit 2 (not an empty table)."""
     gpu = get_gpu("H100-80GB")
     r = search(l8b, gpu, PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, tp=4, pp=2, top=1))
     assert [(c.setup.tp, c.setup.pp) for c in r.candidates] == [(4, 2)]
     for args, words in ((("--gpus", "24", "--tp", "3"), "--tp 3 does not divide the 32 attention heads"),
-                        (("--gpus", "16", "--tp", "16"), "--tp 16: tensor parallelism stays inside a node")):
+                        (("--gpus", "16", "--tp", "16"), "--tp 16: tensor parallelism stays inside a node"),
+                        (("--gpus", "10", "--pp", "5"), "--pp 5 does not divide the 32 layers"),
+                        (("--gpus", "40", "--pp", "40"), "--pp 40 exceeds the 32 layers")):
         code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", *args)
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
 

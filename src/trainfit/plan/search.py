@@ -208,14 +208,16 @@ class PlanResult:
 
 
 def check_fixed_axes(spec: ModelSpec, gpu: GPU, q: PlanQuery) -> None:
-    """A fixed --tp the model or the node cannot take is the user's error, said in one line (the estimate's own
-    layout check, analytic.engine.validate_layout), not an empty search."""
-    if q.tp is None:
-        return
-    validate_layout(spec, Setup(tp=q.tp))
-    if q.tp > gpu.gpus_per_node:
-        raise SetupError(f"--tp {q.tp}: tensor parallelism stays inside a node, of {gpu.gpus_per_node} "
-                         f"{gpu.name}s; use --tp {gpu.gpus_per_node} or less")
+    """A fixed --tp or --pp the model or the node cannot take is the user's error, said in one line (the estimate's
+    own layout check, analytic.layout.validate_layout), not an empty search."""
+    if q.tp is not None:
+        validate_layout(spec, Setup(tp=q.tp))
+        if q.tp > gpu.gpus_per_node:
+            raise SetupError(f"--tp {q.tp}: tensor parallelism stays inside a node, of {gpu.gpus_per_node} "
+                             f"{gpu.name}s; use --tp {gpu.gpus_per_node} or less")
+    if q.pp is not None and not layouts(spec, q.gpus, gpu.gpus_per_node, None, q.pp, None,
+                                        uneven="megatron" in q.stacks):
+        validate_layout(spec, Setup(pp=q.pp, grad_accum=q.pp))  # (Megatron's uneven splits are searched above)
 
 
 def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None) -> PlanResult:
