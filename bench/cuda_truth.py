@@ -284,15 +284,16 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
     t0 = time.perf_counter()
     try:
         an = estimate(spec, setup, gpu=gpu)
+        st = an.detail.step_time.as_dict() if an.detail.step_time else None
         row["analytic"] = {"peak": an.memory.peak, "phase": an.memory.peak_phase, "reserved": an.memory.reserved,
                            "decode_seconds": (setup.batch / an.time.decode_tokens_per_second
                                               if an.time and an.time.decode_tokens_per_second else None),
-                           "passes": {k: (an.detail or {}).get(k) for k in ("prefill", "decode")},
+                           "passes": analytic_passes(an),
                            "device_total": an.memory.device_total,
                            "step_seconds": an.time.step_seconds if an.time else None,
-                           "kinds": analytic_kinds((an.detail or {}).get("step_time") or {}, gpu),
+                           "kinds": analytic_kinds(st or {}, gpu),
                            "memory": _memory(an.memory),
-                           "step_time": (an.detail or {}).get("step_time")}
+                           "step_time": st}
     except Exception as e:  # a refusal is a result too (the analytic engine does not model every case)
         row["analytic"] = {"error": str(e).splitlines()[0]}
     try:
@@ -314,7 +315,7 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
             from trainfit.alloc.replay import segment_histogram
 
             row["measured"]["segments"] = segment_histogram(s["total_size"] for s in torch.cuda.memory_snapshot())
-            row["trace"]["segments"] = tr.detail.get("segments") if "error" not in row["trace"] else None
+            row["trace"]["segments"] = tr.detail.records.get("segments") if "error" not in row["trace"] else None
         if setup.mode == "train":
             prof = profile_kinds(spec, setup, device)
             row["measured"]["kinds"] = prof.pop("kinds")
@@ -366,8 +367,13 @@ def measured_kinds(measured: dict) -> dict | None:
     return out
 
 
+def analytic_passes(e) -> dict:
+    """An analytic inference estimate's passes timed op by op (its detail.prefill and detail.decode), as dicts."""
+    return {k: p.as_dict() if p else None for k, p in (("prefill", e.detail.prefill), ("decode", e.detail.decode))}
+
+
 def analytic_kinds(step: dict, gpu=None) -> dict[str, float] | None:
-    """An analytic step's kernel time (its detail["step_time"]: analytic/step_time.py compute_terms and the
+    """An analytic step's kernel time (its detail.step_time.as_dict(): analytic/step_time.py compute_terms and the
     optimizer) in the profile's kinds; None under the flat --mfu/--efficiency override (no terms). A profile sums
     kernel durations, which hold only part of each kernel's launch term (kernels.toml kernel_floor_seconds on
     `gpu`): that part of every launch is counted with the memory-bound rest, the gaps between kernels not at all.

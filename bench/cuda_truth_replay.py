@@ -22,7 +22,7 @@ from pathlib import Path
 def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
     # this folder's harness (bench/ scripts import each other by name)
-    from cuda_truth import analytic_kinds, measured_kinds, recorded_settings
+    from cuda_truth import analytic_kinds, analytic_passes, measured_kinds, recorded_settings
     from trainfit.analytic.engine import estimate
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
@@ -37,7 +37,7 @@ def replay(path: Path) -> list[dict]:
             continue
         spec = load_model(case["model"])
         e = estimate(spec, Setup(**{"device": "cuda", **recorded_settings(case["settings"])}), gpu=gpu)
-        st = (e.detail or {}).get("step_time") or {}
+        st = e.detail.step_time.as_dict() if e.detail.step_time else {}
         rows.append({"id": case["id"], "peak": own.get("peak") or m["peak"], "analytic_peak": e.memory.peak,
                      "step": m["step_seconds"], "analytic_step": e.time.step_seconds if e.time else None,
                      "host_issue": st.get("host_issue"),
@@ -47,7 +47,7 @@ def replay(path: Path) -> list[dict]:
                      "decode": m.get("decode_seconds"), "passes": m.get("passes"),
                      "analytic_decode": (e.setup.batch / e.time.decode_tokens_per_second
                                          if e.time and e.time.decode_tokens_per_second else None),
-                     "analytic_passes": {k: (e.detail or {}).get(k) for k in ("prefill", "decode")}})
+                     "analytic_passes": analytic_passes(e)})
     return rows
 
 

@@ -46,7 +46,7 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|"]
     for label, measured, kind, model, gpu, kw in CASES:
         e = trainfit.estimate(model, gpu=gpu, tokens=1e9, **kw)
-        st, tdp = e.detail["step_time"], get_gpu(gpu).power_watts
+        st, tdp = e.detail.step_time.as_dict(), get_gpu(gpu).power_watts
         p = e.time.average_power_watts
         lay = ", ".join(f"{k} {v}" for k, v in kw.items())
         lines.append(f"| {label} ({kind}) | {model} on {gpu}: {lay} | {busy_share(st):.2f} | {p:.0f} | {tdp} | "

@@ -75,7 +75,7 @@ def issue_table() -> None:
     for label, kw in rows:
         e = analytic(Request(model="qwen2.5-7b", **base, **kw))
         p = e.memory.phases
-        secs = e.detail["rl"]["phase_seconds"]
+        secs = e.detail.rl.phase_seconds
         cells = " | ".join(f"{p[k] / gib:.1f}" if k in p else "–"
                            for k in ("generate", "score", "forward_end", "backward", "optimizer_step"))
         print(f"| {label} | {cells} | {e.memory.peak / gib:.1f} GiB ({e.memory.peak_phase}) | "

@@ -285,9 +285,9 @@ RL_7B = dict(mode="rl", rl_algo="grpo", group_size=8, prompt_len=1024, completio
 
 def rl_rollouts():
     e = est("qwen2.5-7b", **RL_7B)
-    secs = e.detail["rl"]["phase_seconds"]
+    secs = e.detail.rl.phase_seconds
     share = secs["generate"] / sum(secs.values())
-    kv = e.detail["rl"]["kv_bytes_per_token"] * 8 * (1024 + 4096)
+    kv = e.detail.rl.rollout_records["kv_bytes_per_token"] * 8 * (1024 + 4096)
     return (f"qwen2.5-7b GRPO on one H100-80GB (8 completions of 4,096 tokens per 1,024-token prompt, bf16, "
             f"reference model, full recompute): generate {secs['generate']:.1f} s, score {secs['score']:.1f} s, "
             f"train {secs['train']:.1f} s per step ({share:.0%} generating); the rollout's KV cache "

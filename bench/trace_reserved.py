@@ -45,8 +45,8 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
             # with the workspaces, as bench/cuda_truth.py compares it (trace_spec's own reserved leaves them out)
             e = with_device_total(trace_spec(spec, setup, flops=False, extrapolate=depth == "extrapolated"), gpu)
             out[depth] = (e.memory.reserved - held) / own - 1
-            if "extrapolated_from_layers" in (e.detail or {}):
-                out["from"] = e.detail.get("reserved_from")
+            if "extrapolated_from_layers" in e.detail.records:
+                out["from"] = e.detail.records.get("reserved_from")
         yield out
 
 

@@ -199,7 +199,7 @@ def measure_ranks(spec: ModelSpec, setup: Setup, nproc: int, *, steps: int = 3, 
 
 def _measure_ranks(spec: ModelSpec, setup: Setup, steps: int, warmup: int, progress) -> Estimate:
     """A stack whose step needs its process group (DeepSpeed): `setup.dp` local torch.distributed.run ranks
-    (measure_ranks), the rank with the highest peak as the Estimate, every rank's peak in detail."""
+    (measure_ranks), the rank with the highest peak as the Estimate, every rank's peak in its records."""
     from dataclasses import replace
 
     if setup.device.split(":")[0] != "cpu":
@@ -207,7 +207,7 @@ def _measure_ranks(spec: ModelSpec, setup: Setup, steps: int, warmup: int, progr
                          "use --device cpu, or trainfit measure --nproc on a GPU node")
     per_rank, _ = measure_ranks(spec, setup, setup.dp, steps=steps, warmup=warmup, device="cpu", progress=progress)
     worst = max(per_rank, key=lambda e: e.memory.peak)
-    peaks = {e.detail["rank"]: e.memory.peak for e in per_rank}
+    peaks = {e.detail.records["rank"]: e.memory.peak for e in per_rank}
     note = (f"{setup.dp} {setup.stack} ranks (torch.distributed.run, gloo); the highest peak is rank "
-            f"{worst.detail['rank']}'s: " + ", ".join(f"rank {r} {p:,} B" for r, p in sorted(peaks.items())))
-    return replace(worst, notes=(*worst.notes, note), detail={**worst.detail, "rank_peaks": peaks})
+            f"{worst.detail.records['rank']}'s: " + ", ".join(f"rank {r} {p:,} B" for r, p in sorted(peaks.items())))
+    return replace(worst, notes=(*worst.notes, note), detail=worst.detail.with_records(rank_peaks=peaks))

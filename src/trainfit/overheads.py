@@ -270,9 +270,9 @@ def with_device_total(est, gpu: GPU | None):
     if gpu is None or m.reserved is None:
         return est
     reserved, device_total, beside, _ = device_memory(m.reserved, gpu, est.setup)
-    paged = (est.detail or {}).get("paged_optimizer_states", 0)
+    paged = est.detail.paged_optimizer_states
     if paged:
         device_total, evicted = with_paged(device_total, beside, paged, gpu)
         if evicted:
-            est = replace(est, detail={**est.detail, "host_memory": est.detail.get("host_memory", 0) + evicted})
+            est = replace(est, detail=replace(est.detail, host_memory=(est.detail.host_memory or 0) + evicted))
     return replace(est, memory=replace(m, reserved=reserved, device_total=device_total, overheads=beside))

@@ -17,7 +17,7 @@ def test_checkpointed_inputs_go_to_the_host():
     spec = api.load_spec("llama-3.2-3b")
     per_layer = 2 * 2 * 4096 * spec.hidden  # one bf16 checkpoint input: batch × seq × hidden
     host = (spec.layers - 2) * per_layer  # 28 layers, 2 on the device
-    assert off.detail["host_memory"] == host
+    assert off.detail.host_memory == host
     assert kept.memory.activations - off.memory.activations == host
     # calibration C1 publishes 23.1 -> 21.8 GiB for this step (1.3 GiB); the hand count is 1.22 GiB
     assert host / 2**30 == pytest.approx(1.3, rel=0.07)
@@ -52,7 +52,7 @@ def test_host_copies_hide_behind_compute_unless_they_outgrow_it():
         setup = req.setup(spec)
         e = api.analytic(req)
         st = layout_step_time(spec, setup, api.gpu_of(req))
-        moved = 2 * e.detail["host_memory"] / link
+        moved = 2 * e.detail.host_memory / link
         if recompute == "full":
             assert st.host_copies == 0
         else:

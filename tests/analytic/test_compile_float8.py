@@ -85,8 +85,8 @@ def test_fp8_all_gather_halves_the_gathered_projection_weights(llama8b):
     per_block = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
     assert per_block == 218_103_808
     by_hand = 2 * (per_block * (2 - 1) - 7 * 4)
-    base = estimate(llama8b, c2(compile=True)).detail["zero3_gathered_params"]
-    fp8 = estimate(llama8b, c2(compile=True, float8=True)).detail["zero3_gathered_params"]
+    base = estimate(llama8b, c2(compile=True)).detail.records["zero3_gathered_params"]
+    fp8 = estimate(llama8b, c2(compile=True, float8=True)).detail.records["zero3_gathered_params"]
     assert base - fp8 == by_hand
     # without FSDP sharding torchtitan does not enable the fp8 all-gather (float8.py:87-90)
     assert float8.gathered_saving(llama8b, Setup(stack="torchtitan", float8=True), None) == 0

@@ -40,8 +40,8 @@ def test_communication_heavy_layout_draws_less_than_tdp():
     (At 4,096 tokens the exposed share was 0.508, and 0.495 once the op lists counted every kernel the step
     launches: not the premise this test needs.)"""
     e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", dp=8, tp=2, batch=1, seq=2048, tokens=1e12)
-    t, st = e.time, e.detail["step_time"]
-    assert st["dp_comm"] > 0.5 * st["step_seconds"]  # the premise: communication-heavy
+    t, st = e.time, e.detail.step_time
+    assert st.dp_comm > 0.5 * st.step_seconds  # the premise: communication-heavy
     # at most half the step busy: P < 142 + (700 − 142) × 0.5 = 421 W (H100: TDP 700 W, P0 idle 142 W)
     assert t.energy_kwh < t.gpu_hours * 421 / 1000 < t.gpu_hours * 700 / 1000  # below GPU-hours × TDP
     assert t.average_power_watts > 142

@@ -166,7 +166,7 @@ def test_classifier_heads_change_flops_by_the_head_matmuls():
 
 def test_estimate_detail_names_the_head_and_labels():
     e = estimate(spec_from_config(dict(BERT, num_labels=7), "m"), Setup(batch=2, seq=64, head="token-cls"))
-    assert e.detail["head"] == "token-cls" and e.detail["num_labels"] == 7
+    assert e.detail.head == "token-cls" and e.detail.num_labels == 7
     assert e.params == count_params(spec_from_config(dict(BERT, num_labels=7), "m", head="token-cls")).total
 
 

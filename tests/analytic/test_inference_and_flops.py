@@ -66,7 +66,7 @@ def test_eager_decode_is_bound_by_the_weights_and_the_host():
     setup = Setup(mode="infer", precision="bf16", batch=1, seq=1024)
     e = estimate(spec, setup, gpu)
     assert e.time.decode_tokens_per_second < gpu.memory_bandwidth / e.memory.weights
-    assert e.detail["decode"]["host_bound"] and not e.detail["prefill"]["host_bound"]
+    assert e.detail.decode.host_bound and not e.detail.prefill.host_bound
     # --mfu keeps the flat model: the weights and the cache at 80 % of 3.35 TB/s per token ≈ 167 tokens/s
     flat = estimate(spec, setup, gpu, mfu=0.4)
     assert flat.time.decode_tokens_per_second == pytest.approx(0.8 * 3.35e12 / (flat.memory.weights

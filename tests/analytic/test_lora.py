@@ -19,7 +19,7 @@ def test_llama_3_1_8b_rank_16_all_linear_trainable_params():
     assert per_layer == 16 * (8192 + 5120 + 5120 + 8192 + 18432 + 18432 + 18432) == 1_310_720
     assert layers * per_layer == 41_943_040
     est = estimate(load_model("llama-3.1-8b"), Setup(lora_rank=16))
-    assert est.detail["params_trainable"] == 41_943_040
+    assert est.detail.params_trainable == 41_943_040
 
 
 def test_lora_model_states_from_first_principles():

@@ -34,14 +34,14 @@ def test_paged_bytes_match_the_models_tensors(name, optimizer, bytes_per_state):
     est = estimate(load_model(name), Setup(precision="bf16", optimizer=optimizer, seq=512))
     want = _paged_by_hand(name, bytes_per_state)
     # NB: the analytic engine takes the small tensors' (norms, biases) share of the parameters from the layer shape
-    assert est.detail["paged_optimizer_states"] == pytest.approx(want, rel=1e-3)
+    assert est.detail.paged_optimizer_states == pytest.approx(want, rel=1e-3)
 
 
 def test_paged_states_leave_the_allocated_peak():
     """Same step, non-paged vs paged 8-bit AdamW: the allocated peak drops by the paged bytes, exactly."""
     spec = load_model("llama-3.2-1b")
     plain, paged = (estimate(spec, Setup(precision="bf16", seq=512, optimizer=o)) for o in ("adamw-8bit", "paged-adamw-8bit"))
-    assert plain.memory.peak - paged.memory.peak == pytest.approx(paged.detail["paged_optimizer_states"], abs=1)
+    assert plain.memory.peak - paged.memory.peak == pytest.approx(paged.detail.paged_optimizer_states, abs=1)
 
 
 def test_torchtune_8b_full_finetune_on_a_4090_fits():
@@ -57,8 +57,8 @@ def test_torchtune_8b_full_finetune_on_a_4090_fits():
     est = estimate(spec, setup, gpu=gpu)
     assert est.time.fits
     assert est.memory.peak / 2**30 == pytest.approx(18.9, rel=0.10)
-    evicted = est.detail["host_memory"]
-    assert 0 < evicted < est.detail["paged_optimizer_states"]
+    evicted = est.detail.host_memory
+    assert 0 < evicted < est.detail.paged_optimizer_states
     assert est.memory.device_total <= gpu.memory
 
 
@@ -72,5 +72,5 @@ def test_trace_keeps_paged_states_beside_the_allocator():
     spec = load_model("qwen2.5-0.5b")
     setup = Setup(precision="bf16", seq=64, optimizer="paged-adamw-8bit", recompute="full")
     traced = trace_spec(spec, setup)
-    assert traced.detail["paged_optimizer_states"] == _paged_by_hand("qwen2.5-0.5b", 1)
+    assert traced.detail.paged_optimizer_states == _paged_by_hand("qwen2.5-0.5b", 1)
     assert estimate(spec, setup).memory.peak == pytest.approx(traced.memory.peak, rel=0.02)

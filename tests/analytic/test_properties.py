@@ -54,7 +54,7 @@ def test_recompute_lowers_activations(name, kw):
     # activations small), recomputation adds that layer's checkpointed input and re-run output to the same high
     # point. The trace engine shows it: mixtral-8x7b, fp32, SGD, eager, 4096 tokens on CPU peaks at 379.91 GB
     # without recompute and 379.98 GB with it (the analytic engine: 379.98 / 379.98).
-    assert e1.memory.peak <= e0.memory.peak + e0.detail["activation_per_layer"]
+    assert e1.memory.peak <= e0.memory.peak + e0.detail.records["activation_per_layer"]
 
 
 @settings(max_examples=40, deadline=None)

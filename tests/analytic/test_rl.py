@@ -34,7 +34,7 @@ def test_7b_grpo_kv_cache_and_weights_by_hand():
     # generation's own transient (one layer's prefill activations, the last-position logits): under 2 %
     resident = 2 * PARAMS * 2 + 2 * PARAMS * 2 + kv
     assert 0 < m.phases["generate"] - resident < 0.02 * m.phases["generate"]
-    assert e.detail["rl"]["micro_batch"] == 1 and e.detail["rl"]["completions"] == 8
+    assert e.detail.rl.micro_batch == 1 and e.detail.rl.completions == 8
 
 
 def test_7b_grpo_phases_and_peak():
@@ -52,7 +52,7 @@ def test_7b_grpo_phases_and_peak():
     assert "score" not in e0.memory.phases
     assert e.memory.weights - e0.memory.weights == PARAMS * 4  # amp-bf16: fp32 weights (TRL's default dtype)
     # time: generation is decode-bound (4096 steps), the largest phase here
-    secs = e.detail["rl"]["phase_seconds"]
+    secs = e.detail.rl.phase_seconds
     assert secs["generate"] > secs["train"] > 0 and e.time.step_seconds == pytest.approx(sum(secs.values()))
 
 
@@ -60,7 +60,7 @@ def test_vllm_rollout_holds_its_fraction_through_every_phase():
     hf = analytic(Request(model="qwen2.5-7b", grad_accum=8, recompute="full", **ISSUE))
     v = analytic(Request(model="qwen2.5-7b", grad_accum=8, recompute="full", rollout="vllm",
                          vllm_gpu_memory_utilization=0.3, **ISSUE))
-    engine = v.detail["rl"]["engine"]
+    engine = v.detail.rl.engine
     # the engine's budget: 0.3 of the GPU's memory, less its rounding into whole KV blocks
     assert 0.28 * v.time.gpu_memory < engine <= 0.3 * v.time.gpu_memory
     # the training phases carry it beside the same policy step (and the policy's old log-probs are kept)
@@ -72,8 +72,8 @@ def test_ppo_critic_step_and_reward_model():
     e = analytic(Request(model="qwen2.5-7b", rl_algo="ppo", critic_model="qwen2.5-0.5b",
                          reward_model="qwen2.5-0.5b", grad_accum=8, recompute="full",
                          **{k: v for k, v in ISSUE.items() if k != "rl_algo"}))
-    assert "critic_step" in e.memory.phases and e.detail["rl"]["scored_by"] == ["policy", "reward", "critic"]
-    assert e.detail["rl"]["models"] == {"policy": "qwen2.5-7b", "reward": "qwen2.5-0.5b", "critic": "qwen2.5-0.5b"}
+    assert "critic_step" in e.memory.phases and e.detail.rl.scored_by == ["policy", "reward", "critic"]
+    assert e.detail.rl.models == {"policy": "qwen2.5-7b", "reward": "qwen2.5-0.5b", "critic": "qwen2.5-0.5b"}
 
 
 
@@ -85,7 +85,7 @@ def test_reward_model_in_its_checkpoint_dtype_with_one_output():
     layer = (h * h + h) + 2 * (h * kv * d + kv * d) + h * h + 3 * h * mlp + 2 * h
     params = layers * layer + vocab * h + h + h * 1
     e = analytic(Request(model="qwen2.5-7b", reward_model="qwen2.5-1.5b", **ISSUE))
-    assert e.detail["rl"]["resident"]["reward"] == params * 2
+    assert e.detail.rl.resident["reward"] == params * 2
 
 
 @pytest.mark.parametrize("kw, words", [

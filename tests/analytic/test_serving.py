@@ -86,9 +86,9 @@ def test_published_start_up_logs(i, bench_script):
 
 def test_json_reports_the_engines_numbers():
     est = estimate(load_model("llama-3.1-8b"), _serve(max_model_len=8192), gpu=get_gpu("H100-80GB"))
-    sv = est.detail["serving"]
-    assert sv["kv_tokens"] == sv["kv_blocks"] * 16  # 8192 is a whole number of blocks
-    assert sv["max_concurrent_sequences"] == pytest.approx(sv["kv_tokens"] / 8192, abs=0.01)
+    sv = est.detail.serving
+    assert sv.kv_tokens == sv.kv_blocks * 16  # 8192 is a whole number of blocks
+    assert sv.max_concurrent_sequences == pytest.approx(sv.kv_tokens / 8192, abs=0.01)
     assert est.time.fits and est.memory.device_total <= get_gpu("H100-80GB").memory
 
 
@@ -116,14 +116,14 @@ def test_emit_vllm_uses_vllms_flags(kw):
     spec = load_model("llama-3.1-70b")
     setup = _serve(**kw)
     est = estimate(spec, setup, gpu=get_gpu("H100-80GB"))
-    argv = shlex.split(vllm_command(spec, setup, est.detail["serving"]))
+    argv = shlex.split(vllm_command(spec, setup, est.detail.serving))
     assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-70B"]
     flags = [a for a in argv[3:] if a.startswith("--")]
     assert set(flags) <= set(VLLM_FLAGS)
     for flag, allowed in VLLM_CHOICES.items():
         if flag in argv:
             assert argv[argv.index(flag) + 1] in allowed
-    assert argv[argv.index("--max-num-seqs") + 1] == str(est.detail["serving"]["max_num_seqs"])
+    assert argv[argv.index("--max-num-seqs") + 1] == str(est.detail.serving.knobs["max_num_seqs"])
 
 
 def test_a_draft_models_weights_and_kv_share_the_pool():

@@ -155,7 +155,7 @@ def _emit(kw):
     spec = load_model("llama-3.1-8b")
     setup = _sgl(**kw)
     est = estimate(spec, setup, gpu=get_gpu("H100-80GB"))
-    return est, shlex.split(sglang_command(spec, setup, est.detail["serving"]))
+    return est, shlex.split(sglang_command(spec, setup, est.detail.serving))
 
 
 @pytest.mark.parametrize("kw", EMIT_CASES)
@@ -166,7 +166,7 @@ def test_emit_sglang_uses_sglangs_flags(kw):
     for flag, allowed in SGLANG_CHOICES.items():
         if flag in argv:
             assert argv[argv.index(flag) + 1] in allowed
-    assert float(argv[argv.index("--mem-fraction-static") + 1]) == est.detail["serving"]["mem_fraction_static"]
+    assert float(argv[argv.index("--mem-fraction-static") + 1]) == est.detail.serving.knobs["mem_fraction_static"]
 
 
 @pytest.mark.parametrize("kw", EMIT_CASES)
@@ -181,8 +181,8 @@ def test_emit_sglang_parses_with_sglangs_own_parser(kw):
     ServerArgs.add_cli_args(parser)
     est, argv = _emit(kw)
     ns = parser.parse_args(argv[3:])
-    sv = est.detail["serving"]
-    assert ns.mem_fraction_static == sv["mem_fraction_static"] and ns.context_length == sv["context_length"]
+    sv = est.detail.serving
+    assert ns.mem_fraction_static == sv.knobs["mem_fraction_static"] and ns.context_length == sv.max_model_len
     assert ns.tp_size == kw.get("tp", 1)
 
 

@@ -58,10 +58,10 @@ def hand_op_sac_stored(residual_bytes: int) -> int:
 def test_op_sac_stores_every_second_matmul_and_the_attention_output(small):
     # FSDP2 mixed precision (dp 2, ZeRO-3): bf16 residual stream
     e = estimate(small, tt(recompute="op", dp=2, zero=3))
-    assert e.detail["activation_per_layer"] == hand_op_sac_stored(BF16) == (512 + 2688 + 544) * T
+    assert e.detail.records["activation_per_layer"] == hand_op_sac_stored(BF16) == (512 + 2688 + 544) * T
     # without FSDP torchtitan runs torch.autocast: the residual stream (the block input) stays fp32
     e1 = estimate(small, tt(recompute="op"))
-    assert e1.detail["activation_per_layer"] == hand_op_sac_stored(FP32)
+    assert e1.detail.records["activation_per_layer"] == hand_op_sac_stored(FP32)
 
 
 def test_selective_means_op_for_torchtitan(small):
@@ -87,7 +87,7 @@ def test_layer_n_checkpoints_every_nth_block(small):
     assert layer1.memory == full.memory  # every block's count is a multiple of 1
     assert layer9.memory == none.memory  # no block of 2 reaches count 9
     # layer:2 on 2 blocks: the second block (count 2) is checkpointed whole, the first saves everything
-    per_none, per_full = none.detail["activation_per_layer"], full.detail["activation_per_layer"]
+    per_none, per_full = none.detail.records["activation_per_layer"], full.detail.records["activation_per_layer"]
     assert layer2.memory.activations - none.memory.activations == per_full - per_none
     assert layer2.flops.recompute == full.flops.recompute / 2
 
@@ -97,9 +97,9 @@ def test_norm_saved_bytes_follow_the_stack_norm_fact(small):
     # hf: LlamaRMSNorm keeps the fp32 input, rsqrt (one fp32 per token) and the normalised tensor (here fp32: the
     # residual stream is fp32 under autocast); torchtitan: aten._fused_rms_norm keeps the input and rstd
     # (derivatives.yaml `_fused_rms_norm`: input, result1). Two norms per block.
-    hf = estimate(small, Setup(batch=BATCH, seq=SEQ)).detail["activation_terms_per_token"]["norms"]
-    titan = estimate(small, tt()).detail["activation_terms_per_token"]["norms"]
-    titan_fsdp = estimate(small, tt(dp=2, zero=3)).detail["activation_terms_per_token"]["norms"]
+    hf = estimate(small, Setup(batch=BATCH, seq=SEQ)).detail.records["activation_terms_per_token"]["norms"]
+    titan = estimate(small, tt()).detail.records["activation_terms_per_token"]["norms"]
+    titan_fsdp = estimate(small, tt(dp=2, zero=3)).detail.records["activation_terms_per_token"]["norms"]
     assert hf == 2 * (FP32 * H + FP32 + FP32 * H)
     assert titan == 2 * (FP32 * H + FP32)
     assert titan_fsdp == 2 * (BF16 * H + FP32)  # FSDP2: bf16 residual stream
@@ -117,8 +117,8 @@ def test_fsdp2_keeps_fp32_shards_and_no_autocast_casts(small):
     assert e.params == n
     # sharded fp32 parameters, fp32 gradients and AdamW's two fp32 states (ZeRO-3: 16Ψ/dp)
     assert (m.weights, m.gradients, m.optimizer_states) == (FP32 * n / 2, FP32 * n / 2, 2 * FP32 * n / 2)
-    assert e.detail["autocast_weight_copies_per_layer"] == 0  # compute runs on the gathered bf16 copies
-    assert estimate(small, tt()).detail["autocast_weight_copies_per_layer"] > 0  # one GPU: torch.autocast
+    assert e.detail.records["autocast_weight_copies_per_layer"] == 0  # compute runs on the gathered bf16 copies
+    assert estimate(small, tt()).detail.records["autocast_weight_copies_per_layer"] > 0  # one GPU: torch.autocast
 
 
 def test_fsdp2_gathers_groups_in_bf16(small):
@@ -128,10 +128,10 @@ def test_fsdp2_gathers_groups_in_bf16(small):
     m = e.memory
     head_group = H + VOCAB * H
     resident = m.weights + m.optimizer_states
-    assert m.phases["forward_end"] - resident - m.activations - e.detail["logits_buffers"] == BF16 * head_group
+    assert m.phases["forward_end"] - resident - m.activations - e.detail.records["logits_buffers"] == BF16 * head_group
     # in the last block's backward: that block's bf16 parameters and the next one's prefetched all-gather output
     # (2 bytes × the largest group's params × 2 groups alive), beside [norm, output]'s fp32 reduce-scatter input
-    assert e.detail["zero3_gathered_params"] == BF16 * block_params() * 2 + FP32 * head_group
+    assert e.detail.records["zero3_gathered_params"] == BF16 * block_params() * 2 + FP32 * head_group
 
 
 def test_fsdp2_zero2_keeps_every_group_unsharded_to_its_backward(small):
@@ -141,7 +141,7 @@ def test_fsdp2_zero2_keeps_every_group_unsharded_to_its_backward(small):
     n = e.params
     resident = m.weights + m.optimizer_states
     assert m.weights == FP32 * n / 2  # FSDP shards the parameters for --zero 2 too
-    assert m.phases["forward_end"] - resident - m.activations - e.detail["logits_buffers"] == BF16 * n
+    assert m.phases["forward_end"] - resident - m.activations - e.detail.records["logits_buffers"] == BF16 * n
 
 
 def test_torchtitan_labels_are_given_shifted(small):
@@ -173,7 +173,7 @@ def test_llama3_8b_fsdp8_op_sac_is_below_the_published_max_reserved():
     tokens, h, q, kv, ffn, heads, vocab = 2 * 8192, 4096, 4096, 1024, 14336, 32, 128256
     stored = (BF16 * (h + q + kv + ffn + h) + BF16 * q + FP32 * heads) * tokens
     floor = 16 * e.params / 8 + 32 * stored + FP32 * vocab * tokens
-    assert e.detail["activation_per_layer"] == stored
+    assert e.detail.records["activation_per_layer"] == stored
     assert floor < m.peak
 
 
@@ -183,9 +183,9 @@ def test_torchtitan_fp32_attention_takes_the_math_path(small):
     # runs the memory-efficient kernel for fp32 (no s×s tensor) -- unless k/v have fewer heads: transformers passes
     # enable_gqa=True, which that kernel does not take (sdp_utils.cpp), so GQA fp32 takes the math path too
     # (measured on an H200: llama-3.2-1b fp32 kept its s×s probabilities)
-    titan = estimate(small, tt(precision="fp32")).detail["attention_scores_per_layer"]
-    hf = estimate(small, Setup(batch=BATCH, seq=SEQ, precision="fp32")).detail["attention_scores_per_layer"]
+    titan = estimate(small, tt(precision="fp32")).detail.records["attention_scores_per_layer"]
+    hf = estimate(small, Setup(batch=BATCH, seq=SEQ, precision="fp32")).detail.records["attention_scores_per_layer"]
     mha = replace(small, kv_heads=HEADS)
-    hf_mha = estimate(mha, Setup(batch=BATCH, seq=SEQ, precision="fp32")).detail["attention_scores_per_layer"]
+    hf_mha = estimate(mha, Setup(batch=BATCH, seq=SEQ, precision="fp32")).detail.records["attention_scores_per_layer"]
     assert KV_HEADS < HEADS and hf == titan == FP32 * HEADS * T * SEQ
     assert hf_mha == 0

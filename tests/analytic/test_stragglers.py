@@ -43,9 +43,9 @@ def test_compute_spread_is_the_h200_runs_coefficient_of_variation():
 def test_straggler_term_by_hand():
     """One GPU: no straggler. Eight: the GEMMs and attention take sigma x E[max of 8] longer, E[max of 8] = 1.4236
     (Harter 1961), sigma = 0.034 (+0.7 % for Blom's approximation)."""
-    one = trainfit.estimate("llama-3.2-1b", gpu="H100-80GB", batch=2, seq=2048).detail["step_time"]
-    assert one["straggler"] == 0.0
-    st = trainfit.estimate("llama-3.2-1b", gpu="H100-80GB", batch=2, seq=2048, dp=8).detail["step_time"]
+    one = trainfit.estimate("llama-3.2-1b", gpu="H100-80GB", batch=2, seq=2048).detail.step_time
+    assert one.straggler == 0.0
+    st = trainfit.estimate("llama-3.2-1b", gpu="H100-80GB", batch=2, seq=2048, dp=8).detail.step_time.as_dict()
     matmul = st["compute_terms"]["gemm"] + st["compute_terms"]["attention"]
     assert st["straggler"] / matmul == pytest.approx(0.034 * 1.4236, rel=0.01)
     assert st["step_seconds"] == pytest.approx(sum(v for k, v in st.items() if k in (

@@ -14,8 +14,8 @@ def test_tf32_runs_the_gemms_at_the_tensor_core_rate():
     # pythia-1b: no GQA, so fp32 attention is the fused memory-efficient kernel and the gemm term is the projections
     # alone (a GQA model's fp32 attention takes SDPA's math path, whose batched GEMMs are bound by their bytes)
     spec, gpu = load_model("pythia-1b"), get_gpu("H100-80GB")
-    off = estimate(spec, Setup(batch=4, seq=2048, precision="fp32"), gpu).detail["step_time"]["compute_terms"]["gemm"]
-    on = estimate(spec, Setup(batch=4, seq=2048, precision="fp32", tf32=True), gpu).detail["step_time"]["compute_terms"]["gemm"]
+    off = estimate(spec, Setup(batch=4, seq=2048, precision="fp32"), gpu).detail.step_time.compute_terms["gemm"]
+    on = estimate(spec, Setup(batch=4, seq=2048, precision="fp32", tf32=True), gpu).detail.step_time.compute_terms["gemm"]
     # the datasheet ratio of the two peaks (gpus.json: 494.7 / 66.9 = 7.4), less what wave quantisation and the
     # small GEMMs' memory time keep equal in both
     ratio = gpu.peak_flops["tf32"] / gpu.peak_flops["fp32"]

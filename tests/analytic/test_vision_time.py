@@ -53,7 +53,7 @@ def _estimate(**kw):
 @pytest.mark.parametrize("model", ["resnet-50", "convnext-tiny", "vit-b-16"])
 def test_step_is_the_sum_of_its_terms(model):
     e = _estimate(model=model, batch=16)
-    st = e.detail["step_time"]
+    st = e.detail.step_time.as_dict()
     assert set(st) == set(StepTime.__dataclass_fields__)
     assert st["step_seconds"] == pytest.approx(sum(time_terms(st).values()), rel=1e-12)
     assert st["compute"] == pytest.approx(sum(st["compute_terms"].values()), rel=1e-12)
@@ -64,7 +64,7 @@ def test_step_is_the_sum_of_its_terms(model):
 
 def test_mfu_stays_an_override():
     e = _estimate(mfu=0.5)
-    assert "step_time" not in e.detail and e.time.mfu == 0.5
+    assert e.detail.step_time is None and e.time.mfu == 0.5
 
 
 # NVIDIA DeepLearningExamples' ResNet-50 v1.5 1-GPU rows (bench/vision_time_published.py, BENCHMARKS.md §21), out of

@@ -39,7 +39,7 @@ def test_kernel_time_by_kind_of_the_larger_steps(case):
     from cuda_truth import analytic_kinds, measured_kinds
 
     measured = measured_kinds(CASES[case]["measured"])
-    predicted = analytic_kinds(_estimate(case).detail["step_time"], get_gpu("H200"))
+    predicted = analytic_kinds(_estimate(case).detail.step_time.as_dict(), get_gpu("H200"))
     for kind, tol in (("gemm", 0.10), ("attention", 0.10), ("optimizer", 0.10), ("other", 0.20)):
         assert abs(predicted[kind] / measured[kind] - 1) <= tol, (kind, predicted[kind], measured[kind])
 
@@ -54,7 +54,7 @@ def test_prefill_op_by_op_and_a_host_bound_decode(case):
     assert dec["kernel_seconds"] < 0.25 * dec["wall_seconds"]
     e = _estimate(case)
     assert abs(e.time.prefill_seconds / m["step_seconds"] - 1) <= 0.12, (e.time.prefill_seconds, m["step_seconds"])
-    assert e.detail["decode"]["host_bound"]
+    assert e.detail.decode.host_bound
     decode = e.setup.batch / e.time.decode_tokens_per_second
     assert abs(decode / m["decode_seconds"] - 1) <= 0.30, (decode, m["decode_seconds"])
 

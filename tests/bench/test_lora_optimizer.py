@@ -74,7 +74,7 @@ def _kinds(case: dict) -> tuple[float, float]:
 
     e = estimate(load_model(case["model"]), Setup(**{"device": "cuda", **recorded_settings(case["settings"])}),
                  gpu=get_gpu("H200"))
-    return analytic_kinds(e.detail["step_time"], get_gpu("H200"))["optimizer"], measured_kinds(case["measured"])["optimizer"]
+    return analytic_kinds(e.detail.step_time.as_dict(), get_gpu("H200"))["optimizer"], measured_kinds(case["measured"])["optimizer"]
 
 
 def test_lora_and_qlora_optimizer_inside_the_real_steps():

@@ -580,7 +580,7 @@ def test_attention_beside_int8_gemms_runs_in_fp16():
 
     runs = {(p, a): estimate("llama-3.2-1b", mode="infer", precision=p, attention=a, seq=4096, gpu="T4").detail
             for p in ("fp16", "int8") for a in ("eager", "sdpa")}
-    assert runs["int8", "eager"]["prefill"]["kernels"] == runs["fp16", "eager"]["prefill"]["kernels"]
-    eager_over_sdpa = {p: runs[p, "eager"]["prefill"]["gpu_seconds"] - runs[p, "sdpa"]["prefill"]["gpu_seconds"]
+    assert runs["int8", "eager"].prefill.kernels == runs["fp16", "eager"].prefill.kernels
+    eager_over_sdpa = {p: runs[p, "eager"].prefill.gpu_seconds - runs[p, "sdpa"].prefill.gpu_seconds
                        for p in ("fp16", "int8")}
     assert eager_over_sdpa["int8"] == pytest.approx(eager_over_sdpa["fp16"], rel=1e-9, abs=1e-9)

@@ -13,7 +13,7 @@ from trainfit.analytic import compute_time
 from trainfit.api import Request, load_spec
 from trainfit.hardware import get_gpu
 from trainfit.plan.search import PlanQuery, search
-from trainfit.report.json_out import dumps, estimate_dict
+from trainfit.report.json_out import dumps
 from trainfit.setup import Setup
 
 GPU = "H100-80GB"
@@ -161,4 +161,4 @@ def test_fit_sweep_report_and_web_answer_the_estimate():
     m, t = web["memory"], web["time"]
     assert_same(verdict(t["step_seconds"], t["tokens_per_second"], m["peak"], m["reserved"], m["device_total"],
                         m["required"], t["headroom"], t["fits"]), want, "web")
-    assert web == json.loads(dumps(estimate_dict(trainfit.estimate(model, gpu=GPU, reserve=RESERVE, **LAYOUT))))
+    assert web == json.loads(dumps(trainfit.estimate(model, gpu=GPU, reserve=RESERVE, **LAYOUT).to_dict()))

@@ -11,6 +11,7 @@ pytest.importorskip("matplotlib")
 
 from trainfit import api  # noqa: E402
 from trainfit.errors import TrainfitError  # noqa: E402
+from trainfit.estimate import Detail  # noqa: E402
 from trainfit.hardware import get_gpu  # noqa: E402
 from trainfit.report import plots  # noqa: E402
 from trainfit.report.sweep import run_sweep  # noqa: E402
@@ -48,7 +49,8 @@ def traced_like(timeline: list[dict], mode: str = "train"):
                               at_peak=dict(peak_pt["bytes"]))
     top = [{"bytes": 40 * MiB, "category": "temporaries", "module": "optimizer.exp_avg_sq", "shape": [10], "dtype": "float32",
             "born": "optimizer_step"}]
-    return dataclasses.replace(e, engine="trace", memory=mem, detail={"timeline": timeline, "top_tensors": top})
+    return dataclasses.replace(e, engine="trace", memory=mem,
+                               detail=Detail(records={"timeline": timeline, "top_tensors": top}))
 
 
 @pytest.mark.parametrize("ext", ["png", "svg"])

@@ -39,7 +39,7 @@ def test_plan_times_the_leanest_plan_when_nothing_fits(cli):
 def test_html_bar_has_one_rect_per_term_with_its_share():
     e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", dp=4, tp=2, pp=2, grad_accum=4)
     html = time_section(e)
-    st = e.detail["step_time"]
+    st = e.detail.step_time.as_dict()
     rects = re.findall(r"<rect class='term' data-term='(\w+)' x='[\d.]+' y='0' width='([\d.]+)'", html)
     terms = [k for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm",
                          "optimizer", "host_copies", "host_issue", "straggler") if st[k] > 0]

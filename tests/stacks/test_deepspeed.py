@@ -54,7 +54,7 @@ def test_zero2_states_match_deepspeeds_estimator():
         off = train_memory(spec, _setup(zero=2, dp=dp, offload="optimizer"))
         _, gpu_off = ds.estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=dp, cpu_offload=True)
         assert off.weights + off.master + off.optimizer == pytest.approx(gpu_off, rel=1e-6)
-        assert off.detail["host_memory"] > 0
+        assert off.host_memory > 0
 
 
 def test_offload_needs_zero():

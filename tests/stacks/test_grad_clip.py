@@ -134,10 +134,10 @@ def test_the_analytic_optimizer_time_adds_the_clip_passes():
     launches = 2 * math.ceil((params / 65536 + tensors / 2) / 320) + 8
     assert launches == 128
     expected = 3 * 4 * params / bandwidth + launches * kn.launch_seconds
-    st_on, st_off = on.detail["step_time"], off.detail["step_time"]
-    added = st_on["optimizer"] - st_off["optimizer"]
+    st_on, st_off = on.detail.step_time, off.detail.step_time
+    added = st_on.optimizer - st_off.optimizer
     assert expected < added < expected * 1.002, (added, expected)
-    assert st_on["kernels"] - st_off["kernels"] == launches
+    assert st_on.kernels - st_off.kernels == launches
     assert on.memory.peak == off.memory.peak  # a few scalars: no memory term
 
 

@@ -75,8 +75,8 @@ def test_analytic_gathers_in_bf16_and_keeps_no_weight_casts():
     root = 2 * 1000 * 128 + 128
     # a layer's backward: its own copy and the prefetched next one's, beside the root's (FSDP2 keeps the root
     # unsharded from its forward to its backward), all in bf16
-    assert e.detail["zero3_gathered_params"] == 2 * (2 * layer + root)
-    assert e.detail["autocast_weight_copies_per_layer"] == 0
+    assert e.detail.records["zero3_gathered_params"] == 2 * (2 * layer + root)
+    assert e.detail.records["autocast_weight_copies_per_layer"] == 0
 
 
 @pytest.mark.slow

@@ -111,7 +111,7 @@ def test_grad_accumulation_matches_real_cpu_step():
 # -- what per-op SAC saves, by hand ---------------------------------------------------------------------------
 def _per_layer(est, i: int) -> int:
     """Activation bytes the trace attributes to block i (the module that produced each saved tensor)."""
-    return sum(v for k, v in est.detail["activations_by_module"].items() if k == f"layers.{i}"
+    return sum(v for k, v in est.detail.records["activations_by_module"].items() if k == f"layers.{i}"
                or k.startswith(f"layers.{i}."))
 
 

@@ -40,7 +40,7 @@ def test_full_depth_records_replay_as_the_full_trace(family, kw):
     setup = Setup(device="cuda", batch=2, seq=256, **{"precision": "amp-bf16", **kw})
     full = trace_spec(_spec(family), setup, flops=False, extrapolate=False)
     extra = trace_extrapolated(_spec(family), setup, flops=False, min_periods=1)
-    assert extra.detail["reserved_from"] == "full-depth records"
+    assert extra.detail.records["reserved_from"] == "full-depth records"
     assert extra.memory.peak == full.memory.peak
     assert extra.memory.reserved == full.memory.reserved
     assert full.memory.reserved > full.memory.peak  # the cache beyond the peak is there to get right
@@ -49,4 +49,4 @@ def test_full_depth_records_replay_as_the_full_trace(family, kw):
 def test_off_cuda_there_is_no_reserved_to_write():
     setup = Setup(device="cpu", batch=2, seq=64, precision="amp-bf16")
     extra = trace_extrapolated(_spec("llama", 8), setup, flops=False, min_periods=1)
-    assert extra.memory.reserved is None and "reserved_from" not in extra.detail
+    assert extra.memory.reserved is None and "reserved_from" not in extra.detail.records

@@ -45,7 +45,7 @@ def test_extrapolation_equals_full_trace(family, precision, recompute, optimizer
     full = trace_spec(spec, setup, extrapolate=False)
     extra = trace_extrapolated(spec, setup, min_periods=1)
     _same(extra, full)
-    assert extra.detail["extrapolated_from_layers"][0] == (6 if family == "gemma2" else 3)
+    assert extra.detail.records["extrapolated_from_layers"][0] == (6 if family == "gemma2" else 3)
 
 
 @pytest.mark.slow
@@ -59,7 +59,7 @@ def test_extrapolation_equals_full_trace_llama2_7b():
     setup = Setup(batch=1, seq=4096, precision="amp-bf16", optimizer="adamw", device="cpu")
     full = trace_spec(spec, setup, extrapolate=False)
     extra = trace_spec(spec, setup)
-    assert "extrapolated_from_layers" in extra.detail
+    assert "extrapolated_from_layers" in extra.detail.records
     _same(extra, full)
 
 
@@ -95,6 +95,6 @@ def test_llama_3_2_1b_amp_reserved_against_the_h200():
 
     spec, setup = resolve(Request(model="llama-3.2-1b", device="cuda", batch=2, seq=1024, precision="amp-bf16"))
     est = trace_extrapolated(spec, setup, flops=False)
-    assert est is not None and est.detail["reserved_from"] == "full-depth records"
+    assert est is not None and est.detail.records["reserved_from"] == "full-depth records"
     measured = H200_RESERVED[("llama-3.2-1b", "amp-bf16")] - 2 * 32 * 2**20
     assert abs(est.memory.reserved - measured) / measured < 0.01

@@ -109,7 +109,7 @@ def test_cuda_semantics_never_probe():
     rec = AllocationRecorder(round_cuda=True)
     assert rec.kernels is None and not rec.probed
     est = trace(torch.nn.Linear(16, 4), torch.randn(3, 16), Setup(batch=3, seq=1, precision="fp32", device="cuda"))
-    assert "cpu_isa" not in est.detail and "kernel_scratch" not in est.detail
+    assert "cpu_isa" not in est.detail.records and "kernel_scratch" not in est.detail.records
 
 
 class _Attention(torch.nn.Module):
@@ -126,8 +126,8 @@ def test_kernel_above_the_cap_is_named_in_a_note():
     x = torch.randn(1, 8, 1024, 64)  # 4*8*1024*64*1024 FLOPs forward: above the cap
     assert 4 * x.numel() * x.shape[-2] > ks.PROBE_MAX_FLOPS
     est = trace(_Attention(), x, Setup(batch=1, seq=1024, precision="fp32", device="cpu"))
-    assert est.detail["cpu_isa"]["capability"] == torch.backends.cpu.get_cpu_capability()
-    assert "_scaled_dot_product_flash_attention_for_cpu.default" in est.detail["kernel_scratch"]["unprobed"]
+    assert est.detail.records["cpu_isa"]["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert "_scaled_dot_product_flash_attention_for_cpu.default" in est.detail.records["kernel_scratch"]["unprobed"]
     assert any(n.startswith("NB: internal scratch not measured") and "under-read" in n for n in est.notes)
 
 

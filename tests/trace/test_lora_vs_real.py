@@ -59,7 +59,7 @@ def test_lora_trace_equals_real_and_analytic_follows(precision, kw):
     base = traced.params - n
     assert traced.memory.weights == an.memory.weights == (2 if precision == "bf16" else 4) * base + 4 * n
     assert abs(traced.memory.optimizer_states - 8 * n) <= 512  # the recorder counts AdamW's step scalars too
-    assert an.detail["params_trainable"] == n
+    assert an.detail.params_trainable == n
 
 
 def test_frozen_base_and_trainable_adapters():

@@ -66,7 +66,7 @@ def test_trace_peak_equals_real_peak(family, precision, recompute, optimizer, gr
     traced = trace_spec(spec, setup)
     real = measure(spec, setup, steps=0)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
-    assert traced.detail["cpu_isa"] == cpu_isa()  # the trace says which CPU's kernels it emulated
+    assert traced.detail.records["cpu_isa"] == cpu_isa()  # the trace says which CPU's kernels it emulated
     # The parts a real run also reports exactly.
     assert traced.memory.weights + traced.memory.at_peak.get("buffers", 0) == real.weights
     assert traced.memory.optimizer_states == real.optimizer_states
@@ -90,7 +90,7 @@ def test_categories_at_peak_add_up_and_activations_match_real():
     # one micro-batch there are none besides the activations.
     assert abs(m.activations - real.activations) <= 0.005 * real.activations
     assert m.phases["backward"] == m.peak
-    assert traced.detail["top_tensors"][0]["bytes"] >= traced.detail["top_tensors"][-1]["bytes"]
+    assert traced.detail.records["top_tensors"][0]["bytes"] >= traced.detail.records["top_tensors"][-1]["bytes"]
 
 
 def test_linear_forward_flops_match_hand_derivation():
@@ -104,7 +104,7 @@ def test_linear_forward_flops_match_hand_derivation():
     assert est.flops.forward == fwd
     assert est.flops.backward == 2 * fwd - 2 * batch * dims[0] * dims[1]
     assert est.flops.recompute == 0
-    assert est.detail["flops_by_module"] == {"0": 2 * batch * 32 * 64, "1": 2 * batch * 64 * 16}
+    assert est.detail.records["flops_by_module"] == {"0": 2 * batch * 32 * 64, "1": 2 * batch * 64 * 16}
 
 
 def test_flops_match_flop_counter_mode_on_a_real_step():
@@ -223,7 +223,7 @@ def test_convolution_scratch_is_probed_and_the_trace_equals_real_step(precision)
     setup = Setup(batch=8, seq=1, precision=precision, device="cpu")
     traced, real = _user_module_peaks(_CNN, torch.randn(8, 3, 32, 32), torch.randn(8, 10), setup)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
-    assert not traced.detail["kernel_scratch"]["unprobed"]
+    assert not traced.detail.records["kernel_scratch"]["unprobed"]
 
 
 def test_data_dependent_op_is_a_one_line_engine_error():

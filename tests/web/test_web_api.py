@@ -13,7 +13,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from trainfit import api  # noqa: E402
-from trainfit.report.json_out import dumps, estimate_dict  # noqa: E402
+from trainfit.report.json_out import dumps  # noqa: E402
 from trainfit.web.app import create_app  # noqa: E402
 
 
@@ -23,7 +23,7 @@ def client():
 
 
 def same_as_cli(req: api.Request) -> dict:
-    return json.loads(dumps(estimate_dict(api.analytic(req))))  # what `trainfit estimate --json` prints
+    return json.loads(dumps(api.analytic(req).to_dict()))  # what `trainfit estimate --json` prints
 
 
 @pytest.mark.parametrize("params", [
@@ -33,6 +33,9 @@ def same_as_cli(req: api.Request) -> dict:
     {"model": "mistral-7b", "mode": "infer", "batch": 16, "seq": 8192, "precision": "int8", "gpu": "L4"},
     {"model": "qwen2.5-7b", "optimizer": "sgd", "precision": "bf16-master", "device": "cpu", "mfu": 0.3,
      "tokens": 1e12, "price": 2.5, "gpu": "A100-80GB", "sequence_parallel": "false"},
+    {"model": "llama-3.1-8b", "mode": "serve", "server": "sglang", "draft_model": "llama-3.2-1b", "gpu": "H100-80GB"},
+    {"model": "qwen2.5-1.5b", "mode": "rl", "batch": 2, "rollout": "vllm", "beta": 0.04, "gpu": "H100-80GB"},
+    {"model": "convnext-tiny", "batch": 32, "gpu": "A100-80GB"},
 ])
 def test_estimate_is_exactly_the_cli_json(client, params):
     r = client.get("/api/estimate", params=params)

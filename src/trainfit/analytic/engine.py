@@ -4,7 +4,7 @@ from __future__ import annotations
 from .. import heads, overheads
 from ..models.hf_config import for_setup
 from ..errors import SetupError
-from ..estimate import PHASES, Estimate, Flops, Memory, Phase, Timing
+from ..estimate import PHASES, Detail, Estimate, Flops, Memory, PassTime, Phase, RLStep, Timing
 from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
@@ -50,7 +50,7 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     st = state_bytes(setup)
     tokens = setup.batch * setup.seq // setup.cp
     mlp = mlp_intermediate(spec, setup)
-    on_last_stage = setup.pp == 1 or mem.detail.get("stage") == setup.pp - 1
+    on_last_stage = setup.pp == 1 or mem.detail["stage"] == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
     if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
         logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
@@ -59,7 +59,7 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     later = tied
     if setup.stack in ("hf", "torchtitan"):
         fsdp = fsdp2_strategy(setup)
-        if mem.detail.get("stage", 0) == 0:
+        if mem.detail["stage"] == 0:
             later = max(later, table * int((st.reduce or st.grad) if fsdp else st.grad))
         if fsdp:
             later = max(later, int(layer_params(spec, pc or count_params(spec), setup) * (st.reduce or st.grad)))
@@ -140,10 +140,10 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
         return 0
     pc = pc or count_params(spec)
     st = state_bytes(setup)
-    t, stage = setup.tp, mem.detail.get("stage", 0)
+    t, stage = setup.tp, mem.detail["stage"]
     first, last = stage == 0, stage == setup.pp - 1
     lp = layer_params(spec, pc, setup)
-    layers = mem.detail.get("layers_on_rank", spec.layers)
+    layers = mem.detail["layers_on_rank"]
     head = (pc.final + pc.lm_head / t) * last
     if setup.stack == "torchtitan":
         kinds = {"embedding": pc.embedding / t * first, "layer": lp, "head": head}
@@ -233,28 +233,23 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     at = mem.at_peak
     needed = fit_rule.required(spec, setup, mem, pc)
     reserved, device_total, beside, held = overheads.device_memory(step_reserve(spec, setup, mem, pc), gpu, setup)
-    paged, evicted = mem.detail.get("paged_optimizer_states", 0), 0
+    paged, evicted, host = mem.paged_optimizer_states or 0, 0, mem.host_memory
     if paged and gpu is not None:  # unified memory: resident where the rest leaves room, else on the host
         device_total, evicted = overheads.with_paged(device_total, beside, paged, gpu, reserve)
         if evicted:
-            mem.detail["host_memory"] = mem.detail.get("host_memory", 0) + evicted
+            host = (host or 0) + evicted
     memory = Memory(
         weights=mem.weights, gradients=mem.gradients, optimizer_states=mem.optimizer, master_weights=mem.master,
         activations=mem.activations, temporaries=at.get("temporaries", 0) + mem.comm_buffers, kv_cache=0,
         peak=mem.peak, peak_phase=mem.peak_phase, phases=mem.phases, at_peak=at,
         reserved=reserved, device_total=device_total, overheads=beside, required=needed,
     )
-    timing = fit = None
-    detail = {"params_active": pc.active, "head": spec.task_head, **mem.detail}
-    if setup.lora_rank:  # peft's adapters join the model's parameters; only they train (analytic/lora.py)
-        detail["params_trainable"] = lora.adapter_params(spec, setup)
-    if spec.task_head in heads.CLASSIFIERS:
-        detail["num_labels"] = spec.num_labels
+    timing = fit = tm = None
     if gpu is not None:
         if mfu is None:
             tm = with_paged_migration(layout_step_time(spec, setup, gpu, pc=pc), evicted, gpu)
             secs, achieved = tm.step_seconds, tm.mfu
-            terms = detail["step_time"] = tm.as_dict()
+            terms = tm.as_dict()
         else:
             secs = step_seconds(flops.step, gpu, setup, mfu)
             achieved = mfu * flops.model_step / flops.step
@@ -298,7 +293,12 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         if setup.offload == "activations":  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")
-    return Estimate("analytic", spec.name, pc.total + detail.get("params_trainable", 0), mem.params,
+    # peft's adapters join the model's parameters; only they train (analytic/lora.py)
+    trainable = lora.adapter_params(spec, setup) if setup.lora_rank else None
+    detail = Detail(params_active=pc.active, params_trainable=trainable, head=spec.task_head,
+                    num_labels=spec.num_labels if spec.task_head in heads.CLASSIFIERS else None, host_memory=host,
+                    paged_optimizer_states=mem.paged_optimizer_states, step_time=tm, records=mem.detail)
+    return Estimate("analytic", spec.name, pc.total + (trainable or 0), mem.params,
                     setup, memory, flops, timing, tuple(notes), detail, fit)
 
 
@@ -326,7 +326,7 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                     phases=phases, reserved=reserved, device_total=device_total, overheads=beside, required=needed,
                     at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations, "temporaries": m.logits})
     flops = Flops(int(prefill_flops), 0, 0, int(prefill_flops), int(prefill_flops), int(fpt))
-    timing, fit, detail = None, None, {}
+    timing = fit = prefill = decode = None
     modelled = mfu is None
     if gpu is not None:
         fit = fit_rule.verdict(gpu, setup, needed, reserve)  # the largest batch and context: the same rule
@@ -334,11 +334,8 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
             pre, dec = infer_time.prefill_decode(spec, setup, gpu, pc)
             prefill_s, decode_s = pre.seconds, dec.seconds if dec else None
             mfu = prefill_flops / (prefill_s * gpu.flops_for(compute_dtype(setup)))
-            detail = {"prefill": {"gpu_seconds": pre.gpu.seconds, "kernels": pre.gpu.kernels,
-                                  "host_bound": pre.host_bound}}
-            if dec:
-                detail["decode"] = {"gpu_seconds": dec.gpu.seconds, "kernels": dec.gpu.kernels,
-                                    "host_bound": dec.host_bound}
+            prefill = PassTime(pre.gpu.seconds, pre.gpu.kernels, pre.host_bound)
+            decode = PassTime(dec.gpu.seconds, dec.gpu.kernels, dec.host_bound) if dec else None
         else:  # --mfu: a flat utilisation for the prefill; decode: the weights and the whole KV cache at `mbu`
             prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
             decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu) if spec.causal else None
@@ -354,9 +351,9 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     if gpu is not None:
         notes += [_fit_note(fit), overheads.describe(beside, held)]
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
-                    timing, tuple(notes), {"params_active": pc.active,
-                                           "kv_bytes_per_token": inference.kv_bytes_per_token(spec, setup), **detail},
-                    fit)
+                    timing, tuple(notes), Detail(params_active=pc.active,
+                                                 kv_bytes_per_token=inference.kv_bytes_per_token(spec, setup),
+                                                 prefill=prefill, decode=decode), fit)
 
 
 def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
@@ -451,7 +448,7 @@ def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graph
                     max_batch=concurrent, max_seq=max_seq)
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
-                    timing, tuple(notes), {"params_active": pc.active, "serving": sv.as_dict()})
+                    timing, tuple(notes), Detail(params_active=pc.active, serving=sv.sizing()))
 
 
 def _rl_at_peak(m: "rl.RLMemory") -> dict[str, int]:
@@ -554,12 +551,13 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                         gpu_memory=gpu.memory, prefill_seconds=seconds[Phase.GENERATE.value],
                         decode_tokens_per_second=sh.completions * sh.completion_len / seconds[Phase.GENERATE.value])
     models = {"policy": spec.name, **{o.role: o.spec.name for o in m.others}}
-    detail = {"params_active": pc.active, "rl": {
-        "algo": setup.rl_algo, "rollout": setup.rollout, "prompts": sh.prompts, "completions": sh.completions,
-        "micro_batch": sh.micro, "grad_accum": sh.accum, "prompt_len": sh.prompt_len,
-        "completion_len": sh.completion_len, "models": models, "scored_by": m.scored,
-        "resident": {"policy": m.policy_resident, **{o.role: o.resident for o in m.others}},
-        "rollout_buffers": m.buffers, "engine": m.rollout.engine, "phase_seconds": seconds, **m.rollout.detail}}
+    rl_step = RLStep(algo=setup.rl_algo, rollout=setup.rollout, prompts=sh.prompts, completions=sh.completions,
+                     micro_batch=sh.micro, grad_accum=sh.accum, prompt_len=sh.prompt_len,
+                     completion_len=sh.completion_len, models=models, scored_by=m.scored,
+                     resident={"policy": m.policy_resident, **{o.role: o.resident for o in m.others}},
+                     rollout_buffers=m.buffers, engine=m.rollout.engine, phase_seconds=seconds,
+                     serving=m.rollout.serving.sizing() if m.rollout.serving else None,
+                     rollout_records=m.rollout.records)
     notes = [f"--batch {setup.batch} prompts × --group-size {setup.group_size} = {sh.completions} completions "
              f"generated at once, trained in {sh.accum} micro-batch(es) of {sh.micro} (TRL's "
              f"per_device_train_batch_size={sh.micro}, gradient_accumulation_steps={sh.accum}, "
@@ -571,11 +569,11 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     if setup.beta == 0 and setup.rl_algo == "grpo":
         notes.append("--beta 0 (TRL's default): no reference model is loaded")
     if setup.rollout == "vllm":
-        sv = m.rollout.detail["serving"]
+        kv, kv_needed = m.rollout.serving.kv_tokens, m.rollout.records["kv_tokens_needed"]
         notes.append(f"colocated vLLM: {setup.vllm_gpu_memory_utilization} of the GPU held through every phase "
-                     f"(TRL's vllm_enable_sleep_mode off), KV pool {sv['kv_tokens']:,} tokens")
-        if sv["kv_tokens"] < m.rollout.detail["kv_tokens_needed"]:
-            notes.append(f"the KV pool holds {sv['kv_tokens']:,} of the {m.rollout.detail['kv_tokens_needed']:,} "
+                     f"(TRL's vllm_enable_sleep_mode off), KV pool {kv:,} tokens")
+        if kv < kv_needed:
+            notes.append(f"the KV pool holds {kv:,} of the {kv_needed:,} "
                          "tokens of all completions: vLLM preempts and runs them in waves (the decode time is a "
                          "lower bound); raise --vllm-gpu-memory-utilization")
     if gpu is not None:
@@ -585,4 +583,5 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
         notes.append(_fit_note(fit))
         notes.append(overheads.describe(beside, held, cached_block=True))
     params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)
-    return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail, fit)
+    return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes),
+                    Detail(params_active=pc.active, rl=rl_step), fit)

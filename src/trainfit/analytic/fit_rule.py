@@ -88,7 +88,7 @@ def segment_slack(spec: ModelSpec, setup: Setup, mem) -> int:
     st = state_bytes(setup)
     per = temporary_bytes(setup, st)
     kinds = [st.weight, st.master, st.grad if mem.at_peak.get("gradients", 0) else 0]
-    if not st.factored and not mem.detail.get("paged_optimizer_states"):  # paged: unified memory, not segments
+    if not st.factored and not mem.paged_optimizer_states:  # paged: unified memory, not segments
         kinds += [per] * round(st.optimizer / per)
     requests = [(int(n * b), c) for n, c in parameter_tensors(spec, setup) for b in kinds if b]
     return overheads.held_segments(requests) - sum(n * c for n, c in requests)
@@ -130,4 +130,4 @@ def with_fit(est, gpu: GPU | None, reserve: int = 0):
     needed = est.memory.required
     if gpu is None or needed is None:
         return est
-    return replace(est, fit=verdict(gpu, est.setup, needed, reserve, (est.detail or {}).get("paged_optimizer_states", 0)))
+    return replace(est, fit=verdict(gpu, est.setup, needed, reserve, est.detail.paged_optimizer_states or 0))

@@ -46,8 +46,10 @@ class TrainMemory:
     peak: int
     peak_phase: str
     at_peak: dict
-    detail: dict
+    detail: dict  # the peak stage's memory terms (Estimate.detail's records)
     params: int = 0  # parameters whose storage this rank owns (parallel/zero.py params_at_rest), count
+    host_memory: int | None = None  # bytes in host memory: ZeRO-Offload's states, offloaded activations
+    paged_optimizer_states: int | None = None  # bytes of bitsandbytes' paged states (CUDA unified memory)
 
 
 def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> TrainMemory:
@@ -202,14 +204,12 @@ def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes
         "optimizer_temporaries": int(step.optimizer_transient),
         "zero3_gathered_params": int(gathered if not fsdp2 else step.gathered_at["last_layer_backward"]),
     }
-    if paged:
-        detail["paged_optimizer_states"] = int(paged)
-    if ds:
-        detail["host_memory"] = int(ds.host)  # ZeRO-Offload's host bytes
+    host = int(ds.host) if ds else None  # ZeRO-Offload's host bytes
     if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
         every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
-        detail["host_memory"] = int(stage.in_flight * (every_layer - step.layers_saved))
+        host = int(stage.in_flight * (every_layer - step.layers_saved))
     if setup.lora_rank:  # the adapters are the rank's too (LoRA runs on one rank or DDP: lora_states)
         owned += n
     return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
-                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(owned))
+                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(owned), host,
+                       int(paged) if paged else None)

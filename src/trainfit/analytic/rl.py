@@ -172,7 +172,8 @@ class Rollout:
     kv_cache: int
     engine: int  # a colocated vLLM engine's memory, held through every phase (0 for HF)
     engine_weights: int
-    detail: dict
+    records: dict  # the rollout's own (Estimate.detail.rl's rollout_records)
+    serving: serving.Serving | None = None  # a colocated vLLM engine's sizing
 
 
 def hf_rollout(spec: ModelSpec, setup: Setup) -> Rollout:
@@ -207,8 +208,7 @@ def vllm_rollout(spec: ModelSpec, setup: Setup, gpu) -> Rollout:
     sv = serving.serve_memory(spec, vllm_setup(setup), gpu)
     engine = sv.weights + sv.activations + sv.cuda_graphs + sv.kv_pool
     sh = shape(setup)
-    return Rollout(0, sv.kv_pool, int(engine), sv.weights,
-                   {"serving": sv.as_dict(), "kv_tokens_needed": sh.completions * sh.seq})
+    return Rollout(0, sv.kv_pool, int(engine), sv.weights, {"kv_tokens_needed": sh.completions * sh.seq}, sv)
 
 
 def rollout_buffers(setup: Setup, scored: int) -> int:
@@ -292,7 +292,7 @@ def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, mfu: flo
     sh = shape(setup)
     if setup.rollout == "vllm":
         weights = mem.rollout.engine_weights
-        per_token = mem.rollout.detail["serving"]["kv_bytes_per_token"]
+        per_token = mem.rollout.serving.kv_bytes_per_token
         dtype = PRECISIONS[setup.precision].compute
     else:
         s = infer_setup(setup, sh.completions, sh.prompt_len)

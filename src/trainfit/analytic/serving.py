@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import SetupError
+from ..estimate import Serving as ServingDetail
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -95,16 +96,18 @@ class Serving:
     def context(self) -> int:
         return self.knobs.max_model_len
 
-    def as_dict(self) -> dict:
+    def sizing(self) -> ServingDetail:
+        """Estimate.detail.serving: the numbers vLLM logs, its settings in knobs."""
         k = self.knobs
-        return {"server": "vllm", "version": VLLM_VERSION, "gpu_memory_utilization": k.utilization,
-                "max_model_len": k.max_model_len, "max_num_batched_tokens": k.max_num_batched_tokens,
-                "max_num_seqs": k.max_num_seqs, "block_size": k.block_size, "kv_cache_dtype": k.kv_dtype,
-                "cuda_graph_sizes": len(k.capture_sizes), "cuda_total": self.cuda_total,
-                "requested": self.requested, "weights": self.weights, "activation_peak": self.activations,
-                "cuda_graphs": self.cuda_graphs, "available_kv": self.available_kv,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "kv_blocks": self.kv_blocks,
-                "kv_tokens": self.kv_tokens, "max_concurrent_sequences": round(self.max_concurrent_sequences, 2)}
+        return ServingDetail(
+            server="vllm", version=VLLM_VERSION, max_model_len=k.max_model_len, kv_cache_dtype=k.kv_dtype,
+            cuda_total=self.cuda_total, requested=self.requested, weights=self.weights,
+            activation_peak=self.activations, cuda_graphs=self.cuda_graphs, available_kv=self.available_kv,
+            kv_bytes_per_token=self.kv_bytes_per_token, kv_blocks=self.kv_blocks, kv_tokens=self.kv_tokens,
+            max_concurrent_sequences=round(self.max_concurrent_sequences, 2),
+            knobs={"gpu_memory_utilization": k.utilization, "max_num_batched_tokens": k.max_num_batched_tokens,
+                   "max_num_seqs": k.max_num_seqs, "block_size": k.block_size,
+                   "cuda_graph_sizes": len(k.capture_sizes)})
 
 
 def default_limits(gpu: GPU) -> tuple[int, int]:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 from .. import overheads
 from ..errors import SetupError
+from ..estimate import Serving as ServingDetail
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -123,26 +124,25 @@ class Serving:
     def context(self) -> int:
         return self.knobs.context_length
 
-    def as_dict(self) -> dict:
+    def sizing(self) -> ServingDetail:
+        """Estimate.detail.serving: the numbers SGLang logs, its settings and its own sizing in knobs."""
         k = self.knobs
-        return {"server": "sglang", "version": SGLANG_VERSION, "mem_fraction_static": k.mem_fraction_static,
-                "max_model_len": k.context_length, "context_length": k.context_length,
-                "chunked_prefill_size": k.chunked_prefill_size, "cuda_graph_max_bs": k.cuda_graph_max_bs,
-                "page_size": k.page_size, "kv_cache_dtype": k.kv_dtype, "cuda_total": self.cuda_total,
-                "pre_model_load": self.pre_model_load, "requested": self.requested, "weights": self.weights,
-                "headroom": self.headroom, "activation_peak": self.activations, "cuda_graphs": self.cuda_graphs,
-                "remainder_short": self.remainder_short, "available_kv": self.available_kv,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "kv_blocks": self.kv_tokens // k.page_size,
-                "kv_tokens": self.kv_tokens, "max_total_num_tokens": self.kv_tokens,
-                "max_running_requests": self.max_running_requests,
-                "max_concurrent_sequences": round(self.max_concurrent_sequences, 2),
-                **(self._draft_dict() if self.draft else {})}
-
-    def _draft_dict(self) -> dict:
-        d = self.draft
-        return {"speculative_algorithm": d.algorithm, "draft_model": d.model, "draft_layers": d.layers,
-                "draft_weights": int(d.weights), "speculative_num_steps": d.steps, "speculative_eagle_topk": d.topk,
-                "speculative_num_draft_tokens": d.draft_tokens}
+        knobs = {"mem_fraction_static": k.mem_fraction_static, "context_length": k.context_length,
+                 "chunked_prefill_size": k.chunked_prefill_size, "cuda_graph_max_bs": k.cuda_graph_max_bs,
+                 "page_size": k.page_size, "pre_model_load": self.pre_model_load, "headroom": self.headroom,
+                 "remainder_short": self.remainder_short, "max_total_num_tokens": self.kv_tokens,
+                 "max_running_requests": self.max_running_requests}
+        if self.draft:
+            d = self.draft
+            knobs |= {"speculative_algorithm": d.algorithm, "draft_model": d.model, "draft_layers": d.layers,
+                      "draft_weights": int(d.weights), "speculative_num_steps": d.steps,
+                      "speculative_eagle_topk": d.topk, "speculative_num_draft_tokens": d.draft_tokens}
+        return ServingDetail(
+            server="sglang", version=SGLANG_VERSION, max_model_len=k.context_length, kv_cache_dtype=k.kv_dtype,
+            cuda_total=self.cuda_total, requested=self.requested, weights=self.weights,
+            activation_peak=self.activations, cuda_graphs=self.cuda_graphs, available_kv=self.available_kv,
+            kv_bytes_per_token=self.kv_bytes_per_token, kv_blocks=self.kv_tokens // k.page_size,
+            kv_tokens=self.kv_tokens, max_concurrent_sequences=round(self.max_concurrent_sequences, 2), knobs=knobs)
 
 
 def capacity_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:

@@ -58,10 +58,11 @@ exposed TP comm is pessimistic for stacks with TP/GEMM overlap (Megatron --tp-co
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..errors import SetupError
+from ..estimate import StepTime
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -89,41 +90,6 @@ def ring_allreduce(n: int, nbytes: float, bw: float) -> float:
 def ring_half(n: int, nbytes: float, bw: float) -> float:
     """Reduce-scatter or all-gather of a tensor of `nbytes` (full size) over n ranks."""
     return 0.0 if n <= 1 else (n - 1) / n * nbytes / bw
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """Seconds per optimizer step, by term; the terms add up to `step_seconds`."""
-
-    compute: float  # forward + backward matmul time of all micro-batches (excl. recompute)
-    recompute: float
-    tp_comm: float  # tensor-parallel all-reduces (critical path)
-    cp_comm: float  # exposed ring-attention K/V passing (context parallelism)
-    ep_comm: float  # expert-parallel all-to-alls (critical path)
-    pp_comm: float  # pipeline point-to-point sends
-    bubble: float  # pipeline fill and drain: (p−1)/v micro-batch times
-    dp_comm: float  # exposed data-parallel communication (after overlap)
-    optimizer: float  # optimizer.step(): memory-bound elementwise update
-    host_copies: float  # exposed GPU <-> host copies: offloaded activations (after overlap), evicted paged states
-    host_issue: float  # the GPU waiting on an eager host's kernel launches (host_issue_exposed)
-    straggler: float  # the job's slowest GPU over the mean chip in the compute-bound kernels (stragglers.py)
-    step_seconds: float
-    tokens_per_second: float
-    mfu: float  # model FLOPs (no recompute) / (world × step × peak)
-    hfu: float  # hardware FLOPs (with recompute) / (world × step × peak)
-    dp_comm_total: float  # DP communication before overlap (for the reader)
-    dp_bandwidth: str  # "intra" or "inter"
-    efficiency: float  # FLOPs of the matmuls + attention / (their time × the compute dtype's dense peak); fp8 GEMMs
-    #                    can lift it past 1 — or, under the flat override, the fraction given
-    # seconds of the step's compute (compute + recompute) by kind: gemm, attention, memory (memory-bound kernels),
-    # launches (kernel launch cost); empty under the flat --efficiency override
-    compute_terms: dict = field(default_factory=dict)
-    kernels: float = 0.0  # kernels launched per step, the optimizer's included (what host_issue counts); 0 if flat
-    optimizer_casts: float = 0.0  # of `optimizer`: the fp32 master's casts run as their own copy kernels
-    grad_clip: float = 0.0  # of `optimizer`: the stack's gradient clipping (passes, launches, norm all-reduces)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -398,5 +364,5 @@ def offload_exposed(spec: ModelSpec, setup: Setup, gpu: GPU, forward: float, bac
     if not link:
         raise SetupError(f"--offload activations: no host link bandwidth is known for {gpu.name} (kernels.toml "
                          "host_link); use a catalog GPU")
-    copied = train_memory(spec, setup).detail["host_memory"]
+    copied = train_memory(spec, setup).host_memory
     return max(0.0, copied / link - forward) + max(0.0, copied / link - backward)

@@ -1,5 +1,6 @@
-"""Which fields of a step-time result (analytic/step_time.py StepTime.as_dict()) are seconds of the step, read
-generically so that new terms appear in the reports and the energy model without code changes."""
+"""Which fields of a step-time result (StepTime.as_dict(): trainfit.estimate, made by analytic/step_time.py) are
+seconds of the step, read generically so that new terms appear in the reports and the energy model without code
+changes."""
 from __future__ import annotations
 
 # StepTime fields that are not a share of the step: totals, rates, ratios and labels.

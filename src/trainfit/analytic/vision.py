@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from ..alloc.caching_allocator import K_MIN_BLOCK
 from ..errors import SetupError
-from ..estimate import Estimate, Flops, Memory, Timing
+from ..estimate import Detail, Estimate, Flops, Memory, Timing
 from ..hardware import GPU
 from .. import overheads
 from ..units import fmt_bytes
@@ -273,15 +273,13 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
              "--channels-last: same bytes (strides change, not sizes); no NCHW<->NHWC transposes in the step time"
              if setup.channels_last else "channels-last would not change these bytes (strides, not sizes); the step "
              "time counts cuDNN's NCHW<->NHWC transposes around tensor-core convs"]
-    detail = {"image_size": size, "num_labels": spec.num_labels, "buffers": base["buffers"], "inputs": base["inputs"],
-              "param_tensors": res["param_tensors"]}
-    timing = fit = None
+    timing = fit = tm = None
     if gpu is not None:
         if mfu is None:  # the kernels the step runs, timed by the roofline (analytic/vision_time.py)
             tm = vision_step_time(setup, gpu, res["ops"], params, res["param_tensors"],
                                   image_bytes(spec, setup, state_bytes(setup)), flops.step)
             secs, achieved = tm.step_seconds, tm.mfu
-            terms = detail["step_time"] = tm.as_dict()
+            terms = tm.as_dict()
         else:
             secs, achieved = step_seconds(flops.step, gpu, setup, mfu), mfu
             terms = mfu_step_terms(flops.step, gpu, setup, mfu)
@@ -298,4 +296,7 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         notes.append(f"fits = the step's requests can be served at capacity: required {fmt_bytes(fit.required)} "
                      f"(the allocated peak; NB: its fragmentation not modelled, under) <= capacity "
                      f"{fmt_bytes(fit.capacity)} (GPU memory less --reserve and the fixed overheads)")
+    detail = Detail(image_size=size, num_labels=spec.num_labels, step_time=tm,
+                    records={"buffers": base["buffers"], "inputs": base["inputs"],
+                             "param_tensors": res["param_tensors"]})
     return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes), detail, fit)

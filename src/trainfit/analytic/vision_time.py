@@ -42,7 +42,8 @@ from . import ops as rops
 from .compute_time import ListTime, optimizer_seconds, time_ops
 from .precision import state_bytes
 from .roofline import kernels_for, memory_seconds
-from .step_time import StepTime, host_issue_exposed
+from ..estimate import StepTime
+from .step_time import host_issue_exposed
 from .stragglers import slowest_gpu_factor
 from .timing import compute_dtype
 from .vision_graph import FP32, HALF, Op

@@ -66,17 +66,17 @@ def estimate(req: Request, engine: str = EngineOpt,
         from ..plan.emit_vllm import vllm_command
         e = results[0]
         command = sglang_command if emit == "sglang" else vllm_command
-        typer.echo(command(api.load_spec(req.model), e.setup, e.detail["serving"]))
+        typer.echo(command(api.load_spec(req.model), e.setup, e.detail.serving))
         return
     advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:
         if len(results) == 1:
-            d = json_out.estimate_dict(results[0])
+            d = results[0].to_dict()
             if advice:
                 d["would_fit"] = [x.as_dict() for x in advice]
             typer.echo(json_out.dumps(d))
         else:
-            typer.echo(json_out.dumps({"estimates": [json_out.estimate_dict(e) for e in results],
+            typer.echo(json_out.dumps({"estimates": [e.to_dict() for e in results],
                                        **api.gaps(results)}))
         return
     if len(results) == 1:
@@ -154,15 +154,15 @@ def measure(req: Request,
     from ..report import json_out, terminal
 
     if json:
-        d = json_out.estimate_dict(measured)
+        d = measured.to_dict()
         d["predictions"] = {p.engine: {"peak": p.memory.peak, "error": (p.memory.peak - measured.memory.peak) / measured.memory.peak}
                             for p in predictions}
         typer.echo(json_out.dumps(d))
         return
     terminal.render_side_by_side([*predictions, measured], reference=len(predictions))
-    tm = measured.time
+    tm, rss = measured.time, measured.detail.records.get("rss_peak")
     typer.echo(f"step {tm.step_seconds * 1e3:.1f} ms · {tm.tokens_per_second:,.0f} tokens/s on {tm.gpu}"
-               + (f" · process RSS peak {measured.detail['rss_peak'] / 2**20:,.0f} MiB (secondary)" if measured.detail.get("rss_peak") else ""))
+               + (f" · process RSS peak {rss / 2**20:,.0f} MiB (secondary)" if rss else ""))
 
 
 def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
@@ -177,13 +177,14 @@ def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
     worst = max(per_rank, key=lambda e: e.memory.peak)
     predicted = api.analytic(req)
     if json:
-        d = json_out.estimate_dict(worst)
+        d = worst.to_dict()
         d["ranks"] = ranks
         d["predictions"] = {"analytic": {"peak": predicted.memory.peak,
                                          "error": (predicted.memory.peak - worst.memory.peak) / worst.memory.peak}}
         typer.echo(json_out.dumps(d))
         return
-    terminal.render_side_by_side([predicted, worst], labels=["analytic", f"measured (rank {worst.detail['rank']})"], reference=1)
+    terminal.render_side_by_side([predicted, worst], reference=1,
+                                 labels=["analytic", f"measured (rank {worst.detail.records['rank']})"])
     for r in ranks:
         typer.echo(f"rank {r['rank']}: peak {r['peak'] / 2**20:,.2f} MiB ({r['peak_phase']}), step {r['step_seconds'] * 1e3:,.1f} ms, "
                    f"in collectives {r['comm_seconds'] * 1e3:,.1f} ms")
@@ -211,10 +212,10 @@ def trace_module(req: Request,
     with spinner(f"tracing {factory} on fake tensors", quiet=json):
         result = trace_factory(factory, batch, setup)
     if json:
-        typer.echo(json_out.dumps(json_out.estimate_dict(result)))
+        typer.echo(json_out.dumps(result.to_dict()))
         return
     terminal.render_estimate(result)
-    top = result.detail.get("top_tensors", [])[:8]
+    top = result.detail.records["top_tensors"][:8]
     if top:
         typer.echo("largest tensors at the peak:")
         for x in top:
@@ -232,7 +233,7 @@ def compare(req: Request, json: bool = JsonOpt) -> None:
     from ..report import json_out, terminal
 
     if json:
-        typer.echo(json_out.dumps({k: json_out.estimate_dict(v) for k, v in results.items()}))
+        typer.echo(json_out.dumps({k: v.to_dict() for k, v in results.items()}))
         return
     labels, ests = list(results), list(results.values())
     terminal.render_side_by_side(ests, labels=labels, reference=0)

@@ -68,11 +68,11 @@ def timeline(req: Request,
             measured = api.measure(req)
     plots.plot_timeline(traced, output, gpu=g, measured=measured)
     if json:
-        from ..report.json_out import dumps, estimate_dict
+        from ..report.json_out import dumps
 
-        out = {"output": output, "trace": estimate_dict(traced)}
+        out = {"output": output, "trace": traced.to_dict()}
         if measured is not None:
-            out["measured"] = estimate_dict(measured)
+            out["measured"] = measured.to_dict()
         typer.echo(dumps(out))
         return
     from ..units import fmt_bytes

@@ -268,7 +268,8 @@ def _wait(proc: subprocess.Popen, timeout: float, progress_path: str, progress) 
 
 
 def to_estimates(results: list[RankResult], spec: ModelSpec, setup: Setup):
-    """One measure-engine Estimate per rank (trainfit.measure.to_estimate), detail carrying the rank's extras."""
+    """One measure-engine Estimate per rank (trainfit.measure.to_estimate), its records carrying the rank's
+    extras."""
     from dataclasses import replace
 
     from .runner import to_estimate
@@ -276,9 +277,8 @@ def to_estimates(results: list[RankResult], spec: ModelSpec, setup: Setup):
     out = []
     for r in results:
         est = to_estimate(r, spec, setup)
-        detail = {**est.detail, "rank": r.rank, "host": r.host, "comm_seconds": r.comm_seconds,
-                  "comm_buffers": r.comm_buffers, "strategy": r.strategy}
-        out.append(replace(est, detail=detail))
+        out.append(replace(est, detail=est.detail.with_records(
+            rank=r.rank, host=r.host, comm_seconds=r.comm_seconds, comm_buffers=r.comm_buffers, strategy=r.strategy)))
     return out
 
 

@@ -26,7 +26,7 @@ import torch
 
 from ..analytic.layout import validate_layout
 from ..errors import EngineUnavailableError, TrainfitError
-from ..estimate import Estimate, Flops, Memory, Timing
+from ..estimate import Detail, Estimate, Flops, Memory, Timing
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..step import stack_step
@@ -385,7 +385,7 @@ def to_estimate(result: MeasureResult, spec: ModelSpec, setup: Setup) -> Estimat
         fits=True,  # it ran
         headroom=(total - result.peak) if total is not None else 0,
     )
-    detail = {
+    records = {
         "phase_peaks": dict(result.phase_peaks),
         "inputs": result.inputs,
         "baseline": result.baseline,
@@ -404,7 +404,7 @@ def to_estimate(result: MeasureResult, spec: ModelSpec, setup: Setup) -> Estimat
         flops=Flops(forward=0, backward=0, recompute=0, step=0, model_step=0, per_token=0),
         time=timing,
         notes=tuple(result.notes),
-        detail=detail,
+        detail=Detail(records=records),
     )
 
 
@@ -428,7 +428,7 @@ def _infer_estimate(result: MeasureResult, spec: ModelSpec, setup: Setup) -> Est
         prefill_seconds=result.step_seconds or None,
         decode_tokens_per_second=(setup.batch / result.decode_seconds) if result.decode_seconds > 0 else None,
     )
-    detail = {
+    records = {
         "phase_peaks": dict(result.phase_peaks),
         "inputs": result.inputs,
         "baseline": result.baseline,
@@ -442,5 +442,5 @@ def _infer_estimate(result: MeasureResult, spec: ModelSpec, setup: Setup) -> Est
     return Estimate(
         engine="measure", model=spec.name, params=result.params, params_per_rank=result.params, setup=setup,
         memory=memory, flops=Flops(forward=0, backward=0, recompute=0, step=0, model_step=0, per_token=0),
-        time=timing, notes=tuple(result.notes), detail=detail,
+        time=timing, notes=tuple(result.notes), detail=Detail(records=records),
     )

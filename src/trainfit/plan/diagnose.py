@@ -99,8 +99,8 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
         # not fit, issue 14)
         est = analytic(spec, where, gpu, reserve=q.reserve)
         d.leanest_device_total = est.memory.device_total
-        d.leanest_time = (est.detail["step_time"] if q.efficiency is None else
-                          layout_step_time(model, where, gpu, q.efficiency, oracle.pc).as_dict())
+        d.leanest_time = (est.detail.step_time if q.efficiency is None else
+                          layout_step_time(model, where, gpu, q.efficiency, oracle.pc)).as_dict()
         lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
                 f"{where.precision}, micro-batch 1")
     room = f"{fmt_bytes(gpu.memory)} per {gpu.name}" + (f" less --reserve {q.reserve:g} GiB" if q.reserve else "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shlex
 
+from ..estimate import Serving
 from ..setup import Setup
 from ..spec import ModelSpec
 from .emit_vllm import DTYPES, _hub_id_of
@@ -24,26 +25,27 @@ from .emit_vllm import DTYPES, _hub_id_of
 KV_DTYPES = {"fp8": "fp8_e4m3", "bf16": "bfloat16"}
 
 
-def sglang_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
-    """`serving`: the estimate's resolved settings (Estimate.detail["serving"], analytic/serving_sglang.py)."""
+def sglang_command(spec: ModelSpec, setup: Setup, serving: Serving) -> str:
+    """`serving`: the estimate's resolved settings (Estimate.detail.serving, analytic/serving_sglang.py)."""
+    k = serving.knobs
     args = ["python", "-m", "sglang.launch_server", "--model-path", _hub_id_of(spec.name),
             "--dtype", DTYPES[setup.precision], "--tp-size", str(setup.tp), "--pp-size", str(setup.pp),
-            "--mem-fraction-static", f"{serving['mem_fraction_static']:g}",
-            "--context-length", str(serving["context_length"]),
-            "--chunked-prefill-size", str(serving["chunked_prefill_size"]), "--page-size", str(serving["page_size"])]
+            "--mem-fraction-static", f"{k['mem_fraction_static']:g}",
+            "--context-length", str(serving.max_model_len),
+            "--chunked-prefill-size", str(k["chunked_prefill_size"]), "--page-size", str(k["page_size"])]
     if setup.kv_dtype is not None:
         args += ["--kv-cache-dtype", KV_DTYPES.get(setup.kv_dtype, "auto")]
     if setup.quant:
         args += ["--quantization", setup.quant]
-    if serving.get("speculative_algorithm"):  # the algorithm's builtin name is upper case (fields/spec.py:31-34)
-        args += ["--speculative-algorithm", serving["speculative_algorithm"].upper()]
-        if serving["draft_model"]:
-            args += ["--speculative-draft-model-path", _hub_id_of(serving["draft_model"])]
-        args += ["--speculative-num-steps", str(serving["speculative_num_steps"]),
-                 "--speculative-eagle-topk", str(serving["speculative_eagle_topk"]),
-                 "--speculative-num-draft-tokens", str(serving["speculative_num_draft_tokens"])]
+    if "speculative_algorithm" in k:  # the algorithm's builtin name is upper case (fields/spec.py:31-34)
+        args += ["--speculative-algorithm", k["speculative_algorithm"].upper()]
+        if k["draft_model"]:
+            args += ["--speculative-draft-model-path", _hub_id_of(k["draft_model"])]
+        args += ["--speculative-num-steps", str(k["speculative_num_steps"]),
+                 "--speculative-eagle-topk", str(k["speculative_eagle_topk"]),
+                 "--speculative-num-draft-tokens", str(k["speculative_num_draft_tokens"])]
     if setup.enforce_eager:
         args += ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
     else:
-        args += ["--cuda-graph-max-bs-decode", str(serving["cuda_graph_max_bs"])]
+        args += ["--cuda-graph-max-bs-decode", str(k["cuda_graph_max_bs"])]
     return shlex.join(args)

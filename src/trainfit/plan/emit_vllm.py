@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from ..estimate import Serving
 from ..setup import Setup
 from ..spec import ModelSpec
 
@@ -27,15 +28,16 @@ def _hub_id_of(name: str) -> str:
         return name
 
 
-def vllm_command(spec: ModelSpec, setup: Setup, serving: dict) -> str:
-    """`serving`: the estimate's resolved engine settings (Estimate.detail["serving"], analytic/serving.py)."""
+def vllm_command(spec: ModelSpec, setup: Setup, serving: Serving) -> str:
+    """`serving`: the estimate's resolved engine settings (Estimate.detail.serving, analytic/serving.py)."""
+    k = serving.knobs
     model = _hub_id_of(spec.name)
     args = ["vllm", "serve", model, "--dtype", DTYPES[setup.precision],
             "--tensor-parallel-size", str(setup.tp), "--pipeline-parallel-size", str(setup.pp),
-            "--gpu-memory-utilization", f"{serving['gpu_memory_utilization']:g}",
-            "--max-model-len", str(serving["max_model_len"]),
-            "--max-num-batched-tokens", str(serving["max_num_batched_tokens"]),
-            "--max-num-seqs", str(serving["max_num_seqs"]), "--block-size", str(serving["block_size"])]
+            "--gpu-memory-utilization", f"{k['gpu_memory_utilization']:g}",
+            "--max-model-len", str(serving.max_model_len),
+            "--max-num-batched-tokens", str(k["max_num_batched_tokens"]),
+            "--max-num-seqs", str(k["max_num_seqs"]), "--block-size", str(k["block_size"])]
     if setup.kv_dtype is not None:
         args += ["--kv-cache-dtype", KV_DTYPES.get(setup.kv_dtype, setup.kv_dtype)]
     if setup.quant:

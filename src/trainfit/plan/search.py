@@ -22,11 +22,11 @@ from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.layout import validate_layout
 from ..analytic.params import count_params
-from ..analytic.step_time import StepTime, layout_step_time
+from ..analytic.step_time import layout_step_time
 from ..analytic.timing import budget
 from ..engines import analytic
 from ..errors import SetupError
-from ..estimate import Estimate
+from ..estimate import Estimate, StepTime
 from ..hardware import GPU
 from ..models.hf_config import for_setup
 from ..setup import BY_NAME, OPTIMIZERS, STACKS, TRAIN_PRECISIONS, Request, Setup, check_recompute, check_value
@@ -265,7 +265,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
     for _, (setup, tm) in ranked[: q.top]:
         est = analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
         if q.efficiency is None:
-            tm = StepTime(**est.detail["step_time"])
+            tm = est.detail.step_time
         c = Candidate(setup, tm, est)
         if tokens:
             c.budget = budget(tokens, tm.tokens_per_second, setup.world_size, gpu, tm.as_dict())

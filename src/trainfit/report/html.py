@@ -153,7 +153,7 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
     if t is not None and e.setup.mode == "rl":
         crow += [[f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds)]]
         crow += [[f"&nbsp;&nbsp;{name.replace('_', ' ')}", fmt_seconds(secs)]
-                 for name, secs in (e.detail or {}).get("rl", {}).get("phase_seconds", {}).items()]
+                 for name, secs in e.detail.rl.phase_seconds.items()]
     elif t is not None and e.setup.mode == "train":
         crow += [[f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds)], ["tokens/s (all GPUs)", fmt_count(t.tokens_per_second)]]
     elif t is not None:
@@ -189,7 +189,7 @@ def _try_trace(req: api.Request, want: bool | None) -> tuple[Estimate | None, st
 
 
 def _timeline(e: Estimate, traced: Estimate | None, why: str, gpu) -> str:
-    if traced is not None and traced.detail.get("timeline"):
+    if traced is not None and traced.detail.records.get("timeline"):
         fig = plots.plot_timeline(traced, gpu=gpu)
         return ("<section id='timeline'><h2>Memory over the step</h2>"
                 "<p class='note'>Traced: the real PyTorch step run on fake tensors; every storage's birth and death, "

@@ -4,7 +4,7 @@ Reports never compute: every function here draws numbers that an engine produced
 follows the output path's extension (.png, .svg, .pdf). matplotlib is an optional dependency
 (`pip install 'trainfit[viz]'`); importing this module without it raises a one-line TrainfitError.
 
-Timeline format (the trace engine's `Estimate.detail["timeline"]`, see trace/analysis.py): a list of
+Timeline format (the trace engine's `Estimate.detail.records["timeline"]`, see trace/analysis.py): a list of
 points `{"event": int, "phase": str, "bytes": {category: int}}` in event order, one every few
 allocation events plus one at each phase start. Categories and phases are trainfit.estimate's Category and
 Phase values, as in every engine's Memory.
@@ -229,7 +229,7 @@ def _peak_text(e: Estimate, unit) -> str:
         text += "\nheld by: " + ", ".join(parts[:2]) + ("," if len(parts) > 2 else "")
         if len(parts) > 2:
             text += "\n" + ", ".join(parts[2:])
-    top = (e.detail or {}).get("top_tensors") or []
+    top = e.detail.records.get("top_tensors", [])
     step_born = [t for t in top if t.get("born") not in (None, "setup")]
     if step_born:
         t = step_born[0]
@@ -244,7 +244,7 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
 
     NB: the measure engine records peaks per phase, not a curve, so the overlay is a step line per phase.
     """
-    tl = (e.detail or {}).get("timeline")
+    tl = e.detail.records.get("timeline")
     if not tl:
         raise TrainfitError(f"the {e.engine} estimate has no timeline; the trace engine records one "
                             "(trainfit timeline runs it)")
@@ -296,7 +296,7 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
     caption = setup_caption(e)
     if e.memory.reserved is not None and e.memory.reserved != e.memory.peak:
         caption += "\n" + held_sentence("The curve", device_total=e.memory.device_total is not None)
-    layers = (e.detail or {}).get("timeline_layers")
+    layers = e.detail.records.get("timeline_layers")
     if layers:
         caption += (f"\nNB: curve from a {layers}-layer trace (the peak in the box is extrapolated to the full "
                     "model); run with --full-trace for the whole model's curve")

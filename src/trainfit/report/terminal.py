@@ -34,18 +34,18 @@ def setup_line(e: Estimate) -> str:
                 f"recompute {s.recompute} · {s.device}")
     if s.mode == "infer":
         return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
-    if s.mode == "serve" and "serving" in (e.detail or {}):
+    sv = e.detail.serving
+    if s.mode == "serve" and sv is not None:
         quant = f" · --quant {s.quant}" if s.quant else ""
-        sv = e.detail["serving"]
-        return (f"serving · {s.server} {sv['version']} · {s.precision} weights{quant} · {sv['kv_cache_dtype']} KV · "
-                f"tp={s.tp} pp={s.pp} · max-model-len {sv['max_model_len']:,} · " +
-                (f"mem-fraction-static {sv['mem_fraction_static']}" if "mem_fraction_static" in sv else
-                 f"utilization {sv['gpu_memory_utilization']}"))
+        return (f"serving · {s.server} {sv.version} · {s.precision} weights{quant} · {sv.kv_cache_dtype} KV · "
+                f"tp={s.tp} pp={s.pp} · max-model-len {sv.max_model_len:,} · " +
+                (f"mem-fraction-static {sv.knobs['mem_fraction_static']}" if sv.server == "sglang" else
+                 f"utilization {sv.knobs['gpu_memory_utilization']}"))
     if s.image_size:  # a vision model (trainfit.vision_setup): the batch is images, no sequence or attention kernel
-        return (f"training · {s.batch} images of {s.image_size}x{s.image_size} · {e.detail.get('num_labels')} classes "
+        return (f"training · {s.batch} images of {s.image_size}x{s.image_size} · {e.detail.num_labels} classes "
                 f"· {s.precision} · {s.optimizer} ({s.optimizer_kernel})"
                 f"{' · channels-last' if s.channels_last else ''} · {s.device}")
-    labels = e.detail.get("num_labels") if isinstance(e.detail, dict) else None
+    labels = e.detail.num_labels
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
     return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq} · accum {s.grad_accum} · "
             f"{s.precision} · {s.optimizer} ({s.optimizer_kernel}) · recompute {s.recompute} · attention "
@@ -78,10 +78,10 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
 
 def step_term_rows(e: Estimate) -> list[tuple[str, float, float]]:
     """(term, seconds, share of the step) for each non-zero term of the step-time model (none under --mfu)."""
-    st = e.detail.get("step_time") if isinstance(e.detail, dict) else None
-    if not st or not st.get("step_seconds"):
+    st = e.detail.step_time
+    if st is None or not st.step_seconds:
         return []
-    return [(k, v, v / st["step_seconds"]) for k, v in time_terms(st).items() if v > 0]
+    return [(k, v, v / st.step_seconds) for k, v in time_terms(st.as_dict()).items() if v > 0]
 
 
 def verdict(e: Estimate, numbers: bool = True) -> tuple[str, str] | None:
@@ -115,8 +115,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         mark = " ◀ peak" if phase == m.peak_phase else ""
         t.add_row(f"[dim]at {PHASE_NAMES.get(phase, phase)}[/dim]", f"[dim]{fmt_bytes(v)}{mark}[/dim]")
     t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
-    if (e.detail or {}).get("host_memory"):  # offloaded states or activations: pinned host memory, not the GPU's
-        t.add_row("host memory (offloaded)", fmt_bytes(e.detail["host_memory"]))
+    if e.detail.host_memory:  # offloaded states or activations: pinned host memory, not the GPU's
+        t.add_row("host memory (offloaded)", fmt_bytes(e.detail.host_memory))
     if m.required is not None:  # what the fit is judged on: the peak + the fragmentation no OOM retry releases
         t.add_row(REQUIRED_LABEL, fmt_bytes(m.required))
     if m.reserved is not None:  # not a component of the peak: allocated + what the allocator keeps cached
@@ -149,7 +149,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     if tm is not None:
         if e.setup.mode == "rl":
             c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
-            for name, secs in (e.detail or {}).get("rl", {}).get("phase_seconds", {}).items():
+            for name, secs in e.detail.rl.phase_seconds.items():
                 c.add_row(f"[dim]  {PHASE_NAMES.get(name, name)}[/dim]",
                           f"[dim]{fmt_seconds(secs)} ({secs / tm.step_seconds:.1%})[/dim]")
             c.add_row("generated tokens/s", f"{tm.decode_tokens_per_second:,.0f}")
@@ -159,12 +159,13 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
             c.add_row(f"{'images' if e.setup.image_size else 'tokens'}/s (all GPUs)", fmt_count(tm.tokens_per_second))
         elif e.setup.mode == "serve":
-            sv = e.detail["serving"]
-            block = sv.get("block_size", sv.get("page_size"))  # vLLM's blocks, SGLang's pages
-            c.add_row("KV cache", f"{sv['kv_tokens']:,} tokens in {sv['kv_blocks']:,} blocks of {block}")
-            c.add_row(f"sequences of {sv['max_model_len']:,} tokens at once", f"{sv['max_concurrent_sequences']:,.2f}")
-            chunk = sv.get("max_num_batched_tokens", sv.get("chunked_prefill_size"))
-            c.add_row(f"prefill of a {min(sv['max_model_len'], chunk):,}-token prompt",
+            sv = e.detail.serving
+            sglang = sv.server == "sglang"
+            block = sv.knobs["page_size" if sglang else "block_size"]  # SGLang's pages, vLLM's blocks
+            c.add_row("KV cache", f"{sv.kv_tokens:,} tokens in {sv.kv_blocks:,} blocks of {block}")
+            c.add_row(f"sequences of {sv.max_model_len:,} tokens at once", f"{sv.max_concurrent_sequences:,.2f}")
+            chunk = sv.knobs["chunked_prefill_size" if sglang else "max_num_batched_tokens"]
+            c.add_row(f"prefill of a {min(sv.max_model_len, chunk):,}-token prompt",
                       fmt_seconds(tm.prefill_seconds))
             c.add_row(f"decode tokens/s ({tm.max_batch:,} sequences)", f"{tm.decode_tokens_per_second:,.0f}")
         else:

@@ -10,7 +10,8 @@ and CPU autocast op lists (fake CUDA tensors cannot run autocast on a CPU-only b
 workspaces are not counted (NB: an under-count of a few MiB where they come from the caching allocator;
 to be checked on a GPU). For `--device cpu` the scratch that matmul, flash-attention and convolution
 kernels allocate inside one op (it depends on this CPU's ISA: oneDNN on AVX512/AMX) is measured by running
-each such op once on this CPU (kernel_scratch.py); `detail["cpu_isa"]` says which CPU that was.
+each such op once on this CPU (kernel_scratch.py); the estimate's `detail.records["cpu_isa"]` says which
+CPU that was.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 
 from ..analytic.layout import validate_layout
 from ..errors import EngineUnavailableError
-from ..estimate import Estimate, Flops, Memory
+from ..estimate import Detail, Estimate, Flops, Memory
 from ..setup import TRAINING, Setup
 from ..spec import ModelSpec
 from .analysis import Analysis
@@ -119,7 +120,7 @@ def _memory(an: Analysis, gradients: int, replayed=None) -> Memory:
 
 def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_conf: str | None = None) -> Estimate:
     n = _n_params(model)
-    detail = {
+    records = {
         "top_tensors": an.top_tensors,
         "activations_by_module": an.activations_by_module,
         "timeline": an.timeline,
@@ -131,27 +132,27 @@ def estimate_from(name, model, setup, rec, an, tokens, seconds, notes=(), alloc_
     if replayed is not None:  # the simulator's segments at the end of the step, to set beside a real process's
         from ..alloc.replay import segment_histogram
 
-        detail["segments"] = segment_histogram(replayed.segment_sizes)
-    if getattr(rec, "paged_bytes", 0):  # bitsandbytes' paged states (unified memory, beside the allocator)
-        detail["paged_optimizer_states"] = rec.paged_bytes
+        records["segments"] = segment_histogram(replayed.segment_sizes)
     if rec.flops is not None:
-        detail["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
-    notes = tuple(notes) + tuple(kernel_detail(detail, [rec]))
+        records["flops_by_module"] = dict(sorted(rec.flops.by_module.items(), key=lambda kv: -kv[1]))
+    notes = tuple(notes) + tuple(kernel_records(records, [rec]))
+    # bitsandbytes' paged states (unified memory, beside the allocator)
+    paged = getattr(rec, "paged_bytes", 0) or None
     return Estimate(engine="trace", model=name, params=n, params_per_rank=n, setup=setup,
                     memory=_memory(an, grad_bytes(model) if setup.mode in TRAINING else 0, replayed),
                     flops=_flops(rec, tokens),
-                    notes=tuple(notes), detail=detail)
+                    notes=tuple(notes), detail=Detail(paged_optimizer_states=paged, records=records))
 
 
-def kernel_detail(detail: dict, recs) -> list[str]:
-    """For CPU-semantics traces: the CPU's ISA and the kernel-scratch probes (kernel_scratch.py) into
-    `detail`; returns the notes they call for (kernels too big to probe)."""
+def kernel_records(records: dict, recs) -> list[str]:
+    """For CPU-semantics traces: the CPU's ISA and the kernel-scratch probes (kernel_scratch.py) into the
+    estimate's `records`; returns the notes they call for (kernels too big to probe)."""
     scratches = [r.kernels for r in recs if r.kernels is not None]
     if not scratches:
         return []
     summ = summary(scratches)
-    detail["cpu_isa"] = cpu_isa()
-    detail["kernel_scratch"] = summ
+    records["cpu_isa"] = cpu_isa()
+    records["kernel_scratch"] = summ
     return scratch_notes(summ)
 
 

@@ -26,7 +26,7 @@ import math
 import re
 import time
 
-from ..estimate import Estimate, Flops, Memory
+from ..estimate import Detail, Estimate, Flops, Memory
 from ..setup import Setup
 from ..spec import ModelSpec
 from .analysis import TRAIN_PHASES, segment_maxima
@@ -222,7 +222,7 @@ def _full_depth_replay(rec, split: _Split, period: int, n: int, peak: int, setup
 def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min_periods: int = MIN_PERIODS,
                        alloc_conf: str | None = None) -> Estimate | None:
     """The extrapolated Estimate, or None when the model does not qualify or a check fails."""
-    from .engine import NOTES, device_notes, kernel_detail, replay_of, trace_train
+    from .engine import NOTES, device_notes, kernel_records, replay_of, trace_train
 
     p = layer_period(spec, setup)
     if p is None or spec.layers // p < max(min_periods, TRACED[-1] + 1):
@@ -300,7 +300,7 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
     else:
         fl = Flops(0, 0, 0, 0, 0, 0)
     _, last_rec, last_an, _, split = runs[-1]
-    detail = {
+    records = {
         "extrapolated_from_layers": [k * p for k in TRACED],
         "top_tensors": last_an.top_tensors,
         "activations_by_module": last_an.activations_by_module,
@@ -311,19 +311,20 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
         "storages": len(last_rec.records),
     }
     if reserved is not None:
-        detail["reserved_from"] = reserved_from  # depth_records.py, else _reserved's line
-    if predicted["paged_optimizer_states"]:  # bitsandbytes' paged states (unified memory, beside the allocator)
-        detail["paged_optimizer_states"] = predicted["paged_optimizer_states"]
+        records["reserved_from"] = reserved_from  # depth_records.py, else _reserved's line
     if flops:  # per module, layer modules summed over all layers
         per = {}
         for name, v in last_rec.flops.by_module.items():
             generic, r, _ = split(name)
             per[generic] = per.get(generic, 0) + (v * n_target // TRACED[-1] if r is not None else v)
-        detail["flops_by_module"] = dict(sorted(per.items(), key=lambda kv: -kv[1]))
-    probe_notes = kernel_detail(detail, [r[1] for r in runs])
+        records["flops_by_module"] = dict(sorted(per.items(), key=lambda kv: -kv[1]))
+    probe_notes = kernel_records(records, [r[1] for r in runs])
     notes = (*NOTES, *device_notes(setup), *probe_notes, (
         f"trace: {spec.layers} layers extrapolated from traces of {', '.join(str(k * p) for k in TRACED)} layers "
         "(every segment's bytes, the FLOPs and the parameter count checked exactly linear); "
         f"top tensors, activations by module and timeline are from the {TRACED[-1] * p}-layer trace"))
     return Estimate(engine="trace", model=spec.name, params=predicted["params"], params_per_rank=predicted["params"],
-                    setup=setup, memory=memory, flops=fl, notes=notes, detail=detail)
+                    setup=setup, memory=memory, flops=fl, notes=notes,
+                    # bitsandbytes' paged states (unified memory, beside the allocator)
+                    detail=Detail(paged_optimizer_states=predicted["paged_optimizer_states"] or None,
+                                  records=records))

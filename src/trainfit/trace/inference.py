@@ -13,6 +13,7 @@ The step is `trainfit.step.infer.inference_step`, the one the measure engine run
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -71,5 +72,5 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
                     ("inference: activations are reported as temporaries (nothing is saved for backward)",),
                     alloc_conf=alloc_conf)
     if rec.flops is not None:
-        est.detail["decode_flops"] = rec.flops.by_phase.get("decode", 0)
+        est = replace(est, detail=est.detail.with_records(decode_flops=rec.flops.by_phase.get("decode", 0)))
     return est

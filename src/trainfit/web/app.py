@@ -2,7 +2,7 @@
 
 Routes
   GET  /                      the page (page.py: one HTML document, vanilla JS, nothing fetched from elsewhere)
-  GET  /api/estimate?model=…  exactly `estimate_dict(api.analytic(req))`, the object `trainfit estimate --json` prints
+  GET  /api/estimate?model=…  exactly `api.analytic(req).to_dict()`, the object `trainfit estimate --json` prints
   POST /api/estimate          the same, for a pasted config.json: {"config": {...} or "<json text>", knobs...}
   POST /api/view              what the page shows: the estimate plus its formatted rows, the phase chart's bars
                               and what the GPU holds (allocated peak, reserved, overheads, device total: `held`)
@@ -31,7 +31,6 @@ from pydantic import ConfigDict, create_model
 from .. import api
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
-from ..report.json_out import estimate_dict
 from ..setup import SETTINGS, Request, Setting, parse_value
 
 
@@ -159,7 +158,7 @@ def view(e: Estimate) -> dict:
         bars.append({"phase": phase, "label": plots.PHASE_LABELS.get(phase, phase), "total": total,
                      "total_text": fmt_bytes(total), "peak": phase == m.peak_phase, "parts": parts})
     gpu_mem = t.gpu_memory if t is not None else None  # the GPU's memory as judged (--gpu-memory included)
-    return {"estimate": estimate_dict(e), "summary": summary, "rows": rows, "bars": bars, "capacity": gpu_mem,
+    return {"estimate": e.to_dict(), "summary": summary, "rows": rows, "bars": bars, "capacity": gpu_mem,
             "held": held_rows(e), "notes": list(e.notes)}
 
 
@@ -237,12 +236,12 @@ def create_app() -> FastAPI:
     @app.get("/api/estimate")
     def get_estimate(knobs: Annotated[Knobs, Query()]) -> JSONResponse:
         """The analytic estimate for a catalog model: exactly `trainfit estimate MODEL ... --json`."""
-        return JSONResponse(estimate_dict(api.analytic(to_request(knobs, model=_catalog_ref(knobs.model)))))
+        return JSONResponse(api.analytic(to_request(knobs, model=_catalog_ref(knobs.model))).to_dict())
 
     @app.post("/api/estimate")
     def post_estimate(knobs: PastedKnobs) -> JSONResponse:
         """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
-        return JSONResponse(estimate_dict(estimate_for(knobs)[2]))
+        return JSONResponse(estimate_for(knobs)[2].to_dict())
 
     @app.post("/api/view")
     def post_view(knobs: PastedKnobs) -> JSONResponse:
