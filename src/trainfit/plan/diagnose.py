@@ -94,19 +94,20 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
                          suggestions=[f"--global-batch-tokens {need * q.seq}"])
     short, where = leanest(spec, gpu, q, q.gpus, oracle)
     d = Diagnosis("memory", "", leanest_setup=where)
-    lean = "none"
-    if where is not None:  # its device total and time as `trainfit estimate` gives them (timed although it does
+    room = f"{fmt_bytes(gpu.memory)} per {gpu.name}" + (f" less --reserve {q.reserve:g} GiB" if q.reserve else "")
+    d.message = f"nothing fits in {room}: no layout of {q.gpus} GPUs is allowed"
+    if where is not None:  # its fit, device total and time as `trainfit estimate` gives them (timed although it does
         # not fit, issue 14)
         est = analytic(spec, where, gpu, reserve=q.reserve)
         d.leanest_device_total = est.memory.device_total
         d.leanest_time = (est.detail.step_time if q.efficiency is None else
                           layout_step_time(model, where, gpu, q.efficiency, oracle.pc)).as_dict()
-        lean = (f"tp {where.tp}, pp {where.pp}, dp {where.dp}, ZeRO-{where.zero}, {where.recompute} recompute, "
-                f"{where.precision}, micro-batch 1")
-    room = f"{fmt_bytes(gpu.memory)} per {gpu.name}" + (f" less --reserve {q.reserve:g} GiB" if q.reserve else "")
-    d.message = (f"nothing fits in {room}: the leanest plan ({lean}) needs a device total of "
-                 f"{fmt_bytes(d.leanest_device_total or 0)} per GPU (its tensors as the caching allocator holds them, "
-                 "the CUDA context and NCCL buffers)")
+        d.message = (f"nothing fits in {room}: the leanest plan (tp {where.tp}, pp {where.pp}, dp {where.dp}, "
+                     f"ZeRO-{where.zero}, {where.recompute} recompute, {where.precision}, micro-batch 1) needs "
+                     f"{fmt_bytes(est.fit.required)} of the {fmt_bytes(est.fit.capacity)} its tensors may take per GPU "
+                     "(the fit rule: the allocated peak + the fragmentation the caching allocator cannot release, "
+                     "against the GPU less the CUDA context, cuBLAS workspace and NCCL buffers); run unconstrained "
+                     f"it would hold a device total of {fmt_bytes(est.memory.device_total)}")
     if not _fits(short):
         for n in _counts(q.gpus, gpu.gpus_per_node):
             if (q.tp and n % q.tp) or (q.pp and n % q.pp):
