@@ -20,6 +20,13 @@ def held_sentence(subject: str = "The peak", device_total: bool = True) -> str:
     return text + "."
 
 
+def fit_numbers(fit) -> str:
+    """The numbers a fit verdict was judged on (estimate.Fit), as every report shows them."""
+    from ..units import fmt_bytes
+
+    return f"required {fmt_bytes(fit.required)} of capacity {fmt_bytes(fit.capacity)}"
+
+
 def overhead_label(name: str) -> str:
     """A Memory.overheads key (overheads.overheads: "cuda_context", "nccl_<process group>", "custom_allreduce") as a
     row label."""

@@ -16,7 +16,7 @@ from ..errors import TrainfitError
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
-from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, held_sentence
+from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, held_sentence
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .time_bar import time_section
 from .terminal import PHASE_NAMES, memory_rows, setup_line
@@ -84,7 +84,7 @@ def _verdict(e: Estimate) -> str:
     if t is not None:
         fit = "<span class='ok'>fits</span>" if t.fits else "<span class='bad'>does not fit</span>"
         held = f" ({fmt_bytes(t.gpu_memory)})" if t.gpu_memory else ""
-        judged = (f"required {fmt_bytes(e.fit.required)} of capacity {fmt_bytes(e.fit.capacity)}, "
+        judged = (f"{fit_numbers(e.fit)}, "
                   if e.fit is not None else "")
         cards.insert(0, (f"on {escape(t.gpu)}{held}", fit, f"{judged}headroom {fmt_bytes(t.headroom)}"))
         if e.setup.mode == "train":

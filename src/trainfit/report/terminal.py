@@ -7,7 +7,7 @@ from rich.table import Table
 from ..analytic.terms import time_terms
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
-from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL
+from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers
 
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
                "prefill": "prefill", "decode": "decode", "generate": "generate", "score": "score",
@@ -93,7 +93,7 @@ def verdict(e: Estimate, numbers: bool = True) -> tuple[str, str] | None:
     held = f" ({fmt_bytes(judged.gpu_memory)})" if judged.gpu_memory else ""
     text = "[green]fits[/green]" if judged.fits else "[red]does not fit[/red]"
     if e.fit is not None and numbers:
-        text += f" (required {fmt_bytes(e.fit.required)} of capacity {fmt_bytes(e.fit.capacity)})"
+        text += f" ({fit_numbers(e.fit)})"
     return f"on {judged.gpu}{held}", f"{text}, headroom {fmt_bytes(judged.headroom)}"
 
 

@@ -125,6 +125,7 @@ def estimate_for(k: PastedKnobs):
 def view(e: Estimate) -> dict:
     """What the page draws: the estimate, its formatted rows and the phase chart's stacked bars."""
     from ..report import plots
+    from ..report.held import fit_numbers
     from ..report.terminal import PHASE_NAMES, memory_rows, setup_line
     from ..units import fmt_bytes, fmt_count, fmt_seconds
 
@@ -136,7 +137,7 @@ def view(e: Estimate) -> dict:
         # the verdict is the engine's fit rule (analytic/fit_rule.py): required <= capacity; the page shows the
         # numbers it was judged on beside it (a serving engine's: its device total of the GPU's memory)
         f = e.fit
-        judged = (f"required {fmt_bytes(f.required)} of capacity {fmt_bytes(f.capacity)}" if f is not None else
+        judged = (fit_numbers(f) if f is not None else
                   f"device total {fmt_bytes(m.device_total)} of {fmt_bytes(t.gpu_memory)}"
                   if m.device_total is not None and t.gpu_memory else None)
         summary.update(fits=t.fits, gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom),
