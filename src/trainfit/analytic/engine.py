@@ -21,7 +21,7 @@ from .params import count_params
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks
 from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
 from .loss import head_and_loss
-from .optimizer import temporary_bytes
+from .optimizer import state_tensors, temporary_bytes
 from .recompute import layer_params
 from ..precision import PRECISIONS
 from .step_time import layout_step_time, stage_params, with_paged_migration
@@ -120,7 +120,7 @@ def grad_segments(spec: ModelSpec, setup: Setup, mem: TrainMemory, blocks: list[
         return 0  # the peak is optimizer.step()'s, when the gradients are live in it
     st = state_bytes(setup)
     per = temporary_bytes(setup, st)
-    states = 0 if st.factored else round(st.optimizer / per)
+    states = state_tensors(setup, st)
     return gradient_segments(spec, setup, st.grad, per, states, mlp_intermediate(spec, setup), blocks,
                              int(mem.at_peak.get("gradients", 0)))
 

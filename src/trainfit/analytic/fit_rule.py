@@ -80,7 +80,7 @@ def segment_slack(spec: ModelSpec, setup: Setup, mem) -> int:
     own segments, and 20 MiB packing where they are 1-10 MiB: small steps), and for packing taken as perfect."""
     from .engine import _torch_optim_on_cuda
     from .foreach_segments import parameter_tensors
-    from .optimizer import temporary_bytes
+    from .optimizer import state_tensors, temporary_bytes
     from .precision import state_bytes
 
     if not _torch_optim_on_cuda(setup):
@@ -88,8 +88,8 @@ def segment_slack(spec: ModelSpec, setup: Setup, mem) -> int:
     st = state_bytes(setup)
     per = temporary_bytes(setup, st)
     kinds = [st.weight, st.master, st.grad if mem.at_peak.get("gradients", 0) else 0]
-    if not st.factored and not mem.paged_optimizer_states:  # paged: unified memory, not segments
-        kinds += [per] * round(st.optimizer / per)
+    if not mem.paged_optimizer_states:  # paged: unified memory, not segments
+        kinds += [per] * state_tensors(setup, st)
     requests = [(int(n * b), c) for n, c in parameter_tensors(spec, setup) for b in kinds if b]
     return overheads.held_segments(requests) - sum(n * c for n, c in requests)
 

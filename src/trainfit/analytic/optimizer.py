@@ -106,6 +106,12 @@ def temporary_bytes(setup: Setup, st: StateBytes) -> int:
     return 4 if st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
 
 
+def state_tensors(setup: Setup, st: StateBytes) -> int:
+    """Per-element optimizer states each parameter has, each a tensor of its shape in temporary_bytes' dtype (Adam:
+    2, momentum and Lion: 1, SGD: 0); 0 for Adafactor's factored states."""
+    return 0 if st.factored else round(st.optimizer / temporary_bytes(setup, st))
+
+
 def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) -> float:
     """Temporaries of optimizer.step() for the kernel the stack runs (Setup.optimizer_kernel): foreach kernels
     allocate whole-group temporaries, the for-loop one parameter's worth at a time (torch/optim/adam.py
