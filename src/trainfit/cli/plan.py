@@ -64,8 +64,8 @@ def plan(
     """
     from ..api import load_gpu, token_model
     if margin is not None:
-        raise SetupError("--margin is gone: plan judges the fit as `trainfit estimate` does (device total <= GPU "
-                         "memory); keep memory free with --reserve GiB")
+        raise SetupError("--margin is gone: plan judges the fit as `trainfit estimate` does (its fit rule: required <= "
+                         "GPU memory less the fixed overheads); keep memory free with --reserve GiB")
     if mode not in ("train", "serve"):
         raise SetupError(f"--mode {mode!r}: plan searches train or serve")
     if mode == "serve":

@@ -223,8 +223,8 @@ def render_table(s: SweepResult, console=None) -> None:
         prefix = f"{v} " if v else ""
         t.add_column(f"{prefix}peak", justify="right")
         t.add_column(f"{prefix}step time" if timed else f"{prefix}FLOPs/step", justify="right")
-        if timed:  # the fit is judged on the device total (nvidia-smi), shown beside it
-            t.add_column(f"{prefix}device total", justify="right")
+        if timed:  # the fit is judged on required (analytic/fit_rule.py), shown beside it
+            t.add_column(f"{prefix}required", justify="right")
             t.add_column(f"{prefix}fits {s.gpu.name}", justify="center")
     by = {(r["variant"], r["value"]): r for r in s.rows}
     for value in s.values:
@@ -237,7 +237,7 @@ def render_table(s: SweepResult, console=None) -> None:
             cells.append(fmt_bytes(r["peak"]))
             cells.append(fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"]))
             if timed:
-                cells.append(fmt_bytes(r["device_total"]) if r["device_total"] is not None else "")
+                cells.append(fmt_bytes(r["required"]) if r["required"] is not None else "")
                 cells.append("[green]yes[/green]" if r["fits"] else "[red]no[/red]")
         t.add_row(*cells)
     console.print(t)
@@ -267,7 +267,7 @@ def sweep_html_table(s: SweepResult) -> str:
     for v in s.variants:
         p = f"{v} " if v else ""
         head += [f"{p}peak", f"{p}step time" if timed else f"{p}FLOPs/step"]
-        head += [f"{p}device total", f"{p}fits"] if timed else []
+        head += [f"{p}required", f"{p}fits"] if timed else []
     by = {(r["variant"], r["value"]): r for r in s.rows}
     lines = ["<table class='num'><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for value in s.values:
@@ -279,7 +279,7 @@ def sweep_html_table(s: SweepResult) -> str:
                 continue
             cells += [fmt_bytes(r["peak"]), fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"])]
             if timed:
-                cells.append(fmt_bytes(r["device_total"]) if r["device_total"] is not None else "")
+                cells.append(fmt_bytes(r["required"]) if r["required"] is not None else "")
                 cells.append("<span class='ok'>yes</span>" if r["fits"] else "<span class='bad'>no</span>")
         lines.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     lines.append("</tbody></table>")
