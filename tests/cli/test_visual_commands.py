@@ -88,7 +88,7 @@ def test_timeline_from_the_trace_engine(app, tmp_path):
     out = tmp_path / "step.svg"
     r = invoke(app, "timeline", "tiny-llama", "--device", "cpu", "--seq", "32", "--gpu", "T4", "-o", str(out), "--json")
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)  # (stderr may carry a library's import warnings: the first torch import of a run)
     assert d["trace"]["engine"] == "trace" and d["trace"]["detail"]["timeline"]
     text = out.read_text()
     assert "activations" in text and "T4 memory" in text and "backward" in text
