@@ -32,6 +32,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from trainfit import api  # noqa: E402
+from trainfit.report.held import fit_numbers  # noqa: E402
 from trainfit.units import fmt_bytes  # noqa: E402
 
 
@@ -106,10 +107,11 @@ def test_changing_batch_updates_the_peak(server, browser):
     verdict = browser.find_element(By.ID, "verdict").text
     e8 = api.analytic(api.Request(batch=8, **base))
     assert verdict == ("fits" if e8.time.fits else "does not fit")
-    # what the GPU holds: the API's reserved and device total (the number the verdict reads), the reports' sentence
+    # what the GPU holds: the API's reserved and device total, the reports' sentence; beside the verdict the numbers
+    # it reads (the fit rule's required of capacity)
     held = {i: browser.find_element(By.ID, i).get_attribute("data-bytes") for i in ("reserved", "device-total")}
     assert held == {"reserved": str(e8.memory.reserved), "device-total": str(e8.memory.device_total)}
-    assert fmt_bytes(e8.memory.device_total) in browser.find_element(By.ID, "headroom").text
+    assert fit_numbers(e8.fit) in browser.find_element(By.ID, "headroom").text
     assert "what nvidia-smi shows" in browser.find_element(By.ID, "held-note").text
     assert not browser.find_element(By.ID, "error").is_displayed()
 
