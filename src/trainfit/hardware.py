@@ -117,10 +117,14 @@ def get_gpu(name: str) -> GPU:
     key = _key(name)
     if key in index:
         return index[key]
-    near = difflib.get_close_matches(key, list(index), n=6, cutoff=0.5)
+    raise UnknownGPUError(f"unknown GPU {name!r}.{_close_hint(key)} Run `trainfit gpus` for the list.")
+
+
+def _close_hint(key: str) -> str:
+    index = _index()
+    near = difflib.get_close_matches(key[:255], list(index), n=6, cutoff=0.5)
     names = list(dict.fromkeys(index[n].name for n in near))[:3]  # several aliases may name one GPU
-    hint = f" Did you mean: {', '.join(names)}?" if names else ""
-    raise UnknownGPUError(f"unknown GPU {name!r}.{hint} Run `trainfit gpus` for the list.")
+    return f" Did you mean: {', '.join(names)}?" if names else ""
 
 
 # -- GPUs from a user's file ----------------------------------------------------------------------------------
@@ -151,15 +155,26 @@ _UNIT_FLOOR = {"memory": 2**26, "cuda_memory": 2**26, "memory_bandwidth": 1e9, "
 
 
 def is_gpu_file(name: str) -> bool:
-    """`--gpu` names a file when it ends in .json/.toml or is a path to an existing file."""
+    """`--gpu` names a file when it ends in .json/.toml, holds a path separator, or (where files may be read: not
+    under models.resolve.catalog_only) is the path of an existing file."""
+    from .models.resolve import catalog_only_rule
+
     n = name.strip()
-    return n.lower().endswith((".json", ".toml")) or os.sep in n or os.path.isfile(n)
+    if n.lower().endswith((".json", ".toml")) or os.sep in n:
+        return True
+    return catalog_only_rule() is None and os.path.isfile(n)
 
 
 def load_gpu_file(path: str) -> GPU:
     """A GPU described in a JSON or TOML file with the catalog's fields (data/gpus.json), validated field by field;
-    any mistake is one line naming the field and the fix."""
+    any mistake is one line naming the field and the fix. The one place a GPU reference reaches the file system:
+    refused under models.resolve.catalog_only."""
+    from .models.resolve import catalog_only_rule, check_name
+
     path = path.strip()
+    if catalog_only_rule() is not None:
+        return resolve_gpu(path)  # the catalog, or the rule's one line
+    check_name(path, "gpu", GPUFileError)
     where = f"GPU file {path}"
     toml = path.lower().endswith(".toml")
     if not os.path.isfile(path):
@@ -252,5 +267,15 @@ def _check_field(where: str, k: str, v, toml: bool):
 
 
 def resolve_gpu(name: str) -> GPU:
-    """`--gpu`: a catalog name or alias, or the path of a JSON/TOML file describing the GPU."""
-    return load_gpu_file(name) if is_gpu_file(name) else get_gpu(name)
+    """`--gpu`: a catalog name or alias, or the path of a JSON/TOML file describing the GPU; under
+    models.resolve.catalog_only a catalog name or alias only, found without touching the file system."""
+    from .models.resolve import catalog_only_rule, check_name, shown
+
+    rule = catalog_only_rule()
+    if rule is None:
+        check_name(name.strip(), "gpu", UnknownGPUError)  # a NUL, a name too long: one line, not an OSError
+        return load_gpu_file(name) if is_gpu_file(name) else get_gpu(name)
+    key = _key(name)
+    if key not in _index():
+        raise UnknownGPUError(f"gpu {shown(name.strip())}: unknown GPU; {rule.gpus}.{_close_hint(key)}")
+    return _index()[key]

@@ -98,6 +98,7 @@ class Meta:
     suggestions: tuple = ()  # common values of a free-form setting (the web form offers them)
     repeatable: bool = False  # the flag may be given several times (or "a,b"): `parse` combines the values
     aliases: tuple[str, ...] = ()  # other CLI names (an engine's own flag name)
+    names_model: bool = False  # the value names a model, resolved by models.resolve.load_model (and its rule)
 
 
 def setting(default, help: str, **meta) -> Any:
@@ -277,7 +278,7 @@ class Setup:
                                          "config.json; vLLM's --speculative-config model, SGLang's "
                                          "--speculative-draft-model-path): its weights and its KV cache share the "
                                          "engine's budget. Needs the target's vocabulary.",
-                                         modes=("serve",), example="llama-3.2-1b")
+                                         modes=("serve",), example="llama-3.2-1b", names_model=True)
     speculative_algorithm: Optional[str] = setting(None, "SGLang's --speculative-algorithm: eagle or eagle3 (a "
                                                    "draft head given by --draft-model, sharing the target's "
                                                    "embedding), nextn (the target's own MTP layers, DeepSeek's "
@@ -316,11 +317,11 @@ class Setup:
                                           "config.json, trained beside the policy.", modes=("rl",),
                                           auto="the policy's model (the critic initialised from the policy's "
                                           "checkpoint; verl's critic.yaml takes its own model.path)",
-                                          example="qwen2.5-0.5b")
+                                          example="qwen2.5-0.5b", names_model=True)
     reward_model: Optional[str] = setting(None, "A reward model scoring each completion (a catalog name or "
                                           "config.json; a sequence classifier, frozen).", modes=("rl",),
                                           auto="none: rule-based reward functions (TRL's reward_funcs)",
-                                          example="qwen2.5-0.5b")
+                                          example="qwen2.5-0.5b", names_model=True)
 
     def __post_init__(self) -> None:
         if self.mode == "rl" and isinstance(self.prompt_len, int) and isinstance(self.completion_len, int):

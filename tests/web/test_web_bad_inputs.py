@@ -58,7 +58,7 @@ BAD_GET = [
     ({"model": "../config.json"}, "catalog names"),
     ({"model": "~/config.json"}, "catalog names"),
     ({"model": "C:\\models\\config.json"}, "catalog names"),
-    ({"model": "nobody/not-cached"}, "not in the local HF cache"),
+    ({"model": "nobody/not-cached"}, "unknown model"),
     # sizes
     ({**M, "batch": 0}, "--batch"),
     ({**M, "batch": -1}, "--batch"),

@@ -130,7 +130,7 @@ class Model:
 def other_models(spec: ModelSpec, setup: Setup, load) -> list[Model]:
     """The reference (beta > 0, without LoRA: TRL loads it in the policy's dtype, grpo_trainer.py:1001; with LoRA
     the policy with its adapters off is the reference, :989-991), PPO's critic and a reward model. `load` resolves
-    a model name (api.load_spec)."""
+    a model name (models.resolve.load_model(ref, field=))."""
     weight = DTYPE_BYTES[PRECISIONS[setup.precision].weight]
     out = []
     if setup.beta > 0 and not setup.lora_rank:
@@ -139,13 +139,13 @@ def other_models(spec: ModelSpec, setup: Setup, load) -> list[Model]:
         # AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, **model_init_kwargs)
         # (grpo_trainer.py:558-559): no dtype given, so transformers' "auto" (modeling_utils.py:4186-4187), the
         # checkpoint's own dtype
-        r = with_head(one_label(load(setup.reward_model)), "seq-cls")
+        r = with_head(one_label(load(setup.reward_model, field="reward_model")), "seq-cls")
         out.append(Model("reward", r, int(count_params(r).total * checkpoint_bytes(r))))
     if setup.rl_algo == "ppo":
         # a value head on the backbone, one output per token: verl builds the critic as
         # AutoModelForTokenClassification with num_labels = 1 (verl/workers/fsdp_workers.py, CriticWorker
         # _build_critic_model_optimizer; volcengine/verl main, read 2026-11)
-        c = one_label(load(setup.critic_model) if setup.critic_model is not None else spec)
+        c = one_label(load(setup.critic_model, field="critic_model") if setup.critic_model is not None else spec)
         cm = train_memory(c, train_setup(setup, head="token-cls"))
         out.append(Model("critic", c, int(cm.weights + cm.master + cm.optimizer), cm))
     return out

@@ -323,7 +323,7 @@ def draft_of(spec: ModelSpec, setup: Setup) -> ModelSpec | None:
         return None
     from ..models.resolve import load_model
 
-    draft = load_model(setup.draft_model)
+    draft = load_model(setup.draft_model, field="draft_model")
     if draft.vocab != spec.vocab:
         raise SetupError(f"--draft-model {setup.draft_model}: its vocabulary ({draft.vocab:,}) is not {spec.name}'s "
                          f"({spec.vocab:,}); a draft must share the target's tokenizer")

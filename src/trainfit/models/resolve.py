@@ -3,11 +3,17 @@ no huggingface_hub: `trainfit estimate` must start in well under a second).
 
 A reference is, in the order tried:
 1. a path to a config.json, or to a folder holding one;
-2. a catalog name or alias (case-insensitive), e.g. "llama-3.1-8b", "gpt2-small";
+2. a catalog name or alias (case-insensitive), e.g. "llama-3.1-8b", "gpt2-small", or the vision catalog's;
 3. an HF hub id "org/name", read from the local HF cache
    (HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub,
    ~/.cache/huggingface/hub; layout models--org--name/snapshots/<rev>/config.json),
    else the catalog entry whose hf_id matches.
+
+Every field that names a model (the model, and the settings marked `names_model` in trainfit.setup) is resolved by
+`locate`, the one place a reference may reach the file system. Under `catalog_only()` (the web app, for every
+request that computes) it takes catalog names, aliases and the hub ids the catalogs know, and nothing else, without
+looking at the disk: no file is read, stat'ed or listed on a request's say-so (hardware.resolve_gpu obeys the same
+rule for GPUs).
 
 Catalog files (models/catalog/<name>.json) are HF config.json copies plus a "_trainfit" object:
 name (lowercase, hyphenated), aliases, hf_id, source (where the numbers come from),
@@ -20,13 +26,19 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator, NamedTuple
 
 from trainfit.errors import ConfigError, UnknownModelError
 from trainfit.models.hf_config import loads_config
 from trainfit.models.hf_config import spec_from_config as _text_spec
-from trainfit.models.vision import VISION_TYPES, vision_catalog_spec, vision_lookup, vision_names, vision_spec
+from trainfit.models.vision import (VISION_TYPES, vision_catalog_spec, vision_entry, vision_lookup, vision_names,
+                                    vision_spec)
 from trainfit.spec import ModelSpec, VisionSpec
 
 CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
@@ -105,18 +117,89 @@ def list_models() -> list[ModelSpec]:
     return sorted(specs, key=lambda s: (s.family, s.name))
 
 
+# ---- the rule: which references may reach the file system -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogOnly:
+    """References resolve from the catalogs alone. Each text is the fix a refused reference is told."""
+
+    models: str  # e.g. "the web app takes catalog names (see /api/models) or a pasted config.json"
+    gpus: str
+
+
+# A ContextVar, not a global: the CLI and the web app may share a process (the tests), and each web request runs in
+# its own context (FastAPI copies the context into the worker thread of a sync endpoint, asyncio into each task).
+_CATALOG_ONLY: ContextVar[CatalogOnly | None] = ContextVar("trainfit_catalog_only", default=None)
+
+
+@contextmanager
+def catalog_only(models: str, gpus: str) -> Iterator[CatalogOnly]:
+    """Within it, model and GPU references resolve from the catalogs only, without touching the file system; anything
+    else is one line naming the field and `models` / `gpus`. Also a decorator (each call enters it anew)."""
+    rule = CatalogOnly(models, gpus)
+    token = _CATALOG_ONLY.set(rule)
+    try:
+        yield rule
+    finally:
+        _CATALOG_ONLY.reset(token)
+
+
+def catalog_only_rule() -> CatalogOnly | None:
+    """The rule in force (None: local files may be read, as the CLI does)."""
+    return _CATALOG_ONLY.get()
+
+
+# Linux's NAME_MAX and PATH_MAX (limits.h; macOS: 255 and 1024): longer names fail in the kernel with ENAMETOOLONG
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def shown(ref: str, width: int = 60) -> str:
+    """A reference as an error message quotes it: repr (a NUL or an undecodable byte escaped, so the line prints
+    and encodes as UTF-8) and at most `width` characters of it."""
+    return repr(ref if len(ref) <= width else ref[:width] + "…")
+
+
+def _flag(field: str) -> str:
+    """How the command line names a field: the model argument, else the setting's flag."""
+    return field if field == "model" else "--" + field.replace("_", "-")
+
+
+def check_name(ref: str, field: str, error: type[Exception] = ConfigError) -> None:
+    """A reference's text, checked before the file system sees it: no NUL, encodable as a file name, and no longer
+    than the system takes (NAME_MAX per component, PATH_MAX in all). `field`: the setting, named by its flag."""
+    field = _flag(field)
+    if "\x00" in ref:
+        raise error(f"{field} {shown(ref)} contains a NUL character: pass a catalog name or a file's path")
+    try:
+        raw = os.fsencode(ref)
+    except UnicodeError:
+        raise error(f"{field} {shown(ref)} is not valid text for a file name: pass a catalog name or a file's "
+                    "path") from None
+    if len(raw) > PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise error(f"{field} {shown(ref)}: name too long ({len(raw)} bytes; a file name has at most {NAME_MAX}): "
+                    "pass a catalog name or a file's path")
+
+
 # ---- local files and the HF cache -----------------------------------------------------------
 
 
-def _load_path(path: Path) -> ModelSpec:
-    if path.is_dir():
-        cfg = path / "config.json"
-        if not cfg.is_file():
-            raise ConfigError(f"folder {path} holds no config.json; pass the path to a model's config.json")
-        path = cfg
-    data = _read_json(path, "config file")
-    name = path.parent.name if path.name == "config.json" else path.stem
-    return spec_from_config(data, name or str(path), source=str(path))
+def _kind(path: Path) -> str | None:
+    """"file" (a regular file), "dir", "other" (a device, a pipe: never opened) or None when nothing is there."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:  # a permission, a symlink loop
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"
+
+
+def _load_path(cfg: Path) -> ModelSpec:
+    data = _read_json(cfg, "config file")
+    name = cfg.parent.name if cfg.name == "config.json" else cfg.stem
+    return spec_from_config(data, name or str(cfg), source=str(cfg))
 
 
 def hf_cache_dirs() -> list[Path]:
@@ -141,7 +224,9 @@ def hf_cache_dirs() -> list[Path]:
 
 def find_cached_config(hub_id: str) -> Path | None:
     """config.json of `org/name` in the local HF cache: the snapshot refs/main points at, else the
-    newest snapshot holding a config.json; None when not cached."""
+    newest snapshot holding a config.json; None when not cached (and always under catalog_only)."""
+    if catalog_only_rule() is not None or not _HUB_ID.match(hub_id):
+        return None
     folder = "models--" + hub_id.replace("/", "--")
     for cache in hf_cache_dirs():
         repo = cache / folder
@@ -160,14 +245,15 @@ def find_cached_config(hub_id: str) -> Path | None:
     return None
 
 
-def _unknown_message(ref: str) -> str:
+def _close_hint(ref: str) -> str:
     keys = catalog_names(include_aliases=True) + vision_names()
-    close = difflib.get_close_matches(ref.strip().lower(), keys, n=3, cutoff=0.5)
-    hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    return (
-        f"unknown model '{ref}'.{hint} Run `trainfit models` to list the catalog, "
-        "or pass the path to a config.json."
-    )
+    close = difflib.get_close_matches(ref.strip().lower()[:NAME_MAX], keys, n=3, cutoff=0.5)
+    return f" Did you mean {' or '.join(close)}?" if close else ""
+
+
+def _unknown_message(ref: str, field: str = "model") -> str:
+    return (f"{_flag(field)} {shown(ref)}: unknown model.{_close_hint(ref)} Run `trainfit models` to list the "
+            "catalog, or pass the path to a config.json.")
 
 
 def _looks_like_path(ref: str) -> bool:
@@ -179,35 +265,101 @@ def _looks_like_path(ref: str) -> bool:
     )
 
 
-def load_model(ref: str) -> ModelSpec | VisionSpec:
-    """Resolve a catalog name/alias, a config.json path or folder, or a cached HF hub id."""
-    if not isinstance(ref, str) or not ref.strip():
-        raise UnknownModelError("no model given: pass a catalog name (see `trainfit models`) or a config.json path")
-    ref = ref.strip()
-    path = Path(ref).expanduser()
-    # A local config.json (or a folder holding one) wins, as in transformers' from_pretrained.
-    if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
-        return _load_path(path)
+# ---- resolution -------------------------------------------------------------------------------------------------
+
+
+class Found(NamedTuple):
+    """Where a reference resolved."""
+
+    kind: str  # "catalog", "vision" (the vision catalog), "cache" (a hub id's config.json in the HF cache), "file"
+    key: str  # the catalog or vision name, the hub id, or the reference as given
+    path: Path | None = None  # the config.json read ("cache", "file")
+
+
+def _in_catalogs(ref: str, hub_ids: bool) -> Found | None:
+    """A catalog name or alias, the vision catalog's names, aliases and hub ids, and (hub_ids) the catalog's."""
     name = _lookup(ref)
     if name is not None:
-        return _catalog_spec(name)
-    vision = vision_lookup(ref)  # the vision catalog (models/catalog/vision), names and hub ids
+        return Found("catalog", name)
+    vision = vision_lookup(ref)
     if vision is not None:
-        return vision_catalog_spec(vision)
-    if path.is_dir():
-        return _load_path(path)  # raises: the folder holds no config.json
+        return Found("vision", vision)
+    name = _catalog()[2].get(ref.lower()) if hub_ids else None
+    return Found("catalog", name) if name is not None else None
+
+
+def locate(ref: str, field: str = "model") -> Found:
+    """Where a reference resolves: the one place a model reference may reach the file system. `field` names the
+    setting in messages (model, draft_model, ...)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise UnknownModelError(f"no {field} given: pass a catalog name (see `trainfit models`) or a config.json path")
+    ref = ref.strip()
+    rule = catalog_only_rule()
+    if rule is not None:  # nothing but the catalogs: the answer never depends on the disk
+        found = _in_catalogs(ref, hub_ids=True)
+        if found is None:
+            hint = "" if _looks_like_path(ref) else _close_hint(ref)
+            raise UnknownModelError(f"{field} {shown(ref)}: unknown model; {rule.models}.{hint}")
+        return found
+    check_name(ref, field)
+    path = Path(os.path.expanduser(ref))  # os.path's: an unknown ~user stays as written (pathlib's raises)
+    kind = _kind(path)
+    # A local config.json (or a folder holding one) wins, as in transformers' from_pretrained.
+    if kind == "file":
+        return Found("file", ref, path)
+    if kind == "dir" and _kind(path / "config.json") == "file":
+        return Found("file", ref, path / "config.json")
+    found = _in_catalogs(ref, hub_ids=False)
+    if found is not None:
+        return found
+    where = f"{_flag(field)} {shown(ref)}"
+    if kind == "dir":
+        raise ConfigError(f"{where}: the folder holds no config.json; pass the path to a model's config.json")
+    if kind == "other":
+        raise ConfigError(f"{where} is not a regular file (a device or a pipe); pass the path to a model's "
+                          "config.json")
     if _looks_like_path(ref):
-        raise ConfigError(f"no such file or folder: {ref}")
+        raise ConfigError(f"{where}: no such file or folder")
     if _HUB_ID.match(ref):
         cfg = find_cached_config(ref)
         if cfg is not None:
-            data = _read_json(cfg, "config file")
-            return spec_from_config(data, ref.split("/", 1)[1], source=f"{ref} (HF cache: {cfg})")
-        hub_name = _catalog()[2].get(ref.lower())
-        if hub_name is not None:
-            return _catalog_spec(hub_name)
+            return Found("cache", ref, cfg)
+        found = _in_catalogs(ref, hub_ids=True)
+        if found is not None:
+            return found
         raise UnknownModelError(
-            f"'{ref}' is not in the local HF cache ({hf_cache_dirs()[0]}) nor in the catalog; trainfit works "
+            f"{where} is not in the local HF cache ({hf_cache_dirs()[0]}) nor in the catalog; trainfit works "
             "offline: download its config.json and pass its path (e.g. `trainfit estimate ./config.json`)."
         )
-    raise UnknownModelError(_unknown_message(ref))
+    raise UnknownModelError(_unknown_message(ref, field))
+
+
+def load_model(ref: str, field: str = "model") -> ModelSpec | VisionSpec:
+    """Resolve a catalog name/alias, a config.json path or folder, or a cached HF hub id (see `locate`)."""
+    found = locate(ref, field)
+    if found.kind == "catalog":
+        return _catalog_spec(found.key)
+    if found.kind == "vision":
+        return vision_catalog_spec(found.key)
+    if found.kind == "cache":
+        data = _read_json(found.path, "config file")
+        return spec_from_config(data, found.key.split("/", 1)[1], source=f"{found.key} (HF cache: {found.path})")
+    return _load_path(found.path)
+
+
+def serving_ref(ref: str, field: str = "model") -> str:
+    """What a serving engine's model argument takes for a reference (vLLM's --model, SGLang's --model-path: a hub
+    id or a local folder holding config.json and the weights): the hub id of a catalog model (its name when it has
+    none), a hub id as given, else the absolute path of the folder holding the config.json, so the command works
+    from any directory."""
+    found = locate(ref, field)
+    if found.kind == "catalog":
+        return _catalog()[0][found.key]["_trainfit"].get("hf_id") or found.key
+    if found.kind == "vision":
+        return vision_entry(found.key).get("hf_id") or found.key
+    if found.kind == "cache":
+        return found.key
+    if found.path.name != "config.json":  # the engines read <folder>/config.json (transformers' AutoConfig)
+        raise ConfigError(f"{field} {shown(ref)}: a serving engine loads a folder holding config.json and the "
+                          f"weights, and {found.path.name} is not named config.json: rename it in its model's folder")
+    return os.path.abspath(found.path.parent)

@@ -16,7 +16,6 @@ The app computes nothing itself: the numbers come from trainfit.api and the form
 """
 from __future__ import annotations
 
-import os
 import threading
 from functools import lru_cache
 from typing import Annotated, Any, Optional, Union
@@ -31,6 +30,7 @@ from pydantic import ConfigDict, create_model
 from .. import api
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
+from ..models import resolve
 from ..setup import SETTINGS, Request, Setting, parse_value
 
 
@@ -51,13 +51,14 @@ class PastedKnobs(Knobs):
     config: Union[dict[str, Any], str, None] = None  # a pasted config.json (object or its text)
 
 
-def to_request(k: Knobs, model: str | None = None) -> Request:
-    if isinstance(k.gpu, str) and k.gpu.strip():
-        from ..hardware import is_gpu_file
+# The server reads no file named by a request: every endpoint that computes runs under this rule (models.resolve:
+# model and GPU references resolve from the catalogs, without touching the disk, whatever the field).
+catalog_only = resolve.catalog_only(
+    models="the web app takes catalog names (see /api/models) or a pasted config.json",
+    gpus="the web app takes catalog GPU names (see /api/gpus); set gpu_memory for another memory size")
 
-        if is_gpu_file(k.gpu):  # the server reads no files named by a request
-            raise SetupError(f"gpu {k.gpu.strip()!r}: the web app takes catalog GPU names (see /api/gpus); set "
-                             "gpu_memory for another memory size")
+
+def to_request(k: Knobs, model: str | None = None) -> Request:
     values = {}
     for s in SETTINGS:
         v = getattr(k, s.name)
@@ -65,18 +66,17 @@ def to_request(k: Knobs, model: str | None = None) -> Request:
             v = None
         if v is None and s.request_default is not None:
             continue  # blank -> the CLI default
+        if s.meta.names_model and v is not None:
+            resolve.load_model(v, field=s.name)  # the rule's one line now, whatever the mode
         values[s.name] = parse_value(s, v)
     return Request(model=model if model is not None else (k.model or ""), **values)
 
 
 def _catalog_ref(model: str | None) -> str:
-    """The web app resolves catalog names and cached hub ids, not paths on the server's disk."""
+    """The model of a request without a pasted config (which references resolve: the catalog_only rule)."""
     if model is None or not model.strip():
         raise SetupError("choose a model: a catalog name (see /api/models) or paste a config.json")
-    m = model.strip()
-    if m.startswith(("/", ".", "~")) or "\\" in m or os.path.exists(m):
-        raise SetupError(f"model {m!r}: the web app takes catalog names or hub ids; paste a config.json for other models")
-    return m
+    return model.strip()
 
 
 def parse_config(config: Union[dict, str, None]) -> dict:
@@ -235,16 +235,19 @@ def create_app() -> FastAPI:
         return HTMLResponse(PAGE)
 
     @app.get("/api/estimate")
+    @catalog_only
     def get_estimate(knobs: Annotated[Knobs, Query()]) -> JSONResponse:
         """The analytic estimate for a catalog model: exactly `trainfit estimate MODEL ... --json`."""
         return JSONResponse(api.analytic(to_request(knobs, model=_catalog_ref(knobs.model))).to_dict())
 
     @app.post("/api/estimate")
+    @catalog_only
     def post_estimate(knobs: PastedKnobs) -> JSONResponse:
         """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
         return JSONResponse(estimate_for(knobs)[2].to_dict())
 
     @app.post("/api/view")
+    @catalog_only
     def post_view(knobs: PastedKnobs) -> JSONResponse:
         spec, req, e = estimate_for(knobs)
         v = view(e)
@@ -255,6 +258,7 @@ def create_app() -> FastAPI:
         return JSONResponse(v)
 
     @app.get("/api/timeline.svg")
+    @catalog_only
     def get_timeline(knobs: Annotated[Knobs, Query()]) -> Response:
         req = to_request(knobs, model=_catalog_ref(knobs.model))
         api.resolve(req)  # bad knobs: a 400 before any trace
