@@ -116,7 +116,7 @@ def test_emit_vllm_uses_vllms_flags(kw):
     spec = load_model("llama-3.1-70b")
     setup = _serve(**kw)
     est = estimate(spec, setup, gpu=get_gpu("H100-80GB"))
-    argv = shlex.split(vllm_command(spec, setup, est.detail.serving))
+    argv = shlex.split(vllm_command("llama-3.1-70b", setup, est.detail.serving))
     assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-70B"]
     flags = [a for a in argv[3:] if a.startswith("--")]
     assert set(flags) <= set(VLLM_FLAGS)

@@ -155,7 +155,7 @@ def _emit(kw):
     spec = load_model("llama-3.1-8b")
     setup = _sgl(**kw)
     est = estimate(spec, setup, gpu=get_gpu("H100-80GB"))
-    return est, shlex.split(sglang_command(spec, setup, est.detail.serving))
+    return est, shlex.split(sglang_command("llama-3.1-8b", setup, est.detail.serving))
 
 
 @pytest.mark.parametrize("kw", EMIT_CASES)

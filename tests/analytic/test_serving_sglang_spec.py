@@ -113,7 +113,7 @@ def test_emit_carries_the_draft(eagle3):
 
     spec, setup = load_model("llama-3.1-8b"), _sgl(draft_model=eagle3, speculative_algorithm="eagle3")
     est = estimate(spec, setup, gpu=get_gpu("H100-80GB"))
-    argv = shlex.split(sglang_command(spec, setup, est.detail.serving))
+    argv = shlex.split(sglang_command("llama-3.1-8b", setup, est.detail.serving))
     # SGLang 0.5.23's flags (arg_groups/fields/spec.py:31-70) and its builtin algorithm name, upper case
     assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
     assert argv[argv.index("--speculative-draft-model-path") + 1] == eagle3

@@ -66,7 +66,7 @@ def estimate(req: Request, engine: str = EngineOpt,
         from ..plan.emit_vllm import vllm_command
         e = results[0]
         command = sglang_command if emit == "sglang" else vllm_command
-        typer.echo(command(api.load_spec(req.model), e.setup, e.detail.serving))
+        typer.echo(command(req.model, e.setup, e.detail.serving))
         return
     advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:

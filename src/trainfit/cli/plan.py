@@ -203,7 +203,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         sv = analytic(spec, best.setup, resolve_gpu(best.gpu)).detail.serving
         typer.echo(f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {best.sequences_per_replica} "
                    f"sequences each, {best.tpot_seconds * 1e3:.1f} ms per token", err=True)
-        typer.echo((sglang_command if server == "sglang" else vllm_command)(spec, best.setup, sv))
+        typer.echo((sglang_command if server == "sglang" else vllm_command)(model, best.setup, sv))
         return
     if json:
         typer.echo(dumps({"model": spec.name, "server": server, "concurrency": concurrency,

@@ -16,19 +16,20 @@ from __future__ import annotations
 import shlex
 
 from ..estimate import Serving
+from ..models.resolve import serving_ref
 from ..setup import Setup
-from ..spec import ModelSpec
-from .emit_vllm import DTYPES, _hub_id_of
+from .emit_vllm import DTYPES
 
 # --kv-cache-dtype (fields/model.py:197-219: auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, ...): no fp16
 # choice, the model's own dtype is "auto"
 KV_DTYPES = {"fp8": "fp8_e4m3", "bf16": "bfloat16"}
 
 
-def sglang_command(spec: ModelSpec, setup: Setup, serving: Serving) -> str:
-    """`serving`: the estimate's resolved settings (Estimate.detail.serving, analytic/serving_sglang.py)."""
+def sglang_command(model: str, setup: Setup, serving: Serving) -> str:
+    """`model`: the model's reference as given (models.resolve.serving_ref turns it into what --model-path takes);
+    `serving`: the estimate's resolved settings (Estimate.detail.serving, analytic/serving_sglang.py)."""
     k = serving.knobs
-    args = ["python", "-m", "sglang.launch_server", "--model-path", _hub_id_of(spec.name),
+    args = ["python", "-m", "sglang.launch_server", "--model-path", serving_ref(model),
             "--dtype", DTYPES[setup.precision], "--tp-size", str(setup.tp), "--pp-size", str(setup.pp),
             "--mem-fraction-static", f"{k['mem_fraction_static']:g}",
             "--context-length", str(serving.max_model_len),
@@ -40,7 +41,7 @@ def sglang_command(spec: ModelSpec, setup: Setup, serving: Serving) -> str:
     if "speculative_algorithm" in k:  # the algorithm's builtin name is upper case (fields/spec.py:31-34)
         args += ["--speculative-algorithm", k["speculative_algorithm"].upper()]
         if k["draft_model"]:
-            args += ["--speculative-draft-model-path", _hub_id_of(k["draft_model"])]
+            args += ["--speculative-draft-model-path", serving_ref(k["draft_model"], field="draft_model")]
         args += ["--speculative-num-steps", str(k["speculative_num_steps"]),
                  "--speculative-eagle-topk", str(k["speculative_eagle_topk"]),
                  "--speculative-num-draft-tokens", str(k["speculative_num_draft_tokens"])]

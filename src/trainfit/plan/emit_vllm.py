@@ -10,29 +10,19 @@ import json
 import shlex
 
 from ..estimate import Serving
+from ..models.resolve import serving_ref
 from ..setup import Setup
-from ..spec import ModelSpec
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype
 KV_DTYPES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --kv-cache-dtype (fp8 = e4m3)
 
 
-def _hub_id_of(name: str) -> str:
-    """The catalog entry's hub id (vLLM downloads by it); a config file or hub id passed in is used as given."""
-    from ..errors import UnknownModelError
-    from ..models.resolve import catalog_entry
-
-    try:
-        return catalog_entry(name).get("hf_id") or name
-    except UnknownModelError:
-        return name
-
-
-def vllm_command(spec: ModelSpec, setup: Setup, serving: Serving) -> str:
-    """`serving`: the estimate's resolved engine settings (Estimate.detail.serving, analytic/serving.py)."""
+def vllm_command(model: str, setup: Setup, serving: Serving) -> str:
+    """`model`: the model's reference as given (a catalog name, hub id or config.json path: models.resolve.serving_ref
+    turns it into what --model takes); `serving`: the estimate's resolved engine settings (Estimate.detail.serving,
+    analytic/serving.py)."""
     k = serving.knobs
-    model = _hub_id_of(spec.name)
-    args = ["vllm", "serve", model, "--dtype", DTYPES[setup.precision],
+    args = ["vllm", "serve", serving_ref(model), "--dtype", DTYPES[setup.precision],
             "--tensor-parallel-size", str(setup.tp), "--pipeline-parallel-size", str(setup.pp),
             "--gpu-memory-utilization", f"{k['gpu_memory_utilization']:g}",
             "--max-model-len", str(serving.max_model_len),
@@ -45,6 +35,6 @@ def vllm_command(spec: ModelSpec, setup: Setup, serving: Serving) -> str:
     if setup.enforce_eager:
         args.append("--enforce-eager")
     if setup.draft_model:  # NB: the number of speculative tokens is a throughput choice, not a memory one
-        draft = _hub_id_of(setup.draft_model)
+        draft = serving_ref(setup.draft_model, field="draft_model")
         args += ["--speculative-config", json.dumps({"model": draft, "num_speculative_tokens": 4})]
     return shlex.join(args)

@@ -1,0 +1,107 @@
+"""Every field that names a model or a GPU file, on the command line (issue 35): the CLI reads local files (that is
+its purpose) through the same resolver as the web app, and a name the file system cannot take (too long, a NUL,
+an undecodable byte, an unknown ~user) is one line and exit code 2, never an OSError's traceback. `--emit` gives
+vLLM/SGLang a model argument that works from any directory."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+
+import pytest
+
+from trainfit.cli import main
+from trainfit.models.resolve import CATALOG_DIR, load_model
+from trainfit.setup import SETTINGS
+
+MODEL_FLAGS = {s.flag: s for s in SETTINGS if s.meta.names_model}
+# the command line in which each field applies (its setting's first mode; rl with ppo, which takes both models)
+WHERE = {"model": "estimate {} --gpu H100-80GB", "--gpu": "estimate llama-3.2-1b --gpu {}",
+         **{flag: f"estimate llama-3.1-8b --gpu H100-80GB --mode {s.meta.modes[0]}"
+            + (" --rl-algo ppo" if s.meta.modes[0] == "rl" else "") + f" {flag} {{}}"
+            for flag, s in MODEL_FLAGS.items()}}
+BAD_NAMES = {"300 characters": "a" * 300, "a 300-character path": "/tmp/" + "b" * 295, "a NUL": "x\x00y",
+             "an undecodable byte": "\udcff\udcfe", "an unknown user's home": "~nosuchuser/config.json"}
+
+
+def run(capsys, argv: list[str]) -> tuple[object, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def argv(field: str, value: str) -> list[str]:
+    return [value if a == "{}" else a for a in shlex.split(WHERE[field])]
+
+
+def test_the_model_flags_come_from_the_settings():
+    assert set(MODEL_FLAGS) == {"--draft-model", "--critic-model", "--reward-model"}
+
+
+@pytest.mark.parametrize("what", BAD_NAMES)
+@pytest.mark.parametrize("field", WHERE)
+def test_a_name_the_file_system_cannot_take_is_one_error_line(capsys, field, what):
+    code, out, err = run(capsys, argv(field, BAD_NAMES[what]))
+    assert code == 2, (code, out[-300:], err[-600:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert len(lines[0]) < 300, lines[0]  # the name is quoted shortened, not 300 characters of it
+    # names the field (a GPU by what it is not: a catalog GPU)
+    assert lines[0].startswith(f"error: {field} ") or field == "--gpu" and ("unknown GPU" in lines[0]
+                                                                            or "GPU file" in lines[0]), lines[0]
+    if "300" in what:
+        assert "name too long" in lines[0]
+
+
+@pytest.fixture
+def model_dir(tmp_path, monkeypatch):
+    """tmp_path/work/my model/config.json (a catalog config copied: Llama-3.2-1B), run from tmp_path/work."""
+    work = tmp_path / "work"
+    folder = work / "my model"
+    folder.mkdir(parents=True)
+    shutil.copy(CATALOG_DIR / "llama-3.2-1b.json", folder / "config.json")
+    monkeypatch.chdir(work)
+    return folder
+
+
+def _model_arg(argv_: list[str], server: str) -> str:
+    return argv_[2] if server == "vllm" else argv_[argv_.index("--model-path") + 1]
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+@pytest.mark.parametrize("ref", ["./my model/config.json", "my model", "my model/"])
+def test_emit_gives_the_local_models_folder_from_any_directory(capsys, model_dir, tmp_path, monkeypatch, server,
+                                                               ref):
+    code, out, err = run(capsys, ["estimate", ref, "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                                  "--draft-model", ref, "--emit", server])
+    assert code == 0, err
+    emitted = shlex.split(out)  # quoted for the shell: the space survives
+    model = _model_arg(emitted, server)
+    draft = (json.loads(emitted[emitted.index("--speculative-config") + 1])["model"] if server == "vllm"
+             else emitted[emitted.index("--speculative-draft-model-path") + 1])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for arg in (model, draft):  # what vLLM's --model / SGLang's --model-path reads: <folder>/config.json
+        assert os.path.isabs(arg) and os.path.samefile(os.path.join(arg, "config.json"), model_dir / "config.json")
+        assert load_model(arg).config == load_model("llama-3.2-1b").config
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_emit_gives_a_catalog_models_hub_id(capsys, server):
+    code, out, err = run(capsys, ["estimate", "llama-3.2-1b", "--mode", "serve", "--server", server, "--gpu",
+                                  "H100-80GB", "--emit", server])
+    assert code == 0, err
+    assert _model_arg(shlex.split(out), server) == "meta-llama/Llama-3.2-1B"  # the catalog file's hf_id
+
+
+def test_emit_refuses_a_config_file_not_named_config_json(capsys, model_dir):
+    os.rename(model_dir / "config.json", model_dir / "tiny.json")
+    code, out, err = run(capsys, ["estimate", "my model/tiny.json", "--mode", "serve", "--gpu", "H100-80GB",
+                                  "--emit", "vllm"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "not named config.json" in err, err
