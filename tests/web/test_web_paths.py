@@ -182,7 +182,7 @@ def test_the_engines_own_loads_obey_the_rule():
     future endpoint might) still reads nothing, down to the engines' loads of the draft, critic and reward model."""
     cases = [dict(mode="serve", draft_model="/etc/passwd"), dict(mode="rl", rl_algo="ppo", critic_model="/etc/passwd"),
              dict(mode="rl", reward_model="/etc/passwd")]
-    with catalog_only:
+    with catalog_only():
         for kw in cases:
             field = next(k for k in kw if k.endswith("_model"))
             with pytest.raises(UnknownModelError, match=f"^{field} '/etc/passwd': unknown model; the web app"):

@@ -53,9 +53,11 @@ class PastedKnobs(Knobs):
 
 # The server reads no file named by a request: every endpoint that computes runs under this rule (models.resolve:
 # model and GPU references resolve from the catalogs, without touching the disk, whatever the field).
-catalog_only = resolve.catalog_only(
-    models="the web app takes catalog names (see /api/models) or a pasted config.json",
-    gpus="the web app takes catalog GPU names (see /api/gpus); set gpu_memory for another memory size")
+def catalog_only():
+    """The rule, as a context manager or an endpoint's decorator (entered anew in each call's own thread)."""
+    return resolve.catalog_only(
+        models="the web app takes catalog names (see /api/models) or a pasted config.json",
+        gpus="the web app takes catalog GPU names (see /api/gpus); set gpu_memory for another memory size")
 
 
 def to_request(k: Knobs, model: str | None = None) -> Request:
@@ -235,19 +237,19 @@ def create_app() -> FastAPI:
         return HTMLResponse(PAGE)
 
     @app.get("/api/estimate")
-    @catalog_only
+    @catalog_only()
     def get_estimate(knobs: Annotated[Knobs, Query()]) -> JSONResponse:
         """The analytic estimate for a catalog model: exactly `trainfit estimate MODEL ... --json`."""
         return JSONResponse(api.analytic(to_request(knobs, model=_catalog_ref(knobs.model))).to_dict())
 
     @app.post("/api/estimate")
-    @catalog_only
+    @catalog_only()
     def post_estimate(knobs: PastedKnobs) -> JSONResponse:
         """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
         return JSONResponse(estimate_for(knobs)[2].to_dict())
 
     @app.post("/api/view")
-    @catalog_only
+    @catalog_only()
     def post_view(knobs: PastedKnobs) -> JSONResponse:
         spec, req, e = estimate_for(knobs)
         v = view(e)
@@ -258,7 +260,7 @@ def create_app() -> FastAPI:
         return JSONResponse(v)
 
     @app.get("/api/timeline.svg")
-    @catalog_only
+    @catalog_only()
     def get_timeline(knobs: Annotated[Knobs, Query()]) -> Response:
         req = to_request(knobs, model=_catalog_ref(knobs.model))
         api.resolve(req)  # bad knobs: a 400 before any trace
