@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .. import limits
 from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.layout import validate_layout
@@ -92,8 +93,8 @@ class PlanQuery:
     def __post_init__(self) -> None:
         if not isinstance(self.gpus, int) or self.gpus < 1:
             raise SetupError(f"--gpus must be a positive integer, got {self.gpus!r}")
-        if self.seq < 1:
-            raise SetupError(f"--seq must be a positive integer, got {self.seq!r}")
+        limits.check_world(self.gpus)  # (the layouts' divisors are then found in O(sqrt gpus): plan/space.py)
+        check_value(BY_NAME["seq"], self.seq)  # the one definition of --seq's bounds
         if self.global_batch_tokens is not None and self.global_batch_tokens < self.seq:
             raise SetupError(f"--global-batch-tokens {self.global_batch_tokens:g} is less than one sequence of "
                              f"{self.seq} tokens; raise it or lower --seq")
