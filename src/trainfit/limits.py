@@ -41,10 +41,10 @@ TOKENS = Bound(INT64_MAX // 8, f"the step's input ids are int64 tensors (8 bytes
 RANK_ROWS = Bound(INT64_MAX // 2, f"lora_A holds r rows of 16-bit elements and {INT64_BYTES}")
 
 
-def check_world(world_size: int) -> None:
-    """The job's GPUs (dp x tp x pp x cp), each degree within RANKS, are one world: a C int too."""
+def check_world(world_size: int, what: str = "the job's GPUs (dp x tp x pp x cp)") -> None:
+    """The job's GPUs, each degree within RANKS, are one world: a C int too."""
     if world_size > RANKS:
-        raise SetupError(f"the job's {world_size:,} GPUs (dp x tp x pp x cp) are more than {RANKS:,}: {RANKS.why}")
+        raise SetupError(f"{what} {world_size:,} are more than {RANKS:,}: {RANKS.why}")
 
 
 def check_logits(tokens: int, vocab: int) -> None:
