@@ -77,15 +77,14 @@ def local_ranks(setup, name: str, ranks: int, per_node: int) -> int:
     [pp, dp, cp, tp] (tp innermost), one data-parallel group elsewhere."""
     s = setup
     stage = s.world_size // s.pp  # ranks per pipeline stage
-    if name == "model":  # tp x pp: a tp block in each stage
-        members = [i + j * stage for j in range(s.pp) for i in range(s.tp)]
-    elif name == "embedding":  # the first and last stage
-        members = [0, (s.pp - 1) * stage]
-    else:
-        stride = {"tp": 1, "cp": s.tp, "dp_cp": s.tp, "dp": s.tp * s.cp, "pp": stage, "ep": s.expert_tp,
-                  "expert_dp": s.expert_tp * s.ep}[name]
-        members = [k * stride for k in range(ranks)]
-    return sum(1 for r in members if r < per_node)
+    # counted, not listed: the members below per_node, so the cost does not grow with the world size
+    if name == "model":  # tp x pp: a tp block in each stage, ranks i + j·stage (only the stages that start on the node)
+        return sum(min(s.tp, per_node - j * stage) for j in range(min(s.pp, -(-per_node // stage))))
+    if name == "embedding":  # the first and last stage
+        return sum(1 for r in (0, (s.pp - 1) * stage) if r < per_node)
+    stride = {"tp": 1, "cp": s.tp, "dp_cp": s.tp, "dp": s.tp * s.cp, "pp": stage, "ep": s.expert_tp,
+              "expert_dp": s.expert_tp * s.ep}[name]
+    return min(ranks, -(-per_node // stride)) if per_node > 0 else 0  # ranks k·stride < per_node
 
 
 def _sglang(setup) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from . import heads as _heads
 from . import precision as _precision
 from . import stacks as _stacks
+from . import limits
 from .errors import SetupError
 from .units import parse_count
 
@@ -62,8 +63,6 @@ ATTENTION = ("auto", "eager", "sdpa", "flash", "flash2", "triton")
 DEVICES = ("cuda", "cpu")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_SEQ = 2048
-# Sizes beyond this are typos, not runs (and would overflow the float arithmetic of times and FLOPs).
-MAX_SIZE = 2**40
 
 
 def combine_offload(text: str) -> str:
@@ -110,12 +109,14 @@ class Setup:
     """How the model is run: batch, sequence, precision, optimizer, recompute, kernels and parallel layout."""
 
     batch: int = setting(1, "Micro-batch per GPU (sequences). --mode rl: prompts per optimizer step per GPU, each "
-                         "sampled --group-size times (see --group-size for TRL's names).", minimum=1, short="-b",
+                         "sampled --group-size times (see --group-size for TRL's names).",
+                         maximum=limits.TOKENS, minimum=1, short="-b",
                          example="8", modes=RL_STEP)
     seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens (--mode rl: "
-                       "--prompt-len + --completion-len, not set).", minimum=1, short="-s",
+                       "--prompt-len + --completion-len, not set).", maximum=limits.TOKENS, minimum=1, short="-s",
                        auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP)
-    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.", minimum=1, modes=TRAINING,
+    grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.",
+                              maximum=limits.TOKENS, minimum=1, modes=TRAINING,
                               example="4")
     precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
         f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: " + ", ".join(
@@ -137,23 +138,26 @@ class Setup:
                              "Triton (llm-foundry's attn_impl: triton; CUDA, 16-bit, --stack hf; saves what flash "
                              "saves, runs slower); auto = flash on cuda, sdpa on cpu.",
                              choices=ATTENTION, modes=RL_STEP)
-    dp: int = setting(1, "Data-parallel degree.", minimum=1, modes=("train",), example="8")
-    tp: int = setting(1, "Tensor-parallel degree (divides heads).", minimum=1, example="8", modes=MODES)
-    pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).", minimum=1,
+    dp: int = setting(1, "Data-parallel degree.", maximum=limits.RANKS, minimum=1, modes=("train",), example="8")
+    tp: int = setting(1, "Tensor-parallel degree (divides heads).",
+                      maximum=limits.RANKS, minimum=1, example="8", modes=MODES)
+    pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).",
+                      maximum=limits.RANKS, minimum=1,
                       example="4", modes=MODES)
     vpp: int = setting(1, "Virtual pipeline stages per pipeline rank (Megatron's interleaved 1F1B: each rank holds "
-                       "--vpp model chunks).", minimum=1, modes=("train",), example="3")
+                       "--vpp model chunks).", maximum=limits.RANKS, minimum=1, modes=("train",), example="3")
     pp_split: str = setting("even", "How layers are split over pipeline stages: even; embedding-loss (Megatron's "
                             "account_for_embedding/loss_in_pipeline_split: the embedding and the loss each count as "
                             "one layer, so the first and last stages hold one layer fewer); first:N,last:M (Megatron's "
                             "decoder_first/last_pipeline_num_layers, the rest even).", check=lambda v: check_pp_split(v),
                             example="embedding-loss", suggestions=("even", "embedding-loss"))
     cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
-                      "every sequence).", minimum=1, modes=("train",), example="2")
+                      "every sequence).", maximum=limits.RANKS, minimum=1, modes=("train",), example="2")
     ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "
-                      "tp).", minimum=1, modes=("train",), example="8")
+                      "tp).", maximum=limits.RANKS, minimum=1, modes=("train",), example="8")
     etp: Optional[int] = setting(None, "Expert tensor-parallel degree (each expert's matrices split over etp ranks).",
-                                 minimum=1, modes=("train",), auto="--tp (Megatron's default)", example="1")
+                                 maximum=limits.RANKS, minimum=1, modes=("train",), auto="--tp (Megatron's default)",
+                                 example="1")
     zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
                         "= FSDP).", choices=(0, 1, 2, 3), modes=("train",))
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
@@ -206,7 +210,8 @@ class Setup:
                                   "else the family's LM head", example="seq-cls")
     lora_rank: int = setting(0, "LoRA adapter rank (peft's LoraConfig r): the base weights are frozen and only the "
                              "adapters train; 0 = full fine-tuning. Alpha does not change memory; lora_dropout 0.",
-                             minimum=0, modes=TRAINING, example="16", suggestions=(0, 8, 16, 64))
+                             maximum=limits.RANK_ROWS, minimum=0, modes=TRAINING, example="16",
+                             suggestions=(0, 8, 16, 64))
     lora_targets: str = setting("all-linear", "Linear layers that get adapters: all-linear (peft's: every Linear "
                                 "but the output head), attention (q/k/v/o projections) or comma-separated module "
                                 "names (e.g. q_proj,v_proj); needs --lora-rank.", modes=TRAINING,
@@ -261,16 +266,19 @@ class Setup:
                                             "out of it, the rest is KV cache).", above=0, maximum=1,
                                             modes=("serve",), example="0.9")
     max_model_len: Optional[int] = setting(None, "Longest request (prompt + output) served, tokens (vLLM's "
-                                           "--max-model-len).", minimum=1, modes=("serve",),
+                                           "--max-model-len).", maximum=limits.TOKENS, minimum=1, modes=("serve",),
                                            auto="the model's max_position_embeddings", example="8192")
     max_num_batched_tokens: Optional[int] = setting(None, "Tokens per engine step (vLLM's "
-                                                    "--max-num-batched-tokens; the profile run's size).", minimum=1,
+                                                    "--max-num-batched-tokens; the profile run's size).",
+                                                    maximum=limits.TOKENS, minimum=1,
                                                     modes=("serve",), auto="vLLM's for the GPU: 8192 on H100/H200, "
                                                     "16384 from 160 GB, else 2048", example="8192")
-    max_num_seqs: Optional[int] = setting(None, "Sequences per engine step (vLLM's --max-num-seqs).", minimum=1,
+    max_num_seqs: Optional[int] = setting(None, "Sequences per engine step (vLLM's --max-num-seqs).",
+                                          maximum=limits.TOKENS, minimum=1,
                                           modes=("serve",), auto="vLLM's for the GPU: 1024 on H100/H200 and up, "
                                           "else 256", example="256")
-    block_size: int = setting(16, "KV-cache block size, tokens (vLLM's --block-size).", minimum=1,
+    block_size: int = setting(16, "KV-cache block size, tokens (vLLM's --block-size).",
+                              maximum=limits.TOKENS, minimum=1,
                               modes=("serve",), example="16")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", modes=("serve",))
@@ -294,12 +302,13 @@ class Setup:
                               "grpo_config.py:480; verl's rollout.n). With --batch P prompts and --grad-accum A, "
                               "each GPU generates P × group completions at once and trains on them in A "
                               "micro-batches of P × group / A (TRL's per_device_train_batch_size, which counts "
-                              "completions).", minimum=1,
+                              "completions).", maximum=limits.TOKENS, minimum=1,
                               modes=("rl",), example="8")
     prompt_len: int = setting(512, "Prompt tokens per sequence (the dataset's; TRL pads a batch's prompts to its "
-                              "longest).", minimum=1, modes=("rl",), example="1024")
+                              "longest).", maximum=limits.TOKENS, minimum=1, modes=("rl",), example="1024")
     completion_len: int = setting(512, "Generated tokens per completion (TRL's max_completion_length, default 512: "
-                                  "grpo_config.py:494; modelled at full length: no early EOS).", minimum=1,
+                                  "grpo_config.py:494; modelled at full length: no early EOS).",
+                                  maximum=limits.TOKENS, minimum=1,
                                   modes=("rl",), example="4096")
     rollout: str = setting("hf", "Who generates: hf (transformers' generate in the training process, TRL's default) "
                            "or vllm (a vLLM engine colocated on the same GPU with --vllm-gpu-memory-utilization of it, "
@@ -531,8 +540,6 @@ def check_value(s: Setting, v: Any, mode: str = "train") -> None:
     if t is int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise SetupError(f"{s.flag} must be an integer, got {v!r}{example}")
-        if v > MAX_SIZE:
-            raise SetupError(f"{s.flag} {v} is too large (at most {MAX_SIZE:,}){example}")
     if t is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise SetupError(f"{s.flag} must be a number, got {v!r}{example}")
@@ -551,7 +558,8 @@ def check_value(s: Setting, v: Any, mode: str = "train") -> None:
                 f"greater than {m.above:g}" if m.above is not None else f"at least {m.minimum:g}")
             raise SetupError(f"{s.flag} must be {what}, got {v!r}{example}")
         if m.maximum is not None and v > m.maximum:
-            raise SetupError(f"{s.flag} must be at most {m.maximum:g}, got {v!r}{example}")
+            why = f"; {m.maximum.why}" if isinstance(m.maximum, limits.Bound) else ""
+            raise SetupError(f"{s.flag} must be at most {m.maximum:,}, got {v!r}{example}{why}")
 
 
 def parse_value(s: Setting, value: Any) -> Any:
@@ -587,6 +595,7 @@ def validate(setup: Setup) -> None:
     for s in _SETUP_SETTINGS:
         check_value(s, getattr(setup, s.name), mode)
     refuse_inapplicable(setup, _SETUP_SETTINGS, mode)
+    limits.check_world(setup.world_size)
     if setup.zero and setup.dp == 1:
         raise SetupError("--zero shards states over data-parallel ranks: it needs --dp > 1")
     if setup.sequence_parallel and setup.tp == 1:
@@ -871,7 +880,10 @@ def _setup_of(self, spec=None) -> Setup:
         raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit); {spec.name} is {spec.family}")
     if spec is not None and mode == "train":
         values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
-    return Setup(**values)
+    setup = Setup(**values)
+    if spec is not None and mode in ("train", "infer"):
+        limits.check_logits(setup.batch * setup.seq, spec.vocab)
+    return setup
 
 
 def _is_vision(spec) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import cancel
 from .caching_allocator import Allocator
 from .config import AllocConf, parse_alloc_conf
 
@@ -72,6 +73,7 @@ def replay(records, start: int, conf: AllocConf | str | None = None, capacity: i
     deferred = [r for r in records if r.nbytes and r.birth < start and lazy_at is not None and lazy(r)]
     skip = {id(r) for r in deferred}
     for at, born, r in _events(records, 0, end):  # setup, then step 1
+        cancel.check()
         if deferred and at >= lazy_at:
             for d in deferred:
                 handles[id(d)] = a.malloc(d.nbytes, getattr(d, "stream", 0))
@@ -89,6 +91,7 @@ def replay(records, start: int, conf: AllocConf | str | None = None, capacity: i
             a.free(handles.pop(id(r)))
     a.reset_peak()
     for _, born, r in _events(records, start, end):
+        cancel.check()
         if born:
             handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
         elif r.birth >= start and id(r) in handles:  # a resident storage dies once, in step 1
@@ -121,6 +124,7 @@ def least_capacity(records, start: int, conf: AllocConf | str | None = None, end
     lo = (unconstrained.allocated - 1) // unit  # in units: a capacity below the allocated peak fails
     hi = unconstrained.reserved // unit  # served: the unconstrained run never reserves more
     while hi - lo > 1:
+        cancel.check()
         mid = (lo + hi) // 2
         try:
             replay(records, start, conf, capacity=mid * unit, end=end, lazy=lazy, lazy_at=lazy_at)

@@ -48,7 +48,7 @@ class ClipWork:
     kernels: float = 0.0  # every launch: the passes' and the scalar ops' (the all-reduces' own included)
     allreduces: tuple[tuple[str, float], ...] = ()  # (group, bytes): "dp", "model" (tp x pp) or "world"
     temporaries: float = 0.0  # the high point of its temporaries beside the gradients
-    runs: tuple[tuple[int, int], ...] = ()  # the clipped tensors as multi_tensor.runs_of gives them (depth passes)
+    runs: tuple[tuple, ...] = ()  # the clipped tensors as multi_tensor.runs_of gives them (depth passes)
 
 
 NONE = ClipWork()
@@ -57,7 +57,7 @@ NONE = ClipWork()
 def pass_seconds(gpu: GPU, work: ClipWork) -> float:
     """The passes' bytes at the bandwidth their access class reaches (roofline.memory_seconds), a multi_tensor_apply
     pass launch by launch (multi_tensor.pass_seconds: a launch of few chunks takes its latency floor); launches apart."""
-    elements = sum(n * k for n, k in work.runs)
+    elements = multi_tensor.run_elements(work.runs)
     return sum(multi_tensor.pass_seconds(gpu, work.runs, p.depth, p.nbytes / elements, p.access)[0]
                if p.depth and elements else memory_seconds(gpu, p.nbytes, 0, p.access) for p in work.passes)
 

@@ -28,6 +28,7 @@ from . import quant
 from .activations import FP32, resolved_kernel
 from .families import family_traits
 from .precision import state_bytes
+from .multi_tensor import Repeated
 
 # the Llama-style block's Linear modules (transformers models/llama/modeling_llama.py LlamaAttention, LlamaMLP)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -79,7 +80,7 @@ def adapter_params(spec: ModelSpec, setup: Setup) -> int:
     return spec.layers * adapter_params_per_layer(spec, setup)
 
 
-def adapter_sizes(spec: ModelSpec, setup: Setup, layers: int) -> tuple[int, ...]:
+def adapter_sizes(spec: ModelSpec, setup: Setup, layers: int) -> Repeated:
     """Elements of each trainable tensor of `layers` layers in the order the optimizer steps them: the model's
     module order, and per adapted Linear peft's lora_A (r x in), lora_B (out x r) and DoRA's magnitude (out)
     (peft tuners/lora/layer.py:134-145 registers lora_A, lora_B, lora_magnitude_vector in that order)."""
@@ -88,7 +89,7 @@ def adapter_sizes(spec: ModelSpec, setup: Setup, layers: int) -> tuple[int, ...]
     for name, (i, o, _) in linears(spec).items():
         if name in adapted:
             per_layer += [r * i, o * r] + ([o] if setup.dora else [])
-    return tuple(per_layer) * layers
+    return Repeated(tuple(per_layer), layers)  # the layers are alike: one layer's tensors, repeated
 
 
 def largest_adapter(spec: ModelSpec, setup: Setup) -> int:

@@ -89,9 +89,11 @@ class _Packer:
                 self.flush()
                 self.tensors = 0 if ends else 1  # :393-406: a cut tensor continues in the next launch
 
-    def add_many(self, numel: int, count: int) -> None:
-        """`count` equal tensors: once the launch being filled repeats its state at a tensor's start, the tensors
-        since then repeat their launches, so whole repeats are counted at once."""
+    def add_many(self, period: tuple[int, ...], count: int) -> None:
+        """`count` repeats of the tensors `period` (one equal tensor, or a layer's tensors in order): once the launch
+        being filled repeats its state at a period's start, the periods since then repeat their launches, so whole
+        repeats are counted at once (the state is bounded: the loop ends within a few hundred periods whatever
+        `count` is)."""
         seen: dict[tuple, tuple[int, dict]] = {}
         i = 0
         while i < count:
@@ -106,7 +108,9 @@ class _Packer:
                 if i >= count:
                     break
             seen[state] = (i, dict(self.launches))
-            self.add(numel)
+            for numel in period:
+                if numel > 0:  # :355-357: empty tensors are skipped
+                    self.add(numel)
             i += 1
 
     def flush(self) -> None:
@@ -119,25 +123,50 @@ class _Packer:
 @lru_cache(maxsize=1024)
 def pack(runs: tuple[tuple[int, int], ...], limit: int) -> tuple[tuple[Launch, int], ...]:
     """The launches of one pass over tensors given as runs of (elements, how many), in the optimizer's order, as
-    (launch, how many alike): a large model's launches are mostly the same full one."""
+    (launch, how many alike): a large model's launches are mostly the same full one. A run's elements may be a tuple:
+    those tensors in order, repeated (runs_of's Repeated sizes)."""
     p = _Packer(limit)
     for numel, count in runs:
-        if numel > 0:  # :355-357: empty tensors are skipped
-            p.add_many(numel, count)
+        p.add_many(numel if isinstance(numel, tuple) else (numel,), count)
     p.flush()
     return tuple(p.launches.items())
 
 
-def runs_of(elements: float, tensors: int, sizes: tuple[int, ...] | None = None) -> tuple[tuple[int, int], ...]:
+@dataclass(frozen=True)
+class Repeated:
+    """Per-tensor sizes that repeat one period `times` (a model's alike layers): a sequence of len(period) x times
+    sizes whose length and sum are counted, not listed, so a model of many layers costs one layer's work."""
+
+    period: tuple[int, ...]
+    times: int
+
+    def __len__(self) -> int:
+        return len(self.period) * self.times
+
+    def __iter__(self):
+        for _ in range(self.times):
+            yield from self.period
+
+    def total(self) -> int:
+        return sum(self.period) * self.times
+
+
+def runs_of(elements: float, tensors: int, sizes: tuple[int, ...] | Repeated | None = None) -> tuple[tuple, ...]:
     """`elements` in `tensors` tensors as runs for pack: the given per-tensor `sizes` (scaled to `elements` where a
     shard holds part of each, NB: as FSDP2's per-tensor shards; a flat ZeRO buffer packs as fewer, larger tensors),
     else `tensors` equal tensors (NB: a model's own mix of matrices and small norm vectors packs as its average)."""
     if sizes:
-        scale = elements / sum(sizes)
-        return tuple((max(1, round(s * scale)), 1) for s in sizes)
+        period, times = (sizes.period, sizes.times) if isinstance(sizes, Repeated) else (tuple(sizes), 1)
+        scale = elements / (sum(period) * times)
+        return ((tuple(max(1, round(s * scale)) for s in period), times),)
     if tensors <= 0 or elements <= 0:
         return ()
     return ((math.ceil(elements / tensors), tensors),)
+
+
+def run_elements(runs: tuple[tuple, ...]) -> int:
+    """The elements of `runs` (runs_of)."""
+    return sum((sum(n) if isinstance(n, tuple) else n) * k for n, k in runs)
 
 
 def launch_seconds(gpu: GPU, launch: Launch, bytes_per_element: float, access: str,

@@ -36,9 +36,10 @@ def eight_bit_state(spec: ModelSpec, n: float, pc: ParamCounts) -> float:
     NB: the small tensors' share of `n` is the model's share (exact without tensor or pipeline parallelism);
     MoE experts' matrices and biases are taken as large (under-counts by 6 B per element of a small one)."""
     h = spec.hidden
-    vectors = [h] * (spec.layers * pc.norms // h) + [h] * (pc.final // h)
-    mats = [r * c for r, c in _layer_matrices(spec, 1)] * spec.layers
-    small = sum(v for v in vectors + mats if v < MIN_8BIT_SIZE) / pc.total * n
+    # the layers are alike: one layer's small matrices counted once and multiplied (integer sums, exact)
+    vectors = (spec.layers * pc.norms // h + pc.final // h) * h if h < MIN_8BIT_SIZE else 0
+    mats = spec.layers * sum(v for v in (r * c for r, c in _layer_matrices(spec, 1)) if v < MIN_8BIT_SIZE)
+    small = (vectors + mats) / pc.total * n
     return (n - small) * (2.0 + 2 * FP32 / 256) + small * 2 * FP32 + QMAPS
 
 

@@ -413,12 +413,37 @@ def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[i
     full = math.ceil(s_kv / bc)
     if not causal:
         return tiles, tiles * full, full
-    total, longest = 0, 0
-    for t in range(tiles):
-        steps = min(full, max(0, math.ceil(((t + 1) * br + s_kv - s_q) / bc)))
-        total += steps
-        longest = max(longest, steps)
-    return tiles, total, longest
+    # tile t's steps a(t) = ceil(((t + 1)·br + s_kv − s_q) / bc), clamped to [0, full], rise with t: the tiles below
+    # `lo` walk none, those from `hi` on walk all `full`, and the ones between sum a(t) in closed form (floor_sum),
+    # so the cost does not grow with the sequence
+    if tiles == 0 or full == 0:
+        return tiles, 0, 0
+    d = s_kv - s_q
+    lo = min(tiles, max(0, -(-(1 - d) // br) - 1))  # the first tile with a(t) >= 1: (t + 1)·br + d >= 1
+    hi = min(tiles, max(lo, -(-((full - 1) * bc + 1 - d) // br) - 1))  # the first with a(t) >= full
+    # a(t) = floor((br·t + br + d + bc − 1) / bc), summed over t in [lo, hi)
+    middle = floor_sum(hi - lo, bc, br, br * (lo + 1) + d + bc - 1)
+    longest = min(full, max(0, -(-(tiles * br + d) // bc)))  # a(t) rises: the last tile's
+    return tiles, middle + full * (tiles - hi), longest
+
+
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """sum of floor((a·i + b) / m) for i in [0, n), m > 0, in O(log) steps: AtCoder Library's floor_sum
+    (atcoder/math.hpp floor_sum_unsigned: take the whole parts of a/m and b/m out, then swap the roles of the axes
+    under the line y = (a·x + b)/m); Python's floor division brings a negative a or b into [0, m) first."""
+    total = 0
+    while True:
+        if a < 0 or a >= m:
+            total += n * (n - 1) // 2 * (a // m)
+            a %= m
+        if b < 0 or b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            return total
+        n, b = y_max // m, y_max % m
+        m, a = a, m
 
 
 def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 import typer
 
 from .. import api
+from ..cancel import DEFAULT_TIME_LIMIT
 from ..errors import EngineUnavailableError, SetupError, TrainfitError
 from .options import JsonOpt, with_settings
 from .spinner import spinner
@@ -178,10 +179,14 @@ def report(req: Request,
 def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: this machine only)."),
           port: int = typer.Option(8000, "--port", "-p", help="Port to listen on."),
           open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser."),
+          time_limit: float = typer.Option(DEFAULT_TIME_LIMIT, "--time-limit", help="Seconds a request's computation may take: "
+                                           "past it the work stops and the answer is HTTP 503 (work also stops "
+                                           "when its client disconnects)."),
           ) -> None:
     """A local web app: pick a model (catalog or pasted config.json), a GPU and the knobs; see the breakdown,
     the fit verdict and the chart update. JSON API: /api/estimate?model=…&batch=…&seq=… (same object as
-    `trainfit estimate --json`). Needs trainfit[web].
+    `trainfit estimate --json`). Needs trainfit[web]. Each request computes under --time-limit and stops when
+    its client disconnects; Ctrl-C stops the server and its running requests within about a second.
 
     Examples:\n
       trainfit serve --port 8000\n
@@ -192,7 +197,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
     try:
         import uvicorn
 
-        from ..web.app import create_app
+        from ..web.app import SHUTDOWN_GRACE, create_app
     except ImportError as e:
         raise EngineUnavailableError(f"trainfit serve needs the web extra ({e.name} is missing): pip install 'trainfit[web]'") from e
     import socket
@@ -203,6 +208,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
             probe.bind((host, port))
     except OSError as e:
         raise TrainfitError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port") from None
+    app = create_app(time_limit=time_limit)  # (a bad --time-limit: one line before anything listens)
     url = f"http://{host}:{port}/"
     typer.echo(f"trainfit web UI at {url} (Ctrl-C to stop)")
     if open_browser:
@@ -210,7 +216,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
         import webbrowser
 
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+    # Ctrl-C: uvicorn waits SHUTDOWN_GRACE for running requests, then cancels them, which stops their work
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE)
 
 
 __all__ = ["timeline", "sweep", "report", "serve"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .. import cancel, limits
 from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.layout import validate_layout
@@ -92,8 +93,8 @@ class PlanQuery:
     def __post_init__(self) -> None:
         if not isinstance(self.gpus, int) or self.gpus < 1:
             raise SetupError(f"--gpus must be a positive integer, got {self.gpus!r}")
-        if self.seq < 1:
-            raise SetupError(f"--seq must be a positive integer, got {self.seq!r}")
+        limits.check_world(self.gpus, "--gpus")  # (the layouts' divisors are then found in O(sqrt gpus): plan/space.py)
+        check_value(BY_NAME["seq"], self.seq)  # the one definition of --seq's bounds
         if self.global_batch_tokens is not None and self.global_batch_tokens < self.seq:
             raise SetupError(f"--global-batch-tokens {self.global_batch_tokens:g} is less than one sequence of "
                              f"{self.seq} tokens; raise it or lower --seq")
@@ -256,6 +257,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                     if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue  # e.g. torchtitan's DDP beside tensor/pipeline parallelism
                     for rec in q.recomputes_for(stack):
+                        cancel.check()  # (the web's time limit and disconnects)
                         stats["groups"] += 1
                         stats["stacks"][stack]["groups"] += 1
                         _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,

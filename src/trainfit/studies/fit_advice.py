@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from .. import cancel
 from ..engines import analytic
 from ..errors import TrainfitError
 from ..estimate import Estimate
@@ -98,8 +99,11 @@ class _Judge:
     def estimate(self, s: Setup, on: GPU | None = None) -> Estimate | None:
         key = (s, (on or self.gpu).name)
         if key not in self.cache:
+            cancel.check()  # every candidate is an engine call: the web's time limit and disconnects stop here
             try:  # a change the model or the settings do not allow is simply not advice
                 self.cache[key] = analytic(self.spec, s, on or self.gpu, reserve=self.reserve)
+            except cancel.Stopped:
+                raise
             except TrainfitError:
                 self.cache[key] = None
         return self.cache[key]

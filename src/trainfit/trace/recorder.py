@@ -24,6 +24,7 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import cancel
 from .cpu_casts import PROMOTING, cast_scratch
 from .fake_overrides import OVERRIDES
 from .kernel_scratch import PROBED, KernelScratch
@@ -248,6 +249,7 @@ class AllocationRecorder(TorchDispatchMode):
 
     # -- the hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        cancel.check()  # one op: the web's time limit and disconnects stop a trace here (trainfit/cancel.py)
         override = OVERRIDES.get(func)
         out = func(*args, **(kwargs or {})) if override is None else override(func, args, kwargs or {})
         if self.flops is not None:

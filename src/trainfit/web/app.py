@@ -10,13 +10,22 @@ Routes
                               needs trainfit[torch]; seconds per call)
   GET  /api/models, /api/gpus the catalogs (for the page's dropdowns)
 
+Bounded work: each computing route (the estimates, the view and its fit advice, the timeline) runs in a worker thread
+under the time limit of `trainfit serve --time-limit SECONDS` (DEFAULT_TIME_LIMIT), and stops (trainfit/cancel.py:
+the engines' loops check a stop event) when the limit passes, when the client disconnects, or when the server stops.
+Past the limit the answer is HTTP 503 with {"error": "stopped after N s (the time limit of `trainfit serve
+--time-limit`): ..."}; sizes beyond what the engines can run are refused before any work (trainfit/limits.py).
+
 Every error a user can cause answers HTTP 400 (a TrainfitError: unknown model, batch 0, tp not dividing the
 heads, a malformed pasted config) or 422 (a parameter of the wrong type), with the body {"error": "<one line>"}.
 The app computes nothing itself: the numbers come from trainfit.api and the formatting from trainfit.report.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
+from contextlib import asynccontextmanager
 from functools import lru_cache
 from typing import Annotated, Any, Optional, Union
 
@@ -27,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import ConfigDict, create_model
 
-from .. import api
+from .. import api, cancel
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
 from ..models import resolve
@@ -200,6 +209,27 @@ def _timeline_svg(req: Request) -> str:
     return plots.svg_text(fig)
 
 
+def _catalog_estimate(knobs: Knobs) -> dict:
+    return api.analytic(to_request(knobs, model=_catalog_ref(knobs.model))).to_dict()
+
+
+def view_with_advice(knobs: PastedKnobs) -> dict:
+    """The view, and where the setup does not fit, what would (the CLI's advice, checked by the engine)."""
+    spec, req, e = estimate_for(knobs)
+    v = view(e)
+    if e.time is not None and not e.time.fits:
+        from ..studies.fit_advice import fit_advice
+
+        v["would_fit"] = fit_advice(spec, e.setup, api.gpu_of(req), reserve=req.reserve)
+    return v
+
+
+def _timeline_of(knobs: Knobs) -> str:
+    req = to_request(knobs, model=_catalog_ref(knobs.model))
+    api.resolve(req)  # bad knobs: a 400 before any trace
+    return _timeline_svg(req)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     first = message.strip().splitlines()[0] if message.strip() else "bad request"
     return JSONResponse({"error": first}, status_code=status)
@@ -213,10 +243,65 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_app() -> FastAPI:
+DEFAULT_TIME_LIMIT = cancel.DEFAULT_TIME_LIMIT
+SHUTDOWN_GRACE = 1  # seconds uvicorn waits for running requests on Ctrl-C before it cancels them (and their work)
+POLL_SECONDS = 0.05  # how often a waiting request looks for its client's disconnect and its deadline
+LIMIT_NAME = "the time limit of `trainfit serve --time-limit`"
+
+
+async def bounded(app: FastAPI, request: HTTPRequest, fn, *args):
+    """fn(*args) in a worker thread as one cancel.Work under the app's time limit: stopped at the limit (answered
+    at once with Stopped, a 503), when the client disconnects, or when the server stops (this task cancelled)."""
+    work = cancel.Work(app.state.time_limit, LIMIT_NAME)
+    app.state.running.add(work)
+    # the catalog-only rule is entered in the worker thread itself (a ContextVar does not follow work there)
+    job = asyncio.get_running_loop().run_in_executor(None, functools.partial(cancel.run, work, catalog_only()(fn), *args))
+    try:
+        while True:
+            done, _ = await asyncio.wait({job}, timeout=POLL_SECONDS)
+            if done:
+                return job.result()
+            if work.expired():
+                work.stop(work.timeout_message())
+                raise cancel.Stopped(work.why)
+            if await request.is_disconnected():
+                work.stop("the client disconnected")
+                raise cancel.Stopped(work.why)
+    except asyncio.CancelledError:  # the server is stopping (uvicorn cancels the requests still running)
+        work.stop("the server is stopping")
+        raise
+    finally:
+        app.state.running.discard(work)
+        if not job.done():  # its thread stops at its next cancel.check(); nobody reads the result
+            job.add_done_callback(lambda j: j.exception())
+
+
+def stop_all(app: FastAPI, why: str = "the server is stopping") -> None:
+    """Stop every computation still running (at shutdown)."""
+    for work in list(app.state.running):
+        work.stop(why)
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    yield
+    stop_all(app)  # the server is stopping: no computation outlives it
+
+
+def create_app(time_limit: float = DEFAULT_TIME_LIMIT) -> FastAPI:
+    """The app; `time_limit`: seconds each request's computation may take (503 beyond it)."""
+    if not (isinstance(time_limit, (int, float)) and 0 < time_limit < float("inf")):
+        raise SetupError(f"--time-limit must be a positive number of seconds, got {time_limit!r}")
     # No Swagger UI: it loads its scripts from a CDN, and this app must work offline. The schema is served.
     app = FastAPI(title="trainfit", description="Will it train (or serve) on my hardware?", docs_url=None,
-                  redoc_url=None, openapi_url="/api/openapi.json")
+                  redoc_url=None, openapi_url="/api/openapi.json", lifespan=_lifespan)
+    app.state.time_limit = float(time_limit)
+    app.state.running = set()  # the cancel.Work of each request computing now
+
+    @app.exception_handler(cancel.Stopped)
+    async def _stopped(request: HTTPRequest, exc: cancel.Stopped):  # past the time limit: the server's, not the user's
+        return _error(503, f"{exc}: the request needs more than the server allows; ask for less (a smaller model, "
+                           "batch or sequence) or start the server with a larger --time-limit")
 
     @app.exception_handler(TrainfitError)
     async def _trainfit_error(request: HTTPRequest, exc: TrainfitError):
@@ -237,34 +322,22 @@ def create_app() -> FastAPI:
         return HTMLResponse(PAGE)
 
     @app.get("/api/estimate")
-    @catalog_only()
-    def get_estimate(knobs: Annotated[Knobs, Query()]) -> JSONResponse:
+    async def get_estimate(request: HTTPRequest, knobs: Annotated[Knobs, Query()]) -> JSONResponse:
         """The analytic estimate for a catalog model: exactly `trainfit estimate MODEL ... --json`."""
-        return JSONResponse(api.analytic(to_request(knobs, model=_catalog_ref(knobs.model))).to_dict())
+        return JSONResponse(await bounded(app, request, _catalog_estimate, knobs))
 
     @app.post("/api/estimate")
-    @catalog_only()
-    def post_estimate(knobs: PastedKnobs) -> JSONResponse:
+    async def post_estimate(request: HTTPRequest, knobs: PastedKnobs) -> JSONResponse:
         """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
-        return JSONResponse(estimate_for(knobs)[2].to_dict())
+        return JSONResponse(await bounded(app, request, lambda: estimate_for(knobs)[2].to_dict()))
 
     @app.post("/api/view")
-    @catalog_only()
-    def post_view(knobs: PastedKnobs) -> JSONResponse:
-        spec, req, e = estimate_for(knobs)
-        v = view(e)
-        if e.time is not None and not e.time.fits:  # what would fit: the CLI's advice, checked by the engine
-            from ..studies.fit_advice import fit_advice
-
-            v["would_fit"] = fit_advice(spec, e.setup, api.gpu_of(req), reserve=req.reserve)
-        return JSONResponse(v)
+    async def post_view(request: HTTPRequest, knobs: PastedKnobs) -> JSONResponse:
+        return JSONResponse(await bounded(app, request, view_with_advice, knobs))
 
     @app.get("/api/timeline.svg")
-    @catalog_only()
-    def get_timeline(knobs: Annotated[Knobs, Query()]) -> Response:
-        req = to_request(knobs, model=_catalog_ref(knobs.model))
-        api.resolve(req)  # bad knobs: a 400 before any trace
-        return Response(_timeline_svg(req), media_type="image/svg+xml")
+    async def get_timeline(request: HTTPRequest, knobs: Annotated[Knobs, Query()]) -> Response:
+        return Response(await bounded(app, request, _timeline_of, knobs), media_type="image/svg+xml")
 
     @app.get("/api/models")
     def get_models() -> JSONResponse:

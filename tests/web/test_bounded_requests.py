@@ -1,0 +1,84 @@
+"""The web server bounds each request's work (issue 35): past `create_app(time_limit=...)` the answer is a 503 and the
+work stops; a client that disconnects stops its work too (trainfit/cancel.py)."""
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+from starlette.testclient import TestClient  # noqa: E402
+
+from trainfit import cancel  # noqa: E402
+from trainfit.web import app as web  # noqa: E402
+
+
+class Spinner:
+    """Work that would run for ever, checking cancel.check() as the engines' loops do; `steps` is its progress."""
+
+    def __init__(self):
+        self.steps, self.stopped = 0, threading.Event()
+
+    def __call__(self, *_):
+        try:
+            while True:
+                cancel.check()
+                self.steps += 1
+                time.sleep(0.001)
+        except cancel.Stopped:
+            self.stopped.set()
+            raise
+
+
+def test_past_the_time_limit_a_503_and_the_work_stops(monkeypatch):
+    spin = Spinner()
+    monkeypatch.setattr(web, "view_with_advice", spin)
+    client = TestClient(web.create_app(time_limit=0.5))
+    t0 = time.perf_counter()
+    r = client.post("/api/view", json={"model": "llama-3.1-8b"})
+    took = time.perf_counter() - t0
+    assert r.status_code == 503 and 0.5 <= took < 1.5, (r.status_code, took)
+    assert r.json()["error"].startswith("stopped after 0.5 s (the time limit of `trainfit serve --time-limit`)")
+    assert spin.stopped.wait(1.0)  # the worker thread left its loop
+    steps = spin.steps
+    time.sleep(0.2)
+    assert spin.steps == steps  # no CPU spent after the answer
+
+
+def test_fit_advice_stops_at_the_limit():
+    """The engines' own loops check: fit advice for a setup that does not fit stops at an expired limit."""
+    from trainfit import api
+    from trainfit.studies.fit_advice import suggestions
+
+    spec, setup = api.resolve(api.Request("llama-3.1-8b", gpu="H100-80GB"))
+    work = cancel.Work(0.0)
+    with cancel.running(work), pytest.raises(cancel.Stopped, match="stopped after 0 s"):
+        suggestions(spec, setup, api.load_gpu("H100-80GB"))
+
+
+def test_a_disconnected_client_stops_its_work(monkeypatch):
+    uvicorn = pytest.importorskip("uvicorn")
+    spin = Spinner()
+    monkeypatch.setattr(web, "view_with_advice", spin)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(web.create_app(time_limit=60), host="127.0.0.1", port=port,
+                                           log_level="error", timeout_graceful_shutdown=web.SHUTDOWN_GRACE))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        body = b'{"model": "llama-3.1-8b"}'
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.sendall(b"POST /api/view HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            while spin.steps == 0:  # the work has started
+                time.sleep(0.01)
+        assert spin.stopped.wait(2.0)  # the client went away: the work stopped well before its 60 s
+    finally:
+        server.should_exit = True
+        thread.join(5)
+    assert not thread.is_alive()
