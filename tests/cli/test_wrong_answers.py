@@ -84,3 +84,29 @@ def test_a_fact_missing_from_a_stacks_file_is_named():
 def test_an_image_model_cannot_score_text(cli, flag, extra):
     err = _refused(cli, "estimate", "llama-3.1-8b", "--mode", "rl", *extra, flag, "resnet-50")
     assert f"{flag} resnet-50 is an image model" in err
+
+
+def test_serve_mode_runs_a_model_with_fewer_positions_than_the_default_sequence(cli):
+    """GPT-2 has 1024 learned positions (openai-community/gpt2 config.json n_positions): serve mode refused it over
+    a --seq it does not take; vLLM's default max_model_len is the model's max_position_embeddings
+    (vllm config.py _get_and_verify_max_len: max_model_len None -> the derived length)."""
+    out = _json(cli, "estimate", "gpt2-small", "--mode", "serve", "--gpu", "H100-80GB")
+    assert out["serving"]["max_model_len"] == 1024 and out["time"]["max_seq"] == 1024
+    err = _refused(cli, "estimate", "gpt2-small", "--mode", "serve", "--gpu", "H100-80GB", "--max-model-len", "2048")
+    assert "--max-model-len 2048" in err and "1024" in err
+
+
+def test_serve_mode_refuses_an_encoder_with_the_reason(cli):
+    err = _refused(cli, "estimate", "bert-base", "--mode", "serve", "--gpu", "H100-80GB")
+    assert "bert-base is an encoder" in err and "pooling" in err and "--mode infer" in err
+
+
+@pytest.mark.parametrize("gpu", [(), ("--gpu", "H100-80GB")])
+def test_measure_in_serve_mode_names_measure(cli, gpu):
+    err = _refused(cli, "estimate", "llama-3.1-8b", "--mode", "serve", "--measure", *gpu)
+    assert "drop --measure" in err and "--gpu" not in err
+
+
+def test_serve_names_the_host_when_the_host_is_wrong(cli):
+    err = _refused(cli, "serve", "--host", "999.1.1.1")
+    assert "--host 999.1.1.1" in err and "--port" not in err
