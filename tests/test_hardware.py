@@ -27,8 +27,9 @@ def rel(a: float, b: float) -> float:
 def test_json_has_every_field_and_notes():
     raw = json.loads(resources.files("trainfit.data").joinpath("gpus.json").read_text())
     assert isinstance(raw["notes"], str) and "dense" in raw["notes"].lower()
-    # the file's memory is nvidia-smi's total; GPU.memory is CUDA's (cuda_memory, with its own source)
-    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory"}
+    # the file's memory is nvidia-smi's total; GPU.memory is CUDA's (cuda_memory, with its own source); a catalog
+    # GPU's kernel data is its own (kernels defaults to its name)
+    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory", "kernels"}
     for entry in raw["gpus"]:
         assert set(entry) - {"cuda_memory", "cuda_memory_source"} == fields, entry.get("name")
         assert isinstance(entry["aliases"], list)
@@ -246,7 +247,7 @@ def test_h100_96gb_matches_the_torchtitan_benchmark_and_the_sxm_datasheet():
 
 MY_GPU = {"name": "MyGPU-64GB", "memory": 64 * GiB, "memory_bandwidth": 2.0e12,
           "peak_flops": {"fp32": 60e12, "bf16": 800e12}, "power_watts": 600, "intra_node_bandwidth": 450e9,
-          "inter_node_bandwidth": 50e9, "gpus_per_node": 8, "price_per_hour": 2.5}
+          "inter_node_bandwidth": 50e9, "gpus_per_node": 8, "price_per_hour": 2.5, "kernels": "H100-80GB"}
 
 
 def _toml(d: dict) -> str:

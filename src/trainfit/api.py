@@ -182,6 +182,8 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
             order = [analytic] + ([measure] if setup.stack in MEASURE_STACKS else [])
     if measure_too and measure not in order:
         order = [*order, measure]
+    if measure in order:  # refused before any engine runs, so the refusal names the engine, not another's need
+        engines.check_stack(resolve(req)[1], "measure")
     results = [f(req) for f in order]
     if skipped is not None:
         from dataclasses import replace

@@ -31,10 +31,15 @@ class GPU:
     aliases: tuple[str, ...] = ()
     source: str = ""
     smi_memory: int = 0  # nvidia-smi's memory.total in bytes (0: as memory); SGLang sizes its defaults from it
+    # the catalog GPU whose measured kernel data the time model uses (data/kernels.toml [gpu."NAME"]: SM count,
+    # generation, achieved matmul/HBM/attention fractions); a catalog GPU's is its own name ("": the same)
+    kernels: str = ""
 
     def __post_init__(self):
         if not self.smi_memory:
             object.__setattr__(self, "smi_memory", self.memory)
+        if not self.kernels:
+            object.__setattr__(self, "kernels", self.name)
 
     def flops_for(self, dtype: str) -> float:
         """Dense peak for the matmul dtype: 'fp32' the CUDA cores' rate (PyTorch's default for matmuls), 'tf32' the
@@ -71,6 +76,17 @@ def _cuda_memory_as_memory(entry: dict) -> dict:
     entry["smi_memory"] = entry["memory"]
     entry["memory"] = entry.pop("cuda_memory", entry["memory"])
     return entry
+
+
+def file_entry(gpu: GPU) -> dict:
+    """`gpu` as a GPU file (and data/gpus.json) writes it: memory is nvidia-smi's total, cuda_memory CUDA's, and
+    kernels the catalog GPU whose kernel data it is timed with; load_gpu_file reads it back as the same GPU."""
+    return {"name": gpu.name, "memory": gpu.smi_memory, "cuda_memory": gpu.memory, "kernels": gpu.kernels,
+            "memory_bandwidth": gpu.memory_bandwidth, "peak_flops": dict(gpu.peak_flops),
+            "power_watts": gpu.power_watts, "intra_node_bandwidth": gpu.intra_node_bandwidth,
+            "inter_node_bandwidth": gpu.inter_node_bandwidth, "gpus_per_node": gpu.gpus_per_node,
+            "price_per_hour": gpu.price_per_hour, "vendor": gpu.vendor, "aliases": list(gpu.aliases),
+            "source": gpu.source}
 
 
 @lru_cache(maxsize=1)
@@ -135,6 +151,9 @@ FILE_FIELDS = {
     "memory": ("device memory in bytes, as the driver reports it: nvidia-smi MiB x 2^20", 68719476736),
     "cuda_memory": ("bytes CUDA reports as the total, torch.cuda.mem_get_info()[1]: nvidia-smi's less the driver's "
                     "reserve (default: memory)", 68182605824),
+    "kernels": ("the catalog GPU whose measured kernel data the step time uses: its SM count, generation and "
+                "achieved matmul/HBM/attention fractions (data/kernels.toml); pick the catalog GPU of the same chip",
+                "H100-80GB"),
     "memory_bandwidth": ("bytes/s, datasheet peak", 2.0e12),
     "peak_flops": ("dense FLOP/s per dtype, fp32 required; keys fp32, tf32, bf16, fp16, fp8, int8",
                    {"fp32": 60e12, "bf16": 800e12}),
@@ -231,6 +250,13 @@ def _check_field(where: str, k: str, v, toml: bool):
         if k == "vendor" and v not in ("nvidia", "amd"):
             raise bad(f"must be nvidia or amd, got {v!r}")
         return v.strip()
+    if k == "kernels":
+        if not isinstance(v, str) or not v.strip():
+            raise bad(f"must be a catalog GPU's name, got {v!r}")
+        try:
+            return get_gpu(v).name
+        except UnknownGPUError as e:
+            raise bad(f"names no catalog GPU ({e})") from None
     if k == "aliases":
         if not isinstance(v, list) or not all(isinstance(a, str) and a.strip() for a in v):
             raise bad(f"must be a list of names, got {v!r}")

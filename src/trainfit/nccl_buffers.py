@@ -30,8 +30,8 @@ def _conf() -> dict:
 
 def interconnect(gpu: GPU) -> dict | None:
     """overheads.toml [nccl.gpus]: {"nvlinks", "sm"} for NVSwitch boards, {"pcie", "sm"} for PCIe cards; None for a
-    GPU NCCL's search is not modelled for (AMD: RCCL)."""
-    return _conf()["gpus"].get(gpu.name)
+    GPU NCCL's search is not modelled for (AMD: RCCL). By GPU.kernels: the catalog GPU a GPU file names."""
+    return _conf()["gpus"].get(gpu.kernels)
 
 
 def link_bw(link: dict) -> float:

@@ -42,11 +42,11 @@ def cuda_context(gpu: GPU, after_step: bool = False) -> int:
     +256 MiB on an H200). A figure measured on one GPU of the entry (reference_gpu) is carried to the others by the
     local memory the context reserves per resident thread (local_memory). NB: ROCm has no figure here; AMD GPUs get
     the CUDA default (direction unknown)."""
-    ctx = data()["cuda_context"]
-    entry = next((e for e in ctx.values() if gpu.name in e.get("gpus", ())), ctx["default"])
+    ctx = data()["cuda_context"]  # by GPU.kernels: the catalog GPU of the chip (a GPU file names it)
+    entry = next((e for e in ctx.values() if gpu.kernels in e.get("gpus", ())), ctx["default"])
     held = int(entry["after_step_bytes"] if after_step and "after_step_bytes" in entry else entry["bytes"])
     ref = entry.get("reference_gpu")
-    if ref and ref != gpu.name:
+    if ref and ref != gpu.kernels:
         held += local_memory(gpu) - local_memory(get_gpu(ref))
     return held
 
@@ -65,9 +65,9 @@ def blas_workspace(gpu: GPU) -> int:
     32 MiB on sm_90, 4096 KiB × 2 + 16 KiB × 8 elsewhere; ROCm 128 MiB on gfx94x, else 32 MiB."""
     if gpu.vendor == "amd":
         w = data()["hipblas_workspace"]
-        return int(w["gfx94_bytes"] if gpu.name in w["gfx94_gpus"] else w["other_bytes"])
-    w = data()["cublas_workspace"]
-    return int(w["sm90_bytes"] if gpu.name in w["sm90_gpus"] else w["other_bytes"])
+        return int(w["gfx94_bytes"] if gpu.kernels in w["gfx94_gpus"] else w["other_bytes"])
+    w = data()["cublas_workspace"]  # by GPU.kernels: the catalog GPU of the chip (a GPU file names it)
+    return int(w["sm90_bytes"] if gpu.kernels in w["sm90_gpus"] else w["other_bytes"])
 
 
 def local_ranks(setup, name: str, ranks: int, per_node: int) -> int:

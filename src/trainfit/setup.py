@@ -665,6 +665,9 @@ def validate(setup: Setup) -> None:
     if stack.name != "hf" and setup.head not in (None, "causal-lm"):
         raise SetupError(f"--stack {stack.name} trains causal language models, not a {setup.head} head (--head, or the "
                          "config's architectures): use --stack hf")
+    why = stack.splits_model(setup.tp, setup.pp) or (setup.compile and stack.compiles())
+    if why:  # (--sequence-parallel needs --tp > 1: refused above)
+        raise SetupError(why)
     if setup.float8 and not stack.fact("float8", "supported"):
         raise SetupError(f"--float8 is not run by --stack {stack.name}: {stack.fact('float8', 'why')}; use --stack "
                          "torchtitan")

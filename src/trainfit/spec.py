@@ -110,12 +110,15 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.moe is not None
 
+    def position_limit(self, mode: str) -> int:
+        """The longest --seq within max_position_embeddings (0: none given). A causal model's decode step writes
+        position `seq` (HF generate), so inference needs one position more."""
+        return max(self.max_positions - (1 if mode == "infer" and self.causal else 0), 0)
+
     def longest_sequence(self, mode: str) -> int | None:
-        """The longest --seq the model's learned position table allows (None: no table, e.g. rotary). A causal
-        model's decode step writes position `seq` (HF generate), so inference needs one position more."""
-        if self.positions != "learned":
-            return None
-        return self.max_positions - (1 if mode == "infer" and self.causal else 0)
+        """The longest --seq the model's learned position table allows (None: no table, e.g. rotary, which runs
+        past max_position_embeddings, extrapolating)."""
+        return self.position_limit(mode) if self.positions == "learned" else None
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ CASES = [
     C("estimate llama-3.1-8b --offload activations --offload optimizer", "choose one"),
     C("estimate llama-3.1-8b --mode serve", "add --gpu"),
     C("estimate llama-3.1-8b --mode serve --gpu H100-80GB --batch 4", "--batch applies"),
-    C("estimate llama-3.1-8b --mode serve --gpu H100-80GB --engine trace", "trainfit estimate --mode serve"),
+    C("estimate llama-3.1-8b --mode serve --gpu H100-80GB --engine trace", "no --engine trace"),
     C("estimate llama-3.1-8b --mode serve --gpu H100-80GB --gpu-memory-utilization 0", "--gpu-memory-utilization"),
     C("estimate llama-3.1-8b --mode serve --gpu H100-80GB --kv-cache-dtype int8", "bf16, fp16 or fp8"),
     C("estimate llama-3.1-8b --mode serve --gpu H100-80GB --max-model-len 999999", "max_position_embeddings"),

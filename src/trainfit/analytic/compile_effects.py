@@ -217,10 +217,13 @@ def notes(spec: ModelSpec, setup: Setup) -> list[str]:
     """What --compile changed in the estimate, and in which direction it may be off."""
     if not setup.compile:
         return []
+    # any compiled step: inductor's generated code launches the kernels, not eager's per-op Python (step_time.py)
+    host = ("no wait on the host's kernel issue (step_time.host_issue_exposed; NB optimistic: inductor's launches "
+            "are cheaper, not free)")
     why = not_modelled(spec, setup)
-    if why:
-        return [f"compile: not modelled for {spec.name} ({why}): eager's saved tensors kept (NB: over-reads memory); "
-                "time as eager"]
+    if why:  # the saved set and the fusion are the Llama block's (ops.shape compiles only where modelled)
+        return [f"compile: not modelled for {spec.name} ({why}): eager's saved tensors kept (NB: over-reads "
+                f"memory) and eager's kernels, unfused (NB: over-reads their time); {host}"]
     what = ("under op SAC only the down projection's output is dropped (the policy already recomputes the pointwise "
             "ops); what remains: the block input, the q and v projections, the attention output and log-sum-exp, "
             "the gate projection" if setup.recompute == "op" else
@@ -237,5 +240,5 @@ def notes(spec: ModelSpec, setup: Setup) -> list[str]:
     out.append("compile: step time from the op list with inductor's fusion — each chain of elementwise kernels "
                "between two matmuls one kernel moving only its inputs and outputs (ops.compiled); matmuls and "
                "attention as eager (NB: fusions across a matmul's epilogue and CUDA graphs not modelled: may "
-               "under-read compiled throughput)")
+               f"under-read compiled throughput); {host}")
     return out

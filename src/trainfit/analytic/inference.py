@@ -347,12 +347,13 @@ def largest_batch(spec: ModelSpec, setup: Setup, capacity: int) -> int:
 
 
 def largest_context(spec: ModelSpec, setup: Setup, capacity: int) -> int:
-    """Largest context (tokens) at this batch whose required (required_at) fits `capacity`, up to the longest
-    sequence a learned position table allows (spec.longest_sequence), else up to the model's max positions × 64
-    (rotary extrapolation)."""
+    """Largest context (tokens) at this batch whose required (required_at) fits `capacity`, up to the model's
+    max_position_embeddings (spec.position_limit: a learned table has no more rows; a rotary model was trained to
+    it, and vLLM's default max_model_len is it: vllm config.py _get_and_verify_max_len, max_model_len None ->
+    the derived max_position_embeddings)."""
     if required_at(spec, setup.with_(seq=1)) > capacity:
         return 0
-    limit = spec.longest_sequence(setup.mode) or max(spec.max_positions, 1) * 64
+    limit = spec.position_limit(setup.mode) or 1 << 24  # none given: memory alone bounds it
     lo, hi = 1, min(2, limit + 1)  # invariant: lo fits, hi does not or exceeds the limit
     while hi <= limit and required_at(spec, setup.with_(seq=hi)) <= capacity:
         lo, hi = hi, min(hi * 2, limit + 1)

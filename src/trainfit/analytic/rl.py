@@ -139,16 +139,26 @@ def other_models(spec: ModelSpec, setup: Setup, load) -> list[Model]:
         # AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, **model_init_kwargs)
         # (grpo_trainer.py:558-559): no dtype given, so transformers' "auto" (modeling_utils.py:4186-4187), the
         # checkpoint's own dtype
-        r = with_head(one_label(load(setup.reward_model, field="reward_model")), "seq-cls")
+        r = with_head(one_label(_token_model(load(setup.reward_model, field="reward_model"), "--reward-model")), "seq-cls")
         out.append(Model("reward", r, int(count_params(r).total * checkpoint_bytes(r))))
     if setup.rl_algo == "ppo":
         # a value head on the backbone, one output per token: verl builds the critic as
         # AutoModelForTokenClassification with num_labels = 1 (verl/workers/fsdp_workers.py, CriticWorker
         # _build_critic_model_optimizer; volcengine/verl main, read 2026-11)
-        c = one_label(load(setup.critic_model, field="critic_model") if setup.critic_model is not None else spec)
+        c = one_label(_token_model(load(setup.critic_model, field="critic_model"), "--critic-model") if setup.critic_model is not None
+                      else spec)
         cm = train_memory(c, train_setup(setup, head="token-cls"))
         out.append(Model("critic", c, int(cm.weights + cm.master + cm.optimizer), cm))
     return out
+
+
+def _token_model(spec, flag: str) -> ModelSpec:
+    """`spec` when it reads tokens: a reward or value head scores the policy's text (TRL and verl load it with
+    AutoModelForSequenceClassification / AutoModelForTokenClassification), which an image model cannot."""
+    if not isinstance(spec, ModelSpec):
+        raise SetupError(f"{flag} {spec.name} is an image model; a reward or critic model scores the policy's text: "
+                         "give a language model (see `trainfit models`)")
+    return spec
 
 
 def one_label(spec: ModelSpec) -> ModelSpec:

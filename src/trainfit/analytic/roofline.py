@@ -67,7 +67,6 @@ class Kernels:
     fitted: dict[str, "FittedAttention"] = field(default_factory=dict)
     threads_per_sm: int = 0           # maximum resident threads per SM (0: not listed, AMD)
     generation: str = ""
-    known: bool = True                # False: no kernels.toml entry, a stated default was used
 
     def matmul(self, dtype: str) -> float:
         """Fraction for `dtype`; a dtype the GPU's entry lacks takes bf16's, then fp16's (NB: an unmeasured dtype's
@@ -101,7 +100,7 @@ def power_clock(watts: float, ref_watts: float, static_watts: float) -> float:
     return (max(watts - static_watts, 0.0) / (ref_watts - static_watts)) ** (1 / 3)
 
 
-def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -> Kernels:
+def _build(entry: dict, gen: dict, name: str, clock: float = 1.0) -> Kernels:
     d = _with_derived({**gen, **entry})
     try:
         return Kernels(sms=int(d["sms"]), matmul_fraction={k: v * clock for k, v in d["matmul_fraction"].items()},
@@ -127,7 +126,7 @@ def _build(entry: dict, gen: dict, name: str, known: bool, clock: float = 1.0) -
                        access={k: float(v) for k, v in d.get("access", {}).items()},
                        sdpa=str(d.get("sdpa", "flash")),
                        fitted={k: _fitted(d[k], clock) for k in FITTED_KERNELS if d.get(k)},
-                       generation=str(d.get("generation", "")), known=known,
+                       generation=str(d.get("generation", "")),
                        threads_per_sm=int(d.get("threads_per_sm", 0)))
     except KeyError as e:
         raise ValueError(f"kernels.toml: {name} lacks {e.args[0]!r}") from None
@@ -223,26 +222,21 @@ def _attn_tiles(raw) -> dict[str, tuple[tuple[int, int, int], ...]]:
     return {k: tuple(tuple(int(x) for x in t) for t in v) for k, v in table.items()}
 
 
-# NB: a GPU with no entry (a user's --gpu file) is timed with the Ampere generation's measured fractions and
-# sms=1 (no wave quantisation): optimistic for small GEMMs, and the A100 fractions may not hold on it.
-_DEFAULT_GEN = {"nvidia": "ampere", "amd": "cdna3"}
-
-
 @lru_cache(maxsize=64)
-def _kernels_by_name(name: str, vendor: str, watts: float = 0.0) -> Kernels:
-    """`watts`: the board's power cap (gpus.json power_watts); it lowers the compute fractions of an entry whose
-    fractions were measured on a board with more power (kernels.toml `fraction_watts`, see power_clock)."""
+def _kernels_by_name(name: str, watts: float = 0.0) -> Kernels:
+    """kernels.toml's [gpu."NAME"] over its generation's table. `watts`: the board's power cap (gpus.json
+    power_watts); it lowers the compute fractions of an entry whose fractions were measured on a board with more
+    power (kernels.toml `fraction_watts`, see power_clock)."""
     t = _table()
     entry = t["gpu"].get(name)
-    if entry is None:
-        gen = _DEFAULT_GEN.get(vendor, "ampere")
-        return _build({"sms": 1, "generation": gen}, t["generation"][gen], name, known=False)
+    if entry is None:  # GPU.kernels is a catalog name (hardware.py checks a file's); every one has an entry
+        raise ValueError(f"kernels.toml has no [gpu.{name!r}] entry")
     clock = 1.0
     if watts and entry.get("fraction_watts"):
         from .energy import static_watts  # lazy: energy -> terms -> step_time imports this module
         from ..hardware import get_gpu
         clock = power_clock(watts, float(entry["fraction_watts"]), static_watts(get_gpu(name)))
-    return _build(entry, t["generation"][entry["generation"]], name, known=True, clock=clock)
+    return _build(entry, t["generation"][entry["generation"]], name, clock=clock)
 
 
 def fused_dropout_seconds(gpu: GPU, batch_heads: float, s_q: float, s_kv: float, causal: bool) -> float:
@@ -270,8 +264,9 @@ def cluster_table() -> dict:
 
 
 def kernels_for(gpu: GPU) -> Kernels:
-    """Kernel data for `gpu` by its canonical name (catalog aliases resolve to it in hardware.get_gpu)."""
-    return _kernels_by_name(gpu.name, gpu.vendor, gpu.power_watts)
+    """Kernel data for `gpu`: its kernels.toml entry, the catalog GPU it names in GPU.kernels (its own name for a
+    catalog GPU; a GPU file names the catalog GPU of its chip)."""
+    return _kernels_by_name(gpu.kernels, gpu.power_watts)
 
 
 def _size(dtype: str) -> int:
@@ -305,13 +300,13 @@ _CUBLAS_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128,
 
 
 @lru_cache(maxsize=256)
-def _tile_rates(name: str, vendor: str, dtype: str, per_sm: float) -> tuple[tuple[int, int, float], ...]:
+def _tile_rates(kernels: str, dtype: str, per_sm: float) -> tuple[tuple[int, int, float], ...]:
     """(Tm, Tn, per-SM FLOP/s) for each tile the GPU may use. A tile streams (Tm + Tn) * size bytes of A and B from
     L2 per 2*Tm*Tn FLOPs, so with the measured L2 bandwidth per SM its rate is at most l2 * 2*Tm*Tn/((Tm+Tn)*size).
     The GPU's own tile is the one the MAMF was measured with: its rate is the MAMF, and a smaller tile loses the
     ratio of the two L2 bounds (only where that bound binds). No L2 measurement: the GPU's tile alone (NB).
     The candidates: the generation's measured tiles (kernels.toml gemm_tiles), else MMBG's smaller than the GPU's."""
-    kn = _kernels_by_name(name, vendor)
+    kn = _kernels_by_name(kernels)
     big = kn.tile
     if not kn.l2_bytes_per_sm:
         return ((big[0], big[1], per_sm),)
@@ -356,7 +351,7 @@ def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> f
     base = (m * k + k * n + m * n) * size * batch
     bw = _bandwidth(gpu, kn)
     best = math.inf
-    for tm, tn, rate in _tile_rates(gpu.name, gpu.vendor, dtype, per_sm):
+    for tm, tn, rate in _tile_rates(gpu.kernels, dtype, per_sm):
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
         splits = max(1, min(kn.sms // tiles, math.ceil(k / 256))) if tiles < kn.sms else 1
         waves = math.ceil(tiles * splits / kn.sms)

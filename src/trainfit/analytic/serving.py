@@ -45,6 +45,7 @@ from .activations import FP32
 from .embedding import rotary_dim
 from .inference import kv_bytes_per_token
 from .params import ParamCounts, count_params
+from . import roofline
 from .precision import DTYPE_BYTES
 
 VLLM_VERSION = "0.33.0"
@@ -117,7 +118,7 @@ def default_limits(gpu: GPU) -> tuple[int, int]:
     gib = gpu.memory / 2**30
     if gib >= 160:
         return 16384, 1024
-    if gib >= 70 and "a100" not in gpu.name.lower():
+    if gib >= 70 and "a100" not in gpu.kernels.lower():  # vLLM reads the device's name; GPU.kernels names the chip
         return 8192, 1024
     return 2048, 256
 
@@ -141,7 +142,7 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
                          f"({spec.max_positions}); vLLM refuses it without VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     batched = setup.max_num_batched_tokens or tokens
     seqs = setup.max_num_seqs or seqs
-    blackwell = gpu.name.upper().startswith(("B200", "B300", "GB200", "GB300"))
+    blackwell = roofline.kernels_for(gpu).generation == "blackwell"
     sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell)
     dtype = setup.kv_dtype or _weight_dtype(setup)
     return Knobs(setup.gpu_memory_utilization, max_len, batched, seqs, setup.block_size, dtype, sizes)

@@ -278,19 +278,15 @@ def models(json: bool = JsonOpt) -> None:
 @app.command()
 def gpus(json: bool = JsonOpt) -> None:
     """The GPU catalog: memory (what CUDA can allocate; nvidia-smi's total beside it), bandwidth, dense peak FLOP/s,
-    power, price (override with --price)."""
-    from ..hardware import list_gpus
+    power, price (override with --price). --json: each GPU as a GPU file writes it (`--gpu my_gpu.json`)."""
+    from ..hardware import file_entry, list_gpus
 
     items = list_gpus()
     if json:
         from ..report.json_out import dumps
 
-        typer.echo(dumps([{"name": g.name, "memory": g.memory, "smi_memory": g.smi_memory,
-                           "memory_bandwidth": g.memory_bandwidth,
-                           "peak_flops": g.peak_flops, "power_watts": g.power_watts,
-                           "intra_node_bandwidth": g.intra_node_bandwidth, "inter_node_bandwidth": g.inter_node_bandwidth,
-                           "gpus_per_node": g.gpus_per_node, "price_per_hour": g.price_per_hour, "vendor": g.vendor,
-                           "aliases": list(g.aliases), "source": g.source} for g in items]))
+        # each entry is a GPU file (`--gpu file.json`) as written: memory is nvidia-smi's total, cuda_memory CUDA's
+        typer.echo(dumps([file_entry(g) for g in items]))
         return
     from rich.console import Console
     from rich.table import Table

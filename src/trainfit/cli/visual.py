@@ -202,12 +202,23 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
         raise EngineUnavailableError(f"trainfit serve needs the web extra ({e.name} is missing): pip install 'trainfit[web]'") from e
     import socket
 
-    try:  # a taken port is one line here, not uvicorn's log and exit
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+    try:  # a host that is no address of this machine, or a taken port: one line here, not uvicorn's log and exit
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+    except (OSError, UnicodeError) as e:
+        raise TrainfitError(f"--host {host} is not an address this machine can listen on ({getattr(e, 'strerror', None) or e}): "
+                            "use 127.0.0.1, 0.0.0.0 or one of this machine's addresses") from None
+    try:
+        with socket.socket(family) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
+            probe.bind(address)
     except OSError as e:
-        raise TrainfitError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port") from None
+        import errno
+
+        if e.errno == errno.EADDRINUSE or e.errno == errno.EACCES:  # the port is taken or privileged
+            raise TrainfitError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port") from None
+        raise TrainfitError(f"cannot listen on --host {host}: {e.strerror or e}; use 127.0.0.1, 0.0.0.0 or one of "
+                            "this machine's addresses") from None
     app = create_app(time_limit=time_limit)  # (a bad --time-limit: one line before anything listens)
     url = f"http://{host}:{port}/"
     typer.echo(f"trainfit web UI at {url} (Ctrl-C to stop)")

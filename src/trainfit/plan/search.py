@@ -42,9 +42,6 @@ DEFAULT_PRECISIONS = ("amp-bf16", "bf16-master")
 # Megatron and DeepSpeed: bf16 weights and gradients with an fp32 master (their `--bf16` / `bf16.enabled`)
 STACK_PRECISIONS = {"hf": DEFAULT_PRECISIONS, "torchtitan": ("amp-bf16",), "megatron": ("bf16-master",),
                     "deepspeed": ("bf16-master",)}
-# Stacks whose plans are data-parallel only (ZeRO over dp, tp = pp = 1): trainfit models DeepSpeed's ZeRO engine,
-# not its PipelineModule / Megatron-DeepSpeed tensor parallelism (stacks/deepspeed.toml axes).
-DP_ONLY = ("deepspeed",)
 # layer:N values searched where a stack checkpoints every N-th layer (torchtitan's selective_ac_option = N)
 LAYER_EVERY = (2, 4)
 
@@ -249,8 +246,6 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
         for stack in q.stacks:
             if stack != "megatron" and not plain:
                 continue  # cp, vpp and uneven splits are Megatron's
-            if stack in DP_ONLY and (lay.tp > 1 or lay.pp > 1):
-                continue
             facts = get_stack(stack)
             for prec in q.precisions_for(stack):
                 for zero in (q.zeros_for(stack) if lay.dp > 1 else (0,)):

@@ -27,7 +27,11 @@ class Stack:
     facts: dict  # the TOML tables, each with "value"/fields and "source"
 
     def fact(self, key: str, field: str = "value"):
-        return self.facts[key][field]
+        try:
+            return self.facts[key][field]
+        except KeyError:  # a fact the code reads must be in every stack's file: a data bug, said by name
+            raise LookupError(f"stacks/{self.name}.toml has no [{key}] {field}: add it with its source, or refuse "
+                              f"the setting for --stack {self.name}") from None
 
     @property
     def policies(self) -> tuple[str, ...]:
@@ -57,8 +61,29 @@ class Stack:
         trainfit models no clipping."""
         return float(self.facts.get("grad_clip", {}).get("max_norm", 0.0))
 
+    def splits_model(self, tp: int, pp: int) -> str | None:
+        """None when the stack runs this tensor/pipeline split ([model_parallel]; absent: it runs both), else why
+        not."""
+        mp = self.facts.get("model_parallel", {})
+        if (tp > 1 and not mp.get("tensor", True)) or (pp > 1 and not mp.get("pipeline", True)):
+            others = [n for n in NAMES if n != self.name and get_stack(n).splits_model(tp, pp) is None]
+            return (f"--stack {self.name} runs no tensor/pipeline split: {mp['why']}; use --tp 1 --pp 1, or --stack "
+                    f"{' or '.join(others)}")
+        return None
+
+    def compiles(self) -> str | None:
+        """None when trainfit models --compile on this stack ([compile] supported), else why not."""
+        if self.fact("compile", "supported"):
+            return None
+        others = [n for n in NAMES if get_stack(n).fact("compile", "supported")]
+        return (f"--compile is not modelled for --stack {self.name}: {self.fact('compile', 'why')}; drop --compile, "
+                f"or use --stack {' or '.join(others)}")
+
     def runs_layout(self, dp: int, tp: int, pp: int, zero: int, precision: str | None = None) -> str | None:
         """None when the stack runs this data/tensor/pipeline layout, ZeRO stage (and precision), else why not."""
+        split = self.splits_model(tp, pp)
+        if split:
+            return split
         if zero not in self.zero_stages:
             return f"{self.name} runs ZeRO stages {', '.join(map(str, self.zero_stages))}, not {zero}"
         if self.facts["zero"].get("ddp_alone") and zero == 0 and dp > 1 and (tp > 1 or pp > 1):
