@@ -82,3 +82,29 @@ def test_a_disconnected_client_stops_its_work(monkeypatch):
         server.should_exit = True
         thread.join(5)
     assert not thread.is_alive()
+
+
+def test_a_trace_stops_at_the_limit_and_the_process_lives():
+    """The trace engine's matrix products check (trace/recorder.py CANCEL_POINTS): a 70B timeline trace, which runs
+    for tens of seconds here, stops within a second of its limit, raising Stopped in its own thread; raising from
+    every dispatched op had aborted the whole process."""
+    pytest.importorskip("torch")
+    from trainfit import api
+
+    api.trace(api.Request("tiny-llama"))  # imports are not interruptible: pay them before the clock starts
+    req = api.Request("llama-3.1-70b", batch=8, seq=8192)
+    work, out = cancel.Work(1.0), {}
+
+    def body():
+        t0 = time.monotonic()
+        try:
+            cancel.run(work, api.trace, req, extrapolate=True)
+        except cancel.Stopped as e:
+            out["stopped"] = (str(e), time.monotonic() - t0)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and "stopped" in out, out
+    why, took = out["stopped"]
+    assert why.startswith("stopped after 1 s") and took < 3.0, out

@@ -31,6 +31,12 @@ from .kernel_scratch import PROBED, KernelScratch
 from .flops import FlopCounter
 
 _ADD = torch.ops.aten.add.Tensor
+# Where a stopped trace may raise: the matrix products, which are only called from a model's Python forward or from
+# the autograd engine (it carries an op's error back to backward()'s caller). NB: raising from every op aborted the
+# process ("terminate called after throwing an instance of 'python_error'") when the op was dispatched inside C++
+# that cannot carry a Python error; a step without these ops is stopped at its end instead.
+_aten = torch.ops.aten
+CANCEL_POINTS = frozenset((_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default))
 
 # Categories (index into the per-category arrays). "activation" is decided after the fact: a storage
 # born in a forward phase and still alive when that forward ends (see analysis.py); until then every
@@ -249,7 +255,8 @@ class AllocationRecorder(TorchDispatchMode):
 
     # -- the hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        cancel.check()  # one op: the web's time limit and disconnects stop a trace here (trainfit/cancel.py)
+        if func in CANCEL_POINTS:
+            cancel.check()  # the web's time limit and disconnects stop a trace here (trainfit/cancel.py)
         override = OVERRIDES.get(func)
         out = func(*args, **(kwargs or {})) if override is None else override(func, args, kwargs or {})
         if self.flops is not None:
