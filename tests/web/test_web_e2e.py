@@ -196,6 +196,21 @@ def test_a_mode_switch_and_an_error_leave_nothing_stale(server, browser):
     assert peak_bytes(browser) == infer.memory.peak and text(browser, "peak") == fmt_bytes(infer.memory.peak)
     assert text(browser, "verdict") == ("fits" if infer.time.fits else "does not fit")
     assert browser.find_element(By.ID, "device-total").get_attribute("data-bytes") == str(infer.memory.device_total)
+
+    # a late answer to older inputs never lands: the next /api/view answer is held back 1.5 s (past the abort)
+    browser.execute_script("""const real = window.fetch; let held = true;
+      window.fetch = (url, opts) => {
+        if (!(held && String(url).startsWith("/api/view"))) return real(url, opts);
+        held = false;
+        return new Promise(ok => setTimeout(() => ok(real(url, {...opts, signal: undefined})), 1500));
+      };""")
+    set_number(browser, "batch", 2)
+    time.sleep(0.5)  # past the page's 120 ms debounce: batch 2 is asked (and held back), then batch 3
+    set_number(browser, "batch", 3)
+    b3 = api.analytic(api.Request(model=model, gpu=gpu, mode="infer", batch=3)).memory.peak
+    wait.until(lambda d: fresh(d) and peak_bytes(d) == b3)
+    time.sleep(1.5)  # the held-back answer for batch 2 has arrived by now
+    assert peak_bytes(browser) == b3 and fresh(browser)
     assert js_errors(browser) == []
 
 
