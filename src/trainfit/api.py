@@ -217,13 +217,13 @@ def gaps(results: list[Estimate]) -> dict:
             "peak_gap": {e.engine: (e.memory.peak - ref) / ref if ref else None for e in results[:-1]}}
 
 
-def fit_advice(req: Request, est: Estimate) -> list:
+def fit_advice(req: Request, est: Estimate, spec=None) -> list:
     """For an estimate that does not fit its GPU: the changes that would, fastest first (studies/fit_advice.py
-    Suggestion objects)."""
+    Suggestion objects). spec: the model when it is not req.model's (the web page's pasted config.json)."""
     from .spec import VisionSpec
     from .studies.fit_advice import suggestions as advise
 
-    spec = load_spec(req.model)
+    spec = spec if spec is not None else load_spec(req.model)
     if isinstance(spec, VisionSpec):
         return []  # the advice searches a transformer's settings (recompute, sequence, parallelism)
     return advise(spec, est.setup, gpu_of(req), reserve=req.reserve)

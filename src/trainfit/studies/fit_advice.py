@@ -127,7 +127,17 @@ class _Judge:
             return None
         per_gpu = e.time.tokens_per_second / s.world_size
         slowdown = self.per_gpu / per_gpu if self.per_gpu and per_gpu else float("nan")
-        return Suggestion(flags, why, e.fit.required, e.fit.capacity, e.time.step_seconds, e.time.tokens_per_second, s.world_size, slowdown, s, knobs)
+        required, capacity = judged_bytes(e)
+        return Suggestion(flags, why, required, capacity, e.time.step_seconds, e.time.tokens_per_second, s.world_size,
+                          slowdown, s, knobs)
+
+
+def judged_bytes(e: Estimate) -> tuple[int, int]:
+    """(required, capacity) of a fitting estimate's verdict: the fit rule's (Estimate.fit); a serving engine, which
+    has none, is judged on its device total within GPU memory - --reserve (analytic/engine.py _serving_estimate)."""
+    if e.fit is not None:
+        return e.fit.required, e.fit.capacity
+    return e.memory.device_total, e.memory.device_total + e.time.headroom
 
 
 def _largest(lo: int, hi: int, ok) -> int:

@@ -41,6 +41,7 @@ from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
 from ..models import resolve
 from ..setup import SETTINGS, Request, Setting, parse_value
+from ..spec import ModelSpec
 
 
 def _knob_type(s: Setting):
@@ -138,7 +139,7 @@ def view(e: Estimate) -> dict:
     from ..report import plots
     from ..report.held import fit_numbers
     from ..report.terminal import PHASE_NAMES, memory_rows, setup_line
-    from ..units import fmt_bytes, fmt_count, fmt_seconds
+    from ..units import fmt_bytes, fmt_count
 
     m, t = e.memory, e.time
     summary = {"model": e.model, "setup": setup_line(e), "peak": m.peak, "peak_text": fmt_bytes(m.peak),
@@ -152,13 +153,8 @@ def view(e: Estimate) -> dict:
                   f"device total {fmt_bytes(m.device_total)} of {fmt_bytes(t.gpu_memory)}"
                   if m.device_total is not None and t.gpu_memory else None)
         summary.update(fits=t.fits, gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom),
-                       device_total=m.device_total, gpu_memory=t.gpu_memory, judged_text=judged)
-        if e.setup.mode == "train":
-            summary.update(time_text=f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "
-                                     f"{fmt_count(t.tokens_per_second)} tokens/s")
-        else:
-            summary.update(time_text=f"prefill {fmt_seconds(t.prefill_seconds)} · decode "
-                                     f"{t.decode_tokens_per_second:,.0f} tokens/s · max batch {t.max_batch:,}")
+                       device_total=m.device_total, gpu_memory=t.gpu_memory, judged_text=judged,
+                       time_text=time_text(e))
     rows = [{"name": n, "bytes": v, "text": fmt_bytes(v)} for n, v in memory_rows(e)]
     rows += [{"name": f"at {PHASE_NAMES.get(p, p)}", "bytes": v, "text": fmt_bytes(v), "phase": True,
               "peak": p == m.peak_phase} for p, v in m.phases.items()]
@@ -172,6 +168,26 @@ def view(e: Estimate) -> dict:
     gpu_mem = t.gpu_memory if t is not None else None  # the GPU's memory as judged (--gpu-memory included)
     return {"estimate": e.to_dict(), "summary": summary, "rows": rows, "bars": bars, "capacity": gpu_mem,
             "held": held_rows(e), "notes": list(e.notes)}
+
+
+def time_text(e: Estimate) -> str:
+    """The timing in one line, by mode, in the terminal table's terms (report/terminal.py render_estimate); a
+    figure the mode's Timing lacks (an encoder's decode, RL's prefill) is left out."""
+    from ..units import fmt_count, fmt_seconds
+
+    t, s = e.time, e.setup
+    if s.mode == "train":
+        unit = "images" if s.image_size else "tokens"
+        return f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · {fmt_count(t.tokens_per_second)} {unit}/s"
+    if s.mode == "rl":
+        return (f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "
+                f"{t.decode_tokens_per_second:,.0f} generated tokens/s")
+    parts = [f"prefill {fmt_seconds(t.prefill_seconds)}"]
+    if t.decode_tokens_per_second is not None:  # None for an encoder (BERT): nothing is decoded
+        parts.append(f"decode {t.decode_tokens_per_second:,.0f} tokens/s")
+    if t.max_batch is not None:  # serve: the sequences the KV pool holds at once, which decode runs at
+        parts.append(f"max batch {t.max_batch:,}")
+    return " · ".join(parts)
 
 
 def held_rows(e: Estimate) -> dict:
@@ -203,8 +219,13 @@ def _timeline_svg(req: Request) -> str:
     from ..report import plots
 
     spec = api.load_spec(req.model)
-    with _trace_lock:
-        traced = api.trace(req, extrapolate=spec.layers > 16)
+    deep = isinstance(spec, ModelSpec) and spec.layers > 16  # the whole step's curve unless deep; vision: traced whole
+    while not _trace_lock.acquire(timeout=POLL_SECONDS):  # waiting for another trace: still stoppable
+        cancel.check()
+    try:
+        traced = api.trace(req, extrapolate=deep)
+    finally:
+        _trace_lock.release()
     fig = plots.plot_timeline(traced, gpu=api.gpu_of(req))
     return plots.svg_text(fig)
 
@@ -218,9 +239,7 @@ def view_with_advice(knobs: PastedKnobs) -> dict:
     spec, req, e = estimate_for(knobs)
     v = view(e)
     if e.time is not None and not e.time.fits:
-        from ..studies.fit_advice import fit_advice
-
-        v["would_fit"] = fit_advice(spec, e.setup, api.gpu_of(req), reserve=req.reserve)
+        v["would_fit"] = [x.line() for x in api.fit_advice(req, e, spec)]  # the CLI's advice
     return v
 
 

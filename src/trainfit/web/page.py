@@ -2,19 +2,26 @@
 
 The page posts the form to /api/view on every change and draws what comes back: the verdict, the breakdown
 table and a stacked bar chart of memory at each phase (an inline SVG built here from the server's bars).
-Element ids used by the end-to-end test: #batch (and every knob by its name), #peak (data-bytes holds the
-peak in bytes), #verdict, #error, #status; the "held" table (allocated peak -> reserved -> overheads -> device
-total, issue 13) has #required, #reserved and #device-total (data-bytes: the API's memory.required / .reserved / .device_total) and
-its labels and sentence come from trainfit.report.held, as in the CLI table and the reports.
+What is shown always belongs to the inputs on screen: once an input changes, #result is marked stale
+(data-stale) until the answer for the new inputs arrives (an older request is aborted, and a late answer is
+dropped by a request counter); an error empties #result, so no number or verdict of other inputs stays beside
+it; a traced timeline is dropped when an input changes.
+Element ids used by the end-to-end test: #batch (and every knob by its name), #result, #peak (data-bytes holds
+the peak in bytes), #verdict, #error, #status, #would-fit, #timeline (an SVG, or #timeline-error: one line);
+the "held" table (allocated peak -> reserved -> overheads -> device total, issue 13) has #required, #reserved
+and #device-total (data-bytes: the API's memory.required / .reserved / .device_total) and its labels and
+sentence come from trainfit.report.held, as in the CLI table and the reports.
 
 The knob inputs and the JavaScript's list of knobs are generated from trainfit.setup.SETTINGS (knob_fieldsets),
-so a new setting appears on the page with its help as a tooltip, its default and its allowed values.
+so a new setting appears on the page with its help as a tooltip, its default and its allowed values; a setting
+that does not apply to the chosen mode is disabled and not sent, and the allowed values that depend on the mode
+(setup.choices_for: precision, quant) are the mode's.
 """
 import html
 import json
 
 from ..report.held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, held_sentence
-from ..setup import SETTINGS, TRAIN_PRECISIONS, INFER_PRECISIONS, Setting
+from ..setup import SETTINGS, Setting, choices_for
 
 # Which fieldset each setting sits in (a setting not named here lands in "More").
 GROUPS = (("Hardware", ("gpu", "gpu_memory", "mode", "device", "mfu")),
@@ -24,6 +31,13 @@ GROUPS = (("Hardware", ("gpu", "gpu_memory", "mode", "device", "mfu")),
           ("Inference and budget", ("kv_dtype", "tokens", "price")))
 
 
+def mode_choices(s: Setting) -> dict | None:
+    """{mode: allowed values} for a setting whose allowed values depend on the mode (precision, quant), else None;
+    the script fills its select when the mode changes (setup.choices_for is the one definition)."""
+    by_mode = {m: list(choices_for(s, m)) for m in s.meta.modes} if s.meta.choices else {}
+    return by_mode if any(c != list(s.meta.choices) for c in by_mode.values()) else None
+
+
 def _input(s: Setting) -> str:
     name, tip = s.name, html.escape(s.meta.help, quote=True)
     label = name.replace("_", " ")
@@ -31,13 +45,13 @@ def _input(s: Setting) -> str:
         field = '<select id="gpu" name="gpu"></select>'
     elif s.base_type is bool:
         field = f'<input id="{name}" name="{name}" type="checkbox" style="width:auto"{" checked" if s.default else ""}>'
-    elif s.meta.choices and s.name != "precision":
+    elif mode_choices(s) is not None:  # filled by the script for the chosen mode
+        field = f'<select id="{name}" name="{name}"></select>'
+    elif s.meta.choices:
         blank = '<option value="">(default)</option>' if s.default is None else ""
         opts = "".join(f'<option value="{html.escape(str(c))}"{" selected" if c == s.default else ""}>'
                        f'{html.escape(str(c))}</option>' for c in s.meta.choices)
         field = f'<select id="{name}" name="{name}">{blank}{opts}</select>'
-    elif s.name == "precision":  # by mode, set by the script
-        field = '<select id="precision" name="precision"></select>'
     elif s.base_type in (int, float) and s.meta.parse is None:
         low = s.meta.minimum if s.meta.minimum is not None else s.meta.above
         attrs = (f' min="{low:g}"' if low is not None else "") + (f' max="{s.meta.maximum:g}"' if s.meta.maximum else "")
@@ -68,8 +82,8 @@ def knob_fieldsets() -> str:
 
 def settings_json() -> str:
     kind = {bool: "bool", int: "int", float: "float", str: "str"}
-    return json.dumps([{"name": s.name, "kind": kind.get(s.base_type, "str"), "modes": list(s.meta.modes)}
-                       for s in SETTINGS])
+    return json.dumps([{"name": s.name, "kind": kind.get(s.base_type, "str"), "modes": list(s.meta.modes),
+                        "choices": mode_choices(s), "default": s.request_default} for s in SETTINGS])
 
 
 _TEMPLATE = r"""<!DOCTYPE html>
@@ -112,6 +126,8 @@ tr.phase td { color:var(--muted); } tr.peak td { font-weight:700; }
 .muted, #notes { color:var(--muted); font-size:12px; } #status { color:var(--muted); font-size:12px; min-height:1.2em; }
 button { font:inherit; padding:5px 12px; border-radius:6px; border:1px solid var(--accent); background:var(--accent); color:#fff; cursor:pointer; }
 button:disabled { opacity:.6; cursor:wait; }
+label.off { opacity:.4; }  /* a setting that does not apply to the chosen mode: disabled, not sent */
+#result[data-stale] { opacity:.35; }  /* the inputs changed: these numbers are the previous inputs' until the answer */
 </style>
 </head>
 <body>
@@ -132,6 +148,7 @@ button:disabled { opacity:.6; cursor:wait; }
 </form>
 <div>
   <div id="error" role="alert"></div>
+  <div id="result">
   <div class="cards">
     <div class="card"><div class="k">peak memory per GPU</div><div class="v" id="peak" data-bytes="">–</div><div class="muted" id="peak-phase"></div></div>
     <div class="card"><div class="k" id="verdict-k">fit</div><div class="v" id="verdict">–</div><div class="muted" id="headroom"></div></div>
@@ -153,6 +170,7 @@ button:disabled { opacity:.6; cursor:wait; }
     </div>
     <div id="notes"></div>
   </div>
+  </div>
   <div class="panel" style="margin-top:14px">
     <button id="trace-btn" type="button">Trace the step's memory timeline</button>
     <span class="muted">the real PyTorch step on fake tensors (needs trainfit[torch]; a few seconds, longer for big models)</span>
@@ -162,56 +180,90 @@ button:disabled { opacity:.6; cursor:wait; }
 </div>
 <script>
 "use strict";
-const SETTINGS = @@SETTINGS_JSON@@;  // generated from trainfit.setup.SETTINGS: name, kind, modes
-const PRECISIONS = @@PRECISIONS_JSON@@;
+// generated from trainfit.setup.SETTINGS: name, kind, modes, default, and {mode: allowed values} where they depend on it
+const SETTINGS = @@SETTINGS_JSON@@;
 const $ = (id) => document.getElementById(id);
-let seq = 0, timer = null;
+const BLANK = $("result").innerHTML;  // the result area before any answer: what an error leaves
+let seq = 0, timer = null, inflight = null, tracing = null;
 
-function setPrecisions() {
-  const mode = $("mode").value, sel = $("precision"), old = sel.value;
-  sel.innerHTML = `<option value="">auto</option>` + PRECISIONS[mode].map(p => `<option value="${p}">${p}</option>`).join("");
-  if (PRECISIONS[mode].includes(old)) sel.value = old;
-  for (const s of SETTINGS) {  // grey out what does not apply to this mode
+function esc(s) { return String(s).replace(/[&<>"']/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c])); }
+
+function setMode() {  // a setting that does not apply to the mode is disabled (so not sent); choices follow the mode
+  const mode = $("mode").value;
+  for (const s of SETTINGS) {
     const el = $(s.name);
-    if (el) el.closest("label").style.opacity = s.modes.includes(mode) ? "" : "0.4";
+    if (!el) continue;
+    const on = s.modes.includes(mode);
+    el.disabled = !on;
+    el.closest("label").classList.toggle("off", !on);
+    if (on && s.choices) fillChoices(el, s, s.choices[mode]);
   }
 }
 
-function knobs() {
-  // every setting that applies to the chosen mode (a flag that does not apply would be refused)
-  const f = $("form"), body = {}, mode = f.elements["mode"].value;
+function fillChoices(el, s, allowed) {
+  const old = el.value;
+  el.innerHTML = (s.default === null ? `<option value="">(default)</option>` : "") +
+    allowed.map(c => `<option value="${esc(c)}">${esc(c)}</option>`).join("");
+  el.value = allowed.includes(old) ? old : (s.default === null ? "" : String(s.default));
+}
+
+function knobs() {  // the enabled settings (those that apply to the chosen mode) and the model
+  const f = $("form"), body = {};
   for (const s of SETTINGS) {
-    if (!s.modes.includes(mode)) continue;
     const el = f.elements[s.name];
+    if (!el || el.disabled) continue;
     body[s.name] = s.kind === "bool" ? el.checked : (el.value === "" ? null : el.value);
   }
   if (f.elements["source"].value === "config") body.config = $("config").value; else body.model = $("model").value;
   return body;
 }
 
-function esc(s) { return String(s).replace(/[&<>"']/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c])); }
-
 function showError(msg) { const e = $("error"); e.textContent = msg || ""; e.style.display = msg ? "block" : "none"; }
+
+async function answer(resp) {  // the JSON body; a body that is not JSON (a proxy's page, a crash) as one line
+  const text = await resp.text();
+  try { return JSON.parse(text); } catch (_) {
+    return {error: `HTTP ${resp.status}: ${text.trim().split("\n")[0] || resp.statusText || "no answer"}`};
+  }
+}
+
+function changed() {  // what is on screen is the previous inputs' from now on: marked stale, the timeline dropped
+  $("result").dataset.stale = "1";
+  dropTimeline();
+  clearTimeout(timer); timer = setTimeout(update, 120);
+}
 
 async function update() {
   const mine = ++seq;
+  if (inflight) inflight.abort();  // a late answer to older inputs must never land
+  const ctl = inflight = new AbortController();
+  $("result").dataset.stale = "1";
   $("status").textContent = "estimating…";
   let resp, data;
   try {
-    resp = await fetch("/api/view", {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(knobs())});
-    data = await resp.json();
+    resp = await fetch("/api/view", {method: "POST", headers: {"Content-Type": "application/json"},
+                                     body: JSON.stringify(knobs()), signal: ctl.signal});
+    data = await answer(resp);
   } catch (err) {
-    if (mine === seq) { showError("the trainfit server did not answer: " + err); $("status").textContent = ""; }
+    if (mine === seq) fail("the trainfit server did not answer: " + err.message);
     return;
   }
   if (mine !== seq) return;  // a newer request is on its way
+  inflight = null;
+  if (!resp.ok) { fail(data.error || ("HTTP " + resp.status)); return; }
   $("status").textContent = "";
-  if (!resp.ok) { showError(data.error || ("HTTP " + resp.status)); return; }
   showError("");
+  $("result").innerHTML = BLANK;
   render(data);
+  delete $("result").dataset.stale;
 }
 
-function schedule() { clearTimeout(timer); timer = setTimeout(update, 120); }
+function fail(msg) {  // the error, and no number or verdict of other inputs beside it
+  $("status").textContent = "";
+  showError(msg);
+  $("result").innerHTML = BLANK;
+  delete $("result").dataset.stale;
+}
 
 function render(v) {
   const s = v.summary;
@@ -233,9 +285,14 @@ function render(v) {
   renderHeld(v.held);
   $("rows").innerHTML = v.rows.map(r =>
     `<tr class="${r.phase ? "phase" : ""} ${r.peak ? "peak" : ""}"><td>${esc(r.name)}${r.peak ? " ◀ peak" : ""}</td><td>${esc(r.text)}</td></tr>`).join("");
-  $("notes").innerHTML = (v.would_fit ? `<p><b>What would fit</b> (fastest first): ${v.would_fit.map(esc).join("; ")}</p>` : "")
-    + v.notes.map(n => "· " + esc(n)).join("<br>");
+  $("notes").innerHTML = wouldFit(v.would_fit) + v.notes.map(n => "· " + esc(n)).join("<br>");
   $("chart").innerHTML = chart(v.bars, v.capacity, s.gpu, s.device_total);
+}
+
+function wouldFit(advice) {  // present when it does not fit: the CLI's suggestions, fastest first
+  if (advice === undefined) return "";
+  return `<p id="would-fit"><b>What would fit</b> ` + (advice.length ? `(fastest first): ${advice.map(esc).join("; ")}`
+    : ": no change the search tries makes this setup fit") + "</p>";
 }
 
 function renderHeld(h) {  // allocated -> reserved -> overheads -> device total, as the server formatted them
@@ -300,16 +357,31 @@ function chart(bars, capacity, gpu, deviceTotal) {
   return out;
 }
 
+function dropTimeline() {  // the timeline belongs to the inputs it was traced for
+  if (tracing) tracing.abort();
+  tracing = null;
+  $("timeline").innerHTML = "";
+  $("trace-btn").disabled = false;
+}
+
 async function trace() {
   const btn = $("trace-btn"), body = knobs();
+  dropTimeline();
   if (body.config !== undefined) { $("timeline").innerHTML = '<p class="muted">the timeline traces catalog models only here; use `trainfit timeline ./config.json`</p>'; return; }
   const q = new URLSearchParams(Object.entries(body).filter(([k, v]) => v !== null && v !== "")).toString();
+  const ctl = tracing = new AbortController();
   btn.disabled = true; $("timeline").innerHTML = '<p class="muted">tracing…</p>';
+  let out;
   try {
-    const resp = await fetch("/api/timeline.svg?" + q);
-    if (!resp.ok) { const d = await resp.json(); $("timeline").innerHTML = `<p class="bad">${esc(d.error)}</p>`; }
-    else $("timeline").innerHTML = await resp.text();
-  } catch (err) { $("timeline").innerHTML = `<p class="bad">${esc(err)}</p>`; }
+    const resp = await fetch("/api/timeline.svg?" + q, {signal: ctl.signal});
+    const svg = resp.ok && (resp.headers.get("Content-Type") || "").startsWith("image/svg+xml");
+    out = svg ? await resp.text() : `<p class="bad" id="timeline-error">${esc((await answer(resp)).error || "HTTP " + resp.status)}</p>`;
+  } catch (err) {
+    out = `<p class="bad" id="timeline-error">the trainfit server did not answer: ${esc(err.message)}</p>`;
+  }
+  if (ctl !== tracing) return;  // the inputs changed meanwhile: dropped
+  tracing = null;
+  $("timeline").innerHTML = out;
   btn.disabled = false;
 }
 
@@ -323,15 +395,15 @@ async function init() {
   $("model").value = models.some(m => m.name === "llama-3.1-8b") ? "llama-3.1-8b" : models[0].name;
   $("gpu").innerHTML = `<option value="">(none)</option>` + gpus.map(g => `<option>${esc(g.name)}</option>`).join("");
   $("gpu").value = gpus.some(g => g.name === "H100-80GB") ? "H100-80GB" : "";
-  setPrecisions();
-  $("form").addEventListener("input", schedule);
+  setMode();
+  $("form").addEventListener("input", changed);
   $("form").addEventListener("change", (ev) => {
-    if (ev.target.name === "mode") setPrecisions();
+    if (ev.target.name === "mode") setMode();
     if (ev.target.name === "source") {
       const cfg = $("form").elements["source"].value === "config";
       $("catalog-box").style.display = cfg ? "none" : ""; $("config-box").style.display = cfg ? "" : "none";
     }
-    schedule();
+    changed();
   });
   $("trace-btn").addEventListener("click", trace);
   await update();
@@ -346,5 +418,4 @@ init().catch(err => showError("could not load the catalogs: " + err));
 PAGE = (_TEMPLATE.replace("@@KNOB_FIELDSETS@@", knob_fieldsets())
         .replace("@@REQUIRED_LABEL@@", html.escape(REQUIRED_LABEL)).replace("@@RESERVED_LABEL@@", html.escape(RESERVED_LABEL)).replace("@@DEVICE_TOTAL_LABEL@@", html.escape(DEVICE_TOTAL_LABEL))
         .replace("@@HELD_SENTENCE@@", html.escape(held_sentence()))
-        .replace("@@SETTINGS_JSON@@", settings_json())
-        .replace("@@PRECISIONS_JSON@@", json.dumps({"train": list(TRAIN_PRECISIONS), "infer": list(INFER_PRECISIONS)})))
+        .replace("@@SETTINGS_JSON@@", settings_json()))
