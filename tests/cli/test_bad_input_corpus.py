@@ -397,3 +397,14 @@ def test_corpus_size():
     n = (len(VALUE_CASES) + len(SWITCHES) + len(INAPPLICABLE) + len(MODE_COMMANDS) + len(STACK_CASES)
          + len(FILE_CASES) + len(OUTPUT_CASES) + len(IGNORED_CASES))
     assert n >= 569, n
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["plan", "tiny-llama", "--gpu", "T4", "--batch-tolerance", "0.2"], "--batch-tolerance"),
+    (["report", "tiny-llama", "--no-trace", "--alloc-conf", "expandable_segments:True", "-o", "r.html"],
+     "--alloc-conf"),
+    (["estimate", "tiny-llama", "--offload", ""], "--offload"),
+], ids=["plan-tolerance-without-batch", "report-alloc-conf-without-trace", "offload-empty"])
+def test_option_the_command_would_not_read_is_refused(out_dir, capsys, argv, flag):
+    code, out, err = run(capsys, argv)
+    assert_refused(code, out, err, flag)
