@@ -69,6 +69,8 @@ def combine_offload(text: str) -> str:
     """--offload given several times ("optimizer,params"): one of OFFLOAD. DeepSpeed's offload_param comes with
     offload_optimizer in trainfit's model (ZeRO-Infinity, analytic/parallel/deepspeed.py), so the pair is `params`;
     torchtune's activation offloading and DeepSpeed's offload are two stacks' features, and one run has one stack."""
+    if not text.strip(", "):
+        raise ValueError(f"choose from {', '.join(OFFLOAD)}")
     parts = {p.strip() for p in text.split(",") if p.strip()} - {"none"}
     unknown = parts - set(OFFLOAD)
     if unknown:
@@ -908,6 +910,8 @@ def default_seq(spec=None, mode: str = "train") -> int:
     return DEFAULT_SEQ if longest is None else max(1, min(DEFAULT_SEQ, longest))
 
 
+# the settings naming another model beside the one estimated (a catalog name or a config.json)
+MODEL_SETTINGS = ("draft_model", "critic_model", "reward_model")
 # the run settings that describe the GPU itself: they become the GPU object (api.gpu_of), not engine keywords
 GPU_SETTINGS = ("gpu", "price", "gpu_memory")
 
@@ -934,6 +938,18 @@ def _request_post_init(self) -> None:
         raise SetupError("--gpu-memory replaces a GPU's memory, which needs --gpu (see `trainfit gpus`)")
     if self.tokens is not None and self.gpu is None:
         raise SetupError("--tokens gives the time and cost of a budget, which needs a GPU: add --gpu (see `trainfit gpus`)")
+    if self.mfu is not None and self.gpu is None:  # (the step time is the GPU's; without one there is none to set)
+        raise SetupError("--mfu sets the step time on a GPU, which needs --gpu (see `trainfit gpus`)")
+    if self.reserve != BY_NAME["reserve"].default and self.gpu is None:
+        raise SetupError("--reserve keeps memory free when judging the fit on a GPU, which needs --gpu (see "
+                         "`trainfit gpus`)")
+    if self.price is not None and self.tokens is None:  # (the price is read only to cost a budget)
+        raise SetupError("--price sets the cost of a training budget: add --tokens (e.g. --tokens 15T), or drop it")
+    for name in ("gpu", *MODEL_SETTINGS):
+        value = getattr(self, name)
+        if isinstance(value, str) and not value.strip():
+            what = "a GPU (see `trainfit gpus`)" if name == "gpu" else "a model (a catalog name or a config.json)"
+            raise SetupError(f"{BY_NAME[name].flag} is empty: name {what}, or drop it")
 
 
 def make_request_class():

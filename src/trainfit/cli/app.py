@@ -4,6 +4,7 @@ Every error a user can cause is one line on stderr and exit code 2 (DESIGN.md §
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Optional
 
@@ -54,6 +55,9 @@ def estimate(req: Request, engine: str = EngineOpt,
     """
     if emit is not None:
         _check_emit(req, emit, json, engine)
+    if req.alloc_conf is not None and engine not in ("trace", "all"):
+        raise SetupError(f"--alloc-conf sets the caching allocator the trace engine replays; --engine {engine} does "
+                         "not read it: add --engine trace (or all), or drop it")
     slow = engine in ("trace", "all", "measure") or measure
     what = {"trace": "tracing the step on fake tensors", "all": "analytic, then tracing the step on fake tensors",
             "measure": "running the real step"}.get(engine, "estimating")
@@ -223,7 +227,7 @@ def trace_module(req: Request,
 
 
 @app.command()
-@with_settings(exclude=("mode", "kv_dtype", "tokens", "mfu", "price"))
+@with_settings(exclude=("mode", "kv_dtype", "tokens", "mfu", "price", "alloc_conf"))
 def compare(req: Request, json: bool = JsonOpt) -> None:
     """Training vs inference of the same model, side by side, with the ratio — at this batch and at batch 1.
 
@@ -318,9 +322,15 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
+@functools.lru_cache(maxsize=1)
+def _click_command():
+    """The click group typer builds from `app` (~25 ms: built once per process, not once per call of `main`)."""
+    return typer.main.get_command(app)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors (ours and click's usage errors) become one line and exit code 2."""
-    command = typer.main.get_command(app)
+    command = _click_command()
     try:
         command.main(args=argv, prog_name="trainfit", standalone_mode=False)
     except TrainfitError as e:

@@ -9,7 +9,7 @@ from .options import JsonOpt, with_settings
 from .spinner import spinner
 
 
-@with_settings(defaults={"batch": 1})
+@with_settings(defaults={"batch": 1}, exclude=("tokens", "price", "mfu", "alloc_conf"))  # (fit reads none of them)
 def fit(req, json: bool = JsonOpt) -> None:
     """Can MODEL train on --gpu, and how? Starting from the setup you give (default: full fine-tuning, micro-batch
     1), the fastest setups that fit the GPU (the fit rule: what the step needs from the caching allocator within

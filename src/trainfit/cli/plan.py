@@ -98,6 +98,9 @@ def plan(
     from ..plan.search import PlanQuery, search
 
     gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
+    if gbt is None and batch_tolerance != 0.05:
+        raise SetupError("--batch-tolerance is the deviation allowed from --global-batch-tokens: add it, or drop "
+                         "--batch-tolerance")
     budget_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
     if emit is not None and emit not in ENGINES:
         raise SetupError(f"--emit {emit!r} is not one of: {', '.join(ENGINES)}")

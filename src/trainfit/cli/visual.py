@@ -94,7 +94,7 @@ def _list_help(name: str) -> str:
     return BY_NAME[name].meta.help + " A comma list draws one line per value."
 
 
-@with_settings(exclude=("precision", "optimizer", "recompute", "attention"))
+@with_settings(exclude=("precision", "optimizer", "recompute", "attention", "alloc_conf"))
 def sweep(req: Request,
           vary: Tuple[str, str] = typer.Option(..., "--vary", help="KNOB VALUES: the knob (batch, seq, grad-accum, gpus, dp, tp, pp, zero, recompute, attention, precision, optimizer) and its values: low:high doubles (1:64 → 1,2,4,…,64; zero 0:3 counts), or a comma list."),
           precision: Optional[str] = typer.Option(None, "--precision", help=_list_help("precision")),
@@ -170,6 +170,9 @@ def report(req: Request,
     gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
     if gbt is not None and gpus is None:
         raise SetupError("--global-batch-tokens sets the batch of the plan: add --gpus N (and --gpu), or drop it")
+    if req.alloc_conf is not None and trace is False:
+        raise SetupError("--alloc-conf sets the caching allocator the traced timeline replays: drop --no-trace, or "
+                         "drop --alloc-conf")
     with spinner("building the report (trace, comparison, sweep" + (", plan" if gpus else "") + ")"):
         path = write_report(req, output, gpus=gpus, trace=trace, vary=tuple(vary) if vary else None,
                             global_batch_tokens=gbt)

@@ -16,6 +16,7 @@ from ..errors import TrainfitError
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
+from .output import check_writable, writing
 from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, held_sentence
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .time_bar import time_section
@@ -323,7 +324,8 @@ def write_report(req: api.Request, path: str | Path, **kw) -> Path:
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise TrainfitError(f"-o {path}: the report is an HTML file; end the name in .html")
-    if not path.parent.exists():
-        raise TrainfitError(f"-o {path}: folder {path.parent} does not exist; create it or write elsewhere")
-    path.write_text(build_report(req, **kw), encoding="utf-8")
+    check_writable(path)  # before the report is built
+    text = build_report(req, **kw)
+    with writing(path):
+        path.write_text(text, encoding="utf-8")
     return path

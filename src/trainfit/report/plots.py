@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 from ..errors import EngineUnavailableError, TrainfitError
 from ..estimate import Estimate
 from ..units import GiB, KiB, MiB, TiB
+from .output import check_writable, writing
 from .held import DEVICE_TOTAL_LABEL, RESERVED_LABEL, held_sentence
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -120,8 +121,7 @@ def check_output(path: str | Path) -> str:
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise TrainfitError(f"-o {path}: cannot tell the image format; end the file name in .png, .svg or .pdf")
-    if path.parent and not path.parent.exists():
-        raise TrainfitError(f"-o {path}: folder {path.parent} does not exist; create it or write elsewhere")
+    check_writable(path)
     return fmt
 
 
@@ -130,7 +130,8 @@ def save(fig: "Figure", path: str | Path, dpi: int = 110) -> Path:
     path = Path(path)
     fmt = check_output(path)
     kw = {"metadata": {"Date": None}} if fmt == "svg" else {}
-    fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight", **kw)
+    with writing(path):
+        fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight", **kw)
     return path
 
 

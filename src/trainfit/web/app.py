@@ -34,7 +34,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import ConfigDict, create_model
+from pydantic import BeforeValidator, ConfigDict, create_model
 
 from .. import api, cancel
 from ..errors import ConfigError, SetupError, TrainfitError
@@ -44,11 +44,18 @@ from ..setup import SETTINGS, Request, Setting, parse_value
 from ..spec import ModelSpec
 
 
+def _not_a_switch(v):
+    """JSON true/false where a number is expected is refused (pydantic would read true as 1)."""
+    if isinstance(v, bool):
+        raise ValueError(f"a number, not {str(v).lower()}")
+    return v
+
+
 def _knob_type(s: Setting):
     t = s.base_type
-    if s.meta.parse is not None:
-        return Union[t, str, None]  # a number, or text the setting's parser reads ("15T")
-    return Optional[t]
+    # a number, or text the setting's parser reads ("15T")
+    kind = Union[t, str, None] if s.meta.parse is not None else Optional[t]
+    return Annotated[kind, BeforeValidator(_not_a_switch)] if t in (int, float) else kind
 
 
 # The setup knobs, generated from trainfit.setup.SETTINGS with the CLI's defaults (query parameters or JSON body
