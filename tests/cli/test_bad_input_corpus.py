@@ -107,7 +107,8 @@ def bad_values(s) -> list[str]:
         return []  # a switch takes no value (see test_switch_takes_no_value)
     common = ["abc", "", "1,2", "é", "x" * 10_000]
     if t is int:
-        out = common + ["0x10", "1.5", "-1", "nan", "inf", "-inf", "1e400", str(10**18), str(10**30), OVERLONG]
+        out = common + ["0x10", "1.5", "-1", "nan", "inf", "-inf", "1e400", *([str(int(m.maximum) + 1)] if m.maximum is not None else []), str(10**30),
+                        OVERLONG]  # (every integer setting has a maximum or choices: tests/cli/test_bounded_work.py)
         if m.choices is None and (m.minimum or 0) >= 1:
             out.append("0")
         return out
@@ -145,9 +146,6 @@ CONTEXT.update(critic_model=["--mode", "rl", "--rl-algo", "ppo"], mfu=["--gpu", 
                reserve=["--gpu", "T4"])
 
 
-PART_A_NAMES = ("draft_model", "critic_model", "reward_model")  # NB: issue 35 part A (see PART_A below)
-
-
 def _value_cases():
     """A full battery per setting on estimate; a thinner one on every other command taking the setting (the same
     parser, so three values each: malformed, out of bounds, overlong)."""
@@ -164,10 +162,8 @@ def _value_cases():
             chosen = values if cmd == "estimate" else [v for v in values if v in ("abc", "-1", "x" * 10_000,
                                                                                   OVERLONG)][:3] or values[:2]
             for v in chosen:
-                marks = pytest.mark.xfail(strict=True, reason="issue 35 part A: an overlong model name is an OSError "
-                                          "(file name too long)") if s.name in PART_A_NAMES and len(v) > 255 else ()
                 yield pytest.param(cmd, [*context, f"{s.flag}={v}"] if v.startswith("-") else [*context, s.flag, v],
-                                   s.name, id=f"{cmd}-{s.name}-{v[:12] or 'empty'}{'...' if len(v) > 12 else ''}", marks=marks)
+                                   s.name, id=f"{cmd}-{s.name}-{v[:12] or 'empty'}{'...' if len(v) > 12 else ''}")
 
 
 VALUE_CASES = list(_value_cases())
@@ -246,12 +242,7 @@ LAYOUTS = {
     "--recompute": ["--recompute", "selective", "--attention", "eager"],
 }
 MOE_FLAGS = ("--ep", "--etp")
-# NB: issue 35 part C fixes `--compile` on the megatron and deepspeed stacks (a KeyError 'compile' now)
-PART_C = {("megatron", "--compile"), ("deepspeed", "--compile")}
-STACK_CASES = [pytest.param(stack, flag, id=f"{stack}{flag}",
-                            marks=pytest.mark.xfail(strict=True, reason="issue 35 part C: --compile --stack "
-                                                    f"{stack} KeyError") if (stack, flag) in PART_C else ())
-               for stack in stacks.NAMES for flag in LAYOUTS]
+STACK_CASES = [pytest.param(stack, flag, id=f"{stack}{flag}") for stack in stacks.NAMES for flag in LAYOUTS]
 
 
 def _estimate_json(capsys, argv):
@@ -308,14 +299,7 @@ FILE_FIELDS = {
     "plan-model": ["plan", "{path}", "--gpu", "T4"],
     "plan-gpu": ["plan", "tiny-llama", "--gpu", "{path}"],
 }
-# NB: issue 35 part A (paths and overlong names for the model fields) is fixed beside this corpus; its cases are
-# marked so the merge flips them (strict xfail: they fail now, and must pass after it).
-PART_A = {(field, kind) for field in ("model", "draft_model", "critic_model", "reward_model", "plan-model")
-          for kind in ("long-name", "long-path")}
-FILE_CASES = [pytest.param(field, kind, id=f"{field}-{kind}",
-                           marks=pytest.mark.xfail(strict=True, reason="issue 35 part A: model paths")
-                           if (field, kind) in PART_A else ())
-              for field in FILE_FIELDS for kind in FILE_KINDS]
+FILE_CASES = [pytest.param(field, kind, id=f"{field}-{kind}") for field in FILE_FIELDS for kind in FILE_KINDS]
 
 
 @pytest.mark.parametrize("field,kind", FILE_CASES)

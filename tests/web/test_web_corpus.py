@@ -74,7 +74,8 @@ def bad_texts(s) -> list[str]:
     if t is bool:
         return ["maybe", "2", "x" * 10_000, "\x00"]
     if t is int:
-        out = common + ["0x10", "1.5", "-1", "nan", "inf", "-inf", "1e400", str(10**18), str(10**30), "9" * 5_000]
+        above = [str(int(m.maximum) + 1)] if m.maximum is not None else []  # (one past the setting's own bound)
+        out = common + ["0x10", "1.5", "-1", "nan", "inf", "-inf", "1e400", *above, str(10**30), "9" * 5_000]
         return out + (["0"] if m.choices is None and (m.minimum or 0) >= 1 else [])
     if t is float:
         out = common + ["-1", "nan", "inf", "-inf", "1e400", "-1e400", "9" * 5_000]
@@ -92,14 +93,8 @@ def _names(s) -> tuple[str, ...]:
     return (s.flag, s.name, *(("model",) if s.name in MODEL_FIELDS else ()))
 
 
-def _part_a(s, v) -> tuple:
-    """NB: issue 35 part A: an overlong name in a model field is an OSError (file name too long), a 500 now."""
-    return (pytest.mark.xfail(strict=True, reason="issue 35 part A: overlong model names"),) \
-        if s.name in MODEL_FIELDS and isinstance(v, str) and len(v) > 255 else ()
-
-
 # (parameters, the setting): the full battery as query parameters of GET /api/estimate
-GET_CASES = [pytest.param({"model": "tiny-llama", **context(s), s.name: v}, s.name, marks=_part_a(s, v),
+GET_CASES = [pytest.param({"model": "tiny-llama", **context(s), s.name: v}, s.name,
                           id=f"{s.name}={v[:10]!r}{'...' if len(v) > 10 else ''}")
              for s in SETTINGS for v in bad_texts(s)]
 
@@ -125,8 +120,7 @@ def _body_cases():
                 continue
             if kind == "huge" and s.base_type is float and s.meta.maximum is None:
                 continue  # a finite float without a bound is a value (a price, a budget)
-            yield pytest.param({"model": "tiny-llama", **context(s), s.name: v}, s.name, id=f"{s.name}-{kind}",
-                               marks=_part_a(s, v))
+            yield pytest.param({"model": "tiny-llama", **context(s), s.name: v}, s.name, id=f"{s.name}-{kind}")
 
 
 BODY_CASES = list(_body_cases())
@@ -168,13 +162,7 @@ FILE_FIELDS = {"model": {}, "gpu": {"model": "tiny-llama"},
                "draft_model": {"model": "llama-3.1-8b", "mode": "serve", "gpu": "H100-80GB"},
                "critic_model": {"model": "qwen2.5-0.5b", "mode": "rl", "rl_algo": "ppo"},
                "reward_model": {"model": "qwen2.5-0.5b", "mode": "rl"}}
-# NB: issue 35 part A stops the web app reading files named by --draft-model/--critic-model/--reward-model (it reads
-# /etc/passwd and answers "not valid JSON" now); its cases are strict xfails here so that the merge flips them
-PART_A = {"draft_model", "critic_model", "reward_model"}
-FILE_CASES = [pytest.param(field, path, id=f"{field}-{path[:16]}",
-                           marks=pytest.mark.xfail(strict=True, reason="issue 35 part A: web reading files named "
-                                                   "by a request") if field in PART_A else ())
-              for field in FILE_FIELDS for path in PATHS]
+FILE_CASES = [pytest.param(field, path, id=f"{field}-{path[:16]}") for field in FILE_FIELDS for path in PATHS]
 
 
 @pytest.mark.parametrize("field,path", FILE_CASES)
