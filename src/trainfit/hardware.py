@@ -175,8 +175,8 @@ _UNIT_FLOOR = {"memory": 2**26, "cuda_memory": 2**26, "memory_bandwidth": 1e9, "
 
 def is_gpu_file(name: str) -> bool:
     """`--gpu` names a file when it ends in .json/.toml, holds a path separator, or (where files may be read: not
-    under models.resolve.catalog_only) is the path of an existing file."""
-    from .models.resolve import catalog_only_rule
+    under references.catalog_only) is the path of an existing file."""
+    from .references import catalog_only_rule
 
     n = name.strip()
     if n.lower().endswith((".json", ".toml")) or os.sep in n:
@@ -187,8 +187,8 @@ def is_gpu_file(name: str) -> bool:
 def load_gpu_file(path: str) -> GPU:
     """A GPU described in a JSON or TOML file with the catalog's fields (data/gpus.json), validated field by field;
     any mistake is one line naming the field and the fix. The one place a GPU reference reaches the file system:
-    refused under models.resolve.catalog_only."""
-    from .models.resolve import catalog_only_rule, check_name
+    refused under references.catalog_only."""
+    from .references import catalog_only_rule, check_name
 
     path = path.strip()
     if catalog_only_rule() is not None:
@@ -294,8 +294,8 @@ def _check_field(where: str, k: str, v, toml: bool):
 
 def resolve_gpu(name: str) -> GPU:
     """`--gpu`: a catalog name or alias, or the path of a JSON/TOML file describing the GPU; under
-    models.resolve.catalog_only a catalog name or alias only, found without touching the file system."""
-    from .models.resolve import catalog_only_rule, check_name, shown
+    references.catalog_only a catalog name or alias only, found without touching the file system."""
+    from .references import catalog_only_rule, check_name, shown
 
     rule = catalog_only_rule()
     if rule is None:

@@ -21,7 +21,8 @@ from trainfit import api  # noqa: E402
 from trainfit.errors import GPUFileError, TrainfitError, UnknownGPUError, UnknownModelError  # noqa: E402
 from trainfit.hardware import load_gpu_file, resolve_gpu  # noqa: E402
 from trainfit.models import resolve  # noqa: E402
-from trainfit.models.resolve import CATALOG_DIR, catalog_only_rule, shown  # noqa: E402
+from trainfit.models.resolve import CATALOG_DIR  # noqa: E402
+from trainfit.references import catalog_only_rule, shown  # noqa: E402
 from trainfit.setup import SETTINGS, Request  # noqa: E402
 from trainfit.web.app import catalog_only, create_app  # noqa: E402
 

@@ -39,6 +39,7 @@ from pydantic import BeforeValidator, ConfigDict, create_model
 from .. import api, cancel
 from ..errors import ConfigError, SetupError, TrainfitError
 from ..estimate import Estimate
+from .. import references
 from ..models import resolve
 from ..setup import SETTINGS, Request, Setting, parse_value
 from ..spec import ModelSpec
@@ -68,11 +69,11 @@ class PastedKnobs(Knobs):
     config: Union[dict[str, Any], str, None] = None  # a pasted config.json (object or its text)
 
 
-# The server reads no file named by a request: every endpoint that computes runs under this rule (models.resolve:
+# The server reads no file named by a request: every endpoint that computes runs under this rule (trainfit/references.py:
 # model and GPU references resolve from the catalogs, without touching the disk, whatever the field).
 def catalog_only():
     """The rule, as a context manager or an endpoint's decorator (entered anew in each call's own thread)."""
-    return resolve.catalog_only(
+    return references.catalog_only(
         models="the web app takes catalog names (see /api/models) or a pasted config.json",
         gpus="the web app takes catalog GPU names (see /api/gpus); set gpu_memory for another memory size")
 
