@@ -262,3 +262,19 @@ def test_resolve_and_params_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_building_a_model_leaves_the_catalog_as_its_file():
+    """transformers writes into a config's nested dicts (a llama3 rope_scaling gains rope_theta); the catalog's
+    config, shared by every later estimate in the process, must stay as its file says."""
+    pytest.importorskip("transformers")
+    import json
+
+    from trainfit import api
+    from trainfit.models.resolve import CATALOG_DIR, load_model
+    from trainfit.step.build import hf_config
+
+    spec, setup = api.resolve(api.Request("llama-3.2-1b", seq=64))
+    hf_config(spec, setup)
+    on_disk = json.loads((CATALOG_DIR / "llama-3.2-1b.json").read_text())
+    assert load_model("llama-3.2-1b").config["rope_scaling"] == on_disk["rope_scaling"]

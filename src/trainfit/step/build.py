@@ -25,6 +25,8 @@ Choices that affect memory (documented here because both engines inherit them):
 """
 from __future__ import annotations
 
+import copy
+
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,7 +74,9 @@ def hf_config(spec: "ModelSpec", setup: "Setup"):
     """The transformers config for `spec` (from `spec.config`, the raw HF config dict)."""
     from transformers import AutoConfig
 
-    cfg = {k: v for k, v in dict(spec.config).items() if k not in _DROP_KEYS}
+    # a deep copy: transformers writes into nested dicts (rope_scaling gains rope_theta), and spec.config is the
+    # catalog's own, shared by every later estimate in the process
+    cfg = {k: copy.deepcopy(v) for k, v in spec.config.items() if k not in _DROP_KEYS}
     model_type = spec.config.get("model_type") or spec.family
     # The config's own dtype would otherwise decide the parameter dtype in _from_config; we pass
     # the dtype explicitly in build_model.

@@ -3,6 +3,8 @@ torchvision or timm): ResNetForImageClassification, ConvNextForImageClassificati
 random weights, and an example batch of images and labels."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..setup import Setup
@@ -16,7 +18,7 @@ def build(spec: VisionSpec, setup: Setup, dtype: torch.dtype = torch.float32, de
 
     transformers.logging.set_verbosity_error()
     size = setup.image_size or spec.image_size
-    kwargs = {k: v for k, v in spec.config.items() if k not in ("model_type", "_trainfit")}
+    kwargs = {k: copy.deepcopy(v) for k, v in spec.config.items() if k not in ("model_type", "_trainfit")}  # (build.py)
     kwargs["image_size"] = size
     if spec.family == "vit":
         kwargs["attn_implementation"] = "sdpa"
