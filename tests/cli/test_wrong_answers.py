@@ -110,3 +110,10 @@ def test_measure_in_serve_mode_names_measure(cli, gpu):
 def test_serve_names_the_host_when_the_host_is_wrong(cli):
     err = _refused(cli, "serve", "--host", "999.1.1.1")
     assert "--host 999.1.1.1" in err and "--port" not in err
+
+
+@pytest.mark.parametrize("engine", [[], ["--measure", "--device", "cpu"]])
+def test_rl_mode_refuses_an_encoder_policy(cli, engine):
+    """RL samples completions from the policy: an encoder (BERT) generates none; it was estimated as if it did."""
+    err = _refused(cli, "estimate", "tiny-bert", "--mode", "rl", "--gpu", "H100-80GB", *engine)
+    assert "tiny-bert is an encoder" in err and "--mode rl" in err

@@ -361,10 +361,6 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     concurrency the KV cache allows."""
     if gpu is None:
         raise SetupError("--mode serve sizes the KV cache from the GPU's memory: add --gpu (see `trainfit gpus`)")
-    if not spec.causal:  # vLLM's pooling runner (--runner pooling) and SGLang's embedding mode: no KV cache, no decode
-        raise SetupError(f"--mode serve models a generating server (KV cache, decode); {spec.name} is an encoder, "
-                         "which vLLM and SGLang serve only as a pooling (embedding/classification) model, not "
-                         "modelled: use --mode infer")
     if setup.server == "sglang":
         return _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve)
     sv = serving.serve_memory(spec, setup, gpu, pc)

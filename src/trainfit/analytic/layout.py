@@ -30,8 +30,21 @@ def check_stack_model(spec: ModelSpec, setup: Setup) -> None:
                          f"hidden {spec.hidden}; torchtitan's llama3 derives head_dim = dim // n_heads: use --stack hf")
 
 
+def check_generates(spec: ModelSpec, setup: Setup) -> None:
+    """Serving and RL generate tokens (a KV cache, decode steps): an encoder does not."""
+    if spec.causal or setup.mode not in ("serve", "rl"):
+        return
+    if setup.mode == "serve":  # vLLM's pooling runner (--runner pooling) and SGLang's embedding mode: no KV, no decode
+        raise SetupError(f"--mode serve models a generating server (KV cache, decode); {spec.name} is an encoder, "
+                         "which vLLM and SGLang serve only as a pooling (embedding/classification) model, not "
+                         "modelled: use --mode infer")
+    raise SetupError(f"--mode rl samples completions from the policy; {spec.name} is an encoder, which does not "
+                     "generate: use a causal language model (see `trainfit models`)")
+
+
 def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     check_stack_model(spec, setup)
+    check_generates(spec, setup)
     t, p = setup.tp, setup.pp
     if spec.heads % t:
         raise SetupError(f"--tp {t} does not divide the {spec.heads} attention heads of {spec.name}; use a divisor of {spec.heads}")
