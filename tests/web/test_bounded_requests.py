@@ -108,3 +108,23 @@ def test_a_trace_stops_at_the_limit_and_the_process_lives():
     assert not t.is_alive() and "stopped" in out, out
     why, took = out["stopped"]
     assert why.startswith("stopped after 1 s") and took < 3.0, out
+
+
+def test_stopping_the_server_answers_the_running_requests(monkeypatch):
+    """Ctrl-C (trainfit serve's handle_exit -> stop_all): a running request is answered 503 at once and its work
+    stops, before uvicorn's grace period would cancel it with a 500 and a traceback in the log."""
+    spin = Spinner()
+    monkeypatch.setattr(web, "view_with_advice", spin)
+    app = web.create_app(time_limit=60)
+    client = TestClient(app)
+
+    def ctrl_c():
+        while spin.steps == 0:  # the request is computing
+            time.sleep(0.01)
+        web.stop_all(app)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    t0 = time.perf_counter()
+    r = client.post("/api/view", json={"model": "llama-3.1-8b"})
+    assert r.status_code == 503 and r.json()["error"] == "stopped: the server is stopping", r.text
+    assert time.perf_counter() - t0 < 2.0 and spin.stopped.wait(1.0)

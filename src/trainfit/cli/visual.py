@@ -200,7 +200,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
     try:
         import uvicorn
 
-        from ..web.app import SHUTDOWN_GRACE, create_app
+        from ..web.app import SHUTDOWN_GRACE, create_app, stop_all
     except ImportError as e:
         raise EngineUnavailableError(f"trainfit serve needs the web extra ({e.name} is missing): pip install 'trainfit[web]'") from e
     import socket
@@ -230,8 +230,15 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
         import webbrowser
 
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
-    # Ctrl-C: uvicorn waits SHUTDOWN_GRACE for running requests, then cancels them, which stops their work
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE)
+    # Ctrl-C: the running computations are told to stop at once (each request answers 503 "the server is stopping"),
+    # then uvicorn waits up to SHUTDOWN_GRACE for their answers before it cancels what is left
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            stop_all(app)
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                          timeout_graceful_shutdown=SHUTDOWN_GRACE)).run()
 
 
 __all__ = ["timeline", "sweep", "report", "serve"]

@@ -293,6 +293,7 @@ async def bounded(app: FastAPI, request: HTTPRequest, fn, *args):
                 raise cancel.Stopped(work.why)
             if await request.is_disconnected():
                 work.stop("the client disconnected")
+            if work.event.is_set():  # the client went away, or the server is stopping (stop_all)
                 raise cancel.Stopped(work.why)
     except asyncio.CancelledError:  # the server is stopping (uvicorn cancels the requests still running)
         work.stop("the server is stopping")
@@ -326,7 +327,9 @@ def create_app(time_limit: float = DEFAULT_TIME_LIMIT) -> FastAPI:
     app.state.running = set()  # the cancel.Work of each request computing now
 
     @app.exception_handler(cancel.Stopped)
-    async def _stopped(request: HTTPRequest, exc: cancel.Stopped):  # past the time limit: the server's, not the user's
+    async def _stopped(request: HTTPRequest, exc: cancel.Stopped):  # the server's limit or its stop, not the user's
+        if not str(exc).startswith("stopped after"):
+            return _error(503, f"stopped: {exc}")
         return _error(503, f"{exc}: the request needs more than the server allows; ask for less (a smaller model, "
                            "batch or sequence) or start the server with a larger --time-limit")
 
