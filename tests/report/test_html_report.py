@@ -96,3 +96,21 @@ def test_report_at_the_default_sequence_of_a_model_with_learned_positions(cli, t
     assert f"prompts of {positions - 1} tokens" in text
     traced = api.trace(api.Request(model))
     assert traced.setup.seq == positions
+
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
+def test_report_of_an_image_classifier():
+    """A report for a vision model: its breakdown, time and traced timeline (it was refused, naming `compare`); the
+    plan section, a transformer's layouts, is refused by name before any work."""
+    from trainfit.errors import TrainfitError
+    from trainfit.units import fmt_bytes
+
+    req = api.Request("tiny-resnet", gpu="H100-80GB")
+    text = build_report(req, trace=True)
+    assert_self_contained(text)
+    sections = re.findall(r"<h2>([^<]*)", text)
+    assert "Memory over the step" in sections and "Training vs inference" not in sections, sections
+    assert fmt_bytes(api.analytic(req).memory.peak) in text
+    with pytest.raises(TrainfitError, match="leave out --gpus"):
+        build_report(req, gpus=8)

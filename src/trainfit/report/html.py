@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import api
 from ..errors import TrainfitError
 from ..estimate import Estimate
+from ..spec import VisionSpec
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
 from .output import check_writable, writing
@@ -179,10 +180,11 @@ def _try_trace(req: api.Request, want: bool | None) -> tuple[Estimate | None, st
     (torch installed, the setup traceable), else say why; want=True: its error is the report's."""
     if want is False:
         return None, "not requested (--no-trace)"
-    spec = api.token_model(req.model, "report")
+    spec = api.load_spec(req.model)
     try:
-        # the whole model's curve when that is quick; deep models: a short trace extrapolated (curve labelled)
-        return api.trace(req, extrapolate=spec.layers > 40), ""
+        # the whole model's curve when that is quick; deep models: a short trace extrapolated (curve labelled); an
+        # image classifier is traced whole
+        return api.trace(req, extrapolate=not isinstance(spec, VisionSpec) and spec.layers > 40), ""
     except TrainfitError as e:
         if want:
             raise
@@ -202,8 +204,8 @@ def _timeline(e: Estimate, traced: Estimate | None, why: str, gpu) -> str:
 
 
 def _compare(req: api.Request, gpu) -> str:
-    if req.mode != "train":
-        return ""
+    if req.mode != "train" or isinstance(api.load_spec(req.model), VisionSpec):
+        return ""  # (an image classifier has no prefill and decode to compare its step with)
     results = api.compare(req)
     labels = list(results)
     ests = list(results.values())
@@ -260,7 +262,7 @@ def plan_candidates(req: api.Request, gpus: int, global_batch_tokens: float | No
     except ImportError as e:
         return [], f"the planner is not available in this build ({e})"
     kw = {"precisions": (req.precision,)} if req.precision else {}
-    spec = api.token_model(req.model, "report")
+    spec = api.load_spec(req.model)  # (a token model: build_report refuses --gpus for the others)
     q = PlanQuery(gpus=gpus, seq=req.setup(spec).seq, global_batch_tokens=global_batch_tokens, optimizer=req.optimizer,
                   top=5, stacks=(req.stack,), reserve=req.reserve, **kw)
     d = plan_dict(search(spec, api.gpu_of(req), q, tokens=req.tokens))
@@ -293,6 +295,9 @@ def build_report(req: api.Request, gpus: int | None = None, trace: bool | None =
                  vary: tuple[str, str] | None = None, variants: dict[str, str] | None = None,
                  global_batch_tokens: float | None = None) -> str:
     """The whole report as one HTML string (raises TrainfitError for a bad model or setup)."""
+    if gpus and isinstance(api.load_spec(req.model), VisionSpec):  # before any work
+        raise TrainfitError(f"--gpus adds a plan of a transformer's parallel layouts; {req.model} is an image "
+                            "classifier: leave out --gpus")
     e = api.analytic(req)
     gpu = api.gpu_of(req)
     traced, why = _try_trace(req, trace)
