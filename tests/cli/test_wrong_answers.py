@@ -117,3 +117,22 @@ def test_rl_mode_refuses_an_encoder_policy(cli, engine):
     """RL samples completions from the policy: an encoder (BERT) generates none; it was estimated as if it did."""
     err = _refused(cli, "estimate", "tiny-bert", "--mode", "rl", "--gpu", "H100-80GB", *engine)
     assert "tiny-bert is an encoder" in err and "--mode rl" in err
+
+
+def test_fit_commands_reproduce_their_rows(cli):
+    """`trainfit fit`'s "see it in full" command carries the user's own flags beside the suggestion's (it dropped
+    --lora-rank 8 and --reserve, so the command showed another job): running it gives the row's step time and fit."""
+    import json
+    import shlex
+
+    code, out, err = cli("fit", "llama-3.2-1b", "--gpu", "T4", "--lora-rank", "8", "--reserve", "1", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["fits"]
+    assert rows
+    for r in rows[:3]:
+        argv = shlex.split(r["command"])
+        assert argv[:2] == ["trainfit", "estimate"] and "--lora-rank" in argv and "--reserve" in argv, argv
+        code, out, err = cli(*argv[1:], "--json")
+        assert code == 0, err
+        t = json.loads(out)["time"]
+        assert t["fits"] and t["step_seconds"] == pytest.approx(r["step_seconds"], rel=1e-12), (r, t)

@@ -34,8 +34,7 @@ def fit(req, json: bool = JsonOpt) -> None:
     setup, gpu = req.setup(spec), api.gpu_of(req)
     with spinner(f"searching setups of {req.model} that fit {gpu.name}", quiet=json):
         found = fastest_that_fit(spec, setup, gpu, reserve=req.reserve)
-    base = ["trainfit", "estimate", req.model, "--gpu", gpu.name, "--seq", str(setup.seq)]
-    rows = [dict(x.as_dict(), command=shlex.join(base) + (" " + x.flags if x.flags else "")) for x in found]
+    rows = [dict(x.as_dict(), command=estimate_command(req, spec, x.setup, gpu.name)) for x in found]
     if json:
         from ..report.json_out import dumps
 
@@ -64,3 +63,25 @@ def fit(req, json: bool = JsonOpt) -> None:
     Console().print(t)
     typer.echo("why: " + rows[0]["why"])
     typer.echo("see it in full: " + rows[0]["command"])
+
+
+def estimate_command(req, spec, setup, gpu: str) -> str:
+    """The `trainfit estimate` command that shows `setup` in full: every setting in which it differs from the model's
+    defaults (the user's own flags and the suggestion's changes together), and the run settings fit reads."""
+    from dataclasses import fields
+
+    from ..setup import BY_NAME, Setup
+
+    default = type(req)(model=req.model).setup(spec)
+    argv = ["trainfit", "estimate", req.model, "--gpu", gpu, "--seq", str(setup.seq)]
+    for f in fields(Setup):
+        v = getattr(setup, f.name)
+        if f.name == "seq" or f.name not in BY_NAME or v == getattr(default, f.name):
+            continue
+        flag = BY_NAME[f.name].flag
+        argv += [flag] if v is True else [flag, str(v)] if v is not False and v is not None else []
+    for name in ("reserve", "gpu_memory"):
+        if getattr(req, name) != BY_NAME[name].request_default:
+            argv += [BY_NAME[name].flag, str(getattr(req, name))]
+    return shlex.join(argv)
+
