@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 
-from trainfit.cli import main
 from trainfit.models.resolve import CATALOG_DIR, load_model
 from trainfit.setup import SETTINGS
 
@@ -25,16 +24,6 @@ BAD_NAMES = {"300 characters": "a" * 300, "a 300-character path": "/tmp/" + "b" 
              "an undecodable byte": "\udcff\udcfe", "an unknown user's home": "~nosuchuser/config.json"}
 
 
-def run(capsys, argv: list[str]) -> tuple[object, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def argv(field: str, value: str) -> list[str]:
     return [value if a == "{}" else a for a in shlex.split(WHERE[field])]
 
@@ -45,8 +34,8 @@ def test_the_model_flags_come_from_the_settings():
 
 @pytest.mark.parametrize("what", BAD_NAMES)
 @pytest.mark.parametrize("field", WHERE)
-def test_a_name_the_file_system_cannot_take_is_one_error_line(capsys, field, what):
-    code, out, err = run(capsys, argv(field, BAD_NAMES[what]))
+def test_a_name_the_file_system_cannot_take_is_one_error_line(cli, field, what):
+    code, out, err = cli(*argv(field, BAD_NAMES[what]))
     assert code == 2, (code, out[-300:], err[-600:])
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
@@ -75,10 +64,10 @@ def _model_arg(argv_: list[str], server: str) -> str:
 
 @pytest.mark.parametrize("server", ["vllm", "sglang"])
 @pytest.mark.parametrize("ref", ["./my model/config.json", "my model", "my model/"])
-def test_emit_gives_the_local_models_folder_from_any_directory(capsys, model_dir, tmp_path, monkeypatch, server,
+def test_emit_gives_the_local_models_folder_from_any_directory(cli, model_dir, tmp_path, monkeypatch, server,
                                                                ref):
-    code, out, err = run(capsys, ["estimate", ref, "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
-                                  "--draft-model", ref, "--emit", server])
+    code, out, err = cli("estimate", ref, "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                     "--draft-model", ref, "--emit", server)
     assert code == 0, err
     emitted = shlex.split(out)  # quoted for the shell: the space survives
     model = _model_arg(emitted, server)
@@ -93,15 +82,15 @@ def test_emit_gives_the_local_models_folder_from_any_directory(capsys, model_dir
 
 
 @pytest.mark.parametrize("server", ["vllm", "sglang"])
-def test_emit_gives_a_catalog_models_hub_id(capsys, server):
-    code, out, err = run(capsys, ["estimate", "llama-3.2-1b", "--mode", "serve", "--server", server, "--gpu",
-                                  "H100-80GB", "--emit", server])
+def test_emit_gives_a_catalog_models_hub_id(cli, server):
+    code, out, err = cli("estimate", "llama-3.2-1b", "--mode", "serve", "--server", server, "--gpu",
+                     "H100-80GB", "--emit", server)
     assert code == 0, err
     assert _model_arg(shlex.split(out), server) == "meta-llama/Llama-3.2-1B"  # the catalog file's hf_id
 
 
-def test_emit_refuses_a_config_file_not_named_config_json(capsys, model_dir):
+def test_emit_refuses_a_config_file_not_named_config_json(cli, model_dir):
     os.rename(model_dir / "config.json", model_dir / "tiny.json")
-    code, out, err = run(capsys, ["estimate", "my model/tiny.json", "--mode", "serve", "--gpu", "H100-80GB",
-                                  "--emit", "vllm"])
+    code, out, err = cli("estimate", "my model/tiny.json", "--mode", "serve", "--gpu", "H100-80GB",
+                     "--emit", "vllm")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not named config.json" in err, err
