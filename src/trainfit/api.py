@@ -6,7 +6,7 @@ Request."""
 from __future__ import annotations
 
 from . import engines
-from .engines import ENGINES, MEASURE_STACKS
+from .engines import ENGINES
 from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate
 from .setup import Request, Setup, run_settings
@@ -97,7 +97,7 @@ def measure(req: Request, steps: int = 3, warmup: int = 1, progress=None, force:
     skips the check)."""
     spec, setup = resolve(req)
     if not force:  # the analytic estimate in it refuses a layout the model does not allow
-        ranks = setup.dp if (setup.stack in MEASURE_STACKS and setup.mode == "train") else 1  # one process a rank
+        ranks = setup.dp if (setup.stack_facts.measured_on_ranks and setup.mode == "train") else 1  # one process a rank
         check_room(spec, setup, processes=ranks)
     with quiet_native_stderr():
         return engines.measure(spec, setup, steps=steps, warmup=warmup, progress=progress)
@@ -179,7 +179,7 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
         if skipped is not None:
             # the trace does not run this stack's step: skipped with its reason, and the measure engine takes its
             # place where it runs the stack (DeepSpeed on --dp ranks)
-            order = [analytic] + ([measure] if setup.stack in MEASURE_STACKS else [])
+            order = [analytic] + ([measure] if setup.stack_facts.engine_runs("measure") else [])
     if measure_too and measure not in order:
         order = [*order, measure]
     if measure in order:  # refused before any engine runs, so the refusal names the engine, not another's need

@@ -21,15 +21,6 @@ from .setup import Setup
 from .spec import ModelSpec
 
 ENGINES = ("analytic", "trace", "measure", "all")
-# the stacks whose own step the trace and measure engines run (trainfit.step.hf, trainfit.step.torchtitan)
-RUN_STACKS = ("hf", "torchtitan")
-# the stacks only the measure engine runs: DeepSpeed's ZeRO engine, on torch.distributed ranks (step/deepspeed.py)
-MEASURE_STACKS = ("deepspeed",)
-WHY_NOT_RUN = {
-    "megatron": "Megatron-Core's step runs Transformer Engine's CUDA layers, which neither fakes nor runs on this CPU",
-    "deepspeed": "DeepSpeed's ZeRO engine runs real collectives and its own flat buffers, which the fake-tensor trace "
-                 "does not run; --engine measure runs it on --dp torchrun ranks",
-}
 
 
 def check_stack(setup: Setup, engine: str) -> None:
@@ -54,11 +45,10 @@ def check_stack(setup: Setup, engine: str) -> None:
     if setup.offload == "activations":
         raise SetupError(f"--offload activations moves saved tensors to pinned host memory, which --engine {engine} "
                          "cannot tell apart from device memory on this CPU; use --engine analytic")
-    if engine == "measure" and setup.stack in MEASURE_STACKS:
-        return
-    if setup.mode == "train" and setup.stack not in RUN_STACKS:
+    stack = setup.stack_facts  # which engines run its step: stacks/*.toml [engines]
+    if setup.mode == "train" and not stack.engine_runs(engine):
         raise SetupError(f"--engine {engine} runs the stack's own step, which it does not for --stack {setup.stack} "
-                         f"({WHY_NOT_RUN.get(setup.stack, 'not wired')}): use --engine analytic")
+                         f"({stack.fact('engines', 'why') or 'not wired'}): use --engine analytic")
 
 
 def _vision(spec) -> bool:
@@ -169,7 +159,7 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
         except ImportError as e:
             raise _missing("the measure engine", e) from e
         return measure_vision(spec, setup, steps=steps, warmup=warmup)
-    if setup.mode == "train" and setup.stack in MEASURE_STACKS:
+    if setup.mode == "train" and setup.stack_facts.measured_on_ranks:
         return _measure_ranks(spec, setup, steps, warmup, progress)
     if setup.mode == "rl":
         try:

@@ -51,12 +51,13 @@ BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
 # "uniform:N" and "block:N" (Megatron's recompute_method with recompute_num_layers N)
 RECOMPUTE = ("none", "selective", "full", "op")
 RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
+COMMON_RECOMPUTE = ("none", "selective", "full")  # every stack's own meaning (selective: stacks/*.toml [recompute])
 OFFLOAD = ("none", "optimizer", "params", "activations")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
 SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight formats (analytic/serving.py)
 LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
 LOSSES = ("full", "fused-linear", "chunked-logprob")  # --loss
-STACKS = _stacks.NAMES
+STACKS = _stacks.BUILT_IN  # (--stack's help; choices_for reads every stack found: stacks.names())
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS
 ATTENTION = ("auto", "eager", "sdpa", "flash", "flash2", "triton")
@@ -520,6 +521,8 @@ _RUN_SETTINGS = tuple(s for s in SETTINGS if s.owner is RunSettings)
 
 
 def choices_for(s: Setting, mode: str) -> tuple | None:
+    if s.name == "stack":
+        return _stacks.names()
     if s.name == "precision":
         return {"train": TRAIN_PRECISIONS, "rl": TRAIN_PRECISIONS, "serve": SERVE_PRECISIONS}.get(mode,
                                                                                                 INFER_PRECISIONS)
@@ -605,18 +608,19 @@ def validate(setup: Setup) -> None:
     stack = _stacks.get_stack(setup.stack)
     policy = setup.recompute_policy
     if policy not in stack.policies:
-        owner = {"op": "torchtitan", "layer": "torchtitan", "uniform": "megatron", "block": "megatron"}.get(policy)
+        # none/selective/full: every stack's own meaning; the other policies name the stacks that run them
+        owners = [] if policy in COMMON_RECOMPUTE else _stacks.running(lambda st: policy in st.policies)
         raise SetupError(f"--recompute {setup.recompute} is not a {stack.name} policy; {stack.name} runs: "
                          f"{', '.join(p + (':N' if p in RECOMPUTE_PATTERNS else '') for p in stack.policies)}"
-                         + (f"; use --stack {owner}" if owner else ""))
-    if setup.offload == "activations" and stack.name != "hf":
-        raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack hf; "
-                         f"--stack {stack.name} does not run it")
+                         + (f"; use --stack {' or '.join(owners)}" if owners else ""))
+    if setup.offload == "activations" and not stack.runs("activation-offload"):
+        raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
+                         f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp"):  # the axes a stack may run (stacks/*.toml)
         if name == "offload" and setup.offload == "activations":
             continue
         if getattr(setup, name) not in (1, "even", "none", None) and name not in stack.axes:
-            runs = [s for s in _stacks.NAMES if name in _stacks.get_stack(s).axes]
+            runs = _stacks.running(lambda st: name in st.axes)
             raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}; use --stack "
                              f"{' or '.join(runs)}")
     if setup.vpp > 1 and setup.pp == 1:
@@ -626,9 +630,9 @@ def validate(setup: Setup) -> None:
     if setup.cp > 1 and setup.seq % (2 * setup.cp):
         raise SetupError(f"--cp {setup.cp} splits each sequence into 2 × cp = {2 * setup.cp} load-balanced chunks: "
                          f"--seq {setup.seq} must be divisible by {2 * setup.cp}")
-    if (setup.ep > 1 or setup.etp is not None) and (setup.dp * setup.cp * setup.tp) % (setup.ep * setup.expert_tp):
-        raise SetupError(f"--ep {setup.ep} × --etp {setup.expert_tp} must divide the dp × cp × tp = "
-                         f"{setup.dp * setup.cp * setup.tp} ranks of a pipeline stage (Megatron's expert layout)")
+    why = stack.refuse(setup)  # the stack's rules that are code (stacks/<name>.py)
+    if why:
+        raise SetupError(why)
     if setup.offload == "optimizer" and setup.zero < 1:
         raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
     if setup.offload == "params" and setup.zero < 3:
@@ -645,17 +649,17 @@ def validate(setup: Setup) -> None:
     if setup.optimizer_impl is not None and setup.optimizer in BNB_OPTIMIZERS:
         raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs bitsandbytes' own in-place kernel; "
                          "drop --optimizer-impl")
-    if setup.loss != "full" and (stack.name != "hf" or setup.head not in (None, "causal-lm")):
+    if setup.loss != "full" and (not stack.runs("liger-loss") or setup.head not in (None, "causal-lm")):
         raise SetupError(f"--loss {setup.loss} replaces a causal LM's head and loss as Liger does in the HF stack: use "
-                         "--stack hf with a causal-lm head")
+                         f"--stack {_runners('liger-loss')} with a causal-lm head")
     micro_batch_rules(setup)
     if setup.optimizer_in_backward:
         if setup.dp > 1 or setup.tp > 1 or setup.pp > 1:
             raise SetupError("--optimizer-in-backward is modelled on one GPU (torchtune's single-device recipe): "
                              "drop --dp/--tp/--pp")
-        if stack.name != "hf":
+        if not stack.runs("optimizer-in-backward"):
             raise SetupError(f"--optimizer-in-backward: --stack {stack.name} steps the optimizer after the backward; "
-                             "use --stack hf")
+                             f"use --stack {_runners('optimizer-in-backward')}")
         if setup.precision == "bf16-master":
             raise SetupError("--optimizer-in-backward steps each parameter in its own dtype: use --precision bf16 or "
                              "amp-bf16, not bf16-master")
@@ -664,9 +668,9 @@ def validate(setup: Setup) -> None:
     if setup.optimizer_impl == "fused" and setup.optimizer not in _stacks.FUSABLE:
         raise SetupError(f"--optimizer-impl fused: torch.optim has no fused {setup.optimizer}; use foreach or "
                          "for-loop")
-    if stack.name != "hf" and setup.head not in (None, "causal-lm"):
+    if stack.trains != "any" and setup.head not in (None, "causal-lm"):
         raise SetupError(f"--stack {stack.name} trains causal language models, not a {setup.head} head (--head, or the "
-                         "config's architectures): use --stack hf")
+                         f"config's architectures): use --stack {' or '.join(trains_any())}")
     why = stack.splits_model(setup.tp, setup.pp) or (setup.compile and stack.compiles())
     if why:  # (--sequence-parallel needs --tp > 1: refused above)
         raise SetupError(why)
@@ -692,12 +696,13 @@ def validate(setup: Setup) -> None:
     if setup.tf32 and _precision.PRECISIONS[setup.precision].compute != "fp32":
         raise SetupError(f"--tf32 runs fp32 matmuls on TF32 tensor cores; --precision {setup.precision} has none: "
                          "use --precision fp32, or drop --tf32")
-    if setup.quant and stack.name != "hf":
-        raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack hf")
+    if setup.quant and not stack.runs("quant"):
+        raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack "
+                         f"{_runners('quant')}")
     if setup.lora_rank and not stack.fact("peft", "supported"):
         raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf")
     if setup.attention == "triton":
-        _validate_triton_attention(setup, stack.name)
+        _validate_triton_attention(setup, stack)
     if setup.attention == "flash2" and (setup.device != "cuda" or setup.precision == "fp32"):
         raise SetupError("--attention flash2 is FlashAttention-2's CUDA kernel, 16-bit only: use --device cuda with a "
                          "16-bit precision, or --attention sdpa")
@@ -706,6 +711,16 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
                          f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
                          "eager, or --recompute full")
+
+
+def _runners(feature: str) -> str:
+    """The stacks that run a [features] feature, for a refusal's "use --stack ..." (hf for trainfit's own)."""
+    return " or ".join(_stacks.running(lambda st: st.runs(feature)))
+
+
+def trains_any() -> list[str]:
+    """The stacks that train any transformers model ([model] any): heads, vision models, a user's module."""
+    return _stacks.running(lambda st: st.trains == "any")
 
 
 def micro_batch_rules(setup: Setup) -> None:
@@ -725,24 +740,23 @@ def _validate_grad_clip(setup: Setup, stack: _stacks.Stack) -> None:
     """--max-grad-norm: where the stack clips (stacks/*.toml [grad_clip]) and a total norm exists."""
     if not stack.max_grad_norm:
         raise SetupError(f"--max-grad-norm: --stack {stack.name} does not clip (no [grad_clip] fact); drop it")
-    if setup.max_grad_norm == 0 and stack.name == "torchtitan":
-        raise SetupError("--max-grad-norm 0: torchtitan clips to whatever training.max_norm it is given (train.py:"
-                         "592-598, no off switch), and 0 would zero every gradient; use a positive value")
+    if setup.max_grad_norm == 0 and "zero" in stack.facts["grad_clip"]:  # a stack that cannot turn its clip off
+        raise SetupError(f"--max-grad-norm 0: {stack.fact('grad_clip', 'zero')}; use a positive value")
     if setup.max_grad_norm > 0 and setup.optimizer_in_backward:
         raise SetupError("--max-grad-norm with --optimizer-in-backward: each gradient is applied as soon as it is "
                          "made, so there is no total norm to clip to (torchtune refuses clip_grad_norm with "
                          "optimizer_in_bwd); drop --max-grad-norm")
 
 
-def _validate_triton_attention(setup: Setup, stack: str) -> None:
+def _validate_triton_attention(setup: Setup, stack: _stacks.Stack) -> None:
     """--attention triton: Dao's FlashAttention in Triton as llm-foundry vendors it (llmfoundry/models/layers/
     flash_attn_triton.py `_flash_attn_forward`: asserts q.dtype in [float16, bfloat16]; Triton kernels run on the
     GPU only), called by MPT's attn_impl: triton (layers/attention.py triton_flash_attn_fn)."""
     if setup.device != "cuda":
         raise SetupError("--attention triton is a Triton GPU kernel: --device cpu runs sdpa or eager")
-    if stack != "hf":
-        raise SetupError(f"--attention triton is llm-foundry's kernel, modelled on --stack hf; --stack {stack} runs "
-                         "SDPA: use --attention flash")
+    if not stack.runs("triton-attention"):
+        raise SetupError(f"--attention triton is llm-foundry's kernel, modelled on --stack "
+                         f"{_runners('triton-attention')}; --stack {stack.name} runs SDPA: use --attention flash")
     if _precision.PRECISIONS[setup.precision].compute == "fp32":
         raise SetupError(f"--attention triton runs fp16/bf16 only (flash_attn_triton.py asserts it); --precision "
                          f"{setup.precision} computes in fp32: use amp-bf16, bf16 or fp16")
@@ -867,7 +881,7 @@ def _setup_of(self, spec=None) -> Setup:
     values = {n: getattr(self, n) for n in SETUP_NAMES}
     mode = values["mode"]
     if values["precision"] is None:  # the stack's own default for training (stacks/*.toml [precision] default)
-        stack = values["stack"] if values["stack"] in _stacks.NAMES else "hf"
+        stack = values["stack"] if values["stack"] in _stacks.names() else BY_NAME["stack"].default
         values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
                                if mode in TRAINING else serve_dtype(spec) if mode == "serve" else
                                _precision.DEFAULT.get(mode, "bf16"))

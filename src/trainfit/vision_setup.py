@@ -18,14 +18,14 @@ WHY = {
 
 def vision_values(spec: VisionSpec, values: dict, req=None) -> dict:
     """`values` (the request's Setup values, precision resolved) checked and completed for `spec`."""
-    from .setup import BY_NAME
+    from .setup import BY_NAME, trains_any
 
     if values["mode"] != "train":
         raise SetupError(f"--mode {values['mode']}: for vision models ({spec.name}) trainfit models the training step; "
                          "drop --mode")
-    if values["stack"] != "hf":
+    if values["stack"] not in trains_any():  # (stacks/*.toml [model]: any transformers model)
         raise SetupError(f"--stack {values['stack']}: {spec.name} is built by transformers and trained by the HF "
-                         "eager step (--stack hf)")
+                         f"eager step (--stack {' or '.join(trains_any())})")
     why_seq = ("ViT: (image / patch)^2 + 1 tokens, from --image-size" if spec.family == "vit"
                else "a CNN has no sequence; set --image-size")
     for name, value in values.items():

@@ -242,7 +242,7 @@ LAYOUTS = {
     "--recompute": ["--recompute", "selective", "--attention", "eager"],
 }
 MOE_FLAGS = ("--ep", "--etp")
-STACK_CASES = [pytest.param(stack, flag, id=f"{stack}{flag}") for stack in stacks.NAMES for flag in LAYOUTS]
+STACK_CASES = [pytest.param(stack, flag, id=f"{stack}{flag}") for stack in stacks.names() for flag in LAYOUTS]
 
 
 def _estimate_json(capsys, argv):

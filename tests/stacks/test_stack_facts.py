@@ -13,10 +13,10 @@ import pytest
 
 from trainfit.errors import SetupError
 from trainfit.setup import Setup
-from trainfit.stacks import NAMES, get_stack
+from trainfit.stacks import get_stack, names
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", names())
 def test_every_fact_names_its_source(name):
     st = get_stack(name)
     assert st.facts, name

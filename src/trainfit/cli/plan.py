@@ -10,6 +10,8 @@ from ..errors import SetupError
 from ..setup import BY_NAME, check_value
 from .options import ModelArg
 
+STACK_DEFAULT = BY_NAME["stack"].default  # the stack planned when --stack is not given
+
 
 def _csv(text: str, what: str, cast=str) -> tuple:
     items = [x.strip() for x in text.split(",") if x.strip()]
@@ -27,7 +29,7 @@ def plan(
     seq: int = typer.Option(2048, "--seq", "-s", help="Sequence length, tokens."),
     global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="Tokens per optimizer step (e.g. 4M); micro-batch × seq × accumulation × dp matches it within --batch-tolerance. Default: accumulation just fills the pipeline."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 15T): time, GPU-hours, cost and energy per plan."),
-    stack: str = typer.Option("hf", "--stack", "--stacks", help="Training stack(s) whose step is planned, comma-separated: hf, torchtitan, megatron, deepspeed; several are compared in one table (a stack column). Each searches its own options (stacks/*.toml): hf recompute none, full and ZeRO 0-3; torchtitan recompute none, op, layer:2, layer:4, full, ZeRO 0, 2, 3 and precisions amp-bf16, bf16, fp32; megatron tp with sequence parallelism, pp with virtual stages (interleaved 1F1B) and the even or embedding-loss split, cp for sequences of 16k and more, the distributed optimizer (ZeRO 0/1), recompute none, selective, full, bf16-master; deepspeed ZeRO 0-3 over dp (no tp/pp), bf16-master."),
+    stack: str = typer.Option(STACK_DEFAULT, "--stack", "--stacks", help="Training stack(s) whose step is planned, comma-separated: hf, torchtitan, megatron, deepspeed; several are compared in one table (a stack column). Each searches its own options (stacks/*.toml): hf recompute none, full and ZeRO 0-3; torchtitan recompute none, op, layer:2, layer:4, full, ZeRO 0, 2, 3 and precisions amp-bf16, bf16, fp32; megatron tp with sequence parallelism, pp with virtual stages (interleaved 1F1B) and the even or embedding-loss split, cp for sequences of 16k and more, the distributed optimizer (ZeRO 0/1), recompute none, selective, full, bf16-master; deepspeed ZeRO 0-3 over dp (no tp/pp), bf16-master."),
     precision: Optional[str] = typer.Option(None, "--precision", help="Precision policies to search, comma-separated: fp32, amp-bf16, amp-fp16, bf16, bf16-master, fp16-master (each stack searches those it runs). Default: hf amp-bf16,bf16-master; torchtitan amp-bf16; megatron and deepspeed bf16-master."),
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, paged-adamw-8bit, paged-adamw, lion (not searched)."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Recompute policies to search, comma-separated: none, full, selective, op, layer:N, uniform:N, block:N (each stack searches those it runs; selective is megatron's core-attention recompute: hf's equals none under the flash attention plans run, torchtitan's is op). Default: each stack's own."),
@@ -70,7 +72,7 @@ def plan(
         raise SetupError(f"--mode {mode!r}: plan searches train or serve")
     if mode == "serve":
         given = dict(gpus=gpus != 1, global_batch_tokens=global_batch_tokens is not None, tokens=tokens is not None,
-                     stack=stack != "hf", optimizer=optimizer != "adamw", recompute=recompute is not None,
+                     stack=stack != STACK_DEFAULT, optimizer=optimizer != "adamw", recompute=recompute is not None,
                      zero=zero is not None, pp=pp is not None, dp=dp is not None,
                      reserve=reserve != BY_NAME["reserve"].default,
                      efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
@@ -113,10 +115,10 @@ def plan(
                   efficiency=efficiency,
                   batch_tolerance=batch_tolerance, top=top)
     spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory)
-    if emit == "torchtitan":
-        from ..plan.emit import torchtitan_flavor_or_error
+    if emit is not None:
+        from ..plan.emit import check_model
 
-        torchtitan_flavor_or_error(spec)  # a model torchtitan cannot build: say so before searching
+        check_model(emit, spec)  # a model the engine cannot build: say so before searching
     result = search(spec, g, q, tokens=budget_tokens)
     if verify and result.candidates:
         from ..plan.verify import verify as run_verify
@@ -138,21 +140,12 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
     from dataclasses import replace
 
     from ..plan.emit import emit as write
-    from ..plan.emit import precisions_for, supports
+    from ..plan.emit import runnable_query, supports
     from ..plan.search import search
 
     pick = next((c for c in result.candidates if supports(engine, c.setup) is None), None)
     if pick is None:
-        allowed = tuple(p for p in (q.precisions or ()) if p in precisions_for(engine)) or precisions_for(engine)[:1]
-        flat = engine in ("deepspeed", "accelerate")  # data-parallel only
-        titan = engine in ("torchtitan", "torchrun")  # torchtitan's own step, options and ZeRO stages
-        recs = None if titan and q.recomputes is None else tuple(r for r in (q.recomputes or ("none", "full"))
-                                                                 if not flat or r in ("none", "full")) or ("none",)
-        zeros = None if titan else tuple(z for z in (q.zeros or (0, 1, 2, 3))
-                                         if not (engine != "deepspeed" and z == 1)) or (0,)
-        qq = replace(q, precisions=allowed, top=50, tp=1 if flat else q.tp, pp=1 if flat else q.pp,
-                     recomputes=recs, zeros=zeros, stacks=("torchtitan",) if titan else ("hf",))
-        again = search(spec, g, qq, tokens=budget_tokens)
+        again = search(spec, g, replace(q, top=50, **runnable_query(engine, q)), tokens=budget_tokens)
         pick = next((c for c in again.candidates if supports(engine, c.setup) is None), None)
         if pick is None:
             why = supports(engine, result.candidates[0].setup) if result.candidates else "nothing fits at all"

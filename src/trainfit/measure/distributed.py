@@ -187,7 +187,7 @@ def measure_distributed_many(
 ) -> list[list[RankResult]]:
     """`measure_distributed` for several setups in one launch (the same processes run them one after the other,
     each from a fresh model): one list of rank results per setup."""
-    from ..step.strategy import check_strategy
+    from ..step import stack_step
 
     if nproc < 1:
         raise SetupError(f"--nproc must be a positive integer, got {nproc}")
@@ -197,16 +197,7 @@ def measure_distributed_many(
             raise EngineUnavailableError("the distributed measure runs training steps; inference is measured on one process")
         if not multi_node and setup.dp != nproc:
             raise SetupError(f"--nproc {nproc} runs {nproc} data-parallel ranks: set --dp {nproc}")
-        if setup.stack == "deepspeed":
-            from ..step.deepspeed import check
-
-            check(setup)  # DeepSpeed's own engine, not trainfit's DDP/ZeRO/FSDP strategies
-            continue
-        check_strategy(setup)
-        if setup.stack == "torchtitan":
-            from ..step.torchtitan import check
-
-            check(spec, setup)  # refused here, in one line, rather than by every rank
+        stack_step(setup).check_ranks(spec, setup)  # refused here, in one line, rather than by every rank
     try:
         import torch.distributed as dist
     except ImportError as e:  # pragma: no cover

@@ -76,6 +76,27 @@ def precisions_for(engine: str) -> tuple[str, ...]:
     return {"megatron": ("bf16-master", "fp16-master", "fp32"), "deepspeed": ("bf16-master", "amp-fp16", "fp32"), "accelerate": ("amp-bf16", "amp-fp16", "fp32")}[engine]
 
 
+def check_model(engine: str, spec: ModelSpec) -> None:
+    """Refuse, before any search, a model `engine` cannot build (torchtitan: its registry's models only)."""
+    if engine == "torchtitan":
+        torchtitan_flavor_or_error(spec)
+
+
+def runnable_query(engine: str, q) -> dict:
+    """The PlanQuery fields (search.PlanQuery `q` replaced) of a search among the plans `engine` can run, when none
+    of `q`'s best can: its precisions, data parallelism only for DeepSpeed's and accelerate's configs, the
+    recomputes and ZeRO stages they run, torchtitan's own step for its job config and command line."""
+    allowed = tuple(p for p in (q.precisions or ()) if p in precisions_for(engine)) or precisions_for(engine)[:1]
+    flat = engine in ("deepspeed", "accelerate")  # data-parallel only
+    titan = engine in ("torchtitan", "torchrun")  # torchtitan's own step, options and ZeRO stages
+    recs = None if titan and q.recomputes is None else tuple(r for r in (q.recomputes or ("none", "full"))
+                                                             if not flat or r in ("none", "full")) or ("none",)
+    zeros = None if titan else tuple(z for z in (q.zeros or (0, 1, 2, 3))
+                                     if not (engine != "deepspeed" and z == 1)) or (0,)
+    return dict(precisions=allowed, tp=1 if flat else q.tp, pp=1 if flat else q.pp, recomputes=recs, zeros=zeros,
+                stacks=("torchtitan",) if titan else ("hf",))
+
+
 # -- torchtitan -------------------------------------------------------------------------------------------------
 def torchtitan_ffn(shape: dict) -> int:
     """The FFN width torchtitan builds for a flavor (models/llama3/model/model.py:332-336, hidden_dim = 4·dim)."""

@@ -30,36 +30,15 @@ from ..errors import SetupError
 from ..estimate import Estimate, StepTime
 from ..hardware import GPU
 from ..models.hf_config import for_setup
-from ..setup import BY_NAME, OPTIMIZERS, STACKS, TRAIN_PRECISIONS, Request, Setup, check_recompute, check_value
+from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check_recompute, check_value
 from ..spec import ModelSpec
-from ..stacks import get_stack
+from ..stacks import get_stack, names
 from .fit import PeakOracle
 from .space import Layout, batch_splits, layouts, max_micro_batch, megatron_variants
 
-DEFAULT_PRECISIONS = ("amp-bf16", "bf16-master")
-# the precisions searched when none are given: hf's fp32-master pair; torchtitan's FSDP2 mixed precision (its pure
-# bf16, training.dtype bfloat16, is searched when asked for: --precision amp-bf16,bf16)
-# Megatron and DeepSpeed: bf16 weights and gradients with an fp32 master (their `--bf16` / `bf16.enabled`)
-STACK_PRECISIONS = {"hf": DEFAULT_PRECISIONS, "torchtitan": ("amp-bf16",), "megatron": ("bf16-master",),
-                    "deepspeed": ("bf16-master",)}
-# layer:N values searched where a stack checkpoints every N-th layer (torchtitan's selective_ac_option = N)
-LAYER_EVERY = (2, 4)
-
-
-def stack_recomputes(stack: str) -> tuple[str, ...]:
-    """The recompute policies searched for a stack: its policies (stacks/*.toml [recompute]) less `selective`
-    (hf's attention-score recompute equals none under the flash attention plans run; torchtitan's selective is
-    op, searched as op), with layer:N for N in LAYER_EVERY. Megatron's selective (core attention, Korthikanti et
-    al. 2022 §4.3) is searched; its uniform:N / block:N are left to the user."""
-    out = []
-    for p in get_stack(stack).policies:
-        if p == "layer":
-            out += [f"layer:{n}" for n in LAYER_EVERY]
-        elif p in ("uniform", "block"):
-            continue
-        elif p != "selective" or stack == "megatron":
-            out.append(p)
-    return tuple(out)
+DEFAULT_STACKS = (BY_NAME["stack"].default,)  # planned when --stack is not given
+# the axes beyond dp × tp × pp the planner searches (space.megatron_variants) for the stacks that run them
+VARIANT_AXES = ("cp", "vpp", "pp_split")
 
 
 def recompute_rank(rec: str) -> float:
@@ -74,11 +53,11 @@ class PlanQuery:
     gpus: int
     seq: int = 2048
     global_batch_tokens: float | None = None
-    precisions: tuple[str, ...] | None = None  # None: each stack's (STACK_PRECISIONS)
+    precisions: tuple[str, ...] | None = None  # None: each stack's ([plan] precisions)
     optimizer: str = "adamw"
-    recomputes: tuple[str, ...] | None = None  # None: each stack's own (stack_recomputes)
+    recomputes: tuple[str, ...] | None = None  # None: each stack's own ([plan] recomputes)
     zeros: tuple[int, ...] | None = None  # None: each stack's ZeRO stages
-    stacks: tuple[str, ...] = ("hf",)
+    stacks: tuple[str, ...] = DEFAULT_STACKS
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
@@ -101,16 +80,17 @@ class PlanQuery:
                              f"{', '.join(TRAIN_PRECISIONS)} (comma-separated)")
         if self.optimizer not in OPTIMIZERS:
             raise SetupError(f"--optimizer {self.optimizer!r} is not supported; choose one of: {', '.join(OPTIMIZERS)}")
-        bads = [x for x in self.stacks if x not in STACKS]
+        bads = [x for x in self.stacks if x not in names()]
         if bads or not self.stacks or len(set(self.stacks)) != len(self.stacks):
             raise SetupError(f"--stacks {','.join(self.stacks) or '(empty)'}: give distinct stacks from "
-                             f"{', '.join(STACKS)} (comma-separated)")
+                             f"{', '.join(names())} (comma-separated)")
         if self.recomputes is not None:
             if not self.recomputes:
                 raise SetupError("--recompute (empty): give policies, comma-separated (e.g. none,full)")
             for r in self.recomputes:
                 check_recompute(r)  # the one definition of a valid policy (layer:N included)
-            if "selective" in self.recomputes and "megatron" not in self.stacks:
+            if "selective" in self.recomputes and not any("selective" in get_stack(x).plan_recomputes
+                                                          for x in self.stacks):
                 raise SetupError("--recompute selective means each stack's own policy: hf's recomputes attention "
                                  "scores that the planned steps (flash attention) never store (it equals none), "
                                  "torchtitan's is op; search none,full (and op for torchtitan; selective is "
@@ -126,7 +106,7 @@ class PlanQuery:
             for what, got in (("precision", self.precisions_for(name)), ("recompute", self.recomputes_for(name)),
                               ("zero", self.zeros_for(name))):
                 if not got:
-                    runs = {"precision": st.precisions, "recompute": stack_recomputes(name),
+                    runs = {"precision": st.precisions, "recompute": st.plan_recomputes,
                             "zero": st.zero_stages}[what]
                     raise SetupError(f"--{what}: none of the values given is run by --stack {name} (it runs "
                                      f"{', '.join(map(str, runs))}); add one of those or drop the stack")
@@ -150,13 +130,13 @@ class PlanQuery:
             raise SetupError(f"--top must be >= 1, got {self.top}")
 
     def precisions_for(self, stack: str) -> tuple[str, ...]:
-        given = self.precisions if self.precisions is not None else STACK_PRECISIONS[stack]
+        given = self.precisions if self.precisions is not None else get_stack(stack).plan_precisions
         return tuple(p for p in given if p in get_stack(stack).precisions)
 
     def recomputes_for(self, stack: str) -> tuple[str, ...]:
-        """The policies searched for `stack`: the given ones it runs, or its own (stack_recomputes)."""
+        """The policies searched for `stack`: the given ones it runs, or its own ([plan] recomputes)."""
         if self.recomputes is None:
-            return stack_recomputes(stack)
+            return get_stack(stack).plan_recomputes
         runs = get_stack(stack).policies
         return tuple(r for r in self.recomputes if (r.split(":")[0] if r.startswith("layer:") else r) in runs)
 
@@ -214,8 +194,13 @@ def check_fixed_axes(spec: ModelSpec, gpu: GPU, q: PlanQuery) -> None:
             raise SetupError(f"--tp {q.tp}: tensor parallelism stays inside a node, of {gpu.gpus_per_node} "
                              f"{gpu.name}s; use --tp {gpu.gpus_per_node} or less")
     if q.pp is not None and not layouts(spec, q.gpus, gpu.gpus_per_node, None, q.pp, None,
-                                        uneven="megatron" in q.stacks):
+                                        uneven=_runs_any(q, "pp_split")):
         validate_layout(spec, Setup(pp=q.pp, grad_accum=q.pp))  # (Megatron's uneven splits are searched above)
+
+
+def _runs_any(q: PlanQuery, *axes: str) -> bool:
+    """Whether a planned stack runs one of `axes` ([parallel] axes)."""
+    return any(a in get_stack(x).axes for x in q.stacks for a in axes)
 
 
 def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None) -> PlanResult:
@@ -227,8 +212,8 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
     pc = count_params(model)
     oracle = PeakOracle(model, pc)
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
-    lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven="megatron" in q.stacks)
-    if "megatron" in q.stacks:  # Megatron's own axes: cp, vpp, pp_split (space.megatron_variants)
+    lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
+    if _runs_any(q, *VARIANT_AXES):  # Megatron's own axes: cp, vpp, pp_split (space.megatron_variants)
         lays = [v for lay in lays for v in megatron_variants(model, lay, q.seq)]
     stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
              "memory_rejected_groups": 0, "stacks": {x: {"precisions": list(q.precisions_for(x)),
@@ -242,11 +227,11 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
         if bcap < 1 or (splits_all is not None and not splits_all):
             stats["batch_unreachable"] += 1
             continue
-        plain = lay.cp == 1 and lay.vpp == 1 and lay.pp_split == "even"
+        axes = [a for a, v in (("cp", lay.cp > 1), ("vpp", lay.vpp > 1), ("pp_split", lay.pp_split != "even")) if v]
         for stack in q.stacks:
-            if stack != "megatron" and not plain:
-                continue  # cp, vpp and uneven splits are Megatron's
             facts = get_stack(stack)
+            if any(a not in facts.axes for a in axes):
+                continue  # cp, vpp and uneven splits: the stacks that run them (Megatron's)
             for prec in q.precisions_for(stack):
                 for zero in (q.zeros_for(stack) if lay.dp > 1 else (0,)):
                     if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
@@ -279,7 +264,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
 
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
-                  best, stack: str = "hf") -> None:
+                  best, stack: str = DEFAULT_STACKS[0]) -> None:
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from .json_out import dumps  # noqa: F401  (re-exported for the command)
 from ..analytic.terms import time_terms
 from ..units import fmt_bytes, fmt_count, fmt_seconds
-from ..plan.search import Candidate, PlanResult
+from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult
 
 
 def layout_text(s) -> str:
@@ -80,7 +80,7 @@ def render(r: PlanResult, echo=print) -> None:
             echo("what would: " + "; ".join(dg.suggestions))
         return
     t = Table(title=title, header_style="bold")
-    show_stack = tuple(q.stacks) != ("hf",)  # the stack column once another stack is planned or compared
+    show_stack = tuple(q.stacks) != DEFAULT_STACKS  # the stack column once another stack is planned or compared
     cols = ("#", *(("stack",) if show_stack else ()), "dp×tp×pp", "ZeRO", "micro×accum", "recompute", "precision",
             "tokens/s", "MFU", "step", "peak", "headroom")
     for col in cols:

@@ -1,22 +1,47 @@
 """Training stacks as data: what each stack's step really does, fact by fact, with its source (no torch).
 
-A stack is one TOML file beside this module (hf.toml, torchtitan.toml). Each fact names the implementation trainfit
-models (optimizer kernel, mixed-precision mechanism, loss and norm kernels, FSDP wrapping, checkpointing policies)
-and the file:line of the stack's code it comes from. The analytic engine reads the facts; the trace and measure
-engines run the stack's own code and must agree with them (tests/stacks).
+A stack is a TOML file of facts, found by its name: the four trainfit ships beside this module (hf.toml,
+torchtitan.toml, megatron.toml, deepspeed.toml), then any `<name>.toml` in the folders of $TRAINFIT_STACK_PATH. Each
+fact names the implementation trainfit models (optimizer kernel, mixed-precision mechanism, loss and norm kernels,
+FSDP wrapping, checkpointing policies, which settings and engines run it, what the planner searches) and the file:line
+of the stack's code it comes from. A stack whose rules are code, not data, has a rules module of the same name beside
+its facts (stacks/megatron.py): `refuse(setup) -> str | None`. The analytic engine reads the facts; the trace and
+measure engines run the stack's own code and must agree with them (tests/stacks).
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
+from types import ModuleType
 
 from ..errors import SetupError
 
-NAMES = ("hf", "torchtitan", "megatron", "deepspeed")
+BUILT_IN = ("hf", "torchtitan", "megatron", "deepspeed")  # in the order messages list them
+PATH_VARIABLE = "TRAINFIT_STACK_PATH"  # more stacks: folders of <name>.toml (and <name>.py rules), os.pathsep-separated
+_BUILT_IN_FILES = {n: Path(__file__).parent / f"{n}.toml" for n in BUILT_IN}
 # optimizers torch.optim implements fused (torch/optim/{adam,adamw,sgd}.py accept fused=True)
 FUSABLE = ("adam", "adamw", "sgd", "momentum")
+
+
+def _folders() -> list[Path]:
+    return [Path(p) for p in os.environ.get(PATH_VARIABLE, "").split(os.pathsep) if p]
+
+
+def names() -> tuple[str, ...]:
+    """Every stack: trainfit's own, then those in $TRAINFIT_STACK_PATH's folders (each folder's in name order)."""
+    extra = [p.stem for d in _folders() for p in sorted(d.glob("*.toml"))]
+    return BUILT_IN + tuple(dict.fromkeys(n for n in extra if n not in BUILT_IN))
+
+
+def _facts_file(name: str) -> Path | None:
+    if name in _BUILT_IN_FILES:
+        return _BUILT_IN_FILES[name]
+    return next((d / f"{name}.toml" for d in _folders() if (d / f"{name}.toml").is_file()), None)
 
 
 @dataclass(frozen=True)
@@ -25,6 +50,7 @@ class Stack:
     version: str
     summary: str
     facts: dict  # the TOML tables, each with "value"/fields and "source"
+    rules: ModuleType | None = None  # the stack's rules module (refuse(setup)), where its rules are code
 
     def fact(self, key: str, field: str = "value"):
         try:
@@ -66,7 +92,7 @@ class Stack:
         not."""
         mp = self.facts.get("model_parallel", {})
         if (tp > 1 and not mp.get("tensor", True)) or (pp > 1 and not mp.get("pipeline", True)):
-            others = [n for n in NAMES if n != self.name and get_stack(n).splits_model(tp, pp) is None]
+            others = [n for n in names() if n != self.name and get_stack(n).splits_model(tp, pp) is None]
             return (f"--stack {self.name} runs no tensor/pipeline split: {mp['why']}; use --tp 1 --pp 1, or --stack "
                     f"{' or '.join(others)}")
         return None
@@ -75,7 +101,7 @@ class Stack:
         """None when trainfit models --compile on this stack ([compile] supported), else why not."""
         if self.fact("compile", "supported"):
             return None
-        others = [n for n in NAMES if get_stack(n).fact("compile", "supported")]
+        others = running(lambda st: st.fact("compile", "supported"))
         return (f"--compile is not modelled for --stack {self.name}: {self.fact('compile', 'why')}; drop --compile, "
                 f"or use --stack {' or '.join(others)}")
 
@@ -105,10 +131,68 @@ class Stack:
         return impl if impl != "fused" or optimizer in FUSABLE else "default"
 
 
+    def runs(self, feature: str) -> bool:
+        """Whether trainfit models `feature` (a [features] runs name, e.g. liger-loss) on this stack."""
+        return feature in self.fact("features", "runs")
+
+    @property
+    def trains(self) -> str:
+        """What the stack trains ([model]): "any" transformers model (heads, vision, a user's module) or only the
+        "causal-lm" models it builds."""
+        return self.fact("model")
+
+    def engine_runs(self, engine: str) -> bool:
+        """Whether the trace or measure `engine` runs this stack's own training step ([engines] runs)."""
+        return engine in self.fact("engines", "runs")
+
+    @property
+    def measured_on_ranks(self) -> bool:
+        """The measure engine runs the step on --dp torch.distributed ranks, one process a rank ([engines] ranks)."""
+        return self.fact("engines", "ranks")
+
+    @property
+    def plan_precisions(self) -> tuple[str, ...]:
+        """The precisions the planner searches when none are given ([plan] precisions)."""
+        return tuple(self.fact("plan", "precisions"))
+
+    @property
+    def plan_recomputes(self) -> tuple[str, ...]:
+        """The recompute policies the planner searches when none are given ([plan] recomputes)."""
+        return tuple(self.fact("plan", "recomputes"))
+
+    def refuse(self, setup) -> str | None:
+        """Why the stack's rules module refuses `setup` (read by attribute), None when it runs it or has none."""
+        return self.rules.refuse(setup) if self.rules is not None else None
+
+
+def running(test) -> list[str]:
+    """The names of the stacks for which `test(stack)` is true, in names() order (for "use --stack ..." hints)."""
+    return [n for n in names() if test(get_stack(n))]
+
+
+def _rules_module(name: str, facts_file: Path) -> ModuleType | None:
+    """The stack's rules module: trainfit.stacks.<name> for trainfit's own, else <name>.py beside its facts file."""
+    if name in BUILT_IN:
+        found = importlib.util.find_spec(f"{__name__}.{name}")
+        return importlib.import_module(f"{__name__}.{name}") if found else None
+    path = facts_file.with_suffix(".py")
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(f"trainfit_stack_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @lru_cache(maxsize=None)
-def get_stack(name: str) -> Stack:
-    if name not in NAMES:
-        raise SetupError(f"--stack {name!r} is not supported; choose one of: {', '.join(NAMES)}")
-    data = tomllib.loads(resources.files(__name__).joinpath(f"{name}.toml").read_text())
+def _load(name: str, facts_file: Path) -> Stack:
+    data = tomllib.loads(facts_file.read_text())
     facts = {k: v for k, v in data.items() if isinstance(v, dict)}
-    return Stack(data["name"], data["version"], data["summary"], facts)
+    return Stack(data["name"], data["version"], data["summary"], facts, _rules_module(name, facts_file))
+
+
+def get_stack(name: str) -> Stack:
+    path = _facts_file(name)
+    if path is None:
+        raise SetupError(f"--stack {name!r} is not supported; choose one of: {', '.join(names())}")
+    return _load(name, path)

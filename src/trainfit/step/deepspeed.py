@@ -24,6 +24,7 @@ from .standard import enable_recompute
 STRATEGIES = {0: "DeepSpeed engine, ZeRO-0 (data parallel)", 1: "DeepSpeedZeroOptimizer, ZeRO-1",
               2: "DeepSpeedZeroOptimizer, ZeRO-2", 3: "DeepSpeedZeroOptimizer_Stage3, ZeRO-3"}
 NOTE = "DeepSpeed's own step: deepspeed.initialize with the --emit deepspeed config"
+DDP_TAKES_MESH = False  # deepspeed.initialize uses the default process group
 READ_BASELINE = True  # the worker reads the session's live bytes (module docstring)
 PRECISIONS = ("bf16-master", "fp16-master", "fp32")
 
@@ -41,6 +42,11 @@ def check(setup) -> None:
                          "ZeRO-Offload (its DeepSpeedCPUAdam is a separate C++ build)")
     if setup.compile or setup.float8:
         raise SetupError("--compile/--float8 are not run under DeepSpeed by the measure engine: use --engine analytic")
+
+
+def check_ranks(spec, setup) -> None:
+    """The distributed measure's refusals: DeepSpeed's own engine, not trainfit's DDP/ZeRO/FSDP strategies."""
+    check(setup)
 
 
 def ds_config(setup) -> dict:
@@ -131,5 +137,5 @@ def prepare(spec, setup, device="cpu"):
                                  "not in one process")
 
 
-__all__ = ["NOTE", "STRATEGIES", "READ_BASELINE", "check", "ds_config", "build", "wrap", "make_batches", "run_step",
+__all__ = ["NOTE", "DDP_TAKES_MESH", "STRATEGIES", "READ_BASELINE", "check", "check_ranks", "ds_config", "build", "wrap", "make_batches", "run_step",
            "resident_tensors", "prepare"]

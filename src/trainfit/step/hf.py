@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from .build import build_model, make_batches
 from .standard import enable_recompute, prepare, run_step
-from .strategy import STRATEGIES, wrap
+from .strategy import STRATEGIES, check_strategy, wrap
 
 NOTE = ""  # the standard step needs no note
+DDP_TAKES_MESH = False  # DDP wraps the model over the default process group (strategy.py)
 
 
 def build(spec, setup, device="cpu", mesh=None):
@@ -18,4 +19,10 @@ def build(spec, setup, device="cpu", mesh=None):
     return model
 
 
-__all__ = ["NOTE", "STRATEGIES", "build", "wrap", "make_batches", "run_step", "prepare"]
+def check_ranks(spec, setup) -> None:
+    """The distributed measure's refusals: the DDP/ZeRO/FSDP2 strategy of --zero (strategy.py)."""
+    check_strategy(setup)
+
+
+__all__ = ["NOTE", "DDP_TAKES_MESH", "STRATEGIES", "build", "check_ranks", "wrap", "make_batches", "run_step",
+           "prepare"]

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 PRECISIONS = {"fp32": "float32", "amp-bf16": "bfloat16", "bf16": "bfloat16"}
 NOTE = ("stack torchtitan 0.2.2: its own Llama3 Transformer, apply_ac, apply_fsdp/apply_ddp, maybe_enable_amp, "
         "cross_entropy_loss and clip_grad_norm_ (trainfit/step/torchtitan.py)")
+DDP_TAKES_MESH = True  # models/llama3/infra/parallelize.py:363-366 (apply_ddp(model, dp_mesh, ...))
 # how torchtitan applies data parallelism for each --zero it runs (models/llama3/infra/parallelize.py:125-156)
 STRATEGIES = {0: "torchtitan apply_ddp (composable replicate, 100 MB buckets)",
               2: "torchtitan apply_fsdp, reshard_after_forward_policy never (ZeRO-2-like)",
@@ -56,6 +57,14 @@ STRATEGIES = {0: "torchtitan apply_ddp (composable replicate, 100 MB buckets)",
 def _missing(e: ImportError) -> EngineUnavailableError:
     return EngineUnavailableError(f"--stack torchtitan needs torchtitan 0.2.2 ({e.name} is missing): "
                                   "pip install 'trainfit[torchtitan]'")
+
+
+def check_ranks(spec: "ModelSpec", setup: "Setup") -> None:
+    """The distributed measure's refusals: trainfit's strategy checks, then torchtitan's own (check)."""
+    from .strategy import check_strategy
+
+    check_strategy(setup)
+    check(spec, setup)
 
 
 def check(spec: "ModelSpec", setup: "Setup") -> None:

@@ -100,7 +100,8 @@ def cuda_kernels(setup: Setup):
         yield
         return
     saved = F.scaled_dot_product_attention, F.dropout, F.rms_norm
-    F.scaled_dot_product_attention = _cuda_sdpa(saved[0], efficient=setup.stack != "torchtitan")
+    backends = setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",))
+    F.scaled_dot_product_attention = _cuda_sdpa(saved[0], efficient="efficient" in backends)
     F.dropout = _cuda_dropout(saved[1])
     F.rms_norm = _cuda_rms_norm(saved[2])
     try:

@@ -134,8 +134,10 @@ def trace_rank(spec: ModelSpec, setup: Setup, *, rank: int = 0, backend: str | N
 
     backend = backend or ("nccl" if setup.device == "cuda" else "gloo")
     with fake_process_group(setup.dp, rank), translated_errors(spec.name), _no_param_verification():
+        from ..step import stack_step
+
         mesh = None
-        if setup.zero >= 2 or setup.stack == "torchtitan":  # torchtitan's apply_ddp takes a mesh too
+        if setup.zero >= 2 or stack_step(setup).DDP_TAKES_MESH:  # (torchtitan's apply_ddp)
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh("cpu", (setup.dp,))  # reads real rank tensors: outside FakeTensorMode
@@ -219,6 +221,7 @@ def _no_param_verification():
 
 
 def _trace_rank(spec, setup, backend, warmup, flops, mesh):
+    from ..step import hf as hf_step
     from ..step import stack_step
     from ..step.standard import enable_recompute
     from .analysis import TRAIN_PHASES, analyse
@@ -233,7 +236,7 @@ def _trace_rank(spec, setup, backend, warmup, flops, mesh):
         # cuda_kernels: --device cuda's kernels' saved tensors
         with rec, numbered_streams(rec), _fsdp_storage_hooks(rec), cuda_kernels(setup):
             torch.manual_seed(0)
-            if setup.stack == "hf":
+            if step is hf_step:  # the transformers model, with transformers' refusals in one line
                 model = build_hf(spec, setup)
                 enable_recompute(model, setup)
             else:

@@ -72,12 +72,13 @@ def grad_bytes(model: torch.nn.Module) -> int:
 def replay_args(rec, setup: Setup) -> dict:
     """The traced step as alloc.replay's replay and least_capacity take it: records, start, end and the lazy states.
     torch.optim makes its states in the first optimizer.step() (adam.py _init_group), which the measured process's
-    warm-up step runs after its backward; the stacks that use it (hf, torchtitan) replay them there. NB: DeepSpeed's
-    ZeRO makes them at initialize (stage_1_and_2.py initialize_optimizer_states): kept resident."""
+    warm-up step runs after its backward; the stacks that use it replay them there (stacks/*.toml [optimizers]
+    lazy_states). NB: DeepSpeed's ZeRO makes them at initialize (stage_1_and_2.py initialize_optimizer_states): kept
+    resident."""
     from .recorder import OPTIMIZER_STATE
 
     lazy_at = None
-    if setup.mode in ("train", "rl") and setup.stack in ("hf", "torchtitan"):
+    if setup.mode in ("train", "rl") and setup.stack_facts.fact("optimizers", "lazy_states"):
         lazy_at = next((e for e, name in rec.phase_marks if name == "optimizer" and e >= rec.step_start), None)
     return dict(records=rec.records, start=rec.step_start, end=rec.stop, lazy=lambda r: r.cat == OPTIMIZER_STATE,
                 lazy_at=lazy_at)
@@ -213,6 +214,7 @@ def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate
 
 def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: bool = False):
     """Build, warm up and record one training step on fake tensors: (model, recorder, Analysis)."""
+    from ..step import hf as hf_step
     from ..step import make_optimizer, stack_step
     from ..step.standard import enable_recompute
     from .train import record_train_step, warm_up_optimizer
@@ -220,7 +222,7 @@ def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: 
     step = stack_step(setup)
     with translated_errors(spec.name), fake_mode(), cuda_kernels(setup), optimizer_scalar_reads(), \
             bnb_cpu_kernels(setup):
-        if setup.stack == "hf":
+        if step is hf_step:  # the transformers model, with transformers' refusals in one line
             model = build_hf(spec, setup)
             enable_recompute(model, setup)
         else:

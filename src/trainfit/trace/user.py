@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeCopyMode, is_fake
 
 from ..errors import EngineUnavailableError, SetupError, TrainfitError
 from ..estimate import Estimate
-from ..setup import Setup
+from ..setup import Setup, trains_any
 from .cuda_kernels import cuda_kernels
 from .engine import (
     NOTES,
@@ -165,9 +165,9 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
 
     setup = setup or Setup(device="cpu")
     check_setup(setup)
-    if setup.stack != "hf":
+    if setup.stack_facts.trains != "any":  # (stacks/*.toml [model])
         raise SetupError(f"--stack {setup.stack} runs that stack's own model; a user module runs the standard step "
-                         "(--stack hf)")
+                         f"(--stack {' or '.join(trains_any())})")
     if setup.mode != "train":
         raise EngineUnavailableError("trace(model, ...) traces training steps; for inference use trace_spec")
     if isinstance(model_or_factory, str):
