@@ -25,6 +25,7 @@ from . import nccl_buffers
 from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
     allocation_size, round_size
 from .alloc.config import AllocConf
+from .analytic.stacks import model_for
 from .hardware import GPU, get_gpu
 
 _DEFAULT_CONF = AllocConf()  # torch's defaults: the analytic engine models no PYTORCH_CUDA_ALLOC_CONF
@@ -119,27 +120,10 @@ def communicators(setup) -> dict[str, int]:
     """The NCCL communicators one rank joins: process-group name -> ranks (groups of one rank create none).
 
     torch creates a communicator per process group on its first collective (ProcessGroupNCCL, lazily), so only
-    the groups the step communicates on count:
-    - hf / deepspeed / torchtitan: DDP, FSDP and ZeRO reduce over one data-parallel group; torchtitan adds one
-      group per DeviceMesh dimension of size > 1 (tp, pp).
-    - megatron (megatron/core/parallel_state.py initialize_model_parallel): tensor (tp), pipeline (pp: send/recv),
-      context (cp: ring attention), data + context (dp × cp: gradient reduce-scatter/all-reduce,
-      get_data_parallel_group(with_context_parallel=True)), model (tp × pp: the gradient-norm all-reduce,
-      get_model_parallel_group), embedding (pp > 1: first and last stage, get_embedding_group), expert (ep) and
-      expert data (expert_dp) groups for MoE.
-    - inference (tp > 1): the tensor-parallel group.
+    the groups the step communicates on count: in training the stack's (analytic/stacks StackModel.communicators),
+    in inference (tp > 1) the tensor-parallel group.
     """
-    s = setup
-    groups: dict[str, int] = {}
-    if s.mode == "infer":
-        groups["tp"] = s.tp
-    elif s.stack == "megatron":
-        groups.update(tp=s.tp, pp=s.pp, cp=s.cp, dp_cp=s.dp * s.cp, model=s.tp * s.pp,
-                      embedding=2 if s.pp > 1 else 1)
-        if s.ep > 1:
-            groups.update(ep=s.ep, expert_dp=s.expert_dp)
-    else:
-        groups.update(dp=s.dp, tp=s.tp, pp=s.pp)
+    groups = {"tp": setup.tp} if setup.mode == "infer" else model_for(setup).communicators(setup)
     return {k: v for k, v in groups.items() if v > 1}
 
 

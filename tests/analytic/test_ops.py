@@ -89,7 +89,7 @@ def test_op_sac_reruns_every_second_matmul_and_not_sdpa():
 
     spec = load_model("llama-3.1-8b")
     setup = Setup(stack="torchtitan", recompute="op", batch=1, seq=512)
-    fwd = layer_forward(spec, Shape(batch=1, seq=512, norm="torch-rms-norm", rope="complex"))
+    fwd = layer_forward(spec, Shape(batch=1, seq=512, norm="torch-rms-norm", rope="complex-buffer"))
     rerun = recomputed(spec, setup, fwd)
     assert [o.name for o in rerun if o.kind == "gemm"] == ["k", "o", "up"]
     assert not any(o.kind == "attention" for o in rerun)

@@ -27,6 +27,7 @@ from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_
                   norm_ops, recomputed, shape_of)
 from .params import ParamCounts
 from .precision import StateBytes
+from .stacks import model_for
 from .timing import compute_dtype
 
 TERMS = ("gemm", "attention", "memory", "launches")
@@ -201,11 +202,6 @@ FOREACH_ADAM = (
     ("add_", 1, False, (0, 2, 0)),  # :793 + eps
     ("addcdiv_", 3, True, (2, 2, 0)),  # :794 param += step_size * exp_avg / denom
 )
-# the stacks whose step runs torch.optim's AdamW (stacks/*.toml [optimizer_impl]); DeepSpeed's engine and Megatron
-# step with their own kernels
-TORCH_OPTIM_STACKS = ("hf", "torchtitan")
-
-
 def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int,
                       grads: float | None = None, sizes: tuple[int, ...] | None = None) -> tuple[float, float]:
     """(kernel seconds, launch seconds) of optimizer.step() over this rank's `shard` parameters in `tensors`
@@ -247,9 +243,9 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
         foreach = kernel == "foreach" and adam
         seconds, launches = _step_passes(gpu, multi_tensor.runs_of(shard, tensors, sizes), (p, o, g), cast_bytes,
                                          ("foreach32" if wide else "foreach16") if foreach else access, foreach)
-    # fp32 masters: trainfit's hf step casts each gradient up and copies each master back, per tensor
+    # fp32 masters: over torch.optim, trainfit's step casts each gradient up and copies each master back, per tensor
     # (step/standard.py MasterWeightOptimizer.step); the other stacks keep flat master buffers (NB: one launch)
-    launches += (2 * tensors if setup.stack == "hf" else 1) if mast else 0
+    launches += (2 * tensors if model_for(setup).torch_optimizer else 1) if mast else 0
     seconds += casts
     # the clip first, as the stack runs it (grad_clip.clip_work), on the model's own gradients (st.grad: a master's
     # fp32 copies are made after it); a clip reads them all below ZeRO-2
@@ -282,20 +278,21 @@ def step_count_launches(setup: Setup, tensors: int) -> int:
     1)`): a one-list foreach op, a launch per multi_tensor.tensor_limit(1) tensors (the H200 profiles: 2 for 146-201
     tensors). The foreach and for-loop paths keep the counts on the CPU (no kernel)."""
     if setup.optimizer_kernel != "fused" or setup.optimizer not in ("adam", "adamw") \
-            or setup.stack not in TORCH_OPTIM_STACKS:
+            or not model_for(setup).torch_optimizer:  # DeepSpeed's engine and Megatron: their own kernels
         return 0
     return -(-tensors // multi_tensor.tensor_limit(1))
 
 
 def master_cast_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tensors: int = 0) -> float:
-    """Seconds of the fp32 master's casts where they are their own kernels: trainfit's hf step casts each 16-bit
+    """Seconds of the fp32 master's casts where they are their own kernels: over torch.optim (the hf stack) trainfit's
+    step casts each 16-bit
     gradient up into an fp32 copy and, after the update, each master down into its weight, per tensor (step/
     standard.py MasterWeightOptimizer.step). TensorIterator runs the up-cast as its unvectorised dynamic-cast loop and
     the down-cast vectorised (kernels.toml access upcast / vector; the H200 profile: direct_copy_kernel_cuda 3.9 ms
     and bfloat16_copy_kernel_cuda 1.9 ms over 1.24 B parameters). 0 where there is no master, or where the stack
     casts flat buffers inside its optimizer pass (optimizer_seconds keeps those bytes in the pass). With `tensors`,
     their two launches per tensor too (which optimizer_seconds counts among its launches)."""
-    if not st.master or setup.stack != "hf":
+    if not st.master or not model_for(setup).torch_optimizer:
         return 0.0
     return (roofline.memory_seconds(gpu, shard * (st.grad + st.master), tensors, "upcast")
             + roofline.memory_seconds(gpu, shard * (st.master + st.weight), tensors, "vector"))

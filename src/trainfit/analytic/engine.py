@@ -18,7 +18,7 @@ from .grad_segments import gradient_segments
 from .memory import TrainMemory, train_memory
 from . import lora
 from .params import count_params
-from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks
+from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
 from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
 from .loss import head_and_loss
 from .optimizer import state_tensors, temporary_bytes
@@ -26,6 +26,7 @@ from .recompute import layer_params
 from ..precision import PRECISIONS
 from .step_time import layout_step_time, stage_params, with_paged_migration
 from .roofline import cluster_table, host_seconds_per_kernel
+from .stacks import model_for
 from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 
 
@@ -57,7 +58,7 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
     tied = table * int(st.param or st.grad) if (spec.tied_embeddings and setup.pp == 1) else 0
     later = tied
-    if setup.stack in ("hf", "torchtitan"):
+    if model_for(setup).torch_data_parallel:
         fsdp = fsdp2_strategy(setup)
         if mem.detail["stage"] == 0:
             later = max(later, table * int((st.reduce or st.grad) if fsdp else st.grad))
@@ -89,8 +90,8 @@ def backward_peak(mem: TrainMemory) -> int:
 
 def _torch_optim_on_cuda(setup: Setup) -> bool:
     """A CUDA training step whose torch.optim optimizer steps every parameter's own gradient: the hf and torchtitan
-    stacks (Megatron and DeepSpeed step flat buffers), without LoRA (a few small adapters)."""
-    return setup.mode == "train" and setup.device == "cuda" and setup.stack in ("hf", "torchtitan") \
+    stacks (Megatron and DeepSpeed step flat buffers: analytic/stacks), without LoRA (a few small adapters)."""
+    return setup.mode == "train" and setup.device == "cuda" and model_for(setup).torch_optimizer \
         and not setup.lora_rank
 
 
@@ -145,7 +146,7 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
     lp = layer_params(spec, pc, setup)
     layers = mem.detail["layers_on_rank"]
     head = (pc.final + pc.lm_head / t) * last
-    if setup.stack == "torchtitan":
+    if torchtitan_fsdp(setup):
         kinds = {"embedding": pc.embedding / t * first, "layer": lp, "head": head}
     else:
         kinds = {"root": pc.embedding / t * first + head, "layer": lp}
@@ -156,7 +157,7 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
     # NB: counts the embedding's and the output weight's blocks only (norms are small-pool bytes).
     p = st.param or st.weight
     copy_out = (overheads.held_segments(((pc.embedding / t * first * p, 1), (pc.lm_head / t * last * p, 1)))
-                if setup.stack == "torchtitan" and reshards_after_forward(setup) else 0)
+                if torchtitan_fsdp(setup) and reshards_after_forward(setup) else 0)
     r = st.reduce or st.grad
     reduce_out = overheads.held_segments((n * r / setup.dp, layers if k == "layer" else 1) for k, n in kinds.items())
     if r != st.grad:
@@ -263,11 +264,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                         gpu_memory=gpu.memory, **extra)
     notes = [f"attention kernel: {setup.attention_kernel}; optimizer {setup.optimizer_kernel} ({setup.device} semantics); stack {setup.stack}"]
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
-    if setup.dp > 1 and setup.zero == 0 and setup.stack in ("hf", "torchtitan"):
-        notes.append("DDP keeps a gradient-sized bucket buffer (counted in temporaries)")
-    if setup.stack == "megatron" and spec.is_moe and setup.tp > 1 and not setup.sequence_parallel:
-        notes.append("Megatron warns that expert and tensor parallelism need --sequence-parallel "
-                     "(model_parallel_config.py:440-445); the MoE layers are modelled as with it")
+    notes += model_for(setup).notes(spec, setup)
     if fsdp2_mixed_precision(setup):
         notes.append("FSDP2 mixed precision (stack facts): fp32 shards; each group all-gathered in "
                      f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "

@@ -28,6 +28,7 @@ from .optimizer import clip_temporaries
 from .precision import StateBytes
 from . import multi_tensor
 from .roofline import kernels_for, memory_seconds
+from .stacks import model_for
 
 FP32, FP64, INT32 = 4, 8, 4
 
@@ -99,23 +100,16 @@ def block_of(setup: Setup) -> Callable[[float], float]:
 
 
 def clipped_params(setup: Setup, trained: float) -> float:
-    """Elements of the gradients the rank's clip reads, of the `trained` parameters the rank holds unsharded."""
-    if setup.stack == "megatron" and setup.zero >= 1:
-        return trained / (setup.dp * setup.cp)  # the distributed optimizer's main grads: its shard (dp x cp)
-    if setup.stack == "deepspeed" and setup.zero >= 1:
-        return trained / setup.dp  # ZeRO's gradient partition (stage_1_and_2.py:2951, stage3.py:2579)
-    return trained / (setup.dp * setup.cp if setup.zero >= 2 else 1)  # torch: FSDP's sharded grads, else whole
+    """Elements of the gradients the rank's clip reads, of the `trained` parameters the rank holds unsharded (the
+    stack's: analytic/stacks)."""
+    return model_for(setup).clipped_params(setup, trained)
 
 
 def clip_work(setup: Setup, st: StateBytes, clipped: float, tensors: int, largest: float = 0.0,
               sizes: tuple[int, ...] | None = None) -> ClipWork:
     """What the setup's stack runs to clip `clipped` gradient elements in `tensors` tensors (`largest`: the
     rank's largest parameter, for the temporaries; `sizes`: each tensor's elements where known, LoRA's adapters)."""
-    if setup.stack == "megatron":
-        return megatron_clip(setup, clipped, tensors, largest)
-    if setup.stack == "deepspeed":
-        return deepspeed_clip(setup, st, clipped, tensors, largest)
-    return torch_clip(setup, st, clipped, tensors, largest, sizes)
+    return model_for(setup).clip_work(setup, st, clipped, tensors, largest, sizes)
 
 
 # clip_grad_norm_'s small kernels beside its two passes (torch/nn/utils/clip_grad.py _get_total_norm,

@@ -8,26 +8,13 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .parallel import pipeline
+from .stacks import model_for
 
 
 def check_stack_model(spec: ModelSpec, setup: Setup) -> None:
-    """The models a stack builds (every engine): torchtitan builds its own registry's architectures, and the one
-    trainfit runs is its llama3 Transformer (stacks/torchtitan.toml [models]): untied, bias-free SwiGLU, RoPE,
-    head_dim = dim // n_heads."""
-    if setup.stack != "torchtitan" or setup.mode != "train":
-        return
-    if spec.family != "llama" or spec.is_moe or not spec.causal:
-        raise SetupError(f"--stack torchtitan runs torchtitan's Llama3 Transformer, which builds llama-family models "
-                         f"(model_type llama) only; {spec.name} is {spec.family}: use --stack hf")
-    if spec.tied_embeddings:
-        raise SetupError(f"--stack torchtitan: {spec.name} ties its input and output embeddings, which torchtitan's "
-                         "llama3 model does not (separate tok_embeddings and output): use --stack hf")
-    if spec.qkv_bias or spec.out_bias or spec.mlp_bias or spec.activation != "silu":
-        raise SetupError(f"--stack torchtitan: {spec.name} has biases or a non-SiLU MLP, which torchtitan's llama3 "
-                         "model (bias-free SwiGLU) does not build: use --stack hf")
-    if spec.head_dim * spec.heads != spec.hidden or spec.heads % spec.kv_heads:
-        raise SetupError(f"--stack torchtitan: {spec.name} has head_dim {spec.head_dim} x {spec.heads} heads != "
-                         f"hidden {spec.hidden}; torchtitan's llama3 derives head_dim = dim // n_heads: use --stack hf")
+    """The models a stack builds (every engine): SetupError where the stack's model does not build `spec`
+    (analytic/stacks: torchtitan builds its llama3 Transformer only)."""
+    model_for(setup).check_model(spec, setup)
 
 
 def check_generates(spec: ModelSpec, setup: Setup) -> None:

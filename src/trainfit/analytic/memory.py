@@ -28,6 +28,7 @@ from .parallel.tensor import rank_params, term_divisors
 from .parallel.zero import gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard, unsharded_at
 from .params import ParamCounts, count_params
 from .phases import LayerKind, StepBytes, peak
+from .stacks import model_for
 from .precision import StateBytes, state_bytes
 from .recompute import LayerMemory, checkpoint_held_masks, layer_memory, layer_params
 
@@ -58,7 +59,8 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         spec, pc = headed, None
     pc = pc or count_params(spec)
     st = state_bytes(setup)
-    results = [_stage_memory(spec, setup, pc, st, s) for s in stages(spec, setup)]
+    stack = model_for(setup)  # its per-stage memory (analytic/stacks: Megatron-Core's is megatron_memory.py)
+    results = [stack.stage_memory(spec, setup, pc, st, s) for s in stages(spec, setup)]
     return max(results, key=lambda m: m.peak)
 
 
@@ -69,10 +71,8 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
 OFFLOAD_WINDOW = 2
 
 
-def _stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage) -> TrainMemory:
-    if setup.stack == "megatron":  # Megatron-Core's own states, TE layers and recompute (megatron_memory.py)
-        from .megatron_memory import stage_memory
-        return stage_memory(spec, setup, pc, stage, TrainMemory)
+def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage) -> TrainMemory:
+    """One pipeline stage of a model the step runs with torch's DDP/FSDP2 or DeepSpeed's ZeRO engine."""
     t = setup.tp
     n, largest = rank_params(spec, pc, setup, stage)
     owned = params_at_rest(n, setup)  # (before LoRA's n below becomes the adapters')

@@ -125,15 +125,15 @@ class Shape:
     autocast: bool = False
     attention: str = "flash"  # resolved kernel: flash, efficient, eager
     norm: str = "hf-rmsnorm-fp32"  # stacks/*.toml [norm]
-    rope: str = "hf"  # "hf" (real arithmetic), "complex" (torchtitan), "fused" (Megatron)
+    rope: str = "cos-sin"  # stacks/*.toml [rotary]: "cos-sin" (HF), "complex-buffer" (torchtitan), "fused" (Megatron)
     loss_upcast: bool = True
     ep: int = 1
     compile: bool = False
     float8: bool = False
-    fused_elementwise: bool = False  # Megatron-core's fused bias-GeLU and bias-dropout-add kernels
+    fused_elementwise: bool = False  # fused bias-GeLU and bias-dropout-add kernels (stacks/*.toml [fused_elementwise])
     sdpa: bool = False  # the stack calls torch's scaled_dot_product_attention (stacks/*.toml [attention])
     # HF's eager_attention_forward adds a float causal mask made in the embeddings' output dtype, the parameters'
-    # (transformers masking_utils.py:965 `dtype = inputs_embeds.dtype`, eager_mask :615-617): its bytes; 0 else
+    # (stacks/*.toml [attention] eager_mask: transformers masking_utils.py:965, :615-617): its bytes; 0 else
     eager_mask: int = 0
     # transformers' own eager_attention_forward (attention="eager", or a family without SDPA), not SDPA's math path
     hf_eager: bool = False
@@ -153,10 +153,10 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     """The Shape of `setup` (a Setup or the planner's light _Cfg)."""
     from .compile_effects import not_modelled
 
-    stack = setup.stack
+    facts = setup.stack_facts.facts
     kernel = resolved_kernel(spec, setup)
-    rope = {"torchtitan": "complex", "megatron": "fused"}.get(stack, "hf")
-    hf_eager = kernel == "eager" and rope == "hf"  # (before SDPA's math path is timed as eager below)
+    rope = setup.stack_facts.fact("rotary")
+    hf_eager = kernel == "eager" and rope == "cos-sin"  # (before SDPA's math path is timed as eager below)
     if kernel == "math":
         kernel = "eager"  # SDPA's math path: bmm + softmax, as eager
     elif kernel == "flash" and st.act == FP32:
@@ -168,11 +168,12 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
                  bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
-                 stack == "megatron", "sdpa_backends" in setup.stack_facts.facts.get("attention", {})
-                 and setup.attention_kernel != "flash2",
-                 int(st.param or st.weight) if kernel == "eager" and stack == "hf" and spec.causal else 0,
+                 facts.get("fused_elementwise", {}).get("value", False),
+                 "sdpa_backends" in facts.get("attention", {}) and setup.attention_kernel != "flash2",
+                 int(st.param or st.weight) if (kernel == "eager" and facts.get("attention", {}).get("eager_mask")
+                                                and spec.causal) else 0,
                  hf_eager,
-                 setup.stack_facts.facts.get("loss", {}).get("labels") == "shifted-copy")
+                 facts.get("loss", {}).get("labels") == "shifted-copy")
 
 
 # --- building blocks ----------------------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ def _rope(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
     x, a = tokens * width, sh.act
     if sh.rope == "fused":
         return [_ew(f"{name}.rope", x * a, x * a, "megatron fused_apply_rotary_pos_emb", "rope", saves=False)]
-    if sh.rope == "complex":
+    if sh.rope == "complex-buffer":
         src = "torchtitan llama3 model.py:164-169"
         # the complex product's backward is grad·conj(freqs) (FunctionsManual.cpp mul_tensor_backward `grad *
         # other.conj()`), the conjugate materialised first (conj_kernel_cuda: 2 per layer in the H200 torchtitan
@@ -354,7 +355,7 @@ def _rope_casts(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
     the gradient up again. NB: eager attention with GQA casts k after repeat_kv (n_rep x the bytes); timed here
     on k itself."""
     o = max(sh.act, sh.residual)
-    if sh.rope != "hf" or o == sh.act:
+    if sh.rope != "cos-sin" or o == sh.act:
         return []
     x = tokens * width
     return [_ew(f"{name}.attn_cast", x * o, x * sh.act, "torch.autocast (attention inputs)", "rope", (0, 0),
@@ -510,9 +511,9 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     else:
         for name, full, n in (("q", spec.q_dim, q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
             proj(name, full, h, n, h, spec.qkv_bias, src)
-    rotary = spec.positions == "rotary" and spec.mla is None and sh.rope == "hf"
+    rotary = spec.positions == "rotary" and spec.mla is None and sh.rope == "cos-sin"
     # HF's attention over torch.matmul: its own eager_attention_forward, or SDPA's math path (the same folds)
-    unfused = sh.attention == "eager" and sh.rope == "hf" and spec.mla is None
+    unfused = sh.attention == "eager" and sh.rope == "cos-sin" and spec.mla is None
     if spec.mla is None and (rotary or unfused):  # gradients that come back head-major (_grad_layout)
         ops += _grad_layout("q", T, q, sh) + (_grad_layout("k", T, kv, sh) if rotary else [])
         ops += _grad_layout("v", T, kv, sh) if unfused else []

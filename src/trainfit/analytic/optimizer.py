@@ -9,7 +9,7 @@ from ..setup import BNB_OPTIMIZERS, Setup
 from ..spec import ModelSpec
 from .activations import FP32
 from .params import ParamCounts
-from .precision import StateBytes
+from .precision import StateBytes, bitsandbytes_optimizer
 
 
 def state_bytes_unsharded(spec: ModelSpec, n: float, pc: ParamCounts, st: StateBytes, setup: Setup) -> float:
@@ -122,7 +122,7 @@ def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) 
     kernel = setup.optimizer_kernel
     foreach = kernel == "foreach"
     size = n if foreach else largest
-    if setup.optimizer in BNB_OPTIMIZERS and setup.stack == "hf":
+    if bitsandbytes_optimizer(setup):
         return bnb_temporaries(setup, largest)
     per = {"sgd": 0, "momentum": 0, "adam": 2, "adamw": 2, "lion": 1, "adafactor": 2}[setup.optimizer]
     if foreach and setup.optimizer in ("adam", "adamw"):

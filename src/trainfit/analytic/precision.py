@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..precision import DTYPE_BYTES, PRECISIONS
-from ..setup import Setup
+from ..setup import BNB_OPTIMIZERS, Setup
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,12 @@ def policy_dtype(setup: Setup, field: str) -> str:
     return PRECISIONS[setup.precision].compute if dtype == "compute" else dtype
 
 
+def bitsandbytes_optimizer(setup: Setup) -> bool:
+    """Whether the setup's optimizer is bitsandbytes' (setup.BNB_OPTIMIZERS on a stack whose [optimizers] runs
+    them from bitsandbytes: the hf stack's adamw-8bit, paged and 32-bit Lion)."""
+    return setup.optimizer in BNB_OPTIMIZERS and setup.stack_facts.facts["optimizers"].get("bitsandbytes", False)
+
+
 def state_bytes(setup: Setup) -> StateBytes:
     pol = PRECISIONS[setup.precision]  # the policy's dtypes (trainfit/precision.py)
     act = 4 if pol.compute == "fp32" else 2
@@ -86,9 +92,9 @@ def state_bytes(setup: Setup) -> StateBytes:
         "momentum": s,  # momentum buffer
         "adam": 2 * s,  # exp_avg, exp_avg_sq (Kingma & Ba 2015, Alg. 1)
         "adamw": 2 * s,  # Loshchilov & Hutter 2019: same state as Adam
-        # Chen et al. 2023 ("Symbolic Discovery of Optimization Algorithms"): one momentum; the hf stack's Lion is
-        # bitsandbytes' 32-bit one, whose state is fp32 whatever the weights (step/optimizers.py)
-        "lion": 4.0 if setup.stack == "hf" else s,
+        # Chen et al. 2023 ("Symbolic Discovery of Optimization Algorithms"): one momentum; bitsandbytes' 32-bit
+        # Lion (the hf stack's) keeps it fp32 whatever the weights (step/optimizers.py)
+        "lion": 4.0 if bitsandbytes_optimizer(setup) else s,
         # Dettmers et al. 2022 ("8-bit Optimizers via Block-wise Quantization"): two uint8 states + one fp32 absmax
         # per 256-element block each (bitsandbytes 0.50 optim/optimizer.py:519-526); small tensors: optimizer.py
         "adamw-8bit": 2.0 + 2 * 4 / 256,

@@ -215,8 +215,8 @@ def checkpoint_held_masks(spec: ModelSpec, setup: Setup, st: StateBytes, layers:
     nothing. By the first layer's backward only that layer's kind is left. (GPT-2's eager attention indexes a
     boolean buffer: no mask is built. SDPA gets none for a causal batch without padding.)"""
     traits = family_traits(spec)
-    if (setup.recompute != "full" or setup.stack != "hf" or setup.compile or resolved_kernel(spec, setup) != "eager"
-            or not traits["eager_softmax_fp32"]):
+    if (setup.recompute != "full" or not setup.stack_facts.facts.get("attention", {}).get("eager_mask")
+            or setup.compile or resolved_kernel(spec, setup) != "eager" or not traits["eager_softmax_fp32"]):
         return 0.0, 0.0
     one = st.residual * setup.batch * setup.seq * setup.seq
     return min(traits["causal_masks"], layers) * one, one

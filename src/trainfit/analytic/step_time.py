@@ -66,13 +66,13 @@ from ..estimate import StepTime
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
-from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds, tensors_per_rank
+from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .overlap import exposed
 from .parallel.fsdp2 import copy_bytes as fsdp2_copy_bytes, fsdp2_strategy, reshards_after_forward
-from .parallel.megatron import megatron_tensors
+from .stacks import model_for
 from .roofline import host_seconds_per_kernel, kernels_for, memory_seconds
 from .stragglers import slowest_gpu_factor
 from .params import ParamCounts, count_params
@@ -246,9 +246,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
     # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     shard = trained / (dpc if z >= 1 else 1)
-    count = megatron_tensors if setup.stack == "megatron" else tensors_per_rank  # the stack's own parameter tensors
-    tensors = tensors or count(spec, stage_layers_n, p == 1 or first == stage_layers_n,
-                               p == 1 or last == stage_layers_n)
+    tensors = tensors or model_for(setup).tensors_per_rank(  # the stack's own parameter tensors
+        spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n)
     clipped = clipped_params(setup, trained)  # the gradients the stack's clip reads on this rank
     opt_mem, opt_launch = optimizer_seconds(gpu, setup, st_opt, shard, tensors, sizes=sizes, grads=clipped)
     clip = clip_work(setup, st_opt, clipped, tensors, sizes=sizes)

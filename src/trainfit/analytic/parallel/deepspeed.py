@@ -33,6 +33,7 @@ from ...setup import Setup
 from ..grad_clip import clip_work
 from ..params import ParamCounts
 from ..precision import StateBytes
+from ..stacks import model_for
 from .pipeline import Stage
 from .zero import ModelStates
 
@@ -40,8 +41,9 @@ FP32 = 4
 
 
 def deepspeed_engine(setup: Setup) -> bool:
-    """The ZeRO engine's own allocation (this module) rather than torch DDP/ZeRO's (parallel/zero.py)."""
-    return setup.stack == "deepspeed" and setup.mode == "train"
+    """The ZeRO engine's own allocation (this module) rather than torch DDP/ZeRO's (parallel/zero.py): a training
+    step on a stack that runs it (analytic/stacks)."""
+    return model_for(setup).zero_engine and setup.mode == "train"
 
 
 def fused_adam(setup: Setup) -> bool:

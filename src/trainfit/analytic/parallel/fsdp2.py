@@ -32,6 +32,7 @@ from ...overheads import held_segments
 from ...setup import Setup
 from ..params import ParamCounts
 from ..precision import StateBytes
+from ..stacks import model_for
 from .pipeline import Stage
 from .zero import ModelStates, shard
 
@@ -46,7 +47,7 @@ def torchtitan_fsdp(setup: Setup) -> bool:
 def fsdp2_strategy(setup: Setup) -> bool:
     """Whether the step runs FSDP2 (fully_shard) at all: torchtitan's own wrapping (torchtitan_fsdp) or trainfit's
     hf/--zero 2-3 strategy (step/strategy.py: fully_shard on each decoder layer and the root)."""
-    return setup.mode == "train" and setup.dp > 1 and setup.zero >= 2 and setup.stack in ("hf", "torchtitan")
+    return setup.mode == "train" and setup.dp > 1 and setup.zero >= 2 and model_for(setup).torch_data_parallel
 
 
 def reshards_after_forward(setup: Setup) -> bool:

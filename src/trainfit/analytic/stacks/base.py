@@ -1,0 +1,58 @@
+"""StackModel: what the analytic engine does at each point where stacks differ, as the torch-native stacks (hf,
+torchtitan) run their step through trainfit's own strategy (step/strategy.py): torch DDP / ZeroRedundancyOptimizer /
+FSDP2 for data parallelism, torch.optim stepping each parameter's gradient, torch.nn.utils.clip_grad_norm_. A stack
+module (hf.py, torchtitan.py, megatron.py, deepspeed.py) subclasses it and overrides only what its step does
+otherwise, citing the stack's code."""
+from __future__ import annotations
+
+from ...setup import Setup
+from ...spec import ModelSpec
+from .. import grad_clip
+from ..compute_time import tensors_per_rank
+from ..params import ParamCounts
+from ..parallel.pipeline import Stage
+from ..precision import StateBytes
+
+
+class StackModel:
+    # data parallelism is torch's (DistributedDataParallel, ZeroRedundancyOptimizer, fully_shard): DDP's bucket,
+    # FSDP2's groups and copies (parallel/zero.py, parallel/fsdp2.py)
+    torch_data_parallel = True
+    # torch.optim steps each parameter's own gradient (the fused kernel's step counts on the GPU, foreach
+    # temporaries, fp32 masters cast per tensor by step/standard.py MasterWeightOptimizer)
+    torch_optimizer = True
+    # the stack's own ZeRO engine allocates the states, partitions and buckets (parallel/deepspeed.py)
+    zero_engine = False
+
+    def stage_memory(self, spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage):
+        """One pipeline stage's TrainMemory (analytic/memory.py)."""
+        from ..memory import stage_memory
+        return stage_memory(spec, setup, pc, st, stage)
+
+    def tensors_per_rank(self, spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
+        """The parameter tensors of a stage, each an optimizer operand (compute_time.tensors_per_rank)."""
+        return tensors_per_rank(spec, layers, embedding, head)
+
+    def clipped_params(self, setup: Setup, trained: float) -> float:
+        """Elements of the gradients the rank's clip reads, of the `trained` parameters it holds unsharded:
+        FSDP's sharded gradients (dp x cp) from --zero 2, else every gradient."""
+        return trained / (setup.dp * setup.cp if setup.zero >= 2 else 1)
+
+    def clip_work(self, setup: Setup, st: StateBytes, clipped: float, tensors: int, largest: float,
+                  sizes: tuple[int, ...] | None) -> grad_clip.ClipWork:
+        """What the stack runs to clip the gradients: torch's clip_grad_norm_ (grad_clip.torch_clip)."""
+        return grad_clip.torch_clip(setup, st, clipped, tensors, largest, sizes)
+
+    def communicators(self, setup: Setup) -> dict[str, int]:
+        """The training process groups one rank joins, name -> ranks: DDP, FSDP and ZeRO reduce over one
+        data-parallel group, and torchtitan adds one group per DeviceMesh dimension (tp, pp)."""
+        return {"dp": setup.dp, "tp": setup.tp, "pp": setup.pp}
+
+    def check_model(self, spec: ModelSpec, setup: Setup) -> None:
+        """Raise SetupError when the stack does not build this model (every model here)."""
+
+    def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
+        """What the estimate's notes say of the stack's step."""
+        if self.torch_data_parallel and setup.dp > 1 and setup.zero == 0:
+            return ["DDP keeps a gradient-sized bucket buffer (counted in temporaries)"]
+        return []

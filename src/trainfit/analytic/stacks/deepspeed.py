@@ -1,0 +1,25 @@
+"""The deepspeed stack (DeepSpeed 0.19.8's ZeRO engine over an HF model): the engine's own data parallelism,
+partitions and buckets (analytic/parallel/deepspeed.py) and its optimizer's clip over the rank's gradient partition.
+Its facts are stacks/deepspeed.toml."""
+from __future__ import annotations
+
+from ...setup import Setup
+from .. import grad_clip
+from .base import StackModel
+
+
+class DeepSpeedModel(StackModel):
+    torch_data_parallel = False  # runtime/engine.py (its own allreduce / ZeRO reduce-scatter buckets)
+    torch_optimizer = False  # runtime/zero/stage_1_and_2.py:556, fp16/fused_optimizer.py:100 (flat fp32 groups)
+    zero_engine = True
+
+    def clipped_params(self, setup: Setup, trained: float) -> float:
+        """ZeRO-1/2/3: the rank's gradient partition (runtime/zero/stage_1_and_2.py:2951, stage3.py:2579)."""
+        return trained / setup.dp if setup.zero >= 1 else trained
+
+    def clip_work(self, setup, st, clipped, tensors, largest, sizes):
+        """Inside the engine's optimizer step (grad_clip.deepspeed_clip)."""
+        return grad_clip.deepspeed_clip(setup, st, clipped, tensors, largest)
+
+
+MODEL = DeepSpeedModel()

@@ -1,0 +1,55 @@
+"""The megatron stack (Megatron-Core 0.16.1 as Megatron-LM's pretrain_gpt.py drives it): its own DDP over a
+contiguous grad buffer and its own optimizer over fp32 main params (no torch DDP/FSDP2, no torch.optim per
+parameter), Transformer Engine layers with their own memory model, its parameter tensors, its clip and process
+groups. Its facts are stacks/megatron.toml."""
+from __future__ import annotations
+
+from ...setup import Setup
+from ...spec import ModelSpec
+from .. import grad_clip
+from ..megatron_memory import stage_memory
+from ..memory import TrainMemory
+from ..parallel.megatron import megatron_tensors
+from .base import StackModel
+
+
+class MegatronModel(StackModel):
+    torch_data_parallel = False  # distributed/distributed_data_parallel.py (contiguous param_and_grad_buffer)
+    torch_optimizer = False  # optimizer/optimizer.py, distrib_optimizer.py (fp32 main params, FusedAdam)
+
+    def stage_memory(self, spec, setup, pc, st, stage):
+        """Megatron-Core's own states, TE layers and recompute (analytic/megatron_memory.py)."""
+        return stage_memory(spec, setup, pc, stage, TrainMemory)
+
+    def tensors_per_rank(self, spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
+        """Megatron-Core's parameter tensors (fused linear_qkv and linear_fc1: parallel/megatron.py)."""
+        return megatron_tensors(spec, layers, embedding, head)
+
+    def clipped_params(self, setup: Setup, trained: float) -> float:
+        """The distributed optimizer's (--zero 1) main grads: the rank's dp x cp shard (optimizer/
+        distrib_optimizer.py:386-399; stacks/megatron.toml [distributed_optimizer])."""
+        return trained / (setup.dp * setup.cp) if setup.zero >= 1 else trained
+
+    def clip_work(self, setup, st, clipped, tensors, largest, sizes):
+        """multi_tensor_l2norm over the fp32 main grads, multi_tensor_scale above clip_grad (grad_clip.megatron_clip)."""
+        return grad_clip.megatron_clip(setup, clipped, tensors, largest)
+
+    def communicators(self, setup: Setup) -> dict[str, int]:
+        """parallel_state.py initialize_model_parallel (:548): tensor (:1014), pipeline (:1032), context (:970: ring
+        attention), data + context (:825: the gradient reduce-scatter / all-reduce), model (:999, tp x pp: the
+        gradient-norm all-reduce), embedding (:1037, pp > 1: first and last stage), and for MoE expert (:2174)
+        and expert-data (:1246) groups."""
+        groups = dict(tp=setup.tp, pp=setup.pp, cp=setup.cp, dp_cp=setup.dp * setup.cp, model=setup.tp * setup.pp,
+                      embedding=2 if setup.pp > 1 else 1)
+        if setup.ep > 1:
+            groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
+        return groups
+
+    def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
+        if spec.is_moe and setup.tp > 1 and not setup.sequence_parallel:
+            return ["Megatron warns that expert and tensor parallelism need --sequence-parallel "
+                    "(model_parallel_config.py:440-445); the MoE layers are modelled as with it"]
+        return []
+
+
+MODEL = MegatronModel()
