@@ -10,14 +10,6 @@ from trainfit.stacks import BUILT_IN
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainfit"
 
-# The analytic layer's own per-stack modules are being written (trainfit.analytic.stacks); until they land these
-# modules still compare names. The merge of that work empties this list.
-PENDING_ANALYTIC = {
-    "analytic/compute_time.py", "analytic/engine.py", "analytic/grad_clip.py", "analytic/layout.py",
-    "analytic/memory.py", "analytic/ops.py", "analytic/optimizer.py", "analytic/parallel/deepspeed.py",
-    "analytic/parallel/fsdp2.py", "analytic/precision.py", "analytic/recompute.py", "analytic/step_time.py",
-    "overheads.py",
-}
 # settings whose values share a stack's name without naming a stack (RL's --rollout hf: the HF generate rollout)
 NOT_A_STACK = {"rollout"}
 
@@ -74,16 +66,9 @@ def offenders() -> dict[str, list[int]]:
 
 def test_no_module_compares_a_stack_name():
     found = offenders()
-    unexpected = {m: lines for m, lines in found.items() if m not in PENDING_ANALYTIC}
-    assert not unexpected, (f"these modules compare a stack's name: {unexpected}; ask the stack instead "
+    assert not found, (f"these modules compare a stack's name: {found}; ask the stack instead "
                             "(stacks/<name>.toml facts, stacks.get_stack(name)), or move the rule into the stack's "
                             "own module")
-
-
-def test_pending_analytic_modules_still_pending():
-    """An entry that no longer compares a name leaves the list (so the list only shrinks to empty)."""
-    done = sorted(m for m in PENDING_ANALYTIC if m not in offenders())
-    assert not done, f"remove {done} from PENDING_ANALYTIC: they compare no stack name now"
 
 
 def test_the_check_sees_each_form():

@@ -14,8 +14,16 @@ if TYPE_CHECKING:
 
 @lru_cache(maxsize=None)
 def model_named(name: str) -> StackModel:
-    """The analytic model of the stack called `name` (its module here, by the same name)."""
-    return import_module(f"{__name__}.{name}").MODEL
+    """The analytic model of the stack called `name`: its module here, by the same name; a stack without one (a
+    stack of its own facts file only, trainfit/stacks/__init__.py) does what base.py's StackModel does."""
+    try:
+        return import_module(f"{__name__}.{name}").MODEL
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+        from .base import StackModel
+
+        return StackModel()
 
 
 def model_for(setup) -> StackModel:
