@@ -145,13 +145,13 @@ class Layout:
     loss: str  # "ce" (cross-entropy), "ce-upcast" (cross-entropy on an fp32 copy), "mse" (regression)
 
 
-def _dropout(spec: "ModelSpec") -> float:
-    c = spec.config
-    if spec.family in ("bert", "roberta"):
+def classifier_dropout(c: dict, model_type: str) -> float:
+    """The classifier heads' dropout p as transformers reads it from the config `c`."""
+    if model_type in ("bert", "roberta"):
         v = c.get("classifier_dropout")
         v = c.get("hidden_dropout_prob") if v is None else v
         return float(0.1 if v is None else v)  # BertConfig.hidden_dropout_prob = 0.1
-    if spec.family == "gpt_neox":
+    if model_type == "gpt_neox":
         v = c.get("classifier_dropout")
         return float(0.1 if v is None else v)  # GPTNeoXConfig.classifier_dropout = 0.1
     for key in ("classifier_dropout", "hidden_dropout"):  # GenericForTokenClassification, GPT2ForTokenClassification
@@ -173,8 +173,9 @@ def layout(spec: "ModelSpec") -> Layout:
         loss = "mse" if n == 1 else "ce"
         if encoder:  # BERT: pooler then one dropout; RoBERTa: dropout, dense, tanh, dropout
             roberta = spec.family == "roberta"
-            return Layout(kind, n, h, "first", True, not roberta, 2 if roberta else 1, _dropout(spec), True, loss)
+            return Layout(kind, n, h, "first", True, not roberta, 2 if roberta else 1, spec.classifier_dropout, True,
+                          loss)
         return Layout(kind, n, spec.embed_proj_dim or h, "all-last", False, False, 0, 0.0, False, loss)
-    bias = bool(spec.config.get("token_classification_bias", True)) if not encoder else True
+    bias = spec.token_cls_bias if not encoder else True
     upcast = "ce" if spec.family in ("bert", "roberta", "gpt2") else "ce-upcast"  # own CrossEntropyLoss vs loss_utils
-    return Layout(kind, n, h, "all", False, False, 1, _dropout(spec), bias, upcast)
+    return Layout(kind, n, h, "all", False, False, 1, spec.classifier_dropout, bias, upcast)

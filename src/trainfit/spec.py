@@ -6,7 +6,6 @@ transformers model built from the same config exactly (tests/models check this o
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 
@@ -22,6 +21,8 @@ class MoESpec:
     sparse_layers: int | None = None  # how many layers are MoE (None: all); the rest use `intermediate`
     # DeepSeek: the router is sigmoid-scored with a per-expert e_score_correction_bias buffer (V3) or softmax (V2)
     router_scoring: str = "softmax"
+    norm_topk: bool = False  # the router renormalises its top-k weights (Mixtral always; config norm_topk_prob)
+    topk_method: str = "greedy"  # DeepSeek-V2: config topk_method (greedy, group_limited_greedy); V3: noaux_tc
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,21 @@ class ModelSpec:
     # changes it.
     head: str = ""
     num_labels: int = 2  # classifier heads' outputs (config num_labels / id2label; transformers' default 2)
+    # Kernel facts from the config, resolved once by hf_config with transformers' defaults (the defaults here are
+    # those of a config that does not set them). The analytic formulas read these, never `config`, so the spec's
+    # equality and hash (a cache key: compute_time.cached_stage_compute) cover every config value they use.
+    dropouts: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (embedding, attention probabilities, residual) p
+    attn_softcap: float = 0.0  # Gemma-2 attn_logit_softcapping: tanh caps the attention scores (0: none)
+    final_softcap: float = 0.0  # Gemma-2 final_logit_softcapping: tanh caps the logits (0: none)
+    rotary_fraction: float = 1.0  # share of head_dim that rotary rotates (partial_rotary_factor, GPT-NeoX rotary_pct)
+    mtp_layers: int = 0  # DeepSeek-V3 multi-token-prediction modules (num_nextn_predict_layers)
+    classifier_dropout: float = 0.1  # the seq-cls / token-cls head's dropout p
+    token_cls_bias: bool = True  # the token-cls head's output layer has a bias (token_classification_bias)
+    architectures: tuple[str, ...] = ()  # the config's `architectures` (the classes its checkpoint was saved from)
+    draft_vocab: int = 0  # an EAGLE-3 draft's own head rows (draft_vocab_size; 0: the vocabulary)
     source: str = ""  # where the config came from (catalog file, path, hub id)
-    config: dict = field(default_factory=dict, compare=False, repr=False)  # the raw HF config
-    # the raw config's canonical JSON text, set from `config`: the spec's hash and equality cover every config value
-    # a formula reads (dropouts, soft-capping, rope scaling, ...), so a cache keyed on the spec is keyed on them too
-    config_text: str = field(init=False, default="", repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "config_text", json.dumps(self.config, sort_keys=True, default=repr))
+    # the raw HF config, for the engines that build the transformers model from it (trace, measure); not compared
+    config: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def q_dim(self) -> int:

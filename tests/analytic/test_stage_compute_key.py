@@ -1,12 +1,11 @@
-"""The op lists' time memo (compute_time.cached_stage_compute) keys on the spec and the setup themselves: a config
-value the lists read (here GPT-2's dropouts, which add the dropout kernels) changes the spec's identity, so two specs
-that differ only in their raw config never share an entry. Fast (no torch)."""
+"""The op lists' time memo (compute_time.cached_stage_compute) keys on the spec and the setup themselves: a model
+fact the lists read (here GPT-2's dropouts, which add the dropout kernels) is a spec field, so two specs that differ
+in it never share an entry. Fast (no torch)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from trainfit.analytic import compute_time
-from trainfit.analytic.activations import dropouts
 from trainfit.analytic.params import count_params
 from trainfit.analytic.precision import state_bytes
 from trainfit.api import load_spec
@@ -14,10 +13,10 @@ from trainfit.hardware import get_gpu
 from trainfit.setup import Setup
 
 
-def test_the_spec_identity_covers_its_config():
+def test_the_spec_identity_covers_its_kernel_facts():
     spec = load_spec("gpt2")
-    quiet = replace(spec, config={**spec.config, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0})
-    assert dropouts(spec) != dropouts(quiet) == (0.0, 0.0, 0.0)
+    quiet = replace(spec, dropouts=(0.0, 0.0, 0.0))
+    assert spec.dropouts == (0.1, 0.1, 0.1)  # GPT2Config's defaults (configuration_gpt2.py:84-86)
     assert quiet != spec and replace(quiet) == quiet and hash(replace(quiet)) == hash(quiet)
     s, gpu = Setup(seq=1024, batch=4), get_gpu("H100-80GB")
     st, pc, layers = state_bytes(s), count_params(spec), (spec.layers,) * 3

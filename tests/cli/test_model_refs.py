@@ -78,7 +78,7 @@ def test_emit_gives_the_local_models_folder_from_any_directory(cli, model_dir, t
     monkeypatch.chdir(elsewhere)
     for arg in (model, draft):  # what vLLM's --model / SGLang's --model-path reads: <folder>/config.json
         assert os.path.isabs(arg) and os.path.samefile(os.path.join(arg, "config.json"), model_dir / "config.json")
-        assert load_model(arg).config_text == load_model(str(model_dir / "config.json")).config_text
+        assert load_model(arg).config == load_model(str(model_dir / "config.json")).config
 
 
 @pytest.mark.parametrize("server", ["vllm", "sglang"])

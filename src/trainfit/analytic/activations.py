@@ -29,16 +29,6 @@ FP32 = 4
 INDEX = 8  # int64 token ids / labels
 
 
-def dropouts(spec: ModelSpec) -> tuple[float, float, float]:
-    """(embedding, attention-probabilities, residual) dropout probabilities from the config."""
-    traits = family_traits(spec)
-    out = []
-    for key, default in zip(traits["dropout_keys"], traits["dropout_defaults"]):
-        value = spec.config.get(key) if key else None
-        out.append(float(default if value is None else value))
-    return tuple(out)  # type: ignore[return-value]
-
-
 @dataclass(frozen=True)
 class LayerActivations:
     """Saved bytes of one layer: `per_token` scales with b·s, `per_token_key` with b·s·s_k (eager), `fixed`
@@ -97,7 +87,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     h, q, kv, nh = spec.hidden, spec.q_dim, spec.kv_dim, spec.heads
     i = spec.intermediate
     traits = family_traits(spec)
-    _, p_attn, p_resid = dropouts(spec)
+    _, p_attn, p_resid = spec.dropouts
     kernel = resolved_kernel(spec, setup)
     mask = dropout_mask_bytes(setup, a)
     t: dict[str, float] = {}
@@ -143,7 +133,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
             probs = FP32 + (a if a != FP32 and p_attn == 0 else 0)
         else:  # SDPA math path: softmax in its compute dtype, its output saved
             probs = a_attn
-        if spec.config.get("attn_logit_softcapping", traits.get("softcap_default")):
+        if spec.attn_softcap:
             probs += a_attn  # Gemma-2 caps the scores with tanh, whose output is saved
         if p_attn > 0:
             probs += dropout_mask_bytes(setup, a_attn) + a_attn  # dropout's mask; probs·v keeps the dropped probs
@@ -220,7 +210,7 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
     kernel = setup.attention_kernel
     if kernel == "eager" or not family_traits(spec)["sdpa"]:
         return "eager"
-    if setup.device == "cpu" and dropouts(spec)[1] > 0:
+    if setup.device == "cpu" and spec.dropouts[1] > 0:
         return "math"
     if setup.device == "cpu" and spec.mla is not None and spec.mla.qk_head_dim != spec.mla.v_head_dim:
         return "math"  # the CPU flash kernel wants one head width for q, k and v (mla.math_saved)

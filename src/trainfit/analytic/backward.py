@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, _norm_saved, dropout_mask_bytes, dropouts, norm_kernel, resolved_kernel
+from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, resolved_kernel
 from .families import family_traits
 from .precision import StateBytes
 
@@ -62,7 +62,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     sp = t if setup.sequence_parallel else 1
     # the gradient of the layer's output, in the residual stream's dtype (split by SP only)
     incoming = st.residual * h * tokens / sp
-    _, _, p_resid = dropouts(spec)
+    _, _, p_resid = spec.dropouts
     # the MLP-output dropout's backward: its input gradient is live, its saved mask freed
     drop_grad = (a - dropout_mask_bytes(setup, a)) * h * tokens / sp if p_resid > 0 else 0
     # post-norm (BERT): the norm after the MLP's residual add runs its backward first, freeing its saved input
@@ -148,7 +148,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         from .inference import o_proj_params  # noqa: PLC0415 (inference imports this module's peers)
         o_w = o_proj_params(spec)
         o_block = (a * o_w // h * tokens + (a * (o_w + (h if spec.out_bias else 0)) if st.autocast else 0)) / t
-        if kernel == "math" and dropouts(spec)[1] > 0:
+        if kernel == "math" and spec.dropouts[1] > 0:
             # the math path with dropout on the probabilities (fp32 q, k, v; dropout; probs·v; the output cast back:
             # the aten ops the trace of small-bert records inside it): the attention output's sub-block has run its
             # backward too, and a post-norm layer's first LayerNorm (BertSelfOutput, modeling_bert.py:290-293)
@@ -160,7 +160,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             # (ii) by softmax's backward the dropped probabilities and the dropout's noise (fp32: the math path's
             # dtype; Dropout.cpp multiplies by a noise tensor on CPU) went with the dropout's and the matmul's
             freed += (dropout_mask_bytes(setup, FP32) + FP32) * spec.heads * tokens * keys / t
-        elif kernel == "eager" and dropouts(spec)[1] == 0:
+        elif kernel == "eager" and spec.dropouts[1] == 0:
             # eager attention (transformers' eager_attention_forward: softmax(dtype=float32).to(query.dtype), then
             # matmul with v): by softmax's backward the output projection's saved input and weight cast (autocast)
             # went with its backward, the probabilities' 16-bit cast with probs·v's, and a post-attention norm's

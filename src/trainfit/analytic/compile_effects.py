@@ -54,7 +54,7 @@ from dataclasses import replace
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, LayerActivations, _flash_saved, _norm_saved, dropouts, resolved_kernel
+from .activations import FP32, LayerActivations, _flash_saved, _norm_saved, resolved_kernel
 from .families import family_traits
 from .loss import HeadBytes
 from .parallel.tensor import layer_bytes_per_rank
@@ -72,8 +72,8 @@ def not_modelled(spec: ModelSpec, setup: Setup) -> str | None:
         (not (spec.qk_norm or spec.parallel_residual or traits["post_norm"] or spec.norms_per_layer != 2),
          "its block is not pre-norm with two norms"),
         (not traits["fused_qkv"] and not traits["fused_gate_up"], "its projections are fused"),
-        (not any(dropouts(spec)), "it has dropout"),
-        (not spec.config.get("final_logit_softcapping", traits.get("final_softcap_default")), "it softcaps logits"),
+        (not any(spec.dropouts), "it has dropout"),
+        (not spec.final_softcap, "it softcaps logits"),
         (resolved_kernel(spec, setup) == "flash", f"--attention {setup.attention_kernel} stores s×s scores"),
     ]
     for ok, why in checks:

@@ -178,8 +178,8 @@ _CACHE_MAX = 8192  # entries (each a few hundred bytes): the planner's searches 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
                          layers: tuple[int, int, int]) -> StageCompute:
     """stage_compute, memoised on its inputs (`pc` is the spec's own count): the planner's inner loop and repeated
-    estimates re-use the lists' times. The spec's equality covers its raw config (ModelSpec.config_text) and the
-    setup's every setting, so no input the op lists read is left out of the key."""
+    estimates re-use the lists' times. The spec's equality covers every model fact the op lists read (its fields:
+    the formulas never read the raw config) and the setup's every setting, so no input is left out of the key."""
     key = (spec, setup, gpu, st, layers)
     hit = _CACHE.get(key)
     if hit is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import INDEX, _norm_saved, dropout_mask_bytes, dropouts
+from .activations import INDEX, _norm_saved, dropout_mask_bytes
 from .families import family_traits
 from .precision import StateBytes
 
@@ -12,14 +12,11 @@ from .precision import StateBytes
 def rotary_dim(spec: ModelSpec) -> int:
     """Channels of each head that rotary rotates: head_dim × partial_rotary_factor (GPT-NeoX's rotary_pct,
     modeling_gpt_neox.py `rotary_ndims`)."""
-    rope = spec.config.get("rope_parameters") or spec.config.get("rope_scaling") or {}
-    frac = spec.config.get("partial_rotary_factor") or spec.config.get("rotary_pct") or \
-        (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) or 1.0
     if spec.mla is not None:
         # MLA rotates only the qk_rope_head_dim channels: transformers sets head_dim to it for the rotary
         # embedding (configuration_deepseek_v3.py:123, configuration_deepseek_v2.py:124)
         return spec.mla.qk_rope_head_dim
-    return int(spec.head_dim * frac)
+    return int(spec.head_dim * spec.rotary_fraction)
 
 
 def rotary_tables(spec: ModelSpec, seq: int, r: int) -> int:
@@ -35,7 +32,7 @@ def rotary_tables(spec: ModelSpec, seq: int, r: int) -> int:
 def embedding_saved(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> float:
     """Bytes saved by the embedding block for one micro-batch (torch embedding_backward needs the ids)."""
     r, h = st.residual, spec.hidden
-    p_emb, _, _ = dropouts(spec)
+    p_emb, _, _ = spec.dropouts
     saved = INDEX * tokens  # token ids saved by the embedding backward
     if spec.positions == "learned":
         # the position embedding saves its indices: one row of positions (GPT-2's and BERT's position_ids), or

@@ -18,9 +18,3 @@ def family_traits(spec: ModelSpec) -> dict:
     out = dict(fam["default"])
     out.update(fam.get(spec.family, {}))
     return out
-
-
-def config_flag(spec: ModelSpec, key: str | None, default):
-    """A config value named by a family fact (`key` null: the family has no such option; `default` applies)."""
-    value = spec.config.get(key) if key else None
-    return default if value is None else value

@@ -76,7 +76,7 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     upcast = family_traits(spec)["loss_upcast"]
     loss_bytes = FP32 if (upcast or amp or a == FP32) else a
     lsm = loss_bytes * v * tokens  # saved log_softmax output
-    if spec.config.get("final_logit_softcapping", family_traits(spec).get("final_softcap_default")):
+    if spec.final_softcap:
         saved += a * v * tokens  # Gemma-2 caps the logits with tanh, whose output is saved
     # the batch's labels (an input, resident through the step); causal LMs also save the shifted copy that
     # nll_loss reads (ForCausalLMLoss pads and shifts the labels: loss_utils.py:64-66) — unless the stack's data

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import dropouts
 from .precision import state_bytes
 
 FP32, MASK, INDEX = 4, 1, 8
@@ -61,7 +60,7 @@ def attention_core_recomputed(setup: Setup) -> bool:
 def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False) -> MegatronLayer:
     a = act_bytes(setup)
     h, q, kv, nh = spec.hidden, spec.q_dim, spec.kv_dim, spec.heads
-    _, p_attn, p_hidden = dropouts(spec)
+    _, p_attn, p_hidden = spec.dropouts
     eager = setup.attention_kernel == "eager"
     rep: dict = {}
     split: dict = {}

@@ -16,7 +16,6 @@ import math
 from ..setup import Setup
 from ..spec import ModelSpec
 from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
-from .activations import dropouts
 from .params import ParamCounts
 from .grad_clip import clip_work
 from .parallel.megatron import largest_param, megatron_model_states, megatron_tensors, rank_params, shards
@@ -61,7 +60,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     else:  # none, selective
         uniform = LayerKind(full, temps, 0.0, 0.0)
 
-    _, _, p_hidden = dropouts(spec)
+    _, _, p_hidden = spec.dropouts
     embed = emb_back = 0.0
     if stage.embedding:
         # input ids (int64), VocabParallelEmbedding's masked ids under TP, embedding dropout's mask (after the SP

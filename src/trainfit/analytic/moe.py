@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
-from .families import config_flag, family_traits
+from .families import family_traits
 from .precision import state_bytes
 
 FP32 = 4
@@ -39,17 +39,17 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     traits = family_traits(spec)
     # Router: autocast casts the block input for F.linear; without autocast the linear saves the input itself.
     # softmax's fp32 output and topk's indices are saved; normalising the top-k weights (Mixtral always; Qwen-MoE
-    # when norm_topk_prob) saves them and their sum (families.json moe_norm_topk_key/default).
+    # when norm_topk_prob) saves them and their sum (MoESpec.norm_topk).
     inputs = a * h
     if m.router_scoring == "sigmoid":
         router, weight_bytes = _sigmoid_router(spec, setup)
     else:
-        if config_flag(spec, "topk_method", "greedy") != "greedy" and spec.family == "deepseek_v2":
+        if m.topk_method != "greedy" and spec.family == "deepseek_v2":
             # DeepseekV2TopkRouter's group_limited_greedy (max over groups, group mask) is not measured
             raise SetupError(f"{spec.name}: the analytic engine does not model DeepSeek-V2's group_limited_greedy "
                              "router; use --engine trace")
         router = FP32 * e + INDEX * k
-        if config_flag(spec, traits["moe_norm_topk_key"], traits["moe_norm_topk_default"]):
+        if m.norm_topk:
             router += FP32 * k + FP32
         # the routing weights stay fp32 (Mixtral, DeepSeek-V2's softmax(dtype=fp32)) or are cast back to the router
         # logits' dtype (Qwen-MoE: `router_top_value.to(router_logits.dtype)`, families.json moe_weights_logits_dtype)
@@ -87,6 +87,6 @@ def _sigmoid_router(spec: ModelSpec, setup: Setup) -> tuple[float, int]:
     m, st = spec.moe, state_bytes(setup)
     logits = st.act if st.autocast else FP32
     router = logits * m.num_experts + INDEX * m.top_k
-    if config_flag(spec, "norm_topk_prob", True):  # configuration_deepseek_v3.py:102 default True
+    if m.norm_topk:  # norm_topk_prob (configuration_deepseek_v3.py:101 default True)
         router += logits * m.top_k + logits
     return router, logits

@@ -39,7 +39,7 @@ from typing import NamedTuple
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, INDEX, dropouts, norm_kernel, resolved_kernel
+from .activations import FP32, INDEX, norm_kernel, resolved_kernel
 from .families import family_traits
 from .precision import StateBytes
 
@@ -479,7 +479,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     h, t, a = spec.hidden, sh.tp, sh.act
     T, Tn = sh.tokens, sh.norm_tokens
     q, kv = spec.q_dim / t, spec.kv_dim / t
-    _, p_attn, p_resid = dropouts(spec)
+    _, p_attn, p_resid = spec.dropouts
     ops: list[Op] = []
 
     def proj(name: str, n_full: int, k_full: int, n: float, k: float, bias: bool, src: str) -> Op:
@@ -532,8 +532,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
                        kernels=2, **BROADCAST))
     if unfused:
         ops += _eager_operand_copies(T, q, kv, sh)
-    softcap = spec.config.get("attn_logit_softcapping", traits.get("softcap_default"))
-    if sh.attention == "eager" and softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
+    if sh.attention == "eager" and spec.attn_softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
         s2 = bh * (sh.seq / sh.cp) * sh.seq * a
         ops += [_ew(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
     # a 16-bit flash call through torch's SDPA runs what torch picks on the GPU (roofline.runnable "sdpa")
@@ -741,7 +740,7 @@ def embedding_forward(spec: ModelSpec, sh: Shape) -> list[Op]:
         ops.append(_ew("embed_scale", T * h * r, T * h * r, "modeling_gemma.py normalizer", "embed", saves=False))
     if spec.embedding_norm:
         ops += norm_ops(spec, "embed_norm", T, sh, "embed")
-    if dropouts(spec)[0] > 0:
+    if spec.dropouts[0] > 0:
         ops += _dropout("embed_dropout", T * h, sh, "embed")
     return ops
 
@@ -808,7 +807,7 @@ def head_forward(spec: ModelSpec, sh: Shape, logits_rows: float | None = None) -
     head_gemm = _gemm("lm_head", T, v, he, sh, "modeling_llama.py:468 lm_head", bias=spec.lm_head_bias)
     ops += _weight_casts("head.weight_casts", [o for o in ops if o.kind == "gemm"] + [head_gemm], sh) + [head_gemm]
     x = T * v
-    if spec.config.get("final_logit_softcapping", family_traits(spec).get("final_softcap_default")):
+    if spec.final_softcap:
         ops += [_ew(f"logit_softcap{j}", x * a, x * a, "modeling_gemma2.py final_logit_softcapping", "loss", (0, 0))
                 for j in range(3)]
     if logits_rows is not None:

@@ -89,7 +89,7 @@ def mtp_params(spec: ModelSpec) -> int:
     layer): two RMSNorms over h, M_k = eh_proj (2h -> h, no bias), a full MoE layer and the shared head's final
     RMSNorm. The embedding and output head are shared with the main model (the checkpoint stores copies; not
     counted)."""
-    n = int(spec.config.get("num_nextn_predict_layers") or 0)
+    n = spec.mtp_layers
     if n == 0:
         return 0
     c = count_params(spec)

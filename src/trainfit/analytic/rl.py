@@ -21,7 +21,7 @@ its weights and optimizer states stay; the frozen models' weights stay throughou
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..errors import SetupError
 from ..estimate import Phase
@@ -29,7 +29,7 @@ from ..precision import PRECISIONS
 from ..setup import SETTINGS, Setup
 from ..spec import ModelSpec
 from . import inference, serving
-from ..models.hf_config import with_head
+from ..models.hf_config import one_label, with_head
 from .activations import FP32, INDEX
 from .flops import forward_per_token
 from .memory import TrainMemory, train_memory
@@ -161,17 +161,10 @@ def _token_model(spec, flag: str) -> ModelSpec:
     return spec
 
 
-def one_label(spec: ModelSpec) -> ModelSpec:
-    """`spec` whose classifier head has one output (a value or reward head: num_labels=1), in its config too (a head
-    is rebuilt from the config: models/hf_config.py with_head)."""
-    return replace(spec, config={**spec.config, "num_labels": 1}, num_labels=1)
-
-
 def checkpoint_bytes(spec: ModelSpec) -> float:
     """Bytes per parameter of the checkpoint as its config.json states it (torch_dtype, or dtype from
     transformers 5); NB: fp32 when the config states none (transformers would read the weights' own dtype)."""
-    name = str(spec.config.get("dtype") or spec.config.get("torch_dtype") or "float32")
-    return {"bfloat16": 2.0, "float16": 2.0}.get(name, 4.0)
+    return {"bfloat16": 2.0, "float16": 2.0}.get(spec.dtype, 4.0)
 
 
 @dataclass(frozen=True)

@@ -257,25 +257,16 @@ class LayerKinds:
 
 
 def layer_kinds(spec: ModelSpec) -> LayerKinds:
-    """vLLM gives a layer a sliding window when the config's layer_types says so (model_executor/models/gemma2.py:
-    155-156; transformers' Gemma2Config makes every odd-numbered layer sliding, configuration_gemma2.py:95-98), or,
-    without layer_types, to every layer from the config's sliding_window (Mistral-7B-v0.1, Phi-3-mini-4k: vLLM's
-    Attention falls back to cache_config.sliding_window). A window as long as the context is full attention."""
-    c, n = spec.config, spec.layers
-    window = c.get("sliding_window")
-    if not window or c.get("use_sliding_window") is False or window >= (spec.max_positions or window + 1):
+    """vLLM gives a layer a sliding window where transformers' config does (its layer_types, which
+    models/hf_config.py resolves into sliding_window_layers: Gemma-2's every other layer, configuration_gemma2.py:
+    95-98, vLLM model_executor/models/gemma2.py:155-156; Qwen2's layers from max_window_layers), or to every layer
+    from the config's sliding_window (Mistral-7B-v0.1, Phi-3-mini-4k: vLLM's Attention falls back to
+    cache_config.sliding_window). A window as long as the context is full attention."""
+    n, window = spec.layers, spec.sliding_window
+    if not window or window >= (spec.max_positions or window + 1):
         return LayerKinds(n, 0, None)
-    types = c.get("layer_types")
-    if isinstance(types, list) and types:
-        sliding = sum(1 for t in types[:n] if t == "sliding_attention")
-    elif c.get("model_type") == "gemma2":
-        sliding = (n + 1) // 2
-    elif c.get("model_type") in ("gemma3", "gemma3_text", "cohere2", "gpt_oss"):
-        raise SetupError(f"--mode serve: {spec.name}'s pattern of sliding and full layers is not in its config "
-                         "(layer_types); give a config.json that lists them")
-    else:
-        sliding = n
-    return LayerKinds(n - sliding, sliding, int(window))
+    sliding = n if spec.sliding_window_layers is None else spec.sliding_window_layers
+    return LayerKinds(n - sliding, sliding, window)
 
 
 def cache_groups(kinds: LayerKinds) -> tuple[int, int, int]:

@@ -53,8 +53,7 @@ def algorithm(setup: Setup) -> str | None:
 
 def auto_params(alg: str, target: ModelSpec) -> tuple[int, int, int]:
     """(num_steps, eagle_topk, num_draft_tokens): speculative_hook.py:1430-1462."""
-    archs = target.config.get("architectures") or []
-    if alg in ("eagle", "eagle3") and "LlamaForCausalLM" in archs:
+    if alg in ("eagle", "eagle3") and "LlamaForCausalLM" in target.architectures:
         return 5, 4, 8
     return 3, 1, 4
 
@@ -65,7 +64,7 @@ def draft(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> Draft | None:
         return None
     steps, topk, tokens = auto_params(alg, spec)
     if alg == "nextn":
-        n = spec.config.get("num_nextn_predict_layers")
+        n = spec.mtp_layers
         if not n:
             raise SetupError(f"--speculative-algorithm nextn: {spec.name}'s config has no num_nextn_predict_layers "
                              "(its MTP layers); use eagle, eagle3 or standalone with --draft-model")
@@ -91,7 +90,7 @@ def draft(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> Draft | None:
         weights = layers + 2 * h * h * b + rope
     else:  # eagle3: the first layer's q, k and v read 2h (its extra h inputs sharded as the projection), fc, own head
         extra_qkv = h * (d.q_dim + 2 * d.kv_dim) / setup.tp * quant_bytes(setup)
-        head_rows = d.config.get("draft_vocab_size") or d.vocab
+        head_rows = d.draft_vocab or d.vocab
         head = embedding_bytes(d, setup) * head_rows / d.vocab
         weights = layers + extra_qkv + 3 * h * h * b + head + rope
     return Draft(alg, setup.draft_model, d.layers, weights, steps, topk, tokens)

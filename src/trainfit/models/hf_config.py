@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from trainfit import heads
@@ -273,6 +274,10 @@ def _gemma2(c: _Cfg) -> dict:
     f = _gemma(c, kv_default=4)  # Gemma2Config.num_key_value_heads = 4
     # HF modeling_gemma2: input, post_attention, pre_feedforward, post_feedforward RMSNorms
     f["norms_per_layer"] = 4
+    # tanh soft-capping of the scores and the logits (modeling_gemma2.py); a null key turns it off. Gemma2Config
+    # defaults: final_logit_softcapping 30.0, attn_logit_softcapping 50.0 (configuration_gemma2.py:89-90)
+    f["attn_softcap"] = float(c.d.get("attn_logit_softcapping", 50.0) or 0.0)
+    f["final_softcap"] = float(c.d.get("final_logit_softcapping", 30.0) or 0.0)
     f["sliding_window"] = _window(c) if "sliding_window" in c.d else 4096  # Gemma2Config default
     if f["sliding_window"] is not None:
         n = _sliding_layers(c, f["layers"])
@@ -306,7 +311,8 @@ def _mixtral(c: _Cfg) -> dict:
     if k > e:
         raise c.fail(f"num_experts_per_tok ({k}) exceeds num_local_experts ({e})")
     # HF modeling_mixtral: every layer is a sparse block; experts have intermediate_size width
-    f["moe"] = MoESpec(num_experts=e, top_k=k, expert_intermediate=f["intermediate"])
+    # MixtralTopKRouter always renormalises the top-k weights (modeling_mixtral.py)
+    f["moe"] = MoESpec(num_experts=e, top_k=k, expert_intermediate=f["intermediate"], norm_topk=True)
     return f
 
 
@@ -334,6 +340,8 @@ def _qwen_moe(c: _Cfg, *, shared: bool) -> dict:
         shared_intermediate=c.int("shared_expert_intermediate_size", minimum=0) if shared else 0,
         shared_gate=shared,
         sparse_layers=None if n_moe == f["layers"] else n_moe,
+        # Qwen2MoeConfig / Qwen3MoeConfig.norm_topk_prob = False (configuration_qwen2_moe.py:100, qwen3_moe.py:101)
+        norm_topk=c.bool("norm_topk_prob", default=False),
     )
     return f
 
@@ -385,6 +393,12 @@ def _deepseek(c: _Cfg, *, v3: bool) -> dict:
         shared_intermediate=mi * c.int("n_shared_experts", default=1 if v3 else 2, minimum=0),
         sparse_layers=None if n_moe == layers else n_moe,
         router_scoring="sigmoid" if v3 else "softmax",  # DeepseekV3TopkRouter: sigmoid; V2: softmax
+        # V3: norm_topk_prob, default True (configuration_deepseek_v3.py:101); V2's router never renormalises
+        # (DeepseekV2TopkRouter.forward, modeling_deepseek_v2.py:97-116: its config's norm_topk_prob is unused)
+        norm_topk=c.bool("norm_topk_prob", default=True) if v3 else False,
+        # DeepseekV2Config.topk_method = "greedy" (configuration_deepseek_v2.py:115); DeepseekV3TopkRouter always
+        # selects as noaux_tc (sigmoid scores + e_score_correction_bias, group-limited; it has no such option)
+        topk_method="noaux_tc" if v3 else c.str("topk_method", default="greedy"),
     )
     return f
 
@@ -506,6 +520,53 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 
+# The (embedding, attention-probabilities, residual) dropouts: the config key each family's modeling file reads and
+# its config class's default (transformers 5.24); None: the family has no such dropout. OPT has none on the
+# embeddings (OPTDecoder.forward adds the positions and goes to the layers).
+_LLAMA_DROPOUTS = (None, ("attention_dropout", 0.0), None)  # configuration_llama.py:81 and its copies
+_BERT_DROPOUTS = (("hidden_dropout_prob", 0.1), ("attention_probs_dropout_prob", 0.1), ("hidden_dropout_prob", 0.1))
+_DROPOUTS: dict[str, tuple] = {
+    "gpt2": (("embd_pdrop", 0.1), ("attn_pdrop", 0.1), ("resid_pdrop", 0.1)),  # configuration_gpt2.py:84-86
+    "gpt_neox": (None, ("attention_dropout", 0.0), ("hidden_dropout", 0.0)),  # configuration_gpt_neox.py:67-68
+    "phi3": (("embd_pdrop", 0.0), ("attention_dropout", 0.0), ("resid_pdrop", 0.0)),  # configuration_phi3.py:66-68
+    "opt": (None, ("attention_dropout", 0.0), ("dropout", 0.1)),  # configuration_opt.py:61-62
+    "bert": _BERT_DROPOUTS,  # configuration_bert.py:50-51
+    "roberta": _BERT_DROPOUTS,  # configuration_roberta.py:50-51
+}
+
+
+def _dropouts(c: _Cfg) -> tuple[float, float, float]:
+    out = [0.0 if kd is None else float(c.get(kd[0], default=kd[1])) for kd in _DROPOUTS.get(c.mt, _LLAMA_DROPOUTS)]
+    return out[0], out[1], out[2]
+
+
+def _rotary_fraction(c: _Cfg) -> float:
+    """The share of each head's channels that rotary rotates: partial_rotary_factor (Phi-3; transformers 5 moves it
+    into rope_parameters) or GPT-NeoX's rotary_pct (modeling_gpt_neox.py `rotary_ndims`); 1.0 when absent.
+    NB: GPTNeoXConfig takes rotary_pct = 0.25 when absent (configuration_gpt_neox.py:98)."""
+    rope = c.d.get("rope_parameters") or c.d.get("rope_scaling") or {}
+    return float(c.d.get("partial_rotary_factor") or c.d.get("rotary_pct")
+                 or (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) or 1.0)
+
+
+def _kernel_facts(c: _Cfg) -> dict:
+    """The config values the formulas read beyond the shapes (ModelSpec's kernel-fact fields), the same for every
+    family; the family builders add their own (soft-capping, the MoE router's)."""
+    archs = c.d.get("architectures")
+    return dict(
+        dropouts=_dropouts(c),
+        rotary_fraction=_rotary_fraction(c),
+        # not a transformers field (it builds no MTP module): DeepSeek-V3's config.json states it; absent: none
+        mtp_layers=c.int("num_nextn_predict_layers", default=0, minimum=0),
+        classifier_dropout=heads.classifier_dropout(c.d, c.mt),
+        # GenericForTokenClassification: bias=getattr(config, "token_classification_bias", True)
+        # (modeling_layers.py:286)
+        token_cls_bias=c.bool("token_classification_bias", default=True),
+        architectures=tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
+        # an EAGLE-3 draft's config: its own head's rows (SGLang models/llama_eagle3.py:306-318); absent: the vocabulary
+        draft_vocab=c.int("draft_vocab_size", default=0, minimum=0),
+    )
+
 
 def spec_from_config(config: dict, name: str, source: str = "", head: str | None = None) -> ModelSpec:
     """Build a ModelSpec from an HF config.json dict. Raises ConfigError (one line) when the
@@ -527,7 +588,8 @@ def spec_from_config(config: dict, name: str, source: str = "", head: str | None
         raise ConfigError(f"{name}: model_type '{mt}' is not supported{hint}; supported model types: {supported}")
     raw = {k: v for k, v in config.items() if k != "_trainfit"}
     _check_finite(raw, name)
-    fields = _BUILDERS[mt](_Cfg(raw, name, mt))
+    cfg = _Cfg(raw, name, mt)
+    fields = {**_kernel_facts(cfg), **_BUILDERS[mt](cfg)}
     if head is not None:
         heads.check_available(mt, head, name)
     chosen = head or heads.from_architectures(raw, mt) or heads.family_default(mt, fields["causal"])
@@ -549,6 +611,12 @@ def with_head(spec: ModelSpec, head: str) -> ModelSpec:
         raise SetupError(f"--head {head}: {spec.name} was not built from a config.json; build it with "
                          "trainfit.models.hf_config.spec_from_config to change its head")
     return spec_from_config(spec.config, spec.name, spec.source, head=head)
+
+
+def one_label(spec: ModelSpec) -> ModelSpec:
+    """`spec` whose classifier head has one output (a value or reward head: num_labels=1), in its config too (a head
+    is rebuilt from the config: with_head)."""
+    return replace(spec, config={**spec.config, "num_labels": 1}, num_labels=1)
 
 
 def for_setup(spec: ModelSpec, setup: "Setup") -> ModelSpec:
