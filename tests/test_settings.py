@@ -1,4 +1,4 @@
-"""One definition of the settings (trainfit/setup.py) reaches every surface: the Python API (Request), every CLI
+"""One definition of the settings (trainfit/setup/settings.py) reaches every surface: the Python API (Request), every CLI
 command that takes settings, the web API's schema and the web page. Adding a setting is one declaration (plus
 the formula that reads it); these tests fail if any surface would need a second edit."""
 import json

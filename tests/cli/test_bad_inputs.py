@@ -3,7 +3,7 @@
 
 The cases run in-process (`trainfit.cli.main(argv)`), a few through the real `trainfit` entry point. Every case
 is refused before any heavy work (no trace or measurement runs to completion). Settings are validated once, by
-their definition in trainfit/setup.py.
+their definition in trainfit/setup/settings.py.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A corpus of bad requests to the web API: every one answered 400 or 422 with the body {"error": "<one line>"},
 never a 500 and never a silently wrong answer (a 200). The web knobs are generated from, and validated by, the
-one definition of the settings (trainfit/setup.py).
+one definition of the settings (trainfit/setup/settings.py).
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class PlanQuery:
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
-    reserve: float = 0.0  # GiB per GPU kept free beyond the device total: the run setting --reserve (setup.py)
+    reserve: float = 0.0  # GiB per GPU kept free beyond the device total: the run setting --reserve (setup/settings.py)
     efficiency: float | None = None  # None: the roofline-timed op list; a number: flat fraction of peak (override)
     batch_tolerance: float = 0.05  # relative deviation allowed from the requested global batch
     top: int = 5

@@ -1,0 +1,82 @@
+"""Value-level checks and parsers of the free-form settings (--offload, --recompute, --lora-targets, --pp-split,
+--alloc-conf): each raises one line naming the flag."""
+from __future__ import annotations
+
+from ..errors import SetupError
+from .vocab import OFFLOAD, RECOMPUTE, RECOMPUTE_PATTERNS
+
+
+def combine_offload(text: str) -> str:
+    """--offload given several times ("optimizer,params"): one of OFFLOAD. DeepSpeed's offload_param comes with
+    offload_optimizer in trainfit's model (ZeRO-Infinity, analytic/parallel/deepspeed.py), so the pair is `params`;
+    torchtune's activation offloading and DeepSpeed's offload are two stacks' features, and one run has one stack."""
+    if not text.strip(", "):
+        raise ValueError(f"choose from {', '.join(OFFLOAD)}")
+    parts = {p.strip() for p in text.split(",") if p.strip()} - {"none"}
+    unknown = parts - set(OFFLOAD)
+    if unknown:
+        raise ValueError(f"unknown {', '.join(sorted(unknown))}; choose from {', '.join(OFFLOAD)}")
+    if "activations" in parts and len(parts) > 1:
+        raise ValueError("activations (torchtune's offloading, --stack hf) cannot be combined with DeepSpeed's "
+                         "optimizer/params offload (--stack deepspeed): choose one")
+    return "params" if "params" in parts else (parts.pop() if parts else "none")
+
+
+def _check_alloc_conf(text) -> None:
+    from ..alloc.config import parse_alloc_conf
+
+    parse_alloc_conf(text)  # a one-line SetupError on bad input
+
+
+def check_recompute(v: str) -> None:
+    if not isinstance(v, str):
+        raise SetupError(f"--recompute must be text, got {v!r} (e.g. --recompute full)")
+    name, _, n = v.partition(":")
+    if name in RECOMPUTE_PATTERNS:
+        if not n.isdigit() or int(n) < 1:
+            raise SetupError(f"--recompute {v!r}: {name}:N needs a positive integer N (e.g. {name}:2)")
+        return
+    if v not in RECOMPUTE:
+        raise SetupError(f"--recompute {v!r} is not supported; choose one of: {', '.join(RECOMPUTE)}, "
+                         + ", ".join(p + ":N" for p in RECOMPUTE_PATTERNS))
+
+
+def check_lora_targets(v: str) -> None:
+    """all-linear, attention, or comma-separated module names (checked against the model where it is built)."""
+    if not isinstance(v, str):
+        raise SetupError(f"--lora-targets must be text, got {v!r} (e.g. --lora-targets q_proj,v_proj)")
+    names = [n.strip() for n in v.split(",")]
+    if v in ("all-linear", "attention"):
+        return
+    if not all(n.isidentifier() for n in names):
+        raise SetupError(f"--lora-targets {v!r}: use all-linear, attention, or comma-separated module names "
+                         "(e.g. q_proj,v_proj)")
+
+
+def lora_target_names(v: str) -> tuple[str, ...]:
+    """The explicit module names of --lora-targets (empty for all-linear / attention)."""
+    return () if v in ("all-linear", "attention") else tuple(n.strip() for n in v.split(","))
+
+
+def parse_pp_split(v: str) -> tuple[int, int] | str:
+    """"even", "embedding-loss", or (first, last) layer counts of "first:N,last:M" (either part may be left out:
+    then -1, meaning the even share)."""
+    if v in ("even", "embedding-loss"):
+        return v
+    first = last = -1
+    for part in v.split(","):
+        key, _, n = part.strip().partition(":")
+        if key not in ("first", "last") or not n.isdigit() or int(n) < 1:
+            raise SetupError(f"--pp-split {v!r}: use even, embedding-loss, or first:N,last:M with positive layer "
+                             "counts (e.g. first:7,last:7)")
+        if key == "first":
+            first = int(n)
+        else:
+            last = int(n)
+    return first, last
+
+
+def check_pp_split(v: str) -> None:
+    if not isinstance(v, str):
+        raise SetupError(f"--pp-split must be text, got {v!r} (e.g. --pp-split embedding-loss)")
+    parse_pp_split(v)

@@ -1,0 +1,125 @@
+"""The flat request: a model plus every setting (the Python API's, CLI's and web API's view), and how it becomes
+the engines' Setup (model-dependent defaults resolved)."""
+from __future__ import annotations
+
+from .. import heads as _heads
+from .. import limits
+from .. import precision as _precision
+from .. import stacks as _stacks
+from ..errors import SetupError
+from .settings import _RUN_SETTINGS, BY_NAME, SETTINGS, SETUP_NAMES, Setup, check_value, refuse_inapplicable
+from .vocab import DEFAULT_SEQ, MODES, TRAINING
+from dataclasses import field, make_dataclass
+from typing import Optional
+
+
+
+# -- the flat request ---------------------------------------------------------------------------------------
+def _request_fields():
+    out = [("model", str)]
+    for s in SETTINGS:
+        t = s.type if s.meta.auto is None else Optional[s.base_type]
+        out.append((s.name, t, field(default=s.request_default)))
+    return out
+
+
+def _setup_of(self, spec=None) -> Setup:
+    """The Setup this request describes; `spec` (a ModelSpec) resolves the model-dependent defaults."""
+    values = {n: getattr(self, n) for n in SETUP_NAMES}
+    mode = values["mode"]
+    if values["precision"] is None:  # the stack's own default for training (stacks/*.toml [precision] default)
+        stack = values["stack"] if values["stack"] in _stacks.names() else BY_NAME["stack"].default
+        values["precision"] = (_stacks.get_stack(stack).facts["precision"].get("default", "amp-bf16")
+                               if mode in TRAINING else serve_dtype(spec) if mode == "serve" else
+                               _precision.DEFAULT.get(mode, "bf16"))
+    if values["seq"] is None and not _is_vision(spec):  # (serving sizes by --max-model-len, rl by its prompts and
+        # completions: not --seq)
+        values["seq"] = DEFAULT_SEQ if mode in ("serve", "rl") else default_seq(spec, mode)
+    from ..spec import VisionSpec
+
+    if isinstance(spec, VisionSpec):
+        from ..vision_setup import vision_values
+
+        return Setup(**vision_values(spec, values, self))
+    if spec is not None and (values["image_size"] is not None or values["channels_last"]):
+        flag = "--image-size" if values["image_size"] is not None else "--channels-last"
+        raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit); {spec.name} is {spec.family}")
+    if spec is not None and mode == "train":
+        values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
+    setup = Setup(**values)
+    if spec is not None and mode in ("train", "infer"):
+        limits.check_logits(setup.batch * setup.seq, spec.vocab)
+    return setup
+
+
+def _is_vision(spec) -> bool:
+    from ..spec import VisionSpec
+
+    return isinstance(spec, VisionSpec)
+
+
+def serve_dtype(spec=None) -> str:
+    """vLLM's --dtype auto (config/model.py:2423-2446): the checkpoint's dtype, fp32 ones downcast to the first
+    supported dtype (bf16 on CUDA GPUs since Ampere)."""
+    config = spec.config if spec is not None else {}
+    return "fp16" if str(config.get("torch_dtype") or config.get("dtype")) == "float16" else "bf16"
+
+
+def default_seq(spec=None, mode: str = "train") -> int:
+    """2048, or fewer when the model's learned position table is shorter (GPT-2 1024, BERT 512)."""
+    longest = spec.longest_sequence(mode) if spec is not None else None
+    return DEFAULT_SEQ if longest is None else max(1, min(DEFAULT_SEQ, longest))
+
+
+# the settings naming another model beside the one estimated (a catalog name or a config.json)
+MODEL_SETTINGS = tuple(s.name for s in SETTINGS if s.meta.names_model)  # --draft-model, --critic-model, --reward-model
+# the run settings that describe the GPU itself: they become the GPU object (api.gpu_of), not engine keywords
+GPU_SETTINGS = ("gpu", "price", "gpu_memory")
+
+
+def run_settings(req) -> dict:
+    """The request's run settings the engines take as keywords (gpu, price and gpu_memory become the GPU object
+    instead)."""
+    return {s.name: getattr(req, s.name) for s in _RUN_SETTINGS if s.name not in GPU_SETTINGS}
+
+
+def _request_post_init(self) -> None:
+    if not isinstance(self.model, str) or not self.model.strip():
+        raise SetupError("choose a model: a catalog name (see `trainfit models`), a config.json, or a hub id")
+    mode = self.mode
+    for s in SETTINGS:
+        check_value(s, getattr(self, s.name), mode if mode in MODES else "train")
+    if mode in MODES:  # (an unknown mode is refused by Setup's validation)
+        refuse_inapplicable(self, _RUN_SETTINGS, mode)
+    if mode == "rl" and self.seq is not None:
+        raise SetupError("--seq does not apply to --mode rl: its sequences are --prompt-len + --completion-len tokens")
+    if self.price is not None and self.gpu is None:
+        raise SetupError("--price needs --gpu")
+    if self.gpu_memory is not None and self.gpu is None:
+        raise SetupError("--gpu-memory replaces a GPU's memory, which needs --gpu (see `trainfit gpus`)")
+    if self.tokens is not None and self.gpu is None:
+        raise SetupError("--tokens gives the time and cost of a budget, which needs a GPU: add --gpu (see `trainfit gpus`)")
+    if self.mfu is not None and self.gpu is None:  # (the step time is the GPU's; without one there is none to set)
+        raise SetupError("--mfu sets the step time on a GPU, which needs --gpu (see `trainfit gpus`)")
+    if self.reserve != BY_NAME["reserve"].default and self.gpu is None:
+        raise SetupError("--reserve keeps memory free when judging the fit on a GPU, which needs --gpu (see "
+                         "`trainfit gpus`)")
+    if self.price is not None and self.tokens is None:  # (the price is read only to cost a budget)
+        raise SetupError("--price sets the cost of a training budget: add --tokens (e.g. --tokens 15T), or drop it")
+    for name in ("gpu", *MODEL_SETTINGS):
+        value = getattr(self, name)
+        if isinstance(value, str) and not value.strip():
+            what = "a GPU (see `trainfit gpus`)" if name == "gpu" else "a model (a catalog name or a config.json)"
+            raise SetupError(f"{BY_NAME[name].flag} is empty: name {what}, or drop it")
+
+
+def make_request_class():
+    cls = make_dataclass("Request", _request_fields(), frozen=True, namespace={
+        "setup": _setup_of, "__post_init__": _request_post_init,
+        "__doc__": "A model and every setting (trainfit.setup.SETTINGS), flat: what the CLI, the web API and "
+                   "scripts fill in. `.setup(spec)` gives the engines' Setup."})
+    cls.__module__ = __name__
+    return cls
+
+
+Request = make_request_class()

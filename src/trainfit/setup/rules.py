@@ -1,0 +1,232 @@
+"""The rules that tie settings together (one place): `validate` checks a Setup field by field and then the
+cross-field rules (layouts a stack runs, serving and RL combinations); `micro_batch_rules` the ones the micro-batch
+takes part in. Model-dependent limits are analytic/layout.py's."""
+from __future__ import annotations
+
+from .. import limits
+from .. import precision as _precision
+from .. import stacks as _stacks
+from ..errors import SetupError
+from .settings import _SETUP_SETTINGS, BY_NAME, Setup, check_value, refuse_inapplicable
+from .vocab import BNB_OPTIMIZERS, COMMON_RECOMPUTE, MODES, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
+
+
+def validate(setup: Setup) -> None:
+    """Every Setup field, then the rules that tie settings together."""
+    mode = setup.mode
+    if mode not in MODES:
+        raise SetupError(f"--mode {mode!r} is not supported; choose one of: {', '.join(MODES)}")
+    for s in _SETUP_SETTINGS:
+        check_value(s, getattr(setup, s.name), mode)
+    refuse_inapplicable(setup, _SETUP_SETTINGS, mode)
+    limits.check_world(setup.world_size)
+    if setup.zero and setup.dp == 1:
+        raise SetupError("--zero shards states over data-parallel ranks: it needs --dp > 1")
+    if setup.sequence_parallel and setup.tp == 1:
+        raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
+    stack = _stacks.get_stack(setup.stack)
+    policy = setup.recompute_policy
+    if policy not in stack.policies:
+        # none/selective/full: every stack's own meaning; the other policies name the stacks that run them
+        owners = [] if policy in COMMON_RECOMPUTE else _stacks.running(lambda st: policy in st.policies)
+        raise SetupError(f"--recompute {setup.recompute} is not a {stack.name} policy; {stack.name} runs: "
+                         f"{', '.join(p + (':N' if p in RECOMPUTE_PATTERNS else '') for p in stack.policies)}"
+                         + (f"; use --stack {' or '.join(owners)}" if owners else ""))
+    if setup.offload == "activations" and not stack.runs("activation-offload"):
+        raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
+                         f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
+    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp"):  # the axes a stack may run (stacks/*.toml)
+        if name == "offload" and setup.offload == "activations":
+            continue
+        if getattr(setup, name) not in (1, "even", "none", None) and name not in stack.axes:
+            runs = _stacks.running(lambda st: name in st.axes)
+            raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}; use --stack "
+                             f"{' or '.join(runs)}")
+    if setup.vpp > 1 and setup.pp == 1:
+        raise SetupError("--vpp interleaves model chunks over pipeline stages: it needs --pp > 1")
+    if setup.pp_split != "even" and setup.pp == 1:
+        raise SetupError("--pp-split splits layers over pipeline stages: it needs --pp > 1")
+    if setup.cp > 1 and setup.seq % (2 * setup.cp):
+        raise SetupError(f"--cp {setup.cp} splits each sequence into 2 × cp = {2 * setup.cp} load-balanced chunks: "
+                         f"--seq {setup.seq} must be divisible by {2 * setup.cp}")
+    why = stack.refuse(setup)  # the stack's rules that are code (stacks/<name>.py)
+    if why:
+        raise SetupError(why)
+    if setup.offload == "optimizer" and setup.zero < 1:
+        raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
+    if setup.offload == "params" and setup.zero < 3:
+        raise SetupError("--offload params (ZeRO-Infinity) offloads the partitioned weights: it needs --zero 3")
+    if setup.zero not in stack.zero_stages:
+        raise SetupError(f"--zero {setup.zero} is not run by --stack {stack.name} (it runs ZeRO stages "
+                         f"{', '.join(map(str, stack.zero_stages))}); use one of those or --stack hf")
+    if setup.mode == "train" and setup.precision not in stack.precisions:
+        raise SetupError(f"--precision {setup.precision} is not run by --stack {stack.name} (it runs "
+                         f"{', '.join(stack.precisions)}); use one of those or --stack hf")
+    if setup.mode == "train" and setup.optimizer not in stack.optimizers:
+        raise SetupError(f"--optimizer {setup.optimizer} is not built by --stack {stack.name} (it builds "
+                         f"{', '.join(stack.optimizers)}); use one of those or --stack hf")
+    if setup.optimizer_impl is not None and setup.optimizer in BNB_OPTIMIZERS:
+        raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs bitsandbytes' own in-place kernel; "
+                         "drop --optimizer-impl")
+    if setup.loss != "full" and (not stack.runs("liger-loss") or setup.head not in (None, "causal-lm")):
+        raise SetupError(f"--loss {setup.loss} replaces a causal LM's head and loss as Liger does in the HF stack: use "
+                         f"--stack {_runners('liger-loss')} with a causal-lm head")
+    micro_batch_rules(setup)
+    if setup.optimizer_in_backward:
+        if setup.dp > 1 or setup.tp > 1 or setup.pp > 1:
+            raise SetupError("--optimizer-in-backward is modelled on one GPU (torchtune's single-device recipe): "
+                             "drop --dp/--tp/--pp")
+        if not stack.runs("optimizer-in-backward"):
+            raise SetupError(f"--optimizer-in-backward: --stack {stack.name} steps the optimizer after the backward; "
+                             f"use --stack {_runners('optimizer-in-backward')}")
+        if setup.precision == "bf16-master":
+            raise SetupError("--optimizer-in-backward steps each parameter in its own dtype: use --precision bf16 or "
+                             "amp-bf16, not bf16-master")
+    if setup.max_grad_norm is not None:
+        _validate_grad_clip(setup, stack)
+    if setup.optimizer_impl == "fused" and setup.optimizer not in _stacks.FUSABLE:
+        raise SetupError(f"--optimizer-impl fused: torch.optim has no fused {setup.optimizer}; use foreach or "
+                         "for-loop")
+    if stack.trains != "any" and setup.head not in (None, "causal-lm"):
+        raise SetupError(f"--stack {stack.name} trains causal language models, not a {setup.head} head (--head, or the "
+                         f"config's architectures): use --stack {' or '.join(trains_any())}")
+    why = stack.splits_model(setup.tp, setup.pp) or (setup.compile and stack.compiles())
+    if why:  # (--sequence-parallel needs --tp > 1: refused above)
+        raise SetupError(why)
+    if setup.float8 and not stack.fact("float8", "supported"):
+        raise SetupError(f"--float8 is not run by --stack {stack.name}: {stack.fact('float8', 'why')}; use --stack "
+                         "torchtitan")
+    if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
+        raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
+                         "--lora-rank R > 0")
+    if mode == "serve":
+        _validate_serve(setup)
+        return
+    if mode == "rl":
+        _validate_rl(setup)
+    if setup.quant and not setup.lora_rank:
+        raise SetupError("--quant freezes the base weights, which leaves nothing to train without adapters: it needs "
+                         "--lora-rank R > 0 (QLoRA)")
+    if setup.quant == "int8" and setup.dora:
+        raise SetupError("--dora with --quant int8: peft 0.21's DoRA fails on bitsandbytes 0.50's LLM.int8 layers "
+                         "(their row scales are moved out of the weight at the first forward); use --quant nf4")
+    if setup.lora_dtype != "fp32" and not setup.lora_rank:
+        raise SetupError("--lora-dtype sets the LoRA adapters' dtype: it needs --lora-rank R > 0")
+    if setup.tf32 and _precision.PRECISIONS[setup.precision].compute != "fp32":
+        raise SetupError(f"--tf32 runs fp32 matmuls on TF32 tensor cores; --precision {setup.precision} has none: "
+                         "use --precision fp32, or drop --tf32")
+    if setup.quant and not stack.runs("quant"):
+        raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack "
+                         f"{_runners('quant')}")
+    if setup.lora_rank and not stack.fact("peft", "supported"):
+        raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf")
+    if setup.attention == "triton":
+        _validate_triton_attention(setup, stack)
+    if setup.attention == "flash2" and (setup.device != "cuda" or setup.precision == "fp32"):
+        raise SetupError("--attention flash2 is FlashAttention-2's CUDA kernel, 16-bit only: use --device cuda with a "
+                         "16-bit precision, or --attention sdpa")
+    if setup.recompute == "selective" and stack.fact("recompute", "selective") == "attention" \
+            and setup.attention_kernel != "eager":
+        raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
+                         f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
+                         "eager, or --recompute full")
+
+
+def _runners(feature: str) -> str:
+    """The stacks that run a [features] feature, for a refusal's "use --stack ..." (hf for trainfit's own)."""
+    return " or ".join(_stacks.running(lambda st: st.runs(feature)))
+
+
+def trains_any() -> list[str]:
+    """The stacks that train any transformers model ([model] any): heads, vision models, a user's module."""
+    return _stacks.running(lambda st: st.trains == "any")
+
+
+def micro_batch_rules(setup: Setup) -> None:
+    """The rules of a training setup that read --batch or --grad-accum (Setup.with_micro_batches checks only these):
+    their values, and no accumulation with the optimizer in the backward."""
+    for name in ("batch", "grad_accum"):
+        check_value(BY_NAME[name], getattr(setup, name), setup.mode)
+    if setup.optimizer_in_backward and setup.grad_accum > 1:
+        # torchtune full_finetune_single_device.py _setup_optimizer / train: one optimizer per parameter stepped in
+        # a post-accumulate-grad hook; it raises for gradient accumulation ("Gradient accumulation is not supported
+        # with optimizer in bwd") since each gradient is applied the moment it is made
+        raise SetupError("--optimizer-in-backward applies each gradient as soon as it is made: it cannot "
+                         "accumulate micro-batches; use --grad-accum 1 (raise --batch instead)")
+
+
+def _validate_grad_clip(setup: Setup, stack: _stacks.Stack) -> None:
+    """--max-grad-norm: where the stack clips (stacks/*.toml [grad_clip]) and a total norm exists."""
+    if not stack.max_grad_norm:
+        raise SetupError(f"--max-grad-norm: --stack {stack.name} does not clip (no [grad_clip] fact); drop it")
+    if setup.max_grad_norm == 0 and "zero" in stack.facts["grad_clip"]:  # a stack that cannot turn its clip off
+        raise SetupError(f"--max-grad-norm 0: {stack.fact('grad_clip', 'zero')}; use a positive value")
+    if setup.max_grad_norm > 0 and setup.optimizer_in_backward:
+        raise SetupError("--max-grad-norm with --optimizer-in-backward: each gradient is applied as soon as it is "
+                         "made, so there is no total norm to clip to (torchtune refuses clip_grad_norm with "
+                         "optimizer_in_bwd); drop --max-grad-norm")
+
+
+def _validate_triton_attention(setup: Setup, stack: _stacks.Stack) -> None:
+    """--attention triton: Dao's FlashAttention in Triton as llm-foundry vendors it (llmfoundry/models/layers/
+    flash_attn_triton.py `_flash_attn_forward`: asserts q.dtype in [float16, bfloat16]; Triton kernels run on the
+    GPU only), called by MPT's attn_impl: triton (layers/attention.py triton_flash_attn_fn)."""
+    if setup.device != "cuda":
+        raise SetupError("--attention triton is a Triton GPU kernel: --device cpu runs sdpa or eager")
+    if not stack.runs("triton-attention"):
+        raise SetupError(f"--attention triton is llm-foundry's kernel, modelled on --stack "
+                         f"{_runners('triton-attention')}; --stack {stack.name} runs SDPA: use --attention flash")
+    if _precision.PRECISIONS[setup.precision].compute == "fp32":
+        raise SetupError(f"--attention triton runs fp16/bf16 only (flash_attn_triton.py asserts it); --precision "
+                         f"{setup.precision} computes in fp32: use amp-bf16, bf16 or fp16")
+
+
+def _validate_serve(setup: Setup) -> None:
+    """--mode serve: a GPU engine, and vLLM's own limits (config/cache.py CacheDType: no fp32 or int8 KV cache)."""
+    if setup.device != "cuda":
+        raise SetupError("--mode serve models a serving engine on a GPU: --device cpu does not apply (trainfit measure "
+                         "and trace run training and inference steps; use trainfit estimate --mode serve)")
+    if setup.kv_dtype in ("fp32", "int8"):
+        raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if setup.server == 'sglang' else 'vLLM'} "
+                         "caches KV in bf16, fp16 or fp8; choose one of those")
+    if setup.server == "sglang" and setup.kv_dtype == "fp16" and setup.precision != "fp16":
+        raise SetupError("--kv-cache-dtype fp16: SGLang's KV dtypes are auto (the model's), bf16 and fp8 "
+                         "(sglang/srt/arg_groups/fields/model.py:197-219); use --precision fp16 or another KV dtype")
+    other = VLLM_ONLY if setup.server == "sglang" else SGLANG_ONLY
+    off = [BY_NAME[n] for n in other if getattr(setup, n) != BY_NAME[n].default]
+    if off:
+        flags = " and ".join(s.flag for s in off)
+        raise SetupError(f"{flags} {'do' if len(off) > 1 else 'does'} not apply to --server {setup.server}: drop "
+                         f"{'them' if len(off) > 1 else 'it'}" + (" (SGLang's counterpart is --mem-fraction-static)"
+                                                                  if setup.server == "sglang" else ""))
+    if setup.quant and setup.precision == "fp32":
+        raise SetupError(f"--quant {setup.quant} runs 16-bit activations in vLLM: use --precision bf16 or fp16")
+    if setup.speculative_algorithm == "nextn" and setup.draft_model:
+        raise SetupError("--speculative-algorithm nextn drafts with the target's own MTP layers: drop --draft-model")
+    if setup.speculative_algorithm in ("eagle", "eagle3") and not setup.draft_model:
+        raise SetupError(f"--speculative-algorithm {setup.speculative_algorithm} needs its draft head: add "
+                         "--draft-model (the head's config.json)")
+
+
+def _validate_rl(setup: Setup) -> None:
+    """--mode rl: one GPU running TRL's colocated loop (analytic/rl.py); the settings of the other algorithm or
+    rollout refused."""
+    if setup.world_size > 1:
+        raise SetupError("--mode rl is modelled on one GPU that generates, scores and trains (TRL's colocated loop): "
+                         "drop --dp/--tp/--pp/--cp")
+    completions = setup.batch * setup.group_size
+    if completions % setup.grad_accum:
+        raise SetupError(f"--mode rl: --batch {setup.batch} prompts × --group-size {setup.group_size} = {completions} "
+                         f"completions do not split into --grad-accum {setup.grad_accum} equal micro-batches (TRL "
+                         "requires it); choose a --grad-accum that divides them")
+    if setup.critic_model is not None and setup.rl_algo != "ppo":
+        raise SetupError(f"--critic-model is PPO's value model; --rl-algo {setup.rl_algo} has no critic: drop it or "
+                         "use --rl-algo ppo")
+    if setup.vllm_gpu_memory_utilization != BY_NAME["vllm_gpu_memory_utilization"].default and setup.rollout != "vllm":
+        raise SetupError("--vllm-gpu-memory-utilization sizes the colocated vLLM engine: it needs --rollout vllm")
+    if setup.rollout == "vllm":
+        if setup.device != "cuda":
+            raise SetupError("--rollout vllm is a GPU engine: --device cpu does not apply (use --rollout hf)")
+        if setup.kv_dtype in ("fp32", "int8"):
+            raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of "
+                             "those")

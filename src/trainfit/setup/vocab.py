@@ -1,0 +1,46 @@
+"""The words the settings take: modes, precisions, optimizers, recompute policies, stacks, ... (no torch)."""
+from __future__ import annotations
+
+from .. import heads as _heads
+from .. import precision as _precision
+from .. import stacks as _stacks
+
+MODES = ("train", "infer", "serve", "rl")
+STEP_MODES = ("train", "infer")  # a setting applies to these unless it says otherwise
+# the modes with a policy update: a training step, and an RL step, which runs one (analytic/rl.py)
+TRAINING = ("train", "rl")
+# the settings of a training step or an inference step that an RL step runs too
+RL_STEP = ("train", "infer", "rl")
+RL_ALGOS = ("grpo", "ppo")  # --rl-algo
+ROLLOUTS = ("hf", "vllm")  # --rollout: HF generate in the trainer, or a colocated vLLM engine
+SERVERS = ("vllm", "sglang")  # --server: the serving engine modelled (analytic/serving.py, serving_sglang.py)
+# settings one server reads and the other has no counterpart for (refused under the other: _validate_serve)
+VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs")
+SGLANG_ONLY = ("mem_fraction_static", "speculative_algorithm")
+# --speculative-algorithm (SGLang 0.5.23's builtins that keep a draft KV pool beside the target's:
+# sglang/srt/arg_groups/fields/spec.py:31-34; analytic/serving_sglang_spec.py)
+SPECULATIVE_ALGORITHMS = ("eagle", "eagle3", "nextn", "standalone")
+SERVE_PRECISIONS = ("bf16", "fp16", "fp32")  # vLLM's --dtype (no autocast: the weights' dtype)
+TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
+INFER_PRECISIONS = _precision.INFER_PRECISIONS
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
+# built by bitsandbytes (bnb.optim.AdamW / Lion with optim_bits and is_paged), as the HF Trainer builds its
+# adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit and lion_32bit (transformers 5.23 trainer_optimizer.py:246-292)
+BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
+# patterns beside these names (see `check_recompute`): "layer:N" (torchtitan: every N-th layer checkpointed whole),
+# "uniform:N" and "block:N" (Megatron's recompute_method with recompute_num_layers N)
+RECOMPUTE = ("none", "selective", "full", "op")
+RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
+COMMON_RECOMPUTE = ("none", "selective", "full")  # every stack's own meaning (selective: stacks/*.toml [recompute])
+OFFLOAD = ("none", "optimizer", "params", "activations")
+QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
+SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight formats (analytic/serving.py)
+LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
+LOSSES = ("full", "fused-linear", "chunked-logprob")  # --loss
+STACKS = _stacks.BUILT_IN  # (--stack's help; choices_for reads every stack found: stacks.names())
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+HEADS = _heads.HEADS
+ATTENTION = ("auto", "eager", "sdpa", "flash", "flash2", "triton")
+DEVICES = ("cuda", "cpu")
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+DEFAULT_SEQ = 2048
