@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from ..errors import SetupError
 from ..estimate import StepTime
@@ -72,8 +73,7 @@ class ModelCosts:
         return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt, pc)
 
 
-@dataclass(frozen=True)
-class MicroBatchCompute:
+class MicroBatchCompute(NamedTuple):
     """One micro-batch's compute on the slowest pipeline stage, in seconds."""
 
     forward: float

@@ -12,7 +12,7 @@ NB: latency terms (α in the α-β model) are ignored: optimistic for very large
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...hardware import GPU
 from ..roofline import kernels_for
@@ -27,8 +27,7 @@ def ring_half(n: int, nbytes: float, bw: float) -> float:
     return 0.0 if n <= 1 else (n - 1) / n * nbytes / bw
 
 
-@dataclass(frozen=True)
-class Links:
+class Links(NamedTuple):
     """The bandwidths (bytes/s) a rank's collectives run at, inside and across nodes."""
 
     intra: float

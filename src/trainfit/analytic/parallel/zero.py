@@ -19,6 +19,7 @@ NB: the collectives' HBM traffic slows only the overlapped memory-bound kernels,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...hardware import GPU
 from ...setup import Setup
@@ -164,8 +165,7 @@ def reduce_scatter_transient(pc: ParamCounts, largest: int, st: StateBytes, setu
     return extra
 
 
-@dataclass(frozen=True)
-class DataParallelComm:
+class DataParallelComm(NamedTuple):
     """One step's data-parallel communication: what is exposed in every micro-batch and once per step, its total
     (hidden or not), and the link it runs on ("intra" / "inter" node)."""
 
