@@ -11,7 +11,7 @@ import pytest
 from trainfit.analytic.compute_time import _lists, time_ops
 from trainfit.analytic.ops import shape_of
 from trainfit.analytic.precision import state_bytes
-from trainfit.analytic.step_time import ring_allreduce
+from trainfit.analytic.parallel.collectives import ring_allreduce
 from trainfit.analytic.timing import compute_dtype
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model

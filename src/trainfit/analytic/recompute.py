@@ -41,6 +41,14 @@ class LayerMemory:
     autocast_casts: float  # weight casts autocast keeps per layer beyond `saved` (full recompute under amp)
 
 
+def forward_rerun_share(setup: Setup, layers: int) -> float:
+    """The share of a stage's `layers` whose forward runs again in the backward: every block under full and op,
+    every N-th under layer:N, none otherwise (its communication repeats with it: parallel/tensor.py, context.py)."""
+    if setup.recompute.startswith("layer:"):
+        return (layers // setup.layers_every) / layers
+    return {"full": 1.0, "op": 1.0}.get(setup.recompute, 0.0)
+
+
 def layer_setup(setup: Setup) -> Setup:
     """Selective recompute saves what the flash kernel saves (no s×s probabilities)."""
     return setup if setup.recompute != "selective" else setup.with_(attention="flash", recompute="none")

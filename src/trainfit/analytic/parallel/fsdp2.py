@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...hardware import GPU
 from ...overheads import held_segments
 from ...setup import Setup
 from ..params import ParamCounts
+from ..roofline import memory_seconds
 from ..precision import StateBytes
 from ..stacks import model_for
 from .pipeline import Stage
@@ -161,3 +163,17 @@ def copy_bytes(st: StateBytes, st_grads: StateBytes, params: float, trained: flo
     g = st_grads.param or st_grads.weight  # the unsharded gradients have the unsharded parameters' dtype
     r = st_grads.reduce or st_grads.grad
     return 2 * p * params, (g + r) * trained
+
+
+def copy_seconds(gpu: GPU, setup: Setup, st: StateBytes, st_grads: StateBytes, params: float, trained: float,
+                 layers: int) -> float:
+    """One micro-batch's FSDP2 copies on the compute stream (copy_bytes), 0 where the step runs no FSDP2: each
+    all-gather's copy-out (two per micro-batch when the forward reshards, one otherwise: the backward reshards either
+    way) and each reduce-scatter's copy-in, one kernel per FSDP group (the `layers` blocks, the embedding and the
+    head's group: NB per stage, ±1)."""
+    if not fsdp2_strategy(setup):
+        return 0.0
+    out_b, in_b = copy_bytes(st, st_grads, params, trained)
+    gathers = 2 if reshards_after_forward(setup) else 1
+    n_groups = layers + 2
+    return memory_seconds(gpu, gathers * out_b + in_b, kernels=(gathers + 1) * n_groups)

@@ -16,6 +16,9 @@ In flight (megatron/core/pipeline_parallel/schedules.py:738-796 `get_pp_rank_mic
 then one more forward before its first backward, all capped at the m·v chunk-micro-batches of the step. One
 chunk holds layers / v of the rank's layers, so `in_flight` (in whole-stage micro-batches) = chunks / v. Rank 0,
 interleaved: p + (p − 1)/v = p·(1 + (p − 1)/(p·v)) — Korthikanti et al. 2022 §4.2.3 (Narayanan et al. 2021 §2.2.2).
+
+Time: the bubble is (p−1)/(v·m) of the ideal time (Narayanan et al. 2021, §2.2.1 eq. 1 and §2.2.2); the interleaved
+schedule sends v× as many activations between stages (ibid. §2.2.2). The slowest stage sets the pace.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from ...errors import SetupError
 from ...setup import Setup, parse_pp_split
 from ...spec import ModelSpec
+from .collectives import Links
 
 
 @dataclass(frozen=True)
@@ -128,3 +132,21 @@ def check(spec: ModelSpec, setup: Setup) -> None:
         if m < p or m % p:
             raise SetupError(f"--vpp {v} (interleaved 1F1B) runs micro-batches in groups of --pp {p}: --grad-accum "
                              f"{m} must be a multiple of {p}")
+
+
+def pp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float,
+                    virtual_stages: int) -> float:
+    """One micro-batch's pipeline sends, on the critical path: the activation goes forward and its gradient back once
+    per stage boundary (v times interleaved); each TP rank sends its 1/t share (Narayanan et al. 2021 §4.1
+    scatter/gather; sequence parallelism shards it anyway)."""
+    t, p = setup.tp, setup.pp
+    if p <= 1:
+        return 0.0
+    x = tokens * spec.hidden * act_bytes  # one b·s·h activation
+    return 2 * virtual_stages * (x / t) / links.over(t * p)
+
+
+def bubble_seconds(pp: int, virtual_stages: int, micro_batch: float) -> float:
+    """The pipeline bubble of a step of micro-batches taking `micro_batch` seconds each on the slowest stage:
+    (p−1)/(v·m) of m·t_mb (Narayanan et al. 2021 §2.2.2)."""
+    return (pp - 1) / virtual_stages * micro_batch if pp > 1 else 0.0

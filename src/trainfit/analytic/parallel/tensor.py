@@ -5,6 +5,9 @@ columns, the attention output and the MLP's second matrix by rows, the vocabular
 across ranks; norms are replicated. Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation",
 eq. 2-4): the attention and MLP interiors are split t ways (eq. 2, the 24/t and 5as/(ht) terms); the norms',
 dropouts' and linear inputs' activations are replicated unless sequence parallelism splits them too (eq. 4).
+Communication (Shoeybi et al. 2019 §3, Fig. 4): 2 all-reduces of b·s·h activations per layer in the forward and 2 in
+the backward; full recompute repeats the forward's 2 (Korthikanti et al. 2022 §4.1). With sequence parallelism they
+become all-gather + reduce-scatter pairs of the same volume (ibid. §4.2.2).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from ...spec import ModelSpec
 from ..activations import LayerActivations
 from ..families import family_traits
 from ..params import ParamCounts
+from .collectives import Links, ring_allreduce
 from .pipeline import Stage
 
 # LayerActivations.terms split t ways by TP alone (Korthikanti eq. 2); the rest need sequence parallelism (eq. 4)
@@ -63,3 +67,25 @@ def layer_bytes_per_rank(la: LayerActivations, setup: Setup, tokens: int, keys: 
     div = term_divisors(la, setup)
     per_tok = sum(v / div[k] for k, v in la.terms.items())
     return per_tok * tokens + la.per_token_key * tokens * keys / t + la.fixed / t
+
+
+def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float, layers: int,
+                    rerun: float) -> float:
+    """One micro-batch's tensor-parallel all-reduces on a stage of `layers` layers, `tokens` per rank, inside a node,
+    on the critical path. `rerun`: the share of layers whose forward runs again in the backward (full recompute,
+    per-op SAC, whose re-run forward all-reduces again: the functional all_reduce is not on torchtitan's save list;
+    reduce_scatter, sequence parallelism's, is: NB counted as re-run too; layer:N's re-run layers).
+    NB: pessimistic for stacks with TP/GEMM overlap (Megatron --tp-comm-overlap)."""
+    t = setup.tp
+    if t <= 1:
+        return 0.0
+    x = tokens * spec.hidden * act_bytes  # one b·s·h activation
+    n_ar = 4 + 2 * rerun
+    if getattr(setup, "float8", False):
+        # torchtitan's tensorwise Float8 TP casts each block input to fp8 before its sequence-parallel all-gather
+        # (torchtitan models/llama3/infra/parallelize.py:83-86, 191-203 PrepareFloat8ModuleInput; torchao
+        # float8/float8_tensor_parallel.py:176-177 "the float8 cast happens before the all-gather"): in each forward
+        # (and re-run forward) all-reduce the all-gather half moves 1 byte per element, the reduce-scatter half of the
+        # row-parallel outputs and the backward's gradients keep act_bytes
+        n_ar -= (2 + 2 * rerun) * 0.5 * (1 - 1 / act_bytes)
+    return layers * n_ar * ring_allreduce(t, x, links.intra)

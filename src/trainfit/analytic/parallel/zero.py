@@ -4,15 +4,32 @@ Stages per Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training 
 §5.1, Fig. 1): stage 1 (P_os) shards the optimizer states (and fp32 masters), stage 2 (P_os+g) also the
 gradients, stage 3 (P_os+g+p) also the parameters — each over the `dp` ranks. What torch actually runs adds
 buffers the paper leaves out; each is a term below.
+
+Communication (Rajbhandari et al. 2020, §7): stage 0 all-reduces gradients once per step; stage 1 reduce-scatters
+them and all-gathers the updated weights; stage 2 reduce-scatters every micro-batch (its gradients are sharded, so
+they cannot be accumulated whole); stage 3 also all-gathers the weights in every micro-batch's forward and again in
+its backward (1.5× the DDP volume, §7.2.2). The group is the dp × cp ranks that hold the same shard.
+Overlap assumption: data-parallel communication overlaps the backward compute of the same micro-batch (the last one
+for stages 0/1, each one for stages 2/3; ZeRO-3's forward all-gathers overlap the forward) and only the part longer
+than that compute is exposed — but never less than one 25 MiB bucket (DDP's default bucket_cap_mb), which must wait
+for the last layer's gradients. The ZeRO-1/2 weight all-gather after the optimizer step is exposed. The overlapped
+compute runs on the SMs NCCL leaves free (analytic/overlap.py): its slowdown is counted here.
+NB: the collectives' HBM traffic slows only the overlapped memory-bound kernels, not the GEMMs' reads (optimistic).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from ...hardware import GPU
 from ...setup import Setup
+from ..overlap import exposed
 from ..params import ParamCounts
 from ..precision import StateBytes
+from .collectives import Links, ring_allreduce, ring_half
 from .pipeline import Stage
+
+BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
 
 
 @dataclass(frozen=True)
@@ -146,3 +163,46 @@ def reduce_scatter_transient(pc: ParamCounts, largest: int, st: StateBytes, setu
     # added to it; the pre-backward moment they make is not modelled (under-counts a CPU peak by up to one layer's
     # param_dtype copy: -3.6 % on tiny-llama, --zero 3, BENCHMARKS.md)
     return extra
+
+
+class DataParallelComm(NamedTuple):
+    """One step's data-parallel communication: what is exposed in every micro-batch and once per step, its total
+    (hidden or not), and the link it runs on ("intra" / "inter" node)."""
+
+    per_micro_batch: float
+    once: float
+    total: float
+    bandwidth: str
+
+
+def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_bytes: float, forward: float,
+            backward: float, mem_share: float) -> DataParallelComm:
+    """The busiest rank's `grad_bytes` of gradients and `weight_bytes` of weights, exchanged over the dp × cp ranks
+    per ZeRO stage, overlapped with a micro-batch's `forward` and `backward` (with recompute) seconds, whose
+    memory-bound share `mem_share` the collectives' HBM traffic slows (overlap.py)."""
+    m, z = setup.grad_accum, setup.zero
+    dpc = setup.dp * setup.cp
+    within = links.within_node(setup.tp * setup.pp * dpc)
+    bw = links.intra if within else links.inter
+    bucket_t = ring_allreduce(dpc, min(BUCKET_BYTES, grad_bytes), bw)
+    per_mb = once = total = 0.0
+    if dpc > 1:
+        if z == 0:
+            total = ring_allreduce(dpc, grad_bytes, bw)
+            once = max(exposed(gpu, total, backward, mem_share, bw), bucket_t)
+        elif z == 1:
+            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
+            total = rs + ag
+            once = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) + ag
+        elif z == 2:
+            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
+            total = m * rs + ag
+            per_mb = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2)
+            once = ag
+        else:
+            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
+            total = m * (2 * ag + rs)
+            # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
+            per_mb = (exposed(gpu, ag, forward, mem_share, bw)
+                      + max(exposed(gpu, ag + rs, backward, mem_share, bw), bucket_t / 2))
+    return DataParallelComm(per_mb, once, total, "intra" if within else "inter")

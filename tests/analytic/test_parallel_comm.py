@@ -1,0 +1,58 @@
+"""Each parallel axis's communication term (analytic/parallel/<axis>.py), by the property its source states."""
+import pytest
+
+from trainfit.analytic.parallel.collectives import Links
+from trainfit.analytic.parallel.context import cp_comm_seconds
+from trainfit.analytic.parallel.expert import ep_comm_seconds
+from trainfit.analytic.parallel.tensor import tp_comm_seconds
+from trainfit.analytic.parallel.zero import dp_comm
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+H100 = get_gpu("H100-80GB")  # 8 GPUs per node
+LINKS = Links.of(H100)
+
+
+def test_a_group_leaves_the_node_past_its_gpus():
+    # placement: tp innermost, then pp, then dp; a dp × cp group spanning tp·pp·dp·cp ranks
+    inside = Setup(stack="megatron", precision="bf16-master", tp=2, dp=4, zero=1)
+    across = Setup(stack="megatron", precision="bf16-master", tp=2, dp=8, zero=1)
+    assert dp_comm(H100, inside, LINKS, 1e9, 1e9, 1.0, 1.0, 0.0).bandwidth == "intra"
+    far = dp_comm(H100, across, LINKS, 1e9, 1e9, 0.0, 0.0, 0.0)
+    assert far.bandwidth == "inter"
+    # ZeRO-1: a reduce-scatter of the gradients and an all-gather of the weights, (n-1)/n of each
+    assert far.total == pytest.approx(2 * 7 / 8 * 1e9 / H100.inter_node_bandwidth)
+
+
+def test_ring_attention_keeps_one_kv_head_per_rank_past_the_kv_heads():
+    spec = load_model("llama-3.1-8b")  # 8 kv heads
+    assert spec.kv_heads == 8
+    at_kv = Setup(stack="megatron", precision="bf16-master", tp=8, cp=2)
+    past = Setup(stack="megatron", precision="bf16-master", tp=16, cp=2)
+    one = cp_comm_seconds(spec, at_kv, LINKS, 4096, 2, 1, 0.0, 0.0)
+    assert one > 0 and cp_comm_seconds(spec, past, LINKS, 4096, 2, 1, 0.0, 0.0) == pytest.approx(one)
+    # forward cp-1 hops + backward twice that, all exposed with no attention to hide behind; full recompute re-runs
+    kv = 2 * 4096 * spec.head_dim * 2
+    assert one == pytest.approx(3 * kv / H100.inter_node_bandwidth)
+    full = Setup(stack="megatron", precision="bf16-master", tp=8, cp=2, recompute="full")
+    assert cp_comm_seconds(spec, full, LINKS, 4096, 2, 1, 0.0, 1.0) == pytest.approx(2 * one)
+
+
+def test_sequence_parallel_dispatches_a_tp_share_of_the_tokens():
+    spec = load_model("mixtral-8x7b")
+    plain = Setup(stack="megatron", precision="bf16-master", tp=2, ep=4, dp=4)
+    sp = Setup(stack="megatron", precision="bf16-master", tp=2, ep=4, dp=4, sequence_parallel=True)
+    whole = ep_comm_seconds(spec, plain, LINKS, 4096, 2, 1)
+    assert whole == pytest.approx(4 * 3 / 4 * 4096 * spec.moe.top_k * spec.hidden * 2 / LINKS.intra)
+    assert ep_comm_seconds(spec, sp, LINKS, 4096, 2, 1) == pytest.approx(whole / 2)
+    assert ep_comm_seconds(load_model("llama-3.1-8b"), plain, LINKS, 4096, 2, 1) == 0.0  # a dense model
+
+
+def test_float8_halves_the_forward_all_gathers_bytes():
+    spec = load_model("llama-3.1-8b")
+    bf16 = Setup(stack="torchtitan", tp=2)
+    fp8 = Setup(stack="torchtitan", tp=2, float8=True)
+    # 2 forward all-reduces of 4: their all-gather halves move 1 byte instead of 2
+    assert tp_comm_seconds(spec, fp8, LINKS, 4096, 2, 1, 0.0) == pytest.approx(
+        3.5 / 4 * tp_comm_seconds(spec, bf16, LINKS, 4096, 2, 1, 0.0))
