@@ -140,3 +140,23 @@ def test_with_micro_batches_is_with_and_keeps_its_rules():
     inbwd = Setup(optimizer_in_backward=True, precision="bf16")
     with pytest.raises(SetupError, match="--grad-accum 1"):
         inbwd.with_micro_batches(1, 2)
+
+
+def test_every_setting_has_a_concern_and_the_modes_follow_it():
+    """Settings are grouped by concern (setup/vocab.py GROUPS); the serving, RL, vision and fine-tuning groups'
+    settings apply to their group's modes (quant also to serving: vLLM's weight formats), and the web form shows
+    every setting once, the ones outside its first fieldsets under their concern's title."""
+    import re
+
+    from trainfit.setup.vocab import GROUPS
+    from trainfit.web.page import knob_fieldsets
+
+    exceptions = {"quant": ("train", "serve")}
+    for s in SETTINGS:
+        assert s.meta.group in GROUPS, s.name
+        if s.meta.group in ("serve", "rl", "vision", "fine-tune"):
+            assert s.meta.modes == exceptions.get(s.name, GROUPS[s.meta.group][1]), (s.name, s.meta.modes)
+    html = knob_fieldsets()
+    names = re.findall(r'<(?:input|select)[^>]* id="([a-z_0-9]+)"', html)
+    assert sorted(names) == sorted(s.name for s in SETTINGS)
+    assert "Serving (--mode serve)" in re.findall(r"<legend>([^<]*)", html)

@@ -14,7 +14,7 @@ from .. import stacks as _stacks
 from ..errors import SetupError
 from ..units import parse_count
 from .parsers import _check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, combine_offload
-from .vocab import (ATTENTION, DEFAULT_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES,
+from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
 
@@ -28,7 +28,8 @@ class Meta:
     minimum: float | None = None  # inclusive lower bound for numbers
     maximum: float | None = None  # inclusive upper bound
     above: float | None = None  # exclusive lower bound (e.g. mfu > 0)
-    modes: tuple[str, ...] = STEP_MODES  # the modes the setting applies to
+    modes: tuple[str, ...] = STEP_MODES  # the modes the setting applies to (setting(): its group's by default)
+    group: str = "step"  # its concern (vocab.GROUPS): the modes it applies to by default, the web form's fieldsets
     short: str | None = None  # one-letter CLI alias
     auto: str | None = None  # the request default is None, resolved later (how, in words, for --help)
     parse: Callable[[str], Any] | None = None  # CLI/web text -> value (e.g. "15T" -> 1.5e13)
@@ -40,8 +41,11 @@ class Meta:
     names_model: bool = False  # the value names a model, resolved by models.resolve.load_model (and its rule)
 
 
-def setting(default, help: str, **meta) -> Any:
-    return field(default=default, metadata={"setting": Meta(help, **meta)})
+def setting(default, help: str, group: str, **meta) -> Any:
+    """A setting of `group` (vocab.GROUPS: its concern); it applies to the group's modes unless `modes` says
+    otherwise."""
+    meta.setdefault("modes", GROUPS[group][1])
+    return field(default=default, metadata={"setting": Meta(help, group=group, **meta)})
 
 
 @dataclass(frozen=True)
@@ -51,19 +55,19 @@ class Setup:
     batch: int = setting(1, "Micro-batch per GPU (sequences). --mode rl: prompts per optimizer step per GPU, each "
                          "sampled --group-size times (see --group-size for TRL's names).",
                          maximum=limits.TOKENS, minimum=1, short="-b",
-                         example="8", modes=RL_STEP)
+                         example="8", modes=RL_STEP, group="step")
     seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens (--mode rl: "
                        "--prompt-len + --completion-len, not set).", maximum=limits.TOKENS, minimum=1, short="-s",
-                       auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP)
+                       auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP, group="step")
     grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.",
                               maximum=limits.TOKENS, minimum=1, modes=TRAINING,
-                              example="4")
+                              example="4", group="step")
     precision: str = setting("amp-bf16", "Precision policy. Training: " + ", ".join(
         f"{n} ({_precision.PRECISIONS[n].summary})" for n in TRAIN_PRECISIONS) + ". Inference: " + ", ".join(
         INFER_PRECISIONS) + ". Serving: the weights' dtype (bf16, fp16, fp32).", choices=INFER_PRECISIONS,
         auto="the stack's for training (hf, torchtitan: amp-bf16; megatron, deepspeed: bf16-master), bf16 for "
-        "inference and serving", modes=MODES)
-    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=TRAINING)
+        "inference and serving", modes=MODES, group="step")
+    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=TRAINING, group="step")
     recompute: str = setting("none", "Activation checkpointing: none; full (every layer); layer:N (every N-th "
                              "layer, torchtitan); op (torchtitan's per-op SAC: saves matmul and attention outputs, "
                              "recomputes every second matmul and all else); uniform:N (Megatron: groups of N layers, "
@@ -71,66 +75,67 @@ class Setup:
                              "checkpointed); selective = the stack's own meaning (torchtitan: op; megatron: core "
                              "attention; hf: the attention scores, needs --attention eager).",
                              modes=TRAINING, check=lambda v: check_recompute(v), example="op",
-                             suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"))
+                             suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"), group="step")
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash (the fused kernel "
                              "torch's SDPA picks: cuDNN on H100/H200 from torch 2.9); flash2 = FlashAttention-2 (SDPA "
                              "before torch 2.9, or the flash-attn package; CUDA, 16-bit); triton = FlashAttention in "
                              "Triton (llm-foundry's attn_impl: triton; CUDA, 16-bit, --stack hf; saves what flash "
                              "saves, runs slower); auto = flash on cuda, sdpa on cpu.",
-                             choices=ATTENTION, modes=RL_STEP)
-    dp: int = setting(1, "Data-parallel degree.", maximum=limits.RANKS, minimum=1, modes=("train",), example="8")
+                             choices=ATTENTION, modes=RL_STEP, group="step")
+    dp: int = setting(1, "Data-parallel degree.", maximum=limits.RANKS, minimum=1, example="8", group="parallel")
     tp: int = setting(1, "Tensor-parallel degree (divides heads).",
-                      maximum=limits.RANKS, minimum=1, example="8", modes=MODES)
+                      maximum=limits.RANKS, minimum=1, example="8", modes=MODES, group="parallel")
     pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).",
                       maximum=limits.RANKS, minimum=1,
-                      example="4", modes=MODES)
+                      example="4", modes=MODES, group="parallel")
     vpp: int = setting(1, "Virtual pipeline stages per pipeline rank (Megatron's interleaved 1F1B: each rank holds "
-                       "--vpp model chunks).", maximum=limits.RANKS, minimum=1, modes=("train",), example="3")
+                       "--vpp model chunks).", maximum=limits.RANKS, minimum=1, example="3", group="parallel")
     pp_split: str = setting("even", "How layers are split over pipeline stages: even; embedding-loss (Megatron's "
                             "account_for_embedding/loss_in_pipeline_split: the embedding and the loss each count as "
                             "one layer, so the first and last stages hold one layer fewer); first:N,last:M (Megatron's "
                             "decoder_first/last_pipeline_num_layers, the rest even).", check=lambda v: check_pp_split(v),
-                            example="embedding-loss", suggestions=("even", "embedding-loss"))
+                            example="embedding-loss", suggestions=("even", "embedding-loss"), modes=STEP_MODES,
+                            group="parallel")
     cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
-                      "every sequence).", maximum=limits.RANKS, minimum=1, modes=("train",), example="2")
+                      "every sequence).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
     ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "
-                      "tp).", maximum=limits.RANKS, minimum=1, modes=("train",), example="8")
+                      "tp).", maximum=limits.RANKS, minimum=1, example="8", group="parallel")
     etp: Optional[int] = setting(None, "Expert tensor-parallel degree (each expert's matrices split over etp ranks).",
-                                 maximum=limits.RANKS, minimum=1, modes=("train",), auto="--tp (Megatron's default)",
-                                 example="1")
+                                 maximum=limits.RANKS, minimum=1, auto="--tp (Megatron's default)",
+                                 example="1", group="parallel")
     zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
-                        "= FSDP).", choices=(0, 1, 2, 3), modes=("train",))
+                        "= FSDP).", choices=(0, 1, 2, 3), group="parallel")
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
-                                      "over --tp ranks).", modes=("train",))
+                                      "over --tp ranks).", group="parallel")
     stack: str = setting("hf", "Training stack whose step is modelled: hf (HF Trainer/accelerate: torch.autocast, "
                          "fused AdamW, HF RMSNorm in fp32), torchtitan (FSDP2 mixed precision: bf16 all-gather and "
                          "fp32 reduce; fused AdamW; per-op SAC), megatron (Megatron-Core: 16-bit weights, fp32 "
                          "main grads and distributed optimizer (--zero 1), fused kernels, TP/SP/PP/CP/EP) or "
                          "deepspeed (ZeRO 0-3 with FusedAdam, bucketed reduction, offload). Facts and sources: "
                          "trainfit/stacks/*.toml.",
-                         choices=STACKS, modes=("train",))
+                         choices=STACKS, modes=("train",), group="step")
     compile: bool = setting(False, "torch.compile the model (inductor), as the stack does it: torchtitan compiles each "
                             "block and the loss, the HF Trainer's torch_compile the whole model. Its partitioner saves "
                             "matmul/attention outputs and recomputes pointwise chains in backward (modelled for "
-                            "Llama-style blocks and the loss).", modes=("train",))
+                            "Llama-style blocks and the loss).", modes=("train",), group="step")
     tf32: bool = setting(False, "fp32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32 = True, "
                          "HF TrainingArguments tf32=True). Off is PyTorch's default: fp32 matmuls then run at the GPU's "
-                         "fp32 rate, 7x slower than TF32 on an H100. Time only; --precision fp32.")
+                         "fp32 rate, 7x slower than TF32 on an H100. Time only; --precision fp32.", group="step")
     float8: bool = setting(False, "Float8 training of the linear layers (torchao Float8Linear, tensorwise dynamic "
                            "scaling, fp8 FSDP all-gather), as torchtitan applies it: --stack torchtitan; fp8 GEMMs "
-                           "need a GPU with fp8 tensor cores (H100/H200/B200/L4/L40S...).", modes=("train",))
+                           "need a GPU with fp8 tensor cores (H100/H200/B200/L4/L40S...).", modes=("train",), group="step")
     offload: str = setting("none", "What lives in host memory: optimizer (DeepSpeed ZeRO-Offload: fp32 master and "
                            "optimizer states, the step on the CPU; --zero >= 1; --stack deepspeed), params "
                            "(ZeRO-Infinity: the 16-bit weights too; --zero 3; --stack deepspeed) or activations "
                            "(torchtune's activation offloading: saved tensors to pinned host memory in forward, back "
                            "in backward; --stack hf, analytic engine). Repeatable: --offload optimizer --offload "
                            "params is ZeRO-Infinity's pair, the same as params.", choices=OFFLOAD, modes=("train",),
-                           repeatable=True, parse=lambda v: combine_offload(v), example="optimizer")
+                           repeatable=True, parse=lambda v: combine_offload(v), example="optimizer", group="step")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
                                             modes=TRAINING,
                                             auto="the stack's (fused for Adam/AdamW/SGD; torch's "
-                                            "default otherwise: foreach on cuda, for-loop on cpu)")
+                                            "default otherwise: foreach on cuda, for-loop on cpu)", group="step")
     max_grad_norm: Optional[float] = setting(None, "Gradient clipping before each optimizer step: the "
                                              "gradients are scaled to at most this total L2 norm, as the stack "
                                              "does it: torch.nn.utils.clip_grad_norm_ (HF Trainer's max_grad_norm, "
@@ -142,135 +147,126 @@ class Setup:
                                              "DeepSpeed's optimizers still take the norm, which they log); "
                                              "torchtitan always clips: a positive value.", minimum=0, modes=TRAINING,
                                              auto="the stack's: 1.0 (hf, torchtitan, megatron, deepspeed); none "
-                                             "with --optimizer-in-backward", example="0", suggestions=(0, 0.5, 1.0))
+                                             "with --optimizer-in-backward", example="0", suggestions=(0, 0.5, 1.0), group="step")
     head: Optional[str] = setting(None, "Task head trained: causal-lm, masked-lm, seq-cls (sequence "
                                   "classification), token-cls (token classification); labels from the config's "
                                   "num_labels/id2label (default 2).", choices=HEADS, modes=("train",),
                                   auto="the config's architectures (e.g. BertForSequenceClassification -> seq-cls), "
-                                  "else the family's LM head", example="seq-cls")
+                                  "else the family's LM head", example="seq-cls", group="step")
     lora_rank: int = setting(0, "LoRA adapter rank (peft's LoraConfig r): the base weights are frozen and only the "
                              "adapters train; 0 = full fine-tuning. Alpha does not change memory; lora_dropout 0.",
-                             maximum=limits.RANK_ROWS, minimum=0, modes=TRAINING, example="16",
-                             suggestions=(0, 8, 16, 64))
+                             maximum=limits.RANK_ROWS, minimum=0, example="16",
+                             suggestions=(0, 8, 16, 64), group="fine-tune")
     lora_targets: str = setting("all-linear", "Linear layers that get adapters: all-linear (peft's: every Linear "
                                 "but the output head), attention (q/k/v/o projections) or comma-separated module "
-                                "names (e.g. q_proj,v_proj); needs --lora-rank.", modes=TRAINING,
+                                "names (e.g. q_proj,v_proj); needs --lora-rank.",
                                 check=lambda v: check_lora_targets(v), example="q_proj,v_proj",
-                                suggestions=("all-linear", "attention", "q_proj,v_proj"))
+                                suggestions=("all-linear", "attention", "q_proj,v_proj"), group="fine-tune")
     dora: bool = setting(False, "DoRA (weight-decomposed LoRA, peft use_dora): a trainable magnitude per output "
-                         "feature of each adapted Linear; needs --lora-rank.", modes=TRAINING)
+                         "feature of each adapted Linear; needs --lora-rank.", group="fine-tune")
     quant: Optional[str] = setting(None, "Frozen base weights quantised by bitsandbytes, as transformers' "
                                    "BitsAndBytesConfig loads them: nf4 or fp4 (4-bit, blocks of 64, double "
                                    "quantisation, compute dtype = the matmul dtype) or int8 (LLM.int8); every "
                                    "Linear but the output head; with --lora-rank this is QLoRA; --stack hf. "
                                    "Serving (vLLM's --quantization): fp8, or awq / gptq (4-bit, groups of 128).",
-                                   choices=QUANTS + SERVE_QUANTS, modes=("train", "serve"), example="nf4")
+                                   choices=QUANTS + SERVE_QUANTS, modes=("train", "serve"), example="nf4", group="fine-tune")
     lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
-                              "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES,
-                              modes=TRAINING)
+                              "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES, group="fine-tune")
     loss: str = setting("full", "Loss kernel: full (the model's own: whole logits, upcast to fp32) or fused-linear "
                         "(Liger's fused linear cross-entropy, as TRL's use_liger_kernel applies it: the LM head and the "
                         "loss run chunk by chunk, the logits never whole, the head's gradients made in forward) or "
                         "chunked-logprob (TRL's fused LM head, what its GRPO trainer trains with: per-token "
                         "log-probs from [4096 × 32768] logits tiles, recomputed in backward; --mode rl uses it); "
-                        "--stack hf, analytic engine.", choices=LOSSES, modes=("train",))
+                        "--stack hf, analytic engine.", choices=LOSSES, modes=("train",), group="step")
     optimizer_in_backward: bool = setting(False, "Step the optimizer inside the backward pass, one parameter at a "
                                           "time as its gradient is ready, and free that gradient at once (torchtune's "
                                           "optimizer_in_bwd): gradients never all live. Needs --grad-accum 1 and one "
-                                          "GPU (no --dp).", modes=("train",))
+                                          "GPU (no --dp).", modes=("train",), group="step")
     image_size: Optional[int] = setting(None, "Image side in pixels (vision models: resnet, convnext, vit); the "
-                                        "batch is images.", minimum=1, maximum=8192, modes=("train",),
-                                        auto="the config's image_size (224 for the ImageNet models)", example="224")
+                                        "batch is images.", minimum=1, maximum=8192,
+                                        auto="the config's image_size (224 for the ImageNet models)", example="224", group="vision")
     channels_last: bool = setting(False, "Run a vision model in the channels-last memory format (NHWC; the same "
-                                  "bytes, other kernels).", modes=("train",))
+                                  "bytes, other kernels).", group="vision")
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "
                           "torch's foreach optimizer default) or cpu (PyTorch CPU kernels, for-loop default).",
-                          choices=DEVICES, modes=MODES)
+                          choices=DEVICES, modes=MODES, group="step")
     mode: str = setting("train", "train (a training step), infer (prefill + one decode step), serve (a serving "
                         "engine's memory: its KV-cache capacity in tokens and concurrent sequences) or rl (an RL "
                         "post-training step, GRPO or PPO: generate, score, train; docs/rl.md).", choices=MODES,
-                        modes=MODES)
+                        modes=MODES, group="step")
     kv_dtype: Optional[str] = setting(None, "KV-cache dtype (default: the activation dtype; vLLM's "
                                       "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve", "rl"),
-                                      aliases=("--kv-cache-dtype",))
+                                      aliases=("--kv-cache-dtype",), group="step")
     server: str = setting("vllm", "Serving engine modelled: vllm (vLLM 0.33's start-up profiling and paged KV "
                           "cache) or sglang (SGLang 0.5.23's static memory fraction and token pool).",
-                          choices=SERVERS, modes=("serve",))
+                          choices=SERVERS, group="serve")
     mem_fraction_static: Optional[float] = setting(None, "SGLang's --mem-fraction-static: the share of the free "
                                                    "memory for the weights and the KV pool (--server sglang).",
-                                                   above=0, maximum=1, modes=("serve",), example="0.85",
-                                                   auto="SGLang's own for the GPU, TP and PP (its memory_hook.py)")
+                                                   above=0, maximum=1, example="0.85",
+                                                   auto="SGLang's own for the GPU, TP and PP (its memory_hook.py)", group="serve")
     gpu_memory_utilization: float = setting(0.92, "Fraction of the GPU's memory the engine may take (vLLM's "
                                             "--gpu-memory-utilization; weights, activations and CUDA graphs come "
-                                            "out of it, the rest is KV cache).", above=0, maximum=1,
-                                            modes=("serve",), example="0.9")
+                                            "out of it, the rest is KV cache).", above=0, maximum=1, example="0.9", group="serve")
     max_model_len: Optional[int] = setting(None, "Longest request (prompt + output) served, tokens (vLLM's "
-                                           "--max-model-len).", maximum=limits.TOKENS, minimum=1, modes=("serve",),
-                                           auto="the model's max_position_embeddings", example="8192")
+                                           "--max-model-len).", maximum=limits.TOKENS, minimum=1,
+                                           auto="the model's max_position_embeddings", example="8192", group="serve")
     max_num_batched_tokens: Optional[int] = setting(None, "Tokens per engine step (vLLM's "
                                                     "--max-num-batched-tokens; the profile run's size).",
-                                                    maximum=limits.TOKENS, minimum=1,
-                                                    modes=("serve",), auto="vLLM's for the GPU: 8192 on H100/H200, "
-                                                    "16384 from 160 GB, else 2048", example="8192")
+                                                    maximum=limits.TOKENS, minimum=1, auto="vLLM's for the GPU: 8192 on H100/H200, "
+                                                    "16384 from 160 GB, else 2048", example="8192", group="serve")
     max_num_seqs: Optional[int] = setting(None, "Sequences per engine step (vLLM's --max-num-seqs).",
-                                          maximum=limits.TOKENS, minimum=1,
-                                          modes=("serve",), auto="vLLM's for the GPU: 1024 on H100/H200 and up, "
-                                          "else 256", example="256")
+                                          maximum=limits.TOKENS, minimum=1, auto="vLLM's for the GPU: 1024 on H100/H200 and up, "
+                                          "else 256", example="256", group="serve")
     block_size: int = setting(16, "KV-cache block size, tokens (vLLM's --block-size).",
-                              maximum=limits.TOKENS, minimum=1,
-                              modes=("serve",), example="16")
+                              maximum=limits.TOKENS, minimum=1, example="16", group="serve")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
-                                  "budget.", modes=("serve",))
+                                  "budget.", group="serve")
     draft_model: Optional[str] = setting(None, "Speculative decoding with a draft model (a catalog name or "
                                          "config.json; vLLM's --speculative-config model, SGLang's "
                                          "--speculative-draft-model-path): its weights and its KV cache share the "
-                                         "engine's budget. Needs the target's vocabulary.",
-                                         modes=("serve",), example="llama-3.2-1b", names_model=True)
+                                         "engine's budget. Needs the target's vocabulary.", example="llama-3.2-1b", names_model=True, group="serve")
     speculative_algorithm: Optional[str] = setting(None, "SGLang's --speculative-algorithm: eagle or eagle3 (a "
                                                    "draft head given by --draft-model, sharing the target's "
                                                    "embedding), nextn (the target's own MTP layers, DeepSeek's "
                                                    "num_nextn_predict_layers; no --draft-model) or standalone (a "
                                                    "whole draft model).", choices=SPECULATIVE_ALGORITHMS,
-                                                   modes=("serve",),
-                                                   auto="standalone with --draft-model, else none")
+                                                   auto="standalone with --draft-model, else none", group="serve")
 
     rl_algo: str = setting("grpo", "RL algorithm: grpo (TRL's GRPOTrainer: group-relative advantages, no critic) or "
                            "ppo (verl/OpenRLHF's PPO: a critic (value model) trained beside the policy).",
-                           choices=RL_ALGOS, modes=("rl",))
+                           choices=RL_ALGOS, group="rl")
     group_size: int = setting(8, "Completions sampled per prompt (TRL's num_generations, default 8: "
                               "grpo_config.py:480; verl's rollout.n). With --batch P prompts and --grad-accum A, "
                               "each GPU generates P × group completions at once and trains on them in A "
                               "micro-batches of P × group / A (TRL's per_device_train_batch_size, which counts "
-                              "completions).", maximum=limits.TOKENS, minimum=1,
-                              modes=("rl",), example="8")
+                              "completions).", maximum=limits.TOKENS, minimum=1, example="8", group="rl")
     prompt_len: int = setting(512, "Prompt tokens per sequence (the dataset's; TRL pads a batch's prompts to its "
-                              "longest).", maximum=limits.TOKENS, minimum=1, modes=("rl",), example="1024")
+                              "longest).", maximum=limits.TOKENS, minimum=1, example="1024", group="rl")
     completion_len: int = setting(512, "Generated tokens per completion (TRL's max_completion_length, default 512: "
                                   "grpo_config.py:494; modelled at full length: no early EOS).",
-                                  maximum=limits.TOKENS, minimum=1,
-                                  modes=("rl",), example="4096")
+                                  maximum=limits.TOKENS, minimum=1, example="4096", group="rl")
     rollout: str = setting("hf", "Who generates: hf (transformers' generate in the training process, TRL's default) "
                            "or vllm (a vLLM engine colocated on the same GPU with --vllm-gpu-memory-utilization of it, "
-                           "TRL's vllm_mode='colocate', verl's hybrid engine).", choices=ROLLOUTS, modes=("rl",))
+                           "TRL's vllm_mode='colocate', verl's hybrid engine).", choices=ROLLOUTS, group="rl")
     vllm_gpu_memory_utilization: float = setting(0.3, "--rollout vllm: the fraction of the GPU's memory the colocated "
                                                  "vLLM engine takes for its weights, activations, CUDA graphs and "
                                                  "KV cache (TRL's vllm_gpu_memory_utilization, default 0.3: "
-                                                 "grpo_config.py:656).", above=0, maximum=1, modes=("rl",),
-                                                 example="0.4")
+                                                 "grpo_config.py:656).", above=0, maximum=1,
+                                                 example="0.4", group="rl")
     beta: float = setting(0.0, "KL coefficient (TRL's beta, default 0.0: grpo_config.py:681). Above 0 a frozen "
                           "reference model is loaded and scores every completion (grpo_trainer.py:985-1003, "
                           "2709-2739); with --lora-rank the policy with its adapters disabled is the reference.",
-                          minimum=0, modes=("rl",), example="0.04")
+                          minimum=0, example="0.04", group="rl")
     critic_model: Optional[str] = setting(None, "--rl-algo ppo: the critic (value model), a catalog name or "
-                                          "config.json, trained beside the policy.", modes=("rl",),
+                                          "config.json, trained beside the policy.",
                                           auto="the policy's model (the critic initialised from the policy's "
                                           "checkpoint; verl's critic.yaml takes its own model.path)",
-                                          example="qwen2.5-0.5b", names_model=True)
+                                          example="qwen2.5-0.5b", names_model=True, group="rl")
     reward_model: Optional[str] = setting(None, "A reward model scoring each completion (a catalog name or "
-                                          "config.json; a sequence classifier, frozen).", modes=("rl",),
+                                          "config.json; a sequence classifier, frozen).",
                                           auto="none: rule-based reward functions (TRL's reward_funcs)",
-                                          example="qwen2.5-0.5b", names_model=True)
+                                          example="qwen2.5-0.5b", names_model=True, group="rl")
 
     def __post_init__(self) -> None:
         if self.mode == "rl" and isinstance(self.prompt_len, int) and isinstance(self.completion_len, int):
@@ -385,30 +381,29 @@ class RunSettings:
     """Settings of the question rather than of the step: which GPU, what utilisation, what budget."""
 
     gpu: Optional[str] = setting(None, "GPU to check the fit and time against: a catalog name (see `trainfit "
-                                 "gpus`) or a .json/.toml file with the catalog's fields.", example="H100-80GB",
-                                 modes=MODES)
+                                 "gpus`) or a .json/.toml file with the catalog's fields.", example="H100-80GB", group="run")
     gpu_memory: Optional[float] = setting(None, "GiB of device memory per GPU as CUDA reports it "
                                           "(torch.cuda.mem_get_info()[1], vLLM's total_gpu_memory), replacing the "
                                           "GPU's own (a MIG slice, a memory cap, a variant the catalog lacks); needs "
                                           "--gpu.",
-                                          above=0, maximum=4096, example="40", modes=MODES)
+                                          above=0, maximum=4096, example="40", group="run")
     mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
                                    "(0 < mfu <= 1).", above=0, maximum=1, example="0.4",
-                                   modes=RL_STEP)
+                                   modes=RL_STEP, group="run")
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
-                                      "and energy.", above=0, modes=("train",), parse=parse_count, example="15T")
+                                      "and energy.", above=0, modes=("train",), parse=parse_count, example="15T", group="run")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
-                                     minimum=0, example="2.5", modes=MODES)
+                                     minimum=0, example="2.5", group="run")
     reserve: float = setting(0.0, "Extra GiB per GPU kept free when judging the fit (the CUDA context, cuBLAS "
                              "workspace and NCCL buffers are already taken off the capacity): other processes on "
                              "the GPU, a safety margin.", minimum=0, maximum=1024, example="2",
-                             modes=RL_STEP)
+                             modes=RL_STEP, group="run")
     alloc_conf: Optional[str] = setting(None, "The CUDA caching allocator's settings for the trace's reserved and "
                                         "required, in "
                                         "PYTORCH_CUDA_ALLOC_CONF syntax (max_split_size_mb, expandable_segments, "
                                         "roundup_power2_divisions, garbage_collection_threshold).",
                                         auto="torch's defaults", check=lambda v: _check_alloc_conf(v),
-                                        example="expandable_segments:True")
+                                        example="expandable_segments:True", modes=STEP_MODES, group="run")
 
 
 # -- the registry -----------------------------------------------------------------------------------------

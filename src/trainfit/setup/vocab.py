@@ -44,3 +44,16 @@ ATTENTION = ("auto", "eager", "sdpa", "flash", "flash2", "triton")
 DEVICES = ("cuda", "cpu")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_SEQ = 2048
+
+# Each setting's concern (settings.py `setting(..., group=)`): its title in the web form, and the modes its settings
+# apply to unless one says otherwise
+GROUPS = {
+    "step": ("The step", STEP_MODES),
+    "parallel": ("Parallelism", ("train",)),
+    "fine-tune": ("Fine-tuning", TRAINING),
+    "serve": ("Serving (--mode serve)", ("serve",)),
+    "rl": ("RL post-training (--mode rl)", ("rl",)),
+    "vision": ("Vision models", ("train",)),
+    "run": ("The GPU and the budget", MODES),
+}
+

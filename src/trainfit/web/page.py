@@ -22,6 +22,7 @@ import json
 
 from ..report.held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, held_sentence
 from ..setup import SETTINGS, Setting, choices_for
+from ..setup.vocab import GROUPS as SETTING_GROUPS
 
 # Which fieldset each setting sits in (a setting not named here lands in "More").
 GROUPS = (("Hardware", ("gpu", "gpu_memory", "mode", "device", "mfu")),
@@ -71,7 +72,11 @@ def _input(s: Setting) -> str:
 def knob_fieldsets() -> str:
     by_name = {s.name: s for s in SETTINGS}
     placed = {n for _, names in GROUPS for n in names}
-    groups = [*GROUPS, ("More", tuple(n for n in by_name if n not in placed))]
+    # the rest by concern (setup/vocab.py GROUPS)
+    rest = [(f"More: {title.lower()}" if key in ("step", "parallel") else title,
+             tuple(n for n, s in by_name.items() if n not in placed and s.meta.group == key))
+            for key, (title, _) in SETTING_GROUPS.items()]
+    groups = [*GROUPS, *rest]
     out = []
     for legend, names in groups:
         rows = [_input(by_name[n]) for n in names if n in by_name]
