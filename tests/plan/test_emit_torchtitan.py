@@ -19,7 +19,7 @@ import pytest
 from trainfit.api import load_spec
 from trainfit.errors import SetupError
 from trainfit.hardware import get_gpu
-from trainfit.plan import emit
+from trainfit.plan import emit, emit_torchtitan
 from trainfit.plan.search import PlanQuery, search
 from trainfit.stacks import get_stack
 
@@ -91,18 +91,18 @@ def test_flavor_shapes_are_torchtitans_registry(titan):
         assert a.attn_type == "sdpa"
         with torch.device("meta"):
             ff = FeedForward(a.dim, 4 * a.dim, a.multiple_of, a.ffn_dim_multiplier)
-        assert emit.torchtitan_ffn(shape) == ff.w1.out_features, flavor
+        assert emit_torchtitan.torchtitan_ffn(shape) == ff.w1.out_features, flavor
 
 
 def test_catalog_llamas_match_torchtitan_flavors():
     """trainfit's catalog (from the HF configs) and torchtitan's registry are independent sources that agree."""
-    assert emit.torchtitan_flavor(load_spec("llama-3.1-8b"))[:2] == ("llama3", "8B")
-    assert emit.torchtitan_flavor(load_spec("llama-3.1-70b"))[:2] == ("llama3", "70B")
-    assert emit.torchtitan_flavor(load_spec("llama-3.1-405b"))[:2] == ("llama3", "405B")
+    assert emit_torchtitan.torchtitan_flavor(load_spec("llama-3.1-8b"))[:2] == ("llama3", "8B")
+    assert emit_torchtitan.torchtitan_flavor(load_spec("llama-3.1-70b"))[:2] == ("llama3", "70B")
+    assert emit_torchtitan.torchtitan_flavor(load_spec("llama-3.1-405b"))[:2] == ("llama3", "405B")
     for other in ("llama-3.2-1b", "mistral-7b", "qwen2.5-7b", "gpt2"):  # tied, windowed, biased, not a llama
-        assert emit.torchtitan_flavor(load_spec(other)) is None, other
+        assert emit_torchtitan.torchtitan_flavor(load_spec(other)) is None, other
     with pytest.raises(SetupError, match="registry"):
-        emit.torchtitan_flavor_or_error(load_spec("llama-3.2-1b"))
+        emit_torchtitan.torchtitan_flavor_or_error(load_spec("llama-3.2-1b"))
 
 
 # -- ConfigManager ----------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_emitted_toml_parses_with_torchtitans_config_manager(titan, tmp_path, mo
         cfg = parse(titan, ["--job.config_file", str(path)])
         assert layout_of(cfg) == expected(c.setup)
         assert cfg.training.steps == math.ceil(1e9 / c.setup.tokens_per_step)
-        assert (cfg.model.name, cfg.model.flavor) == emit.torchtitan_flavor(spec)[:2]
+        assert (cfg.model.name, cfg.model.flavor) == emit_torchtitan.torchtitan_flavor(spec)[:2]
         assert cfg.compile.enable is False and cfg.training.mixed_precision_reduce == "float32"
         # the torchrun line carries the same keys as CLI overrides: ConfigManager parses them to the same config
         line = emit.emit("torchrun", c.setup, spec, 8, tokens=1e9)

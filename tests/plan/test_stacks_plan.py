@@ -13,7 +13,7 @@ from trainfit.setup import Setup
 from trainfit.api import load_spec
 from trainfit.errors import TrainfitError
 from trainfit.hardware import get_gpu
-from trainfit.plan.emit import torchtitan_sections
+from trainfit.plan.emit_torchtitan import torchtitan_sections
 from trainfit.plan.search import PlanQuery, search
 from trainfit.stacks import get_stack
 
@@ -167,7 +167,7 @@ def test_recompute_matmul_flops_equal_torchtitans_checkpointing():
 
     from trainfit.analytic.flops import recompute_per_token
     from trainfit.models.hf_config import spec_from_config
-    from trainfit.plan.emit import torchtitan_ffn
+    from trainfit.plan.emit_torchtitan import torchtitan_ffn
 
     args = TransformerModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=128, multiple_of=32,
                                 max_seq_len=32)

@@ -163,7 +163,7 @@ def test_emitted_config_is_read_by_deepspeed_as_modelled(zero, precision, offloa
     cfgmod = pytest.importorskip("deepspeed.runtime.config")
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    from trainfit.plan.emit import deepspeed as emit_deepspeed
+    from trainfit.plan.emit_deepspeed import deepspeed as emit_deepspeed
 
     s = _setup(zero=zero, dp=2 if zero else 1, precision=precision, offload=offload)
     cfg = emit_deepspeed(s)

@@ -172,7 +172,8 @@ def test_emitted_configs_carry_the_clip_as_the_stacks_read_it(norm):
     from megatron.core.optimizer import OptimizerConfig
 
     from trainfit.models.resolve import load_model
-    from trainfit.plan.emit import deepspeed as emit_deepspeed, emit
+    from trainfit.plan.emit import emit
+    from trainfit.plan.emit_deepspeed import deepspeed as emit_deepspeed
 
     expected = 1.0 if norm is None else norm
     ds = Setup(stack="deepspeed", precision="bf16-master", zero=2, dp=2, max_grad_norm=norm)

@@ -14,6 +14,8 @@ import shlex
 from ..setup import Setup, parse_pp_split
 from ..spec import ModelSpec
 
+PRECISIONS = ("bf16-master", "fp16-master", "fp32")  # 16-bit weights with fp32 main params, or fp32
+
 
 def supports(s: Setup) -> str | None:
     if s.stack != "megatron":
@@ -92,3 +94,7 @@ def _pairs(a: list[str]) -> list[list[str]]:
         else:
             out[-1].append(x)
     return out
+
+
+def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = None) -> str:
+    return command(s, spec, gpus_per_node)

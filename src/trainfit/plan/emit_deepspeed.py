@@ -1,0 +1,31 @@
+"""DeepSpeed config JSON of a plan (deepspeed.ai/docs/config-json): what DeepSpeed's ZeRO engine runs of it."""
+from __future__ import annotations
+
+import json
+
+from ..setup import Setup
+from ..spec import ModelSpec
+
+PRECISIONS = ("bf16-master", "amp-fp16", "fp32")
+
+
+def supports(s: Setup) -> str | None:
+    """None when DeepSpeed's config can run plan `s`, else why not (one line)."""
+    if s.tp > 1 or s.pp > 1:
+        return "DeepSpeed's JSON config has no tensor/pipeline layout (that needs Megatron-DeepSpeed code)"
+    if s.precision not in ("bf16-master", "fp16-master", "amp-fp16", "fp32"):
+        return f"DeepSpeed's bf16/fp16 modes keep 16-bit weights with fp32 masters, not {s.precision}"
+    if s.recompute == "selective":
+        return "DeepSpeed checkpoints whole layers (full recompute) only"
+    return None
+
+
+def deepspeed(s: Setup) -> dict:
+    """DeepSpeed config JSON (trainfit.stacks.deepspeed_config, shared with the measure engine's DeepSpeed step)."""
+    from ..stacks.deepspeed_config import ds_config
+
+    return ds_config(s)
+
+
+def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = None) -> str:
+    return json.dumps(deepspeed(s), indent=2) + "\n"

@@ -1,0 +1,37 @@
+"""A torchrun command line launching torchtitan with the plan's job-config keys as --section.key overrides
+(emit_torchtitan.py writes the same keys as a TOML file)."""
+from __future__ import annotations
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .emit_torchtitan import PRECISIONS, supports as torchtitan_supports, torchtitan_sections  # noqa: F401
+
+
+def supports(s: Setup) -> str | None:
+    """torchtitan's rules; the command line also takes hf plans whose recompute means the same in both stacks."""
+    return torchtitan_supports(s, "torchrun")
+
+
+def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = None) -> str:
+    """torchrun + torchtitan (FSDP2, TP, PP) command line: the torchtitan job config's keys as --section.key
+    overrides (torchtitan's ConfigManager: CLI > TOML > defaults)."""
+    world = s.world_size
+    nproc = min(world, gpus_per_node)
+    nodes = max(1, -(-world // gpus_per_node))
+    args = [
+        f"torchrun --nnodes={nodes} --nproc_per_node={nproc}"
+        + (" --rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:29500" if nodes > 1 else "")
+        + " -m torchtitan.train",
+    ]
+    sections = torchtitan_sections(s, spec, tokens, need_model=False)
+    if "model" not in sections:
+        args.append("--job.config_file <your model's train_config.toml>")
+    for section, keys in sections.items():
+        if section == "job":
+            continue
+        for k, v in keys.items():
+            if isinstance(v, bool):  # tyro flags: --compile.enable / --compile.no-enable
+                args.append(f"--{section}.{k}" if v else f"--{section}.no-{k.replace('_', '-')}")
+            else:
+                args.append(f"--{section}.{k} {v}")
+    return " \\\n  ".join(args) + "\n"
