@@ -137,8 +137,10 @@ def get_gpu(name: str) -> GPU:
 
 
 def _close_hint(key: str) -> str:
+    from .references import NAME_MAX
+
     index = _index()
-    near = difflib.get_close_matches(key[:255], list(index), n=6, cutoff=0.5)
+    near = difflib.get_close_matches(key[:NAME_MAX], list(index), n=6, cutoff=0.5)  # (a huge key: difflib is slow)
     names = list(dict.fromkeys(index[n].name for n in near))[:3]  # several aliases may name one GPU
     return f" Did you mean: {', '.join(names)}?" if names else ""
 

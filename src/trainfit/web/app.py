@@ -72,7 +72,7 @@ class PastedKnobs(Knobs):
 # The server reads no file named by a request: every endpoint that computes runs under this rule (trainfit/references.py:
 # model and GPU references resolve from the catalogs, without touching the disk, whatever the field).
 def catalog_only():
-    """The rule, as a context manager or an endpoint's decorator (entered anew in each call's own thread)."""
+    """The rule, as a context manager or a decorator (bounded wraps each request's work with it, in its thread)."""
     return references.catalog_only(
         models="the web app takes catalog names (see /api/models) or a pasted config.json",
         gpus="the web app takes catalog GPU names (see /api/gpus); set gpu_memory for another memory size")
@@ -87,7 +87,7 @@ def to_request(k: Knobs, model: str | None = None) -> Request:
         if v is None and s.request_default is not None:
             continue  # blank -> the CLI default
         if s.meta.names_model and v is not None:
-            resolve.load_model(v, field=s.name)  # the rule's one line now, whatever the mode
+            resolve.locate(v, field=s.name)  # the rule's one line now, whatever the mode (found, not yet built)
         values[s.name] = parse_value(s, v)
     return Request(model=model if model is not None else (k.model or ""), **values)
 
