@@ -282,12 +282,16 @@ async def bounded(app: FastAPI, request: HTTPRequest, fn, *args):
     work = cancel.Work(app.state.time_limit, LIMIT_NAME)
     app.state.running.add(work)
     # the catalog-only rule is entered in the worker thread itself (a ContextVar does not follow work there)
-    job = asyncio.get_running_loop().run_in_executor(None, functools.partial(cancel.run, work, catalog_only()(fn), *args))
+    job = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(_outcome, functools.partial(cancel.run, work, catalog_only()(fn)), *args))
     try:
         while True:
             done, _ = await asyncio.wait({job}, timeout=POLL_SECONDS)
             if done:
-                return job.result()
+                ok, value = job.result()
+                if ok:
+                    return value
+                raise value
             if work.expired():
                 work.stop(work.timeout_message())
                 raise cancel.Stopped(work.why)
@@ -299,9 +303,17 @@ async def bounded(app: FastAPI, request: HTTPRequest, fn, *args):
         work.stop("the server is stopping")
         raise
     finally:
-        app.state.running.discard(work)
-        if not job.done():  # its thread stops at its next cancel.check(); nobody reads the result
-            job.add_done_callback(lambda j: j.exception())
+        app.state.running.discard(work)  # (a worker still running stops at its next cancel.check())
+
+
+def _outcome(fn, *args) -> tuple[bool, object]:
+    """(True, fn(*args)) or (False, the exception it raised): the worker's future never holds an exception, so
+    work stopped after its request was answered (or after the server stopped) is not logged as an error nobody
+    retrieved."""
+    try:
+        return True, fn(*args)
+    except Exception as e:
+        return False, e
 
 
 def stop_all(app: FastAPI, why: str = "the server is stopping") -> None:
