@@ -1,4 +1,4 @@
-"""The op list (analytic/ops.py) against independent counts: flops.py's per-token FLOPs (a different code path: weights
+"""The op list (analytic/ops/) against independent counts: flops.py's per-token FLOPs (a different code path: weights
 per token from the parameter counts), the 2× backward of a GEMM, and one small layer's bytes derived by hand."""
 from __future__ import annotations
 

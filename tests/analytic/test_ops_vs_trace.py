@@ -1,4 +1,4 @@
-"""The analytic op list (analytic/ops.py, a hand-written copy of transformers' eager kernel sequence) against the
+"""The analytic op list (analytic/ops/, a hand-written copy of transformers' eager kernel sequence) against the
 kernels the trace engine dispatches for the same layer (trace/kernel_shapes.py): for every catalog family, one
 layer's forward and backward under CUDA semantics (stack hf, SDPA's flash kernel, no recompute).
 
@@ -12,7 +12,7 @@ Compared per direction (forward, backward):
     is the op list's one `attention` op, the trace's four batched GEMMs (q·kᵀ, p·v; backward two each).
   * Casts (aten._to_copy: autocast's weight and input casts, dtype promotions' gradient casts): bytes and kernels.
   * The other memory-bound kernels (norms, rotary, activation, residual, dropout, gradient sums): their bytes.
-A transformers release that changes a layer's kernels changes these numbers; so does a change of ops.py.
+A transformers release that changes a layer's kernels changes these numbers; so does a change of analytic/ops/.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ SMALLEST: dict[str, str] = {}
 for _m in catalog_models():
     SMALLEST.setdefault(_m["family"], _m["name"])
 PHASES = ("forward", "backward")
-# The op list's approximations of single kernels' bytes (ops.py docstring and its NB): it counts the streamed tensor
+# The op list's approximations of single kernels' bytes (the ops package docstring and its NB): it counts the streamed tensor
 # of a kernel with a broadcast operand (rotary's cos/sin tables, a norm's [T, 1] factor and its weight), not the
 # operand; rsqrt(x + eps)'s two kernels as one pass; an elementwise backward by the generic rule (an upper bound
 # for ops with constant operands). Measured within 8.3 % (Gemma's backward) on the families below.
@@ -63,7 +63,7 @@ def traced_layer(spec, setup) -> dict[str, Counter]:
 def _trace_key(k: Kernel) -> tuple:
     if k.kind == "memory":
         return k.phase, "cast" if k.op == "_to_copy" else "memory", k.nbytes
-    if k.kind == "attention":  # the op list's k: the mean of the q·kᵀ and p·v head widths (ops.py layer_forward)
+    if k.kind == "attention":  # the op list's k: the mean of the q·kᵀ and p·v head widths (ops/layer.py)
         return k.phase, "attention", k.batch, k.m, k.n, (k.k + k.v) / 2
     return k.phase, k.kind, *sorted((k.m, k.n)), k.k, k.batch
 
@@ -110,24 +110,24 @@ KNOWN: dict[str, dict] = {
         "forward": {"cast": (3440640, 5), "other": 8777728},
         "backward": {"cast": (5013504, 6), "other": 16613376}},
     "gpt_neox": {  # FINDING: partial rotary (GPTNeoXConfig's default partial_rotary_factor 0.25; rotary on
-        # q[..., :rotary_ndims], then a cat with the pass-through part): ops.py `_rope` rotates the full head width
+        # q[..., :rotary_ndims], then a cat with the pass-through part): ops' `rotary.hf_rotary` rotates the full head width
         # (-26 % forward bytes), and the fp32 rotated part promotes the cat under autocast (the casts)
         "forward": {"cast": (589824, 2), "other": -1880064},
         "backward": {"cast": (-983040, 1), "other": 151040}},
     "phi3": {  # FINDING: Phi-3's apply_rotary_pos_emb (modeling_phi3.py:181-186) splits q and k into rotated and
         # pass-through parts and cats them back even at partial_rotary_factor 1.0 (a copy each; zero-filling
-        # slice_backwards in backward), and gate_up_proj's chunk (:61) concatenates its gradients in backward; ops.py
+        # slice_backwards in backward), and gate_up_proj's chunk (:61) concatenates its gradients in backward; the op list
         # lists none of these (+13 % forward, +36 % backward bytes)
         "forward": {"cast": (0, 2), "other": 1382400},
         "backward": {"cast": (0, 2), "other": 7512064}},
     "qwen3": {  # FINDING: q_norm / k_norm read the 16-bit projections, so Qwen3RMSNorm casts them to fp32 and back
-        # (2 casts each, 9.4 MB); ops.py norm_ops takes a norm's input in the residual's dtype (fp32 under autocast)
+        # (2 casts each, 9.4 MB); ops/norm.py norm_ops takes a norm's input in the residual's dtype (fp32 under autocast)
         # and lists neither cast, and times their fp32 passes on bf16-sized reads (+11 % / +19 % bytes)
         "forward": {"cast": (9437184, 4), "other": 8188928},
         "backward": {"cast": (4718592, 2), "other": 31825920}},
     # MoE routing: transformers' grouped-mm path (integrations/moe.py) sorts, counts (histc, cumsum), gathers and
-    # scatters the routed tokens and casts the router's fp32 weights, kernels ops.py `_moe` folds into its router,
-    # dispatch and combine ops (and, for DeepSeek, MLA's kv expansion: ops.py counts one k_build copy, transformers runs
+    # scatters the routed tokens and casts the router's fp32 weights, kernels ops' `moe.moe_block` folds into its router,
+    # dispatch and combine ops (and, for DeepSeek, MLA's kv expansion: ops/mla.py counts one k_build copy, transformers runs
     # new_empty + two copy_ and pads/cats the rope part)
     "deepseek_v2": {"forward": {"cast": (325632, 7), "other": 612720},
                     "backward": {"cast": (516096, 7), "other": 3047424}},

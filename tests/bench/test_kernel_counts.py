@@ -91,13 +91,13 @@ def _aten_per_layer(case_id: str, ops: tuple[str, ...]) -> int:
     return sum(n // layers for n in calls.values())
 
 
-COPY_NAMES = ("cast", "copy", "copies", "grad_layout")  # ops.py's casts and layout copies
+COPY_NAMES = ("cast", "copy", "copies", "grad_layout")  # the op list's casts and layout copies
 
 
 def _copies(layer, eager_score_casts: int = 0, rope_slice_copies: int = 0) -> int:
     """The layer's aten::copy_ kernels in the op list: its casts and layout copies, plus those inside two composite
     ops: HF eager attention's score casts (ops.eager_kernels: the softmax output's cast, its backward's and the
-    promoted add's) and rotate_half's slice_backward copies (one of the two per slice in ops._rope's rope_cat
+    promoted add's) and rotate_half's slice_backward copies (one of the two per slice in ops.rotary.hf_rotary's rope_cat
     backward)."""
     return sum(o.kernels for o in layer if o.kind == "memory" and any(n in o.name for n in COPY_NAMES)) \
         + eager_score_casts + rope_slice_copies

@@ -555,7 +555,7 @@ def test_real_entry_point(workdir, line, needle):
 
 # Every inference weight format × attention kernel, on a GPU where the estimate does not fit (so the fit advice runs:
 # it retries with int8/int4 weights) and on one where it does: an answer or one error line, never a traceback.
-# (Before: every eager estimate that did not fit raised KeyError 'int8' in analytic/ops.py layer_forward.)
+# (Before: every eager estimate that did not fit raised KeyError 'int8' in analytic/ops/ layer_forward.)
 INFER_PATHS = [pytest.param(p, a, g, id=f"{p}-{a}-{g}")
                for p in ("fp32", "bf16", "fp16", "fp8", "int8", "int4") for a in ("auto", "eager", "sdpa", "flash")
                for g in ("T4", "H100-80GB")]

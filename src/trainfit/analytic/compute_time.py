@@ -1,5 +1,5 @@
 """Compute time of one micro-batch on the slowest pipeline stage, and of the optimizer step: the op list
-(analytic/ops.py) timed kernel by kernel by the roofline (analytic/roofline.py) — no global efficiency factor.
+(analytic/ops/) timed kernel by kernel by the roofline (analytic/roofline.py) — no global efficiency factor.
 
 forward  = embedding (first stage) + layers × one layer's forward + head and loss (last stage);
 backward = the same lists' backward (ops.backward) — GEMM dgrad + wgrad, attention's backward kernel, the

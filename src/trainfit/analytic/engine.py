@@ -276,7 +276,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         notes.append(overheads.describe(beside, held, cached_block=True))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
-                          "timed by the roofline, analytic/ops.py + roofline.py, + exposed communication, bubble, "
+                          "timed by the roofline, analytic/ops/ + roofline.py, + exposed communication, bubble, "
                           "optimizer, + host issue: the GPU waiting on an eager host's kernel launches, "
                           f"kernels x {host_seconds_per_kernel() * 1e6:.1f} µs measured on an H200's host, when "
                           "they outlast the kernels, + straggler: the job's slowest GPU, chips' compute rates "

@@ -22,7 +22,7 @@ Memory, term by term (torchao 0.18):
   NB: the fp8 copies of one linear's operands (input, weight, gradient; fp8 + transposed copies in backward) are
   transients of that linear and not counted: under-reads a layer's backward high point by about (N·k + N·n) bytes.
 
-Time (analytic/ops.py): the converted projections' three GEMMs (forward, dgrad, wgrad) are fp8 GEMMs timed by the
+Time (analytic/ops/): the converted projections' three GEMMs (forward, dgrad, wgrad) are fp8 GEMMs timed by the
 roofline at the fp8 peak and its measured fraction (data/kernels.toml), attention and the LM head stay bf16; each
 operand's amax reduction and fp8 cast (input and weight in forward; dY and the transposed copies in backward) are
 memory-bound ops of the list. `compute_speedup` below is the flat --efficiency override's version (FLOP share at

@@ -1,5 +1,5 @@
 """Inference time of an eager HF forward (--mode infer: trainfit.step.infer runs a prefill and one decode step): each
-pass is its op list (ops.py, the training step's lists without a backward or a loss) timed by the roofline
+pass is its op list (analytic/ops/, the training step's lists without a backward or a loss) timed by the roofline
 (compute_time.time_ops), and never faster than the host can issue its kernels (step_time.host_issue_exposed's rule).
 
 Prefill: the layers over batch x seq tokens, the final norm over all of them and the LM head over the last token of

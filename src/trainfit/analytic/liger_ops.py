@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..spec import ModelSpec
 from .activations import FP32, INDEX
-from .ops import Op, Shape, _ew, _gemm
+from .ops import Op, Shape, gemm, memory
 
 SRC = "Liger ops/fused_linear_cross_entropy.py"
 
@@ -40,19 +40,19 @@ def fused_linear_loss(spec: ModelSpec, sh: Shape, trains_head: bool) -> tuple[li
     c = chunk_rows(T, v, he)
     n = -(-int(T) // c)
     gw = sh.grad if trains_head else 0  # the weight gradient's bytes per element (the weight's dtype)
-    fwd = [_ew("flce.zero_grads", 0, T * he * r + v * he * gw, SRC + ":72-80 zeros_like", saves=False,
+    fwd = [memory("flce.zero_grads", 0, T * he * r + v * he * gw, SRC + ":72-80 zeros_like", saves=False,
                kernels=2 if trains_head else 1, grad=False)]
     for _ in range(n):
-        fwd.append(_gemm("flce.logits", c, v, he, sh, SRC + ":114")._replace(grad=False))
-        fwd.append(_ew("flce.cross_entropy", 2 * c * v * a + c * INDEX, c * v * a + c * FP32,
+        fwd.append(gemm("flce.logits", c, v, he, sh, SRC + ":114")._replace(grad=False))
+        fwd.append(memory("flce.cross_entropy", 2 * c * v * a + c * INDEX, c * v * a + c * FP32,
                        "Liger ops/cross_entropy.py:151,206-252 (two passes, gradient in place)", saves=False,
                        grad=False))
-        fwd.append(_gemm("flce.grad_input", c, he, v, sh, SRC + ":231")._replace(grad=False))
+        fwd.append(gemm("flce.grad_input", c, he, v, sh, SRC + ":231")._replace(grad=False))
         if trains_head:
-            fwd.append(_gemm("flce.grad_weight", v, he, c, sh, SRC + ":249-257")._replace(grad=False))
-    bwd = [_ew("flce.scale_grad_input", T * he * r, T * he * r, SRC + ":292-315 element_mul_kernel", saves=False,
+            fwd.append(gemm("flce.grad_weight", v, he, c, sh, SRC + ":249-257")._replace(grad=False))
+    bwd = [memory("flce.scale_grad_input", T * he * r, T * he * r, SRC + ":292-315 element_mul_kernel", saves=False,
                grad=False)]
     if trains_head:
-        bwd.append(_ew("flce.scale_grad_weight", v * he * gw, v * he * gw, SRC + ":317-328 element_mul_kernel",
+        bwd.append(memory("flce.scale_grad_weight", v * he * gw, v * he * gw, SRC + ":317-328 element_mul_kernel",
                        saves=False, grad=False))
     return fwd, bwd

@@ -22,7 +22,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32
 from .lora import targets
-from .ops import Op, Shape, _ew, _gemm, _kernel
+from .ops import Op, Shape, bwd_kernel, gemm, memory
 from .quant import BLOCK, linear_bytes
 
 # ops.py projection names -> the HF module names peft targets (analytic/lora.py linears)
@@ -50,16 +50,16 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
         d_in, d_out = op.k, op.n
         casts = setup.lora_dtype == "fp32" and not sh.autocast and sh.act != FP32
         dtype = "fp32" if casts else sh.dtype  # fp32 adapters on a 16-bit base run fp32 GEMMs (docstring)
-        out.append(_gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A")
+        out.append(gemm(op.name + ".lora_A", T, r, d_in, sh, "peft lora/layer.py Linear.forward lora_A")
                    ._replace(dtype=dtype))
-        out.append(_gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B")
+        out.append(gemm(op.name + ".lora_B", T, d_out, r, sh, "peft lora/layer.py Linear.forward lora_B")
                    ._replace(dtype=dtype))
         out += _adapter_elementwise(op.name, T, d_in, d_out, sh, casts, setup.quant)
         if setup.dora:
             # under torch.no_grad (peft dora.py): no backward kernels
-            out.append(_gemm(op.name + ".dora_BA", d_out, d_in, r, sh, "peft dora.py get_weight_norm: B @ A",
+            out.append(gemm(op.name + ".dora_BA", d_out, d_in, r, sh, "peft dora.py get_weight_norm: B @ A",
                              wgrad=False)._replace(grad=False))
-            out.append(_ew(op.name + ".dora_norm", 2 * d_out * d_in * sh.act, d_out * 4,
+            out.append(memory(op.name + ".dora_norm", 2 * d_out * d_in * sh.act, d_out * 4,
                            "peft dora.py: weight + scale * BA, row norms", saves=False, grad=False))
     return out
 
@@ -85,10 +85,10 @@ def _adapter_elementwise(name: str, T: float, d_in: float, d_out: float, sh: Sha
     w = FP32 if casts else a  # the product's dtype
 
     def ew(n: str, r: float, wr: float, acc: str = "vector", bwd: tuple = ()) -> Op:
-        return _ew(f"{name}.{n}", r, wr, SRC, saves=False, grad=bool(bwd), access=acc, bwd_ops=bwd)
+        return memory(f"{name}.{n}", r, wr, SRC, saves=False, grad=bool(bwd), access=acc, bwd_ops=bwd)
 
     def k(n: str, r: float, wr: float, acc: str = "vector") -> Op:
-        return _kernel(f"{name}.{n}", r, wr, acc)
+        return bwd_kernel(f"{name}.{n}", r, wr, acc)
 
     # x cast to the adapters' fp32 (unvectorised); its backward casts x's gradient back to 16-bit
     out = [ew("lora_in_cast", i * a, i * FP32, "upcast", (k("lora_in_cast.backward", i * FP32, i * a),))] \
@@ -125,7 +125,7 @@ def _dequant(name: str, setup: Setup, sh: Shape, op: Op, where: str) -> Op:
     packed, state = linear_bytes(setup, int(op.k), int(op.n))
     n = op.n * op.k
     if setup.quant == "int8":
-        return _ew(name, packed + state, n * sh.act, f"bitsandbytes int8 dequant {where}", saves=False, grad=False)
+        return memory(name, packed + state, n * sh.act, f"bitsandbytes int8 dequant {where}", saves=False, grad=False)
     scales = FP32 * n / BLOCK  # the decoded block scales: written, read and rewritten by the add, read again
-    return _ew(name, packed + state + 2 * scales, n * sh.act + 2 * scales,
+    return memory(name, packed + state + 2 * scales, n * sh.act + 2 * scales,
                f"bitsandbytes dequantize_4bit {where}", saves=False, grad=False, kernels=3, access="dequant4")

@@ -483,7 +483,7 @@ def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: i
                       dtype: str, backward: bool, mask: int = 0, dropout: bool = False) -> float:
     """One attention call (forward, or its backward when `backward`) on one GPU. mask: HF eager's additive mask's
     bytes per element (ops.Shape.eager_mask; 0: SDPA's math path). dropout: on the probabilities inside a fused
-    kernel (an eager step's dropout is its own kernel, ops.py)."""
+    kernel (an eager step's dropout is its own kernel, analytic/ops/)."""
     if min(batch_heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
     return _attention_seconds(gpu, kernel, int(batch_heads), int(s_q), int(s_kv), int(head_dim), bool(causal),

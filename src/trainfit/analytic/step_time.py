@@ -10,7 +10,7 @@ all-reduces and pipeline sends. m = micro-batches per step (grad_accum), p = pip
 stages per rank (--vpp, Megatron's interleaved schedule).
 
 Sources:
-  * compute: the kernels the step runs (analytic/ops.py: GEMMs, attention, memory-bound elementwise ops, for one
+  * compute: the kernels the step runs (analytic/ops/: GEMMs, attention, memory-bound elementwise ops, for one
     layer's forward/backward/recompute and the embedding, head and loss), each timed by the roofline
     (analytic/roofline.py, per-GPU kernel data in data/kernels.toml; analytic/compute_time.py) — no global
     efficiency factor. `efficiency` (plan --efficiency) = a number replaces it with the flat model: hardware FLOPs

@@ -1,5 +1,5 @@
 """A vision training step's time from the kernels it runs (issue 14: one time model everywhere; no torch): the op
-list of analytic/vision_graph.py turned into the roofline's kernels (analytic/ops.py's Op) and timed by
+list of analytic/vision_graph.py turned into the roofline's kernels (analytic/ops' Op) and timed by
 compute_time.time_ops, as the transformer engine times its own list; the optimizer step by
 compute_time.optimizer_seconds; the host-issue bound by step_time.host_issue_exposed. Returns step_time.StepTime.
 
@@ -18,7 +18,7 @@ Kernels:
     CUDA-core kernel timed by the roofline: max(its FLOPs at the fp32 CUDA-core peak, its bytes at the achieved
     HBM bandwidth). NB: optimistic (the peak, not an achieved fraction, and for 16-bit the fp32 rate: half2 could
     double it). Backward: dgrad (reads dY and the weight, writes dX) and wgrad (reads x and dY), two kernels.
-  * every other op: a memory-bound kernel reading its inputs and writing its output (ops.py's rule for its
+  * every other op: a memory-bound kernel reading its inputs and writing its output (the ops backward rule for its
     backward: reads the output gradient and, when it keeps it, its input; writes the input gradient). Views and
     the in-place/identity gradient of adds launch nothing; a promoting add's backward casts the narrower branch's
     gradient (one kernel).
@@ -78,9 +78,9 @@ def kernels(ops: list[Op], setup: Setup, gpu: GPU, images: int) -> tuple[list[ro
         if op.kind in ("conv", "linear"):
             if op.cast_params:  # the weight (and bias) cast to 16 bits; its backward casts the gradient up
                 for n in op.tensors:
-                    fwd.append(rops._ew(f"{op.name}.cast", n * FP32, n * HALF, "autocast weight cast", saves=False))
+                    fwd.append(rops.memory(f"{op.name}.cast", n * FP32, n * HALF, "autocast weight cast", saves=False))
             if op.cast_in:  # an fp32 input cast to 16 bits (kept for backward)
-                fwd.append(rops._ew(f"{op.name}.cast_in", reads, op.cast_in, "autocast input cast", saves=False))
+                fwd.append(rops.memory(f"{op.name}.cast_in", reads, op.cast_in, "autocast input cast", saves=False))
             if op.kind == "conv" and op.groups > 1:
                 w = sum(op.tensors) * FP32
                 fwd.append(_depthwise(op.name, reads + w, op.out_bytes, op.flops, gpu))
@@ -97,9 +97,9 @@ def kernels(ops: list[Op], setup: Setup, gpu: GPU, images: int) -> tuple[list[ro
             bwd.extend(back)
             if op.kind == "conv" and transposes:
                 x = op.cast_in or reads
-                fwd.append(rops._ew(f"{op.name}.nchw", x + op.out_bytes, x + op.out_bytes, "NCHW<->NHWC",
+                fwd.append(rops.memory(f"{op.name}.nchw", x + op.out_bytes, x + op.out_bytes, "NCHW<->NHWC",
                                     kernels=2, grad=False))
-                bwd.append(rops._ew(f"{op.name}.nchw_bwd", 2 * x + op.out_bytes, 2 * x + op.out_bytes,
+                bwd.append(rops.memory(f"{op.name}.nchw_bwd", 2 * x + op.out_bytes, 2 * x + op.out_bytes,
                                     "NCHW<->NHWC", kernels=3, grad=False))
         elif op.kind == "sdpa":
             bh, rows, d = op.attn
@@ -110,23 +110,23 @@ def kernels(ops: list[Op], setup: Setup, gpu: GPU, images: int) -> tuple[list[ro
             bwd.extend(rops.backward([a]))
         elif op.alias:  # views, the in-place add (reads both, writes x in place), select
             if op.kind == "add":
-                fwd.append(rops._ew(op.name, reads, sizes[op.out], "in-place add", grad=False))
+                fwd.append(rops.memory(op.name, reads, sizes[op.out], "in-place add", grad=False))
             if op.kind == "select":  # select_backward: a zero-filled gradient of the whole tensor
-                bwd.append(rops._ew(op.name + ".backward", 0, sum(op.grads_in), "select_backward", saves=False))
+                bwd.append(rops.memory(op.name + ".backward", 0, sum(op.grads_in), "select_backward", saves=False))
         elif op.passes_grad:  # adds: the gradient passes as is; a promoting add casts a narrower branch's
-            fwd.append(rops._ew(op.name, reads + sum(op.tensors) * FP32, op.out_bytes, "add", grad=False))
+            fwd.append(rops.memory(op.name, reads + sum(op.tensors) * FP32, op.out_bytes, "add", grad=False))
             for g in op.grads_in:
                 if g:
-                    bwd.append(rops._ew(op.name + ".cast", op.out_bytes, g, "gradient cast", saves=False))
+                    bwd.append(rops.memory(op.name + ".cast", op.out_bytes, g, "gradient cast", saves=False))
         else:
             # it writes its output and what it makes and keeps (pool indices, statistics, log-softmax, casts)
-            e = rops._ew(op.name, reads, op.out_bytes + sum(op.own_saved), op.kind,
+            e = rops.memory(op.name, reads, op.out_bytes + sum(op.own_saved), op.kind,
                          saves=op.kind not in ("pool", "cat", "loss"))
             fwd.append(e)
             bwd.extend(rops.backward([e]))
     for op in ops:  # autocast: the 16-bit weight gradients cast to the fp32 .grad (ToCopyBackward0)
         if op.cast_params and op.kind in ("conv", "linear"):
-            bwd.extend(rops._ew(f"{op.name}.grad_cast", n * HALF, n * FP32, "ToCopyBackward0", saves=False)
+            bwd.extend(rops.memory(f"{op.name}.grad_cast", n * HALF, n * FP32, "ToCopyBackward0", saves=False)
                        for n in op.tensors)
     return fwd, bwd
 
@@ -137,7 +137,7 @@ def _depthwise(name: str, reads: float, writes: float, flops: float, gpu: GPU) -
     at the achieved bandwidth, where that is longer (time_ops times memory kernels by their bytes)."""
     per_byte = memory_seconds(gpu, 1.0, 0)  # seconds per byte at the achieved HBM bandwidth
     scale = max(1.0, flops / gpu.flops_for("fp32") / ((reads + writes) * per_byte))
-    return rops._ew(name, reads * scale, writes * scale, "depthwise conv", saves=False)
+    return rops.memory(name, reads * scale, writes * scale, "depthwise conv", saves=False)
 
 
 def vision_step_time(setup: Setup, gpu: GPU, ops: list[Op], params: int, tensors: int,

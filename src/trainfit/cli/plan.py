@@ -39,7 +39,7 @@ def plan(
     dp: Optional[int] = typer.Option(None, "--dp", help="Fix the data-parallel degree."),
     reserve: float = typer.Option(BY_NAME["reserve"].default, "--reserve", help=BY_NAME["reserve"].meta.help + " The same fit as `trainfit estimate`'s (analytic/fit_rule.py)."),
     margin: Optional[str] = typer.Option(None, "--margin", hidden=True),
-    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Override: time compute as FLOPs at this flat fraction of the dense peak (default: each kernel timed by the roofline, analytic/ops.py)."),
+    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Override: time compute as FLOPs at this flat fraction of the dense peak (default: each kernel timed by the roofline, analytic/ops/)."),
     batch_tolerance: float = typer.Option(0.05, "--batch-tolerance", help="Allowed relative deviation from --global-batch-tokens."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
     price: Optional[float] = typer.Option(None, "--price", help=BY_NAME["price"].meta.help),

@@ -1,4 +1,4 @@
-"""The kernels a traced training step launches, as the analytic op list (analytic/ops.py) describes them: each
+"""The kernels a traced training step launches, as the analytic op list (analytic/ops/) describes them: each
 GEMM's (m, n, k, batch), each attention kernel's (batch·heads, s_q, s_kv, head_dim), and each other kernel's bytes
 read and written. What tests/analytic/test_ops_vs_trace.py sets beside the op list, family by family.
 

@@ -1,0 +1,152 @@
+"""One transformer layer's forward kernels, composed from the per-kind cost functions. A family chooses its blocks
+by data (LayerRecipe, from its families.json row and its ModelSpec): where the norm sits, how q/k/v are projected,
+which MLP it runs; each kind's variant (norm, rotary, activation) is picked by its own registry from the spec and
+the stack's facts (Shape)."""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from ...spec import ModelSpec
+from ..families import family_traits
+from .activation import activation, activation_out_bytes
+from .attention import attention_core, grad_layout, qkv_split
+from .cast import autocast_inputs, weight_casts
+from .gemm import fp8_casts
+from .mla import mla_projections
+from .moe import moe_block
+from .norm import norm_ops
+from .op import Op, Shape, bwd_kernel, gemm, memory
+from .residual import residual
+from .rotary import rope_casts, rotary
+
+
+class LayerRecipe(NamedTuple):
+    """The blocks a family's layer is made of (families.json: fused_qkv, fused_gate_up, post_norm; ModelSpec: mla,
+    gated_mlp, and whether this layer's MLP is the sparse block)."""
+
+    norm: str  # "pre" (the block's input normalised) | "post" (BERT: LayerNorm after the residual add)
+    qkv: str  # "separate" (q, k, v projections) | "fused" (one qkv projection) | "mla" (DeepSeek's latent paths)
+    mlp: str  # "gated" | "gated-fused" (one gate_up projection) | "plain" (fc1, act, fc2) | "moe"
+
+
+def recipe(spec: ModelSpec, moe: bool) -> LayerRecipe:
+    traits = family_traits(spec)
+    qkv = "mla" if spec.mla is not None else "fused" if traits["fused_qkv"] else "separate"
+    gated = "gated-fused" if traits["fused_gate_up"] else "gated"
+    mlp = "moe" if moe else gated if spec.gated_mlp else "plain"
+    return LayerRecipe("post" if traits["post_norm"] else "pre", qkv, mlp)
+
+
+Projection = Callable[..., Op]
+
+
+def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
+    """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block."""
+    rc = recipe(spec, moe)
+    ops: list[Op] = []
+
+    def proj(name: str, n_full: int, k_full: int, n: float, k: float, bias: bool, src: str) -> Op:
+        """A projection of the rank's T tokens (n of n_full output columns, k of k_full inputs), appended to the
+        layer with its fp8 casts where torchao converts it (torchtitan module_filter_fn: both dims multiples of 16)."""
+        fp8 = sh.float8 and n_full % 16 == 0 and k_full % 16 == 0
+        g = gemm(name, sh.tokens, n, k, sh, src, bias=bias, fp8=fp8)
+        if fp8:
+            ops.extend(fp8_casts(g, sh))
+        ops.append(g)
+        return g
+
+    # attention sub-block
+    if rc.norm == "pre":
+        ops += norm_ops(spec, "attn_norm", sh.norm_tokens, sh, "attn_in")
+    _attention(spec, sh, rc, ops, proj)
+    ops += residual("attn", sh.norm_tokens * spec.hidden, spec.dropouts[2], sh, "attn_out",
+                    "modeling_llama.py:306 residual add")
+    if rc.norm == "post":
+        ops += norm_ops(spec, "attn_norm", sh.norm_tokens, sh, "attn_out")
+    # MLP sub-block
+    if rc.norm == "pre":
+        ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "attn_out")
+    MLPS[rc.mlp](spec, sh, ops, proj)
+    ops += residual("mlp", sh.norm_tokens * spec.hidden, spec.dropouts[2], sh, "mlp_out",
+                    "modeling_llama.py:312 residual add")
+    if rc.norm == "post":
+        ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "mlp_out")
+    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith("experts")], sh) + ops
+
+
+def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj: Projection) -> None:
+    """Appends to `ops` the q/k/v projections (by rc.qkv), q/k norms, rotary, the attention core and o_proj. The
+    blocks append to the layer's one list, as `proj` does, because the order is what torch.compile's fusion groups
+    see (`derived.compiled`)."""
+    h, t, T = spec.hidden, sh.tp, sh.tokens
+    q, kv = spec.q_dim / t, spec.kv_dim / t
+    calls = {"separate": 3, "fused": 1, "mla": 2}[rc.qkv]  # (MLA: q_a_proj or q_proj, and kv_a_proj_with_mqa)
+    ops += autocast_inputs("attn_in", T, h, calls, sh, "attn_in")
+    head_k: float = spec.head_dim
+    if rc.qkv == "mla":
+        ops += mla_projections(spec, sh, proj)
+        # q·kᵀ contracts the qk head width, p·v the v head width: Op.flops' 4·k is 2·(qk + v) with k their mean
+        head_k = (spec.mla.qk_head_dim + spec.mla.v_head_dim) / 2
+    elif rc.qkv == "fused":
+        proj("qkv", spec.q_dim + 2 * spec.kv_dim, h, q + 2 * kv, h, spec.qkv_bias,
+             "fused qkv (gpt2 c_attn, neox, phi3)")
+        ops += qkv_split(T, q, kv, sh)
+    else:
+        for name, full, n in (("q", spec.q_dim, q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
+            proj(name, full, h, n, h, spec.qkv_bias, "modeling_llama.py:243 q/k/v_proj")
+    if rc.qkv != "mla":
+        rotary_hf = spec.positions == "rotary" and sh.rope == "cos-sin"
+        unfused = sh.attention == "eager" and sh.rope == "cos-sin"  # HF eager / SDPA math: torch.matmul's folds
+        if rotary_hf or unfused:  # gradients that come back head-major (grad_layout)
+            ops += grad_layout("q", T, q, sh) + (grad_layout("k", T, kv, sh) if rotary_hf else [])
+            ops += grad_layout("v", T, kv, sh) if unfused else []
+        if spec.qk_norm:  # Qwen3 q_norm / k_norm over head_dim (modeling_qwen3.py)
+            ops += norm_ops(spec, "q_norm", T * q / spec.head_dim, sh, "qk_norm", sh.act, spec.head_dim)
+            ops += norm_ops(spec, "k_norm", T * kv / spec.head_dim, sh, "qk_norm", sh.act, spec.head_dim)
+        if spec.positions == "rotary":
+            ops += rotary("q", T, q, sh) + rotary("k", T, kv, sh)
+            ops += rope_casts("q", T, q, sh) + rope_casts("k", T, kv, sh)
+    ops += attention_core(spec, sh, q, kv, head_k, spec.dropouts[1])
+    if rc.qkv == "mla":  # o_proj reads heads·v_head_dim (modeling_deepseek_v3.py:398-402)
+        o_in = spec.heads * spec.mla.v_head_dim
+        proj("o", h, o_in, h, o_in / t, spec.out_bias, "modeling_deepseek_v3.py:481 o_proj")
+    else:
+        proj("o", h, spec.q_dim, h, q, spec.out_bias, "modeling_llama.py:269 o_proj")
+
+
+def _gated_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:
+    """down(act(gate(x))·up(x)) (modeling_llama.py:164); Phi-3's gate_up_proj is one projection."""
+    h, T, i, a = spec.hidden, sh.tokens, spec.intermediate / sh.tp, sh.act
+    fused = family_traits(spec)["fused_gate_up"]
+    ops += autocast_inputs("mlp_in", T, h, 1 if fused else 2, sh, "attn_out")
+    if fused:
+        proj("gate_up", 2 * spec.intermediate, h, 2 * i, h, spec.mlp_bias, "phi3 gate_up_proj")
+    else:
+        proj("gate", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 gate_proj")
+        proj("up", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 up_proj")
+    ops += activation(spec, "act", T * i, sh, "act")
+    x = T * i * a
+    ops.append(memory("act_mul", 2 * x, x, "modeling_llama.py:164 act(gate)·up", "act", (0, x), bwd_ops=(
+        # mul's backward (derivatives.yaml): grad·up and grad·act(gate), each reading the gradient
+        bwd_kernel("act_mul.backward", 2 * x, x), bwd_kernel("act_mul.backward_up", 2 * x, x))))
+    proj("down", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_llama.py:164 down_proj")
+
+
+def _plain_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:
+    """fc2(act(fc1(x))) (modeling_gpt2.py:239-241)."""
+    h, T, i = spec.hidden, sh.tokens, spec.intermediate / sh.tp
+    ops += autocast_inputs("mlp_in", T, h, 1, sh, "attn_out")
+    proj("fc1", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_gpt2.py:239 c_fc")
+    ops += activation(spec, "act", T * i, sh, "act")
+    if activation_out_bytes(spec, sh) != sh.act:  # gelu_new's fp32 output, cast back for c_proj
+        ops += autocast_inputs("fc2_in", T, i, 1, sh, "act")
+    proj("fc2", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_gpt2.py:241 c_proj")
+
+
+def _moe_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:
+    ops += moe_block(spec, sh)
+
+
+# the MLP blocks by LayerRecipe.mlp
+MLPS: dict[str, Callable[[ModelSpec, Shape, list[Op], Projection], None]] = {
+    "gated": _gated_mlp, "gated-fused": _gated_mlp, "plain": _plain_mlp, "moe": _moe_mlp}

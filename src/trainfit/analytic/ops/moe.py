@@ -1,0 +1,51 @@
+"""The sparse MoE block: router, dispatch, grouped expert GEMMs, combine, and the shared expert."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...spec import ModelSpec
+from ..activations import FP32, INDEX
+from .activation import activation
+from .cast import autocast_inputs
+from .op import Op, Shape, gemm, memory
+
+def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """The sparse MoE block (integrations/moe.py grouped_mm experts; router modeling_mixtral.py:105-107). With
+    --ep the rank runs E/ep experts on the T·top_k routed copies it receives (balanced)."""
+    m = spec.moe
+    h, t, a = spec.hidden, sh.tp, sh.act
+    T, e, k = sh.tokens, m.num_experts, m.top_k
+    i = m.expert_intermediate / t
+    local = max(1, e // sh.ep)
+    per_expert = T * k / local
+    src = "transformers integrations/moe.py grouped_mm experts"
+    ops = autocast_inputs("router_in", T, h, 1, sh, "attn_out")
+    ops.append(gemm("router", T, e, h, sh, "modeling_mixtral.py:105 router linear"))
+    ops += [memory("router_softmax", T * e * a, T * e * FP32, "modeling_mixtral.py:106 softmax(fp32)", "router"),
+            memory("router_topk", T * e * FP32, T * k * (FP32 + INDEX), "modeling_mixtral.py:107 topk", "router",
+                saves=False),
+            memory("dispatch", T * k * h * a + T * k * INDEX, T * k * h * a, src + " (hidden[perm // k])", saves=False)]
+    gate = 2 if spec.gated_mlp else 1
+    # grouped_mm is not autocast-enabled: transformers casts the input to the weights' dtype (moe.py:379), so under
+    # autocast the experts run in the fp32 master weights' dtype (NB: TF32 peak where the GPU has it)
+    ex = replace(sh, dtype="fp32") if sh.autocast else sh
+    ops.append(gemm("experts_in", per_expert, gate * i, h, ex, src + " grouped_mm gate_up", batch=local))
+    ops += activation(spec, "experts_act", T * k * i, sh, "experts_act")
+    if spec.gated_mlp:
+        ops.append(memory("experts_mul", 2 * T * k * i * a, T * k * i * a, src, "experts_act", (0, T * k * i * a)))
+    ops.append(gemm("experts_out", per_expert, h, i, ex, src + " grouped_mm down", batch=local))
+    ops += [memory("routing_weight", T * k * h * a + T * k * FP32, T * k * h * a, src + " · routing weight", "combine"),
+            memory("combine", T * k * h * a + T * k * INDEX, T * h * a, src + " (out[inv_perm], sum over k)", "combine",
+                saves=False)]
+    if m.shared_intermediate:  # Qwen-MoE shared expert: a gated MLP scaled by sigmoid(gate(x)) (modeling_qwen2_moe.py)
+        s = m.shared_intermediate / t
+        ops += [gemm("shared_gate", T, s, h, sh, "modeling_qwen2_moe.py shared_expert"),
+                gemm("shared_up", T, s, h, sh, "modeling_qwen2_moe.py shared_expert")]
+        ops += activation(spec, "shared_act", T * s, sh, "shared_act")
+        ops.append(memory("shared_mul", 2 * T * s * a, T * s * a, "modeling_qwen2_moe.py shared_expert", "shared_act",
+                       (0, T * s * a)))
+        ops.append(gemm("shared_down", T, h, s, sh, "modeling_qwen2_moe.py shared_expert"))
+        if m.shared_gate:
+            ops += [gemm("shared_expert_gate", T, 1, h, sh, "modeling_qwen2_moe.py shared_expert_gate"),
+                    memory("shared_scale", 2 * T * h * a, T * h * a, "modeling_qwen2_moe.py sigmoid gate", "combine")]
+    return ops

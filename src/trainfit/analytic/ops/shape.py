@@ -1,0 +1,36 @@
+"""The Shape of a setup: what the op shapes of one micro-batch on one rank depend on, resolved once from the spec,
+the setup's stack facts (stacks/*.toml) and the precision."""
+from __future__ import annotations
+
+from ...setup import Setup
+from ...spec import ModelSpec
+from ..activations import FP32, norm_kernel, resolved_kernel
+from ..families import family_traits
+from ..precision import StateBytes
+from .op import Shape
+
+def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape:
+    """The Shape of `setup` (a Setup or the planner's light _Cfg)."""
+    from ..compile_effects import not_modelled
+
+    facts = setup.stack_facts.facts
+    kernel = resolved_kernel(spec, setup)
+    rope = setup.stack_facts.fact("rotary")
+    hf_eager = kernel == "eager" and rope == "cos-sin"  # (before SDPA's math path is timed as eager below)
+    if kernel == "math":
+        kernel = "eager"  # SDPA's math path: bmm + softmax, as eager
+    elif kernel == "flash" and st.act == FP32:
+        kernel = "efficient"  # fp32 runs the memory-efficient kernel (activations._flash_saved)
+    elif kernel == "flash" and setup.attention_kernel == "triton":
+        kernel = "triton"  # FlashAttention in Triton: flash's saved set, its own speed (kernels.toml [derived])
+    compiled = bool(getattr(setup, "compile", False)) and not not_modelled(spec, setup)
+    return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
+                 int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
+                 norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
+                 facts.get("fused_elementwise", {}).get("value", False),
+                 "sdpa_backends" in facts.get("attention", {}) and setup.attention_kernel != "flash2",
+                 int(st.param or st.weight) if (kernel == "eager" and facts.get("attention", {}).get("eager_mask")
+                                                and spec.causal) else 0,
+                 hf_eager,
+                 facts.get("loss", {}).get("labels") == "shifted-copy")
