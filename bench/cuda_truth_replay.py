@@ -1,6 +1,6 @@
 """Today's analytic engine against a committed CUDA truth run (no GPU needed).
 
-    python bench/cuda_truth_replay.py bench/results/cuda-H200-2026-11-26.json
+    python bench/cuda_truth_replay.py bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json
 
 bench/cuda_truth.py measured real steps on a lent GPU and wrote what it measured; this re-estimates every case
 with the analytic engine as it is now and prints the errors: the step's own allocated peak (measured above what
@@ -64,7 +64,7 @@ def _err(a, b):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a bench/results/cuda-<gpu>-<date>.json from bench/cuda_truth.py")
+    ap.add_argument("results", type=Path, help="a bench/results/gpu/<gpu>-<date>-<chip>-truth.json from bench/cuda_truth.py")
     args = ap.parse_args(argv)
     rows = replay(args.results)
     print("| case | peak (measured) | analytic | step ms (measured) | analytic | host-bound part | kernels measured "

@@ -1,8 +1,8 @@
 """Fit a fused attention kernel's timing constants on a committed kernel microbenchmark (no GPU needed).
 
-    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-fifth.json --backend efficient --fill 0
-    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-eighth.json --backend efficient --fill 0 \
-        --dtype fp32 --dropout --check bench/results/kernels-H200-2026-11-27-seventh.json
+    python bench/fit_attention.py bench/results/gpu/H200-2026-11-27-unrecorded-9-kernels.json --backend efficient --fill 0
+    python bench/fit_attention.py bench/results/gpu/H200-2026-11-27-e2d374c2-kernels.json --backend efficient --fill 0 \
+        --dtype fp32 --dropout --check bench/results/gpu/H200-2026-11-27-79777263-kernels.json
 
 bench/cuda_kernels.py timed torch's causal SDPA by backend on a lent GPU (the kernel's own time from
 torch.profiler). The model it fits is roofline.FittedAttention's: one call = FLOPs / (peak x fraction x tile
@@ -109,7 +109,7 @@ def _rows(run: dict, backend: str, dtype: str = "bf16", dropout: bool = False) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/cuda_kernels.py")
+    ap.add_argument("results", type=Path, help="a bench/results/gpu/<gpu>-<date>-<chip>-kernels.json from bench/cuda_kernels.py")
     ap.add_argument("--backend", default="efficient", help="the SDPA backend's rows to fit (efficient, cudnn, flash)")
     ap.add_argument("--fill", type=int, default=1, help="pipeline-fill steps per CTA in the tile factor")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="the rows' dtype (sdpa_variants for fp32)")

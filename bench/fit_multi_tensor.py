@@ -1,7 +1,7 @@
 """Fit the multi_tensor_apply constants on committed kernel microbenchmarks (no GPU needed).
 
-    python bench/fit_multi_tensor.py bench/results/kernels-H200-2026-11-27-eighth.json \\
-        --model-runs bench/results/kernels-H200-2026-11-27-{second,fifth,seventh,eighth}.json
+    python bench/fit_multi_tensor.py bench/results/gpu/H200-2026-11-27-e2d374c2-kernels.json \\
+        --model-runs bench/results/gpu/H200-2026-11-27-{unrecorded-8,unrecorded-9,79777263,e2d374c2}-kernels.json
 
 bench/cuda_kernels.py adamw timed torch's AdamW step (foreach and fused) on a lent GPU, kernel by kernel
 (torch.profiler): over a model's own parameters and over LoRA adapters at two ranks. This fits, from the foreach

@@ -1,7 +1,7 @@
 """The trace engine's reserved against a committed CUDA truth run, at full depth and extrapolated (no GPU needed;
 ~6 minutes on 2 cores for the 18 H200 steps).
 
-    python bench/trace_reserved.py bench/results/cuda-H200-2026-11-27-fifth.json [--only CASE ...]
+    python bench/trace_reserved.py bench/results/gpu/H200-2026-11-27-unrecorded-9-truth.json [--only CASE ...]
 
 The trace replays the step's allocations through the caching allocator's rules (alloc/replay.py). A model of 16
 layer periods or more is traced at 3, 4 and 5 periods and extrapolated (trace/extrapolate.py); its reserved comes
