@@ -12,7 +12,7 @@ reads cudaMemGetInfo's used less torch's reserved after:
   gemm      a bf16 matmul (cuBLAS/cuBLASLt handles, the GEMM kernels' modules)
   sdpa      scaled_dot_product_attention forward and backward, bf16, causal (the fused attention kernels' modules)
   adamw     one fused AdamW step (its kernel)
-Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+Ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """
 from __future__ import annotations
 

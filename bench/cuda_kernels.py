@@ -1,4 +1,4 @@
-"""Kernel microbenchmarks on a lent GPU (issue 14: per-op efficiency curves measured, not assumed).
+"""Kernel microbenchmarks on a GPU (issue 14: per-op efficiency curves measured, not assumed).
 
     python bench/cuda_kernels.py                 # on a CUDA machine, ~1.5 minutes
     python bench/cuda_kernels.py --dry-run       # anywhere: tiny sizes on CPU (the harness itself; CI runs it)
@@ -19,7 +19,7 @@ trainfit's roofline prediction for it (analytic/roofline.py):
   host          the host's time to issue one eager op (a small add; a small linear's forward + backward);
   sustained     one large bf16 GEMM back to back for 20 s: its rate per second beside NVML's SM clock, power and
                 temperature (the chip-to-chip spread of analytic/stragglers.py, measured per machine).
-Writes bench/results/gpu/<gpu>-<date>-<chip>-kernels.json: ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+Writes bench/results/gpu/<gpu>-<date>-<chip>-kernels.json: ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """
 from __future__ import annotations
 

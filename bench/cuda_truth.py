@@ -16,7 +16,7 @@ markdown table on demand: --render FILE)
 5 %, kernel time by kind within 15 % for the large ops.
 
 The dry run executes every step of that path on CPU (the CPU profiler's op times stand in for kernels, the catalog
-H100 for the GPU the analytic times are computed on) so CI keeps the harness working for the day a GPU is lent.
+H100 for the GPU the analytic times are computed on) so CI keeps the harness working for the day a GPU is at hand.
 """
 from __future__ import annotations
 
@@ -561,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, t0 = [], time.perf_counter()
     ws = warm_up(device)
     # this host's time to issue an eager op (the host-issue bound's rate, analytic/step_time.py host_issue): hosts
-    # differ by ~2x between lent machines, so each run records its own beside its steps
+    # differ by ~2x between machines, so each run records its own beside its steps
     from cuda_kernels import host as host_issue  # this folder's microbenchmarks
     host = host_issue(device)
     predicted_ws = sum(allocator_held(gpu, Setup(device="cuda")).values())

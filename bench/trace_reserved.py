@@ -8,7 +8,7 @@ layer periods or more is traced at 3, 4 and 5 periods and extrapolated (trace/ex
 from the full depth's records written down from the 5-period trace (trace/depth_records.py), or, where they cannot
 be written, from a line through the traced depths. This prints both paths beside the full-depth trace.
 Error = trace reserved less the allocator-held workspaces / the step's own measured reserved − 1 (rule 1: real
-steps on a lent GPU).
+steps on a GPU).
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_kernel_time_by_kind_of_the_larger_steps(case):
 def test_prefill_op_by_op_and_a_host_bound_decode(case):
     """Prefill (8 x 1,024 tokens) timed by its op list within 12 %. The decode step's kernels took under a quarter
     of its wall time (measured: the host issued them), and the model says host-bound, within 30 % (the host's
-    per-kernel time varies by ~1.5x between lent machines: kernels.toml [host])."""
+    per-kernel time varies by ~1.5x between machines: kernels.toml [host])."""
     m = CASES[case]["measured"]
     dec = m["passes"]["decode"]
     assert dec["kernel_seconds"] < 0.25 * dec["wall_seconds"]
