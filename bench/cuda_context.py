@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     uuid = device_totals("cuda").get("uuid")
     path = args.out / data.gpu_file_name(name.replace("NVIDIA ", "").replace(" ", "-"), str(_dt.date.today()),
                                          data.chip_id(uuid), "context")
-    path.write_text(json.dumps({"device_name": name, "uuid": uuid, "torch": torch.__version__, "cuda": torch.version.cuda,
+    path.write_text(json.dumps({"device_name": name, "uuid": uuid, "torch": torch.__version__,
+                                "cuda": torch.version.cuda,
                                 "driver_note": "nvidia-smi's driver_version is in the run's log", "runs": runs},
                                indent=1))
     print(f"wrote {path}", file=sys.stderr)

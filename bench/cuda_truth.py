@@ -548,8 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if args.only in c.id]
     args.out.mkdir(parents=True, exist_ok=True)
     totals = device_totals(device)
-    path = args.out / data.gpu_file_name(gpu.name, str(_dt.date.today()), "none" if dry else data.chip_id(totals.get("uuid")),
-                                         "truth", "dry-run" if dry else "")
+    chip = "none" if dry else data.chip_id(totals.get("uuid"))
+    path = args.out / data.gpu_file_name(gpu.name, str(_dt.date.today()), chip, "truth", "dry-run" if dry else "")
 
     def write(rows: list[dict], minutes: float) -> None:  # after every case: a run cut off keeps what it measured
         path.write_text(json.dumps({"gpu": gpu.name, "device_name": name, "dry_run": dry,
