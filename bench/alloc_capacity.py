@@ -14,7 +14,7 @@ capacity on a grid of 8 capacities between it and reserved (the bisection's prem
 
 Run: PYTHONPATH=src python bench/alloc_capacity.py [model ...] > bench/results/alloc_capacity.md
 Rows: bench/alloc_fragmentation.py's 23 setups (records traced here, all checks), then real-size steps measured on
-an H200 (bench/results/cuda-H200-*.json; the trace engine's full-depth replay, least capacity only), then inference
+an H200 (bench/results/gpu/H200-*-truth.json; the trace engine's full-depth replay, least capacity only), then inference
 (prefill + decode) steps.
 """
 from __future__ import annotations

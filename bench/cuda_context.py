@@ -12,7 +12,7 @@ reads cudaMemGetInfo's used less torch's reserved after:
   gemm      a bf16 matmul (cuBLAS/cuBLASLt handles, the GEMM kernels' modules)
   sdpa      scaled_dot_product_attention forward and backward, bf16, causal (the fused attention kernels' modules)
   adamw     one fused AdamW step (its kernel)
-Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+Ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import data
+
+RESULTS = data.results_dir() / data.GPU_DIR
 STAGES = ("init", "tensor", "gemm", "sdpa", "adamw")
 
 
@@ -82,8 +84,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['reserved'] / 2**20:7.1f}  outside the allocator {r['outside'] / 2**20:7.1f}", file=sys.stderr)
     name = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"context-{name.replace('NVIDIA ', '').replace(' ', '-')}-{_dt.date.today()}.json"
-    path.write_text(json.dumps({"device_name": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+    from cuda_truth import device_totals  # the chip's NVML uuid, as the truth harness reads it
+
+    uuid = device_totals("cuda").get("uuid")
+    path = args.out / data.gpu_file_name(name.replace("NVIDIA ", "").replace(" ", "-"), str(_dt.date.today()),
+                                         data.chip_id(uuid), "context")
+    path.write_text(json.dumps({"device_name": name, "uuid": uuid, "torch": torch.__version__,
+                                "cuda": torch.version.cuda,
                                 "driver_note": "nvidia-smi's driver_version is in the run's log", "runs": runs},
                                indent=1))
     print(f"wrote {path}", file=sys.stderr)

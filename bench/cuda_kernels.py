@@ -1,4 +1,4 @@
-"""Kernel microbenchmarks on a lent GPU (issue 14: per-op efficiency curves measured, not assumed).
+"""Kernel microbenchmarks on a GPU (issue 14: per-op efficiency curves measured, not assumed).
 
     python bench/cuda_kernels.py                 # on a CUDA machine, ~1.5 minutes
     python bench/cuda_kernels.py --dry-run       # anywhere: tiny sizes on CPU (the harness itself; CI runs it)
@@ -19,7 +19,7 @@ trainfit's roofline prediction for it (analytic/roofline.py):
   host          the host's time to issue one eager op (a small add; a small linear's forward + backward);
   sustained     one large bf16 GEMM back to back for 20 s: its rate per second beside NVML's SM clock, power and
                 temperature (the chip-to-chip spread of analytic/stragglers.py, measured per machine).
-Writes bench/results/kernels-<gpu>-<date>.json: ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+Writes bench/results/gpu/<gpu>-<date>-<chip>-kernels.json: ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import data
+
+RESULTS = data.results_dir() / data.GPU_DIR
 MODELS = ("gpt2", "llama-3.2-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b")
 
 
@@ -311,7 +313,7 @@ def adamw(device: str, gpu, model: str, lora_ranks=()) -> list[dict]:
     for what, rank, shapes, dtypes in lists:
         for dtype in dtypes:
             # random values, not zeros: on zeros the step's sqrt(0) and 0 / x take CUDA's slower special-value paths
-            # (the runs up to kernels-H200-2026-11-27-eighth: fused AdamW 1.2-2x its time inside real steps;
+            # (the runs up to H200-2026-11-27-e2d374c2-kernels: fused AdamW 1.2-2x its time inside real steps;
             # BENCHMARKS §39)
             params = [(torch.randn(s, device=device, dtype=dtype) * 0.02).requires_grad_() for s in shapes]
             for p in params:
@@ -445,7 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     out, t0 = {"gpu": gpu.name, "device_name": name, "dry_run": dry, "torch": torch.__version__}, time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"kernels-{gpu.name}{'-dry-run' if dry else ''}-{_dt.date.today()}.json"
+    if device == "cuda":  # which chip (manifest.toml): the same NVML read as the truth harness's
+        from cuda_truth import device_totals
+
+        out["uuid"] = device_totals(device).get("uuid")
+    chip = "none" if dry else data.chip_id(out.get("uuid"))
+    path = args.out / data.gpu_file_name(gpu.name, str(_dt.date.today()), chip, "kernels",
+                                         "-".join(filter(None, ["dry-run" if dry else "", args.only or ""])))
     for sec, fn in sections.items():
         if args.only and sec != args.only:
             continue

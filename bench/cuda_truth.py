@@ -10,25 +10,29 @@ LoRA and bitsandbytes QLoRA; inference prefill + decode) it runs the measure eng
 max_memory_allocated per phase, max_memory_reserved, the device memory in use as cudaMemGetInfo reports it, the
 median step time) and one step under torch.profiler (kernel time by kind: GEMMs, attention, the rest), then puts
 beside them the trace engine's peak and simulated reserved (--device cuda semantics), and the analytic engine's
-peak, reserved, device total, step time and its time by kind. Writes bench/results/cuda-<gpu>-<date>.json and .md
+peak, reserved, device total, step time and its time by kind. Writes bench/results/gpu/<gpu>-<date>-<chip>-truth.json (its
+markdown table on demand: --render FILE)
 (BENCHMARKS.md links them). Targets (issue 18): allocated within 1 % (trace) and 3 % (analytic), reserved within
 5 %, kernel time by kind within 15 % for the large ops.
 
 The dry run executes every step of that path on CPU (the CPU profiler's op times stand in for kernels, the catalog
-H100 for the GPU the analytic times are computed on) so CI keeps the harness working for the day a GPU is lent.
+H100 for the GPU the analytic times are computed on) so CI keeps the harness working for the day a GPU is at hand.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import json
+import re
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import data
+
+RESULTS = data.results_dir() / data.GPU_DIR
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ ATTENTION = ("flash", "fmha", "attention", "attn", "sdpa")
 # a full launch queue: a GPU-bound step). The H200 runs of 2026-11-27 counted the first and the last as kernels. Also
 # a custom op's record, as aten's (skipped by name where the profile is read): bitsandbytes::gemm_4bit, ::dequantize_4bit
 # and ::dequantize_blockwise in the QLoRA step carry their kDequantizeBlockwise kernels' time again (1.49 + 1.24 + 0.23
-# ms against 2.49 + 0.47 ms of those kernels in cuda-H200-2026-11-27-sixth.json), gemm_4bit's sorted as a GEMM.
+# ms against 2.49 + 0.47 ms of those kernels in H200-2026-11-27-unrecorded-10-truth.json), gemm_4bit's sorted as a GEMM.
 NOT_KERNELS = ("Optimizer.", "ProfilerStep", "Activity Buffer Request", "Command Buffer Full", "bitsandbytes::")
 
 
@@ -417,9 +421,9 @@ def totals_lines(totals: dict, gpu) -> list[str]:
     return out + [""]
 
 
-def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float, totals: list[str] = ()) -> str:
+def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float, totals: list[str] = (), date=None) -> str:
     head = [f"# CUDA truth: {gpu_name}{' (dry run on CPU)' if dry else ''}", "", *totals,
-            f"`python bench/cuda_truth.py{' --dry-run' if dry else ''}`, {_dt.date.today()}, {minutes:.1f} min. "
+            f"`python bench/cuda_truth.py{' --dry-run' if dry else ''}`, {date or _dt.date.today()}, {minutes:.1f} min. "
             "Errors are (prediction − measured) / measured; targets: trace peak 1 %, analytic peak 3 %, reserved "
             "5 %, kernel time by kind 15 %. Measured peak and reserved: the step's own, above what the process held "
             "before the case (the cuBLAS workspaces, compared on their own, and earlier cases' leftovers)."
@@ -441,6 +445,18 @@ def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float, totals: l
                     f"{_pct(e['analytic_device_total'])} | {_pct(e['analytic_step'])} | "
                     f"{' / '.join(_pct(kinds.get(k)) for k in ('gemm', 'attention', 'other', 'optimizer')) if kinds else '—'} |")
     return "\n".join(head) + "\n"
+
+
+def render_file(path: Path) -> str:
+    """A committed run's markdown table, from its JSON alone (the catalog's figures beside its device totals are
+    today's)."""
+    from trainfit.hardware import get_gpu
+
+    run = json.loads(Path(path).read_text())
+    gpu = get_gpu(run["gpu"])
+    date = re.search(r"\d{4}-\d{2}-\d{2}", Path(path).name)
+    return render(run["cases"], run["gpu"], run["dry_run"], run["minutes"],
+                  totals_lines(run.get("memory_totals") or {}, gpu), date and date[0])
 
 
 def device_and_gpu(dry: bool):
@@ -510,8 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2,
                     help="timed steps per case (each recorded in step_times; step_seconds is their median)")
     ap.add_argument("--max-minutes", type=float, default=8.0, help="stop starting new cases after this long")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json and .md results")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json result")
+    ap.add_argument("--render", type=Path, metavar="FILE", help="print a committed run's markdown table and exit")
     args = ap.parse_args(argv)
+    if args.render:
+        print(render_file(args.render), end="")
+        return 0
 
     import torch
 
@@ -526,23 +546,22 @@ def main(argv: list[str] | None = None) -> int:
     cases = dry_run_cases() if dry else cuda_cases()
     if args.only:
         cases = [c for c in cases if args.only in c.id]
-    label = gpu.name + ("-dry-run" if dry else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"cuda-{label}-{_dt.date.today()}"
+    totals = device_totals(device)
+    chip = "none" if dry else data.chip_id(totals.get("uuid"))
+    path = args.out / data.gpu_file_name(gpu.name, str(_dt.date.today()), chip, "truth", "dry-run" if dry else "")
 
     def write(rows: list[dict], minutes: float) -> None:  # after every case: a run cut off keeps what it measured
-        stem.with_suffix(".json").write_text(json.dumps({"gpu": gpu.name, "device_name": name, "dry_run": dry,
+        path.write_text(json.dumps({"gpu": gpu.name, "device_name": name, "dry_run": dry,
                                                          "workspaces": ws, "predicted_workspaces": predicted_ws,
                                                          "host": host, "memory_totals": totals,
                                                          "torch": torch.__version__, "minutes": round(minutes, 2),
                                                          "cases": rows}, indent=1, default=str))
-        stem.with_suffix(".md").write_text(render(rows, gpu.name, dry, minutes, totals_lines(totals, gpu)))
 
     rows, t0 = [], time.perf_counter()
-    totals = device_totals(device)
     ws = warm_up(device)
     # this host's time to issue an eager op (the host-issue bound's rate, analytic/step_time.py host_issue): hosts
-    # differ by ~2x between lent machines, so each run records its own beside its steps
+    # differ by ~2x between machines, so each run records its own beside its steps
     from cuda_kernels import host as host_issue  # this folder's microbenchmarks
     host = host_issue(device)
     predicted_ws = sum(allocator_held(gpu, Setup(device="cuda")).values())
@@ -561,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         write(rows, (time.perf_counter() - t0) / 60)
     minutes = (time.perf_counter() - t0) / 60
     write(rows, minutes)
-    print(f"wrote {stem}.json and .md ({minutes:.1f} min)", file=sys.stderr)
+    print(f"wrote {path} ({minutes:.1f} min)", file=sys.stderr)
     return 0
 
 

@@ -1,16 +1,16 @@
 """Fit a fused attention kernel's timing constants on a committed kernel microbenchmark (no GPU needed).
 
-    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-fifth.json --backend efficient --fill 0
-    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-eighth.json --backend efficient --fill 0 \
-        --dtype fp32 --dropout --check bench/results/kernels-H200-2026-11-27-seventh.json
+    python bench/fit_attention.py bench/results/gpu/H200-2026-11-27-unrecorded-9-kernels.json --backend efficient --fill 0
+    python bench/fit_attention.py bench/results/gpu/H200-2026-11-27-e2d374c2-kernels.json --backend efficient --fill 0 \
+        --dtype fp32 --dropout --check bench/results/gpu/H200-2026-11-27-79777263-kernels.json
 
-bench/cuda_kernels.py timed torch's causal SDPA by backend on a lent GPU (the kernel's own time from
+bench/cuda_kernels.py timed torch's causal SDPA by backend on a GPU (the kernel's own time from
 torch.profiler). The model it fits is roofline.FittedAttention's: one call = FLOPs / (peak x fraction x tile
 factor) + a fixed time, the tile factor roofline.flash_efficiency with the kernel's own tiles (read from its name)
 and `fill` pipeline-fill steps per CTA. For each head dim and direction, fraction and fixed time are the least
 squares fit of the relative error (time is linear in 1 / fraction and the fixed time). Prints the kernels.toml
 values and each shape's error, on the fitted run and on `--check` (another chip's run: out of sample).
-Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU). It fits the memory-efficient kernel's constants
+Ground truth of rule 1 (DEVELOPERS: real steps on a GPU). It fits the memory-efficient kernel's constants
 (kernels.toml [generation.hopper.efficient], with --fill 0) and, on the sdpa_variants rows, its fp32 and dropout
 variants and cuDNN's dropout variant ([...efficient.fp32], [...cudnn.dropout], ...). `--bytes-per-element`: the
 backward's pre/post passes (cuDNN's dot_do_o and convert_dq: kernels.toml backward_bytes_per_element), taken off
@@ -109,7 +109,7 @@ def _rows(run: dict, backend: str, dtype: str = "bf16", dropout: bool = False) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/cuda_kernels.py")
+    ap.add_argument("results", type=Path, help="a bench/results/gpu/<gpu>-<date>-<chip>-kernels.json from bench/cuda_kernels.py")
     ap.add_argument("--backend", default="efficient", help="the SDPA backend's rows to fit (efficient, cudnn, flash)")
     ap.add_argument("--fill", type=int, default=1, help="pipeline-fill steps per CTA in the tile factor")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="the rows' dtype (sdpa_variants for fp32)")

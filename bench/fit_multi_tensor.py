@@ -1,9 +1,9 @@
 """Fit the multi_tensor_apply constants on committed kernel microbenchmarks (no GPU needed).
 
-    python bench/fit_multi_tensor.py bench/results/kernels-H200-2026-11-27-eighth.json \\
-        --model-runs bench/results/kernels-H200-2026-11-27-{second,fifth,seventh,eighth}.json
+    python bench/fit_multi_tensor.py bench/results/gpu/H200-2026-11-27-e2d374c2-kernels.json \\
+        --model-runs bench/results/gpu/H200-2026-11-27-{unrecorded-8,unrecorded-9,79777263,e2d374c2}-kernels.json
 
-bench/cuda_kernels.py adamw timed torch's AdamW step (foreach and fused) on a lent GPU, kernel by kernel
+bench/cuda_kernels.py adamw timed torch's AdamW step (foreach and fused) on a GPU, kernel by kernel
 (torch.profiler): over a model's own parameters and over LoRA adapters at two ranks. This fits, from the foreach
 step's kernels whose arithmetic does not depend on the data (compute_time.FOREACH_ADAM's mul_, add_, lerp_ and
 addcmul_: multiplies and adds):
@@ -14,8 +14,7 @@ addcmul_: multiplies and adds):
     kernels.toml's foreach32 (write the fractions first, then fit the latency).
 It prints the kernels.toml values, then every kernel class's error with them, the fitted ones and the others: the
 sqrt, the divisions and the fused kernel, whose arithmetic takes its special-value paths on the benchmark's
-all-zero tensors (sqrt(0), 0 / x), are reported, not fitted. Ground truth of rule 1 (DEVELOPERS: real steps on a
-lent GPU).
+all-zero tensors (sqrt(0), 0 / x), are reported, not fitted. Ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """
 from __future__ import annotations
 

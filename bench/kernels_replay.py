@@ -1,17 +1,17 @@
 """Today's roofline against a committed kernel microbenchmark run (no GPU needed).
 
-    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27.json
-    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27-lora.json   # LoRA's thin GEMMs
-    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27-eighth.json --rows   # AdamW over LoRA
+    python bench/kernels_replay.py bench/results/gpu/H200-2026-11-27-unrecorded-8-kernels.json
+    python bench/kernels_replay.py bench/results/gpu/H200-2026-11-27-unrecorded-12-kernels-lora.json   # LoRA's thin GEMMs
+    python bench/kernels_replay.py bench/results/gpu/H200-2026-11-27-e2d374c2-kernels.json --rows   # AdamW over LoRA
 
-bench/cuda_kernels.py timed, on a lent GPU, the kernels an eager step spends its time in (kernel time from
+bench/cuda_kernels.py timed, on a GPU, the kernels an eager step spends its time in (kernel time from
 torch.profiler); this re-predicts each with analytic/roofline.py as it is now and prints the errors by section:
 the GEMMs of five models' linear layers, torch's SDPA (the backend it picks by default; and fp32 and dropout 0.1
 inside the kernel by backend, sdpa_variants), the memory-bound ops of a step by access class, AdamW's step (fused
 and foreach) over a model's parameters and over LoRA adapters (analytic/multi_tensor.py's launches; the rows ran on
 all-zero tensors, whose sqrt and divisions take slower paths than a real step's: BENCHMARKS §39), and LoRA's six thin GEMMs per layer shape and rank by dtype (fp32: peft's
 adapters without autocast, timed as cuBLAS's SIMT kernels, roofline._simt_gemm_seconds), each beside the prediction
-the run stored when it was measured. Ground truth of rule 1 (DEVELOPERS: real steps on a lent GPU).
+the run stored when it was measured. Ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def at_measurement(run: dict) -> dict[str, list[tuple[str, float]]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/cuda_kernels.py")
+    ap.add_argument("results", type=Path, help="a bench/results/gpu/<gpu>-<date>-<chip>-kernels.json from bench/cuda_kernels.py")
     ap.add_argument("--rows", action="store_true", help="print every row, not only the summaries")
     args = ap.parse_args(argv)
     run = json.loads(args.results.read_text())

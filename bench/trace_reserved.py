@@ -1,14 +1,14 @@
 """The trace engine's reserved against a committed CUDA truth run, at full depth and extrapolated (no GPU needed;
 ~6 minutes on 2 cores for the 18 H200 steps).
 
-    python bench/trace_reserved.py bench/results/cuda-H200-2026-11-27-fifth.json [--only CASE ...]
+    python bench/trace_reserved.py bench/results/gpu/H200-2026-11-27-unrecorded-9-truth.json [--only CASE ...]
 
 The trace replays the step's allocations through the caching allocator's rules (alloc/replay.py). A model of 16
 layer periods or more is traced at 3, 4 and 5 periods and extrapolated (trace/extrapolate.py); its reserved comes
 from the full depth's records written down from the 5-period trace (trace/depth_records.py), or, where they cannot
 be written, from a line through the traced depths. This prints both paths beside the full-depth trace.
 Error = trace reserved less the allocator-held workspaces / the step's own measured reserved − 1 (rule 1: real
-steps on a lent GPU).
+steps on a GPU).
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """Fixed overheads (trainfit/overheads.py, data/overheads.toml) against independent sources, derived by hand."""
-import json
 import statistics
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model as load_spec
 from trainfit.analytic.fit_rule import capacity
 from trainfit.setup import Setup
+from bench import data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,15 +114,15 @@ def test_hopper_context_after_a_step_is_what_the_h200_runs_held_beside_the_alloc
     """The committed H200 runs: cudaMemGetInfo's used less max_memory_reserved after each step is the memory beside the
     caching allocator (context, loaded kernels, library handles); the catalog's after-step figure is their median."""
     held = [c["measured"]["device_used"] - c["measured"]["reserved"]
-            for f in sorted((ROOT / "bench" / "results").glob("cuda-H200-2026-11-2*.json"))
-            for c in json.loads(f.read_text())["cases"] if c["measured"].get("device_used")]
+            for run in data.gpu_runs("truth", "H200").values()
+            for c in run["cases"] if c["measured"].get("device_used")]
     assert len(held) >= 100 and max(held) - min(held) < 25 * MiB
     h200 = get_gpu("H200")
     assert overheads.cuda_context(h200, after_step=True) == statistics.median(held)
     assert overheads.cuda_context(get_gpu("RTX-3090"), after_step=True) == 256 * MiB  # no measurement: at start
     # a serving engine sizes its pool before any step: the context at start (bench/cuda_context.py's reading right
     # after torch.cuda.init() in a fresh process); a training step carries the loaded one
-    run = json.loads((ROOT / "bench" / "results" / "context-H200-2026-11-27.json").read_text())
+    run = data.gpu_run("H200-2026-11-27-unrecorded-11-context")
     at_init = run["runs"]["LAZY"][0]
     assert at_init["stage"] == "init" and at_init["reserved"] == 0
     assert overheads.overheads(h200, Setup(mode="serve", precision="bf16", max_model_len=4096))["cuda_context"] \

@@ -1,8 +1,6 @@
 """The gradients' own segments (analytic/grad_segments.py): a hand count, and the two H200 steps they explain."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 from trainfit.analytic.engine import estimate, grad_segments, transient_blocks
 from trainfit.analytic.memory import train_memory
@@ -10,9 +8,10 @@ from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
 from trainfit.overheads import allocator_held
 from trainfit.setup import Setup
+from bench import data
 
 MiB = 2**20
-RUN = Path(__file__).resolve().parents[2] / "bench" / "results" / "cuda-H200-2026-11-27-sixth.json"
+RUN = "H200-2026-11-27-unrecorded-10-truth"
 
 
 def test_llama_3_1_8b_bf16_by_hand():
@@ -32,7 +31,7 @@ def test_the_two_h200_steps_they_explain():
     """Measured on an H200 (rule 1): llama-3.1-8b bf16 read -8.0 % and torchtitan's TinyLlama -7.95 % without them;
     issue 18's target for reserved is 5 %."""
     gpu = get_gpu("H200")
-    cases = {c["id"]: c for c in json.loads(RUN.read_text())["cases"]}
+    cases = {c["id"]: c for c in data.gpu_run(RUN)["cases"]}
     for case_id in ("llama-3.1-8b-bf16", "tinyllama-1.1b-torchtitan"):
         case = cases[case_id]
         setup = Setup(device="cuda", **case["settings"])

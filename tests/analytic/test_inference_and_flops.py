@@ -60,7 +60,7 @@ def test_eager_decode_is_bound_by_the_weights_and_the_host():
     """A decode token reads every weight (16 GB of bf16) once, so no more than 3.35 TB/s / 16 GB ≈ 209 tokens/s at
     batch 1; an eager HF decode step also issues each of its ~700 kernels from the host (no_grad: 23.3 µs each,
     measured on H200 hosts, kernels.toml [host]), which binds it at batch 1 (measured: llama-3.2-1b's decode
-    kernels ran 1.3 ms of a 14-19 ms step, bench/results/cuda-H200-2026-11-27.json)."""
+    kernels ran 1.3 ms of a 14-19 ms step, bench/results/gpu/H200-2026-11-27-unrecorded-6-truth.json)."""
     spec = load_model("llama-3.1-8b")
     gpu = get_gpu("H100-80GB")
     setup = Setup(mode="infer", precision="bf16", batch=1, seq=1024)

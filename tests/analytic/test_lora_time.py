@@ -67,7 +67,7 @@ def test_lora_step_is_faster_than_full_fine_tuning_and_qlora_slower_than_lora():
     step with adapters in the base's bf16 (torchtune's, C1) is faster; QLoRA adds the dequantisation (C1 publishes
     8,210 vs 8,035 tokens/s: 2 % slower). peft's default fp32 adapters on a bf16 base run fp32 GEMMs at the CUDA
     cores' rate (16x below bf16 on an A100): slower than bf16 adapters — on an H200 such a step measured 104 ms
-    against full fine-tuning's 76 ms (bench/results/cuda-H200-2026-11-26.json)."""
+    against full fine-tuning's 76 ms (bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json)."""
     times = {}
     for name, kw in {"full": {}, "lora": dict(lora_rank=16, lora_dtype="weight"),
                      "qlora": dict(lora_rank=16, quant="nf4", lora_dtype="weight"),

@@ -10,6 +10,7 @@ import pytest
 from trainfit.analytic.roofline import (attention_seconds, gemm_efficiency, gemm_seconds, gemm_waves, kernels_for,
                                         memory_seconds, unfused_attention)
 from trainfit.hardware import get_gpu, list_gpus
+from bench import data
 
 A100 = get_gpu("A100-80GB")
 H100 = get_gpu("H100-80GB")
@@ -124,17 +125,14 @@ def test_eager_attention_pays_for_the_score_tensor():
 
 def test_hf_eager_attention_elementwise_against_the_h200_profile():
     """HF's eager attention under autocast (llama-3.2-1b, b2 s1024, 32 heads of 64: S is 64 x 1024 x 1024): the
-    committed H200 profile (bench/results/cuda-H200-2026-11-27-fifth.json, rule 1) times its score-sized kernels —
+    committed H200 profile (bench/results/gpu/H200-2026-11-27-unrecorded-9-truth.json, rule 1) times its score-sized kernels —
     the scaling's two muls, the broadcast mask add that promotes S to fp32, softmax and its backward — CUDA's
     softmax backward first forms grad·output, an S x S fp32 mul (SoftMax.cu softmax_backward_cuda_out; the CPU
     kernel has no such op, so the CPU trace of the same step lacks it) — and the three [2, 32, 1024, 1024] casts —
     at 22.3 ms over 16 layers (19.3 ms before the mul was known). The roofline's memory-bound part of the chain
     (unfused_attention) must read them within 10 %; the SDPA-math model it replaces for HF eager read 3.3 ms."""
-    import json as _json
-    from pathlib import Path
 
-    run = Path(__file__).resolve().parents[2] / "bench" / "results" / "cuda-H200-2026-11-27-fifth.json"
-    case = next(c for c in _json.loads(run.read_text())["cases"] if c["id"] == "llama-3.2-1b-amp-bf16-eager")
+    case = next(c for c in data.gpu_run("H200-2026-11-27-unrecorded-9-truth")["cases"] if c["id"] == "llama-3.2-1b-amp-bf16-eager")
     scores = "[2, 32, 1024, 1024]"
     measured = sum(k["seconds"] for k in case["measured"]["profile"]["aten_kernels"]
                    if k["shapes"].startswith(f"[{scores}") and k["op"] in (

@@ -211,7 +211,7 @@ def test_headroom_terms_by_hand():
 
 def test_a_fraction_that_leaves_too_little_is_a_warning_with_the_number():
     """Free at start: CUDA's total on an H100 (deviceQuery 85,017,755,648 B) − the context at start, 552,402,944 B
-    (measured on an H200, bench/results/context-H200-2026-11-27.json) = 84,465,352,704 B. At 0.98 the headroom is
+    (measured on an H200, bench/results/gpu/H200-2026-11-27-unrecorded-11-context.json) = 84,465,352,704 B. At 0.98 the headroom is
     0.02 × that = 1,689,307,054 B, under the activations and graphs' 1,643,118,592 + 685,637,632 = 2,328,756,224 B
     by 639,449,170 B (609.83 MiB); the largest fraction that leaves them room: 1 − 2,328,756,224 / 84,465,352,704
     = 0.97243 -> 0.972."""

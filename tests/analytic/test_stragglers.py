@@ -1,17 +1,15 @@
 """The job's slowest GPU (analytic/stragglers.py): the order statistic against exact values, the spread against the
 H200 runs it was measured on, and the step term against a hand derivation."""
-import json
 import math
 import statistics
-from pathlib import Path
 
 import pytest
 
 import trainfit
 from trainfit.analytic.roofline import cluster_table
 from trainfit.analytic.stragglers import expected_max
+from bench import data
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 @pytest.mark.parametrize("n, exact", [
@@ -29,10 +27,12 @@ def test_compute_spread_is_the_h200_runs_coefficient_of_variation():
     """kernels.toml's compute_spread = the sample CV of the llama-3.1-8b bf16 step's GEMM time over the nine H200
     runs committed in bench/results (one chip each)."""
     gemm = []
-    # -sixth ran on the fifth's chip, as far as the runs tell (the same driver, its 8b GEMMs 116.6 ms to 0.1 ms): one
-    # chip, counted once
-    for f in sorted(set(RESULTS.glob("cuda-H200-2026-11-2*.json")) - {RESULTS / "cuda-H200-2026-11-27-sixth.json"}):
-        for case in json.loads(f.read_text())["cases"]:
+    # unrecorded-10 ran on unrecorded-9's chip, as far as the runs tell (the same driver, its 8b GEMMs 116.6 ms to
+    # 0.1 ms): one chip, counted once
+    for stem, run in data.gpu_runs("truth", "H200").items():
+        if stem == "H200-2026-11-27-unrecorded-10-truth":
+            continue
+        for case in run["cases"]:
             if case["id"] == "llama-3.1-8b-bf16":
                 gemm.append(case["measured"]["kinds"]["gemm"])
     assert len(gemm) == 9

@@ -1,6 +1,6 @@
 """--tf32: fp32 matmuls on TF32 tensor cores. PyTorch leaves them off (torch.backends.cuda.matmul.allow_tf32 =
 False since 1.12), so fp32 GEMMs run at the CUDA cores' rate unless asked (measured on an H200: llama-3.2-1b fp32's
-GEMMs took 318 ms, 0.75 of the fp32 peak; bench/results/cuda-H200-2026-11-26.json)."""
+GEMMs took 318 ms, 0.75 of the fp32 peak; bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json)."""
 import pytest
 
 from trainfit.analytic.engine import estimate

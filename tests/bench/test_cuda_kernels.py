@@ -1,22 +1,22 @@
 """The roofline against kernels timed on H200s (bench/cuda_kernels.py, kernel time from torch.profiler; torch
 2.11.0+cu130). Ground truth of rule 1. The cuDNN attention constants (kernels.toml [generation.hopper.cudnn]) were
-fitted on the first run (kernels-H200-2026-11-27-first.json); these tests check them on the second, another machine's
+fitted on the first run (H200-2026-11-27-unrecorded-7-kernels.json); these tests check them on the second, another machine's
 run, and check the mechanisms the step model rests on in the measured numbers themselves."""
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from bench import data
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-RESULTS = ROOT / "bench" / "results"
-VALIDATION = RESULTS / "kernels-H200-2026-11-27-second.json"
+VALIDATION = "H200-2026-11-27-unrecorded-8-kernels"
 
 
 @pytest.fixture(scope="module")
 def run():
-    return json.loads(VALIDATION.read_text())
+    return data.gpu_run(VALIDATION)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_dry_run_writes_the_kernel_results(tmp_path):
     import cuda_kernels
 
     assert cuda_kernels.main(["--dry-run", "--only", "host", "--out", str(tmp_path)]) == 0
-    (js,) = tmp_path.glob("kernels-*-dry-run-*.json")
+    (js,) = tmp_path.glob("*-none-kernels-dry-run*.json")
     host = json.loads(js.read_text())["host"]
     assert host["add"]["kernels_per_call"] == 1 and host["add"]["host_seconds_per_call"] > 0
 
@@ -124,7 +124,7 @@ def test_dry_run_of_the_sustained_gemm(tmp_path):
     import cuda_kernels
 
     assert cuda_kernels.main(["--dry-run", "--only", "sustained", "--out", str(tmp_path)]) == 0
-    (js,) = tmp_path.glob("kernels-*-dry-run-*.json")
+    (js,) = tmp_path.glob("*-none-kernels-dry-run*.json")
     out = json.loads(js.read_text())["sustained"]
     assert out["n"] == 128 and out["windows"] and all(w["tflops"] > 0 for w in out["windows"])
     assert "sm_mhz" not in out["windows"][0]  # no NVML on CPU
@@ -136,7 +136,7 @@ def test_dry_run_of_the_lora_gemms(tmp_path):
     import cuda_kernels
 
     assert cuda_kernels.main(["--dry-run", "--only", "lora", "--out", str(tmp_path)]) == 0
-    (js,) = tmp_path.glob("kernels-*-dry-run-*.json")
+    (js,) = tmp_path.glob("*-none-kernels-dry-run*.json")
     rows = json.loads(js.read_text())["lora"]
     shapes = {(n, k) for _, n, k in cuda_kernels.linear_shapes("tiny-llama")}
     assert len(rows) == 6 * len(shapes)
@@ -145,11 +145,11 @@ def test_dry_run_of_the_lora_gemms(tmp_path):
 
 def test_memory_efficient_constants_are_the_fit_of_the_committed_run(h200):
     """kernels.toml [generation.hopper.efficient] is what `python bench/fit_attention.py
-    bench/results/kernels-H200-2026-11-27-fifth.json --fill 0` prints: the constants are reproducible from the data."""
+    bench/results/gpu/H200-2026-11-27-unrecorded-9-kernels.json --fill 0` prints: the constants are reproducible from the data."""
     from fit_attention import _rows, fit
     from trainfit.analytic.roofline import kernels_for
 
-    run = json.loads((RESULTS / "kernels-H200-2026-11-27-fifth.json").read_text())
+    run = data.gpu_run("H200-2026-11-27-unrecorded-9-kernels")
     c = kernels_for(h200).fitted["efficient"]
     assert c.fill == 0
     rows = _rows(run, "efficient")
@@ -178,7 +178,7 @@ def test_fp32_and_dropout_builds_fitted_on_one_chip_hold_on_another(h200, varian
     from trainfit.analytic.roofline import attention_seconds
 
     name, backend, dtype, dropout, *_ = variant
-    run = json.loads((RESULTS / "kernels-H200-2026-11-27-seventh.json").read_text())
+    run = data.gpu_run("H200-2026-11-27-79777263-kernels")
     errs = []
     for r in _rows(run, backend, dtype, dropout):
         b, h, s, d = r["shape"]
@@ -193,13 +193,13 @@ def test_fp32_and_dropout_builds_fitted_on_one_chip_hold_on_another(h200, varian
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[1]}-{v[0]}")
 def test_fp32_and_dropout_constants_are_the_fit_of_the_committed_run(h200, variant):
-    """kernels.toml's variants are what bench/fit_attention.py prints on kernels-H200-2026-11-27-eighth.json (the
+    """kernels.toml's variants are what bench/fit_attention.py prints on H200-2026-11-27-e2d374c2-kernels.json (the
     commands in kernels.toml): reproducible from the data."""
     from fit_attention import _rows, fit
     from trainfit.analytic.roofline import kernels_for
 
     name, backend, dtype, dropout, fill, passes, tile = variant
-    run = json.loads((RESULTS / "kernels-H200-2026-11-27-eighth.json").read_text())
+    run = data.gpu_run("H200-2026-11-27-e2d374c2-kernels")
     c = kernels_for(h200).fitted[backend].variant(dtype, dropout)
     rows = _rows(run, backend, dtype, dropout)
     for i, d in enumerate(c.head_dims):

@@ -1,15 +1,15 @@
 """The analytic step's kernel time by kind, and inference's two passes, against the last H200 run of 2026-11-27
-(bench/results/cuda-H200-2026-11-27.json: torch.profiler's kernels of real steps, torch 2.11.0+cu130). Ground truth
+(bench/results/gpu/H200-2026-11-27-unrecorded-6-truth.json: torch.profiler's kernels of real steps, torch 2.11.0+cu130). Ground truth
 of rule 1; issue 14/18's target for the large ops is 15 %."""
-import json
 import sys
 from pathlib import Path
 
 import pytest
+from bench import data
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-RUN = json.loads((ROOT / "bench" / "results" / "cuda-H200-2026-11-27.json").read_text())
+RUN = data.gpu_run("H200-2026-11-27-unrecorded-6-truth")
 CASES = {c["id"]: c for c in RUN["cases"]}
 
 
@@ -48,7 +48,7 @@ def test_kernel_time_by_kind_of_the_larger_steps(case):
 def test_prefill_op_by_op_and_a_host_bound_decode(case):
     """Prefill (8 x 1,024 tokens) timed by its op list within 12 %. The decode step's kernels took under a quarter
     of its wall time (measured: the host issued them), and the model says host-bound, within 30 % (the host's
-    per-kernel time varies by ~1.5x between lent machines: kernels.toml [host])."""
+    per-kernel time varies by ~1.5x between machines: kernels.toml [host])."""
     m = CASES[case]["measured"]
     dec = m["passes"]["decode"]
     assert dec["kernel_seconds"] < 0.25 * dec["wall_seconds"]

@@ -1,5 +1,5 @@
 """The kernels an eager step launches, op list against the H200 profiles of real steps (bench/results/
-cuda-H200-2026-11-27-seventh.json, torch 2.11, clipped HF steps; ground truth of rule 1). Each launch costs the host
+H200-2026-11-27-79777263-truth.json, torch 2.11, clipped HF steps; ground truth of rule 1). Each launch costs the host
 its issue time (analytic/step_time.py host_issue) and the GPU a launch term, so the count is checked per layer, per
 aten op group and per step (BENCHMARKS §40).
 
@@ -8,15 +8,15 @@ reductions (its heuristics' choice per shape: 8 memsets per layer in llama-3.2-1
 eager bmm; no mechanism the model could derive them from), the host copies (.item()), and transformers' model-input
 kernels (position ids, the causal mask's construction, the rotary table: about 20 per step, transformers-version
 dependent)."""
-import json
 import sys
 from pathlib import Path
 
 import pytest
+from bench import data
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-RUN = json.loads((ROOT / "bench" / "results" / "cuda-H200-2026-11-27-seventh.json").read_text())
+RUN = data.gpu_run("H200-2026-11-27-79777263-truth")
 CASES = {c["id"]: c for c in RUN["cases"]}
 
 
@@ -131,7 +131,7 @@ def test_whole_step_within_the_model_input_kernels(case):
     from cuda_truth_replay import replay
 
     spec, _, layer, rest = _lists(case)
-    row = next(r for r in replay(ROOT / "bench" / "results" / "cuda-H200-2026-11-27-seventh.json")
+    row = next(r for r in replay(data.gpu_path("H200-2026-11-27-79777263-truth"))
                if r["id"] == case)
     top = CASES[case]["measured"]["profile"]["top"]
     measured = row["kernels"] - sum(t["count"] for t in top if t["name"].startswith("Memset") or (

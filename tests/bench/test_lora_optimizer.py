@@ -1,25 +1,24 @@
 """AdamW over LoRA's adapters (issue 18; analytic/multi_tensor.py) against H200 measurements: the launch counts the
-profiles of every committed truth run show (bench/results/cuda-H200-2026-11-2*.json, torch 2.11.0+cu130), the
+profiles of every committed truth run show (bench/results/gpu/H200-*-truth.json, torch 2.11.0+cu130), the
 optimizer's kernel time inside their real LoRA and QLoRA steps (llama-3.2-1b, rank 16 on all seven projections: 224
 fp32 tensors, none over 2 chunks) — neither fitted — and the kernel run whose foreach rows the latency was fitted on
-(bench/results/kernels-H200-2026-11-27-eighth.json). Ground truth of rule 1."""
-import json
+(bench/results/gpu/H200-2026-11-27-e2d374c2-kernels.json). Ground truth of rule 1."""
 import sys
 from pathlib import Path
 
 import pytest
+from bench import data
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-RESULTS = ROOT / "bench" / "results"
-RUNS = sorted(RESULTS.glob("cuda-H200-2026-11-2*.json"))
+RUNS = data.gpu_runs("truth", "H200")
 LORA = ("llama-3.2-1b-lora", "llama-3.2-1b-qlora")
 
 
 def _cases(ids) -> list[tuple[str, dict]]:
     out = []
-    for path in RUNS:
-        out += [(path.stem, c) for c in json.loads(path.read_text())["cases"] if c["id"] in ids]
+    for stem, run in RUNS.items():
+        out += [(stem, c) for c in run["cases"] if c["id"] in ids]
     return out
 
 
@@ -92,7 +91,7 @@ def test_full_model_optimizer_unchanged_by_the_latency_floor():
     """The optimizer of every other training case of the nine runs (fused, foreach, a master's casts, torchtitan's
     clip; 1.1-8 B parameters in full 320-chunk launches, where bytes at the streaming bandwidth still bound) within
     10 % (they read +1 ... +8.4 %, as before the floor)."""
-    ids = {c["id"] for p in RUNS for c in json.loads(p.read_text())["cases"]
+    ids = {c["id"] for run in RUNS.values() for c in run["cases"]
            if c["id"] not in LORA and c["measured"].get("kinds", {}).get("optimizer")}
     cases = _cases(ids)
     assert len(cases) >= 100
@@ -103,7 +102,7 @@ def test_full_model_optimizer_unchanged_by_the_latency_floor():
 
 @pytest.fixture(scope="module")
 def eighth() -> dict:
-    return json.loads((RESULTS / "kernels-H200-2026-11-27-eighth.json").read_text())
+    return data.gpu_run("H200-2026-11-27-e2d374c2-kernels")
 
 
 def test_foreach_kernels_over_the_adapters(eighth):

@@ -1,13 +1,13 @@
 """HF's eager RMSNorm backward, kernel by kernel, against the H200 profile of a real llama-3.1-8b bf16 step
-(bench/results/cuda-H200-2026-11-27-sixth.json, torch.profiler's device time per aten op and shape). Ground truth of
+(bench/results/gpu/H200-2026-11-27-unrecorded-10-truth.json, torch.profiler's device time per aten op and shape). Ground truth of
 rule 1. LlamaRMSNorm's forward is six eager ops; autograd's formulas (derivatives.yaml) make ten backward kernels per
 norm (ops.norm_ops bwd_ops), which the generic one-pass rule had counted at about half their bytes."""
 import ast
-import json
 from pathlib import Path
+from bench import data
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = json.loads((ROOT / "bench" / "results" / "cuda-H200-2026-11-27-sixth.json").read_text())
+RUN = data.gpu_run("H200-2026-11-27-unrecorded-10-truth")
 CASE = next(c for c in RUN["cases"] if c["id"] == "llama-3.1-8b-bf16")
 ROW = [2, 1024, 4096]  # the norm's input: batch x seq x hidden
 

@@ -2,7 +2,7 @@
 
 Truth: aten/src/ATen/autocast_mode.h (AT_FORALL_FP32: pow, layer_norm, ...; AT_FORALL_FP32_SET_OPT_DTYPE: softmax,
 sum, ...; AT_FORALL_LOWER_PRECISION_FP: mm, linear, ...), which CUDA autocast applies and CPU autocast does not, and
-an H200 measurement (bench/results/cuda-H200-2026-11-26.json: gpt2 amp-bf16 at 2 x 1024 held 458 MiB more than a
+an H200 measurement (bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json: gpt2 amp-bf16 at 2 x 1024 held 458 MiB more than a
 CPU-autocast trace predicted; the trace with these lists is within 0.75 %).
 """
 import torch

@@ -65,7 +65,7 @@ def test_extrapolation_equals_full_trace_llama2_7b():
 
 # Measured max_memory_reserved on an NVIDIA H200, torch 2.11.0+cu130, transformers 5.17, trainfit's measure engine
 # (measure/runner.py _peak_cuda), batch 2, seq 1024, HF stack, fused AdamW, --device cuda: the run of 2026-11-27
-# without the harness's freed LM-head block (cuda-H200-2026-11-27-fifth.json "measured.reserved"). Each includes
+# without the harness's freed LM-head block (H200-2026-11-27-unrecorded-9-truth.json "measured.reserved"). Each includes
 # cuBLAS's workspaces (2 x 32 MiB), which the trace leaves out.
 H200_RESERVED = {("llama-3.2-1b", "amp-bf16"): 26_541_555_712, ("llama-3.1-8b", "bf16"): 71_395_442_688}
 

@@ -96,7 +96,7 @@ def test_engine_sums_in_place_only_under_autocast():
 def test_llama_3_2_1b_full_recompute_matches_the_h200():
     """llama-3.2-1b, batch 2 × 1024, amp-bf16, HF stack, fused AdamW, --recompute full: max_memory_allocated
     20,909,147,648 B measured on an NVIDIA H200 (torch 2.11.0+cu130, transformers 5.17; 2026-11-26,
-    bench/results/cuda-H200-2026-11-26.json case llama-3.2-1b-amp-bf16-full-recompute), backward phase. It holds
+    bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json case llama-3.2-1b-amp-bf16-full-recompute), backward phase. It holds
     the two 32 MiB cuBLAS workspaces (Hopper size, data/overheads.toml [cublas_workspace]) that the engines leave
     out. Before the in-place sum both engines read one fp32 vocab × hidden table (1,050,673,152 B, 5 %) high."""
     from trainfit import api

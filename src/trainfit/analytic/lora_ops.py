@@ -9,7 +9,7 @@
   dtype, torch/amp/autocast_mode.py lower_precision_fp ops). Without autocast, peft's fp32 adapters beside a 16-bit
   base (--lora-dtype fp32) run on the input cast to fp32 (peft lora/layer.py Linear.forward `x = self._cast_input_dtype(
   x, lora_A.weight.dtype)`): fp32 GEMMs at the CUDA cores' rate (PyTorch leaves TF32 off for matmuls), as the H200
-  profile shows (sm80_xmma_gemm_f32f32 ... ffma kernels, bench/results/cuda-H200-2026-11-26.json llama-3.2-1b-lora),
+  profile shows (sm80_xmma_gemm_f32f32 ... ffma kernels, bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json llama-3.2-1b-lora),
   timed as cuBLAS's SIMT kernels where measured (roofline._simt_gemm_seconds).
 - DoRA (Liu et al. 2024 eq. 5; peft tuners/lora/dora.py get_weight_norm): each forward forms W0 + scale·B·A
   (a d_out × d_in × r GEMM) and its row norms (reads the d_out × d_in result), peft under torch.no_grad.

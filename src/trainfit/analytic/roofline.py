@@ -364,7 +364,7 @@ def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> f
 def _simt_gemm_seconds(gpu: GPU, kn: Kernels, m: int, n: int, k: int, batch: int) -> float:
     """An fp32 GEMM on the CUDA cores: cuBLAS's SIMT kernels (kernels.toml simt_tiles, 8-deep k steps), timed as
     _gemm_seconds times a tile (waves of tiles, split-K over idle SMs, the fastest tile), with what the H200's fp32 LoRA
-    GEMMs (bench/results/kernels-H200-2026-11-27-lora.json, BENCHMARKS §36) showed these kernels add:
+    GEMMs (bench/results/gpu/H200-2026-11-27-unrecorded-12-kernels-lora.json, BENCHMARKS §36) showed these kernels add:
       * an SM has 4 warp schedulers, each issuing one instruction per clock for its own warps (CUDA C++ Programming
         Guide, compute capability 8.x / 9.0): a CTA of w < 4 warps alone on its SM issues FFMAs at w/4 of the SM's
         rate, so a thin GEMM's single wave of 2-warp CTAs runs at half rate, and split-K keeps splitting until every
@@ -585,7 +585,7 @@ def unfused_attention(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, causal: bo
     backward, each the other way: the cast's upcast, softmax's backward (dP·P, then the kernel reading it and P,
     writing dS, fp32), the upcast's cast back, the add's cast to S's dtype when it promoted (autograd casts a
     gradient to its input's dtype: engine.cpp validate_outputs), the scaling's. The H200 profile of llama-3.2-1b
-    eager (bench/results/cuda-H200-2026-11-27-fifth.json) has these kernels: per layer one broadcast add<float>, one
+    eager (bench/results/gpu/H200-2026-11-27-unrecorded-9-truth.json) has these kernels: per layer one broadcast add<float>, one
     softmax_warp_forward / _backward<float> (beside the backward's fp32 S·S mul), three [2, 32, 1024, 1024] copies.
     NB: the mask add's broadcast fp32 + bf16 kernel (elementwise_kernel with dynamic casts) ran at 1.1 TB/s there,
     timed here at the upcast class's rate (2.0 TB/s on an H200; kernels.toml access): under-reads it; the mask's own

@@ -13,7 +13,7 @@ slowest of N runs the compute-bound kernels (GEMMs, attention) E[max of N] · σ
 E[max_N] ≈ Φ⁻¹((N − 0.375) / (N + 0.25)) (Blom 1958, the expected order statistics of a normal sample): 0 for one
 GPU, 1.43 for 8, 3.03 for 512, 3.96 for 16,384 (NB: +4 % over the exact value at 2, within 1 % from 10 on).
 
-σ (kernels.toml [cluster] compute_spread) is measured on the lent H200s, not taken from Sinha et al.: their metric
+σ (kernels.toml [cluster] compute_spread) is measured on the measured H200s, not taken from Sinha et al.: their metric
 is a spread over whole clusters, not a coefficient of variation. The kernel model sits at those chips' mean (the
 llama-3.1-8b step's GEMMs: 118.9 ms predicted, 119.3 ms the six chips' mean).
 NB: memory-bound kernels are not slowed (the HBM clock is not power-managed: between two of the H200s the same

@@ -148,7 +148,7 @@ def analyse(prof, baseline: int, device_type: str = "cpu") -> CpuPeak:
         base_counter = allocs[0][4] - allocs[0][3]
     else:
         base_counter = 0
-    # foreign frees: a free of an address not allocated in this session
+    # foreign frees: a free of an address not allocated in the profiler session
     live_ptrs: dict[int, int] = {}
     foreign, foreign_bytes = 0, 0
     for _, _, ptr, size, _ in allocs:

@@ -114,7 +114,7 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     if torch.device(device).type == "cuda" and torch.cuda.is_initialized():
         # from_config on the device makes the LM head's own weight before tie_weights replaces it with the word
         # embedding: the freed block stays in the caching allocator's cache (a second embedding-sized segment in
-        # the H200 runs' snapshots, bench/results/cuda-H200-2026-11-27.json). A user's model never holds it:
+        # the H200 runs' snapshots, bench/results/gpu/H200-2026-11-27-unrecorded-6-truth.json). A user's model never holds it:
         # from_pretrained builds on the meta device (transformers 5.24 modeling_utils.py:3840 get_init_context)
         # and .to() moves the tied tensor once. Released here so that the measured process holds what theirs does.
         torch.cuda.empty_cache()

@@ -7,7 +7,7 @@ AT_FORALL_FP32_SET_OPT_DTYPE — softmax, log_softmax, sum, cumsum, prod given n
 Their outputs, and what their backward saves, are then fp32: e.g. GPT-2's tanh-GELU (`0.5*x*(1+tanh(c*(x+0.044715*
 pow(x,3))))`, transformers NewGELUActivation) keeps fp32 copies on CUDA where CPU keeps bf16, and an eager attention
 softmax outputs fp32. Measured on an H200 (torch 2.11, 2026-11-26): gpt2 amp-bf16 at batch 2 × 1024 held 458 MiB more
-than a CPU-autocast trace; `bench/results/cuda-H200-2026-11-26.json`.
+than a CPU-autocast trace; `bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json`.
 
 The casts are applied at the Python function level (a TorchFunctionMode), above autograd, as autocast itself casts
 before the op is recorded: the op then sees — and saves — fp32 tensors. NB: ops reached only from C++ composites

@@ -6,7 +6,7 @@ and at 3-5 layers the model's fixed blocks (the fp32 logits, the tied embedding'
 Llama-3.2-1B) are as large as all the layers together, so the cache beyond the peak moves by whole segments from
 one traced depth to the next (extrapolate.py `_reserved`: 0.62, 1.98, 1.30 GB for llama-3.2-1b foreach). A line
 through it read llama-3.2-1b amp 6.6 % low on an H200 where the full-depth replay is within 0.02 %
-(bench/results/cuda-H200-2026-11-27-fifth.json). The step itself is exactly periodic, so its events at the full
+(bench/results/gpu/H200-2026-11-27-unrecorded-9-truth.json). The step itself is exactly periodic, so its events at the full
 depth can be written down and replayed instead:
 
 - every event (a storage's birth or death) gets the layer period it belongs to: by time inside a layer's forward

@@ -192,7 +192,7 @@ def _reserved(replays: list, n: int, peak: int, key: str = "reserved") -> int | 
     layer: llama-3.1-8b bf16 (b2 s1024) replays reserved 15.32, 17.04 and 19.82 GB at 3, 4 and 5 layers, and the
     line read 94.7 GB at 32 layers against 71.7 GB measured on an H200 (tests/trace/test_extrapolate.py). Averaged
     over both increments a one-off step is spread, not doubled. Checked against 13 extrapolated training steps
-    measured on an H200 (bench/results/cuda-H200-2026-11-27.json): within 5.5 % (the smaller increment, as
+    measured on an H200 (bench/results/gpu/H200-2026-11-27-unrecorded-6-truth.json): within 5.5 % (the smaller increment, as
     before, read up to 12 % low; the full-depth replays are within 3.3 %). NB: segment steps make the overhead
     noisy from depth to depth (llama-3.2-1b foreach: 0.62, 1.98, 1.30 GB), so either way it errs by a segment or
     two per traced depth; never below the extrapolated peak. key: "required" extrapolates the replays' least
