@@ -1,4 +1,4 @@
-"""What a CUDA process holds outside PyTorch's caching allocator, stage by stage (issue 18; BENCHMARKS §32).
+"""What a CUDA process holds outside PyTorch's caching allocator, stage by stage (issue 18; docs/benchmarks/gpu-truth.md).
 
     python bench/cuda_context.py            # on a CUDA machine, ~20 s: bench/results/context-<gpu>-<date>.json
 

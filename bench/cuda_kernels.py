@@ -314,7 +314,7 @@ def adamw(device: str, gpu, model: str, lora_ranks=()) -> list[dict]:
         for dtype in dtypes:
             # random values, not zeros: on zeros the step's sqrt(0) and 0 / x take CUDA's slower special-value paths
             # (the runs up to H200-2026-11-27-e2d374c2-kernels: fused AdamW 1.2-2x its time inside real steps;
-            # BENCHMARKS §39)
+            # docs/benchmarks/gpu-truth.md)
             params = [(torch.randn(s, device=device, dtype=dtype) * 0.02).requires_grad_() for s in shapes]
             for p in params:
                 p.grad = torch.randn_like(p) * 1e-3

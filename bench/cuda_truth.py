@@ -403,7 +403,7 @@ def _pct(x) -> str:
 
 
 def totals_lines(totals: dict, gpu) -> list[str]:
-    """The device's own totals beside the catalog's (BENCHMARKS §30): CUDA's total (cudaMemGetInfo), nvidia-smi's
+    """The device's own totals beside the catalog's (docs/benchmarks/fit-rule.md): CUDA's total (cudaMemGetInfo), nvidia-smi's
     (NVML), and the context at start (CUDA's total less its free memory before any case: this process's context
     alone) beside overheads.cuda_context; empty on CPU."""
     from trainfit.overheads import cuda_context

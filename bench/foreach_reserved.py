@@ -4,7 +4,7 @@
 
 For each setup, with torch.optim's foreach and fused AdamW: the trace engine's step replayed through trainfit.alloc
 (trace/engine.py replay_of: the states made in the first optimizer step, as torch.optim makes them; the simulator is
-within 1.9 % of every measured H200 step, BENCHMARKS.md §29) beside the analytic engine's step_reserve, and the
+within 1.9 % of every measured H200 step, docs/benchmarks/gpu-truth.md) beside the analytic engine's step_reserve, and the
 analytic rule without foreach's segments (analytic/foreach_segments.py) — what it read before 2026-11-27.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The analytic engine against the trace engine on the terms closed from the families matrix's known gaps, at sizes
-and setups the matrix does not run (BENCHMARKS.md §22).
+and setups the matrix does not run (docs/benchmarks/cpu-memory.md).
 
     python bench/gaps_vs_trace.py      # ~40 s on 2 cores; prints a markdown table
 
@@ -36,7 +36,7 @@ CASES = [  # (family, batch, seq, setup fields)
     ("gemma2", 2, 128, dict(INFER, precision="amp-bf16", device="cuda")),
     ("llama", 2, 128, dict(INFER, precision="bf16", device="cpu", attention="eager")),
     ("llama", 2, 128, dict(INFER, precision="amp-bf16", device="cuda", attention="eager")),
-    # the second round (BENCHMARKS.md §22): the MLP dropout's gradient, Gemma-2's post-feed-forward norm and the
+    # the second round (docs/benchmarks/cpu-memory.md): the MLP dropout's gradient, Gemma-2's post-feed-forward norm and the
     # checkpointed masks, MLA's gradients at the scores' moment, BERT's last-layer forward and math-path moments
     ("gpt2", 3, 64, dict(precision="fp32", recompute="full", optimizer="sgd", device="cpu")),
     ("gpt2", 1, 200, dict(precision="amp-bf16", recompute="full", optimizer="adamw", device="cpu")),

@@ -9,7 +9,7 @@ torch.profiler); this re-predicts each with analytic/roofline.py as it is now an
 the GEMMs of five models' linear layers, torch's SDPA (the backend it picks by default; and fp32 and dropout 0.1
 inside the kernel by backend, sdpa_variants), the memory-bound ops of a step by access class, AdamW's step (fused
 and foreach) over a model's parameters and over LoRA adapters (analytic/multi_tensor.py's launches; the rows ran on
-all-zero tensors, whose sqrt and divisions take slower paths than a real step's: BENCHMARKS §39), and LoRA's six thin GEMMs per layer shape and rank by dtype (fp32: peft's
+all-zero tensors, whose sqrt and divisions take slower paths than a real step's: docs/benchmarks/gpu-truth.md), and LoRA's six thin GEMMs per layer shape and rank by dtype (fp32: peft's
 adapters without autocast, timed as cuBLAS's SIMT kernels, roofline._simt_gemm_seconds), each beside the prediction
 the run stored when it was measured. Ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """

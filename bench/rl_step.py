@@ -1,7 +1,7 @@
 """The RL step (--mode rl) per phase on this CPU: the real step (measure/rl.py), its trace on fake tensors
 (trace/rl.py) and the analytic phases (analytic/rl.py), and the 7B GRPO estimate of issue 16.
 
-    PYTHONPATH=src python bench/rl_step.py            # prints the tables BENCHMARKS.md §RL quotes
+    PYTHONPATH=src python bench/rl_step.py            # prints the tables docs/benchmarks/models.md quotes
 
 The step: step/grpo.py, TRL 1.16's GRPO order (generate, the reference's log-probs, the policy's micro-batches
 through TRL's fused head, the optimizer step) on tiny-llama with random weights, --device cpu semantics.

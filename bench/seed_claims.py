@@ -267,7 +267,7 @@ def energy_per_iteration():
     return (f"llama-3.1-8b on 8 H100-80GB (ZeRO-3, batch 8 × 2048 each): {t.average_power_watts:,.0f} W per board "
             f"at the achieved utilisation × {t.step_seconds:.2f} s × 8 = {joules / 1e3:,.1f} kJ per step, "
             f"{joules / (8 * 8 * 2048):.2f} J per token; {t.energy_kwh:,.0f} kWh for 1B tokens"), \
-        "holds (measurable: trainfit prints it; the power model and its assumption are BENCHMARKS.md §13)"
+        "holds (measurable: trainfit prints it; the power model and its assumption are docs/benchmarks/published-time.md)"
 
 
 def sag_memory():

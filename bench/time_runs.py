@@ -312,7 +312,7 @@ SKIPPED = [
     ("C1 rows from '+ chunked cross-entropy' on, and the LoRA/QLoRA rows",
      "each sits on torchtune's compiled chunked loss, which no Setup expresses (the in-backward, offload, 8-bit and "
      "LoRA settings exist since issue 15; the analytic LoRA model refuses --compile); LoRA/QLoRA timed without "
-     "compile in BENCHMARKS.md §14"),
+     "compile in docs/benchmarks/fine-tuning.md"),
 ]
 
 

@@ -1,5 +1,5 @@
 """foreach AdamW's temporaries in reserved (analytic/foreach_segments.py), by hand and against the allocator simulator
-replaying the traced step (trainfit.alloc, itself within 1.9 % of every measured H200 step: BENCHMARKS.md §29)."""
+replaying the traced step (trainfit.alloc, itself within 1.9 % of every measured H200 step: docs/benchmarks/gpu-truth.md)."""
 from __future__ import annotations
 
 import pytest

@@ -123,7 +123,7 @@ def test_cli_json_has_the_phases():
 def test_tiny_rl_step_trace_equals_cpu_measurement(precision):
     """The minimal GRPO step (step/grpo.py) on tiny-llama: traced on fake tensors and measured on this CPU, per
     phase (trace within 0.01 %: the recorder and c10 see the same storages); the analytic phases within 0.3 % of
-    the trace (at most 0.19 % measured: BENCHMARKS.md §RL)."""
+    the trace (at most 0.19 % measured: docs/benchmarks/models.md)."""
     from trainfit.analytic.rl import rl_memory
     from trainfit.api import load_spec
     from trainfit.measure.rl import measure_rl

@@ -77,8 +77,8 @@ def test_published_sglang_logs(bench_script):
     2 decimals), and trainfit's weights term is the log's "mem usage": QwQ-32B's 15.54 GB within its printing (the
     caching allocator's segments, analytic/serving_segments.py), Llama-3.1-8B's within 0.1 GiB (0.07-0.09 under,
     not explained). Trainfit's own terms within 5 % (the issue's target) except: Qwen3-235B-A22B-FP8 within 10 %
-    (its log prints neither term: BENCHMARKS.md §18) and QwQ-32B within 10 %, whose whole error is the free memory
-    at start (+0.26 GiB, BENCHMARKS.md §25: NCCL counted by the L4s' PCIe topology, 96 MiB per communicator, two
+    (its log prints neither term: docs/benchmarks/serving.md) and QwQ-32B within 10 %, whose whole error is the free memory
+    at start (+0.26 GiB, docs/benchmarks/fit-rule.md: NCCL counted by the L4s' PCIe topology, 96 MiB per communicator, two
     in SGLang 0.4.3.post4; its log's distributed init took 0.13 GB, trainfit's 0.19 GiB, NB over; what is left has
     the direction of cudaMemGetInfo's total below the catalog's nvidia-smi figure): with the log's free memory,
     trainfit's weights give its count within 0.1 %."""

@@ -62,7 +62,7 @@ def test_fp32_adapters_on_a_bf16_base_run_fp32_gemms(rows):
     """llama-3.2-1b with rank-16 LoRA in pure bf16: peft keeps the adapters in fp32 and casts the input up, so their
     thin GEMMs ran as fp32 FFMA kernels (sm80_xmma_gemm_f32f32 ... in the profile). Timed at the bf16 rate the
     step's GEMM time was -42 %; at the fp32 rate with the tensor-core tiles -18.1 %; as cuBLAS's SIMT kernels
-    (roofline._simt_gemm_seconds, BENCHMARKS §36) -10.9 %, most of the rest the GEMMs' launches, which the analytic
+    (roofline._simt_gemm_seconds, docs/benchmarks/gpu-truth.md) -10.9 %, most of the rest the GEMMs' launches, which the analytic
     kinds count under other."""
     r = rows["llama-3.2-1b-lora"]
     measured, predicted = r["kinds"]["gemm"], r["analytic_kinds"]["gemm"]

@@ -32,7 +32,7 @@ def test_kernel_time_by_kind_of_the_larger_steps(case):
     access class) within 20 % of the profiled kernels. The rest's prediction carries the part of every kernel's launch
     term that a profiled duration holds (kernels.toml kernel_floor_seconds, measured on the shortest kernels; the
     gaps between kernels are in no duration): 3b -6 %, qwen2.5-1.5b -3 %, 8b -16 % (its column reductions, slower
-    than the row reductions' class it is timed at, BENCHMARKS §37). With the whole 3 us launch term counted qwen's
+    than the row reductions' class it is timed at, docs/benchmarks/gpu-truth.md). With the whole 3 us launch term counted qwen's
     read +19 % once all its kernels were counted (§40), its memory term alone -17 %."""
     from trainfit.hardware import get_gpu
 

@@ -1,7 +1,7 @@
 """The kernels an eager step launches, op list against the H200 profiles of real steps (bench/results/
 H200-2026-11-27-79777263-truth.json, torch 2.11, clipped HF steps; ground truth of rule 1). Each launch costs the host
 its issue time (analytic/step_time.py host_issue) and the GPU a launch term, so the count is checked per layer, per
-aten op group and per step (BENCHMARKS §40).
+aten op group and per step (docs/benchmarks/gpu-truth.md).
 
 What the op lists leave out, and why the whole-step check has a tolerance: cuBLAS's own memsets and split-K
 reductions (its heuristics' choice per shape: 8 memsets per layer in llama-3.2-1b's bf16 GEMMs, none in GPT-2's

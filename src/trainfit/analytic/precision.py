@@ -77,7 +77,7 @@ def state_bytes(setup: Setup) -> StateBytes:
         # NB: autocast still runs its fp32-list ops (layer_norm, softmax, ... on CUDA) in fp32 on a bf16 input; the
         # HF Llama-style blocks upcast their norms, softmax and loss explicitly, so nothing changes there, but a
         # LayerNorm family's norm output is fp32 under hf FSDP on CUDA, which this under-counts (saved norm outputs
-        # in bf16): -2.9 % / -3.6 % on a 2-layer GPT-2 at --zero 3 / 2 (BENCHMARKS.md §26; CPU autocast keeps
+        # in bf16): -2.9 % / -3.6 % on a 2-layer GPT-2 at --zero 3 / 2 (docs/benchmarks/stacks.md; CPU autocast keeps
         # layer_norm in bf16 and matches the trace).
         autocast, residual = False, act
         param = DTYPE_BYTES[pol.compute]

@@ -364,7 +364,7 @@ def _gemm_seconds(gpu: GPU, m: int, n: int, k: int, dtype: str, batch: int) -> f
 def _simt_gemm_seconds(gpu: GPU, kn: Kernels, m: int, n: int, k: int, batch: int) -> float:
     """An fp32 GEMM on the CUDA cores: cuBLAS's SIMT kernels (kernels.toml simt_tiles, 8-deep k steps), timed as
     _gemm_seconds times a tile (waves of tiles, split-K over idle SMs, the fastest tile), with what the H200's fp32 LoRA
-    GEMMs (bench/results/gpu/H200-2026-11-27-unrecorded-12-kernels-lora.json, BENCHMARKS §36) showed these kernels add:
+    GEMMs (bench/results/gpu/H200-2026-11-27-unrecorded-12-kernels-lora.json, docs/benchmarks/gpu-truth.md) showed these kernels add:
       * an SM has 4 warp schedulers, each issuing one instruction per clock for its own warps (CUDA C++ Programming
         Guide, compute capability 8.x / 9.0): a CTA of w < 4 warps alone on its SM issues FFMAs at w/4 of the SM's
         rate, so a thin GEMM's single wave of 2-warp CTAs runs at half rate, and split-K keeps splitting until every

@@ -14,7 +14,7 @@ which gets a cast (engine.cpp validate_outputs). Under autocast a weight's 16-bi
 .grad by the cast's own node (ToCopyBackward0), which runs after the op's node has released its gradient input and
 saved tensors. On CUDA every tensor is rounded up to the caching allocator's 512-byte block
 (CUDACachingAllocator.cpp kMinBlockSize; alloc/caching_allocator.py K_MIN_BLOCK).
-Against the trace engine (tests/models/test_vision.py, BENCHMARKS.md §19): exact on the tiny ResNets and ViT in
+Against the trace engine (tests/models/test_vision.py, docs/benchmarks/models.md): exact on the tiny ResNets and ViT in
 fp32 and amp; ViT bf16 +0.3 %; ConvNeXt within 2.4 % (NB: under autocast: HF's ConvNextModel keeps the
 stem's fp32 output in a Python local through the encoder, not modelled).
 
@@ -32,7 +32,7 @@ changes; it changes which cuDNN kernels run (NHWC tensor-core kernels), i.e. tim
 Step time: every kernel of the step timed by the roofline (analytic/vision_time.py: convs as cuDNN implicit GEMMs,
 TF32 for fp32 convs where the GPU has it; memory-bound ops at the achieved HBM bandwidth; SDPA; the optimizer step;
 the host-issue bound), a StepTime like the token models'; --mfu is an override. Against NVIDIA's published
-ResNet-50 v1.5 rows (BENCHMARKS.md §21, out of sample): V100 FP32 −9.5 %, the tensor-core rows +27 % to +42 %
+ResNet-50 v1.5 rows (docs/benchmarks/models.md, out of sample): V100 FP32 −9.5 %, the tensor-core rows +27 % to +42 %
 (optimistic).
 """
 from __future__ import annotations
