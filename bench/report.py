@@ -132,13 +132,24 @@ def rows_section(key: str, figures: list[dict]) -> list[str]:
 
 
 def manifest_section(entries: list[dict] | None) -> list[str]:
+    """The GPU runs summarised per GPU and kind (each run, its cases, software and readers: the manifest itself)."""
     lines = ["### GPU runs", ""]
     if entries is None:
         return lines + ["No GPU run manifest (bench/results/gpu/manifest.toml) is committed yet.", ""]
-    columns = ["file", "gpu", "date", "chip", "kind", "contains"]
-    rows = [[entry.get(column, "") for column in columns] for entry in entries]
-    return lines + ["From bench/results/gpu/manifest.toml (software, fitted constants and readers are there).", "",
-                    *table(columns, rows, "manifest"), ""]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for entry in entries:
+        groups.setdefault((entry.get("gpu", ""), entry.get("kind", "")), []).append(entry)
+    rows = []
+    for (gpu, kind), runs in groups.items():
+        dates = sorted({str(run.get("date", "")) for run in runs})
+        chips = sorted({run.get("chip", "") for run in runs})
+        known = [chip for chip in chips if chip not in ("none", "") and not chip.startswith("unrecorded")]
+        fitted = sum(len(run.get("fitted", [])) for run in runs)
+        rows.append([gpu, kind, len(runs), " … ".join(dict.fromkeys([dates[0], dates[-1]])),
+                     ", ".join(known) or "—", len(chips) - len(known), fitted])
+    return lines + ["From bench/results/gpu/manifest.toml (each run's cases, software, fitted constants and readers are "
+                    "there).", "", *table(["gpu", "kind", "runs", "dates", "chips (uuid prefix)", "chips unrecorded",
+                                           "constants fitted"], rows, "manifest"), ""]
 
 
 def topics_section(topics: list[tuple[str, str]]) -> list[str]:

@@ -72,7 +72,7 @@ def test_manifest_absent_is_one_line_present_is_a_table(tmp_path):
     manifest.write_text('[[run]]\nfile = "H200-2026-11-27-b5841f1e.json"\ngpu = "H200"\ndate = 2026-11-27\n'
                         'chip = "b5841f1e"\nkind = "truth"\ncontains = "18 steps"\nfitted = []\n')
     present = report.render(figures, report.load_manifest(manifest), [])
-    assert "| H200-2026-11-27-b5841f1e.json | H200 | 2026-11-27 | b5841f1e | truth | 18 steps |" in present
+    assert "| H200 | truth | 1 | 2026-11-27 | b5841f1e | 0 | 0 |" in present
 
 
 def test_check_fails_on_a_stale_page_and_passes_once_written(tmp_path):

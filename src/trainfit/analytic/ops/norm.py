@@ -44,7 +44,8 @@ def hf_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, gr
     #     "Memcpy DtoD", one per norm), 2·, grad· (3), then x's two gradients summed (1)
     # The H200 llama-3.1-8b bf16 profile has each (per norm: 3 same-shape muls, 2 broadcast muls, 2 sums, a div, a
     # mul by 2, an add; docs/benchmarks/gpu-truth.md; the copy under aten::copy_). The weight's sum over the tokens
-    # also zeroes its semaphores (column_sum_launches). NB: the column sum runs at the row reduction's rate (reduce): optimistic.
+    # also zeroes its semaphores (column_sum_launches). NB: the column sum runs at the row reduction's rate
+    # (reduce): optimistic.
     x4, n4, hw = x * FP32, n * FP32, h * sh.weight
     ops = []
     if r != FP32:
