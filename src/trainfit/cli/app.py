@@ -13,7 +13,7 @@ import typer
 from .. import api
 from ..errors import SetupError, TrainfitError
 from ..setup import Request
-from .options import EngineOpt, JsonOpt, with_settings
+from .options import EngineOpt, GroupedCommand, JsonOpt, with_settings
 from .spinner import spinner
 
 app = typer.Typer(
@@ -38,7 +38,7 @@ def _check_emit(req: Request, emit: str, json: bool, engine: str) -> None:
         raise SetupError(f"--emit {emit} prints one command: drop --json and --engine")
 
 
-@app.command()
+@app.command(cls=GroupedCommand)
 @with_settings()
 def estimate(req: Request, engine: str = EngineOpt,
              measure: bool = typer.Option(False, "--measure", help="Also run the real step here and show each engine's error."),
@@ -97,7 +97,7 @@ def estimate(req: Request, engine: str = EngineOpt,
             typer.echo("  " + x.line())
 
 
-@app.command()
+@app.command(cls=GroupedCommand)
 @with_settings(only=("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention", "zero", "stack",
                      "optimizer_impl", "device", "mode", "kv_dtype"), defaults={"device": "cpu"},
                helps={"device": "cpu (here) or cuda."})
@@ -194,7 +194,7 @@ def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
                    f"in collectives {r['comm_seconds'] * 1e3:,.1f} ms")
 
 
-@app.command("trace")
+@app.command("trace", cls=GroupedCommand)
 @with_settings(only=("grad_accum", "precision", "optimizer", "recompute", "device"), model=False,
                helps={"recompute": "none, or full (torch.utils.checkpoint around each direct child module)."})
 def trace_module(req: Request,
@@ -226,7 +226,7 @@ def trace_module(req: Request,
             typer.echo(f"  {x['bytes'] / 2**20:10.2f} MiB  {x['category']:15s} {x['module']}  {x['shape']} {x['dtype']}")
 
 
-@app.command()
+@app.command(cls=GroupedCommand)
 @with_settings(exclude=("mode", "kv_dtype", "tokens", "mfu", "price", "alloc_conf"))
 def compare(req: Request, json: bool = JsonOpt) -> None:
     """Training vs inference of the same model, side by side, with the ratio — at this batch and at batch 1.
@@ -248,7 +248,7 @@ def compare(req: Request, json: bool = JsonOpt) -> None:
     typer.echo(line + ".")
 
 
-@app.command()
+@app.command(cls=GroupedCommand)
 def models(json: bool = JsonOpt) -> None:
     """The model catalog: names you can pass to `estimate` (a config.json path works too); image classifiers
     last (their batch is images: docs/vision.md)."""
@@ -279,7 +279,7 @@ def models(json: bool = JsonOpt) -> None:
         console.print("heads: query/key-value; hub ids: trainfit models --json, or a wider terminal")
 
 
-@app.command()
+@app.command(cls=GroupedCommand)
 def gpus(json: bool = JsonOpt) -> None:
     """The GPU catalog: memory (what CUDA can allocate; nvidia-smi's total beside it), bandwidth, dense peak FLOP/s,
     power, price (override with --price). --json: each GPU as a GPU file writes it (`--gpu my_gpu.json`)."""
@@ -316,7 +316,7 @@ def _register_optional_commands() -> None:
     from .visual import report, serve, sweep, timeline
 
     for command in (fit, plan, timeline, sweep, report, serve):
-        app.command()(command)
+        app.command(cls=GroupedCommand)(command)
 
 
 _register_optional_commands()

@@ -12,13 +12,40 @@ import inspect
 import typing
 from typing import Any, Callable, Optional
 
+import click
 import typer
+import typer.core
 
 from ..setup import SETTINGS, Request, Setting, parse_value
+from ..setup.vocab import GROUPS
 
 ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
 EngineOpt = typer.Option("analytic", "--engine", help="analytic (formulas, instant), trace (fake-tensor run of the real model), measure (real run here), all.")
+
+
+class GroupedCommand(typer.core.TyperCommand):
+    """A command whose --help lists the settings under their concern's heading (setup.vocab.GROUPS: the step,
+    parallelism, fine-tuning, serving, RL, vision, the GPU and the budget), then the command's own options. (typer
+    draws such sections, rich_help_panel, only through rich's formatter, which the CLI leaves off.)"""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        group_of = {s.name: s.meta.group for s in SETTINGS}
+        arguments, sections = [], {title: [] for title, _ in GROUPS.values()}
+        own = sections.setdefault("Options", [])
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+            else:
+                group = group_of.get(param.name)
+                (sections[GROUPS[group][0]] if group else own).append(record)
+        for title, records in (("Arguments", arguments), *sections.items()):
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
 
 
 def _help(s: Setting) -> str:

@@ -1,0 +1,35 @@
+"""`--help` lists the settings under their concern's heading (setup.vocab.GROUPS), each flag once, the command's own
+options last: a user looking for the serving flags finds them under "Serving", not among 100 others."""
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from trainfit.cli.app import app
+from trainfit.setup import SETTINGS
+from trainfit.setup.vocab import GROUPS
+
+
+def _sections(text: str) -> dict[str, str]:
+    parts = re.split(r"^(\S[^\n]*):\n", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_estimate_help_groups_each_setting_under_its_concern():
+    result = CliRunner().invoke(app, ["estimate", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    sections = _sections(result.output)
+    titles = [title for title, _ in GROUPS.values()]
+    assert [t for t in sections if t in titles] == titles  # every group, in GROUPS order
+    assert list(sections)[-1] == "Options" and "--json" in sections["Options"] and "--engine" in sections["Options"]
+    for s in SETTINGS:
+        row = re.compile(rf"^  (-\w, )?{re.escape(s.flag)}[\s,]", re.M)  # the option's own row, not a mention
+        where = [t for t, body in sections.items() if row.search(body)]
+        assert where == [GROUPS[s.meta.group][0]], (s.flag, where)
+
+
+def test_a_command_with_few_settings_shows_only_their_groups():
+    result = CliRunner().invoke(app, ["plan", "--help"], terminal_width=200)
+    sections = _sections(result.output)
+    assert "RL post-training (--mode rl)" not in sections and "Parallelism" in sections
