@@ -24,7 +24,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.data import results_dir
+
+from bench import child_env
+
+ABOUT = {"summary": "what a CUDA process holds outside the caching allocator (needs CUDA)",
+         "minutes": 0.3, "quick": None}
+
+RESULTS = results_dir()
 STAGES = ("init", "tensor", "gemm", "sdpa", "adamw")
 
 
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for loading in ("LAZY", "EAGER"):
         env = {**os.environ, "CUDA_MODULE_LOADING": loading}
-        done = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", __spec__.name, "--child"], env=child_env(env), capture_output=True, text=True,
                               check=True)
         runs[loading] = json.loads(done.stdout.strip().splitlines()[-1])
         for r in runs[loading]:

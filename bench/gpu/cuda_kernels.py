@@ -30,7 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.data import results_dir
+from bench.gpu.device import device_and_gpu, host, nvml_device
+
+ABOUT = {"summary": "kernel microbenchmarks vs the roofline (needs CUDA; --dry-run on CPU)",
+         "minutes": 1.5, "quick": ["--dry-run"]}
+
+RESULTS = results_dir()
 MODELS = ("gpt2", "llama-3.2-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b")
 
 
@@ -331,44 +337,6 @@ def adamw(device: str, gpu, model: str, lora_ranks=()) -> list[dict]:
     return rows
 
 
-def host(device: str) -> dict:
-    """The host's seconds per kernel issued from eager PyTorch, without waiting on the device: 2,000 small adds
-    (one kernel each), and 300 small linears' forward + backward (autograd's engine thread too); kernels per call
-    counted by the profiler on a GPU (on CPU: aten ops)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    a = torch.randn(64, device=device)
-    lin = torch.nn.Linear(64, 64, device=device)
-    x = torch.randn(8, 64, device=device)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    out = {}
-    for name, fn, reps in (("add", lambda: torch.add(a, a), 2000),
-                           ("linear_fwd_bwd", lambda: lin(x).sum().backward(), 300)):
-        for _ in range(50):
-            fn()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        host_s = (time.perf_counter() - t0) / reps
-        sync()
-        act = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
-        with profile(activities=[act]) as prof:
-            for _ in range(10):
-                fn()
-            sync()
-        if device == "cuda":
-            n = sum(e.count for e in prof.key_averages() if getattr(e, "self_device_time_total", 0)
-                    and not e.key.startswith(("aten::", "Activity Buffer", "Command Buffer")))
-        else:
-            n = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::") and e.cpu_parent is None)
-        kernels = max(1, n / 10)
-        out[name] = {"kernels_per_call": kernels, "host_seconds_per_call": host_s,
-                     "host_seconds_per_kernel": host_s / kernels}
-    return out
-
-
 def sustained(device: str, seconds: float) -> dict:
     """A large bf16 GEMM (8,192 cubed; 128 cubed in the dry run) back to back for `seconds`: its rate per ~1 s window
     beside the SM clock, board power and temperature NVML reads at the window's end. The chip-to-chip spread of the
@@ -379,8 +347,6 @@ def sustained(device: str, seconds: float) -> dict:
     n = 8192 if device == "cuda" else 128
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    from cuda_truth import nvml_device  # this folder's harness
-
     nvml = nvml_device() if device == "cuda" else None
     if isinstance(nvml, str):  # NVML unavailable: the rates alone still say the spread
         nvml = None
@@ -418,8 +384,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-
-    from cuda_truth import device_and_gpu  # this folder's harness (bench/ scripts import each other by name)
 
     dry = args.dry_run
     resolved = device_and_gpu(dry)

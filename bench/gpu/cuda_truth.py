@@ -28,7 +28,13 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.data import results_dir
+from bench.gpu.device import device_and_gpu, host as host_issue, nvml_device
+
+ABOUT = {"summary": "real steps on a GPU against every prediction (needs CUDA; --dry-run on CPU)",
+         "minutes": 8, "quick": ["--dry-run"]}
+
+RESULTS = results_dir()
 
 
 @dataclass(frozen=True)
@@ -443,42 +449,6 @@ def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float, totals: l
     return "\n".join(head) + "\n"
 
 
-def device_and_gpu(dry: bool):
-    """(device, the device's name, its catalog GPU) for a run: the catalog H100 on CPU semantics for a dry run; a
-    GPU the catalog lacks is judged as an H100-80GB with its own memory. None (said on stderr) without CUDA."""
-    import torch
-
-    from trainfit.errors import UnknownGPUError
-    from trainfit.hardware import get_gpu
-
-    if dry:
-        return "cpu", "H100-80GB", get_gpu("H100-80GB")
-    if not torch.cuda.is_available():
-        print("no CUDA device here: run with --dry-run (CPU semantics), or on a GPU machine", file=sys.stderr)
-        return None
-    name = torch.cuda.get_device_name()
-    try:
-        return "cuda", name, get_gpu(name)
-    except UnknownGPUError:
-        props = torch.cuda.get_device_properties(0)
-        print(f"{name} is not in the catalog: judged as an H100-80GB with its own memory", file=sys.stderr)
-        return "cuda", name, get_gpu("H100-80GB").with_memory(props.total_memory / 2**30)
-
-
-def nvml_device():
-    """(pynvml, this process's device handle), or the reason NVML is unavailable (a str): NVML is optional, both GPU
-    scripts (this harness, cuda_kernels.py) keep running without it."""
-    import torch
-
-    try:
-        import pynvml  # type: ignore
-
-        pynvml.nvmlInit()
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    except Exception as err:  # noqa: BLE001 — missing module, driver or permission: say which
-        return f"unavailable: {err}"
-
-
 def device_totals(device: str) -> dict:
     """What the device says it holds, beside the catalog's nvidia-smi total: cudaMemGetInfo's total and free (the
     total vLLM and SGLang size their pools from: analytic/serving.py NB) and NVML's total and used, read before any
@@ -543,7 +513,6 @@ def main(argv: list[str] | None = None) -> int:
     ws = warm_up(device)
     # this host's time to issue an eager op (the host-issue bound's rate, analytic/step_time.py host_issue): hosts
     # differ by ~2x between lent machines, so each run records its own beside its steps
-    from cuda_kernels import host as host_issue  # this folder's microbenchmarks
     host = host_issue(device)
     predicted_ws = sum(allocator_held(gpu, Setup(device="cuda")).values())
     print(f"cuBLAS workspaces: {ws['allocated']:,} B allocated ({ws['reserved']:,} reserved); predicted for a training "

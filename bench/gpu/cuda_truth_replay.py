@@ -18,11 +18,13 @@ import statistics
 import sys
 from pathlib import Path
 
+ABOUT = {"summary": "today's analytic engine against a committed CUDA truth run", "minutes": 0.5, "quick": None}
+
 
 def replay(path: Path) -> list[dict]:
     """One row per measured case: measured and analytic peak, step time and kernels."""
     # this folder's harness (bench/ scripts import each other by name)
-    from cuda_truth import analytic_kinds, analytic_passes, measured_kinds, recorded_settings
+    from bench.gpu.cuda_truth import analytic_kinds, analytic_passes, measured_kinds, recorded_settings
     from trainfit.analytic.engine import estimate
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model

@@ -25,6 +25,9 @@ import statistics
 import sys
 from pathlib import Path
 
+ABOUT = {"summary": "fit a fused attention kernel's timing constants on a committed run",
+         "minutes": 0.1, "quick": None}
+
 # the kernel's tile [queries, keys] from its name: cuDNN's ..._64x64x64_..., the memory-efficient kernel's
 # fmha_cutlass{F,B}_<dtype>_aligned_64x128_...
 _TILE = re.compile(r"(?:_|^)(\d+)x(\d+)(?:x\d+)?_")

@@ -26,6 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
+ABOUT = {"summary": "fit the multi_tensor_apply constants on committed runs", "minutes": 0.1, "quick": None}
+
 # a profiler key (cut at 160 characters) -> (metadata, list depth, the functor's first letter where the key has it)
 _KERNEL = re.compile(r"(TensorListScalarListMetadata|TensorListMetadata|FusedOptimizerTensorListMetadata)"
                      r"<(?:float, )?(\d)>(?:, at::native::\(anonymous namespace\)::(\w))?")

@@ -21,6 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
+ABOUT = {"summary": "today's roofline against a committed kernel microbenchmark run", "minutes": 0.2, "quick": None}
+
 # bench/cuda_kernels.py step_ops -> ops.Op.access (the class analytic/ops.py gives the op it stands for)
 ACCESS = {"upcast_bf16_fp32": "upcast", "broadcast_mul_fp32": "strided", "transpose_copy_bf16": "transpose",
           "mean_last_fp32": "reduce", "softmax_fp32": "reduce", "square_fp32": "vector", "silu_bf16": "vector",

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ABOUT = {"summary": "the trace engine's reserved against a committed CUDA truth run", "minutes": 6, "quick": None}
+
 
 
 def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("full", "extrapolated")):
@@ -29,7 +29,7 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
     from trainfit.setup import Setup
     from trainfit.trace.engine import trace_spec
 
-    from cuda_truth import recorded_settings  # this folder's harness: each case as its step ran (clipping)
+    from bench.gpu.cuda_truth import recorded_settings  # this folder's harness: each case as its step ran (clipping)
 
     run = json.loads(path.read_text())
     gpu = get_gpu(run["gpu"])
@@ -50,11 +50,11 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
         yield out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--only", nargs="*", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     print("| case | full depth | default (extrapolated from 16 periods) | extrapolated reserved from |")
     print("|---|---:|---:|---|")
     for r in rows(a.run, a.only):

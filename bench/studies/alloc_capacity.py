@@ -22,7 +22,9 @@ from __future__ import annotations
 import sys
 import time
 
-from alloc_fragmentation import SETUPS, label
+from bench.studies.alloc_fragmentation import SETUPS, label
+
+ABOUT = {"summary": "the simulator's least capacity vs the analytic fit rule's required", "minutes": 5, "quick": None}
 
 GiB = 2 ** 30
 MiB = 2 ** 20
@@ -101,7 +103,7 @@ def _summary(name: str, errs: list[float]) -> str:
             f"mean |error| {sum(abs(e) for e in errs) / len(errs):.1%}")
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
     rows = [(s, True) for s in SETUPS] + [(s, False) for s in REAL + INFER]
     rows = [(s, t) for s, t in rows if not argv or s["model"] in argv]
     print("# bench/alloc_capacity.py output (trace engine, CUDA semantics, torch defaults; simulator = trainfit.alloc)\n")

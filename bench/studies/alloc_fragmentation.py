@@ -17,6 +17,9 @@ import time
 
 from trainfit.alloc.replay import replay
 
+ABOUT = {"summary": "caching allocator reserved above the allocated peak, over traced setups",
+         "minutes": 3, "quick": None}
+
 GiB = 2 ** 30
 SETUPS = [  # Request settings; dp > 1: one rank of the sharded step (trace/distributed.py, FSDP2's streams apart)
     dict(model="tiny-llama", batch=4, seq=512, recompute="none"),
@@ -74,7 +77,7 @@ def study(kw: dict) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
     rows = [s for s in SETUPS if not argv or s["model"] in argv]
     print("# bench/alloc_fragmentation.py output (trace engine, CUDA semantics, torch defaults; simulator = "
           "trainfit.alloc, each allocation on its CUDA stream)\n")

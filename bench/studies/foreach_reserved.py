@@ -9,10 +9,11 @@ analytic rule without foreach's segments (analytic/foreach_segments.py) — what
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ABOUT = {"summary": "foreach AdamW's temporaries in reserved: analytic vs the allocator simulator",
+         "minutes": 1, "quick": None}
+
 
 MiB = 2**20
 SETUPS = [  # (model, batch, seq, precision)
@@ -40,7 +41,8 @@ def row(model: str, batch: int, seq: int, precision: str, impl: str) -> dict:
             "without": without}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| setup | optimizer | simulated reserved (MiB) | analytic | error | without foreach's segments | error |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for model, batch, seq, precision in SETUPS:

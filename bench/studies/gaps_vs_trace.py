@@ -8,17 +8,17 @@ Each family is its catalog config shrunk as tests/analytic/test_vs_trace_familie
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analytic"))
 
-from test_vs_trace_families import CONFIGS, shrink  # noqa: E402
+from tests.analytic.test_vs_trace_families import CONFIGS, shrink
 
-from trainfit.analytic.engine import estimate  # noqa: E402
-from trainfit.models.hf_config import spec_from_config  # noqa: E402
-from trainfit.setup import Setup  # noqa: E402
-from trainfit.trace import trace_spec  # noqa: E402
+from trainfit.analytic.engine import estimate
+from trainfit.models.hf_config import spec_from_config
+from trainfit.setup import Setup
+from trainfit.trace import trace_spec
+
+ABOUT = {"summary": "analytic vs trace on the families matrix's closed gaps, other sizes", "minutes": 1, "quick": None}
 
 INFER = dict(mode="infer")
 CASES = [  # (family, batch, seq, setup fields)
@@ -53,7 +53,8 @@ CASES = [  # (family, batch, seq, setup fields)
 ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| family | mode | head | precision | recompute | attention | device | batch | seq | trace peak | analytic peak "
           "| gap |")
     print("|" + "---|" * 12)

@@ -12,10 +12,10 @@ workspaces).
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ABOUT = {"summary": "the gradients' own segments in reserved vs the allocator simulator", "minutes": 6, "quick": None}
+
 
 SETUPS = [  # (model, settings): the mechanism on (gradients above the largest activation block) and off
     ("llama-3.1-8b", dict(batch=2, seq=1024, precision="bf16")),
@@ -54,7 +54,8 @@ def rows():
         yield model, kw, simulated, an, added
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("`python bench/grad_segments.py > bench/results/grad_segments.md` (analytic reserved / the allocator "
           "simulator's − 1, both with --gpu H200's workspace)\n")
     print("| setup | simulated reserved GiB | analytic without / with the gradients' segments | added GiB |")

@@ -12,10 +12,9 @@ On a CPU whose oneDNN has no 16-bit path (plain AVX2, or ONEDNN_MAX_CPU_ISA=AVX2
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ABOUT = {"summary": "oneDNN's 16-bit matmul scratch: formula vs this CPU", "minutes": 0.1, "quick": None}
+
 
 LAYER_SHAPES = [  # (M, K, N, A transposed, B transposed)
     (256, 128, 128, False, True), (256, 128, 256, False, True), (256, 128, 384, False, True),
@@ -62,11 +61,11 @@ def rows(threads: list[int], full: bool = False):
         torch.set_num_threads(before)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--full", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from trainfit.analytic.onednn import effective_isa, onednn_matmul
 
     print(f"effective ISA {effective_isa()}, oneDNN bf16 matmul: {onednn_matmul('bf16')}")

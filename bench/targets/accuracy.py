@@ -26,6 +26,9 @@ from trainfit.errors import TrainfitError
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 
+ABOUT = {"summary": "trace and analytic peaks vs real CPU training and inference steps",
+         "minutes": 60, "quick": ["--quick"]}
+
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-gpt2", "tiny-neox", "tiny-phi3", "tiny-gemma2", "tiny-bert", "tiny-opt"]
 # inference: every family, the MoE too (tiny-bert is an encoder: one forward, prefill only)
 INFER_FAMILIES = FAMILIES + ["tiny-mixtral"]
@@ -261,7 +264,7 @@ def rescore(row: dict) -> dict:
             "analytic_err": (predicted - row["measured"]) / row["measured"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a representative subset")
     ap.add_argument("--no-trace", action="store_true", help="skip the trace engine")
@@ -273,7 +276,7 @@ def main() -> None:
     ap.add_argument("--rescore", action="store_true",
                     help="with --render: keep the stored measurements (the truth) and trace results, recompute the "
                          "analytic predictions with the current code")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.render:

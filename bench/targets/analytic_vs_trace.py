@@ -8,12 +8,15 @@ optimizers, 512-byte allocator rounding.
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 from trainfit.analytic.engine import estimate
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.engine import trace_spec
+
+ABOUT = {"summary": "analytic vs trace peaks at real scale (7B-47B, CUDA semantics)", "minutes": 3, "quick": None}
 
 GiB = 2**30
 CASES = [
@@ -31,7 +34,8 @@ CASES = [
 ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| model | mode | precision | recompute | attention | device | batch | seq | trace peak | phase | analytic peak | phase | gap | trace s |")
     print("|" + "---|" * 14)
     gaps = []

@@ -18,6 +18,13 @@ import argparse
 import os
 import time
 
+from bench.data import results_dir
+
+from bench import child_env
+
+ABOUT = {"summary": "--stack deepspeed vs DeepSpeed's ZeRO engine on 2 CPU ranks",
+         "minutes": 10, "quick": ["--zero", "2", "--precision", "bf16-master"]}
+
 CASE_FIELDS = ("model", "zero", "precision", "batch", "seq")
 
 
@@ -158,11 +165,9 @@ def clip_probe(spec, setup, timeout: int = 600) -> list[dict]:
         job = os.path.join(d, "job.pkl")
         with open(job, "wb") as f:
             pickle.dump({"spec": spec, "setup": setup, "dir": d}, f)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
-               "PYTHONPATH": os.pathsep.join([os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"),
-                                              os.environ.get("PYTHONPATH", "")])}
+        env = child_env({**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"})
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(setup.dp), "--standalone",
-               os.path.abspath(__file__), "--clip-worker", job]
+               "-m", __spec__.name, "--clip-worker", job]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         files = sorted(x for x in os.listdir(d) if x.startswith("rank") and x.endswith(".json"))
         if p.returncode != 0 or len(files) != setup.dp:
@@ -197,7 +202,7 @@ def err(a: float, m: float) -> str:
     return f"{100 * (a - m) / m:+.2f} %"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clip-worker")
     ap.add_argument("--model", default="tiny-llama")
@@ -205,9 +210,8 @@ def main() -> None:
     ap.add_argument("--precision", nargs="+", default=["bf16-master", "fp32"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "deepspeed_cpu.md"))
-    a = ap.parse_args()
+    ap.add_argument("--out", default=str(results_dir() / "deepspeed_cpu.md"))
+    a = ap.parse_args(argv)
     if a.clip_worker:
         return clip_worker(a.clip_worker)
     import deepspeed

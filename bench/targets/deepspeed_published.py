@@ -15,14 +15,15 @@ and as --stack hf with torch DDP.
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import trainfit  # noqa: E402
+import trainfit
+
+ABOUT = {"summary": "--stack deepspeed vs the ZeRO paper's largest trainable models", "minutes": 0.2, "quick": None}
 
 GiB = 2**30
 
@@ -57,7 +58,8 @@ def rows():
             yield claim, e.params, stack, zero, precision, e.memory.peak / GiB, e.time.fits, should
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| claim | params | stack | zero | precision | peak GiB | judged | expected | ok |")
     print("|---|---|---|---|---|---|---|---|---|")
     for claim, params, stack, zero, precision, peak, fits, should in rows():

@@ -24,15 +24,17 @@ Sources:
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import trainfit  # noqa: E402
-from trainfit import overheads  # noqa: E402
-from trainfit.hardware import get_gpu  # noqa: E402
-from trainfit.setup import Setup  # noqa: E402
+from bench.data import results_dir
+import trainfit
+from trainfit import overheads
+from trainfit.hardware import get_gpu
+from trainfit.setup import Setup
+
+ABOUT = {"summary": "reserved and device total vs published figures", "minutes": 0.3, "quick": None}
 
 GiB, MiB = 2**30, 2**20
 
@@ -95,11 +97,12 @@ def vllm_10511() -> list[str]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     head = ["| run | published | trainfit | note |", "| --- | --- | --- | --- |"]
     table = "\n".join(head + c2() + c4() + vllm_10511()) + "\n"
     print(table)
-    path = Path(__file__).resolve().parent / "results" / "device_total.md"
+    path = results_dir() / "device_total.md"
     path.parent.mkdir(exist_ok=True)
     path.write_text("# Reserved and device total vs published figures (validation; bench/device_total_published.py)\n\n"
                     + table)

@@ -17,14 +17,15 @@ Sources (measured, GPU energy only):
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import trainfit  # noqa: E402
-from trainfit.analytic.energy import busy_share  # noqa: E402
-from trainfit.hardware import get_gpu  # noqa: E402
+from bench.data import results_dir
+import trainfit
+from trainfit.analytic.energy import busy_share
+from trainfit.hardware import get_gpu
+
+ABOUT = {"summary": "average board power vs published measured energy", "minutes": 0.2, "quick": None}
 
 # (label, measured W per GPU, what it is, model, gpu, settings)
 CASES = [
@@ -41,7 +42,8 @@ CASES = [
 ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     lines = ["| run | layout (assumed) | busy share | model W | TDP W | measured W | model vs measured | TDP vs measured |",
              "|---|---|---|---|---|---|---|---|"]
     for label, measured, kind, model, gpu, kw in CASES:
@@ -53,7 +55,7 @@ def main() -> None:
                      f"{measured:.0f} | {p / measured - 1:+.0%} | {tdp / measured - 1:+.0%} |")
     text = "\n".join(lines)
     print(text)
-    out = Path(__file__).resolve().parent / "results" / "energy.md"
+    out = results_dir() / "energy.md"
     out.write_text("# Average board power vs published measurements (validation only)\n\n"
                    "`python bench/energy_published.py` — sources and assumptions in its docstring.\n\n" + text + "\n")
 

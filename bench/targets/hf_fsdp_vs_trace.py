@@ -18,6 +18,8 @@ from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.distributed import trace_distributed
 
+ABOUT = {"summary": "--stack hf under FSDP2 amp-bf16: analytic vs distributed trace", "minutes": 3, "quick": None}
+
 
 def tiny(layers: int, vocab: int, tied: bool):
     return spec_from_config({"model_type": "llama", "hidden_size": 128, "intermediate_size": 512,
@@ -39,10 +41,10 @@ def rows(spec, dp: int, batch: int, seq: int, devices, recomputes):
                        time.time() - t0)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--real", action="store_true", help="also llama-3.2-1b and qwen2.5-0.5b (dp 8, seq 1024, CUDA)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     cases = [(tiny(2, 1000, False), 2, 2, 64), (tiny(4, 1000, False), 2, 2, 64), (tiny(2, 8000, False), 2, 2, 64),
              (tiny(2, 8000, True), 2, 2, 64), (load_model("tiny-llama"), 2, 2, 64)]
     out = [r for spec, dp, b, s in cases for r in rows(spec, dp, b, s, ("cuda", "cpu"), ("none", "full"))]

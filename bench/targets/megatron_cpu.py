@@ -26,6 +26,13 @@ import subprocess
 import sys
 import tempfile
 
+from bench.data import results_dir
+
+from bench import child_env
+
+ABOUT = {"summary": "--stack megatron vs Megatron-Core's own GPT step on CPU ranks",
+         "minutes": 10, "quick": ["--cases", "tp1-fp32"]}
+
 # name: (tp, sequence_parallel, precision)
 CASES = {
     "tp1-fp32": (1, False, "fp32"),
@@ -249,10 +256,10 @@ def measure(name: str, batch: int = BATCH, seq: int = SEQ, model: dict = MODEL, 
         with open(job, "wb") as f:
             pickle.dump({"tp": tp, "sp": sp, "precision": precision, "batch": batch, "seq": seq, "model": model,
                          "clip_grad": clip_grad, "dir": d}, f)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
-               "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        env = child_env({**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+                         "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp), "--standalone",
-               os.path.abspath(__file__), "--worker", job]
+               "-m", __spec__.name, "--worker", job]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         files = sorted(x for x in os.listdir(d) if x.startswith("rank") and x.endswith(".json"))
         if p.returncode != 0 or len(files) != tp:
@@ -306,13 +313,12 @@ def err(a: float, m: float) -> str:
     return f"{100 * (a - m) / m:+.2f} %"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker")
     ap.add_argument("--cases", nargs="+", default=list(CASES))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "megatron_cpu.md"))
-    a = ap.parse_args()
+    ap.add_argument("--out", default=str(results_dir() / "megatron_cpu.md"))
+    a = ap.parse_args(argv)
     if a.worker:
         return worker(a.worker)
     lines = [f"Megatron-Core 0.16.1 GPTModel, local layer spec, {MODEL}, batch {BATCH}, seq {SEQ}, CPU ranks (gloo), "

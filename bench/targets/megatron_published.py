@@ -6,9 +6,13 @@ Validation only (nothing is fitted). Run: PYTHONPATH=src python bench/megatron_p
 """
 from __future__ import annotations
 
+import argparse
 from trainfit.analytic.memory import train_memory
 from trainfit.models.hf_config import spec_from_config
 from trainfit.setup import Setup
+
+ABOUT = {"summary": "--stack megatron vs Korthikanti et al. 2022's runs: each fits 80 GB",
+         "minutes": 0.2, "quick": None}
 
 A100_80GB = 80e9
 # name: heads, hidden, layers, pp, global batch, micro-batch, vpp
@@ -23,7 +27,8 @@ def gpt(heads: int, h: int, layers: int):
         "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1, "tie_word_embeddings": True}, f"gpt-{h}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print(f"{'model':6} {'recompute':22} {'GiB/GPU':>8} {'states':>7} {'acts':>6} {'phase':>14}  fits 80GB")
     for name, (heads, h, layers, pp, gbs, mb, vpp) in RUNS.items():
         spec = gpt(heads, h, layers)

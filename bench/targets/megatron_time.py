@@ -1,4 +1,4 @@
-"""Megatron step time vs Korthikanti et al. 2022 Table 5 (calibration C3, /work/shared/calibration.md): validation of
+"""Megatron step time vs Korthikanti et al. 2022 Table 5 (calibration C3, shared/calibration.md): validation of
 the step-time model's Megatron axes (interleaving, SP, selective recompute) at the fitted constants — nothing is
 fitted here.
 
@@ -10,17 +10,16 @@ Error = predicted / published − 1 (positive: predicted slower).
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from time_published import build_setup, build_spec  # noqa: E402
-from time_runs import RUNS  # noqa: E402  (the C3 runs' definitions live there, once)
+from bench.targets.time_published import build_setup, build_spec
+from bench.targets.time_runs import RUNS  # (the C3 runs' definitions live there, once)
 
-from trainfit.analytic.step_time import layout_step_time  # noqa: E402
-from trainfit.hardware import get_gpu  # noqa: E402
+from trainfit.analytic.step_time import layout_step_time
+from trainfit.hardware import get_gpu
+
+ABOUT = {"summary": "Megatron step time vs Korthikanti et al. 2022 Table 5", "minutes": 0.2, "quick": None}
 
 
 def rows():
@@ -32,7 +31,8 @@ def rows():
         yield r["id"].split("-")[1], s.recompute, s.vpp, r["published"], tm
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| model | recompute | v | published s | predicted s | error | bubble s | TP s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     errs = []

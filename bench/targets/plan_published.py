@@ -3,7 +3,7 @@
     python bench/plan_published.py            # prints the table, writes its section of bench/results/plan.md
 
 Runs (definitions, sources and unit conversions: bench/time_runs.py, the one list): Korthikanti et al. 2022 Table 5
-(calibration C3, /work/shared/calibration.md), and, out of sample,
+(calibration C3, shared/calibration.md), and, out of sample,
 Narayanan et al. 2021 Table 2 (GPT-3 174.6B on 384 / 768 / 1536 A100s) and Llama 3 Table 4 (405B on 8192 / 16384
 H100s; its interleaved schedule's virtual-stage count is not published, so it is shown at v = 1 and v = 3).
 The "GPT-3 on 1024 A100s, 34 days" figure of Narayanan et al. §5.1 is an estimate from their eq. 4, not a measured
@@ -13,19 +13,19 @@ Nothing is fitted: the compute is the roofline-timed op list (analytic/compute_t
 """
 from __future__ import annotations
 
-import sys
+import argparse
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from time_published import build_setup, build_spec  # noqa: E402
-from time_runs import RUNS, published_step as run_published_step  # noqa: E402
+from bench.data import results_dir
+from bench.targets.time_published import build_setup, build_spec
+from bench.targets.time_runs import RUNS, published_step as run_published_step
 
-from trainfit.analytic.step_time import layout_step_time  # noqa: E402
-from trainfit.hardware import get_gpu  # noqa: E402
-from trainfit.setup import Setup  # noqa: E402
+from trainfit.analytic.step_time import layout_step_time
+from trainfit.hardware import get_gpu
+from trainfit.setup import Setup
+
+ABOUT = {"summary": "the planner's time model vs published runs, term by term", "minutes": 0.5, "quick": None}
 
 SOURCES = {"narayanan-": "Narayanan 2021 Table 2", "c3-": "Korthikanti 2022 Table 5 (C3)",
            "llama3-": "Llama 3 Table 4"}
@@ -81,7 +81,8 @@ def table(rs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rs = runs()
     errs = sorted((predict(r).step_seconds / r.published_step - 1 for r in rs if r.fit), key=abs)
     outs = sorted((predict(r).step_seconds / r.published_step - 1 for r in rs if not r.fit), key=abs)
@@ -103,7 +104,7 @@ def main() -> None:
     ]
     out = "\n".join(text)
     print(out)
-    path = Path(__file__).resolve().parent / "results" / "plan.md"
+    path = results_dir() / "plan.md"
     path.parent.mkdir(exist_ok=True)
     old = path.read_text() if path.exists() else "# Planner benchmarks\n\n"
     head = "## Time model vs published runs"

@@ -4,22 +4,24 @@
 """
 from __future__ import annotations
 
-import sys
+import argparse
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from trainfit.api import load_spec  # noqa: E402
-from trainfit.hardware import get_gpu  # noqa: E402
-from trainfit.plan.search import PlanQuery, search  # noqa: E402
+from bench.data import results_dir
+from trainfit.api import load_spec
+from trainfit.hardware import get_gpu
+from trainfit.plan.search import PlanQuery, search
+
+ABOUT = {"summary": "planner search speed: seconds, configurations searched per second", "minutes": 1, "quick": None}
 
 CASES = [("llama-3.1-405b", "H100-80GB", 16384, 8192, 16 * 2**20), ("llama-3.1-405b", "H100-80GB", 16384, 8192, None),
          ("llama-3.1-70b", "H100-80GB", 64, 8192, 4e6), ("gpt-3-175b", "A100-80GB", 1024, 2048, 3.2e6),
          ("llama-3.1-8b", "A100-40GB", 8, 4096, 1e6), ("mistral-7b", "RTX-4090", 1, 2048, None)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rows = ["## Search speed (bench/plan_speed.py)", "",
             "One process, best of 3. `searched` = (layout, ZeRO, recompute, precision, micro-batch, accumulation) "
             "combinations inside the batch constraint, each either timed or excluded by the largest-fitting "
@@ -42,7 +44,7 @@ def main() -> None:
                     f"{st['engine_calls']:,} | {st['searched'] / best:,.0f} | {plan} |")
     out = "\n".join(rows) + "\n"
     print(out)
-    path = Path(__file__).resolve().parent / "results" / "plan.md"
+    path = results_dir() / "plan.md"
     old = path.read_text() if path.exists() else "# Planner benchmarks\n\n"
     head = "## Search speed"
     if head in old:

@@ -16,6 +16,8 @@ from trainfit.analytic.rl import rl_memory
 from trainfit.api import Request, analytic, load_spec
 from trainfit.setup import Setup
 
+ABOUT = {"summary": "the GRPO step per phase: real CPU step vs trace vs analytic", "minutes": 2, "quick": None}
+
 CASES = [  # (label, settings): two sizes, three precisions
     ("2 prompts × 4, 32 + 16 tokens, accum 2", dict(batch=2, group_size=4, prompt_len=32, completion_len=16,
                                                     grad_accum=2)),

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
+from bench import ROOT
 from trainfit import api
 from trainfit.analytic.params import count_params
 from trainfit.models.resolve import load_model
 
+ABOUT = {"summary": "the seeds' quantitative claims checked with trainfit (docs/seed-claims.md)",
+         "minutes": 1, "quick": None}
+
 GiB = 2**30
-DOC = Path(__file__).resolve().parents[1] / "docs" / "seed-claims.md"
+DOC = ROOT / "docs" / "seed-claims.md"
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,11 @@ Run: python bench/serving_published.py
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, replace
 
+from bench import ROOT
 from trainfit import nccl_buffers, overheads
 from trainfit.analytic.inference import kv_bytes_per_token
 from trainfit.analytic.params import count_params
@@ -36,6 +38,8 @@ from trainfit.analytic.serving import forward_transient, sampler_transient, serv
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
+
+ABOUT = {"summary": "vLLM KV blocks and SGLang token pools vs published start-up logs", "minutes": 0.3, "quick": None}
 
 GiB = 2**30
 
@@ -146,7 +150,7 @@ def sglang_spec(case: SglangCase):
     import os
     import tempfile
 
-    base = os.path.join(os.path.dirname(__file__), "..", "src", "trainfit", "models", "catalog", f"{case.base}.json")
+    base = ROOT / "src" / "trainfit" / "models" / "catalog" / f"{case.base}.json"
     with open(base) as f:
         cfg = json.load(f)
     cfg.pop("_trainfit", None)
@@ -188,7 +192,8 @@ def log_terms_tokens(case: SglangCase, cell: float) -> int:
     return int(rest * GiB // cell)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| case | source | kind | published blocks | trainfit | error |")
     print("|---|---|---|---:|---:|---:|")
     for c, blocks, err in rows():

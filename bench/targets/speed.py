@@ -5,6 +5,7 @@ model in under a second of wall time, imports included).
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from trainfit.analytic.engine import estimate
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
+
+ABOUT = {"summary": "analytic estimate per setup and `trainfit estimate` wall time", "minutes": 1, "quick": None}
 
 
 def per_setup_us(name: str, setups: list[Setup], repeat: int = 5) -> float:
@@ -38,7 +41,8 @@ def cli_seconds(args: list[str], repeat: int = 5) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     setups = [Setup(batch=b, seq=s, recompute=r, dp=dp, tp=tp, zero=z, attention="eager" if r == "selective" else "auto")
               for b in (1, 2, 4, 8) for s in (2048, 8192) for r in ("none", "selective", "full")
               for dp, tp, z in ((1, 1, 0), (8, 1, 1), (8, 8, 3))]

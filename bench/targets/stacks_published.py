@@ -16,14 +16,16 @@ Sources (numbers as published):
 """
 from __future__ import annotations
 
-import sys
+import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import trainfit  # noqa: E402
-from trainfit.errors import TrainfitError  # noqa: E402
+from bench.data import results_dir
+import trainfit
+from trainfit.errors import TrainfitError
+
+ABOUT = {"summary": "training stacks' memory vs published GPU runs, and the fit verdict",
+         "minutes": 0.3, "quick": None}
 
 GiB = 2**30
 TT = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
@@ -89,11 +91,12 @@ def render(rows: list[tuple[Run, dict]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rows = [(r, predict(r)) for r in RUNS]
     table = render(rows)
     print(table)
-    path = Path(__file__).resolve().parent / "results" / "stacks.md"
+    path = results_dir() / "stacks.md"
     path.write_text("# Stacks against published GPU runs (`python bench/stacks_published.py`)\n\n" + table)
 
 

@@ -8,15 +8,16 @@ the byte (tests/stacks/test_torchtitan_engines.py).
 """
 from __future__ import annotations
 
-import sys
+import argparse
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from trainfit import engines  # noqa: E402
-from trainfit.models.hf_config import spec_from_config  # noqa: E402
-from trainfit.setup import Setup  # noqa: E402
+from bench.data import results_dir
+from trainfit import engines
+from trainfit.models.hf_config import spec_from_config
+from trainfit.setup import Setup
+
+ABOUT = {"summary": "--stack torchtitan: analytic vs trace over policies and layouts", "minutes": 5, "quick": None}
 
 
 def llama(hidden, heads, kv, layers, inter, vocab):
@@ -34,7 +35,8 @@ LAYOUTS = (("dp 1", dict()), ("dp 2 ZeRO-3", dict(dp=2, zero=3)), ("dp 8 ZeRO-3"
            ("dp 2 ZeRO-2", dict(dp=2, zero=2)), ("dp 2 DDP", dict(dp=2, zero=0)))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     head = "| device | config | policy | " + " | ".join(name for name, _ in LAYOUTS) + " |"
     lines = [head, "|" + " --- |" * (3 + len(LAYOUTS))]
     worst, t0 = 0.0, time.perf_counter()
@@ -51,7 +53,7 @@ def main() -> None:
         lines.append(f"| {device} | {cname} | {policy} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + f"\n\nworst |gap| {worst:.2%}; {time.perf_counter() - t0:.0f} s\n"
     print(table)
-    out = Path(__file__).resolve().parent / "results" / "stacks_vs_trace.md"
+    out = results_dir() / "stacks_vs_trace.md"
     out.write_text("# --stack torchtitan: analytic vs trace, CUDA and CPU semantics (`python bench/stacks_vs_trace.py`)\n\n"
                    "(analytic − trace) / trace of the step's peak.\n\n" + table)
 

@@ -9,22 +9,22 @@ Error = predicted / published step time − 1 (positive: predicted slower).
 """
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from time_runs import RUNS, SKIPPED, gpus, published_step  # noqa: E402
+from bench.data import results_dir
+from bench.targets.time_runs import RUNS, SKIPPED, gpus, published_step
 
-from trainfit.analytic.step_time import layout_step_time  # noqa: E402
-from trainfit.analytic.params import count_params  # noqa: E402
-from trainfit.api import load_spec  # noqa: E402
-from trainfit.hardware import get_gpu  # noqa: E402
-from trainfit.models.hf_config import for_setup, spec_from_config  # noqa: E402
-from trainfit.setup import Setup  # noqa: E402
+from trainfit.analytic.step_time import layout_step_time
+from trainfit.analytic.params import count_params
+from trainfit.api import load_spec
+from trainfit.hardware import get_gpu
+from trainfit.models.hf_config import for_setup, spec_from_config
+from trainfit.setup import Setup
+
+ABOUT = {"summary": "step time vs every published run (in and out of sample)", "minutes": 0.3, "quick": None}
 
 GENERATION = {"V100": "Volta (V100)", "A100": "Ampere (A100)", "H100": "Hopper (H100/H200)",
               "H200": "Hopper (H100/H200)", "B200": "Blackwell (B200)"}
@@ -84,7 +84,7 @@ def render() -> str:
                     f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} |")
     out = ["# Step time vs published runs (`python bench/time_published.py`)", "",
            "Runs and sources: bench/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
-           "slower). Nothing fitted here; in sample = calibration C1–C3 (/work/shared/calibration.md).", "",
+           "slower). Nothing fitted here; in sample = calibration C1–C3 (shared/calibration.md).", "",
            "| group | summary |", "| --- | --- |"]
     for name in sorted(groups, key=lambda g: (g.split(":")[0] in ("gen", "size", "source"), g.split(":")[0], g)):
         out.append(f"| {name} | {summary(groups[name])} |")
@@ -94,10 +94,11 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     text = render()
     print(text)
-    path = Path(__file__).resolve().parent / "results" / "time_published.md"
+    path = results_dir() / "time_published.md"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
 

@@ -6,7 +6,7 @@ bench/time_published.py (the table), bench/plan_published.py and bench/megatron_
 Fields of a run: id; source (URL + table/row); gpu (name in src/trainfit/data/gpus.json); model (a catalog name of
 src/trainfit/models/catalog, or an HF-style config.json dict, built with trainfit.models.hf_config.spec_from_config);
 setup (trainfit.setup.Setup keyword arguments; dp × tp × pp × cp = the run's GPU count); published + unit;
-in_sample (True ONLY for the calibration runs C1–C3 of /work/shared/calibration.md: the only ones a constant may be
+in_sample (True ONLY for the calibration runs C1–C3 of shared/calibration.md: the only ones a constant may be
 fitted on); published_params (optional: the source's parameter count, a check of the model dims); notes
 (assumptions, each NB with its direction where known).
 
@@ -236,7 +236,7 @@ def _llama3(gpus, dp, per_rank, tflops):
 
 
 RUNS: list[dict] = [
-    # --- in sample: calibration C1–C3 (/work/shared/calibration.md) ---
+    # --- in sample: calibration C1–C3 (shared/calibration.md) ---
     dict(id="c1-torchtune-3b-packed", source=f"{TORCHTUNE}, row '+ packed dataset'; C1 of calibration.md",
          gpu="A100-80GB", model="llama-3.2-3b",
          setup=dict(stack="hf", batch=2, seq=4096, precision="bf16", optimizer_impl="foreach"),

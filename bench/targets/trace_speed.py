@@ -13,6 +13,9 @@ from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.engine import trace_spec
 
+ABOUT = {"summary": "trace engine speed for 7B/70B/405B steps, with and without extrapolation",
+         "minutes": 5, "quick": ["--skip-405b-full", "--skip-memtracker"]}
+
 SETUP = Setup(batch=1, seq=4096, precision="amp-bf16", optimizer="adamw", device="cuda")
 
 
@@ -46,11 +49,11 @@ def memtracker_seconds(name: str) -> tuple[float, int]:
     return time.perf_counter() - t0, peak
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-405b-full", action="store_true")
     ap.add_argument("--skip-memtracker", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cold, _ = timed(lambda: trace_spec(load_model("tiny-llama"), SETUP))
     rows = [("first trace in a fresh process (imports, one-time setup; tiny model)", f"{cold:.1f} s", "")]
     for name in ("llama-2-7b", "llama-2-70b", "llama-3.1-405b"):

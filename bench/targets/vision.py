@@ -9,13 +9,17 @@ allocation records) under CPU semantics (the trace probes oneDNN's scratch on th
 """
 from __future__ import annotations
 
+import argparse
 from trainfit.api import Request, run_engines
+
+ABOUT = {"summary": "vision models: analytic vs trace vs real CPU step", "minutes": 1, "quick": None}
 
 SETUPS = [(model, precision, batch) for model in ("tiny-resnet", "tiny-resnet-basic", "tiny-convnext", "tiny-vit")
           for precision in ("fp32", "amp-bf16", "bf16") for batch in (4,)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| model | precision | batch | analytic (cuda) | trace (cuda) | err | trace (cpu) | measured CPU step | err |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model, precision, batch in SETUPS:

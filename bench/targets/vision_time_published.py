@@ -12,7 +12,10 @@ same convolutions as transformers' ResNet-50, which trainfit models); its AMP is
 """
 from __future__ import annotations
 
+import argparse
 from trainfit.api import Request, run_engines
+
+ABOUT = {"summary": "ResNet-50 training throughput vs NVIDIA's published rows", "minutes": 0.1, "quick": None}
 
 # (gpu, DLE precision, trainfit precision, batch, channels_last, published images/s)
 ROWS = [
@@ -32,7 +35,8 @@ def predicted(gpu: str, precision: str, batch: int, channels_last: bool, mfu: fl
     return run_engines(req, "analytic")[0].time.tokens_per_second
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| GPU | DLE precision (trainfit) | batch | layout | published img/s | trainfit img/s | error "
           "| before: flat --mfu 0.4 | error |")
     print("|---|---|---|---|---|---|---|---|---|")

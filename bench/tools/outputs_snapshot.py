@@ -21,6 +21,8 @@ from trainfit.errors import TrainfitError
 from trainfit.precision import TRAIN_PRECISIONS
 from trainfit.setup import OPTIMIZERS
 
+ABOUT = {"summary": "every analytic answer of a broad matrix: the refactoring check", "minutes": 3, "quick": None}
+
 GPU = "H100-80GB"
 
 

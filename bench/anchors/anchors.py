@@ -1,9 +1,12 @@
 """The tools people use today, on the same cases as bench/accuracy.py, against the same measured peaks.
 
-    python bench/accuracy.py                     # first: the measured peaks (bench/results/accuracy.json)
-    bash bench/anchors/setup.sh                  # once: the tools' own venvs under /tmp
-    python bench/anchors/run.py                  # -> bench/results/anchors.md and anchors.json
-    python bench/anchors/run.py --only tiny-llama --no-memtracker --accelerate-python /path/bin/python ...
+    python -m bench run accuracy                 # first: the measured peaks (bench/results/accuracy.json)
+    bash bench/anchors/setup.sh DIR              # once: the tools' own venvs, DIR/{anchors,ds,lla}-venv
+    TRAINFIT_ANCHORS_VENVS=DIR python -m bench run anchors     # -> bench/results/anchors.md and anchors.json
+    python -m bench run anchors -- --only tiny-llama --no-memtracker --accelerate-python VENV/bin/python ...
+
+Where the tools' venvs are: TRAINFIT_ANCHORS_VENVS (the DIR of setup.sh), or one --<tool>-python flag per tool; a
+tool with neither is reported as not set up.
 
 Anchors (each tool with its intended settings; what it predicts is compared with what we measured):
 - accelerate `estimate-memory` (bench/anchors/accelerate_anchor.py, its own venv): model size per dtype and
@@ -31,14 +34,25 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.data import results_dir
+
+ABOUT = {"summary": "accelerate, DeepSpeed, llm-analysis and MemTracker on the accuracy cases",
+         "minutes": 30, "quick": None}
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
+VENVS = "TRAINFIT_ANCHORS_VENVS"  # the folder bench/anchors/setup.sh made the tools' venvs in
 KEYS = ("model", "mode", "precision", "optimizer", "recompute", "attention", "batch", "seq", "grad_accum")
-TOOLS = {  # name -> (script, default python, label)
-    "accelerate": ("accelerate_anchor.py", "/tmp/anchors-venv/bin/python", "accelerate estimate-memory"),
-    "deepspeed": ("deepspeed_anchor.py", "/tmp/ds-venv/bin/python", "DeepSpeed ZeRO-2 model states"),
-    "llm_analysis": ("llm_analysis_anchor.py", "/tmp/lla-venv/bin/python", "llm-analysis"),
+TOOLS = {  # name -> (script, its venv under TRAINFIT_ANCHORS_VENVS, label)
+    "accelerate": ("accelerate_anchor.py", "anchors-venv", "accelerate estimate-memory"),
+    "deepspeed": ("deepspeed_anchor.py", "ds-venv", "DeepSpeed ZeRO-2 model states"),
+    "llm_analysis": ("llm_analysis_anchor.py", "lla-venv", "llm-analysis"),
 }
+
+
+def tool_python(venv: str) -> str | None:
+    """The python of the tool's venv under TRAINFIT_ANCHORS_VENVS, or None when that is not set."""
+    folder = os.environ.get(VENVS)
+    return str(Path(folder) / venv / "bin" / "python") if folder else None
 
 
 def case_key(r: dict) -> str:
@@ -82,8 +96,7 @@ def param_counts(spec, setup) -> tuple[int, int]:
 
 def bench_rows(quick: bool) -> list[dict]:
     """The accuracy matrix's cases as rows without measurements (to run the anchors before or beside it)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import accuracy
+    from bench.targets import accuracy
 
     rows = []
     for name, s in accuracy.cases(quick):
@@ -118,8 +131,11 @@ def cases_for_tools(rows: list[dict], require_measured: bool = True) -> list[dic
     return out
 
 
-def run_tool(name: str, python: str, cases_path: str) -> dict:
+def run_tool(name: str, python: str | None, cases_path: str) -> dict:
     script, _, _ = TOOLS[name]
+    if python is None:
+        return {"error": f"not set up: set {VENVS} (bash bench/anchors/setup.sh DIR) or pass "
+                         f"--{name.replace('_', '-')}-python"}
     if not Path(python).exists():
         return {"error": f"{python} not found (run bench/anchors/setup.sh, or pass --{name.replace('_', '-')}-python)"}
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -350,22 +366,23 @@ def markdown(rows, tools: dict, meta: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", nargs="+", default=[str(ROOT / "bench/results/accuracy.json")],
-                    help="measured cases (bench/accuracy.py's JSON; several files are concatenated)")
-    ap.add_argument("--out", default=str(ROOT / "bench/results"), help="folder for anchors.md / anchors.json")
+    ap.add_argument("--results", nargs="+", default=[str(results_dir() / "accuracy.json")],
+                    help="measured cases (bench/targets/accuracy.py's JSON; several files are concatenated)")
+    ap.add_argument("--out", default=str(results_dir()), help="folder for anchors.md / anchors.json")
     ap.add_argument("--only", default=None, help="only cases whose model name contains this string")
     ap.add_argument("--no-memtracker", action="store_true", help="skip MemTracker (it re-runs every real step)")
-    for name, (_, default, _) in TOOLS.items():
-        ap.add_argument(f"--{name.replace('_', '-')}-python", default=default, help=f"python of the {name} venv")
+    for name, (_, venv, _) in TOOLS.items():
+        ap.add_argument(f"--{name.replace('_', '-')}-python", default=tool_python(venv),
+                        help=f"python of the {name} venv (default: ${VENVS}/{venv}/bin/python)")
     ap.add_argument("--from-bench", choices=("full", "quick"), default=None,
                     help="take the cases from bench/accuracy.py instead of its results and only write the tools' "
                          "predictions (anchors.json), e.g. to run beside the accuracy matrix; then --reuse")
     ap.add_argument("--reuse", action="store_true", help="reuse the tools' predictions in OUT/anchors.json")
     ap.add_argument("--memtracker-cache", default=None, metavar="ANCHORS_JSON",
                     help="reuse MemTracker results for the cases this earlier anchors.json already has")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.from_bench:
