@@ -11,6 +11,7 @@ from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model as load_spec
 from trainfit.analytic.fit_rule import capacity
 from trainfit.setup import Setup
+from bench.data import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +123,7 @@ def test_hopper_context_after_a_step_is_what_the_h200_runs_held_beside_the_alloc
     assert overheads.cuda_context(get_gpu("RTX-3090"), after_step=True) == 256 * MiB  # no measurement: at start
     # a serving engine sizes its pool before any step: the context at start (bench/cuda_context.py's reading right
     # after torch.cuda.init() in a fresh process); a training step carries the loaded one
-    run = json.loads((ROOT / "bench" / "results" / "context-H200-2026-11-27.json").read_text())
+    run = read_json("context-H200-2026-11-27.json")
     at_init = run["runs"]["LAZY"][0]
     assert at_init["stage"] == "init" and at_init["reserved"] == 0
     assert overheads.overheads(h200, Setup(mode="serve", precision="bf16", max_model_len=4096))["cuda_context"] \

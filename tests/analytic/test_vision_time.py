@@ -2,8 +2,6 @@
 TF32 convolutions in fp32, the step equal to the sum of its terms, and NVIDIA's published ResNet-50 rows."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +14,7 @@ from trainfit.hardware import get_gpu
 from trainfit.models.vision import vision_catalog_spec as load_vision
 from trainfit.setup import Setup
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import vision_time_published as published  # noqa: E402
+from bench.targets import vision_time_published as published  # noqa: E402
 
 
 def test_resnet50_stem_is_the_hand_derived_implicit_gemm():

@@ -3,13 +3,9 @@ semantics and writes the results files; on CPU the measured step is the truth, s
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
 
-import cuda_truth  # noqa: E402
+from bench.gpu import cuda_truth
 
 
 def test_kernel_names_sorted_by_kind():

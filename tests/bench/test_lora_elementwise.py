@@ -3,13 +3,11 @@ llama-3.2-1b, rank 16 on all seven projections, fp32 adapters on a bf16 base; to
 truth of rule 1. peft's Linear.forward casts x up to fp32, scales the product, adds it to the bf16 result (a mixed
 add: fp32 out) and casts the sum back (analytic/lora_ops.py _adapter_elementwise); each kernel class of the profile
 is compared with the ops the model gives it. The extra kernels are the LoRA step's over the same model's bf16 step."""
-import json
-from pathlib import Path
 
 import pytest
+from bench.data import read_json
 
-ROOT = Path(__file__).resolve().parents[2]
-RUN = json.loads((ROOT / "bench" / "results" / "cuda-H200-2026-11-27-sixth.json").read_text())
+RUN = read_json("cuda-H200-2026-11-27-sixth.json")
 CASES = {c["id"]: c for c in RUN["cases"]}
 
 

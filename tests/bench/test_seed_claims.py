@@ -2,13 +2,9 @@
 until the document is regenerated (python bench/seed_claims.py) and its verdicts re-read."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
 
-import seed_claims  # noqa: E402
+from bench.targets import seed_claims
 
 
 def test_the_document_matches_a_fresh_run():

@@ -3,15 +3,11 @@ GPU, cites its source, and only the calibration runs C1–C3 are marked in sampl
 sources themselves (published parameter counts, published MFU), never against trainfit's own formulas."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
 
-from time_runs import MPT, MPT_VOCAB, RUNS, SKIPPED, gpus, published_step  # noqa: E402
+from bench.targets.time_runs import MPT, MPT_VOCAB, RUNS, SKIPPED, gpus, published_step  # noqa: E402
 
 from trainfit.hardware import get_gpu  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402

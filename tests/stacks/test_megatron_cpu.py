@@ -10,15 +10,12 @@ and its kernels' count per tensor must be the analytic's (analytic/grad_clip.py 
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 
 pytest.importorskip("megatron.core")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-import megatron_cpu  # noqa: E402
+from bench.targets import megatron_cpu
 
 TOL = 0.01  # measured: tp 1 within 0.1 % per phase (bench/results/megatron_cpu.md)
 PHASES = {"forward_end": "forward", "backward": "backward", "optimizer_step": "optimizer"}
