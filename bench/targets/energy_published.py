@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 
 
+from bench.figures import record
 from bench.data import results_dir
 import trainfit
 from trainfit.analytic.energy import busy_share
@@ -46,15 +47,19 @@ def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     lines = ["| run | layout (assumed) | busy share | model W | TDP W | measured W | model vs measured | TDP vs measured |",
              "|---|---|---|---|---|---|---|---|"]
+    errs = {}
     for label, measured, kind, model, gpu, kw in CASES:
         e = trainfit.estimate(model, gpu=gpu, tokens=1e9, **kw)
         st, tdp = e.detail.step_time.as_dict(), get_gpu(gpu).power_watts
         p = e.time.average_power_watts
+        errs[label] = p / measured - 1
         lay = ", ".join(f"{k} {v}" for k, v in kw.items())
         lines.append(f"| {label} ({kind}) | {model} on {gpu}: {lay} | {busy_share(st):.2f} | {p:.0f} | {tdp} | "
                      f"{measured:.0f} | {p / measured - 1:+.0%} | {tdp / measured - 1:+.0%} |")
     text = "\n".join(lines)
     print(text)
+    record("energy_published", "average board power vs published measured energy", None,
+           f"{len(errs)} runs: model vs measured {min(errs.values()):+.0%} to {max(errs.values()):+.0%}", {"error": errs}, "published")
     out = results_dir() / "energy.md"
     out.write_text("# Average board power vs published measurements (validation only)\n\n"
                    "`python bench/energy_published.py` — sources and assumptions in its docstring.\n\n" + text + "\n")

@@ -7,6 +7,7 @@ Validation only (nothing is fitted). Run: PYTHONPATH=src python bench/megatron_p
 from __future__ import annotations
 
 import argparse
+from bench.figures import record
 from trainfit.analytic.memory import train_memory
 from trainfit.models.hf_config import spec_from_config
 from trainfit.setup import Setup
@@ -29,6 +30,7 @@ def gpt(heads: int, h: int, layers: int):
 
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    fit = []
     print(f"{'model':6} {'recompute':22} {'GiB/GPU':>8} {'states':>7} {'acts':>6} {'phase':>14}  fits 80GB")
     for name, (heads, h, layers, pp, gbs, mb, vpp) in RUNS.items():
         spec = gpt(heads, h, layers)
@@ -42,8 +44,12 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             m = train_memory(spec, setup)
             states = m.weights + m.gradients + m.master + m.optimizer
+            fit.append(m.peak <= A100_80GB)
             print(f"{name:6} {label:22} {m.peak / 2**30:8.1f} {states / 2**30:7.1f} {m.activations / 2**30:6.1f} "
                   f"{m.peak_phase:>14}  {'yes' if m.peak <= A100_80GB else 'NO'}")
+    record("megatron_published", "--stack megatron vs Korthikanti et al. 2022's runs (A100-80GB, TP 8)",
+           "on the right side", f"{sum(fit)} of {len(fit)} published runs fit in 80 GB",
+           {"runs": len(fit), "fit": sum(fit)}, "published")
 
 
 if __name__ == "__main__":

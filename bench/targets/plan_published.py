@@ -17,6 +17,7 @@ import argparse
 from dataclasses import dataclass, replace
 
 
+from bench.figures import record
 from bench.data import results_dir
 from bench.targets.time_published import build_setup, build_spec
 from bench.targets.time_runs import RUNS, published_step as run_published_step
@@ -104,6 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     ]
     out = "\n".join(text)
     print(out)
+    record("plan_published", "the planner's time model vs published runs", None,
+           f"C3 ({len(errs)}): median {abs(errs[len(errs) // 2]):.1%}; out of sample ({len(outs)}): median "
+           f"{abs(outs[len(outs) // 2]):.1%}, worst {outs[-1]:+.1%}",
+           {"in_sample": {"runs": len(errs), "median_abs": abs(errs[len(errs) // 2]), "worst": errs[-1]},
+            "out_of_sample": {"runs": len(outs), "median_abs": abs(outs[len(outs) // 2]), "worst": outs[-1]}},
+           "published")
     path = results_dir() / "plan.md"
     path.parent.mkdir(exist_ok=True)
     old = path.read_text() if path.exists() else "# Planner benchmarks\n\n"

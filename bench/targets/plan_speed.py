@@ -8,6 +8,7 @@ import argparse
 import time
 
 
+from bench.figures import record
 from bench.data import results_dir
 from trainfit.api import load_spec
 from trainfit.hardware import get_gpu
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
             "micro-batch bound; `engine calls` = analytic memory evaluations (~0.25 ms each here).", "",
             "| model | GPUs | global batch | seconds | searched | timed | engine calls | searched/s | best plan |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    speeds = {}
     for model, gpu, n, seq, gbt in CASES:
         spec, g = load_spec(model), get_gpu(gpu)
         best = None
@@ -40,10 +42,16 @@ def main(argv: list[str] | None = None) -> None:
         plan = "nothing fits" if not r.candidates else (
             lambda s: f"{s.dp}×{s.tp}×{s.pp} ZeRO-{s.zero} {s.batch}×{s.grad_accum} {s.recompute} {s.precision}")(
             r.candidates[0].setup)
+        speeds[f"{model} on {n} {gpu}"] = {"seconds": best, "searched_per_s": st["searched"] / best}
         rows.append(f"| {model} on {gpu} | {n} | {gbt or '-'} | {best:.3f} | {st['searched']:,} | {st['timed']:,} | "
                     f"{st['engine_calls']:,} | {st['searched'] / best:,.0f} | {plan} |")
     out = "\n".join(rows) + "\n"
     print(out)
+    rates = [v["searched_per_s"] for v in speeds.values()]
+    big = max(speeds.items(), key=lambda kv: kv[1]["seconds"])
+    record("plan_speed", "planner search speed", "≥ 100k setups/s; 405B on 16,384 GPUs < 2 s",
+           f"{min(rates):,.0f}–{max(rates):,.0f} searched/s; slowest: {big[0]} in {big[1]['seconds']:.2f} s",
+           speeds, "speed")
     path = results_dir() / "plan.md"
     old = path.read_text() if path.exists() else "# Planner benchmarks\n\n"
     head = "## Search speed"

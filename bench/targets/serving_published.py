@@ -30,6 +30,7 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
+from bench.figures import record
 from bench import ROOT
 from trainfit import nccl_buffers, overheads
 from trainfit.analytic.inference import kv_bytes_per_token
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print("| case | source | kind | published blocks | trainfit | error |")
     print("|---|---|---|---:|---:|---:|")
-    for c, blocks, err in rows():
+    vllm = rows()
+    for c, blocks, err in vllm:
         print(f"| {c.label} | {c.source} | {c.kind} | {c.published_blocks:,} | {blocks:,} | {err:+.1%} |")
     # the same model in trainfit's own (0.33) terms, for the record
     sv = serve_memory(load_model("llama-2-7b"), Setup(mode="serve", precision="fp16", max_model_len=4096,
@@ -207,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
           "free at start: log / trainfit | weights: log / trainfit | tokens from the log's own terms | "
           "distributed init: log / trainfit |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for c, sg_sv, err in sglang_rows():
+    sglang = sglang_rows()
+    for c, sg_sv, err in sglang:
         k_gib = c.published_tokens * sg_sv.kv_bytes_per_token / 2 / GiB
         terms = ("—", "—", "—")
         if c.published_pre_gib is not None:
@@ -219,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {c.label} | {c.source} | {c.published_tokens:,} | {sg_sv.kv_tokens:,} | {err:+.1%} | "
               f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB | {' | '.join(terms)} | "
               f"{dist} / {dist_init_bytes(c) / GiB:.2f} GiB |")
+    errs = [(c.label, e) for c, _, e in vllm] + [(c.label, e) for c, _, e in sglang]
+    worst = max(errs, key=lambda x: abs(x[1]))
+    record("serving_published", "serving capacity vs published vLLM and SGLang start-up logs",
+           "C4 within 3 %, others within 5 %",
+           f"{len(vllm)} vLLM and {len(sglang)} SGLang start-up logs: worst {worst[1]:+.1%}",
+           {"vllm": {c.label: e for c, _, e in vllm}, "sglang": {c.label: e for c, _, e in sglang}}, "published")
     return 0
 
 

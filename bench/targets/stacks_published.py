@@ -20,6 +20,7 @@ import argparse
 from dataclasses import dataclass
 
 
+from bench.figures import record
 from bench.data import results_dir
 import trainfit
 from trainfit.errors import TrainfitError
@@ -96,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = [(r, predict(r)) for r in RUNS]
     table = render(rows)
     print(table)
+    judged = [r for r, p in rows if p.get("fits")]
+    record("stacks_published", "training stacks vs published GPU runs: memory and the fit verdict",
+           "allocated within 5 %; tuned runs judged fits", f"{len(judged)} of {len(rows)} published runs judged fits",
+           {r.name: {**p, "published_gib": r.published_gib, "metric": r.metric} for r, p in rows}, "published")
     path = results_dir() / "stacks.md"
     path.write_text("# Stacks against published GPU runs (`python bench/stacks_published.py`)\n\n" + table)
 

@@ -14,6 +14,7 @@ import math
 import statistics
 
 
+from bench.figures import record
 from bench.data import results_dir
 from bench.targets.time_runs import RUNS, SKIPPED, gpus, published_step
 
@@ -64,7 +65,8 @@ def summary(errs: list[float]) -> str:
     return f"{len(errs)} runs · median |error| {statistics.median(a):.1%} · worst {max(errs, key=abs):+.1%}"
 
 
-def render() -> str:
+def render() -> tuple[str, dict[str, list[float]]]:
+    """The markdown table, and the signed errors per group (all runs, in/out of sample, generation, size, source)."""
     rows, groups = [], {}
     for r in RUNS:
         pub = published_step(r)
@@ -91,13 +93,19 @@ def render() -> str:
     out += ["", "| run | GPU | GPUs | sample | published | published s/step | predicted s/step | error |",
             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |", *rows, "", "Left out:", ""]
     out += [f"- {what}: {why}" for what, why in SKIPPED]
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n", groups
 
 
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    text = render()
+    text, groups = render()
     print(text)
+    stats = {g: {"runs": len(e), "median_abs": statistics.median(abs(x) for x in e), "worst": max(e, key=abs)}
+             for g, e in groups.items()}
+    out = stats["out of sample"]
+    record("time_published", "step time vs published runs", "out of sample: median ≤ 10 %, worst ≤ 25 %",
+           f"out of sample ({out['runs']} runs): median {out['median_abs']:.1%}, worst {out['worst']:+.1%}", stats,
+           "published", rows=[{"group": g, **v} for g, v in stats.items()])
     path = results_dir() / "time_published.md"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)

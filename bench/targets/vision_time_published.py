@@ -13,6 +13,7 @@ same convolutions as transformers' ResNet-50, which trainfit models); its AMP is
 from __future__ import annotations
 
 import argparse
+from bench.figures import record
 from trainfit.api import Request, run_engines
 
 ABOUT = {"summary": "ResNet-50 training throughput vs NVIDIA's published rows", "minutes": 0.1, "quick": None}
@@ -40,11 +41,17 @@ def main(argv: list[str] | None = None) -> None:
     print("| GPU | DLE precision (trainfit) | batch | layout | published img/s | trainfit img/s | error "
           "| before: flat --mfu 0.4 | error |")
     print("|---|---|---|---|---|---|---|---|---|")
+    errs = []
     for gpu, dle, prec, batch, nhwc, pub in ROWS:
         got = predicted(gpu, prec, batch, nhwc)
+        errs.append((got - pub) / pub)
         flat = predicted(gpu, prec, batch, nhwc, FLAT)
         print(f"| {gpu} | {dle} ({prec}) | {batch} | {'NHWC' if nhwc else 'NCHW'} | {pub:,} | {got:,.0f} | "
               f"{(got - pub) / pub:+.1%} | {flat:,.0f} | {(flat - pub) / pub:+.1%} |")
+    a = sorted(abs(e) for e in errs)
+    record("vision_time_published", "ResNet-50 v1.5 training throughput vs NVIDIA's published 1-GPU rows", None,
+           f"{len(errs)} rows (out of sample): median |error| {a[len(a) // 2]:.1%}, worst {max(errs, key=abs):+.1%}",
+           {"rows": len(errs), "median_abs": a[len(a) // 2], "worst": max(errs, key=abs)}, "published")
 
 
 if __name__ == "__main__":
