@@ -1,4 +1,4 @@
-"""python -m bench list | run [--quick] [NAME ...] [-- ARGS ...] | report  (bench/README.md)."""
+"""python -m bench list | run [--quick] [NAME ...] [ARGS ...] | report  (bench/README.md)."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +8,7 @@ import time
 
 from bench.index import Entry, entries, find
 
-USAGE = "usage: python -m bench list | run [--quick] [NAME ...] [-- ARGS ...] | report [ARGS ...]"
+USAGE = "usage: python -m bench list | run [--quick] [NAME ...] [ARGS ...] | report [ARGS ...]"
 
 
 def show() -> int:
@@ -31,10 +31,12 @@ def run_one(e: Entry, quick: bool, args: list[str]) -> int:
 
 
 def run(argv: list[str]) -> int:
-    args = argv[argv.index("--") + 1:] if "--" in argv else []
-    words = argv[:argv.index("--")] if "--" in argv else argv
-    quick = "--quick" in words
-    names = [w for w in words if w != "--quick"]
+    """Names first, then the modules' own arguments (from the first word that starts with '-', or after '--');
+    --quick anywhere is the runner's."""
+    quick = "--quick" in argv
+    words = [w for w in argv if w != "--quick"]
+    cut = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    names, args = words[:cut], words[cut + 1:] if words[cut:cut + 1] == ["--"] else words[cut:]
     chosen = []
     for name in names:
         e = find(name)

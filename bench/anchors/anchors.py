@@ -1,4 +1,4 @@
-"""The tools people use today, on the same cases as bench/accuracy.py, against the same measured peaks.
+"""The tools people use today, on the same cases as bench/targets/accuracy.py, against the same measured peaks.
 
     python -m bench run accuracy                 # first: the measured peaks (bench/results/accuracy.json)
     bash bench/anchors/setup.sh DIR              # once: the tools' own venvs, DIR/{anchors,ds,lla}-venv
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument(f"--{name.replace('_', '-')}-python", default=tool_python(venv),
                         help=f"python of the {name} venv (default: ${VENVS}/{venv}/bin/python)")
     ap.add_argument("--from-bench", choices=("full", "quick"), default=None,
-                    help="take the cases from bench/accuracy.py instead of its results and only write the tools' "
+                    help="take the cases from bench/targets/accuracy.py instead of its results and only write the tools' "
                          "predictions (anchors.json), e.g. to run beside the accuracy matrix; then --reuse")
     ap.add_argument("--reuse", action="store_true", help="reuse the tools' predictions in OUT/anchors.json")
     ap.add_argument("--memtracker-cache", default=None, metavar="ANCHORS_JSON",

@@ -1,10 +1,10 @@
 """What a CUDA process holds outside PyTorch's caching allocator, stage by stage (issue 18; BENCHMARKS §32).
 
-    python bench/cuda_context.py            # on a CUDA machine, ~20 s: bench/results/context-<gpu>-<date>.json
+    python -m bench run cuda_context            # on a CUDA machine, ~20 s: bench/results/context-<gpu>-<date>.json
 
 overheads.toml's `[cuda_context]` counts the memory a process holds beside the allocator's reserved: the context at
 start (what SGLang's free memory at start reads) and after a step (what a training process holds, measured by
-bench/cuda_truth.py). This splits the difference: each stage runs in a fresh process, once with CUDA's default lazy
+bench/gpu/cuda_truth.py). This splits the difference: each stage runs in a fresh process, once with CUDA's default lazy
 module loading and once with CUDA_MODULE_LOADING=EAGER (every kernel of torch's libraries loaded at init), and
 reads cudaMemGetInfo's used less torch's reserved after:
   init      torch.cuda.init() and one cudaMemGetInfo: the context alone
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(probe()))
         return 0
     if not torch.cuda.is_available():
-        print("no CUDA device here: bench/cuda_context.py measures a GPU's context and has no CPU semantics",
+        print("no CUDA device here: bench/gpu/cuda_context.py measures a GPU's context and has no CPU semantics",
               file=sys.stderr)
         return 2
     runs = {}

@@ -1,18 +1,18 @@
 """Kernel microbenchmarks on a lent GPU (issue 14: per-op efficiency curves measured, not assumed).
 
-    python bench/cuda_kernels.py                 # on a CUDA machine, ~1.5 minutes
-    python bench/cuda_kernels.py --dry-run       # anywhere: tiny sizes on CPU (the harness itself; CI runs it)
+    python -m bench run cuda_kernels                 # on a CUDA machine, ~1.5 minutes
+    python -m bench run cuda_kernels --dry-run       # anywhere: tiny sizes on CPU (the harness itself; CI runs it)
 
 Times, with CUDA events over repeated launches, the kernels an eager training step spends its time in, each beside
 trainfit's roofline prediction for it (analytic/roofline.py):
   elementwise   copy / add / fp32->bf16 cast / in-place scale, bf16 and fp32, 256 K to 256 M elements: achieved
-                bytes/s against the hbm_fraction bandwidth (the "other" kernels of bench/cuda_truth.py);
+                bytes/s against the hbm_fraction bandwidth (the "other" kernels of bench/gpu/cuda_truth.py);
   step_ops      the memory-bound ops of an eager LLM step (RMSNorm's fp32 pieces, SiLU, adds, a transpose copy,
                 log-softmax) at 2,048 tokens x 768-8,192 wide;
   sdpa          torch's scaled_dot_product_attention, causal, forward and backward, by backend (the default
                 dispatch, cuDNN, FlashAttention-2, memory-efficient) over sequence and head dim;
   sdpa_variants fp32 and dropout 0.1 by backend (the default and the memory-efficient kernel), the fits' checks;
-  gemm          the forward and both backward GEMMs of each linear layer of the models bench/cuda_truth.py runs,
+  gemm          the forward and both backward GEMMs of each linear layer of the models bench/gpu/cuda_truth.py runs,
                 at its 2 x 1024 tokens (vocabularies not a multiple of 8 included: GPT-2's 50,257);
   adamw         torch.optim.AdamW (fused and foreach) over Llama-3.2-1B's parameter tensors, fp32 and bf16;
   lora          the six thin GEMMs of a LoRA pair on Llama-3.2-1B's linear shapes, ranks 8 / 16 / 64, fp32 and bf16;

@@ -1,8 +1,8 @@
 """CUDA truth (issue 18): real steps on a GPU against every prediction trainfit makes for them.
 
-    python bench/cuda_truth.py                  # on a CUDA machine: the matrix below, ~8 minutes on one H100
-    python bench/cuda_truth.py --dry-run        # anywhere: the same harness, tiny models, --device cpu semantics
-    python bench/cuda_truth.py --only llama     # cases whose id contains "llama"; --max-minutes N stops early
+    python -m bench run cuda_truth                  # on a CUDA machine: the matrix below, ~8 minutes on one H100
+    python -m bench run cuda_truth --dry-run        # anywhere: the same harness, tiny models, --device cpu semantics
+    python -m bench run cuda_truth --only llama     # cases whose id contains "llama"; --max-minutes N stops early
 
 For each case (HF models of four families from 124M to 3B with random weights; fp32 / amp-bf16 / bf16 / bf16-master;
 flash vs eager attention; foreach vs fused AdamW; recompute none / full; the torchtitan stack on one rank; peft
@@ -425,7 +425,7 @@ def totals_lines(totals: dict, gpu) -> list[str]:
 
 def render(rows: list[dict], gpu_name: str, dry: bool, minutes: float, totals: list[str] = ()) -> str:
     head = [f"# CUDA truth: {gpu_name}{' (dry run on CPU)' if dry else ''}", "", *totals,
-            f"`python bench/cuda_truth.py{' --dry-run' if dry else ''}`, {_dt.date.today()}, {minutes:.1f} min. "
+            f"`python -m bench run cuda_truth{' --dry-run' if dry else ''}`, {_dt.date.today()}, {minutes:.1f} min. "
             "Errors are (prediction − measured) / measured; targets: trace peak 1 %, analytic peak 3 %, reserved "
             "5 %, kernel time by kind 15 %. Measured peak and reserved: the step's own, above what the process held "
             "before the case (the cuBLAS workspaces, compared on their own, and earlier cases' leftovers)."

@@ -1,8 +1,8 @@
 """Today's analytic engine against a committed CUDA truth run (no GPU needed).
 
-    python bench/cuda_truth_replay.py bench/results/cuda-H200-2026-11-26.json
+    python -m bench run cuda_truth_replay bench/results/cuda-H200-2026-11-26.json
 
-bench/cuda_truth.py measured real steps on a lent GPU and wrote what it measured; this re-estimates every case
+bench/gpu/cuda_truth.py measured real steps on a lent GPU and wrote what it measured; this re-estimates every case
 with the analytic engine as it is now and prints the errors: the step's own allocated peak (measured above what
 the process held before the case: the cuBLAS workspaces and earlier cases' leftovers), the step time, and the
 kernels launched per step (the count behind the host-issue bound, analytic/step_time.py). The measured numbers are
@@ -66,7 +66,7 @@ def _err(a, b):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a bench/results/cuda-<gpu>-<date>.json from bench/cuda_truth.py")
+    ap.add_argument("results", type=Path, help="a bench/results/cuda-<gpu>-<date>.json from bench/gpu/cuda_truth.py")
     args = ap.parse_args(argv)
     rows = replay(args.results)
     print("| case | peak (measured) | analytic | step ms (measured) | analytic | host-bound part | kernels measured "

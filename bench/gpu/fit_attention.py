@@ -1,10 +1,10 @@
 """Fit a fused attention kernel's timing constants on a committed kernel microbenchmark (no GPU needed).
 
-    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-fifth.json --backend efficient --fill 0
-    python bench/fit_attention.py bench/results/kernels-H200-2026-11-27-eighth.json --backend efficient --fill 0 \
+    python -m bench run fit_attention bench/results/kernels-H200-2026-11-27-fifth.json --backend efficient --fill 0
+    python -m bench run fit_attention bench/results/kernels-H200-2026-11-27-eighth.json --backend efficient --fill 0 \
         --dtype fp32 --dropout --check bench/results/kernels-H200-2026-11-27-seventh.json
 
-bench/cuda_kernels.py timed torch's causal SDPA by backend on a lent GPU (the kernel's own time from
+bench/gpu/cuda_kernels.py timed torch's causal SDPA by backend on a lent GPU (the kernel's own time from
 torch.profiler). The model it fits is roofline.FittedAttention's: one call = FLOPs / (peak x fraction x tile
 factor) + a fixed time, the tile factor roofline.flash_efficiency with the kernel's own tiles (read from its name)
 and `fill` pipeline-fill steps per CTA. For each head dim and direction, fraction and fixed time are the least
@@ -112,7 +112,7 @@ def _rows(run: dict, backend: str, dtype: str = "bf16", dropout: bool = False) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/cuda_kernels.py")
+    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/gpu/cuda_kernels.py")
     ap.add_argument("--backend", default="efficient", help="the SDPA backend's rows to fit (efficient, cudnn, flash)")
     ap.add_argument("--fill", type=int, default=1, help="pipeline-fill steps per CTA in the tile factor")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="the rows' dtype (sdpa_variants for fp32)")

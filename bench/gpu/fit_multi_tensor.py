@@ -1,9 +1,9 @@
 """Fit the multi_tensor_apply constants on committed kernel microbenchmarks (no GPU needed).
 
-    python bench/fit_multi_tensor.py bench/results/kernels-H200-2026-11-27-eighth.json \\
+    python -m bench run fit_multi_tensor bench/results/kernels-H200-2026-11-27-eighth.json \\
         --model-runs bench/results/kernels-H200-2026-11-27-{second,fifth,seventh,eighth}.json
 
-bench/cuda_kernels.py adamw timed torch's AdamW step (foreach and fused) on a lent GPU, kernel by kernel
+bench/gpu/cuda_kernels.py adamw timed torch's AdamW step (foreach and fused) on a lent GPU, kernel by kernel
 (torch.profiler): over a model's own parameters and over LoRA adapters at two ranks. This fits, from the foreach
 step's kernels whose arithmetic does not depend on the data (compute_time.FOREACH_ADAM's mul_, add_, lerp_ and
 addcmul_: multiplies and adds):

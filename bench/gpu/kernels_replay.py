@@ -1,10 +1,10 @@
 """Today's roofline against a committed kernel microbenchmark run (no GPU needed).
 
-    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27.json
-    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27-lora.json   # LoRA's thin GEMMs
-    python bench/kernels_replay.py bench/results/kernels-H200-2026-11-27-eighth.json --rows   # AdamW over LoRA
+    python -m bench run kernels_replay bench/results/kernels-H200-2026-11-27.json
+    python -m bench run kernels_replay bench/results/kernels-H200-2026-11-27-lora.json   # LoRA's thin GEMMs
+    python -m bench run kernels_replay bench/results/kernels-H200-2026-11-27-eighth.json --rows   # AdamW over LoRA
 
-bench/cuda_kernels.py timed, on a lent GPU, the kernels an eager step spends its time in (kernel time from
+bench/gpu/cuda_kernels.py timed, on a lent GPU, the kernels an eager step spends its time in (kernel time from
 torch.profiler); this re-predicts each with analytic/roofline.py as it is now and prints the errors by section:
 the GEMMs of five models' linear layers, torch's SDPA (the backend it picks by default; and fp32 and dropout 0.1
 inside the kernel by backend, sdpa_variants), the memory-bound ops of a step by access class, AdamW's step (fused
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ABOUT = {"summary": "today's roofline against a committed kernel microbenchmark run", "minutes": 0.2, "quick": None}
 
-# bench/cuda_kernels.py step_ops -> ops.Op.access (the class analytic/ops.py gives the op it stands for)
+# bench/gpu/cuda_kernels.py step_ops -> ops.Op.access (the class analytic/ops.py gives the op it stands for)
 ACCESS = {"upcast_bf16_fp32": "upcast", "broadcast_mul_fp32": "strided", "transpose_copy_bf16": "transpose",
           "mean_last_fp32": "reduce", "softmax_fp32": "reduce", "square_fp32": "vector", "silu_bf16": "vector",
           "add_bf16": "vector"}
@@ -93,7 +93,7 @@ def merged_kernels(row: dict) -> bool:
 def adamw_seconds(gpu, row: dict) -> float:
     """The engine's optimizer.step() for an adamw row: its kernel (fused / foreach) over the row's tensors, the
     model's own (as the engine takes a model's: equal tensors) or the LoRA adapters peft adds at the row's rank
-    (lora.adapter_sizes), without a gradient clip (bench/cuda_kernels.py adamw times opt.step() alone)."""
+    (lora.adapter_sizes), without a gradient clip (bench/gpu/cuda_kernels.py adamw times opt.step() alone)."""
     from trainfit.analytic.compute_time import optimizer_seconds
     from trainfit.analytic.lora import adapter_sizes
     from trainfit.analytic.precision import state_bytes
@@ -130,7 +130,7 @@ def at_measurement(run: dict) -> dict[str, list[tuple[str, float]]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/cuda_kernels.py")
+    ap.add_argument("results", type=Path, help="a bench/results/kernels-<gpu>-<date>.json from bench/gpu/cuda_kernels.py")
     ap.add_argument("--rows", action="store_true", help="print every row, not only the summaries")
     args = ap.parse_args(argv)
     run = json.loads(args.results.read_text())

@@ -1,7 +1,7 @@
 """The trace engine's reserved against a committed CUDA truth run, at full depth and extrapolated (no GPU needed;
 ~6 minutes on 2 cores for the 18 H200 steps).
 
-    python bench/trace_reserved.py bench/results/cuda-H200-2026-11-27-fifth.json [--only CASE ...]
+    python -m bench run trace_reserved bench/results/cuda-H200-2026-11-27-fifth.json [--only CASE ...]
 
 The trace replays the step's allocations through the caching allocator's rules (alloc/replay.py). A model of 16
 layer periods or more is traced at 3, 4 and 5 periods and extrapolated (trace/extrapolate.py); its reserved comes
@@ -42,7 +42,7 @@ def rows(path: Path, only: list[str] | None = None, depths: tuple[str, ...] = ("
         held = sum(allocator_held(gpu, setup).values())
         out = {"id": case["id"]}
         for depth in depths:
-            # with the workspaces, as bench/cuda_truth.py compares it (trace_spec's own reserved leaves them out)
+            # with the workspaces, as bench/gpu/cuda_truth.py compares it (trace_spec's own reserved leaves them out)
             e = with_device_total(trace_spec(spec, setup, flops=False, extrapolate=depth == "extrapolated"), gpu)
             out[depth] = (e.memory.reserved - held) / own - 1
             if "extrapolated_from_layers" in e.detail.records:

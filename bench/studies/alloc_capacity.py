@@ -12,8 +12,8 @@ Checks on the simulator's side: the replay at the least capacity retries at leas
 (num_alloc_retries: the released cache is the mechanism) and fails 2 MiB below it; "served" is monotone in the
 capacity on a grid of 8 capacities between it and reserved (the bisection's premise).
 
-Run: PYTHONPATH=src python bench/alloc_capacity.py [model ...] > bench/results/alloc_capacity.md
-Rows: bench/alloc_fragmentation.py's 23 setups (records traced here, all checks), then real-size steps measured on
+Run: python -m bench run alloc_capacity [model ...] > bench/results/alloc_capacity.md
+Rows: bench/studies/alloc_fragmentation.py's 23 setups (records traced here, all checks), then real-size steps measured on
 an H200 (bench/results/cuda-H200-*.json; the trace engine's full-depth replay, least capacity only), then inference
 (prefill + decode) steps.
 """
@@ -28,7 +28,7 @@ ABOUT = {"summary": "the simulator's least capacity vs the analytic fit rule's r
 
 GiB = 2 ** 30
 MiB = 2 ** 20
-# the CUDA truth runs' training steps (bench/cuda_truth.py CASES: batch 2 x 1024 tokens on an H200)
+# the CUDA truth runs' training steps (bench/gpu/cuda_truth.py CASES: batch 2 x 1024 tokens on an H200)
 REAL = [dict(model=m, batch=2, seq=1024, **kw) for m, kw in (
     ("gpt2", dict(precision="amp-bf16")),
     ("llama-3.2-1b", dict(precision="amp-bf16")),
@@ -78,7 +78,7 @@ def study(kw: dict, traced: bool) -> dict:
     spec, setup = resolve(Request(**kw))
     t0 = time.perf_counter()
     checks = None
-    if traced:  # the records, for the simulator's own checks (as bench/alloc_fragmentation.py traces them)
+    if traced:  # the records, for the simulator's own checks (as bench/studies/alloc_fragmentation.py traces them)
         from trainfit.trace.distributed import trace_rank
         from trainfit.trace.engine import replay_of, trace_train
 
@@ -106,7 +106,7 @@ def _summary(name: str, errs: list[float]) -> str:
 def main(argv: list[str] | None = None) -> None:
     rows = [(s, True) for s in SETUPS] + [(s, False) for s in REAL + INFER]
     rows = [(s, t) for s, t in rows if not argv or s["model"] in argv]
-    print("# bench/alloc_capacity.py output (trace engine, CUDA semantics, torch defaults; simulator = trainfit.alloc)\n")
+    print("# bench/studies/alloc_capacity.py output (trace engine, CUDA semantics, torch defaults; simulator = trainfit.alloc)\n")
     print("least capacity: the simulator's least capacity at which the step's every request is served (its OOM path "
           "releasing the free cached segments and retrying); required: the analytic fit rule; old: the analytic "
           "reserved (step_reserve; inference: infer_reserve), the unconstrained reserved the fit was judged on "

@@ -7,7 +7,7 @@ use without a trace, and the analytic engine's own rule (analytic.engine.step_re
     sized requests open new segments);
     analytic column: peak + one cached block (logits, MLP intermediate or tied-embedding partial gradient) +
     FSDP2's side-stream blocks (overheads.reserved_from_allocated).
-Run: PYTHONPATH=src python bench/alloc_fragmentation.py [model ...] > bench/results/alloc_fragmentation.md
+Run: python -m bench run alloc_fragmentation [model ...] > bench/results/alloc_fragmentation.md
 (dp > 1 rows trace one rank of FSDP2 in a fake process group, trace/distributed.py.)
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def study(kw: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     rows = [s for s in SETUPS if not argv or s["model"] in argv]
-    print("# bench/alloc_fragmentation.py output (trace engine, CUDA semantics, torch defaults; simulator = "
+    print("# bench/studies/alloc_fragmentation.py output (trace engine, CUDA semantics, torch defaults; simulator = "
           "trainfit.alloc, each allocation on its CUDA stream)\n")
     print("| setup | peak GiB | reserved GiB | reserved/peak | expandable GiB | trace peak+largest transient GiB | "
           "error | analytic step_reserve GiB | error |")

@@ -1,6 +1,6 @@
 """foreach AdamW's temporaries in reserved: the analytic engine against the allocator simulator (issue 18).
 
-    python bench/foreach_reserved.py            (~1 minute on 2 cores, no GPU)
+    python -m bench run foreach_reserved            (~1 minute on 2 cores, no GPU)
 
 For each setup, with torch.optim's foreach and fused AdamW: the trace engine's step replayed through trainfit.alloc
 (trace/engine.py replay_of: the states made in the first optimizer step, as torch.optim makes them; the simulator is

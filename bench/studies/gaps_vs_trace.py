@@ -1,7 +1,7 @@
 """The analytic engine against the trace engine on the terms closed from the families matrix's known gaps, at sizes
 and setups the matrix does not run (BENCHMARKS.md §22).
 
-    python bench/gaps_vs_trace.py      # ~40 s on 2 cores; prints a markdown table
+    python -m bench run gaps_vs_trace      # ~40 s on 2 cores; prints a markdown table
 
 Each family is its catalog config shrunk as tests/analytic/test_vs_trace_families.py shrinks it (2 layers, hidden
 128, the published MLA widths kept), traced on fake tensors (exact against real CPU steps) and priced analytically.

@@ -1,7 +1,7 @@
 """The analytic engine's reserved with and without the gradients' own segments, against the allocator simulator (no
 GPU needed; ~6 minutes on 2 cores).
 
-    python bench/grad_segments.py > bench/results/grad_segments.md
+    python -m bench run grad_segments > bench/results/grad_segments.md
 
 analytic/grad_segments.py: a gradient larger than every activation block, not carved from the loss's freed blocks,
 opens a segment of its own in the first step, which sits free at every later step's peak, less the optimizer states
@@ -56,7 +56,7 @@ def rows():
 
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    print("`python bench/grad_segments.py > bench/results/grad_segments.md` (analytic reserved / the allocator "
+    print("`python -m bench run grad_segments > bench/results/grad_segments.md` (analytic reserved / the allocator "
           "simulator's − 1, both with --gpu H200's workspace)\n")
     print("| setup | simulated reserved GiB | analytic without / with the gradients' segments | added GiB |")
     print("|---|---:|---:|---:|")

@@ -2,8 +2,8 @@
 through c10 on this CPU, read by the trace engine's probe (trace/kernel_scratch.py scratch_of: the profiler's memory
 events around one real call). A few seconds on 2 cores.
 
-    python bench/onednn_scratch.py [--threads 1 2] [--full]
-    ONEDNN_MAX_CPU_ISA=AVX512_CORE python bench/onednn_scratch.py   # gemm:jit:bf16, as on AVX-512 CPUs without BF16
+    python -m bench run onednn_scratch [--threads 1 2] [--full]
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE python -m bench run onednn_scratch   # gemm:jit:bf16, as on AVX-512 CPUs without BF16
 
 Shapes: the layers' GEMMs (M = tokens or a weight gradient's rows, K, N = 16..4096), forward (A plain, B transposed,
 as nn.Linear's mm), the input gradient (B plain) and the weight gradient (A transposed); --full adds a grid.

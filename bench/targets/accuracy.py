@@ -1,8 +1,8 @@
 """Accuracy of the analytic (and trace) engines against real CPU steps: training and inference.
 
-    python bench/accuracy.py            # the full matrix, writes bench/results/accuracy.md and .json
-    python bench/accuracy.py --quick    # a representative subset (what CI runs)
-    python bench/anchors/run.py         # then: the other tools on the same cases (bench/results/anchors.md)
+    python -m bench run accuracy            # the full matrix, writes bench/results/accuracy.md and .json
+    python -m bench run accuracy --quick    # a representative subset (what CI runs)
+    python -m bench run anchors         # then: the other tools on the same cases (bench/results/anchors.md)
 
 Truth: `trainfit.measure` — the real standard step on this CPU (training: forward, backward,
 optimizer step; inference: prefill of the batch, then one decode step on the full KV cache), peak from

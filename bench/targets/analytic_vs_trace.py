@@ -1,9 +1,9 @@
 """The analytic engine against the trace engine at real model scale (where no CPU can run the step).
 
-    python bench/analytic_vs_trace.py      # ~3 minutes on 2 cores; prints a markdown table
+    python -m bench run analytic_vs_trace      # ~3 minutes on 2 cores; prints a markdown table
 
 Each case is traced on fake tensors (exact at the tensor level; the trace matches real CPU steps to 0.5%,
-see bench/accuracy.py), with `--device cuda` semantics unless stated: flash SDPA, fused dropout, foreach
+see bench/targets/accuracy.py), with `--device cuda` semantics unless stated: flash SDPA, fused dropout, foreach
 optimizers, 512-byte allocator rounding.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """DeepSpeed's ZeRO engine on CPU (gloo), per-rank peak of live tensor bytes vs trainfit's analytic estimate.
 
-    PYTHONPATH=src python bench/deepspeed_cpu.py [--model tiny-llama] [--zero 0 1 2 3] [--precision bf16-master fp32]
+    python -m bench run deepspeed_cpu [--model tiny-llama] [--zero 0 1 2 3] [--precision bf16-master fp32]
                                                  [--out bench/results/deepspeed_cpu.md]
 
 Every case runs in ONE `torch.distributed.run --nproc-per-node 2` launch of trainfit's distributed measure
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = measure_many(spec, [s for _, s in cases], timeout=600 + 300 * len(cases))
     lines = [f"{a.model}, batch {a.batch}, seq {a.seq}, 2 CPU ranks (gloo), deepspeed {deepspeed.__version__}, the "
              "`--emit deepspeed` config (DeepSpeed's bucket defaults), torch AdamW(fused=True); "
-             f"`PYTHONPATH=src python bench/deepspeed_cpu.py` ({time.time() - t0:.0f} s, one launch)", "",
+             f"`python -m bench run deepspeed_cpu` ({time.time() - t0:.0f} s, one launch)", "",
              "Errors are signed, (analytic - measured) / measured; measured = the rank with the highest value.", "",
              "| zero | precision | DeepSpeed optimizer | measured peak (max rank) | analytic | error | "
              "measured backward / optimizer phase | analytic | error |",

@@ -1,7 +1,7 @@
 """--stack deepspeed against the ZeRO paper's largest trainable models on 32 GB V100s (validation only, nothing
 fitted).
 
-    PYTHONPATH=src python bench/deepspeed_published.py
+    python -m bench run deepspeed_published
 
 Source: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models": plain
 data parallelism runs out of memory above ~1.4B parameters on 32 GB GPUs (§1), and ZeRO-1 (P_os) fits 6.2B

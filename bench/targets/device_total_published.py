@@ -1,5 +1,5 @@
 """Reserved memory and the device total (nvidia-smi) against published figures — validation only, nothing fitted.
-    python bench/device_total_published.py [--trace]   # prints the tables, writes bench/results/device_total.md
+    python -m bench run device_total_published [--trace]   # prints the tables, writes bench/results/device_total.md
 
 The analytic engine's `memory.reserved` is the allocated peak plus the cuBLAS workspace (which torch takes through
 the caching allocator) plus the cached blocks of tensors freed before the peak and FSDP2's side-stream blocks
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     path = results_dir() / "device_total.md"
     path.parent.mkdir(exist_ok=True)
-    path.write_text("# Reserved and device total vs published figures (validation; bench/device_total_published.py)\n\n"
+    path.write_text("# Reserved and device total vs published figures (validation; bench/targets/device_total_published.py)\n\n"
                     + table)
 
 

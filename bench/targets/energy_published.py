@@ -1,5 +1,5 @@
 """Average board power of training runs against published measurements — validation only, nothing fitted.
-    python bench/energy_published.py        # prints the table, writes bench/results/energy.md
+    python -m bench run energy_published        # prints the table, writes bench/results/energy.md
 
 The model (analytic/energy.py): P = P_static + (TDP − P_static) × busy share of the step, the busy share from the
 step-time model's terms for the layout below; P_static from data/power.toml. Measured = energy / (GPUs × hours).
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
            f"{len(errs)} runs: model vs measured {min(errs.values()):+.0%} to {max(errs.values()):+.0%}", {"error": errs}, "published")
     out = results_dir() / "energy.md"
     out.write_text("# Average board power vs published measurements (validation only)\n\n"
-                   "`python bench/energy_published.py` — sources and assumptions in its docstring.\n\n" + text + "\n")
+                   "`python -m bench run energy_published` — sources and assumptions in its docstring.\n\n" + text + "\n")
 
 
 if __name__ == "__main__":

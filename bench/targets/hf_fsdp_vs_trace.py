@@ -2,8 +2,8 @@
 against the distributed trace (rank 0 of a fake process group, which equals the real gloo step:
 tests/stacks/test_hf_fsdp_mixed_precision.py), --zero 3 and 2, recompute none and full, CUDA and CPU semantics.
 
-    python bench/hf_fsdp_vs_trace.py                   # the tiny configs (2 cores: about 3 minutes)
-    python bench/hf_fsdp_vs_trace.py --real            # + llama-3.2-1b and qwen2.5-0.5b, dp 8, seq 1024, CUDA
+    python -m bench run hf_fsdp_vs_trace                   # the tiny configs (2 cores: about 3 minutes)
+    python -m bench run hf_fsdp_vs_trace --real            # + llama-3.2-1b and qwen2.5-0.5b, dp 8, seq 1024, CUDA
 
 Errors are signed: (analytic - trace) / trace.
 """

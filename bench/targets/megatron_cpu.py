@@ -1,7 +1,7 @@
 """Megatron-Core's own GPT training step on CPU (gloo), per-rank peak of live tensor bytes vs trainfit's analytic
 `--stack megatron` estimate.
 
-    PYTHONPATH=src python bench/megatron_cpu.py [--cases tp1-fp32 tp2-bf16 ...] [--out bench/results/megatron_cpu.md]
+    python -m bench run megatron_cpu [--cases tp1-fp32 tp2-bf16 ...] [--out bench/results/megatron_cpu.md]
 
 Each case is one `torch.distributed.run --nproc-per-node TP` of this file in worker mode. The worker builds
 megatron.core's GPTModel with the *local* layer spec (gpt_layer_specs.get_gpt_layer_local_spec: no Transformer

@@ -2,7 +2,7 @@
 
 All four models trained on A100-80GB with TP 8, seq 2048, vocab 51200 (175B and 530B with interleaved 1F1B, 3 model
 chunks per device), both with full recompute and with SP + selective recompute: each prediction must fit in 80 GB.
-Validation only (nothing is fitted). Run: PYTHONPATH=src python bench/megatron_published.py
+Validation only (nothing is fitted). Run: python -m bench run megatron_published
 """
 from __future__ import annotations
 

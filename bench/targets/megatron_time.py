@@ -2,7 +2,7 @@
 the step-time model's Megatron axes (interleaving, SP, selective recompute) at the fitted constants — nothing is
 fitted here.
 
-    python bench/megatron_time.py
+    python -m bench run megatron_time
 
 Runs: A100-80GB, seq 2048, vocab 51200, TP 8, no data parallelism, micro-batch 1 (22B: 4 sequences, one step),
 interleaved 1F1B with 3 virtual stages per device for 175B and 530B (C3; the paper's §6), bf16 with fp32 master.

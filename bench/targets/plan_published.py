@@ -1,13 +1,13 @@
 """The planner's time model against published runs with public configurations, term by term.
 
-    python bench/plan_published.py            # prints the table, writes its section of bench/results/plan.md
+    python -m bench run plan_published            # prints the table, writes its section of bench/results/plan.md
 
-Runs (definitions, sources and unit conversions: bench/time_runs.py, the one list): Korthikanti et al. 2022 Table 5
+Runs (definitions, sources and unit conversions: bench/targets/time_runs.py, the one list): Korthikanti et al. 2022 Table 5
 (calibration C3, shared/calibration.md), and, out of sample,
 Narayanan et al. 2021 Table 2 (GPT-3 174.6B on 384 / 768 / 1536 A100s) and Llama 3 Table 4 (405B on 8192 / 16384
 H100s; its interleaved schedule's virtual-stage count is not published, so it is shown at v = 1 and v = 3).
 The "GPT-3 on 1024 A100s, 34 days" figure of Narayanan et al. §5.1 is an estimate from their eq. 4, not a measured
-run: left out. The full validation set (all GPUs and stacks) is bench/time_published.py.
+run: left out. The full validation set (all GPUs and stacks) is bench/targets/time_published.py.
 
 Nothing is fitted: the compute is the roofline-timed op list (analytic/compute_time.py).
 """
@@ -88,16 +88,16 @@ def main(argv: list[str] | None = None) -> None:
     errs = sorted((predict(r).step_seconds / r.published_step - 1 for r in rs if r.fit), key=abs)
     outs = sorted((predict(r).step_seconds / r.published_step - 1 for r in rs if not r.fit), key=abs)
     text = [
-        "## Time model vs published runs (bench/plan_published.py)",
+        "## Time model vs published runs (bench/targets/plan_published.py)",
         "",
         f"The shipped model (each kernel of the step timed by the roofline, analytic/compute_time.py; nothing fitted). "
         f"Calibration C3 ({len(errs)} runs): median |error| {abs(errs[len(errs) // 2]):.1%}, worst {errs[-1]:+.1%}; "
         f"out of sample ({len(outs)} rows): median |error| {abs(outs[len(outs) // 2]):.1%}, worst {outs[-1]:+.1%}. "
-        "All 49 published runs: bench/time_published.py.",
+        "All 49 published runs: bench/targets/time_published.py.",
         "",
         "Error = predicted / published step time − 1 (positive: we predict slower). Time columns are seconds per "
         "step. `*` = out of sample. Published step times converted as "
-        "bench/time_runs.py says: Narayanan from TFLOP/s via their eq. 3; Korthikanti as printed (Table 5); Llama 3 "
+        "bench/targets/time_runs.py says: Narayanan from TFLOP/s via their eq. 3; Korthikanti as printed (Table 5); Llama 3 "
         "from TFLOP/s/GPU with 6N + 12·l·h·s FLOPs per token.",
         "",
         table(rs),

@@ -1,6 +1,6 @@
 """Planner search speed: wall time, configurations searched per second, analytic-engine calls.
 
-    python bench/plan_speed.py        # prints the table, writes its section of bench/results/plan.md
+    python -m bench run plan_speed        # prints the table, writes its section of bench/results/plan.md
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ CASES = [("llama-3.1-405b", "H100-80GB", 16384, 8192, 16 * 2**20), ("llama-3.1-4
 
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    rows = ["## Search speed (bench/plan_speed.py)", "",
+    rows = ["## Search speed (bench/targets/plan_speed.py)", "",
             "One process, best of 3. `searched` = (layout, ZeRO, recompute, precision, micro-batch, accumulation) "
             "combinations inside the batch constraint, each either timed or excluded by the largest-fitting "
             "micro-batch bound; `engine calls` = analytic memory evaluations (~0.25 ms each here).", "",

@@ -1,13 +1,14 @@
 """The RL step (--mode rl) per phase on this CPU: the real step (measure/rl.py), its trace on fake tensors
 (trace/rl.py) and the analytic phases (analytic/rl.py), and the 7B GRPO estimate of issue 16.
 
-    PYTHONPATH=src python bench/rl_step.py            # prints the tables BENCHMARKS.md §RL quotes
+    python -m bench run rl_step            # prints the tables BENCHMARKS.md §RL quotes
 
 The step: step/grpo.py, TRL 1.16's GRPO order (generate, the reference's log-probs, the policy's micro-batches
 through TRL's fused head, the optimizer step) on tiny-llama with random weights, --device cpu semantics.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -85,7 +86,12 @@ def issue_table() -> None:
               f"({secs['generate']:.1f} / {secs['score']:.1f} / {secs['train']:.1f}) |")
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     issue_table()
     print()
     cpu_table()
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ mem_fraction_static − weights) // cell. The published runs used SGLang 0.4.x, 
 model_executor/model_runner.py:608-633 profile_max_num_token: rest = free after the weights − free at start × (1 −
 fraction), // cell_size); where the log prints its free memory at start ("Load weight begin. avail mem") and the
 weights ("mem usage" at "Load weight end"), the error is split between those two terms.
-Run: python bench/serving_published.py
+Run: python -m bench run serving_published
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Speed of the analytic engine and of the CLI (DESIGN.md §5: ≤ 1 ms per setup; `trainfit estimate` for a 70B
 model in under a second of wall time, imports included).
 
-    python bench/speed.py
+    python -m bench run speed
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Training stacks against published GPU runs: the memory trainfit predicts for each run, and the fit verdict.
 
-    python bench/stacks_published.py          # prints the table, writes bench/results/stacks.md
+    python -m bench run stacks_published          # prints the table, writes bench/results/stacks.md
 
 Nothing here is fitted: every prediction is the analytic engine's, from the stack's facts (trainfit/stacks/*.toml).
 Sources (numbers as published):
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
            "allocated within 5 %; tuned runs judged fits", f"{len(judged)} of {len(rows)} published runs judged fits",
            {r.name: {**p, "published_gib": r.published_gib, "metric": r.metric} for r, p in rows}, "published")
     path = results_dir() / "stacks.md"
-    path.write_text("# Stacks against published GPU runs (`python bench/stacks_published.py`)\n\n" + table)
+    path.write_text("# Stacks against published GPU runs (`python -m bench run stacks_published`)\n\n" + table)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """--stack torchtitan: the analytic engine against the trace of torchtitan's own step (its Transformer, apply_ac,
 apply_fsdp, loss), CUDA and CPU semantics, every checkpointing policy and data-parallel layout.
 
-    python bench/stacks_vs_trace.py            # prints the table, writes bench/results/stacks_vs_trace.md
+    python -m bench run stacks_vs_trace            # prints the table, writes bench/results/stacks_vs_trace.md
 
 Target (issue 11): analytic within 2 % of the trace. The trace itself matches real CPU steps of the same code to
 the byte (tests/stacks/test_torchtitan_engines.py).
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     table = "\n".join(lines) + f"\n\nworst |gap| {worst:.2%}; {time.perf_counter() - t0:.0f} s\n"
     print(table)
     out = results_dir() / "stacks_vs_trace.md"
-    out.write_text("# --stack torchtitan: analytic vs trace, CUDA and CPU semantics (`python bench/stacks_vs_trace.py`)\n\n"
+    out.write_text("# --stack torchtitan: analytic vs trace, CUDA and CPU semantics (`python -m bench run stacks_vs_trace`)\n\n"
                    "(analytic − trace) / trace of the step's peak.\n\n" + table)
 
 

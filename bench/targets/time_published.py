@@ -1,7 +1,7 @@
-"""The step-time model against every published run of bench/time_runs.py: error per run, then median |error| and
+"""The step-time model against every published run of bench/targets/time_runs.py: error per run, then median |error| and
 worst, in sample (C1–C3) and out of sample apart, and per GPU generation. Nothing is fitted here.
 
-    python bench/time_published.py        # prints the table, writes bench/results/time_published.md
+    python -m bench run time_published        # prints the table, writes bench/results/time_published.md
 
 Only the public path is used (spec + Setup + trainfit.hardware.get_gpu -> layout_step_time(spec, setup, gpu) ->
 StepTime.step_seconds), so the table keeps working when step_time.py's internals change.
@@ -84,8 +84,8 @@ def render() -> tuple[str, dict[str, list[float]]]:
         groups.setdefault("source: " + r["id"].split("-")[0], []).append(e)
         rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
                     f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} |")
-    out = ["# Step time vs published runs (`python bench/time_published.py`)", "",
-           "Runs and sources: bench/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
+    out = ["# Step time vs published runs (`python -m bench run time_published`)", "",
+           "Runs and sources: bench/targets/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
            "slower). Nothing fitted here; in sample = calibration C1–C3 (shared/calibration.md).", "",
            "| group | summary |", "| --- | --- |"]
     for name in sorted(groups, key=lambda g: (g.split(":")[0] in ("gen", "size", "source"), g.split(":")[0], g)):

@@ -1,7 +1,7 @@
 """Published training-throughput runs (THE one list): the validation set of the step-time model (issue 14).
 
 Data only, plus how each published metric becomes seconds per optimizer step (`published_step`). Read by
-bench/time_published.py (the table), bench/plan_published.py and bench/megatron_time.py.
+bench/targets/time_published.py (the table), bench/targets/plan_published.py and bench/targets/megatron_time.py.
 
 Fields of a run: id; source (URL + table/row); gpu (name in src/trainfit/data/gpus.json); model (a catalog name of
 src/trainfit/models/catalog, or an HF-style config.json dict, built with trainfit.models.hf_config.spec_from_config);
@@ -242,7 +242,7 @@ RUNS: list[dict] = [
          setup=dict(stack="hf", batch=2, seq=4096, precision="bf16", optimizer_impl="foreach"),
          published=7075, unit="tokens/s/GPU", in_sample=True,
          notes="torchtune full_finetune_single_device, pure bf16, torch.optim.AdamW (foreach), modelled as the hf "
-               "stack (as bench/stacks_published.py). NB: the A100 variant is not stated; 80GB (60 GiB peak)."),
+               "stack (as bench/targets/stacks_published.py). NB: the A100 variant is not stated; 80GB (60 GiB peak)."),
     dict(id="c1-torchtune-3b-compile", source=f"{TORCHTUNE}, row '+ torch.compile'; C1 of calibration.md",
          gpu="A100-80GB", model="llama-3.2-3b",
          setup=dict(stack="hf", batch=2, seq=4096, precision="bf16", optimizer_impl="foreach", compile=True),

@@ -2,7 +2,7 @@
 extrapolation, against PyTorch's MemTracker on the same fake step. All times from one process, warm (after one
 untimed trace, so transformers' imports and torch's one-time setup are excluded — reported separately).
 
-    python bench/trace_speed.py [--skip-405b-full] [--skip-memtracker]
+    python -m bench run trace_speed [--skip-405b-full] [--skip-memtracker]
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Vision models in the accuracy matrix: the catalog's tiny ResNet, ConvNeXt and ViT configs (transformers'
 *ForImageClassification, random weights), 64x64 images, through trainfit's three engines.
 
-    PYTHONPATH=src python bench/vision.py          # ~1 minute on 2 cores; prints a markdown table
+    python -m bench run vision          # ~1 minute on 2 cores; prints a markdown table
 
 Per setup: the analytic engine (analytic/vision.py) against the trace under CUDA semantics (512-byte blocks; no CPU
 kernel scratch), and the trace against the real CPU step measured by the measure engine's CPU reader (profiler

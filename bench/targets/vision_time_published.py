@@ -1,7 +1,7 @@
 """ResNet-50 v1.5 training throughput: the analytic vision step time (analytic/vision_time.py) against NVIDIA's
 published single-GPU rows (all out of sample: nothing here was fitted to them).
 
-    PYTHONPATH=src python bench/vision_time_published.py      # a few seconds; prints a markdown table
+    python -m bench run vision_time_published      # a few seconds; prints a markdown table
 
 Source: NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance
 results" (pytorch-21.03 NGC container), the 1-GPU rows of "NVIDIA DGX A100 (8x A100 80GB)" and "NVIDIA DGX-1 16GB

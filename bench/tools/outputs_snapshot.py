@@ -1,7 +1,7 @@
 """Every analytic answer of a broad matrix, as JSON lines: the check that a refactoring changed no number.
 
-    python bench/outputs_snapshot.py OUT.jsonl            # write the snapshot of this tree
-    python bench/outputs_snapshot.py OUT.jsonl --diff BASE.jsonl   # and list every case whose answer differs
+    python -m bench run outputs_snapshot OUT.jsonl            # write the snapshot of this tree
+    python -m bench run outputs_snapshot OUT.jsonl --diff BASE.jsonl   # and list every case whose answer differs
 
 The matrix: every catalog model (token and vision) in each mode it takes, on an H100 (train, infer, serve, rl);
 each stack × parallel layout × ZeRO/offload/recompute on a dense and a MoE model; the precisions, LoRA/QLoRA and

@@ -64,7 +64,7 @@ def test_mfu_stays_an_override():
     assert e.detail.step_time is None and e.time.mfu == 0.5
 
 
-# NVIDIA DeepLearningExamples' ResNet-50 v1.5 1-GPU rows (bench/vision_time_published.py, BENCHMARKS.md §21), out of
+# NVIDIA DeepLearningExamples' ResNet-50 v1.5 1-GPU rows (bench/targets/vision_time_published.py, BENCHMARKS.md §21), out of
 # sample. V100 FP32 (no tensor cores) is -9.5 %; the tensor-core rows are optimistic by +18 % to +42 % (cuDNN's
 # implicit-GEMM kernels below cuBLAS's measured matmul fraction, kernels not modelled: see the module docstring).
 def test_published_resnet50_rows():

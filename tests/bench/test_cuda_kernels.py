@@ -1,4 +1,4 @@
-"""The roofline against kernels timed on H200s (bench/cuda_kernels.py, kernel time from torch.profiler; torch
+"""The roofline against kernels timed on H200s (bench/gpu/cuda_kernels.py, kernel time from torch.profiler; torch
 2.11.0+cu130). Ground truth of rule 1. The cuDNN attention constants (kernels.toml [generation.hopper.cudnn]) were
 fitted on the first run (kernels-H200-2026-11-27-first.json); these tests check them on the second, another machine's
 run, and check the mechanisms the step model rests on in the measured numbers themselves."""
@@ -40,7 +40,7 @@ def test_sdpa_runs_cudnn_on_the_h200_and_its_fit_holds_on_another_run(run, h200)
 
 def test_memory_efficient_kernel_fit_holds_on_another_chip(run, h200):
     """The memory-efficient kernel's constants (kernels.toml [generation.hopper.efficient]) were fitted on the fifth
-    run (bench/fit_attention.py); on the second, another chip's, every one of its 28 measured calls (14 causal bf16
+    run (bench/gpu/fit_attention.py); on the second, another chip's, every one of its 28 measured calls (14 causal bf16
     shapes, forward and backward, the kernel's own time) is within 9 % and the median within 2 %. The defaults it
     replaced (half of FlashAttention-2's published fractions) read the backward up to +55 % slow."""
     from bench.gpu.fit_attention import main_kernel_seconds
@@ -140,7 +140,7 @@ def test_dry_run_of_the_lora_gemms(tmp_path):
 
 
 def test_memory_efficient_constants_are_the_fit_of_the_committed_run(h200):
-    """kernels.toml [generation.hopper.efficient] is what `python bench/fit_attention.py
+    """kernels.toml [generation.hopper.efficient] is what `python -m bench run fit_attention
     bench/results/kernels-H200-2026-11-27-fifth.json --fill 0` prints: the constants are reproducible from the data."""
     from bench.gpu.fit_attention import _rows, fit
     from trainfit.analytic.roofline import kernels_for
@@ -189,7 +189,7 @@ def test_fp32_and_dropout_builds_fitted_on_one_chip_hold_on_another(h200, varian
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[1]}-{v[0]}")
 def test_fp32_and_dropout_constants_are_the_fit_of_the_committed_run(h200, variant):
-    """kernels.toml's variants are what bench/fit_attention.py prints on kernels-H200-2026-11-27-eighth.json (the
+    """kernels.toml's variants are what bench/gpu/fit_attention.py prints on kernels-H200-2026-11-27-eighth.json (the
     commands in kernels.toml): reproducible from the data."""
     from bench.gpu.fit_attention import _rows, fit
     from trainfit.analytic.roofline import kernels_for

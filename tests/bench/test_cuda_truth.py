@@ -1,4 +1,4 @@
-"""bench/cuda_truth.py (issue 18) is ready for the day a GPU is lent: its dry run executes the same harness on CPU
+"""bench/gpu/cuda_truth.py (issue 18) is ready for the day a GPU is lent: its dry run executes the same harness on CPU
 semantics and writes the results files; on CPU the measured step is the truth, so the trace must match it."""
 from __future__ import annotations
 

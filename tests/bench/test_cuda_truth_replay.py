@@ -1,5 +1,5 @@
 """The analytic engine against real steps on an H200 (bench/results/cuda-H200-2026-11-26.json, measured by
-bench/cuda_truth.py with torch 2.11.0+cu130: each case's max_memory_allocated above what the process held before it).
+bench/gpu/cuda_truth.py with torch 2.11.0+cu130: each case's max_memory_allocated above what the process held before it).
 Ground truth of rule 1; issue 18's target for the analytic peak is 3 %."""
 
 import pytest

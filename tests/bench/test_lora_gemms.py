@@ -1,5 +1,5 @@
 """LoRA's thin GEMMs on an H200 against the roofline (bench/results/kernels-H200-2026-11-27-lora.json:
-bench/cuda_kernels.py lora, kernel time from torch.profiler, torch 2.11.0+cu130; BENCHMARKS §36). peft's fp32
+bench/gpu/cuda_kernels.py lora, kernel time from torch.profiler, torch 2.11.0+cu130; BENCHMARKS §36). peft's fp32
 adapters run cuBLAS's SIMT kernels (roofline._simt_gemm_seconds), bf16 ones the wgmma tiles. Ground truth of rule 1."""
 import statistics
 

@@ -103,7 +103,7 @@ def eighth() -> dict:
 
 
 def test_foreach_kernels_over_the_adapters(eighth):
-    """The kernel run the latency was fitted on (bench/fit_multi_tensor.py; in-sample, a guard on the fit): foreach
+    """The kernel run the latency was fitted on (bench/gpu/fit_multi_tensor.py; in-sample, a guard on the fit): foreach
     AdamW's kernels whose arithmetic is multiplies and adds, over the rank-16 and rank-64 adapters, each within 10 %
     (the fit's residuals: -6.5 ... +1.9 %)."""
     from bench.gpu.fit_multi_tensor import errors, lora_rows

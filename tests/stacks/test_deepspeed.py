@@ -1,5 +1,5 @@
 """--stack deepspeed against independent sources: DeepSpeed's own memory estimator, the ZeRO paper's model-state
-bytes (Rajbhandari et al. 2020 §5, Fig. 1), and a real DeepSpeed step on 2 CPU ranks (bench/deepspeed_cpu.py)."""
+bytes (Rajbhandari et al. 2020 §5, Fig. 1), and a real DeepSpeed step on 2 CPU ranks (bench/targets/deepspeed_cpu.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -199,7 +199,7 @@ _SCALAR_CASTS = {1: 2, 2: 2, 3: 1}
 
 
 def _clip_matches_analytic(zero: int, precision: str) -> None:
-    """DeepSpeed's own clip in its real CPU step (bench/deepspeed_cpu.py clip_probe: the engine's norm entry marked
+    """DeepSpeed's own clip in its real CPU step (bench/targets/deepspeed_cpu.py clip_probe: the engine's norm entry marked
     as a "clip" phase) against analytic/grad_clip.py deepspeed_clip on the same setup:
       * the gradients the norm visits: their dtype (the model's), elements (the rank's partition, or every gradient
         at stage 0) and pieces (ZeRO-1/2: the partition's tensors, split at its ends; ZeRO-3: every parameter's

@@ -1,6 +1,6 @@
 """trainfit's analytic `--stack megatron --device cpu` against Megatron-Core's own GPT training step, run here.
 
-bench/megatron_cpu.py builds megatron.core's GPTModel with the local layer spec (no TE/apex), wraps it in Megatron's
+bench/targets/megatron_cpu.py builds megatron.core's GPTModel with the local layer spec (no TE/apex), wraps it in Megatron's
 DistributedDataParallel (contiguous grad buffer) and distributed optimizer, and runs one step after two warm-ups
 on CPU ranks (gloo), recording each rank's live tensor bytes per phase (trainfit.measure.dist_peak). The analytic
 estimate of the same shapes must be within TOL of the measured peak of every phase on the busiest rank.
