@@ -2,8 +2,6 @@
 bytes (Rajbhandari et al. 2020 §5, Fig. 1), and a real DeepSpeed step on 2 CPU ranks (bench/targets/deepspeed_cpu.py)."""
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import pytest
 
@@ -65,11 +63,9 @@ def test_offload_needs_zero():
 
 
 def _bench():
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "deepspeed_cpu.py"
-    spec = importlib.util.spec_from_file_location("deepspeed_cpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench.targets import deepspeed_cpu
+
+    return deepspeed_cpu
 
 
 def _measured_vs_analytic(zero: int, precision: str, phases=(("backward", "backward"), ("optimizer_step", "optimizer"))):
