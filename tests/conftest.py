@@ -1,22 +1,5 @@
 """Fixtures shared by the whole suite."""
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-@pytest.fixture
-def bench_script():
-    """Import a bench/ script as a module by name (bench/ is a folder of scripts, not a package)."""
-    def load(name: str):
-        if str(BENCH) not in sys.path:
-            sys.path.insert(0, str(BENCH))
-        return importlib.import_module(name)
-
-    return load
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ def test_hopper_context_after_a_step_is_what_the_h200_runs_held_beside_the_alloc
     h200 = get_gpu("H200")
     assert overheads.cuda_context(h200, after_step=True) == statistics.median(held)
     assert overheads.cuda_context(get_gpu("RTX-3090"), after_step=True) == 256 * MiB  # no measurement: at start
-    # a serving engine sizes its pool before any step: the context at start (bench/cuda_context.py's reading right
+    # a serving engine sizes its pool before any step: the context at start (bench/gpu/cuda_context.py's reading right
     # after torch.cuda.init() in a fresh process); a training step carries the loaded one
     run = data.gpu_run("H200-2026-11-27-unrecorded-11-context")
     at_init = run["runs"]["LAZY"][0]

@@ -6,7 +6,7 @@ Calls `deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_need
 `deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs`, the functions behind the documented
 `estimate_zero2_model_states_mem_needs_all_cold` / `estimate_zero3_..._all_cold` (those only print a table
 of the same numbers). Inputs: the parameter count and the largest layer's parameter count, computed by
-bench/anchors/run.py from the real HF model on the meta device exactly as DeepSpeed's `_all_live` variants
+bench/anchors/anchors.py from the real HF model on the meta device exactly as DeepSpeed's `_all_live` variants
 count them. Settings: 1 node, 1 GPU, no CPU offload (our cases are one unsharded process); ZeRO-3 with
 `zero_init=True`.
 

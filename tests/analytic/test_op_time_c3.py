@@ -1,4 +1,4 @@
-"""Calibration C3 (Korthikanti et al. 2022, Table 4; /work/shared/calibration.md): one layer of their 22B GPT (hidden
+"""Calibration C3 (Korthikanti et al. 2022, Table 4; shared/calibration.md): one layer of their 22B GPT (hidden
 6144, 64 heads, seq 2048, micro-batch 4, TP 8, A100-80GB, Megatron, no flash attention), forward and backward ms,
 against the op list timed by the roofline plus the layer's tensor-parallel all-reduces (2 forward, 2 backward, 2
 more in a full recompute: Korthikanti §4.1). Nothing is fitted to these numbers: they check the whole chain."""

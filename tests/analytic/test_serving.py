@@ -1,5 +1,5 @@
 """--mode serve (analytic/serving.py): vLLM's KV-cache capacity. Truths: hand derivations from the published
-architectures, vLLM's own printed numbers (calibration C4; validation logs in bench/serving_published.py), and
+architectures, vLLM's own printed numbers (calibration C4; validation logs in bench/targets/serving_published.py), and
 vLLM 0.33's argument names for --emit vllm."""
 from __future__ import annotations
 
@@ -77,9 +77,9 @@ def test_capture_sizes_as_vllm_lists_them():
 
 
 @pytest.mark.parametrize("i", range(3))
-def test_published_start_up_logs(i, bench_script):
-    """C4 (calibration) within 3 %, the validation logs within 5 % (bench/serving_published.py)."""
-    mod = bench_script("serving_published")
+def test_published_start_up_logs(i):
+    """C4 (calibration) within 3 %, the validation logs within 5 % (bench/targets/serving_published.py)."""
+    from bench.targets import serving_published as mod
     case, blocks, err = mod.rows()[i]
     assert abs(err) <= (0.03 if case.kind == "calibration" else 0.05), (case.label, blocks, case.published_blocks)
 

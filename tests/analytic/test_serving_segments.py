@@ -41,7 +41,7 @@ def test_qwq_weights_are_the_logs_mem_usage():
     assert round(sv.weights / 2**30, 2) == 15.54
 
 
-def test_qwen3_235b_fp8_tp4_slack_by_hand(bench_script):
+def test_qwen3_235b_fp8_tp4_slack_by_hand():
     """Qwen3-235B-A22B-FP8 at tp 4: the fp8 qkv (2304 rows × 4096 = 9 MiB) and o_proj (4096 × 2048 = 8 MiB) are the
     only 1-10 MiB requests; the experts (128 × 768 × 4096 = 384 MiB, 128 × 4096 × 384 = 192 MiB) are whole segments,
     the 1 MiB bf16 router gates go to the small pool. Layer 0: qkv0 and o0 in a new 20 MiB segment (3 MiB left,
@@ -51,7 +51,7 @@ def test_qwen3_235b_fp8_tp4_slack_by_hand(bench_script):
     left) and the last holds o_93 alone (12 left): 30 + 20 × (1 + 91 + 1) MiB hold 94 × 17 MiB: 292 MiB. Embedding
     and head: 37984 × 4096 × 2 B = 296.75 -> 298 MiB each: 2.5 MiB. The small pool adds less than one segment
     (2 MiB) beyond its ~95.6 MiB."""
-    script = bench_script("serving_published")
+    from bench.targets import serving_published as script
     case = script.SGLANG_CASES[0]
     spec = script.sglang_spec(case)
     large = (30 + 20 * 93) * MiB - 94 * 17 * MiB + int(2.5 * MiB)
@@ -60,12 +60,12 @@ def test_qwen3_235b_fp8_tp4_slack_by_hand(bench_script):
     assert large <= slack < large + 2 * MiB
 
 
-def test_router_gate_is_whole_and_in_the_model_dtype(bench_script):
+def test_router_gate_is_whole_and_in_the_model_dtype():
     """One Qwen3-235B-A22B-FP8 layer on one of 4 ranks: attention fp8 (qkv 2304 × 4096 + o 4096 × 2048 =
     17,825,792 B), experts fp8 (128 × 3 × 4096 × 384 = 603,979,776 B), the router gate bf16 and whole (128 × 4096 ×
     2 = 1,048,576 B: ReplicatedLinear with no quant config), two norms bf16 (16,384 B). trainfit counts q_norm and
     k_norm (2 × 128) with the attention's projections (1 B per 4 ranks instead of 2 B whole: 448 B under)."""
-    script = bench_script("serving_published")
+    from bench.targets import serving_published as script
     spec = script.sglang_spec(script.SGLANG_CASES[0])
     by_hand = 17_825_792 + 603_979_776 + 1_048_576 + 16_384
     got = layer_bytes(spec, _sgl(tp=4, quant="fp8"), count_params(spec))

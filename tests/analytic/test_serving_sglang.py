@@ -1,6 +1,6 @@
 """--mode serve --server sglang (analytic/serving_sglang.py). Truths: hand derivations from SGLang 0.5.23's source
 (arg_groups/memory_hook.py, mem_cache/kv_cache_configurator.py, model_executor/pool_configurator.py) and the
-published config.json of each model; a published SGLang start-up log (bench/serving_published.py, out of sample);
+published config.json of each model; a published SGLang start-up log (bench/targets/serving_published.py, out of sample);
 SGLang's own argument names for --emit sglang."""
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def test_mla_caches_the_latent():
     assert sg.cell_size(spec, _sgl(tp=8), "bf16") == (512 + 64) * 61 * 2
 
 
-def test_published_sglang_logs(bench_script):
-    """Published SGLang start-up logs (bench/serving_published.py, out of sample, never fitted). Each log's K size
+def test_published_sglang_logs():
+    """Published SGLang start-up logs (bench/targets/serving_published.py, out of sample, never fitted). Each log's K size
     is #tokens × the cell's K half (the cell is exact); where the log prints its free memory at start and its
     weights, the formula on those two terms gives its token count within rounding (0.05 %: the logs print GiB to
     2 decimals), and trainfit's weights term is the log's "mem usage": QwQ-32B's 15.54 GB within its printing (the
@@ -82,7 +82,7 @@ def test_published_sglang_logs(bench_script):
     in SGLang 0.4.3.post4; its log's distributed init took 0.13 GB, trainfit's 0.19 GiB, NB over; what is left has
     the direction of cudaMemGetInfo's total below the catalog's nvidia-smi figure): with the log's free memory,
     trainfit's weights give its count within 0.1 %."""
-    script = bench_script("serving_published")
+    from bench.targets import serving_published as script
     rows = script.sglang_rows()
     assert len(rows) >= 4
     for case, sv, err in rows:

@@ -2,8 +2,6 @@
 TF32 convolutions in fp32, the step equal to the sum of its terms, and NVIDIA's published ResNet-50 rows."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +14,7 @@ from trainfit.hardware import get_gpu
 from trainfit.models.vision import vision_catalog_spec as load_vision
 from trainfit.setup import Setup
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import vision_time_published as published  # noqa: E402
+from bench.targets import vision_time_published as published  # noqa: E402
 
 
 def test_resnet50_stem_is_the_hand_derived_implicit_gemm():
@@ -67,7 +64,7 @@ def test_mfu_stays_an_override():
     assert e.detail.step_time is None and e.time.mfu == 0.5
 
 
-# NVIDIA DeepLearningExamples' ResNet-50 v1.5 1-GPU rows (bench/vision_time_published.py, docs/benchmarks/models.md), out of
+# NVIDIA DeepLearningExamples' ResNet-50 v1.5 1-GPU rows (bench/targets/vision_time_published.py, docs/benchmarks/models.md), out of
 # sample. V100 FP32 (no tensor cores) is -9.5 %; the tensor-core rows are optimistic by +18 % to +42 % (cuDNN's
 # implicit-GEMM kernels below cuBLAS's measured matmul fraction, kernels not modelled: see the module docstring).
 def test_published_resnet50_rows():

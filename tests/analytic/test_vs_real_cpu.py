@@ -1,7 +1,7 @@
 """The analytic engine against real CPU training steps (truth: trainfit.measure, PyTorch's allocation records).
 
 Issue 2's first accuracy check: within 5% on a handful of families, fp32 and amp-bf16, with and without
-recompute. The full matrix is bench/accuracy.py (BENCHMARKS.md).
+recompute. The full matrix is bench/targets/accuracy.py (BENCHMARKS.md).
 """
 import pytest
 

@@ -1,16 +1,12 @@
-"""The roofline against kernels timed on H200s (bench/cuda_kernels.py, kernel time from torch.profiler; torch
+"""The roofline against kernels timed on H200s (bench/gpu/cuda_kernels.py, kernel time from torch.profiler; torch
 2.11.0+cu130). Ground truth of rule 1. The cuDNN attention constants (kernels.toml [generation.hopper.cudnn]) were
 fitted on the first run (H200-2026-11-27-unrecorded-7-kernels.json); these tests check them on the second, another machine's
 run, and check the mechanisms the step model rests on in the measured numbers themselves."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 VALIDATION = "H200-2026-11-27-unrecorded-8-kernels"
 
 
@@ -44,10 +40,10 @@ def test_sdpa_runs_cudnn_on_the_h200_and_its_fit_holds_on_another_run(run, h200)
 
 def test_memory_efficient_kernel_fit_holds_on_another_chip(run, h200):
     """The memory-efficient kernel's constants (kernels.toml [generation.hopper.efficient]) were fitted on the fifth
-    run (bench/fit_attention.py); on the second, another chip's, every one of its 28 measured calls (14 causal bf16
+    run (bench/gpu/fit_attention.py); on the second, another chip's, every one of its 28 measured calls (14 causal bf16
     shapes, forward and backward, the kernel's own time) is within 9 % and the median within 2 %. The defaults it
     replaced (half of FlashAttention-2's published fractions) read the backward up to +55 % slow."""
-    from fit_attention import main_kernel_seconds
+    from bench.gpu.fit_attention import main_kernel_seconds
     from trainfit.analytic.roofline import attention_seconds
 
     errs = []
@@ -90,7 +86,7 @@ def test_a_vocabulary_not_a_multiple_of_8_runs_the_unaligned_gemm(run, h200):
 def test_gemms_of_five_models_within_the_issue_target(run):
     """Issue 14's 15 % for large ops: the median over the 75 measured GEMMs (forward, input and weight gradients of
     every linear layer of five models at 2,048 tokens) is within 8 %."""
-    from kernels_replay import replay
+    from bench.gpu.kernels_replay import replay
 
     errs = [abs(e) for _, e in replay(run)["gemm"]]
     assert len(errs) == 75
@@ -101,7 +97,7 @@ def test_memory_bound_ops_by_access_class_beyond_l2(run, h200):
     """At 2,048 x 8,192 (operands beyond the H200's 50 MB L2) each access class predicts its op within 15 %: the
     upcast's unvectorised loop, the broadcast multiply, the head-major copy, the vectorised ops. (The committed
     run's add_bf16 added a tensor to itself, which HBM reads once: left out; cuda_kernels.py now adds two.)"""
-    from kernels_replay import replay
+    from bench.gpu.kernels_replay import replay
 
     rows = {label: e for label, e in replay(run)["step_ops"]
             if "2048x8192" in label and "softmax" not in label and "add_bf16" not in label}
@@ -110,7 +106,7 @@ def test_memory_bound_ops_by_access_class_beyond_l2(run, h200):
 
 
 def test_dry_run_writes_the_kernel_results(tmp_path):
-    import cuda_kernels
+    from bench.gpu import cuda_kernels
 
     assert cuda_kernels.main(["--dry-run", "--only", "host", "--out", str(tmp_path)]) == 0
     (js,) = tmp_path.glob("*-none-kernels-dry-run*.json")
@@ -121,7 +117,7 @@ def test_dry_run_writes_the_kernel_results(tmp_path):
 def test_dry_run_of_the_sustained_gemm(tmp_path):
     """The sustained section (one GEMM back to back, its rate per window) runs end to end on CPU; on a GPU its
     windows also carry NVML's SM clock, power and temperature."""
-    import cuda_kernels
+    from bench.gpu import cuda_kernels
 
     assert cuda_kernels.main(["--dry-run", "--only", "sustained", "--out", str(tmp_path)]) == 0
     (js,) = tmp_path.glob("*-none-kernels-dry-run*.json")
@@ -133,7 +129,7 @@ def test_dry_run_of_the_sustained_gemm(tmp_path):
 def test_dry_run_of_the_lora_gemms(tmp_path):
     """The lora section times the six thin GEMMs of an adapter pair on each of the model's distinct (out, in) linear
     shapes per rank: tiny-llama, rank 4, fp32 on CPU; each row's (m, n, k) has the rank in it."""
-    import cuda_kernels
+    from bench.gpu import cuda_kernels
 
     assert cuda_kernels.main(["--dry-run", "--only", "lora", "--out", str(tmp_path)]) == 0
     (js,) = tmp_path.glob("*-none-kernels-dry-run*.json")
@@ -144,9 +140,9 @@ def test_dry_run_of_the_lora_gemms(tmp_path):
 
 
 def test_memory_efficient_constants_are_the_fit_of_the_committed_run(h200):
-    """kernels.toml [generation.hopper.efficient] is what `python bench/fit_attention.py
+    """kernels.toml [generation.hopper.efficient] is what `python -m bench run fit_attention
     bench/results/gpu/H200-2026-11-27-unrecorded-9-kernels.json --fill 0` prints: the constants are reproducible from the data."""
-    from fit_attention import _rows, fit
+    from bench.gpu.fit_attention import _rows, fit
     from trainfit.analytic.roofline import kernels_for
 
     run = data.gpu_run("H200-2026-11-27-unrecorded-9-kernels")
@@ -174,7 +170,7 @@ def test_fp32_and_dropout_builds_fitted_on_one_chip_hold_on_another(h200, varian
     each call's kernel time (forward and backward, 6 causal shapes incl. GPT-2's 2 x 12 x 1024 x 64) within 14 % (the
     worst: cuDNN's dropout forward at seq 512, +13 %), the median within 2.5 %. Before these fits fp32 read +50 ... +106 % (the bf16 fractions at the 3xTF32 peak) and
     cuDNN's dropout forward up to +58 % (a per-score draw at GPT-2's per-call rate)."""
-    from fit_attention import _rows, main_kernel_seconds
+    from bench.gpu.fit_attention import _rows, main_kernel_seconds
     from trainfit.analytic.roofline import attention_seconds
 
     name, backend, dtype, dropout, *_ = variant
@@ -193,9 +189,9 @@ def test_fp32_and_dropout_builds_fitted_on_one_chip_hold_on_another(h200, varian
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[1]}-{v[0]}")
 def test_fp32_and_dropout_constants_are_the_fit_of_the_committed_run(h200, variant):
-    """kernels.toml's variants are what bench/fit_attention.py prints on H200-2026-11-27-e2d374c2-kernels.json (the
+    """kernels.toml's variants are what bench/gpu/fit_attention.py prints on H200-2026-11-27-e2d374c2-kernels.json (the
     commands in kernels.toml): reproducible from the data."""
-    from fit_attention import _rows, fit
+    from bench.gpu.fit_attention import _rows, fit
     from trainfit.analytic.roofline import kernels_for
 
     name, backend, dtype, dropout, fill, passes, tile = variant

@@ -1,16 +1,11 @@
-"""bench/cuda_truth.py (issue 18) is ready for the day a GPU is at hand: its dry run executes the same harness on CPU
+"""bench/gpu/cuda_truth.py (issue 18) is ready for the day a GPU is at hand: its dry run executes the same harness on CPU
 semantics and writes the results files; on CPU the measured step is the truth, so the trace must match it."""
 from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import cuda_truth  # noqa: E402
+from bench.gpu import cuda_truth
 
 
 def test_kernel_names_sorted_by_kind():

@@ -1,20 +1,16 @@
 """The analytic engine against real steps on an H200 (bench/results/gpu/H200-2026-11-26-unrecorded-2-truth.json, measured by
-bench/cuda_truth.py with torch 2.11.0+cu130: each case's max_memory_allocated above what the process held before it).
+bench/gpu/cuda_truth.py with torch 2.11.0+cu130: each case's max_memory_allocated above what the process held before it).
 Ground truth of rule 1; issue 18's target for the analytic peak is 3 %."""
-import sys
-from pathlib import Path
 
 import pytest
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 RESULTS = data.gpu_path("H200-2026-11-26-unrecorded-2-truth")
 
 
 @pytest.fixture(scope="module")
 def rows():
-    from cuda_truth_replay import replay
+    from bench.gpu.cuda_truth_replay import replay
 
     return {r["id"]: r for r in replay(RESULTS)}
 

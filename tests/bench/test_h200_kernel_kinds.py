@@ -1,14 +1,9 @@
 """The analytic step's kernel time by kind, and inference's two passes, against the last H200 run of 2026-11-27
 (bench/results/gpu/H200-2026-11-27-unrecorded-6-truth.json: torch.profiler's kernels of real steps, torch 2.11.0+cu130). Ground truth
 of rule 1; issue 14/18's target for the large ops is 15 %."""
-import sys
-from pathlib import Path
-
 import pytest
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 RUN = data.gpu_run("H200-2026-11-27-unrecorded-6-truth")
 CASES = {c["id"]: c for c in RUN["cases"]}
 
@@ -19,7 +14,7 @@ def _estimate(case_id: str):
     from trainfit.models.resolve import load_model
     from trainfit.setup import Setup
 
-    from cuda_truth import recorded_settings  # the measured hf steps did not clip
+    from bench.gpu.cuda_truth import recorded_settings  # the measured hf steps did not clip
 
     case = CASES[case_id]
     return estimate(load_model(case["model"]), Setup(**{"device": "cuda", **recorded_settings(case["settings"])}),
@@ -36,7 +31,7 @@ def test_kernel_time_by_kind_of_the_larger_steps(case):
     read +19 % once all its kernels were counted (§40), its memory term alone -17 %."""
     from trainfit.hardware import get_gpu
 
-    from cuda_truth import analytic_kinds, measured_kinds
+    from bench.gpu.cuda_truth import analytic_kinds, measured_kinds
 
     measured = measured_kinds(CASES[case]["measured"])
     predicted = analytic_kinds(_estimate(case).detail.step_time.as_dict(), get_gpu("H200"))
@@ -71,7 +66,7 @@ def test_full_depth_replay_makes_the_optimizer_states_where_torch_does():
     from trainfit.setup import Setup
     from trainfit.trace import trace_spec
 
-    from cuda_truth import recorded_settings
+    from bench.gpu.cuda_truth import recorded_settings
 
     c = CASES[case]
     setup = Setup(**{"device": "cuda", **recorded_settings(c["settings"])})

@@ -8,14 +8,9 @@ reductions (its heuristics' choice per shape: 8 memsets per layer in llama-3.2-1
 eager bmm; no mechanism the model could derive them from), the host copies (.item()), and transformers' model-input
 kernels (position ids, the causal mask's construction, the rotary table: about 20 per step, transformers-version
 dependent)."""
-import sys
-from pathlib import Path
-
 import pytest
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 RUN = data.gpu_run("H200-2026-11-27-79777263-truth")
 CASES = {c["id"]: c for c in RUN["cases"]}
 
@@ -23,7 +18,7 @@ CASES = {c["id"]: c for c in RUN["cases"]}
 def _lists(case_id: str):
     """(model, setup, one layer's forward + backward ops, the embedding's and head's) of a committed case, as
     compute_time.stage_compute builds them."""
-    from cuda_truth import recorded_settings
+    from bench.gpu.cuda_truth import recorded_settings
     from trainfit.analytic import compute_time as ct
     from trainfit.analytic.ops import (backward, embedding_backward, embedding_forward, head_backward_extra,
                                        head_forward, shape_of)
@@ -60,7 +55,7 @@ def _per_layer(case_id: str) -> int:
     """The profile's kernels per layer: each kernel name's count over the layers (the few per-step kernels of a
     name, the embedding's, head's and loss's, are fewer than the layers), the optimizer's multi_tensor_apply
     kernels and all memsets left out."""
-    from cuda_truth import not_a_kernel
+    from bench.gpu.cuda_truth import not_a_kernel
     from trainfit.models.resolve import load_model
 
     layers = load_model(CASES[case_id]["model"]).layers
@@ -128,7 +123,7 @@ def test_whole_step_within_the_model_input_kernels(case):
     """The step's launches (the optimizer's and the clip's included; memsets and host copies left out on both sides:
     the lists' own column-sum memsets are checked per layer above) never above the profile's, and short of it by
     at most 2 %: transformers' model-input kernels (docstring). Was −29 % (gpt2 eager) and −10 % (llama amp)."""
-    from cuda_truth_replay import replay
+    from bench.gpu.cuda_truth_replay import replay
 
     spec, _, layer, rest = _lists(case)
     row = next(r for r in replay(data.gpu_path("H200-2026-11-27-79777263-truth"))

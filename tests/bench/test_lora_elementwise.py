@@ -3,12 +3,9 @@ llama-3.2-1b, rank 16 on all seven projections, fp32 adapters on a bf16 base; to
 truth of rule 1. peft's Linear.forward casts x up to fp32, scales the product, adds it to the bf16 result (a mixed
 add: fp32 out) and casts the sum back (analytic/lora_ops.py _adapter_elementwise); each kernel class of the profile
 is compared with the ops the model gives it. The extra kernels are the LoRA step's over the same model's bf16 step."""
-from pathlib import Path
-
 import pytest
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN = data.gpu_run("H200-2026-11-27-unrecorded-10-truth")
 CASES = {c["id"]: c for c in RUN["cases"]}
 

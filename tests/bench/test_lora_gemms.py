@@ -1,20 +1,16 @@
 """LoRA's thin GEMMs on an H200 against the roofline (bench/results/gpu/H200-2026-11-27-unrecorded-12-kernels-lora.json:
-bench/cuda_kernels.py lora, kernel time from torch.profiler, torch 2.11.0+cu130; docs/benchmarks/gpu-truth.md). peft's fp32
+bench/gpu/cuda_kernels.py lora, kernel time from torch.profiler, torch 2.11.0+cu130; docs/benchmarks/gpu-truth.md). peft's fp32
 adapters run cuBLAS's SIMT kernels (roofline._simt_gemm_seconds), bf16 ones the wgmma tiles. Ground truth of rule 1."""
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 
 @pytest.fixture(scope="module")
 def errors():
-    from kernels_replay import replay
+    from bench.gpu.kernels_replay import replay
 
     run = data.gpu_run("H200-2026-11-27-unrecorded-12-kernels-lora")
     return replay(run)
@@ -43,7 +39,7 @@ def test_fp32_steps_gemm_time():
     (large SIMT GEMMs) -4.3 -> -1.4 %, gpt2 fp32 -14.5 -> -12.7 %, LoRA rank 16 -18.2 -> -11.0 % (the rest: each
     GEMM's launch, which the analytic kinds count under other), QLoRA -22.7 -> -11.2 % (with bitsandbytes' op
     records no longer counted as kernels: cuda_truth.NOT_KERNELS)."""
-    from cuda_truth_replay import replay
+    from bench.gpu.cuda_truth_replay import replay
 
     rows = {r["id"]: r for r in replay(data.gpu_path("H200-2026-11-27-unrecorded-10-truth"))}
     for case, tol in (("llama-3.2-1b-fp32", 0.03), ("gpt2-fp32", 0.145), ("llama-3.2-1b-lora", 0.12),

@@ -3,14 +3,9 @@ profiles of every committed truth run show (bench/results/gpu/H200-*-truth.json,
 optimizer's kernel time inside their real LoRA and QLoRA steps (llama-3.2-1b, rank 16 on all seven projections: 224
 fp32 tensors, none over 2 chunks) — neither fitted — and the kernel run whose foreach rows the latency was fitted on
 (bench/results/gpu/H200-2026-11-27-e2d374c2-kernels.json). Ground truth of rule 1."""
-import sys
-from pathlib import Path
-
 import pytest
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 RUNS = data.gpu_runs("truth", "H200")
 LORA = ("llama-3.2-1b-lora", "llama-3.2-1b-qlora")
 
@@ -65,7 +60,7 @@ def test_launches_are_the_profiles():
 
 def _kinds(case: dict) -> tuple[float, float]:
     """(analytic, measured) optimizer kernel seconds of a committed case, estimated as it ran."""
-    from cuda_truth import analytic_kinds, measured_kinds, recorded_settings
+    from bench.gpu.cuda_truth import analytic_kinds, measured_kinds, recorded_settings
     from trainfit.analytic.engine import estimate
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
@@ -106,10 +101,10 @@ def eighth() -> dict:
 
 
 def test_foreach_kernels_over_the_adapters(eighth):
-    """The kernel run the latency was fitted on (bench/fit_multi_tensor.py; in-sample, a guard on the fit): foreach
+    """The kernel run the latency was fitted on (bench/gpu/fit_multi_tensor.py; in-sample, a guard on the fit): foreach
     AdamW's kernels whose arithmetic is multiplies and adds, over the rank-16 and rank-64 adapters, each within 10 %
     (the fit's residuals: -6.5 ... +1.9 %)."""
-    from fit_multi_tensor import errors, lora_rows
+    from bench.gpu.fit_multi_tensor import errors, lora_rows
     from trainfit.hardware import get_gpu
 
     rows = lora_rows(eighth, "foreach")

@@ -3,10 +3,8 @@
 rule 1. LlamaRMSNorm's forward is six eager ops; autograd's formulas (derivatives.yaml) make ten backward kernels per
 norm (ops.norm_ops bwd_ops), which the generic one-pass rule had counted at about half their bytes."""
 import ast
-from pathlib import Path
 from bench import data
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN = data.gpu_run("H200-2026-11-27-unrecorded-10-truth")
 CASE = next(c for c in RUN["cases"] if c["id"] == "llama-3.1-8b-bf16")
 ROW = [2, 1024, 4096]  # the norm's input: batch x seq x hidden

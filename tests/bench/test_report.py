@@ -41,7 +41,7 @@ def test_every_topic_page_is_linked():
 def test_every_figures_file_is_shown():
     for path in sorted(report.FIGURES.glob("*.json")):
         fig = json.loads(path.read_text())
-        assert fig["figure"] in PAGE and f"`{fig['command']}`" in PAGE, path.name
+        assert report.cell(fig["figure"], path.name) in PAGE and f"`{fig['command']}`" in PAGE, path.name
 
 
 def test_first_screen_answers_accuracy_by_stack():

@@ -1,18 +1,14 @@
-"""docs/seed-claims.md is what bench/seed_claims.py prints now: a number of trainfit's that changes makes this fail
-until the document is regenerated (python bench/seed_claims.py) and its verdicts re-read."""
+"""docs/seed-claims.md is what bench/targets/seed_claims.py prints now: a number of trainfit's that changes makes this fail
+until the document is regenerated (python -m bench run seed_claims) and its verdicts re-read."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
 
-import seed_claims  # noqa: E402
+from bench.targets import seed_claims
 
 
 def test_the_document_matches_a_fresh_run():
-    assert seed_claims.DOC.read_text() == seed_claims.render(), "stale: run python bench/seed_claims.py"
+    assert seed_claims.DOC.read_text() == seed_claims.render(), "stale: run python -m bench run seed_claims"
 
 
 def test_every_claim_has_a_verdict():

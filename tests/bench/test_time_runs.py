@@ -1,17 +1,13 @@
-"""bench/time_runs.py, the published-throughput validation set: every run loads, builds a valid Setup on a catalog
+"""bench/targets/time_runs.py, the published-throughput validation set: every run loads, builds a valid Setup on a catalog
 GPU, cites its source, and only the calibration runs C1–C3 are marked in sample. Numbers are checked against the
 sources themselves (published parameter counts, published MFU), never against trainfit's own formulas."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
 
-from time_runs import MPT, MPT_VOCAB, RUNS, SKIPPED, gpus, published_step  # noqa: E402
+from bench.targets.time_runs import MPT, MPT_VOCAB, RUNS, SKIPPED, gpus, published_step  # noqa: E402
 
 from trainfit.hardware import get_gpu  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
@@ -104,7 +100,7 @@ DLE_WEAK_SCALING = {
 
 
 def test_dle_bert_benchmark_did_not_accumulate():
-    """Why the DLE pre-training rows run grad_accum 1 (bench/time_runs.py DLE_BERT): with 128-1024 micro-batches per
+    """Why the DLE pre-training rows run grad_accum 1 (bench/targets/time_runs.py DLE_BERT): with 128-1024 micro-batches per
     gradient all-reduce, 8 GPUs would take at most ~0.2 ms longer per micro-batch than one (an all-reduce of BERT-
     large's 335M fp32 gradients, 2·7/8·1.34 GB at the 150 GB/s NVLink line rate of gpus.json: 15.6 ms, spread over 128
     micro-batches: 0.12 ms). The README's own 1-GPU rows show 10-33 ms per micro-batch: one all-reduce each."""

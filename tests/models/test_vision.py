@@ -30,7 +30,7 @@ def test_params_equal_transformers_numel(spec):
 
 # CUDA semantics (the caching allocator's 512-byte blocks): the CPU's oneDNN scratch, which the trace measures
 # on this CPU and the analytic engine leaves out (NB in analytic/vision.py), would otherwise dominate tiny models.
-# (bench/vision.py runs the wider table: every family x fp32 / amp / bf16)
+# (bench/targets/vision.py runs the wider table: every family x fp32 / amp / bf16)
 @pytest.mark.parametrize("model,precision,optimizer,accum,bound", [
     ("tiny-resnet", "amp-fp16", "adamw", 1, 0.0), ("tiny-resnet-basic", "fp32", "momentum", 3, 0.0),
     ("tiny-vit", "amp-bf16", "momentum", 1, 0.0), ("tiny-convnext", "amp-fp16", "momentum", 1, 0.03)])

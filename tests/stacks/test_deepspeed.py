@@ -1,9 +1,7 @@
 """--stack deepspeed against independent sources: DeepSpeed's own memory estimator, the ZeRO paper's model-state
-bytes (Rajbhandari et al. 2020 §5, Fig. 1), and a real DeepSpeed step on 2 CPU ranks (bench/deepspeed_cpu.py)."""
+bytes (Rajbhandari et al. 2020 §5, Fig. 1), and a real DeepSpeed step on 2 CPU ranks (bench/targets/deepspeed_cpu.py)."""
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import pytest
 
@@ -65,11 +63,9 @@ def test_offload_needs_zero():
 
 
 def _bench():
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "deepspeed_cpu.py"
-    spec = importlib.util.spec_from_file_location("deepspeed_cpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench.targets import deepspeed_cpu
+
+    return deepspeed_cpu
 
 
 def _measured_vs_analytic(zero: int, precision: str, phases=(("backward", "backward"), ("optimizer_step", "optimizer"))):
@@ -199,7 +195,7 @@ _SCALAR_CASTS = {1: 2, 2: 2, 3: 1}
 
 
 def _clip_matches_analytic(zero: int, precision: str) -> None:
-    """DeepSpeed's own clip in its real CPU step (bench/deepspeed_cpu.py clip_probe: the engine's norm entry marked
+    """DeepSpeed's own clip in its real CPU step (bench/targets/deepspeed_cpu.py clip_probe: the engine's norm entry marked
     as a "clip" phase) against analytic/grad_clip.py deepspeed_clip on the same setup:
       * the gradients the norm visits: their dtype (the model's), elements (the rank's partition, or every gradient
         at stage 0) and pieces (ZeRO-1/2: the partition's tensors, split at its ends; ZeRO-3: every parameter's

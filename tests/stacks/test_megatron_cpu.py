@@ -1,6 +1,6 @@
 """trainfit's analytic `--stack megatron --device cpu` against Megatron-Core's own GPT training step, run here.
 
-bench/megatron_cpu.py builds megatron.core's GPTModel with the local layer spec (no TE/apex), wraps it in Megatron's
+bench/targets/megatron_cpu.py builds megatron.core's GPTModel with the local layer spec (no TE/apex), wraps it in Megatron's
 DistributedDataParallel (contiguous grad buffer) and distributed optimizer, and runs one step after two warm-ups
 on CPU ranks (gloo), recording each rank's live tensor bytes per phase (trainfit.measure.dist_peak). The analytic
 estimate of the same shapes must be within TOL of the measured peak of every phase on the busiest rank.
@@ -10,15 +10,12 @@ and its kernels' count per tensor must be the analytic's (analytic/grad_clip.py 
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 
 pytest.importorskip("megatron.core")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-import megatron_cpu  # noqa: E402
+from bench.targets import megatron_cpu
 
 TOL = 0.01  # measured: tp 1 within 0.1 % per phase (bench/results/megatron_cpu.md)
 PHASES = {"forward_end": "forward", "backward": "backward", "optimizer_step": "optimizer"}

@@ -18,7 +18,7 @@ SPEC = spec_from_config({"model_type": "llama", "architectures": ["LlamaForCausa
 
 
 CASES = [(p, lay, "cuda") for p in ("none", "full", "op", "layer:2") for lay in ({}, {"dp": 2, "zero": 3})]
-CASES += [("op", {}, "cpu"), ("layer:2", {"dp": 2, "zero": 3}, "cpu")]  # (all of them: bench/stacks_vs_trace.py)
+CASES += [("op", {}, "cpu"), ("layer:2", {"dp": 2, "zero": 3}, "cpu")]  # (all of them: bench/targets/stacks_vs_trace.py)
 
 
 @pytest.mark.parametrize("policy, layout, device", CASES)

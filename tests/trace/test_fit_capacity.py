@@ -42,7 +42,7 @@ def test_a_step_near_capacity_fits_by_releasing_its_cache(flip):
     # both engines: what the step needs is below what it caches unconstrained (reserved: the step's own, no GPU)
     need, cached = max(a.required, t.required), min(a.reserved, t.reserved)
     assert a.peak < a.required and t.allocated < t.required and need < cached
-    assert abs(a.required / t.required - 1) <= 0.06  # bench/alloc_capacity.py: -4.3 %
+    assert abs(a.required / t.required - 1) <= 0.06  # bench/studies/alloc_capacity.py: -4.3 %
     gib = _gpu_memory((need + cached) // 2, setup)
     an, tr = run_engines(Request(**FLIP, gpu="H200", gpu_memory=gib), "all")
     # the reserved-based total does not fit the GPU (the old verdict), the requests do: both engines say fits
@@ -72,7 +72,7 @@ def test_a_step_below_its_peak_does_not_fit_in_either_engine(flip):
 def test_analytic_required_near_the_simulators_least_capacity(kw):
     """The analytic rule (peak + the largest freed block, pinned + the states' segment slack) against the least
     capacity at which the simulator serves the traced step (bisection, 2 MiB steps): within 6 % on these small
-    steps and FLIP's (bench/alloc_capacity.py: -2.0 %, +4.6 %, -4.3 %; the 33 setups there -10.9 % to +8.7 %)."""
+    steps and FLIP's (bench/studies/alloc_capacity.py: -2.0 %, +4.6 %, -4.3 %; the 33 setups there -10.9 % to +8.7 %)."""
     spec, setup = resolve(Request(**kw))
     least = engines.trace(spec, setup, flops=False).memory.required
     assert abs(engines.analytic(spec, setup).memory.required / least - 1) <= 0.06

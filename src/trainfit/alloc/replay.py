@@ -40,7 +40,7 @@ class Replay:
 
 def segment_histogram(sizes) -> list[list[int]]:
     """[[segment bytes, how many], ...], largest first: the simulator's segments (Replay.segment_sizes) and a real
-    process's (torch.cuda.memory_snapshot()'s total_size per segment) in one form, so bench/cuda_truth.py can set
+    process's (torch.cuda.memory_snapshot()'s total_size per segment) in one form, so bench/gpu/cuda_truth.py can set
     them side by side where reserved differs."""
     counts: dict[int, int] = {}
     for n in sizes:
@@ -115,7 +115,7 @@ def least_capacity(records, start: int, conf: AllocConf | str | None = None, end
     and expandable page is a multiple of 2 MiB (get_allocation_size: kSmallBuffer, kLargeBuffer, kRoundLarge), so
     a capacity acts as its 2 MiB floor. unconstrained: the replay without a capacity, when the caller has it.
     NB: takes "served" as monotone in the capacity (a larger one releases later, so the step's blocks land
-    elsewhere); bench/alloc_capacity.py checks it on a grid above the answer for every setup it runs."""
+    elsewhere); bench/studies/alloc_capacity.py checks it on a grid above the answer for every setup it runs."""
     from .caching_allocator import K_ROUND_LARGE, OutOfMemory
 
     if unconstrained is None:

@@ -173,9 +173,9 @@ def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> in
     """What the training step's own tensors hold in the caching allocator when nothing limits it (reserved: an
     unconstrained run's cache; the fit is judged on fit_rule.required): the allocated peak, the cached blocks
     of its freed tensors (transient_blocks) and FSDP2's side-stream blocks (overheads.reserved_from_allocated,
-    checked against the allocator simulator: bench/alloc_fragmentation.py), the gradients' own segments free at the
-    peak (grad_segments; bench/grad_segments.py); under foreach AdamW, the segments its temporaries open, counted
-    from the backward's peak (foreach_segments; bench/foreach_reserved.py). pc: the model's ParamCounts when the
+    checked against the allocator simulator: bench/studies/alloc_fragmentation.py), the gradients' own segments free at the
+    peak (grad_segments; bench/studies/grad_segments.py); under foreach AdamW, the segments its temporaries open, counted
+    from the backward's peak (foreach_segments; bench/studies/foreach_reserved.py). pc: the model's ParamCounts when the
     caller has them."""
     blocks = transient_blocks(spec, setup, mem, pc)
     side = fsdp2_side_streams(spec, setup, mem, pc)

@@ -17,7 +17,7 @@ functions below; the trace engine judges its own allocator replay with `verdict`
   it cannot give back is the slack inside segments that still hold a live block:
     required = allocated peak + unreleasable fragmentation (pinned_block + segment_slack)
   The trace engine's required is the allocator simulator's own least capacity (alloc/replay.py least_capacity);
-  bench/alloc_capacity.py sets this rule beside it.
+  bench/studies/alloc_capacity.py sets this rule beside it.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def required(spec: ModelSpec, setup: Setup, mem, pc=None) -> int:
     segments (segment_slack). The blocks the unconstrained step caches beyond that (analytic.engine.step_reserve:
     the other freed blocks, FSDP2's side-stream blocks, the gradients' and foreach temporaries' free segments) are
     whole free segments at the OOM retry: released.
-    Against the allocator simulator's least capacity on 33 traced steps (bench/alloc_capacity.py, BENCHMARKS.md
+    Against the allocator simulator's least capacity on 33 traced steps (bench/studies/alloc_capacity.py, BENCHMARKS.md
     §43): -10.9 % to +8.7 %, mean 0.0 %, mean |error| 3.4 %; the 10 real-size steps measured on an H200 -2.1 % to
     +6.8 %, mean +1.3 % (the unconstrained reserved the fit read before: -11.7 % to +32.6 %, mean +5.4 %).
     NB: over where no later tensor is carved from the freed block (opt-125m +8.7 %; llama-3.2-1b's tied embedding

@@ -10,7 +10,7 @@ saved activations, none larger than one layer's MLP intermediate (tokens x inter
 dtype). So the temporaries are placed largest first, best fit into those blocks; what does not fit is new segments.
 NB: packing into the activation blocks is taken as perfect and their total as the backward's allocated high point
 less what the optimizer phase holds live: reads low where they are fragmented. Checked against the allocator
-simulator on traced steps: bench/foreach_reserved.py.
+simulator on traced steps: bench/studies/foreach_reserved.py.
 """
 from __future__ import annotations
 

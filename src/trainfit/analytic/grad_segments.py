@@ -14,9 +14,9 @@ segments. So the gradients' own segments, less the states carved from the activa
 the peak.
 
 NB: no parameter. Against the allocator simulator replaying traced steps (itself within 1.35 % of 18 steps measured
-on an H200; bench/grad_segments.py): Llama-3.1-8B bf16 -7.4 -> -0.4 %, torchtitan's TinyLlama -7.3 -> -2.1 %,
+on an H200; bench/studies/grad_segments.py): Llama-3.1-8B bf16 -7.4 -> -0.4 %, torchtitan's TinyLlama -7.3 -> -2.1 %,
 Llama-3.2-3B amp -2.1 -> +4.9 % (over: its 36 MiB q/o gradients, just above the 32 MiB intermediate, are counted
-whole); the 23 small setups of bench/alloc_fragmentation.py do not move. Not counted where gradients live in
+whole); the 23 small setups of bench/studies/alloc_fragmentation.py do not move. Not counted where gradients live in
 preallocated buffers (Megatron, DeepSpeed), sharded (FSDP2: analytic.engine.fsdp2_side_streams), or are few (LoRA),
 nor under foreach AdamW, whose temporaries take those blocks at optimizer.step() (analytic/foreach_segments.py);
 packing is taken as perfect.

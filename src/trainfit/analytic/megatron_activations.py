@@ -39,7 +39,7 @@ class MegatronLayer:
 def local_spec(setup: Setup) -> bool:
     """--device cpu under megatron: the local layer spec (gpt_layer_specs.py get_gpt_layer_local_spec: no TE, no
     apex), the only one that runs on CPU: torch LayerNorm/RMSNorm (WrappedTorchNorm), ColumnParallelLinear /
-    RowParallelLinear, DotProductAttention with torch softmax, unfused bias + activation. bench/megatron_cpu.py
+    RowParallelLinear, DotProductAttention with torch softmax, unfused bias + activation. bench/targets/megatron_cpu.py
     measures it (GPT-style LayerNorm + GeLU, dropouts 0): within 0.2 % per phase at tp 1 and 2.
     NB: not measured, counted as the LayerNorm/GeLU layer: torch RMSNorm (composite on CPU, saves more than rstd:
     under-counts), SwiGLU, and dropout > 0 (ATen's CPU dropout keeps a mask in the input dtype, not 1 byte:

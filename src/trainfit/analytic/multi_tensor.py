@@ -176,7 +176,7 @@ def launch_seconds(gpu: GPU, launch: Launch, bytes_per_element: float, access: s
     of the CTAs at the launch's mean chunk if more; its CTAs run their iterations side by side (one wave when the SM
     holds them all: threads_per_sm / 512 CTAs, NB registers permitting), each iteration a latency, while the SM's
     bytes pass at its L2 bandwidth. NB: no l2_per_sm measured for the GPU: the latency alone (errs fast).
-    `iteration_seconds`: the latency, else kernels.toml's (bench/fit_multi_tensor.py fits it)."""
+    `iteration_seconds`: the latency, else kernels.toml's (bench/gpu/fit_multi_tensor.py fits it)."""
     kn = roofline.kernels_for(gpu)
     stream = roofline.memory_seconds(gpu, launch.elements * bytes_per_element, 0, access)
     per_sm = max(launch.largest, math.ceil(launch.ctas / kn.sms) * launch.elements / launch.ctas)

@@ -20,7 +20,7 @@ The mechanism (PyTorch files at the commits trace/kernel_scratch.py cites; the o
     Lake, Ice Lake) oneDNN's bf16 matmul is `gemm:jit:bf16` (src/cpu/matmul/gemm_bf16_matmul.cpp), which books an
     fp32 copy of the whole output (ONEDNN_VERBOSE=1 on this project's machines, with ONEDNN_MAX_CPU_ISA=AVX512_CORE).
 Checked against the trace engine's probe (trace/kernel_scratch.py, which runs the op on this CPU) for the layers'
-shapes by tests/analytic/test_onednn_scratch.py and bench/onednn_scratch.py.
+shapes by tests/analytic/test_onednn_scratch.py and bench/studies/onednn_scratch.py.
 """
 from __future__ import annotations
 

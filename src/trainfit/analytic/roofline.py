@@ -574,7 +574,7 @@ def runnable(kn: Kernels, kernel: str) -> str:
 def unfused_attention(gpu: GPU, bh: int, s_q: int, s_kv: int, d: int, causal: bool, dtype: str, backward: bool,
                       mask: int = 0) -> tuple[float, float]:
     """(batched-GEMM seconds, memory-bound seconds) of unfused attention, launches left out: its GEMMs run as cuBLAS
-    GEMMs and its elementwise kernels as PyTorch's, which is how a profile sorts them (bench/cuda_truth.py kinds).
+    GEMMs and its elementwise kernels as PyTorch's, which is how a profile sorts them (bench/gpu/cuda_truth.py kinds).
     S = QK^T and O = PV as batched GEMMs; backward dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q.
     mask = 0, PyTorch's math path: softmax reads and writes S (and the mask when causal) in the compute dtype;
     backward dS = softmax'(P, dP): CUDA first forms dP·P (SoftMax.cu softmax_backward_cuda_out `grad * output`), then

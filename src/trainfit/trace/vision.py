@@ -1,5 +1,5 @@
 """The trace engine for vision models (VisionSpec): the transformers classifier (step/vision.py) through the
-any-module trace (user.py), as bench/vision.py first did for ViT."""
+any-module trace (user.py), as bench/targets/vision.py first did for ViT."""
 from __future__ import annotations
 
 import dataclasses

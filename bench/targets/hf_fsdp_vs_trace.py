@@ -1,0 +1,64 @@
+"""--stack hf under FSDP2 with amp-bf16 (accelerate's MixedPrecisionPolicy, step/strategy.py): the analytic engine
+against the distributed trace (rank 0 of a fake process group, which equals the real gloo step:
+tests/stacks/test_hf_fsdp_mixed_precision.py), --zero 3 and 2, recompute none and full, CUDA and CPU semantics.
+
+    python -m bench run hf_fsdp_vs_trace                   # the tiny configs (2 cores: about 3 minutes)
+    python -m bench run hf_fsdp_vs_trace --real            # + llama-3.2-1b and qwen2.5-0.5b, dp 8, seq 1024, CUDA
+
+Errors are signed: (analytic - trace) / trace.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from trainfit.analytic.engine import estimate
+from trainfit.models.hf_config import spec_from_config
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+from trainfit.trace.distributed import trace_distributed
+
+ABOUT = {"summary": "--stack hf under FSDP2 amp-bf16: analytic vs distributed trace", "minutes": 3, "quick": None}
+
+
+def tiny(layers: int, vocab: int, tied: bool):
+    return spec_from_config({"model_type": "llama", "hidden_size": 128, "intermediate_size": 512,
+                             "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+                             "vocab_size": vocab, "max_position_embeddings": 256, "tie_word_embeddings": tied},
+                            f"tiny-L{layers}-V{vocab}" + ("-tied" if tied else ""))
+
+
+def rows(spec, dp: int, batch: int, seq: int, devices, recomputes):
+    for device in devices:
+        for recompute in recomputes:
+            for zero in (3, 2):
+                s = Setup(stack="hf", batch=batch, seq=seq, precision="amp-bf16", optimizer="adamw", device=device,
+                          dp=dp, zero=zero, recompute=recompute)
+                t0 = time.time()
+                traced = trace_distributed(spec, s).memory.peak
+                predicted = estimate(spec, s).memory.peak
+                yield (spec.name, dp, device, recompute, zero, traced, predicted, (predicted - traced) / traced,
+                       time.time() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--real", action="store_true", help="also llama-3.2-1b and qwen2.5-0.5b (dp 8, seq 1024, CUDA)")
+    a = ap.parse_args(argv)
+    cases = [(tiny(2, 1000, False), 2, 2, 64), (tiny(4, 1000, False), 2, 2, 64), (tiny(2, 8000, False), 2, 2, 64),
+             (tiny(2, 8000, True), 2, 2, 64), (load_model("tiny-llama"), 2, 2, 64)]
+    out = [r for spec, dp, b, s in cases for r in rows(spec, dp, b, s, ("cuda", "cpu"), ("none", "full"))]
+    if a.real:
+        for name in ("llama-3.2-1b", "qwen2.5-0.5b"):
+            out += list(rows(load_model(name), 8, 1, 1024, ("cuda",), ("none", "full")))
+    print("| model | dp | device | recompute | zero | trace B | analytic B | error | s |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    for m, dp, dev, rc, z, tr, an, err, sec in out:
+        print(f"| {m} | {dp} | {dev} | {rc} | {z} | {tr:,} | {an:,} | {err:+.2%} | {sec:.0f} |")
+    errs = sorted(abs(r[7]) for r in out)
+    print(f"\n{len(out)} cases · median |error| {errs[len(errs) // 2]:.2%} · worst {max(out, key=lambda r: abs(r[7]))[7]:+.2%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

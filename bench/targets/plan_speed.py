@@ -1,0 +1,76 @@
+"""Planner search speed: wall time, configurations searched per second, analytic-engine calls.
+
+    python -m bench run plan_speed        # prints the table, writes its section of bench/results/plan.md
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+from bench.figures import record
+from bench.data import results_dir
+from trainfit.api import load_spec
+from trainfit.hardware import get_gpu
+from trainfit.plan.search import PlanQuery, search
+
+ABOUT = {"summary": "planner search speed: seconds, configurations searched per second", "minutes": 1, "quick": None}
+
+CASES = [("llama-3.1-405b", "H100-80GB", 16384, 8192, 16 * 2**20), ("llama-3.1-405b", "H100-80GB", 16384, 8192, None),
+         ("llama-3.1-70b", "H100-80GB", 64, 8192, 4e6), ("gpt-3-175b", "A100-80GB", 1024, 2048, 3.2e6),
+         ("llama-3.1-8b", "A100-40GB", 8, 4096, 1e6), ("mistral-7b", "RTX-4090", 1, 2048, None)]
+
+
+def table_rows(speeds: dict[str, dict]) -> list[dict]:
+    """The page's speed-table lines (bench/report.py) from the measured speeds."""
+    rates = [v["searched_per_s"] for v in speeds.values()]
+    big = speeds["llama-3.1-405b on 16384 H100-80GB"]
+    return [{"table": "speed", "what": "planner, setups searched per second",
+             "measured": f"{min(rates):,.0f}–{max(rates):,.0f}", "target": "≥ 100k"},
+            {"table": "speed", "what": "planner, llama-3.1-405b on 16,384 GPUs", "measured": f"{big['seconds']:.3f} s",
+             "target": "< 2 s"}]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    rows = ["## Search speed (bench/targets/plan_speed.py)", "",
+            "One process, best of 3. `searched` = (layout, ZeRO, recompute, precision, micro-batch, accumulation) "
+            "combinations inside the batch constraint, each either timed or excluded by the largest-fitting "
+            "micro-batch bound; `engine calls` = analytic memory evaluations (~0.25 ms each here).", "",
+            "| model | GPUs | global batch | seconds | searched | timed | engine calls | searched/s | best plan |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    speeds = {}
+    for model, gpu, n, seq, gbt in CASES:
+        spec, g = load_spec(model), get_gpu(gpu)
+        best = None
+        for _ in range(3):
+            t0 = time.perf_counter()
+            r = search(spec, g, PlanQuery(gpus=n, seq=seq, global_batch_tokens=gbt))
+            dt = time.perf_counter() - t0
+            best = dt if best is None or dt < best else best
+        st = r.stats
+        plan = "nothing fits" if not r.candidates else (
+            lambda s: f"{s.dp}×{s.tp}×{s.pp} ZeRO-{s.zero} {s.batch}×{s.grad_accum} {s.recompute} {s.precision}")(
+            r.candidates[0].setup)
+        speeds[f"{model} on {n} {gpu}"] = {"seconds": best, "searched_per_s": st["searched"] / best}
+        rows.append(f"| {model} on {gpu} | {n} | {gbt or '-'} | {best:.3f} | {st['searched']:,} | {st['timed']:,} | "
+                    f"{st['engine_calls']:,} | {st['searched'] / best:,.0f} | {plan} |")
+    out = "\n".join(rows) + "\n"
+    print(out)
+    rates = [v["searched_per_s"] for v in speeds.values()]
+    big = max(speeds.items(), key=lambda kv: kv[1]["seconds"])
+    record("plan_speed", "planner search speed", "≥ 100k setups/s; 405B on 16,384 GPUs < 2 s",
+           f"{min(rates):,.0f}–{max(rates):,.0f} searched/s; slowest: {big[0]} in {big[1]['seconds']:.2f} s",
+           speeds, "speed", rows=table_rows(speeds))
+    path = results_dir() / "plan.md"
+    old = path.read_text() if path.exists() else "# Planner benchmarks\n\n"
+    head = "## Search speed"
+    if head in old:
+        start = old.index(head)
+        nxt = old.find("\n## ", start + 1)
+        old = old[:start] + (old[nxt + 1:] if nxt >= 0 else "")
+    path.write_text(old.rstrip() + "\n\n" + out)
+
+
+if __name__ == "__main__":
+    main()

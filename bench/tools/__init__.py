@@ -1,0 +1,1 @@
+"""Developer tools: checks on the code itself, not measurements of it."""

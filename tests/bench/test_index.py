@@ -1,0 +1,38 @@
+"""The bench index and runner (bench/index.py, bench/__main__.py) and the figures writer (bench/figures.py)."""
+import ast
+import json
+
+import pytest
+
+from bench import __main__ as runner, figures, index
+
+HELPERS = {"time_runs", "device", "accelerate_anchor", "deepspeed_anchor", "llm_analysis_anchor"}  # no main(argv)
+
+
+def test_every_runnable_module_is_in_the_index_once():
+    names = [e.name for e in index.entries()]
+    assert len(names) == len(set(names))
+    for kind in index.KINDS:
+        for path in (index.HERE / kind).glob("*.py"):
+            has_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in ast.parse(path.read_text()).body)
+            if path.stem != "__init__" and path.stem not in HELPERS:
+                assert has_main and path.stem in names, path
+
+
+def test_unknown_name_exits_2(capsys):
+    assert runner.main(["run", "no_such_benchmark"]) == 2
+    assert "no_such_benchmark" in capsys.readouterr().err
+
+
+def test_arguments_after_the_name_reach_the_module(capsys):
+    assert runner.main(["run", "vision_time_published", "--help"]) == 0
+    assert "usage" in capsys.readouterr().out
+
+
+def test_record_writes_the_schema(tmp_path, monkeypatch):
+    monkeypatch.setattr(figures, "results_dir", lambda: tmp_path)
+    path = figures.record("x", "a title", None, "1 of 1", {"n": 1}, "speed", quick=True)
+    data = json.loads(path.read_text())
+    assert data["command"] == "python -m bench run --quick x" and data["area"] == "speed" and data["machine"]
+    with pytest.raises(ValueError):
+        figures.record("x", "t", None, "f" * 121, {}, "speed")
