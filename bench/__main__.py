@@ -30,11 +30,12 @@ def run_one(e: Entry, quick: bool, args: list[str]) -> int:
 
 
 def run(argv: list[str]) -> int:
-    """Names first, then the modules' own arguments (from the first word that starts with '-', or after '--');
-    --quick anywhere is the runner's."""
+    """Names first, then the modules' own arguments: from the first word that starts with '-' or, after the first
+    name, names no benchmark (a module's positional argument: `run kernels_replay FILE`), or after '--'; --quick
+    anywhere is the runner's."""
     quick = "--quick" in argv
     words = [w for w in argv if w != "--quick"]
-    cut = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    cut = next((i for i, w in enumerate(words) if w.startswith("-") or (i and find(w) is None)), len(words))
     names, args = words[:cut], words[cut + 1:] if words[cut:cut + 1] == ["--"] else words[cut:]
     chosen = []
     for name in names:

@@ -29,6 +29,16 @@ def test_arguments_after_the_name_reach_the_module(capsys):
     assert "usage" in capsys.readouterr().out
 
 
+def test_positional_arguments_after_the_name_reach_the_module(monkeypatch):
+    seen = []
+    monkeypatch.setattr(runner, "run_one", lambda e, quick, args: seen.append((e.name, args)) or 0)
+    assert runner.main(["run", "kernels_replay", "bench/results/gpu/x.json", "--rows"]) == 0
+    assert seen == [("kernels_replay", ["bench/results/gpu/x.json", "--rows"])]
+    seen.clear()
+    assert runner.main(["run", "speed", "plan_speed"]) == 0
+    assert seen == [("speed", []), ("plan_speed", [])]
+
+
 def test_record_writes_the_schema(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "results_dir", lambda: tmp_path)
     path = figures.record("x", "a title", None, "1 of 1", {"n": 1}, "speed", quick=True)
