@@ -15,14 +15,6 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainfit"
 # what every stack's file says: the code reads these for any --stack (Stack.fact raises when one is missing)
 COMMON = {"optimizer_impl", "grad_clip", "mixed_precision", "loss", "norm", "recompute", "zero", "precision",
           "optimizers", "compile", "float8", "peft", "model", "features", "engines", "plan"}
-# Tables that document what the analytic layer models in code but that no module reads yet (its per-stack modules,
-# trainfit.analytic.stacks, are to read them); the list only shrinks.
-UNREAD = {
-    "megatron": {"cross_entropy", "distributed_optimizer", "grad_buffer", "recompute_methods"},
-    "deepspeed": {"grad_accum_dtype", "overlap_comm", "stage0_optimizer", "step_fp32_grad"},
-    "hf": {"mlp"},
-    "torchtitan": {"mlp"},
-}
 # the ways a module reads a table: Stack.fact("t"), .facts["t"], .facts.get("t"), deepspeed's _fact(setup, "t")
 READ = re.compile(r"""(?:fact\(|facts\[|facts\.get\(|_fact\(\w+,\s*)["']([a-z0-9_]+)["']""")
 
@@ -57,10 +49,8 @@ def test_each_table_has_a_value_and_a_source(name):
 @pytest.mark.parametrize("name", names())
 def test_every_table_is_read(name):
     read = _read_tables()
-    unread = set(_tables(name)) - read - UNREAD.get(name, set())
+    unread = set(_tables(name)) - read
     assert not unread, f"stacks/{name}.toml: no module reads {sorted(unread)}; read them or remove them"
-    now_read = UNREAD.get(name, set()) & read
-    assert not now_read, f"{sorted(now_read)} are read now: remove them from UNREAD"
 
 
 def test_read_pattern_finds_each_form():

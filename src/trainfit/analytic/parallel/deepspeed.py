@@ -74,8 +74,14 @@ class DeepSpeedStates:
 
 
 def overlap_comm(setup: Setup) -> bool:
-    # config.py:384-386: overlap_comm None -> stage == 3
-    return setup.zero == 3
+    """overlap_comm's default for the stage (stacks/deepspeed.toml [overlap_comm]: config.py:384-386)."""
+    return setup.zero in setup.stack_facts.fact("overlap_comm", "stages")
+
+
+def grad_bytes(setup: Setup, w: float) -> float:
+    """Bytes of a gradient as ZeRO accumulates and reduces it (stacks/deepspeed.toml [grad_accum_dtype]): the model
+    dtype `w` by default (engine.py:1806-1807), fp32 when set so."""
+    return {"model": w, "fp32": FP32}[_fact(setup, "grad_accum_dtype")]
 
 
 def ipg_buckets(setup: Setup, w: float) -> float:
@@ -85,7 +91,7 @@ def ipg_buckets(setup: Setup, w: float) -> float:
         return 0.0
     # stage_1_and_2.py:3265 one buffer, :3273-3278 a second with overlap_comm; stage3.py:782 always one
     count = 2 if (setup.zero in (1, 2) and overlap_comm(setup)) else 1
-    return count * _fact(setup, "reduce_bucket_size") * w
+    return count * _fact(setup, "reduce_bucket_size") * grad_bytes(setup, w)
 
 
 def persistent_params(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
@@ -120,7 +126,8 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # their flat copy, both live at the cat; FP16_UnfusedOptimizer (any other optimizer, engine.py:2564-2599)
         # keeps one fp32 .grad per parameter (unfused_optimizer.py:217-221). fp32: the all-reduce's flat bucket
         # copy (engine.py:3795), made at the backward's end with the grads live
-        transient = max((2 if fused_adam(setup) else 1) * n * FP32 if low else 0.0,
+        copies = setup.stack_facts.fact("stage0_optimizer", "fp32_grad_copies")["fused" if fused_adam(setup) else "unfused"]
+        transient = max(copies * n * FP32 if low else 0.0,
                         clip_work(setup, st, n, tensors, largest).temporaries)
         # the all-reduce runs inside engine.backward at the accumulation boundary (engine.py:3073 allreduce_gradients)
         # NB: one bucket's flat copy (the largest, min(n, bucket)); buckets after it reuse the freed memory
@@ -139,13 +146,13 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         comm, in_backward = 0.0, comm
     if z == 3:
         weights = part * w + persistent * w * (1 - 1 / dp)
-        grads = part * w  # grad_partitions_flat_buffer (stage3.py:791)
+        grads = part * grad_bytes(setup, w)  # grad_partitions_flat_buffer (stage3.py:791)
         # the fp32 gradient of the largest sub-group at the step (stage3.py:1306); under fp32 the step uses
         # the flat buffer's own partition. NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
         transient = min(part, _fact(setup, "sub_group_size")) * FP32 if low else 0.0
     else:
         weights = n * w  # bit16_groups_flat (stage_1_and_2.py:509)
-        grads = part * w if z == 2 else n * w  # grads_in_partition (:2192) / every .grad (stage 1)
+        grads = part * grad_bytes(setup, w) if z == 2 else n * w  # grads_in_partition (:2192) / every .grad (stage 1)
         # :3113-3118: the partition's flat gradient and its fp32 cast are both live at the cast. Under fp32
         # the cast is a copy-free .to() (same dtype) and only the flat copy exists
         transient = part * w + (part * FP32 if low else 0.0)

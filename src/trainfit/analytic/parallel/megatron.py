@@ -18,6 +18,8 @@ NB: each bucket is padded to a multiple of lcm(dp, 128) elements and each param 
 """
 from __future__ import annotations
 
+import math
+
 from ...setup import Setup
 from ...spec import ModelSpec
 from ..compute_time import tensors_per_rank
@@ -35,17 +37,19 @@ def bytes_per_param(setup: Setup) -> dict:
     weight = 2 if low else FP32
     # Megatron-LM: --bf16 sets accumulate_allreduce_grads_in_fp32 (grad_reduce_in_fp32); --fp16 keeps the param
     # dtype (DistributedDataParallelConfig.grad_reduce_in_fp32 = False: distributed_data_parallel_config.py:11)
-    grad = FP32 if setup.precision in ("bf16-master", "fp32") else 2
+    grad = FP32 if setup.precision in setup.stack_facts.fact("grad_buffer", "fp32_under") else 2
     master = (FP32 if low else 0) + (FP32 if grad == 2 else 0)
     optimizer = {"adam": 2 * FP32, "adamw": 2 * FP32, "momentum": FP32, "sgd": 0}[setup.optimizer]
     return {"weights": weight, "gradients": grad, "master": master, "optimizer": optimizer}
 
 
 def shards(setup: Setup, expert: bool = False) -> int:
-    """The distributed optimizer's shard count: dp × cp for dense params, the expert data-parallel size for experts."""
+    """The distributed optimizer's shard count: the product of its axes' sizes for dense params (stacks/megatron.toml
+    [distributed_optimizer] shards: dp × cp), the expert data-parallel size for experts."""
     if setup.zero < 1:
         return 1
-    return setup.expert_dp if expert else setup.dp * setup.cp
+    axes = setup.stack_facts.fact("distributed_optimizer", "shards")
+    return setup.expert_dp if expert else math.prod(getattr(setup, axis) for axis in axes)
 
 
 def routed_expert_params(spec: ModelSpec, pc: ParamCounts) -> int:

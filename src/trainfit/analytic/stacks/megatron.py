@@ -9,7 +9,7 @@ from ...spec import ModelSpec
 from .. import grad_clip
 from ..megatron_memory import stage_memory
 from ..memory import TrainMemory
-from ..parallel.megatron import megatron_tensors
+from ..parallel.megatron import megatron_tensors, shards
 from .base import StackModel
 
 
@@ -28,7 +28,7 @@ class MegatronModel(StackModel):
     def clipped_params(self, setup: Setup, trained: float) -> float:
         """The distributed optimizer's (--zero 1) main grads: the rank's dp x cp shard (optimizer/
         distrib_optimizer.py:386-399; stacks/megatron.toml [distributed_optimizer])."""
-        return trained / (setup.dp * setup.cp) if setup.zero >= 1 else trained
+        return trained / shards(setup)
 
     def clip_work(self, setup, st, clipped, tensors, largest, sizes):
         """multi_tensor_l2norm over the fp32 main grads, multi_tensor_scale above clip_grad (grad_clip.megatron_clip)."""
