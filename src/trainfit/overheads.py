@@ -17,15 +17,14 @@ Every figure is a data entry with its source and the versions it holds for (data
 """
 from __future__ import annotations
 
-import tomllib
 from functools import lru_cache
-from importlib import resources
 
 from . import nccl_buffers
 from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
     allocation_size, round_size
 from .alloc.config import AllocConf
 from .analytic.stacks import model_for
+from .data import load_toml
 from .hardware import GPU, get_gpu
 
 _DEFAULT_CONF = AllocConf()  # torch's defaults: the analytic engine models no PYTORCH_CUDA_ALLOC_CONF
@@ -33,7 +32,7 @@ _DEFAULT_CONF = AllocConf()  # torch's defaults: the analytic engine models no P
 
 @lru_cache(maxsize=1)
 def data() -> dict:
-    return tomllib.loads(resources.files("trainfit.data").joinpath("overheads.toml").read_text())
+    return load_toml("overheads.toml")
 
 
 def cuda_context(gpu: GPU, after_step: bool = False) -> int:

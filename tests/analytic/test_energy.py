@@ -1,12 +1,11 @@
 """Board power at the achieved utilisation (analytic/energy.py) and the token budget built on it (timing.budget)."""
-import tomllib
-from importlib import resources
 
 import pytest
 
 import trainfit
 from trainfit.analytic.energy import average_power, static_watts
 from trainfit.analytic.timing import budget
+from trainfit.data import load_toml
 from trainfit.hardware import get_gpu
 
 
@@ -55,10 +54,10 @@ def test_mfu_override_counts_the_bubble_as_waiting():
 
 
 def test_power_data_names_catalog_gpus_below_their_tdp():
-    raw = tomllib.loads(resources.files("trainfit.data").joinpath("power.toml").read_text())["static"]
+    raw = load_toml("power.toml")["static"]  # each reading's source: tests/test_data_provenance.py
     for name, entry in raw.items():
         gpu = get_gpu(name)  # raises on a name the catalog does not know
-        assert 0 < entry["watts"] < gpu.power_watts and entry["source"]
+        assert 0 < entry["watts"] < gpu.power_watts
     # a GPU without a reading gets the median static/TDP ratio of the measured ones
     ratios = sorted(v["watts"] / get_gpu(n).power_watts for n, v in raw.items())
     mid = len(ratios) // 2

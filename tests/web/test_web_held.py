@@ -6,7 +6,6 @@ functions."""
 from __future__ import annotations
 
 import html
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,12 @@ from fastapi.testclient import TestClient  # noqa: E402
 from trainfit.analytic.fit_rule import segment_slack  # noqa: E402
 from trainfit.analytic.memory import train_memory  # noqa: E402
 from trainfit.api import resolve  # noqa: E402
+from trainfit.data import load_toml  # noqa: E402
 from trainfit.setup import Request  # noqa: E402
 from trainfit.web.app import create_app  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainfit"
-TOML = tomllib.loads((SRC / "data" / "overheads.toml").read_text())
+TOML = load_toml("overheads.toml")
 GiB = 2**30
 A100 = 85_100_068_864  # A100-80GB as CUDA reports it (deviceQuery, driver 555; nvidia-smi's 81920 MiB less 763 MiB)
 

@@ -17,17 +17,16 @@ kernels and a resident process's P0 draw. Board power only: host, network and co
 from __future__ import annotations
 
 import statistics
-import tomllib
 from functools import lru_cache
-from importlib import resources
 
+from ..data import load_toml
 from ..hardware import GPU
 from .terms import is_waiting, time_terms
 
 
 @lru_cache(maxsize=1)
 def _static() -> dict[str, dict]:
-    return tomllib.loads(resources.files("trainfit.data").joinpath("power.toml").read_text())["static"]
+    return load_toml("power.toml")["static"]
 
 
 @lru_cache(maxsize=1)

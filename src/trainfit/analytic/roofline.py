@@ -22,11 +22,10 @@ dependence is a mechanism, not a fitted curve:
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 
+from trainfit.data import load_toml
 from trainfit.hardware import GPU
 
 # bytes per element of trainfit's compute dtypes
@@ -86,7 +85,7 @@ class Kernels:
 
 @lru_cache(maxsize=1)
 def _table() -> dict:
-    return tomllib.loads(resources.files("trainfit.data").joinpath("kernels.toml").read_text())
+    return load_toml("kernels.toml")
 
 
 def power_clock(watts: float, ref_watts: float, static_watts: float) -> float:
