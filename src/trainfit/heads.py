@@ -49,6 +49,7 @@ DEFAULT_LABELS = 2  # transformers PretrainedConfig: num_labels defaults to 2 (i
 _DECODER_PREFIX = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma2",
     "phi3": "Phi3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "gpt_neox": "GPTNeoX",
+    "nemotron": "Nemotron",
 }
 CLASSES: dict[str, dict[str, str]] = {
     **{mt: {"causal-lm": f"{p}ForCausalLM", "seq-cls": f"{p}ForSequenceClassification",

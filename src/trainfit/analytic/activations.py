@@ -73,6 +73,18 @@ def _norm_saved(spec: ModelSpec, in_bytes: int, kernel: str = "hf-rmsnorm-fp32",
     return in_bytes * h + 2 * in_bytes
 
 
+def one_plus_weight_bytes(spec: ModelSpec, st) -> int:
+    """Per norm call, not batch-scaled: NemotronLayerNorm1P passes `self.weight + 1.0` to F.layer_norm
+    (modeling_nemotron.py:74-80), a new (hidden,) tensor in the weights' dtype that layer_norm saves for backward;
+    0 for other norms. Its autocast branch (`_cast_if_autocast_enabled`: the input, weight + 1 and bias cast to the
+    autocast dtype) asks the no-argument torch.is_autocast_enabled(), which is CUDA's: CPU autocast, and the trace's
+    CUDA semantics (CPU autocast with CUDA's op lists, trace/cuda_autocast.py), leave the norm in fp32 like HF's
+    other norms. NB: on a real CUDA device the norm saves its 16-bit cast and returns a 16-bit output that q, k and v
+    share: both engines over-count amp-bf16 there by (4 - 2)·hidden per token per norm and two 16-bit copies of the
+    normalised input per layer."""
+    return int(st.weight) * spec.hidden if family_traits(spec)["norm_one_plus"] else 0
+
+
 def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> LayerActivations:
     """Saved-for-backward bytes of one decoder/encoder layer under `setup` (no recompute, one TP rank); `moe`: a
     layer whose MLP is the sparse MoE block (moe.py).
@@ -165,6 +177,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     # Dropout on the attention output and on the MLP output (Korthikanti eq. 1 counts 1-byte masks).
     if p_resid > 0:
         t["dropout"] = 2 * h * mask
+    fixed += spec.norms_per_layer * one_plus_weight_bytes(spec, st)
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE
         # experts run grouped_mm outside autocast (moe.py), so only the attention's weights are cast there
@@ -191,14 +204,25 @@ def _flash_saved(spec: ModelSpec, setup: Setup, a: int) -> float:
     saved = a * (2 * q + 2 * kv) + FP32 * spec.heads
     # fp32 on CUDA runs the memory-efficient kernel (without GQA: with it, resolved_kernel takes the math path)
     efficient = setup.device == "cuda" and a == FP32
-    if family_traits(spec)["fused_qkv"] and spec.positions == "rotary":
+    fused_rotary = family_traits(spec)["fused_qkv"] and spec.positions == "rotary"
+    if fused_rotary:
         # Fused qkv with rotary (Phi-3, GPT-NeoX): v is a view of the fused projection's output, so SDPA keeping v
         # keeps all of it (its q and k parts too; rotary made new q and k). Rotary's output for such a strided slice
         # is contiguous in (b, h, s, d), and the flash kernels allocate their output like the query
         # (torch/_meta_registrations.py:6122 `torch.empty_like(query)`), so `transpose(1, 2).contiguous()` before
         # o_proj copies it; the memory-efficient kernel writes (b, s, h, d) and needs no copy.
-        saved += a * (q + kv) + (0 if efficient else a * q)
+        saved += a * (q + kv)
+    if fused_rotary or partial_rotary_cat(spec):
+        saved += 0 if efficient else a * q
     return saved
+
+
+def partial_rotary_cat(spec: ModelSpec) -> bool:
+    """Partial rotary (rotary_fraction < 1) joins the rotated and the passed-through channels with torch.cat
+    (modeling_nemotron.py:162-169, modeling_gpt_neox.py:130-138), a new tensor contiguous in (b, h, s, d): the flash
+    kernels' output follows the query's layout, so `transpose(1, 2).contiguous()` before o_proj copies it
+    (_flash_saved)."""
+    return spec.positions == "rotary" and spec.mla is None and spec.rotary_fraction < 1
 
 
 def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:

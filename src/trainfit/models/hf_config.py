@@ -403,6 +403,29 @@ def _deepseek(c: _Cfg, *, v3: bool) -> dict:
     return f
 
 
+def _nemotron(c: _Cfg) -> dict:
+    """HF modeling_nemotron (transformers 5.24): q/k/v/o with bias=attention_bias (:244-247), a plain two-matrix MLP
+    up_proj -> ACT2FN[hidden_act] -> down_proj with bias=mlp_bias (:172-183; relu2 = relu then square,
+    activations.py:206-214), NemotronLayerNorm1P (LayerNorm with weight and bias, applied as weight + 1; :62-80) before
+    attention, before the MLP and after the last layer (the + 1 and its autocast casts: the family fact norm_one_plus,
+    data/families.json), untied lm_head (configuration_nemotron.py:68). Defaults from
+    NemotronConfig (configuration_nemotron.py:53-72): head_dim hidden/heads, relu2, attention/mlp bias off.
+    NB: NemotronConfig leaves num_key_value_heads None when absent, which NemotronAttention cannot build; taken as
+    num_attention_heads (MHA) here."""
+    hidden = c.int("hidden_size")
+    heads = c.int("num_attention_heads")
+    kv, hd = _heads(c, hidden, heads)
+    ab = c.bool("attention_bias", default=False)
+    return dict(
+        causal=True, hidden=hidden, layers=c.int("num_hidden_layers"), heads=heads, kv_heads=kv, head_dim=hd,
+        intermediate=c.int("intermediate_size"), vocab=c.int("vocab_size"),
+        max_positions=c.int("max_position_embeddings"), gated_mlp=False,
+        activation=c.str("hidden_act", default="relu2"), norm="layernorm", norm_bias=True, positions="rotary",
+        tied_embeddings=c.bool("tie_word_embeddings", default=False),
+        qkv_bias=ab, out_bias=ab, mlp_bias=c.bool("mlp_bias", default=False), dtype=c.dtype(),
+    )
+
+
 def _gpt2(c: _Cfg) -> dict:
     # HF modeling_gpt2: wte, wpe, Conv1D c_attn (3h) / c_proj / c_fc / c_proj, all biased; ln_1, ln_2, ln_f
     if c.bool("add_cross_attention", default=False):
@@ -511,6 +534,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "qwen3_moe": lambda c: _qwen_moe(c, shared=False),
     "deepseek_v2": lambda c: _deepseek(c, v3=False),
     "deepseek_v3": lambda c: _deepseek(c, v3=True),
+    "nemotron": _nemotron,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,
@@ -546,7 +570,12 @@ def _rotary_fraction(c: _Cfg) -> float:
     NB: GPTNeoXConfig takes rotary_pct = 0.25 when absent (configuration_gpt_neox.py:98)."""
     rope = c.d.get("rope_parameters") or c.d.get("rope_scaling") or {}
     return float(c.d.get("partial_rotary_factor") or c.d.get("rotary_pct")
-                 or (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) or 1.0)
+                 or (rope.get("partial_rotary_factor") if isinstance(rope, dict) else None)
+                 or _ROTARY_DEFAULT.get(c.mt, 1.0))
+
+
+# partial_rotary_factor when the config does not give it: NemotronConfig sets 0.5 (configuration_nemotron.py:76)
+_ROTARY_DEFAULT = {"nemotron": 0.5}
 
 
 def _kernel_facts(c: _Cfg) -> dict:
