@@ -153,6 +153,18 @@ KNOWN_GAPS.update({
         "passes at +2.4% only because the two errors offset"),
 })
 
+# Nemotron at fp32 on CUDA semantics, where SDPA with GQA takes the math path (activations.resolved_kernel): the
+# trace holds, inside attention, the (b·heads, s, s) fp32 scores and probabilities and k/v repeated to every head
+# (prefill: 2 × 524,288 + 2 × 131,072 B at the shrunk size), which analytic/inference._prefill_moments and the
+# recompute moments price as the flash kernel's q, k, v and output. The other families' cases at fp32 on CUDA peak
+# elsewhere (their MLP or optimizer moments); why small-llama's traced prefill does not show the same s×s tensors at
+# its attention moment is not established (open).
+KNOWN_GAPS.update({
+    "nemotron-infer-fp32-cuda": "CUDA fp32 GQA math-path s×s scores and probabilities in prefill not priced (-23.0%)",
+    "nemotron-fp32-full-adamw-cuda": ("CUDA fp32 GQA math-path attention backward inside the re-run layer: the s×s "
+                                      "tensors the recompute moments do not price (-3.4%)"),
+})
+
 if values_keep_their_dtype():
     # transformers >= 5.24 caches v in its own bf16 (not k's fp32): SDPA's autocast copy of an fp32 v is gone and the
     # gap narrows to -0.97 %

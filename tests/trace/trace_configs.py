@@ -23,6 +23,9 @@ CONFIGS = {
     "qwen2_moe": {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "intermediate_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, **_COMMON},
+    # relu2 MLP, LayerNorm1P, partial rotary (NemotronConfig's default partial_rotary_factor 0.5)
+    "nemotron": {"model_type": "nemotron", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "intermediate_size": 128, **_COMMON},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
