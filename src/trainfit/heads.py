@@ -60,6 +60,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "deepseek_v2": {"causal-lm": "DeepseekV2ForCausalLM", "seq-cls": "DeepseekV2ForSequenceClassification"},
     "deepseek_v3": {"causal-lm": "DeepseekV3ForCausalLM", "seq-cls": "DeepseekV3ForSequenceClassification",
                     "token-cls": "DeepseekV3ForTokenClassification"},
+    "llama4_text": {"causal-lm": "Llama4ForCausalLM"},  # modeling_llama4.py: no classifier heads
     "bert": {"masked-lm": "BertForMaskedLM", "seq-cls": "BertForSequenceClassification",
              "token-cls": "BertForTokenClassification"},
     "roberta": {"masked-lm": "RobertaForMaskedLM", "seq-cls": "RobertaForSequenceClassification",

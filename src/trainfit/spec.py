@@ -23,6 +23,9 @@ class MoESpec:
     router_scoring: str = "softmax"
     norm_topk: bool = False  # the router renormalises its top-k weights (Mixtral always; config norm_topk_prob)
     topk_method: str = "greedy"  # DeepSeek-V2: config topk_method (greedy, group_limited_greedy); V3: noaux_tc
+    # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the
+    # token's router score (0 off the top-k) — one batched bmm over all experts, no dispatch
+    experts_every_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,13 @@ class ModelSpec:
     embed_proj_dim: int = 0  # OPT-350m: word embeddings in a smaller dim with project_in/out (0: none)
     sliding_window: int | None = None  # Mistral/Gemma-2 local attention window (affects KV cache bound)
     sliding_window_layers: int | None = None  # how many layers use the window (None: all); Gemma-2: every other
+    # Llama 4 (modeling_llama4.py, configuration_llama4.py __post_init__): the "chunked_attention" layers attend
+    # within fixed chunks of `attention_chunk` tokens (a local window that restarts at every chunk boundary)
+    attention_chunk: int | None = None
+    chunked_layers: int = 0  # how many layers are chunked (the RoPE layers)
+    nope_layers: int = 0  # layers without rotary positions (no_rope_layers zeros; full attention)
+    qk_l2_norm_layers: int = 0  # layers whose q and k pass Llama4TextL2Norm (no weight; use_qk_norm on RoPE layers)
+    attn_temperature: bool = False  # NoPE layers scale q by log1p(floor((pos+1)/floor_scale))*attn_scale+1
     norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
     dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given
     moe: MoESpec | None = None

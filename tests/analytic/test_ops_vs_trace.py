@@ -26,6 +26,8 @@ pytest.importorskip("transformers")
 from trainfit.analytic.ops import Op, backward, grad_accumulations, layer_forward, shape_of  # noqa: E402
 from trainfit.analytic.precision import state_bytes  # noqa: E402
 from trainfit.analytic.timing import compute_dtype  # noqa: E402
+from trainfit.analytic.unmodelled import unmodelled_features  # noqa: E402
+from trainfit.errors import SetupError  # noqa: E402
 from trainfit.api import catalog_models  # noqa: E402
 from trainfit.models.resolve import load_model  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
@@ -153,6 +155,10 @@ KNOWN: dict[str, dict] = {
 def test_layer_kernels_match_the_op_list(family):
     spec = load_model(SMALLEST[family])
     setup = setup_for(spec)
+    if unmodelled_features(spec):  # the analytic engine refuses it (Llama 4): the op list says so in one line
+        with pytest.raises(SetupError, match="analytic engine does not model"):
+            listed_layer(spec, setup)
+        return
     traced = traced_layer(spec, setup)
     shapes, casts, other = listed_layer(spec, setup)
     known = KNOWN.get(family, {})

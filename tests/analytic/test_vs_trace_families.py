@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainfit.analytic.engine import estimate  # noqa: E402
+from trainfit.errors import SetupError  # noqa: E402
 from trainfit.analytic.inference import values_keep_their_dtype  # noqa: E402
 from trainfit.models.hf_config import spec_from_config  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
@@ -68,7 +69,7 @@ def shrink(cfg: dict) -> dict:
         c["num_key_value_heads"] = HEADS if kv == heads else max(1, HEADS // 2)  # MHA stays MHA, GQA/MQA → 2
     if "head_dim" in c or c["model_type"] in ("qwen3", "qwen3_moe", "gemma", "gemma2"):
         c["head_dim"] = HEAD_DIM  # families whose default head_dim is not hidden / heads
-    for k in ("intermediate_size", "ffn_dim", "n_inner"):
+    for k in ("intermediate_size", "ffn_dim", "n_inner", "intermediate_size_mlp"):
         if c.get(k) is not None:
             c[k] = WIDTH
     if "word_embed_proj_dim" in c and cfg["word_embed_proj_dim"] != cfg.get("hidden_size"):
@@ -86,6 +87,10 @@ def shrink(cfg: dict) -> dict:
             c[k] = v
     if c.get("rope_scaling"):
         c["rope_scaling"] = None
+    if isinstance(c.get("no_rope_layers"), list):
+        c["no_rope_layers"] = [1, 0]  # Llama 4: one RoPE (chunked) layer and one NoPE (full attention) layer
+    if c.get("attention_chunk_size"):
+        c["attention_chunk_size"] = 64  # chunks that act within the test's 128 tokens
     if "max_window_layers" in c:
         c["max_window_layers"] = LAYERS
     if isinstance(c.get("layer_types"), list):
@@ -180,6 +185,16 @@ if values_keep_their_dtype():
     # gap narrows to -0.97 %
     KNOWN_GAPS.pop("gpt_neox-infer-amp-bf16-cuda")
 
+# Families the analytic engine refuses (analytic/unmodelled.py), with the gap measured before the refusal: left out of
+# the matrix; test_refused_families_say_so_in_one_line checks the refusal.
+REFUSED: dict[str, str] = {
+    "llama4_text": (
+        "every expert runs every token (Llama4TextExperts' bmm: E copies of the MoE activations where analytic/moe.py "
+        "counts top_k), complex fp32 RoPE, L2 q/k norms, NoPE temperature scaling: analytic -7.6 % to -16.1 % of the "
+        "traced training peak (backward), -25 % of the prefill peak"),
+}
+
+
 def default_run(index: int, s: Setup) -> bool:
     """The half of a family's training setups the default run checks (the other half is in the heavy tier, to keep
     the run under 10 minutes): each precision once, recompute alternating with it, so that both optimizers and both
@@ -190,7 +205,8 @@ def default_run(index: int, s: Setup) -> bool:
 
 
 CASES = []
-for _i, _family in enumerate(FAMILIES):
+# (a refused family takes no index: the others' setups stay as they were)
+for _i, _family in enumerate(f for f in FAMILIES if f not in REFUSED):
     for _s in setups(_i):
         _case = _id(_family, _s)
         _marks = [pytest.mark.xfail(reason=KNOWN_GAPS[_case], strict=True)] if _case in KNOWN_GAPS else []
@@ -205,6 +221,15 @@ def test_every_catalog_family_is_covered():
                            for f in resources.files("trainfit.models.catalog").iterdir() if f.name.endswith(".json")}
     for mt, spec in shrunk.items():
         assert (spec.hidden, spec.layers, spec.vocab) == (HIDDEN, LAYERS, VOCAB), mt
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED))
+def test_refused_families_say_so_in_one_line(family):
+    spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
+    for s in (Setup(batch=2, seq=128, precision="bf16"), Setup(batch=2, seq=128, precision="bf16", mode="infer")):
+        with pytest.raises(SetupError, match="analytic engine does not model") as e:
+            estimate(spec, s)
+        assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
 
 
 def assert_analytic_near_trace(spec, setup, label: str, tolerance: float) -> None:

@@ -136,6 +136,11 @@ QUIRKS = {
     "roberta-pad0": dict(TINY, model_type="roberta", pad_token_id=0, type_vocab_size=1),
     "mixtral-headdim": dict(TINY, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, head_dim=8,
                             num_key_value_heads=2),
+    # Llama 4: MoE every 3rd layer from interleave_moe_layer_step (no moe_layers list), dense layers
+    # intermediate_size_mlp wide, biased attention, no qk-norm weights
+    "llama4-interleave-bias": dict(TINY, model_type="llama4_text", head_dim=16, num_key_value_heads=2,
+                                   interleave_moe_layer_step=3, num_hidden_layers=5, intermediate_size_mlp=80,
+                                   num_local_experts=3, attention_bias=True),
     "qwen2moe-sparse-step": dict(TINY, model_type="qwen2_moe", num_experts=6, num_experts_per_tok=2,
                                  moe_intermediate_size=24, shared_expert_intermediate_size=40,
                                  decoder_sparse_step=2, mlp_only_layers=[3], num_hidden_layers=5,

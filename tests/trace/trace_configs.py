@@ -26,6 +26,12 @@ CONFIGS = {
     # relu2 MLP, LayerNorm1P, partial rotary (NemotronConfig's default partial_rotary_factor 0.5)
     "nemotron": {"model_type": "nemotron", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "num_key_value_heads": 2, "intermediate_size": 128, **_COMMON},
+    # Llama 4: dense/MoE and RoPE-chunked/NoPE layers alternating, L2 q/k norm, all-experts bmm MoE with a shared
+    # expert; a 16-token chunk and floor_scale 8 so that chunking and the temperature scaling act at these lengths
+    "llama4_text": {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "intermediate_size_mlp": 128,
+                    "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+                    "no_rope_layer_interval": 2, "attention_chunk_size": 16, "floor_scale": 8, **_COMMON},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }

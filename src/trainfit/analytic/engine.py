@@ -4,6 +4,7 @@ from __future__ import annotations
 from .. import heads, overheads
 from ..models.hf_config import for_setup
 from ..errors import SetupError
+from .unmodelled import check_modelled
 from ..estimate import PHASES, Detail, Estimate, Flops, Memory, PassTime, Phase, RLStep, Timing
 from ..hardware import GPU
 from ..units import fmt_bytes
@@ -215,6 +216,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     if tokens is not None and tokens <= 0:
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
+    check_modelled(spec)
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":

@@ -426,6 +426,73 @@ def _nemotron(c: _Cfg) -> dict:
     )
 
 
+def _llama4_layer_flags(c: _Cfg, layers: int) -> list[int]:
+    """Llama4TextConfig.__post_init__ (configuration_llama4.py): `no_rope_layers` (1 = RoPE), else every
+    `no_rope_layer_interval`-th layer (default 4) without RoPE."""
+    given = c.get("no_rope_layers", default=None)
+    if given:  # an empty list is replaced by the default, as transformers does
+        if not isinstance(given, list) or len(given) < layers:
+            raise c.fail(f"'no_rope_layers' must list at least num_hidden_layers ({layers}) 0/1 flags")
+        return [1 if x else 0 for x in given[:layers]]
+    step = c.int("no_rope_layer_interval", default=4)
+    return [int((i + 1) % step != 0) for i in range(layers)]
+
+
+def _llama4_moe_layers(c: _Cfg, layers: int) -> int:
+    """Llama4TextDecoderLayer: MoE iff layer_idx in config.moe_layers, which defaults to
+    range(interleave_moe_layer_step - 1, layers, interleave_moe_layer_step) (configuration_llama4.py)."""
+    given = c.get("moe_layers", default=None)
+    if given is None:
+        step = c.int("interleave_moe_layer_step", default=1)
+        given = list(range(step - 1, layers, step))
+    if not isinstance(given, list):
+        raise c.fail(f"'moe_layers' must be a list of layer indices, got {given!r}")
+    return sum(1 for i in range(layers) if i in given)
+
+
+def _llama4_text(c: _Cfg) -> dict:
+    """Llama 4 text (modeling_llama4.py Llama4ForCausalLM; defaults of Llama4TextConfig, configuration_llama4.py,
+    which are Scout's): GQA attention with RoPE on 3 of 4 layers (chunked local attention there, L2-normalised q/k
+    when use_qk_norm) and NoPE full attention on the rest (q scaled by position when attn_temperature_tuning); MoE
+    layers of num_local_experts experts (intermediate_size wide, sigmoid top-k router) plus a shared expert of the
+    same width; dense layers an MLP of intermediate_size_mlp."""
+    f = _rope_decoder(c, tie_default=False, head_dim_default=128, kv_default=8)
+    layers = f["layers"]
+    ab = c.bool("attention_bias", default=False)  # Llama4TextAttention: q/k/v/o bias=config.attention_bias
+    rope = _llama4_layer_flags(c, layers)
+    chunk = c.int("attention_chunk_size", default=8192) if c.d.get("attention_chunk_size", 8192) is not None else None
+    types = c.d.get("layer_types")
+    if isinstance(types, list) and len(types) >= layers:
+        chunked = sum(1 for t in types[:layers] if t == "chunked_attention")
+    else:  # __post_init__: "chunked_attention" where the layer has RoPE and a chunk size is set
+        chunked = sum(rope) if chunk is not None else 0
+    temp = c.d.get("attn_temperature_tuning", True)  # bool in transformers 5.24; the hub's Scout config says 4
+    e = c.int("num_local_experts", default=16)
+    n_moe = _llama4_moe_layers(c, layers) if e > 0 else 0
+    f.update(
+        qkv_bias=ab, out_bias=ab,
+        intermediate=c.int("intermediate_size_mlp", default=16384),  # Llama4TextMLP(intermediate_size_mlp)
+        attention_chunk=chunk if chunked else None, chunked_layers=chunked,
+        nope_layers=layers - sum(rope),
+        qk_l2_norm_layers=sum(rope) if c.bool("use_qk_norm", default=True) else 0,
+        attn_temperature=bool(temp) and sum(rope) < layers,
+    )
+    if n_moe == 0:
+        return f
+    k = c.int("num_experts_per_tok", default=1)
+    if k > e:
+        raise c.fail(f"num_experts_per_tok ({k}) exceeds num_local_experts ({e})")
+    width = c.int("intermediate_size", default=8192)
+    f["moe"] = MoESpec(
+        num_experts=e, top_k=k, expert_intermediate=width,
+        shared_intermediate=width,  # Llama4TextMoe.shared_expert = Llama4TextMLP(config): intermediate_size
+        sparse_layers=None if n_moe == layers else n_moe,
+        # Llama4Router.forward: topk over the logits, then sigmoid of the top values (-inf elsewhere -> 0)
+        router_scoring="sigmoid_topk", experts_every_token=True,
+    )
+    return f
+
+
 def _gpt2(c: _Cfg) -> dict:
     # HF modeling_gpt2: wte, wpe, Conv1D c_attn (3h) / c_proj / c_fc / c_proj, all biased; ln_1, ln_2, ln_f
     if c.bool("add_cross_attention", default=False):
@@ -535,6 +602,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "deepseek_v2": lambda c: _deepseek(c, v3=False),
     "deepseek_v3": lambda c: _deepseek(c, v3=True),
     "nemotron": _nemotron,
+    "llama4_text": _llama4_text,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,

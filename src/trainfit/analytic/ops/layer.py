@@ -8,6 +8,7 @@ from typing import Callable, NamedTuple
 
 from ...spec import ModelSpec
 from ..families import family_traits
+from ..unmodelled import check_modelled
 from .activation import activation, activation_out_bytes
 from .attention import attention_core, grad_layout, qkv_split
 from .cast import autocast_inputs, weight_casts
@@ -42,6 +43,7 @@ Projection = Callable[..., Op]
 
 def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block."""
+    check_modelled(spec)
     rc = recipe(spec, moe)
     ops: list[Op] = []
 
