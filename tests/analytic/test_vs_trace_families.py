@@ -226,7 +226,7 @@ def test_sliding_layers_past_their_window(precision, device, mode):
     """A sequence past the window: transformers' sliding layers run SDPA with an explicit mask and k, v repeated to
     every head (activations.masked_window_share); the matrix's 128 tokens stay inside every catalog window. Gemma 3
     (3 local layers, 1 global) with a 64-token window at 2 x 200; without the term training read -2.3 % (CPU) and
-    -1.7 % (CUDA), with Adam.
+    -1.7 % (CUDA), with Adam."""
     from trainfit.models.resolve import load_model
 
     spec = load_model("tiny-gemma3")
