@@ -82,6 +82,12 @@ def values_keep_their_dtype() -> bool:
 
 
 def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
+    """The HF generate cache's bytes per token, every layer. Sliding-window layers are not capped at the window
+    here: transformers' DynamicSlidingWindowLayer keeps a slice (a view) of the prefill's whole k and v
+    (cache_utils.py:242-247), so through the prefill and the first decode step each of them holds every prompt token
+    (read off traces of tiny-gemma3 with a 64-token window at 2 x 200: within 0.6 %). NB: later decode steps hold
+    window - 1 tokens per such layer; the estimate stays at the first step's (an over-estimate for long
+    generations). Serving engines cap them (serving.layer_kinds)."""
     k_bytes = v_bytes = DTYPE_BYTES[kv_dtype(spec, setup)]
     # under autocast the cache's "values" keep the 16-bit dtype they are made in (values_keep_their_dtype):
     # v, the projection's output; MLA's RoPE key k^R where DeepSeek-V2's complex rotary returns its input's dtype
