@@ -57,6 +57,8 @@ CLASSES: dict[str, dict[str, str]] = {
     "gpt2": {"causal-lm": "GPT2LMHeadModel", "seq-cls": "GPT2ForSequenceClassification",
              "token-cls": "GPT2ForTokenClassification"},
     "opt": {"causal-lm": "OPTForCausalLM", "seq-cls": "OPTForSequenceClassification"},
+    # Gemma 3's language model: modeling_gemma3.py Gemma3ForCausalLM, Gemma3TextForSequenceClassification (no token-cls)
+    "gemma3_text": {"causal-lm": "Gemma3ForCausalLM", "seq-cls": "Gemma3TextForSequenceClassification"},
     "deepseek_v2": {"causal-lm": "DeepseekV2ForCausalLM", "seq-cls": "DeepseekV2ForSequenceClassification"},
     "deepseek_v3": {"causal-lm": "DeepseekV3ForCausalLM", "seq-cls": "DeepseekV3ForSequenceClassification",
                     "token-cls": "DeepseekV3ForTokenClassification"},

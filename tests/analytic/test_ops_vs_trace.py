@@ -109,8 +109,8 @@ def listed_layer(spec, setup) -> tuple[dict[str, Counter], dict[str, tuple[float
 KNOWN: dict[str, dict] = {
     "gemma2": {  # eager attention (softcapping): its scaling, softcap, mask, fp32 softmax and their casts are
         # timed by roofline.unfused_attention, not listed as ops
-        "forward": {"cast": (3440640, 5), "other": 8777728},
-        "backward": {"cast": (5013504, 6), "other": 16613376}},
+        "forward": {"cast": (1867776, 1), "other": 5099520},
+        "backward": {"cast": (3440640, 2), "other": 4538368}},
     "gpt_neox": {  # FINDING: partial rotary (GPTNeoXConfig's default partial_rotary_factor 0.25; rotary on
         # q[..., :rotary_ndims], then a cat with the pass-through part): ops' `rotary.hf_rotary` rotates the full head width
         # (-26 % forward bytes), and the fp32 rotated part promotes the cat under autocast (the casts)
@@ -129,11 +129,12 @@ KNOWN: dict[str, dict] = {
         # lists none of these (+13 % forward, +36 % backward bytes)
         "forward": {"cast": (0, 2), "other": 1382400},
         "backward": {"cast": (0, 2), "other": 7512064}},
-    "qwen3": {  # FINDING: q_norm / k_norm read the 16-bit projections, so Qwen3RMSNorm casts them to fp32 and back
-        # (2 casts each, 9.4 MB); ops/norm.py norm_ops takes a norm's input in the residual's dtype (fp32 under autocast)
-        # and lists neither cast, and times their fp32 passes on bf16-sized reads (+11 % / +19 % bytes)
-        "forward": {"cast": (9437184, 4), "other": 8188928},
-        "backward": {"cast": (4718592, 2), "other": 31825920}},
+    "qwen3": {  # FINDING: q_norm / k_norm read the 16-bit projections (listed with their casts to fp32 and back), but
+        # `self.weight * hidden_states.to(input_dtype)` promotes to fp32 under autocast (the fp32 weight), which the op
+        # list writes in the activation dtype: its fp32 passes are timed on bf16-sized tensors (+14 % / +22 % bytes),
+        # and the backward lists 2 gradient casts (4.7 MB) that the promotion's backward does not launch
+        "forward": {"cast": (0, 0), "other": 9761792},
+        "backward": {"cast": (-4718592, -2), "other": 34971648}},
     # MoE routing: transformers' grouped-mm path (integrations/moe.py) sorts, counts (histc, cumsum), gathers and
     # scatters the routed tokens and casts the router's fp32 weights, kernels ops' `moe.moe_block` folds into its router,
     # dispatch and combine ops (and, for DeepSeek, MLA's kv expansion: ops/mla.py counts one k_build copy, transformers runs

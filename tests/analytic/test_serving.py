@@ -163,6 +163,19 @@ def test_alternating_sliding_layers_share_one_pool():
     assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / (512 + 513))
 
 
+def test_five_local_layers_per_global_one_pool():
+    """Gemma-3-1B: 4 full + 22 sliding (window 512) layers. vLLM's hybrid allocator (serving.cache_groups) groups by
+    the smaller count, 4 (22 is not under 1.5 x 4): 1 full group and ceil(22 / 4) = 6 sliding groups (the last padded)
+    of 4 layers sharing one pool, so a block is 16 tokens of 4 layers' k and v (1 kv head x 256 x 2 B); a 32,768-token
+    request holds 2,048 full-group blocks + 6 x (ceil(min(511 + 2 x 2048, 32768) / 16) + 1) = 6 x 289 sliding-group
+    blocks (A100 defaults: 2,048 batched tokens, 2 batches in flight)."""
+    sv = serve_memory(load_model("gemma-3-1b"), _serve(max_model_len=32768), get_gpu("A100-80GB"))
+    assert sv.knobs.max_model_len == 32768 and sv.knobs.max_num_batched_tokens == 2048
+    assert sv.kv_pool == sv.kv_blocks * 16 * 4 * 2 * 1 * 256 * 2
+    assert sv.blocks_per_request == 2048 + 6 * 289
+    assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / (2048 + 6 * 289))
+
+
 def test_every_command_answers_serve_mode_in_one_line(capsys):
     """The HTML report builds for a serving setup (no batch sweep: a serving engine has no batch); the engines
     that run steps refuse it in one line, naming the command that answers."""

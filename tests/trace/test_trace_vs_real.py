@@ -39,6 +39,8 @@ CASES = [
     pytest.param("phi3", "amp-bf16", "full", "sgd", 4, 32, marks=pytest.mark.heavy),
     ("gemma2", "amp-bf16", "none", "adamw", 1, 64),
     ("gemma2", "fp32", "full", "momentum", 2, 32),
+    ("gemma3_text", "bf16", "full", "adamw", 1, 64),
+    ("gemma3_text", "amp-bf16", "none", "momentum", 2, 32),
     ("mixtral", "fp32", "none", "adamw", 1, 32),
     ("qwen2_moe", "bf16", "full", "momentum", 2, 32),
     ("nemotron", "amp-bf16", "full", "adamw", 2, 32),
@@ -246,7 +248,7 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 
 # -- inference: prefill + one decode step ----------------------------------------------------------
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
-               ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16")]
+               ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16")]
 
 
 @pytest.mark.slow

@@ -16,6 +16,10 @@ CONFIGS = {
              "original_max_position_embeddings": 128, **_COMMON},
     "gemma2": {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 16, **_COMMON},
+    # Gemma 3: a local layer (window 16, shorter than the test sequences) and a global one; q/k norms, 4 norms
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 16,
+                    "layer_types": ["sliding_attention", "full_attention"], **_COMMON},
     # MoE: transformers' grouped_mm experts (static shapes; see trainfit/trace/fake_overrides.py)
     "mixtral": {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2,

@@ -82,6 +82,12 @@ def values_keep_their_dtype() -> bool:
 
 
 def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
+    """The HF generate cache's bytes per token, every layer. Sliding-window layers are not capped at the window
+    here: transformers' DynamicSlidingWindowLayer keeps a slice (a view) of the prefill's whole k and v
+    (cache_utils.py:242-247), so through the prefill and the first decode step each of them holds every prompt token
+    (read off traces of tiny-gemma3 with a 64-token window at 2 x 200: within 0.6 %). NB: later decode steps hold
+    window - 1 tokens per such layer; the estimate stays at the first step's (an over-estimate for long
+    generations). Serving engines cap them (serving.layer_kinds)."""
     k_bytes = v_bytes = DTYPE_BYTES[kv_dtype(spec, setup)]
     # under autocast the cache's "values" keep the 16-bit dtype they are made in (values_keep_their_dtype):
     # v, the projection's output; MLA's RoPE key k^R where DeepSeek-V2's complex rotary returns its input's dtype
@@ -151,6 +157,8 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
             attn += ((2 * FP32 + low) * spec.heads / t + r * traits["causal_masks"]) * tokens * setup.seq
         else:  # GPT-2: scores and probabilities in the scores' dtype; the mask is a view of a buffer
             attn += 2 * a * spec.heads / t * tokens * setup.seq
+    elif resolved_kernel(spec, setup) == "math" and setup.device == "cuda":
+        attn = _math_sdpa_prefill(spec, setup, tokens, a)
     elif traits["fused_qkv"] and spec.positions == "rotary":
         # Phi-3/GPT-NeoX: the fused projection's output stays whole beside rotary's new q (k goes to the cache),
         # and the flash kernels' (b, h, s, d) output is copied for the output projection (activations._flash_saved)
@@ -182,6 +190,18 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
     # an inline MLP (OPT) frees the normalised copy at fc1: the mid residual takes its place
     mid = 0 if traits["mlp_inline"] else r * h * tokens
     return base + attn, base + mid + mlp + kept, add
+
+
+def _math_sdpa_prefill(spec: ModelSpec, setup: Setup, tokens: int, a: int) -> float:
+    """The attention's high point on SDPA's math path (fp32 with GQA on CUDA: activations.resolved_kernel), read off
+    traced prefills (qwen3, gemma3_text at 2 x 128): the rotated q and its scaled copy, k and v repeated to every
+    query head (enable_gqa), the s×s scores and their softmax per head, and the causal mask as one additive (s, s)
+    tensor of the query's dtype (torch aten/src/ATen/native/transformers/attention.cpp
+    _scaled_dot_product_attention_math); k and v themselves are the cache's tensors. The output does not exist yet.
+    NB: the decode step's math path (one query row) is not priced: heads × cached tokens per sequence, small."""
+    t = setup.tp
+    return (a * 4 * spec.q_dim / t * tokens + 2 * a * spec.heads / t * tokens * setup.seq
+            + a * setup.seq * setup.seq)
 
 
 def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp: float) -> tuple[float, float, float]:

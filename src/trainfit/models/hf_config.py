@@ -7,8 +7,8 @@ model built from the same config (tests/models/test_params_exact.py checks every
 
 Defaults that differ by model type and change parameter counts (checked against
 transformers/models/*/configuration_*.py):
-- tie_word_embeddings: True for gpt2, opt, bert, roberta, gemma, gemma2; False for the rest.
-- head_dim: qwen3 defaults to 128 and gemma/gemma2 to 256 (NOT hidden/heads); others hidden/heads.
+- tie_word_embeddings: True for gpt2, opt, bert, roberta, gemma, gemma2, gemma3_text; False for the rest.
+- head_dim: qwen3 defaults to 128 and gemma/gemma2/gemma3_text to 256 (NOT hidden/heads); others hidden/heads.
 - biases: qwen2/qwen2_moe always have q/k/v bias (qwen2_moe: `qkv_bias`, default True);
   llama/qwen3/gemma use `attention_bias` on q,k,v,o; gpt_neox `attention_bias` (default True) on
   qkv+dense with biased MLP; gpt2/bert/roberta bias everything; opt `enable_bias` (default True).
@@ -284,6 +284,36 @@ def _gemma2(c: _Cfg) -> dict:
         # Gemma2Config: layer i is sliding when i is even -> ceil(layers / 2)
         f["sliding_window_layers"] = n if "layer_types" in c.d else math.ceil(f["layers"] / 2)
     return f
+
+
+def _gemma3_text(c: _Cfg) -> dict:
+    """Gemma 3's language model (Gemma3ForCausalLM; the 4B-27B checkpoints' text_config). Gemma3TextConfig defaults
+    (configuration_gemma3.py:73-97): num_key_value_heads 4, head_dim 256, sliding_window 4096, no soft-capping."""
+    if c.bool("use_bidirectional_attention", default=False):
+        raise c.fail("use_bidirectional_attention (an encoder, EmbeddingGemma) is not supported; "
+                     "supported: the causal Gemma 3 language model")
+    f = _gemma(c, kv_default=4)
+    # modeling_gemma3.py Gemma3DecoderLayer: input, post_attention, pre_feedforward, post_feedforward RMSNorms
+    # (:367-370); Gemma3Attention: q_norm, k_norm = Gemma3RMSNorm(head_dim) (:310-311)
+    f.update(norms_per_layer=4, qk_norm=True)
+    # Gemma 3 replaced soft-capping by the qk norms: both default to None (configuration_gemma3.py:95-96)
+    f["attn_softcap"] = float(c.d.get("attn_logit_softcapping") or 0.0)
+    f["final_softcap"] = float(c.d.get("final_logit_softcapping") or 0.0)
+    f["sliding_window"] = _window(c) if "sliding_window" in c.d else 4096
+    if f["sliding_window"] is not None:
+        f["sliding_window_layers"] = _gemma3_sliding_layers(c, f["layers"])
+    return f
+
+
+def _gemma3_sliding_layers(c: _Cfg, layers: int) -> int | None:
+    """How many layers attend within the window: `layer_types` when given, else Gemma3TextConfig's pattern — layer i
+    is sliding unless (i + 1) % sliding_window_pattern == 0, the pattern 6 when absent (configuration_gemma3.py:
+    105-111): 5 local layers per global one. None: every layer."""
+    if "layer_types" in c.d:
+        return _sliding_layers(c, layers)
+    pattern = c.int("sliding_window_pattern", default=6)
+    n = layers - layers // pattern
+    return None if n == layers else n
 
 
 def _phi3(c: _Cfg) -> dict:
@@ -595,6 +625,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "qwen3": _qwen3,
     "gemma": _gemma,
     "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text,
     "phi3": _phi3,
     "mixtral": _mixtral,
     "qwen2_moe": lambda c: _qwen_moe(c, shared=True),

@@ -10,7 +10,8 @@ from ..spec import ModelSpec
 PRECISIONS = ("amp-bf16", "amp-fp16", "fp32")
 # HF decoder-layer classes for accelerate's TRANSFORMER_BASED_WRAP, by config model_type
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
-               "gemma": "GemmaDecoderLayer", "gemma2": "Gemma2DecoderLayer", "phi3": "Phi3DecoderLayer",
+               "gemma": "GemmaDecoderLayer", "gemma2": "Gemma2DecoderLayer", "gemma3_text": "Gemma3DecoderLayer",
+               "phi3": "Phi3DecoderLayer",
                "qwen2": "Qwen2DecoderLayer", "qwen3": "Qwen3DecoderLayer", "gpt2": "GPT2Block",
                "opt": "OPTDecoderLayer", "gpt_neox": "GPTNeoXLayer", "bert": "BertLayer", "roberta": "RobertaLayer"}
 

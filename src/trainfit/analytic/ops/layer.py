@@ -61,6 +61,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     if rc.norm == "pre":
         ops += norm_ops(spec, "attn_norm", sh.norm_tokens, sh, "attn_in")
     _attention(spec, sh, rc, ops, proj)
+    ops += _sandwich_norm(spec, "attn_post_norm", sh, "attn_out")
     ops += residual("attn", sh.norm_tokens * spec.hidden, spec.dropouts[2], sh, "attn_out",
                     "modeling_llama.py:306 residual add")
     if rc.norm == "post":
@@ -69,11 +70,21 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     if rc.norm == "pre":
         ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "attn_out")
     MLPS[rc.mlp](spec, sh, ops, proj)
+    ops += _sandwich_norm(spec, "mlp_post_norm", sh, "mlp_out")
     ops += residual("mlp", sh.norm_tokens * spec.hidden, spec.dropouts[2], sh, "mlp_out",
                     "modeling_llama.py:312 residual add")
     if rc.norm == "post":
         ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "mlp_out")
     return weight_casts("weight_casts", [o for o in ops if not o.name.startswith("experts")], sh) + ops
+
+
+def _sandwich_norm(spec: ModelSpec, name: str, sh: Shape, group: str) -> list[Op]:
+    """Gemma-2/3's norms of the attention's and the MLP's outputs before their residual adds (norms_per_layer 4:
+    post_attention_layernorm, post_feedforward_layernorm, modeling_gemma2.py:317-326, modeling_gemma3.py:393-401):
+    they read the projections' outputs, in the activation dtype; none for other families."""
+    if spec.norms_per_layer != 4:
+        return []
+    return norm_ops(spec, name, sh.norm_tokens, sh, group, sh.act, in_bytes=sh.act)
 
 
 def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj: Projection) -> None:
@@ -102,9 +113,10 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
         if rotary_hf or unfused:  # gradients that come back head-major (grad_layout)
             ops += grad_layout("q", T, q, sh) + (grad_layout("k", T, kv, sh) if rotary_hf else [])
             ops += grad_layout("v", T, kv, sh) if unfused else []
-        if spec.qk_norm:  # Qwen3 q_norm / k_norm over head_dim (modeling_qwen3.py)
-            ops += norm_ops(spec, "q_norm", T * q / spec.head_dim, sh, "qk_norm", sh.act, spec.head_dim)
-            ops += norm_ops(spec, "k_norm", T * kv / spec.head_dim, sh, "qk_norm", sh.act, spec.head_dim)
+        if spec.qk_norm:  # q_norm / k_norm over head_dim of the projections' outputs (modeling_qwen3.py:236-237,
+            # modeling_gemma3.py:331-332)
+            ops += norm_ops(spec, "q_norm", T * q / spec.head_dim, sh, "qk_norm", sh.act, spec.head_dim, sh.act)
+            ops += norm_ops(spec, "k_norm", T * kv / spec.head_dim, sh, "qk_norm", sh.act, spec.head_dim, sh.act)
         if spec.positions == "rotary":
             ops += rotary("q", T, q, sh) + rotary("k", T, kv, sh)
             ops += rope_casts("q", T, q, sh) + rope_casts("k", T, kv, sh)

@@ -7,19 +7,22 @@ from ..families import family_traits
 from .op import BROADCAST, DOWNCAST, REDUCE, UPCAST, Op, Shape, bwd_kernel, column_sum_launches, memory
 
 def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, out_bytes: int | None = None,
-             width: int | None = None) -> list[Op]:
+             width: int | None = None, in_bytes: int | None = None) -> list[Op]:
     """One norm over `tokens` rows of `width` (the hidden size): the cost function of the norm the model and the
     stack run (NORMS). `out_bytes`: the output's dtype, the residual stream's unless given (weight·x keeps the
-    input's dtype; fp32 weights keep fp32)."""
+    input's dtype; fp32 weights keep fp32). `in_bytes`: the input's dtype, the residual stream's unless given (a
+    norm of a projection's output reads the activation dtype: Qwen3's and Gemma 3's q/k norms, Gemma's post-norms)."""
     kind = sh.norm if spec.norm == "rmsnorm" else "layernorm"
     out = sh.residual if out_bytes is None else out_bytes
-    return NORMS[kind](spec, name, tokens, width or spec.hidden, sh, group, out)
+    return NORMS[kind](spec, name, tokens, width or spec.hidden, sh, group, out,
+                       sh.residual if in_bytes is None else in_bytes)
 
 
-def fused_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int) -> list[Op]:
+def fused_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int,
+               r: int) -> list[Op]:
     """LayerNorm (aten native_layer_norm) or torch.rms_norm on CUDA (aten._fused_rms_norm): one kernel reading x and
     writing y and the fp32 row statistics."""
-    r, x, n = sh.residual, tokens * h, tokens
+    x, n = tokens * h, tokens  # r: the input's dtype (norm_ops)
     src = "aten native_layer_norm" if spec.norm != "rmsnorm" else "aten._fused_rms_norm (torch.rms_norm)"
     # backward: the input gradient, then the weight's (and bias') gradients in one kernel (aten/src/ATen/native/
     # cuda/layer_norm_kernel.cu: layer_norm_grad_input_kernel_vectorized, LaunchGammaBetaBackwardCUDAKernel's
@@ -29,10 +32,11 @@ def fused_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, gro
     return [memory(name, x * r, x * out + 2 * FP32 * n, src, group, (x * r, x * sh.act), bwd=2)]
 
 
-def hf_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int) -> list[Op]:
+def hf_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int,
+                r: int) -> list[Op]:
     """HF's RMSNorm (modeling_llama.py:61-66), six kernels in eager: [to fp32], pow, mean, rsqrt(+eps), mul, [to
     input dtype], weight mul — each a pass over the row in fp32."""
-    r, x, n = sh.residual, tokens * h, tokens
+    x, n = tokens * h, tokens  # r: the input's dtype (norm_ops)
     src = "modeling_llama.py:61-66 LlamaRMSNorm"
     # Backward kernels (tools/autograd/derivatives.yaml, FunctionsManual.cpp), each its own pass in eager:
     #   weight·y -> grad·w [broadcast], grad·y, Σ over the tokens (the weight's gradient) (3)
