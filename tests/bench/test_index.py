@@ -46,3 +46,25 @@ def test_record_writes_the_schema(tmp_path, monkeypatch):
     assert data["command"] == "python -m bench run --quick x" and data["area"] == "speed" and data["machine"]
     with pytest.raises(ValueError):
         figures.record("x", "t", None, "f" * 121, {}, "speed")
+
+
+def test_record_names_the_module_arguments(tmp_path, monkeypatch):
+    monkeypatch.setattr(figures, "results_dir", lambda: tmp_path)
+    path = figures.record("x", "t", None, "f", {}, "cpu-memory", args="--render a.json --rescore")
+    assert json.loads(path.read_text())["command"] == "python -m bench run x --render a.json --rescore"
+
+
+@pytest.mark.parametrize("name, short", [
+    ("AMD EPYC", "AMD EPYC"),
+    ("AMD EPYC 9654 96-Core Processor", "AMD EPYC 9654"),
+    ("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "Intel Xeon Platinum 8480+"),
+    ("Intel(R) Core(TM) i9-13900K", "Intel Core i9-13900K"),
+    ("", "CPU"),
+])
+def test_the_cpu_model_is_shortened(name, short):
+    assert figures.cpu_model(name) == short
+
+
+def test_the_machine_line_names_model_isa_and_cores():
+    model, isa, cores = figures.cpu_machine().split(", ")
+    assert model and isa in ("AVX512-BF16", "AVX2", "no AVX2") and cores.endswith(" cores")
