@@ -33,7 +33,7 @@ from trainfit import overheads
 from trainfit.hardware import get_gpu
 from trainfit.setup import Setup
 
-ABOUT = {"summary": "reserved and device total vs published figures", "minutes": 1.5, "quick": None}
+ABOUT = {"summary": "reserved and device total vs published figures", "minutes": 0.5, "quick": None}
 
 GiB, MiB = 2**30, 2**20
 
