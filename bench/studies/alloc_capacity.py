@@ -25,7 +25,7 @@ import time
 from bench.figures import record
 from bench.studies.alloc_fragmentation import SETUPS, label
 
-ABOUT = {"summary": "the simulator's least capacity vs the analytic fit rule's required", "minutes": 5, "quick": None}
+ABOUT = {"summary": "the simulator's least capacity vs the analytic fit rule's required", "minutes": 2, "quick": None}
 
 GiB = 2 ** 30
 MiB = 2 ** 20

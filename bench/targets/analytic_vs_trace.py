@@ -17,7 +17,7 @@ from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.engine import trace_spec
 
-ABOUT = {"summary": "analytic vs trace peaks at real scale (7B-47B, CUDA semantics)", "minutes": 3, "quick": None}
+ABOUT = {"summary": "analytic vs trace peaks at real scale (7B-47B, CUDA semantics)", "minutes": 1, "quick": None}
 
 GiB = 2**30
 CASES = [

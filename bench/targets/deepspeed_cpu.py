@@ -24,7 +24,7 @@ from bench.figures import pct, record
 from bench import child_env
 
 ABOUT = {"summary": "--stack deepspeed vs DeepSpeed's ZeRO engine on 2 CPU ranks",
-         "minutes": 10, "quick": ["--zero", "2", "--precision", "bf16-master"]}
+         "minutes": 3, "quick": ["--zero", "2", "--precision", "bf16-master"]}
 
 CASE_FIELDS = ("model", "zero", "precision", "batch", "seq")
 

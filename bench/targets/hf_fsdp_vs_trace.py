@@ -19,7 +19,7 @@ from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.distributed import trace_distributed
 
-ABOUT = {"summary": "--stack hf under FSDP2 amp-bf16: analytic vs distributed trace", "minutes": 3, "quick": None}
+ABOUT = {"summary": "--stack hf under FSDP2 amp-bf16: analytic vs distributed trace", "minutes": 1, "quick": None}
 
 
 def tiny(layers: int, vocab: int, tied: bool):

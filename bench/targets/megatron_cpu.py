@@ -32,7 +32,7 @@ from bench.figures import pct, record
 from bench import child_env
 
 ABOUT = {"summary": "--stack megatron vs Megatron-Core's own GPT step on CPU ranks",
-         "minutes": 10, "quick": ["--cases", "tp1-fp32"]}
+         "minutes": 1, "quick": ["--cases", "tp1-fp32"]}
 
 # name: (tp, sequence_parallel, precision)
 CASES = {

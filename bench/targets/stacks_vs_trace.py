@@ -17,7 +17,7 @@ from trainfit import engines
 from trainfit.models.hf_config import spec_from_config
 from trainfit.setup import Setup
 
-ABOUT = {"summary": "--stack torchtitan: analytic vs trace over policies and layouts", "minutes": 5, "quick": None}
+ABOUT = {"summary": "--stack torchtitan: analytic vs trace over policies and layouts", "minutes": 2, "quick": None}
 
 
 def llama(hidden, heads, kv, layers, inter, vocab):
