@@ -32,8 +32,12 @@ def cpu_machine() -> str:
 
 
 def pct(x: float, signed: bool = True, digits: int = 1) -> str:
-    """An error as the page writes it: -0.235 -> "−23.5 %" (signed) or "23.5 %" (its size), `digits` decimals."""
-    return f"{x * 100:+.{digits}f} %".replace("-", "−") if signed else f"{abs(x) * 100:.{digits}f} %"
+    """An error as the page writes it: -0.235 -> "−23.5 %" (signed) or "23.5 %" (its size), `digits` decimals; one
+    that rounds to zero has no sign."""
+    size = f"{abs(x) * 100:.{digits}f} %"
+    if not signed or float(size[:-2]) == 0:
+        return size
+    return ("−" if x < 0 else "+") + size
 
 
 def record(name: str, title: str, target: str | None, figure: str, values: dict, area: str,

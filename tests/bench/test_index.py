@@ -68,3 +68,8 @@ def test_the_cpu_model_is_shortened(name, short):
 def test_the_machine_line_names_model_isa_and_cores():
     model, isa, cores = figures.cpu_machine().split(", ")
     assert model and isa in ("AVX512-BF16", "AVX2", "no AVX2") and cores.endswith(" cores")
+
+
+def test_pct_signs_only_what_does_not_round_to_zero():
+    assert figures.pct(-0.235) == "−23.5 %" and figures.pct(0.0123, digits=2) == "+1.23 %"
+    assert figures.pct(-0.00001, digits=2) == "0.00 %" and figures.pct(-0.5, signed=False) == "50.0 %"
