@@ -41,15 +41,15 @@ def pct(x: float, signed: bool = True, digits: int = 1) -> str:
 
 
 def record(name: str, title: str, target: str | None, figure: str, values: dict, area: str,
-           rows: list[dict] | None = None, quick: bool = False, machine: str | None = None, args: str = "") -> Path:
-    """Write `name`'s figures file; `quick` when the run was `--quick` and `args` the module's own arguments (the
-    command then says so); `machine` where the figures are not this CPU's (a GPU run's, published runs')."""
+           rows: list[dict] | None = None, quick: bool = False, machine: str | None = None) -> Path:
+    """Write `name`'s figures file; `quick` when the run was `--quick` (the command then says so); `machine` where
+    the figures are not this CPU's (a GPU run's, published runs')."""
     if area not in AREAS:
         raise ValueError(f"area {area!r} is not one of {', '.join(AREAS)}")
     if len(figure) > 120:
         raise ValueError(f"figure is {len(figure)} characters (at most 120): {figure}")
     out = {"name": name, "title": title, "target": target, "figure": figure, "values": values,
-           "command": f"python -m bench run {'--quick ' if quick else ''}{name}{' ' + args if args else ''}",
+           "command": f"python -m bench run {'--quick ' if quick else ''}{name}",
            "date": datetime.date.today().isoformat(), "machine": machine or cpu_machine(), "area": area}
     if rows is not None:
         out["rows"] = rows

@@ -48,12 +48,6 @@ def test_record_writes_the_schema(tmp_path, monkeypatch):
         figures.record("x", "t", None, "f" * 121, {}, "speed")
 
 
-def test_record_names_the_module_arguments(tmp_path, monkeypatch):
-    monkeypatch.setattr(figures, "results_dir", lambda: tmp_path)
-    path = figures.record("x", "t", None, "f", {}, "cpu-memory", args="--render a.json --rescore")
-    assert json.loads(path.read_text())["command"] == "python -m bench run x --render a.json --rescore"
-
-
 @pytest.mark.parametrize("name, short", [
     ("AMD EPYC", "AMD EPYC"),
     ("AMD EPYC 9654 96-Core Processor", "AMD EPYC 9654"),
