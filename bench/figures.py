@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 from pathlib import Path
 
 from bench.data import results_dir
@@ -12,24 +13,37 @@ from bench.data import results_dir
 AREAS = ("cpu-memory", "gpu", "published", "speed", "anchors", "stacks")
 
 
+def cpu_model(name: str) -> str:
+    """/proc/cpuinfo's model name without trademarks, core count, clock or "Processor": "AMD EPYC 9654 96-Core
+    Processor" -> "AMD EPYC 9654", "Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz" -> "Intel Xeon Platinum 8480+"."""
+    name = re.sub(r"\((R|TM|tm)\)", "", name)
+    name = re.sub(r"\s+(\d+-Core\s+)?(CPU\s+)?(Processor\b|@.*)", "", name)
+    return " ".join(name.replace(" CPU", "").split()) or "CPU"
+
+
 def cpu_machine() -> str:
-    """This CPU in one line: model name, the bf16 ISA oneDNN sees (avx512_bf16 or AVX2) and the cores this process may use."""
+    """This CPU in one line: its model, the bf16 ISA oneDNN sees (AVX512-BF16, else AVX2) and the cores this process
+    may use: "AMD EPYC, AVX512-BF16, 2 cores"."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "CPU")
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    isa = "avx512_bf16" if "avx512_bf16" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{model}, {isa}, {len(os.sched_getaffinity(0))} cores"
+    isa = "AVX512-BF16" if "avx512_bf16" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{cpu_model(model)}, {isa}, {len(os.sched_getaffinity(0))} cores"
 
 
-def pct(x: float, signed: bool = True) -> str:
-    """An error as the page writes it: -0.235 -> "−23.5 %" (signed) or "23.5 %" (its size)."""
-    return f"{x * 100:+.1f} %".replace("-", "−") if signed else f"{abs(x) * 100:.1f} %"
+def pct(x: float, signed: bool = True, digits: int = 1) -> str:
+    """An error as the page writes it: -0.235 -> "−23.5 %" (signed) or "23.5 %" (its size), `digits` decimals; one
+    that rounds to zero has no sign."""
+    size = f"{abs(x) * 100:.{digits}f} %"
+    if not signed or float(size[:-2]) == 0:
+        return size
+    return ("−" if x < 0 else "+") + size
 
 
 def record(name: str, title: str, target: str | None, figure: str, values: dict, area: str,
            rows: list[dict] | None = None, quick: bool = False, machine: str | None = None) -> Path:
-    """Write `name`'s figures file; `quick` when the run was `--quick` (the command then says so); `machine` for a
-    GPU run (the GPU's name), else this CPU."""
+    """Write `name`'s figures file; `quick` when the run was `--quick` (the command then says so); `machine` where
+    the figures are not this CPU's (a GPU run's, published runs')."""
     if area not in AREAS:
         raise ValueError(f"area {area!r} is not one of {', '.join(AREAS)}")
     if len(figure) > 120:

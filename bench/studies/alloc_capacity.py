@@ -22,9 +22,10 @@ from __future__ import annotations
 import sys
 import time
 
+from bench.figures import record
 from bench.studies.alloc_fragmentation import SETUPS, label
 
-ABOUT = {"summary": "the simulator's least capacity vs the analytic fit rule's required", "minutes": 5, "quick": None}
+ABOUT = {"summary": "the simulator's least capacity vs the analytic fit rule's required", "minutes": 2, "quick": None}
 
 GiB = 2 ** 30
 MiB = 2 ** 20
@@ -136,6 +137,29 @@ def main(argv: list[str] | None = None) -> None:
          _summary("old basis (the unconstrained reserved), all", old_all))))
     print(f"simulator checks (retries where least < reserved, OOM 2 MiB below, monotone on the grid): "
           f"{'all hold' if checks_ok else 'SOME FAIL'}")
+    if not argv:  # the figures are the whole study's
+        record_figures(big + small + real, real, infer)
+
+
+def record_figures(training: list[float], real: list[float], infer: list[float]) -> None:
+    def span(errs: list[float]) -> str:
+        return f"{min(errs) * 100:+.1f} … {max(errs) * 100:+.1f} %".replace("-", "−")
+
+    def mean(errs: list[float]) -> float:
+        return sum(errs) / len(errs)
+
+    def rounded(errs: list[float]) -> list[float]:
+        return [round(min(errs) * 100, 2), round(max(errs) * 100, 2)]
+
+    record("alloc_capacity", "the fit rule: analytic required vs the allocator simulator's least capacity", None,
+           f"{len(training)} training setups {span(training)} (mean {mean(training) * 100:+.1f} %); "
+           f"{len(real)} H200 truth steps {span(real)} (mean {mean(real) * 100:+.1f} %)".replace("-", "−"),
+           {"training_setups": len(training), "training_range_pct": rounded(training),
+            "training_mean_pct": round(mean(training) * 100, 2), "h200_steps": len(real),
+            "h200_range_pct": rounded(real), "h200_mean_pct": round(mean(real) * 100, 2),
+            "inference_range_pct": rounded(infer)}, "gpu",
+           rows=[{"table": "gpu", "quantity": "required (fit rule) vs the simulator's least capacity", "cases": len(real),
+                  "trace": "= truth (simulator)", "analytic": f"{span(real)}, mean {mean(real) * 100:+.1f} %".replace("-", "−")}])
 
 
 if __name__ == "__main__":

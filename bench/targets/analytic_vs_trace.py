@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench.figures import pct, record
 from trainfit.analytic.engine import estimate
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.engine import trace_spec
 
-ABOUT = {"summary": "analytic vs trace peaks at real scale (7B-47B, CUDA semantics)", "minutes": 3, "quick": None}
+ABOUT = {"summary": "analytic vs trace peaks at real scale (7B-47B, CUDA semantics)", "minutes": 1, "quick": None}
 
 GiB = 2**30
 CASES = [
@@ -51,7 +52,11 @@ def main(argv: list[str] | None = None) -> None:
               f"| {t.memory.peak / GiB:.2f} GiB | {t.memory.peak_phase} | {a.memory.peak / GiB:.2f} GiB | {a.memory.peak_phase} "
               f"| {gap:+.2%} | {secs:.1f} |", flush=True)
     gaps.sort()
-    print(f"\n{len(gaps)} cases · median |gap| {gaps[len(gaps) // 2]:.2%} · worst {gaps[-1]:.2%}")
+    median, worst = gaps[len(gaps) // 2], gaps[-1]
+    print(f"\n{len(gaps)} cases · median |gap| {median:.2%} · worst {worst:.2%}")
+    record("analytic_vs_trace", "analytic vs trace at real scale (7B–47B, CUDA semantics)", None,
+           f"{len(gaps)} cases: median {pct(median, False, 2)}, worst {pct(worst, False, 2)}",
+           {"cases": len(gaps), "median_pct": round(median * 100, 3), "worst_pct": round(worst * 100, 3)}, "cpu-memory")
 
 
 if __name__ == "__main__":

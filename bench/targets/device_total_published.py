@@ -1,10 +1,10 @@
 """Reserved memory and the device total (nvidia-smi) against published figures — validation only, nothing fitted.
-    python -m bench run device_total_published [--trace]   # prints the tables, writes bench/results/device_total.md
+    python -m bench run device_total_published   # prints the table, writes bench/results/device_total.md and the figures
 
 The analytic engine's `memory.reserved` is the allocated peak plus the cuBLAS workspace (which torch takes through
 the caching allocator) plus the cached blocks of tensors freed before the peak and FSDP2's side-stream blocks
 (overheads.reserved_from_allocated, analytic.engine.step_reserve); the trace engine replays the step's allocations through the allocator
-simulator (trainfit.alloc, each allocation on its CUDA stream; `--trace` adds that row for C2, ~80 s). `memory.device_total` = reserved + the fixed overheads of data/overheads.toml (CUDA context, NCCL
+simulator (trainfit.alloc, each allocation on its CUDA stream; C2's trace row takes ~80 s). `memory.device_total` = reserved + the fixed overheads of data/overheads.toml (CUDA context, NCCL
 buffers per communicator).
 
 Sources:
@@ -25,21 +25,21 @@ Sources:
 from __future__ import annotations
 
 import argparse
-import sys
-
 
 from bench.data import results_dir
+from bench.figures import pct, record
 import trainfit
 from trainfit import overheads
 from trainfit.hardware import get_gpu
 from trainfit.setup import Setup
 
-ABOUT = {"summary": "reserved and device total vs published figures", "minutes": 0.3, "quick": None}
+ABOUT = {"summary": "reserved and device total vs published figures", "minutes": 0.5, "quick": None}
 
 GiB, MiB = 2**30, 2**20
 
 
-def c2() -> list[str]:
+def c2() -> tuple[list[str], float, float]:
+    """C2's table rows and the reserved errors of the analytic and the trace engine."""
     e = trainfit.estimate("llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,
                           gpu="H100-96GB")
     m, pub = e.memory, 82.4
@@ -50,18 +50,19 @@ def c2() -> list[str]:
             f"FSDP2's side-stream blocks (all-gather outputs, gradient shards) and the unsharded embedding and output "
             f"copies; judged {'fits' if e.time.fits else 'does not fit'} "
             f"(it ran) |"]
-    if "--trace" in sys.argv:  # the trace engine's allocation stream through the allocator simulator (~80 s)
-        t = trainfit.estimate("llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,
-                              gpu="H100-96GB", engine="trace")
-        r = t.memory.reserved / GiB
-        rows.append(f"| C2, trace engine + allocator simulator (FSDP2's streams kept apart) | {pub} GiB "
-                    f"max_memory_reserved | reserved {r:.2f} GiB ({(r - pub) / pub:+.1%}); device total {t.memory.device_total / GiB:.2f} "
-                    "GiB | each allocation on its stream (trace/streams.py); NB frees are immediate (no record_stream "
-                    "delays: reads low) |")
-    return rows
+    # the trace engine's allocation stream through the allocator simulator (~80 s)
+    t = trainfit.estimate("llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,
+                          gpu="H100-96GB", engine="trace")
+    r = t.memory.reserved / GiB
+    rows.append(f"| C2, trace engine + allocator simulator (FSDP2's streams kept apart) | {pub} GiB "
+                f"max_memory_reserved | reserved {r:.2f} GiB ({(r - pub) / pub:+.1%}); device total {t.memory.device_total / GiB:.2f} "
+                "GiB | each allocation on its stream (trace/streams.py); NB frees are immediate (no record_stream "
+                "delays: reads low) |")
+    return rows, (m.reserved / GiB - pub) / pub, (r - pub) / pub
 
 
-def c4() -> list[str]:
+def c4() -> tuple[list[str], float]:
+    """C4's table row and the error of the KV blocks."""
     gpu = get_gpu("A100-80GB")
     tokens = 4096  # NB: max_num_batched_tokens of the profiling run is unknown; vLLM 0.2.5's default is
     # max(max_model_len, 2048) = 4096 for Llama-2 (calibration.md lists it as unknown)
@@ -79,7 +80,7 @@ def c4() -> list[str]:
             f"{act / GiB:.2f} GiB + non-torch {non_torch / MiB:.0f} MiB ({', '.join(f'{k} {v / MiB:.0f} MiB' for k, v in {**held, **beside}.items())}) "
             f"-> {blocks:,} blocks ({(blocks - pub) / pub:+.1%}) | total: CUDA's, {gpu.memory / GiB:.2f} "
             f"GiB (nvidia-smi's {gpu.smi_memory / GiB:.2f} less the driver's reserve; NB by a 2024 driver, the run's "
-            f"was 2023's) |"]
+            f"was 2023's) |"], (blocks - pub) / pub
 
 
 def vllm_10511() -> list[str]:
@@ -100,12 +101,22 @@ def vllm_10511() -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     head = ["| run | published | trainfit | note |", "| --- | --- | --- | --- |"]
-    table = "\n".join(head + c2() + c4() + vllm_10511()) + "\n"
+    (c2_rows, c2_analytic, c2_trace), (c4_rows, c4_blocks) = c2(), c4()
+    table = "\n".join(head + c2_rows + c4_rows + vllm_10511()) + "\n"
     print(table)
     path = results_dir() / "device_total.md"
     path.parent.mkdir(exist_ok=True)
     path.write_text("# Reserved and device total vs published figures (validation; bench/targets/device_total_published.py)\n\n"
                     + table)
+    record("device_total_published", "reserved and device total vs published", "within 10 %",
+           f"C2 reserved {pct(c2_analytic)} (analytic), {pct(c2_trace)} (trace + allocator simulator); "
+           f"C4 KV blocks {pct(c4_blocks)}",
+           {"c2_analytic_pct": round(c2_analytic * 100, 2), "c2_trace_pct": round(c2_trace * 100, 2),
+            "c4_blocks_pct": round(c4_blocks * 100, 2)}, "published",
+           machine="published runs; predictions by the analytic and trace engines on a 2-core CPU",
+           rows=[{"table": "published", "runs": "reserved: torchtitan C2 (analytic / trace)", "kind": "calibration",
+                  "n": 1, "median |error|": f"{pct(c2_analytic)} / {pct(c2_trace)}",
+                  "worst": pct(max(c2_analytic, c2_trace, key=abs))}])
 
 
 if __name__ == "__main__":

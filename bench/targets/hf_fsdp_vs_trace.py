@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench.figures import pct, record
 from trainfit.analytic.engine import estimate
 from trainfit.models.hf_config import spec_from_config
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 from trainfit.trace.distributed import trace_distributed
 
-ABOUT = {"summary": "--stack hf under FSDP2 amp-bf16: analytic vs distributed trace", "minutes": 3, "quick": None}
+ABOUT = {"summary": "--stack hf under FSDP2 amp-bf16: analytic vs distributed trace", "minutes": 1, "quick": None}
 
 
 def tiny(layers: int, vocab: int, tied: bool):
@@ -56,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     for m, dp, dev, rc, z, tr, an, err, sec in out:
         print(f"| {m} | {dp} | {dev} | {rc} | {z} | {tr:,} | {an:,} | {err:+.2%} | {sec:.0f} |")
     errs = sorted(abs(r[7]) for r in out)
-    print(f"\n{len(out)} cases · median |error| {errs[len(errs) // 2]:.2%} · worst {max(out, key=lambda r: abs(r[7]))[7]:+.2%}")
+    median, worst = errs[len(errs) // 2], max(out, key=lambda r: abs(r[7]))
+    print(f"\n{len(out)} cases · median |error| {median:.2%} · worst {worst[7]:+.2%}")
+    if not a.real:  # the figures are the default run's
+        record("hf_fsdp_vs_trace", "--stack hf under FSDP2 amp-bf16: analytic vs the distributed trace", None,
+               f"{len(out)} cases (ZeRO-2/3, recompute none/full, CUDA/CPU): median {pct(median, False, 2)}, "
+               f"worst {pct(worst[7], digits=2)} ({worst[2]}, ZeRO-{worst[4]})",
+               {"cases": len(out), "median_pct": round(median * 100, 3), "worst_pct": round(worst[7] * 100, 3)}, "stacks")
     return 0
 
 

@@ -27,11 +27,12 @@ import sys
 import tempfile
 
 from bench.data import results_dir
+from bench.figures import pct, record
 
 from bench import child_env
 
 ABOUT = {"summary": "--stack megatron vs Megatron-Core's own GPT step on CPU ranks",
-         "minutes": 10, "quick": ["--cases", "tp1-fp32"]}
+         "minutes": 1, "quick": ["--cases", "tp1-fp32"]}
 
 # name: (tp, sequence_parallel, precision)
 CASES = {
@@ -327,6 +328,7 @@ def main(argv: list[str] | None = None) -> None:
              "megatron --device cpu`.\n",
              "| case | phase | measured (max rank) | analytic | error |", "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
+    errors = {}  # case -> (analytic - measured) / measured of each phase and the peak
     for name in a.cases:
         mem = analytic(name)
         try:
@@ -341,10 +343,12 @@ def main(argv: list[str] | None = None) -> None:
             meas = max(r["phase_peaks"][ph] for r in ranks)
             an = mem.phases[amap[ph]]
             per = " / ".join(f"{r['phase_peaks'][ph]:,}" for r in ranks)
+            errors.setdefault(name, []).append((an - meas) / meas)
             row = f"| {name} | {ph} | {meas:,} ({per}) | {an:,} | {err(an, meas)} |"
             print(row, flush=True)
             lines.append(row)
         meas = max(r["peak"] for r in ranks)
+        errors[name].append((mem.peak - meas) / meas)
         row = f"| {name} | **peak** | {meas:,} | {mem.peak:,} | {err(mem.peak, meas)} |"
         print(row, flush=True)
         lines.append(row)
@@ -357,6 +361,22 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
+    if a.cases == list(CASES) and errors:  # the figures are the whole run's
+        record_figures(errors, len(CASES))
+
+
+def record_figures(errors: dict[str, list[float]], cases: int) -> None:
+    worst = max((e for errs in errors.values() for e in errs), key=abs)
+    ran = f"{len(errors)} of {cases} cases ran" if len(errors) < cases else f"{cases} cases"
+    record("megatron_cpu", "--stack megatron: analytic vs Megatron-Core's own GPT step on CPU", "within 2 %",
+           f"TP 1/2 × fp32/bf16 (DDP + distributed optimizer), every phase ({ran}): worst {pct(worst, digits=2)}",
+           {"cases": len(errors), "worst_pct": round(worst * 100, 3),
+            "per_case_worst_pct": {n: round(max(e, key=abs) * 100, 3) for n, e in errors.items()}}, "stacks",
+           rows=[{"table": "accuracy", "stack": "megatron", "engine": "analytic",
+                  "truth": "Megatron-Core step on CPU, every phase", "cases": len(errors), "median |error|": "—",
+                  "worst": pct(worst, digits=2)},
+                 {"table": "cpu", "stack": "megatron", "case": "TP 1/2 × fp32/bf16, every phase", "cases": len(errors),
+                  "trace vs real": "—", "analytic vs real": f"worst {pct(worst, digits=2)}"}])
 
 
 if __name__ == "__main__":

@@ -46,3 +46,24 @@ def test_record_writes_the_schema(tmp_path, monkeypatch):
     assert data["command"] == "python -m bench run --quick x" and data["area"] == "speed" and data["machine"]
     with pytest.raises(ValueError):
         figures.record("x", "t", None, "f" * 121, {}, "speed")
+
+
+@pytest.mark.parametrize("name, short", [
+    ("AMD EPYC", "AMD EPYC"),
+    ("AMD EPYC 9654 96-Core Processor", "AMD EPYC 9654"),
+    ("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "Intel Xeon Platinum 8480+"),
+    ("Intel(R) Core(TM) i9-13900K", "Intel Core i9-13900K"),
+    ("", "CPU"),
+])
+def test_the_cpu_model_is_shortened(name, short):
+    assert figures.cpu_model(name) == short
+
+
+def test_the_machine_line_names_model_isa_and_cores():
+    model, isa, cores = figures.cpu_machine().split(", ")
+    assert model and isa in ("AVX512-BF16", "AVX2", "no AVX2") and cores.endswith(" cores")
+
+
+def test_pct_signs_only_what_does_not_round_to_zero():
+    assert figures.pct(-0.235) == "−23.5 %" and figures.pct(0.0123, digits=2) == "+1.23 %"
+    assert figures.pct(-0.00001, digits=2) == "0.00 %" and figures.pct(-0.5, signed=False) == "50.0 %"
