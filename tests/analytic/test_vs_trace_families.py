@@ -162,17 +162,11 @@ KNOWN_GAPS.update({
         "passes at +2.4% only because the two errors offset"),
 })
 
-# Nemotron at fp32 on CUDA semantics, where SDPA with GQA takes the math path (activations.resolved_kernel): the
-# trace holds, inside attention, the (b·heads, s, s) fp32 scores and probabilities and k/v repeated to every head
-# (prefill: 2 × 524,288 + 2 × 131,072 B at the shrunk size), which analytic/inference._prefill_moments and the
-# recompute moments price as the flash kernel's q, k, v and output. The other families' cases at fp32 on CUDA peak
-# elsewhere (their MLP or optimizer moments); why small-llama's traced prefill does not show the same s×s tensors at
-# its attention moment is not established (open).
-KNOWN_GAPS.update({
-    "nemotron-infer-fp32-cuda": "CUDA fp32 GQA math-path s×s scores and probabilities in prefill not priced (-23.0%)",
-    "nemotron-fp32-full-adamw-cuda": ("CUDA fp32 GQA math-path attention backward inside the re-run layer: the s×s "
-                                      "tensors the recompute moments do not price (-3.4%)"),
-})
+# Open, not in the default cases since nemotron moved to the end of the matrix: fp32 with full recompute on CUDA
+# semantics, where SDPA with GQA takes the math path (activations.resolved_kernel), reads -3.4 %: the re-run layer's
+# attention backward holds the (b·heads, s, s) fp32 scores and probabilities and k/v repeated to every head, which the
+# recompute moments price as the flash kernel's q, k, v and output (the prefill's are priced: inference
+# _math_sdpa_prefill).
 
 try:  # the CPU's 16-bit oneDNN matmul path (off under ONEDNN_MAX_CPU_ISA=AVX2)
     import torch as _torch
