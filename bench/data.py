@@ -23,6 +23,19 @@ def read_text(relpath: str | Path) -> str:
 
 
 @cache
+def write_section(name: str, heading: str, text: str, title: str) -> Path:
+    """Replace (or append) the `heading` section ("## ...") of results/<name>, a markdown page several benchmarks
+    share (plan.md: the search speed and the time model), keeping the others' sections."""
+    path = results_dir() / name
+    old = path.read_text() if path.exists() else f"{title}\n\n"
+    if heading in old:
+        start = old.index(heading)
+        nxt = old.find("\n## ", start + 1)
+        old = old[:start] + (old[nxt + 1:] if nxt >= 0 else "")
+    path.write_text(old.rstrip() + "\n\n" + text)
+    return path
+
+
 def manifest() -> list[dict]:
     """The GPU runs' manifest: one dict per committed file (bench/results/gpu/manifest.toml)."""
     return _manifest_file()["run"]

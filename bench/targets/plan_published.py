@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 
 from bench.figures import record
-from bench.data import results_dir
+from bench import data
 from bench.targets.time_published import build_setup, build_spec
 from bench.targets.time_runs import RUNS, published_step as run_published_step
 
@@ -111,15 +111,7 @@ def main(argv: list[str] | None = None) -> None:
            {"in_sample": {"runs": len(errs), "median_abs": abs(errs[len(errs) // 2]), "worst": errs[-1]},
             "out_of_sample": {"runs": len(outs), "median_abs": abs(outs[len(outs) // 2]), "worst": outs[-1]}},
            "published")
-    path = results_dir() / "plan.md"
-    path.parent.mkdir(exist_ok=True)
-    old = path.read_text() if path.exists() else "# Planner benchmarks\n\n"
-    head = "## Time model vs published runs"
-    if head in old:
-        start = old.index(head)
-        nxt = old.find("\n## ", start + 1)
-        old = old[:start] + (old[nxt + 1:] if nxt >= 0 else "")
-    path.write_text(old.rstrip() + "\n\n" + out)
+    data.write_section("plan.md", "## Time model vs published runs", out, "# Planner benchmarks")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import time
 
 
 from bench.figures import record
-from bench.data import results_dir
+from bench import data
 from trainfit.api import load_spec
 from trainfit.hardware import get_gpu
 from trainfit.plan.search import PlanQuery, search
@@ -65,14 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     record("plan_speed", "planner search speed", "≥ 100k setups/s; 405B on 16,384 GPUs < 2 s",
            f"{min(rates(speeds)):,.0f}–{max(rates(speeds)):,.0f} searched/s; slowest: {big[0].split(',')[0]} in {big[1]['seconds']:.2f} s",
            speeds, "speed", rows=table_rows(speeds))
-    path = results_dir() / "plan.md"
-    old = path.read_text() if path.exists() else "# Planner benchmarks\n\n"
-    head = "## Search speed"
-    if head in old:
-        start = old.index(head)
-        nxt = old.find("\n## ", start + 1)
-        old = old[:start] + (old[nxt + 1:] if nxt >= 0 else "")
-    path.write_text(old.rstrip() + "\n\n" + out)
+    data.write_section("plan.md", "## Search speed", out, "# Planner benchmarks")
 
 
 if __name__ == "__main__":
