@@ -26,6 +26,13 @@ class MoESpec:
     # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the
     # token's router score (0 off the top-k) — one batched bmm over all experts, no dispatch
     experts_every_token: bool = False
+    # gpt-oss (modeling_gpt_oss.py GptOssTopKRouter, GptOssExperts): the router Linear has a bias (E,) and every
+    # expert a gate_up bias (2I,) and a down bias (H,)
+    router_bias: bool = False
+    expert_bias: bool = False
+    # gpt-oss GptOssExperts._apply_gate: the clamped SwiGLU on interleaved gate/up columns, gate clamped above at
+    # `swiglu_limit`, up to [-limit, limit], out = (up + 1) * gate * sigmoid(alpha * gate) (0.0: a plain SwiGLU)
+    swiglu_limit: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,9 @@ class ModelSpec:
     chunked_layers: int = 0  # how many layers are chunked (the RoPE layers)
     nope_layers: int = 0  # layers without rotary positions (no_rope_layers zeros; full attention)
     qk_l2_norm_layers: int = 0  # layers whose q and k pass Llama4TextL2Norm (no weight; use_qk_norm on RoPE layers)
+    # gpt-oss (modeling_gpt_oss.py GptOssAttention.sinks, eager_attention_forward): a learned logit per head, one
+    # more score column softmaxed with the row and then dropped; a (heads,) parameter per layer
+    attn_sinks: bool = False
     attn_temperature: bool = False  # NoPE layers scale q by log1p(floor((pos+1)/floor_scale))*attn_scale+1
     norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
     dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given

@@ -141,6 +141,9 @@ QUIRKS = {
     "llama4-interleave-bias": dict(TINY, model_type="llama4_text", head_dim=16, num_key_value_heads=2,
                                    interleave_moe_layer_step=3, num_hidden_layers=5, intermediate_size_mlp=80,
                                    num_local_experts=3, attention_bias=True),
+    # gpt-oss: GptOssConfig defaults for head_dim (64), kv heads (8), experts (128, top-4) and layer_types (3 layers:
+    # sliding, full, sliding); no attention biases (sinks, router and expert biases stay)
+    "gpt-oss-defaults-no-attn-bias": dict(TINY, model_type="gpt_oss", num_attention_heads=8, attention_bias=False),
     "qwen2moe-sparse-step": dict(TINY, model_type="qwen2_moe", num_experts=6, num_experts_per_tok=2,
                                  moe_intermediate_size=24, shared_expert_intermediate_size=40,
                                  decoder_sparse_step=2, mlp_only_layers=[3], num_hidden_layers=5,
@@ -178,6 +181,12 @@ def test_quirk_spec_fields():
     config, _ = _catalog(CATALOG_DIR / "gemma-2-9b.json")
     s = spec_from_config(config, "g")
     assert s.norms_per_layer == 4 and s.sliding_window == 4096 and s.sliding_window_layers == 21
+    s = spec_from_config(QUIRKS["gpt-oss-defaults-no-attn-bias"], "o")
+    assert (s.head_dim, s.kv_heads, s.moe.num_experts, s.moe.top_k) == (64, 8, 128, 4)
+    assert s.sliding_window == 128 and s.sliding_window_layers == 2 and s.attn_sinks and not s.qkv_bias
+    config, _ = _catalog(CATALOG_DIR / "gpt-oss-120b.json")
+    s = spec_from_config(config, "g")
+    assert s.sliding_window == 128 and s.sliding_window_layers == 18 and s.moe.swiglu_limit == 7.0
 
 
 def test_catalog_spec_fields():

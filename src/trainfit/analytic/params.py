@@ -125,6 +125,8 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         )
     if spec.qk_norm:
         attention += 2 * spec.head_dim  # HF modeling_qwen3: q_norm, k_norm = RMSNorm(head_dim)
+    if spec.attn_sinks:
+        attention += spec.heads  # gpt-oss GptOssAttention.sinks = Parameter(num_attention_heads)
 
     mlp = mlp_params(h, spec.intermediate, spec.gated_mlp, spec.mlp_bias)
     norms = spec.norms_per_layer * norm_params(spec, h)
@@ -134,8 +136,10 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         m = spec.moe
         # HF modeling_mixtral / qwen2_moe: experts.gate_up_proj (E, 2I, H) + experts.down_proj (E, H, I),
         # no biases; router gate.weight (E, H)
-        expert = mlp_params(h, m.expert_intermediate, True, False)
-        moe_mlp = m.num_experts * expert + m.num_experts * h
+        # gpt-oss (modeling_gpt_oss.py GptOssExperts): + gate_up_proj_bias (E, 2I) + down_proj_bias (E, H), and a
+        # router bias (E,) (GptOssTopKRouter.bias)
+        expert = mlp_params(h, m.expert_intermediate, True, m.expert_bias)
+        moe_mlp = m.num_experts * expert + m.num_experts * h + (m.num_experts if m.router_bias else 0)
         if m.shared_intermediate:
             # Qwen2-MoE shared_expert (no bias); DeepSeek shared_experts (DeepseekV2MLP: bias=config.mlp_bias)
             moe_mlp += mlp_params(h, m.shared_intermediate, True, spec.mlp_bias)

@@ -523,6 +523,36 @@ def _llama4_text(c: _Cfg) -> dict:
     return f
 
 
+def _gpt_oss(c: _Cfg) -> dict:
+    """gpt-oss (modeling_gpt_oss.py GptOssForCausalLM; defaults of GptOssConfig, configuration_gpt_oss.py, which are
+    gpt-oss-120b's): q/k/v/o with bias=attention_bias (default True) and a (heads,) `sinks` logit per layer
+    (GptOssAttention.__init__), "sliding_attention" layers of `sliding_window` (default 128) alternating with full
+    ones (layer_types; __post_init__: layer i sliding when i is even), every layer an MoE of num_local_experts experts
+    (GptOssMLP: GptOssTopKRouter Linear(hidden, E) with bias, topk then softmax over the top values;
+    GptOssExperts: gate_up_proj (E, H, 2I) + bias (E, 2I), down_proj (E, I, H) + bias (E, H), the clamped SwiGLU of
+    swiglu_limit), RMSNorms, untied lm_head."""
+    f = _rope_decoder(c, tie_default=False, head_dim_default=64, kv_default=8)
+    ab = c.bool("attention_bias", default=True)
+    e = c.int("num_local_experts", "num_experts", default=128)
+    k = c.int("num_experts_per_tok", default=4)
+    if k > e:
+        raise c.fail(f"num_experts_per_tok ({k}) exceeds num_local_experts ({e})")
+    f.update(qkv_bias=ab, out_bias=ab, attn_sinks=True)
+    window = _window(c) if "sliding_window" in c.d else 128  # GptOssConfig.sliding_window
+    # layer_types when given, else GptOssConfig.__post_init__: layer i is sliding when (i + 1) % 2 -> ceil(layers / 2)
+    n = (_sliding_layers(c, f["layers"]) if "layer_types" in c.d
+         else (math.ceil(f["layers"] / 2) if f["layers"] > 1 else None))
+    if window is not None and n != 0:
+        f.update(sliding_window=window, sliding_window_layers=n)
+    f["moe"] = MoESpec(
+        num_experts=e, top_k=k, expert_intermediate=f["intermediate"],
+        norm_topk=True,  # softmax over the top-k logits == the renormalised top-k of the full softmax
+        router_bias=True, expert_bias=True,
+        swiglu_limit=float(c.get("swiglu_limit", default=7.0)),
+    )
+    return f
+
+
 def _gpt2(c: _Cfg) -> dict:
     # HF modeling_gpt2: wte, wpe, Conv1D c_attn (3h) / c_proj / c_fc / c_proj, all biased; ln_1, ln_2, ln_f
     if c.bool("add_cross_attention", default=False):
@@ -634,6 +664,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "deepseek_v3": lambda c: _deepseek(c, v3=True),
     "nemotron": _nemotron,
     "llama4_text": _llama4_text,
+    "gpt_oss": _gpt_oss,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,
