@@ -47,6 +47,8 @@ CASES = [
     ("nemotron", "bf16", "none", "sgd", 1, 64),
     ("llama4_text", "amp-bf16", "none", "adamw", 1, 64),
     ("llama4_text", "bf16", "full", "sgd", 2, 32),
+    ("gpt_oss", "amp-bf16", "none", "adamw", 1, 64),
+    ("gpt_oss", "bf16", "full", "sgd", 2, 32),
     ("bert", "fp32", "none", "adamw", 1, 64),
     ("bert", "amp-bf16", "full", "momentum", 2, 32),
     ("bert", "bf16", "none", "sgd", 1, 32),
@@ -248,7 +250,8 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 
 # -- inference: prefill + one decode step ----------------------------------------------------------
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
-               ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16")]
+               ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
+               ("gpt_oss", "amp-bf16")]
 
 
 @pytest.mark.slow

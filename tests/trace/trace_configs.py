@@ -36,6 +36,11 @@ CONFIGS = {
                     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "intermediate_size_mlp": 128,
                     "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
                     "no_rope_layer_interval": 2, "attention_chunk_size": 16, "floor_scale": 8, **_COMMON},
+    # gpt-oss: sliding (16-token window, acting at these lengths) and full layers, attention sinks in eager attention,
+    # q/k/v/o, router and expert biases, the clamped SwiGLU experts; GptOssConfig's default YaRN rope scaling
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "sliding_window": 16, **_COMMON},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
