@@ -176,6 +176,18 @@ def test_five_local_layers_per_global_one_pool():
     assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / (2048 + 6 * 289))
 
 
+def test_gpt_oss_sliding_layers_hold_the_window():
+    """gpt-oss-20b (layer_types: 12 sliding layers of window 128, 12 full; 8 kv heads x 64): two cache groups of 12
+    sharing one pool, a block 16 tokens of 12 layers' k and v (8 x 64 x 2 B), and a 131,072-token request holds
+    131072 / 16 = 8,192 full-group blocks + ceil(min(127 + 2 x 8192, 131072) / 16) + 1 = 1,033 sliding-group blocks
+    (H100 defaults: 8,192 batched tokens). serve_memory directly: the analytic engine refuses gpt-oss
+    (analytic/unmodelled.py), and vLLM serves its experts in MXFP4, which --quant does not model."""
+    sv = serve_memory(load_model("gpt-oss-20b"), _serve(), get_gpu("H100-80GB"))
+    assert sv.knobs.max_model_len == 131072 and sv.knobs.max_num_batched_tokens == 8192
+    assert sv.kv_pool == sv.kv_blocks * 16 * 12 * 2 * 8 * 64 * 2
+    assert sv.max_concurrent_sequences == pytest.approx(sv.kv_blocks / (8192 + 1033))
+
+
 def test_every_command_answers_serve_mode_in_one_line(capsys):
     """The HTML report builds for a serving setup (no batch sweep: a serving engine has no batch); the engines
     that run steps refuse it in one line, naming the command that answers."""
