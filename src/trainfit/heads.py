@@ -64,6 +64,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "deepseek_v3": {"causal-lm": "DeepseekV3ForCausalLM", "seq-cls": "DeepseekV3ForSequenceClassification",
                     "token-cls": "DeepseekV3ForTokenClassification"},
     "llama4_text": {"causal-lm": "Llama4ForCausalLM"},  # modeling_llama4.py: no classifier heads
+    "nemotron_h": {"causal-lm": "NemotronHForCausalLM"},  # modeling_nemotron_h.py: no classifier heads
     "bert": {"masked-lm": "BertForMaskedLM", "seq-cls": "BertForSequenceClassification",
              "token-cls": "BertForTokenClassification"},
     "roberta": {"masked-lm": "RobertaForMaskedLM", "seq-cls": "RobertaForSequenceClassification",

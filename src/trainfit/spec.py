@@ -52,6 +52,39 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class HybridSpec:
+    """A hybrid stack of single-mixer blocks (Nemotron-H, transformers models/nemotron_h/modeling_nemotron_h.py
+    NemotronHBlock: one RMSNorm, then one mixer: a Mamba-2 layer, an attention layer or an MLP layer, then the residual
+    add). `ModelSpec.layers` counts all blocks; attention fields of the spec describe the attention blocks, `intermediate`
+    and `activation` the MLP blocks."""
+
+    mamba_layers: int
+    attention_layers: int
+    mlp_layers: int
+    # one Mamba-2 mixer (NemotronHMamba2Mixer.__init__, :398-448): ssm_heads heads of ssm_head_dim channels
+    # (intermediate = ssm_heads * ssm_head_dim), a state of d_state per head channel, B and C shared across
+    # n_groups head groups, a depthwise causal conv of conv_kernel taps over x, B and C
+    ssm_heads: int
+    ssm_head_dim: int
+    d_state: int
+    n_groups: int
+    conv_kernel: int
+    conv_bias: bool = True  # use_conv_bias: the conv1d has a bias
+    proj_bias: bool = False  # use_bias: in_proj and out_proj have biases
+    chunk_size: int = 128  # the chunked scan's chunk length (torch_forward)
+
+    @property
+    def ssm_inner(self) -> int:
+        """The mixer's inner width (NemotronHMamba2Mixer.intermediate_size = mamba_num_heads * mamba_head_dim)."""
+        return self.ssm_heads * self.ssm_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels the conv runs over: x, B and C (NemotronHMamba2Mixer.conv_dim, :417)."""
+        return self.ssm_inner + 2 * self.n_groups * self.d_state
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     family: str  # HF model_type: llama, gpt2, bert, mixtral, ...
@@ -98,6 +131,7 @@ class ModelSpec:
     norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
     dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given
     moe: MoESpec | None = None
+    hybrid: HybridSpec | None = None  # Nemotron-H: Mamba-2, attention and MLP blocks (None: every layer attention+MLP)
     # MLA attention (DeepSeek); head_dim is then the q/k head width (nope + rope) and kv_heads == heads
     mla: MLASpec | None = None
     # the task head the model is built with (trainfit.heads): causal-lm, masked-lm, seq-cls, token-cls; "" = the

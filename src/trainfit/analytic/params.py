@@ -97,6 +97,24 @@ def mtp_params(spec: ModelSpec) -> int:
     return n * (2 * spec.hidden + 2 * spec.hidden * spec.hidden + layer + spec.hidden)
 
 
+def mamba2_params(spec: ModelSpec) -> int:
+    """One Nemotron-H Mamba-2 mixer (modeling_nemotron_h.py NemotronHMamba2Mixer.__init__, :398-448): in_proj
+    (h -> inner + conv_dim + heads: z, x|B|C, dt; bias=use_bias), the depthwise conv1d (conv_dim, 1, kernel) + bias
+    (use_conv_bias), dt_bias, A_log and D (heads each), the gated RMSNorm weight (inner), out_proj (inner -> h,
+    bias=use_bias)."""
+    m, h = spec.hybrid, spec.hidden
+    return (linear(h, m.ssm_inner + m.conv_dim + m.ssm_heads, m.proj_bias)
+            + m.conv_dim * m.conv_kernel + (m.conv_dim if m.conv_bias else 0)
+            + 3 * m.ssm_heads + m.ssm_inner + linear(m.ssm_inner, h, m.proj_bias))
+
+
+def hybrid_layers_params(spec: ModelSpec, attention: int, mlp: int, norm: int) -> int:
+    """All blocks of a hybrid stack (NemotronHBlock: one norm + one mixer each)."""
+    m = spec.hybrid
+    return (spec.layers * norm + m.attention_layers * attention + m.mlp_layers * mlp
+            + m.mamba_layers * mamba2_params(spec))
+
+
 def count_params(spec: ModelSpec) -> ParamCounts:
     h = spec.hidden
     # Token embedding: HF nn.Embedding(vocab, hidden) (OPT: vocab x word_embed_proj_dim).
@@ -170,14 +188,18 @@ def count_params(spec: ModelSpec) -> ParamCounts:
                 lm_head += spec.vocab
 
     per_layer = attention + norms
-    total = (
-        embedding
-        + spec.layers * per_layer
-        + dense_layers * mlp
-        + moe_layers * moe_mlp
-        + final
-        + lm_head
-    )
+    if spec.hybrid is not None:
+        # NB: for a hybrid stack `attention`, `mlp` and `norms` are one block of each kind, not one layer's sum
+        total = embedding + hybrid_layers_params(spec, attention, mlp, norms) + final + lm_head
+    else:
+        total = (
+            embedding
+            + spec.layers * per_layer
+            + dense_layers * mlp
+            + moe_layers * moe_mlp
+            + final
+            + lm_head
+        )
     active = total
     if spec.moe is not None:
         # Each token runs top_k routed experts (plus the shared expert and router, counted above).

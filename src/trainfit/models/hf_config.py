@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trainfit import heads
 from trainfit.errors import ConfigError, SetupError
-from trainfit.spec import MLASpec, ModelSpec, MoESpec
+from trainfit.spec import HybridSpec, MLASpec, ModelSpec, MoESpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainfit.setup import Setup
@@ -456,6 +456,56 @@ def _nemotron(c: _Cfg) -> dict:
     )
 
 
+def _nemotron_h_blocks(c: _Cfg) -> list[str]:
+    """The block kinds, one per layer (configuration_nemotron_h.py __post_init__ and _pattern_to_list): the
+    `layers_block_type` list (or its alias `layer_types`; legacy names "mamba"/"attention" remapped by
+    configuration_utils.py remap_legacy_layer_types), else `hybrid_override_pattern` (M mamba, * attention, - mlp,
+    E moe), else NemotronHConfig's default [mamba, moe, attention, mlp]. Its length is the layer count
+    (num_hidden_layers is ignored)."""
+    kinds = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "linear_attention": "mamba", "mamba": "mamba",
+             "full_attention": "attention", "attention": "attention", "mlp": "mlp", "moe": "moe"}
+    raw = c.d.get("layers_block_type") or c.d.get("layer_types")
+    if raw is None:
+        pattern = c.d.get("hybrid_override_pattern")
+        raw = list(pattern) if isinstance(pattern, str) else ["mamba", "moe", "attention", "mlp"]
+    if not isinstance(raw, list) or not raw or any(k not in kinds for k in raw):
+        raise c.fail(f"layer types {raw!r}: expected a list of mamba/attention/mlp/moe blocks")
+    return [kinds[k] for k in raw]
+
+
+def _nemotron_h(c: _Cfg) -> dict:
+    """Nemotron-H (transformers 5.24 models/nemotron_h/modeling_nemotron_h.py NemotronHForCausalLM; defaults of
+    NemotronHConfig, configuration_nemotron_h.py:96-156): embeddings, blocks of one NemotronHRMSNorm + one mixer
+    (NemotronHBlock, :934-994): a Mamba-2 mixer (NemotronHMamba2Mixer, :398-448), attention without positions or
+    biases (NemotronHAttention, :874-886: q/k/v/o bias=False whatever attention_bias says, head_dim from `head_dim`,
+    default 128; no rotary embedding in NemotronHModel), or a plain up/down MLP of mlp_hidden_act (relu2) with
+    bias=mlp_bias (NemotronHMLP, :639-651); norm_f, untied lm_head. MoE blocks ("E", Nemotron 3) are refused."""
+    blocks = _nemotron_h_blocks(c)
+    if "moe" in blocks:
+        raise c.fail("Nemotron-H MoE blocks (E / 'moe' layer types) are not supported yet")
+    hidden = c.int("hidden_size", default=4096)
+    heads = c.int("num_attention_heads", default=32)
+    hybrid = HybridSpec(
+        mamba_layers=blocks.count("mamba"), attention_layers=blocks.count("attention"), mlp_layers=blocks.count("mlp"),
+        ssm_heads=c.int("mamba_num_heads", default=128), ssm_head_dim=c.int("mamba_head_dim", default=64),
+        d_state=c.int("ssm_state_size", default=128), n_groups=c.int("n_groups", "mamba_n_groups", default=8),
+        conv_kernel=c.int("conv_kernel", "mamba_d_conv", default=4),
+        conv_bias=c.bool("use_conv_bias", "mamba_conv_bias", default=True), proj_bias=c.bool("use_bias", default=False),
+        chunk_size=c.int("chunk_size", "mamba_chunk_size", default=128),
+    )
+    if hybrid.ssm_heads % hybrid.n_groups:
+        raise c.fail(f"mamba_num_heads ({hybrid.ssm_heads}) is not a multiple of n_groups ({hybrid.n_groups})")
+    return dict(
+        causal=True, hidden=hidden, layers=len(blocks), heads=heads,
+        kv_heads=c.int("num_key_value_heads", default=8), head_dim=c.int("head_dim", default=128),
+        intermediate=c.int("intermediate_size", default=21504), vocab=c.int("vocab_size", default=131072),
+        max_positions=c.int("max_position_embeddings", default=4096), gated_mlp=False,
+        activation=c.str("mlp_hidden_act", default="relu2"), norm="rmsnorm", norm_bias=False, positions="none",
+        norms_per_layer=1, tied_embeddings=c.bool("tie_word_embeddings", default=False),
+        mlp_bias=c.bool("mlp_bias", default=False), dtype=c.dtype(), hybrid=hybrid,
+    )
+
+
 def _llama4_layer_flags(c: _Cfg, layers: int) -> list[int]:
     """Llama4TextConfig.__post_init__ (configuration_llama4.py): `no_rope_layers` (1 = RoPE), else every
     `no_rope_layer_interval`-th layer (default 4) without RoPE."""
@@ -665,6 +715,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "nemotron": _nemotron,
     "llama4_text": _llama4_text,
     "gpt_oss": _gpt_oss,
+    "nemotron_h": _nemotron_h,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,
