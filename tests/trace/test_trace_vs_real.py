@@ -49,6 +49,8 @@ CASES = [
     ("llama4_text", "bf16", "full", "sgd", 2, 32),
     ("gpt_oss", "amp-bf16", "none", "adamw", 1, 64),
     ("gpt_oss", "bf16", "full", "sgd", 2, 32),
+    ("nemotron_h", "amp-bf16", "none", "adamw", 1, 64),
+    ("nemotron_h", "bf16", "full", "sgd", 2, 32),
     ("bert", "fp32", "none", "adamw", 1, 64),
     ("bert", "amp-bf16", "full", "momentum", 2, 32),
     ("bert", "bf16", "none", "sgd", 1, 32),
@@ -251,7 +253,7 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 # -- inference: prefill + one decode step ----------------------------------------------------------
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
                ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
-               ("gpt_oss", "amp-bf16")]
+               ("gpt_oss", "amp-bf16"), ("nemotron_h", "amp-bf16")]
 
 
 @pytest.mark.slow
@@ -274,7 +276,9 @@ def test_inference_trace_peak_equals_real_peak(family, precision):
     if spec.causal and not spec.sliding_window:
         # At the prefill peak every layer's K and V for the prompt are in the cache (hand derivation).
         per_layer = 2 * setup.batch * spec.kv_heads * setup.seq * spec.head_dim * cache_tensors(cache)[0].element_size()
-        assert traced.memory.kv_cache == spec.layers * per_layer
+        # (a hybrid stack: only its attention blocks keep K and V)
+        kv_layers = spec.hybrid.attention_layers if spec.hybrid is not None else spec.layers
+        assert traced.memory.kv_cache == kv_layers * per_layer
 
 
 def test_transformers_refusal_is_a_one_line_engine_error(monkeypatch):

@@ -41,6 +41,12 @@ CONFIGS = {
     "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "num_local_experts": 4,
                 "num_experts_per_tok": 2, "sliding_window": 16, **_COMMON},
+    # Nemotron-H: Mamba-2 (the torch chunked scan: no mamba-ssm / causal-conv1d kernels on CPU; 16-token chunks so
+    # that the test lengths span several), attention without positions, a relu2 MLP; one norm per block
+    "nemotron_h": {"model_type": "nemotron_h", "hidden_size": 64, "hybrid_override_pattern": "M*-M",
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+                   "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
+                   "chunk_size": 16, **_COMMON},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
@@ -49,5 +55,6 @@ CONFIGS = {
 def tiny_spec(family: str, layers: int = 2):
     cfg = dict(CONFIGS[family])
     key = "n_layer" if family == "gpt2" else "num_hidden_layers"
-    cfg[key] = layers
+    if "hybrid_override_pattern" not in cfg:  # a hybrid stack's pattern sets its layers
+        cfg[key] = layers
     return spec_from_config(cfg, name=f"tiny-{family}")
