@@ -22,6 +22,17 @@ gpt-oss (transformers models/gpt_oss/modeling_gpt_oss.py) brings two:
 Measured gap at the families matrix's test size (hidden 128, 4 experts top-2, batch 2 × 128): the analytic peak
 -5.1 % to -15.3 % of the traced one in training (-0.2 % where the optimizer step is the peak), -23.6 % to -30.3 % in
 prefill.
+
+Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves Mamba-2 blocks (NemotronHMamba2Mixer,
+:390-615) with attention and MLP blocks: in training the mixer's in_proj split into z, x|B|C and dt, the depthwise
+causal conv1d and SiLU, the chunked selective scan (torch_forward: dt softplus and clamp, A * dt cumulative sums,
+segment-sum decays of (b, heads, chunks, chunk, chunk), the per-chunk states (b, chunks, heads, head_dim, d_state)),
+the D skip, the gated RMSNorm and out_proj; in inference a constant-size state per sequence and Mamba block (the conv
+state, conv_dim x (conv_kernel - 1) or conv_kernel, and the fp32 SSM state, heads x head_dim x d_state) beside the
+attention blocks' K and V. The engine has none of these terms.
+Measured gap at the families matrix's test size (hidden 128; one Mamba-2 block of 8 heads x 64, state 128, 8 groups,
+and one attention block; batch 2 x 128), with the refusal lifted: the analytic peak -46.9 % to -62.7 % of the traced
+one in training and -64.4 % to -79.6 % in prefill (the peak falls in the Mamba block's scan).
 """
 from __future__ import annotations
 
@@ -44,6 +55,8 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
         out.append("attention sinks (a per-head logit column in eager attention)")
     if spec.moe is not None and spec.moe.swiglu_limit:
         out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
+    if spec.hybrid is not None and spec.hybrid.mamba_layers:
+        out.append("Mamba-2 blocks (the chunked selective scan and the per-sequence conv + SSM state)")
     return out
 
 
