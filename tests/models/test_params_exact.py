@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainfit.analytic.params import count_params
+from trainfit.errors import ConfigError
 from trainfit.models.hf_config import spec_from_config
 from trainfit.models.resolve import CATALOG_DIR
 
@@ -91,10 +92,28 @@ def test_breakdown_adds_up_and_dense_active_is_total():
         spec = spec_from_config(config, meta["name"])
         c = count_params(spec)
         per_layers = spec.layers * (c.attention + c.norms) + c.dense_layers * c.mlp + c.moe_layers * c.moe_mlp
+        if spec.hybrid is not None:  # one norm + one mixer per block (Nemotron-H)
+            h = spec.hybrid
+            per_layers = (spec.layers * c.norms + h.attention_layers * c.attention + h.mlp_layers * c.mlp
+                          + h.mamba_layers * c.mamba)
         assert c.total == c.embedding + per_layers + c.final + c.lm_head
         assert c.dense_layers + c.moe_layers == spec.layers
         if not spec.is_moe:
             assert c.active == c.total and c.moe_mlp == 0 and c.expert == 0
+
+
+def test_hand_derivation_nemotron_h_8b():
+    # Hand derivation from modeling_nemotron_h.py (not the code under test): pattern of 24 M, 4 *, 24 -; a Mamba-2
+    # mixer of inner 128*64 = 8192 and conv_dim 8192 + 2*8*128 = 10240: in_proj 4096 x (8192 + 10240 + 128), conv1d
+    # 10240*4 + bias 10240, dt_bias/A_log/D 3*128, gated norm 8192, out_proj 8192 x 4096; attention q/o 4096 x 4096,
+    # k/v 4096 x 1024, no biases; MLP up/down 4096 x 21504; one RMSNorm per block, norm_f, untied 131072-row tables.
+    config, meta = _catalog(CATALOG_DIR / "nemotron-h-8b.json")
+    mamba = 4096 * 18560 + 10240 * 5 + 3 * 128 + 8192 + 8192 * 4096
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
+    mlp = 2 * 4096 * 21504
+    expected = 24 * mamba + 4 * attention + 24 * mlp + 52 * 4096 + 4096 + 2 * 131072 * 4096
+    c = count_params(spec_from_config(config, meta["name"]))
+    assert (c.mamba, c.total) == (mamba, expected)
 
 
 def test_hand_derivation_llama_2_7b():
@@ -144,6 +163,12 @@ QUIRKS = {
     # gpt-oss: GptOssConfig defaults for head_dim (64), kv heads (8), experts (128, top-4) and layer_types (3 layers:
     # sliding, full, sliding); no attention biases (sinks, router and expert biases stay)
     "gpt-oss-defaults-no-attn-bias": dict(TINY, model_type="gpt_oss", num_attention_heads=8, attention_bias=False),
+    # Nemotron-H: in/out_proj biases (use_bias), no conv bias, MLP biases, legacy block names; attention_bias is
+    # ignored by NemotronHAttention (q/k/v/o bias=False)
+    "nemotron-h-biases": dict(TINY, model_type="nemotron_h", layers_block_type=["mamba", "attention", "mlp", "mamba"],
+                              mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=8, n_groups=4, use_bias=True,
+                              use_conv_bias=False, mlp_bias=True, attention_bias=True, num_key_value_heads=2,
+                              head_dim=16),
     "qwen2moe-sparse-step": dict(TINY, model_type="qwen2_moe", num_experts=6, num_experts_per_tok=2,
                                  moe_intermediate_size=24, shared_expert_intermediate_size=40,
                                  decoder_sparse_step=2, mlp_only_layers=[3], num_hidden_layers=5,
@@ -220,3 +245,16 @@ def test_catalog_spec_fields():
     assert s.moe.expert_intermediate == 1408 and s.moe.sparse_layers is None
     s = spec("gpt-3-175b")
     assert (s.hidden, s.layers, s.heads, s.max_positions, s.vocab) == (12288, 96, 96, 2048, 50257)
+
+
+def test_nemotron_h_block_counts_and_moe_refusal():
+    # Nemotron-Nano-9B-v2's pattern M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-: 27 M, 4 *, 25 -
+    config, meta = _catalog(CATALOG_DIR / "nemotron-nano-9b-v2.json")
+    h = spec_from_config(config, meta["name"]).hybrid
+    assert (h.mamba_layers, h.attention_layers, h.mlp_layers) == (27, 4, 25)
+    assert (h.ssm_inner, h.conv_dim, h.d_state, h.n_groups, h.conv_kernel) == (10240, 12288, 128, 8, 4)
+    # the same blocks as a layers_block_type list (legacy names), and NemotronHConfig's defaults for the Mamba fields
+    s = spec_from_config(dict(TINY, model_type="nemotron_h", layers_block_type=["mamba", "attention", "mlp"]), "n")
+    assert (s.layers, s.hybrid.mamba_layers, s.hybrid.ssm_heads, s.hybrid.ssm_head_dim, s.head_dim) == (3, 1, 128, 64, 128)
+    with pytest.raises(ConfigError, match="MoE blocks"):
+        spec_from_config(dict(TINY, model_type="nemotron_h", hybrid_override_pattern="ME*"), "n")

@@ -28,6 +28,7 @@ class ParamCounts:
     total: int  # == sum of numel() of the transformers *ForCausalLM / *ForMaskedLM model
     active: int  # params touched per token (MoE: top_k experts + shared + router); == total for dense
     expert: int = 0  # params of one routed expert
+    mamba: int = 0  # one Mamba-2 mixer of a hybrid stack (spec.hybrid); 0 otherwise
 
     @property
     def per_layer_dense(self) -> int:
@@ -217,4 +218,5 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         total=total,
         active=active,
         expert=expert,
+        mamba=mamba2_params(spec) if spec.hybrid is not None else 0,
     )
