@@ -253,7 +253,7 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 # -- inference: prefill + one decode step ----------------------------------------------------------
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
                ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
-               ("gpt_oss", "amp-bf16"), ("nemotron_h", "amp-bf16")]
+               ("gpt_oss", "amp-bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16")]
 
 
 @pytest.mark.slow
@@ -275,10 +275,29 @@ def test_inference_trace_peak_equals_real_peak(family, precision):
     assert traced.memory.peak_phase == real.peak_phase
     if spec.causal and not spec.sliding_window:
         # At the prefill peak every layer's K and V for the prompt are in the cache (hand derivation).
-        per_layer = 2 * setup.batch * spec.kv_heads * setup.seq * spec.head_dim * cache_tensors(cache)[0].element_size()
-        # (a hybrid stack: only its attention blocks keep K and V)
-        kv_layers = spec.hybrid.attention_layers if spec.hybrid is not None else spec.layers
-        assert traced.memory.kv_cache == kv_layers * per_layer
+        assert traced.memory.kv_cache == _hand_cache_bytes(spec, setup, cache, at_peak=True)
+    if spec.hybrid is not None:
+        # after the decode step: K and V of seq + 1 tokens, the Mamba states the same size as after the prefill
+        assert storage_bytes(cache_tensors(cache)) == _hand_cache_bytes(spec, setup, cache, tokens=setup.seq + 1)
+
+
+def _hand_cache_bytes(spec, setup, cache, *, tokens: int | None = None, at_peak: bool = False) -> int:
+    """K and V of `tokens` (the prompt's) per attention layer; per Mamba-2 block (Nemotron-H) a state whatever the
+    length: the conv state (batch, conv_dim, conv_kernel) (cache_utils.py LinearAttentionLayer.lazy_initialization
+    with the mixer's conv_kernel_size) and the SSM state (batch, heads, head_dim, d_state) (mamba2_chunk_scan's final
+    state, modeling_nemotron_h.py:592-603); element sizes as the real cache holds them (the SSM state is fp32 under
+    bf16, bf16 under amp-bf16). `at_peak`: the hybrid prefill peaks inside the last Mamba block's chunked scan, whose
+    conv state is written before the scan (update_conv_state, :531) and whose SSM state after it (:603)."""
+    layers = list(cache.layers)
+    kv = next(x.keys for x in layers if isinstance(getattr(x, "keys", None), torch.Tensor))
+    per_layer = 2 * setup.batch * spec.kv_heads * (tokens or setup.seq) * spec.head_dim * kv.element_size()
+    if spec.hybrid is None:
+        return spec.layers * per_layer
+    m = spec.hybrid
+    mamba = next(x for x in layers if getattr(x, "conv_states", None))
+    conv = setup.batch * m.conv_dim * m.conv_kernel * mamba.conv_states[0].element_size()
+    ssm = setup.batch * m.ssm_heads * m.ssm_head_dim * m.d_state * mamba.recurrent_states[0].element_size()
+    return m.attention_layers * per_layer + m.mamba_layers * (conv + ssm) - (ssm if at_peak else 0)
 
 
 def test_transformers_refusal_is_a_one_line_engine_error(monkeypatch):

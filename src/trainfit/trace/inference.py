@@ -29,9 +29,14 @@ from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
+    """The tensors a cache keeps per sequence: each attention layer's K and V, and each linear-attention layer's conv
+    and recurrent states (transformers cache_utils.py LinearAttentionCacheLayerMixin.conv_states / recurrent_states,
+    dicts by state index: Nemotron-H's Mamba-2 blocks)."""
     out = []
     for layer in getattr(cache, "layers", ()):
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+        states = [*(getattr(layer, "conv_states", None) or {}).values(),
+                  *(getattr(layer, "recurrent_states", None) or {}).values()]
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None), *states):
             if isinstance(t, torch.Tensor):
                 out.append(t)
     return out
