@@ -28,6 +28,8 @@ class ParamCounts:
     total: int  # == sum of numel() of the transformers *ForCausalLM / *ForMaskedLM model
     active: int  # params touched per token (MoE: top_k experts + shared + router); == total for dense
     expert: int = 0  # params of one routed expert
+    linear_attention: int = 0  # one Gated DeltaNet layer's token mixer (Qwen3-Next), in place of `attention`
+    linear_layers: int = 0  # how many layers use `linear_attention`
 
     @property
     def per_layer_dense(self) -> int:
@@ -187,10 +189,11 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     # Qwen3-Next: the "linear_attention" layers hold a Gated DeltaNet instead of the attention above
     # (Qwen3NextDecoderLayer.__init__, modeling_qwen3_next.py:877-880)
     linear_layers = spec.linear_attn.layers if spec.linear_attn is not None else 0
+    linear_attention = gated_deltanet_params(spec) if linear_layers else 0
     total = (
         embedding
         + spec.layers * per_layer
-        + linear_layers * ((gated_deltanet_params(spec) if linear_layers else 0) - attention)
+        + linear_layers * (linear_attention - attention)
         + dense_layers * mlp
         + moe_layers * moe_mlp
         + final
@@ -213,4 +216,6 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         total=total,
         active=active,
         expert=expert,
+        linear_attention=linear_attention,
+        linear_layers=linear_layers,
     )
