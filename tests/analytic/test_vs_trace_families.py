@@ -195,6 +195,10 @@ REFUSED: dict[str, str] = {
         "and the clamped SwiGLU experts (strided slices, clamps, (up + 1) product, biased per-expert matmuls in a loop): "
         "analytic -5.1 % to -15.3 % of the traced training peak (backward; -0.2 % where the optimizer step peaks), "
         "-23.6 % to -30.3 % of the prefill peak"),
+    "qwen3_next": (
+        "Gated DeltaNet linear-attention layers (conv1d over q/k/v, L2-normed q/k, the chunked gated delta rule's "
+        "(heads, key_dim, value_dim) recurrent state and its per-chunk fp32 temporaries, the gated RMSNorm) and the "
+        "sigmoid output gate of the full-attention layers: no analytic terms for them"),
 }
 
 

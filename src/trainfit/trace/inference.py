@@ -34,6 +34,11 @@ def cache_tensors(cache) -> list[torch.Tensor]:
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(t, torch.Tensor):
                 out.append(t)
+        # linear-attention layers (transformers cache_utils.py LinearAttentionCacheLayerMixin: Qwen3-Next's Gated
+        # DeltaNet): the per-sequence conv and recurrent states, held by state index
+        for states in (getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)):
+            if isinstance(states, dict):
+                out.extend(t for t in states.values() if isinstance(t, torch.Tensor))
     return out
 
 
