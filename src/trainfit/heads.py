@@ -50,6 +50,7 @@ _DECODER_PREFIX = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma2",
     "phi3": "Phi3", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "gpt_neox": "GPTNeoX",
     "nemotron": "Nemotron",
+    "qwen3_next": "Qwen3Next",  # modeling_qwen3_next.py: Qwen3NextFor{CausalLM,SequenceClassification,TokenClassification}
     "gpt_oss": "GptOss",  # modeling_gpt_oss.py: GptOssFor{CausalLM,SequenceClassification,TokenClassification}
 }
 CLASSES: dict[str, dict[str, str]] = {

@@ -36,6 +36,34 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Gated DeltaNet linear-attention layers (Qwen3-Next, transformers models/qwen3_next/modeling_qwen3_next.py
+    Qwen3NextGatedDeltaNet): in_proj_qkvz + in_proj_ba, a depthwise causal conv1d of `conv_kernel` over q, k, v, the
+    gated delta rule with a per-sequence (value_heads, key_head_dim, value_head_dim) recurrent state, a gated
+    RMSNorm over value_head_dim and out_proj. `layers` of the model's layers use it in place of attention."""
+
+    layers: int
+    key_heads: int  # linear_num_key_heads
+    value_heads: int  # linear_num_value_heads
+    key_head_dim: int  # linear_key_head_dim
+    value_head_dim: int  # linear_value_head_dim
+    conv_kernel: int  # linear_conv_kernel_dim
+
+    @property
+    def key_dim(self) -> int:
+        return self.key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The conv1d's channels: q, k and v (Qwen3NextGatedDeltaNet.conv_dim = key_dim * 2 + value_dim)."""
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
 class MLASpec:
     """Multi-head Latent Attention (DeepSeek-V2 paper, arXiv:2405.04434 §2.1): k and v are rebuilt per head from a
     shared kv_lora_rank latent; the RoPE part of the key (qk_rope_head_dim) is one head shared by all heads."""
@@ -127,6 +155,11 @@ class ModelSpec:
     # gpt-oss (modeling_gpt_oss.py GptOssAttention.sinks, eager_attention_forward): a learned logit per head, one
     # more score column softmaxed with the row and then dropped; a (heads,) parameter per layer
     attn_sinks: bool = False
+    # Qwen3-Next (modeling_qwen3_next.py Qwen3NextAttention): q_proj emits q and a same-width output gate, the
+    # attention output multiplied by sigmoid(gate) before o_proj
+    attn_output_gate: bool = False
+    # Qwen3-Next's Gated DeltaNet layers (None: every layer is softmax attention)
+    linear_attn: GatedDeltaNetSpec | None = None
     attn_temperature: bool = False  # NoPE layers scale q by log1p(floor((pos+1)/floor_scale))*attn_scale+1
     norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
     dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given

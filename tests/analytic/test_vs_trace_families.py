@@ -204,6 +204,10 @@ REFUSED: dict[str, str] = {
         "conv + SSM state in inference: no terms in the analytic engine; with the refusal lifted, analytic -46.9 % to "
         "-62.7 % of the traced training peak and -64.4 % to -79.6 % of the prefill peak (this shrunk config, bf16 and "
         "amp-bf16, CUDA semantics; the peak falls in the Mamba block's scan)"),
+    "qwen3_next": (
+        "Gated DeltaNet linear-attention layers (conv1d over q/k/v, L2-normed q/k, the chunked gated delta rule's "
+        "(heads, key_dim, value_dim) recurrent state and its per-chunk fp32 temporaries, the gated RMSNorm) and the "
+        "sigmoid output gate of the full-attention layers: no analytic terms for them"),
 }
 
 

@@ -91,7 +91,8 @@ def test_breakdown_adds_up_and_dense_active_is_total():
         config, meta = _catalog(path)
         spec = spec_from_config(config, meta["name"])
         c = count_params(spec)
-        per_layers = spec.layers * (c.attention + c.norms) + c.dense_layers * c.mlp + c.moe_layers * c.moe_mlp
+        per_layers = (spec.layers * (c.attention + c.norms) + c.dense_layers * c.mlp + c.moe_layers * c.moe_mlp
+                      + c.linear_layers * (c.linear_attention - c.attention))  # Qwen3-Next's Gated DeltaNet layers
         if spec.hybrid is not None:  # one norm + one mixer per block (Nemotron-H)
             h = spec.hybrid
             per_layers = (spec.layers * c.norms + h.attention_layers * c.attention + h.mlp_layers * c.mlp

@@ -51,6 +51,8 @@ CASES = [
     ("gpt_oss", "bf16", "full", "sgd", 2, 32),
     ("nemotron_h", "amp-bf16", "none", "adamw", 1, 64),
     ("nemotron_h", "bf16", "full", "sgd", 2, 32),
+    ("qwen3_next", "amp-bf16", "none", "adamw", 1, 64),
+    ("qwen3_next", "bf16", "full", "sgd", 2, 32),
     ("bert", "fp32", "none", "adamw", 1, 64),
     ("bert", "amp-bf16", "full", "momentum", 2, 32),
     ("bert", "bf16", "none", "sgd", 1, 32),
@@ -253,7 +255,7 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 # -- inference: prefill + one decode step ----------------------------------------------------------
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
                ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
-               ("gpt_oss", "amp-bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16")]
+               ("gpt_oss", "amp-bf16"), ("qwen3_next", "bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16")]
 
 
 @pytest.mark.slow
@@ -273,7 +275,10 @@ def test_inference_trace_peak_equals_real_peak(family, precision):
     real, cache = cpu_peak(lambda phase: inference_step(model, ids, setup, spec.causal, phase), base)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
     assert traced.memory.peak_phase == real.peak_phase
-    if spec.causal and not spec.sliding_window:
+    # NB: not for Qwen3-Next's linear-attention layers: at the tiny config's prefill peak only layer 0's conv state
+    # (1,536 B) is in the cache (the full-attention layer's K/V and the fp32 recurrent state come later or are still
+    # temporaries); the peak itself is checked above
+    if spec.causal and not spec.sliding_window and spec.linear_attn is None:
         # At the prefill peak every layer's K and V for the prompt are in the cache (hand derivation).
         assert traced.memory.kv_cache == _hand_cache_bytes(spec, setup, cache, at_peak=True)
     if spec.hybrid is not None:

@@ -47,6 +47,13 @@ CONFIGS = {
                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
                    "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
                    "chunk_size": 16, **_COMMON},
+    # Qwen3-Next: a Gated DeltaNet layer (transformers' torch fallbacks of the conv1d and the chunked delta rule,
+    # without flash-linear-attention / causal-conv1d) and a gated full-attention layer, Qwen-MoE with a shared expert
+    "qwen3_next": {"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "linear_num_key_heads": 2,
+                   "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+                   "full_attention_interval": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, **_COMMON},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }

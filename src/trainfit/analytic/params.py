@@ -29,6 +29,8 @@ class ParamCounts:
     active: int  # params touched per token (MoE: top_k experts + shared + router); == total for dense
     expert: int = 0  # params of one routed expert
     mamba: int = 0  # one Mamba-2 mixer of a hybrid stack (spec.hybrid); 0 otherwise
+    linear_attention: int = 0  # one Gated DeltaNet layer's token mixer (Qwen3-Next), in place of `attention`
+    linear_layers: int = 0  # how many layers use `linear_attention`
 
     @property
     def per_layer_dense(self) -> int:
@@ -81,6 +83,18 @@ def mla_params(spec: ModelSpec) -> int:
     kv = (linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias) + m.kv_lora_rank
           + linear(m.kv_lora_rank, n * (m.qk_nope_head_dim + m.v_head_dim), False))
     return q + kv + linear(n * m.v_head_dim, h, spec.out_bias)
+
+
+def gated_deltanet_params(spec: ModelSpec) -> int:
+    """One Gated DeltaNet layer's token mixer (transformers models/qwen3_next/modeling_qwen3_next.py
+    Qwen3NextGatedDeltaNet.__init__, lines 583-627): in_proj_qkvz (h -> 2 key_dim + 2 value_dim) and in_proj_ba
+    (h -> 2 value_heads), no biases; the depthwise conv1d (conv_dim channels, kernel conv_kernel, groups=conv_dim,
+    bias=False: conv_dim * conv_kernel); dt_bias and A_log (value_heads each); the gated RMSNorm over value_head_dim
+    (Qwen3NextRMSNormGated.weight); out_proj (value_dim -> h, no bias)."""
+    g, h = spec.linear_attn, spec.hidden
+    projections = linear(h, 2 * g.key_dim + 2 * g.value_dim, False) + linear(h, 2 * g.value_heads, False)
+    return (projections + g.conv_dim * g.conv_kernel + 2 * g.value_heads + g.value_head_dim
+            + linear(g.value_dim, h, False))
 
 
 def mtp_params(spec: ModelSpec) -> int:
@@ -137,8 +151,10 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     if spec.mla is not None:
         attention = mla_params(spec)
     else:
+        # Qwen3-Next (modeling_qwen3_next.py:241-243): q_proj emits q and the output gate, heads * head_dim * 2
+        q_width = spec.q_dim * (2 if spec.attn_output_gate else 1)
         attention = (
-            linear(h, spec.q_dim, spec.qkv_bias)
+            linear(h, q_width, spec.qkv_bias)
             + 2 * linear(h, spec.kv_dim, spec.qkv_bias)
             + linear(spec.q_dim, h, spec.out_bias)
         )
@@ -189,6 +205,10 @@ def count_params(spec: ModelSpec) -> ParamCounts:
                 lm_head += spec.vocab
 
     per_layer = attention + norms
+    # Qwen3-Next: the "linear_attention" layers hold a Gated DeltaNet instead of the attention above
+    # (Qwen3NextDecoderLayer.__init__, modeling_qwen3_next.py:877-880)
+    linear_layers = spec.linear_attn.layers if spec.linear_attn is not None else 0
+    linear_attention = gated_deltanet_params(spec) if linear_layers else 0
     if spec.hybrid is not None:
         # NB: for a hybrid stack `attention`, `mlp` and `norms` are one block of each kind, not one layer's sum
         total = embedding + hybrid_layers_params(spec, attention, mlp, norms) + final + lm_head
@@ -196,6 +216,7 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         total = (
             embedding
             + spec.layers * per_layer
+            + linear_layers * (linear_attention - attention)
             + dense_layers * mlp
             + moe_layers * moe_mlp
             + final
@@ -219,4 +240,6 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         active=active,
         expert=expert,
         mamba=mamba2_params(spec) if spec.hybrid is not None else 0,
+        linear_attention=linear_attention,
+        linear_layers=linear_layers,
     )

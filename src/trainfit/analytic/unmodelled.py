@@ -53,6 +53,10 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
         out.append("interleaved chunked/NoPE attention layers")
     if spec.attn_sinks:
         out.append("attention sinks (a per-head logit column in eager attention)")
+    if spec.linear_attn is not None:
+        out.append("Gated DeltaNet linear-attention layers (their conv and recurrent state)")
+    if spec.attn_output_gate:
+        out.append("the sigmoid output gate of gated attention")
     if spec.moe is not None and spec.moe.swiglu_limit:
         out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trainfit import heads
 from trainfit.errors import ConfigError, SetupError
-from trainfit.spec import HybridSpec, MLASpec, ModelSpec, MoESpec
+from trainfit.spec import GatedDeltaNetSpec, HybridSpec, MLASpec, ModelSpec, MoESpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainfit.setup import Setup
@@ -603,6 +603,57 @@ def _gpt_oss(c: _Cfg) -> dict:
     return f
 
 
+def _linear_attention_layers(c: _Cfg, layers: int) -> int:
+    """How many layers are "linear_attention": `layer_types` when given, else Qwen3NextConfig.__post_init__
+    (configuration_qwen3_next.py): layer i is linear unless (i + 1) % full_attention_interval == 0 (default 4)."""
+    lt = c.d.get("layer_types")
+    if isinstance(lt, list) and lt:
+        if len(lt) != layers:
+            raise c.fail(f"layer_types has {len(lt)} entries for {layers} layers")
+        return sum(1 for t in lt if t == "linear_attention")
+    interval = c.int("full_attention_interval", default=4, minimum=1)
+    return sum(1 for i in range(layers) if (i + 1) % interval)
+
+
+def _qwen3_next(c: _Cfg) -> dict:
+    """Qwen3-Next (modeling_qwen3_next.py Qwen3NextForCausalLM; defaults of Qwen3NextConfig,
+    configuration_qwen3_next.py, which are Qwen3-Next-80B-A3B's but for intermediate_size): Gated DeltaNet layers
+    (GatedDeltaNetSpec) and gated full-attention layers (q_proj 2 * heads * head_dim: q and a sigmoid output gate;
+    q_norm/k_norm over head_dim; head_dim 256, 2 kv heads when absent; partial rotary, 0.25 by default), a Qwen-MoE
+    block (router, num_experts experts of moe_intermediate_size, a gated shared expert with shared_expert_gate) on
+    the layers _moe_layers picks, a dense MLP of intermediate_size elsewhere; zero-centred RMSNorms (1 + w; same
+    parameter count). The checkpoint's MTP module is not built (Qwen3NextPreTrainedModel
+    _keys_to_ignore_on_load_unexpected = [r"^mtp.*"]): the counts are those of what transformers builds."""
+    f = _rope_decoder(c, tie_default=False, head_dim_default=256, kv_default=2)
+    ab = c.bool("attention_bias", default=False)
+    f.update(qkv_bias=ab, out_bias=ab, qk_norm=True, attn_output_gate=True)
+    n_linear = _linear_attention_layers(c, f["layers"])
+    if n_linear:
+        f["linear_attn"] = GatedDeltaNetSpec(
+            layers=n_linear,
+            key_heads=c.int("linear_num_key_heads", default=16),
+            value_heads=c.int("linear_num_value_heads", default=32),
+            key_head_dim=c.int("linear_key_head_dim", default=128),
+            value_head_dim=c.int("linear_value_head_dim", default=128),
+            conv_kernel=c.int("linear_conv_kernel_dim", default=4),
+        )
+    e = c.int("num_experts", default=512, minimum=0)
+    k = c.int("num_experts_per_tok", default=10)
+    n_moe = _moe_layers(c, f["layers"], e)
+    if n_moe == 0:
+        return f
+    if k > e:
+        raise c.fail(f"num_experts_per_tok ({k}) exceeds num_experts ({e})")
+    f["moe"] = MoESpec(
+        num_experts=e, top_k=k, expert_intermediate=c.int("moe_intermediate_size", default=512),
+        # Qwen3NextSparseMoeBlock: shared_expert (Qwen3NextMLP) + shared_expert_gate Linear(hidden, 1, bias=False)
+        shared_intermediate=c.int("shared_expert_intermediate_size", default=512, minimum=0), shared_gate=True,
+        sparse_layers=None if n_moe == f["layers"] else n_moe,
+        norm_topk=c.bool("norm_topk_prob", default=True),  # Qwen3NextConfig.norm_topk_prob = True
+    )
+    return f
+
+
 def _gpt2(c: _Cfg) -> dict:
     # HF modeling_gpt2: wte, wpe, Conv1D c_attn (3h) / c_proj / c_fc / c_proj, all biased; ln_1, ln_2, ln_f
     if c.bool("add_cross_attention", default=False):
@@ -716,6 +767,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama4_text": _llama4_text,
     "gpt_oss": _gpt_oss,
     "nemotron_h": _nemotron_h,
+    "qwen3_next": _qwen3_next,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,
@@ -756,7 +808,8 @@ def _rotary_fraction(c: _Cfg) -> float:
 
 
 # partial_rotary_factor when the config does not give it: NemotronConfig sets 0.5 (configuration_nemotron.py:76)
-_ROTARY_DEFAULT = {"nemotron": 0.5}
+# Qwen3NextConfig.__post_init__ sets 0.25 (configuration_qwen3_next.py, kwargs.setdefault("partial_rotary_factor"))
+_ROTARY_DEFAULT = {"nemotron": 0.5, "qwen3_next": 0.25}
 
 
 def _kernel_facts(c: _Cfg) -> dict:

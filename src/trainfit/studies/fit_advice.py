@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from .. import cancel
+from ..analytic.unmodelled import check_modelled
 from ..engines import analytic
 from ..errors import TrainfitError
 from ..estimate import Estimate
@@ -237,7 +238,9 @@ MAX_BATCH = 64  # `trainfit fit` grows the micro-batch of each fitting setup up 
 def fastest_that_fit(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0,
                      shown: int = SHOWN) -> list[Suggestion]:
     """`trainfit fit`: the setup as given if it fits, else the suggestions on this GPU (not a larger one); each
-    with its micro-batch grown as far as it fits (more tokens per kernel: faster per token), fastest first."""
+    with its micro-batch grown as far as it fits (more tokens per kernel: faster per token), fastest first. A model
+    the analytic engine does not model is refused in one line (its search would judge nothing)."""
+    check_modelled(spec)
     j = _Judge(spec, setup, gpu, reserve)
     start = j.suggest("", "as given")
     found = [start] if start is not None else suggestions(spec, setup, gpu, reserve, 4 * shown, larger_gpu=False)

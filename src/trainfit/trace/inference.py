@@ -29,16 +29,16 @@ from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
-    """The tensors a cache keeps per sequence: each attention layer's K and V, and each linear-attention layer's conv
-    and recurrent states (transformers cache_utils.py LinearAttentionCacheLayerMixin.conv_states / recurrent_states,
-    dicts by state index: Nemotron-H's Mamba-2 blocks)."""
     out = []
     for layer in getattr(cache, "layers", ()):
-        states = [*(getattr(layer, "conv_states", None) or {}).values(),
-                  *(getattr(layer, "recurrent_states", None) or {}).values()]
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None), *states):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(t, torch.Tensor):
                 out.append(t)
+        # linear-attention layers (transformers cache_utils.py LinearAttentionCacheLayerMixin: Qwen3-Next's Gated
+        # DeltaNet): the per-sequence conv and recurrent states, held by state index
+        for states in (getattr(layer, "conv_states", None), getattr(layer, "recurrent_states", None)):
+            if isinstance(states, dict):
+                out.extend(t for t in states.values() if isinstance(t, torch.Tensor))
     return out
 
 
