@@ -4,6 +4,7 @@ which MLP it runs; each kind's variant (norm, rotary, activation) is picked by i
 the stack's facts (Shape)."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NamedTuple
 
 from ...spec import ModelSpec
@@ -128,10 +129,9 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
         proj("o", h, spec.q_dim, h, q, spec.out_bias, "modeling_llama.py:269 o_proj")
 
 
-def _gated_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:
-    """down(act(gate(x))·up(x)) (modeling_llama.py:164); Phi-3's gate_up_proj is one projection."""
+def _gated_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection, fused: bool = False) -> None:
+    """down(act(gate(x))·up(x)) (modeling_llama.py:164); `fused`: Phi-3's gate_up_proj, one projection."""
     h, T, i, a = spec.hidden, sh.tokens, spec.intermediate / sh.tp, sh.act
-    fused = family_traits(spec)["fused_gate_up"]
     ops += autocast_inputs("mlp_in", T, h, 1 if fused else 2, sh, "attn_out")
     if fused:
         proj("gate_up", 2 * spec.intermediate, h, 2 * i, h, spec.mlp_bias, "phi3 gate_up_proj")
@@ -163,4 +163,4 @@ def _moe_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> Non
 
 # the MLP blocks by LayerRecipe.mlp
 MLPS: dict[str, Callable[[ModelSpec, Shape, list[Op], Projection], None]] = {
-    "gated": _gated_mlp, "gated-fused": _gated_mlp, "plain": _plain_mlp, "moe": _moe_mlp}
+    "gated": _gated_mlp, "gated-fused": partial(_gated_mlp, fused=True), "plain": _plain_mlp, "moe": _moe_mlp}
