@@ -401,7 +401,8 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     concurrent = max(1, serving.concurrency(sv))
     prompt = min(k.context_length, k.chunked_prefill_size)
     notes = [f"SGLang {sg.SGLANG_VERSION}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
-             f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights = "
+             f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights"
+             f"{' − the Mamba state pool' if sv.state_slots else ''} = "
              f"{fmt_bytes(sv.available_kv)} → max_total_num_tokens {sv.kv_tokens:,} ({sv.kv_bytes_per_token:,} "
              f"bytes per token, {k.kv_dtype} KV), max_running_requests {sv.max_running_requests}",
              f"outside the fraction ({fmt_bytes(sv.headroom)}): activations {fmt_bytes(sv.activations)} (a "
@@ -410,6 +411,13 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"{k.prefill_graph_sizes} prefill sizes)",
              f"decode: {concurrent} sequences at half of the context length on average, at {mbu:.0%} of memory "
              f"bandwidth; prefill of a {prompt}-token chunk at MFU {mfu:.0%}"]
+    if sv.state_slots:
+        notes.append(f"linear-attention / Mamba states: {sv.state_slots:,} slots of {fmt_bytes(sv.state_bytes)} per "
+                     f"request (max_mamba_cache_size, mamba_full_memory_ratio 0.9 of the rest) before the token pool, "
+                     f"in the KV pool's bytes; running requests capped at slots // 5")
+    if sv.swa_tokens:
+        notes.append(f"hybrid SWA: {sv.kv_tokens:,} full-layer tokens and {sv.swa_tokens:,} sliding-layer tokens "
+                     "(swa_full_tokens_ratio 0.8)")
     if sv.draft is not None:
         d = sv.draft
         notes.append(f"speculative {d.algorithm} ({d.model or 'the target MTP layers'}): draft weights "

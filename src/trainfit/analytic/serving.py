@@ -437,7 +437,7 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     blocks = max(0, int(available // block))
     per_request = blocks_per_request(kinds, setup, k, serving_state.state_blocks_per_request(spec, gpu))
     concurrency = blocks / per_request
-    state = kinds.state * serving_state.state_page(spec, setup, _weight_dtype(setup)).bytes if kinds.state else 0
+    state = kinds.state * serving_state.vllm_state_page(spec, setup, _weight_dtype(setup)).bytes if kinds.state else 0
     return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
                    int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request, state)
 

@@ -45,7 +45,6 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import roofline
-from .activations import FP32
 from .inference import kv_values_per_token_layer
 from .precision import DTYPE_BYTES
 
@@ -81,17 +80,28 @@ def attention_layers(spec: ModelSpec) -> int:
     return spec.layers - state_layers(spec)
 
 
-def state_page(spec: ModelSpec, setup: Setup, model_dtype: str) -> StatePage:
-    """The MambaSpec page of one layer on one TP rank (module docstring)."""
+def state_page(spec: ModelSpec, setup: Setup, conv_dtype: str, state_dtype: str) -> StatePage:
+    """One layer's states of one sequence on one TP rank, the conv state in `conv_dtype` and the recurrent / SSM
+    state in `state_dtype` (module docstring: vLLM's mamba_utils.py shapes; SGLang 0.5.23's Mamba2StateShape.create,
+    configs/mamba_utils.py:194-245, holds the same shapes for both kinds of layer)."""
     t = setup.tp
-    conv_bytes = DTYPE_BYTES[model_dtype]
     if spec.hybrid is not None:
         m = spec.hybrid
         groups = m.n_groups + (t - m.n_groups if m.n_groups % t else 0)  # extra_groups_for_head_shards
-        conv = (m.ssm_inner + 2 * groups * m.d_state) // t * (m.conv_kernel - 1) * conv_bytes
-        return StatePage(conv, m.ssm_state // t * FP32)  # NemotronHForCausalLMConfig: float32
-    g = spec.linear_attn
-    return StatePage(g.conv_dim // t * (g.conv_kernel - 1) * conv_bytes, g.recurrent_state // t * conv_bytes)
+        conv = (m.ssm_inner + 2 * groups * m.d_state) // t * (m.conv_kernel - 1)
+        recurrent = m.ssm_state // t
+    else:
+        g = spec.linear_attn
+        groups = g.key_heads + (t - g.key_heads if g.key_heads % t else 0)  # SGLang: n_groups = key heads
+        conv = (g.value_dim + 2 * groups * g.key_head_dim) // t * (g.conv_kernel - 1)
+        recurrent = g.recurrent_state // t
+    return StatePage(conv * DTYPE_BYTES[conv_dtype], recurrent * DTYPE_BYTES[state_dtype])
+
+
+def vllm_state_page(spec: ModelSpec, setup: Setup, model_dtype: str) -> StatePage:
+    """vLLM's MambaSpec page (module docstring): the conv state in the model dtype, the recurrent state in it too
+    (Gated DeltaNet) or in fp32 (Mamba-2: NemotronHForCausalLMConfig)."""
+    return state_page(spec, setup, model_dtype, "fp32" if spec.hybrid is not None else model_dtype)
 
 
 def exports_checkpoints(spec: ModelSpec, gpu: GPU) -> bool:
@@ -119,7 +129,7 @@ def hybrid_block_size(spec: ModelSpec, setup: Setup, gpu: GPU, kv_dtype: str, mo
     if prefix_caching:
         align = math.lcm(align, checkpoint_alignment(spec, gpu))
     page1 = attention_page_per_token(spec, setup, kv_dtype)
-    block = align * math.ceil(state_page(spec, setup, model_dtype).bytes / (align * page1))
+    block = align * math.ceil(vllm_state_page(spec, setup, model_dtype).bytes / (align * page1))
     return max(setup.block_size, block)
 
 
@@ -130,5 +140,5 @@ def state_blocks_per_request(spec: ModelSpec, gpu: GPU, prefix_caching: bool = P
     return 2 + int(exports_checkpoints(spec, gpu))
 
 
-__all__ = ["StatePage", "state_layers", "attention_layers", "state_page", "hybrid_block_size",
+__all__ = ["StatePage", "state_layers", "attention_layers", "state_page", "vllm_state_page", "hybrid_block_size",
            "state_blocks_per_request", "attention_page_per_token", "PREFIX_CACHING"]
