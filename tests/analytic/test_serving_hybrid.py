@@ -45,20 +45,20 @@ def test_qwen3_next_h200_tp2_by_hand():
     L = 262144
     assert sv.knobs.max_model_len == L
     # layers: full_attention_interval 4 -> 12 of 48 attention (FullAttentionSpec), 36 Gated DeltaNet (MambaSpec)
-    # page1 (platforms/interface.py:1024-1036 FullAttentionSpec block_size 1): 2 (k, v) x 2 kv heads / tp 2 x 256 x 2 B
+    # page1 (platforms/interface.py:1032-1042 FullAttentionSpec block_size 1): 2 (k, v) x 2 kv heads / tp 2 x 256 x 2 B
     page1 = 2 * (2 // 2) * 256 * 2
     # state page (mamba_utils.py:272-294): conv (2 x 16 x 128 + 32 x 128) / tp 2 channels x (kernel 4 - 1) in bf16;
     # recurrent 32 value heads / tp 2 x 128 x 128 in bf16 (_mamba_state_dtype :98-111: "auto" -> the conv's dtype)
     conv = (2 * 16 * 128 + 32 * 128) // 2 * (4 - 1) * 2
     recurrent = 32 // 2 * 128 * 128 * 2
     assert (conv, recurrent) == (24576, 524288)
-    # alignment (interface.py:1067-1100): max(16, --block-size 16), lcm with FlashInfer's GDN checkpoint alignment 64
+    # alignment (interface.py:1067-1095): max(16, --block-size 16), lcm with FlashInfer's GDN checkpoint alignment 64
     # (Hopper: qwen_gdn_linear_attn.py:248-249, :689-702; gdn_attn.py:34) under prefix caching's "align" mode
     align = math.lcm(16, 64)
-    block = align * math.ceil((conv + recurrent) / (align * page1))  # interface.py:1104-1118
+    block = align * math.ceil((conv + recurrent) / (align * page1))  # interface.py:1096-1112
     assert block == 576 and sv.knobs.block_size == block
     # groups (kv_cache_planning.py:521-536): smallest bucket 12, 36 >= 1.5 x 12 -> size 12: 1 full + 3 state groups;
-    # bytes per block (:574-605): 12 pages of block x page1 (the state page padded up to it: interface.py:1120-1131)
+    # bytes per block (:574-605): 12 pages of block x page1 (the state page padded up to it: interface.py:1117-1131)
     bytes_per_block = 12 * block * page1
     # per request: the full group ceil(L / block); each state group 2 + 1 prefill-checkpoint blocks ("align":
     # kv_cache_interface.py:1135-1141; qwen_gdn_linear_attn.py:739-750)
@@ -99,7 +99,7 @@ def test_nemotron_h_h100_by_hand(name, L, inner, mamba, attention, per_request):
     # state page (mamba_utils.py:186-212): conv (inner + 2 x 8 groups x 128 state) channels x (4 - 1) in bf16; SSM
     # 128 heads x head_dim x 128 in fp32 (NemotronHForCausalLMConfig, model_executor/models/config.py:812-835)
     state = (inner + 2 * 8 * 128) * 3 * 2 + inner * 128 * 4
-    # alignment 16: MambaMixer2 declares no prefill-checkpoint alignment (abstract.py:65-70, :95-109)
+    # alignment 16: MambaMixer2 declares no prefill-checkpoint alignment (abstract.py:65-70, :98-113)
     block = 16 * math.ceil(state / (16 * page1))
     assert sv.knobs.block_size == block
     # groups: 4 attention blocks (the smallest bucket) -> size 4, ceil(mamba / 4) state groups; the MLP blocks hold

@@ -10,6 +10,10 @@ vLLM 0.33 sizes its paged KV cache once, at start-up (v1/worker/gpu_worker.py de
   blocks     = available // (block_size × KV bytes per token of every layer)   (v1/core/kv_cache_planning.py:681)
   tokens     = blocks / ceil(max_model_len / block_size) × max_model_len,  concurrency = that / max_model_len
                (kv_cache_utils.py:1061-1150, the "GPU KV cache size: N tokens" and "Maximum concurrency" lines)
+Models of several cache kinds (sliding-window, Llama 4's chunked local attention, linear-attention / Mamba states)
+split into layer groups sharing one block pool (layer_kinds, cache_groups, blocks_per_request: a block is one page of
+each layer of a group, a request holds blocks in every group); linear-attention / Mamba layers keep a constant-size
+state per sequence, and the attention block grows so one page holds it (analytic/serving_state.py).
 The CUDA context, NCCL communicators and the cuBLAS handles and workspace exist before the snapshot
 (gpu_worker.py:499-541): outside `requested`, but on the device (the device total).
 
@@ -256,7 +260,8 @@ def forward_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
         i = spec.intermediate
     mlp = 3 * h + 3 * i / t  # as the down projection runs: its output beside its input and gate_up's
     attention = 3 * h + (2 * spec.q_dim + 2 * spec.kv_dim) / t  # as o_proj runs: qkv, the attention output, o_proj's
-    return a * tokens * max(mlp, attention, mixer_width(spec) / t + 3 * h if mixer_width(spec) else 0)
+    mixer = 3 * h + mixer_width(spec) / t if mixer_width(spec) else 0  # as a linear-attention / Mamba out_proj runs
+    return a * tokens * max(mlp, attention, mixer)
 
 
 def mixer_width(spec: ModelSpec) -> int:
