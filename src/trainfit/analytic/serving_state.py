@@ -21,7 +21,9 @@ One pool holds every layer's pages, so vLLM makes the attention page at least a 
 (platforms/interface.py:940-1131 _align_hybrid_block_size, run by update_block_size_for_backend :750-787):
   page1      = one token's K and V of one attention layer on this rank (FullAttentionSpec)
   alignment  = max(the attention kernel's smallest block, --block-size): 16 — FlashAttention's MultipleOf(16)
-               (v1/attention/backends/flash_attn.py:357-367), FlashInfer's smallest 16; with prefix caching
+               (v1/attention/backends/flash_attn.py:357-367), FlashInfer's smallest 16 (NB: FA4's head-256 kernel
+               on Blackwell takes 128, fa_utils.py:14; ROCm backends not read: the block there may be coarser,
+               holding fewer blocks); with prefix caching
                ("align" mode) its lcm with the layers' prefill-checkpoint alignment: 64 for Gated DeltaNet on Hopper
                and Blackwell, whose prefill runs FlashInfer's GDN kernel
                (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:245-267, :689-702;
