@@ -62,6 +62,13 @@ class GatedDeltaNetSpec:
         """The conv1d's channels: q, k and v (Qwen3NextGatedDeltaNet.conv_dim = key_dim * 2 + value_dim)."""
         return 2 * self.key_dim + self.value_dim
 
+    @property
+    def recurrent_state(self) -> int:
+        """Values of one sequence's recurrent state (the delta rule's (value_heads, key_head_dim, value_head_dim)
+        matrix per head: transformers' Qwen3NextGatedDeltaNet last_recurrent_state; vLLM's
+        gated_delta_net_state_shape holds (value_heads, value_head_dim, key_head_dim), the same count)."""
+        return self.value_heads * self.key_head_dim * self.value_head_dim
+
 
 @dataclass(frozen=True)
 class MLASpec:
@@ -110,6 +117,12 @@ class HybridSpec:
     def conv_dim(self) -> int:
         """The channels the conv runs over: x, B and C (NemotronHMamba2Mixer.conv_dim, :417)."""
         return self.ssm_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def ssm_state(self) -> int:
+        """Values of one sequence's SSM state: (ssm_heads, ssm_head_dim, d_state) (mamba2_chunk_scan's final state,
+        modeling_nemotron_h.py:592-603; vLLM's mamba2_state_shape temporal state)."""
+        return self.ssm_heads * self.ssm_head_dim * self.d_state
 
 
 @dataclass(frozen=True)

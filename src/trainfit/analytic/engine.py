@@ -4,7 +4,7 @@ from __future__ import annotations
 from .. import heads, overheads
 from ..models.hf_config import for_setup
 from ..errors import SetupError
-from .unmodelled import check_modelled
+from .unmodelled import check_modelled, unmodelled_features
 from ..estimate import PHASES, Detail, Estimate, Flops, Memory, PassTime, Phase, RLStep, Timing
 from ..hardware import GPU
 from ..units import fmt_bytes
@@ -216,7 +216,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     if tokens is not None and tokens <= 0:
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
-    check_modelled(spec)
+    if setup.mode != "serve":  # serving sizes the engine's own profile run (analytic/serving.py), not these terms
+        check_modelled(spec)
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":
@@ -400,7 +401,8 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     concurrent = max(1, serving.concurrency(sv))
     prompt = min(k.context_length, k.chunked_prefill_size)
     notes = [f"SGLang {sg.SGLANG_VERSION}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
-             f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights = "
+             f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights"
+             f"{' − the Mamba state pool' if sv.state_slots else ''} = "
              f"{fmt_bytes(sv.available_kv)} → max_total_num_tokens {sv.kv_tokens:,} ({sv.kv_bytes_per_token:,} "
              f"bytes per token, {k.kv_dtype} KV), max_running_requests {sv.max_running_requests}",
              f"outside the fraction ({fmt_bytes(sv.headroom)}): activations {fmt_bytes(sv.activations)} (a "
@@ -409,6 +411,13 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"{k.prefill_graph_sizes} prefill sizes)",
              f"decode: {concurrent} sequences at half of the context length on average, at {mbu:.0%} of memory "
              f"bandwidth; prefill of a {prompt}-token chunk at MFU {mfu:.0%}"]
+    if sv.state_slots:
+        notes.append(f"linear-attention / Mamba states: {sv.state_slots:,} slots of {fmt_bytes(sv.state_bytes)} per "
+                     f"request (max_mamba_cache_size, mamba_full_memory_ratio 0.9 of the rest) before the token pool, "
+                     f"in the KV pool's bytes; running requests capped at slots // 5")
+    if sv.swa_tokens:
+        notes.append(f"hybrid SWA: {sv.kv_tokens:,} full-layer tokens and {sv.swa_tokens:,} sliding-layer tokens "
+                     "(swa_full_tokens_ratio 0.8)")
     if sv.draft is not None:
         d = sv.draft
         notes.append(f"speculative {d.algorithm} ({d.model or 'the target MTP layers'}): draft weights "
@@ -433,6 +442,11 @@ def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graph
     the KV pool) as the peak, the device total around it, decode at `concurrent` sequences and the prefill of a
     `prompt`-token chunk at a flat --mfu; it fits when the engine starts (`starts`) and the device total fits."""
     peak = sv.weights + activations + graphs + sv.kv_pool
+    missing = unmodelled_features(spec)
+    if missing:
+        notes = [*notes, f"NB: the prefill FLOPs and parameters per GPU come from the analytic engine's per-layer terms, "
+                 f"which do not cover {', '.join(missing)} yet (analytic/unmodelled.py); the weights, profile-run peak "
+                 "and KV cache are the serving engine's own sizing"]
     reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
     at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": activations, "temporaries": graphs}
     memory = Memory(weights=sv.weights, gradients=0, optimizer_states=0, master_weights=0, activations=activations,

@@ -10,6 +10,10 @@ vLLM 0.33 sizes its paged KV cache once, at start-up (v1/worker/gpu_worker.py de
   blocks     = available // (block_size × KV bytes per token of every layer)   (v1/core/kv_cache_planning.py:681)
   tokens     = blocks / ceil(max_model_len / block_size) × max_model_len,  concurrency = that / max_model_len
                (kv_cache_utils.py:1061-1150, the "GPU KV cache size: N tokens" and "Maximum concurrency" lines)
+Models of several cache kinds (sliding-window, Llama 4's chunked local attention, linear-attention / Mamba states)
+split into layer groups sharing one block pool (layer_kinds, cache_groups, blocks_per_request: a block is one page of
+each layer of a group, a request holds blocks in every group); linear-attention / Mamba layers keep a constant-size
+state per sequence, and the attention block grows so one page holds it (analytic/serving_state.py).
 The CUDA context, NCCL communicators and the cuBLAS handles and workspace exist before the snapshot
 (gpu_worker.py:499-541): outside `requested`, but on the device (the device total).
 
@@ -45,7 +49,7 @@ from .activations import FP32
 from .embedding import rotary_dim
 from .inference import kv_bytes_per_token
 from .params import ParamCounts, count_params
-from . import roofline
+from . import roofline, serving_state
 from .precision import DTYPE_BYTES
 
 VLLM_VERSION = "0.33.0"
@@ -87,6 +91,7 @@ class Serving:
     max_concurrent_sequences: float
     kv_pool: int  # bytes of the blocks allocated
     blocks_per_request: int  # what one request of max_model_len holds (vLLM refuses to start below it)
+    state_bytes: int = 0  # one sequence's linear-attention / Mamba states on this GPU (unpadded; serving_state)
 
     @property
     def max_sequences(self) -> int:
@@ -145,7 +150,10 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
     blackwell = roofline.kernels_for(gpu).generation == "blackwell"
     sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell)
     dtype = setup.kv_dtype or _weight_dtype(setup)
-    return Knobs(setup.gpu_memory_utilization, max_len, batched, seqs, setup.block_size, dtype, sizes)
+    block = setup.block_size
+    if serving_state.state_layers(spec):  # one attention page holds a state page (serving_state)
+        block = serving_state.hybrid_block_size(spec, setup, gpu, dtype, _weight_dtype(setup))
+    return Knobs(setup.gpu_memory_utilization, max_len, batched, seqs, block, dtype, sizes)
 
 
 def _weight_dtype(setup: Setup) -> str:
@@ -199,6 +207,33 @@ def quant_bytes(setup: Setup) -> float:
     return {"fp8": 1.0, "awq": 0.5 + (2 + 0.5) / GROUP, "gptq": 0.5 + (2 + 0.5) / GROUP}.get(setup.quant, b)
 
 
+def _attention_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+    """One attention layer's projections on one GPU (as layer_bytes shards them: the k and v heads replicated past
+    TP's share)."""
+    kv = 2 * spec.kv_dim * spec.hidden
+    return ((pc.attention - kv) / setup.tp + kv * kv_share(spec, setup.tp)) * quant_bytes(setup)
+
+
+def stack_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+    """Every decoder layer of one pipeline stage on one GPU. A hybrid stack (Nemotron-H: one norm and one mixer per
+    block) counts its attention blocks as attention layers, its MLP blocks' MLP and its Mamba-2 mixers over TP
+    (vLLM's MambaMixer2 shards in_proj, conv1d, A, D, dt_bias, its gated norm and out_proj by heads: model_executor/
+    layers/mamba/mamba_mixer2.py), each block's norm replicated; Qwen3-Next's Gated DeltaNet layers hold their mixer
+    over TP (sharded by heads: model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py) in place of attention.
+    NB: a Mamba mixer's B/C groups replicated when TP exceeds n_groups, and its small vectors at --quant's bytes
+    (they stay in the model dtype): both a few MiB."""
+    q, t = quant_bytes(setup), setup.tp
+    if spec.hybrid is not None:
+        m = spec.hybrid
+        mixers = m.attention_layers * _attention_bytes(spec, setup, pc) + (
+            m.mlp_layers * pc.mlp + m.mamba_layers * pc.mamba) / t * q
+        return (mixers + spec.layers * pc.norms * DTYPE_BYTES[_weight_dtype(setup)]) / setup.pp
+    layers = spec.layers * layer_bytes(spec, setup, pc)
+    if pc.linear_layers:  # a Gated DeltaNet in place of each such layer's attention
+        layers += pc.linear_layers * (pc.linear_attention / t * q - _attention_bytes(spec, setup, pc))
+    return layers / setup.pp
+
+
 def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
     """The model's weights on one GPU as vLLM shards them: every layer as layer_bytes shards it, layers split
     evenly over PP, the embedding (embedding_bytes) on the first stage (the largest), an untied head and the final
@@ -206,7 +241,7 @@ def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
     b = DTYPE_BYTES[_weight_dtype(setup)]
     embed = embedding_bytes(spec, setup)
     head = 0 if spec.tied_embeddings else embed
-    layers = spec.layers / setup.pp * layer_bytes(spec, setup, pc)
+    layers = stack_bytes(spec, setup, pc)
     # RotaryEmbedding's cos/sin cache, a buffer of (max positions, rotary dim) in the model dtype on every rank
     # (model_executor/layers/rotary_embedding/base.py _compute_cos_sin_cache; "Loading model weights took" counts it)
     rope = (spec.max_positions or 0) * rotary_dim(spec) * b if spec.positions == "rotary" else 0
@@ -225,7 +260,24 @@ def forward_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
         i = spec.intermediate
     mlp = 3 * h + 3 * i / t  # as the down projection runs: its output beside its input and gate_up's
     attention = 3 * h + (2 * spec.q_dim + 2 * spec.kv_dim) / t  # as o_proj runs: qkv, the attention output, o_proj's
-    return a * tokens * max(mlp, attention)
+    mixer = 3 * h + mixer_width(spec) / t if mixer_width(spec) else 0  # as a linear-attention / Mamba out_proj runs
+    return a * tokens * max(mlp, attention, mixer)
+
+
+def mixer_width(spec: ModelSpec) -> int:
+    """Per token, a linear-attention / Mamba mixer's input projection and its output (0 without such layers), for the
+    moment its out_proj runs (beside the residual, its normalised copy and out_proj's output, h each): Gated
+    DeltaNet in_proj_qkvz + in_proj_ba (2 key_dim + 2 value_dim + 2 value_heads) and value_dim; Mamba-2 in_proj
+    (2 inner + 2 n_groups d_state + heads) and inner. NB: under — the conv's output and the chunked scan's fp32
+    states (Mamba-2: chunks x heads x head_dim x d_state) are not counted: the serving profile run is not the
+    analytic engine's activation model, which does not cover these layers yet (analytic/unmodelled.py)."""
+    if spec.hybrid is not None:
+        m = spec.hybrid
+        return 2 * m.ssm_inner + 2 * m.n_groups * m.d_state + m.ssm_heads + m.ssm_inner
+    if spec.linear_attn is not None:
+        g = spec.linear_attn
+        return 2 * g.key_dim + 2 * g.value_dim + 2 * g.value_heads + g.value_dim
+    return 0
 
 
 def logits_transient(spec: ModelSpec, setup: Setup, tokens: int, rows: int, fp32_copies: int) -> float:
@@ -249,59 +301,86 @@ def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
 
 @dataclass(frozen=True)
 class LayerKinds:
-    """How many layers attend fully and how many within a sliding window (of `window` tokens)."""
+    """How many layers hold each kind of cache: full attention, a sliding window (of `window` tokens), Llama 4's
+    chunked local attention (chunks of `chunk` tokens), and a constant-size state per sequence (linear attention,
+    Mamba: analytic/serving_state.py). Layers with no cache (Nemotron-H's MLP blocks) are in none."""
 
     full: int
     sliding: int
     window: int | None
+    chunked: int = 0
+    chunk: int | None = None
+    state: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """The kinds present, by name, with their layer counts (the order vLLM's groups come in does not matter)."""
+        kinds = {"full": self.full, "sliding": self.sliding, "chunked": self.chunked, "state": self.state}
+        return {name: n for name, n in kinds.items() if n}
 
 
 def layer_kinds(spec: ModelSpec) -> LayerKinds:
     """vLLM gives a layer a sliding window where transformers' config does (its layer_types, which
     models/hf_config.py resolves into sliding_window_layers: Gemma-2's every other layer, configuration_gemma2.py:
-    95-98, vLLM model_executor/models/gemma2.py:155-156; Qwen2's layers from max_window_layers), or to every layer
-    from the config's sliding_window (Mistral-7B-v0.1, Phi-3-mini-4k: vLLM's Attention falls back to
-    cache_config.sliding_window). A window as long as the context is full attention."""
-    n, window = spec.layers, spec.sliding_window
+    95-98, vLLM model_executor/models/gemma2.py:155-156; Gemma 3's five of six, gemma3.py:155; gpt-oss's even layers,
+    gpt_oss.py:175; Qwen2's layers from max_window_layers), or to every layer from the config's sliding_window
+    (Mistral-7B-v0.1, Phi-3-mini-4k: vLLM's Attention falls back to cache_config.sliding_window). A window as long as
+    the context is full attention. Llama 4's RoPE layers are ChunkedLocalAttention (model_executor/models/llama4.py:
+    251-263; the hybrid allocator stays on for them by default: envs.py:272 VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_
+    HYBRID_KV_CACHE=1, config/vllm.py:2235-2253), its NoPE layers full attention. gpt-oss's attention sinks are a
+    per-head logit (a parameter), no cache: its layers are sliding or full like any other."""
+    attention, state = serving_state.attention_layers(spec), serving_state.state_layers(spec)
+    chunked = spec.chunked_layers if spec.attention_chunk else 0
+    window = spec.sliding_window
     if not window or window >= (spec.max_positions or window + 1):
-        return LayerKinds(n, 0, None)
-    sliding = n if spec.sliding_window_layers is None else spec.sliding_window_layers
-    return LayerKinds(n - sliding, sliding, window)
+        return LayerKinds(attention - chunked, 0, None, chunked, spec.attention_chunk if chunked else None, state)
+    sliding = attention if spec.sliding_window_layers is None else spec.sliding_window_layers
+    return LayerKinds(attention - sliding - chunked, sliding, window, chunked,
+                      spec.attention_chunk if chunked else None, state)
 
 
-def cache_groups(kinds: LayerKinds) -> tuple[int, int, int]:
-    """(layers per group, full groups, sliding groups) as vLLM's hybrid allocator splits the layers
-    (v1/core/kv_cache_planning.py:509-557): the group size is the smaller count of the two kinds — the larger if it
-    is under 1.5 × the smaller — each kind in ceil(n / size) groups (the last padded); every group's layers share
+def cache_groups(kinds: LayerKinds) -> tuple[int, dict[str, int]]:
+    """(layers per group, groups of each kind) as vLLM's hybrid allocator splits the layers
+    (v1/core/kv_cache_planning.py:484-557): layers of one KV spec form a bucket (full attention, a window, a chunk
+    size, a state layer: MambaSpec); the group size is the smallest bucket's count — the largest's if that is under
+    1.5 × the smallest (:521-536) — each bucket in ceil(n / size) groups (the last padded); every group's layers share
     the block ids of one pool, so a block holds one page of each layer of a group (bytes per block: the largest
     group's pages, :574-605)."""
-    counts = [x for x in (kinds.full, kinds.sliding) if x]
-    size = min(counts)
-    if max(counts) < 1.5 * size:
-        size = max(counts)
-    return size, math.ceil(kinds.full / size), math.ceil(kinds.sliding / size)
+    counts = kinds.counts()
+    size = min(counts.values())
+    if max(counts.values()) < 1.5 * size:
+        size = max(counts.values())
+    return size, {name: math.ceil(n / size) for name, n in counts.items()}
 
 
-def blocks_per_request(kinds: LayerKinds, setup: Setup, k: Knobs) -> int:
-    """Blocks one request of max_model_len holds, summed over its cache groups (kv_cache_utils.py:1061-1087,
+def in_flight_tokens(setup: Setup, k: Knobs) -> int:
+    """Tokens scheduled but not settled (config/vllm.py:590-609 max_in_flight_tokens): max_num_batched_tokens per
+    concurrent batch, 2 batches with async scheduling (the default) or pp of them."""
+    return max(2 if setup.pp == 1 else setup.pp, 1) * k.max_num_batched_tokens
+
+
+def blocks_per_request(kinds: LayerKinds, setup: Setup, k: Knobs, state_blocks: int = 0) -> int:
+    """Blocks one request of max_model_len holds, summed over its cache groups (kv_cache_utils.py:1061-1097,
     get_max_concurrency_for_kv_cache_config): a full-attention group ceil(L / B); a sliding-window group
     (SlidingWindowSpec.max_admission_blocks_per_request, kv_cache_interface.py:918-944) the last window − 1 tokens
-    plus the tokens in flight — max_num_batched_tokens per concurrent batch, 2 batches with async scheduling (the
-    default, config/vllm.py:588-598, 1685-1719) or pp of them — never more than L, + 1 block for a window that does
-    not start at a block boundary."""
-    _, full_groups, sliding_groups = cache_groups(kinds)
-    full = math.ceil(k.max_model_len / k.block_size)
-    if not sliding_groups:
-        return full_groups * full
-    in_flight = max(2 if setup.pp == 1 else setup.pp, 1) * k.max_num_batched_tokens
-    sliding = math.ceil(min(kinds.window - 1 + in_flight, k.max_model_len) / k.block_size) + 1
-    return full_groups * full + sliding_groups * sliding
+    plus the tokens in flight (in_flight_tokens), never more than L, + 1 block for a window that does not start at a
+    block boundary; a chunked-local group (ChunkedLocalAttentionSpec, :864-881) a chunk plus the tokens in flight,
+    never more than L; a state group `state_blocks` (serving_state.state_blocks_per_request)."""
+    _, groups = cache_groups(kinds)
+    length, b = k.max_model_len, k.block_size
+    per_group = {"full": math.ceil(length / b), "state": state_blocks}
+    if kinds.sliding:
+        per_group["sliding"] = math.ceil(min(kinds.window - 1 + in_flight_tokens(setup, k), length) / b) + 1
+    if kinds.chunked:
+        per_group["chunked"] = math.ceil(min(kinds.chunk + in_flight_tokens(setup, k), length) / b)
+    return sum(n * per_group[name] for name, n in groups.items())
 
 
 def check(spec: ModelSpec, setup: Setup) -> None:
     if not spec.causal:
         raise SetupError(f"--mode serve: {spec.name} is an encoder; vLLM's KV cache serves decoders")
-    layer_kinds(spec)  # refuses hybrid families whose config does not list their layers' kinds
+    if setup.pp > 1 and serving_state.state_layers(spec):
+        raise SetupError(f"--mode serve --pp {setup.pp}: {spec.name}'s linear-attention / Mamba layers split over "
+                         "pipeline stages are not modelled (their cache groups are per stage); use --tp")
     if setup.pp > 1 and spec.layers % setup.pp:
         raise SetupError(f"--pp {setup.pp} must divide {spec.name}'s {spec.layers} layers")
 
@@ -338,25 +417,34 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     weights = weights_per_gpu(spec, setup, pc)
     act = max(forward_transient(spec, setup, k.max_num_batched_tokens), sampler_transient(spec, setup, k))
     graphs = cuda_graph_bytes(spec, setup, k)
+    kinds = layer_kinds(spec)
     per_token = kv_bytes_per_token(spec, setup.with_(kv_dtype=k.kv_dtype))
+    if kinds.state:  # only the attention layers' K and V grow with the tokens (the states: state_bytes)
+        per_token = (kinds.full + kinds.sliding + kinds.chunked) * \
+            serving_state.attention_page_per_token(spec, setup, k.kv_dtype)
     if draft is not None:  # NB: the two models' profile peaks taken as not overlapping (they run one after another)
         weights += weights_per_gpu(draft, setup, count_params(draft))
         act = max(act, forward_transient(draft, setup, k.max_num_batched_tokens))
         graphs += cuda_graph_bytes(draft, setup, k)
         per_token += kv_bytes_per_token(draft, setup.with_(kv_dtype=k.kv_dtype))
     available = requested - weights - act - graphs
-    kinds = layer_kinds(spec)
-    if draft is not None and kinds.sliding:
-        raise SetupError("--draft-model with a sliding-window target: vLLM's mixed page sizes are not modelled")
+    if draft is not None and len(kinds.counts()) > 1:
+        raise SetupError("--draft-model with a target of several cache kinds (sliding-window, chunked, linear-attention "
+                         "or Mamba layers): vLLM's mixed cache groups with a draft are not modelled")
     # a block: one page (block_size tokens) of each layer of a group (all of the target's and a draft's layers when
-    # there is no sliding window): block_size × per_token × the group's share of the layers
+    # there is one kind): block_size × per_token × the group's share of the layers; with state layers every page is
+    # the attention page (the state page padded up to it: serving_state)
     size = cache_groups(kinds)[0] if draft is None else spec.layers
-    block = k.block_size * per_token * size / spec.layers
+    if kinds.state:
+        block = size * k.block_size * serving_state.attention_page_per_token(spec, setup, k.kv_dtype)
+    else:
+        block = k.block_size * per_token * size / spec.layers
     blocks = max(0, int(available // block))
-    per_request = blocks_per_request(kinds, setup, k)
+    per_request = blocks_per_request(kinds, setup, k, serving_state.state_blocks_per_request(spec, gpu))
     concurrency = blocks / per_request
+    state = kinds.state * serving_state.vllm_state_page(spec, setup, _weight_dtype(setup)).bytes if kinds.state else 0
     return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
-                   int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request)
+                   int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request, state)
 
 
 def concurrency(sv) -> int:
@@ -369,6 +457,8 @@ def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:
     """One decode step of `sequences` running sequences: memory-bound, it reads the weights and every sequence's KV
     once (Pope et al. 2022 §3; the roofline of Williams et al. 2009) at `mbu` of the memory bandwidth.
     NB: sequences taken at half of max_model_len on average; TP's two all-reduces per layer are not counted
-    (optimistic by tens of µs per layer)."""
+    (optimistic by tens of µs per layer). A linear-attention / Mamba layer reads and writes its state once per step
+    (counted once: NB under by the write)."""
     context = sv.knobs.max_model_len / 2
-    return (sv.weights + sequences * context * sv.kv_bytes_per_token) / (gpu.memory_bandwidth * mbu)
+    per_sequence = context * sv.kv_bytes_per_token + sv.state_bytes
+    return (sv.weights + sequences * per_sequence) / (gpu.memory_bandwidth * mbu)

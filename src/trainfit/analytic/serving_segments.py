@@ -19,7 +19,8 @@ the rotary cos/sin cache computed on the GPU in fp32 (layers/rotary_embedding/ba
 are freed, the concatenation kept), q/k norms —, the MLP — dense: gate_up, down; MoE: the stacked experts w13 and
 w2 (fused_moe_triton/layer.py), the router gate, a shared expert and its gate —, the layer's two norms; then the
 final norm and the LM head), each tensor sized as serving.weights_per_gpu counts it.
-NB: not enumerated, so no slack counted (under): MLA attention (DeepSeek), quantisation scales and zeros
+NB: not enumerated, so no slack counted (under): MLA attention (DeepSeek), the linear-attention / Mamba hybrids'
+stacks (Qwen3-Next, Nemotron-H), quantisation scales and zeros
 (fp8 block scales, AWQ/GPTQ's, all small-pool tensors), a draft model's weights.
 """
 from __future__ import annotations
@@ -113,8 +114,8 @@ def reserved(ops) -> tuple[int, int]:
 
 def slack(spec: ModelSpec, setup: Setup) -> int:
     """Bytes the allocator holds for one rank's weights beyond the weights themselves (module docstring); 0 for
-    MLA models (not enumerated: NB under)."""
-    if spec.mla is not None:
+    MLA models and linear-attention / Mamba hybrids (not enumerated: NB under)."""
+    if spec.mla is not None or spec.linear_attn is not None or spec.hybrid is not None:
         return 0
     held, live = reserved(construction(spec, setup))
     return held - live

@@ -24,6 +24,9 @@ SGLang 0.5.23 (the wheel's sglang/srt/...) sizes its token-to-KV pool once, at s
         (pool_configurator.py:340-535 _compute_cell_size)
   with speculative decoding (--speculative-algorithm, --draft-model): the draft's weights join the target's and the
         cell grows by the draft's layers (analytic/serving_sglang_spec.py)
+  hybrids (analytic/serving_sglang_hybrid.py): linear-attention / Mamba layers' states come out of rest first (the
+        MambaPool) and hold no token slot; gpt-oss's sliding layers take their own pool (HybridSWAPoolConfigurator);
+        Gemma 2/3 and the text-only Llama 4 keep every layer's tokens in one pool
   page_size: 1 on CUDA (arg_groups/overrides.py:1343-1362 _page_size_default; FA4 on SM100 forces 128, :1270-1296)
   max_running_requests = min(max(min(tokens / context_len × 512, 4096), 2048), tokens // 2)
         (kv_cache_configurator.py:3119-3140 resolve_max_num_reqs)
@@ -56,7 +59,9 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import serving_segments as segments
+from . import serving_sglang_hybrid as hybrid
 from . import serving_sglang_spec as speculative
+from . import serving_state
 from .params import ParamCounts, count_params
 from .activations import FP32
 from .embedding import rotary_dim
@@ -100,6 +105,9 @@ class Serving:
     activations: int  # the largest eager transient (chunked prefill forward or the logits): in the headroom
     cuda_graphs: int  # in the headroom too
     draft: speculative.Draft | None = None  # speculative decoding's draft (weights counted in `weights`)
+    state_bytes: int = 0  # one request's linear-attention / Mamba states (MambaPool; in kv_pool with the pool's slots)
+    state_slots: int = 0  # max_mamba_cache_size
+    swa_tokens: int = 0  # the SWA pool of a hybrid sliding-window model (its full pool: kv_tokens)
 
     @property
     def remainder_needs(self) -> int:
@@ -202,7 +210,9 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
 def cell_size(spec: ModelSpec, setup: Setup, kv_dtype: str) -> int:
     """Bytes per token slot on one GPU (pool_configurator.py:340-535 _compute_cell_size)."""
     b = DTYPE_BYTES[kv_dtype]
-    layers = spec.layers // setup.pp  # this rank's layers (check() refuses a pp that does not divide them)
+    # this rank's attention layers (check() refuses a pp that does not divide them); a hybrid's linear-attention /
+    # Mamba layers hold no token slot (pool_configurator.py:229-239: mambaish full_attention_layer_ids)
+    layers = serving_state.attention_layers(spec) // setup.pp
     if spec.mla is not None:
         # kv_cache_configurator.py:3412 calculate_mla_kv_cache_dim: the latent and the rope key, every rank whole
         return int((spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * layers * b)
@@ -241,14 +251,26 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
         raise SetupError(f"--server sglang: the weights ({weights / 2**30:.2f} GiB per GPU) exceed "
                          f"mem_fraction_static {k.mem_fraction_static} of the free memory ({pre / 2**30:.2f} GiB); "
                          "SGLang raises at start-up: raise --mem-fraction-static, add --tp or --quant")
-    cell = speculative.pool_cell(cell_size(spec, setup, k.kv_dtype), spec.layers // setup.pp, dr)
-    tokens = int(available // cell) // k.page_size * k.page_size
+    if dr is not None and (serving_state.state_layers(spec) or hybrid.is_hybrid_swa(spec)):
+        raise SetupError(f"--server sglang: speculative decoding with {spec.name}'s hybrid pools (Mamba state or "
+                         "SWA) is not modelled; use --server vllm or no draft")
+    states = hybrid.state_pool(spec, setup, available)  # taken out before the token pool (serving_sglang_hybrid)
+    rest = available - (states.bytes if states else 0)
+    swa_tokens = 0
+    if hybrid.is_hybrid_swa(spec):
+        sw = hybrid.swa_pool(spec, setup, k.kv_dtype, rest, k.page_size)
+        cell, tokens, pool, swa_tokens = sw.cell, sw.full_tokens, sw.bytes, sw.swa_tokens
+    else:
+        cell = speculative.pool_cell(cell_size(spec, setup, k.kv_dtype), spec.layers // setup.pp, dr)
+        tokens = int(rest // cell) // k.page_size * k.page_size
+        pool = tokens * cell
     estimated = max(min(int(tokens / k.context_length * 512), 4096), 2048)
-    running = min(estimated, tokens // 2)
-    return Serving(k, total, int(pre), int(requested), int(weights), int(pre - requested), int(available), cell,
-                   tokens, running, tokens / k.context_length, tokens * cell,
+    running = min(estimated, tokens // 2, states.max_requests if states else tokens // 2)
+    return Serving(k, total, int(pre), int(requested), int(weights), int(pre - requested), int(rest), cell,
+                   tokens, running, tokens / k.context_length, int(pool + (states.bytes if states else 0)),
                    int(activation_peak(spec, setup, k, running)),
-                   int(cuda_graph_bytes(spec, setup, k, dr.draft_tokens if dr else 1)), dr)
+                   int(cuda_graph_bytes(spec, setup, k, dr.draft_tokens if dr else 1)), dr,
+                   states.per_request if states else 0, states.slots if states else 0, swa_tokens)
 
 
 def activation_peak(spec: ModelSpec, setup: Setup, k: Knobs, running: int) -> float:
@@ -273,9 +295,10 @@ def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs, tokens_per_request
 
 
 def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:
-    """As serving.decode_seconds: weights + every sequence's KV at half the context, memory-bound."""
+    """As serving.decode_seconds: weights + every sequence's KV at half the context (and its states), memory-bound."""
     context = sv.knobs.context_length / 2
-    return (sv.weights + sequences * context * sv.kv_bytes_per_token) / (gpu.memory_bandwidth * mbu)
+    per_sequence = context * sv.kv_bytes_per_token + sv.state_bytes
+    return (sv.weights + sequences * per_sequence) / (gpu.memory_bandwidth * mbu)
 
 
 def fits(sv: Serving) -> bool:
