@@ -216,7 +216,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     if tokens is not None and tokens <= 0:
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
-    check_modelled(spec)
+    # inference with a GPU times each pass from the op list, which asks again (ops/layer.py: training's terms)
+    check_modelled(spec, setup.mode if gpu is None or mfu is not None else "train")
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":
