@@ -60,7 +60,7 @@ def prefill_moments(spec: ModelSpec, setup: Setup) -> list[float]:
     from .inference import _prefill_moments  # noqa: PLC0415
 
     st = state_bytes(setup)
-    a, r = st.act, st.residual
+    r = st.residual
     tokens = setup.batch * setup.seq
     h = spec.hidden
     pattern = spec.hybrid.pattern

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from ..setup import Setup
 from ..spec import ModelSpec
 from .precision import StateBytes
 
