@@ -76,7 +76,7 @@ def prefill_moments(spec: ModelSpec, setup: Setup) -> list[float]:
         # (NemotronHRMSNorm returns the input's dtype) and the position ids NemotronHModel builds
         held = (2 if i == 0 else 3) * r * h * tokens + INDEX * setup.seq
         own = st.act * (mamba2.in_proj_params(spec) + mamba2.conv_bias_cast(spec)) if st.autocast else 0.0
-        mixer = max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq))
+        mixer = max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq, setup.device))
         out.append(held + mixer + cache_before(spec, setup, i, setup.seq)
                    + setup.batch * mamba2.conv_state_bytes(spec, st) + casts(i) + own)
     for kind, moment in (("attention", attn_moment), ("mlp", mlp_moment)):
@@ -101,7 +101,7 @@ def hybrid_infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     # decode: the whole cache (one more token in the attention blocks), the largest block's step, the logits
     cached = setup.seq + 1
     kv_decode = hybrid_cache_bytes(spec, setup, cached)
-    step = mamba2.decode_step(spec, st, setup.batch) if spec.hybrid.mamba_layers else 0.0
+    step = mamba2.decode_step(spec, st, setup.batch, setup.device) if spec.hybrid.mamba_layers else 0.0
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if st.autocast else 0.0
     decode = weights + kv_decode + casts + head_cast + step + logits
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))

@@ -74,6 +74,13 @@ def scan_dtype_bytes(st: StateBytes) -> int:
     return st.act if st.autocast else FP32
 
 
+def dt_bytes(st: StateBytes, device: str) -> int:
+    """dt's dtype after softplus: fp32 under CUDA's autocast, whose fp32 list has softplus (torch
+    include/ATen/autocast_mode.h AT_FORALL_FP32, :873; CPU autocast's lists do not), else the compute dtype (dt is a
+    slice of in_proj's output)."""
+    return FP32 if (st.autocast and device == "cuda") else st.act
+
+
 def conv_state_bytes(spec: ModelSpec, st: StateBytes) -> int:
     """One sequence's conv state of one Mamba block: (conv_dim, K) in in_proj's output dtype."""
     m = spec.hybrid
@@ -91,15 +98,14 @@ def state_bytes_per_sequence(spec: ModelSpec, st: StateBytes) -> int:
     return conv_state_bytes(spec, st) + ssm_state_bytes(spec, st)
 
 
-def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tuple[float, float]:
+def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device: str) -> tuple[float, float]:
     """(inside the last einsum's bmm, the scan's end): the mixer's live bytes at its two candidate high points,
     the block's input, its norm and the cache aside. Each tensor by the source line that makes it:
       in_proj's output (T, proj) in the compute dtype (a), held whole: gate, x|B|C and dt are views of it (:496);
       the conv's output after SiLU, (b, conv_dim, s) in a (causal_conv1d_fn :175-183: the padded conv output is
         freed when the SiLU's slice is taken); x, B and C are views of it (:537-541);
       A = -exp(A_log) (H,) fp32 (:480);
-      dt after bias, softplus and clamp (T, H): a, fp32 under autocast (softplus is on autocast's fp32 list)
-        (:300-303); A·dt chunked, fp32 (:318, 323);
+      dt after bias, softplus and clamp (T, H) in dt_bytes (:300-303); A·dt chunked, fp32 (:318, 323);
     the scan's locals (fp32 unless named; e: the einsum dtype, scan_dtype_bytes):
       B and C repeated to every head and padded, (Tp, H, N) each (:309-310, 323: the repeat_interleave copies are
         freed by the padded ones);
@@ -119,7 +125,7 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tupl
     x = scan_shape(spec, batch, seq)
     a = st.act
     e = scan_dtype_bytes(st)
-    d = FP32 if st.autocast else a
+    d = dt_bytes(st, device)
     tp, h, p, n, q, c = x.padded, x.heads, x.head_dim, x.state, x.chunk, x.chunks
     mixer = a * x.tokens * x.proj + a * batch * x.conv_dim * seq + FP32 * h + d * x.tokens * h
     scan = (2 * FP32 * n * tp * h  # B, C
@@ -136,15 +142,23 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tupl
     return inside, end
 
 
-def decode_step(spec: ModelSpec, st: StateBytes, batch: int) -> float:
-    """The mixer's high point in a decode step (one token per sequence): in_proj's output, the conv's (b, conv_dim,
-    K + 1) concatenation and output (causal_conv1d_update :143-160), and in mamba2_selective_state_update
-    (:211-270) dA, dB, dB·x, state·dA and their sum, (b, H, P, N) each in fp32 (dt is fp32 there: the state is).
-    NB: the small (b, H, P) and (b, G, N) tensors are left out (an under-count of a few (b, H, P) per block)."""
+def decode_step(spec: ModelSpec, st: StateBytes, batch: int, device: str) -> float:
+    """The mixer's high point in a decode step (one token per sequence), at the state update `ssm_states = state * dA
+    + dBx` of mamba2_selective_state_update (:236-248): in_proj's output and the conv's SiLU output (the conv's
+    concatenation with its state is freed by then, causal_conv1d_update :143-160), dt after softplus expanded over
+    the head channels (b, H, P) in the compute dtype, and (b, H, P, N) each: dA = exp(dt·A) in fp32, dB = dt·B and
+    dB·x in the compute dtype (dt, B and x are), state·dA and the sum in fp32 (the state is); on CPU, adding the
+    16-bit dB·x to fp32 first copies it to fp32 (TensorIterator's common dtype; trace/cpu_casts.py). Under CUDA's
+    autocast dt is fp32 (dt_bytes), and so are dB and dB·x. Read off traced decode steps (small-nemotron_h, bf16 and
+    amp-bf16, CPU and CUDA semantics).
+    NB: the (b, H, N) copies of B and C and the output bmm's (b·H, P, 1) are left out (an under-count of a few
+    (b, H, N) per block)."""
     x = scan_shape(spec, batch, 1)
-    a = st.act
-    conv = a * batch * x.conv_dim * (x.conv_kernel + 1) + a * batch * x.conv_dim
-    return a * batch * x.proj + conv + 5 * FP32 * batch * x.heads * x.head_dim * x.state
+    a, d = st.act, dt_bytes(st, device)
+    state = batch * x.heads * x.head_dim * x.state
+    scratch = FP32 * state if (device == "cpu" and d != FP32) else 0
+    return (a * batch * x.proj + a * batch * x.conv_dim + d * batch * x.heads * x.head_dim
+            + (3 * FP32 + 2 * d) * state + scratch)
 
 
 def conv_bias_cast(spec: ModelSpec) -> int:
