@@ -24,10 +24,12 @@ def test_cache_is_states_per_mamba_block_and_kv_per_attention_block():
     assert est.detail.kv_bytes_per_token == 128
 
 
-def test_training_is_refused_in_one_line():
-    spec = load_model("tiny-nemotron-h")
-    with pytest.raises(SetupError, match="Mamba-2 blocks outside inference memory") as e:
-        estimate(spec, Setup(batch=2, seq=128, precision="bf16"))
+@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="bf16"),
+                                   Setup(batch=2, seq=128, precision="bf16", mode="infer", tp=2)],
+                         ids=["train", "infer-tp2"])
+def test_what_is_not_modelled_is_refused_in_one_line(setup):
+    with pytest.raises(SetupError, match="Mamba-2") as e:
+        estimate(load_model("tiny-nemotron-h"), setup)
     assert "\n" not in str(e.value)
 
 

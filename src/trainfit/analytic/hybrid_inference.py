@@ -9,6 +9,7 @@ the whole cache and the logits.
 """
 from __future__ import annotations
 
+from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import mamba2
@@ -90,6 +91,12 @@ def prefill_moments(spec: ModelSpec, setup: Setup) -> list[float]:
 def hybrid_infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     """InferMemory of a hybrid stack (`weights`: this rank's weight bytes)."""
     from .inference import InferMemory  # noqa: PLC0415
+
+    if setup.tp > 1 or setup.pp > 1:
+        # the Mamba blocks' heads and states split over TP ranks, and each pipeline stage's share of the pattern,
+        # are not modelled
+        raise SetupError(f"{spec.name}: --tp/--pp with Mamba-2 blocks are not modelled by the analytic engine; "
+                         "use --engine trace on one device")
 
     st = state_bytes(setup)
     moments = prefill_moments(spec, setup)
