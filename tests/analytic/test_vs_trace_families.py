@@ -211,15 +211,16 @@ TRAINING_REFUSED: dict[str, str] = {
     "nemotron_h": (
         "Mamba-2 blocks in training (NemotronHMamba2Mixer's reference scan, modeling_nemotron_h.py:273-378: the "
         "in_proj split, the depthwise conv, the chunked scan's fp32 segment sums, decays and per-chunk states, the "
-        "gated RMSNorm, all saved for backward): no terms; measured with the refusal lifted, analytic -46.9 % to "
-        "-62.7 % of the traced training peak (this shrunk config, bf16 and amp-bf16, CUDA semantics)"),
+        "gated RMSNorm, all saved for backward): no terms; measured with the refusal lifted, analytic -58.3 % to "
+        "-85.4 % of the traced training peak (this shrunk config, Nemotron-H 47B's flags: state 256; every "
+        "precision and recompute policy, CPU and CUDA semantics)"),
 }
 
 if _ONEDNN_BF16:
     KNOWN_GAPS["nemotron_h-infer-amp-bf16-cpu"] = (
         "the oneDNN scratch of the Mamba-2 scan's last bmm under autocast (C_times_states, modeling_nemotron_h.py:362:"
-        " a batched (b·chunks·heads) Q×N · N×P bf16 matmul, 362,112 B probed at 2 x 128) is not priced: "
-        "onednn.matmul_scratch models 2-D matmuls, not the batched primitive (-2.0 %)")
+        " a batched (b·chunks·heads) Q×N · N×P bf16 matmul, at the prefill's high point inside it) is not priced: "
+        "onednn.matmul_scratch models 2-D matmuls, not the batched primitive (-2.5 %)")
 
 
 def default_run(index: int, s: Setup) -> bool:

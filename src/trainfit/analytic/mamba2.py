@@ -13,9 +13,11 @@ scan's einsum dtype (fp32, the scan upcasts x, B and C; the compute dtype under 
 in it). Constant in the sequence length.
 
 Prefill: the scan's locals all stay referenced until it returns, so its high point is at its end (`output =
-(Y_diag + Y_off).contiguous()`, :366-370), or inside its last einsum's bmm (C_times_states, :362) where C's
-contiguous fp32 copy (and its 16-bit cast under autocast) are live — whichever is larger. Read off traced prefills
-(small-nemotron_h, 2 x 128: the live set at the prefill peak tensor by tensor).
+(Y_diag + Y_off).contiguous()`, :366-370), inside its last einsum's bmm (C_times_states, :362) where C's contiguous
+fp32 copy (and its 16-bit cast under autocast) are live, or inside the chunk states' bmm (new_states, :355) where
+the concatenated states and their copy are — whichever is largest (mixer_prefill). Read off traced prefills
+(small-nemotron_h at 2 x 128 with Nemotron-H 8B's and 47B's flags, state 128 and 256; tiny-nemotron-h at 2 x 100,
+7 chunks: the live set at the prefill peak tensor by tensor).
 """
 from __future__ import annotations
 
@@ -98,9 +100,10 @@ def state_bytes_per_sequence(spec: ModelSpec, st: StateBytes) -> int:
     return conv_state_bytes(spec, st) + ssm_state_bytes(spec, st)
 
 
-def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device: str) -> tuple[float, float]:
-    """(inside the last einsum's bmm, the scan's end): the mixer's live bytes at its two candidate high points,
-    the block's input, its norm and the cache aside. Each tensor by the source line that makes it:
+def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device: str) -> tuple[float, float, float]:
+    """(inside the chunk states' bmm, inside the last einsum's bmm, the scan's end): the mixer's live bytes at its
+    three candidate high points, the block's input, its norm and the cache aside. Each tensor by the source line
+    that makes it:
       in_proj's output (T, proj) in the compute dtype (a), held whole: gate, x|B|C and dt are views of it (:496);
       the conv's output after SiLU, (b, conv_dim, s) in a (causal_conv1d_fn :175-183: the padded conv output is
         freed when the SiLU's slice is taken); x, B and C are views of it (:537-541);
@@ -119,7 +122,10 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device:
         the concatenated states are freed once new_states is made);
       decay_chunk (b, H, c + 1, c + 1) (:353);
     at the end Y_off (:363), Y_diag + Y_off and its contiguous copy (:369), fp32 (Tp, H, P) each; inside the last
-    bmm instead C's contiguous (Tp, H, N) fp32 copy (and its 16-bit cast under autocast) beside the bmm's output.
+    bmm instead C's contiguous (Tp, H, N) fp32 copy (and its 16-bit cast under autocast) beside the bmm's output;
+    inside new_states' bmm (:355) the concatenated states (b, c + 1, H, P, N) and their contiguous copy, in e, with
+    state_decay_out and the last einsum not made yet (the moment that tops the others where the state is wide:
+    d_state 256, Nemotron-H 47B/56B).
     NB: the scan's few (s,), (Q, Q) boolean masks and int64 helpers, and under autocast the 16-bit casts of the
     other einsums' inputs (freed by their bmm), are left out."""
     x = scan_shape(spec, batch, seq)
@@ -137,9 +143,10 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device:
             + e * batch * h * p * n * (c + 2)  # initial zero state, new_states
             + FP32 * batch * h * (c + 1) ** 2)  # decay_chunk
     last_out = e * tp * h * p  # C_times_states' bmm output
+    states = mixer + scan - FP32 * tp * h + 2 * e * batch * h * (c + 1) * p * n
     inside = mixer + scan + last_out + (FP32 + (e if e != FP32 else 0)) * tp * h * n
     end = mixer + scan + last_out + 3 * FP32 * tp * h * p
-    return inside, end
+    return states, inside, end
 
 
 def decode_step(spec: ModelSpec, st: StateBytes, batch: int, device: str) -> float:
