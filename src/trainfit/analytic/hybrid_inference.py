@@ -13,10 +13,8 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import mamba2
-from .activations import attention_linear_params
+from .activations import FP32, INDEX, attention_linear_params
 from .precision import DTYPE_BYTES, state_bytes
-
-INDEX = 8  # int64 positions
 
 
 def block_cache_bytes(spec: ModelSpec, setup: Setup, kind: str, cached: int) -> float:
@@ -101,7 +99,7 @@ def hybrid_infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     st = state_bytes(setup)
     moments = prefill_moments(spec, setup)
     act = max(moments)
-    logits = FP32_LOGITS * spec.vocab / setup.tp * setup.batch  # generate's last-position logits, fp32
+    logits = FP32 * spec.vocab / setup.tp * setup.batch  # generate's last-position logits, fp32
     kv = hybrid_cache_bytes(spec, setup, setup.seq)
     casts = st.act * sum(block_cast_params(spec, k) for k in spec.hybrid.pattern) if st.autocast else 0.0
     prefill = weights + max(act, kv + logits + casts)
@@ -113,5 +111,3 @@ def hybrid_infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     decode = weights + kv_decode + casts + head_cast + step + logits
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 
-
-FP32_LOGITS = 4

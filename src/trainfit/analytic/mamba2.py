@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from math import ceil
 
 from ..spec import ModelSpec
+from .activations import FP32
 from .precision import StateBytes
-
-FP32 = 4
 
 
 @dataclass(frozen=True)
