@@ -14,18 +14,17 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import mamba2
 from .activations import FP32, INDEX, attention_linear_params
-from .precision import DTYPE_BYTES, state_bytes
+from .precision import state_bytes
 
 
 def block_cache_bytes(spec: ModelSpec, setup: Setup, kind: str, cached: int) -> float:
     """What one block of `kind` holds in the generate cache for `cached` tokens of setup.batch sequences."""
-    from .inference import kv_dtype  # noqa: PLC0415 (inference dispatches here)
+    from .inference import kv_bytes_per_token  # noqa: PLC0415 (inference dispatches here)
 
-    st = state_bytes(setup)
     if kind == "mamba":
-        return setup.batch * mamba2.state_bytes_per_sequence(spec, st)
-    if kind == "attention":
-        return 2 * DTYPE_BYTES[kv_dtype(spec, setup)] * max(spec.kv_heads / setup.tp, 1) * spec.head_dim * setup.batch * cached
+        return setup.batch * mamba2.state_bytes_per_sequence(spec, state_bytes(setup))
+    if kind == "attention":  # kv_bytes_per_token counts the attention blocks of a hybrid stack (one stage: no --pp)
+        return kv_bytes_per_token(spec, setup) / spec.hybrid.attention_layers * setup.batch * cached
     return 0.0
 
 
