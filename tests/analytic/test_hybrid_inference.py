@@ -45,3 +45,19 @@ def test_prefill_peak_within_1_percent_of_the_trace(precision, device):
     traced = trace_spec(spec, setup, flops=False).memory.peak
     predicted = estimate(spec, setup).memory.peak
     assert abs(predicted - traced) / traced <= 0.01, (predicted, traced)
+
+
+@pytest.mark.slow
+def test_scan_flops_against_the_trace():
+    """The Mamba-2 mixers' FLOPs beyond their projections (mamba2.scan_flops_per_token: the scan's einsums over the
+    positions padded to whole chunks, and the conv) against the trace's count per module: tiny-nemotron-h at 2 x 100
+    (7 chunks of 16, the last padded), its 3 Mamba blocks."""
+    from trainfit.analytic.mamba2 import scan_flops_per_token
+    from trainfit.trace import trace_spec
+
+    spec = load_model("tiny-nemotron-h")
+    setup = Setup(batch=2, seq=100, precision="bf16", device="cuda", mode="infer")
+    by_module = trace_spec(spec, setup, flops=True).detail.records["flops_by_module"]
+    traced = sum(by_module[f"model.layers.{i}.mixer"] for i, k in enumerate(spec.hybrid.pattern) if k == "mamba")
+    predicted = 3 * scan_flops_per_token(spec, 100) * 2 * 100
+    assert abs(predicted - traced) / traced <= 0.01, (predicted, traced)

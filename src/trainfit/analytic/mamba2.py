@@ -194,12 +194,14 @@ def matmul_params(spec: ModelSpec) -> int:
 
 def scan_flops_per_token(spec: ModelSpec, seq: int) -> float:
     """One mixer's FLOPs per token beyond its projections, 2 per multiply-add, from the chunked scan's einsums
-    (mamba2_chunk_scan :334-362; Dao & Gu 2024, "Transformers are SSMs", §6, the SSD algorithm's four steps):
-    G = C·Bᵀ within a chunk (Q·H·N per token), Y_diag = M·x (Q·H·P), the chunk states B·x (H·P·N), C·states
-    (H·P·N), the inter-chunk recurrence ((c + 1)² · H·P·N per sequence, spread over its s tokens); and the
-    depthwise conv (K per channel). NB: the elementwise work (softplus, exp, the decays, the gated norm) is left
-    out, as elsewhere (flops.py)."""
+    (mamba2_chunk_scan :334-362; Dao & Gu 2024, "Transformers are SSMs", §6, the SSD algorithm's four steps), which
+    run over the positions padded to whole chunks (c·Q per sequence of s): G = C·Bᵀ within a chunk (Q·H·N per
+    position), Y_diag = M·x (Q·H·P), the chunk states B·x (H·P·N), C·states (H·P·N), the inter-chunk recurrence
+    ((c + 1)² · H·P·N per sequence); and the depthwise conv (K per channel, s positions). Against the trace's count
+    of the mixer (small-nemotron_h at 2 x 128: 313.5 M vs 314.4 M). NB: the elementwise work (softplus, exp, the
+    decays, the gated norm) is left out, as elsewhere (flops.py)."""
     x = scan_shape(spec, 1, seq)
     h, p, n, q = x.heads, x.head_dim, x.state, x.chunk
-    per_token = q * h * n + q * h * p + 2 * h * p * n + (x.chunks + 1) ** 2 * h * p * n / seq
+    padded = x.chunks * q / seq
+    per_token = padded * (q * h * n + q * h * p + 2 * h * p * n) + (x.chunks + 1) ** 2 * h * p * n / seq
     return 2 * per_token + 2 * x.conv_kernel * x.conv_dim
