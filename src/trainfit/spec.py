@@ -107,6 +107,9 @@ class HybridSpec:
     conv_bias: bool = True  # use_conv_bias: the conv1d has a bias
     proj_bias: bool = False  # use_bias: in_proj and out_proj have biases
     chunk_size: int = 128  # the chunked scan's chunk length (torch_forward)
+    # the block kinds first to last ("mamba", "attention", "mlp"; NemotronHConfig.layers_block_type): where each
+    # kind's last block sits sets the cache the prefill holds at its high point (analytic/hybrid_inference.py)
+    pattern: tuple[str, ...] = ()
 
     @property
     def ssm_inner(self) -> int:

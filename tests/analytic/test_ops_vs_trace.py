@@ -117,12 +117,12 @@ KNOWN: dict[str, dict] = {
         "forward": {"cast": (589824, 2), "other": -1880064},
         "backward": {"cast": (-983040, 1), "other": 151040}},
     "nemotron": {  # FINDING: partial rotary as GPT-NeoX's (partial_rotary_factor 0.5, modeling_nemotron.py:162-169):
-        # the fp32 rotated halves promote the cat under autocast (2 casts of (q + k rotated) × tokens, 15.3 MB), the
-        # slices' zero-filling backwards; and relu2 (activations.py:206-214, relu then torch.square), which ops'
-        # `activation.one_kernel` lists as one kernel each way where transformers runs relu, square and in backward
-        # pow_backward's two and threshold_backward, plus LayerNorm1P's weight + 1 (+15 % forward, +52 % backward bytes)
-        "forward": {"cast": (15335424, 2), "other": 59375616},
-        "backward": {"cast": (-15335424, 2), "other": 305922048}},
+        # ops' `rotary.hf_rotary` rotates the full head width (-3.4 % forward bytes), the fp32 rotated halves promote
+        # the cat under autocast (2 casts of (q + k rotated) × tokens, 15.3 MB), the slices' zero-filling backwards
+        # and LayerNorm1P's weight + 1 (+4.9 % backward bytes). (relu2's kernels are listed: ops/activation.py relu2,
+        # which closed +59.4 MB forward and +264 MB backward of this entry)
+        "forward": {"cast": (15335424, 2), "other": -16121856},
+        "backward": {"cast": (-15335424, 2), "other": 41680896}},
     "phi3": {  # FINDING: Phi-3's apply_rotary_pos_emb (modeling_phi3.py:181-186) splits q and k into rotated and
         # pass-through parts and cats them back even at partial_rotary_factor 1.0 (a copy each; zero-filling
         # slice_backwards in backward), and gate_up_proj's chunk (:61) concatenates its gradients in backward; the op list

@@ -20,3 +20,11 @@ def test_refusal_is_one_line(argv, capsys):
     assert exit_.value.code == 2 and out.out == ""
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and "the analytic engine does not model" in lines[0] and "--engine trace" in lines[0]
+
+
+def test_nemotron_h_inference_is_not_refused(capsys):
+    """Nemotron-H's inference memory is modelled (analytic/hybrid_inference.py): no refusal without --gpu (the op list
+    that times a pass with a GPU is still refused, as training is, above)."""
+    main(["estimate", "nemotron-nano-9b-v2", "--mode", "infer", "--seq", "4096"])
+    out = capsys.readouterr()
+    assert "does not model" not in out.err and "prefill" in out.out

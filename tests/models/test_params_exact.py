@@ -254,6 +254,8 @@ def test_nemotron_h_block_counts_and_moe_refusal():
     h = spec_from_config(config, meta["name"]).hybrid
     assert (h.mamba_layers, h.attention_layers, h.mlp_layers) == (27, 4, 25)
     assert (h.ssm_inner, h.conv_dim, h.d_state, h.n_groups, h.conv_kernel) == (10240, 12288, 128, 8, 4)
+    # the kinds in order (the inference cache before each kind's last block depends on it): M - M - M - M M
+    assert h.pattern[:8] == ("mamba", "mlp", "mamba", "mlp", "mamba", "mlp", "mamba", "mamba") and len(h.pattern) == 56
     # the same blocks as a layers_block_type list (legacy names), and NemotronHConfig's defaults for the Mamba fields
     s = spec_from_config(dict(TINY, model_type="nemotron_h", layers_block_type=["mamba", "attention", "mlp"]), "n")
     assert (s.layers, s.hybrid.mamba_layers, s.hybrid.ssm_heads, s.hybrid.ssm_head_dim, s.head_dim) == (3, 1, 128, 64, 128)

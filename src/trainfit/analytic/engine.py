@@ -217,7 +217,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
     if setup.mode != "serve":  # serving sizes the engine's own profile run (analytic/serving.py), not these terms
-        check_modelled(spec)
+        # inference with a GPU times each pass from the op list, which asks again (ops/layer.py: training's terms)
+        check_modelled(spec, setup.mode if gpu is None or mfu is not None else "train")
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":
@@ -442,7 +443,7 @@ def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graph
     the KV pool) as the peak, the device total around it, decode at `concurrent` sequences and the prefill of a
     `prompt`-token chunk at a flat --mfu; it fits when the engine starts (`starts`) and the device total fits."""
     peak = sv.weights + activations + graphs + sv.kv_pool
-    missing = unmodelled_features(spec)
+    missing = unmodelled_features(spec, "infer")
     if missing:
         notes = [*notes, f"NB: the prefill FLOPs and parameters per GPU come from the analytic engine's per-layer terms, "
                  f"which do not cover {', '.join(missing)} yet (analytic/unmodelled.py); the weights, profile-run peak "

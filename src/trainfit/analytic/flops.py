@@ -61,7 +61,22 @@ def attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
 
 def forward_per_token(spec: ModelSpec, seq: int, pc: ParamCounts | None = None) -> float:
     pc = pc or count_params(spec)
+    if spec.hybrid is not None:
+        return hybrid_forward_per_token(spec, seq, pc)
     return 2 * matmul_params_per_token(spec, pc, seq) + attention_flops_per_token(spec, seq)
+
+
+def hybrid_forward_per_token(spec: ModelSpec, seq: int, pc: ParamCounts) -> float:
+    """A hybrid stack (Nemotron-H): each kind of block times its count (ParamCounts' attention and mlp are one block
+    of each kind there, params.py), the Mamba-2 blocks' projections and scan (mamba2.py), the attention core in the
+    attention blocks only, and the head."""
+    from . import mamba2  # noqa: PLC0415
+
+    m = spec.hybrid
+    matmuls = (m.attention_layers * pc.attention + m.mlp_layers * pc.mlp + m.mamba_layers * mamba2.matmul_params(spec)
+               + head_matmul_per_token(spec, seq))
+    return (2 * matmuls + attention_flops_per_token(spec, seq) * m.attention_layers / spec.layers
+            + m.mamba_layers * mamba2.scan_flops_per_token(spec, seq))
 
 
 def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forward: float,

@@ -17,6 +17,7 @@ from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
 from . import mla
 from .embedding import rotary_tables
+from .hybrid_inference import hybrid_infer_memory
 from .onednn import gemm_scratch
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
@@ -100,7 +101,10 @@ def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
         m = spec.mla
         return spec.layers / setup.pp * (m.kv_lora_rank * k_bytes + m.qk_rope_head_dim * v_bytes)
     kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
-    return spec.layers / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
+    # a hybrid stack caches K and V in its attention blocks only (its Mamba blocks' states do not grow with the
+    # tokens: hybrid_inference.block_cache_bytes)
+    layers = spec.hybrid.attention_layers if spec.hybrid is not None else spec.layers
+    return layers / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
 
 
 def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
@@ -299,6 +303,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     st = state_bytes(setup)
     n = pc.total / (setup.tp * setup.pp)
     weights = n * st.weight
+    if spec.hybrid is not None:  # Mamba-2 / attention / MLP blocks (hybrid_inference.py)
+        return hybrid_infer_memory(spec, setup, weights)
     tokens = setup.batch * setup.seq
     kv = kv_bytes_per_token(spec, setup) * tokens
     attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)

@@ -24,15 +24,18 @@ Measured gap at the families matrix's test size (hidden 128, 4 experts top-2, ba
 prefill.
 
 Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves Mamba-2 blocks (NemotronHMamba2Mixer,
-:390-615) with attention and MLP blocks: in training the mixer's in_proj split into z, x|B|C and dt, the depthwise
-causal conv1d and SiLU, the chunked selective scan (torch_forward: dt softplus and clamp, A * dt cumulative sums,
-segment-sum decays of (b, heads, chunks, chunk, chunk), the per-chunk states (b, chunks, heads, head_dim, d_state)),
-the D skip, the gated RMSNorm and out_proj; in inference a constant-size state per sequence and Mamba block (the conv
-state, conv_dim x (conv_kernel - 1) or conv_kernel, and the fp32 SSM state, heads x head_dim x d_state) beside the
-attention blocks' K and V. The engine has none of these terms.
-Measured gap at the families matrix's test size (hidden 128; one Mamba-2 block of 8 heads x 64, state 128, 8 groups,
-and one attention block; batch 2 x 128), with the refusal lifted: the analytic peak -46.9 % to -62.7 % of the traced
-one in training and -64.4 % to -79.6 % in prefill (the peak falls in the Mamba block's scan).
+:390-613) with attention and MLP blocks. Its inference memory is modelled (hybrid_inference.py, mamba2.py: the
+scan's live tensors at the prefill's high point, the conv + SSM state per sequence and Mamba block as cache, K and V
+for the attention blocks only; small-nemotron_h within 0.03 % of the trace (-2.5 % under amp-bf16 on a CPU with
+oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %). Training
+is not: the mixer's in_proj split into z, x|B|C and dt, the depthwise causal conv1d and SiLU, the chunked selective
+scan (mamba2_chunk_scan, :273-378: dt softplus and clamp, A * dt cumulative sums, segment-sum decays of
+(b, heads, chunks, chunk, chunk), the per-chunk states (b, chunks, heads, head_dim, d_state)), the D skip, the gated
+RMSNorm and out_proj, all saved for backward, have no terms; nor have the serving engines' state allocators or the
+scan's kernels in the op list (analytic/ops) that times a pass (so inference with --gpu is refused too, unless --mfu).
+Measured gap at the families matrix's test size (Nemotron-H 47B's flags at hidden 128: one Mamba-2 block of 8 heads
+x 64, state 256, 8 groups, and one attention block; batch 2 x 128), with the refusal lifted: the analytic training
+peak -58.3 % to -85.4 % of the traced one (every precision and recompute policy, CPU and CUDA semantics).
 """
 from __future__ import annotations
 
@@ -40,8 +43,9 @@ from ..errors import SetupError
 from ..spec import ModelSpec
 
 
-def unmodelled_features(spec: ModelSpec) -> list[str]:
-    """The features of `spec` the analytic formulas do not cover (empty: fully modelled)."""
+def unmodelled_features(spec: ModelSpec, mode: str = "train") -> list[str]:
+    """The features of `spec` the analytic formulas do not cover in `mode` (empty: fully modelled). The op list
+    (analytic/ops) asks with the default: it times training steps and inference passes alike."""
     out = []
     if spec.moe is not None and spec.moe.experts_every_token:
         out.append("an MoE whose every expert runs every token (Llama4TextExperts' batched bmm)")
@@ -59,14 +63,17 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
         out.append("the sigmoid output gate of gated attention")
     if spec.moe is not None and spec.moe.swiglu_limit:
         out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
-    if spec.hybrid is not None and spec.hybrid.mamba_layers:
-        out.append("Mamba-2 blocks (the chunked selective scan and the per-sequence conv + SSM state)")
+    if spec.hybrid is not None and spec.hybrid.mamba_layers and mode != "infer":
+        # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors, the serving
+        # engines' state allocators and the scan's kernels in the op list are not
+        out.append("Mamba-2 blocks outside inference memory (the chunked scan's saved tensors in training, serving "
+                   "and the scan's kernels in the op list that times a pass)")
     return out
 
 
-def check_modelled(spec: ModelSpec) -> None:
-    """Refuse, in one line, a spec with a feature the analytic engine does not model."""
-    missing = unmodelled_features(spec)
+def check_modelled(spec: ModelSpec, mode: str = "train") -> None:
+    """Refuse, in one line, a spec with a feature the analytic engine does not model in `mode`."""
+    missing = unmodelled_features(spec, mode)
     if missing:
         raise SetupError(f"{spec.name}: the analytic engine does not model {', '.join(missing)} "
                          f"({spec.family}); use --engine trace (the real transformers model on fake tensors)")

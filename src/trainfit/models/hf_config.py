@@ -491,7 +491,7 @@ def _nemotron_h(c: _Cfg) -> dict:
         d_state=c.int("ssm_state_size", default=128), n_groups=c.int("n_groups", "mamba_n_groups", default=8),
         conv_kernel=c.int("conv_kernel", "mamba_d_conv", default=4),
         conv_bias=c.bool("use_conv_bias", "mamba_conv_bias", default=True), proj_bias=c.bool("use_bias", default=False),
-        chunk_size=c.int("chunk_size", "mamba_chunk_size", default=128),
+        chunk_size=c.int("chunk_size", "mamba_chunk_size", default=128), pattern=tuple(blocks),
     )
     if hybrid.ssm_heads % hybrid.n_groups:
         raise c.fail(f"mamba_num_heads ({hybrid.ssm_heads}) is not a multiple of n_groups ({hybrid.n_groups})")

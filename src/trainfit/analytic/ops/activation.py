@@ -75,5 +75,24 @@ def gelu_new(act: str, name: str, x: float, sh: Shape, group: str) -> list[Op]:
             for j, (n, r, w, b) in enumerate(fwd)]
 
 
+def relu2(act: str, name: str, x: float, sh: Shape, group: str) -> list[Op]:
+    """HF's ReLUSquaredActivation (transformers 5.24 activations.py:206-214): `torch.square(F.relu(input))`, eager:
+    relu, then square (aten.pow with exponent 2): 2 kernels, in the input's dtype (neither is on an autocast list).
+    Backward (tools/autograd/derivatives.yaml): pow_backward (FunctionsManual.cpp: `grad * (exp * self.pow(exp -
+    1))`: relu's output to the power 1 (a copy), times 2, times the gradient: 3 kernels), then relu's
+    threshold_backward on its output (1)."""
+    a = sh.act
+    xa = x * a
+    src = "transformers activations.py:206-214 ReLUSquaredActivation"
+
+    def k(n, r, w):
+        return bwd_kernel(f"{name}.relu2.{n}", r, w)
+    relu = memory(f"{name}.relu2.relu", xa, xa, src, group, (xa, 0),
+                  bwd_ops=(k("relu.threshold_backward", 2 * xa, xa),))
+    square = memory(f"{name}.relu2.square", xa, xa, src, group, (0, xa),
+                    bwd_ops=(k("square.pow_one", xa, xa), k("square.scale", xa, xa), k("square.grad", 2 * xa, xa)))
+    return [relu, square]
+
+
 # the activations with their own cost function (the rest: one_kernel), by ModelSpec.activation
-ACTIVATIONS = {"gelu_new": gelu_new, "gelu_fast": gelu_fast}
+ACTIVATIONS = {"gelu_new": gelu_new, "gelu_fast": gelu_fast, "relu2": relu2}

@@ -15,7 +15,7 @@ from ...setup import Setup
 from ...spec import ModelSpec
 from ..activations import LayerActivations
 from ..families import family_traits
-from ..params import ParamCounts
+from ..params import ParamCounts, hybrid_layers_params
 from .collectives import Links, ring_allreduce
 from .pipeline import Stage
 
@@ -30,6 +30,10 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     t = setup.tp
     layer_norms = pc.norms
     layer_rest = pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers
+    if spec.hybrid is not None:
+        # Mamba-2, attention and MLP blocks (ParamCounts holds one block of each kind): their mean per block
+        # NB: a pipeline stage is taken to hold the mean block (stages of a pattern differ by their mix of kinds)
+        layer_rest = (hybrid_layers_params(spec, pc.attention, pc.mlp, pc.norms) - spec.layers * pc.norms) / spec.layers
     n = stage.layers * (layer_norms + layer_rest / t)
     if stage.embedding:
         n += pc.embedding / t

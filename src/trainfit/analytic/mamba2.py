@@ -1,0 +1,207 @@
+"""The Mamba-2 mixer of a hybrid stack (Nemotron-H) in a no-grad forward: its per-sequence cache, the live bytes
+at its high point in the prefill, its decode step, its FLOPs.
+
+The mixer is transformers 5.24 models/nemotron_h/modeling_nemotron_h.py NemotronHMamba2Mixer (:390-613) running the
+reference PyTorch kernels (the `mamba_ssm` / `causal_conv1d` hub kernels absent: causal_conv1d_fn :163-183,
+mamba2_chunk_scan :273-378, mamba2_selective_state_update :211-270). Symbols: T = b·s tokens, chunks c = ⌈s/Q⌉
+of Q = chunk_size positions (Tp = b·c·Q, the tokens padded to whole chunks), H heads of P channels, state N per
+channel, G groups of B and C, conv over conv_dim = H·P + 2·G·N channels with K taps.
+
+Per-sequence cache (cache_utils.py:1218-1241 LinearAttentionLayer lazy_initialization): the conv state
+(b, conv_dim, K) in the in_proj output's dtype, and the SSM state `zeros_like(final_state)` (b, H, P, N) in the
+scan's einsum dtype (fp32, the scan upcasts x, B and C; the compute dtype under autocast, which runs einsum's bmm
+in it). Constant in the sequence length.
+
+Prefill: the scan's locals all stay referenced until it returns, so its high point is at its end (`output =
+(Y_diag + Y_off).contiguous()`, :366-370), inside its last einsum's bmm (C_times_states, :362) where C's contiguous
+fp32 copy (and its 16-bit cast under autocast) are live, or inside the chunk states' bmm (new_states, :355) where
+the concatenated states and their copy are — whichever is largest (mixer_prefill). Read off traced prefills
+(small-nemotron_h at 2 x 128 with Nemotron-H 8B's and 47B's flags, state 128 and 256; tiny-nemotron-h at 2 x 100,
+7 chunks: the live set at the prefill peak tensor by tensor).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from ..spec import ModelSpec
+from .activations import FP32
+from .precision import StateBytes
+
+
+@dataclass(frozen=True)
+class ScanShape:
+    """One Mamba-2 mixer's sizes at `batch` sequences of `seq` tokens."""
+
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    state: int
+    groups: int
+    chunk: int
+    conv_dim: int
+    conv_kernel: int
+    inner: int
+
+    @property
+    def chunks(self) -> int:
+        return ceil(self.seq / self.chunk)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def padded(self) -> int:
+        """Tp: the tokens padded to whole chunks (pad_tensor_by_size, :80-88)."""
+        return self.batch * self.chunks * self.chunk
+
+    @property
+    def proj(self) -> int:
+        """in_proj's output width: z, x|B|C and dt (NemotronHMamba2Mixer.__init__, :426)."""
+        return self.inner + self.conv_dim + self.heads
+
+
+def scan_shape(spec: ModelSpec, batch: int, seq: int) -> ScanShape:
+    m = spec.hybrid
+    return ScanShape(batch, seq, m.ssm_heads, m.ssm_head_dim, m.d_state, m.n_groups, m.chunk_size, m.conv_dim,
+                     m.conv_kernel, m.ssm_inner)
+
+
+def scan_dtype_bytes(st: StateBytes) -> int:
+    """The dtype of the scan's einsum outputs: fp32 (x, B, C upcast, :308-310), the compute dtype under autocast
+    (bmm is on autocast's lower-precision list)."""
+    return st.act if st.autocast else FP32
+
+
+def dt_bytes(st: StateBytes, device: str) -> int:
+    """dt's dtype after softplus: fp32 under CUDA's autocast, whose fp32 list has softplus (torch
+    include/ATen/autocast_mode.h AT_FORALL_FP32, :873; CPU autocast's lists do not), else the compute dtype (dt is a
+    slice of in_proj's output)."""
+    return FP32 if (st.autocast and device == "cuda") else st.act
+
+
+def conv_state_bytes(spec: ModelSpec, st: StateBytes) -> int:
+    """One sequence's conv state of one Mamba block: (conv_dim, K) in in_proj's output dtype."""
+    m = spec.hybrid
+    return st.act * m.conv_dim * m.conv_kernel
+
+
+def ssm_state_bytes(spec: ModelSpec, st: StateBytes) -> int:
+    """One sequence's SSM state of one Mamba block: (H, P, N) in the scan's dtype."""
+    m = spec.hybrid
+    return scan_dtype_bytes(st) * m.ssm_heads * m.ssm_head_dim * m.d_state
+
+
+def state_bytes_per_sequence(spec: ModelSpec, st: StateBytes) -> int:
+    """Both states of one Mamba block, one sequence."""
+    return conv_state_bytes(spec, st) + ssm_state_bytes(spec, st)
+
+
+def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device: str) -> tuple[float, float, float]:
+    """(inside the chunk states' bmm, inside the last einsum's bmm, the scan's end): the mixer's live bytes at its
+    three candidate high points, the block's input, its norm and the cache aside. Each tensor by the source line
+    that makes it:
+      in_proj's output (T, proj) in the compute dtype (a), held whole: gate, x|B|C and dt are views of it (:496);
+      the conv's output after SiLU, (b, conv_dim, s) in a (causal_conv1d_fn :175-183: the padded conv output is
+        freed when the SiLU's slice is taken); x, B and C are views of it (:537-541);
+      A = -exp(A_log) (H,) fp32 (:480);
+      dt after bias, softplus and clamp (T, H) in dt_bytes (:300-303); A·dt chunked, fp32 (:318, 323);
+    the scan's locals (fp32 unless named; e: the einsum dtype, scan_dtype_bytes):
+      B and C repeated to every head and padded, (Tp, H, N) each (:309-310, 323: the repeat_interleave copies are
+        freed by the padded ones);
+      D_residual and the padded x·dt, (Tp, H, P) each (:314, 317, 323);
+      A_cumsum, decay_states, state_decay_out: (b, H, c, Q) each (:326, 342, 358);
+      L = exp(segment_sum) (b, H, c, Q, Q) (:330; segment_sum's intermediates are freed), G = C·Bᵀ per chunk in e
+        (the bmm's output, :334), M = G·L (:337), all Tp·H·Q;
+      B_decay (Tp, H, N) (:343);
+      Y_diag's and C_times_states' bmm outputs (Tp, H, P) in e (:341, 362);
+      the chunk states' zero initial state (b, H, P, N) and new_states (b, c + 1, H, P, N), both in e (:348-356;
+        the concatenated states are freed once new_states is made);
+      decay_chunk (b, H, c + 1, c + 1) (:353);
+    at the end Y_off (:363), Y_diag + Y_off and its contiguous copy (:369), fp32 (Tp, H, P) each; inside the last
+    bmm instead C's contiguous (Tp, H, N) fp32 copy (and its 16-bit cast under autocast) beside the bmm's output;
+    inside new_states' bmm (:355) the concatenated states (b, c + 1, H, P, N) and their contiguous copy, in e, with
+    state_decay_out and the last einsum not made yet (the moment that tops the others where the state is wide:
+    d_state 256, Nemotron-H 47B/56B).
+    NB: the scan's few (s,), (Q, Q) boolean masks and int64 helpers, and under autocast the 16-bit casts of the
+    other einsums' inputs (freed by their bmm), are left out."""
+    x = scan_shape(spec, batch, seq)
+    a = st.act
+    e = scan_dtype_bytes(st)
+    d = dt_bytes(st, device)
+    tp, h, p, n, q, c = x.padded, x.heads, x.head_dim, x.state, x.chunk, x.chunks
+    mixer = a * x.tokens * x.proj + a * batch * x.conv_dim * seq + FP32 * h + d * x.tokens * h
+    scan = (2 * FP32 * n * tp * h  # B, C
+            + 2 * FP32 * tp * h * p  # D_residual, x·dt
+            + 4 * FP32 * tp * h  # A·dt, A_cumsum, decay_states, state_decay_out
+            + (2 * FP32 + e) * tp * h * q  # L, M; G
+            + FP32 * tp * h * n  # B_decay
+            + e * tp * h * p  # Y_diag
+            + e * batch * h * p * n * (c + 2)  # initial zero state, new_states
+            + FP32 * batch * h * (c + 1) ** 2)  # decay_chunk
+    last_out = e * tp * h * p  # C_times_states' bmm output
+    states = mixer + scan - FP32 * tp * h + 2 * e * batch * h * (c + 1) * p * n
+    inside = mixer + scan + last_out + (FP32 + (e if e != FP32 else 0)) * tp * h * n
+    end = mixer + scan + last_out + 3 * FP32 * tp * h * p
+    return states, inside, end
+
+
+def decode_step(spec: ModelSpec, st: StateBytes, batch: int, device: str) -> float:
+    """The mixer's high point in a decode step (one token per sequence), at the state update `ssm_states = state * dA
+    + dBx` of mamba2_selective_state_update (:236-248): in_proj's output and the conv's SiLU output (the conv's
+    concatenation with its state is freed by then, causal_conv1d_update :143-160), dt after softplus expanded over
+    the head channels (b, H, P) in the compute dtype, and (b, H, P, N) each: dA = exp(dt·A) in fp32, dB = dt·B and
+    dB·x in the compute dtype (dt, B and x are), state·dA and the sum in fp32 (the state is); on CPU, adding the
+    16-bit dB·x to fp32 first copies it to fp32 (TensorIterator's common dtype; trace/cpu_casts.py). Under CUDA's
+    autocast dt is fp32 (dt_bytes), and so are dB and dB·x. Read off traced decode steps (small-nemotron_h, bf16 and
+    amp-bf16, CPU and CUDA semantics).
+    NB: the (b, H, N) copies of B and C and the output bmm's (b·H, P, 1) are left out (an under-count of a few
+    (b, H, N) per block)."""
+    x = scan_shape(spec, batch, 1)
+    a, d = st.act, dt_bytes(st, device)
+    state = batch * x.heads * x.head_dim * x.state
+    scratch = FP32 * state if (device == "cpu" and d != FP32) else 0
+    return (a * batch * x.proj + a * batch * x.conv_dim + d * batch * x.heads * x.head_dim
+            + (3 * FP32 + 2 * d) * state + scratch)
+
+
+def conv_bias_cast(spec: ModelSpec) -> int:
+    """Elements autocast caches for the mixer beside its matmul weights: the conv1d's bias (a leaf; the weight
+    reaches conv1d as a `.squeeze(1)` view, whose cast is not cached: aten/src/ATen/autocast_mode.cpp cached_cast,
+    `arg.is_leaf()`)."""
+    m = spec.hybrid
+    return m.conv_dim if m.conv_bias else 0
+
+
+def in_proj_params(spec: ModelSpec) -> int:
+    m = spec.hybrid
+    return spec.hidden * (m.ssm_inner + m.conv_dim + m.ssm_heads) + (
+        m.ssm_inner + m.conv_dim + m.ssm_heads if m.proj_bias else 0)
+
+
+def out_proj_params(spec: ModelSpec) -> int:
+    m = spec.hybrid
+    return m.ssm_inner * spec.hidden + (spec.hidden if m.proj_bias else 0)
+
+
+def matmul_params(spec: ModelSpec) -> int:
+    """The mixer's matmul weights (in_proj, out_proj), which each token multiplies through."""
+    m = spec.hybrid
+    return spec.hidden * (m.ssm_inner + m.conv_dim + m.ssm_heads) + m.ssm_inner * spec.hidden
+
+
+def scan_flops_per_token(spec: ModelSpec, seq: int) -> float:
+    """One mixer's FLOPs per token beyond its projections, 2 per multiply-add, from the chunked scan's einsums
+    (mamba2_chunk_scan :334-362; Dao & Gu 2024, "Transformers are SSMs", §6, the SSD algorithm's four steps), which
+    run over the positions padded to whole chunks (c·Q per sequence of s): G = C·Bᵀ within a chunk (Q·H·N per
+    position), Y_diag = M·x (Q·H·P), the chunk states B·x (H·P·N), C·states (H·P·N), the inter-chunk recurrence
+    ((c + 1)² · H·P·N per sequence); and the depthwise conv (K per channel, s positions). Against the trace's count
+    of the mixer (small-nemotron_h at 2 x 128: 313.5 M vs 314.4 M). NB: the elementwise work (softplus, exp, the
+    decays, the gated norm) is left out, as elsewhere (flops.py)."""
+    x = scan_shape(spec, 1, seq)
+    h, p, n, q = x.heads, x.head_dim, x.state, x.chunk
+    padded = x.chunks * q / seq
+    per_token = padded * (q * h * n + q * h * p + 2 * h * p * n) + (x.chunks + 1) ** 2 * h * p * n / seq
+    return 2 * per_token + 2 * x.conv_kernel * x.conv_dim

@@ -1,0 +1,63 @@
+"""Nemotron-H inference in the analytic engine (analytic/hybrid_inference.py, mamba2.py): the cache by hand, and
+the prefill peak against the trace where the small matrix config does not reach (several scan chunks with padding,
+MLP blocks, three Mamba blocks)."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.analytic.engine import estimate
+from trainfit.errors import SetupError
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+
+def test_cache_is_states_per_mamba_block_and_kv_per_attention_block():
+    """tiny-nemotron-h (M-M*M-: 3 Mamba-2, 1 attention, 2 MLP blocks), bf16, 2 x 128, by hand: a Mamba block keeps
+    per sequence its conv state, conv_dim x kernel = (8*16 + 2*2*16) x 4 bf16 = 1,536 B, and its SSM state,
+    heads x head_dim x state = 8 x 16 x 16 fp32 = 8,192 B (cache_utils.py:1226-1238); the attention block k and v,
+    2 x 2 kv heads x 16 x 2 B = 128 B per token; MLP blocks nothing."""
+    spec = load_model("tiny-nemotron-h")
+    est = estimate(spec, Setup(batch=2, seq=128, precision="bf16", mode="infer"))
+    mamba = 3 * 2 * (192 * 4 * 2 + 8 * 16 * 16 * 4)
+    attention = 128 * 2 * 128
+    assert est.memory.kv_cache == mamba + attention
+    assert est.detail.kv_bytes_per_token == 128
+
+
+@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="bf16"),
+                                   Setup(batch=2, seq=128, precision="bf16", mode="infer", tp=2)],
+                         ids=["train", "infer-tp2"])
+def test_what_is_not_modelled_is_refused_in_one_line(setup):
+    with pytest.raises(SetupError, match="Mamba-2") as e:
+        estimate(load_model("tiny-nemotron-h"), setup)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device", [("bf16", "cpu"), ("amp-bf16", "cuda"), ("fp32", "cuda")])
+def test_prefill_peak_within_1_percent_of_the_trace(precision, device):
+    """2 x 100 tokens in 16-token chunks: 7 chunks, the last padded; before the terms the analytic engine refused
+    the family."""
+    from trainfit.trace import trace_spec
+
+    spec = load_model("tiny-nemotron-h")
+    setup = Setup(batch=2, seq=100, precision=precision, device=device, mode="infer")
+    traced = trace_spec(spec, setup, flops=False).memory.peak
+    predicted = estimate(spec, setup).memory.peak
+    assert abs(predicted - traced) / traced <= 0.01, (predicted, traced)
+
+
+@pytest.mark.slow
+def test_scan_flops_against_the_trace():
+    """The Mamba-2 mixers' FLOPs beyond their projections (mamba2.scan_flops_per_token: the scan's einsums over the
+    positions padded to whole chunks, and the conv) against the trace's count per module: tiny-nemotron-h at 2 x 100
+    (7 chunks of 16, the last padded), its 3 Mamba blocks."""
+    from trainfit.analytic.mamba2 import scan_flops_per_token
+    from trainfit.trace import trace_spec
+
+    spec = load_model("tiny-nemotron-h")
+    setup = Setup(batch=2, seq=100, precision="bf16", device="cuda", mode="infer")
+    by_module = trace_spec(spec, setup, flops=True).detail.records["flops_by_module"]
+    traced = sum(by_module[f"model.layers.{i}.mixer"] for i, k in enumerate(spec.hybrid.pattern) if k == "mamba")
+    predicted = 3 * scan_flops_per_token(spec, 100) * 2 * 100
+    assert abs(predicted - traced) / traced <= 0.01, (predicted, traced)
