@@ -95,6 +95,12 @@ def shrink(cfg: dict) -> dict:
         c["max_window_layers"] = LAYERS
     if isinstance(c.get("layer_types"), list):
         c["layer_types"] = c["layer_types"][:LAYERS]
+    if "full_attention_interval" in c:
+        # Qwen3-Next: a Gated DeltaNet layer and a gated full-attention layer (the published 3:1 would make both of the
+        # 2 layers linear, and a cache of linear layers only has no sequence length for generate), 2 key heads and 4
+        # value heads (the published 1:2 grouping) of HEAD_DIM
+        c.update(full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+                 linear_key_head_dim=HEAD_DIM, linear_value_head_dim=HEAD_DIM)
     if "hybrid_override_pattern" in c:
         # Nemotron-H: a Mamba-2 block and an attention block (the pattern sets the layer count), 8 Mamba heads
         c.update(hybrid_override_pattern="M*", mamba_num_heads=8)

@@ -24,6 +24,7 @@ from ..spec import ModelSpec
 from . import lora
 from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
+from .gated_deltanet import linear_layers
 from .backward import Moment, layer_moments
 from .params import ParamCounts
 from .parallel.tensor import layer_bytes_per_rank, term_divisors
@@ -67,8 +68,8 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     moe = spec.moe is not None and pc.moe_layers > 0
     la_moe = layer_activations(spec, ls, moe=True) if moe else la
     frac_moe = pc.moe_layers / spec.layers
-    one_layer = (1 - frac_moe) * layer_bytes_per_rank(la, setup, tokens, keys) \
-        + frac_moe * layer_bytes_per_rank(la_moe, setup, tokens, keys)
+    kinds = layer_kinds(spec, ls, frac_moe)
+    one_layer = sum(w * layer_bytes_per_rank(k, setup, tokens, keys) for w, k in kinds)
     adapter_casts = 0.0
     if setup.lora_rank:  # frozen base, adapters (lora.py); autocast caches casts of trainable leaves only
         one_layer += lora.layer_saved_delta(spec, setup) * tokens
@@ -94,7 +95,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not —
             # of trainable leaves only (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() &&
             # arg.is_leaf()): with LoRA only the adapters' casts stay, the frozen weights' are freed in the forward
-            casts = adapter_casts if setup.lora_rank else ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
+            casts = adapter_casts if setup.lora_rank else sum(w * k.fixed for w, k in kinds) / t
     elif setup.recompute == "op":
         saved = op_sac_stored(spec, setup, st, tokens)
         # the block's backward re-runs its forward first: its whole saved set is live again (the stored outputs
@@ -108,7 +109,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             saved += CPU_RNG_STATE  # torch/utils/checkpoint.py:1632, as under full
         if st.autocast:
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
-            casts = ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
+            casts = sum(w * k.fixed for w, k in kinds) / t
     else:
         saved = one_layer
     # NB: with some dense and some MoE layers, the backward high points are those of the layer kind the rank has
@@ -130,6 +131,19 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         sp = t if setup.sequence_parallel else 1
         moments.append(Moment(recomputed + (2 * st.residual + st.act) * spec.hidden * tokens / sp, 0.0))
     return LayerMemory(la, saved, moments, casts)
+
+
+def layer_kinds(spec: ModelSpec, setup: Setup, frac_moe: float) -> list[tuple[float, LayerActivations]]:
+    """(share of the layers, saved set) of each kind of layer: dense or MoE MLP, attention or a Gated DeltaNet
+    layer (gated_deltanet.py). NB: which layers are MoE and which linear is taken as independent (the shares
+    multiply): exact for Qwen3-Next's published configs, where every layer is MoE."""
+    frac_lin = linear_layers(spec) / spec.layers
+    out = []
+    for lin, w_lin in ((False, 1 - frac_lin), (True, frac_lin)):
+        for moe, w_moe in ((False, 1 - frac_moe), (True, frac_moe)):
+            if w_lin * w_moe > 0:
+                out.append((w_lin * w_moe, layer_activations(spec, setup, moe=moe, linear=lin)))
+    return out
 
 
 def block_matmuls(spec: ModelSpec) -> list[tuple[str, int, int, bool]]:

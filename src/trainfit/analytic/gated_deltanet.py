@@ -1,0 +1,94 @@
+"""Qwen3-Next's Gated DeltaNet linear-attention layers (GatedDeltaNetSpec) as transformers runs them without
+flash-linear-attention and causal-conv1d: the torch fallbacks of models/qwen3_next/modeling_qwen3_next.py
+(Qwen3NextGatedDeltaNet.forward :660-769, causal_conv1d_fn :340-361, torch_chunk_gated_delta_rule :371-510,
+torch_recurrent_gated_delta_rule :513-580 for a one-token step, Qwen3NextRMSNormGated :59-75). Line numbers are
+those of the installed transformers 5.24.
+
+The layer: in_proj_qkvz and in_proj_ba (:687-688), q, k, v joined (:692) and run through a depthwise causal conv1d
+of conv_kernel taps and SiLU (:717-723), b -> beta = sigmoid (:744), a -> the decay g = -exp(A_log) * softplus(a +
+dt_bias) in fp32 (:746), the chunked gated delta rule in fp32 over chunks of CHUNK tokens, the gated RMSNorm over
+value_head_dim (:764-766) and out_proj (:769). In inference each sequence keeps a conv state and an fp32 recurrent
+state per linear layer (cache_utils.py LinearAttentionLayer: the conv state (conv_dim, conv_kernel) in the
+projection's dtype, :1226-1230; the recurrent state (value_heads, key_head_dim, value_head_dim), the rule's fp32).
+"""
+from __future__ import annotations
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from .precision import state_bytes
+
+FP32 = 4
+CHUNK = 64  # torch_chunk_gated_delta_rule's chunk_size (:377), which the layer leaves at its default (:752-761)
+
+
+def linear_layers(spec: ModelSpec) -> int:
+    """How many layers are Gated DeltaNet layers (0: none)."""
+    return spec.linear_attn.layers if spec.linear_attn is not None else 0
+
+
+def attention_layers(spec: ModelSpec) -> int:
+    """How many layers run softmax attention and cache k and v (the others keep a linear layer's state)."""
+    return spec.layers - linear_layers(spec)
+
+
+def padded(seq: int) -> int:
+    """The chunked rule pads the sequence to a multiple of CHUNK (:414-416)."""
+    return -(-seq // CHUNK) * CHUNK
+
+
+def state_per_sequence(spec: ModelSpec, act: int) -> float:
+    """One linear layer's cache per sequence: the conv state (conv_dim x conv_kernel, in the conv input's dtype `act`)
+    and the fp32 recurrent state (value_heads x key_head_dim x value_head_dim)."""
+    g = spec.linear_attn
+    return act * g.conv_dim * g.conv_kernel + FP32 * g.value_heads * g.key_head_dim * g.value_head_dim
+
+
+def saved_terms(spec: ModelSpec, setup: Setup) -> dict[str, float]:
+    """Per token, what one Gated DeltaNet layer saves for backward beyond its input (the input norm's output, which
+    the layer's linear-input term counts), grouped by where it is made. Read off the saved tensors of real CPU steps
+    (torch.autograd.graph.saved_tensors_hooks) and matched to the code:
+      conv: the conv1d's input (b, conv_dim, s) and SiLU's input, the conv output with its conv_kernel - 1 padded
+        positions (F.conv1d padding=K-1, sliced after, :349-356), both in the activation dtype;
+      gates: sigmoid's output beta (activation dtype); softplus's fp32 input and output, which the decay's product
+        keeps (:746);
+      rule, per head and token, all fp32 (:400-507): l2norm's fp32 q and k and their rsqrt, beta, v; the key-width
+        tensors the products and matmuls keep (k_beta, the scaled query, the normalised key, the UT solve's k_cumdecay,
+        the decayed query and key of the chunk scan) — 8 of them; in fp32 the `.to(torch.float32,
+        memory_format=torch.contiguous_format)` of (:405-408) aliases its transposed input (a 4-D tensor whose
+        suggested memory format is contiguous), so q and k stay strided and the matmuls save 3 contiguous copies
+        more — 11; the value-width ones: v, the solve's new_values and each chunk's v_new; five (chunk x chunk)
+        fp32 tensors per chunk (the pairwise decays after exp, the two products with them, the triangular system
+        the solve keeps, the intra-chunk attention the scan's matmul keeps); three exp'd cumulative decays;
+      state: the recurrent state entering each chunk (the scan's matmul keeps it), per sequence and chunk;
+      norm: Qwen3NextRMSNormGated (:66-75): the fp32 input, the normalised input in the activation dtype and its
+        weighted copy, the fp32 SiLU input (z) and output; an fp32 rsqrt per head;
+      out_proj: its input (value_dim, activation dtype).
+    NB: the sequence is taken as a multiple of CHUNK: a padded one (F.pad, :414-416) is priced at its padded length
+    for the per-chunk tensors (an approximation at other lengths)."""
+    g = spec.linear_attn
+    a = state_bytes(setup).act
+    s, sp = setup.seq, padded(setup.seq)
+    nv, dk, dv = g.value_heads, g.key_head_dim, g.value_head_dim
+    pad_share = sp / s  # the chunked tensors' padded length per real token
+    key_copies = 11 if a == FP32 else 8
+    return {
+        "conv": a * g.conv_dim * (2 + (g.conv_kernel - 1) / s),
+        "gates": a * nv + 2 * FP32 * nv,
+        "rule": FP32 * nv * (key_copies * dk + 3 * dv + 2 + 1) * pad_share
+        + FP32 * nv * (5 * CHUNK + 3) * pad_share,
+        "state": FP32 * nv * dk * dv * (sp // CHUNK) / s,
+        "norm": (3 * FP32 + 2 * a) * g.value_dim + FP32 * nv,
+        "out_proj": a * g.value_dim,
+    }
+
+
+def saved_per_token(spec: ModelSpec, setup: Setup) -> float:
+    return sum(saved_terms(spec, setup).values())
+
+
+def linear_params(spec: ModelSpec) -> int:
+    """The weights of one linear layer's matmuls (what autocast casts and caches): in_proj_qkvz (2 key_dim + 2
+    value_dim outputs), in_proj_ba (2 value_heads) and out_proj (:680-686). The conv1d's weight reaches F.conv1d
+    through squeeze/unsqueeze views (:720, :352), not a leaf: cast per call, not cached."""
+    g = spec.linear_attn
+    return spec.hidden * (2 * g.key_dim + 2 * g.value_dim + 2 * g.value_heads) + g.value_dim * spec.hidden
