@@ -92,3 +92,44 @@ def linear_params(spec: ModelSpec) -> int:
     through squeeze/unsqueeze views (:720, :352), not a leaf: cast per call, not cached."""
     g = spec.linear_attn
     return spec.hidden * (2 * g.key_dim + 2 * g.value_dim + 2 * g.value_heads) + g.value_dim * spec.hidden
+
+
+def _projections_live(spec: ModelSpec, a: int) -> float:
+    """Per token, what the layer's forward holds through its rule in a no-grad forward (read off traced prefills):
+    in_proj_qkvz's and in_proj_ba's outputs (the locals projected_states_qkvz/_ba, :687-688, live to the end), the
+    copies reshape makes of z, b and a (strided slices, :650-654), beta (:744), the conv + SiLU output whose views
+    are q, k and v (:717-740), all in the activation dtype; the fp32 decay g (:746)."""
+    g = spec.linear_attn
+    return (a * (2 * g.key_dim + 2 * g.value_dim + 2 * g.value_heads + g.value_dim + 3 * g.value_heads + g.conv_dim)
+            + FP32 * g.value_heads)
+
+
+def prefill_live(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """A linear layer's high point in a no-grad forward of `tokens` tokens (batch x seq), beside the layer's input
+    and the model's held tensors: inside the chunk scan (:489-497), at `inter_chunk_attn + intra_chunk_attn[:, :, i] @
+    v_new`. Live then (read off traced prefills of the families matrix's Qwen3-Next, matched to the code), all fp32:
+    the rule's transposed beta and decay (:405-408); five key-width tensors (the decayed query and key, k_beta, the
+    decayed k_beta, the solve's k_cumdecay) and four value-width ones (v, v_beta, the solve's new_values, the output
+    core_attn_out); three (chunk x chunk) per chunk (the pairwise decays, the UT system, the intra-chunk attention);
+    the cumulative decays; per sequence the recurrent state and the chunk's v_new, its state read, its intra-chunk
+    product and their sum; the (chunk, chunk) boolean mask."""
+    g = spec.linear_attn
+    a = state_bytes(setup).act
+    batch = tokens // setup.seq
+    tp = batch * padded(setup.seq)  # the padded tokens
+    nv, dk, dv = g.value_heads, g.key_head_dim, g.value_head_dim
+    rule = FP32 * nv * (2 * tokens + tp * (5 * dk + 4 * dv + 3 * CHUNK + 1))
+    chunk = FP32 * batch * nv * (4 * CHUNK * dv + dk * dv + padded(setup.seq) // CHUNK)
+    return _projections_live(spec, a) * tokens + rule + chunk + CHUNK * CHUNK
+
+
+def decode_live(spec: ModelSpec, setup: Setup, batch: int) -> float:
+    """A linear layer's high point in a one-token step (torch_recurrent_gated_delta_rule, :513-580, and
+    causal_conv1d_update, :320-337): the projections' outputs as in the prefill, the fp32 q, k, v, beta and decay,
+    and three recurrent states per sequence (the decayed state, the product with k_t and the updated state).
+    NB: read off the code, not a trace (the decode step's peak is the logits' and the cache's, far above it)."""
+    g = spec.linear_attn
+    a = state_bytes(setup).act
+    nv = g.value_heads
+    per_token = _projections_live(spec, a) + FP32 * nv * (2 * g.key_head_dim + g.value_head_dim + 2)
+    return (per_token + 3 * FP32 * nv * g.key_head_dim * g.value_head_dim) * batch

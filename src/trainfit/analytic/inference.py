@@ -15,7 +15,7 @@ from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
-from . import mla
+from . import gated_deltanet, mla
 from .embedding import rotary_tables
 from .onednn import gemm_scratch
 from .params import ParamCounts, count_params
@@ -100,12 +100,49 @@ def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
         m = spec.mla
         return spec.layers / setup.pp * (m.kv_lora_rank * k_bytes + m.qk_rope_head_dim * v_bytes)
     kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
-    return spec.layers / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
+    # Qwen3-Next's Gated DeltaNet layers cache no k and v (their per-sequence state: linear_state_bytes)
+    attention = gated_deltanet.attention_layers(spec)
+    return attention / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
+
+
+def linear_state_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """The Gated DeltaNet layers' cache (gated_deltanet.state_per_sequence) for the batch, constant in the sequence
+    length; 0 without such layers."""
+    if not gated_deltanet.linear_layers(spec):
+        return 0.0
+    act = state_bytes(setup).act
+    return gated_deltanet.linear_layers(spec) / setup.pp * gated_deltanet.state_per_sequence(spec, act) * setup.batch
 
 
 def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     """The larger of the two high points of `_prefill_moments`."""
-    return max(_prefill_moments(spec, setup, tokens))
+    return max(*_prefill_moments(spec, setup, tokens), _linear_moment(spec, setup, tokens))
+
+
+def _linear_moment(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """A Gated DeltaNet layer's high point (gated_deltanet.prefill_live; a one-token step's, decode_live) beside what
+    the attention's moment holds (`_held`); 0 without such layers. NB: taken in the last layer's context, as the
+    other moments: where the last linear layer is the first layer (the families matrix's Qwen3-Next) its input is
+    the embedding output itself and the later layers' cache and the logits do not exist yet (an over-count)."""
+    if not gated_deltanet.linear_layers(spec):
+        return 0.0
+    live = (gated_deltanet.prefill_live(spec, setup, tokens) if setup.seq > 1
+            else gated_deltanet.decode_live(spec, setup, tokens))
+    return _held(spec, setup, tokens) + live / setup.tp
+
+
+def _held(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """What a layer's high points hold beside its own tensors (`_prefill_moments`): the embedding output, the layer's
+    input and its normalised copy, the rotary tables and positions, learned positions where the model keeps them."""
+    st = state_bytes(setup)
+    r, h = st.residual, spec.hidden
+    traits = family_traits(spec)
+    base = 3 * r * h * tokens
+    if spec.positions == "rotary":
+        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+    if traits["position_embeds_kept"]:
+        base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
+    return base
 
 
 def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float, float]:
@@ -300,9 +337,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     n = pc.total / (setup.tp * setup.pp)
     weights = n * st.weight
     tokens = setup.batch * setup.seq
-    kv = kv_bytes_per_token(spec, setup) * tokens
+    kv = kv_bytes_per_token(spec, setup) * tokens + linear_state_bytes(spec, setup)
     attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)
-    act = max(attn_moment, mlp_moment, add_moment)
+    linear_moment = _linear_moment(spec, setup, tokens)
+    act = max(attn_moment, mlp_moment, add_moment, linear_moment)
     o_gemm, mlp_first, mlp_last = _prefill_gemms(spec, setup, tokens, attn_moment, mlp_moment)
     # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
     logits = FP32 * spec.vocab / setup.tp * setup.batch
@@ -336,18 +374,19 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     # at the residual add every matmul of the layer has cast its weight
     prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts,
+                                          linear_moment + casts_attn,
                                           o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     cached = setup.batch * (setup.seq + 1)
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager
     # attention with fewer kv heads than heads repeats k and v to every head (repeat_kv)
-    layer_kv = kv_bytes_per_token(spec, setup) / (spec.layers / setup.pp) * cached
+    layer_kv = kv_bytes_per_token(spec, setup) / (max(gated_deltanet.attention_layers(spec), 1) / setup.pp) * cached
     repeated = 2 * st.act * spec.q_dim / setup.tp * cached if (resolved_kernel(spec, setup) == "eager"
                                                                  and spec.kv_heads < spec.heads) else 0
     # MLA under HF: the layer's k and v rebuilt from the latent for every cached token (NB: vLLM/SGLang absorb
     # kv_b_proj into q and o at decode and rebuild nothing, so this over-estimates a serving engine's decode)
     repeated += st.act * mla_decompressed(spec, setup.tp) * cached
-    decode = (weights + kv_bytes_per_token(spec, setup) * cached + layer_kv + repeated + casts + head_cast
+    decode = (weights + kv_bytes_per_token(spec, setup) * cached + linear_state_bytes(spec, setup) + layer_kv + repeated + casts + head_cast
               + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 

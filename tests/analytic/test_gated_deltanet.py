@@ -1,0 +1,59 @@
+"""The Gated DeltaNet layer's saved set (analytic/gated_deltanet.py) against a real CPU step of transformers'
+Qwen3NextGatedDeltaNet: every tensor autograd packs (torch.autograd.graph.saved_tensors_hooks), by storage, less the
+layer's input and parameters. Key and value heads of different widths, so that a term priced at the wrong width
+shows."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trainfit.analytic.gated_deltanet import saved_per_token, state_per_sequence  # noqa: E402
+from trainfit.models.hf_config import spec_from_config  # noqa: E402
+from trainfit.setup import Setup  # noqa: E402
+
+CONFIG = {"model_type": "qwen3_next", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256, "full_attention_interval": 2,
+          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+          "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128, "vocab_size": 1000,
+          "max_position_embeddings": 512}
+
+
+def _saved_by_a_real_step(batch: int, seq: int, dtype) -> int:
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    cfg = Qwen3NextConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
+    layer = Qwen3NextGatedDeltaNet(cfg, 0).to(dtype)
+    x = torch.randn(batch, seq, CONFIG["hidden_size"], dtype=dtype, requires_grad=True)
+    skip = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {x.untyped_storage().data_ptr()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            saved.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    return sum(saved.values())
+
+
+def test_saved_set_matches_a_real_cpu_step():
+    """bf16 (the chunked rule in fp32 on copies): exact but for the (chunk, chunk) boolean mask, two (value_heads,)
+    fp32 tensors and the (batch, value_heads, chunks) chunk decays (4,192 B, not priced)."""
+    spec = spec_from_config(CONFIG, "gdn-test")
+    batch, seq = 2, 128
+    setup = Setup(batch=batch, seq=seq, precision="bf16")
+    real = _saved_by_a_real_step(batch, seq, torch.bfloat16)
+    assert real - saved_per_token(spec, setup) * batch * seq == 64 * 64 + 2 * 4 * 4 + 2 * 4 * 2 * 4
+
+
+def test_linear_layer_state_by_hand():
+    """Per sequence: the conv state (conv_dim = 2·2·16 + 4·32 = 192 channels × 4 taps, bf16) and the fp32 recurrent
+    state (4 value heads × 16 × 32)."""
+    spec = spec_from_config(CONFIG, "gdn-test")
+    assert state_per_sequence(spec, 2) == 192 * 4 * 2 + 4 * 4 * 16 * 32
