@@ -121,14 +121,36 @@ def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
 
 def _linear_moment(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     """A Gated DeltaNet layer's high point (gated_deltanet.prefill_live; a one-token step's, decode_live) beside what
-    the attention's moment holds (`_held`); 0 without such layers. NB: taken in the last layer's context, as the
-    other moments: where the last linear layer is the first layer (the families matrix's Qwen3-Next) its input is
-    the embedding output itself and the later layers' cache and the logits do not exist yet (an over-count)."""
+    the attention's moment holds (`_held`); 0 without such layers. The layer's input is the embedding output itself
+    where the last linear layer is the first layer (Qwen3NextModel.forward: `hidden_states = inputs_embeds`)."""
     if not gated_deltanet.linear_layers(spec):
         return 0.0
     live = (gated_deltanet.prefill_live(spec, setup, tokens) if setup.seq > 1
             else gated_deltanet.decode_live(spec, setup, tokens))
-    return _held(spec, setup, tokens) + live / setup.tp
+    first = spec.linear_attn.last == 0
+    return _held(spec, setup, tokens) - (state_bytes(setup).residual * spec.hidden * tokens if first else 0) \
+        + live / setup.tp
+
+
+def _linear_context(spec: ModelSpec, setup: Setup, per_layer_casts: float) -> float:
+    """Beside the last linear layer's high point: the cache of the layers before it (k and v of its attention
+    layers, the states of its linear layers; layers past it have cached nothing yet) and its own conv state (the
+    recurrent state is written after the rule, :763); under autocast the weight casts of the layers before it
+    (`per_layer_casts` each: NB the average layer's) and its own in_proj casts. The logits do not exist yet."""
+    g = spec.linear_attn
+    last = spec.layers - 1 if g.last < 0 else g.last
+    st = state_bytes(setup)
+    linear_before = g.layers - 1
+    attention_before = last - linear_before
+    per_attention_layer = kv_bytes_per_token(spec, setup) / max(gated_deltanet.attention_layers(spec), 1)
+    cache = attention_before * per_attention_layer * setup.batch * setup.seq + \
+        linear_state_bytes(spec, setup) * linear_before / g.layers + \
+        st.act * g.conv_dim * g.conv_kernel * setup.batch / setup.tp
+    casts = 0.0
+    if st.autocast:
+        in_proj = spec.hidden * (2 * g.key_dim + 2 * g.value_dim + 2 * g.value_heads)
+        casts = last * per_layer_casts + st.act * in_proj / setup.tp
+    return cache + casts
 
 
 def _held(spec: ModelSpec, setup: Setup, tokens: int) -> float:
@@ -303,14 +325,20 @@ def o_proj_params(spec: ModelSpec) -> int:
 def cast_params(spec: ModelSpec) -> float:
     """Per layer (averaged over dense and MoE layers), the weights autocast casts: the matmuls' — the MoE experts
     run grouped_mm outside autocast (moe.py), so a MoE layer casts its attention, router and shared expert."""
+    # Qwen3-Next: the Gated DeltaNet layers' projections in place of attention's (gated_deltanet.linear_params)
+    mixer = attention_linear_params(spec)
+    if gated_deltanet.linear_layers(spec):
+        n_lin = gated_deltanet.linear_layers(spec)
+        mixer = ((spec.layers - n_lin) * mixer + n_lin * gated_deltanet.linear_params(spec)) / spec.layers
+    dense = linear_params_per_layer(spec) - attention_linear_params(spec) + mixer
     if spec.moe is None:
-        return linear_params_per_layer(spec)
+        return dense
     m = spec.moe
     h = spec.hidden
-    moe_layer = attention_linear_params(spec) + m.num_experts * h + \
+    moe_layer = mixer + m.num_experts * h + \
         (3 * h * m.shared_intermediate + h if m.shared_intermediate else 0)
     n_moe = spec.layers if m.sparse_layers is None else m.sparse_layers
-    return (n_moe * moe_layer + (spec.layers - n_moe) * linear_params_per_layer(spec)) / spec.layers
+    return (n_moe * moe_layer + (spec.layers - n_moe) * dense) / spec.layers
 
 
 def _moe_prefill(spec: ModelSpec, setup: Setup, st) -> float:
@@ -373,9 +401,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
                              o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     # at the residual add every matmul of the layer has cast its weight
-    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts,
-                                          linear_moment + casts_attn,
-                                          o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
+    linear_prefill = linear_moment + _linear_context(spec, setup, casts / spec.layers) if linear_moment else 0
+    prefill = weights + max(linear_prefill, kv + logits + max(
+        attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
+        mlp_first + casts_mlp, mlp_last + casts))
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     cached = setup.batch * (setup.seq + 1)
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager
