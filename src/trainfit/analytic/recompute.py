@@ -77,6 +77,12 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         one_layer += lora.layer_fixed_delta(spec, setup)
     casts = 0.0
     recomputed = 0.0
+    moe_kind = moe and frac_moe >= 0.5
+    # the layer re-run at the backward's high points: a Gated DeltaNet layer where the model has them (its chunked
+    # rule's fp32 tensors make its saved set the largest: gated_deltanet.saved_terms), else the average layer
+    rerun = one_layer
+    if linear_layers(spec):
+        rerun = layer_bytes_per_rank(layer_activations(spec, ls, moe=moe_kind, linear=True), setup, tokens, keys)
     if setup.recompute == "full":
         # checkpoint keeps each layer's input (the residual stream; split t ways only under sequence parallelism)
         saved = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
@@ -89,7 +95,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         # tensors are live once more — less the checkpointed input itself where the layer saves its input
         # (the same storage)
         layer_input = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
-        recomputed = one_layer - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
+        recomputed = rerun - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
             (CPU_RNG_STATE if setup.device == "cpu" else 0)
         if st.autocast:
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not —
@@ -117,7 +123,6 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     big = la_moe if moe and frac_moe >= 0.5 else la
     div = term_divisors(big, setup)
     mlp_saved = sum(v / div[k] for k, v in big.mlp_share.items() if k in div)
-    moe_kind = moe and frac_moe >= 0.5
     # the moments' layer has the parameters of its kind (NB: with full recomputation DeepSeek's high point is in
     # layer 0, dense, the MoE layers' gradients all made — taken as an MoE layer's own: an over-count, which on
     # small-deepseek_v2 on CPU partly offsets the missing math-path attention moment: -1.9% to +2.4% against the
