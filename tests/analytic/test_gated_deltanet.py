@@ -57,3 +57,19 @@ def test_linear_layer_state_by_hand():
     state (4 value heads × 16 × 32)."""
     spec = spec_from_config(CONFIG, "gdn-test")
     assert state_per_sequence(spec, 2) == 192 * 4 * 2 + 4 * 4 * 16 * 32
+
+
+def test_saved_set_under_autocast_matches_a_real_cpu_step():
+    """amp-bf16: the rule's matmuls save bf16 casts. The real step's count holds besides the priced set the weight
+    casts (in_proj_qkvz 320 x 128, out_proj 128 x 128, in_proj_ba 8 x 128, the conv's 192 x 4: the layer's `fixed`
+    term) and one bf16 cast of the input, which the two in_proj calls share here (a leaf requiring grad: autocast
+    caches it; the layer's linear-input term prices a model's non-leaf input per call), and the unpriced mask and
+    decays of the bf16 case."""
+    spec = spec_from_config(CONFIG, "gdn-test")
+    batch, seq = 2, 128
+    setup = Setup(batch=batch, seq=seq, precision="amp-bf16")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        real = _saved_by_a_real_step(batch, seq, torch.float32)
+    weight_casts = 2 * (320 * 128 + 128 * 128 + 8 * 128 + 192 * 4)
+    unpriced = 64 * 64 + 2 * 4 * 4 + 2 * 4 * 2 * 4
+    assert real - saved_per_token(spec, setup) * batch * seq == weight_casts + 2 * batch * seq * 128 + unpriced

@@ -194,7 +194,8 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE
         # experts run grouped_mm outside autocast (moe.py), so only the attention's weights are cast there
-        mixer = gated_deltanet.linear_params(spec) if linear else attention_linear_params(spec)
+        mixer = (gated_deltanet.linear_params(spec) + gated_deltanet.conv_params(spec) if linear
+                 else attention_linear_params(spec))
         fixed += a * (mixer + (0 if moe else linear_params_per_layer(spec) - attention_linear_params(spec)))
     mlp_share = {"norms": t["norms"] / 2, "linear_inputs": (mlp_inputs if amp else 1) * a * h, "mlp": t["mlp"],
                  "dropout": t.get("dropout", 0) / 2}

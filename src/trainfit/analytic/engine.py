@@ -216,7 +216,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     if tokens is not None and tokens <= 0:
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
-    check_modelled(spec)
+    check_modelled(spec, kernels=gpu is not None)  # without a GPU nothing is timed: no op list
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":

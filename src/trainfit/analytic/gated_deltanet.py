@@ -61,8 +61,11 @@ def saved_terms(spec: ModelSpec, setup: Setup) -> dict[str, float]:
         the solve keeps, the intra-chunk attention the scan's matmul keeps); three exp'd cumulative decays;
       state: the recurrent state entering each chunk (the scan's matmul keeps it), per sequence and chunk;
       norm: Qwen3NextRMSNormGated (:66-75): the fp32 input, the normalised input in the activation dtype and its
-        weighted copy, the fp32 SiLU input (z) and output; an fp32 rsqrt per head;
+        weighted copy (fp32 where the weight is, under autocast), the fp32 SiLU input (z) and output; an fp32 rsqrt
+        per head;
       out_proj: its input (value_dim, activation dtype).
+    Under autocast (`_autocast_rule`) the rule's matmuls save 16-bit casts of their operands in place of fp32
+    tensors.
     NB: the sequence is taken as a multiple of CHUNK: a padded one (F.pad, :414-416) is priced at its padded length
     for the per-chunk tensors (an approximation at other lengths)."""
     g = spec.linear_attn
@@ -70,16 +73,43 @@ def saved_terms(spec: ModelSpec, setup: Setup) -> dict[str, float]:
     s, sp = setup.seq, padded(setup.seq)
     nv, dk, dv = g.value_heads, g.key_head_dim, g.value_head_dim
     pad_share = sp / s  # the chunked tensors' padded length per real token
-    key_copies = 11 if a == FP32 else 8
+    st = state_bytes(setup)
+    if st.autocast:
+        rule, state = _autocast_rule(spec, a, sp)
+    else:
+        key_copies = 11 if a == FP32 else 8
+        rule = FP32 * nv * (key_copies * dk + 3 * dv + 5 * CHUNK + 6)
+        state = FP32 * nv * dk * dv * (sp // CHUNK)
+    weighted = a if int(st.weight) == a else FP32  # the norm's weight times its normalised input
     return {
         "conv": a * g.conv_dim * (2 + (g.conv_kernel - 1) / s),
         "gates": a * nv + 2 * FP32 * nv,
-        "rule": FP32 * nv * (key_copies * dk + 3 * dv + 2 + 1) * pad_share
-        + FP32 * nv * (5 * CHUNK + 3) * pad_share,
-        "state": FP32 * nv * dk * dv * (sp // CHUNK) / s,
-        "norm": (3 * FP32 + 2 * a) * g.value_dim + FP32 * nv,
+        "rule": rule * pad_share,
+        "state": state / s,
+        "norm": (3 * FP32 + a + weighted) * g.value_dim + FP32 * nv,
         "out_proj": a * g.value_dim,
     }
+
+
+def _autocast_rule(spec: ModelSpec, a: int, padded_seq: int) -> tuple[float, float]:
+    """(per padded token, per sequence) what the chunked rule saves under autocast, where matmul and bmm run in the
+    16-bit dtype `a` (autocast's lower-precision list, CPU's and CUDA's alike) and save casts of their operands
+    (read off real CPU steps under torch.autocast, equal to their saved_tensors_hooks count). fp32: l2norm's q and
+    k and the normalised key, the chunked query and key the decays multiply, the solve's k_cumdecay (6 key-wide);
+    v and new_values (2 value-wide); the pairwise decays and the triangular system (2 chunk-wide); three decays,
+    two rsqrt and beta; per sequence the state entering each chunk (the decay product keeps it). 16-bit: the two
+    chunk-wide products' matmul outputs (:446-447) and each chunk's intra-chunk attention cast (:493); v_new cast
+    twice per chunk (2 value-wide); k_beta, the query and the key's transpose cast for the two (chunk x chunk)
+    matmuls (4 key-wide), each chunk's decayed key (:496; 1), and the query and k_cumdecay of every chunk but the
+    first (:491-492: the first reads the zero state, which needs no gradient, so those matmuls keep no left operand);
+    per sequence the two casts of the state each chunk reads."""
+    g = spec.linear_attn
+    nv, dk, dv = g.value_heads, g.key_head_dim, g.value_head_dim
+    chunks = padded_seq // CHUNK
+    fp32 = FP32 * nv * (6 * dk + 2 * dv + 2 * CHUNK + 6)
+    low = a * nv * (3 * CHUNK + 2 * dv + 5 * dk + 2 * dk * (chunks - 1) / chunks)
+    state = (FP32 + 2 * a) * nv * dk * dv * chunks
+    return fp32 + low, state
 
 
 def saved_per_token(spec: ModelSpec, setup: Setup) -> float:
@@ -137,3 +167,22 @@ def decode_live(spec: ModelSpec, setup: Setup, batch: int) -> float:
     nv = g.value_heads
     per_token = _projections_live(spec, a) + FP32 * nv * (2 * g.key_head_dim + g.value_head_dim + 2)
     return (per_token + 3 * FP32 * nv * g.key_head_dim * g.value_head_dim) * batch
+
+
+def conv_params(spec: ModelSpec) -> int:
+    """The depthwise conv1d's weight (conv_dim x conv_kernel, no bias: :670-677); under autocast F.conv1d casts it
+    per call and keeps the cast for its backward."""
+    return spec.linear_attn.conv_dim * spec.linear_attn.conv_kernel
+
+
+def rule_flops_per_token(spec: ModelSpec, seq: int) -> float:
+    """Forward matmul FLOPs of one layer's chunked rule per token (2 per multiply-add, as flops.py), at the padded
+    length: per head the two (chunk x chunk) products over key_head_dim (:446-447), the two unitriangular solves
+    (chunk^2 / 2 multiply-adds per right-hand column, :458-459: key and value widths), and per chunk the scan's
+    k_cumdecay and query reads of the state and its update (key x value each) and the intra-chunk product (chunk x
+    value) (:491-497). NB: the depthwise conv, the l2 norms and the decays are elementwise, left out as flops.py
+    leaves out norms."""
+    g = spec.linear_attn
+    dk, dv, c = g.key_head_dim, g.value_head_dim, CHUNK
+    per_head = 4 * c * dk + c * (dk + dv) + 2 * (3 * dk * dv + c * dv)
+    return g.value_heads * per_head * padded(seq) / seq
