@@ -136,25 +136,31 @@ def _projections_live(spec: ModelSpec, a: int) -> float:
 
 def prefill_live(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     """A linear layer's high point in a no-grad forward of `tokens` tokens (batch x seq), beside the layer's input
-    and the model's held tensors: inside the chunk scan (:489-497), at `inter_chunk_attn + intra_chunk_attn[:, :, i] @
-    v_new`. Live then (read off traced prefills of the families matrix's Qwen3-Next, matched to the code), all fp32:
-    the rule's transposed beta and decay (:405-408); five key-width tensors (the decayed query and key, k_beta, the
-    decayed k_beta, the solve's k_cumdecay) and four value-width ones (v, v_beta, the solve's new_values, the output
-    core_attn_out); three (chunk x chunk) per chunk (the pairwise decays, the UT system, the intra-chunk attention);
-    the cumulative decays; per sequence the recurrent state and the chunk's v_new, its state read, its intra-chunk
-    product and their sum; the (chunk, chunk) boolean mask.
-    NB: exact at sequences that are multiples of CHUNK (against the trace: within 0.5 % of the prefill peak at
-    2 x 128, fp32, bf16 and amp-bf16); a padded sequence (F.pad, :414-416) holds one more full-length fp32 tensor at
-    its high point, which is not priced: -0.9 % to -2.0 % of the prefill peak of the families matrix's Qwen3-Next at
-    1 x 200."""
+    and the model's held tensors: the larger of two moments of the chunked rule (read off traced prefills of the
+    families matrix's Qwen3-Next and tiny-qwen3-next, matched to the code). Live at both, besides the projections
+    (_projections_live), all fp32: the rule's transposed beta and decay (:405-408); four value-width tensors (v,
+    v_beta, the solve's new_values, the output core_attn_out, :476); three (chunk x chunk) per chunk (the pairwise
+    decays, the UT system, the intra-chunk attention); the cumulative decays; the (chunk, chunk) boolean mask; then
+      key decay (:484): the key decayed beside the normalised one, the decayed query, k_beta, the decayed k_beta
+        and k_cumdecay (6 key-width), the exp'd decay difference, the zero initial state per sequence;
+      scan (:489-497), at `inter_chunk_attn + intra_chunk_attn[:, :, i] @ v_new`: 5 key-width (the normalised key
+        gone), per sequence the recurrent state, the chunk decays and the chunk's v_new, its state read, its
+        intra-chunk product and their sum.
+    The scan's moment is the higher where the value width is large beside the key width and the chunk.
+    NB: exact at sequences that are multiples of CHUNK (against the trace: within 0.5 % of the prefill peak of the
+    families matrix's Qwen3-Next at 2 x 128 and of tiny-qwen3-next at 2 x 256, fp32, bf16 and amp-bf16); a padded
+    sequence (F.pad, :414-416) is under-counted: -0.8 % to -1.8 % of the prefill peak of the families matrix's
+    Qwen3-Next at 1 x 200 (the padded copies' moment is not priced)."""
     g = spec.linear_attn
     a = state_bytes(setup).act
     batch = tokens // setup.seq
+    chunks = padded(setup.seq) // CHUNK
     tp = batch * padded(setup.seq)  # the padded tokens
     nv, dk, dv = g.value_heads, g.key_head_dim, g.value_head_dim
-    rule = FP32 * nv * tp * (2 + 5 * dk + 4 * dv + 3 * CHUNK + 1)
-    chunk = FP32 * batch * nv * (4 * CHUNK * dv + dk * dv + padded(setup.seq) // CHUNK)
-    return _projections_live(spec, a) * tokens + rule + chunk + CHUNK * CHUNK
+    common = FP32 * nv * tp * (2 + 4 * dv + 3 * CHUNK + 1)
+    key_decay = FP32 * nv * (tp * (6 * dk + 1) + batch * dk * dv)
+    scan = FP32 * nv * (tp * 5 * dk + batch * (4 * CHUNK * dv + dk * dv + chunks))
+    return _projections_live(spec, a) * tokens + common + max(key_decay, scan) + CHUNK * CHUNK
 
 
 def decode_live(spec: ModelSpec, setup: Setup, batch: int) -> float:
