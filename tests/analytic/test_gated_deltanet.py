@@ -4,6 +4,8 @@ layer's input and parameters. Key and value heads of different widths, so that a
 shows."""
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,6 +24,8 @@ CONFIG = {"model_type": "qwen3_next", "hidden_size": 128, "num_hidden_layers": 2
 
 
 def _saved_by_a_real_step(batch: int, seq: int, dtype) -> int:
+    """The bytes of the tensors autograd packed in the layer's forward that are still held when it returns (a graph
+    the output does not reach is freed with what it saved)."""
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
@@ -29,17 +33,19 @@ def _saved_by_a_real_step(batch: int, seq: int, dtype) -> int:
     layer = Qwen3NextGatedDeltaNet(cfg, 0).to(dtype)
     x = torch.randn(batch, seq, CONFIG["hidden_size"], dtype=dtype, requires_grad=True)
     skip = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {x.untyped_storage().data_ptr()}
-    saved: dict[int, int] = {}
+    packed = []
 
     def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in skip:
-            saved.setdefault(st.data_ptr(), st.nbytes())
+        if t.untyped_storage().data_ptr() not in skip:
+            packed.append(weakref.ref(t))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
-    return sum(saved.values())
+        y = layer(x)
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (r() for r in packed)
+            if t is not None}
+    del y
+    return sum(held.values())
 
 
 def test_saved_set_matches_a_real_cpu_step():

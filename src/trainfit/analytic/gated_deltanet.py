@@ -102,13 +102,15 @@ def _autocast_rule(spec: ModelSpec, a: int, padded_seq: int) -> tuple[float, flo
     twice per chunk (2 value-wide); k_beta, the query and the key's transpose cast for the two (chunk x chunk)
     matmuls (4 key-wide), each chunk's decayed key (:496; 1), and the query and k_cumdecay of every chunk but the
     first (:491-492: the first reads the zero state, which needs no gradient, so those matmuls keep no left operand);
-    per sequence the two casts of the state each chunk reads."""
+    per sequence the two casts of the state each chunk reads. The last chunk's state update (:497) feeds only the
+    final state, which the layer drops (:500, output_final_state False in training): its graph is freed at the end
+    of the forward with what it saved — its key and v_new casts and the fp32 state its decay product keeps."""
     g = spec.linear_attn
     nv, dk, dv = g.value_heads, g.key_head_dim, g.value_head_dim
     chunks = padded_seq // CHUNK
     fp32 = FP32 * nv * (6 * dk + 2 * dv + 2 * CHUNK + 6)
-    low = a * nv * (3 * CHUNK + 2 * dv + 5 * dk + 2 * dk * (chunks - 1) / chunks)
-    state = (FP32 + 2 * a) * nv * dk * dv * chunks
+    low = a * nv * (3 * CHUNK + (2 * chunks - 1) / chunks * dv + 4 * dk + 3 * dk * (chunks - 1) / chunks)
+    state = (FP32 * (chunks - 1) + 2 * a * chunks) * nv * dk * dv
     return fp32 + low, state
 
 
