@@ -79,3 +79,18 @@ def test_saved_set_under_autocast_matches_a_real_cpu_step():
     weight_casts = 2 * (320 * 128 + 128 * 128 + 8 * 128 + 192 * 4)
     unpriced = 64 * 64 + 2 * 4 * 4 + 2 * 4 * 2 * 4
     assert real - saved_per_token(spec, setup) * batch * seq == weight_casts + 2 * batch * seq * 128 + unpriced
+
+
+def test_memory_without_a_gpu_timing_refused_in_one_line():
+    """An estimate without a GPU times nothing: Qwen3-Next's memory is answered; with one, the op list it would time
+    has no Gated DeltaNet kernels: one line pointing to the trace engine."""
+    from trainfit.analytic.engine import estimate
+    from trainfit.errors import SetupError
+    from trainfit.hardware import get_gpu
+
+    spec = spec_from_config(CONFIG, "gdn-test")
+    setup = Setup(batch=1, seq=64, precision="bf16")
+    assert estimate(spec, setup).memory.peak > 0
+    with pytest.raises(SetupError, match="does not model the Gated DeltaNet layers' kernels") as e:
+        estimate(spec, setup, gpu=get_gpu("H100-80GB"))
+    assert "\n" not in str(e.value) and "--engine trace" in str(e.value)

@@ -1,5 +1,13 @@
 """Architecture features the analytic engine has no terms for yet: a spec that has one is refused with one line
-(the trace engine builds the real transformers model and covers it).
+(the trace engine builds the real transformers model and covers it). `unmodelled_memory` lists what the memory
+formulas lack, `unmodelled_kernels` what only the op list (kernels, step time) lacks: an estimate without a GPU
+times nothing and needs the former only.
+
+Qwen3-Next (transformers models/qwen3_next/modeling_qwen3_next.py): its memory and FLOPs are modelled
+(analytic/gated_deltanet.py: the Gated DeltaNet layers' saved tensors, no-grad high points and per-sequence conv +
+recurrent state; activations.py: the gated attention's sigmoid gate; families.json: the zero-centred RMSNorm's fp32
+normalised tensor); the op list has no Gated DeltaNet kernels (in_proj_qkvz/ba, the depthwise conv, the chunked
+rule's batched matmuls and triangular solves, the gated norm), so timing it is refused.
 
 Llama 4 (transformers models/llama4/modeling_llama4.py) brings four at once:
   * the MoE runs every expert on every token (Llama4TextMoe.forward: `hidden_states.repeat(E, 1)` times the router
