@@ -48,6 +48,7 @@ class GatedDeltaNetSpec:
     key_head_dim: int  # linear_key_head_dim
     value_head_dim: int  # linear_value_head_dim
     conv_kernel: int  # linear_conv_kernel_dim
+    last: int = -1  # the index of the last linear layer (-1: the model's last layer)
 
     @property
     def key_dim(self) -> int:

@@ -95,6 +95,12 @@ def shrink(cfg: dict) -> dict:
         c["max_window_layers"] = LAYERS
     if isinstance(c.get("layer_types"), list):
         c["layer_types"] = c["layer_types"][:LAYERS]
+    if "full_attention_interval" in c:
+        # Qwen3-Next: a Gated DeltaNet layer and a gated full-attention layer (the published 3:1 would make both of the
+        # 2 layers linear, and a cache of linear layers only has no sequence length for generate), 2 key heads and 4
+        # value heads (the published 1:2 grouping) of HEAD_DIM
+        c.update(full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+                 linear_key_head_dim=HEAD_DIM, linear_value_head_dim=HEAD_DIM)
     if "hybrid_override_pattern" in c:
         # Nemotron-H: a Mamba-2 block and an attention block (the pattern sets the layer count), 8 Mamba heads
         c.update(hybrid_override_pattern="M*", mamba_num_heads=8)
@@ -111,7 +117,7 @@ CONFIGS = catalog_configs()
 # the DeepSeek families last: each family's setups rotate with its index, so appending keeps the others' cases
 # (families added later go after them, in the order they came: inserting one in alphabetical order would move the
 # setups of every family after it)
-ADDED_LATER = ("nemotron", "gemma3_text", "nemotron_h")
+ADDED_LATER = ("nemotron", "gemma3_text", "nemotron_h", "qwen3_next")
 FAMILIES = (sorted((f for f in CONFIGS if f not in ADDED_LATER), key=lambda f: f.startswith("deepseek"))
             + [f for f in ADDED_LATER if f in CONFIGS])
 
@@ -198,10 +204,6 @@ REFUSED: dict[str, str] = {
         "and the clamped SwiGLU experts (strided slices, clamps, (up + 1) product, biased per-expert matmuls in a loop): "
         "analytic -5.1 % to -15.3 % of the traced training peak (backward; -0.2 % where the optimizer step peaks), "
         "-23.6 % to -30.3 % of the prefill peak"),
-    "qwen3_next": (
-        "Gated DeltaNet linear-attention layers (conv1d over q/k/v, L2-normed q/k, the chunked gated delta rule's "
-        "(heads, key_dim, value_dim) recurrent state and its per-chunk fp32 temporaries, the gated RMSNorm) and the "
-        "sigmoid output gate of the full-attention layers: no analytic terms for them"),
 }
 
 

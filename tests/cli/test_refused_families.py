@@ -12,6 +12,7 @@ from trainfit.cli import main
     ["fit", "llama-4-scout", "--gpu", "H100-80GB"],
     ["plan", "gpt-oss-20b", "--gpus", "8", "--gpu", "H100-80GB"],
     ["fit", "nemotron-nano-9b-v2", "--gpu", "H100-80GB"],
+    ["estimate", "qwen3-next-80b-a3b", "--gpu", "H100-80GB"],  # memory modelled; the op list (timing) refused
 ])
 def test_refusal_is_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -21,7 +21,7 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
-from . import mla
+from . import gated_deltanet, mla
 from .moe import moe_block
 from .precision import state_bytes
 
@@ -85,9 +85,10 @@ def one_plus_weight_bytes(spec: ModelSpec, st) -> int:
     return int(st.weight) * spec.hidden if family_traits(spec)["norm_one_plus"] else 0
 
 
-def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> LayerActivations:
+def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: bool = False) -> LayerActivations:
     """Saved-for-backward bytes of one decoder/encoder layer under `setup` (no recompute, one TP rank); `moe`: a
-    layer whose MLP is the sparse MoE block (moe.py).
+    layer whose MLP is the sparse MoE block (moe.py); `linear`: a Gated DeltaNet layer in place of attention
+    (gated_deltanet.py).
 
     Assumes the kernels of the resolved attention implementation (`setup.attention_kernel`):
     'flash'/'sdpa' = flash SDPA (no s×s tensor), 'eager' = matmul + softmax.
@@ -117,9 +118,13 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     up_calls = (1 if traits["fused_gate_up"] else 2) if spec.gated_mlp else 1
     if spec.mla is not None:
         qkv_calls = mla.input_calls(spec)
+    if linear:
+        qkv_calls = 2  # in_proj_qkvz and in_proj_ba (modeling_qwen3_next.py:687-688)
     t["linear_inputs"] = ((qkv_calls + up_calls) if amp else 2) * a * h
     # Attention core.
-    if spec.mla is not None:
+    if linear:
+        t["attention"] = gated_deltanet.saved_per_token(spec, setup)
+    elif spec.mla is not None:
         # MLA (mla.py): the q/kv down- and up-projections and their norms, then SDPA with q/k wider than v
         t["attention"] = mla.projections_saved(spec, a)
         if kernel == "flash":
@@ -154,11 +159,15 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
         if p_attn > 0:
             probs += dropout_mask_bytes(setup, a_attn) + a_attn  # dropout's mask; probs·v keeps the dropped probs
         per_key = probs * nh
-    if spec.qk_norm:
+    if spec.qk_norm and not linear:
         # q_norm, k_norm (HF Qwen3RMSNorm over head_dim, modeling_qwen3.py): per element the fp32 input copy and the
         # normalised output, per head an fp32 rsqrt
         out = FP32 if traits["norm_fp32"] else a
         t["attention"] += (FP32 + out) * (q + kv) + FP32 * (nh + spec.kv_heads)
+    if spec.attn_output_gate and not linear:
+        # Qwen3-Next's gated attention (modeling_qwen3_next.py:299-300): `attn_output * torch.sigmoid(gate)` keeps
+        # sigmoid's output and the attention output; o_proj keeps the product
+        t["attention"] += 2 * a * q
     fixed = 0.0
     mlp_inputs = up_calls
     # MLP.
@@ -185,7 +194,9 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False) -> Layer
     if amp:
         # autocast's cached low-precision weight copies, saved for the input gradient (not batch-scaled); MoE
         # experts run grouped_mm outside autocast (moe.py), so only the attention's weights are cast there
-        fixed += a * (attention_linear_params(spec) if moe else linear_params_per_layer(spec))
+        mixer = (gated_deltanet.linear_params(spec) + gated_deltanet.conv_params(spec) if linear
+                 else attention_linear_params(spec))
+        fixed += a * (mixer + (0 if moe else linear_params_per_layer(spec) - attention_linear_params(spec)))
     mlp_share = {"norms": t["norms"] / 2, "linear_inputs": (mlp_inputs if amp else 1) * a * h, "mlp": t["mlp"],
                  "dropout": t.get("dropout", 0) / 2}
     return LayerActivations(sum(t.values()), per_key, fixed, t, mlp_share)
@@ -287,7 +298,9 @@ def attention_linear_params(spec: ModelSpec) -> int:
     """Weights of the attention's matmuls: q, k, v and o (MLA: its down/up projections, mla.py)."""
     if spec.mla is not None:
         return mla.linear_params(spec)
-    return spec.hidden * (2 * spec.q_dim + 2 * spec.kv_dim)
+    # Qwen3-Next's q_proj emits q and the output gate (modeling_qwen3_next.py:241-243): q_dim columns more
+    gate = spec.q_dim if spec.attn_output_gate else 0
+    return spec.hidden * (2 * spec.q_dim + 2 * spec.kv_dim + gate)
 
 
 def linear_params_per_layer(spec: ModelSpec) -> int:

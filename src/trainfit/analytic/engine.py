@@ -217,8 +217,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
     if setup.mode != "serve":  # serving sizes the engine's own profile run (analytic/serving.py), not these terms
-        # inference with a GPU times each pass from the op list, which asks again (ops/layer.py: training's terms)
-        check_modelled(spec, setup.mode if gpu is None or mfu is not None else "train")
+        # with a GPU and no --mfu the op list times each pass (ops/layer.py asks again); without, nothing is timed
+        check_modelled(spec, setup.mode, kernels=gpu is not None and mfu is None)
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
+from . import gated_deltanet
 from .params import ParamCounts, count_params
 
 
@@ -43,7 +44,10 @@ def head_matmul_per_token(spec: ModelSpec, seq: int) -> float:
 def matmul_params_per_token(spec: ModelSpec, pc: ParamCounts, seq: int = 1) -> float:
     """Weights each token multiplies through: attention and MLP matrices (active experts only), the router and
     the task head (`head_matmul_per_token`; `seq` matters for pooled classifiers only)."""
-    n = pc.attention * spec.layers + pc.mlp * pc.dense_layers
+    # Qwen3-Next's Gated DeltaNet layers multiply through their projections in place of attention's
+    n = pc.attention * (spec.layers - pc.linear_layers) + pc.mlp * pc.dense_layers
+    if pc.linear_layers:
+        n += pc.linear_layers * gated_deltanet.linear_params(spec)
     if spec.moe is not None:
         m = spec.moe
         shared = (pc.moe_mlp - m.num_experts * pc.expert - m.num_experts * spec.hidden) if pc.moe_layers else 0
@@ -56,7 +60,9 @@ def attention_flops_per_token(spec: ModelSpec, seq: int) -> float:
     the qk head width, probs·v over v_head_dim, 2·(q_dim + heads·v_head_dim)."""
     keys = (seq + 1) / 2 if spec.causal else seq
     width = 2 * spec.q_dim if spec.mla is None else spec.q_dim + spec.heads * spec.mla.v_head_dim
-    return spec.layers * 2 * width * keys
+    linear = gated_deltanet.linear_layers(spec)
+    rule = linear * gated_deltanet.rule_flops_per_token(spec, seq) if linear else 0.0
+    return gated_deltanet.attention_layers(spec) * 2 * width * keys + rule
 
 
 def forward_per_token(spec: ModelSpec, seq: int, pc: ParamCounts | None = None) -> float:

@@ -15,7 +15,7 @@ from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
-from . import mla
+from . import gated_deltanet, mla
 from .embedding import rotary_tables
 from .hybrid_inference import hybrid_infer_memory
 from .onednn import gemm_scratch
@@ -101,15 +101,73 @@ def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
         m = spec.mla
         return spec.layers / setup.pp * (m.kv_lora_rank * k_bytes + m.qk_rope_head_dim * v_bytes)
     kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
-    # a hybrid stack caches K and V in its attention blocks only (its Mamba blocks' states do not grow with the
-    # tokens: hybrid_inference.block_cache_bytes)
-    layers = spec.hybrid.attention_layers if spec.hybrid is not None else spec.layers
-    return layers / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
+    # Qwen3-Next's Gated DeltaNet layers cache no k and v (their per-sequence state: linear_state_bytes); a hybrid
+    # stack caches K and V in its attention blocks only (its Mamba blocks' states do not grow with the tokens:
+    # hybrid_inference.block_cache_bytes)
+    attention = spec.hybrid.attention_layers if spec.hybrid is not None else gated_deltanet.attention_layers(spec)
+    return attention / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
+
+
+def linear_state_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """The Gated DeltaNet layers' cache (gated_deltanet.state_per_sequence) for the batch, constant in the sequence
+    length; 0 without such layers."""
+    if not gated_deltanet.linear_layers(spec):
+        return 0.0
+    act = state_bytes(setup).act
+    return gated_deltanet.linear_layers(spec) / setup.pp * gated_deltanet.state_per_sequence(spec, act) * setup.batch
 
 
 def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     """The larger of the two high points of `_prefill_moments`."""
-    return max(_prefill_moments(spec, setup, tokens))
+    return max(*_prefill_moments(spec, setup, tokens), _linear_moment(spec, setup, tokens))
+
+
+def _linear_moment(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """A Gated DeltaNet layer's high point (gated_deltanet.prefill_live; a one-token step's, decode_live) beside what
+    the attention's moment holds (`_held`); 0 without such layers. The layer's input is the embedding output itself
+    where the last linear layer is the first layer (Qwen3NextModel.forward: `hidden_states = inputs_embeds`)."""
+    if not gated_deltanet.linear_layers(spec):
+        return 0.0
+    live = (gated_deltanet.prefill_live(spec, setup, tokens) if setup.seq > 1
+            else gated_deltanet.decode_live(spec, setup, tokens))
+    first = spec.linear_attn.last == 0
+    return _held(spec, setup, tokens) - (state_bytes(setup).residual * spec.hidden * tokens if first else 0) \
+        + live / setup.tp
+
+
+def _linear_context(spec: ModelSpec, setup: Setup, per_layer_casts: float) -> float:
+    """Beside the last linear layer's high point: the cache of the layers before it (k and v of its attention
+    layers, the states of its linear layers; layers past it have cached nothing yet) and its own conv state (the
+    recurrent state is written after the rule, :763); under autocast the weight casts of the layers before it
+    (`per_layer_casts` each: NB the average layer's) and its own in_proj casts. The logits do not exist yet."""
+    g = spec.linear_attn
+    last = spec.layers - 1 if g.last < 0 else g.last
+    st = state_bytes(setup)
+    linear_before = g.layers - 1
+    attention_before = last - linear_before
+    per_attention_layer = kv_bytes_per_token(spec, setup) / max(gated_deltanet.attention_layers(spec), 1)
+    cache = attention_before * per_attention_layer * setup.batch * setup.seq + \
+        linear_state_bytes(spec, setup) * linear_before / g.layers + \
+        st.act * g.conv_dim * g.conv_kernel * setup.batch / setup.tp
+    casts = 0.0
+    if st.autocast:
+        in_proj = spec.hidden * (2 * g.key_dim + 2 * g.value_dim + 2 * g.value_heads)
+        casts = last * per_layer_casts + st.act * in_proj / setup.tp
+    return cache + casts
+
+
+def _held(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """What a layer's high points hold beside its own tensors (`_prefill_moments`): the embedding output, the layer's
+    input and its normalised copy, the rotary tables and positions, learned positions where the model keeps them."""
+    st = state_bytes(setup)
+    r, h = st.residual, spec.hidden
+    traits = family_traits(spec)
+    base = 3 * r * h * tokens
+    if spec.positions == "rotary":
+        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+    if traits["position_embeds_kept"]:
+        base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
+    return base
 
 
 def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float, float]:
@@ -270,14 +328,20 @@ def o_proj_params(spec: ModelSpec) -> int:
 def cast_params(spec: ModelSpec) -> float:
     """Per layer (averaged over dense and MoE layers), the weights autocast casts: the matmuls' — the MoE experts
     run grouped_mm outside autocast (moe.py), so a MoE layer casts its attention, router and shared expert."""
+    # Qwen3-Next: the Gated DeltaNet layers' projections in place of attention's (gated_deltanet.linear_params)
+    mixer = attention_linear_params(spec)
+    if gated_deltanet.linear_layers(spec):
+        n_lin = gated_deltanet.linear_layers(spec)
+        mixer = ((spec.layers - n_lin) * mixer + n_lin * gated_deltanet.linear_params(spec)) / spec.layers
+    dense = linear_params_per_layer(spec) - attention_linear_params(spec) + mixer
     if spec.moe is None:
-        return linear_params_per_layer(spec)
+        return dense
     m = spec.moe
     h = spec.hidden
-    moe_layer = attention_linear_params(spec) + m.num_experts * h + \
+    moe_layer = mixer + m.num_experts * h + \
         (3 * h * m.shared_intermediate + h if m.shared_intermediate else 0)
     n_moe = spec.layers if m.sparse_layers is None else m.sparse_layers
-    return (n_moe * moe_layer + (spec.layers - n_moe) * linear_params_per_layer(spec)) / spec.layers
+    return (n_moe * moe_layer + (spec.layers - n_moe) * dense) / spec.layers
 
 
 def _moe_prefill(spec: ModelSpec, setup: Setup, st) -> float:
@@ -306,9 +370,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     if spec.hybrid is not None:  # Mamba-2 / attention / MLP blocks (hybrid_inference.py)
         return hybrid_infer_memory(spec, setup, weights)
     tokens = setup.batch * setup.seq
-    kv = kv_bytes_per_token(spec, setup) * tokens
+    kv = kv_bytes_per_token(spec, setup) * tokens + linear_state_bytes(spec, setup)
     attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)
-    act = max(attn_moment, mlp_moment, add_moment)
+    linear_moment = _linear_moment(spec, setup, tokens)
+    act = max(attn_moment, mlp_moment, add_moment, linear_moment)
     o_gemm, mlp_first, mlp_last = _prefill_gemms(spec, setup, tokens, attn_moment, mlp_moment)
     # generate() computes the prefill logits of the last position only (logits_to_keep=1), in fp32
     logits = FP32 * spec.vocab / setup.tp * setup.batch
@@ -341,19 +406,21 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
                              o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     # at the residual add every matmul of the layer has cast its weight
-    prefill = weights + kv + logits + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts,
-                                          o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
+    linear_prefill = linear_moment + _linear_context(spec, setup, casts / spec.layers) if linear_moment else 0
+    prefill = weights + max(linear_prefill, kv + logits + max(
+        attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
+        mlp_first + casts_mlp, mlp_last + casts))
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     cached = setup.batch * (setup.seq + 1)
     # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager
     # attention with fewer kv heads than heads repeats k and v to every head (repeat_kv)
-    layer_kv = kv_bytes_per_token(spec, setup) / (spec.layers / setup.pp) * cached
+    layer_kv = kv_bytes_per_token(spec, setup) / (max(gated_deltanet.attention_layers(spec), 1) / setup.pp) * cached
     repeated = 2 * st.act * spec.q_dim / setup.tp * cached if (resolved_kernel(spec, setup) == "eager"
                                                                  and spec.kv_heads < spec.heads) else 0
     # MLA under HF: the layer's k and v rebuilt from the latent for every cached token (NB: vLLM/SGLang absorb
     # kv_b_proj into q and o at decode and rebuild nothing, so this over-estimates a serving engine's decode)
     repeated += st.act * mla_decompressed(spec, setup.tp) * cached
-    decode = (weights + kv_bytes_per_token(spec, setup) * cached + layer_kv + repeated + casts + head_cast
+    decode = (weights + kv_bytes_per_token(spec, setup) * cached + linear_state_bytes(spec, setup) + layer_kv + repeated + casts + head_cast
               + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 

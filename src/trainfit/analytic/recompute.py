@@ -24,6 +24,7 @@ from ..spec import ModelSpec
 from . import lora
 from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
+from .gated_deltanet import linear_layers
 from .backward import Moment, layer_moments
 from .params import ParamCounts
 from .parallel.tensor import layer_bytes_per_rank, term_divisors
@@ -67,8 +68,8 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     moe = spec.moe is not None and pc.moe_layers > 0
     la_moe = layer_activations(spec, ls, moe=True) if moe else la
     frac_moe = pc.moe_layers / spec.layers
-    one_layer = (1 - frac_moe) * layer_bytes_per_rank(la, setup, tokens, keys) \
-        + frac_moe * layer_bytes_per_rank(la_moe, setup, tokens, keys)
+    kinds = layer_kinds(spec, ls, frac_moe)
+    one_layer = sum(w * layer_bytes_per_rank(k, setup, tokens, keys) for w, k in kinds)
     adapter_casts = 0.0
     if setup.lora_rank:  # frozen base, adapters (lora.py); autocast caches casts of trainable leaves only
         one_layer += lora.layer_saved_delta(spec, setup) * tokens
@@ -76,6 +77,12 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         one_layer += lora.layer_fixed_delta(spec, setup)
     casts = 0.0
     recomputed = 0.0
+    moe_kind = moe and frac_moe >= 0.5
+    # the layer re-run at the backward's high points: a Gated DeltaNet layer where the model has them (its chunked
+    # rule's fp32 tensors make its saved set the largest: gated_deltanet.saved_terms), else the average layer
+    rerun = one_layer
+    if linear_layers(spec):
+        rerun = layer_bytes_per_rank(layer_activations(spec, ls, moe=moe_kind, linear=True), setup, tokens, keys)
     if setup.recompute == "full":
         # checkpoint keeps each layer's input (the residual stream; split t ways only under sequence parallelism)
         saved = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
@@ -88,13 +95,13 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         # tensors are live once more — less the checkpointed input itself where the layer saves its input
         # (the same storage)
         layer_input = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
-        recomputed = one_layer - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
+        recomputed = rerun - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
             (CPU_RNG_STATE if setup.device == "cpu" else 0)
         if st.autocast:
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not —
             # of trainable leaves only (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() &&
             # arg.is_leaf()): with LoRA only the adapters' casts stay, the frozen weights' are freed in the forward
-            casts = adapter_casts if setup.lora_rank else ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
+            casts = adapter_casts if setup.lora_rank else sum(w * k.fixed for w, k in kinds) / t
     elif setup.recompute == "op":
         saved = op_sac_stored(spec, setup, st, tokens)
         # the block's backward re-runs its forward first: its whole saved set is live again (the stored outputs
@@ -108,7 +115,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             saved += CPU_RNG_STATE  # torch/utils/checkpoint.py:1632, as under full
         if st.autocast:
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
-            casts = ((1 - frac_moe) * la.fixed + frac_moe * la_moe.fixed) / t
+            casts = sum(w * k.fixed for w, k in kinds) / t
     else:
         saved = one_layer
     # NB: with some dense and some MoE layers, the backward high points are those of the layer kind the rank has
@@ -116,7 +123,6 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     big = la_moe if moe and frac_moe >= 0.5 else la
     div = term_divisors(big, setup)
     mlp_saved = sum(v / div[k] for k, v in big.mlp_share.items() if k in div)
-    moe_kind = moe and frac_moe >= 0.5
     # the moments' layer has the parameters of its kind (NB: with full recomputation DeepSeek's high point is in
     # layer 0, dense, the MoE layers' gradients all made — taken as an MoE layer's own: an over-count, which on
     # small-deepseek_v2 on CPU partly offsets the missing math-path attention moment: -1.9% to +2.4% against the
@@ -130,6 +136,19 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         sp = t if setup.sequence_parallel else 1
         moments.append(Moment(recomputed + (2 * st.residual + st.act) * spec.hidden * tokens / sp, 0.0))
     return LayerMemory(la, saved, moments, casts)
+
+
+def layer_kinds(spec: ModelSpec, setup: Setup, frac_moe: float) -> list[tuple[float, LayerActivations]]:
+    """(share of the layers, saved set) of each kind of layer: dense or MoE MLP, attention or a Gated DeltaNet
+    layer (gated_deltanet.py). NB: which layers are MoE and which linear is taken as independent (the shares
+    multiply): exact for Qwen3-Next's published configs, where every layer is MoE."""
+    frac_lin = linear_layers(spec) / spec.layers
+    out = []
+    for lin, w_lin in ((False, 1 - frac_lin), (True, frac_lin)):
+        for moe, w_moe in ((False, 1 - frac_moe), (True, frac_moe)):
+            if w_lin * w_moe > 0:
+                out.append((w_lin * w_moe, layer_activations(spec, setup, moe=moe, linear=lin)))
+    return out
 
 
 def block_matmuls(spec: ModelSpec) -> list[tuple[str, int, int, bool]]:

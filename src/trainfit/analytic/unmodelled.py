@@ -1,5 +1,13 @@
 """Architecture features the analytic engine has no terms for yet: a spec that has one is refused with one line
-(the trace engine builds the real transformers model and covers it).
+(the trace engine builds the real transformers model and covers it). `unmodelled_memory` lists what the memory
+formulas lack, `unmodelled_kernels` what only the op list (kernels, step time) lacks: an estimate without a GPU
+times nothing and needs the former only.
+
+Qwen3-Next (transformers models/qwen3_next/modeling_qwen3_next.py): its memory and FLOPs are modelled
+(analytic/gated_deltanet.py: the Gated DeltaNet layers' saved tensors, no-grad high points and per-sequence conv +
+recurrent state; activations.py: the gated attention's sigmoid gate; families.json: the zero-centred RMSNorm's fp32
+normalised tensor); the op list has no Gated DeltaNet kernels (in_proj_qkvz/ba, the depthwise conv, the chunked
+rule's batched matmuls and triangular solves, the gated norm), so timing it is refused.
 
 Llama 4 (transformers models/llama4/modeling_llama4.py) brings four at once:
   * the MoE runs every expert on every token (Llama4TextMoe.forward: `hidden_states.repeat(E, 1)` times the router
@@ -31,8 +39,9 @@ oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 
 is not: the mixer's in_proj split into z, x|B|C and dt, the depthwise causal conv1d and SiLU, the chunked selective
 scan (mamba2_chunk_scan, :273-378: dt softplus and clamp, A * dt cumulative sums, segment-sum decays of
 (b, heads, chunks, chunk, chunk), the per-chunk states (b, chunks, heads, head_dim, d_state)), the D skip, the gated
-RMSNorm and out_proj, all saved for backward, have no terms; nor have the serving engines' state allocators or the
-scan's kernels in the op list (analytic/ops) that times a pass (so inference with --gpu is refused too, unless --mfu).
+RMSNorm and out_proj, all saved for backward, have no terms; nor have the scan's kernels in the op list
+(analytic/ops) that times a pass (so inference with --gpu is refused too, unless --mfu). Serving sizes the engines'
+own state allocators (analytic/serving_state.py).
 Measured gap at the families matrix's test size (Nemotron-H 47B's flags at hidden 128: one Mamba-2 block of 8 heads
 x 64, state 256, 8 groups, and one attention block; batch 2 x 128), with the refusal lifted: the analytic training
 peak -58.3 % to -85.4 % of the traced one (every precision and recompute policy, CPU and CUDA semantics).
@@ -44,8 +53,25 @@ from ..spec import ModelSpec
 
 
 def unmodelled_features(spec: ModelSpec, mode: str = "train") -> list[str]:
-    """The features of `spec` the analytic formulas do not cover in `mode` (empty: fully modelled). The op list
-    (analytic/ops) asks with the default: it times training steps and inference passes alike."""
+    """The features of `spec` the analytic formulas do not cover in `mode` (empty: fully modelled): those of the
+    memory formulas and those of the op list (kernels, step time)."""
+    return unmodelled_memory(spec, mode) + unmodelled_kernels(spec)
+
+
+def unmodelled_kernels(spec: ModelSpec) -> list[str]:
+    """Features whose memory is modelled (in some mode) but whose kernels the op list (analytic/ops/) does not list."""
+    out = []
+    if spec.linear_attn is not None:
+        out.append("the Gated DeltaNet layers' kernels (the op list and step time; their memory and FLOPs are "
+                   "modelled: estimate without --gpu)")
+    if spec.hybrid is not None and spec.hybrid.mamba_layers:
+        out.append("the Mamba-2 scan's kernels (the op list and step time; inference memory and FLOPs are modelled: "
+                   "estimate without --gpu, or with --mfu)")
+    return out
+
+
+def unmodelled_memory(spec: ModelSpec, mode: str = "train") -> list[str]:
+    """The features of `spec` the memory formulas do not cover in `mode`."""
     out = []
     if spec.moe is not None and spec.moe.experts_every_token:
         out.append("an MoE whose every expert runs every token (Llama4TextExperts' batched bmm)")
@@ -57,23 +83,18 @@ def unmodelled_features(spec: ModelSpec, mode: str = "train") -> list[str]:
         out.append("interleaved chunked/NoPE attention layers")
     if spec.attn_sinks:
         out.append("attention sinks (a per-head logit column in eager attention)")
-    if spec.linear_attn is not None:
-        out.append("Gated DeltaNet linear-attention layers (their conv and recurrent state)")
-    if spec.attn_output_gate:
-        out.append("the sigmoid output gate of gated attention")
     if spec.moe is not None and spec.moe.swiglu_limit:
         out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers and mode != "infer":
-        # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors, the serving
-        # engines' state allocators and the scan's kernels in the op list are not
-        out.append("Mamba-2 blocks outside inference memory (the chunked scan's saved tensors in training, serving "
-                   "and the scan's kernels in the op list that times a pass)")
+        # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors are not
+        out.append("Mamba-2 blocks in training (the chunked scan's saved tensors)")
     return out
 
 
-def check_modelled(spec: ModelSpec, mode: str = "train") -> None:
-    """Refuse, in one line, a spec with a feature the analytic engine does not model in `mode`."""
-    missing = unmodelled_features(spec, mode)
+def check_modelled(spec: ModelSpec, mode: str = "train", kernels: bool = True) -> None:
+    """Refuse, in one line, a spec with a feature the analytic engine does not model in `mode`; `kernels` False:
+    what the memory estimate needs only (no op list, no step time)."""
+    missing = unmodelled_features(spec, mode) if kernels else unmodelled_memory(spec, mode)
     if missing:
         raise SetupError(f"{spec.name}: the analytic engine does not model {', '.join(missing)} "
                          f"({spec.family}); use --engine trace (the real transformers model on fake tensors)")

@@ -603,16 +603,16 @@ def _gpt_oss(c: _Cfg) -> dict:
     return f
 
 
-def _linear_attention_layers(c: _Cfg, layers: int) -> int:
-    """How many layers are "linear_attention": `layer_types` when given, else Qwen3NextConfig.__post_init__
+def _linear_attention_indices(c: _Cfg, layers: int) -> list[int]:
+    """The "linear_attention" layers: `layer_types` when given, else Qwen3NextConfig.__post_init__
     (configuration_qwen3_next.py): layer i is linear unless (i + 1) % full_attention_interval == 0 (default 4)."""
     lt = c.d.get("layer_types")
     if isinstance(lt, list) and lt:
         if len(lt) != layers:
             raise c.fail(f"layer_types has {len(lt)} entries for {layers} layers")
-        return sum(1 for t in lt if t == "linear_attention")
+        return [i for i, t in enumerate(lt) if t == "linear_attention"]
     interval = c.int("full_attention_interval", default=4, minimum=1)
-    return sum(1 for i in range(layers) if (i + 1) % interval)
+    return [i for i in range(layers) if (i + 1) % interval]
 
 
 def _qwen3_next(c: _Cfg) -> dict:
@@ -627,10 +627,10 @@ def _qwen3_next(c: _Cfg) -> dict:
     f = _rope_decoder(c, tie_default=False, head_dim_default=256, kv_default=2)
     ab = c.bool("attention_bias", default=False)
     f.update(qkv_bias=ab, out_bias=ab, qk_norm=True, attn_output_gate=True)
-    n_linear = _linear_attention_layers(c, f["layers"])
-    if n_linear:
+    linear = _linear_attention_indices(c, f["layers"])
+    if linear:
         f["linear_attn"] = GatedDeltaNetSpec(
-            layers=n_linear,
+            layers=len(linear), last=linear[-1],
             key_heads=c.int("linear_num_key_heads", default=16),
             value_heads=c.int("linear_num_value_heads", default=32),
             key_head_dim=c.int("linear_key_head_dim", default=128),
