@@ -20,7 +20,7 @@ class MoESpec:
     shared_gate: bool = False  # Qwen-MoE's sigmoid gate on the shared expert (hidden -> 1)
     sparse_layers: int | None = None  # how many layers are MoE (None: all); the rest use `intermediate`
     # DeepSeek: the router is sigmoid-scored with a per-expert e_score_correction_bias buffer (V3) or softmax (V2)
-    router_scoring: str = "softmax"
+    router_scoring: str = "softmax"  # gpt-oss: "topk_softmax" (softmax over the k top logits, in their dtype)
     norm_topk: bool = False  # the router renormalises its top-k weights (Mixtral always; config norm_topk_prob)
     topk_method: str = "greedy"  # DeepSeek-V2: config topk_method (greedy, group_limited_greedy); V3: noaux_tc
     # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the

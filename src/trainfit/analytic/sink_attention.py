@@ -1,0 +1,63 @@
+"""Eager attention with attention sinks (gpt-oss; no torch): what it saves for backward and holds in a prefill.
+
+transformers runs gpt-oss's attention eagerly (modeling_gpt_oss.py:380 `_supports_sdpa = False`) through its own
+eager_attention_forward (:227-255):
+  scores    torch.matmul(q, repeat_kv(k)ᵀ) · scaling + mask (:239-241), (b, heads, s, s);
+  sinks     the (heads,) `sinks` logit expanded to a column and torch.cat'ed to the scores (:243-244): the combined
+            logits (b, heads, s, s + 1);
+  max       `combined - combined.max(dim=-1, keepdim=True).values` (:249): max's backward keeps its int64 indices
+            (b, heads, s, 1);
+  softmax   F.softmax(combined, dtype=combined.dtype) (:250): in the logits' own dtype — the scores promoted with
+            the mask (built in the embeddings' dtype: fp32 under autocast) and the sinks parameter — where the shared
+            eager_attention_forward softmaxes in fp32; its output, sink column included, is what its backward keeps;
+  slice     probs[..., :-1] (:251), a view, `.to(value_states.dtype)` (:252): a copy where the softmax ran in another
+            dtype (autocast: fp32 probabilities, 16-bit v), which probs·v keeps; else probs·v keeps the view, whose
+            storage is the softmax output.
+q, repeat_kv's k and v and the output's contiguous copy are saved as in the shared eager path (activations.py).
+The attention returns its probabilities (:255, `attn_output, attn_weights`), which GptOssDecoderLayer.forward binds to
+`_` (:354) until the layer returns: in a no-grad forward they live through the layer's MLP.
+"""
+from __future__ import annotations
+
+from ..spec import ModelSpec
+from .precision import StateBytes
+
+INDEX = 8  # max's int64 indices
+
+
+def softmax_bytes(st: StateBytes) -> int:
+    """Bytes per element of the combined logits and their softmax: the scores' dtype (the activations') promoted
+    by the mask's (the residual stream's: fp32 under autocast) — the sinks parameter is the weights' dtype, fp32
+    under autocast, the activations' otherwise."""
+    return max(st.act, st.residual)
+
+
+def probs_cast_bytes(st: StateBytes) -> int:
+    """Bytes per element of `.to(value_states.dtype)`'s copy of the probabilities (0: no copy, the slice is a view
+    of the softmax output)."""
+    return st.act if softmax_bytes(st) != st.act else 0
+
+
+def saved_per_key(spec: ModelSpec, st: StateBytes) -> float:
+    """Saved bytes per token per key of one layer (one TP rank: divide by tp): the softmax output and the
+    probabilities' cast."""
+    return spec.heads * (softmax_bytes(st) + probs_cast_bytes(st))
+
+
+def saved_per_token(spec: ModelSpec, st: StateBytes) -> float:
+    """Saved bytes per token beside the per-key ones: the softmax output's sink column and max's indices."""
+    return spec.heads * (softmax_bytes(st) + INDEX)
+
+
+def held_per_key(spec: ModelSpec, st: StateBytes) -> float:
+    """Per token per key, what a no-grad forward's layer holds through its MLP: the returned probabilities (the
+    cast, or the softmax output whose view they are), bound to `_` by GptOssDecoderLayer.forward (:354)."""
+    return spec.heads * (probs_cast_bytes(st) or softmax_bytes(st))
+
+
+def prefill_scores(spec: ModelSpec, st: StateBytes, tokens: int, keys: int) -> float:
+    """The attention's high point in a no-grad forward, the s×s part (one TP rank: divide by tp): as softmax
+    allocates its output, the max-subtracted logits (its input) beside it and the layer's mask (the scores and the
+    combined logits went with the subtraction: each had one reader)."""
+    sm = softmax_bytes(st)
+    return 2 * sm * spec.heads * tokens * (keys + 1)
