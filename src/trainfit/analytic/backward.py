@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, resolved_kernel
+from . import clamped_swiglu as swiglu
 from .families import family_traits
 from .precision import StateBytes
 
@@ -93,6 +94,14 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             # the layer's mid residual (x + attention) is still referenced for the MLP's residual add
             moments.append(Moment(recomputed + pending + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
                                   0.0))
+            if m.swiglu_limit:
+                # gpt-oss: earlier in the re-run, at the clamped SwiGLU's last product (clamped_swiglu.py), beside
+                # the sum's expanded gradient and the mid residual (in the saved set already where the MLP's norm
+                # saves its input): the gate's transients, down's output and the routing multiply not made yet
+                from .recompute import _saves_its_input  # noqa: PLC0415 (recompute imports this module)
+                mid = 0 if _saves_its_input(spec, setup, st) else st.residual * h * tokens / sp
+                moments.append(Moment(recomputed + pending + mid + routed * h * wb
+                                      + swiglu.rerun_gate_extra(spec, ex, a) * tokens / t, 0.0))
         # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
         # product (down's input) and down's output freed; the grouped down_proj weight gradient (all experts at once)
         moments.append(Moment(recomputed + pending + ex * routed * (2 * m.expert_intermediate - h),

@@ -47,3 +47,16 @@ def prefill_gate_live(spec: ModelSpec) -> int:
     sigmoid were freed by their one reader): 9 (a plain SwiGLU: gate_up, act(gate), the product: 4)."""
     bias = 2 if spec.moe.expert_bias else 0
     return (7 if spec.moe.swiglu_limit else 4) + bias
+
+
+def rerun_gate_extra(spec: ModelSpec, ex: int, act: int) -> float:
+    """Per token, at the gate's last product in a re-run (full recomputation) forward: beside the layer's saved set
+    (all of it counted), the gate's transients — the gathered gate_up bias (2i) and the clamped up (i, freed by
+    `up + 1`'s backward-less add only when the local goes) — and the grouped experts' locals (histc's input, 4 bytes
+    per routed copy: float on CPU, int32 on CUDA; the router's logits, bound to `_` by GptOssMLP.forward:143); less
+    what the layer saves later: down's output (h) and the inverse permutation (int64) per routed copy (read off the
+    trace of small-gpt_oss, bf16 with full recompute on CPU, where this moment sets the peak)."""
+    m = spec.moe
+    k, h, i = m.top_k, spec.hidden, m.expert_intermediate
+    bias = 2 * i if m.expert_bias else 0
+    return k * (ex * (bias + i - h) + 4 - INDEX) + act * m.num_experts
