@@ -100,6 +100,9 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
                 # saves its input): the gate's transients, down's output and the routing multiply not made yet
                 from .recompute import _saves_its_input  # noqa: PLC0415 (recompute imports this module)
                 mid = 0 if _saves_its_input(spec, setup, st) else st.residual * h * tokens / sp
+                # the MLP's normalised input, held by the layer's local through the MLP (modeling_gpt_oss.py:367-368):
+                # under autocast no op saves it (the router saves its cast; the experts gather from it)
+                mid += st.residual * h * tokens / sp if st.autocast else 0
                 moments.append(Moment(recomputed + pending + mid + routed * h * wb
                                       + swiglu.rerun_gate_extra(spec, ex, a) * tokens / t, 0.0))
         # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
