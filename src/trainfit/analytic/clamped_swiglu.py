@@ -60,3 +60,13 @@ def rerun_gate_extra(spec: ModelSpec, ex: int, act: int) -> float:
     k, h, i = m.top_k, spec.hidden, m.expert_intermediate
     bias = 2 * i if m.expert_bias else 0
     return k * (ex * (bias + i - h) + 4 - INDEX) + act * m.num_experts
+
+
+def prefill_router(spec: ModelSpec, act: int, weights: int) -> float:
+    """Per token, the router's and the dispatch's tensors live through the experts in a no-grad forward (read off
+    the traced prefill of small-gpt_oss): the router logits (bound to `_` by GptOssMLP.forward:143, the activations'
+    dtype), topk's indices and the top-k softmax; the sort's values and permutation, the gathered routing weights
+    (`weights` bytes) and histc's input (4 bytes: float on CPU, int32 on CUDA) per routed copy
+    (integrations/moe.py:446-457)."""
+    m = spec.moe
+    return act * m.num_experts + (INDEX + act) * m.top_k + (2 * INDEX + weights + 4) * m.top_k

@@ -56,8 +56,10 @@ def held_per_key(spec: ModelSpec, st: StateBytes) -> float:
 
 
 def prefill_scores(spec: ModelSpec, st: StateBytes, tokens: int, keys: int) -> float:
-    """The attention's high point in a no-grad forward, the s×s part (one TP rank: divide by tp): as softmax
-    allocates its output, the max-subtracted logits (its input) beside it and the layer's mask (the scores and the
-    combined logits went with the subtraction: each had one reader)."""
+    """The s×s part of the attention's high point in a no-grad forward (one TP rank: divide by tp), as the
+    probabilities are cast (or, without a cast, as the max is subtracted: the same set): the masked scores
+    (`attn_weights`, :241, a local until :252 reassigns it), the max-subtracted logits (:249) and the softmax
+    output (:250), s + 1 columns each but the scores, in the logits' dtype, and the probabilities' cast (read off
+    traced prefills of small-gpt_oss at 1 x 1024, bf16 and amp-bf16)."""
     sm = softmax_bytes(st)
-    return 2 * sm * spec.heads * tokens * (keys + 1)
+    return spec.heads * tokens * (sm * keys + 2 * sm * (keys + 1) + probs_cast_bytes(st) * keys)
