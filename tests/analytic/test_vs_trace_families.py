@@ -111,7 +111,7 @@ CONFIGS = catalog_configs()
 # the DeepSeek families last: each family's setups rotate with its index, so appending keeps the others' cases
 # (families added later go after them, in the order they came: inserting one in alphabetical order would move the
 # setups of every family after it)
-ADDED_LATER = ("nemotron", "gemma3_text")
+ADDED_LATER = ("nemotron", "gemma3_text", "gpt_oss")
 FAMILIES = (sorted((f for f in CONFIGS if f not in ADDED_LATER), key=lambda f: f.startswith("deepseek"))
             + [f for f in ADDED_LATER if f in CONFIGS])
 
@@ -193,11 +193,6 @@ REFUSED: dict[str, str] = {
         "every expert runs every token (Llama4TextExperts' bmm: E copies of the MoE activations where analytic/moe.py "
         "counts top_k), complex fp32 RoPE, L2 q/k norms, NoPE temperature scaling: analytic -7.6 % to -16.1 % of the "
         "traced training peak (backward), -25 % of the prefill peak"),
-    "gpt_oss": (
-        "attention sinks in eager attention (scores torch.cat'ed with a sink column, max-subtracted, softmaxed, sliced) "
-        "and the clamped SwiGLU experts (strided slices, clamps, (up + 1) product, biased per-expert matmuls in a loop): "
-        "analytic -5.1 % to -15.3 % of the traced training peak (backward; -0.2 % where the optimizer step peaks), "
-        "-23.6 % to -30.3 % of the prefill peak"),
     "nemotron_h": (
         "Mamba-2 blocks (NemotronHMamba2Mixer.torch_forward: in_proj split, depthwise causal conv, the chunked "
         "selective scan's fp32 segment sums, decays and per-chunk states, the gated RMSNorm) and their per-sequence "

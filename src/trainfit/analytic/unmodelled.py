@@ -11,18 +11,6 @@ Llama 4 (transformers models/llama4/modeling_llama4.py) brings four at once:
 Measured gap at the families matrix's test size (tests/analytic/test_vs_trace_families.py, hidden 128, 4 experts
 top-2, batch 2 × 128): the analytic peak -7.6 % to -16.1 % of the traced one in training and -25 % in prefill.
 
-gpt-oss (transformers models/gpt_oss/modeling_gpt_oss.py) brings two:
-  * attention sinks in eager attention (GptOssPreTrainedModel._supports_sdpa = False; eager_attention_forward: the
-    (b, heads, s, s) scores, the sinks expanded to a column and torch.cat'ed to them, the row max subtracted, the
-    softmax, the probabilities sliced back): several (b, heads, s, s + 1) tensors where the engine's eager moments
-    (activations.py) count the scores and probabilities of a plain softmax;
-  * the clamped SwiGLU experts (GptOssExperts._apply_gate: strided gate/up slices, two clamps, sigmoid(alpha * gate),
-    gate * sigmoid, up + 1, the product; each expert's biased gate_up and down matmuls and the routing-weight product
-    in its own loop step) where analytic/moe.py counts a plain SwiGLU's saved tensors.
-Measured gap at the families matrix's test size (hidden 128, 4 experts top-2, batch 2 × 128): the analytic peak
--5.1 % to -15.3 % of the traced one in training (-0.2 % where the optimizer step is the peak), -23.6 % to -30.3 % in
-prefill.
-
 Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves Mamba-2 blocks (NemotronHMamba2Mixer,
 :390-615) with attention and MLP blocks: in training the mixer's in_proj split into z, x|B|C and dt, the depthwise
 causal conv1d and SiLU, the chunked selective scan (torch_forward: dt softplus and clamp, A * dt cumulative sums,
@@ -51,14 +39,10 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
         out.append("the NoPE layers' attention-temperature scaling")
     if spec.nope_layers or spec.attention_chunk:
         out.append("interleaved chunked/NoPE attention layers")
-    if spec.attn_sinks:
-        out.append("attention sinks (a per-head logit column in eager attention)")
     if spec.linear_attn is not None:
         out.append("Gated DeltaNet linear-attention layers (their conv and recurrent state)")
     if spec.attn_output_gate:
         out.append("the sigmoid output gate of gated attention")
-    if spec.moe is not None and spec.moe.swiglu_limit:
-        out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("Mamba-2 blocks (the chunked selective scan and the per-sequence conv + SSM state)")
     return out
