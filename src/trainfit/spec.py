@@ -33,6 +33,10 @@ class MoESpec:
     # gpt-oss GptOssExperts._apply_gate: the clamped SwiGLU on interleaved gate/up columns, gate clamped above at
     # `swiglu_limit`, up to [-limit, limit], out = (up + 1) * gate * sigmoid(alpha * gate) (0.0: a plain SwiGLU)
     swiglu_limit: float = 0.0
+    # the checkpoint stores the experts' matrices in MXFP4 (config quantization_config.quant_method "mxfp4": gpt-oss's
+    # published checkpoints; attention, router, embeddings and head stay bf16, modules_to_not_convert): what a serving
+    # engine loads (analytic/serving.py expert_weight_bytes); training and HF inference build the bf16 model
+    experts_mxfp4: bool = False
 
 
 @dataclass(frozen=True)

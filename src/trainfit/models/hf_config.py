@@ -600,6 +600,7 @@ def _gpt_oss(c: _Cfg) -> dict:
         router_scoring="topk_softmax",  # GptOssTopKRouter.forward: topk, then softmax over the k top values
         router_bias=True, expert_bias=True,
         swiglu_limit=float(c.get("swiglu_limit", default=7.0)),
+        experts_mxfp4=(c.d.get("quantization_config") or {}).get("quant_method") == "mxfp4",
     )
     return f
 
