@@ -29,6 +29,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, resolved_kernel
 from . import clamped_swiglu as swiglu
+from . import sink_attention as sinks
 from .families import family_traits
 from .precision import StateBytes
 
@@ -94,6 +95,15 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             # the layer's mid residual (x + attention) is still referenced for the MLP's residual add
             moments.append(Moment(recomputed + pending + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
                                   0.0))
+            if spec.attn_sinks and resolved_kernel(spec, setup) == "eager":
+                # gpt-oss: earlier still, inside the re-run's eager attention as its softmax runs (sink_attention.py):
+                # its s×s transients and the masks beside the layer's saved set made so far — the output's copy and
+                # the MLP sub-block's not yet (NB: the attention's other locals, q/k's fp32 rotated copies under
+                # autocast, are not counted: -0.5 % on small-gpt_oss at 1 x 2048)
+                from .activations import layer_activations  # noqa: PLC0415 (activations imports this module's peers)
+                later = (a * spec.q_dim / t + sum(layer_activations(spec, setup, moe=True).mlp_share.values())) * tokens
+                moments.append(Moment(recomputed + pending + routed * h * wb - later
+                                      + sinks.forward_transient(spec, st, tokens, keys) / t, 0.0))
             if m.swiglu_limit:
                 # gpt-oss: earlier in the re-run, at the clamped SwiGLU's last product (clamped_swiglu.py), beside
                 # the sum's expanded gradient and the mid residual (in the saved set already where the MLP's norm

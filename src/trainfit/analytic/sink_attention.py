@@ -23,6 +23,7 @@ from ..spec import ModelSpec
 from .precision import StateBytes
 
 INDEX = 8  # max's int64 indices
+FP32 = 4
 
 
 def softmax_bytes(st: StateBytes) -> int:
@@ -63,3 +64,23 @@ def prefill_scores(spec: ModelSpec, st: StateBytes, tokens: int, keys: int) -> f
     traced prefills of small-gpt_oss at 1 x 1024, bf16 and amp-bf16)."""
     sm = softmax_bytes(st)
     return spec.heads * tokens * (sm * keys + 2 * sm * (keys + 1) + probs_cast_bytes(st) * keys)
+
+
+def forward_transient(spec: ModelSpec, st: StateBytes, tokens: int, keys: int) -> float:
+    """The s×s tensors of the attention's training forward that no backward keeps, at its high point (one TP rank:
+    divide by tp): the masked scores (`attn_weights`, a local until :252) and the max-subtracted logits (softmax's
+    input), s and s + 1 columns in the logits' dtype, beside the saved softmax output (and its cast) — read off the
+    traced training steps of small-gpt_oss at 1 x 2048 (bf16: at the subtraction, the torch.cat output in the
+    softmax output's place; amp-bf16: at the probabilities' cast)."""
+    sm = softmax_bytes(st)
+    return spec.heads * tokens * sm * (2 * keys + 1) + attention_locals(spec, st) * tokens
+
+
+def attention_locals(spec: ModelSpec, st: StateBytes) -> float:
+    """Per token, the attention's locals no backward keeps, live through its softmax: k rotated and v before
+    repeat_kv (their repeats are saved); under autocast, rotary's fp32 cos/sin promote q and k (the matmuls save
+    their 16-bit casts), so the fp32 rotated q and the fp32 k repeated to every head are locals too (read off the
+    traced training step of small-gpt_oss at 1 x 2048, amp-bf16 with full recompute)."""
+    if st.autocast and spec.positions == "rotary":
+        return FP32 * (2 * spec.q_dim + spec.kv_dim) + st.act * spec.kv_dim
+    return 2 * st.act * spec.kv_dim
