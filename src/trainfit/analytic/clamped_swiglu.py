@@ -5,7 +5,7 @@ is_transposed=True, has_bias=True)`) through the grouped_mm experts forward (int
 MoE family (moe.py), with gpt-oss's own gate (GptOssExperts._apply_gate, modeling_gpt_oss.py:82-88):
   biases    `self.gate_up_proj_bias[expert_ids_g]` and `self.down_proj_bias[expert_ids_g]` (moe.py:480, :508): each
             index keeps the sorted expert ids (int64, one per routed copy) for its backward; the gathered rows are
-            added in place to the grouped GEMM's output (`out.add_(bias)`, :421) and freed with the local;
+            added in place to the grouped GEMM's output (`out.add_(bias)`, :419) and freed with the local;
   gate      gate, up = gate_up[..., ::2], gate_up[..., 1::2] (strided views of the (S, 2i) GEMM output);
             gate.clamp(max=limit) and up.clamp(-limit, limit) (each keeps its input, the view: gate_up's storage);
             gate * alpha (a scalar: keeps nothing), sigmoid (keeps its output), gate * sigmoid (keeps both), up + 1
@@ -15,6 +15,8 @@ MoE family (moe.py), with gpt-oss's own gate (GptOssExperts._apply_gate, modelin
   router    GptOssTopKRouter.forward (modeling_gpt_oss.py:126-130): F.linear with a bias, topk over the logits (keeps
             its int64 indices), softmax over the k top values in their own dtype (keeps its output): no softmax over
             every expert.
+NB: the gate's backward is not a moment here (the two strided halves' gradients, each a zero-filled (S, 2i), then
+summed): an under-count where the peak falls inside it (not in the families matrix, nor at 1 x 2048).
 """
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ def prefill_gate_live(spec: ModelSpec) -> int:
 
 def rerun_gate_extra(spec: ModelSpec, ex: int, act: int) -> float:
     """Per token, at the gate's last product in a re-run (full recomputation) forward: beside the layer's saved set
-    (all of it counted), the gate's transients — the gathered gate_up bias (2i) and the clamped up (i, freed by
-    `up + 1`'s backward-less add only when the local goes) — and the grouped experts' locals (histc's input, 4 bytes
+    (all of it counted), the gate's transients — the gathered gate_up bias (2i, the local `selected_biases`) and
+    the clamped up (i, a local of _apply_gate: `up + 1` keeps nothing) — and the grouped experts' locals (histc's input, 4 bytes
     per routed copy: float on CPU, int32 on CUDA; the router's logits, bound to `_` by GptOssMLP.forward:143); less
     what the layer saves later: down's output (h) and the inverse permutation (int64) per routed copy (read off the
     trace of small-gpt_oss, bf16 with full recompute on CPU, where this moment sets the peak)."""
@@ -67,6 +69,6 @@ def prefill_router(spec: ModelSpec, act: int, weights: int) -> float:
     the traced prefill of small-gpt_oss): the router logits (bound to `_` by GptOssMLP.forward:143, the activations'
     dtype), topk's indices and the top-k softmax; the sort's values and permutation, the gathered routing weights
     (`weights` bytes) and histc's input (4 bytes: float on CPU, int32 on CUDA) per routed copy
-    (integrations/moe.py:446-457)."""
+    (integrations/moe.py:440-449)."""
     m = spec.moe
     return act * m.num_experts + (INDEX + act) * m.top_k + (2 * INDEX + weights + 4) * m.top_k

@@ -1,6 +1,6 @@
 """gpt-oss's experts' elementwise kernels: the clamped SwiGLU (GptOssExperts._apply_gate, transformers 5.24
 models/gpt_oss/modeling_gpt_oss.py:82-88) and the per-expert biases of the grouped GEMMs (integrations/moe.py:480,
-:508 `bias[expert_ids_g]`, :421 `out.add_(bias)`), over the S = T·top_k routed copies (analytic/clamped_swiglu.py
+:508 `bias[expert_ids_g]`, :419 `out.add_(bias)`), over the S = T·top_k routed copies (analytic/clamped_swiglu.py
 for what they save). Forward, each one kernel: the gate's and up's clamps (reading the strided halves of gate_up),
 alpha·gate, sigmoid, gate·sigmoid, up + 1, (up + 1)·glu. Backward (tools/autograd/derivatives.yaml): each product's
 two multiplies, sigmoid_backward, alpha's multiply, each clamp's mask (le; ge, le and logical_and_ for the two-sided
@@ -49,5 +49,5 @@ def expert_bias(name: str, routed: float, n: float, experts: int, sh: Shape) -> 
     table = experts * n * a
     return [memory(f"{name}.gather", routed * INDEX + table, rows, "integrations/moe.py:480/:508 bias[expert_ids_g]",
                    saves=False, bwd_ops=(bwd_kernel(f"{name}.gather.backward", routed * INDEX + rows, table),)),
-            memory(f"{name}.add_", 2 * rows, rows, "integrations/moe.py:421 out.add_(bias)", saves=False,
+            memory(f"{name}.add_", 2 * rows, rows, "integrations/moe.py:419 out.add_(bias)", saves=False,
                    bwd_ops=(no_kernel(f"{name}.add_.backward"),))]
