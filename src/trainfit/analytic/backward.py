@@ -96,10 +96,9 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             moments.append(Moment(recomputed + pending + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
                                   0.0))
             if spec.attn_sinks and resolved_kernel(spec, setup) == "eager":
-                # gpt-oss: earlier still, inside the re-run's eager attention as its softmax runs (sink_attention.py):
-                # its s×s transients and the masks beside the layer's saved set made so far — the output's copy and
-                # the MLP sub-block's not yet (NB: the attention's other locals, q/k's fp32 rotated copies under
-                # autocast, are not counted: -0.5 % on small-gpt_oss at 1 x 2048)
+                # gpt-oss: earlier still, inside the re-run's eager attention as its softmax runs (sink_attention.py
+                # forward_transient: its s×s transients and locals) beside the layer's saved set made so far — the
+                # output's copy and the MLP sub-block's not yet (the masks are the checkpoint's: masks_held)
                 from .activations import layer_activations  # noqa: PLC0415 (activations imports this module's peers)
                 later = (a * spec.q_dim / t + sum(layer_activations(spec, setup, moe=True).mlp_share.values())) * tokens
                 moments.append(Moment(recomputed + pending + routed * h * wb - later
