@@ -20,7 +20,7 @@ class MoESpec:
     shared_gate: bool = False  # Qwen-MoE's sigmoid gate on the shared expert (hidden -> 1)
     sparse_layers: int | None = None  # how many layers are MoE (None: all); the rest use `intermediate`
     # DeepSeek: the router is sigmoid-scored with a per-expert e_score_correction_bias buffer (V3) or softmax (V2)
-    router_scoring: str = "softmax"
+    router_scoring: str = "softmax"  # gpt-oss: "topk_softmax" (softmax over the k top logits, in their dtype)
     norm_topk: bool = False  # the router renormalises its top-k weights (Mixtral always; config norm_topk_prob)
     topk_method: str = "greedy"  # DeepSeek-V2: config topk_method (greedy, group_limited_greedy); V3: noaux_tc
     # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the
@@ -33,6 +33,10 @@ class MoESpec:
     # gpt-oss GptOssExperts._apply_gate: the clamped SwiGLU on interleaved gate/up columns, gate clamped above at
     # `swiglu_limit`, up to [-limit, limit], out = (up + 1) * gate * sigmoid(alpha * gate) (0.0: a plain SwiGLU)
     swiglu_limit: float = 0.0
+    # the checkpoint stores the experts' matrices in MXFP4 (config quantization_config.quant_method "mxfp4": gpt-oss's
+    # published checkpoints; attention, router, embeddings and head stay bf16, modules_to_not_convert): what a serving
+    # engine loads (analytic/serving.py expert_weight_bytes); training and HF inference build the bf16 model
+    experts_mxfp4: bool = False
 
 
 @dataclass(frozen=True)

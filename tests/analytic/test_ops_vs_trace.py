@@ -135,6 +135,13 @@ KNOWN: dict[str, dict] = {
         # and the backward lists 2 gradient casts (4.7 MB) that the promotion's backward does not launch
         "forward": {"cast": (0, 0), "other": 9761792},
         "backward": {"cast": (-4718592, -2), "other": 34971648}},
+    "gpt_oss": {  # FINDING: gpt-oss's eager attention (modeling_gpt_oss.py:239-252): its scaling, mask add and softmax
+        # are timed by roofline.unfused_attention, not listed as ops (the sink column's cat, max, subtraction and slice
+        # are: ops/sinks.py); its rotary (:207-215, chunked halves: 4 muls, a sub, an add, a cat) is listed as
+        # rotate_half's; and the MoE routing's histc on a float copy of the expert ids (the one forward cast), as in
+        # the MoE families below
+        "forward": {"cast": (6144, 1), "other": 1696048},
+        "backward": {"cast": (768, 2), "other": 2681744}},
     # MoE routing: transformers' grouped-mm path (integrations/moe.py) sorts, counts (histc, cumsum), gathers and
     # scatters the routed tokens and casts the router's fp32 weights, kernels ops' `moe.moe_block` folds into its router,
     # dispatch and combine ops (and, for DeepSeek, MLA's kv expansion: ops/mla.py counts one k_build copy, transformers runs

@@ -180,8 +180,7 @@ def test_gpt_oss_sliding_layers_hold_the_window():
     """gpt-oss-20b (layer_types: 12 sliding layers of window 128, 12 full; 8 kv heads x 64): two cache groups of 12
     sharing one pool, a block 16 tokens of 12 layers' k and v (8 x 64 x 2 B), and a 131,072-token request holds
     131072 / 16 = 8,192 full-group blocks + ceil(min(127 + 2 x 8192, 131072) / 16) + 1 = 1,033 sliding-group blocks
-    (H100 defaults: 8,192 batched tokens). serve_memory directly: the analytic engine refuses gpt-oss
-    (analytic/unmodelled.py), and vLLM serves its experts in MXFP4, which --quant does not model."""
+    (H100 defaults: 8,192 batched tokens)."""
     sv = serve_memory(load_model("gpt-oss-20b"), _serve(), get_gpu("H100-80GB"))
     assert sv.knobs.max_model_len == 131072 and sv.knobs.max_num_batched_tokens == 8192
     assert sv.kv_pool == sv.kv_blocks * 16 * 12 * 2 * 8 * 64 * 2
@@ -204,3 +203,27 @@ def test_every_command_answers_serve_mode_in_one_line(capsys):
             main(argv)
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and "trainfit estimate --mode serve" in err, err
+
+
+@pytest.mark.parametrize("name,layers,experts,card_gib", [("gpt-oss-20b", 24, 32, 12.8), ("gpt-oss-120b", 36, 128, 60.8)])
+def test_gpt_oss_mxfp4_experts_by_hand(name, layers, experts, card_gib):
+    """gpt-oss's published checkpoint keeps its experts in MXFP4 (config quantization_config: quant_method mxfp4, the
+    attention, router, embeddings and head not converted), which vLLM loads as stored: per expert gate_up (2I x H) and
+    down (H x I) at 4 bits plus one e8m0 byte per 32 values (mxfp4.py create_weights: uint8 (E, 2I, H/2) and scales
+    (E, 2I, H/32)), the biases bf16; the rest bf16. Written out from the config (hidden 2880, expert width 2880, 64 q
+    heads and 8 kv heads of 64, vocabulary 201,088, 131,072 positions) and set beside the checkpoint sizes of OpenAI's
+    model card (arXiv:2508.10925, Table 1: 12.8 GiB and 60.8 GiB)."""
+    h, i, q, kv, vocab = 2880, 2880, 64 * 64, 8 * 64, 201088
+    mxfp4 = 0.5 + 1 / 32
+    experts_per_layer = experts * (3 * i * h * mxfp4 + (2 * i + h) * 2)
+    attention = (h * (2 * q + 2 * kv) + q + 2 * kv + h + 64) * 2  # q/k/v/o, their biases, the 64 sinks
+    router = (experts * h + experts) * 2
+    norms = 2 * h * 2
+    hand = (layers * (experts_per_layer + attention + router + norms)
+            + 2 * vocab * h * 2 + h * 2  # embeddings and the untied head, the final norm
+            + 131072 * 64 * 2)  # the rotary cos/sin cache (weights_per_gpu)
+    spec = load_model(name)
+    assert spec.moe.experts_mxfp4
+    got = weights_per_gpu(spec, _serve(), count_params(spec))
+    assert got == pytest.approx(hand, rel=1e-12)
+    assert got / 2**30 == pytest.approx(card_gib, abs=0.05)

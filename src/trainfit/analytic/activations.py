@@ -22,6 +22,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
 from . import gated_deltanet, mla
+from . import sink_attention as sinks
 from .moe import moe_block
 from .precision import state_bytes
 
@@ -149,7 +150,11 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         else:
             a_attn = a
             t["attention"] = 4 * a * q
-        if kernel == "eager":
+        if kernel == "eager" and spec.attn_sinks:
+            # gpt-oss's own eager attention: a sink column, max-subtracted, softmaxed in the logits' dtype
+            probs = sinks.saved_per_key(spec, st) / nh
+            t["attention"] += sinks.saved_per_token(spec, st)
+        elif kernel == "eager":
             # HF eager softmaxes in fp32 and casts back; the fp32 output is what softmax's backward keeps
             probs = FP32 + (a if a != FP32 and p_attn == 0 else 0)
         else:  # SDPA math path: softmax in its compute dtype, its output saved

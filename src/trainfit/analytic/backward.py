@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, resolved_kernel
+from . import clamped_swiglu as swiglu
+from . import sink_attention as sinks
 from .families import family_traits
 from .precision import StateBytes
 
@@ -93,6 +95,25 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             # the layer's mid residual (x + attention) is still referenced for the MLP's residual add
             moments.append(Moment(recomputed + pending + st.residual * h * tokens / sp + 2 * routed * h * wb + scratch,
                                   0.0))
+            if spec.attn_sinks and resolved_kernel(spec, setup) == "eager":
+                # gpt-oss: earlier still, inside the re-run's eager attention as its softmax runs (sink_attention.py
+                # forward_transient: its s×s transients and locals) beside the layer's saved set made so far — the
+                # output's copy and the MLP sub-block's not yet (the masks are the checkpoint's: masks_held)
+                from .activations import layer_activations  # noqa: PLC0415 (activations imports this module's peers)
+                later = (a * spec.q_dim / t + sum(layer_activations(spec, setup, moe=True).mlp_share.values())) * tokens
+                moments.append(Moment(recomputed + pending + routed * h * wb - later
+                                      + sinks.forward_transient(spec, st, tokens, keys) / t, 0.0))
+            if m.swiglu_limit:
+                # gpt-oss: earlier in the re-run, at the clamped SwiGLU's last product (clamped_swiglu.py), beside
+                # the sum's expanded gradient and the mid residual (in the saved set already where the MLP's norm
+                # saves its input): the gate's transients, down's output and the routing multiply not made yet
+                from .recompute import _saves_its_input  # noqa: PLC0415 (recompute imports this module)
+                mid = 0 if _saves_its_input(spec, setup, st) else st.residual * h * tokens / sp
+                # the MLP's normalised input, held by the layer's local through the MLP (modeling_gpt_oss.py:367-368):
+                # under autocast no op saves it (the router saves its cast; the experts gather from it)
+                mid += st.residual * h * tokens / sp if st.autocast else 0
+                moments.append(Moment(recomputed + pending + mid + routed * h * wb
+                                      + swiglu.rerun_gate_extra(spec, ex, a) * tokens / t, 0.0))
         # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
         # product (down's input) and down's output freed; the grouped down_proj weight gradient (all experts at once)
         moments.append(Moment(recomputed + pending + ex * routed * (2 * m.expert_intermediate - h),

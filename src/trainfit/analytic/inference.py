@@ -15,7 +15,9 @@ from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
+from . import clamped_swiglu as swiglu
 from . import gated_deltanet, mla
+from . import sink_attention as sinks
 from .embedding import rotary_tables
 from .hybrid_inference import hybrid_infer_memory
 from .onednn import gemm_scratch
@@ -216,7 +218,11 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
             attn = q_b * spec.q_dim / t * tokens
             if spec.kv_heads < spec.heads:
                 attn += (q_b + v_b) * spec.q_dim / t * tokens
-            attn += ((2 * FP32 + low) * spec.heads / t + r * traits["causal_masks"]) * tokens * setup.seq
+            if spec.attn_sinks:  # gpt-oss's own eager attention (sink_attention.py)
+                attn += sinks.prefill_scores(spec, st, tokens, setup.seq) / t
+                attn += r * traits["causal_masks"] * tokens * setup.seq
+            else:
+                attn += ((2 * FP32 + low) * spec.heads / t + r * traits["causal_masks"]) * tokens * setup.seq
         else:  # GPT-2: scores and probabilities in the scores' dtype; the mask is a view of a buffer
             attn += 2 * a * spec.heads / t * tokens * setup.seq
     elif resolved_kernel(spec, setup) == "math" and setup.device == "cuda":
@@ -242,6 +248,10 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         kept = a * h * tokens
         if resolved_kernel(spec, setup) == "eager":
             kept += a * spec.heads / t * tokens * setup.seq
+    if spec.attn_sinks and resolved_kernel(spec, setup) == "eager":
+        # gpt-oss's layer holds its attention's probabilities through the MLP (sink_attention.held_per_key), and the
+        # model's causal masks (one per kind of layer, the embeddings' dtype) live through the forward
+        kept += (sinks.held_per_key(spec, st) / t + r * traits["causal_masks"]) * tokens * setup.seq
     # the MLP's closing residual add (`hidden_states = residual + hidden_states`, modeling_llama.py
     # LlamaDecoderLayer.forward; OPT's modeling_opt.py OPTDecoderLayer.forward): the normalised copy is freed, the
     # MLP's output (a) and the mid residual make the new residual (r); on CPU, adding a 16-bit output to an fp32
@@ -353,9 +363,13 @@ def _moe_prefill(spec: ModelSpec, setup: Setup, st) -> float:
     h, k, i = spec.hidden, m.top_k, m.expert_intermediate
     ex = int(st.weight)
     wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, st.act)
-    routed = max(ex * k * (h + 4 * i), k * h * (2 * ex + 2 * wb))
+    # (gpt-oss's clamped SwiGLU holds more i-wide tensors at its last product: clamped_swiglu.py)
+    gate_live = swiglu.prefill_gate_live(spec)
+    routed = max(ex * k * (h + gate_live * i), k * h * (2 * ex + 2 * wb))
     # the router's fp32 softmax and top-k, the sort's indices and the routing weights
     router = FP32 * m.num_experts + (INDEX + FP32) * k + (2 * INDEX + 2 * wb) * k
+    if m.router_scoring == "topk_softmax":
+        router = swiglu.prefill_router(spec, st.act, wb)
     shared = 0
     if m.shared_intermediate:
         shared = st.act * h  # Qwen2-MoE computes its shared expert first and holds the output

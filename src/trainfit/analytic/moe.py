@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
+from . import clamped_swiglu as swiglu
 from .families import family_traits
 from .precision import state_bytes
 
@@ -43,6 +44,8 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     inputs = a * h
     if m.router_scoring == "sigmoid":
         router, weight_bytes = _sigmoid_router(spec, setup)
+    elif m.router_scoring == "topk_softmax":  # gpt-oss: the k top logits softmaxed in their dtype
+        router, weight_bytes = swiglu.topk_softmax_router(spec, a), a
     else:
         if m.topk_method != "greedy" and spec.family == "deepseek_v2":
             # DeepseekV2TopkRouter's group_limited_greedy (max over groups, group mask) is not measured
@@ -54,10 +57,12 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
         # the routing weights stay fp32 (Mixtral, DeepSeek-V2's softmax(dtype=fp32)) or are cast back to the router
         # logits' dtype (Qwen-MoE: `router_top_value.to(router_logits.dtype)`, families.json moe_weights_logits_dtype)
         weight_bytes = a if traits["moe_weights_logits_dtype"] else FP32
-    dispatch = 3 * INDEX * k + weight_bytes * k
+    # (expert biases: their gathers keep the sorted expert ids, clamped_swiglu.py)
+    dispatch = 3 * INDEX * k + weight_bytes * k + swiglu.bias_index_bytes(spec) * k
     # experts, per routed copy: input (h), gate_up output (2i; act(gate) and up are views of it), act(gate) (i),
-    # the product (i, down's input) and down's output (h, saved by the routing-weight multiply)
-    experts = k * ex * (2 * h + 4 * i)
+    # the product (i, down's input) and down's output (h, saved by the routing-weight multiply); gpt-oss's clamped
+    # SwiGLU keeps three i-wide tensors more (clamped_swiglu.py)
+    experts = k * ex * (2 * h + swiglu.saved_intermediates(spec) * i)
     mlp = router + dispatch + experts
     fixed = FP32 * e  # grouped_mm's int32 group offsets
     if amp:

@@ -59,6 +59,11 @@ VOCAB_PADDING = 64  # model_executor/layers/vocab_parallel_embedding.py:36 (pad_
 GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py:6351-6354: at least 1 MiB per further graph
 GRAPH_MODES = 2  # FULL_AND_PIECEWISE, the v1 default (config/compilation.py:618)
 GROUP = 128  # AWQ/GPTQ group size of the published int4 checkpoints (a checkpoint property; NB: 128 assumed)
+# MXFP4 (OCP Microscaling: 4-bit e2m1 values, one e8m0 scale byte per block of 32): vLLM's Mxfp4MoEMethod.create_weights
+# (model_executor/layers/quantization/mxfp4.py, commit 007d5005) stores w13 (E, 2I, H/2) and w2 (E, H, I/2) as uint8
+# (two values a byte) and their scales (E, 2I, H/32), (E, H, I/32) as uint8 (`mxfp4_block = 32`)
+MXFP4_BLOCK = 32
+MXFP4_BYTES = 0.5 + 1 / MXFP4_BLOCK
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,32 @@ def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | Non
     else:
         kv_params = 2 * spec.kv_dim * h  # k and v: each rank holds max(kv_heads / tp, 1) heads (replicated past)
         per_layer = (layer_linear - kv_params) / t + kv_params * kv_share(spec, t)
-    return per_layer * quant_bytes(setup) + (pc.norms + router) * b
+    # the experts' matrices (sharded over TP with the rest) at their own bytes where the checkpoint's differ
+    experts = expert_matrices(spec) * moe_share / t
+    return per_layer * quant_bytes(setup) + experts * (expert_weight_bytes(spec, setup) - quant_bytes(setup)) + \
+        (pc.norms + router) * b
+
+
+def expert_matrices(spec: ModelSpec) -> float:
+    """One MoE layer's routed experts' matrix weights (gate/up and down; biases not included): E · (2 or 1 + 1) · I · H."""
+    if spec.moe is None:
+        return 0.0
+    m = spec.moe
+    return m.num_experts * (3 if spec.gated_mlp else 2) * m.expert_intermediate * spec.hidden
+
+
+def expert_weight_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes per routed-expert matrix weight: the checkpoint's MXFP4 (4.25 bits: MXFP4_BYTES) where it stores the
+    experts so (MoESpec.experts_mxfp4: gpt-oss) and no --quant asks for another format — vLLM loads it as stored
+    (Mxfp4Config.get_quant_method: FusedMoE -> Mxfp4MoEMethod; its biases stay bf16, and the attention, router,
+    embeddings and head, which the config's modules_to_not_convert names, run UnquantizedLinearMethod); else
+    quant_bytes. NB: the backends' padding of I/tp (mxfp4.py create_weights: to 64 on Hopper's Triton path, none at
+    gpt-oss's 2880 with TP 1; 128 for Marlin, which also pads H to 256; 256 on Blackwell's FlashInfer) and the Triton
+    path's fp32 copies of the expert biases (process_weights_after_loading) are not counted: an under-count of up to
+    6.7 % of the experts (TP 8 on Hopper: 384 for 360 per rank)."""
+    if spec.moe is not None and spec.moe.experts_mxfp4 and not setup.quant:
+        return MXFP4_BYTES
+    return quant_bytes(setup)
 
 
 def kv_share(spec: ModelSpec, tp: int) -> float:

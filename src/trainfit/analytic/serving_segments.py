@@ -32,7 +32,7 @@ from .activations import FP32
 from .embedding import rotary_dim
 from .params import norm_params
 from .precision import DTYPE_BYTES
-from .serving import _weight_dtype, embedding_bytes, kv_share, quant_bytes
+from .serving import _weight_dtype, embedding_bytes, expert_weight_bytes, kv_share, quant_bytes
 
 
 def construction(spec: ModelSpec, setup: Setup) -> list[tuple[str, str, float]]:
@@ -85,8 +85,9 @@ def _mlp(spec: ModelSpec, setup: Setup, i: int, sparse: bool) -> list[tuple[str,
             ops.append(("alloc", f"{i}.down_bias", h * b))
         return ops
     m = spec.moe
-    ops = [("alloc", f"{i}.w13", m.num_experts * 2 * m.expert_intermediate / t * h * q),
-           ("alloc", f"{i}.w2", m.num_experts * m.expert_intermediate / t * h * q),
+    ex = expert_weight_bytes(spec, setup)  # a checkpoint's own MXFP4 experts (gpt-oss; NB: SGLang's layout not read)
+    ops = [("alloc", f"{i}.w13", m.num_experts * 2 * m.expert_intermediate / t * h * ex),
+           ("alloc", f"{i}.w2", m.num_experts * m.expert_intermediate / t * h * ex),
            ("alloc", f"{i}.router", m.num_experts * h * b)]  # whole on every rank, model dtype (serving.layer_bytes)
     if m.shared_intermediate:
         ops += [("alloc", f"{i}.shared_gate_up", 2 * m.shared_intermediate / t * h * q),

@@ -19,18 +19,6 @@ Llama 4 (transformers models/llama4/modeling_llama4.py) brings four at once:
 Measured gap at the families matrix's test size (tests/analytic/test_vs_trace_families.py, hidden 128, 4 experts
 top-2, batch 2 × 128): the analytic peak -7.6 % to -16.1 % of the traced one in training and -25 % in prefill.
 
-gpt-oss (transformers models/gpt_oss/modeling_gpt_oss.py) brings two:
-  * attention sinks in eager attention (GptOssPreTrainedModel._supports_sdpa = False; eager_attention_forward: the
-    (b, heads, s, s) scores, the sinks expanded to a column and torch.cat'ed to them, the row max subtracted, the
-    softmax, the probabilities sliced back): several (b, heads, s, s + 1) tensors where the engine's eager moments
-    (activations.py) count the scores and probabilities of a plain softmax;
-  * the clamped SwiGLU experts (GptOssExperts._apply_gate: strided gate/up slices, two clamps, sigmoid(alpha * gate),
-    gate * sigmoid, up + 1, the product; each expert's biased gate_up and down matmuls and the routing-weight product
-    in its own loop step) where analytic/moe.py counts a plain SwiGLU's saved tensors.
-Measured gap at the families matrix's test size (hidden 128, 4 experts top-2, batch 2 × 128): the analytic peak
--5.1 % to -15.3 % of the traced one in training (-0.2 % where the optimizer step is the peak), -23.6 % to -30.3 % in
-prefill.
-
 Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves Mamba-2 blocks (NemotronHMamba2Mixer,
 :390-613) with attention and MLP blocks. Its inference memory is modelled (hybrid_inference.py, mamba2.py: the
 scan's live tensors at the prefill's high point, the conv + SSM state per sequence and Mamba block as cache, K and V
@@ -81,10 +69,6 @@ def unmodelled_memory(spec: ModelSpec, mode: str = "train") -> list[str]:
         out.append("the NoPE layers' attention-temperature scaling")
     if spec.nope_layers or spec.attention_chunk:
         out.append("interleaved chunked/NoPE attention layers")
-    if spec.attn_sinks:
-        out.append("attention sinks (a per-head logit column in eager attention)")
-    if spec.moe is not None and spec.moe.swiglu_limit:
-        out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers and mode != "infer":
         # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors are not
         out.append("Mamba-2 blocks in training (the chunked scan's saved tensors)")

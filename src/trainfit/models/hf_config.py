@@ -597,8 +597,10 @@ def _gpt_oss(c: _Cfg) -> dict:
     f["moe"] = MoESpec(
         num_experts=e, top_k=k, expert_intermediate=f["intermediate"],
         norm_topk=True,  # softmax over the top-k logits == the renormalised top-k of the full softmax
+        router_scoring="topk_softmax",  # GptOssTopKRouter.forward: topk, then softmax over the k top values
         router_bias=True, expert_bias=True,
         swiglu_limit=float(c.get("swiglu_limit", default=7.0)),
+        experts_mxfp4=(c.d.get("quantization_config") or {}).get("quant_method") == "mxfp4",
     )
     return f
 

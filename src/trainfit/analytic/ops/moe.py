@@ -7,6 +7,7 @@ from ...spec import ModelSpec
 from ..activations import FP32, INDEX
 from .activation import activation
 from .cast import autocast_inputs
+from .clamped_swiglu import clamped_swiglu, expert_bias
 from .op import Op, Shape, gemm, memory
 
 def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
@@ -30,10 +31,18 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     # autocast the experts run in the fp32 master weights' dtype (NB: TF32 peak where the GPU has it)
     ex = replace(sh, dtype="fp32") if sh.autocast else sh
     ops.append(gemm("experts_in", per_expert, gate * i, h, ex, src + " grouped_mm gate_up", batch=local))
-    ops += activation(spec, "experts_act", T * k * i, sh, "experts_act")
-    if spec.gated_mlp:
-        ops.append(memory("experts_mul", 2 * T * k * i * a, T * k * i * a, src, "experts_act", (0, T * k * i * a)))
+    if m.expert_bias:  # gpt-oss: per-expert biases gathered and added (clamped_swiglu.py)
+        ops += expert_bias("experts_in_bias", T * k, gate * i, local, sh)
+    if m.swiglu_limit:  # gpt-oss's clamped SwiGLU
+        ops += clamped_swiglu("experts_act", T * k * i, sh, "experts_act")
+    else:
+        ops += activation(spec, "experts_act", T * k * i, sh, "experts_act")
+        if spec.gated_mlp:
+            ops.append(memory("experts_mul", 2 * T * k * i * a, T * k * i * a, src, "experts_act",
+                              (0, T * k * i * a)))
     ops.append(gemm("experts_out", per_expert, h, i, ex, src + " grouped_mm down", batch=local))
+    if m.expert_bias:
+        ops += expert_bias("experts_out_bias", T * k, h, local, sh)
     ops += [memory("routing_weight", T * k * h * a + T * k * FP32, T * k * h * a, src + " · routing weight", "combine"),
             memory("combine", T * k * h * a + T * k * INDEX, T * h * a, src + " (out[inv_perm], sum over k)", "combine",
                 saves=False)]
