@@ -92,7 +92,7 @@ def _ops_keys(phase: str, op: Op) -> list[tuple]:
 def listed_layer(spec, setup) -> tuple[dict[str, Counter], dict[str, tuple[float, int]], dict[str, float]]:
     """The op list's layer: GEMM/attention keys by phase, (cast bytes, cast kernels) and other bytes by phase."""
     sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
-    fwd = layer_forward(spec, sh, spec.moe is not None)
+    fwd = layer_forward(spec, sh, middle_layer_is_moe(spec))
     lists = {"forward": fwd, "backward": backward(fwd) + grad_accumulations(spec, sh)}
     shapes, casts, other = {}, {}, {}
     for phase, ops in lists.items():
@@ -102,6 +102,20 @@ def listed_layer(spec, setup) -> tuple[dict[str, Counter], dict[str, tuple[float
         casts[phase] = (sum(op.nbytes for op in cast), sum(op.kernels for op in cast))
         other[phase] = sum(op.nbytes for op in memory) - casts[phase][0]
     return shapes, casts, other
+
+
+def middle_layer_is_moe(spec) -> bool:
+    """Whether the layer a 3-layer trace adds to a 2-layer one is an MoE layer: DeepSeek's third (its dense layers
+    come first); Llama 4's interleaved ones (tiny-llama4: MoE on odd layers, so the third is dense)."""
+    from trainfit.models.hf_config import spec_from_config
+
+    if spec.moe is None:
+        return False
+    if spec.moe.sparse_layers is None:
+        return True
+    sparse = [spec_from_config({**spec.config, "num_hidden_layers": n}, spec.name).moe for n in (3, 2)]
+    return [m.sparse_layers if m and m.sparse_layers is not None else n if m else 0
+            for m, n in zip(sparse, (3, 2))] in ([3, 2], [2, 1], [1, 0])
 
 
 # Findings: where transformers' kernels and the op list differ, the exact difference (trace − op list) per phase:
@@ -152,7 +166,19 @@ KNOWN: dict[str, dict] = {
 }
 
 
-@pytest.mark.parametrize("family", sorted(SMALLEST))
+# Open gaps of a family's layer against the trace's kernels (strict: a closed gap fails the run).
+OPS_GAPS: dict[str, str] = {
+    "llama4_text": (
+        "tiny-llama4's third layer is a chunked RoPE layer whose 128 tokens pass the 16-token chunk: SDPA runs with an "
+        "explicit mask and k, v repeated, which the trace's kernel list (trace/kernel_shapes.py) records as no "
+        "attention kernel where the op list has one (8, 128, 128, 16); its complex fp32 RoPE (modeling_llama4.py:"
+        "219-226) and q/k L2 norm (:102-113) are not listed as their own ops yet (open)"),
+}
+
+
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=pytest.mark.xfail(reason=OPS_GAPS[f], strict=True)) if f in OPS_GAPS else f
+    for f in sorted(SMALLEST)])
 def test_layer_kernels_match_the_op_list(family):
     spec = load_model(SMALLEST[family])
     setup = setup_for(spec)

@@ -111,7 +111,7 @@ CONFIGS = catalog_configs()
 # the DeepSeek families last: each family's setups rotate with its index, so appending keeps the others' cases
 # (families added later go after them, in the order they came: inserting one in alphabetical order would move the
 # setups of every family after it)
-ADDED_LATER = ("nemotron", "gemma3_text")
+ADDED_LATER = ("nemotron", "gemma3_text", "llama4_text")
 FAMILIES = (sorted((f for f in CONFIGS if f not in ADDED_LATER), key=lambda f: f.startswith("deepseek"))
             + [f for f in ADDED_LATER if f in CONFIGS])
 
@@ -165,6 +165,25 @@ KNOWN_GAPS.update({
         "passes at +2.4% only because the two errors offset"),
 })
 
+# Llama 4 (the shrunk Maverick: layer 0 dense with RoPE and 64-token chunks, layer 1 MoE and NoPE). Full recompute:
+# the high point is in the MoE layer's re-run backward (moe_every_expert.every_expert_moments: its temporaries within
+# 0.1 % of the trace's), but the engine prices a kind's backward moments in the first layer with every other layer's
+# gradients made (phases.py first_layer_backward): here the MoE layer is the last, so only the head's and its own
+# gradients exist (the all-MoE shrunk Scout reads -0.05 % to -2.75 % in the same setups).
+_L4_FULL = ("Llama 4 with dense and MoE layers interleaved under full recompute: the MoE layer's backward moment "
+            "is priced with the other layers' gradients made, but it is the last layer (gradients {}: analytic "
+            "over by the dense layer's and the embedding's gradients)")
+KNOWN_GAPS.update({
+    "llama4_text-fp32-full-sgd-cpu": _L4_FULL.format("+8.7 %"),
+    "llama4_text-amp-bf16-full-adamw-cpu": _L4_FULL.format("+7.4 %"),
+    "llama4_text-bf16-full-sgd-cpu": _L4_FULL.format("+8.0 %"),
+    "llama4_text-bf16-master-full-adamw-cpu": _L4_FULL.format("+1.9 %, where the trace peaks at the optimizer step"),
+    "llama4_text-infer-bf16-cpu": (
+        "Llama 4 bf16 prefill on CPU: -1.75 % (83 KB of temporaries at the MoE layer's product not accounted; the "
+        "chunked layers' boolean (b, 1, s, s) mask, held in causal_mask_mapping through every layer, is 33 KB of it; "
+        "open)"),
+})
+
 # Open, not in the default cases since nemotron moved to the end of the matrix: fp32 with full recompute on CUDA
 # semantics, where SDPA with GQA takes the math path (activations.resolved_kernel), reads -3.4 %: the re-run layer's
 # attention backward holds the (b·heads, s, s) fp32 scores and probabilities and k/v repeated to every head, which the
@@ -189,10 +208,6 @@ if values_keep_their_dtype():
 # Families the analytic engine refuses (analytic/unmodelled.py), with the gap measured before the refusal: left out of
 # the matrix; test_refused_families_say_so_in_one_line checks the refusal.
 REFUSED: dict[str, str] = {
-    "llama4_text": (
-        "every expert runs every token (Llama4TextExperts' bmm: E copies of the MoE activations where analytic/moe.py "
-        "counts top_k), complex fp32 RoPE, L2 q/k norms, NoPE temperature scaling: analytic -7.6 % to -16.1 % of the "
-        "traced training peak (backward), -25 % of the prefill peak"),
     "gpt_oss": (
         "attention sinks in eager attention (scores torch.cat'ed with a sink column, max-subtracted, softmaxed, sliced) "
         "and the clamped SwiGLU experts (strided slices, clamps, (up + 1) product, biased per-expert matmuls in a loop): "

@@ -8,8 +8,6 @@ from trainfit.cli import main
 
 
 @pytest.mark.parametrize("argv", [
-    ["estimate", "llama-4-scout", "--gpu", "H100-80GB"],
-    ["fit", "llama-4-scout", "--gpu", "H100-80GB"],
     ["plan", "gpt-oss-20b", "--gpus", "8", "--gpu", "H100-80GB"],
     ["fit", "nemotron-nano-9b-v2", "--gpu", "H100-80GB"],
 ])

@@ -17,6 +17,7 @@ from ..spec import ModelSpec
 from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
 from . import mla
 from .embedding import rotary_tables
+from .moe_every_expert import every_expert_prefill
 from .onednn import gemm_scratch
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
@@ -272,6 +273,11 @@ def cast_params(spec: ModelSpec) -> float:
     h = spec.hidden
     moe_layer = attention_linear_params(spec) + m.num_experts * h + \
         (3 * h * m.shared_intermediate + h if m.shared_intermediate else 0)
+    if m.experts_every_token:
+        # Llama 4's experts are torch.bmm, on autocast's lower-precision list: their gate_up and down weights are
+        # cast too (modeling_llama4.py:78-81); its shared expert has no gate
+        moe_layer = attention_linear_params(spec) + m.num_experts * h * (1 + 3 * m.expert_intermediate) + \
+            3 * h * m.shared_intermediate
     n_moe = spec.layers if m.sparse_layers is None else m.sparse_layers
     return (n_moe * moe_layer + (spec.layers - n_moe) * linear_params_per_layer(spec)) / spec.layers
 
@@ -282,6 +288,8 @@ def _moe_prefill(spec: ModelSpec, setup: Setup, st) -> float:
     (the input copies, down's output, the weighted output and its reordered copy), all in the experts' weight
     dtype (grouped_mm runs outside autocast) except the weighted ones (promoted to the routing weights' dtype)."""
     m = spec.moe
+    if m.experts_every_token:  # Llama 4: every expert on every token (moe_every_expert.py)
+        return every_expert_prefill(spec, setup)
     h, k, i = spec.hidden, m.top_k, m.expert_intermediate
     ex = int(st.weight)
     wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, st.act)
@@ -314,6 +322,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         # MLP at its attention, a dense MLP's down projection at its activation
         h = spec.hidden
         later_mlp = 0 if spec.moe else h * spec.intermediate
+        if spec.moe and spec.moe.experts_every_token:
+            # Llama 4's MoE high point is at the experts' product (every_expert_prefill): the down bmm and the
+            # shared expert (which runs after the experts) have not cast their weights yet
+            later_mlp = spec.moe.num_experts * spec.moe.expert_intermediate * h + 3 * h * spec.moe.shared_intermediate
         mlp_casts = (cast_params(spec) - attention_linear_params(spec)) if spec.moe else \
             (3 if spec.gated_mlp else 2) * h * spec.intermediate
         casts_attn = casts - st.act * (o_proj_params(spec) + mlp_casts) / setup.tp
