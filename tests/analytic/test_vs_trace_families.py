@@ -178,10 +178,6 @@ KNOWN_GAPS.update({
     "llama4_text-amp-bf16-full-adamw-cpu": _L4_FULL.format("+7.4 %"),
     "llama4_text-bf16-full-sgd-cpu": _L4_FULL.format("+8.0 %"),
     "llama4_text-bf16-master-full-adamw-cpu": _L4_FULL.format("+1.9 %, where the trace peaks at the optimizer step"),
-    "llama4_text-infer-bf16-cpu": (
-        "Llama 4 bf16 prefill on CPU: -1.75 % (83 KB of temporaries at the MoE layer's product not accounted; the "
-        "chunked layers' boolean (b, 1, s, s) mask, held in causal_mask_mapping through every layer, is 33 KB of it; "
-        "open)"),
 })
 
 # Open, not in the default cases since nemotron moved to the end of the matrix: fp32 with full recompute on CUDA

@@ -14,7 +14,8 @@ from ..errors import SetupError
 from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
+from .activations import (FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer,
+                          masked_chunk_share, resolved_kernel)
 from . import mla
 from .embedding import rotary_tables
 from .moe_every_expert import every_expert_prefill
@@ -39,7 +40,9 @@ def kv_dtype(spec: ModelSpec, setup: Setup) -> str:
     (values_keep_their_dtype)."""
     if setup.kv_dtype:
         return setup.kv_dtype
-    if setup.precision == "fp32" or (setup.precision.startswith("amp") and spec.positions == "rotary"):
+    # Llama 4's complex rotary returns k in its own dtype (modeling_llama4.py:226 `xk_out.type_as(xk)`)
+    promoted = spec.positions == "rotary" and not family_traits(spec).get("rotary_complex")
+    if setup.precision == "fp32" or (setup.precision.startswith("amp") and promoted):
         return "fp32"
     return "fp16" if setup.precision in ("fp16", "amp-fp16") else "bf16"
 
@@ -126,6 +129,9 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         # cos and sin (1, s, rotary_dim) in the hidden states' dtype, and the positions they came from, live
         # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
         base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+    # Llama 4's chunked layers past the chunk: create_chunked_causal_mask's boolean (b, 1, s, s), held in the
+    # model's causal_mask_mapping through every layer (modeling_llama4.py:552-562)
+    base += setup.batch * setup.seq * setup.seq if masked_chunk_share(spec, setup) else 0
     if traits["position_embeds_kept"]:
         # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`; OPT's `pos_embeds` are (b, s, h)
         base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
