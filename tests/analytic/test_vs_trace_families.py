@@ -305,3 +305,21 @@ def test_sliding_layers_past_their_window(precision, device, mode):
     setup = Setup(batch=2, seq=200, precision=precision, device=device, mode=mode,
                   **({} if mode == "infer" else {"optimizer": "adamw"}))
     assert_analytic_near_trace(spec, setup, "gemma3_text", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,mode,recompute", [
+    ("bf16", "cpu", "train", "none"), ("amp-bf16", "cuda", "train", "none"), ("fp32", "cuda", "train", "full"),
+    ("bf16", "cpu", "infer", "none")])
+def test_llama4_scout_shape(precision, device, mode, recompute):
+    """The matrix takes Llama 4's first catalog config, Maverick's (use_qk_norm false, dense and MoE layers
+    interleaved); Scout's has every layer MoE and Llama4TextL2Norm on q and k of its RoPE layers (activations.py's
+    L2 term, moe_every_expert.py's moments with no dense layer between). Shrunk as the matrix shrinks: one chunked
+    RoPE layer with the L2 norm, one NoPE layer, both MoE. Without the L2 term training read -1.03 % (bf16, CPU),
+    -0.69 % (amp-bf16, CUDA), -0.65 % (fp32 full recompute, CUDA)."""
+    cfg = json.loads((resources.files("trainfit.models.catalog") / "llama-4-scout.json").read_text())
+    spec = spec_from_config(shrink(cfg), "small-llama-4-scout")
+    assert (spec.qk_l2_norm_layers, spec.moe.sparse_layers, spec.chunked_layers) == (1, None, 1)
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, mode=mode,
+                  **({} if mode == "infer" else {"optimizer": "adamw", "recompute": recompute}))
+    assert_analytic_near_trace(spec, setup, "llama4_text (Scout)", TOLERANCE)
