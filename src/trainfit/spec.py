@@ -26,6 +26,9 @@ class MoESpec:
     # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the
     # token's router score (0 off the top-k) — one batched bmm over all experts, no dispatch
     experts_every_token: bool = False
+    # Llama 4's interleave (interleave_moe_layer_step, configuration_llama4.py): layer i is MoE iff
+    # i % layer_step == layer_step - 1 (Maverick: 2, dense layers first); 0: where the MoE layers sit is not recorded
+    layer_step: int = 0
     # gpt-oss (modeling_gpt_oss.py GptOssTopKRouter, GptOssExperts): the router Linear has a bias (E,) and every
     # expert a gate_up bias (2I,) and a down bias (H,)
     router_bias: bool = False

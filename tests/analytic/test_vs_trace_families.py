@@ -165,21 +165,6 @@ KNOWN_GAPS.update({
         "passes at +2.4% only because the two errors offset"),
 })
 
-# Llama 4 (the shrunk Maverick: layer 0 dense with RoPE and 64-token chunks, layer 1 MoE and NoPE). Full recompute:
-# the high point is in the MoE layer's re-run backward (moe_every_expert.every_expert_moments: its temporaries within
-# 0.1 % of the trace's), but the engine prices a kind's backward moments in the first layer with every other layer's
-# gradients made (phases.py first_layer_backward): here the MoE layer is the last, so only the head's and its own
-# gradients exist (the all-MoE shrunk Scout reads -0.05 % to -2.75 % in the same setups).
-_L4_FULL = ("Llama 4 with dense and MoE layers interleaved under full recompute: the MoE layer's backward moment "
-            "is priced with the other layers' gradients made, but it is the last layer (gradients {}: analytic "
-            "over by the dense layer's and the embedding's gradients)")
-KNOWN_GAPS.update({
-    "llama4_text-fp32-full-sgd-cpu": _L4_FULL.format("+8.7 %"),
-    "llama4_text-amp-bf16-full-adamw-cpu": _L4_FULL.format("+7.4 %"),
-    "llama4_text-bf16-full-sgd-cpu": _L4_FULL.format("+8.0 %"),
-    "llama4_text-bf16-master-full-adamw-cpu": _L4_FULL.format("+1.9 %, where the trace peaks at the optimizer step"),
-})
-
 # Open, not in the default cases since nemotron moved to the end of the matrix: fp32 with full recompute on CUDA
 # semantics, where SDPA with GQA takes the math path (activations.resolved_kernel), reads -3.4 %: the re-run layer's
 # attention backward holds the (b·heads, s, s) fp32 scores and probabilities and k/v repeated to every head, which the

@@ -71,6 +71,18 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
 OFFLOAD_WINDOW = 2
 
 
+def interleaved_moe(spec: ModelSpec, setup: Setup, stage: Stage) -> tuple:
+    """Each layer's kind (0 dense, 1 MoE), first to last, where the MoE layers are interleaved with dense ones at a
+    recorded step (MoESpec.layer_step: Llama 4 Maverick's every other layer, dense first), so that each layer's
+    backward high point holds the gradients of the layers after it (phases._mixed_layer_moments): the MoE
+    layer's moment (all E experts' copies) in the last layer, not the first. () otherwise, or on a pipeline (NB: a
+    stage's first layer index is not tracked here; the layers are then priced alike)."""
+    m = spec.moe
+    if m is None or m.layer_step < 2 or setup.pp > 1 or stage.layers != spec.layers:
+        return ()
+    return tuple(int(j % m.layer_step == m.layer_step - 1) for j in range(stage.layers))
+
+
 def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage) -> TrainMemory:
     """One pipeline stage of a model the step runs with torch's DDP/FSDP2 or DeepSpeed's ZeRO engine."""
     t = setup.tp
@@ -142,6 +154,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
 
     kinds = (kind(lm),) + ((kind(lm_full),) if every else ())
     pattern = tuple(1 if (j + 1) % every == 0 else 0 for j in range(stage.layers)) if every else ()
+    moe_pattern = () if (every or setup.compile) else interleaved_moe(spec, setup, stage)
+    if moe_pattern:  # Llama 4's dense and MoE layers, each with its own backward high point
+        kinds = tuple(kind(layer_memory(spec, setup, pc, st, tokens, keys, moe_layer=m)) for m in (False, True))
+        pattern = moe_pattern
     uniform = kinds[pattern[0] if pattern else 0]
     casts = sum((lm, lm_full)[k].autocast_casts for k in pattern) if every else stage.layers * lm.autocast_casts
     masks_held, masks_first = checkpoint_held_masks(spec, setup, st, stage.layers)
@@ -176,7 +192,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         norm_backward=head.norm_backward if stage.head else 0,
         gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
         (ds.backward_moments(gathered) if ds else unsharded_at(pc, setup, st, stage)),
-        kinds=kinds if every else (),
+        kinds=kinds if pattern else (),
         pattern=pattern,
         # torchtune's optimizer_in_bwd (step/in_backward.py): one optimizer per parameter, so the step's
         # temporaries are the largest parameter's, beside its gradient; before them (under autocast) the

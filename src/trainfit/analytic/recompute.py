@@ -55,9 +55,10 @@ def layer_setup(setup: Setup) -> Setup:
 
 
 def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, tokens: int, keys: float,
-                 policy: str | None = None) -> LayerMemory:
+                 policy: str | None = None, moe_layer: bool | None = None) -> LayerMemory:
     """One layer under `policy` (none, full, selective, op; default: the setup's — `layer:N` is combined from a
-    full and a none layer by the caller)."""
+    full and a none layer by the caller). `moe_layer`: a dense (False) or MoE (True) layer of a model with both
+    (memory.py's interleave pattern); None: the average of the model's layers."""
     policy = policy or setup.recompute
     if policy != setup.recompute:
         setup = setup.with_(recompute=policy)
@@ -66,7 +67,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     la = layer_activations(spec, ls)
     moe = spec.moe is not None and pc.moe_layers > 0
     la_moe = layer_activations(spec, ls, moe=True) if moe else la
-    frac_moe = pc.moe_layers / spec.layers
+    frac_moe = pc.moe_layers / spec.layers if moe_layer is None else float(moe_layer and moe)
     one_layer = (1 - frac_moe) * layer_bytes_per_rank(la, setup, tokens, keys) \
         + frac_moe * layer_bytes_per_rank(la_moe, setup, tokens, keys)
     adapter_casts = 0.0
