@@ -292,9 +292,10 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
     memory-efficient kernel ('flash' here: the same saved set, _flash_saved) where the stack allows it and the
     model has no GQA; a stack whose SDPA backends leave it out (stacks/*.toml [attention]: torchtitan's cuDNN, flash,
     math) or a GQA model takes the math path for fp32, which the flash and cuDNN kernels do not run.
-    NB: a sliding-window layer at a sequence reaching its window runs SDPA with a mask and k, v repeated
-    (masked_window_share), which the memory-efficient kernel takes in fp32: such layers are priced as math here, an
-    over-estimate (+9 % on tiny-gemma3 at 2 x 200, fp32 on CUDA)."""
+    A sliding-window or chunked layer at a sequence reaching its window runs SDPA with a mask and k, v repeated
+    (masked_window_share), which the memory-efficient kernel takes in fp32: layer_activations prices that share of
+    the layers as the fused kernels (masked_efficient_share; tiny-gemma3 at 2 x 200, fp32 on CUDA: +6.65 % as math,
+    -0.12 % so)."""
     kernel = setup.attention_kernel
     if kernel == "eager" or not family_traits(spec)["sdpa"]:
         return "eager"

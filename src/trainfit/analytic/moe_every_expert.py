@@ -15,6 +15,9 @@ transformers models/llama4/modeling_llama4.py (5.24):
 Read off traces of the families matrix's shrunk Llama 4 (hidden 128, 4 experts, top-2, I 256, 2 × 128 tokens:
 bf16, amp-bf16 and fp32 per module, exact). The E copies are what every token costs whatever top_k: the routed
 experts' zero-scored copies are computed and saved like the others.
+NB: with tensor parallelism the block's terms are split as moe.py's are (parallel/tensor.py term_divisors), and expert
+parallelism is not modelled here (every rank is taken to hold every expert): transformers' Llama 4 TP plan is not
+checked against these terms.
 """
 from __future__ import annotations
 

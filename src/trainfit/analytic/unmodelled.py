@@ -1,9 +1,11 @@
 """Architecture features the analytic engine has no terms for yet: a spec that has one is refused with one line
 (the trace engine builds the real transformers model and covers it).
 
-Llama 4 (llama4_text) is modelled: its all-experts MoE (analytic/moe_every_expert.py), its q/k L2 norm
-(activations.py), its chunked layers' masked SDPA (activations.masked_chunk_share) and complex fp32 RoPE (ops/rotary.py
-llama4_rotary); the NoPE layers' temperature scaling saves a (1, s, 1, 1) fp32 scale per layer (NB: not counted).
+Llama 4 (llama4_text) is modelled, not refused: its all-experts MoE (analytic/moe_every_expert.py; ops/moe.py
+every_expert_ops), its q/k L2 norm (activations.py; ops/norm.py NORMS "l2"), its chunked layers' masked SDPA
+(activations.masked_chunk_share; ops/layer.py chunk_mask_ops), its complex fp32 RoPE (ops/layer.py rope_shape,
+families.json rotary_complex) and Maverick's interleaved dense/MoE layers (memory.interleaved_moe). NB: the NoPE
+layers' temperature scaling of q saves a (1, s, 1, 1) fp32 scale per layer, not counted.
 
 gpt-oss (transformers models/gpt_oss/modeling_gpt_oss.py) brings two:
   * attention sinks in eager attention (GptOssPreTrainedModel._supports_sdpa = False; eager_attention_forward: the
