@@ -155,6 +155,9 @@ class ModelSpec:
     chunked_layers: int = 0  # how many layers are chunked (the RoPE layers)
     nope_layers: int = 0  # layers without rotary positions (no_rope_layers zeros; full attention)
     qk_l2_norm_layers: int = 0  # layers whose q and k pass Llama4TextL2Norm (no weight; use_qk_norm on RoPE layers)
+    # where the NoPE layers sit: layer i has no RoPE iff (i + 1) % nope_every == 0 (Llama 4's no_rope_layer_interval
+    # pattern); 0: not recorded (or no NoPE layer)
+    nope_every: int = 0
     # gpt-oss (modeling_gpt_oss.py GptOssAttention.sinks, eager_attention_forward): a learned logit per head, one
     # more score column softmaxed with the row and then dropped; a (heads,) parameter per layer
     attn_sinks: bool = False

@@ -165,6 +165,16 @@ KNOWN_GAPS.update({
         "passes at +2.4% only because the two errors offset"),
 })
 
+# Llama 4 under autocast with full recompute: the traced high point is inside the MoE layer's re-run, before its
+# shared expert's backward (its saved set, weight casts and both fp32 copies of the routed input live, no layer
+# gradient made); analytic/moe_every_expert.every_expert_moments prices the experts' product rule after it, with the
+# down_proj and shared-expert fp32 gradients made: +1.17 % here (+1.92 % with SGD on CUDA semantics; Scout's shape
+# +0.86 % / +1.44 %). The other precisions' full-recompute cases read within 0.5 %.
+KNOWN_GAPS["llama4_text-amp-bf16-full-adamw-cpu"] = (
+    "Llama 4 amp-bf16 full recompute: the MoE layer's backward high point under autocast (inside the re-run, before "
+    "the shared expert's backward) is not among the every-expert moments, which price the product rule with the "
+    "fp32 expert and shared gradients made (+1.17 %)")
+
 # Open, not in the default cases since nemotron moved to the end of the matrix: fp32 with full recompute on CUDA
 # semantics, where SDPA with GQA takes the math path (activations.resolved_kernel), reads -3.4 %: the re-run layer's
 # attention backward holds the (b·heads, s, s) fp32 scores and probabilities and k/v repeated to every head, which the

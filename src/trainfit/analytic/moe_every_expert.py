@@ -53,9 +53,10 @@ def every_expert_moments(spec: ModelSpec, setup: Setup, tokens: int, pending: fl
     (Llama4TextExperts.forward `up * act_fn(gate)`, :80): the shared expert ran its backward first (it was recorded
     last, Llama4TextMoe.forward :164-165), its gradients made and its saved tensors freed; the second bmm's backward
     made its input gradient (E·T × I) and the down_proj gradient (all experts), freeing the product; the product rule
-    adds the two operands' gradients (E·T × I each). Read off the trace of the shrunk Llama 4 (fp32, full recompute,
-    CPU semantics: within 0.1 % of its temporaries). `pending`: the layer output's gradient, waiting for the
-    attention branch."""
+    adds the two operands' gradients (E·T × I each). Beside them the shared expert's gradient of the block input
+    (T × h, the input's dtype) waits in autograd's input buffer for the experts' and the router's. Read off the trace
+    of the shrunk Llama 4 (fp32, full recompute, CPU semantics: the live tensors at its peak, one by one).
+    `pending`: the layer output's gradient, waiting for the attention branch."""
     from .backward import Moment  # noqa: PLC0415 (backward imports moe's peers)
 
     m, st, t = spec.moe, state_bytes(setup), setup.tp
@@ -64,7 +65,8 @@ def every_expert_moments(spec: ModelSpec, setup: Setup, tokens: int, pending: fl
     shared_saved = 4 * a * m.shared_intermediate * tokens / t
     grads = 2 * a * rows * m.expert_intermediate / t  # three gradients made, the product freed
     done = (m.num_experts * spec.hidden * m.expert_intermediate + 3 * spec.hidden * m.shared_intermediate) / t
-    return [Moment(recomputed + pending + grads, done, shared_saved)]
+    shared_grad = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
+    return [Moment(recomputed + pending + shared_grad + grads, done, shared_saved)]
 
 
 def every_expert_prefill(spec: ModelSpec, setup: Setup) -> float:
