@@ -26,6 +26,9 @@ class MoESpec:
     # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the
     # token's router score (0 off the top-k) — one batched bmm over all experts, no dispatch
     experts_every_token: bool = False
+    # Llama 4's interleave (interleave_moe_layer_step, configuration_llama4.py): layer i is MoE iff
+    # i % layer_step == layer_step - 1 (Maverick: 2, dense layers first); 0: where the MoE layers sit is not recorded
+    layer_step: int = 0
     # gpt-oss (modeling_gpt_oss.py GptOssTopKRouter, GptOssExperts): the router Linear has a bias (E,) and every
     # expert a gate_up bias (2I,) and a down bias (H,)
     router_bias: bool = False
@@ -173,6 +176,9 @@ class ModelSpec:
     chunked_layers: int = 0  # how many layers are chunked (the RoPE layers)
     nope_layers: int = 0  # layers without rotary positions (no_rope_layers zeros; full attention)
     qk_l2_norm_layers: int = 0  # layers whose q and k pass Llama4TextL2Norm (no weight; use_qk_norm on RoPE layers)
+    # where the NoPE layers sit: layer i has no RoPE iff (i + 1) % nope_every == 0 (Llama 4's no_rope_layer_interval
+    # pattern); 0: not recorded (or no NoPE layer)
+    nope_every: int = 0
     # gpt-oss (modeling_gpt_oss.py GptOssAttention.sinks, eager_attention_forward): a learned logit per head, one
     # more score column softmaxed with the row and then dropped; a (heads,) parameter per layer
     attn_sinks: bool = False

@@ -43,6 +43,8 @@ def test_every_catalog_family_composes_a_layer(model):
         qkv = {"separate": ["q", "k", "v"], "fused": ["qkv"], "mla": []}[rc.qkv]
         mlp = {"gated": ["gate", "up", "down"], "gated-fused": ["gate_up", "down"], "plain": ["fc1", "fc2"],
                "moe": ["router", "experts_in", "experts_out"]}[rc.mlp]
+        if rc.mlp == "moe" and spec.moe.experts_every_token:  # Llama 4: two bmm over every expert, a shared MLP
+            mlp = ["router", "all_experts_in", "all_experts_out", "shared_gate", "shared_up", "shared_down"]
         assert set(qkv + ["o"] + mlp) <= set(gemms)
         assert sum(o.kind == "attention" for o in ops) == 1
 

@@ -92,7 +92,7 @@ def _ops_keys(phase: str, op: Op) -> list[tuple]:
 def listed_layer(spec, setup) -> tuple[dict[str, Counter], dict[str, tuple[float, int]], dict[str, float]]:
     """The op list's layer: GEMM/attention keys by phase, (cast bytes, cast kernels) and other bytes by phase."""
     sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
-    fwd = layer_forward(spec, sh, spec.moe is not None)
+    fwd = layer_forward(spec, sh, middle_layer_is_moe(spec))
     lists = {"forward": fwd, "backward": backward(fwd) + grad_accumulations(spec, sh)}
     shapes, casts, other = {}, {}, {}
     for phase, ops in lists.items():
@@ -102,6 +102,20 @@ def listed_layer(spec, setup) -> tuple[dict[str, Counter], dict[str, tuple[float
         casts[phase] = (sum(op.nbytes for op in cast), sum(op.kernels for op in cast))
         other[phase] = sum(op.nbytes for op in memory) - casts[phase][0]
     return shapes, casts, other
+
+
+def middle_layer_is_moe(spec) -> bool:
+    """Whether the layer a 3-layer trace adds to a 2-layer one is an MoE layer: DeepSeek's third (its dense layers
+    come first); Llama 4's interleaved ones (tiny-llama4: MoE on odd layers, so the third is dense)."""
+    from trainfit.models.hf_config import spec_from_config
+
+    if spec.moe is None:
+        return False
+    if spec.moe.sparse_layers is None:
+        return True
+    sparse = [spec_from_config({**spec.config, "num_hidden_layers": n}, spec.name).moe for n in (3, 2)]
+    return [m.sparse_layers if m and m.sparse_layers is not None else n if m else 0
+            for m, n in zip(sparse, (3, 2))] in ([3, 2], [2, 1], [1, 0])
 
 
 # Findings: where transformers' kernels and the op list differ, the exact difference (trace − op list) per phase:
@@ -187,3 +201,22 @@ def test_layer_kernels_match_the_op_list(family):
         assert abs(mem / other[phase] - 1) <= TOLERANCE, (
             f"{family} {phase}: other memory-bound bytes trace {mem}, op list {other[phase]:.0f} "
             f"({mem / other[phase] - 1:+.1%})")
+
+
+def test_every_expert_moe_layer_gemms():
+    """Llama 4's MoE layer (tiny-llama4's fourth: MoE, NoPE): the op list's all-experts block (ops/moe.py
+    every_expert_ops: two torch.bmm of every expert over all T tokens, batch E; the router; the shared expert's three
+    linears) has the trace's GEMM shapes exactly, forward and backward. (Its memory-bound bytes differ by the op list's
+    RoPE-layer choice, ops/layer.py rope_shape's NB: the NoPE layer has no rotary, L2 norm or chunk mask.)"""
+    spec = load_model("tiny-llama4")
+    setup = setup_for(spec)
+    traced = Counter(_trace_key(k) for k in step_kernels(with_layers(spec, 4), setup)) - \
+        Counter(_trace_key(k) for k in step_kernels(with_layers(spec, 3), setup))
+    sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+    fwd = layer_forward(spec, sh, True)
+    lists = {"forward": fwd, "backward": backward(fwd) + grad_accumulations(spec, sh)}
+    for phase in PHASES:
+        gemms = Counter({key: c for key, c in traced.items() if key[0] == phase and key[1] not in ("cast", "memory")})
+        listed = Counter(key for op in lists[phase] for key in _ops_keys(phase, op))
+        assert gemms == listed, f"{phase}: trace only {dict(gemms - listed)}, op list only {dict(listed - gemms)}"
+        assert any(key[1] == "gemm" and key[-1] == spec.moe.num_experts for key in gemms), "no all-experts bmm"

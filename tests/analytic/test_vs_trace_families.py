@@ -117,7 +117,7 @@ CONFIGS = catalog_configs()
 # the DeepSeek families last: each family's setups rotate with its index, so appending keeps the others' cases
 # (families added later go after them, in the order they came: inserting one in alphabetical order would move the
 # setups of every family after it)
-ADDED_LATER = ("nemotron", "gemma3_text", "nemotron_h", "qwen3_next", "gpt_oss")
+ADDED_LATER = ("nemotron", "gemma3_text", "nemotron_h", "qwen3_next", "gpt_oss", "llama4_text")
 FAMILIES = (sorted((f for f in CONFIGS if f not in ADDED_LATER), key=lambda f: f.startswith("deepseek"))
             + [f for f in ADDED_LATER if f in CONFIGS])
 
@@ -171,6 +171,16 @@ KNOWN_GAPS.update({
         "passes at +2.4% only because the two errors offset"),
 })
 
+# Llama 4 under autocast with full recompute: the traced high point is inside the MoE layer's re-run, before its
+# shared expert's backward (its saved set, weight casts and both fp32 copies of the routed input live, no layer
+# gradient made); analytic/moe_every_expert.every_expert_moments prices the experts' product rule after it, with the
+# down_proj and shared-expert fp32 gradients made: +1.17 % here (+1.92 % with SGD on CUDA semantics; Scout's shape
+# +0.86 % / +1.44 %). The other precisions' full-recompute cases read within 0.5 %.
+KNOWN_GAPS["llama4_text-amp-bf16-full-sgd-cuda"] = (
+    "Llama 4 amp-bf16 full recompute: the MoE layer's backward high point under autocast (inside the re-run, before "
+    "the shared expert's backward) is not among the every-expert moments, which price the product rule with the "
+    "fp32 expert and shared gradients made (+1.92 % on CUDA semantics, +1.17 % on CPU)")
+
 # Open, not in the default cases since nemotron moved to the end of the matrix: fp32 with full recompute on CUDA
 # semantics, where SDPA with GQA takes the math path (activations.resolved_kernel), reads -3.4 %: the re-run layer's
 # attention backward holds the (b·heads, s, s) fp32 scores and probabilities and k/v repeated to every head, which the
@@ -195,10 +205,6 @@ if values_keep_their_dtype():
 # Families the analytic engine refuses (analytic/unmodelled.py), with the gap measured before the refusal: left out of
 # the matrix; test_refused_families_say_so_in_one_line checks the refusal.
 REFUSED: dict[str, str] = {
-    "llama4_text": (
-        "every expert runs every token (Llama4TextExperts' bmm: E copies of the MoE activations where analytic/moe.py "
-        "counts top_k), complex fp32 RoPE, L2 q/k norms, NoPE temperature scaling: analytic -7.6 % to -16.1 % of the "
-        "traced training peak (backward), -25 % of the prefill peak"),
 }
 
 
@@ -292,12 +298,13 @@ def test_full_recompute_under_cuda_autocast_lists():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision,device,mode", [("bf16", "cpu", "train"), ("amp-bf16", "cuda", "train"),
-                                                   ("bf16", "cpu", "infer")])
+                                                   ("fp32", "cuda", "train"), ("bf16", "cpu", "infer")])
 def test_sliding_layers_past_their_window(precision, device, mode):
     """A sequence past the window: transformers' sliding layers run SDPA with an explicit mask and k, v repeated to
     every head (activations.masked_window_share); the matrix's 128 tokens stay inside every catalog window. Gemma 3
     (3 local layers, 1 global) with a 64-token window at 2 x 200; without the term training read -2.3 % (CPU) and
-    -1.7 % (CUDA), with Adam."""
+    -1.7 % (CUDA), with Adam. fp32 on CUDA (GQA: the math path unmasked, the memory-efficient kernel masked,
+    activations.masked_efficient_share) read +6.65 % with the window's layers priced as math."""
     from trainfit.models.resolve import load_model
 
     spec = load_model("tiny-gemma3")
@@ -306,6 +313,7 @@ def test_sliding_layers_past_their_window(precision, device, mode):
     setup = Setup(batch=2, seq=200, precision=precision, device=device, mode=mode,
                   **({} if mode == "infer" else {"optimizer": "adamw"}))
     assert_analytic_near_trace(spec, setup, "gemma3_text", TOLERANCE)
+
 
 
 @pytest.mark.slow
@@ -319,3 +327,22 @@ def test_gpt_oss_attention_at_a_long_sequence(precision, recompute, device):
     spec = spec_from_config(shrink(CONFIGS["gpt_oss"]), "small-gpt_oss")
     setup = Setup(batch=1, seq=2048, precision=precision, recompute=recompute, device=device, optimizer="sgd")
     assert_analytic_near_trace(spec, setup, "gpt_oss", TOLERANCE)
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,mode,recompute", [
+    ("bf16", "cpu", "train", "none"), ("amp-bf16", "cuda", "train", "none"), ("fp32", "cuda", "train", "full"),
+    ("bf16", "cpu", "infer", "none")])
+def test_llama4_scout_shape(precision, device, mode, recompute):
+    """The matrix takes Llama 4's first catalog config, Maverick's (use_qk_norm false, dense and MoE layers
+    interleaved); Scout's has every layer MoE and Llama4TextL2Norm on q and k of its RoPE layers (activations.py's
+    L2 term, moe_every_expert.py's moments with no dense layer between). Shrunk as the matrix shrinks: one chunked
+    RoPE layer with the L2 norm, one NoPE layer, both MoE. Without the L2 term training read -1.03 % (bf16, CPU),
+    -0.69 % (amp-bf16, CUDA), -0.65 % (fp32 full recompute, CUDA)."""
+    cfg = json.loads((resources.files("trainfit.models.catalog") / "llama-4-scout.json").read_text())
+    spec = spec_from_config(shrink(cfg), "small-llama-4-scout")
+    assert (spec.qk_l2_norm_layers, spec.moe.sparse_layers, spec.chunked_layers) == (1, None, 1)
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, mode=mode,
+                  **({} if mode == "infer" else {"optimizer": "adamw", "recompute": recompute}))
+    assert_analytic_near_trace(spec, setup, "llama4_text (Scout)", TOLERANCE)

@@ -164,6 +164,11 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         if p_attn > 0:
             probs += dropout_mask_bytes(setup, a_attn) + a_attn  # dropout's mask; probs·v keeps the dropped probs
         per_key = probs * nh
+        share = masked_efficient_share(spec, setup, kernel)
+        if share:  # those layers save as the fused kernels do, with the repeated k, v and the mask
+            t["attention"] = ((1 - share) * t["attention"]
+                              + share * (_flash_saved(spec, setup, a) + _window_repeat_saved(spec, a)))
+            per_key = (1 - share) * per_key + share * a
     if spec.qk_norm and not linear:
         # q_norm, k_norm (HF Qwen3RMSNorm over head_dim, modeling_qwen3.py): per element the fp32 input copy and the
         # normalised output, per head an fp32 rsqrt
@@ -173,6 +178,12 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         # Qwen3-Next's gated attention (modeling_qwen3_next.py:299-300): `attn_output * torch.sigmoid(gate)` keeps
         # sigmoid's output and the attention output; o_proj keeps the product
         t["attention"] += 2 * a * q
+    if spec.qk_l2_norm_layers:
+        # Llama4TextL2Norm on q and k after rotary (modeling_llama4.py:102-113, applied at :354-356): `x.float()`,
+        # pow, mean, rsqrt, mul, cast back, no weight: per element the fp32 input copy (the input itself in fp32),
+        # per head an fp32 rsqrt; its output is what SDPA saves. On the RoPE layers only (share of the layers).
+        share = spec.qk_l2_norm_layers / spec.layers
+        t["attention"] += share * (FP32 * (q + kv) + FP32 * (nh + spec.kv_heads))
     fixed = 0.0
     mlp_inputs = up_calls
     # MLP.
@@ -252,9 +263,33 @@ def masked_window_share(spec: ModelSpec, setup: Setup) -> float:
     0 without a window or below it."""
     window = spec.sliding_window
     if not window or setup.seq < window:
-        return 0.0
+        return masked_chunk_share(spec, setup)
     sliding = spec.layers if spec.sliding_window_layers is None else spec.sliding_window_layers
-    return sliding / spec.layers
+    return sliding / spec.layers + masked_chunk_share(spec, setup)
+
+
+def masked_chunk_share(spec: ModelSpec, setup: Setup) -> float:
+    """The share of the layers that are Llama 4's chunked-attention layers with a sequence reaching the chunk:
+    create_chunked_causal_mask passes local_attention_size=attention_chunk_size to _ignore_causal_mask_sdpa
+    (masking_utils.py:1355, :286-287), so from there on they run SDPA with an explicit mask and k, v repeated, as a
+    sliding window does (_window_repeat_saved; the chunked mask's pattern does not change what is saved)."""
+    chunk = spec.attention_chunk
+    if not chunk or setup.seq < chunk:
+        return 0.0
+    return spec.chunked_layers / spec.layers
+
+
+def masked_efficient_share(spec: ModelSpec, setup: Setup, kernel: str) -> float:
+    """The share of the layers that leave the math path for the memory-efficient kernel: fp32 with GQA on CUDA
+    takes the math path because transformers passes enable_gqa (resolved_kernel), but a layer with an explicit mask
+    gets k and v repeated instead (integrations/sdpa_attention.py:51 use_gqa_in_sdpa, :126-127 repeat_kv), which the
+    memory-efficient kernel takes (read off a trace of Llama 4's chunked layer, fp32 on CUDA semantics: q, the
+    repeated k and v, the output, the logsumexp and the fp32 mask). 0 where the stack's backends leave it out."""
+    if kernel != "math" or setup.device != "cuda" or spec.kv_heads >= spec.heads or spec.mla is not None:
+        return 0.0
+    if "efficient" not in setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",)):
+        return 0.0
+    return masked_window_share(spec, setup)
 
 
 def _window_repeat_saved(spec: ModelSpec, a: int) -> float:
@@ -273,9 +308,10 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
     memory-efficient kernel ('flash' here: the same saved set, _flash_saved) where the stack allows it and the
     model has no GQA; a stack whose SDPA backends leave it out (stacks/*.toml [attention]: torchtitan's cuDNN, flash,
     math) or a GQA model takes the math path for fp32, which the flash and cuDNN kernels do not run.
-    NB: a sliding-window layer at a sequence reaching its window runs SDPA with a mask and k, v repeated
-    (masked_window_share), which the memory-efficient kernel takes in fp32: such layers are priced as math here, an
-    over-estimate (+9 % on tiny-gemma3 at 2 x 200, fp32 on CUDA)."""
+    A sliding-window or chunked layer at a sequence reaching its window runs SDPA with a mask and k, v repeated
+    (masked_window_share), which the memory-efficient kernel takes in fp32: layer_activations prices that share of
+    the layers as the fused kernels (masked_efficient_share; tiny-gemma3 at 2 x 200, fp32 on CUDA: +6.65 % as math,
+    -0.12 % so)."""
     kernel = setup.attention_kernel
     if kernel == "eager" or not family_traits(spec)["sdpa"]:
         return "eager"

@@ -73,7 +73,11 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
     # MLP's, freeing what it saved (its input's fp32 copy, rsqrt, the fp32 normalised tensor; its moment is its own,
     # below); the post-attention norm (:320) likewise before the attention's. (mlp_saved holds the former.)
     post_ff = _norm_saved(spec, a, norm_kernel(setup), setup.device) * tokens / sp if spec.norms_per_layer == 4 else 0
-    if moe:
+    if moe and spec.moe.experts_every_token:  # Llama 4: every expert on every token (moe_every_expert.py)
+        from .moe_every_expert import every_expert_moments  # noqa: PLC0415
+
+        moments = every_expert_moments(spec, setup, tokens, incoming, recomputed)
+    elif moe:
         m = spec.moe
         ex = int(st.param or st.weight)  # grouped_mm runs in the experts' (gathered) weight dtype (moe.py)
         routed = m.top_k * tokens / t  # the S = tokens·top_k routed copies

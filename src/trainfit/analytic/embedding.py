@@ -24,7 +24,8 @@ def rotary_tables(spec: ModelSpec, seq: int, r: int) -> int:
     in the hidden states' dtype (modeling_llama.py LlamaRotaryEmbedding.forward: `cos.to(dtype=x.dtype)`), or
     DeepSeek-V2's one complex64 freqs_cis of (1, s, rotary_dim / 2) (modeling_deepseek_v2.py:214-219
     `torch.polar`)."""
-    if spec.mla is not None and spec.family == "deepseek_v2":
+    if (spec.mla is not None and spec.family == "deepseek_v2") or family_traits(spec).get("rotary_complex"):
+        # (Llama 4 the same: modeling_llama4.py:205-208 Llama4TextRotaryEmbedding.forward, `torch.polar`)
         return 8 * seq * rotary_dim(spec) // 2
     return 2 * seq * rotary_dim(spec) * r
 

@@ -43,7 +43,10 @@ def head_matmul_per_token(spec: ModelSpec, seq: int) -> float:
 
 def matmul_params_per_token(spec: ModelSpec, pc: ParamCounts, seq: int = 1) -> float:
     """Weights each token multiplies through: attention and MLP matrices (active experts only), the router and
-    the task head (`head_matmul_per_token`; `seq` matters for pooled classifiers only)."""
+    the task head (`head_matmul_per_token`; `seq` matters for pooled classifiers only). NB: Llama 4's eager MoE
+    (modeling_llama4.py Llama4TextExperts) multiplies every token through all E experts, zero-scored ones included:
+    the FLOPs the GPU executes, which the op list times (ops/moe.py every_expert_ops); model FLOPs and MFU stay on the
+    routed top_k here, the standard definition."""
     # Qwen3-Next's Gated DeltaNet layers multiply through their projections in place of attention's
     n = pc.attention * (spec.layers - pc.linear_layers) + pc.mlp * pc.dense_layers
     if pc.linear_layers:

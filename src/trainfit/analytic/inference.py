@@ -14,12 +14,14 @@ from ..errors import SetupError
 from ..precision import PRECISIONS
 from ..setup import Setup
 from ..spec import ModelSpec
-from .activations import FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer, resolved_kernel
+from .activations import (FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer,
+                          masked_chunk_share, resolved_kernel)
 from . import clamped_swiglu as swiglu
 from . import gated_deltanet, mla
 from . import sink_attention as sinks
 from .embedding import rotary_tables
 from .hybrid_inference import hybrid_infer_memory
+from .moe_every_expert import every_expert_prefill
 from .onednn import gemm_scratch
 from .params import ParamCounts, count_params
 from .precision import DTYPE_BYTES, state_bytes
@@ -41,7 +43,9 @@ def kv_dtype(spec: ModelSpec, setup: Setup) -> str:
     (values_keep_their_dtype)."""
     if setup.kv_dtype:
         return setup.kv_dtype
-    if setup.precision == "fp32" or (setup.precision.startswith("amp") and spec.positions == "rotary"):
+    # Llama 4's complex rotary returns k in its own dtype (modeling_llama4.py:226 `xk_out.type_as(xk)`)
+    promoted = spec.positions == "rotary" and not family_traits(spec).get("rotary_complex")
+    if setup.precision == "fp32" or (setup.precision.startswith("amp") and promoted):
         return "fp32"
     return "fp16" if setup.precision in ("fp16", "amp-fp16") else "bf16"
 
@@ -189,6 +193,9 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         # cos and sin (1, s, rotary_dim) in the hidden states' dtype, and the positions they came from, live
         # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
         base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+    # Llama 4's chunked layers past the chunk: create_chunked_causal_mask's boolean (b, 1, s, s), held in the
+    # model's causal_mask_mapping through every layer (modeling_llama4.py:552-562)
+    base += setup.batch * setup.seq * setup.seq if masked_chunk_share(spec, setup) else 0
     if traits["position_embeds_kept"]:
         # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`; OPT's `pos_embeds` are (b, s, h)
         base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
@@ -350,6 +357,11 @@ def cast_params(spec: ModelSpec) -> float:
     h = spec.hidden
     moe_layer = mixer + m.num_experts * h + \
         (3 * h * m.shared_intermediate + h if m.shared_intermediate else 0)
+    if m.experts_every_token:
+        # Llama 4's experts are torch.bmm, on autocast's lower-precision list: their gate_up and down weights are
+        # cast too (modeling_llama4.py:78-81); its shared expert has no gate
+        moe_layer = attention_linear_params(spec) + m.num_experts * h * (1 + 3 * m.expert_intermediate) + \
+            3 * h * m.shared_intermediate
     n_moe = spec.layers if m.sparse_layers is None else m.sparse_layers
     return (n_moe * moe_layer + (spec.layers - n_moe) * dense) / spec.layers
 
@@ -360,6 +372,8 @@ def _moe_prefill(spec: ModelSpec, setup: Setup, st) -> float:
     (the input copies, down's output, the weighted output and its reordered copy), all in the experts' weight
     dtype (grouped_mm runs outside autocast) except the weighted ones (promoted to the routing weights' dtype)."""
     m = spec.moe
+    if m.experts_every_token:  # Llama 4: every expert on every token (moe_every_expert.py)
+        return every_expert_prefill(spec, setup)
     h, k, i = spec.hidden, m.top_k, m.expert_intermediate
     ex = int(st.weight)
     wb = FP32 if not family_traits(spec)["moe_weights_logits_dtype"] else max(ex, st.act)
@@ -399,6 +413,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         # MLP at its attention, a dense MLP's down projection at its activation
         h = spec.hidden
         later_mlp = 0 if spec.moe else h * spec.intermediate
+        if spec.moe and spec.moe.experts_every_token:
+            # Llama 4's MoE high point is at the experts' product (every_expert_prefill): the down bmm and the
+            # shared expert (which runs after the experts) have not cast their weights yet
+            later_mlp = spec.moe.num_experts * spec.moe.expert_intermediate * h + 3 * h * spec.moe.shared_intermediate
         mlp_casts = (cast_params(spec) - attention_linear_params(spec)) if spec.moe else \
             (3 if spec.gated_mlp else 2) * h * spec.intermediate
         casts_attn = casts - st.act * (o_proj_params(spec) + mlp_casts) / setup.tp

@@ -71,6 +71,34 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
 OFFLOAD_WINDOW = 2
 
 
+def interleaved_kinds(spec: ModelSpec, setup: Setup, stage: Stage) -> tuple:
+    """Each layer's kind, first to last, as (MoE, RoPE) where Llama 4's layers differ at recorded intervals: MoE
+    layers interleaved with dense ones (MoESpec.layer_step: Maverick's every other layer, dense first) and NoPE
+    layers among the RoPE ones (ModelSpec.nope_every: every fourth), the RoPE layers with their chunked attention and
+    q/k L2 norm. Each layer's backward high point then holds its own kind's saved set and the gradients of the layers
+    after it (phases._mixed_layer_moments), where spreading the kinds evenly over the layers put the MoE layer's
+    moment in the first layer with every other layer's gradients (full recompute on the families matrix's shrunk
+    Maverick: +7 % to +9 %). () where the layers are alike or their positions are not recorded, or on a pipeline (NB:
+    a stage's first layer index is not tracked here; the layers are then priced alike)."""
+    step = spec.moe.layer_step if spec.moe is not None else 0
+    nope = spec.nope_every if (spec.chunked_layers or spec.qk_l2_norm_layers) else 0
+    if (step < 2 and nope < 2) or setup.pp > 1 or stage.layers != spec.layers:
+        return ()
+    moe = [spec.moe is not None and (spec.moe.sparse_layers is None if step < 2 else j % step == step - 1)
+           for j in range(stage.layers)]
+    rope = [nope < 2 or (j + 1) % nope != 0 for j in range(stage.layers)]
+    return tuple(zip(moe, rope))
+
+
+def kind_spec(spec: ModelSpec, rope: bool) -> ModelSpec:
+    """The spec whose every layer is of one kind for the per-layer terms: a RoPE layer carries the chunked attention
+    and the q/k L2 norm of its kind (activations.masked_chunk_share, the L2 term), a NoPE layer neither."""
+    if not (spec.chunked_layers or spec.qk_l2_norm_layers):
+        return spec
+    return replace(spec, chunked_layers=spec.layers if rope and spec.chunked_layers else 0,
+                   qk_l2_norm_layers=spec.layers if rope and spec.qk_l2_norm_layers else 0)
+
+
 def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage) -> TrainMemory:
     """One pipeline stage of a model the step runs with torch's DDP/FSDP2 or DeepSpeed's ZeRO engine."""
     t = setup.tp
@@ -142,6 +170,12 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
 
     kinds = (kind(lm),) + ((kind(lm_full),) if every else ())
     pattern = tuple(1 if (j + 1) % every == 0 else 0 for j in range(stage.layers)) if every else ()
+    layer_kinds = () if (every or setup.compile) else interleaved_kinds(spec, setup, stage)
+    if layer_kinds:  # Llama 4's layers of different kinds, each with its own saved set and backward high point
+        distinct = sorted(set(layer_kinds))
+        kinds = tuple(kind(layer_memory(kind_spec(spec, rope), setup, pc, st, tokens, keys, moe_layer=moe))
+                      for moe, rope in distinct)
+        pattern = tuple(distinct.index(k) for k in layer_kinds)
     uniform = kinds[pattern[0] if pattern else 0]
     casts = sum((lm, lm_full)[k].autocast_casts for k in pattern) if every else stage.layers * lm.autocast_casts
     masks_held, masks_first = checkpoint_held_masks(spec, setup, st, stage.layers)
@@ -176,7 +210,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         norm_backward=head.norm_backward if stage.head else 0,
         gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
         (ds.backward_moments(gathered) if ds else unsharded_at(pc, setup, st, stage)),
-        kinds=kinds if every else (),
+        kinds=kinds if pattern else (),
         pattern=pattern,
         # torchtune's optimizer_in_bwd (step/in_backward.py): one optimizer per parameter, so the step's
         # temporaries are the largest parameter's, beside its gradient; before them (under autocast) the

@@ -20,6 +20,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import clamped_swiglu as swiglu
 from .families import family_traits
+from .moe_every_expert import every_expert_block
 from .precision import state_bytes
 
 FP32 = 4
@@ -31,6 +32,8 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     "linear_inputs" are the block's own copies of its input (autocast casts, or the input itself saved by the
     router without autocast); "mlp" everything else."""
     m = spec.moe
+    if m.experts_every_token:  # Llama 4: no dispatch, every expert on every token (moe_every_expert.py)
+        return every_expert_block(spec, setup)
     st = state_bytes(setup)
     a = st.act
     amp = st.autocast

@@ -9,15 +9,11 @@ recurrent state; activations.py: the gated attention's sigmoid gate; families.js
 normalised tensor); the op list has no Gated DeltaNet kernels (in_proj_qkvz/ba, the depthwise conv, the chunked
 rule's batched matmuls and triangular solves, the gated norm), so timing it is refused.
 
-Llama 4 (transformers models/llama4/modeling_llama4.py) brings four at once:
-  * the MoE runs every expert on every token (Llama4TextMoe.forward: `hidden_states.repeat(E, 1)` times the router
-    scores, 0 off the top-k, then Llama4TextExperts' two torch.bmm over all E experts): E copies of the MoE
-    activations where the engine's MoE terms (analytic/moe.py) count top_k dispatched copies;
-  * RoPE in complex fp32 (apply_rotary_emb: `xq.float()` viewed as complex, multiplied, cast back);
-  * Llama4TextL2Norm on q and k of the RoPE layers (fp32, no weight);
-  * the NoPE layers' attention-temperature scaling of q (an fp32 scale per position, then a product).
-Measured gap at the families matrix's test size (tests/analytic/test_vs_trace_families.py, hidden 128, 4 experts
-top-2, batch 2 × 128): the analytic peak -7.6 % to -16.1 % of the traced one in training and -25 % in prefill.
+Llama 4 (llama4_text) is modelled, not refused: its all-experts MoE (analytic/moe_every_expert.py; ops/moe.py
+every_expert_ops), its q/k L2 norm (activations.py; ops/norm.py NORMS "l2"), its chunked layers' masked SDPA
+(activations.masked_chunk_share; ops/layer.py chunk_mask_ops), its complex fp32 RoPE (ops/layer.py rope_shape,
+families.json rotary_complex) and Maverick's interleaved dense/MoE layers (memory.interleaved_moe). NB: the NoPE
+layers' temperature scaling of q saves a (1, s, 1, 1) fp32 scale per layer, not counted.
 
 Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves Mamba-2 blocks (NemotronHMamba2Mixer,
 :390-613) with attention and MLP blocks. Its inference memory is modelled (hybrid_inference.py, mamba2.py: the
@@ -61,14 +57,6 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
 def unmodelled_memory(spec: ModelSpec, mode: str = "train") -> list[str]:
     """The features of `spec` the memory formulas do not cover in `mode`."""
     out = []
-    if spec.moe is not None and spec.moe.experts_every_token:
-        out.append("an MoE whose every expert runs every token (Llama4TextExperts' batched bmm)")
-    if spec.qk_l2_norm_layers:
-        out.append("L2-normalised q/k")
-    if spec.attn_temperature:
-        out.append("the NoPE layers' attention-temperature scaling")
-    if spec.nope_layers or spec.attention_chunk:
-        out.append("interleaved chunked/NoPE attention layers")
     if spec.hybrid is not None and spec.hybrid.mamba_layers and mode != "infer":
         # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors are not
         out.append("Mamba-2 blocks in training (the chunked scan's saved tensors)")

@@ -530,6 +530,26 @@ def _llama4_moe_layers(c: _Cfg, layers: int) -> int:
     return sum(1 for i in range(layers) if i in given)
 
 
+def _nope_every(rope: list[int]) -> int:
+    """The interval at which the NoPE layers (rope flag 0) recur, every step-th from the step-th on (Llama4TextConfig's
+    no_rope_layer_interval pattern); 0 where the flags follow no such interval or have no NoPE layer."""
+    n = len(rope)
+    for step in range(2, n + 1):
+        if rope == [int((i + 1) % step != 0) for i in range(n)]:
+            return step
+    return 0
+
+
+def _llama4_moe_step(c: _Cfg, layers: int) -> int:
+    """The step of Llama 4's MoE interleave where the MoE layers are every step-th (step - 1, 2·step - 1, ...), as
+    configuration_llama4.py's default moe_layers places them; 0 for an explicit list of another pattern."""
+    step = c.int("interleave_moe_layer_step", default=1)
+    given = c.get("moe_layers", default=None)
+    if step < 1 or (isinstance(given, list) and [i for i in given if i < layers] != list(range(step - 1, layers, step))):
+        return 0
+    return step
+
+
 def _llama4_text(c: _Cfg) -> dict:
     """Llama 4 text (modeling_llama4.py Llama4ForCausalLM; defaults of Llama4TextConfig, configuration_llama4.py,
     which are Scout's): GQA attention with RoPE on 3 of 4 layers (chunked local attention there, L2-normalised q/k
@@ -554,6 +574,7 @@ def _llama4_text(c: _Cfg) -> dict:
         intermediate=c.int("intermediate_size_mlp", default=16384),  # Llama4TextMLP(intermediate_size_mlp)
         attention_chunk=chunk if chunked else None, chunked_layers=chunked,
         nope_layers=layers - sum(rope),
+        nope_every=_nope_every(rope),
         qk_l2_norm_layers=sum(rope) if c.bool("use_qk_norm", default=True) else 0,
         attn_temperature=bool(temp) and sum(rope) < layers,
     )
@@ -568,7 +589,7 @@ def _llama4_text(c: _Cfg) -> dict:
         shared_intermediate=width,  # Llama4TextMoe.shared_expert = Llama4TextMLP(config): intermediate_size
         sparse_layers=None if n_moe == layers else n_moe,
         # Llama4Router.forward: topk over the logits, then sigmoid of the top values (-inf elsewhere -> 0)
-        router_scoring="sigmoid_topk", experts_every_token=True,
+        router_scoring="sigmoid_topk", experts_every_token=True, layer_step=_llama4_moe_step(c, layers),
     )
     return f
 

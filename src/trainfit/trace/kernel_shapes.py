@@ -24,7 +24,10 @@ GROUPED = {aten._grouped_mm.default} if hasattr(aten, "_grouped_mm") else set()
 ATTENTION = {getattr(aten, name).default for name in (
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward")
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+    # an SDPA call with a mask keeps the CPU's fused kernel under CUDA semantics (cuda_kernels._cuda_sdpa passes it
+    # through): one attention kernel all the same (Llama 4's chunked layers, sliding windows past their window)
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
     if hasattr(aten, name)}
 # ops that launch no kernel although they are not views: allocation without a fill, metadata
 # (_unsafe_view: a view its schema does not mark as one)

@@ -4,6 +4,7 @@ which MLP it runs; each kind's variant (norm, rotary, activation) is picked by i
 the stack's facts (Shape)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Callable, NamedTuple
 
@@ -16,7 +17,7 @@ from .cast import autocast_inputs, weight_casts
 from .gemm import fp8_casts
 from .mla import mla_projections
 from .moe import moe_block
-from .norm import norm_ops
+from .norm import NORMS, norm_ops
 from .op import Op, Shape, bwd_kernel, gemm, memory
 from .residual import residual
 from .rotary import rope_casts, rotary
@@ -109,6 +110,7 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
         for name, full, n in (("q", spec.q_dim, q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
             proj(name, full, h, n, h, spec.qkv_bias, "modeling_llama.py:243 q/k/v_proj")
     if rc.qkv != "mla":
+        sh = rope_shape(spec, sh)
         rotary_hf = spec.positions == "rotary" and sh.rope == "cos-sin"
         unfused = sh.attention == "eager" and sh.rope == "cos-sin"  # HF eager / SDPA math: torch.matmul's folds
         if rotary_hf or unfused:  # gradients that come back head-major (grad_layout)
@@ -121,12 +123,46 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
         if spec.positions == "rotary":
             ops += rotary("q", T, q, sh) + rotary("k", T, kv, sh)
             ops += rope_casts("q", T, q, sh) + rope_casts("k", T, kv, sh)
+        if spec.qk_l2_norm_layers:  # Llama4TextL2Norm on the rotated q and k (modeling_llama4.py:354-356)
+            ops += NORMS["l2"](spec, "q_l2", T * q / spec.head_dim, spec.head_dim, sh, "qk_norm", sh.act, sh.act)
+            ops += NORMS["l2"](spec, "k_l2", T * kv / spec.head_dim, spec.head_dim, sh, "qk_norm", sh.act, sh.act)
+    ops += chunk_mask_ops(spec, sh, q, kv)
     ops += attention_core(spec, sh, q, kv, head_k, spec.dropouts[1])
     if rc.qkv == "mla":  # o_proj reads heads·v_head_dim (modeling_deepseek_v3.py:398-402)
         o_in = spec.heads * spec.mla.v_head_dim
         proj("o", h, o_in, h, o_in / t, spec.out_bias, "modeling_deepseek_v3.py:481 o_proj")
     else:
         proj("o", h, spec.q_dim, h, q, spec.out_bias, "modeling_llama.py:269 o_proj")
+
+
+def rope_shape(spec: ModelSpec, sh: Shape) -> Shape:
+    """The shape with the rotary kind the model runs: Llama 4's apply_rotary_emb is complex fp32 arithmetic
+    (modeling_llama4.py:219-226: `xq.float()` viewed as complex, times freqs_cis, viewed as real, `type_as(xq)`),
+    torchtitan's kernels (ROTARY "complex-buffer"), whatever the stack (families.json rotary_complex); others keep
+    the stack's. NB: the op list's layer is a RoPE layer (3 of 4 in Scout and Maverick): its rotary and L2 norm are
+    counted on the NoPE layers too, whose temperature scaling of q (a multiply and a cast) is not listed."""
+    if family_traits(spec).get("rotary_complex") and sh.rope == "cos-sin":
+        return replace(sh, rope="complex-buffer")
+    return sh
+
+
+def chunk_mask_ops(spec: ModelSpec, sh: Shape, q: float, kv: float) -> list[Op]:
+    """Llama 4's chunked layer once the sequence reaches the chunk (analytic/activations.masked_chunk_share): SDPA
+    gets an explicit mask, so transformers repeats k and v to every query head (integrations/sdpa_attention.py:51,
+    :126-127 repeat_kv: an expand and a reshape's copy each; their backward sums the heads back) and SDPA turns the
+    boolean (b, 1, s, s) mask into an additive one of the query's dtype (one `where`). The op list's layer is a RoPE
+    (chunked) layer (rope_shape's NB). None without a chunk or below it."""
+    chunk = spec.attention_chunk
+    if not chunk or sh.seq < chunk or not spec.chunked_layers:
+        return []
+    T, a = sh.tokens, sh.act
+    src = "integrations/sdpa_attention.py:126-127 repeat_kv"
+    ops = [memory(f"{name}_repeat", T * kv * a, T * q * a, src, "attention", saves=False, bwd_ops=(
+        bwd_kernel(f"{name}_repeat.backward", T * q * a, T * kv * a, "reduce"),)) for name in ("k", "v")]
+    mask = sh.batch * sh.seq * sh.seq
+    ops.append(memory("chunk_mask", mask, mask * a, "SDPA's boolean mask made additive (at::where)", "attention",
+                      saves=False, grad=False))
+    return ops
 
 
 def _gated_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection, fused: bool = False) -> None:

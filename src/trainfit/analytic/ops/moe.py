@@ -14,6 +14,8 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     """The sparse MoE block (integrations/moe.py grouped_mm experts; router modeling_mixtral.py:105-107). With
     --ep the rank runs E/ep experts on the T·top_k routed copies it receives (balanced)."""
     m = spec.moe
+    if m.experts_every_token:
+        return every_expert_ops(spec, sh)
     h, t, a = spec.hidden, sh.tp, sh.act
     T, e, k = sh.tokens, m.num_experts, m.top_k
     i = m.expert_intermediate / t
@@ -57,4 +59,45 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
         if m.shared_gate:
             ops += [gemm("shared_expert_gate", T, 1, h, sh, "modeling_qwen2_moe.py shared_expert_gate"),
                     memory("shared_scale", 2 * T * h * a, T * h * a, "modeling_qwen2_moe.py sigmoid gate", "combine")]
+    return ops
+
+
+def every_expert_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """Llama 4's MoE block (modeling_llama4.py:141-166): the router linear, topk, scatter and fp32 sigmoid; the input
+    repeated E times and multiplied by the score column; two torch.bmm over every expert on all T tokens
+    (Llama4TextExperts.forward :78-81): the GPU computes all E experts' FLOPs (E/top_k the routed ones: model FLOPs
+    and MFU stay on the top-k, analytic/flops.py); the sum over the E copies; the shared expert, a gated MLP.
+    bmm is on autocast's lower-precision list, so its weights are cast (layer_forward's weight_casts)."""
+    m = spec.moe
+    h, t, a = spec.hidden, sh.tp, sh.act
+    T, e, k = sh.tokens, m.num_experts, m.top_k
+    i = m.expert_intermediate / t
+    local = max(1, e // sh.ep)
+    rows = T * local  # every local expert's copy of every token
+    src = "modeling_llama4.py Llama4TextMoe / Llama4TextExperts"
+    ops = autocast_inputs("router_in", T, h, 1, sh, "attn_out")
+    ops.append(gemm("router", T, e, h, sh, "modeling_llama4.py:142 router linear"))
+    ops += [memory("router_topk", T * e * a, T * k * (a + INDEX), "modeling_llama4.py:143 topk", "router",
+                   saves=False),
+            memory("router_sigmoid", T * e * a, T * e * FP32, "modeling_llama4.py:145 sigmoid(fp32)", "router"),
+            memory("routed_repeat", T * h * sh.residual, rows * h * sh.residual, src + " repeat (:161)", "combine",
+                   saves=False),
+            memory("routed_scale", rows * h * sh.residual + rows * a, rows * h * sh.residual,
+                   src + " · scores (:162)", "combine")]
+    ops += autocast_inputs("bmm_in", rows, h, 1, sh, "combine")
+    gate = 2 if spec.gated_mlp else 1
+    ops.append(gemm("all_experts_in", T, gate * i, h, sh, src + " bmm gate_up (:79)", batch=local))
+    ops += activation(spec, "all_experts_act", rows * i, sh, "experts_act")
+    ops.append(memory("all_experts_mul", 2 * rows * i * a, rows * i * a, src + " up · act(gate) (:81)",
+                      "experts_act", (0, rows * i * a)))
+    ops.append(gemm("all_experts_out", T, h, i, sh, src + " bmm down (:81)", batch=local))
+    ops.append(memory("all_experts_sum", rows * h * a, T * h * a, src + " sum over the copies (:166)", "combine",
+                      saves=False))
+    s = m.shared_intermediate / t
+    ops += [gemm("shared_gate", T, s, h, sh, "modeling_llama4.py:97 shared_expert gate_proj"),
+            gemm("shared_up", T, s, h, sh, "modeling_llama4.py:97 shared_expert up_proj")]
+    ops += activation(spec, "shared_act", T * s, sh, "shared_act")
+    ops.append(memory("shared_mul", 2 * T * s * a, T * s * a, "modeling_llama4.py:97 shared_expert", "shared_act",
+                      (0, T * s * a)))
+    ops.append(gemm("shared_down", T, h, s, sh, "modeling_llama4.py:98 shared_expert down_proj"))
     return ops

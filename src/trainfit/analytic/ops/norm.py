@@ -80,8 +80,18 @@ def hf_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, gr
     return ops
 
 
+def l2_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int,
+            r: int) -> list[Op]:
+    """Llama4TextL2Norm (modeling_llama4.py:102-113): HF's RMSNorm kernels without the weight multiply (`x.float()`,
+    pow, mean, rsqrt(+eps), mul, `type_as(x)`)."""
+    ops = hf_rms_norm(spec, name, tokens, h, sh, group, out, r)
+    assert ops[-1].name == f"{name}.weight"
+    return ops[:-1]
+
+
 # the norm kernels by kind: LayerNorm, or the RMSNorm the stack runs (stacks/*.toml [norm])
 NORMS = {"layernorm": fused_norm, "torch-rms-norm": fused_norm, "hf-rmsnorm-fp32": hf_rms_norm,
          # NB: Megatron-core's fused RMSNorm (Transformer Engine / Apex) is timed as HF's eager kernels, over-reading
          # its memory time, as the package docstring says of Megatron's other fused kernels
-         "fused-norm": hf_rms_norm}
+         "fused-norm": hf_rms_norm,
+         "l2": l2_norm}  # Llama 4's weightless q/k norm (not a model's `norm`: ops/layer.py calls it by name)
