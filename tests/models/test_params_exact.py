@@ -37,6 +37,8 @@ def hf_numel(config: dict) -> int:
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "_trainfit")}
     cfg = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
     auto = transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else transformers.AutoModelForCausalLM
+    if "vision_config" in config:  # a vision-language model: its *ForConditionalGeneration (tower + language model)
+        auto = transformers.AutoModelForImageTextToText
     with torch.device("meta"):
         model = auto.from_config(cfg)
     return sum(p.numel() for p in model.parameters())

@@ -749,6 +749,17 @@ def _bert(c: _Cfg, *, roberta: bool = False) -> dict:
     )
 
 
+def _qwen2_5_vl(c: _Cfg) -> dict:
+    """Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration): a Qwen2 language model (modeling_qwen2_5_vl.py
+    Qwen2_5_VLAttention :619-622: q/k/v bias, o_proj none; Qwen2_5_VLTextConfig defaults num_key_value_heads 8) and
+    the image encoder's VisionTowerSpec (models/vlm.py)."""
+    from .vlm import text_config, tower_spec
+
+    f = _qwen2(_Cfg(text_config(c.d), c.name, c.mt), kv_default=8)
+    f["vision"] = tower_spec(c.d, c.name, c.mt)
+    return f
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -768,6 +779,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "gpt_oss": _gpt_oss,
     "nemotron_h": _nemotron_h,
     "qwen3_next": _qwen3_next,
+    "qwen2_5_vl": _qwen2_5_vl,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,
