@@ -54,6 +54,17 @@ CONFIGS = {
                    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
                    "full_attention_interval": 2, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, **_COMMON},
+    # Qwen2.5-VL: the vision tower (2 blocks: a windowed one and a full-attention one; a 56-pixel window, 2x2 merged
+    # tokens, so that a 112-pixel image spans 4 windows) and a Qwen2 language model; placeholder ids inside the
+    # vocabulary
+    "qwen2_5_vl": {"model_type": "qwen2_5_vl", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 128, "image_token_id": 999, "video_token_id": 998,
+                   "vision_start_token_id": 997, "vision_end_token_id": 996, "bos_token_id": 1, "eos_token_id": 2,
+                   "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+                   "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                     "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
+                                     "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1]},
+                   **_COMMON},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }

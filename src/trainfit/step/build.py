@@ -84,6 +84,8 @@ def hf_config(spec: "ModelSpec", setup: "Setup"):
     cfg.pop("dtype", None)
     config = AutoConfig.for_model(model_type, **cfg)
     config.use_cache = False
+    if spec.vision is not None:  # the language model reads its own sub-config
+        config.get_text_config().use_cache = False
     config._attn_implementation = hf_attn_implementation(spec, setup)
     head = for_setup(spec, setup)
     if head.task_head in CLASSIFIERS:
@@ -108,7 +110,9 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     import transformers
 
     config = hf_config(spec, setup)
-    auto = getattr(transformers, _AUTO[for_setup(spec, setup).task_head])
+    # a vision-language model: its *ForConditionalGeneration (the tower and the language model; trainfit.heads)
+    auto = getattr(transformers, "AutoModelForImageTextToText" if spec.vision is not None
+                   else _AUTO[for_setup(spec, setup).task_head])
     with torch.device(device):
         model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
     if torch.device(device).type == "cuda" and torch.cuda.is_initialized():
@@ -136,6 +140,8 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
     """
     head = for_setup(spec, setup)
     kind, n = head.task_head, head.num_labels
+    if spec.vision is not None and setup.images:
+        return [vlm_batch(spec, setup, device, labels=True) for _ in range(setup.grad_accum)]
     batches = []
     for _ in range(setup.grad_accum):
         ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)
@@ -149,3 +155,57 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
             labels = ids.clone()
         batches.append({"input_ids": ids, "labels": labels})
     return batches
+
+
+def vlm_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = False) -> dict:
+    """One micro-batch of a vision-language model (Qwen2.5-VL), as its processor makes it (processing_qwen2_5_vl.py)
+    and the model reads it (modeling_qwen2_5_vl.py Qwen2_5_VLModel.forward, :1175-1257):
+    - input_ids (batch, seq + images x tokens per image): --seq random text ids (never the image or video
+      placeholder id) and, after the first token, each image's (image / (patch x merge))^2 placeholder ids, which
+      the model replaces by the merger's outputs (masked_scatter);
+    - pixel_values (batch x images x (image / patch)^2, channels x temporal_patch x patch^2) fp32, the processor's
+      flattened patches (a still image repeated temporal_patch times: grid_t = 1);
+    - image_grid_thw (batch x images, 3): (1, image / patch, image / patch) per image;
+    - the tower's index tensors, computed from the grid by transformers' own helpers (vision_utils.py
+      get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index) and passed as the precomputed
+      `image_*` keywords the model accepts (utils/generic.py accepts_precomputed_kwargs): the same tensors the
+      forward would build, made here because building them reads values (.tolist()), which fake tensors cannot;
+    - labels (training): input_ids with the image positions at -100 (no loss on them).
+    No attention_mask and no mm_token_type_ids: the language model's rotary positions are then the plain 1-D ones
+    expanded to its three M-RoPE sections (NB: get_rope_index's (3, batch, seq) positions have the same size)."""
+    from transformers import vision_utils
+
+    t, n = spec.vision, setup.images
+    side = setup.image_size // t.patch
+    per_image = t.tokens(setup.image_size)
+    with _real_tensors():
+        real_grid = torch.tensor([[1, side, side]] * (setup.batch * n), dtype=torch.long)
+        window_index, cu_window = vision_utils.get_vision_window_index(real_grid, t.merge, t.window, t.patch)
+        index = {"cu_seqlens": vision_utils.get_vision_cu_seqlens(real_grid),
+                 "position_ids": vision_utils.get_vision_position_ids(real_grid, t.merge),
+                 "window_index": window_index, "cu_window_seqlens": cu_window, "grid": real_grid}
+        index = {k: (v.tolist(), v.dtype) for k, v in index.items()}
+    # re-made in the current mode from Python lists: under the trace's fake mode they are constants whose values
+    # the model's .tolist() calls can read (trace/fake.py vision_constants)
+    made = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in index.items()}
+    ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq + n * per_image), dtype=torch.long, device=device)
+    placeholders = [t.image_token_id] + [v for v in (spec.config.get("video_token_id"),) if isinstance(v, int)]
+    for p in placeholders:
+        ids = ids.masked_fill(ids == p, 0)
+    ids[:, 1:1 + n * per_image] = t.image_token_id
+    pixels = torch.randn(setup.batch * n * side * side, t.in_channels * t.temporal_patch * t.patch ** 2,
+                         dtype=torch.float32, device=device)
+    batch = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": made.pop("grid"),
+             **{f"image_{k}": v for k, v in made.items()}}
+    if labels:
+        lab = ids.clone()
+        lab[:, 1:1 + n * per_image] = -100
+        batch["labels"] = lab
+    return batch
+
+
+def _real_tensors():
+    """A context where tensors are real, also inside the trace's fake mode (the grid's index arithmetic)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()

@@ -28,7 +28,7 @@ from .analysis import Analysis
 from .cuda_kernels import cuda_kernels
 from .bnb_cpu import bnb_cpu_kernels
 from .optimizer_scalars import optimizer_scalar_reads
-from .fake import fake_mode, translated_errors
+from .fake import fake_mode, translated_errors, vision_constants
 from .kernel_scratch import cpu_isa, summary
 from .kernel_scratch import notes as scratch_notes
 from .recorder import as_categories
@@ -221,7 +221,7 @@ def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: 
 
     step = stack_step(setup)
     with translated_errors(spec.name), fake_mode(), cuda_kernels(setup), optimizer_scalar_reads(), \
-            bnb_cpu_kernels(setup):
+            bnb_cpu_kernels(setup), vision_constants(spec):
         if step is hf_step:  # the transformers model, with transformers' refusals in one line
             model = build_hf(spec, setup)
             enable_recompute(model, setup)
