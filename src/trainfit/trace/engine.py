@@ -187,13 +187,22 @@ def device_notes(setup: Setup) -> list[str]:
 
 def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate: bool = True,
                alloc_conf: str | None = None) -> Estimate:
-    """Trace the standard step (training, or prefill + decode for mode="infer") of the HF model for `spec`.
+    """Trace the standard step (training, or prefill + decode for mode="infer") of the HF model for `spec`; a
+    vision-language model's estimate carries its vision tower and language model apart (components.py).
 
     alloc_conf: the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax) for `memory.reserved`.
     extrapolate: trace 3, 4 and 5 periods of the repeated decoder layers and extrapolate to the
     full depth when every number is exactly linear across those traces (extrapolate.py); otherwise,
     or when the model is shallow (< 16 periods), trace the full model.
     """
+    from ..components import with_components
+
+    return with_components(spec, _trace_spec(spec, setup, flops=flops, extrapolate=extrapolate, alloc_conf=alloc_conf))
+
+
+def _trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate: bool = True,
+                alloc_conf: str | None = None) -> Estimate:
+    """trace_spec's estimate, before the VLM components."""
     check_setup(setup)
     validate_layout(spec, setup)  # e.g. --seq past a model's learned positions: refused before tracing
     if setup.mode == "infer":

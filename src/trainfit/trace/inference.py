@@ -23,7 +23,7 @@ from ..spec import ModelSpec
 from ..step.infer import inference_step
 from .analysis import INFER_PHASES, analyse
 from .cuda_kernels import cuda_kernels
-from .fake import fake_mode, translated_errors
+from .fake import fake_mode, translated_errors, vision_constants
 from .modules import ModuleStack
 from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
 
@@ -42,6 +42,17 @@ def cache_tensors(cache) -> list[torch.Tensor]:
     return out
 
 
+def prompt(spec: ModelSpec, setup: Setup, device="cpu") -> tuple[torch.Tensor, dict]:
+    """(input_ids, image inputs) of the prefill: random prompt ids; a vision-language model's with its images
+    (step/build.py vlm_batch; their placeholders in the ids)."""
+    if spec.vision is None or not setup.images:
+        return torch.randint(0, spec.vocab, (setup.batch, setup.seq), device=device), {}
+    from ..step.build import vlm_batch
+
+    images = vlm_batch(spec, setup, device)
+    return images.pop("input_ids"), images
+
+
 def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_conf: str | None = None):
     from .engine import NOTES, build_hf, device_notes, estimate_from
 
@@ -49,9 +60,9 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
         raise EngineUnavailableError(
             f"--precision {setup.precision}: quantized inference kernels are not traced; use the analytic engine")
     t0 = time.perf_counter()
-    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup):
+    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup), vision_constants(spec):
         model = build_hf(spec, setup).eval()
-        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
+        ids, images = prompt(spec, setup)
         modules = ModuleStack(model)
         rec = AllocationRecorder(modules, count_flops=flops, round_cuda=setup.device == "cuda")
 
@@ -65,9 +76,11 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
             for name, b in model.named_buffers():
                 rec.adopt(b, BUFFER, name)
             rec.adopt(ids, INPUT, "input_ids")
+            for name, t in images.items():
+                rec.adopt(t, INPUT, name)
             start = rec.event
             rec.reset_peak()
-            inference_step(model, ids, setup, spec.causal, phase=rec.set_phase, on_cache=on_cache)
+            inference_step(model, ids, setup, spec.causal, phase=rec.set_phase, on_cache=on_cache, images=images)
         an = analyse(rec, start, INFER_PHASES)
     if rec.flops is not None:  # Flops.forward is the prefill; the decode step's FLOPs go in detail
         by_phase = rec.flops.by_phase
