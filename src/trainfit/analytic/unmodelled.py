@@ -61,6 +61,9 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
         out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("Mamba-2 blocks (the chunked selective scan and the per-sequence conv + SSM state)")
+    if spec.vision is not None:
+        out.append("a vision tower (the image encoder's patch embedding, windowed attention blocks and merger, and "
+                   "its image tokens in the language model's sequence)")
     return out
 
 
