@@ -15,8 +15,8 @@ def vlm_values(spec: ModelSpec, values: dict) -> dict:
     if spec.vision is None:
         for name, flag in (("images", "--images"), ("image_size", "--image-size")):
             if values.get(name) is not None:
-                raise SetupError(f"{flag} applies to vision-language models and image classifiers; {spec.name} "
-                                 f"({spec.family}) has no vision tower")
+                raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit) and vision-language models "
+                                 f"(qwen2_5_vl); {spec.name} ({spec.family}) has no vision tower")
         return values
     if values.get("mode") not in IMAGE_MODES:  # serving and RL: the language model's (the flags are refused there)
         return values

@@ -9,8 +9,8 @@ from trainfit.cli import main
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["estimate", "llama-3.1-8b", "--images", "2"], "--images applies to vision-language models"),
-    (["estimate", "llama-3.1-8b", "--image-size", "448"], "--image-size applies to vision-language models"),
+    (["estimate", "llama-3.1-8b", "--images", "2"], "--images applies to vision models (resnet, convnext, vit) and vision-language"),
+    (["estimate", "llama-3.1-8b", "--image-size", "448"], "has no vision tower"),
     (["estimate", "resnet-50", "--images", "2"], "--images does not apply to resnet-50"),
     (["estimate", "qwen2.5-vl-7b", "--images", "2", "--image-size", "450", "--engine", "trace"],
      "multiples of 28 pixels (patch 14 x merge 2); use 448 or 476"),

@@ -105,7 +105,7 @@ def check_kv_dtype(setup: Setup, cache) -> None:
 
 def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):
     """(model in eval mode, prompt ids, image inputs) — built from the config with random weights; the image inputs
-    are a vision-language model's (trace/inference.py prompt), else empty."""
+    are a vision-language model's (step/infer.py prompt), else empty."""
     from ..step.build import build_model
 
     try:
@@ -114,7 +114,7 @@ def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise EngineUnavailableError(f"transformers cannot build {spec.name}: {first}") from e
     model.eval()
-    from ..trace.inference import prompt
+    from ..step.infer import prompt
 
     ids, images = prompt(spec, setup, device)
     return model, ids, images

@@ -9,12 +9,15 @@ have no cache: one forward over the batch ("prefill"). Under amp-* the step runs
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ..setup import Setup
 from .build import autocast_dtype
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import ModelSpec
 
 
 def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
@@ -49,3 +52,14 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
         del out
         phase("end")
     return cache
+
+
+def prompt(spec: "ModelSpec", setup: Setup, device="cpu") -> tuple[torch.Tensor, dict]:
+    """(input_ids, image inputs) of the prefill: random prompt ids; a vision-language model's with its images
+    (step/build.py vlm_batch; their placeholders in the ids)."""
+    if spec.vision is None or not setup.images:
+        return torch.randint(0, spec.vocab, (setup.batch, setup.seq), device=device), {}
+    from .build import vlm_batch
+
+    images = vlm_batch(spec, setup, device)
+    return images.pop("input_ids"), images

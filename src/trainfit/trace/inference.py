@@ -20,7 +20,7 @@ import torch
 from ..errors import EngineUnavailableError
 from ..setup import Setup
 from ..spec import ModelSpec
-from ..step.infer import inference_step
+from ..step.infer import inference_step, prompt
 from .analysis import INFER_PHASES, analyse
 from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors, vision_constants
@@ -40,17 +40,6 @@ def cache_tensors(cache) -> list[torch.Tensor]:
             if isinstance(states, dict):
                 out.extend(t for t in states.values() if isinstance(t, torch.Tensor))
     return out
-
-
-def prompt(spec: ModelSpec, setup: Setup, device="cpu") -> tuple[torch.Tensor, dict]:
-    """(input_ids, image inputs) of the prefill: random prompt ids; a vision-language model's with its images
-    (step/build.py vlm_batch; their placeholders in the ids)."""
-    if spec.vision is None or not setup.images:
-        return torch.randint(0, spec.vocab, (setup.batch, setup.seq), device=device), {}
-    from ..step.build import vlm_batch
-
-    images = vlm_batch(spec, setup, device)
-    return images.pop("input_ids"), images
 
 
 def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_conf: str | None = None):
