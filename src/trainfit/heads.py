@@ -68,6 +68,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "nemotron_h": {"causal-lm": "NemotronHForCausalLM"},  # modeling_nemotron_h.py: no classifier heads
     # vision-language models: the generative head only (modeling_qwen2_5_vl.py Qwen2_5_VLForConditionalGeneration)
     "qwen2_5_vl": {"causal-lm": "Qwen2_5_VLForConditionalGeneration"},
+    "qwen3_vl": {"causal-lm": "Qwen3VLForConditionalGeneration"},  # modeling_qwen3_vl.py
     "bert": {"masked-lm": "BertForMaskedLM", "seq-cls": "BertForSequenceClassification",
              "token-cls": "BertForTokenClassification"},
     "roberta": {"masked-lm": "RobertaForMaskedLM", "seq-cls": "RobertaForSequenceClassification",

@@ -126,7 +126,7 @@ class VisionTowerSpec:
     own (vision_config); the language model keeps its ModelSpec, so every formula about the text stack reads the
     same fields as for a text-only model."""
 
-    family: str  # the VLM's model_type (qwen2_5_vl)
+    family: str  # the VLM's model_type (qwen2_5_vl, qwen3_vl)
     depth: int
     hidden: int
     heads: int
@@ -135,11 +135,21 @@ class VisionTowerSpec:
     patch: int
     temporal_patch: int  # a still image is repeated temporal_patch times (one temporal patch)
     merge: int  # spatial_merge_size: merge x merge patches become one language-model token
-    window: int  # window_size in pixels (window attention over window / patch patches a side)
+    window: int  # window_size in pixels (window attention over window / patch patches a side; 0: none)
     full_attention_blocks: tuple[int, ...]  # fullatt_block_indexes: blocks attending over the whole image
     in_channels: int = 3
     image_token_id: int = 0  # the placeholder id the image's tokens take in input_ids
     image_size: int = 448  # pixels per side when --image-size is not given
+    # Qwen3-VL (modeling_qwen3_vl.py Qwen3VLVisionModel, :625-725): LayerNorms (weight + bias) for RMSNorms, a plain
+    # GELU MLP (linear_fc1, linear_fc2, biases) for the gated one, a biased patch Conv3d, a learned position table
+    # of `position_embeddings` rows resampled bilinearly to each image's grid, no windows (window 0: every block
+    # attends over the whole image), and a merger after each of `deepstack_blocks` whose output is added to the
+    # image tokens' hidden states at the first language-model layers
+    norm: str = "rmsnorm"
+    gated_mlp: bool = True
+    patch_bias: bool = False
+    position_embeddings: int = 0
+    deepstack_blocks: tuple[int, ...] = ()
 
     @property
     def tile(self) -> int:

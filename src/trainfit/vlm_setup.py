@@ -3,6 +3,7 @@ set the image tokens; --seq stays the text tokens. Models without a vision tower
 from __future__ import annotations
 
 from .errors import SetupError
+from .models.vlm import VLM_TYPES
 from .spec import ModelSpec
 
 DEFAULT_IMAGES = 1  # images per sample when --images is not given
@@ -16,7 +17,7 @@ def vlm_values(spec: ModelSpec, values: dict) -> dict:
         for name, flag in (("images", "--images"), ("image_size", "--image-size")):
             if values.get(name) is not None:
                 raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit) and vision-language models "
-                                 f"(qwen2_5_vl); {spec.name} ({spec.family}) has no vision tower")
+                                 f"({', '.join(VLM_TYPES)}); {spec.name} ({spec.family}) has no vision tower")
         return values
     if values.get("mode") not in IMAGE_MODES:  # serving and RL: the language model's (the flags are refused there)
         return values

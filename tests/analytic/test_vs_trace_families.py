@@ -60,6 +60,8 @@ def shrink(cfg: dict) -> dict:
     """The family's config at test size: dimensions replaced, structural flags (biases, norms, tying, fused
     projections, dropout, routing) kept."""
     c = {k: v for k, v in cfg.items() if k != "_trainfit"}
+    if isinstance(c.get("text_config"), dict):  # a language model nested in a VLM's config (Qwen3-VL): shrunk there
+        return {**c, "text_config": shrink(c["text_config"])}
     heads = cfg.get("num_attention_heads", cfg.get("n_head"))
     _set(c, ("hidden_size", "n_embd"), HIDDEN)
     _set(c, ("num_hidden_layers", "n_layer"), LAYERS)
@@ -214,6 +216,11 @@ REFUSED: dict[str, str] = {
         "(this shrunk language model, a 2-block tower of width 64, one 112-pixel image per sample, CUDA semantics) "
         "analytic -31 % of the traced training peak and -22 % to -24 % of the prefill peak; -15 % to -18 % in "
         "training even with --images 0 (the tower's weights, gradients and optimizer states)"),
+    "qwen3_vl": (
+        "a vision tower (Conv3d patch embedding, a learned position table resampled to the image, full-attention "
+        "LayerNorm/GELU blocks, the 2x2 merger and the deepstack mergers whose outputs are added to the image tokens "
+        "of the first language-model layers) and its image tokens in the language model's sequence: no analytic "
+        "terms"),
 }
 
 

@@ -1,4 +1,4 @@
-"""A vision-language model (Qwen2.5-VL) in the trace engine against a real CPU step of the same model: peaks within
+"""Vision-language models (Qwen2.5-VL, Qwen3-VL) in the trace engine against a real CPU step of the same model: peaks within
 0.5 % (DESIGN.md §5), in training and in inference (prefill with the images + one decode step); the image inputs'
 shapes and the estimate's components against hand derivations."""
 from __future__ import annotations
@@ -13,19 +13,24 @@ from trainfit.step.build import vlm_batch
 from trainfit.trace import trace_spec
 from trainfit.trace.kernel_scratch import cpu_isa
 
-# (precision, recompute, optimizer, grad_accum, seq): 2 images of 112 pixels per sample
-CASES = [("amp-bf16", "none", "adamw", 1, 64), ("bf16", "full", "sgd", 2, 32)]
+# (family, precision, recompute, optimizer, grad_accum, seq): 2 images per sample, 4 x 4 merged tokens each
+CASES = [("qwen2_5_vl", "amp-bf16", "none", "adamw", 1, 64), ("qwen2_5_vl", "bf16", "full", "sgd", 2, 32),
+         ("qwen3_vl", "amp-bf16", "none", "adamw", 1, 64), ("qwen3_vl", "bf16", "full", "sgd", 2, 32)]
+# 4 x 4 language-model tokens an image: 112 px for Qwen2.5-VL (patch 14 x merge 2), 128 px for Qwen3-VL (16 x 2)
+IMAGE = {"qwen2_5_vl": 112, "qwen3_vl": 128}
 
 
-def _setup(**kw) -> Setup:
-    return Setup(batch=2, device="cpu", images=2, image_size=112, **kw)
+def _setup(family: str = "qwen2_5_vl", **kw) -> Setup:
+    return Setup(batch=2, device="cpu", images=2, image_size=IMAGE[family], **kw)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,recompute,optimizer,grad_accum,seq", CASES, ids=["-".join(map(str, c)) for c in CASES])
-def test_vlm_trace_peak_equals_real_peak(precision, recompute, optimizer, grad_accum, seq):
-    spec = tiny_spec("qwen2_5_vl")
-    setup = _setup(seq=seq, precision=precision, optimizer=optimizer, recompute=recompute, grad_accum=grad_accum)
+@pytest.mark.parametrize("family,precision,recompute,optimizer,grad_accum,seq", CASES,
+                         ids=["-".join(map(str, c)) for c in CASES])
+def test_vlm_trace_peak_equals_real_peak(family, precision, recompute, optimizer, grad_accum, seq):
+    spec = tiny_spec(family)
+    setup = _setup(family, seq=seq, precision=precision, optimizer=optimizer, recompute=recompute,
+                   grad_accum=grad_accum)
     traced = trace_spec(spec, setup)
     real = measure(spec, setup, steps=0)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, cpu_isa())
@@ -34,9 +39,10 @@ def test_vlm_trace_peak_equals_real_peak(precision, recompute, optimizer, grad_a
 
 
 @pytest.mark.slow
-def test_vlm_inference_trace_peak_equals_real_peak():
-    spec = tiny_spec("qwen2_5_vl")
-    setup = _setup(mode="infer", precision="bf16", seq=64)
+@pytest.mark.parametrize("family", sorted(IMAGE))
+def test_vlm_inference_trace_peak_equals_real_peak(family):
+    spec = tiny_spec(family)
+    setup = _setup(family, mode="infer", precision="bf16", seq=64)
     traced = trace_spec(spec, setup)
     real = measure(spec, setup, steps=0)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, cpu_isa())
@@ -58,9 +64,22 @@ def test_vlm_batch_shapes_follow_the_image_size():
     assert b["image_cu_window_seqlens"].tolist() == list(range(0, 257, 16))
 
 
-def test_vlm_components_split_weights_and_activations():
-    spec = tiny_spec("qwen2_5_vl")
-    setup = _setup(seq=32, precision="fp32")
+def test_qwen3_vl_batch_resamples_the_position_table():
+    # Hand derivation, Qwen3-VL (patch 16, temporal patch 2, merge 2x2, an 8 x 8 position table): a 128-pixel image is
+    # (128 / 16)^2 = 64 patches of 3 x 2 x 16 x 16 = 1536 values, 16 language-model tokens; each patch reads 2 x 2
+    # bilinear taps of the table; no windows (every block attends over the whole image).
+    spec = tiny_spec("qwen3_vl")
+    b = vlm_batch(spec, _setup("qwen3_vl", seq=32), labels=True)
+    assert b["input_ids"].shape == (2, 64) and b["pixel_values"].shape == (256, 1536)
+    assert b["image_interp_indices"].shape == b["image_interp_weights"].shape == (256, 4)
+    assert "image_window_index" not in b and b["image_cu_seqlens"].tolist() == [0, 64, 128, 192, 256]
+    assert b["position_ids"].shape == (3, 2, 64)
+
+
+@pytest.mark.parametrize("family", sorted(IMAGE))
+def test_vlm_components_split_weights_and_activations(family):
+    spec = tiny_spec(family)
+    setup = _setup(family, seq=32, precision="fp32")
     est = trace_spec(spec, setup)
     parts = est.detail.records["components"]
     from trainfit.step import build_model
@@ -74,4 +93,4 @@ def test_vlm_components_split_weights_and_activations():
     assert parts["vision_tower"]["activations"] + parts["language_model"]["activations"] == est.memory.activations
     assert parts["vision_tower"]["activations"] > 0
     assert parts["language_model"]["tokens_per_sample"] == 32 + 2 * 16
-    assert parts["vision_tower"]["patches_per_sample"] == 2 * 64
+    assert parts["vision_tower"]["patches_per_sample"] == 2 * 64  # 2 images of 8 x 8 patches

@@ -760,6 +760,17 @@ def _qwen2_5_vl(c: _Cfg) -> dict:
     return f
 
 
+def _qwen3_vl(c: _Cfg) -> dict:
+    """Qwen3-VL (Qwen3VLForConditionalGeneration): a Qwen3 language model (modeling_qwen3_vl.py Qwen3VLTextAttention:
+    q/k RMSNorms, biases by attention_bias; Qwen3VLTextConfig defaults head_dim 128, num_key_value_heads 32,
+    configuration_qwen3_vl.py:85-100) and the image encoder's VisionTowerSpec (models/vlm.py)."""
+    from .vlm import text_config, tower_spec
+
+    f = _qwen3(_Cfg(text_config(c.d), c.name, c.mt), kv_default=32)
+    f["vision"] = tower_spec(c.d, c.name, c.mt)
+    return f
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -780,6 +791,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "nemotron_h": _nemotron_h,
     "qwen3_next": _qwen3_next,
     "qwen2_5_vl": _qwen2_5_vl,
+    "qwen3_vl": _qwen3_vl,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,

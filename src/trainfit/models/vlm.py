@@ -6,28 +6,45 @@ defaults depth 32, hidden_size 3584, intermediate_size 3420, num_heads 16, in_ch
 spatial_merge_size 2, temporal_patch_size 2, window_size 112, out_hidden_size 3584, fullatt_block_indexes
 (7, 15, 23, 31); the published checkpoints state every one of them. The language model's keys sit at the top level
 of the published config.json (Qwen2_5_VLConfig.__post_init__ moves them into text_config) or in `text_config`.
+Qwen3-VL (model_type qwen3_vl): Qwen3VLVisionConfig's defaults (models/qwen3_vl/configuration_qwen3_vl.py:44-55);
+its published config.json nests the language model (a Qwen3 decoder) under `text_config`.
 """
 from __future__ import annotations
 
 from ..errors import ConfigError
 from ..spec import VisionTowerSpec
 
-VLM_TYPES = ("qwen2_5_vl",)
+VLM_TYPES = ("qwen2_5_vl", "qwen3_vl")
 
 # Qwen2_5_VLVisionConfig's defaults (configuration_qwen2_5_vl.py:44-61)
 _QWEN2_5_VL_VISION = dict(depth=32, hidden_size=3584, intermediate_size=3420, num_heads=16, in_channels=3,
                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
                           out_hidden_size=3584, fullatt_block_indexes=(7, 15, 23, 31))
-# Qwen2_5_VLConfig.image_token_id (configuration_qwen2_5_vl.py:142)
-_QWEN2_5_VL_IMAGE_TOKEN = 151655
+# Qwen3VLVisionConfig's defaults (models/qwen3_vl/configuration_qwen3_vl.py:44-55)
+_QWEN3_VL_VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3,
+                        patch_size=16, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=3584,
+                        num_position_embeddings=2304, deepstack_visual_indexes=(8, 16, 24))
+_DEFAULTS = {"qwen2_5_vl": _QWEN2_5_VL_VISION, "qwen3_vl": _QWEN3_VL_VISION}
+# the tower's layer kinds per family (modeling_qwen3_vl.py :80-85 Qwen3VLVisionMLP, :100 Conv3d bias=True, :331-332
+# LayerNorm; modeling_qwen2_5_vl.py :85-92, :114, :344-345)
+_KINDS = {"qwen2_5_vl": dict(norm="rmsnorm", gated_mlp=True, patch_bias=False),
+          "qwen3_vl": dict(norm="layernorm", gated_mlp=False, patch_bias=True)}
+# the image placeholder id (configuration_qwen2_5_vl.py:142, configuration_qwen3_vl.py:136): 151655 in both
+_IMAGE_TOKEN = 151655
+_INDEX_LISTS = ("fullatt_block_indexes", "deepstack_visual_indexes")
 
 
 def text_config(config: dict) -> dict:
-    """The language model's keys: the top level (the published flat config.json) under `text_config` (transformers'
-    nested form, which wins), without the vision tower's."""
-    nested = config.get("text_config")
+    """The language model's keys. Qwen2.5-VL: the top level (the published flat config.json; Qwen2_5_VLConfig.
+    __post_init__ moves those keys into text_config) under `text_config` (transformers' nested form, which wins).
+    Qwen3-VL: `text_config` alone (Qwen3VLConfig moves nothing: top-level text keys are ignored), with the top
+    level's tie_word_embeddings (the lm_head tying reads the outer config's)."""
+    nested = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    if config.get("model_type") == "qwen3_vl":
+        tie = {"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}
+        return {**nested, **tie, "model_type": "qwen3_vl"}
     flat = {k: v for k, v in config.items() if k not in ("vision_config", "text_config")}
-    return {**flat, **nested} if isinstance(nested, dict) else flat
+    return {**flat, **nested}
 
 
 def _positive(v, name: str, key: str) -> int:
@@ -43,31 +60,45 @@ def tower_spec(config: dict, name: str, model_type: str) -> VisionTowerSpec:
     vc = config.get("vision_config") or {}
     if not isinstance(vc, dict):
         raise ConfigError(f"{name}: 'vision_config' must be a JSON object, got {type(vc).__name__}")
-    get = {k: vc.get(k, d) if vc.get(k) is not None else d for k, d in _QWEN2_5_VL_VISION.items()}
-    ints = {k: _positive(v, name, k) for k, v in get.items() if k != "fullatt_block_indexes"}
-    full = get["fullatt_block_indexes"]
-    if not isinstance(full, (list, tuple)) or not all(isinstance(i, int) and 0 <= i for i in full):
-        raise ConfigError(f"{name}: vision_config 'fullatt_block_indexes' must be a list of block indexes, got {full!r}")
+    defaults = _DEFAULTS[model_type]
+    get = {k: vc.get(k, d) if vc.get(k) is not None else d for k, d in defaults.items()}
+    ints = {k: _positive(v, name, k) for k, v in get.items() if k not in _INDEX_LISTS}
+    lists = {k: _indexes(get[k], name, k) for k in _INDEX_LISTS if k in get}
     if ints["hidden_size"] % ints["num_heads"]:
         raise ConfigError(f"{name}: vision_config hidden_size {ints['hidden_size']} is not divisible by num_heads "
                           f"{ints['num_heads']}")
-    token = config.get("image_token_id", _QWEN2_5_VL_IMAGE_TOKEN)
+    token = config.get("image_token_id", _IMAGE_TOKEN)
     return VisionTowerSpec(family=model_type, depth=ints["depth"], hidden=ints["hidden_size"], heads=ints["num_heads"],
                            intermediate=ints["intermediate_size"], out_hidden=ints["out_hidden_size"],
                            patch=ints["patch_size"], temporal_patch=ints["temporal_patch_size"],
-                           merge=ints["spatial_merge_size"], window=ints["window_size"],
-                           full_attention_blocks=tuple(full), in_channels=ints["in_channels"],
-                           image_token_id=int(token))
+                           merge=ints["spatial_merge_size"], window=ints.get("window_size", 0),
+                           full_attention_blocks=lists.get("fullatt_block_indexes", ()),
+                           in_channels=ints["in_channels"], image_token_id=int(token),
+                           position_embeddings=ints.get("num_position_embeddings", 0),
+                           deepstack_blocks=lists.get("deepstack_visual_indexes", ()), **_KINDS[model_type])
+
+
+def _indexes(v, name: str, key: str) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and 0 <= i for i in v):
+        raise ConfigError(f"{name}: vision_config '{key}' must be a list of block indexes, got {v!r}")
+    return tuple(v)
 
 
 def tower_params(t: VisionTowerSpec) -> int:
-    """The tower's parameters (modeling_qwen2_5_vl.py): the patch embedding Conv3d without bias (:114,
+    """The tower's parameters. Qwen2.5-VL (modeling_qwen2_5_vl.py): the patch embedding Conv3d without bias (:114,
     in_channels * temporal_patch * patch^2 * hidden); per block two RMSNorms (hidden each, :344-345), qkv (hidden ->
     3 hidden, bias) and proj (hidden -> hidden, bias) (:264-265), the gated MLP with biases (:90-92); the merger's
     RMSNorm (hidden, :189), Linear (hidden * merge^2 -> same, bias) and Linear (hidden * merge^2 -> out_hidden, bias)
-    (:190-194). The rotary embedding holds buffers only."""
+    (:190-194). Qwen3-VL (modeling_qwen3_vl.py): the Conv3d with a bias (:100), the position table (rows x hidden,
+    :638), LayerNorms (weight + bias, :331-332; the merger's :324), the plain MLP (:83-84), and one more merger per
+    deepstack block whose LayerNorm spans hidden * merge^2 (use_postshuffle_norm, :654-661). The rotary embeddings
+    hold buffers only."""
     h, i, m = t.hidden, t.intermediate, t.hidden * t.merge ** 2
-    embed = t.in_channels * t.temporal_patch * t.patch ** 2 * h
-    block = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * (h * i + i) + (i * h + h)
-    merger = h + (m * m + m) + (m * t.out_hidden + t.out_hidden)
-    return embed + t.depth * block + merger
+    norm = 2 if t.norm == "layernorm" else 1
+    embed = t.in_channels * t.temporal_patch * t.patch ** 2 * h + (h if t.patch_bias else 0)
+    mlp = (2 if t.gated_mlp else 1) * (h * i + i) + (i * h + h)
+    block = 2 * norm * h + (h * 3 * h + 3 * h) + (h * h + h) + mlp
+    merger_linears = (m * m + m) + (m * t.out_hidden + t.out_hidden)
+    merger = norm * h + merger_linears
+    deepstack = len(t.deepstack_blocks) * (norm * m + merger_linears)
+    return embed + t.position_embeddings * h + t.depth * block + merger + deepstack

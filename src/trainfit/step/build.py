@@ -158,48 +158,58 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
 
 
 def vlm_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = False) -> dict:
-    """One micro-batch of a vision-language model (Qwen2.5-VL), as its processor makes it (processing_qwen2_5_vl.py)
-    and the model reads it (modeling_qwen2_5_vl.py Qwen2_5_VLModel.forward, :1175-1257):
+    """One micro-batch of a vision-language model (Qwen2.5-VL, Qwen3-VL), as its processor makes it and the model
+    reads it (modeling_qwen2_5_vl.py Qwen2_5_VLModel.forward :1175-1257, modeling_qwen3_vl.py Qwen3VLModel.forward):
     - input_ids (batch, seq + images x tokens per image): --seq random text ids (never the image or video
       placeholder id) and, after the first token, each image's (image / (patch x merge))^2 placeholder ids, which
-      the model replaces by the merger's outputs (masked_scatter);
+      the model replaces by the merger's outputs (masked_scatter; Qwen3-VL also adds its deepstack features there);
     - pixel_values (batch x images x (image / patch)^2, channels x temporal_patch x patch^2) fp32, the processor's
       flattened patches (a still image repeated temporal_patch times: grid_t = 1);
     - image_grid_thw (batch x images, 3): (1, image / patch, image / patch) per image;
     - the tower's index tensors, computed from the grid by transformers' own helpers (vision_utils.py
-      get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index) and passed as the precomputed
-      `image_*` keywords the model accepts (utils/generic.py accepts_precomputed_kwargs): the same tensors the
-      forward would build, made here because building them reads values (.tolist()), which fake tensors cannot;
+      get_vision_cu_seqlens, get_vision_position_ids; Qwen2.5-VL's windows get_vision_window_index; Qwen3-VL's
+      position-table resampling get_vision_interpolation_indices_and_weights, bilinear with aligned corners as
+      modeling_qwen3_vl.py :683-690 asks) and passed as the precomputed `image_*` keywords the model accepts
+      (utils/generic.py accepts_precomputed_kwargs): the same tensors the forward would build, made here because
+      building them reads values (.tolist()), which fake tensors cannot;
+    - position_ids (3, batch, L): the language model's M-RoPE positions, the plain 0..L-1 in each of the three
+      sections (NB: get_rope_index gives image tokens 2-D positions instead, a (3, batch, L) tensor all the same;
+      Qwen3-VL refuses images without mm_token_type_ids unless the positions are given);
     - labels (training): input_ids with the image positions at -100 (no loss on them).
-    No attention_mask and no mm_token_type_ids: the language model's rotary positions are then the plain 1-D ones
-    expanded to its three M-RoPE sections (NB: get_rope_index's (3, batch, seq) positions have the same size)."""
-    from transformers import vision_utils
+    The ids and the index tensors are made from Python values: under the trace's fake mode they are constants
+    (trace/fake.py vision_constants), so the placeholder masks derived from the ids are known too (Qwen3-VL's
+    deepstack indexes the hidden states with them). No attention_mask."""
+    from transformers import vision_utils as vu
 
     t, n = spec.vision, setup.images
     side = setup.image_size // t.patch
-    per_image = t.tokens(setup.image_size)
+    image_tokens = n * t.tokens(setup.image_size)
+    length = setup.seq + image_tokens
     with _real_tensors():
-        real_grid = torch.tensor([[1, side, side]] * (setup.batch * n), dtype=torch.long)
-        window_index, cu_window = vision_utils.get_vision_window_index(real_grid, t.merge, t.window, t.patch)
-        index = {"cu_seqlens": vision_utils.get_vision_cu_seqlens(real_grid),
-                 "position_ids": vision_utils.get_vision_position_ids(real_grid, t.merge),
-                 "window_index": window_index, "cu_window_seqlens": cu_window, "grid": real_grid}
-        index = {k: (v.tolist(), v.dtype) for k, v in index.items()}
-    # re-made in the current mode from Python lists: under the trace's fake mode they are constants whose values
-    # the model's .tolist() calls can read (trace/fake.py vision_constants)
-    made = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in index.items()}
-    ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq + n * per_image), dtype=torch.long, device=device)
-    placeholders = [t.image_token_id] + [v for v in (spec.config.get("video_token_id"),) if isinstance(v, int)]
-    for p in placeholders:
-        ids = ids.masked_fill(ids == p, 0)
-    ids[:, 1:1 + n * per_image] = t.image_token_id
+        grid = torch.tensor([[1, side, side]] * (setup.batch * n), dtype=torch.long)
+        index = {"cu_seqlens": vu.get_vision_cu_seqlens(grid), "position_ids": vu.get_vision_position_ids(grid, t.merge)}
+        if t.window:
+            index["window_index"], index["cu_window_seqlens"] = vu.get_vision_window_index(grid, t.merge, t.window,
+                                                                                           t.patch)
+        if t.position_embeddings:
+            index["interp_indices"], index["interp_weights"] = vu.get_vision_interpolation_indices_and_weights(
+                grid, int(t.position_embeddings ** 0.5), mode="bilinear", align_corners=True,
+                spatial_merge_size=t.merge)
+        ids = torch.randint(0, spec.vocab, (setup.batch, length), dtype=torch.long)
+        for p in [t.image_token_id] + [v for v in (spec.config.get("video_token_id"),) if isinstance(v, int)]:
+            ids = ids.masked_fill(ids == p, 0)
+        ids[:, 1:1 + image_tokens] = t.image_token_id
+        values = {k: (v.tolist(), v.dtype) for k, v in {**index, "grid": grid, "ids": ids}.items()}
+    made = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in values.items()}
+    ids = made.pop("ids")
     pixels = torch.randn(setup.batch * n * side * side, t.in_channels * t.temporal_patch * t.patch ** 2,
                          dtype=torch.float32, device=device)
-    batch = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": made.pop("grid"),
+    positions = torch.arange(length, device=device).view(1, 1, -1).expand(3, setup.batch, -1)
+    batch = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": made.pop("grid"), "position_ids": positions,
              **{f"image_{k}": v for k, v in made.items()}}
     if labels:
         lab = ids.clone()
-        lab[:, 1:1 + n * per_image] = -100
+        lab[:, 1:1 + image_tokens] = -100
         batch["labels"] = lab
     return batch
 
