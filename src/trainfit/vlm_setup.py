@@ -3,7 +3,6 @@ set the image tokens; --seq stays the text tokens. Models without a vision tower
 from __future__ import annotations
 
 from .errors import SetupError
-from .models.vlm import VLM_TYPES
 from .spec import ModelSpec
 
 DEFAULT_IMAGES = 1  # images per sample when --images is not given
@@ -17,7 +16,7 @@ def vlm_values(spec: ModelSpec, values: dict) -> dict:
         for name, flag in (("images", "--images"), ("image_size", "--image-size")):
             if values.get(name) is not None:
                 raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit) and vision-language models "
-                                 f"({', '.join(VLM_TYPES)}); {spec.name} ({spec.family}) has no vision tower")
+                                 f"({spec.name} ({spec.family}) has no vision tower)")
         return values
     if values.get("mode") not in IMAGE_MODES:  # serving and RL: the language model's (the flags are refused there)
         return values
@@ -40,3 +39,8 @@ def check_image(spec: ModelSpec, size: int) -> None:
 def lm_tokens(spec: ModelSpec, seq: int, images: int, image_size: int) -> int:
     """The language model's sequence per sample: the text tokens + images x tokens per image."""
     return seq + (images * spec.vision.tokens(image_size) if spec.vision is not None else 0)
+
+
+def lm_seq(spec: ModelSpec, setup) -> int:
+    """The language model's tokens per sample in `setup` (--seq for a text model)."""
+    return lm_tokens(spec, setup.seq, setup.images or 0, setup.image_size or 0)

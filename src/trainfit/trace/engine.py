@@ -32,6 +32,7 @@ from .fake import fake_mode, translated_errors, vision_constants
 from .kernel_scratch import cpu_isa, summary
 from .kernel_scratch import notes as scratch_notes
 from .recorder import as_categories
+from ..vlm_setup import lm_seq
 
 
 SERVE_ONLY_ANALYTIC = ("--mode serve models a serving engine's start-up on a GPU (analytic/serving.py), which the "
@@ -217,7 +218,7 @@ def _trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolat
             return est
     t0 = time.perf_counter()
     model, rec, an = trace_train(spec, setup, flops=flops)
-    return estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq * setup.grad_accum,
+    return estimate_from(spec.name, model, setup, rec, an, setup.batch * lm_seq(spec, setup) * setup.grad_accum,
                      time.perf_counter() - t0, NOTES + tuple(device_notes(setup)), alloc_conf=alloc_conf)
 
 

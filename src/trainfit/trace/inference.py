@@ -26,6 +26,7 @@ from .cuda_kernels import cuda_kernels
 from .fake import fake_mode, translated_errors, vision_constants
 from .modules import ModuleStack
 from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
+from ..vlm_setup import lm_seq
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
@@ -74,7 +75,7 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
     if rec.flops is not None:  # Flops.forward is the prefill; the decode step's FLOPs go in detail
         by_phase = rec.flops.by_phase
         rec.flops.by_kind["forward"] = by_phase.get("prefill", 0)
-    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0,
+    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * lm_seq(spec, setup), time.perf_counter() - t0,
                     NOTES + tuple(device_notes(setup)) +
                     ("inference: activations are reported as temporaries (nothing is saved for backward)",),
                     alloc_conf=alloc_conf)
