@@ -6,7 +6,7 @@ shows them separately). Plain arithmetic over an estimate (no torch).
   precision; NB: the CUDA allocator's 512-byte rounding per tensor is shared the same way, off by < 512 B per tensor);
 - activations (training): the trace's activations at forward end attributed by the module that made them
   (Analysis.activations_by_module): the tower's are those made under `model.visual` (the patch embedding, the blocks,
-  the merger), the language model's the rest (embedding, the image tokens' scatter, layers, head, loss). With an
+  the merger; Gemma 3: `model.vision_tower` and `model.multi_modal_projector`), the language model's the rest (embedding, the image tokens' scatter, layers, head, loss). With an
   extrapolated trace the by-module figures are the shortest trace's, whose tower is the full tower: the language
   model's are the whole's minus the tower's.
 - tokens: the tower's patches and the language model's tokens per sample.
@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-TOWER_MODULE = "model.visual"  # modeling_qwen2_5_vl.py Qwen2_5_VLModel.visual
+# the tower's modules: Qwen2_5_VLModel.visual, Qwen3VLModel.visual (with its mergers); Gemma3Model.vision_tower and
+# its multi_modal_projector (modeling_gemma3.py)
+TOWER_MODULES = ("model.visual", "model.vision_tower", "model.multi_modal_projector")
 
 
-def _in_tower(module: str) -> bool:
-    return module == TOWER_MODULE or module.startswith(TOWER_MODULE + ".")
+def in_tower(module: str) -> bool:
+    """Whether a module (its dotted name in the model) belongs to the vision tower."""
+    return any(module == m or module.startswith(m + ".") for m in TOWER_MODULES)
 
 
 def components(spec, est) -> dict | None:
@@ -42,7 +45,7 @@ def components(spec, est) -> dict | None:
                               "image_tokens_per_sample": images * spec.vision.tokens(s.image_size)}}
     by_module = est.detail.records.get("activations_by_module")
     if s.mode == "train" and by_module:
-        tower = sum(b for mod, b in by_module.items() if _in_tower(mod))
+        tower = sum(b for mod, b in by_module.items() if in_tower(mod))
         out["vision_tower"]["activations"] = tower
         out["language_model"]["activations"] = m.activations - tower
     return out

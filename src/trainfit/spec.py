@@ -126,7 +126,7 @@ class VisionTowerSpec:
     own (vision_config); the language model keeps its ModelSpec, so every formula about the text stack reads the
     same fields as for a text-only model."""
 
-    family: str  # the VLM's model_type (qwen2_5_vl, qwen3_vl)
+    family: str  # the VLM's model_type (qwen2_5_vl, qwen3_vl, gemma3)
     depth: int
     hidden: int
     heads: int
@@ -150,6 +150,12 @@ class VisionTowerSpec:
     patch_bias: bool = False
     position_embeddings: int = 0
     deepstack_blocks: tuple[int, ...] = ()
+    # Gemma 3 (modeling_gemma3.py Gemma3MultiModalProjector :635-668, models/siglip SiglipVisionTransformer): a SigLIP
+    # tower at one fixed image size (its position table has a row per patch: other sizes are refused), a final
+    # LayerNorm, and a projector instead of a merger: merge x merge average pooling, an RMSNorm (weight only) and
+    # a bias-free (hidden, out_hidden) projection
+    fixed_size: bool = False
+    projector: str = "merger"  # "merger" (Qwen) or "pool" (Gemma 3)
 
     @property
     def tile(self) -> int:

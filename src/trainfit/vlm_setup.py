@@ -30,6 +30,9 @@ def check_image(spec: ModelSpec, size: int) -> None:
     """A square image the tower takes whole: a multiple of patch x merge pixels (Qwen2VLImageProcessor smart_resize
     rounds every side to that factor)."""
     tile = spec.vision.tile
+    if spec.vision.fixed_size and size != spec.vision.image_size:
+        raise SetupError(f"--image-size {size}: {spec.name}'s vision tower takes {spec.vision.image_size}-pixel images "
+                         f"only (a position row per {spec.vision.patch}-pixel patch; the processor resizes to it)")
     if size % tile:
         lo, hi = max(tile, size // tile * tile), (size // tile + 1) * tile
         raise SetupError(f"--image-size {size}: {spec.name} takes images in multiples of {tile} pixels (patch "

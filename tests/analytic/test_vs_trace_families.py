@@ -221,6 +221,10 @@ REFUSED: dict[str, str] = {
         "LayerNorm/GELU blocks, the 2x2 merger and the deepstack mergers whose outputs are added to the image tokens "
         "of the first language-model layers) and its image tokens in the language model's sequence: no analytic "
         "terms"),
+    "gemma3": (
+        "a SigLIP vision tower (Conv2d patch embedding, LayerNorm/GELU blocks) and its pooling projector, the image "
+        "tokens in the language model's sequence and, in training, the bidirectional image-block masks "
+        "(token_type_ids): no analytic terms"),
 }
 
 

@@ -16,6 +16,7 @@ from trainfit.cli import main
      "multiples of 28 pixels (patch 14 x merge 2); use 448 or 476"),
     (["estimate", "qwen2.5-vl-7b", "--images", "2", "--gpu", "H100-80GB"], "--engine trace"),
     (["estimate", "qwen2.5-vl-7b", "--mode", "serve", "--images", "2"], "--images applies to train/infer only"),
+    (["estimate", "gemma-3-4b", "--image-size", "448", "--engine", "trace"], "takes 896-pixel images only"),
 ])
 def test_bad_vlm_combination_exits_2_in_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -1,4 +1,4 @@
-"""Vision-language models (Qwen2.5-VL, Qwen3-VL) in the trace engine against a real CPU step of the same model: peaks within
+"""Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3) in the trace engine against a real CPU step of the same model: peaks within
 0.5 % (DESIGN.md §5), in training and in inference (prefill with the images + one decode step); the image inputs'
 shapes and the estimate's components against hand derivations."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ import pytest
 import torch
 from trace_configs import tiny_spec  # tests/trace is on sys.path (rootdir-less import)
 
+from trainfit.components import in_tower
 from trainfit.measure import measure
 from trainfit.setup import Setup
 from trainfit.step.build import vlm_batch
@@ -15,9 +16,11 @@ from trainfit.trace.kernel_scratch import cpu_isa
 
 # (family, precision, recompute, optimizer, grad_accum, seq): 2 images per sample, 4 x 4 merged tokens each
 CASES = [("qwen2_5_vl", "amp-bf16", "none", "adamw", 1, 64), ("qwen2_5_vl", "bf16", "full", "sgd", 2, 32),
-         ("qwen3_vl", "amp-bf16", "none", "adamw", 1, 64), ("qwen3_vl", "bf16", "full", "sgd", 2, 32)]
-# 4 x 4 language-model tokens an image: 112 px for Qwen2.5-VL (patch 14 x merge 2), 128 px for Qwen3-VL (16 x 2)
-IMAGE = {"qwen2_5_vl": 112, "qwen3_vl": 128}
+         ("qwen3_vl", "amp-bf16", "none", "adamw", 1, 64), ("qwen3_vl", "bf16", "full", "sgd", 2, 32),
+         ("gemma3", "amp-bf16", "none", "adamw", 1, 64), ("gemma3", "bf16", "full", "sgd", 2, 32)]
+# 4 x 4 language-model tokens an image: 112 px for Qwen2.5-VL (patch 14 x merge 2), 128 px for Qwen3-VL (16 x 2);
+# the tiny Gemma 3's tower takes 56 px only (4 x 4 patches pooled 2 x 2: 4 tokens)
+IMAGE = {"qwen2_5_vl": 112, "qwen3_vl": 128, "gemma3": 56}
 
 
 def _setup(family: str = "qwen2_5_vl", **kw) -> Setup:
@@ -86,11 +89,13 @@ def test_vlm_components_split_weights_and_activations(family):
 
     with torch.device("meta"):
         model = build_model(spec, setup)
-    tower = sum(p.numel() for p in model.model.visual.parameters())  # the transformers tower, counted by torch
-    assert parts["vision_tower"]["params"] == tower
+    # the transformers tower (and Gemma 3's projector), counted by torch
+    tower = sum(p.numel() for name, p in model.named_parameters() if in_tower(name.rsplit(".", 1)[0]))
+    assert parts["vision_tower"]["params"] == tower > 0
     assert parts["language_model"]["params"] == est.params - tower
     assert parts["vision_tower"]["weights"] == 4 * tower  # fp32
     assert parts["vision_tower"]["activations"] + parts["language_model"]["activations"] == est.memory.activations
     assert parts["vision_tower"]["activations"] > 0
-    assert parts["language_model"]["tokens_per_sample"] == 32 + 2 * 16
-    assert parts["vision_tower"]["patches_per_sample"] == 2 * 64  # 2 images of 8 x 8 patches
+    tokens, patches = (4, 16) if family == "gemma3" else (16, 64)  # per image, from IMAGE's hand derivation
+    assert parts["language_model"]["tokens_per_sample"] == 32 + 2 * tokens
+    assert parts["vision_tower"]["patches_per_sample"] == 2 * patches

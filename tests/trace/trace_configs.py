@@ -79,6 +79,17 @@ CONFIGS = {
                                    "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2,
                                    "temporal_patch_size": 2, "num_position_embeddings": 64,
                                    "deepstack_visual_indexes": [0, 1]}},
+    # Gemma 3 with images: a 2-layer SigLIP tower at 56 px (4 x 4 patches of 14 px pooled 2 x 2 into 4 tokens an
+    # image) and a gemma3_text language model (a sliding and a full layer)
+    "gemma3": {"model_type": "gemma3", "image_token_index": 999, "boi_token_index": 997, "eoi_token_index": 996,
+               "mm_tokens_per_image": 4,
+               "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 16,
+                               "layer_types": ["sliding_attention", "full_attention"], "bos_token_id": 2,
+                               "eos_token_id": 1, "pad_token_id": 0, **_COMMON},
+               "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                 "num_attention_heads": 2, "image_size": 56, "patch_size": 14,
+                                 "vision_use_head": False}},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }

@@ -771,6 +771,17 @@ def _qwen3_vl(c: _Cfg) -> dict:
     return f
 
 
+def _gemma3(c: _Cfg) -> dict:
+    """Gemma 3 with images (Gemma3ForConditionalGeneration): the gemma3_text language model from text_config
+    (Gemma3TextConfig's defaults, as _gemma3_text; tie_word_embeddings True, configuration_gemma3.py:212) and the
+    SigLIP tower with its projector (models/vlm.py)."""
+    from .vlm import text_config, tower_spec
+
+    f = _gemma3_text(_Cfg(text_config(c.d), c.name, "gemma3_text"))
+    f["vision"] = tower_spec(c.d, c.name, c.mt)
+    return f
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -792,6 +803,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "qwen3_next": _qwen3_next,
     "qwen2_5_vl": _qwen2_5_vl,
     "qwen3_vl": _qwen3_vl,
+    "gemma3": _gemma3,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,

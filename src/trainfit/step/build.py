@@ -182,6 +182,8 @@ def vlm_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = Fa
     from transformers import vision_utils as vu
 
     t, n = spec.vision, setup.images
+    if t.projector == "pool":
+        return _pooled_batch(spec, setup, device, labels)
     side = setup.image_size // t.patch
     image_tokens = n * t.tokens(setup.image_size)
     length = setup.seq + image_tokens
@@ -209,6 +211,31 @@ def vlm_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = Fa
              **{f"image_{k}": v for k, v in made.items()}}
     if labels:
         lab = ids.clone()
+        lab[:, 1:1 + image_tokens] = -100
+        batch["labels"] = lab
+    return batch
+
+
+def _pooled_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = False) -> dict:
+    """One micro-batch of Gemma 3 with images, as Gemma3Processor makes it (processing_gemma3.py) and
+    Gemma3Model.forward reads it (modeling_gemma3.py :800-895): input_ids with mm_tokens_per_image placeholder ids
+    per image (after the first token), pixel_values (batch x images, channels, image, image) fp32, token_type_ids 1 on
+    the image tokens (in training the language model's masks then let an image's tokens attend to each other both
+    ways: create_masks_for_vision_model, a materialised mask), labels -100 on the image tokens. The ids and the token
+    types are made from Python values (constants under the trace's fake mode, as in vlm_batch)."""
+    t, n = spec.vision, setup.images
+    image_tokens = n * t.tokens(setup.image_size)
+    with _real_tensors():
+        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq + image_tokens), dtype=torch.long)
+        ids = ids.masked_fill(ids == t.image_token_id, 0)
+        ids[:, 1:1 + image_tokens] = t.image_token_id
+        values = {"ids": (ids.tolist(), ids.dtype), "types": ((ids == t.image_token_id).long().tolist(), torch.long)}
+    made = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in values.items()}
+    pixels = torch.randn(setup.batch * n, t.in_channels, setup.image_size, setup.image_size, dtype=torch.float32,
+                         device=device)
+    batch = {"input_ids": made["ids"], "pixel_values": pixels, "token_type_ids": made["types"]}
+    if labels:
+        lab = made["ids"].clone()
         lab[:, 1:1 + image_tokens] = -100
         batch["labels"] = lab
     return batch

@@ -15,6 +15,8 @@ CPU that was.
 """
 from __future__ import annotations
 
+import contextlib
+
 import time
 
 import torch
@@ -245,13 +247,37 @@ def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: 
     return model, rec, an
 
 
+@contextlib.contextmanager
+def _values_unset(spec: ModelSpec):
+    """A vision-language model's truncated-normal initialisation made without reading a value: SigLIP's
+    trunc_normal_ (modeling_siglip.py _init_weights via transformers initialization.py trunc_normal_, Gemma 3's tower)
+    calls torch's, which reads a tensor value (aten._local_scalar_dense) fake tensors cannot give. While the model is
+    built, transformers' table of torch init functions (initialization.py TORCH_INIT_FUNCTIONS) maps trunc_normal_ to
+    an in-place normal_ clamped to [a, b]: the same tensors, other values, which the trace never reads."""
+    if spec.vision is None:
+        yield
+        return
+    from transformers import initialization as init
+
+    def trunc_normal(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+        return tensor.normal_(mean, std, generator=generator).clamp_(a, b)
+
+    before = init.TORCH_INIT_FUNCTIONS["trunc_normal_"]
+    init.TORCH_INIT_FUNCTIONS["trunc_normal_"] = trunc_normal
+    try:
+        yield
+    finally:
+        init.TORCH_INIT_FUNCTIONS["trunc_normal_"] = before
+
+
 def build_hf(spec: ModelSpec, setup: Setup) -> torch.nn.Module:
     """trainfit.step.build_model, with transformers' refusals (an attention kernel the architecture
     lacks, an unknown model class) turned into one-line EngineUnavailableErrors."""
     from ..step import build_model
 
     try:
-        return build_model(spec, setup)
+        with _values_unset(spec):
+            return build_model(spec, setup)
     except (ValueError, ImportError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = " (try --attention eager)" if "attention" in first.lower() else ""
