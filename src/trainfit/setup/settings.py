@@ -184,11 +184,12 @@ class Setup:
                                           "optimizer_in_bwd): gradients never all live. Needs --grad-accum 1 and one "
                                           "GPU (no --dp).", modes=("train",), group="step")
     image_size: Optional[int] = setting(None, "Image side in pixels (vision models: resnet, convnext, vit; the "
-                                        "batch is images). Vision-language models (qwen2.5-vl, qwen3-vl): each image's "
-                                        "side, a multiple of patch x merge (28, 32), as the processor resizes to.",
+                                        "batch is images). Vision-language models: each image's side, a multiple of "
+                                        "patch x merge (qwen2.5-vl 28, qwen3-vl 32) as the processor resizes to; "
+                                        "gemma-3 takes 896 only.",
                                         minimum=1, maximum=8192,
-                                        auto="the config's image_size (224 for the ImageNet models; 448 for "
-                                        "vision-language models)", example="224", group="vision")
+                                        auto="the config's image_size (224 for the ImageNet models, 896 for "
+                                        "gemma-3; 448 for the Qwen vision-language models)", example="224", group="vision")
     images: Optional[int] = setting(None, "Images per sample (vision-language models): each adds (image / (patch x "
                                     "merge))^2 tokens to the language model's sequence (qwen2.5-vl: (image / 28)^2), "
                                     "which is then --seq text tokens + images x tokens per image; the vision tower "
