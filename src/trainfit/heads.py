@@ -66,6 +66,10 @@ CLASSES: dict[str, dict[str, str]] = {
                     "token-cls": "DeepseekV3ForTokenClassification"},
     "llama4_text": {"causal-lm": "Llama4ForCausalLM"},  # modeling_llama4.py: no classifier heads
     "nemotron_h": {"causal-lm": "NemotronHForCausalLM"},  # modeling_nemotron_h.py: no classifier heads
+    # vision-language models: the generative head only (modeling_qwen2_5_vl.py Qwen2_5_VLForConditionalGeneration)
+    "qwen2_5_vl": {"causal-lm": "Qwen2_5_VLForConditionalGeneration"},
+    "qwen3_vl": {"causal-lm": "Qwen3VLForConditionalGeneration"},  # modeling_qwen3_vl.py
+    "gemma3": {"causal-lm": "Gemma3ForConditionalGeneration"},  # modeling_gemma3.py
     "bert": {"masked-lm": "BertForMaskedLM", "seq-cls": "BertForSequenceClassification",
              "token-cls": "BertForTokenClassification"},
     "roberta": {"masked-lm": "RobertaForMaskedLM", "seq-cls": "RobertaForSequenceClassification",

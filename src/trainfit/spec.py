@@ -137,6 +137,66 @@ class HybridSpec:
 
 
 @dataclass(frozen=True)
+class VisionTowerSpec:
+    """The image encoder of a vision-language model, beside its language model's ModelSpec (transformers
+    models/qwen2_5_vl/modeling_qwen2_5_vl.py Qwen2_5_VisionTransformerPretrainedModel, :386-489): a Conv3d patch
+    embedding (kernel = stride = temporal_patch x patch x patch), `depth` pre-RMSNorm blocks (attention over the
+    image's patches with a bias-ful qkv and proj, windowed except at `full_attention_blocks`; a gated MLP with biases)
+    and the merger (RMSNorm, then merge x merge neighbouring patches concatenated, Linear, GELU, Linear to the language
+    model's width). One image is a (image / patch)^2 patch sequence for the tower and (image / (patch * merge))^2
+    tokens in the language model's sequence, in place of as many image placeholder tokens.
+
+    Why a spec of its own: the tower's activations are set by the image size, not by --seq, and its widths are its
+    own (vision_config); the language model keeps its ModelSpec, so every formula about the text stack reads the
+    same fields as for a text-only model."""
+
+    family: str  # the VLM's model_type (qwen2_5_vl, qwen3_vl, gemma3)
+    depth: int
+    hidden: int
+    heads: int
+    intermediate: int
+    out_hidden: int  # the merger's output width (the language model's hidden size)
+    patch: int
+    temporal_patch: int  # a still image is repeated temporal_patch times (one temporal patch)
+    merge: int  # spatial_merge_size: merge x merge patches become one language-model token
+    window: int  # window_size in pixels (window attention over window / patch patches a side; 0: none)
+    full_attention_blocks: tuple[int, ...]  # fullatt_block_indexes: blocks attending over the whole image
+    in_channels: int = 3
+    image_token_id: int = 0  # the placeholder id the image's tokens take in input_ids
+    image_size: int = 448  # pixels per side when --image-size is not given
+    # Qwen3-VL (modeling_qwen3_vl.py Qwen3VLVisionModel, :625-725): LayerNorms (weight + bias) for RMSNorms, a plain
+    # GELU MLP (linear_fc1, linear_fc2, biases) for the gated one, a biased patch Conv3d, a learned position table
+    # of `position_embeddings` rows resampled bilinearly to each image's grid, no windows (window 0: every block
+    # attends over the whole image), and a merger after each of `deepstack_blocks` whose output is added to the
+    # image tokens' hidden states at the first language-model layers
+    norm: str = "rmsnorm"
+    gated_mlp: bool = True
+    patch_bias: bool = False
+    position_embeddings: int = 0
+    deepstack_blocks: tuple[int, ...] = ()
+    # Gemma 3 (modeling_gemma3.py Gemma3MultiModalProjector :635-668, models/siglip SiglipVisionTransformer): a SigLIP
+    # tower at one fixed image size (its position table has a row per patch: other sizes are refused), a final
+    # LayerNorm, and a projector instead of a merger: merge x merge average pooling, an RMSNorm (weight only) and
+    # a bias-free (hidden, out_hidden) projection
+    fixed_size: bool = False
+    projector: str = "merger"  # "merger" (Qwen) or "pool" (Gemma 3)
+
+    @property
+    def tile(self) -> int:
+        """The pixels one language-model token covers per side (patch x merge; the processor resizes to its
+        multiples: Qwen2VLImageProcessor smart_resize, factor patch_size * merge_size)."""
+        return self.patch * self.merge
+
+    def patches(self, image_size: int) -> int:
+        """The tower's sequence for one square image: (image / patch)^2 patches (grid_t = 1 for a still image)."""
+        return (image_size // self.patch) ** 2
+
+    def tokens(self, image_size: int) -> int:
+        """The image's tokens in the language model's sequence: (image / (patch * merge))^2."""
+        return (image_size // self.tile) ** 2
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     family: str  # HF model_type: llama, gpt2, bert, mixtral, ...
@@ -210,6 +270,8 @@ class ModelSpec:
     classifier_dropout: float = 0.1  # the seq-cls / token-cls head's dropout p
     token_cls_bias: bool = True  # the token-cls head's output layer has a bias (token_classification_bias)
     architectures: tuple[str, ...] = ()  # the config's `architectures` (the classes its checkpoint was saved from)
+    # a vision-language model's image encoder (None: a text model); the other fields describe its language model
+    vision: VisionTowerSpec | None = None
     draft_vocab: int = 0  # an EAGLE-3 draft's own head rows (draft_vocab_size; 0: the vocabulary)
     source: str = ""  # where the config came from (catalog file, path, hub id)
     # the raw HF config, for the engines that build the transformers model from it (trace, measure); not compared

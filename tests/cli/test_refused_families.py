@@ -26,3 +26,13 @@ def test_nemotron_h_inference_is_not_refused(capsys):
     main(["estimate", "nemotron-nano-9b-v2", "--mode", "infer", "--seq", "4096"])
     out = capsys.readouterr()
     assert "does not model" not in out.err and "prefill" in out.out
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_serving_a_vision_language_model_is_refused(server, capsys):
+    """Serving sizes the engine's own profile run, not the analytic terms (analytic/serving.py), so the vision tower's
+    refusal must come from serving itself: a VLM's encoder cache and images in the profile run are not modelled."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["estimate", "qwen2.5-vl-7b", "--mode", "serve", "--gpu", "H100-80GB", "--server", server])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and "vision tower" in lines[0]

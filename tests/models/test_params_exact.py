@@ -37,6 +37,8 @@ def hf_numel(config: dict) -> int:
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "_trainfit")}
     cfg = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
     auto = transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else transformers.AutoModelForCausalLM
+    if "vision_config" in config:  # a vision-language model: its *ForConditionalGeneration (tower + language model)
+        auto = transformers.AutoModelForImageTextToText
     with torch.device("meta"):
         model = auto.from_config(cfg)
     return sum(p.numel() for p in model.parameters())
@@ -97,7 +99,7 @@ def test_breakdown_adds_up_and_dense_active_is_total():
             h = spec.hybrid
             per_layers = (spec.layers * c.norms + h.attention_layers * c.attention + h.mlp_layers * c.mlp
                           + h.mamba_layers * c.mamba)
-        assert c.total == c.embedding + per_layers + c.final + c.lm_head
+        assert c.total == c.embedding + per_layers + c.final + c.lm_head + c.vision  # + a VLM's vision tower
         assert c.dense_layers + c.moe_layers == spec.layers
         if not spec.is_moe:
             assert c.active == c.total and c.moe_mlp == 0 and c.expert == 0

@@ -54,6 +54,42 @@ CONFIGS = {
                    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
                    "full_attention_interval": 2, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, **_COMMON},
+    # Qwen2.5-VL: the vision tower (2 blocks: a windowed one and a full-attention one; a 56-pixel window, 2x2 merged
+    # tokens, so that a 112-pixel image spans 4 windows) and a Qwen2 language model; placeholder ids inside the
+    # vocabulary
+    "qwen2_5_vl": {"model_type": "qwen2_5_vl", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 128, "image_token_id": 999, "video_token_id": 998,
+                   "vision_start_token_id": 997, "vision_end_token_id": 996, "bos_token_id": 1, "eos_token_id": 2,
+                   "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+                   "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                     "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
+                                     "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1]},
+                   **_COMMON},
+    # Qwen3-VL: a 3-block tower (LayerNorms, a GELU MLP, an 8 x 8 learned position table resampled to the image's
+    # grid, deepstack mergers after blocks 0 and 1 added to the image tokens of the first two language-model layers)
+    # and a Qwen3 language model nested in text_config
+    "qwen3_vl": {"model_type": "qwen3_vl", "image_token_id": 999, "video_token_id": 998, "vision_start_token_id": 997,
+                 "vision_end_token_id": 996,
+                 "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+                                 "bos_token_id": 1, "eos_token_id": 2,
+                                 "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                  "mrope_interleaved": True}, **_COMMON},
+                 "vision_config": {"depth": 3, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                   "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2,
+                                   "temporal_patch_size": 2, "num_position_embeddings": 64,
+                                   "deepstack_visual_indexes": [0, 1]}},
+    # Gemma 3 with images: a 2-layer SigLIP tower at 56 px (4 x 4 patches of 14 px pooled 2 x 2 into 4 tokens an
+    # image) and a gemma3_text language model (a sliding and a full layer)
+    "gemma3": {"model_type": "gemma3", "image_token_index": 999, "boi_token_index": 997, "eoi_token_index": 996,
+               "mm_tokens_per_image": 4,
+               "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "sliding_window": 16,
+                               "layer_types": ["sliding_attention", "full_attention"], "bos_token_id": 2,
+                               "eos_token_id": 1, "pad_token_id": 0, **_COMMON},
+               "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                 "num_attention_heads": 2, "image_size": 56, "patch_size": 14,
+                                 "vision_use_head": False}},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
@@ -62,6 +98,8 @@ CONFIGS = {
 def tiny_spec(family: str, layers: int = 2):
     cfg = dict(CONFIGS[family])
     key = "n_layer" if family == "gpt2" else "num_hidden_layers"
-    if "hybrid_override_pattern" not in cfg:  # a hybrid stack's pattern sets its layers
+    if "text_config" in cfg:  # a nested language model (Qwen3-VL)
+        cfg["text_config"] = {**cfg["text_config"], "num_hidden_layers": layers}
+    elif "hybrid_override_pattern" not in cfg:  # a hybrid stack's pattern sets its layers
         cfg[key] = layers
     return spec_from_config(cfg, name=f"tiny-{family}")

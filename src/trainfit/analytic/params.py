@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.heads import CLASSIFIERS, layout
+from trainfit.models.vlm import tower_params
 from trainfit.spec import ModelSpec
 
 
@@ -31,6 +32,7 @@ class ParamCounts:
     mamba: int = 0  # one Mamba-2 mixer of a hybrid stack (spec.hybrid); 0 otherwise
     linear_attention: int = 0  # one Gated DeltaNet layer's token mixer (Qwen3-Next), in place of `attention`
     linear_layers: int = 0  # how many layers use `linear_attention`
+    vision: int = 0  # a vision-language model's image encoder (spec.vision: models/vlm.py tower_params), in `total`
 
     @property
     def per_layer_dense(self) -> int:
@@ -222,6 +224,8 @@ def count_params(spec: ModelSpec) -> ParamCounts:
             + final
             + lm_head
         )
+    vision = tower_params(spec.vision) if spec.vision is not None else 0
+    total += vision
     active = total
     if spec.moe is not None:
         # Each token runs top_k routed experts (plus the shared expert and router, counted above).
@@ -242,4 +246,5 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         mamba=mamba2_params(spec) if spec.hybrid is not None else 0,
         linear_attention=linear_attention,
         linear_layers=linear_layers,
+        vision=vision,
     )

@@ -408,6 +408,9 @@ def blocks_per_request(kinds: LayerKinds, setup: Setup, k: Knobs, state_blocks: 
 def check(spec: ModelSpec, setup: Setup) -> None:
     if not spec.causal:
         raise SetupError(f"--mode serve: {spec.name} is an encoder; vLLM's KV cache serves decoders")
+    if spec.vision is not None:  # the engines' encoder cache and the tower's share of the profile run: not modelled
+        raise SetupError(f"--mode serve: {spec.name}'s vision tower (the engine's encoder cache, its images in the "
+                         "profile run) is not modelled; use --mode infer --engine trace")
     if setup.pp > 1 and serving_state.state_layers(spec):
         raise SetupError(f"--mode serve --pp {setup.pp}: {spec.name}'s linear-attention / Mamba layers split over "
                          "pipeline stages are not modelled (their cache groups are per stage); use --tp")

@@ -29,6 +29,14 @@ own state allocators (analytic/serving_state.py).
 Measured gap at the families matrix's test size (Nemotron-H 47B's flags at hidden 128: one Mamba-2 block of 8 heads
 x 64, state 256, 8 groups, and one attention block; batch 2 x 128), with the refusal lifted: the analytic training
 peak -58.3 % to -85.4 % of the traced one (every precision and recompute policy, CPU and CUDA semantics).
+
+Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3 with images; spec.vision, models/vlm.py) add an image encoder
+beside the language model: a patch embedding, attention blocks over each image's patches (Qwen2.5-VL: windowed but
+at four blocks), a merger or pooling projector, Qwen3-VL's deepstack mergers, and the image tokens in the language
+model's sequence; the engine has no terms for the tower's weights, activations or kernels. Measured gap for
+Qwen2.5-VL at the families matrix's size (hidden 128, a 2-block tower of width 64, one 112-pixel image per sample,
+CUDA semantics), with the refusal lifted: the analytic peak -31 % of the traced one in training, -22 % to -24 % in
+prefill; -15 % to -18 % in training with --images 0 (the tower's weights, gradients and optimizer states).
 """
 from __future__ import annotations
 
@@ -57,6 +65,9 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
 def unmodelled_memory(spec: ModelSpec, mode: str = "train") -> list[str]:
     """The features of `spec` the memory formulas do not cover in `mode`."""
     out = []
+    if spec.vision is not None:
+        out.append("a vision tower (the image encoder's patch embedding, attention blocks and merger or projector, "
+                   "and its image tokens in the language model's sequence)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers and mode != "infer":
         # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors are not
         out.append("Mamba-2 blocks in training (the chunked scan's saved tensors)")

@@ -104,7 +104,8 @@ def check_kv_dtype(setup: Setup, cache) -> None:
 
 
 def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):
-    """(model in eval mode, prompt ids) — built from the config with random weights."""
+    """(model in eval mode, prompt ids, image inputs) — built from the config with random weights; the image inputs
+    are a vision-language model's (step/infer.py prompt), else empty."""
     from ..step.build import build_model
 
     try:
@@ -113,8 +114,10 @@ def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise EngineUnavailableError(f"transformers cannot build {spec.name}: {first}") from e
     model.eval()
-    ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)
-    return model, ids
+    from ..step.infer import prompt
+
+    ids, images = prompt(spec, setup, device)
+    return model, ids, images
 
 
 def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 3, warmup: int = 1,
@@ -138,18 +141,18 @@ def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 
     torch.manual_seed(0)
     try:
         progress("build", 0, 1)
-        model, ids = prepare_inference(spec, setup, device)
+        model, ids, images = prepare_inference(spec, setup, device)
         for i in range(max(1, warmup)):
-            cache = inference_step(model, ids, setup, spec.causal)
+            cache = inference_step(model, ids, setup, spec.causal, images=images)
             if i == 0:
                 check_kv_dtype(setup, cache)
             del cache
             progress("warmup", i + 1, max(1, warmup))
         progress("peak", 0, 1)
         if dev == "cuda":
-            result = _infer_peak_cuda(model, ids, spec, setup, device)
+            result = _infer_peak_cuda(model, ids, spec, setup, device, images)
         else:
-            result = _infer_peak_cpu(model, ids, spec, setup)
+            result = _infer_peak_cpu(model, ids, spec, setup, images)
         progress("peak", 1, 1)
         prefill_t, decode_t = [], []
         rss_ok = _rss_reset()
@@ -161,7 +164,7 @@ def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 
                     torch.cuda.synchronize(device)
                 stamps[name] = time.perf_counter()
 
-            inference_step(model, ids, setup, spec.causal, phase=stamp)
+            inference_step(model, ids, setup, spec.causal, phase=stamp, images=images)
             if "decode" in stamps:
                 prefill_t.append(stamps["decode"] - stamps["prefill"])
                 decode_t.append(stamps["end"] - stamps["decode"])
@@ -184,24 +187,24 @@ def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 
     return result
 
 
-def _sizes(model, ids) -> tuple[int, int]:
+def _sizes(model, ids, images: dict) -> tuple[int, int]:
     seen: set = set()
     weights = storage_bytes(list(model.parameters()) + list(model.buffers()), seen)
-    inputs = storage_bytes([ids], seen)
+    inputs = storage_bytes([ids, *images.values()], seen)
     return weights, inputs
 
 
-def _infer_peak_cpu(model, ids, spec, setup):
+def _infer_peak_cpu(model, ids, spec, setup, images: dict):
     from .runner import MeasureResult
 
-    weights, inputs = _sizes(model, ids)
+    weights, inputs = _sizes(model, ids, images)
     baseline = weights + inputs
     kv: list[int] = []
 
     def on_cache(cache) -> None:
         kv.append(cache_bytes(cache))  # reads storages only: allocates nothing
 
-    peak, _ = cpu_peak(lambda phase: inference_step(model, ids, setup, spec.causal, phase, on_cache), baseline)
+    peak, _ = cpu_peak(lambda phase: inference_step(model, ids, setup, spec.causal, phase, on_cache, images), baseline)
     notes = list(peak.notes)
     notes.append("CPU peak: live tensor bytes from c10's allocation records (torch.profiler profile_memory); "
                  "baseline = weights, buffers and the prompt ids")
@@ -230,13 +233,13 @@ def _result(cls, peak, peak_phase, phases, weights, inputs, baseline, kv, device
     )
 
 
-def _infer_peak_cuda(model, ids, spec, setup, device):
+def _infer_peak_cuda(model, ids, spec, setup, device, images: dict):
     from .runner import MeasureResult
 
     dev = torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    weights, inputs = _sizes(model, ids)
+    weights, inputs = _sizes(model, ids, images)
     kv: list[int] = []
     phase_peaks: dict[str, int] = {}
     current = {"name": "start"}
@@ -250,7 +253,7 @@ def _infer_peak_cuda(model, ids, spec, setup, device):
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     start = torch.cuda.memory_allocated(dev)
-    inference_step(model, ids, setup, spec.causal, phase, lambda c: kv.append(cache_bytes(c)))
+    inference_step(model, ids, setup, spec.causal, phase, lambda c: kv.append(cache_bytes(c)), images)
     torch.cuda.synchronize(dev)
     phase_peaks[current["name"]] = max(phase_peaks.get(current["name"], 0), torch.cuda.max_memory_allocated(dev))
     reserved = torch.cuda.max_memory_reserved(dev)

@@ -772,6 +772,39 @@ def _bert(c: _Cfg, *, roberta: bool = False) -> dict:
     )
 
 
+def _qwen2_5_vl(c: _Cfg) -> dict:
+    """Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration): a Qwen2 language model (modeling_qwen2_5_vl.py
+    Qwen2_5_VLAttention :619-622: q/k/v bias, o_proj none; Qwen2_5_VLTextConfig defaults num_key_value_heads 8) and
+    the image encoder's VisionTowerSpec (models/vlm.py)."""
+    from .vlm import text_config, tower_spec
+
+    f = _qwen2(_Cfg(text_config(c.d), c.name, c.mt), kv_default=8)
+    f["vision"] = tower_spec(c.d, c.name, c.mt)
+    return f
+
+
+def _qwen3_vl(c: _Cfg) -> dict:
+    """Qwen3-VL (Qwen3VLForConditionalGeneration): a Qwen3 language model (modeling_qwen3_vl.py Qwen3VLTextAttention:
+    q/k RMSNorms, biases by attention_bias; Qwen3VLTextConfig defaults head_dim 128, num_key_value_heads 32,
+    configuration_qwen3_vl.py:85-100) and the image encoder's VisionTowerSpec (models/vlm.py)."""
+    from .vlm import text_config, tower_spec
+
+    f = _qwen3(_Cfg(text_config(c.d), c.name, c.mt), kv_default=32)
+    f["vision"] = tower_spec(c.d, c.name, c.mt)
+    return f
+
+
+def _gemma3(c: _Cfg) -> dict:
+    """Gemma 3 with images (Gemma3ForConditionalGeneration): the gemma3_text language model from text_config
+    (Gemma3TextConfig's defaults, as _gemma3_text; tie_word_embeddings True, configuration_gemma3.py:212) and the
+    SigLIP tower with its projector (models/vlm.py)."""
+    from .vlm import text_config, tower_spec
+
+    f = _gemma3_text(_Cfg(text_config(c.d), c.name, "gemma3_text"))
+    f["vision"] = tower_spec(c.d, c.name, c.mt)
+    return f
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -791,6 +824,9 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "gpt_oss": _gpt_oss,
     "nemotron_h": _nemotron_h,
     "qwen3_next": _qwen3_next,
+    "qwen2_5_vl": _qwen2_5_vl,
+    "qwen3_vl": _qwen3_vl,
+    "gemma3": _gemma3,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,

@@ -33,7 +33,8 @@ def setup_line(e: Estimate) -> str:
                 f"{n // s.grad_accum} × accum {s.grad_accum} · beta {s.beta:g} · {s.precision} · {s.optimizer} · "
                 f"recompute {s.recompute} · {s.device}")
     if s.mode == "infer":
-        return f"inference · batch {s.batch} · context {s.seq} · {s.precision} · attention {s.attention_kernel}{par}"
+        return (f"inference · batch {s.batch} · context {s.seq}{_images(e)} · {s.precision} · attention "
+                f"{s.attention_kernel}{par}")
     sv = e.detail.serving
     if s.mode == "serve" and sv is not None:
         quant = f" · --quant {s.quant}" if s.quant else ""
@@ -41,25 +42,49 @@ def setup_line(e: Estimate) -> str:
                 f"tp={s.tp} pp={s.pp} · max-model-len {sv.max_model_len:,} · " +
                 (f"mem-fraction-static {sv.knobs['mem_fraction_static']}" if sv.server == "sglang" else
                  f"utilization {sv.knobs['gpu_memory_utilization']}"))
-    if s.image_size:  # a vision model (trainfit.vision_setup): the batch is images, no sequence or attention kernel
+    if _classifier(s):  # a vision model (trainfit.vision_setup): the batch is images, no sequence or attention kernel
         return (f"training · {s.batch} images of {s.image_size}x{s.image_size} · {e.detail.num_labels} classes "
                 f"· {s.precision} · {s.optimizer} ({s.optimizer_kernel})"
                 f"{' · channels-last' if s.channels_last else ''} · {s.device}")
     labels = e.detail.num_labels
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
-    return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq} · accum {s.grad_accum} · "
+    return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq}{_images(e)} · "
+            f"accum {s.grad_accum} · "
             f"{s.precision} · {s.optimizer} ({s.optimizer_kernel}) · recompute {s.recompute} · attention "
             f"{s.attention_kernel}{par} · {s.device}")
 
 
+def _classifier(s) -> bool:
+    """An image classifier's setup (its batch is images); a vision-language model's also sets --images."""
+    return bool(s.image_size) and s.images is None
+
+
+def _images(e: Estimate) -> str:
+    """A vision-language model's images per sample and the language model's sequence (components.py)."""
+    parts = e.detail.records.get("components")
+    if not parts:
+        return ""
+    s, lm = e.setup, parts["language_model"]
+    return (f" text + {s.images} image(s) of {s.image_size}x{s.image_size} ({lm['image_tokens_per_sample']} image "
+            f"tokens; LM sequence {lm['tokens_per_sample']})")
+
+
+def _split(e: Estimate, key: str) -> list[tuple[str, int]]:
+    """The vision tower's and the language model's shares of a memory term (components.py), as indented rows."""
+    parts = e.detail.records.get("components") or {}
+    return [(f"  {label}", parts[part][key]) for part, label in (("vision_tower", "vision tower"),
+                                                                  ("language_model", "language model"))
+            if key in parts.get(part, {})]
+
+
 def memory_rows(e: Estimate) -> list[tuple[str, int]]:
     m = e.memory
-    rows = [("weights", m.weights)]
+    rows = [("weights", m.weights), *_split(e, "weights")]
     if e.setup.mode == "train":
         rows += [("gradients", m.gradients), ("optimizer states", m.optimizer_states)]
         if m.master_weights:
             rows.append(("fp32 master weights", m.master_weights))
-        rows += [("activations (saved for backward)", m.activations)]
+        rows += [("activations (saved for backward)", m.activations), *_split(e, "activations")]
     elif e.setup.mode == "rl":  # every model of the step (analytic/rl.py)
         rows = [("weights (all models)", m.weights), ("gradients (training step)", m.gradients),
                 ("optimizer states", m.optimizer_states)]
@@ -138,7 +163,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     elif e.setup.mode == "train":
         c.add_row("FLOPs per step (fwd / bwd / recompute)", f"{fmt_count(f.forward)} / {fmt_count(f.backward)} / {fmt_count(f.recompute)}")
         c.add_row("FLOPs per step (hardware)", fmt_count(f.step, "FLOP"))
-        c.add_row(f"model FLOPs per {'image' if e.setup.image_size else 'token'}", fmt_count(f.per_token, "FLOP"))
+        c.add_row(f"model FLOPs per {'image' if _classifier(e.setup) else 'token'}", fmt_count(f.per_token, "FLOP"))
     else:
         c.add_row("prefill FLOPs", fmt_count(f.forward, "FLOP"))
         c.add_row("forward FLOPs per token", fmt_count(f.per_token, "FLOP"))
@@ -157,7 +182,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
             for name, secs, share in step_term_rows(e):
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
-            c.add_row(f"{'images' if e.setup.image_size else 'tokens'}/s (all GPUs)", fmt_count(tm.tokens_per_second))
+            c.add_row(f"{'images' if _classifier(e.setup) else 'tokens'}/s (all GPUs)", fmt_count(tm.tokens_per_second))
         elif e.setup.mode == "serve":
             sv = e.detail.serving
             sglang = sv.server == "sglang"

@@ -41,9 +41,13 @@ def _setup_of(self, spec=None) -> Setup:
         from ..vision_setup import vision_values
 
         return Setup(**vision_values(spec, values, self))
-    if spec is not None and (values["image_size"] is not None or values["channels_last"]):
-        flag = "--image-size" if values["image_size"] is not None else "--channels-last"
-        raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit); {spec.name} is {spec.family}")
+    if spec is not None and values["channels_last"]:
+        raise SetupError(f"--channels-last applies to vision models (resnet, convnext, vit); {spec.name} is "
+                         f"{spec.family}")
+    if spec is not None:
+        from ..vlm_setup import vlm_values
+
+        values = vlm_values(spec, values)  # --images / --image-size: a vision-language model's, refused otherwise
     if spec is not None and mode == "train":
         values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
     setup = Setup(**values)

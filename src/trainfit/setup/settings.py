@@ -183,9 +183,20 @@ class Setup:
                                           "time as its gradient is ready, and free that gradient at once (torchtune's "
                                           "optimizer_in_bwd): gradients never all live. Needs --grad-accum 1 and one "
                                           "GPU (no --dp).", modes=("train",), group="step")
-    image_size: Optional[int] = setting(None, "Image side in pixels (vision models: resnet, convnext, vit); the "
-                                        "batch is images.", minimum=1, maximum=8192,
-                                        auto="the config's image_size (224 for the ImageNet models)", example="224", group="vision")
+    image_size: Optional[int] = setting(None, "Image side in pixels (vision models: resnet, convnext, vit; the "
+                                        "batch is images). Vision-language models: each image's side, a multiple of "
+                                        "patch x merge (qwen2.5-vl 28, qwen3-vl 32) as the processor resizes to; "
+                                        "gemma-3 takes 896 only.",
+                                        minimum=1, maximum=8192,
+                                        auto="the config's image_size (224 for the ImageNet models, 896 for "
+                                        "gemma-3; 448 for the Qwen vision-language models)", example="224", group="vision")
+    images: Optional[int] = setting(None, "Images per sample (vision-language models): each adds (image / (patch x "
+                                    "merge))^2 tokens to the language model's sequence (qwen2.5-vl: (image / 28)^2), "
+                                    "which is then --seq text tokens + images x tokens per image; the vision tower "
+                                    "runs on (image / patch)^2 patches per image. Refused for models without a vision "
+                                    "tower.", minimum=0, maximum=1024,
+                                    auto="1 for a vision-language model", example="2",
+                                    group="vision")
     channels_last: bool = setting(False, "Run a vision model in the channels-last memory format (NHWC; the same "
                                   "bytes, other kernels).", group="vision")
     device: str = setting("cuda", "Kernel semantics: cuda (flash SDPA, the CUDA allocator's 512-byte rounding, "

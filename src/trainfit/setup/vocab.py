@@ -53,7 +53,7 @@ GROUPS = {
     "fine-tune": ("Fine-tuning", TRAINING),
     "serve": ("Serving (--mode serve)", ("serve",)),
     "rl": ("RL post-training (--mode rl)", ("rl",)),
-    "vision": ("Vision models", ("train",)),
+    "vision": ("Vision models", ("train", "infer")),  # image classifiers train only (vision_setup.py); VLMs infer too
     "run": ("The GPU and the budget", MODES),
 }
 

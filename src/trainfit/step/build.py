@@ -84,6 +84,8 @@ def hf_config(spec: "ModelSpec", setup: "Setup"):
     cfg.pop("dtype", None)
     config = AutoConfig.for_model(model_type, **cfg)
     config.use_cache = False
+    if spec.vision is not None:  # the language model reads its own sub-config
+        config.get_text_config().use_cache = False
     config._attn_implementation = hf_attn_implementation(spec, setup)
     head = for_setup(spec, setup)
     if head.task_head in CLASSIFIERS:
@@ -108,7 +110,9 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     import transformers
 
     config = hf_config(spec, setup)
-    auto = getattr(transformers, _AUTO[for_setup(spec, setup).task_head])
+    # a vision-language model: its *ForConditionalGeneration (the tower and the language model; trainfit.heads)
+    auto = getattr(transformers, "AutoModelForImageTextToText" if spec.vision is not None
+                   else _AUTO[for_setup(spec, setup).task_head])
     with torch.device(device):
         model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
     if torch.device(device).type == "cuda" and torch.cuda.is_initialized():
@@ -136,6 +140,8 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
     """
     head = for_setup(spec, setup)
     kind, n = head.task_head, head.num_labels
+    if spec.vision is not None and setup.images:
+        return [vlm_batch(spec, setup, device, labels=True) for _ in range(setup.grad_accum)]
     batches = []
     for _ in range(setup.grad_accum):
         ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)
@@ -149,3 +155,94 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
             labels = ids.clone()
         batches.append({"input_ids": ids, "labels": labels})
     return batches
+
+
+def vlm_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = False) -> dict:
+    """One micro-batch of a vision-language model (Qwen2.5-VL, Qwen3-VL), as its processor makes it and the model
+    reads it (modeling_qwen2_5_vl.py Qwen2_5_VLModel.forward :1175-1257, modeling_qwen3_vl.py Qwen3VLModel.forward):
+    - input_ids (batch, seq + images x tokens per image): --seq random text ids (never the image or video
+      placeholder id) and, after the first token, each image's (image / (patch x merge))^2 placeholder ids, which
+      the model replaces by the merger's outputs (masked_scatter; Qwen3-VL also adds its deepstack features there);
+    - pixel_values (batch x images x (image / patch)^2, channels x temporal_patch x patch^2) fp32, the processor's
+      flattened patches (a still image repeated temporal_patch times: grid_t = 1);
+    - image_grid_thw (batch x images, 3): (1, image / patch, image / patch) per image;
+    - the tower's index tensors, computed from the grid by transformers' own helpers (vision_utils.py
+      get_vision_cu_seqlens, get_vision_position_ids; Qwen2.5-VL's windows get_vision_window_index; Qwen3-VL's
+      position-table resampling get_vision_interpolation_indices_and_weights, bilinear with aligned corners as
+      modeling_qwen3_vl.py :683-690 asks) and passed as the precomputed `image_*` keywords the model accepts
+      (utils/generic.py accepts_precomputed_kwargs): the same tensors the forward would build, made here because
+      building them reads values (.tolist()), which fake tensors cannot;
+    - position_ids (3, batch, L): the language model's M-RoPE positions, the plain 0..L-1 in each of the three
+      sections (NB: get_rope_index gives image tokens 2-D positions instead, a (3, batch, L) tensor all the same;
+      Qwen3-VL refuses images without mm_token_type_ids unless the positions are given);
+    - labels (training): input_ids with the image positions at -100 (no loss on them).
+    The ids and the index tensors are made from Python values: under the trace's fake mode they are constants
+    (trace/fake.py vision_constants), so the placeholder masks derived from the ids are known too (Qwen3-VL's
+    deepstack indexes the hidden states with them). No attention_mask."""
+    from transformers import vision_utils as vu
+
+    t, n = spec.vision, setup.images
+    if t.projector == "pool":
+        return _pooled_batch(spec, setup, device, labels)
+    side = setup.image_size // t.patch
+    image_tokens = n * t.tokens(setup.image_size)
+    length = setup.seq + image_tokens
+    with _real_tensors():
+        grid = torch.tensor([[1, side, side]] * (setup.batch * n), dtype=torch.long)
+        index = {"cu_seqlens": vu.get_vision_cu_seqlens(grid), "position_ids": vu.get_vision_position_ids(grid, t.merge)}
+        if t.window:
+            index["window_index"], index["cu_window_seqlens"] = vu.get_vision_window_index(grid, t.merge, t.window,
+                                                                                           t.patch)
+        if t.position_embeddings:
+            index["interp_indices"], index["interp_weights"] = vu.get_vision_interpolation_indices_and_weights(
+                grid, int(t.position_embeddings ** 0.5), mode="bilinear", align_corners=True,
+                spatial_merge_size=t.merge)
+        ids = torch.randint(0, spec.vocab, (setup.batch, length), dtype=torch.long)
+        for p in [t.image_token_id] + [v for v in (spec.config.get("video_token_id"),) if isinstance(v, int)]:
+            ids = ids.masked_fill(ids == p, 0)
+        ids[:, 1:1 + image_tokens] = t.image_token_id
+        values = {k: (v.tolist(), v.dtype) for k, v in {**index, "grid": grid, "ids": ids}.items()}
+    made = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in values.items()}
+    ids = made.pop("ids")
+    pixels = torch.randn(setup.batch * n * side * side, t.in_channels * t.temporal_patch * t.patch ** 2,
+                         dtype=torch.float32, device=device)
+    positions = torch.arange(length, device=device).view(1, 1, -1).expand(3, setup.batch, -1)
+    batch = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": made.pop("grid"), "position_ids": positions,
+             **{f"image_{k}": v for k, v in made.items()}}
+    if labels:
+        lab = ids.clone()
+        lab[:, 1:1 + image_tokens] = -100
+        batch["labels"] = lab
+    return batch
+
+
+def _pooled_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = False) -> dict:
+    """One micro-batch of Gemma 3 with images, as Gemma3Processor makes it (processing_gemma3.py) and
+    Gemma3Model.forward reads it (modeling_gemma3.py :800-895): input_ids with mm_tokens_per_image placeholder ids
+    per image (after the first token), pixel_values (batch x images, channels, image, image) fp32, token_type_ids 1 on
+    the image tokens (in training the language model's masks then let an image's tokens attend to each other both
+    ways: create_masks_for_vision_model, a materialised mask), labels -100 on the image tokens. The ids and the token
+    types are made from Python values (constants under the trace's fake mode, as in vlm_batch)."""
+    t, n = spec.vision, setup.images
+    image_tokens = n * t.tokens(setup.image_size)
+    with _real_tensors():
+        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq + image_tokens), dtype=torch.long)
+        ids = ids.masked_fill(ids == t.image_token_id, 0)
+        ids[:, 1:1 + image_tokens] = t.image_token_id
+        values = {"ids": (ids.tolist(), ids.dtype), "types": ((ids == t.image_token_id).long().tolist(), torch.long)}
+    made = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in values.items()}
+    pixels = torch.randn(setup.batch * n, t.in_channels, setup.image_size, setup.image_size, dtype=torch.float32,
+                         device=device)
+    batch = {"input_ids": made["ids"], "pixel_values": pixels, "token_type_ids": made["types"]}
+    if labels:
+        lab = made["ids"].clone()
+        lab[:, 1:1 + image_tokens] = -100
+        batch["labels"] = lab
+    return batch
+
+
+def _real_tensors():
+    """A context where tensors are real, also inside the trace's fake mode (the grid's index arithmetic)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()

@@ -9,19 +9,25 @@ have no cache: one forward over the batch ("prefill"). Under amp-* the step runs
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ..setup import Setup
 from .build import autocast_dtype
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import ModelSpec
+
 
 def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
                    phase: Callable[[str], None] = lambda name: None,
-                   on_cache: Callable[[object], None] = lambda cache: None):
+                   on_cache: Callable[[object], None] = lambda cache: None, images: dict | None = None):
     """Prefill + one decode step; returns the final cache (None for encoders). `on_cache` sees the cache after
-    each forward (the engines label or weigh it)."""
+    each forward (the engines label or weigh it). `images`: a vision-language model's image inputs for the prefill
+    (step/build.py vlm_batch less its input_ids: pixel_values, image_grid_thw, the tower's index tensors); `ids`
+    then holds the image placeholders."""
+    images = images or {}
     dtype = autocast_dtype(setup)
     params = inspect.signature(model.forward).parameters
     kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
@@ -35,7 +41,7 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
             model(input_ids=ids)
             phase("end")
             return None
-        out = model(input_ids=ids, use_cache=True, **kw)
+        out = model(input_ids=ids, use_cache=True, **images, **kw)
         cache = getattr(out, cache_arg)
         on_cache(cache)
         next_ids = out.logits[:, -1:].argmax(-1)  # greedy; its value does not matter for memory
@@ -46,3 +52,14 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
         del out
         phase("end")
     return cache
+
+
+def prompt(spec: "ModelSpec", setup: Setup, device="cpu") -> tuple[torch.Tensor, dict]:
+    """(input_ids, image inputs) of the prefill: random prompt ids; a vision-language model's with its images
+    (step/build.py vlm_batch; their placeholders in the ids)."""
+    if spec.vision is None or not setup.images:
+        return torch.randint(0, spec.vocab, (setup.batch, setup.seq), device=device), {}
+    from .build import vlm_batch
+
+    images = vlm_batch(spec, setup, device)
+    return images.pop("input_ids"), images

@@ -15,6 +15,8 @@ CPU that was.
 """
 from __future__ import annotations
 
+import contextlib
+
 import time
 
 import torch
@@ -28,10 +30,11 @@ from .analysis import Analysis
 from .cuda_kernels import cuda_kernels
 from .bnb_cpu import bnb_cpu_kernels
 from .optimizer_scalars import optimizer_scalar_reads
-from .fake import fake_mode, translated_errors
+from .fake import fake_mode, translated_errors, vision_constants
 from .kernel_scratch import cpu_isa, summary
 from .kernel_scratch import notes as scratch_notes
 from .recorder import as_categories
+from ..vlm_setup import lm_seq
 
 
 SERVE_ONLY_ANALYTIC = ("--mode serve models a serving engine's start-up on a GPU (analytic/serving.py), which the "
@@ -187,13 +190,22 @@ def device_notes(setup: Setup) -> list[str]:
 
 def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate: bool = True,
                alloc_conf: str | None = None) -> Estimate:
-    """Trace the standard step (training, or prefill + decode for mode="infer") of the HF model for `spec`.
+    """Trace the standard step (training, or prefill + decode for mode="infer") of the HF model for `spec`; a
+    vision-language model's estimate carries its vision tower and language model apart (components.py).
 
     alloc_conf: the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax) for `memory.reserved`.
     extrapolate: trace 3, 4 and 5 periods of the repeated decoder layers and extrapolate to the
     full depth when every number is exactly linear across those traces (extrapolate.py); otherwise,
     or when the model is shallow (< 16 periods), trace the full model.
     """
+    from ..components import with_components
+
+    return with_components(spec, _trace_spec(spec, setup, flops=flops, extrapolate=extrapolate, alloc_conf=alloc_conf))
+
+
+def _trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate: bool = True,
+                alloc_conf: str | None = None) -> Estimate:
+    """trace_spec's estimate, before the VLM components."""
     check_setup(setup)
     validate_layout(spec, setup)  # e.g. --seq past a model's learned positions: refused before tracing
     if setup.mode == "infer":
@@ -208,7 +220,7 @@ def trace_spec(spec: ModelSpec, setup: Setup, *, flops: bool = True, extrapolate
             return est
     t0 = time.perf_counter()
     model, rec, an = trace_train(spec, setup, flops=flops)
-    return estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq * setup.grad_accum,
+    return estimate_from(spec.name, model, setup, rec, an, setup.batch * lm_seq(spec, setup) * setup.grad_accum,
                      time.perf_counter() - t0, NOTES + tuple(device_notes(setup)), alloc_conf=alloc_conf)
 
 
@@ -221,7 +233,7 @@ def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: 
 
     step = stack_step(setup)
     with translated_errors(spec.name), fake_mode(), cuda_kernels(setup), optimizer_scalar_reads(), \
-            bnb_cpu_kernels(setup):
+            bnb_cpu_kernels(setup), vision_constants(spec):
         if step is hf_step:  # the transformers model, with transformers' refusals in one line
             model = build_hf(spec, setup)
             enable_recompute(model, setup)
@@ -235,13 +247,37 @@ def trace_train(spec: ModelSpec, setup: Setup, *, flops: bool = True, segments: 
     return model, rec, an
 
 
+@contextlib.contextmanager
+def _values_unset(spec: ModelSpec):
+    """A vision-language model's truncated-normal initialisation made without reading a value: SigLIP's
+    trunc_normal_ (modeling_siglip.py _init_weights via transformers initialization.py trunc_normal_, Gemma 3's tower)
+    calls torch's, which reads a tensor value (aten._local_scalar_dense) fake tensors cannot give. While the model is
+    built, transformers' table of torch init functions (initialization.py TORCH_INIT_FUNCTIONS) maps trunc_normal_ to
+    an in-place normal_ clamped to [a, b]: the same tensors, other values, which the trace never reads."""
+    if spec.vision is None:
+        yield
+        return
+    from transformers import initialization as init
+
+    def trunc_normal(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+        return tensor.normal_(mean, std, generator=generator).clamp_(a, b)
+
+    before = init.TORCH_INIT_FUNCTIONS["trunc_normal_"]
+    init.TORCH_INIT_FUNCTIONS["trunc_normal_"] = trunc_normal
+    try:
+        yield
+    finally:
+        init.TORCH_INIT_FUNCTIONS["trunc_normal_"] = before
+
+
 def build_hf(spec: ModelSpec, setup: Setup) -> torch.nn.Module:
     """trainfit.step.build_model, with transformers' refusals (an attention kernel the architecture
     lacks, an unknown model class) turned into one-line EngineUnavailableErrors."""
     from ..step import build_model
 
     try:
-        return build_model(spec, setup)
+        with _values_unset(spec):
+            return build_model(spec, setup)
     except (ValueError, ImportError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = " (try --attention eager)" if "attention" in first.lower() else ""

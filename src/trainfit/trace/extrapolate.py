@@ -31,6 +31,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .analysis import TRAIN_PHASES, segment_maxima
 from .recorder import ACTIVATION, CATEGORIES, as_categories
+from ..vlm_setup import lm_seq
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 MIN_PERIODS = 16  # below this many layer periods the full trace costs about as much as 3 + 4 + 5
@@ -292,7 +293,7 @@ def trace_extrapolated(spec: ModelSpec, setup: Setup, *, flops: bool = True, min
         peak=peak, peak_phase=TRAIN_PHASES[peak_key[1]], phases=phase_max, at_peak=as_categories(cats),
         reserved=reserved, required=required,
     )
-    tokens = setup.batch * setup.seq * setup.grad_accum
+    tokens = setup.batch * lm_seq(spec, setup) * setup.grad_accum
     if flops:
         fwd, bwd, rc = predicted["forward"], predicted["backward"], predicted["recompute"]
         fl = Flops(forward=fwd, backward=bwd, recompute=rc, step=fwd + bwd + rc, model_step=fwd + bwd,

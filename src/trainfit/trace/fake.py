@@ -21,6 +21,34 @@ def fake_mode() -> ft.FakeTensorMode:
     return ft.FakeTensorMode(allow_non_fake_inputs=True)
 
 
+@contextlib.contextmanager
+def vision_constants(spec):
+    """For a vision-language model (spec.vision): fake tensors made from Python values (torch.tensor, e.g. the image
+    grid and the tower's window indexes: step/build.py vlm_batch) keep their values through index arithmetic, so that
+    the model's `.tolist()` on them (modeling_qwen2_5_vl.py :316-318 attention splits, :1077 split sizes) reads real
+    numbers. FakeTensorMode propagates such constants only while an op's output has at most CONSTANT_NUMEL_LIMIT
+    elements (torch/_subclasses/fake_tensor.py, 1 by default); raised here to the largest index tensor (the patches'
+    (h, w) positions), restored after. transformers' placeholder-count check (utils/import_utils.py
+    torch_compilable_check, a value read of the token count) is off for the same span (TRANSFORMERS_DISABLE_TORCH_CHECK,
+    its documented switch): the batch puts exactly one placeholder per image token by construction."""
+    import os
+
+    if getattr(spec, "vision", None) is None:
+        yield
+        return
+    before, env = ft.CONSTANT_NUMEL_LIMIT, os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    ft.CONSTANT_NUMEL_LIMIT = max(before, 1 << 24)
+    os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    try:
+        yield
+    finally:
+        ft.CONSTANT_NUMEL_LIMIT = before
+        if env is None:
+            os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
+        else:
+            os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = env
+
+
 _HINT = ("the trace engine runs on fake tensors, which cannot execute ops whose output depends on "
          "tensor values; use the analytic engine (--engine analytic) or the measure engine")
 

@@ -20,12 +20,13 @@ import torch
 from ..errors import EngineUnavailableError
 from ..setup import Setup
 from ..spec import ModelSpec
-from ..step.infer import inference_step
+from ..step.infer import inference_step, prompt
 from .analysis import INFER_PHASES, analyse
 from .cuda_kernels import cuda_kernels
-from .fake import fake_mode, translated_errors
+from .fake import fake_mode, translated_errors, vision_constants
 from .modules import ModuleStack
 from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
+from ..vlm_setup import lm_seq
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
@@ -49,9 +50,9 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
         raise EngineUnavailableError(
             f"--precision {setup.precision}: quantized inference kernels are not traced; use the analytic engine")
     t0 = time.perf_counter()
-    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup):
+    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup), vision_constants(spec):
         model = build_hf(spec, setup).eval()
-        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
+        ids, images = prompt(spec, setup)
         modules = ModuleStack(model)
         rec = AllocationRecorder(modules, count_flops=flops, round_cuda=setup.device == "cuda")
 
@@ -65,14 +66,16 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
             for name, b in model.named_buffers():
                 rec.adopt(b, BUFFER, name)
             rec.adopt(ids, INPUT, "input_ids")
+            for name, t in images.items():
+                rec.adopt(t, INPUT, name)
             start = rec.event
             rec.reset_peak()
-            inference_step(model, ids, setup, spec.causal, phase=rec.set_phase, on_cache=on_cache)
+            inference_step(model, ids, setup, spec.causal, phase=rec.set_phase, on_cache=on_cache, images=images)
         an = analyse(rec, start, INFER_PHASES)
     if rec.flops is not None:  # Flops.forward is the prefill; the decode step's FLOPs go in detail
         by_phase = rec.flops.by_phase
         rec.flops.by_kind["forward"] = by_phase.get("prefill", 0)
-    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0,
+    est = estimate_from(spec.name, model, setup, rec, an, setup.batch * lm_seq(spec, setup), time.perf_counter() - t0,
                     NOTES + tuple(device_notes(setup)) +
                     ("inference: activations are reported as temporaries (nothing is saved for backward)",),
                     alloc_conf=alloc_conf)

@@ -185,7 +185,7 @@ def time_text(e: Estimate) -> str:
 
     t, s = e.time, e.setup
     if s.mode == "train":
-        unit = "images" if s.image_size else "tokens"
+        unit = "images" if s.image_size and s.images is None else "tokens"  # (a VLM: tokens)
         return f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · {fmt_count(t.tokens_per_second)} {unit}/s"
     if s.mode == "rl":
         return (f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "

@@ -1,0 +1,104 @@
+"""Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3) in the trace engine against a real CPU step of the same model: peaks within
+0.5 % (DESIGN.md §5), in training and in inference (prefill with the images + one decode step); the image inputs'
+shapes and the estimate's components against hand derivations."""
+from __future__ import annotations
+
+import pytest
+import torch
+from trace_configs import tiny_spec  # tests/trace is on sys.path (rootdir-less import)
+
+from trainfit.components import in_tower
+from trainfit.measure import measure
+from trainfit.setup import Setup
+from trainfit.step.build import vlm_batch
+from trainfit.trace import trace_spec
+from trainfit.trace.kernel_scratch import cpu_isa
+
+# (family, precision, recompute, optimizer, grad_accum, seq): 2 images per sample, 4 x 4 merged tokens each
+# (the default run keeps one training setup a family; recompute with accumulation is in the heavy tier)
+CASES = [("qwen2_5_vl", "amp-bf16", "none", "adamw", 1, 64), ("qwen2_5_vl", "bf16", "full", "sgd", 2, 32),
+         ("qwen3_vl", "amp-bf16", "none", "adamw", 1, 64),
+         pytest.param("qwen3_vl", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy),
+         ("gemma3", "amp-bf16", "none", "adamw", 1, 64),
+         pytest.param("gemma3", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy)]
+# 4 x 4 language-model tokens an image: 112 px for Qwen2.5-VL (patch 14 x merge 2), 128 px for Qwen3-VL (16 x 2);
+# the tiny Gemma 3's tower takes 56 px only (4 x 4 patches pooled 2 x 2: 4 tokens)
+IMAGE = {"qwen2_5_vl": 112, "qwen3_vl": 128, "gemma3": 56}
+
+
+def _setup(family: str = "qwen2_5_vl", **kw) -> Setup:
+    return Setup(batch=2, device="cpu", images=2, image_size=IMAGE[family], **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,precision,recompute,optimizer,grad_accum,seq", CASES,
+                         ids=["-".join(map(str, getattr(c, "values", c))) for c in CASES])
+def test_vlm_trace_peak_equals_real_peak(family, precision, recompute, optimizer, grad_accum, seq):
+    spec = tiny_spec(family)
+    setup = _setup(family, seq=seq, precision=precision, optimizer=optimizer, recompute=recompute,
+                   grad_accum=grad_accum)
+    traced = trace_spec(spec, setup)
+    real = measure(spec, setup, steps=0)
+    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, cpu_isa())
+    assert traced.params == real.params
+    assert traced.memory.weights + traced.memory.at_peak.get("buffers", 0) == real.weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(IMAGE))
+def test_vlm_inference_trace_peak_equals_real_peak(family):
+    spec = tiny_spec(family)
+    setup = _setup(family, mode="infer", precision="bf16", seq=64)
+    traced = trace_spec(spec, setup)
+    real = measure(spec, setup, steps=0)
+    assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, cpu_isa())
+    assert traced.memory.peak_phase == real.peak_phase == "prefill"
+
+
+def test_vlm_batch_shapes_follow_the_image_size():
+    # Hand derivation, Qwen2.5-VL (patch 14, temporal patch 2, merge 2x2): a 112-pixel image is (112 / 14)^2 = 64
+    # patches of 3 x 2 x 14 x 14 = 1176 values for the tower and (112 / 28)^2 = 16 tokens in the language model's
+    # sequence; 2 samples x 2 images: 256 patch rows, 4 grid rows (1, 8, 8); each sample 32 + 2 x 16 = 64 ids, 32 of
+    # them the image placeholder, whose labels are -100.
+    spec = tiny_spec("qwen2_5_vl")
+    b = vlm_batch(spec, _setup(seq=32), labels=True)
+    assert b["input_ids"].shape == (2, 64) and b["pixel_values"].shape == (256, 1176)
+    assert b["image_grid_thw"].tolist() == [[1, 8, 8]] * 4
+    assert ((b["input_ids"] == 999).sum(dim=1) == 32).all() and ((b["labels"] == -100).sum(dim=1) == 32).all()
+    # 4 images of 64 patches, each split into 2 x 2 windows of 16 patches (window 56 px = 2 merged tokens a side)
+    assert b["image_cu_seqlens"].tolist() == [0, 64, 128, 192, 256]
+    assert b["image_cu_window_seqlens"].tolist() == list(range(0, 257, 16))
+
+
+def test_qwen3_vl_batch_resamples_the_position_table():
+    # Hand derivation, Qwen3-VL (patch 16, temporal patch 2, merge 2x2, an 8 x 8 position table): a 128-pixel image is
+    # (128 / 16)^2 = 64 patches of 3 x 2 x 16 x 16 = 1536 values, 16 language-model tokens; each patch reads 2 x 2
+    # bilinear taps of the table; no windows (every block attends over the whole image).
+    spec = tiny_spec("qwen3_vl")
+    b = vlm_batch(spec, _setup("qwen3_vl", seq=32), labels=True)
+    assert b["input_ids"].shape == (2, 64) and b["pixel_values"].shape == (256, 1536)
+    assert b["image_interp_indices"].shape == b["image_interp_weights"].shape == (256, 4)
+    assert "image_window_index" not in b and b["image_cu_seqlens"].tolist() == [0, 64, 128, 192, 256]
+    assert b["position_ids"].shape == (3, 2, 64)
+
+
+@pytest.mark.parametrize("family", sorted(IMAGE))
+def test_vlm_components_split_weights_and_activations(family):
+    spec = tiny_spec(family)
+    setup = _setup(family, seq=32, precision="fp32")
+    est = trace_spec(spec, setup)
+    parts = est.detail.records["components"]
+    from trainfit.step import build_model
+
+    with torch.device("meta"):
+        model = build_model(spec, setup)
+    # the transformers tower (and Gemma 3's projector), counted by torch
+    tower = sum(p.numel() for name, p in model.named_parameters() if in_tower(name.rsplit(".", 1)[0]))
+    assert parts["vision_tower"]["params"] == tower > 0
+    assert parts["language_model"]["params"] == est.params - tower
+    assert parts["vision_tower"]["weights"] == 4 * tower  # fp32
+    assert parts["vision_tower"]["activations"] + parts["language_model"]["activations"] == est.memory.activations
+    assert parts["vision_tower"]["activations"] > 0
+    tokens, patches = (4, 16) if family == "gemma3" else (16, 64)  # per image, from IMAGE's hand derivation
+    assert parts["language_model"]["tokens_per_sample"] == 32 + 2 * tokens
+    assert parts["vision_tower"]["patches_per_sample"] == 2 * patches
