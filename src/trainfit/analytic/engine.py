@@ -217,8 +217,8 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
         raise SetupError(f"--tokens must be positive, got {tokens}")
     validate_layout(spec, setup)
     if setup.mode != "serve":  # serving sizes the engine's own profile run (analytic/serving.py), not these terms
-        # inference with a GPU times each pass from the op list, which asks again (ops/layer.py: training's terms)
-        check_modelled(spec, setup.mode if gpu is None or mfu is not None else "train")
+        # a step or pass timed with a GPU runs the op list, which asks again (ops/layer.py: mode "ops")
+        check_modelled(spec, setup.mode if gpu is None or mfu is not None else "ops")
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":

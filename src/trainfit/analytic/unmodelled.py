@@ -45,7 +45,7 @@ from ..spec import ModelSpec
 
 def unmodelled_features(spec: ModelSpec, mode: str = "train") -> list[str]:
     """The features of `spec` the analytic formulas do not cover in `mode` (empty: fully modelled). The op list
-    (analytic/ops) asks with the default: it times training steps and inference passes alike."""
+    (analytic/ops) asks with mode "ops": it times training steps and inference passes alike."""
     out = []
     if spec.moe is not None and spec.moe.experts_every_token:
         out.append("an MoE whose every expert runs every token (Llama4TextExperts' batched bmm)")
@@ -63,11 +63,10 @@ def unmodelled_features(spec: ModelSpec, mode: str = "train") -> list[str]:
         out.append("the sigmoid output gate of gated attention")
     if spec.moe is not None and spec.moe.swiglu_limit:
         out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
-    if spec.hybrid is not None and spec.hybrid.mamba_layers and mode != "infer":
-        # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors, the serving
-        # engines' state allocators and the scan's kernels in the op list are not
-        out.append("Mamba-2 blocks outside inference memory (the chunked scan's saved tensors in training, serving "
-                   "and the scan's kernels in the op list that times a pass)")
+    if spec.hybrid is not None and spec.hybrid.mamba_layers and mode not in ("infer", "train"):
+        # inference and training memory are modelled (hybrid_inference.py, hybrid_training.py, mamba2.py); the
+        # serving engines' state allocators and the scan's kernels in the op list (mode "ops") are not
+        out.append("Mamba-2 blocks in serving and in the op list that times a pass (the scan's kernels)")
     return out
 
 

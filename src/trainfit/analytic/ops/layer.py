@@ -44,7 +44,7 @@ Projection = Callable[..., Op]
 
 def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block."""
-    check_modelled(spec)
+    check_modelled(spec, "ops")
     rc = recipe(spec, moe)
     ops: list[Op] = []
 
