@@ -24,7 +24,7 @@ def test_cache_is_states_per_mamba_block_and_kv_per_attention_block():
     assert est.detail.kv_bytes_per_token == 128
 
 
-@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="bf16"),
+@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="amp-bf16"),
                                    Setup(batch=2, seq=128, precision="bf16", mode="infer", tp=2)],
                          ids=["train", "infer-tp2"])
 def test_what_is_not_modelled_is_refused_in_one_line(setup):

@@ -242,6 +242,13 @@ def scan_end_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tup
         Q) (:326); Y_diag's bmm output (Tp, H, P) (:341); B_decay (Tp, H, N) (:343); the chunk states (b, H, P, N)
         (:346-351: one of the zero initial state and the einsum's output is live); Y_off, the sum and its
         contiguous copy (Tp, H, P) each (:363, 369).
+    einsum_copies: torch.einsum hands bmm its operands permuted and reshaped (aten/src/ATen/native/Linear.cpp
+    sumproduct_pair: `.reshape`), which copies an operand whose permuted layout is not viewable. With one chunk
+    (c = 1) the chunk dimension has size 1 and x·dt and the chunk states reach their einsums as views, so autograd
+    saves x·dt itself and new_states' bmm output; with several chunks it saves contiguous copies instead: x·dt's
+    for Y_diag's and the chunk states' einsums (Tp, H, P) each (:341, 346), and the states' for C_times_states
+    (b, c, H, P, N) (:362), x·dt and the bmm output becoming transient (read off small-nemotron_h at 2 x 256, two
+    chunks of 128, against 2 x 128).
     NB: tensors the reference kernel pads are counted at Tp, those made before the padding at T; the traced
     configs' sequences fill whole chunks, where the two agree. CUDA's 512-byte rounding of the few (H,) tensors is
     left out."""
@@ -251,11 +258,14 @@ def scan_end_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tup
     silu = a * batch * x.conv_dim * seq
     entry = a * t * x.proj + a * batch * x.conv_dim * (seq + x.conv_kernel - 1) + 3 * a * t * h
     copies = FP32 * t * h * p + 2 * FP32 * t * h if up else 0
-    saved = (2 * FP32 * tp * h * p + FP32 * t * h * n + 3 * FP32 * tp * h * q + 4 * FP32 * tp * h * n
-             + 2 * FP32 * batch * h * (c + 1) * p * n + FP32 * tp * h * p + 2 * FP32 * tp * h
+    chunked = c > 1  # (einsum_copies)
+    states = FP32 * batch * h * (c + 1) * p * n
+    saved = (FP32 * tp * h * p * (3 if chunked else 2) + FP32 * t * h * n + 3 * FP32 * tp * h * q
+             + 4 * FP32 * tp * h * n + states * (1 if chunked else 2)
+             + (FP32 * batch * c * h * p * n if chunked else 0) + FP32 * tp * h * p + 2 * FP32 * tp * h
              + FP32 * batch * h * (c + 1) ** 2 + 2 * (q * q + (c + 1) ** 2) + 2 * FP32 * h)
     transient = (5 * FP32 * tp * h * p + FP32 * t * h + FP32 * t * h * n + FP32 * tp * h + FP32 * tp * h * n
-                 + FP32 * batch * h * p * n)
+                 + FP32 * batch * h * p * n + ((FP32 * tp * h * p + states) if chunked else 0))
     live = entry + silu + copies + saved + transient
     return live, transient + (silu if up else 0)
 

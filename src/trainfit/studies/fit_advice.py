@@ -240,7 +240,7 @@ def fastest_that_fit(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0
     """`trainfit fit`: the setup as given if it fits, else the suggestions on this GPU (not a larger one); each
     with its micro-batch grown as far as it fits (more tokens per kernel: faster per token), fastest first. A model
     the analytic engine does not model is refused in one line (its search would judge nothing)."""
-    check_modelled(spec)
+    check_modelled(spec, "ops")  # the search times each setup with the op list
     j = _Judge(spec, setup, gpu, reserve)
     start = j.suggest("", "as given")
     found = [start] if start is not None else suggestions(spec, setup, gpu, reserve, 4 * shown, larger_gpu=False)
