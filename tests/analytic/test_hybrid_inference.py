@@ -61,3 +61,17 @@ def test_scan_flops_against_the_trace():
     traced = sum(by_module[f"model.layers.{i}.mixer"] for i, k in enumerate(spec.hybrid.pattern) if k == "mamba")
     predicted = 3 * scan_flops_per_token(spec, 100) * 2 * 100
     assert abs(predicted - traced) / traced <= 0.01, (predicted, traced)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,recompute,device", [("fp32", "none", "cuda"), ("bf16", "full", "cpu")])
+def test_training_past_one_chunk_within_1_percent_of_the_trace(precision, recompute, device):
+    """Training with the sequence over two chunks (the families matrix's Nemotron-H at 2 x 256, chunk 128): einsum's
+    operand copies of x·dt and of the chunk states, which one chunk does not make (mamba2.scan_end_train,
+    einsum_copies); the matrix's 2 x 128 is one chunk."""
+    from tests.analytic.test_vs_trace_families import CONFIGS, assert_analytic_near_trace, shrink
+    from trainfit.models.hf_config import spec_from_config
+
+    spec = spec_from_config(shrink(CONFIGS["nemotron_h"]), "small-nemotron_h")
+    setup = Setup(batch=2, seq=256, precision=precision, recompute=recompute, device=device, optimizer="adamw")
+    assert_analytic_near_trace(spec, setup, "nemotron_h", 0.01)

@@ -28,8 +28,9 @@ def check_trainable(spec: ModelSpec, setup: Setup, st: StateBytes) -> None:
     if st.autocast:
         # the scan's einsums run their bmm in bf16 under autocast, each saving 16-bit casts of its operands
         why = "autocast (the scan's einsums' 16-bit operand casts saved for backward)"
-    elif setup.tp > 1 or setup.pp > 1 or setup.recompute not in ("none", "full"):
-        why = "--tp/--pp or a recompute policy other than none and full"
+    elif setup.tp > 1 or setup.pp > 1 or setup.zero >= 3 or setup.recompute not in ("none", "full"):
+        # the Mamba heads' TP split, each stage's share of the pattern and the per-block parameter gathers are not
+        why = "--tp/--pp, ZeRO-3/FSDP or a recompute policy other than none and full"
     elif setup.lora_rank or setup.compile or setup.offload != "none":
         why = "--lora, --compile or --offload"
     if why:

@@ -27,15 +27,13 @@ Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves M
 :390-613) with attention and MLP blocks. Its inference memory is modelled (hybrid_inference.py, mamba2.py: the
 scan's live tensors at the prefill's high point, the conv + SSM state per sequence and Mamba block as cache, K and V
 for the attention blocks only; small-nemotron_h within 0.03 % of the trace (-2.5 % under amp-bf16 on a CPU with
-oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %). Training
-is not: the mixer's in_proj split into z, x|B|C and dt, the depthwise causal conv1d and SiLU, the chunked selective
-scan (mamba2_chunk_scan, :273-378: dt softplus and clamp, A * dt cumulative sums, segment-sum decays of
-(b, heads, chunks, chunk, chunk), the per-chunk states (b, chunks, heads, head_dim, d_state)), the D skip, the gated
-RMSNorm and out_proj, all saved for backward, have no terms; nor have the serving engines' state allocators or the
-scan's kernels in the op list (analytic/ops) that times a pass (so inference with --gpu is refused too, unless --mfu).
-Measured gap at the families matrix's test size (Nemotron-H 47B's flags at hidden 128: one Mamba-2 block of 8 heads
-x 64, state 256, 8 groups, and one attention block; batch 2 x 128), with the refusal lifted: the analytic training
-peak -58.3 % to -85.4 % of the traced one (every precision and recompute policy, CPU and CUDA semantics).
+oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %), and so is its training in fp32
+and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the mixer, the scan's end in the forward
+and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace).
+Not modelled: training under autocast (refused in one line by hybrid_training.check_trainable: the scan's einsums
+then run their bmm in bf16 and save 16-bit casts of their operands; the analytic peak read -59 % (CUDA) and -64 %
+(CPU) before the Mamba-2 terms), the serving engines' state allocators, and the scan's kernels in the op list
+(analytic/ops, mode "ops") that times a pass or a step with --gpu (refused unless --mfu).
 """
 from __future__ import annotations
 
