@@ -271,17 +271,15 @@ def scan_end_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tup
 
 
 def gated_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
-    """What the mixer's gated RMSNorm (NemotronHRMSNorm with a gate, :63-74) and out_proj save, fp32 but the last:
-    the scan's output + D_residual (T, inner) (:367-372: the reference scan returns fp32, so the norm computes in
-    fp32 and its output is fp32), the gate's fp32 copy where it is 16-bit, silu(gate), the gated product, its rsqrt
-    per group (T, groups), the normalised tensor, the norm's output, and out_proj's input cast to the compute dtype
-    where that is 16-bit (:612). NB: read off the fp32 trace (five (T, inner) tensors, the cast aside); the 16-bit
-    layout is inferred from the source, not checked tensor by tensor (below the step's high point there)."""
+    """What the mixer's gated RMSNorm (NemotronHRMSNorm with a gate, :63-74) and out_proj save, (T, inner) fp32 each
+    (the reference scan returns fp32, :367-372, so the norm computes in fp32): the scan's output + D_residual, the
+    gated product, the normalised tensor, silu(gate) and, fp32, the norm's output out_proj multiplies (:612);
+    16-bit: the gate's fp32 copy (silu's input, :67) instead of that output, which out_proj's 16-bit cast
+    (`scan_output.to(dtype)`) replaces; and the rsqrt per group (T, groups). Read off the traced forward ends
+    (small-nemotron_h fp32 and bf16, tensor by tensor)."""
     m = spec.hybrid
     inner = m.ssm_inner
-    up = upcasts(st)
-    return (FP32 * tokens * inner * (5 + (1 if up else 0)) + FP32 * tokens * m.n_groups
-            + (st.act * tokens * inner if up else 0))
+    return FP32 * tokens * inner * 5 + FP32 * tokens * m.n_groups + (st.act * tokens * inner if upcasts(st) else 0)
 
 
 def block_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
