@@ -64,14 +64,19 @@ def test_scan_flops_against_the_trace():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,recompute,device", [("fp32", "none", "cuda"), ("bf16", "full", "cpu")])
-def test_training_past_one_chunk_within_1_percent_of_the_trace(precision, recompute, device):
-    """Training with the sequence over two chunks (the families matrix's Nemotron-H at 2 x 256, chunk 128): einsum's
-    operand copies of x·dt and of the chunk states, which one chunk does not make (mamba2.scan_end_train,
-    einsum_copies); the matrix's 2 x 128 is one chunk."""
+@pytest.mark.parametrize("model,precision,recompute,device", [
+    ("small", "fp32", "none", "cuda"), ("small", "bf16", "full", "cpu"), ("tiny-nemotron-h", "fp32", "none", "cpu")])
+def test_training_past_one_chunk_within_1_percent_of_the_trace(model, precision, recompute, device):
+    """Training with the sequence over several chunks (mamba2.scan_end_train, einsum_copies: x·dt's and the chunk
+    states' operand copies, which one chunk does not make; the families matrix's 2 x 128 is one chunk): its
+    Nemotron-H at 2 x 256 (two chunks of 128), and tiny-nemotron-h at 2 x 128 (8 chunks of 16; 2 groups for 8 heads;
+    MLP and attention blocks between 3 Mamba blocks, each kind with its own norm's saved tensors)."""
     from tests.analytic.test_vs_trace_families import CONFIGS, assert_analytic_near_trace, shrink
     from trainfit.models.hf_config import spec_from_config
 
-    spec = spec_from_config(shrink(CONFIGS["nemotron_h"]), "small-nemotron_h")
-    setup = Setup(batch=2, seq=256, precision=precision, recompute=recompute, device=device, optimizer="adamw")
+    if model == "small":
+        spec, seq = spec_from_config(shrink(CONFIGS["nemotron_h"]), "small-nemotron_h"), 256
+    else:
+        spec, seq = load_model(model), 128
+    setup = Setup(batch=2, seq=seq, precision=precision, recompute=recompute, device=device, optimizer="adamw")
     assert_analytic_near_trace(spec, setup, "nemotron_h", 0.01)

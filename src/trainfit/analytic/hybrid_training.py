@@ -48,13 +48,19 @@ def sub_blocks_saved(lm: LayerMemory, setup: Setup, tokens: int) -> tuple[float,
     return lm.saved - norms - mlp, mlp
 
 
+def norm_saved(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
+    """What any block's norm saves (mamba2.block_norm_train), with the block's input where the norm keeps it (fp32:
+    `.to(torch.float32)` returns the input, which pow saves, :65, 71); 16-bit, its fp32 copy instead."""
+    return mamba2.block_norm_train(spec, st, tokens) + (0 if mamba2.upcasts(st) else st.residual * spec.hidden * tokens)
+
+
 def mamba_kind(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, held: float, grads: float,
                gb: float) -> LayerKind:
     """A Mamba-2 block. `held`: what the block keeps until its backward under full recomputation (recompute.py:
     the checkpointed input, the CPU RNG state). Its forward high point: the block's input (the residual, live
     through the block: the residual add), its norm's saved tensors, the mixer at its scan's end. Saved for the
-    backward: the block's input where the norm saves it (fp32: `.to(torch.float32)` returns it, pow saves it,
-    :65, 71), the norm's, the mixer's but the scan's transients, the gated norm's and out_proj's input.
+    backward: the norm's (norm_saved), the mixer's but the scan's transients, the gated norm's and out_proj's
+    input.
     Its backward high point beside the saved tensors (no recomputation): scan_backward_moment."""
     r, h = st.residual, spec.hidden
     live, transient = mamba2.scan_end_train(spec, st, setup.batch, setup.seq)
@@ -70,8 +76,7 @@ def mamba_kind(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, held:
         first = block_input + st.act * h * tokens + max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq,
                                                                               setup.device))
         return LayerKind(held, rerun + incoming, 0.0, 0.0, gradients=grads, forward=first)
-    saved = (0 if mamba2.upcasts(st) else block_input) + norm + live - transient \
-        + mamba2.gated_norm_train(spec, st, tokens)
+    saved = norm_saved(spec, st, tokens) + live - transient + mamba2.gated_norm_train(spec, st, tokens)
     forward = block_input + norm + live
     extra, freed = scan_backward_moment(spec, setup, st, tokens)
     return LayerKind(saved, incoming + extra, freed, mamba2.out_proj_params(spec) * gb, gradients=grads,
@@ -106,7 +111,7 @@ def block_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, pc: ParamCounts, 
     m = spec.hybrid
     attn, mlp = sub_blocks_saved(lm, setup, tokens)
     # the norm's output is the sub-block's first linear input, which the dense terms count in linear_inputs
-    norm = mamba2.block_norm_train(spec, st, tokens) - st.act * spec.hidden * tokens
+    norm = norm_saved(spec, st, tokens) - st.act * spec.hidden * tokens
     attn, mlp = attn + norm, mlp + norm
 
     def like_dense(saved: float, params: float) -> LayerKind:
