@@ -64,7 +64,8 @@ def unmodelled_features(spec: ModelSpec, mode: str = "train") -> list[str]:
     if spec.hybrid is not None and spec.hybrid.mamba_layers and mode not in ("infer", "train"):
         # inference and training memory are modelled (hybrid_inference.py, hybrid_training.py, mamba2.py); the
         # serving engines' state allocators and the scan's kernels in the op list (mode "ops") are not
-        out.append("Mamba-2 blocks in serving and in the op list that times a pass (the scan's kernels)")
+        out.append("Mamba-2 blocks in serving and in the op list that times a pass or step with --gpu (the scan's "
+                   "kernels; --mfu times it from FLOPs)")
     return out
 
 
