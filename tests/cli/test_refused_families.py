@@ -22,7 +22,7 @@ def test_refusal_is_one_line(argv, capsys):
 
 def test_nemotron_h_inference_is_not_refused(capsys):
     """Nemotron-H's inference memory is modelled (analytic/hybrid_inference.py): no refusal without --gpu (the op list
-    that times a pass with a GPU is still refused, as training is, above)."""
+    that times a pass or a step with a GPU is still refused, above)."""
     main(["estimate", "nemotron-nano-9b-v2", "--mode", "infer", "--seq", "4096"])
     out = capsys.readouterr()
     assert "does not model" not in out.err and "prefill" in out.out

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .. import heads, overheads
 from ..models.hf_config import for_setup
 from ..errors import SetupError
-from .unmodelled import check_modelled, unmodelled_features
+from .unmodelled import check_modelled
 from ..estimate import PHASES, Detail, Estimate, Flops, Memory, PassTime, Phase, RLStep, Timing
 from ..hardware import GPU
 from ..units import fmt_bytes
@@ -218,7 +218,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     validate_layout(spec, setup)
     if setup.mode != "serve":  # serving sizes the engine's own profile run (analytic/serving.py), not these terms
         # with a GPU and no --mfu the op list times each pass (ops/layer.py asks again); without, nothing is timed
-        check_modelled(spec, setup.mode, kernels=gpu is not None and mfu is None)
+        check_modelled(spec, kernels=gpu is not None and mfu is None)
     float8.check_gpu(setup, gpu)
     pc = count_params(spec)
     if setup.mode == "infer":
@@ -443,11 +443,6 @@ def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graph
     the KV pool) as the peak, the device total around it, decode at `concurrent` sequences and the prefill of a
     `prompt`-token chunk at a flat --mfu; it fits when the engine starts (`starts`) and the device total fits."""
     peak = sv.weights + activations + graphs + sv.kv_pool
-    missing = unmodelled_features(spec, "infer")
-    if missing:
-        notes = [*notes, f"NB: the prefill FLOPs and parameters per GPU come from the analytic engine's per-layer terms, "
-                 f"which do not cover {', '.join(missing)} yet (analytic/unmodelled.py); the weights, profile-run peak "
-                 "and KV cache are the serving engine's own sizing"]
     reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
     at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": activations, "temporaries": graphs}
     memory = Memory(weights=sv.weights, gradients=0, optimizer_states=0, master_weights=0, activations=activations,

@@ -205,3 +205,87 @@ def scan_flops_per_token(spec: ModelSpec, seq: int) -> float:
     padded = x.chunks * q / seq
     per_token = padded * (q * h * n + q * h * p + 2 * h * p * n) + (x.chunks + 1) ** 2 * h * p * n / seq
     return 2 * per_token + 2 * x.conv_kernel * x.conv_dim
+
+
+# --- training: what autograd keeps (the reference kernels, a grad-mode forward) --------------------------------
+# Read off traced training steps (small-nemotron_h: Nemotron-H 47B's flags at hidden 128, 8 heads × 64, state 256,
+# 8 groups, chunk 128; batch 2 × 128; fp32 and bf16; the live set at the step's high point tensor by tensor, each
+# record's birth and death): the step's high point is the end of a Mamba block's scan in the forward (under full
+# recomputation, in the re-run forward inside the backward), where every tensor the scan made is still live.
+
+
+def upcasts(st: StateBytes) -> bool:
+    """Whether the scan's `.float()` calls copy (16-bit activations) or return their input (fp32)."""
+    return st.act != FP32
+
+
+def scan_end_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tuple[float, float]:
+    """(live, transient): the mixer's bytes at the end of its scan (`output = (Y_diag + Y_off).contiguous()`,
+    :369) in a grad-mode forward, and of those the ones freed when the mixer returns (the rest autograd saves).
+    Training regimes without autocast (the scan's einsums in fp32); each tensor by the source line that makes it:
+      in_proj's output (T, proj) in a (held whole: gate, x|B|C and dt are views of it, :515);
+      the conv's padded output (b, conv_dim, s + K − 1) in a, which the SiLU saves (causal_conv1d_fn :175-181), and
+        the SiLU's output (b, conv_dim, s) in a (saved through x's view when fp32; its views only when 16-bit: the
+        scan's x.float() copy is saved instead, :308);
+      dt + bias, its softplus, its clamp (T, H) in a (:300-303: each saves its input);
+      16-bit only: x.float() (T, H, P) and dt's two fp32 copies (T, H) (`dt[..., None].float()` :317, `dt.float()`
+        :318), fp32;
+    the scan's, fp32:
+      saved: pad(x) for D_residual and the chunked x·dt (Tp, H, P) each (:314, 317, 323); B repeated to every head
+        (T, H, N) (:309); L, G, M (Tp, H, Q) each (:330, 334, 337); the bmm operands einsum copies, (Tp, H, N) each:
+        C and B for G (:334), B_decay for the chunk states (:346), C for C_times_states (:362); the concatenated
+        states and their bmm operand (b, c + 1, H, P, N) each (:352, 355); C_times_states (Tp, H, P) (:362, kept
+        by Y_off's product); decay_states and state_decay_out (b, H, c, Q) (:342, 358); decay_chunk (b, H, c + 1,
+        c + 1) (:353); the segment sums' boolean masks, (Q, Q) and (c + 1, c + 1) twice each (:120, 126); A (H,)
+        (:480);
+      transient: D_residual (Tp, H, P) (:314); A·dt (T, H) (:318); C repeated (T, H, N) (:310); A_cumsum (b, H, c,
+        Q) (:326); Y_diag's bmm output (Tp, H, P) (:341); B_decay (Tp, H, N) (:343); the chunk states (b, H, P, N)
+        (:346-351: one of the zero initial state and the einsum's output is live); Y_off, the sum and its
+        contiguous copy (Tp, H, P) each (:363, 369).
+    einsum_copies: torch.einsum hands bmm its operands permuted and reshaped (aten/src/ATen/native/Linear.cpp
+    sumproduct_pair: `.reshape`), which copies an operand whose permuted layout is not viewable. With one chunk
+    (c = 1) the chunk dimension has size 1 and x·dt and the chunk states reach their einsums as views, so autograd
+    saves x·dt itself and new_states' bmm output; with several chunks it saves contiguous copies instead: x·dt's
+    for Y_diag's and the chunk states' einsums (Tp, H, P) each (:341, 346), and the states' for C_times_states
+    (b, c, H, P, N) (:362), x·dt and the bmm output becoming transient (read off small-nemotron_h at 2 x 256, two
+    chunks of 128, against 2 x 128).
+    NB: tensors the reference kernel pads are counted at Tp, those made before the padding at T; the traced
+    configs' sequences fill whole chunks, where the two agree. CUDA's 512-byte rounding of the few (H,) tensors is
+    left out."""
+    x = scan_shape(spec, batch, seq)
+    a, up = st.act, upcasts(st)
+    t, tp, h, p, n, q, c = x.tokens, x.padded, x.heads, x.head_dim, x.state, x.chunk, x.chunks
+    silu = a * batch * x.conv_dim * seq
+    entry = a * t * x.proj + a * batch * x.conv_dim * (seq + x.conv_kernel - 1) + 3 * a * t * h
+    copies = FP32 * t * h * p + 2 * FP32 * t * h if up else 0
+    chunked = c > 1  # (einsum_copies)
+    states = FP32 * batch * h * (c + 1) * p * n
+    saved = (FP32 * tp * h * p * (3 if chunked else 2) + FP32 * t * h * n + 3 * FP32 * tp * h * q
+             + 4 * FP32 * tp * h * n + states * (1 if chunked else 2)
+             + (FP32 * batch * c * h * p * n if chunked else 0) + FP32 * tp * h * p + 2 * FP32 * tp * h
+             + FP32 * batch * h * (c + 1) ** 2 + 2 * (q * q + (c + 1) ** 2) + 2 * FP32 * h)
+    transient = (5 * FP32 * tp * h * p + FP32 * t * h + FP32 * t * h * n + FP32 * tp * h + FP32 * tp * h * n
+                 + FP32 * batch * h * p * n + ((FP32 * tp * h * p + states) if chunked else 0))
+    live = entry + silu + copies + saved + transient
+    return live, transient + (silu if up else 0)
+
+
+def gated_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
+    """What the mixer's gated RMSNorm (NemotronHRMSNorm with a gate, :63-74) and out_proj save, (T, inner) fp32 each
+    (the reference scan returns fp32, :367-372, so the norm computes in fp32): the scan's output + D_residual, the
+    gated product, the normalised tensor, silu(gate) and, fp32, the norm's output out_proj multiplies (:612);
+    16-bit: the gate's fp32 copy (silu's input, :67) instead of that output, which out_proj's 16-bit cast
+    (`scan_output.to(dtype)`) replaces; and the rsqrt per group (T, groups). Read off the traced forward ends
+    (small-nemotron_h fp32 and bf16, tensor by tensor)."""
+    m = spec.hybrid
+    inner = m.ssm_inner
+    return FP32 * tokens * inner * 5 + FP32 * tokens * m.n_groups + (st.act * tokens * inner if upcasts(st) else 0)
+
+
+def block_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
+    """The block's RMSNorm (NemotronHBlock.norm, NemotronHRMSNorm :63-74 without a gate) in a grad-mode forward:
+    the normalised fp32 tensor, its rsqrt (T,) and the output in a (in_proj's saved input); 16-bit input adds its
+    fp32 copy (`.to(torch.float32)` :65, saved by pow). NB: read off the traced live sets (fp32: 2 (T, h) fp32; bf16:
+    2 fp32 + 1 bf16)."""
+    h = spec.hidden
+    return FP32 * tokens * h * (2 if upcasts(st) else 1) + FP32 * tokens + st.act * tokens * h

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ..models.hf_config import for_setup
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects
+from . import compile_effects, hybrid_training
 from .activations import keys_per_token
 from .compute_time import tensors_per_rank
 from .embedding import embedding_saved
@@ -178,6 +178,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         pattern = tuple(distinct.index(k) for k in layer_kinds)
     uniform = kinds[pattern[0] if pattern else 0]
     casts = sum((lm, lm_full)[k].autocast_casts for k in pattern) if every else stage.layers * lm.autocast_casts
+    if spec.hybrid is not None:  # Mamba-2, attention and MLP blocks, each its own kind (hybrid_training.py)
+        hybrid_training.check_trainable(spec, setup, st)
+        kinds, pattern = hybrid_training.block_kinds(spec, setup, st, pc, tokens, lm, kinds[0], gb_layer)
+        uniform, every = kinds[pattern[0]], len(pattern)
     masks_held, masks_first = checkpoint_held_masks(spec, setup, st, stage.layers)
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,

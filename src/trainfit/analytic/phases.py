@@ -25,6 +25,10 @@ class LayerKind:
     backward: float  # beside its saved tensors at its backward high point
     freed: float  # of its saved tensors, those freed by then
     grads_done: float  # gradient bytes of the layer made by then
+    gradients: float | None = None  # all of one such layer's gradient bytes (None: StepBytes.layer_gradients)
+    # the layer's live bytes at its forward high point, its saved tensors so far included (0: not a moment; a
+    # hybrid stack's Mamba-2 block: the end of its scan, analytic/hybrid_training.py)
+    forward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ def peak(b: StepBytes) -> Peak:
         moments.append(("last_layer_forward", before, b.activations - b.head_saved,
                         b.last_layer_forward + gathered("forward_end")))
     if b.pattern:
+        moments += _mixed_layer_forward(b, before, gathered)
         moments += _mixed_layer_moments(b, grads, others, gathered)
     else:
         moments += [
@@ -149,7 +154,7 @@ def peak(b: StepBytes) -> Peak:
     ]
     totals = {name: states + g + act + tmp for name, g, act, tmp in moments}
     phases = {"forward_end": int(max(v for k, v in totals.items() if k.startswith("forward_end")
-                                     or k == "last_layer_forward")),
+                                     or k.endswith("_forward"))),
               "backward": int(max(v for k, v in totals.items() if k.endswith("backward"))),
               "optimizer_step": int(totals["optimizer_step"])}
     phase = max(phases, key=phases.get)
@@ -166,6 +171,8 @@ def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:
     n = len(b.pattern)
     out = []
     below = 0.0  # saved bytes of the layers before k
+    grads_of = [b.layer_gradients if b.kinds[kind].gradients is None else b.kinds[kind].gradients
+                for kind in b.pattern]
     for k, kind in enumerate(b.pattern):
         lk = b.kinds[kind]
         name = "last_layer_backward" if k == n - 1 else ("first_layer_backward" if k == 0 else f"layer_{k}_backward")
@@ -174,8 +181,23 @@ def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:
         else:
             constant, per = b.gathered_at["layer_backward"]
             held = constant + (k + 1) * per
-        out.append((name, grads(b.head_gradients + (n - 1 - k) * b.layer_gradients + lk.grads_done),
+        out.append((name, grads(b.head_gradients + sum(grads_of[k + 1:]) + lk.grads_done),
                     others + b.embedding_saved + (b.masks_first if k == 0 else b.masks_held) + b.inputs + below
                     + lk.saved - lk.freed, lk.backward + held))
+        below += lk.saved
+    return out
+
+
+def _mixed_layer_forward(b: StepBytes, before: float, gathered) -> list:
+    """The forward high point of each layer whose kind has one (LayerKind.forward): the embedding's and the layers
+    before it saved tensors, its own live bytes (all micro-batches in flight but this one at their forward end)."""
+    out = []
+    below = 0.0
+    others = (b.in_flight - 1) * (b.layers_saved + b.embedding_saved + b.masks_held)
+    for k, kind in enumerate(b.pattern):
+        lk = b.kinds[kind]
+        if lk.forward:
+            out.append((f"layer_{k}_forward", before, others + b.embedding_saved + b.masks_held + b.inputs + below,
+                        lk.forward + gathered("forward_end")))
         below += lk.saved
     return out

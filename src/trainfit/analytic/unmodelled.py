@@ -19,16 +19,13 @@ Nemotron-H (transformers models/nemotron_h/modeling_nemotron_h.py) interleaves M
 :390-613) with attention and MLP blocks. Its inference memory is modelled (hybrid_inference.py, mamba2.py: the
 scan's live tensors at the prefill's high point, the conv + SSM state per sequence and Mamba block as cache, K and V
 for the attention blocks only; small-nemotron_h within 0.03 % of the trace (-2.5 % under amp-bf16 on a CPU with
-oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %). Training
-is not: the mixer's in_proj split into z, x|B|C and dt, the depthwise causal conv1d and SiLU, the chunked selective
-scan (mamba2_chunk_scan, :273-378: dt softplus and clamp, A * dt cumulative sums, segment-sum decays of
-(b, heads, chunks, chunk, chunk), the per-chunk states (b, chunks, heads, head_dim, d_state)), the D skip, the gated
-RMSNorm and out_proj, all saved for backward, have no terms; nor have the scan's kernels in the op list
-(analytic/ops) that times a pass (so inference with --gpu is refused too, unless --mfu). Serving sizes the engines'
-own state allocators (analytic/serving_state.py).
-Measured gap at the families matrix's test size (Nemotron-H 47B's flags at hidden 128: one Mamba-2 block of 8 heads
-x 64, state 256, 8 groups, and one attention block; batch 2 x 128), with the refusal lifted: the analytic training
-peak -58.3 % to -85.4 % of the traced one (every precision and recompute policy, CPU and CUDA semantics).
+oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %), and so is its training in fp32
+and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the mixer, the scan's end in the forward
+and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace).
+Not modelled: training under autocast (refused in one line by hybrid_training.check_trainable: the scan's einsums
+then run their bmm in bf16 and save 16-bit casts of their operands; the analytic peak read -59 % (CUDA) and -64 %
+(CPU) before the Mamba-2 terms), and the scan's kernels in the op list (unmodelled_kernels) that times a pass or a
+step with --gpu (refused unless --mfu). Serving sizes the engines' own state allocators (analytic/serving_state.py).
 
 Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3 with images; spec.vision, models/vlm.py) add an image encoder
 beside the language model: a patch embedding, attention blocks over each image's patches (Qwen2.5-VL: windowed but
@@ -44,10 +41,11 @@ from ..errors import SetupError
 from ..spec import ModelSpec
 
 
-def unmodelled_features(spec: ModelSpec, mode: str = "train") -> list[str]:
-    """The features of `spec` the analytic formulas do not cover in `mode` (empty: fully modelled): those of the
-    memory formulas and those of the op list (kernels, step time)."""
-    return unmodelled_memory(spec, mode) + unmodelled_kernels(spec)
+def unmodelled_features(spec: ModelSpec) -> list[str]:
+    """The features of `spec` the analytic formulas do not cover (empty: fully modelled): those of the memory
+    formulas and those of the op list (kernels, step time). Settings a family's terms do not cover yet are refused
+    by its own module (e.g. hybrid_training.check_trainable: Nemotron-H under autocast)."""
+    return unmodelled_memory(spec) + unmodelled_kernels(spec)
 
 
 def unmodelled_kernels(spec: ModelSpec) -> list[str]:
@@ -62,22 +60,19 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     return out
 
 
-def unmodelled_memory(spec: ModelSpec, mode: str = "train") -> list[str]:
-    """The features of `spec` the memory formulas do not cover in `mode`."""
+def unmodelled_memory(spec: ModelSpec) -> list[str]:
+    """The features of `spec` the memory formulas do not cover."""
     out = []
     if spec.vision is not None:
         out.append("a vision tower (the image encoder's patch embedding, attention blocks and merger or projector, "
                    "and its image tokens in the language model's sequence)")
-    if spec.hybrid is not None and spec.hybrid.mamba_layers and mode != "infer":
-        # inference memory is modelled (hybrid_inference.py, mamba2.py); training's saved tensors are not
-        out.append("Mamba-2 blocks in training (the chunked scan's saved tensors)")
     return out
 
 
-def check_modelled(spec: ModelSpec, mode: str = "train", kernels: bool = True) -> None:
-    """Refuse, in one line, a spec with a feature the analytic engine does not model in `mode`; `kernels` False:
-    what the memory estimate needs only (no op list, no step time)."""
-    missing = unmodelled_features(spec, mode) if kernels else unmodelled_memory(spec, mode)
+def check_modelled(spec: ModelSpec, kernels: bool = True) -> None:
+    """Refuse, in one line, a spec with a feature the analytic engine does not model; `kernels` False: what the
+    memory estimate needs only (no op list, no step time)."""
+    missing = unmodelled_features(spec) if kernels else unmodelled_memory(spec)
     if missing:
         raise SetupError(f"{spec.name}: the analytic engine does not model {', '.join(missing)} "
                          f"({spec.family}); use --engine trace (the real transformers model on fake tensors)")

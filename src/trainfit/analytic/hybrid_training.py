@@ -1,0 +1,123 @@
+"""Training memory of a hybrid stack (Nemotron-H, transformers models/nemotron_h/modeling_nemotron_h.py: Mamba-2,
+attention and MLP blocks, NemotronHBlock :934-994: one RMSNorm, one mixer, the residual add): each kind of block
+is a phases.LayerKind with its own saved bytes, backward high point and gradients, in the pattern's order.
+
+A Mamba-2 block's forward has a high point of its own: the end of its scan, where the scan's fp32 locals are all
+live beside what autograd saves (mamba2.scan_end_train). Without recomputation it is the step's high point at the
+traced sizes (before the backward, whose live set is the saved one less the scan's transients plus gradients);
+under full recomputation the same moment recurs in the backward, in the block's re-run forward, beside the
+gradients of the blocks after it and the incoming gradient.
+"""
+from __future__ import annotations
+
+from ..errors import SetupError
+from ..setup import Setup
+from ..spec import ModelSpec
+from . import mamba2
+from .activations import FP32
+from .parallel.tensor import term_divisors
+from .params import ParamCounts
+from .phases import LayerKind
+from .precision import StateBytes
+from .recompute import CPU_RNG_STATE, LayerMemory
+
+
+def check_trainable(spec: ModelSpec, setup: Setup, st: StateBytes) -> None:
+    """Refuse, in one line, the hybrid training setups whose terms are not derived."""
+    why = None
+    if st.autocast:
+        # the scan's einsums run their bmm in bf16 under autocast, each saving 16-bit casts of its operands
+        why = "autocast (the scan's einsums' 16-bit operand casts saved for backward)"
+    elif setup.tp > 1 or setup.pp > 1 or setup.zero >= 3 or setup.recompute not in ("none", "full"):
+        # the Mamba heads' TP split, each stage's share of the pattern and the per-block parameter gathers are not
+        why = "--tp/--pp, ZeRO-3/FSDP or a recompute policy other than none and full"
+    elif setup.lora_rank or setup.compile or setup.offload != "none":
+        why = "--lora, --compile or --offload"
+    if why:
+        raise SetupError(f"{spec.name}: training with Mamba-2 blocks under {why} is not modelled by the analytic "
+                         "engine; use --engine trace")
+
+
+def sub_blocks_saved(lm: LayerMemory, setup: Setup, tokens: int) -> tuple[float, float]:
+    """(attention, MLP): of a dense layer's saved bytes, each sub-block's without its norm (the MLP's: its inputs,
+    activations and dropout, mlp_share; the attention's: the rest but the two norms)."""
+    la = lm.activations
+    div = term_divisors(la, setup)
+    mlp = sum(v / div[k] for k, v in la.mlp_share.items() if k in div and k != "norms") * tokens
+    norms = la.terms.get("norms", 0.0) / div.get("norms", 1) * tokens
+    return lm.saved - norms - mlp, mlp
+
+
+def norm_saved(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
+    """What any block's norm saves (mamba2.block_norm_train), with the block's input where the norm keeps it (fp32:
+    `.to(torch.float32)` returns the input, which pow saves, :65, 71); 16-bit, its fp32 copy instead."""
+    return mamba2.block_norm_train(spec, st, tokens) + (0 if mamba2.upcasts(st) else st.residual * spec.hidden * tokens)
+
+
+def mamba_kind(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, held: float, grads: float,
+               gb: float) -> LayerKind:
+    """A Mamba-2 block. `held`: what the block keeps until its backward under full recomputation (recompute.py:
+    the checkpointed input, the CPU RNG state). Its forward high point: the block's input (the residual, live
+    through the block: the residual add), its norm's saved tensors, the mixer at its scan's end. Saved for the
+    backward: the norm's (norm_saved), the mixer's but the scan's transients, the gated norm's and out_proj's
+    input.
+    Its backward high point beside the saved tensors (no recomputation): scan_backward_moment."""
+    r, h = st.residual, spec.hidden
+    live, transient = mamba2.scan_end_train(spec, st, setup.batch, setup.seq)
+    norm = mamba2.block_norm_train(spec, st, tokens)
+    block_input = r * h * tokens
+    incoming = r * h * tokens
+    if setup.recompute == "full":
+        # the re-run forward (with a fresh copy of the CPU RNG state) up to its scan's end, the checkpointed input
+        # being the held one. The first forward saves nothing (checkpoint's hooks drop what autograd would save):
+        # its high point is the scan's as in a prefill (mamba2.mixer_prefill), beside the block's input and the
+        # norm's output
+        rerun = norm + live + (CPU_RNG_STATE if setup.device == "cpu" else 0)
+        first = block_input + st.act * h * tokens + max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq,
+                                                                              setup.device))
+        return LayerKind(held, rerun + incoming, 0.0, 0.0, gradients=grads, forward=first)
+    saved = norm_saved(spec, st, tokens) + live - transient + mamba2.gated_norm_train(spec, st, tokens)
+    forward = block_input + norm + live
+    extra, freed = scan_backward_moment(spec, setup, st, tokens)
+    return LayerKind(saved, incoming + extra, freed, mamba2.out_proj_params(spec) * gb, gradients=grads,
+                     forward=forward)
+
+
+def scan_backward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> tuple[float, float]:
+    """(made, freed): the mixer's backward high point, at the backward of the scan's last einsum (C_times_states,
+    :362), beside the incoming gradient and out_proj's weight gradient. Made, fp32 (the norm computes in fp32 and the
+    scan's tensors are fp32): the gradients of the gated norm's two inputs, the scan's output and the gate's
+    fp32 silu (T, inner) each; of Y_off's product, (Tp, H, P); the einsum's bmm gradients for the chunk states
+    (b, c, H, P, N) and for C (Tp, H, N); the norm's per-group gradient (T, groups). Freed by then: the gated norm's
+    saved tensors (mamba2.gated_norm_train) and C_times_states (Tp, H, P), whose product's backward has run.
+    Read off the traced backward (small-nemotron_h fp32: 44,186,112 B at this moment; the formula 44,179,368)."""
+    x = mamba2.scan_shape(spec, setup.batch, setup.seq)
+    m = spec.hybrid
+    made = (2 * FP32 * tokens * m.ssm_inner + FP32 * x.padded * x.heads * x.head_dim
+            + FP32 * setup.batch * x.chunks * x.heads * x.head_dim * x.state + FP32 * x.padded * x.heads * x.state
+            + FP32 * tokens * m.n_groups)
+    freed = mamba2.gated_norm_train(spec, st, tokens) + FP32 * x.padded * x.heads * x.head_dim
+    return made, freed
+
+
+def block_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, pc: ParamCounts, tokens: int, lm: LayerMemory,
+                dense: LayerKind, gb: float) -> tuple[dict, tuple]:
+    """(kinds by block kind, the stage's pattern of kinds). The attention and MLP blocks take the dense layer's
+    backward high point (NB: an attention block's includes the MLP's temporaries, an MLP block's the
+    attention's: an over-count of the other sub-block's) and their share of its saved bytes: the MLP sub-block's
+    (mlp_share) and the rest, each beside the block's own norm as a Mamba block's (mamba2.block_norm_train:
+    NemotronHRMSNorm keeps two fp32 (T, h) tensors where the input is 16-bit; per block within 0.01 % of the traced
+    Nemotron-Nano-9B-v2 at 1 x 4096 in bf16); whole under full recomputation, the checkpointed input."""
+    m = spec.hybrid
+    attn, mlp = sub_blocks_saved(lm, setup, tokens)
+    # the norm's output is the sub-block's first linear input, which the dense terms count in linear_inputs
+    norm = norm_saved(spec, st, tokens) - st.act * spec.hidden * tokens
+    attn, mlp = attn + norm, mlp + norm
+
+    def like_dense(saved: float, params: float) -> LayerKind:
+        return LayerKind(saved if setup.recompute != "full" else lm.saved, dense.backward, dense.freed,
+                         dense.grads_done, gradients=(params + pc.norms) * gb)
+
+    kinds = {"mamba": mamba_kind(spec, setup, st, tokens, lm.saved, (pc.mamba + pc.norms) * gb, gb),
+             "attention": like_dense(attn, pc.attention), "mlp": like_dense(mlp, pc.mlp)}
+    return kinds, tuple(m.pattern)
