@@ -24,6 +24,7 @@ from .op import BROADCAST, DOWNCAST, REDUCE, UPCAST, Op, Shape, bwd_kernel, gemm
 
 SRC = "modeling_qwen3_next.py"
 BOOL = 1
+RULE = "rule."  # the prefix of the rule's ops: its matmuls multiply activations, not weights (no adapters, no casts)
 
 
 class _Dims:
@@ -108,7 +109,8 @@ def _gates(d: _Dims, sh: Shape) -> list[Op]:
 def _bmm(name: str, m: float, n: float, k: float, batch: float, sh: Shape, src: str, operands: bool = True,
          grad: bool = True) -> list[Op]:
     """One batched matmul of fp32 operands (A: m x k, B: k x n, `batch` of them): under autocast each operand is
-    cast to the 16-bit dtype first (autocast's lower-precision list). `operands` False: B needs no gradient (the
+    cast to the 16-bit dtype first (autocast's lower-precision list). Its backward is a GEMM's (derived.backward:
+    A's gradient as a dgrad, B's as a wgrad, though B is an activation); `operands` False: B needs no gradient (the
     zero initial state), so the backward computes A's only; `grad` False: nothing downstream needs its gradient."""
     ops = []
     if sh.autocast and sh.act != FP32:
@@ -133,7 +135,6 @@ def _rule(d: _Dims, sh: Shape) -> list[Op]:
     xk, xv, xh = T * nv * dk, T * nv * dv, T * nv  # key-, value-wide and per-head elements
     pk, pv, ph = Tp * nv * dk, Tp * nv * dv, Tp * nv
     cc = Tp * nv * C  # the (chunk x chunk) tensors of all chunks
-    src = f"{SRC}:371-509 torch_chunk_gated_delta_rule"
     ops: list[Op] = []
     if d.nk != d.nv:  # repeat_interleave of q and k (:408-410); its backward sums the copies
         for n in ("q", "k"):
@@ -327,7 +328,6 @@ def _recurrent_rule(d: _Dims, sh: Shape) -> list[Op]:
     T, nv = d.T, d.nv
     xk, xv, xh = T * nv * d.dk, T * nv * d.dv, T * nv
     state = T * nv * d.dk * d.dv  # one state per sequence (T sequences of one token)
-    src = f"{SRC}:513-577 torch_recurrent_gated_delta_rule"
     ops: list[Op] = []
     if d.nk != d.nv:
         ops += [memory(f"rule.repeat_{n}", T * d.kd * a, xk * a, f"{SRC}:534-535") for n in ("q", "k")]

@@ -13,7 +13,7 @@ from ..unmodelled import check_modelled
 from .activation import activation, activation_out_bytes
 from .attention import attention_core, grad_layout, output_gate, output_gate_split, qkv_split
 from .cast import autocast_inputs, weight_casts
-from .gated_deltanet import linear_mixer
+from .gated_deltanet import RULE, linear_mixer
 from .gemm import fp8_casts
 from .mla import mla_projections
 from .moe import moe_block
@@ -82,7 +82,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
     if rc.norm == "post":
         ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "mlp_out")
     # (the experts' grouped GEMMs run outside autocast, moe.py; the delta rule's matmuls multiply activations)
-    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith(("experts", "rule."))], sh) + ops
+    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
 
 
 def _sandwich_norm(spec: ModelSpec, name: str, sh: Shape, group: str) -> list[Op]:
