@@ -185,10 +185,10 @@ def conv_params(spec: ModelSpec) -> int:
 
 def rule_flops_per_token(spec: ModelSpec, seq: int) -> float:
     """Forward matmul FLOPs of one layer's chunked rule per token (2 per multiply-add, as flops.py), at the padded
-    length: per head the two (chunk x chunk) products over key_head_dim (:446-447), the two unitriangular solves
-    (chunk^2 / 2 multiply-adds per right-hand column, :458-459: key and value widths), and per chunk the scan's
+    length: per head the two (chunk x chunk) products over key_head_dim (:459-460), the two unitriangular solves
+    (chunk^2 / 2 multiply-adds per right-hand column, :470-471: key and value widths), and per chunk the scan's
     k_cumdecay and query reads of the state and its update (key x value each) and the intra-chunk product (chunk x
-    value) (:491-497). NB: the depthwise conv, the l2 norms and the decays are elementwise, left out as flops.py
+    value) (:493-500). NB: the depthwise conv, the l2 norms and the decays are elementwise, left out as flops.py
     leaves out norms. The solves are counted here (real arithmetic: chunk^2 / 2 multiply-adds per column) where the
     trace's count (torch/utils/flop_counter.py, which registers no formula for aten.linalg_solve_triangular) leaves
     them out: the trace's FLOPs of a layer are these less the solves' c (dk + dv) per head and token, exactly
