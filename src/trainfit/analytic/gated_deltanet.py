@@ -189,12 +189,14 @@ def rule_flops_per_token(spec: ModelSpec, seq: int) -> float:
     (chunk^2 / 2 multiply-adds per right-hand column, :470-471: key and value widths), and per chunk the scan's
     k_cumdecay and query reads of the state and its update (key x value each) and the intra-chunk product (chunk x
     value) (:493-500). NB: the depthwise conv, the l2 norms and the decays are elementwise, left out as flops.py
-    leaves out norms. The solves are counted here (real arithmetic: chunk^2 / 2 multiply-adds per column) where the
-    trace's count (torch/utils/flop_counter.py, which registers no formula for aten.linalg_solve_triangular) leaves
-    them out: the trace's FLOPs of a layer are these less the solves' c (dk + dv) per head and token, exactly
-    (tiny-qwen3-next at 2 x 128: 7,602,176 here, 6,029,312 traced, the difference its solves' 1,572,864); the op list
-    (ops/gated_deltanet.py) lists the solves by their bytes (a memory-bound trsm), so its GEMM FLOPs are the
-    trace's (tests/analytic/test_gated_deltanet.py)."""
+    leaves out norms (the conv's 2 x conv_kernel FLOPs per channel and position too). The solves are counted here
+    (real arithmetic: chunk^2 / 2 multiply-adds per column) where torch's flop counter (torch/utils/flop_counter.py,
+    the trace's: no formula for aten.linalg_solve_triangular) leaves them out and counts the conv (aten.convolution).
+    A real layer at tests/analytic/test_gated_deltanet.py's CONFIG, 2 x 128: torch counts 41,821,184 FLOPs, the op
+    list's GEMMs (ops/gated_deltanet.py: the solves listed by their bytes, a memory-bound trsm) 41,418,752 plus the
+    conv's 402,432; flops.py counts the GEMMs plus the solves' 3,145,728. At the families matrix's size (2 x 128,
+    4 value heads of 32) the rule's 23.1 M here against the trace's 19.4 M are the same two terms: -4.2 M of solves,
+    +0.5 M of conv."""
     g = spec.linear_attn
     dk, dv, c = g.key_head_dim, g.value_head_dim, CHUNK
     per_head = 4 * c * dk + c * (dk + dv) + 2 * (3 * dk * dv + c * dv)
