@@ -9,7 +9,12 @@ two unitriangular solves (torch.linalg.solve_triangular, :470-471) are listed by
 over (chunk x chunk) systems, NB timed as memory-bound (optimistic: 2 FLOPs per byte or so, below every GPU's
 ridge point, but trsm runs far below peak at these sizes).
 The rule runs in fp32 whatever the precision (:413-416); under autocast its matmuls cast their fp32 operands to the
-16-bit dtype (autocast's lower-precision list: matmul, bmm), and their gradients back.
+16-bit dtype (autocast's lower-precision list: matmul, bmm), and their gradients back; their 16-bit outputs combined
+with fp32 tensors promote, so those gradients are cast back too.
+tests/analytic/test_ops_vs_trace.py checks the catalog's (MoE) Qwen3-Next in bf16; NB: the autocast and fp32 paths
+were checked once against the trace of a dense configuration (tests/analytic/test_gated_deltanet.py's CONFIG without
+experts, 2 x 128, when written): casts exact both ways, other bytes -4.5 % / +2.4 % (amp-bf16 forward / backward),
++6.5 % / +2.3 % (fp32: the strided q and k the matmuls copy, not listed).
 """
 from __future__ import annotations
 
@@ -113,11 +118,22 @@ def _bmm(name: str, m: float, n: float, k: float, batch: float, sh: Shape, src: 
     A's gradient as a dgrad, B's as a wgrad, though B is an activation); `operands` False: B needs no gradient (the
     zero initial state), so the backward computes A's only; `grad` False: nothing downstream needs its gradient."""
     ops = []
-    if sh.autocast and sh.act != FP32:
-        x = (m * k + k * n) * batch
-        ops.append(memory(f"{name}.autocast", x * FP32, x * sh.act, "torch.autocast (bmm)", saves=False, kernels=2,
-                          **DOWNCAST))
+    if _autocast(sh):  # each operand's cast; its backward casts the operand's gradient back, where one is needed
+        for j, (x, needed) in enumerate(((m * k * batch, grad), (k * n * batch, grad and operands))):
+            ops.append(memory(f"{name}.autocast{j}", x * FP32, x * sh.act, "torch.autocast (bmm)", saves=False,
+                              grad=needed, **DOWNCAST))
     return ops + [gemm(name, m, n, k, sh, src, batch=batch, wgrad=operands)._replace(dtype=rule_dtype(sh), grad=grad)]
+
+
+def _autocast(sh: Shape) -> bool:
+    """The rule's matmuls run under autocast (16-bit products of its fp32 tensors)."""
+    return sh.autocast and sh.act != FP32
+
+
+def _promoted(name: str, x: float, sh: Shape) -> tuple[Op, ...]:
+    """Under autocast, a 16-bit bmm output combined with an fp32 tensor promotes to fp32: its gradient is cast back
+    to the bmm's dtype (grad_cast); none otherwise."""
+    return grad_cast(f"{name}.grad_cast", x, FP32, sh.act) if _autocast(sh) else ()
 
 
 def rule_dtype(sh: Shape) -> str:
@@ -162,7 +178,7 @@ def _rule(d: _Dims, sh: Shape) -> list[Op]:
         ops += _bmm(f"rule.{n}", C, C, dk, intra, sh, f"{SRC}:459-460")
         ops.append(memory(f"rule.{n}_decay", 2 * cc * F, cc * F, f"{SRC}:459-460", bwd_ops=(  # both operands' grads
             bwd_kernel(f"rule.{n}_decay.backward", 2 * cc * F, cc * F),
-            bwd_kernel(f"rule.{n}_decay.backward_b", 2 * cc * F, cc * F))))
+            bwd_kernel(f"rule.{n}_decay.backward_b", 2 * cc * F, cc * F), *_promoted(f"rule.{n}_decay", cc, sh))))
     ops += [memory("rule.cum_decay_exp", ph * F, ph * F, f"{SRC}:461"),
             _row_scale("rule.decayed_k_beta", pk, ph, f"{SRC}:461")]
     # the two unitriangular solves (:470-471), each reading the system and its right-hand side; backward (torch
@@ -268,15 +284,20 @@ def _scan(d: _Dims, sh: Shape, state: float) -> list[Op]:
     for i in range(d.chunks):
         first, last = i == 0, i == d.chunks - 1
         ops += _bmm("rule.scan_kS", C, dv, dk, b * nv, sh, src, operands=not first)
-        ops.append(memory("rule.scan_v_new", 2 * cv * F, cv * F, src))
+        ops.append(memory("rule.scan_v_new", 2 * cv * F, cv * F, src, bwd_ops=(  # the subtrahend's gradient negated
+            bwd_kernel("rule.scan_v_new.backward_neg", cv * F, cv * F), *_promoted("rule.scan_v_new", cv, sh))))
         ops += _bmm("rule.scan_qS", C, dv, dk, b * nv, sh, src, operands=not first)
         ops += _bmm("rule.scan_intra", C, dv, C, b * nv, sh, src)
         ops += [memory("rule.scan_out_add", 2 * cv * F, cv * F, src),
-                memory("rule.scan_out_copy", 2 * cv * F, cv * F, f"{SRC}:498 core_attn_out[:, :, i] =", saves=False),
+                # (under autocast the 16-bit sum copied into the fp32 output: the gradient's slice cast back)
+                memory("rule.scan_out_copy", 2 * cv * F, cv * F, f"{SRC}:498 core_attn_out[:, :, i] =", saves=False,
+                       bwd_ops=_promoted("rule.scan_out_copy", cv, sh) or ()),
                 memory("rule.scan_state_decay", (2 * state + b * nv) * F, state * F, src, grad=not last,
                        **BROADCAST)]
         ops += _bmm("rule.scan_update", dk, dv, C, b * nv, sh, src, grad=not last)
-        ops.append(memory("rule.scan_state_add", 2 * state * F, state * F, src, grad=not last))
+        ops.append(memory("rule.scan_state_add", 2 * state * F, state * F, src, grad=not last,
+                          bwd_ops=(bwd_kernel("rule.scan_state_add.backward", 0, 0, kernels=0),
+                                   *_promoted("rule.scan_state_add", state, sh))))
     return ops
 
 
