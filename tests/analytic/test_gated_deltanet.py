@@ -81,16 +81,29 @@ def test_saved_set_under_autocast_matches_a_real_cpu_step():
     assert real - saved_per_token(spec, setup) * batch * seq == weight_casts + 2 * batch * seq * 128 + unpriced
 
 
-def test_memory_without_a_gpu_timing_refused_in_one_line():
-    """An estimate without a GPU times nothing: Qwen3-Next's memory is answered; with one, the op list it would time
-    has no Gated DeltaNet kernels: one line pointing to the trace engine."""
-    from trainfit.analytic.engine import estimate
-    from trainfit.errors import SetupError
-    from trainfit.hardware import get_gpu
+def test_op_list_matmul_flops_against_torchs_flop_counter():
+    """One Gated DeltaNet layer's op list (analytic/ops/gated_deltanet.py) multiplies through what a real layer's
+    forward dispatches (torch's FlopCounterMode, the trace's counter: mm and bmm); flops.py (gated_deltanet.
+    linear_params, rule_flops_per_token) counts these and the rule's two unitriangular solves, which the op list
+    lists by their bytes (a batched trsm) and torch's counter has no formula for: by hand, 64^2 / 2 multiply-adds per
+    right-hand column of a chunk's system, key_head_dim + value_head_dim = 16 + 32 columns, 2 FLOPs each, per value
+    head (4), chunk (2) and sequence (2). torch also counts the depthwise conv (2 x 4 taps per channel and padded
+    position: 2 x 2 x (2 x 32 + 4 x 32) x (128 + 3) x 4), which neither lists as a matmul."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
+    from trainfit.analytic.gated_deltanet import linear_params, rule_flops_per_token
+    from trainfit.analytic.ops import Shape, layer_forward
+
+    layer = Qwen3NextGatedDeltaNet(Qwen3NextConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"}), 0)
+    with FlopCounterMode(display=False) as counter:
+        layer(torch.randn(2, 128, CONFIG["hidden_size"]))
+    real = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
     spec = spec_from_config(CONFIG, "gdn-test")
-    setup = Setup(batch=1, seq=64, precision="bf16")
-    assert estimate(spec, setup).memory.peak > 0
-    with pytest.raises(SetupError, match="does not model the Gated DeltaNet layers' kernels") as e:
-        estimate(spec, setup, gpu=get_gpu("H100-80GB"))
-    assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
+    ops = layer_forward(spec, Shape(batch=2, seq=128), moe=True, linear=True)
+    mixer = sum(o.flops for o in ops if o.kind == "gemm" and o.name.startswith(("in_proj", "out_proj", "rule.")))
+    assert mixer == real["aten.mm"] + real["aten.bmm"]
+    assert real["aten.convolution"] == 2 * 2 * (2 * 32 + 4 * 32) * (128 + 3) * 4
+    solves = (64 * 64 / 2) * (16 + 32) * 2 * 4 * 2 * 2
+    assert 2 * 128 * (2 * linear_params(spec) + rule_flops_per_token(spec, 128)) == mixer + solves

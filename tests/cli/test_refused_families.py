@@ -9,7 +9,6 @@ from trainfit.cli import main
 
 @pytest.mark.parametrize("argv", [
     ["fit", "nemotron-nano-9b-v2", "--gpu", "H100-80GB"],
-    ["estimate", "qwen3-next-80b-a3b", "--gpu", "H100-80GB"],  # memory modelled; the op list (timing) refused
 ])
 def test_refusal_is_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -36,3 +35,11 @@ def test_serving_a_vision_language_model_is_refused(server, capsys):
         main(["estimate", "qwen2.5-vl-7b", "--mode", "serve", "--gpu", "H100-80GB", "--server", server])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(lines) == 1 and "vision tower" in lines[0]
+
+
+def test_qwen3_next_is_timed(capsys):
+    """Qwen3-Next's op list lists its Gated DeltaNet layers' kernels (analytic/ops/gated_deltanet.py): estimate --gpu
+    times the step instead of refusing it."""
+    main(["estimate", "qwen3-next-80b-a3b", "--gpu", "H100-80GB"])
+    out = capsys.readouterr()
+    assert "does not model" not in out.err and "step time" in out.out

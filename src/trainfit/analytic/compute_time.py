@@ -7,7 +7,8 @@ backward = the same lists' backward (ops.backward) — GEMM dgrad + wgrad, atten
 recompute = the layers the policy checkpoints × what each re-runs (ops.recomputed, ops.checkpointed_layers).
 torch.compile: the lists pass through ops.compiled (fused elementwise chains) where compile_effects models the
 block; otherwise eager's kernels.
-MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix per stage is averaged).
+MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix per stage is averaged); Qwen3-Next's
+Gated DeltaNet and attention layers the same (layer_kinds).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, multi_tensor, roofline
+from .gated_deltanet import linear_layers
 from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
@@ -117,14 +119,23 @@ class StageCompute:
         return self.forward + self.backward + self.recompute
 
 
-def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool):
-    fwd = layer_forward(spec, sh, moe)
+def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False):
+    fwd = layer_forward(spec, sh, moe, linear)
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
         fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
     dequant = lora_ops.dequant_backward(setup, sh, fwd) if setup.lora_rank else []
-    bwd = backward(fwd) + grad_accumulations(spec, sh) + fp8_backward_extra(fwd, sh) + dequant
+    bwd = backward(fwd) + grad_accumulations(spec, sh, linear) + fp8_backward_extra(fwd, sh) + dequant
     rec = recomputed(spec, setup, fwd)
     return fwd, bwd, rec
+
+
+def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool]]:
+    """(share of the layers, sparse MLP, Gated DeltaNet mixer) of each kind of layer. NB: the two splits are taken
+    as independent (Qwen3-Next's every layer is an MoE one, so its shares are exact)."""
+    frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
+    frac_linear = linear_layers(spec) / spec.layers
+    return [(wm * wl, moe, linear) for wm, moe in ((1.0 - frac_moe, False), (frac_moe, True))
+            for wl, linear in ((1.0 - frac_linear, False), (frac_linear, True)) if wm * wl > 0]
 
 
 def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
@@ -132,12 +143,10 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     """Forward, backward and recompute time of one micro-batch on the slowest of the (first, middle, last) stages."""
     sh = shape_of(spec, setup, st, compute_dtype(setup))
     prep = compiled if sh.compile else (lambda ops: ops)
-    frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
-    kinds = [(w, moe) for w, moe in ((1.0 - frac_moe, False), (frac_moe, True)) if w > 0]
     lf = lb = lr = ListTime()
     attn = 0.0
-    for w, moe in kinds:
-        fwd, bwd, rec = _lists(spec, setup, sh, moe)
+    for w, moe, linear in layer_kinds(spec, pc):
+        fwd, bwd, rec = _lists(spec, setup, sh, moe, linear)
         tf = time_ops(gpu, prep(fwd))
         tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
         lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr

@@ -185,11 +185,18 @@ def conv_params(spec: ModelSpec) -> int:
 
 def rule_flops_per_token(spec: ModelSpec, seq: int) -> float:
     """Forward matmul FLOPs of one layer's chunked rule per token (2 per multiply-add, as flops.py), at the padded
-    length: per head the two (chunk x chunk) products over key_head_dim (:446-447), the two unitriangular solves
-    (chunk^2 / 2 multiply-adds per right-hand column, :458-459: key and value widths), and per chunk the scan's
+    length: per head the two (chunk x chunk) products over key_head_dim (:459-460), the two unitriangular solves
+    (chunk^2 / 2 multiply-adds per right-hand column, :470-471: key and value widths), and per chunk the scan's
     k_cumdecay and query reads of the state and its update (key x value each) and the intra-chunk product (chunk x
-    value) (:491-497). NB: the depthwise conv, the l2 norms and the decays are elementwise, left out as flops.py
-    leaves out norms."""
+    value) (:493-500). NB: the depthwise conv, the l2 norms and the decays are elementwise, left out as flops.py
+    leaves out norms (the conv's 2 x conv_kernel FLOPs per channel and position too). The solves are counted here
+    (real arithmetic: chunk^2 / 2 multiply-adds per column) where torch's flop counter (torch/utils/flop_counter.py,
+    the trace's: no formula for aten.linalg_solve_triangular) leaves them out and counts the conv (aten.convolution).
+    A real layer at tests/analytic/test_gated_deltanet.py's CONFIG, 2 x 128: torch counts 41,821,184 FLOPs, the op
+    list's GEMMs (ops/gated_deltanet.py: the solves listed by their bytes, a memory-bound trsm) 41,418,752 plus the
+    conv's 402,432; flops.py counts the GEMMs plus the solves' 3,145,728. At the families matrix's size (2 x 128,
+    4 value heads of 32) the rule's 23.1 M here against the trace's 19.4 M are the same two terms: -4.2 M of solves,
+    +0.5 M of conv."""
     g = spec.linear_attn
     dk, dv, c = g.key_head_dim, g.value_head_dim, CHUNK
     per_head = 4 * c * dk + c * (dk + dv) + 2 * (3 * dk * dv + c * dv)

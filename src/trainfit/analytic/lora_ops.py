@@ -23,6 +23,7 @@ from ..spec import ModelSpec
 from .activations import FP32
 from .lora import targets
 from .ops import Op, Shape, bwd_kernel, gemm, memory
+from .ops.gated_deltanet import RULE
 from .quant import BLOCK, linear_bytes
 
 # ops.py projection names -> the HF module names peft targets (analytic/lora.py linears)
@@ -31,8 +32,9 @@ MODULE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "g
 
 
 def frozen(ops: list[Op]) -> list[Op]:
-    """The same kernels with every GEMM's weight frozen (no wgrad)."""
-    return [op._replace(wgrad=False) if op.kind == "gemm" else op for op in ops]
+    """The same kernels with every GEMM's weight frozen (no wgrad); the Gated DeltaNet rule's matmuls multiply
+    activations (ops/gated_deltanet.py RULE) and keep both gradients."""
+    return [op._replace(wgrad=False) if op.kind == "gemm" and not op.name.startswith(RULE) else op for op in ops]
 
 
 def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
@@ -41,7 +43,7 @@ def layer_forward(spec: ModelSpec, setup: Setup, sh: Shape, ops: list[Op]) -> li
     r, T = setup.lora_rank, sh.tokens
     out: list[Op] = []
     for op in frozen(ops):
-        if op.kind == "gemm" and setup.quant:
+        if op.kind == "gemm" and setup.quant and not op.name.startswith(RULE):
             out.append(_dequant(op.name + ".dequant", setup, sh, op, "(MatMul4Bit forward)"))
         out.append(op)
         name = MODULE.get(op.name)
@@ -114,7 +116,8 @@ def dequant_backward(setup: Setup, sh: Shape, ops: list[Op]) -> list[Op]:
     if not setup.quant:
         return []
     return [_dequant(op.name + ".dequant_bwd", setup, sh, op, "(MatMul4Bit.backward, for grad_A)")
-            for op in ops if op.kind == "gemm" and ".lora_" not in op.name and ".dora" not in op.name]
+            for op in ops if op.kind == "gemm" and ".lora_" not in op.name and ".dora" not in op.name
+            and not op.name.startswith(RULE)]
 
 
 def _dequant(name: str, setup: Setup, sh: Shape, op: Op, where: str) -> Op:

@@ -3,11 +3,13 @@
 formulas lack, `unmodelled_kernels` what only the op list (kernels, step time) lacks: an estimate without a GPU
 times nothing and needs the former only.
 
-Qwen3-Next (transformers models/qwen3_next/modeling_qwen3_next.py): its memory and FLOPs are modelled
+Qwen3-Next (transformers models/qwen3_next/modeling_qwen3_next.py) is modelled, not refused: its memory and FLOPs
 (analytic/gated_deltanet.py: the Gated DeltaNet layers' saved tensors, no-grad high points and per-sequence conv +
 recurrent state; activations.py: the gated attention's sigmoid gate; families.json: the zero-centred RMSNorm's fp32
-normalised tensor); the op list has no Gated DeltaNet kernels (in_proj_qkvz/ba, the depthwise conv, the chunked
-rule's batched matmuls and triangular solves, the gated norm), so timing it is refused.
+normalised tensor) and its kernels (analytic/ops/gated_deltanet.py: in_proj_qkvz/ba, the depthwise conv, the chunked
+rule's batched matmuls and triangular solves, the gated norm; a decode step's recurrent rule; ops/attention.py: the
+output gate; ops/norm.py: the zero-centred weight), checked against the trace's kernels per kind of layer
+(tests/analytic/test_ops_vs_trace.py).
 
 Llama 4 (llama4_text) is modelled, not refused: its all-experts MoE (analytic/moe_every_expert.py; ops/moe.py
 every_expert_ops), its q/k L2 norm (activations.py; ops/norm.py NORMS "l2"), its chunked layers' masked SDPA
@@ -51,9 +53,6 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
 def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     """Features whose memory is modelled (in some mode) but whose kernels the op list (analytic/ops/) does not list."""
     out = []
-    if spec.linear_attn is not None:
-        out.append("the Gated DeltaNet layers' kernels (the op list and step time; their memory and FLOPs are "
-                   "modelled: estimate without --gpu)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("the Mamba-2 scan's kernels (the op list and step time; inference memory and FLOPs are modelled: "
                    "estimate without --gpu, or with --mfu)")

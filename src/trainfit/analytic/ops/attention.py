@@ -136,3 +136,22 @@ def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: floa
     if unfused:
         ops += eager_output_copy(T, q, sh)
     return ops
+
+
+def output_gate_split(tokens: float, q: float, sh: Shape) -> list[Op]:
+    """Qwen3-Next's gated attention (modeling_qwen3_next.py:274-277): q_proj writes q and the gate interleaved per
+    head, torch.chunk splits them (views) and the gate's reshape copies its strided half; the chunk's backward
+    concatenates the two halves' gradients (split_backward: cat)."""
+    x = tokens * q * sh.act
+    return [memory("output_gate.copy", x, x, "modeling_qwen3_next.py:277 gate.reshape", saves=False, bwd_ops=(
+        bwd_kernel("output_gate.chunk_backward", 2 * x, 2 * x),))]
+
+
+def output_gate(tokens: float, q: float, sh: Shape) -> list[Op]:
+    """attn_output * sigmoid(gate) (modeling_qwen3_next.py:301): the sigmoid, then the product, in the activation
+    dtype; the product's backward is two products (grad·sigmoid, grad·attn), the sigmoid's one kernel."""
+    x = tokens * q * sh.act
+    src = "modeling_qwen3_next.py:301 output gate"
+    return [memory("output_gate.sigmoid", x, x, src),
+            memory("output_gate.mul", 2 * x, x, src, bwd_ops=(
+                bwd_kernel("output_gate.mul.backward", 2 * x, x), bwd_kernel("output_gate.mul.backward_gate", 2 * x, x)))]

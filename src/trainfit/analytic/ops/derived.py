@@ -39,13 +39,14 @@ def backward(ops: list[Op]) -> list[Op]:
                                    bwd_access=""))
     return out
 
-def grad_accumulations(spec: ModelSpec, sh: Shape) -> list[Op]:
+def grad_accumulations(spec: ModelSpec, sh: Shape, linear: bool = False) -> list[Op]:
     """Backward-only kernels of one layer: autograd sums the gradients of a tensor used k times with k - 1 adds
     (torch/csrc/autograd/input_buffer.cpp InputBuffer::add): the residual stream read by each norm and its residual
-    add (2), the attention input read by q, k and v (2; 0 when fused), the MLP input read by gate and up (1)."""
+    add (2), the attention input read by q, k and v (2; 0 when fused; `linear`: a Gated DeltaNet layer's, read by
+    in_proj_qkvz and in_proj_ba, 1), the MLP input read by gate and up (1)."""
     traits = family_traits(spec)
     x = sh.norm_tokens * spec.hidden * sh.residual
-    n = 2 + (0 if traits["fused_qkv"] or spec.mla is not None else 2)
+    n = 2 + (1 if linear else 0 if traits["fused_qkv"] or spec.mla is not None else 2)
     n += 1 if spec.gated_mlp and not traits["fused_gate_up"] and spec.moe is None else 0
     if sh.compile:
         return []  # the compiled backward sums inside its fused kernels

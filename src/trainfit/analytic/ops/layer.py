@@ -12,8 +12,9 @@ from ...spec import ModelSpec
 from ..families import family_traits
 from ..unmodelled import check_modelled
 from .activation import activation, activation_out_bytes
-from .attention import attention_core, grad_layout, qkv_split
+from .attention import attention_core, grad_layout, output_gate, output_gate_split, qkv_split
 from .cast import autocast_inputs, weight_casts
+from .gated_deltanet import RULE, linear_mixer
 from .gemm import fp8_casts
 from .mla import mla_projections
 from .moe import moe_block
@@ -25,28 +26,32 @@ from .rotary import rope_casts, rotary
 
 class LayerRecipe(NamedTuple):
     """The blocks a family's layer is made of (families.json: fused_qkv, fused_gate_up, post_norm; ModelSpec: mla,
-    gated_mlp, and whether this layer's MLP is the sparse block)."""
+    gated_mlp, linear_attn, whether this layer's MLP is the sparse block and whether it is a linear-attention one)."""
 
     norm: str  # "pre" (the block's input normalised) | "post" (BERT: LayerNorm after the residual add)
     qkv: str  # "separate" (q, k, v projections) | "fused" (one qkv projection) | "mla" (DeepSeek's latent paths)
     mlp: str  # "gated" | "gated-fused" (one gate_up projection) | "plain" (fc1, act, fc2) | "moe"
+    mixer: str = "attention"  # "attention" | "gated-deltanet" (Qwen3-Next's linear layers, ops/gated_deltanet.py)
 
 
-def recipe(spec: ModelSpec, moe: bool) -> LayerRecipe:
+def recipe(spec: ModelSpec, moe: bool, linear: bool = False) -> LayerRecipe:
+    """`linear`: the layer is one of the spec's Gated DeltaNet layers (spec.linear_attn)."""
     traits = family_traits(spec)
     qkv = "mla" if spec.mla is not None else "fused" if traits["fused_qkv"] else "separate"
     gated = "gated-fused" if traits["fused_gate_up"] else "gated"
     mlp = "moe" if moe else gated if spec.gated_mlp else "plain"
-    return LayerRecipe("post" if traits["post_norm"] else "pre", qkv, mlp)
+    mixer = "gated-deltanet" if linear and spec.linear_attn is not None else "attention"
+    return LayerRecipe("post" if traits["post_norm"] else "pre", qkv, mlp, mixer)
 
 
 Projection = Callable[..., Op]
 
 
-def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
-    """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block."""
+def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = False) -> list[Op]:
+    """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block;
+    `linear`: a Gated DeltaNet layer in place of attention (Qwen3-Next's linear layers)."""
     check_modelled(spec)
-    rc = recipe(spec, moe)
+    rc = recipe(spec, moe, linear)
     ops: list[Op] = []
 
     def proj(name: str, n_full: int, k_full: int, n: float, k: float, bias: bool, src: str) -> Op:
@@ -62,7 +67,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
     # attention sub-block
     if rc.norm == "pre":
         ops += norm_ops(spec, "attn_norm", sh.norm_tokens, sh, "attn_in")
-    _attention(spec, sh, rc, ops, proj)
+    MIXERS[rc.mixer](spec, sh, rc, ops, proj)
     ops += _sandwich_norm(spec, "attn_post_norm", sh, "attn_out")
     ops += residual("attn", sh.norm_tokens * spec.hidden, spec.dropouts[2], sh, "attn_out",
                     "modeling_llama.py:306 residual add")
@@ -77,7 +82,8 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False) -> list[Op]:
                     "modeling_llama.py:312 residual add")
     if rc.norm == "post":
         ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "mlp_out")
-    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith("experts")], sh) + ops
+    # (the experts' grouped GEMMs run outside autocast, moe.py; the delta rule's matmuls multiply activations)
+    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
 
 
 def _sandwich_norm(spec: ModelSpec, name: str, sh: Shape, group: str) -> list[Op]:
@@ -107,8 +113,10 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
              "fused qkv (gpt2 c_attn, neox, phi3)")
         ops += qkv_split(T, q, kv, sh)
     else:
-        for name, full, n in (("q", spec.q_dim, q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
+        gate = 2 if spec.attn_output_gate else 1  # q_proj also writes the output gate (modeling_qwen3_next.py:241)
+        for name, full, n in (("q", gate * spec.q_dim, gate * q), ("k", spec.kv_dim, kv), ("v", spec.kv_dim, kv)):
             proj(name, full, h, n, h, spec.qkv_bias, "modeling_llama.py:243 q/k/v_proj")
+        ops += output_gate_split(T, q, sh) if spec.attn_output_gate else []
     if rc.qkv != "mla":
         sh = rope_shape(spec, sh)
         rotary_hf = spec.positions == "rotary" and sh.rope == "cos-sin"
@@ -128,6 +136,7 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
             ops += NORMS["l2"](spec, "k_l2", T * kv / spec.head_dim, spec.head_dim, sh, "qk_norm", sh.act, sh.act)
     ops += chunk_mask_ops(spec, sh, q, kv)
     ops += attention_core(spec, sh, q, kv, head_k, spec.dropouts[1])
+    ops += output_gate(T, q, sh) if spec.attn_output_gate else []
     if rc.qkv == "mla":  # o_proj reads heads·v_head_dim (modeling_deepseek_v3.py:398-402)
         o_in = spec.heads * spec.mla.v_head_dim
         proj("o", h, o_in, h, o_in / t, spec.out_bias, "modeling_deepseek_v3.py:481 o_proj")
@@ -196,6 +205,14 @@ def _plain_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> N
 def _moe_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:
     ops += moe_block(spec, sh)
 
+
+def _linear_mixer(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj: Projection) -> None:
+    linear_mixer(spec, sh, ops, proj)
+
+
+# the token mixers by LayerRecipe.mixer
+MIXERS: dict[str, Callable[[ModelSpec, Shape, LayerRecipe, list[Op], Projection], None]] = {
+    "attention": _attention, "gated-deltanet": _linear_mixer}
 
 # the MLP blocks by LayerRecipe.mlp
 MLPS: dict[str, Callable[[ModelSpec, Shape, list[Op], Projection], None]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...spec import ModelSpec
 from ..activations import FP32
 from ..families import family_traits
-from .op import BROADCAST, DOWNCAST, REDUCE, UPCAST, Op, Shape, bwd_kernel, column_sum_launches, memory
+from .op import BROADCAST, DOWNCAST, REDUCE, UPCAST, Op, Shape, bwd_kernel, column_sum_launches, memory, no_kernel
 
 def norm_ops(spec: ModelSpec, name: str, tokens: float, sh: Shape, group: str, out_bytes: int | None = None,
              width: int | None = None, in_bytes: int | None = None) -> list[Op]:
@@ -33,9 +33,10 @@ def fused_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, gro
 
 
 def hf_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int,
-                r: int) -> list[Op]:
+                r: int, zero_centred: bool | None = None) -> list[Op]:
     """HF's RMSNorm (modeling_llama.py:61-66), six kernels in eager: [to fp32], pow, mean, rsqrt(+eps), mul, [to
-    input dtype], weight mul — each a pass over the row in fp32."""
+    input dtype], weight mul — each a pass over the row in fp32. `zero_centred`: the family's fp32 (1 + weight)
+    (families.json norm_zero_centred) unless given (Qwen3-Next's gated norm is Llama's: False)."""
     x, n = tokens * h, tokens  # r: the input's dtype (norm_ops)
     src = "modeling_llama.py:61-66 LlamaRMSNorm"
     # Backward kernels (tools/autograd/derivatives.yaml, FunctionsManual.cpp), each its own pass in eager:
@@ -68,8 +69,12 @@ def hf_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, gr
                 **BROADCAST)]
     if r != FP32:
         ops.append(memory(f"{name}.to_dtype", x4, x * r, src, group, (0, 0), saves=False, **DOWNCAST))
-    if family_traits(spec)["norm_fp32"]:
-        out = FP32  # Gemma: x.float() * (1 + weight.float()) (modeling_gemma.py GemmaRMSNorm)
+    traits = family_traits(spec)
+    own = zero_centred is None  # the family's own norm; a given value describes another (Qwen3-Next's gated norm)
+    if own and traits["norm_fp32"]:
+        out = FP32  # Gemma: x.float() * (1 + weight.float()) (modeling_gemma.py GemmaRMSNorm); gpt-oss: weight * x
+    if traits["norm_zero_centred"] if own else zero_centred:
+        ops += zero_centred_weight(name, h, sh, src)
     y = x * max(r, out)  # the normalised input as the weight multiplies it
     # fused: the compiled norm writes its output in the dtype the next matmul reads (the autocast cast folded in)
     ops.append(memory(f"{name}.weight", y, x * out, src, group, (0, x * sh.act), bwd_ops=(
@@ -87,6 +92,16 @@ def l2_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group:
     ops = hf_rms_norm(spec, name, tokens, h, sh, group, out, r)
     assert ops[-1].name == f"{name}.weight"
     return ops[:-1]
+
+
+def zero_centred_weight(name: str, h: int, sh: Shape, src: str) -> list[Op]:
+    """A zero-centred norm's factor `1.0 + self.weight.float()` (modeling_gemma.py GemmaRMSNorm,
+    modeling_qwen3_next.py:139): the weight's cast to fp32 (none where it is fp32; its backward casts the weight's
+    gradient back) and the add, per call; h elements."""
+    w = sh.weight
+    cast = [memory(f"{name}.weight.to_fp32", h * w, h * FP32, src, saves=False, **UPCAST)] if w != FP32 else []
+    # the add passes its gradient on (no kernel)
+    return cast + [memory(f"{name}.one_plus", h * FP32, h * FP32, src, bwd_ops=(no_kernel(f"{name}.one_plus"),))]
 
 
 # the norm kernels by kind: LayerNorm, or the RMSNorm the stack runs (stacks/*.toml [norm])

@@ -101,6 +101,9 @@ class Shape:
     hf_eager: bool = False
     # the loss pads and shifts its labels itself (stacks/*.toml [loss] labels = "shifted-copy": ForCausalLMLoss)
     shifted_labels: bool = False
+    # an inference step of one new token per sequence against a cache (infer_time's decode): a Gated DeltaNet layer
+    # then runs its recurrent rule, not the chunked one (ops/gated_deltanet.py)
+    decode: bool = False
 
     @property
     def tokens(self) -> float:
