@@ -466,7 +466,7 @@ def _decode_cache_moment(spec: ModelSpec, setup: Setup) -> float:
     moments = []
     if full > 0:
         lead = min(spec.sliding_lead, sliding)
-        others = (full - 1) * (s + 1) + (sliding - lead) * s + lead * sliding_decode_tokens(spec, s)
+        others = (full - 1) * (s + 1) + (sliding - lead) * s + (lead * sliding_decode_tokens(spec, s) if lead else 0)
         moments.append(per_layer * b * others + _running_layer(spec, setup, per_layer, s + 1, s + 1))
     if sliding > 0:
         others = full * (s + 1) + (sliding - 1) * s
