@@ -89,12 +89,12 @@ def values_keep_their_dtype() -> bool:
 
 
 def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
-    """The HF generate cache's bytes per token, every layer. Sliding-window layers are not capped at the window
-    here: transformers' DynamicSlidingWindowLayer keeps a slice (a view) of the prefill's whole k and v
-    (cache_utils.py:242-247), so through the prefill and the first decode step each of them holds every prompt token
-    (read off traces of tiny-gemma3 with a 64-token window at 2 x 200: within 0.6 %). NB: later decode steps hold
-    window - 1 tokens per such layer; the estimate stays at the first step's (an over-estimate for long
-    generations). Serving engines cap them (serving.layer_kinds)."""
+    """The HF generate cache's bytes per token, every layer, as the prefill leaves it. Sliding-window layers are not
+    capped at the window here: transformers' DynamicSlidingWindowLayer keeps a slice (a view) of the prefill's whole
+    k and v (cache_utils.py:242-247), so after the prefill each of them holds every prompt token (read off traces of
+    tiny-gemma3 with a 64-token window at 2 x 200: within 0.6 %). Its decode update frees that storage for
+    min(seq, window - 1) + 1 tokens (`sliding_decode_tokens`), which the decode peak counts for the layers updated
+    before it (`_decode_cache_moment`). Serving engines cap them (serving.layer_kinds)."""
     k_bytes = v_bytes = DTYPE_BYTES[kv_dtype(spec, setup)]
     # under autocast the cache's "values" keep the 16-bit dtype they are made in (values_keep_their_dtype):
     # v, the projection's output; MLA's RoPE key k^R where DeepSeek-V2's complex rotary returns its input's dtype
@@ -443,18 +443,68 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
         mlp_first + casts_mlp, mlp_last + casts))
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
-    cached = setup.batch * (setup.seq + 1)
-    # DynamicCache grows each layer's k and v with torch.cat: old and new live together for a moment; eager
-    # attention with fewer kv heads than heads repeats k and v to every head (repeat_kv)
-    layer_kv = kv_bytes_per_token(spec, setup) / (max(gated_deltanet.attention_layers(spec), 1) / setup.pp) * cached
-    repeated = 2 * st.act * spec.q_dim / setup.tp * cached if (resolved_kernel(spec, setup) == "eager"
-                                                                 and spec.kv_heads < spec.heads) else 0
-    # MLA under HF: the layer's k and v rebuilt from the latent for every cached token (NB: vLLM/SGLang absorb
-    # kv_b_proj into q and o at decode and rebuild nothing, so this over-estimates a serving engine's decode)
-    repeated += st.act * mla_decompressed(spec, setup.tp) * cached
-    decode = (weights + kv_bytes_per_token(spec, setup) * cached + linear_state_bytes(spec, setup) + layer_kv + repeated + casts + head_cast
+    # NB: a one-token matmul's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
+    # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -3.9 %, its eager bmm)
+    decode = (weights + _decode_cache_moment(spec, setup) + linear_state_bytes(spec, setup) + casts + head_cast
               + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
+
+
+def sliding_decode_tokens(spec: ModelSpec, seq: int) -> int:
+    """Tokens a sliding-window layer's cache storage holds once the decode step has updated it: transformers'
+    DynamicSlidingWindowLayer.update (cache_utils.py:242-250) concatenates the tokens it kept (a view of the last
+    window - 1 of the previous storage) with the new one, keeps a view of the last window - 1 of the result and
+    returns the result whole: min(seq, window - 1) + 1 tokens, the prompt's storage freed with the old view."""
+    return min(seq, spec.sliding_window - 1) + 1
+
+
+def _sliding_layers_per_stage(spec: ModelSpec, setup: Setup) -> float:
+    """The attention layers on one pipeline stage whose cache is a DynamicSlidingWindowLayer (every layer the config
+    gives a window: cache_utils.py get_layer_types_and_kwargs; sliding_window_layers None: all of them)."""
+    if not spec.sliding_window:
+        return 0.0
+    attention = gated_deltanet.attention_layers(spec)
+    return (attention if spec.sliding_window_layers is None else spec.sliding_window_layers) / setup.pp
+
+
+def _decode_cache_moment(spec: ModelSpec, setup: Setup) -> float:
+    """The cache at the decode step's high point, with the running layer's cache-sized tensors. Layers update their
+    caches in order, so inside a layer those before it hold their updated caches and those after it the prefill's:
+    a sliding-window layer shrinks from the prompt's seq tokens to `sliding_decode_tokens` as it runs (read off
+    traces of small-gpt_oss, small-gemma2 and small-gemma3_text past their windows). The high point is inside the
+    first layer of a kind (a later one of the same kind runs beside caches that can only have shrunk): the larger of
+      a full-attention layer's, after `spec.sliding_lead` sliding layers (updated), the rest still at the prompt;
+      the first sliding layer's: every other layer at the prompt beside its own (`_running_layer`).
+    NB: full layers count seq + 1 tokens whether updated or not (one token over for those after the running one)."""
+    b, s = setup.batch, setup.seq
+    attention = max(gated_deltanet.attention_layers(spec), 1) / setup.pp
+    per_layer = kv_bytes_per_token(spec, setup) / attention  # one attention layer's cache per token
+    sliding = _sliding_layers_per_stage(spec, setup)
+    full = attention - sliding
+    moments = []
+    if full > 0:
+        lead = min(spec.sliding_lead, sliding)
+        others = (full - 1) * (s + 1) + (sliding - lead) * s + (lead * sliding_decode_tokens(spec, s) if lead else 0)
+        moments.append(per_layer * b * others + _running_layer(spec, setup, per_layer, s + 1, s + 1))
+    if sliding > 0:
+        others = full * (s + 1) + (sliding - 1) * s
+        moments.append(per_layer * b * others + _running_layer(spec, setup, per_layer, s, sliding_decode_tokens(spec, s)))
+    return max(moments)
+
+
+def _running_layer(spec: ModelSpec, setup: Setup, per_layer: float, old: int, new: int) -> float:
+    """The running layer's cache-sized tensors at its high point, its cache going from `old` to `new` tokens per
+    sequence: the torch.cat of its update holds old and new together (DynamicLayer.update, cache_utils.py:136-137;
+    DynamicSlidingWindowLayer.update :242-243), and frees the old as the layer keeps the result; eager attention with
+    fewer kv heads than heads then repeats k and v to every head over the new (repeat_kv), beside the new alone
+    (traced decodes of small-gemma2 and small-gpt_oss: the old storage is gone there). MLA under HF rebuilds the
+    layer's k and v from the latent for every cached token (NB: vLLM/SGLang absorb kv_b_proj into q and o at decode
+    and rebuild nothing, so this over-estimates a serving engine's decode). NB: a full layer's old counts seq + 1."""
+    st = state_bytes(setup)
+    repeat = 2 * st.act * spec.q_dim / setup.tp if (resolved_kernel(spec, setup) == "eager"
+                                                    and spec.kv_heads < spec.heads) else 0
+    b = setup.batch
+    return b * (per_layer * new + max(per_layer * old, repeat * new) + st.act * mla_decompressed(spec, setup.tp) * new)
 
 
 def largest_batch(spec: ModelSpec, setup: Setup, capacity: int) -> int:

@@ -190,6 +190,16 @@ def _sliding_layers(c: _Cfg, layers: int) -> int | None:
     return None
 
 
+def _sliding_lead(c: _Cfg, default: int) -> int:
+    """Sliding layers before the first full-attention one (where the decode step's cache peaks: analytic/inference.py
+    _decode_cache_moment): the leading run of "sliding_attention" in `layer_types` when given, else the family
+    config's pattern (`default`)."""
+    lt = c.d.get("layer_types")
+    if isinstance(lt, list) and lt:
+        return next((i for i, t in enumerate(lt) if t != "sliding_attention"), len(lt))
+    return default
+
+
 def _rope_decoder(c: _Cfg, *, tie_default: bool, head_dim_default: int | None = None,
                   kv_default: int | None = None, act_keys: tuple[str, ...] = ("hidden_act",), act_default: str = "silu") -> dict:
     """Llama-style decoder: RMSNorm, rotary positions, gated MLP (HF modeling_llama and descendants)."""
@@ -283,6 +293,7 @@ def _gemma2(c: _Cfg) -> dict:
         n = _sliding_layers(c, f["layers"])
         # Gemma2Config: layer i is sliding when i is even -> ceil(layers / 2)
         f["sliding_window_layers"] = n if "layer_types" in c.d else math.ceil(f["layers"] / 2)
+        f["sliding_lead"] = _sliding_lead(c, 1)  # layer 0 sliding, layer 1 full
     return f
 
 
@@ -302,6 +313,8 @@ def _gemma3_text(c: _Cfg) -> dict:
     f["sliding_window"] = _window(c) if "sliding_window" in c.d else 4096
     if f["sliding_window"] is not None:
         f["sliding_window_layers"] = _gemma3_sliding_layers(c, f["layers"])
+        # the first full layer is pattern - 1 (configuration_gemma3.py:105-111)
+        f["sliding_lead"] = _sliding_lead(c, c.int("sliding_window_pattern", default=6) - 1)
     return f
 
 
@@ -614,7 +627,7 @@ def _gpt_oss(c: _Cfg) -> dict:
     n = (_sliding_layers(c, f["layers"]) if "layer_types" in c.d
          else (math.ceil(f["layers"] / 2) if f["layers"] > 1 else None))
     if window is not None and n != 0:
-        f.update(sliding_window=window, sliding_window_layers=n)
+        f.update(sliding_window=window, sliding_window_layers=n, sliding_lead=_sliding_lead(c, 1))
     f["moe"] = MoESpec(
         num_experts=e, top_k=k, expert_intermediate=f["intermediate"],
         norm_topk=True,  # softmax over the top-k logits == the renormalised top-k of the full softmax

@@ -8,6 +8,10 @@ map it to the registry's SDPA counts (same formula as the CUDA flash kernel: it 
 score matrix, NB causal masking halves the useful work but not the count, as in FlopCounterMode),
 and every SDPA kernel's count is taken with k/v broadcast to the query's heads (GQA), which torch
 before 2.13 asserts against (seen on torch 2.11 on an H200: every GQA model's CUDA trace failed).
+The registry also has no entry for the grouped GEMM (`aten._grouped_mm`, `aten._scaled_grouped_mm`; none in torch
+2.13's flop_counter.py) that transformers 5.24 runs MoE experts through (integrations/moe.py:379-381,
+called from `grouped_mm_experts_forward`), so we add `GROUPED_MM_FLOPS` below, in the form FlopCounterMode's
+`custom_mapping` takes (shape formulas keyed by op packet); without it every MoE family's experts counted zero.
 
 Split: ops in a "forward" phase are forward; ops in "backward" while a module's forward is running
 are recomputation (checkpointing re-enters module forwards during backward); the rest of backward is
@@ -44,6 +48,33 @@ def _sdpa_bwd(grad_out, query, key, value, *args, **kwargs) -> int:
     return fc.sdpa_backward_flop_count(grad_out.shape, query.shape, _heads_of(key, h), _heads_of(value, h))
 
 
+def grouped_mm_flop(a_shape, b_shape, offs=None, *args, out_shape=None, **kwargs) -> int:
+    """2·m·k·n summed over the groups, for every operand layout `_grouped_mm` accepts (torch/_meta_registrations.py
+    `_create_grouped_mm_output_tensor`, torch.nn.functional.grouped_mm's docstring):
+    2-D x 3-D, a (rows, k) split by offs, b (groups, k, n): the MoE forward and d(input), 2·rows·k·n;
+    3-D x 2-D, a (groups, m, k), b (k, cols) split by offs, group g writing its columns: 2·m·k·cols;
+    2-D x 2-D, a (m, K), b (K, n), the contraction K split by offs: the weight gradient, 2·m·K·n;
+    3-D x 3-D, no offs: a batched GEMM, 2·groups·m·k·n.
+    NB: fake tensors carry no offs values, so every row of the jagged operand is counted; the kernel skips rows
+    past offs[-1], which transformers leaves only under expert parallelism (integrations/moe.py:452-459, its
+    sentinel rows), so there the count reads high by the sentinel rows' share; without it offs[-1] is every row."""
+    if len(a_shape) == 3 and len(b_shape) == 3:
+        return fc.bmm_flop(a_shape, b_shape)
+    m, k = a_shape[-2:]  # with a 2-D operand each group writes its own rows/columns/output slice: one m·k·n
+    return 2 * m * k * b_shape[-1]
+
+
+def scaled_grouped_mm_flop(a_shape, b_shape, scale_a=None, scale_b=None, offs=None, *args, out_shape=None,
+                           **kwargs) -> int:
+    """The FP8 grouped GEMM: the same products as `_grouped_mm` (its scales are per row/column multiplies, not
+    counted, as the registry's `_scaled_mm_flop` does not count them)."""
+    return grouped_mm_flop(a_shape, b_shape, offs)
+
+
+# FlopCounterMode(custom_mapping=GROUPED_MM_FLOPS) counts the same on a real step.
+GROUPED_MM_FLOPS = {aten._grouped_mm: grouped_mm_flop, aten._scaled_grouped_mm: scaled_grouped_mm_flop}
+
+
 # SDPA kernels whose arguments begin (query, key, value) forward and (grad_out, query, key, value) backward
 _SDPA = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
          "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
@@ -56,7 +87,9 @@ class FlopCounter:
         self.by_module: dict[str, int] = defaultdict(int)  # forward + recompute FLOPs per leaf module
         self.by_phase: dict[str, int] = defaultdict(int)
         reg = {}
-        for packet, fn in fc.flop_registry.items():
+        mapped = {**fc.flop_registry, **{p: fc.shape_wrapper(f) for p, f in GROUPED_MM_FLOPS.items()
+                                         if p not in fc.flop_registry}}  # a later torch's own formula wins
+        for packet, fn in mapped.items():
             if isinstance(packet, torch._ops.OpOverloadPacket):
                 for name in packet.overloads():
                     reg[getattr(packet, name)] = ("registry", fn)
