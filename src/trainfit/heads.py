@@ -37,8 +37,10 @@ from .errors import ConfigError, SetupError
 if TYPE_CHECKING:  # pragma: no cover
     from .spec import ModelSpec
 
-HEADS = ("causal-lm", "masked-lm", "seq-cls", "token-cls")
-LM_HEADS = ("causal-lm", "masked-lm")
+HEADS = ("causal-lm", "masked-lm", "seq-cls", "token-cls", "seq2seq-lm")
+LM_HEADS = ("causal-lm", "masked-lm", "seq2seq-lm")
+# encoder-decoder families: their LM head is the decoder's over the target sequence (AutoModelForSeq2SeqLM)
+SEQ2SEQ_FAMILIES = ("t5",)
 CLASSIFIERS = ("seq-cls", "token-cls")
 DEFAULT_LABELS = 2  # transformers PretrainedConfig: num_labels defaults to 2 (id2label LABEL_0, LABEL_1)
 
@@ -70,17 +72,22 @@ CLASSES: dict[str, dict[str, str]] = {
              "token-cls": "BertForTokenClassification"},
     "roberta": {"masked-lm": "RobertaForMaskedLM", "seq-cls": "RobertaForSequenceClassification",
                 "token-cls": "RobertaForTokenClassification"},
+    # modeling_t5.py T5ForConditionalGeneration (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES). NB: transformers'
+    # T5ForSequenceClassification / T5ForTokenClassification are not modelled (refused by check_available)
+    "t5": {"seq2seq-lm": "T5ForConditionalGeneration"},
 }
 
 # `architectures` class-name endings -> head. BertForPreTraining is masked-LM pre-training (NB: its next-sentence
 # head, pooler + 2-way classifier, is left out: an under-count of h*(h+2)+h+2 parameters and O(batch*h) bytes).
 _ARCH_ENDINGS = (("ForSequenceClassification", "seq-cls"), ("ForTokenClassification", "token-cls"),
                  ("ForMaskedLM", "masked-lm"), ("ForPreTraining", "masked-lm"), ("ForCausalLM", "causal-lm"),
-                 ("LMHeadModel", "causal-lm"))
+                 ("LMHeadModel", "causal-lm"), ("ForConditionalGeneration", "seq2seq-lm"))
 
 
 def family_default(model_type: str, causal: bool) -> str:
     """What trainfit trained before heads existed: the family's language-model head."""
+    if model_type in SEQ2SEQ_FAMILIES:
+        return "seq2seq-lm"
     return "causal-lm" if causal else "masked-lm"
 
 

@@ -113,6 +113,26 @@ class HybridSpec:
 
 
 @dataclass(frozen=True)
+class EncoderDecoderSpec:
+    """The facts an encoder-decoder model (T5 / Flan-T5, transformers models/t5/modeling_t5.py) adds to a ModelSpec.
+
+    Why beside ModelSpec rather than a second ModelSpec: T5's two stacks share every width (T5Config d_model, d_kv,
+    num_heads, d_ff, feed_forward_proj, the vocabulary and the shared embedding, configuration_t5.py:43-55), so the
+    ModelSpec fields describe both stacks' layers and `ModelSpec.layers` counts the ENCODER's blocks; what differs is
+    only the decoder's depth, its cross-attention and the relative position bias, held here. Analytic modules read
+    these fields, never the raw config."""
+
+    decoder_layers: int  # num_decoder_layers (T5Config.__post_init__: num_layers when absent)
+    # T5Attention.relative_attention_bias = Embedding(num_buckets, n_heads) in the FIRST block of each stack only
+    # (T5Stack.__init__: has_relative_attention_bias=bool(i == 0)); its bias is shared by the later blocks
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # T5 v1.0 multiplies the decoder output by d_model**-0.5 before lm_head; v1.1 / Flan-T5 (tie_word_embeddings:
+    # false in their config.json) do not (configuration_t5.py:81, modeling_t5.py:1051-1052)
+    scale_decoder_outputs: bool = True
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     family: str  # HF model_type: llama, gpt2, bert, mixtral, ...
@@ -164,6 +184,8 @@ class ModelSpec:
     norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
     dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given
     moe: MoESpec | None = None
+    # encoder-decoder models (T5): `layers` is the encoder's depth, the decoder's and the cross-attention are here
+    encdec: EncoderDecoderSpec | None = None
     hybrid: HybridSpec | None = None  # Nemotron-H: Mamba-2, attention and MLP blocks (None: every layer attention+MLP)
     # MLA attention (DeepSeek); head_dim is then the q/k head width (nope + rope) and kv_heads == heads
     mla: MLASpec | None = None

@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers", reason="the exactness check n
 
 CATALOG_FILES = sorted(CATALOG_DIR.glob("*.json"))
 ENCODERS = {"bert", "roberta"}
+SEQ2SEQ = {"t5"}  # encoder-decoder: AutoModelForSeq2SeqLM (T5ForConditionalGeneration)
 
 
 def _catalog(path: Path) -> tuple[dict, dict]:
@@ -36,7 +37,8 @@ def hf_numel(config: dict) -> int:
     transformers.logging.set_verbosity_error()
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "_trainfit")}
     cfg = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
-    auto = transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else transformers.AutoModelForCausalLM
+    auto = (transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else
+            transformers.AutoModelForSeq2SeqLM if config["model_type"] in SEQ2SEQ else transformers.AutoModelForCausalLM)
     with torch.device("meta"):
         model = auto.from_config(cfg)
     return sum(p.numel() for p in model.parameters())

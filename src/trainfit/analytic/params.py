@@ -31,6 +31,8 @@ class ParamCounts:
     mamba: int = 0  # one Mamba-2 mixer of a hybrid stack (spec.hybrid); 0 otherwise
     linear_attention: int = 0  # one Gated DeltaNet layer's token mixer (Qwen3-Next), in place of `attention`
     linear_layers: int = 0  # how many layers use `linear_attention`
+    cross_attention: int = 0  # one decoder layer's cross-attention + its norm (encoder-decoder models); 0 otherwise
+    decoder_layers: int = 0  # encoder-decoder models: the decoder's blocks (`dense_layers` are the encoder's)
 
     @property
     def per_layer_dense(self) -> int:
@@ -130,6 +132,24 @@ def hybrid_layers_params(spec: ModelSpec, attention: int, mlp: int, norm: int) -
             + m.mamba_layers * mamba2_params(spec))
 
 
+def relative_bias_params(spec: ModelSpec) -> int:
+    """T5's relative position bias: Embedding(relative_attention_num_buckets, num_heads) in the first block's
+    self-attention of each stack (modeling_t5.py T5Attention.__init__ :213-214, T5Stack.__init__ :651-653)."""
+    return spec.encdec.relative_buckets * spec.heads
+
+
+def encoder_decoder_layers_params(spec: ModelSpec, attention: int, mlp: int, norm: int) -> tuple[int, int]:
+    """(all blocks of both stacks + their final norms, one decoder block's cross-attention with its norm). An encoder
+    block (modeling_t5.py T5Block :439-450) is self-attention + norm and FF + norm; a decoder block adds
+    T5LayerCrossAttention (EncDecAttention, the same q/k/v/o shapes, no relative bias, + norm); each T5Stack ends with
+    final_layer_norm."""
+    e = spec.encdec
+    cross = attention + norm
+    encoder = spec.layers * (attention + mlp + 2 * norm) + norm
+    decoder = e.decoder_layers * (attention + cross + mlp + 2 * norm) + norm
+    return encoder + decoder + 2 * relative_bias_params(spec), cross
+
+
 def count_params(spec: ModelSpec) -> ParamCounts:
     h = spec.hidden
     # Token embedding: HF nn.Embedding(vocab, hidden) (OPT: vocab x word_embed_proj_dim).
@@ -209,7 +229,12 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     # (Qwen3NextDecoderLayer.__init__, modeling_qwen3_next.py:877-880)
     linear_layers = spec.linear_attn.layers if spec.linear_attn is not None else 0
     linear_attention = gated_deltanet_params(spec) if linear_layers else 0
-    if spec.hybrid is not None:
+    cross = 0
+    if spec.encdec is not None:
+        # NB: `final` is left at one stack's final norm for the per-part view; the layers' sum carries both
+        layers_total, cross = encoder_decoder_layers_params(spec, attention, mlp, norm_params(spec, h))
+        total = embedding + layers_total + lm_head
+    elif spec.hybrid is not None:
         # NB: for a hybrid stack `attention`, `mlp` and `norms` are one block of each kind, not one layer's sum
         total = embedding + hybrid_layers_params(spec, attention, mlp, norms) + final + lm_head
     else:
@@ -242,4 +267,6 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         mamba=mamba2_params(spec) if spec.hybrid is not None else 0,
         linear_attention=linear_attention,
         linear_layers=linear_layers,
+        cross_attention=cross,
+        decoder_layers=spec.encdec.decoder_layers if spec.encdec is not None else 0,
     )

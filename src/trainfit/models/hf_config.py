@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trainfit import heads
 from trainfit.errors import ConfigError, SetupError
-from trainfit.spec import GatedDeltaNetSpec, HybridSpec, MLASpec, ModelSpec, MoESpec
+from trainfit.spec import EncoderDecoderSpec, GatedDeltaNetSpec, HybridSpec, MLASpec, ModelSpec, MoESpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainfit.setup import Setup
@@ -749,6 +749,46 @@ def _bert(c: _Cfg, *, roberta: bool = False) -> dict:
     )
 
 
+def _t5_activation(c: _Cfg) -> tuple[str, bool]:
+    """(activation, gated) from feed_forward_proj (T5Config.__post_init__, configuration_t5.py:68-74: "relu" -> relu,
+    "gated-gelu" -> gelu_new gated; validate_architecture refuses anything but ACT or gated-ACT)."""
+    proj = c.str("feed_forward_proj", default="relu")
+    parts = proj.split("-")
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise c.fail(f"feed_forward_proj '{proj}' is not ACT or gated-ACT (e.g. 'relu', 'gated-gelu')")
+    act = "gelu_new" if proj == "gated-gelu" else parts[-1]
+    return act, len(parts) == 2
+
+
+def _t5(c: _Cfg) -> dict:
+    # HF modeling_t5.py T5ForConditionalGeneration (:900-935): `shared` Embedding(vocab, d_model) that both stacks'
+    # embed_tokens and lm_head tie to (transformers 5.24 forces tie_word_embeddings=True, configuration_t5.py:78-82;
+    # the config's own false only turns off the decoder-output scaling). Each T5Stack (:644-660): blocks of
+    # T5LayerSelfAttention (q, k, v, o: d_model <-> num_heads * d_kv, no biases; T5LayerNorm, a weight-only RMS
+    # norm) [+ T5LayerCrossAttention in the decoder] + T5LayerFF (wi or wi_0/wi_1, wo, no biases), the first block's
+    # relative_attention_bias (buckets x heads), final_layer_norm.
+    if c.bool("is_decoder", default=False):
+        raise c.fail("t5 as a bare decoder (is_decoder: true) is not supported; pass the encoder-decoder config")
+    hidden = c.int("d_model", default=512)
+    heads = c.int("num_heads", default=8)
+    layers = c.int("num_layers", default=6)
+    act, gated = _t5_activation(c)
+    encdec = EncoderDecoderSpec(
+        decoder_layers=c.int("num_decoder_layers", default=layers),
+        relative_buckets=c.int("relative_attention_num_buckets", default=32),
+        relative_max_distance=c.int("relative_attention_max_distance", default=128),
+        scale_decoder_outputs=c.d.get("tie_word_embeddings") is not False,
+    )
+    return dict(
+        causal=True,  # the decoder generates (causal self-attention, a KV cache); the encoder's side is `encdec`
+        hidden=hidden, layers=layers, heads=heads, kv_heads=heads, head_dim=c.int("d_kv", default=64),
+        intermediate=c.int("d_ff", default=2048), vocab=c.int("vocab_size", default=32128),
+        max_positions=0,  # relative positions: no table bounds the sequence
+        gated_mlp=gated, activation=act, norm="rmsnorm", norm_bias=False, positions="relative",
+        tied_embeddings=True, final_norm=True, dtype=c.dtype(), encdec=encdec,
+    )
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -773,6 +813,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "opt": _opt,
     "bert": _bert,
     "roberta": lambda c: _bert(c, roberta=True),
+    "t5": _t5,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -789,6 +830,9 @@ _DROPOUTS: dict[str, tuple] = {
     "opt": (None, ("attention_dropout", 0.0), ("dropout", 0.1)),  # configuration_opt.py:61-62
     "bert": _BERT_DROPOUTS,  # configuration_bert.py:50-51
     "roberta": _BERT_DROPOUTS,  # configuration_roberta.py:50-51
+    # configuration_t5.py:52: dropout_rate on the embeddings (T5Stack.dropout), the attention probabilities
+    # (T5Attention.dropout) and every residual branch (T5Layer*.dropout)
+    "t5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),
 }
 
 
