@@ -54,6 +54,13 @@ CONFIGS = {
                    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
                    "full_attention_interval": 2, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, **_COMMON},
+    # T5 v1.1 / Flan-T5 (encoder-decoder): 2 encoder and 3 decoder blocks, gated-gelu, the relative position bias
+    # (8 buckets, max distance 16: both the exact and the logarithmic buckets act at these lengths), untied config
+    # (no decoder-output scaling)
+    "t5": {"model_type": "t5", "d_model": 64, "d_kv": 16, "num_heads": 4, "num_layers": 2, "num_decoder_layers": 3,
+           "d_ff": 128, "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 8,
+           "relative_attention_max_distance": 16, "tie_word_embeddings": False, "decoder_start_token_id": 0,
+           "vocab_size": 1000},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
@@ -62,6 +69,11 @@ CONFIGS = {
 def tiny_spec(family: str, layers: int = 2):
     cfg = dict(CONFIGS[family])
     key = "n_layer" if family == "gpt2" else "num_hidden_layers"
-    if "hybrid_override_pattern" not in cfg:  # a hybrid stack's pattern sets its layers
+    if "hybrid_override_pattern" not in cfg and "num_decoder_layers" not in cfg:  # a hybrid stack's pattern, an
+        # encoder-decoder's own two depths set its layers
         cfg[key] = layers
     return spec_from_config(cfg, name=f"tiny-{family}")
+
+
+# the decoder (target) length of the encoder-decoder families' cases (shorter than the encoder's --seq)
+TARGET_SEQ = {"t5": 16}

@@ -8,7 +8,7 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
 from .settings import _RUN_SETTINGS, BY_NAME, SETTINGS, SETUP_NAMES, Setup, check_value, refuse_inapplicable
-from .vocab import DEFAULT_SEQ, MODES, TRAINING
+from .vocab import DEFAULT_SEQ, DEFAULT_TARGET_SEQ, MODES, TRAINING
 from dataclasses import field, make_dataclass
 from typing import Optional
 
@@ -44,12 +44,29 @@ def _setup_of(self, spec=None) -> Setup:
     if spec is not None and (values["image_size"] is not None or values["channels_last"]):
         flag = "--image-size" if values["image_size"] is not None else "--channels-last"
         raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit); {spec.name} is {spec.family}")
+    if spec is not None:
+        values["target_seq"] = target_seq(spec, values["target_seq"], mode)
     if spec is not None and mode == "train":
         values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
     setup = Setup(**values)
     if spec is not None and mode in ("train", "infer"):
         limits.check_logits(setup.batch * setup.seq, spec.vocab)
     return setup
+
+
+def target_seq(spec, value: int | None, mode: str) -> int | None:
+    """--target-seq for `spec`: the decoder's tokens of an encoder-decoder model (default DEFAULT_TARGET_SEQ); refused
+    in one line for other models, and for the modes that do not run the two stacks' step."""
+    encdec = getattr(spec, "encdec", None) is not None
+    if not encdec:
+        if value is not None:
+            raise SetupError(f"--target-seq sets the decoder length of an encoder-decoder model (T5, Flan-T5); "
+                             f"{spec.name} ({spec.family}) has one sequence: use --seq only")
+        return None
+    if mode in ("serve", "rl"):
+        raise SetupError(f"--mode {mode} of an encoder-decoder model ({spec.name}: {spec.family}) is not modelled "
+                         "(its serving cache holds cross-attention K/V per request); use --mode train or --mode infer")
+    return value if value is not None else DEFAULT_TARGET_SEQ
 
 
 def _is_vision(spec) -> bool:

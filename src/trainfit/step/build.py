@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # transformers' Auto class per task head (trainfit.heads.CLASSES names the concrete class per family).
 _AUTO = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
-         "seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification"}
+         "seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification",
+         "seq2seq-lm": "AutoModelForSeq2SeqLM"}
 
 # Keys of the raw config dict that are not transformers config arguments.
 _DROP_KEYS = ("_trainfit", "model_type", "transformers_version", "architectures", "auto_map")
@@ -132,6 +133,7 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
     seq-cls: one class id per sequence, (batch,) int64 < num_labels; with num_labels == 1 transformers trains a
     regression (MSELoss), so the labels are (batch,) floats in the parameters' dtype.
     token-cls: one class id per token, (batch, seq) int64 < num_labels.
+    seq2seq-lm (encoder-decoder): input_ids feed the encoder, labels (batch, --target-seq) the decoder.
     No attention_mask (see module docstring).
     """
     head = for_setup(spec, setup)
@@ -145,6 +147,10 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
             labels = torch.randint(0, n, (setup.batch,), dtype=torch.long, device=device)
         elif kind == "token-cls":
             labels = torch.randint(0, n, (setup.batch, setup.seq), dtype=torch.long, device=device)
+        elif kind == "seq2seq-lm":
+            # the decoder's targets (batch, --target-seq); T5ForConditionalGeneration builds decoder_input_ids from
+            # them (modeling_t5.py:1031-1033 _shift_right), as a seq2seq collator's batch does
+            labels = torch.randint(0, spec.vocab, (setup.batch, setup.target_tokens), dtype=torch.long, device=device)
         else:
             labels = ids.clone()
         batches.append({"input_ids": ids, "labels": labels})

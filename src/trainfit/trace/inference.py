@@ -29,6 +29,12 @@ from .recorder import BUFFER, INPUT, KV_CACHE, PARAMETER, AllocationRecorder
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
+    # an encoder-decoder model's cache (transformers cache_utils.py EncoderDecoderCache): the decoder's self-attention
+    # DynamicCache, growing with the generated tokens, and the cross-attention one, K/V over the encoder's tokens
+    # written once at the first decoder step (modeling_t5.py T5Attention.forward :310-345)
+    parts = [getattr(cache, "self_attention_cache", None), getattr(cache, "cross_attention_cache", None)]
+    if any(p is not None for p in parts):
+        return [t for p in parts if p is not None for t in cache_tensors(p)]
     out = []
     for layer in getattr(cache, "layers", ()):
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
