@@ -59,6 +59,8 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
         out.append("the sigmoid output gate of gated attention")
     if spec.moe is not None and spec.moe.swiglu_limit:
         out.append("the clamped SwiGLU experts (gpt-oss GptOssExperts)")
+    if spec.encdec is not None:
+        out.append("encoder-decoder stacks (T5's decoder cross-attention and relative position bias)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("Mamba-2 blocks (the chunked selective scan and the per-sequence conv + SSM state)")
     return out
