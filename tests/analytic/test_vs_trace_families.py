@@ -208,6 +208,11 @@ REFUSED: dict[str, str] = {
         "Gated DeltaNet linear-attention layers (conv1d over q/k/v, L2-normed q/k, the chunked gated delta rule's "
         "(heads, key_dim, value_dim) recurrent state and its per-chunk fp32 temporaries, the gated RMSNorm) and the "
         "sigmoid output gate of the full-attention layers: no analytic terms for them"),
+    "t5": (
+        "encoder-decoder stacks (T5ForConditionalGeneration: the decoder's causal self-attention + cross-attention "
+        "over the encoder output, the relative position bias computed in each stack's first block and shared, "
+        "dropout_rate on every branch, the cross-attention K/V cache): no analytic terms for them; the trace and "
+        "measure engines run the real model (tests/trace)"),
 }
 
 

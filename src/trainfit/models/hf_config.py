@@ -773,10 +773,10 @@ def _t5(c: _Cfg) -> dict:
     # T5Config has no default): a config without it cannot train
     c.int("decoder_start_token_id", minimum=0)
     # T5Config.attribute_map (configuration_t5.py:36-41): hidden_size, num_attention_heads, num_hidden_layers and
-    # head_dim are aliases of d_model, num_heads, num_layers and d_kv
-    hidden = c.int("d_model", "hidden_size", default=512)
-    heads = c.int("num_heads", "num_attention_heads", default=8)
-    layers = c.int("num_layers", "num_hidden_layers", default=6)
+    # head_dim are aliases of d_model, num_heads, num_layers and d_kv; given both, the alias wins (it is set last)
+    hidden = c.int("hidden_size", "d_model", default=512)
+    heads = c.int("num_attention_heads", "num_heads", default=8)
+    layers = c.int("num_hidden_layers", "num_layers", default=6)
     act, gated = _t5_activation(c)
     encdec = EncoderDecoderSpec(
         decoder_layers=c.int("num_decoder_layers", default=layers),
@@ -786,7 +786,7 @@ def _t5(c: _Cfg) -> dict:
     )
     return dict(
         causal=True,  # the decoder generates (causal self-attention, a KV cache); the encoder's side is `encdec`
-        hidden=hidden, layers=layers, heads=heads, kv_heads=heads, head_dim=c.int("d_kv", "head_dim", default=64),
+        hidden=hidden, layers=layers, heads=heads, kv_heads=heads, head_dim=c.int("head_dim", "d_kv", default=64),
         intermediate=c.int("d_ff", default=2048), vocab=c.int("vocab_size", default=32128),
         max_positions=0,  # relative positions: no table bounds the sequence
         gated_mlp=gated, activation=act, norm="rmsnorm", norm_bias=False, positions="relative",
