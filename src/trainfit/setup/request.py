@@ -58,14 +58,17 @@ def target_seq(spec, value: int | None, mode: str) -> int | None:
     """--target-seq for `spec`: the decoder's tokens of an encoder-decoder model (default DEFAULT_TARGET_SEQ); refused
     in one line for other models, and for the modes that do not run the two stacks' step."""
     encdec = getattr(spec, "encdec", None) is not None
+    if mode in ("serve", "rl"):
+        if encdec:
+            raise SetupError(f"--mode {mode} of an encoder-decoder model ({spec.name}: {spec.family}) is not modelled "
+                             "(its serving cache holds cross-attention K/V per request); use --mode train or --mode "
+                             "infer")
+        return value  # (the settings' rules refuse a --target-seq outside its modes)
     if not encdec:
         if value is not None:
             raise SetupError(f"--target-seq sets the decoder length of an encoder-decoder model (T5, Flan-T5); "
                              f"{spec.name} ({spec.family}) has one sequence: use --seq only")
         return None
-    if mode in ("serve", "rl"):
-        raise SetupError(f"--mode {mode} of an encoder-decoder model ({spec.name}: {spec.family}) is not modelled "
-                         "(its serving cache holds cross-attention K/V per request); use --mode train or --mode infer")
     return value if value is not None else DEFAULT_TARGET_SEQ
 
 

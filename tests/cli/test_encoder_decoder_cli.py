@@ -1,0 +1,37 @@
+"""Encoder-decoder models (T5 / Flan-T5) on the command line: --target-seq sets the decoder's tokens, the trace engine
+runs the real T5ForConditionalGeneration, and what is not modelled is refused in one line with exit 2."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.cli import main
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    out = capsys.readouterr()
+    assert exit_.value.code == 2 and out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    # a one-sequence model has no decoder length
+    (["estimate", "llama-3.2-1b", "--target-seq", "64"], "--target-seq"),
+    (["estimate", "bert-base", "--seq", "128", "--target-seq", "64", "--mode", "infer"], "--target-seq"),
+    # serving and RL of an encoder-decoder model are not modelled
+    (["estimate", "flan-t5-large", "--mode", "serve", "--gpu", "H100-80GB"], "--mode serve"),
+    # the analytic engine has no encoder-decoder terms yet: it names the engine that runs the model
+    (["estimate", "flan-t5-large", "--seq", "512", "--target-seq", "128", "--gpu", "H100-80GB"], "--engine trace"),
+    (["estimate", "tiny-t5", "--target-seq", "0", "--engine", "trace"], "--target-seq"),
+])
+def test_bad_encoder_decoder_combinations_exit_2_in_one_line(argv, needle, capsys):
+    assert needle in _refused(argv, capsys)
+
+
+def test_trace_estimate_of_a_t5_shows_the_decoder_length(capsys):
+    main(["estimate", "tiny-t5", "--seq", "64", "--target-seq", "16", "--engine", "trace", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "seq2seq-lm head" in out and "seq 64 · target 16" in out
