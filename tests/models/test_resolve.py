@@ -138,11 +138,11 @@ def test_malformed_json_is_a_config_error(tmp_path):
 
 def test_unsupported_model_type_lists_supported(tmp_path):
     p = tmp_path / "config.json"
-    p.write_text(json.dumps(dict(TINY_LLAMA, model_type="t5")))
+    p.write_text(json.dumps(dict(TINY_LLAMA, model_type="xlnet")))
     with pytest.raises(ConfigError) as e:
         load_model(str(p))
     msg = str(e.value)
-    assert "'t5' is not supported" in msg and "llama" in msg and "\n" not in msg
+    assert "'xlnet' is not supported" in msg and "llama" in msg and "\n" not in msg
 
 
 # ---- the HF cache ----------------------------------------------------------------------------------
