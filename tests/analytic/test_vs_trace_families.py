@@ -211,8 +211,9 @@ REFUSED: dict[str, str] = {
     "t5": (
         "encoder-decoder stacks (T5ForConditionalGeneration: the decoder's causal self-attention + cross-attention "
         "over the encoder output, the relative position bias computed in each stack's first block and shared, "
-        "dropout_rate on every branch, the cross-attention K/V cache): no analytic terms for them; the trace and "
-        "measure engines run the real model (tests/trace)"),
+        "dropout_rate on every branch, the cross-attention K/V cache): no analytic terms for them; with the refusal "
+        "lifted, analytic -59.6 % to -66.7 % of the traced training peak and -13.6 % of the inference peak (2 + 2 "
+        "blocks, 128 + 128 tokens)"),
 }
 
 
