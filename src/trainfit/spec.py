@@ -114,22 +114,29 @@ class HybridSpec:
 
 @dataclass(frozen=True)
 class EncoderDecoderSpec:
-    """The facts an encoder-decoder model (T5 / Flan-T5, transformers models/t5/modeling_t5.py) adds to a ModelSpec.
+    """The facts an encoder-decoder model (T5 / Flan-T5, transformers models/t5/modeling_t5.py; BART,
+    models/bart/modeling_bart.py) adds to a ModelSpec.
 
     Why beside ModelSpec rather than a second ModelSpec: T5's two stacks share every width (T5Config d_model, d_kv,
     num_heads, d_ff, feed_forward_proj, the vocabulary and the shared embedding, configuration_t5.py:43-55), so the
     ModelSpec fields describe both stacks' layers and `ModelSpec.layers` counts the ENCODER's blocks; what differs is
-    only the decoder's depth, its cross-attention and the relative position bias, held here. Analytic modules read
+    only the decoder's depth, its cross-attention and the relative position bias, held here (BART: also the decoder's
+    own heads and MLP width, when its config gives others). Analytic modules read
     these fields, never the raw config."""
 
     decoder_layers: int  # num_decoder_layers (T5Config.__post_init__: num_layers when absent)
     # T5Attention.relative_attention_bias = Embedding(num_buckets, n_heads) in the FIRST block of each stack only
-    # (T5Stack.__init__: has_relative_attention_bias=bool(i == 0)); its bias is shared by the later blocks
+    # (T5Stack.__init__: has_relative_attention_bias=bool(i == 0)); its bias is shared by the later blocks. 0: none
+    # (BART: learned absolute positions, a table per stack: ModelSpec.positions "learned")
     relative_buckets: int = 32
     relative_max_distance: int = 128
     # T5 v1.0 multiplies the decoder output by d_model**-0.5 before lm_head; v1.1 / Flan-T5 (tie_word_embeddings:
     # false in their config.json) do not (configuration_t5.py:81, modeling_t5.py:1051-1052)
     scale_decoder_outputs: bool = True
+    # BART's decoder may have its own heads and MLP width (decoder_attention_heads, decoder_ffn_dim; BartDecoderLayer
+    # :311-341); 0: the encoder's (ModelSpec.heads, ModelSpec.intermediate). T5's stacks always share them.
+    decoder_heads: int = 0
+    decoder_intermediate: int = 0
 
 
 @dataclass(frozen=True)

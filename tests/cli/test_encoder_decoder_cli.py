@@ -26,6 +26,10 @@ def _refused(argv, capsys) -> str:
     # the analytic engine has no encoder-decoder terms yet: it names the engine that runs the model
     (["estimate", "flan-t5-large", "--seq", "512", "--target-seq", "128", "--gpu", "H100-80GB"], "--engine trace"),
     (["estimate", "tiny-t5", "--target-seq", "0", "--engine", "trace"], "--target-seq"),
+    # BART's decoder has 1,024 learned positions (the decode step writes one more in inference)
+    (["estimate", "bart-base", "--seq", "512", "--target-seq", "1025", "--engine", "trace"], "learned positions"),
+    (["estimate", "bart-base", "--mode", "infer", "--target-seq", "1024", "--engine", "trace"], "learned positions"),
+    (["estimate", "bart-large", "--gpu", "H100-80GB"], "--engine trace"),
 ])
 def test_bad_encoder_decoder_combinations_exit_2_in_one_line(argv, needle, capsys):
     assert needle in _refused(argv, capsys)

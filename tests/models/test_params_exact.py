@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers", reason="the exactness check n
 
 CATALOG_FILES = sorted(CATALOG_DIR.glob("*.json"))
 ENCODERS = {"bert", "roberta"}
-SEQ2SEQ = {"t5"}  # encoder-decoder: AutoModelForSeq2SeqLM (T5ForConditionalGeneration)
+SEQ2SEQ = {"t5", "bart"}  # encoder-decoder: AutoModelForSeq2SeqLM (T5ForConditionalGeneration, BartFor...)
 
 
 def _catalog(path: Path) -> tuple[dict, dict]:
@@ -181,6 +181,15 @@ QUIRKS = {
                                  mlp_only_layers=[0], num_key_value_heads=2),
     "qwen3moe-dense-layer": dict(TINY, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
                                  moe_intermediate_size=16, mlp_only_layers=[0], num_key_value_heads=2),
+    # T5 v1.0 (relu, the decoder output scaled) with a decoder deeper than the encoder and 16 relative buckets, set
+    # through the T5Config aliases (hidden_size, num_hidden_layers, num_attention_heads, head_dim)
+    "t5-relu-deeper-decoder": dict(TINY, model_type="t5", head_dim=24, d_ff=96, num_decoder_layers=5,
+                                   relative_attention_num_buckets=16, decoder_start_token_id=0),
+    # BART: a decoder with its own heads and MLP width, untied lm_head, 3 encoder and 2 decoder blocks
+    "bart-decoder-widths-untied": dict(model_type="bart", d_model=64, encoder_layers=3, decoder_layers=2,
+                                       encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=96,
+                                       decoder_ffn_dim=80, vocab_size=211, max_position_embeddings=64,
+                                       tie_word_embeddings=False),
 }
 
 
@@ -261,3 +270,16 @@ def test_nemotron_h_block_counts_and_moe_refusal():
     assert (s.layers, s.hybrid.mamba_layers, s.hybrid.ssm_heads, s.hybrid.ssm_head_dim, s.head_dim) == (3, 1, 128, 64, 128)
     with pytest.raises(ConfigError, match="MoE blocks"):
         spec_from_config(dict(TINY, model_type="nemotron_h", hybrid_override_pattern="ME*"), "n")
+
+
+def test_t5_small_by_hand():
+    # Hand derivation (not the code under test), t5-small (d 512, d_ff 2048, 8 heads x 64, 6 + 6 blocks, vocab 32128,
+    # relu): shared embedding (lm_head tied); encoder block 4*512^2 attention + 2*512*2048 MLP + 2 RMSNorm weights,
+    # decoder block + cross-attention 4*512^2 + its norm; 32 buckets x 8 heads in each stack's first block; two final
+    # norms. 60,506,624 is what transformers' T5ForConditionalGeneration (google-t5/t5-small) reports.
+    config, _ = _catalog(CATALOG_DIR / "t5-small.json")
+    d, attn, mlp = 512, 4 * 512**2, 2 * 512 * 2048
+    encoder = 6 * (attn + mlp + 2 * d) + d
+    decoder = 6 * (2 * attn + mlp + 3 * d) + d
+    total = 32128 * d + encoder + decoder + 2 * 32 * 8
+    assert count_params(spec_from_config(config, "x")).total == total == 60_506_624

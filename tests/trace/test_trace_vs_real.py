@@ -55,6 +55,8 @@ CASES = [
     ("qwen3_next", "bf16", "full", "sgd", 2, 32),
     ("t5", "amp-bf16", "none", "adamw", 1, 64),
     ("t5", "bf16", "full", "sgd", 2, 32),
+    ("bart", "amp-bf16", "full", "adamw", 2, 32),
+    ("bart", "fp32", "none", "momentum", 1, 64),
     ("bert", "fp32", "none", "adamw", 1, 64),
     ("bert", "amp-bf16", "full", "momentum", 2, 32),
     ("bert", "bf16", "none", "sgd", 1, 32),
@@ -258,7 +260,7 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
                ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
                ("gpt_oss", "amp-bf16"), ("qwen3_next", "bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16"),
-               ("t5", "amp-bf16"), ("t5", "bf16")]
+               ("t5", "amp-bf16"), ("t5", "bf16"), ("bart", "bf16")]
 
 
 @pytest.mark.slow

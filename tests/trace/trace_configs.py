@@ -61,6 +61,11 @@ CONFIGS = {
            "d_ff": 128, "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 8,
            "relative_attention_max_distance": 16, "tie_word_embeddings": False, "decoder_start_token_id": 0,
            "vocab_size": 1000},
+    # BART (encoder-decoder, post-norm, learned positions per stack, biases everywhere): 2 encoder and 3 decoder
+    # blocks, attention and residual dropout
+    "bart": {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 3,
+             "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+             "decoder_ffn_dim": 128, "attention_dropout": 0.1, **_COMMON},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
@@ -69,11 +74,11 @@ CONFIGS = {
 def tiny_spec(family: str, layers: int = 2):
     cfg = dict(CONFIGS[family])
     key = "n_layer" if family == "gpt2" else "num_hidden_layers"
-    if "hybrid_override_pattern" not in cfg and "num_decoder_layers" not in cfg:  # a hybrid stack's pattern, an
-        # encoder-decoder's own two depths set its layers
+    if "hybrid_override_pattern" not in cfg and "num_decoder_layers" not in cfg and "decoder_layers" not in cfg:
+        # (a hybrid stack's pattern, an encoder-decoder's own two depths set its layers)
         cfg[key] = layers
     return spec_from_config(cfg, name=f"tiny-{family}")
 
 
 # the decoder (target) length of the encoder-decoder families' cases (shorter than the encoder's --seq)
-TARGET_SEQ = {"t5": 16}
+TARGET_SEQ = {"t5": 16, "bart": 16}

@@ -134,20 +134,32 @@ def hybrid_layers_params(spec: ModelSpec, attention: int, mlp: int, norm: int) -
 
 def relative_bias_params(spec: ModelSpec) -> int:
     """T5's relative position bias: Embedding(relative_attention_num_buckets, num_heads) in the first block's
-    self-attention of each stack (modeling_t5.py T5Attention.__init__ :213-214, T5Stack.__init__ :651-653)."""
+    self-attention of each stack (modeling_t5.py T5Attention.__init__ :213-214, T5Stack.__init__ :651-653); 0 without
+    one (BART)."""
     return spec.encdec.relative_buckets * spec.heads
 
 
 def encoder_decoder_layers_params(spec: ModelSpec, attention: int, mlp: int, norm: int) -> tuple[int, int]:
-    """(all blocks of both stacks + their final norms, one decoder block's cross-attention with its norm). An encoder
-    block (modeling_t5.py T5Block :439-450) is self-attention + norm and FF + norm; a decoder block adds
-    T5LayerCrossAttention (EncDecAttention, the same q/k/v/o shapes, no relative bias, + norm); each T5Stack ends with
-    final_layer_norm."""
+    """(all blocks of both stacks + their own per-stack parameters, one decoder block's cross-attention with its
+    norm). An encoder block (modeling_t5.py T5Block :439-450; modeling_bart.py BartEncoderLayer :260-280) is
+    self-attention + norm and MLP + norm; a decoder block adds the cross-attention (T5LayerCrossAttention /
+    BartDecoderLayer.encoder_attn: the same q/k/v/o shapes, + norm). Per stack: T5's final_layer_norm and relative
+    bias; BART's position table and layernorm_embedding, whose first copy `count_params` counts in `embedding` (the
+    decoder's second copy is added here)."""
     e = spec.encdec
     cross = attention + norm
-    encoder = spec.layers * (attention + mlp + 2 * norm) + norm
-    decoder = e.decoder_layers * (attention + cross + mlp + 2 * norm) + norm
-    return encoder + decoder + 2 * relative_bias_params(spec), cross
+    final = norm if spec.final_norm else 0
+    encoder = spec.layers * (attention + mlp + 2 * norm) + final
+    # BART's decoder_ffn_dim (its attention's shapes do not depend on the head count: d_model x d_model)
+    decoder_mlp = (mlp_params(spec.hidden, e.decoder_intermediate, spec.gated_mlp, spec.mlp_bias)
+                   if e.decoder_intermediate else mlp)
+    decoder = e.decoder_layers * (attention + cross + decoder_mlp + 2 * norm) + final
+    decoder_embedding = ((spec.max_positions + spec.position_offset) * spec.hidden if spec.positions == "learned" else 0
+                         ) + (norm_params(spec, spec.hidden) if spec.embedding_norm else 0)
+    # transformers 5 ties the stacks' embed_tokens to `shared` only under tie_word_embeddings (BartModel.
+    # _tied_weights_keys, modeling_bart.py:678-681): untied, each stack holds its own vocab x d_model table too
+    stack_tables = 0 if spec.tied_embeddings else 2 * spec.vocab * spec.hidden
+    return encoder + decoder + decoder_embedding + stack_tables + 2 * relative_bias_params(spec), cross
 
 
 def count_params(spec: ModelSpec) -> ParamCounts:

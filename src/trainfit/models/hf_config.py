@@ -794,6 +794,35 @@ def _t5(c: _Cfg) -> dict:
     )
 
 
+def _bart(c: _Cfg) -> dict:
+    # HF modeling_bart.py BartForConditionalGeneration (:799-812): BartModel's `shared` Embedding(vocab, d_model), tied
+    # to both stacks' embed_tokens (BartModel._tied_weights_keys) and, under tie_word_embeddings (default True), to
+    # lm_head; a final_logits_bias BUFFER (1, vocab). Each stack (BartEncoder :463-500, BartDecoder :552-590): its own
+    # BartLearnedPositionalEmbedding (max_position_embeddings + 2 rows, the offset of 2) and layernorm_embedding, no
+    # final norm; post-norm blocks of BartAttention (q/k/v/out_proj with biases) + LayerNorm [+ the decoder's
+    # encoder_attn + LayerNorm] + fc1/fc2 (biased) + LayerNorm (BartEncoderLayer :260-280, BartDecoderLayer :311-341).
+    # BartConfig.attribute_map (configuration_bart.py:42-46): hidden_size, num_attention_heads, num_hidden_layers.
+    hidden = c.int("hidden_size", "d_model", default=1024)
+    heads = c.int("num_attention_heads", "encoder_attention_heads", default=16)
+    ffn = c.int("encoder_ffn_dim", default=4096)
+    decoder_heads = c.int("decoder_attention_heads", default=16)
+    for n in (heads, decoder_heads):
+        if hidden % n:
+            raise c.fail(f"d_model {hidden} is not divisible by {n} attention heads")
+    layers = c.int("num_hidden_layers", "encoder_layers", default=12)
+    return dict(
+        causal=True,  # the decoder generates (causal self-attention, a KV cache); the encoder's side is `encdec`
+        hidden=hidden, layers=layers, heads=heads, kv_heads=heads, head_dim=hidden // heads, intermediate=ffn,
+        vocab=c.int("vocab_size", default=50265), max_positions=c.int("max_position_embeddings", default=1024),
+        position_offset=2, gated_mlp=False, activation=c.str("activation_function", default="gelu"),
+        norm="layernorm", positions="learned", tied_embeddings=c.bool("tie_word_embeddings", default=True),
+        qkv_bias=True, out_bias=True, mlp_bias=True, final_norm=False, embedding_norm=True, dtype=c.dtype(),
+        encdec=EncoderDecoderSpec(decoder_layers=c.int("decoder_layers", default=12), relative_buckets=0,
+                                  relative_max_distance=0, scale_decoder_outputs=False, decoder_heads=decoder_heads,
+                                  decoder_intermediate=c.int("decoder_ffn_dim", default=4096)),
+    )
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -819,6 +848,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "bert": _bert,
     "roberta": lambda c: _bert(c, roberta=True),
     "t5": _t5,
+    "bart": _bart,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -838,6 +868,8 @@ _DROPOUTS: dict[str, tuple] = {
     # configuration_t5.py:52: dropout_rate on the embeddings (T5Stack.dropout), the attention probabilities
     # (T5Attention.dropout) and every residual branch (T5Layer*.dropout)
     "t5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),
+    # configuration_bart.py:60-61: dropout on the embeddings and every branch, attention_dropout on the probabilities
+    "bart": (("dropout", 0.1), ("attention_dropout", 0.0), ("dropout", 0.1)),
 }
 
 

@@ -69,7 +69,12 @@ def target_seq(spec, value: int | None, mode: str) -> int | None:
             raise SetupError(f"--target-seq sets the decoder length of an encoder-decoder model (T5, Flan-T5); "
                              f"{spec.name} ({spec.family}) has one sequence: use --seq only")
         return None
-    return value if value is not None else DEFAULT_TARGET_SEQ
+    tokens = value if value is not None else DEFAULT_TARGET_SEQ
+    longest = spec.longest_sequence(mode)  # BART: the decoder's own learned position table
+    if longest is not None and tokens > longest:
+        raise SetupError(f"--target-seq {tokens}: {spec.name}'s decoder has {spec.max_positions} learned positions "
+                         f"(at most {longest} tokens in --mode {mode}); lower --target-seq")
+    return tokens
 
 
 def _is_vision(spec) -> bool:
