@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 HEADS = ("causal-lm", "masked-lm", "seq-cls", "token-cls", "seq2seq-lm")
 LM_HEADS = ("causal-lm", "masked-lm", "seq2seq-lm")
 # encoder-decoder families: their LM head is the decoder's over the target sequence (AutoModelForSeq2SeqLM)
-SEQ2SEQ_FAMILIES = ("t5", "bart")
+SEQ2SEQ_FAMILIES = ("t5", "mt5", "bart")
 CLASSIFIERS = ("seq-cls", "token-cls")
 DEFAULT_LABELS = 2  # transformers PretrainedConfig: num_labels defaults to 2 (id2label LABEL_0, LABEL_1)
 
@@ -75,6 +75,7 @@ CLASSES: dict[str, dict[str, str]] = {
     # modeling_t5.py T5ForConditionalGeneration (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES). NB: transformers'
     # T5ForSequenceClassification / T5ForTokenClassification are not modelled (refused by check_available)
     "t5": {"seq2seq-lm": "T5ForConditionalGeneration"},
+    "mt5": {"seq2seq-lm": "MT5ForConditionalGeneration"},  # modeling_mt5.py (its classifiers: not modelled)
     # modeling_bart.py BartForConditionalGeneration. NB: BartForCausalLM (the decoder alone) and
     # BartForSequenceClassification are not modelled
     "bart": {"seq2seq-lm": "BartForConditionalGeneration"},

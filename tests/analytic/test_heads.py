@@ -90,7 +90,8 @@ def test_classes_table_matches_transformers_auto_mappings():
     # transformers has T5 / BART classifiers (T5ForSequenceClassification: the whole encoder-decoder pooled at eos)
     # and BART's decoder alone (BartForCausalLM) that trainfit does not model: refused by heads.check_available
     # (transformers' masked-LM mapping names BartForConditionalGeneration too: trainfit's seq2seq-lm)
-    not_modelled = {("t5", "seq-cls"), ("t5", "token-cls"), ("bart", "causal-lm"), ("bart", "seq-cls"),
+    not_modelled = {("t5", "seq-cls"), ("t5", "token-cls"), ("mt5", "seq-cls"), ("mt5", "token-cls"),
+                    ("bart", "causal-lm"), ("bart", "seq-cls"),
                     ("bart", "masked-lm")}
     from trainfit.models.hf_config import SUPPORTED_MODEL_TYPES
 

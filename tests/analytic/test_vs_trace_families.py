@@ -216,6 +216,7 @@ REFUSED: dict[str, str] = {
         "dropout_rate on every branch, the cross-attention K/V cache): no analytic terms for them; with the refusal "
         "lifted, analytic -59.6 % to -66.7 % of the traced training peak and -13.6 % of the inference peak (2 + 2 "
         "blocks, 128 + 128 tokens)"),
+    "mt5": "T5's encoder-decoder stacks (MT5ForConditionalGeneration is T5 v1.1 with its own defaults): as t5",
     "bart": (
         "encoder-decoder stacks (BartForConditionalGeneration: post-norm blocks, a learned position table and "
         "layernorm_embedding per stack, the decoder's cross-attention, the cross-attention K/V cache): with the "

@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers", reason="the exactness check n
 
 CATALOG_FILES = sorted(CATALOG_DIR.glob("*.json"))
 ENCODERS = {"bert", "roberta"}
-SEQ2SEQ = {"t5", "bart"}  # encoder-decoder: AutoModelForSeq2SeqLM (T5ForConditionalGeneration, BartFor...)
+SEQ2SEQ = {"t5", "mt5", "bart"}  # encoder-decoder: AutoModelForSeq2SeqLM (T5ForConditionalGeneration, BartFor...)
 
 
 def _catalog(path: Path) -> tuple[dict, dict]:
@@ -185,6 +185,8 @@ QUIRKS = {
     # through the T5Config aliases (hidden_size, num_hidden_layers, num_attention_heads, head_dim)
     "t5-relu-deeper-decoder": dict(TINY, model_type="t5", head_dim=24, d_ff=96, num_decoder_layers=5,
                                    relative_attention_num_buckets=16, decoder_start_token_id=0),
+    # mT5: MT5Config's own defaults (vocab 250112, d_ff 1024, 8 layers, 6 heads, gated-gelu) where the config is silent
+    "mt5-defaults": dict(model_type="mt5", d_model=48, d_kv=8, decoder_start_token_id=0),
     # BART: a decoder with its own heads and MLP width, untied lm_head, 3 encoder and 2 decoder blocks
     "bart-decoder-widths-untied": dict(model_type="bart", d_model=64, encoder_layers=3, decoder_layers=2,
                                        encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=96,

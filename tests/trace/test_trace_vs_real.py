@@ -55,6 +55,7 @@ CASES = [
     ("qwen3_next", "bf16", "full", "sgd", 2, 32),
     ("t5", "amp-bf16", "none", "adamw", 1, 64),
     ("t5", "bf16", "full", "sgd", 2, 32),
+    ("mt5", "bf16", "none", "adamw", 1, 32),
     ("bart", "amp-bf16", "full", "adamw", 2, 32),
     ("bart", "fp32", "none", "momentum", 1, 64),
     ("bert", "fp32", "none", "adamw", 1, 64),

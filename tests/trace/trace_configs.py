@@ -61,6 +61,10 @@ CONFIGS = {
            "d_ff": 128, "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 8,
            "relative_attention_max_distance": 16, "tie_word_embeddings": False, "decoder_start_token_id": 0,
            "vocab_size": 1000},
+    # mT5: MT5ForConditionalGeneration (T5 v1.1 with MT5Config's defaults; no decoder-output scaling)
+    "mt5": {"model_type": "mt5", "d_model": 64, "d_kv": 16, "num_heads": 4, "num_layers": 2, "num_decoder_layers": 2,
+            "d_ff": 128, "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16,
+            "vocab_size": 1000},
     # BART (encoder-decoder, post-norm, learned positions per stack, biases everywhere): 2 encoder and 3 decoder
     # blocks, attention and residual dropout
     "bart": {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 3,
@@ -81,4 +85,4 @@ def tiny_spec(family: str, layers: int = 2):
 
 
 # the decoder (target) length of the encoder-decoder families' cases (shorter than the encoder's --seq)
-TARGET_SEQ = {"t5": 16, "bart": 16}
+TARGET_SEQ = {"t5": 16, "mt5": 16, "bart": 16}

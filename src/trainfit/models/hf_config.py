@@ -749,10 +749,16 @@ def _bert(c: _Cfg, *, roberta: bool = False) -> dict:
     )
 
 
-def _t5_activation(c: _Cfg) -> tuple[str, bool]:
+# The T5Config / MT5Config defaults that set shapes (configuration_t5.py:43-55, configuration_mt5.py:40-52)
+_T5_DEFAULTS = dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128, feed_forward_proj="relu")
+_MT5_DEFAULTS = dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, vocab_size=250112,
+                     feed_forward_proj="gated-gelu")
+
+
+def _t5_activation(c: _Cfg, default: str) -> tuple[str, bool]:
     """(activation, gated) from feed_forward_proj (T5Config.__post_init__, configuration_t5.py:68-74: "relu" -> relu,
     "gated-gelu" -> gelu_new gated; validate_architecture refuses anything but ACT or gated-ACT)."""
-    proj = c.str("feed_forward_proj", default="relu")
+    proj = c.str("feed_forward_proj", default=default)
     parts = proj.split("-")
     if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
         raise c.fail(f"feed_forward_proj '{proj}' is not ACT or gated-ACT (e.g. 'relu', 'gated-gelu')")
@@ -760,34 +766,38 @@ def _t5_activation(c: _Cfg) -> tuple[str, bool]:
     return act, len(parts) == 2
 
 
-def _t5(c: _Cfg) -> dict:
+def _t5(c: _Cfg, mt5: bool = False) -> dict:
     # HF modeling_t5.py T5ForConditionalGeneration (:900-935): `shared` Embedding(vocab, d_model) that both stacks'
     # embed_tokens and lm_head tie to (transformers 5.24 forces tie_word_embeddings=True, configuration_t5.py:78-82;
     # the config's own false only turns off the decoder-output scaling). Each T5Stack (:644-660): blocks of
     # T5LayerSelfAttention (q, k, v, o: d_model <-> num_heads * d_kv, no biases; T5LayerNorm, a weight-only RMS
     # norm) [+ T5LayerCrossAttention in the decoder] + T5LayerFF (wi or wi_0/wi_1, wo, no biases), the first block's
-    # relative_attention_bias (buckets x heads), final_layer_norm.
+    # relative_attention_bias (buckets x heads), final_layer_norm. mT5 (modeling_mt5.py MT5ForConditionalGeneration)
+    # is the same model with its own defaults; it ties always too (configuration_mt5.py __post_init__) and never
+    # scales the decoder output (its forward goes straight to lm_head).
+    d = _MT5_DEFAULTS if mt5 else _T5_DEFAULTS
     if c.bool("is_decoder", default=False):
         raise c.fail("t5 as a bare decoder (is_decoder: true) is not supported; pass the encoder-decoder config")
     # T5ForConditionalGeneration._shift_right reads it to build decoder_input_ids from the labels (modeling_t5.py:623;
-    # T5Config has no default): a config without it cannot train
-    c.int("decoder_start_token_id", minimum=0)
+    # T5Config has no default, MT5Config's is 0): a T5 config without it cannot train
+    if not mt5:
+        c.int("decoder_start_token_id", minimum=0)
     # T5Config.attribute_map (configuration_t5.py:36-41): hidden_size, num_attention_heads, num_hidden_layers and
     # head_dim are aliases of d_model, num_heads, num_layers and d_kv; given both, the alias wins (it is set last)
-    hidden = c.int("hidden_size", "d_model", default=512)
-    heads = c.int("num_attention_heads", "num_heads", default=8)
-    layers = c.int("num_hidden_layers", "num_layers", default=6)
-    act, gated = _t5_activation(c)
+    hidden = c.int("hidden_size", "d_model", default=d["d_model"])
+    heads = c.int("num_attention_heads", "num_heads", default=d["num_heads"])
+    layers = c.int("num_hidden_layers", "num_layers", default=d["num_layers"])
+    act, gated = _t5_activation(c, d["feed_forward_proj"])
     encdec = EncoderDecoderSpec(
         decoder_layers=c.int("num_decoder_layers", default=layers),
         relative_buckets=c.int("relative_attention_num_buckets", default=32),
         relative_max_distance=c.int("relative_attention_max_distance", default=128),
-        scale_decoder_outputs=c.d.get("tie_word_embeddings") is not False,
+        scale_decoder_outputs=not mt5 and c.d.get("tie_word_embeddings") is not False,
     )
     return dict(
         causal=True,  # the decoder generates (causal self-attention, a KV cache); the encoder's side is `encdec`
         hidden=hidden, layers=layers, heads=heads, kv_heads=heads, head_dim=c.int("head_dim", "d_kv", default=64),
-        intermediate=c.int("d_ff", default=2048), vocab=c.int("vocab_size", default=32128),
+        intermediate=c.int("d_ff", default=d["d_ff"]), vocab=c.int("vocab_size", default=d["vocab_size"]),
         max_positions=0,  # relative positions: no table bounds the sequence
         gated_mlp=gated, activation=act, norm="rmsnorm", norm_bias=False, positions="relative",
         tied_embeddings=True, final_norm=True, dtype=c.dtype(), encdec=encdec,
@@ -848,6 +858,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "bert": _bert,
     "roberta": lambda c: _bert(c, roberta=True),
     "t5": _t5,
+    "mt5": lambda c: _t5(c, mt5=True),
     "bart": _bart,
 }
 
@@ -869,6 +880,7 @@ _DROPOUTS: dict[str, tuple] = {
     # (T5Attention.dropout) and every residual branch (T5Layer*.dropout)
     "t5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),
     # configuration_bart.py:60-61: dropout on the embeddings and every branch, attention_dropout on the probabilities
+    "mt5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),  # configuration_mt5.py:49
     "bart": (("dropout", 0.1), ("attention_dropout", 0.0), ("dropout", 0.1)),
 }
 
