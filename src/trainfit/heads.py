@@ -129,6 +129,10 @@ def check_available(model_type: str, head: str, name: str) -> None:
         options = ", ".join(have) or "none"
         why = (" (transformers' causal BERT/RoBERTa needs is_decoder=True, a decoder setup trainfit does not model)"
                if head == "causal-lm" and model_type in ("bert", "roberta") else "")
+        if model_type in SEQ2SEQ_FAMILIES and head in HEADS:
+            raise SetupError(f"--head {head}: trainfit models the {model_type} encoder-decoder with its LM head only "
+                             f"(transformers' other {model_type} heads are not modelled); {name} can train: {options} "
+                             "(--head)")
         raise SetupError(f"--head {head}: transformers has no {model_type} model with that head{why}; "
                          f"{name} can train: {options} (--head)")
 

@@ -26,6 +26,10 @@ def _refused(argv, capsys) -> str:
     # the analytic engine has no encoder-decoder terms yet: it names the engine that runs the model
     (["estimate", "flan-t5-large", "--seq", "512", "--target-seq", "128", "--gpu", "H100-80GB"], "--engine trace"),
     (["estimate", "tiny-t5", "--target-seq", "0", "--engine", "trace"], "--target-seq"),
+    (["estimate", "t5-small", "--mode", "rl", "--gpu", "H100-80GB"], "--mode rl"),
+    # transformers' T5 classifiers are not modelled; the seq2seq head is the encoder-decoder families' own
+    (["estimate", "t5-small", "--head", "seq-cls", "--engine", "trace"], "LM head only"),
+    (["estimate", "llama-3.2-1b", "--head", "seq2seq-lm"], "--head seq2seq-lm"),
     # BART's decoder has 1,024 learned positions (the decode step writes one more in inference)
     (["estimate", "bart-base", "--seq", "512", "--target-seq", "1025", "--engine", "trace"], "learned positions"),
     (["estimate", "bart-base", "--mode", "infer", "--target-seq", "1024", "--engine", "trace"], "learned positions"),

@@ -61,8 +61,8 @@ def target_seq(spec, value: int | None, mode: str) -> int | None:
     if mode in ("serve", "rl"):
         if encdec:
             raise SetupError(f"--mode {mode} of an encoder-decoder model ({spec.name}: {spec.family}) is not modelled "
-                             "(its serving cache holds cross-attention K/V per request); use --mode train or --mode "
-                             "infer")
+                             "(a serving engine's or a rollout's cache would hold cross-attention K/V per request); use "
+                             "--mode train or --mode infer")
         return value  # (the settings' rules refuse a --target-seq outside its modes)
     if not encdec:
         if value is not None:
