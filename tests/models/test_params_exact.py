@@ -99,7 +99,8 @@ def test_breakdown_adds_up_and_dense_active_is_total():
             h = spec.hybrid
             per_layers = (spec.layers * c.norms + h.attention_layers * c.attention + h.mlp_layers * c.mlp
                           + h.mamba_layers * c.mamba)
-        assert c.total == c.embedding + per_layers + c.final + c.lm_head
+        # (encoder-decoder models: per_layers are the encoder's blocks, the decoder's are in second_stack)
+        assert c.total == c.embedding + per_layers + c.final + c.lm_head + c.second_stack
         assert c.dense_layers + c.moe_layers == spec.layers
         if not spec.is_moe:
             assert c.active == c.total and c.moe_mlp == 0 and c.expert == 0
@@ -284,4 +285,6 @@ def test_t5_small_by_hand():
     encoder = 6 * (attn + mlp + 2 * d) + d
     decoder = 6 * (2 * attn + mlp + 3 * d) + d
     total = 32128 * d + encoder + decoder + 2 * 32 * 8
-    assert count_params(spec_from_config(config, "x")).total == total == 60_506_624
+    counts = count_params(spec_from_config(config, "x"))
+    assert counts.total == total == 60_506_624
+    assert counts.second_stack == decoder + 32 * 8 + 32 * 8  # the decoder stack and the encoder's relative bias

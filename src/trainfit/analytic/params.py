@@ -33,6 +33,10 @@ class ParamCounts:
     linear_layers: int = 0  # how many layers use `linear_attention`
     cross_attention: int = 0  # one decoder layer's cross-attention + its norm (encoder-decoder models); 0 otherwise
     decoder_layers: int = 0  # encoder-decoder models: the decoder's blocks (`dense_layers` are the encoder's)
+    # encoder-decoder models: the decoder stack whole (its blocks, final norm, position table / relative bias, own
+    # embedding table when untied) and the encoder's relative bias: what the per-layer fields (the encoder's blocks),
+    # `embedding`, `final` (the encoder's final norm) and `lm_head` leave out; 0 otherwise
+    second_stack: int = 0
 
     @property
     def per_layer_dense(self) -> int:
@@ -241,11 +245,12 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     # (Qwen3NextDecoderLayer.__init__, modeling_qwen3_next.py:877-880)
     linear_layers = spec.linear_attn.layers if spec.linear_attn is not None else 0
     linear_attention = gated_deltanet_params(spec) if linear_layers else 0
-    cross = 0
+    cross = second_stack = 0
     if spec.encdec is not None:
-        # NB: `final` is left at one stack's final norm for the per-part view; the layers' sum carries both
+        # `final` is the encoder's final norm; the decoder's and the rest are `second_stack`
         layers_total, cross = encoder_decoder_layers_params(spec, attention, mlp, norm_params(spec, h))
         total = embedding + layers_total + lm_head
+        second_stack = layers_total - spec.layers * (attention + mlp + norms) - final
     elif spec.hybrid is not None:
         # NB: for a hybrid stack `attention`, `mlp` and `norms` are one block of each kind, not one layer's sum
         total = embedding + hybrid_layers_params(spec, attention, mlp, norms) + final + lm_head
@@ -280,5 +285,6 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         linear_attention=linear_attention,
         linear_layers=linear_layers,
         cross_attention=cross,
+        second_stack=second_stack,
         decoder_layers=spec.encdec.decoder_layers if spec.encdec is not None else 0,
     )
