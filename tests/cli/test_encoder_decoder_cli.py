@@ -43,3 +43,20 @@ def test_trace_estimate_of_a_t5_shows_the_decoder_length(capsys):
     main(["estimate", "tiny-t5", "--seq", "64", "--target-seq", "16", "--engine", "trace", "--device", "cpu"])
     out = capsys.readouterr().out
     assert "seq2seq-lm head" in out and "seq 64 · target 16" in out
+
+
+def test_qlora_t5_keeps_its_fp32_modules_unquantised():
+    # transformers' bitsandbytes quantizer leaves a model's _keep_in_fp32_modules unconverted (quantizers/base.py
+    # get_modules_to_not_convert): T5's `wo`, whose forward casts its input to wo's weight dtype (modeling_t5.py
+    # T5DenseGatedActDense.forward); every other Linear of the blocks is 4-bit
+    pytest.importorskip("bitsandbytes")
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+    from trainfit.step import build_model
+
+    setup = Setup(batch=1, seq=16, target_seq=8, precision="bf16", quant="nf4", lora_rank=4, device="cpu")
+    model = build_model(load_model("tiny-t5"), setup)
+    # (peft wraps each with its adapter class for the base layer's kind: lora.Linear or lora.bnb.Linear4bit)
+    kinds = {name.rsplit(".", 1)[-1]: type(m).__name__ for name, m in model.named_modules()
+             if name.endswith((".wo", ".wi_0", ".q"))}
+    assert kinds["wo"] == "Linear" and kinds["wi_0"] == kinds["q"] == "Linear4bit", kinds
