@@ -60,3 +60,16 @@ def test_qlora_t5_keeps_its_fp32_modules_unquantised():
     kinds = {name.rsplit(".", 1)[-1]: type(m).__name__ for name, m in model.named_modules()
              if name.endswith((".wo", ".wi_0", ".q"))}
     assert kinds["wo"] == "Linear" and kinds["wi_0"] == kinds["q"] == "Linear4bit", kinds
+
+
+def test_fp16_t5_keeps_wo_in_fp32():
+    # from_pretrained in fp16 keeps _keep_in_fp32_modules in fp32 (transformers modeling_utils.py _get_dtype_plan):
+    # T5's wo, d_ff x d_model per block (tiny-t5: 128 x 64, 2 encoder + 3 decoder blocks); the rest fp16
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+    from trainfit.step import build_model
+
+    model = build_model(load_model("tiny-t5"), Setup(batch=1, seq=16, target_seq=8, precision="fp16", mode="infer",
+                                                     device="cpu"))
+    fp32 = sum(p.numel() for p in model.parameters() if p.dtype.itemsize == 4)
+    assert fp32 == (2 + 3) * 128 * 64

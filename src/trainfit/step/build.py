@@ -112,6 +112,7 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     auto = getattr(transformers, _AUTO[for_setup(spec, setup).task_head])
     with torch.device(device):
         model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
+    keep_fp32_modules(model)
     if torch.device(device).type == "cuda" and torch.cuda.is_initialized():
         # from_config on the device makes the LM head's own weight before tie_weights replaces it with the word
         # embedding: the freed block stays in the caching allocator's cache (a second embedding-sized segment in
@@ -121,6 +122,24 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
         torch.cuda.empty_cache()
     model.train()
     return apply_lora(model, setup)  # --lora-rank: peft's adapters, base frozen (step/lora.py)
+
+
+def keep_fp32_modules(model: torch.nn.Module) -> None:
+    """Loaded in fp16, a model's `_keep_in_fp32_modules` stay fp32: from_pretrained's dtype plan (transformers 5.24
+    modeling_utils.py:3844-3858 _get_dtype_plan: fp16 only; T5's `wo`, modeling_t5.py:542), which from_config does
+    not apply. NB: the `_strict` list (fp32 under bf16 too: DeepSeek-V3's and Nemotron-H's router gates) is left as
+    from_config builds it."""
+    names = getattr(model, "_keep_in_fp32_modules", None)
+    if not names or next(model.parameters()).dtype != torch.float16:
+        return
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] not in names:
+            continue
+        # new Parameters rather than module.to(): fake tensors (the trace) cannot be swapped in place
+        for pname, p in list(module.named_parameters(recurse=True)):
+            owner = module.get_submodule(pname.rpartition(".")[0]) if "." in pname else module
+            setattr(owner, pname.rpartition(".")[2],
+                    torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=p.requires_grad))
 
 
 def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
