@@ -131,7 +131,7 @@ class EncoderDecoderSpec:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     # T5 v1.0 multiplies the decoder output by d_model**-0.5 before lm_head; v1.1 / Flan-T5 (tie_word_embeddings:
-    # false in their config.json) do not (configuration_t5.py:81, modeling_t5.py:1051-1052)
+    # false in their config.json) do not (configuration_t5.py:81, modeling_t5.py:1047-1048)
     scale_decoder_outputs: bool = True
     # BART's decoder may have its own heads and MLP width (decoder_attention_heads, decoder_ffn_dim; BartDecoderLayer
     # :311-341); 0: the encoder's (ModelSpec.heads, ModelSpec.intermediate). T5's stacks always share them.

@@ -749,7 +749,7 @@ def _bert(c: _Cfg, *, roberta: bool = False) -> dict:
     )
 
 
-# The T5Config / MT5Config defaults that set shapes (configuration_t5.py:43-55, configuration_mt5.py:40-52)
+# The T5Config / MT5Config defaults that set shapes (configuration_t5.py:43-55, configuration_mt5.py:42-54)
 _T5_DEFAULTS = dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128, feed_forward_proj="relu")
 _MT5_DEFAULTS = dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, vocab_size=250112,
                      feed_forward_proj="gated-gelu")
@@ -778,7 +778,7 @@ def _t5(c: _Cfg, mt5: bool = False) -> dict:
     d = _MT5_DEFAULTS if mt5 else _T5_DEFAULTS
     if c.bool("is_decoder", default=False):
         raise c.fail("t5 as a bare decoder (is_decoder: true) is not supported; pass the encoder-decoder config")
-    # T5ForConditionalGeneration._shift_right reads it to build decoder_input_ids from the labels (modeling_t5.py:623;
+    # T5ForConditionalGeneration._shift_right reads it to build decoder_input_ids from the labels (modeling_t5.py:622-623;
     # T5Config has no default, MT5Config's is 0): a T5 config without it cannot train
     if not mt5:
         c.int("decoder_start_token_id", minimum=0)
@@ -880,7 +880,7 @@ _DROPOUTS: dict[str, tuple] = {
     # (T5Attention.dropout) and every residual branch (T5Layer*.dropout)
     "t5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),
     # configuration_bart.py:60-61: dropout on the embeddings and every branch, attention_dropout on the probabilities
-    "mt5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),  # configuration_mt5.py:49
+    "mt5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),  # configuration_mt5.py:51
     "bart": (("dropout", 0.1), ("attention_dropout", 0.0), ("dropout", 0.1)),
 }
 

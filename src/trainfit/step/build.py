@@ -168,7 +168,7 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
             labels = torch.randint(0, n, (setup.batch, setup.seq), dtype=torch.long, device=device)
         elif kind == "seq2seq-lm":
             # the decoder's targets (batch, --target-seq); T5ForConditionalGeneration builds decoder_input_ids from
-            # them (modeling_t5.py:1031-1033 _shift_right), as a seq2seq collator's batch does
+            # them (modeling_t5.py:1030-1031 _shift_right), as a seq2seq collator's batch does
             labels = torch.randint(0, spec.vocab, (setup.batch, setup.target_tokens), dtype=torch.long, device=device)
         else:
             labels = ids.clone()
