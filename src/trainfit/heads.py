@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 HEADS = ("causal-lm", "masked-lm", "seq-cls", "token-cls", "seq2seq-lm")
 LM_HEADS = ("causal-lm", "masked-lm", "seq2seq-lm")
 # encoder-decoder families: their LM head is the decoder's over the target sequence (AutoModelForSeq2SeqLM)
-SEQ2SEQ_FAMILIES = ("t5", "mt5", "bart")
+SEQ2SEQ_FAMILIES = ("t5", "mt5", "bart", "whisper")
 CLASSIFIERS = ("seq-cls", "token-cls")
 DEFAULT_LABELS = 2  # transformers PretrainedConfig: num_labels defaults to 2 (id2label LABEL_0, LABEL_1)
 
@@ -79,6 +79,9 @@ CLASSES: dict[str, dict[str, str]] = {
     # modeling_bart.py BartForConditionalGeneration. NB: BartForCausalLM (the decoder alone) and
     # BartForSequenceClassification are not modelled
     "bart": {"seq2seq-lm": "BartForConditionalGeneration"},
+    # modeling_whisper.py WhisperForConditionalGeneration (MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES). NB: its decoder
+    # alone (WhisperForCausalLM) and WhisperForAudioClassification are not modelled
+    "whisper": {"seq2seq-lm": "WhisperForConditionalGeneration"},
 }
 
 # `architectures` class-name endings -> head. BertForPreTraining is masked-LM pre-training (NB: its next-sentence

@@ -137,6 +137,15 @@ class EncoderDecoderSpec:
     # :311-341); 0: the encoder's (ModelSpec.heads, ModelSpec.intermediate). T5's stacks always share them.
     decoder_heads: int = 0
     decoder_intermediate: int = 0
+    # Whisper (models/whisper/modeling_whisper.py): an audio encoder (WhisperEncoder :544-580: conv1 num_mel_bins ->
+    # d_model and conv2 d_model -> d_model, kernel 3, the second of stride 2, over 2 x max_source_positions mel
+    # frames; ModelSpec.max_positions = max_source_positions), its decoder's own learned table of
+    # max_target_positions rows, k_proj without a bias (WhisperAttention :281), and no `shared` table: the decoder's
+    # embed_tokens is the only one (tied to proj_out). 0 / True / True: a token encoder (T5, BART).
+    mel_bins: int = 0
+    decoder_positions: int = 0
+    k_bias: bool = True
+    shared_embedding: bool = True
 
 
 @dataclass(frozen=True)
@@ -236,8 +245,9 @@ class ModelSpec:
 
     def position_limit(self, mode: str) -> int:
         """The longest --seq within max_position_embeddings (0: none given). A causal model's decode step writes
-        position `seq` (HF generate), so inference needs one position more."""
-        return max(self.max_positions - (1 if mode == "infer" and self.causal else 0), 0)
+        position `seq` (HF generate), so inference needs one position more (not an encoder-decoder's: --seq is its
+        encoder's, which never decodes)."""
+        return max(self.max_positions - (1 if mode == "infer" and self.causal and self.encdec is None else 0), 0)
 
     def longest_sequence(self, mode: str) -> int | None:
         """The longest --seq the model's learned position table allows (None: no table, e.g. rotary, which runs

@@ -34,6 +34,9 @@ def _refused(argv, capsys) -> str:
     (["estimate", "bart-base", "--seq", "512", "--target-seq", "1025", "--engine", "trace"], "learned positions"),
     (["estimate", "bart-base", "--mode", "infer", "--target-seq", "1024", "--engine", "trace"], "learned positions"),
     (["estimate", "bart-large", "--gpu", "H100-80GB"], "--engine trace"),
+    # Whisper's encoder reads exactly 30 s of audio (1,500 positions); its decoder has 448 positions
+    (["estimate", "whisper-tiny", "--seq", "1024", "--engine", "trace"], "--seq 1500"),
+    (["estimate", "whisper-tiny", "--target-seq", "449", "--engine", "trace"], "448 learned positions"),
 ])
 def test_bad_encoder_decoder_combinations_exit_2_in_one_line(argv, needle, capsys):
     assert needle in _refused(argv, capsys)

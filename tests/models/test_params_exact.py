@@ -38,7 +38,9 @@ def hf_numel(config: dict) -> int:
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "_trainfit")}
     cfg = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
     auto = (transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else
-            transformers.AutoModelForSeq2SeqLM if config["model_type"] in SEQ2SEQ else transformers.AutoModelForCausalLM)
+            transformers.AutoModelForSeq2SeqLM if config["model_type"] in SEQ2SEQ else
+            transformers.AutoModelForSpeechSeq2Seq if config["model_type"] == "whisper" else
+            transformers.AutoModelForCausalLM)
     with torch.device("meta"):
         model = auto.from_config(cfg)
     return sum(p.numel() for p in model.parameters())
@@ -188,6 +190,12 @@ QUIRKS = {
                                    relative_attention_num_buckets=16, decoder_start_token_id=0),
     # mT5: MT5Config's own defaults (vocab 250112, d_ff 1024, 8 layers, 6 heads, gated-gelu) where the config is silent
     "mt5-defaults": dict(model_type="mt5", d_model=48, d_kv=8, decoder_start_token_id=0),
+    # Whisper: a 3-block decoder with its own heads and MLP width, 16 mel bins, 32 + 24 positions, untied proj_out
+    "whisper-untied-decoder-widths": dict(model_type="whisper", d_model=64, encoder_layers=2, decoder_layers=3,
+                                          encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=128,
+                                          decoder_ffn_dim=96, vocab_size=211, num_mel_bins=16,
+                                          max_source_positions=32, max_target_positions=24, tie_word_embeddings=False,
+                                          pad_token_id=1, bos_token_id=1, eos_token_id=1, decoder_start_token_id=2),
     # BART: a decoder with its own heads and MLP width, untied lm_head, 3 encoder and 2 decoder blocks
     "bart-decoder-widths-untied": dict(model_type="bart", d_model=64, encoder_layers=3, decoder_layers=2,
                                        encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=96,

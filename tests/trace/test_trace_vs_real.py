@@ -59,6 +59,7 @@ CASES = [
     ("mt5", "bf16", "none", "adamw", 1, 32),
     ("bart", "amp-bf16", "full", "adamw", 2, 32),
     pytest.param("bart", "fp32", "none", "momentum", 1, 64, marks=pytest.mark.heavy),
+    ("whisper", "amp-bf16", "none", "adamw", 1, 64),  # (64: the tiny config's encoder positions, all it reads)
     ("bert", "fp32", "none", "adamw", 1, 64),
     ("bert", "amp-bf16", "full", "momentum", 2, 32),
     ("bert", "bf16", "none", "sgd", 1, 32),
@@ -262,7 +263,7 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
                ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
                ("gpt_oss", "amp-bf16"), ("qwen3_next", "bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16"),
-               ("t5", "amp-bf16"), ("t5", "fp16"), ("bart", "bf16")]
+               ("t5", "amp-bf16"), ("t5", "fp16"), ("bart", "bf16"), ("whisper", "bf16")]
 
 
 @pytest.mark.slow
@@ -270,6 +271,7 @@ INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf1
 def test_inference_trace_peak_equals_real_peak(family, precision):
     from trainfit.measure.cpu_peak import cpu_peak, storage_bytes
     from trainfit.step import build_model
+    from trainfit.step.build import encoder_inputs
     from trainfit.trace.inference import cache_tensors, inference_step
 
     spec = tiny_spec(family)
@@ -277,7 +279,7 @@ def test_inference_trace_peak_equals_real_peak(family, precision):
     traced = trace_spec(spec, setup)
     torch.manual_seed(0)
     model = build_model(spec, setup).eval()
-    ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
+    ids = encoder_inputs(spec, setup)[1]  # token ids (Whisper: log-mel frames)
     base = storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids])
     real, cache = cpu_peak(lambda phase: inference_step(model, ids, setup, spec.causal, phase), base)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())

@@ -70,6 +70,13 @@ CONFIGS = {
     "bart": {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 3,
              "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
              "decoder_ffn_dim": 128, "attention_dropout": 0.1, **_COMMON},
+    # Whisper (audio encoder-decoder): 16 mel bins, 64 encoder positions (128 frames; the tests' --seq is 64), a
+    # 32-position decoder, k_proj without a bias; 2 + 2 blocks
+    "whisper": {"model_type": "whisper", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+                "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+                "decoder_ffn_dim": 128, "vocab_size": 1000, "num_mel_bins": 16, "max_source_positions": 64,
+                "max_target_positions": 32, "pad_token_id": 1, "bos_token_id": 1, "eos_token_id": 1,
+                "decoder_start_token_id": 2},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
@@ -85,4 +92,4 @@ def tiny_spec(family: str, layers: int = 2):
 
 
 # the decoder (target) length of the encoder-decoder families' cases (shorter than the encoder's --seq)
-TARGET_SEQ = {"t5": 16, "mt5": 16, "bart": 16}
+TARGET_SEQ = {"t5": 16, "mt5": 16, "bart": 16, "whisper": 16}

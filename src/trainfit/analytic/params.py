@@ -158,12 +158,22 @@ def encoder_decoder_layers_params(spec: ModelSpec, attention: int, mlp: int, nor
     decoder_mlp = (mlp_params(spec.hidden, e.decoder_intermediate, spec.gated_mlp, spec.mlp_bias)
                    if e.decoder_intermediate else mlp)
     decoder = e.decoder_layers * (attention + cross + decoder_mlp + 2 * norm) + final
-    decoder_embedding = ((spec.max_positions + spec.position_offset) * spec.hidden if spec.positions == "learned" else 0
+    decoder_rows = e.decoder_positions or (spec.max_positions + spec.position_offset)
+    decoder_embedding = (decoder_rows * spec.hidden if spec.positions == "learned" else 0
                          ) + (norm_params(spec, spec.hidden) if spec.embedding_norm else 0)
     # transformers 5 ties the stacks' embed_tokens to `shared` only under tie_word_embeddings (BartModel.
     # _tied_weights_keys, modeling_bart.py:678-681): untied, each stack holds its own vocab x d_model table too
-    stack_tables = 0 if spec.tied_embeddings else 2 * spec.vocab * spec.hidden
-    return encoder + decoder + decoder_embedding + stack_tables + 2 * relative_bias_params(spec), cross
+    # (Whisper has no `shared`: its decoder's table is `count_params`' embedding)
+    stack_tables = 0 if spec.tied_embeddings or not e.shared_embedding else 2 * spec.vocab * spec.hidden
+    return (encoder + decoder + decoder_embedding + stack_tables + 2 * relative_bias_params(spec)
+            + audio_frontend_params(spec)), cross
+
+
+def audio_frontend_params(spec: ModelSpec) -> int:
+    """Whisper's encoder convolutions (modeling_whisper.py WhisperEncoder :571-572): conv1 (mel_bins -> d, kernel 3)
+    and conv2 (d -> d, kernel 3), each with a bias; 0 for a token encoder."""
+    m, h = spec.encdec.mel_bins, spec.hidden
+    return (m * h * 3 + h + h * h * 3 + h) if m else 0
 
 
 def count_params(spec: ModelSpec) -> ParamCounts:
@@ -194,6 +204,8 @@ def count_params(spec: ModelSpec) -> ParamCounts:
             + 2 * linear(h, spec.kv_dim, spec.qkv_bias)
             + linear(spec.q_dim, h, spec.out_bias)
         )
+    if spec.encdec is not None and not spec.encdec.k_bias:
+        attention -= spec.kv_dim  # Whisper's k_proj has no bias (modeling_whisper.py WhisperAttention :281)
     if spec.qk_norm:
         attention += 2 * spec.head_dim  # HF modeling_qwen3: q_norm, k_norm = RMSNorm(head_dim)
     if spec.attn_sinks:

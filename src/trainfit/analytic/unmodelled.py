@@ -46,7 +46,8 @@ the refusal lifted: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, 
 -13.6 % in inference (bf16, CUDA).
 BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same two stacks (post-norm, with a learned
 position table and layernorm_embedding per stack instead of the relative bias): -54.3 % to -54.5 % in training, -3.0 %
-in inference at the same size.
+in inference at the same size. Whisper (models/whisper/modeling_whisper.py) reads log-mel frames through two conv1d
+before its encoder blocks: -46.5 % to -50.2 % in training, -5.6 % in inference (128 encoder positions).
 """
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def check_kv_dtype(setup: Setup, cache) -> None:
 
 def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):
     """(model in eval mode, prompt ids) — built from the config with random weights."""
-    from ..step.build import build_model
+    from ..step.build import build_model, encoder_inputs
 
     try:
         model = build_model(spec, setup, device=device)
@@ -113,8 +113,7 @@ def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise EngineUnavailableError(f"transformers cannot build {spec.name}: {first}") from e
     model.eval()
-    ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)
-    return model, ids
+    return model, encoder_inputs(spec, setup, device)[1]  # input_ids (Whisper: input_features)
 
 
 def measure_inference(spec: ModelSpec, setup: Setup, device="cpu", steps: int = 3, warmup: int = 1,

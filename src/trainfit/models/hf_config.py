@@ -833,6 +833,36 @@ def _bart(c: _Cfg) -> dict:
     )
 
 
+def _whisper(c: _Cfg) -> dict:
+    # HF modeling_whisper.py WhisperForConditionalGeneration (:990-1000): WhisperModel + proj_out tied to the decoder's
+    # embed_tokens (tie_word_embeddings, default True). WhisperEncoder (:544-580): conv1 (num_mel_bins -> d_model,
+    # kernel 3) and conv2 (d_model -> d_model, kernel 3, stride 2), embed_positions (max_source_positions x d_model,
+    # frozen but a parameter), pre-norm blocks, layer_norm. WhisperDecoder (:648-681): embed_tokens, embed_positions
+    # (max_target_positions x d_model), blocks with encoder_attn, layer_norm. WhisperAttention (:243-284): q/v/out_proj
+    # biased, k_proj not. WhisperConfig.attribute_map (configuration_whisper.py:119-124).
+    hidden = c.int("hidden_size", "d_model", default=384)
+    heads = c.int("num_attention_heads", "encoder_attention_heads", default=6)
+    decoder_heads = c.int("decoder_attention_heads", default=6)
+    for n in (heads, decoder_heads):
+        if hidden % n:
+            raise c.fail(f"d_model {hidden} is not divisible by {n} attention heads")
+    return dict(
+        causal=True,  # the decoder generates; the audio encoder's side is `encdec`
+        hidden=hidden, layers=c.int("num_hidden_layers", "encoder_layers", default=4), heads=heads, kv_heads=heads,
+        head_dim=hidden // heads, intermediate=c.int("encoder_ffn_dim", default=1536),
+        vocab=c.int("vocab_size", default=51865), max_positions=c.int("max_source_positions", default=1500),
+        gated_mlp=False, activation=c.str("activation_function", default="gelu"), norm="layernorm",
+        positions="learned", tied_embeddings=c.bool("tie_word_embeddings", default=True), qkv_bias=True,
+        out_bias=True, mlp_bias=True, final_norm=True, dtype=c.dtype(),
+        encdec=EncoderDecoderSpec(decoder_layers=c.int("decoder_layers", default=4), relative_buckets=0,
+                                  relative_max_distance=0, scale_decoder_outputs=False, decoder_heads=decoder_heads,
+                                  decoder_intermediate=c.int("decoder_ffn_dim", default=1536),
+                                  mel_bins=c.int("num_mel_bins", default=80),
+                                  decoder_positions=c.int("max_target_positions", default=448), k_bias=False,
+                                  shared_embedding=False),
+    )
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -860,6 +890,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "t5": _t5,
     "mt5": lambda c: _t5(c, mt5=True),
     "bart": _bart,
+    "whisper": _whisper,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -882,6 +913,8 @@ _DROPOUTS: dict[str, tuple] = {
     # configuration_bart.py:60-61: dropout on the embeddings and every branch, attention_dropout on the probabilities
     "mt5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),  # configuration_mt5.py:51
     "bart": (("dropout", 0.1), ("attention_dropout", 0.0), ("dropout", 0.1)),
+    # configuration_whisper.py:141-142 (dropout, attention_dropout: 0.0)
+    "whisper": (("dropout", 0.0), ("attention_dropout", 0.0), ("dropout", 0.0)),
 }
 
 

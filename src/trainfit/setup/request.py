@@ -45,7 +45,7 @@ def _setup_of(self, spec=None) -> Setup:
         flag = "--image-size" if values["image_size"] is not None else "--channels-last"
         raise SetupError(f"{flag} applies to vision models (resnet, convnext, vit); {spec.name} is {spec.family}")
     if spec is not None:
-        values["target_seq"] = target_seq(spec, values["target_seq"], mode)
+        values["target_seq"] = target_seq(spec, values["target_seq"], mode, values["seq"])
     if spec is not None and mode == "train":
         values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
     setup = Setup(**values)
@@ -54,9 +54,10 @@ def _setup_of(self, spec=None) -> Setup:
     return setup
 
 
-def target_seq(spec, value: int | None, mode: str) -> int | None:
+def target_seq(spec, value: int | None, mode: str, seq: int | None = None) -> int | None:
     """--target-seq for `spec`: the decoder's tokens of an encoder-decoder model (default DEFAULT_TARGET_SEQ); refused
-    in one line for other models, and for the modes that do not run the two stacks' step."""
+    in one line for other models, and for the modes that do not run the two stacks' step. An audio encoder (Whisper)
+    reads exactly its max_source_positions (30 s of audio): another --seq is refused too."""
     encdec = getattr(spec, "encdec", None) is not None
     if mode in ("serve", "rl"):
         if encdec:
@@ -69,10 +70,17 @@ def target_seq(spec, value: int | None, mode: str) -> int | None:
             raise SetupError(f"--target-seq sets the decoder length of an encoder-decoder model (T5, Flan-T5); "
                              f"{spec.name} ({spec.family}) has one sequence: use --seq only")
         return None
+    e = spec.encdec
+    if e.mel_bins and seq is not None and seq != spec.max_positions:
+        raise SetupError(f"--seq {seq}: {spec.name}'s encoder reads exactly {2 * spec.max_positions} mel frames (30 s "
+                         f"of audio), {spec.max_positions} positions (WhisperEncoder); use --seq {spec.max_positions}")
     tokens = value if value is not None else DEFAULT_TARGET_SEQ
-    longest = spec.longest_sequence(mode)  # BART: the decoder's own learned position table
-    if longest is not None and tokens > longest:
-        raise SetupError(f"--target-seq {tokens}: {spec.name}'s decoder has {spec.max_positions} learned positions "
+    # the decoder's learned position table (BART: as large as the encoder's; Whisper: max_target_positions); the
+    # decode step writes one position more
+    table = e.decoder_positions or (spec.max_positions if spec.positions == "learned" else 0)
+    longest = table - (1 if mode == "infer" else 0)
+    if table and tokens > longest:
+        raise SetupError(f"--target-seq {tokens}: {spec.name}'s decoder has {table} learned positions "
                          f"(at most {longest} tokens in --mode {mode}); lower --target-seq")
     return tokens
 

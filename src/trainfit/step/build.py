@@ -109,7 +109,10 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     import transformers
 
     config = hf_config(spec, setup)
-    auto = getattr(transformers, _AUTO[for_setup(spec, setup).task_head])
+    head = for_setup(spec, setup).task_head
+    # an audio encoder-decoder (Whisper) is transformers' speech seq2seq class (MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING)
+    audio = spec.encdec is not None and spec.encdec.mel_bins
+    auto = getattr(transformers, "AutoModelForSpeechSeq2Seq" if audio else _AUTO[head])
     with torch.device(device):
         model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
     keep_fp32_modules(model)
@@ -152,14 +155,15 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
     seq-cls: one class id per sequence, (batch,) int64 < num_labels; with num_labels == 1 transformers trains a
     regression (MSELoss), so the labels are (batch,) floats in the parameters' dtype.
     token-cls: one class id per token, (batch, seq) int64 < num_labels.
-    seq2seq-lm (encoder-decoder): input_ids feed the encoder, labels (batch, --target-seq) the decoder.
+    seq2seq-lm (encoder-decoder): input_ids (Whisper: input_features, `encoder_inputs`) feed the encoder, labels
+    (batch, --target-seq) the decoder.
     No attention_mask (see module docstring).
     """
     head = for_setup(spec, setup)
     kind, n = head.task_head, head.num_labels
     batches = []
     for _ in range(setup.grad_accum):
-        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)
+        name, ids = encoder_inputs(spec, setup, device)
         if kind == "seq-cls" and n == 1:
             labels = torch.rand(setup.batch, dtype=param_dtype(setup), device=device)
         elif kind == "seq-cls":
@@ -172,5 +176,16 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
             labels = torch.randint(0, spec.vocab, (setup.batch, setup.target_tokens), dtype=torch.long, device=device)
         else:
             labels = ids.clone()
-        batches.append({"input_ids": ids, "labels": labels})
+        batches.append({name: ids, "labels": labels})
     return batches
+
+
+def encoder_inputs(spec: "ModelSpec", setup: "Setup", device="cpu") -> tuple[str, torch.Tensor]:
+    """(the forward's keyword, the tensor) a batch feeds the model: input_ids (batch, seq), random ids < vocab; an
+    audio encoder-decoder (Whisper) reads input_features (batch, mel_bins, 2 x seq) log-mel frames in the parameters'
+    dtype (WhisperFeatureExtractor's output cast to the model's dtype; the encoder's stride-2 conv makes `seq`
+    positions of them, modeling_whisper.py WhisperEncoder.forward :611-615)."""
+    mel = spec.encdec.mel_bins if spec.encdec is not None else 0
+    if mel:
+        return "input_features", torch.randn(setup.batch, mel, 2 * setup.seq, dtype=param_dtype(setup), device=device)
+    return "input_ids", torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)

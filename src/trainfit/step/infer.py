@@ -63,7 +63,9 @@ def _seq2seq_step(model, ids: torch.Tensor, setup: Setup, phase: Callable[[str],
     position's logits are computed (T5ForConditionalGeneration.forward takes no logits_to_keep)."""
     start = getattr(model.config, "decoder_start_token_id", None) or model.config.pad_token_id or 0  # T5: pad (0)
     decoder_ids = torch.full((ids.shape[0], setup.target_tokens), start, dtype=torch.long, device=ids.device)
-    out = model(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=True)
+    # Whisper's encoder reads log-mel frames (step.build.encoder_inputs), the others token ids
+    encoder_in = {"input_features" if ids.is_floating_point() else "input_ids": ids}
+    out = model(**encoder_in, decoder_input_ids=decoder_ids, use_cache=True)
     cache = getattr(out, cache_arg)
     on_cache(cache)
     encoder_out = (out.encoder_last_hidden_state,)

@@ -20,6 +20,7 @@ import torch
 from ..errors import EngineUnavailableError
 from ..setup import Setup
 from ..spec import ModelSpec
+from ..step.build import encoder_inputs
 from ..step.infer import inference_step
 from .analysis import INFER_PHASES, analyse
 from .cuda_kernels import cuda_kernels
@@ -57,7 +58,7 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
     t0 = time.perf_counter()
     with translated_errors(spec.name), fake_mode(), cuda_kernels(setup):
         model = build_hf(spec, setup).eval()
-        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
+        name, ids = encoder_inputs(spec, setup)  # input_ids (Whisper: input_features)
         modules = ModuleStack(model)
         rec = AllocationRecorder(modules, count_flops=flops, round_cuda=setup.device == "cuda")
 
@@ -70,7 +71,7 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
                 rec.adopt(p, PARAMETER, name)
             for name, b in model.named_buffers():
                 rec.adopt(b, BUFFER, name)
-            rec.adopt(ids, INPUT, "input_ids")
+            rec.adopt(ids, INPUT, name)
             start = rec.event
             rec.reset_peak()
             inference_step(model, ids, setup, spec.causal, phase=rec.set_phase, on_cache=on_cache)
