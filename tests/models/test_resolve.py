@@ -221,7 +221,7 @@ def test_cached_malformed_config(tmp_path, monkeypatch):
         ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
         ({"tie_word_embeddings": "yes"}, "true or false"),
         ({"model_type": None}, "no 'model_type'"),
-        ({"model_type": "whisper"}, "not supported"),
+        ({"model_type": "xlnet"}, "not supported"),
     ],
 )
 def test_malformed_config_raises_one_line_config_error(change, words):
