@@ -37,8 +37,10 @@ from .errors import ConfigError, SetupError
 if TYPE_CHECKING:  # pragma: no cover
     from .spec import ModelSpec
 
-HEADS = ("causal-lm", "masked-lm", "seq-cls", "token-cls")
-LM_HEADS = ("causal-lm", "masked-lm")
+HEADS = ("causal-lm", "masked-lm", "seq-cls", "token-cls", "seq2seq-lm")
+LM_HEADS = ("causal-lm", "masked-lm", "seq2seq-lm")
+# encoder-decoder families: their LM head is the decoder's over the target sequence (AutoModelForSeq2SeqLM)
+SEQ2SEQ_FAMILIES = ("t5", "mt5", "bart", "whisper")
 CLASSIFIERS = ("seq-cls", "token-cls")
 DEFAULT_LABELS = 2  # transformers PretrainedConfig: num_labels defaults to 2 (id2label LABEL_0, LABEL_1)
 
@@ -74,17 +76,29 @@ CLASSES: dict[str, dict[str, str]] = {
              "token-cls": "BertForTokenClassification"},
     "roberta": {"masked-lm": "RobertaForMaskedLM", "seq-cls": "RobertaForSequenceClassification",
                 "token-cls": "RobertaForTokenClassification"},
+    # modeling_t5.py T5ForConditionalGeneration (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES). NB: transformers'
+    # T5ForSequenceClassification / T5ForTokenClassification are not modelled (refused by check_available)
+    "t5": {"seq2seq-lm": "T5ForConditionalGeneration"},
+    "mt5": {"seq2seq-lm": "MT5ForConditionalGeneration"},  # modeling_mt5.py (its classifiers: not modelled)
+    # modeling_bart.py BartForConditionalGeneration. NB: BartForCausalLM (the decoder alone) and
+    # BartForSequenceClassification are not modelled
+    "bart": {"seq2seq-lm": "BartForConditionalGeneration"},
+    # modeling_whisper.py WhisperForConditionalGeneration (MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES). NB: its decoder
+    # alone (WhisperForCausalLM) and WhisperForAudioClassification are not modelled
+    "whisper": {"seq2seq-lm": "WhisperForConditionalGeneration"},
 }
 
 # `architectures` class-name endings -> head. BertForPreTraining is masked-LM pre-training (NB: its next-sentence
 # head, pooler + 2-way classifier, is left out: an under-count of h*(h+2)+h+2 parameters and O(batch*h) bytes).
 _ARCH_ENDINGS = (("ForSequenceClassification", "seq-cls"), ("ForTokenClassification", "token-cls"),
                  ("ForMaskedLM", "masked-lm"), ("ForPreTraining", "masked-lm"), ("ForCausalLM", "causal-lm"),
-                 ("LMHeadModel", "causal-lm"))
+                 ("LMHeadModel", "causal-lm"), ("ForConditionalGeneration", "seq2seq-lm"))
 
 
 def family_default(model_type: str, causal: bool) -> str:
     """What trainfit trained before heads existed: the family's language-model head."""
+    if model_type in SEQ2SEQ_FAMILIES:
+        return "seq2seq-lm"
     return "causal-lm" if causal else "masked-lm"
 
 
@@ -122,6 +136,10 @@ def check_available(model_type: str, head: str, name: str) -> None:
         options = ", ".join(have) or "none"
         why = (" (transformers' causal BERT/RoBERTa needs is_decoder=True, a decoder setup trainfit does not model)"
                if head == "causal-lm" and model_type in ("bert", "roberta") else "")
+        if model_type in SEQ2SEQ_FAMILIES and head in HEADS:
+            raise SetupError(f"--head {head}: trainfit models the {model_type} encoder-decoder with its LM head only "
+                             f"(transformers' other {model_type} heads are not modelled); {name} can train: {options} "
+                             "(--head)")
         raise SetupError(f"--head {head}: transformers has no {model_type} model with that head{why}; "
                          f"{name} can train: {options} (--head)")
 

@@ -197,6 +197,42 @@ class VisionTowerSpec:
 
 
 @dataclass(frozen=True)
+class EncoderDecoderSpec:
+    """The facts an encoder-decoder model (T5 / Flan-T5, transformers models/t5/modeling_t5.py; BART,
+    models/bart/modeling_bart.py) adds to a ModelSpec.
+
+    Why beside ModelSpec rather than a second ModelSpec: T5's two stacks share every width (T5Config d_model, d_kv,
+    num_heads, d_ff, feed_forward_proj, the vocabulary and the shared embedding, configuration_t5.py:43-55), so the
+    ModelSpec fields describe both stacks' layers and `ModelSpec.layers` counts the ENCODER's blocks; what differs is
+    only the decoder's depth, its cross-attention and the relative position bias, held here (BART: also the decoder's
+    own heads and MLP width, when its config gives others). Analytic modules read
+    these fields, never the raw config."""
+
+    decoder_layers: int  # num_decoder_layers (T5Config.__post_init__: num_layers when absent)
+    # T5Attention.relative_attention_bias = Embedding(num_buckets, n_heads) in the FIRST block of each stack only
+    # (T5Stack.__init__: has_relative_attention_bias=bool(i == 0)); its bias is shared by the later blocks. 0: none
+    # (BART: learned absolute positions, a table per stack: ModelSpec.positions "learned")
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # T5 v1.0 multiplies the decoder output by d_model**-0.5 before lm_head; v1.1 / Flan-T5 (tie_word_embeddings:
+    # false in their config.json) do not (configuration_t5.py:81, modeling_t5.py:1047-1048)
+    scale_decoder_outputs: bool = True
+    # BART's decoder may have its own heads and MLP width (decoder_attention_heads, decoder_ffn_dim; BartDecoderLayer
+    # :311-341); 0: the encoder's (ModelSpec.heads, ModelSpec.intermediate). T5's stacks always share them.
+    decoder_heads: int = 0
+    decoder_intermediate: int = 0
+    # Whisper (models/whisper/modeling_whisper.py): an audio encoder (WhisperEncoder :544-580: conv1 num_mel_bins ->
+    # d_model and conv2 d_model -> d_model, kernel 3, the second of stride 2, over 2 x max_source_positions mel
+    # frames; ModelSpec.max_positions = max_source_positions), its decoder's own learned table of
+    # max_target_positions rows, k_proj without a bias (WhisperAttention :281), and no `shared` table: the decoder's
+    # embed_tokens is the only one (tied to proj_out). 0 / True / True: a token encoder (T5, BART).
+    mel_bins: int = 0
+    decoder_positions: int = 0
+    k_bias: bool = True
+    shared_embedding: bool = True
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     family: str  # HF model_type: llama, gpt2, bert, mixtral, ...
@@ -252,6 +288,8 @@ class ModelSpec:
     norm_affine: bool = True  # False: norms have no weight/bias (OPT layer_norm_elementwise_affine=False)
     dtype: str = ""  # the checkpoint's dtype from config.json (torch_dtype/dtype), "" when not given
     moe: MoESpec | None = None
+    # encoder-decoder models (T5): `layers` is the encoder's depth, the decoder's and the cross-attention are here
+    encdec: EncoderDecoderSpec | None = None
     hybrid: HybridSpec | None = None  # Nemotron-H: Mamba-2, attention and MLP blocks (None: every layer attention+MLP)
     # MLA attention (DeepSeek); head_dim is then the q/k head width (nope + rope) and kv_heads == heads
     mla: MLASpec | None = None
@@ -297,8 +335,9 @@ class ModelSpec:
 
     def position_limit(self, mode: str) -> int:
         """The longest --seq within max_position_embeddings (0: none given). A causal model's decode step writes
-        position `seq` (HF generate), so inference needs one position more."""
-        return max(self.max_positions - (1 if mode == "infer" and self.causal else 0), 0)
+        position `seq` (HF generate), so inference needs one position more (not an encoder-decoder's: --seq is its
+        encoder's, which never decodes)."""
+        return max(self.max_positions - (1 if mode == "infer" and self.causal and self.encdec is None else 0), 0)
 
     def longest_sequence(self, mode: str) -> int | None:
         """The longest --seq the model's learned position table allows (None: no table, e.g. rotary, which runs

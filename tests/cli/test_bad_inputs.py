@@ -56,7 +56,7 @@ CONFIGS: dict[str, bytes | str] = {
     "comment": "// my model\n" + _LLAMA_TEXT,
     "deep": "[" * 200_000 + "]" * 200_000,
     "no-model-type": _cfg(model_type=_DROP),
-    "unknown-model-type": _cfg(model_type="t5"),
+    "unknown-model-type": _cfg(model_type="xlnet"),
     "int-model-type": _cfg(model_type=7),
     "multimodal": json.dumps({"model_type": "llava", "text_config": TINY_LLAMA}),
     "no-hidden": _cfg(hidden_size=_DROP),

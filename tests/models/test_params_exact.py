@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers", reason="the exactness check n
 
 CATALOG_FILES = sorted(CATALOG_DIR.glob("*.json"))
 ENCODERS = {"bert", "roberta"}
+SEQ2SEQ = {"t5", "mt5", "bart"}  # encoder-decoder: AutoModelForSeq2SeqLM (T5ForConditionalGeneration, BartFor...)
 
 
 def _catalog(path: Path) -> tuple[dict, dict]:
@@ -36,9 +37,11 @@ def hf_numel(config: dict) -> int:
     transformers.logging.set_verbosity_error()
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "_trainfit")}
     cfg = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
-    auto = transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else transformers.AutoModelForCausalLM
-    if "vision_config" in config:  # a vision-language model: its *ForConditionalGeneration (tower + language model)
-        auto = transformers.AutoModelForImageTextToText
+    auto = (transformers.AutoModelForImageTextToText if "vision_config" in config else  # a VLM: tower + LM
+            transformers.AutoModelForMaskedLM if config["model_type"] in ENCODERS else
+            transformers.AutoModelForSeq2SeqLM if config["model_type"] in SEQ2SEQ else
+            transformers.AutoModelForSpeechSeq2Seq if config["model_type"] == "whisper" else
+            transformers.AutoModelForCausalLM)
     with torch.device("meta"):
         model = auto.from_config(cfg)
     return sum(p.numel() for p in model.parameters())
@@ -99,7 +102,9 @@ def test_breakdown_adds_up_and_dense_active_is_total():
             h = spec.hybrid
             per_layers = (spec.layers * c.norms + h.attention_layers * c.attention + h.mlp_layers * c.mlp
                           + h.mamba_layers * c.mamba)
-        assert c.total == c.embedding + per_layers + c.final + c.lm_head + c.vision  # + a VLM's vision tower
+        # (encoder-decoder models: per_layers are the encoder's blocks, the decoder's are in second_stack; a VLM's
+        # vision tower in vision)
+        assert c.total == c.embedding + per_layers + c.final + c.lm_head + c.second_stack + c.vision
         assert c.dense_layers + c.moe_layers == spec.layers
         if not spec.is_moe:
             assert c.active == c.total and c.moe_mlp == 0 and c.expert == 0
@@ -181,6 +186,23 @@ QUIRKS = {
                                  mlp_only_layers=[0], num_key_value_heads=2),
     "qwen3moe-dense-layer": dict(TINY, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
                                  moe_intermediate_size=16, mlp_only_layers=[0], num_key_value_heads=2),
+    # T5 v1.0 (relu, the decoder output scaled) with a decoder deeper than the encoder and 16 relative buckets, set
+    # through the T5Config aliases (hidden_size, num_hidden_layers, num_attention_heads, head_dim)
+    "t5-relu-deeper-decoder": dict(TINY, model_type="t5", head_dim=24, d_ff=96, num_decoder_layers=5,
+                                   relative_attention_num_buckets=16, decoder_start_token_id=0),
+    # mT5: MT5Config's own defaults (vocab 250112, d_ff 1024, 8 layers, 6 heads, gated-gelu) where the config is silent
+    "mt5-defaults": dict(model_type="mt5", d_model=48, d_kv=8, decoder_start_token_id=0),
+    # Whisper: a 3-block decoder with its own heads and MLP width, 16 mel bins, 32 + 24 positions, untied proj_out
+    "whisper-untied-decoder-widths": dict(model_type="whisper", d_model=64, encoder_layers=2, decoder_layers=3,
+                                          encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=128,
+                                          decoder_ffn_dim=96, vocab_size=211, num_mel_bins=16,
+                                          max_source_positions=32, max_target_positions=24, tie_word_embeddings=False,
+                                          pad_token_id=1, bos_token_id=1, eos_token_id=1, decoder_start_token_id=2),
+    # BART: a decoder with its own heads and MLP width, untied lm_head, 3 encoder and 2 decoder blocks
+    "bart-decoder-widths-untied": dict(model_type="bart", d_model=64, encoder_layers=3, decoder_layers=2,
+                                       encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=96,
+                                       decoder_ffn_dim=80, vocab_size=211, max_position_embeddings=64,
+                                       tie_word_embeddings=False),
 }
 
 
@@ -263,3 +285,18 @@ def test_nemotron_h_block_counts_and_moe_refusal():
     assert (s.layers, s.hybrid.mamba_layers, s.hybrid.ssm_heads, s.hybrid.ssm_head_dim, s.head_dim) == (3, 1, 128, 64, 128)
     with pytest.raises(ConfigError, match="MoE blocks"):
         spec_from_config(dict(TINY, model_type="nemotron_h", hybrid_override_pattern="ME*"), "n")
+
+
+def test_t5_small_by_hand():
+    # Hand derivation (not the code under test), t5-small (d 512, d_ff 2048, 8 heads x 64, 6 + 6 blocks, vocab 32128,
+    # relu): shared embedding (lm_head tied); encoder block 4*512^2 attention + 2*512*2048 MLP + 2 RMSNorm weights,
+    # decoder block + cross-attention 4*512^2 + its norm; 32 buckets x 8 heads in each stack's first block; two final
+    # norms. 60,506,624 is what transformers' T5ForConditionalGeneration (google-t5/t5-small) reports.
+    config, _ = _catalog(CATALOG_DIR / "t5-small.json")
+    d, attn, mlp = 512, 4 * 512**2, 2 * 512 * 2048
+    encoder = 6 * (attn + mlp + 2 * d) + d
+    decoder = 6 * (2 * attn + mlp + 3 * d) + d
+    total = 32128 * d + encoder + decoder + 2 * 32 * 8
+    counts = count_params(spec_from_config(config, "x"))
+    assert counts.total == total == 60_506_624
+    assert counts.second_stack == decoder + 32 * 8 + 32 * 8  # the decoder stack and the encoder's relative bias

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from trace_configs import tiny_spec  # tests/trace is on sys.path (rootdir-less import)
+from trace_configs import TARGET_SEQ, tiny_spec  # tests/trace is on sys.path (rootdir-less import)
 
 from trainfit.errors import EngineUnavailableError
 from trainfit.measure import measure
@@ -53,6 +53,13 @@ CASES = [
     ("nemotron_h", "bf16", "full", "sgd", 2, 32),
     ("qwen3_next", "amp-bf16", "none", "adamw", 1, 64),
     ("qwen3_next", "bf16", "full", "sgd", 2, 32),
+    ("t5", "amp-bf16", "none", "adamw", 1, 64),
+    pytest.param("t5", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy),  # ~15 s: the encoder-decoder
+    # families keep one training case each in the default run
+    ("mt5", "bf16", "none", "adamw", 1, 32),
+    ("bart", "amp-bf16", "full", "adamw", 2, 32),
+    pytest.param("bart", "fp32", "none", "momentum", 1, 64, marks=pytest.mark.heavy),
+    ("whisper", "amp-bf16", "none", "adamw", 1, 64),  # (64: the tiny config's encoder positions, all it reads)
     ("bert", "fp32", "none", "adamw", 1, 64),
     ("bert", "amp-bf16", "full", "momentum", 2, 32),
     ("bert", "bf16", "none", "sgd", 1, 32),
@@ -66,7 +73,7 @@ def _isa() -> str:
 
 def _setup(family, precision, recompute, optimizer, grad_accum, seq):
     return Setup(batch=2, seq=seq, precision=precision, optimizer=optimizer, recompute=recompute,
-                 grad_accum=grad_accum, device="cpu")
+                 grad_accum=grad_accum, device="cpu", target_seq=TARGET_SEQ.get(family))
 
 
 @pytest.mark.slow
@@ -255,7 +262,8 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 # -- inference: prefill + one decode step ----------------------------------------------------------
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
                ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
-               ("gpt_oss", "amp-bf16"), ("qwen3_next", "bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16")]
+               ("gpt_oss", "amp-bf16"), ("qwen3_next", "bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16"),
+               ("t5", "amp-bf16"), ("t5", "fp16"), ("bart", "bf16"), ("whisper", "bf16")]
 
 
 @pytest.mark.slow
@@ -263,14 +271,15 @@ INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf1
 def test_inference_trace_peak_equals_real_peak(family, precision):
     from trainfit.measure.cpu_peak import cpu_peak, storage_bytes
     from trainfit.step import build_model
+    from trainfit.step.build import encoder_inputs
     from trainfit.trace.inference import cache_tensors, inference_step
 
     spec = tiny_spec(family)
-    setup = Setup(mode="infer", precision=precision, batch=2, seq=64, device="cpu")
+    setup = Setup(mode="infer", precision=precision, batch=2, seq=64, device="cpu", target_seq=TARGET_SEQ.get(family))
     traced = trace_spec(spec, setup)
     torch.manual_seed(0)
     model = build_model(spec, setup).eval()
-    ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
+    ids = encoder_inputs(spec, setup)[1]  # token ids (Whisper: log-mel frames)
     base = storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids])
     real, cache = cpu_peak(lambda phase: inference_step(model, ids, setup, spec.causal, phase), base)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, _isa())
@@ -278,7 +287,11 @@ def test_inference_trace_peak_equals_real_peak(family, precision):
     # NB: not for Qwen3-Next's linear-attention layers: at the tiny config's prefill peak only layer 0's conv state
     # (1,536 B) is in the cache (the full-attention layer's K/V and the fp32 recurrent state come later or are still
     # temporaries); the peak itself is checked above
-    if spec.causal and not spec.sliding_window and spec.linear_attn is None:
+    if spec.encdec is not None:
+        # after the decode step, per decoder block: self-attention K and V of --target-seq + 1 decoder tokens and
+        # cross-attention K and V of the --seq encoder tokens (hand derivation: EncoderDecoderCache's two DynamicCaches)
+        assert storage_bytes(cache_tensors(cache)) == _hand_encdec_cache_bytes(spec, setup, cache)
+    elif spec.causal and not spec.sliding_window and spec.linear_attn is None:
         # At the prefill peak every layer's K and V for the prompt are in the cache (hand derivation).
         assert traced.memory.kv_cache == _hand_cache_bytes(spec, setup, cache, at_peak=True)
     if spec.hybrid is not None:
@@ -303,6 +316,15 @@ def _hand_cache_bytes(spec, setup, cache, *, tokens: int | None = None, at_peak:
     conv = setup.batch * m.conv_dim * m.conv_kernel * mamba.conv_states[0].element_size()
     ssm = setup.batch * m.ssm_heads * m.ssm_head_dim * m.d_state * mamba.recurrent_states[0].element_size()
     return m.attention_layers * per_layer + m.mamba_layers * (conv + ssm) - (ssm if at_peak else 0)
+
+
+def _hand_encdec_cache_bytes(spec, setup, cache) -> int:
+    """Each decoder block (modeling_t5.py T5Attention.forward :310-345) caches its self-attention K and V, (batch,
+    heads, decoder tokens, d_kv), and its cross-attention K and V, (batch, heads, encoder tokens, d_kv), the latter
+    written once at the first decoder step."""
+    size = cache.self_attention_cache.layers[0].keys.element_size()
+    per_token = 2 * setup.batch * spec.heads * spec.head_dim * size
+    return spec.encdec.decoder_layers * per_token * ((setup.target_tokens + 1) + setup.seq)
 
 
 def test_transformers_refusal_is_a_one_line_engine_error(monkeypatch):

@@ -90,6 +90,29 @@ CONFIGS = {
                "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                                  "num_attention_heads": 2, "image_size": 56, "patch_size": 14,
                                  "vision_use_head": False}},
+    # T5 v1.1 / Flan-T5 (encoder-decoder): 2 encoder and 3 decoder blocks, gated-gelu, the relative position bias
+    # (8 buckets, max distance 16: both the exact and the logarithmic buckets act at these lengths), untied config
+    # (no decoder-output scaling)
+    "t5": {"model_type": "t5", "d_model": 64, "d_kv": 16, "num_heads": 4, "num_layers": 2, "num_decoder_layers": 3,
+           "d_ff": 128, "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 8,
+           "relative_attention_max_distance": 16, "tie_word_embeddings": False, "decoder_start_token_id": 0,
+           "vocab_size": 1000},
+    # mT5: MT5ForConditionalGeneration (T5 v1.1 with MT5Config's defaults; no decoder-output scaling)
+    "mt5": {"model_type": "mt5", "d_model": 64, "d_kv": 16, "num_heads": 4, "num_layers": 2, "num_decoder_layers": 2,
+            "d_ff": 128, "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16,
+            "vocab_size": 1000},
+    # BART (encoder-decoder, post-norm, learned positions per stack, biases everywhere): 2 encoder and 3 decoder
+    # blocks, attention and residual dropout
+    "bart": {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 3,
+             "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+             "decoder_ffn_dim": 128, "attention_dropout": 0.1, **_COMMON},
+    # Whisper (audio encoder-decoder): 16 mel bins, 64 encoder positions (128 frames; the tests' --seq is 64), a
+    # 32-position decoder, k_proj without a bias; 2 + 2 blocks
+    "whisper": {"model_type": "whisper", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+                "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+                "decoder_ffn_dim": 128, "vocab_size": 1000, "num_mel_bins": 16, "max_source_positions": 64,
+                "max_target_positions": 32, "pad_token_id": 1, "bos_token_id": 1, "eos_token_id": 1,
+                "decoder_start_token_id": 2},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }
@@ -100,6 +123,11 @@ def tiny_spec(family: str, layers: int = 2):
     key = "n_layer" if family == "gpt2" else "num_hidden_layers"
     if "text_config" in cfg:  # a nested language model (Qwen3-VL)
         cfg["text_config"] = {**cfg["text_config"], "num_hidden_layers": layers}
-    elif "hybrid_override_pattern" not in cfg:  # a hybrid stack's pattern sets its layers
+    elif "hybrid_override_pattern" not in cfg and "num_decoder_layers" not in cfg and "decoder_layers" not in cfg:
+        # (a hybrid stack's pattern, an encoder-decoder's own two depths set its layers)
         cfg[key] = layers
     return spec_from_config(cfg, name=f"tiny-{family}")
+
+
+# the decoder (target) length of the encoder-decoder families' cases (shorter than the encoder's --seq)
+TARGET_SEQ = {"t5": 16, "mt5": 16, "bart": 16, "whisper": 16}

@@ -33,6 +33,12 @@ class ParamCounts:
     linear_attention: int = 0  # one Gated DeltaNet layer's token mixer (Qwen3-Next), in place of `attention`
     linear_layers: int = 0  # how many layers use `linear_attention`
     vision: int = 0  # a vision-language model's image encoder (spec.vision: models/vlm.py tower_params), in `total`
+    cross_attention: int = 0  # one decoder layer's cross-attention + its norm (encoder-decoder models); 0 otherwise
+    decoder_layers: int = 0  # encoder-decoder models: the decoder's blocks (`dense_layers` are the encoder's)
+    # encoder-decoder models: the decoder stack whole (its blocks, final norm, position table / relative bias, own
+    # embedding table when untied) and the encoder's relative bias: what the per-layer fields (the encoder's blocks),
+    # `embedding`, `final` (the encoder's final norm) and `lm_head` leave out; 0 otherwise
+    second_stack: int = 0
 
     @property
     def per_layer_dense(self) -> int:
@@ -132,6 +138,46 @@ def hybrid_layers_params(spec: ModelSpec, attention: int, mlp: int, norm: int) -
             + m.mamba_layers * mamba2_params(spec))
 
 
+def relative_bias_params(spec: ModelSpec) -> int:
+    """T5's relative position bias: Embedding(relative_attention_num_buckets, num_heads) in the first block's
+    self-attention of each stack (modeling_t5.py T5Attention.__init__ :213-214, T5Stack.__init__ :651-653); 0 without
+    one (BART)."""
+    return spec.encdec.relative_buckets * spec.heads
+
+
+def encoder_decoder_layers_params(spec: ModelSpec, attention: int, mlp: int, norm: int) -> tuple[int, int]:
+    """(all blocks of both stacks + their own per-stack parameters, one decoder block's cross-attention with its
+    norm). An encoder block (modeling_t5.py T5Block :439-450; modeling_bart.py BartEncoderLayer :260-280) is
+    self-attention + norm and MLP + norm; a decoder block adds the cross-attention (T5LayerCrossAttention /
+    BartDecoderLayer.encoder_attn: the same q/k/v/o shapes, + norm). Per stack: T5's final_layer_norm and relative
+    bias; BART's position table and layernorm_embedding, whose first copy `count_params` counts in `embedding` (the
+    decoder's second copy is added here)."""
+    e = spec.encdec
+    cross = attention + norm
+    final = norm if spec.final_norm else 0
+    encoder = spec.layers * (attention + mlp + 2 * norm) + final
+    # BART's decoder_ffn_dim (its attention's shapes do not depend on the head count: d_model x d_model)
+    decoder_mlp = (mlp_params(spec.hidden, e.decoder_intermediate, spec.gated_mlp, spec.mlp_bias)
+                   if e.decoder_intermediate else mlp)
+    decoder = e.decoder_layers * (attention + cross + decoder_mlp + 2 * norm) + final
+    decoder_rows = e.decoder_positions or (spec.max_positions + spec.position_offset)
+    decoder_embedding = (decoder_rows * spec.hidden if spec.positions == "learned" else 0
+                         ) + (norm_params(spec, spec.hidden) if spec.embedding_norm else 0)
+    # transformers 5 ties the stacks' embed_tokens to `shared` only under tie_word_embeddings (BartModel.
+    # _tied_weights_keys, modeling_bart.py:678-681): untied, each stack holds its own vocab x d_model table too
+    # (Whisper has no `shared`: its decoder's table is `count_params`' embedding)
+    stack_tables = 0 if spec.tied_embeddings or not e.shared_embedding else 2 * spec.vocab * spec.hidden
+    return (encoder + decoder + decoder_embedding + stack_tables + 2 * relative_bias_params(spec)
+            + audio_frontend_params(spec)), cross
+
+
+def audio_frontend_params(spec: ModelSpec) -> int:
+    """Whisper's encoder convolutions (modeling_whisper.py WhisperEncoder :571-572): conv1 (mel_bins -> d, kernel 3)
+    and conv2 (d -> d, kernel 3), each with a bias; 0 for a token encoder."""
+    m, h = spec.encdec.mel_bins, spec.hidden
+    return (m * h * 3 + h + h * h * 3 + h) if m else 0
+
+
 def count_params(spec: ModelSpec) -> ParamCounts:
     h = spec.hidden
     # Token embedding: HF nn.Embedding(vocab, hidden) (OPT: vocab x word_embed_proj_dim).
@@ -160,6 +206,8 @@ def count_params(spec: ModelSpec) -> ParamCounts:
             + 2 * linear(h, spec.kv_dim, spec.qkv_bias)
             + linear(spec.q_dim, h, spec.out_bias)
         )
+    if spec.encdec is not None and not spec.encdec.k_bias:
+        attention -= spec.kv_dim  # Whisper's k_proj has no bias (modeling_whisper.py WhisperAttention :281)
     if spec.qk_norm:
         attention += 2 * spec.head_dim  # HF modeling_qwen3: q_norm, k_norm = RMSNorm(head_dim)
     if spec.attn_sinks:
@@ -211,7 +259,13 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     # (Qwen3NextDecoderLayer.__init__, modeling_qwen3_next.py:877-880)
     linear_layers = spec.linear_attn.layers if spec.linear_attn is not None else 0
     linear_attention = gated_deltanet_params(spec) if linear_layers else 0
-    if spec.hybrid is not None:
+    cross = second_stack = 0
+    if spec.encdec is not None:
+        # `final` is the encoder's final norm; the decoder's and the rest are `second_stack`
+        layers_total, cross = encoder_decoder_layers_params(spec, attention, mlp, norm_params(spec, h))
+        total = embedding + layers_total + lm_head
+        second_stack = layers_total - spec.layers * (attention + mlp + norms) - final
+    elif spec.hybrid is not None:
         # NB: for a hybrid stack `attention`, `mlp` and `norms` are one block of each kind, not one layer's sum
         total = embedding + hybrid_layers_params(spec, attention, mlp, norms) + final + lm_head
     else:
@@ -247,4 +301,7 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         linear_attention=linear_attention,
         linear_layers=linear_layers,
         vision=vision,
+        cross_attention=cross,
+        second_stack=second_stack,
+        decoder_layers=spec.encdec.decoder_layers if spec.encdec is not None else 0,
     )

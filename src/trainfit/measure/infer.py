@@ -105,7 +105,7 @@ def check_kv_dtype(setup: Setup, cache) -> None:
 
 def prepare_inference(spec: ModelSpec, setup: Setup, device="cpu"):
     """(model in eval mode, prompt ids, image inputs) — built from the config with random weights; the image inputs
-    are a vision-language model's (step/infer.py prompt), else empty."""
+    are a vision-language model's (step/infer.py prompt), else empty; Whisper's ids are its input_features."""
     from ..step.build import build_model
 
     try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trainfit import heads
 from trainfit.errors import ConfigError, SetupError
-from trainfit.spec import GatedDeltaNetSpec, HybridSpec, MLASpec, ModelSpec, MoESpec
+from trainfit.spec import EncoderDecoderSpec, GatedDeltaNetSpec, HybridSpec, MLASpec, ModelSpec, MoESpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainfit.setup import Setup
@@ -818,6 +818,120 @@ def _gemma3(c: _Cfg) -> dict:
     return f
 
 
+# The T5Config / MT5Config defaults that set shapes (configuration_t5.py:43-55, configuration_mt5.py:42-54)
+_T5_DEFAULTS = dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128, feed_forward_proj="relu")
+_MT5_DEFAULTS = dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, vocab_size=250112,
+                     feed_forward_proj="gated-gelu")
+
+
+def _t5_activation(c: _Cfg, default: str) -> tuple[str, bool]:
+    """(activation, gated) from feed_forward_proj (T5Config.__post_init__, configuration_t5.py:68-74: "relu" -> relu,
+    "gated-gelu" -> gelu_new gated; validate_architecture refuses anything but ACT or gated-ACT)."""
+    proj = c.str("feed_forward_proj", default=default)
+    parts = proj.split("-")
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise c.fail(f"feed_forward_proj '{proj}' is not ACT or gated-ACT (e.g. 'relu', 'gated-gelu')")
+    act = "gelu_new" if proj == "gated-gelu" else parts[-1]
+    return act, len(parts) == 2
+
+
+def _t5(c: _Cfg, mt5: bool = False) -> dict:
+    # HF modeling_t5.py T5ForConditionalGeneration (:900-935): `shared` Embedding(vocab, d_model) that both stacks'
+    # embed_tokens and lm_head tie to (transformers 5.24 forces tie_word_embeddings=True, configuration_t5.py:78-82;
+    # the config's own false only turns off the decoder-output scaling). Each T5Stack (:644-660): blocks of
+    # T5LayerSelfAttention (q, k, v, o: d_model <-> num_heads * d_kv, no biases; T5LayerNorm, a weight-only RMS
+    # norm) [+ T5LayerCrossAttention in the decoder] + T5LayerFF (wi or wi_0/wi_1, wo, no biases), the first block's
+    # relative_attention_bias (buckets x heads), final_layer_norm. mT5 (modeling_mt5.py MT5ForConditionalGeneration)
+    # is the same model with its own defaults; it ties always too (configuration_mt5.py __post_init__) and never
+    # scales the decoder output (its forward goes straight to lm_head).
+    d = _MT5_DEFAULTS if mt5 else _T5_DEFAULTS
+    if c.bool("is_decoder", default=False):
+        raise c.fail("t5 as a bare decoder (is_decoder: true) is not supported; pass the encoder-decoder config")
+    # T5ForConditionalGeneration._shift_right reads it to build decoder_input_ids from the labels (modeling_t5.py:622-623;
+    # T5Config has no default, MT5Config's is 0): a T5 config without it cannot train
+    if not mt5:
+        c.int("decoder_start_token_id", minimum=0)
+    # T5Config.attribute_map (configuration_t5.py:36-41): hidden_size, num_attention_heads, num_hidden_layers and
+    # head_dim are aliases of d_model, num_heads, num_layers and d_kv; given both, the alias wins (it is set last)
+    hidden = c.int("hidden_size", "d_model", default=d["d_model"])
+    heads = c.int("num_attention_heads", "num_heads", default=d["num_heads"])
+    layers = c.int("num_hidden_layers", "num_layers", default=d["num_layers"])
+    act, gated = _t5_activation(c, d["feed_forward_proj"])
+    encdec = EncoderDecoderSpec(
+        decoder_layers=c.int("num_decoder_layers", default=layers),
+        relative_buckets=c.int("relative_attention_num_buckets", default=32),
+        relative_max_distance=c.int("relative_attention_max_distance", default=128),
+        scale_decoder_outputs=not mt5 and c.d.get("tie_word_embeddings") is not False,
+    )
+    return dict(
+        causal=True,  # the decoder generates (causal self-attention, a KV cache); the encoder's side is `encdec`
+        hidden=hidden, layers=layers, heads=heads, kv_heads=heads, head_dim=c.int("head_dim", "d_kv", default=64),
+        intermediate=c.int("d_ff", default=d["d_ff"]), vocab=c.int("vocab_size", default=d["vocab_size"]),
+        max_positions=0,  # relative positions: no table bounds the sequence
+        gated_mlp=gated, activation=act, norm="rmsnorm", norm_bias=False, positions="relative",
+        tied_embeddings=True, final_norm=True, dtype=c.dtype(), encdec=encdec,
+    )
+
+
+def _bart(c: _Cfg) -> dict:
+    # HF modeling_bart.py BartForConditionalGeneration (:799-812): BartModel's `shared` Embedding(vocab, d_model), tied
+    # to both stacks' embed_tokens (BartModel._tied_weights_keys) and, under tie_word_embeddings (default True), to
+    # lm_head; a final_logits_bias BUFFER (1, vocab). Each stack (BartEncoder :463-500, BartDecoder :552-590): its own
+    # BartLearnedPositionalEmbedding (max_position_embeddings + 2 rows, the offset of 2) and layernorm_embedding, no
+    # final norm; post-norm blocks of BartAttention (q/k/v/out_proj with biases) + LayerNorm [+ the decoder's
+    # encoder_attn + LayerNorm] + fc1/fc2 (biased) + LayerNorm (BartEncoderLayer :260-280, BartDecoderLayer :311-341).
+    # BartConfig.attribute_map (configuration_bart.py:42-46): hidden_size, num_attention_heads, num_hidden_layers.
+    hidden = c.int("hidden_size", "d_model", default=1024)
+    heads = c.int("num_attention_heads", "encoder_attention_heads", default=16)
+    ffn = c.int("encoder_ffn_dim", default=4096)
+    decoder_heads = c.int("decoder_attention_heads", default=16)
+    for n in (heads, decoder_heads):
+        if hidden % n:
+            raise c.fail(f"d_model {hidden} is not divisible by {n} attention heads")
+    layers = c.int("num_hidden_layers", "encoder_layers", default=12)
+    return dict(
+        causal=True,  # the decoder generates (causal self-attention, a KV cache); the encoder's side is `encdec`
+        hidden=hidden, layers=layers, heads=heads, kv_heads=heads, head_dim=hidden // heads, intermediate=ffn,
+        vocab=c.int("vocab_size", default=50265), max_positions=c.int("max_position_embeddings", default=1024),
+        position_offset=2, gated_mlp=False, activation=c.str("activation_function", default="gelu"),
+        norm="layernorm", positions="learned", tied_embeddings=c.bool("tie_word_embeddings", default=True),
+        qkv_bias=True, out_bias=True, mlp_bias=True, final_norm=False, embedding_norm=True, dtype=c.dtype(),
+        encdec=EncoderDecoderSpec(decoder_layers=c.int("decoder_layers", default=12), relative_buckets=0,
+                                  relative_max_distance=0, scale_decoder_outputs=False, decoder_heads=decoder_heads,
+                                  decoder_intermediate=c.int("decoder_ffn_dim", default=4096)),
+    )
+
+
+def _whisper(c: _Cfg) -> dict:
+    # HF modeling_whisper.py WhisperForConditionalGeneration (:990-1000): WhisperModel + proj_out tied to the decoder's
+    # embed_tokens (tie_word_embeddings, default True). WhisperEncoder (:544-580): conv1 (num_mel_bins -> d_model,
+    # kernel 3) and conv2 (d_model -> d_model, kernel 3, stride 2), embed_positions (max_source_positions x d_model,
+    # frozen but a parameter), pre-norm blocks, layer_norm. WhisperDecoder (:648-681): embed_tokens, embed_positions
+    # (max_target_positions x d_model), blocks with encoder_attn, layer_norm. WhisperAttention (:243-284): q/v/out_proj
+    # biased, k_proj not. WhisperConfig.attribute_map (configuration_whisper.py:119-124).
+    hidden = c.int("hidden_size", "d_model", default=384)
+    heads = c.int("num_attention_heads", "encoder_attention_heads", default=6)
+    decoder_heads = c.int("decoder_attention_heads", default=6)
+    for n in (heads, decoder_heads):
+        if hidden % n:
+            raise c.fail(f"d_model {hidden} is not divisible by {n} attention heads")
+    return dict(
+        causal=True,  # the decoder generates; the audio encoder's side is `encdec`
+        hidden=hidden, layers=c.int("num_hidden_layers", "encoder_layers", default=4), heads=heads, kv_heads=heads,
+        head_dim=hidden // heads, intermediate=c.int("encoder_ffn_dim", default=1536),
+        vocab=c.int("vocab_size", default=51865), max_positions=c.int("max_source_positions", default=1500),
+        gated_mlp=False, activation=c.str("activation_function", default="gelu"), norm="layernorm",
+        positions="learned", tied_embeddings=c.bool("tie_word_embeddings", default=True), qkv_bias=True,
+        out_bias=True, mlp_bias=True, final_norm=True, dtype=c.dtype(),
+        encdec=EncoderDecoderSpec(decoder_layers=c.int("decoder_layers", default=4), relative_buckets=0,
+                                  relative_max_distance=0, scale_decoder_outputs=False, decoder_heads=decoder_heads,
+                                  decoder_intermediate=c.int("decoder_ffn_dim", default=1536),
+                                  mel_bins=c.int("num_mel_bins", default=80),
+                                  decoder_positions=c.int("max_target_positions", default=448), k_bias=False,
+                                  shared_embedding=False),
+    )
+
+
 _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -845,6 +959,10 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "opt": _opt,
     "bert": _bert,
     "roberta": lambda c: _bert(c, roberta=True),
+    "t5": _t5,
+    "mt5": lambda c: _t5(c, mt5=True),
+    "bart": _bart,
+    "whisper": _whisper,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -861,6 +979,14 @@ _DROPOUTS: dict[str, tuple] = {
     "opt": (None, ("attention_dropout", 0.0), ("dropout", 0.1)),  # configuration_opt.py:61-62
     "bert": _BERT_DROPOUTS,  # configuration_bert.py:50-51
     "roberta": _BERT_DROPOUTS,  # configuration_roberta.py:50-51
+    # configuration_t5.py:52: dropout_rate on the embeddings (T5Stack.dropout), the attention probabilities
+    # (T5Attention.dropout) and every residual branch (T5Layer*.dropout)
+    "t5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),
+    # configuration_bart.py:60-61: dropout on the embeddings and every branch, attention_dropout on the probabilities
+    "mt5": (("dropout_rate", 0.1), ("dropout_rate", 0.1), ("dropout_rate", 0.1)),  # configuration_mt5.py:51
+    "bart": (("dropout", 0.1), ("attention_dropout", 0.0), ("dropout", 0.1)),
+    # configuration_whisper.py:141-142 (dropout, attention_dropout: 0.0)
+    "whisper": (("dropout", 0.0), ("attention_dropout", 0.0), ("dropout", 0.0)),
 }
 
 

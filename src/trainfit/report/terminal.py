@@ -33,7 +33,8 @@ def setup_line(e: Estimate) -> str:
                 f"{n // s.grad_accum} × accum {s.grad_accum} · beta {s.beta:g} · {s.precision} · {s.optimizer} · "
                 f"recompute {s.recompute} · {s.device}")
     if s.mode == "infer":
-        return (f"inference · batch {s.batch} · context {s.seq}{_images(e)} · {s.precision} · attention "
+        decoder = f" · decoder {s.target_seq}" if s.target_seq else ""  # an encoder-decoder model's --target-seq
+        return (f"inference · batch {s.batch} · context {s.seq}{decoder}{_images(e)} · {s.precision} · attention "
                 f"{s.attention_kernel}{par}")
     sv = e.detail.serving
     if s.mode == "serve" and sv is not None:
@@ -48,7 +49,8 @@ def setup_line(e: Estimate) -> str:
                 f"{' · channels-last' if s.channels_last else ''} · {s.device}")
     labels = e.detail.num_labels
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
-    return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq}{_images(e)} · "
+    target = f" · target {s.target_seq}" if s.target_seq else ""  # an encoder-decoder model's decoder tokens
+    return (f"training · stack {s.stack} · {head}micro-batch {s.batch} · seq {s.seq}{target}{_images(e)} · "
             f"accum {s.grad_accum} · "
             f"{s.precision} · {s.optimizer} ({s.optimizer_kernel}) · recompute {s.recompute} · attention "
             f"{s.attention_kernel}{par} · {s.device}")

@@ -8,7 +8,7 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
 from .settings import _RUN_SETTINGS, BY_NAME, SETTINGS, SETUP_NAMES, Setup, check_value, refuse_inapplicable
-from .vocab import DEFAULT_SEQ, MODES, TRAINING
+from .vocab import DEFAULT_SEQ, DEFAULT_TARGET_SEQ, MODES, TRAINING
 from dataclasses import field, make_dataclass
 from typing import Optional
 
@@ -48,12 +48,44 @@ def _setup_of(self, spec=None) -> Setup:
         from ..vlm_setup import vlm_values
 
         values = vlm_values(spec, values)  # --images / --image-size: a vision-language model's, refused otherwise
+        values["target_seq"] = target_seq(spec, values["target_seq"], mode, values["seq"])
     if spec is not None and mode == "train":
         values["head"] = _heads.resolve(spec, values["head"], mode)  # --head, else the config's, else the family's
     setup = Setup(**values)
     if spec is not None and mode in ("train", "infer"):
         limits.check_logits(setup.batch * setup.seq, spec.vocab)
     return setup
+
+
+def target_seq(spec, value: int | None, mode: str, seq: int | None = None) -> int | None:
+    """--target-seq for `spec`: the decoder's tokens of an encoder-decoder model (default DEFAULT_TARGET_SEQ); refused
+    in one line for other models, and for the modes that do not run the two stacks' step. An audio encoder (Whisper)
+    reads exactly its max_source_positions (30 s of audio): another --seq is refused too."""
+    encdec = getattr(spec, "encdec", None) is not None
+    if mode in ("serve", "rl"):
+        if encdec:
+            raise SetupError(f"--mode {mode} of an encoder-decoder model ({spec.name}: {spec.family}) is not modelled "
+                             "(a serving engine's or a rollout's cache would hold cross-attention K/V per request); use "
+                             "--mode train or --mode infer")
+        return value  # (the settings' rules refuse a --target-seq outside its modes)
+    if not encdec:
+        if value is not None:
+            raise SetupError(f"--target-seq sets the decoder length of an encoder-decoder model (T5, Flan-T5); "
+                             f"{spec.name} ({spec.family}) has one sequence: use --seq only")
+        return None
+    e = spec.encdec
+    if e.mel_bins and seq is not None and seq != spec.max_positions:
+        raise SetupError(f"--seq {seq}: {spec.name}'s encoder reads exactly {2 * spec.max_positions} mel frames (30 s "
+                         f"of audio), {spec.max_positions} positions (WhisperEncoder); use --seq {spec.max_positions}")
+    tokens = value if value is not None else DEFAULT_TARGET_SEQ
+    # the decoder's learned position table (BART: as large as the encoder's; Whisper: max_target_positions); the
+    # decode step writes one position more
+    table = e.decoder_positions or (spec.max_positions if spec.positions == "learned" else 0)
+    longest = table - (1 if mode == "infer" else 0)
+    if table and tokens > longest:
+        raise SetupError(f"--target-seq {tokens}: {spec.name}'s decoder has {table} learned positions "
+                         f"(at most {longest} tokens in --mode {mode}); lower --target-seq")
+    return tokens
 
 
 def _is_vision(spec) -> bool:

@@ -14,7 +14,7 @@ from .. import stacks as _stacks
 from ..errors import SetupError
 from ..units import parse_count
 from .parsers import _check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, combine_offload
-from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES,
+from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
 
@@ -59,6 +59,15 @@ class Setup:
     seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens (--mode rl: "
                        "--prompt-len + --completion-len, not set).", maximum=limits.TOKENS, minimum=1, short="-s",
                        auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP, group="step")
+    target_seq: Optional[int] = setting(None, "Encoder-decoder models (T5, Flan-T5): the decoder's (target) "
+                                        "sequence, tokens; --seq is then the encoder's. Training: the labels' "
+                                        "length. Inference: the decoder tokens already generated (the self-"
+                                        "attention cache the decode step reads; 1 = generate()'s first step). "
+                                        "Refused for decoder-only and encoder-only models.",
+                                        maximum=limits.TOKENS, minimum=1,
+                                        auto=f"{DEFAULT_TARGET_SEQ} for encoder-decoder models (the max_target_length "
+                                        "of transformers' run_summarization.py); none for other models",
+                                        example="128", modes=STEP_MODES, group="step")
     grad_accum: int = setting(1, "Micro-batches accumulated per optimizer step.",
                               maximum=limits.TOKENS, minimum=1, modes=TRAINING,
                               example="4", group="step")
@@ -291,6 +300,11 @@ class Setup:
             meaning = stack.fact("recompute", "selective")
             if meaning in stack.policies:  # another policy's name (torchtitan: op); else selective's own kind
                 object.__setattr__(self, "recompute", meaning)
+
+    @property
+    def target_tokens(self) -> int:
+        """An encoder-decoder model's decoder tokens: --target-seq, else the default (vocab.DEFAULT_TARGET_SEQ)."""
+        return self.target_seq or DEFAULT_TARGET_SEQ
 
     @property
     def world_size(self) -> int:

@@ -44,6 +44,9 @@ ATTENTION = ("auto", "eager", "sdpa", "flash", "flash2", "triton")
 DEVICES = ("cuda", "cpu")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEFAULT_SEQ = 2048
+# an encoder-decoder model's decoder (target) tokens when --target-seq is not given: transformers' seq2seq example
+# scripts' max_target_length (examples/pytorch/summarization/run_summarization.py, default 128)
+DEFAULT_TARGET_SEQ = 128
 
 # Each setting's concern (settings.py `setting(..., group=)`): its title in the web form, and the modes its settings
 # apply to unless one says otherwise

@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # transformers' Auto class per task head (trainfit.heads.CLASSES names the concrete class per family).
 _AUTO = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
-         "seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification"}
+         "seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification",
+         "seq2seq-lm": "AutoModelForSeq2SeqLM"}
 
 # Keys of the raw config dict that are not transformers config arguments.
 _DROP_KEYS = ("_trainfit", "model_type", "transformers_version", "architectures", "auto_map")
@@ -110,11 +111,15 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
     import transformers
 
     config = hf_config(spec, setup)
-    # a vision-language model: its *ForConditionalGeneration (the tower and the language model; trainfit.heads)
+    head = for_setup(spec, setup).task_head
+    # a vision-language model: its *ForConditionalGeneration (the tower and the language model; trainfit.heads); an
+    # audio encoder-decoder (Whisper) is transformers' speech seq2seq class (MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING)
+    audio = spec.encdec is not None and spec.encdec.mel_bins
     auto = getattr(transformers, "AutoModelForImageTextToText" if spec.vision is not None
-                   else _AUTO[for_setup(spec, setup).task_head])
+                   else "AutoModelForSpeechSeq2Seq" if audio else _AUTO[head])
     with torch.device(device):
         model = auto.from_config(config, dtype=param_dtype(setup), attn_implementation=hf_attn_implementation(spec, setup))
+    keep_fp32_modules(model)
     if torch.device(device).type == "cuda" and torch.cuda.is_initialized():
         # from_config on the device makes the LM head's own weight before tie_weights replaces it with the word
         # embedding: the freed block stays in the caching allocator's cache (a second embedding-sized segment in
@@ -124,6 +129,24 @@ def build_model(spec: "ModelSpec", setup: "Setup", device="cpu") -> torch.nn.Mod
         torch.cuda.empty_cache()
     model.train()
     return apply_lora(model, setup)  # --lora-rank: peft's adapters, base frozen (step/lora.py)
+
+
+def keep_fp32_modules(model: torch.nn.Module) -> None:
+    """Loaded in fp16, a model's `_keep_in_fp32_modules` stay fp32: from_pretrained's dtype plan (transformers 5.24
+    modeling_utils.py:3844-3858 _get_dtype_plan: fp16 only; T5's `wo`, modeling_t5.py:542), which from_config does
+    not apply. NB: the `_strict` list (fp32 under bf16 too: DeepSeek-V3's and Nemotron-H's router gates) is left as
+    from_config builds it."""
+    names = getattr(model, "_keep_in_fp32_modules", None)
+    if not names or next(model.parameters()).dtype != torch.float16:
+        return
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] not in names:
+            continue
+        # new Parameters rather than module.to(): fake tensors (the trace) cannot be swapped in place
+        for pname, p in list(module.named_parameters(recurse=True)):
+            owner = module.get_submodule(pname.rpartition(".")[0]) if "." in pname else module
+            setattr(owner, pname.rpartition(".")[2],
+                    torch.nn.Parameter(p.detach().to(torch.float32), requires_grad=p.requires_grad))
 
 
 def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
@@ -136,6 +159,8 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
     seq-cls: one class id per sequence, (batch,) int64 < num_labels; with num_labels == 1 transformers trains a
     regression (MSELoss), so the labels are (batch,) floats in the parameters' dtype.
     token-cls: one class id per token, (batch, seq) int64 < num_labels.
+    seq2seq-lm (encoder-decoder): input_ids (Whisper: input_features, `encoder_inputs`) feed the encoder, labels
+    (batch, --target-seq) the decoder.
     No attention_mask (see module docstring).
     """
     head = for_setup(spec, setup)
@@ -144,16 +169,20 @@ def make_batches(spec: "ModelSpec", setup: "Setup", device="cpu") -> list[dict]:
         return [vlm_batch(spec, setup, device, labels=True) for _ in range(setup.grad_accum)]
     batches = []
     for _ in range(setup.grad_accum):
-        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)
+        name, ids = encoder_inputs(spec, setup, device)
         if kind == "seq-cls" and n == 1:
             labels = torch.rand(setup.batch, dtype=param_dtype(setup), device=device)
         elif kind == "seq-cls":
             labels = torch.randint(0, n, (setup.batch,), dtype=torch.long, device=device)
         elif kind == "token-cls":
             labels = torch.randint(0, n, (setup.batch, setup.seq), dtype=torch.long, device=device)
+        elif kind == "seq2seq-lm":
+            # the decoder's targets (batch, --target-seq); T5ForConditionalGeneration builds decoder_input_ids from
+            # them (modeling_t5.py:1030-1031 _shift_right), as a seq2seq collator's batch does
+            labels = torch.randint(0, spec.vocab, (setup.batch, setup.target_tokens), dtype=torch.long, device=device)
         else:
             labels = ids.clone()
-        batches.append({"input_ids": ids, "labels": labels})
+        batches.append({name: ids, "labels": labels})
     return batches
 
 
@@ -246,3 +275,14 @@ def _real_tensors():
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     return unset_fake_temporarily()
+
+
+def encoder_inputs(spec: "ModelSpec", setup: "Setup", device="cpu") -> tuple[str, torch.Tensor]:
+    """(the forward's keyword, the tensor) a batch feeds the model: input_ids (batch, seq), random ids < vocab; an
+    audio encoder-decoder (Whisper) reads input_features (batch, mel_bins, 2 x seq) log-mel frames in the parameters'
+    dtype (WhisperFeatureExtractor's output cast to the model's dtype; the encoder's stride-2 conv makes `seq`
+    positions of them, modeling_whisper.py WhisperEncoder.forward :611-615)."""
+    mel = spec.encdec.mel_bins if spec.encdec is not None else 0
+    if mel:
+        return "input_features", torch.randn(setup.batch, mel, 2 * setup.seq, dtype=param_dtype(setup), device=device)
+    return "input_ids", torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)

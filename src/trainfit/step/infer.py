@@ -41,6 +41,10 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
             model(input_ids=ids)
             phase("end")
             return None
+        if getattr(model.config, "is_encoder_decoder", False):
+            cache = _seq2seq_step(model, ids, setup, phase, on_cache, cache_arg)
+            phase("end")
+            return cache
         out = model(input_ids=ids, use_cache=True, **images, **kw)
         cache = getattr(out, cache_arg)
         on_cache(cache)
@@ -55,11 +59,39 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
 
 
 def prompt(spec: "ModelSpec", setup: Setup, device="cpu") -> tuple[torch.Tensor, dict]:
-    """(input_ids, image inputs) of the prefill: random prompt ids; a vision-language model's with its images
-    (step/build.py vlm_batch; their placeholders in the ids)."""
+    """(input_ids, image inputs) of the prefill: random prompt ids (Whisper: its encoder's log-mel input_features,
+    step/build.py encoder_inputs); a vision-language model's with its images (step/build.py vlm_batch; their
+    placeholders in the ids)."""
+    from .build import encoder_inputs, vlm_batch
+
     if spec.vision is None or not setup.images:
-        return torch.randint(0, spec.vocab, (setup.batch, setup.seq), device=device), {}
-    from .build import vlm_batch
+        return encoder_inputs(spec, setup, device)[1], {}
 
     images = vlm_batch(spec, setup, device)
     return images.pop("input_ids"), images
+
+
+def _seq2seq_step(model, ids: torch.Tensor, setup: Setup, phase: Callable[[str], None],
+                  on_cache: Callable[[object], None], cache_arg: str):
+    """An encoder-decoder model's prefill and decode step, as generate() runs them (transformers generation/utils.py
+    _prepare_encoder_decoder_kwargs_for_generation: the encoder once, its output kept for every decoder step):
+    prefill = the encoder over `ids` and the decoder over --target-seq tokens (the tokens generated so far; 1 =
+    generate()'s first step from decoder_start_token_id), filling the self-attention cache and the cross-attention
+    cache (K/V over the encoder's tokens); decode = one decoder token reading both caches.
+    NB: the decoder ids are made here (batch x --target-seq int64), inside the step in both engines; every decoder
+    position's logits are computed (T5ForConditionalGeneration.forward takes no logits_to_keep)."""
+    start = getattr(model.config, "decoder_start_token_id", None) or model.config.pad_token_id or 0  # T5: pad (0)
+    decoder_ids = torch.full((ids.shape[0], setup.target_tokens), start, dtype=torch.long, device=ids.device)
+    # Whisper's encoder reads log-mel frames (step.build.encoder_inputs), the others token ids
+    encoder_in = {"input_features" if ids.is_floating_point() else "input_ids": ids}
+    out = model(**encoder_in, decoder_input_ids=decoder_ids, use_cache=True)
+    cache = getattr(out, cache_arg)
+    on_cache(cache)
+    encoder_out = (out.encoder_last_hidden_state,)
+    next_ids = out.logits[:, -1:].argmax(-1)
+    del out, decoder_ids
+    phase("decode")
+    out = model(encoder_outputs=encoder_out, decoder_input_ids=next_ids, use_cache=True, **{cache_arg: cache})
+    on_cache(getattr(out, cache_arg))
+    del out
+    return cache

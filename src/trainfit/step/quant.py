@@ -80,7 +80,10 @@ def quantize_base(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
 
-    skip = get_keys_to_not_convert(model)
+    # as from_pretrained's bitsandbytes quantizer (quantizers/base.py:260-281 get_modules_to_not_convert): the default
+    # skips and the model's _keep_in_fp32_modules (T5's `wo`, modeling_t5.py:542, whose forward casts its input to
+    # wo's weight dtype)
+    skip = get_keys_to_not_convert(model) + list(getattr(model, "_keep_in_fp32_modules", None) or ())
     old = {n: m for n, m in model.named_modules() if isinstance(m, Conv1D) or type(m) is torch.nn.Linear}
     fake = any(is_fake(m.weight) for m in old.values())
     if fake and setup.dora:

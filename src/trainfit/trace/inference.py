@@ -30,6 +30,12 @@ from ..vlm_setup import lm_seq
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
+    # an encoder-decoder model's cache (transformers cache_utils.py EncoderDecoderCache): the decoder's self-attention
+    # DynamicCache, growing with the generated tokens, and the cross-attention one, K/V over the encoder's tokens
+    # written once at the first decoder step (modeling_t5.py T5Attention.forward :310-345)
+    parts = [getattr(cache, "self_attention_cache", None), getattr(cache, "cross_attention_cache", None)]
+    if any(p is not None for p in parts):
+        return [t for p in parts if p is not None for t in cache_tensors(p)]
     out = []
     for layer in getattr(cache, "layers", ()):
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
@@ -52,7 +58,7 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
     t0 = time.perf_counter()
     with translated_errors(spec.name), fake_mode(), cuda_kernels(setup), vision_constants(spec):
         model = build_hf(spec, setup).eval()
-        ids, images = prompt(spec, setup)
+        ids, images = prompt(spec, setup)  # input_ids (Whisper: input_features)
         modules = ModuleStack(model)
         rec = AllocationRecorder(modules, count_flops=flops, round_cuda=setup.device == "cuda")
 
@@ -65,7 +71,7 @@ def trace_inference(spec: ModelSpec, setup: Setup, *, flops: bool = True, alloc_
                 rec.adopt(p, PARAMETER, name)
             for name, b in model.named_buffers():
                 rec.adopt(b, BUFFER, name)
-            rec.adopt(ids, INPUT, "input_ids")
+            rec.adopt(ids, INPUT, "input_features" if ids.is_floating_point() else "input_ids")
             for name, t in images.items():
                 rec.adopt(t, INPUT, name)
             start = rec.event
