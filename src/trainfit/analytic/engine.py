@@ -10,7 +10,8 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
-from . import compile_effects, fit_rule, float8, infer_time, inference, rl, serving
+from . import compile_effects, fit_rule, float8, infer_time, inference, rl, serving, vlm
+from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
 from .flops import forward_per_token, step_flops
@@ -205,6 +206,15 @@ INFER_MFU = 0.4
 
 def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
+    """The estimate of `setup` (see _estimate); a vision-language model's language model runs over the text and
+    image tokens (analytic/vlm.py language_setup), the estimate shows the setup as given."""
+    lm = vlm.language_setup(spec, setup)
+    est = _estimate(spec, lm, gpu, mfu, tokens, mbu, reserve)
+    return est if lm is setup else replace(est, setup=setup)
+
+
+def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
+              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: each kernel of the op list
     timed by the roofline + exposed communication + bubble + optimizer, the planner's model); a number overrides it
     with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free when judging the fit (fit_rule.py:
