@@ -17,7 +17,7 @@ from ..spec import ModelSpec
 from .activations import (FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer,
                           masked_chunk_share, resolved_kernel)
 from . import clamped_swiglu as swiglu
-from . import gated_deltanet, mla
+from . import gated_deltanet, mla, vlm
 from . import sink_attention as sinks
 from .embedding import rotary_tables
 from .hybrid_inference import hybrid_infer_memory
@@ -439,7 +439,11 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     # at the residual add every matmul of the layer has cast its weight
     linear_prefill = linear_moment + _linear_context(spec, setup, casts / spec.layers) if linear_moment else 0
-    prefill = weights + max(linear_prefill, kv + logits + max(
+    # a VLM (analytic/vlm.py): the pixel rows (an input held through generate) and, under autocast, the tower's
+    # cached weight casts; the tower's outputs held through the layers; the tower's own high point before them
+    pixels = vlm.tower_inputs(spec, setup) + vlm.tower_casts(spec, setup, st)
+    prefill = weights + pixels + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st),
+                                     kv + logits + vlm.encoder_outputs_held(spec, setup, st) + max(
         attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
         mlp_first + casts_mlp, mlp_last + casts))
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
@@ -452,7 +456,7 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     # MLA under HF: the layer's k and v rebuilt from the latent for every cached token (NB: vLLM/SGLang absorb
     # kv_b_proj into q and o at decode and rebuild nothing, so this over-estimates a serving engine's decode)
     repeated += st.act * mla_decompressed(spec, setup.tp) * cached
-    decode = (weights + kv_bytes_per_token(spec, setup) * cached + linear_state_bytes(spec, setup) + layer_kv + repeated + casts + head_cast
+    decode = (weights + pixels + kv_bytes_per_token(spec, setup) * cached + linear_state_bytes(spec, setup) + layer_kv + repeated + casts + head_cast
               + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 

@@ -149,3 +149,43 @@ def tower_inputs(spec: ModelSpec, setup: Setup) -> int:
     index tensors (the grid, cu_seqlens, the window order, the patches' 2-D positions) are not counted: under
     (patches x 2 int64 + a few 512-B blocks)."""
     return pixel_bytes(spec, setup) if setup.images and spec.vision is not None else 0
+
+
+def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """Under autocast, the tower's weight casts, which autocast's cache keeps for the whole region (a no-grad
+    generate: the prefill and the decode): the patch embedding's, each block's linears' (_weight_casts) and the
+    merger's two Linears' (biases cast per call, not counted); 0 without autocast or images."""
+    if spec.vision is None or not setup.images or not st.autocast:
+        return 0
+    t = spec.vision
+    m = t.hidden * t.merge ** 2
+    k = t.in_channels * t.temporal_patch * t.patch ** 2
+    return st.act * (t.hidden * k + m * m + m * t.out_hidden) + t.depth * _weight_casts(spec, st)
+
+
+def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """What the language model's prefill holds of the tower (Qwen2_5_VLModel.forward, :1205-1222): the tower's
+    output object (its last_hidden_state, patches x hidden in the stream's dtype, and the merged rows put back in
+    image order, split per image, get_image_features :1075-1080) and their torch.cat cast to inputs_embeds' dtype
+    (image_embeds), locals of the forward through the layers."""
+    if spec.vision is None or not setup.images:
+        return 0
+    t = spec.vision
+    n = patches(spec, setup)
+    merged = n // t.merge ** 2
+    return n * t.hidden * st.act + merged * t.out_hidden * (st.act + st.residual)
+
+
+def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """The tower's no-grad high point (beside the weights, its casts and the pixel rows): inside the patch
+    embedding's Conv3d, whose kernel equals its stride, run as an im2col matmul (aten slow_conv3d: a columns buffer of
+    patches x in_channels x temporal_patch x patch^2 in the tower's dtype) beside the pixel rows' copy in a 16-bit
+    tower's dtype (get_image_features :1075) and the output. NB: a cuDNN convolution takes a workspace instead."""
+    if spec.vision is None or not setup.images:
+        return 0
+    t = spec.vision
+    n = patches(spec, setup)
+    k = t.in_channels * t.temporal_patch * t.patch ** 2
+    a = st.act
+    copy = a * n * k if (a < FP32 and not st.autocast) else 0
+    return copy + a * n * k + a * n * t.hidden
