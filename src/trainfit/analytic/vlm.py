@@ -137,8 +137,14 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     rotary = 2 * n * (h // t.heads) * FP32
     full = sum(1 for j in range(t.depth) if j in t.full_attention_blocks or not t.window)
     images = setup.batch * setup.images
-    blocks = (full * block_saved(spec, setup, st, images)
-              + (t.depth - full) * block_saved(spec, setup, st, windows(spec, setup)))
+    if setup.recompute == "full":
+        # each block is a GradientCheckpointingLayer (Qwen2_5_VLVisionBlock, :344): it keeps its input only and
+        # re-runs in its backward. NB: the re-run block's saved set during the tower's backward is not a moment
+        # here (the tower's backward comes after the language model's, whose moments hold more at these sizes)
+        blocks = t.depth * n * h * a
+    else:
+        blocks = (full * block_saved(spec, setup, st, images)
+                  + (t.depth - full) * block_saved(spec, setup, st, windows(spec, setup)))
     merger = (_norm_saved(setup, st, n, h, 1) + 2 * merged * m * a + _rounded(setup, INDEX * merged)
               + (a * (m * m + m * t.out_hidden) if st.autocast else 0))
     return embed + rotary + blocks + merger
@@ -189,3 +195,12 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     a = st.act
     copy = a * n * k if (a < FP32 and not st.autocast) else 0
     return copy + a * n * k + a * n * t.hidden
+
+
+def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """Under autocast with full recompute, the checkpointed tower blocks' weight casts, which autocast's cache keeps
+    to the end of the forward's autocast region (aten/src/ATen/autocast_mode.cpp cached_cast: a leaf fp32 weight
+    that requires grad is cached whatever the grad mode, so also in the checkpoint's no-grad forward)."""
+    if spec.vision is None or not setup.images or not st.autocast or setup.recompute != "full":
+        return 0
+    return spec.vision.depth * _weight_casts(spec, st)
