@@ -329,7 +329,7 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     peak = max(m.prefill_peak, m.decode_peak)
     phases = {"prefill": m.prefill_peak, "decode": m.decode_peak} if spec.causal else {"prefill": m.prefill_peak}
     fpt = forward_per_token(spec, setup.seq, pc)
-    prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
+    prefill_flops = (fpt * setup.batch * setup.seq + vlm.tower_forward_flops(spec, setup)) / (setup.tp * setup.pp)
     reserved, device_total, beside, held = overheads.device_memory(infer_reserve(spec, setup, m), gpu, setup)
     needed = fit_rule.infer_required(spec, setup, m)
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,

@@ -16,6 +16,9 @@ from ..spec import ModelSpec
 from ..vlm_setup import IMAGE_MODES, lm_seq
 from .precision import StateBytes
 
+# the towers whose terms are here (analytic/unmodelled.py refuses the others)
+MODELLED_TOWERS = ("qwen2_5_vl",)
+
 
 def language_setup(spec: ModelSpec, setup: Setup) -> Setup:
     """`setup` with --seq the language model's tokens per sample (text + image tokens) where the step runs the
@@ -204,3 +207,32 @@ def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     if spec.vision is None or not setup.images or not st.autocast or setup.recompute != "full":
         return 0
     return spec.vision.depth * _weight_casts(spec, st)
+
+
+def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
+    """The tower's forward FLOPs in one micro-batch, 2 per multiply-add (analytic/flops.py's convention): the patch
+    embedding's Conv3d (kernel = stride: each patch row times the (hidden, in_channels x temporal_patch x patch^2)
+    weight), each block's qkv, proj and MLP matmuls and its attention (q.k^T and probs.v, 2 x 2 x hidden per key;
+    every patch sees its window's or image's patches, bidirectional), and the merger's two Linears over the merged
+    rows. NB: norms, rotary, activations are elementwise and left out, as in flops.py."""
+    if spec.vision is None or not setup.images:
+        return 0.0
+    t = spec.vision
+    n, h, i = patches(spec, setup), t.hidden, t.intermediate
+    k = t.in_channels * t.temporal_patch * t.patch ** 2
+    m = t.hidden * t.merge ** 2
+    per_block = 2 * n * (4 * h * h + (3 if t.gated_mlp else 2) * h * i)
+    images = setup.batch * setup.images
+    full = sum(1 for j in range(t.depth) if j in t.full_attention_blocks or not t.window)
+    attention = 4 * h * n * (full * n / images + (t.depth - full) * n / windows(spec, setup))
+    return patch_embed_flops(spec, setup) + t.depth * per_block + attention + 2 * (n // t.merge ** 2) * (
+        m * m + m * t.out_hidden)
+
+
+def patch_embed_flops(spec: ModelSpec, setup: Setup) -> float:
+    """The patch embedding's forward FLOPs: each patch row times the (hidden, in_channels x temporal_patch x patch^2)
+    weight."""
+    if spec.vision is None or not setup.images:
+        return 0.0
+    t = spec.vision
+    return 2 * patches(spec, setup) * t.in_channels * t.temporal_patch * t.patch ** 2 * t.hidden
