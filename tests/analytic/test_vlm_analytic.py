@@ -72,6 +72,15 @@ def test_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
     assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,mode", [("bf16", "cpu", "train"), ("amp-bf16", "cuda", "infer")])
+def test_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
+    # the tower runs the model's attention implementation: eager keeps each window's or image's probabilities
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=1, image_size=IMAGE, mode=mode,
+                  attention="eager")
+    assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
+
+
 def test_the_language_model_runs_over_text_and_image_tokens():
     # Hand derivation: 112 px / (patch 14 x merge 2) = 4 x 4 = 16 image tokens per image, so the KV cache of one
     # image per sample is (128 + 16) / 128 of the text-only one's (batch 2; the prefill's cache of every token)

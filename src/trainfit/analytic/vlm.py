@@ -97,8 +97,18 @@ def _attention_saved(spec: ModelSpec, setup: Setup, st: StateBytes, chunks: int)
     output per chunk (torch.split over cu_seqlens, one SDPA call per image or window, :318-337) and their torch.cat
     (proj's input), and each chunk's logsumexp."""
     n, h, a = patches(spec, setup), spec.vision.hidden, st.act
+    if setup.attention_kernel == "eager":  # the tower takes the model's attention implementation
+        return 3 * n * h * a + 2 * n * h * a + n * h * a + chunks * _eager_chunk(st, spec.vision.heads, n // chunks)
     return 3 * n * h * a + 2 * n * h * a + 2 * n * h * a + chunks * _sdpa_chunk(
         setup, st, spec.vision.heads, n // chunks)
+
+
+def _eager_chunk(st: StateBytes, heads: int, length: int) -> int:
+    """eager_attention_forward (:241-262) per chunk: softmax's fp32 probabilities (its backward's operand) and their
+    cast to the compute dtype (the probs.v matmul's operand; the same tensor in fp32); its output's transposed copy is
+    not saved (the chunks' torch.cat is, counted once beside)."""
+    scores = heads * length * length
+    return FP32 * scores + (st.act * scores if st.act < FP32 else 0)
 
 
 def _mlp_saved(spec: ModelSpec, st: StateBytes, rows: int) -> int:
