@@ -229,7 +229,6 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
         return 0.0
     t = spec.vision
     n, h, i = patches(spec, setup), t.hidden, t.intermediate
-    k = t.in_channels * t.temporal_patch * t.patch ** 2
     m = t.hidden * t.merge ** 2
     per_block = 2 * n * (4 * h * h + (3 if t.gated_mlp else 2) * h * i)
     images = setup.batch * setup.images
