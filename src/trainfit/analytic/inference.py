@@ -440,7 +440,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     # at the residual add every matmul of the layer has cast its weight
     linear_prefill = linear_moment + _linear_context(spec, setup, casts / spec.layers) if linear_moment else 0
     # a VLM (analytic/vlm.py): the pixel rows (an input held through generate) and, under autocast, the tower's
-    # cached weight casts; the tower's outputs held through the layers; the tower's own high point before them
+    # cached weight casts; the tower's outputs held through the layers; the tower's own high point (its first
+    # block's rotary) before them
     pixels = vlm.tower_inputs(spec, setup) + vlm.tower_casts(spec, setup, st)
     prefill = weights + pixels + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st),
                                      kv + logits + vlm.encoder_outputs_held(spec, setup, st) + max(

@@ -196,18 +196,24 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 
 def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
-    """The tower's no-grad high point (beside the weights, its casts and the pixel rows): inside the patch
-    embedding's Conv3d, whose kernel equals its stride, run as an im2col matmul (aten slow_conv3d: a columns buffer of
-    patches x in_channels x temporal_patch x patch^2 in the tower's dtype) beside the pixel rows' copy in a 16-bit
-    tower's dtype (get_image_features :1075) and the output. NB: a cuDNN convolution takes a workspace instead."""
+    """The tower's no-grad high point (beside the weights, its casts and the pixel rows): the first block's 2-D
+    rotary (apply_rotary_pos_emb_vision, :210-222) at k's rotation, read off a traced bf16 prefill (2 images of 64
+    patches per sample): q and k upcast to fp32 (views of the qkv output when it is fp32 already), the rotated
+    q_embed, k * cos, rotate_half(k) * sin and their sum k_embed, each (patches, hidden) fp32, beside the qkv
+    output, the rotary's cos and sin, the block's input and its norm's output (fp32 under autocast: the weight's
+    fp32 multiply), the pixel rows' copy in a 16-bit tower's dtype (get_image_features :1075, alive through the
+    tower's call) and the language model's text embeddings (made before the tower: Qwen2_5_VLModel.forward).
+    NB: under autocast the tower's later weight casts (tower_casts, counted whole) are not made yet: over."""
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
-    n = patches(spec, setup)
+    n, h, a = patches(spec, setup), t.hidden, st.act
     k = t.in_channels * t.temporal_patch * t.patch ** 2
-    a = st.act
     copy = a * n * k if (a < FP32 and not st.autocast) else 0
-    return copy + a * n * k + a * n * t.hidden
+    rotary = (6 if a < FP32 else 4) * FP32 * n * h + 2 * FP32 * n * (h // t.heads)
+    block = 3 * n * h * a + n * h * a + n * h * (FP32 if st.autocast else a)
+    text = setup.batch * setup.seq * spec.hidden * st.residual
+    return copy + rotary + block + text
 
 
 def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
