@@ -10,7 +10,8 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
-from . import compile_effects, fit_rule, float8, infer_time, inference, rl, serving
+from . import compile_effects, fit_rule, float8, infer_time, inference, rl, serving, vlm
+from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
 from .flops import forward_per_token, step_flops
@@ -205,6 +206,15 @@ INFER_MFU = 0.4
 
 def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
+    """The estimate of `setup` (see _estimate); a vision-language model's language model runs over the text and
+    image tokens (analytic/vlm.py language_setup), the estimate shows the setup as given."""
+    lm = vlm.language_setup(spec, setup)
+    est = _estimate(spec, lm, gpu, mfu, tokens, mbu, reserve)
+    return est if lm is setup else replace(est, setup=setup)
+
+
+def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
+              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: each kernel of the op list
     timed by the roofline + exposed communication + bubble + optimizer, the planner's model); a number overrides it
     with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free when judging the fit (fit_rule.py:
@@ -319,7 +329,7 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     peak = max(m.prefill_peak, m.decode_peak)
     phases = {"prefill": m.prefill_peak, "decode": m.decode_peak} if spec.causal else {"prefill": m.prefill_peak}
     fpt = forward_per_token(spec, setup.seq, pc)
-    prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
+    prefill_flops = (fpt * setup.batch * setup.seq + vlm.tower_forward_flops(spec, setup)) / (setup.tp * setup.pp)
     reserved, device_total, beside, held = overheads.device_memory(infer_reserve(spec, setup, m), gpu, setup)
     needed = fit_rule.infer_required(spec, setup, m)
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,

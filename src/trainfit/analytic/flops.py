@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import gated_deltanet
+from . import gated_deltanet, vlm
 from .params import ParamCounts, count_params
 
 
@@ -140,4 +140,11 @@ def step_flops(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> 
         if setup.recompute == "full":  # the adapters' forward matmuls re-run with their layers (selective: not)
             recompute += (f - fpt) * tokens
         return StepFlops(f * tokens, b * tokens, recompute, f + b, f)
-    return StepFlops(fwd, 2 * fwd, recompute, 3 * fpt, fpt)
+    # a VLM's tower, per micro-batch (analytic/vlm.py): trained with the rest, its backward twice its forward but for
+    # the patch embedding's, which needs no input gradient (the pixels); full recompute re-runs its blocks (NB:
+    # counted as the whole tower)
+    tower = vlm.tower_forward_flops(spec, setup) * setup.grad_accum
+    if setup.recompute == "full":
+        recompute += tower
+    backward = 2 * (fwd + tower) - vlm.patch_embed_flops(spec, setup) * setup.grad_accum
+    return StepFlops(fwd + tower, backward, recompute, 3 * fpt, fpt)

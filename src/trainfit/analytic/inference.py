@@ -17,7 +17,7 @@ from ..spec import ModelSpec
 from .activations import (FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer,
                           masked_chunk_share, resolved_kernel)
 from . import clamped_swiglu as swiglu
-from . import gated_deltanet, mla
+from . import gated_deltanet, mla, vlm
 from . import sink_attention as sinks
 from .embedding import rotary_tables
 from .hybrid_inference import hybrid_infer_memory
@@ -439,13 +439,18 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     # at the residual add every matmul of the layer has cast its weight
     linear_prefill = linear_moment + _linear_context(spec, setup, casts / spec.layers) if linear_moment else 0
-    prefill = weights + max(linear_prefill, kv + logits + max(
+    # a VLM (analytic/vlm.py): the pixel rows (an input held through generate) and, under autocast, the tower's
+    # cached weight casts; the tower's outputs held through the layers; the tower's own high point (its first
+    # block's rotary) before them
+    pixels = vlm.tower_inputs(spec, setup) + vlm.tower_casts(spec, setup, st)
+    prefill = weights + pixels + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st),
+                                     kv + logits + vlm.encoder_outputs_held(spec, setup, st) + max(
         attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
         mlp_first + casts_mlp, mlp_last + casts))
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
     # NB: a one-token matmul's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
     # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -3.9 %, its eager bmm)
-    decode = (weights + _decode_cache_moment(spec, setup) + linear_state_bytes(spec, setup) + casts + head_cast
+    decode = (weights + pixels + _decode_cache_moment(spec, setup) + linear_state_bytes(spec, setup) + casts + head_cast
               + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 

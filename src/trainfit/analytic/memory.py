@@ -22,7 +22,7 @@ from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, paged_state_bytes, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
 from .parallel.pipeline import Stage, stages
-from . import quant
+from . import quant, vlm
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
 from .parallel.tensor import rank_params, term_divisors
 from .parallel.zero import gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard, unsharded_at
@@ -193,10 +193,15 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         layers=stage.layers,
         in_flight=stage.in_flight,
         layer_saved=uniform.saved,
-        embedding_saved=embedding_saved(spec, setup, st, tokens) if stage.embedding else 0,
+        # a VLM's tower runs before the embedding's scatter: its pixel inputs and saved tensors live to the end of
+        # the backward (NB: the pixels, an input, live through the optimizer step too: not counted there)
+        embedding_saved=embedding_saved(spec, setup, st, tokens) + vlm.tower_saved(spec, setup, st)
+        + vlm.tower_inputs(spec, setup) if stage.embedding else 0,
         head_saved=head.saved if stage.head else 0,
         inputs=head.labels if stage.head else 0,
-        forward_transient=(head.forward_transient if stage.head else 0) + casts,
+        step_inputs=vlm.tower_inputs(spec, setup) if stage.embedding else 0,
+        forward_transient=(head.forward_transient if stage.head else 0) + casts
+        + (vlm.checkpointed_casts(spec, setup, st) if stage.embedding else 0),
         loss_backward=head.backward_transient if stage.head else 0,
         layer_backward=uniform.backward,
         layer_freed=uniform.freed,

@@ -74,6 +74,7 @@ class StepBytes:
     in_backward_step: float | None = None
     # --offload activations: how many layers' saved tensors are on the device at once (None: all of them)
     layers_on_device: int | None = None
+    step_inputs: float = 0.0  # inputs live through the optimizer step too (a VLM's pixel rows: analytic/vlm.py)
 
     @property
     def layers_saved(self) -> float:
@@ -150,7 +151,7 @@ def peak(b: StepBytes) -> Peak:
         ("embedding_backward", grads(b.gradients), others + b.embedding_saved + b.inputs,
          b.embedding_backward + gathered("embedding_backward")),
         # in backward, nothing is left for the step after it
-        ("optimizer_step", 0 if in_bwd else b.gradients, 0, 0 if in_bwd else b.optimizer_transient),
+        ("optimizer_step", 0 if in_bwd else b.gradients, b.step_inputs, 0 if in_bwd else b.optimizer_transient),
     ]
     totals = {name: states + g + act + tmp for name, g, act, tmp in moments}
     phases = {"forward_end": int(max(v for k, v in totals.items() if k.startswith("forward_end")

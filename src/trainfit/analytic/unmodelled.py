@@ -32,10 +32,12 @@ step with --gpu (refused unless --mfu). Serving sizes the engines' own state all
 Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3 with images; spec.vision, models/vlm.py) add an image encoder
 beside the language model: a patch embedding, attention blocks over each image's patches (Qwen2.5-VL: windowed but
 at four blocks), a merger or pooling projector, Qwen3-VL's deepstack mergers, and the image tokens in the language
-model's sequence; the engine has no terms for the tower's weights, activations or kernels. Measured gap for
-Qwen2.5-VL at the families matrix's size (hidden 128, a 2-block tower of width 64, one 112-pixel image per sample,
-CUDA semantics), with the refusal lifted: the analytic peak -31 % of the traced one in training, -22 % to -24 % in
-prefill; -15 % to -18 % in training with --images 0 (the tower's weights, gradients and optimizer states).
+model's sequence. Qwen2.5-VL's memory and FLOPs are modelled (analytic/vlm.py: the tower's parameters, the language
+model over text + image tokens, the tower's saved tensors, prefill high point and FLOPs; tests/analytic/
+test_vlm_analytic.py); the op list has no tower kernels, so timing a VLM is refused. Qwen3-VL's tower (a learned
+position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) and Gemma 3's SigLIP tower and pooling
+projector have no terms: refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
+112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
 
 T5 / Flan-T5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an encoder
 stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 from ..errors import SetupError
 from ..spec import ModelSpec
+from . import vlm
 
 
 def unmodelled_features(spec: ModelSpec) -> list[str]:
@@ -68,6 +71,9 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
 def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     """Features whose memory is modelled (in some mode) but whose kernels the op list (analytic/ops/) does not list."""
     out = []
+    if spec.vision is not None:
+        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's memory and FLOPs are "
+                   "modelled: estimate without --gpu)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("the Mamba-2 scan's kernels (the op list and step time; inference memory and FLOPs are modelled: "
                    "estimate without --gpu, or with --mfu)")
@@ -77,7 +83,7 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
 def unmodelled_memory(spec: ModelSpec) -> list[str]:
     """The features of `spec` the memory formulas do not cover."""
     out = []
-    if spec.vision is not None:
+    if spec.vision is not None and spec.vision.family not in vlm.MODELLED_TOWERS:
         out.append("a vision tower (the image encoder's patch embedding, attention blocks and merger or projector, "
                    "and its image tokens in the language model's sequence)")
     if spec.encdec is not None:

@@ -37,6 +37,10 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     n = stage.layers * (layer_norms + layer_rest / t)
     if stage.embedding:
         n += pc.embedding / t
+        # a VLM's image encoder runs before the embedding's scatter of its tokens (Qwen2_5_VLModel.forward): the
+        # first stage's, trained with the rest as the HF Trainer trains every parameter. NB: not split by TP (the
+        # stacks run a VLM's tower on one rank)
+        n += pc.vision
     if stage.head:
         n += pc.final + pc.lm_head / t
         if spec.tied_embeddings and not stage.embedding:

@@ -1,0 +1,110 @@
+"""Qwen2.5-VL in the analytic engine (analytic/vlm.py) against the trace engine: peaks within 1 %.
+
+The model is the families matrix's shrunk Qwen2.5-VL (tests/analytic/test_vs_trace_families.py shrink: hidden 128,
+2 layers, vocabulary 1000) with a 2-block tower of width 64 (a windowed block and a full-attention block; a 56-pixel
+window, so that a 112-pixel image spans 2 x 2 windows), trained and prefilled with batch 2 x 128 text tokens and one
+112-pixel image per sample (64 patches, 16 language-model tokens), plus 0 and 2 images. The trace runs the real
+transformers model on fake tensors (exact against real CPU steps, tests/trace/test_vlm_trace.py), so a gap here is a
+term analytic/vlm.py misses. Qwen3-VL and Gemma 3 keep their one-line refusal (test_vs_trace_families.py REFUSED)."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from test_vs_trace_families import CONFIGS, assert_analytic_near_trace, shrink  # noqa: E402
+
+from trainfit.analytic.engine import estimate  # noqa: E402
+from trainfit.analytic.unmodelled import unmodelled_features, unmodelled_memory  # noqa: E402
+from trainfit.analytic.vlm import tower_forward_flops  # noqa: E402
+from trainfit.errors import SetupError  # noqa: E402
+from trainfit.hardware import get_gpu  # noqa: E402
+from trainfit.models.hf_config import spec_from_config  # noqa: E402
+from trainfit.setup import Setup  # noqa: E402
+
+TOLERANCE = 0.01
+IMAGE = 112
+
+
+def small_qwen2_5_vl():
+    """The matrix's shrunk language model (M-RoPE sections resized to its head_dim 32: 4 + 6 + 6 = 16 frequency
+    pairs; placeholder ids inside the vocabulary) and a 2-block tower of width 64."""
+    c = shrink(CONFIGS["qwen2_5_vl"])
+    c.update(image_token_id=999, video_token_id=998, vision_start_token_id=997, vision_end_token_id=996,
+             rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})
+    c["vision_config"] = {**c["vision_config"], "depth": 2, "hidden_size": 64, "intermediate_size": 128,
+                          "num_heads": 2, "out_hidden_size": 128, "window_size": 56, "fullatt_block_indexes": [1]}
+    return spec_from_config(c, "small-qwen2_5_vl")
+
+
+SPEC = small_qwen2_5_vl()
+
+# (precision, device, images, recompute, optimizer)
+TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
+         ("amp-bf16", "cuda", 1, "none", "adamw"), ("amp-bf16", "cpu", 1, "none", "sgd"),
+         ("bf16", "cuda", 2, "none", "adamw"), ("fp32", "cpu", 0, "none", "adamw"),
+         ("amp-bf16", "cuda", 1, "full", "sgd"), ("bf16-master", "cpu", 1, "full", "adamw")]
+# (precision, device, images)
+INFER = [("fp32", "cuda", 1), ("bf16", "cpu", 1), ("amp-bf16", "cuda", 1), ("amp-bf16", "cpu", 2),
+         ("bf16", "cuda", 0),
+         ("bf16", "cuda", 2)]  # 2 images: the tower's rotary moment is the prefill's peak
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images,recompute,optimizer", TRAIN,
+                         ids=["-".join(map(str, c)) for c in TRAIN])
+def test_training_peak_within_1_percent_of_the_trace(precision, device, images, recompute, optimizer):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE,
+                  recompute=recompute, optimizer=optimizer)
+    assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images", INFER,
+                         ids=["-".join(map(str, c)) for c in INFER])
+def test_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE, mode="infer")
+    assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,mode", [("bf16", "cpu", "train"), ("amp-bf16", "cuda", "infer")])
+def test_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
+    # the tower runs the model's attention implementation: eager keeps each window's or image's probabilities
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=1, image_size=IMAGE, mode=mode,
+                  attention="eager")
+    assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
+
+
+def test_the_language_model_runs_over_text_and_image_tokens():
+    # Hand derivation: 112 px / (patch 14 x merge 2) = 4 x 4 = 16 image tokens per image, so the KV cache of one
+    # image per sample is (128 + 16) / 128 of the text-only one's (batch 2; the prefill's cache of every token)
+    text = estimate(SPEC, Setup(batch=2, seq=128, precision="bf16", images=0, image_size=IMAGE, mode="infer"))
+    one = estimate(SPEC, Setup(batch=2, seq=128, precision="bf16", images=1, image_size=IMAGE, mode="infer"))
+    assert one.memory.kv_cache * 128 == text.memory.kv_cache * 144
+    assert one.setup.seq == 128  # the estimate shows --seq as given
+
+
+def test_tower_flops_by_hand():
+    # Hand derivation for one micro-batch, 2 samples x 1 image: n = 2 x (112 / 14)^2 = 128 patches, hidden 64,
+    # intermediate 128, patch rows of 3 x 2 x 14 x 14 = 1176 values.
+    # patch embedding 2 x 128 x 1176 x 64 = 19,267,584
+    # per block matmuls 2 x 128 x (4 x 64^2 + 3 x 64 x 128) = 2 x 128 x 40,960 = 10,485,760; 2 blocks: 20,971,520
+    # attention 4 x 64 per key: the windowed block's patches see their 16-patch window (a 56-px window = 4 x 4
+    # patches), the full block's the image's 64: 4 x 64 x 128 x (16 + 64) = 2,621,440
+    # merger: 32 merged rows, 2 x 32 x (256^2 + 256 x 128) = 6,291,456
+    setup = Setup(batch=2, seq=128, precision="bf16", images=1, image_size=IMAGE)
+    assert tower_forward_flops(SPEC, setup) == 19_267_584 + 20_971_520 + 2_621_440 + 6_291_456
+    assert tower_forward_flops(SPEC, Setup(batch=2, seq=128, images=0, image_size=IMAGE)) == 0
+
+
+def test_other_towers_and_the_op_list_stay_refused_in_one_line():
+    assert not unmodelled_memory(SPEC)
+    assert any("vision tower's kernels" in f for f in unmodelled_features(SPEC))
+    with pytest.raises(SetupError, match="analytic engine does not model") as e:
+        estimate(SPEC, Setup(batch=2, seq=128, images=1, image_size=IMAGE), gpu=get_gpu("h100"))
+    assert "\n" not in str(e.value)
+    for family in ("qwen3_vl", "gemma3"):
+        spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
+        assert unmodelled_memory(spec), family
