@@ -83,7 +83,9 @@ def test_classes_table_matches_transformers_auto_mappings():
     pytest.importorskip("transformers")
     from transformers.models.auto import modeling_auto as auto
 
-    maps = {"causal-lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "masked-lm": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    # (a vision-language model's generative head is transformers' image-text-to-text class)
+    maps = {"causal-lm": {**auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, **auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES},
+            "masked-lm": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
             "seq-cls": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
             "token-cls": auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
             "seq2seq-lm": {**auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
@@ -93,7 +95,8 @@ def test_classes_table_matches_transformers_auto_mappings():
     # (transformers' masked-LM mapping names BartForConditionalGeneration too: trainfit's seq2seq-lm)
     not_modelled = {("t5", "seq-cls"), ("t5", "token-cls"), ("mt5", "seq-cls"), ("mt5", "token-cls"),
                     ("bart", "causal-lm"), ("bart", "seq-cls"),
-                    ("bart", "masked-lm"), ("whisper", "causal-lm")}
+                    ("bart", "masked-lm"), ("whisper", "causal-lm"),
+                    ("gemma3", "seq-cls")}  # Gemma3ForSequenceClassification (the VLM pooled): not modelled
     from trainfit.models.hf_config import SUPPORTED_MODEL_TYPES
 
     assert set(CLASSES) == set(SUPPORTED_MODEL_TYPES)
