@@ -133,7 +133,7 @@ CASES = [
     C("estimate llama-3.1-8b --mode serve --gpu H100-80GB --quant nf4", "--quant"),
     C("estimate llama-3.1-8b --gpu H100-80GB --emit vllm", "--mode serve"),
     C("estimate llama-3.1-8b --gpu-memory-utilization 0.5", "serve only"),
-    C("estimate gemma-2-9b --mode serve --gpu H100-80GB --draft-model gemma-2-2b", "sliding-window target"),
+    C("estimate gemma-2-9b --mode serve --gpu H100-80GB --draft-model gemma-2-2b", "target of several cache kinds"),
     C("plan llama-3.1-8b --mode serve --gpu H100-80GB", "--concurrency"),
     C("sweep llama-3.1-8b --mode serve --gpu H100-80GB --vary batch 1:8", "trainfit estimate --mode serve"),
     C("plan llama-3.1-8b --concurrency 8 --gpu H100-80GB", "add --mode serve"),

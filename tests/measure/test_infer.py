@@ -79,7 +79,7 @@ def test_live_bytes_at_phase_boundaries(llama):
     are live: the prefill's logits and activations are gone. After decode: the cache holds seq + 1."""
     setup = infer_setup()
     torch.manual_seed(0)
-    model, ids = prepare_inference(llama, setup)
+    model, ids, _ = prepare_inference(llama, setup)  # (no image inputs: a text model)
     inference_step(model, ids, setup)  # warm-up
     baseline = storage_bytes(list(model.parameters()) + list(model.buffers()) + [ids])
     sizes = []
