@@ -23,10 +23,12 @@ scan's live tensors at the prefill's high point, the conv + SSM state per sequen
 for the attention blocks only; small-nemotron_h within 0.03 % of the trace (-2.5 % under amp-bf16 on a CPU with
 oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %), and so is its training in fp32
 and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the mixer, the scan's end in the forward
-and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace).
-Not modelled: training under autocast (refused in one line by hybrid_training.check_trainable: the scan's einsums
-then run their bmm in bf16 and save 16-bit casts of their operands; the analytic peak read -59 % (CUDA) and -64 %
-(CPU) before the Mamba-2 terms), and the scan's kernels in the op list (unmodelled_kernels) that times a pass or a
+and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace),
+and under autocast with the sequence within one scan chunk (mamba2.scan_autocast_train: the einsums' bmm in bf16,
+each keeping 16-bit casts of its operands, the high point inside the last bmm or at the scan's end; within 0.2 % of
+the trace, -1.55 % on a CPU with oneDNN's bf16 path: the batched-bmm scratch).
+Not modelled: training under autocast past one scan chunk (refused in one line by hybrid_training.check_trainable),
+and the scan's kernels in the op list (unmodelled_kernels) that times a pass or a
 step with --gpu (refused unless --mfu). Serving sizes the engines' own state allocators (analytic/serving_state.py).
 
 Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3 with images; spec.vision, models/vlm.py) add an image encoder
