@@ -26,8 +26,10 @@ def test_cache_is_states_per_mamba_block_and_kv_per_attention_block():
 
 @pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="amp-bf16"),
                                    Setup(batch=2, seq=128, precision="bf16", mode="infer", tp=2)],
-                         ids=["train", "infer-tp2"])
+                         ids=["train-amp-past-one-chunk", "infer-tp2"])
 def test_what_is_not_modelled_is_refused_in_one_line(setup):
+    """tiny-nemotron-h's chunks are 16 tokens: amp-bf16 training at 128 spans 8 of them (hybrid_training.check_trainable:
+    autocast is modelled within one chunk only)."""
     with pytest.raises(SetupError, match="Mamba-2") as e:
         estimate(load_model("tiny-nemotron-h"), setup)
     assert "\n" not in str(e.value)
@@ -79,4 +81,24 @@ def test_training_past_one_chunk_within_1_percent_of_the_trace(model, precision,
     else:
         spec, seq = load_model(model), 128
     setup = Setup(batch=2, seq=seq, precision=precision, recompute=recompute, device=device, optimizer="adamw")
+    assert_analytic_near_trace(spec, setup, "nemotron_h", 0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_amp_training_at_the_scan_end_within_1_percent_of_the_trace(device):
+    """amp-bf16 training with Nemotron-H 8B's flags (state 128: the scan's end, with Y_off, the sum and its copy, tops
+    the moment inside the last bmm, with C's fp32 copy: mamba2.scan_autocast_train; the matrix's 47B flags, state
+    256, peak inside it), shrunk as the families matrix does, 2 x 128 (one chunk). CPU under full recomputation
+    (the re-run forward in the backward)."""
+    import json
+    from importlib import resources
+
+    from tests.analytic.test_vs_trace_families import assert_analytic_near_trace, shrink
+    from trainfit.models.hf_config import spec_from_config
+
+    cfg = json.loads(resources.files("trainfit.models.catalog").joinpath("nemotron-h-8b.json").read_text())
+    spec = spec_from_config(shrink(cfg), "small-nemotron-h-8b")
+    setup = Setup(batch=2, seq=128, precision="amp-bf16", recompute="full" if device == "cpu" else "none",
+                  device=device, optimizer="adamw")
     assert_analytic_near_trace(spec, setup, "nemotron_h", 0.01)

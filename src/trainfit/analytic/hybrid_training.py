@@ -80,6 +80,8 @@ def mamba_kind(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, held:
     saved = (norm_saved(spec, st, tokens) + live - transient + mamba2.gated_norm_train(spec, st, tokens)
              + out_proj_cast(spec, st))
     forward = block_input + norm + live
+    # NB: under autocast the backward moment keeps its fp32 derivation (not read off an autocast trace; there the
+    # forward's high point sets the step's peak at the traced sizes, small-nemotron_h with 47B's and 8B's flags)
     extra, freed = scan_backward_moment(spec, setup, st, tokens)
     return LayerKind(saved, incoming + extra, freed, mamba2.out_proj_params(spec) * gb, gradients=grads,
                      forward=forward)
