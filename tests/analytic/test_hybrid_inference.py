@@ -24,12 +24,10 @@ def test_cache_is_states_per_mamba_block_and_kv_per_attention_block():
     assert est.detail.kv_bytes_per_token == 128
 
 
-@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="amp-bf16"),
+@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="amp-bf16", tp=2),
                                    Setup(batch=2, seq=128, precision="bf16", mode="infer", tp=2)],
-                         ids=["train-amp-past-one-chunk", "infer-tp2"])
+                         ids=["train-tp2", "infer-tp2"])
 def test_what_is_not_modelled_is_refused_in_one_line(setup):
-    """tiny-nemotron-h's chunks are 16 tokens: amp-bf16 training at 128 spans 8 of them (hybrid_training.check_trainable:
-    autocast is modelled within one chunk only)."""
     with pytest.raises(SetupError, match="Mamba-2") as e:
         estimate(load_model("tiny-nemotron-h"), setup)
     assert "\n" not in str(e.value)
@@ -67,10 +65,12 @@ def test_scan_flops_against_the_trace():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,precision,recompute,device", [
-    ("small", "fp32", "none", "cuda"), ("small", "bf16", "full", "cpu"), ("tiny-nemotron-h", "fp32", "none", "cpu")])
+    ("small", "fp32", "none", "cuda"), ("small", "bf16", "full", "cpu"), ("tiny-nemotron-h", "fp32", "none", "cpu"),
+    ("tiny-nemotron-h", "amp-bf16", "none", "cuda")])
 def test_training_past_one_chunk_within_1_percent_of_the_trace(model, precision, recompute, device):
     """Training with the sequence over several chunks (mamba2.scan_end_train, einsum_copies: x·dt's and the chunk
-    states' operand copies, which one chunk does not make; the families matrix's 2 x 128 is one chunk): its
+    states' operand copies, which one chunk does not make; under autocast, mamba2.scan_autocast_train: the chunk
+    states' 16-bit copy; the families matrix's 2 x 128 is one chunk): its
     Nemotron-H at 2 x 256 (two chunks of 128), and tiny-nemotron-h at 2 x 128 (8 chunks of 16; 2 groups for 8 heads;
     MLP and attention blocks between 3 Mamba blocks, each kind with its own norm's saved tensors)."""
     from tests.analytic.test_vs_trace_families import CONFIGS, assert_analytic_near_trace, shrink

@@ -295,7 +295,7 @@ def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
                         device: str) -> tuple[float, float, float]:
     """(inside, end, transient): under autocast, the mixer's live bytes in a grad-mode forward inside its last
     einsum's bmm (C_times_states, :362) and at its scan's end (:369), and of those at the end the ones freed when the
-    mixer returns (the rest autograd saves). One chunk (c = 1; hybrid_training.check_trainable refuses more).
+    mixer returns (the rest autograd saves).
     Autocast runs conv1d and bmm in bf16 (torch include/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP :823,
     :843; CPU: aten/src/ATen/autocast_mode.cpp TORCH_LIBRARY_IMPL(aten, AutocastCPU) KERNEL_CPU(conv1d|bmm,
     lower_precision_fp)); each einsum (aten/src/ATen/native/Linear.cpp sumproduct_pair) hands bmm its fp32 operands
@@ -320,9 +320,12 @@ def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
         (b, c + 1, H, P, N) in a (:352-355); decay_chunk (b, H, c + 1, c + 1) fp32 and its cast (:353);
       the segment sums' boolean masks (Q, Q) and (c + 1, c + 1) twice each (:120, 126); A (H,) twice, fp32 (:480);
       at the scan's end instead of C's fp32 copy: Y_off, the sum and its contiguous copy, (Tp, H, P) fp32 each
-        (:363, 369).
-    Read off traced training steps (small-nemotron_h at 2 x 128 with Nemotron-H 47B's flags, amp-bf16, CUDA and CPU
-    semantics: the live set inside the last bmm, tensor by tensor, each record's birth and death).
+        (:363, 369);
+      past one chunk (scan_end_train, einsum_copies): the chunk states new_states[:, :-1] reach the last einsum as a
+        16-bit contiguous copy (b, c, H, P, N), which its bmm saves, and new_states becomes transient.
+    Read off traced training steps (small-nemotron_h at 2 x 128 and 2 x 256, one and two chunks, with Nemotron-H
+    47B's flags, amp-bf16, CUDA and CPU semantics: the live set inside the last bmm, tensor by tensor, each record's
+    birth and death).
     NB: the trace's CUDA semantics apply CUDA autocast's fp32 lists (trace/cuda_autocast.py) but not its
     lower-precision one, which also lists einsum (autocast_mode.h :836): on a GPU C and B are cast before their
     einsum, so the permuted copies are 16-bit rather than fp32 (this term follows the trace: an over-count of
@@ -339,11 +342,14 @@ def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
     scan = (4 * FP32 * tp * h + 4 * (FP32 + a) * tp * h * p + (3 * FP32 + 4 * a) * tp * h * n
             + 2 * (FP32 + a) * tp * h * q + a * states * (1 + 2 * (c + 1)) + (FP32 + a) * batch * h * (c + 1) ** 2
             + 2 * (q * q + (c + 1) ** 2) + 2 * FP32 * h)
+    chunked = c > 1  # (einsum_copies)
+    scan += a * batch * c * h * p * n if chunked else 0
     inside = entry + dt + scan + FP32 * tp * h * n
     end = entry + dt + scan + 3 * FP32 * tp * h * p
     # freed when the mixer returns: in_proj's output, the SiLU's, C repeated, B_decay, D_residual (held by the
     # output's add: NB counted freed), x·dt's chunked copy, M, the chunk states' output, Y_diag's bmm output, the
     # end's three (Tp, H, P)
     transient = (a * t * x.proj + conv + 2 * FP32 * tp * h * n + 2 * FP32 * tp * h * p + FP32 * tp * h * q
-                 + a * states + a * tp * h * p + 3 * FP32 * tp * h * p)
+                 + a * states + a * tp * h * p + 3 * FP32 * tp * h * p
+                 + (a * batch * (c + 1) * h * p * n if chunked else 0))
     return inside, end, transient
