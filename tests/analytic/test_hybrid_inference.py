@@ -24,9 +24,9 @@ def test_cache_is_states_per_mamba_block_and_kv_per_attention_block():
     assert est.detail.kv_bytes_per_token == 128
 
 
-@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="amp-bf16"),
+@pytest.mark.parametrize("setup", [Setup(batch=2, seq=128, precision="amp-bf16", tp=2),
                                    Setup(batch=2, seq=128, precision="bf16", mode="infer", tp=2)],
-                         ids=["train", "infer-tp2"])
+                         ids=["train-tp2", "infer-tp2"])
 def test_what_is_not_modelled_is_refused_in_one_line(setup):
     with pytest.raises(SetupError, match="Mamba-2") as e:
         estimate(load_model("tiny-nemotron-h"), setup)
@@ -65,10 +65,12 @@ def test_scan_flops_against_the_trace():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,precision,recompute,device", [
-    ("small", "fp32", "none", "cuda"), ("small", "bf16", "full", "cpu"), ("tiny-nemotron-h", "fp32", "none", "cpu")])
+    ("small", "fp32", "none", "cuda"), ("small", "bf16", "full", "cpu"), ("tiny-nemotron-h", "fp32", "none", "cpu"),
+    ("tiny-nemotron-h", "amp-bf16", "none", "cuda")])
 def test_training_past_one_chunk_within_1_percent_of_the_trace(model, precision, recompute, device):
     """Training with the sequence over several chunks (mamba2.scan_end_train, einsum_copies: x·dt's and the chunk
-    states' operand copies, which one chunk does not make; the families matrix's 2 x 128 is one chunk): its
+    states' operand copies, which one chunk does not make; under autocast, mamba2.scan_autocast_train: the chunk
+    states' 16-bit copy; the families matrix's 2 x 128 is one chunk): its
     Nemotron-H at 2 x 256 (two chunks of 128), and tiny-nemotron-h at 2 x 128 (8 chunks of 16; 2 groups for 8 heads;
     MLP and attention blocks between 3 Mamba blocks, each kind with its own norm's saved tensors)."""
     from tests.analytic.test_vs_trace_families import CONFIGS, assert_analytic_near_trace, shrink
@@ -79,4 +81,24 @@ def test_training_past_one_chunk_within_1_percent_of_the_trace(model, precision,
     else:
         spec, seq = load_model(model), 128
     setup = Setup(batch=2, seq=seq, precision=precision, recompute=recompute, device=device, optimizer="adamw")
+    assert_analytic_near_trace(spec, setup, "nemotron_h", 0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_amp_training_at_the_scan_end_within_1_percent_of_the_trace(device):
+    """amp-bf16 training with Nemotron-H 8B's flags (state 128: the scan's end, with Y_off, the sum and its copy, tops
+    the moment inside the last bmm, with C's fp32 copy: mamba2.scan_autocast_train; the matrix's 47B flags, state
+    256, peak inside it), shrunk as the families matrix does, 2 x 128 (one chunk). CPU under full recomputation
+    (the re-run forward in the backward)."""
+    import json
+    from importlib import resources
+
+    from tests.analytic.test_vs_trace_families import assert_analytic_near_trace, shrink
+    from trainfit.models.hf_config import spec_from_config
+
+    cfg = json.loads(resources.files("trainfit.models.catalog").joinpath("nemotron-h-8b.json").read_text())
+    spec = spec_from_config(shrink(cfg), "small-nemotron-h-8b")
+    setup = Setup(batch=2, seq=128, precision="amp-bf16", recompute="full" if device == "cpu" else "none",
+                  device=device, optimizer="adamw")
     assert_analytic_near_trace(spec, setup, "nemotron_h", 0.01)

@@ -25,10 +25,7 @@ from .recompute import CPU_RNG_STATE, LayerMemory
 def check_trainable(spec: ModelSpec, setup: Setup, st: StateBytes) -> None:
     """Refuse, in one line, the hybrid training setups whose terms are not derived."""
     why = None
-    if st.autocast:
-        # the scan's einsums run their bmm in bf16 under autocast, each saving 16-bit casts of its operands
-        why = "autocast (the scan's einsums' 16-bit operand casts saved for backward)"
-    elif setup.tp > 1 or setup.pp > 1 or setup.zero >= 3 or setup.recompute not in ("none", "full"):
+    if setup.tp > 1 or setup.pp > 1 or setup.zero >= 3 or setup.recompute not in ("none", "full"):
         # the Mamba heads' TP split, each stage's share of the pattern and the per-block parameter gathers are not
         why = "--tp/--pp, ZeRO-3/FSDP or a recompute policy other than none and full"
     elif setup.lora_rank or setup.compile or setup.offload != "none":
@@ -63,7 +60,7 @@ def mamba_kind(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, held:
     input.
     Its backward high point beside the saved tensors (no recomputation): scan_backward_moment."""
     r, h = st.residual, spec.hidden
-    live, transient = mamba2.scan_end_train(spec, st, setup.batch, setup.seq)
+    live, transient = scan_train(spec, setup, st)
     norm = mamba2.block_norm_train(spec, st, tokens)
     block_input = r * h * tokens
     incoming = r * h * tokens
@@ -76,11 +73,32 @@ def mamba_kind(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, held:
         first = block_input + st.act * h * tokens + max(mamba2.mixer_prefill(spec, st, setup.batch, setup.seq,
                                                                               setup.device))
         return LayerKind(held, rerun + incoming, 0.0, 0.0, gradients=grads, forward=first)
-    saved = norm_saved(spec, st, tokens) + live - transient + mamba2.gated_norm_train(spec, st, tokens)
+    saved = (norm_saved(spec, st, tokens) + live - transient + mamba2.gated_norm_train(spec, st, tokens)
+             + out_proj_cast(spec, st))
     forward = block_input + norm + live
+    # NB: under autocast the backward moment keeps its fp32 derivation (not read off an autocast trace tensor by
+    # tensor; where it sets the step's peak, tiny-nemotron-h at 2 x 128 and 2 x 100, the analytic peak reads -0.2 %
+    # to -0.3 % of the trace)
     extra, freed = scan_backward_moment(spec, setup, st, tokens)
     return LayerKind(saved, incoming + extra, freed, mamba2.out_proj_params(spec) * gb, gradients=grads,
                      forward=forward)
+
+
+def scan_train(spec: ModelSpec, setup: Setup, st: StateBytes) -> tuple[float, float]:
+    """(live, transient): the mixer at its forward high point in a grad-mode forward, and of that what is freed when
+    it returns. Under autocast the higher of the moment inside the last einsum's bmm and the scan's end
+    (mamba2.scan_autocast_train), beside in_proj's 16-bit weight, which autocast caches for the forward and the
+    linear saves (aten/src/ATen/autocast_mode.cpp cached_cast: an fp32 leaf that requires grad)."""
+    if not st.autocast:
+        return mamba2.scan_end_train(spec, st, setup.batch, setup.seq)
+    inside, end, transient = mamba2.scan_autocast_train(spec, st, setup.batch, setup.seq, setup.device)
+    return max(inside, end) + st.act * spec.hidden * mamba2.scan_shape(spec, 1, 1).proj, transient + max(
+        0.0, inside - end)
+
+
+def out_proj_cast(spec: ModelSpec, st: StateBytes) -> float:
+    """out_proj's 16-bit weight under autocast (cached, saved by the linear for its input gradient)."""
+    return st.act * mamba2.out_proj_params(spec) if st.autocast else 0.0
 
 
 def scan_backward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> tuple[float, float]:

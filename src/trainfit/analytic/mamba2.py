@@ -289,3 +289,67 @@ def block_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
     2 fp32 + 1 bf16)."""
     h = spec.hidden
     return FP32 * tokens * h * (2 if upcasts(st) else 1) + FP32 * tokens + st.act * tokens * h
+
+
+def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
+                        device: str) -> tuple[float, float, float]:
+    """(inside, end, transient): under autocast, the mixer's live bytes in a grad-mode forward inside its last
+    einsum's bmm (C_times_states, :362) and at its scan's end (:369), and of those at the end the ones freed when the
+    mixer returns (the rest autograd saves).
+    Autocast runs conv1d and bmm in bf16 (torch include/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP :823,
+    :843; CPU: aten/src/ATen/autocast_mode.cpp TORCH_LIBRARY_IMPL(aten, AutocastCPU) KERNEL_CPU(conv1d|bmm,
+    lower_precision_fp)); each einsum (aten/src/ATen/native/Linear.cpp sumproduct_pair) hands bmm its fp32 operands
+    permuted and reshaped (a contiguous fp32 copy where not viewable), which bmm casts to bf16 and saves: the fp32
+    copies are freed with the einsum, the 16-bit casts kept. Each tensor by the source line that makes it (a: the
+    compute dtype; Tp = T at one chunk):
+      in_proj's output (T, proj) in a, transient: no backward keeps it (the conv's input is autocast's 16-bit copy of
+        `hidden_states.to(weight.dtype)`'s fp32 one, the gate's is its fp32 copy, dt + bias a new tensor);
+      the conv's 16-bit input (b, conv_dim, s) and its weight's 16-bit cast (conv_dim, K) (a `.squeeze(1)` view:
+        not cached, conv_bias_cast), saved; the padded conv output (b, conv_dim, s + K − 1) in a, saved by the
+        SiLU; the SiLU's output (b, conv_dim, s) in a, transient (x, B, C are upcast by `.float()`, :308-310);
+      dt (T, H): dt + bias, softplus and clamp (:300-303) in dt_bytes (under CUDA's autocast softplus is fp32:
+        its fp32 input copy, output, clamp; on CPU the three in a and `dt[..., None].float()`, `dt.float()` fp32
+        copies, :317-318); A·dt padded, A_cumsum, decay_states, state_decay_out, fp32 (Tp, H) each (:318-358);
+      (Tp, H, P), fp32: x.float() (:308), D_residual (:314), x·dt and its chunked copy (:317, 323); in a: the two
+        bmm casts of x·dt (Y_diag's, :341, the chunk states', :346), Y_diag's bmm output (:341) and
+        C_times_states' (:362);
+      (Tp, H, N), fp32: B and C repeated to every head (:309-310), B_decay (:343), and inside the last bmm C's
+        permuted fp32 copy (:362); in a: the bmm casts of C and B for G (:334), of B_decay (:346), of C (:362);
+      (Tp, H, Q): L and M fp32 (:330, 337), G (the bmm output, :334) and M's bmm cast (:341) in a;
+      the chunk states' bmm output (b, H, P, N) in a (:346); the concatenated states' bmm cast and new_states
+        (b, c + 1, H, P, N) in a (:352-355); decay_chunk (b, H, c + 1, c + 1) fp32 and its cast (:353);
+      the segment sums' boolean masks (Q, Q) and (c + 1, c + 1) twice each (:120, 126); A (H,) twice, fp32 (:480);
+      at the scan's end instead of C's fp32 copy: Y_off, the sum and its contiguous copy, (Tp, H, P) fp32 each
+        (:363, 369);
+      past one chunk (scan_end_train, einsum_copies): the chunk states new_states[:, :-1] reach the last einsum as a
+        16-bit contiguous copy (b, c, H, P, N), which its bmm saves, and new_states becomes transient.
+    Read off traced training steps (small-nemotron_h at 2 x 128 and 2 x 256, one and two chunks, with Nemotron-H
+    47B's flags, amp-bf16, CUDA and CPU semantics: the live set inside the last bmm, tensor by tensor, each record's
+    birth and death).
+    NB: the trace's CUDA semantics apply CUDA autocast's fp32 lists (trace/cuda_autocast.py) but not its
+    lower-precision one, which also lists einsum (autocast_mode.h :836): on a GPU C and B are cast before their
+    einsum, so the permuted copies are 16-bit rather than fp32 (this term follows the trace: an over-count of
+    (FP32 − a)·Tp·H·N inside the last bmm on a GPU). The conv bias's 16-bit cast (cached) and the (T,) int64
+    position helpers are left out."""
+    x = scan_shape(spec, batch, seq)
+    a, d = st.act, dt_bytes(st, device)
+    t, tp, h, p, n, q, c = x.tokens, x.padded, x.heads, x.head_dim, x.state, x.chunk, x.chunks
+    conv = a * batch * x.conv_dim * seq
+    entry = a * t * x.proj + a * batch * x.conv_dim * (seq + x.conv_kernel - 1) + 2 * conv + a * x.conv_dim * \
+        x.conv_kernel
+    dt = 3 * FP32 * t * h if d == FP32 else 3 * a * t * h + 2 * FP32 * t * h
+    states = batch * h * p * n
+    scan = (4 * FP32 * tp * h + 4 * (FP32 + a) * tp * h * p + (3 * FP32 + 4 * a) * tp * h * n
+            + 2 * (FP32 + a) * tp * h * q + a * states * (1 + 2 * (c + 1)) + (FP32 + a) * batch * h * (c + 1) ** 2
+            + 2 * (q * q + (c + 1) ** 2) + 2 * FP32 * h)
+    chunked = c > 1  # (einsum_copies)
+    scan += a * batch * c * h * p * n if chunked else 0
+    inside = entry + dt + scan + FP32 * tp * h * n
+    end = entry + dt + scan + 3 * FP32 * tp * h * p
+    # freed when the mixer returns: in_proj's output, the SiLU's, C repeated, B_decay, D_residual (held by the
+    # output's add: NB counted freed), x·dt's chunked copy, M, the chunk states' output, Y_diag's bmm output, the
+    # end's three (Tp, H, P)
+    transient = (a * t * x.proj + conv + 2 * FP32 * tp * h * n + 2 * FP32 * tp * h * p + FP32 * tp * h * q
+                 + a * states + a * tp * h * p + 3 * FP32 * tp * h * p
+                 + (a * batch * (c + 1) * h * p * n if chunked else 0))
+    return inside, end, transient

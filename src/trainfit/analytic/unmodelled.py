@@ -23,10 +23,11 @@ scan's live tensors at the prefill's high point, the conv + SSM state per sequen
 for the attention blocks only; small-nemotron_h within 0.03 % of the trace (-2.5 % under amp-bf16 on a CPU with
 oneDNN's bf16 path: the scan's batched-bmm scratch), tiny-nemotron-h within 0.5 %), and so is its training in fp32
 and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the mixer, the scan's end in the forward
-and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace).
-Not modelled: training under autocast (refused in one line by hybrid_training.check_trainable: the scan's einsums
-then run their bmm in bf16 and save 16-bit casts of their operands; the analytic peak read -59 % (CUDA) and -64 %
-(CPU) before the Mamba-2 terms), and the scan's kernels in the op list (unmodelled_kernels) that times a pass or a
+and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace),
+and under autocast (mamba2.scan_autocast_train: the einsums' bmm in bf16, each keeping 16-bit casts of its
+operands, the high point inside the last bmm or at the scan's end; within 0.35 % of the trace at one and several
+chunks, -1.55 % on a CPU with oneDNN's bf16 path: the batched-bmm scratch).
+Not modelled: the scan's kernels in the op list (unmodelled_kernels) that times a pass or a
 step with --gpu (refused unless --mfu). Serving sizes the engines' own state allocators (analytic/serving_state.py).
 
 Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3 with images; spec.vision, models/vlm.py) add an image encoder
@@ -64,7 +65,7 @@ from . import vlm
 def unmodelled_features(spec: ModelSpec) -> list[str]:
     """The features of `spec` the analytic formulas do not cover (empty: fully modelled): those of the memory
     formulas and those of the op list (kernels, step time). Settings a family's terms do not cover yet are refused
-    by its own module (e.g. hybrid_training.check_trainable: Nemotron-H under autocast)."""
+    by its own module (e.g. hybrid_training.check_trainable: Nemotron-H under --tp/--pp)."""
     return unmodelled_memory(spec) + unmodelled_kernels(spec)
 
 
