@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from ..errors import SetupError
 from ..spec import ModelSpec
-from . import vlm
+from . import encoder_decoder, vlm
 
 
 def unmodelled_features(spec: ModelSpec) -> list[str]:
@@ -74,6 +74,9 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     if spec.vision is not None:
         out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's memory and FLOPs are "
                    "modelled: estimate without --gpu)")
+    if spec.encdec is not None and encoder_decoder.modelled(spec):
+        out.append("an encoder-decoder's kernels (the op list and step time: the cross-attention, the relative "
+                   "position bias; T5's inference memory is modelled: estimate without --gpu)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("the Mamba-2 scan's kernels (the op list and step time; inference memory and FLOPs are modelled: "
                    "estimate without --gpu, or with --mfu)")
@@ -86,7 +89,7 @@ def unmodelled_memory(spec: ModelSpec) -> list[str]:
     if spec.vision is not None and spec.vision.family not in vlm.MODELLED_TOWERS:
         out.append("a vision tower (the image encoder's patch embedding, attention blocks and merger or projector, "
                    "and its image tokens in the language model's sequence)")
-    if spec.encdec is not None:
+    if spec.encdec is not None and not encoder_decoder.modelled(spec):
         out.append("encoder-decoder stacks (the decoder's cross-attention over the encoder output, two stacks"
                    + (", T5's relative position bias)" if spec.encdec.relative_buckets else ")"))
     return out
