@@ -129,6 +129,52 @@ def mlp_moment(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int) -> int:
     return max(act, wo)
 
 
+def bucket_live(decoder: bool) -> int:
+    """Bytes per (query, key) pair live at T5Attention._relative_position_bucket's high point (modeling_t5.py:217-262,
+    called by compute_bias :265-281), at torch.min(relative_position_if_large, torch.full_like(...)): int64 tensors
+    of the pairs, compute_bias's relative_position, the running relative_buckets (bidirectional only: the decoder's
+    stays the int 0 until the final where), |relative_position|, relative_position_if_large, the full_like and the
+    min; and the bool is_small. The encoder's 6 x 8 + 1, the decoder's 5 x 8 + 1."""
+    return (5 if decoder else 6) * INDEX + 1
+
+
+def bias_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> int:
+    """A stack's first block at its relative bias's bucketing (bucket_live over its (q, k) pairs), after q, k and v
+    (T5Attention.forward :301-330: compute_bias runs once they are projected): the stack's input embeddings (the
+    block's input), its norm's output, q, k and v over the stack's tokens, under autocast the weight casts made so
+    far (the encoder's blocks before the decoder's first block, and each first block's q, k, v); in the decoder
+    also the encoder's output (k and v are its first block's self-attention cache: counted with the caches)."""
+    b, h, q = setup.batch, spec.hidden, inner(spec)
+    q_len = setup.target_tokens if decoder else setup.seq
+    rows = b * q_len
+    qkv = (1 if decoder else 3) * rows * q * st.act
+    stream = rows * h * (st.weight + norm_dtype(st))
+    cast = (stack_casts(spec, False) if decoder else 0) + 3 * h * q
+    encoder_out = b * setup.seq * h * norm_dtype(st) if decoder else 0
+    return q_len * q_len * bucket_live(decoder) + qkv + stream + encoder_out + (st.act * cast if st.autocast else 0)
+
+
+def mask_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> int:
+    """A stack's last block at its self-attention's additive mask (sdpa_attention.py create_position_bias_mask
+    :54-91), q, k and v projected: beside the relative bias (block_context) its contiguous copy, SDPA's mask; in the
+    decoder (causal) first the torch.where of the causal mask and the bias, laid out as the permuted bias, then
+    copied by .contiguous(): two more (q, k, heads) tensors in the weights' dtype at the copy, beside the causal
+    mask (q, k) bool. Under autocast (the
+    encoder) SDPA's 16-bit cast of the mask beside them. Beside: q (the decoder's k and v are its cache; the
+    encoder's k and v), the block's context but the stream after the attention (block_context) and the weight casts
+    made so far. NB: the SDPA kernel's own output and workspace after the copy are not priced."""
+    b, h, q, a = setup.batch, spec.hidden, inner(spec), st.act
+    q_len = setup.target_tokens if decoder else setup.seq
+    pairs = spec.heads * q_len * q_len
+    masks = (2 if decoder else 1) * pairs * st.weight + (pairs * a if st.autocast and not decoder else 0)
+    causal = q_len * q_len if decoder else 0  # the causal mask, (q, k) bool, the where's condition
+    rows = b * q_len
+    qkv = (1 if decoder else 3) * rows * q * a
+    later = (4 * h * q if decoder else 0) + h * q + (3 if spec.gated_mlp else 2) * h * spec.intermediate
+    cast = a * (stack_casts(spec, decoder) - later) if st.autocast else 0
+    return masks + causal + qkv + block_context(spec, setup, st, decoder) - rows * h * st.residual + cast
+
+
 def block_context(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> int:
     """What the last block of a stack holds beside its MLP: the stack's relative bias (its first block's
     compute_bias :265-281, an Embedding lookup (q, k, heads) in the weights' dtype, kept as `position_bias` through
@@ -179,7 +225,13 @@ def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     decoder = (cast * stack_casts(spec, True) + kv + block_context(spec, setup, st, True)
                + mlp_moment(spec, setup, st, b * t))
     head = cast * cast_params(spec) + kv + head_moment(spec, setup, st, t)
-    prefill = weights + ids + max(encoder, decoder, head)
+    first_self = self_cache(spec, setup, st, t) / spec.encdec.decoder_layers  # the decoder's first block's K/V
+    buckets = max(bias_moment(spec, setup, st, False), first_self + bias_moment(spec, setup, st, True))
+    # the decoder's last block: every self-attention cache and the cross-attention caches of the blocks before it
+    masks = max(mask_moment(spec, setup, st, False),
+                self_cache(spec, setup, st, t) + cross * (1 - 1 / spec.encdec.decoder_layers)
+                + mask_moment(spec, setup, st, True))
+    prefill = weights + ids + max(encoder, decoder, head, buckets, masks)
     per_block = self_cache(spec, setup, st, 1) / spec.encdec.decoder_layers
     grown = self_cache(spec, setup, st, t + 1) + per_block * t
     decode = weights + cast * cast_params(spec) + cross + grown + ids + head_moment(spec, setup, st, 1)
