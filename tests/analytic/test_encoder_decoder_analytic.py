@@ -8,8 +8,8 @@ default --target-seq) and decoded one token; a long input and a long target move
 The trace runs the real transformers model on fake tensors (exact against real CPU steps, tests/trace), so a gap here
 is a term analytic/encoder_decoder.py misses.
 Before these terms (one decoder-only stack over --seq) the analytic inference peak read -13.6 % (bf16, CUDA
-semantics): no decoder blocks over the target, no cross-attention cache, no relative bias. Training stays refused in one line (check_trainable), and BART
-and Whisper as a whole (test_vs_trace_families.py REFUSED)."""
+semantics): no decoder blocks over the target, no cross-attention cache, no relative bias. Training stays refused in
+one line (check_trainable), and BART and Whisper as a whole (test_vs_trace_families.py REFUSED)."""
 from __future__ import annotations
 
 import json
@@ -44,8 +44,8 @@ def small_t5_v1_0():
 
 
 # (model, precision, device, --seq, --target-seq): every inference precision on both devices at the matrix's size, the
-# default run 16-bit ones and fp32 at a long target (the peak inside the last decoder block's MLP: gelu_new's temporaries, or wo's fp32 operand under autocast); T5
-# v1.0 (relu); a long input (the peak at the encoder's relative-bias bucketing) and a long target (at the decoder's
+# default run 16-bit ones and fp32 at a long target (the peak inside the last decoder block's MLP: gelu_new's
+# temporaries, or wo's fp32 operand under autocast); T5 v1.0 (relu); a long input (the peak at the encoder's relative-bias bucketing) and a long target (at the decoder's
 # causal mask over its bias)
 INFER = [("t5", "bf16", "cuda", 128, 128), ("t5", "amp-bf16", "cpu", 128, 128),
          ("t5", "amp-bf16", "cuda", 128, 128), ("t5-small", "amp-bf16", "cuda", 128, 128),
