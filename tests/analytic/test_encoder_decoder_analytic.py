@@ -45,8 +45,8 @@ def small_t5_v1_0():
 
 # (model, precision, device, --seq, --target-seq): every inference precision on both devices at the matrix's size, the
 # default run 16-bit ones and fp32 at a long target (the peak inside the last decoder block's MLP: gelu_new's
-# temporaries, or wo's fp32 operand under autocast); T5 v1.0 (relu); a long input (the peak at the encoder's relative-bias bucketing) and a long target (at the decoder's
-# causal mask over its bias)
+# temporaries, or wo's fp32 operand under autocast); T5 v1.0 (relu); a long input (the peak at the encoder's
+# relative-bias bucketing) and a long target (at the decoder's causal mask over its bias)
 INFER = [("t5", "bf16", "cuda", 128, 128), ("t5", "amp-bf16", "cpu", 128, 128),
          ("t5", "amp-bf16", "cuda", 128, 128), ("t5-small", "amp-bf16", "cuda", 128, 128),
          ("t5", "bf16", "cuda", 2048, 16), ("t5", "fp32", "cuda", 16, 2048)]
