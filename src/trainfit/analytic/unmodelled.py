@@ -39,16 +39,20 @@ position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) an
 projector have no terms: refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
 
-T5 / Flan-T5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an encoder
-stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal
+T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
+encoder stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal
 self-attention, then cross-attention whose K and V are projected from the encoder's output), the relative position
 bias computed by each stack's first block ((1, heads, q, k), T5Attention.compute_bias) and passed to every later
 block as the attention mask's additive term, dropout_rate on the embeddings, attention probabilities and every
 branch; in inference the decoder's self-attention cache and the cross-attention cache (K/V over the encoder's tokens
-in every decoder block, EncoderDecoderCache). The engine's terms describe one stack of one sequence.
-Measured gap at the families matrix's test size (hidden 128, 2 + 2 blocks, batch 2 x 128 + 128 target tokens), with
-the refusal lifted: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) of the traced one in training,
--13.6 % in inference (bf16, CUDA).
+in every decoder block, EncoderDecoderCache). Its inference memory and prefill FLOPs are modelled
+(analytic/encoder_decoder.py: both stacks' high points, the relative bias's bucketing and additive masks, both
+caches, lm_head over every target position; tests/analytic/test_encoder_decoder_analytic.py, within 0.04 % of the
+trace), its kernels are not (unmodelled_kernels: timing refused), and its training is refused in one line
+(encoder_decoder.check_trainable: both stacks' saved tensors, the shared bias's gradient, the dropout masks). The
+training gap measured at the families matrix's test size (hidden 128, 2 + 12 blocks, batch 2 x 128 + 128 target
+tokens) with the engine's one-stack terms: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) of the
+traced one (inference: -13.6 %, bf16, CUDA, before encoder_decoder.py).
 BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same two stacks (post-norm, with a learned
 position table and layernorm_embedding per stack instead of the relative bias): -54.3 % to -54.5 % in training, -3.0 %
 in inference at the same size. Whisper (models/whisper/modeling_whisper.py) reads log-mel frames through two conv1d
