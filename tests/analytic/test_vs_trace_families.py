@@ -218,13 +218,6 @@ REFUSED: dict[str, str] = {
         "a SigLIP vision tower (Conv2d patch embedding, LayerNorm/GELU blocks) and its pooling projector, the image "
         "tokens in the language model's sequence and, in training, the bidirectional image-block masks "
         "(token_type_ids): no analytic terms"),
-    "t5": (
-        "encoder-decoder stacks (T5ForConditionalGeneration: the decoder's causal self-attention + cross-attention "
-        "over the encoder output, the relative position bias computed in each stack's first block and shared, "
-        "dropout_rate on every branch, the cross-attention K/V cache): no analytic terms for them; with the refusal "
-        "lifted, analytic -59.6 % to -66.7 % of the traced training peak and -13.6 % of the inference peak (2 + 2 "
-        "blocks, 128 + 128 tokens)"),
-    "mt5": "T5's encoder-decoder stacks (MT5ForConditionalGeneration is T5 v1.1 with its own defaults): as t5",
     "bart": (
         "encoder-decoder stacks (BartForConditionalGeneration: post-norm blocks, a learned position table and "
         "layernorm_embedding per stack, the decoder's cross-attention, the cross-attention K/V cache): with the "
@@ -259,7 +252,10 @@ if _ONEDNN_BF16:
 
 # Families checked in a file of their own (a tower beside the language model, its own shrunk sizes and image
 # counts), left out of the matrix like the refused ones so that the others keep their setups
-OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py"}
+OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
+                            # inference (two stacks, two caches); training refused in one line there
+                            "t5": "tests/analytic/test_encoder_decoder_analytic.py",
+                            "mt5": "tests/analytic/test_encoder_decoder_analytic.py"}
 
 
 def default_run(index: int, s: Setup) -> bool:

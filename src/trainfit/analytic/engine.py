@@ -10,7 +10,7 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
-from . import compile_effects, fit_rule, float8, infer_time, inference, rl, serving, vlm
+from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, vlm
 from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
@@ -330,6 +330,9 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     phases = {"prefill": m.prefill_peak, "decode": m.decode_peak} if spec.causal else {"prefill": m.prefill_peak}
     fpt = forward_per_token(spec, setup.seq, pc)
     prefill_flops = (fpt * setup.batch * setup.seq + vlm.tower_forward_flops(spec, setup)) / (setup.tp * setup.pp)
+    if spec.encdec is not None:  # two stacks over --seq and --target-seq tokens (encoder_decoder.py): per prompt token
+        fpt = encoder_decoder.prefill_flops(spec, setup) / (setup.batch * setup.seq)
+        prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
     reserved, device_total, beside, held = overheads.device_memory(infer_reserve(spec, setup, m), gpu, setup)
     needed = fit_rule.infer_required(spec, setup, m)
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,

@@ -21,6 +21,7 @@ from . import gated_deltanet, mla, vlm
 from . import sink_attention as sinks
 from .embedding import rotary_tables
 from .hybrid_inference import hybrid_infer_memory
+from . import encoder_decoder
 from .moe_every_expert import every_expert_prefill
 from .onednn import gemm_scratch
 from .params import ParamCounts, count_params
@@ -397,6 +398,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     weights = n * st.weight
     if spec.hybrid is not None:  # Mamba-2 / attention / MLP blocks (hybrid_inference.py)
         return hybrid_infer_memory(spec, setup, weights)
+    if spec.encdec is not None:  # an encoder-decoder's two stacks and two caches (encoder_decoder.py)
+        return encoder_decoder.infer_memory(spec, setup, weights)
     tokens = setup.batch * setup.seq
     kv = kv_bytes_per_token(spec, setup) * tokens + linear_state_bytes(spec, setup)
     attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ..models.hf_config import for_setup
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects, hybrid_training
+from . import compile_effects, encoder_decoder, hybrid_training
 from .activations import keys_per_token
 from .compute_time import tensors_per_rank
 from .embedding import embedding_saved
@@ -57,6 +57,7 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     headed = for_setup(spec, setup)  # the model with the head the setup trains (trainfit.heads)
     if headed is not spec:
         spec, pc = headed, None
+    encoder_decoder.check_trainable(spec, setup)  # encoder-decoders: inference only (encoder_decoder.py)
     pc = pc or count_params(spec)
     st = state_bytes(setup)
     stack = model_for(setup)  # its per-stage memory (analytic/stacks: Megatron-Core's is megatron_memory.py)

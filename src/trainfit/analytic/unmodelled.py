@@ -40,16 +40,20 @@ position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) an
 projector have no terms: refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
 
-T5 / Flan-T5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an encoder
-stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal
+T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
+encoder stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal
 self-attention, then cross-attention whose K and V are projected from the encoder's output), the relative position
 bias computed by each stack's first block ((1, heads, q, k), T5Attention.compute_bias) and passed to every later
 block as the attention mask's additive term, dropout_rate on the embeddings, attention probabilities and every
 branch; in inference the decoder's self-attention cache and the cross-attention cache (K/V over the encoder's tokens
-in every decoder block, EncoderDecoderCache). The engine's terms describe one stack of one sequence.
-Measured gap at the families matrix's test size (hidden 128, 2 + 2 blocks, batch 2 x 128 + 128 target tokens), with
-the refusal lifted: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) of the traced one in training,
--13.6 % in inference (bf16, CUDA).
+in every decoder block, EncoderDecoderCache). Its inference memory and prefill FLOPs are modelled
+(analytic/encoder_decoder.py: both stacks' high points, the relative bias's bucketing and additive masks, both
+caches, lm_head over every target position; tests/analytic/test_encoder_decoder_analytic.py, within 0.04 % of the
+trace), its kernels are not (unmodelled_kernels: timing refused), and its training is refused in one line
+(encoder_decoder.check_trainable: both stacks' saved tensors, the shared bias's gradient, the dropout masks). The
+training gap measured at the families matrix's test size (hidden 128, 2 + 12 blocks, batch 2 x 128 + 128 target
+tokens) with the engine's one-stack terms: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) of the
+traced one (inference: -13.6 %, bf16, CUDA, before encoder_decoder.py).
 BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same two stacks (post-norm, with a learned
 position table and layernorm_embedding per stack instead of the relative bias): -54.3 % to -54.5 % in training, -3.0 %
 in inference at the same size. Whisper (models/whisper/modeling_whisper.py) reads log-mel frames through two conv1d
@@ -59,7 +63,7 @@ from __future__ import annotations
 
 from ..errors import SetupError
 from ..spec import ModelSpec
-from . import vlm
+from . import encoder_decoder, vlm
 
 
 def unmodelled_features(spec: ModelSpec) -> list[str]:
@@ -75,6 +79,9 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     if spec.vision is not None:
         out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's memory and FLOPs are "
                    "modelled: estimate without --gpu)")
+    if spec.encdec is not None and encoder_decoder.modelled(spec):
+        out.append("an encoder-decoder's kernels (the op list and step time: the cross-attention, the relative "
+                   "position bias; T5's inference memory is modelled: estimate without --gpu)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("the Mamba-2 scan's kernels (the op list and step time; inference memory and FLOPs are modelled: "
                    "estimate without --gpu, or with --mfu)")
@@ -87,7 +94,7 @@ def unmodelled_memory(spec: ModelSpec) -> list[str]:
     if spec.vision is not None and spec.vision.family not in vlm.MODELLED_TOWERS:
         out.append("a vision tower (the image encoder's patch embedding, attention blocks and merger or projector, "
                    "and its image tokens in the language model's sequence)")
-    if spec.encdec is not None:
+    if spec.encdec is not None and not encoder_decoder.modelled(spec):
         out.append("encoder-decoder stacks (the decoder's cross-attention over the encoder output, two stacks"
                    + (", T5's relative position bias)" if spec.encdec.relative_buckets else ")"))
     return out
