@@ -5,7 +5,9 @@ The model is the families matrix's shrunk Qwen2.5-VL (tests/analytic/test_vs_tra
 window, so that a 112-pixel image spans 2 x 2 windows), trained and prefilled with batch 2 x 128 text tokens and one
 112-pixel image per sample (64 patches, 16 language-model tokens), plus 0 and 2 images. The trace runs the real
 transformers model on fake tensors (exact against real CPU steps, tests/trace/test_vlm_trace.py), so a gap here is a
-term analytic/vlm.py misses. Qwen3-VL and Gemma 3 keep their one-line refusal (test_vs_trace_families.py REFUSED)."""
+term analytic/vlm.py misses. Gemma 3 (analytic/siglip.py) likewise: the shrunk language model with a 2-block SigLIP
+tower of width 64 at 112 px (8 x 8 patches of 14 px pooled 2 x 2 into 16 tokens an image). Qwen3-VL keeps its
+one-line refusal (test_vs_trace_families.py REFUSED)."""
 from __future__ import annotations
 
 import pytest
@@ -38,7 +40,18 @@ def small_qwen2_5_vl():
     return spec_from_config(c, "small-qwen2_5_vl")
 
 
+def small_gemma3():
+    """The matrix's shrunk Gemma 3 language model (the image placeholder ids inside its vocabulary) and a 2-block
+    SigLIP tower of width 64 taking 112-pixel images, pooled into 16 tokens an image."""
+    c = shrink(CONFIGS["gemma3"])
+    c.update(image_token_index=999, boi_token_index=998, eoi_token_index=997, mm_tokens_per_image=16)
+    c["vision_config"] = {**c["vision_config"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+                          "num_attention_heads": 2, "image_size": 112, "patch_size": 14}
+    return spec_from_config(c, "small-gemma3")
+
+
 SPEC = small_qwen2_5_vl()
+GEMMA3 = small_gemma3()
 
 # (precision, device, images, recompute, optimizer)
 TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
@@ -75,6 +88,31 @@ def test_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
     setup = Setup(batch=2, seq=128, precision=precision, device=device, images=1, image_size=IMAGE, mode=mode,
                   attention="eager")
     assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
+
+
+# (precision, device, images, recompute, optimizer)
+GEMMA3_TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
+                ("amp-bf16", "cuda", 1, "none", "adamw"), ("amp-bf16", "cpu", 2, "none", "sgd"),
+                ("bf16", "cuda", 2, "full", "adamw"), ("fp32", "cpu", 0, "none", "adamw")]
+# (precision, device, images)
+GEMMA3_INFER = [("fp32", "cpu", 1), ("bf16", "cuda", 1), ("amp-bf16", "cpu", 1), ("bf16", "cpu", 2),
+                ("amp-bf16", "cuda", 0)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images,recompute,optimizer", GEMMA3_TRAIN,
+                         ids=["-".join(map(str, c)) for c in GEMMA3_TRAIN])
+def test_gemma3_training_peak_within_1_percent_of_the_trace(precision, device, images, recompute, optimizer):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE,
+                  recompute=recompute, optimizer=optimizer)
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images", GEMMA3_INFER, ids=["-".join(map(str, c)) for c in GEMMA3_INFER])
+def test_gemma3_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE, mode="infer")
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
 
 
 def test_the_language_model_runs_over_text_and_image_tokens():

@@ -214,10 +214,6 @@ REFUSED: dict[str, str] = {
         "LayerNorm/GELU blocks, the 2x2 merger and the deepstack mergers whose outputs are added to the image tokens "
         "of the first language-model layers) and its image tokens in the language model's sequence: no analytic "
         "terms"),
-    "gemma3": (
-        "a SigLIP vision tower (Conv2d patch embedding, LayerNorm/GELU blocks) and its pooling projector, the image "
-        "tokens in the language model's sequence and, in training, the bidirectional image-block masks "
-        "(token_type_ids): no analytic terms"),
     "t5": (
         "encoder-decoder stacks (T5ForConditionalGeneration: the decoder's causal self-attention + cross-attention "
         "over the encoder output, the relative position bias computed in each stack's first block and shared, "
@@ -261,7 +257,8 @@ if _ONEDNN_BF16:
 
 # Families checked in a file of their own (a tower beside the language model, its own shrunk sizes and image
 # counts), left out of the matrix like the refused ones so that the others keep their setups
-OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py"}
+OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
+                             "gemma3": "tests/analytic/test_vlm_analytic.py"}
 
 
 def default_run(index: int, s: Setup) -> bool:

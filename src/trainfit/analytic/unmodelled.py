@@ -34,9 +34,10 @@ beside the language model: a patch embedding, attention blocks over each image's
 at four blocks), a merger or pooling projector, Qwen3-VL's deepstack mergers, and the image tokens in the language
 model's sequence. Qwen2.5-VL's memory and FLOPs are modelled (analytic/vlm.py: the tower's parameters, the language
 model over text + image tokens, the tower's saved tensors, prefill high point and FLOPs; tests/analytic/
-test_vlm_analytic.py); the op list has no tower kernels, so timing a VLM is refused. Qwen3-VL's tower (a learned
-position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) and Gemma 3's SigLIP tower and pooling
-projector have no terms: refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
+test_vlm_analytic.py), and so are Gemma 3's (analytic/siglip.py: the SigLIP tower, the pooling projector, the
+language model's materialised image-block masks); the op list has no tower kernels, so timing a VLM is refused.
+Qwen3-VL's tower (a learned position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) has no
+terms: refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
 
 T5 / Flan-T5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an encoder
@@ -72,8 +73,8 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     """Features whose memory is modelled (in some mode) but whose kernels the op list (analytic/ops/) does not list."""
     out = []
     if spec.vision is not None:
-        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's memory and FLOPs are "
-                   "modelled: estimate without --gpu)")
+        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's and Gemma 3's memory and "
+                   "FLOPs are modelled: estimate without --gpu)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("the Mamba-2 scan's kernels (the op list and step time; inference memory and FLOPs are modelled: "
                    "estimate without --gpu, or with --mfu)")
