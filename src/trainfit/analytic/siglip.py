@@ -127,16 +127,23 @@ def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 
 def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
-    """What the language model's prefill holds of the tower (Gemma3Model.forward, modeling_gemma3.py:860-870:
-    mm_encoder_outputs["image"], a local through the layers): its last_hidden_state (patches x hidden, the
-    stream's dtype) and pooler_output (the projection's output cast back to it, type_as, :668), and the image
-    features' copy in inputs_embeds' dtype where that differs."""
+    """What the language model's prefill holds beside its layers (Gemma3Model.forward, modeling_gemma3.py:860-895,
+    locals through the layers): the tower's output (mm_encoder_outputs["image"]: its last_hidden_state, patches x
+    hidden in the stream's dtype, and pooler_output, the projection's output cast back to it, type_as, :668), the
+    image features' copy in inputs_embeds' dtype where that differs, and the image-block masks (block_masks)."""
     if spec.vision is None or not setup.images:
         return 0
     n, h, _, _, pooled = _sizes(spec, setup)
     s, r = stream_bytes(st), st.residual
     out = spec.vision.out_hidden
-    return s * n * h + s * pooled * out + (r * pooled * out if r != s else 0)
+    return s * n * h + s * pooled * out + (r * pooled * out if r != s else 0) + block_masks(spec, setup)
+
+
+def block_masks(spec: ModelSpec, setup: Setup) -> int:
+    """The language model's boolean masks made from token_type_ids (create_masks_for_vision_model,
+    modeling_gemma3.py:681-733), (batch, 1, tokens, tokens) each: one for the full-attention layers and one for the
+    sliding ones, alive through the layers (causal_mask_mapping)."""
+    return 2 * setup.batch * setup.seq ** 2 if image_block_masks(spec, setup) else 0
 
 
 def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
