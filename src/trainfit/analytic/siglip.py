@@ -180,3 +180,19 @@ def image_block_masks(spec: ModelSpec, setup: Setup) -> bool:
     for the sliding layers), a mask no SDPA is_causal can express."""
     return (spec.vision is not None and spec.vision.projector == "pool" and bool(setup.images)
             and setup.mode in ("train", "infer"))
+
+
+def checkpoint_held_masks(spec: ModelSpec, setup: Setup, layers: int) -> tuple[int, int] | None:
+    """With full recompute, the image-block masks the checkpointed layers' closures keep alive (as
+    recompute.checkpoint_held_masks: each layer closes over its own kind's mask, Gemma3TextModel.forward passing
+    causal_mask_mapping[layer type]): (from the forward through the last layer's backward: one per kind of layer
+    among `layers`, at the first layer's backward: one); None where the masks are not Gemma 3's boolean SDPA ones
+    (eager attention's additive masks are recompute.py's)."""
+    if (setup.recompute != "full" or setup.compile or setup.attention_kernel == "eager"
+            or not image_block_masks(spec, setup)):
+        return None
+    one = setup.batch * setup.seq ** 2
+    sliding = (spec.layers if spec.sliding_window_layers is None else spec.sliding_window_layers) \
+        if spec.sliding_window else 0
+    kinds = (sliding > 0) + (sliding < spec.layers)
+    return min(kinds, layers) * one, one
