@@ -73,7 +73,17 @@ def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     n, h, i, _, _ = _sizes(spec, setup)
     a = st.act
     return (2 * _layernorm_saved(setup, st, n, h) + (4 if st.autocast else 2) * a * n * h + 4 * a * n * h
-            + _lse(spec, setup) + 2 * a * n * i + _weight_casts(spec, st))
+            + _attention_extra(spec, setup, st) + 2 * a * n * i + _weight_casts(spec, st))
+
+
+def _attention_extra(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """Beside q, k, v and the output: SDPA's logsumexp, or under eager attention (the tower takes the model's
+    implementation; eager_attention_forward, modeling_siglip.py:227-247) each image's fp32 probabilities and their
+    16-bit cast (analytic/vlm.py _eager_chunk); the output's transposed copy is the out projection's input."""
+    if setup.attention_kernel == "eager":
+        t = spec.vision
+        return _images(setup) * vlm._eager_chunk(st, t.heads, t.patches(setup.image_size))
+    return _lse(spec, setup)
 
 
 def _rmsnorm_saved(setup: Setup, st: StateBytes, rows: int, width: int) -> int:
@@ -142,22 +152,29 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 def block_masks(spec: ModelSpec, setup: Setup) -> int:
     """The language model's boolean masks made from token_type_ids (create_masks_for_vision_model,
     modeling_gemma3.py:681-733), (batch, 1, tokens, tokens) each: one for the full-attention layers and one for the
-    sliding ones, alive through the layers (causal_mask_mapping)."""
-    return 2 * setup.batch * setup.seq ** 2 if image_block_masks(spec, setup) else 0
+    sliding ones, alive through the layers (causal_mask_mapping). Under eager attention the masks are additive ones
+    in the embeddings' dtype, which analytic/inference.py's eager moment counts (family trait causal_masks)."""
+    if setup.attention_kernel == "eager" or not image_block_masks(spec, setup):
+        return 0
+    return 2 * setup.batch * setup.seq ** 2
 
 
 def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
-    """The tower's no-grad high point (beside the weights, the cached casts and the pixels): inside a block's MLP,
-    the stream (the block's input and the residual add's output), the norm's output (fp32 under autocast) and its
-    16-bit cast, fc1's output and GELU's output, beside the language model's text embeddings (made before the tower:
-    Gemma3Model.forward :840-850)."""
+    """The tower's no-grad high point (beside the weights, the cached casts and the pixels), the larger of two
+    moments, each beside the language model's text embeddings (made before the tower: Gemma3Model.forward
+    :840-850):
+    - the patch Conv2d (SiglipVisionEmbeddings.forward, :175-185): the pixels' 16-bit copy (pixel_values.to(the
+      weight's dtype), or autocast's cast) and the conv's output. NB: oneDNN's convolution scratch on the CPU is not
+      priced (an under-count: 100,352 B at 8 images of 112 px in bf16, probed by the trace);
+    - inside a block's MLP: the stream (the block's input and the residual add's output), the norm's output (fp32
+      under autocast) and its 16-bit cast, fc1's output and GELU's output."""
     if spec.vision is None or not setup.images:
         return 0
-    n, h, i, _, _ = _sizes(spec, setup)
+    n, h, i, k, _ = _sizes(spec, setup)
     a, s = st.act, stream_bytes(st)
-    norm = n * h * (s + (a if st.autocast else 0))
-    text = setup.batch * setup.seq * spec.hidden * st.residual
-    return s * n * h + norm + 2 * a * n * i + text
+    conv = (a * n * k if a < FP32 else 0) + a * n * h
+    block = s * n * h + n * h * (s + (a if st.autocast else 0)) + 2 * a * n * i
+    return max(conv, block) + setup.batch * setup.seq * spec.hidden * st.residual
 
 
 def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
