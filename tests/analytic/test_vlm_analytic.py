@@ -93,10 +93,12 @@ def test_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
 # (precision, device, images, recompute, optimizer)
 GEMMA3_TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
                 ("amp-bf16", "cuda", 1, "none", "adamw"), ("amp-bf16", "cpu", 2, "none", "sgd"),
-                ("bf16", "cuda", 2, "full", "adamw"), ("fp32", "cpu", 0, "none", "adamw")]
+                ("bf16", "cuda", 2, "full", "adamw"), ("amp-bf16", "cpu", 1, "full", "sgd"),
+                ("fp32", "cpu", 0, "none", "adamw")]
 # (precision, device, images)
 GEMMA3_INFER = [("fp32", "cpu", 1), ("bf16", "cuda", 1), ("amp-bf16", "cpu", 1), ("bf16", "cpu", 2),
-                ("amp-bf16", "cuda", 0)]
+                ("amp-bf16", "cuda", 0),
+                ("fp32", "cuda", 2)]  # the masked layers leave SDPA's math path for the efficient kernel
 
 
 @pytest.mark.slow
@@ -113,6 +115,39 @@ def test_gemma3_training_peak_within_1_percent_of_the_trace(precision, device, i
 def test_gemma3_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
     setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE, mode="infer")
     assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", [
+    "cuda",
+    pytest.param("cpu", marks=pytest.mark.xfail(strict=True, reason=(
+        "oneDNN's Conv2d scratch inside the patch embedding, probed by the trace on this CPU, is not priced "
+        "(siglip.tower_prefill_peak NB): 100,352 B with AVX512-BF16 (-3.3 %), more without (-16.8 % under "
+        "ONEDNN_MAX_CPU_ISA=AVX2)")))])
+def test_gemma3_prefill_at_the_patch_conv(device):
+    # 8 images and 16 text tokens: the tower's patch conv (the pixels' bf16 copy beside its output) is the high point
+    setup = Setup(batch=2, seq=16, precision="bf16", device=device, images=4, image_size=IMAGE, mode="infer")
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,mode", [("bf16", "cpu", "train"), ("amp-bf16", "cuda", "infer")])
+def test_gemma3_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
+    # the tower's eager attention keeps each image's probabilities; the language model's masks are additive
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=1, image_size=IMAGE, mode=mode,
+                  attention="eager")
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+def test_gemma3_tower_flops_by_hand():
+    # Hand derivation for one micro-batch, 2 samples x 1 image of 112 px: n = 2 x (112 / 14)^2 = 128 patches,
+    # hidden 64, intermediate 128, patches of 3 x 14 x 14 = 588 values, 2 x 16 = 32 pooled tokens.
+    # patch conv 2 x 128 x 588 x 64 = 9,633,792
+    # per block q, k, v, out, fc1, fc2: 2 x 128 x (4 x 64^2 + 2 x 64 x 128) = 2 x 128 x 32,768 = 8,388,608;
+    # attention over the image's 64 patches: 4 x 64 x 128 x 64 = 2,097,152; 2 blocks: 2 x 10,485,760 = 20,971,520
+    # projection: 2 x 32 x 64 x 128 = 524,288
+    setup = Setup(batch=2, seq=128, precision="bf16", images=1, image_size=IMAGE)
+    assert tower_forward_flops(GEMMA3, setup) == 9_633_792 + 20_971_520 + 524_288
 
 
 def test_the_language_model_runs_over_text_and_image_tokens():
@@ -137,12 +172,14 @@ def test_tower_flops_by_hand():
     assert tower_forward_flops(SPEC, Setup(batch=2, seq=128, images=0, image_size=IMAGE)) == 0
 
 
-def test_other_towers_and_the_op_list_stay_refused_in_one_line():
+def test_qwen3_vl_and_the_op_list_stay_refused_in_one_line():
     assert not unmodelled_memory(SPEC)
     assert any("vision tower's kernels" in f for f in unmodelled_features(SPEC))
     with pytest.raises(SetupError, match="analytic engine does not model") as e:
         estimate(SPEC, Setup(batch=2, seq=128, images=1, image_size=IMAGE), gpu=get_gpu("h100"))
     assert "\n" not in str(e.value)
-    for family in ("qwen3_vl", "gemma3"):
-        spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
-        assert unmodelled_memory(spec), family
+    assert not unmodelled_memory(GEMMA3)
+    with pytest.raises(SetupError, match="analytic engine does not model") as e:
+        estimate(GEMMA3, Setup(batch=2, seq=128, images=1, image_size=IMAGE), gpu=get_gpu("h100"))
+    assert "\n" not in str(e.value)
+    assert unmodelled_memory(spec_from_config(shrink(CONFIGS["qwen3_vl"]), "small-qwen3_vl"))
