@@ -90,20 +90,28 @@ def test_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
     assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
 
 
-# (precision, device, images, recompute, optimizer)
-GEMMA3_TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
-                ("amp-bf16", "cuda", 1, "none", "adamw"), ("amp-bf16", "cpu", 2, "none", "sgd"),
-                ("bf16", "cuda", 2, "full", "adamw"), ("amp-bf16", "cpu", 1, "full", "sgd"),
-                ("fp32", "cpu", 0, "none", "adamw")]
+# (precision, device, images, recompute, optimizer); the default run keeps one case per mechanism (the file under
+# 30 s), the others are heavy
+HEAVY = pytest.mark.heavy
+GEMMA3_TRAIN = [("bf16", "cpu", 1, "none", "sgd"), ("amp-bf16", "cuda", 1, "none", "adamw"),
+                ("bf16", "cuda", 2, "full", "adamw"),
+                pytest.param("fp32", "cuda", 1, "none", "adamw", marks=HEAVY),
+                pytest.param("amp-bf16", "cpu", 2, "none", "sgd", marks=HEAVY),
+                pytest.param("amp-bf16", "cpu", 1, "full", "sgd", marks=HEAVY),
+                pytest.param("fp32", "cpu", 0, "none", "adamw", marks=HEAVY)]
 # (precision, device, images)
-GEMMA3_INFER = [("fp32", "cpu", 1), ("bf16", "cuda", 1), ("amp-bf16", "cpu", 1), ("bf16", "cpu", 2),
-                ("amp-bf16", "cuda", 0),
-                ("fp32", "cuda", 2)]  # the masked layers leave SDPA's math path for the efficient kernel
+GEMMA3_INFER = [("bf16", "cuda", 1), ("amp-bf16", "cpu", 1),
+                ("fp32", "cuda", 2),  # the masked layers leave SDPA's math path for the efficient kernel
+                pytest.param("fp32", "cpu", 1, marks=HEAVY), pytest.param("bf16", "cpu", 2, marks=HEAVY),
+                pytest.param("amp-bf16", "cuda", 0, marks=HEAVY)]
+
+
+def _ids(cases):
+    return ["-".join(map(str, c.values if hasattr(c, "values") else c)) for c in cases]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,device,images,recompute,optimizer", GEMMA3_TRAIN,
-                         ids=["-".join(map(str, c)) for c in GEMMA3_TRAIN])
+@pytest.mark.parametrize("precision,device,images,recompute,optimizer", GEMMA3_TRAIN, ids=_ids(GEMMA3_TRAIN))
 def test_gemma3_training_peak_within_1_percent_of_the_trace(precision, device, images, recompute, optimizer):
     setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE,
                   recompute=recompute, optimizer=optimizer)
@@ -111,7 +119,7 @@ def test_gemma3_training_peak_within_1_percent_of_the_trace(precision, device, i
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,device,images", GEMMA3_INFER, ids=["-".join(map(str, c)) for c in GEMMA3_INFER])
+@pytest.mark.parametrize("precision,device,images", GEMMA3_INFER, ids=_ids(GEMMA3_INFER))
 def test_gemma3_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
     setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE, mode="infer")
     assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
@@ -131,7 +139,8 @@ def test_gemma3_prefill_at_the_patch_conv(device):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,device,mode", [("bf16", "cpu", "train"), ("amp-bf16", "cuda", "infer")])
+@pytest.mark.parametrize("precision,device,mode", [pytest.param("bf16", "cpu", "train", marks=HEAVY),
+                                                    ("amp-bf16", "cuda", "infer")])
 def test_gemma3_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
     # the tower's eager attention keeps each image's probabilities; the language model's masks are additive
     setup = Setup(batch=2, seq=128, precision=precision, device=device, images=1, image_size=IMAGE, mode=mode,
