@@ -151,7 +151,7 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 def block_masks(spec: ModelSpec, setup: Setup) -> int:
     """The language model's boolean masks made from token_type_ids (create_masks_for_vision_model,
-    modeling_gemma3.py:681-733), (batch, 1, tokens, tokens) each: one for the full-attention layers and one for the
+    modeling_gemma3.py:682-740), (batch, 1, tokens, tokens) each: one for the full-attention layers and one for the
     sliding ones, alive through the layers (causal_mask_mapping). Under eager attention the masks are additive ones
     in the embeddings' dtype, which analytic/inference.py's eager moment counts (family trait causal_masks)."""
     if setup.attention_kernel == "eager" or not image_block_masks(spec, setup):
@@ -162,8 +162,8 @@ def block_masks(spec: ModelSpec, setup: Setup) -> int:
 def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """The tower's no-grad high point (beside the weights, the cached casts and the pixels), the larger of two
     moments, each beside the language model's text embeddings (made before the tower: Gemma3Model.forward
-    :840-850):
-    - the patch Conv2d (SiglipVisionEmbeddings.forward, :175-185): the pixels' 16-bit copy (pixel_values.to(the
+    :852, the tower at :857):
+    - the patch Conv2d (SiglipVisionEmbeddings.forward, modeling_siglip.py:175-185): the pixels' 16-bit copy (pixel_values.to(the
       weight's dtype), or autocast's cast) and the conv's output. NB: oneDNN's convolution scratch on the CPU is not
       priced (an under-count: 100,352 B at 8 images of 112 px in bf16, probed by the trace);
     - inside a block's MLP: the stream (the block's input and the residual add's output), the norm's output (fp32
@@ -193,7 +193,7 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
 def image_block_masks(spec: ModelSpec, setup: Setup) -> bool:
     """Whether the language model runs every layer's SDPA with a materialised mask: Gemma 3 with images reads
     token_type_ids (the processor's, step/build.py _pooled_batch), whose image blocks attend both ways
-    (Gemma3Model.forward :880-890 create_masks_for_vision_model: OR(causal, blockwise), and AND(sliding window, ...)
+    (Gemma3Model.forward :876-883 create_masks_for_vision_model: OR(causal, blockwise), and AND(sliding window, ...)
     for the sliding layers), a mask no SDPA is_causal can express."""
     return (spec.vision is not None and spec.vision.projector == "pool" and bool(setup.images)
             and setup.mode in ("train", "infer"))
@@ -201,7 +201,7 @@ def image_block_masks(spec: ModelSpec, setup: Setup) -> bool:
 
 def checkpoint_held_masks(spec: ModelSpec, setup: Setup, layers: int) -> tuple[int, int] | None:
     """With full recompute, the image-block masks the checkpointed layers' closures keep alive (as
-    recompute.checkpoint_held_masks: each layer closes over its own kind's mask, Gemma3TextModel.forward passing
+    recompute.checkpoint_held_masks: each layer closes over its own kind's mask, Gemma3TextModel.forward :539 passing
     causal_mask_mapping[layer type]): (from the forward through the last layer's backward: one per kind of layer
     among `layers`, at the first layer's backward: one); None where the masks are not Gemma 3's boolean SDPA ones
     (eager attention's additive masks are recompute.py's)."""

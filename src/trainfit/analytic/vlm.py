@@ -1,5 +1,6 @@
-"""A vision-language model in the analytic engine (spec.vision: Qwen2.5-VL's tower, models/vlm.py): the language
-model's sequence and the image encoder's own terms.
+"""A vision-language model in the analytic engine (spec.vision: Qwen2.5-VL's tower, models/vlm.py; Gemma 3's SigLIP
+tower and pooling projector are analytic/siglip.py's, each function here hands them over): the language model's
+sequence and the image encoder's own terms.
 
 The language model runs over the text tokens and each image's merged tokens, which replace as many placeholder ids
 in input_ids (Qwen2_5_VLModel.forward, transformers models/qwen2_5_vl/modeling_qwen2_5_vl.py: get_placeholder_mask
