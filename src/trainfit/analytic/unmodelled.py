@@ -40,7 +40,11 @@ Qwen3-VL's tower (a learned position table resampled per image, LayerNorm/GELU b
 terms: refused. Measured with Qwen2.5-VL's tower terms applied to it instead (RMSNorms and a gated MLP for its
 LayerNorms and plain MLP, no deepstack mergers nor the language model's deepstack adds; hidden 128, a 2-block tower
 of width 64, one 128-pixel image per sample): +1.6 % (bf16, CPU) and +1.0 % (fp32, CUDA) of the traced training
-peak, +3.2 % in prefill (bf16, CUDA). Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
+peak, +3.2 % in prefill (bf16, CUDA). With the tower's own saved set (LayerNorms, the plain GELU MLP, the merger and
+deepstack mergers: equal to the trace's tower by module in fp32 and amp-bf16) training came within 0.8 %, but the
+prefill stayed +3.2 % to +10.1 % (amp-bf16, CUDA, 2 images): its high point is in the language model, which holds a
+materialised (b, 1, s, s) boolean causal mask and under autocast runs a masked SDPA with k, v repeated, while the
+tower's prefill moment taken from Qwen2.5-VL's rotary over-counts. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
 
 T5 / Flan-T5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an encoder
