@@ -5,7 +5,9 @@ The model is the families matrix's shrunk Qwen2.5-VL (tests/analytic/test_vs_tra
 window, so that a 112-pixel image spans 2 x 2 windows), trained and prefilled with batch 2 x 128 text tokens and one
 112-pixel image per sample (64 patches, 16 language-model tokens), plus 0 and 2 images. The trace runs the real
 transformers model on fake tensors (exact against real CPU steps, tests/trace/test_vlm_trace.py), so a gap here is a
-term analytic/vlm.py misses. Qwen3-VL and Gemma 3 keep their one-line refusal (test_vs_trace_families.py REFUSED)."""
+term analytic/vlm.py misses. Gemma 3 (analytic/siglip.py) likewise: the shrunk language model with a 2-block SigLIP
+tower of width 64 at 112 px (8 x 8 patches of 14 px pooled 2 x 2 into 16 tokens an image). Qwen3-VL keeps its
+one-line refusal (test_vs_trace_families.py REFUSED)."""
 from __future__ import annotations
 
 import pytest
@@ -38,7 +40,18 @@ def small_qwen2_5_vl():
     return spec_from_config(c, "small-qwen2_5_vl")
 
 
+def small_gemma3():
+    """The matrix's shrunk Gemma 3 language model (the image placeholder ids inside its vocabulary) and a 2-block
+    SigLIP tower of width 64 taking 112-pixel images, pooled into 16 tokens an image."""
+    c = shrink(CONFIGS["gemma3"])
+    c.update(image_token_index=999, boi_token_index=998, eoi_token_index=997, mm_tokens_per_image=16)
+    c["vision_config"] = {**c["vision_config"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+                          "num_attention_heads": 2, "image_size": 112, "patch_size": 14}
+    return spec_from_config(c, "small-gemma3")
+
+
 SPEC = small_qwen2_5_vl()
+GEMMA3 = small_gemma3()
 
 # (precision, device, images, recompute, optimizer)
 TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
@@ -77,6 +90,75 @@ def test_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
     assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
 
 
+# (precision, device, images, recompute, optimizer); the default run keeps one case per mechanism (the file under
+# 30 s), the others are heavy
+HEAVY = pytest.mark.heavy
+GEMMA3_TRAIN = [("bf16", "cpu", 1, "none", "sgd"), ("amp-bf16", "cuda", 1, "none", "adamw"),
+                ("bf16", "cuda", 2, "full", "adamw"),
+                pytest.param("fp32", "cuda", 1, "none", "adamw", marks=HEAVY),
+                pytest.param("amp-bf16", "cpu", 2, "none", "sgd", marks=HEAVY),
+                pytest.param("amp-bf16", "cpu", 1, "full", "sgd", marks=HEAVY),
+                pytest.param("fp32", "cpu", 0, "none", "adamw", marks=HEAVY)]
+# (precision, device, images)
+GEMMA3_INFER = [("bf16", "cuda", 1), ("amp-bf16", "cpu", 1),
+                ("fp32", "cuda", 2),  # the masked layers leave SDPA's math path for the efficient kernel
+                pytest.param("fp32", "cpu", 1, marks=HEAVY), pytest.param("bf16", "cpu", 2, marks=HEAVY),
+                pytest.param("amp-bf16", "cuda", 0, marks=HEAVY)]
+
+
+def _ids(cases):
+    return ["-".join(map(str, c.values if hasattr(c, "values") else c)) for c in cases]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images,recompute,optimizer", GEMMA3_TRAIN, ids=_ids(GEMMA3_TRAIN))
+def test_gemma3_training_peak_within_1_percent_of_the_trace(precision, device, images, recompute, optimizer):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE,
+                  recompute=recompute, optimizer=optimizer)
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images", GEMMA3_INFER, ids=_ids(GEMMA3_INFER))
+def test_gemma3_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE, mode="infer")
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", [
+    "cuda",
+    pytest.param("cpu", marks=pytest.mark.xfail(strict=True, reason=(
+        "oneDNN's Conv2d scratch inside the patch embedding, probed by the trace on this CPU, is not priced "
+        "(siglip.tower_prefill_peak NB): 100,352 B with AVX512-BF16 (-3.3 %), more without (-16.8 % under "
+        "ONEDNN_MAX_CPU_ISA=AVX2)")))])
+def test_gemma3_prefill_at_the_patch_conv(device):
+    # 8 images and 16 text tokens: the tower's patch conv (the pixels' bf16 copy beside its output) is the high point
+    setup = Setup(batch=2, seq=16, precision="bf16", device=device, images=4, image_size=IMAGE, mode="infer")
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,mode", [pytest.param("bf16", "cpu", "train", marks=HEAVY),
+                                                    ("amp-bf16", "cuda", "infer")])
+def test_gemma3_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
+    # the tower's eager attention keeps each image's probabilities; the language model's masks are additive
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=1, image_size=IMAGE, mode=mode,
+                  attention="eager")
+    assert_analytic_near_trace(GEMMA3, setup, "gemma3", TOLERANCE)
+
+
+def test_gemma3_tower_flops_by_hand():
+    # Hand derivation for one micro-batch, 2 samples x 1 image of 112 px: n = 2 x (112 / 14)^2 = 128 patches,
+    # hidden 64, intermediate 128, patches of 3 x 14 x 14 = 588 values, 2 x 16 = 32 pooled tokens.
+    # patch conv 2 x 128 x 588 x 64 = 9,633,792
+    # per block q, k, v, out, fc1, fc2: 2 x 128 x (4 x 64^2 + 2 x 64 x 128) = 2 x 128 x 32,768 = 8,388,608;
+    # attention over the image's 64 patches: 4 x 64 x 128 x 64 = 2,097,152; 2 blocks: 2 x 10,485,760 = 20,971,520
+    # projection: 2 x 32 x 64 x 128 = 524,288
+    setup = Setup(batch=2, seq=128, precision="bf16", images=1, image_size=IMAGE)
+    assert tower_forward_flops(GEMMA3, setup) == 9_633_792 + 20_971_520 + 524_288
+
+
 def test_the_language_model_runs_over_text_and_image_tokens():
     # Hand derivation: 112 px / (patch 14 x merge 2) = 4 x 4 = 16 image tokens per image, so the KV cache of one
     # image per sample is (128 + 16) / 128 of the text-only one's (batch 2; the prefill's cache of every token)
@@ -99,12 +181,14 @@ def test_tower_flops_by_hand():
     assert tower_forward_flops(SPEC, Setup(batch=2, seq=128, images=0, image_size=IMAGE)) == 0
 
 
-def test_other_towers_and_the_op_list_stay_refused_in_one_line():
+def test_qwen3_vl_and_the_op_list_stay_refused_in_one_line():
     assert not unmodelled_memory(SPEC)
     assert any("vision tower's kernels" in f for f in unmodelled_features(SPEC))
     with pytest.raises(SetupError, match="analytic engine does not model") as e:
         estimate(SPEC, Setup(batch=2, seq=128, images=1, image_size=IMAGE), gpu=get_gpu("h100"))
     assert "\n" not in str(e.value)
-    for family in ("qwen3_vl", "gemma3"):
-        spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
-        assert unmodelled_memory(spec), family
+    assert not unmodelled_memory(GEMMA3)
+    with pytest.raises(SetupError, match="analytic engine does not model") as e:
+        estimate(GEMMA3, Setup(batch=2, seq=128, images=1, image_size=IMAGE), gpu=get_gpu("h100"))
+    assert "\n" not in str(e.value)
+    assert unmodelled_memory(spec_from_config(shrink(CONFIGS["qwen3_vl"]), "small-qwen3_vl"))

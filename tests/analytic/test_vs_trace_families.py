@@ -214,10 +214,6 @@ REFUSED: dict[str, str] = {
         "LayerNorm/GELU blocks, the 2x2 merger and the deepstack mergers whose outputs are added to the image tokens "
         "of the first language-model layers) and its image tokens in the language model's sequence: no analytic "
         "terms"),
-    "gemma3": (
-        "a SigLIP vision tower (Conv2d patch embedding, LayerNorm/GELU blocks) and its pooling projector, the image "
-        "tokens in the language model's sequence and, in training, the bidirectional image-block masks "
-        "(token_type_ids): no analytic terms"),
     "bart": (
         "encoder-decoder stacks (BartForConditionalGeneration: post-norm blocks, a learned position table and "
         "layernorm_embedding per stack, the decoder's cross-attention, the cross-attention K/V cache): with the "
@@ -253,6 +249,7 @@ if _ONEDNN_BF16:
 # Families checked in a file of their own (a tower beside the language model, its own shrunk sizes and image
 # counts), left out of the matrix like the refused ones so that the others keep their setups
 OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
+                            "gemma3": "tests/analytic/test_vlm_analytic.py",
                             # inference (two stacks, two caches); training refused in one line there
                             "t5": "tests/analytic/test_encoder_decoder_analytic.py",
                             "mt5": "tests/analytic/test_encoder_decoder_analytic.py"}

@@ -21,7 +21,7 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
-from . import gated_deltanet, mla
+from . import gated_deltanet, mla, siglip
 from . import sink_attention as sinks
 from .moe import moe_block
 from .precision import state_bytes
@@ -261,6 +261,8 @@ def masked_window_share(spec: ModelSpec, setup: Setup) -> float:
     sequence reaches the window. transformers skips the mask (SDPA's is_causal) only while kv_length <
     local_attention_size (masking_utils.py:286-287 _ignore_causal_mask_sdpa); the global layers keep is_causal.
     0 without a window or below it."""
+    if siglip.image_block_masks(spec, setup):  # Gemma 3 with images: every layer's mask is materialised
+        return 1.0
     window = spec.sliding_window
     if not window or setup.seq < window:
         return masked_chunk_share(spec, setup)

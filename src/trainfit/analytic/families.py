@@ -5,6 +5,7 @@ import json
 from functools import lru_cache
 from importlib import resources
 
+from ..models.vlm import NESTED
 from ..spec import ModelSpec
 
 
@@ -14,7 +15,13 @@ def _families() -> dict:
 
 
 def family_traits(spec: ModelSpec) -> dict:
+    """The traits of the family's language model: a VLM whose language model is a family of its own (Gemma 3's
+    gemma3_text: models/vlm.py NESTED) takes that family's."""
     fam = _families()
     out = dict(fam["default"])
-    out.update(fam.get(spec.family, {}))
+    out.update(fam.get(_language_family(spec), {}))
     return out
+
+
+def _language_family(spec: ModelSpec) -> str:
+    return NESTED.get(spec.family, spec.family) if spec.vision is not None else spec.family

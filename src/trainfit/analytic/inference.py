@@ -17,7 +17,7 @@ from ..spec import ModelSpec
 from .activations import (FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer,
                           masked_chunk_share, resolved_kernel)
 from . import clamped_swiglu as swiglu
-from . import gated_deltanet, mla, vlm
+from . import gated_deltanet, mla, siglip, vlm
 from . import sink_attention as sinks
 from .embedding import rotary_tables
 from .hybrid_inference import hybrid_infer_memory
@@ -233,6 +233,10 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
                 attn += ((2 * FP32 + low) * spec.heads / t + r * traits["causal_masks"]) * tokens * setup.seq
         else:  # GPT-2: scores and probabilities in the scores' dtype; the mask is a view of a buffer
             attn += 2 * a * spec.heads / t * tokens * setup.seq
+    elif resolved_kernel(spec, setup) == "math" and setup.device == "cuda" and siglip.image_block_masks(spec, setup):
+        # Gemma 3's image-block masks (analytic/siglip.py): with a mask transformers repeats k and v to every head
+        # and passes no enable_gqa (activations.masked_efficient_share), which the memory-efficient kernel takes
+        attn += a * 2 * spec.q_dim / t * tokens
     elif resolved_kernel(spec, setup) == "math" and setup.device == "cuda":
         attn = _math_sdpa_prefill(spec, setup, tokens, a)
     elif traits["fused_qkv"] and spec.positions == "rotary":

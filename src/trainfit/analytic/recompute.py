@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora
+from . import lora, siglip
 from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
 from .gated_deltanet import linear_layers
@@ -254,6 +254,9 @@ def checkpoint_held_masks(spec: ModelSpec, setup: Setup, st: StateBytes, layers:
     layer that uses it — without recomputation only the model's forward holds it, and the add that reads it saves
     nothing. By the first layer's backward only that layer's kind is left. (GPT-2's eager attention indexes a
     boolean buffer: no mask is built. SDPA gets none for a causal batch without padding.)"""
+    gemma3 = siglip.checkpoint_held_masks(spec, setup, layers)  # Gemma 3's boolean image-block masks
+    if gemma3 is not None:
+        return gemma3
     traits = family_traits(spec)
     if (setup.recompute != "full" or not setup.stack_facts.facts.get("attention", {}).get("eager_mask")
             or setup.compile or resolved_kernel(spec, setup) != "eager" or not traits["eager_softmax_fp32"]):

@@ -35,9 +35,17 @@ beside the language model: a patch embedding, attention blocks over each image's
 at four blocks), a merger or pooling projector, Qwen3-VL's deepstack mergers, and the image tokens in the language
 model's sequence. Qwen2.5-VL's memory and FLOPs are modelled (analytic/vlm.py: the tower's parameters, the language
 model over text + image tokens, the tower's saved tensors, prefill high point and FLOPs; tests/analytic/
-test_vlm_analytic.py); the op list has no tower kernels, so timing a VLM is refused. Qwen3-VL's tower (a learned
-position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) and Gemma 3's SigLIP tower and pooling
-projector have no terms: refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
+test_vlm_analytic.py), and so are Gemma 3's (analytic/siglip.py: the SigLIP tower, the pooling projector, the
+language model's materialised image-block masks); the op list has no tower kernels, so timing a VLM is refused.
+Qwen3-VL's tower (a learned position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) has no
+terms: refused. Measured with Qwen2.5-VL's tower terms applied to it instead (RMSNorms and a gated MLP for its
+LayerNorms and plain MLP, no deepstack mergers nor the language model's deepstack adds; hidden 128, a 2-block tower
+of width 64, one 128-pixel image per sample): +1.6 % (bf16, CPU) and +1.0 % (fp32, CUDA) of the traced training
+peak, +3.2 % in prefill (bf16, CUDA). With the tower's own saved set (LayerNorms, the plain GELU MLP, the merger and
+deepstack mergers: equal to the trace's tower by module in fp32 and amp-bf16) training came within 0.8 %, but the
+prefill stayed +3.2 % to +10.1 % (amp-bf16, CUDA, 2 images): its high point is in the language model, which holds a
+materialised (b, 1, s, s) boolean causal mask and under autocast runs a masked SDPA with k, v repeated, while the
+tower's prefill moment taken from Qwen2.5-VL's rotary over-counts. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
 
 T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
@@ -77,8 +85,8 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     """Features whose memory is modelled (in some mode) but whose kernels the op list (analytic/ops/) does not list."""
     out = []
     if spec.vision is not None:
-        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's memory and FLOPs are "
-                   "modelled: estimate without --gpu)")
+        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's and Gemma 3's memory and "
+                   "FLOPs are modelled: estimate without --gpu)")
     if spec.encdec is not None and encoder_decoder.modelled(spec):
         out.append("an encoder-decoder's kernels (the op list and step time: the cross-attention, the relative "
                    "position bias; T5's inference memory is modelled: estimate without --gpu)")

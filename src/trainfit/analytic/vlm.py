@@ -1,5 +1,6 @@
-"""A vision-language model in the analytic engine (spec.vision: Qwen2.5-VL's tower, models/vlm.py): the language
-model's sequence and the image encoder's own terms.
+"""A vision-language model in the analytic engine (spec.vision: Qwen2.5-VL's tower, models/vlm.py; Gemma 3's SigLIP
+tower and pooling projector are analytic/siglip.py's, each function here hands them over): the language model's
+sequence and the image encoder's own terms.
 
 The language model runs over the text tokens and each image's merged tokens, which replace as many placeholder ids
 in input_ids (Qwen2_5_VLModel.forward, transformers models/qwen2_5_vl/modeling_qwen2_5_vl.py: get_placeholder_mask
@@ -14,10 +15,17 @@ from ..alloc.caching_allocator import K_MIN_BLOCK
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..vlm_setup import IMAGE_MODES, lm_seq
+from . import siglip
 from .precision import StateBytes
 
-# the towers whose terms are here (analytic/unmodelled.py refuses the others)
-MODELLED_TOWERS = ("qwen2_5_vl",)
+# the towers whose terms are here or in analytic/siglip.py (Gemma 3's: projector "pool"); analytic/unmodelled.py
+# refuses the others
+MODELLED_TOWERS = ("qwen2_5_vl", "gemma3")
+
+
+def _pooled(spec: ModelSpec) -> bool:
+    """Gemma 3's SigLIP tower and pooling projector, whose terms are analytic/siglip.py's."""
+    return spec.vision is not None and spec.vision.projector == "pool"
 
 
 def language_setup(spec: ModelSpec, setup: Setup) -> Setup:
@@ -139,6 +147,8 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
       input) and GELU's output over the merged rows (patches / merge^2 of width hidden x merge^2), the autocast
       weight casts of both Linears, and the argsort of the window order (merged rows, int64) its rows are put back
       with."""
+    if _pooled(spec):
+        return siglip.tower_saved(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -174,6 +184,8 @@ def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """Under autocast, the tower's weight casts, which autocast's cache keeps for the whole region (a no-grad
     generate: the prefill and the decode): the patch embedding's, each block's linears' (_weight_casts) and the
     merger's two Linears' (biases cast per call, not counted); 0 without autocast or images."""
+    if _pooled(spec):
+        return siglip.tower_casts(spec, setup, st)
     if spec.vision is None or not setup.images or not st.autocast:
         return 0
     t = spec.vision
@@ -187,6 +199,8 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     output object (its last_hidden_state, patches x hidden in the stream's dtype, and the merged rows put back in
     image order, split per image, get_image_features :1075-1080) and their torch.cat cast to inputs_embeds' dtype
     (image_embeds), locals of the forward through the layers."""
+    if _pooled(spec):
+        return siglip.encoder_outputs_held(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -204,6 +218,8 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     fp32 multiply), the pixel rows' copy in a 16-bit tower's dtype (get_image_features :1075, alive through the
     tower's call) and the language model's text embeddings (made before the tower: Qwen2_5_VLModel.forward).
     NB: under autocast the tower's later weight casts (tower_casts, counted whole) are not made yet: over."""
+    if _pooled(spec):
+        return siglip.tower_prefill_peak(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -220,6 +236,8 @@ def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """Under autocast with full recompute, the checkpointed tower blocks' weight casts, which autocast's cache keeps
     to the end of the forward's autocast region (aten/src/ATen/autocast_mode.cpp cached_cast: a leaf fp32 weight
     that requires grad is cached whatever the grad mode, so also in the checkpoint's no-grad forward)."""
+    if _pooled(spec):
+        return siglip.checkpointed_casts(spec, setup, st)
     if spec.vision is None or not setup.images or not st.autocast or setup.recompute != "full":
         return 0
     return spec.vision.depth * _weight_casts(spec, st)
@@ -231,6 +249,8 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
     weight), each block's qkv, proj and MLP matmuls and its attention (q.k^T and probs.v, 2 x 2 x hidden per key;
     every patch sees its window's or image's patches, bidirectional), and the merger's two Linears over the merged
     rows. NB: norms, rotary, activations are elementwise and left out, as in flops.py."""
+    if _pooled(spec):
+        return siglip.tower_forward_flops(spec, setup)
     if spec.vision is None or not setup.images:
         return 0.0
     t = spec.vision
