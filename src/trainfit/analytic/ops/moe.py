@@ -49,13 +49,7 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
             memory("combine", T * k * h * a + T * k * INDEX, T * h * a, src + " (out[inv_perm], sum over k)", "combine",
                 saves=False)]
     if m.shared_intermediate:  # Qwen-MoE shared expert: a gated MLP scaled by sigmoid(gate(x)) (modeling_qwen2_moe.py)
-        s = m.shared_intermediate / t
-        ops += [gemm("shared_gate", T, s, h, sh, "modeling_qwen2_moe.py shared_expert"),
-                gemm("shared_up", T, s, h, sh, "modeling_qwen2_moe.py shared_expert")]
-        ops += activation(spec, "shared_act", T * s, sh, "shared_act")
-        ops.append(memory("shared_mul", 2 * T * s * a, T * s * a, "modeling_qwen2_moe.py shared_expert", "shared_act",
-                       (0, T * s * a)))
-        ops.append(gemm("shared_down", T, h, s, sh, "modeling_qwen2_moe.py shared_expert"))
+        ops += shared_expert_ops(spec, sh, "modeling_qwen2_moe.py shared_expert")
         if m.shared_gate:
             ops += [gemm("shared_expert_gate", T, 1, h, sh, "modeling_qwen2_moe.py shared_expert_gate"),
                     memory("shared_scale", 2 * T * h * a, T * h * a, "modeling_qwen2_moe.py sigmoid gate", "combine")]
@@ -93,11 +87,16 @@ def every_expert_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     ops.append(gemm("all_experts_out", T, h, i, sh, src + " bmm down (:81)", batch=local))
     ops.append(memory("all_experts_sum", rows * h * a, T * h * a, src + " sum over the copies (:166)", "combine",
                       saves=False))
-    s = m.shared_intermediate / t
-    ops += [gemm("shared_gate", T, s, h, sh, "modeling_llama4.py:97 shared_expert gate_proj"),
-            gemm("shared_up", T, s, h, sh, "modeling_llama4.py:97 shared_expert up_proj")]
+    return ops + shared_expert_ops(spec, sh, "modeling_llama4.py:97-98 shared_expert")
+
+
+def shared_expert_ops(spec: ModelSpec, sh: Shape, src: str) -> list[Op]:
+    """The shared expert every token runs beside the routed ones: a gated MLP (gate and up, the activation, their
+    product, down) of width shared_intermediate, split over TP."""
+    h, a, T = spec.hidden, sh.act, sh.tokens
+    s = spec.moe.shared_intermediate / sh.tp
+    ops = [gemm("shared_gate", T, s, h, sh, src + " gate"), gemm("shared_up", T, s, h, sh, src + " up")]
     ops += activation(spec, "shared_act", T * s, sh, "shared_act")
-    ops.append(memory("shared_mul", 2 * T * s * a, T * s * a, "modeling_llama4.py:97 shared_expert", "shared_act",
-                      (0, T * s * a)))
-    ops.append(gemm("shared_down", T, h, s, sh, "modeling_llama4.py:98 shared_expert down_proj"))
+    ops.append(memory("shared_mul", 2 * T * s * a, T * s * a, src, "shared_act", (0, T * s * a)))
+    ops.append(gemm("shared_down", T, h, s, sh, src + " down"))
     return ops
