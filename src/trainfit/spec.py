@@ -187,6 +187,12 @@ class VisionTowerSpec:
         multiples: Qwen2VLImageProcessor smart_resize, factor patch_size * merge_size)."""
         return self.patch * self.merge
 
+    @property
+    def patch_values(self) -> int:
+        """Values in one patch: in_channels x temporal_patch x patch^2 (a row of the processor's flattened
+        pixel_values; the patch embedding's contraction). Gemma 3's SigLIP Conv2d: temporal_patch 1."""
+        return self.in_channels * self.temporal_patch * self.patch ** 2
+
     def patches(self, image_size: int) -> int:
         """The tower's sequence for one square image: (image / patch)^2 patches (grid_t = 1 for a still image)."""
         return (image_size // self.patch) ** 2

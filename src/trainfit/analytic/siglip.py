@@ -28,7 +28,7 @@ def _sizes(spec: ModelSpec, setup: Setup) -> tuple[int, int, int, int, int]:
     """(patch rows n, hidden h, intermediate i, pixels per patch k, pooled tokens T) of one micro-batch."""
     t = spec.vision
     n = _images(setup) * t.patches(setup.image_size)
-    return n, t.hidden, t.intermediate, t.in_channels * t.patch ** 2, _images(setup) * t.tokens(setup.image_size)
+    return n, t.hidden, t.intermediate, t.patch_values, _images(setup) * t.tokens(setup.image_size)
 
 
 def stream_bytes(st: StateBytes) -> int:
@@ -124,7 +124,7 @@ def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     if spec.vision is None or not setup.images or not st.autocast:
         return 0
     t = spec.vision
-    return st.act * (t.hidden * t.in_channels * t.patch ** 2 + t.hidden * t.out_hidden) + t.depth * _weight_casts(
+    return st.act * (t.hidden * t.patch_values + t.hidden * t.out_hidden) + t.depth * _weight_casts(
         spec, st)
 
 

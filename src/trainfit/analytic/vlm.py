@@ -66,7 +66,7 @@ def pixel_bytes(spec: ModelSpec, setup: Setup) -> int:
     """pixel_values: one fp32 row of in_channels x temporal_patch x patch^2 values per patch (the processor's
     flattened patches, Qwen2VLImageProcessor; step/build.py vlm_batch), an input live through the step."""
     t = spec.vision
-    return patches(spec, setup) * t.in_channels * t.temporal_patch * t.patch ** 2 * FP32
+    return patches(spec, setup) * t.patch_values * FP32
 
 
 def _norm_saved(setup: Setup, st: StateBytes, rows: int, width: int, consumers: int) -> int:
@@ -153,7 +153,7 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
         return 0
     t = spec.vision
     n, h, a = patches(spec, setup), t.hidden, st.act
-    k = t.in_channels * t.temporal_patch * t.patch ** 2
+    k = t.patch_values
     m = t.hidden * t.merge ** 2
     merged = n // t.merge ** 2
     embed = a * (n * k + h * k) if st.autocast else (a * n * k if a < FP32 else 0)
@@ -190,7 +190,7 @@ def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
         return 0
     t = spec.vision
     m = t.hidden * t.merge ** 2
-    k = t.in_channels * t.temporal_patch * t.patch ** 2
+    k = t.patch_values
     return st.act * (t.hidden * k + m * m + m * t.out_hidden) + t.depth * _weight_casts(spec, st)
 
 
@@ -224,7 +224,7 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
         return 0
     t = spec.vision
     n, h, a = patches(spec, setup), t.hidden, st.act
-    k = t.in_channels * t.temporal_patch * t.patch ** 2
+    k = t.patch_values
     copy = a * n * k if (a < FP32 and not st.autocast) else 0
     rotary = (6 if a < FP32 else 4) * FP32 * n * h + 2 * FP32 * n * (h // t.heads)
     block = 3 * n * h * a + n * h * a + n * h * (FP32 if st.autocast else a)
@@ -270,4 +270,4 @@ def patch_embed_flops(spec: ModelSpec, setup: Setup) -> float:
     if spec.vision is None or not setup.images:
         return 0.0
     t = spec.vision
-    return 2 * patches(spec, setup) * t.in_channels * t.temporal_patch * t.patch ** 2 * t.hidden
+    return 2 * patches(spec, setup) * t.patch_values * t.hidden

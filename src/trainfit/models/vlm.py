@@ -132,9 +132,9 @@ def tower_params(t: VisionTowerSpec) -> int:
     if t.projector == "pool":  # Gemma 3: q, k, v, out with biases (modeling_siglip.py SiglipAttention), the final
         # LayerNorm (post_layernorm), the projector's RMSNorm (h) and projection (h x out_hidden)
         block = 2 * norm * h + 4 * (h * h + h) + (h * i + i) + (i * h + h)
-        embed = t.in_channels * t.patch ** 2 * h + h + t.position_embeddings * h
+        embed = t.patch_values * h + h + t.position_embeddings * h
         return embed + t.depth * block + norm * h + h + h * t.out_hidden
-    embed = t.in_channels * t.temporal_patch * t.patch ** 2 * h + (h if t.patch_bias else 0)
+    embed = t.patch_values * h + (h if t.patch_bias else 0)
     mlp = (2 if t.gated_mlp else 1) * (h * i + i) + (i * h + h)
     block = 2 * norm * h + (h * 3 * h + 3 * h) + (h * h + h) + mlp
     merger_linears = (m * m + m) + (m * t.out_hidden + t.out_hidden)

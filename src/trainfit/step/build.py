@@ -233,8 +233,7 @@ def vlm_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = Fa
         values = {k: (v.tolist(), v.dtype) for k, v in {**index, "grid": grid, "ids": ids}.items()}
     made = {k: torch.tensor(v, dtype=dt, device=device) for k, (v, dt) in values.items()}
     ids = made.pop("ids")
-    pixels = torch.randn(setup.batch * n * side * side, t.in_channels * t.temporal_patch * t.patch ** 2,
-                         dtype=torch.float32, device=device)
+    pixels = torch.randn(setup.batch * n * side * side, t.patch_values, dtype=torch.float32, device=device)
     positions = torch.arange(length, device=device).view(1, 1, -1).expand(3, setup.batch, -1)
     batch = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": made.pop("grid"), "position_ids": positions,
              **{f"image_{k}": v for k, v in made.items()}}
