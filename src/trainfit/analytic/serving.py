@@ -299,8 +299,8 @@ def mixer_width(spec: ModelSpec) -> int:
     moment its out_proj runs (beside the residual, its normalised copy and out_proj's output, h each): Gated
     DeltaNet in_proj_qkvz + in_proj_ba (2 key_dim + 2 value_dim + 2 value_heads) and value_dim; Mamba-2 in_proj
     (2 inner + 2 n_groups d_state + heads) and inner. NB: under — the conv's output and the chunked scan's fp32
-    states (Mamba-2: chunks x heads x head_dim x d_state) are not counted: the serving profile run is not the
-    analytic engine's activation model, which does not cover these layers yet (analytic/unmodelled.py)."""
+    states (Mamba-2: chunks x heads x head_dim x d_state) are not counted: the profile run runs vLLM's own fused
+    kernels, not the transformers reference scan whose live tensors analytic/mamba2.py and gated_deltanet.py price."""
     if spec.hybrid is not None:
         m = spec.hybrid
         return 2 * m.ssm_inner + 2 * m.n_groups * m.d_state + m.ssm_heads + m.ssm_inner

@@ -82,7 +82,7 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
 
 
 def unmodelled_kernels(spec: ModelSpec) -> list[str]:
-    """Features whose memory is modelled (in some mode) but whose kernels the op list (analytic/ops/) does not list."""
+    """Features whose memory is modelled but whose kernels the op list (analytic/ops/) does not list."""
     out = []
     if spec.vision is not None:
         out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's and Gemma 3's memory and "
