@@ -10,7 +10,7 @@ import argparse
 
 from bench.figures import pct, record
 from tests.analytic.test_vs_trace_families import CASES, CONFIGS, KNOWN_GAPS, MLA_TOLERANCE, REFUSED, shrink
-from tests.analytic.test_vs_trace_families import OWN_FILE, TRAINING_REFUSED
+from tests.analytic.test_vs_trace_families import OWN_FILE
 from trainfit.analytic.engine import estimate
 from trainfit.models.hf_config import spec_from_config
 from trainfit.trace import trace_spec
@@ -38,7 +38,6 @@ def main(argv: list[str] | None = None) -> None:
     other, mla = worst(False), worst(True)
     figure = (f"{len(gaps)} cases, {len(specs)} families: worst {pct(gaps[other], digits=2)} "
               f"(MLA {pct(gaps[mla], digits=2)}); {len(known)} named gaps; {len(REFUSED)} refused"
-              + (f"; {len(TRAINING_REFUSED)} with training refused" if TRAINING_REFUSED else "")
               + f"; {len(OWN_FILE)} checked in their own test files")
     print(figure)
     record("families_matrix", "analytic vs trace, every catalog family at small sizes (CPU and CUDA semantics)",
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
            {"cases": len(gaps), "families": len(specs), "worst_case": other, "worst_pct": round(gaps[other] * 100, 3),
             "worst_mla_case": mla, "worst_mla_pct": round(gaps[mla] * 100, 3),
             "named_gaps_pct": {k: round(v * 100, 2) for k, v in known.items()}, "refused": sorted(REFUSED),
-            "training_refused": sorted(TRAINING_REFUSED), "own_files": dict(sorted(OWN_FILE.items()))},
+            "own_files": dict(sorted(OWN_FILE.items()))},
            "cpu-memory", quick=quick)
 
 

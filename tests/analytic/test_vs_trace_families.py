@@ -227,14 +227,6 @@ REFUSED: dict[str, str] = {
 }
 
 
-# Families whose inference the analytic engine models but whose training it refuses (analytic/unmodelled.py, mode
-# "train"): their inference setups are in the matrix, their training ones are checked for the one-line refusal.
-TRAINING_REFUSED: dict[str, str] = {}
-
-# Training precisions the analytic engine refuses for a family whose other training it models: family -> (precision,
-# the missing terms and the gap measured before the refusal); left out of the matrix, the refusal checked.
-TRAINING_REFUSED_PRECISION: dict[str, tuple[str, str]] = {}
-
 if _ONEDNN_BF16:
     KNOWN_GAPS["nemotron_h-infer-amp-bf16-cpu"] = (
         "the oneDNN scratch of the Mamba-2 scan's last bmm under autocast (C_times_states, modeling_nemotron_h.py:362:"
@@ -268,9 +260,6 @@ CASES = []
 # (a refused family takes no index: the others' setups stay as they were)
 for _i, _family in enumerate(f for f in FAMILIES if f not in REFUSED and f not in OWN_FILE):
     for _s in setups(_i):
-        if _s.mode != "infer" and (_family in TRAINING_REFUSED
-                                   or TRAINING_REFUSED_PRECISION.get(_family, ("",))[0] == _s.precision):
-            continue
         _case = _id(_family, _s)
         _marks = [pytest.mark.xfail(reason=KNOWN_GAPS[_case], strict=True)] if _case in KNOWN_GAPS else []
         if not default_run(_i, _s) and _case not in KNOWN_GAPS:  # a named gap stays in the default run
@@ -286,22 +275,13 @@ def test_every_catalog_family_is_covered():
         assert (spec.hidden, spec.layers, spec.vocab) == (HIDDEN, LAYERS, VOCAB), mt
 
 
-@pytest.mark.parametrize("family", sorted({*REFUSED, *TRAINING_REFUSED}))
+@pytest.mark.parametrize("family", sorted(REFUSED))
 def test_refused_families_say_so_in_one_line(family):
     spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
-    modes = ("train",) if family in TRAINING_REFUSED else ("train", "infer")
-    for s in (Setup(batch=2, seq=128, precision="bf16", mode=m) for m in modes):
+    for s in (Setup(batch=2, seq=128, precision="bf16", mode=m) for m in ("train", "infer")):
         with pytest.raises(SetupError, match="analytic engine does not model") as e:
             estimate(spec, s)
         assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
-
-
-@pytest.mark.parametrize("family", sorted(TRAINING_REFUSED_PRECISION))
-def test_refused_training_precisions_say_so_in_one_line(family):
-    spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
-    with pytest.raises(SetupError, match="not modelled by the analytic engine") as e:
-        estimate(spec, Setup(batch=2, seq=128, precision=TRAINING_REFUSED_PRECISION[family][0]))
-    assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
 
 
 def assert_analytic_near_trace(spec, setup, label: str, tolerance: float) -> None:
@@ -353,7 +333,6 @@ def test_sliding_layers_past_their_window(precision, device, mode):
     assert_analytic_near_trace(spec, setup, "gemma3_text", TOLERANCE)
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("precision,recompute,device", [("bf16", "none", "cuda"), ("amp-bf16", "full", "cpu")])
 def test_gpt_oss_attention_at_a_long_sequence(precision, recompute, device):
@@ -365,7 +344,6 @@ def test_gpt_oss_attention_at_a_long_sequence(precision, recompute, device):
     spec = spec_from_config(shrink(CONFIGS["gpt_oss"]), "small-gpt_oss")
     setup = Setup(batch=1, seq=2048, precision=precision, recompute=recompute, device=device, optimizer="sgd")
     assert_analytic_near_trace(spec, setup, "gpt_oss", TOLERANCE)
-
 
 
 @pytest.mark.slow
