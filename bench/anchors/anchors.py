@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import statistics
@@ -208,8 +207,7 @@ def memtracker_case(r: dict) -> dict:
             mt.track_external(model, ids, next_ids, *cache_tensors(cache))
             with mt:
                 arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-                out = model(input_ids=next_ids, use_cache=True, **{arg: cache}, **kw)
-                del out
+                model(input_ids=next_ids, use_cache=True, **{arg: cache}, **kw)
             res["decode"] = _tracker_peak(mt)
     res["tracked_s"] = round(time.perf_counter() - t1, 2)
     res["total_s"] = round(time.perf_counter() - t0, 2)
