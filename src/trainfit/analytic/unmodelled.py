@@ -90,9 +90,6 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     if spec.encdec is not None and encoder_decoder.modelled(spec):
         out.append("an encoder-decoder's kernels (the op list and step time: the cross-attention, the relative "
                    "position bias; T5's inference memory is modelled: estimate without --gpu)")
-    if spec.hybrid is not None and spec.hybrid.mamba_layers:
-        out.append("the Mamba-2 scan's kernels (the op list and step time; its memory and FLOPs are modelled: "
-                   "estimate without --gpu, or with --mfu)")
     return out
 
 
