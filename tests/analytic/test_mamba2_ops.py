@@ -31,7 +31,7 @@ def _key(phase: str, m: float, n: float, k: float, batch: float) -> tuple:
     return phase, *sorted((round(m), round(n))), round(k), round(batch)
 
 
-@pytest.mark.parametrize("precision", ["amp-bf16", "bf16"])
+@pytest.mark.parametrize("precision", ["amp-bf16", pytest.param("bf16", marks=pytest.mark.heavy)])
 def test_step_time_counts_the_traced_scan_kernels(precision):
     spec = load_model("tiny-nemotron-h")
     setup = Setup(batch=2, seq=128, precision=precision, device="cuda")

@@ -95,6 +95,8 @@ def _hybrid_block(spec: ModelSpec, sh: Shape, rc: LayerRecipe, block: str, ops: 
     """One block of a hybrid stack (Nemotron-H, modeling_nemotron_h.py:960-994 NemotronHBlock.forward): its RMSNorm
     (ops/mamba2.block_norm), one mixer (a Mamba-2 mixer, attention without positions, or the plain MLP) and the
     residual add; the weights' autocast casts, the scan's matmuls aside (they multiply activations)."""
+    if block not in HYBRID_BLOCKS:
+        raise ValueError(f"{spec.name}: a hybrid stack's layer is one block: block= one of {sorted(HYBRID_BLOCKS)}")
     ops += block_norm(spec, "block_norm", sh, "attn_in")
     HYBRID_BLOCKS[block](spec, sh, rc, ops, proj)
     ops += residual("block", sh.norm_tokens * spec.hidden, 0.0, sh, "attn_out",
