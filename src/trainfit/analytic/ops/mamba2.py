@@ -22,8 +22,12 @@ tests/analytic/test_ops_vs_trace.py checks tiny-nemotron-h's three kinds of bloc
 exact, a Mamba block's other bytes +0.16 % forward, -0.43 % backward); checked once when written against the trace of
 a Mamba block in bf16 (+0.23 % / -0.45 %), fp32 (+0.22 % / -0.91 %), at a padded last chunk (2 x 120: +0.16 % /
 +1.06 %) and with head width, state, chunk and groups all distinct (P 8, N 32, Q 32, G 4, H 12 at 2 x 100: GEMM shapes
-and casts exact, +0.14 % / +0.25 %); kernels launched: 102 / 148 listed, 102 / 151 traced. The decode step's lists
-are read off the code (the ops test compares training steps).
+and casts exact, +0.14 % / +0.25 %); kernels launched: 102 / 148 listed, 102 / 151 traced.
+tests/analytic/test_mamba2_ops.py checks a Mamba block's inference lists against the trace's inference step (bf16,
+2 x 128): GEMM shapes exact, prefill bytes +1.1 % (91 of 95 kernels: the cache's conv-state and final-state writes
+not listed), decode +7.5 % (45 of 46; the trace counts the in-place copy_ into the states' destination as read and
+written). NB: under autocast the decode list times the weights' casts (layer_forward's weight_casts) that autocast's
+cache made in the prefill (-30.7 % with them, +4.9 % without: as for every family's decode in infer_time).
 """
 from __future__ import annotations
 
@@ -321,15 +325,22 @@ def _gated_norm(spec: ModelSpec, d: _Dims, sh: Shape) -> list[Op]:
 def _conv_update(d: _Dims, sh: Shape) -> list[Op]:
     """A decode step's conv (causal_conv1d_update, :144-160) at one token per sequence: the cached conv state (K
     positions) and the token cat'ed, the last K positions copied back into the state, F.conv1d without padding (two
-    positions, the last kept) and SiLU. Inference only: no backward. NB: read off the code, not checked against a
-    trace (the ops test compares training layers); the casts to the weight's dtype under autocast are left out."""
-    a, b, cd, K = sh.act, d.b, d.cd, d.K
+    positions, the last kept) and SiLU; under autocast the window cast to the fp32 weight's dtype (`.to(weight.dtype)`,
+    :154), the state copied from it, and autocast's casts of the window and the weight for conv1d (the bias's cast is
+    cached from the prefill). Inference only: no backward."""
+    a, w, b, cd, K = sh.act, sh.weight, d.b, d.cd, d.K
     src = f"{SRC}:144-160 causal_conv1d_update"
-    window = b * cd * (K + 1) * a
-    return [memory("conv_state_cat", window, window, src),
-            memory("conv_state_copy", b * cd * K * a, b * cd * K * a, src),
-            memory("conv1d", window + cd * (K + 1) * sh.weight, 2 * b * cd * a, src),
-            memory("conv_silu", b * cd * a, b * cd * a, src)]
+    x = b * cd * (K + 1)  # the window's elements
+    ops = [memory("conv_state_cat", x * a, x * a, src)]
+    cast = sh.autocast and a != w
+    if cast:
+        ops.append(memory("conv_window.to_fp32", x * a, x * w, f"{SRC}:154", **UPCAST))
+    ops.append(memory("conv_state_copy", b * cd * K * (w if cast else a), b * cd * K * a, f"{SRC}:155 copy_"))
+    if cast:
+        ops += [memory("conv_weight.autocast", cd * K * w, cd * K * a, "torch.autocast (conv1d)", **DOWNCAST),
+                memory("conv_window.autocast", x * w, x * a, "torch.autocast (conv1d)", **DOWNCAST)]
+    return ops + [memory("conv1d", x * a + cd * K * a, 2 * b * cd * a, f"{SRC}:156 F.conv1d"),
+                  memory("conv_silu", b * cd * a, b * cd * a, f"{SRC}:157-159 SiLU")]
 
 
 def _state_update(d: _Dims, sh: Shape) -> list[Op]:
@@ -338,8 +349,7 @@ def _state_update(d: _Dims, sh: Shape) -> list[Op]:
     fp32, B repeated to every head (a contiguous copy), dB = dt·B, dB·x, the state's decay and the sum (the state in
     fp32, e.g. its dtype outside autocast), its copy into the cache, C repeated, the state cast to C's dtype, the
     output bmm (P x N by N x 1 per sequence and head), D's skip (a product and a sum) and the output's cast back.
-    Inference only: no backward. NB: read off the code, not checked against a trace (the ops test compares
-    training layers)."""
+    Inference only: no backward."""
     a, F, b, H, P, N = sh.act, FP32, d.b, d.h, d.p, d.n
     dtb = F if sh.autocast else a
     hp, st, hn = b * H * P, b * H * P * N, b * H * N
