@@ -35,6 +35,7 @@ from typing import Callable
 
 from ...spec import ModelSpec
 from ..activations import FP32
+from .cast import autocast_inputs
 from .gated_deltanet import rule_dtype
 from .norm import hf_rms_norm
 from .op import (BROADCAST, DOWNCAST, UPCAST, Op, Shape, add_backward, bwd_kernel, gemm, grad_cast, memory,
@@ -89,8 +90,6 @@ def mamba_mixer(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Callable[..., O
     """Appends to `ops` one Mamba-2 mixer: in_proj (:486), A = -exp(A_log) (:488), the depthwise causal conv and SiLU
     (or, decoding, the conv-state update), the chunked scan (or the recurrent state update), the gated RMSNorm and
     out_proj (:609-612)."""
-    from .cast import autocast_inputs
-
     d, h, m = _Dims(spec, sh), spec.hidden, spec.hybrid
     ops += autocast_inputs("mamba_in", d.T, h, 1, sh, "mamba_in")
     proj("in_proj", m.ssm_inner + m.conv_dim + m.ssm_heads, h, d.inner + d.cd + d.h, h, m.proj_bias,
