@@ -16,11 +16,11 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from .compute_time import ListTime, layer_kinds, time_ops
-from .gated_deltanet import attention_layers
 from .ops import Op, embedding_forward, head_forward, layer_forward, shape_of
 from .params import ParamCounts
 from .precision import state_bytes
 from .roofline import host_seconds_per_kernel
+from .serving_state import attention_layers
 from .inference import kv_bytes_per_token
 from .timing import compute_dtype
 
@@ -47,12 +47,15 @@ def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len
     # a decode step (one token against the cache) runs Gated DeltaNet layers' recurrent rule (Shape.decode)
     sh = replace(shape_of(spec, setup, st, compute_dtype(setup)), seq=q_len, decode=q_len == 1 and kv_len > 1)
     total = ListTime()
-    for w, moe, linear in layer_kinds(spec, pc):
-        total = total + (w * spec.layers) * time_ops(gpu, _attending(layer_forward(spec, sh, moe, linear), kv_len))
+    for w, moe, linear, block in layer_kinds(spec, pc):
+        total = total + (w * spec.layers) * time_ops(gpu, _attending(layer_forward(spec, sh, moe, linear, block),
+                                                                     kv_len))
     total = total + time_ops(gpu, embedding_forward(spec, sh) + head_forward(spec, sh, logits_rows=setup.batch))
     if q_len == 1 and spec.causal:  # the cache's torch.cat per attention layer: reads the old k, v and the new
         cache = setup.batch * kv_len * kv_bytes_per_token(spec, setup)  # (this rank's share)
-        total = total + time_ops(gpu, [Op("kv_cat", "memory", "", reads=cache, writes=cache, kernels=2 * attention_layers(spec),
+        # (a hybrid stack's attention blocks only: its Mamba blocks update their state in place, ops/mamba2.py)
+        total = total + time_ops(gpu, [Op("kv_cat", "memory", "", reads=cache, writes=cache,
+                                          kernels=2 * attention_layers(spec),
                                           source="transformers cache_utils.py DynamicLayer.update (torch.cat)")])
     # an eager forward is issued op by op: the GPU waits when the host is slower (step_time.host_issue_exposed)
     return PassTime(total, max(total.seconds, total.kernels * host_seconds_per_kernel(no_grad=True)))
