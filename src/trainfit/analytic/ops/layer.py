@@ -13,7 +13,7 @@ from ..families import family_traits
 from ..unmodelled import check_modelled
 from .activation import activation, activation_out_bytes
 from .attention import attention_core, grad_layout, output_gate, output_gate_split, qkv_split
-from .cast import autocast_inputs, weight_casts
+from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .gated_deltanet import RULE, linear_mixer
 from .gemm import fp8_casts
 from .mamba2 import SCAN, block_norm, mamba_mixer
@@ -87,7 +87,7 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
     if rc.norm == "post":
         ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "mlp_out")
     # (the experts' grouped GEMMs run outside autocast, moe.py; the delta rule's matmuls multiply activations)
-    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
+    return weight_casts(WEIGHT_CASTS, [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
 
 
 def _hybrid_block(spec: ModelSpec, sh: Shape, rc: LayerRecipe, block: str, ops: list[Op],
@@ -101,7 +101,7 @@ def _hybrid_block(spec: ModelSpec, sh: Shape, rc: LayerRecipe, block: str, ops: 
     HYBRID_BLOCKS[block](spec, sh, rc, ops, proj)
     ops += residual("block", sh.norm_tokens * spec.hidden, 0.0, sh, "attn_out",
                     "modeling_nemotron_h.py:991 residual add")
-    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith(SCAN)], sh) + ops
+    return weight_casts(WEIGHT_CASTS, [o for o in ops if not o.name.startswith(SCAN)], sh) + ops
 
 
 def _sandwich_norm(spec: ModelSpec, name: str, sh: Shape, group: str) -> list[Op]:

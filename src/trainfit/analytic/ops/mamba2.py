@@ -26,8 +26,8 @@ and casts exact, +0.14 % / +0.25 %); kernels launched: 102 / 148 listed, 102 / 1
 tests/analytic/test_mamba2_ops.py checks a Mamba block's inference lists against the trace's inference step (bf16,
 2 x 128): GEMM shapes exact, prefill bytes +1.1 % (91 of 95 kernels: the cache's conv-state and final-state writes
 not listed), decode +7.5 % (45 of 46; the trace counts the in-place copy_ into the states' destination as read and
-written). NB: under autocast the decode list times the weights' casts (layer_forward's weight_casts) that autocast's
-cache made in the prefill (-30.7 % with them, +4.9 % without: as for every family's decode in infer_time).
+written). Under autocast the decode step runs no weight casts (autocast's cache made them in the prefill: infer_time drops
+them, ops/cast.py uncached; with them the decode list read -30.7 % of the trace, +4.9 % without).
 """
 from __future__ import annotations
 
