@@ -1,7 +1,8 @@
 """Compute time of one micro-batch on the slowest pipeline stage, and of the optimizer step: the op list
 (analytic/ops/) timed kernel by kernel by the roofline (analytic/roofline.py) — no global efficiency factor.
 
-forward  = embedding (first stage) + layers × one layer's forward + head and loss (last stage);
+forward  = embedding (first stage; a VLM's image encoder too, tower_time.py) + layers × one layer's forward + head
+           and loss (last stage);
 backward = the same lists' backward (ops.backward) — GEMM dgrad + wgrad, attention's backward kernel, the
            elementwise rule; + Float8Linear's backward casts;
 recompute = the layers the policy checkpoints × what each re-runs (ops.recomputed, ops.checkpointed_layers).

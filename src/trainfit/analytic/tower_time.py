@@ -29,7 +29,8 @@ def tower_times(spec: ModelSpec, setup: Setup, gpu: GPU, lm: Shape) -> tuple[Lis
     compiled under torch.compile, as the layers'). Recompute: with --recompute full every block is a
     GradientCheckpointingLayer (modeling_qwen2_5_vl.py:344 Qwen2_5_VLVisionBlock, modeling_siglip.py:325
     SiglipEncoderLayer) that re-runs its forward in its backward; the ends are not checkpointed. NB: the other
-    policies (selective, op, layer:N) are taken to leave the tower's blocks whole (no re-run)."""
+    policies (selective, op, layer:N) are taken to leave the tower's blocks whole (no re-run); under --lora-rank
+    the tower is timed as trained (its weight gradients included: over where peft leaves it frozen)."""
     if spec.vision is None or not getattr(setup, "images", 0):
         return ListTime(), ListTime(), ListTime()
     return _times(spec, _Images(setup.batch, setup.images, setup.image_size), gpu, lm, setup.recompute == "full")
