@@ -10,14 +10,14 @@ by tensor, sequence or context parallelism (the tower is not sharded: NB over-co
 
 Sources, transformers 5.x in the venv:
   Qwen2.5-VL  models/qwen2_5_vl/modeling_qwen2_5_vl.py: Qwen2_5_VisionPatchEmbed :99-122 (Conv3d, kernel = stride,
-      no bias: one GEMM of the patch rows), the window permutation :421-425 and :456, the 2-D rotary tables
-      :160-186 (permuted :458-461), Qwen2_5_VLVisionBlock :344-375 (RMSNorm :64-78, fused qkv :273-283 reshaped,
-      permuted and unbound, apply_rotary_pos_emb_vision :210-222 in fp32, SDPA per image or window over cu_seqlens
-      :316-337 then torch.cat, proj, gated SiLU MLP with biases :85-97), the merger :188-200 (RMSNorm, Linear, GELU,
-      Linear) and its argsort :484-486, get_image_features :1075-1080, the placeholder scatter :1219-1222.
+      no bias: one GEMM of the patch rows), the window permutation :422-426 and :459, the 2-D rotary tables
+      :166-182 (permuted :461-464), Qwen2_5_VLVisionBlock :344-369 (RMSNorm :64-78, fused qkv :273-283 reshaped,
+      permuted and unbound, apply_rotary_pos_emb_vision :207-219 in fp32, SDPA per image or window over cu_seqlens
+      :316-337 then torch.cat, proj, gated SiLU MLP with biases :85-97), the merger :185-198 (RMSNorm, Linear, GELU,
+      Linear) and its argsort :482-484, get_image_features :1075-1080, the placeholder scatter :1219-1222.
   Gemma 3     models/siglip/modeling_siglip.py: SiglipVisionEmbeddings :175-185 (Conv2d with bias, + position
       rows), SiglipEncoderLayer :325-356 (LayerNorm, q/k/v/out with biases :265-306, SDPA over each image,
-      fc1 + gelu_pytorch_tanh + fc2 :310-322), post_layernorm :612; models/gemma3/modeling_gemma3.py
+      fc1 + gelu_pytorch_tanh + fc2 :310-322), post_layernorm :611; models/gemma3/modeling_gemma3.py
       Gemma3MultiModalProjector :651-668 (transpose + contiguous, avg_pool2d, Gemma3RMSNorm, matmul, type_as), the
       placeholder scatter :864.
 Checked against the trace's kernels (trace/kernel_shapes.py) by tests/analytic/test_tower_ops_vs_trace.py: one block
@@ -70,9 +70,11 @@ def _kernel(sh: Shape) -> str:
 def stream_bytes(spec: ModelSpec, sh: Shape) -> int:
     """Bytes of an element of the tower's hidden stream: the patch embedding's output dtype, which every residual add
     keeps. Qwen2.5-VL: the Conv3d's (16 bits under autocast: the conv runs in the compute dtype). SigLIP: the conv
-    output plus the position rows (the weight's dtype: fp32 under autocast promotes the sum), analytic/siglip.py
-    stream_bytes."""
-    return max(sh.act, sh.weight) if pooled(spec) else sh.act
+    output plus the position rows, analytic/siglip.py stream_bytes (it reads the autocast flag and the activation
+    bytes, which a Shape carries as StateBytes does)."""
+    from ..siglip import stream_bytes as siglip_stream
+
+    return siglip_stream(sh) if pooled(spec) else sh.act
 
 
 def _attention(spec: ModelSpec, sh: Shape, chunks: int, name: str) -> list[Op]:
@@ -92,17 +94,13 @@ def _attention(spec: ModelSpec, sh: Shape, chunks: int, name: str) -> list[Op]:
     return [op] * calls
 
 
-def _proj(name: str, rows: float, n: int, k: int, sh: Shape, bias: bool, src: str) -> Op:
-    return gemm(name, rows, n, k, sh, src, bias=bias)
-
-
 def _rotate(name: str, x: float, table: float) -> list[Op]:
-    """q·cos + rotate_half(q)·sin (:218-219) in fp32 over x elements, cos and sin (`table` elements, broadcast over
-    the heads) read by their products; rotate_half = a neg of one half + a cat (:200-203). Backward
+    """q·cos + rotate_half(q)·sin (:215-216) in fp32 over x elements, cos and sin (`table` elements, broadcast over
+    the heads) read by their products; rotate_half = a neg of one half + a cat (:201-204). Backward
     (derivatives.yaml), spelled out: grad·sin, the neg's, each of rotate_half's two slices a slice_backward (zeros +
     the half's copy), their sum, grad·cos, and q's two gradients summed (the add passes its gradient on)."""
     x4, t4 = x * FP32, table * FP32
-    src = f"{QWEN}:200-219 apply_rotary_pos_emb_vision"
+    src = f"{QWEN}:201-218 apply_rotary_pos_emb_vision"
     return [memory(f"{name}.rope_cos", x4 + t4, x4, src, saves=False, bwd_ops=(
                 bwd_kernel(f"{name}.rope_cos.backward", x4 + t4, x4, "strided"),
                 bwd_kernel(f"{name}.rope_grad_sum", 2 * x4, x4)), **BROADCAST),
@@ -116,16 +114,16 @@ def _rotate(name: str, x: float, table: float) -> list[Op]:
 
 
 def _rotary(n: float, h: int, heads: int, sh: Shape) -> list[Op]:
-    """apply_rotary_pos_emb_vision (:210-222): q and k cast to fp32 (`q.float()`; none in fp32), rotated in fp32
+    """apply_rotary_pos_emb_vision (:207-219): q and k cast to fp32 (`q.float()`; none in fp32), rotated in fp32
     against the fp32 (n, head_dim) cos/sin tables (_rotate), cast back to q's dtype."""
     a, x = sh.act, n * h
     ops: list[Op] = []
     for name in ("vq", "vk"):
         if a != FP32:
-            ops.append(memory(f"{name}.rope_fp32", x * a, x * FP32, f"{QWEN}:214 q.float()", saves=False, **UPCAST))
+            ops.append(memory(f"{name}.rope_fp32", x * a, x * FP32, f"{QWEN}:213 q.float()", saves=False, **UPCAST))
         ops += _rotate(name, x, x / heads)
     if a != FP32:
-        ops += [memory(f"{name}.rope_cast", x * FP32, x * a, f"{QWEN}:219-220 .to(orig dtype)", saves=False,
+        ops += [memory(f"{name}.rope_cast", x * FP32, x * a, f"{QWEN}:217-218 .to(orig dtype)", saves=False,
                        **DOWNCAST) for name in ("vq", "vk")]
     return ops
 
@@ -149,32 +147,32 @@ def qwen_block(spec: ModelSpec, sh: Shape, chunks: int) -> list[Op]:
     ops: list[Op] = []
     ops += _rms_norm(spec, "vnorm1", n, h, sh)
     ops += autocast_inputs("vqkv_in", n, h, 1, sh, "")
-    ops.append(_proj("vqkv", n, 3 * h, h, sh, True, f"{QWEN}:281 qkv"))
+    ops.append(gemm("vqkv", n, 3 * h, h, sh, f"{QWEN}:283 qkv", bias=True))
     x = n * h * a
     # reshape + permute + unbind are views; unbind's backward stacks the three gradients and the permute's reshape
     # copies them back to the projection's layout (derivatives.yaml unbind: stack; view of a permuted tensor)
-    ops.append(memory("vqkv_unbind", 0, 0, f"{QWEN}:281-283 unbind", saves=False, kernels=0, bwd_ops=(
+    ops.append(memory("vqkv_unbind", 0, 0, f"{QWEN}:283 unbind", saves=False, kernels=0, bwd_ops=(
         bwd_kernel("vqkv_unbind.stack", 3 * x, 3 * x), bwd_kernel("vqkv_unbind.layout", 3 * x, 3 * x, "transpose"))))
     ops += _rotary(n, h, t.heads, sh)
     # torch.split over cu_seqlens (views); its backward concatenates each of q's, k's and v's chunk gradients
     split = [bwd_kernel(f"v{c}_split.backward", x, x) for c in "qkv"] if not pooled(spec) else []
     ops.append(memory("vattn_split", 0, 0, f"{QWEN}:318 torch.split", saves=False, kernels=0, bwd_ops=tuple(split)))
-    ops += [memory("vattn_lengths", 0, 0, f"{QWEN}:317 cu_seqlens[1:] - cu_seqlens[:-1]", saves=False, grad=False)]
+    ops += [memory("vattn_lengths", 0, 0, f"{QWEN}:316 cu_seqlens[1:] - cu_seqlens[:-1]", saves=False, grad=False)]
     ops += _attention(spec, sh, chunks, "vattention")
-    # the chunks' outputs concatenated (:337; its backward: split, views)
-    ops.append(memory("vattn_cat", x, x, f"{QWEN}:337 torch.cat", saves=False, grad=False))
-    ops.append(_proj("vproj", n, h, h, sh, True, f"{QWEN}:340 proj"))
-    ops += residual("vattn", n * h, 0.0, sh, "", f"{QWEN}:364 residual add")
+    # the chunks' outputs concatenated (:335; its backward: split, views)
+    ops.append(memory("vattn_cat", x, x, f"{QWEN}:335 torch.cat", saves=False, grad=False))
+    ops.append(gemm("vproj", n, h, h, sh, f"{QWEN}:338 proj", bias=True))
+    ops += residual("vattn", n * h, 0.0, sh, "", f"{QWEN}:362 residual add")
     ops += _rms_norm(spec, "vnorm2", n, h, sh)
     ops += autocast_inputs("vmlp_in", n, h, 2, sh, "")
-    ops.append(_proj("vgate", n, i, h, sh, True, f"{QWEN}:97 gate_proj"))
+    ops.append(gemm("vgate", n, i, h, sh, f"{QWEN}:96 gate_proj", bias=True))
     ops += one_kernel("silu", "vact", n * i, sh, "")
-    ops.append(_proj("vup", n, i, h, sh, True, f"{QWEN}:97 up_proj"))
+    ops.append(gemm("vup", n, i, h, sh, f"{QWEN}:96 up_proj", bias=True))
     y = n * i * a
-    ops.append(memory("vact_mul", 2 * y, y, f"{QWEN}:97 act(gate)·up", bwd_ops=(
+    ops.append(memory("vact_mul", 2 * y, y, f"{QWEN}:96 act(gate)·up", bwd_ops=(
         bwd_kernel("vact_mul.backward", 2 * y, y), bwd_kernel("vact_mul.backward_up", 2 * y, y))))
-    ops.append(_proj("vdown", n, h, i, sh, True, f"{QWEN}:97 down_proj"))
-    ops += residual("vmlp", n * h, 0.0, sh, "", f"{QWEN}:371 residual add")
+    ops.append(gemm("vdown", n, h, i, sh, f"{QWEN}:96 down_proj", bias=True))
+    ops += residual("vmlp", n * h, 0.0, sh, "", f"{QWEN}:368 residual add")
     return weight_casts("vweight_casts", ops, sh) + ops
 
 
@@ -187,15 +185,15 @@ def siglip_block(spec: ModelSpec, sh: Shape, chunks: int) -> list[Op]:
     ops += fused_norm(spec, "vln1", n, h, sh, "", s, s)
     ops += autocast_inputs("vqkv_in", n, h, 3, sh, "")
     for name in ("vq", "vk", "vv"):
-        ops.append(_proj(name, n, h, h, sh, True, f"{SIGLIP}:283-285 q/k/v_proj"))
+        ops.append(gemm(name, n, h, h, sh, f"{SIGLIP}:284-286 q/k/v_proj", bias=True))
     ops += _attention(spec, sh, chunks, "vattention")
-    ops.append(_proj("vout", n, h, h, sh, True, f"{SIGLIP}:303 out_proj"))
-    ops += residual("vattn", n * h, 0.0, sh, "", f"{SIGLIP}:344 residual add")
+    ops.append(gemm("vout", n, h, h, sh, f"{SIGLIP}:304 out_proj", bias=True))
+    ops += residual("vattn", n * h, 0.0, sh, "", f"{SIGLIP}:349 residual add")
     ops += fused_norm(spec, "vln2", n, h, sh, "", s, s)
     ops += autocast_inputs("vfc1_in", n, h, 1, sh, "")
-    ops.append(_proj("vfc1", n, i, h, sh, True, f"{SIGLIP}:319 fc1"))
+    ops.append(gemm("vfc1", n, i, h, sh, f"{SIGLIP}:319 fc1", bias=True))
     ops += one_kernel("gelu_tanh", "vact", n * i, sh, "")  # gelu_pytorch_tanh: aten gelu(approximate="tanh")
-    ops.append(_proj("vfc2", n, h, i, sh, True, f"{SIGLIP}:321 fc2"))
+    ops.append(gemm("vfc2", n, h, i, sh, f"{SIGLIP}:321 fc2", bias=True))
     ops += residual("vmlp", n * h, 0.0, sh, "", f"{SIGLIP}:354 residual add")
     return weight_casts("vweight_casts", ops, sh) + ops
 
@@ -277,30 +275,30 @@ def qwen_ends(spec: ModelSpec, sh: Shape, lm: Shape) -> list[Op]:
     m, merged = h * t.merge ** 2, sh.tokens / t.merge ** 2
     ops = _pixel_ops(spec, sh, f"{QWEN}:1075 pixel_values.type / autocast")
     ops.append(_patch_embed(spec, sh, False, f"{QWEN}:121 patch_embed Conv3d"))
-    # hidden_states[window_index] (:423): a gather of the rows; its backward zeros and index_put_s (2 kernels)
+    # hidden_states[window_index] (:424): a gather of the rows; its backward zeros and index_put_s (2 kernels)
     x = n * h * s
-    ops.append(memory("window_permute", x + merged * INDEX, x, f"{QWEN}:423 window permutation", saves=False,
+    ops.append(memory("window_permute", x + merged * INDEX, x, f"{QWEN}:424 window permutation", saves=False,
                       bwd_ops=(bwd_kernel("window_permute.grad_zero", 0, x),
                                bwd_kernel("window_permute.index_put", x + merged * INDEX, x, "strided"))))
-    # the rotary tables (:160-186, :458-461), fp32, no gradient: the (2, n) positions cast to fp32; e = n x head_dim
+    # the rotary tables (:166-182, :461-464), fp32, no gradient: the (2, n) positions cast to fp32; e = n x head_dim
     # / 2 angles: the freqs product (writes 4e), cos, its scaling, sin, its scaling (2 x 4e bytes each), the h/w cats
     # (2 x 8e), the full-width cats and the window gathers (2 x 16e each)
     e = n * (h // t.heads) / 2
-    ops.append(memory("vrotary_tables.to_fp32", 2 * n * INDEX, 2 * n * FP32, f"{QWEN}:171 position_ids.float()",
+    ops.append(memory("vrotary_tables.to_fp32", 2 * n * INDEX, 2 * n * FP32, f"{QWEN}:168 position_ids.float()",
                       saves=False, grad=False, **UPCAST))
-    ops.append(memory("vrotary_tables", 2 * n * FP32 + 52 * e, 60 * e, f"{QWEN}:160-186 rotary tables",
+    ops.append(memory("vrotary_tables", 2 * n * FP32 + 52 * e, 60 * e, f"{QWEN}:166-182 rotary tables",
                       saves=False, grad=False, kernels=11))
     ops += _rms_norm(spec, "vmerger_norm", n, h, sh)
     ops += autocast_inputs("vmerger_in", merged, m, 1, sh, "")
-    ops.append(_proj("vmerger_fc1", merged, m, m, sh, True, f"{QWEN}:196 merger mlp[0]"))
+    ops.append(gemm("vmerger_fc1", merged, m, m, sh, f"{QWEN}:191 merger mlp[0]", bias=True))
     ops += one_kernel("gelu", "vmerger_act", merged * m, sh, "")
-    ops.append(_proj("vmerger_fc2", merged, t.out_hidden, m, sh, True, f"{QWEN}:198 merger mlp[2]"))
+    ops.append(gemm("vmerger_fc2", merged, t.out_hidden, m, sh, f"{QWEN}:193 merger mlp[2]", bias=True))
     f = merged * t.out_hidden * a
-    ops.append(memory("vmerger_unpermute", f + merged * INDEX, f, f"{QWEN}:486 [reverse_indices]", saves=False,
+    ops.append(memory("vmerger_unpermute", f + merged * INDEX, f, f"{QWEN}:484 [reverse_indices]", saves=False,
                       bwd_ops=(bwd_kernel("vmerger_unpermute.grad_zero", 0, f),
                                bwd_kernel("vmerger_unpermute.index_put", f + merged * INDEX, f, "strided"))))
-    # the per-image split (views) concatenated again (:1218 torch.cat; its backward: views)
-    ops.append(memory("image_features.cat", f, f, f"{QWEN}:1218 torch.cat", saves=False, grad=False))
+    # the per-image split (views) concatenated again (:1216 torch.cat; its backward: views)
+    ops.append(memory("image_features.cat", f, f, f"{QWEN}:1216 torch.cat", saves=False, grad=False))
     ops += _scatter(spec, sh, lm, merged, f"{QWEN}:1219-1222 masked_scatter")
     return weight_casts("vweight_casts_ends", ops, sh) + ops
 
@@ -310,14 +308,14 @@ def gemma3_ends(spec: ModelSpec, sh: Shape, lm: Shape) -> list[Op]:
     post_layernorm, the pooling projector, and the scatter into the embeddings."""
     t = spec.vision
     n, h, a, s, w = sh.tokens, t.hidden, sh.act, sh.residual, sh.weight
-    ops = _pixel_ops(spec, sh, f"{SIGLIP}:177 pixel_values.to / autocast")
-    ops.append(_patch_embed(spec, sh, True, f"{SIGLIP}:177 patch_embedding Conv2d"))
-    # + position_embedding(position_ids) (:183): the table's rows gathered (one image's patches), added to every image
+    ops = _pixel_ops(spec, sh, f"{SIGLIP}:178 pixel_values.to / autocast")
+    ops.append(_patch_embed(spec, sh, True, f"{SIGLIP}:178 patch_embedding Conv2d"))
+    # + position_embedding(position_ids) (:184): the table's rows gathered (one image's patches), added to every image
     # (a broadcast); the add's backward sums the images' gradients for the table (then its embedding backward)
     rows = t.patches(t.image_size)  # (a fixed image size: VisionTowerSpec.fixed_size)
-    ops.append(memory("vpositions", rows * h * w + rows * INDEX, rows * h * w, f"{SIGLIP}:183 position_embedding",
+    ops.append(memory("vpositions", rows * h * w + rows * INDEX, rows * h * w, f"{SIGLIP}:184 position_embedding",
                       saves=False, grad=False))
-    ops.append(memory("vpositions_add", n * h * a + rows * h * w, n * h * s, f"{SIGLIP}:183 + positions",
+    ops.append(memory("vpositions_add", n * h * a + rows * h * w, n * h * s, f"{SIGLIP}:184 + positions",
                       saves=False, bwd_ops=(bwd_kernel("vpositions_add.grad_sum", n * h * s, rows * h * w, "reduce"),
                                             *grad_cast("vpositions_add.grad_cast", n * h, s, a)), **BROADCAST))
     ops += fused_norm(spec, "vpost_ln", n, h, sh, "", s, s)
@@ -325,11 +323,11 @@ def gemma3_ends(spec: ModelSpec, sh: Shape, lm: Shape) -> list[Op]:
     # (the language model's norm kernels: ops/norm.py, fp32, zero-centred weight), the projection, type_as
     x, pooled_rows = n * h * s, sh.tokens / t.merge ** 2
     p = pooled_rows * h * s
-    ops.append(memory("vpool_layout", x, x, f"{GEMMA3}:660 transpose + contiguous", saves=False, access="transpose"))
-    ops.append(memory("vavg_pool", x, p, f"{GEMMA3}:662 avg_pool2d", saves=False, **REDUCE))
+    ops.append(memory("vpool_layout", x, x, f"{GEMMA3}:659 transpose + contiguous", saves=False, access="transpose"))
+    ops.append(memory("vavg_pool", x, p, f"{GEMMA3}:661 avg_pool2d", saves=False, **REDUCE))
     ops += hf_rms_norm(spec, "vsoft_emb_norm", pooled_rows, h, sh, "", FP32, s)
     ops += autocast_inputs("vprojection_in", pooled_rows, h, 1, sh, "")
-    ops.append(_proj("vprojection", pooled_rows, t.out_hidden, h, sh, False, f"{GEMMA3}:667 mm_input_projection"))
+    ops.append(gemm("vprojection", pooled_rows, t.out_hidden, h, sh, f"{GEMMA3}:667 mm_input_projection", bias=False))
     f = pooled_rows * t.out_hidden
     if a != s:  # .type_as(vision_outputs): the 16-bit product back to the stream's fp32
         ops.append(memory("vprojection.type_as", f * a, f * s, f"{GEMMA3}:668 type_as", saves=False, **UPCAST))
