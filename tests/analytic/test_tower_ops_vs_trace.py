@@ -204,3 +204,23 @@ def test_tower_op_flops_equal_the_tower_flops(family, images):
     patch = sum(op.flops for op in lists[0][1] if op.name == "patch_embed")
     assert sum(count * op.flops for count, _, ops in lists for op in ops if op.kind == "gemm") == \
         pytest.approx(2 * gemm - patch, rel=1e-12)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_gemma3_language_layer_with_images_matches_the_op_list(precision):
+    """Gemma 3's language-model layer in a step with images (a 3-layer less a 2-layer language model, the 2-block
+    tower and one image per sample in both): every layer's SDPA gets the image-block mask, so transformers repeats k
+    and v and SDPA makes the boolean mask additive (ops/layer.py chunk_mask_ops, Shape.masked); compared as
+    test_ops_vs_trace.py compares a text layer."""
+    from test_ops_vs_trace import _compare as compare_layer, _language_layers, listed_layer
+
+    spec = small_gemma3(2)
+    setup = Setup(batch=2, seq=128, precision=precision, device="cuda", images=1, image_size=112)
+
+    def counted(n):
+        return Counter(_trace_key(k) for k in _kernels(_language_layers(spec, n), setup))
+    more, fewer = counted(3), counted(2)
+    assert not fewer - more
+    lm_setup = language_setup(spec, setup)
+    compare_layer("gemma3", more - fewer, *listed_layer(spec, lm_setup))

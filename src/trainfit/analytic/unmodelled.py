@@ -44,8 +44,9 @@ trace's kernels (tests/analytic/test_tower_ops_vs_trace.py, a block as a 3-block
 ends; amp-bf16, bf16, fp32 under CUDA semantics) the GEMM and attention shapes and the casts are equal, the other
 memory-bound bytes within -2.0 % to +0.2 % forward and -0.9 % to +0.1 % backward for Qwen2.5-VL's blocks, -0.3 % to
 +8.8 % for its ends, -0.2 % to +0.3 % forward and -0.2 % to +8.3 % backward for SigLIP's blocks (+13.1 % in fp32:
-two gradient copies not listed), -3.3 % to +2.7 % for Gemma 3's ends. NB: the language model's image-block mask
-kernels (Gemma 3's token_type_ids masks) are not listed.
+two gradient copies not listed), -3.3 % to +2.7 % for Gemma 3's ends; Gemma 3's language-model layer with images
+(its SDPA masked: k and v repeated, the mask made additive, ops/layer.py masked_sdpa) +0.7 % to +7.0 %. NB: the
+masks' construction from token_type_ids (a few small kernels per step) is not listed.
 Qwen3-VL's tower (a learned position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) has no
 terms: refused. Measured with Qwen2.5-VL's tower terms applied to it instead (RMSNorms and a gated MLP for its
 LayerNorms and plain MLP, no deepstack mergers nor the language model's deepstack adds; hidden 128, a 2-block tower

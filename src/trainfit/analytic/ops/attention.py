@@ -108,6 +108,14 @@ def core_kernel(sh: Shape) -> str:
     return "sdpa" if sh.attention == "flash" and sh.sdpa else sh.attention
 
 
+def ungrouped_kernel(sh: Shape) -> str:
+    """The kernel of an SDPA call whose k and v are not grouped (repeated to every head for an explicit mask, or a
+    vision tower's): where the language model takes SDPA's math path for grouped heads in fp32 (analytic/
+    activations.py resolved_kernel: the memory-efficient kernel does not take GQA), the memory-efficient kernel
+    (resolved_kernel's masked_window_share likewise); HF's eager attention stays eager; else the Shape's."""
+    return "efficient" if sh.attention == "eager" and not sh.hf_eager else sh.attention
+
+
 def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: float, p_attn: float) -> list[Op]:
     """The attention core over the rank's q (`q` features) and k/v (`kv`) and what runs beside it: repeat_kv and the
     eager path's operand copies, Gemma-2's soft-capping, the core op (SDPA's kernel, HF's eager attention or SDPA's

@@ -29,7 +29,7 @@ from dataclasses import replace
 from ...spec import ModelSpec
 from ..activations import FP32, INDEX
 from .activation import one_kernel
-from .attention import core_kernel, eager_kernels
+from .attention import core_kernel, eager_kernels, ungrouped_kernel
 from .cast import autocast_inputs, weight_casts
 from .norm import fused_norm, hf_rms_norm
 from .op import (BROADCAST, DOWNCAST, REDUCE, UPCAST, Op, Shape, attention_dtype, bwd_kernel, gemm, grad_cast,
@@ -53,18 +53,11 @@ def patch_rows(spec: ModelSpec, setup) -> int:
 
 def tower_shape(spec: ModelSpec, setup, sh: Shape) -> Shape:
     """The language model's Shape turned to the tower's: tokens = the patch rows (one sequence, unsplit), the tower's
-    hidden stream as the residual (stream_bytes), the stack's attention kernel, transformers' eager RMSNorm."""
+    hidden stream as the residual (stream_bytes), the stack's attention kernel for ungrouped heads (the tower takes
+    the model's attention implementation), transformers' eager RMSNorm."""
     return replace(sh, batch=1, seq=patch_rows(spec, setup), cp=1, tp=1, sp=False, residual=stream_bytes(spec, sh),
                    norm="hf-rmsnorm-fp32", rope="cos-sin", eager_mask=0, float8=False, decode=False,
-                   attention=_kernel(sh))
-
-
-def _kernel(sh: Shape) -> str:
-    """The tower's SDPA kernel: the language model's, except where the language model takes SDPA's math path for
-    grouped kv heads in fp32 (analytic/activations.py resolved_kernel: the memory-efficient kernel does not take
-    GQA): the tower's heads are not grouped, so its fp32 calls run the memory-efficient kernel. HF's eager attention
-    (--attention eager) stays eager: the tower takes the model's attention implementation."""
-    return "efficient" if sh.attention == "eager" and not sh.hf_eager else sh.attention
+                   attention=ungrouped_kernel(sh))  # (the tower's heads are not grouped)
 
 
 def stream_bytes(spec: ModelSpec, sh: Shape) -> int:
