@@ -1,7 +1,8 @@
 """Compute time of one micro-batch on the slowest pipeline stage, and of the optimizer step: the op list
 (analytic/ops/) timed kernel by kernel by the roofline (analytic/roofline.py) — no global efficiency factor.
 
-forward  = embedding (first stage) + layers × one layer's forward + head and loss (last stage);
+forward  = embedding (first stage; a VLM's image encoder too, tower_time.py) + layers × one layer's forward + head
+           and loss (last stage);
 backward = the same lists' backward (ops.backward) — GEMM dgrad + wgrad, attention's backward kernel, the
            elementwise rule; + Float8Linear's backward casts;
 recompute = the layers the policy checkpoints × what each re-runs (ops.recomputed, ops.checkpointed_layers).
@@ -174,13 +175,16 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
     first, middle, last = layers
     zero = ListTime()
+    from .tower_time import tower_times  # a VLM's image encoder runs on the first stage (tower_time.py)
+    tower_f, tower_b, tower_r = tower_times(spec, setup, gpu, sh)
+    emb_f, emb_b = emb_f + tower_f, emb_b + tower_b
     if setup.pp == 1:
-        stages = [(first, emb_f + head_f, emb_b + head_b)]
+        stages = [(first, emb_f + head_f, emb_b + head_b, tower_r)]
     else:
-        stages = [(first, emb_f, emb_b), (middle, zero, zero), (last, head_f, head_b)]
+        stages = [(first, emb_f, emb_b, tower_r), (middle, zero, zero, zero), (last, head_f, head_b, zero)]
     best = None
-    for n, extra_f, extra_b in stages:
-        cand = StageCompute(n * lf + extra_f, n * lb + extra_b, checkpointed_layers(setup, n) * lr, attn)
+    for n, extra_f, extra_b, extra_r in stages:
+        cand = StageCompute(n * lf + extra_f, n * lb + extra_b, checkpointed_layers(setup, n) * lr + extra_r, attn)
         if best is None or cand.total.seconds > best.total.seconds:
             best = cand
     return best

@@ -26,6 +26,7 @@ from .roofline import host_seconds_per_kernel
 from .serving_state import attention_layers
 from .inference import kv_bytes_per_token
 from .timing import compute_dtype
+from .tower_time import tower_times
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len
         total = total + (w * spec.layers) * time_ops(gpu, _attending(ran(layer_forward(spec, sh, moe, linear, block)),
                                                                      q_len, kv_len))
     total = total + time_ops(gpu, ran(embedding_forward(spec, sh) + head_forward(spec, sh, logits_rows=setup.batch)))
+    if q_len > 1:  # a VLM's prefill runs its image encoder first (tower_time.py); a decode step does not
+        total = total + tower_times(spec, setup, gpu, sh)[0]
     if q_len == 1 and spec.causal:  # the cache's torch.cat per attention layer: reads the old k, v and the new
         cache = setup.batch * kv_len * kv_bytes_per_token(spec, setup)  # (this rank's share)
         # (a hybrid stack's attention blocks only: its Mamba blocks update their state in place, ops/mamba2.py)

@@ -12,7 +12,8 @@ from ...spec import ModelSpec
 from ..families import family_traits
 from ..unmodelled import check_modelled
 from .activation import activation, activation_out_bytes
-from .attention import attention_core, grad_layout, output_gate, output_gate_split, qkv_split
+from .attention import (attention_core, grad_layout, output_gate, output_gate_split, qkv_split,
+                        ungrouped_kernel)
 from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .gated_deltanet import RULE, linear_mixer
 from .gemm import fp8_casts
@@ -20,7 +21,7 @@ from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
 from .moe import moe_block
 from .norm import NORMS, norm_ops
-from .op import Op, Shape, bwd_kernel, gemm, memory
+from .op import DOWNCAST, Op, Shape, bwd_kernel, gemm, memory
 from .residual import residual
 from .rotary import rope_casts, rotary
 
@@ -120,6 +121,8 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
     h, t, T = spec.hidden, sh.tp, sh.tokens
     q, kv = spec.q_dim / t, spec.kv_dim / t
     calls = {"separate": 3, "fused": 1, "mla": 2}[rc.qkv]  # (MLA: q_a_proj or q_proj, and kv_a_proj_with_mqa)
+    if rc.qkv != "mla" and masked_sdpa(spec, sh):  # k, v repeated for the mask: no grouped heads (chunk_mask_ops)
+        sh = replace(sh, attention=ungrouped_kernel(sh))
     ops += autocast_inputs("attn_in", T, h, calls, sh, "attn_in")
     head_k: float = spec.head_dim
     if rc.qkv == "mla":
@@ -173,19 +176,35 @@ def rope_shape(spec: ModelSpec, sh: Shape) -> Shape:
     return sh
 
 
+def masked_sdpa(spec: ModelSpec, sh: Shape) -> bool:
+    """Whether the layer's SDPA gets an explicit mask: Llama 4's chunked layer once the sequence reaches the chunk,
+    or every layer of Gemma 3 with images over several tokens (Shape.masked)."""
+    chunk = spec.attention_chunk
+    return (bool(chunk) and sh.seq >= chunk and bool(spec.chunked_layers)) or (sh.masked and not sh.decode)
+
+
 def chunk_mask_ops(spec: ModelSpec, sh: Shape, q: float, kv: float) -> list[Op]:
     """Llama 4's chunked layer once the sequence reaches the chunk (analytic/activations.masked_chunk_share): SDPA
     gets an explicit mask, so transformers repeats k and v to every query head (integrations/sdpa_attention.py:51,
     :126-127 repeat_kv: an expand and a reshape's copy each; their backward sums the heads back) and SDPA turns the
     boolean (b, 1, s, s) mask into an additive one of the query's dtype (one `where`). The op list's layer is a RoPE
-    (chunked) layer (rope_shape's NB). None without a chunk or below it."""
-    chunk = spec.attention_chunk
-    if not chunk or sh.seq < chunk or not spec.chunked_layers:
+    (chunked) layer (rope_shape's NB). None without a chunk or below it. Gemma 3 with images (Shape.masked) the same
+    in every layer of a pass over several tokens (its image-block masks; k and v repeated where heads are grouped)."""
+    if not masked_sdpa(spec, sh):
         return []
     T, a = sh.tokens, sh.act
     src = "integrations/sdpa_attention.py:126-127 repeat_kv"
-    ops = [memory(f"{name}_repeat", T * kv * a, T * q * a, src, "attention", saves=False, bwd_ops=(
-        bwd_kernel(f"{name}_repeat.backward", T * q * a, T * kv * a, "reduce"),)) for name in ("k", "v")]
+    # k as HF's rotary leaves it: in the wider of the activations and the stream (ops/rotary.py rope_casts), so
+    # under autocast the repeat copies fp32 and the attention's cast of k reads the repeated heads (n_rep x the bytes
+    # rope_casts lists on k itself: the rest here, in the same kernel)
+    o = max(a, sh.residual) if sh.rope == "cos-sin" and spec.positions == "rotary" else a
+    ops = [memory(f"{name}_repeat", T * kv * b, T * q * b, src, "attention", saves=False, bwd_ops=(
+        bwd_kernel(f"{name}_repeat.backward", T * q * b, T * kv * b, "reduce"),))
+        for name, b in (("k", o), ("v", a)) if kv < q]
+    if kv < q and o != a:
+        x = T * (q - kv)
+        ops.append(memory("k_repeat.attn_cast", x * o, x * a, "torch.autocast (attention inputs, after repeat_kv)",
+                          "attention", saves=False, kernels=0, **DOWNCAST))
     mask = sh.batch * sh.seq * sh.seq
     ops.append(memory("chunk_mask", mask, mask * a, "SDPA's boolean mask made additive (at::where)", "attention",
                       saves=False, grad=False))
