@@ -89,7 +89,9 @@ def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
       stack's last block at its MLP (fe.held + stream + mlp_moment; the decoder's beside the encoder's output and
       both caches) and the head (head_moment). Beside them always the weights, BART's logits bias, the encoder's
       input and the decoder's ids. NB: the attention's own tensors (SDPA's output, BART's decoder mask's copies
-      inside the kernel) are not priced: below the MLP's at every size tested;
+      inside the kernel) are not priced: below the MLP's at every size tested; nor, in fp16, BART's per-block
+      isfinite check (BartEncoderLayer.forward :304: a (b, n, h) bool, freed; the trace cannot run its
+      data-dependent branch);
     decode: one target token reading the caches, the self-attention cache grown by one token, the encoder's output
       held (step/infer.py _seq2seq_step; the prefill's decoder ids freed there), at the larger of the head, the last
       block's MLP over one position and a block's cache update (DynamicLayer.update's torch.cat: its old K, then

@@ -40,12 +40,14 @@ FRONT_ENDS: dict[str, tuple[FrontEnd, FrontEnd]] = {
     # inputs_embeds[:, :, -1], position ids expanded to (b, n) :86-97) are locals through the layer loop;
     # BartDecoder.forward (:609-650): inputs_embeds, position_ids = arange(n) + cache_length (n,) and positions
     # (position_ids.unsqueeze(0): (1, n, h)) kept; attention_mask = torch.ones(b, n) passed to create_causal_mask,
-    # which materialises the (b, 1, n, n) bool mask
+    # which materialises the (b, 1, n, n) bool mask. scale_embedding (BartScaledWordEmbedding.forward :109-110: the
+    # lookup times embed_scale) holds the scaled copy in the lookup's place: the same bytes
     "bart": (FrontEnd(positions="batch"), FrontEnd(positions="one", position_ids="one", causal_mask=True)),
     # WhisperEncoder.forward (modeling_whisper.py:617-623): inputs_embeds (conv2 + GELU, permuted) and all_positions
     # (arange over the table: (n,) int64) kept, the table's rows added and freed; WhisperDecoder.forward (:777-795):
     # inputs_embeds, position_ids (arange(n).unsqueeze(0).repeat(b, 1): (b, n)) and positions (weight[position_ids]:
-    # (b, n, h)) kept; no attention_mask: create_causal_mask leaves SDPA its is_causal (no mask tensor)
+    # (b, n, h)) kept; no attention_mask: create_causal_mask leaves SDPA its is_causal (no mask tensor). Its
+    # embed_scale (:569, :672) is set but never applied
     "whisper": (FrontEnd(embeds="conv", position_ids="one"),
                 FrontEnd(positions="batch", position_ids="batch")),
 }
