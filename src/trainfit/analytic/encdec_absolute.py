@@ -39,11 +39,11 @@ def stack_casts(spec: ModelSpec, decoder: bool) -> int:
 
 
 def stream(spec: ModelSpec, st: StateBytes, rows: int) -> int:
-    """A block's residual-stream tensors at its MLP over `rows` tokens, in the weights' dtype (LayerNorm's output is
-    fp32 under autocast, and so is the fp32 + 16-bit sum): the block's input (the layer loop's hidden_states), then
+    """A block's residual-stream tensors at its MLP over `rows` tokens, in the model's dtype (StateBytes.residual:
+    LayerNorm's output is fp32 under autocast, and so is the fp32 + 16-bit sum): the block's input (the layer loop's hidden_states), then
     post-norm (BART) the normalised sum that is both residual and fc1's input, pre-norm (Whisper) the sum and its
     normalised copy."""
-    return rows * spec.hidden * int(st.weight) * (2 if family_traits(spec)["post_norm"] else 3)
+    return rows * spec.hidden * st.residual * (2 if family_traits(spec)["post_norm"] else 3)
 
 
 def mlp_moment(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int, decoder: bool, cast: bool = True) -> int:
@@ -62,11 +62,11 @@ def mlp_moment(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int, decoder
 
 def head_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> int:
     """The forward's end over `tokens` decoder positions, beside the weights, the casts and the caches: the encoder's
-    output and the decoder's final output (weights' dtype), then the larger of lm_head's matmul (under autocast its
+    output and the decoder's final output (the model's dtype), then the larger of lm_head's matmul (under autocast its
     16-bit input, the logits (b, tokens, vocab) in the compute dtype, oneDNN's scratch on a CPU's 16-bit path) and,
-    for BART, final_logits_bias's add (the logits and their biased copy in the bias's dtype: the weights'; on a CPU
+    for BART, final_logits_bias's add (the logits and their biased copy in the bias's dtype: the model's; on a CPU
     TensorIterator's copy of 16-bit logits to fp32 beside them)."""
-    b, h, v, a, w = setup.batch, spec.hidden, spec.vocab, st.act, int(st.weight)
+    b, h, v, a, w = setup.batch, spec.hidden, spec.vocab, st.act, st.residual
     rows = b * tokens
     held = b * setup.seq * h * w + rows * h * w
     logits = rows * v * a
@@ -78,8 +78,8 @@ def head_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> i
 
 
 def logits_bias(spec: ModelSpec, st: StateBytes) -> int:
-    """BART's final_logits_bias buffer (1, vocab) in the weights' dtype (not a parameter: params.py leaves it out)."""
-    return int(spec.vocab * st.weight) if spec.family in LOGITS_BIAS else 0
+    """BART's final_logits_bias buffer (1, vocab) in the model's dtype (not a parameter: params.py leaves it out)."""
+    return spec.vocab * st.residual if spec.family in LOGITS_BIAS else 0
 
 
 def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
@@ -109,7 +109,7 @@ def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     front = fe.conv_moment(spec, setup, st) + cast * fe.conv_casts(spec)
     encoder = (cast * (stack_casts(spec, False) - last_fc2) + fe.held(spec, setup, st, False, s)
                + stream(spec, st, b * s) + mlp_moment(spec, setup, st, b * s, False))
-    encoder_out = b * s * spec.hidden * int(st.weight)
+    encoder_out = b * s * spec.hidden * st.residual
     decoder = (cast * (stack_casts(spec, True) - fe.block_linears(spec, True)[2]) + kv + encoder_out
                + fe.held(spec, setup, st, True, t) + stream(spec, st, b * t) + mlp_moment(spec, setup, st, b * t, True))
     lm_head = spec.vocab * spec.hidden

@@ -21,7 +21,7 @@ INDEX = 8
 @dataclass(frozen=True)
 class FrontEnd:
     """What one stack's forward holds from its front-end through its blocks (the forward's locals):
-    embeds: the token embeddings (`inputs_embeds`, (b, n, h) in the weights' dtype), or "conv": Whisper's encoder's
+    embeds: the token embeddings (`inputs_embeds`, (b, n, h) in the model's dtype), or "conv": Whisper's encoder's
       conv2 + GELU output (b, h, n) in the compute dtype, permuted;
     positions: the learned position embeddings' output kept as a local: "batch" (b, n, h), "one" (1, n, h), "" none
       (added and freed);
@@ -58,20 +58,22 @@ def front_end(spec: ModelSpec, decoder: bool) -> FrontEnd:
 
 
 def held(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, tokens: int) -> int:
-    """Bytes a stack's front-end leaves held through its blocks over `tokens` positions per sequence (FrontEnd)."""
+    """Bytes a stack's front-end leaves held through its blocks over `tokens` positions per sequence (FrontEnd); the
+    lookups are in the model's dtype (StateBytes.residual: the parameters' fp32 under autocast, the 16-bit dtype
+    otherwise, also beside quantised linears)."""
     fe, b, h = front_end(spec, decoder), setup.batch, spec.hidden
     rows = {"batch": b * tokens, "one": tokens, "": 0}
-    embeds = b * tokens * h * (st.act if fe.embeds == "conv" else st.weight)
-    return (embeds + rows[fe.positions] * h * st.weight + rows[fe.position_ids] * INDEX
+    embeds = b * tokens * h * (st.act if fe.embeds == "conv" else st.residual)
+    return (embeds + rows[fe.positions] * h * st.residual + rows[fe.position_ids] * INDEX
             + (b * tokens * tokens if fe.causal_mask else 0))
 
 
 def encoder_input(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """The encoder's input (an input of the step): input_ids (b, --seq) int64, or Whisper's input_features (b,
-    mel_bins, EncoderDecoderSpec.mel_frames(--seq)) in the weights' dtype (step/build.py encoder_inputs)."""
+    mel_bins, EncoderDecoderSpec.mel_frames(--seq)) in the model's dtype (step/build.py encoder_inputs)."""
     e = spec.encdec
     if e.mel_bins:
-        return int(setup.batch * e.mel_bins * e.mel_frames(setup.seq) * st.weight)
+        return setup.batch * e.mel_bins * e.mel_frames(setup.seq) * st.residual
     return INDEX * setup.batch * setup.seq
 
 
