@@ -9,7 +9,9 @@ What differs from T5 (transformers 5.24), each a term below or in encdec_fronten
   :280-308: the normalised sum is both the next residual and fc1's input; families.json post_norm) and pre-norm in
   Whisper (WhisperEncoderLayer.forward :383-417: the sum and its normalised copy both live at the MLP); biased
   q/v/out_proj and k_proj (Whisper's k_proj unbiased, :281), whose biases autocast casts and caches too; fc1 + GELU
-  (ACT2FN, one elementwise output) + fc2; SDPA with no mask in the encoders (no relative bias: no bucketing);
+  (ACT2FN, one elementwise output) + fc2; SDPA with no mask in the encoders (no relative bias: no bucketing); under
+  --attention eager the score-sized tensors (attention_moments) and the probabilities each layer keeps in its `_`
+  through the MLP (held_probs);
 - the head: lm_head / proj_out over every target position; BART adds final_logits_bias, a (1, vocab) buffer
   (BartForConditionalGeneration.forward :934-935), a second logits tensor in the bias's dtype (fp32 under autocast:
   on a CPU TensorIterator's fp32 copy of the 16-bit logits beside it, trace/cpu_casts.py).
@@ -20,7 +22,7 @@ from __future__ import annotations
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import encdec_frontends as fe
-from .encoder_decoder import INDEX, activation_live, cross_cache, self_cache
+from .encoder_decoder import FP32, INDEX, activation_live, cross_cache, self_cache
 from .families import family_traits
 from .onednn import gemm_scratch
 from .precision import StateBytes, state_bytes
@@ -77,6 +79,71 @@ def head_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> i
     return held + max(matmul, logits + rows * v * w + promoted)
 
 
+def heads(spec: ModelSpec, decoder: bool) -> int:
+    """The stack's attention heads (encoder_attention_heads, decoder_attention_heads)."""
+    return spec.encdec.decoder_heads if decoder and spec.encdec.decoder_heads else spec.heads
+
+
+def probs_bytes(setup: Setup, st: StateBytes) -> int:
+    """Bytes per element of eager attention's probabilities: softmax's output, fp32 under CUDA autocast (softmax is
+    on its fp32 list; trace/cuda_autocast.py), the compute dtype otherwise (CPU autocast leaves softmax alone)."""
+    return FP32 if st.autocast and setup.device == "cuda" else st.act
+
+
+def pair_live(setup: Setup, st: StateBytes, masked: bool) -> int:
+    """Bytes per (head, query, key) live at eager attention's high point (eager_attention_forward, modeling_bart.py
+    :114-140, modeling_whisper.py:218-241: matmul(q, k^T) * scaling [+ mask], softmax, matmul with v): without
+    autocast two score-sized tensors (the scaled scores and their successor); under CUDA autocast, unmasked, the
+    16-bit scores, softmax's fp32 cast of them and its fp32 output, masked, the fp32 sum (16-bit scores + the fp32
+    additive mask) and its fp32 softmax; under CPU autocast, masked, the 16-bit scores, TensorIterator's fp32 copy
+    of them and the fp32 sum (trace/cpu_casts.py), unmasked two 16-bit ones."""
+    a = st.act
+    if not st.autocast:
+        return 2 * a
+    if setup.device == "cuda":
+        return 2 * FP32 if masked else a + 2 * FP32
+    return a + 2 * FP32 if masked else 2 * a
+
+
+def attention_moments(spec: ModelSpec, setup: Setup, st: StateBytes, kv_self: int, cross: int) -> int:
+    """Eager attention's high points in each stack's last block, beside the weights, the inputs and the ids: the
+    encoder's self-attention (q, k, v over --seq), the decoder's self-attention (q; its K/V and every earlier block's
+    are the self cache, the earlier blocks' cross caches) and cross-attention (q; the self-attention's
+    probabilities, held by the layer's `_`, BartDecoderLayer.forward :357-362); each beside the stack's front-end,
+    the block's stream so far (its input; pre-norm also the normalised copy, and before the cross-attention the
+    self-attention's sum) and the casts made so far. 0 under SDPA (no score-sized tensor)."""
+    if not fe.eager(spec, setup):
+        return 0
+    b, s, t, h, a, r = setup.batch, setup.seq, setup.target_tokens, spec.hidden, st.act, st.residual
+    cast = a if st.autocast else 0
+    pre = 0 if family_traits(spec)["post_norm"] else 1
+    enc_block, dec_block = sum(fe.block_linears(spec, False)), sum(fe.block_linears(spec, True))
+    qkv = fe.block_linears(spec, False)[0] - h * h - (h if spec.out_bias else 0)  # q, k, v of one attention
+    encoder_casts = stack_casts(spec, False)
+    enc = (cast * (encoder_casts - enc_block + qkv) + fe.held(spec, setup, st, False, s) + b * s * h * (r * (1 + pre)
+           + 3 * a) + heads(spec, False) * b * s * s * pair_live(setup, st, False))
+    dec_before = cast * (encoder_casts + (spec.encdec.decoder_layers - 1) * dec_block)
+    dec_front = fe.held(spec, setup, st, True, t) + b * s * h * r  # and the encoder's output
+    hd = heads(spec, True)
+    dec_self = (dec_before + cast * qkv + kv_self + cross * (1 - 1 / spec.encdec.decoder_layers) + dec_front
+                + b * t * h * (r * (1 + pre) + a) + hd * b * t * t * pair_live(setup, st, True))
+    dec_cross = (dec_before + cast * (qkv + fe.block_linears(spec, False)[0]) + kv_self + cross + dec_front
+                 + b * t * h * (r * (2 + pre) + a) + hd * b * t * t * probs_bytes(setup, st)
+                 + hd * b * t * s * pair_live(setup, st, False))
+    return max(enc, dec_self, dec_cross)
+
+
+def held_probs(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> int:
+    """Under eager attention, the last attention's probabilities a block holds through its MLP (the layer's `_` of
+    `hidden_states, _ = self.self_attn(...)` / `self.encoder_attn(...)`, BartEncoderLayer.forward :286,
+    BartDecoderLayer.forward :373, WhisperEncoderLayer / WhisperDecoderLayer the same): (b, heads, q, k) with k the
+    encoder's positions (the decoder's cross-attention); 0 under SDPA (it returns no weights)."""
+    if not fe.eager(spec, setup):
+        return 0
+    q_len = setup.target_tokens if decoder else setup.seq
+    return heads(spec, decoder) * setup.batch * q_len * setup.seq * probs_bytes(setup, st)
+
+
 def logits_bias(spec: ModelSpec, st: StateBytes) -> int:
     """BART's final_logits_bias buffer (1, vocab) in the model's dtype (not a parameter: params.py leaves it out)."""
     return spec.vocab * st.residual if spec.family in LOGITS_BIAS else 0
@@ -87,9 +154,10 @@ def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     prefill: the encoder over --seq positions, the decoder over --target-seq tokens filling both caches and the head
       over every target position; its high point the largest of: Whisper's conv front-end (fe.conv_moment), each
       stack's last block at its MLP (fe.held + stream + mlp_moment; the decoder's beside the encoder's output and
-      both caches) and the head (head_moment). Beside them always the weights, BART's logits bias, the encoder's
-      input and the decoder's ids. NB: the attention's own tensors (SDPA's output, BART's decoder mask's copies
-      inside the kernel) are not priced: below the MLP's at every size tested; nor, in fp16, BART's per-block
+      both caches), under eager attention each stack's last attentions (attention_moments) and the head
+      (head_moment). Beside them always the weights, BART's logits bias, the encoder's
+      input and the decoder's ids. NB: SDPA's own tensors (its output, BART's decoder mask's copies inside the
+      kernel) are not priced: below the MLP's at every size tested; nor, in fp16, BART's per-block
       isfinite check (BartEncoderLayer.forward :304: a (b, n, h) bool, freed; the trace cannot run its
       data-dependent branch);
     decode: one target token reading the caches, the self-attention cache grown by one token, the encoder's output
@@ -108,13 +176,15 @@ def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     last_fc2 = fe.block_linears(spec, False)[2]
     front = fe.conv_moment(spec, setup, st) + cast * fe.conv_casts(spec)
     encoder = (cast * (stack_casts(spec, False) - last_fc2) + fe.held(spec, setup, st, False, s)
-               + stream(spec, st, b * s) + mlp_moment(spec, setup, st, b * s, False))
+               + stream(spec, st, b * s) + held_probs(spec, setup, st, False) + mlp_moment(spec, setup, st, b * s, False))
     encoder_out = b * s * spec.hidden * st.residual
     decoder = (cast * (stack_casts(spec, True) - fe.block_linears(spec, True)[2]) + kv + encoder_out
-               + fe.held(spec, setup, st, True, t) + stream(spec, st, b * t) + mlp_moment(spec, setup, st, b * t, True))
+               + fe.held(spec, setup, st, True, t) + stream(spec, st, b * t) + held_probs(spec, setup, st, True)
+               + mlp_moment(spec, setup, st, b * t, True))
     lm_head = spec.vocab * spec.hidden
     head = cast * (stack_casts(spec, True) + lm_head) + kv + head_moment(spec, setup, st, t)
-    prefill = fixed + max(front, encoder, decoder, head)
+    attention = attention_moments(spec, setup, st, self_cache(spec, setup, st, t), cross)
+    prefill = fixed + max(front, encoder, decoder, head, attention)
     per_block = self_cache(spec, setup, st, 1) / dec
     # the decode's high point: the head, the last block's MLP over one token (on a CPU's 16-bit path fc2's oneDNN
     # scratch, sized by the weight's side more than the rows) or a block's cache update (DynamicLayer.update's

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
+from .activations import resolved_kernel
 from .params import audio_frontend_params, linear
 from .precision import StateBytes
 
@@ -26,7 +27,9 @@ class FrontEnd:
     positions: the learned position embeddings' output kept as a local: "batch" (b, n, h), "one" (1, n, h), "" none
       (added and freed);
     position_ids: the int64 position ids kept: "batch" (b, n), "one" (n,), "" none;
-    causal_mask: the (b, 1, n, n) bool mask create_causal_mask materialises (an attention_mask was passed)."""
+    causal_mask: SDPA's (b, 1, n, n) bool mask, which create_causal_mask materialises when an attention_mask was
+      passed (otherwise SDPA runs is_causal); under eager attention every decoder holds the additive (b, 1, n, n)
+      mask in the model's dtype (masking_utils.py eager_mask)."""
 
     embeds: str = "tokens"
     positions: str = ""
@@ -53,6 +56,12 @@ FRONT_ENDS: dict[str, tuple[FrontEnd, FrontEnd]] = {
 }
 
 
+def eager(spec: ModelSpec, setup: Setup) -> bool:
+    """Whether the model runs transformers' eager attention (--attention eager; step/build.py hf_attn_implementation)
+    rather than SDPA."""
+    return resolved_kernel(spec, setup) == "eager"
+
+
 def front_end(spec: ModelSpec, decoder: bool) -> FrontEnd:
     return FRONT_ENDS[spec.family][1 if decoder else 0]
 
@@ -65,7 +74,14 @@ def held(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, tokens: i
     rows = {"batch": b * tokens, "one": tokens, "": 0}
     embeds = b * tokens * h * (st.act if fe.embeds == "conv" else st.residual)
     return (embeds + rows[fe.positions] * h * st.residual + rows[fe.position_ids] * INDEX
-            + (b * tokens * tokens if fe.causal_mask else 0))
+            + b * tokens * tokens * mask_bytes(spec, setup, st, decoder))
+
+
+def mask_bytes(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> int:
+    """Bytes per (query, key) pair of the stack's materialised causal mask (FrontEnd.causal_mask); 0 for none."""
+    if decoder and eager(spec, setup):
+        return st.residual
+    return 1 if front_end(spec, decoder).causal_mask else 0
 
 
 def encoder_input(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
