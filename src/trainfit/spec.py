@@ -278,7 +278,8 @@ class ModelSpec:
     embed_proj_dim: int = 0  # OPT-350m: word embeddings in a smaller dim with project_in/out (0: none)
     sliding_window: int | None = None  # Mistral/Gemma-2 local attention window (affects KV cache bound)
     sliding_window_layers: int | None = None  # how many layers use the window (None: all); Gemma-2: every other
-    sliding_lead: int = 0  # sliding layers before the first full-attention one (Gemma 2, gpt-oss: 1; Gemma 3: 5)
+    sliding_lead: int = 0  # sliding (or chunked) layers before the first full-attention one (Gemma 2, gpt-oss: 1;
+    # Gemma 3: 5; Llama 4: 3)
     # Llama 4 (modeling_llama4.py, configuration_llama4.py __post_init__): the "chunked_attention" layers attend
     # within fixed chunks of `attention_chunk` tokens (a local window that restarts at every chunk boundary)
     attention_chunk: int | None = None

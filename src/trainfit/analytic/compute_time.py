@@ -8,7 +8,7 @@ recompute = the layers the policy checkpoints × what each re-runs (ops.recomput
 torch.compile: the lists pass through ops.compiled (fused elementwise chains) where compile_effects models the
 block; otherwise eager's kernels.
 MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix per stage is averaged); Qwen3-Next's
-Gated DeltaNet and attention layers the same (layer_kinds).
+Gated DeltaNet and attention layers the same, and Nemotron-H's Mamba-2, attention and MLP blocks (layer_kinds).
 """
 from __future__ import annotations
 
@@ -119,22 +119,28 @@ class StageCompute:
         return self.forward + self.backward + self.recompute
 
 
-def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False):
-    fwd = layer_forward(spec, sh, moe, linear)
+def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False, block: str = ""):
+    fwd = layer_forward(spec, sh, moe, linear, block)
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
         fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
     dequant = lora_ops.dequant_backward(setup, sh, fwd) if setup.lora_rank else []
-    bwd = backward(fwd) + grad_accumulations(spec, sh, linear) + fp8_backward_extra(fwd, sh) + dequant
+    bwd = backward(fwd) + grad_accumulations(spec, sh, linear, block) + fp8_backward_extra(fwd, sh) + dequant
     rec = recomputed(spec, setup, fwd)
     return fwd, bwd, rec
 
 
-def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool]]:
-    """(share of the layers, sparse MLP, Gated DeltaNet mixer) of each kind of layer. NB: the two splits are taken
-    as independent (Qwen3-Next's every layer is an MoE one, so its shares are exact)."""
+def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool, str]]:
+    """(share of the layers, sparse MLP, Gated DeltaNet mixer, hybrid block kind) of each kind of layer. NB: the two
+    splits are taken as independent (Qwen3-Next's every layer is an MoE one, so its shares are exact). A hybrid
+    stack (spec.hybrid: Nemotron-H) has its Mamba, attention and MLP blocks in their proportion (exact over the
+    model; NB: per pipeline stage, averaged)."""
+    if spec.hybrid is not None:
+        hb = spec.hybrid
+        return [(n / spec.layers, False, False, kind) for n, kind in (
+            (hb.mamba_layers, "mamba"), (hb.attention_layers, "attention"), (hb.mlp_layers, "mlp")) if n]
     frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
     frac_linear = linear_layers(spec) / spec.layers
-    return [(wm * wl, moe, linear) for wm, moe in ((1.0 - frac_moe, False), (frac_moe, True))
+    return [(wm * wl, moe, linear, "") for wm, moe in ((1.0 - frac_moe, False), (frac_moe, True))
             for wl, linear in ((1.0 - frac_linear, False), (frac_linear, True)) if wm * wl > 0]
 
 
@@ -145,8 +151,8 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     prep = compiled if sh.compile else (lambda ops: ops)
     lf = lb = lr = ListTime()
     attn = 0.0
-    for w, moe, linear in layer_kinds(spec, pc):
-        fwd, bwd, rec = _lists(spec, setup, sh, moe, linear)
+    for w, moe, linear, block in layer_kinds(spec, pc):
+        fwd, bwd, rec = _lists(spec, setup, sh, moe, linear, block)
         tf = time_ops(gpu, prep(fwd))
         tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
         lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr

@@ -13,9 +13,10 @@ from ..families import family_traits
 from ..unmodelled import check_modelled
 from .activation import activation, activation_out_bytes
 from .attention import attention_core, grad_layout, output_gate, output_gate_split, qkv_split
-from .cast import autocast_inputs, weight_casts
+from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .gated_deltanet import RULE, linear_mixer
 from .gemm import fp8_casts
+from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
 from .moe import moe_block
 from .norm import NORMS, norm_ops
@@ -47,9 +48,10 @@ def recipe(spec: ModelSpec, moe: bool, linear: bool = False) -> LayerRecipe:
 Projection = Callable[..., Op]
 
 
-def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = False) -> list[Op]:
+def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = False, block: str = "") -> list[Op]:
     """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block;
-    `linear`: a Gated DeltaNet layer in place of attention (Qwen3-Next's linear layers)."""
+    `linear`: a Gated DeltaNet layer in place of attention (Qwen3-Next's linear layers); `block`: of a hybrid stack
+    (spec.hybrid), the kind of its one-mixer block (HYBRID_BLOCKS)."""
     check_modelled(spec)
     rc = recipe(spec, moe, linear)
     ops: list[Op] = []
@@ -64,6 +66,8 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
         ops.append(g)
         return g
 
+    if spec.hybrid is not None:
+        return _hybrid_block(spec, sh, rc, block, ops, proj)
     # attention sub-block
     if rc.norm == "pre":
         ops += norm_ops(spec, "attn_norm", sh.norm_tokens, sh, "attn_in")
@@ -83,7 +87,21 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
     if rc.norm == "post":
         ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "mlp_out")
     # (the experts' grouped GEMMs run outside autocast, moe.py; the delta rule's matmuls multiply activations)
-    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
+    return weight_casts(WEIGHT_CASTS, [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
+
+
+def _hybrid_block(spec: ModelSpec, sh: Shape, rc: LayerRecipe, block: str, ops: list[Op],
+                  proj: Projection) -> list[Op]:
+    """One block of a hybrid stack (Nemotron-H, modeling_nemotron_h.py:960-994 NemotronHBlock.forward): its RMSNorm
+    (ops/mamba2.block_norm), one mixer (a Mamba-2 mixer, attention without positions, or the plain MLP) and the
+    residual add; the weights' autocast casts, the scan's matmuls aside (they multiply activations)."""
+    if block not in HYBRID_BLOCKS:
+        raise ValueError(f"{spec.name}: a hybrid stack's layer is one block: block= one of {sorted(HYBRID_BLOCKS)}")
+    ops += block_norm(spec, "block_norm", sh, "attn_in")
+    HYBRID_BLOCKS[block](spec, sh, rc, ops, proj)
+    ops += residual("block", sh.norm_tokens * spec.hidden, 0.0, sh, "attn_out",
+                    "modeling_nemotron_h.py:991 residual add")
+    return weight_casts(WEIGHT_CASTS, [o for o in ops if not o.name.startswith(SCAN)], sh) + ops
 
 
 def _sandwich_norm(spec: ModelSpec, name: str, sh: Shape, group: str) -> list[Op]:
@@ -213,6 +231,11 @@ def _linear_mixer(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], pr
 # the token mixers by LayerRecipe.mixer
 MIXERS: dict[str, Callable[[ModelSpec, Shape, LayerRecipe, list[Op], Projection], None]] = {
     "attention": _attention, "gated-deltanet": _linear_mixer}
+
+# a hybrid stack's blocks by kind (HybridSpec.pattern)
+HYBRID_BLOCKS: dict[str, Callable[[ModelSpec, Shape, LayerRecipe, list[Op], Projection], None]] = {
+    "mamba": lambda spec, sh, rc, ops, proj: mamba_mixer(spec, sh, ops, proj), "attention": _attention,
+    "mlp": lambda spec, sh, rc, ops, proj: _plain_mlp(spec, sh, ops, proj)}
 
 # the MLP blocks by LayerRecipe.mlp
 MLPS: dict[str, Callable[[ModelSpec, Shape, list[Op], Projection], None]] = {
