@@ -42,9 +42,9 @@ def stack_casts(spec: ModelSpec, decoder: bool) -> int:
 
 def stream(spec: ModelSpec, st: StateBytes, rows: int) -> int:
     """A block's residual-stream tensors at its MLP over `rows` tokens, in the model's dtype (StateBytes.residual:
-    LayerNorm's output is fp32 under autocast, and so is the fp32 + 16-bit sum): the block's input (the layer loop's hidden_states), then
-    post-norm (BART) the normalised sum that is both residual and fc1's input, pre-norm (Whisper) the sum and its
-    normalised copy."""
+    LayerNorm's output is fp32 under autocast, and so is the fp32 + 16-bit sum): the block's input (the layer loop's
+    hidden_states), then post-norm (BART) the normalised sum that is both residual and fc1's input, pre-norm
+    (Whisper) the sum and its normalised copy."""
     return rows * spec.hidden * st.residual * (2 if family_traits(spec)["post_norm"] else 3)
 
 
@@ -176,7 +176,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     last_fc2 = fe.block_linears(spec, False)[2]
     front = fe.conv_moment(spec, setup, st) + cast * fe.conv_casts(spec)
     encoder = (cast * (stack_casts(spec, False) - last_fc2) + fe.held(spec, setup, st, False, s)
-               + stream(spec, st, b * s) + held_probs(spec, setup, st, False) + mlp_moment(spec, setup, st, b * s, False))
+               + stream(spec, st, b * s) + held_probs(spec, setup, st, False)
+               + mlp_moment(spec, setup, st, b * s, False))
     encoder_out = b * s * spec.hidden * st.residual
     decoder = (cast * (stack_casts(spec, True) - fe.block_linears(spec, True)[2]) + kv + encoder_out
                + fe.held(spec, setup, st, True, t) + stream(spec, st, b * t) + held_probs(spec, setup, st, True)

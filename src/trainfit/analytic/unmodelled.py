@@ -78,7 +78,8 @@ blocks' MLP or the head, both caches, the decode step; tests/analytic/test_encod
 families matrix's size (batch 2 x 128 encoder positions + 128 target tokens) the prefill peak equals the trace's on
 a CPU (fp32, bf16, amp-bf16; native ISA and ONEDNN_MAX_CPU_ISA=AVX2) and reads -0.03 % (amp-bf16) to -0.17 % (bf16)
 under CUDA semantics (the allocator's 512-byte rounding of the biases), the decode step within 0.2 %, the FLOPs
-exact; with --attention eager the same (-1.6 % to -4.6 % before the probabilities each layer holds through its MLP); before, with the one-stack terms, -3.0 % (BART) and -5.6 % (Whisper). Their kernels are not in the op list
+exact; with --attention eager the same (-1.6 % to -4.6 % before the probabilities each layer holds through its
+MLP); before, with the one-stack terms, -3.0 % (BART) and -5.6 % (Whisper). Their kernels are not in the op list
 (timing refused) and their training is refused with T5's (check_trainable); measured then with the one-stack
 terms: -54.3 % to -54.5 % (BART), -46.5 % to -50.2 % (Whisper) of the traced training peak.
 """
