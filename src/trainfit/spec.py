@@ -237,6 +237,12 @@ class EncoderDecoderSpec:
     k_bias: bool = True
     shared_embedding: bool = True
 
+    def mel_frames(self, positions: int) -> int:
+        """The log-mel frames an audio encoder reads for `positions` encoder positions (what --seq counts for
+        Whisper): conv2's stride 2 halves the frames (modeling_whisper.py WhisperEncoder :571-572, forward :611: the
+        input must hold max_source_positions x conv1.stride x conv2.stride frames). 0 for a token encoder."""
+        return 2 * positions if self.mel_bins else 0
+
 
 @dataclass(frozen=True)
 class ModelSpec:
