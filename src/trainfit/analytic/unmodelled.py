@@ -26,7 +26,11 @@ and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the 
 and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace),
 and under autocast (mamba2.scan_autocast_train: the einsums' bmm in bf16, each keeping 16-bit casts of its
 operands, the high point inside the last bmm or at the scan's end; within 0.35 % of the trace at one and several
-chunks, -1.55 % on a CPU with oneDNN's bf16 path: the batched-bmm scratch).
+chunks, -1.55 % on a CPU with oneDNN's bf16 path: the batched-bmm scratch). Under CUDA's autocast einsum casts its
+operands before copying them into its bmm (mamba2.einsum_copy_bytes: 16-bit copies where CPU autocast copies fp32),
+and the prefill past one chunk holds the chunk states' copy: small-nemotron_h amp-bf16 on CUDA semantics from
++1.10 % to -0.06 % (training, 2 x 128; 2 x 256: +1.35 % to -0.04 %), +4.17 % to -0.02 % (prefill, 2 x 128),
++2.34 % to -0.02 % (prefill, 2 x 256; fp32 on CPU -1.83 % to -0.01 %).
 Its kernels are modelled too (analytic/ops/mamba2.py, ops/layer.py _hybrid_block: in_proj, the depthwise conv and
 SiLU, the SSD chunked scan's segment sums, einsum copies and batched matmuls, the D skip, the gated RMSNorm, out_proj;
 a decode step's conv and state update), so --gpu times its step, prefill and decode: against the trace's kernels per
