@@ -15,11 +15,11 @@ run's (pessimistic), while its GEMM FLOPs are the same matmuls.
 The scan's einsums run in fp32 (x, B, C upcast, :298-300; TF32 where the setup allows it), in the 16-bit dtype under
 autocast (bmm is on autocast's lower-precision list): their fp32 operands cast first, their gradients cast back, and
 a 16-bit output combined with an fp32 tensor promotes, so its gradient is cast back too.
-NB: the trace applies CUDA autocast's fp32 list but not its lower-precision one, which also lists einsum
-(autocast_mode.h): on a GPU the operands are cast before their permuted copies, so those copies move 16-bit, not
-fp32, bytes (this list follows the trace: an over-count of the copies' bytes under autocast).
+CUDA's autocast lists einsum itself (autocast_mode.cpp KERNEL_CUDA(einsum, lower_precision_fp); the trace's CUDA
+semantics too, trace/cuda_autocast.py): the fp32 operands are cast before their permuted copies, which move 16-bit
+bytes.
 tests/analytic/test_ops_vs_trace.py checks tiny-nemotron-h's three kinds of block in amp-bf16 (GEMM shapes and casts
-exact, a Mamba block's other bytes +0.16 % forward, -0.43 % backward); checked once when written against the trace of
+exact, a Mamba block's other bytes +0.18 % forward, -0.43 % backward); checked once when written against the trace of
 a Mamba block in bf16 (+0.23 % / -0.45 %), fp32 (+0.22 % / -0.91 %), at a padded last chunk (2 x 120: +0.16 % /
 +1.06 %) and with head width, state, chunk and groups all distinct (P 8, N 32, Q 32, G 4, H 12 at 2 x 100: GEMM shapes
 and casts exact, +0.14 % / +0.25 %); kernels launched: 102 / 148 listed, 102 / 151 traced.
@@ -158,7 +158,9 @@ def _einsum(name: str, m: float, n: float, k: float, batch: float, copies: tuple
     a dgrad and a wgrad, though both operands are activations), each cast operand's gradient cast back; the operand
     copies' backward is none (a reshape's gradient is a view)."""
     out = m * n * batch * (sh.act if scan_autocast(sh) else FP32)
-    ops = [memory(f"{name}.copy{j}", x * nb, x * nb, f"{src} (einsum operand copy)", saves=False, access="transpose",
+    low = scan_autocast(sh)  # the copies are of the operands autocast cast (CUDA's list has einsum): 16-bit
+    ops = [memory(f"{name}.copy{j}", x * (sh.act if low else nb), x * (sh.act if low else nb),
+                  f"{src} (einsum operand copy)", saves=False, access="transpose",
                   bwd_ops=(no_kernel(f"{name}.copy{j}.backward"),)) for j, (x, nb) in enumerate(copies)]
     if scan_autocast(sh):
         ops += [memory(f"{name}.autocast{j}", x * FP32, x * sh.act, "torch.autocast (bmm)", saves=False, **DOWNCAST)
