@@ -141,6 +141,9 @@ def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, boo
 def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
                   layers: tuple[int, int, int]) -> StageCompute:
     """Forward, backward and recompute time of one micro-batch on the slowest of the (first, middle, last) stages."""
+    if spec.encdec is not None:  # two stacks, their own lists (encoder_decoder_time.py)
+        from .encoder_decoder_time import stage_compute as encdec_stage_compute
+        return encdec_stage_compute(spec, setup, gpu, st)
     sh = shape_of(spec, setup, st, compute_dtype(setup))
     prep = compiled if sh.compile else (lambda ops: ops)
     lf = lb = lr = ListTime()

@@ -87,9 +87,11 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     if spec.vision is not None:
         out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's and Gemma 3's memory and "
                    "FLOPs are modelled: estimate without --gpu)")
-    if spec.encdec is not None and encoder_decoder.modelled(spec):
-        out.append("an encoder-decoder's kernels (the op list and step time: the cross-attention, the relative "
-                   "position bias; T5's inference memory is modelled: estimate without --gpu)")
+    from .ops.encoder_decoder import listed  # noqa: PLC0415 (the ops package imports this module)
+
+    if spec.encdec is not None and encoder_decoder.modelled(spec) and not listed(spec):
+        out.append("an encoder-decoder's kernels (the op list and step time list T5's stacks only; its memory is "
+                   "modelled: estimate without --gpu)")
     if spec.hybrid is not None and spec.hybrid.mamba_layers:
         out.append("the Mamba-2 scan's kernels (the op list and step time; its memory and FLOPs are modelled: "
                    "estimate without --gpu, or with --mfu)")
