@@ -7,7 +7,8 @@ training step: the encoder's blocks over --seq tokens and the decoder's over --t
   recompute: the checkpointed blocks' re-runs (ops.recomputed per stack);
 prefill (generate()'s first forward): the same forward in eval (no dropout) without the loss, lm_head over every
   target position (T5 takes no logits_to_keep); decode: the decoder alone over one token per sequence against
-  --target-seq cached ones, its cross-attention over the cached encoder k and v.
+  --target-seq cached ones, its cross-attention over the cached encoder k and v (under autocast its weights' casts
+  are the prefill's, cached for the region).
 NB: one GPU: tensor, pipeline and context parallelism of the two stacks are not modelled (refused).
 """
 from __future__ import annotations
@@ -24,9 +25,16 @@ from .timing import compute_dtype
 
 
 def _check(spec: ModelSpec, setup: Setup) -> None:
+    """Refuse, in one line, what the lists do not cover: parallel stacks, and fp16 weights, under which transformers
+    keeps every wo in fp32 (T5PreTrainedModel._keep_in_fp32_modules, modeling_utils.py _get_dtype_plan: fp16 only),
+    so wo's GEMM runs in fp32 and its fp32 output promotes the residual stream to fp32 from the first block on."""
     if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
         raise SetupError(f"{spec.name}: an encoder-decoder's step time is modelled on one GPU per replica (no --tp, "
                          "--pp or --cp); use --engine trace for its memory")
+    st = state_bytes(setup)
+    if compute_dtype(setup) == "fp16" and not st.autocast:
+        raise SetupError(f"{spec.name}: fp16 weights keep T5's wo in fp32 (transformers _keep_in_fp32_modules), "
+                         "whose kernels the op list does not list; time it in bf16, amp-bf16/amp-fp16 or fp32")
 
 
 def shapes(spec: ModelSpec, setup: Setup, st: StateBytes):
@@ -86,4 +94,7 @@ def prefill_decode_lists(spec: ModelSpec, setup: Setup) -> tuple[list, list]:
     decode = (ed.stack_input(spec, one, 0.0) + ed.decoder_block(spec, one, s, 0.0, first=True, past=t)
               + (spec.encdec.decoder_layers - 1) * ed.decoder_block(spec, one, s, 0.0, past=t)
               + ed.stack_output(spec, one, 0.0) + ed.head_forward(spec, one, loss=False))
-    return prefill, decode
+    # autocast's weight casts are cached for the autocast region (torch/amp autocast_mode.cpp cached_cast; the cache
+    # is cleared on leaving the outermost region), which holds the whole generate(): made at the prefill, reused by
+    # every decode step (the trace's decode step casts no weight)
+    return prefill, [o for o in decode if not o.name.endswith("weight_casts")]
