@@ -200,3 +200,17 @@ def test_generate_prefill_and_decode_gemms_match_the_op_list(cuda_masked_sdpa):
         launched = sum(o.kernels if o.kind == "memory" else 1 for o in ops)
         count = sum(1 for k in log.kernels if k.phase == phase)
         assert abs(launched / count - 1) <= TOLERANCE, f"{phase}: kernels trace {count}, op list {launched}"
+
+
+@pytest.mark.parametrize("model", ["flan-t5-base", "t5-small", "mt5-small"])
+def test_prefill_op_list_flops_are_the_closed_form_ones(model):
+    """The prefill's op list (its GEMMs and attention calls) does the FLOPs of encoder_decoder.prefill_flops (a closed
+    form checked against the trace's FlopCounterMode in test_encoder_decoder_analytic.py), at an input and a target
+    of different lengths: both stacks, the cross-attention's k and v over the encoder's tokens, lm_head over every
+    target position."""
+    from trainfit.analytic.encoder_decoder import prefill_flops
+
+    spec = load_model(model)
+    setup = Setup(batch=3, seq=200, target_seq=50, precision="bf16", device="cuda", mode="infer")
+    prefill, _ = prefill_decode_lists(spec, setup)
+    assert sum(o.flops for o in prefill) == prefill_flops(spec, setup)
