@@ -8,7 +8,8 @@ recompute = the layers the policy checkpoints × what each re-runs (ops.recomput
 torch.compile: the lists pass through ops.compiled (fused elementwise chains) where compile_effects models the
 block; otherwise eager's kernels.
 MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix per stage is averaged); Qwen3-Next's
-Gated DeltaNet and attention layers the same (layer_kinds).
+Gated DeltaNet and attention layers the same (layer_kinds). An encoder-decoder (T5): its two stacks' lists
+(encoder_decoder_time.stage_compute).
 """
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ prefill (generate()'s first forward): the same forward in eval (no dropout) with
   target position (T5 takes no logits_to_keep); decode: the decoder alone over one token per sequence against
   --target-seq cached ones, its cross-attention over the cached encoder k and v (under autocast its weights' casts
   are the prefill's, cached for the region).
-NB: one GPU: tensor, pipeline and context parallelism of the two stacks are not modelled (refused).
+Refused in one line (_check): tensor, pipeline and context parallelism of the two stacks, LoRA, Float8 and Liger's
+loss (their kernels are listed for decoder-only layers), fp16 weights (T5's wo kept in fp32).
+NB: checkpointed_layers counts each stack's blocks as a model's layers (per-stack --recompute layer:N / block:N).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from .compute_time import ListTime, StageCompute, time_ops
-from .ops import backward, checkpointed_layers, recomputed, shape_of
+from .ops import backward, checkpointed_layers, compiled, recomputed, shape_of
 from .ops import encoder_decoder as ed
 from .precision import StateBytes, state_bytes
 from .timing import compute_dtype
@@ -31,6 +33,10 @@ def _check(spec: ModelSpec, setup: Setup) -> None:
     if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
         raise SetupError(f"{spec.name}: an encoder-decoder's step time is modelled on one GPU per replica (no --tp, "
                          "--pp or --cp); use --engine trace for its memory")
+    if setup.mode == "train" and (setup.lora_rank or getattr(setup, "float8", False)
+                                  or getattr(setup, "loss", "full") != "full"):
+        raise SetupError(f"{spec.name}: an encoder-decoder's step time lists its full-precision linears and HF's "
+                         "loss only (no --lora-rank, --float8 or --loss fused-linear kernels); use --engine trace")
     st = state_bytes(setup)
     if compute_dtype(setup) == "fp16" and not st.autocast:
         raise SetupError(f"{spec.name}: fp16 weights keep T5's wo in fp32 (transformers _keep_in_fp32_modules), "
@@ -69,16 +75,17 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes) -> St
              "decoder_first": ed.block_grad_sums(spec, dec, True, enc.tokens),
              "decoder": ed.block_grad_sums(spec, dec, True, enc.tokens),
              "once": ed.encoder_decoder_backward_extra(spec, enc, dec)}
+    prep = compiled if enc.compile else (lambda ops: ops)  # torch.compile's fused elementwise chains (ops.compiled)
     fwd = bwd = rec = ListTime()
     attn = 0.0
     for part, ops in lists.items():
         n = counts[part]
-        fwd = fwd + n * time_ops(gpu, ops)
-        bwd = bwd + n * time_ops(gpu, backward(ops) + extra[part])
+        fwd = fwd + n * time_ops(gpu, prep(ops))
+        bwd = bwd + n * time_ops(gpu, prep(backward(ops) + extra[part]))
         attn += n * time_ops(gpu, [o for o in ops if o.kind == "attention"]).seconds
     for part, blocks in (("encoder", spec.layers), ("decoder", spec.encdec.decoder_layers)):
         rerun = recomputed(spec, setup, lists[part])
-        rec = rec + checkpointed_layers(setup, blocks) * time_ops(gpu, rerun)
+        rec = rec + checkpointed_layers(setup, blocks) * time_ops(gpu, prep(rerun))
     return StageCompute(fwd, bwd, rec, attn / max(1, spec.layers + spec.encdec.decoder_layers))
 
 

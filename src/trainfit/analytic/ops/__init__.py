@@ -31,7 +31,8 @@ Layout (one cost function per kind, as torch/utils/flop_counter.py keeps one per
 shape.py (a setup's Shape), and per kind gemm.py, attention.py, norm.py, rotary.py, activation.py, residual.py,
 cast.py, loss.py, with the blocks mla.py, moe.py and gated_deltanet.py (Qwen3-Next's linear-attention mixer);
 layer.py composes a layer from a family's LayerRecipe (its mixer: attention or Gated DeltaNet);
-embedding.py and head.py the first and last stage; derived.py the backward, compiled and recomputed lists.
+embedding.py and head.py the first and last stage; derived.py the backward, compiled and recomputed lists;
+encoder_decoder.py T5's two stacks (its blocks, relative bias, head and loss; timed by analytic/encoder_decoder_time.py).
 tests/analytic/test_ops_vs_trace.py checks every family's layer against the kernels the trace engine dispatches.
 """
 from .activation import activation_out_bytes
