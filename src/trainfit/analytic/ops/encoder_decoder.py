@@ -18,9 +18,9 @@ A block (T5Block :435-480) is T5LayerSelfAttention [+ T5LayerCrossAttention in t
     takes an additive bias, its gradient and dropout; torch sdp_utils.cpp check_for_attn_mask / use_mem_efficient_
     attention): `attention` op with kernel "efficient". Under CUDA autocast SDPA casts its fp32 mask (the bias is an
     fp32 Embedding's lookup) to the compute dtype. Then the output's transpose(1, 2).contiguous() (:195) and o.
-    NB: the trace engine runs a masked SDPA call through the CPU's implementation (trace/cuda_kernels._cuda_sdpa), so a
-    training step's trace holds torch's math path (fp32 batched GEMMs and s x s passes) where the GPU runs the fused
-    kernel: tests/analytic/test_encdec_ops_vs_trace.py records that difference.
+    (The trace engine runs a masked SDPA call through the CPU's implementation, trace/cuda_kernels.py's NB: with
+    dropout torch's math path, fp32 batched GEMMs and s x s passes; tests/analytic/test_encdec_ops_vs_trace.py
+    traces a masked call through CUDA's kernel instead.)
   * T5LayerFF (:128-142): T5DenseGatedActDense (:98-125: act(wi_0 x) · wi_1 x, dropout, `.to(wo.weight.dtype)`, wo)
     or T5DenseActDense (:76-95: act(wi x), dropout, the same cast, wo); gelu_new's output is fp32 under autocast
     (activation.gelu_new_out), so the product and its dropout are too; wo is kept in fp32 only by
@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..activations import FP32, INDEX
+from ..encoder_decoder import inner
 from .activation import activation, activation_out_bytes
 from .attention import eager_output_copy
 from .cast import autocast_inputs, weight_casts
@@ -63,11 +64,6 @@ def stack_shape(sh: Shape, seq: int) -> Shape:
     float mask (the memory-efficient kernel, the module docstring) and its loss on the logits' own dtype."""
     return replace(sh, seq=seq, attention="efficient", hf_eager=False, eager_mask=0, sdpa=True, loss_upcast=False,
                    shifted_labels=False)
-
-
-def inner(spec) -> int:
-    """q, k, v and o's inner width, num_heads x d_kv (modeling_t5.py:199-205)."""
-    return spec.heads * spec.head_dim
 
 
 def _drop(name: str, x: float, nbytes: int, p: float, group: str) -> list[Op]:
