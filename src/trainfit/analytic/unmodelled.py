@@ -60,7 +60,7 @@ caches, lm_head over every target position; tests/analytic/test_encoder_decoder_
 trace), and so are its kernels (analytic/ops/encoder_decoder.py, timed by encoder_decoder_time.py: both stacks'
 blocks, the relative bias, SDPA's float mask and memory-efficient kernel, the cross-attention over the encoder's or
 the cached k and v, the head and loss, forward and backward; tests/analytic/test_encdec_ops_vs_trace.py: every GEMM
-and attention call exact, the memory-bound bytes of a block +0.7 % to +6.9 % of the trace's with CUDA's kernel for a
+and attention call exact, the memory-bound bytes of a block -0.1 % to +7.2 % of the trace's with CUDA's kernel for a
 masked SDPA call, generate()'s prefill and decode -1.4 % and -0.1 %; fp16 weights refused: transformers keeps wo in
 fp32), so --gpu times T5's prefill and decode (its training step once its memory is), and its training is refused
 in one line

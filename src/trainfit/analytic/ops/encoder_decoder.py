@@ -85,8 +85,9 @@ def _cast(name: str, x: float, src: int, dst: int, group: str = "") -> list[Op]:
 def t5_norm(spec, name: str, tokens: float, sh: Shape, group: str) -> list[Op]:
     """T5LayerNorm (:60-73): HF's RMSNorm kernels (norm.hf_rms_norm), but its fp32 copy feeds the variance only:
     `hidden_states * torch.rsqrt(variance + eps)` multiplies the stream as it is (a 16-bit x by an fp32 factor: an fp32
-    product by type promotion), so that product reads x in the stream's dtype and its backward casts x's gradient
-    back to it (engine.cpp validate_outputs; op.grad_cast)."""
+    product by type promotion), so that product reads x in the stream's dtype, as does its backward's grad · r·x-side
+    product (the rsqrt factor's gradient, grad · x), and its backward casts x's gradient back to the stream's dtype
+    (engine.cpp validate_outputs; op.grad_cast)."""
     ops = norm_ops(spec, name, tokens, sh, group)
     r = sh.residual
     if r == FP32:
@@ -95,8 +96,10 @@ def t5_norm(spec, name: str, tokens: float, sh: Shape, group: str) -> list[Op]:
     out = []
     for o in ops:
         if o.name == f"{name}.mul":
+            bwd = tuple(b._replace(reads=b.reads - x * (FP32 - r)) if b.name == f"{name}.mul.backward_r" else b
+                        for b in o.bwd_ops)
             o = o._replace(reads=o.reads - x * (FP32 - r),
-                           bwd_ops=o.bwd_ops + grad_cast(f"{name}.mul.grad_cast", x, FP32, r))
+                           bwd_ops=bwd + grad_cast(f"{name}.mul.grad_cast", x, FP32, r))
         out.append(o)
     return out
 
@@ -184,7 +187,9 @@ def attention_sublayer(spec, sh: Shape, kind: str, s_kv: float, p: float, kv_row
     ops.append(Op(f"{kind}.attention", "attention", attention_dtype(sh), s_q, s_kv, d, sh.batch * spec.heads,
                   kernel=sh.attention, dropout=p > 0,
                   source="sdpa_attention.py:182 scaled_dot_product_attention (float mask: memory-efficient kernel)"))
-    ops += [o._replace(name=f"{kind}.output_copy") for o in eager_output_copy(T, q, sh)]
+    # (the copy's gradient is the transposed view: the efficient kernel's backward takes it as it is, no kernel)
+    ops += [o._replace(name=f"{kind}.output_copy", bwd_ops=(no_kernel(f"{kind}.output_copy"),))
+            for o in eager_output_copy(T, q, sh)]
     ops.append(gemm(f"{kind}.o", T, h, q, sh, f"{SRC}:370 T5Attention o"))
     ops += residual(kind, T * h, p, sh, kind, f"{SRC}:404/:436 x + dropout(attention)")
     return ops
