@@ -81,7 +81,7 @@ def test_fp16_t5_keeps_wo_in_fp32():
 
 def test_t5_inference_is_timed_on_a_gpu(capsys):
     # the op list lists T5's kernels (analytic/ops/encoder_decoder.py): --gpu times generate()'s prefill and a decode
-    # step kernel by kernel; fp16 weights (wo kept in fp32 by transformers) are refused in one line
+    # step kernel by kernel; fp16 and quantised weights (wo kept in fp32 by transformers) are refused in one line
     import json
 
     main(["estimate", "flan-t5-base", "--mode", "infer", "--seq", "512", "--target-seq", "64", "--gpu", "H100-80GB",
@@ -89,5 +89,6 @@ def test_t5_inference_is_timed_on_a_gpu(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["time"]["prefill_seconds"] > 0 and out["time"]["decode_tokens_per_second"] > 0
     assert 0 < out["detail"]["decode"]["kernels"] < out["detail"]["prefill"]["kernels"]
-    assert "_keep_in_fp32_modules" in _refused(["estimate", "flan-t5-base", "--mode", "infer", "--precision", "fp16",
-                                                "--gpu", "H100-80GB"], capsys)
+    for precision in ("fp16", "int4"):
+        assert "_keep_in_fp32_modules" in _refused(["estimate", "flan-t5-base", "--mode", "infer", "--precision",
+                                                    precision, "--gpu", "H100-80GB"], capsys)

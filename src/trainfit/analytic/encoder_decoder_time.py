@@ -10,7 +10,7 @@ prefill (generate()'s first forward): the same forward in eval (no dropout) with
   --target-seq cached ones, its cross-attention over the cached encoder k and v (under autocast its weights' casts
   are the prefill's, cached for the region).
 Refused in one line (_check): tensor, pipeline and context parallelism of the two stacks, LoRA, Float8 and Liger's
-loss (their kernels are listed for decoder-only layers), fp16 weights (T5's wo kept in fp32).
+loss (their kernels are listed for decoder-only layers), fp16 and quantised weights (T5's wo kept in fp32).
 NB: checkpointed_layers counts each stack's blocks as a model's layers (per-stack --recompute layer:N / block:N).
 """
 from __future__ import annotations
@@ -20,16 +20,18 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from .compute_time import ListTime, StageCompute, time_ops
-from .ops import backward, checkpointed_layers, compiled, recomputed, shape_of
+from .ops import QUANTISED_GEMMS, backward, checkpointed_layers, compiled, recomputed, shape_of
 from .ops import encoder_decoder as ed
 from .precision import StateBytes, state_bytes
 from .timing import compute_dtype
 
 
 def _check(spec: ModelSpec, setup: Setup) -> None:
-    """Refuse, in one line, what the lists do not cover: parallel stacks, and fp16 weights, under which transformers
-    keeps every wo in fp32 (T5PreTrainedModel._keep_in_fp32_modules, modeling_utils.py _get_dtype_plan: fp16 only),
-    so wo's GEMM runs in fp32 and its fp32 output promotes the residual stream to fp32 from the first block on."""
+    """Refuse, in one line, what the lists do not cover: parallel stacks, LoRA, Float8 and Liger's loss, and fp16 or
+    quantised weights, beside which transformers keeps every wo in fp32 (T5PreTrainedModel._keep_in_fp32_modules:
+    modeling_utils.py _get_dtype_plan under fp16, and quantizers/base.py get_modules_to_not_convert leaves it a plain
+    Linear), so wo's GEMM runs in fp32 and its fp32 output promotes the residual stream to fp32 from the first block
+    on."""
     if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
         raise SetupError(f"{spec.name}: an encoder-decoder's step time is modelled on one GPU per replica (no --tp, "
                          "--pp or --cp); use --engine trace for its memory")
@@ -37,10 +39,11 @@ def _check(spec: ModelSpec, setup: Setup) -> None:
                                   or getattr(setup, "loss", "full") != "full"):
         raise SetupError(f"{spec.name}: an encoder-decoder's step time lists its full-precision linears and HF's "
                          "loss only (no --lora-rank, --float8 or --loss fused-linear kernels); use --engine trace")
-    st = state_bytes(setup)
-    if compute_dtype(setup) == "fp16" and not st.autocast:
-        raise SetupError(f"{spec.name}: fp16 weights keep T5's wo in fp32 (transformers _keep_in_fp32_modules), "
-                         "whose kernels the op list does not list; time it in bf16, amp-bf16/amp-fp16 or fp32")
+    dtype = compute_dtype(setup)
+    if (dtype == "fp16" and not state_bytes(setup).autocast) or dtype in QUANTISED_GEMMS:
+        raise SetupError(f"{spec.name}: --precision {setup.precision} keeps T5's wo in fp32 (transformers "
+                         "_keep_in_fp32_modules: fp16 weights; quantizers leave it unconverted), whose kernels the op "
+                         "list does not list; time it in bf16, amp-bf16, amp-fp16 or fp32")
 
 
 def shapes(spec: ModelSpec, setup: Setup, st: StateBytes):

@@ -61,8 +61,8 @@ trace), and so are its kernels (analytic/ops/encoder_decoder.py, timed by encode
 blocks, the relative bias, SDPA's float mask and memory-efficient kernel, the cross-attention over the encoder's or
 the cached k and v, the head and loss, forward and backward; tests/analytic/test_encdec_ops_vs_trace.py: every GEMM
 and attention call exact, the memory-bound bytes of a block -0.1 % to +7.2 % of the trace's with CUDA's kernel for a
-masked SDPA call, generate()'s prefill and decode -1.4 % and -0.1 %; fp16 weights refused: transformers keeps wo in
-fp32), so --gpu times T5's prefill and decode (its training step once its memory is), and its training is refused
+masked SDPA call, generate()'s prefill and decode -1.4 % and -0.1 %; fp16 and quantised weights refused: transformers
+keeps wo in fp32), so --gpu times T5's prefill and decode (its training step once its memory is), and its training is refused
 in one line
 (encoder_decoder.check_trainable: both stacks' saved tensors, the shared bias's gradient, the dropout masks). The
 training gap measured at the families matrix's test size (hidden 128, 2 + 12 blocks, batch 2 x 128 + 128 target
