@@ -1,6 +1,6 @@
-"""T5's op list (analytic/ops/encoder_decoder.py) against the kernels the trace engine dispatches (trace/kernel_shapes.py)
-for tiny-t5 (2 encoder + 3 decoder blocks, 4 heads of d_kv 16, gated gelu_new), under CUDA semantics, as
-tests/analytic/test_ops_vs_trace.py checks the decoder-only families:
+"""T5's op list (analytic/ops/encoder_decoder.py) against the kernels the trace engine dispatches
+(trace/kernel_shapes.py) for tiny-t5 (2 encoder + 3 decoder blocks, 4 heads of d_kv 16, gated gelu_new) and t5-small
+(T5 v1.0), under CUDA semantics, as tests/analytic/test_ops_vs_trace.py checks the decoder-only families:
 
   * one block = a trace with one more block less the trace without it, per stack (the encoder's third block; the
     decoder's third: `num_decoder_layers`), forward and backward: GEMM and attention shapes exactly, casts' bytes and
@@ -37,7 +37,8 @@ pytest.importorskip("transformers")
 
 from test_ops_vs_trace import CASTS, TOLERANCE, _ops_keys, _trace_key  # noqa: E402
 
-from trainfit.analytic.encoder_decoder_time import dropout_rate, forward_lists, prefill_decode_lists, shapes  # noqa: E402
+from trainfit.analytic.encoder_decoder_time import (dropout_rate, forward_lists, prefill_decode_lists,  # noqa: E402
+                                                   shapes)
 from trainfit.analytic.ops import Op, backward  # noqa: E402
 from trainfit.analytic.ops import encoder_decoder as ed  # noqa: E402
 from trainfit.analytic.precision import state_bytes  # noqa: E402
@@ -139,7 +140,8 @@ def test_block_kernels_match_the_op_list(stack, model, precision, cuda_masked_sd
     for phase in PHASES:
         gemms = Counter({k: c for k, c in traced.items() if k[0] == phase and k[1] not in ("cast", "memory")})
         listed = _shapes(lists[phase], phase)
-        assert gemms == listed, f"{stack} {phase}: trace only {dict(gemms - listed)}, op list only {dict(listed - gemms)}"
+        assert gemms == listed, (f"{stack} {phase}: trace only {dict(gemms - listed)}, "
+                                 f"op list only {dict(listed - gemms)}")
         memory = [o for o in lists[phase] if o.kind == "memory"]
         casts = [o for o in memory if any(c in o.name for c in ED_CASTS)]
         cast = (sum(k[2] * c for k, c in traced.items() if k[:2] == (phase, "cast")),

@@ -53,7 +53,8 @@ def shapes(spec: ModelSpec, setup: Setup, st: StateBytes):
 
 
 def dropout_rate(spec: ModelSpec, training: bool) -> float:
-    """T5's one dropout_rate (every entry of spec.dropouts: embeddings, attention probabilities, branches); 0 in eval."""
+    """T5's one dropout_rate (every entry of spec.dropouts: embeddings, attention probabilities, branches); 0 in
+    eval."""
     return spec.dropouts[2] if training else 0.0
 
 
@@ -63,7 +64,8 @@ def forward_lists(spec: ModelSpec, enc, dec, p: float, loss: bool) -> dict[str, 
     once = (ed.stack_input(spec, enc, p) + ed.stack_output(spec, enc, p) + ed.stack_input(spec, dec, p)
             + ed.stack_output(spec, dec, p) + ed.head_forward(spec, dec, loss))
     return {"encoder_first": ed.encoder_block(spec, enc, p, first=True), "encoder": ed.encoder_block(spec, enc, p),
-            "decoder_first": ed.decoder_block(spec, dec, s, p, first=True), "decoder": ed.decoder_block(spec, dec, s, p),
+            "decoder_first": ed.decoder_block(spec, dec, s, p, first=True),
+            "decoder": ed.decoder_block(spec, dec, s, p),
             "once": once}
 
 

@@ -57,13 +57,7 @@ branch; in inference the decoder's self-attention cache and the cross-attention 
 in every decoder block, EncoderDecoderCache). Its inference memory and prefill FLOPs are modelled
 (analytic/encoder_decoder.py: both stacks' high points, the relative bias's bucketing and additive masks, both
 caches, lm_head over every target position; tests/analytic/test_encoder_decoder_analytic.py, within 0.04 % of the
-trace), and so are its kernels (analytic/ops/encoder_decoder.py, timed by encoder_decoder_time.py: both stacks'
-blocks, the relative bias, SDPA's float mask and memory-efficient kernel, the cross-attention over the encoder's or
-the cached k and v, the head and loss, forward and backward; tests/analytic/test_encdec_ops_vs_trace.py: every GEMM
-and attention call exact, the memory-bound bytes of a block -0.1 % to +7.2 % of the trace's with CUDA's kernel for a
-masked SDPA call, generate()'s prefill and decode -1.4 % and -0.1 %; fp16 and quantised weights refused: transformers
-keeps wo in fp32), so --gpu times T5's prefill and decode (its training step once its memory is), and its training is refused
-in one line
+trace), so are its kernels (the last paragraph), and its training is refused in one line
 (encoder_decoder.check_trainable: both stacks' saved tensors, the shared bias's gradient, the dropout masks). The
 training gap measured at the families matrix's test size (hidden 128, 2 + 12 blocks, batch 2 x 128 + 128 target
 tokens) with the engine's one-stack terms: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) of the
@@ -72,6 +66,13 @@ BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same tw
 position table and layernorm_embedding per stack instead of the relative bias): -54.3 % to -54.5 % in training, -3.0 %
 in inference at the same size. Whisper (models/whisper/modeling_whisper.py) reads log-mel frames through two conv1d
 before its encoder blocks: -46.5 % to -50.2 % in training, -5.6 % in inference (128 encoder positions).
+T5's kernels (analytic/ops/encoder_decoder.py, timed by encoder_decoder_time.py): both stacks' blocks, the relative
+bias, SDPA's float mask and memory-efficient kernel, the cross-attention over the encoder's or the cached k and v, the
+head and loss, forward and backward; tests/analytic/test_encdec_ops_vs_trace.py: every GEMM and attention call as
+the trace's, a block's memory-bound bytes -0.1 % to +7.2 % of the trace's with CUDA's kernel for a masked SDPA call,
+generate()'s prefill and decode -1.4 % and -0.1 %. So --gpu times T5's prefill and decode (and its training step once
+its memory is modelled); fp16 and quantised weights are refused for timing (transformers keeps wo in fp32).
+unmodelled_kernels refuses the encoder-decoders whose memory is modelled but whose stacks the op list does not list.
 """
 from __future__ import annotations
 

@@ -263,7 +263,8 @@ def decoder_block(spec, sh: Shape, enc_seq: float, p: float, first: bool = False
 
 # --- around the blocks --------------------------------------------------------------------------------------------
 def stack_input(spec, sh: Shape, p: float) -> list[Op]:
-    """A stack's embed_tokens gather (the shared table, its dtype the weights') and dropout (T5Stack.forward :683, :727).
+    """A stack's embed_tokens gather (the shared table, its dtype the weights') and dropout (T5Stack.forward :683,
+    :727).
     The gather's backward is the table's embedding_dense_backward (encoder_decoder_backward_extra)."""
     T, h, w = sh.tokens, spec.hidden, sh.weight
     ops = [memory("embed", T * h * w + T * INDEX, T * h * w, f"{SRC}:683 embed_tokens (gather)", "embed",
