@@ -184,6 +184,8 @@ def attention_sublayer(spec, sh: Shape, kind: str, s_kv: float, p: float, kv_row
     elif not cross:
         ops += [gemm(f"{kind}.k", T, q, h, sh, src), gemm(f"{kind}.v", T, q, h, sh, src)]
     ops += _mask_ops(spec, sh, kind, s_q, s_kv)
+    # NB: timed as the kernel without a bias (roofline.attention_seconds): its reads of the (heads, q, k) bias per
+    # batch element and, in backward, its writes of the batch-sized bias gradient are not charged (under)
     ops.append(Op(f"{kind}.attention", "attention", attention_dtype(sh), s_q, s_kv, d, sh.batch * spec.heads,
                   kernel=sh.attention, dropout=p > 0,
                   source="sdpa_attention.py:182 scaled_dot_product_attention (float mask: memory-efficient kernel)"))
