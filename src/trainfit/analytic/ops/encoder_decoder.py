@@ -45,7 +45,7 @@ from .cast import autocast_inputs, weight_casts
 from .embedding import embedding_grad
 from .loss import lm_loss, lm_loss_backward_extra, loss_scale
 from .norm import norm_ops
-from .op import DOWNCAST, REDUCE, Op, Shape, attention_dtype, bwd_kernel, gemm, grad_cast, memory, no_kernel
+from .op import DOWNCAST, REDUCE, UPCAST, Op, Shape, attention_dtype, bwd_kernel, gemm, grad_cast, memory, no_kernel
 from .residual import residual
 
 SRC = "modeling_t5.py"
@@ -78,7 +78,7 @@ def _cast(name: str, x: float, src: int, dst: int, group: str = "") -> list[Op]:
     """A dtype cast of x elements (none when the dtypes agree); its backward casts the gradient back."""
     if src == dst:
         return []
-    access = DOWNCAST if dst < src else {"access": "upcast", "bwd_access": "vector"}
+    access = DOWNCAST if dst < src else UPCAST
     return [memory(name, x * src, x * dst, "dtype cast", group, saves=False, **access)]
 
 
