@@ -156,10 +156,19 @@ def test_training_is_refused_in_one_line(family):
     assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
 
 
-@pytest.mark.parametrize("family", ["t5", "bart", "whisper"])
+def test_t5_memory_and_kernels_are_modelled():
+    """T5's memory formulas cover it, and its kernels are in the op list (analytic/ops/encoder_decoder.py, checked in
+    test_encdec_ops_vs_trace.py): --gpu times its prefill and decode."""
+    spec = small("t5")
+    assert unmodelled_memory(spec) == [] and unmodelled_features(spec) == []
+    est = estimate(spec, Setup(batch=2, seq=128, precision="bf16", mode="infer"), gpu=get_gpu("H100"))
+    assert est.time.prefill_seconds > 0 and est.time.decode_tokens_per_second > 0
+
+
+@pytest.mark.parametrize("family", ["bart", "whisper"])
 def test_memory_is_modelled_and_timing_refused(family):
-    """T5's, BART's and Whisper's memory formulas cover them (no --gpu: an estimate), their kernels are not in the op
-    list (timing refused in one line)."""
+    """BART's and Whisper's memory formulas cover them (no --gpu: an estimate), their kernels are not in the op list
+    (timing refused in one line)."""
     spec = small_whisper() if family == "whisper" else small(family)
     assert unmodelled_memory(spec) == [] and unmodelled_features(spec)
     with pytest.raises(SetupError, match="analytic engine does not model"):

@@ -9,7 +9,8 @@ recompute = the layers the policy checkpoints × what each re-runs (ops.recomput
 torch.compile: the lists pass through ops.compiled (fused elementwise chains) where compile_effects models the
 block; otherwise eager's kernels.
 MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix per stage is averaged); Qwen3-Next's
-Gated DeltaNet and attention layers the same, and Nemotron-H's Mamba-2, attention and MLP blocks (layer_kinds).
+Gated DeltaNet and attention layers the same, and Nemotron-H's Mamba-2, attention and MLP blocks (layer_kinds). An
+encoder-decoder (T5): its two stacks' lists (encoder_decoder_time.stage_compute).
 """
 from __future__ import annotations
 
@@ -148,6 +149,9 @@ def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, boo
 def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
                   layers: tuple[int, int, int]) -> StageCompute:
     """Forward, backward and recompute time of one micro-batch on the slowest of the (first, middle, last) stages."""
+    if spec.encdec is not None:  # two stacks, their own lists (encoder_decoder_time.py)
+        from .encoder_decoder_time import stage_compute as encdec_stage_compute
+        return encdec_stage_compute(spec, setup, gpu, st)
     sh = shape_of(spec, setup, st, compute_dtype(setup))
     prep = compiled if sh.compile else (lambda ops: ops)
     lf = lb = lr = ListTime()

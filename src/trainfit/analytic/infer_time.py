@@ -73,12 +73,20 @@ def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len
         total = total + time_ops(gpu, [Op("kv_cat", "memory", "", reads=cache, writes=cache,
                                           kernels=2 * attention_layers(spec),
                                           source="transformers cache_utils.py DynamicLayer.update (torch.cat)")])
-    # an eager forward is issued op by op: the GPU waits when the host is slower (step_time.host_issue_exposed)
+    return _pass(total)
+
+
+def _pass(total: ListTime) -> PassTime:
+    """An eager forward is issued op by op: the GPU waits when the host is slower (step_time.host_issue_exposed)."""
     return PassTime(total, max(total.seconds, total.kernels * host_seconds_per_kernel(no_grad=True)))
 
 
 def prefill_decode(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts) -> tuple[PassTime, PassTime | None]:
-    """The prefill of batch x seq tokens and, for a causal model, one decode step at seq + 1 keys."""
+    """The prefill of batch x seq tokens and, for a causal model, one decode step at seq + 1 keys; an
+    encoder-decoder's generate() (encoder_decoder_time.prefill_decode_lists)."""
+    if spec.encdec is not None:
+        from .encoder_decoder_time import prefill_decode_lists
+        return tuple(_pass(time_ops(gpu, ops)) for ops in prefill_decode_lists(spec, setup))
     pre = forward_time(spec, setup, gpu, pc, setup.seq, setup.seq)
     dec = forward_time(spec, setup, gpu, pc, 1, setup.seq + 1) if spec.causal else None
     return pre, dec
