@@ -31,9 +31,9 @@ def modelled(spec: ModelSpec) -> bool:
 
 
 def check_trainable(spec: ModelSpec, setup: Setup) -> None:
-    """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder: its saved
-    tensors are not modelled (inference is)."""
-    if spec.encdec is not None:
+    """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder whose saved
+    tensors are not modelled (inference is): BART, Whisper (T5 / mT5: encoder_decoder_training.py)."""
+    if spec.encdec is not None and not modelled(spec):
         raise SetupError(
             f"{spec.name}: training an encoder-decoder model is not modelled by the analytic engine (both stacks' "
             "saved tensors: the encoder's over --seq, the decoder's self- and cross-attention over --target-seq, the "
