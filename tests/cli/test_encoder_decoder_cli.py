@@ -23,8 +23,8 @@ def _refused(argv, capsys) -> str:
     (["estimate", "bert-base", "--seq", "128", "--target-seq", "64", "--mode", "infer"], "--target-seq"),
     # serving and RL of an encoder-decoder model are not modelled
     (["estimate", "flan-t5-large", "--mode", "serve", "--gpu", "H100-80GB"], "--mode serve"),
-    # the analytic engine models T5's inference memory only (no training terms, no kernels to time with --gpu): it
-    # names the engine that runs the model
+    # the analytic engine models T5's memory, not its kernels (nothing to time with --gpu): it names the engine that
+    # runs the model
     (["estimate", "flan-t5-large", "--seq", "512", "--target-seq", "128", "--gpu", "H100-80GB"], "--engine trace"),
     (["estimate", "tiny-t5", "--target-seq", "0", "--engine", "trace"], "--target-seq"),
     (["estimate", "t5-small", "--mode", "rl", "--gpu", "H100-80GB"], "--mode rl"),

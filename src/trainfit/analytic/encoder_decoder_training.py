@@ -68,6 +68,9 @@ def check_trainable(spec: ModelSpec, setup: Setup) -> None:
         why = "--lora or --quant"
     elif setup.compile or setup.offload != "none" or setup.optimizer_in_backward:
         why = "--compile, --offload or --optimizer-in-backward"
+    elif setup.precision not in ("fp32", "bf16", "amp-bf16", "bf16-master"):
+        # fp16 keeps wo in fp32 (_keep_in_fp32_modules, modeling_t5.py:542) and clamps each sublayer's output
+        why = f"--precision {setup.precision} (fp32, bf16, amp-bf16 and bf16-master are modelled)"
     elif setup.recompute not in ("none", "full"):
         why = f"--recompute {setup.recompute} (none and full are modelled)"
     elif setup.stack != "hf" or setup.loss != "full" or setup.attention not in ("auto", "sdpa"):
