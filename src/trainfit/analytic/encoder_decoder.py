@@ -7,9 +7,9 @@ encoder's output, then lm_head over every decoder position. generate()'s prefill
 self-attention K/V over the target tokens and the cross-attention K/V over the encoder's tokens
 (T5Attention.forward :283-372, curr_cache.update); a decode step reads both and appends one token to the first.
 
-Modelled: T5's two stacks (relative position bias; mT5 is the same model, modeling_mt5.py). Refused in one line
-(check_trainable): training (both stacks' saved tensors, the shared relative bias's gradient, the dropout masks);
-BART and Whisper stay refused as a whole (analytic/unmodelled.py).
+Modelled: T5's two stacks (relative position bias; mT5 is the same model, modeling_mt5.py); their training is
+encoder_decoder_training.py's. Refused in one line (check_trainable): BART's and Whisper's training; they stay
+refused as a whole (analytic/unmodelled.py).
 """
 from __future__ import annotations
 

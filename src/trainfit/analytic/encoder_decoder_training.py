@@ -32,14 +32,17 @@ What one block saves (read op by op off modeling_t5.py and the trace's saved ten
                          and v cast the encoder's output in every block; wi_0, wi_1, wo; lm_head).
 Each stack adds its embedding's dropout (noise and output) and its final norm and dropout; the head adds lm_head's
 casts (autocast), the saved log-softmax (fp32 under autocast and in fp32, else the logits' dtype: no upcast, the
-loss reads lm_logits as they are) and the decoder's ids (shift_right's, an int64 copy of the labels shifted).
+loss reads lm_logits as they are) and the decoder's ids (_shift_right's int64 copy of the labels shifted, :1031).
 
-Full recomputation (T5Stack with gradient checkpointing, :727-745: every block through
-GradientCheckpointingLayer): each block keeps its input (and on a CPU the generator's state, recompute.
+Full recomputation (gradient checkpointing: T5Block is a GradientCheckpointingLayer, :439, called per block in
+T5Stack.forward :728-743 between the embeddings' dropout :726 and the final norm :745): each block keeps its input (and on a CPU the generator's state, recompute.
 CPU_RNG_STATE); each stack keeps its relative bias (1, heads, q, k), the decoder also the encoder's output and
 the cross-attention's zero bias (T5Attention.forward :335-342), all checkpoint inputs; in its backward a block runs
 its forward again: its whole saved set is live again beside the incoming gradient and the backward's own
 temporaries.
+NB: the forward's own high points are not moments (each stack's first block at its relative bias's bucketing,
+encoder_decoder.bias_moment, (q, k) int64 temporaries): they come before the blocks after them have saved
+anything, and every later block keeps more than they add (three (b, heads, q, k) fp32 tensors per attention).
 """
 from __future__ import annotations
 
@@ -151,11 +154,13 @@ def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, fi
     return out + mlp_saved(spec, setup, st, rows)
 
 
-def stack_ends(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int, head: bool) -> tuple[float, float]:
+def stack_ends(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int) -> tuple[float, float]:
     """(embedding's dropout, final norm + dropout) of a stack over `rows` tokens: the embedding's dropout noise and
     output (the first block's input; `shared` is in the weights' dtype), the final norm's saved tensors and its
     dropout's noise, and the dropout's output where a matmul keeps it as it is (the cross-attention's k and v, or
-    lm_head; not under autocast, where their casts are kept)."""
+    lm_head; not under autocast, where their casts are kept). T5 v1.0's rescale of the decoder's output by
+    d_model**-0.5 (scale_decoder_outputs, modeling_t5.py:1047-1048) multiplies by a number, which keeps nothing:
+    lm_head keeps the scaled copy in place of the dropout's output, the same bytes."""
     h, w = spec.hidden, st.weight
     embedding = (dropout_mask_bytes(setup, w) + w) * h * rows
     final = norm_saved(st, rows, h, final=True) + dropout_mask_bytes(setup, w) * h * rows
@@ -242,8 +247,8 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
     ms = model_states(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
     b, h = setup.batch, spec.hidden
     enc_rows, dec_rows = b * setup.seq, b * setup.target_tokens
-    enc_embedding, enc_final = stack_ends(spec, setup, st, enc_rows, False)
-    dec_embedding, dec_final = stack_ends(spec, setup, st, dec_rows, True)
+    enc_embedding, enc_final = stack_ends(spec, setup, st, enc_rows)
+    dec_embedding, dec_final = stack_ends(spec, setup, st, dec_rows)
     head_saved, logits, loss_backward = head_bytes(spec, setup, st)
     full = setup.recompute == "full"
     gb = st.grad
@@ -264,7 +269,6 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
                                gradients=block_params(spec, pc, decoder, first) * gb))
     pattern = tuple([0] + [1] * (spec.layers - 1) + [2] + [3] * (spec.encdec.decoder_layers - 1))
     inputs = INDEX * b * (setup.seq + setup.target_tokens)  # input_ids and labels
-    casts = 0.0  # (autocast's weight cache under full recomputation is in each block's re-run saved set)
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
@@ -278,7 +282,7 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         embedding_saved=enc_embedding,
         head_saved=dec_final + head_saved + inputs,
         inputs=inputs,
-        forward_transient=logits + casts,
+        forward_transient=logits,
         loss_backward=loss_backward,
         layer_backward=0.0,
         layer_freed=0.0,
