@@ -90,6 +90,23 @@ def test_training_peak_within_1_percent_of_the_trace(model, precision, recompute
     assert_analytic_near_trace(_spec(model), setup, f"{model}-{precision}-{recompute}-{device}", TOLERANCE)
 
 
+# an input and a target of different lengths (the cross-attention's (t, s) tensors, each stack's own rows), a batch of
+# one, and gradient accumulation (every gradient live from the step's start)
+SHAPES = [("t5", "fp32", "none", "cpu", 1, 96, 48, 1), ("t5", "amp-bf16", "full", "cuda", 2, 64, 160, 1),
+          ("t5", "bf16", "none", "cpu", 2, 200, 40, 1), ("t5-small", "amp-bf16", "none", "cpu", 2, 128, 128, 2),
+          ("t5", "bf16-master", "full", "cpu", 1, 256, 32, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.parametrize("model,precision,recompute,device,batch,seq,target,accum", SHAPES,
+                         ids=["-".join(map(str, c)) for c in SHAPES])
+def test_other_shapes_within_1_percent_of_the_trace(model, precision, recompute, device, batch, seq, target, accum):
+    setup = Setup(batch=batch, seq=seq, target_seq=target, precision=precision, recompute=recompute, device=device,
+                  grad_accum=accum)
+    assert_analytic_near_trace(_spec(model), setup, f"{model}-{precision}-{recompute}-{device}", TOLERANCE)
+
+
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_training_flops_are_the_traced_ones():
