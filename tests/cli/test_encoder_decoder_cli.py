@@ -77,3 +77,10 @@ def test_fp16_t5_keeps_wo_in_fp32():
                                                      device="cpu"))
     fp32 = sum(p.numel() for p in model.parameters() if p.dtype.itemsize == 4)
     assert fp32 == (2 + 3) * 128 * 64
+
+
+def test_analytic_training_estimate_of_a_t5_answers(capsys):
+    # the analytic engine models T5's training memory (analytic/encoder_decoder_training.py): an estimate without --gpu
+    main(["estimate", "t5-base", "--mode", "train", "--seq", "512", "--target-seq", "128", "--recompute", "full"])
+    out = capsys.readouterr().out
+    assert "analytic engine" in out and "seq2seq-lm head" in out and "peak" in out

@@ -51,7 +51,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, dropout_mask_bytes
 from .encoder_decoder import fp32_gelu, inner
-from .optimizer import optimizer_temporaries, state_bytes_unsharded
+from .optimizer import PAGED, optimizer_temporaries, state_bytes_unsharded
 from .params import ParamCounts, relative_bias_params
 from .parallel.zero import model_states, params_at_rest
 from .backward import Moment
@@ -69,8 +69,8 @@ def check_trainable(spec: ModelSpec, setup: Setup) -> None:
         why = "data parallelism or ZeRO/FSDP (the step's buffers and shards over two stacks)"
     elif setup.lora_rank or setup.quant:
         why = "--lora or --quant"
-    elif setup.compile or setup.offload != "none" or setup.optimizer_in_backward:
-        why = "--compile, --offload or --optimizer-in-backward"
+    elif setup.compile or setup.offload != "none" or setup.optimizer_in_backward or setup.optimizer in PAGED:
+        why = "--compile, --offload, --optimizer-in-backward or a paged optimizer"
     elif setup.precision not in ("fp32", "bf16", "amp-bf16", "bf16-master"):
         # fp16 keeps wo in fp32 (_keep_in_fp32_modules, modeling_t5.py:542) and clamps each sublayer's output
         why = f"--precision {setup.precision} (fp32, bf16, amp-bf16 and bf16-master are modelled)"
