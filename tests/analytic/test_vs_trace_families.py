@@ -232,7 +232,7 @@ if _ONEDNN_BF16:
 # counts), left out of the matrix like the refused ones so that the others keep their setups
 OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
                             "gemma3": "tests/analytic/test_vlm_analytic.py",
-                            # inference (two stacks, two caches); training refused in one line there
+                            # inference (two stacks, two caches); training in test_encoder_decoder_training.py
                             "t5": "tests/analytic/test_encoder_decoder_analytic.py",
                             "mt5": "tests/analytic/test_encoder_decoder_analytic.py",
                             # inference (encdec_absolute.py; before: -3.0 % and -5.6 % with one-stack terms)

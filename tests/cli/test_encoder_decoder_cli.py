@@ -23,9 +23,6 @@ def _refused(argv, capsys) -> str:
     (["estimate", "bert-base", "--seq", "128", "--target-seq", "64", "--mode", "infer"], "--target-seq"),
     # serving and RL of an encoder-decoder model are not modelled
     (["estimate", "flan-t5-large", "--mode", "serve", "--gpu", "H100-80GB"], "--mode serve"),
-    # the analytic engine models T5's inference memory only (no training terms): it names the engine that runs the
-    # model
-    (["estimate", "flan-t5-large", "--seq", "512", "--target-seq", "128", "--gpu", "H100-80GB"], "--engine trace"),
     (["estimate", "tiny-t5", "--target-seq", "0", "--engine", "trace"], "--target-seq"),
     (["estimate", "t5-small", "--mode", "rl", "--gpu", "H100-80GB"], "--mode rl"),
     # transformers' T5 classifiers are not modelled; the seq2seq head is the encoder-decoder families' own
@@ -92,3 +89,10 @@ def test_t5_inference_is_timed_on_a_gpu(capsys):
     for precision in ("fp16", "int4"):
         assert "_keep_in_fp32_modules" in _refused(["estimate", "flan-t5-base", "--mode", "infer", "--precision",
                                                     precision, "--gpu", "H100-80GB"], capsys)
+
+
+def test_analytic_training_estimate_of_a_t5_answers(capsys):
+    # the analytic engine models T5's training memory (analytic/encoder_decoder_training.py): an estimate without --gpu
+    main(["estimate", "t5-base", "--mode", "train", "--seq", "512", "--target-seq", "128", "--recompute", "full"])
+    out = capsys.readouterr().out
+    assert "analytic engine" in out and "seq2seq-lm head" in out and "peak" in out

@@ -8,10 +8,9 @@ encoder's output, then lm_head over every decoder position. generate()'s prefill
 self-attention K/V over the target tokens and the cross-attention K/V over the encoder's tokens
 (T5Attention.forward :283-372, curr_cache.update); a decode step reads both and appends one token to the first.
 
-Modelled: T5's two stacks (relative position bias; mT5 is the same model, modeling_mt5.py); BART's and Whisper's in
-encdec_absolute.py (learned positions, LayerNorm blocks, the conv front-end). Refused in one line
-(check_trainable): training of every encoder-decoder (both stacks' saved tensors, the shared relative bias's
-gradient, the dropout masks).
+Modelled: T5's two stacks (relative position bias; mT5 is the same model, modeling_mt5.py), their training in
+encoder_decoder_training.py; BART's and Whisper's in encdec_absolute.py (learned positions, LayerNorm blocks, the
+conv front-end). Refused in one line (check_trainable): BART's and Whisper's training.
 """
 from __future__ import annotations
 
@@ -43,13 +42,13 @@ def absolute(spec: ModelSpec):
 
 
 def check_trainable(spec: ModelSpec, setup: Setup) -> None:
-    """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder: its saved
-    tensors are not modelled (inference is)."""
-    if spec.encdec is not None:
+    """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder whose saved
+    tensors are not modelled (inference is): BART, Whisper (T5 / mT5: encoder_decoder_training.py)."""
+    if spec.encdec is not None and (not modelled(spec) or absolute(spec) is not None):
         raise SetupError(
             f"{spec.name}: training an encoder-decoder model is not modelled by the analytic engine (both stacks' "
-            "saved tensors: the encoder's over --seq, the decoder's self- and cross-attention over --target-seq, the "
-            "shared relative position bias and its gradient, the dropout masks); use --engine trace")
+            "saved tensors: the encoder's over --seq, the decoder's self- and cross-attention over --target-seq, "
+            "the dropout masks; T5's and mT5's are modelled); use --engine trace")
 
 
 def inner(spec: ModelSpec) -> int:

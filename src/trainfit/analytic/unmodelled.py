@@ -78,11 +78,17 @@ branch; in inference the decoder's self-attention cache and the cross-attention 
 in every decoder block, EncoderDecoderCache). Its inference memory and prefill FLOPs are modelled
 (analytic/encoder_decoder.py: both stacks' high points, the relative bias's bucketing and additive masks, both
 caches, lm_head over every target position; tests/analytic/test_encoder_decoder_analytic.py, within 0.04 % of the
-trace), so are its kernels (the last paragraph), and its training is refused in one line
-(encoder_decoder.check_trainable: both stacks' saved tensors, the shared bias's gradient, the dropout masks). The
-training gap measured at the families matrix's test size (hidden 128, 2 + 12 blocks, batch 2 x 128 + 128 target
-tokens) with the engine's one-stack terms: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) of the
-traced one (inference: -13.6 %, bf16, CUDA, before encoder_decoder.py).
+trace), and so are its training memory and FLOPs (analytic/encoder_decoder_training.py: both stacks' saved tensors
+block by block — T5LayerNorm's fp32 terms, the math-path SDPA with the bias as a float mask, the gated gelu_new or
+relu MLP, the dropout noise or masks on the embeddings, probabilities and every branch, autocast's casts, the bucket
+indices of each stack's first block — the MLP's two backward moments, full recomputation's held inputs, biases and
+re-run blocks; tests/analytic/test_encoder_decoder_training.py). At the families matrix's test size (hidden 128,
+2 + 12 blocks, batch 2 x 128 + 128 target tokens) every precision (fp32, amp-bf16, bf16, bf16-master) x recompute
+none/full on CPU and CUDA semantics reads -0.36 % to 0.00 % of the traced peak (T5 v1.0, relu and 6 decoder
+blocks: -0.62 % to 0.00 %); with the engine's one-stack terms it read -59.6 % (amp-bf16, CPU) to -66.7 % (bf16,
+CUDA) (inference: -13.6 %, bf16, CUDA, before encoder_decoder.py). Its kernels are in the op list (the
+last paragraph); --tp/--pp/--cp, data parallelism and ZeRO/FSDP, LoRA, --compile, --offload
+and recompute policies other than none and full are refused in one line (encoder_decoder_training.check_trainable).
 BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same two stacks (post-norm, with a learned
 position table and layernorm_embedding per stack instead of the relative bias, biased linears, final_logits_bias);
 Whisper (models/whisper/modeling_whisper.py) reads log-mel frames (2 x --seq) through conv1 + GELU and conv2
