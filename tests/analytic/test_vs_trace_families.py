@@ -218,12 +218,10 @@ REFUSED: dict[str, str] = {
 
 
 if _ONEDNN_BF16:
-    KNOWN_GAPS["nemotron_h-infer-amp-bf16-cpu"] = (
-        "the oneDNN scratch of the Mamba-2 scan's last bmm under autocast (C_times_states, modeling_nemotron_h.py:362:"
-        " a batched (b·chunks·heads) Q×N · N×P bf16 matmul, at the prefill's high point inside it) is not priced: "
-        "onednn.matmul_scratch models 2-D matmuls, not the batched primitive (-2.5 %)")
     KNOWN_GAPS["nemotron_h-amp-bf16-full-adamw-cpu"] = (
-        "the same oneDNN scratch in training: inside the re-run forward's last scan bmm (the step's high point, "
+        "the oneDNN scratch of the Mamba-2 scan's last bmm under autocast (C_times_states, modeling_nemotron_h.py:359, "
+        "a batched bf16 matmul: onednn.matmul_scratch models 2-D matmuls): inside the re-run forward's last scan bmm "
+        "(the step's high point, "
         "mamba2.scan_autocast_train) the trace holds 657,024 B of probed batched-bmm scratch the analytic engine does "
         "not price (-1.55 %; -0.16 % under ONEDNN_MAX_CPU_ISA=AVX2, where there is none)")
 

@@ -103,7 +103,7 @@ def out_proj_cast(spec: ModelSpec, st: StateBytes) -> float:
 
 def scan_backward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> tuple[float, float]:
     """(made, freed): the mixer's backward high point, at the backward of the scan's last einsum (C_times_states,
-    :362), beside the incoming gradient and out_proj's weight gradient. Made, fp32 (the norm computes in fp32 and the
+    :359), beside the incoming gradient and out_proj's weight gradient. Made, fp32 (the norm computes in fp32 and the
     scan's tensors are fp32): the gradients of the gated norm's two inputs, the scan's output and the gate's
     fp32 silu (T, inner) each; of Y_off's product, (Tp, H, P); the einsum's bmm gradients for the chunk states
     (b, c, H, P, N) and for C (Tp, H, N); the norm's per-group gradient (T, groups). Freed by then: the gated norm's
