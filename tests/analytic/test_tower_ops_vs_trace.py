@@ -1,8 +1,10 @@
 """The vision towers' op list (analytic/ops/vision_tower.py) against the kernels the trace engine dispatches
 (trace/kernel_shapes.py) for the same tower under CUDA semantics, as tests/analytic/test_ops_vs_trace.py does for
-the language models' layers: Qwen2.5-VL (a windowed and a full-attention block) and Gemma 3 (a SigLIP block), each
-with its ends (patch embedding, rotary tables or position rows, merger or pooling projector, the scatter of the image
-tokens into the language model's embeddings).
+the language models' layers: Qwen2.5-VL (a windowed and a full-attention block), Gemma 3 (a SigLIP block) and Qwen3-VL
+(a LayerNorm/GELU block), each with its ends (patch embedding, rotary tables or position rows, merger or pooling
+projector, the scatter of the image tokens into the language model's embeddings); Qwen3-VL's deepstack level (its
+merger and the add of its features into the language model's hidden states) as a tower with one less a tower
+without.
 
 One block's kernels are the difference between a 3-block and a 2-block tower's trace (test_vlm_analytic.py's small
 towers: width 64, 2 heads, one 112-pixel image per sample, batch 2). The ends are the rest of the 2-block trace's
@@ -10,11 +12,13 @@ tower region, less its two blocks: in the forward from the first kernel of the p
 convolution) to the masked_scatter into inputs_embeds; in the backward from the scatter's backward (masked_fill,
 masked_scatter_backward) to the patch embedding's weight-gradient casts after convolution_backward (the language
 model's embedding backward follows, its own). Compared per direction as test_ops_vs_trace.py does: GEMM and attention
-shapes exactly (the patch convolution, a memory kernel to the trace, is the op list's one GEMM: checked present),
-casts in bytes and kernels exactly, the other memory-bound bytes within TOLERANCE or at the recorded difference."""
+shapes exactly (the patch convolution, a memory kernel to the trace, is the op list's one GEMM: checked present;
+a biased one's bias gradient, a sum the op list lists, lies inside the trace's convolution_backward), casts in bytes
+and kernels exactly, the other memory-bound bytes within TOLERANCE or at the recorded difference."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -22,7 +26,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from test_ops_vs_trace import CASTS, _ops_keys, _trace_key  # noqa: E402
-from test_vs_trace_families import CONFIGS, shrink  # noqa: E402
+from test_vs_trace_families import CONFIGS, HIDDEN, shrink  # noqa: E402
 
 from trainfit.analytic.ops import backward, shape_of  # noqa: E402
 from trainfit.analytic.ops.vision_tower import (block_forward, block_grad_accumulations, block_kinds,  # noqa: E402
@@ -67,6 +71,15 @@ def small_gemma3(depth: int):
     c["vision_config"] = {**c["vision_config"], "num_hidden_layers": depth, "hidden_size": 64,
                           "intermediate_size": 128, "num_attention_heads": 2, "image_size": 112, "patch_size": 14}
     return spec_from_config(c, "small-gemma3")
+
+
+def small_qwen3_vl(depth: int, deepstack: list[int]):
+    c = shrink(CONFIGS["qwen3_vl"])
+    c.update(image_token_id=999, video_token_id=998, vision_start_token_id=997, vision_end_token_id=996)
+    c["vision_config"] = {**c["vision_config"], "depth": depth, "hidden_size": 64, "intermediate_size": 128,
+                          "num_heads": 2, "out_hidden_size": c["text_config"]["hidden_size"], "patch_size": 14,
+                          "num_position_embeddings": 64, "deepstack_visual_indexes": deepstack}
+    return spec_from_config(c, "small-qwen3_vl")
 
 
 def _kernels(spec, setup):
@@ -136,8 +149,9 @@ def _compare(case: tuple, traced: dict, listed: dict) -> None:
                                                   f"({tm / lm - 1:+.1%})"
 
 
-def _check(family: str, precision: str, specs: dict) -> None:
-    """specs: "base" (2 blocks) and, per kind of block, its 3-block tower (the third block of that kind)."""
+def _check(family: str, precision: str, specs: dict) -> tuple:
+    """specs: "base" (2 blocks) and, per kind of block, its 3-block tower (the third block of that kind). Returns the
+    base trace's counted kernels, the tower's Shape and the language model's."""
     setup = Setup(batch=2, seq=128, precision=precision, device="cuda", images=1, image_size=112)
     base = specs.pop("base")
     kernels = _kernels(base, setup)
@@ -165,6 +179,7 @@ def _check(family: str, precision: str, specs: dict) -> None:
              _listed({"forward": ends, "backward": ends_backward(ends)}))
     conv = [k for k in kernels if k.op in CONV]
     assert len(conv) == 2 and any(o.name == "patch_embed" for o in ends), "the patch convolution: one GEMM"
+    return fewer, sh, lm
 
 
 # 2 or 3 traces each, 10-15 s on 2 cores: heavy (the default run keeps test_tower_op_flops_equal_the_tower_flops)
@@ -184,8 +199,26 @@ def test_gemma3_tower_kernels_match_the_op_list(precision):
     _check("gemma3", precision, {"base": small_gemma3(2), "block": small_gemma3(3)})
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_qwen3_vl_tower_kernels_match_the_op_list(precision):
+    """Qwen3-VL's block and ends (no deepstack level in either tower), then one deepstack level: a 2-block tower with
+    a deepstack merger after block 0 less one without (the merger, its features' cat, and the add into the language
+    model's hidden states after decoder layer 0)."""
+    from trainfit.analytic.ops.qwen3vl_tower import deepstack_level
+
+    setup = Setup(batch=2, seq=128, precision=precision, device="cuda", images=1, image_size=112)
+    fewer, sh, lm = _check("qwen3_vl", precision, {"base": small_qwen3_vl(2, []), "block": small_qwen3_vl(3, [])})
+    deep = small_qwen3_vl(2, [0])
+    more = _counted(_kernels(deep, setup))
+    assert not fewer - more, "a tower without a deepstack level launched kernels one with it did not"
+    level = deepstack_level(deep, sh, lm)
+    _compare(("qwen3_vl", precision, "deepstack"), _traced(more - fewer),
+             _listed({"forward": level, "backward": backward(level)}))
+
+
 @pytest.mark.parametrize("images", [1, 2])
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "qwen3_vl"])
 def test_tower_op_flops_equal_the_tower_flops(family, images):
     """The op list's tower GEMMs and attention (count x FLOPs) against analytic/vlm.py's and siglip.py's tower FLOPs,
     written apart from it (the hand derivation in test_vlm_analytic.py test_tower_flops_by_hand): equal forward; the
@@ -193,7 +226,8 @@ def test_tower_op_flops_equal_the_tower_flops(family, images):
     from trainfit.analytic.ops.vision_tower import tower_lists
     from trainfit.analytic.vlm import tower_forward_flops
 
-    spec = small_qwen2_5_vl(2, [1]) if family == "qwen2_5_vl" else small_gemma3(2)
+    spec = {"qwen2_5_vl": lambda: small_qwen2_5_vl(2, [1]), "gemma3": lambda: small_gemma3(2),
+            "qwen3_vl": lambda: small_qwen3_vl(2, [])}[family]()
     setup = language_setup(spec, Setup(batch=2, seq=128, precision="bf16", device="cuda", images=images,
                                        image_size=112))
     lm = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
@@ -224,3 +258,38 @@ def test_gemma3_language_layer_with_images_matches_the_op_list(precision):
     assert not fewer - more
     lm_setup = language_setup(spec, setup)
     compare_layer("gemma3", more - fewer, *listed_layer(spec, lm_setup))
+
+
+def test_qwen3_vl_deepstack_levels_add_their_mergers_flops():
+    """Each deepstack level adds a merger's two Linears over the merged rows, derived by hand: 2 x (n / merge^2) x
+    (m^2 + m x out_hidden) FLOPs forward with m = hidden x merge^2 (its adds are memory-bound), twice that backward
+    (the stream's gradient flows through it: dgrad and wgrad)."""
+    from trainfit.analytic.ops.vision_tower import tower_lists
+
+    setup = language_setup(small_qwen3_vl(2, []), Setup(batch=2, seq=128, precision="bf16", device="cuda", images=2,
+                                                         image_size=112))
+
+    def flops(deepstack):
+        spec = small_qwen3_vl(2, deepstack)
+        lm = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+        lists = tower_lists(spec, setup, lm)
+        return (sum(c * op.flops for c, ops, _ in lists for op in ops),
+                sum(c * op.flops for c, _, ops in lists for op in ops if op.kind == "gemm"))
+
+    n, m, out = 2 * 2 * (112 // 14) ** 2, 64 * 4, HIDDEN  # patch rows: batch x images x 8 x 8; the text width
+    level = 2 * (n / 4) * (m * m + m * out)
+    (f0, b0), (f2, b2) = flops([]), flops([0, 1])
+    assert f2 - f0 == pytest.approx(2 * level, rel=1e-12)
+    assert b2 - b0 == pytest.approx(2 * 2 * level, rel=1e-12)
+    # timed through analytic/tower_time.py (the CLI refuses Qwen3-VL until its memory terms exist): the levels add
+    # forward and backward time, and no re-run under full recompute (they lie outside the checkpointed blocks)
+    from trainfit.analytic.tower_time import tower_times
+    from trainfit.hardware import get_gpu
+
+    def times(deepstack):
+        spec = small_qwen3_vl(2, deepstack)
+        return tower_times(spec, replace(setup, recompute="full"), get_gpu("h100"),
+                           shape_of(spec, setup, state_bytes(setup), compute_dtype(setup)))
+    (tf0, tb0, tr0), (tf2, tb2, tr2) = times([]), times([0, 1])
+    assert tf2.seconds > tf0.seconds > 0 and tb2.seconds > tb0.seconds > 0
+    assert tr2.seconds == tr0.seconds > 0

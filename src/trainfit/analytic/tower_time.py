@@ -28,7 +28,9 @@ def tower_times(spec: ModelSpec, setup: Setup, gpu: GPU, lm: Shape) -> tuple[Lis
     """(forward, backward, recompute) of the tower in one micro-batch, `lm` the language model's Shape (its lists
     compiled under torch.compile, as the layers'). Recompute: with --recompute full every block is a
     GradientCheckpointingLayer (modeling_qwen2_5_vl.py:344 Qwen2_5_VLVisionBlock, modeling_siglip.py:325
-    SiglipEncoderLayer) that re-runs its forward in its backward; the ends are not checkpointed. NB: the other
+    SiglipEncoderLayer, modeling_qwen3_vl.py:328 Qwen3VLVisionBlock) that re-runs its forward in its backward; the
+    ends are not checkpointed (nor Qwen3-VL's deepstack levels, listed with them: their mergers run between the
+    blocks, their adds between the language model's decoder layers). NB: the other
     policies (selective, op, layer:N) are taken to leave the tower's blocks whole (no re-run); under --lora-rank
     the tower is timed as trained (its weight gradients included: over where peft leaves it frozen)."""
     if spec.vision is None or not getattr(setup, "images", 0):

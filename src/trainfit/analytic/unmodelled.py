@@ -68,6 +68,15 @@ prefill stayed +3.2 % to +10.1 % (amp-bf16, CUDA, 2 images): its high point is i
 materialised (b, 1, s, s) boolean causal mask and under autocast runs a masked SDPA with k, v repeated, while the
 tower's prefill moment taken from Qwen2.5-VL's rotary over-counts. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
+Its tower's kernels are listed (analytic/ops/qwen3vl_tower.py: the biased patch Conv3d's GEMM, the position table
+resampled per image (the 4 bilinear taps gathered, weighted, summed, cast, added), the axial rotary tables, each
+block's LayerNorms, fused qkv, fp32 2-D rotary, SDPA per image, proj and GELU-tanh MLP, the merger, each deepstack
+level's merger and its add into the language model's hidden states after the first decoder layers), checked against
+the trace's kernels (tests/analytic/test_tower_ops_vs_trace.py, amp-bf16, bf16, fp32 under CUDA semantics): GEMM and
+attention shapes and casts equal, other bytes -0.05 % to +0.10 % forward and -0.05 % to +0.09 % backward for a
+block, +0.29 % to +0.34 % forward and -2.9 % to -1.7 % backward for the ends (the patch bias gradient, inside the
+trace's convolution_backward), +0.18 % to +0.22 % forward and +1.05 % to +1.21 % backward for a deepstack level;
+timed (analytic/tower_time.py) once its memory terms lift this refusal.
 
 T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
 encoder stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal

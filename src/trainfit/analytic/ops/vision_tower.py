@@ -1,8 +1,8 @@
 """A vision-language model's image encoder as op lists (spec.vision: Qwen2.5-VL's tower and merger, Gemma 3's SigLIP
-tower and pooling projector): the kernels transformers' eager/SDPA code launches on CUDA over one micro-batch's
-patches, forward (backward: ops.backward of it, plus block_grad_accumulations), and the image tokens scattered into
-the language model's embeddings. The language model's own layers are the usual op list over text + image tokens
-(analytic/vlm.py language_setup).
+tower and pooling projector, Qwen3-VL's tower, merger and deepstack levels: ops/qwen3vl_tower.py): the kernels
+transformers' eager/SDPA code launches on CUDA over one micro-batch's patches, forward (backward: ops.backward of
+it, plus block_grad_accumulations), and the image tokens scattered into the language model's embeddings. The
+language model's own layers are the usual op list over text + image tokens (analytic/vlm.py language_setup).
 
 The tower runs over n = batch x images x (image / patch)^2 patch rows: one Shape with tokens n (tower_shape), unsplit
 by tensor, sequence or context parallelism (the tower is not sharded: NB over-counts a rank's tower kernels under
@@ -44,6 +44,11 @@ GEMMA3 = "modeling_gemma3.py"
 def pooled(spec: ModelSpec) -> bool:
     """Gemma 3's SigLIP tower and pooling projector (VisionTowerSpec.projector "pool"); else Qwen2.5-VL's."""
     return spec.vision.projector == "pool"
+
+
+def layer_norm_merger(spec: ModelSpec) -> bool:
+    """Qwen3-VL's tower (a merger tower with LayerNorms, VisionTowerSpec.norm: ops/qwen3vl_tower.py)."""
+    return not pooled(spec) and spec.vision.norm == "layernorm"
 
 
 def patch_rows(spec: ModelSpec, setup) -> int:
@@ -195,6 +200,10 @@ def block_grad_accumulations(spec: ModelSpec, sh: Shape) -> list[Op]:
     """Backward-only adds of one block (autograd InputBuffer::add, as ops.grad_accumulations): the stream read by each
     norm and its residual add (2, the stream's dtype); the norm output read by several linears, in the norm output's
     dtype: Qwen2.5-VL's gate and up (1), SigLIP's q, k and v (2)."""
+    if layer_norm_merger(spec):
+        from .qwen3vl_tower import block_grad_accumulations as qwen3vl_accumulations
+
+        return qwen3vl_accumulations(spec, sh)
     t = spec.vision
     s = sh.residual
     x = sh.tokens * t.hidden
@@ -208,7 +217,7 @@ def block_grad_accumulations(spec: ModelSpec, sh: Shape) -> list[Op]:
 def block_kinds(spec: ModelSpec, setup) -> list[tuple[int, int]]:
     """(blocks, attention chunks) per kind of block: Qwen2.5-VL's windowed blocks (one chunk per window,
     analytic/vlm.py windows) and full-attention ones (fullatt_block_indexes: one per image); SigLIP's blocks attend
-    over each image."""
+    over each image, and so do Qwen3-VL's (window 0: no windowed blocks)."""
     from ..vlm import windows
 
     t = spec.vision
@@ -221,6 +230,10 @@ def block_kinds(spec: ModelSpec, setup) -> list[tuple[int, int]]:
 
 def block_forward(spec: ModelSpec, sh: Shape, chunks: int) -> list[Op]:
     """One tower block's forward kernels (the tower's Shape, tower_shape)."""
+    if layer_norm_merger(spec):
+        from .qwen3vl_tower import block
+
+        return block(spec, sh, chunks)
     return siglip_block(spec, sh, chunks) if pooled(spec) else qwen_block(spec, sh, chunks)
 
 
@@ -329,7 +342,12 @@ def gemma3_ends(spec: ModelSpec, sh: Shape, lm: Shape) -> list[Op]:
 
 
 def ends_forward(spec: ModelSpec, sh: Shape, lm: Shape) -> list[Op]:
-    """The tower's kernels outside its blocks (the tower's Shape `sh`, the language model's `lm`)."""
+    """The tower's kernels outside its blocks (the tower's Shape `sh`, the language model's `lm`); Qwen3-VL's with its
+    deepstack levels (their language-model adds too)."""
+    if layer_norm_merger(spec):
+        from .qwen3vl_tower import ends_with_deepstack
+
+        return ends_with_deepstack(spec, sh, lm)
     return gemma3_ends(spec, sh, lm) if pooled(spec) else qwen_ends(spec, sh, lm)
 
 
