@@ -127,6 +127,12 @@ def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) 
     per = {"sgd": 0, "momentum": 0, "adam": 2, "adamw": 2, "lion": 1, "adafactor": 2}[setup.optimizer]
     if foreach and setup.optimizer in ("adam", "adamw"):
         per = 1  # _foreach_sqrt(exp_avg_sq) is the one full-size temporary; the rest is in place
+    if foreach and setup.optimizer == "adafactor":
+        # torch/optim/_adafactor.py _multi_tensor_adafactor: per (dtype, multidim) group one full-size temporary,
+        # var_estimates (row_var @ col_var, or a clone of a vector's variance), rsqrt'ed and scaled in place into
+        # the updates; the group before's updates are freed only once the next group's list is made, so the groups
+        # of one dtype (matrices, vectors) are held together: the whole model's size
+        per = 1
     temps = 0 if kernel == "fused" else per * state_dtype * size
     if st.master:
         # every bf16 gradient gets an fp32 copy on the master before the update (trainfit.step's
