@@ -209,11 +209,6 @@ if values_keep_their_dtype():
 # Families the analytic engine refuses (analytic/unmodelled.py), with the gap measured before the refusal: left out of
 # the matrix; test_refused_families_say_so_in_one_line checks the refusal.
 REFUSED: dict[str, str] = {
-    "qwen3_vl": (
-        "a vision tower (Conv3d patch embedding, a learned position table resampled to the image, full-attention "
-        "LayerNorm/GELU blocks, the 2x2 merger and the deepstack mergers whose outputs are added to the image tokens "
-        "of the first language-model layers) and its image tokens in the language model's sequence: no analytic "
-        "terms"),
     "bart": (
         "encoder-decoder stacks (BartForConditionalGeneration: post-norm blocks, a learned position table and "
         "layernorm_embedding per stack, the decoder's cross-attention, the cross-attention K/V cache): with the "
@@ -242,6 +237,7 @@ if _ONEDNN_BF16:
 # counts), left out of the matrix like the refused ones so that the others keep their setups
 OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
                             "gemma3": "tests/analytic/test_vlm_analytic.py",
+                            "qwen3_vl": "tests/analytic/test_vlm_analytic.py",
                             # inference (two stacks, two caches); training refused in one line there
                             "t5": "tests/analytic/test_encoder_decoder_analytic.py",
                             "mt5": "tests/analytic/test_encoder_decoder_analytic.py"}
