@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_vs_trace_families import CONFIGS, assert_analytic_near_trace, shrink  # noqa: E402
+from test_vs_trace_families import _ONEDNN_BF16, CONFIGS, assert_analytic_near_trace, shrink  # noqa: E402
 
 from trainfit.analytic.engine import estimate  # noqa: E402
 from trainfit.analytic.unmodelled import unmodelled_features, unmodelled_memory  # noqa: E402
@@ -244,7 +244,11 @@ QWEN3_INFER = [("amp-bf16", "cpu", 1),
                ("bf16", "cuda", 2),  # the tower's rotary moment (beside the resampled position rows) is the peak
                pytest.param("fp32", "cuda", 1, marks=HEAVY), pytest.param("bf16", "cpu", 1, marks=HEAVY),
                pytest.param("amp-bf16", "cuda", 2, marks=HEAVY), pytest.param("fp32", "cpu", 2, marks=HEAVY),
-               pytest.param("bf16", "cpu", 2, marks=HEAVY), pytest.param("amp-bf16", "cuda", 1, marks=HEAVY),
+               pytest.param("bf16", "cpu", 2, marks=[HEAVY, pytest.mark.xfail(not _ONEDNN_BF16, strict=True, reason=(
+                   "without oneDNN's bf16 path (ONEDNN_MAX_CPU_ISA=AVX2) the patch Conv3d's forward scratch, as large "
+                   "as its 16-bit input (786,432 B, probed by the trace), makes the patch embedding the high point: "
+                   "not priced (-2.5 %; -0.2 % with AVX512-BF16)"))]),
+               pytest.param("amp-bf16", "cuda", 1, marks=HEAVY),
                pytest.param("bf16", "cuda", 0, marks=HEAVY)]
 
 

@@ -147,3 +147,22 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     norm_out = FP32 if norm_in_fp32(setup, st) else st.act
     return (vlm.rotary_moment(spec, setup, st, norm_out) + FP32 * n * t.hidden
             + before_last * (n // t.merge ** 2) * t.out_hidden * st.act)
+
+
+def forward_end_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """What a training forward's end holds of the tower beside its saved set, in the model's output object until
+    the step takes the loss from it (Qwen3VLForConditionalGeneration.forward returns image_outputs, :1374-1382): the
+    tower's last_hidden_state (patches x hidden) and the merger's and each deepstack merger's outputs (merged rows x
+    out_hidden), the stream's dtype; and under autocast the tower's bias casts, cached to the end of the forward's
+    autocast region (bias_casts; on CUDA each a 512-B block)."""
+    if spec.vision is None or not setup.images:
+        return 0
+    t = spec.vision
+    n = vlm.patches(spec, setup)
+    mergers = 1 + len(t.deepstack_blocks)
+    outputs = n * t.hidden * st.act + mergers * (n // t.merge ** 2) * t.out_hidden * st.act
+    if not st.autocast:
+        return outputs
+    sizes = [t.hidden] + t.depth * [3 * t.hidden, t.hidden, t.intermediate, t.hidden] \
+        + mergers * [t.hidden * t.merge ** 2, t.out_hidden]
+    return outputs + sum(vlm._rounded(setup, st.act * b) for b in sizes)

@@ -36,16 +36,20 @@ at four blocks), a merger or pooling projector, Qwen3-VL's deepstack mergers, an
 model's sequence. Qwen2.5-VL's memory and FLOPs are modelled (analytic/vlm.py: the tower's parameters, the language
 model over text + image tokens, the tower's saved tensors, prefill high point and FLOPs; tests/analytic/
 test_vlm_analytic.py), and so are Gemma 3's (analytic/siglip.py: the SigLIP tower, the pooling projector, the
-language model's materialised image-block masks); the op list has no tower kernels, so timing a VLM is refused.
-Qwen3-VL's tower (a learned position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) has no
-terms: refused. Measured with Qwen2.5-VL's tower terms applied to it instead (RMSNorms and a gated MLP for its
-LayerNorms and plain MLP, no deepstack mergers nor the language model's deepstack adds; hidden 128, a 2-block tower
-of width 64, one 128-pixel image per sample): +1.6 % (bf16, CPU) and +1.0 % (fp32, CUDA) of the traced training
-peak, +3.2 % in prefill (bf16, CUDA). With the tower's own saved set (LayerNorms, the plain GELU MLP, the merger and
-deepstack mergers: equal to the trace's tower by module in fp32 and amp-bf16) training came within 0.8 %, but the
-prefill stayed +3.2 % to +10.1 % (amp-bf16, CUDA, 2 images): its high point is in the language model, which holds a
-materialised (b, 1, s, s) boolean causal mask and under autocast runs a masked SDPA with k, v repeated, while the
-tower's prefill moment taken from Qwen2.5-VL's rotary over-counts. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
+language model's materialised image-block masks), and so are Qwen3-VL's (analytic/qwen3vl_tower.py: LayerNorm
+blocks with a tanh-GELU MLP, in fp32 under CUDA's autocast only; the merger and the deepstack mergers; the position
+table resampled to each image, its fp32 rows beside the tower's rotary moment and its interpolation indices and
+weights as inputs; the tower's outputs, deepstack features and the clone the deepstack add makes, held by the
+language model; the bias casts autocast caches). Its language model runs SDPA with is_causal: no mask is
+materialised (qwen3vl_tower.py docstring); a +3.2 % to +10.1 % prefill over-count measured before came from a trace
+whose prefill step dropped the images and the cache (step/infer.py: Qwen3-VL's forward takes use_cache through
+**kwargs). Now (hidden 128, a 2-block tower of width 64 with a deepstack merger, 1 and 2 images of 128 px, batch 2
+x 128 text tokens): training -0.53 % to -0.14 % of the trace in fp32, bf16 and amp-bf16 without recompute, -0.86 %
+to -0.13 % with full recompute, prefill -0.83 % to -0.17 %, on CPU and CUDA semantics (ONEDNN_MAX_CPU_ISA=AVX2
+alike). NB: oneDNN's Conv3d scratch in the patch embedding is not priced: fp32 on the CPU with full recompute reads
+-2.8 % (2 images) to -7.1 % (1 image; its weight-gradient scratch, on both ISAs), and a bf16 CPU prefill of 2
+images -2.5 % under AVX2 (its forward scratch, as large as the 16-bit pixel rows). The op list has no tower kernels, so timing
+a VLM is refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
 
 T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
@@ -85,8 +89,8 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     """Features whose memory is modelled but whose kernels the op list (analytic/ops/) does not list."""
     out = []
     if spec.vision is not None:
-        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's and Gemma 3's memory and "
-                   "FLOPs are modelled: estimate without --gpu)")
+        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's, Qwen3-VL's and Gemma 3's "
+                   "memory and FLOPs are modelled: estimate without --gpu)")
     if spec.encdec is not None and encoder_decoder.modelled(spec):
         out.append("an encoder-decoder's kernels (the op list and step time: the cross-attention, the relative "
                    "position bias; T5's inference memory is modelled: estimate without --gpu)")

@@ -1,6 +1,6 @@
 """A vision-language model in the analytic engine (spec.vision: Qwen2.5-VL's tower, models/vlm.py; Gemma 3's SigLIP
-tower and pooling projector are analytic/siglip.py's, each function here hands them over): the language model's
-sequence and the image encoder's own terms.
+tower and pooling projector are analytic/siglip.py's, Qwen3-VL's tower's own terms analytic/qwen3vl_tower.py's, each
+function here hands them over): the language model's sequence and the image encoder's own terms.
 
 The language model runs over the text tokens and each image's merged tokens, which replace as many placeholder ids
 in input_ids (Qwen2_5_VLModel.forward, transformers models/qwen2_5_vl/modeling_qwen2_5_vl.py: get_placeholder_mask
@@ -18,8 +18,8 @@ from ..vlm_setup import IMAGE_MODES, lm_seq
 from . import qwen3vl_tower, siglip
 from .precision import StateBytes
 
-# the towers whose terms are here or in analytic/siglip.py (Gemma 3's: projector "pool"); analytic/unmodelled.py
-# refuses the others
+# the towers whose terms are here, in analytic/siglip.py (Gemma 3's: projector "pool") or in analytic/qwen3vl_tower.py
+# (Qwen3-VL's); analytic/unmodelled.py refuses the others
 MODELLED_TOWERS = ("qwen2_5_vl", "gemma3", "qwen3_vl")
 
 
@@ -253,6 +253,13 @@ def rotary_moment(spec: ModelSpec, setup: Setup, st: StateBytes, norm_out: int |
     block = 3 * n * h * a + n * h * a + n * h * (norm_out or (FP32 if st.autocast else a))
     text = setup.batch * setup.seq * spec.hidden * st.residual
     return copy + rotary + block + text
+
+
+def forward_end_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """What a training forward's end holds of the tower beside its saved set and inputs: Qwen3-VL's
+    (qwen3vl_tower.forward_end_held: the output object's image_outputs, the cached bias casts); 0 for the others.
+    NB: Qwen2.5-VL's and Gemma 3's output objects are not read here."""
+    return qwen3vl_tower.forward_end_held(spec, setup, st) if _qwen3(spec) else 0
 
 
 def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
