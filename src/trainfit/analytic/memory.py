@@ -201,6 +201,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         head_saved=head.saved if stage.head else 0,
         inputs=head.labels if stage.head else 0,
         step_inputs=vlm.tower_inputs(spec, setup) if stage.embedding else 0,
+        embedding_freed=vlm.tower_saved(spec, setup, st) if stage.embedding else 0,
         forward_transient=(head.forward_transient if stage.head else 0) + casts
         + (vlm.checkpointed_casts(spec, setup, st) + vlm.forward_end_held(spec, setup, st) if stage.embedding else 0),
         loss_backward=head.backward_transient if stage.head else 0,

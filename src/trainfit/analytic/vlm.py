@@ -140,7 +140,8 @@ def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes, chunks: int) -> i
 
 def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """Bytes the tower's forward saves for its backward in one micro-batch (Qwen2_5_VisionTransformerPretrainedModel.
-    forward, :430-489), live until the tower's backward, the last of the step:
+    forward, :430-489), live until the tower's backward, after the language model's and before the text
+    embedding's (the tower runs after the embedding lookup: memory.py passes them as phases.py embedding_freed):
     - the patch embedding (Qwen2_5_VisionPatchEmbed, :99-122, a Conv3d whose kernel equals its stride: a matmul of
       the pixel rows): under autocast its 16-bit casts of the pixel rows and of the weight; with 16-bit weights the
       pixel rows' copy in the tower's dtype (Qwen2_5_VLModel.get_image_features, :1075 pixel_values.type); in fp32
