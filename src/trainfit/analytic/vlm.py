@@ -141,7 +141,8 @@ def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes, chunks: int) -> i
 def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """Bytes the tower's forward saves for its backward in one micro-batch (Qwen2_5_VisionTransformerPretrainedModel.
     forward, :430-489), live until the tower's backward, after the language model's and before the text
-    embedding's (the tower runs after the embedding lookup: memory.py passes them as phases.py embedding_freed):
+    embedding's (the tower runs after the embedding lookup, Qwen2_5_VLModel.forward :1202-1206, modeling_qwen3_vl.py
+    :1163-1170, and autograd runs the later nodes first: memory.py passes them as phases.py embedding_freed):
     - the patch embedding (Qwen2_5_VisionPatchEmbed, :99-122, a Conv3d whose kernel equals its stride: a matmul of
       the pixel rows): under autocast its 16-bit casts of the pixel rows and of the weight; with 16-bit weights the
       pixel rows' copy in the tower's dtype (Qwen2_5_VLModel.get_image_features, :1075 pixel_values.type); in fp32
