@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import statistics
@@ -208,8 +207,7 @@ def memtracker_case(r: dict) -> dict:
             mt.track_external(model, ids, next_ids, *cache_tensors(cache))
             with mt:
                 arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-                out = model(input_ids=next_ids, use_cache=True, **{arg: cache}, **kw)
-                del out
+                model(input_ids=next_ids, use_cache=True, **{arg: cache}, **kw)
             res["decode"] = _tracker_peak(mt)
     res["tracked_s"] = round(time.perf_counter() - t1, 2)
     res["total_s"] = round(time.perf_counter() - t0, 2)
@@ -296,6 +294,64 @@ def cell(pred, truth) -> str:
     return f"{pred / 2**20:,.1f} ({err(pred, truth):+.1%})"
 
 
+def scored(measured: list[dict], tools: dict):
+    """(name, label, version, mode, scope, [(error, row)], rows in scope) per estimator and mode, vs the measured
+    peak: trainfit's two engines, then each tool that ran (accelerate and DeepSpeed on the Adam/AdamW training
+    cases)."""
+    for label, key in (("trainfit analytic", "analytic_err"), ("trainfit trace", "trace_err")):
+        for mode in ("train", "infer"):
+            part = [r for r in measured if key in r and r.get("mode", "train") == mode]
+            if part:
+                yield None, label, "", mode, "", [(r[key], r) for r in part], part
+    for name, tool in tools.items():
+        if "error" in tool:
+            continue
+        adam_only = name in ("accelerate", "deepspeed")  # they model Adam only: other optimizers are out of scope
+        for mode in ("train", "infer"):
+            part = [r for r in measured if r.get("mode", "train") == mode]
+            scope = ", vs measured peak"
+            if adam_only and mode == "train":
+                n_all = len(part)
+                part = [r for r in part if r["optimizer"] in ("adam", "adamw")]
+                scope += f", Adam/AdamW cases; {n_all - len(part)} other-optimizer cases left out"
+            e = [(err(prediction(tool, r), r["measured"]), r) for r in part]
+            yield name, tool.get("label", name), tool.get("tool", ""), mode, scope, [x for x in e if x[0] is not None], \
+                part
+
+
+def record_figures(measured: list[dict], tools: dict) -> None:
+    """bench/results/figures/anchors.json (BENCHMARKS.md's "other tools" table): per estimator and mode, the cases,
+    the median |error|, the median signed error and the worst."""
+    from bench.figures import pct, record
+
+    rows, med = [], {}
+    for _, label, ver, mode, _, e, _ in scored(measured, tools):
+        if not e:
+            continue
+        sizes = [abs(x) for x, _ in e]
+        worst = max((x for x, _ in e), key=abs)
+        rows.append({"table": "anchors", "tool": label, "version": ver or "—", "mode": mode, "cases": len(e),
+                     "median |error|": pct(statistics.median(sizes), signed=False),
+                     "median signed": pct(statistics.median(x for x, _ in e)), "worst": pct(worst)})
+        med[(label, mode)] = statistics.median(sizes)
+    tool_meds = {name: med.get((tool.get("label", name), "train")) for name, tool in tools.items()}
+    values = {f"{name}_train_median_pct": round(100 * m, 1) for name, m in tool_meds.items() if m is not None}
+    others = ", ".join(f"{tools[n].get('label', n).split(' ')[0]} {pct(m * (1 if _signed(measured, tools[n]) > 0 else -1), digits=0)}"
+                       for n, m in tool_meds.items() if m is not None and n != "memtracker")
+    figure = (f"trainfit trace {pct(med.get(('trainfit trace', 'train'), 0), signed=False)}, analytic "
+              f"{pct(med.get(('trainfit analytic', 'train'), 0), signed=False)} / "
+              f"{pct(med.get(('trainfit analytic', 'infer'), 0), signed=False)}; {others} (training median)")
+    record("anchors", "the tools people use today, on the accuracy cases (vs the real CPU peak)", None,
+           figure[:120], values, "anchors", rows=rows)
+
+
+def _signed(measured: list[dict], tool: dict) -> float:
+    """A tool's median signed training error (the figure's sign)."""
+    e = [err(prediction(tool, r), r["measured"]) for r in measured if r.get("mode", "train") == "train"]
+    e = [x for x in e if x is not None]
+    return statistics.median(e) if e else 0.0
+
+
 def markdown(rows, tools: dict, meta: str) -> str:
     measured = [r for r in rows if "measured" in r]
     lines = ["# Anchors: the tools people use today, on the accuracy cases", ""]
@@ -305,34 +361,20 @@ def markdown(rows, tools: dict, meta: str) -> str:
                  "with that phase's measured peak. — = the tool has no figure for the case (see the summary).")
     lines.append("")
     lines.append("## Summary")
-    for label, key in (("trainfit analytic", "analytic_err"), ("trainfit trace", "trace_err")):
-        for mode in ("train", "infer"):
-            e = [(r[key], r) for r in measured if key in r and r.get("mode", "train") == mode]
-            if e:
-                lines.append(f"- **{label}** ({mode}): {summarise(e)}")
+    for name, label, ver, mode, scope, e, part in scored(measured, tools):
+        if e:
+            lines.append(f"- **{label}**{f' [{ver}]' if ver else ''} ({mode}{scope}): {summarise(e)}")
+        n_none = len(part) - len(e)
+        if n_none and not e and name == "deepspeed":
+            lines.append(f"  - {mode}: DeepSpeed has no inference estimator")
+        elif n_none and name:
+            lines.append(f"  - no figure for {n_none} {mode} case(s): " + _why(tools[name], part))
     for name, tool in tools.items():
         label = tool.get("label", name)
         if "error" in tool:
             lines.append(f"- **{label}**: did not run — {tool['error']}")
             continue
         ver = tool.get("tool", "")
-        adam_only = name in ("accelerate", "deepspeed")  # they model Adam only: other optimizers are out of scope
-        for mode in ("train", "infer"):
-            part = [r for r in measured if r.get("mode", "train") == mode]
-            scope = ""
-            if adam_only and mode == "train":
-                n_all = len(part)
-                part = [r for r in part if r["optimizer"] in ("adam", "adamw")]
-                scope = f", Adam/AdamW cases; {n_all - len(part)} other-optimizer cases left out"
-            e = [(err(prediction(tool, r), r["measured"]), r) for r in part]
-            e = [x for x in e if x[0] is not None]
-            if e:
-                lines.append(f"- **{label}** [{ver}] ({mode}, vs measured peak{scope}): {summarise(e)}")
-            n_none = len(part) - len(e)
-            if n_none and not e and name == "deepspeed":
-                lines.append(f"  - {mode}: DeepSpeed has no inference estimator")
-            elif n_none:
-                lines.append(f"  - no figure for {n_none} {mode} case(s): " + _why(tool, part))
         if name == "deepspeed":
             e = [(err(prediction(tool, r), model_states(r)), r) for r in measured
                  if model_states(r) and r["optimizer"] in ("adam", "adamw")]
@@ -347,7 +389,7 @@ def markdown(rows, tools: dict, meta: str) -> str:
                 lines.append(f"  - on its own recipe (bf16 params + fp32 master + Adam, i.e. bf16-master/adamw): "
                              f"{summarise(adam)}")
         if "seconds" in tool:
-            lines.append(f"  - time: {tool['seconds']} s for all cases")
+            lines.append(f"- **{label}** time: {tool['seconds']} s for all cases")
     lines.append("")
     lines.append("## Per case (predicted MiB, signed error vs measured peak)")
     lines.append("")
@@ -420,6 +462,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     md = markdown(rows, tools, meta)
     (out / "anchors.md").write_text(md + "\n")
+    record_figures([r for r in rows if "measured" in r], tools)
     if args.reuse and meta:  # keep the measured run's description with the predictions
         data = json.loads((out / "anchors.json").read_text())
         data["meta"] = meta

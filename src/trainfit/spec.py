@@ -237,6 +237,12 @@ class EncoderDecoderSpec:
     k_bias: bool = True
     shared_embedding: bool = True
 
+    def mel_frames(self, positions: int) -> int:
+        """The log-mel frames an audio encoder reads for `positions` encoder positions (what --seq counts for
+        Whisper): conv2's stride 2 halves the frames (modeling_whisper.py WhisperEncoder :571-572, forward :611: the
+        input must hold max_source_positions x conv1.stride x conv2.stride frames). 0 for a token encoder."""
+        return 2 * positions if self.mel_bins else 0
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -272,7 +278,8 @@ class ModelSpec:
     embed_proj_dim: int = 0  # OPT-350m: word embeddings in a smaller dim with project_in/out (0: none)
     sliding_window: int | None = None  # Mistral/Gemma-2 local attention window (affects KV cache bound)
     sliding_window_layers: int | None = None  # how many layers use the window (None: all); Gemma-2: every other
-    sliding_lead: int = 0  # sliding layers before the first full-attention one (Gemma 2, gpt-oss: 1; Gemma 3: 5)
+    sliding_lead: int = 0  # sliding (or chunked) layers before the first full-attention one (Gemma 2, gpt-oss: 1;
+    # Gemma 3: 5; Llama 4: 3)
     # Llama 4 (modeling_llama4.py, configuration_llama4.py __post_init__): the "chunked_attention" layers attend
     # within fixed chunks of `attention_chunk` tokens (a local window that restarts at every chunk boundary)
     attention_chunk: int | None = None

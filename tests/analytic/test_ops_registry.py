@@ -9,7 +9,7 @@ import pytest
 from trainfit import stacks
 from trainfit.analytic.ops import Shape, layer_forward, recipe
 from trainfit.analytic.ops.activation import ACTIVATIONS, activation, one_kernel
-from trainfit.analytic.ops.layer import MLPS
+from trainfit.analytic.ops.layer import HYBRID_BLOCKS, MLPS
 from trainfit.analytic.ops.norm import NORMS, norm_ops
 from trainfit.analytic.ops.rotary import ROTARY
 from trainfit.analytic.unmodelled import unmodelled_features
@@ -33,6 +33,16 @@ def test_every_catalog_family_composes_a_layer(model):
     if unmodelled_features(spec):  # refused by the analytic engine (analytic/unmodelled.py): in one line
         with pytest.raises(SetupError, match="analytic engine does not model"):
             layer_forward(spec, Shape(batch=1, seq=64))
+        return
+    if spec.hybrid is not None:  # Nemotron-H: one mixer per block, each kind's projections counted by hand
+        hand = {"mamba": ["in_proj", "out_proj"], "attention": ["q", "k", "v", "o"], "mlp": ["fc1", "fc2"]}
+        for block in HYBRID_BLOCKS:
+            ops = layer_forward(spec, Shape(batch=1, seq=64), block=block)
+            gemms = [o.name for o in ops if o.kind == "gemm"]
+            assert [g for g in gemms if not g.startswith("scan.")] == hand[block]
+            # the scan's five einsums (C·Bᵀ, M·x, the chunk states, the recurrence, C·states)
+            assert len(gemms) - len(hand[block]) == (5 if block == "mamba" else 0)
+            assert sum(o.kind == "attention" for o in ops) == (block == "attention")
         return
     for moe in ((False, True) if spec.moe is not None else (False,)):
         rc = recipe(spec, moe)

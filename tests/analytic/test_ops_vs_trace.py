@@ -5,7 +5,8 @@ layer's forward and backward under CUDA semantics (stack hf, SDPA's flash kernel
 One layer's kernels are the difference between a 3-layer and a 2-layer trace of the family's smallest catalog model
 (the embedding, the head and the loss cancel; the middle layer is a repeated one: DeepSeek's third, an MoE layer).
 A family with two kinds of layer has each compared (layer_kinds): Qwen3-Next's third layer is a Gated DeltaNet one,
-its fourth (4 layers less 3) a gated full-attention one.
+its fourth (4 layers less 3) a gated full-attention one. Nemotron-H's one-mixer blocks (Mamba-2, attention, MLP) are
+each the difference between stacks of three and two blocks of that kind (hybrid_stack).
 Compared per direction (forward, backward):
   * GEMMs and attention: the multisets of shapes, exactly. A GEMM is (its two output dims unordered, the contraction,
     the batch): the wgrad dW = dYᵀ·X and the op list's (k, n, m) are one product transposed. MoE experts are grouped
@@ -55,25 +56,56 @@ def setup_for(spec) -> Setup:
     return Setup(batch=2, seq=128, precision="bf16" if spec.moe is not None else "amp-bf16", device="cuda")
 
 
-def traced_layer(spec, setup, layers: int = 3) -> dict[str, Counter]:
-    """(phase, key) -> count of one layer's kernels: a `layers`-layer trace less one of a layer fewer."""
+def traced_layer(spec, setup, layers: int = 3, block: str = "") -> dict[str, Counter]:
+    """(phase, key) -> count of one layer's kernels: a `layers`-layer trace less one of a layer fewer (`block`: of
+    a hybrid stack, `layers` blocks of that kind)."""
     def counted(n):
-        return Counter(_trace_key(k) for k in step_kernels(with_layers(spec, n), setup))
+        model = hybrid_stack(spec, block, n) if block else _language_layers(spec, n)
+        return Counter(_trace_key(k) for k in step_kernels(model, setup))
     more, fewer = counted(layers), counted(layers - 1)
     assert not fewer - more, f"a {layers - 1}-layer trace launched kernels a {layers}-layer one did not"
     return more - fewer
 
 
-def layer_kinds(spec, setup) -> list[tuple[str, int, bool]]:
-    """(KNOWN key suffix, layers of the trace whose last layer is compared, Gated DeltaNet layer) per kind of layer:
-    one kind for most families; Qwen3-Next's layer_types (read from transformers' config of the traced model, not from
-    the analytic engine) mix linear_attention and full_attention layers: the first of each kind past the first two."""
+def _language_layers(spec, n: int):
+    """with_layers, and for a vision-language model whose language model's depth is its text_config's (Gemma 3's
+    Gemma3Config) that depth too (traced without images: the language model's layers alone)."""
+    from dataclasses import replace
+
+    out = with_layers(spec, n)
+    text = out.config.get("text_config")
+    if spec.vision is not None and text and "num_hidden_layers" in text:
+        out = replace(out, config={**out.config, "text_config": {**text, "num_hidden_layers": n}})
+    return out
+
+
+def layer_kinds(spec, setup) -> list[tuple[str, int, bool, str]]:
+    """(KNOWN key suffix, layers of the trace whose last layer is compared, Gated DeltaNet layer, hybrid block kind)
+    per kind of layer: one kind for most families; Qwen3-Next's layer_types (read from transformers' config of the
+    traced model, not from the analytic engine) mix linear_attention and full_attention layers: the first of each
+    kind past the first two; Nemotron-H's three kinds of block, each in a stack of its own (hybrid_stack)."""
+    if spec.hybrid is not None:
+        return [("" if kind == "mamba" else f"/{kind}", 3, False, kind) for kind in HYBRID_PATTERN]
     if spec.linear_attn is None:
-        return [("", 3, False)]
+        return [("", 3, False, "")]
     from trainfit.step import hf_config
     types = list(hf_config(spec, setup).layer_types)
-    return [(suffix, next(i for i in range(2, len(types)) if types[i] == kind) + 1, linear)
+    return [(suffix, next(i for i in range(2, len(types)) if types[i] == kind) + 1, linear, "")
             for suffix, kind, linear in (("", "linear_attention", True), ("/full_attention", "full_attention", False))]
+
+
+# Nemotron-H's block kinds by their hybrid_override_pattern letter (configuration_nemotron_h.py _pattern_to_list)
+HYBRID_PATTERN = {"mamba": "M", "attention": "*", "mlp": "-"}
+
+
+def hybrid_stack(spec, block: str, n: int):
+    """The model of `spec` with n blocks, all of kind `block`: transformers' config of the pattern (its length is
+    the layer count), not the analytic engine's kinds."""
+    from trainfit.models.hf_config import spec_from_config
+
+    cfg = {k: v for k, v in spec.config.items() if k not in ("layers_block_type", "layer_types")}
+    return spec_from_config({**cfg, "hybrid_override_pattern": HYBRID_PATTERN[block] * n, "num_hidden_layers": n},
+                            spec.name)
 
 
 def _trace_key(k: Kernel) -> tuple:
@@ -103,13 +135,13 @@ def _ops_keys(phase: str, op: Op) -> list[tuple]:
     return []
 
 
-def listed_layer(spec, setup, linear: bool = False) -> tuple[dict[str, Counter], dict[str, tuple[float, int]],
-                                                             dict[str, float]]:
-    """The op list's layer (`linear`: a Gated DeltaNet one): GEMM/attention keys by phase, (cast bytes, cast kernels)
-    and other bytes by phase."""
+def listed_layer(spec, setup, linear: bool = False, block: str = "") -> tuple[
+        dict[str, Counter], dict[str, tuple[float, int]], dict[str, float]]:
+    """The op list's layer (`linear`: a Gated DeltaNet one; `block`: a hybrid stack's block of that kind):
+    GEMM/attention keys by phase, (cast bytes, cast kernels) and other bytes by phase."""
     sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
-    fwd = layer_forward(spec, sh, middle_layer_is_moe(spec), linear)
-    lists = {"forward": fwd, "backward": backward(fwd) + grad_accumulations(spec, sh, linear)}
+    fwd = layer_forward(spec, sh, middle_layer_is_moe(spec), linear, block)
+    lists = {"forward": fwd, "backward": backward(fwd) + grad_accumulations(spec, sh, linear, block)}
     shapes, casts, other = {}, {}, {}
     for phase, ops in lists.items():
         shapes[phase] = Counter(key for op in ops for key in _ops_keys(phase, op))
@@ -202,16 +234,25 @@ KNOWN: dict[str, dict] = {
 }
 
 
-@pytest.mark.parametrize("family", sorted(SMALLEST))
+# a vision-language model's language model (Qwen2.5-VL, Gemma 3: ~15 s each on 2 cores, heavy); its tower's kernels
+# are test_tower_ops_vs_trace.py's
+FAMILIES = [pytest.param(f, marks=pytest.mark.heavy)
+            if load_model(SMALLEST[f]).vision is not None and not unmodelled_features(load_model(SMALLEST[f])) else f
+            for f in sorted(SMALLEST)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_layer_kernels_match_the_op_list(family):
     spec = load_model(SMALLEST[family])
     setup = setup_for(spec)
+    if spec.encdec is not None and not unmodelled_features(spec):
+        pytest.skip("an encoder-decoder's two stacks: block by block in test_encdec_ops_vs_trace.py")
     if unmodelled_features(spec):  # the analytic engine refuses it (Llama 4): the op list says so in one line
         with pytest.raises(SetupError, match="analytic engine does not model"):
             listed_layer(spec, setup)
         return
-    for suffix, layers, linear in layer_kinds(spec, setup):
-        _compare(family + suffix, traced_layer(spec, setup, layers), *listed_layer(spec, setup, linear))
+    for suffix, layers, linear, block in layer_kinds(spec, setup):
+        _compare(family + suffix, traced_layer(spec, setup, layers, block), *listed_layer(spec, setup, linear, block))
 
 
 def _compare(family: str, traced: dict, shapes: dict, casts: dict, other: dict) -> None:

@@ -207,19 +207,8 @@ if values_keep_their_dtype():
     KNOWN_GAPS.pop("gpt_neox-infer-amp-bf16-cuda")
 
 # Families the analytic engine refuses (analytic/unmodelled.py), with the gap measured before the refusal: left out of
-# the matrix; test_refused_families_say_so_in_one_line checks the refusal.
-REFUSED: dict[str, str] = {
-    "bart": (
-        "encoder-decoder stacks (BartForConditionalGeneration: post-norm blocks, a learned position table and "
-        "layernorm_embedding per stack, the decoder's cross-attention, the cross-attention K/V cache): with the "
-        "refusal lifted, analytic -54.3 % to -54.5 % of the traced training peak and -3.0 % of the inference peak "
-        "(2 + 2 blocks, 128 + 128 tokens)"),
-    "whisper": (
-        "an audio encoder-decoder (WhisperForConditionalGeneration: the conv1d frontend over log-mel frames, pre-norm "
-        "stacks, the decoder's cross-attention and its K/V cache): with the refusal lifted, analytic -46.5 % to "
-        "-50.2 % of the traced training peak and -5.6 % of the inference peak (2 + 2 blocks, 128 encoder positions, "
-        "128 target tokens)"),
-}
+# the matrix; test_refused_families_say_so_in_one_line checks the refusal (none at present: Qwen3-VL was the last).
+REFUSED: dict[str, str] = {}
 
 
 if _ONEDNN_BF16:
@@ -238,9 +227,12 @@ if _ONEDNN_BF16:
 OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
                             "gemma3": "tests/analytic/test_vlm_analytic.py",
                             "qwen3_vl": "tests/analytic/test_vlm_analytic.py",
-                            # inference (two stacks, two caches); training refused in one line there
+                            # inference (two stacks, two caches); training in test_encoder_decoder_training.py
                             "t5": "tests/analytic/test_encoder_decoder_analytic.py",
-                            "mt5": "tests/analytic/test_encoder_decoder_analytic.py"}
+                            "mt5": "tests/analytic/test_encoder_decoder_analytic.py",
+                            # inference (encdec_absolute.py; before: -3.0 % and -5.6 % with one-stack terms)
+                            "bart": "tests/analytic/test_encoder_decoder_analytic.py",
+                            "whisper": "tests/analytic/test_encoder_decoder_analytic.py"}
 
 
 def default_run(index: int, s: Setup) -> bool:

@@ -8,7 +8,7 @@ from trainfit.cli import main
 
 
 @pytest.mark.parametrize("argv", [
-    ["fit", "nemotron-nano-9b-v2", "--gpu", "H100-80GB"],
+    ["fit", "qwen3-vl-8b", "--gpu", "H100-80GB"],
 ])
 def test_refusal_is_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -20,8 +20,7 @@ def test_refusal_is_one_line(argv, capsys):
 
 
 def test_nemotron_h_inference_is_not_refused(capsys):
-    """Nemotron-H's inference memory is modelled (analytic/hybrid_inference.py): no refusal without --gpu (the op list
-    that times a pass or a step with a GPU is still refused, above)."""
+    """Nemotron-H's inference memory is modelled (analytic/hybrid_inference.py): no refusal without --gpu."""
     main(["estimate", "nemotron-nano-9b-v2", "--mode", "infer", "--seq", "4096"])
     out = capsys.readouterr()
     assert "does not model" not in out.err and "prefill" in out.out
@@ -43,3 +42,14 @@ def test_qwen3_next_is_timed(capsys):
     main(["estimate", "qwen3-next-80b-a3b", "--gpu", "H100-80GB"])
     out = capsys.readouterr()
     assert "does not model" not in out.err and "step time" in out.out
+
+
+def test_nemotron_h_is_timed(capsys):
+    """Nemotron-H's op list lists its Mamba-2 blocks' kernels (analytic/ops/mamba2.py): estimate --gpu times the
+    step, and the prefill and decode of --mode infer, instead of refusing them."""
+    main(["estimate", "nemotron-h-8b", "--gpu", "H100-80GB"])
+    out = capsys.readouterr()
+    assert "does not model" not in out.err and "step time" in out.out and "MFU" in out.out
+    main(["estimate", "nemotron-h-8b", "--gpu", "H100-80GB", "--mode", "infer"])
+    out = capsys.readouterr()
+    assert "does not model" not in out.err and "prefill time" in out.out and "decode tokens/s" in out.out

@@ -1,14 +1,16 @@
 """Compute time of one micro-batch on the slowest pipeline stage, and of the optimizer step: the op list
 (analytic/ops/) timed kernel by kernel by the roofline (analytic/roofline.py) — no global efficiency factor.
 
-forward  = embedding (first stage) + layers × one layer's forward + head and loss (last stage);
+forward  = embedding (first stage; a VLM's image encoder too, tower_time.py) + layers × one layer's forward + head
+           and loss (last stage);
 backward = the same lists' backward (ops.backward) — GEMM dgrad + wgrad, attention's backward kernel, the
            elementwise rule; + Float8Linear's backward casts;
 recompute = the layers the policy checkpoints × what each re-runs (ops.recomputed, ops.checkpointed_layers).
 torch.compile: the lists pass through ops.compiled (fused elementwise chains) where compile_effects models the
 block; otherwise eager's kernels.
 MoE: dense and MoE layers in their proportion on the stage (NB: an uneven mix per stage is averaged); Qwen3-Next's
-Gated DeltaNet and attention layers the same (layer_kinds).
+Gated DeltaNet and attention layers the same, and Nemotron-H's Mamba-2, attention and MLP blocks (layer_kinds). An
+encoder-decoder (T5): its two stacks' lists (encoder_decoder_time.stage_compute).
 """
 from __future__ import annotations
 
@@ -119,34 +121,43 @@ class StageCompute:
         return self.forward + self.backward + self.recompute
 
 
-def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False):
-    fwd = layer_forward(spec, sh, moe, linear)
+def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False, block: str = ""):
+    fwd = layer_forward(spec, sh, moe, linear, block)
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
         fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
     dequant = lora_ops.dequant_backward(setup, sh, fwd) if setup.lora_rank else []
-    bwd = backward(fwd) + grad_accumulations(spec, sh, linear) + fp8_backward_extra(fwd, sh) + dequant
+    bwd = backward(fwd) + grad_accumulations(spec, sh, linear, block) + fp8_backward_extra(fwd, sh) + dequant
     rec = recomputed(spec, setup, fwd)
     return fwd, bwd, rec
 
 
-def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool]]:
-    """(share of the layers, sparse MLP, Gated DeltaNet mixer) of each kind of layer. NB: the two splits are taken
-    as independent (Qwen3-Next's every layer is an MoE one, so its shares are exact)."""
+def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool, str]]:
+    """(share of the layers, sparse MLP, Gated DeltaNet mixer, hybrid block kind) of each kind of layer. NB: the two
+    splits are taken as independent (Qwen3-Next's every layer is an MoE one, so its shares are exact). A hybrid
+    stack (spec.hybrid: Nemotron-H) has its Mamba, attention and MLP blocks in their proportion (exact over the
+    model; NB: per pipeline stage, averaged)."""
+    if spec.hybrid is not None:
+        hb = spec.hybrid
+        return [(n / spec.layers, False, False, kind) for n, kind in (
+            (hb.mamba_layers, "mamba"), (hb.attention_layers, "attention"), (hb.mlp_layers, "mlp")) if n]
     frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
     frac_linear = linear_layers(spec) / spec.layers
-    return [(wm * wl, moe, linear) for wm, moe in ((1.0 - frac_moe, False), (frac_moe, True))
+    return [(wm * wl, moe, linear, "") for wm, moe in ((1.0 - frac_moe, False), (frac_moe, True))
             for wl, linear in ((1.0 - frac_linear, False), (frac_linear, True)) if wm * wl > 0]
 
 
 def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
                   layers: tuple[int, int, int]) -> StageCompute:
     """Forward, backward and recompute time of one micro-batch on the slowest of the (first, middle, last) stages."""
+    if spec.encdec is not None:  # two stacks, their own lists (encoder_decoder_time.py)
+        from .encoder_decoder_time import stage_compute as encdec_stage_compute
+        return encdec_stage_compute(spec, setup, gpu, st)
     sh = shape_of(spec, setup, st, compute_dtype(setup))
     prep = compiled if sh.compile else (lambda ops: ops)
     lf = lb = lr = ListTime()
     attn = 0.0
-    for w, moe, linear in layer_kinds(spec, pc):
-        fwd, bwd, rec = _lists(spec, setup, sh, moe, linear)
+    for w, moe, linear, block in layer_kinds(spec, pc):
+        fwd, bwd, rec = _lists(spec, setup, sh, moe, linear, block)
         tf = time_ops(gpu, prep(fwd))
         tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
         lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
@@ -168,13 +179,16 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
     first, middle, last = layers
     zero = ListTime()
+    from .tower_time import tower_times  # a VLM's image encoder runs on the first stage (tower_time.py)
+    tower_f, tower_b, tower_r = tower_times(spec, setup, gpu, sh)
+    emb_f, emb_b = emb_f + tower_f, emb_b + tower_b
     if setup.pp == 1:
-        stages = [(first, emb_f + head_f, emb_b + head_b)]
+        stages = [(first, emb_f + head_f, emb_b + head_b, tower_r)]
     else:
-        stages = [(first, emb_f, emb_b), (middle, zero, zero), (last, head_f, head_b)]
+        stages = [(first, emb_f, emb_b, tower_r), (middle, zero, zero, zero), (last, head_f, head_b, zero)]
     best = None
-    for n, extra_f, extra_b in stages:
-        cand = StageCompute(n * lf + extra_f, n * lb + extra_b, checkpointed_layers(setup, n) * lr, attn)
+    for n, extra_f, extra_b, extra_r in stages:
+        cand = StageCompute(n * lf + extra_f, n * lb + extra_b, checkpointed_layers(setup, n) * lr + extra_r, attn)
         if best is None or cand.total.seconds > best.total.seconds:
             best = cand
     return best

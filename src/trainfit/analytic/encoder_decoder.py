@@ -1,4 +1,5 @@
-"""An encoder-decoder model in the analytic engine (spec.encdec): T5 / Flan-T5 / mT5 inference memory.
+"""An encoder-decoder model in the analytic engine (spec.encdec): T5 / Flan-T5 / mT5 inference memory (BART and
+Whisper: encdec_absolute.py, dispatched from here).
 
 transformers models/t5/modeling_t5.py T5ForConditionalGeneration.forward (:942-1069) runs the encoder stack over
 --seq tokens, then the decoder stack over --target-seq tokens whose cross-attention reads K and V projected from the
@@ -7,9 +8,9 @@ encoder's output, then lm_head over every decoder position. generate()'s prefill
 self-attention K/V over the target tokens and the cross-attention K/V over the encoder's tokens
 (T5Attention.forward :283-372, curr_cache.update); a decode step reads both and appends one token to the first.
 
-Modelled: T5's two stacks (relative position bias; mT5 is the same model, modeling_mt5.py). Refused in one line
-(check_trainable): training (both stacks' saved tensors, the shared relative bias's gradient, the dropout masks);
-BART and Whisper stay refused as a whole (analytic/unmodelled.py).
+Modelled: T5's two stacks (relative position bias; mT5 is the same model, modeling_mt5.py), their training in
+encoder_decoder_training.py; BART's and Whisper's in encdec_absolute.py (learned positions, LayerNorm blocks, the
+conv front-end). Refused in one line (check_trainable): BART's and Whisper's training.
 """
 from __future__ import annotations
 
@@ -26,18 +27,28 @@ MODELLED = ("t5", "mt5")
 
 
 def modelled(spec: ModelSpec) -> bool:
-    """Whether `spec` is an encoder-decoder whose stacks this module models (T5 / mT5)."""
-    return spec.encdec is not None and spec.family in MODELLED
+    """Whether `spec` is an encoder-decoder whose inference the analytic engine models: T5 / mT5 here, BART and
+    Whisper in encdec_absolute.py."""
+    from . import encdec_absolute  # noqa: PLC0415 (it reads this module's caches and activation terms)
+
+    return spec.encdec is not None and (spec.family in MODELLED or spec.family in encdec_absolute.MODELLED)
+
+
+def absolute(spec: ModelSpec):
+    """encdec_absolute when `spec` is one of its families (learned absolute positions: BART, Whisper), else None."""
+    from . import encdec_absolute  # noqa: PLC0415
+
+    return encdec_absolute if spec.family in encdec_absolute.MODELLED else None
 
 
 def check_trainable(spec: ModelSpec, setup: Setup) -> None:
-    """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder: its saved
-    tensors are not modelled (inference is)."""
-    if spec.encdec is not None:
+    """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder whose saved
+    tensors are not modelled (inference is): BART, Whisper (T5 / mT5: encoder_decoder_training.py)."""
+    if spec.encdec is not None and (not modelled(spec) or absolute(spec) is not None):
         raise SetupError(
             f"{spec.name}: training an encoder-decoder model is not modelled by the analytic engine (both stacks' "
-            "saved tensors: the encoder's over --seq, the decoder's self- and cross-attention over --target-seq, the "
-            "shared relative position bias and its gradient, the dropout masks); use --engine trace")
+            "saved tensors: the encoder's over --seq, the decoder's self- and cross-attention over --target-seq, "
+            "the dropout masks; T5's and mT5's are modelled); use --engine trace")
 
 
 def inner(spec: ModelSpec) -> int:
@@ -217,6 +228,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, weights: float):
       of the traced decode at the matrix's size, over)."""
     from .inference import InferMemory  # noqa: PLC0415 (inference dispatches here)
 
+    if absolute(spec) is not None:
+        return absolute(spec).infer_memory(spec, setup, weights)
     st = state_bytes(setup)
     b, t = setup.batch, setup.target_tokens
     cast = st.act if st.autocast else 0
@@ -254,6 +267,8 @@ def prefill_flops(spec: ModelSpec, setup: Setup) -> float:
       half) and its cross-attention over --seq keys, whose k and v project the encoder's --seq tokens;
     - lm_head over every target position (T5ForConditionalGeneration.forward takes no logits_to_keep).
     NB: norms, the relative bias, softmax and activations are elementwise and left out, as in flops.py."""
+    if absolute(spec) is not None:
+        return absolute(spec).prefill_flops(spec, setup)
     b, s, t = setup.batch, setup.seq, setup.target_tokens
     h, q = spec.hidden, inner(spec)
     mlp = (3 if spec.gated_mlp else 2) * h * spec.intermediate

@@ -123,6 +123,11 @@ def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forwar
 
 
 def step_flops(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> StepFlops:
+    if spec.encdec is not None:  # T5's two stacks (encoder_decoder_training.py)
+        from . import encoder_decoder, encoder_decoder_training  # noqa: PLC0415
+
+        if encoder_decoder.modelled(spec):
+            return encoder_decoder_training.step_flops(spec, setup)
     pc = pc or count_params(spec)
     fpt = forward_per_token(spec, setup.seq, pc)
     tokens = setup.batch * setup.seq * setup.grad_accum

@@ -462,28 +462,37 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 
 
+def cache_window(spec: ModelSpec) -> int | None:
+    """The tokens a windowed layer's HF cache keeps (None: no such layers): the sliding window, or Llama 4's attention
+    chunk: transformers caches a chunked layer in a DynamicSlidingWindowLayer whose window is the chunk
+    (cache_utils.py get_layer_types_and_kwargs: `chunked_attention` -> sliding_window=attention_chunk_size; the
+    LAYER_CLASS_MAP comment "sliding and chunked are the same [...] only the mask differs")."""
+    return spec.sliding_window or spec.attention_chunk
+
+
 def sliding_decode_tokens(spec: ModelSpec, seq: int) -> int:
-    """Tokens a sliding-window layer's cache storage holds once the decode step has updated it: transformers'
+    """Tokens a windowed layer's cache storage holds once the decode step has updated it: transformers'
     DynamicSlidingWindowLayer.update (cache_utils.py:242-250) concatenates the tokens it kept (a view of the last
     window - 1 of the previous storage) with the new one, keeps a view of the last window - 1 of the result and
     returns the result whole: min(seq, window - 1) + 1 tokens, the prompt's storage freed with the old view."""
-    return min(seq, spec.sliding_window - 1) + 1
+    return min(seq, cache_window(spec) - 1) + 1
 
 
 def _sliding_layers_per_stage(spec: ModelSpec, setup: Setup) -> float:
     """The attention layers on one pipeline stage whose cache is a DynamicSlidingWindowLayer (every layer the config
-    gives a window: cache_utils.py get_layer_types_and_kwargs; sliding_window_layers None: all of them)."""
-    if not spec.sliding_window:
-        return 0.0
-    attention = gated_deltanet.attention_layers(spec)
-    return (attention if spec.sliding_window_layers is None else spec.sliding_window_layers) / setup.pp
+    gives a window: cache_utils.py get_layer_types_and_kwargs; sliding_window_layers None: all of them; Llama 4's
+    chunked layers)."""
+    if spec.sliding_window:
+        attention = gated_deltanet.attention_layers(spec)
+        return (attention if spec.sliding_window_layers is None else spec.sliding_window_layers) / setup.pp
+    return spec.chunked_layers / setup.pp if spec.attention_chunk else 0.0
 
 
 def _decode_cache_moment(spec: ModelSpec, setup: Setup) -> float:
     """The cache at the decode step's high point, with the running layer's cache-sized tensors. Layers update their
     caches in order, so inside a layer those before it hold their updated caches and those after it the prefill's:
-    a sliding-window layer shrinks from the prompt's seq tokens to `sliding_decode_tokens` as it runs (read off
-    traces of small-gpt_oss, small-gemma2 and small-gemma3_text past their windows). The high point is inside the
+    a sliding-window (or chunked) layer shrinks from the prompt's seq tokens to `sliding_decode_tokens` as it runs
+    (read off traces of small-gpt_oss, small-gemma2, small-gemma3_text and small-llama4_text past their windows). The high point is inside the
     first layer of a kind (a later one of the same kind runs beside caches that can only have shrunk): the larger of
       a full-attention layer's, after `spec.sliding_lead` sliding layers (updated), the rest still at the prompt;
       the first sliding layer's: every other layer at the prompt beside its own (`_running_layer`).

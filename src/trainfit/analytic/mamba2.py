@@ -2,8 +2,8 @@
 at its high point in the prefill, its decode step, its FLOPs.
 
 The mixer is transformers 5.24 models/nemotron_h/modeling_nemotron_h.py NemotronHMamba2Mixer (:390-613) running the
-reference PyTorch kernels (the `mamba_ssm` / `causal_conv1d` hub kernels absent: causal_conv1d_fn :163-183,
-mamba2_chunk_scan :273-378, mamba2_selective_state_update :211-270). Symbols: T = b·s tokens, chunks c = ⌈s/Q⌉
+reference PyTorch kernels (the `mamba_ssm` / `causal_conv1d` hub kernels absent: causal_conv1d_fn :164-183,
+mamba2_chunk_scan :273-378, mamba2_selective_state_update :212-270). Symbols: T = b·s tokens, chunks c = ⌈s/Q⌉
 of Q = chunk_size positions (Tp = b·c·Q, the tokens padded to whole chunks), H heads of P channels, state N per
 channel, G groups of B and C, conv over conv_dim = H·P + 2·G·N channels with K taps.
 
@@ -13,11 +13,11 @@ scan's einsum dtype (fp32, the scan upcasts x, B and C; the compute dtype under 
 in it). Constant in the sequence length.
 
 Prefill: the scan's locals all stay referenced until it returns, so its high point is at its end (`output =
-(Y_diag + Y_off).contiguous()`, :366-370), inside its last einsum's bmm (C_times_states, :362) where C's contiguous
-fp32 copy (and its 16-bit cast under autocast) are live, or inside the chunk states' bmm (new_states, :355) where
-the concatenated states and their copy are — whichever is largest (mixer_prefill). Read off traced prefills
-(small-nemotron_h at 2 x 128 with Nemotron-H 8B's and 47B's flags, state 128 and 256; tiny-nemotron-h at 2 x 100,
-7 chunks: the live set at the prefill peak tensor by tensor).
+(Y_diag + Y_off).contiguous()`, :365-369), inside its last einsum's bmm (C_times_states, :359) where C's copy for
+the bmm (and, under autocast, a second 16-bit copy: einsum_copy_bytes) is live, or inside the chunk states' bmm
+(new_states, :351) where the concatenated states and their copy are — whichever is largest (mixer_prefill). Read
+off traced prefills (small-nemotron_h at 2 x 128 with Nemotron-H 8B's and 47B's flags, state 128 and 256, and at
+2 x 256, two chunks; tiny-nemotron-h at 2 x 100, 7 chunks: the live set at the prefill peak tensor by tensor).
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class ScanShape:
 
     @property
     def proj(self) -> int:
-        """in_proj's output width: z, x|B|C and dt (NemotronHMamba2Mixer.__init__, :426)."""
+        """in_proj's output width: z, x|B|C and dt (NemotronHMamba2Mixer.__init__, :428)."""
         return self.inner + self.conv_dim + self.heads
 
 
@@ -70,9 +70,21 @@ def scan_shape(spec: ModelSpec, batch: int, seq: int) -> ScanShape:
 
 
 def scan_dtype_bytes(st: StateBytes) -> int:
-    """The dtype of the scan's einsum outputs: fp32 (x, B, C upcast, :308-310), the compute dtype under autocast
+    """The dtype of the scan's einsum outputs: fp32 (x, B, C upcast, :298-300), the compute dtype under autocast
     (bmm is on autocast's lower-precision list)."""
     return st.act if st.autocast else FP32
+
+
+def einsum_copy_bytes(st: StateBytes, device: str) -> int:
+    """The dtype of the transient copy each of the scan's einsums makes of an fp32 operand (C, B, B_decay, x·dt):
+    einsum hands bmm its operands permuted and reshaped (aten/src/ATen/native/Linear.cpp sumproduct_pair:
+    `.reshape`, a contiguous copy where the permuted layout is not viewable). Under CUDA's autocast einsum is on the
+    lower-precision list (aten/src/ATen/autocast_mode.cpp KERNEL_CUDA(einsum, lower_precision_fp)): the operand is
+    cast to the compute dtype before the op, and that cast is the transient (einsum permutes and copies it, and bmm
+    saves the copy). CPU autocast lists bmm, not einsum (KERNEL_CPU(bmm, lower_precision_fp)): einsum copies the
+    fp32 operand, which is the transient, and bmm casts the copy and saves the cast. Without autocast the einsums
+    run in fp32 and the copy is fp32."""
+    return st.act if (st.autocast and device == "cuda") else FP32
 
 
 def dt_bytes(st: StateBytes, device: str) -> int:
@@ -103,26 +115,31 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device:
     """(inside the chunk states' bmm, inside the last einsum's bmm, the scan's end): the mixer's live bytes at its
     three candidate high points, the block's input, its norm and the cache aside. Each tensor by the source line
     that makes it:
-      in_proj's output (T, proj) in the compute dtype (a), held whole: gate, x|B|C and dt are views of it (:496);
+      in_proj's output (T, proj) in the compute dtype (a), held whole: gate, x|B|C and dt are views of it (:515);
       the conv's output after SiLU, (b, conv_dim, s) in a (causal_conv1d_fn :175-183: the padded conv output is
-        freed when the SiLU's slice is taken); x, B and C are views of it (:537-541);
-      A = -exp(A_log) (H,) fp32 (:480);
-      dt after bias, softplus and clamp (T, H) in dt_bytes (:300-303); A·dt chunked, fp32 (:318, 323);
+        freed when the SiLU's slice is taken); x, B and C are views of it (:550-554);
+      A = -exp(A_log) (H,) fp32 (:488);
+      dt after bias, softplus and clamp (T, H) in dt_bytes (:293-296); A·dt chunked, fp32 (:309, 314);
     the scan's locals (fp32 unless named; e: the einsum dtype, scan_dtype_bytes):
-      B and C repeated to every head and padded, (Tp, H, N) each (:309-310, 323: the repeat_interleave copies are
+      B and C repeated to every head and padded, (Tp, H, N) each (:299-300, 314: the repeat_interleave copies are
         freed by the padded ones);
-      D_residual and the padded x·dt, (Tp, H, P) each (:314, 317, 323);
-      A_cumsum, decay_states, state_decay_out: (b, H, c, Q) each (:326, 342, 358);
-      L = exp(segment_sum) (b, H, c, Q, Q) (:330; segment_sum's intermediates are freed), G = C·Bᵀ per chunk in e
-        (the bmm's output, :334), M = G·L (:337), all Tp·H·Q;
-      B_decay (Tp, H, N) (:343);
-      Y_diag's and C_times_states' bmm outputs (Tp, H, P) in e (:341, 362);
-      the chunk states' zero initial state (b, H, P, N) and new_states (b, c + 1, H, P, N), both in e (:348-356;
+      D_residual and the padded x·dt, (Tp, H, P) each (:305, 308, 314);
+      A_cumsum, decay_states, state_decay_out: (b, H, c, Q) each (:317, 336, 356);
+      L = exp(segment_sum) (b, H, c, Q, Q) (:321; segment_sum's intermediates are freed), G = C·Bᵀ per chunk in e
+        (the bmm's output, :325), M = G·L (:328), all Tp·H·Q;
+      B_decay (Tp, H, N) (:337);
+      Y_diag's and C_times_states' bmm outputs (Tp, H, P) in e (:332, 359);
+      the chunk states' zero initial state (b, H, P, N) and new_states (b, c + 1, H, P, N), both in e (:343-352;
         the concatenated states are freed once new_states is made);
-      decay_chunk (b, H, c + 1, c + 1) (:353);
-    at the end Y_off (:363), Y_diag + Y_off and its contiguous copy (:369), fp32 (Tp, H, P) each; inside the last
-    bmm instead C's contiguous (Tp, H, N) fp32 copy (and its 16-bit cast under autocast) beside the bmm's output;
-    inside new_states' bmm (:355) the concatenated states (b, c + 1, H, P, N) and their contiguous copy, in e, with
+      decay_chunk (b, H, c + 1, c + 1) (:349);
+    at the end Y_off (:360), Y_diag + Y_off and its contiguous copy (:365), fp32 (Tp, H, P) each; inside the last
+    bmm instead C's transient (Tp, H, N) copy in einsum_copy_bytes (CPU: the permuted fp32 copy; under CUDA's
+    autocast: C's 16-bit cast, made before the einsum, :359) and under autocast the 16-bit operand bmm multiplies
+    (CPU: bmm's cast of the fp32 copy; CUDA: einsum's permuted copy of the cast), beside the bmm's output, and
+    past one chunk the chunk states' contiguous copy (b, c, H, P, N) in e (new_states[:, :-1] is not viewable in
+    the bmm's layout; scan_end_train, einsum_copies: small-nemotron_h at 2 x 256 read -2.4 % without it, CUDA
+    semantics);
+    inside new_states' bmm (:351) the concatenated states (b, c + 1, H, P, N) and their contiguous copy, in e, with
     state_decay_out and the last einsum not made yet (the moment that tops the others where the state is wide:
     d_state 256, Nemotron-H 47B/56B).
     NB: the scan's few (s,), (Q, Q) boolean masks and int64 helpers, and under autocast the 16-bit casts of the
@@ -143,7 +160,9 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device:
             + FP32 * batch * h * (c + 1) ** 2)  # decay_chunk
     last_out = e * tp * h * p  # C_times_states' bmm output
     states = mixer + scan - FP32 * tp * h + 2 * e * batch * h * (c + 1) * p * n
-    inside = mixer + scan + last_out + (FP32 + (e if e != FP32 else 0)) * tp * h * n
+    chunked = e * batch * c * h * p * n if c > 1 else 0  # (scan_end_train, einsum_copies)
+    inside = mixer + scan + last_out + (einsum_copy_bytes(st, device) + (a if st.autocast else 0)) * tp * h * n \
+        + chunked
     end = mixer + scan + last_out + 3 * FP32 * tp * h * p
     return states, inside, end
 
@@ -151,7 +170,7 @@ def mixer_prefill(spec: ModelSpec, st: StateBytes, batch: int, seq: int, device:
 def decode_step(spec: ModelSpec, st: StateBytes, batch: int, device: str) -> float:
     """The mixer's high point in a decode step (one token per sequence), at the state update `ssm_states = state * dA
     + dBx` of mamba2_selective_state_update (:236-248): in_proj's output and the conv's SiLU output (the conv's
-    concatenation with its state is freed by then, causal_conv1d_update :143-160), dt after softplus expanded over
+    concatenation with its state is freed by then, causal_conv1d_update :144-160), dt after softplus expanded over
     the head channels (b, H, P) in the compute dtype, and (b, H, P, N) each: dA = exp(dt·A) in fp32, dB = dt·B and
     dB·x in the compute dtype (dt, B and x are), state·dA and the sum in fp32 (the state is); on CPU, adding the
     16-bit dB·x to fp32 first copies it to fp32 (TensorIterator's common dtype; trace/cpu_casts.py). Under CUDA's
@@ -194,7 +213,7 @@ def matmul_params(spec: ModelSpec) -> int:
 
 def scan_flops_per_token(spec: ModelSpec, seq: int) -> float:
     """One mixer's FLOPs per token beyond its projections, 2 per multiply-add, from the chunked scan's einsums
-    (mamba2_chunk_scan :334-362; Dao & Gu 2024, "Transformers are SSMs", §6, the SSD algorithm's four steps), which
+    (mamba2_chunk_scan :325-359; Dao & Gu 2024, "Transformers are SSMs", §6, the SSD algorithm's four steps), which
     run over the positions padded to whole chunks (c·Q per sequence of s): G = C·Bᵀ within a chunk (Q·H·N per
     position), Y_diag = M·x (Q·H·P), the chunk states B·x (H·P·N), C·states (H·P·N), the inter-chunk recurrence
     ((c + 1)² · H·P·N per sequence); and the depthwise conv (K per channel, s positions). Against the trace's count
@@ -221,33 +240,33 @@ def upcasts(st: StateBytes) -> bool:
 
 def scan_end_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tuple[float, float]:
     """(live, transient): the mixer's bytes at the end of its scan (`output = (Y_diag + Y_off).contiguous()`,
-    :369) in a grad-mode forward, and of those the ones freed when the mixer returns (the rest autograd saves).
+    :365) in a grad-mode forward, and of those the ones freed when the mixer returns (the rest autograd saves).
     Training regimes without autocast (the scan's einsums in fp32); each tensor by the source line that makes it:
       in_proj's output (T, proj) in a (held whole: gate, x|B|C and dt are views of it, :515);
       the conv's padded output (b, conv_dim, s + K − 1) in a, which the SiLU saves (causal_conv1d_fn :175-181), and
         the SiLU's output (b, conv_dim, s) in a (saved through x's view when fp32; its views only when 16-bit: the
-        scan's x.float() copy is saved instead, :308);
-      dt + bias, its softplus, its clamp (T, H) in a (:300-303: each saves its input);
-      16-bit only: x.float() (T, H, P) and dt's two fp32 copies (T, H) (`dt[..., None].float()` :317, `dt.float()`
-        :318), fp32;
+        scan's x.float() copy is saved instead, :298);
+      dt + bias, its softplus, its clamp (T, H) in a (:293-296: each saves its input);
+      16-bit only: x.float() (T, H, P) and dt's two fp32 copies (T, H) (`dt[..., None].float()` :308, `dt.float()`
+        :309), fp32;
     the scan's, fp32:
-      saved: pad(x) for D_residual and the chunked x·dt (Tp, H, P) each (:314, 317, 323); B repeated to every head
-        (T, H, N) (:309); L, G, M (Tp, H, Q) each (:330, 334, 337); the bmm operands einsum copies, (Tp, H, N) each:
-        C and B for G (:334), B_decay for the chunk states (:346), C for C_times_states (:362); the concatenated
-        states and their bmm operand (b, c + 1, H, P, N) each (:352, 355); C_times_states (Tp, H, P) (:362, kept
-        by Y_off's product); decay_states and state_decay_out (b, H, c, Q) (:342, 358); decay_chunk (b, H, c + 1,
-        c + 1) (:353); the segment sums' boolean masks, (Q, Q) and (c + 1, c + 1) twice each (:120, 126); A (H,)
-        (:480);
-      transient: D_residual (Tp, H, P) (:314); A·dt (T, H) (:318); C repeated (T, H, N) (:310); A_cumsum (b, H, c,
-        Q) (:326); Y_diag's bmm output (Tp, H, P) (:341); B_decay (Tp, H, N) (:343); the chunk states (b, H, P, N)
-        (:346-351: one of the zero initial state and the einsum's output is live); Y_off, the sum and its
-        contiguous copy (Tp, H, P) each (:363, 369).
+      saved: pad(x) for D_residual and the chunked x·dt (Tp, H, P) each (:305, 308, 314); B repeated to every head
+        (T, H, N) (:299); L, G, M (Tp, H, Q) each (:321, 325, 328); the bmm operands einsum copies, (Tp, H, N) each:
+        C and B for G (:325), B_decay for the chunk states (:339), C for C_times_states (:359); the concatenated
+        states and their bmm operand (b, c + 1, H, P, N) each (:348, 351); C_times_states (Tp, H, P) (:359, kept
+        by Y_off's product); decay_states and state_decay_out (b, H, c, Q) (:336, 356); decay_chunk (b, H, c + 1,
+        c + 1) (:349); the segment sums' boolean masks, (Q, Q) and (c + 1, c + 1) twice each (:120, 126); A (H,)
+        (:488);
+      transient: D_residual (Tp, H, P) (:305); A·dt (T, H) (:309); C repeated (T, H, N) (:300); A_cumsum (b, H, c,
+        Q) (:317); Y_diag's bmm output (Tp, H, P) (:332); B_decay (Tp, H, N) (:337); the chunk states (b, H, P, N)
+        (:339-347: one of the zero initial state and the einsum's output is live); Y_off, the sum and its
+        contiguous copy (Tp, H, P) each (:360, 365).
     einsum_copies: torch.einsum hands bmm its operands permuted and reshaped (aten/src/ATen/native/Linear.cpp
     sumproduct_pair: `.reshape`), which copies an operand whose permuted layout is not viewable. With one chunk
     (c = 1) the chunk dimension has size 1 and x·dt and the chunk states reach their einsums as views, so autograd
     saves x·dt itself and new_states' bmm output; with several chunks it saves contiguous copies instead: x·dt's
-    for Y_diag's and the chunk states' einsums (Tp, H, P) each (:341, 346), and the states' for C_times_states
-    (b, c, H, P, N) (:362), x·dt and the bmm output becoming transient (read off small-nemotron_h at 2 x 256, two
+    for Y_diag's and the chunk states' einsums (Tp, H, P) each (:332, 339), and the states' for C_times_states
+    (b, c, H, P, N) (:359), x·dt and the bmm output becoming transient (read off small-nemotron_h at 2 x 256, two
     chunks of 128, against 2 x 128).
     NB: tensors the reference kernel pads are counted at Tp, those made before the padding at T; the traced
     configs' sequences fill whole chunks, where the two agree. CUDA's 512-byte rounding of the few (H,) tensors is
@@ -272,7 +291,7 @@ def scan_end_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int) -> tup
 
 def gated_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
     """What the mixer's gated RMSNorm (NemotronHRMSNorm with a gate, :63-74) and out_proj save, (T, inner) fp32 each
-    (the reference scan returns fp32, :367-372, so the norm computes in fp32): the scan's output + D_residual, the
+    (the reference scan returns fp32, :365-369, so the norm computes in fp32): the scan's output + D_residual, the
     gated product, the normalised tensor, silu(gate) and, fp32, the norm's output out_proj multiplies (:612);
     16-bit: the gate's fp32 copy (silu's input, :67) instead of that output, which out_proj's 16-bit cast
     (`scan_output.to(dtype)`) replaces; and the rsqrt per group (T, groups). Read off the traced forward ends
@@ -294,7 +313,7 @@ def block_norm_train(spec: ModelSpec, st: StateBytes, tokens: int) -> float:
 def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
                         device: str) -> tuple[float, float, float]:
     """(inside, end, transient): under autocast, the mixer's live bytes in a grad-mode forward inside its last
-    einsum's bmm (C_times_states, :362) and at its scan's end (:369), and of those at the end the ones freed when the
+    einsum's bmm (C_times_states, :359) and at its scan's end (:365), and of those at the end the ones freed when the
     mixer returns (the rest autograd saves).
     Autocast runs conv1d and bmm in bf16 (torch include/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP :823,
     :843; CPU: aten/src/ATen/autocast_mode.cpp TORCH_LIBRARY_IMPL(aten, AutocastCPU) KERNEL_CPU(conv1d|bmm,
@@ -306,31 +325,34 @@ def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
         `hidden_states.to(weight.dtype)`'s fp32 one, the gate's is its fp32 copy, dt + bias a new tensor);
       the conv's 16-bit input (b, conv_dim, s) and its weight's 16-bit cast (conv_dim, K) (a `.squeeze(1)` view:
         not cached, conv_bias_cast), saved; the padded conv output (b, conv_dim, s + K − 1) in a, saved by the
-        SiLU; the SiLU's output (b, conv_dim, s) in a, transient (x, B, C are upcast by `.float()`, :308-310);
-      dt (T, H): dt + bias, softplus and clamp (:300-303) in dt_bytes (under CUDA's autocast softplus is fp32:
+        SiLU; the SiLU's output (b, conv_dim, s) in a, transient (x, B, C are upcast by `.float()`, :298-300);
+      dt (T, H): dt + bias, softplus and clamp (:293-296) in dt_bytes (under CUDA's autocast softplus is fp32:
         its fp32 input copy, output, clamp; on CPU the three in a and `dt[..., None].float()`, `dt.float()` fp32
-        copies, :317-318); A·dt padded, A_cumsum, decay_states, state_decay_out, fp32 (Tp, H) each (:318-358);
-      (Tp, H, P), fp32: x.float() (:308), D_residual (:314), x·dt and its chunked copy (:317, 323); in a: the two
-        bmm casts of x·dt (Y_diag's, :341, the chunk states', :346), Y_diag's bmm output (:341) and
-        C_times_states' (:362);
-      (Tp, H, N), fp32: B and C repeated to every head (:309-310), B_decay (:343), and inside the last bmm C's
-        permuted fp32 copy (:362); in a: the bmm casts of C and B for G (:334), of B_decay (:346), of C (:362);
-      (Tp, H, Q): L and M fp32 (:330, 337), G (the bmm output, :334) and M's bmm cast (:341) in a;
-      the chunk states' bmm output (b, H, P, N) in a (:346); the concatenated states' bmm cast and new_states
-        (b, c + 1, H, P, N) in a (:352-355); decay_chunk (b, H, c + 1, c + 1) fp32 and its cast (:353);
-      the segment sums' boolean masks (Q, Q) and (c + 1, c + 1) twice each (:120, 126); A (H,) twice, fp32 (:480);
-      at the scan's end instead of C's fp32 copy: Y_off, the sum and its contiguous copy, (Tp, H, P) fp32 each
-        (:363, 369);
+        copies, :308-309); A·dt padded, A_cumsum, decay_states, state_decay_out, fp32 (Tp, H) each (:309-356);
+      (Tp, H, P), fp32: x.float() (:298), D_residual (:305), x·dt and its chunked copy (:308, 314); in a: the two
+        bmm casts of x·dt (Y_diag's, :332, the chunk states', :339), Y_diag's bmm output (:332) and
+        C_times_states' (:359);
+      (Tp, H, N), fp32: B and C repeated to every head (:299-300), B_decay (:337); in a: the bmm operands of C and
+        B for G (:325), of B_decay (:339), of C (:359); inside the last bmm C's transient copy in einsum_copy_bytes
+        (:359; CPU: the permuted fp32 copy bmm casts; CUDA: the 16-bit cast einsum permutes and copies);
+      (Tp, H, Q): L and M fp32 (:321, 328), G (the bmm output, :325) and M's bmm cast (:332) in a;
+      the chunk states' bmm output (b, H, P, N) in a (:339); the concatenated states' bmm cast and new_states
+        (b, c + 1, H, P, N) in a (:348-351); decay_chunk (b, H, c + 1, c + 1) fp32 and its cast (:349);
+      the segment sums' boolean masks (Q, Q) and (c + 1, c + 1) twice each (:120, 126); A (H,) twice, fp32 (:488);
+      at the scan's end instead of C's transient copy: Y_off, the sum and its contiguous copy, (Tp, H, P) fp32 each
+        (:360, 365);
       past one chunk (scan_end_train, einsum_copies): the chunk states new_states[:, :-1] reach the last einsum as a
         16-bit contiguous copy (b, c, H, P, N), which its bmm saves, and new_states becomes transient.
     Read off traced training steps (small-nemotron_h at 2 x 128 and 2 x 256, one and two chunks, with Nemotron-H
     47B's flags, amp-bf16, CUDA and CPU semantics: the live set inside the last bmm, tensor by tensor, each record's
     birth and death).
-    NB: the trace's CUDA semantics apply CUDA autocast's fp32 lists (trace/cuda_autocast.py) but not its
-    lower-precision one, which also lists einsum (autocast_mode.h :836): on a GPU C and B are cast before their
-    einsum, so the permuted copies are 16-bit rather than fp32 (this term follows the trace: an over-count of
-    (FP32 − a)·Tp·H·N inside the last bmm on a GPU). The conv bias's 16-bit cast (cached) and the (T,) int64
-    position helpers are left out."""
+    Under CUDA's autocast (einsum_copy_bytes) every einsum casts its fp32 operands before permuting them: what bmm
+    saves is the same size (16-bit), and of the transients only the moment inside the last bmm is among the
+    candidates; there it holds C's 16-bit cast (a·Tp·H·N) where CPU holds the fp32 copy, so the scan's end is the
+    higher moment wherever 3·FP32·P > a·N (small-nemotron_h at 2 x 128, CUDA semantics: inside 44,748,288 B, end
+    45,272,576 B of the step; read off the trace tensor by tensor, each einsum's operand casts born before its
+    permuted copies).
+    NB: the conv bias's 16-bit cast (cached) and the (T,) int64 position helpers are left out."""
     x = scan_shape(spec, batch, seq)
     a, d = st.act, dt_bytes(st, device)
     t, tp, h, p, n, q, c = x.tokens, x.padded, x.heads, x.head_dim, x.state, x.chunk, x.chunks
@@ -344,7 +366,7 @@ def scan_autocast_train(spec: ModelSpec, st: StateBytes, batch: int, seq: int,
             + 2 * (q * q + (c + 1) ** 2) + 2 * FP32 * h)
     chunked = c > 1  # (einsum_copies)
     scan += a * batch * c * h * p * n if chunked else 0
-    inside = entry + dt + scan + FP32 * tp * h * n
+    inside = entry + dt + scan + einsum_copy_bytes(st, device) * tp * h * n
     end = entry + dt + scan + 3 * FP32 * tp * h * p
     # freed when the mixer returns: in_proj's output, the SiLU's, C repeated, B_decay, D_residual (held by the
     # output's add: NB counted freed), x·dt's chunked copy, M, the chunk states' output, Y_diag's bmm output, the

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ..models.hf_config import for_setup
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects, encoder_decoder, hybrid_training
+from . import compile_effects, encoder_decoder, encoder_decoder_training, hybrid_training
 from .activations import keys_per_token
 from .compute_time import tensors_per_rank
 from .embedding import embedding_saved
@@ -57,8 +57,10 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     headed = for_setup(spec, setup)  # the model with the head the setup trains (trainfit.heads)
     if headed is not spec:
         spec, pc = headed, None
-    encoder_decoder.check_trainable(spec, setup)  # encoder-decoders: inference only (encoder_decoder.py)
+    encoder_decoder.check_trainable(spec, setup)  # BART / Whisper: inference only (encoder_decoder.py)
     pc = pc or count_params(spec)
+    if encoder_decoder.modelled(spec):  # T5 / mT5: two stacks (encoder_decoder_training.py)
+        return encoder_decoder_training.train_memory(spec, setup, pc)
     st = state_bytes(setup)
     stack = model_for(setup)  # its per-stage memory (analytic/stacks: Megatron-Core's is megatron_memory.py)
     results = [stack.stage_memory(spec, setup, pc, st, s) for s in stages(spec, setup)]

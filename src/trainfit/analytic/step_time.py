@@ -186,6 +186,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
 
     tok_step = b * s * m * d
     model_flops = 3 * costs.forward_total * tok_step
+    if spec.encdec is not None:  # both stacks and the head over the target tokens, per input token (as _infer does)
+        from .encoder_decoder import prefill_flops
+        model_flops = 3 * prefill_flops(spec, setup) / (b * s) * tok_step
     # NB: recompute FLOPs of the whole model as p stages of layers // p (uneven splits differ by a layer)
     rec_total = p * recompute_per_token(spec, setup, spec.layers // p, costs.layer_forward,
                                         costs.attention_per_layer) * tok_step

@@ -26,9 +26,20 @@ and bf16 (hybrid_training.py, mamba2.scan_end_train: what autograd saves of the 
 and in a re-run forward, the scan's backward high point; the families matrix's cases within 0.05 % of the trace),
 and under autocast (mamba2.scan_autocast_train: the einsums' bmm in bf16, each keeping 16-bit casts of its
 operands, the high point inside the last bmm or at the scan's end; within 0.35 % of the trace at one and several
-chunks, -1.55 % on a CPU with oneDNN's bf16 path: the batched-bmm scratch).
-Not modelled: the scan's kernels in the op list (unmodelled_kernels) that times a pass or a
-step with --gpu (refused unless --mfu). Serving sizes the engines' own state allocators (analytic/serving_state.py).
+chunks, -1.55 % on a CPU with oneDNN's bf16 path: the batched-bmm scratch). Under CUDA's autocast einsum casts its
+operands before copying them into its bmm (mamba2.einsum_copy_bytes: 16-bit copies where CPU autocast copies fp32),
+and the prefill past one chunk holds the chunk states' copy: small-nemotron_h amp-bf16 on CUDA semantics from
++1.10 % to -0.06 % (training, 2 x 128; 2 x 256: +1.35 % to -0.04 %), +4.17 % to -0.02 % (prefill, 2 x 128),
++2.34 % to -0.02 % (prefill, 2 x 256; fp32 on CPU -1.83 % to -0.01 %).
+Its kernels are modelled too (analytic/ops/mamba2.py, ops/layer.py _hybrid_block: in_proj, the depthwise conv and
+SiLU, the SSD chunked scan's segment sums, einsum copies and batched matmuls, the D skip, the gated RMSNorm, out_proj;
+a decode step's conv and state update), so --gpu times its step, prefill and decode: against the trace's kernels per
+kind of block (tests/analytic/test_ops_vs_trace.py; tiny-nemotron-h at 2 x 128, CUDA semantics) the GEMM shapes and
+the casts are exact and the other bytes of a Mamba block within +0.18 % / -0.43 % (amp-bf16, forward / backward),
++0.23 % / -0.45 % (bf16), +0.22 % / -0.91 % (fp32), +0.16 % / +1.06 % at a padded last chunk (2 x 120); attention and
+MLP blocks within +0.4 %. NB: that is transformers' reference PyTorch scan; with `mamba_ssm` installed a GPU runs its
+fused kernels, which move far fewer bytes (the op list's time is then pessimistic). Serving sizes the engines' own
+state allocators (analytic/serving_state.py).
 
 Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3 with images; spec.vision, models/vlm.py) add an image encoder
 beside the language model: a patch embedding, attention blocks over each image's patches (Qwen2.5-VL: windowed but
@@ -36,7 +47,18 @@ at four blocks), a merger or pooling projector, Qwen3-VL's deepstack mergers, an
 model's sequence. Qwen2.5-VL's memory and FLOPs are modelled (analytic/vlm.py: the tower's parameters, the language
 model over text + image tokens, the tower's saved tensors, prefill high point and FLOPs; tests/analytic/
 test_vlm_analytic.py), and so are Gemma 3's (analytic/siglip.py: the SigLIP tower, the pooling projector, the
-language model's materialised image-block masks), and so are Qwen3-VL's (analytic/qwen3vl_tower.py: LayerNorm
+language model's materialised image-block masks), and so are both towers' kernels (analytic/ops/vision_tower.py:
+the patch embedding's GEMM, each block's norms, projections, attention per window or image (Qwen2.5-VL's fp32 2-D
+rotary), MLP, the merger or pooling projector and the scatter of the image tokens into the embeddings; timed on the
+first stage and in the prefill, analytic/tower_time.py): --gpu times a VLM's training step and prefill. Against the
+trace's kernels (tests/analytic/test_tower_ops_vs_trace.py, a block as a 3-block less a 2-block tower, and the
+ends; amp-bf16, bf16, fp32 under CUDA semantics) the GEMM and attention shapes and the casts are equal, the other
+memory-bound bytes within -2.0 % to +0.2 % forward and -0.9 % to +0.1 % backward for Qwen2.5-VL's blocks, -0.3 % to
++8.8 % for its ends, -0.2 % to +0.3 % forward and -0.2 % to +8.3 % backward for SigLIP's blocks (+13.1 % in fp32:
+two gradient copies not listed), -3.3 % to +2.7 % for Gemma 3's ends; Gemma 3's language-model layer with images
+(its SDPA masked: k and v repeated, the mask made additive, ops/layer.py masked_sdpa) +0.7 % to +7.0 %. NB: the
+masks' construction from token_type_ids (a few small kernels per step) is not listed.
+Qwen3-VL's memory and FLOPs are modelled too (analytic/qwen3vl_tower.py: LayerNorm
 blocks with a tanh-GELU MLP, in fp32 under CUDA's autocast only; the merger and the deepstack mergers; the position
 table resampled to each image, its fp32 rows beside the tower's rotary moment and its interpolation indices and
 weights as inputs; the tower's outputs, deepstack features and the clone the deepstack add makes, held by the
@@ -48,9 +70,10 @@ x 128 text tokens): training -0.53 % to -0.14 % of the trace in fp32, bf16 and a
 to -0.13 % with full recompute, prefill -0.83 % to -0.17 %, on CPU and CUDA semantics (ONEDNN_MAX_CPU_ISA=AVX2
 alike). NB: oneDNN's Conv3d scratch in the patch embedding is not priced: fp32 on the CPU with full recompute reads
 -2.8 % (2 images) to -7.1 % (1 image; its weight-gradient scratch, on both ISAs), and a bf16 CPU prefill of 2
-images -2.5 % under AVX2 (its forward scratch, as large as the 16-bit pixel rows). The op list has no tower kernels, so timing
-a VLM is refused. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
-112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
+images -2.5 % under AVX2 (its forward scratch, as large as the 16-bit pixel rows). Its tower's kernels are not in
+the op list (ops/vision_tower.py TOWERS): timing it is refused. Measured before Qwen2.5-VL's terms (hidden 128, a
+2-block tower of width 64, one 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training
+peak, -22 % to -24 % in prefill.
 
 T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
 encoder stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal
@@ -61,15 +84,37 @@ branch; in inference the decoder's self-attention cache and the cross-attention 
 in every decoder block, EncoderDecoderCache). Its inference memory and prefill FLOPs are modelled
 (analytic/encoder_decoder.py: both stacks' high points, the relative bias's bucketing and additive masks, both
 caches, lm_head over every target position; tests/analytic/test_encoder_decoder_analytic.py, within 0.04 % of the
-trace), its kernels are not (unmodelled_kernels: timing refused), and its training is refused in one line
-(encoder_decoder.check_trainable: both stacks' saved tensors, the shared bias's gradient, the dropout masks). The
-training gap measured at the families matrix's test size (hidden 128, 2 + 12 blocks, batch 2 x 128 + 128 target
-tokens) with the engine's one-stack terms: the analytic peak -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) of the
-traced one (inference: -13.6 %, bf16, CUDA, before encoder_decoder.py).
+trace), and so are its training memory and FLOPs (analytic/encoder_decoder_training.py: both stacks' saved tensors
+block by block — T5LayerNorm's fp32 terms, the math-path SDPA with the bias as a float mask, the gated gelu_new or
+relu MLP, the dropout noise or masks on the embeddings, probabilities and every branch, autocast's casts, the bucket
+indices of each stack's first block — the MLP's two backward moments, full recomputation's held inputs, biases and
+re-run blocks; tests/analytic/test_encoder_decoder_training.py). At the families matrix's test size (hidden 128,
+2 + 12 blocks, batch 2 x 128 + 128 target tokens) every precision (fp32, amp-bf16, bf16, bf16-master) x recompute
+none/full on CPU and CUDA semantics reads -0.36 % to 0.00 % of the traced peak (T5 v1.0, relu and 6 decoder
+blocks: -0.62 % to 0.00 %); with the engine's one-stack terms it read -59.6 % (amp-bf16, CPU) to -66.7 % (bf16,
+CUDA) (inference: -13.6 %, bf16, CUDA, before encoder_decoder.py). Its kernels are in the op list (the
+last paragraph); --tp/--pp/--cp, data parallelism and ZeRO/FSDP, LoRA, --compile, --offload
+and recompute policies other than none and full are refused in one line (encoder_decoder_training.check_trainable).
 BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same two stacks (post-norm, with a learned
-position table and layernorm_embedding per stack instead of the relative bias): -54.3 % to -54.5 % in training, -3.0 %
-in inference at the same size. Whisper (models/whisper/modeling_whisper.py) reads log-mel frames through two conv1d
-before its encoder blocks: -46.5 % to -50.2 % in training, -5.6 % in inference (128 encoder positions).
+position table and layernorm_embedding per stack instead of the relative bias, biased linears, final_logits_bias);
+Whisper (models/whisper/modeling_whisper.py) reads log-mel frames (2 x --seq) through conv1 + GELU and conv2
+(stride 2) + GELU before its pre-norm encoder blocks. Their inference memory and prefill FLOPs are modelled
+(analytic/encdec_absolute.py, the per-stack front-ends in encdec_frontends.py: prefill high point at the last
+blocks' MLP or the head, both caches, the decode step; tests/analytic/test_encoder_decoder_analytic.py): at the
+families matrix's size (batch 2 x 128 encoder positions + 128 target tokens) the prefill peak equals the trace's on
+a CPU (fp32, bf16, amp-bf16; native ISA and ONEDNN_MAX_CPU_ISA=AVX2) and reads -0.03 % (amp-bf16) to -0.17 % (bf16)
+under CUDA semantics (the allocator's 512-byte rounding of the biases), the decode step within 0.2 %, the FLOPs
+exact; with --attention eager the same (-1.6 % to -4.6 % before the probabilities each layer holds through its
+MLP); before, with the one-stack terms, -3.0 % (BART) and -5.6 % (Whisper). Their kernels are not in the op list
+(timing refused: unmodelled_kernels) and their training is refused (check_trainable); measured then with the
+one-stack terms: -54.3 % to -54.5 % (BART), -46.5 % to -50.2 % (Whisper) of the traced training peak.
+T5's kernels (analytic/ops/encoder_decoder.py, timed by encoder_decoder_time.py): both stacks' blocks, the relative
+bias, SDPA's float mask and memory-efficient kernel, the cross-attention over the encoder's or the cached k and v, the
+head and loss, forward and backward; tests/analytic/test_encdec_ops_vs_trace.py: every GEMM and attention call as
+the trace's, a block's memory-bound bytes -0.1 % to +7.2 % of the trace's with CUDA's kernel for a masked SDPA call,
+generate()'s prefill and decode -1.4 % and -0.1 %. So --gpu times T5's prefill and decode (and its training step once
+its memory is modelled); fp16 and quantised weights are refused for timing (transformers keeps wo in fp32).
+unmodelled_kernels refuses the encoder-decoders whose memory is modelled but whose stacks the op list does not list.
 """
 from __future__ import annotations
 
@@ -88,15 +133,15 @@ def unmodelled_features(spec: ModelSpec) -> list[str]:
 def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     """Features whose memory is modelled but whose kernels the op list (analytic/ops/) does not list."""
     out = []
-    if spec.vision is not None:
-        out.append("the vision tower's kernels (the op list and step time; Qwen2.5-VL's, Qwen3-VL's and Gemma 3's "
+    from .ops.encoder_decoder import listed  # noqa: PLC0415 (the ops package imports this module)
+    from .ops.vision_tower import TOWERS  # noqa: PLC0415
+
+    if spec.encdec is not None and encoder_decoder.modelled(spec) and not listed(spec):
+        out.append("an encoder-decoder's kernels (the op list and step time list T5's stacks only; its memory is "
+                   "modelled: estimate without --gpu)")
+    if spec.vision is not None and spec.vision.family not in TOWERS:
+        out.append("the vision tower's kernels (the op list and step time list Qwen2.5-VL's and Gemma 3's; its "
                    "memory and FLOPs are modelled: estimate without --gpu)")
-    if spec.encdec is not None and encoder_decoder.modelled(spec):
-        out.append("an encoder-decoder's kernels (the op list and step time: the cross-attention, the relative "
-                   "position bias; T5's inference memory is modelled: estimate without --gpu)")
-    if spec.hybrid is not None and spec.hybrid.mamba_layers:
-        out.append("the Mamba-2 scan's kernels (the op list and step time; its memory and FLOPs are modelled: "
-                   "estimate without --gpu, or with --mfu)")
     return out
 
 

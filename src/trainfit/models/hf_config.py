@@ -577,8 +577,10 @@ def _llama4_text(c: _Cfg) -> dict:
     types = c.d.get("layer_types")
     if isinstance(types, list) and len(types) >= layers:
         chunked = sum(1 for t in types[:layers] if t == "chunked_attention")
+        lead = next((i for i, t in enumerate(types[:layers]) if t != "chunked_attention"), layers)
     else:  # __post_init__: "chunked_attention" where the layer has RoPE and a chunk size is set
         chunked = sum(rope) if chunk is not None else 0
+        lead = next((i for i, r in enumerate(rope) if not r), layers) if chunked else 0
     temp = c.d.get("attn_temperature_tuning", True)  # bool in transformers 5.24; the hub's Scout config says 4
     e = c.int("num_local_experts", default=16)
     n_moe = _llama4_moe_layers(c, layers) if e > 0 else 0
@@ -586,6 +588,7 @@ def _llama4_text(c: _Cfg) -> dict:
         qkv_bias=ab, out_bias=ab,
         intermediate=c.int("intermediate_size_mlp", default=16384),  # Llama4TextMLP(intermediate_size_mlp)
         attention_chunk=chunk if chunked else None, chunked_layers=chunked,
+        sliding_lead=lead,  # chunked layers before the first full one: their caches are windows (inference.py)
         nope_layers=layers - sum(rope),
         nope_every=_nope_every(rope),
         qk_l2_norm_layers=sum(rope) if c.bool("use_qk_norm", default=True) else 0,

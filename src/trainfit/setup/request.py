@@ -75,8 +75,9 @@ def target_seq(spec, value: int | None, mode: str, seq: int | None = None) -> in
         return None
     e = spec.encdec
     if e.mel_bins and seq is not None and seq != spec.max_positions:
-        raise SetupError(f"--seq {seq}: {spec.name}'s encoder reads exactly {2 * spec.max_positions} mel frames (30 s "
-                         f"of audio), {spec.max_positions} positions (WhisperEncoder); use --seq {spec.max_positions}")
+        raise SetupError(f"--seq {seq}: {spec.name}'s encoder reads exactly {e.mel_frames(spec.max_positions)} mel "
+                         f"frames (30 s of audio), {spec.max_positions} positions (WhisperEncoder); use --seq "
+                         f"{spec.max_positions}")
     tokens = value if value is not None else DEFAULT_TARGET_SEQ
     # the decoder's learned position table (BART: as large as the encoder's; Whisper: max_target_positions); the
     # decode step writes one position more

@@ -57,10 +57,12 @@ class Setup:
                          maximum=limits.TOKENS, minimum=1, short="-b",
                          example="8", modes=RL_STEP, group="step")
     seq: int = setting(DEFAULT_SEQ, "Sequence length (training) or context length (inference), tokens (--mode rl: "
-                       "--prompt-len + --completion-len, not set).", maximum=limits.TOKENS, minimum=1, short="-s",
+                       "--prompt-len + --completion-len, not set). Encoder-decoder models: the encoder's; Whisper: its "
+                       "encoder positions, half its log-mel frames (conv2's stride 2), exactly max_source_positions "
+                       "(1500: 30 s of audio).", maximum=limits.TOKENS, minimum=1, short="-s",
                        auto="2048, or the model's position limit if smaller", example="4096", modes=RL_STEP, group="step")
-    target_seq: Optional[int] = setting(None, "Encoder-decoder models (T5, Flan-T5): the decoder's (target) "
-                                        "sequence, tokens; --seq is then the encoder's. Training: the labels' "
+    target_seq: Optional[int] = setting(None, "Encoder-decoder models (T5, Flan-T5, BART, Whisper): the decoder's "
+                                        "(target) sequence, tokens; --seq is then the encoder's. Training: the labels' "
                                         "length. Inference: the decoder tokens already generated (the self-"
                                         "attention cache the decode step reads; 1 = generate()'s first step). "
                                         "Refused for decoder-only and encoder-only models.",

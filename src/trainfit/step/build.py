@@ -278,10 +278,11 @@ def _real_tensors():
 
 def encoder_inputs(spec: "ModelSpec", setup: "Setup", device="cpu") -> tuple[str, torch.Tensor]:
     """(the forward's keyword, the tensor) a batch feeds the model: input_ids (batch, seq), random ids < vocab; an
-    audio encoder-decoder (Whisper) reads input_features (batch, mel_bins, 2 x seq) log-mel frames in the parameters'
-    dtype (WhisperFeatureExtractor's output cast to the model's dtype; the encoder's stride-2 conv makes `seq`
-    positions of them, modeling_whisper.py WhisperEncoder.forward :611-615)."""
+    audio encoder-decoder (Whisper) reads input_features (batch, mel_bins, EncoderDecoderSpec.mel_frames(seq)) log-mel
+    frames in the parameters' dtype (WhisperFeatureExtractor's output cast to the model's dtype; the encoder's
+    stride-2 conv makes `seq` positions of them, modeling_whisper.py WhisperEncoder.forward :611-615)."""
     mel = spec.encdec.mel_bins if spec.encdec is not None else 0
     if mel:
-        return "input_features", torch.randn(setup.batch, mel, 2 * setup.seq, dtype=param_dtype(setup), device=device)
+        frames = spec.encdec.mel_frames(setup.seq)
+        return "input_features", torch.randn(setup.batch, mel, frames, dtype=param_dtype(setup), device=device)
     return "input_ids", torch.randint(0, spec.vocab, (setup.batch, setup.seq), dtype=torch.long, device=device)

@@ -1,7 +1,10 @@
 """CUDA autocast's fp32 op lists, for a `--device cuda` trace that runs CPU autocast on fake tensors.
 
-CUDA and CPU autocast cast different ops. Both run matmuls, linear and SDPA in the lower precision, but CUDA (and
-the other devices on the generic lists) also runs a set of ops in fp32 that CPU autocast leaves in bf16/fp16
+CUDA and CPU autocast cast different ops. Both run matmuls, linear and SDPA in the lower precision; CUDA also casts
+einsum, mv, addmv, addr, chain_matmul and linalg_multi_dot there (autocast_mode.cpp KERNEL_CUDA(..., lower_precision_fp),
+absent from the CPU list), so an einsum's operands are cast before it permutes and copies them into its bmm: its
+copies are 16-bit, where CPU autocast copies fp32 operands and casts the copies at the bmm (Nemotron-H's Mamba-2
+scan, modeling_nemotron_h.py :325-359). CUDA (and the other devices on the generic lists) also runs a set of ops in fp32 that CPU autocast leaves in bf16/fp16
 (aten/src/ATen/autocast_mode.h: AT_FORALL_FP32 — pow, exp, log, rsqrt, layer_norm, the losses...; and
 AT_FORALL_FP32_SET_OPT_DTYPE — softmax, log_softmax, sum, cumsum, prod given no dtype run with dtype=float32).
 Their outputs, and what their backward saves, are then fp32: e.g. GPT-2's tanh-GELU (`0.5*x*(1+tanh(c*(x+0.044715*
@@ -41,6 +44,18 @@ FP32_DTYPE = frozenset({
 })
 
 
+# CUDA's lower-precision list beyond CPU's (autocast_mode.cpp: KERNEL_CUDA(einsum | mv | addmv | addr | chain_matmul |
+# linalg_multi_dot, lower_precision_fp); the RNN cells are left out (no model here calls them)
+LOWER = frozenset({torch.einsum, torch.mv, T.mv, torch.addmv, T.addmv, torch.addr, T.addr, torch.chain_matmul,
+                   torch.linalg.multi_dot})
+
+
+def _down(x, dtype):
+    """lower_precision_fp's cast: a floating-point fp32 tensor to the autocast dtype (autocast_mode.h
+    cached_cast: is_eligible — floating point, not float64)."""
+    return x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+
+
 def _up(x):
     return x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW else x
 
@@ -51,7 +66,12 @@ class CudaAutocastLists(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if torch.is_autocast_enabled("cpu"):
-            if func in FP32:
+            if func in LOWER:
+                low = torch.get_autocast_dtype("cpu")
+                args = tuple([_down(t, low) for t in a] if isinstance(a, (list, tuple)) else _down(a, low)
+                             for a in args)
+                kwargs = {k: _down(v, low) for k, v in kwargs.items()}
+            elif func in FP32:
                 args = tuple(_up(a) for a in args)
                 kwargs = {k: _up(v) for k, v in kwargs.items()}
             elif func in FP32_DTYPE and kwargs.get("dtype") is None and args \

@@ -29,10 +29,14 @@ Backward of a GEMM (m, n, k): dgrad (m, k, n) + wgrad (k, n, m) — 2× the forw
 
 Layout (one cost function per kind, as torch/utils/flop_counter.py keeps one per op): op.py (Op, Shape, builders),
 shape.py (a setup's Shape), and per kind gemm.py, attention.py, norm.py, rotary.py, activation.py, residual.py,
-cast.py, loss.py, with the blocks mla.py, moe.py and gated_deltanet.py (Qwen3-Next's linear-attention mixer);
-layer.py composes a layer from a family's LayerRecipe (its mixer: attention or Gated DeltaNet);
-embedding.py and head.py the first and last stage; derived.py the backward, compiled and recomputed lists.
-tests/analytic/test_ops_vs_trace.py checks every family's layer against the kernels the trace engine dispatches.
+cast.py, loss.py, with the blocks mla.py, moe.py, gated_deltanet.py (Qwen3-Next's linear-attention mixer) and
+mamba2.py (Nemotron-H's Mamba-2 mixer and block norm); layer.py composes a layer from a family's LayerRecipe (its
+mixer: attention or Gated DeltaNet), or a hybrid stack's one-mixer block by kind (Mamba-2, attention, MLP);
+embedding.py and head.py the first and last stage; derived.py the backward, compiled and recomputed lists;
+vision_tower.py a vision-language model's image encoder (Qwen2.5-VL's tower, Gemma 3's SigLIP tower and projector);
+encoder_decoder.py T5's two stacks (its blocks, relative bias, head and loss; timed by analytic/encoder_decoder_time.py).
+tests/analytic/test_ops_vs_trace.py checks every family's layer against the kernels the trace engine dispatches,
+tests/analytic/test_tower_ops_vs_trace.py the towers'.
 """
 from .activation import activation_out_bytes
 from .attention import ATTENTION_BWD_KERNELS, SOFTMAX_BWD_KERNELS, eager_kernels, math_kernels

@@ -102,6 +102,20 @@ def eager_kernels(scores: int, mask: int) -> tuple[int, int]:
     return 5 + up + down, 5 + SOFTMAX_BWD_KERNELS + up + down + promoted
 
 
+def core_kernel(sh: Shape) -> str:
+    """The attention kernel an SDPA call runs: a 16-bit flash call through torch's SDPA runs what torch picks on the
+    GPU (roofline.runnable "sdpa"); else the Shape's resolved kernel."""
+    return "sdpa" if sh.attention == "flash" and sh.sdpa else sh.attention
+
+
+def ungrouped_kernel(sh: Shape) -> str:
+    """The kernel of an SDPA call whose k and v are not grouped (repeated to every head for an explicit mask, or a
+    vision tower's): where the language model takes SDPA's math path for grouped heads in fp32 (analytic/
+    activations.py resolved_kernel: the memory-efficient kernel does not take GQA), the memory-efficient kernel
+    (resolved_kernel's masked_window_share likewise); HF's eager attention stays eager; else the Shape's."""
+    return "efficient" if sh.attention == "eager" and not sh.hf_eager else sh.attention
+
+
 def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: float, p_attn: float) -> list[Op]:
     """The attention core over the rank's q (`q` features) and k/v (`kv`) and what runs beside it: repeat_kv and the
     eager path's operand copies, Gemma-2's soft-capping, the core op (SDPA's kernel, HF's eager attention or SDPA's
@@ -121,8 +135,7 @@ def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: floa
     if sh.attention == "eager" and spec.attn_softcap:  # Gemma-2: scores / cap, tanh, * cap (modeling_gemma2.py)
         s2 = bh * (sh.seq / sh.cp) * sh.seq * a
         ops += [memory(f"softcap{j}", s2, s2, "modeling_gemma2.py attn_logit_softcapping") for j in range(3)]
-    # a 16-bit flash call through torch's SDPA runs what torch picks on the GPU (roofline.runnable "sdpa")
-    kernel = "sdpa" if sh.attention == "flash" and sh.sdpa else sh.attention
+    kernel = core_kernel(sh)
     fwd_k, bwd_k = (1, -1) if sh.attention != "eager" else (
         eager_kernels(sh.act, sh.eager_mask) if sh.hf_eager else math_kernels(spec.causal))  # scores: q's dtype
     ops.append(Op("attention", "attention", attention_dtype(sh), sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,

@@ -13,6 +13,17 @@ def autocast_inputs(name: str, tokens: float, width: float, calls: int, sh: Shap
     return [memory(f"{name}.autocast{j}", x * FP32, x * sh.act, "torch.autocast (linear inputs)", group, (0, 0),
                 saves=False, **DOWNCAST) for j in range(calls)]
 
+WEIGHT_CASTS = "weight_casts"  # the names of autocast's weight cache's ops end so (layer and head lists)
+
+
+def uncached(ops: list[Op]) -> list[Op]:
+    """`ops` less the weight casts a later forward in the same autocast context does not run: autocast's cache
+    keeps each weight's cast until the outermost context exits (autocast_mode.cpp cached_cast; clear_cache on exit),
+    and the inference step runs the prefill and the decode in one context (step/infer.py inference_step, as a
+    `generate` under one torch.autocast does)."""
+    return [o for o in ops if not o.name.endswith(WEIGHT_CASTS)]
+
+
 def weight_casts(name: str, ops: list[Op], sh: Shape) -> list[Op]:
     """Autocast's weight cache: each weight of an autocast matmul, and its bias, cast once per forward (torch/amp
     autocast_mode.cpp cached_cast: leaf tensors that require grad), each cast's backward casting the gradient back.

@@ -39,15 +39,18 @@ def backward(ops: list[Op]) -> list[Op]:
                                    bwd_access=""))
     return out
 
-def grad_accumulations(spec: ModelSpec, sh: Shape, linear: bool = False) -> list[Op]:
+def grad_accumulations(spec: ModelSpec, sh: Shape, linear: bool = False, block: str = "") -> list[Op]:
     """Backward-only kernels of one layer: autograd sums the gradients of a tensor used k times with k - 1 adds
     (torch/csrc/autograd/input_buffer.cpp InputBuffer::add): the residual stream read by each norm and its residual
     add (2), the attention input read by q, k and v (2; 0 when fused; `linear`: a Gated DeltaNet layer's, read by
-    in_proj_qkvz and in_proj_ba, 1), the MLP input read by gate and up (1)."""
+    in_proj_qkvz and in_proj_ba, 1), the MLP input read by gate and up (1). A hybrid stack's `block` (spec.hybrid):
+    its one norm and residual add (1), and an attention block's q, k and v (2)."""
     traits = family_traits(spec)
     x = sh.norm_tokens * spec.hidden * sh.residual
     n = 2 + (1 if linear else 0 if traits["fused_qkv"] or spec.mla is not None else 2)
     n += 1 if spec.gated_mlp and not traits["fused_gate_up"] and spec.moe is None else 0
+    if spec.hybrid is not None:
+        n = 1 + (2 if block == "attention" else 0)
     if sh.compile:
         return []  # the compiled backward sums inside its fused kernels
     return [memory("grad_accumulate", 2 * x * n, x * n, "autograd InputBuffer::add", saves=False, kernels=n)]

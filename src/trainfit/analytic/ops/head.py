@@ -5,7 +5,7 @@ from ...heads import CLASSIFIERS, layout
 from ...spec import ModelSpec
 from ..activations import FP32
 from .activation import activation
-from .cast import autocast_inputs, weight_casts
+from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .loss import lm_loss, lm_loss_backward_extra, loss_scale, shifted_labels
 from .norm import norm_ops
 from .op import Op, Shape, gemm, memory
@@ -25,7 +25,7 @@ def head_forward(spec: ModelSpec, sh: Shape, logits_rows: float | None = None) -
         if head.pooler:
             ops.append(gemm("pooler", rows, h, h, sh, "modeling_bert.py BertPooler dense", bias=True))
         ops.append(gemm("classifier", rows, head.width, head.in_dim, sh, "heads.py classifier", bias=head.out_bias))
-        return weight_casts("head.weight_casts", ops, sh) + ops
+        return weight_casts(f"head.{WEIGHT_CASTS}", ops, sh) + ops
     if spec.mlm_transform:
         ops += autocast_inputs("mlm_in", T, h, 1, sh, "final")
         ops.append(gemm("mlm_dense", T, h, h, sh, "modeling_bert.py BertPredictionHeadTransform", bias=True))
@@ -37,7 +37,7 @@ def head_forward(spec: ModelSpec, sh: Shape, logits_rows: float | None = None) -
         T = logits_rows
     ops += autocast_inputs("lm_head_in", T, he, 1, sh, "final")
     head_gemm = gemm("lm_head", T, v, he, sh, "modeling_llama.py:468 lm_head", bias=spec.lm_head_bias)
-    ops += weight_casts("head.weight_casts", [o for o in ops if o.kind == "gemm"] + [head_gemm], sh) + [head_gemm]
+    ops += weight_casts(f"head.{WEIGHT_CASTS}", [o for o in ops if o.kind == "gemm"] + [head_gemm], sh) + [head_gemm]
     x = T * v
     if spec.final_softcap:
         ops += [memory(f"logit_softcap{j}", x * a, x * a, "modeling_gemma2.py final_logit_softcapping", "loss", (0, 0))

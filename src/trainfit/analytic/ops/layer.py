@@ -12,14 +12,16 @@ from ...spec import ModelSpec
 from ..families import family_traits
 from ..unmodelled import check_modelled
 from .activation import activation, activation_out_bytes
-from .attention import attention_core, grad_layout, output_gate, output_gate_split, qkv_split
-from .cast import autocast_inputs, weight_casts
+from .attention import (attention_core, grad_layout, output_gate, output_gate_split, qkv_split,
+                        ungrouped_kernel)
+from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .gated_deltanet import RULE, linear_mixer
 from .gemm import fp8_casts
+from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
 from .moe import moe_block
 from .norm import NORMS, norm_ops
-from .op import Op, Shape, bwd_kernel, gemm, memory
+from .op import DOWNCAST, Op, Shape, bwd_kernel, gemm, memory
 from .residual import residual
 from .rotary import rope_casts, rotary
 
@@ -47,9 +49,10 @@ def recipe(spec: ModelSpec, moe: bool, linear: bool = False) -> LayerRecipe:
 Projection = Callable[..., Op]
 
 
-def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = False) -> list[Op]:
+def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = False, block: str = "") -> list[Op]:
     """The forward kernels of one transformer layer on one rank, in order; `moe`: its MLP is the sparse block;
-    `linear`: a Gated DeltaNet layer in place of attention (Qwen3-Next's linear layers)."""
+    `linear`: a Gated DeltaNet layer in place of attention (Qwen3-Next's linear layers); `block`: of a hybrid stack
+    (spec.hybrid), the kind of its one-mixer block (HYBRID_BLOCKS)."""
     check_modelled(spec)
     rc = recipe(spec, moe, linear)
     ops: list[Op] = []
@@ -64,6 +67,8 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
         ops.append(g)
         return g
 
+    if spec.hybrid is not None:
+        return _hybrid_block(spec, sh, rc, block, ops, proj)
     # attention sub-block
     if rc.norm == "pre":
         ops += norm_ops(spec, "attn_norm", sh.norm_tokens, sh, "attn_in")
@@ -83,7 +88,21 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
     if rc.norm == "post":
         ops += norm_ops(spec, "mlp_norm", sh.norm_tokens, sh, "mlp_out")
     # (the experts' grouped GEMMs run outside autocast, moe.py; the delta rule's matmuls multiply activations)
-    return weight_casts("weight_casts", [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
+    return weight_casts(WEIGHT_CASTS, [o for o in ops if not o.name.startswith(("experts", RULE))], sh) + ops
+
+
+def _hybrid_block(spec: ModelSpec, sh: Shape, rc: LayerRecipe, block: str, ops: list[Op],
+                  proj: Projection) -> list[Op]:
+    """One block of a hybrid stack (Nemotron-H, modeling_nemotron_h.py:960-994 NemotronHBlock.forward): its RMSNorm
+    (ops/mamba2.block_norm), one mixer (a Mamba-2 mixer, attention without positions, or the plain MLP) and the
+    residual add; the weights' autocast casts, the scan's matmuls aside (they multiply activations)."""
+    if block not in HYBRID_BLOCKS:
+        raise ValueError(f"{spec.name}: a hybrid stack's layer is one block: block= one of {sorted(HYBRID_BLOCKS)}")
+    ops += block_norm(spec, "block_norm", sh, "attn_in")
+    HYBRID_BLOCKS[block](spec, sh, rc, ops, proj)
+    ops += residual("block", sh.norm_tokens * spec.hidden, 0.0, sh, "attn_out",
+                    "modeling_nemotron_h.py:991 residual add")
+    return weight_casts(WEIGHT_CASTS, [o for o in ops if not o.name.startswith(SCAN)], sh) + ops
 
 
 def _sandwich_norm(spec: ModelSpec, name: str, sh: Shape, group: str) -> list[Op]:
@@ -102,6 +121,8 @@ def _attention(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj:
     h, t, T = spec.hidden, sh.tp, sh.tokens
     q, kv = spec.q_dim / t, spec.kv_dim / t
     calls = {"separate": 3, "fused": 1, "mla": 2}[rc.qkv]  # (MLA: q_a_proj or q_proj, and kv_a_proj_with_mqa)
+    if rc.qkv != "mla" and masked_sdpa(spec, sh):  # k, v repeated for the mask: no grouped heads (chunk_mask_ops)
+        sh = replace(sh, attention=ungrouped_kernel(sh))
     ops += autocast_inputs("attn_in", T, h, calls, sh, "attn_in")
     head_k: float = spec.head_dim
     if rc.qkv == "mla":
@@ -155,19 +176,35 @@ def rope_shape(spec: ModelSpec, sh: Shape) -> Shape:
     return sh
 
 
+def masked_sdpa(spec: ModelSpec, sh: Shape) -> bool:
+    """Whether the layer's SDPA gets an explicit mask: Llama 4's chunked layer once the sequence reaches the chunk,
+    or every layer of Gemma 3 with images over several tokens (Shape.masked)."""
+    chunk = spec.attention_chunk
+    return (bool(chunk) and sh.seq >= chunk and bool(spec.chunked_layers)) or (sh.masked and not sh.decode)
+
+
 def chunk_mask_ops(spec: ModelSpec, sh: Shape, q: float, kv: float) -> list[Op]:
     """Llama 4's chunked layer once the sequence reaches the chunk (analytic/activations.masked_chunk_share): SDPA
     gets an explicit mask, so transformers repeats k and v to every query head (integrations/sdpa_attention.py:51,
     :126-127 repeat_kv: an expand and a reshape's copy each; their backward sums the heads back) and SDPA turns the
     boolean (b, 1, s, s) mask into an additive one of the query's dtype (one `where`). The op list's layer is a RoPE
-    (chunked) layer (rope_shape's NB). None without a chunk or below it."""
-    chunk = spec.attention_chunk
-    if not chunk or sh.seq < chunk or not spec.chunked_layers:
+    (chunked) layer (rope_shape's NB). None without a chunk or below it. Gemma 3 with images (Shape.masked) the same
+    in every layer of a pass over several tokens (its image-block masks; k and v repeated where heads are grouped)."""
+    if not masked_sdpa(spec, sh):
         return []
     T, a = sh.tokens, sh.act
     src = "integrations/sdpa_attention.py:126-127 repeat_kv"
-    ops = [memory(f"{name}_repeat", T * kv * a, T * q * a, src, "attention", saves=False, bwd_ops=(
-        bwd_kernel(f"{name}_repeat.backward", T * q * a, T * kv * a, "reduce"),)) for name in ("k", "v")]
+    # k as HF's rotary leaves it: in the wider of the activations and the stream (ops/rotary.py rope_casts), so
+    # under autocast the repeat copies fp32 and the attention's cast of k reads the repeated heads (n_rep x the bytes
+    # rope_casts lists on k itself: the rest here, in the same kernel)
+    o = max(a, sh.residual) if sh.rope == "cos-sin" and spec.positions == "rotary" else a
+    ops = [memory(f"{name}_repeat", T * kv * b, T * q * b, src, "attention", saves=False, bwd_ops=(
+        bwd_kernel(f"{name}_repeat.backward", T * q * b, T * kv * b, "reduce"),))
+        for name, b in (("k", o), ("v", a)) if kv < q]
+    if kv < q and o != a:
+        x = T * (q - kv)
+        ops.append(memory("k_repeat.attn_cast", x * o, x * a, "torch.autocast (attention inputs, after repeat_kv)",
+                          "attention", saves=False, kernels=0, **DOWNCAST))
     mask = sh.batch * sh.seq * sh.seq
     ops.append(memory("chunk_mask", mask, mask * a, "SDPA's boolean mask made additive (at::where)", "attention",
                       saves=False, grad=False))
@@ -213,6 +250,11 @@ def _linear_mixer(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], pr
 # the token mixers by LayerRecipe.mixer
 MIXERS: dict[str, Callable[[ModelSpec, Shape, LayerRecipe, list[Op], Projection], None]] = {
     "attention": _attention, "gated-deltanet": _linear_mixer}
+
+# a hybrid stack's blocks by kind (HybridSpec.pattern)
+HYBRID_BLOCKS: dict[str, Callable[[ModelSpec, Shape, LayerRecipe, list[Op], Projection], None]] = {
+    "mamba": lambda spec, sh, rc, ops, proj: mamba_mixer(spec, sh, ops, proj), "attention": _attention,
+    "mlp": lambda spec, sh, rc, ops, proj: _plain_mlp(spec, sh, ops, proj)}
 
 # the MLP blocks by LayerRecipe.mlp
 MLPS: dict[str, Callable[[ModelSpec, Shape, list[Op], Projection], None]] = {

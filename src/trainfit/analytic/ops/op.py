@@ -104,6 +104,9 @@ class Shape:
     # an inference step of one new token per sequence against a cache (infer_time's decode): a Gated DeltaNet layer
     # then runs its recurrent rule, not the chunked one (ops/gated_deltanet.py)
     decode: bool = False
+    # every layer's SDPA gets an explicit mask: Gemma 3 with images, whose image blocks attend both ways
+    # (analytic/siglip.py image_block_masks; ops/layer.py masked_sdpa, chunk_mask_ops)
+    masked: bool = False
 
     @property
     def tokens(self) -> float:

@@ -65,8 +65,11 @@ def rope_casts(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
     if sh.rope != "cos-sin" or o == sh.act:
         return []
     x = tokens * width
-    return [memory(f"{name}.attn_cast", x * o, x * sh.act, "torch.autocast (attention inputs)", "rope", (0, 0),
+    return [memory(f"{name}{ATTN_CAST}", x * o, x * sh.act, "torch.autocast (attention inputs)", "rope", (0, 0),
                 saves=False, **DOWNCAST)]
+
+
+ATTN_CAST = ".attn_cast"  # rope_casts' op names: "q.attn_cast", "k.attn_cast"
 
 
 # rotary implementations by stacks/*.toml [rotary]

@@ -12,6 +12,7 @@ from .op import Shape
 def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape:
     """The Shape of `setup` (a Setup or the planner's light _Cfg)."""
     from ..compile_effects import not_modelled
+    from ..siglip import image_block_masks
 
     facts = setup.stack_facts.facts
     kernel = resolved_kernel(spec, setup)
@@ -33,4 +34,6 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  int(st.param or st.weight) if (kernel == "eager" and facts.get("attention", {}).get("eager_mask")
                                                 and spec.causal) else 0,
                  hf_eager,
-                 facts.get("loss", {}).get("labels") == "shifted-copy")
+                 facts.get("loss", {}).get("labels") == "shifted-copy",
+                 # (HF's eager attention adds its own additive masks: the eager path's ops, not SDPA's)
+                 masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup))

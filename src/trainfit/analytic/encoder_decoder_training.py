@@ -1,0 +1,318 @@
+"""Training memory of T5 / Flan-T5 / mT5 (spec.encdec; transformers models/t5/modeling_t5.py
+T5ForConditionalGeneration): both stacks' saved tensors, block by block, combined by phases.peak.
+
+The step: the encoder over --seq tokens, the decoder over --target-seq tokens (its cross-attention's K and V
+projected from the encoder's output in every block), lm_head (tied to `shared`) over every target position and
+CrossEntropyLoss on the raw logits (modeling_t5.py:1036-1057). Each block is a phases.LayerKind, in the order the
+forward runs them (the encoder's, then the decoder's; the backward runs them in reverse); the encoder's first block
+and the decoder's first block carry what each stack's first block adds (the relative bias's bucket indices) and,
+for the decoder, what lives until its backward is done (the encoder's final norm and output, its own embeddings).
+
+What one block saves (read op by op off modeling_t5.py and the trace's saved tensors, module by module):
+  T5LayerNorm (:51-73)   pow and the multiply keep the input (the residual stream: counted where it is made) or,
+                         16-bit, its fp32 copy beside it; rsqrt(variance) fp32; x * rsqrt fp32, or its 16-bit cast
+                         (weight * keeps it); the output, which the next linears keep (not under autocast: their
+                         casts are kept instead);
+  attention (:283-372)   SDPA with the relative bias as a float mask (integrations/sdpa_attention.py
+                         create_position_bias_mask :54-91) runs the math path, which upcasts q, k and v to fp32 and
+                         keeps them, the fp32 softmax output, the fp32 dropout noise and the dropped probabilities
+                         (dropout_rate on the probabilities), its output cast back (o's input). NB: as the trace's
+                         CUDA semantics record it (the same on both devices; not checked on a GPU, where the
+                         memory-efficient kernel may take the mask). The decoder's self-attention keeps the causal
+                         mask (q, k) bool of the torch.where; the first block of a stack keeps the bucket indices
+                         (q, k) int64 its relative_attention_bias Embedding saves (compute_bias :265-281);
+  MLP (:76-125)          T5DenseGatedActDense: wi_0's output (gelu_new's input, or its fp32 copy where CUDA autocast
+                         runs pow in fp32: encoder_decoder.fp32_gelu), gelu_new's tanh, 1 + tanh, 0.5 * x and its
+                         output (transformers activations.py NewGELUActivation), wi_1's output, the dropout's noise
+                         or mask, wo's input (under autocast, the cast of the `.to(wo.weight.dtype)` fp32 copy);
+                         T5DenseActDense with relu: relu's output in place of the gated terms;
+  each sublayer          the dropout's noise (CPU) or 1-byte mask (CUDA) on its output (activations.
+                         dropout_mask_bytes) and the residual add's output (the next norm's input);
+  autocast               each linear's input cast and its cached weight cast (q, k, v, o; the cross-attention's k
+                         and v cast the encoder's output in every block; wi_0, wi_1, wo; lm_head).
+Each stack adds its embedding's dropout (noise and output) and its final norm and dropout; the head adds lm_head's
+casts (autocast), the saved log-softmax (fp32 under autocast and in fp32, else the logits' dtype: no upcast, the
+loss reads lm_logits as they are) and the decoder's ids (_shift_right's int64 copy of the labels shifted, :1031).
+
+Full recomputation (gradient checkpointing: T5Block is a GradientCheckpointingLayer, :439, called per block in
+T5Stack.forward :728-743 between the embeddings' dropout :726 and the final norm :745): each block keeps its input (and on a CPU the generator's state, recompute.
+CPU_RNG_STATE); each stack keeps its relative bias (1, heads, q, k), the decoder also the encoder's output and
+the cross-attention's zero bias (T5Attention.forward :335-342), all checkpoint inputs; in its backward a block runs
+its forward again: its whole saved set is live again beside the incoming gradient and the backward's own
+temporaries.
+NB: the forward's own high points are not moments (each stack's first block at its relative bias's bucketing,
+encoder_decoder.bias_moment, (q, k) int64 temporaries): they come before the blocks after them have saved
+anything, and every later block keeps more than they add (three (b, heads, q, k) fp32 tensors per attention).
+"""
+from __future__ import annotations
+
+from ..errors import SetupError
+from ..setup import Setup
+from ..spec import ModelSpec
+from .activations import FP32, INDEX, dropout_mask_bytes
+from .encoder_decoder import fp32_gelu, inner
+from .optimizer import PAGED, optimizer_temporaries, state_bytes_unsharded
+from .params import ParamCounts, relative_bias_params
+from .parallel.zero import model_states, params_at_rest
+from .backward import Moment
+from .phases import LayerKind, StepBytes, peak
+from .precision import StateBytes, state_bytes
+from .recompute import CPU_RNG_STATE
+
+
+def check_trainable(spec: ModelSpec, setup: Setup) -> None:
+    """Refuse, in one line each, the training setups of T5 / mT5 whose terms are not derived here."""
+    why = None
+    if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
+        why = "--tp/--pp/--cp (the two stacks' split is not modelled)"
+    elif setup.zero or setup.dp > 1:
+        why = "data parallelism or ZeRO/FSDP (the step's buffers and shards over two stacks)"
+    elif setup.lora_rank or setup.quant:
+        why = "--lora or --quant"
+    elif setup.compile or setup.offload != "none" or setup.optimizer_in_backward or setup.optimizer in PAGED:
+        why = "--compile, --offload, --optimizer-in-backward or a paged optimizer"
+    elif setup.precision not in ("fp32", "bf16", "amp-bf16", "bf16-master"):
+        # fp16 keeps wo in fp32 (_keep_in_fp32_modules, modeling_t5.py:542) and clamps each sublayer's output
+        why = f"--precision {setup.precision} (fp32, bf16, amp-bf16 and bf16-master are modelled)"
+    elif setup.recompute not in ("none", "full"):
+        why = f"--recompute {setup.recompute} (none and full are modelled)"
+    elif setup.loss != "full" or setup.attention not in ("auto", "sdpa"):
+        # (the seq2seq head is the hf stack's only: heads.py refuses the others)
+        why = "a loss or attention kernel other than transformers' own (SDPA)"
+    elif not ((spec.gated_mlp and spec.activation == "gelu_new") or (not spec.gated_mlp and spec.activation == "relu")):
+        why = f"a {spec.activation} MLP (gated gelu_new and relu are modelled)"
+    elif spec.task_head != "seq2seq-lm":
+        why = f"the {spec.task_head} head"
+    if why:
+        raise SetupError(f"{spec.name}: training T5 under {why} is not modelled by the analytic engine; use --engine "
+                         "trace")
+
+
+def norm_saved(st: StateBytes, rows: int, h: int, final: bool = False) -> float:
+    """T5LayerNorm (modeling_t5.py:60-73) over `rows` tokens, what it saves beyond its input: rsqrt (fp32, one per
+    row), x * rsqrt (fp32; its 16-bit cast where the weight is 16-bit, beside the input's fp32 copy that pow keeps)
+    and, but for a stack's final norm (its output goes to dropout, which keeps none of it) or under autocast (the
+    linears keep their casts), the output the next linears keep, in the weight's dtype."""
+    out = 0 if (final or st.autocast) else st.weight
+    if st.residual == FP32:  # `.to(torch.float32)` is the input itself
+        return rows * (FP32 + FP32 * h + out * h)
+    return rows * (FP32 + FP32 * h + st.weight * h + out * h)
+
+
+def sublayer_saved(setup: Setup, st: StateBytes, rows: int, h: int) -> float:
+    """What each sublayer (T5LayerSelfAttention, T5LayerCrossAttention, T5LayerFF :138-142, :403, :434) saves
+    around its branch: its norm's tensors, the dropout's noise or mask on the branch's output (in the compute dtype)
+    and the residual add's output, the next norm's input (in the residual stream's dtype)."""
+    return norm_saved(st, rows, h) + dropout_mask_bytes(setup, st.act) * h * rows + st.residual * h * rows
+
+
+def attention_core(spec: ModelSpec, setup: Setup, st: StateBytes, q_len: int, k_len: int) -> float:
+    """SDPA's math path with the bias mask and dropout (see the module docstring): fp32 q, k, v, the output in
+    the compute dtype, and three fp32 (b, heads, q, k) tensors (softmax's output, the dropout's noise and the
+    dropped probabilities), one batch."""
+    b, q = setup.batch, inner(spec)
+    return b * (FP32 * q * (q_len + 2 * k_len) + st.act * q * q_len + 3 * FP32 * spec.heads * q_len * k_len)
+
+
+def attention_casts(spec: ModelSpec, st: StateBytes, q_rows: int, kv_rows: int) -> float:
+    """Under autocast: q's, k's and v's input casts (k and v over `kv_rows`: the encoder's output for the
+    cross-attention) and the four cached weight casts (autocast_mode.cpp cached_cast)."""
+    if not st.autocast:
+        return 0.0
+    h, q = spec.hidden, inner(spec)
+    return st.act * (h * (q_rows + 2 * kv_rows) + 4 * h * q)
+
+
+def mlp_saved(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int) -> float:
+    """The MLP sub-block's saved tensors over `rows` tokens (module docstring)."""
+    a, h, f = st.act, spec.hidden, spec.intermediate
+    wide = FP32 if fp32_gelu(spec, setup, st) else a  # gelu_new's fp32 tensors under CUDA autocast
+    if spec.gated_mlp:  # gelu_new: its input (or pow's fp32 copy), tanh, 1 + tanh, 0.5 * x (a), the output; wi_1's
+        act = 4 * wide + a + a
+    else:  # relu keeps its output (wi's output is not kept)
+        act = a
+    product = wide if spec.gated_mlp else a
+    dropout = dropout_mask_bytes(setup, product)
+    casts = 0.0
+    if st.autocast:  # wi_0/wi_1 (wi) and wo: input and weight casts
+        ups = 2 if spec.gated_mlp else 1
+        casts = a * ups * (h * rows + h * f) + a * h * f
+    return rows * f * (act + dropout + a) + casts
+
+
+def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> float:
+    """One block's saved tensors over one micro-batch (module docstring)."""
+    h, b, s, t = spec.hidden, setup.batch, setup.seq, setup.target_tokens
+    q_len = t if decoder else s
+    rows = b * q_len
+    out = (3 if decoder else 2) * sublayer_saved(setup, st, rows, h)
+    out += attention_core(spec, setup, st, q_len, q_len) + attention_casts(spec, st, rows, rows)
+    if decoder:
+        out += q_len * q_len  # the causal mask, (q, k) bool
+        out += attention_core(spec, setup, st, q_len, s) + attention_casts(spec, st, rows, b * s)
+    if first:
+        out += INDEX * q_len * q_len  # the bucket indices the relative bias's Embedding keeps
+    return out + mlp_saved(spec, setup, st, rows)
+
+
+def stack_ends(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int) -> tuple[float, float]:
+    """(embedding's dropout, final norm + dropout) of a stack over `rows` tokens: the embedding's dropout noise and
+    output (the first block's input; `shared` is in the weights' dtype), the final norm's saved tensors and its
+    dropout's noise, and the dropout's output where a matmul keeps it as it is (the cross-attention's k and v, or
+    lm_head; not under autocast, where their casts are kept). T5 v1.0's rescale of the decoder's output by
+    d_model**-0.5 (scale_decoder_outputs, modeling_t5.py:1047-1048) multiplies by a number, which keeps nothing:
+    lm_head keeps the scaled copy in place of the dropout's output, the same bytes."""
+    h, w = spec.hidden, st.weight
+    embedding = (dropout_mask_bytes(setup, w) + w) * h * rows
+    final = norm_saved(st, rows, h, final=True) + dropout_mask_bytes(setup, w) * h * rows
+    if not st.autocast:
+        final += w * h * rows
+    return embedding, final
+
+
+def head_bytes(spec: ModelSpec, setup: Setup, st: StateBytes) -> tuple[float, float, float]:
+    """(saved, forward transient, loss backward transient) of lm_head and the loss over the target tokens:
+    saved, autocast's casts of lm_head's input and weight and the log-softmax output (CrossEntropyLoss on the raw
+    logits, modeling_t5.py:1054-1057: fp32 where log_softmax runs in fp32 — autocast's fp32 list, or fp32 training
+    — else the logits' dtype); at the forward's end the logits and, under autocast, log_softmax's fp32 copy of them;
+    at the loss's backward the log-softmax output's gradient and the logits' (NB: as loss.py head_and_loss)."""
+    a, h, v = st.act, spec.hidden, spec.vocab
+    rows = setup.batch * setup.target_tokens
+    loss = FP32 if (st.autocast or a == FP32) else a
+    casts = a * (h * rows + v * h) if st.autocast else 0
+    saved = casts + loss * v * rows
+    logits = a * v * rows + (FP32 * v * rows if a != loss else 0)
+    backward = max(2 * loss, loss + (a if a != loss else 0)) * v * rows
+    return saved, logits, backward
+
+
+def held_per_stack(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool) -> float:
+    """Under full recomputation, a stack's checkpoint inputs beyond each block's hidden states: its relative bias
+    (1, heads, q, k) in the weights' dtype; the decoder's also the encoder's output and the cross-attention's zero
+    bias (1, heads, t, s) in the query's dtype."""
+    s, t = setup.seq, setup.target_tokens
+    q_len = t if decoder else s
+    out = spec.heads * q_len * q_len * st.weight
+    if decoder:
+        out += setup.batch * s * spec.hidden * st.weight + spec.heads * t * s * st.act
+    return out
+
+
+def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> list[Moment]:
+    """A block's backward high points beside its saved tensors (backward.Moment), both in its MLP, whose backward
+    runs first (modeling_t5.py:107-125, T5LayerFF :138-142), with the incoming gradient (the residual stream's):
+    (a) wo's backward: the sublayer dropout's input gradient (h wide) and wo's input gradient (MLP wide) beside wo's
+        weight gradient; the block's output (the next norm's input, whose backward has run) and the sublayer
+        dropout's noise freed;
+    (b) the gated product's backward (the product rule, backward.py _mlp_intermediates): the product's gradient and
+        the two it makes (gelu_new's output's, wi_1's), wo's input and the MLP dropout's noise freed with their
+        backward.
+    Under full recomputation the re-run forward's saved set is live beside them (and a first block's re-computed
+    relative bias, (1, heads, q, k) in the weights' dtype), at (a) nothing of it freed yet (read off the trace: the
+    re-run encoder block 0 at (a), fp32 on CPU, to the byte but the loss's 4), at (b) wo's input and the noise.
+    NB: the attention's (b, heads, q, k) gradients come later and are smaller at these sizes."""
+    h, f, a, r = spec.hidden, spec.intermediate, st.act, st.residual
+    q_len = setup.target_tokens if decoder else setup.seq
+    rows = setup.batch * q_len
+    wide = FP32 if fp32_gelu(spec, setup, st) else a
+    product = wide if spec.gated_mlp else a
+    full = setup.recompute == "full"
+    rerun = 0.0
+    if full:
+        rerun = block_saved(spec, setup, st, decoder, first) + (spec.heads * q_len * q_len * st.weight if first else 0)
+    incoming = r * h * rows
+    out_freed = 0.0 if full else (r + dropout_mask_bytes(setup, a)) * h * rows
+    wo = h * f
+    down = Moment(rerun + incoming + a * h * rows + a * f * rows, wo, out_freed)
+    gated = (product + wide + a) * f * rows if spec.gated_mlp else product * f * rows
+    mlp_freed = (a + dropout_mask_bytes(setup, product)) * f * rows
+    # (under full recomputation wo's input and the noise freed are the re-run's: backward.layer_moments)
+    rule = Moment(rerun + incoming + gated - (mlp_freed if full else 0), wo, out_freed + (0 if full else mlp_freed))
+    return [down, rule]
+
+
+def block_params(spec: ModelSpec, pc: ParamCounts, decoder: bool, first: bool) -> float:
+    """A block's parameters: q, k, v, o, the MLP, a norm per sublayer; the decoder's cross-attention and its norm;
+    the first block's relative bias."""
+    own = pc.attention + pc.mlp + pc.norms + (pc.cross_attention if decoder else 0)
+    return own + (relative_bias_params(spec) if first else 0)
+
+
+def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
+    """The training step's memory (memory.TrainMemory) of T5 / mT5, as memory.stage_memory's for one stack."""
+    from .memory import TrainMemory  # noqa: PLC0415 (memory dispatches here)
+
+    check_trainable(spec, setup)
+    st = state_bytes(setup)
+    n = pc.total
+    ms = model_states(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
+    b, h = setup.batch, spec.hidden
+    enc_rows, dec_rows = b * setup.seq, b * setup.target_tokens
+    enc_embedding, enc_final = stack_ends(spec, setup, st, enc_rows)
+    dec_embedding, dec_final = stack_ends(spec, setup, st, dec_rows)
+    head_saved, logits, loss_backward = head_bytes(spec, setup, st)
+    full = setup.recompute == "full"
+    gb = st.grad
+    kinds = []
+    for decoder, first in ((False, True), (False, False), (True, True), (True, False)):
+        rows = dec_rows if decoder else enc_rows
+        if full:
+            # the block's input; a first block's is the embeddings' dropout output, counted with the stack's ends
+            saved = (0 if first else st.residual * h * rows) + (CPU_RNG_STATE if setup.device == "cpu" else 0)
+            if first:
+                saved += held_per_stack(spec, setup, st, decoder)
+        else:
+            saved = block_saved(spec, setup, st, decoder, first)
+        if decoder and first:  # live until the decoder's backward is done: its embeddings, the encoder's end
+            saved += dec_embedding + enc_final + INDEX * dec_rows  # (+ shift_right's decoder ids)
+        m = max(block_moments(spec, setup, st, decoder, first), key=lambda x: x.extra - x.freed + x.grads_done * gb)
+        kinds.append(LayerKind(saved, m.extra, m.freed, m.grads_done * gb,
+                               gradients=block_params(spec, pc, decoder, first) * gb))
+    pattern = tuple([0] + [1] * (spec.layers - 1) + [2] + [3] * (spec.encdec.decoder_layers - 1))
+    inputs = INDEX * b * (setup.seq + setup.target_tokens)  # input_ids and labels
+    step = StepBytes(
+        resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
+                  "comm_buffers": ms.comm},
+        gradients=ms.gradients,
+        accumulating=setup.grad_accum > 1,
+        head_gradients=(spec.vocab * h + h) * gb,  # lm_head (tied `shared`) and the decoder's final norm
+        layer_gradients=0.0,
+        layers=len(pattern),
+        in_flight=1,
+        layer_saved=0.0,
+        embedding_saved=enc_embedding,
+        head_saved=dec_final + head_saved + inputs,
+        inputs=inputs,
+        forward_transient=logits,
+        loss_backward=loss_backward,
+        layer_backward=0.0,
+        layer_freed=0.0,
+        layer_grads_done=0.0,
+        embedding_backward=2 * spec.vocab * h * gb,  # the tied table's partials (memory.py tied_partials)
+        gathered=0.0,
+        optimizer_transient=optimizer_temporaries(setup, st, n, spec.vocab * h),
+        kinds=tuple(kinds),
+        pattern=pattern,
+    )
+    p = peak(step)
+    detail = {"stage": 0, "layers_on_rank": len(pattern), "in_flight_microbatches": 1,
+              "activation_per_layer": int(step.layers_saved / len(pattern)), "logits_buffers": int(logits),
+              "optimizer_temporaries": int(step.optimizer_transient)}
+    return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
+                       int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(params_at_rest(n, setup)))
+
+
+def step_flops(spec: ModelSpec, setup: Setup):
+    """The training step's FLOPs (flops.StepFlops) over every micro-batch: the forward is the prefill's
+    (encoder_decoder.prefill_flops: both stacks and lm_head over every target position), the backward twice it
+    (input and weight gradients of every matmul; NB: the embeddings' input gradient is not a matmul: over by
+    none, the tables take no input gradient, but the first blocks' q, k and v input gradients are counted), full
+    recomputation re-runs both stacks' blocks (lm_head is outside them). Per token: per input (--seq) token."""
+    from .encoder_decoder import prefill_flops  # noqa: PLC0415
+    from .flops import StepFlops  # noqa: PLC0415 (flops dispatches here)
+
+    fwd = prefill_flops(spec, setup) * setup.grad_accum
+    head = 2 * setup.batch * setup.target_tokens * spec.vocab * spec.hidden * setup.grad_accum
+    recompute = fwd - head if setup.recompute == "full" else 0.0
+    per_token = fwd / (setup.batch * setup.seq * setup.grad_accum)
+    return StepFlops(fwd, 2 * fwd, recompute, 3 * per_token, per_token)
