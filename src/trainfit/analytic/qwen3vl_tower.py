@@ -118,27 +118,28 @@ def interpolation_bytes(spec: ModelSpec, setup: Setup) -> int:
     return vlm.patches(spec, setup) * 4 * (vlm.INDEX + FP32)
 
 
-def bias_casts(spec: ModelSpec, st: StateBytes) -> int:
-    """Under autocast, the 16-bit casts of the tower's Linear and Conv3d biases, which autocast's cache keeps as it
-    keeps the weights' (a leaf that requires grad: aten/src/ATen/autocast_mode.cpp cached_cast): the patch conv's
-    (hidden), per block qkv's (3 x hidden), proj's (hidden), linear_fc1's (intermediate) and linear_fc2's (hidden),
-    per merger (the merger and each deepstack merger) linear_fc1's (hidden x merge^2) and linear_fc2's
-    (out_hidden)."""
-    if not st.autocast:
-        return 0
+def _bias_sizes(spec: ModelSpec) -> list[int]:
+    """The tower's Linear and Conv3d bias lengths: the patch conv's (hidden), per block qkv's (3 x hidden), proj's
+    (hidden), linear_fc1's (intermediate) and linear_fc2's (hidden), per merger (the merger and each deepstack
+    merger) linear_fc1's (hidden x merge^2) and linear_fc2's (out_hidden)."""
     t = spec.vision
-    mergers = 1 + len(t.deepstack_blocks)
-    return st.act * (t.hidden + t.depth * (5 * t.hidden + t.intermediate)
-                     + mergers * (t.hidden * t.merge ** 2 + t.out_hidden))
+    return ([t.hidden] + t.depth * [3 * t.hidden, t.hidden, t.intermediate, t.hidden]
+            + (1 + len(t.deepstack_blocks)) * [t.hidden * t.merge ** 2, t.out_hidden])
+
+
+def bias_casts(spec: ModelSpec, st: StateBytes) -> int:
+    """Under autocast, the 16-bit casts of the tower's biases (_bias_sizes), which autocast's cache keeps as it
+    keeps the weights' (a leaf that requires grad: aten/src/ATen/autocast_mode.cpp cached_cast)."""
+    return st.act * sum(_bias_sizes(spec)) if st.autocast else 0
 
 
 def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """The tower's no-grad high point: Qwen2.5-VL's moment at the last block's rotary (vlm.rotary_moment: the qkv
     output, q and k in fp32 and their rotations, the rotary's cos and sin, the block's input and its norm's output,
-    the pixel rows' 16-bit copy, the text embeddings; the norm's output fp32 only where norm_in_fp32), and beside it the resampled position rows (`pos_embeds`,
-    :695: the table's rows times the fp32 interpolation weights, summed: (patches, hidden) fp32, a local of the
-    tower's forward) and the deepstack mergers' outputs of the blocks before the last (deepstack_feature_lists,
-    :702-715: merged rows x out_hidden each)."""
+    the pixel rows' 16-bit copy, the text embeddings; the norm's output fp32 only where norm_in_fp32), and beside it
+    the resampled position rows (`pos_embeds`, :695: the table's rows times the fp32 interpolation weights, summed:
+    (patches, hidden) fp32, a local of the tower's forward) and the deepstack mergers' outputs of the blocks before
+    the last (deepstack_feature_lists, :702-715: merged rows x out_hidden each)."""
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -163,6 +164,4 @@ def forward_end_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     outputs = n * t.hidden * st.act + mergers * (n // t.merge ** 2) * t.out_hidden * st.act
     if not st.autocast:
         return outputs
-    sizes = [t.hidden] + t.depth * [3 * t.hidden, t.hidden, t.intermediate, t.hidden] \
-        + mergers * [t.hidden * t.merge ** 2, t.out_hidden]
-    return outputs + sum(vlm._rounded(setup, st.act * b) for b in sizes)
+    return outputs + sum(vlm._rounded(setup, st.act * b) for b in _bias_sizes(spec))
