@@ -6,8 +6,10 @@ window, so that a 112-pixel image spans 2 x 2 windows), trained and prefilled wi
 112-pixel image per sample (64 patches, 16 language-model tokens), plus 0 and 2 images. The trace runs the real
 transformers model on fake tensors (exact against real CPU steps, tests/trace/test_vlm_trace.py), so a gap here is a
 term analytic/vlm.py misses. Gemma 3 (analytic/siglip.py) likewise: the shrunk language model with a 2-block SigLIP
-tower of width 64 at 112 px (8 x 8 patches of 14 px pooled 2 x 2 into 16 tokens an image). Qwen3-VL keeps its
-one-line refusal (test_vs_trace_families.py REFUSED)."""
+tower of width 64 at 112 px (8 x 8 patches of 14 px pooled 2 x 2 into 16 tokens an image). Qwen3-VL
+(analytic/qwen3vl_tower.py) at the same sizes: the shrunk language model with a 2-block tower of width 64 whose first
+block feeds a deepstack merger, a 6 x 6 position table resampled to each 128-pixel image's 8 x 8 patches of 16 px
+(64 patches, 16 language-model tokens, as Qwen2.5-VL's 112-pixel image)."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_vs_trace_families import CONFIGS, assert_analytic_near_trace, shrink  # noqa: E402
+from test_vs_trace_families import _ONEDNN_BF16, CONFIGS, assert_analytic_near_trace, shrink  # noqa: E402
 
 from trainfit.analytic.engine import estimate  # noqa: E402
 from trainfit.analytic.unmodelled import unmodelled_features, unmodelled_memory  # noqa: E402
@@ -50,8 +52,26 @@ def small_gemma3():
     return spec_from_config(c, "small-gemma3")
 
 
+def small_qwen3_vl():
+    """The matrix's shrunk Qwen3-VL language model (M-RoPE sections resized to its head_dim 32, placeholder ids
+    inside the vocabulary) and a 2-block tower of width 64: a deepstack merger after block 0, a 6 x 6 position
+    table (resampled to each image's grid)."""
+    c = shrink(CONFIGS["qwen3_vl"])
+    c.update(image_token_id=999, video_token_id=998, vision_start_token_id=997, vision_end_token_id=996)
+    tc = c["text_config"]
+    tc["rope_scaling"] = {**(tc.get("rope_scaling") or {}), "mrope_section": [4, 6, 6]}
+    if "rope_parameters" in tc:  # the name transformers 5 reads
+        tc["rope_parameters"] = {**tc["rope_parameters"], "mrope_section": [4, 6, 6]}
+    c["vision_config"] = {**c["vision_config"], "depth": 2, "hidden_size": 64, "intermediate_size": 128,
+                          "num_heads": 2, "out_hidden_size": 128, "deepstack_visual_indexes": [0],
+                          "num_position_embeddings": 36}
+    return spec_from_config(c, "small-qwen3_vl")
+
+
 SPEC = small_qwen2_5_vl()
 GEMMA3 = small_gemma3()
+QWEN3_VL = small_qwen3_vl()
+QWEN3_IMAGE = 128  # patch 16: 8 x 8 patches, as Qwen2.5-VL's 112 px at patch 14
 
 # (precision, device, images, recompute, optimizer)
 TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
@@ -181,10 +201,10 @@ def test_tower_flops_by_hand():
     assert tower_forward_flops(SPEC, Setup(batch=2, seq=128, images=0, image_size=IMAGE)) == 0
 
 
-def test_the_towers_are_timed_and_qwen3_vl_stays_refused_in_one_line():
+def test_the_towers_are_timed_and_qwen3_vl_timing_stays_refused_in_one_line():
     """The op list has the towers' kernels (analytic/ops/vision_tower.py, checked against the trace in
     test_tower_ops_vs_trace.py): --gpu times a training step and a prefill, longer with more images; Qwen3-VL's
-    tower has no terms and stays refused in one line."""
+    memory is modelled but its tower's kernels are not listed: timing it stays refused in one line."""
     from trainfit.models.resolve import load_model
 
     gpu = get_gpu("h100")
@@ -195,8 +215,92 @@ def test_the_towers_are_timed_and_qwen3_vl_stays_refused_in_one_line():
                                             image_size=spec.vision.image_size), gpu=gpu).time.step_seconds
                        for images in (0, 1, 2)]
             assert seconds[0] < seconds[1] < seconds[2], (spec.name, mode, seconds)
-    qwen3_vl = spec_from_config(shrink(CONFIGS["qwen3_vl"]), "small-qwen3_vl")
+    assert not unmodelled_memory(QWEN3_VL)
+    assert any("vision tower's kernels" in f for f in unmodelled_features(QWEN3_VL))
     with pytest.raises(SetupError, match="analytic engine does not model") as e:
-        estimate(qwen3_vl, Setup(batch=2, seq=128, images=1, image_size=IMAGE), gpu=gpu)
+        estimate(QWEN3_VL, Setup(batch=2, seq=128, images=1, image_size=QWEN3_IMAGE), gpu=gpu)
     assert "\n" not in str(e.value)
-    assert unmodelled_memory(spec_from_config(shrink(CONFIGS["qwen3_vl"]), "small-qwen3_vl"))
+
+
+# Qwen3-VL: (precision, device, images, recompute, optimizer); the default run keeps one training and two prefill
+# cases (the deepstack merger and the weight casts under autocast; the tower's rotary moment with 2 images), the
+# others are heavy
+CONV3D_SCRATCH = pytest.mark.xfail(strict=True, reason=(
+    "oneDNN's Conv3d weight-gradient scratch inside the patch embedding's backward (probed by the trace on this CPU: "
+    "3,158,272 B in fp32 at hidden 64, 8 x the weight + 12,544 B, the same under ONEDNN_MAX_CPU_ISA=AVX2) is not "
+    "priced, nor is the tower's backward a moment (vlm.tower_saved NB): with full recompute it tops the language "
+    "model's backward (-7.1 % with one image)"))
+QWEN3_TRAIN = [("amp-bf16", "cuda", 1, "none", "adamw"),
+               pytest.param("fp32", "cuda", 1, "none", "adamw", marks=HEAVY),
+               pytest.param("fp32", "cpu", 2, "none", "adamw", marks=HEAVY),
+               pytest.param("bf16", "cpu", 1, "none", "sgd", marks=HEAVY),
+               pytest.param("bf16", "cuda", 2, "none", "adamw", marks=HEAVY),
+               pytest.param("amp-bf16", "cpu", 2, "none", "sgd", marks=HEAVY),
+               pytest.param("fp32", "cuda", 2, "full", "adamw", marks=HEAVY),
+               pytest.param("fp32", "cpu", 1, "full", "adamw", marks=[HEAVY, CONV3D_SCRATCH]),
+               pytest.param("bf16", "cpu", 2, "full", "sgd", marks=HEAVY),
+               pytest.param("bf16", "cuda", 1, "full", "adamw", marks=HEAVY),
+               pytest.param("amp-bf16", "cuda", 1, "full", "sgd", marks=HEAVY),
+               pytest.param("amp-bf16", "cpu", 2, "full", "adamw", marks=HEAVY),
+               pytest.param("bf16-master", "cpu", 1, "full", "adamw", marks=HEAVY),
+               pytest.param("fp32", "cpu", 0, "none", "adamw", marks=HEAVY)]
+# (precision, device, images)
+QWEN3_INFER = [("amp-bf16", "cpu", 1),
+               ("bf16", "cuda", 2),  # the tower's rotary moment (beside the resampled position rows) is the peak
+               pytest.param("fp32", "cuda", 1, marks=HEAVY), pytest.param("bf16", "cpu", 1, marks=HEAVY),
+               pytest.param("amp-bf16", "cuda", 2, marks=HEAVY), pytest.param("fp32", "cpu", 2, marks=HEAVY),
+               pytest.param("bf16", "cpu", 2, marks=[HEAVY, pytest.mark.xfail(not _ONEDNN_BF16, strict=True, reason=(
+                   "without oneDNN's bf16 path (ONEDNN_MAX_CPU_ISA=AVX2) the patch Conv3d's forward scratch, as large "
+                   "as its 16-bit input (786,432 B, probed by the trace), makes the patch embedding the high point: "
+                   "not priced (-2.5 %; -0.2 % with AVX512-BF16)"))]),
+               pytest.param("amp-bf16", "cuda", 1, marks=HEAVY),
+               pytest.param("bf16", "cuda", 0, marks=HEAVY)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images,recompute,optimizer", QWEN3_TRAIN, ids=_ids(QWEN3_TRAIN))
+def test_qwen3_vl_training_peak_within_1_percent_of_the_trace(precision, device, images, recompute, optimizer):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=QWEN3_IMAGE,
+                  recompute=recompute, optimizer=optimizer)
+    assert_analytic_near_trace(QWEN3_VL, setup, "qwen3_vl", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,device,images", QWEN3_INFER, ids=_ids(QWEN3_INFER))
+def test_qwen3_vl_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=QWEN3_IMAGE,
+                  mode="infer")
+    assert_analytic_near_trace(QWEN3_VL, setup, "qwen3_vl", TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.parametrize("precision,device,mode", [("bf16", "cpu", "train"), ("amp-bf16", "cuda", "infer")])
+def test_qwen3_vl_eager_attention_within_1_percent_of_the_trace(precision, device, mode):
+    # the tower's eager attention keeps each image's probabilities (as Qwen2.5-VL's full-attention blocks)
+    setup = Setup(batch=2, seq=128, precision=precision, device=device, images=1, image_size=QWEN3_IMAGE, mode=mode,
+                  attention="eager")
+    assert_analytic_near_trace(QWEN3_VL, setup, "qwen3_vl", TOLERANCE)
+
+
+def test_qwen3_vl_tower_flops_by_hand():
+    # Hand derivation for one micro-batch, 2 samples x 1 image of 128 px: n = 2 x (128 / 16)^2 = 128 patches, hidden
+    # 64, intermediate 128, patch rows of 3 x 2 x 16 x 16 = 1536 values.
+    # patch embedding 2 x 128 x 1536 x 64 = 25,165,824
+    # per block qkv, proj, linear_fc1, linear_fc2: 2 x 128 x (4 x 64^2 + 2 x 64 x 128) = 8,388,608; attention over
+    # the image's 64 patches (no windows): 4 x 64 x 128 x 64 = 2,097,152; 2 blocks: 2 x 10,485,760 = 20,971,520
+    # the merger and the deepstack merger: 32 merged rows of 256, 2 x 2 x 32 x (256^2 + 256 x 128) = 12,582,912
+    setup = Setup(batch=2, seq=128, precision="bf16", images=1, image_size=QWEN3_IMAGE)
+    assert tower_forward_flops(QWEN3_VL, setup) == 25_165_824 + 20_971_520 + 12_582_912
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.parametrize("model", ["qwen3-vl-2b", "qwen2.5-vl-3b"])
+def test_real_size_training_ends_at_the_embedding_backward(model):
+    # At real size the step's high point is the embedding's backward, after the tower's: its saved set is freed by
+    # then (the tower runs after the text embedding lookup, so autograd runs its backward first): +4.2 % (Qwen3-VL)
+    # and +7.0 % (Qwen2.5-VL) of the trace while the analytic moment kept it
+    from trainfit.models.resolve import load_model
+    setup = Setup(batch=1, seq=512, precision="bf16", device="cuda", images=1, image_size=448)
+    assert_analytic_near_trace(load_model(model), setup, model, TOLERANCE)

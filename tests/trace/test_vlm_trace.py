@@ -53,6 +53,9 @@ def test_vlm_inference_trace_peak_equals_real_peak(family):
     real = measure(spec, setup, steps=0)
     assert abs(traced.memory.peak - real.peak) <= 0.005 * real.peak, (traced.memory.peak, real.peak, cpu_isa())
     assert traced.memory.peak_phase == real.peak_phase == "prefill"
+    # the prefill fills a KV cache and a decode step follows (a model whose forward takes use_cache through
+    # **kwargs, Qwen3-VL, included)
+    assert traced.detail.records["decode_flops"] > 0
 
 
 def test_vlm_batch_shapes_follow_the_image_size():

@@ -58,16 +58,21 @@ memory-bound bytes within -2.0 % to +0.2 % forward and -0.9 % to +0.1 % backward
 two gradient copies not listed), -3.3 % to +2.7 % for Gemma 3's ends; Gemma 3's language-model layer with images
 (its SDPA masked: k and v repeated, the mask made additive, ops/layer.py masked_sdpa) +0.7 % to +7.0 %. NB: the
 masks' construction from token_type_ids (a few small kernels per step) is not listed.
-Qwen3-VL's tower (a learned position table resampled per image, LayerNorm/GELU blocks, deepstack mergers) has no
-terms: refused. Measured with Qwen2.5-VL's tower terms applied to it instead (RMSNorms and a gated MLP for its
-LayerNorms and plain MLP, no deepstack mergers nor the language model's deepstack adds; hidden 128, a 2-block tower
-of width 64, one 128-pixel image per sample): +1.6 % (bf16, CPU) and +1.0 % (fp32, CUDA) of the traced training
-peak, +3.2 % in prefill (bf16, CUDA). With the tower's own saved set (LayerNorms, the plain GELU MLP, the merger and
-deepstack mergers: equal to the trace's tower by module in fp32 and amp-bf16) training came within 0.8 %, but the
-prefill stayed +3.2 % to +10.1 % (amp-bf16, CUDA, 2 images): its high point is in the language model, which holds a
-materialised (b, 1, s, s) boolean causal mask and under autocast runs a masked SDPA with k, v repeated, while the
-tower's prefill moment taken from Qwen2.5-VL's rotary over-counts. Measured before Qwen2.5-VL's terms (hidden 128, a 2-block tower of width 64, one
-112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training peak, -22 % to -24 % in prefill.
+Qwen3-VL's memory and FLOPs are modelled too (analytic/qwen3vl_tower.py: LayerNorm
+blocks with a tanh-GELU MLP, in fp32 under CUDA's autocast only; the merger and the deepstack mergers; the position
+table resampled to each image, its fp32 rows beside the tower's rotary moment and its interpolation indices and
+weights as inputs; the tower's outputs, deepstack features and the clone the deepstack add makes, held by the
+language model; the bias casts autocast caches). Its language model runs SDPA with is_causal: no mask is
+materialised (qwen3vl_tower.py docstring); a +3.2 % to +10.1 % prefill over-count measured before came from a trace
+whose prefill step dropped the images and the cache (step/infer.py: Qwen3-VL's forward takes use_cache through
+**kwargs). Now (hidden 128, a 2-block tower of width 64 with a deepstack merger, 1 and 2 images of 128 px, batch 2
+x 128 text tokens): training -0.53 % to -0.14 % of the trace in fp32, bf16 and amp-bf16 without recompute, -0.86 %
+to -0.13 % with full recompute, prefill -0.83 % to -0.17 %, on CPU and CUDA semantics (ONEDNN_MAX_CPU_ISA=AVX2
+alike). NB: oneDNN's Conv3d scratch in the patch embedding is not priced: fp32 on the CPU with full recompute reads
+-2.8 % (2 images) to -7.1 % (1 image; its weight-gradient scratch, on both ISAs), and a bf16 CPU prefill of 2
+images -2.5 % under AVX2 (its forward scratch, as large as the 16-bit pixel rows). Measured before Qwen2.5-VL's terms (hidden 128, a
+2-block tower of width 64, one 112-pixel image per sample, CUDA semantics): analytic -31 % of the traced training
+peak, -22 % to -24 % in prefill.
 Its tower's kernels are listed (analytic/ops/qwen3vl_tower.py: the biased patch Conv3d's GEMM, the position table
 resampled per image (the 4 bilinear taps gathered, weighted, summed, cast, added), the axial rotary tables, each
 block's LayerNorms, fused qkv, fp32 2-D rotary, SDPA per image, proj and GELU-tanh MLP, the merger, each deepstack
@@ -137,10 +142,14 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
     """Features whose memory is modelled but whose kernels the op list (analytic/ops/) does not list."""
     out = []
     from .ops.encoder_decoder import listed  # noqa: PLC0415 (the ops package imports this module)
+    from .ops.vision_tower import TOWERS  # noqa: PLC0415
 
     if spec.encdec is not None and encoder_decoder.modelled(spec) and not listed(spec):
         out.append("an encoder-decoder's kernels (the op list and step time list T5's stacks only; its memory is "
                    "modelled: estimate without --gpu)")
+    if spec.vision is not None and spec.vision.family not in TOWERS:
+        out.append("the vision tower's kernels (the op list and step time list Qwen2.5-VL's and Gemma 3's; its "
+                   "memory and FLOPs are modelled: estimate without --gpu)")
     return out
 
 

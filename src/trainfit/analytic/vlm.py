@@ -1,6 +1,6 @@
 """A vision-language model in the analytic engine (spec.vision: Qwen2.5-VL's tower, models/vlm.py; Gemma 3's SigLIP
-tower and pooling projector are analytic/siglip.py's, each function here hands them over): the language model's
-sequence and the image encoder's own terms.
+tower and pooling projector are analytic/siglip.py's, Qwen3-VL's tower's own terms analytic/qwen3vl_tower.py's, each
+function here hands them over): the language model's sequence and the image encoder's own terms.
 
 The language model runs over the text tokens and each image's merged tokens, which replace as many placeholder ids
 in input_ids (Qwen2_5_VLModel.forward, transformers models/qwen2_5_vl/modeling_qwen2_5_vl.py: get_placeholder_mask
@@ -15,12 +15,17 @@ from ..alloc.caching_allocator import K_MIN_BLOCK
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..vlm_setup import IMAGE_MODES, lm_seq
-from . import siglip
+from . import qwen3vl_tower, siglip
 from .precision import StateBytes
 
-# the towers whose terms are here or in analytic/siglip.py (Gemma 3's: projector "pool"); analytic/unmodelled.py
-# refuses the others
-MODELLED_TOWERS = ("qwen2_5_vl", "gemma3")
+# the towers whose terms are here, in analytic/siglip.py (Gemma 3's: projector "pool") or in analytic/qwen3vl_tower.py
+# (Qwen3-VL's); analytic/unmodelled.py refuses the others
+MODELLED_TOWERS = ("qwen2_5_vl", "gemma3", "qwen3_vl")
+
+
+def _qwen3(spec: ModelSpec) -> bool:
+    """Qwen3-VL's tower (LayerNorm blocks, deepstack mergers), whose saved tensors are analytic/qwen3vl_tower.py's."""
+    return spec.vision is not None and spec.vision.family == "qwen3_vl"
 
 
 def _pooled(spec: ModelSpec) -> bool:
@@ -135,7 +140,9 @@ def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes, chunks: int) -> i
 
 def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """Bytes the tower's forward saves for its backward in one micro-batch (Qwen2_5_VisionTransformerPretrainedModel.
-    forward, :430-489), live until the tower's backward, the last of the step:
+    forward, :430-489), live until the tower's backward, after the language model's and before the text
+    embedding's (the tower runs after the embedding lookup, Qwen2_5_VLModel.forward :1202-1206, modeling_qwen3_vl.py
+    :1163-1170, and autograd runs the later nodes first: memory.py passes them as phases.py embedding_freed):
     - the patch embedding (Qwen2_5_VisionPatchEmbed, :99-122, a Conv3d whose kernel equals its stride: a matmul of
       the pixel rows): under autocast its 16-bit casts of the pixel rows and of the weight; with 16-bit weights the
       pixel rows' copy in the tower's dtype (Qwen2_5_VLModel.get_image_features, :1075 pixel_values.type); in fp32
@@ -149,6 +156,8 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
       with."""
     if _pooled(spec):
         return siglip.tower_saved(spec, setup, st)
+    if _qwen3(spec):
+        return qwen3vl_tower.tower_saved(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -174,9 +183,12 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 
 def tower_inputs(spec: ModelSpec, setup: Setup) -> int:
-    """The tower's inputs in one micro-batch, live through the step: the pixel rows (0 without images). NB: the
-    index tensors (the grid, cu_seqlens, the window order, the patches' 2-D positions) are not counted: under
-    (patches x 2 int64 + a few 512-B blocks)."""
+    """The tower's inputs in one micro-batch, live through the step: the pixel rows (0 without images), and
+    Qwen3-VL's position-table resampling (qwen3vl_tower.interpolation_bytes). NB: the index tensors (the grid,
+    cu_seqlens, the window order, the patches' 2-D positions) are not counted: under (patches x 2 int64 + a few
+    512-B blocks)."""
+    if _qwen3(spec):
+        return pixel_bytes(spec, setup) + qwen3vl_tower.interpolation_bytes(spec, setup) if setup.images else 0
     return pixel_bytes(spec, setup) if setup.images and spec.vision is not None else 0
 
 
@@ -191,7 +203,9 @@ def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     t = spec.vision
     m = t.hidden * t.merge ** 2
     k = t.patch_values
-    return st.act * (t.hidden * k + m * m + m * t.out_hidden) + t.depth * _weight_casts(spec, st)
+    mergers = 1 + len(t.deepstack_blocks)  # Qwen3-VL's deepstack mergers are the merger's shape
+    return (st.act * (t.hidden * k + mergers * (m * m + m * t.out_hidden)) + t.depth * _weight_casts(spec, st)
+            + (qwen3vl_tower.bias_casts(spec, st) if _qwen3(spec) else 0))
 
 
 def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
@@ -201,6 +215,8 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     (image_embeds), locals of the forward through the layers."""
     if _pooled(spec):
         return siglip.encoder_outputs_held(spec, setup, st)
+    if _qwen3(spec):
+        return qwen3vl_tower.encoder_outputs_held(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -220,6 +236,15 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     NB: under autocast the tower's later weight casts (tower_casts, counted whole) are not made yet: over."""
     if _pooled(spec):
         return siglip.tower_prefill_peak(spec, setup, st)
+    if _qwen3(spec):
+        return qwen3vl_tower.tower_prefill_peak(spec, setup, st)
+    return rotary_moment(spec, setup, st)
+
+
+def rotary_moment(spec: ModelSpec, setup: Setup, st: StateBytes, norm_out: int | None = None) -> int:
+    """tower_prefill_peak's moment of a Qwen tower (the rotary at k's rotation, the tower's input rows and the
+    language model's text embeddings beside it); analytic/qwen3vl_tower.py adds what Qwen3-VL's holds beside.
+    `norm_out`: bytes per value of the block norm's output (default: the RMSNorm's, fp32 under autocast)."""
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -227,9 +252,16 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     k = t.patch_values
     copy = a * n * k if (a < FP32 and not st.autocast) else 0
     rotary = (6 if a < FP32 else 4) * FP32 * n * h + 2 * FP32 * n * (h // t.heads)
-    block = 3 * n * h * a + n * h * a + n * h * (FP32 if st.autocast else a)
+    block = 3 * n * h * a + n * h * a + n * h * (norm_out or (FP32 if st.autocast else a))
     text = setup.batch * setup.seq * spec.hidden * st.residual
     return copy + rotary + block + text
+
+
+def forward_end_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """What a training forward's end holds of the tower beside its saved set and inputs: Qwen3-VL's
+    (qwen3vl_tower.forward_end_held: the output object's image_outputs, the cached bias casts); 0 for the others.
+    NB: Qwen2.5-VL's and Gemma 3's output objects are not read here."""
+    return qwen3vl_tower.forward_end_held(spec, setup, st) if _qwen3(spec) else 0
 
 
 def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
@@ -248,7 +280,8 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
     embedding's Conv3d (kernel = stride: each patch row times the (hidden, in_channels x temporal_patch x patch^2)
     weight), each block's qkv, proj and MLP matmuls and its attention (q.k^T and probs.v, 2 x 2 x hidden per key;
     every patch sees its window's or image's patches, bidirectional), and the merger's two Linears over the merged
-    rows. NB: norms, rotary, activations are elementwise and left out, as in flops.py."""
+    rows (and Qwen3-VL's deepstack mergers, the merger's shape, modeling_qwen3_vl.py:654-662). NB: norms, rotary,
+    activations and Qwen3-VL's position-table resampling are elementwise and left out, as in flops.py."""
     if _pooled(spec):
         return siglip.tower_forward_flops(spec, setup)
     if spec.vision is None or not setup.images:
@@ -260,7 +293,8 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
     images = setup.batch * setup.images
     full = sum(1 for j in range(t.depth) if j in t.full_attention_blocks or not t.window)
     attention = 4 * h * n * (full * n / images + (t.depth - full) * n / windows(spec, setup))
-    return patch_embed_flops(spec, setup) + t.depth * per_block + attention + 2 * (n // t.merge ** 2) * (
+    mergers = 1 + len(t.deepstack_blocks)
+    return patch_embed_flops(spec, setup) + t.depth * per_block + attention + mergers * 2 * (n // t.merge ** 2) * (
         m * m + m * t.out_hidden)
 
 

@@ -33,7 +33,10 @@ def inference_step(model, ids: torch.Tensor, setup: Setup, causal: bool = True,
     kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
     # transformers 5.24 renamed past_key_values to cache (the argument and the output field)
     cache_arg = "cache" if "cache" in params else "past_key_values"
-    causal = causal and cache_arg in params and "use_cache" in params
+    # use_cache is a named argument, or reaches the language model through **kwargs (transformers 5.24
+    # Qwen3VLForConditionalGeneration.forward, modeling_qwen3_vl.py:1293-1309, hands them on to Qwen3VLTextModel)
+    takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    causal = causal and cache_arg in params and ("use_cache" in params or takes_kwargs)
     device_type = ids.device.type if ids.device.type in ("cpu", "cuda") else "cpu"
     with torch.no_grad(), torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         phase("prefill")

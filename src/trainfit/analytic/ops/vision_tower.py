@@ -38,6 +38,9 @@ from .residual import residual
 
 QWEN = "modeling_qwen2_5_vl.py"
 SIGLIP = "modeling_siglip.py"
+# the towers (VisionTowerSpec.family) whose kernels are listed here (Qwen3-VL's in ops/qwen3vl_tower.py);
+# analytic/unmodelled.py refuses timing the others
+TOWERS = ("qwen2_5_vl", "gemma3", "qwen3_vl")
 GEMMA3 = "modeling_gemma3.py"
 
 
