@@ -14,7 +14,6 @@ from trainfit.cli import main
     (["estimate", "resnet-50", "--images", "2"], "--images does not apply to resnet-50"),
     (["estimate", "qwen2.5-vl-7b", "--images", "2", "--image-size", "450", "--engine", "trace"],
      "multiples of 28 pixels (patch 14 x merge 2); use 448 or 476"),
-    (["estimate", "qwen3-vl-2b", "--images", "2", "--gpu", "H100-80GB"], "--engine trace"),
     (["estimate", "qwen2.5-vl-7b", "--mode", "serve", "--images", "2"], "--images applies to train/infer only"),
     (["estimate", "gemma-3-4b", "--image-size", "448", "--engine", "trace"], "takes 896-pixel images only"),
 ])
