@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.heads import CLASSIFIERS, layout
+from trainfit.models.mllama import language_extra_params
 from trainfit.models.vlm import tower_params
 from trainfit.spec import ModelSpec
 
@@ -279,7 +280,7 @@ def count_params(spec: ModelSpec) -> ParamCounts:
             + lm_head
         )
     vision = tower_params(spec.vision) if spec.vision is not None else 0
-    total += vision
+    total += vision + language_extra_params(spec)  # Mllama's cross-attention extras (models/mllama.py)
     active = total
     if spec.moe is not None:
         # Each token runs top_k routed experts (plus the shared expert and router, counted above).
