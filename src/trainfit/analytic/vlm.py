@@ -15,17 +15,22 @@ from ..alloc.caching_allocator import K_MIN_BLOCK
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..vlm_setup import IMAGE_MODES, lm_seq
-from . import siglip
+from . import mllama, siglip
 from .precision import StateBytes
 
 # the towers whose terms are here or in analytic/siglip.py (Gemma 3's: projector "pool"); analytic/unmodelled.py
 # refuses the others
-MODELLED_TOWERS = ("qwen2_5_vl", "gemma3")
+MODELLED_TOWERS = ("qwen2_5_vl", "gemma3", "mllama")
 
 
 def _pooled(spec: ModelSpec) -> bool:
     """Gemma 3's SigLIP tower and pooling projector, whose terms are analytic/siglip.py's."""
     return spec.vision is not None and spec.vision.projector == "pool"
+
+
+def _crossed(spec: ModelSpec) -> bool:
+    """Mllama's tiled tower read through cross-attention, whose terms are analytic/mllama.py's."""
+    return spec.vision is not None and spec.vision.projector == "cross"
 
 
 def language_setup(spec: ModelSpec, setup: Setup) -> Setup:
@@ -149,6 +154,8 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
       with."""
     if _pooled(spec):
         return siglip.tower_saved(spec, setup, st)
+    if _crossed(spec):
+        return mllama.tower_saved(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -177,6 +184,8 @@ def tower_inputs(spec: ModelSpec, setup: Setup) -> int:
     """The tower's inputs in one micro-batch, live through the step: the pixel rows (0 without images). NB: the
     index tensors (the grid, cu_seqlens, the window order, the patches' 2-D positions) are not counted: under
     (patches x 2 int64 + a few 512-B blocks)."""
+    if _crossed(spec):
+        return mllama.tower_inputs(spec, setup)
     return pixel_bytes(spec, setup) if setup.images and spec.vision is not None else 0
 
 
@@ -186,6 +195,8 @@ def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     merger's two Linears' (biases cast per call, not counted); 0 without autocast or images."""
     if _pooled(spec):
         return siglip.tower_casts(spec, setup, st)
+    if _crossed(spec):
+        return mllama.tower_casts(spec, setup, st)
     if spec.vision is None or not setup.images or not st.autocast:
         return 0
     t = spec.vision
@@ -201,6 +212,8 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     (image_embeds), locals of the forward through the layers."""
     if _pooled(spec):
         return siglip.encoder_outputs_held(spec, setup, st)
+    if _crossed(spec):
+        return mllama.encoder_outputs_held(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -220,6 +233,8 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     NB: under autocast the tower's later weight casts (tower_casts, counted whole) are not made yet: over."""
     if _pooled(spec):
         return siglip.tower_prefill_peak(spec, setup, st)
+    if _crossed(spec):
+        return mllama.tower_prefill_peak(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -238,6 +253,8 @@ def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     that requires grad is cached whatever the grad mode, so also in the checkpoint's no-grad forward)."""
     if _pooled(spec):
         return siglip.checkpointed_casts(spec, setup, st)
+    if _crossed(spec):  # Mllama: the projector's fp32 input, held to the forward's end
+        return mllama.checkpointed_casts(spec, setup, st)
     if spec.vision is None or not setup.images or not st.autocast or setup.recompute != "full":
         return 0
     return spec.vision.depth * _weight_casts(spec, st)
@@ -251,6 +268,8 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
     rows. NB: norms, rotary, activations are elementwise and left out, as in flops.py."""
     if _pooled(spec):
         return siglip.tower_forward_flops(spec, setup)
+    if _crossed(spec):
+        return mllama.tower_forward_flops(spec, setup)
     if spec.vision is None or not setup.images:
         return 0.0
     t = spec.vision
@@ -267,6 +286,8 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
 def patch_embed_flops(spec: ModelSpec, setup: Setup) -> float:
     """The patch embedding's forward FLOPs: each patch row times the (hidden, in_channels x temporal_patch x patch^2)
     weight."""
+    if _crossed(spec):
+        return mllama.patch_embed_flops(spec, setup)
     if spec.vision is None or not setup.images:
         return 0.0
     t = spec.vision

@@ -111,12 +111,17 @@ def tower_params(t: VisionTowerSpec) -> int:
             + out_dim * t.out_hidden + t.out_hidden)
 
 
-def language_extra_params(spec: ModelSpec) -> int:
-    """What Mllama's language model holds beyond a Llama decoder of the same layers: the embedding's 8 extra rows
-    (modeling_mllama.py:1030) and, per cross-attention layer (MllamaCrossAttentionDecoderLayer :675-684, whose q, k,
-    v, o, MLP and two RMSNorms have a self-attention layer's shapes: k and v read the projected vision tokens, already
-    of the text width), q_norm and k_norm over head_dim (:424-425) and the two tanh gates (:681, :684)."""
+def extra_embedding_rows(spec: ModelSpec) -> int:
+    """MllamaTextModel.embed_tokens holds vocab_size + 8 rows (modeling_mllama.py:1030); 0 for other models."""
+    return EXTRA_ROWS if spec.vision is not None and spec.vision.cross_layers else 0
+
+
+def cross_layer_extras(spec: ModelSpec) -> int:
+    """What each Mllama cross-attention layer (MllamaCrossAttentionDecoderLayer :675-684, whose q, k, v, o, MLP and
+    two RMSNorms have a self-attention layer's shapes: k and v read the projected vision tokens, already of the text
+    width) holds beyond a Llama layer: q_norm and k_norm over head_dim (:424-425) and the two tanh gates (:681,
+    :684); 0 for other models."""
     t = spec.vision
     if t is None or not t.cross_layers:
         return 0
-    return EXTRA_ROWS * spec.hidden + len(t.cross_layers) * (2 * spec.head_dim + 2)
+    return len(t.cross_layers) * (2 * spec.head_dim + 2)
