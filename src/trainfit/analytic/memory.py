@@ -195,7 +195,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
         layers=stage.layers,
         in_flight=stage.in_flight,
-        layer_saved=uniform.saved,
+        # Mllama's cross-attention layers' saved tensors beyond a self-attention layer's, spread over the layers
+        # (analytic/mllama.py); 0 for other models
+        layer_saved=uniform.saved + (vlm.cross_layers_saved(spec, setup, st) / stage.layers if stage.layers else 0),
         # a VLM's tower runs before the embedding's scatter: its pixel inputs and saved tensors live to the end of
         # the backward (NB: the pixels, an input, live through the optimizer step too: not counted there)
         embedding_saved=embedding_saved(spec, setup, st, tokens) + vlm.tower_saved(spec, setup, st)
@@ -203,6 +205,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         head_saved=head.saved if stage.head else 0,
         inputs=head.labels if stage.head else 0,
         step_inputs=vlm.tower_inputs(spec, setup) if stage.embedding else 0,
+        late_gradients=vlm.late_gradients(spec, setup, pc) * gb if stage.embedding else 0,
         forward_transient=(head.forward_transient if stage.head else 0) + casts
         + (vlm.checkpointed_casts(spec, setup, st) if stage.embedding else 0),
         loss_backward=head.backward_transient if stage.head else 0,

@@ -10,10 +10,11 @@ projected to the language model's width: the cross_attention_states every cross-
 V from. The language model's sequence holds one <|image|> token per image (vlm_setup.lm_seq); its cross-attention
 layers (MllamaCrossAttentionDecoderLayer, :668-718) replace a self-attention by q/k RMSNorms, K/V over the vision
 tokens repeated to every head (a mask is given: transformers' SDPA path repeats k and v), the masked SDPA and two
-tanh gates. memory.py prices every language-model layer as a self-attention one; `tower_saved` adds what each
-cross-attention layer saves beyond that (cross_layer_delta), all of it released with the tower's at the end of the
-backward (NB: a cross layer's saved set is freed at its own backward, earlier: the step's high point at the start
-of the backward is unaffected).
+tanh gates. memory.py prices every language-model layer as a self-attention one and adds what each cross-attention
+layer saves beyond that (cross_layers_saved), spread over the layers. The tower runs before the language model's
+embedding, so autograd runs its backward last: its gradients are not made yet at the embedding's backward
+(vlm.late_gradients), where at published sizes the training step peaks (every other gradient made, the tower's
+saved set whole).
 """
 from __future__ import annotations
 
@@ -200,19 +201,26 @@ def language_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 
 def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
-    """Everything Mllama saves beyond memory.py's self-attention layers over `setup.seq` (the language model's
-    tokens): the tower and projector (tower_only_saved), the language model's masks and each cross-attention
-    layer's delta; without images the cross-attention layers are skipped (MllamaTextModel.forward :1127-1129) and
-    memory.py's layer price comes off for each. Under full recompute a checkpointed cross-attention layer keeps its
-    input as a self-attention one does (NB: its re-run's saved set at its backward is not a moment here)."""
+    """What Mllama saves beside memory.py's language-model layers, live to the end of the backward: the tower and
+    projector (tower_only_saved) and the language model's masks (language_held); nothing without images."""
+    if spec.vision is None or not setup.images:
+        return 0
+    return tower_only_saved(spec, setup, st) + language_held(spec, setup, st)
+
+
+def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """What the cross-attention layers save beyond memory.py's self-attention price for them (memory.py spreads it
+    over the layers: NB each is freed at its own layer's backward, a share of it at each layer's there): each
+    layer's cross_layer_delta; under full recompute a checkpointed cross-attention layer keeps its input as a
+    self-attention one does (0; NB: its re-run's larger saved set at its backward is not a moment); without images
+    the cross-attention layers are skipped (MllamaTextModel.forward :1127-1129) and memory.py's price of each comes
+    off."""
     t = spec.vision
     if t is None:
         return 0
     if not setup.images:
         return -len(t.cross_layers) * _self_layer_saved(spec, setup, st)
-    cross = (0 if setup.recompute == "full" else len(t.cross_layers) * cross_layer_delta(spec, setup, st)) \
-        + language_held(spec, setup, st)
-    return tower_only_saved(spec, setup, st) + cross
+    return 0 if setup.recompute == "full" else len(t.cross_layers) * cross_layer_delta(spec, setup, st)
 
 
 def _self_layer_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:

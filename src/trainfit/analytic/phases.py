@@ -75,6 +75,9 @@ class StepBytes:
     # --offload activations: how many layers' saved tensors are on the device at once (None: all of them)
     layers_on_device: int | None = None
     step_inputs: float = 0.0  # inputs live through the optimizer step too (a VLM's pixel rows: analytic/vlm.py)
+    # gradients made after the embedding's backward: Mllama's tower, whose forward ran before the embedding's, so
+    # autograd runs its backward last (analytic/mllama.py); not made yet at the embedding's backward
+    late_gradients: float = 0.0
 
     @property
     def layers_saved(self) -> float:
@@ -148,7 +151,7 @@ def peak(b: StepBytes) -> Peak:
              b.layer_backward + gathered("first_layer_backward")),
         ]
     moments += [
-        ("embedding_backward", grads(b.gradients), others + b.embedding_saved + b.inputs,
+        ("embedding_backward", grads(b.gradients - b.late_gradients), others + b.embedding_saved + b.inputs,
          b.embedding_backward + gathered("embedding_backward")),
         # in backward, nothing is left for the step after it
         ("optimizer_step", 0 if in_bwd else b.gradients, b.step_inputs, 0 if in_bwd else b.optimizer_transient),

@@ -180,6 +180,20 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     return embed + rotary + blocks + merger
 
 
+def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """What a VLM's language-model layers save beyond memory.py's layer price: Mllama's cross-attention layers'
+    (analytic/mllama.py); 0 for the towers whose tokens join the sequence."""
+    return mllama.cross_layers_saved(spec, setup, st) if _crossed(spec) else 0
+
+
+def late_gradients(spec: ModelSpec, setup: Setup, pc) -> int:
+    """Parameters whose gradients are made after the embedding's backward: Mllama's tower and projector (the tower
+    runs before the language model's embedding, so autograd runs its backward last: MllamaModel.forward
+    :1318-1370). Qwen2.5-VL and Gemma 3 embed the text first and run the tower after it: their towers' backward
+    comes before the embedding's (0)."""
+    return pc.vision if _crossed(spec) and setup.images else 0
+
+
 def tower_inputs(spec: ModelSpec, setup: Setup) -> int:
     """The tower's inputs in one micro-batch, live through the step: the pixel rows (0 without images). NB: the
     index tensors (the grid, cu_seqlens, the window order, the patches' 2-D positions) are not counted: under
