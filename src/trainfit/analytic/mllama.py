@@ -2,13 +2,13 @@
 vision tower, the multi_modal_projector and the language model's cross-attention layers (transformers 5.24
 models/mllama/modeling_mllama.py). analytic/vlm.py hands these models here.
 
-The tower (MllamaVisionModel.forward, :880-1012) runs every image as max_tiles tiles (the processor pads to them,
+The tower (MllamaVisionModel.forward, :877-1013) runs every image as max_tiles tiles (the processor pads to them,
 step/mllama_batch.py) of (tile / patch)^2 patches and a class token, padded to a multiple of 8 rows: `depth` local
 LayerNorm/GELU layers, then `global_layers` tanh-gated ones, each attending over an image's tiles under one additive
 (images, 1, tiles x rows, tiles x rows) mask; the intermediate layers' outputs are concatenated to the last one and
 projected to the language model's width: the cross_attention_states every cross-attention layer projects its K and
 V from. The language model's sequence holds one <|image|> token per image (vlm_setup.lm_seq); its cross-attention
-layers (MllamaCrossAttentionDecoderLayer, :668-718) replace a self-attention by q/k RMSNorms, K/V over the vision
+layers (MllamaCrossAttentionDecoderLayer, :672-720) replace a self-attention by q/k RMSNorms, K/V over the vision
 tokens repeated to every head (a mask is given: transformers' SDPA path repeats k and v), the masked SDPA and two
 tanh gates. memory.py prices every language-model layer as a self-attention one and adds what each cross-attention
 layer saves beyond that (cross_layers_saved), spread over the layers. The tower runs before the language model's
@@ -37,7 +37,7 @@ def _active(spec: ModelSpec, setup: Setup) -> bool:
 
 def padded_rows(spec: ModelSpec) -> int:
     """One tile's rows through the encoders: the tile's tokens padded to a multiple of 8 (MllamaVisionModel.forward
-    :934-936, F.pad)."""
+    :950-952, F.pad)."""
     n = spec.vision.tile_tokens
     return n + (8 - n % 8) % 8
 
@@ -53,7 +53,7 @@ def _sizes(spec: ModelSpec, setup: Setup) -> tuple[int, int, int, int]:
 
 def vision_tokens(spec: ModelSpec, setup: Setup) -> int:
     """The vision tokens each sample's cross-attention reads: images x tiles x tile tokens (the projected states
-    reshaped to (batch, images x tiles x tokens, hidden), MllamaTextCrossAttention.forward :440-444)."""
+    reshaped to (batch, images x tiles x tokens, hidden), MllamaTextCrossAttention.forward :443-448)."""
     t = spec.vision
     return (setup.images or 0) * t.max_tiles * t.tile_tokens
 
@@ -77,7 +77,7 @@ def _eager(setup: Setup) -> bool:
 
 
 def _eager_probs(setup: Setup, st: StateBytes, scores: int) -> int:
-    """eager_attention_forward (modeling_mllama.py:198-215) over `scores` query-key pairs: softmax's fp32
+    """eager_attention_forward (modeling_mllama.py:210-232) over `scores` query-key pairs: softmax's fp32
     probabilities and their 16-bit copy the probs.v matmul saves (.to(query.dtype), or autocast's cast); the mask is
     added, not saved. Its q, k, v operands are the SDPA's (copies made for the batched matmul), its output the
     transposed copy o_proj reads, no logsumexp."""
@@ -142,13 +142,13 @@ def tower_only_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 def cross_layer_delta(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """What one cross-attention layer saves beyond the self-attention layer memory.py prices (both: the two RMSNorms,
-    the MLP, the residual adds, o_proj's input and the logsumexp; MllamaTextCrossAttention.forward :427-475 against
-    MllamaTextSelfAttention's :545-580), over r = batch x L text rows and v = batch x vision tokens:
+    the MLP, the residual adds, o_proj's input and the logsumexp; MllamaTextCrossAttention.forward :428-480 against
+    MllamaTextSelfAttention's :538-580), over r = batch x L text rows and v = batch x vision tokens:
     - the self-attention's saved attention (its rotated q and k, v, output and logsumexp, or the math path's
       probabilities: _self_attention_saved) is not made; the cross-attention's SDPA keeps its output and logsumexp;
     - q_norm and k_norm (MllamaTextRMSNorm :380-397) save the fp32 input (a copy, or the projection's output in
       fp32), the rsqrt per head row and the normalised tensor cast back; q's weight product (under autocast its
-      16-bit cast: the weight promotes to fp32) is SDPA's operand; k's is repeated to every head (repeat_kv :218-226,
+      16-bit cast: the weight promotes to fp32) is SDPA's operand; k's is repeated to every head (repeat_kv :197-207,
       a copy; SDPA's cast under autocast) and so is v;
     - the tanh gates' products save o_proj's output and the row-masked MLP output (fp32 under autocast: the
       full_text_row mask is in the weights' dtype);
@@ -188,7 +188,7 @@ def _self_attention_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 def language_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """The language model's masks made once and saved by every cross-attention layer (MllamaModel.forward
-    :1340-1352, _prepare_cross_attention_mask :41-61): the additive (batch, 1, L, vision tokens) mask (without
+    :1362-1375, _prepare_cross_attention_mask :53-78): the additive (batch, 1, L, vision tokens) mask (without
     autocast: SDPA's operand; under autocast each layer saves its own cast, cross_layer_delta; eager attention adds
     it and saves nothing) and the (batch, 1, L,
     1) full-text-row mask, in the weights' dtype (with full recompute: the checkpoints' inputs)."""
@@ -213,7 +213,7 @@ def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     over the layers: NB each is freed at its own layer's backward, a share of it at each layer's there): each
     layer's cross_layer_delta; under full recompute a checkpointed cross-attention layer keeps its input as a
     self-attention one does (0; NB: its re-run's larger saved set at its backward is not a moment); without images
-    the cross-attention layers are skipped (MllamaTextModel.forward :1127-1129) and memory.py's price of each comes
+    the cross-attention layers are skipped (MllamaTextModel.forward :1136-1139) and memory.py's price of each comes
     off."""
     t = spec.vision
     if t is None:
@@ -260,7 +260,7 @@ def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """What the forward holds to its end beyond the saved tensors (memory.py's forward transient): under autocast
     the projector's fp32 input (the last and intermediate hidden states concatenated), which the tower's output
-    object keeps (MllamaModel.forward :1330-1337, returned as image_outputs) while the projector saves its 16-bit
+    object keeps (MllamaModel.forward :1350-1356, returned as image_outputs :1390) while the projector saves its 16-bit
     cast. The tower's layers are not checkpointed (MllamaVisionEncoderLayer is a plain module): no casts here."""
     if not _active(spec, setup) or not st.autocast:
         return 0
@@ -271,7 +271,7 @@ def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """What the language model's prefill holds beside analytic/inference.py's self-attention layers (MllamaModel.
-    forward :1318-1370, locals through the language model): the tower's output object (the projector's input: the
+    forward :1345-1390, locals through the language model): the tower's output object (the projector's input: the
     hidden states concatenated, in the stream's dtype), the cross_attention_states (the projector's output), the
     additive cross-attention mask (batch, 1, L, vision tokens) and the full-text-row mask (batch, 1, L, 1) in the
     weights' dtype; and the cross-attention layers' cache, K and V over the vision tokens instead of the text
@@ -297,7 +297,7 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """The tower's no-grad high point (beside the weights, the cached casts and the pixels): inside the last global
     layer's MLP. The local encoder's output object keeps every local layer's output (MllamaVisionEncoder.forward
-    :350-365, encoder_states; MllamaVisionModel.forward reads the intermediate ones after the global encoder), and
+    :348-376, encoder_states; MllamaVisionModel.forward reads the intermediate ones after the global encoder), and
     the global encoder's keeps its layers' outputs so far; beside them the aspect-ratio mask, the post-tile
     embedding's output (the global encoder's input), the layer's residual, its norm's output (fp32 under autocast,
     and the 16-bit cast fc1 reads) and fc1's and GELU's outputs."""

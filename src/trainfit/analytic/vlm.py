@@ -189,7 +189,7 @@ def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 def late_gradients(spec: ModelSpec, setup: Setup, pc) -> int:
     """Parameters whose gradients are made after the embedding's backward: Mllama's tower and projector (the tower
     runs before the language model's embedding, so autograd runs its backward last: MllamaModel.forward
-    :1318-1370). Qwen2.5-VL and Gemma 3 embed the text first and run the tower after it: their towers' backward
+    :1345-1377, the text embedded in MllamaTextModel.forward :1109). Qwen2.5-VL and Gemma 3 embed the text first and run the tower after it: their towers' backward
     comes before the embedding's (0)."""
     return pc.vision if _crossed(spec) and setup.images else 0
 

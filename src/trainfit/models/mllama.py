@@ -1,9 +1,9 @@
 """Llama 3.2 Vision (transformers model_type "mllama", MllamaForConditionalGeneration) from an HF config.json (no
 torch): the language model's fields, the vision tower's VisionTowerSpec and their parameters.
 
-transformers 5.24 models/mllama/configuration_mllama.py: MllamaVisionConfig's defaults (:58-72, the 11B's tower:
+transformers 5.24 models/mllama/configuration_mllama.py: MllamaVisionConfig's defaults (:61-75, the 11B's tower:
 hidden 1280, 32 local + 8 global layers, 16 heads, MLP 5120, patch 14, 4 tiles, intermediate_layers_indices
-[3, 7, 15, 23, 30], the eight supported aspect ratios) and MllamaTextConfig's (:110-128: the 11B's language model,
+[3, 7, 15, 23, 30], the eight supported aspect ratios) and MllamaTextConfig's (:124-141: the 11B's language model,
 hidden 4096, 40 layers of which cross_attention_layers [3, 8, ..., 38], 32 heads, 8 KV heads, MLP 14336, vocab
 128256). The published config.json nests both (text_config, vision_config); image_token_index 128256.
 
@@ -17,17 +17,17 @@ from ..errors import ConfigError
 from ..spec import ModelSpec, VisionTowerSpec
 
 MODEL_TYPE = "mllama"
-# MllamaTextConfig's defaults (configuration_mllama.py:110-128) that set shapes
+# MllamaTextConfig's defaults (configuration_mllama.py:124-141) that set shapes
 TEXT_DEFAULTS = dict(vocab_size=128256, hidden_size=4096, hidden_act="silu", num_hidden_layers=40,
                      num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
                      max_position_embeddings=131072, tie_word_embeddings=False,
                      cross_attention_layers=[3, 8, 13, 18, 23, 28, 33, 38])
-# MllamaVisionConfig's defaults (configuration_mllama.py:58-72, __post_init__ :74-78)
+# MllamaVisionConfig's defaults (configuration_mllama.py:61-75, __post_init__ :77-81)
 _VISION_INTS = dict(hidden_size=1280, num_hidden_layers=32, num_global_layers=8, attention_heads=16,
                     num_channels=3, intermediate_size=5120, image_size=448, patch_size=14, max_num_tiles=4)
 _INTERMEDIATE = (3, 7, 15, 23, 30)
 _ASPECT_RATIOS = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (3, 1), (4, 1))
-_IMAGE_TOKEN = 128256  # MllamaConfig.image_token_index (configuration_mllama.py:181)
+_IMAGE_TOKEN = 128256  # MllamaConfig.image_token_index (configuration_mllama.py:183)
 EXTRA_ROWS = 8  # MllamaTextModel.embed_tokens = Embedding(vocab_size + 8, hidden) (modeling_mllama.py:1030)
 
 
@@ -72,7 +72,7 @@ def tower_spec(config: dict, name: str, text_hidden: int, layers: int) -> Vision
         raise ConfigError(f"{name}: vision_config 'supported_aspect_ratios' must list [rows, columns] pairs, got "
                           f"{ratios!r}")
     # the projector reads the last hidden state and the intermediate ones concatenated (MllamaVisionModel.forward
-    # :1000-1012): vision_output_dim must be their width (the model fails otherwise)
+    # :993-1011): vision_output_dim must be their width (the model fails otherwise)
     out_dim = vc.get("vision_output_dim", 7680)
     if out_dim != h * (1 + len(inter)):
         raise ConfigError(f"{name}: vision_config 'vision_output_dim' {out_dim!r} is not hidden_size x (1 + "
@@ -117,10 +117,10 @@ def extra_embedding_rows(spec: ModelSpec) -> int:
 
 
 def cross_layer_extras(spec: ModelSpec) -> int:
-    """What each Mllama cross-attention layer (MllamaCrossAttentionDecoderLayer :675-684, whose q, k, v, o, MLP and
+    """What each Mllama cross-attention layer (MllamaCrossAttentionDecoderLayer :672-685, whose q, k, v, o, MLP and
     two RMSNorms have a self-attention layer's shapes: k and v read the projected vision tokens, already of the text
     width) holds beyond a Llama layer: q_norm and k_norm over head_dim (:424-425) and the two tanh gates (:681,
-    :684); 0 for other models."""
+    :685); 0 for other models."""
     t = spec.vision
     if t is None or not t.cross_layers:
         return 0

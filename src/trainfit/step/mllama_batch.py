@@ -1,6 +1,6 @@
 """One micro-batch of Llama 3.2 Vision (mllama) with images, as MllamaProcessor makes it (transformers 5.24
 models/mllama/processing_mllama.py, image_processing_mllama.py) and MllamaModel.forward reads it (modeling_mllama.py
-:1300-1370)."""
+:1295-1390)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -14,11 +14,11 @@ if TYPE_CHECKING:
 
 def tile_layout(spec: "ModelSpec", image_size: int) -> tuple[int, int]:
     """(aspect ratio id, tiles) of a square image of `image_size` pixels: the processor's canvas
-    (image_processing_pil_mllama.py :279-333 get_optimal_tiled_canvas, transformers' own function in its numpy
+    (image_processing_pil_mllama.py :279-345 get_optimal_tiled_canvas, transformers' own function in its numpy
     processor, which needs no torchvision: the smallest
     arrangement of tiles that holds the image upscaled, else the largest downscale; a square image takes 1 tile up to
-    the tile size, else 2 x 2) and its id, the arrangement's index in supported_aspect_ratios + 1 (:295-330
-    convert_aspect_ratios_to_ids; 0 is padding)."""
+    the tile size, else 2 x 2) and its id, the arrangement's index in supported_aspect_ratios + 1 (:135-173
+    convert_aspect_ratios_to_ids_np; 0 is padding)."""
     from transformers.models.mllama.image_processing_pil_mllama import get_optimal_tiled_canvas
 
     t = spec.vision
@@ -28,12 +28,12 @@ def tile_layout(spec: "ModelSpec", image_size: int) -> tuple[int, int]:
 
 
 def tiled_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = False) -> dict:
-    """- input_ids (batch, images + seq): the <|image|> tokens first (processing_mllama.py :123-157
+    """- input_ids (batch, images + seq): the <|image|> tokens first (processing_mllama.py :123-160
       build_string_from_input puts them before the text), then --seq random text ids (never the image id);
     - pixel_values (batch, images, max_tiles, channels, tile, tile) fp32: every image padded to max_tiles tiles
-      (image_processing_mllama.py :242-292 pad_batches_and_tiles), whatever its size;
+      (image_processing_pil_mllama.py :83-132 pack_images), whatever its size;
     - aspect_ratio_ids (batch, images) and aspect_ratio_mask (batch, images, max_tiles): the image's arrangement
-      (tile_layout) and its real tiles (build_aspect_ratio_mask :203-239);
+      (tile_layout) and its real tiles (build_aspect_ratio_mask_np :51-80);
     - cross_attention_mask (batch, L, images, max_tiles): the processor's (processing_mllama.py :27-120: consecutive
       image tokens all attend from their place to the sequence's end, over the image's real tiles);
     - labels (training): input_ids with the image tokens at -100.
