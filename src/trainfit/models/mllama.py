@@ -72,7 +72,7 @@ def tower_spec(config: dict, name: str, text_hidden: int, layers: int) -> Vision
         raise ConfigError(f"{name}: vision_config 'supported_aspect_ratios' must list [rows, columns] pairs, got "
                           f"{ratios!r}")
     # the projector reads the last hidden state and the intermediate ones concatenated (MllamaVisionModel.forward
-    # :993-1011): vision_output_dim must be their width (the model fails otherwise)
+    # :998-1011): vision_output_dim must be their width (the model fails otherwise)
     out_dim = vc.get("vision_output_dim", 7680)
     if out_dim != h * (1 + len(inter)):
         raise ConfigError(f"{name}: vision_config 'vision_output_dim' {out_dim!r} is not hidden_size x (1 + "
