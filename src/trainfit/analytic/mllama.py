@@ -10,8 +10,8 @@ projected to the language model's width: the cross_attention_states every cross-
 V from. The language model's sequence holds one <|image|> token per image (vlm_setup.lm_seq); its cross-attention
 layers (MllamaCrossAttentionDecoderLayer, :672-720) replace a self-attention by q/k RMSNorms, K/V over the vision
 tokens repeated to every head (a mask is given: transformers' SDPA path repeats k and v), the masked SDPA and two
-tanh gates. memory.py prices every language-model layer as a self-attention one and adds what each cross-attention
-layer saves beyond that (cross_layers_saved), spread over the layers. The tower runs before the language model's
+tanh gates. memory.py prices the cross-attention layers as a kind of their own at their places (layer_kinds: a
+self-attention layer's price and what a cross-attention layer saves beyond it, cross_layer_delta). The tower runs before the language model's
 embedding, so autograd runs its backward last: its gradients are not made yet at the embedding's backward
 (vlm.late_gradients), where at published sizes the training step peaks (every other gradient made, the tower's
 saved set whole).
@@ -209,10 +209,10 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
 
 
 def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
-    """What the cross-attention layers save beyond memory.py's self-attention price for them (memory.py spreads it
-    over the layers: NB each is freed at its own layer's backward, a share of it at each layer's there): each
+    """What the cross-attention layers save beyond memory.py's self-attention price for them, where memory.py cannot
+    place them (a pipeline stage: layer_kinds is None; spread over the stage's layers): each
     layer's cross_layer_delta; under full recompute a checkpointed cross-attention layer keeps its input as a
-    self-attention one does (0; NB: its re-run's larger saved set at its backward is not a moment); without images
+    self-attention one does (0); NB: not split by --tp, and spread evenly over a pipeline's stages; without images
     the cross-attention layers are skipped (MllamaTextModel.forward :1136-1139) and memory.py's price of each comes
     off."""
     t = spec.vision
@@ -221,6 +221,30 @@ def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     if not setup.images:
         return -len(t.cross_layers) * _self_layer_saved(spec, setup, st)
     return 0 if setup.recompute == "full" else len(t.cross_layers) * cross_layer_delta(spec, setup, st)
+
+
+def layer_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int, self_kind):
+    """(kinds, pattern): the self-attention layers as memory.py prices them (`self_kind`, a phases.LayerKind) and
+    the cross-attention layers at their places (text_config cross_attention_layers), each layer's backward high
+    point then holding its own kind's saved set and the gradients of the layers after it (phases.py
+    _mixed_layer_moments): a cross-attention layer saves cross_layer_delta more, or under full recompute keeps its
+    input as a self-attention layer does and holds that much more at its backward (its re-run's saved set; NB: its
+    backward's own temporaries over the vision tokens are a self-attention layer's: fp32 with 2 images, -1.0 % on
+    CUDA, +0.65 % on the CPU of the small model's traced peak);
+    without images it is skipped (MllamaTextModel.forward :1136-1139): nothing saved, no gradients. None on a
+    pipeline stage (its first layer's index is not tracked: cross_layers_saved spreads the difference instead)."""
+    from dataclasses import replace
+
+    t = spec.vision
+    if t is None or not t.cross_layers or setup.pp > 1 or layers != spec.layers:
+        return None
+    if not setup.images:
+        cross = replace(self_kind, saved=0.0, backward=0.0, freed=0.0, grads_done=0.0, gradients=0.0)
+    elif setup.recompute == "full":
+        cross = replace(self_kind, backward=self_kind.backward + cross_layer_delta(spec, setup, st))
+    else:
+        cross = replace(self_kind, saved=self_kind.saved + cross_layer_delta(spec, setup, st))
+    return (self_kind, cross), tuple(int(j in t.cross_layers) for j in range(layers))
 
 
 def _self_layer_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
@@ -276,7 +300,9 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     additive cross-attention mask (batch, 1, L, vision tokens) and the full-text-row mask (batch, 1, L, 1) in the
     weights' dtype; and the cross-attention layers' cache, K and V over the vision tokens instead of the text
     (this term is the difference to the self-attention cache inference.py counts for every layer; the cache holds
-    them in the projection's dtype). Without images the cross-attention layers are skipped: no cache for them."""
+    them in the projection's dtype). Without images the cross-attention layers are skipped: no cache for them. NB: the
+    decode step's cache is inference.py's over the text for every layer (an under-count of that moment, which stays
+    below the prefill's: the prefill holds the same cache and the tower's outputs)."""
     if spec.vision is None:
         return 0
     if not setup.images:

@@ -186,6 +186,12 @@ def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     return mllama.cross_layers_saved(spec, setup, st) if _crossed(spec) else 0
 
 
+def cross_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int, self_kind):
+    """(kinds, pattern) of a language model whose layers differ by kind (Mllama's cross-attention layers:
+    analytic/mllama.py layer_kinds); None where every layer is memory.py's."""
+    return mllama.layer_kinds(spec, setup, st, layers, self_kind) if _crossed(spec) else None
+
+
 def late_gradients(spec: ModelSpec, setup: Setup, pc) -> int:
     """Parameters whose gradients are made after the embedding's backward: Mllama's tower and projector (the tower
     runs before the language model's embedding, so autograd runs its backward last: MllamaModel.forward
