@@ -203,7 +203,8 @@ class Setup:
                                         "every image to 4 tiles, so the size sets the masks, not the memory.",
                                         minimum=1, maximum=8192,
                                         auto="the config's image_size (224 for the ImageNet models, 896 for "
-                                        "gemma-3; 448 for the Qwen vision-language models)", example="224", group="vision")
+                                        "gemma-3; 448 for the Qwen vision-language models; 560, one tile, "
+                                        "for llama-3.2-vision)", example="224", group="vision")
     images: Optional[int] = setting(None, "Images per sample (vision-language models): each adds (image / (patch x "
                                     "merge))^2 tokens to the language model's sequence (qwen2.5-vl: (image / 28)^2), "
                                     "which is then --seq text tokens + images x tokens per image; the vision tower "
