@@ -83,7 +83,8 @@ outputs concatenated into the projector) and the language model's cross-attentio
 the vision tokens repeated to every head, the masked SDPA, tanh gates; their K/V cache over the vision tokens), with
 the tower's backward run last (analytic/mllama.py; tests/analytic/test_mllama_analytic.py). The small model's
 training and prefill within 0.82 % of the trace (fp32, bf16, amp-bf16, CPU and CUDA, eager, full recompute, 0 to 2
-images; -0.82 % is bf16 full recompute on CUDA, the per-tensor 512-B rounding of its many small parameters);
+images; -0.82 % is bf16 full recompute on CUDA, the per-tensor 512-B rounding of its many small parameters; NB fp32
+full recompute with 2 images: -1.0 % on CUDA, +0.65 % on the CPU, the cross-attention backward's own temporaries);
 llama-3.2-11b-vision at 1 x 512 + 1 image within 0.3 %. Without a tower term (the language model alone, 2 layers):
 -15.9 % of the traced training peak (fp32, CPU) and -2.8 % to -5.9 % in prefill; with the cross-attention layers'
 extra tensors held to the backward's end and the tower's gradients counted before its backward: the 11B +3.1 %.
