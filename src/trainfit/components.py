@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 # the tower's modules: Qwen2_5_VLModel.visual, Qwen3VLModel.visual (with its mergers); Gemma3Model.vision_tower and
-# its multi_modal_projector (modeling_gemma3.py)
-TOWER_MODULES = ("model.visual", "model.vision_tower", "model.multi_modal_projector")
+# its multi_modal_projector (modeling_gemma3.py); MllamaModel.vision_model and its multi_modal_projector
+# (modeling_mllama.py :1283-1289)
+TOWER_MODULES = ("model.visual", "model.vision_tower", "model.multi_modal_projector", "model.vision_model")
 
 
 def in_tower(module: str) -> bool:

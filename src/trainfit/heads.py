@@ -72,6 +72,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "qwen2_5_vl": {"causal-lm": "Qwen2_5_VLForConditionalGeneration"},
     "qwen3_vl": {"causal-lm": "Qwen3VLForConditionalGeneration"},  # modeling_qwen3_vl.py
     "gemma3": {"causal-lm": "Gemma3ForConditionalGeneration"},  # modeling_gemma3.py
+    "mllama": {"causal-lm": "MllamaForConditionalGeneration"},  # modeling_mllama.py
     "bert": {"masked-lm": "BertForMaskedLM", "seq-cls": "BertForSequenceClassification",
              "token-cls": "BertForTokenClassification"},
     "roberta": {"masked-lm": "RobertaForMaskedLM", "seq-cls": "RobertaForSequenceClassification",

@@ -179,7 +179,18 @@ class VisionTowerSpec:
     # LayerNorm, and a projector instead of a merger: merge x merge average pooling, an RMSNorm (weight only) and
     # a bias-free (hidden, out_hidden) projection
     fixed_size: bool = False
-    projector: str = "merger"  # "merger" (Qwen) or "pool" (Gemma 3)
+    projector: str = "merger"  # "merger" (Qwen), "pool" (Gemma 3) or "cross" (Mllama)
+    # Mllama (models/mllama/modeling_mllama.py MllamaVisionModel, MllamaTextModel; models/mllama.py): each image is
+    # `max_tiles` tiles of image_size pixels (the processor pads every image to max_tiles), a class token per tile,
+    # `depth` local LayerNorm/GELU layers then `global_layers` tanh-gated ones over all of an image's tiles, the
+    # outputs of `intermediate_layers` concatenated to the last (the multi_modal_projector maps the concatenation to
+    # the language model's width); the language model reads the image tokens only through the cross-attention
+    # layers at `cross_layers` (K/V projected from them), one <|image|> token per image in its sequence.
+    global_layers: int = 0
+    max_tiles: int = 0
+    intermediate_layers: tuple[int, ...] = ()
+    aspect_ratios: tuple[tuple[int, int], ...] = ()  # supported_aspect_ratios (tile rows, tile columns)
+    cross_layers: tuple[int, ...] = ()
 
     @property
     def tile(self) -> int:
@@ -194,12 +205,25 @@ class VisionTowerSpec:
         return self.in_channels * self.temporal_patch * self.patch ** 2
 
     def patches(self, image_size: int) -> int:
-        """The tower's sequence for one square image: (image / patch)^2 patches (grid_t = 1 for a still image)."""
+        """The tower's sequence for one square image: (image / patch)^2 patches (grid_t = 1 for a still image);
+        Mllama: max_tiles tiles of (tile / patch)^2 patches + a class token, whatever the image's size (the processor
+        pads to max_tiles tiles)."""
+        if self.max_tiles:
+            return self.max_tiles * self.tile_tokens
         return (image_size // self.patch) ** 2
 
     def tokens(self, image_size: int) -> int:
-        """The image's tokens in the language model's sequence: (image / (patch * merge))^2."""
+        """The image's tokens in the language model's sequence: (image / (patch * merge))^2; Mllama: its one
+        <|image|> token (the vision tokens enter through cross-attention)."""
+        if self.max_tiles:
+            return 1
         return (image_size // self.tile) ** 2
+
+    @property
+    def tile_tokens(self) -> int:
+        """Mllama: one tile's tokens, (image_size / patch)^2 patches + the class token (MllamaVisionModel.num_patches,
+        modeling_mllama.py:834)."""
+        return (self.image_size // self.patch) ** 2 + 1
 
 
 @dataclass(frozen=True)

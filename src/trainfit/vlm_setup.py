@@ -29,6 +29,8 @@ def vlm_values(spec: ModelSpec, values: dict) -> dict:
 def check_image(spec: ModelSpec, size: int) -> None:
     """A square image the tower takes whole: a multiple of patch x merge pixels (Qwen2VLImageProcessor smart_resize
     rounds every side to that factor)."""
+    if spec.vision.max_tiles:  # Mllama: the processor resizes any image into its tiles (models/mllama.py)
+        return
     tile = spec.vision.tile
     if spec.vision.fixed_size and size != spec.vision.image_size:
         raise SetupError(f"--image-size {size}: {spec.name}'s vision tower takes {spec.vision.image_size}-pixel images "

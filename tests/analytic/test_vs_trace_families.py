@@ -99,6 +99,8 @@ def shrink(cfg: dict) -> dict:
         c["max_window_layers"] = LAYERS
     if isinstance(c.get("layer_types"), list):
         c["layer_types"] = c["layer_types"][:LAYERS]
+    if isinstance(c.get("cross_attention_layers"), list):
+        c["cross_attention_layers"] = [LAYERS - 1]  # Mllama: a self-attention and a cross-attention layer
     if "full_attention_interval" in c:
         # Qwen3-Next: a Gated DeltaNet layer and a gated full-attention layer (the published 3:1 would make both of the
         # 2 layers linear, and a cache of linear layers only has no sequence length for generate), 2 key heads and 4
@@ -225,6 +227,7 @@ if _ONEDNN_BF16:
 OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
                             "gemma3": "tests/analytic/test_vlm_analytic.py",
                             "qwen3_vl": "tests/analytic/test_vlm_analytic.py",
+                            "mllama": "tests/analytic/test_mllama_analytic.py",
                             # inference (two stacks, two caches); training in test_encoder_decoder_training.py
                             "t5": "tests/analytic/test_encoder_decoder_analytic.py",
                             "mt5": "tests/analytic/test_encoder_decoder_analytic.py",

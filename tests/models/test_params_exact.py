@@ -103,8 +103,8 @@ def test_breakdown_adds_up_and_dense_active_is_total():
             per_layers = (spec.layers * c.norms + h.attention_layers * c.attention + h.mlp_layers * c.mlp
                           + h.mamba_layers * c.mamba)
         # (encoder-decoder models: per_layers are the encoder's blocks, the decoder's are in second_stack; a VLM's
-        # vision tower in vision)
-        assert c.total == c.embedding + per_layers + c.final + c.lm_head + c.second_stack + c.vision
+        # vision tower in vision; Mllama's cross-attention norms and gates in cross_extras)
+        assert c.total == c.embedding + per_layers + c.final + c.lm_head + c.second_stack + c.vision + c.cross_extras
         assert c.dense_layers + c.moe_layers == spec.layers
         if not spec.is_moe:
             assert c.active == c.total and c.moe_mlp == 0 and c.expert == 0
@@ -300,3 +300,13 @@ def test_t5_small_by_hand():
     counts = count_params(spec_from_config(config, "x"))
     assert counts.total == total == 60_506_624
     assert counts.second_stack == decoder + 32 * 8 + 32 * 8  # the decoder stack and the encoder's relative bias
+
+
+def test_hand_derivation_llama_3_2_11b_vision_extras():
+    # Hand derivation from modeling_mllama.py (not the code under test): embed_tokens has 128256 + 8 rows of 4096;
+    # each of the 8 cross-attention layers adds q_norm and k_norm (head_dim 128 each) and two 1-element tanh gates;
+    # the tower's tile position table is (8 + 1) rows of 4 x ((560 / 14)^2 + 1) x 1280 values
+    config, meta = _catalog(CATALOG_DIR / "llama-3.2-11b-vision.json")
+    c = count_params(spec_from_config(config, meta["name"]))
+    assert c.embedding == 128264 * 4096 and c.cross_extras == 8 * (2 * 128 + 2)
+    assert c.vision > 9 * 4 * 1601 * 1280

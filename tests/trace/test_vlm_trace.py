@@ -1,4 +1,4 @@
-"""Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3) in the trace engine against a real CPU step of the same model: peaks within
+"""Vision-language models (Qwen2.5-VL, Qwen3-VL, Gemma 3, Llama 3.2 Vision) in the trace engine against a real CPU step of the same model: peaks within
 0.5 % (DESIGN.md §5), in training and in inference (prefill with the images + one decode step); the image inputs'
 shapes and the estimate's components against hand derivations."""
 from __future__ import annotations
@@ -20,10 +20,15 @@ CASES = [("qwen2_5_vl", "amp-bf16", "none", "adamw", 1, 64), ("qwen2_5_vl", "bf1
          ("qwen3_vl", "amp-bf16", "none", "adamw", 1, 64),
          pytest.param("qwen3_vl", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy),
          ("gemma3", "amp-bf16", "none", "adamw", 1, 64),
-         pytest.param("gemma3", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy)]
+         pytest.param("gemma3", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy),
+         ("mllama", "amp-bf16", "none", "adamw", 1, 64),
+         pytest.param("mllama", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy)]
 # 4 x 4 language-model tokens an image: 112 px for Qwen2.5-VL (patch 14 x merge 2), 128 px for Qwen3-VL (16 x 2);
-# the tiny Gemma 3's tower takes 56 px only (4 x 4 patches pooled 2 x 2: 4 tokens)
-IMAGE = {"qwen2_5_vl": 112, "qwen3_vl": 128, "gemma3": 56}
+# the tiny Gemma 3's tower takes 56 px only (4 x 4 patches pooled 2 x 2: 4 tokens); the tiny Mllama's tiles are 56 px
+# (one tile a 56-pixel image, padded to 4; one <|image|> token)
+IMAGE = {"qwen2_5_vl": 112, "qwen3_vl": 128, "gemma3": 56, "mllama": 56}
+# the families of the per-family checks below; Mllama's in the heavy tier (its training case stays in the default run)
+FAMILIES = [*sorted(f for f in IMAGE if f != "mllama"), pytest.param("mllama", marks=pytest.mark.heavy)]
 
 
 def _setup(family: str = "qwen2_5_vl", **kw) -> Setup:
@@ -45,7 +50,7 @@ def test_vlm_trace_peak_equals_real_peak(family, precision, recompute, optimizer
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(IMAGE))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_vlm_inference_trace_peak_equals_real_peak(family):
     spec = tiny_spec(family)
     setup = _setup(family, mode="infer", precision="bf16", seq=64)
@@ -85,7 +90,7 @@ def test_qwen3_vl_batch_resamples_the_position_table():
     assert b["position_ids"].shape == (3, 2, 64)
 
 
-@pytest.mark.parametrize("family", sorted(IMAGE))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_vlm_components_split_weights_and_activations(family):
     spec = tiny_spec(family)
     setup = _setup(family, seq=32, precision="fp32")
@@ -102,6 +107,24 @@ def test_vlm_components_split_weights_and_activations(family):
     assert parts["vision_tower"]["weights"] == 4 * tower  # fp32
     assert parts["vision_tower"]["activations"] + parts["language_model"]["activations"] == est.memory.activations
     assert parts["vision_tower"]["activations"] > 0
-    tokens, patches = (4, 16) if family == "gemma3" else (16, 64)  # per image, from IMAGE's hand derivation
+    # per image, from IMAGE's hand derivation; Mllama: 4 tiles x (4 x 4 patches + the class token), one token
+    tokens, patches = {"gemma3": (4, 16), "mllama": (1, 4 * 17)}.get(family, (16, 64))
     assert parts["language_model"]["tokens_per_sample"] == 32 + 2 * tokens
     assert parts["vision_tower"]["patches_per_sample"] == 2 * patches
+
+
+def test_mllama_batch_tiles_follow_the_processor():
+    # Hand derivation, the tiny Mllama (56-pixel tiles, max_num_tiles 4): a 56-pixel image is one tile (aspect ratio
+    # [1, 1], id 1), a 57-pixel one 2 x 2 tiles ([2, 2]: index 5 of the supported ratios, id 6); pixel_values keep 4
+    # tiles either way (the processor pads); 2 <|image|> tokens lead 32 text tokens, the first image's tiles are
+    # attended from position 0 on, the second's from position 1 on, labels -100 on the image tokens.
+    spec = tiny_spec("mllama")
+    for size, ratio, tiles in ((56, 1, 1), (57, 6, 4)):
+        b = vlm_batch(spec, Setup(batch=2, device="cpu", images=2, image_size=size, seq=32), labels=True)
+        assert b["pixel_values"].shape == (2, 2, 4, 3, 56, 56) and b["input_ids"].shape == (2, 34)
+        assert b["aspect_ratio_ids"].tolist() == [[ratio] * 2] * 2
+        assert b["aspect_ratio_mask"][0, 0].tolist() == [1] * tiles + [0] * (4 - tiles)
+        assert b["cross_attention_mask"].shape == (2, 34, 2, 4)
+        assert b["cross_attention_mask"][0, :, 0, 0].sum() == 34 and b["cross_attention_mask"][0, :, 1, 0].sum() == 33
+        assert (b["input_ids"][:, :2] == 1000).all() and (b["labels"][:, :2] == -100).all()
+        assert (b["input_ids"][:, 2:] != 1000).all()

@@ -113,6 +113,15 @@ CONFIGS = {
                 "decoder_ffn_dim": 128, "vocab_size": 1000, "num_mel_bins": 16, "max_source_positions": 64,
                 "max_target_positions": 32, "pad_token_id": 1, "bos_token_id": 1, "eos_token_id": 1,
                 "decoder_start_token_id": 2},
+    # Llama 3.2 Vision: a self-attention and a cross-attention layer; a tower of 2 local + 1 global layers over
+    # 56-pixel tiles (4 x 4 patches + the class token, padded to 24), its layer 0's output concatenated to the last
+    "mllama": {"model_type": "mllama", "image_token_index": 1000,
+               "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "intermediate_size": 128, "cross_attention_layers": [1],
+                               "vocab_size": 1000, "max_position_embeddings": 128, "pad_token_id": 0},
+               "vision_config": {"hidden_size": 32, "num_hidden_layers": 2, "num_global_layers": 1,
+                                 "attention_heads": 2, "intermediate_size": 64, "image_size": 56, "patch_size": 14,
+                                 "intermediate_layers_indices": [0], "vision_output_dim": 64}},
     "bert": {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "type_vocab_size": 2, **_COMMON},
 }

@@ -179,6 +179,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         kinds = tuple(kind(layer_memory(kind_spec(spec, rope), setup, pc, st, tokens, keys, moe_layer=moe))
                       for moe, rope in distinct)
         pattern = tuple(distinct.index(k) for k in layer_kinds)
+    cross = None if (pattern or setup.compile) else vlm.cross_kinds(spec, setup, st, stage.layers, kinds[0])
+    if cross is not None:  # Mllama's cross-attention layers, a kind of their own (analytic/mllama.py)
+        kinds, pattern = cross
     uniform = kinds[pattern[0] if pattern else 0]
     casts = sum((lm, lm_full)[k].autocast_casts for k in pattern) if every else stage.layers * lm.autocast_casts
     if spec.hybrid is not None:  # Mamba-2, attention and MLP blocks, each its own kind (hybrid_training.py)
@@ -195,7 +198,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
         layers=stage.layers,
         in_flight=stage.in_flight,
-        layer_saved=uniform.saved,
+        # where the layers' kinds are not placed (a pipeline stage), Mllama's cross-attention layers' saved tensors
+        # beyond a self-attention layer's, spread over the layers (analytic/mllama.py); 0 for other models
+        layer_saved=uniform.saved + (vlm.cross_layers_saved(spec, setup, st) / stage.layers
+                                     if stage.layers and cross is None else 0),
         # a VLM's tower runs before the embedding's scatter: its pixel inputs and saved tensors live to the end of
         # the backward (NB: the pixels, an input, live through the optimizer step too: not counted there)
         embedding_saved=embedding_saved(spec, setup, st, tokens) + vlm.tower_saved(spec, setup, st)
@@ -204,6 +210,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         inputs=head.labels if stage.head else 0,
         step_inputs=vlm.tower_inputs(spec, setup) if stage.embedding else 0,
         embedding_freed=vlm.tower_saved(spec, setup, st) if stage.embedding else 0,
+        late_gradients=vlm.late_gradients(spec, setup, pc) * gb if stage.embedding else 0,
         forward_transient=(head.forward_transient if stage.head else 0) + casts
         + (vlm.checkpointed_casts(spec, setup, st) + vlm.forward_end_held(spec, setup, st) if stage.embedding else 0),
         loss_backward=head.backward_transient if stage.head else 0,

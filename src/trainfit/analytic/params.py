@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.heads import CLASSIFIERS, layout
+from trainfit.models.mllama import cross_layer_extras, extra_embedding_rows
 from trainfit.models.vlm import tower_params
 from trainfit.spec import ModelSpec
 
@@ -33,6 +34,8 @@ class ParamCounts:
     linear_attention: int = 0  # one Gated DeltaNet layer's token mixer (Qwen3-Next), in place of `attention`
     linear_layers: int = 0  # how many layers use `linear_attention`
     vision: int = 0  # a vision-language model's image encoder (spec.vision: models/vlm.py tower_params), in `total`
+    # layer parameters outside the uniform per-layer counts: Mllama's cross-attention q/k norms and gates, in `total`
+    cross_extras: int = 0
     cross_attention: int = 0  # one decoder layer's cross-attention + its norm (encoder-decoder models); 0 otherwise
     decoder_layers: int = 0  # encoder-decoder models: the decoder's blocks (`dense_layers` are the encoder's)
     # encoder-decoder models: the decoder stack whole (its blocks, final norm, position table / relative bias, own
@@ -191,6 +194,7 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         # RoBERTa (max_position_embeddings rows, i.e. max_positions + padding offset)
         embedding += (spec.max_positions + spec.position_offset) * h
     embedding += spec.type_vocab * h  # BERT token_type_embeddings
+    embedding += extra_embedding_rows(spec) * h  # Mllama's 8 rows past the vocabulary (models/mllama.py)
     if spec.embedding_norm:
         embedding += norm_params(spec, h)  # BERT embeddings.LayerNorm
 
@@ -279,7 +283,8 @@ def count_params(spec: ModelSpec) -> ParamCounts:
             + lm_head
         )
     vision = tower_params(spec.vision) if spec.vision is not None else 0
-    total += vision
+    cross_extras = cross_layer_extras(spec)  # Mllama's cross-attention layers' q/k norms and gates (models/mllama.py)
+    total += vision + cross_extras
     active = total
     if spec.moe is not None:
         # Each token runs top_k routed experts (plus the shared expert and router, counted above).
@@ -301,6 +306,7 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         linear_attention=linear_attention,
         linear_layers=linear_layers,
         vision=vision,
+        cross_extras=cross_extras,
         cross_attention=cross,
         second_stack=second_stack,
         decoder_layers=spec.encdec.decoder_layers if spec.encdec is not None else 0,

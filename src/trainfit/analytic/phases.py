@@ -78,6 +78,9 @@ class StepBytes:
     # of embedding_saved, what a backward that runs before the embedding's frees: a VLM's tower saved set (the tower
     # runs after the text embedding lookup, so autograd runs its backward first: analytic/vlm.py tower_saved)
     embedding_freed: float = 0.0
+    # gradients made after the embedding's backward: Mllama's tower, whose forward ran before the embedding's, so
+    # autograd runs its backward last (analytic/mllama.py); not made yet at the embedding's backward
+    late_gradients: float = 0.0
 
     @property
     def layers_saved(self) -> float:
@@ -151,7 +154,8 @@ def peak(b: StepBytes) -> Peak:
              b.layer_backward + gathered("first_layer_backward")),
         ]
     moments += [
-        ("embedding_backward", grads(b.gradients), others + b.embedding_saved - b.embedding_freed + b.inputs,
+        ("embedding_backward", grads(b.gradients - b.late_gradients), others + b.embedding_saved - b.embedding_freed
+         + b.inputs,
          b.embedding_backward + gathered("embedding_backward")),
         # in backward, nothing is left for the step after it
         ("optimizer_step", 0 if in_bwd else b.gradients, b.step_inputs, 0 if in_bwd else b.optimizer_transient),

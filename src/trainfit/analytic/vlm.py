@@ -15,12 +15,12 @@ from ..alloc.caching_allocator import K_MIN_BLOCK
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..vlm_setup import IMAGE_MODES, lm_seq
-from . import qwen3vl_tower, siglip
+from . import mllama, qwen3vl_tower, siglip
 from .precision import StateBytes
 
-# the towers whose terms are here, in analytic/siglip.py (Gemma 3's: projector "pool") or in analytic/qwen3vl_tower.py
-# (Qwen3-VL's); analytic/unmodelled.py refuses the others
-MODELLED_TOWERS = ("qwen2_5_vl", "gemma3", "qwen3_vl")
+# the towers whose terms are here, in analytic/siglip.py (Gemma 3's: projector "pool"), analytic/qwen3vl_tower.py
+# (Qwen3-VL's) or analytic/mllama.py (Llama 3.2 Vision's); analytic/unmodelled.py refuses the others
+MODELLED_TOWERS = ("qwen2_5_vl", "gemma3", "qwen3_vl", "mllama")
 
 
 def _qwen3(spec: ModelSpec) -> bool:
@@ -31,6 +31,11 @@ def _qwen3(spec: ModelSpec) -> bool:
 def _pooled(spec: ModelSpec) -> bool:
     """Gemma 3's SigLIP tower and pooling projector, whose terms are analytic/siglip.py's."""
     return spec.vision is not None and spec.vision.projector == "pool"
+
+
+def _crossed(spec: ModelSpec) -> bool:
+    """Mllama's tiled tower read through cross-attention, whose terms are analytic/mllama.py's."""
+    return spec.vision is not None and spec.vision.projector == "cross"
 
 
 def language_setup(spec: ModelSpec, setup: Setup) -> Setup:
@@ -158,6 +163,8 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
         return siglip.tower_saved(spec, setup, st)
     if _qwen3(spec):
         return qwen3vl_tower.tower_saved(spec, setup, st)
+    if _crossed(spec):
+        return mllama.tower_saved(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -182,6 +189,26 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     return embed + rotary + blocks + merger
 
 
+def cross_layers_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
+    """What a VLM's language-model layers save beyond memory.py's layer price: Mllama's cross-attention layers'
+    (analytic/mllama.py); 0 for the towers whose tokens join the sequence."""
+    return mllama.cross_layers_saved(spec, setup, st) if _crossed(spec) else 0
+
+
+def cross_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int, self_kind):
+    """(kinds, pattern) of a language model whose layers differ by kind (Mllama's cross-attention layers:
+    analytic/mllama.py layer_kinds); None where every layer is memory.py's."""
+    return mllama.layer_kinds(spec, setup, st, layers, self_kind) if _crossed(spec) else None
+
+
+def late_gradients(spec: ModelSpec, setup: Setup, pc) -> int:
+    """Parameters whose gradients are made after the embedding's backward: Mllama's tower and projector (the tower
+    runs before the language model's embedding, so autograd runs its backward last: MllamaModel.forward
+    :1345-1377, the text embedded in MllamaTextModel.forward :1109). Qwen2.5-VL and Gemma 3 embed the text first and run the tower after it: their towers' backward
+    comes before the embedding's (0)."""
+    return pc.vision if _crossed(spec) and setup.images else 0
+
+
 def tower_inputs(spec: ModelSpec, setup: Setup) -> int:
     """The tower's inputs in one micro-batch, live through the step: the pixel rows (0 without images), and
     Qwen3-VL's position-table resampling (qwen3vl_tower.interpolation_bytes). NB: the index tensors (the grid,
@@ -189,6 +216,8 @@ def tower_inputs(spec: ModelSpec, setup: Setup) -> int:
     512-B blocks)."""
     if _qwen3(spec):
         return pixel_bytes(spec, setup) + qwen3vl_tower.interpolation_bytes(spec, setup) if setup.images else 0
+    if _crossed(spec):
+        return mllama.tower_inputs(spec, setup)
     return pixel_bytes(spec, setup) if setup.images and spec.vision is not None else 0
 
 
@@ -198,6 +227,8 @@ def tower_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     merger's two Linears' (biases cast per call, not counted); 0 without autocast or images."""
     if _pooled(spec):
         return siglip.tower_casts(spec, setup, st)
+    if _crossed(spec):
+        return mllama.tower_casts(spec, setup, st)
     if spec.vision is None or not setup.images or not st.autocast:
         return 0
     t = spec.vision
@@ -217,6 +248,8 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
         return siglip.encoder_outputs_held(spec, setup, st)
     if _qwen3(spec):
         return qwen3vl_tower.encoder_outputs_held(spec, setup, st)
+    if _crossed(spec):
+        return mllama.encoder_outputs_held(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -238,6 +271,8 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
         return siglip.tower_prefill_peak(spec, setup, st)
     if _qwen3(spec):
         return qwen3vl_tower.tower_prefill_peak(spec, setup, st)
+    if _crossed(spec):
+        return mllama.tower_prefill_peak(spec, setup, st)
     return rotary_moment(spec, setup, st)
 
 
@@ -270,6 +305,8 @@ def checkpointed_casts(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     that requires grad is cached whatever the grad mode, so also in the checkpoint's no-grad forward)."""
     if _pooled(spec):
         return siglip.checkpointed_casts(spec, setup, st)
+    if _crossed(spec):  # Mllama: the projector's fp32 input, held to the forward's end
+        return mllama.checkpointed_casts(spec, setup, st)
     if spec.vision is None or not setup.images or not st.autocast or setup.recompute != "full":
         return 0
     return spec.vision.depth * _weight_casts(spec, st)
@@ -284,6 +321,8 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
     activations and Qwen3-VL's position-table resampling are elementwise and left out, as in flops.py."""
     if _pooled(spec):
         return siglip.tower_forward_flops(spec, setup)
+    if _crossed(spec):
+        return mllama.tower_forward_flops(spec, setup)
     if spec.vision is None or not setup.images:
         return 0.0
     t = spec.vision
@@ -301,6 +340,8 @@ def tower_forward_flops(spec: ModelSpec, setup: Setup) -> float:
 def patch_embed_flops(spec: ModelSpec, setup: Setup) -> float:
     """The patch embedding's forward FLOPs: each patch row times the (hidden, in_channels x temporal_patch x patch^2)
     weight."""
+    if _crossed(spec):
+        return mllama.patch_embed_flops(spec, setup)
     if spec.vision is None or not setup.images:
         return 0.0
     t = spec.vision

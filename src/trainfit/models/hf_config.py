@@ -821,6 +821,17 @@ def _gemma3(c: _Cfg) -> dict:
     return f
 
 
+def _mllama(c: _Cfg) -> dict:
+    """Llama 3.2 Vision (MllamaForConditionalGeneration): a Llama language model from text_config (MllamaTextConfig's
+    defaults; MllamaTextSelfAttention: no biases, head_dim = hidden / heads, modeling_mllama.py:517-535) whose
+    cross-attention layers read the tiled vision tower's tokens (models/mllama.py)."""
+    from .mllama import text_config, tower_spec
+
+    f = _llama(_Cfg(text_config(c.d), c.name, "mllama_text_model"))
+    f["vision"] = tower_spec(c.d, c.name, f["hidden"], f["layers"])
+    return f
+
+
 # The T5Config / MT5Config defaults that set shapes (configuration_t5.py:43-55, configuration_mt5.py:42-54)
 _T5_DEFAULTS = dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128, feed_forward_proj="relu")
 _MT5_DEFAULTS = dict(d_model=512, d_ff=1024, num_layers=8, num_heads=6, vocab_size=250112,
@@ -957,6 +968,7 @@ _BUILDERS: dict[str, Callable[[_Cfg], dict]] = {
     "qwen2_5_vl": _qwen2_5_vl,
     "qwen3_vl": _qwen3_vl,
     "gemma3": _gemma3,
+    "mllama": _mllama,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "opt": _opt,

@@ -127,6 +127,9 @@ def tower_params(t: VisionTowerSpec) -> int:
     :638), LayerNorms (weight + bias, :331-332; the merger's :324), the plain MLP (:83-84), and one more merger per
     deepstack block whose LayerNorm spans hidden * merge^2 (use_postshuffle_norm, :654-661). The rotary embeddings
     hold buffers only."""
+    if t.projector == "cross":  # Mllama's tiled tower and projector (models/mllama.py)
+        from .mllama import tower_params as mllama_tower_params
+        return mllama_tower_params(t)
     h, i, m = t.hidden, t.intermediate, t.hidden * t.merge ** 2
     norm = 2 if t.norm == "layernorm" else 1
     if t.projector == "pool":  # Gemma 3: q, k, v, out with biases (modeling_siglip.py SiglipAttention), the final

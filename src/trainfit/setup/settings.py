@@ -197,15 +197,21 @@ class Setup:
     image_size: Optional[int] = setting(None, "Image side in pixels (vision models: resnet, convnext, vit; the "
                                         "batch is images). Vision-language models: each image's side, a multiple of "
                                         "patch x merge (qwen2.5-vl 28, qwen3-vl 32) as the processor resizes to; "
-                                        "gemma-3 takes 896 only.",
+                                        "gemma-3 takes 896 only; llama-3.2-vision (mllama) splits "
+                                        "an image into ceil(h / 560) x ceil(w / 560) tiles of 560 pixels, at most "
+                                        "max_num_tiles 4 (a square image: 1 tile up to 560, else 2 x 2), and pads "
+                                        "every image to 4 tiles, so the size sets the masks, not the memory.",
                                         minimum=1, maximum=8192,
                                         auto="the config's image_size (224 for the ImageNet models, 896 for "
-                                        "gemma-3; 448 for the Qwen vision-language models)", example="224", group="vision")
+                                        "gemma-3; 448 for the Qwen vision-language models; 560, one tile, "
+                                        "for llama-3.2-vision)", example="224", group="vision")
     images: Optional[int] = setting(None, "Images per sample (vision-language models): each adds (image / (patch x "
                                     "merge))^2 tokens to the language model's sequence (qwen2.5-vl: (image / 28)^2), "
                                     "which is then --seq text tokens + images x tokens per image; the vision tower "
-                                    "runs on (image / patch)^2 patches per image. Refused for models without a vision "
-                                    "tower.", minimum=0, maximum=1024,
+                                    "runs on (image / patch)^2 patches per image. llama-3.2-vision (mllama): one <|image|> token per "
+                                    "image in the sequence; the tower runs on 4 tiles x ((560 / 14)^2 + 1) tokens "
+                                    "per image, which the cross-attention layers read. Refused for models without a "
+                                    "vision tower.", minimum=0, maximum=1024,
                                     auto="1 for a vision-language model", example="2",
                                     group="vision")
     channels_last: bool = setting(False, "Run a vision model in the channels-last memory format (NHWC; the same "

@@ -213,6 +213,9 @@ def vlm_batch(spec: "ModelSpec", setup: "Setup", device="cpu", labels: bool = Fa
     t, n = spec.vision, setup.images
     if t.projector == "pool":
         return _pooled_batch(spec, setup, device, labels)
+    if t.projector == "cross":  # Mllama: tiles read through cross-attention (step/mllama_batch.py)
+        from .mllama_batch import tiled_batch
+        return tiled_batch(spec, setup, device, labels)
     side = setup.image_size // t.patch
     image_tokens = n * t.tokens(setup.image_size)
     length = setup.seq + image_tokens

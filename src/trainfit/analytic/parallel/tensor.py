@@ -41,6 +41,7 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
         # first stage's, trained with the rest as the HF Trainer trains every parameter. NB: not split by TP (the
         # stacks run a VLM's tower on one rank)
         n += pc.vision
+        n += pc.cross_extras  # NB: Mllama's cross-attention norms and gates, on the first stage (a few KB)
     if stage.head:
         n += pc.final + pc.lm_head / t
         if spec.tied_embeddings and not stage.embedding:
