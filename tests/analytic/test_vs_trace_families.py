@@ -24,7 +24,6 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainfit.analytic.engine import estimate  # noqa: E402
-from trainfit.errors import SetupError  # noqa: E402
 from trainfit.analytic.inference import values_keep_their_dtype  # noqa: E402
 from trainfit.models.hf_config import spec_from_config  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
@@ -208,11 +207,6 @@ if values_keep_their_dtype():
     # gap narrows to -0.97 %
     KNOWN_GAPS.pop("gpt_neox-infer-amp-bf16-cuda")
 
-# Families the analytic engine refuses (analytic/unmodelled.py), with the gap measured before the refusal: left out of
-# the matrix; test_refused_families_say_so_in_one_line checks the refusal (none at present: Qwen3-VL was the last).
-REFUSED: dict[str, str] = {}
-
-
 if _ONEDNN_BF16:
     KNOWN_GAPS["nemotron_h-amp-bf16-full-adamw-cpu"] = (
         "the oneDNN scratch of the Mamba-2 scan's last bmm under autocast (C_times_states, modeling_nemotron_h.py:359, "
@@ -223,7 +217,7 @@ if _ONEDNN_BF16:
 
 
 # Families checked in a file of their own (a tower beside the language model, its own shrunk sizes and image
-# counts), left out of the matrix like the refused ones so that the others keep their setups
+# counts), left out of the matrix so that the others keep their setups
 OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
                             "gemma3": "tests/analytic/test_vlm_analytic.py",
                             "qwen3_vl": "tests/analytic/test_vlm_analytic.py",
@@ -246,8 +240,8 @@ def default_run(index: int, s: Setup) -> bool:
 
 
 CASES = []
-# (a refused family takes no index: the others' setups stay as they were)
-for _i, _family in enumerate(f for f in FAMILIES if f not in REFUSED and f not in OWN_FILE):
+# (a family in its own file takes no index: the others' setups stay as they were)
+for _i, _family in enumerate(f for f in FAMILIES if f not in OWN_FILE):
     for _s in setups(_i):
         _case = _id(_family, _s)
         _marks = [pytest.mark.xfail(reason=KNOWN_GAPS[_case], strict=True)] if _case in KNOWN_GAPS else []
@@ -262,15 +256,6 @@ def test_every_catalog_family_is_covered():
                            for f in resources.files("trainfit.models.catalog").iterdir() if f.name.endswith(".json")}
     for mt, spec in shrunk.items():
         assert (spec.hidden, spec.layers, spec.vocab) == (HIDDEN, LAYERS, VOCAB), mt
-
-
-@pytest.mark.parametrize("family", sorted(REFUSED))
-def test_refused_families_say_so_in_one_line(family):
-    spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
-    for s in (Setup(batch=2, seq=128, precision="bf16", mode=m) for m in ("train", "infer")):
-        with pytest.raises(SetupError, match="analytic engine does not model") as e:
-            estimate(spec, s)
-        assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
 
 
 def assert_analytic_near_trace(spec, setup, label: str, tolerance: float) -> None:
