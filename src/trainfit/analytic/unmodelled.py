@@ -113,7 +113,8 @@ implicit GEMMs, the post- and pre-norm LayerNorm blocks, SDPA's flash kernel or,
 memory-efficient one, the caches' cats, final_logits_bias, forward and backward; tests/analytic/
 test_encdec_absolute_ops_vs_trace.py, fp32, bf16, amp-bf16): every GEMM and attention call as the trace's, a
 block's casts equal and its other memory-bound bytes -0.30 % to +0.23 %, a whole training step's -0.08 % to +3.0 %,
-generate()'s prefill -0.06 % to -0.19 % and decode -1.7 % to -3.4 %; --gpu times their prefill and decode.
+generate()'s prefill -0.06 % to -0.19 % and decode -1.7 % to -3.4 %; --gpu times their prefill and decode (SDPA's
+kernels: under --attention eager the timing is refused in one line, encoder_decoder_time._check).
 unmodelled_kernels refuses the encoder-decoders whose memory is modelled but whose stacks the op list does not list.
 """
 from __future__ import annotations
