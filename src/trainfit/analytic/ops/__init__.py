@@ -35,6 +35,7 @@ mixer: attention or Gated DeltaNet), or a hybrid stack's one-mixer block by kind
 embedding.py and head.py the first and last stage; derived.py the backward, compiled and recomputed lists;
 vision_tower.py a vision-language model's image encoder (Qwen2.5-VL's tower, Gemma 3's SigLIP tower and projector);
 encoder_decoder.py T5's two stacks (its blocks, relative bias, head and loss; timed by analytic/encoder_decoder_time.py).
+encdec_absolute.py BART's and Whisper's two stacks (front-ends, LayerNorm blocks, head; timed by encoder_decoder_time.py).
 tests/analytic/test_ops_vs_trace.py checks every family's layer against the kernels the trace engine dispatches,
 tests/analytic/test_tower_ops_vs_trace.py the towers'.
 """

@@ -50,13 +50,15 @@ from .residual import residual
 
 SRC = "modeling_t5.py"
 BOOL = 1
-# the families whose kernels this module lists (T5Stack's blocks); other encoder-decoders' (BART, Whisper) are not
+# the families whose kernels this module lists (T5Stack's blocks)
 LISTED = ("t5", "mt5")
+# the absolute-position encoder-decoders, whose kernels ops/encdec_absolute.py lists
+ABSOLUTE = ("bart", "whisper")
 
 
 def listed(spec) -> bool:
-    """Whether the op list has `spec`'s kernels (an encoder-decoder of LISTED)."""
-    return spec.encdec is not None and spec.family in LISTED
+    """Whether the op list has `spec`'s kernels (an encoder-decoder of LISTED or ABSOLUTE)."""
+    return spec.encdec is not None and spec.family in LISTED + ABSOLUTE
 
 
 def stack_shape(sh: Shape, seq: int) -> Shape:
