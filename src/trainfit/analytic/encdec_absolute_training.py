@@ -206,4 +206,22 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     down = Moment(rerun + incoming + a * h * rows + a * f * rows, fc2)
     act_freed = (a + dropped(setup, activation_dropout(spec), a)) * f * rows
     gelu = Moment(rerun + incoming + 2 * a * f * rows, fc2, act_freed)
-    return [down, gelu]
+    if not (decoder and first):
+        return [down, gelu]
+    # the decoder's embedding backward, its first block's done: the block's gradient in, its saved tensors freed
+    # (under full recomputation its checkpoint inputs kept: NB over by the encoder's output), the table's partial
+    own = 0.0 if setup.recompute == "full" else block_saved(spec, setup, st, decoder)
+    table = Moment(incoming + table_partials(spec, st, True) * st.grad, block_params(spec, decoder), own)
+    return [down, gelu, table]
+
+
+def table_partials(spec: ModelSpec, st: StateBytes, decoder: bool) -> float:
+    """Elements of the token table's gradient its Embedding's backward makes beside the gradients already there
+    (embedding_dense_backward's (vocab, h) output), in the decoder's and then the encoder's backward (BART's
+    `shared`; Whisper's encoder has no table: 0). Tied to lm_head, the decoder's is summed into the head's partial
+    as memory.py's tied_partials says: in place under autocast (one partial), out of place without (both and their
+    sum: two beside the head's); that sum, a fresh tensor, takes the encoder's partial in place (one)."""
+    table = spec.vocab * spec.hidden
+    if not decoder:
+        return table if spec.encdec.shared_embedding and not spec.encdec.mel_bins else 0
+    return (2 if spec.tied_embeddings and not st.autocast else 1) * table

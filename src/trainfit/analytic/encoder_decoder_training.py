@@ -324,7 +324,8 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         layer_backward=0.0,
         layer_freed=0.0,
         layer_grads_done=0.0,
-        embedding_backward=2 * spec.vocab * h * gb,  # the tied table's partials (memory.py tied_partials)
+        # the tied table's partials (memory.py tied_partials; BART's and Whisper's encoder's own)
+        embedding_backward=(ab.table_partials(spec, st, False) if ab else 2 * spec.vocab * h) * gb,
         gathered=0.0,
         optimizer_transient=optimizer_temporaries(setup, st, n, spec.vocab * h),
         kinds=tuple(kinds),
