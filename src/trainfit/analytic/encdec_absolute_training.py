@@ -203,7 +203,10 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     rerun = block_saved(spec, setup, st, decoder) if setup.recompute == "full" else 0.0
     incoming = r * h * rows
     fc2 = h * f + h
-    down = Moment(rerun + incoming + a * h * rows + a * f * rows, fc2)
+    # accumulating (--grad-accum > 1), fc2's fresh weight and bias gradients are live beside the .grad they are
+    # added to in place (AccumulateGrad), until its backward has returned them
+    fresh = fc2 * st.grad if setup.grad_accum > 1 else 0
+    down = Moment(rerun + incoming + a * h * rows + a * f * rows + fresh, fc2)
     act_freed = (a + dropped(setup, activation_dropout(spec), a)) * f * rows
     gelu = Moment(rerun + incoming + 2 * a * f * rows, fc2, act_freed)
     if not (decoder and first):

@@ -1,5 +1,7 @@
 """Training memory of T5 / Flan-T5 / mT5 (spec.encdec; transformers models/t5/modeling_t5.py
-T5ForConditionalGeneration): both stacks' saved tensors, block by block, combined by phases.peak.
+T5ForConditionalGeneration): both stacks' saved tensors, block by block, combined by phases.peak. BART's and
+Whisper's steps are combined here the same way from encdec_absolute_training.py's terms (their blocks, front-ends,
+the tied table's partials; train_memory, stack_terms).
 
 The step: the encoder over --seq tokens, the decoder over --target-seq tokens (its cross-attention's K and V
 projected from the encoder's output in every block), lm_head (tied to `shared`) over every target position and
