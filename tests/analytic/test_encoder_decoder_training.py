@@ -17,8 +17,9 @@ of test_encoder_decoder_analytic.py (hidden 128, 2 encoder and 6 decoder blocks,
 attention_dropout and activation_dropout 0.1) and 2048 (Whisper: no dropout), vocabulary 1000; Whisper with 128
 encoder positions) at the same 2 x 128 + 128, every precision x recompute none/full on both devices' semantics:
 -0.18 % to +0.47 % (BART) and -0.39 % to +0.51 % (Whisper) of the traced peak (CPU under ONEDNN_MAX_CPU_ISA=AVX2:
-0.00 % to +0.56 %, +0.12 % to +0.61 %); bart-base and whisper-tiny at full size within 0.6 %; with the one-stack terms -54.3 % to -54.5 % and -46.5 % to -50.2 %. The default run counts a
-block's saved tensors of each by hand (equal to the trace's per-module record) and checks the refusals."""
+0.00 % to +0.56 %, +0.12 % to +0.61 %); bart-base and whisper-tiny at full size within 0.6 %; with the one-stack
+terms -54.3 % to -54.5 % and -46.5 % to -50.2 %. The default run counts a block's saved tensors of each by hand
+(equal to the trace's per-module record) and checks the refusals."""
 from __future__ import annotations
 
 import pytest
@@ -144,8 +145,10 @@ def test_settings_not_covered_are_refused_in_one_line(kw):
 ABSOLUTE = [(f, p, r, d) for f in ("bart", "whisper") for p in ("fp32", "amp-bf16", "bf16", "bf16-master")
             for r in ("none", "full") for d in ("cpu", "cuda")]
 ABSOLUTE_SHAPES = [("bart", "amp-bf16", "none", "cuda", 1, 200, 48, 1), ("bart", "fp32", "full", "cpu", 2, 64, 160, 1),
-                   ("bart", "bf16", "none", "cpu", 2, 128, 128, 2), ("whisper", "amp-bf16", "none", "cpu", 1, 64, 200, 1),
-                   ("whisper", "bf16", "full", "cuda", 2, 256, 32, 1), ("whisper", "fp32", "none", "cuda", 2, 128, 128, 2)]
+                   ("bart", "bf16", "none", "cpu", 2, 128, 128, 2),
+                   ("whisper", "amp-bf16", "none", "cpu", 1, 64, 200, 1),
+                   ("whisper", "bf16", "full", "cuda", 2, 256, 32, 1),
+                   ("whisper", "fp32", "none", "cuda", 2, 128, 128, 2)]
 
 
 def _absolute(family: str, seq: int = 128):
