@@ -260,6 +260,9 @@ class EncoderDecoderSpec:
     decoder_positions: int = 0
     k_bias: bool = True
     shared_embedding: bool = True
+    # BART's and Whisper's dropout on the MLP's activation (activation_dropout, configuration_bart.py:62,
+    # configuration_whisper.py:143; BartEncoderLayer.forward :299); T5 has none (its dropout_rate: ModelSpec.dropouts)
+    activation_dropout: float = 0.0
 
     def mel_frames(self, positions: int) -> int:
         """The log-mel frames an audio encoder reads for `positions` encoder positions (what --seq counts for

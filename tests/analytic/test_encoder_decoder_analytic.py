@@ -15,8 +15,8 @@ BART and Whisper (analytic/encdec_absolute.py) are the matrix's shrunk configs t
 decoder blocks (shrink keeps decoder_layers), 4 heads, ffn 3072 (BART) and 2048 (Whisper), vocabulary 1000), Whisper
 with 128 encoder positions (max_source_positions 128: 256 log-mel frames; the CLI takes exactly the table's length),
 at the same 2 x 128 + 128; one trace gives the prefill peak, the decode step and the prefill FLOPs. Before their terms
-(T5's one-stack predecessor) the inference peak read -3.0 % (BART) and -5.6 % (Whisper); their training stays
-refused in one line (check_trainable)."""
+(T5's one-stack predecessor) the inference peak read -3.0 % (BART) and -5.6 % (Whisper); their training is checked
+in test_encoder_decoder_training.py."""
 from __future__ import annotations
 
 import json
@@ -148,13 +148,6 @@ def test_prefill_flops_are_the_traced_ones():
     for spec in (small("t5"), small_t5_v1_0()):
         traced = trace_spec(spec, setup, flops=True).flops.forward
         assert estimate(spec, setup).flops.forward == pytest.approx(traced, rel=1e-3)
-
-
-@pytest.mark.parametrize("family", ["bart", "whisper"])
-def test_training_is_refused_in_one_line(family):
-    with pytest.raises(SetupError, match="not modelled by the analytic engine") as e:
-        estimate(small(family), Setup(batch=2, seq=128, precision="bf16"))
-    assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
 
 
 def test_t5_memory_and_kernels_are_modelled():

@@ -225,7 +225,8 @@ OWN_FILE: dict[str, str] = {"qwen2_5_vl": "tests/analytic/test_vlm_analytic.py",
                             # inference (two stacks, two caches); training in test_encoder_decoder_training.py
                             "t5": "tests/analytic/test_encoder_decoder_analytic.py",
                             "mt5": "tests/analytic/test_encoder_decoder_analytic.py",
-                            # inference (encdec_absolute.py; before: -3.0 % and -5.6 % with one-stack terms)
+                            # inference (encdec_absolute.py; before: -3.0 % and -5.6 % with one-stack terms);
+                            # training in test_encoder_decoder_training.py
                             "bart": "tests/analytic/test_encoder_decoder_analytic.py",
                             "whisper": "tests/analytic/test_encoder_decoder_analytic.py"}
 

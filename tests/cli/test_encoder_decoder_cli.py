@@ -96,3 +96,10 @@ def test_analytic_training_estimate_of_a_t5_answers(capsys):
     main(["estimate", "t5-base", "--mode", "train", "--seq", "512", "--target-seq", "128", "--recompute", "full"])
     out = capsys.readouterr().out
     assert "analytic engine" in out and "seq2seq-lm head" in out and "peak" in out
+
+
+def test_analytic_training_estimate_of_a_bart_answers(capsys):
+    # BART's and Whisper's training memory too (analytic/encdec_absolute_training.py): an estimate without --gpu
+    main(["estimate", "bart-base", "--mode", "train", "--seq", "512", "--target-seq", "128"])
+    out = capsys.readouterr().out
+    assert "analytic engine" in out and "seq2seq-lm head" in out and "peak" in out

@@ -10,7 +10,7 @@ self-attention K/V over the target tokens and the cross-attention K/V over the e
 
 Modelled: T5's two stacks (relative position bias; mT5 is the same model, modeling_mt5.py), their training in
 encoder_decoder_training.py; BART's and Whisper's in encdec_absolute.py (learned positions, LayerNorm blocks, the
-conv front-end). Refused in one line (check_trainable): BART's and Whisper's training.
+conv front-end), their training in encoder_decoder_training.py with encdec_absolute_training.py's terms.
 """
 from __future__ import annotations
 
@@ -43,12 +43,12 @@ def absolute(spec: ModelSpec):
 
 def check_trainable(spec: ModelSpec, setup: Setup) -> None:
     """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder whose saved
-    tensors are not modelled (inference is): BART, Whisper (T5 / mT5: encoder_decoder_training.py)."""
-    if spec.encdec is not None and (not modelled(spec) or absolute(spec) is not None):
+    tensors are not modelled: a family other than T5 / mT5, BART and Whisper (encoder_decoder_training.py)."""
+    if spec.encdec is not None and not modelled(spec):
         raise SetupError(
             f"{spec.name}: training an encoder-decoder model is not modelled by the analytic engine (both stacks' "
             "saved tensors: the encoder's over --seq, the decoder's self- and cross-attention over --target-seq, "
-            "the dropout masks; T5's and mT5's are modelled); use --engine trace")
+            "the dropout masks; T5's, mT5's, BART's and Whisper's are modelled); use --engine trace")
 
 
 def inner(spec: ModelSpec) -> int:

@@ -1,5 +1,7 @@
 """Training memory of T5 / Flan-T5 / mT5 (spec.encdec; transformers models/t5/modeling_t5.py
-T5ForConditionalGeneration): both stacks' saved tensors, block by block, combined by phases.peak.
+T5ForConditionalGeneration): both stacks' saved tensors, block by block, combined by phases.peak. BART's and
+Whisper's steps are combined here the same way from encdec_absolute_training.py's terms (their blocks, front-ends,
+the tied table's partials; train_memory, stack_terms).
 
 The step: the encoder over --seq tokens, the decoder over --target-seq tokens (its cross-attention's K and V
 projected from the encoder's output in every block), lm_head (tied to `shared`) over every target position and
@@ -46,11 +48,14 @@ anything, and every later block keeps more than they add (three (b, heads, q, k)
 """
 from __future__ import annotations
 
+import sys
+
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, dropout_mask_bytes
-from .encoder_decoder import fp32_gelu, inner
+from .encdec_frontends import encoder_input
+from .encoder_decoder import absolute, fp32_gelu, inner
 from .optimizer import PAGED, optimizer_temporaries, state_bytes_unsharded
 from .params import ParamCounts, relative_bias_params
 from .parallel.zero import model_states, params_at_rest
@@ -61,7 +66,8 @@ from .recompute import CPU_RNG_STATE
 
 
 def check_trainable(spec: ModelSpec, setup: Setup) -> None:
-    """Refuse, in one line each, the training setups of T5 / mT5 whose terms are not derived here."""
+    """Refuse, in one line each, the training setups of T5 / mT5, BART and Whisper whose terms are not derived
+    here."""
     why = None
     if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
         why = "--tp/--pp/--cp (the two stacks' split is not modelled)"
@@ -79,13 +85,17 @@ def check_trainable(spec: ModelSpec, setup: Setup) -> None:
     elif setup.loss != "full" or setup.attention not in ("auto", "sdpa"):
         # (the seq2seq head is the hf stack's only: heads.py refuses the others)
         why = "a loss or attention kernel other than transformers' own (SDPA)"
-    elif not ((spec.gated_mlp and spec.activation == "gelu_new") or (not spec.gated_mlp and spec.activation == "relu")):
+    elif absolute(spec) is None and not ((spec.gated_mlp and spec.activation == "gelu_new")
+                                         or (not spec.gated_mlp and spec.activation == "relu")):
         why = f"a {spec.activation} MLP (gated gelu_new and relu are modelled)"
+    elif absolute(spec) is not None and (spec.gated_mlp or spec.activation != "gelu"):
+        # nn.functional.gelu keeps its input only (encdec_absolute_training.mlp_saved)
+        why = f"a {spec.activation} MLP (BART's and Whisper's gelu is modelled)"
     elif spec.task_head != "seq2seq-lm":
         why = f"the {spec.task_head} head"
     if why:
-        raise SetupError(f"{spec.name}: training T5 under {why} is not modelled by the analytic engine; use --engine "
-                         "trace")
+        raise SetupError(f"{spec.name}: training an encoder-decoder under {why} is not modelled by the analytic "
+                         "engine; use --engine trace")
 
 
 def norm_saved(st: StateBytes, rows: int, h: int, final: bool = False) -> float:
@@ -106,12 +116,13 @@ def sublayer_saved(setup: Setup, st: StateBytes, rows: int, h: int) -> float:
     return norm_saved(st, rows, h) + dropout_mask_bytes(setup, st.act) * h * rows + st.residual * h * rows
 
 
-def attention_core(spec: ModelSpec, setup: Setup, st: StateBytes, q_len: int, k_len: int) -> float:
-    """SDPA's math path with the bias mask and dropout (see the module docstring): fp32 q, k, v, the output in
-    the compute dtype, and three fp32 (b, heads, q, k) tensors (softmax's output, the dropout's noise and the
-    dropped probabilities), one batch."""
+def attention_core(spec: ModelSpec, setup: Setup, st: StateBytes, q_len: int, k_len: int, heads: int = 0) -> float:
+    """SDPA's math path with dropout (see the module docstring): fp32 q, k, v, the output in the compute dtype, and
+    three fp32 (b, heads, q, k) tensors (softmax's output, the dropout's noise and the dropped probabilities), one
+    batch; `heads` the attention's own (BART's decoder may have others), spec.heads when 0."""
     b, q = setup.batch, inner(spec)
-    return b * (FP32 * q * (q_len + 2 * k_len) + st.act * q * q_len + 3 * FP32 * spec.heads * q_len * k_len)
+    pairs = (heads or spec.heads) * q_len * k_len
+    return b * (FP32 * q * (q_len + 2 * k_len) + st.act * q * q_len + 3 * FP32 * pairs)
 
 
 def attention_casts(spec: ModelSpec, st: StateBytes, q_rows: int, kv_rows: int) -> float:
@@ -238,38 +249,65 @@ def block_params(spec: ModelSpec, pc: ParamCounts, decoder: bool, first: bool) -
     return own + (relative_bias_params(spec) if first else 0)
 
 
+def stack_terms(spec: ModelSpec, setup: Setup, st: StateBytes) -> tuple[float, float, float, float]:
+    """(encoder front, encoder end, decoder front, decoder end): each stack's saved tensors before its first block
+    (T5: stack_ends' embedding dropout; BART / Whisper: encdec_absolute_training.front_saved) and after its last
+    (T5: the final norm and dropout; Whisper: its final layer_norm; BART: none)."""
+    ab = absolute_training(spec)
+    if ab is not None:
+        return (ab.front_saved(spec, setup, st, False), ab.final_saved(spec, setup, st, False),
+                ab.front_saved(spec, setup, st, True), ab.final_saved(spec, setup, st, True))
+    enc = stack_ends(spec, setup, st, setup.batch * setup.seq)
+    dec = stack_ends(spec, setup, st, setup.batch * setup.target_tokens)
+    return enc[0], enc[1], dec[0], dec[1]
+
+
+def absolute_training(spec: ModelSpec):
+    """encdec_absolute_training for BART and Whisper (their blocks, front-ends and head), None for T5 / mT5."""
+    if absolute(spec) is None:
+        return None
+    from . import encdec_absolute_training  # noqa: PLC0415 (it reads this module's attention terms)
+
+    return encdec_absolute_training
+
+
 def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
-    """The training step's memory (memory.TrainMemory) of T5 / mT5, as memory.stage_memory's for one stack."""
+    """The training step's memory (memory.TrainMemory) of T5 / mT5, BART and Whisper, as memory.stage_memory's for
+    one stack; BART's and Whisper's blocks, front-ends and head from encdec_absolute_training."""
     from .memory import TrainMemory  # noqa: PLC0415 (memory dispatches here)
 
     check_trainable(spec, setup)
     st = state_bytes(setup)
+    ab = absolute_training(spec)
     n = pc.total
     ms = model_states(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
     b, h = setup.batch, spec.hidden
-    enc_rows, dec_rows = b * setup.seq, b * setup.target_tokens
-    enc_embedding, enc_final = stack_ends(spec, setup, st, enc_rows)
-    dec_embedding, dec_final = stack_ends(spec, setup, st, dec_rows)
+    dec_rows = b * setup.target_tokens
+    enc_embedding, enc_final, dec_embedding, dec_final = stack_terms(spec, setup, st)
     head_saved, logits, loss_backward = head_bytes(spec, setup, st)
+    if ab is not None:
+        logits += ab.logits_extra(spec, setup, st)
     full = setup.recompute == "full"
     gb = st.grad
+    terms = ab or sys.modules[__name__]
     kinds = []
     for decoder, first in ((False, True), (False, False), (True, True), (True, False)):
-        rows = dec_rows if decoder else enc_rows
+        rows = dec_rows if decoder else b * setup.seq
         if full:
             # the block's input; a first block's is the embeddings' dropout output, counted with the stack's ends
             saved = (0 if first else st.residual * h * rows) + (CPU_RNG_STATE if setup.device == "cpu" else 0)
             if first:
-                saved += held_per_stack(spec, setup, st, decoder)
+                saved += terms.held_per_stack(spec, setup, st, decoder)
         else:
-            saved = block_saved(spec, setup, st, decoder, first)
+            saved = terms.block_saved(spec, setup, st, decoder, first)
         if decoder and first:  # live until the decoder's backward is done: its embeddings, the encoder's end
             saved += dec_embedding + enc_final + INDEX * dec_rows  # (+ shift_right's decoder ids)
-        m = max(block_moments(spec, setup, st, decoder, first), key=lambda x: x.extra - x.freed + x.grads_done * gb)
-        kinds.append(LayerKind(saved, m.extra, m.freed, m.grads_done * gb,
-                               gradients=block_params(spec, pc, decoder, first) * gb))
+        m = max(terms.block_moments(spec, setup, st, decoder, first),
+                key=lambda x: x.extra - x.freed + x.grads_done * gb)
+        own = ab.block_params(spec, decoder) if ab is not None else block_params(spec, pc, decoder, first)
+        kinds.append(LayerKind(saved, m.extra, m.freed, m.grads_done * gb, gradients=own * gb))
     pattern = tuple([0] + [1] * (spec.layers - 1) + [2] + [3] * (spec.encdec.decoder_layers - 1))
-    inputs = INDEX * b * (setup.seq + setup.target_tokens)  # input_ids and labels
+    inputs = encoder_input(spec, setup, st) + INDEX * dec_rows  # input_ids (Whisper: input_features) and labels
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
@@ -288,7 +326,8 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         layer_backward=0.0,
         layer_freed=0.0,
         layer_grads_done=0.0,
-        embedding_backward=2 * spec.vocab * h * gb,  # the tied table's partials (memory.py tied_partials)
+        # the tied table's partials (memory.py tied_partials; BART's and Whisper's encoder's own)
+        embedding_backward=(ab.table_partials(spec, st, False) if ab else 2 * spec.vocab * h) * gb,
         gathered=0.0,
         optimizer_transient=optimizer_temporaries(setup, st, n, spec.vocab * h),
         kinds=tuple(kinds),

@@ -57,9 +57,9 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     headed = for_setup(spec, setup)  # the model with the head the setup trains (trainfit.heads)
     if headed is not spec:
         spec, pc = headed, None
-    encoder_decoder.check_trainable(spec, setup)  # BART / Whisper: inference only (encoder_decoder.py)
+    encoder_decoder.check_trainable(spec, setup)  # an encoder-decoder family not modelled (encoder_decoder.py)
     pc = pc or count_params(spec)
-    if encoder_decoder.modelled(spec):  # T5 / mT5: two stacks (encoder_decoder_training.py)
+    if encoder_decoder.modelled(spec):  # T5 / mT5, BART, Whisper: two stacks (encoder_decoder_training.py)
         return encoder_decoder_training.train_memory(spec, setup, pc)
     st = state_bytes(setup)
     stack = model_for(setup)  # its per-stage memory (analytic/stacks: Megatron-Core's is megatron_memory.py)

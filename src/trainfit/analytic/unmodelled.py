@@ -125,8 +125,17 @@ a CPU (fp32, bf16, amp-bf16; native ISA and ONEDNN_MAX_CPU_ISA=AVX2) and reads -
 under CUDA semantics (the allocator's 512-byte rounding of the biases), the decode step within 0.2 %, the FLOPs
 exact; with --attention eager the same (-1.6 % to -4.6 % before the probabilities each layer holds through its
 MLP); before, with the one-stack terms, -3.0 % (BART) and -5.6 % (Whisper). Their kernels are in the op list
-(below) and their training is refused (check_trainable); measured then with the
-one-stack terms: -54.3 % to -54.5 % (BART), -46.5 % to -50.2 % (Whisper) of the traced training peak.
+(below). Their training is modelled (encoder_decoder_training.py's structure with
+encdec_absolute_training.py's terms: LayerNorm blocks post- or pre-norm, biased q/k/v/out_proj, SDPA's math path
+where attention dropout runs on a CPU or beside BART's materialised causal mask, the fused kernels elsewhere, the
+GELU MLP, dropout / attention_dropout / activation_dropout from the config, each stack's front-end, the tied table's
+partials at each stack's embedding backward; tests/analytic/test_encoder_decoder_training.py): at the families
+matrix's size (2 x 128 + 128) every precision (fp32, amp-bf16, bf16, bf16-master) x recompute none/full on CPU and
+CUDA semantics reads -0.18 % to +0.47 % (BART) and -0.39 % to +0.51 % (Whisper) of the traced peak (CPU under
+ONEDNN_MAX_CPU_ISA=AVX2: 0.00 % to +0.56 %, +0.12 % to +0.61 %), other shapes and gradient accumulation from
+-0.23 % to +0.54 %, bart-base at 1 x 512 + 128 (amp-bf16, CUDA) -0.19 %, whisper-tiny at 1 x 1500 + 128 +0.22 %;
+with the one-stack terms -54.3 % to -54.5 % (BART), -46.5 % to -50.2 % (Whisper). Refused in one line as T5's: the
+settings check_trainable lists.
 T5's kernels (analytic/ops/encoder_decoder.py, timed by encoder_decoder_time.py): both stacks' blocks, the relative
 bias, SDPA's float mask and memory-efficient kernel, the cross-attention over the encoder's or the cached k and v, the
 head and loss, forward and backward; tests/analytic/test_encdec_ops_vs_trace.py: every GEMM and attention call as

@@ -912,7 +912,8 @@ def _bart(c: _Cfg) -> dict:
         qkv_bias=True, out_bias=True, mlp_bias=True, final_norm=False, embedding_norm=True, dtype=c.dtype(),
         encdec=EncoderDecoderSpec(decoder_layers=c.int("decoder_layers", default=12), relative_buckets=0,
                                   relative_max_distance=0, scale_decoder_outputs=False, decoder_heads=decoder_heads,
-                                  decoder_intermediate=c.int("decoder_ffn_dim", default=4096)),
+                                  decoder_intermediate=c.int("decoder_ffn_dim", default=4096),
+                                  activation_dropout=float(c.get("activation_dropout", default=0.0))),
     )
 
 
@@ -942,7 +943,8 @@ def _whisper(c: _Cfg) -> dict:
                                   decoder_intermediate=c.int("decoder_ffn_dim", default=1536),
                                   mel_bins=c.int("num_mel_bins", default=80),
                                   decoder_positions=c.int("max_target_positions", default=448), k_bias=False,
-                                  shared_embedding=False),
+                                  shared_embedding=False,
+                                  activation_dropout=float(c.get("activation_dropout", default=0.0))),
     )
 
 
