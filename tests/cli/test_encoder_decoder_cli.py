@@ -31,7 +31,6 @@ def _refused(argv, capsys) -> str:
     # BART's decoder has 1,024 learned positions (the decode step writes one more in inference)
     (["estimate", "bart-base", "--seq", "512", "--target-seq", "1025", "--engine", "trace"], "learned positions"),
     (["estimate", "bart-base", "--mode", "infer", "--target-seq", "1024", "--engine", "trace"], "learned positions"),
-    (["estimate", "bart-large", "--gpu", "H100-80GB"], "--engine trace"),
     # Whisper's encoder reads exactly 30 s of audio (1,500 positions); its decoder has 448 positions
     (["estimate", "whisper-tiny", "--seq", "1024", "--engine", "trace"], "--seq 1500"),
     (["estimate", "whisper-tiny", "--target-seq", "449", "--engine", "trace"], "448 learned positions"),
