@@ -4,7 +4,8 @@ the language models' layers: Qwen2.5-VL (a windowed and a full-attention block),
 (a LayerNorm/GELU block), each with its ends (patch embedding, rotary tables or position rows, merger or pooling
 projector, the scatter of the image tokens into the language model's embeddings); Qwen3-VL's deepstack level (its
 merger and the add of its features into the language model's hidden states) as a tower with one less a tower
-without.
+without. Llama 3.2 Vision (ops/mllama_tower.py): a local and a global encoder layer, the tower's ends and a
+cross-attention layer of the language model (test_mllama_tower_and_cross_layer_kernels_match_the_op_list).
 
 One block's kernels are the difference between a 3-block and a 2-block tower's trace (test_vlm_analytic.py's small
 towers: width 64, 2 heads, one 112-pixel image per sample, batch 2). The ends are the rest of the 2-block trace's

@@ -34,6 +34,7 @@ from ...spec import ModelSpec
 from ..activations import FP32, INDEX
 from ..mllama import padded_rows, vision_tokens
 from .activation import one_kernel
+from .attention import eager_kernels
 from .cast import autocast_inputs, weight_casts
 from .norm import hf_rms_norm
 from .op import BROADCAST, DOWNCAST, Op, Shape, attention_dtype, bwd_kernel, gemm, grad_cast, memory
@@ -117,10 +118,11 @@ def encoder_layer(spec: ModelSpec, sh: Shape, images: int, gated: bool) -> list[
 def _attention(spec: ModelSpec, sh: Shape, images: int, length: float) -> list[Op]:
     """One SDPA call over the images (batch x heads), every row attending over its image's L rows, the additive
     (images, 1, L, L) mask read per head. NB: under eager attention (eager_attention_forward) the matmuls' operand
-    and output copies are not listed."""
+    and output copies are not listed, and its score-sized kernels (scaling, mask add, softmax and its casts) are
+    timed inside the attention op (roofline.unfused_attention), not compared with the trace's kernels."""
     t = spec.vision
     d = t.hidden // t.heads
-    fwd_k, bwd_k = (5, -1) if sh.attention == "eager" else (1, -1)
+    fwd_k, bwd_k = eager_kernels(sh.act, sh.act) if sh.attention == "eager" else (1, -1)  # (the mask: sh.act)
     return [Op("vattention", "attention", attention_dtype(sh), length, length, d, images * t.heads, causal=False,
                kernel=sh.attention, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.act if sh.attention == "eager" else 0,
                source=f"{MLLAMA}:276 SDPA with the aspect-ratio mask")]
@@ -351,17 +353,19 @@ def cross_attention(spec: ModelSpec, sh: Shape, images: int) -> list[Op]:
         if kv < q:
             ops.append(memory(f"{name}_repeat", V * kv * b, V * q * b, src, "attention", saves=False, bwd_ops=(
                 bwd_kernel(f"{name}_repeat.backward", V * q * b, V * kv * b, "reduce"),)))
-    if o != a and sh.autocast:  # SDPA's autocast casts (fp32 list: lower precision) of q, the repeated k, the mask
+    eager = sh.attention == "eager" and sh.hf_eager
+    if o != a and sh.autocast:  # autocast's casts (SDPA's, or the eager matmuls') of q and the repeated k; SDPA
+        # also casts the mask (the eager path adds it to the scores)
         mask = sh.batch * sh.seq * vt
         ops += [memory("q.attn_cast", T * q * o, T * q * a, "torch.autocast (SDPA inputs)", "attention", saves=False,
                        **DOWNCAST),
                 memory("k.attn_cast", V * q * o, V * q * a, "torch.autocast (SDPA inputs)", "attention", saves=False,
-                       **DOWNCAST),
-                memory("cross_mask.attn_cast", mask * w, mask * a, "torch.autocast (SDPA inputs)", "attention",
-                       saves=False, grad=False, **DOWNCAST)]
-    eager = sh.attention == "eager" and sh.hf_eager
+                       **DOWNCAST)]
+        ops += [] if eager else [memory("cross_mask.attn_cast", mask * w, mask * a, "torch.autocast (SDPA inputs)",
+                                        "attention", saves=False, grad=False, **DOWNCAST)]
     ops.append(Op("attention", "attention", attention_dtype(sh), sh.seq, vt, d, sh.batch * spec.heads,
-                  causal=False, kernel="eager" if eager else "efficient", kernels=5 if eager else 1,
+                  causal=False, kernel="eager" if eager else "efficient",
+                  kernels=eager_kernels(a, w)[0] if eager else 1, bwd_kernels=eager_kernels(a, w)[1] if eager else -1,
                   mask=w if eager else 0, source=f"{MLLAMA}:457 masked SDPA over the vision tokens"))
     ops.append(gemm("o", T, h, q, sh, f"{MLLAMA}:469 o_proj"))
     return ops
