@@ -4,7 +4,8 @@ the language models' layers: Qwen2.5-VL (a windowed and a full-attention block),
 (a LayerNorm/GELU block), each with its ends (patch embedding, rotary tables or position rows, merger or pooling
 projector, the scatter of the image tokens into the language model's embeddings); Qwen3-VL's deepstack level (its
 merger and the add of its features into the language model's hidden states) as a tower with one less a tower
-without.
+without. Llama 3.2 Vision (ops/mllama_tower.py): a local and a global encoder layer, the tower's ends and a
+cross-attention layer of the language model (test_mllama_tower_and_cross_layer_kernels_match_the_op_list).
 
 One block's kernels are the difference between a 3-block and a 2-block tower's trace (test_vlm_analytic.py's small
 towers: width 64, 2 heads, one 112-pixel image per sample, batch 2). The ends are the rest of the 2-block trace's
@@ -293,3 +294,98 @@ def test_qwen3_vl_deepstack_levels_add_their_mergers_flops():
     (tf0, tb0, tr0), (tf2, tb2, tr2) = times([]), times([0, 1])
     assert tf2.seconds > tf0.seconds > 0 and tb2.seconds > tb0.seconds > 0
     assert tr2.seconds == tr0.seconds > 0
+
+
+def small_mllama(depth: int = 2, global_layers: int = 1, layers: int = 3, cross: tuple = (1,)):
+    """test_mllama_analytic.py's small Llama 3.2 Vision: a tower of width 64 (2 heads) with `depth` local and
+    `global_layers` gated layers over 56-pixel tiles (4 x 4 patches + the class token, padded to 24 rows; 4 tiles
+    an image), its layer 0's output concatenated to the last; a language model of `layers` layers, cross-attention
+    at `cross`."""
+    c = shrink(CONFIGS["mllama"])
+    c["text_config"] = {**c["text_config"], "num_hidden_layers": layers, "cross_attention_layers": list(cross)}
+    c["vision_config"] = {**c["vision_config"], "num_hidden_layers": depth, "num_global_layers": global_layers,
+                          "hidden_size": 64, "intermediate_size": 128, "attention_heads": 2, "image_size": 56,
+                          "intermediate_layers_indices": [0], "vision_output_dim": 128}
+    return spec_from_config(c, "small-mllama")
+
+
+def _mllama_region(kernels) -> list:
+    """The tower's kernels of a Llama 3.2 Vision trace: in the forward everything before the language model's
+    embedding (the last embedding lookup: the pixels' casts, the tower, the projector, the cross-attention masks);
+    in the backward everything after its embedding backward (autograd runs the tower's backward last)."""
+    fwd = [k for k in kernels if k.phase == "forward"]
+    bwd = [k for k in kernels if k.phase == "backward"]
+    emb = max(i for i, k in enumerate(fwd) if k.op == "embedding")
+    emb_bwd = min(i for i, k in enumerate(bwd) if k.op == "embedding_dense_backward")
+    return fwd[:emb] + bwd[emb_bwd + 1:]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_mllama_tower_and_cross_layer_kernels_match_the_op_list(precision):
+    """Llama 3.2 Vision (ops/mllama_tower.py): a local and a global (gated) encoder layer, each a tower with one more
+    less the base tower (2 local + 1 global); the tower's ends (the trace's tower region, _mllama_region, less the
+    base's three layers); a cross-attention layer, a 4-layer language model with cross-attention at 1 and 2 less the
+    base's (cross-attention at 1)."""
+    from trainfit.analytic.ops.mllama_tower import (cross_grad_accumulations, encoder_layer, ends_after,
+                                                    ends_forward, tower_shape as tiled_shape)
+    from trainfit.analytic.ops.mllama_tower import block_grad_accumulations as tiled_accumulations
+    from trainfit.analytic.tower_time import cross_layer_forward
+    from trainfit.analytic.ops.vision_tower import ends_backward as tower_ends_backward
+
+    setup = Setup(batch=2, seq=128, precision=precision, device="cuda", images=1, image_size=56)
+    base = small_mllama()
+    kernels = _kernels(base, setup)
+    fewer = _counted(kernels)
+    lm_setup = language_setup(base, setup)
+    lm = shape_of(base, lm_setup, state_bytes(lm_setup), compute_dtype(lm_setup))
+    sh = tiled_shape(base, lm_setup, lm)
+    images = setup.batch * setup.images
+    layers = Counter()
+    for kind, spec, gated in (("local", small_mllama(depth=3), False), ("global", small_mllama(global_layers=2),
+                                                                          True)):
+        more = _counted(_kernels(spec, setup))
+        assert not fewer - more, f"a smaller tower launched kernels a larger one did not ({kind})"
+        layer = more - fewer
+        layers += layer + (layer if not gated else Counter())  # the base: 2 local layers, 1 global
+        fwd = encoder_layer(base, sh, images, gated)
+        _compare(("mllama", precision, kind), _traced(layer),
+                 _listed({"forward": fwd, "backward": backward(fwd) + tiled_accumulations(base, sh)}))
+    region = _counted(_mllama_region(kernels))
+    assert not layers - region, "the encoder layers' kernels lie in the tower region"
+    ends = ends_forward(base, sh, lm, images) + ends_after(base, sh, lm, images)
+    _compare(("mllama", precision, "ends"), _traced(region - layers),
+             _listed({"forward": ends, "backward": tower_ends_backward(ends)}))
+    more = _counted(_kernels(small_mllama(layers=4, cross=(1, 2)), setup))
+    assert not fewer - more, "a language model with one cross-attention layer less launched kernels of its own"
+    fwd = cross_layer_forward(base, lm_setup, lm)
+    _compare(("mllama", precision, "cross"), _traced(more - fewer),
+             _listed({"forward": fwd, "backward": backward(fwd) + cross_grad_accumulations(base, lm, setup.images)}))
+
+
+@pytest.mark.parametrize("images", [1, 2])
+def test_mllama_op_flops_equal_the_analytic_flops(images):
+    """Llama 3.2 Vision's op lists (the tower's, ops/mllama_tower.py, and a cross-attention layer's less the
+    self-attention layer's it replaces, times the cross-attention layers) against analytic/mllama.py's
+    tower_forward_flops, written apart from them: equal forward, the aspect-ratio mask's outer product aside (a k = 1
+    matmul analytic/mllama.py leaves out, no gradient); the tower's backward GEMMs twice its forward's less the
+    patch embedding's (no input gradient for the pixels)."""
+    from trainfit.analytic.mllama import tower_forward_flops
+    from trainfit.analytic.ops import layer_forward
+    from trainfit.analytic.ops.vision_tower import tower_lists
+    from trainfit.analytic.tower_time import cross_layer_forward
+
+    spec = small_mllama()
+    setup = language_setup(spec, Setup(batch=2, seq=128, precision="bf16", device="cuda", images=images,
+                                       image_size=56))
+    lm = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+    lists = tower_lists(spec, setup, lm)
+    tower = sum(count * op.flops for count, ops, _ in lists for op in ops if op.name != "vmask_outer")
+    cross = sum(op.flops for op in cross_layer_forward(spec, setup, lm)) - sum(op.flops for op in
+                                                                               layer_forward(spec, lm))
+    assert tower + len(spec.vision.cross_layers) * cross == pytest.approx(tower_forward_flops(spec, setup),
+                                                                          rel=1e-12)
+    gemm = sum(count * op.flops for count, ops, _ in lists for op in ops if op.kind == "gemm" and op.grad)
+    patch = sum(op.flops for op in lists[0][1] if op.name == "patch_embed")
+    assert sum(count * op.flops for count, _, ops in lists for op in ops if op.kind == "gemm") == \
+        pytest.approx(2 * gemm - patch, rel=1e-12)

@@ -1,5 +1,6 @@
-"""A catalog family the analytic engine does not model yet (analytic/unmodelled.py) is refused by every command that
-needs its formulas with the same one line and exit 2, never a traceback or a misleading "nothing fits"."""
+"""A family or setting the analytic engine does not model (analytic/unmodelled.py, a family module's own refusal) is
+refused by every command that needs its formulas with the same one line and exit 2, never a traceback or a
+misleading "nothing fits"."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ from trainfit.cli import main
 
 
 @pytest.mark.parametrize("argv", [
-    ["fit", "llama-3.2-11b-vision", "--gpu", "H100-80GB"],  # (no op list for its tower and cross-attention yet)
+    ["estimate", "tiny-deepseek", "--attention", "eager"],  # (MLA under eager attention: activations.check_trainable)
 ])
 def test_refusal_is_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -53,3 +54,11 @@ def test_nemotron_h_is_timed(capsys):
     main(["estimate", "nemotron-h-8b", "--gpu", "H100-80GB", "--mode", "infer"])
     out = capsys.readouterr()
     assert "does not model" not in out.err and "prefill time" in out.out and "decode tokens/s" in out.out
+
+
+def test_llama_3_2_vision_is_timed(capsys):
+    """Llama 3.2 Vision's op list lists its tiled tower's and cross-attention layers' kernels (analytic/ops/
+    mllama_tower.py): estimate --gpu times the step instead of refusing it."""
+    main(["estimate", "llama-3.2-11b-vision", "--images", "1", "--gpu", "H100-80GB"])
+    out = capsys.readouterr()
+    assert "does not model" not in out.err and "step time" in out.out

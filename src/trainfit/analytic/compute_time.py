@@ -162,6 +162,12 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
         lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
         attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
+    # Llama 3.2 Vision's cross-attention layers, their share of the layers (NB: `attn` stays the self-attention's)
+    from .tower_time import cross_layer_times, cross_share
+    share = cross_share(spec)
+    if share:
+        cf, cb, cr = cross_layer_times(spec, setup, gpu, sh, prep)
+        lf, lb, lr = (1 - share) * lf + share * cf, (1 - share) * lb + share * cb, (1 - share) * lr + share * cr
     ef = embedding_forward(spec, sh)
     # a tied LM head on the same stage sends the table a second gradient (ops.embedding_backward `tied`)
     tied = spec.tied_embeddings and setup.pp == 1

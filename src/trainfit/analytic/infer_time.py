@@ -26,7 +26,7 @@ from .roofline import host_seconds_per_kernel
 from .serving_state import attention_layers
 from .inference import kv_bytes_per_token
 from .timing import compute_dtype
-from .tower_time import tower_times
+from .tower_time import cross_layer_forward, cross_share, tower_times
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len
     for w, moe, linear, block in layer_kinds(spec, pc):
         total = total + (w * spec.layers) * time_ops(gpu, _attending(ran(layer_forward(spec, sh, moe, linear, block)),
                                                                      q_len, kv_len))
+    # Llama 3.2 Vision's cross-attention layers: their own list, over the vision tokens (NB: the decode step's kv_cat
+    # below still counts them, whose cache over the vision tokens is read, not concatenated: an over-count)
+    share = cross_share(spec)
+    if share:
+        total = (1 - share) * total + (share * spec.layers) * time_ops(gpu, ran(cross_layer_forward(spec, setup, sh)))
     total = total + time_ops(gpu, ran(embedding_forward(spec, sh) + head_forward(spec, sh, logits_rows=setup.batch)))
     if q_len > 1:  # a VLM's prefill runs its image encoder first (tower_time.py); a decode step does not
         total = total + tower_times(spec, setup, gpu, sh)[0]

@@ -93,6 +93,13 @@ full recompute with 2 images: -1.0 % on CUDA, +0.65 % on the CPU, the cross-atte
 llama-3.2-11b-vision at 1 x 512 + 1 image within 0.3 %. Without a tower term (the language model alone, 2 layers):
 -15.9 % of the traced training peak (fp32, CPU) and -2.8 % to -5.9 % in prefill; with the cross-attention layers'
 extra tensors held to the backward's end and the tower's gradients counted before its backward: the 11B +3.1 %.
+Its kernels are listed too (analytic/ops/mllama_tower.py: the tower's ends, local and gated global encoder layers,
+the projector, the cross-attention masks; a cross-attention layer as its own kind of layer), so --gpu times it:
+against the trace's kernels (tests/analytic/test_tower_ops_vs_trace.py, amp-bf16, bf16, fp32 under CUDA semantics)
+GEMM and attention shapes and casts equal, other bytes -0.29 % to +0.19 % for an encoder layer (local or global,
+forward and backward), +5.5 % to +7.2 % forward and +3.4 % to +3.7 % backward for the ends (the trace counts each
+tile-embedding lookup as reading its whole table, the op list the gathered rows), -1.27 % to +0.36 % forward and
++0.83 % to +2.4 % backward for a cross-attention layer.
 
 T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
 encoder stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal
@@ -175,10 +182,8 @@ def unmodelled_kernels(spec: ModelSpec) -> list[str]:
         out.append("an encoder-decoder's kernels (the op list and step time list T5's, BART's and Whisper's stacks "
                    "only; its memory is modelled: estimate without --gpu)")
     if spec.vision is not None and spec.vision.family not in TOWERS:
-        out.append("Llama 3.2 Vision's tiled tower and cross-attention kernels (the op list and step time; its "
-                   "memory and FLOPs are modelled: estimate without --gpu)" if spec.vision.cross_layers else
-                   "the vision tower's kernels (the op list and step time list Qwen2.5-VL's, Gemma 3's and "
-                   "Qwen3-VL's; its memory and FLOPs are modelled: estimate without --gpu)")
+        out.append("the vision tower's kernels (the op list and step time list Qwen2.5-VL's, Gemma 3's, Qwen3-VL's "
+                   "and Llama 3.2 Vision's; its memory and FLOPs are modelled: estimate without --gpu)")
     return out
 
 

@@ -38,9 +38,9 @@ from .residual import residual
 
 QWEN = "modeling_qwen2_5_vl.py"
 SIGLIP = "modeling_siglip.py"
-# the towers (VisionTowerSpec.family) whose kernels are listed here (Qwen3-VL's in ops/qwen3vl_tower.py);
-# analytic/unmodelled.py refuses timing the others
-TOWERS = ("qwen2_5_vl", "gemma3", "qwen3_vl")
+# the towers (VisionTowerSpec.family) whose kernels are listed here (Qwen3-VL's in ops/qwen3vl_tower.py, Llama 3.2
+# Vision's in ops/mllama_tower.py); analytic/unmodelled.py refuses timing the others
+TOWERS = ("qwen2_5_vl", "gemma3", "qwen3_vl", "mllama")
 GEMMA3 = "modeling_gemma3.py"
 
 
@@ -370,6 +370,10 @@ def tower_lists(spec: ModelSpec, setup, lm: Shape) -> list[tuple[int, list[Op], 
 
     if spec.vision is None or not getattr(setup, "images", 0):
         return []
+    if spec.vision.projector == "cross":  # Llama 3.2 Vision's tiled tower (ops/mllama_tower.py)
+        from .mllama_tower import tower_lists as tiled_lists
+
+        return tiled_lists(spec, setup, lm)
     sh = tower_shape(spec, setup, lm)
     ends = ends_forward(spec, sh, lm)
     out = [(1, ends, ends_backward(ends))]
