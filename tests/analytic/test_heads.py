@@ -83,8 +83,9 @@ def test_classes_table_matches_transformers_auto_mappings():
     pytest.importorskip("transformers")
     from transformers.models.auto import modeling_auto as auto
 
-    # (a vision-language model's generative head is transformers' image-text-to-text class)
-    maps = {"causal-lm": {**auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, **auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES},
+    # (a vision-language model's generative head is transformers' image-text-to-text class, not its text-only causal
+    # LM: mllama's MllamaForCausalLM)
+    maps = {"causal-lm": {**auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, **auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES},
             "masked-lm": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
             "seq-cls": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
             "token-cls": auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
