@@ -21,27 +21,14 @@ from trainfit.analytic.timing import compute_dtype  # noqa: E402
 from trainfit.models.resolve import load_model  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
 from trainfit.trace.extrapolate import with_layers  # noqa: E402
-
-
-def _kernels(spec, setup) -> list:
-    from trainfit.step.infer import inference_step, prompt
-    from trainfit.trace.cuda_kernels import cuda_kernels
-    from trainfit.trace.engine import build_hf
-    from trainfit.trace.fake import fake_mode
-    from trainfit.trace.kernel_shapes import KernelLog
-
-    with fake_mode(), cuda_kernels(setup):
-        model = build_hf(spec, setup).eval()
-        log = KernelLog()
-        with log:
-            inference_step(model, prompt(spec, setup)[0], setup, True, phase=log.set_phase)
-    return log.kernels
+from trainfit.trace.kernel_shapes import inference_kernels  # noqa: E402
 
 
 def test_inference_casts_per_layer_match_the_trace():
     spec = load_model("tiny-llama")
     setup = Setup(batch=2, seq=64, precision="amp-bf16", device="cuda", mode="infer")
-    one_layer = Counter(_kernels(with_layers(spec, 3), setup)) - Counter(_kernels(with_layers(spec, 2), setup))
+    one_layer = Counter(inference_kernels(with_layers(spec, 3), setup)) - Counter(
+        inference_kernels(with_layers(spec, 2), setup))
     sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
     listed = {"prefill": layer_forward(spec, sh),
               "decode": _attending(uncached(layer_forward(spec, replace(sh, seq=1, decode=True))), 1, setup.seq + 1)}

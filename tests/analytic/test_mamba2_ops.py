@@ -64,22 +64,13 @@ def _inference_kernels(spec, setup, mamba_blocks: int) -> list:
     """The kernels of the trace engine's inference step (prefill, then one decode step) of `spec` as one attention
     block (transformers' cache needs one to count the tokens seen) then `mamba_blocks` Mamba blocks."""
     from trainfit.models.hf_config import spec_from_config
-    from trainfit.step.infer import inference_step, prompt
-    from trainfit.trace.cuda_kernels import cuda_kernels
-    from trainfit.trace.engine import build_hf
-    from trainfit.trace.fake import fake_mode
-    from trainfit.trace.kernel_shapes import KernelLog
+    from trainfit.trace.kernel_shapes import inference_kernels
 
     cfg = {k: v for k, v in spec.config.items() if k not in ("layers_block_type", "layer_types")}
     pattern = "*" + "M" * mamba_blocks
     stack = spec_from_config({**cfg, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern)},
                              spec.name)
-    with fake_mode(), cuda_kernels(setup):
-        model = build_hf(stack, setup).eval()
-        log = KernelLog()
-        with log:
-            inference_step(model, prompt(stack, setup)[0], setup, True, phase=log.set_phase)
-    return log.kernels
+    return inference_kernels(stack, setup)
 
 
 def test_inference_lists_match_the_traced_mamba_block():

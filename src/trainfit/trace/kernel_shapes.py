@@ -121,3 +121,19 @@ def step_kernels(spec, setup) -> list[Kernel]:
         with log:
             step.run_step(model, optimizer, batches, setup, phase=log.set_phase)
     return [k for k in log.kernels if k.phase in ("forward", "backward")]
+
+
+def inference_kernels(spec, setup) -> list[Kernel]:
+    """The kernels of the inference step (step/infer.py: a prefill, then one decode step) of the HF model for `spec`,
+    phases "prefill" and "decode" (CUDA semantics when setup.device is "cuda")."""
+    from ..step.infer import inference_step, prompt
+    from .cuda_kernels import cuda_kernels
+    from .engine import build_hf
+    from .fake import fake_mode, translated_errors
+
+    with translated_errors(spec.name), fake_mode(), cuda_kernels(setup):
+        model = build_hf(spec, setup).eval()
+        log = KernelLog()
+        with log:
+            inference_step(model, prompt(spec, setup)[0], setup, spec.causal, phase=log.set_phase)
+    return log.kernels
