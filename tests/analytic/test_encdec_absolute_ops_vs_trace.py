@@ -36,8 +36,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_encdec_ops_vs_trace import (ED_CASTS, PHASES, TOLERANCE, _shapes, _trace_key,  # noqa: E402
-                                      _traced_shapes, cuda_masked_sdpa)
+from test_encdec_ops_vs_trace import (TOLERANCE, _shapes, _traced_shapes, assert_block_matches,  # noqa: E402
+                                      cuda_masked_sdpa)
 from test_vs_trace_families import CONFIGS, shrink  # noqa: E402
 
 from trainfit.analytic.encoder_decoder_time import forward_lists, prefill_decode_lists, shapes  # noqa: E402
@@ -130,25 +130,16 @@ def _assert_memory_and_launches(phase: str, ops: list[Op], kernels) -> tuple[flo
         ("whisper", "bf16", 6), ("whisper", "amp-bf16", 6), ("whisper", "fp32", 6))])
 def test_generate_prefill_and_decode_match_the_op_list(family, precision, decoder_layers):
     """generate()'s prefill and one decode step as the trace engine runs them (step/infer.py inference_step)."""
-    from trainfit.step.infer import inference_step, prompt
-    from trainfit.trace.cuda_kernels import cuda_kernels
-    from trainfit.trace.engine import build_hf
-    from trainfit.trace.fake import fake_mode
-    from trainfit.trace.kernel_shapes import KernelLog
+    from trainfit.trace.kernel_shapes import inference_kernels
 
     spec = small(family, decoder_layers=decoder_layers)
     setup = _setup(precision, mode="infer")
-    with fake_mode(), cuda_kernels(setup):
-        model = build_hf(spec, setup).eval()
-        ids, _ = prompt(spec, setup)
-        log = KernelLog()
-        with log:
-            inference_step(model, ids, setup, spec.causal, phase=log.set_phase)
+    traced_kernels = inference_kernels(spec, setup)
     prefill, decode = prefill_decode_lists(spec, setup)
     act = state_bytes(setup).act
     for phase, ops in (("prefill", prefill), ("decode", decode)):
-        kernels = [k for k in log.kernels if k.phase == phase]
-        traced = _traced_shapes(log.kernels, phase)
+        kernels = [k for k in traced_kernels if k.phase == phase]
+        traced = _traced_shapes(traced_kernels, phase)
         listed = Counter({(phase, *k[1:]): c for k, c in _shapes(
             [o for o in ops if o.name not in ("conv1", "conv2")], "forward").items()})
         assert traced == listed, f"{phase}: trace only {dict(traced - listed)}, op list only {dict(listed - traced)}"
@@ -177,24 +168,7 @@ def test_block_kernels_match_the_op_list(family, stack, precision, cuda_bool_mas
     keys = ("encoder_layers", "num_hidden_layers") if stack == "encoder" else ("decoder_layers",)
     more, fewer = small(family, **dict.fromkeys(keys, 3)), small(family, **dict.fromkeys(keys, 2))
     setup = _setup(precision)
-    traced = Counter(map(_trace_key, step_kernels(more, setup)))
-    traced.subtract(Counter(map(_trace_key, step_kernels(fewer, setup))))
-    assert all(c >= 0 for c in traced.values()), "a trace with a block fewer launched kernels the other did not"
-    traced = +traced
-    lists = _block_lists(more, setup, stack)
-    for phase in PHASES:
-        gemms = Counter({k: c for k, c in traced.items() if k[0] == phase and k[1] not in ("cast", "memory")})
-        listed = _shapes(lists[phase], phase)
-        assert gemms == listed, (f"{stack} {phase}: trace only {dict(gemms - listed)}, "
-                                 f"op list only {dict(listed - gemms)}")
-        memory = [o for o in lists[phase] if o.kind == "memory"]
-        casts = [o for o in memory if any(c in o.name for c in ED_CASTS)]
-        cast = (sum(k[2] * c for k, c in traced.items() if k[:2] == (phase, "cast")),
-                sum(c for k, c in traced.items() if k[:2] == (phase, "cast")))
-        assert cast == (sum(o.nbytes for o in casts), sum(o.kernels for o in casts)), f"{stack} {phase}: casts"
-        other = sum(o.nbytes for o in memory) - cast[0]
-        mem = sum(k[2] * c for k, c in traced.items() if k[:2] == (phase, "memory"))
-        assert abs(other / mem - 1) <= TOLERANCE, f"{stack} {phase}: other bytes trace {mem}, op list {other:.0f}"
+    assert_block_matches(more, fewer, setup, _block_lists(more, setup, stack), stack)
 
 
 @pytest.mark.slow

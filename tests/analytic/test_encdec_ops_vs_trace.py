@@ -132,11 +132,16 @@ def test_block_kernels_match_the_op_list(stack, model, precision, cuda_masked_sd
     setup = _setup(precision)
     more, fewer = ((with_layers(spec, 3), with_layers(spec, 2)) if stack == "encoder"
                    else (_decoder_blocks(spec, 3), _decoder_blocks(spec, 2)))
+    assert_block_matches(more, fewer, setup, _block_lists(spec, setup, stack), stack)
+
+
+def assert_block_matches(more, fewer, setup, lists: dict, stack: str) -> None:
+    """One block's kernels (the trace of `more` less that of `fewer`, a block fewer) against its op `lists` per
+    phase: GEMM and attention shapes exactly, casts' bytes and launches exactly, the other bytes within TOLERANCE."""
     traced = Counter(map(_trace_key, step_kernels(more, setup)))
     traced.subtract(Counter(map(_trace_key, step_kernels(fewer, setup))))
     assert all(c >= 0 for c in traced.values()), "a trace with a block fewer launched kernels the other did not"
     traced = +traced
-    lists = _block_lists(spec, setup, stack)
     for phase in PHASES:
         gemms = Counter({k: c for k, c in traced.items() if k[0] == phase and k[1] not in ("cast", "memory")})
         listed = _shapes(lists[phase], phase)
@@ -199,26 +204,17 @@ def test_generate_prefill_and_decode_gemms_match_the_op_list(cuda_masked_sdpa):
     (step/infer.py inference_step), amp-bf16 on CUDA: the GEMM and attention calls exactly, the memory-bound bytes and
     the kernel count within TOLERANCE (measured: prefill -1.4 % of the bytes, 372 kernels of the trace's 381; decode
     -0.1 %, 195 of 189)."""
-    from trainfit.step.infer import inference_step, prompt
-    from trainfit.trace.cuda_kernels import cuda_kernels
-    from trainfit.trace.engine import build_hf
-    from trainfit.trace.fake import fake_mode
-    from trainfit.trace.kernel_shapes import KernelLog
+    from trainfit.trace.kernel_shapes import inference_kernels
 
     spec = load_model("tiny-t5")
     setup = _setup("amp-bf16", mode="infer")
-    with fake_mode(), cuda_kernels(setup):
-        model = build_hf(spec, setup).eval()
-        ids, _ = prompt(spec, setup)
-        log = KernelLog()
-        with log:
-            inference_step(model, ids, setup, spec.causal, phase=log.set_phase)
+    kernels = inference_kernels(spec, setup)
     prefill, decode = prefill_decode_lists(spec, setup)
     for phase, ops in (("prefill", prefill), ("decode", decode)):
-        traced = _traced_shapes(log.kernels, phase)
+        traced = _traced_shapes(kernels, phase)
         listed = Counter({(phase, *k[1:]): c for k, c in _shapes(ops, "forward").items()})
         assert traced == listed, f"{phase}: trace only {dict(traced - listed)}, op list only {dict(listed - traced)}"
-        _assert_memory_and_launches(phase, ops, [k for k in log.kernels if k.phase == phase])
+        _assert_memory_and_launches(phase, ops, [k for k in kernels if k.phase == phase])
 
 
 @pytest.mark.parametrize("model", ["flan-t5-base", "t5-small", "mt5-small"])
