@@ -330,6 +330,7 @@ def test_llama4_scout_shape(precision, device, mode, recompute):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # (4 s: the matrix's small amp-bf16 full-recompute case checks the same moments by default)
 def test_llama4_scout_full_recompute_under_autocast_at_a_real_size():
     """Llama 4 Scout at its published widths (2 layers) under amp-bf16 with full recompute, 1 x 4096 on CUDA
     semantics: the backward high point is the end of the MoE layer's re-run forward (checkpoint's early stop, the
