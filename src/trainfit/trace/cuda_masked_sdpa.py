@@ -2,14 +2,17 @@
 
 The flash kernel takes no mask (sdp_utils.cpp can_use_flash_attention: check_for_attn_mask), so a masked call goes to
 the memory-efficient kernel when its constraints hold (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
-can_use_mem_efficient_attention, read at torch main 001f694; the nearest stored version to torch 2.13):
+can_use_mem_efficient_attention, read at torch main 001f694, the newest version at hand; the CUDA sources are not in
+the CPU wheel of torch 2.13):
   * dtype fp16, bf16 or fp32 (sm80 and newer: greater_than_or_equal_sm80_mem_efficient_dtypes);
   * check_head_dim_size_mem_efficient: q's and k's head widths equal, q's and v's multiples of the GEMM alignment
     (minimum_gemm_alignment: 8 elements for 16-bit with tensor cores, 4 for fp32 on sm80+), both non-zero;
   * check_data_ptr_alignment_mem_efficient: q's, k's and v's storage offsets multiples of that alignment;
   * check_last_dim_stride_equals_1_dense, check_nonzero_sequence_lengths_dense;
-  * check_batch_size_and_num_heads_dense: one head count for q, k and v (no GQA: HF repeats k/v itself when it
-    passes a mask, sdpa_attention.py use_gqa_in_sdpa; see cuda_kernels.py for the unmasked GQA rule);
+  * check_batch_size_and_num_heads_dense: one head count for q, k and v, as at torch 2.11 (the H200 runs: fp32 GQA
+    took the math path, cuda_kernels.py); at 001f694 the CUDA build passes supports_gqa=true. HF repeats k/v itself
+    or packs the query groups (decode) when it passes a mask (transformers integrations/sdpa_attention.py:42-51,
+    119-127), so a masked HF call never has GQA;
 and otherwise to the math path, whose decomposition materialises the (b, h, q, k) scores and probabilities in fp32.
 The mask becomes an additive bias before the kernel (attention.cpp scaled_dot_product_attention):
 convert_boolean_attn_mask turns a boolean mask into where(mask, 0, -inf) of the query's dtype (same shape as the
@@ -22,8 +25,9 @@ sums back to the bias's own shape (meta__scaled_dot_product_efficient_backward).
 NB: on H100/H200 with cuDNN 9.15 and newer, torch puts cuDNN first (sdp_utils.cpp check_prefer_cudnn_attention; the
 H200 runs' default bf16 kernel was cuDNN's), and cuDNN takes a mask that needs no gradient (check_attn_mask_shape):
 it saves the same output, fp32 logsumexp (b, h, q, 1) and bias, without the efficient kernel's padding — the
-efficient kernel's logsumexp overstates cuDNN's by at most 31 rows per head. cuDNN cannot differentiate the bias
-(derivatives.yaml: "not differentiable with respect to argument 'attn_bias'"), so T5's bias stays on this kernel.
+efficient kernel's logsumexp overstates cuDNN's by at most 31 rows per head. cuDNN's op does not differentiate the
+bias (its autograd raises "not differentiable with respect to argument 'attn_bias'" at torch 2.13), so a bias that
+needs a gradient (T5's) cannot run there; which check keeps such a call off cuDNN was not found in sdp_utils.cpp.
 """
 from __future__ import annotations
 
