@@ -14,11 +14,14 @@ What one block saves (read op by op off modeling_t5.py and the trace's saved ten
                          (weight * keeps it); the output, which the next linears keep (not under autocast: their
                          casts are kept instead);
   attention (:283-372)   SDPA with the relative bias as a float mask (integrations/sdpa_attention.py
-                         create_position_bias_mask :54-91) runs the math path, which upcasts q, k and v to fp32 and
-                         keeps them, the fp32 softmax output, the fp32 dropout noise and the dropped probabilities
-                         (dropout_rate on the probabilities), its output cast back (o's input). NB: as the trace's
-                         CUDA semantics record it (the same on both devices; not checked on a GPU, where the
-                         memory-efficient kernel may take the mask). The decoder's self-attention keeps the causal
+                         create_position_bias_mask :54-91). A CPU runs the math path, which upcasts q, k and v to
+                         fp32 and keeps them, the fp32 softmax output, the fp32 dropout noise and the dropped
+                         probabilities (dropout_rate on the probabilities), its output cast back (o's input). CUDA
+                         runs the memory-efficient kernel (the flash kernel takes no mask; trace/cuda_masked_sdpa.py),
+                         which keeps q, k, v and its output in the compute dtype, an fp32 logsumexp, its dropout's
+                         RNG seed and offset (no mask) and the bias: each self-attention its contiguous (or autocast)
+                         copy of the stack's relative bias, the cross-attentions the zero bias the decoder's first
+                         block makes (attention_core). The decoder's self-attention keeps the causal
                          mask (q, k) bool of the torch.where; the first block of a stack keeps the bucket indices
                          (q, k) int64 its relative_attention_bias Embedding saves (compute_bias :265-281);
   MLP (:76-125)          T5DenseGatedActDense: wi_0's output (gelu_new's input, or its fp32 copy where CUDA autocast
@@ -42,7 +45,8 @@ its forward again: its whole saved set is live again beside the incoming gradien
 temporaries.
 NB: the forward's own high points are not moments (each stack's first block at its relative bias's bucketing,
 encoder_decoder.bias_moment, (q, k) int64 temporaries): they come before the blocks after them have saved
-anything, and every later block keeps more than they add (three (b, heads, q, k) fp32 tensors per attention).
+anything, and every later block keeps more than they add (three (b, heads, q, k) fp32 tensors per attention on a
+CPU, the (1, heads, q, k) bias copy and the MLP's (rows, d_ff) tensors on CUDA).
 """
 from __future__ import annotations
 
@@ -106,12 +110,42 @@ def sublayer_saved(setup: Setup, st: StateBytes, rows: int, h: int) -> float:
     return norm_saved(st, rows, h) + dropout_mask_bytes(setup, st.act) * h * rows + st.residual * h * rows
 
 
-def attention_core(spec: ModelSpec, setup: Setup, st: StateBytes, q_len: int, k_len: int) -> float:
-    """SDPA's math path with the bias mask and dropout (see the module docstring): fp32 q, k, v, the output in
-    the compute dtype, and three fp32 (b, heads, q, k) tensors (softmax's output, the dropout's noise and the
-    dropped probabilities), one batch."""
+def efficient_attention(spec: ModelSpec, setup: Setup, st: StateBytes) -> bool:
+    """Whether the masked SDPA call runs CUDA's memory-efficient kernel (trace/cuda_masked_sdpa.py): on CUDA, with
+    d_kv a multiple of the GEMM alignment, 128 bits of the compute dtype's elements, at least 4 (sdp_utils.cpp
+    minimum_gemm_alignment, check_head_dim_size_mem_efficient); a CPU runs the math path."""
+    return setup.device == "cuda" and spec.head_dim % max(4, 16 // st.act) == 0
+
+
+def _padded_keys(k_len: int, multiple: int) -> int:
+    """k_len rounded up to `multiple`."""
+    return -(-k_len // multiple) * multiple
+
+
+def attention_core(spec: ModelSpec, setup: Setup, st: StateBytes, q_len: int, k_len: int,
+                   own_bias: bool = True) -> float:
+    """What one SDPA call with the bias mask and dropout keeps, one batch (see the module docstring).
+    The math path (a CPU): fp32 q, k, v, the output in the compute dtype, and three fp32 (b, heads, q, k) tensors
+    (softmax's output, the dropout's noise and the dropped probabilities).
+    CUDA's memory-efficient kernel (meta__scaled_dot_product_efficient_attention, torch/_meta_registrations.py):
+    q, k and v as the linears made them and the output (o's input: the kernel writes it (b, q, heads, d_kv), so
+    sdpa_attention.py:195's transpose(1, 2).contiguous() copies nothing) in the compute dtype; the fp32 logsumexp
+    (b, heads, q rounded up to 32); the philox seed and offset of its dropout (two int64 scalars, no mask; NB: the
+    CUDA allocator rounds each to 512 B, under by 1,008 B a call); and, with `own_bias`, the bias this call made:
+    create_position_bias_mask's contiguous copy (sdpa_attention.py:91: the permuted relative bias, or the decoder's
+    torch.where with the causal mask) in the compute dtype (autocast's cast of the fp32 bias, SDPA being on its
+    lower-precision list), (1, heads, q, k), padded to a multiple of 8 keys where k is not one (attention.cpp
+    preprocess_mask, pad_bias). The cross-attention's zero bias is made once per stack in the query's dtype and
+    is contiguous (modeling_t5.py:337-342): one copy, block_saved's first decoder block's, and a padded copy per
+    call only where the keys are not a multiple of 8."""
     b, q = setup.batch, inner(spec)
-    return b * (FP32 * q * (q_len + 2 * k_len) + st.act * q * q_len + 3 * FP32 * spec.heads * q_len * k_len)
+    if not efficient_attention(spec, setup, st):
+        return b * (FP32 * q * (q_len + 2 * k_len) + st.act * q * q_len + 3 * FP32 * spec.heads * q_len * k_len)
+    pad = _padded_keys(k_len, 8)
+    bias = spec.heads * q_len * pad * st.act if (own_bias or pad != k_len) else 0
+    seeds = 2 * INDEX if spec.dropouts[1] > 0 else 0
+    lse = FP32 * b * spec.heads * _padded_keys(q_len, 32)
+    return b * st.act * q * (2 * q_len + 2 * k_len) + lse + bias + seeds
 
 
 def attention_casts(spec: ModelSpec, st: StateBytes, q_rows: int, kv_rows: int) -> float:
@@ -149,7 +183,9 @@ def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, fi
     out += attention_core(spec, setup, st, q_len, q_len) + attention_casts(spec, st, rows, rows)
     if decoder:
         out += q_len * q_len  # the causal mask, (q, k) bool
-        out += attention_core(spec, setup, st, q_len, s) + attention_casts(spec, st, rows, b * s)
+        out += attention_core(spec, setup, st, q_len, s, own_bias=False) + attention_casts(spec, st, rows, b * s)
+        if first and efficient_attention(spec, setup, st):  # the cross-attention's zero bias, which the kernels keep
+            out += spec.heads * q_len * s * st.act
     if first:
         out += INDEX * q_len * q_len  # the bucket indices the relative bias's Embedding keeps
     return out + mlp_saved(spec, setup, st, rows)
