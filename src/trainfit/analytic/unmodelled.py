@@ -116,7 +116,8 @@ blocks: -0.62 % to 0.00 %; ONEDNN_MAX_CPU_ISA=AVX2 -0.25 % to +0.11 %), on CUDA 
 the math path on CUDA too, before, it read +1.08 % to +21.22 % (flan-t5-base: +42.4 %, +75.4 %); with the
 engine's one-stack terms it read -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) (inference: -13.6 %, bf16,
 CUDA, before encoder_decoder.py). Its kernels are in the op list (the last paragraph);
---tp/--pp/--cp, data parallelism and ZeRO/FSDP, LoRA, --compile, --offload and recompute policies other than none and full are refused in one line (encoder_decoder_training.check_trainable).
+--tp/--pp/--cp, data parallelism and ZeRO/FSDP, LoRA, --compile, --offload
+and recompute policies other than none and full are refused in one line (encoder_decoder_training.check_trainable).
 BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same two stacks (post-norm, with a learned
 position table and layernorm_embedding per stack instead of the relative bias, biased linears, final_logits_bias);
 Whisper (models/whisper/modeling_whisper.py) reads log-mel frames (2 x --seq) through conv1 + GELU and conv2
