@@ -246,7 +246,8 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     Under full recomputation the re-run forward's saved set is live beside them (and a first block's re-computed
     relative bias, (1, heads, q, k) in the weights' dtype), at (a) nothing of it freed yet (read off the trace: the
     re-run encoder block 0 at (a), fp32 on CPU, to the byte but the loss's 4), at (b) wo's input and the noise.
-    NB: the attention's (b, heads, q, k) gradients come later and are smaller at these sizes."""
+    On CUDA a third, the self-attention kernel's backward (attention_moment). NB: on a CPU the math path's
+    (b, heads, q, k) gradients come later and are smaller at these sizes."""
     h, f, a, r = spec.hidden, spec.intermediate, st.act, st.residual
     q_len = setup.target_tokens if decoder else setup.seq
     rows = setup.batch * q_len
@@ -264,7 +265,46 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     mlp_freed = (a + dropout_mask_bytes(setup, product)) * f * rows
     # (under full recomputation wo's input and the noise freed are the re-run's: backward.layer_moments)
     rule = Moment(rerun + incoming + gated - (mlp_freed if full else 0), wo, out_freed + (0 if full else mlp_freed))
+    if efficient_attention(spec, setup, st):
+        return [down, rule, attention_moment(spec, setup, st, decoder, first)]
     return [down, rule]
+
+
+def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> Moment:
+    """The memory-efficient kernel's backward in the self-attention, the block's backward's last sublayer (CUDA;
+    read off the trace of flan-t5-base, 1 x 4096 tokens, bf16: its four gradients to the byte), with the incoming
+    gradient (the residual stream's): o's input gradient, q's, k's and v's (the compute dtype) and the bias's
+    gradient (b, heads, q, keys rounded up to 16) in the bias's dtype (meta__scaled_dot_product_efficient_backward,
+    torch/_meta_registrations.py; the compute dtype, attention_core). Live of the saved set: the self-attention's
+    norm, core, casts, causal mask and bucket indices; the rest (the MLP and cross-attention sublayers, the
+    sublayer's dropout mask and residual output) freed by their backward, with their weights' gradients done.
+    Under full recomputation the re-run's kept tensors instead (the re-run first block keeps its bias's contiguous
+    copy, not the relative bias it made), beside the gradient of the stack's relative bias accumulated over the
+    blocks after it (1, heads, q, q) in the weights' dtype; at the first block the held relative bias (and the
+    decoder's zero bias) is freed, the blocks after it done (read off the trace of flan-t5-base, 2 x 2048 tokens,
+    bf16: the peak at encoder block 1's kernel backward, the held bias, the accumulated gradient, the re-run's copy
+    and the kernel's (b, heads, q, q) gradient live).
+    NB: without recomputation a batch over 1 sums the bias's gradient to (1, heads, q, k) (expand's backward)
+    after the kernel, and the stack's bias gradient accumulates from its last block's attention on; neither is
+    counted (under: one (heads, q, k) tensor beside a (b, heads, q, k) one, and every block after the stack's last
+    keeps less than the last, which holds a bias copy of that size). Under full recomputation the stack's last
+    block has no accumulated gradient yet (over by one (heads, q, q) tensor where the stack's one later block is
+    its last) and the cross-attention's (b, heads, t, s) bias gradient (the zero bias requires grad under
+    checkpointing, modeling_t5.py:340-341) comes before the self-attention's and is not counted."""
+    h, a, r, q = spec.hidden, st.act, st.residual, inner(spec)
+    q_len = setup.target_tokens if decoder else setup.seq
+    b = setup.batch
+    rows = b * q_len
+    saved = block_saved(spec, setup, st, decoder, first)
+    kept = norm_saved(st, rows, h) + attention_core(spec, setup, st, q_len, q_len) + \
+        attention_casts(spec, st, rows, rows) + (q_len * q_len if decoder else 0) + (INDEX * q_len * q_len if first else 0)
+    grads = r * h * rows + a * q * rows + 3 * a * q * rows + a * b * spec.heads * q_len * _padded_keys(q_len, 16)
+    done = h * spec.intermediate * (3 if spec.gated_mlp else 2) + q * h + h + (4 * h * q + h if decoder else 0)
+    if setup.recompute == "full":
+        accumulated = spec.heads * q_len * q_len * st.weight
+        held = (accumulated + (spec.heads * q_len * setup.seq * st.act if decoder else 0)) if first else 0
+        return Moment(kept + accumulated + grads, done, held)
+    return Moment(grads, done, saved - kept)
 
 
 def block_params(spec: ModelSpec, pc: ParamCounts, decoder: bool, first: bool) -> float:
