@@ -265,9 +265,12 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     mlp_freed = (a + dropout_mask_bytes(setup, product)) * f * rows
     # (under full recomputation wo's input and the noise freed are the re-run's: backward.layer_moments)
     rule = Moment(rerun + incoming + gated - (mlp_freed if full else 0), wo, out_freed + (0 if full else mlp_freed))
+    moments = [down, rule]
     if efficient_attention(spec, setup, st):
-        return [down, rule, attention_moment(spec, setup, st, decoder, first)]
-    return [down, rule]
+        moments.append(attention_moment(spec, setup, st, decoder, first))
+    if decoder and first and not full:
+        moments.append(decoder_embedding_moment(spec, setup, st))
+    return moments
 
 
 def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> Moment:
@@ -305,6 +308,31 @@ def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: boo
         held = (accumulated + (spec.heads * q_len * setup.seq * st.act if decoder else 0)) if first else 0
         return Moment(kept + accumulated + grads, done, held)
     return Moment(grads, done, saved - kept)
+
+
+def decoder_embedding_moment(spec: ModelSpec, setup: Setup, st: StateBytes) -> Moment:
+    """The decoder's embedding backward, after its first block's and before the encoder's (the tied `shared`
+    table, modeling_t5.py:1036-1040), a moment of the decoder's first block: the tied table's two partials
+    (tied_partials) and the encoder output's gradient the cross-attentions' k and v made (the residual stream's
+    dtype), beside the whole encoder's saved tensors; the block's and the decoder embedding's dropout's saved
+    tensors freed, the block's gradients done (read off the trace of flan-t5-base, 2 x 2048 + 64 tokens, bf16: its
+    peak, the two (vocab, d_model) partials and the (2, 2048, 768) gradient live). Long inputs and short targets
+    put the peak here.
+    NB: without recomputation only (under full recomputation the decoder's held inputs at this point are not
+    derived; its re-run moments are larger at the sizes measured)."""
+    h, q = spec.hidden, inner(spec)
+    rows = setup.batch * setup.target_tokens
+    extra = tied_partials(spec, st) + st.residual * h * setup.batch * setup.seq
+    freed = block_saved(spec, setup, st, True, True) + (dropout_mask_bytes(setup, st.weight) + st.weight) * h * rows
+    done = 8 * h * q + h * spec.intermediate * (3 if spec.gated_mlp else 2) + 3 * h + relative_bias_params(spec)
+    return Moment(extra, done, freed)
+
+
+def tied_partials(spec: ModelSpec, st: StateBytes) -> float:
+    """The tied `shared` table's partial gradients live at an embedding's backward (memory.py tied_partials: under
+    autocast one beside the sum, lm_head's partial being the weight cast's fresh fp32 gradient, which takes the
+    embedding's in place; otherwise both partials and their sum, one of the three counted as the gradient)."""
+    return (1 if st.autocast else 2) * spec.vocab * spec.hidden * st.grad
 
 
 def block_params(spec: ModelSpec, pc: ParamCounts, decoder: bool, first: bool) -> float:
@@ -364,7 +392,7 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         layer_backward=0.0,
         layer_freed=0.0,
         layer_grads_done=0.0,
-        embedding_backward=2 * spec.vocab * h * gb,  # the tied table's partials (memory.py tied_partials)
+        embedding_backward=tied_partials(spec, st),
         gathered=0.0,
         optimizer_transient=optimizer_temporaries(setup, st, n, spec.vocab * h),
         kinds=tuple(kinds),
