@@ -300,7 +300,8 @@ def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: boo
     rows = b * q_len
     saved = block_saved(spec, setup, st, decoder, first)
     kept = norm_saved(st, rows, h) + attention_core(spec, setup, st, q_len, q_len) + \
-        attention_casts(spec, st, rows, rows) + (q_len * q_len if decoder else 0) + (INDEX * q_len * q_len if first else 0)
+        attention_casts(spec, st, rows, rows) + (q_len * q_len if decoder else 0) + \
+        (INDEX * q_len * q_len if first else 0)
     grads = r * h * rows + a * q * rows + 3 * a * q * rows + a * b * spec.heads * q_len * _padded_keys(q_len, 16)
     done = h * spec.intermediate * (3 if spec.gated_mlp else 2) + q * h + h + (4 * h * q + h if decoder else 0)
     if setup.recompute == "full":

@@ -112,7 +112,10 @@ re-run blocks; tests/analytic/test_encoder_decoder_training.py). At the families
 2 + 12 blocks, batch 2 x 128 + 128 target tokens) every precision (fp32, amp-bf16, bf16, bf16-master) x recompute
 none/full on CPU semantics reads -0.51 % to 0.00 % of the traced peak (T5 v1.0, relu and 6 decoder
 blocks: -0.62 % to 0.00 %; ONEDNN_MAX_CPU_ISA=AVX2 -0.25 % to +0.11 %), on CUDA semantics -0.54 % to -0.02 %
-(flan-t5-base, 4 x 512 + 128 tokens: -0.003 % amp-bf16, -0.005 % bf16; full recompute +0.23 %, +0.40 %); priced as
+(flan-t5-base, 4 x 512 + 128 tokens: -0.003 % amp-bf16, -0.005 % bf16; full recompute +0.23 %, +0.40 %; long
+inputs, 1 x 4096 + 64, 2 x 2048 + 64 and 1 x 1500 + 50, where the kernel's (b, heads, q, k) bias gradient, the
+stack's accumulated bias gradient under full recomputation or the decoder's embedding backward beside the encoder's
+saved tensors is the peak: -0.49 % to +0.18 %, -2.83 % before the last); priced as
 the math path on CUDA too, before, it read +1.08 % to +21.22 % (flan-t5-base: +42.4 %, +75.4 %); with the
 engine's one-stack terms it read -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) (inference: -13.6 %, bf16,
 CUDA, before encoder_decoder.py). Its kernels are in the op list (the last paragraph);
