@@ -13,8 +13,8 @@ log-mel frames):
     GEMM and attention shapes exactly, casts' bytes and kernels exactly, the other memory-bound bytes within
     TOLERANCE. BART's decoder self-attention runs SDPA with its materialised bool mask, which aten turns into an
     additive one and CUDA runs through the memory-efficient kernel (the CPU's math path under dropout otherwise):
-    `cuda_bool_masked_sdpa` converts the mask as attention.cpp convert_boolean_attn_mask does and routes it to
-    test_encdec_ops_vs_trace.py's `cuda_masked_sdpa`.
+    the trace's CUDA semantics convert the mask as attention.cpp convert_boolean_attn_mask does and run that kernel
+    (trace/cuda_masked_sdpa.py).
 
 Measured (bf16 / amp-bf16, 2 x 48 encoder + 24 target tokens, 6 decoder blocks): prefill BART -0.12 / -0.06 % of the
 trace's memory-bound bytes, 210 / 406 kernels of 212 / 408; decode -1.75 / -3.03 %, 155 of 155 / 186 of 186; Whisper
@@ -36,8 +36,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_encdec_ops_vs_trace import (TOLERANCE, _shapes, _traced_shapes, assert_block_matches,  # noqa: E402
-                                      cuda_masked_sdpa)
+from test_encdec_ops_vs_trace import (TOLERANCE, _shapes, _traced_shapes, assert_block_matches)  # noqa: E402
 from test_vs_trace_families import CONFIGS, shrink  # noqa: E402
 
 from trainfit.analytic.encoder_decoder_time import forward_lists, prefill_decode_lists, shapes  # noqa: E402
@@ -49,7 +48,6 @@ from trainfit.models.hf_config import spec_from_config  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
 from trainfit.trace.kernel_shapes import step_kernels  # noqa: E402
 
-assert cuda_masked_sdpa  # (a fixture, imported for the tests below)
 SEQ, TARGET = 48, 24
 
 
@@ -63,28 +61,6 @@ def small(family: str, **cfg):
 
 def _setup(precision: str, mode: str = "train") -> Setup:
     return Setup(batch=2, seq=SEQ, target_seq=TARGET, precision=precision, device="cuda", mode=mode)
-
-
-@pytest.fixture
-def cuda_bool_masked_sdpa(cuda_masked_sdpa, monkeypatch):
-    """A bool mask as CUDA's SDPA takes it: aten's scaled_dot_product_attention converts it to an additive mask in
-    q's dtype (attention.cpp convert_boolean_attn_mask: where(mask, 0, -inf), after autocast's casts of q, k and v),
-    which takes the memory-efficient kernel (`cuda_masked_sdpa`)."""
-    import trainfit.trace.cuda_kernels as ck
-
-    masked_factory = ck._cuda_sdpa
-
-    def factory(original, efficient=True):
-        masked = masked_factory(original, efficient)
-
-        def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-            if attn_mask is not None and attn_mask.dtype == torch.bool:
-                dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
-                attn_mask = torch.where(attn_mask, torch.scalar_tensor(0.0, dtype=dtype),
-                                        torch.scalar_tensor(float("-inf"), dtype=dtype))
-            return masked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        return sdpa
-    monkeypatch.setattr(ck, "_cuda_sdpa", factory)
 
 
 # --- Whisper's convolutions ---------------------------------------------------------------------------------------
@@ -163,7 +139,7 @@ def _block_lists(spec, setup, stack: str) -> dict[str, list[Op]]:
     pytest.param(*c, marks=pytest.mark.heavy) for c in [
         (f, s, p) for f in ("bart", "whisper") for s in ("encoder", "decoder") for p in ("bf16", "amp-bf16", "fp32")
         if (f, s, p) != ("bart", "decoder", "bf16")]])
-def test_block_kernels_match_the_op_list(family, stack, precision, cuda_bool_masked_sdpa):
+def test_block_kernels_match_the_op_list(family, stack, precision):
     """A training block's kernels (dropout on: BART's 0.1s)."""
     keys = ("encoder_layers", "num_hidden_layers") if stack == "encoder" else ("decoder_layers",)
     more, fewer = small(family, **dict.fromkeys(keys, 3)), small(family, **dict.fromkeys(keys, 2))
@@ -175,7 +151,7 @@ def test_block_kernels_match_the_op_list(family, stack, precision, cuda_bool_mas
 @pytest.mark.heavy
 @pytest.mark.parametrize("family,precision", [("bart", "amp-bf16"), ("bart", "bf16"), ("whisper", "amp-bf16"),
                                               ("whisper", "bf16")])
-def test_training_step_kernels_match_the_op_list(family, precision, cuda_bool_masked_sdpa):
+def test_training_step_kernels_match_the_op_list(family, precision):
     """A whole training step, forward and backward (2 encoder + 2 decoder blocks): every GEMM and attention call
     exactly (Whisper's convolutions as in test_generate_prefill_and_decode_match_the_op_list, their backward the
     trace's convolution_backward kernels aside), the memory-bound bytes (the front-ends, the head and its loss, the

@@ -11,11 +11,10 @@
   * generate()'s prefill and decode step (self-attention over the cache, cross-attention over the cached encoder k
     and v): GEMM and attention calls exactly, memory-bound bytes and kernel counts within TOLERANCE.
 
-The trace runs an SDPA call with a float mask (T5's relative bias) through the CPU's implementation
-(trace/cuda_kernels.py's NB), which on CPU with dropout is torch's math path (fp32 batched GEMMs, s x s passes):
-CUDA's dispatcher takes the memory-efficient kernel for it (a float mask rules out flash; sdp_utils.cpp), so these
-traces route a masked call to that kernel's fake-tensor implementation (`cuda_masked_sdpa`), under CUDA autocast's
-cast of the mask. Measured through the CPU's math path instead (bf16, 2 x 48 encoder + 24 decoder tokens), the
+Under CUDA semantics the trace sends an SDPA call with a float mask (T5's relative bias) where CUDA's dispatcher
+sends it, the memory-efficient kernel (a float mask rules out flash; trace/cuda_masked_sdpa.py), under CUDA
+autocast's cast of the mask; the CPU's implementation with dropout is torch's math path (fp32 batched GEMMs, s x s
+passes). Measured through the CPU's math path instead (bf16, 2 x 48 encoder + 24 decoder tokens), the
 trace's encoder block moved about +110 % (forward) and +25 % (backward) more memory-bound bytes than the op list: its
 attention's fp32 upcasts and s x s passes.
 Measured with CUDA's kernel (the op list's memory-bound bytes against the trace's, casts equal;
@@ -51,32 +50,6 @@ PHASES = ("forward", "backward")
 # the op list's casts: autocast's (test_ops_vs_trace.CASTS) and T5's own (the mask's, the FF's `.to(wo dtype)`, the
 # norm's gradient cast)
 ED_CASTS = CASTS + ("_cast", "to_wo_dtype")
-
-
-@pytest.fixture
-def cuda_masked_sdpa(monkeypatch):
-    """SDPA with a float mask as CUDA runs it: the memory-efficient kernel with the mask as its bias (expanded to the
-    batch, as aten's sdpa preprocess_mask does; its gradient summed back over the batch by the expand's backward),
-    the mask cast with q, k and v under autocast (CUDA autocast's lower-precision list holds SDPA)."""
-    import trainfit.trace.cuda_kernels as ck
-
-    original_factory = ck._cuda_sdpa
-
-    def factory(original, efficient=True):
-        unmasked = original_factory(original, efficient)
-
-        def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-            if attn_mask is None or attn_mask.dtype == torch.bool:
-                return unmasked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            if torch.is_autocast_enabled("cpu"):
-                dtype = torch.get_autocast_dtype("cpu")
-                query, key, value, attn_mask = (t.to(dtype) for t in (query, key, value, attn_mask))
-            with torch.autocast("cpu", enabled=False):
-                bias = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-                return torch.ops.aten._scaled_dot_product_efficient_attention(
-                    query, key, value, bias, True, dropout_p, is_causal, scale=scale)[0]
-        return sdpa
-    monkeypatch.setattr(ck, "_cuda_sdpa", factory)
 
 
 def _setup(precision: str, mode: str = "train") -> Setup:
@@ -125,7 +98,7 @@ def _block_lists(spec, setup, stack: str) -> dict[str, list[Op]]:
     pytest.param(*c, marks=pytest.mark.heavy) for c in [("decoder", "tiny-t5", "bf16")] + [
         (stack, m, p) for stack in ("encoder", "decoder")
         for m, p in (("tiny-t5", "amp-bf16"), ("tiny-t5", "fp32"), ("t5-small", "bf16"), ("t5-small", "amp-bf16"))]])
-def test_block_kernels_match_the_op_list(stack, model, precision, cuda_masked_sdpa):
+def test_block_kernels_match_the_op_list(stack, model, precision):
     """(the default run checks an encoder block; the decoder's blocks are in the whole step's totals there,
     test_training_step_kernels_match_the_op_list, and block by block in the heavy tier)"""
     spec = load_model(model)
@@ -159,7 +132,7 @@ def assert_block_matches(more, fewer, setup, lists: dict, stack: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-t5", pytest.param("t5-small", marks=pytest.mark.heavy)])
-def test_training_step_kernels_match_the_op_list(model, cuda_masked_sdpa):
+def test_training_step_kernels_match_the_op_list(model):
     """A whole amp-bf16 step, forward and backward: every GEMM and attention call (both stacks, their first blocks
     too, lm_head) exactly; the memory-bound bytes (the relative bias's bucketing, the embeddings, final norms, the
     head's casts and loss, the backward's gradient sums, beside the blocks; the gathers aside, as in
@@ -197,7 +170,7 @@ def _assert_memory_and_launches(phase: str, ops: list[Op], kernels) -> None:
 
 
 @pytest.mark.slow
-def test_generate_prefill_and_decode_gemms_match_the_op_list(cuda_masked_sdpa):
+def test_generate_prefill_and_decode_gemms_match_the_op_list():
     """generate()'s prefill (the encoder, the decoder over --target-seq tokens filling both caches, lm_head over every
     target position) and one decode step (one token per sequence: q, k, v of it, the self-attention over the cache
     and the new token, the cross-attention's q over the cached encoder k and v), as the trace engine runs them

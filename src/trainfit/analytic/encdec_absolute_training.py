@@ -18,12 +18,12 @@ One block saves, per sublayer (two in an encoder block, three in a decoder block
                          or 1-byte mask (CUDA), none at p = 0 (Dropout.cpp returns the input); the add's output,
                          the model's dtype (fp32 + 16-bit under autocast is fp32), the next norm's input;
   attention              q, k and v projected with biases (Whisper's k_proj without, :281; q scaled by the kernel);
-                         SDPA (attention_saved): the math path (CPU with attention_dropout; BART's decoder, which
-                         passes a materialised causal mask (encdec_frontends.FRONT_ENDS), wherever its dropout is
-                         on: the trace's CUDA semantics run the masked call as the CPU does) keeps encoder_decoder_
+                         SDPA (attention_saved): the math path (a CPU with attention_dropout) keeps encoder_decoder_
                          training.attention_core's tensors; the fused kernels (flash, memory-efficient; CPU flash
                          without dropout) q, k, v, the output and an fp32 logsumexp, on CUDA also the philox seed
-                         and offset, Whisper's output copy (attention_saved); out_proj keeps the output (its
+                         and offset, Whisper's output copy, and for BART's decoder, which passes a materialised
+                         causal mask (encdec_frontends.FRONT_ENDS), the additive mask the memory-efficient kernel
+                         keeps (trace/cuda_masked_sdpa.py) (attention_saved); out_proj keeps the output (its
                          input). NB: CUDA's LayerNorm keeps fp32 statistics, the trace's CUDA semantics the CPU
                          kernel's 16-bit ones in bf16 (2 x 2 B per row under);
   MLP                    fc1's output (GELU's input: nn.functional.gelu keeps its input only), activation_dropout's
@@ -91,10 +91,15 @@ def sublayer_saved(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int) -> 
     return norm_saved(setup, st, rows, h) + (dropped(setup, spec.dropouts[2], st.act) + st.residual) * h * rows
 
 
+def masked(spec: ModelSpec, decoder: bool, cross: bool) -> bool:
+    """Whether the attention's SDPA call gets a materialised mask (BART's decoder self-attention)."""
+    return decoder and not cross and fe.front_end(spec, True).causal_mask
+
+
 def fused(spec: ModelSpec, setup: Setup, decoder: bool, cross: bool) -> bool:
-    """Whether SDPA runs a fused kernel (module docstring): without attention dropout, or on CUDA without a mask."""
-    masked = decoder and not cross and fe.front_end(spec, True).causal_mask
-    return spec.dropouts[1] == 0 or (setup.device == "cuda" and not masked)
+    """Whether SDPA runs a fused kernel (module docstring): without attention dropout, or on CUDA (a masked call
+    there takes the memory-efficient kernel: trace/cuda_masked_sdpa.py)."""
+    return spec.dropouts[1] == 0 or setup.device == "cuda"
 
 
 def attention_saved(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, cross: bool) -> float:
@@ -112,9 +117,13 @@ def attention_saved(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool
     # memory-efficient one (fp32 on CUDA) as (b, q, heads, d); a query laid out (b, heads, q, d) (CONTIGUOUS_HEADS)
     # makes sdpa_attention_forward's transpose(1, 2).contiguous() (integrations/sdpa_attention.py:195) a copy,
     # out_proj's input beside the kernel's saved output
-    efficient = setup.device == "cuda" and a == FP32
+    mask = masked(spec, decoder, cross)
+    efficient = setup.device == "cuda" and (a == FP32 or mask)
     copy = a * h * b * q_len if spec.family in CONTIGUOUS_HEADS and not efficient else 0
-    return b * (a * h * (2 * q_len + 2 * k_len) + FP32 * n * q_len) + seed + copy + casts
+    # a masked call on CUDA: aten turns the bool mask into an additive one in q's dtype (where(mask, 0, -inf)),
+    # padded to 8 keys (attention.cpp convert_boolean_attn_mask, preprocess_mask), which the kernel keeps
+    bias = b * q_len * -(-k_len // 8) * 8 * a if (mask and setup.device == "cuda") else 0
+    return b * (a * h * (2 * q_len + 2 * k_len) + FP32 * n * q_len) + seed + copy + casts + bias
 
 
 def mlp_saved(spec: ModelSpec, setup: Setup, st: StateBytes, rows: int, decoder: bool) -> float:

@@ -16,11 +16,14 @@ What one block saves (read op by op off modeling_t5.py and the trace's saved ten
                          (weight * keeps it); the output, which the next linears keep (not under autocast: their
                          casts are kept instead);
   attention (:283-372)   SDPA with the relative bias as a float mask (integrations/sdpa_attention.py
-                         create_position_bias_mask :54-91) runs the math path, which upcasts q, k and v to fp32 and
-                         keeps them, the fp32 softmax output, the fp32 dropout noise and the dropped probabilities
-                         (dropout_rate on the probabilities), its output cast back (o's input). NB: as the trace's
-                         CUDA semantics record it (the same on both devices; not checked on a GPU, where the
-                         memory-efficient kernel may take the mask). The decoder's self-attention keeps the causal
+                         create_position_bias_mask :54-91). A CPU runs the math path, which upcasts q, k and v to
+                         fp32 and keeps them, the fp32 softmax output, the fp32 dropout noise and the dropped
+                         probabilities (dropout_rate on the probabilities), its output cast back (o's input). CUDA
+                         runs the memory-efficient kernel (the flash kernel takes no mask; trace/cuda_masked_sdpa.py),
+                         which keeps q, k, v and its output in the compute dtype, an fp32 logsumexp, its dropout's
+                         RNG seed and offset (no mask) and the bias: each self-attention its contiguous (or autocast)
+                         copy of the stack's relative bias, the cross-attentions the zero bias the decoder's first
+                         block makes (attention_core). The decoder's self-attention keeps the causal
                          mask (q, k) bool of the torch.where; the first block of a stack keeps the bucket indices
                          (q, k) int64 its relative_attention_bias Embedding saves (compute_bias :265-281);
   MLP (:76-125)          T5DenseGatedActDense: wi_0's output (gelu_new's input, or its fp32 copy where CUDA autocast
@@ -44,7 +47,8 @@ its forward again: its whole saved set is live again beside the incoming gradien
 temporaries.
 NB: the forward's own high points are not moments (each stack's first block at its relative bias's bucketing,
 encoder_decoder.bias_moment, (q, k) int64 temporaries): they come before the blocks after them have saved
-anything, and every later block keeps more than they add (three (b, heads, q, k) fp32 tensors per attention).
+anything, and every later block keeps more than they add (three (b, heads, q, k) fp32 tensors per attention on a
+CPU, the (1, heads, q, k) bias copy and the MLP's (rows, d_ff) tensors on CUDA).
 """
 from __future__ import annotations
 
@@ -116,13 +120,43 @@ def sublayer_saved(setup: Setup, st: StateBytes, rows: int, h: int) -> float:
     return norm_saved(st, rows, h) + dropout_mask_bytes(setup, st.act) * h * rows + st.residual * h * rows
 
 
-def attention_core(spec: ModelSpec, setup: Setup, st: StateBytes, q_len: int, k_len: int, heads: int = 0) -> float:
-    """SDPA's math path with dropout (see the module docstring): fp32 q, k, v, the output in the compute dtype, and
-    three fp32 (b, heads, q, k) tensors (softmax's output, the dropout's noise and the dropped probabilities), one
-    batch; `heads` the attention's own (BART's decoder may have others), spec.heads when 0."""
-    b, q = setup.batch, inner(spec)
-    pairs = (heads or spec.heads) * q_len * k_len
-    return b * (FP32 * q * (q_len + 2 * k_len) + st.act * q * q_len + 3 * FP32 * pairs)
+def efficient_attention(spec: ModelSpec, setup: Setup, st: StateBytes) -> bool:
+    """Whether the masked SDPA call runs CUDA's memory-efficient kernel (trace/cuda_masked_sdpa.py): on CUDA, with
+    d_kv a multiple of the GEMM alignment, 128 bits of the compute dtype's elements, at least 4 (sdp_utils.cpp
+    minimum_gemm_alignment, check_head_dim_size_mem_efficient); a CPU runs the math path."""
+    return setup.device == "cuda" and spec.head_dim % max(4, 16 // st.act) == 0
+
+
+def _padded_keys(k_len: int, multiple: int) -> int:
+    """k_len rounded up to `multiple`."""
+    return -(-k_len // multiple) * multiple
+
+
+def attention_core(spec: ModelSpec, setup: Setup, st: StateBytes, q_len: int, k_len: int, heads: int = 0,
+                   own_bias: bool = True) -> float:
+    """What one SDPA call with the bias mask and dropout keeps, one batch (see the module docstring); `heads` the
+    attention's own (BART's decoder may have others), spec.heads when 0.
+    The math path (a CPU): fp32 q, k, v, the output in the compute dtype, and three fp32 (b, heads, q, k) tensors
+    (softmax's output, the dropout's noise and the dropped probabilities).
+    CUDA's memory-efficient kernel (meta__scaled_dot_product_efficient_attention, torch/_meta_registrations.py):
+    q, k and v as the linears made them and the output (o's input: the kernel writes it (b, q, heads, d_kv), so
+    sdpa_attention.py:195's transpose(1, 2).contiguous() copies nothing) in the compute dtype; the fp32 logsumexp
+    (b, heads, q rounded up to 32); the philox seed and offset of its dropout (two int64 scalars, no mask; NB: the
+    CUDA allocator rounds each to 512 B, under by 1,008 B a call); and, with `own_bias`, the bias this call made:
+    create_position_bias_mask's contiguous copy (sdpa_attention.py:91: the permuted relative bias, or the decoder's
+    torch.where with the causal mask) in the compute dtype (autocast's cast of the fp32 bias, SDPA being on its
+    lower-precision list), (1, heads, q, k), padded to a multiple of 8 keys where k is not one (attention.cpp
+    preprocess_mask, pad_bias). The cross-attention's zero bias is made once per stack in the query's dtype and
+    is contiguous (modeling_t5.py:337-342): one copy, block_saved's first decoder block's, and a padded copy per
+    call only where the keys are not a multiple of 8."""
+    b, q, n = setup.batch, inner(spec), heads or spec.heads
+    if not efficient_attention(spec, setup, st):
+        return b * (FP32 * q * (q_len + 2 * k_len) + st.act * q * q_len + 3 * FP32 * n * q_len * k_len)
+    pad = _padded_keys(k_len, 8)
+    bias = n * q_len * pad * st.act if (own_bias or pad != k_len) else 0
+    seeds = 2 * INDEX if spec.dropouts[1] > 0 else 0
+    lse = FP32 * b * n * _padded_keys(q_len, 32)
+    return b * st.act * q * (2 * q_len + 2 * k_len) + lse + bias + seeds
 
 
 def attention_casts(spec: ModelSpec, st: StateBytes, q_rows: int, kv_rows: int) -> float:
@@ -160,7 +194,9 @@ def block_saved(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, fi
     out += attention_core(spec, setup, st, q_len, q_len) + attention_casts(spec, st, rows, rows)
     if decoder:
         out += q_len * q_len  # the causal mask, (q, k) bool
-        out += attention_core(spec, setup, st, q_len, s) + attention_casts(spec, st, rows, b * s)
+        out += attention_core(spec, setup, st, q_len, s, own_bias=False) + attention_casts(spec, st, rows, b * s)
+        if first and efficient_attention(spec, setup, st):  # the cross-attention's zero bias, which the kernels keep
+            out += spec.heads * q_len * s * st.act
     if first:
         out += INDEX * q_len * q_len  # the bucket indices the relative bias's Embedding keeps
     return out + mlp_saved(spec, setup, st, rows)
@@ -221,7 +257,8 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     Under full recomputation the re-run forward's saved set is live beside them (and a first block's re-computed
     relative bias, (1, heads, q, k) in the weights' dtype), at (a) nothing of it freed yet (read off the trace: the
     re-run encoder block 0 at (a), fp32 on CPU, to the byte but the loss's 4), at (b) wo's input and the noise.
-    NB: the attention's (b, heads, q, k) gradients come later and are smaller at these sizes."""
+    On CUDA a third, the self-attention kernel's backward (attention_moment). NB: on a CPU the math path's
+    (b, heads, q, k) gradients come later and are smaller at these sizes."""
     h, f, a, r = spec.hidden, spec.intermediate, st.act, st.residual
     q_len = setup.target_tokens if decoder else setup.seq
     rows = setup.batch * q_len
@@ -239,7 +276,75 @@ def block_moments(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, 
     mlp_freed = (a + dropout_mask_bytes(setup, product)) * f * rows
     # (under full recomputation wo's input and the noise freed are the re-run's: backward.layer_moments)
     rule = Moment(rerun + incoming + gated - (mlp_freed if full else 0), wo, out_freed + (0 if full else mlp_freed))
-    return [down, rule]
+    moments = [down, rule]
+    if efficient_attention(spec, setup, st):
+        moments.append(attention_moment(spec, setup, st, decoder, first))
+    if decoder and first and not full:
+        moments.append(decoder_embedding_moment(spec, setup, st))
+    return moments
+
+
+def attention_moment(spec: ModelSpec, setup: Setup, st: StateBytes, decoder: bool, first: bool) -> Moment:
+    """The memory-efficient kernel's backward in the self-attention, the block's backward's last sublayer (CUDA;
+    read off the trace of flan-t5-base, 1 x 4096 tokens, bf16: its four gradients to the byte), with the incoming
+    gradient (the residual stream's): o's input gradient, q's, k's and v's (the compute dtype) and the bias's
+    gradient (b, heads, q, keys rounded up to 16) in the bias's dtype (meta__scaled_dot_product_efficient_backward,
+    torch/_meta_registrations.py; the compute dtype, attention_core). Live of the saved set: the self-attention's
+    norm, core, casts, causal mask and bucket indices; the rest (the MLP and cross-attention sublayers, the
+    sublayer's dropout mask and residual output) freed by their backward, with their weights' gradients done.
+    Under full recomputation the re-run's kept tensors instead (the re-run first block keeps its bias's contiguous
+    copy, not the relative bias it made), beside the gradient of the stack's relative bias accumulated over the
+    blocks after it (1, heads, q, q) in the weights' dtype; at the first block the held relative bias (and the
+    decoder's zero bias) is freed, the blocks after it done (read off the trace of flan-t5-base, 2 x 2048 tokens,
+    bf16: the peak at encoder block 1's kernel backward, the held bias, the accumulated gradient, the re-run's copy
+    and the kernel's (b, heads, q, q) gradient live).
+    NB: without recomputation a batch over 1 sums the bias's gradient to (1, heads, q, k) (expand's backward)
+    after the kernel, and the stack's bias gradient accumulates from its last block's attention on; neither is
+    counted (under: one (heads, q, k) tensor beside a (b, heads, q, k) one, and every block after the stack's last
+    keeps less than the last, which holds a bias copy of that size). Under full recomputation the stack's last
+    block has no accumulated gradient yet (over by one (heads, q, q) tensor where the stack's one later block is
+    its last) and the cross-attention's (b, heads, t, s) bias gradient (the zero bias requires grad under
+    checkpointing, modeling_t5.py:340-341) comes before the self-attention's and is not counted."""
+    h, a, r, q = spec.hidden, st.act, st.residual, inner(spec)
+    q_len = setup.target_tokens if decoder else setup.seq
+    b = setup.batch
+    rows = b * q_len
+    saved = block_saved(spec, setup, st, decoder, first)
+    kept = norm_saved(st, rows, h) + attention_core(spec, setup, st, q_len, q_len) + \
+        attention_casts(spec, st, rows, rows) + (q_len * q_len if decoder else 0) + \
+        (INDEX * q_len * q_len if first else 0)
+    grads = r * h * rows + a * q * rows + 3 * a * q * rows + a * b * spec.heads * q_len * _padded_keys(q_len, 16)
+    done = h * spec.intermediate * (3 if spec.gated_mlp else 2) + q * h + h + (4 * h * q + h if decoder else 0)
+    if setup.recompute == "full":
+        accumulated = spec.heads * q_len * q_len * st.weight
+        held = (accumulated + (spec.heads * q_len * setup.seq * st.act if decoder else 0)) if first else 0
+        return Moment(kept + accumulated + grads, done, held)
+    return Moment(grads, done, saved - kept)
+
+
+def decoder_embedding_moment(spec: ModelSpec, setup: Setup, st: StateBytes) -> Moment:
+    """The decoder's embedding backward, after its first block's and before the encoder's (the tied `shared`
+    table, modeling_t5.py:1036-1040), a moment of the decoder's first block: the tied table's two partials
+    (tied_partials) and the encoder output's gradient the cross-attentions' k and v made (the residual stream's
+    dtype), beside the whole encoder's saved tensors; the block's and the decoder embedding's dropout's saved
+    tensors freed, the block's gradients done (read off the trace of flan-t5-base, 2 x 2048 + 64 tokens, bf16: its
+    peak, the two (vocab, d_model) partials and the (2, 2048, 768) gradient live). Long inputs and short targets
+    put the peak here.
+    NB: without recomputation only (under full recomputation the decoder's held inputs at this point are not
+    derived; its re-run moments are larger at the sizes measured)."""
+    h, q = spec.hidden, inner(spec)
+    rows = setup.batch * setup.target_tokens
+    extra = tied_partials(spec, st) + st.residual * h * setup.batch * setup.seq
+    freed = block_saved(spec, setup, st, True, True) + (dropout_mask_bytes(setup, st.weight) + st.weight) * h * rows
+    done = 8 * h * q + h * spec.intermediate * (3 if spec.gated_mlp else 2) + 3 * h + relative_bias_params(spec)
+    return Moment(extra, done, freed)
+
+
+def tied_partials(spec: ModelSpec, st: StateBytes) -> float:
+    """The tied `shared` table's partial gradients live at an embedding's backward (memory.py tied_partials: under
+    autocast one beside the sum, lm_head's partial being the weight cast's fresh fp32 gradient, which takes the
+    embedding's in place; otherwise both partials and their sum, one of the three counted as the gradient)."""
+    return (1 if st.autocast else 2) * spec.vocab * spec.hidden * st.grad
 
 
 def block_params(spec: ModelSpec, pc: ParamCounts, decoder: bool, first: bool) -> float:
@@ -327,7 +432,7 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts):
         layer_freed=0.0,
         layer_grads_done=0.0,
         # the tied table's partials (memory.py tied_partials; BART's and Whisper's encoder's own)
-        embedding_backward=(ab.table_partials(spec, st, False) if ab else 2 * spec.vocab * h) * gb,
+        embedding_backward=ab.table_partials(spec, st, False) * gb if ab else tied_partials(spec, st),
         gathered=0.0,
         optimizer_transient=optimizer_temporaries(setup, st, n, spec.vocab * h),
         kinds=tuple(kinds),

@@ -115,15 +115,22 @@ in every decoder block, EncoderDecoderCache). Its inference memory and prefill F
 (analytic/encoder_decoder.py: both stacks' high points, the relative bias's bucketing and additive masks, both
 caches, lm_head over every target position; tests/analytic/test_encoder_decoder_analytic.py, within 0.04 % of the
 trace), and so are its training memory and FLOPs (analytic/encoder_decoder_training.py: both stacks' saved tensors
-block by block — T5LayerNorm's fp32 terms, the math-path SDPA with the bias as a float mask, the gated gelu_new or
-relu MLP, the dropout noise or masks on the embeddings, probabilities and every branch, autocast's casts, the bucket
-indices of each stack's first block — the MLP's two backward moments, full recomputation's held inputs, biases and
+block by block — T5LayerNorm's fp32 terms, SDPA with the bias as a float mask (a CPU's math path; under CUDA
+semantics the memory-efficient kernel: q, k, v, output, fp32 logsumexp, each self-attention's bias copy), the
+gated gelu_new or relu MLP, the dropout noise or masks on the embeddings, probabilities and every branch, autocast's
+casts, the bucket indices of each stack's first block — the MLP's two backward moments, full recomputation's held inputs, biases and
 re-run blocks; tests/analytic/test_encoder_decoder_training.py). At the families matrix's test size (hidden 128,
 2 + 12 blocks, batch 2 x 128 + 128 target tokens) every precision (fp32, amp-bf16, bf16, bf16-master) x recompute
-none/full on CPU and CUDA semantics reads -0.36 % to 0.00 % of the traced peak (T5 v1.0, relu and 6 decoder
-blocks: -0.62 % to 0.00 %); with the engine's one-stack terms it read -59.6 % (amp-bf16, CPU) to -66.7 % (bf16,
-CUDA) (inference: -13.6 %, bf16, CUDA, before encoder_decoder.py). Its kernels are in the op list (the
-last paragraph); --tp/--pp/--cp, data parallelism and ZeRO/FSDP, LoRA, --compile, --offload
+none/full on CPU semantics reads -0.51 % to 0.00 % of the traced peak (T5 v1.0, relu and 6 decoder
+blocks: -0.62 % to 0.00 %; ONEDNN_MAX_CPU_ISA=AVX2 -0.25 % to +0.11 %), on CUDA semantics -0.54 % to -0.02 %
+(flan-t5-base, 4 x 512 + 128 tokens: -0.003 % amp-bf16, -0.005 % bf16; full recompute +0.23 %, +0.40 %; long
+inputs, 1 x 4096 + 64, 2 x 2048 + 64 and 1 x 1500 + 50, where the kernel's (b, heads, q, k) bias gradient, the
+stack's accumulated bias gradient under full recomputation or the decoder's embedding backward beside the encoder's
+saved tensors is the peak: -0.49 % to +0.18 %, -2.83 % before the last); priced as
+the math path on CUDA too, before, it read +1.08 % to +21.22 % (flan-t5-base: +42.4 %, +75.4 %); with the
+engine's one-stack terms it read -59.6 % (amp-bf16, CPU) to -66.7 % (bf16, CUDA) (inference: -13.6 %, bf16,
+CUDA, before encoder_decoder.py). Its kernels are in the op list (the last paragraph);
+--tp/--pp/--cp, data parallelism and ZeRO/FSDP, LoRA, --compile, --offload
 and recompute policies other than none and full are refused in one line (encoder_decoder_training.check_trainable).
 BART (models/bart/modeling_bart.py BartForConditionalGeneration) has the same two stacks (post-norm, with a learned
 position table and layernorm_embedding per stack instead of the relative bias, biased linears, final_logits_bias);

@@ -8,7 +8,9 @@ kernel gives the CUDA output and saved tensors without a GPU:
     probabilities — a different memory profile. torch/nn/attention sdp dispatch (sdp_utils.cpp).
   * Dropout: CUDA's fused native_dropout keeps a 1-byte mask; the CPU path keeps a noise tensor of the
     input's dtype (aten Dropout.cpp).
-NB: an explicit attention mask (padding) goes to the original SDPA. fp32 with GQA (enable_gqa) takes the math
+An explicit attention mask (padding, T5's relative bias, bidirectional image blocks, chunked or sliding windows past
+their window) takes the memory-efficient kernel where CUDA's dispatcher does, else the math path (cuda_masked_sdpa.py):
+the flash kernel takes no mask. fp32 with GQA (enable_gqa) takes the math
 path: the memory-efficient kernel does not take GQA (sdp_utils.cpp), the flash kernel not fp32.
 `--stack torchtitan` allows only the cuDNN, flash and math backends (torchtitan/models/attention.py:173-178, 190:
 sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)): bf16 runs the flash kernel here (NB: on
@@ -29,17 +31,19 @@ import torch.nn.functional as F
 
 from ..setup import Setup
 from .cuda_autocast import CudaAutocastLists
+from .cuda_masked_sdpa import masked_sdpa
 
 
 def _cuda_sdpa(original, efficient: bool = True):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if attn_mask is not None:
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                            scale=scale, enable_gqa=enable_gqa)
         if torch.is_autocast_enabled("cpu"):  # CUDA autocast lists SDPA as a lower-precision op
             dtype = torch.get_autocast_dtype("cpu")
             query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+            if attn_mask is not None and attn_mask.is_floating_point():  # cached_cast casts every float argument
+                attn_mask = attn_mask.to(dtype)
         with torch.autocast("cpu", enabled=False):
+            if attn_mask is not None:
+                return masked_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, efficient)
             # the flash kernel needs one head width for q, k and v (sdp_utils.cpp check_head_dim_size_flash);
             # MLA's v is narrower than its q/k, so CUDA's dispatcher takes the memory-efficient kernel
             # (check_head_dim_size_mem_efficient: q and k equal, v its own width)

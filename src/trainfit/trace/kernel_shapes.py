@@ -25,8 +25,8 @@ ATTENTION = {getattr(aten, name).default for name in (
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
-    # an SDPA call with a mask keeps the CPU's fused kernel under CUDA semantics (cuda_kernels._cuda_sdpa passes it
-    # through): one attention kernel all the same (Llama 4's chunked layers, sliding windows past their window)
+    # the CPU's fused kernel (a --device cpu trace); under CUDA semantics a masked call takes the memory-efficient
+    # kernel, or the math path's GEMMs where that kernel does not take it (cuda_masked_sdpa.py)
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
     if hasattr(aten, name)}
 # ops that launch no kernel although they are not views: allocation without a fill, metadata

@@ -18,9 +18,7 @@ A block (T5Block :435-480) is T5LayerSelfAttention [+ T5LayerCrossAttention in t
     takes an additive bias, its gradient and dropout; torch sdp_utils.cpp check_for_attn_mask / use_mem_efficient_
     attention): `attention` op with kernel "efficient". Under CUDA autocast SDPA casts its fp32 mask (the bias is an
     fp32 Embedding's lookup) to the compute dtype. Then the output's transpose(1, 2).contiguous() (:195) and o.
-    (The trace engine runs a masked SDPA call through the CPU's implementation, trace/cuda_kernels.py's NB: with
-    dropout torch's math path, fp32 batched GEMMs and s x s passes; tests/analytic/test_encdec_ops_vs_trace.py
-    traces a masked call through CUDA's kernel instead.)
+    (The trace engine's CUDA semantics run a masked SDPA call through the same kernel, trace/cuda_masked_sdpa.py.)
   * T5LayerFF (:128-142): T5DenseGatedActDense (:98-125: act(wi_0 x) · wi_1 x, dropout, `.to(wo.weight.dtype)`, wo)
     or T5DenseActDense (:76-95: act(wi x), dropout, the same cast, wo); gelu_new's output is fp32 under autocast
     (activation.gelu_new_out), so the product and its dropout are too; wo is kept in fp32 only by
