@@ -28,9 +28,9 @@ HEAVY = pytest.mark.heavy
 MODELS = {"qwen2_5_vl": (QWEN2_5_VL, IMAGE), "gemma3": (GEMMA3, IMAGE), "qwen3_vl": (QWEN3_VL, QWEN3_IMAGE),
           "mllama": (MLLAMA, TILE)}
 
-# (family, precision, device, optimizer): the default run keeps two cases (its budget: a tower's parameters; the
-# cross-attention layers' too), the heavy tier every family in fp32 / amp-bf16 x CPU / CUDA x AdamW / SGD
-DEFAULT = [("qwen3_vl", "fp32", "cpu", "adamw"), ("mllama", "amp-bf16", "cuda", "sgd")]
+# (family, precision, device, optimizer): the default run keeps one case (its budget; the cross-attention layers'
+# parameters beside the tower's), the heavy tier every family in fp32 / amp-bf16 x CPU / CUDA x AdamW / SGD
+DEFAULT = [("mllama", "amp-bf16", "cuda", "sgd")]
 CASES = DEFAULT + [pytest.param(f, p, d, o, marks=HEAVY) for f in MODELS for p in ("fp32", "amp-bf16")
                    for d in ("cpu", "cuda") for o in ("adamw", "sgd") if (f, p, d, o) not in DEFAULT]
 
@@ -50,6 +50,16 @@ def test_training_without_images_within_1_percent_of_the_trace(family, precision
                        ("optimizer step", predicted.phases["optimizer_step"], traced.phases["optimizer_step"])):
         gap = (a - t) / t
         assert abs(gap) <= TOLERANCE, f"{family} {name}: analytic {a} vs trace {t}: {gap:+.2%}"
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", pytest.param("mllama", marks=HEAVY)])
+def test_accumulated_gradients_without_images(family):
+    # with 2 micro-batches the first one's gradients are live through the second's backward, so the peak holds them:
+    # the tower's counted there read +6.4 % (Qwen3-VL) and +5.9 % (Mllama) of the trace (fp32, CUDA, AdamW)
+    spec, size = MODELS[family]
+    setup = Setup(batch=2, seq=128, precision="fp32", device="cuda", images=0, image_size=size, optimizer="adamw",
+                  grad_accum=2)
+    assert_analytic_near_trace(spec, setup, family, TOLERANCE)
 
 
 @pytest.mark.slow
