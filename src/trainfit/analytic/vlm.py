@@ -215,10 +215,11 @@ def idle_params(spec: ModelSpec, setup: Setup, pc, layers: int, embedding: bool)
     :1205, modeling_qwen3_vl.py :1169, Gemma3Model.forward :856, MllamaModel.forward :1346: `if pixel_values is not
     None`), so autograd never reaches the tower's or the projector's parameters, nor Mllama's skipped
     cross-attention layers' (mllama.skipped_params), and their .grad stays None. The optimizer states stay: the step
-    before made them for every parameter (torch/optim/adam.py _init_group makes a parameter's state on the first
-    step it has a gradient; trace/train.py warm_up_optimizer steps all parameters once), and the step then skips a
-    parameter without a .grad (`if p.grad is not None`), so its foreach temporaries cover the others only.
-    0 with images or for a text model."""
+    before made them for every parameter (torch/optim/adam.py _init_group :139-151 makes a parameter's state on the
+    first step it has a gradient; trace/train.py warm_up_optimizer steps all parameters once), and the step then
+    skips a parameter without a .grad (adam.py:151, sgd.py:88 `if p.grad is not None`), so its foreach temporaries
+    cover the others only. NB: DDP's gradient buckets (zero.py model_states' comm) are still sized to every
+    parameter. 0 with images or for a text model."""
     if spec.vision is None or setup.images:
         return 0
     tower = pc.vision if embedding else 0  # the first stage's (parallel/tensor.py rank_params)
