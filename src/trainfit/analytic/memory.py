@@ -159,6 +159,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         head_params, tied_partials = 0, 0
         lp_trainable = lora_layer_params(spec, setup)
         head = replace(head, saved=head.saved + head_saved_delta(spec, setup) * tokens)
+    # a VLM trained without images: the tower's (and Mllama's skipped cross-attention layers') parameters get no
+    # gradient, nor the step's temporaries (vlm.idle_params). NB: DeepSpeed's flat gradient partitions are made whole
+    # (not applied there); frozen under LoRA anyway
+    idle = 0 if (setup.lora_rank or ds) else vlm.idle_params(spec, setup, pc, stage.layers, stage.embedding)
     rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup)
     if setup.quant:  # a frozen 4-bit matmul's dequantised weight beside the backward's temporaries (quant.py)
         # NB: over-reads where the layer's high point is not inside a frozen matmul (by at most that copy)
@@ -192,7 +196,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     step = StepBytes(
         resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
                   "comm_buffers": ms.comm},
-        gradients=ms.gradients,
+        gradients=ms.gradients - idle * gb,
         accumulating=setup.grad_accum > 1,  # earlier micro-batches' gradients stay live
         head_gradients=head_params * gb_root,
         layer_gradients=(lp_trainable if setup.lora_rank else lp) * gb,
@@ -222,7 +226,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         # NB: gradient clipping's temporaries before the step (optimizer.clip_temporaries: a 0-d norm per tensor, a
         # few KB; on CUDA 512 B each and _foreach_norm's scratch, 2.4 MB for llama-3.2-1b) not counted here
         optimizer_transient=ds.step_transient if ds else optimizer_temporaries(
-            adapter_setup(setup, st), st, n / shard(setup, 1), largest),
+            adapter_setup(setup, st), st, (n - idle) / shard(setup, 1), largest),
         masks_held=masks_held,
         masks_first=masks_first if stage.embedding else masks_held,
         last_layer_forward=last_layer_forward(spec, setup, st, tokens, uniform.saved) if stage.head else 0,

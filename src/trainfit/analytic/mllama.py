@@ -247,6 +247,17 @@ def layer_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int, self
     return (self_kind, cross), tuple(int(j in t.cross_layers) for j in range(layers))
 
 
+def skipped_params(spec: ModelSpec, setup: Setup, pc, layers: int, embedding: bool) -> float:
+    """One rank's parameters of the cross-attention layers a step without images skips (MllamaTextModel.forward
+    :1136-1139; layer_kinds' cross kind makes no gradients): each a self-attention layer's count (memory.py's
+    layer price: its norms and, split by --tp, its attention and MLP; parallel/tensor.py rank_params) and their q/k
+    norms and gates (ParamCounts.cross_extras, on the first stage). NB: on a pipeline the layers are spread evenly
+    over the stages (a stage's first layer index is not tracked)."""
+    t = spec.vision
+    per_layer = pc.norms + (pc.attention + pc.mlp) / setup.tp
+    return len(t.cross_layers) * per_layer * layers / spec.layers + (pc.cross_extras if embedding else 0)
+
+
 def _self_layer_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     """memory.py's saved bytes of one language-model layer in `setup`."""
     from .activations import keys_per_token

@@ -104,6 +104,14 @@ GEMM and attention shapes and casts equal, other bytes -0.29 % to +0.19 % for an
 forward and backward), +5.5 % to +7.2 % forward and +3.4 % to +3.7 % backward for the ends (the trace counts each
 tile-embedding lookup as reading its whole table, the op list the gathered rows), -1.27 % to +0.36 % forward and
 +0.83 % to +2.4 % backward for a cross-attention layer.
+Any of these VLMs trained without images (--images 0): the forward skips the tower (and Mllama's cross-attention
+layers), so their parameters get no gradient while the optimizer states made by the step before stay
+(analytic/vlm.py idle_params). Measured against the trace (bf16, CUDA, 1 x 512): qwen3-vl-2b +4.68 % -> +0.01 %,
+qwen2.5-vl-3b +4.47 % -> +0.01 %, gemma-3-4b +2.32 % -> +0.01 %, llama-3.2-11b-vision +6.59 % -> 0.00 % (fp32 and
+amp-bf16 alike); the small models' optimizer step, where their gradients all live, +4.7 % to +30 % -> -0.96 % to
+-0.04 % (the rest: CUDA's 512-B rounding of each gradient), their peaks (in the backward) unchanged but with 2
+micro-batches accumulated (+6.4 % -> -0.41 % Qwen3-VL, +5.9 % -> -0.34 % Mllama; tests/analytic/
+test_vlm_without_images.py).
 
 T5 / Flan-T5 / mT5 (transformers models/t5/modeling_t5.py T5ForConditionalGeneration) is an encoder-decoder: an
 encoder stack over --seq tokens (bidirectional self-attention) and a decoder stack over --target-seq tokens (causal

@@ -209,6 +209,23 @@ def late_gradients(spec: ModelSpec, setup: Setup, pc) -> int:
     return pc.vision if _crossed(spec) and setup.images else 0
 
 
+def idle_params(spec: ModelSpec, setup: Setup, pc, layers: int, embedding: bool) -> float:
+    """Parameters of one rank (a stage of `layers` language-model layers, with the embedding or not) that get no
+    gradient in a step without images: the forward runs the tower only for pixel_values (Qwen2_5_VLModel.forward
+    :1205, modeling_qwen3_vl.py :1169, Gemma3Model.forward :856, MllamaModel.forward :1346: `if pixel_values is not
+    None`), so autograd never reaches the tower's or the projector's parameters, nor Mllama's skipped
+    cross-attention layers' (mllama.skipped_params), and their .grad stays None. The optimizer states stay: the step
+    before made them for every parameter (torch/optim/adam.py _init_group :139-151 makes a parameter's state on the
+    first step it has a gradient; trace/train.py warm_up_optimizer steps all parameters once), and the step then
+    skips a parameter without a .grad (adam.py:151, sgd.py:88 `if p.grad is not None`), so its foreach temporaries
+    cover the others only. NB: DDP's gradient buckets (zero.py model_states' comm) are still sized to every
+    parameter. 0 with images or for a text model."""
+    if spec.vision is None or setup.images:
+        return 0
+    tower = pc.vision if embedding else 0  # the first stage's (parallel/tensor.py rank_params)
+    return tower + (mllama.skipped_params(spec, setup, pc, layers, embedding) if _crossed(spec) else 0)
+
+
 def tower_inputs(spec: ModelSpec, setup: Setup) -> int:
     """The tower's inputs in one micro-batch, live through the step: the pixel rows (0 without images), and
     Qwen3-VL's position-table resampling (qwen3vl_tower.interpolation_bytes). NB: the index tensors (the grid,
