@@ -73,12 +73,12 @@ def stack_shape(sh: Shape, seq: int) -> Shape:
 
 
 def dropouts(spec, training: bool) -> tuple[float, float, float, float]:
-    """(embedding, attention probabilities, branch, activation) dropout rates (spec.dropouts and the config's
-    activation_dropout: BartEncoderLayer :298, WhisperEncoderLayer :408); 0 in eval."""
+    """(embedding, attention probabilities, branch, activation) dropout rates (spec.dropouts and
+    EncoderDecoderSpec.activation_dropout: BartEncoderLayer :298, WhisperEncoderLayer :408); 0 in eval."""
     if not training:
         return 0.0, 0.0, 0.0, 0.0
     e, a, r = spec.dropouts
-    return e, a, r, float(spec.config.get("activation_dropout", 0.0) or 0.0)
+    return e, a, r, spec.encdec.activation_dropout
 
 
 def _norm(spec, name: str, sh: Shape, group: str) -> list[Op]:
