@@ -288,6 +288,8 @@ def test_bart_and_whisper_training_flops_are_the_traced_ones():
         assert est.backward == pytest.approx(traced.backward, rel=0.02)
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("batch,seq,target,precision,recompute", FLAN)
 def test_flan_t5_base_cuda_within_1_percent_of_the_trace(batch, seq, target, precision, recompute):
     from trainfit.models.resolve import load_model
