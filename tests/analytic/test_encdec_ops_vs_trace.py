@@ -36,8 +36,8 @@ pytest.importorskip("transformers")
 
 from test_ops_vs_trace import CASTS, TOLERANCE, _ops_keys, _trace_key  # noqa: E402
 
-from trainfit.analytic.encoder_decoder_time import (dropout_rate, forward_lists, prefill_decode_lists,  # noqa: E402
-                                                   shapes)
+from trainfit.analytic.encoder_decoder_time import (dropout_rate, prefill_decode_lists, shapes,  # noqa: E402
+                                                   training_parts)
 from trainfit.analytic.ops import Op, backward  # noqa: E402
 from trainfit.analytic.ops import encoder_decoder as ed  # noqa: E402
 from trainfit.analytic.precision import state_bytes  # noqa: E402
@@ -143,13 +143,7 @@ def test_training_step_kernels_match_the_op_list(model):
     spec = load_model(model)
     setup = _setup("amp-bf16")
     enc, dec = shapes(spec, setup, state_bytes(setup))
-    parts = forward_lists(spec, enc, dec, dropout_rate(spec, True), loss=True)
-    counts = {"encoder_first": 1, "encoder": spec.layers - 1, "decoder_first": 1,
-              "decoder": spec.encdec.decoder_layers - 1, "once": 1}
-    extra = {"encoder_first": ed.block_grad_sums(spec, enc, False), "encoder": ed.block_grad_sums(spec, enc, False),
-             "decoder_first": ed.block_grad_sums(spec, dec, True, enc.tokens),
-             "decoder": ed.block_grad_sums(spec, dec, True, enc.tokens),
-             "once": ed.encoder_decoder_backward_extra(spec, enc, dec)}
+    parts, counts, extra = training_parts(spec, enc, dec)
     fwd = [o for part, ops in parts.items() for o in counts[part] * ops]
     bwd = [o for part, ops in parts.items() for o in counts[part] * (backward(ops) + extra[part])]
     kernels = step_kernels(spec, setup)

@@ -96,7 +96,7 @@ def forward_lists(spec: ModelSpec, enc, dec, p: float, loss: bool, cache: bool =
             "once": once}
 
 
-def _training_parts(spec: ModelSpec, enc, dec) -> tuple[dict, dict, dict]:
+def training_parts(spec: ModelSpec, enc, dec) -> tuple[dict, dict, dict]:
     """A training step's forward lists by part (forward_lists), each part's count and its backward-only ops."""
     lists = forward_lists(spec, enc, dec, dropout_rate(spec, True), loss=True)
     counts = {"encoder_first": 1, "encoder": spec.layers - 1, "decoder_first": 1,
@@ -112,7 +112,7 @@ def _training_parts(spec: ModelSpec, enc, dec) -> tuple[dict, dict, dict]:
 def stage_lists(spec: ModelSpec, setup: Setup) -> tuple[list, list]:
     """(a training micro-batch's forward ops, its backward ops), uncompiled."""
     _check(spec, setup)
-    lists, counts, extra = _training_parts(spec, *shapes(spec, setup, state_bytes(setup)))
+    lists, counts, extra = training_parts(spec, *shapes(spec, setup, state_bytes(setup)))
     return ([o for part, ops in lists.items() for o in counts[part] * ops],
             [o for part, ops in lists.items() for o in counts[part] * (backward(ops) + extra[part])])
 
@@ -121,7 +121,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes) -> St
     """One micro-batch's forward, backward and recompute of a training step (the module docstring)."""
     _check(spec, setup)
     enc, dec = shapes(spec, setup, st)
-    lists, counts, extra = _training_parts(spec, enc, dec)
+    lists, counts, extra = training_parts(spec, enc, dec)
     prep = compiled if enc.compile else (lambda ops: ops)  # torch.compile's fused elementwise chains (ops.compiled)
     fwd = bwd = rec = ListTime()
     attn = 0.0
