@@ -38,6 +38,12 @@ def _crossed(spec: ModelSpec) -> bool:
     return spec.vision is not None and spec.vision.projector == "cross"
 
 
+def _own_terms(spec: ModelSpec):
+    """The module with the tower's own tower_saved, encoder_outputs_held and tower_prefill_peak (siglip, qwen3vl_tower,
+    mllama), or None for Qwen2.5-VL's, which are here."""
+    return siglip if _pooled(spec) else qwen3vl_tower if _qwen3(spec) else mllama if _crossed(spec) else None
+
+
 def language_setup(spec: ModelSpec, setup: Setup) -> Setup:
     """`setup` with --seq the language model's tokens per sample (text + image tokens) where the step runs the
     tower; `setup` itself otherwise (a text model, serving, RL)."""
@@ -159,12 +165,8 @@ def tower_saved(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
       input) and GELU's output over the merged rows (patches / merge^2 of width hidden x merge^2), the autocast
       weight casts of both Linears, and the argsort of the window order (merged rows, int64) its rows are put back
       with."""
-    if _pooled(spec):
-        return siglip.tower_saved(spec, setup, st)
-    if _qwen3(spec):
-        return qwen3vl_tower.tower_saved(spec, setup, st)
-    if _crossed(spec):
-        return mllama.tower_saved(spec, setup, st)
+    if (own := _own_terms(spec)) is not None:
+        return own.tower_saved(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -204,8 +206,8 @@ def cross_kinds(spec: ModelSpec, setup: Setup, st: StateBytes, layers: int, self
 def late_gradients(spec: ModelSpec, setup: Setup, pc) -> int:
     """Parameters whose gradients are made after the embedding's backward: Mllama's tower and projector (the tower
     runs before the language model's embedding, so autograd runs its backward last: MllamaModel.forward
-    :1345-1377, the text embedded in MllamaTextModel.forward :1109). Qwen2.5-VL and Gemma 3 embed the text first and run the tower after it: their towers' backward
-    comes before the embedding's (0)."""
+    :1345-1377, the text embedded in MllamaTextModel.forward :1109). Qwen2.5-VL and Gemma 3 embed the text first and
+    run the tower after it: their towers' backward comes before the embedding's (0)."""
     return pc.vision if _crossed(spec) and setup.images else 0
 
 
@@ -261,12 +263,8 @@ def encoder_outputs_held(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     output object (its last_hidden_state, patches x hidden in the stream's dtype, and the merged rows put back in
     image order, split per image, get_image_features :1075-1080) and their torch.cat cast to inputs_embeds' dtype
     (image_embeds), locals of the forward through the layers."""
-    if _pooled(spec):
-        return siglip.encoder_outputs_held(spec, setup, st)
-    if _qwen3(spec):
-        return qwen3vl_tower.encoder_outputs_held(spec, setup, st)
-    if _crossed(spec):
-        return mllama.encoder_outputs_held(spec, setup, st)
+    if (own := _own_terms(spec)) is not None:
+        return own.encoder_outputs_held(spec, setup, st)
     if spec.vision is None or not setup.images:
         return 0
     t = spec.vision
@@ -284,12 +282,8 @@ def tower_prefill_peak(spec: ModelSpec, setup: Setup, st: StateBytes) -> int:
     fp32 multiply), the pixel rows' copy in a 16-bit tower's dtype (get_image_features :1075, alive through the
     tower's call) and the language model's text embeddings (made before the tower: Qwen2_5_VLModel.forward).
     NB: under autocast the tower's later weight casts (tower_casts, counted whole) are not made yet: over."""
-    if _pooled(spec):
-        return siglip.tower_prefill_peak(spec, setup, st)
-    if _qwen3(spec):
-        return qwen3vl_tower.tower_prefill_peak(spec, setup, st)
-    if _crossed(spec):
-        return mllama.tower_prefill_peak(spec, setup, st)
+    if (own := _own_terms(spec)) is not None:
+        return own.tower_prefill_peak(spec, setup, st)
     return rotary_moment(spec, setup, st)
 
 
