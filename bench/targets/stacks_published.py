@@ -54,13 +54,13 @@ RUNS = (
                    compile=True, gpu="H100-96GB")),
     Run("Llama-3.1-8B FSDP 8, op SAC, compile + Float8 (torchtitan)", "C2 " + TT + " Table 1", "calibration",
         "reserved", 76.8, dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2,
-                               seq=8192, compile=True, float8=True, gpu="H100-96GB")),
+                               seq=8192, compile=True, low_precision="tensorwise", fp8_all_gather=True, gpu="H100-96GB")),
     Run("Llama-3.1-8B FSDP 128, op SAC (torchtitan)", TT + " Table 3", "validation", "reserved", 67.0,
         dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=128, zero=3, batch=2, seq=8192,
              gpu="H100-96GB")),
     Run("Llama-3.1-8B FSDP 8, seq 32768, full AC, compile + Float8", TT + " Table 2", "validation", "reserved",
         83.9, dict(model="llama-3.1-8b", stack="torchtitan", recompute="full", dp=8, zero=3, batch=1, seq=32768,
-                   compile=True, float8=True, gpu="H100-96GB")),
+                   compile=True, low_precision="tensorwise", fp8_all_gather=True, gpu="H100-96GB")),
 )
 
 

@@ -253,7 +253,7 @@ RUNS: list[dict] = [
     _tt("c2-tt-8b-fsdp8-compile", 1, "FSDP + torch.compile", "llama-3.1-8b",
         dict(batch=2, dp=8, zero=3, recompute="op", compile=True), 6667, "C2 of calibration.md.", in_sample=True),
     _tt("c2-tt-8b-fsdp8-compile-fp8", 1, "FSDP + torch.compile + Float8", "llama-3.1-8b",
-        dict(batch=2, dp=8, zero=3, recompute="op", compile=True, float8=True), 8532, "C2 of calibration.md.",
+        dict(batch=2, dp=8, zero=3, recompute="op", compile=True, low_precision="tensorwise", fp8_all_gather=True), 8532, "C2 of calibration.md.",
         in_sample=True),
     *_c3("22B", (6144, 48, 64), 1, 8, 4, 1, 1.42, 1.10),
     *_c3("175B", (12288, 96, 96), 8, 64, 64, 3, 18.13, 13.75),
@@ -267,17 +267,17 @@ RUNS: list[dict] = [
     _tt("tt-8b-fsdp128-compile", 3, "FSDP + torch.compile", "llama-3.1-8b",
         dict(batch=2, dp=128, zero=3, recompute="op", compile=True), 6514),
     _tt("tt-8b-fsdp128-compile-fp8", 3, "FSDP + torch.compile + Float8", "llama-3.1-8b",
-        dict(batch=2, dp=128, zero=3, recompute="op", compile=True, float8=True), 8380),
+        dict(batch=2, dp=128, zero=3, recompute="op", compile=True, low_precision="tensorwise", fp8_all_gather=True), 8380),
     _tt("tt-8b-s32k-fsdp8", 2, "FSDP 8, CP 1", "llama-3.1-8b",
-        dict(batch=1, seq=32768, dp=8, zero=3, recompute="full", compile=True, float8=True), 3890),
+        dict(batch=1, seq=32768, dp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 3890),
     _tt("tt-70b-fsdp32-tp8", 4, "2D", "llama-3.1-70b",
-        dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, float8=True), 829,
+        dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 829,
         "Local batch 16 per FSDP rank run as one micro-batch (no pipeline, no accumulation). Seq 8192 "
         "(torchtitan's llama3_70b.toml)."),
     *(dict(id=f"tt-h200-8b-fsdp{n}", source=f"{TT_H200}, Results table, row NUM_NODES {n // 8}", gpu="H200",
            model="llama-3.1-8b",
            setup=dict(stack="torchtitan", batch=2, seq=8192, dp=n, zero=3, recompute="op", compile=True,
-                      float8=True, precision="amp-bf16", attention="flash2"),
+                      low_precision="tensorwise", fp8_all_gather=True, precision="amp-bf16", attention="flash2"),
            published=tps, unit="tokens/s/GPU",
            notes="Trainy, June 2025: llama3_8b.toml (seq 8192, FSDP over all ranks, selective op AC) with local batch "
                  "2, compile and Float8 (fp8 FSDP all-gather); SDPA pinned to FlashAttention-2 first on sm90 "
@@ -300,7 +300,7 @@ SKIPPED = [
      "micro-batch size and schedule per row not published in the table"),
     ("Shoeybi et al. 2019 (V100, 1.2B–8.3B)", "only scaling efficiencies and one aggregate PFLOP/s; per-run batch "
      "and FLOP formula not given per row; not verified in the time available"),
-    ("llm-foundry H100 FP8 rows", "TransformerEngine fp8 (amp_fp8); trainfit's --float8 is torchao on torchtitan only"),
+    ("llm-foundry H100 FP8 rows", "TransformerEngine fp8 (amp_fp8); TE recipes on llm-foundry are not a stack trainfit models"),
     ("torchtitan Table 2 CP > 1, Table 6 (CP)", "torchtitan CP (ring attention in SDPA) not modelled by --stack "
      "torchtitan"),
     ("torchtitan Table 4/5 AsyncTP and interleaved rows", "AsyncTP not modelled; interleaved virtual-stage count not "

@@ -103,9 +103,9 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     if setup.tp > 1 or setup.pp > 1:
         raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
                          "(use --engine analytic); --dp/--zero are traced one rank at a time")
-    if setup.compile or setup.float8:
-        raise SetupError("the trace engine runs eager kernels on fake tensors: --compile and --float8 are modelled by "
-                         "the analytic engine (and --compile is measured by --engine measure)")
+    if setup.compile or setup.low_precision != "none":
+        raise SetupError("the trace engine runs eager kernels on fake tensors: --compile and --low-precision are "
+                         "modelled by the analytic engine (and --compile is measured by --engine measure)")
     if setup.mode == "rl":
         try:
             from .trace.rl import trace_rl_estimate
@@ -146,9 +146,9 @@ def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
 def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:
     """Real steps here (one process); the caller checks free memory first (api.check_room)."""
     check_stack(setup, "measure")
-    if setup.float8:
-        raise SetupError("--float8 is torchtitan's Float8Linear, which the measure engine does not run: use --engine "
-                         "analytic")
+    if setup.low_precision != "none":
+        raise SetupError(f"--low-precision {setup.low_precision}: the measure engine does not run the low-precision "
+                         "libraries: use --engine analytic")
     if setup.attention in ("triton", "flash2"):
         raise SetupError(f"--attention {setup.attention} names a kernel the measure engine does not pin; it runs "
                          "PyTorch's SDPA in its place: use --attention flash, or --engine analytic/trace (which save "

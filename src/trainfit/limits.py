@@ -53,3 +53,7 @@ def check_logits(tokens: int, vocab: int) -> None:
     if tokens * vocab * 4 > INT64_MAX:
         raise SetupError(f"the step's logits ({tokens:,} tokens x {vocab:,} vocab x 4 bytes) would hold more than "
                          f"2**63 - 1 bytes, which no PyTorch tensor can ({INT64_BYTES}); lower --batch or --seq")
+
+
+# a count of a model's transformer layers: each holds at least one 16-bit weight
+LAYERS = Bound(INT64_MAX // 2, f"every layer holds at least one 16-bit weight and {INT64_BYTES}")

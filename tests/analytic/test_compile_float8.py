@@ -39,23 +39,23 @@ def c2(**kw) -> Setup:
 # -- settings: declared once, refused in one line where the stack or GPU cannot run them -------------------------
 def test_float8_is_refused_for_the_hf_stack_in_one_line():
     with pytest.raises(SetupError) as e:
-        Setup(float8=True)
-    assert "--float8" in str(e.value) and "--stack torchtitan" in str(e.value) and "\n" not in str(e.value)
+        Setup(low_precision="tensorwise")
+    assert "--low-precision" in str(e.value) and "--stack torchtitan" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_float8_is_refused_on_a_gpu_without_fp8_tensor_cores(llama8b):
     with pytest.raises(SetupError) as e:
-        estimate(llama8b, c2(float8=True), get_gpu("A100-80GB"))
+        estimate(llama8b, c2(low_precision="tensorwise", fp8_all_gather=True), get_gpu("A100-80GB"))
     assert "fp8 tensor cores" in str(e.value) and "\n" not in str(e.value)
-    estimate(llama8b, c2(float8=True), get_gpu("L40S"))  # Ada has them
+    estimate(llama8b, c2(low_precision="tensorwise", fp8_all_gather=True), get_gpu("L40S"))  # Ada has them
 
 
 def test_the_flags_reach_the_json_and_the_notes_say_what_was_modelled(cli):
     code, out, _ = cli("estimate", "llama-3.1-8b", "--stack", "torchtitan", "--recompute", "op", "--dp", "8",
-                       "--zero", "3", "--compile", "--float8", "--gpu", "H100", "--json")
+                       "--zero", "3", "--compile", "--low-precision", "tensorwise", "--fp8-all-gather", "--gpu", "H100", "--json")
     assert code == 0
     d = json.loads(out)
-    assert d["setup"]["compile"] is True and d["setup"]["float8"] is True
+    assert d["setup"]["compile"] is True and d["setup"]["low_precision"] == "tensorwise"
     notes = " ".join(d["notes"])
     assert "compile:" in notes and "float8:" in notes and notes.count("NB") >= 3
 
@@ -64,10 +64,10 @@ def test_engines_that_cannot_run_them_refuse():
     from trainfit import engines
 
     spec = load_model("tiny-llama")
-    with pytest.raises(SetupError, match="--compile and --float8"):
+    with pytest.raises(SetupError, match="--compile and --low-precision"):
         engines.trace(spec, Setup(compile=True, device="cpu"))
-    with pytest.raises(SetupError, match="--float8"):
-        engines.measure(spec, Setup(float8=True, stack="torchtitan", device="cpu"))
+    with pytest.raises(SetupError, match="--low-precision"):
+        engines.measure(spec, Setup(low_precision="tensorwise", stack="torchtitan", device="cpu"))
 
 
 def test_a_block_the_model_does_not_cover_keeps_eager_and_says_so():
@@ -86,10 +86,10 @@ def test_fp8_all_gather_halves_the_gathered_projection_weights(llama8b):
     assert per_block == 218_103_808
     by_hand = 2 * (per_block * (2 - 1) - 7 * 4)
     base = estimate(llama8b, c2(compile=True)).detail.records["zero3_gathered_params"]
-    fp8 = estimate(llama8b, c2(compile=True, float8=True)).detail.records["zero3_gathered_params"]
+    fp8 = estimate(llama8b, c2(compile=True, low_precision="tensorwise", fp8_all_gather=True)).detail.records["zero3_gathered_params"]
     assert base - fp8 == by_hand
     # without FSDP sharding torchtitan does not enable the fp8 all-gather (float8.py:87-90)
-    assert float8.gathered_saving(llama8b, Setup(stack="torchtitan", float8=True), None) == 0
+    assert float8.gathered_saving(llama8b, Setup(stack="torchtitan", low_precision="tensorwise"), None) == 0
 
 
 def test_float8_matmuls_run_at_the_fp8_peak(llama8b):
@@ -101,7 +101,7 @@ def test_float8_matmuls_run_at_the_fp8_peak(llama8b):
     from trainfit.analytic.roofline import kernels_for
 
     gpu = get_gpu("H100")
-    s, s8 = c2(compile=True), c2(compile=True, float8=True)
+    s, s8 = c2(compile=True), c2(compile=True, low_precision="tensorwise", fp8_all_gather=True)
     proj = 32 * 2 * 218_103_808
     rerun = 32 * 2 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336)
     head = 2 * 128256 * 4096
@@ -120,7 +120,7 @@ def test_float8_matmuls_run_at_the_fp8_peak(llama8b):
 def test_c2_compile_reduces_memory_and_float8_adds_none(llama8b):
     gpu = get_gpu("H100")
     eager, comp, fp8 = (estimate(llama8b, c2(**kw), gpu) for kw in ({}, {"compile": True},
-                                                                        {"compile": True, "float8": True}))
+                                                                        {"compile": True, "low_precision": "tensorwise", "fp8_all_gather": True}))
     assert comp.memory.peak < eager.memory.peak
     assert fp8.memory.peak <= comp.memory.peak
     assert fp8.time.tokens_per_second > comp.time.tokens_per_second  # 6667 -> 8532 published
@@ -214,7 +214,8 @@ def test_compiled_torchtitan_block_saves_what_the_partitioner_model_says(policy,
     if fp8:
         pytest.importorskip("torchao.float8")
     per_layer = _saved_at_forward_end(_titan(2, policy, True, fp8)) - _saved_at_forward_end(_titan(1, policy, True, fp8))
-    setup = Setup(batch=B, seq=S, stack="torchtitan", precision="bf16", recompute=policy, compile=True, float8=fp8,
+    setup = Setup(batch=B, seq=S, stack="torchtitan", precision="bf16", recompute=policy, compile=True,
+                  low_precision="tensorwise" if fp8 else "none",
                   device="cpu")
     spec = _titan_spec()
     terms = (compile_effects.op_sac_terms if policy == "op" else compile_effects.block_terms)(
@@ -285,5 +286,5 @@ def test_float8_tp_all_gathers_move_fp8(llama8b, recompute, ratio):
     gpu = get_gpu("H100")
     kw = dict(batch=1, seq=8192, stack="torchtitan", recompute=recompute, tp=8)
     a = layout_step_time(llama8b, Setup(**kw), gpu)
-    b = layout_step_time(llama8b, Setup(float8=True, **kw), gpu)
+    b = layout_step_time(llama8b, Setup(low_precision="tensorwise", **kw), gpu)
     assert b.tp_comm / a.tp_comm == pytest.approx(ratio, rel=1e-9)

@@ -52,7 +52,7 @@ def test_sequence_parallel_dispatches_a_tp_share_of_the_tokens():
 def test_float8_halves_the_forward_all_gathers_bytes():
     spec = load_model("llama-3.1-8b")
     bf16 = Setup(stack="torchtitan", tp=2)
-    fp8 = Setup(stack="torchtitan", tp=2, float8=True)
+    fp8 = Setup(stack="torchtitan", tp=2, low_precision="tensorwise")
     # 2 forward all-reduces of 4: their all-gather halves move 1 byte instead of 2
     assert tp_comm_seconds(spec, fp8, LINKS, 4096, 2, 1, 0.0) == pytest.approx(
         3.5 / 4 * tp_comm_seconds(spec, bf16, LINKS, 4096, 2, 1, 0.0))

@@ -233,7 +233,7 @@ LAYOUTS = {
     "--zero": ["--zero", "2", "--dp", "2"],
     "--offload": ["--offload", "optimizer", "--zero", "1", "--dp", "2"],
     "--compile": ["--compile"],
-    "--float8": ["--float8"],
+    "--low-precision": ["--low-precision", "tensorwise"],
     "--quant": ["--quant", "nf4", "--lora-rank", "8"],
     "--lora-rank": ["--lora-rank", "8"],
     "--loss": ["--loss", "fused-linear"],

@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainfit"
 
 # what every stack's file says: the code reads these for any --stack (Stack.fact raises when one is missing)
 COMMON = {"optimizer_impl", "grad_clip", "mixed_precision", "loss", "norm", "recompute", "zero", "precision",
-          "optimizers", "compile", "float8", "peft", "model", "features", "engines", "plan"}
+          "optimizers", "compile", "low_precision", "peft", "model", "features", "engines", "plan"}
 # the ways a module reads a table: Stack.fact("t"), .facts["t"], .facts.get("t"), deepspeed's _fact(setup, "t")
 READ = re.compile(r"""(?:fact\(|facts\[|facts\.get\(|_fact\(\w+,\s*)["']([a-z0-9_]+)["']""")
 

@@ -97,7 +97,7 @@ def _attention(spec: ModelSpec, setup: Setup, a: int) -> float:
 def block_terms(spec: ModelSpec, setup: Setup, st: StateBytes) -> dict[str, float]:
     """Bytes per token the compiled block saves with no recompute (one TP rank before the TP/SP divisors)."""
     a, r, h, i = st.act, st.residual, spec.hidden, spec.intermediate
-    float8 = setup.float8
+    float8 = setup.low_precision == "tensorwise"
     return {
         # the block input, and the mid residual (the second norm's input, in the residual dtype)
         "residual": 2 * r * h,
@@ -200,7 +200,7 @@ def adjust_step(step, spec: ModelSpec, setup: Setup, st: StateBytes, stage):
         # vocab × embedding-width fp32 buffer beside the gradient (measured on CPU, amp-bf16 and bf16)
         changes["embedding_backward"] = step.embedding_backward + FP32 * spec.vocab * (spec.embed_proj_dim or
                                                                                         spec.hidden) / setup.tp
-    if setup.float8 and step.gathered_at:
+    if setup.fp8_all_gather and step.gathered_at:
         # torchtitan's FSDP2 groups (parallel/fsdp2.py): each moment's unsharded blocks hold their Float8Linear
         # weights in fp8 (per block: half of gathered_saving, which counts the current and the prefetched block)
         per_block = gathered_saving(spec, setup, stage) / 2

@@ -40,10 +40,10 @@ def _check(spec: ModelSpec, setup: Setup) -> None:
     if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
         raise SetupError(f"{spec.name}: an encoder-decoder's step time is modelled on one GPU per replica (no --tp, "
                          "--pp or --cp); use --engine trace for its memory")
-    if setup.mode == "train" and (setup.lora_rank or getattr(setup, "float8", False)
+    if setup.mode == "train" and (setup.lora_rank or getattr(setup, "low_precision", "none") != "none"
                                   or getattr(setup, "loss", "full") != "full"):
         raise SetupError(f"{spec.name}: an encoder-decoder's step time lists its full-precision linears and HF's "
-                         "loss only (no --lora-rank, --float8 or --loss fused-linear kernels); use --engine trace")
+                         "loss only (no --lora-rank, --low-precision or --loss fused-linear kernels); use --engine trace")
     dtype = compute_dtype(setup)
     if absolute(spec):
         if dtype in QUANTISED_GEMMS:

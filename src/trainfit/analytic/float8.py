@@ -1,4 +1,4 @@
-"""--float8: torchao's Float8Linear as torchtitan applies it (tensorwise dynamic scaling; stacks/torchtitan.toml
+"""--low-precision tensorwise: torchao's Float8Linear as torchtitan applies it (tensorwise dynamic scaling; stacks/torchtitan.toml
 [float8]): what it changes in memory and in the matmul time.
 
 Which layers: convert_to_float8_training swaps every nn.Linear whose two dims are multiples of 16 and whose name is not
@@ -30,7 +30,7 @@ the fp8 peak). NB: torchao's small scale kernels (a few per linear) are counted 
 """
 from __future__ import annotations
 
-from ..hardware import GPU
+from ..hardware import GPU, list_gpus
 from ..precision import DTYPE_BYTES
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -52,8 +52,9 @@ def converted(spec: ModelSpec, setup: Setup) -> int:
 
 
 def fp8_all_gather(setup: Setup) -> bool:
-    """torchtitan enables the fp8 all-gather only with FSDP sharding (float8.py:87-90), i.e. ZeRO-3 over dp > 1."""
-    return setup.float8 and setup.zero == 3 and setup.dp > 1
+    """--fp8-all-gather: torchtitan's enable_fsdp_float8_all_gather, which acts only with FSDP sharding
+    (float8.py:87-90), i.e. ZeRO-3 over dp > 1 (setup/rules.py refuses it elsewhere)."""
+    return setup.fp8_all_gather and setup.zero == 3 and setup.dp > 1
 
 
 def gathered_saving(spec: ModelSpec, setup: Setup, stage: Stage) -> float:
@@ -75,7 +76,7 @@ def fp8_share(spec: ModelSpec, layer_forward: float) -> float:
 def compute_speedup(spec: ModelSpec, setup: Setup, gpu: GPU, layer_forward: float, share_of_stage: float) -> float:
     """Factor by which the stage's matmul time shrinks: the converted FLOPs at the fp8 peak, the rest (attention,
     LM head) at the compute dtype's. `share_of_stage`: the layers' part of the stage's FLOPs."""
-    if not getattr(setup, "float8", False) or "fp8" not in gpu.peak_flops:  # (the planner's light _Cfg has none)
+    if getattr(setup, "low_precision", "none") != "tensorwise" or "fp8" not in gpu.peak_flops:  # (planner's _Cfg: none)
         return 1.0
     ratio = gpu.peak_flops["fp8"] / gpu.flops_for(compute_dtype(setup))
     f = fp8_share(spec, layer_forward) * share_of_stage
@@ -83,18 +84,22 @@ def compute_speedup(spec: ModelSpec, setup: Setup, gpu: GPU, layer_forward: floa
 
 
 def check_gpu(setup: Setup, gpu: GPU | None) -> None:
-    """torchtitan refuses Float8Linear below SM89 (components/quantization/float8.py:37-45): a GPU without an fp8
-    peak in the catalog has no fp8 tensor cores."""
+    """A recipe needs its tensor cores: a GPU without the recipe's peak (low_precision.Recipe.peak) in the catalog
+    has none (torchtitan refuses Float8Linear below SM89: components/quantization/float8.py:37-45; MX and NVFP4
+    GEMMs need sm100)."""
     from ..errors import SetupError
+    from ..low_precision import recipe
 
-    if setup.float8 and gpu is not None and "fp8" not in gpu.peak_flops:
-        raise SetupError(f"--float8 needs fp8 tensor cores (H100, H200, B200, L4, L40S, ...); {gpu.name} has none and "
-                         "torchtitan refuses Float8Linear there: drop --float8 or choose another --gpu")
+    r = recipe(setup)
+    if r is not None and gpu is not None and r.peak not in gpu.peak_flops:
+        have = ", ".join(g.name for g in list_gpus() if r.peak in g.peak_flops)
+        raise SetupError(f"--low-precision {r.name} needs {r.peak} tensor cores, which {gpu.name} has not: drop "
+                         f"--low-precision or choose a --gpu that has them ({have})")
 
 
 def notes(spec: ModelSpec, setup: Setup, gpu: GPU | None) -> list[str]:
-    """What --float8 changed in the estimate, and in which direction it may be off."""
-    if not setup.float8:
+    """What --low-precision tensorwise changed in the estimate, and in which direction it may be off."""
+    if setup.low_precision != "tensorwise":
         return []
     if setup.recompute != "none" and setup.recompute != "selective":
         saved = f"the saved tensors are --recompute {setup.recompute}'s, float8 or not (measured on CPU)"

@@ -245,7 +245,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         else None,
         layers_on_device=OFFLOAD_WINDOW if setup.offload == "activations" else None,
     )
-    step = compile_effects.adjust_step(step, spec, setup, st, stage)  # --compile's mask, --float8's gather
+    step = compile_effects.adjust_step(step, spec, setup, st, stage)  # --compile's mask, --fp8-all-gather
     activations = step.activations
     fwd_transient = step.forward_transient
     p = peak(step)

@@ -93,9 +93,7 @@ def validate(setup: Setup) -> None:
     why = stack.splits_model(setup.tp, setup.pp) or (setup.compile and stack.compiles())
     if why:  # (--sequence-parallel needs --tp > 1: refused above)
         raise SetupError(why)
-    if setup.float8 and not stack.fact("float8", "supported"):
-        raise SetupError(f"--float8 is not run by --stack {stack.name}: {stack.fact('float8', 'why')}; use --stack "
-                         "torchtitan")
+    _check_low_precision(setup, stack)
     if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
         raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
                          "--lora-rank R > 0")
@@ -230,3 +228,25 @@ def _validate_rl(setup: Setup) -> None:
         if setup.kv_dtype in ("fp32", "int8"):
             raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of "
                              "those")
+
+
+def _check_low_precision(setup, stack) -> None:
+    """--low-precision and its companions: a recipe the stack runs (stacks/<stack>.toml [low_precision] recipes),
+    the fp8 all-gather where the stack has one and the layout shards weights, bf16 layers only beside a recipe."""
+    lp = setup.low_precision
+    if lp != "none" and lp not in stack.fact("low_precision", "recipes"):
+        runs = _stacks.running(lambda st: lp in st.fact("low_precision", "recipes"))
+        why = stack.fact("low_precision", "why") or f"it runs {', '.join(stack.fact('low_precision', 'recipes'))}"
+        raise SetupError(f"--low-precision {lp} is not run by --stack {stack.name} ({why})"
+                         + (f"; use --stack {' or '.join(runs)}" if runs else ""))
+    if (setup.bf16_first_layers or setup.bf16_last_layers) and lp == "none":
+        raise SetupError("--bf16-first-layers / --bf16-last-layers keep layers out of a low-precision recipe: they "
+                         "need --low-precision")
+    if setup.fp8_all_gather:
+        if lp not in stack.fact("low_precision", "all_gather"):
+            raise SetupError(f"--fp8-all-gather: --stack {stack.name} gathers weights in the recipe's format only "
+                             f"under --low-precision {' or '.join(stack.fact('low_precision', 'all_gather')) or '(none)'}")
+        zero = stack.fact("low_precision", "all_gather_zero")
+        if setup.dp < 2 or setup.zero < zero:
+            raise SetupError(f"--fp8-all-gather applies to sharded weights: it needs --dp > 1 and --zero {zero}"
+                             f"{' or more' if zero < 3 else ''} on --stack {stack.name}")

@@ -9,6 +9,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
 from .. import limits
+from .. import low_precision as _low_precision
 from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
@@ -132,9 +133,24 @@ class Setup:
     tf32: bool = setting(False, "fp32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32 = True, "
                          "HF TrainingArguments tf32=True). Off is PyTorch's default: fp32 matmuls then run at the GPU's "
                          "fp32 rate, 7x slower than TF32 on an H100. Time only; --precision fp32.", group="step")
-    float8: bool = setting(False, "Float8 training of the linear layers (torchao Float8Linear, tensorwise dynamic "
-                           "scaling, fp8 FSDP all-gather), as torchtitan applies it: --stack torchtitan; fp8 GEMMs "
-                           "need a GPU with fp8 tensor cores (H100/H200/B200/L4/L40S...).", modes=("train",), group="step")
+    low_precision: str = setting(_low_precision.NONE, "Low-precision training of the projections' GEMMs, as the "
+                                 "stack runs it: tensorwise, rowwise, rowwise_with_gw_hp (torchao float8 on --stack "
+                                 "torchtitan), delayed, blockwise (Transformer Engine on --stack megatron; tensorwise "
+                                 "is TE's current scaling there), mxfp8, nvfp4 (Blackwell). The GPU needs the "
+                                 "recipe's tensor cores. Formats: trainfit/low_precision.py; what each stack keeps: "
+                                 "stacks/<stack>.toml [low_precision].", choices=_low_precision.CHOICES,
+                                 modes=("train",), example="tensorwise", group="step")
+    fp8_all_gather: bool = setting(False, "Gather the sharded weights in the recipe's format instead of bf16: "
+                                   "torchtitan's enable_fsdp_float8_all_gather (--zero 3), Megatron's "
+                                   "--fp8-param-gather (fp8 weights as the primary copy). Needs --low-precision and "
+                                   "--dp > 1.", modes=("train",), group="step")
+    bf16_first_layers: int = setting(0, "Transformer layers at the start of the model kept in bf16 under "
+                                     "--low-precision (Megatron --num-layers-at-start-in-bf16).", minimum=0,
+                                     maximum=limits.LAYERS, modes=("train",), group="step")
+    bf16_last_layers: int = setting(0, "Transformer layers at the end of the model kept in bf16 under "
+                                    "--low-precision (Megatron --num-layers-at-end-in-bf16; torchtitan's "
+                                    "filter_fqns of the last blocks, as NVFP4 recipes do).", minimum=0,
+                                    maximum=limits.LAYERS, modes=("train",), group="step")
     offload: str = setting("none", "What lives in host memory: optimizer (DeepSpeed ZeRO-Offload: fp32 master and "
                            "optimizer states, the step on the CPU; --zero >= 1; --stack deepspeed), params "
                            "(ZeRO-Infinity: the 16-bit weights too; --zero 3; --stack deepspeed) or activations "

@@ -40,8 +40,8 @@ def check(setup) -> None:
     if setup.offload != "none":
         raise SetupError("--offload is modelled by the analytic engine; the measure engine runs DeepSpeed without "
                          "ZeRO-Offload (its DeepSpeedCPUAdam is a separate C++ build)")
-    if setup.compile or setup.float8:
-        raise SetupError("--compile/--float8 are not run under DeepSpeed by the measure engine: use --engine analytic")
+    if setup.compile or setup.low_precision != "none":
+        raise SetupError("--compile/--low-precision are not run under DeepSpeed by the measure engine: use --engine analytic")
 
 
 def check_ranks(spec, setup) -> None:

@@ -28,7 +28,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
-                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(getattr(setup, "float8", False)),
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, getattr(setup, "low_precision", "none") == "tensorwise",
                  facts.get("fused_elementwise", {}).get("value", False),
                  "sdpa_backends" in facts.get("attention", {}) and setup.attention_kernel != "flash2",
                  int(st.param or st.weight) if (kernel == "eager" and facts.get("attention", {}).get("eager_mask")

@@ -90,7 +90,7 @@ def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
         return 0.0
     x = tokens * spec.hidden * act_bytes  # one b·s·h activation
     n_ar = 4 + 2 * rerun
-    if getattr(setup, "float8", False):
+    if getattr(setup, "low_precision", "none") == "tensorwise":
         # torchtitan's tensorwise Float8 TP casts each block input to fp8 before its sequence-parallel all-gather
         # (torchtitan models/llama3/infra/parallelize.py:83-86, 191-203 PrepareFloat8ModuleInput; torchao
         # float8/float8_tensor_parallel.py:176-177 "the float8 cast happens before the all-gather"): in each forward
