@@ -13,6 +13,9 @@ Sources (numbers as published):
     (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Dec 2024): Llama-3.1-8B on H100 96 GB HBM2e
     (500 W); metric `max_reserved` GiB, which includes the caching allocator's cache: an allocated prediction must
     be at most the reserved figure, and the run must be judged to fit.
+  * C5/C6 (shared/calibration.md) and, as validation, the other rows of the same torchao tables (H100, MI300X, B200:
+    pytorch/ao docs/source/workflows/training.md, "Peak Memory (GB)" = torchtitan's max_reserved in GiB): the runs
+    of bench/targets/time_runs.py that carry `published_reserved_gib`, one definition of each job.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 from bench.figures import pct, record
 from bench.data import results_dir
+from bench.targets.time_runs import RUNS as TIME_RUNS
 import trainfit
 from trainfit.errors import TrainfitError
 
@@ -61,6 +65,9 @@ RUNS = (
     Run("Llama-3.1-8B FSDP 8, seq 32768, full AC, compile + Float8", TT + " Table 2", "validation", "reserved",
         83.9, dict(model="llama-3.1-8b", stack="torchtitan", recompute="full", dp=8, zero=3, batch=1, seq=32768,
                    compile=True, low_precision="tensorwise", fp8_all_gather=True, gpu="H100-96GB")),
+    *(Run(r["id"], r["source"], "calibration" if r.get("in_sample") else "validation", "reserved",
+          r["published_reserved_gib"], dict(model=r["model"], gpu=r["gpu"], **r["setup"]))
+      for r in TIME_RUNS if "published_reserved_gib" in r),
 )
 
 
@@ -72,7 +79,8 @@ def predict(run: Run) -> dict:
     except (TrainfitError, TypeError) as err:  # a setting this checkout does not have yet
         return {"error": str(err).splitlines()[0]}
     return {"peak": e.memory.peak / GiB, "fits": e.time.fits if e.time else None,
-            "phase": e.memory.peak_phase}
+            "phase": e.memory.peak_phase,
+            "reserved": None if e.memory.reserved is None else e.memory.reserved / GiB}
 
 
 def render(rows: list[tuple[Run, dict]]) -> str:
@@ -98,7 +106,7 @@ def table_rows(values: dict[str, dict]) -> list[dict]:
     the reserved ones (torchtitan's tables) by how many are judged to fit under the published reserved."""
     allocated = [(p["peak"] - p["published_gib"]) / p["published_gib"] for p in values.values()
                  if p["metric"] == "allocated" and "peak" in p]
-    reserved = [p for p in values.values() if p["metric"] == "reserved"]
+    reserved = [p for p in values.values() if p["metric"] == "reserved" and "peak" in p]  # the expressible ones
     under = [p for p in reserved if p.get("fits") and p["peak"] <= p["published_gib"]]
     return [{"table": "published", "runs": "memory: torchtune C1 (allocated)", "kind": "calibration",
              "n": len(allocated), "median |error|": pct(statistics.median(map(abs, allocated)), False),

@@ -1,5 +1,5 @@
 """The step-time model against every published run of bench/targets/time_runs.py: error per run, then median |error| and
-worst, in sample (C1–C3) and out of sample apart, and per GPU generation. Nothing is fitted here.
+worst, in sample (C1–C3, C5–C7) and out of sample apart, and per GPU generation. Nothing is fitted here.
 
     python -m bench run time_published        # prints the table, writes bench/results/time_published.md
 
@@ -10,6 +10,7 @@ Error = predicted / published step time − 1 (positive: predicted slower).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 
@@ -28,7 +29,9 @@ from trainfit.setup import Setup
 ABOUT = {"summary": "step time vs every published run (in and out of sample)", "minutes": 0.3, "quick": None}
 
 GENERATION = {"V100": "Volta (V100)", "A100": "Ampere (A100)", "H100": "Hopper (H100/H200)",
-              "H200": "Hopper (H100/H200)", "B200": "Blackwell (B200)"}
+              "H200": "Hopper (H100/H200)", "B200": "Blackwell (B200/GB200)", "GB200": "Blackwell (B200/GB200)",
+              "MI300X": "CDNA 3 (MI300X/MI325X)", "MI325X": "CDNA 3 (MI300X/MI325X)", "MI355X": "CDNA 4 (MI355X)"}
+IN_SAMPLE = "in sample (C1–C3, C5–C7)"
 
 
 def build_spec(run: dict):
@@ -53,9 +56,14 @@ def size_band(run: dict) -> str:
 
 
 def predict(run: dict) -> float:
+    if run.get("inexpressible"):  # a layout no Setup has (time_runs' docstring): reported, not approximated
+        raise ValueError(f"not expressible: {run['inexpressible']}")
     setup = build_setup(run)
     spec = for_setup(build_spec(run), setup)  # the task head / config the setup asks for, as the CLI does
-    return layout_step_time(spec, setup, get_gpu(run["gpu"])).step_seconds
+    gpu = get_gpu(run["gpu"])
+    if run.get("power_limit") is not None:  # the board power limit the source states (time_runs' docstring)
+        gpu = dataclasses.replace(gpu, power_watts=run["power_limit"])
+    return layout_step_time(spec, setup, gpu).step_seconds
 
 
 def summary(errs: list[float]) -> str:
@@ -78,7 +86,7 @@ def render() -> tuple[str, dict[str, list[float]]]:
             continue
         e = pred / pub - 1
         groups.setdefault("all runs", []).append(e)
-        groups.setdefault("in sample (C1–C3)" if r.get("in_sample") else "out of sample", []).append(e)
+        groups.setdefault(IN_SAMPLE if r.get("in_sample") else "out of sample", []).append(e)
         groups.setdefault("gen: " + generation(r["gpu"]), []).append(e)
         groups.setdefault("size: " + size_band(r), []).append(e)
         groups.setdefault("source: " + r["id"].split("-")[0], []).append(e)
@@ -86,7 +94,7 @@ def render() -> tuple[str, dict[str, list[float]]]:
                     f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} |")
     out = ["# Step time vs published runs (`python -m bench run time_published`)", "",
            "Runs and sources: bench/targets/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
-           "slower). Nothing fitted here; in sample = calibration C1–C3 (shared/calibration.md).", "",
+           "slower). Nothing fitted here; in sample = calibration C1–C3, C5–C7 (shared/calibration.md).", "",
            "| group | summary |", "| --- | --- |"]
     for name in sorted(groups, key=lambda g: (g.split(":")[0] in ("gen", "size", "source"), g.split(":")[0], g)):
         out.append(f"| {name} | {summary(groups[name])} |")
@@ -99,7 +107,7 @@ def render() -> tuple[str, dict[str, list[float]]]:
 def table_rows(stats: dict[str, dict]) -> list[dict]:
     """The page's lines (bench/report.py): the accuracy table's step-time row, and the published-runs lines in and
     out of sample and by GPU generation."""
-    out, inside, every = stats["out of sample"], stats["in sample (C1–C3)"], stats["all runs"]
+    out, inside, every = stats["out of sample"], stats[IN_SAMPLE], stats["all runs"]
     gens = {g.split("(")[1].rstrip(")").replace("/", ", "): v for g, v in stats.items() if g.startswith("gen: ")}
     worst_gen = max(gens, key=lambda g: abs(gens[g]["worst"]))
     line = lambda runs, kind, s: {"table": "published", "runs": runs, "kind": kind, "n": s["runs"],  # noqa: E731
@@ -107,8 +115,10 @@ def table_rows(stats: dict[str, dict]) -> list[dict]:
     return [{"table": "accuracy", "stack": "any", "engine": "analytic step time",
              "truth": f"{every['runs']} published GPU runs (out of sample {out['runs']})", "cases": out["runs"],
              "median |error|": pct(out["median_abs"], False), "worst": pct(out["worst"])},
-            line("step time: C1–C3 (Korthikanti, torchtune, torchtitan)", "calibration (in sample)", inside),
-            line("step time: Narayanan, Llama 3, torchtitan, llm-foundry, NVIDIA BERT", "validation", out),
+            line("step time: C1–C3, C5–C7 (Korthikanti, torchtune, torchtitan, torchao, NeMo)",
+                 "calibration (in sample)", inside),
+            line("step time: Narayanan, Llama 3, torchtitan, llm-foundry, NVIDIA BERT, torchao, NeMo", "validation",
+                 out),
             {"table": "published", "runs": f"step time by generation: {' / '.join(gens)}", "kind": "both",
              "n": sum(v["runs"] for v in gens.values()),
              "median |error|": " / ".join(f"{v['median_abs'] * 100:.1f}" for v in gens.values()) + " %",

@@ -6,9 +6,12 @@ bench/targets/time_published.py (the table), bench/targets/plan_published.py and
 Fields of a run: id; source (URL + table/row); gpu (name in src/trainfit/data/gpus.json); model (a catalog name of
 src/trainfit/models/catalog, or an HF-style config.json dict, built with trainfit.models.hf_config.spec_from_config);
 setup (trainfit.setup.Setup keyword arguments; dp × tp × pp × cp = the run's GPU count); published + unit;
-in_sample (True ONLY for the calibration runs C1–C3 of shared/calibration.md: the only ones a constant may be
-fitted on); published_params (optional: the source's parameter count, a check of the model dims); notes
-(assumptions, each NB with its direction where known).
+in_sample (True ONLY for the calibration runs C1–C3, C5–C7 of shared/calibration.md: the only ones a constant may
+be fitted on); published_params (optional: the source's parameter count, a check of the model dims); notes
+(assumptions, each NB with its direction where known); published_reserved_gib (optional: the source's peak reserved
+memory in GiB, read by bench/targets/lowp_published.py); power_limit (optional: the board power limit in W where
+the source states one; time_published.predict runs the GPU at it); inexpressible (optional: why no Setup expresses
+the run as published, e.g. a partial activation offload: the tables report it instead of predicting).
 
 Units and their conversion to seconds per step (global tokens per step T = batch · seq · grad_accum · dp; cp splits
 each sequence and does not add tokens):
@@ -235,6 +238,227 @@ def _llama3(gpus, dp, per_rank, tflops):
               "--pp-split embedding-loss). NB: assumes equal chunks, as the quoted sentence implies.")
 
 
+# --- low-precision (FP8/MX/NVFP4) and Blackwell/MI300X runs: C5–C7 and their validation set (issue 39) ---
+AO_TRAINING = ("https://github.com/pytorch/ao/blob/36027d82d1ad9949597ea16002ff4940374b1b94/docs/source/workflows/"
+               "training.md")
+TT_MXFP8 = ("https://github.com/pytorch/torchtitan/blob/b5bcd76c66d0acb1a08b176d9639425bc55e0b2a/torchtitan/"
+            "components/quantization/mxfp8.md")
+TT_ASYNCTP = ("https://github.com/pytorch/torchtitan/blob/2887250bbd9103d0bc997ea2efb3a525b5e5dbc0/benchmarks/"
+              "asyncTP_llama3_h100_2025-06_torchtitan.md")
+MBRIDGE = ("https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/docs/"
+           "performance-summary-archive.md")
+# The recipes behind each container's rows (scripts/performance at the release that shipped them): 25.11 = v0.2.0,
+# 26.04.01 = v0.4.2 (the first release whose performance-summary.md heads with that container).
+MBRIDGE_RECIPES = {"25.11": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/tree/"
+                            "7af9601c9da746d21481194356295bfe23df3737/scripts/performance (v0.2.0)",
+                   "26.04.01": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/tree/"
+                               "c810129341a84e58f4cbed3093f70668a088c028/scripts/performance (v0.4.2)"}
+
+# GPUs named by runs here that src/trainfit/data/gpus.json is being extended with; until an entry lands, the run's
+# row reads "not expressible" (tests/bench/test_lowp_runs.py accepts these names beside the catalog's).
+NEW_GPUS = ("GB200", "MI325X", "MI355X")
+
+# torchao's benchmark job (AO_TRAINING "e2e training benchmarks"; benchmarks/float8/training/llama3.sh at 36027d82):
+# torchtitan's llama3_8b.toml (Llama 3 8B, seq 8192, FSDP over the 8 GPUs, per-op SAC) with --training.local-batch-size
+# 1 and --compile.enable; tensorwise adds --float8.enable_fsdp_float8_all_gather and
+# --float8.precompute_float8_dynamic_scale_for_fsdp, rowwise recipes gather in bf16 (llama3.sh:38-45). "Peak Memory
+# (GB)" is torchtitan's max_reserved in GiB (calibration.md C5).
+_AO_RECIPE = {"bf16": {}, "tensorwise": dict(low_precision="tensorwise", fp8_all_gather=True),
+              "rowwise": dict(low_precision="rowwise"), "rowwise_with_gw_hp": dict(low_precision="rowwise_with_gw_hp"),
+              "mxfp8": dict(low_precision="mxfp8")}
+
+
+def _ao(id_, gpu, table, row, recipe, tps, reserved, attention, notes, calibration=None):
+    in_sample = calibration is not None
+    return dict(
+        id=id_, source=f"{AO_TRAINING} table '{table}', row '{row}'" + (f"; {calibration} of calibration.md"
+                                                                         if in_sample else ""),
+        gpu=gpu, model="llama-3.1-8b",
+        setup=dict(stack="torchtitan", batch=1, seq=8192, dp=8, zero=3, recompute="op", compile=True,
+                   precision="amp-bf16", attention=attention, **_AO_RECIPE[recipe]),
+        published=tps, unit="tokens/s/GPU", published_reserved_gib=reserved, in_sample=in_sample,
+        notes=notes + "; torchao's llama3.sh job on torchtitan on one node of 8 GPUs (llama3_8b.toml: Llama 3 8B = "
+              "llama-3.1-8b's dims, seq 8192, FSDP 8, per-op SAC), local batch 1, compile, median tokens/s over 100 "
+              "steps.")
+
+
+# Megatron-Bridge's performance recipes (MBRIDGE_RECIPES): bf16 mixed precision with the distributed optimizer
+# (recipes/llama/llama3.py:559 use_distributed_optimizer=True: --zero 1) or Megatron-FSDP (the table's FSDP column:
+# --zero 3); FP8-CS = Transformer Engine per-tensor current scaling with fp8 param gather and, in the performance
+# configs, no bf16 first/last layers (utils/helpers.py:35-52 get_precision_config: first_last_layers_bf16 = False;
+# training/mixed_precision.py:272-290); MXFP8 gathers in fp8 too (mixed_precision.py:242-253); NVFP4 gathers in fp4
+# (v0.4.2 mixed_precision.py:411-423: fp8_param_gather False, fp4_param_gather True). Sequence parallelism whenever
+# TP > 1 (utils/utils.py WorkloadBaseConfig.sequence_parallel). Llama 3.1 405B splits its 126 layers with the
+# embedding and the loss counted as layers (recipes/llama/llama3.py:413-414: --pp-split embedding-loss).
+_MB_RECIPE = {"BF16": {}, "FP8-CS": dict(low_precision="tensorwise", fp8_all_gather=True),
+              "FP8-MX": dict(low_precision="mxfp8", fp8_all_gather=True), "MXFP8": dict(low_precision="mxfp8",
+                                                                                        fp8_all_gather=True),
+              "NVFP4": dict(low_precision="nvfp4")}
+_MB_MODEL = {"LLAMA3_8B": "llama-3.1-8b", "LLAMA3_70B": "llama-3.1-70b", "LLAMA3.1_405B": "llama-3.1-405b",
+             "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b"}
+_MB_GPU = {"DGX-H100": "H100-80GB", "DGX-B200": "B200", "DGX-GB200": "GB200"}
+
+
+def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp=1, cp=1, vp=1, ep=1, fsdp=False,
+        tps=0.0, recompute="none", notes="", in_sample=False, inexpressible=None):
+    dp = gpus // (tp * pp * cp)
+    accum = gbs // (mbs * dp)
+    assert accum * mbs * dp == gbs, (model, system)
+    setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                 zero=3 if fsdp else 1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
+                 attention="flash", **_MB_RECIPE[precision])
+    if vp > 1:
+        setup["vpp"] = vp
+    if model == "LLAMA3.1_405B" and pp > 1:
+        setup["pp_split"] = "embedding-loss"
+    tag = {"FP8-CS": "fp8cs", "FP8-MX": "mxfp8", "MXFP8": "mxfp8", "NVFP4": "nvfp4", "BF16": "bf16"}[precision]
+    run = dict(
+        id=f"{'c7' if in_sample else 'mbridge'}-{container}-{_MB_GPU[system].lower()}-{_MB_MODEL[model]}-{tag}",
+        source=f"{MBRIDGE}#L{line} ({container} NeMo Container, {system}, {model}, {precision})"
+               + ("; C7 of calibration.md" if in_sample else ""),
+        gpu=_MB_GPU[system], model=_MB_MODEL[model], setup=setup, published=tps, unit="tokens/s/GPU",
+        in_sample=in_sample,
+        notes=f"Megatron-Core + Transformer Engine in NeMo {container} ({MBRIDGE_RECIPES[container]}): GBS {gbs}, MBS "
+              f"{mbs}, {gpus} GPUs, TP {tp} PP {pp} CP {cp} VP {vp} EP {ep}, "
+              + ("Megatron-FSDP (modelled as --zero 3)" if fsdp else "distributed optimizer (--zero 1)")
+              + f"; gradient accumulation {accum} = GBS / (MBS x DP). "
+              "NB: bf16 gradient reduce (set_llama3_common_configs: grad_reduce_in_fp32 False) where the megatron "
+              "stack reduces fp32 main grads: predicted slower on the DP reduce. " + notes)
+    if inexpressible:
+        run["inexpressible"] = inexpressible
+    return run
+
+
+LOWP_CALIBRATION: list[dict] = [
+    _ao("c5-torchao-h100-8b-bf16", "H100-96GB", "NVIDIA H100", "Llama3-8b | none (bfloat16)", "bf16", 6150, 47.65,
+        "flash2", "C5 of calibration.md; H100 variant not named, taken as the 96 GB Grand Teton part (the bf16 memory "
+        "equals torchtitan's logs there; calibration.md C5); torch 2.7.0a0 SDPA: FlashAttention-2 first", "C5"),
+    _ao("c5-torchao-h100-8b-tensorwise", "H100-96GB", "NVIDIA H100", "Llama3-8b | tensorwise with float8 all-gather",
+        "tensorwise", 7689.5, 47.77, "flash2", "C5 of calibration.md; as the bf16 row, torchao Float8Linear "
+        "tensorwise with the fp8 FSDP all-gather", "C5"),
+    _ao("c6-torchao-b200-8b-bf16", "B200", "Training e2e benchmarks on NVIDIA B200", "Llama3-8b | none (bfloat16)",
+        "bf16", 8307.5, 33.71, "flash", "C6 of calibration.md (also TT_MXFP8 'Dense Models'); power-limited B200, "
+        "limit not stated (NB: predicted faster at the 1000 W peak); torch 2.9 nightly on sm100: SDPA cuDNN first "
+        "(torchtitan models/attention.py at 6fc499f)", "C6"),
+    _ao("c6-torchao-b200-8b-mxfp8", "B200", "Training e2e benchmarks on NVIDIA B200", "Llama3-8b | mxfp8_cublas",
+        "mxfp8", 9969.0, 33.88, "flash", "C6 of calibration.md; torchao MXLinear, recipe mxfp8_cublas (cuBLAS "
+        "block-scaled GEMMs, floor scale rounding), bf16 all-gather (MX comms stay high precision: TT_MXFP8 "
+        "'Composability')", "C6"),
+    _mb("25.11", 589, "DGX-H100", "LLAMA3_8B", 8, "FP8-CS", 128, 1, 8192, fsdp=True, tps=14451, recompute="block:5",
+        notes="Recipe LLAMA3_8B_H100_FP8_CS_BASE_CONFIG (configs/llama3/workload_base_configs.py:229-233 at v0.2.0): "
+              "recompute_num_layers 5 = full recompute, block method, of the first 5 layers (utils/helpers.py:174-177: "
+              "--recompute block:5); Megatron-FSDP with nccl_ub and keep_fp8_transpose_cache "
+              "(configs/llama3/llama3_llm_pretrain.py:265-268). NB: Megatron-FSDP's double-buffered gathers modelled "
+              "as ZeRO-3.", in_sample=True),
+    _mb("25.11", 582, "DGX-B200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 1, 4096, ep=8, tps=9299,
+        notes="Recipe QWEN3_30B_A3B_B200_FP8_MX_BASE_CONFIG (configs/qwen3/workload_base_configs.py:211-219 at "
+              "v0.2.0): EP 8, ETP 1, no recompute, TE CUDA graphs of the router and MoE preprocessing (NB: not "
+              "modelled, predicted slower by their launches); dropless, routing force-balanced (the table's note).",
+        in_sample=True),
+]
+
+LOWP_VALIDATION: list[dict] = [
+    # torchao's tables, the rows calibration.md leaves out
+    _ao("torchao-h100-8b-rowwise", "H100-96GB", "NVIDIA H100", "Llama3-8b | rowwise with bfloat16 all-gather",
+        "rowwise", 6768, 47.79, "flash2", "Same job as C5 (H100 taken as the 96 GB part)"),
+    _ao("torchao-mi300x-8b-bf16", "MI300X", "AMD MI300x", "Llama3-8b | none (bfloat16)", "bf16", 5376.5, 39.09,
+        "flash", "torch 2.9.0.dev20250811+rocm6.4, torchao 0.13.0, torchtitan 2c8b5947; SDPA's ROCm flash kernel"),
+    _ao("torchao-mi300x-8b-tensorwise", "MI300X", "AMD MI300x", "Llama3-8b | tensorwise with float8 all-gather",
+        "tensorwise", 6166.0, 39.07, "flash", "As the MI300X bf16 row; fp8 e4m3fnuz on MI300X"),
+    _ao("torchao-mi300x-8b-rowwise-gw-hp", "MI300X", "AMD MI300x",
+        "Llama3-8b | rowwise_with_gw_hp with bfloat16 all-gather", "rowwise_with_gw_hp", 6100.0, 39.32, "flash",
+        "As the MI300X bf16 row"),
+    _ao("torchao-mi300x-8b-rowwise", "MI300X", "AMD MI300x", "Llama3-8b | rowwise with bfloat16 all-gather",
+        "rowwise", 5891.0, 39.32, "flash", "As the MI300X bf16 row"),
+    _ao("torchao-b200-8b-tensorwise", "B200", "Training e2e benchmarks on NVIDIA B200",
+        "Llama3-8b | float8 tensorwise (f8 all-gather)", "tensorwise", 10417.0, 33.38, "flash",
+        "Same job as C6 (power-limited B200, limit not stated)"),
+    _ao("torchao-b200-8b-mxfp8-rceil", "B200", "Training e2e benchmarks on NVIDIA B200",
+        "Llama3-8b | mxfp8_cublas_rceil", "mxfp8", 9642.0, 33.88, "flash",
+        "Same job as C6; mxfp8_cublas with round-up (rceil) scales. NB: the rounding mode's slower cast kernels "
+        "(AO_TRAINING 'mxfp8 gemm' table: dim0 rceil 220 us vs floor 126 us) are not told apart: predicted faster"),
+    _ao("torchao-b200-8b-rowwise", "B200", "Training e2e benchmarks on NVIDIA B200", "Llama3-8b | float8 rowwise",
+        "rowwise", 8640.5, 33.72, "flash", "Same job as C6"),
+    # torchtitan's async-TP benchmark: the vanilla-TP column (async TP is not modelled)
+    *(dict(id=f"tt-asynctp-{size}-{recipe}", source=f"{TT_ASYNCTP} table '{table}', row 'float8 {recipe}', column "
+           "'Vanilla TP tokens/sec'", gpu="H100-96GB", model=f"llama-3.1-{size}",
+           setup=dict(stack="torchtitan", batch=batch, seq=8192, dp=dp, tp=8, zero=3, recompute=ac, compile=True,
+                      precision="amp-bf16", attention="flash2", low_precision=recipe),
+           published=tps, unit="tokens/s/GPU",
+           notes="torchtitan June 2025 on Grand Teton H100 96 GB at 500 W: FSDP x TP 8 (vanilla TP), compile, Float8 "
+                 f"{recipe}; seq 8192 (llama3_{size}.toml). NB: the FSDP fp8 all-gather is not stated (torchtitan's "
+                 "default enable_fsdp_float8_all_gather = False: bf16 gathers). NB: the 500 W cap lowers the clock "
+                 "below gpus.json's peak (predicted faster).")
+      for size, table, batch, dp, ac, recipe, tps in (
+          ("70b", "Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC, local batch size 16", 16, 32,
+           "full", "tensorwise", 809.8),
+          ("70b", "Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC, local batch size 16", 16, 32,
+           "full", "rowwise", 599.6),
+          ("8b", "Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12", 12, 8,
+           "op", "tensorwise", 5078.1),
+          ("8b", "Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12", 12, 8,
+           "op", "rowwise", 3708.5))),
+    # Megatron-Bridge performance summaries: 25.11 (C7's container), the rows calibration.md leaves out
+    _mb("25.11", 565, "DGX-GB200", "LLAMA3_8B", 8, "FP8-CS", 128, 2, 8192, tps=31508,
+        notes="Recipe LLAMA3_8B_GB200_FP8_CS_BASE_CONFIG: MBS 2, CUDA graph of the full iteration (NB: not modelled, "
+              "predicted slower by the launches it removes)."),
+    _mb("25.11", 565, "DGX-GB200", "LLAMA3_8B", 8, "FP8-MX", 128, 2, 8192, tps=29789,
+        notes="The parenthesised figure of the FP8-CS row (MXFP8, 32x32 granularity per the table's note); recipe "
+              "LLAMA3_8B_GB200_FP8_MX_BASE_CONFIG = the FP8-CS one. NB: full-iteration CUDA graph not modelled."),
+    _mb("25.11", 578, "DGX-B200", "LLAMA3_8B", 8, "FP8-CS", 128, 2, 8192, tps=30624,
+        notes="Recipe LLAMA3_8B_B200_FP8_CS_BASE_CONFIG (workload_base_configs.py:207-212 at v0.2.0): MBS 2, CUDA "
+              "graph of the full iteration (NB: not modelled, predicted slower)."),
+    _mb("25.11", 578, "DGX-B200", "LLAMA3_8B", 8, "FP8-MX", 128, 2, 8192, tps=29521,
+        notes="The parenthesised (MXFP8) figure of the B200 FP8-CS row; recipe = the FP8-CS one (:215)."),
+    _mb("25.11", 590, "DGX-H100", "LLAMA3_70B", 64, "FP8-CS", 128, 1, 8192, tp=4, pp=8, vp=5, tps=1602,
+        notes="Recipe LLAMA3_70B_H100_FP8_CS_BASE_CONFIG: TP 4 PP 8 VP 5, TP comm overlap (userbuffers), no "
+              "recompute. NB: TP overlap modelled as the megatron stack's."),
+    _mb("25.11", 579, "DGX-B200", "LLAMA3.1_405B", 128, "FP8-CS", 64, 1, 8192, tp=4, pp=8, cp=2, vp=8, tps=661,
+        notes="Recipe LLAMA31_405B_B200_FP8_CS_BASE_CONFIG (configs/llama31): TP 4 PP 8 CP 2 VP 8."),
+    _mb("25.11", 579, "DGX-B200", "LLAMA3.1_405B", 128, "FP8-MX", 64, 1, 8192, tp=4, pp=8, cp=2, vp=8, tps=624,
+        notes="The parenthesised (MXFP8) figure of the B200 405B row."),
+    _mb("25.11", 567, "DGX-GB200", "LLAMA3.1_405B", 256, "FP8-CS", 1536, 1, 8192, tp=4, pp=16, vp=4, tps=813,
+        notes="TP 4 PP 16 VP 4 (64 chunks: 128 = 126 layers + embedding + loss over 64, two each). NB: v0.2.0's "
+              "GB200 FP8-CS recipe is 25.09's 128-GPU FSDP one; this 256-GPU layout's recompute is not stated: none "
+              "assumed (predicted faster if it recomputed)."),
+    _mb("25.11", 591, "DGX-H100", "LLAMA3.1_405B", 1024, "FP8-CS", 512, 1, 8192, tp=8, pp=8, cp=2, vp=8, tps=292,
+        notes="Recipe LLAMA31_405B_H100_FP8_CS_BASE_CONFIG: TP 8 PP 8 CP 2 VP 8, 1,024 GPUs."),
+    _mb("25.11", 571, "DGX-GB200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 4, 4096, ep=8, tps=23766,
+        notes="Recipe QWEN3_30B_A3B_GB200_FP8_MX: MBS 4, hybridep flex dispatcher and TE CUDA graphs of attention, "
+              "router and MoE preprocessing (NB: not modelled, predicted slower); dropless, force-balanced."),
+    _mb("25.11", 593, "DGX-H100", "Qwen3_30B_a3B", 16, "FP8-CS", 512, 2, 4096, pp=2, vp=24, ep=8, tps=5275,
+        notes="PP 2 VP 24 as the table states (the v0.2.0 recipe file reads VP 12); MoE all-to-all overlapped with "
+              "compute (moe_a2a_overlap; NB: modelled as the megatron stack's EP exchange, predicted slower)."),
+    _mb("25.11", 583, "DGX-B200", "Qwen3_235B_a22B", 64, "FP8-MX", 1024, 1, 4096, pp=8, vp=2, ep=8, tps=3269,
+        notes="PP 8 VP 2 EP 8 (94 layers over 16 chunks: NB uneven, Megatron's split not stated; --pp-split even)."),
+    _mb("25.11", 581, "DGX-B200", "GPT OSS 120B", 64, "BF16", 512, 4, 4096, ep=8, tps=8213,
+        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
+    _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
+        notes="Blackwell bf16 run: EP 64, MBS 1, seq 8192."),
+    _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312,
+        notes="Recipe LLAMA3_70B_GB200_FP8_CS: Megatron-FSDP over 64 with activation CPU offload of 40 layers.",
+        inexpressible="activation CPU offload of 40 of the 80 layers (cpu_offloading_num_layers=40): --offload "
+                      "activations offloads every layer"),
+    # 26.04.01: MXFP8 and NVFP4 rows of the dense Llamas, and a Blackwell bf16 MoE row; GA = GBS / (MBS x DP)
+    _mb("26.04.01", 205, "DGX-GB200", "LLAMA3_70B", 64, "MXFP8", 256, 1, 8192, tp=2, pp=4, vp=5, tps=3712,
+        notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 (configs/llama/llama3_workload_base_configs.py:"
+              "249-254 at v0.4.2): TP 2 PP 4 VP 5, no recompute; overlap_param_gather off for MXFP8 (llama3_llm_pretrain.py)."),
+    _mb("26.04.01", 206, "DGX-GB200", "LLAMA3_70B", 64, "NVFP4", 256, 1, 8192, tp=2, pp=4, vp=5, tps=4864,
+        notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_GB200_NVFP4_V2 (:256-264): TP 2 PP 4 VP 5, no CUDA graphs, TP comm "
+              "overlap off for NVFP4. NB: fp4 param gather (fp4_param_gather) not expressible: bf16 gathers "
+              "modelled (predicted slower)."),
+    _mb("26.04.01", 207, "DGX-H100", "LLAMA3_70B", 64, "FP8-CS", 256, 1, 8192, tp=4, pp=8, vp=5, tps=1664,
+        notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS_V2: TP 4 PP 8 VP 5 (the table's 'FP8' = FP8-CS)."),
+    _mb("26.04.01", 218, "DGX-GB200", "LLAMA3.1_405B", 256, "NVFP4", 1536, 1, 8192, tp=4, pp=16, vp=8, tps=1184,
+        notes="Recipe LLAMA31_405B_PRETRAIN_CONFIG_GB200_NVFP4_V2 (configs/llama/llama31_workload_base_configs.py:"
+              "108-118, 283-288 at v0.4.2): TP 4 PP 16 VP 8 (128 chunks: one layer each, embedding and loss counted), "
+              "recompute_num_layers None in V2 (no recompute), no CUDA graphs. NB: fp4 param gather not expressible "
+              "(bf16 gathers modelled: predicted slower)."),
+    _mb("26.04.01", 237, "DGX-B200", "GPT OSS 120B", 64, "BF16", 1280, 4, 4096, ep=8, tps=13568,
+        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
+]
+
+
 RUNS: list[dict] = [
     # --- in sample: calibration C1–C3 (shared/calibration.md) ---
     dict(id="c1-torchtune-3b-packed", source=f"{TORCHTUNE}, row '+ packed dataset'; C1 of calibration.md",
@@ -259,6 +483,7 @@ RUNS: list[dict] = [
     *_c3("175B", (12288, 96, 96), 8, 64, 64, 3, 18.13, 13.75),
     *_c3("530B", (20480, 105, 128), 35, 280, 280, 3, 49.05, 37.83),
     *_c3("1T", (25600, 128, 160), 64, 512, 512, 1, 94.42, 71.49),
+    *LOWP_CALIBRATION,  # C5–C7 (shared/calibration.md)
     # --- out of sample: validation only, never fitted on ---
     *(_narayanan(n, x) for n, x in ((384, 153), (768, 149), (1536, 141))),
     _llama3(8192, 64, 32, 430),
@@ -292,6 +517,7 @@ RUNS: list[dict] = [
     _bert("V100-32GB", "fp32", 32, 128, 309.76, "Pre-training NVIDIA DGX-1 With 32G"),
     _squad("amp-fp16", 10, 325.60),
     _squad("fp32", 8, 64.32),
+    *LOWP_VALIDATION,
 ]
 
 # Candidates looked at and left out (configuration not pinned down, or not expressible):
@@ -313,6 +539,22 @@ SKIPPED = [
      "each sits on torchtune's compiled chunked loss, which no Setup expresses (the in-backward, offload, 8-bit and "
      "LoRA settings exist since issue 15; the analytic LoRA model refuses --compile); LoRA/QLoRA timed without "
      "compile in docs/benchmarks/fine-tuning.md"),
+    # low-precision / Blackwell / AMD candidates (issue 39)
+    ("torchtitan components/quantization/nvfp4.md (Llama 3 8B, Qwen3 8B: NVFP4, MXFP8, BF16 on FSDP 4)",
+     "the GPU is not named (its memory share implies a ~184 GiB part: B200 or GB200), nor the activation "
+     "checkpointing"),
+    ("torchtitan components/quantization/mxfp8.md, Llama 4 Scout MXFP8 on GB200",
+     "GPU count contradicts itself (\"512 GPU training on 64 node GB200\" vs \"64 nodes of 4 devices each = 256\")"),
+    ("Megatron-Bridge DGX-GB300 and DGX-B300 rows", "GB300/B300 are not in gpus.json nor being added"),
+    ("Megatron-Bridge 25.09 rows", "the table has no precision column (FP8 recipe per row not stated)"),
+    ("Megatron-Bridge 25.11 DGX-H100 GPT OSS 120B", "GA 2 contradicts GBS 512 = MBS 4 x GA x DP 16 (PP 4 of 64 GPUs)"),
+    ("Megatron-Bridge DeepSeek-V3, Kimi-K2, Nemotron 3 and 26.06+ rows", "not collected in the time available "
+     "(MTP / hybrid-Mamba models; GA not stated from 26.02 on)"),
+    ("AMD ROCm performance-results page and ROCm 7 MI355X training blog (MI300X/MI325X/MI355X, Primus Megatron-LM "
+     "and torchtitan)", "per-row micro-batch and parallel layout not recoverable from the stored pages; no MI325X / "
+     "MI355X run collected"),
+    ("torchtitan asyncTP benchmark, 'Async TP' column and its bf16 rows", "async TP not modelled; the bf16 rows are "
+     "Hopper bf16 (outside this set)"),
 ]
 
 
