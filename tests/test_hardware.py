@@ -14,7 +14,7 @@ from trainfit.hardware import GPU, _key, get_gpu, list_gpus
 
 GiB = 2**30
 MiB = 2**20
-KNOWN_DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8"}
+KNOWN_DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "mxfp8", "fp6", "fp4"}
 
 
 def rel(a: float, b: float) -> float:
@@ -29,7 +29,7 @@ def test_json_has_every_field_and_notes():
     assert isinstance(raw["notes"], str) and "dense" in raw["notes"].lower()
     # the file's memory is nvidia-smi's total; GPU.memory is CUDA's (cuda_memory, with its own source); a catalog
     # GPU's kernel data is its own (kernels defaults to its name)
-    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory", "kernels"}
+    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory", "kernels", "tdp_watts"}
     for entry in raw["gpus"]:
         assert set(entry) - {"cuda_memory", "cuda_memory_source"} == fields, entry.get("name")
         assert isinstance(entry["aliases"], list)
@@ -66,6 +66,12 @@ def test_entry_is_sane(gpu: GPU):
     for eight in ("fp8", "int8"):
         if eight in gpu.peak_flops:
             assert gpu.peak_flops[eight] >= half
+    # block-scaled MX fp8 runs at the fp8 tensor-core rate; 6- and 4-bit at least that
+    if "mxfp8" in gpu.peak_flops:
+        assert gpu.peak_flops["mxfp8"] == gpu.peak_flops["fp8"]
+    for low in ("fp6", "fp4"):
+        if low in gpu.peak_flops:
+            assert gpu.peak_flops[low] >= gpu.peak_flops["fp8"]
 
 
 def test_names_unique_and_aliases_do_not_collide():
@@ -178,6 +184,21 @@ def test_other_datasheet_facts():
     assert rel(get_gpu("MI300X").memory_bandwidth, 5.3e12) < 0.01
     b200 = get_gpu("B200")
     assert rel(b200.peak_flops["bf16"], 2.25e15) < 0.01 and rel(b200.memory_bandwidth, 8e12) < 0.01
+    assert rel(b200.peak_flops["fp4"], 9e15) < 0.01  # HGX B200: FP4 144 PFLOP/s sparse / 8 GPUs / 2
+    # GB200 NVL72 datasheet, per GPU: FP16 360 PFLOP/s sparse / 72 / 2, FP4 1,440 / 72 / 2, 576 TB/s / 72
+    gb = get_gpu("GB200-NVL72")
+    assert rel(gb.peak_flops["bf16"], 2.5e15) < 0.01 and rel(gb.peak_flops["fp4"], 10e15) < 0.01
+    assert rel(gb.memory_bandwidth, 8e12) < 0.01 and gb.gpus_per_node == 72 and gb.power_watts == 1200
+    assert rel(gb.intra_node_bandwidth, 900e9) < 0.01  # NVLink5 1.8 TB/s both ways
+    # MI325X: the MI300X's compute with 256 GB at 6 TB/s; MI355X (CDNA4, 256 CUs at 2.4 GHz): 4096 dense 16-bit
+    # FLOP/CU/clock -> 2.52 PFLOP/s, fp8 twice, MXFP4 four times; 288 GB at 8 TB/s, 1400 W
+    m325 = get_gpu("MI325X")
+    assert m325.peak_flops == get_gpu("MI300X").peak_flops and rel(m325.memory_bandwidth, 6e12) < 0.01
+    m355 = get_gpu("MI355X")
+    assert rel(m355.peak_flops["bf16"], 256 * 4096 * 2.4e9) < 0.01
+    assert rel(m355.peak_flops["fp8"], 2 * 256 * 4096 * 2.4e9) < 0.01
+    assert rel(m355.peak_flops["fp4"], 4 * 256 * 4096 * 2.4e9) < 0.01
+    assert rel(m355.memory_bandwidth, 8e12) < 0.01 and m355.power_watts == 1400 and 287 * GiB < m355.memory
 
 
 def test_memory_is_in_bytes_and_ordered():
@@ -275,6 +296,7 @@ def test_user_gpu_file_round_trip(tmp_path, fmt):
     h = get_gpu("H100-80GB")
     entry = {f.name: getattr(h, f.name) for f in dataclasses.fields(GPU)} | {"aliases": list(h.aliases)}
     entry |= {"memory": h.smi_memory, "cuda_memory": entry.pop("smi_memory") and h.memory}
+    entry.pop("tdp_watts")  # the board's own power, a file's power_watts
     again = tmp_path / "h100.json"
     again.write_text(json.dumps(entry))
     assert load_gpu_file(str(again)) == h and load_gpu_file(str(again)).aliases == h.aliases

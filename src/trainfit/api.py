@@ -48,23 +48,26 @@ def token_model(model: str, command: str):
     return spec
 
 
-def load_gpu(name: str | None, price: float | None = None, memory: float | None = None):
-    """The GPU `--gpu` names (a catalog name or a .json/.toml file), with --price (USD/h) and --gpu-memory (GiB)
-    replacing its own price and memory."""
+def load_gpu(name: str | None, price: float | None = None, memory: float | None = None,
+             power_limit: float | None = None):
+    """The GPU `--gpu` names (a catalog name or a .json/.toml file), with --price (USD/h), --gpu-memory (GiB) and
+    --power-limit (W) replacing its own price, memory and board power."""
     if name is None:
         if price is not None:
             raise SetupError("--price needs --gpu")
         if memory is not None:
             raise SetupError("--gpu-memory replaces a GPU's memory, which needs --gpu (see `trainfit gpus`)")
+        if power_limit is not None:
+            raise SetupError("--power-limit caps a GPU's board power, which needs --gpu (see `trainfit gpus`)")
         return None
     from .hardware import resolve_gpu
 
-    return resolve_gpu(name).with_price(price).with_memory(memory)
+    return resolve_gpu(name).with_price(price).with_memory(memory).with_power_limit(power_limit)
 
 
 def gpu_of(req: Request):
-    """The request's GPU: --gpu with its --price and --gpu-memory (trainfit.setup.GPU_SETTINGS)."""
-    return load_gpu(req.gpu, req.price, req.gpu_memory)
+    """The request's GPU: --gpu with its --price, --gpu-memory and --power-limit (trainfit.setup.GPU_SETTINGS)."""
+    return load_gpu(req.gpu, req.price, req.gpu_memory, req.power_limit)
 
 
 def resolve(req: Request, spec=None):

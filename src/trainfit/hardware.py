@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
-from .errors import GPUFileError, UnknownGPUError
+from .errors import GPUFileError, SetupError, UnknownGPUError
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,8 @@ class GPU:
     # less the framebuffer the driver keeps back (data/gpus.json cuda_memory); fits and serving pools are judged on it
     memory: int
     memory_bandwidth: float  # bytes/s
-    peak_flops: dict[str, float]  # dense FLOP/s per dtype: fp32, tf32, bf16, fp16, fp8, int8
-    power_watts: float  # board power (TDP)
+    peak_flops: dict[str, float]  # dense FLOP/s per dtype: fp32, tf32, bf16, fp16, fp8, int8, mxfp8, fp6, fp4
+    power_watts: float  # board power (TDP); a run's --power-limit replaces it (with_power_limit)
     intra_node_bandwidth: float  # bytes/s per GPU, one direction (NVLink / Infinity Fabric / PCIe)
     inter_node_bandwidth: float  # bytes/s per GPU across nodes (typical NIC per GPU)
     gpus_per_node: int
@@ -34,10 +34,15 @@ class GPU:
     # the catalog GPU whose measured kernel data the time model uses (data/kernels.toml [gpu."NAME"]: SM count,
     # generation, achieved matmul/HBM/attention fractions); a catalog GPU's is its own name ("": the same)
     kernels: str = ""
+    # the board's own power (TDP) at which its datasheet peaks hold, before a run's --power-limit lowered
+    # power_watts (0: power_watts); roofline.power_clock scales the compute rates by the two's clocks
+    tdp_watts: float = 0.0
 
     def __post_init__(self):
         if not self.smi_memory:
             object.__setattr__(self, "smi_memory", self.memory)
+        if not self.tdp_watts:
+            object.__setattr__(self, "tdp_watts", self.power_watts)
         if not self.kernels:
             object.__setattr__(self, "kernels", self.name)
 
@@ -59,6 +64,17 @@ class GPU:
 
     def with_price(self, price: float | None) -> "GPU":
         return self if price is None else replace(self, price_per_hour=price)
+
+    def with_power_limit(self, watts: float | None) -> "GPU":
+        """The same GPU capped at `watts` of board power (--power-limit, nvidia-smi -pl / amd-smi's power cap): it
+        replaces power_watts (tdp_watts keeps the board's), so the compute fractions fall by roofline.power_clock
+        and the energy is the cap's. A cap above the board's TDP is refused: a board cannot be run above it."""
+        if watts is None:
+            return self
+        if not (0 < watts <= self.tdp_watts):
+            raise SetupError(f"--power-limit {watts:g} W: the {self.name} board draws at most {self.tdp_watts:g} W "
+                             f"(its TDP); give a cap between 1 and {self.tdp_watts:g}")
+        return replace(self, power_watts=float(watts))
 
     def with_memory(self, gib: float | None) -> "GPU":
         """The same GPU holding `gib` GiB as CUDA reports it (--gpu-memory: a MIG slice, a capped or unlisted variant,
@@ -146,7 +162,9 @@ def _close_hint(key: str) -> str:
 
 
 # -- GPUs from a user's file ----------------------------------------------------------------------------------
-FLOP_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+# mxfp8: the block-scaled (MX, one e8m0 scale per 32 values) fp8 tensor-core rate where the chip has one (Blackwell,
+# CDNA4); fp6 / fp4: the 6- and 4-bit (MX/NV) rates, dense
+FLOP_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "mxfp8", "fp6", "fp4")
 # field -> (what it is, an example value written as in the file); required unless in OPTIONAL
 FILE_FIELDS = {
     "name": ("a label for reports", "MyGPU-64GB"),
@@ -157,7 +175,8 @@ FILE_FIELDS = {
                 "achieved matmul/HBM/attention fractions (data/kernels.toml); pick the catalog GPU of the same chip",
                 "H100-80GB"),
     "memory_bandwidth": ("bytes/s, datasheet peak", 2.0e12),
-    "peak_flops": ("dense FLOP/s per dtype, fp32 required; keys fp32, tf32, bf16, fp16, fp8, int8",
+    "peak_flops": ("dense FLOP/s per dtype, fp32 required; keys fp32, tf32, bf16, fp16, fp8, int8, mxfp8, "
+                   "fp6, fp4",
                    {"fp32": 60e12, "bf16": 800e12}),
     "power_watts": ("board power in W", 700),
     "intra_node_bandwidth": ("bytes/s per GPU, one direction, inside a node: NVLink/PCIe", 450e9),

@@ -344,7 +344,7 @@ def test_unwritable_output_is_refused(out_dir, capsys, cmd, kind):
 # which every command prints; these do not, so each command must use them or refuse them.
 RUN_VALUES = {"gpu": ["--gpu", "A100-80GB"], "gpu_memory": ["--gpu-memory", "10"], "mfu": ["--mfu", "0.3"],
               "tokens": ["--tokens", "1e9"], "price": ["--price", "7"], "reserve": ["--reserve", "3"],
-              "alloc_conf": ["--alloc-conf", "max_split_size_mb:20"]}
+              "alloc_conf": ["--alloc-conf", "max_split_size_mb:20"], "power_limit": ["--power-limit", "50"]}
 RUN_CONTEXT = {"price": ["--tokens", "1e9"]}  # (given to both runs, where the command takes it)
 JSON_BASE = {  # the commands that print JSON (their answers compared), each with a GPU (the run settings need one)
     "estimate": ["estimate", "tiny-llama", "--gpu", "T4", "--json"],

@@ -39,9 +39,10 @@ def _static_ratio() -> float:
 
 def static_watts(gpu: GPU) -> float:
     """Board power at P0 and 0 % utilisation. NB: a GPU without a reading (data/power.toml) gets the median
-    static/TDP ratio of the measured ones — error of unknown sign."""
+    static/TDP ratio of the measured ones — error of unknown sign. A power cap (--power-limit) leaves it as the
+    board's: the ratio is of its TDP (GPU.tdp_watts)."""
     entry = _static().get(gpu.name)
-    return entry["watts"] if entry else _static_ratio() * gpu.power_watts
+    return entry["watts"] if entry else _static_ratio() * gpu.tdp_watts
 
 
 def busy_share(step: dict) -> float:

@@ -29,7 +29,7 @@ from trainfit.data import load_toml
 from trainfit.hardware import GPU
 
 # bytes per element of trainfit's compute dtypes
-_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "mxfp8": 1, "fp6": 0.75, "fp4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -222,19 +222,22 @@ def _attn_tiles(raw) -> dict[str, tuple[tuple[int, int, int], ...]]:
 
 
 @lru_cache(maxsize=64)
-def _kernels_by_name(name: str, watts: float = 0.0) -> Kernels:
-    """kernels.toml's [gpu."NAME"] over its generation's table. `watts`: the board's power cap (gpus.json
-    power_watts); it lowers the compute fractions of an entry whose fractions were measured on a board with more
-    power (kernels.toml `fraction_watts`, see power_clock)."""
+def _kernels_by_name(name: str, watts: float = 0.0, tdp: float = 0.0) -> Kernels:
+    """kernels.toml's [gpu."NAME"] over its generation's table. `watts`: the board's power (gpus.json power_watts,
+    or the run's --power-limit); below the power its compute fractions hold at it lowers them (power_clock). That
+    power is the entry's `fraction_watts` where its fractions were measured on a board with more power than the
+    catalog's (the H100-96GB's 500 W part timed with the 700 W SXM's fractions), else `tdp`, the board's own
+    (GPU.tdp_watts): its fractions are of its datasheet peaks, which hold at its TDP."""
     t = _table()
     entry = t["gpu"].get(name)
     if entry is None:  # GPU.kernels is a catalog name (hardware.py checks a file's); every one has an entry
         raise ValueError(f"kernels.toml has no [gpu.{name!r}] entry")
     clock = 1.0
-    if watts and entry.get("fraction_watts"):
+    ref = float(entry.get("fraction_watts") or tdp)
+    if watts and ref:
         from .energy import static_watts  # lazy: energy -> terms -> step_time imports this module
         from ..hardware import get_gpu
-        clock = power_clock(watts, float(entry["fraction_watts"]), static_watts(get_gpu(name)))
+        clock = power_clock(watts, ref, static_watts(get_gpu(name)))
     return _build(entry, t["generation"][entry["generation"]], name, clock=clock)
 
 
@@ -265,10 +268,11 @@ def cluster_table() -> dict:
 def kernels_for(gpu: GPU) -> Kernels:
     """Kernel data for `gpu`: its kernels.toml entry, the catalog GPU it names in GPU.kernels (its own name for a
     catalog GPU; a GPU file names the catalog GPU of its chip)."""
-    return _kernels_by_name(gpu.kernels, gpu.power_watts)
+    return _kernels_by_name(gpu.kernels, gpu.power_watts, gpu.tdp_watts)
 
 
-def _size(dtype: str) -> int:
+def _size(dtype: str) -> float:
+    """Bytes per element. NB: an MX format's e8m0 scale (1 B per 32 values) is left out: under-counts by 1/32 B."""
     return _SIZE.get(dtype, 2)
 
 
@@ -557,11 +561,12 @@ def _fitted_seconds(gpu: GPU, kn: Kernels, c: FittedAttention, kernel: str, bh: 
 
 def runnable(kn: Kernels, kernel: str) -> str:
     """The kernel that actually runs: "sdpa" (a stack calling torch's SDPA with 16-bit inputs) is what torch picks
-    on this GPU (Kernels.sdpa: cuDNN on sm90 where it is measured, else FlashAttention-2); otherwise one the GPU has
-    data for, else the next one PyTorch's SDPA dispatcher would try (flash, then memory-efficient, then math) —
-    e.g. "flash3" on an A100 runs FlashAttention-2."""
+    on this GPU (Kernels.sdpa: cuDNN on sm90, measured there as a fitted model, and on sm100, as published
+    long-sequence fractions; else FlashAttention-2); otherwise one the GPU has data for, else the next one
+    PyTorch's SDPA dispatcher would try (flash, then memory-efficient, then math) — e.g. "flash3" on an A100 runs
+    FlashAttention-2."""
     if kernel == "sdpa":
-        kernel = "cudnn" if kn.sdpa == "cudnn" and "cudnn" in kn.fitted else "flash"
+        kernel = kn.sdpa if kn.sdpa in kn.fitted or kn.sdpa in kn.attention else "flash"
     if kernel in kn.fitted:
         return kernel
     if kernel == "eager" or kernel in kn.attention:

@@ -443,6 +443,11 @@ class RunSettings:
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T", group="run")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
                                      minimum=0, example="2.5", group="run")
+    power_limit: Optional[float] = setting(None, "Board power cap per GPU in W (nvidia-smi -pl): replaces the "
+                                           "GPU's TDP for the run; below the power its kernel rates were measured "
+                                           "at it lowers the SM clock and so the compute rates (power_clock), and "
+                                           "the energy is the cap's. At most the TDP; needs --gpu.",
+                                           above=0, example="700", group="run")
     reserve: float = setting(0.0, "Extra GiB per GPU kept free when judging the fit (the CUDA context, cuBLAS "
                              "workspace and NCCL buffers are already taken off the capacity): other processes on "
                              "the GPU, a safety margin.", minimum=0, maximum=1024, example="2",
