@@ -29,7 +29,7 @@ from trainfit.data import load_toml
 from trainfit.hardware import GPU
 
 # bytes per element of trainfit's compute dtypes
-_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "mxfp8": 1, "fp4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,8 @@ class Kernels:
         fraction of its own peak is assumed equal to bf16's; GPU.flops_for already maps fp8 without hardware
         support to the 16-bit peak)."""
         f = self.matmul_fraction
-        return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
+        # the block-scaled formats (low_precision.Recipe.peak mxfp8, fp4) take fp8's where unmeasured (NB)
+        return f.get(dtype) or (f.get("fp8") if dtype in ("mxfp8", "fp4") else None) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
 
     def attn_block(self, head_dim: int, kernel: str = "default") -> tuple[int, int]:
         """[Br, Bc] of the fused kernel for this head dim: the first entry whose head-dim bound covers it."""
@@ -268,7 +269,7 @@ def kernels_for(gpu: GPU) -> Kernels:
     return _kernels_by_name(gpu.kernels, gpu.power_watts)
 
 
-def _size(dtype: str) -> int:
+def _size(dtype: str) -> float:
     return _SIZE.get(dtype, 2)
 
 
