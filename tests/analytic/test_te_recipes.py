@@ -76,3 +76,37 @@ def test_casts_and_gemms_of_a_layer(spec):
     d = Setup(**BASE, low_precision="delayed")
     names = [o.name for o in layer_forward(spec, shape_of(spec, d, state_bytes(d), "bf16"))]
     assert f"{fc2.name}.x.cast" in names and f"{fc2.name}.x.amax" not in names  # the amax inside the cast
+
+
+def test_every_layer_in_bf16_is_the_bf16_step(spec):
+    """--bf16-first/last-layers covering all 32 layers leaves nothing to the recipe: memory and the layers' time equal
+    the step without --low-precision (Megatron runs those layers outside fp8_autocast: fp8_utils.get_fp8_context)."""
+    from trainfit.analytic.step_time import layout_step_time
+    from trainfit.hardware import get_gpu
+
+    gpu = get_gpu("H100-80GB")
+    none = Setup(**BASE)
+    all16 = Setup(**BASE, low_precision="tensorwise", bf16_first_layers=16, bf16_last_layers=16)
+    assert estimate(spec, all16).memory.peak == estimate(spec, none).memory.peak
+    assert layout_step_time(spec, all16, gpu).compute == pytest.approx(layout_step_time(spec, none, gpu).compute,
+                                                                        rel=1e-12)
+
+
+def test_nvfp4_weight_bytes(spec):
+    """NVFP4: e2m1 (half a byte) and an e4m3 scale per 16 elements, rowwise and columnwise (arXiv:2509.25149 §2)."""
+    none = _est(spec).memory.weights
+    assert _est(spec, low_precision="nvfp4").memory.weights - none == pytest.approx(L * LINEAR * 2 * (0.5 + 1 / 16),
+                                                                                   abs=1)
+
+
+def test_trace_and_measure_refuse_in_one_line(spec):
+    """Transformer Engine neither builds nor imports without CUDA (stacks/megatron.toml [engines] source): the
+    engines that run the stack's step refuse it, saying so."""
+    from trainfit import engines
+    from trainfit.errors import SetupError
+
+    s = Setup(**BASE, low_precision="tensorwise")
+    for run in (engines.trace, engines.measure):
+        with pytest.raises(SetupError, match="Transformer Engine's CUDA layers") as e:
+            run(spec, s)
+        assert "\n" not in str(e.value)
