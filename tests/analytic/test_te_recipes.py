@@ -110,3 +110,18 @@ def test_trace_and_measure_refuse_in_one_line(spec):
         with pytest.raises(SetupError, match="Transformer Engine's CUDA layers") as e:
             run(spec, s)
         assert "\n" not in str(e.value)
+
+
+def test_sequence_parallel_gathers_quantised_inputs():
+    """TP 8 with SP, full recompute: per layer 4 + 2 all-reduce equivalents (forward, re-run forward, backward); the
+    forward and re-run all-gathers (2 + 2 halves) move 1 byte instead of 2 under fp8 (linear.py:176-205):
+    6 - 4 · 0.5 · 0.5 = 5 of 6."""
+    from trainfit.analytic.step_time import layout_step_time
+    from trainfit.hardware import get_gpu
+
+    spec70, gpu = load_model("llama-3.1-70b"), get_gpu("H100-80GB")
+    kw = dict(stack="megatron", precision="bf16-master", dp=4, tp=8, zero=1, seq=8192, batch=1, grad_accum=16,
+              sequence_parallel=True, recompute="full")
+    bf16 = layout_step_time(spec70, Setup(**kw), gpu).tp_comm
+    assert layout_step_time(spec70, Setup(**kw, low_precision="tensorwise"), gpu).tp_comm == pytest.approx(
+        bf16 * 5 / 6, rel=1e-9)

@@ -182,3 +182,15 @@ def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float
     per_layer = (1 - moe) * quantised_params(spec, setup, False) + \
         (moe * quantised_params(spec, setup, True) if moe else 0.0)
     return n * per_layer * (param_bytes - element_bytes(r))
+
+
+def te_gather_saving(setup, act_bytes: float, rerun: float) -> float:
+    """Of parallel/tensor.py's per-layer all-reduce count, the part Transformer Engine saves under sequence
+    parallelism by gathering linear_qkv's and linear_fc1's inputs quantised: in forward (and a re-run forward) the
+    all-gather half of each all-reduce moves element_bytes instead of act_bytes (linear.py:176-205, layernorm_linear.py
+    :233-262: the local input quantised, then gather_along_first_dim with the quantizer). NB: the backward's
+    re-gather of ln_out for wgrad (layernorm_linear.py:648-677) is quantised too and counted in bf16: pessimistic."""
+    r = recipe(setup)
+    if r is None or not runs_te(setup) or not setup.sequence_parallel:
+        return 0.0
+    return (2 + 2 * rerun) * 0.5 * (1 - element_bytes(r) / act_bytes)
