@@ -63,8 +63,11 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
         layer with its fp8 casts where torchao converts it (torchtitan module_filter_fn: both dims multiples of 16)."""
         fp8 = (sh.float8 or bool(sh.te)) and n_full % 16 == 0 and k_full % 16 == 0
         g = gemm(name, sh.tokens, n, k, sh, src, bias=bias, fp8=fp8)
-        if fp8:
-            ops.extend(te_casts(g, sh) if sh.te else fp8_casts(g, sh))
+        if fp8 and sh.te:  # Megatron's fused linear_qkv / linear_fc1 quantise their shared input once (te_casts)
+            ops.extend(te_casts(g, sh, shared_input=bool(ops) and ops[-1].kind == "gemm"
+                                and (ops[-1].m, ops[-1].k) == (g.m, g.k)))
+        elif fp8:
+            ops.extend(fp8_casts(g, sh))
         ops.append(g)
         return g
 

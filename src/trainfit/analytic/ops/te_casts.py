@@ -10,8 +10,11 @@ quantised rowwise (dgrad) and columnwise (wgrad) in one kernel (linear.py:567-56
 and NVFP4 (its per-tensor fp32 scale) read each tensor once more for its amax before the cast (TENSOR_AMAX); delayed
 scaling casts with the scale from the amax history and records the amax in the same kernel; blockwise and MXFP8
 compute each block's scale inside the cast.
-NB: the norm-fused quantisation of linear_qkv's / linear_fc1's input (layernorm_linear.py:198-219 with_quantized_norm)
-is counted as a separate cast of the bf16 norm output: over-counts one read of T·h per fused norm. NB: per-tensor fp8
+NB: the norm-fused quantisation of linear_qkv's / linear_fc1's input (layernorm_linear.py:198-219 with_quantized_norm;
+csrc/extensions/normalization.cpp:320-356: delayed scaling's norm writes fp8 directly, current scaling's computes
+the amax in the norm kernel, MXFP8 / blockwise / NVFP4 with its Hadamard amax quantise after a bf16 norm) is counted
+as a separate cast of the bf16 norm output: over-counts a read of T·h (and, current scaling, its amax pass) per
+fused norm under delayed and current scaling. NB: per-tensor fp8
 on sm100 writes one copy, not a transpose beside it: over-counts T·k per cast there. NB: delayed scaling's amax
 all-reduce at the end of each autocast region (quantization.py:487-510 reduce_and_update_fp8_tensors, two small
 all-reduces per micro-batch) is not timed.
@@ -39,12 +42,14 @@ def _quantise(name: str, elements: float, in_bytes: float, sh: Shape) -> list[Op
                          saves=False)]
 
 
-def te_casts(linear: Op, sh: Shape) -> list[Op]:
-    """Before the GEMM: the input's quantisation (every micro-batch) and the weight's (once per optimizer step)."""
+def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
+    """Before the GEMM: the input's quantisation (every micro-batch) and the weight's (once per optimizer step).
+    `shared_input`: the projection reads the input the one before it read (q, k, v; gate, up), which Megatron's
+    fused linear_qkv / linear_fc1 (one TE linear each, gpt_layer_specs.py) quantise once: no input cast of its own."""
     x, w = linear.m * linear.k * linear.batch, linear.k * linear.n * linear.batch
     weight = [memory(o.name, o.reads * sh.te_weight_share, o.writes * sh.te_weight_share, o.source, grad=False,
                      saves=False) for o in _quantise(f"{linear.name}.w", w, sh.weight, sh)]
-    return _quantise(f"{linear.name}.x", x, sh.act, sh) + weight
+    return ([] if shared_input else _quantise(f"{linear.name}.x", x, sh.act, sh)) + weight
 
 
 def te_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
