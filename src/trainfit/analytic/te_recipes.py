@@ -97,7 +97,9 @@ def local_experts(spec: ModelSpec, setup: Setup) -> int:
 def weight_bytes(spec: ModelSpec, setup: Setup, stage: Stage, moe_share: float) -> float:
     """Bytes the recipe adds to the stage's resident weights (negative: saves): the quantised copies of the
     recipe's layers' weights, less their bf16 parameters under --fp8-all-gather, and delayed scaling's amax
-    histories and scales. `moe_share`: the share of the stage's layers that are MoE layers."""
+    histories and scales. `moe_share`: the share of the stage's layers that are MoE layers.
+    NB: MXFP8 with --fp8-param-gather may gather through the grad buffer (DistributedDataParallelConfig.
+    reuse_grad_buf_for_mxfp8_param_ag, param_and_grad_buffer.py:340-355): modelled like the other recipes."""
     r = recipe(setup)
     if r is None:
         return 0.0
