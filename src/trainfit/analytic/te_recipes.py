@@ -108,7 +108,10 @@ def weight_bytes(spec: ModelSpec, setup: Setup, stage: Stage, moe_share: float) 
                   (moe_share * quantised_params(spec, setup, True) if moe_share else 0.0))
     out = params * copies(r, setup) * element_bytes(r)
     if setup.fp8_all_gather:
-        out -= params * 2  # the bf16 parameter dropped (fp8_param: the quantised tensor is the parameter)
+        from .parallel.megatron import bytes_per_param
+
+        # the 16-bit parameter dropped (fp8_param: the quantised tensor is the parameter)
+        out -= params * bytes_per_param(setup)["weights"]
     if r.name == "delayed":
         gemms = n * ((1 - moe_share) * LINEARS + moe_share * (2 + 2 * local_experts(spec, setup)))
         out += gemms * (FWD_TENSORS + BWD_TENSORS) * (AMAX_HISTORY_LEN + 1) * FP32

@@ -47,8 +47,9 @@ def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
     `shared_input`: the projection reads the input the one before it read (q, k, v; gate, up), which Megatron's
     fused linear_qkv / linear_fc1 (one TE linear each, gpt_layer_specs.py) quantise once: no input cast of its own."""
     x, w = linear.m * linear.k * linear.batch, linear.k * linear.n * linear.batch
+    # the weight's kernels run in the step's first micro-batch only: their bytes and launches spread over the others
     weight = [memory(o.name, o.reads * sh.te_weight_share, o.writes * sh.te_weight_share, o.source, grad=False,
-                     saves=False) for o in _quantise(f"{linear.name}.w", w, sh.weight, sh)]
+                     saves=False, kernels=sh.te_weight_share) for o in _quantise(f"{linear.name}.w", w, sh.weight, sh)]
     return ([] if shared_input else _quantise(f"{linear.name}.x", x, sh.act, sh)) + weight
 
 
