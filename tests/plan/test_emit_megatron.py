@@ -6,7 +6,7 @@ import shlex
 
 from trainfit.models.resolve import load_model
 from trainfit.plan.emit import emit
-from trainfit.setup import Setup
+from trainfit.setup import Setup, validate
 
 # Megatron-LM flag → megatron.core config field (arguments.py names; transformer_config.py / model_parallel_config.py)
 FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-attention-heads": "num_attention_heads",
@@ -22,7 +22,13 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
           "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
           "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
-          "--moe-router-topk": "moe_router_topk"}
+          "--moe-router-topk": "moe_router_topk",
+          # Transformer Engine's recipes (arguments.py:1398, :1331: --fp8-param-gather sets fp8_param)
+          "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",
+          "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe", "--fp4-param-gather": "fp4_param",
+          "--first-last-layers-bf16": "first_last_layers_bf16",
+          "--num-layers-at-start-in-bf16": "num_layers_at_start_in_bf16",
+          "--num-layers-at-end-in-bf16": "num_layers_at_end_in_bf16"}
 
 
 def _parse(text: str) -> dict:
@@ -82,3 +88,29 @@ def test_uneven_split_selective_moe_round_trips():
     tc, _, _ = _configs(a)
     assert (tc.num_layers_in_first_pipeline_stage, tc.num_layers_in_last_pipeline_stage) == (7, 7)
     assert tc.recompute_granularity == "selective" and tc.expert_model_parallel_size == 4 and tc.num_moe_experts == 8
+
+
+def test_te_recipes_round_trip():
+    """Each --low-precision recipe under megatron builds TransformerConfig's fp8/fp4 fields (its __post_init__ checks
+    the bf16 first/last layers against num_layers / pp); delayed with bf16 layers is refused by both."""
+    import pytest
+
+    from trainfit.errors import SetupError
+
+    spec = load_model("llama-3.1-8b")
+    base = dict(stack="megatron", precision="bf16-master", dp=8, zero=1, seq=8192, batch=1, grad_accum=16)
+    for lp in ("delayed", "tensorwise", "blockwise", "mxfp8"):
+        bf16 = dict(bf16_first_layers=1, bf16_last_layers=2) if lp != "delayed" else {}
+        tc, _, _ = _configs(_parse(emit("megatron", Setup(**base, low_precision=lp, fp8_all_gather=True, **bf16),
+                                        spec, 8)))
+        assert (tc.fp8, tc.fp8_recipe, tc.fp8_param, tc.fp4) == ("hybrid", lp, True, None)
+        if bf16:
+            assert tc.first_last_layers_bf16 and (tc.num_layers_at_start_in_bf16, tc.num_layers_at_end_in_bf16) == (1, 2)
+    tc, _, _ = _configs(_parse(emit("megatron", Setup(**base, low_precision="nvfp4", fp8_all_gather=True,
+                                                      bf16_first_layers=2, bf16_last_layers=2), spec, 8)))
+    assert (tc.fp4, tc.fp4_recipe, tc.fp4_param, tc.fp8) == ("e2m1", "nvfp4", True, None)
+    with pytest.raises(ValueError, match="Delayed scaling"):  # Megatron's own check (transformer_config.py:990)
+        _configs({"--num-layers": "32", "--hidden-size": "4096", "--num-attention-heads": "32", "--bf16": True,
+                  "--fp8-format": "hybrid", "--fp8-recipe": "delayed", "--first-last-layers-bf16": True})
+    with pytest.raises(SetupError, match="delayed scaling"):
+        validate(Setup(**base, low_precision="delayed", bf16_first_layers=1))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..hardware import GPU
@@ -154,14 +154,21 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         return encdec_stage_compute(spec, setup, gpu, st)
     sh = shape_of(spec, setup, st, compute_dtype(setup))
     prep = compiled if sh.compile else (lambda ops: ops)
-    lf = lb = lr = ListTime()
-    attn = 0.0
-    for w, moe, linear, block in layer_kinds(spec, pc):
-        fwd, bwd, rec = _lists(spec, setup, sh, moe, linear, block)
-        tf = time_ops(gpu, prep(fwd))
-        tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
-        lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
-        attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
+    def layer_times(sh: Shape):
+        lf = lb = lr = ListTime()
+        attn = 0.0
+        for w, moe, linear, block in layer_kinds(spec, pc):
+            fwd, bwd, rec = _lists(spec, setup, sh, moe, linear, block)
+            tf = time_ops(gpu, prep(fwd))
+            tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
+            lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
+            attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
+        return lf, lb, lr, attn
+
+    lf, lb, lr, attn = layer_times(sh)
+    # Transformer Engine's --bf16-first/last-layers: those layers' lists without the recipe (te_recipes.py)
+    bf16_first, bf16_last = (setup.bf16_first_layers, setup.bf16_last_layers) if sh.te else (0, 0)
+    lf16, lb16, lr16, _ = layer_times(replace(sh, te="")) if bf16_first or bf16_last else (lf, lb, lr, attn)
     # Llama 3.2 Vision's cross-attention layers, their share of the layers (NB: `attn` stays the self-attention's)
     from .tower_time import cross_layer_times, cross_share
     share = cross_share(spec)
@@ -189,12 +196,16 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     tower_f, tower_b, tower_r = tower_times(spec, setup, gpu, sh)
     emb_f, emb_b = emb_f + tower_f, emb_b + tower_b
     if setup.pp == 1:
-        stages = [(first, emb_f + head_f, emb_b + head_b, tower_r)]
+        stages = [(first, bf16_first + bf16_last, emb_f + head_f, emb_b + head_b, tower_r)]
     else:
-        stages = [(first, emb_f, emb_b, tower_r), (middle, zero, zero, zero), (last, head_f, head_b, zero)]
+        stages = [(first, bf16_first, emb_f, emb_b, tower_r), (middle, 0, zero, zero, zero),
+                  (last, bf16_last, head_f, head_b, zero)]
     best = None
-    for n, extra_f, extra_b, extra_r in stages:
-        cand = StageCompute(n * lf + extra_f, n * lb + extra_b, checkpointed_layers(setup, n) * lr + extra_r, attn)
+    for n, b16, extra_f, extra_b, extra_r in stages:
+        b16 = min(b16, n)
+        rec = checkpointed_layers(setup, n) / max(n, 1)  # NB: the bf16 layers' share of the re-run, as of the layers
+        cand = StageCompute((n - b16) * lf + b16 * lf16 + extra_f, (n - b16) * lb + b16 * lb16 + extra_b,
+                            rec * ((n - b16) * lr + b16 * lr16) + extra_r, attn)
         if best is None or cand.total.seconds > best.total.seconds:
             best = cand
     return best

@@ -37,6 +37,7 @@ from ..spec import ModelSpec
 from .activations import FP32, linear_params_per_layer
 from .parallel.pipeline import Stage
 from .precision import policy_dtype
+from .te_recipes import runs_te
 from .timing import compute_dtype
 
 LINEARS_PER_LAYER = 7  # q, k, v, o, gate, up, down (a Llama block; compile_effects.not_modelled checks the block)
@@ -99,7 +100,7 @@ def check_gpu(setup: Setup, gpu: GPU | None) -> None:
 
 def notes(spec: ModelSpec, setup: Setup, gpu: GPU | None) -> list[str]:
     """What --low-precision tensorwise changed in the estimate, and in which direction it may be off."""
-    if setup.low_precision != "tensorwise":
+    if setup.low_precision != "tensorwise" or runs_te(setup):  # (Transformer Engine's: te_recipes.notes)
         return []
     if setup.recompute != "none" and setup.recompute != "selective":
         saved = f"the saved tensors are --recompute {setup.recompute}'s, float8 or not (measured on CPU)"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..setup import Setup
 from ..spec import ModelSpec
 from .precision import state_bytes
+from .te_recipes import saved_delta
 
 FP32, MASK, INDEX = 4, 1, 8
 
@@ -57,7 +58,8 @@ def attention_core_recomputed(setup: Setup) -> bool:
     return setup.recompute_policy == "selective"
 
 
-def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False) -> MegatronLayer:
+def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: bool = False) -> MegatronLayer:
+    """`quantised`: a layer inside --low-precision's recipe (te_recipes.saved_delta changes its linears' inputs)."""
     a = act_bytes(setup)
     h, q, kv, nh = spec.hidden, spec.q_dim, spec.kv_dim, spec.heads
     _, p_attn, p_hidden = spec.dropouts
@@ -109,6 +111,10 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False) -> MegatronLay
         split["fc1_output"] = a * i * (2 if spec.gated_mlp else 1)
         # Korthikanti "second linear ... input 8sbh": the activation's output, saved by linear_fc2
         split["activation_output"] = a * i
+    if quantised:
+        d_rep, d_split = saved_delta(spec, setup, a, moe, attention_core_recomputed(setup))
+        rep = {k: rep.get(k, 0.0) + d_rep.get(k, 0.0) for k in rep | d_rep}
+        split = {k: split.get(k, 0.0) + d_split.get(k, 0.0) for k in split | d_split}
     return MegatronLayer(rep, split, scores, mask)
 
 

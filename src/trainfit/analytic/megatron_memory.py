@@ -12,10 +12,13 @@ Context parallelism (--cp): each rank holds seq/cp tokens of every sequence (TE'
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..setup import Setup
 from ..spec import ModelSpec
 from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
+from . import te_recipes
+from ..low_precision import recipe
 from .params import ParamCounts
 from .grad_clip import clip_work
 from .parallel.megatron import largest_param, megatron_model_states, megatron_tensors, rank_params, shards
@@ -30,10 +33,18 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     tokens = setup.batch * setup.seq / setup.cp  # this CP rank's tokens of the micro-batch
     keys = setup.seq / setup.cp  # NB: eager scores per CP chunk pair; TE runs CP only with fused attention
     ms = megatron_model_states(spec, pc, setup, stage)
+    moe_share = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
+    te_weights = te_recipes.weight_bytes(spec, setup, stage, moe_share)  # the recipe's quantised weight copies
+    ms = replace(ms, weights=ms.weights + te_weights) if te_weights else ms
     moe = spec.moe is not None and pc.moe_layers > 0
     frac = pc.moe_layers / spec.layers if moe else 0.0
-    full = (1 - frac) * layer_terms(spec, setup).per_rank(setup, tokens, keys) + \
-        (frac * layer_terms(spec, setup, moe=True).per_rank(setup, tokens, keys) if moe else 0.0)
+    def stored(quantised: bool) -> float:
+        return (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(setup, tokens, keys) + \
+            (frac * layer_terms(spec, setup, moe=True, quantised=quantised).per_rank(setup, tokens, keys)
+             if moe else 0.0)
+    # --low-precision: the recipe's layers save quantised linear inputs, the bf16 first/last ones do not (te_recipes)
+    n8 = te_recipes.recipe_layers(setup, stage) if recipe(setup) is not None else 0
+    full = stored(False) if n8 == 0 else (n8 * stored(True) + (stage.layers - n8) * stored(False)) / stage.layers
     kept = layer_input(spec, setup) * tokens  # a checkpointed layer's (group's) input
     # NB: a layer's backward temporaries, approximated as the incoming and outgoing residual gradients, the
     # re-gathered ln_out under SP (TE's backward all-gather) and fc1's output gradient; TE's gradient-accumulation
@@ -43,6 +54,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     kv_chunk = a * 2 * spec.kv_dim / t * tokens  # this rank's k and v
     ring = 2 * kv_chunk if setup.cp > 1 else 0.0  # TE's P2P ring: the KV chunk being computed on and the one received
     temps += 2 * ring  # NB: backward also passes dkv around the ring (2 more chunk buffers)
+    if n8:  # linear_fc1's quantised output gradient beside its bf16 one (te_recipes.backward_transient)
+        temps += te_recipes.backward_transient(spec, setup, moe and frac >= 0.5) * tokens
 
     policy, n = setup.recompute_policy, setup.recompute_layers
     pattern: tuple = ()
@@ -130,7 +143,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "activation_per_layer": int(step.layers_saved / max(stage.layers, 1)),
               "activation_per_layer_stored": int(full), "logits_buffers": int(fwd),
               "optimizer_temporaries": int(step.optimizer_transient), "grad_clip_temporaries": int(clip),
-              "context_parallel_ring_buffers": int(ring)}
+              "context_parallel_ring_buffers": int(ring),
+              "quantised_weight_copies": int(te_weights), "layers_in_recipe": n8}
     dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
                        int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert))

@@ -72,7 +72,8 @@ class Kernels:
         fraction of its own peak is assumed equal to bf16's; GPU.flops_for already maps fp8 without hardware
         support to the 16-bit peak)."""
         f = self.matmul_fraction
-        return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
+        # the block-scaled formats (low_precision.Recipe.peak mxfp8, fp4) take fp8's where unmeasured (NB)
+        return f.get(dtype) or (f.get("fp8") if dtype in ("mxfp8", "fp4") else None) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
 
     def attn_block(self, head_dim: int, kernel: str = "default") -> tuple[int, int]:
         """[Br, Bc] of the fused kernel for this head dim: the first entry whose head-dim bound covers it."""

@@ -40,6 +40,7 @@ from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_s
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
+from .te_recipes import gather_saving
 from .parallel.collectives import Links, ring_allreduce
 from .parallel.context import cp_comm_seconds
 from .parallel.expert import ep_comm_seconds
@@ -152,7 +153,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)
-    dp = dp_comm(gpu, setup, links, trained * (st_opt.reduce or st_opt.grad), stage_params * (st.param or st.weight),
+    gathered = stage_params * (st.param or st.weight)
+    gathered -= gather_saving(spec, setup, stage_layers_n, st.param or st.weight)  # TE's fp8 param all-gather
+    dp = dp_comm(gpu, setup, links, trained * (st_opt.reduce or st_opt.grad), gathered,
                  c.forward, c.backward + c.recompute, c.memory_share)
     dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, stage_params, trained, stage_layers_n)
 

@@ -37,6 +37,24 @@ def _recompute(rec: str) -> list[str]:
     return ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", n]
 
 
+def _low_precision(s: Setup) -> list[str]:
+    """Transformer Engine's recipe (Megatron-LM core_v0.16.1 arguments.py:1621 builds --fp8-format, --fp8-recipe,
+    --fp4-format, --fp4-recipe, --fp4-param-gather, --first-last-layers-bf16, --num-layers-at-start/end-in-bf16 from
+    TransformerConfig's fields, transformer_config.py:429-525; --fp8-param-gather: arguments.py:1398, → fp8_param
+    :1331). fp8 recipes with the hybrid format (e4m3 forward, e5m2 gradients: what Megatron-Bridge's recipes run)."""
+    lp = s.low_precision
+    if lp == "none":
+        return []
+    fp4 = lp == "nvfp4"
+    out = ["--fp4-format", "e2m1", "--fp4-recipe", lp] if fp4 else ["--fp8-format", "hybrid", "--fp8-recipe", lp]
+    if s.fp8_all_gather:
+        out += ["--fp4-param-gather" if fp4 else "--fp8-param-gather"]
+    if s.bf16_first_layers or s.bf16_last_layers:
+        out += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(s.bf16_first_layers),
+                "--num-layers-at-end-in-bf16", str(s.bf16_last_layers)]
+    return out
+
+
 def args(s: Setup, spec: ModelSpec) -> list[str]:
     """The pretrain_gpt.py arguments of setup `s` for model `spec`."""
     out = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden),
@@ -75,7 +93,7 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
     out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]
     # Megatron-LM's --clip-grad (default 1.0) -> OptimizerConfig.clip_grad; 0 turns clipping off
     out += ["--clip-grad", f"{s.grad_clip_norm:g}"]
-    return out + _recompute(s.recompute)
+    return out + _recompute(s.recompute) + _low_precision(s)
 
 
 def command(s: Setup, spec: ModelSpec, gpus_per_node: int) -> str:

@@ -18,7 +18,11 @@ def fp8_casts(linear: Op, sh: Shape) -> list[Op]:
 
 def fp8_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
     """Float8Linear's backward (float8_linear.py:113-195): dY's amax and fp8 cast, and the transposed fp8 copies the
-    two backward GEMMs read (dYᵀ, xᵀ; the weight's cast re-used)."""
+    two backward GEMMs read (dYᵀ, xᵀ; the weight's cast re-used). Transformer Engine's: te_casts.te_backward_extra."""
+    if sh.te:
+        from .te_casts import te_backward_extra
+
+        return te_backward_extra(ops, sh)
     out = []
     for op in ops:
         if op.kind == "gemm" and op.dtype == "fp8":

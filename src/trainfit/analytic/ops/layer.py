@@ -17,6 +17,7 @@ from .attention import (attention_core, grad_layout, output_gate, output_gate_sp
 from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .gated_deltanet import RULE, linear_mixer
 from .gemm import fp8_casts
+from .te_casts import te_casts
 from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
 from .moe import moe_block
@@ -60,9 +61,12 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
     def proj(name: str, n_full: int, k_full: int, n: float, k: float, bias: bool, src: str) -> Op:
         """A projection of the rank's T tokens (n of n_full output columns, k of k_full inputs), appended to the
         layer with its fp8 casts where torchao converts it (torchtitan module_filter_fn: both dims multiples of 16)."""
-        fp8 = sh.float8 and n_full % 16 == 0 and k_full % 16 == 0
+        fp8 = (sh.float8 or bool(sh.te)) and n_full % 16 == 0 and k_full % 16 == 0
         g = gemm(name, sh.tokens, n, k, sh, src, bias=bias, fp8=fp8)
-        if fp8:
+        if fp8 and sh.te:  # Megatron's fused linear_qkv / linear_fc1 quantise their shared input once (te_casts)
+            ops.extend(te_casts(g, sh, shared_input=bool(ops) and ops[-1].kind == "gemm"
+                                and (ops[-1].m, ops[-1].k) == (g.m, g.k)))
+        elif fp8:
             ops.extend(fp8_casts(g, sh))
         ops.append(g)
         return g

@@ -9,6 +9,7 @@ from .activation import activation
 from .cast import autocast_inputs
 from .clamped_swiglu import clamped_swiglu, expert_bias
 from .op import Op, Shape, gemm, memory
+from .te_casts import te_casts
 
 def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     """The sparse MoE block (integrations/moe.py grouped_mm experts; router modeling_mixtral.py:105-107). With
@@ -32,7 +33,8 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     # grouped_mm is not autocast-enabled: transformers casts the input to the weights' dtype (moe.py:379), so under
     # autocast the experts run in the fp32 master weights' dtype (NB: TF32 peak where the GPU has it)
     ex = replace(sh, dtype="fp32") if sh.autocast else sh
-    ops.append(gemm("experts_in", per_expert, gate * i, h, ex, src + " grouped_mm gate_up", batch=local))
+    ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, ex, src + " grouped_mm gate_up", batch=local,
+                              fp8=bool(sh.te)), sh)
     if m.expert_bias:  # gpt-oss: per-expert biases gathered and added (clamped_swiglu.py)
         ops += expert_bias("experts_in_bias", T * k, gate * i, local, sh)
     if m.swiglu_limit:  # gpt-oss's clamped SwiGLU
@@ -42,7 +44,8 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
         if spec.gated_mlp:
             ops.append(memory("experts_mul", 2 * T * k * i * a, T * k * i * a, src, "experts_act",
                               (0, T * k * i * a)))
-    ops.append(gemm("experts_out", per_expert, h, i, ex, src + " grouped_mm down", batch=local))
+    ops += _experts_gemm(gemm("experts_out", per_expert, h, i, ex, src + " grouped_mm down", batch=local,
+                              fp8=bool(sh.te)), sh)
     if m.expert_bias:
         ops += expert_bias("experts_out_bias", T * k, h, local, sh)
     ops += [memory("routing_weight", T * k * h * a + T * k * FP32, T * k * h * a, src + " · routing weight", "combine"),
@@ -54,6 +57,12 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
             ops += [gemm("shared_expert_gate", T, 1, h, sh, "modeling_qwen2_moe.py shared_expert_gate"),
                     memory("shared_scale", 2 * T * h * a, T * h * a, "modeling_qwen2_moe.py sigmoid gate", "combine")]
     return ops
+
+
+def _experts_gemm(g: Op, sh: Shape) -> list[Op]:
+    """A grouped expert GEMM, after Transformer Engine's casts where the recipe quantises it (Megatron's
+    TEGroupedMLP: TEColumnParallelGroupedLinear / TERowParallelGroupedLinear, ops/te_casts.py)."""
+    return (te_casts(g, sh) if sh.te else []) + [g]
 
 
 def every_expert_ops(spec: ModelSpec, sh: Shape) -> list[Op]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ...low_precision import RECIPES
+
 SIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
 # weight formats whose GEMMs run quantised while attention runs on the 16-bit activations: bitsandbytes' LLM.int8
 # (int8 matmuls inside Linear8bitLt, fp16 everywhere else) and fp8 weights (vLLM's fp8 linear methods; attention in
@@ -107,6 +109,10 @@ class Shape:
     # every layer's SDPA gets an explicit mask: Gemma 3 with images, whose image blocks attend both ways
     # (analytic/siglip.py image_block_masks; ops/layer.py masked_sdpa, chunk_mask_ops)
     masked: bool = False
+    # --low-precision run by Transformer Engine (stacks/*.toml [low_precision] library): the recipe's name, its
+    # GEMMs at the recipe's peak and TE's casts around them (ops/te_casts.py); "" otherwise
+    te: str = ""
+    te_weight_share: float = 1.0  # of a weight's once-per-step quantisation, the part one micro-batch carries
 
     @property
     def tokens(self) -> float:
@@ -122,7 +128,8 @@ class Shape:
 
 def gemm(name: str, m: float, n: float, k: float, sh: Shape, src: str, bias: bool = False, batch: float = 1,
           wgrad: bool = True, fp8: bool = False) -> Op:
-    return Op(name, "gemm", "fp8" if fp8 else sh.dtype, m, n, k, batch, wgrad=wgrad, bias=bias, source=src)
+    dtype = (RECIPES[sh.te].peak if sh.te else "fp8") if fp8 else sh.dtype  # TE: the recipe's peak key
+    return Op(name, "gemm", dtype, m, n, k, batch, wgrad=wgrad, bias=bias, source=src)
 
 
 def memory(name: str, reads: float, writes: float, src: str, group: str = "",

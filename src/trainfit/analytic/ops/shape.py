@@ -7,6 +7,7 @@ from ...spec import ModelSpec
 from ..activations import FP32, norm_kernel, resolved_kernel
 from ..families import family_traits
 from ..precision import StateBytes
+from ..te_recipes import runs_te
 from .op import Shape
 
 def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape:
@@ -25,10 +26,13 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     elif kernel == "flash" and setup.attention_kernel == "triton":
         kernel = "triton"  # FlashAttention in Triton: flash's saved set, its own speed (kernels.toml [derived])
     compiled = bool(getattr(setup, "compile", False)) and not not_modelled(spec, setup)
+    lp = getattr(setup, "low_precision", "none")
+    # Transformer Engine runs the recipe (stacks/*.toml [low_precision] library): ops/te_casts.py, not torchao's
+    te = lp if runs_te(setup) else ""
     return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
-                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, getattr(setup, "low_precision", "none") == "tensorwise",
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, lp == "tensorwise" and not te,
                  facts.get("fused_elementwise", {}).get("value", False),
                  "sdpa_backends" in facts.get("attention", {}) and setup.attention_kernel != "flash2",
                  int(st.param or st.weight) if (kernel == "eager" and facts.get("attention", {}).get("eager_mask")
@@ -36,4 +40,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  hf_eager,
                  facts.get("loss", {}).get("labels") == "shifted-copy",
                  # (HF's eager attention adds its own additive masks: the eager path's ops, not SDPA's)
-                 masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup))
+                 masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup),
+                 te=te, te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)))

@@ -90,11 +90,14 @@ def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
         return 0.0
     x = tokens * spec.hidden * act_bytes  # one b·s·h activation
     n_ar = 4 + 2 * rerun
-    if getattr(setup, "low_precision", "none") == "tensorwise":
+    from ..te_recipes import runs_te, te_gather_saving  # (te_recipes imports parallel/)
+
+    if getattr(setup, "low_precision", "none") == "tensorwise" and not runs_te(setup):
         # torchtitan's tensorwise Float8 TP casts each block input to fp8 before its sequence-parallel all-gather
         # (torchtitan models/llama3/infra/parallelize.py:83-86, 191-203 PrepareFloat8ModuleInput; torchao
         # float8/float8_tensor_parallel.py:176-177 "the float8 cast happens before the all-gather"): in each forward
         # (and re-run forward) all-reduce the all-gather half moves 1 byte per element, the reduce-scatter half of the
         # row-parallel outputs and the backward's gradients keep act_bytes
         n_ar -= (2 + 2 * rerun) * 0.5 * (1 - 1 / act_bytes)
+    n_ar -= te_gather_saving(setup, act_bytes, rerun)
     return layers * n_ar * ring_allreduce(t, x, links.intra)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...setup import Setup
 from ...spec import ModelSpec
-from .. import grad_clip
+from .. import grad_clip, te_recipes
 from ..megatron_memory import stage_memory
 from ..memory import TrainMemory
 from ..parallel.megatron import megatron_tensors, shards
@@ -46,10 +46,11 @@ class MegatronModel(StackModel):
         return groups
 
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
+        out = te_recipes.notes(spec, setup)  # --low-precision: Transformer Engine's recipe
         if spec.is_moe and setup.tp > 1 and not setup.sequence_parallel:
-            return ["Megatron warns that expert and tensor parallelism need --sequence-parallel "
-                    "(model_parallel_config.py:440-445); the MoE layers are modelled as with it"]
-        return []
+            out.append("Megatron warns that expert and tensor parallelism need --sequence-parallel "
+                       "(model_parallel_config.py:440-445); the MoE layers are modelled as with it")
+        return out
 
 
 MODEL = MegatronModel()

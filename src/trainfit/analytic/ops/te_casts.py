@@ -1,0 +1,62 @@
+"""Transformer Engine's quantisation kernels around a TE linear's GEMM under --stack megatron --low-precision
+(analytic/te_recipes.py has the recipes' memory; TE v2.9, transformer_engine/pytorch/...).
+
+Forward, per linear: the input quantised once into rowwise data (the fprop GEMM) and columnwise data (saved for
+wgrad) by one fused cast-transpose kernel (linear.py:216-228, layernorm_linear.py:186-193 input_quantizer usage
+rowwise + columnwise); the weight quantised once per optimizer step, rowwise and columnwise, and reused by the
+other micro-batches (module/base.py:1385-1438 get_weight_workspace, megatron extensions/transformer_engine.py:
+671-678 is_first_microbatch): its bytes spread over the step's micro-batches (Shape.te_weight_share). Backward: dY
+quantised rowwise (dgrad) and columnwise (wgrad) in one kernel (linear.py:567-569). Current scaling (tensorwise)
+and NVFP4 (its per-tensor fp32 scale) read each tensor once more for its amax before the cast (TENSOR_AMAX); delayed
+scaling casts with the scale from the amax history and records the amax in the same kernel; blockwise and MXFP8
+compute each block's scale inside the cast.
+NB: the norm-fused quantisation of linear_qkv's / linear_fc1's input (layernorm_linear.py:198-219 with_quantized_norm;
+csrc/extensions/normalization.cpp:320-356: delayed scaling's norm writes fp8 directly, current scaling's computes
+the amax in the norm kernel, MXFP8 / blockwise / NVFP4 with its Hadamard amax quantise after a bf16 norm) is counted
+as a separate cast of the bf16 norm output: over-counts a read of T·h (and, current scaling, its amax pass) per
+fused norm under delayed and current scaling. NB: per-tensor fp8
+on sm100 writes one copy, not a transpose beside it: over-counts T·k per cast there. NB: delayed scaling's amax
+all-reduce at the end of each autocast region (quantization.py:487-510 reduce_and_update_fp8_tensors, two small
+all-reduces per micro-batch) is not timed.
+"""
+from __future__ import annotations
+
+from ...low_precision import RECIPES
+from ..activations import FP32
+from ..te_recipes import element_bytes
+from .op import Op, Shape, memory
+
+SRC = "Transformer Engine quantize (cast + transpose)"
+# recipes whose quantizer runs an amax kernel over the whole tensor before the cast: csrc/quantizer.cpp:497-531
+# (Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax, then the scale, then the cast), :1438-1512
+# (NVFP4Quantizer::quantize_impl: nvte_compute_amax / the Hadamard-transform amax for its per-tensor scale)
+TENSOR_AMAX = ("tensorwise", "nvfp4")
+
+
+def _quantise(name: str, elements: float, in_bytes: float, sh: Shape) -> list[Op]:
+    """One tensor quantised into rowwise and columnwise data: its amax pass (current scaling only) and the cast."""
+    r = RECIPES[sh.te]
+    out = [memory(f"{name}.amax", elements * in_bytes, FP32, SRC + ": per-tensor amax", grad=False, saves=False)] \
+        if r.name in TENSOR_AMAX else []
+    return out + [memory(f"{name}.cast", elements * in_bytes, 2 * elements * element_bytes(r), SRC, grad=False,
+                         saves=False)]
+
+
+def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
+    """Before the GEMM: the input's quantisation (every micro-batch) and the weight's (once per optimizer step).
+    `shared_input`: the projection reads the input the one before it read (q, k, v; gate, up), which Megatron's
+    fused linear_qkv / linear_fc1 (one TE linear each, gpt_layer_specs.py) quantise once: no input cast of its own."""
+    x, w = linear.m * linear.k * linear.batch, linear.k * linear.n * linear.batch
+    # the weight's kernels run in the step's first micro-batch only: their bytes and launches spread over the others
+    weight = [memory(o.name, o.reads * sh.te_weight_share, o.writes * sh.te_weight_share, o.source, grad=False,
+                     saves=False, kernels=sh.te_weight_share) for o in _quantise(f"{linear.name}.w", w, sh.weight, sh)]
+    return ([] if shared_input else _quantise(f"{linear.name}.x", x, sh.act, sh)) + weight
+
+
+def te_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
+    """After each quantised GEMM's output gradient arrives: dY quantised rowwise and columnwise."""
+    out = []
+    for op in ops:
+        if op.kind == "gemm" and op.dtype == RECIPES[sh.te].peak:
+            out += _quantise(f"{op.name}.dy", op.m * op.n * op.batch, sh.act, sh)
+    return out

@@ -1,0 +1,127 @@
+"""--stack megatron --low-precision: Transformer Engine's memory terms and casts against hand derivations from TE
+v2.9's code (te_recipes.py cites each line), on Llama-3.1-8B (h 4096, 32 heads of 128, 8 KV heads, SwiGLU 14336,
+32 layers) at TP 1."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.analytic.engine import estimate
+from trainfit.analytic.ops import layer_forward
+from trainfit.analytic.ops.shape import shape_of
+from trainfit.analytic.precision import state_bytes
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+H, Q, KV, I, L = 4096, 4096, 1024, 14336, 32
+# one layer's TE linear weights: linear_qkv [h, q + 2kv], linear_proj [q, h], linear_fc1 [h, 2i], linear_fc2 [i, h]
+LINEAR = H * (Q + 2 * KV) + Q * H + 2 * H * I + I * H
+SEQ = 4096
+BASE = dict(stack="megatron", precision="bf16-master", dp=8, zero=1, seq=SEQ, batch=1, grad_accum=4)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_model("llama-3.1-8b")
+
+
+def _est(spec, **kw):
+    """The memory (no GPU: nothing timed; the memory terms do not depend on it)."""
+    return estimate(spec, Setup(**BASE, **kw))
+
+
+def test_weight_copies_per_recipe(spec):
+    """Extra resident weight bytes: sm90 keeps the fp8 data and its transpose (quantizer.cpp:126,137), 1 byte each;
+    MXFP8 rowwise + columnwise, each 1 byte + an e8m0 per 32; --fp8-param-gather drops the 2-byte bf16 parameter;
+    delayed adds (history 1 + scale) fp32 for 3 + 2 tensors of each of 4 GEMMs."""
+    none = _est(spec).memory
+    assert _est(spec, low_precision="tensorwise").memory.weights - none.weights == L * LINEAR * 2
+    assert _est(spec, low_precision="delayed").memory.weights - none.weights == L * LINEAR * 2 + L * 4 * 5 * 2 * 4
+    gathered = _est(spec, low_precision="tensorwise", fp8_all_gather=True).memory.weights
+    assert gathered - none.weights == L * LINEAR * (2 - 2)
+    assert _est(spec, low_precision="mxfp8").memory.weights - none.weights == pytest.approx(
+        L * LINEAR * 2 * (1 + 1 / 32), abs=1)
+
+
+def test_bf16_layers_keep_no_copies(spec):
+    none = _est(spec).memory.weights
+    w = _est(spec, low_precision="tensorwise", bf16_first_layers=1, bf16_last_layers=2).memory.weights
+    assert w - none == (L - 3) * LINEAR * 2
+
+
+def test_saved_linear_inputs_quantised(spec):
+    """Per token and layer: ln_out of linear_qkv and linear_fc1 1 byte instead of 2 (layernorm_linear.py:404-414),
+    linear_fc2's input 1 byte instead of 2, and linear_proj's fp8 input beside flash's bf16 output (+1 byte per q
+    element); under selective recompute that copy replaces the output (-1)."""
+    none = _est(spec).memory.activations
+    fp8 = _est(spec, low_precision="tensorwise").memory.activations
+    assert fp8 - none == pytest.approx(L * SEQ * (-2 * H + Q - I), abs=L)
+    none_s = _est(spec, recompute="selective").memory.activations
+    fp8_s = _est(spec, low_precision="tensorwise", recompute="selective").memory.activations
+    assert fp8_s - none_s == pytest.approx(L * SEQ * (-2 * H - Q - I), abs=L)
+
+
+def test_casts_and_gemms_of_a_layer(spec):
+    """linear_fc2's forward under current scaling: the input's amax (reads T·i bf16) and cast (writes rowwise +
+    columnwise, 2·T·i bytes), the weight's amax and cast spread over the 4 micro-batches; the GEMM at the fp8 peak."""
+    s = Setup(**BASE, low_precision="tensorwise")
+    sh = shape_of(spec, s, state_bytes(s), "bf16")
+    ops = {o.name: o for o in layer_forward(spec, sh)}
+    fc2 = [o for o in ops.values() if o.kind == "gemm" and o.k == I][0]
+    assert fc2.dtype == "fp8"
+    x = ops[f"{fc2.name}.x.cast"]
+    assert (x.reads, x.writes) == (SEQ * I * 2, 2 * SEQ * I)
+    assert ops[f"{fc2.name}.x.amax"].reads == SEQ * I * 2
+    w = ops[f"{fc2.name}.w.cast"]
+    assert (w.reads, w.writes) == (I * H * 2 / 4, 2 * I * H / 4)
+    d = Setup(**BASE, low_precision="delayed")
+    names = [o.name for o in layer_forward(spec, shape_of(spec, d, state_bytes(d), "bf16"))]
+    assert f"{fc2.name}.x.cast" in names and f"{fc2.name}.x.amax" not in names  # the amax inside the cast
+
+
+def test_every_layer_in_bf16_is_the_bf16_step(spec):
+    """--bf16-first/last-layers covering all 32 layers leaves nothing to the recipe: memory and the layers' time equal
+    the step without --low-precision (Megatron runs those layers outside fp8_autocast: fp8_utils.get_fp8_context)."""
+    from trainfit.analytic.step_time import layout_step_time
+    from trainfit.hardware import get_gpu
+
+    gpu = get_gpu("H100-80GB")
+    none = Setup(**BASE)
+    all16 = Setup(**BASE, low_precision="tensorwise", bf16_first_layers=16, bf16_last_layers=16)
+    assert estimate(spec, all16).memory.peak == estimate(spec, none).memory.peak
+    assert layout_step_time(spec, all16, gpu).compute == pytest.approx(layout_step_time(spec, none, gpu).compute,
+                                                                        rel=1e-12)
+
+
+def test_nvfp4_weight_bytes(spec):
+    """NVFP4: e2m1 (half a byte) and an e4m3 scale per 16 elements, rowwise and columnwise (arXiv:2509.25149 §2)."""
+    none = _est(spec).memory.weights
+    assert _est(spec, low_precision="nvfp4").memory.weights - none == pytest.approx(L * LINEAR * 2 * (0.5 + 1 / 16),
+                                                                                   abs=1)
+
+
+def test_trace_and_measure_refuse_in_one_line(spec):
+    """Transformer Engine neither builds nor imports without CUDA (stacks/megatron.toml [engines] source): the
+    engines that run the stack's step refuse it, saying so."""
+    from trainfit import engines
+    from trainfit.errors import SetupError
+
+    s = Setup(**BASE, low_precision="tensorwise")
+    for run in (engines.trace, engines.measure):
+        with pytest.raises(SetupError, match="Transformer Engine's CUDA layers") as e:
+            run(spec, s)
+        assert "\n" not in str(e.value)
+
+
+def test_sequence_parallel_gathers_quantised_inputs():
+    """TP 8 with SP, full recompute: per layer 4 + 2 all-reduce equivalents (forward, re-run forward, backward); the
+    forward and re-run all-gathers (2 + 2 halves) move 1 byte instead of 2 under fp8 (linear.py:176-205):
+    6 - 4 · 0.5 · 0.5 = 5 of 6."""
+    from trainfit.analytic.step_time import layout_step_time
+    from trainfit.hardware import get_gpu
+
+    spec70, gpu = load_model("llama-3.1-70b"), get_gpu("H100-80GB")
+    kw = dict(stack="megatron", precision="bf16-master", dp=4, tp=8, zero=1, seq=8192, batch=1, grad_accum=16,
+              sequence_parallel=True, recompute="full")
+    bf16 = layout_step_time(spec70, Setup(**kw), gpu).tp_comm
+    assert layout_step_time(spec70, Setup(**kw, low_precision="tensorwise"), gpu).tp_comm == pytest.approx(
+        bf16 * 5 / 6, rel=1e-9)
