@@ -305,7 +305,7 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
     accum = gbs // (mbs * dp)
     assert accum * mbs * dp == gbs, (model, system)
     setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                 zero=3 if fsdp else 1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
+                 zero=1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
                  attention="flash", **_MB_RECIPE[precision])
     if vp > 1:
         setup["vpp"] = vp
@@ -320,7 +320,9 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
         in_sample=in_sample,
         notes=f"Megatron-Core + Transformer Engine in NeMo {container} ({MBRIDGE_RECIPES[container]}): GBS {gbs}, MBS "
               f"{mbs}, {gpus} GPUs, TP {tp} PP {pp} CP {cp} VP {vp} EP {ep}, "
-              + ("Megatron-FSDP (modelled as --zero 3)" if fsdp else "distributed optimizer (--zero 1)")
+              + ("Megatron-FSDP, modelled as the distributed optimizer (--zero 1: the megatron stack has no "
+                 "Megatron-FSDP; NB: its per-layer weight all-gathers, overlapped with compute, are not timed: "
+                 "predicted faster by what they expose)" if fsdp else "distributed optimizer (--zero 1)")
               + f"; gradient accumulation {accum} = GBS / (MBS x DP). "
               "NB: bf16 gradient reduce (set_llama3_common_configs: grad_reduce_in_fp32 False) where the megatron "
               "stack reduces fp32 main grads: predicted slower on the DP reduce. " + notes)

@@ -34,7 +34,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
                  bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, lp == "tensorwise" and not te,
                  facts.get("fused_elementwise", {}).get("value", False),
-                 "sdpa_backends" in facts.get("attention", {}) and setup.attention_kernel != "flash2",
+                 ("sdpa_backends" in facts.get("attention", {}) or facts.get("attention", {}).get("gpu_preferred", False))
+                 and setup.attention_kernel != "flash2",
                  int(st.param or st.weight) if (kernel == "eager" and facts.get("attention", {}).get("eager_mask")
                                                 and spec.causal) else 0,
                  hf_eager,
