@@ -29,7 +29,11 @@ from trainfit.data import load_toml
 from trainfit.hardware import GPU
 
 # bytes per element of trainfit's compute dtypes
-_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "mxfp8": 1, "fp4": 0.5}  # (mxfp8 / fp4: low_precision.Recipe.element_bytes)
+
+
+# the block-scaled GEMM dtypes (gpus.json peak_flops keys of low_precision.Recipe.peak) whose fraction is fp8's
+BLOCK_SCALED = ("mxfp8", "fp4")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,9 @@ class Kernels:
         fraction of its own peak is assumed equal to bf16's; GPU.flops_for already maps fp8 without hardware
         support to the 16-bit peak)."""
         f = self.matmul_fraction
+        if dtype in BLOCK_SCALED and dtype not in f:
+            # NB: the block-scaled fp8 / fp4 GEMMs (sm100) unmeasured: fp8's fraction of their own peak
+            dtype = "fp8"
         return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
 
     def attn_block(self, head_dim: int, kernel: str = "default") -> tuple[int, int]:

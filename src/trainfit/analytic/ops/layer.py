@@ -16,7 +16,6 @@ from .attention import (attention_core, grad_layout, output_gate, output_gate_sp
                         ungrouped_kernel)
 from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .gated_deltanet import RULE, linear_mixer
-from .gemm import fp8_casts
 from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
 from .moe import moe_block
@@ -24,6 +23,7 @@ from .norm import NORMS, norm_ops
 from .op import DOWNCAST, Op, Shape, bwd_kernel, gemm, memory
 from .residual import residual
 from .rotary import rope_casts, rotary
+from .torchao_casts import quantise
 
 
 class LayerRecipe(NamedTuple):
@@ -62,8 +62,9 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
         layer with its fp8 casts where torchao converts it (torchtitan module_filter_fn: both dims multiples of 16)."""
         fp8 = sh.float8 and n_full % 16 == 0 and k_full % 16 == 0
         g = gemm(name, sh.tokens, n, k, sh, src, bias=bias, fp8=fp8)
-        if fp8:
-            ops.extend(fp8_casts(g, sh))
+        if fp8:  # the recipe's casts and GEMM dtype (torchao_recipes.py; tensorwise: gemm.fp8_casts)
+            casts, g = quantise(g, sh)
+            ops.extend(casts)
         ops.append(g)
         return g
 

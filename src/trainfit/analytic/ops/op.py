@@ -107,6 +107,8 @@ class Shape:
     # every layer's SDPA gets an explicit mask: Gemma 3 with images, whose image blocks attend both ways
     # (analytic/siglip.py image_block_masks; ops/layer.py masked_sdpa, chunk_mask_ops)
     masked: bool = False
+    # the --low-precision recipe of the float8 projections (low_precision.RECIPES; analytic/torchao_recipes.py), "" off
+    lp: str = ""
 
     @property
     def tokens(self) -> float:

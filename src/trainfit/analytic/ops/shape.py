@@ -13,6 +13,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     """The Shape of `setup` (a Setup or the planner's light _Cfg)."""
     from ..compile_effects import not_modelled
     from ..siglip import image_block_masks
+    from ..torchao_recipes import MODELLED
 
     facts = setup.stack_facts.facts
     kernel = resolved_kernel(spec, setup)
@@ -25,10 +26,11 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     elif kernel == "flash" and setup.attention_kernel == "triton":
         kernel = "triton"  # FlashAttention in Triton: flash's saved set, its own speed (kernels.toml [derived])
     compiled = bool(getattr(setup, "compile", False)) and not not_modelled(spec, setup)
+    lp = getattr(setup, "low_precision", "none")  # torchao's recipes (analytic/torchao_recipes.py)
     return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
-                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, getattr(setup, "low_precision", "none") == "tensorwise",
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, lp in MODELLED,
                  facts.get("fused_elementwise", {}).get("value", False),
                  "sdpa_backends" in facts.get("attention", {}) and setup.attention_kernel != "flash2",
                  int(st.param or st.weight) if (kernel == "eager" and facts.get("attention", {}).get("eager_mask")
@@ -36,4 +38,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  hf_eager,
                  facts.get("loss", {}).get("labels") == "shifted-copy",
                  # (HF's eager attention adds its own additive masks: the eager path's ops, not SDPA's)
-                 masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup))
+                 masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup),
+                 lp=lp if lp in MODELLED else "")

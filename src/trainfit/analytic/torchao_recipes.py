@@ -1,0 +1,107 @@
+"""torchao's low-precision linears as torchtitan 0.2.2 applies them, per recipe (--low-precision tensorwise |
+rowwise | rowwise_with_gw_hp | mxfp8 on --stack torchtitan): which of a projection's three GEMMs run low precision,
+the quantise kernels around them, what autograd saves, and the layers kept in bf16. float8.py keeps tensorwise's
+own effects (its compiled saved set, the fp8 FSDP all-gather, the flat --efficiency speedup); this module adds the
+other recipes without changing tensorwise's numbers (tensorwise's casts stay ops/gemm.py's).
+
+Sources (torchtitan 0.2.2 wheel; torchao v0.16.0 for MX, the release torchtitan 0.2.2's MXLinear import matches —
+torchao 0.18 moved MXLinear to prototype/moe_training/mxfp8_linear.py; torchao 0.18 float8/ for the float8 recipes,
+unchanged in what is cited here):
+  * torchtitan components/quantization/float8.py:65-84: quantize.linear.float8.recipe_name builds torchao's
+    Float8LinearConfig.from_recipe_name and asserts that enable_fsdp_float8_all_gather is off (only the default,
+    recipe-less tensorwise config gathers in fp8: :87-99); components/quantization/mx.py:42-52,61: MXLinear needs
+    sm100 and refuses TP > 1 with compile; job_config.py:731-790: the keys (float8 filter_fqns default [], mx
+    filter_fqns default ["output"], mx recipe_name default "mxfp8_cublas"); components/quantization/utils.py:10-27:
+    a linear is converted when both dims are multiples of 16 and no filter_fqns entry is a substring of its name.
+  * torchao float8/config.py:331-378 from_recipe_name: rowwise — input, weight and grad_output cast AXISWISE (one
+    fp32 scale per row along the GEMM's reduction dim) in all three GEMMs; rowwise_with_gw_hp — forward axiswise,
+    dgrad: grad_output axiswise and the weight TENSORWISE, wgrad: scaling DISABLED (bf16 GEMM of the saved input and
+    the gradient).
+  * torchao float8/float8_linear.py:45 saves (input_hp, weight_hp_t) for every recipe and re-casts in backward
+    (:107-195): dgrad reads grad_output cast along dim -1 and the weight along dim -1; wgrad reads grad_output and
+    the input cast along dim 0 (per column). float8/float8_ops.py:342-345 preprocess_addmm: an A operand not
+    row-major and a B operand row-major are copied (.contiguous()) before _scaled_mm — in eager the dgrad weight and
+    both wgrad operands; compiled, inductor writes the cast in the layout the GEMM reads.
+  * torchao v0.16.0 prototype/mx_formats/mx_linear.py:53 mx_mm saves (input_hp, weight_hp); :67-83 forward casts
+    input and weight along dim0 (MXTensor.to_mx, 32-element blocks, one e8m0 scale each); :107-183 backward casts
+    grad_output along dim0 and weight, grad_output and input along dim1 (_to_mxfp8_dim1_kernel_wrapper: one triton /
+    CUDA kernel reading the bf16 tensor and writing the transposed fp8 data and its scales). config.py:212-221
+    mxfp8_cublas: dim0 cast by torch ops (to_mx: mx_tensor.py amax over each block, then the scaled cast), which
+    inductor fuses into one pass when compiled.
+  * nvfp4: torchtitan 0.2.2 has no NVFP4 training path (quantize.linear.mx's recipes are torchao
+    MXLinearRecipeName's mxfp8_* and mxfp4_*: v0.16.0 config.py:42-47; torchao's NVFP4Linear appears in 0.18,
+    prototype/moe_training/nvfp4_training, which no torchtitan converter reaches): refused by stacks/torchtitan.toml.
+
+Memory: the saved tensors are the high-precision input and the weight (a view of the parameter) for every recipe,
+as in bf16 (measured on CPU for the float8 recipes: tests/analytic/test_torchao_recipes.py); under op SAC the
+policy's. NB: each linear's quantised operand copies (forward: x and w; backward: up to four, with transposes) are
+transients of that linear, not counted: under-reads a layer's backward high point by at most
+quantised_copies(...) bytes (notes state it for the largest projection).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..low_precision import RECIPES, Recipe
+from .ops.op import Shape
+from .ops.torchao_casts import LOW_GEMMS  # (the op-level half: quantise kernels and GEMM dtypes)
+
+# the torchao recipes this module models (stacks/torchtitan.toml [low_precision] recipes lists those torchtitan runs)
+MODELLED = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8")
+
+
+def low_gemm_share(name: str) -> float:
+    """Of a converted projection's FLOPs (forward, dgrad, wgrad: 2 per weight per token each, flops.py), the share
+    in the recipe's format."""
+    return sum(LOW_GEMMS.get(name, (True,) * 3)) / 3
+
+
+def bf16_layers(setup, layers: int) -> int:
+    """--bf16-first-layers / --bf16-last-layers: the layers whose linears torchtitan's filter_fqns ("layers.<i>.")
+    leaves unconverted (components/quantization/utils.py:24-25), at most all of them."""
+    return min(layers, getattr(setup, "bf16_first_layers", 0) + getattr(setup, "bf16_last_layers", 0))
+
+
+def layer_shapes(spec, setup, sh: Shape) -> list[tuple[float, Shape]]:
+    """(share of the layers, Shape) for the converted and the bf16 layers (NB: per pipeline stage the shares are
+    the model's, averaged: exact at pp 1)."""
+    n = bf16_layers(setup, spec.layers) if sh.float8 else 0
+    if not n:
+        return [(1.0, sh)]
+    q = n / spec.layers
+    return [(w, s) for w, s in ((1 - q, sh), (q, replace(sh, float8=False, lp=""))) if w > 0]
+
+
+def quantised_copies(r: Recipe, tokens: float, k: int, n: int) -> float:
+    """Bytes of the quantised operands one converted linear holds at once in its backward (the module docstring's
+    NB): dgrad's dy and weight, and wgrad's dy and x in the recipe's format (tensorwise / rowwise: fp8 plus scales;
+    gw_hp: the dgrad pair only)."""
+    low = LOW_GEMMS.get(r.name, (True,) * 3)
+    total = (r.quantised_bytes(tokens * n, int(tokens)) + r.quantised_bytes(k * n, k)) if low[1] else 0.0
+    if low[2]:
+        total += r.quantised_bytes(tokens * n, n) + r.quantised_bytes(tokens * k, k)
+    return total
+
+
+def notes(spec, setup, gpu) -> list[str]:
+    """What --low-precision (a torchao recipe other than tensorwise: float8.notes) changed, with its NBs."""
+    lp = getattr(setup, "low_precision", "none")
+    if lp not in MODELLED or lp == "tensorwise":
+        return []
+    r = RECIPES[lp]
+    gemms = {(True, True, True): "forward, dgrad and wgrad GEMMs", (True, True, False):
+             "forward and dgrad GEMMs (wgrad in bf16)"}[LOW_GEMMS[lp]]
+    tokens = setup.batch * setup.seq / setup.cp
+    big = quantised_copies(r, tokens, spec.hidden, spec.intermediate // setup.tp)
+    n = bf16_layers(setup, spec.layers)
+    bf16 = f"; {n} layer(s) kept bf16 (filter_fqns)" if n else ""
+    out = [f"{lp}: torchao {'MXLinear' if r.peak == 'mxfp8' else 'Float8Linear'} on the projections (LM head bf16), "
+           f"{gemms} at the {r.peak} peak{bf16}; saved tensors as in bf16 (the high-precision input and weight); "
+           f"NB: the quantised operand copies of one linear's backward (up to {big / 2**20:.0f} MiB for the MLP "
+           "projections) are not counted: may under-read a layer's backward"]
+    if gpu is not None and r.peak in gpu.peak_flops:
+        out.append(f"{lp}: each operand's quantisation ({'amax + cast' if r.scale == 'row' else 'one block-scaled '}"
+                   f"{'' if r.scale == 'row' else 'cast'} per GEMM operand) timed as memory-bound ops; NB: the GEMMs at "
+                   f"{gpu.peak_flops[r.peak] / 1e12:.0f} TFLOP/s times the fp8 GEMM fraction where kernels.toml "
+                   f"has none for {r.peak}")
+    return out
