@@ -102,7 +102,7 @@ def check_gpu(setup: Setup, gpu: GPU | None) -> None:
 
     r = recipe(setup)
     if r is not None and gpu is not None and r.peak not in gpu.peak_flops:
-        have = ", ".join(g.name for g in list_gpus() if r.peak in g.peak_flops)
+        have = ", ".join(g.name for g in list_gpus() if r.peak in g.peak_flops) or "no catalog GPU lists their peak yet"
         raise SetupError(f"--low-precision {r.name} needs {r.peak} tensor cores, which {gpu.name} has not: drop "
                          f"--low-precision or choose a --gpu that has them ({have})")
 

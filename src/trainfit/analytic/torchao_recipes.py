@@ -62,6 +62,23 @@ def bf16_layers(setup, layers: int) -> int:
     return min(layers, getattr(setup, "bf16_first_layers", 0) + getattr(setup, "bf16_last_layers", 0))
 
 
+# Compiled with no recompute, the recipes whose backward re-casts each matmul input from the bf16 tensor through a
+# fusible transpose + cast, so that the partitioner recomputes the input (a norm output, the SiLU·mul product)
+# instead of saving it (compile_effects.block_terms). Measured on CPU (torch 2.13 inductor, torchtitan's block at
+# dim 256, tests/analytic/test_compile_float8.py's harness): tensorwise and rowwise save 5400 B per token, bf16 and
+# rowwise_with_gw_hp 7832 (its wgrad reads the bf16 input itself, so it is saved). NB: mxfp8 unmeasured (its dim1
+# casts are one opaque triton / CUDA kernel reading the materialised input): taken as bf16's set.
+COMPILED_RECAST = ("tensorwise", "rowwise")
+
+
+def compiled_recast_share(spec, setup) -> float:
+    """Of the layers, the share whose compiled saved set is COMPILED_RECAST's (0 off or for the other recipes; the
+    --bf16-*-layers save as bf16)."""
+    if getattr(setup, "low_precision", "none") not in COMPILED_RECAST:
+        return 0.0
+    return 1 - bf16_layers(setup, spec.layers) / spec.layers
+
+
 def layer_shapes(spec, setup, sh: Shape) -> list[tuple[float, Shape]]:
     """(share of the layers, Shape) for the converted and the bf16 layers (NB: per pipeline stage the shares are
     the model's, averaged: exact at pp 1)."""
