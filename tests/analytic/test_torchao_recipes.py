@@ -207,3 +207,17 @@ def test_c5_c6_direction_and_notes(llama8b):
         assert lp.memory.peak == pytest.approx(base.memory.peak, rel=0.01)
     notes = " ".join(estimate(llama8b, c5(low_precision="mxfp8"), b).notes)
     assert "MXLinear" in notes and "NB" in notes
+
+
+def test_backward_transient_is_the_gate_projections_quantised_operands(llama8b):
+    """Llama-3.1-8B at 8192 tokens, rowwise: the largest linear's quantised operands are the gate (or up)
+    projection's (k = 4096 in, n = 14336 out): dgrad's dy (T·n fp8 + T fp32 row scales) and weight (k·n + k scales),
+    wgrad's dyᵀ (T·n + n scales) and xᵀ (T·k + k scales). Compiled, the larger pair (dgrad's); eager, torchao's
+    backward holds all four until it returns."""
+    tk, k, n = 8192, 4096, 14336
+    dgrad = tk * n + 4 * tk + k * n + 4 * k
+    wgrad = tk * n + 4 * n + tk * k + 4 * k
+    kw = dict(batch=1, seq=8192, stack="torchtitan", recompute="op", dp=8, zero=3, low_precision="rowwise")
+    assert torchao_recipes.backward_transient(llama8b, Setup(compile=True, **kw)) == dgrad
+    assert torchao_recipes.backward_transient(llama8b, Setup(**kw)) == dgrad + wgrad
+    assert torchao_recipes.backward_transient(llama8b, Setup(**{**kw, "low_precision": "tensorwise"})) == 0

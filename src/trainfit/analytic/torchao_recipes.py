@@ -33,10 +33,9 @@ unchanged in what is cited here):
     prototype/moe_training/nvfp4_training, which no torchtitan converter reaches): refused by stacks/torchtitan.toml.
 
 Memory: the saved tensors are the high-precision input and the weight (a view of the parameter) for every recipe,
-as in bf16 (measured on CPU for the float8 recipes: tests/analytic/test_torchao_recipes.py); under op SAC the
-policy's. NB: each linear's quantised operand copies (forward: x and w; backward: up to four, with transposes) are
-transients of that linear, not counted: under-reads a layer's backward high point by at most
-quantised_copies(...) bytes (notes state it for the largest projection).
+as in bf16 (measured on CPU: tests/analytic/test_torchao_recipes.py); under op SAC the policy's; compiled without
+recompute, COMPILED_RECAST below. Each linear's quantised operand copies in its backward are a transient beside the
+layer's backward high point (backward_transient; tensorwise keeps float8.py's numbers, which leave them out).
 """
 from __future__ import annotations
 
@@ -89,15 +88,32 @@ def layer_shapes(spec, setup, sh: Shape) -> list[tuple[float, Shape]]:
     return [(w, s) for w, s in ((1 - q, sh), (q, replace(sh, float8=False, lp=""))) if w > 0]
 
 
-def quantised_copies(r: Recipe, tokens: float, k: int, n: int) -> float:
-    """Bytes of the quantised operands one converted linear holds at once in its backward (the module docstring's
-    NB): dgrad's dy and weight, and wgrad's dy and x in the recipe's format (tensorwise / rowwise: fp8 plus scales;
-    gw_hp: the dgrad pair only)."""
+def quantised_copies(r: Recipe, tokens: float, k: float, n: float, compiled: bool) -> float:
+    """Bytes of the quantised operands one converted linear (k inputs, n outputs, `tokens` rows) holds at once in
+    its backward: dgrad's dy and weight, wgrad's dy and x, each in the recipe's format with its scales
+    (Recipe.quantised_bytes; rowwise_with_gw_hp: the dgrad pair only). Eager, torchao's backward keeps them in
+    locals until it returns (float8_linear.py:94-205, mx_mm.backward), so both pairs are live at the wgrad GEMM;
+    compiled, inductor frees each after its last use: the larger pair."""
     low = LOW_GEMMS.get(r.name, (True,) * 3)
-    total = (r.quantised_bytes(tokens * n, int(tokens)) + r.quantised_bytes(k * n, k)) if low[1] else 0.0
-    if low[2]:
-        total += r.quantised_bytes(tokens * n, n) + r.quantised_bytes(tokens * k, k)
-    return total
+    dgrad = (r.quantised_bytes(tokens * n, int(tokens)) + r.quantised_bytes(k * n, int(k))) if low[1] else 0.0
+    wgrad = (r.quantised_bytes(tokens * n, int(n)) + r.quantised_bytes(tokens * k, int(k))) if low[2] else 0.0
+    return max(dgrad, wgrad) if compiled else dgrad + wgrad
+
+
+def backward_transient(spec, setup) -> float:
+    """The quantised copies of the largest converted linear (quantised_copies), beside a layer's backward high point
+    (memory.py, as quant.dequant_transient). NB: over-reads where the layer's high point is not inside a converted
+    linear's backward (by at most this). Not for tensorwise, whose numbers float8.py keeps (its NB: under-read)."""
+    lp = getattr(setup, "low_precision", "none")
+    if lp not in MODELLED or lp == "tensorwise" or bf16_layers(setup, spec.layers) >= spec.layers:
+        return 0.0
+    r, t = RECIPES[lp], setup.tp
+    tokens = setup.batch * setup.seq / setup.cp
+    h = spec.hidden
+    shapes = [(h, spec.q_dim / t), (h, spec.kv_dim / t), (spec.q_dim / t, h), (h, spec.intermediate / t),
+              (spec.intermediate / t, h)]
+    compiled = bool(getattr(setup, "compile", False))
+    return max(quantised_copies(r, tokens, k, n, compiled) for k, n in shapes)
 
 
 def notes(spec, setup, gpu) -> list[str]:
@@ -108,14 +124,13 @@ def notes(spec, setup, gpu) -> list[str]:
     r = RECIPES[lp]
     gemms = {(True, True, True): "forward, dgrad and wgrad GEMMs", (True, True, False):
              "forward and dgrad GEMMs (wgrad in bf16)"}[LOW_GEMMS[lp]]
-    tokens = setup.batch * setup.seq / setup.cp
-    big = quantised_copies(r, tokens, spec.hidden, spec.intermediate // setup.tp)
+    big = backward_transient(spec, setup)
     n = bf16_layers(setup, spec.layers)
     bf16 = f"; {n} layer(s) kept bf16 (filter_fqns)" if n else ""
     out = [f"{lp}: torchao {'MXLinear' if r.peak == 'mxfp8' else 'Float8Linear'} on the projections (LM head bf16), "
            f"{gemms} at the {r.peak} peak{bf16}; saved tensors as in bf16 (the high-precision input and weight); "
-           f"NB: the quantised operand copies of one linear's backward (up to {big / 2**20:.0f} MiB for the MLP "
-           "projections) are not counted: may under-read a layer's backward"]
+           f"the quantised operand copies of the largest linear's backward ({big / 2**20:.0f} MiB) counted beside "
+           "each layer's backward high point (NB: may over-read where that point is outside such a linear)"]
     if gpu is not None and r.peak in gpu.peak_flops:
         out.append(f"{lp}: each operand's quantisation ({'amax + cast' if r.scale == 'row' else 'one block-scaled '}"
                    f"{'' if r.scale == 'row' else 'cast'} per GEMM operand) timed as memory-bound ops; NB: the GEMMs at "
