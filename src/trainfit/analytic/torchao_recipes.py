@@ -127,13 +127,19 @@ def notes(spec, setup, gpu) -> list[str]:
     big = backward_transient(spec, setup)
     n = bf16_layers(setup, spec.layers)
     bf16 = f"; {n} layer(s) kept bf16 (filter_fqns)" if n else ""
+    if setup.compile and setup.recompute == "none":
+        saved = ("compiled: each matmul input's cast recomputed, not saved (measured on CPU)" if lp in COMPILED_RECAST
+                 else "compiled: the saved set of bf16 (" + ("measured on CPU" if lp != "mxfp8" else "NB: unmeasured")
+                 + ")")
+    else:
+        saved = "saved tensors as in bf16 (torchao saves the high-precision input and weight)"
     out = [f"{lp}: torchao {'MXLinear' if r.peak == 'mxfp8' else 'Float8Linear'} on the projections (LM head bf16), "
-           f"{gemms} at the {r.peak} peak{bf16}; saved tensors as in bf16 (the high-precision input and weight); "
-           f"the quantised operand copies of the largest linear's backward ({big / 2**20:.0f} MiB) counted beside "
-           "each layer's backward high point (NB: may over-read where that point is outside such a linear)"]
+           f"{gemms} at the {r.peak} peak{bf16}; {saved}; the quantised operand copies of the largest linear's "
+           f"backward ({big / 2**20:.0f} MiB) counted beside each layer's backward high point (NB: may over-read "
+           "where that point is outside such a linear)"]
     if gpu is not None and r.peak in gpu.peak_flops:
-        out.append(f"{lp}: each operand's quantisation ({'amax + cast' if r.scale == 'row' else 'one block-scaled '}"
-                   f"{'' if r.scale == 'row' else 'cast'} per GEMM operand) timed as memory-bound ops; NB: the GEMMs at "
-                   f"{gpu.peak_flops[r.peak] / 1e12:.0f} TFLOP/s times the fp8 GEMM fraction where kernels.toml "
-                   f"has none for {r.peak}")
+        casts = "amax + cast per GEMM operand" if r.scale == "row" else "one block-scaled cast per GEMM operand"
+        fraction = "" if r.peak == "fp8" else f"; NB: times the fp8 GEMM fraction (no {r.peak} one measured)"
+        out.append(f"{lp}: GEMMs at {gpu.peak_flops[r.peak] / 1e12:.0f} TFLOP/s dense{fraction}; the quantisation "
+                   f"({casts}) timed as memory-bound ops")
     return out

@@ -1,5 +1,14 @@
 """The quantise kernels of torchao's recipes around a converted projection's GEMMs, and the GEMMs' dtypes
-(analytic/torchao_recipes.py has the recipes' sources; tensorwise's casts stay gemm.py's)."""
+(analytic/torchao_recipes.py has the recipes' sources; tensorwise's casts stay gemm.py's).
+
+Bytes per cast: a float8 recipe's amax reduction reads the bf16 operand and writes its scales, then the scaled cast
+reads it again and writes 1 byte per element and the scales (two passes, eager and compiled: the amax must finish
+before the cast); eager, the dgrad weight and both wgrad operands are then copied to the layout _scaled_mm reads. An
+MX cast is one pass (the 32-element block's amax and the cast in one kernel). NB: eager mxfp8_cublas casts along
+dim0 with torch ops (to_mx: abs, amax, divide, clamp, cast: several passes): under-counted as one (compiled, as
+torchtitan runs it, inductor fuses them). NB: the scales' tiny reductions and the swizzle of MX scales for cuBLAS
+are left out (a few launches per linear).
+"""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -24,7 +33,7 @@ class Cast(NamedTuple):
     tensorwise: bool = False
 
 
-# forward and backward casts per recipe (module docstring's sources)
+# forward and backward casts per recipe (sources: analytic/torchao_recipes.py docstring)
 _FWD = {
     "rowwise": (Cast("x", "x", "T", 2), Cast("w", "w", "n", 2)),
     "rowwise_with_gw_hp": (Cast("x", "x", "T", 2), Cast("w", "w", "n", 2)),
