@@ -221,3 +221,17 @@ def test_backward_transient_is_the_gate_projections_quantised_operands(llama8b):
     assert torchao_recipes.backward_transient(llama8b, Setup(compile=True, **kw)) == dgrad
     assert torchao_recipes.backward_transient(llama8b, Setup(**kw)) == dgrad + wgrad
     assert torchao_recipes.backward_transient(llama8b, Setup(**{**kw, "low_precision": "tensorwise"})) == 0
+
+
+def test_bf16_layers_save_as_bf16_when_compiled(llama8b):
+    """Compiled without recompute, rowwise's layers save tensorwise's set (5400 B/token on the CPU block, the matmul
+    inputs' casts recomputed) and a --bf16-*-layers layer bf16's: over the model, the layers' mean."""
+    from trainfit.analytic import compile_effects
+    from trainfit.analytic.precision import state_bytes
+
+    kw = dict(batch=1, seq=8192, stack="torchtitan", dp=8, zero=3, compile=True)
+    s_bf16, s_rw = Setup(**kw), Setup(low_precision="rowwise", **kw)
+    s_mix = Setup(low_precision="rowwise", bf16_first_layers=2, bf16_last_layers=6, **kw)
+    total = {s: sum(compile_effects.block_terms(llama8b, s, state_bytes(s)).values()) for s in (s_bf16, s_rw, s_mix)}
+    assert total[s_mix] == pytest.approx((24 * total[s_rw] + 8 * total[s_bf16]) / 32)
+    assert total[s_rw] < total[s_bf16]
