@@ -15,8 +15,7 @@ import pytest
 from trainfit.analytic import compile_effects, float8
 from trainfit.analytic.engine import estimate
 from trainfit.analytic.precision import state_bytes
-from trainfit.analytic.step_time import ModelCosts, layout_step_time
-from trainfit.analytic.params import count_params
+from trainfit.analytic.step_time import layout_step_time
 from trainfit.errors import SetupError
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
@@ -164,7 +163,11 @@ def _titan(layers: int, policy: str, compiled: bool, fp8: bool):
     if fp8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        convert_to_float8_training(m.layers, config=Float8LinearConfig())
+        # fp8: True (tensorwise, the default config) or a torchao recipe name (Float8LinearConfig.from_recipe_name;
+        # torchtitan sets emulate_precision_casts for rowwise: components/quantization/float8.py:80-83)
+        config = Float8LinearConfig.from_recipe_name(fp8) if isinstance(fp8, str) else Float8LinearConfig()
+        torch._inductor.config.emulate_precision_casts = fp8 == "rowwise"
+        convert_to_float8_training(m.layers, config=config)
     save = set(_op_sac_save_list) | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
     for lid, block in m.layers.named_children():
         if policy == "op":
@@ -205,17 +208,20 @@ def _titan_spec() -> ModelSpec:
 @pytest.mark.slow
 @needs_inductor
 @pytest.mark.parametrize("policy,fp8", [("none", False), pytest.param("op", False, marks=pytest.mark.heavy),
-                                        pytest.param("none", True, marks=pytest.mark.heavy)])
+                                        pytest.param("none", True, marks=pytest.mark.heavy),
+                                        pytest.param("none", "rowwise", marks=pytest.mark.heavy),
+                                        pytest.param("none", "rowwise_with_gw_hp", marks=pytest.mark.heavy)])
 def test_compiled_torchtitan_block_saves_what_the_partitioner_model_says(policy, fp8):
     """One layer's saved bytes = forward-end bytes of 2 layers minus 1 layer's, compiled with inductor on CPU. Per
-    token: none 7832 (eager 12312), op 3216 (eager 3767.5), none + Float8Linear 5400 — exact up to float8's scalar
-    scales (a few bytes per layer)."""
+    token: none 7832 (eager 12312), op 3216 (eager 3767.5), none + Float8Linear 5400 (tensorwise and rowwise; 7832
+    with rowwise_with_gw_hp, whose wgrad reads the bf16 input) — exact up to float8's scales (a few bytes per
+    layer)."""
     pytest.importorskip("torchtitan")
     if fp8:
         pytest.importorskip("torchao.float8")
     per_layer = _saved_at_forward_end(_titan(2, policy, True, fp8)) - _saved_at_forward_end(_titan(1, policy, True, fp8))
     setup = Setup(batch=B, seq=S, stack="torchtitan", precision="bf16", recompute=policy, compile=True,
-                  low_precision="tensorwise" if fp8 else "none",
+                  low_precision=(fp8 if isinstance(fp8, str) else "tensorwise") if fp8 else "none",
                   device="cpu")
     spec = _titan_spec()
     terms = (compile_effects.op_sac_terms if policy == "op" else compile_effects.block_terms)(

@@ -21,6 +21,7 @@ from trainfit.errors import SetupError
 from trainfit.hardware import get_gpu
 from trainfit.plan import emit, emit_torchtitan
 from trainfit.plan.search import PlanQuery, search
+from trainfit.setup import Setup
 from trainfit.stacks import get_stack
 
 HERE = Path(__file__).parent
@@ -237,3 +238,37 @@ def test_torchtitans_trainer_runs_the_emitted_job_for_two_steps(titan, tmp_path,
     assert "local batch size 2, global batch size 4, gradient accumulation steps 1, sequence length 128, total steps 2" in log
     assert "step:  2" in log and "step:  3" not in log and "Training completed" in log
     print(f"torchtitan trainer, 2 steps on 2 CPU ranks: {time.perf_counter() - t0:.1f} s")
+
+
+@pytest.mark.parametrize("kw, converter", [
+    (dict(low_precision="tensorwise", fp8_all_gather=True), "quantize.linear.float8"),
+    (dict(low_precision="rowwise_with_gw_hp", bf16_first_layers=1, bf16_last_layers=2), "quantize.linear.float8"),
+    (dict(low_precision="mxfp8"), "quantize.linear.mx"),
+])
+def test_low_precision_recipes_reach_torchtitans_converters(titan, tmp_path, kw, converter):
+    """--low-precision as torchtitan 0.2.2 reads it back (ConfigManager, from the TOML and from the torchrun line):
+    the converter, the recipe (tensorwise: the recipe-less config, the one that takes the fp8 all-gather,
+    components/quantization/float8.py:65-99), and filter_fqns keeping the LM head and the --bf16-*-layers out
+    (utils.py:24-25 substring match: "layers.1." is not in "layers.11.")."""
+    spec = load_spec("llama-3.1-8b")
+    s = Setup(batch=1, seq=8192, stack="torchtitan", recompute="op", dp=8, zero=3, compile=True, **kw)
+    path = tmp_path / "job.toml"
+    path.write_text(emit.emit("torchtitan", s, spec, 8, tokens=1e9))
+    line = emit.emit("torchrun", s, spec, 8, tokens=1e9)
+    args = shlex.split(line.replace("\\\n", " "))
+    for cfg in (parse(titan, ["--job.config_file", str(path)]), parse(titan, args[args.index("torchtitan.train") + 1:])):
+        assert cfg.model.converters == [converter] and cfg.compile.enable is True
+        if converter == "quantize.linear.mx":
+            q = cfg.quantize.linear.mx
+            assert q.recipe_name == "mxfp8_cublas"
+        else:
+            q = cfg.quantize.linear.float8
+            lp = kw["low_precision"]
+            assert q.recipe_name == (None if lp == "tensorwise" else lp)
+            assert q.enable_fsdp_float8_all_gather is kw.get("fp8_all_gather", False)
+        kept = [f"layers.{i}." for i in range(kw.get("bf16_first_layers", 0))]
+        kept += [f"layers.{32 - kw.get('bf16_last_layers', 0) + i}." for i in range(kw.get("bf16_last_layers", 0))]
+        assert q.filter_fqns == ["output", *kept]
+        filtered = [f"layers.{i}.attention.wq" for i in range(32) if any(f in f"layers.{i}.attention.wq"
+                                                                         for f in q.filter_fqns)]
+        assert len(filtered) == kw.get("bf16_first_layers", 0) + kw.get("bf16_last_layers", 0)

@@ -96,8 +96,10 @@ def _attention(spec: ModelSpec, setup: Setup, a: int) -> float:
 
 def block_terms(spec: ModelSpec, setup: Setup, st: StateBytes) -> dict[str, float]:
     """Bytes per token the compiled block saves with no recompute (one TP rank before the TP/SP divisors)."""
+    from .torchao_recipes import compiled_recast_share
     a, r, h, i = st.act, st.residual, spec.hidden, spec.intermediate
-    float8 = setup.low_precision == "tensorwise"
+    # the layers whose matmul inputs' casts the compiled backward recomputes (torchao_recipes.compiled_recast_share)
+    float8 = compiled_recast_share(spec, setup)
     return {
         # the block input, and the mid residual (the second norm's input, in the residual dtype)
         "residual": 2 * r * h,
@@ -105,11 +107,11 @@ def block_terms(spec: ModelSpec, setup: Setup, st: StateBytes) -> dict[str, floa
         # each norm's output in the compute dtype, read by the weight-gradient matmuls. Float8 (float8.py): the
         # backward recasts that input to fp8 through a fusible transpose, so nothing forces the cast to be saved:
         # it is recomputed from the block input / mid residual and the norm's rstd
-        "linear_inputs": 0.0 if float8 else 2 * a * h,
+        "linear_inputs": (1 - float8) * 2 * a * h,
         "attention": _attention(spec, setup, a),
         # gate and up outputs (read by SiLU·mul's backward) and their product (the down projection's input);
         # float8: the product's fp8 cast is recomputed from gate and up like the norm outputs
-        "mlp": (2 if float8 else 3) * a * i,
+        "mlp": (3 - float8) * a * i,
     }
 
 

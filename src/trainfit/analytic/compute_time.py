@@ -15,6 +15,7 @@ encoder-decoder (T5): its two stacks' lists (encoder_decoder_time.stage_compute)
 from __future__ import annotations
 
 import math
+from itertools import product
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -27,12 +28,14 @@ from .gated_deltanet import linear_layers
 from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
-                  fp8_backward_extra, grad_accumulations, head_backward_extra, head_forward, layer_forward,
+                  grad_accumulations, head_backward_extra, head_forward, layer_forward,
                   norm_ops, recomputed, shape_of)
 from .params import ParamCounts
 from .precision import StateBytes
 from .stacks import model_for
 from .timing import compute_dtype
+from .ops.torchao_casts import backward_extra, backward_gemms
+from .torchao_recipes import layer_shapes
 
 TERMS = ("gemm", "attention", "memory", "launches")
 
@@ -126,7 +129,9 @@ def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = F
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
         fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
     dequant = lora_ops.dequant_backward(setup, sh, fwd) if setup.lora_rank else []
-    bwd = backward(fwd) + grad_accumulations(spec, sh, linear, block) + fp8_backward_extra(fwd, sh) + dequant
+    # torchao's recipes: high-precision GEMMs of the backward, the operands' casts (torchao_recipes.py)
+    bwd = backward_gemms(backward(fwd), sh) + grad_accumulations(spec, sh, linear, block) + backward_extra(fwd, sh) \
+        + dequant
     rec = recomputed(spec, setup, fwd)
     return fwd, bwd, rec
 
@@ -157,8 +162,10 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     def layer_times(sh: Shape):
         lf = lb = lr = ListTime()
         attn = 0.0
-        for w, moe, linear, block in layer_kinds(spec, pc):
-            fwd, bwd, rec = _lists(spec, setup, sh, moe, linear, block)
+        # (under torchao's recipe, its converted and its --bf16-*-layers layers in their proportion)
+        for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc), layer_shapes(spec, setup, sh)):
+            w *= q
+            fwd, bwd, rec = _lists(spec, setup, lsh, moe, linear, block)
             tf = time_ops(gpu, prep(fwd))
             tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
             lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr

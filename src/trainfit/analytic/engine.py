@@ -11,6 +11,7 @@ from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
 from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, vlm
+from . import torchao_recipes
 from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
@@ -278,6 +279,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
                         gpu_memory=gpu.memory, **extra)
     notes = [f"attention kernel: {setup.attention_kernel}; optimizer {setup.optimizer_kernel} ({setup.device} semantics); stack {setup.stack}"]
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
+    notes += torchao_recipes.notes(spec, setup, gpu if mfu is None else None)
     notes += model_for(setup).notes(spec, setup)
     if fsdp2_mixed_precision(setup):
         notes.append("FSDP2 mixed precision (stack facts): fp32 shards; each group all-gathered in "

@@ -64,6 +64,10 @@ def gathered_saving(spec: ModelSpec, setup: Setup, stage: Stage) -> float:
     one fp32 scale per weight."""
     if not fp8_all_gather(setup) or stage.layers == 0:
         return 0.0
+    if setup.bf16_first_layers or setup.bf16_last_layers:
+        # NB: a bf16 layer gathers in bf16 (filter_fqns) and the high point may fall at one: no saving counted
+        # (errs high by up to this saving when the peak falls at a converted layer)
+        return 0.0
     param_bytes = DTYPE_BYTES[policy_dtype(setup, "param_dtype")]
     return 2 * (converted(spec, setup) * (param_bytes - 1) - LINEARS_PER_LAYER * FP32)
 
@@ -75,12 +79,18 @@ def fp8_share(spec: ModelSpec, layer_forward: float) -> float:
 
 
 def compute_speedup(spec: ModelSpec, setup: Setup, gpu: GPU, layer_forward: float, share_of_stage: float) -> float:
-    """Factor by which the stage's matmul time shrinks: the converted FLOPs at the fp8 peak, the rest (attention,
-    LM head) at the compute dtype's. `share_of_stage`: the layers' part of the stage's FLOPs."""
-    if getattr(setup, "low_precision", "none") != "tensorwise" or "fp8" not in gpu.peak_flops:  # (planner's _Cfg: none)
+    """Factor by which the stage's matmul time shrinks: the converted FLOPs at the recipe's peak (tensorwise: fp8;
+    torchao_recipes.py for the others), the rest (attention, LM head, bf16 layers) at the compute dtype's. `share_of_stage`: the layers' part of the stage's FLOPs."""
+    from ..low_precision import recipe
+    from .torchao_recipes import MODELLED, bf16_layers, low_gemm_share
+
+    r = recipe(setup)  # (planner's _Cfg: none)
+    if r is None or r.name not in MODELLED or r.peak not in gpu.peak_flops:
         return 1.0
-    ratio = gpu.peak_flops["fp8"] / gpu.flops_for(compute_dtype(setup))
-    f = fp8_share(spec, layer_forward) * share_of_stage
+    ratio = gpu.peak_flops[r.peak] / gpu.flops_for(compute_dtype(setup))
+    # the recipe's low-precision GEMMs (rowwise_with_gw_hp: 2 of 3), in the converted layers only
+    kept = 1 - bf16_layers(setup, spec.layers) / spec.layers
+    f = fp8_share(spec, layer_forward) * share_of_stage * low_gemm_share(r.name) * kept
     return 1.0 / (f / ratio + (1.0 - f))
 
 
@@ -93,7 +103,7 @@ def check_gpu(setup: Setup, gpu: GPU | None) -> None:
 
     r = recipe(setup)
     if r is not None and gpu is not None and r.peak not in gpu.peak_flops:
-        have = ", ".join(g.name for g in list_gpus() if r.peak in g.peak_flops)
+        have = ", ".join(g.name for g in list_gpus() if r.peak in g.peak_flops) or "no catalog GPU lists their peak yet"
         raise SetupError(f"--low-precision {r.name} needs {r.peak} tensor cores, which {gpu.name} has not: drop "
                          f"--low-precision or choose a --gpu that has them ({have})")
 

@@ -13,6 +13,7 @@ from ..models.hf_config import for_setup
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import compile_effects, encoder_decoder, encoder_decoder_training, hybrid_training
+from . import torchao_recipes
 from .activations import keys_per_token
 from .compute_time import tensors_per_rank
 from .embedding import embedding_saved
@@ -164,6 +165,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     # (not applied there); frozen under LoRA anyway
     idle = 0 if (setup.lora_rank or ds) else vlm.idle_params(spec, setup, pc, stage.layers, stage.embedding)
     rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup)
+    # torchao's quantised operand copies in a converted linear's backward (torchao_recipes.backward_transient)
+    rs += torchao_recipes.backward_transient(spec, setup)
     if setup.quant:  # a frozen 4-bit matmul's dequantised weight beside the backward's temporaries (quant.py)
         # NB: over-reads where the layer's high point is not inside a frozen matmul (by at most that copy)
         rs += quant.dequant_transient(spec, setup)

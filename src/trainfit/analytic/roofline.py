@@ -32,6 +32,10 @@ from trainfit.hardware import GPU
 _SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "mxfp8": 1, "fp6": 0.75, "fp4": 0.5}
 
 
+# the block-scaled GEMM dtypes (gpus.json peak_flops keys of low_precision.Recipe.peak) whose fraction is fp8's
+BLOCK_SCALED = ("mxfp8", "fp4")
+
+
 @dataclass(frozen=True)
 class Kernels:
     sms: int                          # streaming multiprocessors / compute units (wave size)
@@ -72,8 +76,10 @@ class Kernels:
         fraction of its own peak is assumed equal to bf16's; GPU.flops_for already maps fp8 without hardware
         support to the 16-bit peak)."""
         f = self.matmul_fraction
-        # the block-scaled formats (low_precision.Recipe.peak mxfp8, fp4) take fp8's where unmeasured (NB)
-        return f.get(dtype) or (f.get("fp8") if dtype in ("mxfp8", "fp4") else None) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
+        if dtype in BLOCK_SCALED and dtype not in f:
+            # NB: the block-scaled fp8 / fp4 GEMMs (sm100) unmeasured: fp8's fraction of their own peak
+            dtype = "fp8"
+        return f.get(dtype) or f.get("bf16") or f.get("fp16") or next(iter(f.values()))
 
     def attn_block(self, head_dim: int, kernel: str = "default") -> tuple[int, int]:
         """[Br, Bc] of the fused kernel for this head dim: the first entry whose head-dim bound covers it."""

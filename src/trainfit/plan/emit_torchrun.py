@@ -24,7 +24,7 @@ def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = 
         + " -m torchtitan.train",
     ]
     sections = torchtitan_sections(s, spec, tokens, need_model=False)
-    if "model" not in sections:
+    if "name" not in sections.get("model", {}):
         args.append("--job.config_file <your model's train_config.toml>")
     for section, keys in sections.items():
         if section == "job":
@@ -32,6 +32,8 @@ def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = 
         for k, v in keys.items():
             if isinstance(v, bool):  # tyro flags: --compile.enable / --compile.no-enable
                 args.append(f"--{section}.{k}" if v else f"--{section}.no-{k.replace('_', '-')}")
+            elif isinstance(v, list):  # list[str]: one comma-separated value (config/manager.py:227-233)
+                args.append(f"--{section}.{k} {','.join(v)}")
             else:
                 args.append(f"--{section}.{k} {v}")
     return " \\\n  ".join(args) + "\n"

@@ -111,10 +111,39 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
         "training": training,
         "parallelism": parallelism,
         "activation_checkpoint": ac,
-        # trainfit's peaks and times are for eager mode (no torch.compile, no Float8 converters)
-        "compile": {"enable": False},
+        # torch.compile as the plan models it (analytic/compile_effects.py): per block and the loss
+        "compile": {"enable": bool(getattr(s, "compile", False))},
+        **quantize_sections(s, spec),
     }
+    if out["model"] is None and "quantize_converter" in out:
+        out["model"] = {}
+    if "quantize_converter" in out:  # the converter named on [model] (config/job_config.py:118)
+        out["model"]["converters"] = [out.pop("quantize_converter")]
     return {k: v for k, v in out.items() if v is not None}
+
+
+def quantize_sections(s: Setup, spec: ModelSpec) -> dict:
+    """--low-precision as torchtitan's converter config: [quantize.linear.float8] (tensorwise without recipe_name:
+    the only path that takes enable_fsdp_float8_all_gather, components/quantization/float8.py:65-99; rowwise,
+    rowwise_with_gw_hp by recipe_name) or [quantize.linear.mx] (mxfp8: recipe mxfp8_cublas). filter_fqns: the LM
+    head ("output", as trainfit models it: float8's default list is empty, job_config.py:741) and the
+    --bf16-first/last-layers as "layers.<i>." (a substring match: components/quantization/utils.py:24-25)."""
+    lp = getattr(s, "low_precision", "none")
+    if lp == "none":
+        return {}
+    n_first, n_last = s.bf16_first_layers, s.bf16_last_layers
+    keep = sorted(set(range(min(n_first, spec.layers))) | set(range(max(0, spec.layers - n_last), spec.layers)))
+    fqns = [get_stack("torchtitan").fact("low_precision", "filter")] + [f"layers.{i}." for i in keep]
+    if lp == "mxfp8":
+        return {"quantize_converter": "quantize.linear.mx",
+                "quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": fqns}}
+    keys: dict = {"filter_fqns": fqns}
+    if lp == "tensorwise":
+        keys.update(enable_fsdp_float8_all_gather=bool(s.fp8_all_gather),
+                    precompute_float8_dynamic_scale_for_fsdp=bool(s.fp8_all_gather))
+    else:
+        keys["recipe_name"] = lp
+    return {"quantize_converter": "quantize.linear.float8", "quantize.linear.float8": keys}
 
 
 # Where each emitted key is declared and what it means in torchtitan 0.2.2 (file:line inside the wheel).
@@ -145,6 +174,13 @@ TORCHTITAN_KEYS = {
     "activation_checkpoint.mode": "config/job_config.py:652; distributed/activation_checkpoint.py:159-191",
     "activation_checkpoint.selective_ac_option": "config/job_config.py:655; distributed/activation_checkpoint.py:27-50 (every N-th block), 52-137 (op: per-op SAC)",
     "compile.enable": "config/job_config.py:722",
+    "model.converters": "config/job_config.py:118; components/quantization/float8.py:238, mx.py:171 (the converters' names)",
+    "quantize.linear.float8.enable_fsdp_float8_all_gather": "config/job_config.py:732; components/quantization/float8.py:87-94",
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": "config/job_config.py:735; components/quantization/float8.py:95-99,162-173",
+    "quantize.linear.float8.recipe_name": "config/job_config.py:738; components/quantization/float8.py:65-84 (torchao Float8LinearConfig.from_recipe_name)",
+    "quantize.linear.float8.filter_fqns": "config/job_config.py:741; components/quantization/utils.py:10-27 (substring match, dims divisible by 16)",
+    "quantize.linear.mx.recipe_name": "config/job_config.py:777; components/quantization/mx.py:61 (torchao MXLinearConfig.from_recipe_name)",
+    "quantize.linear.mx.filter_fqns": "config/job_config.py:784; components/quantization/mx.py:65,85-89",
 }
 
 

@@ -239,6 +239,9 @@ def _check_low_precision(setup, stack) -> None:
         why = stack.fact("low_precision", "why") or f"it runs {', '.join(stack.fact('low_precision', 'recipes'))}"
         raise SetupError(f"--low-precision {lp} is not run by --stack {stack.name} ({why})"
                          + (f"; use --stack {' or '.join(runs)}" if runs else ""))
+    if lp in stack.facts["low_precision"].get("refuse_tp_compile", ()) and setup.tp > 1 and setup.compile:
+        raise SetupError(f"--low-precision {lp} with --tp > 1 and --compile is refused by --stack {stack.name} "
+                         "(its converter asserts it): drop --compile or --tp")
     if (setup.bf16_first_layers or setup.bf16_last_layers) and lp == "none":
         raise SetupError("--bf16-first-layers / --bf16-last-layers keep layers out of a low-precision recipe: they "
                          "need --low-precision")

@@ -16,7 +16,6 @@ from .attention import (attention_core, grad_layout, output_gate, output_gate_sp
                         ungrouped_kernel)
 from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
 from .gated_deltanet import RULE, linear_mixer
-from .gemm import fp8_casts
 from .te_casts import te_casts
 from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
@@ -25,6 +24,7 @@ from .norm import NORMS, norm_ops
 from .op import DOWNCAST, Op, Shape, bwd_kernel, gemm, memory
 from .residual import residual
 from .rotary import rope_casts, rotary
+from .torchao_casts import quantise
 
 
 class LayerRecipe(NamedTuple):
@@ -66,8 +66,9 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
         if fp8 and sh.te:  # Megatron's fused linear_qkv / linear_fc1 quantise their shared input once (te_casts)
             ops.extend(te_casts(g, sh, shared_input=bool(ops) and ops[-1].kind == "gemm"
                                 and (ops[-1].m, ops[-1].k) == (g.m, g.k)))
-        elif fp8:
-            ops.extend(fp8_casts(g, sh))
+        elif fp8:  # torchao's recipe: its casts and GEMM dtype (torchao_recipes.py; tensorwise: gemm.fp8_casts)
+            casts, g = quantise(g, sh)
+            ops.extend(casts)
         ops.append(g)
         return g
 

@@ -113,6 +113,8 @@ class Shape:
     # GEMMs at the recipe's peak and TE's casts around them (ops/te_casts.py); "" otherwise
     te: str = ""
     te_weight_share: float = 1.0  # of a weight's once-per-step quantisation, the part one micro-batch carries
+    # the --low-precision recipe of the float8 projections (low_precision.RECIPES; analytic/torchao_recipes.py), "" off
+    lp: str = ""
 
     @property
     def tokens(self) -> float:

@@ -14,6 +14,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     """The Shape of `setup` (a Setup or the planner's light _Cfg)."""
     from ..compile_effects import not_modelled
     from ..siglip import image_block_masks
+    from ..torchao_recipes import MODELLED
 
     facts = setup.stack_facts.facts
     kernel = resolved_kernel(spec, setup)
@@ -32,7 +33,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
-                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, lp == "tensorwise" and not te,
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, lp in MODELLED and not te,
                  facts.get("fused_elementwise", {}).get("value", False),
                  ("sdpa_backends" in facts.get("attention", {}) or facts.get("attention", {}).get("gpu_preferred", False))
                  and setup.attention_kernel != "flash2",
@@ -42,4 +43,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  facts.get("loss", {}).get("labels") == "shifted-copy",
                  # (HF's eager attention adds its own additive masks: the eager path's ops, not SDPA's)
                  masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup),
-                 te=te, te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)))
+                 te=te, te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)),
+                 lp=lp if lp in MODELLED and not te else "")

@@ -1,0 +1,134 @@
+"""The quantise kernels of torchao's recipes around a converted projection's GEMMs, and the GEMMs' dtypes
+(analytic/torchao_recipes.py has the recipes' sources; tensorwise's casts stay gemm.py's).
+
+Bytes per cast: a float8 recipe's amax reduction reads the bf16 operand and writes its scales, then the scaled cast
+reads it again and writes 1 byte per element and the scales (two passes, eager and compiled: the amax must finish
+before the cast); eager, the dgrad weight and both wgrad operands are then copied to the layout _scaled_mm reads. An
+MX cast is one pass (the 32-element block's amax and the cast in one kernel). NB: eager mxfp8_cublas casts along
+dim0 with torch ops (to_mx: abs, amax, divide, clamp, cast: several passes): under-counted as one (compiled, as
+torchtitan runs it, inductor fuses them). NB: the scales' tiny reductions and the swizzle of MX scales for cuBLAS
+are left out (a few launches per linear).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ...low_precision import RECIPES, Recipe
+from ..activations import FP32
+from .gemm import fp8_backward_extra, fp8_casts
+from .op import Op, Shape, memory
+
+
+class Cast(NamedTuple):
+    """One quantisation of a GEMM operand. operand: "x" (T·k input), "w" (k·n weight), "dy" (T·n gradient); rows: the
+    operand dim along which one scale each ("T", "k", "n"; "" = one per tensor); passes: 2 = an amax reduction then
+    the scaled cast, 1 = one kernel doing both (MX's 32-element blocks); copy: in eager a transposed copy of the
+    fp8 result follows (preprocess_addmm)."""
+
+    name: str
+    operand: str
+    rows: str
+    passes: int
+    copy: bool = False
+    tensorwise: bool = False
+
+
+# forward and backward casts per recipe (sources: analytic/torchao_recipes.py docstring)
+_FWD = {
+    "rowwise": (Cast("x", "x", "T", 2), Cast("w", "w", "n", 2)),
+    "rowwise_with_gw_hp": (Cast("x", "x", "T", 2), Cast("w", "w", "n", 2)),
+    "mxfp8": (Cast("x", "x", "T", 1), Cast("w", "w", "n", 1)),
+}
+_BWD = {
+    # dgrad: dy along dim -1, w along dim -1 (copied); wgrad: dy and x along dim 0 (both copied)
+    "rowwise": (Cast("dy", "dy", "T", 2), Cast("wT", "w", "k", 2, copy=True),
+                Cast("dyT", "dy", "n", 2, copy=True), Cast("xT", "x", "k", 2, copy=True)),
+    # dgrad only: the weight tensorwise; wgrad in bf16 (no casts)
+    "rowwise_with_gw_hp": (Cast("dy", "dy", "T", 2), Cast("wT", "w", "", 2, copy=True, tensorwise=True)),
+    # dim0 of dy; dim1 (transposing, one kernel each) of w, dy and x
+    "mxfp8": (Cast("dy", "dy", "T", 1), Cast("wT", "w", "k", 1), Cast("dyT", "dy", "n", 1), Cast("xT", "x", "k", 1)),
+}
+# the GEMMs that run in the recipe's format: (forward, dgrad, wgrad)
+LOW_GEMMS = {"tensorwise": (True, True, True), "rowwise": (True, True, True),
+              "rowwise_with_gw_hp": (True, True, False), "mxfp8": (True, True, True)}
+
+
+def recipe_of(sh: Shape) -> Recipe | None:
+    return RECIPES.get(sh.lp) if sh.float8 else None
+
+
+def _gemm_dtype(r: Recipe) -> str:
+    """The roofline dtype of the recipe's GEMMs: its peak key (gpus.json peak_flops "fp8" / "mxfp8" / "fp4")."""
+    return r.peak
+
+
+def _dims(g: Op) -> dict[str, float]:
+    return {"T": g.m * g.batch, "k": g.k, "n": g.n}
+
+
+def _cast_ops(prefix: str, c: Cast, elements: float, rows: float, src_bytes: int, r: Recipe, sh: Shape,
+              src: str, backward: bool) -> list[Op]:
+    """One operand's quantisation: [amax pass (reads the operand, writes the scales)], the cast (reads the operand
+    and its scales, writes the quantised elements and scales: Recipe.quantised_bytes), [eager: the transposed copy
+    of the quantised tensor]."""
+    rec = RECIPES["tensorwise"] if c.tensorwise else r
+    q = rec.quantised_bytes(elements, int(rows) if rec.scale == "row" else 1)
+    scales = q - elements * rec.element_bytes
+    kw = {"saves": False} if backward else {"grad": False}
+    out = []
+    if c.passes == 2:
+        out.append(memory(f"{prefix}.amax_{c.name}", elements * src_bytes, max(scales, FP32), src, **kw))
+    out.append(memory(f"{prefix}.cast_{c.name}", elements * src_bytes + (scales if c.passes == 2 else 0), q, src,
+                      **kw))
+    if c.copy and not sh.compile:
+        out.append(memory(f"{prefix}.copy_{c.name}", q, q, "torchao float8/float8_ops.py:342-345 preprocess_addmm",
+                          **kw))
+    return out
+
+
+def _operand_bytes(sh: Shape) -> dict[str, int]:
+    return {"x": sh.act, "w": sh.weight, "dy": sh.act}
+
+
+def quantise(g: Op, sh: Shape) -> tuple[list[Op], Op]:
+    """A converted projection's forward: the casts before its GEMM and the GEMM at the recipe's dtype. tensorwise:
+    ops/gemm.py's casts, the GEMM in fp8 (unchanged)."""
+    r = recipe_of(sh)
+    if r is None or r.name == "tensorwise" or r.name not in _FWD:
+        return fp8_casts(g, sh), g
+    g = g._replace(dtype=_gemm_dtype(r))
+    d, b = _dims(g), _operand_bytes(sh)
+    elements = {"x": d["T"] * g.k, "w": g.k * g.n * g.batch}
+    src = f"torchao {r.name} forward casts (module docstring)"
+    ops = [o for c in _FWD[r.name] for o in _cast_ops(g.name, c, elements[c.operand], d[c.rows] if c.rows else 1,
+                                                        b[c.operand], r, sh, src, False)]
+    return ops, g
+
+
+def backward_extra(fwd: list[Op], sh: Shape) -> list[Op]:
+    """The backward's quantise kernels of every converted projection of `fwd` (tensorwise: ops/gemm.py's)."""
+    r = recipe_of(sh)
+    if r is None or r.name == "tensorwise" or r.name not in _BWD:
+        return fp8_backward_extra(fwd, sh)
+    dtype, b = _gemm_dtype(r), _operand_bytes(sh)
+    src = f"torchao {r.name} backward casts (module docstring)"
+    out: list[Op] = []
+    for g in fwd:
+        if g.kind == "gemm" and g.dtype == dtype:
+            d = _dims(g)
+            elements = {"x": d["T"] * g.k, "w": g.k * g.n * g.batch, "dy": d["T"] * g.n}
+            out += [o for c in _BWD[r.name] for o in _cast_ops(g.name, c, elements[c.operand],
+                                                               d[c.rows] if c.rows else 1, b[c.operand], r, sh, src,
+                                                               True)]
+    return out
+
+
+def backward_gemms(bwd: list[Op], sh: Shape) -> list[Op]:
+    """ops.backward's GEMMs with the recipe's high-precision ones back in the compute dtype: rowwise_with_gw_hp's
+    weight-gradient GEMM (torchao float8/config.py:364-368: both operands' scaling DISABLED)."""
+    r = recipe_of(sh)
+    if r is None or LOW_GEMMS.get(r.name, (True,) * 3)[2]:
+        return bwd
+    low = _gemm_dtype(r)
+    return [o._replace(dtype=sh.dtype) if o.kind == "gemm" and o.dtype == low and o.name.endswith(".wgrad") else o
+            for o in bwd]
