@@ -22,6 +22,7 @@ import math
 import sys
 
 from bench.data import results_dir
+from bench.figures import record
 from trainfit.analytic.roofline import power_clock
 
 ABOUT = {"summary": "power-capped clock law vs published power-cap points; fits the voltage floor on C2/C5",
@@ -52,6 +53,17 @@ CALIBRATION = ("c2-tt-8b-fsdp8", "c2-tt-8b-fsdp8-compile", "c2-tt-8b-fsdp8-compi
 def knee_of(generation: str) -> float:
     from trainfit.analytic.roofline import voltage_floor
     return voltage_floor(generation)
+
+
+def checks() -> dict[str, dict[str, bool]]:
+    """Per point, whether each law agrees with the measurement: inside the measured range (a GEMM's rate), or at or
+    under the measured bound (a whole step's, an upper bound of the clock)."""
+    out = {}
+    for pid, _, _, p, ref, static, _, gen, meas, kind in POINTS:
+        lo, hi = (min(meas), max(meas)) if kind == "cuBLAS GEMM" else (0.0, max(meas))
+        laws = {"cube": power_clock(p, ref, static), "floor": power_clock(p, ref, static, knee_of(gen))}
+        out[pid] = {k: lo <= v <= hi for k, v in laws.items()}
+    return out
 
 
 def table() -> str:
@@ -111,6 +123,13 @@ def main(argv: list[str] | None = None) -> None:
     out = "\n".join(text)
     print(out)
     (results_dir() / "power_clock.md").write_text(out)
+    ok = checks()
+    floor, cube = sum(v["floor"] for v in ok.values()), sum(v["cube"] for v in ok.values())
+    record("power_clock_published", "power-capped clock law vs published power-cap points", None,
+           f"{len(ok)} points: {floor} agree with the floor law, {cube} with the cube law", {"agree": ok}, "published",
+           rows=[{"table": "published", "runs": "power-capped clock: GB300 GEMM at 500 W (GB300PL), Zeus V100/A40 "
+                  "BERT steps under caps (ZEUSPL, bounds)", "kind": "validation", "n": len(ok),
+                  "median |error|": "—", "worst": f"{len(ok) - floor} of {len(ok)} outside (cube law: {len(ok) - cube})"}])
 
 
 if __name__ == "__main__":
