@@ -6,6 +6,7 @@ import pytest
 from trainfit import api
 from trainfit.analytic.roofline import attention_seconds, gemm_seconds, kernels_for, power_clock, runnable
 from trainfit.cli import main
+from trainfit.data import load_toml
 from trainfit.errors import SetupError
 from trainfit.hardware import get_gpu
 
@@ -24,10 +25,16 @@ def _b200_step(power_limit=None):
 
 
 def test_b200_at_700_w_runs_its_matmuls_at_the_capped_clock():
-    # hand derivation: board power = P_static + k f^3, k fixed by the 1000 W board at f = 1, so the clock that draws
-    # 700 W is ((700 - 137) / (1000 - 137)) ** (1/3) = 0.8673; every tensor-core rate scales with it, the memory's not
-    f = ((700 - B200_STATIC) / (1000 - B200_STATIC)) ** (1 / 3)
-    assert f == pytest.approx(0.8673, abs=1e-4)
+    # hand derivation: board power = P_static + (1000 - P_static) f V^2, V following f down to the voltage floor
+    # (kernels.toml [voltage_floor] clock = k, Blackwell listed) and V = k below it. r = (700 - 137) / (1000 - 137)
+    # = 0.6524 < k^3, so the clock that draws 700 W is on the floor: f k^2 = r; every tensor-core rate scales with it,
+    # the memory's not
+    k = load_toml("kernels.toml")["voltage_floor"]["clock"]
+    r = (700 - B200_STATIC) / (1000 - B200_STATIC)
+    assert r < k ** 3
+    f = r / k ** 2
+    assert B200_STATIC + (1000 - B200_STATIC) * f * k ** 2 == pytest.approx(700)
+    assert f == pytest.approx(0.709, abs=2e-3)
     capped, full = _b200_step(700), _b200_step()
     assert capped["compute_terms"]["gemm"] == pytest.approx(full["compute_terms"]["gemm"] / f, rel=0.01)
     assert capped["compute_terms"]["memory"] == pytest.approx(full["compute_terms"]["memory"], rel=1e-9)

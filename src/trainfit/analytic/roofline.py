@@ -95,15 +95,32 @@ def _table() -> dict:
     return load_toml("kernels.toml")
 
 
-def power_clock(watts: float, ref_watts: float, static_watts: float) -> float:
+def power_clock(watts: float, ref_watts: float, static_watts: float, knee: float = 0.0) -> float:
     """SM clock at a board power cap `watts` relative to the clock the fractions were measured at (`ref_watts`).
-    Board power = static + dynamic, dynamic = a*C*V^2*f (CMOS switching power) with V rising ~linearly with f over
-    the DVFS range, so dynamic ∝ f^3 and f/f_ref = ((P - P_static) / (P_ref - P_static))^(1/3); tensor-core FLOP/s ∝ f.
-    NB: V ∝ f is the upper DVFS range; near the minimum voltage dynamic power ∝ f and the loss is larger (errs
-    optimistic at deep caps); a kernel that drew less than ref_watts uncapped loses less (errs pessimistic)."""
+    Board power = static + dynamic, dynamic = a*C*V^2*f (CMOS switching power). Over the upper DVFS range V rises
+    ~linearly with f, so dynamic ∝ f^3; below the clock where V reaches the chip's minimum (the voltage floor) V stays
+    there and dynamic ∝ f. `knee` = that floor clock / the clock at ref_watts under the same load (kernels.toml
+    [voltage_floor], fitted on C2/C5; 0 = no floor known: the cube law throughout). With r = (P - P_static) / (P_ref - P_static)
+    and dynamic normalised to r = 1 at f_ref (k = knee):
+        f/f_ref = r^(1/3)   while r >= k^3        (V ∝ f: dynamic = (f/f_ref)^3)
+        f/f_ref = r / k^2   below                 (V = V_min = k V_ref: dynamic = (f/f_ref) k^2; continuous at k^3)
+    tensor-core FLOP/s ∝ f.
+    NB: where no floor is known (knee 0) the cube law errs optimistic at deep caps (a GB300 at 500 of 1400 W ran its
+    GEMMs at 0.28-0.39 of the rate: 0.31 with the floor, 0.66 by the cube; kernels.toml GB300PL). Above the floor V is
+    taken ∝ f, while a real V-f curve is affine (V_min > 0 at the floor): it draws more at a given clock, so the cube
+    branch errs optimistic. A kernel that drew less than ref_watts uncapped loses less (errs pessimistic)."""
     if not ref_watts or watts >= ref_watts:
         return 1.0
-    return (max(watts - static_watts, 0.0) / (ref_watts - static_watts)) ** (1 / 3)
+    r = max(watts - static_watts, 0.0) / (ref_watts - static_watts)
+    k = min(max(knee, 0.0), 1.0)
+    return r ** (1 / 3) if r >= k ** 3 else r / k ** 2
+
+
+def voltage_floor(generation: str) -> float:
+    """power_clock's knee for a GPU generation: kernels.toml [voltage_floor] clock where the generation is listed,
+    else 0 (the cube law throughout)."""
+    vf = _table().get("voltage_floor", {})
+    return float(vf["clock"]) if generation in vf.get("generations", ()) else 0.0
 
 
 def _build(entry: dict, gen: dict, name: str, clock: float = 1.0) -> Kernels:
@@ -234,7 +251,8 @@ def _kernels_by_name(name: str, watts: float = 0.0, tdp: float = 0.0) -> Kernels
     or the run's --power-limit); below the power its compute fractions hold at it lowers them (power_clock). That
     power is the entry's `fraction_watts` where its fractions were measured on a board with more power than the
     catalog's (the H100-96GB's 500 W part timed with the 700 W SXM's fractions), else `tdp`, the board's own
-    (GPU.tdp_watts): its fractions are of its datasheet peaks, which hold at its TDP."""
+    (GPU.tdp_watts): its fractions are of its datasheet peaks, which hold at its TDP. power_clock's knee is the
+    generation's voltage_floor."""
     t = _table()
     entry = t["gpu"].get(name)
     if entry is None:  # GPU.kernels is a catalog name (hardware.py checks a file's); every one has an entry
@@ -244,7 +262,7 @@ def _kernels_by_name(name: str, watts: float = 0.0, tdp: float = 0.0) -> Kernels
     if watts and ref:
         from .energy import static_watts  # lazy: energy -> terms -> step_time imports this module
         from ..hardware import get_gpu
-        clock = power_clock(watts, ref, static_watts(get_gpu(name)))
+        clock = power_clock(watts, ref, static_watts(get_gpu(name)), voltage_floor(entry["generation"]))
     return _build(entry, t["generation"][entry["generation"]], name, clock=clock)
 
 
