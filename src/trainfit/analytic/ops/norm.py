@@ -106,7 +106,10 @@ def zero_centred_weight(name: str, h: int, sh: Shape, src: str) -> list[Op]:
 
 # the norm kernels by kind: LayerNorm, or the RMSNorm the stack runs (stacks/*.toml [norm])
 NORMS = {"layernorm": fused_norm, "torch-rms-norm": fused_norm, "hf-rmsnorm-fp32": hf_rms_norm,
-         # NB: Megatron-core's fused RMSNorm (Transformer Engine / Apex) is timed as HF's eager kernels, over-reading
-         # its memory time, as the package docstring says of Megatron's other fused kernels
-         "fused-norm": hf_rms_norm,
+         # Megatron-core's RMSNorm on a GPU: Transformer Engine's fused kernel (TENorm, or the norm inside
+         # TELayerNormColumnParallelLinear: one forward kernel writing y and the fp32 rstd, one backward kernel plus
+         # the weight's gradient; TE v2.9 transformer_engine/common/normalization/rmsnorm/, megatron-core 0.16.1
+         # extensions/transformer_engine.py TENorm). NB: under an fp8 recipe TE writes the norm's output already
+         # quantised, so ops/te_casts.py's separate cast of that input over-reads by one pass
+         "fused-norm": fused_norm,
          "l2": l2_norm}  # Llama 4's weightless q/k norm (not a model's `norm`: ops/layer.py calls it by name)
