@@ -29,7 +29,7 @@ def _model(spec, precision: str, device: str):
     with torch.device(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config)
-    return model.to(torch.bfloat16) if precision == "bf16" else model
+    return model.to(torch.bfloat16 if precision == "bf16" else torch.float32)  # amp: fp32 weights
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -100,3 +100,50 @@ def test_the_compiled_steps_temporaries(optimizer, precision, dtype):
     p.grad = torch.randn_like(p)
     peak, _ = cpu_peak(lambda phase: opt.step(), 0)
     assert peak.peak - peak.baseline == step_temporaries(setup, p.numel())
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-0.5b"])
+@pytest.mark.parametrize("precision", ["amp-bf16", "bf16"])
+def test_cpu_offload_optimizer_bytes(name, precision):
+    """torchao's CPUOffloadOptimizer (cpu_offload.py:90-114), counted by hand over the transformers model's own
+    parameters: each of 4,096 elements or more gets a pinned host copy and gradient of its dtype and a torch AdamW
+    over the copy (two states of that dtype) on the host; the smaller ones keep an AdamW on the GPU."""
+    from trainfit.analytic.engine import estimate
+
+    spec = load_model(name)
+    est = estimate(spec, Setup(precision=precision, offload="optimizer", seq=512))
+    params = list(_model(spec, precision, "meta").parameters())
+    host = sum(4 * p.numel() * p.element_size() for p in params if p.numel() >= 4096)
+    device = sum(2 * p.numel() * p.element_size() for p in params if p.numel() < 4096)
+    assert est.detail.host_memory == pytest.approx(host, rel=1e-3)
+    assert est.memory.optimizer_states == pytest.approx(device, rel=1e-3)
+
+
+def test_cpu_offload_runs_on_one_gpu_and_not_in_the_fake_engines():
+    from trainfit.engines import check_stack
+    from trainfit.errors import SetupError
+
+    for bad in (dict(dp=2), dict(dp=2, zero=1), dict(precision="bf16-master"), dict(optimizer="adamw-torchao-8bit")):
+        with pytest.raises(SetupError, match="--offload optimizer"):
+            Setup(offload="optimizer", **bad)
+    with pytest.raises(SetupError, match="CUDA or XPU"):
+        check_stack(Setup(offload="optimizer"), "measure")
+    with pytest.raises(SetupError, match="fake tensors"):
+        check_stack(Setup(optimizer="adamw-torchao-4bit"), "trace")
+    with pytest.raises(SetupError, match="--zero"):  # ZeRO-Offload still needs ZeRO on the deepspeed stack
+        Setup(stack="deepspeed", offload="optimizer")
+
+
+def test_cpu_offload_step_waits_at_least_for_the_parameters_to_come_back():
+    """The offloaded parameters return over PCIe after the CPU step: the step's host-copies term is at least their
+    bytes at the host link's line rate (kernels.toml host_link), and the GPU's own optimizer work shrinks."""
+    from trainfit.analytic.engine import estimate
+    from trainfit.analytic.roofline import kernels_for
+    from trainfit.hardware import get_gpu
+
+    spec, gpu = load_model("llama-3.2-1b"), get_gpu("H100-80GB")
+    off = estimate(spec, Setup(offload="optimizer", seq=512), gpu=gpu).detail.step_time
+    plain = estimate(spec, Setup(seq=512), gpu=gpu).detail.step_time
+    params = count_params(spec).total
+    assert off.host_copies >= params * 4 / kernels_for(gpu).host_link
+    assert off.optimizer < plain.optimizer
