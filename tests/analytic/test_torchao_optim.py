@@ -123,7 +123,8 @@ def test_cpu_offload_runs_on_one_gpu_and_not_in_the_fake_engines():
     from trainfit.engines import check_stack
     from trainfit.errors import SetupError
 
-    for bad in (dict(dp=2), dict(dp=2, zero=1), dict(precision="bf16-master"), dict(optimizer="adamw-torchao-8bit")):
+    for bad in (dict(dp=2), dict(dp=2, zero=1), dict(precision="bf16-master"), dict(optimizer="adamw-torchao-8bit"),
+                dict(device="cpu")):
         with pytest.raises(SetupError, match="--offload optimizer"):
             Setup(offload="optimizer", **bad)
     with pytest.raises(SetupError, match="CUDA or XPU"):

@@ -264,6 +264,9 @@ def cpu_offload_rules(setup: Setup) -> None:
     if setup.dp > 1 or setup.tp > 1 or setup.pp > 1 or setup.zero:
         raise SetupError("--offload optimizer on this stack is torchao's CPUOffloadOptimizer, for one GPU: drop "
                          "--dp/--tp/--pp/--zero, or use --stack deepspeed (ZeRO-Offload)")
+    if setup.device != "cuda":
+        raise SetupError("--offload optimizer: torchao's CPUOffloadOptimizer offloads from a CUDA or XPU device "
+                         "(cpu_offload.py:55-59); drop --device cpu")
     if setup.optimizer not in ("adam", "adamw"):
         raise SetupError(f"--offload optimizer: torchao's CPUOffloadOptimizer is modelled over torch's AdamW (its "
                          f"default); --optimizer {setup.optimizer} is not")
