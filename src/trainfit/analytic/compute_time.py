@@ -245,6 +245,8 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
       foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): FOREACH_ADAM's 8 passes (its step counts
                 stay on the CPU, adam.py:681-684); other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
+      torchao   --optimizer adamw-torchao-*: one compiled kernel per parameter over the quantised states
+                (analytic/torchao_optim.py step_bytes, KERNELS_PER_PARAM);
     after the gradient clipping the setup's stack runs (grad_clip.clip_work: its passes and launches). Each
     multi_tensor_apply pass is timed launch by launch (analytic/multi_tensor.py): its bytes at the streaming
     bandwidth, or the latency floor of a launch with few chunks (LoRA's adapters: 224 tensors of under 2 chunks
