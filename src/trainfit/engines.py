@@ -17,7 +17,7 @@ from __future__ import annotations
 from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate
 from .hardware import GPU
-from .setup import Setup
+from .setup import TORCHAO_OPTIMIZERS, Setup
 from .spec import ModelSpec
 
 ENGINES = ("analytic", "trace", "measure", "all")
@@ -45,6 +45,14 @@ def check_stack(setup: Setup, engine: str) -> None:
     if setup.offload == "activations":
         raise SetupError(f"--offload activations moves saved tensors to pinned host memory, which --engine {engine} "
                          "cannot tell apart from device memory on this CPU; use --engine analytic")
+    if setup.offload == "optimizer" and setup.zero == 0:
+        raise SetupError(f"--offload optimizer on one GPU is torchao's CPUOffloadOptimizer, which asserts a CUDA or XPU "
+                         f"device (torchao 0.18.0 optim/cpu_offload.py:55-59) and which --engine {engine} does not run "
+                         "here; use --engine analytic")
+    if setup.optimizer in TORCHAO_OPTIMIZERS and engine == "trace":
+        raise SetupError(f"--optimizer {setup.optimizer}: torchao builds each state's quantisation map from real values "
+                         "(.tolist()) and torch.compiles each parameter's step, which fake tensors do not run "
+                         "(DataDependentOutputException); use --engine measure (a real CPU step) or analytic")
     stack = setup.stack_facts  # which engines run its step: stacks/*.toml [engines]
     if setup.mode == "train" and not stack.engine_runs(engine):
         raise SetupError(f"--engine {engine} runs the stack's own step, which it does not for --stack {setup.stack} "

@@ -23,7 +23,7 @@ from functools import lru_cache
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora_ops, multi_tensor, roofline
+from . import lora_ops, multi_tensor, roofline, torchao_optim
 from .gated_deltanet import linear_layers
 from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
@@ -263,6 +263,8 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
       foreach   torch/optim/adam.py _multi_tensor_adam (capturable off): FOREACH_ADAM's 8 passes (its step counts
                 stay on the CPU, adam.py:681-684); other optimizers one fused-like pass per state (NB);
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
+      torchao   --optimizer adamw-torchao-*: one compiled kernel per parameter over the quantised states
+                (analytic/torchao_optim.py step_bytes, KERNELS_PER_PARAM);
     after the gradient clipping the setup's stack runs (grad_clip.clip_work: its passes and launches). Each
     multi_tensor_apply pass is timed launch by launch (analytic/multi_tensor.py): its bytes at the streaming
     bandwidth, or the latency floor of a launch with few chunks (LoRA's adapters: 224 tensors of under 2 chunks
@@ -282,7 +284,10 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     wide = p >= 4
     access = "mta32" if wide else "mta16"
     adam = setup.optimizer in ("adam", "adamw")
-    if kernel == "for-loop":  # a kernel per op per tensor (TensorIterator's), each the op's bytes
+    if torchao_optim.torchao_optimizer(setup):  # one compiled kernel per parameter over the quantised states
+        seconds = roofline.memory_seconds(gpu, shard * (torchao_optim.step_bytes(setup, p, g) + cast_bytes), 0, access)
+        launches = torchao_optim.KERNELS_PER_PARAM * tensors
+    elif kernel == "for-loop":  # a kernel per op per tensor (TensorIterator's), each the op's bytes
         nbytes = (4 * p + 6 * o + 2 * g) if adam else (2 * p + g + 2 * o)
         seconds = roofline.memory_seconds(gpu, shard * (nbytes + cast_bytes), 0, access)
         launches = (len(FOREACH_ADAM) if adam else 1) * tensors

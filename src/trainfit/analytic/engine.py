@@ -10,7 +10,7 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
-from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, vlm
+from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, torchao_optim, vlm
 from . import torchao_recipes
 from dataclasses import replace
 from .fit_rule import reserve_bytes
@@ -303,6 +303,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
                          "(bitsandbytes' paged buffers), not in torch's allocated/reserved; on the device while "
                          "they fit, the rest evicted to the host (host memory) and migrated back and forth each step "
                          "(step term 'host copies', at the host link's line rate: NB optimistic)")
+        if torchao_optim.offload_runs(setup):  # NB: optimistic (line rates)
+            notes.append(torchao_optim.OFFLOAD_NOTE)
         if setup.offload == "activations":  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")

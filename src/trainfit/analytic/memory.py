@@ -23,7 +23,7 @@ from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, paged_state_bytes, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
 from .parallel.pipeline import Stage, stages
-from . import quant, vlm
+from . import quant, torchao_optim, vlm
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
 from .parallel.tensor import rank_params, term_divisors
 from .parallel.zero import gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard, unsharded_at
@@ -116,6 +116,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     # resident part to the device total)
     paged = paged_state_bytes(spec, setup, n)
     ms = replace(ms, optimizer=ms.optimizer - paged)
+    # torchao's CPUOffloadOptimizer: the large parameters' states on the host, the small ones' on the device
+    off = torchao_optim.offloaded(spec, pc, setup, n, st.optimizer) if torchao_optim.offload_runs(setup) else None
+    if off:
+        ms = replace(ms, optimizer=off.device_states)
     gathered = 0.0 if fsdp2 else gathered_params(pc, setup, st, stage)
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
@@ -228,7 +232,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         gathered=gathered,
         # NB: gradient clipping's temporaries before the step (optimizer.clip_temporaries: a 0-d norm per tensor, a
         # few KB; on CUDA 512 B each and _foreach_norm's scratch, 2.4 MB for llama-3.2-1b) not counted here
-        optimizer_transient=ds.step_transient if ds else optimizer_temporaries(
+        # (CPUOffloadOptimizer's on-device AdamW is fused: cpu_offload.py:39-40, in place)
+        optimizer_transient=ds.step_transient if ds else 0 if off else optimizer_temporaries(
             adapter_setup(setup, st), st, (n - idle) / shard(setup, 1), largest),
         masks_held=masks_held,
         masks_first=masks_first if stage.embedding else masks_held,
@@ -266,6 +271,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         "zero3_gathered_params": int(gathered if not fsdp2 else step.gathered_at["last_layer_backward"]),
     }
     host = int(ds.host) if ds else None  # ZeRO-Offload's host bytes
+    if off:  # CPUOffloadOptimizer's pinned copies and CPU states
+        host = int(off.host)
     if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
         every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
         host = int(stage.in_flight * (every_layer - step.layers_saved))

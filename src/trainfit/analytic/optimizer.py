@@ -10,6 +10,7 @@ from ..spec import ModelSpec
 from .activations import FP32
 from .params import ParamCounts
 from .precision import StateBytes, bitsandbytes_optimizer
+from .torchao_optim import state_bytes as torchao_state, step_temporaries, torchao_optimizer
 
 
 def state_bytes_unsharded(spec: ModelSpec, n: float, pc: ParamCounts, st: StateBytes, setup: Setup) -> float:
@@ -17,6 +18,8 @@ def state_bytes_unsharded(spec: ModelSpec, n: float, pc: ParamCounts, st: StateB
     precision.state_bytes; Adafactor factored, below)."""
     if st.factored:
         return adafactor_state(spec, n, pc, setup)
+    if torchao_optimizer(setup):  # block-quantised large tensors, plain small ones (torchao_optim.py)
+        return torchao_state(spec, pc, setup, n)
     if setup.optimizer in EIGHT_BIT:
         # each optimizer builds its own quantisation maps: one per parameter tensor with --optimizer-in-backward
         maps = _eight_bit_tensors(spec, pc) if setup.optimizer_in_backward else 1
@@ -124,6 +127,8 @@ def optimizer_temporaries(setup: Setup, st: StateBytes, n: float, largest: int) 
     size = n if foreach else largest
     if bitsandbytes_optimizer(setup):
         return bnb_temporaries(setup, largest)
+    if torchao_optimizer(setup):  # one compiled step per parameter (torchao_optim.py), beside a master's fp32 grads
+        return step_temporaries(setup, largest) + (FP32 * n if st.master else 0)
     per = {"sgd": 0, "momentum": 0, "adam": 2, "adamw": 2, "lion": 1, "adafactor": 2}[setup.optimizer]
     if foreach and setup.optimizer in ("adam", "adamw"):
         per = 1  # _foreach_sqrt(exp_avg_sq) is the one full-size temporary; the rest is in place

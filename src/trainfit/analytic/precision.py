@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..precision import DTYPE_BYTES, PRECISIONS
-from ..setup import BNB_OPTIMIZERS, Setup
+from ..setup import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, Setup
+from . import torchao_optim
 
 
 @dataclass(frozen=True)
@@ -101,5 +102,8 @@ def state_bytes(setup: Setup) -> StateBytes:
         "paged-adamw-8bit": 2.0 + 2 * 4 / 256,
         "paged-adamw": 8.0,  # bitsandbytes' 32-bit AdamW: two fp32 states whatever the weights
         "adafactor": 0.0,  # factored: rows + columns, computed per matrix in memory.py
+        # torchao's block-quantised states (codes + fp32 block scales) of a large tensor; small tensors and the
+        # per-tensor qmaps: analytic/torchao_optim.py
+        **{name: torchao_optim.per_element(setup) for name in TORCHAO_OPTIMIZERS if name == setup.optimizer},
     }[setup.optimizer]
     return StateBytes(weight, grad, master, opt, setup.optimizer == "adafactor", act, residual, autocast, param, reduce)

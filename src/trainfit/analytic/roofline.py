@@ -285,6 +285,11 @@ def host_seconds_per_kernel(no_grad: bool = False) -> float:
     return float(_table()["host"]["no_grad_seconds_per_kernel" if no_grad else "eager_seconds_per_kernel"])
 
 
+def host_memory_bandwidth() -> float:
+    """The host's memory bandwidth, bytes/s (kernels.toml [host] memory_bandwidth): a CPU optimizer step's rate."""
+    return float(_table()["host"]["memory_bandwidth"])
+
+
 def cluster_table() -> dict:
     """kernels.toml [cluster]: what a job of many GPUs of one SKU adds to one GPU's kernels (analytic/stragglers.py)."""
     return _table()["cluster"]

@@ -36,6 +36,7 @@ from ..estimate import StepTime
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from . import torchao_optim
 from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
@@ -165,6 +166,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     dpc, z = d * cp, setup.zero
     shard = trained / (dpc if z >= 1 else 1)
+    if torchao_optim.offload_runs(setup):  # only the small parameters are stepped on the GPU (torchao_optim.py)
+        shard = torchao_optim.device_params(spec, shard)
     tensors = tensors or model_for(setup).tensors_per_rank(  # the stack's own parameter tensors
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n)
     clipped = clipped_params(setup, trained)  # the gradients the stack's clip reads on this rank
@@ -173,6 +176,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     clip_comm = clip_allreduce_seconds(setup, clip, links)
     opt = opt_mem + opt_launch + clip_comm
     host = m * offload_exposed(spec, setup, gpu, c.forward, c.backward + c.recompute)
+    # torchao's CPUOffloadOptimizer: gradients to the host, AdamW on the CPU, parameters back (torchao_optim.py)
+    host += torchao_optim.offload_seconds(spec, setup, kernels_for(gpu).host_link, c.backward + c.recompute, m)
     step = m * t_mb + bubble + dp.once + opt + host
     world = t * p * d * cp
     issue = kernels = slowest = 0.0

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 PHASE_PREFIX = "trainfit::phase::"
 START = "start"  # pseudo-phase before the first marker
@@ -75,6 +76,10 @@ def storage_bytes(tensors: Iterable[torch.Tensor], seen: set | None = None, devi
         if t is None or not isinstance(t, torch.Tensor):
             continue
         if device is not None and t.device.type != device:
+            continue
+        if is_traceable_wrapper_subclass(t):  # a storage-less wrapper (torchao's quantised optimizer states):
+            names, _ = t.__tensor_flatten__()  # the tensors it holds
+            total += storage_bytes([getattr(t, n) for n in names], seen, device)
             continue
         s = t.untyped_storage()
         if s.nbytes() == 0:

@@ -8,7 +8,7 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
 from .settings import _SETUP_SETTINGS, BY_NAME, Setup, check_value, refuse_inapplicable
-from .vocab import BNB_OPTIMIZERS, COMMON_RECOMPUTE, MODES, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
+from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
 
 
 def validate(setup: Setup) -> None:
@@ -38,6 +38,9 @@ def validate(setup: Setup) -> None:
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp"):  # the axes a stack may run (stacks/*.toml)
         if name == "offload" and setup.offload == "activations":
             continue
+        if name == "offload" and setup.offload == "optimizer" and stack.runs("cpu-offload-optimizer"):
+            cpu_offload_rules(setup)  # torchao's CPUOffloadOptimizer (analytic/torchao_optim.py)
+            continue
         if getattr(setup, name) not in (1, "even", "none", None) and name not in stack.axes:
             runs = _stacks.running(lambda st: name in st.axes)
             raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}; use --stack "
@@ -52,7 +55,7 @@ def validate(setup: Setup) -> None:
     why = stack.refuse(setup)  # the stack's rules that are code (stacks/<name>.py)
     if why:
         raise SetupError(why)
-    if setup.offload == "optimizer" and setup.zero < 1:
+    if setup.offload == "optimizer" and setup.zero < 1 and not stack.runs("cpu-offload-optimizer"):
         raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
     if setup.offload == "params" and setup.zero < 3:
         raise SetupError("--offload params (ZeRO-Infinity) offloads the partitioned weights: it needs --zero 3")
@@ -68,6 +71,9 @@ def validate(setup: Setup) -> None:
     if setup.optimizer_impl is not None and setup.optimizer in BNB_OPTIMIZERS:
         raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs bitsandbytes' own in-place kernel; "
                          "drop --optimizer-impl")
+    if setup.optimizer_impl is not None and setup.optimizer in TORCHAO_OPTIMIZERS:
+        raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs torchao's own compiled per-parameter "
+                         "step; drop --optimizer-impl")
     if setup.loss != "full" and (not stack.runs("liger-loss") or setup.head not in (None, "causal-lm")):
         raise SetupError(f"--loss {setup.loss} replaces a causal LM's head and loss as Liger does in the HF stack: use "
                          f"--stack {_runners('liger-loss')} with a causal-lm head")
@@ -253,3 +259,21 @@ def _check_low_precision(setup, stack) -> None:
         if setup.dp < 2 or setup.zero < zero:
             raise SetupError(f"--fp8-all-gather applies to sharded weights: it needs --dp > 1 and --zero {zero}"
                              f"{' or more' if zero < 3 else ''} on --stack {stack.name}")
+
+
+def cpu_offload_rules(setup: Setup) -> None:
+    """torchao's CPUOffloadOptimizer (torchao 0.18.0 optim/cpu_offload.py): "for single-GPU training" (:28), over
+    torch's AdamW by default (:22, :39-40); it moves every large parameter's state to the host, so it has no ZeRO."""
+    if setup.dp > 1 or setup.tp > 1 or setup.pp > 1 or setup.zero:
+        raise SetupError("--offload optimizer on this stack is torchao's CPUOffloadOptimizer, for one GPU: drop "
+                         "--dp/--tp/--pp/--zero, or use --stack deepspeed (ZeRO-Offload)")
+    if setup.device != "cuda":
+        raise SetupError("--offload optimizer: torchao's CPUOffloadOptimizer offloads from a CUDA or XPU device "
+                         "(cpu_offload.py:55-59); drop --device cpu")
+    if setup.optimizer not in ("adam", "adamw"):
+        raise SetupError(f"--offload optimizer: torchao's CPUOffloadOptimizer is modelled over torch's AdamW (its "
+                         f"default); --optimizer {setup.optimizer} is not")
+    if setup.precision == "bf16-master" or setup.optimizer_in_backward or setup.lora_rank:
+        raise SetupError("--offload optimizer (torchao's CPUOffloadOptimizer) is modelled for full fine-tuning with "
+                         "the optimizer over the model's own parameters: drop --precision bf16-master, "
+                         "--optimizer-in-backward and --lora-rank")

@@ -79,7 +79,10 @@ class Setup:
         INFER_PRECISIONS) + ". Serving: the weights' dtype (bf16, fp16, fp32).", choices=INFER_PRECISIONS,
         auto="the stack's for training (hf, torchtitan: amp-bf16; megatron, deepspeed: bf16-master), bf16 for "
         "inference and serving", modes=MODES, group="step")
-    optimizer: str = setting("adamw", "Optimizer.", choices=OPTIMIZERS, modes=TRAINING, group="step")
+    optimizer: str = setting("adamw", "Optimizer. adamw-8bit, paged-adamw-8bit, paged-adamw, lion: bitsandbytes'; "
+                             "adamw-torchao-8bit, -4bit, -fp8: torchao's low-bit AdamW (block-quantised states, "
+                             "the HF Trainer's adamw_torch_8bit / adamw_torch_4bit).", choices=OPTIMIZERS,
+                             modes=TRAINING, group="step")
     recompute: str = setting("none", "Activation checkpointing: none; full (every layer); layer:N (every N-th "
                              "layer, torchtitan); op (torchtitan's per-op SAC: saves matmul and attention outputs, "
                              "recomputes every second matmul and all else); uniform:N (Megatron: groups of N layers, "
@@ -152,7 +155,9 @@ class Setup:
                                     "filter_fqns of the last blocks, as NVFP4 recipes do).", minimum=0,
                                     maximum=limits.LAYERS, modes=("train",), group="step")
     offload: str = setting("none", "What lives in host memory: optimizer (DeepSpeed ZeRO-Offload: fp32 master and "
-                           "optimizer states, the step on the CPU; --zero >= 1; --stack deepspeed), params "
+                           "optimizer states, the step on the CPU; --zero >= 1; --stack deepspeed; on one GPU with --stack hf: "
+                           "torchao's CPUOffloadOptimizer, states, gradient and parameter copies in pinned host "
+                           "memory, AdamW on the CPU), params "
                            "(ZeRO-Infinity: the 16-bit weights too; --zero 3; --stack deepspeed) or activations "
                            "(torchtune's activation offloading: saved tensors to pinned host memory in forward, back "
                            "in backward; --stack hf, analytic engine). Repeatable: --offload optimizer --offload "

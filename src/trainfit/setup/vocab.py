@@ -23,10 +23,14 @@ SPECULATIVE_ALGORITHMS = ("eagle", "eagle3", "nextn", "standalone")
 SERVE_PRECISIONS = ("bf16", "fp16", "fp32")  # vLLM's --dtype (no autocast: the weights' dtype)
 TRAIN_PRECISIONS = _precision.TRAIN_PRECISIONS
 INFER_PRECISIONS = _precision.INFER_PRECISIONS
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion",
+              "adamw-torchao-8bit", "adamw-torchao-4bit", "adamw-torchao-fp8")
 # built by bitsandbytes (bnb.optim.AdamW / Lion with optim_bits and is_paged), as the HF Trainer builds its
 # adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit and lion_32bit (transformers 5.23 trainer_optimizer.py:246-292)
 BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "lion")
+# torchao 0.18's torchao.optim.AdamW8bit, AdamW4bit, AdamWFp8 (the HF Trainer's adamw_torch_8bit / adamw_torch_4bit:
+# transformers 5.24 trainer_optimizer.py:450-476; torchtune configs' _component_: torchao.optim.AdamW8bit ...)
+TORCHAO_OPTIMIZERS = ("adamw-torchao-8bit", "adamw-torchao-4bit", "adamw-torchao-fp8")
 # patterns beside these names (see `check_recompute`): "layer:N" (torchtitan: every N-th layer checkpointed whole),
 # "uniform:N" and "block:N" (Megatron's recompute_method with recompute_num_layers N)
 RECOMPUTE = ("none", "selective", "full", "op")

@@ -31,10 +31,12 @@ import torch
 from torch.overrides import _get_current_function_mode_stack
 
 from ..errors import EngineUnavailableError
-from ..setup import BNB_OPTIMIZERS
+from ..setup import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS
 from .build import autocast_dtype, build_model, make_batches
 from .in_backward import InBackwardOptimizer
 from .optimizers import bnb_optimizer
+from .torchao_optim import torchao_optimizer
+from ..analytic.torchao_optim import block_size as torchao_block
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -49,7 +51,8 @@ def _params(params_or_model) -> list[torch.nn.Parameter]:
     return [p for p in params_or_model if p.requires_grad]
 
 
-def _torch_optimizer(params: list, name: str, kernel: str = "for-loop") -> torch.optim.Optimizer:
+def _torch_optimizer(params: list, name: str, kernel: str = "for-loop",
+                     block_size: int | None = None) -> torch.optim.Optimizer:
     # kernel = Setup.optimizer_kernel (the stack's fact or --optimizer-impl): for-loop (one parameter's
     # temporaries alive at a time), foreach (multi-tensor kernels, whole-group temporaries) or fused (in place).
     flags = {"for-loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}[kernel]
@@ -65,6 +68,8 @@ def _torch_optimizer(params: list, name: str, kernel: str = "for-loop") -> torch
         return torch.optim.Adafactor(params, lr=1e-2, **flags)
     if name in BNB_OPTIMIZERS:
         return bnb_optimizer(params, name, LR)
+    if name in TORCHAO_OPTIMIZERS:
+        return torchao_optimizer(params, name, LR, block_size)
     raise EngineUnavailableError(f"--optimizer {name!r} is not supported by this engine")
 
 
@@ -77,13 +82,14 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     dropped. `param_groups` and `state` are the inner optimizer's (keyed by master params).
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], name: str, kernel: str = "for-loop"):
+    def __init__(self, params: Iterable[torch.nn.Parameter], name: str, kernel: str = "for-loop",
+                 block_size: int | None = None):
         self.model_params = list(params)
         with torch.no_grad():
             self.master_params = [p.detach().to(torch.float32).clone() for p in self.model_params]
         for m in self.master_params:
             m.requires_grad_(True)
-        self.inner = _torch_optimizer(self.master_params, name, kernel)
+        self.inner = _torch_optimizer(self.master_params, name, kernel, block_size)
         super().__init__(self.master_params, dict(self.inner.defaults))
         self.param_groups = self.inner.param_groups
         self.state = self.inner.state
@@ -111,11 +117,13 @@ def make_optimizer(params_or_model, setup: "Setup") -> torch.optim.Optimizer:
     """The optimizer of `setup.optimizer` (lr 1e-3; Adafactor 1e-2). bf16-master wraps it with fp32 masters;
     --optimizer-in-backward makes one per parameter, stepped during the backward (step/in_backward.py)."""
     params = _params(params_or_model)
+    # torchao's block size as the stack builds it (analytic/torchao_optim.py block_size)
+    blk = torchao_block(setup) if setup.optimizer in TORCHAO_OPTIMIZERS else None
     if setup.precision == "bf16-master":
-        return MasterWeightOptimizer(params, setup.optimizer, setup.optimizer_kernel)
+        return MasterWeightOptimizer(params, setup.optimizer, setup.optimizer_kernel, blk)
     if setup.optimizer_in_backward:
-        return InBackwardOptimizer(params, lambda p: _torch_optimizer([p], setup.optimizer, setup.optimizer_kernel))
-    return _torch_optimizer(params, setup.optimizer, setup.optimizer_kernel)
+        return InBackwardOptimizer(params, lambda p: _torch_optimizer([p], setup.optimizer, setup.optimizer_kernel, blk))
+    return _torch_optimizer(params, setup.optimizer, setup.optimizer_kernel, blk)
 
 
 def _device_type(model: torch.nn.Module, setup: "Setup") -> str:
