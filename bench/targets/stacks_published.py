@@ -55,6 +55,16 @@ RUNS = (
     Run("Llama-3.1-8B FSDP 8, op SAC, compile + Float8 (torchtitan)", "C2 " + TT + " Table 1", "calibration",
         "reserved", 76.8, dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2,
                                seq=8192, compile=True, float8=True, gpu="H100-96GB")),
+    # C5/C6 (shared/calibration.md, torchao's float8/mxfp8 tables, bf16 rows): each with the torchtitan checkout it
+    # ran (stacks/torchtitan.toml [releases]: 2025-03 loss eager; 6fc499f6f on B200, cuDNN attention not saved)
+    Run("Llama-3-8B FSDP 8, b1, op SAC, compile, H100 (torchao C5)", "C5 torchao docs training.md (H100)",
+        "calibration", "reserved", 47.65, dict(model="llama-3.1-8b", stack="torchtitan", stack_release="2025-03",
+                                               recompute="op", dp=8, zero=3, batch=1, seq=8192, compile=True,
+                                               gpu="H100-96GB")),
+    Run("Llama-3-8B FSDP 8, b1, op SAC, compile, B200 (torchao C6)", "C6 torchao docs training.md (B200)",
+        "calibration", "reserved", 33.71, dict(model="llama-3.1-8b", stack="torchtitan",
+                                               stack_release="2025-08-sm100", recompute="op", dp=8, zero=3, batch=1,
+                                               seq=8192, compile=True, gpu="B200")),
     Run("Llama-3.1-8B FSDP 128, op SAC (torchtitan)", TT + " Table 3", "validation", "reserved", 67.0,
         dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=128, zero=3, batch=2, seq=8192,
              gpu="H100-96GB")),

@@ -35,7 +35,8 @@ from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> list[int]:
     """The blocks of tensors a training step makes and frees before its peak that stay cached beside the peak's
     tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (every stack's loss upcasts:
-    stacks/*.toml [loss]) when the peak's stage holds the head, one layer's MLP intermediate (tokens ×
+    stacks/*.toml [loss]; a compiled loss makes none, compile_effects.loss_compiled) when the peak's stage holds
+    the head, one layer's MLP intermediate (tokens ×
     intermediate / tp), or a tied embedding's partial gradient (vocab × hidden / tp in the gradients' dtype: autograd
     sums the head's and the embedding's partials, in place under autocast, and frees the partial it does not keep
     as the .grad, torch/csrc/autograd/input_buffer.cpp accumulate, at the end of the backward).
@@ -55,6 +56,8 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     mlp = mlp_intermediate(spec, setup)
     on_last_stage = setup.pp == 1 or mem.detail["stage"] == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
+    if compile_effects.loss_compiled(spec, setup):
+        logits = 0  # the compiled loss makes no fp32 logits-sized tensor (compile_effects.compiled_head)
     if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
         logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
