@@ -11,7 +11,7 @@ from trainfit.stacks import get_stack
 from trainfit.stacks.release import ABOUT, releases
 
 GIB = 2**30
-TOKENS, VOCAB, HIDDEN, HEADS, LAYERS = 8192, 128256, 4096, 32, 32
+TOKENS, VOCAB, HIDDEN, HEADS, LAYERS = 8192, 128256, 4096, 32, 32  # Llama-3.1-8B, one sequence per GPU
 C5, C6 = 47.65, 33.71  # bf16 rows, GiB of torchtitan's max reserved
 
 
@@ -59,9 +59,12 @@ def test_the_sm100_release_recomputes_the_attention_op_sac_did_not_list():
 
 
 def test_c5_and_c6_reserved_follow_the_releases_they_ran():
-    """The 13.9 GiB the B200 run reserves less than the H100 one is the two release facts (11.5 GiB the loss,
-    2.0 the attention) and the GPUs' cuBLAS workspaces; both rows read 2.2-2.5 GiB high (NB: the analytic engine's
-    cached blocks at one sequence per GPU, 3.5 GiB above the allocator simulator on the eager step)."""
+    """Each release moves its run's reserved toward the published figure (the pinned facts give 42.0 -> 38.3 GiB
+    on both GPUs: 11.9 % under C5, 13.6 % over C6); both rows then read 2.2-2.5 GiB high. NB (docs/stacks.md): the
+    analytic engine's cached blocks at one 8k sequence per GPU read 3.5 GiB above the allocator simulator on the
+    eager step, most of the 13.6 GiB it puts between the runs (published 13.94) beyond the peaks' 9.86."""
+    for gpu, release, published in (("H100-96GB", "2025-03", C5), ("B200", "2025-08-sm100", C6)):
+        pinned, old = job(gpu).reserved / GIB, job(gpu, release).reserved / GIB
+        assert abs(old - published) < abs(pinned - published)
     h100, b200 = job("H100-96GB", "2025-03").reserved / GIB, job("B200", "2025-08-sm100").reserved / GIB
-    assert abs((h100 - b200) - (C5 - C6)) < 0.5
     assert 0 < h100 / C5 - 1 < 0.06 and 0 < b200 / C6 - 1 < 0.08

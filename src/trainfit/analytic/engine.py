@@ -48,7 +48,11 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     the input embedding's gradient (vocab × hidden, made at its backward: grads are set to None between steps), and
     under FSDP2 a block's flat reduce-scatter input (its parameters in reduce_dtype, unsharded:
     _fsdp_collectives.py:597-601). NB: Megatron and DeepSpeed keep gradients in preallocated buffers: only the
-    tied partial is counted there."""
+    tied partial is counted there. NB (reads high at one long sequence per GPU): torchtitan Llama-3.1-8B FSDP 8,
+    op SAC, eager, 1 x 8192 tokens, H100: the allocator simulator replaying the trace keeps 2.36 GiB on the compute
+    stream beside the 39.60 GiB peak where this block (3.91) and the FSDP2 copy-out blocks (1.96) count 5.87; its
+    side streams agree (6.30 vs 6.29); 48.31 vs 51.83 GiB reserved. At 2 x 8192 (C2) 8.87 vs 9.79 (82.17 vs 83.08
+    GiB, published 82.4)."""
     if setup.mode != "train" or setup.device != "cuda":
         return []
     st = state_bytes(setup)
