@@ -45,6 +45,9 @@ def check_stack(setup: Setup, engine: str) -> None:
     if setup.offload == "activations":
         raise SetupError(f"--offload activations moves saved tensors to pinned host memory, which --engine {engine} "
                          "cannot tell apart from device memory on this CPU; use --engine analytic")
+    if setup.stack_release:  # the trace and measure engines run the installed stack's code, not that release's
+        raise SetupError(f"--stack-release {setup.stack_release}: --engine {engine} runs the installed "
+                         f"{setup.stack}'s own code; use --engine analytic, which reads that release's facts")
     stack = setup.stack_facts  # which engines run its step: stacks/*.toml [engines]
     if setup.mode == "train" and not stack.engine_runs(engine):
         raise SetupError(f"--engine {engine} runs the stack's own step, which it does not for --stack {setup.stack} "
