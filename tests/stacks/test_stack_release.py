@@ -61,9 +61,9 @@ def test_the_sm100_release_recomputes_the_attention_op_sac_did_not_list():
 
 def test_c5_and_c6_reserved_follow_the_releases_they_ran():
     """Each release moves its run's reserved toward the published figure (the pinned facts give 42.0 -> 38.3 GiB
-    on both GPUs: 11.9 % under C5, 13.6 % over C6); both rows then read 1.7-2.5 GiB high. NB (docs/stacks.md): the
-    peaks move 11.24 GiB apart, reserved 13.15 (published 13.94), 3.69 of it the eager loss's fp32 block that the
-    allocator simulator does not keep beside the peak on the eager step at this size."""
+    on both GPUs: 11.9 % under C5, 13.6 % over C6); both rows then read 1.7-2.5 GiB high. NB (docs/stacks.md): on
+    the compute stream's cached blocks, which the analytic engine counts 3.5 GiB above the allocator simulator on
+    the eager step at this size."""
     for gpu, release, published in (("H100-96GB", "2025-03", C5), ("B200", "2025-08-sm100", C6)):
         pinned, old = job(gpu).reserved / GIB, job(gpu, release).reserved / GIB
         assert abs(old - published) < abs(pinned - published)
