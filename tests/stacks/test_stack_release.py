@@ -69,3 +69,14 @@ def test_c5_and_c6_reserved_follow_the_releases_they_ran():
         assert abs(old - published) < abs(pinned - published)
     h100, b200 = job("H100-96GB", "2025-03").reserved / GIB, job("B200", "2025-08-sm100").reserved / GIB
     assert 0 < h100 / C5 - 1 < 0.05 and 0 < b200 / C6 - 1 < 0.08
+
+
+def test_the_trace_and_measure_engines_refuse_a_release_they_do_not_run():
+    from trainfit import engines
+    from trainfit.models.resolve import load_model
+
+    setup = Setup(stack="torchtitan", stack_release="2025-03", device="cpu", seq=64)
+    for run in (engines.trace, engines.measure):
+        with pytest.raises(SetupError) as e:
+            run(load_model("tiny-llama"), setup)
+        assert "--engine analytic" in str(e.value) and "\n" not in str(e.value)
