@@ -268,14 +268,21 @@ _AO_RECIPE = {"bf16": {}, "tensorwise": dict(low_precision="tensorwise", fp8_all
               "mxfp8": dict(low_precision="mxfp8")}
 
 
+# the torchtitan checkout each table ran (stacks/torchtitan.toml [releases]): the H100 table's "0.0.2" (main at
+# 0da8901b1, 2025-03: the loss not compiled), the B200 table's 6fc499f6f (2025-08: cuDNN attention first on sm100, off
+# op SAC's save list); the MI300X table's 2c8b5947 (2025-08, ROCm: no cuDNN) has the pinned release's facts
+_AO_RELEASE = {"H100-96GB": "2025-03", "B200": "2025-08-sm100"}
+
+
 def _ao(id_, gpu, table, row, recipe, tps, reserved, attention, notes, calibration=None):
     in_sample = calibration is not None
+    release = {"stack_release": _AO_RELEASE[gpu]} if gpu in _AO_RELEASE else {}
     return dict(
         id=id_, source=f"{AO_TRAINING} table '{table}', row '{row}'" + (f"; {calibration} of calibration.md"
                                                                          if in_sample else ""),
         gpu=gpu, model="llama-3.1-8b",
         setup=dict(stack="torchtitan", batch=1, seq=8192, dp=8, zero=3, recompute="op", compile=True,
-                   precision="amp-bf16", attention=attention, **_AO_RECIPE[recipe]),
+                   precision="amp-bf16", attention=attention, **_AO_RECIPE[recipe], **release),
         published=tps, unit="tokens/s/GPU", published_reserved_gib=reserved, in_sample=in_sample,
         notes=notes + "; torchao's llama3.sh job on torchtitan on one node of 8 GPUs (llama3_8b.toml: Llama 3 8B = "
               "llama-3.1-8b's dims, seq 8192, FSDP 8, per-op SAC), local batch 1, compile, median tokens/s over 100 "

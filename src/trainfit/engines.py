@@ -53,6 +53,9 @@ def check_stack(setup: Setup, engine: str) -> None:
         raise SetupError(f"--optimizer {setup.optimizer}: torchao builds each state's quantisation map from real values "
                          "(.tolist()) and torch.compiles each parameter's step, which fake tensors do not run "
                          "(DataDependentOutputException); use --engine measure (a real CPU step) or analytic")
+    if setup.stack_release:  # the trace and measure engines run the installed stack's code, not that release's
+        raise SetupError(f"--stack-release {setup.stack_release}: --engine {engine} runs the installed "
+                         f"{setup.stack}'s own code; use --engine analytic, which reads that release's facts")
     stack = setup.stack_facts  # which engines run its step: stacks/*.toml [engines]
     if setup.mode == "train" and not stack.engine_runs(engine):
         raise SetupError(f"--engine {engine} runs the stack's own step, which it does not for --stack {setup.stack} "

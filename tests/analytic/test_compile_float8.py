@@ -142,10 +142,11 @@ needs_inductor = pytest.mark.skipif(shutil.which("g++") is None and shutil.which
 B, S = 2, 64
 
 
-def _titan(layers: int, policy: str, compiled: bool, fp8: bool):
+def _titan(layers: int, policy: str, compiled: bool, fp8: bool, sdpa_listed: bool = True):
     """torchtitan's Llama (dim 256, 4 heads / 2 KV, FFN 704, vocab 1024) in bf16, with its own SAC and per-block
     compile, as models/llama3/infra/parallelize.py applies them. On CPU the flash SDPA op is
-    aten._scaled_dot_product_flash_attention_for_cpu: added to the save list as torchtitan lists the CUDA ones."""
+    aten._scaled_dot_product_flash_attention_for_cpu: added to the save list as torchtitan lists the CUDA ones
+    (sdpa_listed; False: left off, as a release's list left off the cuDNN kernel its B200 runs ran)."""
     import torch
     from torchtitan.config.job_config import ActivationCheckpoint
     from torchtitan.distributed.activation_checkpoint import _apply_op_sac
@@ -169,6 +170,8 @@ def _titan(layers: int, policy: str, compiled: bool, fp8: bool):
         torch._inductor.config.emulate_precision_casts = fp8 == "rowwise"
         convert_to_float8_training(m.layers, config=config)
     save = set(_op_sac_save_list) | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    if not sdpa_listed:
+        save -= {op for op in save if "scaled_dot_product" in str(op)}
     for lid, block in m.layers.named_children():
         if policy == "op":
             block = _apply_op_sac(block, ActivationCheckpoint(mode="selective", selective_ac_option="op"),
@@ -179,12 +182,12 @@ def _titan(layers: int, policy: str, compiled: bool, fp8: bool):
     return m
 
 
-def _saved_at_forward_end(model, loss_fn=None) -> int:
+def _saved_at_forward_end(model, loss_fn=None, batch: int = B) -> int:
     import torch
 
     from trainfit.measure.cpu_peak import cpu_peak
 
-    tok, lab = torch.randint(0, 1024, (B, S)), torch.randint(0, 1024, (B, S))
+    tok, lab = torch.randint(0, 1024, (batch, S)), torch.randint(0, 1024, (batch, S))
     loss_fn = loss_fn or (lambda out, lab: out.float().sum())
     for _ in range(2):  # compile, then warm
         loss_fn(model(tok), lab).backward()
@@ -215,19 +218,50 @@ def test_compiled_torchtitan_block_saves_what_the_partitioner_model_says(policy,
     """One layer's saved bytes = forward-end bytes of 2 layers minus 1 layer's, compiled with inductor on CPU. Per
     token: none 7832 (eager 12312), op 3216 (eager 3767.5), none + Float8Linear 5400 (tensorwise and rowwise; 7832
     with rowwise_with_gw_hp, whose wgrad reads the bf16 input) — exact up to float8's scales (a few bytes per
-    layer)."""
+    layer). The op case's terms are the CUDA step's (the save list here names the CPU flash kernel as torchtitan's
+    names the CUDA ones)."""
     pytest.importorskip("torchtitan")
     if fp8:
         pytest.importorskip("torchao.float8")
     per_layer = _saved_at_forward_end(_titan(2, policy, True, fp8)) - _saved_at_forward_end(_titan(1, policy, True, fp8))
     setup = Setup(batch=B, seq=S, stack="torchtitan", precision="bf16", recompute=policy, compile=True,
                   low_precision=(fp8 if isinstance(fp8, str) else "tensorwise") if fp8 else "none",
-                  device="cpu")
+                  device="cuda" if policy == "op" else "cpu")
     spec = _titan_spec()
     terms = (compile_effects.op_sac_terms if policy == "op" else compile_effects.block_terms)(
         spec, setup, state_bytes(setup))
     predicted = sum(terms.values()) * B * S
     assert predicted == pytest.approx(per_layer, rel=0.001), (predicted, per_layer)
+
+
+@pytest.mark.slow
+@needs_inductor
+@pytest.mark.heavy  # ~60 s: four compiled steps
+def test_compiled_op_sac_without_the_sdpa_kernel_on_its_list_recomputes_attention():
+    """torchtitan's 2025-08 release on B200 (stacks/torchtitan.toml [releases."2025-08-sm100"]): SDPA ran cuDNN's
+    kernel, which its op-SAC save list did not name, so the compiled block recomputes the attention in backward and
+    saves neither its output nor its log-sum-exp. One layer's saved bytes per token, as the slope over two batch
+    sizes (compiled with inductor on CPU, the CPU flash kernel left off the list as cuDNN's was): 2688 = the
+    formula's, exact. NB: beside it a fixed 5,056 B per layer (at any batch) that the formula does not count."""
+    pytest.importorskip("torchtitan")
+    import torch
+
+    torch._dynamo.reset()  # compiled under this save list, not a cached graph of another test's
+
+    def per_layer(batch):
+        return (_saved_at_forward_end(_titan(2, "op", True, False, sdpa_listed=False), batch=batch)
+                - _saved_at_forward_end(_titan(1, "op", True, False, sdpa_listed=False), batch=batch))
+
+    slope = (per_layer(2 * B) - per_layer(B)) / (B * S)
+    setup = Setup(batch=B, seq=S, stack="torchtitan", stack_release="2025-08-sm100", precision="bf16",
+                  recompute="op", compile=True, device="cuda")
+    pinned = Setup(batch=B, seq=S, stack="torchtitan", precision="bf16", recompute="op", compile=True, device="cuda")
+    st = state_bytes(setup)
+    terms = compile_effects.op_sac_terms(_titan_spec(), setup, st)
+    assert sum(terms.values()) == slope, (terms, slope)
+    # what the release drops against the pinned facts: SDPA's bf16 output and fp32 log-sum-exp per head
+    dropped = sum(compile_effects.op_sac_terms(_titan_spec(), pinned, st).values()) - sum(terms.values())
+    assert dropped == 2 * 256 + 4 * 4
 
 
 @pytest.mark.slow

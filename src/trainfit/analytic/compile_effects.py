@@ -119,11 +119,16 @@ def op_sac_terms(spec: ModelSpec, setup: Setup, st: StateBytes) -> dict[str, flo
     """Bytes per token under torchtitan's per-op SAC compiled: the MUST_SAVE outputs the backward reads
     (torchtitan/models/llama3/infra/parallelize.py:36-50 save list; distributed/activation_checkpoint.py:98-120
     every second mm recomputed) and the block input."""
+    from .recompute import op_sac_stores_sdpa  # (recompute reads this module's neighbours: imported on use)
+
     a, r = st.act, st.residual
+    # SDPA's output and fp32 log-sum-exp, where the save list names the kernel that runs (stacks/torchtitan.toml
+    # [op_sac] save; a release on sm100 ran cuDNN's, not on its list: both recomputed in backward)
+    sdpa = a * spec.q_dim + FP32 * spec.heads if op_sac_stores_sdpa(spec, setup) else 0.0
     return {
         "residual": r * spec.hidden,
-        # q (wq, 1st mm) and v (wv, 3rd mm) projections, SDPA's output and fp32 log-sum-exp
-        "attention": a * (2 * spec.q_dim + spec.kv_dim) + FP32 * spec.heads,
+        # q (wq, 1st mm) and v (wv, 3rd mm) projections
+        "attention": a * (spec.q_dim + spec.kv_dim) + sdpa,
         "mlp": a * spec.intermediate,  # the gate projection's output (w1, 5th mm)
     }
 
@@ -169,6 +174,13 @@ def compiled_head(spec: ModelSpec, setup: Setup, st: StateBytes, head: HeadBytes
     return replace(head, saved=saved, forward_transient=0.0, backward_transient=a * v * tokens)
 
 
+def loss_compiled(spec: ModelSpec, setup: Setup) -> bool:
+    """Whether the step's cross-entropy runs compiled (compiled_head): --compile on a modelled block and a stack
+    whose compile takes the loss ([compile] loss; a whole-model compile, HF's, has it inside the model)."""
+    return (setup.compile and not not_modelled(spec, setup)
+            and bool(setup.stack_facts.facts["compile"].get("loss", True)))
+
+
 def apply(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, lm, head: HeadBytes, lm_full=None):
     """memory.py's hook: one layer's (and, for layer:N, the checkpointed layer's `lm_full`) and the head's bytes of
     a compiled step (eager's where not modelled)."""
@@ -182,7 +194,7 @@ def apply(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, lm, head: 
         # (its output cast, the LM head's input, is counted by loss.py)
         head = replace(head, saved=head.saved - (_norm_saved(spec, st.residual) - st.residual * spec.hidden - FP32)
                        * tokens)
-    return lm, lm_full, compiled_head(spec, setup, st, head, tokens)
+    return lm, lm_full, compiled_head(spec, setup, st, head, tokens) if loss_compiled(spec, setup) else head
 
 
 def adjust_step(step, spec: ModelSpec, setup: Setup, st: StateBytes, stage):

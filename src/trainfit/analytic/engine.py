@@ -36,7 +36,8 @@ from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> list[int]:
     """The blocks of tensors a training step makes and frees before its peak that stay cached beside the peak's
     tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (every stack's loss upcasts:
-    stacks/*.toml [loss]) when the peak's stage holds the head, one layer's MLP intermediate (tokens ×
+    stacks/*.toml [loss]; a compiled loss makes none, compile_effects.loss_compiled) when the peak's stage holds
+    the head, one layer's MLP intermediate (tokens ×
     intermediate / tp), or a tied embedding's partial gradient (vocab × hidden / tp in the gradients' dtype: autograd
     sums the head's and the embedding's partials, in place under autocast, and frees the partial it does not keep
     as the .grad, torch/csrc/autograd/input_buffer.cpp accumulate, at the end of the backward).
@@ -48,7 +49,11 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     the input embedding's gradient (vocab × hidden, made at its backward: grads are set to None between steps), and
     under FSDP2 a block's flat reduce-scatter input (its parameters in reduce_dtype, unsharded:
     _fsdp_collectives.py:597-601). NB: Megatron and DeepSpeed keep gradients in preallocated buffers: only the
-    tied partial is counted there."""
+    tied partial is counted there. NB (reads high at one long sequence per GPU): torchtitan Llama-3.1-8B FSDP 8,
+    op SAC, eager, 1 x 8192 tokens, H100: the allocator simulator replaying the trace keeps 2.36 GiB on the compute
+    stream beside the 39.60 GiB peak where this block (3.91) and the FSDP2 copy-out blocks (1.96) count 5.87; its
+    side streams agree (6.30 vs 6.29); 48.31 vs 51.83 GiB reserved. At 2 x 8192 (C2) 8.87 vs 9.79 (82.17 vs 83.08
+    GiB, published 82.4)."""
     if setup.mode != "train" or setup.device != "cuda":
         return []
     st = state_bytes(setup)
@@ -56,6 +61,8 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     mlp = mlp_intermediate(spec, setup)
     on_last_stage = setup.pp == 1 or mem.detail["stage"] == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
+    if compile_effects.loss_compiled(spec, setup):
+        logits = 0  # the compiled loss makes no fp32 logits-sized tensor (compile_effects.compiled_head)
     if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
         logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp

@@ -24,7 +24,7 @@ def validate(setup: Setup) -> None:
         raise SetupError("--zero shards states over data-parallel ranks: it needs --dp > 1")
     if setup.sequence_parallel and setup.tp == 1:
         raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
-    stack = _stacks.get_stack(setup.stack)
+    stack = _stacks.get_stack(setup.stack, setup.stack_release)
     policy = setup.recompute_policy
     if policy not in stack.policies:
         # none/selective/full: every stack's own meaning; the other policies name the stacks that run them

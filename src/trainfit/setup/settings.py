@@ -129,6 +129,12 @@ class Setup:
                          "deepspeed (ZeRO 0-3 with FusedAdam, bucketed reduction, offload). Facts and sources: "
                          "trainfit/stacks/*.toml.",
                          choices=STACKS, modes=("train",), group="step")
+    stack_release: Optional[str] = setting(None, "An earlier release of --stack whose facts differ from the pinned "
+                                           "one's, for a run made with that checkout (trainfit/stacks/*.toml "
+                                           "[releases]: torchtitan 2025-03, loss not compiled; 2025-08-sm100, "
+                                           "cuDNN attention not saved by per-op SAC on B200).",
+                                           auto="the version the stack's facts pin", example="2025-03",
+                                           modes=("train",), group="step")
     compile: bool = setting(False, "torch.compile the model (inductor), as the stack does it: torchtitan compiles each "
                             "block and the loss, the HF Trainer's torch_compile the whole model. Its partitioner saves "
                             "matmul/attention outputs and recomputes pointwise chains in backward (modelled for "
@@ -364,7 +370,7 @@ class Setup:
 
     @property
     def stack_facts(self) -> _stacks.Stack:
-        return _stacks.get_stack(self.stack)
+        return _stacks.get_stack(self.stack, self.stack_release)
 
     @property
     def optimizer_kernel(self) -> str:

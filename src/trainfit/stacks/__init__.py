@@ -191,8 +191,13 @@ def _load(name: str, facts_file: Path) -> Stack:
     return Stack(data["name"], data["version"], data["summary"], facts, _rules_module(name, facts_file))
 
 
-def get_stack(name: str) -> Stack:
+def get_stack(name: str, release: str | None = None) -> Stack:
+    """The stack called `name`; with `release`, its facts as an earlier release of the stack had them (release.py)."""
     path = _facts_file(name)
     if path is None:
         raise SetupError(f"--stack {name!r} is not supported; choose one of: {', '.join(names())}")
-    return _load(name, path)
+    if release is None:
+        return _load(name, path)
+    from .release import at_release
+
+    return at_release(_load(name, path), path, release)
