@@ -46,7 +46,9 @@ def throughput_rows() -> list[dict]:
     for r in RUNS:
         if not in_scope(r["id"], r["setup"], r["gpu"]):
             continue
+        dense = time_published.build_spec(r).moe is None
         row = {"id": r["id"], "kind": KINDS[0] if r.get("in_sample") else KINDS[1], "gpu": r["gpu"],
+               "group": f"{r['setup']['stack']} · {time_published.generation(r['gpu'])} · {'dense' if dense else 'MoE'}",
                "gpus": gpus(r), "recipe": r["setup"].get("low_precision", "bf16"), "stack": r["setup"]["stack"],
                "published": f"{r['published']:g} {r['unit']}"}
         try:
@@ -107,6 +109,12 @@ def render(tput: list[dict], mem: list[dict]) -> str:
            "| metric | kind | summary |", "| --- | --- | --- |"]
     for name, st in (("throughput", ts), ("reserved memory", ms)):
         out += [f"| {name} | {kind} | {_summary(st[kind])} |" for kind in KINDS]
+    groups = sorted({r["group"] for r in tput if r["kind"] == KINDS[1] and "error" in r})
+    out += ["", "Validation throughput by stack, GPU generation and model kind (where the misses are):", "",
+            "| group | summary |", "| --- | --- |"]
+    for g in groups:
+        mine = [dict(r, kind=KINDS[1]) for r in tput if r.get("group") == g and r["kind"] == KINDS[1]]
+        out.append(f"| {g} | {_summary(stats(mine)[KINDS[1]])} |")
     for title, rows, cols in (
             ("Throughput", tput, ("run", "kind", "GPU", "GPUs", "recipe", "stack", "published", "error")),
             ("Reserved memory", mem, ("run", "kind", "GPU", "recipe", "published", "predicted", "error"))):

@@ -219,11 +219,16 @@ def adjust_step(step, spec: ModelSpec, setup: Setup, st: StateBytes, stage):
         # weights in fp8 (per block: half of gathered_saving, which counts the current and the prefetched block)
         per_block = gathered_saving(spec, setup, stage) / 2
         at = dict(step.gathered_at)
-        at["last_layer_backward"] -= per_block * (2 if stage.layers > 1 else 1)  # block L-1 and prefetched L-2
-        at["first_layer_backward"] -= per_block  # block 0 (its prefetch is the embedding)
-        const, per = at["layer_backward"]
-        at["layer_backward"] = (const - 2 * per_block, per)  # block k and block k-1's all-gather output
-        changes["gathered_at"] = at  # (fp8 all-gather needs ZeRO-3 over dp > 1: always these FSDP2 groups)
+        # block L-1 and prefetched L-2; block 0 (its prefetch is the embedding); block k and block k-1's all-gather
+        # output. NB: a moment another grouping (an earlier --stack-release's) does not name keeps its bf16 bytes
+        # (over-reads it by those blocks' saving)
+        for moment, blocks in (("last_layer_backward", 2 if stage.layers > 1 else 1), ("first_layer_backward", 1)):
+            if moment in at:
+                at[moment] -= per_block * blocks
+        if "layer_backward" in at:
+            const, per = at["layer_backward"]
+            at["layer_backward"] = (const - 2 * per_block, per)
+        changes["gathered_at"] = at  # (fp8 all-gather needs ZeRO-3 over dp > 1)
     return replace(step, **changes) if changes else step
 
 
