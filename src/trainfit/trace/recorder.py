@@ -22,7 +22,8 @@ import weakref
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from .. import cancel
 from .cpu_casts import PROMOTING, cast_scratch
@@ -81,6 +82,9 @@ def cuda_rounded(nbytes: int) -> int:
     """The CUDA caching allocator hands out multiples of 512 bytes (c10/cuda/CUDACachingAllocator.cpp,
     kMinBlockSize), and max_memory_allocated counts the rounded size."""
     return (nbytes + 511) & ~511
+
+
+_PLAIN = frozenset({torch.Tensor, FakeTensor, torch.nn.Parameter})
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -255,6 +259,11 @@ class AllocationRecorder(TorchDispatchMode):
 
     # -- the hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types and any(t not in _PLAIN and is_traceable_wrapper_subclass_type(t) for t in types):
+            # A wrapper subclass (torchao's Float8TrainingTensor, WeightWithDynamicFloat8CastTensor) holds plain
+            # inner tensors: let it unwrap (as FakeTensorMode does, fake_tensor.py "[subclass inputs]") and record
+            # the ops it runs on them, whose outputs are the storages allocated
+            return NotImplemented
         if func in CANCEL_POINTS:
             cancel.check()  # the web's time limit and disconnects stop a trace here (trainfit/cancel.py)
         override = OVERRIDES.get(func)
