@@ -5,11 +5,11 @@ torchtitan builds the model on the meta device, then runs its model converters (
 parallelize_llama (apply_ac, apply_fsdp) -- build() in step/torchtitan.py calls `convert` at that point. The
 converter for --low-precision tensorwise / rowwise / rowwise_with_gw_hp is Float8LinearConverter
 (components/quantization/float8.py, torchtitan 0.2.2 wheel; torchao 0.18 installed):
-    :62-90   recipe_name set (rowwise, rowwise_with_gw_hp): Float8LinearConfig.from_recipe_name(recipe_name), and
-             enable_fsdp_float8_all_gather refused beside it (:67-70); recipe_name None (the default, tensorwise):
-             Float8LinearConfig(enable_fsdp_float8_all_gather = dp_shard_enabled and enable_fsdp_float8_all_gather,
-             emulate) (:84-91).
-    :143-159 convert: torchao.float8.convert_to_float8_training(model, config, module_filter_fn=partial(
+    :65-74   recipe_name set (rowwise, rowwise_with_gw_hp): Float8LinearConfig.from_recipe_name(recipe_name), and
+             enable_fsdp_float8_all_gather refused beside it (:66-69); recipe_name None (the default, tensorwise):
+             :85-94 Float8LinearConfig(enable_fsdp_float8_all_gather = dp_shard_enabled and
+             enable_fsdp_float8_all_gather, emulate).
+    :140-156 convert: torchao.float8.convert_to_float8_training(model, config, module_filter_fn=partial(
              module_filter_fn, filter_fqns)) (components/quantization/utils.py:10-27: an nn.Linear with both weight
              dims divisible by 16 whose fqn contains none of filter_fqns).
 filter_fqns: the stack's [low_precision] filter (stacks/torchtitan.toml, commonly ["output"]) plus one "layers.<i>."
@@ -21,10 +21,13 @@ The converter's SM89 check (float8.py:37-45) is the GPU's, not the recipe's, and
 post_optimizer_hook precomputes FSDP scales only with precompute_float8_dynamic_scale_for_fsdp (default False,
 config/job_config.py:735): not run.
 
-Not run here (refused in one line by `check`): mxfp8, torchtitan's MXLinearConverter (components/quantization/
-mx.py:37-56), asserts an SM100 GPU and imports torchao.prototype.mx_formats.config.MXLinearConfig, which the
-installed torchao (0.18) no longer has (its MX linear training moved to torchao.prototype.moe_training); nvfp4:
-torchtitan 0.2.2 has no NVFP4 linear converter. Recipes other stacks run (delayed, blockwise: Transformer Engine)
+Refused in one line by `check`: --fp8-all-gather in the trace (enable_fsdp_float8_all_gather runs FSDP2's all-gather
+extensions, torchao float8/fsdp_utils.py fsdp_pre/post_all_gather, whose gathered fp8 buffers the trace does not yet
+follow: it reads +17 % where 2 real gloo ranks hold what they hold without it; the 2-rank measure runs it);
+rowwise_with_gw_hp under autocast on --device cpu (the real step fails: `check`); mxfp8: torchtitan's
+MXLinearConverter (components/quantization/mx.py:42-58) asserts an SM100 GPU and imports
+torchao.prototype.mx_formats.config.MXLinearConfig, which the installed torchao (0.18) no longer has (its MX linear
+training moved to torchao.prototype.moe_training); nvfp4: torchtitan 0.2.2 has no NVFP4 linear converter. Recipes other stacks run (delayed, blockwise: Transformer Engine)
 never reach here: Setup refuses them for --stack torchtitan (stacks/torchtitan.toml [low_precision] recipes).
 """
 from __future__ import annotations
@@ -39,22 +42,35 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
 
 # torchao Float8Linear recipes torchtitan's Float8LinearConverter runs (job_config.py:738 recipe_name; None means
-# tensorwise, float8.py:84-91)
+# tensorwise, float8.py:85-94)
 FLOAT8 = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 WHY_NOT = {
-    "mxfp8": ("torchtitan 0.2.2's MXLinearConverter (components/quantization/mx.py:37-56) needs an SM100 GPU and "
+    "mxfp8": ("torchtitan 0.2.2's MXLinearConverter (components/quantization/mx.py:42-58) needs an SM100 GPU and "
               "torchao's MXLinearConfig, which torchao 0.18 no longer has"),
     "nvfp4": "torchtitan 0.2.2 has no NVFP4 linear converter",
 }
 
 
-def check(setup: "Setup") -> None:
-    """One-line refusal for a --low-precision recipe the trace and measure engines cannot run on this stack."""
+def check(setup: "Setup", engine: str = "trace") -> None:
+    """One-line refusal for a --low-precision setup the `engine` (trace or measure) cannot run on this stack."""
     lp = setup.low_precision
-    if lp == "none" or lp in FLOAT8:
+    if lp == "none":
         return
-    why = WHY_NOT.get(lp, "not a torchao Float8Linear recipe")
-    raise EngineUnavailableError(f"--low-precision {lp}: {why}; use --engine analytic")
+    if lp not in FLOAT8:
+        why = WHY_NOT.get(lp, "not a torchao Float8Linear recipe")
+        raise EngineUnavailableError(f"--low-precision {lp}: {why}; use --engine analytic")
+    if lp == "rowwise_with_gw_hp" and setup.device == "cpu" and setup.policy.autocast:
+        # Float8Linear casts its input to the autocast dtype under CUDA autocast only (float8_linear.py:258-262):
+        # under CPU autocast the input stays fp32 while the output gradient arrives in bf16, and the recipe's
+        # high-precision weight-gradient mm (:197-200) refuses the mixed operands (RuntimeError in the real step)
+        raise EngineUnavailableError("--low-precision rowwise_with_gw_hp with autocast fails on CPU (torchao casts "
+                                     "Float8Linear inputs under CUDA autocast only): use --device cuda, --precision "
+                                     "bf16 or --engine analytic")
+    if setup.fp8_all_gather and engine == "trace":
+        # measured: a 2-rank CPU run (trainfit measure --nproc 2) holds what it holds without the fp8 all-gather on
+        # a tiny Llama, while the trace of FSDP2's all-gather extensions (fsdp_pre/post_all_gather) reads +17 %
+        raise EngineUnavailableError("--fp8-all-gather: the trace does not follow FSDP2's all-gather extensions "
+                                     "yet; measure it (trainfit measure --nproc N) or use --engine analytic")
 
 
 def filter_fqns(setup: "Setup", layers: int) -> list[str]:
@@ -66,18 +82,18 @@ def filter_fqns(setup: "Setup", layers: int) -> list[str]:
 
 
 def float8_config(setup: "Setup"):
-    """torchao's Float8LinearConfig as Float8LinearConverter.__init__ makes it (float8.py:62-91)."""
+    """torchao's Float8LinearConfig as Float8LinearConverter.__init__ makes it (float8.py:65-94)."""
     from torchao.float8 import Float8LinearConfig
 
-    if setup.low_precision == "tensorwise":  # recipe_name None: torchtitan's tensorwise path (float8.py:84-91)
+    if setup.low_precision == "tensorwise":  # recipe_name None: torchtitan's tensorwise path (float8.py:85-94)
         dp_shard_enabled = setup.dp > 1 and setup.zero >= 2  # step/torchtitan.py parallel_dims: zero 2/3 shard
         return Float8LinearConfig(enable_fsdp_float8_all_gather=dp_shard_enabled and setup.fp8_all_gather,
                                   emulate=False)
-    return Float8LinearConfig.from_recipe_name(setup.low_precision)  # float8.py:72-74
+    return Float8LinearConfig.from_recipe_name(setup.low_precision)  # float8.py:71-73
 
 
 def convert(model: "torch.nn.Module", setup: "Setup", layers: int) -> None:
-    """Float8LinearConverter.convert (float8.py:143-159) on `model`, in place; nothing for --low-precision none."""
+    """Float8LinearConverter.convert (float8.py:140-156) on `model`, in place; nothing for --low-precision none."""
     if setup.low_precision == "none":
         return
     check(setup)

@@ -2,7 +2,7 @@
 
 Float8Linear.forward duplicates F.linear's autocast cast by asking for CUDA's autocast only: `if
 torch.is_autocast_enabled(): input = input.to(torch.get_autocast_gpu_dtype())` (torchao 0.18
-float8/float8_linear.py:256-262, "hardcode to GPU's autocast dtype"). On a GPU under torchtitan's maybe_enable_amp
+float8/float8_linear.py:258-262, "hardcode to GPU's autocast dtype"). On a GPU under torchtitan's maybe_enable_amp
 (one rank, no FSDP) the projection inputs are thus cast to bf16 and saved in bf16; under the trace's CPU autocast the
 no-argument query says False and the input would stay fp32. While a --device cuda trace runs a --low-precision
 recipe, the no-argument queries answer for CPU autocast, which stands for CUDA's in that trace (cuda_autocast.py).
