@@ -122,8 +122,8 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
         raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
                          "(use --engine analytic); --dp/--zero are traced one rank at a time")
     if setup.compile:
-        raise SetupError("the trace engine runs eager kernels on fake tensors: --compile and --low-precision are "
-                         "modelled by the analytic engine (and --compile is measured by --engine measure)")
+        raise SetupError("the trace engine runs eager kernels on fake tensors: --compile is modelled by the analytic "
+                         "engine and measured by --engine measure")
     _check_low_precision(setup, "trace")
     if setup.mode == "rl":
         try:

@@ -100,7 +100,7 @@ def _vs_real(s: Setup):
     return est
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # ~20 s cold (the real step under the profiler): the heavy tier's first case
 def test_tensorwise_trace_matches_the_real_cpu_step():
     est = _vs_real(setup(precision="bf16", recompute="op"))
     # the fp8 copies are the wrapper's inner tensors, recorded as temporaries (never weights)
@@ -112,7 +112,7 @@ CASES = [(lp, p, r) for lp in ("tensorwise", "rowwise", "rowwise_with_gw_hp") fo
          for r in ("none", "op") if not (lp == "rowwise_with_gw_hp" and p == "amp-bf16")]
 
 
-@pytest.mark.heavy  # 16 real steps (~1 min): the default run keeps one
+@pytest.mark.heavy  # 16 real steps (~2 min)
 @pytest.mark.parametrize("recipe,precision,recompute", CASES)
 def test_every_recipe_matches_the_real_cpu_step(float8_recipes, recipe, precision, recompute):
     _vs_real(setup(low_precision=recipe, precision=precision, recompute=recompute))
@@ -135,7 +135,6 @@ def test_fsdp2_rank_matches_each_measured_rank():
 
 
 # -- a GPU's autocast, by hand -----------------------------------------------------------------------------
-@pytest.mark.slow
 def test_cuda_trace_float8linear_keeps_no_bf16_weight_copies():
     """One rank under autocast on a GPU: nn.Linear saves autocast's cached bf16 copy of its weight for backward;
     Float8Linear casts its input to the autocast dtype and the fp32 weight straight to fp8, saving the input and the
