@@ -22,8 +22,9 @@ post_optimizer_hook precomputes FSDP scales only with precompute_float8_dynamic_
 config/job_config.py:735): not run.
 
 Refused in one line by `check`: --fp8-all-gather in the trace (enable_fsdp_float8_all_gather runs FSDP2's all-gather
-extensions, torchao float8/fsdp_utils.py fsdp_pre/post_all_gather, whose gathered fp8 buffers the trace does not yet
-follow: it reads +17 % where 2 real gloo ranks hold what they hold without it; the 2-rank measure runs it);
+extensions, torchao float8/fsdp_utils.py fsdp_pre/post_all_gather, which the trace does not follow yet: measured on a
+tiny Llama, 2 real gloo ranks hold what they hold without it, while the trace saves a bf16 copy of every converted
+weight (2 B per parameter, plus as much in temporaries) and reads +17 %; the 2-rank measure runs it);
 rowwise_with_gw_hp under autocast on --device cpu (the real step fails: `check`); mxfp8: torchtitan's
 MXLinearConverter (components/quantization/mx.py:42-58) asserts an SM100 GPU and imports
 torchao.prototype.mx_formats.config.MXLinearConfig, which the installed torchao (0.18) no longer has (its MX linear
@@ -96,7 +97,7 @@ def convert(model: "torch.nn.Module", setup: "Setup", layers: int) -> None:
     """Float8LinearConverter.convert (float8.py:140-156) on `model`, in place; nothing for --low-precision none."""
     if setup.low_precision == "none":
         return
-    check(setup)
+    check(setup, "measure")  # what no engine runs; the trace's own refusals are engines.trace's, before it builds
     from functools import partial
 
     try:
