@@ -92,7 +92,7 @@ def _check_low_precision(setup: Setup, engine: str) -> None:
     if check is None:
         raise SetupError(f"--low-precision {setup.low_precision}: the {engine} engine runs no low-precision library "
                          f"on --stack {setup.stack}: use --engine analytic")
-    check(setup, engine)
+    check(setup)
 
 
 def missing_extra(engine: str) -> str | None:

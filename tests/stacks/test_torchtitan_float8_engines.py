@@ -47,14 +47,10 @@ def float8_recipes(monkeypatch):
 
 
 # -- refusals, one line each -------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw,words", [
-    (dict(low_precision="rowwise_with_gw_hp", precision="amp-bf16"), "CUDA autocast only"),
-    (dict(dp=2, zero=3, fp8_all_gather=True, precision="bf16"), "--fp8-all-gather"),
-])
-def test_what_the_engines_cannot_run_is_refused_in_one_line(float8_recipes, kw, words):
+def test_what_the_engines_cannot_run_is_refused_in_one_line(float8_recipes):
     with pytest.raises(EngineUnavailableError) as e:
-        engines.trace(spec(), setup(**kw))
-    assert words in str(e.value) and "\n" not in str(e.value)
+        engines.trace(spec(), setup(low_precision="rowwise_with_gw_hp", precision="amp-bf16"))
+    assert "CUDA autocast only" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("recipe,words", [("mxfp8", "SM100"), ("nvfp4", "no NVFP4")])
@@ -128,10 +124,15 @@ def test_fsdp2_rank_matches_each_measured_rank():
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is needed for the 2-process CPU run")
-    setups = [setup(dp=2, zero=3, recompute=r) for r in ("none", "op")]
+    setups = [setup(dp=2, zero=3, recompute=r, fp8_all_gather=ag) for r in ("none", "op") for ag in (False, True)]
+    # FSDP2 over gloo: a collective's buffer is freed when gloo's worker thread completes it, so one more group's
+    # gathered [norm, output] bf16 parameters can still be alive at a measured peak (seen here: +65,660 B on one
+    # rank with the fp8 all-gather); the trace cannot time that race (test_torchtitan_engines.py _two_ranks)
+    race = (TINY["vocab_size"] * TINY["hidden_size"] + TINY["hidden_size"]) * 2
     for s, ranks in zip(setups, measure_distributed_many(spec(), setups, 2, steps=0, warmup=2)):
         traced = trace_distributed(spec(), s).memory.peak
-        assert all(abs(traced - r.peak) <= TOL * r.peak for r in ranks), (s.recompute, traced, [r.peak for r in ranks])
+        assert all(-TOL * r.peak <= r.peak - traced <= TOL * r.peak + race for r in ranks), (
+            s.recompute, s.fp8_all_gather, traced, [r.peak for r in ranks])
 
 
 # -- a GPU's autocast, by hand -----------------------------------------------------------------------------

@@ -21,15 +21,15 @@ The converter's SM89 check (float8.py:37-45) is the GPU's, not the recipe's, and
 post_optimizer_hook precomputes FSDP scales only with precompute_float8_dynamic_scale_for_fsdp (default False,
 config/job_config.py:735): not run.
 
-Refused in one line by `check`: --fp8-all-gather in the trace (enable_fsdp_float8_all_gather runs FSDP2's all-gather
-extensions, torchao float8/fsdp_utils.py fsdp_pre/post_all_gather, which the trace does not follow yet: measured on a
-tiny Llama, 2 real gloo ranks hold what they hold without it, while the trace saves a bf16 copy of every converted
-weight (2 B per parameter, plus as much in temporaries) and reads +17 %; the 2-rank measure runs it);
-rowwise_with_gw_hp under autocast on --device cpu (the real step fails: `check`); mxfp8: torchtitan's
-MXLinearConverter (components/quantization/mx.py:42-58) asserts an SM100 GPU and imports
+--fp8-all-gather (enable_fsdp_float8_all_gather, tensorwise with --zero 3): FSDP2's all-gather extensions (torchao
+float8/fsdp_utils.py fsdp_pre_all_gather / fsdp_post_all_gather) gather each weight shard cast to fp8 and hand
+Float8Linear a Float8TrainingTensor; the trace counts the wrappers by their inner tensors (trace/recorder.py unwraps).
+Refused in one line by `check`: rowwise_with_gw_hp under autocast on --device cpu (the real step fails); mxfp8:
+torchtitan's MXLinearConverter (components/quantization/mx.py:42-58) asserts an SM100 GPU and imports
 torchao.prototype.mx_formats.config.MXLinearConfig, which the installed torchao (0.18) no longer has (its MX linear
-training moved to torchao.prototype.moe_training); nvfp4: torchtitan 0.2.2 has no NVFP4 linear converter. Recipes other stacks run (delayed, blockwise: Transformer Engine)
-never reach here: Setup refuses them for --stack torchtitan (stacks/torchtitan.toml [low_precision] recipes).
+training moved to torchao.prototype.moe_training); nvfp4: torchtitan 0.2.2 has no NVFP4 linear converter. Recipes
+other stacks run (delayed, blockwise: Transformer Engine) never reach here: Setup refuses them for --stack torchtitan
+(stacks/torchtitan.toml [low_precision] recipes).
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ WHY_NOT = {
 }
 
 
-def check(setup: "Setup", engine: str = "trace") -> None:
-    """One-line refusal for a --low-precision setup the `engine` (trace or measure) cannot run on this stack."""
+def check(setup: "Setup") -> None:
+    """One-line refusal for a --low-precision setup the trace and measure engines cannot run on this stack."""
     lp = setup.low_precision
     if lp == "none":
         return
@@ -67,11 +67,6 @@ def check(setup: "Setup", engine: str = "trace") -> None:
         raise EngineUnavailableError("--low-precision rowwise_with_gw_hp with autocast fails on CPU (torchao casts "
                                      "Float8Linear inputs under CUDA autocast only): use --device cuda, --precision "
                                      "bf16 or --engine analytic")
-    if setup.fp8_all_gather and engine == "trace":
-        # measured: a 2-rank CPU run (trainfit measure --nproc 2) holds what it holds without the fp8 all-gather on
-        # a tiny Llama, while the trace of FSDP2's all-gather extensions (fsdp_pre/post_all_gather) reads +17 %
-        raise EngineUnavailableError("--fp8-all-gather: the trace does not follow FSDP2's all-gather extensions "
-                                     "yet; measure it (trainfit measure --nproc N) or use --engine analytic")
 
 
 def filter_fqns(setup: "Setup", layers: int) -> list[str]:
@@ -97,7 +92,7 @@ def convert(model: "torch.nn.Module", setup: "Setup", layers: int) -> None:
     """Float8LinearConverter.convert (float8.py:140-156) on `model`, in place; nothing for --low-precision none."""
     if setup.low_precision == "none":
         return
-    check(setup, "measure")  # what no engine runs; the trace's own refusals are engines.trace's, before it builds
+    check(setup)
     from functools import partial
 
     try:

@@ -257,12 +257,20 @@ class AllocationRecorder(TorchDispatchMode):
         torch.get_rng_state = self._get_rng_state
         return super().__exit__(*exc)
 
+    # -- tensor subclasses ------------------------------------------------------------------------
+    plain = _PLAIN  # tensor types whose storage is the allocation (a subclass recorder adds those it unwraps itself)
+
+    def unwraps(self, types) -> bool:
+        """Whether an op on these types is left to a wrapper subclass among them (torchao's Float8TrainingTensor,
+        WeightWithDynamicFloat8CastTensor): it holds plain inner tensors, and a wrapper's own storage is no
+        allocation (its nbytes are its outer dtype's). Returning NotImplemented lets the subclass unwrap, as
+        FakeTensorMode does (torch/_subclasses/fake_tensor.py, "[subclass inputs]"), and the ops it runs on
+        the inner tensors come back here: their outputs are the storages allocated."""
+        return bool(types) and any(t not in self.plain and is_traceable_wrapper_subclass_type(t) for t in types)
+
     # -- the hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if types and any(t not in _PLAIN and is_traceable_wrapper_subclass_type(t) for t in types):
-            # A wrapper subclass (torchao's Float8TrainingTensor, WeightWithDynamicFloat8CastTensor) holds plain
-            # inner tensors: let it unwrap (as FakeTensorMode does, fake_tensor.py "[subclass inputs]") and record
-            # the ops it runs on them, whose outputs are the storages allocated
+        if self.unwraps(types):
             return NotImplemented
         if func in CANCEL_POINTS:
             cancel.check()  # the web's time limit and disconnects stop a trace here (trainfit/cancel.py)
