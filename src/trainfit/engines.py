@@ -88,6 +88,24 @@ def _missing(what: str, e: ImportError, needs: str = "torch and transformers") -
     return EngineUnavailableError(_needs(what, e.name, needs))
 
 
+def _check_low_precision(setup: Setup, engine: str) -> None:
+    """--low-precision in the trace and measure engines: the stack's step module converts the model where its
+    library runs eager on CPU and fake tensors (torchtitan: torchao's Float8Linear, step/torchtitan_lowp.py) and
+    refuses the rest in one line; a stack without such a converter is refused here."""
+    if setup.low_precision == "none":
+        return
+    try:
+        from .step import stack_step
+
+        check = getattr(stack_step(setup), "check_low_precision", None)
+    except ImportError as e:
+        raise _missing(f"the {engine} engine", e) from e
+    if check is None:
+        raise SetupError(f"--low-precision {setup.low_precision}: the {engine} engine runs no low-precision library "
+                         f"on --stack {setup.stack}: use --engine analytic")
+    check(setup)
+
+
 def missing_extra(engine: str) -> str | None:
     """Why the trace or measure `engine` cannot run here (torch or transformers not installed), in one line; None
     when they are. Looks the packages up without importing them."""
@@ -114,9 +132,10 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     if setup.tp > 1 or setup.pp > 1:
         raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
                          "(use --engine analytic); --dp/--zero are traced one rank at a time")
-    if setup.compile or setup.low_precision != "none":
-        raise SetupError("the trace engine runs eager kernels on fake tensors: --compile and --low-precision are "
-                         "modelled by the analytic engine (and --compile is measured by --engine measure)")
+    if setup.compile:
+        raise SetupError("the trace engine runs eager kernels on fake tensors: --compile is modelled by the analytic "
+                         "engine and measured by --engine measure")
+    _check_low_precision(setup, "trace")
     if setup.mode == "rl":
         try:
             from .trace.rl import trace_rl_estimate
@@ -157,9 +176,7 @@ def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
 def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:
     """Real steps here (one process); the caller checks free memory first (api.check_room)."""
     check_stack(setup, "measure")
-    if setup.low_precision != "none":
-        raise SetupError(f"--low-precision {setup.low_precision}: the measure engine does not run the low-precision "
-                         "libraries: use --engine analytic")
+    _check_low_precision(setup, "measure")
     if setup.attention in ("triton", "flash2"):
         raise SetupError(f"--attention {setup.attention} names a kernel the measure engine does not pin; it runs "
                          "PyTorch's SDPA in its place: use --attention flash, or --engine analytic/trace (which save "

@@ -63,10 +63,9 @@ def test_engines_that_cannot_run_them_refuse():
     from trainfit import engines
 
     spec = load_model("tiny-llama")
-    with pytest.raises(SetupError, match="--compile and --low-precision"):
+    with pytest.raises(SetupError, match="--compile is modelled"):
         engines.trace(spec, Setup(compile=True, device="cpu"))
-    with pytest.raises(SetupError, match="--low-precision"):
-        engines.measure(spec, Setup(low_precision="tensorwise", stack="torchtitan", device="cpu"))
+    # --low-precision runs in both (torchao's Float8Linear on CPU): tests/stacks/test_torchtitan_float8_engines.py
 
 
 def test_a_block_the_model_does_not_cover_keeps_eager_and_says_so():

@@ -133,9 +133,16 @@ def mixed_precision_policy(setup: "Setup"):
 
 
 def local(t):
-    """The rank-local tensor behind a DTensor (FSDP2 parameters, their gradients and optimizer state)."""
-    inner = getattr(t, "_local_tensor", None)
-    return inner if inner is not None else t
+    """The rank-local tensor behind a DTensor (FSDP2 parameters, their gradients and optimizer state), and behind a
+    wrapper of one plain tensor inside it (torchao's WeightWithDynamicFloat8CastTensor under --fp8-all-gather)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    while is_traceable_wrapper_subclass(t):
+        inner = [x for x in (getattr(t, n) for n in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)]
+        if len(inner) != 1:  # (DTensor flattens to its local tensor and its device mesh)
+            break
+        t = inner[0]
+    return t
 
 
 def inner_optimizer(optimizer):

@@ -37,6 +37,7 @@ import torch
 from ..errors import EngineUnavailableError
 from .build import param_dtype
 from .standard import _is_real, make_optimizer
+from . import torchtitan_lowp
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
 PRECISIONS = {"fp32": "float32", "amp-bf16": "bfloat16", "bf16": "bfloat16"}
 NOTE = ("stack torchtitan 0.2.2: its own Llama3 Transformer, apply_ac, apply_fsdp/apply_ddp, maybe_enable_amp, "
         "cross_entropy_loss and clip_grad_norm_ (trainfit/step/torchtitan.py)")
+check_low_precision = torchtitan_lowp.check  # --low-precision: torchao's Float8Linear recipes (engines.py)
 DDP_TAKES_MESH = True  # models/llama3/infra/parallelize.py:363-366 (apply_ddp(model, dp_mesh, ...))
 # how torchtitan applies data parallelism for each --zero it runs (models/llama3/infra/parallelize.py:125-156)
 STRATEGIES = {0: "torchtitan apply_ddp (composable replicate, 100 MB buckets)",
@@ -211,6 +213,7 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
 
     with torch.device(device if fake else "meta"), set_default_dtype(param_dtype(setup)):  # train.py:147-151
         model = Transformer(args)
+    torchtitan_lowp.convert(model, setup, spec.layers)  # train.py:153-155: the model converters, before parallelize
     apply_recompute(model, setup)
     if setup.dp > 1:
         if mesh is None:

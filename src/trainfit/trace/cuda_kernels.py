@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..setup import Setup
 from .cuda_autocast import CudaAutocastLists
 from .cuda_masked_sdpa import masked_sdpa
+from .lowp_cuda import float8_sees_autocast
 
 
 def _cuda_sdpa(original, efficient: bool = True):
@@ -109,7 +110,7 @@ def cuda_kernels(setup: Setup):
     F.dropout = _cuda_dropout(saved[1])
     F.rms_norm = _cuda_rms_norm(saved[2])
     try:
-        with CudaAutocastLists() if setup.policy.autocast else contextlib.nullcontext():
+        with CudaAutocastLists() if setup.policy.autocast else contextlib.nullcontext(), float8_sees_autocast(setup):
             yield
     finally:
         F.scaled_dot_product_attention, F.dropout, F.rms_norm = saved

@@ -47,8 +47,10 @@ from .recorder import (
 
 
 def _local(t):
-    inner = getattr(t, "_local_tensor", None)
-    return inner if inner is not None else t
+    """The storage-holding tensor behind a DTensor (and a torchao fp8 weight wrapper inside it)."""
+    from ..step.strategy import local
+
+    return local(t)
 
 
 class ShardedRecorder(AllocationRecorder):
@@ -56,6 +58,9 @@ class ShardedRecorder(AllocationRecorder):
 
     def __init__(self, *a, backend: str = "gloo", **k):
         super().__init__(*a, **k)
+        from torch.distributed.tensor import DTensor
+
+        self.plain = self.plain | {DTensor}
         self.backend = backend
         c10d = torch.ops.c10d
         self.scratch_of = {}
@@ -64,6 +69,8 @@ class ShardedRecorder(AllocationRecorder):
                                c10d._reduce_scatter_base_.default: lambda args: args[1]}  # input clone
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.unwraps(types):  # torchao's fp8 wrappers (not DTensor, counted by its local tensor below)
+            return NotImplemented
         scratch = None
         pick = self.scratch_of.get(func)
         if pick is not None:

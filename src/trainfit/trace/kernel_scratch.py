@@ -98,7 +98,11 @@ MATMUL = _overloads("mm", "addmm", "addmm_", "_addmm_activation", "bmm", "baddbm
 ATTENTION = _overloads("_scaled_dot_product_flash_attention_for_cpu",
                        "_scaled_dot_product_flash_attention_for_cpu_backward")
 CONVOLUTION = _overloads("convolution", "convolution_backward")
-PROBED = MATMUL | ATTENTION | CONVOLUTION
+# fp8 GEMMs (torchao's Float8Linear on CPU): _scaled_mm_out_cpu runs oneDNN's matmul on every ISA (aten/src/ATen/
+# native/Blas.cpp, mkldnn_scaled_mm in mkldnn/Matmul.cpp), its scratchpad through c10 as above; measured here: a
+# block of the output's size with an fp32 output. Probed call by call (no layout class: always oneDNN).
+SCALED_MM = _overloads("_scaled_mm")
+PROBED = MATMUL | ATTENTION | CONVOLUTION | SCALED_MM
 
 # Process-wide: the same op on the same CPU with the same settings allocates the same.
 _CACHE: dict[tuple, int] = {}
@@ -138,7 +142,7 @@ def _reaches_onednn(tensors, settings) -> bool:
 def _work(func, args, out) -> int:
     """FLOPs of the call, roughly (only compared with PROBE_MAX_FLOPS)."""
     ts = [a for a in args if isinstance(a, torch.Tensor)]
-    if func in MATMUL:
+    if func in MATMUL or func in SCALED_MM:
         name = func._schema.name.split("::")[-1]
         a, b = (ts[1], ts[2]) if name.startswith(("add", "badd", "_addmm")) else (ts[0], ts[1])
         return 2 * a.numel() * (b.shape[-1] if b.dim() >= 2 else 1)

@@ -22,7 +22,8 @@ import weakref
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from .. import cancel
 from .cpu_casts import PROMOTING, cast_scratch
@@ -81,6 +82,9 @@ def cuda_rounded(nbytes: int) -> int:
     """The CUDA caching allocator hands out multiples of 512 bytes (c10/cuda/CUDACachingAllocator.cpp,
     kMinBlockSize), and max_memory_allocated counts the rounded size."""
     return (nbytes + 511) & ~511
+
+
+_PLAIN = frozenset({torch.Tensor, FakeTensor, torch.nn.Parameter})
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -253,8 +257,21 @@ class AllocationRecorder(TorchDispatchMode):
         torch.get_rng_state = self._get_rng_state
         return super().__exit__(*exc)
 
+    # -- tensor subclasses ------------------------------------------------------------------------
+    plain = _PLAIN  # tensor types whose storage is the allocation (a subclass recorder adds those it unwraps itself)
+
+    def unwraps(self, types) -> bool:
+        """Whether an op on these types is left to a wrapper subclass among them (torchao's Float8TrainingTensor,
+        WeightWithDynamicFloat8CastTensor): it holds plain inner tensors, and a wrapper's own storage is no
+        allocation (its nbytes are its outer dtype's). Returning NotImplemented lets the subclass unwrap, as
+        FakeTensorMode does (torch/_subclasses/fake_tensor.py, "[subclass inputs]"), and the ops it runs on
+        the inner tensors come back here: their outputs are the storages allocated."""
+        return bool(types) and any(t not in self.plain and is_traceable_wrapper_subclass_type(t) for t in types)
+
     # -- the hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.unwraps(types):
+            return NotImplemented
         if func in CANCEL_POINTS:
             cancel.check()  # the web's time limit and disconnects stop a trace here (trainfit/cancel.py)
         override = OVERRIDES.get(func)
