@@ -236,10 +236,12 @@ def op_sac_stored(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
         and query (plus the 8-byte philox seed and offset: NB not counted, an under-count of 1 KiB per layer).
     _CachingTorchDispatchMode stores every MUST_SAVE output whether or not a backward reads it (checkpoint.py
     create_selective_checkpoint_contexts)."""
+    from .nvfp4 import sac_mm_share  # (the NVFP4 layers' GEMMs are not on the save list)
+
     t, h, a = setup.tp, spec.hidden, st.act
     sp = t if setup.sequence_parallel else 1
-    stored = st.residual * h / sp + a * sum(out / (t if column else 1)
-                                             for _, out, _, column in op_sac_saved_matmuls(spec, setup))
+    stored = st.residual * h / sp + a * sac_mm_share(spec, setup) * sum(
+        out / (t if column else 1) for _, out, _, column in op_sac_saved_matmuls(spec, setup))
     if op_sac_stores_sdpa(spec, setup):
         stored += (a * spec.q_dim + FP32 * spec.heads) / t
     return stored * tokens
