@@ -35,7 +35,7 @@ def llama8b():
 
 def c6(**kw) -> Setup:
     """The C6-style job: Llama-3.1-8B, FSDP 8, local batch 1, seq 8192, compile, op SAC."""
-    return Setup(batch=1, seq=8192, stack="torchtitan", recompute="op", dp=8, zero=3, compile=True, **kw)
+    return Setup(**{**dict(batch=1, seq=8192, stack="torchtitan", recompute="op", dp=8, zero=3, compile=True), **kw})
 
 
 def nvfp4(**kw) -> Setup:
@@ -85,6 +85,22 @@ def test_op_sac_keeps_no_projection_output_of_an_nvfp4_layer(llama8b):
     gpu = get_gpu("B200")
     bf16, fp4 = estimate(llama8b, c6(), gpu).memory, estimate(llama8b, nvfp4(bf16_last_layers=5), gpu).memory
     assert bf16.peak - fp4.peak == 27 * T * 2 * (4096 + 1024 + 14336)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_without_recompute_an_nvfp4_layer_saves_codes_not_bf16_inputs(llama8b, compiled):
+    """No recompute: each NVFP4 linear saves its input's and its weight's codes, 9/16 byte per element
+    (nvfp4_linear.py:141-149; the heavy test below counts them on torchao's own Function), where bf16 saved the two
+    norm outputs and the SiLU·mul product (2 bytes each) and a view of the weight. Per token of a layer: codes of
+    wq, wk, wv, w1, w3's input (h each), wo's (h), w2's (intermediate) less 2·(2h + intermediate); per layer the
+    projection weights' codes. 27 NVFP4 layers at the end of the forward, where every layer's saved set is live."""
+    h, i = 4096, 14336
+    per_token = 9 / 16 * (6 * h + i) - 2 * (2 * h + i)
+    weights = 9 / 16 * (2 * h * (h + 1024) + 3 * h * i)
+    gpu, kw = get_gpu("B200"), dict(recompute="none", compile=compiled)
+    bf16 = estimate(llama8b, c6(**kw), gpu).memory.phases["forward_end"]
+    fp4 = estimate(llama8b, nvfp4(bf16_last_layers=5, **kw), gpu).memory.phases["forward_end"]
+    assert fp4 - bf16 == pytest.approx(27 * (per_token * T + weights), abs=1)
 
 
 # -- time: the GEMMs at the fp4 peak (hand derivation) ---------------------------------------------------------------

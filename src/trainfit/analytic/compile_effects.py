@@ -57,6 +57,7 @@ from ..spec import ModelSpec
 from .activations import FP32, LayerActivations, _flash_saved, _norm_saved, resolved_kernel
 from .families import family_traits
 from .loss import HeadBytes
+from .nvfp4 import layer_saved_delta
 from .parallel.tensor import layer_bytes_per_rank
 from .precision import StateBytes
 
@@ -153,6 +154,7 @@ def compiled_layer(spec: ModelSpec, setup: Setup, st: StateBytes, lm, tokens: in
     if policy == "op":
         return replace(lm, saved=_per_rank(op_sac_terms(spec, setup, st), fixed, setup, tokens))
     none = _per_rank(block_terms(spec, setup, st), fixed, setup, tokens)
+    none += layer_saved_delta(spec, setup, st, tokens)  # NVFP4Linear's codes (analytic/nvfp4.py; NB: eager's set)
     return replace(lm, saved=none)  # none, and HF's selective (flash SDPA: nothing s×s to recompute)
 
 

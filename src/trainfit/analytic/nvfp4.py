@@ -80,3 +80,27 @@ def check(spec, setup, gpu=None) -> None:
         raise SetupError(f"--low-precision nvfp4: torchao's NVFP4 kernels need every GEMM dim a multiple of {block} "
                          f"(torchtitan's converter raises, it does not skip): {', '.join(bad)}; change --batch/--seq/"
                          "--tp, or keep the layers bf16")
+
+
+def layer_saved_delta(spec, setup, st, tokens: float) -> float:
+    """Bytes one layer (one TP rank, the layers' mean) saves beyond bf16's with no recompute — also what a re-run
+    NVFP4 layer holds again in its backward (full, op). Each converted linear saves its input's column codes and
+    its weight's transposed codes, 9/16 byte per element each (nvfp4_linear.py:141-149), not the bf16 input and a
+    view of the weight:
+      + the codes of the inputs of wq, wk, wv, w1, w3 (the norms' outputs, T·h each: replicated over TP), of wo
+        (the attention output, q_dim/t) and of w2 (the SiLU·mul product, intermediate/t);
+      + the weights' codes, 9/16 byte per projection weight of the rank (fixed, not per token);
+      − the two norm outputs and the SiLU·mul product in the compute dtype, which only the bf16 linears saved (the
+        norms' backward reads their inputs; SiLU·mul's its gate and up; SDPA its own output).
+    NB: a Llama block's projections (q, k, v, o, gate, up, down); sequence parallelism's gathered inputs as above."""
+    share = converted_share(spec, setup)
+    if not share:
+        return 0.0
+    from ..low_precision import RECIPES
+
+    q = RECIPES[NAME].quantised_bytes
+    t, h, i = setup.tp, spec.hidden, spec.intermediate
+    codes = q(5 * h + spec.q_dim / t + i / t)
+    bf16 = st.act * (2 * h + i / t)
+    weights = q(2 * h * (spec.q_dim + spec.kv_dim) + 3 * h * i) / t
+    return share * ((codes - bf16) * tokens + weights)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora, siglip
+from . import lora, nvfp4, siglip
 from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
 from .gated_deltanet import linear_layers
@@ -76,6 +76,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         one_layer += lora.layer_saved_delta(spec, setup) * tokens
         adapter_casts = st.act * lora.adapter_params_per_layer(spec, setup) if st.autocast else 0.0
         one_layer += lora.layer_fixed_delta(spec, setup)
+    one_layer += nvfp4.layer_saved_delta(spec, setup, st, tokens)  # NVFP4Linear's codes for the bf16 inputs
     casts = 0.0
     recomputed = 0.0
     moe_kind = moe and frac_moe >= 0.5

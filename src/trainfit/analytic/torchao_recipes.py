@@ -136,9 +136,10 @@ def notes(spec, setup, gpu) -> list[str]:
     if lp == "nvfp4" and setup.recompute == "op":
         saved = ("op SAC stores no NVFP4 GEMM output (aten._scaled_mm_v2 is not on its save list): each NVFP4 "
                  "layer keeps its input and the SDPA outputs and re-runs its whole forward in backward")
-    elif lp == "nvfp4" and setup.recompute == "none":
-        saved = ("saved tensors taken as bf16's (NB: NVFP4Linear saves 9/16 B per input element and a 9/16 B "
-                 "quantised weight copy per layer, nvfp4_linear.py:141-149: over-reads)")
+    elif lp == "nvfp4":
+        saved = ("NVFP4Linear saves its input's and weight's codes, 9/16 B per element, not the bf16 inputs "
+                 "(nvfp4_linear.py:141-149)" + ("; compiled: NB eager's set, the partitioner's unmeasured"
+                                                 if setup.compile else ""))
     elif setup.compile and setup.recompute == "none":
         saved = ("compiled: each matmul input's cast recomputed, not saved (measured on CPU)" if lp in COMPILED_RECAST
                  else "compiled: the saved set of bf16 (" + ("measured on CPU" if lp != "mxfp8" else "NB: unmeasured")
