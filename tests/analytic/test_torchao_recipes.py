@@ -57,7 +57,7 @@ def _torchao_linear(recipe: str, k: int, n: int):
 
 @pytest.mark.slow
 @pytest.mark.heavy  # torchao's import alone takes ~5 s on 2 cores; the four runs then ~0.5 s
-@pytest.mark.parametrize("recipe", torchao_recipes.MODELLED)
+@pytest.mark.parametrize("recipe", [r for r in torchao_recipes.MODELLED if r != "nvfp4"])  # (its codes: test_nvfp4.py)
 def test_every_recipe_saves_the_bf16_input_and_the_weight_itself(recipe):
     """torchao saves (input_hp, weight_hp) for every recipe (float8_linear.py:45; mx_mm): per token the linear's
     bf16 input (2·k bytes) and no new weight bytes (the saved weight shares the parameter's storage) — what the

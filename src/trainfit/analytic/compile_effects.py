@@ -57,6 +57,7 @@ from ..spec import ModelSpec
 from .activations import FP32, LayerActivations, _flash_saved, _norm_saved, resolved_kernel
 from .families import family_traits
 from .loss import HeadBytes
+from .nvfp4 import layer_saved_delta
 from .parallel.tensor import layer_bytes_per_rank
 from .precision import StateBytes
 
@@ -119,17 +120,19 @@ def op_sac_terms(spec: ModelSpec, setup: Setup, st: StateBytes) -> dict[str, flo
     """Bytes per token under torchtitan's per-op SAC compiled: the MUST_SAVE outputs the backward reads
     (torchtitan/models/llama3/infra/parallelize.py:36-50 save list; distributed/activation_checkpoint.py:98-120
     every second mm recomputed) and the block input."""
+    from .nvfp4 import sac_mm_share
     from .recompute import op_sac_stores_sdpa  # (recompute reads this module's neighbours: imported on use)
 
     a, r = st.act, st.residual
     # SDPA's output and fp32 log-sum-exp, where the save list names the kernel that runs (stacks/torchtitan.toml
     # [op_sac] save; a release on sm100 ran cuDNN's, not on its list: both recomputed in backward)
     sdpa = a * spec.q_dim + FP32 * spec.heads if op_sac_stores_sdpa(spec, setup) else 0.0
+    mm = sac_mm_share(spec, setup)  # (NVFP4 layers: no stored matmul output, analytic/nvfp4.py)
     return {
         "residual": r * spec.hidden,
         # q (wq, 1st mm) and v (wv, 3rd mm) projections
-        "attention": a * (spec.q_dim + spec.kv_dim) + sdpa,
-        "mlp": a * spec.intermediate,  # the gate projection's output (w1, 5th mm)
+        "attention": mm * a * (spec.q_dim + spec.kv_dim) + sdpa,
+        "mlp": mm * a * spec.intermediate,  # the gate projection's output (w1, 5th mm)
     }
 
 
@@ -151,6 +154,7 @@ def compiled_layer(spec: ModelSpec, setup: Setup, st: StateBytes, lm, tokens: in
     if policy == "op":
         return replace(lm, saved=_per_rank(op_sac_terms(spec, setup, st), fixed, setup, tokens))
     none = _per_rank(block_terms(spec, setup, st), fixed, setup, tokens)
+    none += layer_saved_delta(spec, setup, st, tokens)  # NVFP4Linear's codes (analytic/nvfp4.py; NB: eager's set)
     return replace(lm, saved=none)  # none, and HF's selective (flash SDPA: nothing s×s to recompute)
 
 

@@ -11,7 +11,7 @@ from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
 from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, torchao_optim, vlm
-from . import torchao_recipes
+from . import nvfp4, torchao_recipes
 from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
@@ -238,6 +238,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         # with a GPU and no --mfu the op list times each pass (ops/layer.py asks again); without, nothing is timed
         check_modelled(spec, kernels=gpu is not None and mfu is None)
     float8.check_gpu(setup, gpu)
+    nvfp4.check(spec, setup, gpu)  # torchao's NVFP4 kernels: every GEMM dim a multiple of 128
     pc = count_params(spec)
     if setup.mode == "infer":
         return _infer(spec, setup, pc, gpu, mfu, mbu, reserve)

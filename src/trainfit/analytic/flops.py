@@ -108,7 +108,9 @@ def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forwar
     if r == "selective":
         return layers * attention_per_layer
     if r == "op":
-        stored = sum(2 * out * inp for _, out, inp, _ in op_sac_saved_matmuls(spec, setup))
+        from .nvfp4 import sac_mm_share  # (NVFP4 layers re-run every matmul: analytic/nvfp4.py)
+
+        stored = sac_mm_share(spec, setup) * sum(2 * out * inp for _, out, inp, _ in op_sac_saved_matmuls(spec, setup))
         stored += attention_per_layer if op_sac_stores_sdpa(spec, setup) else 0.0
         return layers * (layer_forward - stored)
     if r.startswith("layer:"):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora, siglip
+from . import lora, nvfp4, siglip
 from .activations import FP32, LayerActivations, layer_activations, norm_kernel, resolved_kernel
 from .families import family_traits
 from .gated_deltanet import linear_layers
@@ -76,6 +76,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         one_layer += lora.layer_saved_delta(spec, setup) * tokens
         adapter_casts = st.act * lora.adapter_params_per_layer(spec, setup) if st.autocast else 0.0
         one_layer += lora.layer_fixed_delta(spec, setup)
+    one_layer += nvfp4.layer_saved_delta(spec, setup, st, tokens)  # NVFP4Linear's codes for the bf16 inputs
     casts = 0.0
     recomputed = 0.0
     moe_kind = moe and frac_moe >= 0.5
@@ -236,10 +237,12 @@ def op_sac_stored(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
         and query (plus the 8-byte philox seed and offset: NB not counted, an under-count of 1 KiB per layer).
     _CachingTorchDispatchMode stores every MUST_SAVE output whether or not a backward reads it (checkpoint.py
     create_selective_checkpoint_contexts)."""
+    from .nvfp4 import sac_mm_share  # (the NVFP4 layers' GEMMs are not on the save list)
+
     t, h, a = setup.tp, spec.hidden, st.act
     sp = t if setup.sequence_parallel else 1
-    stored = st.residual * h / sp + a * sum(out / (t if column else 1)
-                                             for _, out, _, column in op_sac_saved_matmuls(spec, setup))
+    stored = st.residual * h / sp + a * sac_mm_share(spec, setup) * sum(
+        out / (t if column else 1) for _, out, _, column in op_sac_saved_matmuls(spec, setup))
     if op_sac_stores_sdpa(spec, setup):
         stored += (a * spec.q_dim + FP32 * spec.heads) / t
     return stored * tokens

@@ -29,8 +29,10 @@ unchanged in what is cited here):
     mxfp8_cublas: dim0 cast by torch ops (to_mx: mx_tensor.py amax over each block, then the scaled cast), which
     inductor fuses into one pass when compiled.
   * nvfp4: torchtitan 0.2.2 has no NVFP4 training path (quantize.linear.mx's recipes are torchao
-    MXLinearRecipeName's mxfp8_* and mxfp4_*: v0.16.0 config.py:42-47; torchao's NVFP4Linear appears in 0.18,
-    prototype/moe_training/nvfp4_training, which no torchtitan converter reaches): refused by stacks/torchtitan.toml.
+    MXLinearRecipeName's mxfp8_* and mxfp4_*: v0.16.0 config.py:42-47): refused by stacks/torchtitan.toml, unless
+    --stack-release 2026-08 (torchtitan b5bcd76c6's NVFP4LinearConverter over torchao 0.18's NVFP4Linear): all three
+    GEMMs in NVFP4; what it saves, its op-SAC behaviour and its 128-multiple dims in analytic/nvfp4.py, its quantise
+    kernels in ops/nvfp4_casts.py.
 
 Memory: the saved tensors are the high-precision input and the weight (a view of the parameter) for every recipe,
 as in bf16 (measured on CPU: tests/analytic/test_torchao_recipes.py); under op SAC the policy's; compiled without
@@ -46,7 +48,7 @@ from .ops.op import Shape
 from .ops.torchao_casts import LOW_GEMMS  # (the op-level half: quantise kernels and GEMM dtypes)
 
 # the torchao recipes this module models (stacks/torchtitan.toml [low_precision] recipes lists those torchtitan runs)
-MODELLED = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8")
+MODELLED = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "nvfp4")
 
 
 def low_gemm_share(name: str) -> float:
@@ -95,6 +97,10 @@ def quantised_copies(r: Recipe, tokens: float, k: float, n: float, compiled: boo
     locals until it returns (float8_linear.py:94-205, mx_mm.backward), so both pairs are live at the wgrad GEMM;
     compiled, inductor frees each after its last use: the larger pair."""
     low = LOW_GEMMS.get(r.name, (True,) * 3)
+    if r.name == "nvfp4":
+        # one kernel writes dy's rowwise (dgrad) and columnwise (wgrad) codes, both live through both GEMMs
+        # (nvfp4_linear.py:182-229); x's columnwise codes and the weight's are saved tensors, counted there
+        return 2 * r.quantised_bytes(tokens * n)
     dgrad = (r.quantised_bytes(tokens * n, int(tokens)) + r.quantised_bytes(k * n, int(k))) if low[1] else 0.0
     wgrad = (r.quantised_bytes(tokens * n, int(n)) + r.quantised_bytes(tokens * k, int(k))) if low[2] else 0.0
     return max(dgrad, wgrad) if compiled else dgrad + wgrad
@@ -127,19 +133,29 @@ def notes(spec, setup, gpu) -> list[str]:
     big = backward_transient(spec, setup)
     n = bf16_layers(setup, spec.layers)
     bf16 = f"; {n} layer(s) kept bf16 (filter_fqns)" if n else ""
-    if setup.compile and setup.recompute == "none":
+    if lp == "nvfp4" and setup.recompute == "op":
+        saved = ("op SAC stores no NVFP4 GEMM output (aten._scaled_mm_v2 is not on its save list): each NVFP4 "
+                 "layer keeps its input and the SDPA outputs and re-runs its whole forward in backward")
+    elif lp == "nvfp4":
+        saved = ("NVFP4Linear saves its input's and weight's codes, 9/16 B per element, not the bf16 inputs "
+                 "(nvfp4_linear.py:141-149)" + ("; compiled: NB eager's set, the partitioner's unmeasured"
+                                                 if setup.compile else ""))
+    elif setup.compile and setup.recompute == "none":
         saved = ("compiled: each matmul input's cast recomputed, not saved (measured on CPU)" if lp in COMPILED_RECAST
                  else "compiled: the saved set of bf16 (" + ("measured on CPU" if lp != "mxfp8" else "NB: unmeasured")
                  + ")")
     else:
         saved = "saved tensors as in bf16 (torchao saves the high-precision input and weight)"
-    out = [f"{lp}: torchao {'MXLinear' if r.peak == 'mxfp8' else 'Float8Linear'} on the projections (LM head bf16), "
+    lib = {"mxfp8": "MXLinear", "fp4": "NVFP4Linear"}.get(r.peak, "Float8Linear")
+    out = [f"{lp}: torchao {lib} on the projections (LM head bf16), "
            f"{gemms} at the {r.peak} peak{bf16}; {saved}; the quantised operand copies of the largest linear's "
            f"backward ({big / 2**20:.0f} MiB) counted beside each layer's backward high point (NB: may over-read "
            "where that point is outside such a linear)"]
     if gpu is not None and r.peak in gpu.peak_flops:
-        casts = "amax + cast per GEMM operand" if r.scale == "row" else "one block-scaled cast per GEMM operand"
-        fraction = "" if r.peak == "fp8" else f"; NB: times the fp8 GEMM fraction (no {r.peak} one measured)"
+        casts = {"row": "amax + cast per GEMM operand", "block": "one block-scaled cast per GEMM operand"}[r.scale]
+        if r.name == "nvfp4":
+            casts = "per operand an amax pass and one pass writing its row and RHT'd column codes"
+        fraction = "" if r.peak != "mxfp8" else f"; NB: times the fp8 GEMM fraction (no {r.peak} one measured)"
         out.append(f"{lp}: GEMMs at {gpu.peak_flops[r.peak] / 1e12:.0f} TFLOP/s dense{fraction}; the quantisation "
                    f"({casts}) timed as memory-bound ops")
     return out

@@ -27,6 +27,10 @@ def supports(s: Setup, engine: str = "torchtitan") -> str | None:
         return why
     if s.precision not in PRECISIONS:
         return f"torchtitan runs {', '.join(PRECISIONS)}, not {s.precision}"
+    if getattr(s, "low_precision", "none") == "nvfp4":  # (stacks/torchtitan.toml [releases."2026-08"])
+        return ("torchtitan's NVFP4 converter is in its 2026-08 main, whose jobs are Python config functions "
+                "(models/llama3/config_registry.py:229-249 llama3_8b_first_85_pct_layers_nvfp4, run with --module "
+                "llama3 --config ...), not the 0.2.2 job-config TOML emitted here")
     if s.seq % (2 * s.tp):  # parallelize.py:69-74, parallel_dims.py:365-372 (seq_len_divisor = tp * 2 * cp)
         return f"torchtitan needs --seq divisible by 2 × tp = {2 * s.tp}"
     return None

@@ -80,6 +80,7 @@ def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
     recompute_per_token, op by op): full / layer:N / uniform / block — the whole forward; selective — the attention
     core (Korthikanti et al. 2022 §4.2); op — everything but the matmuls and SDPA whose outputs torchtitan's per-op
     SAC stores (recompute.op_sac_saved_matmuls, op_sac_stores_sdpa)."""
+    from ..nvfp4 import sac_stores_gemm
     from ..recompute import op_sac_saved_matmuls, op_sac_stores_sdpa
 
     pol = setup.recompute.split(":", 1)[0]
@@ -88,6 +89,8 @@ def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
                 if o.kind == "attention" or o.name.startswith(("softcap", "repeat_kv", "attn_probs"))]
     if pol == "op":
         saved = {name for name, *_ in op_sac_saved_matmuls(spec, setup)}
+        # (an NVFP4 GEMM is not on the save list whatever its place: analytic/nvfp4.py)
+        saved = {o.name for o in forward if o.kind == "gemm" and o.name in saved and sac_stores_gemm(setup, o.dtype)}
         sdpa = op_sac_stores_sdpa(spec, setup)
         keep = []
         for o in forward:

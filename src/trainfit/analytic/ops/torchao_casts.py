@@ -16,6 +16,7 @@ from typing import NamedTuple
 from ...low_precision import RECIPES, Recipe
 from ..activations import FP32
 from .gemm import fp8_backward_extra, fp8_casts
+from .nvfp4_casts import backward_casts as nvfp4_backward, forward_casts as nvfp4_forward
 from .op import Op, Shape, memory
 
 
@@ -50,7 +51,7 @@ _BWD = {
 }
 # the GEMMs that run in the recipe's format: (forward, dgrad, wgrad)
 LOW_GEMMS = {"tensorwise": (True, True, True), "rowwise": (True, True, True),
-              "rowwise_with_gw_hp": (True, True, False), "mxfp8": (True, True, True)}
+              "rowwise_with_gw_hp": (True, True, False), "mxfp8": (True, True, True), "nvfp4": (True, True, True)}
 
 
 def recipe_of(sh: Shape) -> Recipe | None:
@@ -94,6 +95,9 @@ def quantise(g: Op, sh: Shape) -> tuple[list[Op], Op]:
     """A converted projection's forward: the casts before its GEMM and the GEMM at the recipe's dtype. tensorwise:
     ops/gemm.py's casts, the GEMM in fp8 (unchanged)."""
     r = recipe_of(sh)
+    if r is not None and r.name == "nvfp4":  # NVFP4Linear's own kernels (ops/nvfp4_casts.py)
+        g = g._replace(dtype=_gemm_dtype(r))
+        return nvfp4_forward(g, sh), g
     if r is None or r.name == "tensorwise" or r.name not in _FWD:
         return fp8_casts(g, sh), g
     g = g._replace(dtype=_gemm_dtype(r))
@@ -108,6 +112,8 @@ def quantise(g: Op, sh: Shape) -> tuple[list[Op], Op]:
 def backward_extra(fwd: list[Op], sh: Shape) -> list[Op]:
     """The backward's quantise kernels of every converted projection of `fwd` (tensorwise: ops/gemm.py's)."""
     r = recipe_of(sh)
+    if r is not None and r.name == "nvfp4":
+        return [o for g in fwd if g.kind == "gemm" and g.dtype == _gemm_dtype(r) for o in nvfp4_backward(g, sh)]
     if r is None or r.name == "tensorwise" or r.name not in _BWD:
         return fp8_backward_extra(fwd, sh)
     dtype, b = _gemm_dtype(r), _operand_bytes(sh)
