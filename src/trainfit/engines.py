@@ -157,9 +157,12 @@ def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
 def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, progress=None) -> Estimate:
     """Real steps here (one process); the caller checks free memory first (api.check_room)."""
     check_stack(setup, "measure")
-    if setup.low_precision != "none":
-        raise SetupError(f"--low-precision {setup.low_precision}: the measure engine does not run the low-precision "
-                         "libraries: use --engine analytic")
+    if setup.low_precision != "none":  # torchao's Float8Linear on torchtitan's step (step/torchao_convert.py)
+        try:
+            from .step.torchao_convert import check as check_low_precision
+        except ImportError as e:
+            raise _missing("the measure engine", e) from e
+        check_low_precision(setup)
     if setup.attention in ("triton", "flash2"):
         raise SetupError(f"--attention {setup.attention} names a kernel the measure engine does not pin; it runs "
                          "PyTorch's SDPA in its place: use --attention flash, or --engine analytic/trace (which save "

@@ -5,6 +5,7 @@ Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer`, its a
 its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks/torchtitan.toml pins it).
 
     build   train.py:147-151   Transformer(args) on the meta device under set_default_dtype(training.dtype)
+            train.py:154-155   --low-precision: torchao's Float8Linear swapped in (step/torchao_convert.py)
             train.py:254       parallelize_llama: models/llama3/infra/parallelize.py:111-119 apply_ac, then
                                :125-156 apply_fsdp (dp_shard > 1) or apply_ddp (dp_replicate > 1)
             train.py:256-259   to_empty(device), init_weights(buffer_device=None), train()
@@ -37,6 +38,7 @@ import torch
 from ..errors import EngineUnavailableError
 from .build import param_dtype
 from .standard import _is_real, make_optimizer
+from .torchao_convert import apply_low_precision
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -211,6 +213,7 @@ def build(spec: "ModelSpec", setup: "Setup", device="cpu", mesh=None, fake: bool
 
     with torch.device(device if fake else "meta"), set_default_dtype(param_dtype(setup)):  # train.py:147-151
         model = Transformer(args)
+    apply_low_precision(model, setup, device)  # train.py:154-155: torchao's Float8Linear, before parallelize_llama
     apply_recompute(model, setup)
     if setup.dp > 1:
         if mesh is None:
