@@ -79,5 +79,9 @@ def apply_low_precision(model: torch.nn.Module, setup: "Setup", device: str | No
         raise EngineUnavailableError(f"--low-precision {setup.low_precision} needs torchao 0.18 and torchtitan 0.2.2 "
                                      f"({e.name} is missing): pip install 'trainfit[torchtitan]' torchao") from e
     filter_fqns = [setup.stack_facts.fact("low_precision", "filter")]  # stacks/torchtitan.toml [low_precision]
+    # --bf16-first-layers / --bf16-last-layers: the blocks' names added to filter_fqns (utils.py:24-25 matches them
+    # as substrings of "layers.<i>.attention.wq"...; analytic/torchao_recipes.py bf16_layers)
+    n = len(model.layers)
+    filter_fqns += [f"layers.{i}." for i in range(n) if i < setup.bf16_first_layers or i >= n - setup.bf16_last_layers]
     convert_to_float8_training(model, config=float8_config(setup),
                                module_filter_fn=partial(module_filter_fn, filter_fqns=filter_fqns))
