@@ -3,9 +3,12 @@
     python -m bench run cuda_truth                  # on a CUDA machine: the matrix below, ~8 minutes on one H100
     python -m bench run cuda_truth --dry-run        # anywhere: the same harness, tiny models, --device cpu semantics
     python -m bench run cuda_truth --only llama     # cases whose id contains "llama"; --max-minutes N stops early
+    python -m bench run cuda_truth --only fp8       # torchao float8 (tensorwise, rowwise) on torchtitan's step and its
+                                                    # base, TinyLlama 2 x 1024: about 1 minute on one H200 (sm89+)
 
 For each case (HF models of four families from 124M to 3B with random weights; fp32 / amp-bf16 / bf16 / bf16-master;
-flash vs eager attention; foreach vs fused AdamW; recompute none / full; the torchtitan stack on one rank; peft
+flash vs eager attention; foreach vs fused AdamW; recompute none / full; the torchtitan stack on one rank, also
+with torchao's Float8Linear (--low-precision tensorwise / rowwise, eager: fp8_cases, fp8_deltas); peft
 LoRA and bitsandbytes QLoRA; inference prefill + decode) it runs the measure engine's real step (torch's
 max_memory_allocated per phase, max_memory_reserved, the device memory in use as cudaMemGetInfo reports it, the
 median step time) and one step under torch.profiler (kernel time by kind: GEMMs, attention, the rest), then puts
@@ -65,7 +68,20 @@ def cuda_cases() -> list[Case]:
             Case("gpt2-fp32", "gpt2", dict(base, precision="fp32")),
             Case("llama-3.1-8b-bf16", "llama-3.1-8b", dict(base, precision="bf16")),
             Case("qwen2.5-1.5b-infer", "qwen2.5-1.5b", dict(batch=8, seq=1024, precision="bf16", mode="infer"))]
-    return out
+    return out + fp8_cases("tinyllama-1.1b", base)
+
+
+FP8 = ("tensorwise", "rowwise")  # torchao's float8 recipes on torchtitan's step (trainfit/step/torchtitan_lowp.py)
+
+
+def fp8_cases(model: str, base: dict, precision: str = "amp-bf16") -> list[Case]:
+    """torchtitan with torchao's Float8Linear (--low-precision) beside the same step without it, all ids holding
+    "fp8" (`--only fp8`): the base case's kinds against the recipes' give what the recipe changed, measured
+    (fp8_deltas) and predicted. torchtitan's one-GPU step runs under autocast (its maybe_enable_amp): amp-bf16."""
+    needs = ("torchtitan", "torchao")
+    s = dict(base, precision=precision, stack="torchtitan")
+    return [Case(f"{model}-torchtitan-fp8-base", model, s, needs)] + \
+        [Case(f"{model}-torchtitan-fp8-{r}", model, dict(s, low_precision=r), needs) for r in FP8]
 
 
 def recorded_settings(settings: dict) -> dict:
@@ -84,14 +100,22 @@ def dry_run_cases() -> list[Case]:
             Case("tiny-llama-amp-bf16-full-recompute", "tiny-llama", dict(base, precision="amp-bf16", recompute="full")),
             Case("tiny-gpt2-amp-bf16", "tiny-gpt2", dict(base, precision="amp-bf16")),
             Case("tiny-llama-lora", "tiny-llama", dict(base, precision="bf16", lora_rank=8), ("peft",)),
-            Case("tiny-llama-infer", "tiny-llama", dict(batch=2, seq=128, device="cpu", precision="bf16", mode="infer"))]
+            Case("tiny-llama-infer", "tiny-llama", dict(batch=2, seq=128, device="cpu", precision="bf16", mode="infer"))] \
+        + fp8_cases("tiny-llama", base, precision="bf16")  # NB: bf16 on CPU: torchao's Float8Linear follows only
+    # CUDA's autocast (float8_linear.py:258-262 torch.is_autocast_enabled()), so under CPU autocast it runs fp32
 
 
 # ---- kernel time by kind -----------------------------------------------------------------------------------------
 
 OPTIMIZER = ("multi_tensor_apply", "fusedopti", "adam", "optim")  # the optimizer step's kernels
 GEMM = ("gemm", "cutlass", "cublas", "xmma", "sm90_", "sm80_", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul",
-        "aten::linear")
+        "aten::linear",
+        # fp8 GEMMs: torch._scaled_mm (torchao's Float8Linear; the aten op on CPU) runs cuBLASLt's fp8 kernels
+        # (sm90_xmma_gemm_e4m3..., nvjet_..., matched above or here) or, with row scales, aten's cutlass kernel
+        "scaled_mm", "nvjet")
+# NB: torchao's amax and fp8 casts (eager: abs, max/amax, reciprocal, mul, clamp, copies to Float8_e4m3fn;
+# compiled: triton_red_fused_abs_max..., triton_poi_fused__to_copy_clamp...) are memory-bound kernels: "other",
+# where the analytic op list times them (analytic/ops/gemm.py fp8_casts, ops/torchao_casts.py)
 # NB: softmax kernels (the loss's log-softmax, eager attention's softmax) count as "other": under eager attention
 # the kinds are not comparable (its q·k and p·v run as GEMMs here and as attention in the analytic split)
 ATTENTION = ("flash", "fmha", "attention", "attn", "sdpa")
@@ -361,6 +385,31 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
     return row
 
 
+def fp8_deltas(rows: list[dict]) -> None:
+    """For each --low-precision case, what the recipe changed against its base case (the same settings without it,
+    fp8_cases), kind by kind, measured and predicted: the GEMMs (bf16 -> fp8 rate) and "other" (the amax and cast
+    kernels added, the autocast weight copies the converted projections no longer make). Written into the row as
+    row["fp8"] and, on a GPU, row["errors"]["fp8_delta"] (the predicted change against the measured, per kind)."""
+    def key(r):
+        return r["model"], tuple(sorted((k, v) for k, v in r["settings"].items()
+                                        if k not in ("low_precision", "max_grad_norm")))
+
+    bases = {key(r): r for r in rows if "settings" in r and r["settings"].get("low_precision", "none") == "none"}
+    for r in rows:
+        if r.get("settings", {}).get("low_precision", "none") == "none" or key(r) not in bases:
+            continue
+        b = bases[key(r)]
+        out = {"base": b["id"]}
+        for side, kinds in (("measured", lambda x: x.get("measured", {}).get("kinds")),
+                            ("analytic", lambda x: x.get("analytic", {}).get("kinds"))):
+            k8, k0 = kinds(r), kinds(b)
+            out[side] = {k: k8[k] - k0.get(k, 0.0) for k in k8} if k8 and k0 else None
+        r["fp8"] = out
+        if r["settings"].get("device", "cuda") == "cuda" and out["measured"] and out["analytic"]:
+            r.setdefault("errors", {})["fp8_delta"] = {k: _err(out["analytic"].get(k), v)
+                                                      for k, v in out["measured"].items() if v}
+
+
 def measured_kinds(measured: dict) -> dict | None:
     """A committed case's kernel seconds by kind. Where the profile lists every kernel (runs from 2026-11-27 on) they
     are summed again from it without the rows that are not kernels (NOT_KERNELS), which that day's first runs
@@ -496,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / data.gpu_file_name(gpu.name, str(_dt.date.today()), chip, "truth", "dry-run" if dry else "")
 
     def write(rows: list[dict], minutes: float) -> None:  # after every case: a run cut off keeps what it measured
+        fp8_deltas(rows)
         path.write_text(json.dumps({"gpu": gpu.name, "device_name": name, "dry_run": dry,
                                                          "workspaces": ws, "predicted_workspaces": predicted_ws,
                                                          "host": host, "memory_totals": totals,

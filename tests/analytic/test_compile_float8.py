@@ -16,7 +16,7 @@ from trainfit.analytic import compile_effects, float8
 from trainfit.analytic.engine import estimate
 from trainfit.analytic.precision import state_bytes
 from trainfit.analytic.step_time import layout_step_time
-from trainfit.errors import SetupError
+from trainfit.errors import EngineUnavailableError, SetupError
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
@@ -66,6 +66,8 @@ def test_engines_that_cannot_run_them_refuse():
     with pytest.raises(SetupError, match="--compile is modelled"):
         engines.trace(spec, Setup(compile=True, device="cpu"))
     # --low-precision runs in both (torchao's Float8Linear on CPU): tests/stacks/test_torchtitan_float8_engines.py
+    with pytest.raises((SetupError, EngineUnavailableError), match="--low-precision mxfp8"):
+        engines.measure(spec, Setup(low_precision="mxfp8", stack="torchtitan", device="cpu"))
 
 
 def test_a_block_the_model_does_not_cover_keeps_eager_and_says_so():

@@ -5,6 +5,7 @@ Runs torchtitan's code, not a re-implementation: its Llama3 `Transformer`, its a
 its gradient clipping. Paths below are inside the torchtitan 0.2.2 wheel (stacks/torchtitan.toml pins it).
 
     build   train.py:147-151   Transformer(args) on the meta device under set_default_dtype(training.dtype)
+            train.py:154-155   --low-precision: torchao's Float8Linear swapped in (step/torchtitan_lowp.py)
             train.py:254       parallelize_llama: models/llama3/infra/parallelize.py:111-119 apply_ac, then
                                :125-156 apply_fsdp (dp_shard > 1) or apply_ddp (dp_replicate > 1)
             train.py:256-259   to_empty(device), init_weights(buffer_device=None), train()
