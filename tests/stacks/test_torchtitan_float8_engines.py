@@ -148,3 +148,15 @@ def test_cuda_trace_float8linear_keeps_no_bf16_weight_copies():
     h, kv, f = s.hidden, s.kv_heads * s.head_dim, s.intermediate
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * f  # wq, wo; wk, wv; w1, w2, w3
     assert plain - fp8 == 2 * per_layer * s.layers
+
+
+def test_analytic_counts_no_autocast_copies_of_the_converted_weights():
+    """The analytic engine's saved bytes drop by what the trace's do (the test above): under amp-bf16 on one rank,
+    Float8Linear's weights have no autocast bf16 copy."""
+    s = spec(layers=2)
+    kw = dict(device="cuda", precision="amp-bf16", recompute="none")
+    traced = [engines.trace(s, setup(low_precision=lp, **kw), extrapolate=False, flops=False).memory.activations
+              for lp in ("none", "tensorwise")]
+    analytic = [engines.analytic(s, setup(low_precision=lp, **kw)).memory.activations
+                for lp in ("none", "tensorwise")]
+    assert analytic[0] - analytic[1] == traced[0] - traced[1]

@@ -213,6 +213,10 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         mixer = (gated_deltanet.linear_params(spec) + gated_deltanet.conv_params(spec) if linear
                  else attention_linear_params(spec))
         fixed += a * (mixer + (0 if moe else linear_params_per_layer(spec) - attention_linear_params(spec)))
+        if not (moe or linear):  # torchao's Float8Linear makes none of them (float8.autocast_copies_skipped)
+            from .float8 import autocast_copies_skipped  # (float8 imports this module)
+
+            fixed -= a * autocast_copies_skipped(spec, setup)
     mlp_share = {"norms": t["norms"] / 2, "linear_inputs": (mlp_inputs if amp else 1) * a * h, "mlp": t["mlp"],
                  "dropout": t.get("dropout", 0) / 2}
     return LayerActivations(sum(t.values()), per_key, fixed, t, mlp_share)

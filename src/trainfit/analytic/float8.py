@@ -52,6 +52,20 @@ def converted(spec: ModelSpec, setup: Setup) -> int:
     return sum(k * n for k, n in shapes if k % 16 == 0 and n % 16 == 0) // t
 
 
+def autocast_copies_skipped(spec: ModelSpec, setup: Setup) -> float:
+    """Parameters of one whole layer whose autocast low-precision weight copy is never made: torchao's Float8Linear
+    casts the high-precision weight to fp8 itself, calling no op on autocast's lists with it (float8/
+    float8_linear.py:255-268), so a layer under --precision amp-* saves 2 bytes per converted parameter fewer than
+    nn.Linear's cached bf16 copy (the trace of torchtitan's step: tests/stacks/test_torchtitan_float8_engines.py);
+    in the converted share of the layers (--bf16-*-layers keep theirs). NB: MXLinear's and NVFP4's weights are
+    assumed to keep the copies (unmeasured: may over-read)."""
+    if setup.low_precision not in ("tensorwise", "rowwise", "rowwise_with_gw_hp") or runs_te(setup):
+        return 0.0
+    from .torchao_recipes import bf16_layers
+
+    return converted(spec, setup) * setup.tp * (1 - bf16_layers(setup, spec.layers) / spec.layers)
+
+
 def fp8_all_gather(setup: Setup) -> bool:
     """--fp8-all-gather: torchtitan's enable_fsdp_float8_all_gather, which acts only with FSDP sharding
     (float8.py:87-90), i.e. ZeRO-3 over dp > 1 (setup/rules.py refuses it elsewhere)."""
