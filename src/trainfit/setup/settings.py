@@ -155,11 +155,11 @@ class Setup:
                                    "--dp > 1.", modes=("train",), group="step")
     bf16_first_layers: int = setting(0, "Transformer layers at the start of the model kept in bf16 under "
                                      "--low-precision (Megatron --num-layers-at-start-in-bf16).", minimum=0,
-                                     maximum=limits.LAYERS, modes=("train",), group="step")
+                                     maximum=limits.LAYERS, modes=("train",), example="1", group="step")
     bf16_last_layers: int = setting(0, "Transformer layers at the end of the model kept in bf16 under "
                                     "--low-precision (Megatron --num-layers-at-end-in-bf16; torchtitan's "
                                     "filter_fqns of the last blocks, as NVFP4 recipes do).", minimum=0,
-                                    maximum=limits.LAYERS, modes=("train",), group="step")
+                                    maximum=limits.LAYERS, modes=("train",), example="5", group="step")
     offload: str = setting("none", "What lives in host memory: optimizer (DeepSpeed ZeRO-Offload: fp32 master and "
                            "optimizer states, the step on the CPU; --zero >= 1; --stack deepspeed; on one GPU with --stack hf: "
                            "torchao's CPUOffloadOptimizer, states, gradient and parameter copies in pinned host "
