@@ -300,7 +300,7 @@ def _ao(id_, gpu, table, row, recipe, tps, reserved, attention, notes, calibrati
 _MB_RECIPE = {"BF16": {}, "FP8-CS": dict(low_precision="tensorwise", fp8_all_gather=True),
               "FP8-MX": dict(low_precision="mxfp8", fp8_all_gather=True), "MXFP8": dict(low_precision="mxfp8",
                                                                                         fp8_all_gather=True),
-              "NVFP4": dict(low_precision="nvfp4")}
+              "NVFP4": dict(low_precision="nvfp4", fp8_all_gather=True)}
 _MB_MODEL = {"LLAMA3_8B": "llama-3.1-8b", "LLAMA3_70B": "llama-3.1-70b", "LLAMA3.1_405B": "llama-3.1-405b",
              "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b"}
 _MB_GPU = {"DGX-H100": "H100-80GB", "DGX-B200": "B200", "DGX-GB200": "GB200"}
@@ -454,15 +454,13 @@ LOWP_VALIDATION: list[dict] = [
               "249-254 at v0.4.2): TP 2 PP 4 VP 5, no recompute; overlap_param_gather off for MXFP8 (llama3_llm_pretrain.py)."),
     _mb("26.04.01", 206, "DGX-GB200", "LLAMA3_70B", 64, "NVFP4", 256, 1, 8192, tp=2, pp=4, vp=5, tps=4864,
         notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_GB200_NVFP4_V2 (:256-264): TP 2 PP 4 VP 5, no CUDA graphs, TP comm "
-              "overlap off for NVFP4. NB: fp4 param gather (fp4_param_gather) not expressible: bf16 gathers "
-              "modelled (predicted slower)."),
+              "overlap off for NVFP4; fp4 param gather (--fp8-all-gather)."),
     _mb("26.04.01", 207, "DGX-H100", "LLAMA3_70B", 64, "FP8-CS", 256, 1, 8192, tp=4, pp=8, vp=5, tps=1664,
         notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS_V2: TP 4 PP 8 VP 5 (the table's 'FP8' = FP8-CS)."),
     _mb("26.04.01", 218, "DGX-GB200", "LLAMA3.1_405B", 256, "NVFP4", 1536, 1, 8192, tp=4, pp=16, vp=8, tps=1184,
         notes="Recipe LLAMA31_405B_PRETRAIN_CONFIG_GB200_NVFP4_V2 (configs/llama/llama31_workload_base_configs.py:"
               "108-118, 283-288 at v0.4.2): TP 4 PP 16 VP 8 (128 chunks: one layer each, embedding and loss counted), "
-              "recompute_num_layers None in V2 (no recompute), no CUDA graphs. NB: fp4 param gather not expressible "
-              "(bf16 gathers modelled: predicted slower)."),
+              "recompute_num_layers None in V2 (no recompute), no CUDA graphs; fp4 param gather (--fp8-all-gather)."),
     _mb("26.04.01", 237, "DGX-B200", "GPT OSS 120B", 64, "BF16", 1280, 4, 4096, ep=8, tps=13568,
         notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
 ]
