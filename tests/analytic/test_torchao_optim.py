@@ -23,9 +23,13 @@ pytest.importorskip("torchao")
 
 
 def _model(spec, precision: str, device: str):
+    import copy
+
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(**{k: v for k, v in spec.config.items() if k != "transformers_version"})
+    # a deep copy: transformers writes into the config's nested dicts, and spec.config is the catalog's own
+    config = AutoConfig.for_model(**{k: copy.deepcopy(v) for k, v in spec.config.items()
+                                      if k != "transformers_version"})
     with torch.device(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config)
