@@ -160,3 +160,13 @@ def test_analytic_counts_no_autocast_copies_of_the_converted_weights():
     analytic = [engines.analytic(s, setup(low_precision=lp, **kw)).memory.activations
                 for lp in ("none", "tensorwise")]
     assert analytic[0] - analytic[1] == traced[0] - traced[1]
+
+
+def test_measure_refuses_compile_it_does_not_apply():
+    """trainfit's torchtitan step builds the model without torchtitan's apply_compile: --compile is refused in one
+    line rather than measured eager."""
+    from trainfit.errors import EngineUnavailableError
+
+    with pytest.raises(EngineUnavailableError, match="--compile") as e:
+        engines.measure(spec(layers=2), setup(low_precision="none", device="cpu", compile=True))
+    assert "\n" not in str(e.value)

@@ -82,6 +82,10 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     if setup.tp > 1 or setup.pp > 1:
         raise EngineUnavailableError("--stack torchtitan: the trace and measure engines run data parallelism only; "
                                      "--tp/--pp are analytic-only")
+    if setup.compile:  # (the trace refuses it first, engines.trace)
+        raise EngineUnavailableError("--compile: trainfit's torchtitan step runs eager (torchtitan's apply_compile of "
+                                     "each block and of the loss is not applied here); use --engine analytic, which "
+                                     "models the compiled step")
 
 
 def ffn_sizing(dim: int, intermediate: int) -> tuple[int, float | None]:
