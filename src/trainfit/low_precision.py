@@ -32,6 +32,14 @@ class Recipe:
     peak: str  # the gpus.json peak_flops key its GEMMs run at (a GPU without it lacks those tensor cores)
     summary: str
 
+    @property
+    def per_element(self) -> float:
+        """Bytes of one quantised element with its share of a block's scale (MXFP8: an e8m0 per 32, NVFP4: an e4m3
+        per 16, blockwise: an fp32 per 128 of a row); per-tensor and per-row scales are a tensor's or a row's, not an
+        element's (quantised_bytes). NB: NVFP4's per-tensor fp32 amax is left out, and blockwise's 128x128 weight
+        blocks are counted per 128: over-counts the weights' scales by < 3 %."""
+        return self.element_bytes + (self.scale_bytes / self.block if self.scale == "block" else 0.0)
+
     def quantised_bytes(self, elements: float, rows: int = 1) -> float:
         """Bytes of `elements` quantised by this recipe: the elements plus their scales (`rows`: rows of the tensor
         along the non-reduction dim, for row scaling). NB: a 2-D block's (128x128) scales are counted per 128
@@ -40,7 +48,7 @@ class Recipe:
             return elements * self.element_bytes + self.scale_bytes
         if self.scale == "row":
             return elements * self.element_bytes + rows * self.scale_bytes
-        return elements * (self.element_bytes + self.scale_bytes / self.block)
+        return elements * self.per_element
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (

@@ -61,9 +61,9 @@ def autocast_copies_skipped(spec: ModelSpec, setup: Setup) -> float:
     assumed to keep the copies (unmeasured: may over-read)."""
     if setup.low_precision not in ("tensorwise", "rowwise", "rowwise_with_gw_hp") or runs_te(setup):
         return 0.0
-    from .torchao_recipes import bf16_layers
+    from .torchao_recipes import converted_share
 
-    return converted(spec, setup) * setup.tp * (1 - bf16_layers(setup, spec.layers) / spec.layers)
+    return converted(spec, setup) * setup.tp * converted_share(spec, setup)
 
 
 def fp8_all_gather(setup: Setup) -> bool:
@@ -96,15 +96,14 @@ def compute_speedup(spec: ModelSpec, setup: Setup, gpu: GPU, layer_forward: floa
     """Factor by which the stage's matmul time shrinks: the converted FLOPs at the recipe's peak (tensorwise: fp8;
     torchao_recipes.py for the others), the rest (attention, LM head, bf16 layers) at the compute dtype's. `share_of_stage`: the layers' part of the stage's FLOPs."""
     from ..low_precision import recipe
-    from .torchao_recipes import MODELLED, bf16_layers, low_gemm_share
+    from .torchao_recipes import MODELLED, converted_share, low_gemm_share
 
     r = recipe(setup)  # (planner's _Cfg: none)
     if r is None or r.name not in MODELLED or r.peak not in gpu.peak_flops:
         return 1.0
     ratio = gpu.peak_flops[r.peak] / gpu.flops_for(compute_dtype(setup))
     # the recipe's low-precision GEMMs (rowwise_with_gw_hp: 2 of 3), in the converted layers only
-    kept = 1 - bf16_layers(setup, spec.layers) / spec.layers
-    f = fp8_share(spec, layer_forward) * share_of_stage * low_gemm_share(r.name) * kept
+    f = fp8_share(spec, layer_forward) * share_of_stage * low_gemm_share(r.name) * converted_share(spec, setup)
     return 1.0 / (f / ratio + (1.0 - f))
 
 

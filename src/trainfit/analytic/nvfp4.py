@@ -36,9 +36,9 @@ def active(setup) -> bool:
 
 def converted_share(spec, setup) -> float:
     """Of the layers, the share whose linears run NVFP4 (the rest: --bf16-first/last-layers, filtered out)."""
-    from .torchao_recipes import bf16_layers
+    from . import torchao_recipes
 
-    return 1 - bf16_layers(setup, spec.layers) / spec.layers if active(setup) else 0.0
+    return torchao_recipes.converted_share(spec, setup) if active(setup) else 0.0
 
 
 def sac_stores_gemm(setup, dtype: str) -> bool:

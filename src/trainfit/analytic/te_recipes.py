@@ -36,7 +36,7 @@ Time (ops/te_casts.py): the GEMMs at the recipe's peak (low_precision.Recipe.pea
 """
 from __future__ import annotations
 
-from ..low_precision import Recipe, recipe
+from ..low_precision import recipe
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import attention_linear_params
@@ -46,27 +46,16 @@ FP32 = 4
 FWD_TENSORS, BWD_TENSORS = 3, 2  # quantised tensors per GEMM with delayed scaling (module/base.py:767)
 AMAX_HISTORY_LEN = 1  # Megatron's --fp8-amax-history-len default (transformer_config.py:463 fp8_amax_history_len)
 LINEARS = 4  # linear_qkv, linear_proj, linear_fc1, linear_fc2 (gpt_layer_specs.py with Transformer Engine)
+# Quantised copies of a tensor kept for its rowwise and columnwise GEMMs: two for every recipe on sm90. NB: the memory
+# model does not know the GPU; per-tensor fp8 (tensorwise, delayed) on sm100 keeps one (quantizer.cpp:126,137):
+# over-counts one byte per weight element there (and per dY element in backward)
+COPIES = 2
 
 
 def runs_te(setup) -> bool:
     """--low-precision is run by Transformer Engine on this stack (stacks/*.toml [low_precision] library)."""
     facts = setup.stack_facts.facts.get("low_precision", {})
     return getattr(setup, "low_precision", "none") != "none" and facts.get("library") == "transformer-engine"
-
-
-def element_bytes(r: Recipe) -> float:
-    """Bytes per quantised element with its share of the scales: one per 'block' elements (MXFP8: an e8m0 per 32,
-    NVFP4: an e4m3 per 16, blockwise: an fp32 per 128 of a row); a per-tensor scale is one fp32 a tensor (counted
-    per tensor, not per element). NB: NVFP4's per-tensor fp32 amax and blockwise's 128x128 weight blocks (one scale
-    per 16384 elements, counted as per 128) are left as they are: over-counts the weights' scales by < 3 %."""
-    return r.element_bytes + (r.scale_bytes / r.block if r.scale == "block" else 0.0)
-
-
-def copies(r: Recipe, setup: Setup) -> int:
-    """Quantised copies of a tensor kept for its rowwise and columnwise GEMMs: two for every recipe on sm90.
-    NB: the memory model does not know the GPU; per-tensor fp8 (tensorwise, delayed) on sm100 keeps one
-    (quantizer.cpp:126,137): over-counts one byte per weight element there (and per dY element in backward)."""
-    return 2
 
 
 def recipe_layers(setup: Setup, stage: Stage) -> int:
@@ -106,7 +95,7 @@ def weight_bytes(spec: ModelSpec, setup: Setup, stage: Stage, moe_share: float) 
     n = recipe_layers(setup, stage)
     params = n * ((1 - moe_share) * quantised_params(spec, setup, False) +
                   (moe_share * quantised_params(spec, setup, True) if moe_share else 0.0))
-    out = params * copies(r, setup) * element_bytes(r)
+    out = params * COPIES * r.per_element
     if setup.fp8_all_gather:
         from .parallel.megatron import bytes_per_param
 
@@ -124,7 +113,7 @@ def saved_delta(spec: ModelSpec, setup: Setup, act: int, moe: bool, core_recompu
     r = recipe(setup)
     if r is None:
         return {}, {}
-    e = element_bytes(r)
+    e = r.per_element
     h, q = spec.hidden, spec.q_dim
     # linear_qkv's ln_out (and linear_fc1's in a dense layer) saved quantised (layernorm_linear.py:404-414). In a MoE
     # layer the pre-MLP norm is a plain TENorm whose output the router saves in bf16 (kept)
@@ -147,13 +136,14 @@ def saved_delta(spec: ModelSpec, setup: Setup, act: int, moe: bool, core_recompu
 
 def backward_transient(spec: ModelSpec, setup: Setup, moe: bool) -> float:
     """Bytes per token of linear_fc1's quantised output gradient in backward: rowwise (dgrad) and columnwise
-    (wgrad) data, one copy for per-tensor fp8 on sm100 (copies) (linear.py:567-575 grad_output_quantizer.set_usage(rowwise=True, columnwise=True)), beside the bf16 gradient already counted."""
+    (wgrad) data, COPIES of it (NB there: one for per-tensor fp8 on sm100; linear.py:567-575
+    grad_output_quantizer.set_usage(rowwise=True, columnwise=True)), beside the bf16 gradient already counted."""
     r = recipe(setup)
     if r is None:
         return 0.0
     gate = 2 if spec.gated_mlp else 1
     width = (spec.moe.expert_intermediate * spec.moe.top_k * setup.expert_tp if moe else spec.intermediate)
-    return copies(r, setup) * element_bytes(r) * gate * width / setup.tp
+    return COPIES * r.per_element * gate * width / setup.tp
 
 
 def notes(spec: ModelSpec, setup: Setup) -> list[str]:
@@ -186,7 +176,7 @@ def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float
     n = max(0, layers - (setup.bf16_first_layers + setup.bf16_last_layers) * layers / spec.layers)
     per_layer = (1 - moe) * quantised_params(spec, setup, False) + \
         (moe * quantised_params(spec, setup, True) if moe else 0.0)
-    return n * per_layer * (param_bytes - element_bytes(r))
+    return n * per_layer * (param_bytes - r.per_element)
 
 
 def te_gather_saving(setup, act_bytes: float, rerun: float) -> float:
@@ -198,4 +188,4 @@ def te_gather_saving(setup, act_bytes: float, rerun: float) -> float:
     r = recipe(setup)
     if r is None or not runs_te(setup) or not setup.sequence_parallel:
         return 0.0
-    return (2 + 2 * rerun) * 0.5 * (1 - element_bytes(r) / act_bytes)
+    return (2 + 2 * rerun) * 0.5 * (1 - r.per_element / act_bytes)

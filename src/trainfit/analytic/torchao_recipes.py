@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..low_precision import RECIPES, Recipe
+from ..stacks import get_stack
 from .ops.op import Shape
 from .ops.torchao_casts import LOW_GEMMS  # (the op-level half: quantise kernels and GEMM dtypes)
 
@@ -63,6 +64,20 @@ def bf16_layers(setup, layers: int) -> int:
     return min(layers, getattr(setup, "bf16_first_layers", 0) + getattr(setup, "bf16_last_layers", 0))
 
 
+def converted_share(spec, setup) -> float:
+    """Of the layers, the share whose linears the recipe converts (the rest: --bf16-first/last-layers)."""
+    return 1 - bf16_layers(setup, spec.layers) / spec.layers
+
+
+def filter_fqns(setup, layers: int) -> list[str]:
+    """torchtitan's filter_fqns for `setup`: the stack's filter ("output": the LM head, as trainfit models it) plus
+    each block kept in bf16 as "layers.<i>." (a substring match: components/quantization/utils.py:24-25)."""
+    fqns = [f for f in str(get_stack(setup.stack).fact("low_precision", "filter")).split(",") if f]
+    first = range(min(setup.bf16_first_layers, layers))
+    last = range(max(layers - setup.bf16_last_layers, 0), layers)
+    return fqns + [f"layers.{i}." for i in sorted(set(first) | set(last))]
+
+
 # Compiled with no recompute, the recipes whose backward re-casts each matmul input from the bf16 tensor through a
 # fusible transpose + cast, so that the partitioner recomputes the input (a norm output, the SiLU·mul product)
 # instead of saving it (compile_effects.block_terms). Measured on CPU (torch 2.13 inductor, torchtitan's block at
@@ -77,7 +92,7 @@ def compiled_recast_share(spec, setup) -> float:
     --bf16-*-layers save as bf16)."""
     if getattr(setup, "low_precision", "none") not in COMPILED_RECAST:
         return 0.0
-    return 1 - bf16_layers(setup, spec.layers) / spec.layers
+    return converted_share(spec, setup)
 
 
 def layer_shapes(spec, setup, sh: Shape) -> list[tuple[float, Shape]]:

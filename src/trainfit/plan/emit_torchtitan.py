@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+from ..analytic.torchao_recipes import filter_fqns
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -135,9 +136,7 @@ def quantize_sections(s: Setup, spec: ModelSpec) -> dict:
     lp = getattr(s, "low_precision", "none")
     if lp == "none":
         return {}
-    n_first, n_last = s.bf16_first_layers, s.bf16_last_layers
-    keep = sorted(set(range(min(n_first, spec.layers))) | set(range(max(0, spec.layers - n_last), spec.layers)))
-    fqns = [get_stack("torchtitan").fact("low_precision", "filter")] + [f"layers.{i}." for i in keep]
+    fqns = filter_fqns(s, spec.layers)  # (a plan with a recipe is a torchtitan one: Setup refuses it elsewhere)
     if lp == "mxfp8":
         return {"quantize_converter": "quantize.linear.mx",
                 "quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": fqns}}

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..analytic.torchao_recipes import filter_fqns
 from ..errors import EngineUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,14 +68,6 @@ def check(setup: "Setup") -> None:
         raise EngineUnavailableError("--low-precision rowwise_with_gw_hp with autocast fails on CPU (torchao casts "
                                      "Float8Linear inputs under CUDA autocast only): use --device cuda, --precision "
                                      "bf16 or --engine analytic")
-
-
-def filter_fqns(setup: "Setup", layers: int) -> list[str]:
-    """torchtitan's filter_fqns for `setup`: the stack's filter plus the blocks kept in bf16 (module docstring)."""
-    fqns = [f for f in str(setup.stack_facts.fact("low_precision", "filter")).split(",") if f]
-    first = range(min(setup.bf16_first_layers, layers))
-    last = range(max(layers - setup.bf16_last_layers, 0), layers)
-    return fqns + [f"layers.{i}." for i in sorted(set(first) | set(last))]
 
 
 def float8_config(setup: "Setup"):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from ...low_precision import RECIPES
 from ..activations import FP32
-from ..te_recipes import element_bytes
 from .op import Op, Shape, memory
 
 SRC = "Transformer Engine quantize (cast + transpose)"
@@ -38,7 +37,7 @@ def _quantise(name: str, elements: float, in_bytes: float, sh: Shape) -> list[Op
     r = RECIPES[sh.te]
     out = [memory(f"{name}.amax", elements * in_bytes, FP32, SRC + ": per-tensor amax", grad=False, saves=False)] \
         if r.name in TENSOR_AMAX else []
-    return out + [memory(f"{name}.cast", elements * in_bytes, 2 * elements * element_bytes(r), SRC, grad=False,
+    return out + [memory(f"{name}.cast", elements * in_bytes, 2 * elements * r.per_element, SRC, grad=False,
                          saves=False)]
 
 

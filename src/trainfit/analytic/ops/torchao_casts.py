@@ -58,11 +58,6 @@ def recipe_of(sh: Shape) -> Recipe | None:
     return RECIPES.get(sh.lp) if sh.float8 else None
 
 
-def _gemm_dtype(r: Recipe) -> str:
-    """The roofline dtype of the recipe's GEMMs: its peak key (gpus.json peak_flops "fp8" / "mxfp8" / "fp4")."""
-    return r.peak
-
-
 def _dims(g: Op) -> dict[str, float]:
     return {"T": g.m * g.batch, "k": g.k, "n": g.n}
 
@@ -96,11 +91,11 @@ def quantise(g: Op, sh: Shape) -> tuple[list[Op], Op]:
     ops/gemm.py's casts, the GEMM in fp8 (unchanged)."""
     r = recipe_of(sh)
     if r is not None and r.name == "nvfp4":  # NVFP4Linear's own kernels (ops/nvfp4_casts.py)
-        g = g._replace(dtype=_gemm_dtype(r))
+        g = g._replace(dtype=r.peak)
         return nvfp4_forward(g, sh), g
     if r is None or r.name == "tensorwise" or r.name not in _FWD:
         return fp8_casts(g, sh), g
-    g = g._replace(dtype=_gemm_dtype(r))
+    g = g._replace(dtype=r.peak)
     d, b = _dims(g), _operand_bytes(sh)
     elements = {"x": d["T"] * g.k, "w": g.k * g.n * g.batch}
     src = f"torchao {r.name} forward casts (module docstring)"
@@ -113,10 +108,10 @@ def backward_extra(fwd: list[Op], sh: Shape) -> list[Op]:
     """The backward's quantise kernels of every converted projection of `fwd` (tensorwise: ops/gemm.py's)."""
     r = recipe_of(sh)
     if r is not None and r.name == "nvfp4":
-        return [o for g in fwd if g.kind == "gemm" and g.dtype == _gemm_dtype(r) for o in nvfp4_backward(g, sh)]
+        return [o for g in fwd if g.kind == "gemm" and g.dtype == r.peak for o in nvfp4_backward(g, sh)]
     if r is None or r.name == "tensorwise" or r.name not in _BWD:
         return fp8_backward_extra(fwd, sh)
-    dtype, b = _gemm_dtype(r), _operand_bytes(sh)
+    dtype, b = r.peak, _operand_bytes(sh)
     src = f"torchao {r.name} backward casts (module docstring)"
     out: list[Op] = []
     for g in fwd:
@@ -135,6 +130,6 @@ def backward_gemms(bwd: list[Op], sh: Shape) -> list[Op]:
     r = recipe_of(sh)
     if r is None or LOW_GEMMS.get(r.name, (True,) * 3)[2]:
         return bwd
-    low = _gemm_dtype(r)
+    low = r.peak
     return [o._replace(dtype=sh.dtype) if o.kind == "gemm" and o.dtype == low and o.name.endswith(".wgrad") else o
             for o in bwd]
