@@ -44,7 +44,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..low_precision import RECIPES, Recipe
-from ..stacks import get_stack
 from .ops.op import Shape
 from .ops.torchao_casts import LOW_GEMMS  # (the op-level half: quantise kernels and GEMM dtypes)
 
@@ -72,7 +71,7 @@ def converted_share(spec, setup) -> float:
 def filter_fqns(setup, layers: int) -> list[str]:
     """torchtitan's filter_fqns for `setup`: the stack's filter ("output": the LM head, as trainfit models it) plus
     each block kept in bf16 as "layers.<i>." (a substring match: components/quantization/utils.py:24-25)."""
-    fqns = [f for f in str(get_stack(setup.stack).fact("low_precision", "filter")).split(",") if f]
+    fqns = [f for f in str(setup.stack_facts.fact("low_precision", "filter")).split(",") if f]
     first = range(min(setup.bf16_first_layers, layers))
     last = range(max(layers - setup.bf16_last_layers, 0), layers)
     return fqns + [f"layers.{i}." for i in sorted(set(first) | set(last))]
