@@ -27,9 +27,12 @@ from functools import lru_cache
 
 from trainfit.data import load_toml
 from trainfit.hardware import GPU
+from trainfit.low_precision import RECIPES
 
-# bytes per element of trainfit's compute dtypes
-_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "mxfp8": 1, "fp6": 0.75, "fp4": 0.5}
+# bytes per element of trainfit's compute dtypes; the low-precision recipes' GEMM dtypes (their peak keys: mxfp8,
+# fp4) take their format's element (low_precision.RECIPES)
+_SIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "fp6": 0.75}
+_SIZE.update({r.peak: r.element_bytes for r in RECIPES.values() if r.peak not in _SIZE})
 
 
 # the block-scaled GEMM dtypes (gpus.json peak_flops keys of low_precision.Recipe.peak) whose fraction is fp8's
