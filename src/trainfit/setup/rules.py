@@ -252,9 +252,13 @@ def _check_low_precision(setup, stack) -> None:
         raise SetupError("--bf16-first-layers / --bf16-last-layers keep layers out of a low-precision recipe: they "
                          "need --low-precision")
     if setup.fp8_all_gather:
-        if lp not in stack.fact("low_precision", "all_gather"):
+        gathers = stack.fact("low_precision", "all_gather")
+        if not gathers:
+            raise SetupError(f"--fp8-all-gather gathers weights in a low-precision recipe's format, and --stack "
+                             f"{stack.name} runs none ({stack.fact('low_precision', 'why')}): drop it")
+        if lp not in gathers:
             raise SetupError(f"--fp8-all-gather: --stack {stack.name} gathers weights in the recipe's format only "
-                             f"under --low-precision {' or '.join(stack.fact('low_precision', 'all_gather')) or '(none)'}")
+                             f"under --low-precision {' or '.join(gathers)}")
         zero = stack.fact("low_precision", "all_gather_zero")
         if setup.dp < 2 or setup.zero < zero:
             raise SetupError(f"--fp8-all-gather applies to sharded weights: it needs --dp > 1 and --zero {zero}"
