@@ -44,4 +44,6 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  # (HF's eager attention adds its own additive masks: the eager path's ops, not SDPA's)
                  masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup),
                  te=te, te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)),
-                 lp=lp if lp in MODELLED and not te else "")
+                 lp=lp if lp in MODELLED and not te else "",
+                 moe_block=facts.get("moe", {}).get("block", "transformers"),
+                 moe_aux_loss=facts.get("moe", {}).get("aux_loss", False))
