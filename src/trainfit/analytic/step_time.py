@@ -86,7 +86,7 @@ class MicroBatchCompute(NamedTuple):
     memory_share: float  # the memory-bound share of the time (overlap.py's HBM contention)
     terms: dict  # per step, by kernel kind (StepTime.compute_terms)
     total: object = None  # compute_time.ListTime of the stage's op list (None under the flat override)
-    forward_kernels: float = 0.0  # kernels of the forward alone (the host issues each: moe_sync_exposed)
+    forward_kernels: float = 0.0  # kernels of the forward alone (the host issues each: moe_host_syncs)
 
 
 def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, st: StateBytes,
@@ -250,7 +250,8 @@ def moe_host_syncs(spec: ModelSpec, setup: Setup) -> bool:
     is its own max(0, issue - GPU), per micro-batch. NB: one segment per layer, all alike, gives the same as the
     whole forward's; a model mixing dense and MoE layers has unequal segments (optimistic there), and within a
     segment short and long kernels alternate (host_issue_exposed's NB). The forward's share of the micro-batch's
-    TP/CP/EP communication is taken as half (NB: the dispatch and combine all-to-alls, the forward's pair)."""
+    TP/CP/EP communication is taken as half (NB: the dispatch and combine all-to-alls, the forward's pair). NB: a
+    recomputed MoE layer syncs again in the backward (its dispatcher reruns): not modelled, optimistic there."""
     return spec.is_moe and bool(setup.stack_facts.facts.get("moe", {}).get("host_sync"))
 
 

@@ -14,14 +14,17 @@ What differs from transformers' block (ops/moe.py), kernel by kernel:
   (ops/te_casts.split_kernels);
 - the dispatcher's metadata (moe/token_dispatcher.py:469-590 preprocess) is a handful of small reductions, an
   all-gather of the token counts, and device-to-host copies followed by a host synchronisation (analytic/
-  step_time.py moe_sync_exposed);
+  step_time.py moe_host_syncs);
 - permute / sort-by-expert / unpermute are TE's Triton kernels (te:transformer_engine/pytorch/triton/
   permutation.py), the activation is the probability-weighted SwiGLU (moe/experts.py:689-696
   weighted_bias_swiglu_impl).
 NB: the router's force-balance benchmark option (moe/router.py apply_random_logits) and CUDA graphs of the router
 and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
 modelled: pessimistic by their few kernels where a run graphs them. gpt-oss's expert biases and clamped SwiGLU and
-Llama 4's every-expert block keep transformers' op list (ops/moe.py).
+Llama 4's every-expert block keep transformers' op list (ops/moe.py). NB: every launch costs the host the
+calibrated eager time per kernel (data/kernels.toml [host], Python-issued aten kernels); TE issues the per-expert
+GEMMs and quantises from a C++ loop (each GEMM with its own cuBLASLt heuristic query), unmeasured here: likely
+pessimistic for those launches.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     ops.append(memory("experts_act", rows * (gate * i * a + FP32), rows * i * a,
                       SRC + "experts.py:689-696 weighted_bias_swiglu_impl (act(gate) · up · prob, one kernel)",
                       "experts_act"))
-    ops += _experts_gemm(gemm("experts_out", per_expert, h, i, sh, SRC + "experts.py linear_fc2 (TE GroupedLinear)",
+    ops += _experts_gemm(gemm("experts_out", per_expert, h, i, sh, SRC + "experts.py:748 linear_fc2 (TE GroupedLinear)",
                               batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
     ops += combine_ops(spec, sh)
     if m.shared_intermediate:  # shared_experts.py: a gated MLP beside the routed experts
@@ -65,10 +68,11 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
 def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     """TopKRouter.forward (moe/router.py): the gating GEMM (:79-101), the fused top-k with its score function
     (:573-584 topk_routing_with_score_function, fused: te fused_topk_with_score_function, one kernel writing the
-    probabilities and the routing map), and in training with an aux loss (:596-620): the fused scores for the loss
+    probabilities and the routing map), and in training with an aux loss (:596-624): the fused scores for the loss
     (compute_routing_scores_for_aux_loss), the tokens per expert (moe_utils.py:214 get_tokens_per_expert_and_token_
-    count: a column sum of the map), the fused switch loss (moe_utils.py:118-120 fused_moe_aux_loss) and its
-    tracker's accumulate (save_to_aux_losses_tracker)."""
+    count: a column sum of the map), the fused switch loss (moe_utils.py:118-120 fused_moe_aux_loss), and its
+    logging (router.py:448-450 save_to_aux_losses_tracker(aux_loss / coeff): the division and the tracker's add).
+    NB: the loss's all-reduce over the TP x CP group (moe_utils.py:224) is not counted (a no-op at TP = CP = 1)."""
     m, h = spec.moe, spec.hidden
     T, e = sh.tokens, m.num_experts
     ops = [gemm("router", T, e, h, sh, SRC + "router.py:79-101 gating")]
@@ -76,9 +80,9 @@ def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
                       "router", saves=False))
     if sh.moe_aux_loss:
         ops += [memory("router_aux_scores", T * e * FP32, T * e * (FP32 + BOOL),
-                       SRC + "router.py:598-604 fused aux-loss scores", "router", saves=False),
+                       SRC + "router.py:600 fused aux-loss scores", "router", saves=False),
                 memory("router_aux_loss", T * e * (FP32 + BOOL), FP32, SRC + "router.py:275-314 tokens per expert "
-                       "(column sum), fused switch loss, the tracker's add", "router", saves=False, kernels=3)]
+                       "(column sum), fused switch loss, / coeff, the tracker's add", "router", saves=False, kernels=4)]
     return ops
 
 
