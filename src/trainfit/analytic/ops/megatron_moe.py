@@ -62,6 +62,13 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     ops += combine_ops(spec, sh)
     if m.shared_intermediate:  # shared_experts.py: a gated MLP beside the routed experts
         ops += shared_expert_ops(spec, sh, SRC + "shared_experts.py")
+        if m.shared_gate:  # shared_experts.py:128-131: linear to one logit, its sigmoid, the output scaled
+            ops += [gemm("shared_expert_gate", T, 1, h, sh, SRC + "shared_experts.py:129 gate_weight"),
+                    memory("shared_sigmoid", T * a, T * a, SRC + "shared_experts.py:130 sigmoid", "combine"),
+                    memory("shared_scale", T * h * a + T * a, T * h * a, SRC + "shared_experts.py:131 output * gate",
+                           "combine")]
+        ops.append(memory("shared_add", 2 * T * h * a, T * h * a,
+                          SRC + "moe_layer.py:347 output + shared_expert_output", "combine", saves=False))
     return ops
 
 
