@@ -5,7 +5,10 @@ rank_params; the expert data-parallel exchange of their gradients: parallel/zero
 Per MoE layer a rank dispatches its tokens to the experts and combines their outputs back, in the forward, and in the
 backward the gradients make the reverse trip: 4 exchanges per layer, each of the volume below (uniform routing):
   * alltoall (MoEAlltoAllTokenDispatcher, :348; all_to_all over the ep group, :666-669): the tokens are permuted by
-    expert, so every one of a token's top-k copies is sent, (ep−1)/ep of them off the rank, over the ep group's link;
+    expert, so every one of a token's top-k copies is sent, (ep−1)/ep of them off the rank; NCCL runs the
+    all-to-all as one ncclSend/ncclRecv per peer in a group (torch/csrc/cuda/nccl.cpp all2all_single_unequal_split),
+    so the copies for peers in the node ride NVLink while those for other nodes leave through the NIC, at once:
+    the longer of the two;
   * allgather (MoEAllGatherTokenDispatcher, :208; gather_from_sequence_parallel_region over the tp × ep group,
     :265-276, and reduce_scatter_to_sequence_parallel_region back, :338): every rank gathers every rank's tokens,
     once each (no top-k copies): an all-gather (and a reduce-scatter) of the etp × ep ranks' tokens;
@@ -89,11 +92,13 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
     if how == "allgather":
         n = etp * e  # the tp × ep group (expert rank generator: etp innermost, then ep)
         return ring_half(n, n * local * token_bytes, links.over(n))
-    if how == "alltoall":
-        return (e - 1) / e * local * m.top_k * token_bytes / links.over(etp * e)
-    # deepep / hybridep: the ep group's ranks etp apart, gpus_per_node / etp of them per node
+    # the ep group's ranks etp apart: gpus_per_node / etp of them per node
     per_node = max(1, min(e, links.gpus_per_node // etp))
     nodes = -(-e // per_node)
+    if how == "alltoall":
+        copies = local * m.top_k * token_bytes / e  # to each rank of the group
+        return max((e - per_node) * copies / links.inter, (per_node - 1) * copies / links.intra)
+    # deepep / hybridep
     limit = (m.route_group_topk, m.route_groups)  # group-limited routing (DeepSeek-V3's node limit)
     # RDMA: the distinct nodes but the rank's own (each node as likely to be hit); NVLink: the distinct destination
     # GPUs but the one the token lands on in its node (one of per_node, as likely as any to be a destination). By
