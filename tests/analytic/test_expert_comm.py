@@ -152,3 +152,18 @@ def test_deepseek_v3_routes_to_at_most_four_nodes():
         free *= (224 - i) / (256 - i)
     assert limited == pytest.approx(4 * (1 - miss), rel=1e-12)  # 3.58 nodes
     assert distinct_groups(256, 8, 8) == pytest.approx(8 * (1 - free), rel=1e-12)  # 5.32 nodes
+
+
+def test_gpt_oss_experts_cross_the_expert_group_once():
+    """gpt-oss-120b on 64 B200s, EP 8, distributed optimizer: the model card's split (OpenAI, gpt-oss-120b & gpt-oss-20b
+    Model Card, 2025, Table 1: 114.71B MLP parameters of 116.83B) — each rank holds the 2.12B others whole and 1/8 of
+    the experts, reduce-scattering the gradients and all-gathering the weights (2 bytes each in the step model) over
+    64 ranks and over the 8 expert data-parallel ranks respectively, both across nodes."""
+    from trainfit.analytic.step_time import layout_step_time
+
+    gpu = get_gpu("B200")
+    s = Setup(stack="megatron", precision="bf16-master", dp=64, ep=8, zero=1, seq=4096, batch=4, grad_accum=2)
+    tm = layout_step_time(load_model("gpt-oss-120b"), s, gpu)
+    inter = Links.of(gpu).inter
+    dense, experts = 116.83e9 - 114.71e9, 114.71e9 / 8
+    assert tm.dp_comm_total == pytest.approx(63 / 64 * dense * 4 / inter + 7 / 8 * experts * 4 / inter, rel=5e-3)
