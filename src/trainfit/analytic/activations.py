@@ -319,7 +319,10 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
     the layers as the fused kernels (masked_efficient_share; tiny-gemma3 at 2 x 200, fp32 on CUDA: +6.65 % as math,
     -0.12 % so)."""
     kernel = setup.attention_kernel
-    if kernel == "eager" or not family_traits(spec)["sdpa"]:
+    # a stack whose own fused attention takes the sinks (stacks/*.toml [attention] sinks: Megatron's TE softmax_type
+    # 'learnable') does not fall back to the family's eager path for them
+    sinks_fused = spec.attn_sinks and setup.stack_facts.facts.get("attention", {}).get("sinks") == "fused"
+    if kernel == "eager" or not (family_traits(spec)["sdpa"] or sinks_fused):
         return "eager"
     if setup.device == "cpu" and spec.dropouts[1] > 0:
         return "math"

@@ -20,8 +20,9 @@ What differs from transformers' block (ops/moe.py), kernel by kernel:
   weighted_bias_swiglu_impl).
 NB: the router's force-balance benchmark option (moe/router.py apply_random_logits) and CUDA graphs of the router
 and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
-modelled: pessimistic by their few kernels where a run graphs them. gpt-oss's expert biases and clamped SwiGLU and
-Llama 4's every-expert block keep transformers' op list (ops/moe.py). NB: every launch costs the host the
+modelled: pessimistic by their few kernels where a run graphs them. gpt-oss (Megatron-Bridge's GPT-OSS provider:
+expert biases, quick GeGLU with clamp and linear offset) runs the same layer with its fused activation and
+_apply_bias; Llama 4's every-expert block keeps transformers' op list (ops/moe.py). NB: every launch costs the host the
 calibrated eager time per kernel (data/kernels.toml [host], Python-issued aten kernels); TE issues the per-expert
 GEMMs and quantises from a C++ loop (each GEMM with its own cuBLASLt heuristic query), unmeasured here: likely
 pessimistic for those launches.
@@ -41,7 +42,7 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     """The forward kernels of one MoE layer on one rank (balanced routing: the rank's `local` experts each receive
     T·k / local rows)."""
     m = spec.moe
-    if m.experts_every_token or m.expert_bias or m.swiglu_limit:
+    if m.experts_every_token:
         return moe_block(spec, sh)
     h, t, a = spec.hidden, sh.tp, sh.act
     T, e, k = sh.tokens, m.num_experts, m.top_k
@@ -54,11 +55,14 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     # TEGroupedMLP (moe/experts.py:628-720): linear_fc1, the weighted activation, linear_fc2; one GEMM per expert
     ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, sh, SRC + "experts.py:670 linear_fc1 "
                               "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
-    ops.append(memory("experts_act", rows * (gate * i * a + FP32), rows * i * a,
-                      SRC + "experts.py:689-696 weighted_bias_swiglu_impl (act(gate) · up · prob, one kernel)",
-                      "experts_act"))
+    act = ("experts.py:697-705 weighted_bias_quick_geglu_impl (gpt-oss: clamp, quick GeGLU + 1, · prob, one kernel)"
+           if m.swiglu_limit else "experts.py:689-696 weighted_bias_swiglu_impl (act(gate) · up · prob, one kernel)")
+    # (an expert bias of linear_fc1 is added in TE's GEMM epilogue: experts.py:548-549 skip_bias_add False)
+    ops.append(memory("experts_act", rows * (gate * i * a + FP32), rows * i * a, SRC + act, "experts_act"))
     ops += _experts_gemm(gemm("experts_out", per_expert, h, i, sh, SRC + "experts.py:748 linear_fc2 (TE GroupedLinear)",
                               batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
+    if m.expert_bias:
+        ops.append(fc2_bias(spec, sh, rows, local))
     ops += combine_ops(spec, sh)
     if m.shared_intermediate:  # shared_experts.py: a gated MLP beside the routed experts
         ops += shared_expert_ops(spec, sh, SRC + "shared_experts.py")
@@ -70,6 +74,18 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
         ops.append(memory("shared_add", 2 * T * h * a, T * h * a,
                           SRC + "moe_layer.py:347 output + shared_expert_output", "combine", saves=False))
     return ops
+
+
+def fc2_bias(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
+    """linear_fc2's expert bias, returned by TE (experts.py:571-572 skip_bias_add True) and added per local expert
+    by TEGroupedMLP._apply_bias (experts.py:609-626): for each expert `t + b * p` over its rows (the bias times the
+    fp32 probabilities: an fp32 [rows, h]; the bf16 output plus it: fp32), torch.cat of the experts' fp32 pieces,
+    and .to() back to the activation dtype: 2 kernels per local expert and 2 more, each over rows x h."""
+    h, a = spec.hidden, sh.act
+    el = rows * h
+    moved = el * (FP32 + (a + FP32 + FP32) + 2 * FP32 + (FP32 + a)) + rows * FP32
+    return memory("experts_out_bias", moved / 2, moved / 2, SRC + "experts.py:609-626 _apply_bias", "combine",
+                  saves=False, kernels=2 * local + 2)
 
 
 def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
