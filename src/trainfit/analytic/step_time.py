@@ -86,6 +86,7 @@ class MicroBatchCompute(NamedTuple):
     memory_share: float  # the memory-bound share of the time (overlap.py's HBM contention)
     terms: dict  # per step, by kernel kind (StepTime.compute_terms)
     total: object = None  # compute_time.ListTime of the stage's op list (None under the flat override)
+    forward_kernels: float = 0.0  # kernels of the forward alone (the host issues each: moe_host_syncs)
 
 
 def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, st: StateBytes,
@@ -103,7 +104,7 @@ def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCos
         terms = {k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")}
         mem = tot.memory / tot.seconds if tot.seconds > 0 else 0.0
         return MicroBatchCompute(sc.forward.seconds, sc.backward.seconds, sc.recompute.seconds, sc.attention_forward,
-                                 achieved, mem, terms, tot)
+                                 achieved, mem, terms, tot, sc.forward.kernels)
     peak = dense_peak * efficiency
     # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
     stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
@@ -189,7 +190,13 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         # the host issues ahead while the GPU computes or waits (on the network, the pipeline): it is exposed only
         # where issuing takes longer than all of that
         kernels = m * c.total.kernels + opt_launch / kernels_for(gpu).launch_seconds
-        issue = host_issue_exposed(setup, kernels, step)
+        if moe_host_syncs(spec, setup):
+            # the forward of each micro-batch runs between host synchronisations: the host cannot issue it ahead
+            fwd_gpu = c.forward + (tp_mb + cp_mb + ep_mb) / 2
+            fwd = m * host_issue_exposed(setup, c.forward_kernels, fwd_gpu)
+            issue = fwd + host_issue_exposed(setup, kernels - m * c.forward_kernels, step - m * fwd_gpu)
+        else:
+            issue = host_issue_exposed(setup, kernels, step)
     step += issue
 
     tok_step = b * s * m * d
@@ -233,6 +240,19 @@ def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> floa
     if getattr(setup, "compile", False):
         return 0.0
     return max(0.0, kernels * host_seconds_per_kernel() - gpu_seconds)
+
+
+def moe_host_syncs(spec: ModelSpec, setup: Setup) -> bool:
+    """Whether the stack's MoE layer synchronises the host with the GPU in each layer's forward (stacks/*.toml [moe]
+    host_sync: Megatron's alltoall dispatcher waits for its device-to-host copies of the token counts). After each
+    sync the GPU's queue is empty and waits while the host issues the next kernels, so the host's lead cannot carry
+    the forward's issue time across the backward's or the communication's GPU time: the forward's exposed host time
+    is its own max(0, issue - GPU), per micro-batch. NB: one segment per layer, all alike, gives the same as the
+    whole forward's; a model mixing dense and MoE layers has unequal segments (optimistic there), and within a
+    segment short and long kernels alternate (host_issue_exposed's NB). The forward's share of the micro-batch's
+    TP/CP/EP communication is taken as half (NB: the dispatch and combine all-to-alls, the forward's pair). NB: a
+    recomputed MoE layer syncs again in the backward (its dispatcher reruns): not modelled, optimistic there."""
+    return spec.is_moe and bool(setup.stack_facts.facts.get("moe", {}).get("host_sync"))
 
 
 @lru_cache(maxsize=1024)

@@ -19,6 +19,7 @@ from .gated_deltanet import RULE, linear_mixer
 from .te_casts import te_casts
 from .mamba2 import SCAN, block_norm, mamba_mixer
 from .mla import mla_projections
+from .megatron_moe import megatron_moe_block
 from .moe import moe_block
 from .norm import NORMS, norm_ops
 from .op import DOWNCAST, Op, Shape, bwd_kernel, gemm, memory
@@ -244,8 +245,12 @@ def _plain_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> N
     proj("fc2", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_gpt2.py:241 c_proj")
 
 
+# the sparse MoE block by the stack's [moe] block fact (Shape.moe_block)
+MOE_BLOCKS = {"transformers": moe_block, "megatron": megatron_moe_block}
+
+
 def _moe_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection) -> None:
-    ops += moe_block(spec, sh)
+    ops += MOE_BLOCKS[sh.moe_block](spec, sh)
 
 
 def _linear_mixer(spec: ModelSpec, sh: Shape, rc: LayerRecipe, ops: list[Op], proj: Projection) -> None:

@@ -25,11 +25,7 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     T, e, k = sh.tokens, m.num_experts, m.top_k
     i = m.expert_intermediate / t
     local = max(1, e // sh.ep)
-    balanced = T * k / local
-    # the busiest rank's extra copies per expert in whole 16-token rows, so that the imbalance changes the GEMMs'
-    # size and not the 16-byte alignment the balanced count has (roofline.gemm_seconds' unaligned fallback: a mean
-    # count landing on an odd number is not a kernel choice). NB: over-counts by < 16 copies per expert
-    per_expert = balanced + math.ceil((sh.moe_load - 1) * balanced / 16) * 16
+    per_expert = busiest_per_expert(sh, k, local)
     routed = per_expert * local  # the copies the busiest rank's experts run on
     src = "transformers integrations/moe.py grouped_mm experts"
     ops = autocast_inputs("router_in", T, h, 1, sh, "attn_out")
@@ -66,6 +62,15 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
             ops += [gemm("shared_expert_gate", T, 1, h, sh, "modeling_qwen2_moe.py shared_expert_gate"),
                     memory("shared_scale", 2 * T * h * a, T * h * a, "modeling_qwen2_moe.py sigmoid gate", "combine")]
     return ops
+
+
+def busiest_per_expert(sh: Shape, top_k: int, local: int) -> float:
+    """Routed copies per local expert on the busiest expert-parallel rank: the balanced T·top_k/local times
+    sh.moe_load (analytic/moe_imbalance.py), the extra copies in whole 16-token rows so that the imbalance changes
+    the GEMMs' size and not the 16-byte alignment the balanced count has (roofline.gemm_seconds' unaligned
+    fallback: a mean count landing on an odd number is not a kernel choice). NB: over-counts by < 16 copies."""
+    balanced = sh.tokens * top_k / local
+    return balanced + math.ceil((sh.moe_load - 1) * balanced / 16) * 16
 
 
 def _experts_gemm(g: Op, sh: Shape) -> list[Op]:

@@ -115,6 +115,10 @@ class Shape:
     te_weight_share: float = 1.0  # of a weight's once-per-step quantisation, the part one micro-batch carries
     # the --low-precision recipe of the float8 projections (low_precision.RECIPES; analytic/torchao_recipes.py), "" off
     lp: str = ""
+    # the sparse MoE block's op list (stacks/*.toml [moe] block: ops/layer.py MOE_BLOCKS) and whether the stack's
+    # router adds its load-balancing loss in training ([moe] aux_loss)
+    moe_block: str = "transformers"
+    moe_aux_loss: bool = False
     # the busiest expert-parallel rank's routed copies over the balanced mean (analytic/moe_imbalance.py): its
     # expert GEMMs and expert-side elementwise ops run on that many (ops/moe.py)
     moe_load: float = 1.0

@@ -46,4 +46,6 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup),
                  te=te, te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)),
                  lp=lp if lp in MODELLED and not te else "",
+                 moe_block=facts.get("moe", {}).get("block", "transformers"),
+                 moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),
                  moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp))

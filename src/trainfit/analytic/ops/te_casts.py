@@ -32,13 +32,21 @@ SRC = "Transformer Engine quantize (cast + transpose)"
 TENSOR_AMAX = ("tensorwise", "nvfp4")
 
 
-def _quantise(name: str, elements: float, in_bytes: float, sh: Shape) -> list[Op]:
-    """One tensor quantised into rowwise and columnwise data: its amax pass (current scaling only) and the cast."""
+def split_kernels(linear: Op, sh: Shape) -> int:
+    """Quantise kernels of a grouped linear's `linear.kernels` splits (one per local expert: TEGroupedMLP):
+    tex.split_quantize runs one fused multi-tensor cast-transpose for delayed scaling and one quantize per split
+    for every other recipe (TE v2.9 pytorch/csrc/extensions/cast.cpp:117-147 multi_tensor_quantize_impl)."""
+    return 1 if sh.te == "delayed" else int(linear.kernels)
+
+
+def _quantise(name: str, elements: float, in_bytes: float, sh: Shape, kernels: int = 1) -> list[Op]:
+    """One tensor (or `kernels` splits of it) quantised into rowwise and columnwise data: its amax pass (current
+    scaling only) and the cast."""
     r = RECIPES[sh.te]
-    out = [memory(f"{name}.amax", elements * in_bytes, FP32, SRC + ": per-tensor amax", grad=False, saves=False)] \
-        if r.name in TENSOR_AMAX else []
+    out = [memory(f"{name}.amax", elements * in_bytes, FP32, SRC + ": per-tensor amax", grad=False, saves=False,
+                  kernels=kernels)] if r.name in TENSOR_AMAX else []
     return out + [memory(f"{name}.cast", elements * in_bytes, 2 * elements * r.per_element, SRC, grad=False,
-                         saves=False)]
+                         saves=False, kernels=kernels)]
 
 
 def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
@@ -48,8 +56,9 @@ def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
     x, w = linear.m * linear.k * linear.batch, linear.k * linear.n * linear.batch
     # the weight's kernels run in the step's first micro-batch only: their bytes and launches spread over the others
     weight = [memory(o.name, o.reads * sh.te_weight_share, o.writes * sh.te_weight_share, o.source, grad=False,
-                     saves=False, kernels=sh.te_weight_share) for o in _quantise(f"{linear.name}.w", w, sh.weight, sh)]
-    return ([] if shared_input else _quantise(f"{linear.name}.x", x, sh.act, sh)) + weight
+                     saves=False, kernels=o.kernels * sh.te_weight_share)
+              for o in _quantise(f"{linear.name}.w", w, sh.weight, sh, split_kernels(linear, sh))]
+    return ([] if shared_input else _quantise(f"{linear.name}.x", x, sh.act, sh, split_kernels(linear, sh))) + weight
 
 
 def te_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
@@ -57,5 +66,5 @@ def te_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
     out = []
     for op in ops:
         if op.kind == "gemm" and op.dtype == RECIPES[sh.te].peak:
-            out += _quantise(f"{op.name}.dy", op.m * op.n * op.batch, sh.act, sh)
+            out += _quantise(f"{op.name}.dy", op.m * op.n * op.batch, sh.act, sh, split_kernels(op, sh))
     return out

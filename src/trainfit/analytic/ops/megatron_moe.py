@@ -1,0 +1,138 @@
+"""Megatron-Core's MoE layer as it runs (megatron-core 0.16.1 transformer/moe/, Transformer Engine v2.9): TopKRouter
+with the fused router kernels, the alltoall token dispatcher with TE's fused permutation, TEGroupedMLP, and the
+combine. Paths cited as moe/<file>:line are megatron-core 0.16.1's megatron/core/transformer/moe/; TE's as
+te:<path>:line at v2.9.
+
+The fused paths are the ones Megatron-Bridge's MoE recipes run (stacks/megatron.toml [moe]: moe_router_fusion,
+moe_permute_fusion); the dispatcher is the alltoall one (parallel/expert.py times its all-to-alls).
+
+What differs from transformers' block (ops/moe.py), kernel by kernel:
+- the grouped GEMM is one cuBLAS GEMM per local expert, launched in a loop over TE's compute streams
+  (te:transformer_engine/common/gemm/cublaslt_gemm.cu:941-966 multi_stream_cublas_gemm, called by
+  te:transformer_engine/pytorch/module/grouped_linear.py:171 forward, :363 dgrad, :413 wgrad), so each of fc1 and
+  fc2 launches `local` GEMMs per pass, and under a quantised recipe `local` quantise kernels per operand
+  (ops/te_casts.split_kernels);
+- the dispatcher's metadata (moe/token_dispatcher.py:469-590 preprocess) is a handful of small reductions, an
+  all-gather of the token counts, and device-to-host copies followed by a host synchronisation (analytic/
+  step_time.py moe_host_syncs);
+- permute / sort-by-expert / unpermute are TE's Triton kernels (te:transformer_engine/pytorch/triton/
+  permutation.py), the activation is the probability-weighted SwiGLU (moe/experts.py:689-696
+  weighted_bias_swiglu_impl).
+NB: the router's force-balance benchmark option (moe/router.py apply_random_logits: analytic/moe_imbalance.py
+times the busiest rank's load it leaves, not its noise kernel) and CUDA graphs of the router
+and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
+modelled: pessimistic by their few kernels where a run graphs them. gpt-oss's expert biases and clamped SwiGLU and
+Llama 4's every-expert block keep transformers' op list (ops/moe.py). NB: every launch costs the host the
+calibrated eager time per kernel (data/kernels.toml [host], Python-issued aten kernels); TE issues the per-expert
+GEMMs and quantises from a C++ loop (each GEMM with its own cuBLASLt heuristic query), unmeasured here: likely
+pessimistic for those launches.
+"""
+from __future__ import annotations
+
+from ...spec import ModelSpec
+from ..activations import FP32, INDEX
+from .moe import _experts_gemm, busiest_per_expert, moe_block, shared_expert_ops
+from .op import Op, Shape, gemm, memory
+
+SRC = "megatron-core 0.16.1 transformer/moe/"
+BOOL = 1  # bytes of a torch.bool routing-map element
+
+
+def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """The forward kernels of one MoE layer on the busiest expert-parallel rank: its `local` experts each receive
+    sh.moe_load times the balanced T·k / local rows (ops/moe.py busiest_per_expert); the router, permute and
+    unpermute run on the rank's own T·k."""
+    m = spec.moe
+    if m.experts_every_token or m.expert_bias or m.swiglu_limit:
+        return moe_block(spec, sh)
+    h, t, a = spec.hidden, sh.tp, sh.act
+    T, e, k = sh.tokens, m.num_experts, m.top_k
+    i = m.expert_intermediate / t
+    local = max(1, e // sh.ep)
+    per_expert = busiest_per_expert(sh, k, local)  # rows of each local expert's GEMMs
+    rows = per_expert * local  # routed rows this rank's experts receive
+    ops = router_ops(spec, sh) + dispatch_ops(spec, sh)
+    gate = 2 if spec.gated_mlp else 1
+    # TEGroupedMLP (moe/experts.py:628-720): linear_fc1, the weighted activation, linear_fc2; one GEMM per expert
+    ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, sh, SRC + "experts.py:670 linear_fc1 "
+                              "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
+    ops.append(memory("experts_act", rows * (gate * i * a + FP32), rows * i * a,
+                      SRC + "experts.py:689-696 weighted_bias_swiglu_impl (act(gate) · up · prob, one kernel)",
+                      "experts_act"))
+    ops += _experts_gemm(gemm("experts_out", per_expert, h, i, sh, SRC + "experts.py:748 linear_fc2 (TE GroupedLinear)",
+                              batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
+    ops += combine_ops(spec, sh)
+    if m.shared_intermediate:  # shared_experts.py: a gated MLP beside the routed experts
+        ops += shared_expert_ops(spec, sh, SRC + "shared_experts.py")
+        if m.shared_gate:  # shared_experts.py:128-131: linear to one logit, its sigmoid, the output scaled
+            ops += [gemm("shared_expert_gate", T, 1, h, sh, SRC + "shared_experts.py:129 gate_weight"),
+                    memory("shared_sigmoid", T * a, T * a, SRC + "shared_experts.py:130 sigmoid", "combine"),
+                    memory("shared_scale", T * h * a + T * a, T * h * a, SRC + "shared_experts.py:131 output * gate",
+                           "combine")]
+        ops.append(memory("shared_add", 2 * T * h * a, T * h * a,
+                          SRC + "moe_layer.py:347 output + shared_expert_output", "combine", saves=False))
+    return ops
+
+
+def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """TopKRouter.forward (moe/router.py): the gating GEMM (:79-101), the fused top-k with its score function
+    (:573-584 topk_routing_with_score_function, fused: te fused_topk_with_score_function, one kernel writing the
+    probabilities and the routing map), and in training with an aux loss (:596-624): the fused scores for the loss
+    (compute_routing_scores_for_aux_loss), the tokens per expert (moe_utils.py:214 get_tokens_per_expert_and_token_
+    count: a column sum of the map), the fused switch loss (moe_utils.py:118-120 fused_moe_aux_loss), and its
+    logging (router.py:448-450 save_to_aux_losses_tracker(aux_loss / coeff): the division and the tracker's add).
+    NB: the loss's all-reduce over the TP x CP group (moe_utils.py:224) is not counted (a no-op at TP = CP = 1)."""
+    m, h = spec.moe, spec.hidden
+    T, e = sh.tokens, m.num_experts
+    ops = [gemm("router", T, e, h, sh, SRC + "router.py:79-101 gating")]
+    ops.append(memory("router_topk", T * e * FP32, T * e * (FP32 + BOOL), SRC + "router.py:573-584 fused top-k",
+                      "router", saves=False))
+    if sh.moe_aux_loss:
+        ops += [memory("router_aux_scores", T * e * FP32, T * e * (FP32 + BOOL),
+                       SRC + "router.py:600 fused aux-loss scores", "router", saves=False),
+                memory("router_aux_loss", T * e * (FP32 + BOOL), FP32, SRC + "router.py:275-314 tokens per expert "
+                       "(column sum), fused switch loss, / coeff, the tracker's add", "router", saves=False, kernels=4)]
+    return ops
+
+
+def dispatch_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """MoEAlltoAllTokenDispatcher up to the experts (moe/token_dispatcher.py): preprocess's reductions of the routing
+    map (:511 tokens per expert, :533 input splits, :548-560 the gathered counts sliced and summed three ways:
+    5 kernels) and the all-gather of the counts (:539); the device-to-host copies of the splits and counts
+    (:875-893: 3 copies of tensors, tokens_per_expert, input_splits, output_splits; output_splits_tp too with
+    TP > 1); permutation 1 (:637, te triton/permutation.py:242-280 three row-id-map passes and :436 the
+    permute); the all-to-alls of the tokens and the probabilities (:666-672: timed in parallel/expert.py, here
+    their launches); permutation 2 by local expert (:732 sort_chunks_by_idxs: :874 the chunk map, :978 the
+    sort). Backward: the permute's is one unpermute kernel (:319), the sort's one sort (:703)."""
+    m, h, a = spec.moe, spec.hidden, sh.act
+    T, e, k = sh.tokens, m.num_experts, m.top_k
+    rows = T * k
+    received = busiest_per_expert(sh, k, max(1, e // sh.ep)) * max(1, e // sh.ep)  # after the all-to-all
+    copies = 3 + (1 if sh.tp > 1 else 0)
+    return [memory("dispatch_metadata", T * e * BOOL, e * INDEX, SRC + "token_dispatcher.py:469-590 preprocess",
+                   saves=False, grad=False, kernels=5 + 1 + copies),
+            memory("permute", T * h * a + T * e * (BOOL + FP32), rows * (h * a + FP32),
+                   SRC + "moe_utils.py:289-334 permute (fused: TE's Triton permute)", "dispatch", saves=False,
+                   kernels=4, bwd=1),
+            memory("dispatch_a2a", 0.0, 0.0, SRC + "token_dispatcher.py:666-672 all_to_all x2", saves=False,
+                   kernels=2),
+            memory("sort_by_expert", received * (h * a + FP32), received * (h * a + FP32),
+                   SRC + "token_dispatcher.py:732 sort_chunks_by_idxs (fused)", "dispatch", saves=False,
+                   kernels=2, bwd=1)]
+
+
+def combine_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
+    """The combine (moe/token_dispatcher.py): unsort by local expert (:767 sort_chunks_by_idxs: chunk map and
+    sort), the all-to-all back (:810), unpermutation 1 (:833 unpermute, fused: te triton/permutation.py:615
+    one kernel reading the k copies of each token, writing its sum; backward :785 one kernel, the probabilities
+    already applied in the activation)."""
+    m, h, a = spec.moe, spec.hidden, sh.act
+    T, k = sh.tokens, m.top_k
+    rows = T * k
+    received = busiest_per_expert(sh, k, max(1, m.num_experts // sh.ep)) * max(1, m.num_experts // sh.ep)
+    return [memory("unsort_by_expert", received * h * a, received * h * a,
+                   SRC + "token_dispatcher.py:767 sort_chunks_by_idxs (fused)", "combine", saves=False,
+                   kernels=2, bwd=1),
+            memory("combine_a2a", 0.0, 0.0, SRC + "token_dispatcher.py:810 all_to_all", saves=False),
+            memory("unpermute", rows * h * a, T * h * a, SRC + "token_dispatcher.py:833 unpermute (fused)",
+                   "combine", saves=False)]

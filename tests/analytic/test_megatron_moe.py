@@ -1,0 +1,107 @@
+"""Megatron-Core's MoE layer as trainfit lists it (analytic/ops/megatron_moe.py) against counts derived by hand from
+megatron-core 0.16.1 and Transformer Engine v2.9, and the alltoall dispatcher's per-layer host synchronisation
+(analytic/step_time.py moe_host_syncs)."""
+from dataclasses import replace
+
+import pytest
+
+RUN_C7 = "c7-25.11-b200-qwen3-30b-a3b-mxfp8"
+RUN_GB200 = "mbridge-25.11-gb200-qwen3-30b-a3b-mxfp8"
+
+
+def _run(run_id):
+    from bench.targets import time_published as tp
+    from bench.targets.time_runs import RUNS
+
+    r = next(r for r in RUNS if r["id"] == run_id)
+    return tp.build_spec(r), tp.build_setup(r), r
+
+
+def _layer(spec, setup):
+    from trainfit.analytic import compute_time as ct
+    from trainfit.analytic.ops import shape_of
+    from trainfit.analytic.precision import state_bytes
+    from trainfit.analytic.timing import compute_dtype
+
+    sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+    fwd, bwd, _ = ct._lists(spec, setup, sh, True)
+    return sh, fwd, bwd
+
+
+def test_expert_kernels_one_per_local_expert():
+    """Qwen3-30B-A3B at EP 8 under MXFP8: 128 / 8 = 16 local experts. TE's grouped GEMM is one cuBLAS GEMM per
+    expert (cublaslt_gemm.cu:941-966) and split_quantize one MXFP8 quantise per expert (cast.cpp:143-147). Per
+    micro-batch and layer, by hand: fc1 and fc2 each launch 16 forward + 16 dgrad + 16 wgrad GEMMs (96); their
+    inputs (2 x 16) and output gradients (2 x 16) are quantised per expert (64); the weights (2 x 16) once per
+    step, over 64 micro-batches (0.5)."""
+    spec, setup, r = _run(RUN_C7)
+    assert (spec.moe.num_experts, setup.ep, setup.grad_accum) == (128, 8, 64)
+    _, fwd, bwd = _layer(spec, setup)
+    experts = [o for o in fwd + bwd if o.name.startswith(("experts_in", "experts_out"))]
+    gemms = sum(o.kernels for o in experts if o.kind == "gemm")
+    casts = sum(o.kernels for o in experts if o.kind != "gemm")
+    assert gemms == 2 * 3 * 16
+    assert casts == 2 * 16 + 2 * 16 + 2 * 16 / 64
+
+
+def test_delayed_scaling_quantises_the_splits_in_one_kernel():
+    """Delayed scaling's split_quantize is one fused multi-tensor cast-transpose (cast.cpp:117-141): 1 kernel per
+    grouped operand, not 16; the GEMMs stay one per expert."""
+    spec, setup, _ = _run(RUN_C7)
+    _, fwd, bwd = _layer(spec, replace(setup, low_precision="delayed"))
+    experts = [o for o in fwd + bwd if o.name.startswith(("experts_in", "experts_out"))]
+    assert sum(o.kernels for o in experts if o.kind == "gemm") == 96
+    assert sum(o.kernels for o in experts if o.kind != "gemm") == 2 + 2 + 2 / 64
+
+
+def test_only_megatron_runs_its_block():
+    """The dispatcher's kernels are Megatron's: the same model under --stack hf keeps transformers' block."""
+    spec, setup, _ = _run(RUN_C7)
+    sh, fwd, _ = _layer(spec, setup)
+    assert sh.moe_block == "megatron" and any(o.name == "dispatch_metadata" for o in fwd)
+    hf = replace(setup, stack="hf", low_precision="none", fp8_all_gather=False, ep=1, zero=0,
+                 moe_force_balance=False)
+    sh, fwd, _ = _layer(spec, hf)
+    assert sh.moe_block == "transformers" and not any(o.name == "dispatch_metadata" for o in fwd)
+
+
+def test_dispatcher_sync_exposes_the_forward_issue_time():
+    """GB200, MBS 4: over the whole step the GPU's time exceeds the host's issue time, so without the per-layer
+    synchronisation nothing would be exposed; with it (token_dispatcher.py:897-899) the forward, host-bound on its
+    own, cannot hide behind the backward's GPU time."""
+    from trainfit.analytic.step_time import host_seconds_per_kernel, layout_step_time
+    from trainfit.hardware import get_gpu
+
+    spec, setup, r = _run(RUN_GB200)
+    tm = layout_step_time(spec, setup, get_gpu(r["gpu"]))
+    gpu_timeline = tm.step_seconds - tm.host_issue
+    assert tm.kernels * host_seconds_per_kernel() < gpu_timeline
+    assert tm.host_issue > 0.01 * tm.step_seconds
+
+
+@pytest.mark.heavy
+def test_against_megatron_moe_layer_on_cpu():
+    """megatron-core's real MoELayer (alltoall dispatcher, 4 experts, top-2; tests/analytic/megatron_moe_cpu.py)
+    dispatches one matmul per expert per linear and pass, and synchronises the host once in the forward, never in
+    the backward: the op list's GEMM launches of the same layer (router + fc1 + fc2 per expert; dgrad and wgrad of
+    each) and the stack's host_sync fact agree. (SequentialMLP on CPU, TEGroupedMLP on GPU: both one GEMM per
+    expert, experts.py and TE's cublaslt_gemm.cu:941-966.)"""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainfit.analytic.step_time import moe_host_syncs
+
+    script = Path(__file__).with_name("megatron_moe_cpu.py")
+    out = subprocess.run([sys.executable, str(script), "4", "2"], capture_output=True, text=True, timeout=300,
+                         check=True).stdout.strip().splitlines()[-1]
+    real = json.loads(out)
+    spec, setup, _ = _run(RUN_C7)
+    spec = replace(spec, moe=replace(spec.moe, num_experts=4, top_k=2))
+    setup = replace(setup, ep=1, low_precision="none", fp8_all_gather=False)
+    _, fwd, bwd = _layer(spec, setup)
+    moe = ("router", "experts_in", "experts_out")
+    assert sum(o.kernels for o in fwd if o.kind == "gemm" and o.name in moe) == real["mm_forward"] == 9
+    assert sum(o.kernels for o in bwd if o.kind == "gemm" and o.name.split(".")[0] in moe) == real["mm_backward"]
+    assert moe_host_syncs(spec, setup) and (real["syncs_forward"], real["syncs_backward"]) == (1, 0)
