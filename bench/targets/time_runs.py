@@ -308,13 +308,13 @@ _MB_GPU = {"DGX-H100": "H100-80GB", "DGX-B200": "B200", "DGX-GB200": "GB200"}
 
 
 def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp=1, cp=1, vp=1, ep=1, fsdp=False,
-        tps=0.0, recompute="none", notes="", in_sample=False, inexpressible=None):
+        tps=0.0, recompute="none", notes="", in_sample=False, inexpressible=None, **moe):
     dp = gpus // (tp * pp * cp)
     accum = gbs // (mbs * dp)
     assert accum * mbs * dp == gbs, (model, system)
     setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                  zero=1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
-                 attention="flash", **_MB_RECIPE[precision])
+                 attention="flash", **_MB_RECIPE[precision], **moe)
     if vp > 1:
         setup["vpp"] = vp
     if model in _MB_MOE:
@@ -439,11 +439,14 @@ LOWP_VALIDATION: list[dict] = [
     _mb("25.11", 591, "DGX-H100", "LLAMA3.1_405B", 1024, "FP8-CS", 512, 1, 8192, tp=8, pp=8, cp=2, vp=8, tps=292,
         notes="Recipe LLAMA31_405B_H100_FP8_CS_BASE_CONFIG: TP 8 PP 8 CP 2 VP 8, 1,024 GPUs."),
     _mb("25.11", 571, "DGX-GB200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 4, 4096, ep=8, tps=23766,
-        notes="Recipe QWEN3_30B_A3B_GB200_FP8_MX: MBS 4, hybridep flex dispatcher and TE CUDA graphs of attention, "
-              "router and MoE preprocessing (NB: not modelled, predicted slower); dropless, force-balanced."),
+        moe_dispatcher="hybridep",
+        notes="Recipe QWEN3_30B_A3B_GB200_FP8_MX: MBS 4, hybridep flex dispatcher (--moe-dispatcher hybridep) and TE "
+              "CUDA graphs of attention, router and MoE preprocessing (NB: the graphs not modelled, predicted "
+              "slower); dropless, force-balanced."),
     _mb("25.11", 593, "DGX-H100", "Qwen3_30B_a3B", 16, "FP8-CS", 512, 2, 4096, pp=2, vp=24, ep=8, tps=5275,
+        overlap_moe_comm=True,
         notes="PP 2 VP 24 as the table states (the v0.2.0 recipe file reads VP 12); MoE all-to-all overlapped with "
-              "compute (moe_a2a_overlap; NB: modelled as the megatron stack's EP exchange, predicted slower)."),
+              "compute (moe_a2a_overlap: --overlap-moe-comm)."),
     _mb("25.11", 583, "DGX-B200", "Qwen3_235B_a22B", 64, "FP8-MX", 1024, 1, 4096, pp=8, vp=2, ep=8, tps=3269,
         notes="PP 8 VP 2 EP 8 (94 layers over 16 chunks: NB uneven, Megatron's split not stated; --pp-split even)."),
     _mb("25.11", 581, "DGX-B200", "GPT OSS 120B", 64, "BF16", 512, 4, 4096, ep=8, tps=8213,

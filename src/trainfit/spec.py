@@ -23,6 +23,10 @@ class MoESpec:
     router_scoring: str = "softmax"  # gpt-oss: "topk_softmax" (softmax over the k top logits, in their dtype)
     norm_topk: bool = False  # the router renormalises its top-k weights (Mixtral always; config norm_topk_prob)
     topk_method: str = "greedy"  # DeepSeek-V2: config topk_method (greedy, group_limited_greedy); V3: noaux_tc
+    # group-limited routing (DeepSeek-V2 group_limited_greedy, V3 always): the experts in `route_groups` equal groups,
+    # each token's top_k taken among the experts of its best `route_group_topk` groups (0: not limited)
+    route_groups: int = 0
+    route_group_topk: int = 0
     # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the
     # token's router score (0 off the top-k) — one batched bmm over all experts, no dispatch
     experts_every_token: bool = False

@@ -229,6 +229,8 @@ LAYOUTS = {
     "--cp": ["--cp", "2"],
     "--ep": ["--ep", "2", "--dp", "2"],
     "--etp": ["--ep", "2", "--etp", "1", "--tp", "2", "--dp", "2"],
+    "--moe-dispatcher": ["--ep", "4", "--dp", "4", "--moe-dispatcher", "allgather"],  # (ep 2, top-2: the same bytes)
+    "--overlap-moe-comm": ["--ep", "2", "--dp", "2", "--grad-accum", "4", "--overlap-moe-comm"],
     "--sequence-parallel": ["--tp", "2", "--sequence-parallel"],
     "--zero": ["--zero", "2", "--dp", "2"],
     "--offload": ["--offload", "optimizer", "--zero", "1", "--dp", "2"],
@@ -241,7 +243,7 @@ LAYOUTS = {
     "--attention": ["--attention", "triton"],
     "--recompute": ["--recompute", "selective", "--attention", "eager"],
 }
-MOE_FLAGS = ("--ep", "--etp")
+MOE_FLAGS = ("--ep", "--etp", "--moe-dispatcher", "--overlap-moe-comm")
 STACK_CASES = [pytest.param(stack, flag, id=f"{stack}{flag}") for stack in stacks.names() for flag in LAYOUTS]
 
 

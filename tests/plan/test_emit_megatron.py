@@ -23,6 +23,10 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
           "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
           "--moe-router-topk": "moe_router_topk",
+          "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
+          "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
+          "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
+          "--moe-router-num-groups": "moe_router_num_groups", "--moe-router-group-topk": "moe_router_group_topk",
           # Transformer Engine's recipes (arguments.py:1398, :1331: --fp8-param-gather sets fp8_param)
           "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",
           "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe", "--fp4-param-gather": "fp4_param",
@@ -88,6 +92,28 @@ def test_uneven_split_selective_moe_round_trips():
     tc, _, _ = _configs(a)
     assert (tc.num_layers_in_first_pipeline_stage, tc.num_layers_in_last_pipeline_stage) == (7, 7)
     assert tc.recompute_granularity == "selective" and tc.expert_model_parallel_size == 4 and tc.num_moe_experts == 8
+
+
+def test_moe_dispatcher_and_overlap_round_trip():
+    """--moe-dispatcher and --overlap-moe-comm build TransformerConfig's dispatcher fields, and its __post_init__
+    accepts the overlap with them (transformer_config.py:1852-1884: ep > 1, alltoall/flex, vpp under pp, bf16)."""
+    spec = load_model("qwen3-30b-a3b")
+    for how in ("alltoall", "allgather", "deepep", "hybridep"):
+        s = Setup(stack="megatron", precision="bf16-master", pp=2, vpp=4, dp=16, ep=8, grad_accum=8, seq=4096,
+                  zero=1, moe_dispatcher=how, overlap_moe_comm=how != "allgather")
+        tc, _, _ = _configs(_parse(emit("megatron", s, spec, 8)))
+        assert tc.moe_token_dispatcher_type == ("flex" if how in ("deepep", "hybridep") else how)
+        if tc.moe_token_dispatcher_type == "flex":
+            assert tc.moe_flex_dispatcher_backend == how
+        assert tc.overlap_moe_expert_parallel_comm == (how != "allgather")
+    # DeepSeek-V3's node-limited routing: 8 groups, 4 picked (its config's n_group, topk_group)
+    v3 = Setup(stack="megatron", precision="bf16-master", pp=2, vpp=2, dp=64, ep=64, grad_accum=8, seq=4096, zero=1,
+               moe_dispatcher="deepep", overlap_moe_comm=True)
+    tc, _, _ = _configs(_parse(emit("megatron", v3, load_model("deepseek-v3"), 8)))
+    assert (tc.moe_router_num_groups, tc.moe_router_group_topk, tc.moe_flex_dispatcher_backend) == (8, 4, "deepep")
+    # the default is written too (Megatron-LM's own default, allgather, is not what is modelled)
+    plain = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, seq=4096)
+    assert _parse(emit("megatron", plain, spec, 8))["--moe-token-dispatcher-type"] == "alltoall"
 
 
 def test_te_recipes_round_trip():

@@ -22,8 +22,9 @@ Sources:
     parallel/tensor.py (TP/SP all-reduces), pipeline.py (sends and the bubble; layers per stage follow --pp-split,
     the slowest stage sets the pace), context.py (ring attention), expert.py (all-to-alls), zero.py (DP/ZeRO
     gradient and weight collectives), fsdp2.py (FSDP2's copies); collectives.py: the ring model, the links and the
-    ranks' placement. Tensor-parallel all-reduces, pipeline sends and expert all-to-alls are on the critical path;
-    ring attention hides behind the attention, data parallelism behind the backward (and ZeRO-3's forward).
+    ranks' placement. Tensor-parallel all-reduces, pipeline sends and expert dispatch/combine are on the critical
+    path (the latter hidden behind another micro-batch under --overlap-moe-comm); ring attention hides behind the
+    attention, data parallelism behind the backward (and ZeRO-3's forward).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from .float8 import compute_speedup
 from .te_recipes import gather_saving
 from .parallel.collectives import Links, ring_allreduce
 from .parallel.context import cp_comm_seconds
-from .parallel.expert import ep_comm_seconds
+from .parallel.expert import ep_comm_seconds, exposed_ep_seconds, split_params
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
@@ -151,14 +152,23 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, stage_layers_n, rerun)
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
     cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, stage_layers_n, c.attention_forward, rerun)
-    ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, stage_layers_n)
+    ep_mb = exposed_ep_seconds(setup, ep_comm_seconds(spec, setup, links, tokens, act, stage_layers_n),
+                               c.forward + c.backward + c.recompute)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)
-    gathered = stage_params * (st.param or st.weight)
-    gathered -= gather_saving(spec, setup, stage_layers_n, st.param or st.weight)  # TE's fp8 param all-gather
-    dp = dp_comm(gpu, setup, links, trained * (st_opt.reduce or st_opt.grad), gathered,
-                 c.forward, c.backward + c.recompute, c.memory_share)
+    pb = st.param or st.weight
+    # the routed experts' gradients and weights go over the expert data-parallel group (parallel/zero.py dp_comm)
+    held, held_experts = split_params(spec, costs.pc or count_params(spec), setup, stage_params, stage_layers_n)
+    dense_n, expert_n = (trained, 0.0) if setup.lora_rank else (held, held_experts)
+    trained = dense_n + expert_n
+    part = "dense" if held_experts else "all"  # TE's fp8 param all-gather
+    gathered = held * pb - gather_saving(spec, setup, stage_layers_n, pb, part)
+    expert_gathered = held_experts * pb - gather_saving(spec, setup, stage_layers_n, pb, "experts") \
+        if held_experts else 0.0
+    rb = st_opt.reduce or st_opt.grad
+    dp = dp_comm(gpu, setup, links, dense_n * rb, gathered, c.forward, c.backward + c.recompute, c.memory_share,
+                 expert_n * rb, expert_gathered)
     dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, stage_params, trained, stage_layers_n)
 
     t_mb = c.forward + c.backward + c.recompute + tp_mb + pp_mb + cp_mb + ep_mb + dp_mb
@@ -166,7 +176,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
     # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     dpc, z = d * cp, setup.zero
-    shard = trained / (dpc if z >= 1 else 1)
+    shard = dense_n / (dpc if z >= 1 else 1) + expert_n / (setup.expert_dp if z >= 1 else 1)
     if torchao_optim.offload_runs(setup):  # only the small parameters are stepped on the GPU (torchao_optim.py)
         shard = torchao_optim.device_params(spec, shard)
     tensors = tensors or model_for(setup).tensors_per_rank(  # the stack's own parameter tensors

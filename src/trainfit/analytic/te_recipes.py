@@ -75,8 +75,14 @@ def quantised_params(spec: ModelSpec, setup: Setup, moe: bool) -> float:
     if not moe:
         return attn + gate * spec.hidden * spec.intermediate / setup.tp
     m = spec.moe
-    experts = m.num_experts * gate * spec.hidden * m.expert_intermediate / (setup.ep * setup.expert_tp)
-    return attn + experts + gate * spec.hidden * (m.shared_intermediate or 0) / setup.tp
+    return attn + routed_quantised(spec, setup) + gate * spec.hidden * (m.shared_intermediate or 0) / setup.tp
+
+
+def routed_quantised(spec: ModelSpec, setup: Setup) -> float:
+    """Weights of one MoE layer's routed experts on one rank: num_experts/ep of them, each split etp ways."""
+    m = spec.moe
+    gate = 3 if spec.gated_mlp else 2
+    return m.num_experts * gate * spec.hidden * m.expert_intermediate / (setup.ep * setup.expert_tp)
 
 
 def local_experts(spec: ModelSpec, setup: Setup) -> int:
@@ -159,10 +165,11 @@ def notes(spec: ModelSpec, setup: Setup) -> list[str]:
             "linear_fc1's output gradient)"]
 
 
-def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float) -> float:
+def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float, part: str = "all") -> float:
     """Bytes fewer in the distributed optimizer's parameter all-gather of a stage of `layers` layers under
     --fp8-all-gather: the recipe's linears gathered in its format (rowwise data with its scales) instead of
     `param_bytes` (megatron distributed/param_and_grad_buffer.py: the param buffer holds the fp8 params).
+    `part`: "all", "experts" (the routed experts', gathered over the expert data-parallel group) or "dense" (the rest).
     NB: the first/last bf16 layers and the MoE/dense mix are taken as the model's average."""
     r = recipe(setup)
     if r is None or not setup.fp8_all_gather or not runs_te(setup):
@@ -176,6 +183,9 @@ def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float
     n = max(0, layers - (setup.bf16_first_layers + setup.bf16_last_layers) * layers / spec.layers)
     per_layer = (1 - moe) * quantised_params(spec, setup, False) + \
         (moe * quantised_params(spec, setup, True) if moe else 0.0)
+    if part != "all":
+        routed = moe * routed_quantised(spec, setup) if moe else 0.0
+        per_layer = routed if part == "experts" else per_layer - routed
     return n * per_layer * (param_bytes - r.per_element)
 
 

@@ -443,6 +443,16 @@ def _deepseek(c: _Cfg, *, v3: bool) -> dict:
         # selects as noaux_tc (sigmoid scores + e_score_correction_bias, group-limited; it has no such option)
         topk_method="noaux_tc" if v3 else c.str("topk_method", default="greedy"),
     )
+    # group-limited routing: V3's router always (modeling_deepseek_v3.py:128-143; n_group 8, topk_group 4 by default,
+    # configuration_deepseek_v3.py:97-98), V2's under topk_method group_limited_greedy (modeling_deepseek_v2.py:
+    # 104-106; no defaults, :107,114)
+    if v3 or f["moe"].topk_method == "group_limited_greedy":
+        groups = c.int("n_group", default=8 if v3 else _MISSING)
+        picked = c.int("topk_group", default=4 if v3 else _MISSING)
+        if e % groups or picked > groups:
+            raise c.fail(f"n_group ({groups}) must divide n_routed_experts ({e}) and be >= topk_group ({picked})")
+        if groups > 1:
+            f["moe"] = replace(f["moe"], route_groups=groups, route_group_topk=picked)
     return f
 
 

@@ -37,6 +37,17 @@ def _recompute(rec: str) -> list[str]:
     return ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", n]
 
 
+def _moe_dispatcher(s: Setup) -> list[str]:
+    """The token dispatcher the plan was timed with (analytic/parallel/expert.py), always written: Megatron-LM's own
+    default is allgather, trainfit's alltoall (megatron-core 0.16.1 transformer_config.py:675-682
+    moe_token_dispatcher_type, moe_flex_dispatcher_backend; model_parallel_config.py:264
+    overlap_moe_expert_parallel_comm, Megatron-LM's --overlap-moe-expert-parallel-comm)."""
+    how = s.moe_dispatcher or "alltoall"
+    out = ["--moe-token-dispatcher-type", how] if how in ("alltoall", "allgather") else \
+        ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", how]
+    return out + (["--overlap-moe-expert-parallel-comm"] if s.overlap_moe_comm else [])
+
+
 def _low_precision(s: Setup) -> list[str]:
     """Transformer Engine's recipe (Megatron-LM core_v0.16.1 arguments.py:1621 builds --fp8-format, --fp8-recipe,
     --fp4-format, --fp4-recipe, --fp4-param-gather, --first-last-layers-bf16, --num-layers-at-start/end-in-bf16 from
@@ -88,6 +99,10 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
                 "--expert-model-parallel-size", str(s.ep)]
         if s.etp is not None:
             out += ["--expert-tensor-parallel-size", str(s.etp)]
+        if spec.moe.route_groups:  # group-limited routing (transformer_config.py:598-614)
+            out += ["--moe-router-num-groups", str(spec.moe.route_groups),
+                    "--moe-router-group-topk", str(spec.moe.route_group_topk)]
+        out += _moe_dispatcher(s)
     if s.zero == 1:
         out += ["--use-distributed-optimizer"]
     out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]

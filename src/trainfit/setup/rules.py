@@ -35,16 +35,23 @@ def validate(setup: Setup) -> None:
     if setup.offload == "activations" and not stack.runs("activation-offload"):
         raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
                          f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
-    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp"):  # the axes a stack may run (stacks/*.toml)
+    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm"):
+        # the axes a stack may run (stacks/*.toml)
+        if name == "overlap_moe_comm" and not setup.overlap_moe_comm:
+            continue
         if name == "offload" and setup.offload == "activations":
             continue
         if name == "offload" and setup.offload == "optimizer" and stack.runs("cpu-offload-optimizer"):
             cpu_offload_rules(setup)  # torchao's CPUOffloadOptimizer (analytic/torchao_optim.py)
             continue
-        if getattr(setup, name) not in (1, "even", "none", None) and name not in stack.axes:
+        value = getattr(setup, name)
+        if (value is True or value not in (1, "even", "none", None)) and name not in stack.axes:
             runs = _stacks.running(lambda st: name in st.axes)
             raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}; use --stack "
                              f"{' or '.join(runs)}")
+    if setup.moe_dispatcher is not None and setup.ep <= 1:
+        raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
+                         "ranks: it needs --ep > 1")
     if setup.vpp > 1 and setup.pp == 1:
         raise SetupError("--vpp interleaves model chunks over pipeline stages: it needs --pp > 1")
     if setup.pp_split != "even" and setup.pp == 1:

@@ -15,7 +15,7 @@ from .. import stacks as _stacks
 from ..errors import SetupError
 from ..units import parse_count
 from .parsers import _check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, combine_offload
-from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES,
+from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
 
@@ -118,6 +118,19 @@ class Setup:
     etp: Optional[int] = setting(None, "Expert tensor-parallel degree (each expert's matrices split over etp ranks).",
                                  maximum=limits.RANKS, minimum=1, auto="--tp (Megatron's default)",
                                  example="1", group="parallel")
+    moe_dispatcher: Optional[str] = setting(None, "MoE token dispatcher (Megatron's --moe-token-dispatcher-type, "
+                                            "with flex: --moe-flex-dispatcher-backend): alltoall (each token's top-k "
+                                            "copies to their experts' ranks), allgather (every rank gathers the "
+                                            "etp × ep group's tokens), deepep / hybridep (each token once per "
+                                            "destination node over RDMA, then over NVLink to its experts' GPUs).",
+                                            choices=MOE_DISPATCHERS, modes=("train",),
+                                            auto="alltoall (Megatron-Bridge's performance recipes; Megatron-Core's "
+                                            "own default is allgather)", example="deepep", group="parallel")
+    overlap_moe_comm: bool = setting(False, "Hide the expert-parallel dispatch/combine behind another micro-batch's "
+                                     "compute (Megatron's --overlap-moe-expert-parallel-comm: 1F1B with the "
+                                     "forward of one micro-batch beside the backward of another); needs --ep > 1, "
+                                     "--grad-accum > 1 to hide anything.", modes=("train",),
+                                     aliases=("--overlap-moe-expert-parallel-comm",), group="parallel")
     moe_imbalance: Optional[float] = setting(None, "Routing imbalance under --ep: the routed tokens the busiest "
                                              "expert-parallel rank receives over the mean (>= 1). Its expert GEMMs "
                                              "and routed activations scale by it and every rank waits for it at "

@@ -36,6 +36,7 @@ TORCHAO_OPTIMIZERS = ("adamw-torchao-8bit", "adamw-torchao-4bit", "adamw-torchao
 RECOMPUTE = ("none", "selective", "full", "op")
 RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
 COMMON_RECOMPUTE = ("none", "selective", "full")  # every stack's own meaning (selective: stacks/*.toml [recompute])
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")  # --moe-dispatcher (analytic/parallel/expert.py)
 OFFLOAD = ("none", "optimizer", "params", "activations")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
 SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight formats (analytic/serving.py)

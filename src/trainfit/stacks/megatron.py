@@ -10,7 +10,27 @@ def refuse(setup) -> str | None:
     if (setup.ep > 1 or setup.etp is not None) and (setup.dp * setup.cp * setup.tp) % (setup.ep * setup.expert_tp):
         return (f"--ep {setup.ep} × --etp {setup.expert_tp} must divide the dp × cp × tp = "
                 f"{setup.dp * setup.cp * setup.tp} ranks of a pipeline stage (Megatron's expert layout)")
-    return _low_precision(setup)
+    return _moe_overlap(setup) or _low_precision(setup)
+
+
+def _moe_overlap(setup) -> str | None:
+    """overlap_moe_expert_parallel_comm's own checks (megatron-core 0.16.1 transformer_config.py:1852-1884): expert
+    parallelism, the alltoall or flex dispatcher, no full recompute, a virtual pipeline under pipelining, 16-bit."""
+    if not setup.overlap_moe_comm:
+        return None
+    why = None
+    if setup.ep <= 1:
+        why = "it overlaps the expert-parallel all-to-all: it needs --ep > 1"
+    elif setup.moe_dispatcher == "allgather":
+        why = ("Megatron runs it with the alltoall or flex dispatcher, not allgather: use --moe-dispatcher alltoall, deepep "
+               "or hybridep")
+    elif setup.recompute_policy in ("full", "uniform", "block"):
+        why = "Megatron refuses it with full recomputation: use --recompute none or selective"
+    elif setup.pp > 1 and setup.vpp == 1:
+        why = "under pipelining Megatron needs a virtual pipeline with it: add --vpp > 1"
+    elif setup.precision not in ("bf16-master", "fp16-master"):
+        why = "Megatron runs it on a bf16 or fp16 model only: use --precision bf16-master or fp16-master"
+    return f"--overlap-moe-comm: {why} (transformer_config.py:1852-1884)" if why else None
 
 
 def _low_precision(setup) -> str | None:

@@ -1,24 +1,127 @@
-"""Expert parallelism's communication: Megatron's alltoall token dispatcher (megatron/core/transformer/moe/
-token_dispatcher.py). Which experts a rank holds: parallel/megatron.py rank_params.
+"""Expert parallelism's communication: Megatron-Core's MoE token dispatchers (megatron-core 0.16.1,
+megatron/core/transformer/moe/token_dispatcher.py; --moe-dispatcher). Which experts a rank holds: parallel/megatron.py
+rank_params; the expert data-parallel exchange of their gradients: parallel/zero.py.
 
-Per MoE layer each rank sends its tokens × top_k × hidden × activation bytes to the experts and back (dispatch +
-combine), in the forward and again in the backward: 4 all-to-alls, (ep−1)/ep of the volume leaving the rank, over
-the expert_tp × ep ranks of the group. NB: on the critical path (not overlapped): pessimistic for
---overlap-moe-expert-parallel-comm.
+Per MoE layer a rank dispatches its tokens to the experts and combines their outputs back, in the forward, and in the
+backward the gradients make the reverse trip: 4 exchanges per layer, each of the volume below (uniform routing):
+  * alltoall (MoEAlltoAllTokenDispatcher, :348; all_to_all over the ep group, :666-669): the tokens are permuted by
+    expert, so every one of a token's top-k copies is sent, (ep−1)/ep of them off the rank; NCCL runs the
+    all-to-all as one ncclSend/ncclRecv per peer in a group (torch/csrc/cuda/nccl.cpp all2all_single_unequal_split),
+    so the copies for peers in the node ride NVLink while those for other nodes leave through the NIC, at once:
+    the longer of the two;
+  * allgather (MoEAllGatherTokenDispatcher, :208; gather_from_sequence_parallel_region over the tp × ep group,
+    :265-276, and reduce_scatter_to_sequence_parallel_region back, :338): every rank gathers every rank's tokens,
+    once each (no top-k copies): an all-gather (and a reduce-scatter) of the etp × ep ranks' tokens;
+  * deepep / hybridep (MoEFlexTokenDispatcher, :1320; _DeepepManager :1091, _HybridEPManager :942; fused_a2a.py
+    FusedDispatch :69 / FusedCombine :163, HybridEPDispatch :332 / HybridEPCombine :409): a token goes once to each
+    destination node over RDMA and is fanned out inside the node over NVLink to each GPU holding one of its experts
+    (DeepSeek-AI, "DeepSeek-V3 Technical Report" 2024, §3.2.2: cross-node IB then intra-node NVLink forwarding).
+    RDMA: the token × its expected distinct remote nodes (`distinct_groups`); NVLink: the token × its expected
+    distinct destination GPUs in a node other than the forwarding one. NB: the two parts are summed, while DeepEP
+    pipelines its RDMA sends with the NVLink forwarding: pessimistic by up to the shorter part.
+NB: the routing is taken as uniform over the experts (no imbalance): optimistic for the busiest rank.
+
+Overlap (--overlap-moe-comm, Megatron's overlap_moe_expert_parallel_comm: model_parallel_config.py:264; pipeline_
+parallel/combined_1f1b.py:34-48): in 1F1B one micro-batch's forward runs beside another's backward, each one's EP
+exchanges hidden by the other's attention/MLP compute; the first forward and the last backward run alone (and one
+extra warm-up forward under pipelining: schedules.py:778). Exposed per step: A + (m − 1)·max(0, A − C) for A the
+exchanges and C the compute of one micro-batch. NB: optimistic — the layer-level pieces never fill each other
+exactly, and the comm kernels' SMs slow the compute they hide behind (not charged).
 """
 from __future__ import annotations
 
+from math import comb
+
 from ...setup import Setup
 from ...spec import ModelSpec
-from .collectives import Links
+from ..params import ParamCounts
+from .collectives import Links, ring_half
+
+
+def distinct_groups(experts: int, top_k: int, groups: int, picked: int = 0, route_groups: int = 0) -> float:
+    """Expected distinct groups (nodes, or GPUs) among a token's top_k experts, `experts` split evenly into `groups`
+    (experts/groups each), routing uniform. Without group-limited routing: groups · (1 − C(E − E/G, k) / C(E, k))
+    (each group missed iff all k experts fall outside it). With group-limited routing (Megatron's
+    moe_router_num_groups = `route_groups` groups, moe_router_group_topk = `picked` of them per
+    token, then k experts among the picked groups' experts: transformer_config.py:598-614; DeepSeek-V3's node-limited
+    routing when the route groups are the nodes): a group holding q = route_groups/groups route groups is hit
+    by c of the picked ones with hypergeometric probability, then missed iff all k experts fall in the others; a
+    group inside one route group (groups a multiple of route_groups: GPUs) is hit only if its route group is
+    picked (picked/route_groups), then unless all k experts fall outside it. Other splits: taken as uniform
+    (NB: pessimistic, a routing limit only ever cuts the distinct groups)."""
+    e, k, g = experts, top_k, groups
+    if g <= 1:
+        return 1.0
+    rg, m = route_groups, picked
+    if not m or (rg % g and g % rg):
+        return g * (1 - comb(e - e // g, k) / comb(e, k))
+    pool, per = m * e // rg, e // rg  # experts the token picks among, experts per route group
+    if g % rg == 0:
+        return g * m / rg * (1 - comb(pool - e // g, k) / comb(pool, k))
+    q = rg // g  # route groups per group
+    hit = 0.0
+    for c in range(0, min(q, m) + 1):
+        p_c = comb(q, c) * comb(rg - q, m - c) / comb(rg, m)
+        hit += p_c * (1 - comb(pool - c * per, k) / comb(pool, k))
+    return g * hit
+
+
+def routed_expert_params(spec: ModelSpec, pc: ParamCounts) -> int:
+    """All routed experts' parameters of one MoE layer (the rest of the MoE block: router and shared expert)."""
+    return spec.moe.num_experts * pc.expert if spec.moe is not None else 0
+
+
+def split_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, held: float, layers: int) -> tuple[float, float]:
+    """(dense, routed expert) parameters of a rank whose `held` parameters count every routed expert of its `layers`
+    layers split tp ways (tensor.rank_params): num_experts/ep of them are its own, each split etp ways
+    (transformer/moe/experts.py TEGroupedMLP: num_local_experts = num_moe_experts // ep). NB: a hybrid (Mamba)
+    model's MoE blocks are left in the dense count: its experts' gradients taken as reduced over dp × cp."""
+    if not spec.is_moe or spec.hybrid is not None:
+        return held, 0.0
+    routed = layers * pc.moe_layers / spec.layers * routed_expert_params(spec, pc)
+    return held - routed / setup.tp, routed / (setup.ep * setup.expert_tp)
+
+
+def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float) -> float:
+    """One dispatch (or combine) of one MoE layer for `tokens` on the rank (1/t of them each under sequence
+    parallelism), by --moe-dispatcher."""
+    e, etp, m = setup.ep, setup.expert_tp, spec.moe
+    local = tokens / (setup.tp if setup.sequence_parallel else 1)
+    token_bytes = spec.hidden * act_bytes
+    how = setup.moe_dispatcher or "alltoall"
+    if how == "allgather":
+        n = etp * e  # the tp × ep group (expert rank generator: etp innermost, then ep)
+        return ring_half(n, n * local * token_bytes, links.over(n))
+    # the ep group's ranks etp apart: gpus_per_node / etp of them per node
+    per_node = max(1, min(e, links.gpus_per_node // etp))
+    nodes = -(-e // per_node)
+    if how == "alltoall":
+        copies = local * m.top_k * token_bytes / e  # to each rank of the group
+        return max((e - per_node) * copies / links.inter, (per_node - 1) * copies / links.intra)
+    # deepep / hybridep
+    limit = (m.route_group_topk, m.route_groups)  # group-limited routing (DeepSeek-V3's node limit)
+    # RDMA: the distinct nodes but the rank's own (each node as likely to be hit); NVLink: the distinct destination
+    # GPUs but the one the token lands on in its node (one of per_node, as likely as any to be a destination). By
+    # symmetry every rank forwards as much as it sends.
+    remote = distinct_groups(m.num_experts, m.top_k, nodes, *limit) * (nodes - 1) / nodes
+    in_node = distinct_groups(m.num_experts, m.top_k, e, *limit) * (per_node - 1) / per_node
+    return local * token_bytes * (remote / links.inter + in_node / links.intra)
 
 
 def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float,
                     layers: int) -> float:
-    """One micro-batch's all-to-alls on a stage of `layers` layers, `tokens` per rank (1/t of them each under
-    sequence parallelism)."""
-    e = setup.ep
-    if e <= 1 or not spec.is_moe:
+    """One micro-batch's exchanges on a stage of `layers` layers: dispatch and combine, forward and backward
+    (exposed or not: `exposed_ep_seconds`)."""
+    if setup.ep <= 1 or not spec.is_moe:
         return 0.0
-    sent = (tokens / (setup.tp if setup.sequence_parallel else 1)) * spec.moe.top_k * spec.hidden * act_bytes
-    return layers * 4 * (e - 1) / e * sent / links.over(setup.expert_tp * e)
+    return layers * 4 * exchange_seconds(spec, setup, links, tokens, act_bytes)
+
+
+def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float) -> float:
+    """Of one micro-batch's `exchanges` seconds, the part exposed per micro-batch on average over the step's
+    grad_accum micro-batches, each of `compute` seconds (forward + backward): all of it without --overlap-moe-comm,
+    else (A + (m − 1)·max(0, A − C)) / m (module doc)."""
+    m = setup.grad_accum
+    if not setup.overlap_moe_comm or m <= 1:
+        return exchanges
+    return (exchanges + (m - 1) * max(0.0, exchanges - compute)) / m

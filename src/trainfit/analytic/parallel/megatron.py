@@ -24,6 +24,7 @@ from ...setup import Setup
 from ...spec import ModelSpec
 from ..compute_time import tensors_per_rank
 from ..params import ParamCounts
+from .expert import routed_expert_params
 from .pipeline import Stage
 from .zero import ModelStates
 
@@ -50,11 +51,6 @@ def shards(setup: Setup, expert: bool = False) -> int:
         return 1
     axes = setup.stack_facts.fact("distributed_optimizer", "shards")
     return setup.expert_dp if expert else math.prod(getattr(setup, axis) for axis in axes)
-
-
-def routed_expert_params(spec: ModelSpec, pc: ParamCounts) -> int:
-    """All routed experts' parameters of one MoE layer (the rest of the MoE block: router and shared expert)."""
-    return spec.moe.num_experts * pc.expert if spec.moe is not None else 0
 
 
 def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> tuple[float, float]:

@@ -8,7 +8,9 @@ buffers the paper leaves out; each is a term below.
 Communication (Rajbhandari et al. 2020, §7): stage 0 all-reduces gradients once per step; stage 1 reduce-scatters
 them and all-gathers the updated weights; stage 2 reduce-scatters every micro-batch (its gradients are sharded, so
 they cannot be accumulated whole); stage 3 also all-gathers the weights in every micro-batch's forward and again in
-its backward (1.5× the DDP volume, §7.2.2). The group is the dp × cp ranks that hold the same shard.
+its backward (1.5× the DDP volume, §7.2.2). The group is the dp × cp ranks that hold the same shard; a MoE's routed
+experts are exchanged over their own expert data-parallel group (dp_comm), each group on the link its placement in
+the stack's rank order gives it (group_span).
 Overlap assumption: data-parallel communication overlaps the backward compute of the same micro-batch (the last one
 for stages 0/1, each one for stages 2/3; ZeRO-3's forward all-gathers overlap the forward) and only the part longer
 than that compute is exposed — but never less than one 25 MiB bucket (DDP's default bucket_cap_mb), which must wait
@@ -175,32 +177,59 @@ class DataParallelComm(NamedTuple):
     bandwidth: str
 
 
+def group_span(setup: Setup, expert: bool = False) -> int:
+    """The consecutive ranks a data-parallel group covers, by the stack's rank order ([parallel] order, innermost
+    first; absent: tp, pp, cp, dp). The dense group is the dp × cp ranks of one tp and pp rank; the expert one
+    (`expert`) the expert data-parallel ranks of one etp, ep and pp rank. Megatron-Core orders 'tp-cp-ep-dp-pp'
+    (parallel_state.py:562), its dense ranks with ep 1 and its expert ranks etp-ep-edp-pp with cp 1 (:775-806)."""
+    order = setup.stack_facts.facts.get("parallel", {}).get("order", "tp-pp-cp-dp").split("-")
+    if expert:
+        sizes = dict(tp=setup.expert_tp, cp=1, ep=setup.ep, dp=setup.expert_dp, pp=setup.pp)
+    else:
+        sizes = dict(tp=setup.tp, cp=setup.cp, ep=1, dp=setup.dp, pp=setup.pp)
+    last = max(order.index(a) for a in (("dp",) if expert else ("cp", "dp")))
+    span = 1
+    for axis in order[:last + 1]:
+        span *= sizes.get(axis, 1)
+    return span
+
+
 def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_bytes: float, forward: float,
-            backward: float, mem_share: float) -> DataParallelComm:
+            backward: float, mem_share: float, expert_grad_bytes: float = 0.0,
+            expert_weight_bytes: float = 0.0) -> DataParallelComm:
     """The busiest rank's `grad_bytes` of gradients and `weight_bytes` of weights, exchanged over the dp × cp ranks
-    per ZeRO stage, overlapped with a micro-batch's `forward` and `backward` (with recompute) seconds, whose
-    memory-bound share `mem_share` the collectives' HBM traffic slows (overlap.py)."""
+    per ZeRO stage, and its routed experts' `expert_grad_bytes` / `expert_weight_bytes` over the expert
+    data-parallel ranks (Setup.expert_dp: Megatron-Core's separate expert_parallel_buffers over the expert data-
+    parallel group, distributed/distributed_data_parallel.py:289-301, and the distributed optimizer's expert shards),
+    overlapped with a micro-batch's `forward` and `backward` (with recompute) seconds, whose memory-bound share
+    `mem_share` the collectives' HBM traffic slows (overlap.py). Each group's ring runs on its own span's link
+    (group_span). NB: the two groups' collectives are summed, as if on one link: pessimistic where one runs inside
+    the node and the other across."""
     m, z = setup.grad_accum, setup.zero
-    dpc = setup.dp * setup.cp
-    within = links.within_node(setup.tp * setup.pp * dpc)
-    bw = links.intra if within else links.inter
-    bucket_t = ring_allreduce(dpc, min(BUCKET_BYTES, grad_bytes), bw)
+    dense = (setup.dp * setup.cp, group_span(setup), grad_bytes, weight_bytes)
+    groups = [dense] + ([(setup.expert_dp, group_span(setup, expert=True), expert_grad_bytes, expert_weight_bytes)]
+                        if expert_grad_bytes or expert_weight_bytes else [])
+    groups = [(n, links.over(span), links.within_node(span), g, w) for n, span, g, w in groups]
+    within = all(g[2] for g in groups if g[0] > 1)
+    bw = max((g[1] for g in groups if g[0] > 1), default=groups[0][1])  # the HBM contention's link (overlap.py)
+    allreduce = sum(ring_allreduce(n, g, b) for n, b, _, g, _ in groups)
+    rs = sum(ring_half(n, g, b) for n, b, _, g, _ in groups)
+    ag = sum(ring_half(n, w, b) for n, b, _, _, w in groups)
+    dpc, dense_bw = dense[0], groups[0][1]
+    bucket_t = ring_allreduce(dpc, min(BUCKET_BYTES, grad_bytes), dense_bw)
     per_mb = once = total = 0.0
-    if dpc > 1:
+    if allreduce > 0 or ag > 0:
         if z == 0:
-            total = ring_allreduce(dpc, grad_bytes, bw)
+            total = allreduce
             once = max(exposed(gpu, total, backward, mem_share, bw), bucket_t)
         elif z == 1:
-            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
             total = rs + ag
             once = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) + ag
         elif z == 2:
-            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
             total = m * rs + ag
             per_mb = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2)
             once = ag
         else:
-            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
             total = m * (2 * ag + rs)
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
             per_mb = (exposed(gpu, ag, forward, mem_share, bw)

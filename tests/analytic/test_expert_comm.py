@@ -1,0 +1,169 @@
+"""Expert parallelism's exchanges (analytic/parallel/expert.py) and the expert data-parallel reduce (parallel/zero.py),
+against hand derivations, a brute-force enumeration of routings and Megatron-Core's own rank generator."""
+from itertools import combinations
+
+import pytest
+
+from trainfit.analytic.parallel.collectives import Links
+from trainfit.analytic.parallel.expert import distinct_groups, ep_comm_seconds, exposed_ep_seconds
+from trainfit.analytic.parallel.zero import dp_comm, group_span
+from trainfit.errors import SetupError
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+LINKS = Links(intra=400e9, inter=50e9, gpus_per_node=8)  # round numbers: NVLink 400 GB/s, one 400 Gb/s NIC per GPU
+H100 = get_gpu("H100-80GB")
+
+
+def _brute(experts, k, groups):
+    """Mean distinct groups over every k-subset of experts (experts/groups consecutive experts per group)."""
+    per = experts // groups
+    subsets = list(combinations(range(experts), k))
+    return sum(len({e // per for e in s}) for s in subsets) / len(subsets)
+
+
+def _brute_limited(experts, k, groups, route_groups, picked):
+    """Group-limited routing: every choice of `picked` of the route groups, then every k-subset of their experts."""
+    per_route, per = experts // route_groups, experts // groups
+    total = count = 0
+    for chosen in combinations(range(route_groups), picked):
+        pool = [e for g in chosen for e in range(g * per_route, (g + 1) * per_route)]
+        for s in combinations(pool, k):
+            total += len({e // per for e in s})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("experts,k,groups", [(8, 2, 2), (12, 3, 4), (16, 4, 4), (16, 6, 8), (10, 1, 5)])
+def test_distinct_nodes_per_token_match_every_routing(experts, k, groups):
+    assert distinct_groups(experts, k, groups) == pytest.approx(_brute(experts, k, groups), rel=1e-12)
+
+
+@pytest.mark.parametrize("experts,k,groups,route_groups,picked", [(16, 4, 4, 4, 2), (16, 4, 2, 8, 3), (12, 2, 3, 6, 2),
+                                                                  (16, 4, 8, 4, 2), (24, 3, 12, 4, 3)])
+def test_node_limited_routing_matches_every_routing(experts, k, groups, route_groups, picked):
+    got = distinct_groups(experts, k, groups, picked, route_groups)
+    assert got == pytest.approx(_brute_limited(experts, k, groups, route_groups, picked), rel=1e-12)
+    if route_groups == groups:  # DeepSeek-V3's node-limited routing: at most `picked` nodes per token
+        assert got <= picked
+
+
+def test_two_node_dispatch_by_hand():
+    # Qwen3-30B-A3B: 128 experts, top-8, hidden 2048; EP 16 over two 8-GPU nodes; 4096 tokens of 2-byte activations
+    spec = load_model("qwen3-30b-a3b")
+    assert (spec.moe.num_experts, spec.moe.top_k, spec.hidden) == (128, 8, 2048)
+    tokens, token_bytes = 4096, 2048 * 2
+    a2a = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16)
+    # alltoall: 8 copies of each token, one in 16 to each rank: 8 of 16 ranks on the other node, over the NIC, while
+    # the 7 other ranks of the node get theirs over NVLink at the same time (the NIC's share is the longer)
+    one = 8 / 16 * tokens * 8 * token_bytes / 50e9  # 0.0172 s
+    assert 7 / 16 * tokens * 8 * token_bytes / 400e9 < one
+    assert ep_comm_seconds(spec, a2a, LINKS, tokens, 2, 1) == pytest.approx(4 * one, rel=1e-12)
+    # deepep: a node is missed when all 8 experts fall in the other node's 64: P = 64·63·…·57 / (128·127·…·121)
+    miss_node = 1.0
+    for i in range(8):
+        miss_node *= (64 - i) / (128 - i)
+    remote = 2 * (1 - miss_node) / 2  # distinct nodes × the share that is not the rank's own: ~1.0 token
+    miss_gpu = 1.0  # a GPU (8 of the experts) missed: all 8 among the other 120
+    for i in range(8):
+        miss_gpu *= (120 - i) / (128 - i)
+    fan_out = 16 * (1 - miss_gpu) * 7 / 8  # distinct GPUs but the landing one: ~5.7 copies over NVLink
+    deepep = tokens * token_bytes * (remote / 50e9 + fan_out / 400e9)
+    flex = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_dispatcher="deepep")
+    assert ep_comm_seconds(spec, flex, LINKS, tokens, 2, 1) == pytest.approx(4 * deepep, rel=1e-12)
+    assert 4 * deepep < 0.5 * 4 * one  # the NIC carries ~1 copy per token instead of 4
+    # allgather: every rank gathers the 16 ranks' tokens (15 others', once each) and reduce-scatters them back
+    ag = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_dispatcher="allgather")
+    assert ep_comm_seconds(spec, ag, LINKS, tokens, 2, 1) == pytest.approx(4 * 15 * tokens * token_bytes / 50e9)
+
+
+def test_one_node_deepep_stays_on_nvlink():
+    spec = load_model("qwen3-30b-a3b")
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, moe_dispatcher="deepep")
+    miss = 1.0
+    for i in range(8):
+        miss *= (112 - i) / (128 - i)  # a GPU's 16 experts all missed
+    assert ep_comm_seconds(spec, s, LINKS, 1000, 2, 1) == pytest.approx(
+        4 * 1000 * 4096 * 8 * (1 - miss) * 7 / 8 / 400e9, rel=1e-12)
+
+
+def test_overlap_hides_the_exchange_up_to_the_other_micro_batch():
+    base = dict(stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=4)
+    on = Setup(**base, overlap_moe_comm=True)
+    # first forward and last backward alone (A), the 3 other phases expose only what outlasts the compute
+    assert exposed_ep_seconds(on, 1.0, 0.6) == pytest.approx((1.0 + 3 * 0.4) / 4)
+    assert exposed_ep_seconds(on, 1.0, 2.0) == pytest.approx(1.0 / 4)
+    assert exposed_ep_seconds(Setup(**base), 1.0, 2.0) == 1.0
+    assert exposed_ep_seconds(Setup(**{**base, "grad_accum": 1}, overlap_moe_comm=True), 1.0, 2.0) == 1.0
+
+
+def test_experts_reduce_over_the_expert_data_parallel_group():
+    # ZeRO-1 (distributed optimizer): dense over the 64 dp ranks, experts over 64 / ep = 8; both cross nodes
+    s = Setup(stack="megatron", precision="bf16-master", dp=64, ep=8, zero=1)
+    assert s.expert_dp == 8
+    got = dp_comm(H100, s, LINKS, 4e9, 2e9, 0.0, 0.0, 0.0, 8e9, 4e9)
+    assert got.total == pytest.approx(63 / 64 * 6e9 / 50e9 + 7 / 8 * 12e9 / 50e9)
+    assert got.bandwidth == "inter"
+
+
+@pytest.mark.parametrize("tp,pp,cp,dp,ep,etp", [(2, 4, 1, 4, 1, None), (1, 2, 1, 8, 4, None), (2, 2, 2, 4, 8, 1),
+                                               (4, 1, 1, 4, 2, 2), (1, 1, 1, 16, 8, None), (1, 4, 2, 2, 2, None)])
+def test_group_placement_is_megatrons(tp, pp, cp, dp, ep, etp):
+    from megatron.core.parallel_state import RankGenerator
+
+    s = Setup(stack="megatron", precision="bf16-master", tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp,
+              sequence_parallel=tp > 1)
+    order = "tp-cp-ep-dp-pp"  # parallel_state.py initialize_model_parallel's default
+    dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order).get_ranks("dp-cp")
+    edp = s.world_size // (s.expert_tp * ep * pp)
+    expert = RankGenerator(tp=s.expert_tp, ep=ep, dp=edp, pp=pp, cp=1, order=order).get_ranks("dp")
+    for groups, span in ((dense, group_span(s)), (expert, group_span(s, expert=True))):
+        for ranks in groups:
+            assert LINKS.within_node(span) == (len({r // 8 for r in ranks}) == 1)
+            assert max(ranks) - min(ranks) < span  # the ranks lie inside the span
+
+
+def test_dispatch_settings_are_refused_where_they_do_not_apply():
+    with pytest.raises(SetupError, match="--moe-dispatcher"):
+        Setup(stack="torchtitan", dp=8, moe_dispatcher="deepep")
+    with pytest.raises(SetupError, match="--ep > 1"):
+        Setup(stack="megatron", precision="bf16-master", dp=8, overlap_moe_comm=True)
+    with pytest.raises(SetupError, match="--vpp"):
+        Setup(stack="megatron", precision="bf16-master", dp=8, pp=2, ep=8, overlap_moe_comm=True)
+    with pytest.raises(SetupError, match="allgather"):
+        Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, overlap_moe_comm=True, moe_dispatcher="allgather")
+    with pytest.raises(SetupError, match="recompute"):
+        Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, overlap_moe_comm=True, recompute="full")
+    with pytest.raises(SetupError, match="--ep > 1"):
+        Setup(stack="megatron", precision="bf16-master", dp=8, moe_dispatcher="deepep")
+
+
+def test_deepseek_v3_routes_to_at_most_four_nodes():
+    # DeepSeek-V3: 256 experts in 8 groups, top-8 among the best 4 groups (config n_group, topk_group); EP 64 over
+    # 8 nodes: the groups are the nodes, so a token reaches 4 · (1 − C(96, 8)/C(128, 8)) nodes instead of the
+    # 8 · (1 − C(224, 8)/C(256, 8)) of unlimited routing
+    spec = load_model("deepseek-v3")
+    assert (spec.moe.route_groups, spec.moe.route_group_topk, spec.moe.top_k) == (8, 4, 8)
+    limited = distinct_groups(256, 8, 8, 4, 8)
+    miss, free = 1.0, 1.0
+    for i in range(8):
+        miss *= (96 - i) / (128 - i)
+        free *= (224 - i) / (256 - i)
+    assert limited == pytest.approx(4 * (1 - miss), rel=1e-12)  # 3.58 nodes
+    assert distinct_groups(256, 8, 8) == pytest.approx(8 * (1 - free), rel=1e-12)  # 5.32 nodes
+
+
+def test_gpt_oss_experts_cross_the_expert_group_once():
+    """gpt-oss-120b on 64 B200s, EP 8, distributed optimizer: the model card's split (OpenAI, gpt-oss-120b & gpt-oss-20b
+    Model Card, 2025, Table 1: 114.71B MLP parameters of 116.83B) — each rank holds the 2.12B others whole and 1/8 of
+    the experts, reduce-scattering the gradients and all-gathering the weights (2 bytes each in the step model) over
+    64 ranks and over the 8 expert data-parallel ranks respectively, both across nodes."""
+    from trainfit.analytic.step_time import layout_step_time
+
+    gpu = get_gpu("B200")
+    s = Setup(stack="megatron", precision="bf16-master", dp=64, ep=8, zero=1, seq=4096, batch=4, grad_accum=2)
+    tm = layout_step_time(load_model("gpt-oss-120b"), s, gpu)
+    inter = Links.of(gpu).inter
+    dense, experts = 116.83e9 - 114.71e9, 114.71e9 / 8
+    assert tm.dp_comm_total == pytest.approx(63 / 64 * dense * 4 / inter + 7 / 8 * experts * 4 / inter, rel=5e-3)
