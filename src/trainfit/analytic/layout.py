@@ -48,6 +48,13 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     if setup.ep > 1 and not spec.is_moe:
         raise SetupError(f"--ep {setup.ep} splits the experts of a mixture-of-experts model; {spec.name} is dense "
                          "(Megatron: transformer_config.py:1048-1049): use --ep 1")
+    routing = [f for f, v in (("--moe-imbalance", getattr(setup, "moe_imbalance", None)),
+                              ("--moe-force-balance", getattr(setup, "moe_force_balance", False)),
+                              ("--moe-capacity-factor", getattr(setup, "moe_capacity_factor", None)))
+               if v not in (None, False)]
+    if routing and not spec.is_moe:
+        raise SetupError(f"{routing[0]} sets how a mixture-of-experts router loads its experts; {spec.name} is dense: "
+                         "drop it")
     if setup.ep > 1 and spec.moe.num_experts % setup.ep:
         raise SetupError(f"--ep {setup.ep} does not divide the {spec.moe.num_experts} experts of {spec.name} (Megatron: "
                          f"moe/moe_layer.py:101); use a divisor of {spec.moe.num_experts}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
+from .moe_imbalance import busiest_rank_load
 from .precision import state_bytes
 from .te_recipes import saved_delta
 
@@ -115,6 +116,10 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
         d_rep, d_split = saved_delta(spec, setup, a, moe, attention_core_recomputed(setup))
         rep = {k: rep.get(k, 0.0) + d_rep.get(k, 0.0) for k in rep | d_rep}
         split = {k: split.get(k, 0.0) + d_split.get(k, 0.0) for k in split | d_split}
+    if moe:  # the busiest expert-parallel rank's routed copies, X times the balanced ones (moe_imbalance.py)
+        load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
+        for name in ("expert_tokens", "expert_hidden"):
+            split[name] *= load
     return MegatronLayer(rep, split, scores, mask)
 
 
@@ -129,14 +134,13 @@ def _moe_replicated(spec: ModelSpec, a: int) -> dict:
 
 def _moe_terms(spec: ModelSpec, setup: Setup, a: int) -> dict:
     """Per token, the experts' saved tensors under the all-to-all dispatcher with TEGroupedMLP
-    (transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher, experts.py TEGroupedMLP), assuming balanced
+    (transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher, experts.py TEGroupedMLP), balanced
     routing. A rank holds tokens/t tokens (sequence parallel) and its local experts receive top_k copies of as many;
     the expert-TP group all-gathers its members' copies (etp × as many tokens) and splits the intermediate etp ways.
     Per copy: fc1's input and fc2's output (saved by unpermute's probability multiply), h wide each, ×etp; fc1's
     output (SwiGLU: 2i) and the activation's output (i, fc2's input), whose etp-fold tokens and 1/etp width cancel.
-    As 'split by TP' terms (÷t: the rank's tokens/t).
-    NB: routing imbalance (no capacity factor by default) makes the busiest rank hold more: under-counts; without
-    SP (Megatron requires it for MoE with TP > 1) counted as with SP."""
+    As 'split by TP' terms (÷t: the rank's tokens/t); layer_terms scales them to the busiest EP rank's load.
+    NB: without SP (Megatron requires it for MoE with TP > 1) counted as with SP."""
     m = spec.moe
     k, i = m.top_k, m.expert_intermediate
     gate = 2 if spec.gated_mlp else 1

@@ -21,6 +21,7 @@ from . import te_recipes
 from ..low_precision import recipe
 from .params import ParamCounts
 from .grad_clip import clip_work
+from .moe_imbalance import busiest_rank_load
 from .parallel.megatron import largest_param, megatron_model_states, megatron_tensors, rank_params, shards
 from .parallel.pipeline import Stage
 from .phases import LayerKind, StepBytes, peak
@@ -49,7 +50,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     # NB: a layer's backward temporaries, approximated as the incoming and outgoing residual gradients, the
     # re-gathered ln_out under SP (TE's backward all-gather) and fc1's output gradient; TE's gradient-accumulation
     # fusion writes weight gradients straight into main_grad (no per-layer weight-gradient temporaries)
-    width = spec.moe.expert_intermediate * spec.moe.top_k if moe and frac >= 0.5 else spec.intermediate
+    # (a MoE layer's: the busiest EP rank's routed copies, moe_imbalance.py)
+    width = (spec.moe.expert_intermediate * spec.moe.top_k * busiest_rank_load(spec, setup, tokens)
+             if moe and frac >= 0.5 else spec.intermediate)
     temps = (2 * a * h / sp + (a * h if sp > 1 else 0) + a * width * (2 if spec.gated_mlp else 1) / t) * tokens
     kv_chunk = a * 2 * spec.kv_dim / t * tokens  # this rank's k and v
     ring = 2 * kv_chunk if setup.cp > 1 else 0.0  # TE's P2P ring: the KV chunk being computed on and the one received

@@ -21,6 +21,7 @@ from ..spec import ModelSpec
 from . import clamped_swiglu as swiglu
 from .families import family_traits
 from .moe_every_expert import every_expert_block
+from .moe_imbalance import busiest_rank_load
 from .precision import state_bytes
 
 FP32 = 4
@@ -66,7 +67,8 @@ def moe_block(spec: ModelSpec, setup: Setup) -> tuple[dict, float]:
     # the product (i, down's input) and down's output (h, saved by the routing-weight multiply); gpt-oss's clamped
     # SwiGLU keeps three i-wide tensors more (clamped_swiglu.py)
     experts = k * ex * (2 * h + swiglu.saved_intermediates(spec) * i)
-    mlp = router + dispatch + experts
+    # the busiest expert-parallel rank's routed copies, X times the balanced ones (moe_imbalance.py; 1 at --ep 1)
+    mlp = router + (dispatch + experts) * busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
     fixed = FP32 * e  # grouped_mm's int32 group offsets
     if amp:
         fixed += a * e * h  # autocast's cast of the router weight

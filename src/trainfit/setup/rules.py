@@ -107,6 +107,7 @@ def validate(setup: Setup) -> None:
     if why:  # (--sequence-parallel needs --tp > 1: refused above)
         raise SetupError(why)
     _check_low_precision(setup, stack)
+    _check_moe_routing(setup, stack)
     if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
         raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
                          "--lora-rank R > 0")
@@ -141,6 +142,23 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
                          f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
                          "eager, or --recompute full")
+
+
+def _check_moe_routing(setup: Setup, stack: _stacks.Stack) -> None:
+    """--moe-imbalance, --moe-force-balance, --moe-capacity-factor: the busiest expert-parallel rank's load
+    (analytic/moe_imbalance.py), on a stack that runs expert parallelism and the router option ([moe] facts)."""
+    if setup.moe_imbalance is not None and "ep" not in stack.axes:
+        raise SetupError(f"--moe-imbalance is the busiest expert-parallel rank's load; --stack {stack.name} runs no "
+                         "expert parallelism (every rank holds every expert, none is busier): use --stack "
+                         f"{' or '.join(_stacks.running(lambda st: 'ep' in st.axes))} with --ep, or drop it")
+    for name, fact in (("moe_force_balance", "force_balance"), ("moe_capacity_factor", "capacity_factor")):
+        if getattr(setup, name) not in (None, False) and not stack.facts.get("moe", {}).get(fact):
+            runs = _stacks.running(lambda st: bool(st.facts.get("moe", {}).get(fact)))
+            raise SetupError(f"{BY_NAME[name].flag}: --stack {stack.name} has no such router option; use --stack "
+                             f"{' or '.join(runs)}, or drop it")
+    if setup.moe_force_balance and setup.moe_imbalance is not None:
+        raise SetupError("--moe-force-balance makes routing a uniform draw, whose imbalance is derived; --moe-imbalance "
+                         "sets it: give one of them")
 
 
 def _runners(feature: str) -> str:

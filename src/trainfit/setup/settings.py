@@ -131,6 +131,26 @@ class Setup:
                                      "forward of one micro-batch beside the backward of another); needs --ep > 1, "
                                      "--grad-accum > 1 to hide anything.", modes=("train",),
                                      aliases=("--overlap-moe-expert-parallel-comm",), group="parallel")
+    moe_imbalance: Optional[float] = setting(None, "Routing imbalance under --ep: the routed tokens the busiest "
+                                             "expert-parallel rank receives over the mean (>= 1). Its expert GEMMs "
+                                             "and routed activations scale by it and every rank waits for it at "
+                                             "the combine all-to-all. With --ep 1 every rank holds every expert, "
+                                             "so none is busier (no effect).", minimum=1, maximum=1024,
+                                             auto="1.10 for dropless learned routing (Megatron-Core's default "
+                                             "buffer margin over the balanced case; analytic/moe_imbalance.py), "
+                                             "at least the sampling floor of the uniform draw; that floor with "
+                                             "--moe-force-balance; at most --moe-capacity-factor",
+                                             example="1.3", modes=("train",), group="parallel")
+    moe_force_balance: bool = setting(False, "Megatron's --moe-router-force-load-balancing (benchmark runs): the "
+                                      "router's logits replaced by random noise, so each token's experts are a "
+                                      "uniform draw and the busiest rank's excess is sampling noise only.",
+                                      modes=("train",), group="parallel")
+    moe_capacity_factor: Optional[float] = setting(None, "Megatron's --moe-expert-capacity-factor: each expert "
+                                                   "takes at most this factor times its balanced share of a rank's "
+                                                   "routed tokens, the rest dropped; caps --moe-imbalance. NB: "
+                                                   "--moe-pad-expert-input-to-capacity is not modelled.",
+                                                   above=0, maximum=1024, example="1.25", modes=("train",),
+                                                   group="parallel")
     zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
                         "= FSDP).", choices=(0, 1, 2, 3), group="parallel")
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "

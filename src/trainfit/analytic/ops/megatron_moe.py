@@ -18,7 +18,8 @@ What differs from transformers' block (ops/moe.py), kernel by kernel:
 - permute / sort-by-expert / unpermute are TE's Triton kernels (te:transformer_engine/pytorch/triton/
   permutation.py), the activation is the probability-weighted SwiGLU (moe/experts.py:689-696
   weighted_bias_swiglu_impl).
-NB: the router's force-balance benchmark option (moe/router.py apply_random_logits) and CUDA graphs of the router
+NB: the router's force-balance benchmark option (moe/router.py apply_random_logits: analytic/moe_imbalance.py
+times the busiest rank's load it leaves, not its noise kernel) and CUDA graphs of the router
 and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
 modelled: pessimistic by their few kernels where a run graphs them. gpt-oss (Megatron-Bridge's GPT-OSS provider:
 expert biases, quick GeGLU with clamp and linear offset) runs the same layer with its fused activation and
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from ...spec import ModelSpec
 from ..activations import FP32, INDEX
-from .moe import _experts_gemm, moe_block, shared_expert_ops
+from .moe import _experts_gemm, busiest_per_expert, moe_block, shared_expert_ops
 from .op import Op, Shape, gemm, memory
 
 SRC = "megatron-core 0.16.1 transformer/moe/"
@@ -39,8 +40,9 @@ BOOL = 1  # bytes of a torch.bool routing-map element
 
 
 def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
-    """The forward kernels of one MoE layer on one rank (balanced routing: the rank's `local` experts each receive
-    T·k / local rows)."""
+    """The forward kernels of one MoE layer on the busiest expert-parallel rank: its `local` experts each receive
+    sh.moe_load times the balanced T·k / local rows (ops/moe.py busiest_per_expert); the router, permute and
+    unpermute run on the rank's own T·k."""
     m = spec.moe
     if m.experts_every_token:
         return moe_block(spec, sh)
@@ -48,7 +50,7 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     T, e, k = sh.tokens, m.num_experts, m.top_k
     i = m.expert_intermediate / t
     local = max(1, e // sh.ep)
-    per_expert = T * k / local  # rows of each local expert's GEMMs
+    per_expert = busiest_per_expert(sh, k, local)  # rows of each local expert's GEMMs
     rows = per_expert * local  # routed rows this rank's experts receive
     ops = router_ops(spec, sh) + dispatch_ops(spec, sh)
     gate = 2 if spec.gated_mlp else 1
@@ -121,6 +123,7 @@ def dispatch_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     m, h, a = spec.moe, spec.hidden, sh.act
     T, e, k = sh.tokens, m.num_experts, m.top_k
     rows = T * k
+    received = busiest_per_expert(sh, k, max(1, e // sh.ep)) * max(1, e // sh.ep)  # after the all-to-all
     copies = 3 + (1 if sh.tp > 1 else 0)
     return [memory("dispatch_metadata", T * e * BOOL, e * INDEX, SRC + "token_dispatcher.py:469-590 preprocess",
                    saves=False, grad=False, kernels=5 + 1 + copies),
@@ -129,7 +132,7 @@ def dispatch_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
                    kernels=4, bwd=1),
             memory("dispatch_a2a", 0.0, 0.0, SRC + "token_dispatcher.py:666-672 all_to_all x2", saves=False,
                    kernels=2),
-            memory("sort_by_expert", rows * (h * a + FP32), rows * (h * a + FP32),
+            memory("sort_by_expert", received * (h * a + FP32), received * (h * a + FP32),
                    SRC + "token_dispatcher.py:732 sort_chunks_by_idxs (fused)", "dispatch", saves=False,
                    kernels=2, bwd=1)]
 
@@ -142,7 +145,8 @@ def combine_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     m, h, a = spec.moe, spec.hidden, sh.act
     T, k = sh.tokens, m.top_k
     rows = T * k
-    return [memory("unsort_by_expert", rows * h * a, rows * h * a,
+    received = busiest_per_expert(sh, k, max(1, m.num_experts // sh.ep)) * max(1, m.num_experts // sh.ep)
+    return [memory("unsort_by_expert", received * h * a, received * h * a,
                    SRC + "token_dispatcher.py:767 sort_chunks_by_idxs (fused)", "combine", saves=False,
                    kernels=2, bwd=1),
             memory("combine_a2a", 0.0, 0.0, SRC + "token_dispatcher.py:810 all_to_all", saves=False),

@@ -1,6 +1,7 @@
 """The sparse MoE block: router, dispatch, grouped expert GEMMs, combine, and the shared expert."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ...spec import ModelSpec
@@ -13,7 +14,10 @@ from .te_casts import te_casts
 
 def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     """The sparse MoE block (integrations/moe.py grouped_mm experts; router modeling_mixtral.py:105-107). With
-    --ep the rank runs E/ep experts on the T·top_k routed copies it receives (balanced)."""
+    --ep the rank runs E/ep experts on the routed copies it receives: the busiest rank's, sh.moe_load times the
+    balanced T·top_k (analytic/moe_imbalance.py), since every rank waits for it at the combine. The router, the
+    dispatch gather and the combine run on the rank's own T·top_k copies (Megatron permutes and unpermutes on the
+    source side: token_dispatcher.py MoEAlltoAllTokenDispatcher)."""
     m = spec.moe
     if m.experts_every_token:
         return every_expert_ops(spec, sh)
@@ -21,7 +25,8 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     T, e, k = sh.tokens, m.num_experts, m.top_k
     i = m.expert_intermediate / t
     local = max(1, e // sh.ep)
-    per_expert = T * k / local
+    per_expert = busiest_per_expert(sh, k, local)
+    routed = per_expert * local  # the copies the busiest rank's experts run on
     src = "transformers integrations/moe.py grouped_mm experts"
     ops = autocast_inputs("router_in", T, h, 1, sh, "attn_out")
     ops.append(gemm("router", T, e, h, sh, "modeling_mixtral.py:105 router linear"))
@@ -36,18 +41,18 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, ex, src + " grouped_mm gate_up", batch=local,
                               fp8=bool(sh.te)), sh)
     if m.expert_bias:  # gpt-oss: per-expert biases gathered and added (clamped_swiglu.py)
-        ops += expert_bias("experts_in_bias", T * k, gate * i, local, sh)
+        ops += expert_bias("experts_in_bias", routed, gate * i, local, sh)
     if m.swiglu_limit:  # gpt-oss's clamped SwiGLU
-        ops += clamped_swiglu("experts_act", T * k * i, sh, "experts_act")
+        ops += clamped_swiglu("experts_act", routed * i, sh, "experts_act")
     else:
-        ops += activation(spec, "experts_act", T * k * i, sh, "experts_act")
+        ops += activation(spec, "experts_act", routed * i, sh, "experts_act")
         if spec.gated_mlp:
-            ops.append(memory("experts_mul", 2 * T * k * i * a, T * k * i * a, src, "experts_act",
-                              (0, T * k * i * a)))
+            ops.append(memory("experts_mul", 2 * routed * i * a, routed * i * a, src, "experts_act",
+                              (0, routed * i * a)))
     ops += _experts_gemm(gemm("experts_out", per_expert, h, i, ex, src + " grouped_mm down", batch=local,
                               fp8=bool(sh.te)), sh)
     if m.expert_bias:
-        ops += expert_bias("experts_out_bias", T * k, h, local, sh)
+        ops += expert_bias("experts_out_bias", routed, h, local, sh)
     ops += [memory("routing_weight", T * k * h * a + T * k * FP32, T * k * h * a, src + " · routing weight", "combine"),
             memory("combine", T * k * h * a + T * k * INDEX, T * h * a, src + " (out[inv_perm], sum over k)", "combine",
                 saves=False)]
@@ -57,6 +62,15 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
             ops += [gemm("shared_expert_gate", T, 1, h, sh, "modeling_qwen2_moe.py shared_expert_gate"),
                     memory("shared_scale", 2 * T * h * a, T * h * a, "modeling_qwen2_moe.py sigmoid gate", "combine")]
     return ops
+
+
+def busiest_per_expert(sh: Shape, top_k: int, local: int) -> float:
+    """Routed copies per local expert on the busiest expert-parallel rank: the balanced T·top_k/local times
+    sh.moe_load (analytic/moe_imbalance.py), the extra copies in whole 16-token rows so that the imbalance changes
+    the GEMMs' size and not the 16-byte alignment the balanced count has (roofline.gemm_seconds' unaligned
+    fallback: a mean count landing on an odd number is not a kernel choice). NB: over-counts by < 16 copies."""
+    balanced = sh.tokens * top_k / local
+    return balanced + math.ceil((sh.moe_load - 1) * balanced / 16) * 16
 
 
 def _experts_gemm(g: Op, sh: Shape) -> list[Op]:

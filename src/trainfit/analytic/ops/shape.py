@@ -6,6 +6,7 @@ from ...setup import Setup
 from ...spec import ModelSpec
 from ..activations import FP32, norm_kernel, resolved_kernel
 from ..families import family_traits
+from ..moe_imbalance import busiest_rank_load
 from ..precision import StateBytes
 from ..te_recipes import runs_te
 from .op import Shape
@@ -46,4 +47,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  te=te, te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)),
                  lp=lp if lp in MODELLED and not te else "",
                  moe_block=facts.get("moe", {}).get("block", "transformers"),
-                 moe_aux_loss=facts.get("moe", {}).get("aux_loss", False))
+                 moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),
+                 moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp))

@@ -1,0 +1,80 @@
+"""Routing imbalance: the routed token-copies the busiest expert-parallel rank receives over the mean (X >= 1).
+
+With expert parallelism every rank waits at the combine all-to-all for the busiest one, and that rank holds the most
+routed activations: its expert GEMMs run on X times the balanced T·top_k/ep copies and its dispatch buffers, expert
+intermediates and permuted outputs are X times larger (ops/moe.py, megatron_activations.layer_terms). Where it comes
+from (busiest_rank_load):
+  --moe-imbalance X   the user's value (e.g. profiled from the run's own tokens-per-expert counts);
+  --moe-force-balance Megatron's --moe-router-force-load-balancing: the router's logits replaced by N(0, 1) noise
+                      (megatron-core 0.16.1 megatron/core/transformer/moe/router.py:655-657, moe_utils.py:1110-1131
+                      RandomSTE), so each token's top-k is a uniform draw: the imbalance is the sampling floor below;
+  otherwise           dropless learned routing: DROPLESS, or the sampling floor where that is larger;
+  --moe-capacity-factor cf  Megatron's --moe-expert-capacity-factor caps it: a source rank sends each expert at most
+                      ceil(T·top_k / E · cf) copies (moe_utils.py:193-211 get_capacity, :800-850
+                      apply_router_token_dropping), so a local expert receives at most cf times its mean.
+With --ep 1 (every rank holds every expert) no rank is busier: 1.0.
+"""
+from __future__ import annotations
+
+import math
+
+# Documented default for dropless learned routing (not fitted): Megatron-Core sizes the busiest rank's routed-token
+# buffers at 1.10 x the perfectly balanced case by default (Megatron-LM d98e8a6 transformer_config.py:1370
+# moe_paged_stash_buffer_size_factor_cuda = 1.10; docs/user-guide/features/paged_stash.md:51 "multipliers on buffer
+# size relative to the perfectly balanced case ... headroom for real-world skew"). The one published per-rank
+# measurement found agrees: median max/mean rank load 1.069 over 16 EP ranks without EPLB (vLLM PR #50647, Kimi K3
+# serving, "Observation-only control"). NB: one value for every model, EP degree and batch; real imbalance grows
+# with ep and with routers that specialise, and falls with the tokens per batch: either direction.
+DROPLESS = 1.10
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] = ∫ x · n φ(x) Φ(x)^(n-1) dx (order statistics), by the
+    trapezoid rule on [-10, 10] (the integrand is below 1e-20 beyond)."""
+    if n <= 1:
+        return 0.0
+    steps, lo, hi = 4000, -10.0, 10.0
+    dx = (hi - lo) / steps
+    total = 0.0
+    for j in range(steps + 1):
+        x = lo + j * dx
+        pdf = math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1 + math.erf(x / math.sqrt(2)))
+        total += (0.5 if j in (0, steps) else 1.0) * x * n * pdf * cdf ** (n - 1)
+    return total * dx
+
+
+def sampling_floor(tokens: float, top_k: int, experts: int, ep: int) -> float:
+    """E[busiest rank's copies] / mean when `tokens` tokens each pick top_k distinct experts uniformly at random
+    among `experts`, experts/ep on each of ep ranks (Megatron's forced balance; the noise any router keeps).
+    Per token the copies landing on one rank are hypergeometric (experts, experts/ep, top_k): mean k/ep, variance
+    k·p(1-p)·(E-k)/(E-1) with p = 1/ep; over the tokens (independent) the rank's count C_r has mean μ = T·k/ep and
+    variance σ² = T times that. The ep counts sum to T·k, so they are exchangeable with correlation -1/(ep-1):
+    C_r ≈ μ + s·(Z_r - mean(Z)) with Z iid N(0, 1) and s = σ·sqrt(ep/(ep-1)); E[max C] ≈ μ + s·E[max Z].
+    NB: the normal approximation of the binomial-like counts, good when μ is large (a few copies per rank:
+    under-counts the tail); group-limited routing (DeepSeek-V3's node groups) is not the uniform draw."""
+    if ep <= 1 or tokens <= 0:
+        return 1.0
+    p = 1.0 / ep
+    mean = tokens * top_k * p
+    var = tokens * top_k * p * (1 - p) * (experts - top_k) / max(experts - 1, 1)
+    return 1.0 + math.sqrt(var * ep / (ep - 1)) * expected_max_normal(ep) / mean
+
+
+def busiest_rank_load(spec, setup, tokens: float) -> float:
+    """X for `setup` (a Setup or a light object with its fields): the busiest EP rank's routed copies over the
+    balanced mean, for a micro-batch of `tokens` tokens per rank (the EP group routes ep times as many)."""
+    m = spec.moe
+    ep = getattr(setup, "ep", 1)
+    if m is None or ep <= 1 or m.experts_every_token:  # Llama 4 runs every expert on every token: no routing
+        return 1.0
+    floor = sampling_floor(tokens * ep, m.top_k, m.num_experts, ep)
+    given = getattr(setup, "moe_imbalance", None)
+    if getattr(setup, "moe_force_balance", False):
+        load = floor
+    elif given is not None:
+        load = float(given)
+    else:
+        load = max(DROPLESS, floor)
+    cap = getattr(setup, "moe_capacity_factor", None)
+    return min(load, cap) if cap is not None else load

@@ -1,0 +1,116 @@
+"""Routing imbalance (--moe-imbalance, --moe-force-balance, --moe-capacity-factor): the busiest expert-parallel rank's
+load, its sampling floor against a Monte-Carlo draw of Megatron's forced-balance routing, and what it scales in memory
+and in time."""
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from trainfit.analytic.layout import validate_layout
+from trainfit.analytic.megatron_activations import layer_terms
+from trainfit.analytic.moe_imbalance import DROPLESS, busiest_rank_load, expected_max_normal, sampling_floor
+from trainfit.analytic.ops.layer import layer_forward
+from trainfit.analytic.ops.shape import shape_of
+from trainfit.analytic.precision import state_bytes
+from trainfit.analytic.step_time import layout_step_time
+from trainfit.analytic.timing import compute_dtype
+from trainfit.errors import SetupError
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+MEGATRON = dict(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=4, ep=2)
+
+
+def test_expected_max_of_normals_matches_the_closed_forms():
+    # E[max of 2] = 1/sqrt(pi), E[max of 3] = 3/(2 sqrt(pi)) (order statistics of the standard normal)
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max_normal(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-6)
+    assert expected_max_normal(1) == 0.0
+
+
+@pytest.mark.parametrize("tokens, top_k, experts, ep", [(512, 8, 128, 8), (2048, 2, 8, 4), (256, 8, 64, 16)])
+def test_sampling_floor_matches_a_monte_carlo_draw_of_uniform_top_k(tokens, top_k, experts, ep):
+    """Megatron's forced balance: N(0, 1) logits per token, top-k of them (router.py:655-657, RandomSTE), i.e. a
+    uniform k-subset per token; the busiest of ep ranks (experts/ep consecutive experts each) over the mean."""
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(200):
+        chosen = np.argpartition(rng.standard_normal((tokens, experts)), -top_k, axis=1)[:, -top_k:]
+        per_rank = np.bincount((chosen // (experts // ep)).ravel(), minlength=ep)
+        ratios.append(per_rank.max() / (tokens * top_k / ep))
+    mc, se = float(np.mean(ratios)), float(np.std(ratios) / np.sqrt(len(ratios)))
+    floor = sampling_floor(tokens, top_k, experts, ep)
+    assert floor > 1.02  # a measurable excess, not a restated 1.0
+    # within the draw's noise and the normal approximation's (a few % of the excess)
+    assert floor == pytest.approx(mc, abs=4 * se + 0.05 * (mc - 1))
+
+
+def test_the_load_follows_the_router_settings():
+    spec = load_model("tiny-mixtral")  # 4 experts, top-2
+    tokens = 512
+    floor = sampling_floor(tokens * 2, 2, 4, 2)  # the EP group of 2 ranks routes twice the rank's tokens
+    assert busiest_rank_load(spec, Setup(**{**MEGATRON, "ep": 1}), tokens) == 1.0  # a rank holds every expert
+    assert busiest_rank_load(spec, Setup(**MEGATRON, moe_force_balance=True), tokens) == pytest.approx(floor)
+    assert busiest_rank_load(spec, Setup(**MEGATRON), tokens) == max(DROPLESS, floor)
+    assert busiest_rank_load(spec, Setup(**MEGATRON, moe_imbalance=1.5), tokens) == 1.5
+    # a capacity factor caps what one expert takes from each source rank: ceil(T·k/E · cf) (moe_utils.get_capacity)
+    assert busiest_rank_load(spec, Setup(**MEGATRON, moe_imbalance=1.5, moe_capacity_factor=1.2), tokens) == 1.2
+    # few tokens: the sampling noise alone is above the dropless default (4 tokens × 2 ranks, 2 copies each)
+    assert busiest_rank_load(spec, Setup(**MEGATRON), 4) == pytest.approx(sampling_floor(8, 2, 4, 2))
+    assert sampling_floor(8, 2, 4, 2) > DROPLESS
+
+
+def test_megatron_routed_activations_scale_on_the_busiest_rank():
+    """Hand derivation (MoEAlltoAllTokenDispatcher + TEGroupedMLP, bf16, etp 1): per routed copy fc1's input and
+    fc2's output (h each, 2 B) and fc1's SwiGLU output (2i) with the activation output (i): k·2·(2h + 3i) bytes per
+    token. X = 1.5 adds half of it, and nothing else changes."""
+    spec = load_model("tiny-mixtral")
+    h, i, k = spec.hidden, spec.moe.expert_intermediate, spec.moe.top_k
+    base = layer_terms(spec, Setup(**MEGATRON, moe_imbalance=1.0), moe=True)
+    busy = layer_terms(spec, Setup(**MEGATRON, moe_imbalance=1.5), moe=True)
+    routed = k * 2 * (2 * h + 3 * i)
+    assert sum(busy.split.values()) - sum(base.split.values()) == pytest.approx(0.5 * routed)
+    assert busy.replicated == base.replicated
+
+
+def test_expert_gemms_run_on_the_busiest_ranks_copies():
+    spec = load_model("tiny-mixtral")
+    setup = Setup(**MEGATRON, moe_imbalance=1.3)
+    sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+    ops = {o.name: o for o in layer_forward(spec, sh, moe=True)}
+    balanced = 512 * 2 / 2  # T·top_k over the 4/2 local experts
+    # 1.3 × 512 = 665.6 copies per expert, rounded up to whole 16-token rows past the balanced 512
+    assert ops["experts_in"].m == balanced + 160
+    assert ops["experts_out"].m == balanced + 160
+    flat = {o.name: o for o in layer_forward(spec, replace(sh, moe_load=1.0), moe=True)}
+    assert flat["experts_in"].m == balanced
+    assert ops["router"].m == flat["router"].m  # the router runs on the rank's own tokens
+
+
+def test_dropless_routing_is_slower_than_forced_balance():
+    spec = load_model("mixtral-8x7b")
+    gpu = get_gpu("H100-80GB")
+    kw = dict(stack="megatron", precision="bf16-master", dp=8, ep=8, seq=4096, batch=1, recompute="full")
+    forced = layout_step_time(spec, Setup(moe_force_balance=True, **kw), gpu)
+    dropless = layout_step_time(spec, Setup(**kw), gpu)
+    skewed = layout_step_time(spec, Setup(moe_imbalance=2.0, **kw), gpu)
+    assert forced.step_seconds < dropless.step_seconds < skewed.step_seconds
+    assert dropless.ep_comm == forced.ep_comm  # (the all-to-all volume is not scaled: moe_imbalance.py)
+
+
+def test_routing_settings_are_refused_where_they_do_not_apply():
+    with pytest.raises(SetupError, match="runs no expert parallelism"):
+        Setup(stack="hf", moe_imbalance=1.2)
+    with pytest.raises(SetupError, match="no such router option"):
+        Setup(stack="torchtitan", moe_force_balance=True)
+    with pytest.raises(SetupError, match="no such router option"):
+        Setup(stack="hf", moe_capacity_factor=1.25)
+    with pytest.raises(SetupError, match="give one of them"):
+        Setup(**MEGATRON, moe_force_balance=True, moe_imbalance=1.2)
+    with pytest.raises(SetupError, match=">= 1|at least"):
+        Setup(**MEGATRON, moe_imbalance=0.5)
+    with pytest.raises(SetupError, match="is dense"):
+        validate_layout(load_model("tiny-llama"), Setup(stack="megatron", precision="bf16-master",
+                                                        moe_imbalance=1.2))
