@@ -54,7 +54,7 @@ def test_two_node_dispatch_by_hand():
     spec = load_model("qwen3-30b-a3b")
     assert (spec.moe.num_experts, spec.moe.top_k, spec.hidden) == (128, 8, 2048)
     tokens, token_bytes = 4096, 2048 * 2
-    a2a = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16)
+    a2a = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_imbalance=1.0)
     # alltoall: 8 copies of each token, one in 16 to each rank: 8 of 16 ranks on the other node, over the NIC, while
     # the 7 other ranks of the node get theirs over NVLink at the same time (the NIC's share is the longer)
     one = 8 / 16 * tokens * 8 * token_bytes / 50e9  # 0.0172 s
@@ -70,7 +70,7 @@ def test_two_node_dispatch_by_hand():
         miss_gpu *= (120 - i) / (128 - i)
     fan_out = 16 * (1 - miss_gpu) * 7 / 8  # distinct GPUs but the landing one: ~5.7 copies over NVLink
     deepep = tokens * token_bytes * (remote / 50e9 + fan_out / 400e9)
-    flex = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_dispatcher="deepep")
+    flex = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_dispatcher="deepep", moe_imbalance=1.0)
     assert ep_comm_seconds(spec, flex, LINKS, tokens, 2, 1) == pytest.approx(4 * deepep, rel=1e-12)
     assert 4 * deepep < 0.5 * 4 * one  # the NIC carries ~1 copy per token instead of 4
     # allgather: every rank gathers the 16 ranks' tokens (15 others', once each) and reduce-scatters them back
@@ -80,7 +80,7 @@ def test_two_node_dispatch_by_hand():
 
 def test_one_node_deepep_stays_on_nvlink():
     spec = load_model("qwen3-30b-a3b")
-    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, moe_dispatcher="deepep")
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, moe_dispatcher="deepep", moe_imbalance=1.0)
     miss = 1.0
     for i in range(8):
         miss *= (112 - i) / (128 - i)  # a GPU's 16 experts all missed

@@ -97,7 +97,11 @@ def test_dropless_routing_is_slower_than_forced_balance():
     dropless = layout_step_time(spec, Setup(**kw), gpu)
     skewed = layout_step_time(spec, Setup(moe_imbalance=2.0, **kw), gpu)
     assert forced.step_seconds < dropless.step_seconds < skewed.step_seconds
-    assert dropless.ep_comm == forced.ep_comm  # (the all-to-all volume is not scaled: moe_imbalance.py)
+    # the busiest rank receives and returns X times the mean copies (parallel/expert.py): the exchange scales by X
+    x_forced = busiest_rank_load(spec, Setup(moe_force_balance=True, **kw), 4096)
+    x_dropless = busiest_rank_load(spec, Setup(**kw), 4096)
+    assert x_forced < x_dropless == pytest.approx(1.10)
+    assert dropless.ep_comm / forced.ep_comm == pytest.approx(x_dropless / x_forced, rel=1e-9)
 
 
 def test_routing_settings_are_refused_where_they_do_not_apply():

@@ -19,7 +19,10 @@ backward the gradients make the reverse trip: 4 exchanges per layer, each of the
     RDMA: the token × its expected distinct remote nodes (`distinct_groups`); NVLink: the token × its expected
     distinct destination GPUs in a node other than the forwarding one. NB: the two parts are summed, while DeepEP
     pipelines its RDMA sends with the NVLink forwarding: pessimistic by up to the shorter part.
-NB: the routing is taken as uniform over the experts (no imbalance): optimistic for the busiest rank.
+Routing imbalance (analytic/moe_imbalance.py): the busiest rank receives X times the mean copies in the dispatch
+and sends them back in the combine, and the exchange ends when it is done: the alltoall and deepep/hybridep times
+scale by X (the allgather dispatcher gathers every token whatever the routing). NB: the other ranks' sends to it
+are taken as evenly spread over its links.
 
 Overlap (--overlap-moe-comm, Megatron's overlap_moe_expert_parallel_comm: model_parallel_config.py:264; pipeline_
 parallel/combined_1f1b.py:34-48): in 1F1B one micro-batch's forward runs beside another's backward, each one's EP
@@ -34,6 +37,7 @@ from math import comb
 
 from ...setup import Setup
 from ...spec import ModelSpec
+from ..moe_imbalance import busiest_rank_load
 from ..params import ParamCounts
 from .collectives import Links, ring_half
 
@@ -114,7 +118,8 @@ def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     (exposed or not: `exposed_ep_seconds`)."""
     if setup.ep <= 1 or not spec.is_moe:
         return 0.0
-    return layers * 4 * exchange_seconds(spec, setup, links, tokens, act_bytes)
+    busiest = 1.0 if setup.moe_dispatcher == "allgather" else busiest_rank_load(spec, setup, tokens)
+    return layers * 4 * busiest * exchange_seconds(spec, setup, links, tokens, act_bytes)
 
 
 def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float) -> float:
