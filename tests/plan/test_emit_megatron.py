@@ -22,7 +22,9 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
           "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
           "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
-          "--moe-router-topk": "moe_router_topk",
+          "--moe-router-topk": "moe_router_topk", "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
+          "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size",
+          "--expert-tensor-parallel-size": "expert_tensor_parallel_size",
           # Transformer Engine's recipes (arguments.py:1398, :1331: --fp8-param-gather sets fp8_param)
           "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",
           "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe", "--fp4-param-gather": "fp4_param",
