@@ -11,10 +11,11 @@ from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult
 
 
 def layout_text(s) -> str:
-    """dp×tp×pp, then Megatron's extra axes where set: cp, virtual stages, the uneven split, ep."""
+    """dp×tp×pp, then Megatron's extra axes where set: cp, virtual stages, the uneven split, ep, etp."""
     out = f"{s.dp}×{s.tp}×{s.pp}"
     extra = [f"cp{s.cp}" if s.cp > 1 else "", f"v{s.vpp}" if s.vpp > 1 else "", "" if s.pp_split == "even" else
-             ("emb/loss" if s.pp_split == "embedding-loss" else s.pp_split), f"ep{s.ep}" if s.ep > 1 else ""]
+             ("emb/loss" if s.pp_split == "embedding-loss" else s.pp_split), f"ep{s.ep}" if s.ep > 1 else "",
+             f"etp{s.etp}" if s.etp is not None else ""]
     extra = [e for e in extra if e]
     return out + (f" ({', '.join(extra)})" if extra else "")
 
