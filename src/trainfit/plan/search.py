@@ -217,7 +217,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
     stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
              "memory_rejected_groups": 0, "stacks": {x: {"precisions": list(q.precisions_for(x)),
                                                          "recomputes": list(q.recomputes_for(x)),
-                                                         "zeros": list(q.zeros_for(x)), "groups": 0}
+                                                         "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {}}
                                                      for x in q.stacks}}
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
     for lay in lays:
@@ -231,6 +231,10 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
             facts = get_stack(stack)
             if any(a not in facts.axes for a in axes):
                 continue  # cp, vpp, uneven splits, ep, etp: the stacks that run them ([parallel] axes)
+            seen = stats["stacks"][stack]["axes"]
+            for a in SEARCHED:
+                if a.name in facts.axes:
+                    seen.setdefault(a.name, set()).add(getattr(lay, a.name))
             for prec in q.precisions_for(stack):
                 for zero in (q.zeros_for(stack) if lay.dp > 1 else (0,)):
                     if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
@@ -241,6 +245,9 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                         stats["stacks"][stack]["groups"] += 1
                         _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
                                       best, stack)
+    for d in stats["stacks"].values():  # the values each searched setting took (None: its default, e.g. etp = tp)
+        d["axes"] = {k: sorted(v, key=lambda x: (x is not None, str(x) if isinstance(x, str) else x or 0))
+                     for k, v in d["axes"].items()}
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
     for _, (setup, tm) in ranked[: q.top]:

@@ -120,8 +120,10 @@ def render(r: PlanResult, echo=print) -> None:
     st = r.stats
     if show_stack:
         for name, d in st["stacks"].items():
+            axes = "".join(f"; {k} {', '.join('tp' if x is None else str(x) for x in v)}"
+                           for k, v in d.get("axes", {}).items() if len(v) > 1)
             echo(f"{name}: searched {d['groups']} groups over recompute {', '.join(d['recomputes'])}; ZeRO "
-                 f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}")
+                 f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}{axes}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges "
