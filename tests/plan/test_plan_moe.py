@@ -92,3 +92,16 @@ def test_moe_plan_emits_megatron_expert_flags():
         assert (tc.expert_model_parallel_size, tc.expert_tensor_parallel_size) == (s.ep, s.expert_tp)
         assert (tc.num_moe_experts, tc.moe_ffn_hidden_size, tc.moe_router_topk) == (128, 768, 8)  # config.json
         _megatron_expert_layout(s.world_size, s.tp, s.pp, s.cp, s.ep, s.etp)
+
+
+def test_nothing_fits_diagnosis_shards_the_experts():
+    """Mixtral 8x7B on 2 H100s: nothing fits (46.7B × 2 bytes of bf16 weights alone are 93 GB over 2 × 80 GB with
+    the fp32 main grads beside them). The diagnosis's leanest plan splits the experts over every rank of its stage
+    that Megatron's expert layout allows (ep · etp = dp · cp · tp), and names it."""
+    spec = load_spec("mixtral-8x7b")
+    assert 46_702_792_704 * (2 + 4) / 2 > 80e9
+    r = search(spec, get_gpu("H100-80GB"), PlanQuery(gpus=2, seq=4096, stacks=("megatron",)))
+    assert not r.candidates
+    s = r.diagnosis.leanest_setup
+    assert s.ep * s.expert_tp == s.dp * s.cp * s.tp
+    assert (f"ep {s.ep}, " in r.diagnosis.message) == (s.ep > 1)
