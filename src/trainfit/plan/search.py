@@ -274,8 +274,12 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
-    base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
-                         recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack, **lay.settings())
+    try:
+        base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
+                             recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack, **lay.settings())
+    except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
+        stats["stack_refused"] = stats.get("stack_refused", 0) + 1
+        return
     # The fit rule's capacity: the GPU less --reserve and this layout's fixed overheads (context, cuBLAS workspace,
     # its NCCL communicators), which do not depend on the micro-batch or the accumulation.
     cap = fit_rule.capacity(gpu, base, reserve_bytes(q.reserve))
