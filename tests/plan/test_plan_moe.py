@@ -12,6 +12,7 @@ from trainfit.plan.search import PlanQuery, search
 from trainfit.plan.space import Layout, Where, variants
 
 from tests.plan.test_emit_megatron import FIELDS, _configs, _parse
+from tests.plan.test_one_verdict import assert_same, estimate_of, of_estimate, verdict
 
 GiB = 2**30
 
@@ -75,6 +76,12 @@ def test_expert_parallelism_makes_mixtral_fit_tp2_pp2():
         attention, experts, embedding = 41_943_040, 8 * 176_160_768, 32_000 * 4096  # mixtral-8x7b config.json
         hand = 2 * (16 * (attention / 2 + experts / (s.ep * s.expert_tp)) + embedding / 2)
         assert c.estimate.memory.weights == pytest.approx(hand, rel=0.01)
+        # and `trainfit estimate` with the plan's settings (--ep, --etp included) answers the same verdict
+        e = estimate_of("mixtral-8x7b", s, gpu="H100-80GB")
+        assert e.setup == s
+        assert_same(verdict(c.time.step_seconds, c.time.tokens_per_second, c.peak, c.estimate.memory.reserved,
+                            c.estimate.memory.device_total, c.estimate.memory.required, c.headroom,
+                            c.estimate.time.fits), of_estimate(e), f"ep {s.ep} etp {s.etp}")
 
 
 def test_moe_plan_emits_megatron_expert_flags():
