@@ -12,13 +12,15 @@ from bench.figures import record
 from bench import data
 from trainfit.api import load_spec
 from trainfit.hardware import get_gpu
-from trainfit.plan.search import PlanQuery, search
+from trainfit.plan.search import DEFAULT_STACKS, PlanQuery, search
 
 ABOUT = {"summary": "planner search speed: seconds, configurations searched per second", "minutes": 1, "quick": None}
 
 CASES = [("llama-3.1-405b", "H100-80GB", 16384, 8192, 16 * 2**20), ("llama-3.1-405b", "H100-80GB", 16384, 8192, None),
          ("llama-3.1-70b", "H100-80GB", 64, 8192, 4e6), ("gpt-3-175b", "A100-80GB", 1024, 2048, 3.2e6),
-         ("llama-3.1-8b", "A100-40GB", 8, 4096, 1e6), ("mistral-7b", "RTX-4090", 1, 2048, None)]
+         ("llama-3.1-8b", "A100-40GB", 8, 4096, 1e6), ("mistral-7b", "RTX-4090", 1, 2048, None),
+         # a MoE model on the stack that runs expert parallelism: ep and etp searched too (plan/space.py SEARCHED)
+         ("qwen3-30b-a3b", "H100-80GB", 16, 4096, 2**20, ("megatron",))]
 
 
 def rates(speeds: dict[str, dict]) -> list[float]:
@@ -44,20 +46,24 @@ def main(argv: list[str] | None = None) -> None:
             "| model | GPUs | global batch | seconds | searched | timed | engine calls | searched/s | best plan |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     speeds = {}
-    for model, gpu, n, seq, gbt in CASES:
+    for model, gpu, n, seq, gbt, *stacks in CASES:
+        stacks = stacks[0] if stacks else DEFAULT_STACKS
         spec, g = load_spec(model), get_gpu(gpu)
         best = None
         for _ in range(3):
             t0 = time.perf_counter()
-            r = search(spec, g, PlanQuery(gpus=n, seq=seq, global_batch_tokens=gbt))
+            r = search(spec, g, PlanQuery(gpus=n, seq=seq, global_batch_tokens=gbt, stacks=stacks))
             dt = time.perf_counter() - t0
             best = dt if best is None or dt < best else best
         st = r.stats
         plan = "nothing fits" if not r.candidates else (
-            lambda s: f"{s.dp}×{s.tp}×{s.pp} ZeRO-{s.zero} {s.batch}×{s.grad_accum} {s.recompute} {s.precision}")(
+            lambda s: f"{s.dp}×{s.tp}×{s.pp}{f' ep{s.ep}' if s.ep > 1 else ''} ZeRO-{s.zero} {s.batch}×{s.grad_accum} "
+                      f"{s.recompute} {s.precision}")(
             r.candidates[0].setup)
-        speeds[f"{model} on {n} {gpu}" + (f", {gbt:,.0f} tokens per batch" if gbt else "")] = {"seconds": best, "searched_per_s": st["searched"] / best}
-        rows.append(f"| {model} on {gpu} | {n} | {gbt or '-'} | {best:.3f} | {st['searched']:,} | {st['timed']:,} | "
+        speeds[f"{model} on {n} {gpu}" + (f", {gbt:,.0f} tokens per batch" if gbt else "")
+               + (f", --stacks {','.join(stacks)}" if stacks != DEFAULT_STACKS else "")] = {"seconds": best, "searched_per_s": st["searched"] / best}
+        on = f" ({', '.join(stacks)})" if stacks != DEFAULT_STACKS else ""
+        rows.append(f"| {model} on {gpu}{on} | {n} | {gbt or '-'} | {best:.3f} | {st['searched']:,} | {st['timed']:,} | "
                     f"{st['engine_calls']:,} | {st['searched'] / best:,.0f} | {plan} |")
     out = "\n".join(rows) + "\n"
     print(out)

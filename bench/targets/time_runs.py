@@ -6,12 +6,13 @@ bench/targets/time_published.py (the table), bench/targets/plan_published.py and
 Fields of a run: id; source (URL + table/row); gpu (name in src/trainfit/data/gpus.json); model (a catalog name of
 src/trainfit/models/catalog, or an HF-style config.json dict, built with trainfit.models.hf_config.spec_from_config);
 setup (trainfit.setup.Setup keyword arguments; dp × tp × pp × cp = the run's GPU count); published + unit;
-in_sample (True ONLY for the calibration runs C1–C3, C5–C7 of shared/calibration.md: the only ones a constant may
+in_sample (True ONLY for the calibration runs C1–C3, C5–C8 of shared/calibration.md: the only ones a constant may
 be fitted on); published_params (optional: the source's parameter count, a check of the model dims); notes
 (assumptions, each NB with its direction where known); published_reserved_gib (optional: the source's peak reserved
 memory in GiB, read by bench/targets/lowp_published.py); power_limit (optional: the board power limit in W where
 the source states one; time_published.predict runs the GPU at it); inexpressible (optional: why no Setup expresses
-the run as published, e.g. a partial activation offload: the tables report it instead of predicting).
+the run as published, e.g. a partial activation offload: the tables report it instead of predicting); layout_set
+(optional: the set of published layouts of one model on one cluster it belongs to, bench/targets/moe_order.py).
 
 Units and their conversion to seconds per step (global tokens per step T = batch · seq · grad_accum · dp; cp splits
 each sequence and does not add tokens):
@@ -475,6 +476,67 @@ LOWP_VALIDATION: list[dict] = [
 ]
 
 
+# Sets of published layouts of one MoE model on one cluster at one global batch (read by bench/targets/moe_order.py:
+# the rank order trainfit predicts against the published one). Megatron-Core with ETP 1, the distributed optimizer,
+# sequence parallelism, and the embedding and the loss each counted as a pipeline layer
+# (model_configs/benchmarking/Qwen3-235B-A22B.yaml at MOE_ZOO's commit: --expert-tensor-parallel-size 1,
+# --use-distributed-optimizer, --sequence-parallel, --account-for-embedding/loss-in-pipeline-split).
+MOE_ZOO = ("https://github.com/yanring/Megatron-MoE-ModelZoo/blob/e8650517d60d71ab73fc6b3b0388cac4ba435181/"
+           "best_practice/qwen3/readme.md")
+
+
+def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", in_sample=False, inexpressible=None,
+         mbs=1):
+    """A row of MOE_ZOO's H100 table: Qwen3-235B-A22B on 256 H100 (NVLink 4, InfiniBand 8 x 50 GB/s), BF16, seq 4096,
+    GBS 2048, dropless."""
+    assert dp * tp * pp == 256 and dp * ga * mbs == 2048, line
+    run = dict(
+        id=f"{'c8' if in_sample else 'moezoo'}-h100-qwen3-235b-tp{tp}-ep{ep}-pp{pp}",
+        source=f"{MOE_ZOO}#L{line} (H100 table, {dispatcher} dispatcher)" + ("; C8 of calibration.md" if in_sample
+                                                                           else ""),
+        gpu="H100-80GB", model="qwen3-235b-a22b", layout_set="qwen3-235b-a22b on 256 H100, GBS 2048",
+        setup=dict(stack="megatron", batch=mbs, seq=4096, grad_accum=ga, dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=1,
+                   pp_split="embedding-loss" if pp > 1 else "even", zero=1, precision="bf16-master", recompute="none",
+                   sequence_parallel=tp > 1, attention="flash"),
+        published=step, unit="s/step", in_sample=in_sample,
+        notes=f"TP {tp} EP {ep} ETP 1 PP {pp} VPP {vpp} DP {dp}, GA {ga}, {dispatcher} token dispatcher; recompute "
+              f"modules: {recompute or 'none'}. NB: --recompute-modules not yet a setting: run without recompute "
+              "(layernorm and moe_act re-runs not timed: predicted faster by them)"
+              + (". NB: DeepEP's node-deduplicated dispatch timed as the alltoall dispatcher (predicted slower)"
+                 if dispatcher == "DeepEP" else "") + (". " + notes if notes else ""))
+    if inexpressible:
+        run["inexpressible"] = inexpressible
+    return run
+
+
+# Megatron-Bridge's archive (MBRIDGE): GPT-OSS 120B on 64 B200, BF16, GBS 1280, MBS 4, seq 4096, TP 1 PP 1; the 26.02
+# container ran EP 64, its 26.02.01 patch EP 8: the layout and the patch release changed together.
+def _mbridge_gptoss(container, line, ep, tps):
+    return dict(
+        id=f"mbridge-{container}-b200-gpt-oss-120b-ep{ep}",
+        source=f"{MBRIDGE}#L{line} ({container} NeMo Container, DGX-B200, GPT OSS 120B, BF16)",
+        gpu="B200", model="gpt-oss-120b", layout_set="gpt-oss-120b on 64 B200, GBS 1280 (two patch releases)",
+        setup=dict(stack="megatron", batch=4, seq=4096, grad_accum=5, dp=64, ep=ep, zero=1, precision="bf16-master",
+                   attention="flash"),
+        published=tps, unit="tokens/s/GPU",
+        notes=f"EP {ep} over DP 64, GA 5 = 1280 / (4 x 64), distributed optimizer. NB: the other row of this pair is "
+              "another patch release of the container: its software changed with the layout.")
+
+
+MOE_LAYOUT_RUNS: list[dict] = [
+    _zoo(14, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 19.7, "Code moe_dev(f3e6c5)."),
+    _zoo(15, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 17.6, "Code moe_dev(f3e6c5), '+1f1b overlap'.",
+         inexpressible="the EP all-to-all overlapped with the other micro-batch's compute in 1F1B (moe_a2a_overlap "
+                       "is not yet a setting)") | {"id": "moezoo-h100-qwen3-235b-tp2-ep32-pp8-a2a-overlap"},
+    _zoo(17, "DeepEP", 2, 8, 1, 1, 128, 4, "full", 17.6, "Megatron-FSDP, MBS 4.",
+         inexpressible="Megatron-FSDP (the megatron stack runs ZeRO 0/1 only)", mbs=4),
+    _zoo(18, "A2A", 2, 8, 32, 3, 4, 512, "layernorm, moe_act", 24.2, "Code main(1e057005).", in_sample=True),
+    _zoo(19, "DeepEP", 4, 8, 8, 4, 8, 256, "", 29.0, "Code main(1e057005)."),
+    _mbridge_gptoss("26.02", 519, 64, 8047),
+    _mbridge_gptoss("26.02.01", 434, 8, 13722),
+]
+
+
 RUNS: list[dict] = [
     # --- in sample: calibration C1–C3 (shared/calibration.md) ---
     dict(id="c1-torchtune-3b-packed", source=f"{TORCHTUNE}, row '+ packed dataset'; C1 of calibration.md",
@@ -534,6 +596,7 @@ RUNS: list[dict] = [
     _squad("amp-fp16", 10, 325.60),
     _squad("fp32", 8, 64.32),
     *LOWP_VALIDATION,
+    *MOE_LAYOUT_RUNS,  # layout sets of MoE models (C8 in sample)
 ]
 
 # Candidates looked at and left out (configuration not pinned down, or not expressible):

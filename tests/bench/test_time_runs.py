@@ -38,7 +38,7 @@ def test_run_is_complete_and_valid(run):
 
 def test_in_sample_only_calibration():
     for r in RUNS:
-        is_cal = r["id"].startswith(("c1-", "c2-", "c3-", "c5-", "c6-", "c7-"))
+        is_cal = r["id"].startswith(("c1-", "c2-", "c3-", "c5-", "c6-", "c7-", "c8-"))
         assert bool(r.get("in_sample")) == is_cal, r["id"]
         if is_cal:
             assert "calibration.md" in r["source"] or "C2 of calibration.md" in r["notes"]

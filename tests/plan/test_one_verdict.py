@@ -20,11 +20,12 @@ GPU = "H100-80GB"
 RESERVE = 1.5  # GiB: the plan judges with the user's --reserve, as estimate does
 # the settings a plan prints (report/plan.py, --emit), which a user passes to `trainfit estimate`
 PLAN_SETTINGS = ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "dp", "tp", "pp", "zero",
-                 "sequence_parallel", "stack", "cp", "vpp", "pp_split")
+                 "sequence_parallel", "stack", "cp", "vpp", "pp_split", "ep", "etp")
 # (model, the stacks that build it): torchtitan builds untied, bias-free llama models only (stacks/torchtitan.toml)
 MODELS = (("llama-3.1-8b", ("hf", "torchtitan", "megatron", "deepspeed")),
           ("qwen2.5-1.5b", ("hf", "megatron", "deepspeed")),
-          ("mistral-7b", ("hf", "megatron", "deepspeed")))
+          ("mistral-7b", ("hf", "megatron", "deepspeed")),
+          ("tiny-mixtral", ("megatron",)))  # a MoE model: its expert layouts (ep, etp) searched
 
 
 def estimate_of(model: str, s: Setup, **run):
@@ -78,7 +79,7 @@ def test_every_plan_candidate_is_its_estimate(model, stacks):
                            c.estimate.time.fits)
             assert plan["fits"] is True
             assert_same(plan, of_estimate(e), f"{model} {stack} {s.dp}x{s.tp}x{s.pp} ZeRO-{s.zero} {s.recompute}")
-            layouts.add((s.stack, s.dp, s.tp, s.pp, s.zero, s.cp, s.vpp, s.pp_split))
+            layouts.add((s.stack, s.dp, s.tp, s.pp, s.zero, s.cp, s.vpp, s.pp_split, s.ep, s.etp))
         assert len({lay for lay in layouts if lay[0] == stack}) >= (3 if stack == "deepspeed" else 4), (model, stack)
     assert len(layouts) >= 4 * len(stacks) - 1
 
@@ -95,6 +96,8 @@ def test_plan_json_is_estimate_json(cli):
     args = ["estimate", "llama-3.2-1b", "--gpu", "RTX-4090", "--json"]
     for k in PLAN_SETTINGS:
         v = s[k]
+        if v is None:  # a setting left to its default (e.g. --etp: --tp)
+            continue
         if isinstance(v, bool):
             args += [f"--{k.replace('_', '-')}"] if v else []
         else:

@@ -159,7 +159,8 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
                        f"({supports(engine, best.setup)}); emitting the best one that can "
                        f"({pick.time.tokens_per_second:,.0f} tokens/s)", err=True)
     s = pick.setup
-    typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
+    experts = (f", ep {s.ep}" if s.ep > 1 else "") + (f", etp {s.etp}" if s.etp is not None else "")
+    typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}{experts}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
                f"{s.grad_accum}, {s.recompute} recompute, {s.precision}, stack {s.stack}: "
                f"{pick.time.tokens_per_second:,.0f} tokens/s, peak {pick.peak / 2**30:.1f} GiB", err=True)
     typer.echo(write(engine, s, spec, g.gpus_per_node, budget_tokens), nl=False)

@@ -12,7 +12,7 @@ from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..units import fmt_bytes
 from .fit import PeakOracle
-from .space import divisors, layouts, tp_allowed
+from .space import Layout, Where, divisors, layouts, tp_allowed, variants
 
 MAX_GPUS = 1 << 17
 
@@ -45,14 +45,34 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle) -> tuple[int | Non
                 for zero in ((max(zeros),) if lay.dp > 1 else (0,)):
                     if get_stack(stack).runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue
+                    lean = _most_sharded_experts(oracle.spec, gpu, q, lay, stack)
                     for rec in (("full",) if "full" in recs else recs):
                         s = planned_setup(spec, batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
                                           optimizer=q.optimizer, recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp,
-                                          zero=zero, sequence_parallel=lay.tp > 1, stack=stack)
+                                          zero=zero, sequence_parallel=lay.tp > 1, stack=stack, ep=lean.ep,
+                                          etp=lean.etp)
                         short = oracle.peak(s) - fit_rule.capacity(gpu, s, reserve)
                         if best is None or short < best:
                             best, where = short, s
     return best, where
+
+
+def _most_sharded_experts(spec, gpu: GPU, q, lay: Layout, stack: str) -> Layout:
+    """A MoE model's leanest expert layout of `lay` on `stack`: of the (ep, etp) the search tries there (space.SEARCHED,
+    the axes the stack runs), the one with the most ep × etp. NB: taken as the leanest because each rank's expert
+    weights and gradients shrink with ep · etp while the expert states, sharded over the dp × cp × tp / (ep · etp)
+    expert data-parallel ranks, do not change; the search itself weighs every pair."""
+    from ..stacks import get_stack
+
+    run = {"ep", "etp"} & set(get_stack(stack).axes)
+    if not run or not spec.is_moe:
+        return lay
+    return max(variants(spec, lay, Where(q.seq, gpu.gpus_per_node), run), key=lambda v: (v.ep * (v.etp or v.tp), v.ep))
+
+
+def _experts(s: Setup) -> str:
+    """The expert layout of a diagnosis's plan, where there is one ("ep 8, etp 1, ")."""
+    return (f"ep {s.ep}, " if s.ep > 1 else "") + (f"etp {s.etp}, " if s.etp is not None else "")
 
 
 def _fits(short: int | None) -> bool:
@@ -103,6 +123,7 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
         d.leanest_time = (est.detail.step_time if q.efficiency is None else
                           layout_step_time(model, where, gpu, q.efficiency, oracle.pc)).as_dict()
         d.message = (f"nothing fits in {room}: the leanest plan (tp {where.tp}, pp {where.pp}, dp {where.dp}, "
+                     f"{_experts(where)}"
                      f"ZeRO-{where.zero}, {where.recompute} recompute, {where.precision}, micro-batch 1) needs "
                      f"{fmt_bytes(est.fit.required)} of the {fmt_bytes(est.fit.capacity)} its tensors may take per GPU "
                      "(the fit rule: the allocated peak + the fragmentation the caching allocator cannot release, "
@@ -117,7 +138,8 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
                 d.min_gpus = n
                 total = analytic(spec, s, gpu, reserve=q.reserve).memory.device_total
                 d.suggestions.append(f"--gpus {n} (the fewest {gpu.name}s that fit: device total {fmt_bytes(total)} "
-                                     f"per GPU with tp {s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} "
+                                     f"per GPU with tp {s.tp}, pp {s.pp}, dp {s.dp}, {_experts(s)}ZeRO-{s.zero}, "
+                                     f"{s.recompute} "
                                      "recompute)")
                 break
     d.suggestions += knobs(spec, gpu, q, oracle)

@@ -95,8 +95,15 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         out += (["--decoder-first-pipeline-num-layers", str(first)] if first > 0 else []) + \
                (["--decoder-last-pipeline-num-layers", str(last)] if last > 0 else [])
     if spec.is_moe:
+        # flags generated from TransformerConfig's fields (Megatron-LM core_v0.16.1 arguments.py:1621 with
+        # argument_utils.py:82): moe_ffn_hidden_size (transformer_config.py:561; unset it falls back to
+        # --ffn-hidden-size, :1054-1056), moe_shared_expert_intermediate_size (:534), and ModelParallelConfig's
+        # expert_model_parallel_size / expert_tensor_parallel_size (model_parallel_config.py:72-78; None: tp, :413-414)
         out += ["--num-experts", str(spec.moe.num_experts), "--moe-router-topk", str(spec.moe.top_k),
+                "--moe-ffn-hidden-size", str(spec.moe.expert_intermediate),
                 "--expert-model-parallel-size", str(s.ep)]
+        if spec.moe.shared_intermediate:
+            out += ["--moe-shared-expert-intermediate-size", str(spec.moe.shared_intermediate)]
         if s.etp is not None:
             out += ["--expert-tensor-parallel-size", str(s.etp)]
         if spec.moe.route_groups:  # group-limited routing (transformer_config.py:598-614)

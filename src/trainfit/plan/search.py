@@ -34,11 +34,9 @@ from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check
 from ..spec import ModelSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
-from .space import Layout, batch_splits, layouts, max_micro_batch, megatron_variants
+from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, variants
 
 DEFAULT_STACKS = (BY_NAME["stack"].default,)  # planned when --stack is not given
-# the axes beyond dp × tp × pp the planner searches (space.megatron_variants) for the stacks that run them
-VARIANT_AXES = ("cp", "vpp", "pp_split")
 
 
 def recompute_rank(rec: str) -> float:
@@ -213,12 +211,13 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
     oracle = PeakOracle(model, pc)
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
     lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
-    if _runs_any(q, *VARIANT_AXES):  # Megatron's own axes: cp, vpp, pp_split (space.megatron_variants)
-        lays = [v for lay in lays for v in megatron_variants(model, lay, q.seq)]
+    run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)
+    if run:
+        lays = [v for lay in lays for v in variants(model, lay, Where(q.seq, gpu.gpus_per_node), run)]
     stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
              "memory_rejected_groups": 0, "stacks": {x: {"precisions": list(q.precisions_for(x)),
                                                          "recomputes": list(q.recomputes_for(x)),
-                                                         "zeros": list(q.zeros_for(x)), "groups": 0}
+                                                         "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {}}
                                                      for x in q.stacks}}
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
     for lay in lays:
@@ -227,11 +226,15 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
         if bcap < 1 or (splits_all is not None and not splits_all):
             stats["batch_unreachable"] += 1
             continue
-        axes = [a for a, v in (("cp", lay.cp > 1), ("vpp", lay.vpp > 1), ("pp_split", lay.pp_split != "even")) if v]
+        axes = lay.axes()
         for stack in q.stacks:
             facts = get_stack(stack)
             if any(a not in facts.axes for a in axes):
-                continue  # cp, vpp and uneven splits: the stacks that run them (Megatron's)
+                continue  # cp, vpp, uneven splits, ep, etp: the stacks that run them ([parallel] axes)
+            seen = stats["stacks"][stack]["axes"]
+            for a in SEARCHED:
+                if a.name in facts.axes:
+                    seen.setdefault(a.name, set()).add(getattr(lay, a.name))
             for prec in q.precisions_for(stack):
                 for zero in (q.zeros_for(stack) if lay.dp > 1 else (0,)):
                     if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
@@ -242,6 +245,9 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                         stats["stacks"][stack]["groups"] += 1
                         _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
                                       best, stack)
+    for d in stats["stacks"].values():  # the values each searched setting took (None: its default, e.g. etp = tp)
+        d["axes"] = {k: sorted(v, key=lambda x: (x is not None, str(x) if isinstance(x, str) else x or 0))
+                     for k, v in d["axes"].items()}
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
     for _, (setup, tm) in ranked[: q.top]:
@@ -268,9 +274,12 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
-    base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
-                         recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=zero, sequence_parallel=lay.tp > 1,
-                         stack=stack, cp=lay.cp, vpp=lay.vpp, pp_split=lay.pp_split)
+    try:
+        base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
+                             recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack, **lay.settings())
+    except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
+        stats["stack_refused"] = stats.get("stack_refused", 0) + 1
+        return
     # The fit rule's capacity: the GPU less --reserve and this layout's fixed overheads (context, cuBLAS workspace,
     # its NCCL communicators), which do not depend on the micro-batch or the accumulation.
     cap = fit_rule.capacity(gpu, base, reserve_bytes(q.reserve))
@@ -303,7 +312,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
         # less recompute, then the stacks' order as given
         rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), q.precisions_for(stack).index(prec), lay.pp,
-                lay.tp, lay.cp, lay.vpp, lay.pp_split, q.stacks.index(stack))
+                lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep, lay.etp or lay.tp, q.stacks.index(stack))
         old = best.get(key)
         if old is None or rank < old[0]:
             best[key] = (rank, (setup, tm))

@@ -2,7 +2,8 @@
 splits of a global batch. Pure arithmetic, no memory or time here."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields, replace
 
 from ..spec import ModelSpec
 
@@ -31,6 +32,16 @@ class Layout:
     cp: int = 1  # Megatron context parallelism
     vpp: int = 1  # Megatron interleaved 1F1B chunks per rank
     pp_split: str = "even"  # Megatron's layer split (parallel/pipeline.py)
+    ep: int = 1  # expert parallelism (MoE): experts split over ep ranks of the dp × cp × tp ranks of a stage
+    etp: int | None = None  # expert tensor parallelism; None: tp (Megatron's expert_tensor_parallel_size default)
+
+    def settings(self) -> dict:
+        """The Setup fields of this layout (setup/settings.py names)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def axes(self) -> tuple[str, ...]:
+        """The searched settings (SEARCHED) this layout sets away from their defaults: a stack must run them all."""
+        return tuple(a.name for a in SEARCHED if getattr(self, a.name) != a.default)
 
 
 # Context parallelism is searched from this sequence length on (Megatron's CP targets long context: Llama 3 used
@@ -39,23 +50,98 @@ CP_MIN_SEQ = 16384
 VPP_MAX = 8  # interleaving depths searched: 1..VPP_MAX where the stage layers divide
 
 
-def megatron_variants(spec: ModelSpec, lay: Layout, seq: int) -> list[Layout]:
-    """Megatron's extra axes on one dp × tp × pp layout of the same GPUs: CP carved out of dp (world = dp·tp·pp·cp),
-    pp_split even | embedding-loss, vpp where each stage's layers split into equal chunks (pipeline.check)."""
+@dataclass(frozen=True)
+class Where:
+    """What an axis's candidates may depend on besides the model and the layout."""
+    seq: int
+    gpus_per_node: int
+
+
+def _pp_splits(spec: ModelSpec, lay: Layout, at: Where) -> list[str]:
+    """even, and Megatron's embedding-loss split (transformer_config.py:96-100) where pp > 1; each where the layers
+    split (parallel/pipeline.py chunked_layers)."""
     from ..analytic.parallel.pipeline import chunked_layers
     from ..errors import SetupError
 
     out = []
-    cps = [c for c in divisors(lay.dp) if c == 1 or (seq >= CP_MIN_SEQ and seq % (2 * c) == 0)]
     for how in (("even", "embedding-loss") if lay.pp > 1 else ("even",)):
         try:
-            chunked = chunked_layers(spec.layers, lay.pp, how)
+            chunked_layers(spec.layers, lay.pp, how)
         except SetupError:
             continue
-        vs = [v for v in range(1, VPP_MAX + 1) if v == 1 or (lay.pp > 1 and all(n % v == 0 for n in chunked))]
-        for c in cps:
-            for v in vs:
-                out.append(Layout(lay.dp // c, lay.tp, lay.pp, c, v, how))
+        out.append(how)
+    return out
+
+
+def _vpps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
+    """Interleaving depths 1..VPP_MAX where every stage's layers split into equal chunks (pipeline.check)."""
+    if lay.pp == 1:
+        return [1]
+    from ..analytic.parallel.pipeline import chunked_layers
+
+    chunked = chunked_layers(spec.layers, lay.pp, lay.pp_split)
+    return [v for v in range(1, VPP_MAX + 1) if all(n % v == 0 for n in chunked)]
+
+
+def _cps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
+    """CP degrees carved out of dp (world = dp·tp·pp·cp), from CP_MIN_SEQ on, where the sequence splits into 2·cp
+    load-balanced chunks (setup/rules.py)."""
+    return [c for c in divisors(lay.dp) if c == 1 or (at.seq >= CP_MIN_SEQ and at.seq % (2 * c) == 0)]
+
+
+def _eps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
+    """Expert-parallel degrees of a MoE model: divisors of the expert count (Megatron: moe/moe_layer.py:101) that
+    divide the dp × cp × tp ranks of a stage (parallel_state.py:788-794: the expert layout etp × ep × edp tiles them;
+    the etp axis is checked with its own values)."""
+    if not spec.is_moe:
+        return [1]
+    ranks = lay.dp * lay.cp * lay.tp
+    return [e for e in divisors(spec.moe.num_experts) if ranks % e == 0]
+
+
+def _etps(spec: ModelSpec, lay: Layout, at: Where) -> list[int | None]:
+    """Expert tensor-parallel degrees of a MoE model: divisors of tp (NB: Megatron also runs etp > tp; not searched)
+    that divide the expert MLP width and with ep tile the stage's dp × cp × tp ranks (stacks/megatron.py refuse);
+    tp itself is Megatron's default, None."""
+    if not spec.is_moe:
+        return [None]
+    ranks = lay.dp * lay.cp * lay.tp
+    return [None if t == lay.tp else t for t in divisors(lay.tp)
+            if spec.moe.expert_intermediate % t == 0 and ranks % (lay.ep * t) == 0]
+
+
+def _carve_cp(lay: Layout, c: int) -> Layout:
+    return replace(lay, dp=lay.dp // c, cp=c)
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str  # the Setup field (setup/settings.py) and the stacks' [parallel] axes name (stacks/*.toml)
+    default: object  # the value a stack that does not run the axis has
+    values: Callable[[ModelSpec, Layout, Where], list]  # candidates for a layout with the earlier axes already set
+    apply: Callable[[Layout, object], Layout] | None = None  # how a value enters the layout; None: the field is set
+
+
+# The settings searched beyond dp × tp × pp, in the order their candidates are chained (vpp after pp_split, etp after
+# cp and ep): each is tried on the stacks whose [parallel] axes list it. Searching one more setting is one row here.
+SEARCHED: tuple[Axis, ...] = (
+    Axis("pp_split", "even", _pp_splits),
+    Axis("vpp", 1, _vpps),
+    Axis("cp", 1, _cps, _carve_cp),
+    Axis("ep", 1, _eps),
+    Axis("etp", None, _etps),
+)
+
+
+def variants(spec: ModelSpec, lay: Layout, at: Where, run: Iterable[str]) -> list[Layout]:
+    """Every assignment of the searched settings in `run` (the axes some planned stack runs) to one dp × tp × pp
+    layout of the same GPUs; an axis not in `run` keeps its default."""
+    out = [lay]
+    for a in SEARCHED:
+        if a.name not in run:
+            continue
+        put = a.apply or (lambda x, v, n=a.name: replace(x, **{n: v}))
+        out = [put(x, v) for x in out for v in a.values(spec, x, at)]
     return out
 
 

@@ -11,10 +11,11 @@ from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult
 
 
 def layout_text(s) -> str:
-    """dp×tp×pp, then Megatron's extra axes where set: cp, virtual stages, the uneven split, ep."""
+    """dp×tp×pp, then Megatron's extra axes where set: cp, virtual stages, the uneven split, ep, etp."""
     out = f"{s.dp}×{s.tp}×{s.pp}"
     extra = [f"cp{s.cp}" if s.cp > 1 else "", f"v{s.vpp}" if s.vpp > 1 else "", "" if s.pp_split == "even" else
-             ("emb/loss" if s.pp_split == "embedding-loss" else s.pp_split), f"ep{s.ep}" if s.ep > 1 else ""]
+             ("emb/loss" if s.pp_split == "embedding-loss" else s.pp_split), f"ep{s.ep}" if s.ep > 1 else "",
+             f"etp{s.etp}" if s.etp is not None else ""]
     extra = [e for e in extra if e]
     return out + (f" ({', '.join(extra)})" if extra else "")
 
@@ -119,8 +120,10 @@ def render(r: PlanResult, echo=print) -> None:
     st = r.stats
     if show_stack:
         for name, d in st["stacks"].items():
+            axes = "".join(f"; {k} {', '.join('tp' if x is None else str(x) for x in v)}"
+                           for k, v in d.get("axes", {}).items() if len(v) > 1)
             echo(f"{name}: searched {d['groups']} groups over recompute {', '.join(d['recomputes'])}; ZeRO "
-                 f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}")
+                 f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}{axes}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges "

@@ -1,0 +1,103 @@
+"""Published MoE layouts in their published order: for each set of layouts of one model on one cluster at one global
+batch (bench/targets/time_runs.py MOE_LAYOUT_RUNS, `layout_set`), the step time the planner's model predicts for each
+(the estimate's and `trainfit plan`'s analytic/step_time.py, as time_published.predict runs it), whether the
+estimate says it fits, and the rank order against the published one (Kendall's tau over the expressible rows).
+
+    python -m bench run moe_order        # prints the table, writes bench/results/moe_order.md
+
+Validation only: C8 (shared/calibration.md) is one row of the Qwen3-235B set (in sample, marked); no other number
+here may be fitted on.
+"""
+from __future__ import annotations
+
+import argparse
+from itertools import combinations
+
+from bench import data
+from bench.figures import record
+from bench.targets.time_published import build_setup, build_spec, predict
+from bench.targets.time_runs import MOE_LAYOUT_RUNS, published_step
+from trainfit.engines import analytic
+from trainfit.hardware import get_gpu
+from trainfit.models.hf_config import for_setup
+
+ABOUT = {"summary": "published MoE layouts of one model and cluster: predicted vs published rank order (Kendall tau)",
+         "minutes": 0.5, "quick": None}
+
+
+def kendall_tau(published: list[float], predicted: list[float]) -> float | None:
+    """Kendall's tau-a of two step-time lists (Kendall 1938): (concordant − discordant pairs) / all pairs; a pair tied
+    in either list counts as neither. None below two rows."""
+    pairs = list(combinations(range(len(published)), 2))
+    if not pairs:
+        return None
+    return sum(_sign(published[i] - published[j]) * _sign(predicted[i] - predicted[j]) for i, j in pairs) / len(pairs)
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def layout_text(s) -> str:
+    return (f"TP {s.tp} EP {s.ep} ETP {s.expert_tp} PP {s.pp}" + (f" VPP {s.vpp}" if s.vpp > 1 else "")
+            + f" DP {s.dp}, MBS {s.batch} GA {s.grad_accum}")
+
+
+def rows_of(runs: list[dict]) -> list[dict]:
+    out = []
+    for r in runs:
+        setup = build_setup(r)
+        row = {"id": r["id"], "layout": layout_text(setup), "published_s": published_step(r),
+               "in_sample": bool(r.get("in_sample")), "source": r["source"]}
+        if r.get("inexpressible"):
+            row["inexpressible"] = r["inexpressible"]
+        else:
+            row["predicted_s"] = predict(r)
+            spec = for_setup(build_spec(r), setup)
+            row["fits"] = bool(analytic(spec, setup, get_gpu(r["gpu"])).time.fits)
+        out.append(row)
+    return out
+
+
+def sets() -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in MOE_LAYOUT_RUNS:
+        out.setdefault(r["layout_set"], []).append(r)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    lines = ["# Published MoE layouts in their published order (bench/targets/moe_order.py)", "",
+             "Each set: layouts of one model on one cluster at one global batch, published step times (faster "
+             "first), the planner's predicted step time and the estimate's fit verdict. Kendall's tau over the "
+             "expressible rows: +1 the published order, −1 reversed. Validation only (C8 is marked in sample).", ""]
+    values = {}
+    for name, runs in sets().items():
+        rows = sorted(rows_of(runs), key=lambda x: x["published_s"])
+        ok = [x for x in rows if "predicted_s" in x]
+        tau = kendall_tau([x["published_s"] for x in ok], [x["predicted_s"] for x in ok])
+        values[name] = {"kendall_tau": tau, "rows": rows}
+        lines += [f"## {name}", "", "| layout | published s/step | predicted s/step | error | fits | run |",
+                  "| --- | ---: | ---: | ---: | --- | --- |"]
+        for x in rows:
+            if "predicted_s" in x:
+                err = x["predicted_s"] / x["published_s"] - 1
+                pred, e, fits = f"{x['predicted_s']:.2f}", f"{err:+.0%}", "yes" if x["fits"] else "no"
+            else:
+                pred, e, fits = "not expressible", "", x["inexpressible"]
+            lines.append(f"| {x['layout']} | {x['published_s']:.2f} | {pred} | {e} | {fits} | {x['id']}"
+                         f"{' (C8, in sample)' if x['in_sample'] else ''} |")
+        lines += ["", f"Kendall tau over {len(ok)} expressible layouts: "
+                      + ("n/a" if tau is None else f"{tau:+.2f}"), ""]
+    out = "\n".join(lines) + "\n"
+    print(out)
+    taus = [v["kendall_tau"] for v in values.values() if v["kendall_tau"] is not None]
+    record("moe_order", "published MoE layouts: predicted rank order", "Kendall tau +1 (the published order)",
+           "Kendall tau " + ", ".join(f"{t:+.2f}" for t in taus) + f" over {len(taus)} published layout sets",
+           values, "published")
+    (data.results_dir() / "moe_order.md").write_text(out)
+
+
+if __name__ == "__main__":
+    main()
