@@ -17,6 +17,7 @@ With --ep 1 (every rank holds every expert) no rank is busier: 1.0.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 # Documented default for dropless learned routing (not fitted): Megatron-Core sizes the busiest rank's routed-token
 # buffers at 1.10 x the perfectly balanced case by default (Megatron-LM d98e8a6 transformer_config.py:1370
@@ -28,6 +29,7 @@ import math
 DROPLESS = 1.10
 
 
+@lru_cache(maxsize=None)
 def expected_max_normal(n: int) -> float:
     """E[max of n independent standard normals] = ∫ x · n φ(x) Φ(x)^(n-1) dx (order statistics), by the
     trapezoid rule on [-10, 10] (the integrand is below 1e-20 beyond)."""

@@ -16,7 +16,7 @@ plans get a full estimate.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import cancel, limits
 from ..analytic import fit_rule
@@ -250,8 +250,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                      for k, v in d["axes"].items()}
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
-    for _, (setup, tm) in ranked[: q.top]:
-        est = analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
+    for setup, est in _refined(spec, gpu, q, [v[1][0] for v in ranked[: q.top * REFINE_POOL]], stats)[: q.top]:
         if q.efficiency is None:
             tm = est.detail.step_time
         c = Candidate(setup, tm, est)
@@ -267,6 +266,43 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
 
         result.diagnosis = diagnose(spec, gpu, q, result, oracle)
     return result
+
+
+# Settings tried on the best plans only, not chained into the search: each leaves the layout and the micro-batch as
+# they are and changes the step time (the EP exchanges: parallel/expert.py), so they are tried on the REFINE_POOL x
+# --top fastest plans and kept where the estimate says the plan is faster and still fits. NB: a plan outside that pool
+# which one of them would lift into the top is not found (the ranking can miss it).
+REFINED: tuple[tuple[str, tuple], ...] = (
+    ("moe_dispatcher", ("deepep", "hybridep")),
+    ("overlap_moe_comm", (True,)),
+)
+REFINE_POOL = 4
+
+
+def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, setups: list[Setup], stats: dict) -> list[tuple[Setup, Estimate]]:
+    """Each plan with the REFINED settings its stack runs (stacks/*.toml [parallel] axes) tried one at a time and
+    together, each as `trainfit estimate` would take it (a stack's refusal skips it), the fastest that fits kept;
+    re-ranked by the estimate's step time."""
+    out = []
+    for setup in setups:
+        est = analytic(spec, setup, gpu, reserve=q.reserve)
+        axes = get_stack(setup.stack).axes
+        changes = [{}]
+        for name, values in REFINED:
+            if name in axes and spec.is_moe and setup.ep > 1:
+                changes += [{**c, name: v} for c in changes for v in values]
+        for change in changes[1:]:
+            try:
+                alt = replace(setup, **change)  # (Setup's own checks and its stack's rules run again)
+                e = analytic(spec, alt, gpu, reserve=q.reserve)
+            except SetupError:
+                stats["stack_refused"] = stats.get("stack_refused", 0) + 1
+                continue
+            stats["refined"] = stats.get("refined", 0) + 1
+            if e.fit is not None and e.fit.fits and e.detail.step_time.step_seconds < est.detail.step_time.step_seconds:
+                setup, est = alt, e
+        out.append((setup, est))
+    return sorted(out, key=lambda se: se[1].detail.step_time.step_seconds)
 
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
