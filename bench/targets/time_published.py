@@ -1,5 +1,5 @@
 """The step-time model against every published run of bench/targets/time_runs.py: error per run, then median |error| and
-worst, in sample (C1–C3, C5–C7) and out of sample apart, and per GPU generation. Nothing is fitted here.
+worst, in sample (C1–C3, C5–C8) and out of sample apart, and per GPU generation. Nothing is fitted here.
 
     python -m bench run time_published        # prints the table, writes bench/results/time_published.md
 
@@ -31,7 +31,7 @@ ABOUT = {"summary": "step time vs every published run (in and out of sample)", "
 GENERATION = {"V100": "Volta (V100)", "A100": "Ampere (A100)", "H100": "Hopper (H100/H200)",
               "H200": "Hopper (H100/H200)", "B200": "Blackwell (B200/GB200)", "GB200": "Blackwell (B200/GB200)",
               "MI300X": "CDNA 3 (MI300X/MI325X)", "MI325X": "CDNA 3 (MI300X/MI325X)", "MI355X": "CDNA 4 (MI355X)"}
-IN_SAMPLE = "in sample (C1–C3, C5–C7)"
+IN_SAMPLE = "in sample (C1–C3, C5–C8)"
 
 
 def build_spec(run: dict):
@@ -94,7 +94,7 @@ def render() -> tuple[str, dict[str, list[float]]]:
                     f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} |")
     out = ["# Step time vs published runs (`python -m bench run time_published`)", "",
            "Runs and sources: bench/targets/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
-           "slower). Nothing fitted here; in sample = calibration C1–C3, C5–C7 (shared/calibration.md).", "",
+           "slower). Nothing fitted here; in sample = calibration C1–C3, C5–C8 (shared/calibration.md).", "",
            "| group | summary |", "| --- | --- |"]
     for name in sorted(groups, key=lambda g: (g.split(":")[0] in ("gen", "size", "source"), g.split(":")[0], g)):
         out.append(f"| {name} | {summary(groups[name])} |")
@@ -115,7 +115,7 @@ def table_rows(stats: dict[str, dict]) -> list[dict]:
     return [{"table": "accuracy", "stack": "any", "engine": "analytic step time",
              "truth": f"{every['runs']} published GPU runs (out of sample {out['runs']})", "cases": out["runs"],
              "median |error|": pct(out["median_abs"], False), "worst": pct(out["worst"])},
-            line("step time: C1–C3, C5–C7 (Korthikanti, torchtune, torchtitan, torchao, NeMo)",
+            line("step time: C1–C3, C5–C8 (Korthikanti, torchtune, torchtitan, torchao, NeMo)",
                  "calibration (in sample)", inside),
             line("step time: Narayanan, Llama 3, torchtitan, llm-foundry, NVIDIA BERT, torchao, NeMo", "validation",
                  out),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..setup import Setup
 from ..spec import ModelSpec
 from .precision import state_bytes
+from .megatron_recompute import dropped, modules
 from .te_recipes import saved_delta
 
 FP32, MASK, INDEX = 4, 1, 8
@@ -54,8 +55,9 @@ def act_bytes(setup: Setup) -> int:
 
 
 def attention_core_recomputed(setup: Setup) -> bool:
-    """--recompute selective under megatron: recompute_modules ['core_attn'] (stacks/megatron.toml [recompute])."""
-    return setup.recompute_policy == "selective"
+    """--recompute selective under megatron with core_attn among its recompute modules (the default:
+    megatron_recompute.py, stacks/megatron.toml [recompute])."""
+    return "core_attn" in modules(setup)
 
 
 def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: bool = False) -> MegatronLayer:
@@ -115,6 +117,8 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
         d_rep, d_split = saved_delta(spec, setup, a, moe, attention_core_recomputed(setup))
         rep = {k: rep.get(k, 0.0) + d_rep.get(k, 0.0) for k in rep | d_rep}
         split = {k: split.get(k, 0.0) + d_split.get(k, 0.0) for k in split | d_split}
+    if modules(setup) - {"core_attn"}:  # --recompute-modules beyond the attention core (megatron_recompute.py)
+        rep, split = dropped(spec, setup, moe, a, stat * (2 if spec.norm == "layernorm" else 1), rep, split)
     return MegatronLayer(rep, split, scores, mask)
 
 

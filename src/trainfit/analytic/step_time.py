@@ -49,6 +49,7 @@ from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
 from .parallel.zero import dp_comm
+from .megatron_recompute import ep_rerun_share
 from .recompute import forward_rerun_share
 from .roofline import host_seconds_per_kernel, kernels_for
 from .stacks import model_for
@@ -151,6 +152,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
     cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, stage_layers_n, c.attention_forward, rerun)
     ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, stage_layers_n)
+    ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)

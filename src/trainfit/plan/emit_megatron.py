@@ -88,12 +88,18 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
                 "--expert-model-parallel-size", str(s.ep)]
         if s.etp is not None:
             out += ["--expert-tensor-parallel-size", str(s.etp)]
+        out += ["--moe-grouped-gemm"]  # TEGroupedMLP, the experts the megatron stack models (megatron_activations.py)
     if s.zero == 1:
         out += ["--use-distributed-optimizer"]
     out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]
     # Megatron-LM's --clip-grad (default 1.0) -> OptimizerConfig.clip_grad; 0 turns clipping off
     out += ["--clip-grad", f"{s.grad_clip_norm:g}"]
-    return out + _recompute(s.recompute) + _low_precision(s)
+    out += _recompute(s.recompute)
+    if s.recompute_modules and s.recompute == "selective":
+        # TransformerConfig.recompute_modules as a flag (Megatron-LM core_v0.16.1 arguments.py:1621: every config field,
+        # a list as space-separated values)
+        out += ["--recompute-modules", *s.recompute_modules.split(",")]
+    return out + _low_precision(s)
 
 
 def command(s: Setup, spec: ModelSpec, gpus_per_node: int) -> str:

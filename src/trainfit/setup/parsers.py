@@ -41,6 +41,14 @@ def check_recompute(v: str) -> None:
                          + ", ".join(p + ":N" for p in RECOMPUTE_PATTERNS))
 
 
+def check_recompute_modules(v: str) -> None:
+    """Comma-separated names of Megatron's recompute modules (analytic/megatron_recompute.py MODULES)."""
+    if not isinstance(v, str):
+        raise SetupError(f"--recompute-modules must be text, got {v!r} (e.g. --recompute-modules layernorm,moe_act)")
+    from ..analytic.megatron_recompute import parse  # (the analytic layer imports this package)
+    parse(v)
+
+
 def check_lora_targets(v: str) -> None:
     """all-linear, attention, or comma-separated module names (checked against the model where it is built)."""
     if not isinstance(v, str):

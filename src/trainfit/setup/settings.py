@@ -14,7 +14,8 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
 from ..units import parse_count
-from .parsers import _check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, combine_offload
+from .parsers import (_check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
+                      combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
@@ -91,6 +92,15 @@ class Setup:
                              "attention; hf: the attention scores, needs --attention eager).",
                              modes=TRAINING, check=lambda v: check_recompute(v), example="op",
                              suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"), group="step")
+    recompute_modules: Optional[str] = setting(None, "Megatron's selective recompute modules under --recompute "
+                                               "selective (--recompute-modules, comma-separated): core_attn, "
+                                               "moe_act (the experts' activation), layernorm (norms not fused into "
+                                               "a linear), mla_up_proj, mlp (dense MLPs), moe (the whole MoE "
+                                               "layer, its all-to-alls again), shared_experts; --stack megatron.",
+                                               auto="core_attn (Megatron's default, transformer_config.py:1193)",
+                                               modes=TRAINING, check=lambda v: check_recompute_modules(v),
+                                               example="layernorm,moe_act", group="step",
+                                               suggestions=("core_attn", "layernorm,moe_act", "moe"))
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash (the fused kernel "
                              "torch's SDPA picks: cuDNN on H100/H200 from torch 2.9); flash2 = FlashAttention-2 (SDPA "
                              "before torch 2.9, or the flash-attn package; CUDA, 16-bit); triton = FlashAttention in "
