@@ -24,6 +24,7 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
           # TransformerConfig fields as flags (arguments.py:1621 ArgumentGroupFactory(TransformerConfig))
           "--recompute-modules": "recompute_modules", "--moe-grouped-gemm": "moe_grouped_gemm",
+          "--mtp-num-layers": "mtp_num_layers", "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
           "--moe-router-topk": "moe_router_topk",
           # Transformer Engine's recipes (arguments.py:1398, :1331: --fp8-param-gather sets fp8_param)
           "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",
@@ -132,3 +133,22 @@ def test_recompute_modules_round_trip():
     tc, _, _ = _configs(a)
     assert tc.recompute_granularity == "selective" and tc.recompute_modules == ["layernorm", "moe_act"]
     assert tc.moe_grouped_gemm
+
+
+def test_layout_and_mtp_round_trip():
+    """DeepSeek-V3 on PP 8 with Megatron-Bridge's (8, 2) layout (recipes/deepseek/h100/deepseek_v3.py:59): the
+    emitted --pipeline-model-parallel-layout and --mtp-num-layers build TransformerConfig, whose __post_init__
+    parses the layout, derives VPP 2 and validates 61 decoder layers and one MTP layer
+    (pipeline_parallel_layer_layout.py:85-150); no VPP flag beside the layout (arguments.py:503-514)."""
+    spec = load_model("deepseek-v3")
+    s = Setup(stack="megatron", precision="bf16-master", tp=2, pp=8, vpp=2, dp=8, ep=8, etp=1, grad_accum=16,
+              seq=4096, batch=1, sequence_parallel=True, zero=1, pp_split="Et*4|(t*4|)*14,tmL")
+    a = _parse(emit("megatron", s, spec, 8))
+    assert a["--mtp-num-layers"] == "1" and "--virtual-pipeline-model-parallel-size" not in a
+    tc, _, _ = _configs(a)
+    assert tc.virtual_pipeline_model_parallel_size == 2 and tc.mtp_num_layers == 1
+    from megatron.core.transformer.enums import LayerType
+
+    # the last rank's second virtual stage: one decoder layer, the MTP layer and the loss (stage 15 = vpp 1, pp 7)
+    assert tc.pipeline_model_parallel_layout.layout[7][1] == [LayerType.decoder, LayerType.mtp, LayerType.loss]
+    assert not tc.mtp_standalone

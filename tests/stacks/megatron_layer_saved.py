@@ -38,7 +38,6 @@ def saved(modules: str) -> int:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.spec_utils import build_module
-    from megatron.core.transformer.transformer_layer import TransformerLayer  # noqa: F401 (the spec's module)
 
     kw = dict(num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
               use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float32)

@@ -19,6 +19,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
 from .megatron_recompute import modules
+from .mtp import mtp_layers
 from . import te_recipes
 from ..low_precision import recipe
 from .params import ParamCounts
@@ -121,6 +122,18 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         fwd = a * v * tokens  # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`)
         loss_back = a * v * tokens  # the logits' 16-bit gradient (the fp32 one is computed in place of the softmax)
         norm_back = 2 * a * h / sp * tokens
+    if pattern and stage.mtp:
+        pattern += (0,) * stage.mtp  # the MTP layers' own (not block-checkpointed)
+    n_mtp = mtp_layers(spec, setup)
+    if stage.head and n_mtp:
+        # each MTP layer's logits through the shared output layer and its own cross-entropy (gpt_model.py:611-660)
+        # NB: as the main head's saved set, all kept to the loss's backward (its labels counted once)
+        head_saved += n_mtp * (head_saved - labels)
+    if stage.mtp:
+        # per MTP layer (multi_token_prediction.py:726-735): enorm's and hnorm's inputs (the shifted tokens'
+        # embedding, the hidden states) and fp32 statistics, eh_proj's 2h-wide input (the concatenation); its
+        # decoder layer saves one layer's set (counted as one more of the stage's layers below)
+        embed += stage.mtp * (4 * a * h + 2 * FP32) / sp * tokens
     comm, opt_tmp = ms.comm, 0.0
     if local:
         # parallel_state.py:2046 get_global_memory_buffer: a [b·heads/t, sq, sk] tensor in the activation dtype, the
@@ -140,7 +153,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
                   "comm_buffers": comm},
         gradients=ms.gradients,
         accumulating=True,  # the contiguous grad buffer exists from initialisation (param_and_grad_buffer.py)
-        head_gradients=0.0, layer_gradients=0.0, layers=stage.layers, in_flight=stage.in_flight,
+        head_gradients=0.0, layer_gradients=0.0, layers=stage.layers + stage.mtp, in_flight=stage.in_flight,
         layer_saved=uniform.saved, embedding_saved=embed, head_saved=head_saved, inputs=labels,
         forward_transient=fwd + ring, loss_backward=loss_back, layer_backward=uniform.backward, layer_freed=0.0,
         layer_grads_done=0.0, embedding_backward=emb_back, gathered=0.0,

@@ -50,6 +50,7 @@ from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
 from .parallel.zero import dp_comm
 from .megatron_recompute import ep_rerun_share
+from .mtp import stage_mtp
 from .recompute import forward_rerun_share
 from .roofline import host_seconds_per_kernel, kernels_for
 from .stacks import model_for
@@ -238,18 +239,20 @@ def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> floa
 
 
 @lru_cache(maxsize=1024)
-def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: str = "even") -> int:
-    """Parameters on the busiest rank (first stage with the embedding, a middle one, or last with the head); memoised
-    on its arguments (the planner times many setups of one layout)."""
+def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: str = "even",
+                 mtp: tuple[int, int, int] = (0, 0, 0)) -> int:
+    """Parameters on the busiest rank (first stage with the embedding, a middle one, or last with the head; `mtp`:
+    the MTP layers of each, analytic/mtp.py stage_mtp); memoised on its arguments (the planner times many setups of
+    one layout)."""
     from .memory import Stage, rank_params
 
     probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))
     if pp == 1:
-        return rank_params(spec, pc, probe, Stage(0, spec.layers, True, True, 1))[0]
+        return rank_params(spec, pc, probe, Stage(0, spec.layers, True, True, 1, mtp[0]))[0]
     first, middle, last = split(spec.layers, pp, pp_split)
-    return max(rank_params(spec, pc, probe, Stage(0, first, True, False, 1))[0],
-               rank_params(spec, pc, probe, Stage(1, middle, False, False, 1))[0] if pp > 2 else 0,
-               rank_params(spec, pc, probe, Stage(pp - 1, last, False, True, 1))[0])
+    return max(rank_params(spec, pc, probe, Stage(0, first, True, False, 1, mtp[0]))[0],
+               rank_params(spec, pc, probe, Stage(1, middle, False, False, 1, mtp[1]))[0] if pp > 2 else 0,
+               rank_params(spec, pc, probe, Stage(pp - 1, last, False, True, 1, mtp[2]))[0])
 
 
 def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float | None = None,
@@ -257,7 +260,8 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
     """The step time of one training setup on `gpu` (the planner's model, every term)."""
     pc = pc or count_params(spec)
     return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
-                     stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split), state_bytes(setup), efficiency)
+                     stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split, stage_mtp(spec, setup)),
+                     state_bytes(setup), efficiency)
 
 
 def with_paged_migration(tm: StepTime, evicted: float, gpu: GPU) -> StepTime:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import SetupError
+from .pp_layout import is_layout, parse as parse_layout
 from .vocab import OFFLOAD, RECOMPUTE, RECOMPUTE_PATTERNS
 
 
@@ -66,17 +67,19 @@ def lora_target_names(v: str) -> tuple[str, ...]:
     return () if v in ("all-linear", "attention") else tuple(n.strip() for n in v.split(","))
 
 
-def parse_pp_split(v: str) -> tuple[int, int] | str:
-    """"even", "embedding-loss", or (first, last) layer counts of "first:N,last:M" (either part may be left out:
-    then -1, meaning the even share)."""
+def parse_pp_split(v: str):
+    """"even", "embedding-loss", (first, last) layer counts of "first:N,last:M" (either part may be left out:
+    then -1, meaning the even share), or a pp_layout.Layout of Megatron's layout string ("Et*3|(tt|)*29,m|L")."""
     if v in ("even", "embedding-loss"):
         return v
+    if is_layout(v):
+        return parse_layout(v)
     first = last = -1
     for part in v.split(","):
         key, _, n = part.strip().partition(":")
         if key not in ("first", "last") or not n.isdigit() or int(n) < 1:
-            raise SetupError(f"--pp-split {v!r}: use even, embedding-loss, or first:N,last:M with positive layer "
-                             "counts (e.g. first:7,last:7)")
+            raise SetupError(f"--pp-split {v!r}: use even, embedding-loss, first:N,last:M with positive layer "
+                             "counts (e.g. first:7,last:7), or a Megatron layout string (e.g. Et*3|(tt|)*29,m|L)")
         if key == "first":
             first = int(n)
         else:

@@ -118,9 +118,18 @@ class Setup:
     pp_split: str = setting("even", "How layers are split over pipeline stages: even; embedding-loss (Megatron's "
                             "account_for_embedding/loss_in_pipeline_split: the embedding and the loss each count as "
                             "one layer, so the first and last stages hold one layer fewer); first:N,last:M (Megatron's "
-                            "decoder_first/last_pipeline_num_layers, the rest even).", check=lambda v: check_pp_split(v),
+                            "decoder_first/last_pipeline_num_layers, the rest even); or Megatron's layout string "
+                            "(--pipeline-model-parallel-layout, e.g. Et*3|(tt|)*29,m|L: E embedding, t decoder "
+                            "layer, m MTP layer, L loss, '|' between the pp × vpp stages).", check=lambda v: check_pp_split(v),
                             example="embedding-loss", suggestions=("even", "embedding-loss"), modes=STEP_MODES,
                             group="parallel")
+    mtp_layers: Optional[int] = setting(None, "Multi-token-prediction layers trained after the decoder (Megatron's "
+                                        "--mtp-num-layers: each an eh_proj, one decoder layer and the LM head and "
+                                        "loss once more, on the last pipeline stage or where a --pp-split layout "
+                                        "puts 'm'); --stack megatron.", minimum=0, maximum=limits.LAYERS,
+                                        auto="the config's num_nextn_predict_layers on --stack megatron "
+                                        "(DeepSeek-V3: 1), 0 on stacks that drop them", example="1",
+                                        modes=("train",), group="parallel")
     cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
                       "every sequence).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
     ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "
