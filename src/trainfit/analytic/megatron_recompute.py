@@ -27,22 +27,10 @@ from __future__ import annotations
 
 from ..errors import SetupError
 from ..setup import Setup
+from ..setup.parsers import parse_recompute_modules as parse
 from ..spec import ModelSpec
 
-MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DEFAULT = ("core_attn",)  # transformer_config.py:1193-1194
-
-
-def parse(v: str) -> tuple[str, ...]:
-    """The module names of --recompute-modules ("layernorm,moe_act"), checked against MODULES."""
-    names = tuple(n.strip() for n in v.split(",") if n.strip())
-    bad = [n for n in names if n not in MODULES]
-    if not names or bad:
-        raise SetupError(f"--recompute-modules {v!r}: {', '.join(bad) or 'no module named'} is not a Megatron "
-                         f"recompute module; choose from {', '.join(MODULES)} (comma-separated, e.g. layernorm,moe_act)")
-    if len(set(names)) != len(names):
-        raise SetupError(f"--recompute-modules {v!r} names a module twice; name each once")
-    return names
 
 
 def modules(setup: Setup) -> frozenset[str]:

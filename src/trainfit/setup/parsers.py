@@ -42,12 +42,28 @@ def check_recompute(v: str) -> None:
                          + ", ".join(p + ":N" for p in RECOMPUTE_PATTERNS))
 
 
+# Megatron-Core's recompute modules (megatron/core/transformer/transformer_config.py:411-424; what each drops and
+# re-runs: analytic/megatron_recompute.py)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def parse_recompute_modules(v: str) -> tuple[str, ...]:
+    """The module names of --recompute-modules ("layernorm,moe_act"), checked against RECOMPUTE_MODULES."""
+    names = tuple(n.strip() for n in v.split(",") if n.strip())
+    bad = [n for n in names if n not in RECOMPUTE_MODULES]
+    if not names or bad:
+        raise SetupError(f"--recompute-modules {v!r}: {', '.join(bad) or 'no module named'} is not a Megatron "
+                         f"recompute module; choose from {', '.join(RECOMPUTE_MODULES)} (comma-separated, e.g. "
+                         "layernorm,moe_act)")
+    if len(set(names)) != len(names):
+        raise SetupError(f"--recompute-modules {v!r} names a module twice; name each once")
+    return names
+
+
 def check_recompute_modules(v: str) -> None:
-    """Comma-separated names of Megatron's recompute modules (analytic/megatron_recompute.py MODULES)."""
     if not isinstance(v, str):
         raise SetupError(f"--recompute-modules must be text, got {v!r} (e.g. --recompute-modules layernorm,moe_act)")
-    from ..analytic.megatron_recompute import parse  # (the analytic layer imports this package)
-    parse(v)
+    parse_recompute_modules(v)
 
 
 def check_lora_targets(v: str) -> None:
