@@ -105,3 +105,16 @@ def test_moe_modules_saved_and_rerun():
     assert names[0] == "router" and "experts_in" in names and "combine" in names and "mlp_residual" not in names
     s2 = Setup(**base, recompute="selective", recompute_modules="layernorm,moe_act")
     assert {o.name for o in rerun_ops(spec, s2, fwd)} == {"mlp_norm", "experts_act.silu0", "experts_mul"}
+
+
+def test_moe_rerun_flops_by_hand():
+    """Qwen3-235B-A22B under the moe module re-runs per token the router (128 x 4096) and 8 SwiGLU experts
+    (3 x 4096 x 1536 each), 2 FLOPs per weight, in every layer (all 94 are MoE, no shared expert)."""
+    from trainfit.analytic.megatron_recompute import rerun_matmul_per_token
+
+    spec = load_model("qwen3-235b-a22b")
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, recompute="selective", recompute_modules="moe")
+    assert rerun_matmul_per_token(spec, s) == pytest.approx(2 * (128 * 4096 + 8 * 3 * 4096 * 1536), rel=1e-9)
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, recompute="selective",
+              recompute_modules="layernorm,moe_act")
+    assert rerun_matmul_per_token(spec, s) == 0.0

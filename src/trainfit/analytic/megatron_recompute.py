@@ -150,3 +150,25 @@ def ep_rerun_share(setup: Setup) -> float:
     """The share of a micro-batch's expert all-to-alls (two in the forward, two in the backward) run again: the
     forward's dispatch and combine under the moe module (moe_layer.py:153-157 checkpoints the whole layer)."""
     return 0.5 if "moe" in modules(setup) else 0.0
+
+
+def rerun_matmul_per_token(spec: ModelSpec, setup: Setup) -> float:
+    """Matmul FLOPs per token the average layer's recomputed modules re-run beyond the attention core (2 per weight
+    of the GEMMs they re-run, flops.matmul_params_per_token's counting): a dense MLP under mlp; the router, the
+    top-k experts and the shared expert under moe; the shared expert under shared_experts.
+    NB: mla_up_proj's up projections are not counted (the pointwise modules re-run no matmul)."""
+    from .params import count_params
+
+    names = modules(setup)
+    if not names & {"mlp", "moe", "shared_experts"}:
+        return 0.0
+    pc = count_params(spec)
+    n = pc.mlp * pc.dense_layers if "mlp" in names else 0.0
+    if spec.moe is not None and pc.moe_layers:
+        m = spec.moe
+        shared = pc.moe_mlp - m.num_experts * pc.expert - m.num_experts * spec.hidden
+        if "moe" in names:
+            n += pc.moe_layers * (m.top_k * pc.expert + m.num_experts * spec.hidden + shared)
+        elif "shared_experts" in names:
+            n += pc.moe_layers * shared
+    return 2 * n / spec.layers
