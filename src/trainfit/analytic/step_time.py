@@ -149,10 +149,12 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # each parallel axis's communication in one micro-batch (parallel/<axis>.py)
     links, act = Links.of(gpu), st.act
     rerun = forward_rerun_share(setup, stage_layers_n)
-    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, stage_layers_n, rerun)
+    # the MTP layers' decoder layers communicate as the others do (mtp.py; 0 without them)
+    comm_n = max(n + k for n, k in zip((first, middle, last), stage_mtp(spec, setup)))
+    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
-    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, stage_layers_n, c.attention_forward, rerun)
-    ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, stage_layers_n)
+    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, c.attention_forward, rerun)
+    ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
     ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
