@@ -35,6 +35,10 @@ TT = ("https://github.com/pytorch/torchtitan/blob/31a17bfdb70bab6f62a13d21816a53
       "llama3_h100_202412_torchtitan.md")
 DLE = ("https://github.com/NVIDIA/DeepLearningExamples/blob/23a6382cbe8f77c22b0a7b7d263191ee6b947dfa/PyTorch/"
        "LanguageModeling/BERT/README.md")
+MOE_ZOO_QWEN3 = ("https://github.com/yanring/Megatron-MoE-ModelZoo/blob/020b8136b3bc6f47e4143849f54e400cf0f71e8a/"
+                 "best_practice/qwen3/readme.md")
+MOE_ZOO_QWEN3_CFG = ("model_configs/benchmarking/Qwen3-235B-A22B.yaml at 1ed4179f72e4873bc246501a976ed21628e99582 "
+                     "(yanring/Megatron-MoE-ModelZoo)")
 NARAYANAN = "https://arxiv.org/abs/2104.04473 (Narayanan et al. 2021)"
 KORTHIKANTI = "https://arxiv.org/abs/2205.05198 (Korthikanti et al. 2022)"
 LLAMA3 = "https://arxiv.org/abs/2407.21783 (The Llama 3 Herd of Models, 2024)"
@@ -323,7 +327,7 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
         # all benchmarks are token-dropless" (performance-summary-archive.md:291; scripts/performance/utils/
         # overrides.py:459-462: moe_router_force_load_balancing = True with no capacity factor)
         setup["moe_force_balance"] = True
-    if model == "LLAMA3.1_405B" and pp > 1:
+    if model in ("LLAMA3.1_405B", "Qwen3_235B_a22B") and pp > 1:  # (Qwen3: recipes/qwen/qwen3_moe.py:160-161)
         setup["pp_split"] = "embedding-loss"
     tag = {"FP8-CS": "fp8cs", "FP8-MX": "mxfp8", "MXFP8": "mxfp8", "NVFP4": "nvfp4", "BF16": "bf16"}[precision]
     run = dict(
@@ -449,7 +453,10 @@ LOWP_VALIDATION: list[dict] = [
         notes="PP 2 VP 24 as the table states (the v0.2.0 recipe file reads VP 12); MoE all-to-all overlapped with "
               "compute (moe_a2a_overlap: --overlap-moe-comm)."),
     _mb("25.11", 583, "DGX-B200", "Qwen3_235B_a22B", 64, "FP8-MX", 1024, 1, 4096, pp=8, vp=2, ep=8, tps=3269,
-        notes="PP 8 VP 2 EP 8 (94 layers over 16 chunks: NB uneven, Megatron's split not stated; --pp-split even)."),
+        notes="PP 8 VP 2 EP 8; qwen3_235b_a22b_pretrain_config sets account_for_embedding/loss_in_pipeline_split "
+              "(recipes/qwen/qwen3_moe.py:160-161 at v0.2.0): 94 layers + embedding + loss = 96 over 16 chunks, six "
+              "each (--pp-split embedding-loss). NB: the v0.2.0 B200 base config reads VP 4 "
+              "(configs/qwen3/workload_base_configs.py:109-117), the table VP 2: the table's taken."),
     _mb("25.11", 581, "DGX-B200", "GPT OSS 120B", 64, "BF16", 512, 4, 4096, ep=8, tps=8213,
         notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
     _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
@@ -562,6 +569,20 @@ RUNS: list[dict] = [
     *_c3("530B", (20480, 105, 128), 35, 280, 280, 3, 49.05, 37.83),
     *_c3("1T", (25600, 128, 160), 64, 512, 512, 1, 94.42, 71.49),
     *LOWP_CALIBRATION,  # C5–C7 (shared/calibration.md)
+    # C8 (shared/calibration.md): the only published MoE run a constant may be fitted on
+    dict(id="c8-moezoo-qwen3-235b-a2a", source=f"{MOE_ZOO_QWEN3}, H100 table, row '235B | A2A | H100 | BF16 | 256' "
+         "(intra-node EP); C8 of calibration.md",
+         gpu="H100-80GB", model="qwen3-235b-a22b",
+         setup=dict(stack="megatron", batch=1, seq=4096, grad_accum=512, dp=4, tp=2, pp=32, vpp=3, ep=8, etp=1,
+                    zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
+                    pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe_act"),
+         published=24.2, unit="s/step", in_sample=True,
+         notes="Megatron-Core (main 1e057005) with the all-to-all dispatcher, no 1F1B all-to-all overlap; "
+               f"{MOE_ZOO_QWEN3_CFG}: --expert-tensor-parallel-size 1, --sequence-parallel, flash attention, "
+               "--account-for-embedding/loss-in-pipeline-split (94 layers + 2 over 32 x 3 chunks: one each), "
+               "distributed optimizer with overlapped grad reduce / param gather; --recompute-modules "
+               "moe_act layernorm (run_h100_235b.sh). NB: dropless routing with the aux loss, modelled balanced "
+               "(predicted faster); TE cross-entropy fusion not modelled (its logits copy counted: predicted slower)."),
     # --- out of sample: validation only, never fitted on ---
     *(_narayanan(n, x) for n, x in ((384, 153), (768, 149), (1536, 141))),
     _llama3(8192, 64, 32, 430),

@@ -1,5 +1,5 @@
 """bench/targets/time_runs.py, the published-throughput validation set: every run loads, builds a valid Setup on a catalog
-GPU, cites its source, and only the calibration runs C1–C3, C5–C7 are marked in sample. Numbers are checked against
+GPU, cites its source, and only the calibration runs C1–C3, C5–C8 are marked in sample. Numbers are checked against
 the sources themselves (published parameter counts, published MFU), never against trainfit's own formulas."""
 from __future__ import annotations
 

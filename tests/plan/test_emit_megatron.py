@@ -22,6 +22,9 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
           "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
           "--recompute-num-layers": "recompute_num_layers", "--num-experts": "num_moe_experts",
+          # TransformerConfig fields as flags (arguments.py:1621 ArgumentGroupFactory(TransformerConfig))
+          "--recompute-modules": "recompute_modules", "--moe-grouped-gemm": "moe_grouped_gemm",
+          "--mtp-num-layers": "mtp_num_layers", "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
           "--moe-router-topk": "moe_router_topk", "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
           "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size",
           "--expert-tensor-parallel-size": "expert_tensor_parallel_size",
@@ -42,12 +45,12 @@ def _parse(text: str) -> dict:
     toks = toks[toks.index("pretrain_gpt.py") + 1:]
     out, i = {}, 0
     while i < len(toks):
-        if i + 1 < len(toks) and not toks[i + 1].startswith("--"):
-            out[toks[i]] = toks[i + 1]
-            i += 2
-        else:
-            out[toks[i]] = True
-            i += 1
+        j = i + 1
+        while j < len(toks) and not toks[j].startswith("--"):
+            j += 1
+        values = toks[i + 1:j]  # a flag's values (nargs '*' flags, e.g. --recompute-modules, take several)
+        out[toks[i]] = True if not values else (values[0] if len(values) == 1 else values)
+        i = j
     return out
 
 
@@ -61,7 +64,9 @@ def _configs(a: dict):
     for flag, field in FIELDS.items():
         if flag in a:
             v = a[flag]
-            kw[field] = v if v is True else (int(v) if v.isdigit() else v)
+            kw[field] = v if v is True or isinstance(v, list) else (int(v) if v.isdigit() else v)
+    if isinstance(kw.get("recompute_modules"), str):  # one module: still a list (transformer_config.py:411)
+        kw["recompute_modules"] = [kw["recompute_modules"]]
     kw["params_dtype"] = torch.bfloat16 if a.get("--bf16") else (torch.float16 if a.get("--fp16") else torch.float32)
     kw["pipeline_dtype"] = kw["params_dtype"]
     kw["add_bias_linear"] = not a.get("--disable-bias-linear")  # Megatron-LM: add_bias_linear = not the flag
@@ -142,3 +147,36 @@ def test_te_recipes_round_trip():
                   "--fp8-format": "hybrid", "--fp8-recipe": "delayed", "--first-last-layers-bf16": True})
     with pytest.raises(SetupError, match="delayed scaling"):
         validate(Setup(**base, low_precision="delayed", bf16_first_layers=1))
+
+
+def test_recompute_modules_round_trip():
+    """--recompute-modules layernorm,moe_act (C8's) becomes Megatron's list; TransformerConfig's __post_init__
+    accepts it (moe_act needs --moe-grouped-gemm: transformer_config.py:1213-1216)."""
+    spec = load_model("qwen3-235b-a22b")
+    s = Setup(stack="megatron", precision="bf16-master", tp=2, pp=4, dp=4, ep=8, etp=1, grad_accum=8, seq=4096,
+              batch=1, sequence_parallel=True, recompute="selective", recompute_modules="layernorm,moe_act", zero=1,
+              pp_split="first:22,last:24")
+    a = _parse(emit("megatron", s, spec, 8))
+    assert a["--recompute-modules"] == ["layernorm", "moe_act"] and a["--recompute-granularity"] == "selective"
+    tc, _, _ = _configs(a)
+    assert tc.recompute_granularity == "selective" and tc.recompute_modules == ["layernorm", "moe_act"]
+    assert tc.moe_grouped_gemm
+
+
+def test_layout_and_mtp_round_trip():
+    """DeepSeek-V3 on PP 8 with Megatron-Bridge's (8, 2) layout (recipes/deepseek/h100/deepseek_v3.py:59): the
+    emitted --pipeline-model-parallel-layout and --mtp-num-layers build TransformerConfig, whose __post_init__
+    parses the layout, derives VPP 2 and validates 61 decoder layers and one MTP layer
+    (pipeline_parallel_layer_layout.py:85-150); no VPP flag beside the layout (arguments.py:503-514)."""
+    spec = load_model("deepseek-v3")
+    s = Setup(stack="megatron", precision="bf16-master", tp=2, pp=8, vpp=2, dp=8, ep=8, etp=1, grad_accum=16,
+              seq=4096, batch=1, sequence_parallel=True, zero=1, pp_split="Et*4|(t*4|)*14,tmL")
+    a = _parse(emit("megatron", s, spec, 8))
+    assert a["--mtp-num-layers"] == "1" and "--virtual-pipeline-model-parallel-size" not in a
+    tc, _, _ = _configs(a)
+    assert tc.virtual_pipeline_model_parallel_size == 2 and tc.mtp_num_layers == 1
+    from megatron.core.transformer.enums import LayerType
+
+    # the last rank's second virtual stage: one decoder layer, the MTP layer and the loss (stage 15 = vpp 1, pp 7)
+    assert tc.pipeline_model_parallel_layout.layout[7][1] == [LayerType.decoder, LayerType.mtp, LayerType.loss]
+    assert not tc.mtp_standalone

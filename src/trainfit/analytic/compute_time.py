@@ -199,6 +199,11 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
     first, middle, last = layers
     zero = ListTime()
+    # multi-token prediction (mtp.py): its decoder layers where they are built (as the stage's average layer, NB),
+    # and the LM head and loss once more per MTP layer on the last stage (gpt_model.py:611-660)
+    from .mtp import mtp_layers, stage_mtp
+    n_mtp, at = mtp_layers(spec, setup), stage_mtp(spec, setup)
+    head_f, head_b = head_f + n_mtp * head_f, head_b + n_mtp * head_b
     from .tower_time import tower_times  # a VLM's image encoder runs on the first stage (tower_time.py)
     tower_f, tower_b, tower_r = tower_times(spec, setup, gpu, sh)
     emb_f, emb_b = emb_f + tower_f, emb_b + tower_b
@@ -207,6 +212,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     else:
         stages = [(first, bf16_first, emb_f, emb_b, tower_r), (middle, 0, zero, zero, zero),
                   (last, bf16_last, head_f, head_b, zero)]
+    stages = [(n + m, *rest) for (n, *rest), m in zip(stages, at)]
     best = None
     for n, b16, extra_f, extra_b, extra_r in stages:
         b16 = min(b16, n)

@@ -105,8 +105,10 @@ def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forwar
     r = setup.recompute
     if r == "full":
         return layers * layer_forward
-    if r == "selective":
-        return layers * attention_per_layer
+    if r == "selective":  # the attention core, and Megatron's other --recompute-modules' matmuls
+        from .megatron_recompute import modules, rerun_matmul_per_token
+        core = attention_per_layer if "core_attn" in modules(setup) else 0.0
+        return layers * (core + rerun_matmul_per_token(spec, setup))
     if r == "op":
         from .nvfp4 import sac_mm_share  # (NVFP4 layers re-run every matmul: analytic/nvfp4.py)
 

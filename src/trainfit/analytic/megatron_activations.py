@@ -18,6 +18,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .moe_imbalance import busiest_rank_load
 from .precision import state_bytes
+from .megatron_recompute import dropped, modules
 from .te_recipes import saved_delta
 
 FP32, MASK, INDEX = 4, 1, 8
@@ -55,8 +56,9 @@ def act_bytes(setup: Setup) -> int:
 
 
 def attention_core_recomputed(setup: Setup) -> bool:
-    """--recompute selective under megatron: recompute_modules ['core_attn'] (stacks/megatron.toml [recompute])."""
-    return setup.recompute_policy == "selective"
+    """--recompute selective under megatron with core_attn among its recompute modules (the default:
+    megatron_recompute.py, stacks/megatron.toml [recompute])."""
+    return "core_attn" in modules(setup)
 
 
 def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: bool = False) -> MegatronLayer:
@@ -120,6 +122,8 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
         load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
         for name in ("expert_tokens", "expert_hidden"):
             split[name] *= load
+    if modules(setup) - {"core_attn"}:  # --recompute-modules beyond the attention core (megatron_recompute.py)
+        rep, split = dropped(spec, setup, moe, a, stat * (2 if spec.norm == "layernorm" else 1), rep, split)
     return MegatronLayer(rep, split, scores, mask)
 
 

@@ -3,7 +3,8 @@ TE layers' saved tensors (megatron_activations.py), its recompute methods, conte
 embedding and cross-entropy — combined by phases.peak like every other stack.
 
 Recompute (transformer/transformer_block.py:532-563 _checkpointed_forward):
-  selective   (recompute_modules ['core_attn']) the attention core's saved tensors are not stored (megatron_activations.py);
+  selective   (recompute_modules, default ['core_attn']: megatron_recompute.py) the recomputed modules' saved tensors
+              are not stored (megatron_activations.py), and are made again in the layer's backward;
   uniform:N   the stage's layers in groups of N, each group's input checkpointed (full = uniform:1); in a group's
               backward its N layers' activations are recomputed and live together;
   block:N     the first N layers of each model chunk (virtual stage) checkpointed one by one, the rest store all.
@@ -17,6 +18,8 @@ from dataclasses import replace
 from ..setup import Setup
 from ..spec import ModelSpec
 from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
+from .megatron_recompute import modules
+from .mtp import mtp_layers
 from . import te_recipes
 from ..low_precision import recipe
 from .params import ParamCounts
@@ -59,6 +62,13 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     temps += 2 * ring  # NB: backward also passes dkv around the ring (2 more chunk buffers)
     if n8:  # linear_fc1's quantised output gradient beside its bf16 one (te_recipes.backward_transient)
         temps += te_recipes.backward_transient(spec, setup, moe and frac >= 0.5) * tokens
+    if modules(setup) - {"core_attn"}:
+        # --recompute-modules: in a layer's backward its recomputed modules' tensors are made again and live beside
+        # the backward's temporaries (NB: all of them at once, as if one module's backward held the others': over-
+        # counts by the smaller modules' when several are named)
+        core = setup.with_(recompute_modules="core_attn") if "core_attn" in modules(setup) else \
+            setup.with_(recompute="none", recompute_modules=None)
+        temps += max(0.0, _stored(spec, core, frac, tokens, keys) - _stored(spec, setup, frac, tokens, keys))
 
     policy, n = setup.recompute_policy, setup.recompute_layers
     pattern: tuple = ()
@@ -115,6 +125,18 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         fwd = a * v * tokens  # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`)
         loss_back = a * v * tokens  # the logits' 16-bit gradient (the fp32 one is computed in place of the softmax)
         norm_back = 2 * a * h / sp * tokens
+    if pattern and stage.mtp:
+        pattern += (0,) * stage.mtp  # the MTP layers' own (not block-checkpointed)
+    n_mtp = mtp_layers(spec, setup)
+    if stage.head and n_mtp:
+        # each MTP layer's logits through the shared output layer and its own cross-entropy (gpt_model.py:611-660)
+        # NB: as the main head's saved set, all kept to the loss's backward (its labels counted once)
+        head_saved += n_mtp * (head_saved - labels)
+    if stage.mtp:
+        # per MTP layer (multi_token_prediction.py:726-735): enorm's and hnorm's inputs (the shifted tokens'
+        # embedding, the hidden states) and fp32 statistics, eh_proj's 2h-wide input (the concatenation); its
+        # decoder layer saves one layer's set (counted as one more of the stage's layers below)
+        embed += stage.mtp * (4 * a * h + 2 * FP32) / sp * tokens
     comm, opt_tmp = ms.comm, 0.0
     if local:
         # parallel_state.py:2046 get_global_memory_buffer: a [b·heads/t, sq, sk] tensor in the activation dtype, the
@@ -134,7 +156,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
                   "comm_buffers": comm},
         gradients=ms.gradients,
         accumulating=True,  # the contiguous grad buffer exists from initialisation (param_and_grad_buffer.py)
-        head_gradients=0.0, layer_gradients=0.0, layers=stage.layers, in_flight=stage.in_flight,
+        head_gradients=0.0, layer_gradients=0.0, layers=stage.layers + stage.mtp, in_flight=stage.in_flight,
         layer_saved=uniform.saved, embedding_saved=embed, head_saved=head_saved, inputs=labels,
         forward_transient=fwd + ring, loss_backward=loss_back, layer_backward=uniform.backward, layer_freed=0.0,
         layer_grads_done=0.0, embedding_backward=emb_back, gathered=0.0,
@@ -151,6 +173,13 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
                        int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert))
+
+
+def _stored(spec: ModelSpec, setup: Setup, frac: float, tokens: float, keys: float) -> float:
+    """The average layer's saved bytes on one rank (the stage's dense and MoE layers in their proportion)."""
+    dense = layer_terms(spec, setup).per_rank(setup, tokens, keys)
+    return dense if not frac else (1 - frac) * dense + frac * layer_terms(spec, setup, moe=True).per_rank(
+        setup, tokens, keys)
 
 
 def grad_clip_temporaries(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> float:

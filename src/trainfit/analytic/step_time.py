@@ -50,6 +50,8 @@ from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
 from .parallel.zero import dp_comm
+from .megatron_recompute import ep_rerun_share
+from .mtp import stage_mtp
 from .recompute import forward_rerun_share
 from .roofline import host_seconds_per_kernel, kernels_for
 from .stacks import model_for
@@ -149,11 +151,14 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # each parallel axis's communication in one micro-batch (parallel/<axis>.py)
     links, act = Links.of(gpu), st.act
     rerun = forward_rerun_share(setup, stage_layers_n)
-    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, stage_layers_n, rerun)
+    # the MTP layers' decoder layers communicate as the others do (mtp.py; 0 without them)
+    comm_n = max(n + k for n, k in zip((first, middle, last), stage_mtp(spec, setup)))
+    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
-    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, stage_layers_n, c.attention_forward, rerun)
-    ep_mb = exposed_ep_seconds(setup, ep_comm_seconds(spec, setup, links, tokens, act, stage_layers_n),
-                               c.forward + c.backward + c.recompute)
+    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, c.attention_forward, rerun)
+    ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
+    ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
+    ep_mb = exposed_ep_seconds(setup, ep_mb, c.forward + c.backward + c.recompute)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)
@@ -266,18 +271,20 @@ def moe_host_syncs(spec: ModelSpec, setup: Setup) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: str = "even") -> int:
-    """Parameters on the busiest rank (first stage with the embedding, a middle one, or last with the head); memoised
-    on its arguments (the planner times many setups of one layout)."""
+def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: str = "even",
+                 mtp: tuple[int, int, int] = (0, 0, 0)) -> int:
+    """Parameters on the busiest rank (first stage with the embedding, a middle one, or last with the head; `mtp`:
+    the MTP layers of each, analytic/mtp.py stage_mtp); memoised on its arguments (the planner times many setups of
+    one layout)."""
     from .memory import Stage, rank_params
 
     probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))
     if pp == 1:
-        return rank_params(spec, pc, probe, Stage(0, spec.layers, True, True, 1))[0]
+        return rank_params(spec, pc, probe, Stage(0, spec.layers, True, True, 1, mtp[0]))[0]
     first, middle, last = split(spec.layers, pp, pp_split)
-    return max(rank_params(spec, pc, probe, Stage(0, first, True, False, 1))[0],
-               rank_params(spec, pc, probe, Stage(1, middle, False, False, 1))[0] if pp > 2 else 0,
-               rank_params(spec, pc, probe, Stage(pp - 1, last, False, True, 1))[0])
+    return max(rank_params(spec, pc, probe, Stage(0, first, True, False, 1, mtp[0]))[0],
+               rank_params(spec, pc, probe, Stage(1, middle, False, False, 1, mtp[1]))[0] if pp > 2 else 0,
+               rank_params(spec, pc, probe, Stage(pp - 1, last, False, True, 1, mtp[2]))[0])
 
 
 def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float | None = None,
@@ -285,7 +292,8 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
     """The step time of one training setup on `gpu` (the planner's model, every term)."""
     pc = pc or count_params(spec)
     return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
-                     stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split), state_bytes(setup), efficiency)
+                     stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split, stage_mtp(spec, setup)),
+                     state_bytes(setup), efficiency)
 
 
 def with_paged_migration(tm: StepTime, evicted: float, gpu: GPU) -> StepTime:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import shlex
 
+from ..analytic.mtp import mtp_layers
 from ..setup import Setup, parse_pp_split
+from ..setup.pp_layout import Layout
 from ..spec import ModelSpec
 
 PRECISIONS = ("bf16-master", "fp16-master", "fp32")  # 16-bit weights with fp32 main params, or fp32
@@ -85,10 +87,12 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         out += ["--untie-embeddings-and-output-weights"]
     if s.tp > 1 and s.sequence_parallel:
         out += ["--sequence-parallel"]
-    if s.pp > 1 and s.vpp > 1:
-        out += ["--virtual-pipeline-model-parallel-size", str(s.vpp)]
     how = parse_pp_split(s.pp_split)
-    if how == "embedding-loss":
+    if s.pp > 1 and s.vpp > 1 and not isinstance(how, Layout):  # (a layout sets the virtual stages: arguments.py:503)
+        out += ["--virtual-pipeline-model-parallel-size", str(s.vpp)]
+    if isinstance(how, Layout):  # --pipeline-model-parallel-layout (Megatron-LM core_v0.16.1 arguments.py:2217)
+        out += ["--pipeline-model-parallel-layout", how.text]
+    elif how == "embedding-loss":
         out += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
     elif isinstance(how, tuple):
         first, last = how
@@ -110,12 +114,20 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
             out += ["--moe-router-num-groups", str(spec.moe.route_groups),
                     "--moe-router-group-topk", str(spec.moe.route_group_topk)]
         out += _moe_dispatcher(s)
+        out += ["--moe-grouped-gemm"]  # TEGroupedMLP, the experts the megatron stack models (megatron_activations.py)
+    if mtp_layers(spec, s):  # TransformerConfig.mtp_num_layers (transformer_config.py:48; arguments.py:1621)
+        out += ["--mtp-num-layers", str(mtp_layers(spec, s))]
     if s.zero == 1:
         out += ["--use-distributed-optimizer"]
     out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]
     # Megatron-LM's --clip-grad (default 1.0) -> OptimizerConfig.clip_grad; 0 turns clipping off
     out += ["--clip-grad", f"{s.grad_clip_norm:g}"]
-    return out + _recompute(s.recompute) + _low_precision(s)
+    out += _recompute(s.recompute)
+    if s.recompute_modules and s.recompute == "selective":
+        # TransformerConfig.recompute_modules as a flag (Megatron-LM core_v0.16.1 arguments.py:1621: every config field,
+        # a list as space-separated values)
+        out += ["--recompute-modules", *s.recompute_modules.split(",")]
+    return out + _low_precision(s)
 
 
 def command(s: Setup, spec: ModelSpec, gpus_per_node: int) -> str:

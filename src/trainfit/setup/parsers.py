@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import SetupError
+from .pp_layout import is_layout, parse as parse_layout
 from .vocab import OFFLOAD, RECOMPUTE, RECOMPUTE_PATTERNS
 
 
@@ -41,6 +42,30 @@ def check_recompute(v: str) -> None:
                          + ", ".join(p + ":N" for p in RECOMPUTE_PATTERNS))
 
 
+# Megatron-Core's recompute modules (megatron/core/transformer/transformer_config.py:411-424; what each drops and
+# re-runs: analytic/megatron_recompute.py)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def parse_recompute_modules(v: str) -> tuple[str, ...]:
+    """The module names of --recompute-modules ("layernorm,moe_act"), checked against RECOMPUTE_MODULES."""
+    names = tuple(n.strip() for n in v.split(",") if n.strip())
+    bad = [n for n in names if n not in RECOMPUTE_MODULES]
+    if not names or bad:
+        raise SetupError(f"--recompute-modules {v!r}: {', '.join(bad) or 'no module named'} is not a Megatron "
+                         f"recompute module; choose from {', '.join(RECOMPUTE_MODULES)} (comma-separated, e.g. "
+                         "layernorm,moe_act)")
+    if len(set(names)) != len(names):
+        raise SetupError(f"--recompute-modules {v!r} names a module twice; name each once")
+    return names
+
+
+def check_recompute_modules(v: str) -> None:
+    if not isinstance(v, str):
+        raise SetupError(f"--recompute-modules must be text, got {v!r} (e.g. --recompute-modules layernorm,moe_act)")
+    parse_recompute_modules(v)
+
+
 def check_lora_targets(v: str) -> None:
     """all-linear, attention, or comma-separated module names (checked against the model where it is built)."""
     if not isinstance(v, str):
@@ -58,17 +83,19 @@ def lora_target_names(v: str) -> tuple[str, ...]:
     return () if v in ("all-linear", "attention") else tuple(n.strip() for n in v.split(","))
 
 
-def parse_pp_split(v: str) -> tuple[int, int] | str:
-    """"even", "embedding-loss", or (first, last) layer counts of "first:N,last:M" (either part may be left out:
-    then -1, meaning the even share)."""
+def parse_pp_split(v: str):
+    """"even", "embedding-loss", (first, last) layer counts of "first:N,last:M" (either part may be left out:
+    then -1, meaning the even share), or a pp_layout.Layout of Megatron's layout string ("Et*3|(tt|)*29,m|L")."""
     if v in ("even", "embedding-loss"):
         return v
+    if is_layout(v):
+        return parse_layout(v)
     first = last = -1
     for part in v.split(","):
         key, _, n = part.strip().partition(":")
         if key not in ("first", "last") or not n.isdigit() or int(n) < 1:
-            raise SetupError(f"--pp-split {v!r}: use even, embedding-loss, or first:N,last:M with positive layer "
-                             "counts (e.g. first:7,last:7)")
+            raise SetupError(f"--pp-split {v!r}: use even, embedding-loss, first:N,last:M with positive layer "
+                             "counts (e.g. first:7,last:7), or a Megatron layout string (e.g. Et*3|(tt|)*29,m|L)")
         if key == "first":
             first = int(n)
         else:

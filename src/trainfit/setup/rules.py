@@ -32,6 +32,18 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--recompute {setup.recompute} is not a {stack.name} policy; {stack.name} runs: "
                          f"{', '.join(p + (':N' if p in RECOMPUTE_PATTERNS else '') for p in stack.policies)}"
                          + (f"; use --stack {' or '.join(owners)}" if owners else ""))
+    if setup.mtp_layers and not stack.runs("mtp"):
+        raise SetupError(f"--mtp-layers: --stack {stack.name} does not train multi-token-prediction layers "
+                         f"(transformers does not build them); use --stack {_runners('mtp')}, or drop --mtp-layers")
+    if setup.recompute_modules is not None:
+        if not stack.runs("recompute-modules"):
+            raise SetupError(f"--recompute-modules names Megatron-Core's recompute modules; --stack {stack.name} "
+                             f"chooses what to recompute with --recompute alone (or use --stack "
+                             f"{_runners('recompute-modules')})")
+        if setup.recompute_policy != "selective":
+            raise SetupError(f"--recompute-modules applies under --recompute selective (Megatron's "
+                             f"recompute_granularity 'selective'), not --recompute {setup.recompute}: add "
+                             "--recompute selective, or drop --recompute-modules")
     if setup.offload == "activations" and not stack.runs("activation-offload"):
         raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
                          f"{_runners('activation-offload')}; --stack {stack.name} does not run it")

@@ -14,7 +14,8 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
 from ..units import parse_count
-from .parsers import _check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, combine_offload
+from .parsers import (_check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
+                      combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
@@ -91,6 +92,15 @@ class Setup:
                              "attention; hf: the attention scores, needs --attention eager).",
                              modes=TRAINING, check=lambda v: check_recompute(v), example="op",
                              suggestions=RECOMPUTE + ("layer:2", "uniform:1", "block:4"), group="step")
+    recompute_modules: Optional[str] = setting(None, "Megatron's selective recompute modules under --recompute "
+                                               "selective (--recompute-modules, comma-separated): core_attn, "
+                                               "moe_act (the experts' activation), layernorm (norms not fused into "
+                                               "a linear), mla_up_proj, mlp (dense MLPs), moe (the whole MoE "
+                                               "layer, its all-to-alls again), shared_experts; --stack megatron.",
+                                               auto="core_attn (Megatron's default, transformer_config.py:1193)",
+                                               modes=TRAINING, check=lambda v: check_recompute_modules(v),
+                                               example="layernorm,moe_act", group="step",
+                                               suggestions=("core_attn", "layernorm,moe_act", "moe"))
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash (the fused kernel "
                              "torch's SDPA picks: cuDNN on H100/H200 from torch 2.9); flash2 = FlashAttention-2 (SDPA "
                              "before torch 2.9, or the flash-attn package; CUDA, 16-bit); triton = FlashAttention in "
@@ -108,9 +118,18 @@ class Setup:
     pp_split: str = setting("even", "How layers are split over pipeline stages: even; embedding-loss (Megatron's "
                             "account_for_embedding/loss_in_pipeline_split: the embedding and the loss each count as "
                             "one layer, so the first and last stages hold one layer fewer); first:N,last:M (Megatron's "
-                            "decoder_first/last_pipeline_num_layers, the rest even).", check=lambda v: check_pp_split(v),
+                            "decoder_first/last_pipeline_num_layers, the rest even); or Megatron's layout string "
+                            "(--pipeline-model-parallel-layout, e.g. Et*3|(tt|)*29,m|L: E embedding, t decoder "
+                            "layer, m MTP layer, L loss, '|' between the pp × vpp stages).", check=lambda v: check_pp_split(v),
                             example="embedding-loss", suggestions=("even", "embedding-loss"), modes=STEP_MODES,
                             group="parallel")
+    mtp_layers: Optional[int] = setting(None, "Multi-token-prediction layers trained after the decoder (Megatron's "
+                                        "--mtp-num-layers: each an eh_proj, one decoder layer and the LM head and "
+                                        "loss once more, on the last pipeline stage or where a --pp-split layout "
+                                        "puts 'm'); --stack megatron.", minimum=0, maximum=limits.LAYERS,
+                                        auto="the config's num_nextn_predict_layers on --stack megatron "
+                                        "(DeepSeek-V3: 1), 0 on stacks that drop them", example="1",
+                                        modes=("train",), group="parallel")
     cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
                       "every sequence).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
     ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "

@@ -62,8 +62,11 @@ def _input(s: Setting) -> str:
         field = f'<input id="{name}" name="{name}" type="number"{value}{attrs}{step}{hint}>'
     elif s.meta.suggestions:  # free-form with common values offered (e.g. recompute's layer:N)
         opts = "".join(f'<option value="{html.escape(str(c))}">' for c in s.meta.suggestions)
-        field = (f'<input id="{name}" name="{name}" type="text" list="{name}-values" '
-                 f'value="{html.escape(str(s.default))}"><datalist id="{name}-values">{opts}</datalist>')
+        # (an unset setting shows its automatic default as the placeholder, as the number fields do)
+        value = (f' placeholder="{html.escape(s.meta.auto or "default")}"' if s.default is None
+                 else f' value="{html.escape(str(s.default))}"')
+        field = (f'<input id="{name}" name="{name}" type="text" list="{name}-values"{value}>'
+                 f'<datalist id="{name}-values">{opts}</datalist>')
     else:
         field = f'<input id="{name}" name="{name}" type="text" placeholder="e.g. {html.escape(s.meta.example)}">'
     return f'    <label title="{tip}">{label} {field}</label>'

@@ -84,9 +84,9 @@ def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
     from ..recompute import op_sac_saved_matmuls, op_sac_stores_sdpa
 
     pol = setup.recompute.split(":", 1)[0]
-    if pol == "selective":
-        return [o for o in forward
-                if o.kind == "attention" or o.name.startswith(("softcap", "repeat_kv", "attn_probs"))]
+    if pol == "selective":  # the attention core, or Megatron's --recompute-modules (megatron_recompute.py)
+        from ..megatron_recompute import rerun_ops
+        return rerun_ops(spec, setup, forward)
     if pol == "op":
         saved = {name for name, *_ in op_sac_saved_matmuls(spec, setup)}
         # (an NVFP4 GEMM is not on the save list whatever its place: analytic/nvfp4.py)

@@ -75,6 +75,13 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
         dense += pc.final + pc.lm_head / t
         if spec.tied_embeddings and not stage.embedding:
             dense += pc.embedding / t  # the last stage's copy of the tied word embedding (LanguageModule)
+    if stage.mtp:  # multi-token prediction (analytic/mtp.py): its layers, and the embedding its stage builds
+        from ..mtp import layer_params
+        d, e = layer_params(spec, pc, setup)
+        dense += stage.mtp * d
+        expert += stage.mtp * e
+        if not stage.embedding and not (stage.head and spec.tied_embeddings):
+            dense += word / t  # gpt_model.py:149-150 (pre_process or mtp_process)
     return dense, expert
 
 

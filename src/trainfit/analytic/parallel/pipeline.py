@@ -9,6 +9,8 @@ transformer_config.py:1359-1480):
     pp 16: 7 / 8 ... 8 / 7 (Dubey et al. 2024, "The Llama 3 Herd of Models", §3.3.2).
   * first:N,last:M (decoder_first/last_pipeline_num_layers → num_layers_in_first/last_pipeline_stage,
     transformer_block.py:102-145): N on the first, M on the last, the rest even over the middle stages.
+  * a layout string (pipeline_model_parallel_layout, "Et*3|(tt|)*29,m|L": setup/pp_layout.py): each virtual
+    stage's layers as written (transformer_block.py:90-93 get_num_layers_to_build reads the layout).
 
 In flight (megatron/core/pipeline_parallel/schedules.py:738-796 `get_pp_rank_microbatches`): rank r runs
   1F1B: p − r − 1 warm-up forwards, interleaved (v model chunks per rank, micro-batch groups of g = pp,
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 from ...errors import SetupError
 from ...setup import Setup, parse_pp_split
+from ...setup.pp_layout import Layout
 from ...spec import ModelSpec
 from .collectives import Links
 
@@ -39,6 +42,7 @@ class Stage:
     embedding: bool
     head: bool
     in_flight: float  # micro-batches (of the whole stage) whose activations are stored at once
+    mtp: int = 0  # multi-token-prediction layers on this stage (analytic/mtp.py)
 
 
 def split(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
@@ -47,6 +51,12 @@ def split(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
     if pp == 1:
         return layers, layers, layers
     how = parse_pp_split(pp_split)
+    if isinstance(how, Layout):  # Megatron's layout string: each rank's decoder layers as written (pp_layout.py)
+        if len(how.stages) % pp:
+            how.check(pp, 1, layers, 0)  # (raises the stage-count error with its fix)
+        per = how.decoder_layers(pp)
+        # NB: the middle ranks as the busiest of them (memory and time take the worst stage)
+        return per[0], max(per[1:-1]) if pp > 2 else per[0], per[-1]
     if how == "even":
         if layers % pp:
             raise SetupError(f"--pp {pp} does not divide the {layers} layers; use a divisor of {layers}, or "
@@ -84,6 +94,12 @@ def chunked_layers(layers: int, pp: int, pp_split: str = "even") -> tuple[int, i
     return first + extra, middle, last + extra
 
 
+def layout_of(setup: Setup) -> Layout | None:
+    """--pp-split's Megatron layout string, parsed (None for the other splits)."""
+    how = parse_pp_split(setup.pp_split)
+    return how if isinstance(how, Layout) else None
+
+
 def warmup_chunks(pp: int, rank: int, vpp: int, micro_batches: int) -> int:
     """Warm-up forwards of `rank` (schedules.py:760-786; micro-batch group size g = pp, the default)."""
     if vpp == 1:
@@ -106,22 +122,29 @@ def stages(spec: ModelSpec, setup: Setup) -> list[Stage]:
     middle ranks), and the last; memory takes the worst.
     NB: with embedding-loss and --vpp the embedding's missing layer is in rank 0's first chunk only; counted
     spread over its chunks (an over-estimate by under one layer × the in-flight chunks of chunk 0)."""
+    from ..mtp import stage_mtp  # (mtp.py reads the layout from here)
+
     p, v, m = setup.pp, setup.vpp, setup.grad_accum
+    mtp = stage_mtp(spec, setup)
     if p == 1:
-        return [Stage(0, spec.layers, True, True, 1)]
+        return [Stage(0, spec.layers, True, True, 1, mtp[0])]
     first, middle, last = split(spec.layers, p, setup.pp_split)
-    out = [Stage(0, first, True, False, in_flight(p, 0, v, m))]
-    if p > 2 and middle != first:
-        out.append(Stage(1, middle, False, False, in_flight(p, 1, v, m)))
-    out.append(Stage(p - 1, last, False, True, in_flight(p, p - 1, v, m)))
+    out = [Stage(0, first, True, False, in_flight(p, 0, v, m), mtp[0])]
+    if p > 2 and (middle != first or mtp[1] != mtp[0]):
+        out.append(Stage(1, middle, False, False, in_flight(p, 1, v, m), mtp[1]))
+    out.append(Stage(p - 1, last, False, True, in_flight(p, p - 1, v, m), mtp[2]))
     return out
 
 
 def check(spec: ModelSpec, setup: Setup) -> None:
     """Megatron's pipeline checks, one-line SetupErrors with the fix."""
     p, v, m = setup.pp, setup.vpp, setup.grad_accum
+    lay = layout_of(setup)
+    if lay is not None:  # the layout sets every virtual stage's layers itself (pp_layout.Layout.check)
+        from ..mtp import mtp_layers  # (mtp.py reads the stages)
+        lay.check(p, v, spec.layers, mtp_layers(spec, setup))
     chunked = chunked_layers(spec.layers, p, setup.pp_split)  # raises split's errors for any --vpp
-    if v > 1:
+    if v > 1 and lay is None:
         for name, total in zip(("first", "middle", "last"), chunked):
             if total % v:
                 with_ends = setup.pp_split == "embedding-loss" and name != "middle"

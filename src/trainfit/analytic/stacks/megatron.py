@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...setup import Setup
 from ...spec import ModelSpec
-from .. import grad_clip, te_recipes
+from .. import grad_clip, megatron_recompute, te_recipes
 from ..megatron_memory import stage_memory
 from ..memory import TrainMemory
 from ..parallel.megatron import megatron_tensors, shards
@@ -44,6 +44,10 @@ class MegatronModel(StackModel):
         if setup.ep > 1:
             groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
         return groups
+
+    def check_model(self, spec: ModelSpec, setup: Setup) -> None:
+        """--recompute-modules naming a module the model has nothing for (megatron_recompute.check_model)."""
+        megatron_recompute.check_model(spec, setup)
 
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
         out = te_recipes.notes(spec, setup)  # --low-precision: Transformer Engine's recipe
