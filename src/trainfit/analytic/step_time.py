@@ -45,6 +45,7 @@ from .te_recipes import gather_saving
 from .parallel.collectives import Links, ring_allreduce
 from .parallel.context import cp_comm_seconds
 from .parallel.expert import ep_comm_seconds
+from .parallel.expert_memory import expert_gather_share
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
@@ -154,9 +155,11 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)
-    gathered = stage_params * (st.param or st.weight)
+    # torchtitan's routed experts all-gather and reduce-scatter over their own efsdp group (parallel/expert_memory.py)
+    efsdp = expert_gather_share(spec, setup, stage_params, stage_layers_n)
+    gathered = stage_params * (st.param or st.weight) * efsdp
     gathered -= gather_saving(spec, setup, stage_layers_n, st.param or st.weight)  # TE's fp8 param all-gather
-    dp = dp_comm(gpu, setup, links, trained * (st_opt.reduce or st_opt.grad), gathered,
+    dp = dp_comm(gpu, setup, links, trained * (st_opt.reduce or st_opt.grad) * efsdp, gathered,
                  c.forward, c.backward + c.recompute, c.memory_share)
     dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, stage_params, trained, stage_layers_n)
 

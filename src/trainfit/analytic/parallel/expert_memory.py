@@ -1,0 +1,74 @@
+"""Expert parallelism as torchtitan runs it (stacks/torchtitan.toml [expert_parallel], [expert_dispatch]): which
+expert parameters one rank holds unsharded, the dispatch buffers of its all-to-all, and the experts' own FSDP group.
+The all-to-all's time is parallel/expert.py's (ep_comm_seconds).
+
+Parameters (torchtitan 0.2.2 distributed/expert_parallel.py, models/llama4/infra/parallelize.py apply_fsdp): the
+routed experts are Shard(0) over ep (E/ep experts a rank), each split again over etp, then FSDP-sharded over the
+efsdp = dp_shard·tp / (etp·ep) ranks; the router and shared experts stay in the block, split over tp and sharded
+over dp_shard. At rest a rank holds E/(dp_shard·tp) of the experts whatever ep is (ep·efsdp·etp = dp_shard·tp): ep
+changes the unsharded copies (a block's all-gather output and its unsharded gradients: E/(ep·etp) instead of E/tp)
+and the experts' FSDP traffic, not the sharded states.
+"""
+from __future__ import annotations
+
+from ...setup import Setup
+from ...spec import ModelSpec
+from ..params import ParamCounts, count_params
+
+
+def routed_experts(spec: ModelSpec, pc: ParamCounts) -> float:
+    """One MoE layer's routed-expert parameters (all experts, unsplit): num_experts × one expert's gated MLP."""
+    return spec.moe.num_experts * pc.expert if spec.moe is not None else 0.0
+
+
+def moe_mlp_on_rank(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> float:
+    """One MoE layer's MLP parameters on one rank, unsharded: with --ep > 1 the routed experts over ep × etp and the
+    router and shared experts over tp (torchtitan parallel_dims.py sparse mesh; ExpertParallel Shard(0),
+    ExpertTensorParallel Shard(0) + Shard(1)/(2): expert_parallel.py:97-100, 218-238); without EP all over tp."""
+    if setup.ep <= 1 or spec.moe is None:
+        return pc.moe_mlp / setup.tp
+    routed = routed_experts(spec, pc)
+    return (pc.moe_mlp - routed) / setup.tp + routed / (setup.ep * setup.expert_tp)
+
+
+def expert_gather_share(spec: ModelSpec, setup: Setup, stage_params: float, stage_layers: int) -> float:
+    """The factor on a rank's FSDP all-gather / reduce-scatter volume with the routed experts in their own efsdp
+    group: each ring moves (n-1)/n of its group's unsharded bytes (Patarasuk & Yuan 2009), the dense part over dp
+    (its E/tp share of `stage_params`), the experts over efsdp = dp·tp/(etp·ep) with E/(ep·etp) unsharded on the
+    rank (none when efsdp = 1). 1.0 without EP, without FSDP, or on a stack without that group ([expert_parallel]
+    experts_fsdp). NB: the efsdp ring is placed on the dp ring's links (the same node
+    for ≤ 8 GPUs): the traffic, not the topology, changes."""
+    d = setup.dp
+    if setup.ep <= 1 or spec.moe is None or d <= 1 or stage_params <= 0 or setup.zero < 2:
+        return 1.0
+    if setup.stack_facts.facts.get("expert_parallel", {}).get("experts_fsdp") != "efsdp":
+        return 1.0  # a stack whose experts are not an FSDP group of their own
+    pc = count_params(spec)
+    moe_layers = stage_layers * pc.moe_layers / spec.layers
+    routed = routed_experts(spec, pc)
+    dense_share = stage_params - moe_layers * routed / setup.tp  # the rest, all-gathered over dp
+    efsdp = setup.expert_dp
+    expert_local = moe_layers * routed / (setup.ep * setup.expert_tp)
+    moved = dense_share * (d - 1) / d + expert_local * (efsdp - 1) / efsdp
+    return moved / (stage_params * (d - 1) / d)
+
+
+def dispatch_bytes(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
+    """Bytes beside the routed tokens (of `tokens` on the rank) that one MoE layer's dispatch holds at once under
+    --ep > 1, in the forward
+    and again (as gradients) in the backward: the all-to-all's output (the tokens·top_k rows this rank's experts
+    receive) while _permute copies it twice (a vstack with a zero row, then the index copy padded per local expert to
+    the alignment: expert_parallel.py:137-164, models/moe/utils.py:42-59). Without EP the same _permute runs on the
+    routed tokens themselves (moe.py:163-177), so the all-to-all output is EP's extra: one copy of
+    tokens·top_k × hidden, less the padding rows the permuted copy no longer has (align per expert, E/ep experts
+    instead of E).
+    NB: balanced routing (each rank receives the tokens·top_k rows it sends): the busiest rank of an imbalanced
+    router receives more, so under-counts there (torchtitan #1789)."""
+    if setup.ep <= 1 or spec.moe is None:
+        return 0.0
+    m = spec.moe
+    align = setup.stack_facts.fact("expert_dispatch", "align")
+    if setup.tp > 1 and setup.expert_tp == 1:
+        tokens /= setup.tp  # ReordererSequenceParallel: each tp rank routes its 1/tp of the tokens (:258-306)
+    rows = tokens * m.top_k - (m.num_experts - m.num_experts / setup.ep) * align
+    return max(0.0, rows) * spec.hidden * act_bytes
