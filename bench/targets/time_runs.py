@@ -529,7 +529,8 @@ RUNS: list[dict] = [
                "memory 73.32 GiB (92.70%) = torchtitan's max_reserved from step 10 to 40 (58.28 GiB at step 1), tps "
                "11,254-11,758 over steps 10-40. NB: the job compiles the loss only (compile.components ['loss']), which "
                "--compile (blocks + loss) does not express: run eager (the fp32 logits the compiled loss fuses away "
-               "are counted: over-counts memory); attention is flex with a block-causal mask (modelled as flash); "
+               "are counted: over-counts memory); per-op SAC stores the MoE layers' all-to-all outputs (deepseek_v3's "
+               "save list at that commit too); attention is flex with a block-causal mask (modelled as flash); "
                "routing is modelled balanced (the router is untrained at step 10: under-counts the busiest rank)."),
     *(_mpt(*r) for r in MPT_RUNS),
     _bert("V100-16GB", "amp-fp16", 16, 128, 919.04, "Pre-training NVIDIA DGX-1 With 16G"),

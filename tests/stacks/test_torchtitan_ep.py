@@ -12,7 +12,7 @@ import pytest
 from trainfit.api import load_spec
 from trainfit.errors import SetupError
 from trainfit.analytic.params import count_params
-from trainfit.analytic.parallel.expert_memory import dispatch_bytes, expert_gather_share
+from trainfit.analytic.parallel.expert_memory import dispatch_bytes, expert_gather_share, sac_saved_all_to_all
 from trainfit.analytic.recompute import layer_params
 from trainfit.plan import emit, emit_torchtitan
 from trainfit.setup import Setup
@@ -97,6 +97,31 @@ def test_dispatch_buffer_is_one_routed_copy_less_the_padding():
     rows = 4 * 4096 * 6 - (64 - 8) * 8
     assert dispatch_bytes(spec, s, 4 * 4096, 2) == rows * 2048 * 2
     assert dispatch_bytes(spec, Setup(stack="torchtitan", dp=8, zero=3, batch=4, seq=4096), 4 * 4096, 2) == 0
+
+
+def test_op_sac_stores_deepseeks_all_to_all_outputs():
+    """deepseek_v3's per-op SAC save list holds all_to_all_single (its parallelize.py _op_sac_save_list), qwen3's does
+    not: under --recompute op each MoE layer of the former stores the dispatch and combine outputs, two
+    tokens·top_k × dim bf16 tensors (16B flavor, batch 4 × 4096: 2 × 98,304 × 2048 × 2 bytes)."""
+    _torchtitan()
+    import torch
+    from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list as deepseek
+    from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list as qwen3
+
+    a2a = torch.ops._c10d_functional.all_to_all_single.default
+    assert a2a in deepseek and a2a not in qwen3
+    kw = dict(stack="torchtitan", dp=8, zero=3, ep=8, batch=4, seq=4096)
+    assert sac_saved_all_to_all(load_spec(DSV3_16B), Setup(recompute="op", **kw), 4 * 4096, 2) \
+        == 2 * 4 * 4096 * 6 * 2048 * 2
+    assert sac_saved_all_to_all(load_spec("qwen3-30b-a3b"), Setup(recompute="op", **kw), 4 * 4096, 2) == 0
+    assert sac_saved_all_to_all(load_spec(DSV3_16B), Setup(recompute="full", **kw), 4 * 4096, 2) == 0
+    # the whole step: the 26 MoE layers' stored outputs are the saved activations' difference from EP 1
+    from trainfit.analytic.memory import train_memory
+
+    spec = load_spec(DSV3_16B)
+    ep8 = train_memory(spec, Setup(recompute="op", **kw))
+    ep1 = train_memory(spec, Setup(recompute="op", **{**kw, "ep": 1}))
+    assert ep8.activations - ep1.activations == pytest.approx(26 * 2 * 4 * 4096 * 6 * 2048 * 2, rel=1e-6)
 
 
 # -- the layouts torchtitan builds ------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from .families import family_traits
 from .gated_deltanet import linear_layers
 from .backward import Moment, layer_moments
 from .params import ParamCounts
-from .parallel.expert_memory import moe_mlp_on_rank
+from .parallel.expert_memory import moe_mlp_on_rank, sac_saved_all_to_all
 from .parallel.tensor import layer_bytes_per_rank, term_divisors
 from .precision import StateBytes
 
@@ -114,6 +114,8 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         layer_input = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
         recomputed = one_layer - saved + (0 if _saves_its_input(spec, setup, st) else layer_input) + \
             (CPU_RNG_STATE if setup.device == "cpu" else 0)
+        # torchtitan's deepseek_v3 also stores its MoE layers' all-to-all outputs (parallel/expert_memory.py)
+        saved += frac_moe * sac_saved_all_to_all(spec, setup, tokens, st.act)
         if setup.device == "cpu":
             saved += CPU_RNG_STATE  # torch/utils/checkpoint.py:1632, as under full
         if st.autocast:

@@ -68,7 +68,28 @@ def dispatch_bytes(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: floa
         return 0.0
     m = spec.moe
     align = setup.stack_facts.fact("expert_dispatch", "align")
-    if setup.tp > 1 and setup.expert_tp == 1:
-        tokens /= setup.tp  # ReordererSequenceParallel: each tp rank routes its 1/tp of the tokens (:258-306)
-    rows = tokens * m.top_k - (m.num_experts - m.num_experts / setup.ep) * align
+    rows = _routed_rows(spec, setup, tokens) - (m.num_experts - m.num_experts / setup.ep) * align
     return max(0.0, rows) * spec.hidden * act_bytes
+
+
+def _routed_rows(spec: ModelSpec, setup: Setup, tokens: float) -> float:
+    """The tokens·top_k rows one rank sends to (and, balanced, receives from) the all-to-all: under --etp 1 with
+    --tp > 1 each tp rank routes 1/tp of the tokens (ReordererSequenceParallel, expert_parallel.py:258-306)."""
+    if setup.tp > 1 and setup.expert_tp == 1:
+        tokens /= setup.tp
+    return tokens * spec.moe.top_k
+
+
+def sac_saved_all_to_all(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
+    """Bytes one MoE layer stores to its backward under torchtitan's per-op SAC when the model's save list holds
+    all_to_all_single (stacks/torchtitan.toml [expert_dispatch] op_sac_saves: deepseek_v3's): _custom_policy
+    MUST_SAVEs the dispatch's output (the rows the rank's experts receive) and the combine's (the rows sent back), two
+    tokens·top_k × hidden tensors in the routed tokens' dtype, beside the block's other stored outputs.
+    NB: balanced routing (the busiest rank receives more: under-counts there)."""
+    if setup.ep <= 1 or spec.moe is None or setup.recompute != "op":
+        return 0.0
+    facts = setup.stack_facts.facts
+    model = facts.get("moe_models", {}).get("model", {}).get(spec.family)
+    if model not in facts.get("expert_dispatch", {}).get("op_sac_saves", ()):
+        return 0.0
+    return 2 * _routed_rows(spec, setup, tokens) * spec.hidden * act_bytes
