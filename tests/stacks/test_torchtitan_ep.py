@@ -12,7 +12,8 @@ import pytest
 from trainfit.api import load_spec
 from trainfit.errors import SetupError
 from trainfit.analytic.params import count_params
-from trainfit.analytic.parallel.expert_memory import dispatch_bytes, expert_gather_share, sac_saved_all_to_all
+from trainfit.analytic.parallel.expert_memory import (dispatch_bytes, expert_gather_share, sac_saved_all_to_all,
+                                                     unsharded_stage_params)
 from trainfit.analytic.recompute import layer_params
 from trainfit.plan import emit, emit_torchtitan
 from trainfit.setup import Setup
@@ -87,6 +88,9 @@ def test_expert_fsdp_moves_only_the_efsdp_share():
     two = ((stage - routed) * 7 / 8 + routed / 2 * 3 / 4) / (stage * 7 / 8)
     assert expert_gather_share(spec, Setup(ep=2, **kw), stage, spec.layers) == pytest.approx(two)
     assert expert_gather_share(spec, Setup(**kw), stage, spec.layers) == 1.0
+    # what FSDP2's copy-out writes: the experts' E/ep, the rest whole
+    assert unsharded_stage_params(spec, Setup(ep=8, **kw), stage, spec.layers) == pytest.approx(stage - routed * 7 / 8)
+    assert unsharded_stage_params(spec, Setup(**kw), stage, spec.layers) == stage
 
 
 def test_dispatch_buffer_is_one_routed_copy_less_the_padding():

@@ -45,7 +45,7 @@ from .te_recipes import gather_saving
 from .parallel.collectives import Links, ring_allreduce
 from .parallel.context import cp_comm_seconds
 from .parallel.expert import ep_comm_seconds
-from .parallel.expert_memory import expert_gather_share
+from .parallel.expert_memory import expert_gather_share, unsharded_stage_params
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
@@ -161,7 +161,10 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     gathered -= gather_saving(spec, setup, stage_layers_n, st.param or st.weight)  # TE's fp8 param all-gather
     dp = dp_comm(gpu, setup, links, trained * (st_opt.reduce or st_opt.grad) * efsdp, gathered,
                  c.forward, c.backward + c.recompute, c.memory_share)
-    dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, stage_params, trained, stage_layers_n)
+    unsharded = unsharded_stage_params(spec, setup, stage_params, stage_layers_n)  # the experts' E/(ep·etp) under EP
+    dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, unsharded,
+                                                    trained * unsharded / stage_params if stage_params else trained,
+                                                    stage_layers_n)
 
     t_mb = c.forward + c.backward + c.recompute + tp_mb + pp_mb + cp_mb + ep_mb + dp_mb
     bubble = bubble_seconds(p, v, t_mb)

@@ -53,6 +53,17 @@ def expert_gather_share(spec: ModelSpec, setup: Setup, stage_params: float, stag
     return moved / (stage_params * (d - 1) / d)
 
 
+def unsharded_stage_params(spec: ModelSpec, setup: Setup, stage_params: float, stage_layers: int) -> float:
+    """The parameters a rank's FSDP all-gathers unshard over its stage (`stage_params`: its TP shard): under --ep > 1
+    the routed experts' E/(ep·etp) in place of E/tp (moe_mlp_on_rank), what FSDP2's copy-out writes and its
+    reduce-scatter copy-in reads (parallel/fsdp2.py copy_bytes)."""
+    if setup.ep <= 1 or spec.moe is None:
+        return stage_params
+    pc = count_params(spec)
+    moe_layers = stage_layers * pc.moe_layers / spec.layers
+    return stage_params - moe_layers * (pc.moe_mlp / setup.tp - moe_mlp_on_rank(spec, pc, setup))
+
+
 def dispatch_bytes(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
     """Bytes beside the routed tokens (of `tokens` on the rank) that one MoE layer's dispatch holds at once under
     --ep > 1, in the forward
