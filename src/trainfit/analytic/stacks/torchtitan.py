@@ -53,5 +53,13 @@ class TorchtitanModel(StackModel):
             groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
         return groups
 
+    def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
+        out = super().notes(spec, setup)
+        if setup.ep > 1 and spec.is_moe:
+            out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}, routing taken as balanced; a real "
+                       "router's busiest rank receives more tokens, and its dispatch buffers (and, under op SAC, "
+                       "deepseek_v3's stored all-to-all outputs) grow with them")
+        return out
+
 
 MODEL = TorchtitanModel()
