@@ -177,7 +177,7 @@ def quantize_sections(s: Setup, spec: ModelSpec) -> dict:
 TORCHTITAN_KEYS = {
     "job.description": "config/job_config.py:25",
     "model.name": "config/job_config.py:101; protocols/train_spec.py (get_train_spec by name)",
-    "model.flavor": "config/job_config.py:104; train.py:138 (train_spec.model_args[flavor]); models/llama3/__init__.py:29-100",
+    "model.flavor": "config/job_config.py:104; train.py:138 (train_spec.model_args[flavor]); models/llama3/__init__.py:29-100, deepseek_v3/__init__.py:29-157, qwen3/__init__.py:33-191",
     "model.hf_assets_path": "config/job_config.py:107 (tokenizer and HF assets folder)",
     "optimizer.name": "config/job_config.py:135; components/optimizer.py:314-320 (Adam, AdamW)",
     "optimizer.implementation": "config/job_config.py:151; components/optimizer.py:299-311 (fused / foreach flags)",
