@@ -525,7 +525,8 @@ RUNS: list[dict] = [
          setup=dict(stack="torchtitan", batch=4, seq=4096, dp=8, zero=3, ep=8, recompute="op", precision="amp-bf16"),
          published=11636, unit="tokens/s/GPU", published_reserved_gib=73.32,
          notes="torchtitan main of 2025-10-02 (99fee810b), deepseek_v3_16b.toml (flavor 16B = DeepSeek-V2-Lite's "
-               "shape: deepseek-v2-lite) with local_batch_size lowered to 4: FSDP 8, EP 8, ETP 1, per-op SAC, seq 4096; "
+               "shape: deepseek-v2-lite) with local_batch_size lowered (NB: to 4, the value the fix, PR #1792, then "
+               "set for 80 GB H100s; the report's text does not restate it): FSDP 8, EP 8, ETP 1, per-op SAC, seq 4096; "
                "memory 73.32 GiB (92.70%) = torchtitan's max_reserved from step 10 to 40 (58.28 GiB at step 1), tps "
                "11,254-11,758 over steps 10-40. NB: the job compiles the loss only (compile.components ['loss']), which "
                "--compile (blocks + loss) does not express: run eager (the fp32 logits the compiled loss fuses away "
