@@ -33,11 +33,11 @@ def moe_mlp_on_rank(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> float:
 
 def expert_gather_share(spec: ModelSpec, setup: Setup, stage_params: float, stage_layers: int) -> float:
     """The factor on a rank's FSDP all-gather / reduce-scatter volume with the routed experts in their own efsdp
-    group: each ring moves (n-1)/n of its group's unsharded bytes (Patarasuk & Yuan 2009), the dense part over dp
-    (its E/tp share of `stage_params`), the experts over efsdp = dp·tp/(etp·ep) with E/(ep·etp) unsharded on the
-    rank (none when efsdp = 1). 1.0 without EP, without FSDP, or on a stack without that group ([expert_parallel]
-    experts_fsdp). NB: the efsdp ring is placed on the dp ring's links (the same node
-    for ≤ 8 GPUs): the traffic, not the topology, changes."""
+    group: each ring moves (n-1)/n of its group's unsharded bytes (Patarasuk & Yuan 2009); `stage_params` counts
+    the experts at E/tp, all-gathered over dp; torchtitan gathers the rest over dp and the experts over
+    efsdp = dp·tp/(etp·ep) ranks, E/(ep·etp) unsharded on the rank (no traffic when efsdp = 1). 1.0 without EP,
+    without FSDP, or on a stack without that group ([expert_parallel] experts_fsdp). NB: the efsdp ring is placed
+    on the dp ring's links (one node for ≤ 8 GPUs): the traffic changes, not the topology."""
     d = setup.dp
     if setup.ep <= 1 or spec.moe is None or d <= 1 or stage_params <= 0 or setup.zero < 2:
         return 1.0
@@ -66,9 +66,8 @@ def unsharded_stage_params(spec: ModelSpec, setup: Setup, stage_params: float, s
 
 def dispatch_bytes(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
     """Bytes beside the routed tokens (of `tokens` on the rank) that one MoE layer's dispatch holds at once under
-    --ep > 1, in the forward
-    and again (as gradients) in the backward: the all-to-all's output (the tokens·top_k rows this rank's experts
-    receive) while _permute copies it twice (a vstack with a zero row, then the index copy padded per local expert to
+    --ep > 1, in the forward and again (as gradients) in the backward: the all-to-all's output (the tokens·top_k
+    rows this rank's experts receive) while _permute copies it twice (a vstack with a zero row, then the index copy padded per local expert to
     the alignment: expert_parallel.py:137-164, models/moe/utils.py:42-59). Without EP the same _permute runs on the
     routed tokens themselves (moe.py:163-177), so the all-to-all output is EP's extra: one copy of
     tokens·top_k × hidden, less the padding rows the permuted copy no longer has (align per expert, E/ep experts

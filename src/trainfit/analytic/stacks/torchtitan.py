@@ -1,5 +1,7 @@
 """The torchtitan stack: the base behaviour (torch FSDP2/DDP, torch.optim, clip_grad_norm_), over the models
-torchtitan builds here (its llama3 Transformer; its deepseek_v3 and qwen3 MoE models with expert parallelism); its facts (FSDP2 groups and mixed precision, rotary buffer, SAC) are stacks/torchtitan.toml."""
+torchtitan builds here (its llama3 Transformer; its deepseek_v3 and qwen3 MoE models, with expert parallelism:
+parallel/expert_memory.py); its facts (FSDP2 groups and mixed precision, rotary buffer, SAC, EP layout) are
+stacks/torchtitan.toml."""
 from __future__ import annotations
 
 from ...errors import SetupError
