@@ -56,8 +56,9 @@ def torchtitan_moe_flavor(spec: ModelSpec) -> tuple[str, str, dict] | None:
            spec.moe.top_k)
     for name, flavors in facts.items():
         for flavor, shape in flavors.items() if isinstance(flavors, dict) else ():
-            if isinstance(shape, dict) and key == (shape["dim"], shape["n_layers"], shape["n_heads"], shape["vocab_size"], shape["moe_inter_dim"],
-                       shape["num_experts"], shape["top_k"]):
+            if isinstance(shape, dict) and key == (shape["dim"], shape["n_layers"], shape["n_heads"],
+                                                   shape["vocab_size"], shape["moe_inter_dim"], shape["num_experts"],
+                                                   shape["top_k"]):
                 return name, flavor, shape
     return None
 
@@ -91,7 +92,8 @@ def torchtitan_flavor_or_error(spec: ModelSpec, engine: str = "torchtitan") -> t
                           + [f"{n} {f}" for n, fl in moe.items() if isinstance(fl, dict) for f, shape in fl.items()
                              if isinstance(shape, dict)])
         raise SetupError(f"--emit {engine}: torchtitan builds only its registry's models ({names}; "
-                         f"torchtitan/models/llama3, deepseek_v3, qwen3 __init__.py) and {spec.name} has the shape of none of them")
+                         f"torchtitan/models/llama3, deepseek_v3, qwen3 __init__.py) and {spec.name} has the shape "
+                         "of none of them")
     return got
 
 

@@ -67,8 +67,8 @@ def unsharded_stage_params(spec: ModelSpec, setup: Setup, stage_params: float, s
 def dispatch_bytes(spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
     """Bytes beside the routed tokens (of `tokens` on the rank) that one MoE layer's dispatch holds at once under
     --ep > 1, in the forward and again (as gradients) in the backward: the all-to-all's output (the tokens·top_k
-    rows this rank's experts receive) while _permute copies it twice (a vstack with a zero row, then the index copy padded per local expert to
-    the alignment: expert_parallel.py:137-164, models/moe/utils.py:42-59). Without EP the same _permute runs on the
+    rows this rank's experts receive) while _permute copies it twice (a vstack with a zero row, then the index copy
+    padded per local expert to the alignment: expert_parallel.py:137-164, models/moe/utils.py:42-59). Without EP the same _permute runs on the
     routed tokens themselves (moe.py:163-177), so the all-to-all output is EP's extra: one copy of
     tokens·top_k × hidden, less the padding rows the permuted copy no longer has (align per expert, E/ep experts
     instead of E).
