@@ -77,7 +77,8 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     check_stack_model(spec, setup)  # the models torchtitan builds: the same refusal for every engine
     if spec.is_moe:
         # (torchtitan's router counts tokens per expert with torch.histc over int64 indices, models/moe/moe.py:348,
-        # which has no CPU kernel: its MoE models do not step on this CPU)
+        # which has no CPU kernel, and ExpertParallel's _permute fills its indices with a Triton kernel,
+        # models/moe/utils.py:47-53, kernels.py:90, 207: its MoE models and their EP do not step on this CPU)
         raise EngineUnavailableError(f"--stack torchtitan: the trace and measure engines build torchtitan's llama3 "
                                      f"Transformer; {spec.name}'s MoE model (torchtitan's deepseek_v3 / qwen3, with "
                                      "its expert parallelism) is analytic-only: use --engine analytic")
