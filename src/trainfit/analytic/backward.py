@@ -31,6 +31,7 @@ from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, res
 from . import clamped_swiglu as swiglu
 from . import sink_attention as sinks
 from .families import family_traits
+from .parallel.expert_memory import dispatch_bytes
 from .precision import StateBytes
 
 
@@ -90,7 +91,9 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         pending = incoming + (st.residual * h * tokens / sp if m.shared_gate else 0)
         # (a) its backward: the gradient arriving through the final sum (expanded to S×h), the reordered output's
         # and the down output's gradients (S×h each, that dtype)
-        moments = [Moment(recomputed + pending + 3 * routed * h * wb, 0.0)]
+        # under expert parallelism the combine's all-to-all backward holds its input and output gradients at once
+        # (parallel/expert_memory.py dispatch_bytes)
+        moments = [Moment(recomputed + pending + 3 * routed * h * wb + dispatch_bytes(spec, setup, tokens, a), 0.0)]
         if setup.recompute == "full":
             # the re-run forward's own high point, at that multiply: the sum's expanded gradient (computed before
             # the re-run starts: it needs no saved tensor) beside the multiply's output; a CPU kernel multiplying
@@ -120,8 +123,10 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
                                       + swiglu.rerun_gate_extra(spec, ex, a) * tokens / t, 0.0))
         # (b) the activation's backward: down's input gradient beside the product rule's two (S×i each), with the
         # product (down's input) and down's output freed; the grouped down_proj weight gradient (all experts at once)
+        # (the rank's experts: E/(ep·etp) of them under expert parallelism, parallel/expert_memory.py)
+        experts_split = t if setup.ep <= 1 else setup.ep * setup.expert_tp
         moments.append(Moment(recomputed + pending + ex * routed * (2 * m.expert_intermediate - h),
-                              m.num_experts * h * m.expert_intermediate / t))
+                              m.num_experts * h * m.expert_intermediate / experts_split))
     else:
         mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t

@@ -27,6 +27,7 @@ from .families import family_traits
 from .gated_deltanet import linear_layers
 from .backward import Moment, layer_moments
 from .params import ParamCounts
+from .parallel.expert_memory import moe_mlp_on_rank, sac_saved_all_to_all
 from .parallel.tensor import layer_bytes_per_rank, term_divisors
 from .precision import StateBytes
 
@@ -113,6 +114,8 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         layer_input = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
         recomputed = one_layer - saved + (0 if _saves_its_input(spec, setup, st) else layer_input) + \
             (CPU_RNG_STATE if setup.device == "cpu" else 0)
+        # torchtitan's deepseek_v3 also stores its MoE layers' all-to-all outputs (parallel/expert_memory.py)
+        saved += frac_moe * sac_saved_all_to_all(spec, setup, tokens, st.act)
         if setup.device == "cpu":
             saved += CPU_RNG_STATE  # torch/utils/checkpoint.py:1632, as under full
         if st.autocast:
@@ -286,6 +289,9 @@ def layer_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, moe: bool | Non
     """One (average) layer's parameters on one TP rank (norms replicated, as parallel/tensor.py:rank_params);
     `moe` True/False: a layer of that kind (DeepSeek's first_k_dense_replace dense layers come first, so the
     backward starts in an MoE layer, whose expert gradients are the ones made by its high points)."""
+    # an MoE layer's MLP on the rank, in TP-shard units: its routed experts split over ep × etp under expert
+    # parallelism (parallel/expert_memory.py)
+    moe_mlp = pc.moe_mlp if setup.ep <= 1 else moe_mlp_on_rank(spec, pc, setup) * setup.tp
     if moe is not None and pc.dense_layers and pc.moe_layers:
-        return pc.norms + (pc.attention + (pc.moe_mlp if moe else pc.mlp)) / setup.tp
-    return pc.norms + (pc.attention + (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers) / setup.tp
+        return pc.norms + (pc.attention + (moe_mlp if moe else pc.mlp)) / setup.tp
+    return pc.norms + (pc.attention + (pc.mlp * pc.dense_layers + moe_mlp * pc.moe_layers) / spec.layers) / setup.tp

@@ -174,7 +174,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     rb = st_opt.reduce or st_opt.grad
     dp = dp_comm(gpu, setup, links, dense_n * rb, gathered, c.forward, c.backward + c.recompute, c.memory_share,
                  expert_n * rb, expert_gathered)
-    dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, stage_params, trained, stage_layers_n)
+    # FSDP2's copy-out writes and its copy-in reads what the rank unshards: under --ep its experts' E/(ep·etp)
+    dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, held + held_experts, trained,
+                                                    stage_layers_n)
 
     t_mb = c.forward + c.backward + c.recompute + tp_mb + pp_mb + cp_mb + ep_mb + dp_mb
     bubble = bubble_seconds(p, v, t_mb)

@@ -46,10 +46,29 @@ def torchtitan_ffn(shape: dict) -> int:
     return m * ((hidden + m - 1) // m)
 
 
+def torchtitan_moe_flavor(spec: ModelSpec) -> tuple[str, str, dict] | None:
+    """(model name, flavor, shape) of the torchtitan MoE model (stacks/torchtitan.toml [moe_models]: deepseek_v3,
+    qwen3) whose width, depth, heads, vocabulary, expert width, expert count and top-k equal `spec`'s, else None."""
+    facts = get_stack("torchtitan").facts.get("moe_models", {})
+    if spec.moe is None or spec.family not in facts.get("families", ()):
+        return None
+    key = (spec.hidden, spec.layers, spec.heads, spec.vocab, spec.moe.expert_intermediate, spec.moe.num_experts,
+           spec.moe.top_k)
+    for name, flavors in facts.items():
+        for flavor, shape in flavors.items() if isinstance(flavors, dict) else ():
+            if isinstance(shape, dict) and key == (shape["dim"], shape["n_layers"], shape["n_heads"],
+                                                   shape["vocab_size"], shape["moe_inter_dim"], shape["num_experts"],
+                                                   shape["top_k"]):
+                return name, flavor, shape
+    return None
+
+
 def torchtitan_flavor(spec: ModelSpec) -> tuple[str, str, dict] | None:
     """(model name, flavor, shape) of the torchtitan registry model whose shape equals `spec`'s, else None.
     torchtitan builds models from its registry only (stacks/torchtitan.toml [models]): Llama blocks with RMSNorm,
-    SwiGLU, RoPE, untied embeddings and no biases."""
+    SwiGLU, RoPE, untied embeddings and no biases; and its MoE models ([moe_models], torchtitan_moe_flavor)."""
+    if spec.moe is not None:
+        return torchtitan_moe_flavor(spec)
     if (not spec.causal or spec.moe is not None or not spec.gated_mlp or spec.norm != "rmsnorm"
             or spec.positions != "rotary" or spec.tied_embeddings or spec.qkv_bias or spec.out_bias or spec.mlp_bias
             or spec.qk_norm or spec.parallel_residual or spec.norms_per_layer != 2 or spec.sliding_window
@@ -68,9 +87,13 @@ def torchtitan_flavor(spec: ModelSpec) -> tuple[str, str, dict] | None:
 def torchtitan_flavor_or_error(spec: ModelSpec, engine: str = "torchtitan") -> tuple[str, str, dict]:
     got = torchtitan_flavor(spec)
     if got is None:
-        names = ", ".join(f"{n} {f}" for n, fl in get_stack("torchtitan").models().items() for f in fl)
+        moe = get_stack("torchtitan").facts.get("moe_models", {})
+        names = ", ".join([f"{n} {f}" for n, fl in get_stack("torchtitan").models().items() for f in fl]
+                          + [f"{n} {f}" for n, fl in moe.items() if isinstance(fl, dict) for f, shape in fl.items()
+                             if isinstance(shape, dict)])
         raise SetupError(f"--emit {engine}: torchtitan builds only its registry's models ({names}; "
-                         f"torchtitan/models/llama3/__init__.py) and {spec.name} has the shape of none of them")
+                         f"torchtitan/models/llama3, deepseek_v3, qwen3 __init__.py) and {spec.name} has the shape "
+                         "of none of them")
     return got
 
 
@@ -93,6 +116,8 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
     parallelism = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                    "tensor_parallel_degree": s.tp, "pipeline_parallel_degree": s.pp,
                    "context_parallel_degree": 1}
+    if s.ep > 1:  # the routed experts over ep ranks borrowed from dp_shard (× tp with etp 1): parallel_dims.py:136-158
+        parallelism.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
     if shard > 1:
         # ZeRO-3: "default" reshards every block after its forward but not [norm, output] (the stack fact
         # fsdp.reshard_last = false) — unless pipelining, where "default" means never (parallelize.py:319-327)
@@ -109,7 +134,8 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
     else:  # layer:N
         ac = {"mode": "selective", "selective_ac_option": s.recompute.split(":", 1)[1]}
     out = {
-        "job": {"description": f"trainfit plan: {spec.name}, dp {s.dp} x tp {s.tp} x pp {s.pp}, ZeRO-{s.zero}, "
+        "job": {"description": f"trainfit plan: {spec.name}, dp {s.dp} x tp {s.tp} x pp {s.pp}"
+                               f"{f' (ep {s.ep})' if s.ep > 1 else ''}, ZeRO-{s.zero}, "
                                f"{s.recompute} recompute, {s.precision}"},
         "model": {"name": found[0], "flavor": found[1], "hf_assets_path": found[2]["hf_assets_path"]} if found else None,
         "optimizer": {"name": {"adam": "Adam", "adamw": "AdamW"}[s.optimizer], "implementation": s.optimizer_kernel},
@@ -153,7 +179,7 @@ def quantize_sections(s: Setup, spec: ModelSpec) -> dict:
 TORCHTITAN_KEYS = {
     "job.description": "config/job_config.py:25",
     "model.name": "config/job_config.py:101; protocols/train_spec.py (get_train_spec by name)",
-    "model.flavor": "config/job_config.py:104; train.py:138 (train_spec.model_args[flavor]); models/llama3/__init__.py:29-100",
+    "model.flavor": "config/job_config.py:104; train.py:138 (train_spec.model_args[flavor]); models/llama3/__init__.py:29-100, deepseek_v3/__init__.py:29-157, qwen3/__init__.py:33-191",
     "model.hf_assets_path": "config/job_config.py:107 (tokenizer and HF assets folder)",
     "optimizer.name": "config/job_config.py:135; components/optimizer.py:314-320 (Adam, AdamW)",
     "optimizer.implementation": "config/job_config.py:151; components/optimizer.py:299-311 (fused / foreach flags)",
@@ -174,6 +200,8 @@ TORCHTITAN_KEYS = {
     "parallelism.pipeline_parallel_first_stage_less_layers": "config/job_config.py:377; distributed/pipeline_parallel.py:65-66",
     "parallelism.pipeline_parallel_last_stage_less_layers": "config/job_config.py:383",
     "parallelism.context_parallel_degree": "config/job_config.py:428",
+    "parallelism.expert_parallel_degree": "config/job_config.py:454; distributed/parallel_dims.py:136-158 (ep carved from dp_shard × cp × tp)",
+    "parallelism.expert_tensor_parallel_degree": "config/job_config.py:464 (1 or tp; parallel_dims.py:58-59)",
     "activation_checkpoint.mode": "config/job_config.py:652; distributed/activation_checkpoint.py:159-191",
     "activation_checkpoint.selective_ac_option": "config/job_config.py:655; distributed/activation_checkpoint.py:27-50 (every N-th block), 52-137 (op: per-op SAC)",
     "compile.enable": "config/job_config.py:722",

@@ -135,7 +135,7 @@ class Setup:
     ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "
                       "tp).", maximum=limits.RANKS, minimum=1, example="8", group="parallel")
     etp: Optional[int] = setting(None, "Expert tensor-parallel degree (each expert's matrices split over etp ranks).",
-                                 maximum=limits.RANKS, minimum=1, auto="--tp (Megatron's default)",
+                                 maximum=limits.RANKS, minimum=1, auto="--tp (Megatron's default; torchtitan's is 1)",
                                  example="1", group="parallel")
     moe_dispatcher: Optional[str] = setting(None, "MoE token dispatcher (Megatron's --moe-token-dispatcher-type, "
                                             "with flex: --moe-flex-dispatcher-backend): alltoall (each token's top-k "
@@ -399,8 +399,12 @@ class Setup:
 
     @property
     def expert_tp(self) -> int:
-        """Expert tensor-parallel degree: --etp, else --tp (Megatron's expert_tensor_parallel_size default)."""
-        return self.etp if self.etp is not None else self.tp
+        """Expert tensor-parallel degree: --etp, else the stack's default ([expert_parallel] etp_default: torchtitan's
+        expert_tensor_parallel_degree = 1), else --tp (Megatron's expert_tensor_parallel_size default)."""
+        if self.etp is not None:
+            return self.etp
+        default = self.stack_facts.facts.get("expert_parallel", {}).get("etp_default")
+        return self.tp if default is None else default
 
     @property
     def expert_dp(self) -> int:

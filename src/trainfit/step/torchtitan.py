@@ -75,6 +75,13 @@ def check(spec: "ModelSpec", setup: "Setup") -> None:
     from ..analytic.layout import check_stack_model
 
     check_stack_model(spec, setup)  # the models torchtitan builds: the same refusal for every engine
+    if spec.is_moe:
+        # (torchtitan's router counts tokens per expert with torch.histc over int64 indices, models/moe/moe.py:348,
+        # which has no CPU kernel, and ExpertParallel's _permute fills its indices with a Triton kernel,
+        # models/moe/utils.py:47-53, kernels.py:90, 207: its MoE models and their EP do not step on this CPU)
+        raise EngineUnavailableError(f"--stack torchtitan: the trace and measure engines build torchtitan's llama3 "
+                                     f"Transformer; {spec.name}'s MoE model (torchtitan's deepseek_v3 / qwen3, with "
+                                     "its expert parallelism) is analytic-only: use --engine analytic")
     # (precisions and optimizers torchtitan lacks never reach here: Setup refuses them from stacks/torchtitan.toml)
     if setup.attention == "eager":
         raise EngineUnavailableError("--attention eager: torchtitan's llama3 attention is SDPA (attn_type sdpa, "

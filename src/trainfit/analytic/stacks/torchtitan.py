@@ -1,5 +1,7 @@
-"""The torchtitan stack: the base behaviour (torch FSDP2/DDP, torch.optim, clip_grad_norm_), over the one model
-torchtitan builds here; its facts (FSDP2 groups and mixed precision, rotary buffer, SAC) are stacks/torchtitan.toml."""
+"""The torchtitan stack: the base behaviour (torch FSDP2/DDP, torch.optim, clip_grad_norm_), over the models
+torchtitan builds here (its llama3 Transformer; its deepseek_v3 and qwen3 MoE models, with expert parallelism:
+parallel/expert_memory.py); its facts (FSDP2 groups and mixed precision, rotary buffer, SAC, EP layout) are
+stacks/torchtitan.toml."""
 from __future__ import annotations
 
 from ...errors import SetupError
@@ -16,7 +18,21 @@ class TorchtitanModel(StackModel):
         and output)."""
         if setup.mode != "train":
             return
-        if spec.family != "llama" or spec.is_moe or not spec.causal:
+        moe_families = setup.stack_facts.fact("moe_models", "families")
+        if spec.is_moe and spec.family in moe_families:
+            # torchtitan's deepseek_v3 / qwen3 MoE models (stacks/torchtitan.toml [moe_models]); their routed experts
+            # are GroupedExperts parameters, which the Linear converters leave in bf16 and quantize.grouped_mm's
+            # converters (config/job_config.py:755-810) quantize: neither modelled here
+            lp = getattr(setup, "low_precision", "none")
+            if lp != "none":
+                raise SetupError(f"--low-precision {lp} on torchtitan's MoE model {spec.name}: its experts' grouped "
+                                 "GEMMs (quantize.grouped_mm) are not modelled; drop --low-precision")
+            return
+        if spec.is_moe:
+            raise SetupError(f"--stack torchtitan: {spec.name} is a {spec.family} mixture of experts; trainfit models "
+                             f"torchtitan's MoE models of model_type {', '.join(moe_families)} (its deepseek_v3 and "
+                             "qwen3 MoE flavors): use --stack hf or --stack megatron")
+        if spec.family != "llama" or not spec.causal:
             raise SetupError(f"--stack torchtitan runs torchtitan's Llama3 Transformer, which builds llama-family "
                              f"models (model_type llama) only; {spec.name} is {spec.family}: use --stack hf")
         if spec.tied_embeddings:
@@ -29,6 +45,23 @@ class TorchtitanModel(StackModel):
             raise SetupError(f"--stack torchtitan: {spec.name} has head_dim {spec.head_dim} x {spec.heads} heads != "
                              f"hidden {spec.hidden}; torchtitan's llama3 derives head_dim = dim // n_heads: use "
                              "--stack hf")
+
+    def communicators(self, setup: Setup) -> dict[str, int]:
+        """The base groups, and with expert parallelism the sparse mesh's ep and efsdp groups (torchtitan
+        distributed/parallel_dims.py:154-177: efsdp = dp_shard·tp // (etp·ep), Setup.expert_dp under FSDP; the
+        mesh's etp innermost, as overheads.py places Megatron's expert groups)."""
+        groups = super().communicators(setup)
+        if setup.ep > 1:
+            groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
+        return groups
+
+    def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
+        out = super().notes(spec, setup)
+        if setup.ep > 1 and spec.is_moe:
+            out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}, routing taken as balanced; a real "
+                       "router's busiest rank receives more tokens, and its dispatch buffers (and, under op SAC, "
+                       "deepseek_v3's stored all-to-all outputs) grow with them")
+        return out
 
 
 MODEL = TorchtitanModel()
