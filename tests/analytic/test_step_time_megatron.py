@@ -59,7 +59,7 @@ def test_expert_parallel_all_to_all():
     gpu = get_gpu("H100-80GB")
     kw = dict(stack="megatron", precision="bf16-master", tp=1, pp=1, dp=8, seq=4096, batch=1, recompute="full")
     none = layout_step_time(spec, Setup(ep=1, **kw), gpu)
-    ep8 = layout_step_time(spec, Setup(ep=8, **kw), gpu)
+    ep8 = layout_step_time(spec, Setup(ep=8, moe_imbalance=1.0, **kw), gpu)  # balanced routing (moe_imbalance.py)
     assert none.ep_comm == 0
     # dispatch + combine, forward + backward: 4 all-to-alls of 4096 tokens × top-2 × 4096 hidden × 2 B, 7/8 leaving,
     # over NVLink (450 GB/s line rate, ~370 GB/s NCCL busbw: nccl-tests#212) on each of the 32 layers
