@@ -21,7 +21,7 @@ Sources:
   * communication: each parallel axis owns its term beside its memory, with its sources and what it overlaps —
     parallel/tensor.py (TP/SP all-reduces), pipeline.py (sends and the bubble; layers per stage follow --pp-split,
     the slowest stage sets the pace), context.py (ring attention), expert.py (all-to-alls), zero.py (DP/ZeRO
-    gradient and weight collectives), fsdp2.py (FSDP2's copies); collectives.py: the ring model, the links and the
+    gradient and weight collectives), fsdp2.py (FSDP2's copies); collectives.py: NCCL's cost model, the links and the
     ranks' placement. Tensor-parallel all-reduces, pipeline sends and expert all-to-alls are on the critical path;
     ring attention hides behind the attention, data parallelism behind the backward (and ZeRO-3's forward).
 """
@@ -42,7 +42,7 @@ from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .te_recipes import gather_saving
-from .parallel.collectives import Links, ring_allreduce
+from .parallel.collectives import Links, ranks_per_node
 from .parallel.context import cp_comm_seconds
 from .parallel.expert import ep_comm_seconds
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
@@ -157,7 +157,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     gathered = stage_params * (st.param or st.weight)
     gathered -= gather_saving(spec, setup, stage_layers_n, st.param or st.weight)  # TE's fp8 param all-gather
     dp = dp_comm(gpu, setup, links, trained * (st_opt.reduce or st_opt.grad), gathered,
-                 c.forward, c.backward + c.recompute, c.memory_share)
+                 c.forward, c.backward + c.recompute, c.memory_share, stage_layers_n)
     dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, stage_params, trained, stage_layers_n)
 
     t_mb = c.forward + c.backward + c.recompute + tp_mb + pp_mb + cp_mb + ep_mb + dp_mb
@@ -214,14 +214,13 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
 
 
 def clip_allreduce_seconds(setup: Setup, clip: ClipWork, links: Links) -> float:
-    """The clip's all-reduces of its norm (grad_clip.ClipWork.allreduces), by the ring model over their group, placed
-    as the step's other groups are (parallel/collectives.py). NB: a few bytes each, so the ring's bandwidth term is
-    ~0 and its latency, which the comm model leaves out, is all of it: optimistic by a small-message all-reduce's
-    latency (tens of µs) per group."""
-    t, p = setup.tp, setup.pp
-    spans = {"dp": (setup.dp * setup.cp, t * p * setup.dp * setup.cp), "model": (t * p, t * p),
-             "world": (setup.world_size, setup.world_size)}
-    return sum(ring_allreduce(spans[g][0], nbytes, links.over(spans[g][1])) for g, nbytes in clip.allreduces)
+    """The clip's all-reduces of its norm (grad_clip.ClipWork.allreduces) over their group, by NCCL's model, placed as
+    the step's other groups are (parallel/collectives.py: tp-cp-dp-pp). A few bytes each: the latency is all of it."""
+    t, p, dpc, node = setup.tp, setup.pp, setup.dp * setup.cp, links.gpus_per_node
+    groups = {"dp": (dpc, ranks_per_node(t, dpc, node)),
+              "model": (t * p, t * ranks_per_node(t * dpc, p, node)),
+              "world": (setup.world_size, min(setup.world_size, node))}
+    return sum(links.allreduce(*groups[g], nbytes) for g, nbytes in clip.allreduces)
 
 
 def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> float:

@@ -26,7 +26,7 @@ from ...setup import Setup
 from ..overlap import exposed
 from ..params import ParamCounts
 from ..precision import StateBytes
-from .collectives import Links, ring_allreduce, ring_half
+from .collectives import Links, ranks_per_node
 from .pipeline import Stage
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
@@ -176,31 +176,37 @@ class DataParallelComm(NamedTuple):
 
 
 def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_bytes: float, forward: float,
-            backward: float, mem_share: float) -> DataParallelComm:
+            backward: float, mem_share: float, layers: int = 1) -> DataParallelComm:
     """The busiest rank's `grad_bytes` of gradients and `weight_bytes` of weights, exchanged over the dp × cp ranks
     per ZeRO stage, overlapped with a micro-batch's `forward` and `backward` (with recompute) seconds, whose
-    memory-bound share `mem_share` the collectives' HBM traffic slows (overlap.py)."""
+    memory-bound share `mem_share` the collectives' HBM traffic slows (overlap.py). Each collective call pays NCCL's
+    latency: ZeRO-3 / FSDP gathers and reduces each of the stage's `layers` (one unit each, as torchtitan's
+    fully_shard per block) in its own call.
+    NB: ZeRO 0-2 are timed as one call per step (their buckets' sizes are the stacks' own: torch DDP 25 MiB,
+    Megatron max(40M, 1M × dp) elements or one buffer without overlap_grad_reduce, megatron/core/distributed/
+    distributed_data_parallel.py:62-68 in megatron-core 0.16.1): optimistic by a latency per further bucket."""
     m, z = setup.grad_accum, setup.zero
     dpc = setup.dp * setup.cp
-    within = links.within_node(setup.tp * setup.pp * dpc)
-    bw = links.intra if within else links.inter
-    bucket_t = ring_allreduce(dpc, min(BUCKET_BYTES, grad_bytes), bw)
+    # the dp × cp group's ranks sit tp apart (placement tp-cp-dp-pp, collectives.py): g of them on each node
+    g = ranks_per_node(setup.tp, dpc, links.gpus_per_node)
+    within = g >= dpc
+    bw = links.bus(dpc, g)  # the link its traffic loads the HBM at (overlap.py)
+    bucket_t = links.allreduce(dpc, g, min(BUCKET_BYTES, grad_bytes))
     per_mb = once = total = 0.0
     if dpc > 1:
+        calls = max(1, layers) if z >= 3 else 1
+        rs, ag = links.reduce_scatter(dpc, g, grad_bytes, calls), links.all_gather(dpc, g, weight_bytes, calls)
         if z == 0:
-            total = ring_allreduce(dpc, grad_bytes, bw)
+            total = links.allreduce(dpc, g, grad_bytes, calls)
             once = max(exposed(gpu, total, backward, mem_share, bw), bucket_t)
         elif z == 1:
-            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
             total = rs + ag
             once = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) + ag
         elif z == 2:
-            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
             total = m * rs + ag
             per_mb = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2)
             once = ag
         else:
-            rs, ag = ring_half(dpc, grad_bytes, bw), ring_half(dpc, weight_bytes, bw)
             total = m * (2 * ag + rs)
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
             per_mb = (exposed(gpu, ag, forward, mem_share, bw)
