@@ -14,9 +14,9 @@ its communication with these.
     tree channel per NIC: a data-parallel group of 8 ranks per node drives all 8 NICs, one of 1 rank per node its
     own rail only).
   * placement (ranks_per_node): tensor-parallel ranks innermost, then context, expert/data, pipeline outermost, as
-    Megatron's RankGenerator order 'tp-cp-ep-dp-pp' (megatron/core/parallel_state.py, megatron-core 0.16.1:
-    initialize_model_parallel's order default) and torchtitan's mesh ["pp", "dp_replicate", "dp_shard", "cp", "tp"]
-    (torchtitan/distributed/parallel_dims.py, 0.2.2: the last dimension varies fastest).
+    Megatron's RankGenerator order 'tp-cp-ep-dp-pp' (megatron/core/parallel_state.py:562, megatron-core 0.16.1:
+    initialize_model_parallel's order default) and torchtitan's meshes ["pp", "dp_replicate", "fsdp", "tp"]
+    (torchtitan/distributed/parallel_dims.py:96-98, 0.2.2: the last dimension varies fastest).
 NB: the LL protocol (small messages below ~64 KiB) is not modelled: pessimistic there by tens of µs. NB: channel
 counts are not modelled, so the per-channel caps of LL128 and tree (tuning.cc:172-189, 280-283) are left out:
 optimistic where they bind (few channels). NB: the graph search's extra inter-node latency (graph->latencyInter,
