@@ -29,7 +29,8 @@ def test_json_has_every_field_and_notes():
     assert isinstance(raw["notes"], str) and "dense" in raw["notes"].lower()
     # the file's memory is nvidia-smi's total; GPU.memory is CUDA's (cuda_memory, with its own source); a catalog
     # GPU's kernel data is its own (kernels defaults to its name)
-    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory", "kernels", "tdp_watts"}
+    # (cluster: the nodes a run places it in, --cluster; no file field)
+    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory", "kernels", "tdp_watts", "cluster"}
     for entry in raw["gpus"]:
         assert set(entry) - {"cuda_memory", "cuda_memory_source"} == fields, entry.get("name")
         assert isinstance(entry["aliases"], list)
@@ -297,6 +298,7 @@ def test_user_gpu_file_round_trip(tmp_path, fmt):
     entry = {f.name: getattr(h, f.name) for f in dataclasses.fields(GPU)} | {"aliases": list(h.aliases)}
     entry |= {"memory": h.smi_memory, "cuda_memory": entry.pop("smi_memory") and h.memory}
     entry.pop("tdp_watts")  # the board's own power, a file's power_watts
+    entry.pop("cluster")  # the nodes a run places it in (--cluster), not the GPU's
     again = tmp_path / "h100.json"
     again.write_text(json.dumps(entry))
     assert load_gpu_file(str(again)) == h and load_gpu_file(str(again)).aliases == h.aliases

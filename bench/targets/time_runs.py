@@ -252,6 +252,8 @@ AO_TRAINING = ("https://github.com/pytorch/ao/blob/36027d82d1ad9949597ea16002ff4
                "training.md")
 TT_MXFP8 = ("https://github.com/pytorch/torchtitan/blob/b5bcd76c66d0acb1a08b176d9639425bc55e0b2a/torchtitan/"
             "components/quantization/mxfp8.md")
+TT_A100 = ("https://github.com/pytorch/torchtitan/blob/1ea476e9f24be439eda358aa864f45c1c37a8a88/docs/"
+           "performance.md")
 TT_ASYNCTP = ("https://github.com/pytorch/torchtitan/blob/2887250bbd9103d0bc997ea2efb3a525b5e5dbc0/benchmarks/"
               "asyncTP_llama3_h100_2025-06_torchtitan.md")
 MBRIDGE = ("https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/docs/"
@@ -602,6 +604,22 @@ RUNS: list[dict] = [
         dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 829,
         "Local batch 16 per FSDP rank run as one micro-batch (no pipeline, no accumulation). Seq 8192 "
         "(torchtitan's llama3_70b.toml)."),
+    # torchtitan's first published numbers (Apr 2024): FSDP2 over 64 A100-80GB (8 nodes of 8, 200 Gb/s HDR per GPU),
+    # no compile, bf16 parameters with fp32 reductions; the issue-40 run (Llama 2 70B at 11.5 s a step)
+    *(dict(id=f"tt-a100-{m}-fsdp64-b{b}-{ac}", source=f"{TT_A100} '{table}' table, row '{row}'", gpu="A100-80GB",
+           model=model,
+           setup=dict(stack="torchtitan", batch=b, seq=seq, dp=64, zero=3, recompute=ac, precision="amp-bf16",
+                      attention="flash2"),
+           published=tps, unit="tokens/s/GPU",
+           notes="torchtitan at 1ea476e9 (2024-04-24), FSDP2 1D over 64 A100 80GB; SDPA's FlashAttention-2 (torch "
+                 "2.3). Llama 2's sequence 4096, Llama 3's 8192 (the page's text).")
+      for m, model, seq, b, ac, table, row, tps in (
+          ("llama2-70b", "llama-2-70b", 4096, 1, "op", "Llama 2 performance numbers", "70B | 1 | selective op", 355),
+          ("llama2-70b", "llama-2-70b", 4096, 2, "full", "Llama 2 performance numbers", "70B | 2 | full", 353),
+          ("llama2-13b", "llama-2-13b", 4096, 2, "none", "Llama 2 performance numbers", "13B | 2 | no", 2162),
+          ("llama3-70b", "llama-3.1-70b", 8192, 1, "full", "Llama 3 performance numbers", "70B | 1 | full", 331),
+          ("llama3-8b", "llama-3.1-8b", 8192, 1, "op", "Llama 3 performance numbers", "8B | 1 | selective op",
+           2973))),
     *(dict(id=f"tt-h200-8b-fsdp{n}", source=f"{TT_H200}, Results table, row NUM_NODES {n // 8}", gpu="H200",
            model="llama-3.1-8b",
            setup=dict(stack="torchtitan", batch=2, seq=8192, dp=n, zero=3, recompute="op", compile=True,

@@ -49,9 +49,10 @@ def token_model(model: str, command: str):
 
 
 def load_gpu(name: str | None, price: float | None = None, memory: float | None = None,
-             power_limit: float | None = None):
+             power_limit: float | None = None, cluster: str | None = None):
     """The GPU `--gpu` names (a catalog name or a .json/.toml file), with --price (USD/h), --gpu-memory (GiB) and
-    --power-limit (W) replacing its own price, memory and board power."""
+    --power-limit (W) replacing its own price, memory and board power, in the nodes of --cluster (a catalog name or
+    a .toml file; cluster.py)."""
     if name is None:
         if price is not None:
             raise SetupError("--price needs --gpu")
@@ -59,15 +60,21 @@ def load_gpu(name: str | None, price: float | None = None, memory: float | None 
             raise SetupError("--gpu-memory replaces a GPU's memory, which needs --gpu (see `trainfit gpus`)")
         if power_limit is not None:
             raise SetupError("--power-limit caps a GPU's board power, which needs --gpu (see `trainfit gpus`)")
+        if cluster is not None:
+            raise SetupError("--cluster places GPUs in nodes, which needs --gpu (see `trainfit gpus`)")
         return None
     from .hardware import resolve_gpu
 
-    return resolve_gpu(name).with_price(price).with_memory(memory).with_power_limit(power_limit)
+    from .cluster import resolve_cluster, with_cluster
+
+    gpu = resolve_gpu(name).with_price(price).with_memory(memory).with_power_limit(power_limit)
+    return with_cluster(gpu, resolve_cluster(cluster) if cluster is not None else None)
 
 
 def gpu_of(req: Request):
-    """The request's GPU: --gpu with its --price, --gpu-memory and --power-limit (trainfit.setup.GPU_SETTINGS)."""
-    return load_gpu(req.gpu, req.price, req.gpu_memory, req.power_limit)
+    """The request's GPU: --gpu with its --price, --gpu-memory, --power-limit and --cluster
+    (trainfit.setup.GPU_SETTINGS)."""
+    return load_gpu(req.gpu, req.price, req.gpu_memory, req.power_limit, req.cluster)
 
 
 def resolve(req: Request, spec=None):

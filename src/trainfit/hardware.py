@@ -7,7 +7,7 @@ import json
 import math
 import os
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 
@@ -37,6 +37,8 @@ class GPU:
     # the board's own power (TDP) at which its datasheet peaks hold, before a run's --power-limit lowered
     # power_watts (0: power_watts); roofline.power_clock scales the compute rates by the two's clocks
     tdp_watts: float = 0.0
+    # the cluster.Cluster it runs in (--cluster: cluster.with_cluster); None: its usual node (cluster.usual_node)
+    cluster: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not self.smi_memory:

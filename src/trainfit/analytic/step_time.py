@@ -21,7 +21,7 @@ Sources:
   * communication: each parallel axis owns its term beside its memory, with its sources and what it overlaps —
     parallel/tensor.py (TP/SP all-reduces), pipeline.py (sends and the bubble; layers per stage follow --pp-split,
     the slowest stage sets the pace), context.py (ring attention), expert.py (all-to-alls), zero.py (DP/ZeRO
-    gradient and weight collectives), fsdp2.py (FSDP2's copies); collectives.py: the ring model, the links and the
+    gradient and weight collectives), fsdp2.py (FSDP2's copies); collectives.py: NCCL's cost model, the links and the
     ranks' placement. Tensor-parallel all-reduces, pipeline sends and expert dispatch/combine are on the critical
     path (the latter hidden behind another micro-batch under --overlap-moe-comm); ring attention hides behind the
     attention, data parallelism behind the backward (and ZeRO-3's forward).
@@ -43,7 +43,7 @@ from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .te_recipes import gather_saving
-from .parallel.collectives import Links, ring_allreduce
+from .parallel.collectives import Links, ranks_per_node
 from .parallel.context import cp_comm_seconds
 from .parallel.expert import ep_comm_seconds, exposed_ep_seconds, split_params
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
@@ -173,7 +173,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         if held_experts else 0.0
     rb = st_opt.reduce or st_opt.grad
     dp = dp_comm(gpu, setup, links, dense_n * rb, gathered, c.forward, c.backward + c.recompute, c.memory_share,
-                 expert_n * rb, expert_gathered)
+                 expert_n * rb, expert_gathered, stage_layers_n)
     # FSDP2's copy-out writes and its copy-in reads what the rank unshards: under --ep its experts' E/(ep·etp)
     dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, held + held_experts, trained,
                                                     stage_layers_n)
@@ -238,14 +238,13 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
 
 
 def clip_allreduce_seconds(setup: Setup, clip: ClipWork, links: Links) -> float:
-    """The clip's all-reduces of its norm (grad_clip.ClipWork.allreduces), by the ring model over their group, placed
-    as the step's other groups are (parallel/collectives.py). NB: a few bytes each, so the ring's bandwidth term is
-    ~0 and its latency, which the comm model leaves out, is all of it: optimistic by a small-message all-reduce's
-    latency (tens of µs) per group."""
-    t, p = setup.tp, setup.pp
-    spans = {"dp": (setup.dp * setup.cp, t * p * setup.dp * setup.cp), "model": (t * p, t * p),
-             "world": (setup.world_size, setup.world_size)}
-    return sum(ring_allreduce(spans[g][0], nbytes, links.over(spans[g][1])) for g, nbytes in clip.allreduces)
+    """The clip's all-reduces of its norm (grad_clip.ClipWork.allreduces) over their group, by NCCL's model, placed as
+    the step's other groups are (parallel/collectives.py: tp-cp-dp-pp). A few bytes each: the latency is all of it."""
+    t, p, dpc, node = setup.tp, setup.pp, setup.dp * setup.cp, links.gpus_per_node
+    groups = {"dp": (dpc, ranks_per_node(t, dpc, node)),
+              "model": (t * p, t * ranks_per_node(t * dpc, p, node)),
+              "world": (setup.world_size, min(setup.world_size, node))}
+    return sum(links.allreduce(*groups[g], nbytes) for g, nbytes in clip.allreduces)
 
 
 def host_issue_exposed(setup: Setup, kernels: float, gpu_seconds: float) -> float:

@@ -26,6 +26,7 @@ def plan(
     gpu: str = typer.Option(..., "--gpu", help="GPU type (see `trainfit gpus`), or a .json/.toml file with the catalog's fields."),
     gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help=BY_NAME["gpu_memory"].meta.help),
     power_limit: Optional[float] = typer.Option(None, "--power-limit", help=BY_NAME["power_limit"].meta.help),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help=BY_NAME["cluster"].meta.help),
     gpus: int = typer.Option(1, "--gpus", help="Number of GPUs; every plan uses all of them (dp × tp × pp × cp = gpus)."),
     seq: int = typer.Option(2048, "--seq", "-s", help="Sequence length, tokens."),
     global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="Tokens per optimizer step (e.g. 4M); micro-batch × seq × accumulation × dp matches it within --batch-tolerance. Default: accumulation just fills the pipeline."),
@@ -77,7 +78,8 @@ def plan(
                      zero=zero is not None, pp=pp is not None, dp=dp is not None,
                      reserve=reserve != BY_NAME["reserve"].default,
                      efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
-                     seq=seq != 2048, gpu_memory=gpu_memory is not None, power_limit=power_limit is not None)
+                     seq=seq != 2048, gpu_memory=gpu_memory is not None, power_limit=power_limit is not None,
+                     cluster=cluster is not None)
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
         if off:
             raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
@@ -116,7 +118,7 @@ def plan(
                   tp=tp, pp=pp, dp=dp, reserve=reserve,
                   efficiency=efficiency,
                   batch_tolerance=batch_tolerance, top=top)
-    spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory, power_limit)
+    spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory, power_limit, cluster)
     if emit is not None:
         from ..plan.emit import check_model
 

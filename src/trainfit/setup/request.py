@@ -111,12 +111,12 @@ def default_seq(spec=None, mode: str = "train") -> int:
 # the settings naming another model beside the one estimated (a catalog name or a config.json)
 MODEL_SETTINGS = tuple(s.name for s in SETTINGS if s.meta.names_model)  # --draft-model, --critic-model, --reward-model
 # the run settings that describe the GPU itself: they become the GPU object (api.gpu_of), not engine keywords
-GPU_SETTINGS = ("gpu", "price", "gpu_memory", "power_limit")
+GPU_SETTINGS = ("gpu", "price", "gpu_memory", "power_limit", "cluster")
 
 
 def run_settings(req) -> dict:
-    """The request's run settings the engines take as keywords (gpu, price, gpu_memory and power_limit become the
-    GPU object instead)."""
+    """The request's run settings the engines take as keywords (gpu, price, gpu_memory, power_limit and cluster
+    become the GPU object instead)."""
     return {s.name: getattr(req, s.name) for s in _RUN_SETTINGS if s.name not in GPU_SETTINGS}
 
 
@@ -136,6 +136,8 @@ def _request_post_init(self) -> None:
         raise SetupError("--gpu-memory replaces a GPU's memory, which needs --gpu (see `trainfit gpus`)")
     if self.power_limit is not None and self.gpu is None:
         raise SetupError("--power-limit caps a GPU's board power, which needs --gpu (see `trainfit gpus`)")
+    if self.cluster is not None and self.gpu is None:
+        raise SetupError("--cluster places GPUs in nodes, which needs --gpu (see `trainfit gpus`)")
     if self.tokens is not None and self.gpu is None:
         raise SetupError("--tokens gives the time and cost of a budget, which needs a GPU: add --gpu (see `trainfit gpus`)")
     if self.mfu is not None and self.gpu is None:  # (the step time is the GPU's; without one there is none to set)

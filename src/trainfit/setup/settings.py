@@ -515,6 +515,12 @@ class RunSettings:
                                            "at it lowers the SM clock and so the compute rates (power_clock), and "
                                            "the energy is the cap's. At most the TDP; needs --gpu.",
                                            above=0, example="700", group="run")
+    cluster: Optional[str] = setting(None, "The nodes the GPUs sit in: a catalog cluster (dgx-a100, dgx-h100, "
+                                     "dgx-h200, dgx-b200, gb200-nvl72, mi300x-node; data/clusters.toml) or a .toml "
+                                     "file with their fields (GPUs per NVLink domain, NICs and their rate, NVLS, "
+                                     "SHARP; docs/distributed.md). It sets the GPUs per node and the rails each "
+                                     "collective runs over. Default: the GPU's usual node (one NIC per GPU, "
+                                     "gpus.json). Needs --gpu.", example="dgx-h100", modes=TRAINING, group="run")
     reserve: float = setting(0.0, "Extra GiB per GPU kept free when judging the fit (the CUDA context, cuBLAS "
                              "workspace and NCCL buffers are already taken off the capacity): other processes on "
                              "the GPU, a safety margin.", minimum=0, maximum=1024, example="2",

@@ -25,7 +25,7 @@ from ..setup import SETTINGS, Setting, choices_for
 from ..setup.vocab import GROUPS as SETTING_GROUPS
 
 # Which fieldset each setting sits in (a setting not named here lands in "More").
-GROUPS = (("Hardware", ("gpu", "gpu_memory", "power_limit", "mode", "device", "mfu")),
+GROUPS = (("Hardware", ("gpu", "gpu_memory", "power_limit", "cluster", "mode", "device", "mfu")),
           ("Step", ("stack", "batch", "seq", "grad_accum", "precision", "optimizer", "optimizer_impl", "recompute",
                     "attention", "head")),
           ("Parallelism", ("dp", "tp", "pp", "zero", "sequence_parallel")),

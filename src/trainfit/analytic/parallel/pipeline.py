@@ -166,7 +166,8 @@ def pp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     if p <= 1:
         return 0.0
     x = tokens * spec.hidden * act_bytes  # one b·s·h activation
-    return 2 * virtual_stages * (x / t) / links.over(t * p)
+    # stages are outermost (placement tp-cp-dp-pp, collectives.py): a send crosses nodes once the group spans them
+    return 2 * virtual_stages * (x / t) / links.over(setup.world_size)
 
 
 def bubble_seconds(pp: int, virtual_stages: int, micro_batch: float) -> float:

@@ -16,7 +16,7 @@ from ...spec import ModelSpec
 from ..activations import LayerActivations
 from ..families import family_traits
 from ..params import ParamCounts, hybrid_layers_params
-from .collectives import Links, ring_allreduce
+from .collectives import Links
 from .pipeline import Stage
 
 # LayerActivations.terms split t ways by TP alone (Korthikanti eq. 2); the rest need sequence parallelism (eq. 4)
@@ -100,4 +100,8 @@ def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
         # row-parallel outputs and the backward's gradients keep act_bytes
         n_ar -= (2 + 2 * rerun) * 0.5 * (1 - 1 / act_bytes)
     n_ar -= te_gather_saving(setup, act_bytes, rerun)
-    return layers * n_ar * ring_allreduce(t, x, links.intra)
+    # the tp ranks are innermost: all on one node. Sequence parallelism runs each all-reduce as an all-gather and a
+    # reduce-scatter (Korthikanti et al. 2022 §4.2.2, g and g-bar), which NVLS does not speed up (tuning.cc:272)
+    if setup.sequence_parallel:
+        return layers * n_ar * (links.all_gather(t, t, x) + links.reduce_scatter(t, t, x))
+    return layers * n_ar * links.allreduce(t, t, x)

@@ -28,7 +28,7 @@ from ...setup import Setup
 from ..overlap import exposed
 from ..params import ParamCounts
 from ..precision import StateBytes
-from .collectives import Links, ring_allreduce, ring_half
+from .collectives import Links, ranks_per_node
 from .pipeline import Stage
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
@@ -179,10 +179,10 @@ class DataParallelComm(NamedTuple):
 
 def group_span(setup: Setup, expert: bool = False) -> int:
     """The consecutive ranks a data-parallel group covers, by the stack's rank order ([parallel] order, innermost
-    first; absent: tp, pp, cp, dp). The dense group is the dp × cp ranks of one tp and pp rank; the expert one
+    first; absent: tp, cp, dp, pp, collectives.py's placement). The dense group is the dp × cp ranks of one tp and pp rank; the expert one
     (`expert`) the expert data-parallel ranks of one etp, ep and pp rank. Megatron-Core orders 'tp-cp-ep-dp-pp'
     (parallel_state.py:562), its dense ranks with ep 1 and its expert ranks etp-ep-edp-pp with cp 1 (:775-806)."""
-    order = setup.stack_facts.facts.get("parallel", {}).get("order", "tp-pp-cp-dp").split("-")
+    order = setup.stack_facts.facts.get("parallel", {}).get("order", "tp-cp-dp-pp").split("-")
     if expert:
         sizes = dict(tp=setup.expert_tp, cp=1, ep=setup.ep, dp=setup.expert_dp, pp=setup.pp)
     else:
@@ -196,29 +196,35 @@ def group_span(setup: Setup, expert: bool = False) -> int:
 
 def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_bytes: float, forward: float,
             backward: float, mem_share: float, expert_grad_bytes: float = 0.0,
-            expert_weight_bytes: float = 0.0) -> DataParallelComm:
+            expert_weight_bytes: float = 0.0, layers: int = 1) -> DataParallelComm:
     """The busiest rank's `grad_bytes` of gradients and `weight_bytes` of weights, exchanged over the dp × cp ranks
     per ZeRO stage, and its routed experts' `expert_grad_bytes` / `expert_weight_bytes` over the expert
     data-parallel ranks (Setup.expert_dp: Megatron-Core's separate expert_parallel_buffers over the expert data-
     parallel group, distributed/distributed_data_parallel.py:289-301, and the distributed optimizer's expert shards),
     overlapped with a micro-batch's `forward` and `backward` (with recompute) seconds, whose memory-bound share
-    `mem_share` the collectives' HBM traffic slows (overlap.py). Each group's ring runs on its own span's link
-    (group_span). NB: the two groups' collectives are summed, as if on one link: pessimistic where one runs inside
-    the node and the other across."""
+    `mem_share` the collectives' HBM traffic slows (overlap.py). Each group's collectives run on its own rails: its
+    ranks sit span / n apart (group_span), so ranks_per_node of them share each node (collectives.py). Each
+    collective call pays NCCL's latency: ZeRO-3 / FSDP gathers and reduces each of the stage's `layers` (one unit
+    each, as torchtitan's fully_shard per block) in its own call.
+    NB: the two groups' collectives are summed, as if one waited for the other: pessimistic where they overlap.
+    NB: ZeRO 0-2 are timed as one call per step (their buckets' sizes are the stacks' own: torch DDP 25 MiB,
+    Megatron max(40M, 1M × dp) elements or one buffer without overlap_grad_reduce, megatron/core/distributed/
+    distributed_data_parallel.py:62-68 in megatron-core 0.16.1): optimistic by a latency per further bucket."""
     m, z = setup.grad_accum, setup.zero
     dense = (setup.dp * setup.cp, group_span(setup), grad_bytes, weight_bytes)
     groups = [dense] + ([(setup.expert_dp, group_span(setup, expert=True), expert_grad_bytes, expert_weight_bytes)]
                         if expert_grad_bytes or expert_weight_bytes else [])
-    groups = [(n, links.over(span), links.within_node(span), g, w) for n, span, g, w in groups]
-    within = all(g[2] for g in groups if g[0] > 1)
-    bw = max((g[1] for g in groups if g[0] > 1), default=groups[0][1])  # the HBM contention's link (overlap.py)
-    allreduce = sum(ring_allreduce(n, g, b) for n, b, _, g, _ in groups)
-    rs = sum(ring_half(n, g, b) for n, b, _, g, _ in groups)
-    ag = sum(ring_half(n, w, b) for n, b, _, _, w in groups)
-    dpc, dense_bw = dense[0], groups[0][1]
-    bucket_t = ring_allreduce(dpc, min(BUCKET_BYTES, grad_bytes), dense_bw)
+    live = [(n, ranks_per_node(span // n, n, links.gpus_per_node), gb, wb) for n, span, gb, wb in groups if n > 1]
+    within = all(g >= n for n, g, _, _ in live)
+    bw = max((links.bus(n, g) for n, g, _, _ in live), default=links.intra)  # the HBM contention's link (overlap.py)
+    calls = max(1, layers) if z >= 3 else 1
     per_mb = once = total = 0.0
-    if allreduce > 0 or ag > 0:
+    if live:
+        allreduce = sum(links.allreduce(n, g, gb, calls) for n, g, gb, _ in live)
+        rs = sum(links.reduce_scatter(n, g, gb, calls) for n, g, gb, _ in live)
+        ag = sum(links.all_gather(n, g, wb, calls) for n, g, _, wb in live)
+        n0, g0 = live[0][:2]  # the first group's bucket (the dense one's; the experts' where dp x cp is 1)
+        bucket_t = links.allreduce(n0, g0, min(BUCKET_BYTES, live[0][2]))
         if z == 0:
             total = allreduce
             once = max(exposed(gpu, total, backward, mem_share, bw), bucket_t)
