@@ -498,25 +498,44 @@ MOE_ZOO = ("https://github.com/yanring/Megatron-MoE-ModelZoo/blob/e8650517d60d71
            "best_practice/qwen3/readme.md")
 
 
-def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", in_sample=False, inexpressible=None,
-         mbs=1):
+ZOO_SET = "qwen3-235b-a22b on 256 H100, GBS 2048"
+# C8 (shared/calibration.md): the only published MoE run a constant may be fitted on; line 18 of MOE_ZOO's table
+C8_RUN: dict = dict(id="c8-moezoo-qwen3-235b-a2a", source=f"{MOE_ZOO_QWEN3}, H100 table, row '235B | A2A | H100 | BF16 | 256' "
+     "(intra-node EP); C8 of calibration.md",
+     gpu="H100-80GB", model="qwen3-235b-a22b", layout_set=ZOO_SET,
+     setup=dict(stack="megatron", batch=1, seq=4096, grad_accum=512, dp=4, tp=2, pp=32, vpp=3, ep=8, etp=1,
+                zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
+                pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe_act"),
+     published=24.2, unit="s/step", in_sample=True,
+     notes="Megatron-Core (main 1e057005) with the all-to-all dispatcher, no 1F1B all-to-all overlap; "
+           f"{MOE_ZOO_QWEN3_CFG}: --expert-tensor-parallel-size 1, --sequence-parallel, flash attention, "
+           "--account-for-embedding/loss-in-pipeline-split (94 layers + 2 over 32 x 3 chunks: one each), "
+           "distributed optimizer with overlapped grad reduce / param gather; --recompute-modules "
+           "moe_act layernorm (run_h100_235b.sh). NB: dropless routing with the aux loss: the documented default "
+           "imbalance (moe_imbalance.py); TE cross-entropy fusion not modelled (its logits copy counted: predicted slower).")
+
+
+def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", inexpressible=None, mbs=1,
+         overlap=False):
     """A row of MOE_ZOO's H100 table: Qwen3-235B-A22B on 256 H100 (NVLink 4, InfiniBand 8 x 50 GB/s), BF16, seq 4096,
-    GBS 2048, dropless."""
+    GBS 2048, dropless. `recompute`: the row's recompute modules ("full": full recompute)."""
     assert dp * tp * pp == 256 and dp * ga * mbs == 2048, line
+    rec = (dict(recompute="full") if recompute == "full" else
+           dict(recompute="selective", recompute_modules=recompute.replace(" ", "")) if recompute else
+           dict(recompute="none"))
     run = dict(
-        id=f"{'c8' if in_sample else 'moezoo'}-h100-qwen3-235b-tp{tp}-ep{ep}-pp{pp}",
-        source=f"{MOE_ZOO}#L{line} (H100 table, {dispatcher} dispatcher)" + ("; C8 of calibration.md" if in_sample
-                                                                           else ""),
-        gpu="H100-80GB", model="qwen3-235b-a22b", layout_set="qwen3-235b-a22b on 256 H100, GBS 2048",
+        id=f"moezoo-h100-qwen3-235b-tp{tp}-ep{ep}-pp{pp}" + ("-a2a-overlap" if overlap else ""),
+        source=f"{MOE_ZOO}#L{line} (H100 table, {dispatcher} dispatcher)",
+        gpu="H100-80GB", model="qwen3-235b-a22b", layout_set=ZOO_SET,
         setup=dict(stack="megatron", batch=mbs, seq=4096, grad_accum=ga, dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=1,
-                   pp_split="embedding-loss" if pp > 1 else "even", zero=1, precision="bf16-master", recompute="none",
-                   sequence_parallel=tp > 1, attention="flash"),
-        published=step, unit="s/step", in_sample=in_sample,
+                   pp_split="embedding-loss" if pp > 1 else "even", zero=1, precision="bf16-master",
+                   sequence_parallel=tp > 1, attention="flash", **rec,
+                   **({"moe_dispatcher": "deepep"} if dispatcher == "DeepEP" else {}),
+                   **({"overlap_moe_comm": True} if overlap else {})),
+        published=step, unit="s/step",
         notes=f"TP {tp} EP {ep} ETP 1 PP {pp} VPP {vpp} DP {dp}, GA {ga}, {dispatcher} token dispatcher; recompute "
-              f"modules: {recompute or 'none'}. NB: --recompute-modules not yet a setting: run without recompute "
-              "(layernorm and moe_act re-runs not timed: predicted faster by them)"
-              + (". NB: DeepEP's node-deduplicated dispatch timed as the alltoall dispatcher (predicted slower)"
-                 if dispatcher == "DeepEP" else "") + (". " + notes if notes else ""))
+              f"modules: {recompute or 'none'}. NB: dropless routing with the aux loss: the documented default "
+              "imbalance (moe_imbalance.py)" + (". " + notes if notes else ""))
     if inexpressible:
         run["inexpressible"] = inexpressible
     return run
@@ -539,11 +558,10 @@ def _mbridge_gptoss(container, line, ep, tps):
 MOE_LAYOUT_RUNS: list[dict] = [
     _zoo(14, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 19.7, "Code moe_dev(f3e6c5)."),
     _zoo(15, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 17.6, "Code moe_dev(f3e6c5), '+1f1b overlap'.",
-         inexpressible="the EP all-to-all overlapped with the other micro-batch's compute in 1F1B (moe_a2a_overlap "
-                       "is not yet a setting)") | {"id": "moezoo-h100-qwen3-235b-tp2-ep32-pp8-a2a-overlap"},
+         overlap=True),
     _zoo(17, "DeepEP", 2, 8, 1, 1, 128, 4, "full", 17.6, "Megatron-FSDP, MBS 4.",
          inexpressible="Megatron-FSDP (the megatron stack runs ZeRO 0/1 only)", mbs=4),
-    _zoo(18, "A2A", 2, 8, 32, 3, 4, 512, "layernorm, moe_act", 24.2, "Code main(1e057005).", in_sample=True),
+    C8_RUN,  # line 18: calibration
     _zoo(19, "DeepEP", 4, 8, 8, 4, 8, 256, "", 29.0, "Code main(1e057005)."),
     _mbridge_gptoss("26.02", 519, 64, 8047),
     _mbridge_gptoss("26.02.01", 434, 8, 13722),
@@ -576,19 +594,7 @@ RUNS: list[dict] = [
     *_c3("1T", (25600, 128, 160), 64, 512, 512, 1, 94.42, 71.49),
     *LOWP_CALIBRATION,  # C5–C7 (shared/calibration.md)
     # C8 (shared/calibration.md): the only published MoE run a constant may be fitted on
-    dict(id="c8-moezoo-qwen3-235b-a2a", source=f"{MOE_ZOO_QWEN3}, H100 table, row '235B | A2A | H100 | BF16 | 256' "
-         "(intra-node EP); C8 of calibration.md",
-         gpu="H100-80GB", model="qwen3-235b-a22b",
-         setup=dict(stack="megatron", batch=1, seq=4096, grad_accum=512, dp=4, tp=2, pp=32, vpp=3, ep=8, etp=1,
-                    zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
-                    pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe_act"),
-         published=24.2, unit="s/step", in_sample=True,
-         notes="Megatron-Core (main 1e057005) with the all-to-all dispatcher, no 1F1B all-to-all overlap; "
-               f"{MOE_ZOO_QWEN3_CFG}: --expert-tensor-parallel-size 1, --sequence-parallel, flash attention, "
-               "--account-for-embedding/loss-in-pipeline-split (94 layers + 2 over 32 x 3 chunks: one each), "
-               "distributed optimizer with overlapped grad reduce / param gather; --recompute-modules "
-               "moe_act layernorm (run_h100_235b.sh). NB: dropless routing with the aux loss, modelled balanced "
-               "(predicted faster); TE cross-entropy fusion not modelled (its logits copy counted: predicted slower)."),
+    C8_RUN,
     # --- out of sample: validation only, never fitted on ---
     *(_narayanan(n, x) for n, x in ((384, 153), (768, 149), (1536, 141))),
     _llama3(8192, 64, 32, 430),
@@ -652,7 +658,7 @@ RUNS: list[dict] = [
     _squad("amp-fp16", 10, 325.60),
     _squad("fp32", 8, 64.32),
     *LOWP_VALIDATION,
-    *MOE_LAYOUT_RUNS,  # layout sets of MoE models (C8 in sample)
+    *(r for r in MOE_LAYOUT_RUNS if r is not C8_RUN),  # layout sets of MoE models (C8 listed above)
 ]
 
 # Candidates looked at and left out (configuration not pinned down, or not expressible):
