@@ -43,8 +43,9 @@ def test_ring_attention_keeps_one_kv_head_per_rank_past_the_kv_heads():
 
 def test_sequence_parallel_dispatches_a_tp_share_of_the_tokens():
     spec = load_model("mixtral-8x7b")
-    plain = Setup(stack="megatron", precision="bf16-master", tp=2, ep=4, dp=4)
-    sp = Setup(stack="megatron", precision="bf16-master", tp=2, ep=4, dp=4, sequence_parallel=True)
+    # (balanced routing: moe_imbalance.py scales the busiest rank's exchange)
+    plain = Setup(stack="megatron", precision="bf16-master", tp=2, ep=4, dp=4, moe_imbalance=1.0)
+    sp = Setup(stack="megatron", precision="bf16-master", tp=2, ep=4, dp=4, sequence_parallel=True, moe_imbalance=1.0)
     whole = ep_comm_seconds(spec, plain, LINKS, 4096, 2, 1)
     assert whole == pytest.approx(4 * 3 / 4 * 4096 * spec.moe.top_k * spec.hidden * 2 / LINKS.intra)
     assert ep_comm_seconds(spec, sp, LINKS, 4096, 2, 1) == pytest.approx(whole / 2)

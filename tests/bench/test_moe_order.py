@@ -26,7 +26,8 @@ def test_sets_compare_layouts_of_one_model_cluster_and_batch():
         keys = {(r["model"], r["gpu"], r["setup"]["seq"], r["setup"]["batch"] * r["setup"]["grad_accum"]
                  * r["setup"]["dp"]) for r in runs}
         assert len(keys) == 1, name
-        layouts = {(r["setup"].get("tp", 1), r["setup"].get("pp", 1), r["setup"].get("ep", 1), r["setup"]["batch"])
+        layouts = {(r["setup"].get("tp", 1), r["setup"].get("pp", 1), r["setup"].get("ep", 1), r["setup"]["batch"],
+                    r["setup"].get("moe_dispatcher"), r["setup"].get("overlap_moe_comm", False))
                    for r in expressible}
         assert len(layouts) == len(expressible), name
 

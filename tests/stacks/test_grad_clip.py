@@ -17,6 +17,8 @@ import math
 import pytest
 import torch
 
+from trainfit.analytic.parallel.collectives import Links
+from trainfit.analytic.roofline import kernels_for
 from trainfit.setup import Setup
 
 pytest.importorskip("transformers")
@@ -119,7 +121,6 @@ def test_the_analytic_optimizer_time_adds_the_clip_passes():
     pass holds too few chunks to stream and takes analytic/multi_tensor.py's latency floor instead: a few µs over
     the 4.7 ms (within 0.2 %)."""
     from trainfit.analytic.engine import estimate
-    from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
 
@@ -208,7 +209,6 @@ def _step_time(model: str, gpu: str, **kw):
 
 def _hand_seconds(gpu_name: str, passes, kernels: float) -> float:
     """Bytes at the catalog bandwidth times each access class's fraction (kernels.toml), plus 3 µs per launch."""
-    from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
 
     gpu = get_gpu(gpu_name)
@@ -227,7 +227,6 @@ def test_megatron_clip_time_by_hand():
     norm, 4 bytes, is all-reduced over all 8 ranks (the distributed optimizer's grad-stats group), ring model at the
     NVLink rate: 2·7/8·4 B / bandwidth."""
     from trainfit.analytic.params import count_params
-    from trainfit.analytic.roofline import kernels_for
     from trainfit.analytic.step_time import stage_params
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
@@ -238,8 +237,11 @@ def test_megatron_clip_time_by_hand():
     tensors = 32 * 6 + 3
     launches = math.ceil((shard / 65536 + tensors / 2) / 320)
     assert launches == 49
-    intra = gpu.intra_node_bandwidth * kernels_for(gpu).link_fraction
-    allreduce = 2 * 7 / 8 * 4 / intra
+    # a few bytes: NCCL's latency is all of it (parallel/collectives.py, tuning.cc; tests/analytic/test_collectives.py
+    # derives it by hand); the bytes' ring term beside it
+    links = Links.of(gpu)
+    allreduce = links.allreduce(8, 8, 4)
+    assert allreduce > 1e5 * 2 * 7 / 8 * 4 / links.intra  # the latency, not the ring's bytes
     on, off = _step_time("llama-3.1-8b", "H100", **kw), _step_time("llama-3.1-8b", "H100", max_grad_norm=0, **kw)
     assert on.grad_clip == pytest.approx(
         _hand_seconds("H100", [(4 * shard, "mta32"), (8 * shard, "mta32")], 2 * launches + 6) + allreduce, rel=1e-9)
@@ -259,7 +261,6 @@ def test_deepspeed_zero2_clip_time_by_hand():
     the 8 data-parallel ranks. The clip multiplies the fp32 gradient partition in place (read and write 4 B) after 6
     scalar kernels; without gradient_clipping (bf16: loss scale 1) that multiply is skipped, the norm is not."""
     from trainfit.analytic.params import count_params
-    from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
     from trainfit.models.resolve import load_model
 
@@ -267,8 +268,11 @@ def test_deepspeed_zero2_clip_time_by_hand():
     spec, gpu = load_model("llama-2-7b"), get_gpu("H100")
     part = count_params(spec).total / 8
     pieces = (291 + 7) / 8
-    intra = gpu.intra_node_bandwidth * kernels_for(gpu).link_fraction
-    allreduce = 2 * 7 / 8 * 8 / intra
+    # a few bytes: NCCL's latency is all of it (parallel/collectives.py, tuning.cc; tests/analytic/test_collectives.py
+    # derives it by hand); the bytes' ring term beside it
+    links = Links.of(gpu)
+    allreduce = links.allreduce(8, 8, 8)
+    assert allreduce > 1e5 * 2 * 7 / 8 * 8 / links.intra  # the latency, not the ring's bytes
     norm = [(10 * part, "upcast"), (8 * part, "reduce")]
     on, off = _step_time("llama-2-7b", "H100", **kw), _step_time("llama-2-7b", "H100", max_grad_norm=0, **kw)
     assert on.grad_clip == pytest.approx(
@@ -281,7 +285,6 @@ def test_what_max_grad_norm_zero_leaves_per_stack():
     under Megatron (the ChainedOptimizer logs it) and DeepSpeed's ZeRO-1/2 (compute_grad_norm); ZeRO-3 and the 16-bit
     stage-0 optimizers still multiply by the (loss) scale, so only the clip coefficient's scalar kernels go (ZeRO-3's
     6: / loss scale, + 1e-6, / clip, clamp, * loss scale, reciprocal)."""
-    from trainfit.analytic.roofline import kernels_for
     from trainfit.hardware import get_gpu
 
     launch = kernels_for(get_gpu("H100")).launch_seconds

@@ -250,7 +250,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                      for k, v in d["axes"].items()}
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
-    for setup, est in _refined(spec, gpu, q, [v[1][0] for v in ranked[: q.top * REFINE_POOL]], stats)[: q.top]:
+    for setup, tm, est in _refined(spec, gpu, q, ranked[: q.top * REFINE_POOL], stats)[: q.top]:
         if q.efficiency is None:
             tm = est.detail.step_time
         c = Candidate(setup, tm, est)
@@ -279,30 +279,33 @@ REFINED: tuple[tuple[str, tuple], ...] = (
 REFINE_POOL = 4
 
 
-def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, setups: list[Setup], stats: dict) -> list[tuple[Setup, Estimate]]:
-    """Each plan with the REFINED settings its stack runs (stacks/*.toml [parallel] axes) tried one at a time and
-    together, each as `trainfit estimate` would take it (a stack's refusal skips it), the fastest that fits kept;
-    re-ranked by the estimate's step time."""
+def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict) -> list[tuple]:
+    """Each ranked plan ((rank, (setup, time))) with the REFINED settings its stack runs (stacks/*.toml [parallel]
+    axes) tried one at a time and together, each as `trainfit estimate` would take it (Setup's checks and the stack's
+    rules run again: a refusal skips it), the fastest that fits kept; re-ranked by the search's own key with the
+    estimate's throughput. (setup, time, estimate) each. Under --efficiency (the flat override) nothing is tried:
+    the refinements are the kernel model's."""
     out = []
-    for setup in setups:
+    for rank, (setup, tm) in ranked:
         est = analytic(spec, setup, gpu, reserve=q.reserve)
-        axes = get_stack(setup.stack).axes
         changes = [{}]
-        for name, values in REFINED:
-            if name in axes and spec.is_moe and setup.ep > 1:
-                changes += [{**c, name: v} for c in changes for v in values]
+        if q.efficiency is None and spec.is_moe and setup.ep > 1:
+            axes = get_stack(setup.stack).axes
+            for name, values in REFINED:
+                if name in axes:
+                    changes += [{**c, name: v} for c in changes for v in values]
         for change in changes[1:]:
             try:
-                alt = replace(setup, **change)  # (Setup's own checks and its stack's rules run again)
+                alt = replace(setup, **change)
                 e = analytic(spec, alt, gpu, reserve=q.reserve)
             except SetupError:
                 stats["stack_refused"] = stats.get("stack_refused", 0) + 1
                 continue
             stats["refined"] = stats.get("refined", 0) + 1
             if e.fit is not None and e.fit.fits and e.detail.step_time.step_seconds < est.detail.step_time.step_seconds:
-                setup, est = alt, e
-        out.append((setup, est))
-    return sorted(out, key=lambda se: se[1].detail.step_time.step_seconds)
+                setup, tm, est = alt, e.detail.step_time, e
+        out.append(((-tm.tokens_per_second, *rank[1:]), setup, tm, est))
+    return [o[1:] for o in sorted(out, key=lambda o: o[0])]
 
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
