@@ -324,7 +324,7 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
     accum = gbs // (mbs * dp)
     assert accum * mbs * dp == gbs, (model, system)
     setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                 zero=1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
+                 zero=3 if fsdp else 1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
                  attention="flash", **_MB_RECIPE[precision], **moe)
     if vp > 1:
         setup["vpp"] = vp
@@ -344,9 +344,8 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
         in_sample=in_sample,
         notes=f"Megatron-Core + Transformer Engine in NeMo {container} ({MBRIDGE_RECIPES[container]}): GBS {gbs}, MBS "
               f"{mbs}, {gpus} GPUs, TP {tp} PP {pp} CP {cp} VP {vp} EP {ep}, "
-              + ("Megatron-FSDP, modelled as the distributed optimizer (--zero 1: the megatron stack has no "
-                 "Megatron-FSDP; NB: its per-layer weight all-gathers, overlapped with compute, are not timed: "
-                 "predicted faster by what they expose)" if fsdp else "distributed optimizer (--zero 1)")
+              + ("Megatron-FSDP with optim_grads_params (--zero 3: utils/helpers.py:116-119 "
+                 "set_megatron_fsdp_overrides)" if fsdp else "distributed optimizer (--zero 1)")
               + f"; gradient accumulation {accum} = GBS / (MBS x DP). "
               "NB: bf16 gradient reduce (set_llama3_common_configs: grad_reduce_in_fp32 False) where the megatron "
               "stack reduces fp32 main grads: predicted slower on the DP reduce. " + notes)
@@ -374,8 +373,9 @@ LOWP_CALIBRATION: list[dict] = [
         notes="Recipe LLAMA3_8B_H100_FP8_CS_BASE_CONFIG (configs/llama3/workload_base_configs.py:229-233 at v0.2.0): "
               "recompute_num_layers 5 = full recompute, block method, of the first 5 layers (utils/helpers.py:174-177: "
               "--recompute block:5); Megatron-FSDP with nccl_ub and keep_fp8_transpose_cache "
-              "(configs/llama3/llama3_llm_pretrain.py:265-268). NB: Megatron-FSDP's double-buffered gathers modelled "
-              "as ZeRO-3.", in_sample=True),
+              "(configs/llama3/llama3_llm_pretrain.py:265-268). NB: keep_fp8_transpose_cache (each unit's fp8 "
+              "transpose kept from its forward to its backward, about a byte per weight) and gradient_accumulation_"
+              "fusion False are not modelled: memory under by those.", in_sample=True),
     _mb("25.11", 582, "DGX-B200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 1, 4096, ep=8, tps=9299,
         notes="Recipe QWEN3_30B_A3B_B200_FP8_MX_BASE_CONFIG (configs/qwen3/workload_base_configs.py:211-219 at "
               "v0.2.0): EP 8, ETP 1, no recompute, TE CUDA graphs of the router and MoE preprocessing (NB: not "
@@ -516,7 +516,7 @@ C8_RUN: dict = dict(id="c8-moezoo-qwen3-235b-a2a", source=f"{MOE_ZOO_QWEN3}, H10
 
 
 def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", inexpressible=None, mbs=1,
-         overlap=False):
+         overlap=False, fsdp=False):
     """A row of MOE_ZOO's H100 table: Qwen3-235B-A22B on 256 H100 (NVLink 4, InfiniBand 8 x 50 GB/s), BF16, seq 4096,
     GBS 2048, dropless. `recompute`: the row's recompute modules ("full": full recompute)."""
     assert dp * tp * pp == 256 and dp * ga * mbs == 2048, line
@@ -528,7 +528,7 @@ def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", i
         source=f"{MOE_ZOO}#L{line} (H100 table, {dispatcher} dispatcher)",
         gpu="H100-80GB", model="qwen3-235b-a22b", layout_set=ZOO_SET,
         setup=dict(stack="megatron", batch=mbs, seq=4096, grad_accum=ga, dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=1,
-                   pp_split="embedding-loss" if pp > 1 else "even", zero=1, precision="bf16-master",
+                   pp_split="embedding-loss" if pp > 1 else "even", zero=3 if fsdp else 1, precision="bf16-master",
                    sequence_parallel=tp > 1, attention="flash", **rec,
                    **({"moe_dispatcher": "deepep"} if dispatcher == "DeepEP" else {}),
                    **({"overlap_moe_comm": True} if overlap else {})),
@@ -559,8 +559,8 @@ MOE_LAYOUT_RUNS: list[dict] = [
     _zoo(14, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 19.7, "Code moe_dev(f3e6c5)."),
     _zoo(15, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 17.6, "Code moe_dev(f3e6c5), '+1f1b overlap'.",
          overlap=True),
-    _zoo(17, "DeepEP", 2, 8, 1, 1, 128, 4, "full", 17.6, "Megatron-FSDP, MBS 4.",
-         inexpressible="Megatron-FSDP (the megatron stack runs ZeRO 0/1 only)", mbs=4),
+    _zoo(17, "DeepEP", 2, 8, 1, 1, 128, 4, "full", 17.6, "Megatron-FSDP (--zero 3: optim_grads_params, the "
+         "strategy Megatron-FSDP's user guide requires), MBS 4.", mbs=4, fsdp=True),
     C8_RUN,  # line 18: calibration
     _zoo(19, "DeepEP", 4, 8, 8, 4, 8, 256, "", 29.0, "Code main(1e057005)."),
     _mbridge_gptoss("26.02", 519, 64, 8047),

@@ -73,7 +73,9 @@ def _configs(a: dict):
     tc = TransformerConfig(**kw)  # __post_init__: Megatron's split, vpp, recompute, SP checks
     dist = bool(a.get("--use-distributed-optimizer"))
     oc = OptimizerConfig(use_distributed_optimizer=dist, bf16=bool(a.get("--bf16")), fp16=bool(a.get("--fp16")))
-    dc = DistributedDataParallelConfig(use_distributed_optimizer=dist)
+    fsdp = {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": a["--data-parallel-sharding-strategy"]} \
+        if a.get("--use-megatron-fsdp") else {}
+    dc = DistributedDataParallelConfig(use_distributed_optimizer=dist, **fsdp)
     return tc, oc, dc
 
 
@@ -180,3 +182,24 @@ def test_layout_and_mtp_round_trip():
     # the last rank's second virtual stage: one decoder layer, the MTP layer and the loss (stage 15 = vpp 1, pp 7)
     assert tc.pipeline_model_parallel_layout.layout[7][1] == [LayerType.decoder, LayerType.mtp, LayerType.loss]
     assert not tc.mtp_standalone
+
+
+def test_megatron_fsdp_round_trips():
+    """--zero 2 / 3 write Megatron-FSDP with the sharding strategy Megatron-FSDP itself numbers 2 / 3 (its
+    ShardingStrategy IntEnum, fsdp/src/megatron_fsdp/fully_shard.py:41-53), the distributed optimizer and the
+    fsdp_dtensor checkpoint format its user guide requires; --zero 1 stays the distributed optimizer alone."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.fully_shard import ShardingStrategy
+
+    spec = load_model("llama-3.1-8b")
+    for zero in (1, 2, 3):
+        s = Setup(stack="megatron", precision="bf16-master", dp=8, grad_accum=16, seq=8192, batch=1, zero=zero,
+                  recompute="block:5", low_precision="tensorwise", fp8_all_gather=True)
+        a = _parse(emit("megatron", s, spec, 8))
+        tc, oc, dc = _configs(a)
+        assert oc.use_distributed_optimizer and dc.use_distributed_optimizer and tc.fp8_param
+        assert dc.use_megatron_fsdp == (zero >= 2)
+        if zero >= 2:
+            assert ShardingStrategy[dc.data_parallel_sharding_strategy.upper()] == zero
+            assert a["--ckpt-format"] == "fsdp_dtensor"
+        else:
+            assert "--data-parallel-sharding-strategy" not in a

@@ -39,6 +39,12 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     ms = megatron_model_states(spec, pc, setup, stage)
     moe_share = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
     te_weights = te_recipes.weight_bytes(spec, setup, stage, moe_share)  # the recipe's quantised weight copies
+    if setup.zero >= 3 and setup.fp8_all_gather:
+        # Megatron-FSDP keeps the fp8 parameters and their transposes in the model weight and transpose weight
+        # buffers, sharded alike (param_and_grad_buffer.py:1970-1999); the gathered units' copies are the bf16-sized
+        # buckets of megatron_model_states (NB: 2 fp8 copies = one bf16 element: equal for fp8; the experts' copies
+        # divided by the dense shard count: under by the expert data-parallel group's smaller size)
+        te_weights /= shards(setup)
     ms = replace(ms, weights=ms.weights + te_weights) if te_weights else ms
     moe = spec.moe is not None and pc.moe_layers > 0
     frac = pc.moe_layers / spec.layers if moe else 0.0

@@ -4,7 +4,8 @@ Flag names are Megatron-LM's (megatron/training/arguments.py; each maps 1:1 onto
 e.g. --tensor-model-parallel-size → ModelParallelConfig.tensor_model_parallel_size, --account-for-embedding-in-
 pipeline-split → TransformerConfig.account_for_embedding_in_pipeline_split (transformer_config.py:96-100),
 --decoder-first/last-pipeline-num-layers → num_layers_in_first/last_pipeline_stage, --use-distributed-optimizer
-→ DistributedDataParallelConfig/OptimizerConfig.use_distributed_optimizer). tests/plan/test_emit_megatron.py builds
+→ DistributedDataParallelConfig/OptimizerConfig.use_distributed_optimizer, --use-megatron-fsdp and
+--data-parallel-sharding-strategy → DistributedDataParallelConfig.use_megatron_fsdp / data_parallel_sharding_strategy). tests/plan/test_emit_megatron.py builds
 megatron.core's own configs from the emitted list, so their __post_init__ checks validate it.
 """
 from __future__ import annotations
@@ -22,9 +23,23 @@ PRECISIONS = ("bf16-master", "fp16-master", "fp32")  # 16-bit weights with fp32 
 def supports(s: Setup) -> str | None:
     if s.stack != "megatron":
         return f"the plan models the {s.stack} stack's step (its memory and time); plan with --stack megatron"
-    if s.zero > 1:
-        return "Megatron shards optimizer states only (--use-distributed-optimizer, ZeRO-1)"
     return None
+
+
+def _data_parallel(s: Setup) -> list[str]:
+    """--zero 1: the distributed optimizer; --zero 2 / 3: Megatron-FSDP with the sharding strategy Megatron-FSDP
+    numbers the same (fsdp/src/megatron_fsdp/fully_shard.py:41-53), with the flags its user guide requires
+    (Megatron-LM core_v0.16.1 docs/discussions/megatron-fsdp-user-guide/megatron-fsdp-user-guide.md:27-37: the
+    distributed optimizer over its buffers, the fsdp_dtensor checkpoint format that arguments.py:690-691 asserts).
+    The guide's --no-gradient-accumulation-fusion is left out: arguments.py:677-681 only warns, and Megatron-Bridge's
+    FSDP recipes keep the fusion (scripts/performance/utils/helpers.py:116-126 at v0.2.0), as trainfit models it."""
+    if s.zero == 1:
+        return ["--use-distributed-optimizer"]
+    if s.zero >= 2:
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[s.zero]
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--use-distributed-optimizer",
+                "--ckpt-format", "fsdp_dtensor"]
+    return []
 
 
 def _recompute(rec: str) -> list[str]:
@@ -117,8 +132,7 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         out += ["--moe-grouped-gemm"]  # TEGroupedMLP, the experts the megatron stack models (megatron_activations.py)
     if mtp_layers(spec, s):  # TransformerConfig.mtp_num_layers (transformer_config.py:48; arguments.py:1621)
         out += ["--mtp-num-layers", str(mtp_layers(spec, s))]
-    if s.zero == 1:
-        out += ["--use-distributed-optimizer"]
+    out += _data_parallel(s)
     out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]
     # Megatron-LM's --clip-grad (default 1.0) -> OptimizerConfig.clip_grad; 0 turns clipping off
     out += ["--clip-grad", f"{s.grad_clip_norm:g}"]

@@ -171,7 +171,9 @@ class Setup:
                                                    above=0, maximum=1024, example="1.25", modes=("train",),
                                                    group="parallel")
     zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
-                        "= FSDP).", choices=(0, 1, 2, 3), group="parallel")
+                        "= FSDP). On --stack megatron: 1 is the distributed optimizer, 2 and 3 Megatron-FSDP's "
+                        "optim_grads and optim_grads_params (--use-megatron-fsdp).", choices=(0, 1, 2, 3),
+                        group="parallel")
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
                                       "over --tp ranks).", group="parallel")
     stack: str = setting("hf", "Training stack whose step is modelled: hf (HF Trainer/accelerate: torch.autocast, "

@@ -19,6 +19,7 @@ NB: each bucket is padded to a multiple of lcm(dp, 128) elements and each param 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ...setup import Setup
 from ...spec import ModelSpec
@@ -121,5 +122,32 @@ def megatron_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage:
     b = bytes_per_param(setup)
     sharded = dense / shards(setup) + expert / shards(setup, expert=True)
     n = dense + expert
+    if setup.zero >= 2:
+        return fsdp_model_states(spec, pc, setup, stage, b, n, sharded)
     # DDP accumulates straight into the grad buffer and reduces in place: no bucket copies (comm = 0)
     return ModelStates(n * b["weights"], n * b["gradients"], sharded * b["master"], sharded * b["optimizer"], 0.0)
+
+
+def fsdp_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage, b: dict, n: float,
+                      sharded: float) -> ModelStates:
+    """Megatron-FSDP (--zero 2: optim_grads, --zero 3: optim_grads_params; stacks/megatron.toml [megatron_fsdp]):
+    the main weights, main grads and optimizer states sharded over the same groups as the distributed optimizer's
+    (`sharded`), the 16-bit weights too under --zero 3; beside them (comm) the unsharded buckets in flight: under
+    --zero 3 two TransformerLayer units' gathered weights and fp32 gradients (the one computing, the one prefetched
+    or being reduce-scattered) and the modules outside the units (embedding, final norm, output layer) gathered from
+    their forward to their backward; under --zero 2 two gradient buckets of at most bucket_elements.
+    NB: without --fsdp-double-buffer the buckets are allocated and freed around each unit (storage resize), so they
+    are counted as resident through the step: over-counts a peak outside the forward/backward (the optimizer step)
+    by them."""
+    in_flight = setup.stack_facts.fact("megatron_fsdp", "in_flight")
+    weights = (sharded if setup.zero >= 3 else n) * b["weights"]
+    if setup.zero >= 3:
+        unit_d, unit_e = rank_params(spec, pc, setup, replace(stage, layers=1, embedding=False, head=False, mtp=0))
+        outside_d, _ = rank_params(spec, pc, setup, replace(stage, layers=0))
+        unit = unit_d + unit_e
+        comm = (in_flight * unit * (b["weights"] + b["gradients"])
+                + outside_d * (1 - 1 / shards(setup)) * b["weights"])
+    else:
+        bucket = min(n, setup.stack_facts.fact("megatron_fsdp", "bucket_elements"))
+        comm = in_flight * bucket * b["gradients"]
+    return ModelStates(weights, sharded * b["gradients"], sharded * b["master"], sharded * b["optimizer"], comm)

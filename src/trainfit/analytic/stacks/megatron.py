@@ -27,7 +27,8 @@ class MegatronModel(StackModel):
 
     def clipped_params(self, setup: Setup, trained: float) -> float:
         """The distributed optimizer's (--zero 1) main grads: the rank's dp x cp shard (optimizer/
-        distrib_optimizer.py:386-399; stacks/megatron.toml [distributed_optimizer])."""
+        distrib_optimizer.py:386-399; stacks/megatron.toml [distributed_optimizer]); Megatron-FSDP's (--zero 2/3)
+        the same shard of its distributed main grad buffer ([megatron_fsdp])."""
         return trained / shards(setup)
 
     def clip_work(self, setup, st, clipped, tensors, largest, sizes):
@@ -51,6 +52,10 @@ class MegatronModel(StackModel):
 
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
         out = te_recipes.notes(spec, setup)  # --low-precision: Transformer Engine's recipe
+        if setup.zero >= 2 and (setup.tp > 1 or setup.cp > 1):
+            out.append("Megatron-LM warns against Megatron-FSDP (--zero 2/3) with tensor or context parallelism on "
+                       "Hopper and earlier: sequence parallelism wants CUDA_DEVICE_MAX_CONNECTIONS=1, FSDP more "
+                       "(Megatron-LM core_v0.16.1 megatron/training/arguments.py:927-940); modelled as if both overlap")
         if spec.is_moe and setup.tp > 1 and not setup.sequence_parallel:
             out.append("Megatron warns that expert and tensor parallelism need --sequence-parallel "
                        "(model_parallel_config.py:440-445); the MoE layers are modelled as with it")
