@@ -179,7 +179,8 @@ class Setup:
     stack: str = setting("hf", "Training stack whose step is modelled: hf (HF Trainer/accelerate: torch.autocast, "
                          "fused AdamW, HF RMSNorm in fp32), torchtitan (FSDP2 mixed precision: bf16 all-gather and "
                          "fp32 reduce; fused AdamW; per-op SAC), megatron (Megatron-Core: 16-bit weights, fp32 "
-                         "main grads and distributed optimizer (--zero 1), fused kernels, TP/SP/PP/CP/EP) or "
+                         "main grads and distributed optimizer (--zero 1; Megatron-FSDP: --zero 2/3), fused kernels, "
+                         "TP/SP/PP/CP/EP) or "
                          "deepspeed (ZeRO 0-3 with FusedAdam, bucketed reduction, offload). Facts and sources: "
                          "trainfit/stacks/*.toml.",
                          choices=STACKS, modes=("train",), group="step")
