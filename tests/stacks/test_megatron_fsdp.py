@@ -87,3 +87,12 @@ def test_zero_3_on_megatron_is_accepted_and_needs_dp():
     validate(Setup(stack="megatron", precision="bf16-master", dp=8, zero=3))
     with pytest.raises(SetupError, match="--dp"):
         validate(Setup(stack="megatron", precision="bf16-master", zero=3))
+
+
+def test_params_owned_per_rank():
+    """optim_grads_params leaves each rank its 1/dp shard of the parameters' storage; optim_grads all of them."""
+    from trainfit.analytic.memory import train_memory
+
+    for zero, owned in ((2, N), (3, N / D)):
+        s = Setup(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=D, zero=zero, attention="flash")
+        assert train_memory(gpt(), s).params == pytest.approx(owned, abs=1)

@@ -177,6 +177,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "context_parallel_ring_buffers": int(ring),
               "quantised_weight_copies": int(te_weights), "layers_in_recipe": n8}
     dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
+    if setup.zero >= 3:  # Megatron-FSDP's optim_grads_params does: the rank owns its shard (parallel/megatron.py)
+        dense, expert = dense / shards(setup), expert / shards(setup, expert=True)
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
                        int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert))
 
