@@ -34,9 +34,9 @@ OUTSIDE = V * H + P * H + 2 * H
 N = L * LAYER + OUTSIDE
 
 
-def states(zero):
+def states(zero, precision="bf16-master"):
     spec = gpt()
-    s = Setup(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=D, zero=zero)
+    s = Setup(stack="megatron", precision=precision, batch=1, seq=512, dp=D, zero=zero)
     return megatron_model_states(spec, count_params(spec), s, Stage(0, L, True, True, 1))
 
 
@@ -64,6 +64,10 @@ def test_megatron_fsdp_totals_against_zero_paper_bytes():
     for zero, per_param in ((2, 2 + 16 / D), (3, 18 / D)):
         ms = states(zero)
         assert (ms.weights + ms.gradients + ms.master + ms.optimizer) / N == pytest.approx(per_param)
+    # --fp16 reduces in fp16 and keeps no fp32 copy of the gradients: the paper's own mixed-precision Adam, 16/d
+    # under ZeRO-3 (2 + 2 + 12 bytes, Rajbhandari §5.1)
+    ms = states(3, "fp16-master")
+    assert (ms.weights + ms.gradients + ms.master + ms.optimizer) / N == pytest.approx(16 / D)
 
 
 def test_per_micro_batch_collectives():

@@ -141,6 +141,11 @@ def fsdp_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Sta
     by them."""
     in_flight = setup.stack_facts.fact("megatron_fsdp", "in_flight")
     weights = (sharded if setup.zero >= 3 else n) * b["weights"]
+    # the fp32 main weights only: the optimizer steps them with the main grad buffer's shard as their grad, no fp32
+    # copy of 16-bit grads (distrib_optimizer.py:2397-2398 returns under use_megatron_fsdp). NB: with --precision fp32
+    # Megatron-FSDP still keeps an fp32 main weight buffer (preserve_fp32_weights, param_and_grad_buffer.py:2004):
+    # not counted, under by 4/d bytes per parameter there
+    master = FP32 if b["weights"] < FP32 else 0
     if setup.zero >= 3:
         unit_d, unit_e = rank_params(spec, pc, setup, replace(stage, layers=1, embedding=False, head=False, mtp=0))
         outside_d, _ = rank_params(spec, pc, setup, replace(stage, layers=0))
@@ -150,4 +155,4 @@ def fsdp_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Sta
     else:
         bucket = min(n, setup.stack_facts.fact("megatron_fsdp", "bucket_elements"))
         comm = in_flight * bucket * b["gradients"]
-    return ModelStates(weights, sharded * b["gradients"], sharded * b["master"], sharded * b["optimizer"], comm)
+    return ModelStates(weights, sharded * b["gradients"], sharded * master, sharded * b["optimizer"], comm)
