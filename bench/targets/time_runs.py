@@ -559,8 +559,9 @@ MOE_LAYOUT_RUNS: list[dict] = [
     _zoo(14, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 19.7, "Code moe_dev(f3e6c5)."),
     _zoo(15, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 17.6, "Code moe_dev(f3e6c5), '+1f1b overlap'.",
          overlap=True),
-    _zoo(17, "DeepEP", 2, 8, 1, 1, 128, 4, "full", 17.6, "Megatron-FSDP (--zero 3: optim_grads_params, the "
-         "strategy Megatron-FSDP's user guide requires), MBS 4.", mbs=4, fsdp=True),
+    _zoo(17, "DeepEP", 2, 8, 1, 1, 128, 4, "full", 17.6, "Megatron-FSDP ('FSDP On', strategy not stated: taken as "
+         "--zero 3, optim_grads_params, the strategy Megatron-LM core_v0.16.1's megatron-fsdp-user-guide.md:32-33 "
+         "requires), MBS 4, 'disable log para norm' (not modelled).", mbs=4, fsdp=True),
     C8_RUN,  # line 18: calibration
     _zoo(19, "DeepEP", 4, 8, 8, 4, 8, 256, "", 29.0, "Code main(1e057005)."),
     _mbridge_gptoss("26.02", 519, 64, 8047),
