@@ -8,6 +8,8 @@
   master      fp32 main params (optimizer.py:674, distrib_optimizer.py:386-399: the rank's shard only) and, where the
               grad buffer is 16-bit, their fp32 `.grad` copies (optimizer.py:759, distrib_optimizer.py:2419);
   optimizer   Adam's exp_avg and exp_avg_sq in fp32 (optimizer/__init__.py:396-397), of the main params.
+Megatron-FSDP (--zero 2 / 3: optim_grads / optim_grads_params) shards the gradients too, and under --zero 3 the
+weights, over the same groups, and keeps unsharded buckets in flight (fsdp_model_states).
 The distributed optimizer (--zero 1) shards master and optimizer over the data-parallel group with context
 parallelism (dp × cp: parallel_state's data_parallel_group_with_cp, what DDP's buffers use) and an expert's states over
 the expert data-parallel group (Setup.expert_dp). That is Megatron's own table (docs: distrib_optimizer,
