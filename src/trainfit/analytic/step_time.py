@@ -90,6 +90,7 @@ class MicroBatchCompute(NamedTuple):
     terms: dict  # per step, by kernel kind (StepTime.compute_terms)
     total: object = None  # compute_time.ListTime of the stage's op list (None under the flat override)
     forward_kernels: float = 0.0  # kernels of the forward alone (the host issues each: moe_host_syncs)
+    sync_stall: float = 0.0  # the forward's GPU idle between the dispatcher's host syncs (host_queue.py)
 
 
 def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, st: StateBytes,
@@ -107,7 +108,7 @@ def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCos
         terms = {k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")}
         mem = tot.memory / tot.seconds if tot.seconds > 0 else 0.0
         return MicroBatchCompute(sc.forward.seconds, sc.backward.seconds, sc.recompute.seconds, sc.attention_forward,
-                                 achieved, mem, terms, tot, sc.forward.kernels)
+                                 achieved, mem, terms, tot, sc.forward.kernels, sc.sync_stall)
     peak = dense_peak * efficiency
     # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
     stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
@@ -210,7 +211,11 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         if moe_host_syncs(spec, setup):
             # the forward of each micro-batch runs between host synchronisations: the host cannot issue it ahead
             fwd_gpu = c.forward + (tp_mb + cp_mb + ep_mb) / 2
-            fwd = m * host_issue_exposed(setup, c.forward_kernels, fwd_gpu)
+            # kernel by kernel between the syncs (host_queue.py), at least the stretch's whole-issue bound.
+            # NB: the all-to-alls' time inside a stretch is not in it (their GPU wait is ep_comm's): pessimistic by
+            # at most the exposed exchanges; under --overlap-moe-comm the other micro-batch's backward kernels
+            # issued in the same stretch (combined 1F1B) are not in it either: optimistic there
+            fwd = m * max(host_issue_exposed(setup, c.forward_kernels, fwd_gpu), c.sync_stall)
             issue = fwd + host_issue_exposed(setup, kernels - m * c.forward_kernels, step - m * fwd_gpu)
         else:
             issue = host_issue_exposed(setup, kernels, step)
