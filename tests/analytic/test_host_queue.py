@@ -37,3 +37,44 @@ def test_no_sync_no_stall():
     """A block whose dispatcher does not wait on the host (no dispatch_a2a: ops/moe.py) adds nothing here."""
     ops, secs = _layer(sync="other")
     assert sync_stall(ops, secs, 20 * US) == 0.0
+
+
+def _combined(dgrad_us, attn_bwd_us):
+    """A forward in Megatron's nodes (attention with the preprocess and permute; the dispatch all-to-all; ten expert
+    GEMMs of 10 µs; the combine all-to-all and unpermute, 1 µs) and a backward of ten expert dgrads, the unpermute's
+    and attention's backward and the main-grad accumulation (1 µs, attention's node: no forward op of its name)."""
+    fwd = [memory("attention", 0, 0, "t"), memory("dispatch_metadata", 0, 0, "t"), memory("permute", 0, 0, "t"),
+           memory("dispatch_a2a", 0, 0, "t"), memory("experts", 0, 0, "t", kernels=10),
+           memory("combine_a2a", 0, 0, "t"), memory("unpermute", 0, 0, "t")]
+    fs = [100 * US, 1 * US, 1 * US, 0.0, 100 * US, 0.0, 1 * US]
+    bwd = [memory("unpermute.backward", 0, 0, "t"), memory("experts.dgrad", 0, 0, "t", kernels=10),
+           memory("attention.backward", 0, 0, "t"), memory("grad_accumulate", 0, 0, "t")]
+    bs = [1 * US, dgrad_us * US, attn_bwd_us * US, 1 * US]
+    return fwd, fs, bwd, bs
+
+
+def test_combined_backward_fills_the_forward_stretch():
+    """Host 20 µs per kernel. The forward alone: from the sync at t0 the all-to-all (t0+20), the GEMMs fed one per
+    issue (t0+230), the combine (t0+240, t0+261), attention issued at t0+280 ends t0+380, the preprocess t0+381 (the
+    copies), the permute t0+382; the host, done at t0+320, passes the sync at t0+381: 178 µs idle of a 381 µs period
+    (GPU 203). Combined with a backward of 200 µs of dgrads and 200 µs of attention backward (model_chunk_schedule_
+    plan.py:190-252 order: unpermute backward, attention forward, dgrads, then the sync), the dgrads queued before
+    the sync keep the stream busy through it: the steady state leaves 201 µs of them queued at each sync, every
+    kernel waits on the one before it, and the period is the GPU's 605 µs: no idle."""
+    from trainfit.analytic.host_queue import combined_stall
+
+    fwd, fs, bwd, bs = _combined(200, 200)
+    assert abs(sync_stall(fwd, fs, 20 * US) - 178 * US) < 1e-9
+    assert combined_stall(fwd, fs, bwd, bs, 20 * US) < 1e-12
+
+
+def test_combined_host_bound_by_hand():
+    """A light backward (dgrads 50 µs, attention backward 50 µs): 29 kernels per combined layer, 580 µs of issue
+    against 305 µs of GPU. Stepping from the sync at t0: a2a t0+20, GEMMs t0+230, combine t0+240 / t0+261, attention
+    backward issued t0+280 ends t0+330, accumulation t0+331, unpermute backward t0+332, attention forward issued t0+340
+    ends t0+440, the copies t0+441, permute t0+442, dgrads fed by their issue to t0+585; the host reaches the next
+    sync at t0+580 (copies long landed): the period is the host's 580 µs, 275 µs idle."""
+    from trainfit.analytic.host_queue import combined_stall
+
+    fwd, fs, bwd, bs = _combined(50, 50)
+    assert abs(combined_stall(fwd, fs, bwd, bs, 20 * US) - 275 * US) < 1e-9

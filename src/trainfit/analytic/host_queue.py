@@ -18,6 +18,12 @@ SYNC_OP = "dispatch_a2a"  # ops/megatron_moe.py dispatch_ops: the all-to-all the
 D2H_OP = "dispatch_metadata"  # ops/megatron_moe.py dispatch_ops: the preprocess whose last kernels are the D2H copies
 
 
+def has_sync(ops: list[Op]) -> bool:
+    """Whether a layer's forward waits on the host once (the dispatcher's copies and the all-to-all after them)."""
+    names = {o.name for o in ops}
+    return SYNC_OP in names and D2H_OP in names
+
+
 def _op_end(gpu_free: float, issue_start: float, kernels: float, seconds: float, host: float) -> float:
     """When the stream finishes an op of `kernels` equal kernels (`seconds` in all) whose first is issued at
     `issue_start` + `host` and each next one `host` later, on a stream free from `gpu_free`. Kernel j ends at
@@ -35,8 +41,7 @@ def sync_stall(ops: list[Op], seconds: list[float], host: float) -> float:
     synchronisation (module doc), beyond the layer's GPU time: the period between two successive syncs less the sum
     of `seconds` (each op's GPU time, in the order of `ops`, one layer's forward). 0 when the list has no sync (a
     dispatcher that does not wait: ops/moe.py's block) or the host is free (`host` 0)."""
-    names = [o.name for o in ops]
-    if SYNC_OP not in names or D2H_OP not in names or host <= 0:
+    if not has_sync(ops) or host <= 0:
         return 0.0
     gpu_t = host_t = 0.0
     syncs, d2h = [], 0.0
@@ -50,3 +55,39 @@ def sync_stall(ops: list[Op], seconds: list[float], host: float) -> float:
             if op.name == D2H_OP:
                 d2h = gpu_t
     return max(0.0, syncs[-1] - syncs[-2] - sum(seconds))
+
+
+def combined_1f1b(setup) -> bool:
+    """Whether Megatron co-schedules each layer's forward of one micro-batch with the backward of another
+    (--overlap-moe-comm over more than one micro-batch: megatron-core 0.16.1 pipeline_parallel/combined_1f1b.py:34-57
+    and :111-174, the no-pipelining and interleaved schedules)."""
+    return bool(setup.overlap_moe_comm) and setup.grad_accum > 1
+
+
+def _nodes(fwd: list[Op]) -> dict[str, str]:
+    """Each forward op's node of Megatron's fine-grained layer (models/gpt/fine_grained_callables.py:427-502
+    submodule_attn_forward: attention, pre-MLP norm, router and moe_layer.py:256-273 preprocess = the dispatcher's
+    preprocess and permute; :504-518 dispatch = moe_layer.py:275-282 token_dispatch, the all-to-all; :520-542 the
+    experts = moe_layer.py:313-327 sort, GEMMs, unsort; :544- combine = moe_layer.py:329-342 all-to-all, unpermute,
+    residual)."""
+    names = [o.name for o in fwd]
+    a2a, back = names.index(SYNC_OP), names.index("combine_a2a") if "combine_a2a" in names else len(names)
+    return {n: "attn" if i < a2a else "dispatch" if i == a2a else "mlp" if i < back else "combine"
+            for i, n in enumerate(names)}
+
+
+def combined_stall(fwd: list[Op], fwd_s: list[float], bwd: list[Op], bwd_s: list[float], host: float) -> float:
+    """sync_stall of the combined 1F1B layer (combined_1f1b): one layer's forward and another micro-batch's backward
+    of a layer, node by node in the order of models/common/model_chunk_schedule_plan.py:190-252 run: combine
+    backward, attention forward (its preprocess records the D2H copies), MLP backward, dispatch forward (the host
+    sync), dispatch backward, MLP and combine forward, attention backward. A backward op belongs to its forward op's
+    node (its name's prefix); one without (the main-grad accumulation) to attention's. NB: without
+    delay_wgrad_compute the weight gradients run inside each node's backward (backward_dw a no-op): taken so."""
+    if not has_sync(fwd) or host <= 0:
+        return 0.0
+    node = _nodes(fwd)
+    f = {k: [(o, s) for o, s in zip(fwd, fwd_s) if node[o.name] == k] for k in ("attn", "dispatch", "mlp", "combine")}
+    b = {k: [(o, s) for o, s in zip(bwd, bwd_s) if node.get(o.name.split(".")[0], "attn") == k]
+         for k in ("attn", "dispatch", "mlp", "combine")}
+    order = b["combine"] + f["attn"] + b["mlp"] + f["dispatch"] + b["dispatch"] + f["mlp"] + f["combine"] + b["attn"]
+    return sync_stall([o for o, _ in order], [s for _, s in order], host)

@@ -40,6 +40,7 @@ from ..spec import ModelSpec
 from . import torchao_optim
 from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
+from .host_queue import combined_1f1b
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .te_recipes import gather_saving
@@ -91,6 +92,7 @@ class MicroBatchCompute(NamedTuple):
     total: object = None  # compute_time.ListTime of the stage's op list (None under the flat override)
     forward_kernels: float = 0.0  # kernels of the forward alone (the host issues each: moe_host_syncs)
     sync_stall: float = 0.0  # the forward's GPU idle between the dispatcher's host syncs (host_queue.py)
+    combined_stall: float = 0.0  # the same under the combined 1F1B schedule (host_queue.combined_stall)
 
 
 def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, st: StateBytes,
@@ -108,7 +110,8 @@ def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCos
         terms = {k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")}
         mem = tot.memory / tot.seconds if tot.seconds > 0 else 0.0
         return MicroBatchCompute(sc.forward.seconds, sc.backward.seconds, sc.recompute.seconds, sc.attention_forward,
-                                 achieved, mem, terms, tot, sc.forward.kernels, sc.sync_stall)
+                                 achieved, mem, terms, tot, sc.forward.kernels, sc.sync_stall,
+                                 sc.combined_stall)
     peak = dense_peak * efficiency
     # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
     stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
@@ -213,10 +216,18 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
             fwd_gpu = c.forward + (tp_mb + cp_mb + ep_mb) / 2
             # kernel by kernel between the syncs (host_queue.py), at least the stretch's whole-issue bound.
             # NB: the all-to-alls' time inside a stretch is not in it (their GPU wait is ep_comm's): pessimistic by
-            # at most the exposed exchanges; under --overlap-moe-comm the other micro-batch's backward kernels
-            # issued in the same stretch (combined 1F1B) are not in it either: optimistic there
-            fwd = m * max(host_issue_exposed(setup, c.forward_kernels, fwd_gpu), c.sync_stall)
-            issue = fwd + host_issue_exposed(setup, kernels - m * c.forward_kernels, step - m * fwd_gpu)
+            # at most the exposed exchanges
+            fwd_k = c.forward_kernels
+            fwd = m * max(host_issue_exposed(setup, fwd_k, fwd_gpu), c.sync_stall)
+            if combined_1f1b(setup):
+                # each layer's forward runs with another micro-batch's backward of a layer, its nodes issued between
+                # the forward's syncs: the host cannot carry a lead over the backward either, so the micro-batch's
+                # whole issue time is set against its own GPU time, and kernel by kernel (host_queue.combined_stall).
+                # NB: the pipeline's warm-up forwards and cool-down backwards, not combined, taken as combined
+                # (optimistic by their forward-only stalls); recomputed modules' re-runs not in the stretch (optimistic)
+                fwd_k, fwd_gpu = c.total.kernels, c.forward + c.backward + c.recompute + tp_mb + cp_mb + ep_mb
+                fwd = m * max(host_issue_exposed(setup, fwd_k, fwd_gpu), c.combined_stall)
+            issue = fwd + host_issue_exposed(setup, kernels - m * fwd_k, step - m * fwd_gpu)
         else:
             issue = host_issue_exposed(setup, kernels, step)
     step += issue
