@@ -279,9 +279,9 @@ def moe_host_syncs(spec: ModelSpec, setup: Setup) -> bool:
     host_sync: Megatron's alltoall dispatcher waits for its device-to-host copies of the token counts). After each
     sync the GPU's queue is empty and waits while the host issues the next kernels, so the host's lead cannot carry
     the forward's issue time across the backward's or the communication's GPU time: the forward's exposed host time
-    is its own max(0, issue - GPU), per micro-batch. NB: one segment per layer, all alike, gives the same as the
-    whole forward's; a model mixing dense and MoE layers has unequal segments (optimistic there), and within a
-    segment short and long kernels alternate (host_issue_exposed's NB). The forward's share of the micro-batch's
+    is at least its own max(0, issue - GPU), per micro-batch, and at least the MoE layers' stretches stepped kernel
+    by kernel (host_queue.sync_stall: short and long kernels alternate within a stretch). NB: a model mixing dense
+    and MoE layers has unequal segments (the whole-forward bound optimistic there). The forward's share of the micro-batch's
     TP/CP/EP communication is taken as half (NB: the dispatch and combine all-to-alls, the forward's pair). NB: a
     recomputed MoE layer syncs again in the backward (its dispatcher reruns): not modelled, optimistic there."""
     return spec.is_moe and bool(setup.stack_facts.facts.get("moe", {}).get("host_sync"))
