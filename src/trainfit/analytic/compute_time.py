@@ -25,6 +25,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, multi_tensor, roofline, torchao_optim
 from .gated_deltanet import linear_layers
+from .host_queue import combined_1f1b, combined_stall, has_sync, sync_stall
 from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
@@ -118,6 +119,8 @@ class StageCompute:
     backward: ListTime
     recompute: ListTime
     attention_forward: float  # seconds of one layer's attention core forward (ring attention overlaps it)
+    sync_stall: float = 0.0  # seconds the GPU idles in the forward between the host's syncs (host_queue.py)
+    combined_stall: float = 0.0  # the same with another micro-batch's backward in each stretch (combined 1F1B)
 
     @property
     def total(self) -> ListTime:
@@ -161,7 +164,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     prep = compiled if sh.compile else (lambda ops: ops)
     def layer_times(sh: Shape):
         lf = lb = lr = ListTime()
-        attn = 0.0
+        attn = stall = both = 0.0
         # (under torchao's recipe, its converted and its --bf16-*-layers layers in their proportion)
         for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc), layer_shapes(spec, setup, sh)):
             w *= q
@@ -170,12 +173,17 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
             tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
             lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
             attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
-        return lf, lb, lr, attn
+            if moe and not sh.compile and has_sync(fwd):  # the forward's stretches between the dispatcher's syncs
+                fs, h = [time_ops(gpu, [o]).seconds for o in fwd], roofline.host_seconds_per_kernel()
+                stall += w * sync_stall(fwd, fs, h)
+                if combined_1f1b(setup):
+                    both += w * combined_stall(fwd, fs, bwd, [time_ops(gpu, [o]).seconds for o in bwd], h)
+        return lf, lb, lr, attn, stall, both
 
-    lf, lb, lr, attn = layer_times(sh)
+    lf, lb, lr, attn, stall, both = layer_times(sh)
     # Transformer Engine's --bf16-first/last-layers: those layers' lists without the recipe (te_recipes.py)
     bf16_first, bf16_last = (setup.bf16_first_layers, setup.bf16_last_layers) if sh.te else (0, 0)
-    lf16, lb16, lr16, _ = layer_times(replace(sh, te="")) if bf16_first or bf16_last else (lf, lb, lr, attn)
+    lf16, lb16, lr16, *_ = layer_times(replace(sh, te="")) if bf16_first or bf16_last else (lf, lb, lr)
     # Llama 3.2 Vision's cross-attention layers, their share of the layers (NB: `attn` stays the self-attention's)
     from .tower_time import cross_layer_times, cross_share
     share = cross_share(spec)
@@ -218,7 +226,8 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         b16 = min(b16, n)
         rec = checkpointed_layers(setup, n) / max(n, 1)  # NB: the bf16 layers' share of the re-run, as of the layers
         cand = StageCompute((n - b16) * lf + b16 * lf16 + extra_f, (n - b16) * lb + b16 * lb16 + extra_b,
-                            rec * ((n - b16) * lr + b16 * lr16) + extra_r, attn)
+                            rec * ((n - b16) * lr + b16 * lr16) + extra_r, attn,
+                            n * stall, n * both)  # NB: the bf16 layers' stretches as the quantised ones'
         if best is None or cand.total.seconds > best.total.seconds:
             best = cand
     return best

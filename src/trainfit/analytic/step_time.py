@@ -40,6 +40,7 @@ from ..spec import ModelSpec
 from . import torchao_optim
 from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
+from .host_queue import combined_1f1b
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
 from .te_recipes import gather_saving
@@ -90,6 +91,8 @@ class MicroBatchCompute(NamedTuple):
     terms: dict  # per step, by kernel kind (StepTime.compute_terms)
     total: object = None  # compute_time.ListTime of the stage's op list (None under the flat override)
     forward_kernels: float = 0.0  # kernels of the forward alone (the host issues each: moe_host_syncs)
+    sync_stall: float = 0.0  # the forward's GPU idle between the dispatcher's host syncs (host_queue.py)
+    combined_stall: float = 0.0  # the same under the combined 1F1B schedule (host_queue.combined_stall)
 
 
 def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, st: StateBytes,
@@ -107,7 +110,8 @@ def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCos
         terms = {k: m * getattr(tot, k) for k in ("gemm", "attention", "memory", "launches")}
         mem = tot.memory / tot.seconds if tot.seconds > 0 else 0.0
         return MicroBatchCompute(sc.forward.seconds, sc.backward.seconds, sc.recompute.seconds, sc.attention_forward,
-                                 achieved, mem, terms, tot, sc.forward.kernels)
+                                 achieved, mem, terms, tot, sc.forward.kernels, sc.sync_stall,
+                                 sc.combined_stall)
     peak = dense_peak * efficiency
     # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
     stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
@@ -210,8 +214,20 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         if moe_host_syncs(spec, setup):
             # the forward of each micro-batch runs between host synchronisations: the host cannot issue it ahead
             fwd_gpu = c.forward + (tp_mb + cp_mb + ep_mb) / 2
-            fwd = m * host_issue_exposed(setup, c.forward_kernels, fwd_gpu)
-            issue = fwd + host_issue_exposed(setup, kernels - m * c.forward_kernels, step - m * fwd_gpu)
+            # kernel by kernel between the syncs (host_queue.py), at least the stretch's whole-issue bound.
+            # NB: the all-to-alls' time inside a stretch is not in it (their GPU wait is ep_comm's): pessimistic by
+            # at most the exposed exchanges
+            fwd_k = c.forward_kernels
+            fwd = m * max(host_issue_exposed(setup, fwd_k, fwd_gpu), c.sync_stall)
+            if combined_1f1b(setup):
+                # each layer's forward runs with another micro-batch's backward of a layer, its nodes issued between
+                # the forward's syncs: the host cannot carry a lead over the backward either, so the micro-batch's
+                # whole issue time is set against its own GPU time, and kernel by kernel (host_queue.combined_stall).
+                # NB: the pipeline's warm-up forwards and cool-down backwards, not combined, taken as combined
+                # (optimistic by their forward-only stalls); recomputed modules' re-runs not in the stretch (optimistic)
+                fwd_k, fwd_gpu = c.total.kernels, c.forward + c.backward + c.recompute + tp_mb + cp_mb + ep_mb
+                fwd = m * max(host_issue_exposed(setup, fwd_k, fwd_gpu), c.combined_stall)
+            issue = fwd + host_issue_exposed(setup, kernels - m * fwd_k, step - m * fwd_gpu)
         else:
             issue = host_issue_exposed(setup, kernels, step)
     step += issue
@@ -263,9 +279,9 @@ def moe_host_syncs(spec: ModelSpec, setup: Setup) -> bool:
     host_sync: Megatron's alltoall dispatcher waits for its device-to-host copies of the token counts). After each
     sync the GPU's queue is empty and waits while the host issues the next kernels, so the host's lead cannot carry
     the forward's issue time across the backward's or the communication's GPU time: the forward's exposed host time
-    is its own max(0, issue - GPU), per micro-batch. NB: one segment per layer, all alike, gives the same as the
-    whole forward's; a model mixing dense and MoE layers has unequal segments (optimistic there), and within a
-    segment short and long kernels alternate (host_issue_exposed's NB). The forward's share of the micro-batch's
+    is at least its own max(0, issue - GPU), per micro-batch, and at least the MoE layers' stretches stepped kernel
+    by kernel (host_queue.sync_stall: short and long kernels alternate within a stretch). NB: a model mixing dense
+    and MoE layers has unequal segments (the whole-forward bound optimistic there). The forward's share of the micro-batch's
     TP/CP/EP communication is taken as half (NB: the dispatch and combine all-to-alls, the forward's pair). NB: a
     recomputed MoE layer syncs again in the backward (its dispatcher reruns): not modelled, optimistic there."""
     return spec.is_moe and bool(setup.stack_facts.facts.get("moe", {}).get("host_sync"))

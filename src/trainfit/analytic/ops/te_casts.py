@@ -30,6 +30,13 @@ SRC = "Transformer Engine quantize (cast + transpose)"
 # (Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax, then the scale, then the cast), :1438-1512
 # (NVFP4Quantizer::quantize_impl: nvte_compute_amax / the Hadamard-transform amax for its per-tensor scale)
 TENSOR_AMAX = ("tensorwise", "nvfp4")
+# current scaling's amax is two launches, a one-thread kernel zeroing the amax for the atomic max and the reduction
+# (common/recipe/current_scaling.cu:72-107 launch_amax_kernel), and its scale a third, one thread
+# (current_scaling.cu:258 compute_scale_from_amax_kernel): csrc/quantizer.cpp:514-533 quantize_impl runs amax, scale,
+# cast. NB: NVFP4 (quantizer.cpp:1507-1508 the same amax call, or the Hadamard-transform amax) stays at one launch
+# for its amax, its scale kernels not counted: optimistic by their launches
+AMAX_LAUNCHES = {"tensorwise": 2, "nvfp4": 1}
+SCALE_LAUNCHES = {"tensorwise": 1}
 
 
 def split_kernels(linear: Op, sh: Shape) -> int:
@@ -44,7 +51,10 @@ def _quantise(name: str, elements: float, in_bytes: float, sh: Shape, kernels: i
     scaling only) and the cast."""
     r = RECIPES[sh.te]
     out = [memory(f"{name}.amax", elements * in_bytes, FP32, SRC + ": per-tensor amax", grad=False, saves=False,
-                  kernels=kernels)] if r.name in TENSOR_AMAX else []
+                  kernels=kernels * AMAX_LAUNCHES[r.name])] if r.name in TENSOR_AMAX else []
+    if r.name in SCALE_LAUNCHES:
+        out.append(memory(f"{name}.scale", FP32, FP32, SRC + ": scale from amax", grad=False, saves=False,
+                          kernels=kernels * SCALE_LAUNCHES[r.name]))
     return out + [memory(f"{name}.cast", elements * in_bytes, 2 * elements * r.per_element, SRC, grad=False,
                          saves=False, kernels=kernels)]
 
