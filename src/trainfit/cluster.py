@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import resources
 
 from .errors import GPUFileError, SetupError
-from .hardware import GPU
+from .hardware import GPU, refuse_unknown_fields
 
 # field -> (what it is, an example as the file writes it); all required but sharp (false), gpus and source
 FIELDS = {
@@ -48,11 +48,7 @@ class Cluster:
 
 def _validated(where: str, data: dict, name: str) -> Cluster:
     """`data`'s fields as a Cluster, each checked; a mistake is one line naming the field and the fix."""
-    unknown = sorted(set(data) - set(FIELDS))
-    if unknown:
-        near = difflib.get_close_matches(unknown[0], list(FIELDS), n=1)
-        hint = f" (did you mean {near[0]}?)" if near else f"; the fields are: {', '.join(FIELDS)}"
-        raise GPUFileError(f"{where}: unknown field {unknown[0]!r}{hint}")
+    refuse_unknown_fields(where, data, FIELDS)
     for k in FIELDS:
         if k not in data and k not in OPTIONAL:
             raise GPUFileError(f"{where}: missing field {k!r}: add {k} = {FIELDS[k][1]} ({FIELDS[k][0]})")

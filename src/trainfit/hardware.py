@@ -207,6 +207,15 @@ def is_gpu_file(name: str) -> bool:
     return catalog_only_rule() is None and os.path.isfile(n)
 
 
+def refuse_unknown_fields(where: str, data: dict, fields) -> None:
+    """A user file's first unknown field, in one line with the nearest known name (or the list of them)."""
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else f"; the fields are: {', '.join(fields)}"
+        raise GPUFileError(f"{where}: unknown field {unknown[0]!r}{hint}")
+
+
 def load_gpu_file(path: str) -> GPU:
     """A GPU described in a JSON or TOML file with the catalog's fields (data/gpus.json), validated field by field;
     any mistake is one line naming the field and the fix. The one place a GPU reference reaches the file system:
@@ -232,11 +241,7 @@ def load_gpu_file(path: str) -> GPU:
                            f"{first}") from None
     if not isinstance(data, dict):
         raise GPUFileError(f"{where} must hold one object (table) of GPU fields, not a {type(data).__name__}")
-    unknown = sorted(set(data) - set(FILE_FIELDS))
-    if unknown:
-        near = difflib.get_close_matches(unknown[0], list(FILE_FIELDS), n=1)
-        hint = f" (did you mean {near[0]}?)" if near else f"; the fields are: {', '.join(FILE_FIELDS)}"
-        raise GPUFileError(f"{where}: unknown field {unknown[0]!r}{hint}")
+    refuse_unknown_fields(where, data, FILE_FIELDS)
     for k in FILE_FIELDS:
         if k not in data and k not in OPTIONAL:
             raise GPUFileError(f"{where}: missing field {k!r}: add {_example(k, toml)} ({FILE_FIELDS[k][0]})")

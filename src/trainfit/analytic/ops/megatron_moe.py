@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from ...spec import ModelSpec
 from ..activations import FP32, INDEX
-from .moe import _experts_gemm, busiest_per_expert, moe_block, shared_expert_ops
+from .moe import _experts_gemm, expert_dims, moe_block, shared_expert_ops
 from .op import Op, Shape, gemm, memory
 
 SRC = "megatron-core 0.16.1 transformer/moe/"
@@ -46,12 +46,7 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     m = spec.moe
     if m.experts_every_token:
         return moe_block(spec, sh)
-    h, t, a = spec.hidden, sh.tp, sh.act
-    T, e, k = sh.tokens, m.num_experts, m.top_k
-    i = m.expert_intermediate / t
-    local = max(1, e // sh.ep)
-    per_expert = busiest_per_expert(sh, k, local)  # rows of each local expert's GEMMs
-    rows = per_expert * local  # routed rows this rank's experts receive
+    h, a, T, e, k, i, local, per_expert, rows = expert_dims(spec, sh)
     ops = router_ops(spec, sh) + dispatch_ops(spec, sh)
     gate = 2 if spec.gated_mlp else 1
     # TEGroupedMLP (moe/experts.py:628-720): linear_fc1, the weighted activation, linear_fc2; one GEMM per expert
@@ -123,7 +118,7 @@ def dispatch_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     m, h, a = spec.moe, spec.hidden, sh.act
     T, e, k = sh.tokens, m.num_experts, m.top_k
     rows = T * k
-    received = busiest_per_expert(sh, k, max(1, e // sh.ep)) * max(1, e // sh.ep)  # after the all-to-all
+    received = expert_dims(spec, sh)[-1]  # after the all-to-all
     copies = 3 + (1 if sh.tp > 1 else 0)
     return [memory("dispatch_metadata", T * e * BOOL, e * INDEX, SRC + "token_dispatcher.py:469-590 preprocess",
                    saves=False, grad=False, kernels=5 + 1 + copies),
@@ -145,7 +140,7 @@ def combine_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     m, h, a = spec.moe, spec.hidden, sh.act
     T, k = sh.tokens, m.top_k
     rows = T * k
-    received = busiest_per_expert(sh, k, max(1, m.num_experts // sh.ep)) * max(1, m.num_experts // sh.ep)
+    received = expert_dims(spec, sh)[-1]
     return [memory("unsort_by_expert", received * h * a, received * h * a,
                    SRC + "token_dispatcher.py:767 sort_chunks_by_idxs (fused)", "combine", saves=False,
                    kernels=2, bwd=1),

@@ -12,6 +12,16 @@ from .clamped_swiglu import clamped_swiglu, expert_bias
 from .op import Op, Shape, gemm, memory
 from .te_casts import te_casts
 
+def expert_dims(spec: ModelSpec, sh: Shape) -> tuple:
+    """(hidden, activation bytes, tokens T, experts E, top_k, an expert's width over tp, local experts E/ep, rows of
+    each local expert's GEMMs on the busiest rank (busiest_per_expert), the rows its experts receive in all)."""
+    m = spec.moe
+    local = max(1, m.num_experts // sh.ep)
+    per_expert = busiest_per_expert(sh, m.top_k, local)
+    return (spec.hidden, sh.act, sh.tokens, m.num_experts, m.top_k, m.expert_intermediate / sh.tp, local, per_expert,
+            per_expert * local)
+
+
 def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     """The sparse MoE block (integrations/moe.py grouped_mm experts; router modeling_mixtral.py:105-107). With
     --ep the rank runs E/ep experts on the routed copies it receives: the busiest rank's, sh.moe_load times the
@@ -21,12 +31,7 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     m = spec.moe
     if m.experts_every_token:
         return every_expert_ops(spec, sh)
-    h, t, a = spec.hidden, sh.tp, sh.act
-    T, e, k = sh.tokens, m.num_experts, m.top_k
-    i = m.expert_intermediate / t
-    local = max(1, e // sh.ep)
-    per_expert = busiest_per_expert(sh, k, local)
-    routed = per_expert * local  # the copies the busiest rank's experts run on
+    h, a, T, e, k, i, local, per_expert, routed = expert_dims(spec, sh)
     src = "transformers integrations/moe.py grouped_mm experts"
     ops = autocast_inputs("router_in", T, h, 1, sh, "attn_out")
     ops.append(gemm("router", T, e, h, sh, "modeling_mixtral.py:105 router linear"))
