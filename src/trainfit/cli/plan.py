@@ -101,7 +101,7 @@ def plan(
     from ..units import parse_count
     from ..report import plan as report
     from ..plan.emit import ENGINES
-    from ..plan.search import PlanQuery, search
+    from ..plan.search import PlanQuery
 
     gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
     if gbt is None and batch_tolerance != 0.05:
@@ -123,7 +123,7 @@ def plan(
         from ..plan.emit import check_model
 
         check_model(emit, spec)  # a model the engine cannot build: say so before searching
-    result = search(spec, g, q, tokens=budget_tokens)
+    result = _searched(spec, g, q, budget_tokens, quiet=json)
     if verify and result.candidates:
         from ..plan.verify import verify as run_verify
 
@@ -137,6 +137,23 @@ def plan(
         typer.echo(report.dumps(report.plan_dict(result)))
         return
     report.render(result, echo=typer.echo)
+
+
+def _searched(spec, g, q, budget_tokens, quiet: bool):
+    """search() with a transient bar over its layouts on stderr (a MoE model's search takes seconds)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from ..plan.search import search
+
+    console = Console(stderr=True)
+    # (off when stderr is not a terminal: a redirected run's stderr keeps only its messages, one line per error)
+    with Progress(transient=True, disable=quiet or not console.is_terminal, console=console) as bar:
+        task = bar.add_task("searching layouts", total=None)
+
+        def step(i: int, n: int) -> None:
+            bar.update(task, completed=i, total=n, description=f"searching layouts {i}/{n}")
+        return search(spec, g, q, tokens=budget_tokens, progress=step)
 
 
 def _emit(engine, spec, g, q, result, budget_tokens) -> None:

@@ -16,6 +16,7 @@ plans get a full estimate.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .. import cancel, limits
@@ -201,8 +202,10 @@ def _runs_any(q: PlanQuery, *axes: str) -> bool:
     return any(a in get_stack(x).axes for x in q.stacks for a in axes)
 
 
-def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None) -> PlanResult:
-    """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it."""
+def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
+           progress: Callable[[int, int], None] | None = None) -> PlanResult:
+    """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it. `progress(i, n)`: called as
+    each of the n layouts starts (the CLI's bar)."""
     t0 = time.perf_counter()
     # the model the setups train (its head: hf_config.for_setup, as the analytic engine resolves it)
     model = for_setup(spec, planned_setup(spec, seq=q.seq))
@@ -220,7 +223,9 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None)
                                                          "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {}}
                                                      for x in q.stacks}}
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
-    for lay in lays:
+    for i, lay in enumerate(lays):
+        if progress is not None:
+            progress(i, len(lays))
         bcap = max_micro_batch(lay, gseqs, q.batch_tolerance)
         splits_all = batch_splits(lay, gseqs, bcap, q.batch_tolerance) if gseqs is not None else None
         if bcap < 1 or (splits_all is not None and not splits_all):
