@@ -50,7 +50,7 @@ from .parallel.expert import ep_comm_seconds, exposed_ep_seconds, split_params
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
-from .parallel.zero import dp_comm
+from .parallel.zero import dp_comm, group_per_node
 from .megatron_recompute import ep_rerun_share
 from .mtp import stage_mtp
 from .recompute import forward_rerun_share
@@ -257,7 +257,7 @@ def clip_allreduce_seconds(setup: Setup, clip: ClipWork, links: Links) -> float:
     """The clip's all-reduces of its norm (grad_clip.ClipWork.allreduces) over their group, by NCCL's model, placed as
     the step's other groups are (parallel/collectives.py: tp-cp-dp-pp). A few bytes each: the latency is all of it."""
     t, p, dpc, node = setup.tp, setup.pp, setup.dp * setup.cp, links.gpus_per_node
-    groups = {"dp": (dpc, ranks_per_node(t, dpc, node)),
+    groups = {"dp": group_per_node(setup, links),
               "model": (t * p, t * ranks_per_node(t * dpc, p, node)),
               "world": (setup.world_size, min(setup.world_size, node))}
     return sum(links.allreduce(*groups[g], nbytes) for g, nbytes in clip.allreduces)

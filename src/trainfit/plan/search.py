@@ -256,6 +256,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
     for setup, tm, est in _refined(spec, gpu, q, ranked[: q.top * REFINE_POOL], stats)[: q.top]:
+        est = est or analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
         if q.efficiency is None:
             tm = est.detail.step_time
         c = Candidate(setup, tm, est)
@@ -288,17 +289,20 @@ def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict)
     """Each ranked plan ((rank, (setup, time))) with the REFINED settings its stack runs (stacks/*.toml [parallel]
     axes) tried one at a time and together, each as `trainfit estimate` would take it (Setup's checks and the stack's
     rules run again: a refusal skips it), the fastest that fits kept; re-ranked by the search's own key with the
-    estimate's throughput. (setup, time, estimate) each. Under --efficiency (the flat override) nothing is tried:
-    the refinements are the kernel model's."""
+    estimate's throughput. (setup, time, estimate) each, the estimate None where nothing was tried (the caller
+    estimates the plans it keeps). Under --efficiency (the flat override) nothing is tried: the refinements are the
+    kernel model's."""
     out = []
     for rank, (setup, tm) in ranked:
-        est = analytic(spec, setup, gpu, reserve=q.reserve)
+        est = None
         changes = [{}]
         if q.efficiency is None and spec.is_moe and setup.ep > 1:
             axes = get_stack(setup.stack).axes
             for name, values in REFINED:
                 if name in axes:
                     changes += [{**c, name: v} for c in changes for v in values]
+        if len(changes) > 1:
+            est = analytic(spec, setup, gpu, reserve=q.reserve)
         for change in changes[1:]:
             try:
                 alt = replace(setup, **change)

@@ -39,7 +39,7 @@ from ...setup import Setup
 from ...spec import ModelSpec
 from ..moe_imbalance import busiest_rank_load
 from ..params import ParamCounts
-from .collectives import Links, ring_half
+from .collectives import Links, ranks_per_node, ring_half
 
 
 def distinct_groups(experts: int, top_k: int, groups: int, picked: int = 0, route_groups: int = 0) -> float:
@@ -97,7 +97,7 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
         n = etp * e  # the tp × ep group (expert rank generator: etp innermost, then ep)
         return ring_half(n, n * local * token_bytes, links.over(n))
     # the ep group's ranks etp apart: gpus_per_node / etp of them per node
-    per_node = max(1, min(e, links.gpus_per_node // etp))
+    per_node = ranks_per_node(etp, e, links.gpus_per_node)
     nodes = -(-e // per_node)
     if how == "alltoall":
         copies = local * m.top_k * token_bytes / e  # to each rank of the group

@@ -194,6 +194,13 @@ def group_span(setup: Setup, expert: bool = False) -> int:
     return span
 
 
+def group_per_node(setup: Setup, links: Links, expert: bool = False) -> tuple[int, int]:
+    """(ranks, ranks on each node) of the dense (dp × cp) or the `expert` data-parallel group: its ranks sit
+    group_span / ranks apart (collectives.ranks_per_node)."""
+    n = setup.expert_dp if expert else setup.dp * setup.cp
+    return n, ranks_per_node(group_span(setup, expert) // n, n, links.gpus_per_node)
+
+
 def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_bytes: float, forward: float,
             backward: float, mem_share: float, expert_grad_bytes: float = 0.0,
             expert_weight_bytes: float = 0.0, layers: int = 1) -> DataParallelComm:
@@ -211,10 +218,10 @@ def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_byte
     Megatron max(40M, 1M × dp) elements or one buffer without overlap_grad_reduce, megatron/core/distributed/
     distributed_data_parallel.py:62-68 in megatron-core 0.16.1): optimistic by a latency per further bucket."""
     m, z = setup.grad_accum, setup.zero
-    dense = (setup.dp * setup.cp, group_span(setup), grad_bytes, weight_bytes)
-    groups = [dense] + ([(setup.expert_dp, group_span(setup, expert=True), expert_grad_bytes, expert_weight_bytes)]
-                        if expert_grad_bytes or expert_weight_bytes else [])
-    live = [(n, ranks_per_node(span // n, n, links.gpus_per_node), gb, wb) for n, span, gb, wb in groups if n > 1]
+    groups = [(*group_per_node(setup, links), grad_bytes, weight_bytes)]
+    if expert_grad_bytes or expert_weight_bytes:
+        groups.append((*group_per_node(setup, links, expert=True), expert_grad_bytes, expert_weight_bytes))
+    live = [grp for grp in groups if grp[0] > 1]
     within = all(g >= n for n, g, _, _ in live)
     bw = max((links.bus(n, g) for n, g, _, _ in live), default=links.intra)  # the HBM contention's link (overlap.py)
     calls = max(1, layers) if z >= 3 else 1
