@@ -64,3 +64,14 @@ def test_gb200_keeps_its_measured_lead_over_the_b200(dtype):
     b200, gb200 = get_gpu("B200"), get_gpu("GB200")
     rate = {g.name: rf.kernels_for(g).matmul(dtype) * g.flops_for(dtype) for g in (b200, gb200)}
     assert rate["GB200"] / rate["B200"] == pytest.approx(3615.6 / 3432.5, rel=0.002)
+
+
+@pytest.mark.parametrize("table,b200_rate", [("attention", 1332.4), ("attention_bwd", 1074.8)])
+def test_gb200_cudnn_attention_is_the_b200_cudnn_at_the_gb200_clock(table, b200_rate):
+    """cuDNN 9.13's fused attention (cudnn-frontend's B200 SDPA benchmark at 16k tokens: the image Megatron-Bridge
+    v0.2.0 builds on) at the GB200's measured tensor-core lead (MAMF bf16 1822.0 / 1745.0), not cuDNN 9.17's."""
+    b200, gb200 = get_gpu("B200"), get_gpu("GB200")
+    assert getattr(rf.kernels_for(b200), table)["cudnn"] * b200.flops_for("bf16") == pytest.approx(
+        b200_rate * 1e12, rel=0.002)
+    assert getattr(rf.kernels_for(gb200), table)["cudnn"] * gb200.flops_for("bf16") == pytest.approx(
+        b200_rate * 1e12 * 1822.0 / 1745.0, rel=0.002)
