@@ -13,7 +13,8 @@ is a throughput ratio; where it is a whole training step (Zeus) it bounds the cl
 memory-bound and host time do not slow with the SM clock. Sources: kernels.toml [sources] GB300PL, ZEUSPL.
 
 The fit: the five C2/C5 rows of bench/targets/time_runs.py through time_published's public path, the knee scanned
-on a grid of 0.001 for the least sum of squared log errors (the only constant fitted: the floor's clock).
+on a grid of 0.001 for the least sum of squared log errors (the floor's clock); and the unstated power limit of C6's
+"power limited" B200 job, bisected on its bf16 row (time_runs' _AO_POWER_LIMIT keeps it).
 """
 from __future__ import annotations
 
@@ -107,9 +108,26 @@ def fit() -> tuple[float, dict[str, float]]:
     return best, calibration_errors(best)
 
 
+def fit_c6_limit() -> tuple[float, float]:
+    """The board limit (W) at which C6's bf16 row (calibration.md C6: "8x power limited B200", limit not stated) is
+    predicted at its published throughput — bisection over [300, 1000] W, the step time falling as the limit rises —
+    and the row's error at the limit time_runs keeps (_AO_POWER_LIMIT)."""
+    from bench.targets.time_published import predict
+    from bench.targets.time_runs import RUNS, published_step
+    row = next(r for r in RUNS if r["id"] == "c6-torchao-b200-8b-bf16")
+
+    def err(watts):
+        return predict({**row, "power_limit": watts}) / published_step(row) - 1
+    lo, hi = 300.0, 1000.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if err(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2, err(row["power_limit"])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="re-fit [voltage_floor] clock on C2/C5")
+    ap.add_argument("--fit", action="store_true", help="re-fit [voltage_floor] clock on C2/C5 and C6's power limit")
     args = ap.parse_args(argv)
     text = ["# Power-capped clock vs published power-cap points (validation only)", "",
             "Law: analytic/roofline.py power_clock; ratios are f(cap) / f(ref) (measured: throughput ratios).", "",
@@ -119,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         k, errs = fit()
         text += [f"Fit on C2/C5 (H100-96GB at 500 W): [voltage_floor] clock = {k:.3f} (kernels.toml has {kept:g})", ""]
         text += [f"- {rid}: {e:+.1%}" for rid, e in errs.items()]
+        watts, kept_err = fit_c6_limit()
+        text += ["", f"Fit on C6 (B200, \"power limited\", limit not stated): {watts:.0f} W (time_runs "
+                 f"_AO_POWER_LIMIT keeps a limit at which C6 bf16 is {kept_err:+.1%})"]
         text.append("")
     out = "\n".join(text)
     print(out)

@@ -10,7 +10,8 @@ in_sample (True ONLY for the calibration runs C1–C3, C5–C8 of shared/calibra
 be fitted on); published_params (optional: the source's parameter count, a check of the model dims); notes
 (assumptions, each NB with its direction where known); published_reserved_gib (optional: the source's peak reserved
 memory in GiB, read by bench/targets/lowp_published.py); power_limit (optional: the board power limit in W where
-the source states one; time_published.predict runs the GPU at it); inexpressible (optional: why no Setup expresses
+the source states one, or the one fitted on C6 where it says only "power limited" (_AO_POWER_LIMIT);
+time_published.predict runs the GPU at it); inexpressible (optional: why no Setup expresses
 the run as published, e.g. a partial activation offload: the tables report it instead of predicting); layout_set
 (optional: the set of published layouts of one model on one cluster it belongs to, bench/targets/moe_order.py).
 
@@ -285,10 +286,19 @@ _AO_RECIPE = {"bf16": {}, "tensorwise": dict(low_precision="tensorwise", fp8_all
 _AO_RELEASE = {"H100-96GB": "2025-03", "B200": "2025-08-sm100"}
 
 
+# The B200 table ran on "8x power limited B200 GPUs" (AO_TRAINING 'Training e2e benchmarks on NVIDIA B200') and does
+# not state the limit: the job's one unknown, fitted on C6's bf16 row (calibration) through the power-capped clock
+# law (analytic/roofline.py power_clock) — `python -m bench run power_clock_published --fit` prints the fit. The
+# table's other rows (C6 mxfp8, the validation float8 rows) check it. NB: an effective limit: it also absorbs
+# whatever else slowed this early sm100 software (torch 2.9 nightly, torchao 0.13 nightly) — error of unknown sign.
+_AO_POWER_LIMIT = {"B200": 422.0}
+
+
 def _ao(id_, gpu, table, row, recipe, tps, reserved, attention, notes, calibration=None):
     in_sample = calibration is not None
     release = {"stack_release": _AO_RELEASE[gpu]} if gpu in _AO_RELEASE else {}
-    return dict(
+    limit = {"power_limit": _AO_POWER_LIMIT[gpu]} if gpu in _AO_POWER_LIMIT else {}
+    return dict(**limit,
         id=id_, source=f"{AO_TRAINING} table '{table}', row '{row}'" + (f"; {calibration} of calibration.md"
                                                                          if in_sample else ""),
         gpu=gpu, model="llama-3.1-8b",
@@ -363,7 +373,7 @@ LOWP_CALIBRATION: list[dict] = [
         "tensorwise with the fp8 FSDP all-gather", "C5"),
     _ao("c6-torchao-b200-8b-bf16", "B200", "Training e2e benchmarks on NVIDIA B200", "Llama3-8b | none (bfloat16)",
         "bf16", 8307.5, 33.71, "flash", "C6 of calibration.md (also TT_MXFP8 'Dense Models'); power-limited B200, "
-        "limit not stated (NB: predicted faster at the 1000 W peak); torch 2.9 nightly on sm100: SDPA cuDNN first "
+        "limit not stated: fitted here (_AO_POWER_LIMIT); torch 2.9 nightly on sm100: SDPA cuDNN first "
         "(torchtitan models/attention.py at 6fc499f)", "C6"),
     _ao("c6-torchao-b200-8b-mxfp8", "B200", "Training e2e benchmarks on NVIDIA B200", "Llama3-8b | mxfp8_cublas",
         "mxfp8", 9969.0, 33.88, "flash", "C6 of calibration.md; torchao MXLinear, recipe mxfp8_cublas (cuBLAS "

@@ -120,3 +120,15 @@ def test_dle_bert_benchmark_did_not_accumulate():
             fp32 = next(v for k, v in extra.items() if k[:2] == (mem, "fp32") and k[3] == seq)
             mixed = next(v for k, v in extra.items() if k[:2] == (mem, "mixed") and k[3] == seq)
             assert fp32 > 1.3 * mixed
+
+
+def test_c6_power_limit_is_the_fit_of_its_bf16_row():
+    """C6 says "power limited B200" without the limit; time_runs keeps the limit fitted on C6's bf16 row. The fit is
+    redone from the published throughput (bisection through time_published's public path): a model change that
+    moves it more than 2 % means time_runs' _AO_POWER_LIMIT must be refitted
+    (`python -m bench run power_clock_published --fit`)."""
+    from bench.targets.power_clock_published import fit_c6_limit
+    watts, err_at_kept = fit_c6_limit()
+    kept = next(r for r in RUNS if r["id"] == "c6-torchao-b200-8b-bf16")["power_limit"]
+    assert abs(watts / kept - 1) < 0.02 and abs(err_at_kept) < 0.02
+    assert all(r.get("power_limit") == kept for r in RUNS if r["gpu"] == "B200" and "torchao" in r["id"])
