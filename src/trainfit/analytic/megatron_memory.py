@@ -189,8 +189,8 @@ def held_pairs(setup: Setup, stage: Stage, frac: float) -> float:
     """The (micro-batch, MoE layer) pairs whose routed copies the stage's rank holds at its peak (the stored layers'
     of every in-flight micro-batch, pipeline.in_flight; under full/uniform recompute the group's layers recomputed in
     one micro-batch's backward; under block:N the layers not checkpointed), for moe_imbalance.held_load.
-    NB: the stage's MoE layers as frac of its layers (the model's share; first_k_dense models' first stage holds
-    fewer: over-counts its pairs there)."""
+    NB: the stage's MoE layers as frac of its layers (the model's share, as the stored bytes take it): a stage with
+    fewer (first_k_dense models' first) is given more pairs, whose excess grows as √n (over-counts there)."""
     policy, n, v = setup.recompute_policy, setup.recompute_layers, max(setup.vpp, 1)
     if policy in ("full", "uniform"):
         layers, micro = min(n, stage.layers), 1.0
