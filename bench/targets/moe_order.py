@@ -5,6 +5,10 @@ estimate says it fits, and the rank order against the published one (Kendall's t
 
     python -m bench run moe_order        # prints the table, writes bench/results/moe_order.md
 
+Then the published dropless-vs-forced-balance pairs (time_runs.py MOE_ROUTING_PAIRS: one layout run both ways): the
+published step-time ratio dropless / forced against the predicted one (--moe-force-balance vs the dropless default,
+analytic/moe_imbalance.py), and C8's predicted ratio (published dropless only).
+
 Validation only: C8 (shared/calibration.md) is one row of the Qwen3-235B set (in sample, marked); no other number
 here may be fitted on.
 """
@@ -16,7 +20,7 @@ from itertools import combinations
 from bench import data
 from bench.figures import record
 from bench.targets.time_published import build_setup, build_spec, predict
-from bench.targets.time_runs import MOE_LAYOUT_RUNS, published_step
+from bench.targets.time_runs import C8_RUN, MOE_LAYOUT_RUNS, MOE_ROUTING_PAIRS, published_step
 from trainfit.engines import analytic
 from trainfit.hardware import get_gpu
 from trainfit.models.hf_config import for_setup
@@ -39,7 +43,7 @@ def _sign(x: float) -> int:
 
 
 def layout_text(s) -> str:
-    return (f"TP {s.tp} EP {s.ep} ETP {s.expert_tp} PP {s.pp}" + (f" VPP {s.vpp}" if s.vpp > 1 else "")
+    return (f"TP {s.tp}" + (f" CP {s.cp}" if s.cp > 1 else "") + f" EP {s.ep} ETP {s.expert_tp} PP {s.pp}" + (f" VPP {s.vpp}" if s.vpp > 1 else "")
             + f" DP {s.dp}, MBS {s.batch} GA {s.grad_accum}")
 
 
@@ -63,6 +67,19 @@ def sets() -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in MOE_LAYOUT_RUNS:
         out.setdefault(r["layout_set"], []).append(r)
+    return out
+
+
+def routing_gaps() -> list[dict]:
+    """Per published pair (and C8 with its force-balanced twin predicted only): step time dropless / forced."""
+    out = []
+    for forced, dropless in zip(MOE_ROUTING_PAIRS[::2], MOE_ROUTING_PAIRS[1::2]):
+        out.append({"id": dropless["id"], "layout": layout_text(build_setup(dropless)),
+                    "published": published_step(dropless) / published_step(forced),
+                    "predicted": predict(dropless) / predict(forced)})
+    twin = dict(C8_RUN, setup=dict(C8_RUN["setup"], moe_force_balance=True))
+    out.append({"id": C8_RUN["id"], "layout": layout_text(build_setup(C8_RUN)), "published": None,
+                "predicted": predict(C8_RUN) / predict(twin)})
     return out
 
 
@@ -90,9 +107,18 @@ def main(argv: list[str] | None = None) -> None:
                          f"{' (C8, in sample)' if x['in_sample'] else ''} |")
         lines += ["", f"Kendall tau over {len(ok)} expressible layouts: "
                       + ("n/a" if tau is None else f"{tau:+.2f}"), ""]
+    gaps = routing_gaps()
+    values["dropless_vs_forced"] = gaps
+    lines += ["## Dropless vs forced balance: step time dropless / forced", "",
+              "| layout | seq | published | predicted | run |", "| --- | ---: | ---: | ---: | --- |"]
+    for g in gaps:
+        seq = next(r for r in MOE_ROUTING_PAIRS + [C8_RUN] if r["id"] == g["id"])["setup"]["seq"]
+        pub = "—" if g["published"] is None else f"{g['published']:.3f}"
+        lines.append(f"| {g['layout']} | {seq} | {pub} | {g['predicted']:.3f} | {g['id']} |")
+    lines.append("")
     out = "\n".join(lines) + "\n"
     print(out)
-    taus = [v["kendall_tau"] for v in values.values() if v["kendall_tau"] is not None]
+    taus = [v["kendall_tau"] for k, v in values.items() if k in sets() and v["kendall_tau"] is not None]
     record("moe_order", "published MoE layouts: predicted rank order", "Kendall tau +1 (the published order)",
            "Kendall tau " + ", ".join(f"{t:+.2f}" for t in taus) + f" over {len(taus)} published layout sets",
            values, "published")

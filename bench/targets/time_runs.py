@@ -27,6 +27,8 @@ each sequence and does not add tokens):
   * "TFLOP/s/GPU (6N + 12lhs)": the Llama 3 paper gives no FLOP formula; we use the usual model-FLOPs count per token
     6·N + 12·l·h·s (Chowdhery et al. 2022, PaLM, Appendix B) with N = the paper's 405e9 parameters. NB: if Meta
     counted causal attention at half that, the published step time here is ~3 % too long (predicted looks faster).
+  * "TFLOP/s/GPU (Megatron-LM)": what Megatron-LM's training log reports: step = F / (x · GPUs), F its
+    num_floating_point_operations for the global batch (megatron_flops below).
 """
 from __future__ import annotations
 
@@ -565,6 +567,35 @@ def _mbridge_gptoss(container, line, ep, tps):
               "another patch release of the container: its software changed with the layout.")
 
 
+# The same MOE_ZOO page's "Long Context" table (lines 35-38): Qwen3-235B-A22B on 32 nodes of 8 H100, DeepEP, BF16,
+# one layout per sequence length run twice, with --moe-router-force-load-balancing and dropless (line 49: "Add
+# --moe-router-force-load-balancing to test forced load balancing"): the published dropless-vs-forced gap. The command
+# (lines 43-44): PP 8, VPP 4, EP 8, A2A_OVERLAP 0, OPTIMIZER_OFFLOAD 0, --recompute-modules layernorm moe; MBS 1
+# (runtime_configs/benchmarking/runtime.conf:13, Qwen3-235B-A22B), DISPATCHER deepep (sbatch_benchmarking.sh:75).
+def _zoo_long(line, seq, tp, cp, forced, tflops):
+    dp = 256 // (tp * cp * 8)
+    return dict(
+        id=f"moezoo-h100-qwen3-235b-s{seq // 1024}k-cp{cp}-" + ("forced" if forced else "dropless"),
+        source=f"{MOE_ZOO}#L{line} (Long Context table, {'forced balance' if forced else 'dropless'})",
+        gpu="H100-80GB", model="qwen3-235b-a22b",
+        setup=dict(stack="megatron", batch=1, seq=seq, grad_accum=256 // dp, dp=dp, tp=tp, cp=cp, pp=8, vpp=4, ep=8,
+                   etp=1, zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
+                   pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe",
+                   moe_dispatcher="deepep", **({"moe_force_balance": True} if forced else {})),
+        published=tflops, unit="TFLOP/s/GPU (Megatron-LM)",
+        notes=f"TP {tp} CP {cp} EP 8 ETP 1 PP 8 VPP 4 DP {dp}, GBS 256, MBS 1, DeepEP, recompute modules layernorm, "
+              "moe; " + ("routing force-balanced." if forced else "dropless routing with the aux loss: the documented "
+                         "default imbalance (moe_imbalance.py).") + " Its pair differs only in the routing.")
+
+
+# (line 38, seq 131072 on CP 8, is in SKIPPED: DP 1)
+MOE_ROUTING_PAIRS: list[dict] = [
+    _zoo_long(line, seq, 4, cp, forced, x)
+    for line, seq, cp, pair in ((35, 16384, 1, (295, 237)), (36, 32768, 2, (335, 277)), (37, 65536, 4, (368, 320)))
+    for forced, x in zip((True, False), pair)
+]
+
+
 MOE_LAYOUT_RUNS: list[dict] = [
     _zoo(14, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 19.7, "Code moe_dev(f3e6c5)."),
     _zoo(15, "DeepEP", 2, 32, 8, 4, 16, 128, "layernorm, moe_act", 17.6, "Code moe_dev(f3e6c5), '+1f1b overlap'.",
@@ -670,6 +701,7 @@ RUNS: list[dict] = [
     _squad("fp32", 8, 64.32),
     *LOWP_VALIDATION,
     *(r for r in MOE_LAYOUT_RUNS if r is not C8_RUN),  # layout sets of MoE models (C8 listed above)
+    *MOE_ROUTING_PAIRS,  # dropless vs forced balance, one layout each
 ]
 
 # Candidates looked at and left out (configuration not pinned down, or not expressible):
@@ -697,6 +729,9 @@ SKIPPED = [
      "checkpointing"),
     ("torchtitan components/quantization/mxfp8.md, Llama 4 Scout MXFP8 on GB200",
      "GPU count contradicts itself (\"512 GPU training on 64 node GB200\" vs \"64 nodes of 4 devices each = 256\")"),
+    ("Megatron-MoE-ModelZoo qwen3 readme, Long Context line 38 (seq 131072, TP 4 CP 8, 389 forced / 357 dropless "
+     "TFLOP/s)", "DP 1 with the distributed optimizer sharded over the 8 CP ranks (stacks/megatron.toml "
+     "[distributed_optimizer] shards dp x cp); setup/rules.py refuses --zero at --dp 1"),
     ("Megatron-Bridge DGX-GB300 and DGX-B300 rows", "GB300/B300 are not in gpus.json nor being added"),
     ("Megatron-Bridge 25.09 rows", "the table has no precision column (FP8 recipe per row not stated)"),
     ("Megatron-Bridge 25.11 DGX-H100 GPT OSS 120B", "GA 2 contradicts GBS 512 = MBS 4 x GA x DP 16 (PP 4 of 64 GPUs)"),
@@ -712,6 +747,29 @@ SKIPPED = [
 
 def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan et al. 2021 eq. 3
+
+
+def megatron_flops(run: dict) -> float:
+    """Megatron-LM's num_floating_point_operations for the run's global batch, its GQA / MoE branch
+    (megatron/training/training.py:236-410 transformer_flops at f759111e, 2025-10; same sums at d98e8a6:
+    core-attention term split out for THD only). Per token: MLP 12·l·h·g·(f·dense + f_moe·k·moe + f_shared·moe)/l
+    with g = 3/2 under SwiGLU (gated_linear_multiplier, :292); attention 12·l·h²·(1 + groups/heads + s/2h)·(q/h)
+    (:358-373, the causal half of the scores); logits 3·2·h·V (:406). V: the catalog's vocabulary (the MoE-ModelZoo
+    Qwen3 config's --make-vocab-size-divisible-by 1187 pads 151,936 to itself for TP <= 128, vocab_utils.py:58)."""
+    from trainfit.analytic.params import count_params
+    from trainfit.api import load_spec
+
+    spec, s = load_spec(run["model"]), run["setup"]
+    if spec.mla is not None or spec.linear_attn is not None or spec.mtp_layers or spec.sliding_window:
+        raise ValueError(f"{run['id']}: megatron_flops counts full GQA attention without MTP (not {spec.name})")
+    seq, h, l, q = s["seq"], spec.hidden, spec.layers, spec.q_dim
+    g = 1.5 if spec.gated_mlp else 1.0
+    moe_layers = count_params(spec).moe_layers if spec.moe is not None else 0
+    mlp = spec.intermediate * (l - moe_layers)
+    if moe_layers:
+        mlp += (spec.moe.expert_intermediate * spec.moe.top_k + (spec.moe.shared_intermediate or 0)) * moe_layers
+    per_token = 12 * h * g * mlp + 12 * l * h * h * (1 + spec.kv_dim / q + seq / h / 2) * (q / h) + 6 * h * spec.vocab
+    return per_token * tokens_per_step(run)
 
 
 def gpus(run: dict) -> int:
@@ -741,4 +799,6 @@ def published_step(run: dict) -> float:
         l, h = 126, 16384  # Llama 3 405B (Table 3 of the paper)
         per_token = 6 * 405e9 + 12 * l * h * s["seq"]  # PaLM (Chowdhery et al. 2022) Appendix B
         return per_token * tokens_per_step(run) / (x * 1e12 * gpus(run))
+    if unit == "TFLOP/s/GPU (Megatron-LM)":
+        return megatron_flops(run) / (x * 1e12 * gpus(run))
     raise ValueError(f"{run['id']}: unknown unit {unit!r}")

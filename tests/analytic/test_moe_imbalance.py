@@ -9,7 +9,8 @@ import pytest
 
 from trainfit.analytic.layout import validate_layout
 from trainfit.analytic.megatron_activations import layer_terms
-from trainfit.analytic.moe_imbalance import DROPLESS, busiest_rank_load, expected_max_normal, sampling_floor
+from trainfit.analytic.moe_imbalance import (DROPLESS, busiest_rank_load, expected_max_normal, held_load,
+                                            sampling_floor)
 from trainfit.analytic.ops.layer import layer_forward
 from trainfit.analytic.ops.shape import shape_of
 from trainfit.analytic.precision import state_bytes
@@ -73,6 +74,53 @@ def test_megatron_routed_activations_scale_on_the_busiest_rank():
     routed = k * 2 * (2 * h + 3 * i)
     assert sum(busy.split.values()) - sum(base.split.values()) == pytest.approx(0.5 * routed)
     assert busy.replicated == base.replicated
+
+
+def test_held_pairs_match_a_monte_carlo_draw_of_their_sum():
+    """n (micro-batch, layer) pairs each routed by a uniform top-k draw (forced balance), summed per rank: the rank
+    holding the most over n × the balanced mean, against held_load(floor, n) = 1 + (floor − 1)/√n, and well below
+    the one pair's busiest load that every pair would have if all were at their worst."""
+    tokens, top_k, experts, ep, n = 256, 2, 16, 4, 16
+    rng = np.random.default_rng(0)
+    # per token, the copies landing on each rank's experts/ep experts: multivariate hypergeometric (k distinct)
+    copies = rng.multivariate_hypergeometric([experts // ep] * ep, top_k, size=(300, n, tokens)).sum(axis=2)
+    ratios = copies.sum(axis=1).max(axis=1) / (n * tokens * top_k / ep)
+    mc, se = float(ratios.mean()), float(ratios.std() / np.sqrt(len(ratios)))
+    floor = sampling_floor(tokens, top_k, experts, ep)
+    assert held_load(floor, 1) == floor
+    assert held_load(floor, n) == pytest.approx(mc, abs=4 * se + 0.05 * (mc - 1))
+    assert mc - 1 < 0.3 * (floor - 1)  # 1/√16 of the excess, not all of it
+
+
+def test_megatron_stage_holds_its_pairs_at_the_held_load():
+    """Hand derivation: tiny-mixtral with 8 MoE layers on --pp 2, 4 micro-batches: stage 0 holds 4 layers of
+    pp − 0 − 1 + 1 = 2 micro-batches (schedules.py warm-up + 1), n = 8 pairs. Per routed copy (bf16, etp 1, tp 1)
+    k·2·(2h + 3i) bytes; at --moe-imbalance 1.5 the stage's stored activations grow by
+    8 pairs × 512 tokens × that × 0.5/√8 over 1.0 (not × 0.5: the busiest rank differs from pair to pair)."""
+    from trainfit import engines
+
+    spec = replace(load_model("tiny-mixtral"), layers=8)
+    h, i, k = spec.hidden, spec.moe.expert_intermediate, spec.moe.top_k
+    kw = dict(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=2, ep=2, pp=2, grad_accum=4)
+    base, busy = (engines.analytic(spec, Setup(**kw, moe_imbalance=x)) for x in (1.0, 1.5))
+    assert busy.detail.records["stage"] == 0 and busy.detail.records["moe_pairs_held"] == 8
+    routed = k * 2 * (2 * h + 3 * i)
+    assert busy.memory.activations - base.memory.activations == pytest.approx(8 * 512 * routed * 0.5 / math.sqrt(8),
+                                                                              rel=1e-6)
+
+
+def test_c8_fits_as_it_ran():
+    """shared/calibration.md C8 ran on 80 GB H100s. Its busiest stage (rank 1: 3 layers, (2·30 + 2·32 + 1)/3
+    micro-batches in flight under VPP 3: schedules.py) holds 125 (micro-batch, layer) pairs, whose routed copies
+    are counted at 1 + 0.1/√125 of the balanced ones, not at the dropless 1.10 of one pair."""
+    from bench.targets import time_published as tp
+    from bench.targets.time_runs import C8_RUN
+    from trainfit import engines
+
+    spec, setup = tp.build_spec(C8_RUN), tp.build_setup(C8_RUN)
+    e = engines.analytic(spec, setup, get_gpu(C8_RUN["gpu"]))
+    assert e.detail.records["moe_pairs_held"] == pytest.approx(125)
+    assert e.fit.fits and e.fit.headroom > 0
 
 
 def test_expert_gemms_run_on_the_busiest_ranks_copies():

@@ -95,6 +95,19 @@ def test_published_step_conversions_against_the_sources():
     assert gpus(by["c3-1T-full"]) == 512
 
 
+def test_megatron_flops_unit_against_c8s_published_pair():
+    """shared/calibration.md C8 publishes both its step time (24.2 s) and Megatron-LM's logged 200 TFLOP/s per GPU:
+    the unit's FLOP count (Megatron-LM training.py transformer_flops) turns the one into the other."""
+    from bench.targets.time_runs import C8_RUN, MOE_ROUTING_PAIRS
+
+    assert published_step(dict(C8_RUN, published=200, unit="TFLOP/s/GPU (Megatron-LM)")) == pytest.approx(24.2,
+                                                                                                           rel=0.005)
+    # the long-context pairs: one layout each, run force-balanced and dropless (MOE_ZOO lines 35-38)
+    for forced, dropless in zip(MOE_ROUTING_PAIRS[::2], MOE_ROUTING_PAIRS[1::2]):
+        assert forced["setup"] == dict(dropless["setup"], moe_force_balance=True)
+        assert gpus(forced) == 256 and forced["setup"]["grad_accum"] * forced["setup"]["dp"] == 256
+
+
 # DeepLearningExamples BERT README (3d3ff3e1; the pre-training tables' 1- and 8-GPU rows, DGX-1 V100, sequences/s):
 # (GPU memory, precision, micro-batch per GPU, seq) -> (1 GPU, 8 GPUs)
 DLE_WEAK_SCALING = {

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .moe_imbalance import busiest_rank_load
+from .moe_imbalance import busiest_rank_load, held_load
 from .precision import state_bytes
 from .megatron_recompute import dropped, modules
 from .te_recipes import saved_delta
@@ -61,8 +61,11 @@ def attention_core_recomputed(setup: Setup) -> bool:
     return "core_attn" in modules(setup)
 
 
-def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: bool = False) -> MegatronLayer:
-    """`quantised`: a layer inside --low-precision's recipe (te_recipes.saved_delta changes its linears' inputs)."""
+def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: bool = False,
+                held: float = 1.0) -> MegatronLayer:
+    """`quantised`: a layer inside --low-precision's recipe (te_recipes.saved_delta changes its linears' inputs);
+    `held`: the (micro-batch, MoE layer) pairs the rank holds at once, whose routed copies are counted at the load
+    of the rank that holds the most of them (moe_imbalance.held_load; 1: one pair, its busiest rank's)."""
     a = act_bytes(setup)
     h, q, kv, nh = spec.hidden, spec.q_dim, spec.kv_dim, spec.heads
     _, p_attn, p_hidden = spec.dropouts
@@ -119,7 +122,7 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
         rep = {k: rep.get(k, 0.0) + d_rep.get(k, 0.0) for k in rep | d_rep}
         split = {k: split.get(k, 0.0) + d_split.get(k, 0.0) for k in split | d_split}
     if moe:  # the busiest expert-parallel rank's routed copies, X times the balanced ones (moe_imbalance.py)
-        load = busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp)
+        load = held_load(busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp), held)
         for name in ("expert_tokens", "expert_hidden"):
             split[name] *= load
     if modules(setup) - {"core_attn"}:  # --recompute-modules beyond the attention core (megatron_recompute.py)

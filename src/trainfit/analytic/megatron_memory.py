@@ -48,9 +48,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     ms = replace(ms, weights=ms.weights + te_weights) if te_weights else ms
     moe = spec.moe is not None and pc.moe_layers > 0
     frac = pc.moe_layers / spec.layers if moe else 0.0
+    held = held_pairs(setup, stage, frac) if moe else 1.0
     def stored(quantised: bool) -> float:
         return (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(setup, tokens, keys) + \
-            (frac * layer_terms(spec, setup, moe=True, quantised=quantised).per_rank(setup, tokens, keys)
+            (frac * layer_terms(spec, setup, moe=True, quantised=quantised, held=held).per_rank(setup, tokens, keys)
              if moe else 0.0)
     # --low-precision: the recipe's layers save quantised linear inputs, the bf16 first/last ones do not (te_recipes)
     n8 = te_recipes.recipe_layers(setup, stage) if recipe(setup) is not None else 0
@@ -175,12 +176,29 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "activation_per_layer_stored": int(full), "logits_buffers": int(fwd),
               "optimizer_temporaries": int(step.optimizer_transient), "grad_clip_temporaries": int(clip),
               "context_parallel_ring_buffers": int(ring),
-              "quantised_weight_copies": int(te_weights), "layers_in_recipe": n8}
+              "quantised_weight_copies": int(te_weights), "layers_in_recipe": n8,
+              "moe_pairs_held": round(held, 2)}
     dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
     if setup.zero >= 3:  # Megatron-FSDP's optim_grads_params does: the rank owns its shard (parallel/megatron.py)
         dense, expert = dense / shards(setup), expert / shards(setup, expert=True)
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
                        int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert))
+
+
+def held_pairs(setup: Setup, stage: Stage, frac: float) -> float:
+    """The (micro-batch, MoE layer) pairs whose routed copies the stage's rank holds at its peak (the stored layers'
+    of every in-flight micro-batch, pipeline.in_flight; under full/uniform recompute the group's layers recomputed in
+    one micro-batch's backward; under block:N the layers not checkpointed), for moe_imbalance.held_load.
+    NB: the stage's MoE layers as frac of its layers (the model's share, as the stored bytes take it): a stage with
+    fewer (first_k_dense models' first) is given more pairs, whose excess grows as √n (over-counts there)."""
+    policy, n, v = setup.recompute_policy, setup.recompute_layers, max(setup.vpp, 1)
+    if policy in ("full", "uniform"):
+        layers, micro = min(n, stage.layers), 1.0
+    elif policy == "block":
+        layers, micro = stage.layers - min(n, stage.layers // v) * v, stage.in_flight
+    else:
+        layers, micro = stage.layers, stage.in_flight
+    return max(1.0, frac * layers * micro)
 
 
 def _stored(spec: ModelSpec, setup: Setup, frac: float, tokens: float, keys: float) -> float:

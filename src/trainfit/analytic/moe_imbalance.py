@@ -13,6 +13,10 @@ from (busiest_rank_load):
                       ceil(T·top_k / E · cf) copies (moe_utils.py:193-211 get_capacity, :800-850
                       apply_router_token_dropping), so a local expert receives at most cf times its mean.
 With --ep 1 (every rank holds every expert) no rank is busier: 1.0.
+
+X is one (micro-batch, MoE layer) pair's: time waits for that pair's busiest rank, layer by layer. Memory holds many
+pairs at once (a pipeline stage's layers × its in-flight micro-batches), and the busiest rank differs from pair to
+pair; held_load is the load of the rank that holds the most, averaged over its held pairs.
 """
 from __future__ import annotations
 
@@ -80,3 +84,17 @@ def busiest_rank_load(spec, setup, tokens: float) -> float:
         load = max(DROPLESS, floor)
     cap = getattr(setup, "moe_capacity_factor", None)
     return min(load, cap) if cap is not None else load
+
+
+def held_load(load: float, pairs: float) -> float:
+    """The routed copies a rank holds over `pairs` (micro-batch, MoE layer) pairs at once, on the rank that holds the
+    most, over the balanced pairs × mean, for a per-pair busiest-rank load `load` (busiest_rank_load).
+    sampling_floor's model of one pair j: rank r's copies C_rj = μ + s·(Z_rj − mean_r Z_rj), Z iid N(0, 1), so
+    load − 1 = s·E[max Z over ep]/μ (DROPLESS and a given X read through the same model). Pairs route independently
+    (each layer its own router, each micro-batch its own tokens): S_r = Σ_j C_rj = nμ + s·Σ_j (Z_rj − mean_r Z_rj),
+    and a sum of n iid N(0, 1) is √n·N(0, 1), so S_r = nμ + s·√n·(W_r − mean_r W_r) with W iid N(0, 1):
+    E[max_r S_r] = nμ + s·√n·E[max W] = nμ·(1 + (load − 1)/√n).
+    NB: independent pairs; a router's lasting preference for the same experts over a layer's micro-batches
+    correlates them and the excess grows faster than √n (under-counts), as does a run's largest sum over its many
+    steps above this expectation; a capacity factor's cap on each pair also caps their mean (kept: load ≤ cap)."""
+    return 1.0 + (load - 1.0) / math.sqrt(max(pairs, 1.0))

@@ -151,9 +151,11 @@ class Setup:
                                      "--grad-accum > 1 to hide anything.", modes=("train",),
                                      aliases=("--overlap-moe-expert-parallel-comm",), group="parallel")
     moe_imbalance: Optional[float] = setting(None, "Routing imbalance under --ep: the routed tokens the busiest "
-                                             "expert-parallel rank receives over the mean (>= 1). Its expert GEMMs "
-                                             "and routed activations scale by it and every rank waits for it at "
-                                             "the combine all-to-all. With --ep 1 every rank holds every expert, "
+                                             "expert-parallel rank receives over the mean (>= 1), per micro-batch "
+                                             "and layer. Its expert GEMMs scale by it and every rank waits for it "
+                                             "at the combine all-to-all; the routed activations a stage holds over "
+                                             "n (micro-batch, layer) pairs by 1 + (X - 1)/sqrt(n) (the busiest rank "
+                                             "changes from pair to pair). With --ep 1 every rank holds every expert, "
                                              "so none is busier (no effect).", minimum=1, maximum=1024,
                                              auto="1.10 for dropless learned routing (Megatron-Core's default "
                                              "buffer margin over the balanced case; analytic/moe_imbalance.py), "
