@@ -35,6 +35,11 @@ ABOUT = {"summary": "training stacks' memory vs published GPU runs, and the fit 
 
 GiB = 2**30
 TT = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+# The table's runs ("end of 2024", published in torchtitan d4c86e375 on 2025-01-30) ran a main whose loss was not
+# compiled (train.py:137-138 at d4c86e375: the compile commented out, from e8977b007 of 2024-12-18 to bbb1b616e of
+# 2025-04-02) and whose FSDP groups were each block and the root (parallelism/parallelize_llama.py:329-339): the
+# facts of stacks/torchtitan.toml [releases."2025-03"], which hold over that whole window.
+TT_RELEASE = "2025-03"
 # pytorch/torchtitan#1789 (deepseek_v3_16b.toml of 2025-10-02 on 8 H100 80GB HBM3): EP 1 at batch 8 runs "at almost
 # 96% memory usage" (of the 79.09 GiB torchtitan's percentages are of: 73.32 GiB = 92.70%), NB: approximate; EP 8 at
 # batch 8 runs out of memory (OOM_RUNS). Validation only. The EP 8 batch 4 run is bench/targets/time_runs.py's.
@@ -55,19 +60,19 @@ RUNS = (
     Run("Llama-3.2-3B full FT, packed 2x4096 (torchtune)", "C1 torchtune README", "calibration", "allocated", 60.0,
         dict(model="llama-3.2-3b", batch=2, seq=4096, precision="bf16", optimizer_impl="foreach", gpu="A100-80GB")),
     Run("Llama-3.1-8B FSDP 8, op SAC (torchtitan)", "C2 " + TT + " Table 1", "calibration", "reserved", 82.4,
-        dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,
+        dict(model="llama-3.1-8b", stack="torchtitan", stack_release=TT_RELEASE, recompute="op", dp=8, zero=3, batch=2, seq=8192,
              gpu="H100-96GB")),
     Run("Llama-3.1-8B FSDP 8, op SAC, compile (torchtitan)", "C2 " + TT + " Table 1", "calibration", "reserved",
-        77.0, dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,
+        77.0, dict(model="llama-3.1-8b", stack="torchtitan", stack_release=TT_RELEASE, recompute="op", dp=8, zero=3, batch=2, seq=8192,
                    compile=True, gpu="H100-96GB")),
     Run("Llama-3.1-8B FSDP 8, op SAC, compile + Float8 (torchtitan)", "C2 " + TT + " Table 1", "calibration",
-        "reserved", 76.8, dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2,
+        "reserved", 76.8, dict(model="llama-3.1-8b", stack="torchtitan", stack_release=TT_RELEASE, recompute="op", dp=8, zero=3, batch=2,
                                seq=8192, compile=True, low_precision="tensorwise", fp8_all_gather=True, gpu="H100-96GB")),
     Run("Llama-3.1-8B FSDP 128, op SAC (torchtitan)", TT + " Table 3", "validation", "reserved", 67.0,
-        dict(model="llama-3.1-8b", stack="torchtitan", recompute="op", dp=128, zero=3, batch=2, seq=8192,
+        dict(model="llama-3.1-8b", stack="torchtitan", stack_release=TT_RELEASE, recompute="op", dp=128, zero=3, batch=2, seq=8192,
              gpu="H100-96GB")),
     Run("Llama-3.1-8B FSDP 8, seq 32768, full AC, compile + Float8", TT + " Table 2", "validation", "reserved",
-        83.9, dict(model="llama-3.1-8b", stack="torchtitan", recompute="full", dp=8, zero=3, batch=1, seq=32768,
+        83.9, dict(model="llama-3.1-8b", stack="torchtitan", stack_release=TT_RELEASE, recompute="full", dp=8, zero=3, batch=1, seq=32768,
                    compile=True, low_precision="tensorwise", fp8_all_gather=True, gpu="H100-96GB")),
     Run("DeepSeek-V3-16B FSDP 8, EP 1, batch 8, op SAC (torchtitan)", TT_1789 + ", EP 1 log", "validation",
         "reserved", 0.96 * 79.09, dict(model="deepseek-v2-lite", stack="torchtitan", recompute="op", dp=8, zero=3,

@@ -169,7 +169,10 @@ def _tt(id_, table, row, model, setup, tps, notes="", in_sample=False):
     # attention flash2: torchtitan then called SDPA under torch 2.6's priority (FlashAttention-2 first); cuDNN came
     # first only on sm100 until Oct 2025 (torchtitan models/attention.py at bcdeaa37, 2025-07-01: _init_backend
     # FLASH, EFFICIENT, MATH, CUDNN prepended if has_cuda_capability(10, 0); 6a3a9da95, 2025-10-09, made it first)
-    base = dict(stack="torchtitan", seq=8192, precision="amp-bf16", attention="flash2")
+    # stack_release: the main of "end of 2024" the table ran (published at d4c86e375, 2025-01-30) had the loss not
+    # compiled and each-block-plus-root FSDP groups: [releases."2025-03"]'s facts (bench/targets/stacks_published.py
+    # TT_RELEASE says where they are read)
+    base = dict(stack="torchtitan", seq=8192, precision="amp-bf16", attention="flash2", stack_release="2025-03")
     return dict(id=id_, source=f"{TT} Table {table}, row '{row}'", gpu="H100-96GB", model=model,
                 setup={**base, **setup}, published=tps, unit="tokens/s/GPU", in_sample=in_sample,
                 notes="torchtitan Dec 2024 on Grand Teton H100 96 GB HBM2e at 500 W. NB: the 500 W cap lowers the "
