@@ -54,6 +54,24 @@ def test_delayed_scaling_quantises_the_splits_in_one_kernel():
     assert sum(o.kernels for o in experts if o.kind != "gemm") == 2 + 2 + 2 / 64
 
 
+def test_quantised_experts_are_padded_and_unpadded():
+    """Under an fp8/fp4 recipe TEGroupedMLP pads each expert's rows (experts.py:646-653: the tokens, then the
+    probabilities) and unpads the output (:761-762); each TE (un)padding call is one kernel for up to 64 splits
+    (padding.cu:25 kMaxTensorsPerKernel), and its backward the reverse copy. By hand, per layer: 16 local experts
+    give 2 + 1 forward and 2 + 1 backward launches; 128 local experts (EP 1) two per call. A bf16 run pads nothing
+    (experts.py:646 `if self.config.fp8 or self.config.fp4`)."""
+    spec, setup, _ = _run(RUN_C7)
+
+    def launches(s):
+        _, fwd, bwd = _layer(spec, s)
+        pads = ("experts_pad", "experts_unpad")
+        return [sum(o.kernels for o in ops if o.name.startswith(pads)) for ops in (fwd, bwd)]
+
+    assert launches(setup) == [3, 3]
+    assert launches(replace(setup, ep=1)) == [6, 6]
+    assert launches(replace(setup, low_precision="none", fp8_all_gather=False)) == [0, 0]
+
+
 def test_only_megatron_runs_its_block():
     """The dispatcher's kernels are Megatron's: the same model under --stack hf keeps transformers' block."""
     spec, setup, _ = _run(RUN_C7)

@@ -15,6 +15,8 @@ What differs from transformers' block (ops/moe.py), kernel by kernel:
 - the dispatcher's metadata (moe/token_dispatcher.py:469-590 preprocess) is a handful of small reductions, an
   all-gather of the token counts, and device-to-host copies followed by a host synchronisation (analytic/
   step_time.py moe_host_syncs);
+- under an fp8/fp4 recipe the experts' rows are padded to the recipe's alignment before linear_fc1 and unpadded
+  after linear_fc2 (TE's Fp8Padding / Fp8Unpadding copies: quantization_padding);
 - permute / sort-by-expert / unpermute are TE's Triton kernels (te:transformer_engine/pytorch/triton/
   permutation.py), the activation is the probability-weighted SwiGLU (moe/experts.py:689-696
   weighted_bias_swiglu_impl).
@@ -49,6 +51,8 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     h, a, T, e, k, i, local, per_expert, rows = expert_dims(spec, sh)
     ops = router_ops(spec, sh) + dispatch_ops(spec, sh)
     gate = 2 if spec.gated_mlp else 1
+    if sh.te:  # under a quantised recipe the experts' rows are padded to the recipe's alignment first
+        ops.append(quantization_padding(spec, sh, rows, local))
     # TEGroupedMLP (moe/experts.py:628-720): linear_fc1, the weighted activation, linear_fc2; one GEMM per expert
     ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, sh, SRC + "experts.py:670 linear_fc1 "
                               "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
@@ -60,6 +64,8 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
                               batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
     if m.expert_bias:
         ops.append(fc2_bias(spec, sh, rows, local))
+    if sh.te:
+        ops.append(quantization_unpadding(spec, sh, rows, local))
     ops += combine_ops(spec, sh)
     if m.shared_intermediate:  # shared_experts.py: a gated MLP beside the routed experts
         ops += shared_expert_ops(spec, sh, SRC + "shared_experts.py")
@@ -71,6 +77,36 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
         ops.append(memory("shared_add", 2 * T * h * a, T * h * a,
                           SRC + "moe_layer.py:347 output + shared_expert_output", "combine", saves=False))
     return ops
+
+
+def _padding_launches(local: int) -> int:
+    """Launches of one TE multi-row (un)padding call over `local` splits: a kernel per 64 of them
+    (te:transformer_engine/common/util/padding.cu:25 kMaxTensorsPerKernel = 64, one MultiPaddingArgs per launch)."""
+    return -(-local // 64)
+
+
+def quantization_padding(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
+    """TEGroupedMLP under an fp8/fp4 recipe (moe/experts.py:603-606, :646-653): each local expert's rows padded to the
+    recipe's alignment (te:transformer_engine/pytorch/module/fp8_padding.py:113-118: 16, 32 for MXFP8) by Fp8Padding,
+    once for the permuted tokens and once for their probabilities: each a tex.fused_multi_row_padding copy
+    (fp8_padding.py:37-39) into a new tensor; its backward the unpadding copy (:60-66), each. With routed counts that
+    are not multiples of the alignment (forced-balance or learned routing: almost never all of them) the copy runs
+    (fp8_padding.py:121-122 skips it only when every split is aligned). NB: the padded rows (under one alignment per
+    expert) are not added to the GEMMs' M: optimistic by under 16 or 32 rows in several hundred."""
+    h, a = spec.hidden, sh.act
+    moved = rows * (h * a + FP32)
+    return memory("experts_pad", moved, moved, "te:transformer_engine/pytorch/module/fp8_padding.py:20-68 "
+                  "(moe/experts.py:648-653 quantization_padding of the tokens and the probabilities)", saves=False,
+                  kernels=2 * _padding_launches(local))
+
+
+def quantization_unpadding(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
+    """The experts' output back to the routed rows (moe/experts.py:761-762 quantization_unpadding: TE's Fp8Unpadding,
+    te:transformer_engine/pytorch/module/fp8_unpadding.py:24-45 tex.fused_multi_row_unpadding; :48-66 its backward
+    the padding copy): one copy of rows x hidden each way."""
+    moved = rows * spec.hidden * sh.act
+    return memory("experts_unpad", moved, moved, "te:transformer_engine/pytorch/module/fp8_unpadding.py:24-66 "
+                  "(moe/experts.py:761-762)", saves=False, kernels=_padding_launches(local))
 
 
 def fc2_bias(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
