@@ -72,6 +72,21 @@ def test_quantised_experts_are_padded_and_unpadded():
     assert launches(replace(setup, low_precision="none", fp8_all_gather=False)) == [0, 0]
 
 
+def test_forced_balance_adds_the_noise_kernels():
+    """--moe-force-balance (the benchmarks' moe_router_force_load_balancing): router.py:655-657 replaces the logits
+    by RandomSTE (moe_utils.py:1110-1144): clone and normal_, two forward kernels over tokens x experts; the
+    backward returns the gradient as it is (none). The routed run without it has neither."""
+    spec, setup, _ = _run(RUN_C7)
+    assert setup.moe_force_balance
+
+    def noise(s):
+        _, fwd, bwd = _layer(spec, s)
+        return [sum(o.kernels for o in ops if o.name.startswith("router_random_logits")) for ops in (fwd, bwd)]
+
+    assert noise(setup) == [2, 0]
+    assert noise(replace(setup, moe_force_balance=False)) == [0, 0]
+
+
 def test_only_megatron_runs_its_block():
     """The dispatcher's kernels are Megatron's: the same model under --stack hf keeps transformers' block."""
     spec, setup, _ = _run(RUN_C7)

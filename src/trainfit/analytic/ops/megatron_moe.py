@@ -20,8 +20,8 @@ What differs from transformers' block (ops/moe.py), kernel by kernel:
 - permute / sort-by-expert / unpermute are TE's Triton kernels (te:transformer_engine/pytorch/triton/
   permutation.py), the activation is the probability-weighted SwiGLU (moe/experts.py:689-696
   weighted_bias_swiglu_impl).
-NB: the router's force-balance benchmark option (moe/router.py apply_random_logits: analytic/moe_imbalance.py
-times the busiest rank's load it leaves, not its noise kernel) and CUDA graphs of the router
+The router's force-balance benchmark option (moe/router.py:655-657 apply_random_logits) adds its two noise kernels
+(router_ops; analytic/moe_imbalance.py times the busiest rank's load it leaves). NB: CUDA graphs of the router
 and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
 modelled: pessimistic by their few kernels where a run graphs them. gpt-oss (Megatron-Bridge's GPT-OSS provider:
 expert biases, quick GeGLU with clamp and linear offset) runs the same layer with its fused activation and
@@ -132,6 +132,10 @@ def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     m, h = spec.moe, spec.hidden
     T, e = sh.tokens, m.num_experts
     ops = [gemm("router", T, e, h, sh, SRC + "router.py:79-101 gating")]
+    if sh.moe_force_balance:  # router.py:655-657 apply_random_logits (the benchmarks' forced balance)
+        ops.append(memory("router_random_logits", T * e * FP32, 2 * T * e * FP32, SRC + "moe_utils.py:1110-1131 "
+                          "RandomSTE: logits.clone() and .normal_(), two kernels; its backward passes the gradient on "
+                          "(:1134-1144, no kernel)", "router", saves=False, kernels=2, grad=False))
     ops.append(memory("router_topk", T * e * FP32, T * e * (FP32 + BOOL), SRC + "router.py:573-584 fused top-k",
                       "router", saves=False))
     if sh.moe_aux_loss:

@@ -122,6 +122,8 @@ class Shape:
     # the busiest expert-parallel rank's routed copies over the balanced mean (analytic/moe_imbalance.py): its
     # expert GEMMs and expert-side elementwise ops run on that many (ops/moe.py)
     moe_load: float = 1.0
+    # --moe-force-balance: the router's logits replaced by noise before its top-k (ops/megatron_moe.py router_ops)
+    moe_force_balance: bool = False
 
     @property
     def tokens(self) -> float:
