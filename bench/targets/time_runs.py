@@ -457,7 +457,10 @@ LOWP_VALIDATION: list[dict] = [
     _mb("25.11", 593, "DGX-H100", "Qwen3_30B_a3B", 16, "FP8-CS", 512, 2, 4096, pp=2, vp=24, ep=8, tps=5275,
         overlap_moe_comm=True,
         notes="PP 2 VP 24 as the table states (the v0.2.0 recipe file reads VP 12); MoE all-to-all overlapped with "
-              "compute (moe_a2a_overlap: --overlap-moe-comm)."),
+              "compute (moe_a2a_overlap: --overlap-moe-comm). NB: the same model on 16 H100 at PP 2 VP 12 EP 8, "
+              "MBS 1, GBS 1024 reads 5,113 tokens/s/GPU in the 26.02 container and 9,058 in its 26.02.01 patch "
+              f"({MBRIDGE}#L530, #L445): the software moved that layout by 77 %, more than this row's error; at "
+              "MBS 1 trainfit's step is host-bound (the dispatcher's per-layer sync) and reads about 4,700."),
     _mb("25.11", 583, "DGX-B200", "Qwen3_235B_a22B", 64, "FP8-MX", 1024, 1, 4096, pp=8, vp=2, ep=8, tps=3269,
         notes="PP 8 VP 2 EP 8; qwen3_235b_a22b_pretrain_config sets account_for_embedding/loss_in_pipeline_split "
               "(recipes/qwen/qwen3_moe.py:160-161 at v0.2.0): 94 layers + embedding + loss = 96 over 16 chunks, six "
