@@ -87,6 +87,33 @@ def test_forced_balance_adds_the_noise_kernels():
     assert noise(replace(setup, moe_force_balance=False)) == [0, 0]
 
 
+def test_expert_gemms_run_four_at_a_time():
+    """TE's grouped GEMM puts expert i's cuBLAS call on compute stream i mod 4 (multi_stream.cpp:52-54,
+    cublaslt_gemm.cu:941-966): 16 local experts run as 4 rounds of 4 concurrent GEMMs, 6 as a round of 4 and one of
+    2, each round's tiles in waves of their own; 4 or fewer are one round, as one batched launch."""
+    from trainfit.analytic import roofline
+    from trainfit.analytic.compute_time import time_ops
+    from trainfit.hardware import get_gpu
+
+    spec, setup, r = _run(RUN_C7)
+    _, fwd, _ = _layer(spec, setup)
+    op = next(o for o in fwd if o.name == "experts_in")
+    assert (op.batch, op.kernels, op.streams) == (16, 16, 4)
+    gpu = get_gpu(r["gpu"])
+    launch = roofline.kernels_for(gpu).launch_seconds
+
+    def gemm(batch):
+        return roofline.gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, batch) - launch
+
+    def timed(o):
+        return time_ops(gpu, [o]).gemm
+
+    assert timed(op) == pytest.approx(4 * gemm(4))
+    assert timed(op._replace(batch=6, kernels=6)) == pytest.approx(gemm(4) + gemm(2))
+    assert timed(op._replace(batch=4, kernels=4)) == pytest.approx(gemm(4))
+    assert timed(op) > timed(op._replace(streams=0))  # one batch would pack the 16 GEMMs' tiles into full waves
+
+
 def test_only_megatron_runs_its_block():
     """The dispatcher's kernels are Megatron's: the same model under --stack hf keeps transformers' block."""
     spec, setup, _ = _run(RUN_C7)

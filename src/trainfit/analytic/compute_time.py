@@ -71,6 +71,26 @@ def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: flo
     return roofline.gemm_seconds(gpu, m, n, k, dtype, batch)
 
 
+def _gemm_calls(op: Op) -> int:
+    """The timed calls of a GEMM op (each _gemm_seconds carries one launch): one batched launch, or the rounds of
+    `streams` concurrent GEMMs a per-call grouped GEMM runs in (_grouped_gemm_seconds)."""
+    return math.ceil(op.batch / op.streams) if op.streams and op.batch > op.streams else 1
+
+
+def _grouped_gemm_seconds(gpu: GPU, op: Op) -> float:
+    """A GEMM op's time. A grouped GEMM of separate calls round-robin over `op.streams` streams (TE's
+    multi_stream_cublas_gemm: GEMM i on compute stream i mod streams, each stream in order, te:transformer_engine/
+    common/gemm/cublaslt_gemm.cu:941-966) runs as rounds of `streams` concurrent GEMMs, each round's tiles in waves
+    over the SMs, and a last round of the remainder: not one batch whose tiles pack every wave. NB: a stream's next
+    GEMM starts when its own previous one ends, so rounds overlap at their tails: pessimistic by up to a wave per
+    round."""
+    if not op.streams or op.batch <= op.streams:
+        return _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch)
+    full, rest = divmod(math.ceil(op.batch), op.streams)
+    t = full * _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.streams)
+    return t + (_gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, rest) if rest else 0.0)
+
+
 def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     kn = roofline.kernels_for(gpu)
     launch = kn.launch_seconds
@@ -79,7 +99,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     nbytes: dict[str, float] = {}  # memory ops' bytes by access class (roofline.memory_seconds)
     for op in ops:
         if op.kind == "gemm":
-            g += _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch) - launch
+            g += _grouped_gemm_seconds(gpu, op) - launch * _gemm_calls(op)
             n += op.kernels
             timed += op.kernels
             fl += op.flops

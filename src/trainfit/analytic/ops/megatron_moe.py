@@ -11,7 +11,8 @@ What differs from transformers' block (ops/moe.py), kernel by kernel:
   (te:transformer_engine/common/gemm/cublaslt_gemm.cu:941-966 multi_stream_cublas_gemm, called by
   te:transformer_engine/pytorch/module/grouped_linear.py:171 forward, :363 dgrad, :413 wgrad), so each of fc1 and
   fc2 launches `local` GEMMs per pass, and under a quantised recipe `local` quantise kernels per operand
-  (ops/te_casts.split_kernels);
+  (ops/te_casts.split_kernels); the GEMMs go round-robin to the streams (expert j on stream j mod 4: stacks/
+  megatron.toml [moe] gemm_streams), so at most 4 share the SMs at a time (compute_time.time_ops);
 - the dispatcher's metadata (moe/token_dispatcher.py:469-590 preprocess) is a handful of small reductions, an
   all-gather of the token counts, and device-to-host copies followed by a host synchronisation (analytic/
   step_time.py moe_host_syncs);
@@ -55,13 +56,14 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
         ops.append(quantization_padding(spec, sh, rows, local))
     # TEGroupedMLP (moe/experts.py:628-720): linear_fc1, the weighted activation, linear_fc2; one GEMM per expert
     ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, sh, SRC + "experts.py:670 linear_fc1 "
-                              "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
+                              "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(
+        kernels=local, streams=sh.moe_gemm_streams), sh)
     act = ("experts.py:697-705 weighted_bias_quick_geglu_impl (gpt-oss: clamp, quick GeGLU + 1, · prob, one kernel)"
            if m.swiglu_limit else "experts.py:689-696 weighted_bias_swiglu_impl (act(gate) · up · prob, one kernel)")
     # (an expert bias of linear_fc1 is added in TE's GEMM epilogue: experts.py:548-549 skip_bias_add False)
     ops.append(memory("experts_act", rows * (gate * i * a + FP32), rows * i * a, SRC + act, "experts_act"))
     ops += _experts_gemm(gemm("experts_out", per_expert, h, i, sh, SRC + "experts.py:748 linear_fc2 (TE GroupedLinear)",
-                              batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
+                              batch=local, fp8=bool(sh.te))._replace(kernels=local, streams=sh.moe_gemm_streams), sh)
     if m.expert_bias:
         ops.append(fc2_bias(spec, sh, rows, local))
     if sh.te:
