@@ -377,9 +377,11 @@ LOWP_CALIBRATION: list[dict] = [
               "transpose kept from its forward to its backward, about a byte per weight) and gradient_accumulation_"
               "fusion False are not modelled: memory under by those.", in_sample=True),
     _mb("25.11", 582, "DGX-B200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 1, 4096, ep=8, tps=9299,
+        cuda_graph_scope="moe_router,moe_preprocess",
         notes="Recipe QWEN3_30B_A3B_B200_FP8_MX_BASE_CONFIG (configs/qwen3/workload_base_configs.py:211-219 at "
-              "v0.2.0): EP 8, ETP 1, no recompute, TE CUDA graphs of the router and MoE preprocessing (NB: not "
-              "modelled, predicted slower by their launches); dropless, routing force-balanced (the table's note).",
+              "v0.2.0): EP 8, ETP 1, no recompute, TE CUDA graphs of the router and MoE preprocessing "
+              "(cuda_graph_scope moe_router, moe_preprocess: --cuda-graph-scope); dropless, routing force-balanced "
+              "(the table's note).",
         in_sample=True),
 ]
 
@@ -450,10 +452,11 @@ LOWP_VALIDATION: list[dict] = [
     _mb("25.11", 591, "DGX-H100", "LLAMA3.1_405B", 1024, "FP8-CS", 512, 1, 8192, tp=8, pp=8, cp=2, vp=8, tps=292,
         notes="Recipe LLAMA31_405B_H100_FP8_CS_BASE_CONFIG: TP 8 PP 8 CP 2 VP 8, 1,024 GPUs."),
     _mb("25.11", 571, "DGX-GB200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 4, 4096, ep=8, tps=23766,
-        moe_dispatcher="hybridep",
-        notes="Recipe QWEN3_30B_A3B_GB200_FP8_MX: MBS 4, hybridep flex dispatcher (--moe-dispatcher hybridep) and TE "
-              "CUDA graphs of attention, router and MoE preprocessing (NB: the graphs not modelled, predicted "
-              "slower); dropless, force-balanced."),
+        moe_dispatcher="hybridep", cuda_graph_scope="moe_router,moe_preprocess",
+        notes="Recipe QWEN3_30B_A3B_GB200_FP8_MX_BASE_CONFIG (configs/qwen3/workload_base_configs.py:193-200 at "
+              "v0.2.0): MBS 4, hybridep flex dispatcher (--moe-dispatcher hybridep) and TE CUDA graphs of the router "
+              "and MoE preprocessing (--cuda-graph-scope moe_router,moe_preprocess; the recipe's BF16 and FP8-CS "
+              "ones graph attention too); dropless, force-balanced."),
     _mb("25.11", 593, "DGX-H100", "Qwen3_30B_a3B", 16, "FP8-CS", 512, 2, 4096, pp=2, vp=24, ep=8, tps=5275,
         overlap_moe_comm=True,
         notes="PP 2 VP 24 as the table states (the v0.2.0 recipe file reads VP 12); MoE all-to-all overlapped with "

@@ -36,6 +36,8 @@ from .precision import StateBytes
 from .stacks import model_for
 from .timing import compute_dtype
 from .ops.torchao_casts import backward_extra, backward_gemms
+from .ops.cuda_graphs import graphed_lists
+from ..setup.parsers import parse_cuda_graph_scope
 from .torchao_recipes import layer_shapes
 
 TERMS = ("gemm", "attention", "memory", "launches")
@@ -159,6 +161,8 @@ def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = F
     bwd = backward_gemms(backward(fwd), sh) + grad_accumulations(spec, sh, linear, block) + backward_extra(fwd, sh) \
         + dequant
     rec = recomputed(spec, setup, fwd)
+    if getattr(setup, "cuda_graph_scope", None):  # Megatron's TE CUDA graphs of parts of the layer (ops/cuda_graphs.py)
+        fwd, bwd = graphed_lists(fwd, bwd, parse_cuda_graph_scope(setup.cuda_graph_scope), moe)
     return fwd, bwd, rec
 
 
