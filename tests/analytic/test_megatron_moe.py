@@ -137,17 +137,18 @@ def test_cuda_graphs_replace_the_router_and_preprocess_launches():
 
 def test_block_scales_are_swizzled_before_each_gemm():
     """TE v2.9 swizzles both operands' MXFP8 scales before each GEMM call (gemm.cpp:233-240; grouped: one
-    multi-tensor kernel per operand list, :484-491). Per layer of C7, by hand: forward q, k, v, o (4 calls) and
-    fc1, fc2 (2 grouped calls): 12 launches; backward dgrad and wgrad of each: 24. The grouped form swizzles MXFP8
-    only (util.cpp:103-105: NVFP4 grouped, 8 + 16 dense); per-tensor fp8 has no block scales (none)."""
+    multi-tensor kernel per operand list, :484-491). Per layer of C7, by hand: forward linear_qkv and linear_proj
+    (2 calls; q, k, v are one TE linear) and fc1, fc2 (2 grouped calls): 8 launches; backward dgrad and wgrad of
+    each: 16. The grouped form swizzles MXFP8 only (util.cpp:103-105: NVFP4 4 + 8, the dense ones); per-tensor fp8
+    has no block scales (none)."""
     spec, setup, _ = _run(RUN_C7)
 
     def swz(s):
         _, fwd, bwd = _layer(spec, s)
         return [sum(o.kernels for o in ops if o.name.endswith(".swizzle")) for ops in (fwd, bwd)]
 
-    assert swz(setup) == [12, 24]
-    assert swz(replace(setup, low_precision="nvfp4")) == [8, 16]
+    assert swz(setup) == [8, 16]
+    assert swz(replace(setup, low_precision="nvfp4")) == [4, 8]
     assert swz(replace(setup, low_precision="tensorwise")) == [0, 0]
 
 

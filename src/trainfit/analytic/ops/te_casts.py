@@ -69,8 +69,9 @@ def _quantise(name: str, elements: float, in_bytes: float, sh: Shape, kernels: i
 def swizzles(name: str, gemm: Op, a: float, b: float, sh: Shape) -> list[Op]:
     """The scale swizzles before one TE GEMM call of `gemm` (its `kernels` per-expert GEMMs: a grouped call) whose
     operands hold `a` and `b` elements: a kernel per operand (per 64 tensors of a grouped call) moving their block
-    scales (SWIZZLED). NB: a fused linear_qkv / linear_fc1 is one GEMM, listed as its projections' (layer.py):
-    over-counts their swizzles as their GEMMs."""
+    scales (SWIZZLED). A fused linear_qkv / linear_fc1 is one GEMM listed as its projections' (layer.py): the
+    projections after the first (`shared_input` in te_casts, the same rows and input as the GEMM before in
+    te_backward_extra) add none, though their own GEMMs stay listed."""
     r = RECIPES[sh.te]
     grouped = gemm.kernels > 1
     if r.name not in (SWIZZLED_GROUPED if grouped else SWIZZLED):
@@ -89,17 +90,23 @@ def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
     weight = [memory(o.name, o.reads * sh.te_weight_share, o.writes * sh.te_weight_share, o.source, grad=False,
                      saves=False, kernels=o.kernels * sh.te_weight_share)
               for o in _quantise(f"{linear.name}.w", w, sh.weight, sh, split_kernels(linear, sh))]
-    return (([] if shared_input else _quantise(f"{linear.name}.x", x, sh.act, sh, split_kernels(linear, sh))) + weight
-            + swizzles(linear.name, linear, x, w, sh))
+    if shared_input:
+        return weight
+    return _quantise(f"{linear.name}.x", x, sh.act, sh, split_kernels(linear, sh)) + weight + swizzles(
+        linear.name, linear, x, w, sh)
 
 
 def te_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
     """After each quantised GEMM's output gradient arrives: dY quantised rowwise and columnwise; the scale swizzles
     of its dgrad (dY and the weight) and wgrad (dY and the input) GEMMs."""
-    out = []
+    out, prev = [], None
     for op in ops:
         if op.kind == "gemm" and op.dtype == RECIPES[sh.te].peak:
             dy, x, w = op.m * op.n * op.batch, op.m * op.k * op.batch, op.k * op.n * op.batch
             out += _quantise(f"{op.name}.dy", dy, sh.act, sh, split_kernels(op, sh))
-            out += swizzles(f"{op.name}.dgrad", op, dy, w, sh) + swizzles(f"{op.name}.wgrad", op, dy, x, sh)
+            fused = prev is not None and op.kernels == 1 and (prev.m, prev.k, prev.batch) == (op.m, op.k, op.batch)
+            if not fused:  # (a projection of the fused linear before it: its GEMMs are that linear's: swizzles)
+                out += swizzles(f"{op.name}.dgrad", op, dy, w, sh) + swizzles(f"{op.name}.wgrad", op, dy, x, sh)
+        if op.kind == "gemm":
+            prev = op
     return out
