@@ -491,7 +491,11 @@ LOWP_VALIDATION: list[dict] = [
               "108-118, 283-288 at v0.4.2): TP 4 PP 16 VP 8 (128 chunks: one layer each, embedding and loss counted), "
               "recompute_num_layers None in V2 (no recompute), no CUDA graphs; fp4 param gather (--fp8-all-gather)."),
     _mb("26.04.01", 237, "DGX-B200", "GPT OSS 120B", 64, "BF16", 1280, 4, 4096, ep=8, tps=13568,
-        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
+        recompute="selective", recompute_modules="layernorm,moe_act",
+        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4. Recipe GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 "
+              "(configs/gpt_oss/gpt_oss_workload_base_configs.py:117-121 at v0.4.2): V1's recompute modules "
+              "layernorm, moe_act (:71-76; utils/overrides.py:148-150: selective granularity) with GBS 1280 and EP 8; "
+              "no CUDA graphs."),
 ]
 
 

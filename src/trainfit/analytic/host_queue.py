@@ -109,5 +109,7 @@ def combined_phases(fwd: list[Op], fwd_s: list[float], bwd: list[Op], bwd_s: lis
     backward beside the MLP forward (it sends the MLP backward's gradient); the combine forward beside the attention
     backward (parallel/expert.py exposed_ep_seconds). The combine's own memory kernels (unpermute) are counted with
     the compute they run beside. NB: without delay_wgrad_compute backward_dw is a no-op (the weight gradients inside
-    mlp_bwd), as combined_stall takes it."""
+    mlp_bwd), as combined_stall takes it; Megatron-Bridge's a2a-overlap recipes set it (scripts/performance/utils/
+    helpers.py:182-186 at v0.2.0), which moves the MLP's weight gradients beside the dispatch backward: not
+    modelled (either direction, by the MLP's wgrad against the two exchanges)."""
     return tuple(sum(s for _, s in phase) for phase in _combined_order(fwd, fwd_s, bwd, bwd_s))
