@@ -392,9 +392,11 @@ LOWP_CALIBRATION: list[dict] = [
               "transpose kept from its forward to its backward, about a byte per weight) and gradient_accumulation_"
               "fusion False are not modelled: memory under by those.", in_sample=True),
     _mb("25.11", 582, "DGX-B200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 1, 4096, ep=8, tps=9299,
+        cuda_graph_scope="moe_router,moe_preprocess",
         notes="Recipe QWEN3_30B_A3B_B200_FP8_MX_BASE_CONFIG (configs/qwen3/workload_base_configs.py:211-219 at "
-              "v0.2.0): EP 8, ETP 1, no recompute, TE CUDA graphs of the router and MoE preprocessing (NB: not "
-              "modelled, predicted slower by their launches); dropless, routing force-balanced (the table's note).",
+              "v0.2.0): EP 8, ETP 1, no recompute, TE CUDA graphs of the router and MoE preprocessing "
+              "(cuda_graph_scope moe_router, moe_preprocess: --cuda-graph-scope); dropless, routing force-balanced "
+              "(the table's note).",
         in_sample=True),
 ]
 
@@ -465,14 +467,18 @@ LOWP_VALIDATION: list[dict] = [
     _mb("25.11", 591, "DGX-H100", "LLAMA3.1_405B", 1024, "FP8-CS", 512, 1, 8192, tp=8, pp=8, cp=2, vp=8, tps=292,
         notes="Recipe LLAMA31_405B_H100_FP8_CS_BASE_CONFIG: TP 8 PP 8 CP 2 VP 8, 1,024 GPUs."),
     _mb("25.11", 571, "DGX-GB200", "Qwen3_30B_a3B", 8, "FP8-MX", 512, 4, 4096, ep=8, tps=23766,
-        moe_dispatcher="hybridep",
-        notes="Recipe QWEN3_30B_A3B_GB200_FP8_MX: MBS 4, hybridep flex dispatcher (--moe-dispatcher hybridep) and TE "
-              "CUDA graphs of attention, router and MoE preprocessing (NB: the graphs not modelled, predicted "
-              "slower); dropless, force-balanced."),
+        moe_dispatcher="hybridep", cuda_graph_scope="moe_router,moe_preprocess",
+        notes="Recipe QWEN3_30B_A3B_GB200_FP8_MX_BASE_CONFIG (configs/qwen3/workload_base_configs.py:193-200 at "
+              "v0.2.0): MBS 4, hybridep flex dispatcher (--moe-dispatcher hybridep) and TE CUDA graphs of the router "
+              "and MoE preprocessing (--cuda-graph-scope moe_router,moe_preprocess; the recipe's BF16 and FP8-CS "
+              "ones graph attention too); dropless, force-balanced."),
     _mb("25.11", 593, "DGX-H100", "Qwen3_30B_a3B", 16, "FP8-CS", 512, 2, 4096, pp=2, vp=24, ep=8, tps=5275,
         overlap_moe_comm=True,
         notes="PP 2 VP 24 as the table states (the v0.2.0 recipe file reads VP 12); MoE all-to-all overlapped with "
-              "compute (moe_a2a_overlap: --overlap-moe-comm)."),
+              "compute (moe_a2a_overlap: --overlap-moe-comm). NB: the same model on 16 H100 at PP 2 VP 12 EP 8, "
+              "MBS 1, GBS 1024 reads 5,113 tokens/s/GPU in the 26.02 container and 9,058 in its 26.02.01 patch "
+              f"({MBRIDGE}#L530, #L445): the software moved that layout by 77 %, more than this row's error; at "
+              "MBS 1 trainfit's step is host-bound (the dispatcher's per-layer sync) and reads about 4,700."),
     _mb("25.11", 583, "DGX-B200", "Qwen3_235B_a22B", 64, "FP8-MX", 1024, 1, 4096, pp=8, vp=2, ep=8, tps=3269,
         notes="PP 8 VP 2 EP 8; qwen3_235b_a22b_pretrain_config sets account_for_embedding/loss_in_pipeline_split "
               "(recipes/qwen/qwen3_moe.py:160-161 at v0.2.0): 94 layers + embedding + loss = 96 over 16 chunks, six "
@@ -500,7 +506,11 @@ LOWP_VALIDATION: list[dict] = [
               "108-118, 283-288 at v0.4.2): TP 4 PP 16 VP 8 (128 chunks: one layer each, embedding and loss counted), "
               "recompute_num_layers None in V2 (no recompute), no CUDA graphs; fp4 param gather (--fp8-all-gather)."),
     _mb("26.04.01", 237, "DGX-B200", "GPT OSS 120B", 64, "BF16", 1280, 4, 4096, ep=8, tps=13568,
-        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
+        recompute="selective", recompute_modules="layernorm,moe_act",
+        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4. Recipe GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 "
+              "(configs/gpt_oss/gpt_oss_workload_base_configs.py:117-121 at v0.4.2): V1's recompute modules "
+              "layernorm, moe_act (:71-76; utils/overrides.py:148-150: selective granularity) with GBS 1280 and EP 8; "
+              "no CUDA graphs."),
 ]
 
 

@@ -172,3 +172,13 @@ def test_gpt_oss_experts_cross_the_expert_group_once():
     # the dense group's 8 ranks per node ride 8 rails (capped by NVLink); the expert group one rank per node, one NIC
     dense_bw = min(Links.of(gpu).intra, 8 * inter)
     assert tm.dp_comm_total == pytest.approx(63 / 64 * dense * 4 / dense_bw + 7 / 8 * experts * 4 / inter, rel=1e-2)
+
+
+def test_overlap_pairs_each_exchange_with_its_own_compute():
+    """Under combined 1F1B each of a layer's four exchanges (A/4 = 0.25 each) hides behind one stretch of compute
+    only (model_chunk_schedule_plan.py:190-252): stretches of 0.1, 0.3, 0.2 and 0.3 leave 0.15 + 0 + 0.05 + 0 = 0.2
+    exposed, where the whole micro-batch's 0.9 of compute against its 1.0 of exchanges would leave 0.1; with the
+    first forward and last backward alone, (1.0 + 3 x 0.2) / 4 over 4 micro-batches."""
+    on = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=4, overlap_moe_comm=True)
+    assert exposed_ep_seconds(on, 1.0, 0.9, (0.1, 0.3, 0.2, 0.3)) == pytest.approx((1.0 + 3 * 0.2) / 4)
+    assert exposed_ep_seconds(on, 1.0, 0.9) == pytest.approx((1.0 + 3 * 0.1) / 4)

@@ -78,3 +78,18 @@ def test_combined_host_bound_by_hand():
 
     fwd, fs, bwd, bs = _combined(50, 50)
     assert abs(combined_stall(fwd, fs, bwd, bs, 20 * US) - 275 * US) < 1e-9
+
+
+def test_combined_phases_by_hand():
+    """The compute beside each exchange of a combined layer (model_chunk_schedule_plan.py:190-252): the combine
+    backward beside the unpermute backward (1 µs) and the attention forward with its preprocess and permute
+    (100 + 1 + 1); the dispatch forward beside the expert dgrads (200); the dispatch backward beside the expert
+    GEMMs (100); the combine forward beside its unpermute (1), the attention backward (50) and the main-grad
+    accumulation (1, attention's node). The four partition the layer's forward and backward (556 µs)."""
+    from trainfit.analytic.host_queue import combined_phases
+
+    fwd, fs, bwd, bs = _combined(200, 50)
+    phases = combined_phases(fwd, fs, bwd, bs)
+    for got, want in zip(phases, (103, 200, 100, 52)):
+        assert abs(got - want * US) < 1e-12
+    assert abs(sum(phases) - (sum(fs) + sum(bs))) < 1e-12

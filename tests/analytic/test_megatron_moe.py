@@ -39,7 +39,7 @@ def test_expert_kernels_one_per_local_expert():
     _, fwd, bwd = _layer(spec, setup)
     experts = [o for o in fwd + bwd if o.name.startswith(("experts_in", "experts_out"))]
     gemms = sum(o.kernels for o in experts if o.kind == "gemm")
-    casts = sum(o.kernels for o in experts if o.kind != "gemm")
+    casts = sum(o.kernels for o in experts if o.kind != "gemm" and not o.name.endswith(".swizzle"))
     assert gemms == 2 * 3 * 16
     assert casts == 2 * 16 + 2 * 16 + 2 * 16 / 64
 
@@ -54,13 +54,111 @@ def test_delayed_scaling_quantises_the_splits_in_one_kernel():
     assert sum(o.kernels for o in experts if o.kind != "gemm") == 2 + 2 + 2 / 64
 
 
+def test_quantised_experts_are_padded_and_unpadded():
+    """Under an fp8/fp4 recipe TEGroupedMLP pads each expert's rows (experts.py:646-653: the tokens, then the
+    probabilities) and unpads the output (:761-762); each TE (un)padding call is one kernel for up to 64 splits
+    (padding.cu:25 kMaxTensorsPerKernel), and its backward the reverse copy. By hand, per layer: 16 local experts
+    give 2 + 1 forward and 2 + 1 backward launches; 128 local experts (EP 1) two per call. A bf16 run pads nothing
+    (experts.py:646 `if self.config.fp8 or self.config.fp4`)."""
+    spec, setup, _ = _run(RUN_C7)
+
+    def launches(s):
+        _, fwd, bwd = _layer(spec, s)
+        pads = ("experts_pad", "experts_unpad")
+        return [sum(o.kernels for o in ops if o.name.startswith(pads)) for ops in (fwd, bwd)]
+
+    assert launches(setup) == [3, 3]
+    assert launches(replace(setup, ep=1)) == [6, 6]
+    assert launches(replace(setup, low_precision="none", fp8_all_gather=False)) == [0, 0]
+
+
+def test_forced_balance_adds_the_noise_kernels():
+    """--moe-force-balance (the benchmarks' moe_router_force_load_balancing): router.py:655-657 replaces the logits
+    by RandomSTE (moe_utils.py:1110-1144): clone and normal_, two forward kernels over tokens x experts; the
+    backward returns the gradient as it is (none). The routed run without it has neither."""
+    spec, setup, _ = _run(RUN_C7)
+    setup = replace(setup, cuda_graph_scope=None)  # (C7's recipe graphs the router: one launch for all of it)
+    assert setup.moe_force_balance
+
+    def noise(s):
+        _, fwd, bwd = _layer(spec, s)
+        return [sum(o.kernels for o in ops if o.name.startswith("router_random_logits")) for ops in (fwd, bwd)]
+
+    assert noise(setup) == [2, 0]
+    assert noise(replace(setup, moe_force_balance=False)) == [0, 0]
+
+
+def test_expert_gemms_run_four_at_a_time():
+    """TE's grouped GEMM puts expert i's cuBLAS call on compute stream i mod 4 (multi_stream.cpp:52-54,
+    cublaslt_gemm.cu:941-966): 16 local experts run as 4 rounds of 4 concurrent GEMMs, 6 as a round of 4 and one of
+    2, each round's tiles in waves of their own; 4 or fewer are one round, as one batched launch."""
+    from trainfit.analytic import roofline
+    from trainfit.analytic.compute_time import time_ops
+    from trainfit.hardware import get_gpu
+
+    spec, setup, r = _run(RUN_C7)
+    _, fwd, _ = _layer(spec, setup)
+    op = next(o for o in fwd if o.name == "experts_in")
+    assert (op.batch, op.kernels, op.streams) == (16, 16, 4)
+    gpu = get_gpu(r["gpu"])
+    launch = roofline.kernels_for(gpu).launch_seconds
+
+    def gemm(batch):
+        return roofline.gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, batch) - launch
+
+    def timed(o):
+        return time_ops(gpu, [o]).gemm
+
+    assert timed(op) == pytest.approx(4 * gemm(4))
+    assert timed(op._replace(batch=6, kernels=6)) == pytest.approx(gemm(4) + gemm(2))
+    assert timed(op._replace(batch=4, kernels=4)) == pytest.approx(gemm(4))
+    assert timed(op) > timed(op._replace(streams=0))  # one batch would pack the 16 GEMMs' tiles into full waves
+
+
+def test_cuda_graphs_replace_the_router_and_preprocess_launches():
+    """C7's recipe graphs the router and the dispatcher's preprocess (cuda_graph_scope moe_router, moe_preprocess:
+    transformer_layer.py:961-962, moe_layer.py:255-272). By hand, per layer: the forward's pre-MLP norm (1), router
+    GEMM (1), forced-balance noise (2), fused top-k (1), aux-loss scores (1) and loss (4), the preprocess's metadata
+    (9) and permute (4) are 23 launches, one graph; their backward's norm (2), router dgrad and wgrad (2), top-k (1),
+    aux scores (1) and loss (4), permute (1) are 11, one graph. The kernels still move the same bytes."""
+    from trainfit.analytic.compute_time import time_ops
+    from trainfit.hardware import get_gpu
+
+    spec, setup, r = _run(RUN_C7)
+    plain = replace(setup, cuda_graph_scope=None)
+    assert setup.cuda_graph_scope == "moe_router,moe_preprocess"
+    _, f0, b0 = _layer(spec, plain)
+    _, f1, b1 = _layer(spec, setup)
+    assert sum(o.kernels for o in f0) - sum(o.kernels for o in f1) == 23 - 1
+    assert sum(o.kernels for o in b0) - sum(o.kernels for o in b1) == 11 - 1
+    gpu = get_gpu(r["gpu"])
+    assert time_ops(gpu, f1).memory == pytest.approx(time_ops(gpu, f0).memory)
+
+
+def test_block_scales_are_swizzled_before_each_gemm():
+    """TE v2.9 swizzles both operands' MXFP8 scales before each GEMM call (gemm.cpp:233-240; grouped: one
+    multi-tensor kernel per operand list, :484-491). Per layer of C7, by hand: forward linear_qkv and linear_proj
+    (2 calls; q, k, v are one TE linear) and fc1, fc2 (2 grouped calls): 8 launches; backward dgrad and wgrad of
+    each: 16. The grouped form swizzles MXFP8 only (util.cpp:103-105: NVFP4 4 + 8, the dense ones); per-tensor fp8
+    has no block scales (none)."""
+    spec, setup, _ = _run(RUN_C7)
+
+    def swz(s):
+        _, fwd, bwd = _layer(spec, s)
+        return [sum(o.kernels for o in ops if o.name.endswith(".swizzle")) for ops in (fwd, bwd)]
+
+    assert swz(setup) == [8, 16]
+    assert swz(replace(setup, low_precision="nvfp4")) == [4, 8]
+    assert swz(replace(setup, low_precision="tensorwise")) == [0, 0]
+
+
 def test_only_megatron_runs_its_block():
     """The dispatcher's kernels are Megatron's: the same model under --stack hf keeps transformers' block."""
     spec, setup, _ = _run(RUN_C7)
     sh, fwd, _ = _layer(spec, setup)
     assert sh.moe_block == "megatron" and any(o.name == "dispatch_metadata" for o in fwd)
     hf = replace(setup, stack="hf", low_precision="none", fp8_all_gather=False, ep=1, zero=0,
-                 moe_force_balance=False)
+                 moe_force_balance=False, cuda_graph_scope=None)
     sh, fwd, _ = _layer(spec, hf)
     assert sh.moe_block == "transformers" and not any(o.name == "dispatch_metadata" for o in fwd)
 
@@ -105,3 +203,17 @@ def test_against_megatron_moe_layer_on_cpu():
     assert sum(o.kernels for o in fwd if o.kind == "gemm" and o.name in moe) == real["mm_forward"] == 9
     assert sum(o.kernels for o in bwd if o.kind == "gemm" and o.name.split(".")[0] in moe) == real["mm_backward"]
     assert moe_host_syncs(spec, setup) and (real["syncs_forward"], real["syncs_backward"]) == (1, 0)
+
+
+def test_cuda_graph_scope_is_checked():
+    """One line for what Megatron refuses (moe_preprocess without moe_router: transformer_config.py:1747-1750), an
+    unknown scope, and a stack that does not run Megatron's graphs."""
+    from trainfit.errors import SetupError
+    from trainfit.setup import Setup
+
+    for bad, words in (("moe_preprocess", "add moe_router"), ("mlp", "not a modelled"),
+                       ("moe_router,moe_router", "twice")):
+        with pytest.raises(SetupError, match=words):
+            Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, cuda_graph_scope=bad)
+    with pytest.raises(SetupError, match="--cuda-graph-scope is not run by --stack hf"):
+        Setup(stack="hf", precision="bf16", cuda_graph_scope="attn")

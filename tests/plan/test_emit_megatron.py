@@ -32,6 +32,7 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend",
           "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
           "--moe-router-num-groups": "moe_router_num_groups", "--moe-router-group-topk": "moe_router_group_topk",
+          "--cuda-graph-impl": "cuda_graph_impl", "--cuda-graph-scope": "cuda_graph_scope",
           # Transformer Engine's recipes (arguments.py:1398, :1331: --fp8-param-gather sets fp8_param)
           "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",
           "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe", "--fp4-param-gather": "fp4_param",
@@ -163,6 +164,19 @@ def test_recompute_modules_round_trip():
     tc, _, _ = _configs(a)
     assert tc.recompute_granularity == "selective" and tc.recompute_modules == ["layernorm", "moe_act"]
     assert tc.moe_grouped_gemm
+
+
+def test_cuda_graph_scope_round_trips():
+    """--cuda-graph-scope moe_router,moe_preprocess (C7's recipe) becomes Megatron's TE graph flags, which
+    TransformerConfig's __post_init__ accepts (transformer_config.py:1740-1760: moe_preprocess with moe_router)."""
+    spec = load_model("qwen3-30b-a3b")
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=8, seq=4096, batch=1, zero=1,
+              cuda_graph_scope="moe_router,moe_preprocess")
+    a = _parse(emit("megatron", s, spec, 8))
+    assert a["--cuda-graph-impl"] == "transformer_engine"
+    assert a["--cuda-graph-scope"] == ["moe_router", "moe_preprocess"]
+    tc, _, _ = _configs(a)
+    assert tc.cuda_graph_impl == "transformer_engine" and len(tc.cuda_graph_scope) == 2
 
 
 def test_layout_and_mtp_round_trip():

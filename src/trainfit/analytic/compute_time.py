@@ -25,7 +25,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, multi_tensor, roofline, torchao_optim
 from .gated_deltanet import linear_layers
-from .host_queue import combined_1f1b, combined_stall, has_sync, sync_stall
+from .host_queue import combined_1f1b, combined_phases, combined_stall, has_sync, sync_stall
 from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
@@ -36,6 +36,8 @@ from .precision import StateBytes
 from .stacks import model_for
 from .timing import compute_dtype
 from .ops.torchao_casts import backward_extra, backward_gemms
+from .ops.cuda_graphs import graphed_lists
+from ..setup.parsers import parse_cuda_graph_scope
 from .torchao_recipes import layer_shapes
 
 TERMS = ("gemm", "attention", "memory", "launches")
@@ -71,6 +73,26 @@ def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: flo
     return roofline.gemm_seconds(gpu, m, n, k, dtype, batch)
 
 
+def _gemm_calls(op: Op) -> int:
+    """The timed calls of a GEMM op (each _gemm_seconds carries one launch): one batched launch, or the rounds of
+    `streams` concurrent GEMMs a per-call grouped GEMM runs in (_grouped_gemm_seconds)."""
+    return math.ceil(op.batch / op.streams) if op.streams and op.batch > op.streams else 1
+
+
+def _grouped_gemm_seconds(gpu: GPU, op: Op) -> float:
+    """A GEMM op's time. A grouped GEMM of separate calls round-robin over `op.streams` streams (TE's
+    multi_stream_cublas_gemm: GEMM i on compute stream i mod streams, each stream in order, te:transformer_engine/
+    common/gemm/cublaslt_gemm.cu:941-966) runs as rounds of `streams` concurrent GEMMs, each round's tiles in waves
+    over the SMs, and a last round of the remainder: not one batch whose tiles pack every wave. NB: a stream's next
+    GEMM starts when its own previous one ends, so rounds overlap at their tails: pessimistic by up to a wave per
+    round."""
+    if not op.streams or op.batch <= op.streams:
+        return _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch)
+    full, rest = divmod(math.ceil(op.batch), op.streams)
+    t = full * _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.streams)
+    return t + (_gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, rest) if rest else 0.0)
+
+
 def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     kn = roofline.kernels_for(gpu)
     launch = kn.launch_seconds
@@ -79,7 +101,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     nbytes: dict[str, float] = {}  # memory ops' bytes by access class (roofline.memory_seconds)
     for op in ops:
         if op.kind == "gemm":
-            g += _gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, op.batch) - launch
+            g += _grouped_gemm_seconds(gpu, op) - launch * _gemm_calls(op)
             n += op.kernels
             timed += op.kernels
             fl += op.flops
@@ -121,6 +143,9 @@ class StageCompute:
     attention_forward: float  # seconds of one layer's attention core forward (ring attention overlaps it)
     sync_stall: float = 0.0  # seconds the GPU idles in the forward between the host's syncs (host_queue.py)
     combined_stall: float = 0.0  # the same with another micro-batch's backward in each stretch (combined 1F1B)
+    # the compute beside each of the four EP exchanges of the stage's MoE layers under combined 1F1B (summed over them:
+    # host_queue.combined_phases); () otherwise
+    combined_phases: tuple[float, ...] = ()
 
     @property
     def total(self) -> ListTime:
@@ -136,6 +161,8 @@ def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = F
     bwd = backward_gemms(backward(fwd), sh) + grad_accumulations(spec, sh, linear, block) + backward_extra(fwd, sh) \
         + dequant
     rec = recomputed(spec, setup, fwd)
+    if getattr(setup, "cuda_graph_scope", None):  # Megatron's TE CUDA graphs of parts of the layer (ops/cuda_graphs.py)
+        fwd, bwd = graphed_lists(fwd, bwd, parse_cuda_graph_scope(setup.cuda_graph_scope), moe)
     return fwd, bwd, rec
 
 
@@ -165,6 +192,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     def layer_times(sh: Shape):
         lf = lb = lr = ListTime()
         attn = stall = both = 0.0
+        phases = ()
         # (under torchao's recipe, its converted and its --bf16-*-layers layers in their proportion)
         for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc), layer_shapes(spec, setup, sh)):
             w *= q
@@ -177,10 +205,12 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
                 fs, h = [time_ops(gpu, [o]).seconds for o in fwd], roofline.host_seconds_per_kernel()
                 stall += w * sync_stall(fwd, fs, h)
                 if combined_1f1b(setup):
-                    both += w * combined_stall(fwd, fs, bwd, [time_ops(gpu, [o]).seconds for o in bwd], h)
-        return lf, lb, lr, attn, stall, both
+                    bs = [time_ops(gpu, [o]).seconds for o in bwd]
+                    both += w * combined_stall(fwd, fs, bwd, bs, h)
+                    phases = tuple(p + w * x for p, x in zip(phases or (0.0,) * 4, combined_phases(fwd, fs, bwd, bs)))
+        return lf, lb, lr, attn, stall, both, phases
 
-    lf, lb, lr, attn, stall, both = layer_times(sh)
+    lf, lb, lr, attn, stall, both, phases = layer_times(sh)
     # Transformer Engine's --bf16-first/last-layers: those layers' lists without the recipe (te_recipes.py)
     bf16_first, bf16_last = (setup.bf16_first_layers, setup.bf16_last_layers) if sh.te else (0, 0)
     lf16, lb16, lr16, *_ = layer_times(replace(sh, te="")) if bf16_first or bf16_last else (lf, lb, lr)
@@ -227,7 +257,8 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         rec = checkpointed_layers(setup, n) / max(n, 1)  # NB: the bf16 layers' share of the re-run, as of the layers
         cand = StageCompute((n - b16) * lf + b16 * lf16 + extra_f, (n - b16) * lb + b16 * lb16 + extra_b,
                             rec * ((n - b16) * lr + b16 * lr16) + extra_r, attn,
-                            n * stall, n * both)  # NB: the bf16 layers' stretches as the quantised ones'
+                            n * stall, n * both,  # NB: the bf16 layers' stretches as the quantised ones'
+                            tuple(n * p for p in phases))
         if best is None or cand.total.seconds > best.total.seconds:
             best = cand
     return best

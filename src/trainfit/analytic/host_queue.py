@@ -85,9 +85,31 @@ def combined_stall(fwd: list[Op], fwd_s: list[float], bwd: list[Op], bwd_s: list
     delay_wgrad_compute the weight gradients run inside each node's backward (backward_dw a no-op): taken so."""
     if not has_sync(fwd) or host <= 0:
         return 0.0
+    order = [pair for phase in _combined_order(fwd, fwd_s, bwd, bwd_s) for pair in phase]
+    return sync_stall([o for o, _ in order], [s for _, s in order], host)
+
+
+def _combined_order(fwd: list[Op], fwd_s: list[float], bwd: list[Op], bwd_s: list[float]) -> list[list]:
+    """The (op, seconds) of a combined 1F1B layer in the four stretches the compute stream runs while the
+    communication stream runs one of the layer's exchanges each (model_chunk_schedule_plan.py:190-252 run):
+    combine backward and attention forward; MLP backward (beside the dispatch forward); dispatch and MLP forward
+    (beside the dispatch backward); combine forward and attention backward."""
     node = _nodes(fwd)
     f = {k: [(o, s) for o, s in zip(fwd, fwd_s) if node[o.name] == k] for k in ("attn", "dispatch", "mlp", "combine")}
     b = {k: [(o, s) for o, s in zip(bwd, bwd_s) if node.get(o.name.split(".")[0], "attn") == k]
          for k in ("attn", "dispatch", "mlp", "combine")}
-    order = b["combine"] + f["attn"] + b["mlp"] + f["dispatch"] + b["dispatch"] + f["mlp"] + f["combine"] + b["attn"]
-    return sync_stall([o for o, _ in order], [s for _, s in order], host)
+    return [b["combine"] + f["attn"], b["mlp"] + b["dispatch"], f["dispatch"] + f["mlp"], f["combine"] + b["attn"]]
+
+
+def combined_phases(fwd: list[Op], fwd_s: list[float], bwd: list[Op], bwd_s: list[float]) -> tuple[float, ...]:
+    """GPU seconds of the compute beside each of a combined 1F1B layer's four EP exchanges, in the order of
+    model_chunk_schedule_plan.py:190-252 run (its doc: "comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd |
+    combine_fwd; comp_stream: attn_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | attn_bwd"): the combine backward beside the
+    attention forward; the dispatch forward beside the MLP backward (the MLP forward needs its tokens); the dispatch
+    backward beside the MLP forward (it sends the MLP backward's gradient); the combine forward beside the attention
+    backward (parallel/expert.py exposed_ep_seconds). The combine's own memory kernels (unpermute) are counted with
+    the compute they run beside. NB: without delay_wgrad_compute backward_dw is a no-op (the weight gradients inside
+    mlp_bwd), as combined_stall takes it; Megatron-Bridge's a2a-overlap recipes set it (scripts/performance/utils/
+    helpers.py:182-186 at v0.2.0), which moves the MLP's weight gradients beside the dispatch backward: not
+    modelled (either direction, by the MLP's wgrad against the two exchanges)."""
+    return tuple(sum(s for _, s in phase) for phase in _combined_order(fwd, fwd_s, bwd, bwd_s))

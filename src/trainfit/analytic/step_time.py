@@ -93,6 +93,7 @@ class MicroBatchCompute(NamedTuple):
     forward_kernels: float = 0.0  # kernels of the forward alone (the host issues each: moe_host_syncs)
     sync_stall: float = 0.0  # the forward's GPU idle between the dispatcher's host syncs (host_queue.py)
     combined_stall: float = 0.0  # the same under the combined 1F1B schedule (host_queue.combined_stall)
+    combined_phases: tuple = ()  # the compute beside each EP exchange under combined 1F1B (host_queue.combined_phases)
 
 
 def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, st: StateBytes,
@@ -111,7 +112,7 @@ def micro_batch_compute(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCos
         mem = tot.memory / tot.seconds if tot.seconds > 0 else 0.0
         return MicroBatchCompute(sc.forward.seconds, sc.backward.seconds, sc.recompute.seconds, sc.attention_forward,
                                  achieved, mem, terms, tot, sc.forward.kernels, sc.sync_stall,
-                                 sc.combined_stall)
+                                 sc.combined_stall, sc.combined_phases)
     peak = dense_peak * efficiency
     # The slowest stage: the last one carries the LM head (Narayanan et al. 2021 balance layers, not the head).
     stage_fwd_tok = max(first * costs.layer_forward, middle * costs.layer_forward,
@@ -162,7 +163,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, c.attention_forward, rerun)
     ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
     ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
-    ep_mb = exposed_ep_seconds(setup, ep_mb, c.forward + c.backward + c.recompute)
+    ep_mb = exposed_ep_seconds(setup, ep_mb, c.forward + c.backward + c.recompute, c.combined_phases)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)

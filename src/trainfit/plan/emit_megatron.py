@@ -141,6 +141,10 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         # TransformerConfig.recompute_modules as a flag (Megatron-LM core_v0.16.1 arguments.py:1621: every config field,
         # a list as space-separated values)
         out += ["--recompute-modules", *s.recompute_modules.split(",")]
+    if s.cuda_graph_scope:
+        # TransformerConfig.cuda_graph_impl / cuda_graph_scope (transformer_config.py:777-791; a list as
+        # space-separated values, arguments.py:1621)
+        out += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", *s.cuda_graph_scope.split(",")]
     return out + _low_precision(s)
 
 

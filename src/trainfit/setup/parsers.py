@@ -66,6 +66,35 @@ def check_recompute_modules(v: str) -> None:
     parse_recompute_modules(v)
 
 
+# Megatron-Core's Transformer Engine CUDA graph scopes modelled (transformer_config.py:784-791 cuda_graph_scope with
+# cuda_graph_impl "transformer_engine"; transformer_layer.py:942-965 the submodules each graphs)
+CUDA_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
+
+
+def parse_cuda_graph_scope(v: str) -> tuple[str, ...]:
+    """The scopes of --cuda-graph-scope ("moe_router,moe_preprocess"), checked against CUDA_GRAPH_SCOPES and
+    Megatron's own rule (transformer_config.py:1747-1750: moe_preprocess only with moe_router)."""
+    names = tuple(n.strip() for n in v.split(",") if n.strip())
+    bad = [n for n in names if n not in CUDA_GRAPH_SCOPES]
+    if not names or bad:
+        raise SetupError(f"--cuda-graph-scope {v!r}: {', '.join(bad) or 'no scope named'} is not a modelled CUDA graph "
+                         f"scope; choose from {', '.join(CUDA_GRAPH_SCOPES)} (comma-separated, e.g. "
+                         "moe_router,moe_preprocess)")
+    if len(set(names)) != len(names):
+        raise SetupError(f"--cuda-graph-scope {v!r} names a scope twice; name each once")
+    if "moe_preprocess" in names and "moe_router" not in names:
+        raise SetupError(f"--cuda-graph-scope {v!r}: Megatron graphs moe_preprocess only with moe_router "
+                         "(transformer_config.py:1747-1750); add moe_router")
+    return names
+
+
+def check_cuda_graph_scope(v: str) -> None:
+    if not isinstance(v, str):
+        raise SetupError(f"--cuda-graph-scope must be text, got {v!r} (e.g. --cuda-graph-scope "
+                         "moe_router,moe_preprocess)")
+    parse_cuda_graph_scope(v)
+
+
 def check_lora_targets(v: str) -> None:
     """all-linear, attention, or comma-separated module names (checked against the model where it is built)."""
     if not isinstance(v, str):

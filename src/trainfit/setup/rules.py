@@ -47,7 +47,8 @@ def validate(setup: Setup) -> None:
     if setup.offload == "activations" and not stack.runs("activation-offload"):
         raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
                          f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
-    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm"):
+    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
+                 "cuda_graph_scope"):
         # the axes a stack may run (stacks/*.toml)
         if name == "overlap_moe_comm" and not setup.overlap_moe_comm:
             continue

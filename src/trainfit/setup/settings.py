@@ -14,7 +14,7 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
 from ..units import parse_count
-from .parsers import (_check_alloc_conf, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
+from .parsers import (_check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
                       combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
@@ -101,6 +101,16 @@ class Setup:
                                                modes=TRAINING, check=lambda v: check_recompute_modules(v),
                                                example="layernorm,moe_act", group="step",
                                                suggestions=("core_attn", "layernorm,moe_act", "moe"))
+    cuda_graph_scope: Optional[str] = setting(None, "Transformer Engine CUDA graphs of parts of each layer (Megatron's "
+                                              "--cuda-graph-impl transformer_engine --cuda-graph-scope, comma-"
+                                              "separated): attn (the norm and self-attention), moe_router (the pre-MLP "
+                                              "norm and the router), moe_preprocess (the dispatcher's preprocess and "
+                                              "permute; with moe_router). Each graphed part's forward and backward "
+                                              "launch as one graph each; --stack megatron.",
+                                              modes=TRAINING, check=lambda v: check_cuda_graph_scope(v),
+                                              example="moe_router,moe_preprocess", group="step",
+                                              suggestions=("moe_router,moe_preprocess",
+                                                           "attn,moe_router,moe_preprocess"))
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash (the fused kernel "
                              "torch's SDPA picks: cuDNN on H100/H200 from torch 2.9); flash2 = FlashAttention-2 (SDPA "
                              "before torch 2.9, or the flash-attn package; CUDA, 16-bit); triton = FlashAttention in "

@@ -11,15 +11,18 @@ What differs from transformers' block (ops/moe.py), kernel by kernel:
   (te:transformer_engine/common/gemm/cublaslt_gemm.cu:941-966 multi_stream_cublas_gemm, called by
   te:transformer_engine/pytorch/module/grouped_linear.py:171 forward, :363 dgrad, :413 wgrad), so each of fc1 and
   fc2 launches `local` GEMMs per pass, and under a quantised recipe `local` quantise kernels per operand
-  (ops/te_casts.split_kernels);
+  (ops/te_casts.split_kernels); the GEMMs go round-robin to the streams (expert j on stream j mod 4: stacks/
+  megatron.toml [moe] gemm_streams), so at most 4 share the SMs at a time (compute_time.time_ops);
 - the dispatcher's metadata (moe/token_dispatcher.py:469-590 preprocess) is a handful of small reductions, an
   all-gather of the token counts, and device-to-host copies followed by a host synchronisation (analytic/
   step_time.py moe_host_syncs);
+- under an fp8/fp4 recipe the experts' rows are padded to the recipe's alignment before linear_fc1 and unpadded
+  after linear_fc2 (TE's Fp8Padding / Fp8Unpadding copies: quantization_padding);
 - permute / sort-by-expert / unpermute are TE's Triton kernels (te:transformer_engine/pytorch/triton/
   permutation.py), the activation is the probability-weighted SwiGLU (moe/experts.py:689-696
   weighted_bias_swiglu_impl).
-NB: the router's force-balance benchmark option (moe/router.py apply_random_logits: analytic/moe_imbalance.py
-times the busiest rank's load it leaves, not its noise kernel) and CUDA graphs of the router
+The router's force-balance benchmark option (moe/router.py:655-657 apply_random_logits) adds its two noise kernels
+(router_ops; analytic/moe_imbalance.py times the busiest rank's load it leaves). NB: CUDA graphs of the router
 and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
 modelled: pessimistic by their few kernels where a run graphs them. gpt-oss (Megatron-Bridge's GPT-OSS provider:
 expert biases, quick GeGLU with clamp and linear offset) runs the same layer with its fused activation and
@@ -49,17 +52,22 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     h, a, T, e, k, i, local, per_expert, rows = expert_dims(spec, sh)
     ops = router_ops(spec, sh) + dispatch_ops(spec, sh)
     gate = 2 if spec.gated_mlp else 1
+    if sh.te:  # under a quantised recipe the experts' rows are padded to the recipe's alignment first
+        ops.append(quantization_padding(spec, sh, rows, local))
     # TEGroupedMLP (moe/experts.py:628-720): linear_fc1, the weighted activation, linear_fc2; one GEMM per expert
     ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, sh, SRC + "experts.py:670 linear_fc1 "
-                              "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
+                              "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(
+        kernels=local, streams=sh.moe_gemm_streams), sh)
     act = ("experts.py:697-705 weighted_bias_quick_geglu_impl (gpt-oss: clamp, quick GeGLU + 1, · prob, one kernel)"
            if m.swiglu_limit else "experts.py:689-696 weighted_bias_swiglu_impl (act(gate) · up · prob, one kernel)")
     # (an expert bias of linear_fc1 is added in TE's GEMM epilogue: experts.py:548-549 skip_bias_add False)
     ops.append(memory("experts_act", rows * (gate * i * a + FP32), rows * i * a, SRC + act, "experts_act"))
     ops += _experts_gemm(gemm("experts_out", per_expert, h, i, sh, SRC + "experts.py:748 linear_fc2 (TE GroupedLinear)",
-                              batch=local, fp8=bool(sh.te))._replace(kernels=local), sh)
+                              batch=local, fp8=bool(sh.te))._replace(kernels=local, streams=sh.moe_gemm_streams), sh)
     if m.expert_bias:
         ops.append(fc2_bias(spec, sh, rows, local))
+    if sh.te:
+        ops.append(quantization_unpadding(spec, sh, rows, local))
     ops += combine_ops(spec, sh)
     if m.shared_intermediate:  # shared_experts.py: a gated MLP beside the routed experts
         ops += shared_expert_ops(spec, sh, SRC + "shared_experts.py")
@@ -71,6 +79,36 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
         ops.append(memory("shared_add", 2 * T * h * a, T * h * a,
                           SRC + "moe_layer.py:347 output + shared_expert_output", "combine", saves=False))
     return ops
+
+
+def _padding_launches(local: int) -> int:
+    """Launches of one TE multi-row (un)padding call over `local` splits: a kernel per 64 of them
+    (te:transformer_engine/common/util/padding.cu:25 kMaxTensorsPerKernel = 64, one MultiPaddingArgs per launch)."""
+    return -(-local // 64)
+
+
+def quantization_padding(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
+    """TEGroupedMLP under an fp8/fp4 recipe (moe/experts.py:603-606, :646-653): each local expert's rows padded to the
+    recipe's alignment (te:transformer_engine/pytorch/module/fp8_padding.py:113-118: 16, 32 for MXFP8) by Fp8Padding,
+    once for the permuted tokens and once for their probabilities: each a tex.fused_multi_row_padding copy
+    (fp8_padding.py:37-39) into a new tensor; its backward the unpadding copy (:60-66), each. With routed counts that
+    are not multiples of the alignment (forced-balance or learned routing: almost never all of them) the copy runs
+    (fp8_padding.py:121-122 skips it only when every split is aligned). NB: the padded rows (under one alignment per
+    expert) are not added to the GEMMs' M: optimistic by under 16 or 32 rows in several hundred."""
+    h, a = spec.hidden, sh.act
+    moved = rows * (h * a + FP32)
+    return memory("experts_pad", moved, moved, "te:transformer_engine/pytorch/module/fp8_padding.py:20-68 "
+                  "(moe/experts.py:648-653 quantization_padding of the tokens and the probabilities)", saves=False,
+                  kernels=2 * _padding_launches(local))
+
+
+def quantization_unpadding(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
+    """The experts' output back to the routed rows (moe/experts.py:761-762 quantization_unpadding: TE's Fp8Unpadding,
+    te:transformer_engine/pytorch/module/fp8_unpadding.py:24-45 tex.fused_multi_row_unpadding; :48-66 its backward
+    the padding copy): one copy of rows x hidden each way."""
+    moved = rows * spec.hidden * sh.act
+    return memory("experts_unpad", moved, moved, "te:transformer_engine/pytorch/module/fp8_unpadding.py:24-66 "
+                  "(moe/experts.py:761-762)", saves=False, kernels=_padding_launches(local))
 
 
 def fc2_bias(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
@@ -96,6 +134,10 @@ def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     m, h = spec.moe, spec.hidden
     T, e = sh.tokens, m.num_experts
     ops = [gemm("router", T, e, h, sh, SRC + "router.py:79-101 gating")]
+    if sh.moe_force_balance:  # router.py:655-657 apply_random_logits (the benchmarks' forced balance)
+        ops.append(memory("router_random_logits", T * e * FP32, 2 * T * e * FP32, SRC + "moe_utils.py:1110-1131 "
+                          "RandomSTE: logits.clone() and .normal_(), two kernels; its backward passes the gradient on "
+                          "(:1134-1144, no kernel)", "router", saves=False, kernels=2, grad=False))
     ops.append(memory("router_topk", T * e * FP32, T * e * (FP32 + BOOL), SRC + "router.py:573-584 fused top-k",
                       "router", saves=False))
     if sh.moe_aux_loss:

@@ -56,6 +56,9 @@ class Op(NamedTuple):
     # memory: its backward's kernels spelled out (derivatives.yaml), where the generic rule (`backward`: read the
     # output's gradient and the saved input, write the input's gradient, once) under-counts a multi-kernel formula
     bwd_ops: tuple = ()
+    # gemm: its `batch` GEMMs launched one by one, round-robin over this many streams (a grouped GEMM of separate
+    # cuBLAS calls: compute_time.time_ops); 0: one batched launch
+    streams: int = 0
 
     @property
     def flops(self) -> float:
@@ -122,6 +125,11 @@ class Shape:
     # the busiest expert-parallel rank's routed copies over the balanced mean (analytic/moe_imbalance.py): its
     # expert GEMMs and expert-side elementwise ops run on that many (ops/moe.py)
     moe_load: float = 1.0
+    # --moe-force-balance: the router's logits replaced by noise before its top-k (ops/megatron_moe.py router_ops)
+    moe_force_balance: bool = False
+    # the streams a grouped expert GEMM's per-expert calls are spread over (stacks/*.toml [moe] gemm_streams); 0: one
+    # batched launch
+    moe_gemm_streams: int = 0
 
     @property
     def tokens(self) -> float:

@@ -48,4 +48,6 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  lp=lp if lp in MODELLED and not te else "",
                  moe_block=facts.get("moe", {}).get("block", "transformers"),
                  moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),
-                 moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp))
+                 moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp),
+                 moe_force_balance=bool(getattr(setup, "moe_force_balance", False)),
+                 moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)))

@@ -37,6 +37,13 @@ TENSOR_AMAX = ("tensorwise", "nvfp4")
 # for its amax, its scale kernels not counted: optimistic by their launches
 AMAX_LAUNCHES = {"tensorwise": 2, "nvfp4": 1}
 SCALE_LAUNCHES = {"tensorwise": 1}
+# recipes whose block scales TE rearranges into cuBLAS's layout before every GEMM, both operands: pytorch/csrc/
+# extensions/gemm.cpp:233-240 (general_gemm: swizzle_scaling_factors of A and of B, one kernel each), :484-491
+# (te_general_grouped_gemm: multi_tensor_swizzle_scaling_factors of the A list and of the B list); csrc/util.cpp:
+# 16-21 (MXFP8 and NVFP4 scales), :103-105 (the grouped form swizzles MXFP8 only); common/swizzle/swizzle.cu:250,
+# :615-660 (64 tensors per multi-tensor launch)
+SWIZZLED = ("mxfp8", "nvfp4")
+SWIZZLED_GROUPED = ("mxfp8",)
 
 
 def split_kernels(linear: Op, sh: Shape) -> int:
@@ -59,6 +66,21 @@ def _quantise(name: str, elements: float, in_bytes: float, sh: Shape, kernels: i
                          saves=False, kernels=kernels)]
 
 
+def swizzles(name: str, gemm: Op, a: float, b: float, sh: Shape) -> list[Op]:
+    """The scale swizzles before one TE GEMM call of `gemm` (its `kernels` per-expert GEMMs: a grouped call) whose
+    operands hold `a` and `b` elements: a kernel per operand (per 64 tensors of a grouped call) moving their block
+    scales (SWIZZLED). A fused linear_qkv / linear_fc1 is one GEMM listed as its projections' (layer.py): the
+    projections after the first (`shared_input` in te_casts, the same rows and input as the GEMM before in
+    te_backward_extra) add none, though their own GEMMs stay listed."""
+    r = RECIPES[sh.te]
+    grouped = gemm.kernels > 1
+    if r.name not in (SWIZZLED_GROUPED if grouped else SWIZZLED):
+        return []
+    scales = (a + b) / r.block * r.scale_bytes
+    return [memory(f"{name}.swizzle", scales, scales, "Transformer Engine swizzle_scaling_factors (gemm.cpp:233-240, "
+                   ":484-491)", grad=False, saves=False, kernels=2 * (-(-int(gemm.kernels) // 64) if grouped else 1))]
+
+
 def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
     """Before the GEMM: the input's quantisation (every micro-batch) and the weight's (once per optimizer step).
     `shared_input`: the projection reads the input the one before it read (q, k, v; gate, up), which Megatron's
@@ -68,13 +90,23 @@ def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
     weight = [memory(o.name, o.reads * sh.te_weight_share, o.writes * sh.te_weight_share, o.source, grad=False,
                      saves=False, kernels=o.kernels * sh.te_weight_share)
               for o in _quantise(f"{linear.name}.w", w, sh.weight, sh, split_kernels(linear, sh))]
-    return ([] if shared_input else _quantise(f"{linear.name}.x", x, sh.act, sh, split_kernels(linear, sh))) + weight
+    if shared_input:
+        return weight
+    return _quantise(f"{linear.name}.x", x, sh.act, sh, split_kernels(linear, sh)) + weight + swizzles(
+        linear.name, linear, x, w, sh)
 
 
 def te_backward_extra(ops: list[Op], sh: Shape) -> list[Op]:
-    """After each quantised GEMM's output gradient arrives: dY quantised rowwise and columnwise."""
-    out = []
+    """After each quantised GEMM's output gradient arrives: dY quantised rowwise and columnwise; the scale swizzles
+    of its dgrad (dY and the weight) and wgrad (dY and the input) GEMMs."""
+    out, prev = [], None
     for op in ops:
         if op.kind == "gemm" and op.dtype == RECIPES[sh.te].peak:
-            out += _quantise(f"{op.name}.dy", op.m * op.n * op.batch, sh.act, sh, split_kernels(op, sh))
+            dy, x, w = op.m * op.n * op.batch, op.m * op.k * op.batch, op.k * op.n * op.batch
+            out += _quantise(f"{op.name}.dy", dy, sh.act, sh, split_kernels(op, sh))
+            fused = prev is not None and op.kernels == 1 and (prev.m, prev.k, prev.batch) == (op.m, op.k, op.batch)
+            if not fused:  # (a projection of the fused linear before it: its GEMMs are that linear's: swizzles)
+                out += swizzles(f"{op.name}.dgrad", op, dy, w, sh) + swizzles(f"{op.name}.wgrad", op, dy, x, sh)
+        if op.kind == "gemm":
+            prev = op
     return out

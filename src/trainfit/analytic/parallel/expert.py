@@ -27,9 +27,16 @@ are taken as evenly spread over its links.
 Overlap (--overlap-moe-comm, Megatron's overlap_moe_expert_parallel_comm: model_parallel_config.py:264; pipeline_
 parallel/combined_1f1b.py:34-48): in 1F1B one micro-batch's forward runs beside another's backward, each one's EP
 exchanges hidden by the other's attention/MLP compute; the first forward and the last backward run alone (and one
-extra warm-up forward under pipelining: schedules.py:778). Exposed per step: A + (m − 1)·max(0, A − C) for A the
-exchanges and C the compute of one micro-batch. NB: optimistic — the layer-level pieces never fill each other
-exactly, and the comm kernels' SMs slow the compute they hide behind (not charged).
+extra warm-up forward under pipelining: schedules.py:778). Within a combined layer each exchange hides behind one
+stretch of the other micro-batch's compute only (models/common/model_chunk_schedule_plan.py:190-252 run, its doc:
+"comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd | combine_fwd; comp_stream: attn_fwd | mlp_bwd->mlp_bwd_dw->
+mlp_fwd | attn_bwd"), and the stretches wait on each other (the MLP forward on the dispatched tokens, the dispatch
+backward on the MLP backward's gradient): a layer takes Σ max(exchange_i, compute_i) over its four pairs
+(host_queue.combined_phases). Exposed per step: A + (m − 1)·Σ max(0, A/4 − P_i) for A the exchanges of one
+micro-batch (four equal ones per layer: dispatch and combine, forward and backward) and P_i the compute beside the
+i-th; A + (m − 1)·max(0, A − C), C the micro-batch's compute, where the op lists give no phases. NB: optimistic —
+the comm kernels' SMs slow the compute they hide behind (not charged), and the exchanges are taken as equal while
+the busiest rank's dispatch waits on its receiving side.
 """
 from __future__ import annotations
 
@@ -122,11 +129,15 @@ def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     return layers * 4 * busiest * exchange_seconds(spec, setup, links, tokens, act_bytes)
 
 
-def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float) -> float:
+def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float, phases: tuple[float, ...] = ()) -> float:
     """Of one micro-batch's `exchanges` seconds, the part exposed per micro-batch on average over the step's
     grad_accum micro-batches, each of `compute` seconds (forward + backward): all of it without --overlap-moe-comm,
-    else (A + (m − 1)·max(0, A − C)) / m (module doc)."""
+    else (A + (m − 1)·L) / m with L what the combined layers leave exposed (module doc): Σ max(0, A/4 − P_i) over
+    the four exchanges each beside its own compute P_i (`phases`: host_queue.combined_phases, summed over the stage's
+    layers), or max(0, A − C) where the op lists do not give the phases."""
     m = setup.grad_accum
     if not setup.overlap_moe_comm or m <= 1:
         return exchanges
-    return (exchanges + (m - 1) * max(0.0, exchanges - compute)) / m
+    left = (sum(max(0.0, exchanges / len(phases) - p) for p in phases) if phases
+            else max(0.0, exchanges - compute))
+    return (exchanges + (m - 1) * left) / m
