@@ -601,10 +601,12 @@ def _zoo_long(line, seq, tp, cp, forced, tflops):
                          "default imbalance (moe_imbalance.py).") + " Its pair differs only in the routing.")
 
 
-# (line 38, seq 131072 on CP 8, is in SKIPPED: DP 1)
+# line 38 (seq 131072 on CP 8) runs at DP 1: the distributed optimizer shards over the 8 CP ranks
+# (stacks/megatron.toml [distributed_optimizer] shards dp × cp)
 MOE_ROUTING_PAIRS: list[dict] = [
     _zoo_long(line, seq, 4, cp, forced, x)
-    for line, seq, cp, pair in ((35, 16384, 1, (295, 237)), (36, 32768, 2, (335, 277)), (37, 65536, 4, (368, 320)))
+    for line, seq, cp, pair in ((35, 16384, 1, (295, 237)), (36, 32768, 2, (335, 277)), (37, 65536, 4, (368, 320)),
+                                (38, 131072, 8, (389, 357)))
     for forced, x in zip((True, False), pair)
 ]
 
@@ -742,9 +744,6 @@ SKIPPED = [
      "checkpointing"),
     ("torchtitan components/quantization/mxfp8.md, Llama 4 Scout MXFP8 on GB200",
      "GPU count contradicts itself (\"512 GPU training on 64 node GB200\" vs \"64 nodes of 4 devices each = 256\")"),
-    ("Megatron-MoE-ModelZoo qwen3 readme, Long Context line 38 (seq 131072, TP 4 CP 8, 389 forced / 357 dropless "
-     "TFLOP/s)", "DP 1 with the distributed optimizer sharded over the 8 CP ranks (stacks/megatron.toml "
-     "[distributed_optimizer] shards dp x cp); setup/rules.py refuses --zero at --dp 1"),
     ("Megatron-Bridge DGX-GB300 and DGX-B300 rows", "GB300/B300 are not in gpus.json nor being added"),
     ("Megatron-Bridge 25.09 rows", "the table has no precision column (FP8 recipe per row not stated)"),
     ("Megatron-Bridge 25.11 DGX-H100 GPT OSS 120B", "GA 2 contradicts GBS 512 = MBS 4 x GA x DP 16 (PP 4 of 64 GPUs)"),
