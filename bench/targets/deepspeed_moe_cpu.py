@@ -112,6 +112,12 @@ CASES = (({}, True),
            "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 1000}, False))
 
 
+# other families' MoE blocks (not leaves: gpt-oss's router and expert biases, DeepSeek's MLA and shared experts), at
+# the scaled knobs (at DeepSpeed's defaults every parameter of these tiny configs is under the persistence threshold)
+FAMILIES = ("tiny-gpt-oss", "tiny-deepseek")
+FAMILY_KNOBS = CASES[1][0]
+
+
 def probe_knobs(knobs: dict, leaf: bool) -> dict:
     """The zero_optimization entries of a case: without leaves, DeepSpeed's leaf_module classes emptied."""
     return {**knobs, **({} if leaf else {"leaf_module": {"classes": []}})}
@@ -130,6 +136,12 @@ def replayed(spec, knobs: dict, leaf: bool) -> int:
     k = [int(knobs.get(n, facts.fact(n))) for n in ("stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
                                                     "stage3_max_live_parameters", "stage3_max_reuse_distance")]
     return zero3_replay.replay(zero3_replay.hf_model(spec, count_params(spec), False), False, *k)
+
+
+def _leaf_families() -> list[str]:
+    from trainfit import stacks
+
+    return stacks.get_stack("deepspeed").fact("leaf_module", "families")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,6 +172,14 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {', '.join(f'{k[7:]}={v:,}' for k, v in knobs.items()) or 'defaults'} | "
                      f"{', '.join(ranks[0]['leaf']) or 'none'} | {ranks[0]['at']} | {m:,} | {r:,} | "
                      f"{ds.err(r, m)} |")
+    lines += ["", "Other families at the second row's knobs:", "", "| model | at | measured | replay | error |",
+              "|---|---|---|---|---|"]
+    for model in FAMILIES:
+        fspec, fsetup = ds.case(model, 3, "bf16-master")
+        ranks = gather_probe(fspec, fsetup, FAMILY_KNOBS)
+        m = max(r["gathered_max"] for r in ranks)
+        r = replayed(fspec, FAMILY_KNOBS, fspec.family in _leaf_families())
+        lines.append(f"| {model} | {ranks[0]['at']} | {m:,} | {r:,} | {ds.err(r, m)} |")
     lines += ["", "The whole step's live bytes (the `--emit deepspeed` config), measured (max rank) vs analytic:", "",
               "| precision | measured peak | analytic | error | forward / backward / optimizer measured | analytic |",
               "|---|---|---|---|---|---|"]

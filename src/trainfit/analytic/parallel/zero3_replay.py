@@ -113,8 +113,9 @@ def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool) -> Model:
         if m is not None and (j % step == step - 1 if step else j >= spec.layers - moe_layers):
             ei, e = m.expert_intermediate, m.num_experts
             gated = 2 if spec.gated_mlp else 1
-            experts = leaf(e * gated * ei * h + (e * gated * ei if m.expert_bias else 0),
-                           e * ei * h + (e * h if m.expert_bias else 0))
+            # gpt-oss: gate_up_proj_bias (E, 2I) and down_proj_bias (E, H) are parameters of their own (:76-78)
+            experts = leaf(e * gated * ei * h, e * gated * ei if m.expert_bias else 0,
+                           e * ei * h, e * h if m.expert_bias else 0)
             parts = [leaf(e * h), experts]
             if m.shared_intermediate:
                 parts.append(box(*(leaf(h * m.shared_intermediate) for _ in range(3))))
