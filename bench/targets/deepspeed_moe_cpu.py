@@ -53,10 +53,11 @@ def gather_worker(job_path: str) -> None:
         orig(self, module, forward)
         if not seen["on"]:
             return
-        live = sum(p.ds_numel for p in model_ref["m"].parameters()
-                   if p.ds_status != ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist)
+        held = [(n, p.ds_numel) for n, p in model_ref["m"].named_parameters()
+                if p.ds_status != ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist]
+        live = sum(k for _, k in held)
         if live > seen["max"]:
-            seen.update(max=live, at=f"{type(module).__name__} ({'forward' if forward else 'backward'})")
+            seen.update(max=live, at=f"{type(module).__name__} ({'forward' if forward else 'backward'})", held=held)
 
     ppc.PartitionedParameterCoordinator.fetch_sub_module = fetch
     config = kit.ds_config(setup)
@@ -77,11 +78,13 @@ def gather_worker(job_path: str) -> None:
     seen["on"] = True
     kit.run_step(engine, optimizer, batches, setup)
     with open(os.path.join(job["dir"], f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "gathered_max": seen["max"], "at": seen["at"], "leaf": seen["leaf"]}, f)
+        json.dump({"rank": rank, "gathered_max": seen["max"], "at": seen["at"], "leaf": seen["leaf"],
+                   "held": seen.get("held", [])}, f)
 
 
 def gather_probe(spec, setup, knobs: dict | None = None, timeout: int = 600) -> list[dict]:
-    """Per rank {gathered_max, at, leaf}: gather_worker on setup.dp CPU ranks."""
+    """Per rank {gathered_max, at, leaf, held: the (name, elements) gathered at that moment}: gather_worker on
+    setup.dp CPU ranks."""
     with tempfile.TemporaryDirectory(prefix="trainfit-ds-moe-") as d:
         job = os.path.join(d, "job.pkl")
         with open(job, "wb") as f:

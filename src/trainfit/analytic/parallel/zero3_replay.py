@@ -23,8 +23,8 @@ qwen3_moe :211-220, deepseek_v3 :162-171, gpt_oss :69-78), so without a leaf the
 (not only the routed experts, as with transformers 4's per-expert ModuleList).
 
 NB: each projection's weight is a parameter; biases, the q/k norms and position tables are left out (persistent on
-every model: they only shorten the reuse traversal, by a few hidden-sized vectors a layer). MLA and gated-output
-attention are one module of the layer's attention parameters (over-counts the gather at an attention module).
+every model: they only shorten the reuse traversal, by a few hidden-sized vectors a layer). Gated-output attention
+(Qwen3-Next) is one module of the layer's attention parameters (over-counts the gather at an attention module).
 """
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ from itertools import islice
 from ...spec import ModelSpec
 from ..families import family_traits
 from ..params import ParamCounts
+
+
+# MoE blocks whose __init__ makes the experts before the router (transformers 5.24 models/qwen3_moe/
+# modeling_qwen3_moe.py:274-275, deepseek_v3/modeling_deepseek_v3.py:209-210, deepseek_v2/modeling_deepseek_v2.py:
+# 124-125); Mixtral's (modeling_mixtral.py:119-120), Qwen2-MoE's (:335-336) and gpt-oss's (:137-138) make the router first
+EXPERTS_FIRST = ("qwen3_moe", "deepseek_v2", "deepseek_v3")
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,13 @@ def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool) -> Model:
     layers = []
     for j in range(spec.layers):
         q, kv = spec.q_dim, spec.kv_dim
-        if spec.mla is not None or spec.attn_output_gate:
+        if spec.mla is not None:  # params.mla_params: DeepseekV3Attention's modules in its forward's order
+            a, n = spec.mla, spec.heads
+            qs = ([leaf(h * a.q_lora_rank), leaf(a.q_lora_rank), leaf(a.q_lora_rank * n * a.qk_head_dim)]
+                  if a.q_lora_rank else [leaf(h * n * a.qk_head_dim)])
+            attn = box(*qs, leaf(h * (a.kv_lora_rank + a.qk_rope_head_dim)), leaf(a.kv_lora_rank),
+                       leaf(a.kv_lora_rank * n * (a.qk_nope_head_dim + a.v_head_dim)), leaf(n * a.v_head_dim * h))
+        elif spec.attn_output_gate:
             attn = box(leaf(pc.attention))
         elif traits["fused_qkv"]:
             attn = box(leaf(h * (q + 2 * kv)), leaf(q * h))
@@ -113,10 +125,18 @@ def hf_model(spec: ModelSpec, pc: ParamCounts, leaf_moe: bool) -> Model:
         if m is not None and (j % step == step - 1 if step else j >= spec.layers - moe_layers):
             ei, e = m.expert_intermediate, m.num_experts
             gated = 2 if spec.gated_mlp else 1
-            # gpt-oss: gate_up_proj_bias (E, 2I) and down_proj_bias (E, H) are parameters of their own (:76-78)
-            experts = leaf(e * gated * ei * h, e * gated * ei if m.expert_bias else 0,
-                           e * ei * h, e * h if m.expert_bias else 0)
-            parts = [leaf(e * h), experts]
+            def experts() -> Module:  # gpt-oss: gate_up_proj_bias and down_proj_bias are parameters (:76-78)
+                return leaf(e * gated * ei * h, e * gated * ei if m.expert_bias else 0,
+                            e * ei * h, e * h if m.expert_bias else 0)
+
+            # the block's parameters in the order its __init__ makes them (ds_id: a leaf gathers and prefetches them
+            # in that order); its forward calls the router first
+            if spec.family in EXPERTS_FIRST:
+                made = experts()
+                parts = [leaf(e * h), made]
+            else:
+                router = leaf(e * h)
+                parts = [router, experts()]
             if m.shared_intermediate:
                 parts.append(box(*(leaf(h * m.shared_intermediate) for _ in range(3))))
                 if m.shared_gate:
