@@ -126,7 +126,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         ds = ds_zero.deepspeed_states(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup,
                                       ds_zero.persistent_params(pc, setup, stage), largest,
                                       tensors_per_rank(spec, stage.layers, stage.embedding, stage.head))
-        ms, gathered = ds.states, ds_zero.gathered(pc, setup, st, layer_params(spec, pc, setup))
+        ms, gathered = ds.states, ds_zero.gathered(spec, pc, setup, st, layer_params(spec, pc, setup))
 
     tokens = setup.batch * setup.seq
     keys = keys_per_token(spec, setup.seq)

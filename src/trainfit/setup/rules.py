@@ -65,8 +65,9 @@ def validate(setup: Setup) -> None:
         value = getattr(setup, name)
         if (value is True or value not in (1, "even", "none", None)) and name not in stack.axes:
             runs = _stacks.running(lambda st: name in st.axes)
-            raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}; use --stack "
-                             f"{' or '.join(runs)}")
+            why = stack.axis_why_not(name)
+            raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}"
+                             + (f" ({why})" if why else "") + f"; use --stack {' or '.join(runs)}")
     if setup.moe_dispatcher is not None and setup.ep <= 1:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")

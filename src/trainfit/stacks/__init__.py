@@ -68,6 +68,11 @@ class Stack:
         """Settings beyond dp/tp/pp/zero the stack runs (cp, ep, etp, vpp, pp_split, offload); [parallel] axes."""
         return tuple(self.facts.get("parallel", {}).get("axes", ()))
 
+    def axis_why_not(self, axis: str) -> str | None:
+        """Why trainfit does not run `axis` on this stack though the stack has a form of it ([parallel.why_not]),
+        None when the file says nothing."""
+        return self.facts.get("parallel", {}).get("why_not", {}).get(axis)
+
     @property
     def zero_stages(self) -> tuple[int, ...]:
         return tuple(self.facts["zero"]["stages"])

@@ -33,6 +33,7 @@ def ds_config(s) -> dict:
         zero.update({"stage3_prefetch_bucket_size": ds.fact("stage3_prefetch_bucket_size"),
                      "stage3_param_persistence_threshold": ds.fact("stage3_param_persistence_threshold"),
                      "stage3_max_live_parameters": ds.fact("stage3_max_live_parameters"),
+                     "stage3_max_reuse_distance": ds.fact("stage3_max_reuse_distance"),
                      "sub_group_size": ds.fact("sub_group_size"),
                      "stage3_gather_16bit_weights_on_model_save": True})
     if s.offload in ("optimizer", "params"):

@@ -28,12 +28,15 @@ Paths are inside the deepspeed package; the defaults are stacks/deepspeed.toml f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ...setup import Setup
+from ...spec import ModelSpec
 from ..grad_clip import clip_work
 from ..params import ParamCounts
 from ..precision import StateBytes
 from ..stacks import model_for
+from . import zero3_replay
 from .pipeline import Stage
 from .zero import ModelStates
 
@@ -201,12 +204,33 @@ def allgather_flat(n: float, w: float, setup: Setup) -> float:
     return n * w
 
 
-def gathered(pc: ParamCounts, setup: Setup, st: StateBytes, layer: float) -> float:
-    """ZeRO-3 in forward and backward: the module being run, all-gathered whole, and the prefetch of the
-    modules after it, up to stage3_prefetch_bucket_size elements (config.py:222). NB: the embedding and LM
-    head are gathered only at their own use and are taken as the same size as a layer's gather (under-counts
-    when one is larger than a layer)."""
+def gathered(spec: ModelSpec, pc: ParamCounts, setup: Setup, st: StateBytes, layer: float) -> float:
+    """ZeRO-3 in forward and backward: the most parameter bytes gathered at once, by the coordinator's own rules
+    replayed over the HF model's module trace (zero3_replay.py: the module being run, its prefetch, and what the
+    reuse distance keeps, as at the forward/backward turn; an MoE block's experts all at once).
+    NB: the replay's high point is taken at every forward/backward moment (over-counts at the others). A model the
+    replay does not lay out (hybrid, encoder-decoder, vision): one layer all-gathered whole and the prefetch of the
+    modules after it, up to stage3_prefetch_bucket_size elements (config.py:222); the embedding and LM head taken as
+    a layer's size (under-counts when one is larger)."""
     if setup.zero < 3:
         return 0.0
+    if zero3_replay.replayable(spec):
+        return gathered_numel(spec, pc, setup.recompute_policy == "full", setup.stack_facts) * st.weight
     prefetch = min(layer, _fact(setup, "stage3_prefetch_bucket_size"))
     return (layer + prefetch) * st.weight
+
+
+def gathered_numel(spec: ModelSpec, pc: ParamCounts, recompute: bool, facts, **knobs: int) -> int:
+    """Elements zero3_replay.replay finds gathered at once, under the stack's ZeRO-3 settings (stacks/deepspeed.toml;
+    `knobs` override them by DeepSpeed's config names, as a user's config would) and its leaf MoE blocks."""
+    leaf = spec.family in facts.fact("leaf_module", "families")
+    model = _model(spec, pc, leaf)
+    names = ("stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+             "stage3_max_reuse_distance")
+    k = [int(knobs.get(n, facts.fact(n))) for n in names]
+    return zero3_replay.replay(model, recompute, *k)
+
+
+@lru_cache(maxsize=64)
+def _model(spec: ModelSpec, pc: ParamCounts, leaf: bool) -> zero3_replay.Model:
+    return zero3_replay.hf_model(spec, pc, leaf)
