@@ -131,6 +131,12 @@ class StageCompute:
 
 
 def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False, block: str = ""):
+    """One layer's forward, backward and recompute op lists."""
+    fwd, bwd = _layer_lists(spec, setup, sh, moe, linear, block)
+    return fwd, bwd, recomputed(spec, setup, fwd)
+
+
+def _layer_lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False, block: str = ""):
     """One layer's forward and backward op lists (neither reads the recompute policy: recomputed does)."""
     fwd = layer_forward(spec, sh, moe, linear, block)
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
@@ -158,7 +164,7 @@ def _timed_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, 
     if hit is not None:
         return hit
     prep = compiled if sh.compile else (lambda ops: ops)
-    fwd, bwd = _lists(spec, setup, sh, moe, linear, block)
+    fwd, bwd = _layer_lists(spec, setup, sh, moe, linear, block)
     tf, tb = time_ops(gpu, prep(fwd)), time_ops(gpu, prep(bwd))
     attn = time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
     stall = both = 0.0

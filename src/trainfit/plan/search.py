@@ -9,9 +9,13 @@ capacity(gpu, setup, --reserve)); the top plans' numbers are the analytic engine
 device total, headroom and fit.
 
 Cost: memory needs a few engine calls per (layout, ZeRO, recompute, precision) group (fit.PeakOracle: the
-largest fitting micro-batch bounds all others, since the peak grows with the micro-batch); each fitting
-(micro-batch, accumulation) is timed (its op lists' times memoised: compute_time.cached_stage_compute). Only the top
-plans get a full estimate.
+largest fitting micro-batch bounds all others, since the peak grows with the micro-batch). Each fitting
+(micro-batch, accumulation) gets an exact bound on its throughput (step_time.step_floor: its compute and
+critical-path communication, the op lists' times memoised on what they read — compute_time._timed_layer: one layer's
+Shape, shared by every ZeRO stage, recompute policy and pipeline layout); they are timed best bound first, and a setup
+whose bound cannot reach its group's best or the REFINE_POOL x --top fastest groups' is not timed (_time_best_first):
+the plans returned are those of timing every one (tests/plan/test_search_exact.py). Only the top plans get a full
+estimate.
 """
 from __future__ import annotations
 
