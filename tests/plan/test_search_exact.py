@@ -18,13 +18,25 @@ def _answer(r) -> list[tuple]:
 
 
 def _straightforward(monkeypatch, spec, gpu, q):
-    """Every fitting setup timed (a bound of 0 s: nothing skipped), every stage's lists timed afresh."""
+    """Every fitting setup timed (a bound of 0 s: nothing skipped), every stage's lists timed afresh; and for each,
+    the bound the search uses (step_time.step_floor) checked against its step: never above it."""
+    timed = []
+
+    def checked(spec, setup, gpu, efficiency, pc):
+        tm = step_time.layout_step_time(spec, setup, gpu, efficiency, pc)
+        assert step_time.step_floor(spec, setup, gpu, pc) <= tm.step_seconds * (1 + 1e-12)
+        timed.append(tm.step_seconds)
+        return tm
+
     with monkeypatch.context() as m:
         m.setattr(step_time, "cached_stage_compute",
                   lambda spec, setup, gpu, st, pc, layers: compute_time.stage_compute(spec, setup, gpu, st, pc, layers))
         m.setattr(search_mod, "step_floor", lambda *a, **k: 0.0)
+        m.setattr(search_mod, "layout_step_time", checked)
         compute_time.clear_memos()
-        return search(spec, gpu, q)
+        r = search(spec, gpu, q)
+    assert len(timed) == r.stats["timed"] > 0
+    return r
 
 
 def _check(monkeypatch, model, gpu, q):
