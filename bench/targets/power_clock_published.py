@@ -82,7 +82,7 @@ def table() -> str:
 def _clear():
     """Every memo of the analytic engine, so a changed knee reaches the step times."""
     from trainfit.analytic import compute_time
-    compute_time._CACHE.clear()
+    compute_time.clear_memos()
     for m in list(sys.modules.values()):
         if getattr(m, "__name__", "").startswith("trainfit"):
             for v in list(vars(m).values()):

@@ -9,6 +9,7 @@ from trainfit.analytic import compute_time
 from trainfit.analytic.params import count_params
 from trainfit.analytic.precision import state_bytes
 from trainfit.api import load_spec
+from trainfit.errors import SetupError
 from trainfit.hardware import get_gpu
 from trainfit.setup import Setup
 
@@ -25,3 +26,65 @@ def test_the_spec_identity_covers_its_kernel_facts():
     b = compute_time.cached_stage_compute(quiet, s, gpu, st, pc, layers)
     assert b.total.kernels < a.total.kernels  # no dropout kernels: not the first entry read back
     assert b == compute_time.stage_compute(quiet, s, gpu, st, pc, layers)
+
+
+def fresh(*args):
+    """stage_compute with nothing memoised (its layers' and ends' lists built and timed again)."""
+    compute_time.clear_memos()
+    return compute_time.stage_compute(*args)
+
+
+def test_the_key_leaves_out_only_what_the_op_lists_never_read():
+    """The memo keys every setup at dp 1, ZeRO 0 (compute_time.NOT_IN_OP_LISTS): stage_compute run on the setup
+    itself and on that key setup, with the setup's own state bytes, times the same lists — at every ZeRO stage of
+    each stack, FSDP2's mixed precision (torchtitan, hf at ZeRO 2/3 under amp-bf16) and MoE layers included."""
+    from trainfit.plan.search import planned_setup
+
+    gpu = get_gpu("H100-80GB")
+    cases = [("llama-3.2-1b", "hf", "amp-bf16", {}), ("llama-3.2-1b", "torchtitan", "amp-bf16", {"tp": 2}),
+             ("llama-3.2-1b", "deepspeed", "bf16-master", {}),
+             ("qwen3-30b-a3b", "megatron", "bf16-master", {"ep": 4, "tp": 2, "sequence_parallel": True})]
+    checked = set()
+    for name, stack, prec, kw in cases:
+        spec = load_spec(name)
+        pc = count_params(spec)
+        for zero in (0, 1, 2, 3):
+            try:
+                s = planned_setup(spec, seq=2048, batch=2, grad_accum=2, dp=4, zero=zero, stack=stack,
+                                  precision=prec, **kw)
+            except SetupError:
+                continue  # a stage the stack does not run
+            key = compute_time.op_list_setup(s)
+            assert (key.dp, key.zero) == (1, 0) and key != s
+            st, layers = state_bytes(s), (spec.layers,) * 3
+            assert fresh(spec, key, gpu, st, pc, layers) == fresh(spec, s, gpu, st, pc, layers)
+            checked.add((stack, zero, st.param > 0))
+    # every stack ran at least two stages, and FSDP2's param dtype was among them (torchtitan and hf ZeRO-3)
+    assert {x for x, *_ in checked} == {"hf", "torchtitan", "deepspeed", "megatron"}
+    assert ("torchtitan", 3, True) in checked and ("hf", 3, True) in checked and ("megatron", 0, False) in checked
+
+
+def test_a_layers_lists_do_not_read_the_recompute_policy():
+    """One memo entry of a layer's forward and backward (compute_time._timed_layer, keyed at --recompute none) serves
+    every policy: built afresh under each policy, each stage's forward and backward are the same, only the recompute
+    differs (none: nothing; full: the layers' forward again; selective, op: a part of it)."""
+    from trainfit.plan.search import planned_setup
+
+    gpu = get_gpu("H100-80GB")
+    for name, stack, policies, kw in (
+            ("qwen3-30b-a3b", "megatron", ("none", "selective", "full", "block:2"), {"ep": 4, "pp": 2, "grad_accum": 4}),
+            ("llama-3.2-1b", "torchtitan", ("none", "op", "full"), {"compile": True})):
+        spec = load_spec(name)
+        pc = count_params(spec)
+        got = {}
+        for rec in policies:
+            s = planned_setup(spec, seq=2048, batch=2, dp=4, stack=stack, recompute=rec, **kw)
+            got[rec] = fresh(spec, s, gpu, state_bytes(s), pc, (spec.layers // s.pp,) * 3)
+        none = got["none"]
+        assert none.recompute.seconds == 0
+        for rec, sc in got.items():
+            assert (sc.forward, sc.backward, sc.attention_forward) == (none.forward, none.backward,
+                                                                       none.attention_forward), rec
+        # full: every layer re-runs its forward (the stage's forward has the embedding or the head besides)
+        part = got["selective" if stack == "megatron" else "op"].recompute.seconds
+        assert 0 < part < got["full"].recompute.seconds < none.forward.seconds

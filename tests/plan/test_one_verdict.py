@@ -30,8 +30,8 @@ MODELS = (("llama-3.1-8b", ("hf", "torchtitan", "megatron", "deepspeed")),
 
 def estimate_of(model: str, s: Setup, **run):
     """`trainfit estimate MODEL --batch ... --gpu ...`: the public API, from the settings alone, with the op lists'
-    times computed afresh (not read from what the search memoised: compute_time.cached_stage_compute)."""
-    compute_time._CACHE.clear()
+    times computed afresh (not read from what the search memoised: compute_time.clear_memos)."""
+    compute_time.clear_memos()
     return trainfit.estimate(model, **{k: getattr(s, k) for k in PLAN_SETTINGS}, **run)
 
 

@@ -14,6 +14,7 @@ encoder-decoder (T5): its two stacks' lists (encoder_decoder_time.stage_compute)
 """
 from __future__ import annotations
 
+import copy
 import math
 from itertools import product
 
@@ -59,10 +60,12 @@ class ListTime:
         return self.gemm + self.attention + self.memory + self.launches
 
     def __add__(self, o: "ListTime") -> "ListTime":
-        return ListTime(*(getattr(self, f) + getattr(o, f) for f in (*TERMS, "flops", "kernels")))
+        return ListTime(self.gemm + o.gemm, self.attention + o.attention, self.memory + o.memory,
+                        self.launches + o.launches, self.flops + o.flops, self.kernels + o.kernels)
 
     def __mul__(self, c: float) -> "ListTime":
-        return ListTime(*(getattr(self, f) * c for f in (*TERMS, "flops", "kernels")))
+        return ListTime(self.gemm * c, self.attention * c, self.memory * c, self.launches * c, self.flops * c,
+                        self.kernels * c)
 
     __rmul__ = __mul__
 
@@ -153,6 +156,14 @@ class StageCompute:
 
 
 def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False, block: str = ""):
+    """One layer's forward, backward and recompute op lists."""
+    fwd, bwd, eager = _layer_lists(spec, setup, sh, moe, linear, block)
+    return fwd, bwd, recomputed(spec, setup, eager)
+
+
+def _layer_lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = False, block: str = ""):
+    """One layer's forward and backward op lists (neither reads the recompute policy: recomputed does), and the
+    eager forward the recompute re-runs (the forward itself unless Megatron graphs parts of it)."""
     fwd = layer_forward(spec, sh, moe, linear, block)
     if setup.lora_rank:  # frozen base, adapters, DoRA's norm, QLoRA's dequantisation (lora_ops.py)
         fwd = lora_ops.layer_forward(spec, setup, sh, fwd)
@@ -160,10 +171,76 @@ def _lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bool = F
     # torchao's recipes: high-precision GEMMs of the backward, the operands' casts (torchao_recipes.py)
     bwd = backward_gemms(backward(fwd), sh) + grad_accumulations(spec, sh, linear, block) + backward_extra(fwd, sh) \
         + dequant
-    rec = recomputed(spec, setup, fwd)
     if getattr(setup, "cuda_graph_scope", None):  # Megatron's TE CUDA graphs of parts of the layer (ops/cuda_graphs.py)
-        fwd, bwd = graphed_lists(fwd, bwd, parse_cuda_graph_scope(setup.cuda_graph_scope), moe)
-    return fwd, bwd, rec
+        graphed, bwd = graphed_lists(fwd, bwd, parse_cuda_graph_scope(setup.cuda_graph_scope), moe)
+        return graphed, bwd, fwd
+    return fwd, bwd, fwd
+
+
+_LAYERS: dict = {}
+
+
+def _timed_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, linear: bool, block: str):
+    """(forward list, its time, the backward's time, the attention core's forward seconds, the forward's stall
+    between the dispatcher's syncs, the same under combined 1F1B, the compute beside each of its EP exchanges there
+    (host_queue.combined_phases), the eager forward the recompute re-runs) of one layer of a kind: memoised on what
+    the lists read — the layer's Shape (micro-batch, sequence, tp, sp, cp, ep, dtypes, kernels, recipe:
+    ops/shape.py), the kind, the combined 1F1B schedule, Megatron's CUDA graph scope, and with LoRA the setup's
+    adapters (the setup itself) — so one entry serves
+    every recompute policy (only stage_compute's recompute list reads it), ZeRO stage, dp and pipeline layout of a
+    shape."""
+    key = ("layer", spec, gpu, sh, moe, linear, block, combined_1f1b(setup), getattr(setup, "cuda_graph_scope", None),
+           op_list_setup(setup, recompute=True) if setup.lora_rank else None)
+    hit = _LAYERS.get(key)
+    if hit is not None:
+        return hit
+    prep = compiled if sh.compile else (lambda ops: ops)
+    fwd, bwd, eager = _layer_lists(spec, setup, sh, moe, linear, block)
+    tf, tb = time_ops(gpu, prep(fwd)), time_ops(gpu, prep(bwd))
+    attn = time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
+    stall = both = 0.0
+    phases = ()
+    if moe and not sh.compile and has_sync(fwd):  # the forward's stretches between the dispatcher's syncs
+        fs, h = [time_ops(gpu, [o]).seconds for o in fwd], roofline.host_seconds_per_kernel()
+        stall = sync_stall(fwd, fs, h)
+        if combined_1f1b(setup):
+            bs = [time_ops(gpu, [o]).seconds for o in bwd]
+            both = combined_stall(fwd, fs, bwd, bs, h)
+            phases = combined_phases(fwd, fs, bwd, bs)
+    if len(_LAYERS) >= _CACHE_MAX:
+        _LAYERS.clear()
+    hit = _LAYERS[key] = (fwd, tf, tb, attn, stall, both, phases, eager)
+    return hit
+
+
+def _timed_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[ListTime, ListTime, ListTime, ListTime]:
+    """(embedding forward, its backward, head and loss forward, their backward) of one micro-batch: memoised as
+    _timed_layer is, on what they read (the Shape, a head tied on the embedding's stage, LoRA's frozen weights, the
+    loss)."""
+    key = ("ends", spec, gpu, sh, setup.pp == 1, setup.lora_rank, getattr(setup, "loss", "full"))
+    hit = _LAYERS.get(key)
+    if hit is not None:
+        return hit
+    prep = compiled if sh.compile else (lambda ops: ops)
+    ef = embedding_forward(spec, sh)
+    # a tied LM head on the same stage sends the table a second gradient (ops.embedding_backward `tied`)
+    tied = spec.tied_embeddings and setup.pp == 1
+    emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh, tied))
+    if setup.lora_rank:  # frozen embedding: no gradient scatter
+        emb_b = ListTime()
+    if getattr(setup, "loss", "full") == "fused-linear":  # Liger's head + loss replaces the LM head and loss
+        norm = norm_ops(spec, "final_norm", sh.norm_tokens, sh, "final") if spec.final_norm else []
+        flce_f, flce_b = fused_linear_loss(spec, sh, trains_head=not setup.lora_rank)
+        head_f, head_b = time_ops(gpu, prep(norm) + flce_f), time_ops(gpu, prep(backward(norm)) + flce_b)
+    else:
+        hf = head_forward(spec, sh)
+        if setup.lora_rank:  # a frozen LM head: no weight gradient
+            hf = lora_ops.frozen(hf)
+        head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
+    if len(_LAYERS) >= _CACHE_MAX:
+        _LAYERS.clear()
+    hit = _LAYERS[key] = (emb_f, emb_b, head_f, head_b)
+    return hit
 
 
 def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool, str]]:
@@ -196,18 +273,15 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         # (under torchao's recipe, its converted and its --bf16-*-layers layers in their proportion)
         for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc), layer_shapes(spec, setup, sh)):
             w *= q
-            fwd, bwd, rec = _lists(spec, setup, lsh, moe, linear, block)
-            tf = time_ops(gpu, prep(fwd))
+            fwd, tf, tb, a, s1, s2, ph, eager = _timed_layer(spec, setup, gpu, lsh, moe, linear, block)
+            rec = recomputed(spec, setup, eager)
             tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
-            lf, lb, lr = lf + w * tf, lb + w * time_ops(gpu, prep(bwd)), lr + w * tr
-            attn += w * time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
-            if moe and not sh.compile and has_sync(fwd):  # the forward's stretches between the dispatcher's syncs
-                fs, h = [time_ops(gpu, [o]).seconds for o in fwd], roofline.host_seconds_per_kernel()
-                stall += w * sync_stall(fwd, fs, h)
-                if combined_1f1b(setup):
-                    bs = [time_ops(gpu, [o]).seconds for o in bwd]
-                    both += w * combined_stall(fwd, fs, bwd, bs, h)
-                    phases = tuple(p + w * x for p, x in zip(phases or (0.0,) * 4, combined_phases(fwd, fs, bwd, bs)))
+            lf, lb, lr = lf + w * tf, lb + w * tb, lr + w * tr
+            attn += w * a
+            stall += w * s1
+            both += w * s2
+            if ph:
+                phases = tuple(p + w * x for p, x in zip(phases or (0.0,) * 4, ph))
         return lf, lb, lr, attn, stall, both, phases
 
     lf, lb, lr, attn, stall, both, phases = layer_times(sh)
@@ -220,21 +294,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     if share:
         cf, cb, cr = cross_layer_times(spec, setup, gpu, sh, prep)
         lf, lb, lr = (1 - share) * lf + share * cf, (1 - share) * lb + share * cb, (1 - share) * lr + share * cr
-    ef = embedding_forward(spec, sh)
-    # a tied LM head on the same stage sends the table a second gradient (ops.embedding_backward `tied`)
-    tied = spec.tied_embeddings and setup.pp == 1
-    emb_f, emb_b = time_ops(gpu, prep(ef)), time_ops(gpu, prep(backward(ef)) + embedding_backward(spec, sh, tied))
-    if setup.lora_rank:  # frozen embedding: no gradient scatter
-        emb_b = ListTime()
-    if getattr(setup, "loss", "full") == "fused-linear":  # Liger's head + loss replaces the LM head and loss
-        norm = norm_ops(spec, "final_norm", sh.norm_tokens, sh, "final") if spec.final_norm else []
-        flce_f, flce_b = fused_linear_loss(spec, sh, trains_head=not setup.lora_rank)
-        head_f, head_b = time_ops(gpu, prep(norm) + flce_f), time_ops(gpu, prep(backward(norm)) + flce_b)
-    else:
-        hf = head_forward(spec, sh)
-        if setup.lora_rank:  # a frozen LM head: no weight gradient
-            hf = lora_ops.frozen(hf)
-        head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
+    emb_f, emb_b, head_f, head_b = _timed_ends(spec, setup, gpu, sh)
     first, middle, last = layers
     zero = ListTime()
     # multi-token prediction (mtp.py): its decoder layers where they are built (as the stage's average layer, NB),
@@ -266,14 +326,42 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
 
 _CACHE: dict = {}
 _CACHE_MAX = 8192  # entries (each a few hundred bytes): the planner's searches stay well within it
+# Settings the op lists never read beyond what `st` (the state bytes, part of the key) already says: the data-parallel
+# degree and the ZeRO stage only reach stage_compute through state_bytes (precision.fsdp2_mixed_precision, which sets
+# st.param / st.reduce) and the attention kernel's choice (activations.resolved_kernel: st.act, the precision's).
+# Keyed at fixed values, so the planner's ZeRO stages of one layout share their lists' times
+# (tests/analytic/test_stage_compute_key.py runs stage_compute itself at every value of them).
+NOT_IN_OP_LISTS = (("dp", 1), ("zero", 0))
+
+
+def op_list_setup(setup: Setup, recompute: bool = False) -> Setup:
+    """`setup` with the settings the op lists never read (NOT_IN_OP_LISTS) at fixed values: the memo's key. With
+    `recompute`, the policy too (--recompute none): the key of what the policy does not change (a layer's forward
+    and backward lists)."""
+    fixed = NOT_IN_OP_LISTS + ((("recompute", "none"), ("recompute_modules", None)) if recompute else ())
+    if all(getattr(setup, k) == v for k, v in fixed):
+        return setup
+    key = copy.copy(setup)  # (a key, never run: no validation of the fixed values)
+    for k, v in fixed:
+        object.__setattr__(key, k, v)
+    return key
+
+
+def clear_memos() -> None:
+    """Forget every memoised op-list time (stage_compute's, a layer's and the ends' lists', the GEMMs'): after a change
+    to the kernel data, or to time a search from a cold start."""
+    _CACHE.clear()
+    _LAYERS.clear()
+    _gemm_seconds.cache_clear()
 
 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
                          layers: tuple[int, int, int]) -> StageCompute:
     """stage_compute, memoised on its inputs (`pc` is the spec's own count): the planner's inner loop and repeated
     estimates re-use the lists' times. The spec's equality covers every model fact the op lists read (its fields:
-    the formulas never read the raw config) and the setup's every setting, so no input is left out of the key."""
-    key = (spec, setup, gpu, st, layers)
+    the formulas never read the raw config) and the setup's every setting but NOT_IN_OP_LISTS, so no input is left
+    out of the key."""
+    key = (spec, op_list_setup(setup), gpu, st, layers)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_MAX:

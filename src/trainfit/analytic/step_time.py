@@ -137,6 +137,26 @@ def trained_states(spec: ModelSpec, setup: Setup, st: StateBytes, stage_params: 
             sizes)
 
 
+def micro_batch_comm(spec: ModelSpec, setup: Setup, links: Links, st: StateBytes, layers: tuple[int, int, int],
+                     tokens: float, v: int, attention_forward: float, compute: float,
+                     phases: tuple = ()) -> tuple[float, ...]:
+    """Each parallel axis's communication in one micro-batch on the critical path (parallel/<axis>.py), in seconds:
+    (tp, pp, cp, ep); `attention_forward`: one layer's attention core forward (ring attention overlaps it),
+    `compute`: the micro-batch's forward + backward + recompute (--overlap-moe-comm hides the exchanges behind it),
+    `phases`: the compute beside each EP exchange under combined 1F1B (host_queue.combined_phases)."""
+    act, stage_layers_n = st.act, max(layers)
+    rerun = forward_rerun_share(setup, stage_layers_n)
+    # the MTP layers' decoder layers communicate as the others do (mtp.py; 0 without them)
+    comm_n = max(n + k for n, k in zip(layers, stage_mtp(spec, setup)))
+    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
+    pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
+    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, attention_forward, rerun)
+    ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
+    ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
+    ep_mb = exposed_ep_seconds(setup, ep_mb, compute, phases)
+    return tp_mb, pp_mb, cp_mb, ep_mb
+
+
 def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_params: int, st: StateBytes,
               efficiency: float | None = None, virtual_stages: int | None = None,
               layers_per_stage: tuple[int, int, int] | None = None) -> StepTime:
@@ -153,17 +173,10 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     stage_layers_n = max(first, middle, last)
     c = micro_batch_compute(spec, setup, gpu, costs, st, efficiency, (first, middle, last), tokens, dense_peak)
 
-    # each parallel axis's communication in one micro-batch (parallel/<axis>.py)
-    links, act = Links.of(gpu), st.act
-    rerun = forward_rerun_share(setup, stage_layers_n)
-    # the MTP layers' decoder layers communicate as the others do (mtp.py; 0 without them)
-    comm_n = max(n + k for n, k in zip((first, middle, last), stage_mtp(spec, setup)))
-    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
-    pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
-    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, c.attention_forward, rerun)
-    ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
-    ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
-    ep_mb = exposed_ep_seconds(setup, ep_mb, c.forward + c.backward + c.recompute, c.combined_phases)
+    links = Links.of(gpu)
+    tp_mb, pp_mb, cp_mb, ep_mb = micro_batch_comm(spec, setup, links, st, (first, middle, last), tokens, v,
+                                                  c.attention_forward, c.forward + c.backward + c.recompute,
+                                                  c.combined_phases)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)
@@ -312,6 +325,25 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
     return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
                      stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split, stage_mtp(spec, setup)),
                      state_bytes(setup), efficiency)
+
+
+def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: StateBytes | None = None) -> float:
+    """A lower bound of layout_step_time(spec, setup, gpu, None, pc).step_seconds from the micro-batch alone: its
+    compute (the memoised op lists' times: compute_time.cached_stage_compute) and its critical-path communication
+    (micro_batch_comm), the terms of step_time's t_mb but the DP exchange's share. step_time's step is m·t_mb +
+    bubble + DP + optimizer + host copies + straggler + host issue, every term >= 0, and the bubble grows with t_mb
+    (pipeline.bubble_seconds); so m·t + bubble(t) + the straggler term, t those terms, stays below it. NB: summed
+    apart from step_time's terms: the planner leaves a relative margin for the rounding. `st`: the setup's state
+    bytes where known. The planner skips the setups whose throughput at this bound cannot enter its ranking
+    (plan/search.py)."""
+    m, world, st = setup.grad_accum, setup.tp * setup.pp * setup.dp * setup.cp, st or state_bytes(setup)
+    layers = split(spec.layers, setup.pp, setup.pp_split)
+    sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
+    c = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds
+    t = c + sum(micro_batch_comm(spec, setup, Links.of(gpu), st, layers, setup.batch * setup.seq / setup.cp,
+                                 setup.vpp, sc.attention_forward, c, sc.combined_phases))
+    straggler = m * (sc.total.gemm + sc.total.attention) * slowest_gpu_factor(world)
+    return m * t + bubble_seconds(setup.pp, setup.vpp, t) + straggler
 
 
 def with_paged_migration(tm: StepTime, evicted: float, gpu: GPU) -> StepTime:

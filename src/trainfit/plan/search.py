@@ -9,9 +9,13 @@ capacity(gpu, setup, --reserve)); the top plans' numbers are the analytic engine
 device total, headroom and fit.
 
 Cost: memory needs a few engine calls per (layout, ZeRO, recompute, precision) group (fit.PeakOracle: the
-largest fitting micro-batch bounds all others, since the peak grows with the micro-batch); each fitting
-(micro-batch, accumulation) is timed (its op lists' times memoised: compute_time.cached_stage_compute). Only the top
-plans get a full estimate.
+largest fitting micro-batch bounds all others, since the peak grows with the micro-batch). Each fitting
+(micro-batch, accumulation) gets an exact bound on its throughput (step_time.step_floor: its compute and
+critical-path communication, the op lists' times memoised on what they read — compute_time._timed_layer: one layer's
+Shape, shared by every ZeRO stage, recompute policy and pipeline layout); they are timed best bound first, and a setup
+whose bound cannot reach its group's best or the REFINE_POOL x --top fastest groups' is not timed (_time_best_first):
+the plans returned are those of timing every one (tests/plan/test_search_exact.py). Only the top plans get a full
+estimate.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.layout import validate_layout
 from ..analytic.params import count_params
-from ..analytic.step_time import layout_step_time
+from ..analytic.precision import state_bytes
+from ..analytic.step_time import layout_step_time, step_floor
 from ..analytic.timing import budget
 from ..engines import analytic
 from ..errors import SetupError
@@ -223,6 +228,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                                                          "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {}}
                                                      for x in q.stacks}}
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
+    fitting: list[tuple] = []  # every setup that fits, with its throughput bound (_search_group)
     for i, lay in enumerate(lays):
         if progress is not None:
             progress(i, len(lays))
@@ -249,7 +255,8 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                         stats["groups"] += 1
                         stats["stacks"][stack]["groups"] += 1
                         _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
-                                      best, stack)
+                                      fitting, stack)
+    _time_best_first(gpu, q, oracle, fitting, best, stats)
     for d in stats["stacks"].values():  # the values each searched setting took (None: its default, e.g. etp = tp)
         d["axes"] = {k: sorted(v, key=lambda x: (x is not None, str(x) if isinstance(x, str) else x or 0))
                      for k, v in d["axes"].items()}
@@ -318,7 +325,10 @@ def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict)
 
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
-                  best, stack: str = DEFAULT_STACKS[0]) -> None:
+                  fitting: list, stack: str = DEFAULT_STACKS[0]) -> None:
+    """The group's splits that fit, each appended to `fitting` as (-bound, order, group, micro-batch, setup): `bound`
+    the most tokens/s it could reach (step_time.step_floor; inf under --efficiency), `order` its place in the
+    search."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -347,24 +357,51 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         splits = splits_all
     stats["searched"] += len(splits)
     key = (lay, zero, rec, prec, stack)
+    st = state_bytes(base)  # (the precision's and the optimizer's, ZeRO's and dp's: not the micro-batch's)
     any_fit = False
     for b, accum in splits:
         if b > largest(accum > 1):
             continue
         any_fit = True
         setup = base.with_micro_batches(b, accum)
-        # the estimate's step time (NB: without paged optimizer states' migration, which the estimate adds where the
-        # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)
-        tm = layout_step_time(oracle.spec, setup, gpu, q.efficiency, oracle.pc)
-        stats["timed"] += 1
-        # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
-        # less recompute, then the stacks' order as given
-        rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), q.precisions_for(stack).index(prec), lay.pp,
-                lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep, lay.etp or lay.tp, q.stacks.index(stack))
-        old = best.get(key)
-        if old is None or rank < old[0]:
-            best[key] = (rank, (setup, tm))
+        # NB: a relative margin of 1e-9 above the bound covers its rounding (summed apart from step_time's terms)
+        floor = 0.0 if q.efficiency is not None else step_floor(oracle.spec, setup, gpu, oracle.pc, st)
+        bound = b * setup.seq * accum * setup.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
+        fitting.append((-bound, len(fitting), key, b, setup))
     if any_fit:
         stats["fits"] += 1
     else:
         stats["memory_rejected_groups"] += 1
+
+
+def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, fitting: list, best: dict, stats: dict) -> None:
+    """Time the fitting setups, highest bound first, into `best` (each group's fastest). Exact: a setup is skipped
+    only where its bound — the most tokens/s it could reach — is below its own group's best so far or below the
+    REFINE_POOL x --top fastest groups' (so its group's best cannot change or could not enter ranked[: the pool]);
+    once the bound falls below the pool's, every later one does. `stats`: timed, bounded (skipped)."""
+    size, top = q.top * REFINE_POOL, {}  # the fastest groups' best tokens/s, at most `size` of them
+    for i, (neg, _, key, b, setup) in enumerate(sorted(fitting, key=lambda e: e[:2])):
+        if len(top) == size and -neg < min(top.values()):
+            stats["bounded"] = stats.get("bounded", 0) + len(fitting) - i
+            return
+        old = best.get(key)
+        if old is not None and -neg < -old[0][0]:
+            stats["bounded"] = stats.get("bounded", 0) + 1
+            continue
+        cancel.check()
+        # the estimate's step time (NB: without paged optimizer states' migration, which the estimate adds where the
+        # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)
+        tm = layout_step_time(oracle.spec, setup, gpu, q.efficiency, oracle.pc)
+        stats["timed"] += 1
+        lay, zero, rec, prec, stack = key
+        # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
+        # less recompute, then the stacks' order as given
+        rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), q.precisions_for(stack).index(prec), lay.pp,
+                lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep, lay.etp or lay.tp, q.stacks.index(stack))
+        if old is None or rank < old[0]:
+            best[key] = (rank, (setup, tm))
+            if key in top or len(top) < size:
+                top[key] = tm.tokens_per_second
+            elif tm.tokens_per_second > min(top.values()):
+                del top[min(top, key=top.get)]
+                top[key] = tm.tokens_per_second

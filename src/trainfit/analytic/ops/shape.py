@@ -44,7 +44,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  facts.get("loss", {}).get("labels") == "shifted-copy",
                  # (HF's eager attention adds its own additive masks: the eager path's ops, not SDPA's)
                  masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup),
-                 te=te, te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)),
+                 te=te,  # (the share only TE's casts read: ops/te_casts.py; 1 without the recipe)
+                 te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)) if te else 1.0,
                  lp=lp if lp in MODELLED and not te else "",
                  moe_block=facts.get("moe", {}).get("block", "transformers"),
                  moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),

@@ -1,0 +1,76 @@
+"""The search's shortcuts change no answer: the op lists' memo keyed on what the lists read (compute_time:
+NOT_IN_OP_LISTS, one layer's lists shared by every recompute policy) and the exact throughput bound (step_time.step_floor,
+search._time_best_first) give the same plans, with the same step times, as the straightforward search — every fitting
+setup timed, every op list built and timed afresh (compute_time.stage_compute itself, no memo)."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.analytic import compute_time, step_time
+from trainfit.api import load_spec
+from trainfit.hardware import get_gpu
+from trainfit.plan import search as search_mod
+from trainfit.plan.search import PlanQuery, search
+
+
+def _answer(r) -> list[tuple]:
+    return [(c.setup, c.time.step_seconds, c.time.tokens_per_second, c.estimate.memory.peak) for c in r.candidates]
+
+
+def _straightforward(monkeypatch, spec, gpu, q):
+    """Every fitting setup timed (a bound of 0 s: nothing skipped), every stage's lists timed afresh; and for each,
+    the bound the search uses (step_time.step_floor) checked against its step: never above it."""
+    timed = []
+
+    def checked(spec, setup, gpu, efficiency, pc):
+        tm = step_time.layout_step_time(spec, setup, gpu, efficiency, pc)
+        assert step_time.step_floor(spec, setup, gpu, pc) <= tm.step_seconds * (1 + 1e-12)
+        timed.append(tm.step_seconds)
+        return tm
+
+    with monkeypatch.context() as m:
+        m.setattr(step_time, "cached_stage_compute",
+                  lambda spec, setup, gpu, st, pc, layers: compute_time.stage_compute(spec, setup, gpu, st, pc, layers))
+        m.setattr(search_mod, "step_floor", lambda *a, **k: 0.0)
+        m.setattr(search_mod, "layout_step_time", checked)
+        compute_time.clear_memos()
+        r = search(spec, gpu, q)
+    assert len(timed) == r.stats["timed"] > 0
+    return r
+
+
+def _check(monkeypatch, model, gpu, q):
+    spec, g = load_spec(model), get_gpu(gpu)
+    plain = _straightforward(monkeypatch, spec, g, q)
+    compute_time.clear_memos()
+    fast = search(spec, g, q)
+    assert _answer(fast) == _answer(plain) and len(fast.candidates) == q.top
+    # the same space searched and judged: only the timing is skipped (the bound never skips a fitting group's memory)
+    for k in ("searched", "groups", "fits", "memory_rejected_groups", "engine_calls"):
+        assert fast.stats[k] == plain.stats[k], k
+    assert plain.stats.get("bounded", 0) == 0 and fast.stats["timed"] + fast.stats.get("bounded", 0) == \
+        plain.stats["timed"]
+    return fast
+
+
+def test_dense_model_over_the_four_stacks(monkeypatch):
+    r = _check(monkeypatch, "llama-3.1-8b", "A100-40GB",
+               PlanQuery(gpus=8, seq=4096, global_batch_tokens=1e6, stacks=("hf", "torchtitan", "megatron",
+                                                                             "deepspeed")))
+    assert r.stats.get("bounded", 0) > r.stats["timed"]  # the bound does skip most of them here
+
+
+def test_moe_model_with_expert_layouts(monkeypatch):
+    # tiny-mixtral on megatron: ep and etp searched, recompute none / selective / full share their layers' lists
+    _check(monkeypatch, "tiny-mixtral", "H100-80GB",
+           PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",)))
+
+
+def test_no_global_batch(monkeypatch):
+    _check(monkeypatch, "llama-3.1-70b", "H100-80GB", PlanQuery(gpus=64, seq=8192, top=3))
+
+
+@pytest.mark.heavy
+def test_qwen3_moe_on_16_h100(monkeypatch):
+    _check(monkeypatch, "qwen3-30b-a3b", "H100-80GB",
+           PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, stacks=("megatron",)))
