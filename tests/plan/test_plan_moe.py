@@ -112,3 +112,35 @@ def test_nothing_fits_diagnosis_shards_the_experts():
     s = r.diagnosis.leanest_setup
     assert s.ep * s.expert_tp == s.dp * s.cp * s.tp
     assert (f"ep {s.ep}, " in r.diagnosis.message) == (s.ep > 1)
+
+
+@pytest.mark.parametrize("model, sets", [
+    # Qwen3-30B-A3B: routed experts only, GQA attention -> the MoE recipes' sets, no MLA or shared-expert ones
+    ("qwen3-30b-a3b", [None, "moe_act", "layernorm,moe_act", "layernorm,moe"]),
+    # DeepSeek-V3: MLA and dense leading layers too -> every recipe set of stacks/megatron.toml [plan]
+    ("deepseek-v3", [None, "moe_act", "layernorm,moe_act", "layernorm,moe", "mla_up_proj", "mla_up_proj,mlp"]),
+    # a dense GQA model under Transformer Engine: its norms are fused into the linears, no MoE or MLA: the default
+    ("llama-3.1-8b", [None]),
+])
+def test_recompute_module_sets_are_the_ones_the_model_has(model, sets):
+    from trainfit.plan.space import recompute_module_sets
+    assert recompute_module_sets(load_spec(model), "megatron") == sets
+    assert recompute_module_sets(load_spec(model), "torchtitan") == [None]  # no --recompute-modules there
+
+
+def test_plan_searches_selective_recompute_modules_and_keeps_them():
+    """Each module set is a group of its own under selective (none and full have one each), and a plan that uses a
+    set carries it, as `trainfit estimate --recompute-modules` takes it."""
+    spec, gpu = load_spec("tiny-mixtral"), get_gpu("H100-80GB")
+    q = PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",), top=40)
+    r = search(spec, gpu, q)
+    d = r.stats["stacks"]["megatron"]
+    assert d["recompute_modules"] == [None, "moe_act", "layernorm,moe_act", "layernorm,moe"]
+    kinds = {(c.setup.recompute, c.setup.recompute_modules) for c in r.candidates}
+    assert any(m for _, m in kinds), kinds  # the top 40 of a tiny model hold every policy; some with modules
+    for c in r.candidates:
+        if c.setup.recompute_modules:
+            assert c.setup.recompute == "selective"
+            e = estimate_of("tiny-mixtral", c.setup, gpu="H100-80GB")
+            assert e.setup.recompute_modules == c.setup.recompute_modules
+            assert e.time.step_seconds == pytest.approx(c.time.step_seconds, rel=1e-9)

@@ -1,4 +1,5 @@
-"""The planner's search: every layout × ZeRO stage × recompute × precision × (micro-batch, accumulation), ranked
+"""The planner's search: every layout × ZeRO stage × recompute (and Megatron's recompute modules) × precision ×
+(micro-batch, accumulation), ranked
 by tokens per second among the plans that fit the GPU.
 
 One verdict with `trainfit estimate`: every candidate is the Setup `estimate` builds for the same settings
@@ -40,7 +41,7 @@ from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check
 from ..spec import ModelSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
-from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, variants
+from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets, variants
 
 DEFAULT_STACKS = (BY_NAME["stack"].default,)  # planned when --stack is not given
 
@@ -220,12 +221,15 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
     lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
     run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)
+    # under a selective policy, the recompute modules each stack searches (space.recompute_module_sets)
+    module_sets = {x: recompute_module_sets(model, x) for x in q.stacks}
     if run:
         lays = [v for lay in lays for v in variants(model, lay, Where(q.seq, gpu.gpus_per_node), run)]
     stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
              "memory_rejected_groups": 0, "stacks": {x: {"precisions": list(q.precisions_for(x)),
                                                          "recomputes": list(q.recomputes_for(x)),
-                                                         "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {}}
+                                                         "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {},
+                                                         "recompute_modules": module_sets[x]}
                                                      for x in q.stacks}}
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
     fitting: list[tuple] = []  # every setup that fits, with its throughput bound (_search_group)
@@ -250,12 +254,13 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                 for zero in (q.zeros_for(stack) if lay.dp > 1 else (0,)):
                     if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue  # e.g. torchtitan's DDP beside tensor/pipeline parallelism
-                    for rec in q.recomputes_for(stack):
+                    for rec, mods in ((r, m) for r in q.recomputes_for(stack)
+                                      for m in (module_sets[stack] if r == "selective" else (None,))):
                         cancel.check()  # (the web's time limit and disconnects)
                         stats["groups"] += 1
                         stats["stacks"][stack]["groups"] += 1
                         _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
-                                      fitting, stack)
+                                      fitting, stack, mods)
     _time_best_first(gpu, q, oracle, fitting, best, stats)
     for d in stats["stacks"].values():  # the values each searched setting took (None: its default, e.g. etp = tp)
         d["axes"] = {k: sorted(v, key=lambda x: (x is not None, str(x) if isinstance(x, str) else x or 0))
@@ -325,7 +330,7 @@ def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict)
 
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
-                  fitting: list, stack: str = DEFAULT_STACKS[0]) -> None:
+                  fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None) -> None:
     """The group's splits that fit, each appended to `fitting` as (-bound, order, group, micro-batch, setup): `bound`
     the most tokens/s it could reach (step_time.step_floor; inf under --efficiency), `order` its place in the
     search."""
@@ -334,7 +339,8 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
     try:
         base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
-                             recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack, **lay.settings())
+                             recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
+                             **({"recompute_modules": modules} if modules else {}), **lay.settings())
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
         stats["stack_refused"] = stats.get("stack_refused", 0) + 1
         return
@@ -356,7 +362,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     else:
         splits = splits_all
     stats["searched"] += len(splits)
-    key = (lay, zero, rec, prec, stack)
+    key = (lay, zero, rec, prec, stack, modules)
     st = state_bytes(base)  # (the precision's and the optimizer's, ZeRO's and dp's: not the micro-batch's)
     any_fit = False
     for b, accum in splits:
@@ -393,11 +399,11 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, fitting: list, 
         # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)
         tm = layout_step_time(oracle.spec, setup, gpu, q.efficiency, oracle.pc)
         stats["timed"] += 1
-        lay, zero, rec, prec, stack = key
+        lay, zero, rec, prec, stack, modules = key
         # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
-        # less recompute, then the stacks' order as given
-        rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), q.precisions_for(stack).index(prec), lay.pp,
-                lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep, lay.etp or lay.tp, q.stacks.index(stack))
+        # less recompute (Megatron's default modules first), then the stacks' order as given
+        rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), modules or "", q.precisions_for(stack).index(prec),
+                lay.pp, lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep, lay.etp or lay.tp, q.stacks.index(stack))
         if old is None or rank < old[0]:
             best[key] = (rank, (setup, tm))
             if key in top or len(top) < size:

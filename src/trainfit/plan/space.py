@@ -163,6 +163,29 @@ def layouts(spec: ModelSpec, gpus: int, gpus_per_node: int, tp: int | None = Non
     return out
 
 
+def recompute_module_sets(spec: ModelSpec, stack: str) -> list[str | None]:
+    """The --recompute-modules values searched under `stack`'s selective policy: its [plan] recompute_modules that
+    the model has something for (megatron_recompute.check_model refuses the others, as Megatron does), Megatron's
+    default core_attn as None (the setting's own default); [None] where the stack has no recompute modules."""
+    from ..analytic.megatron_recompute import check_model
+    from ..errors import SetupError
+    from ..setup import Setup
+    from ..stacks import get_stack
+
+    st, out = get_stack(stack), []
+    for names in st.plan_recompute_modules:
+        if names == "core_attn":
+            out.append(None)
+            continue
+        try:
+            check_model(spec, Setup(stack=stack, precision=st.plan_precisions[0], recompute="selective",
+                                    recompute_modules=names))
+        except SetupError:
+            continue
+        out.append(names)
+    return out or [None]
+
+
 def batch_splits(layout: Layout, global_seqs: float | None, max_batch: int, tolerance: float) -> list[tuple[int, int]]:
     """(micro-batch, grad_accum) pairs for one layout.
 

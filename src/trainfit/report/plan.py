@@ -89,7 +89,9 @@ def render(r: PlanResult, echo=print) -> None:
     for i, c in enumerate(r.candidates, 1):
         s, tm = c.setup, c.time
         t.add_row(str(i), *((s.stack,) if show_stack else ()), layout_text(s), str(s.zero),
-                  f"{s.batch}×{s.grad_accum}", s.recompute, s.precision, f"{tm.tokens_per_second:,.0f}",
+                  f"{s.batch}×{s.grad_accum}",
+                  f"{s.recompute} ({s.recompute_modules})" if s.recompute_modules else s.recompute, s.precision,
+                  f"{tm.tokens_per_second:,.0f}",
                   f"{tm.mfu:.1%}", fmt_seconds(tm.step_seconds), fmt_bytes(c.peak), fmt_bytes(c.headroom))
     terms = Table(title="step time by term (exposed; they add up to the step)", header_style="bold")
     rows = [time_terms(c.time.as_dict()) for c in r.candidates]
@@ -122,7 +124,10 @@ def render(r: PlanResult, echo=print) -> None:
         for name, d in st["stacks"].items():
             axes = "".join(f"; {k} {', '.join('tp' if x is None else str(x) for x in v)}"
                            for k, v in d.get("axes", {}).items() if len(v) > 1)
-            echo(f"{name}: searched {d['groups']} groups over recompute {', '.join(d['recomputes'])}; ZeRO "
+            mods = d.get("recompute_modules", [None])
+            recs = ", ".join(d["recomputes"]) + (f" (selective's modules: {'; '.join(m or 'core_attn' for m in mods)})"
+                                                 if len(mods) > 1 else "")
+            echo(f"{name}: searched {d['groups']} groups over recompute {recs}; ZeRO "
                  f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}{axes}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "

@@ -165,6 +165,12 @@ class Stack:
         """The recompute policies the planner searches when none are given ([plan] recomputes)."""
         return tuple(self.fact("plan", "recomputes"))
 
+    @property
+    def plan_recompute_modules(self) -> tuple[str, ...]:
+        """Under its selective policy, the recompute-module sets the planner searches ([plan] recompute_modules);
+        () where the stack has no --recompute-modules."""
+        return tuple(self.fact("plan", "recompute_modules")) if self.runs("recompute-modules") else ()
+
     def refuse(self, setup) -> str | None:
         """Why the stack's rules module refuses `setup` (read by attribute), None when it runs it or has none."""
         return self.rules.refuse(setup) if self.rules is not None else None
