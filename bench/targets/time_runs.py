@@ -485,7 +485,10 @@ LOWP_VALIDATION: list[dict] = [
               "each (--pp-split embedding-loss). NB: the v0.2.0 B200 base config reads VP 4 "
               "(configs/qwen3/workload_base_configs.py:109-117), the table VP 2: the table's taken."),
     _mb("25.11", 581, "DGX-B200", "GPT OSS 120B", 64, "BF16", 512, 4, 4096, ep=8, tps=8213,
-        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
+        recompute="selective", recompute_modules="layernorm,moe_act",
+        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4. Recipe GPT_OSS_120B_B200_BF16_BASE_CONFIG "
+              "(configs/gpt_oss/workload_base_configs.py:50-55 at v0.2.0): recompute modules layernorm, moe_act "
+              "(selective granularity); its EP 64 is not the table's EP 8: the table's taken."),
     _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
         notes="Blackwell bf16 run: EP 64, MBS 1, seq 8192."),
     _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312,
@@ -574,10 +577,16 @@ def _mbridge_gptoss(container, line, ep, tps):
         source=f"{MBRIDGE}#L{line} ({container} NeMo Container, DGX-B200, GPT OSS 120B, BF16)",
         gpu="B200", model="gpt-oss-120b", layout_set="gpt-oss-120b on 64 B200, GBS 1280 (two patch releases)",
         setup=dict(stack="megatron", batch=4, seq=4096, grad_accum=5, dp=64, ep=ep, zero=1, precision="bf16-master",
-                   attention="flash"),
+                   attention="flash", recompute="selective", recompute_modules="layernorm,moe_act",
+                   moe_force_balance=True),
         published=tps, unit="tokens/s/GPU",
-        notes=f"EP {ep} over DP 64, GA 5 = 1280 / (4 x 64), distributed optimizer. NB: the other row of this pair is "
-              "another patch release of the container: its software changed with the layout.")
+        notes=f"EP {ep} over DP 64, GA 5 = 1280 / (4 x 64), distributed optimizer. Recipe "
+              "GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 (scripts/performance/configs/gpt_oss/"
+              "gpt_oss_workload_base_configs.py:71-76, 108-111 at v0.3.0 and v0.3.1; utils/overrides.py:141-143: "
+              "selective granularity): recompute modules layernorm, moe_act (its EP 64 is the table's 26.02 one; "
+              "26.02.01's EP 8 is the table's); the section's note: force-balanced routing, dropless "
+              f"({MBRIDGE}#L473, #L542; gpt_oss_llm_pretrain.py:34 moe_router_force_load_balancing). NB: the other "
+              "row of this pair is another patch release of the container: its software changed with the layout.")
 
 
 # The same MOE_ZOO page's "Long Context" table (lines 35-38): Qwen3-235B-A22B on 32 nodes of 8 H100, DeepEP, BF16,
