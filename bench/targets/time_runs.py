@@ -340,7 +340,7 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
     assert accum * mbs * dp == gbs, (model, system)
     setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                  zero=3 if fsdp else 1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
-                 attention="flash", **_MB_RECIPE[precision], **moe)
+                 attention="flash", grad_reduce_in_bf16=True, **_MB_RECIPE[precision], **moe)
     if vp > 1:
         setup["vpp"] = vp
     if model in _MB_MOE:
@@ -362,8 +362,11 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
               + ("Megatron-FSDP with optim_grads_params (--zero 3: utils/helpers.py:116-119 "
                  "set_megatron_fsdp_overrides)" if fsdp else "distributed optimizer (--zero 1)")
               + f"; gradient accumulation {accum} = GBS / (MBS x DP). "
-              "NB: bf16 gradient reduce (set_llama3_common_configs: grad_reduce_in_fp32 False) where the megatron "
-              "stack reduces fp32 main grads: predicted slower on the DP reduce. " + notes)
+              "Gradients in bf16 (--grad-reduce-in-bf16): every family's set_*_common_configs sets "
+              "ddp.grad_reduce_in_fp32 False (v0.2.0 configs/llama3/llama3_llm_pretrain.py:46-47, llama31/"
+              "llama31_llm_pretrain.py:45-46, qwen3/qwen3_llm_pretrain.py:44-45, gpt_oss/gpt_oss_llm_pretrain.py:33-34; "
+              "v0.4.2 configs/llama/llama3_llm_pretrain.py:43-44, llama31_llm_pretrain.py:42-43, qwen/"
+              "qwen3_llm_pretrain.py:41-42, gpt_oss/gpt_oss_llm_pretrain.py:32-33). " + notes)
     if inexpressible:
         run["inexpressible"] = inexpressible
     return run
@@ -578,14 +581,15 @@ def _mbridge_gptoss(container, line, ep, tps):
         gpu="B200", model="gpt-oss-120b", layout_set="gpt-oss-120b on 64 B200, GBS 1280 (two patch releases)",
         setup=dict(stack="megatron", batch=4, seq=4096, grad_accum=5, dp=64, ep=ep, zero=1, precision="bf16-master",
                    attention="flash", recompute="selective", recompute_modules="layernorm,moe_act",
-                   moe_force_balance=True),
+                   moe_force_balance=True, grad_reduce_in_bf16=True),
         published=tps, unit="tokens/s/GPU",
         notes=f"EP {ep} over DP 64, GA 5 = 1280 / (4 x 64), distributed optimizer. Recipe "
               "GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 (scripts/performance/configs/gpt_oss/"
               "gpt_oss_workload_base_configs.py:71-76, 108-111 at v0.3.0 and v0.3.1; utils/overrides.py:141-143: "
               "selective granularity): recompute modules layernorm, moe_act (its EP 64 is the table's 26.02 one; "
               "26.02.01's EP 8 is the table's); the section's note: force-balanced routing, dropless "
-              f"({MBRIDGE}#L473, #L542; gpt_oss_llm_pretrain.py:34 moe_router_force_load_balancing). NB: the other "
+              f"({MBRIDGE}#L473, #L542; gpt_oss_llm_pretrain.py:34 moe_router_force_load_balancing); gradients in "
+              "bf16 (:30-31 ddp.grad_reduce_in_fp32 False: --grad-reduce-in-bf16). NB: the other "
               "row of this pair is another patch release of the container: its software changed with the layout.")
 
 
