@@ -429,10 +429,11 @@ LOWP_VALIDATION: list[dict] = [
     *(dict(id=f"tt-asynctp-{size}-{recipe}", source=f"{TT_ASYNCTP} table '{table}', row 'float8 {recipe}', column "
            "'Vanilla TP tokens/sec'", gpu="H100-96GB", model=f"llama-3.1-{size}",
            setup=dict(stack="torchtitan", batch=batch, seq=8192, dp=dp, tp=8, zero=3, recompute=ac, compile=True,
-                      precision="amp-bf16", attention="flash2", low_precision=recipe),
+                      precision="amp-bf16", attention="flash2", low_precision=recipe, sequence_parallel=True),
            published=tps, unit="tokens/s/GPU",
-           notes="torchtitan June 2025 on Grand Teton H100 96 GB at 500 W: FSDP x TP 8 (vanilla TP), compile, Float8 "
-                 f"{recipe}; seq 8192 (llama3_{size}.toml). NB: the FSDP fp8 all-gather is not stated (torchtitan's "
+           notes="torchtitan June 2025 on Grand Teton H100 96 GB at 500 W: FSDP x TP 8 (vanilla TP: sequence-parallel, "
+                 "models/llama3/infra/parallelize.py:141-195 at 2887250b: blocks' input/output Shard(1), norms "
+                 f"SequenceParallel), compile, Float8 {recipe}; seq 8192 (llama3_{size}.toml). NB: the FSDP fp8 all-gather is not stated (torchtitan's "
                  "default enable_fsdp_float8_all_gather = False: bf16 gathers). NB: the 500 W cap lowers the clock "
                  "below gpus.json's peak (predicted faster).")
       for size, table, batch, dp, ac, recipe, tps in (
@@ -677,9 +678,12 @@ RUNS: list[dict] = [
     _tt("tt-8b-s32k-fsdp8", 2, "FSDP 8, CP 1", "llama-3.1-8b",
         dict(batch=1, seq=32768, dp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 3890),
     _tt("tt-70b-fsdp32-tp8", 4, "2D", "llama-3.1-70b",
-        dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 829,
+        dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True,
+             sequence_parallel=True), 829,
         "Local batch 16 per FSDP rank run as one micro-batch (no pipeline, no accumulation). Seq 8192 "
-        "(torchtitan's llama3_70b.toml)."),
+        "(torchtitan's llama3_70b.toml). torchtitan's TP is sequence-parallel: the blocks' input and output "
+        "sequence-sharded, the norms SequenceParallel (torchtitan/parallelisms/parallelize_llama.py:135-191 at "
+        "3f20451bc, 2024-12-26)."),
     # torchtitan's first published numbers (Apr 2024): FSDP2 over 64 A100-80GB (8 nodes of 8, 200 Gb/s HDR per GPU),
     # no compile, bf16 parameters with fp32 reductions; the issue-40 run (Llama 2 70B at 11.5 s a step)
     *(dict(id=f"tt-a100-{m}-fsdp64-b{b}-{ac}", source=f"{TT_A100} '{table}' table, row '{row}'", gpu="A100-80GB",
