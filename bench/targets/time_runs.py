@@ -489,10 +489,12 @@ LOWP_VALIDATION: list[dict] = [
               "each (--pp-split embedding-loss). NB: the v0.2.0 B200 base config reads VP 4 "
               "(configs/qwen3/workload_base_configs.py:109-117), the table VP 2: the table's taken."),
     _mb("25.11", 581, "DGX-B200", "GPT OSS 120B", 64, "BF16", 512, 4, 4096, ep=8, tps=8213,
-        recompute="selective", recompute_modules="layernorm,moe_act",
         notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4. Recipe GPT_OSS_120B_B200_BF16_BASE_CONFIG "
-              "(configs/gpt_oss/workload_base_configs.py:50-55 at v0.2.0): recompute modules layernorm, moe_act "
-              "(selective granularity); its EP 64 is not the table's EP 8: the table's taken."),
+              "(configs/gpt_oss/workload_base_configs.py:50-55 at v0.2.0) names recompute modules layernorm, moe_act, "
+              "but v0.2.0's set_recompute_overrides sets only the modules (utils/helpers.py:178-179; v0.2.1's :180 "
+              "adds recompute_granularity 'selective') and Megatron-Core reads them under selective granularity only "
+              "(transformer_layer.py:382, moe/experts.py:103): no recompute. Its EP 64 is not the table's EP 8: the "
+              "table's taken."),
     _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
         notes="Blackwell bf16 run: EP 64, MBS 1, seq 8192."),
     _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312,
