@@ -340,7 +340,7 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
     assert accum * mbs * dp == gbs, (model, system)
     setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                  zero=3 if fsdp else 1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
-                 attention="flash", **_MB_RECIPE[precision], **moe)
+                 attention="flash", grad_reduce_in_bf16=True, **_MB_RECIPE[precision], **moe)
     if vp > 1:
         setup["vpp"] = vp
     if model in _MB_MOE:
@@ -362,8 +362,11 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
               + ("Megatron-FSDP with optim_grads_params (--zero 3: utils/helpers.py:116-119 "
                  "set_megatron_fsdp_overrides)" if fsdp else "distributed optimizer (--zero 1)")
               + f"; gradient accumulation {accum} = GBS / (MBS x DP). "
-              "NB: bf16 gradient reduce (set_llama3_common_configs: grad_reduce_in_fp32 False) where the megatron "
-              "stack reduces fp32 main grads: predicted slower on the DP reduce. " + notes)
+              "Gradients in bf16 (--grad-reduce-in-bf16): every family's set_*_common_configs sets "
+              "ddp.grad_reduce_in_fp32 False (v0.2.0 configs/llama3/llama3_llm_pretrain.py:46-47, llama31/"
+              "llama31_llm_pretrain.py:45-46, qwen3/qwen3_llm_pretrain.py:44-45, gpt_oss/gpt_oss_llm_pretrain.py:33-34; "
+              "v0.4.2 configs/llama/llama3_llm_pretrain.py:43-44, llama31_llm_pretrain.py:42-43, qwen/"
+              "qwen3_llm_pretrain.py:41-42, gpt_oss/gpt_oss_llm_pretrain.py:32-33). " + notes)
     if inexpressible:
         run["inexpressible"] = inexpressible
     return run
@@ -426,10 +429,11 @@ LOWP_VALIDATION: list[dict] = [
     *(dict(id=f"tt-asynctp-{size}-{recipe}", source=f"{TT_ASYNCTP} table '{table}', row 'float8 {recipe}', column "
            "'Vanilla TP tokens/sec'", gpu="H100-96GB", model=f"llama-3.1-{size}",
            setup=dict(stack="torchtitan", batch=batch, seq=8192, dp=dp, tp=8, zero=3, recompute=ac, compile=True,
-                      precision="amp-bf16", attention="flash2", low_precision=recipe),
+                      precision="amp-bf16", attention="flash2", low_precision=recipe, sequence_parallel=True),
            published=tps, unit="tokens/s/GPU",
-           notes="torchtitan June 2025 on Grand Teton H100 96 GB at 500 W: FSDP x TP 8 (vanilla TP), compile, Float8 "
-                 f"{recipe}; seq 8192 (llama3_{size}.toml). NB: the FSDP fp8 all-gather is not stated (torchtitan's "
+           notes="torchtitan June 2025 on Grand Teton H100 96 GB at 500 W: FSDP x TP 8 (vanilla TP: sequence-parallel, "
+                 "models/llama3/infra/parallelize.py:141-195 at 2887250b: blocks' input/output Shard(1), norms "
+                 f"SequenceParallel), compile, Float8 {recipe}; seq 8192 (llama3_{size}.toml). NB: the FSDP fp8 all-gather is not stated (torchtitan's "
                  "default enable_fsdp_float8_all_gather = False: bf16 gathers). NB: the 500 W cap lowers the clock "
                  "below gpus.json's peak (predicted faster).")
       for size, table, batch, dp, ac, recipe, tps in (
@@ -485,7 +489,12 @@ LOWP_VALIDATION: list[dict] = [
               "each (--pp-split embedding-loss). NB: the v0.2.0 B200 base config reads VP 4 "
               "(configs/qwen3/workload_base_configs.py:109-117), the table VP 2: the table's taken."),
     _mb("25.11", 581, "DGX-B200", "GPT OSS 120B", 64, "BF16", 512, 4, 4096, ep=8, tps=8213,
-        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4."),
+        notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4. Recipe GPT_OSS_120B_B200_BF16_BASE_CONFIG "
+              "(configs/gpt_oss/workload_base_configs.py:50-55 at v0.2.0) names recompute modules layernorm, moe_act, "
+              "but v0.2.0's set_recompute_overrides sets only the modules (utils/helpers.py:178-179; v0.2.1's :180 "
+              "adds recompute_granularity 'selective') and Megatron-Core reads them under selective granularity only "
+              "(transformer_layer.py:382, moe/experts.py:103): no recompute. Its EP 64 is not the table's EP 8: the "
+              "table's taken."),
     _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
         notes="Blackwell bf16 run: EP 64, MBS 1, seq 8192."),
     _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312,
@@ -574,10 +583,17 @@ def _mbridge_gptoss(container, line, ep, tps):
         source=f"{MBRIDGE}#L{line} ({container} NeMo Container, DGX-B200, GPT OSS 120B, BF16)",
         gpu="B200", model="gpt-oss-120b", layout_set="gpt-oss-120b on 64 B200, GBS 1280 (two patch releases)",
         setup=dict(stack="megatron", batch=4, seq=4096, grad_accum=5, dp=64, ep=ep, zero=1, precision="bf16-master",
-                   attention="flash"),
+                   attention="flash", recompute="selective", recompute_modules="layernorm,moe_act",
+                   moe_force_balance=True, grad_reduce_in_bf16=True),
         published=tps, unit="tokens/s/GPU",
-        notes=f"EP {ep} over DP 64, GA 5 = 1280 / (4 x 64), distributed optimizer. NB: the other row of this pair is "
-              "another patch release of the container: its software changed with the layout.")
+        notes=f"EP {ep} over DP 64, GA 5 = 1280 / (4 x 64), distributed optimizer. Recipe "
+              "GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 (scripts/performance/configs/gpt_oss/"
+              "gpt_oss_workload_base_configs.py:71-76, 108-111 at v0.3.0 and v0.3.1; utils/overrides.py:141-143: "
+              "selective granularity): recompute modules layernorm, moe_act (its EP 64 is the table's 26.02 one; "
+              "26.02.01's EP 8 is the table's); the section's note: force-balanced routing, dropless "
+              f"({MBRIDGE}#L473, #L542; gpt_oss_llm_pretrain.py:34 moe_router_force_load_balancing); gradients in "
+              "bf16 (:30-31 ddp.grad_reduce_in_fp32 False: --grad-reduce-in-bf16). NB: the other "
+              "row of this pair is another patch release of the container: its software changed with the layout.")
 
 
 # The same MOE_ZOO page's "Long Context" table (lines 35-38): Qwen3-235B-A22B on 32 nodes of 8 H100, DeepEP, BF16,
@@ -664,9 +680,12 @@ RUNS: list[dict] = [
     _tt("tt-8b-s32k-fsdp8", 2, "FSDP 8, CP 1", "llama-3.1-8b",
         dict(batch=1, seq=32768, dp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 3890),
     _tt("tt-70b-fsdp32-tp8", 4, "2D", "llama-3.1-70b",
-        dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 829,
+        dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True,
+             sequence_parallel=True), 829,
         "Local batch 16 per FSDP rank run as one micro-batch (no pipeline, no accumulation). Seq 8192 "
-        "(torchtitan's llama3_70b.toml)."),
+        "(torchtitan's llama3_70b.toml). torchtitan's TP is sequence-parallel: the blocks' input and output "
+        "sequence-sharded, the norms SequenceParallel (torchtitan/parallelisms/parallelize_llama.py:135-191 at "
+        "3f20451bc, 2024-12-26)."),
     # torchtitan's first published numbers (Apr 2024): FSDP2 over 64 A100-80GB (8 nodes of 8, 200 Gb/s HDR per GPU),
     # no compile, bf16 parameters with fp32 reductions; the issue-40 run (Llama 2 70B at 11.5 s a step)
     *(dict(id=f"tt-a100-{m}-fsdp64-b{b}-{ac}", source=f"{TT_A100} '{table}' table, row '{row}'", gpu="A100-80GB",

@@ -89,6 +89,42 @@ def main(experts: int, topk: int) -> dict:
             "syncs_backward": SYNCS["now"] - syncs_fwd}
 
 
+def saved_bytes(experts: int, topk: int, hiddens: list[int]) -> dict:
+    """Per hidden size: the bytes autograd saves in one MoELayer forward (every saved storage once, the layer's
+    parameters left out), on the setup main() builds (64 tokens, expert width 32, fp32)."""
+    main(experts, topk)  # sets up the process group, the CPU stand-ins and parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    out = {}
+    for h in hiddens:
+        cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=4, num_moe_experts=experts,
+                                moe_router_topk=topk, moe_ffn_hidden_size=32, moe_token_dispatcher_type="alltoall",
+                                moe_grouped_gemm=False, gated_linear_unit=True, activation_func=F.silu,
+                                add_bias_linear=False, moe_aux_loss_coeff=0.0, use_cpu_initialization=True,
+                                params_dtype=torch.float32)
+        layer = MoELayer(cfg, get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False).submodules.mlp
+                         .submodules)
+        params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+        seen: dict = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st
+            return t
+
+        x = torch.randn(64, 1, h, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y, _ = layer(x)
+        out[h] = sum(st.nbytes() for st in seen.values())
+        del y
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), int(sys.argv[2]))))
+    if sys.argv[1] == "saved":  # saved EXPERTS TOPK H1 H2 ...
+        print(json.dumps(saved_bytes(int(sys.argv[2]), int(sys.argv[3]), [int(a) for a in sys.argv[4:]])))
+    else:
+        print(json.dumps(main(int(sys.argv[1]), int(sys.argv[2]))))
     torch.distributed.destroy_process_group()

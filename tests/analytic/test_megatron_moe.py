@@ -158,7 +158,7 @@ def test_only_megatron_runs_its_block():
     sh, fwd, _ = _layer(spec, setup)
     assert sh.moe_block == "megatron" and any(o.name == "dispatch_metadata" for o in fwd)
     hf = replace(setup, stack="hf", low_precision="none", fp8_all_gather=False, ep=1, zero=0,
-                 moe_force_balance=False, cuda_graph_scope=None)
+                 moe_force_balance=False, cuda_graph_scope=None, grad_reduce_in_bf16=False)
     sh, fwd, _ = _layer(spec, hf)
     assert sh.moe_block == "transformers" and not any(o.name == "dispatch_metadata" for o in fwd)
 
@@ -203,6 +203,39 @@ def test_against_megatron_moe_layer_on_cpu():
     assert sum(o.kernels for o in fwd if o.kind == "gemm" and o.name in moe) == real["mm_forward"] == 9
     assert sum(o.kernels for o in bwd if o.kind == "gemm" and o.name.split(".")[0] in moe) == real["mm_backward"]
     assert moe_host_syncs(spec, setup) and (real["syncs_forward"], real["syncs_backward"]) == (1, 0)
+
+
+@pytest.mark.heavy
+def test_routed_copy_saves_one_hidden_wide_tensor_on_cpu():
+    """megatron-core's real MoELayer on CPU (tests/analytic/megatron_moe_cpu.py saved: 64 tokens, fp32, 4 experts,
+    alltoall dispatcher): the bytes autograd saves, measured at hidden 64 and 128 for top-2 and top-3. The growth with
+    the hidden size, per token, is (hidden-wide tensors per token) + k x (per routed copy); its change from top-2 to
+    top-3 is the per-copy count: 1, fc1's input (the combine keeps no fc2 output: the probabilities are applied in
+    the experts, token_dispatcher.py:833-840 unpermutes without them). The analytic layer's routed h-wide bytes
+    per copy (megatron_activations._moe_terms) are that one tensor."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainfit.analytic.megatron_activations import layer_terms
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+
+    script = Path(__file__).with_name("megatron_moe_cpu.py")
+    tokens, h1, h2, fp32 = 64, 64, 128, 4
+    per_token = {}
+    for k in (2, 3):
+        out = subprocess.run([sys.executable, str(script), "saved", "4", str(k), str(h1), str(h2)],
+                             capture_output=True, text=True, timeout=300, check=True).stdout.strip().splitlines()[-1]
+        b = json.loads(out)
+        per_token[k] = (b[str(h2)] - b[str(h1)]) / ((h2 - h1) * tokens * fp32)
+    assert per_token[3] - per_token[2] == pytest.approx(1.0)  # h-wide tensors per routed copy
+    assert per_token[2] == pytest.approx(1.0 + 2 * 1.0)  # + the router's input, one per token
+    spec = load_model("tiny-mixtral")
+    setup = Setup(stack="megatron", precision="bf16-master", dp=4, ep=2, moe_imbalance=1.0)
+    terms = layer_terms(spec, setup, moe=True)
+    assert terms.split["expert_tokens"] / (spec.moe.top_k * 2 * spec.hidden) == pytest.approx(1.0)
 
 
 def test_cuda_graph_scope_is_checked():

@@ -64,14 +64,15 @@ def test_the_load_follows_the_router_settings():
 
 
 def test_megatron_routed_activations_scale_on_the_busiest_rank():
-    """Hand derivation (MoEAlltoAllTokenDispatcher + TEGroupedMLP, bf16, etp 1): per routed copy fc1's input and
-    fc2's output (h each, 2 B) and fc1's SwiGLU output (2i) with the activation output (i): k·2·(2h + 3i) bytes per
-    token. X = 1.5 adds half of it, and nothing else changes."""
+    """Hand derivation (MoEAlltoAllTokenDispatcher + TEGroupedMLP, bf16, etp 1): per routed copy fc1's input (h, 2 B;
+    fc2's output is not saved: the probabilities are applied in the activation, experts.py:680-746, and the combine
+    unpermutes without them, token_dispatcher.py:833-840) and fc1's SwiGLU output (2i) with the activation output
+    (i): k·2·(h + 3i) bytes per token. X = 1.5 adds half of it, and nothing else changes."""
     spec = load_model("tiny-mixtral")
     h, i, k = spec.hidden, spec.moe.expert_intermediate, spec.moe.top_k
     base = layer_terms(spec, Setup(**MEGATRON, moe_imbalance=1.0), moe=True)
     busy = layer_terms(spec, Setup(**MEGATRON, moe_imbalance=1.5), moe=True)
-    routed = k * 2 * (2 * h + 3 * i)
+    routed = k * 2 * (h + 3 * i)
     assert sum(busy.split.values()) - sum(base.split.values()) == pytest.approx(0.5 * routed)
     assert busy.replicated == base.replicated
 
@@ -95,7 +96,7 @@ def test_held_pairs_match_a_monte_carlo_draw_of_their_sum():
 def test_megatron_stage_holds_its_pairs_at_the_held_load():
     """Hand derivation: tiny-mixtral with 8 MoE layers on --pp 2, 4 micro-batches: stage 0 holds 4 layers of
     pp − 0 − 1 + 1 = 2 micro-batches (schedules.py warm-up + 1), n = 8 pairs. Per routed copy (bf16, etp 1, tp 1)
-    k·2·(2h + 3i) bytes; at --moe-imbalance 1.5 the stage's stored activations grow by
+    k·2·(h + 3i) bytes; at --moe-imbalance 1.5 the stage's stored activations grow by
     8 pairs × 512 tokens × that × 0.5/√8 over 1.0 (not × 0.5: the busiest rank differs from pair to pair)."""
     from trainfit import engines
 
@@ -104,7 +105,7 @@ def test_megatron_stage_holds_its_pairs_at_the_held_load():
     kw = dict(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=2, ep=2, pp=2, grad_accum=4)
     base, busy = (engines.analytic(spec, Setup(**kw, moe_imbalance=x)) for x in (1.0, 1.5))
     assert busy.detail.records["stage"] == 0 and busy.detail.records["moe_pairs_held"] == 8
-    routed = k * 2 * (2 * h + 3 * i)
+    routed = k * 2 * (h + 3 * i)
     assert busy.memory.activations - base.memory.activations == pytest.approx(8 * 512 * routed * 0.5 / math.sqrt(8),
                                                                               rel=1e-6)
 

@@ -55,6 +55,47 @@ def test_bytes_per_param_match_megatron_docs(precision, d):
         assert total / n == pytest.approx(expected), (precision, zero, d)
 
 
+@pytest.mark.parametrize("d", [2, 8])
+def test_grad_reduce_in_bf16_is_the_docs_16_bit_grads_row(d):
+    """--grad-reduce-in-bf16 (Megatron-LM arguments.py:720-721): bf16 params with bf16 grads are the docs table's
+    16-bit params & 16-bit grads row: 2 (weights) + 2 (grad buffer) + (4 fp32 main params + 4 fp32 grad copies + 8
+    Adam)/d = 4 + 16/d, 20 without the distributed optimizer (vs bf16 & fp32 grads: 6 + 12/d, 18)."""
+    spec = gpt(h=256, heads=4, layers=2, vocab=1000)
+    pc = count_params(spec)
+    stage = Stage(0, spec.layers, True, True, 1)
+    for zero, expected in ((0, 20), (1, 4 + 16 / d)):
+        ms = megatron_model_states(spec, pc, mg(dp=d, zero=zero, grad_reduce_in_bf16=True), stage)
+        assert (ms.weights + ms.gradients + ms.master + ms.optimizer) / (ms.weights / 2) == pytest.approx(expected)
+
+
+def test_fp32_grad_copies_live_in_the_optimizer_step_only():
+    """16-bit grads: the distributed optimizer's fp32 copies of its shard of them (distrib_optimizer.py:2419) are made
+    by the step and set to None by the next step's optimizer.zero_grad() before its forward (Megatron-LM
+    training.py:1619). By hand, n parameters over d = 4 ranks: the forward's peak holds the fp32 main params, 4n/d,
+    of the table's 8n/d master bytes; the optimizer phase 4n/d more than the forward's resident states."""
+    from trainfit import estimate
+    d = 4
+    kw = dict(stack="megatron", precision="bf16-master", dp=d, zero=1, batch=1, seq=256, grad_reduce_in_bf16=True)
+    m = estimate("gpt2", **kw).memory
+    n = m.weights / 2
+    assert m.master_weights == pytest.approx(8 * n / d)
+    assert m.at_peak["master_weights"] == pytest.approx(4 * n / d)
+    fp32 = estimate("gpt2", **{**kw, "grad_reduce_in_bf16": False}).memory  # fp32 grads: no copies, 4n/d master
+    assert fp32.at_peak["master_weights"] == pytest.approx(4 * n / d)
+    step = m.phases["optimizer_step"]
+    states = m.weights + m.gradients + m.master_weights + m.optimizer_states  # every state, the copies included
+    assert step >= states
+
+
+@pytest.mark.parametrize("kw, match", [(dict(stack="torchtitan", precision="amp-bf16"), "no such option"),
+                                       (dict(stack="megatron", precision="fp16-master"), "already have the param")])
+def test_grad_reduce_in_bf16_refused_where_it_changes_nothing(kw, match):
+    from trainfit import estimate
+    from trainfit.errors import SetupError
+    with pytest.raises(SetupError, match=match):
+        estimate("gpt2", **kw, grad_reduce_in_bf16=True)
+
+
 def test_distributed_optimizer_shards_over_dp_times_cp():
     spec = gpt(h=256, heads=4, layers=2, vocab=1000)
     pc = count_params(spec)

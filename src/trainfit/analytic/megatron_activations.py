@@ -144,14 +144,17 @@ def _moe_terms(spec: ModelSpec, setup: Setup, a: int) -> dict:
     (transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher, experts.py TEGroupedMLP), balanced
     routing. A rank holds tokens/t tokens (sequence parallel) and its local experts receive top_k copies of as many;
     the expert-TP group all-gathers its members' copies (etp × as many tokens) and splits the intermediate etp ways.
-    Per copy: fc1's input and fc2's output (saved by unpermute's probability multiply), h wide each, ×etp; fc1's
-    output (SwiGLU: 2i) and the activation's output (i, fc2's input), whose etp-fold tokens and 1/etp width cancel.
+    Per copy: fc1's input, h wide, ×etp; fc1's output (SwiGLU: 2i) and the activation's output (i, fc2's input),
+    whose etp-fold tokens and 1/etp width cancel. fc2's output is not saved: the routing probabilities are applied
+    inside the activation (experts.py:680-746 bias_act_func(fc1_output, bias, permuted_probs); the expert bias as
+    t + b·p, :609-625) and the combine unpermutes without them (token_dispatcher.py:833-840, no probs; TE v2.10
+    permutation.py:375-378 _moe_unpermute_mask_map saves only row_id_map without merging_probs).
     As 'split by TP' terms (÷t: the rank's tokens/t); layer_terms scales them to the busiest EP rank's load.
     NB: without SP (Megatron requires it for MoE with TP > 1) counted as with SP."""
     m = spec.moe
     k, i = m.top_k, m.expert_intermediate
     gate = 2 if spec.gated_mlp else 1
-    out = {"expert_tokens": k * 2 * a * spec.hidden * setup.expert_tp,
+    out = {"expert_tokens": k * a * spec.hidden * setup.expert_tp,
            "expert_hidden": k * a * i * (gate + 1)}
     if m.shared_intermediate:
         s = m.shared_intermediate

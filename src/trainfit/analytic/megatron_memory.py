@@ -25,7 +25,8 @@ from ..low_precision import recipe
 from .params import ParamCounts
 from .grad_clip import clip_work
 from .moe_imbalance import busiest_rank_load
-from .parallel.megatron import largest_param, megatron_model_states, megatron_tensors, rank_params, shards
+from .parallel.megatron import (grad_copy_bytes, largest_param, megatron_model_states, megatron_tensors, rank_params,
+                                shards)
 from .parallel.pipeline import Stage
 from .phases import LayerKind, StepBytes, peak
 from .precision import state_bytes
@@ -158,8 +159,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # the buffer: under-counts then
         opt_tmp = ms.weights
     clip = grad_clip_temporaries(spec, setup, pc, stage)
+    copies = grad_copy_bytes(spec, pc, setup, stage)  # the fp32 grad copies: the optimizer step's only
     step = StepBytes(
-        resident={"weights": ms.weights, "master_weights": ms.master, "optimizer_states": ms.optimizer,
+        resident={"weights": ms.weights, "master_weights": ms.master - copies, "optimizer_states": ms.optimizer,
                   "comm_buffers": comm},
         gradients=ms.gradients,
         accumulating=True,  # the contiguous grad buffer exists from initialisation (param_and_grad_buffer.py)
@@ -168,7 +170,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         forward_transient=fwd + ring, loss_backward=loss_back, layer_backward=uniform.backward, layer_freed=0.0,
         layer_grads_done=0.0, embedding_backward=emb_back, gathered=0.0,
         # CUDA: fused Adam, in place (stacks/megatron.toml [optimizer_impl]); the clip's temporaries come and go before
-        optimizer_transient=max(opt_tmp, clip),
+        optimizer_transient=copies + max(opt_tmp, clip),
         norm_kept=0.0, norm_backward=norm_back, kinds=kinds, pattern=pattern)
     p = peak(step)
     detail = {"stage": stage.index, "layers_on_rank": stage.layers, "in_flight_microbatches": stage.in_flight,

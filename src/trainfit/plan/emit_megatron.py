@@ -134,6 +134,8 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         out += ["--mtp-num-layers", str(mtp_layers(spec, s))]
     out += _data_parallel(s)
     out += {"bf16-master": ["--bf16"], "fp16-master": ["--fp16"], "fp32": []}[s.precision]
+    if s.grad_reduce_in_bf16:
+        out += ["--grad-reduce-in-bf16"]  # arguments.py:720-721, :2178
     # Megatron-LM's --clip-grad (default 1.0) -> OptimizerConfig.clip_grad; 0 turns clipping off
     out += ["--clip-grad", f"{s.grad_clip_norm:g}"]
     out += _recompute(s.recompute)

@@ -127,6 +127,8 @@ def validate(setup: Setup) -> None:
         raise SetupError(why)
     _check_low_precision(setup, stack)
     _check_moe_routing(setup, stack)
+    if setup.grad_reduce_in_bf16:
+        _check_grad_reduce(setup, stack)
     if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
         raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
                          "--lora-rank R > 0")
@@ -178,6 +180,19 @@ def _check_moe_routing(setup: Setup, stack: _stacks.Stack) -> None:
     if setup.moe_force_balance and setup.moe_imbalance is not None:
         raise SetupError("--moe-force-balance makes routing a uniform draw, whose imbalance is derived; --moe-imbalance "
                          "sets it: give one of them")
+
+
+def _check_grad_reduce(setup: Setup, stack: _stacks.Stack) -> None:
+    """--grad-reduce-in-bf16: a stack whose grad buffer has the option ([grad_buffer] param_dtype_option), under the
+    one precision whose buffer it changes (fp32 under --bf16; --fp16 and fp32 runs already reduce in the param
+    dtype)."""
+    if not stack.facts.get("grad_buffer", {}).get("param_dtype_option"):
+        runs = _stacks.running(lambda st: bool(st.facts.get("grad_buffer", {}).get("param_dtype_option")))
+        raise SetupError(f"--grad-reduce-in-bf16: --stack {stack.name} has no such option; use --stack "
+                         f"{' or '.join(runs)}, or drop it")
+    if setup.precision != "bf16-master":
+        raise SetupError(f"--grad-reduce-in-bf16 keeps --precision bf16-master's gradients in bf16; under --precision "
+                         f"{setup.precision} they already have the param dtype: drop it")
 
 
 def _runners(feature: str) -> str:

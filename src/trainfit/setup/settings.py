@@ -188,6 +188,12 @@ class Setup:
                         group="parallel")
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
                                       "over --tp ranks).", group="parallel")
+    grad_reduce_in_bf16: bool = setting(False, "Megatron's --grad-reduce-in-bf16 (Megatron-Bridge's "
+                                        "ddp.grad_reduce_in_fp32 = False, as its performance recipes set it): "
+                                        "gradients accumulated and reduced in the bf16 param dtype instead of the "
+                                        "fp32 main-grad buffer --bf16 otherwise keeps; the distributed optimizer "
+                                        "then steps fp32 copies of its shard of them. --stack megatron, --precision "
+                                        "bf16-master.", modes=("train",), group="step")
     stack: str = setting("hf", "Training stack whose step is modelled: hf (HF Trainer/accelerate: torch.autocast, "
                          "fused AdamW, HF RMSNorm in fp32), torchtitan (FSDP2 mixed precision: bf16 all-gather and "
                          "fp32 reduce; fused AdamW; per-op SAC), megatron (Megatron-Core: 16-bit weights, fp32 "

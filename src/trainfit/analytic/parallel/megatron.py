@@ -40,8 +40,11 @@ def bytes_per_param(setup: Setup) -> dict:
     low = setup.precision in ("bf16-master", "fp16-master")
     weight = 2 if low else FP32
     # Megatron-LM: --bf16 sets accumulate_allreduce_grads_in_fp32 (grad_reduce_in_fp32); --fp16 keeps the param
-    # dtype (DistributedDataParallelConfig.grad_reduce_in_fp32 = False: distributed_data_parallel_config.py:11)
-    grad = FP32 if setup.precision in setup.stack_facts.fact("grad_buffer", "fp32_under") else 2
+    # dtype (DistributedDataParallelConfig.grad_reduce_in_fp32 = False: distributed_data_parallel_config.py:11);
+    # --grad-reduce-in-bf16 turns it off under --bf16 (stacks/megatron.toml [grad_buffer] param_dtype_option)
+    fp32 = setup.precision in setup.stack_facts.fact("grad_buffer", "fp32_under") and not setup.grad_reduce_in_bf16
+    grad = FP32 if fp32 else 2
+    # the fp32 main-grad copies of 16-bit grads live in the optimizer step only (grad_copy_bytes)
     master = (FP32 if low else 0) + (FP32 if grad == 2 else 0)
     optimizer = {"adam": 2 * FP32, "adamw": 2 * FP32, "momentum": FP32, "sgd": 0}[setup.optimizer]
     return {"weights": weight, "gradients": grad, "master": master, "optimizer": optimizer}
@@ -117,6 +120,20 @@ def largest_param(spec: ModelSpec, setup: Setup, stage: Stage) -> float:
     if stage.embedding or stage.head:
         sizes.append(spec.vocab * h / t)
     return max(sizes)
+
+
+def grad_copy_bytes(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> float:
+    """The part of `master` that is the fp32 copies of a 16-bit grad buffer's shard (distrib_optimizer.py:2419
+    `shard_main_param.grad = shard_model_grad.float()`; optimizer.py:759 without the distributed optimizer), made by
+    the optimizer step and set to None by the next step's optimizer.zero_grad() before its forward (Megatron-LM
+    core_v0.16.1 megatron/training/training.py:1619; distrib_optimizer.py:2286-2298 -> optimizer.py:57-68
+    _zero_grad_group_helper, set_to_none): alive in the optimizer phase only. None under Megatron-FSDP (its master
+    excludes them: fsdp_model_states)."""
+    b = bytes_per_param(setup)
+    if setup.zero >= 2 or b["gradients"] != 2 or b["master"] < 2 * FP32:
+        return 0.0
+    dense, expert = rank_params(spec, pc, setup, stage)
+    return (dense / shards(setup) + expert / shards(setup, expert=True)) * FP32
 
 
 def megatron_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> ModelStates:
