@@ -240,7 +240,11 @@ def adjust_step(step, spec: ModelSpec, setup: Setup, st: StateBytes, stage):
 
 
 def notes(spec: ModelSpec, setup: Setup) -> list[str]:
-    """What --compile changed in the estimate, and in which direction it may be off."""
+    """What --compile (or --compile-loss) changed in the estimate, and in which direction it may be off."""
+    if setup.compile_loss:
+        return ["compile-loss: the loss compiled, the blocks eager — the logits and two fp32 row statistics saved "
+                "instead of the fp32 log-softmax, no fp32 copy, its backward one gradient in the logits' dtype (compiled_head); the "
+                "loss's kernels timed as eager's (NB: over-reads the loss's time)"]
     if not setup.compile:
         return []
     # any compiled step: inductor's generated code launches the kernels, not eager's per-op Python (step_time.py)
