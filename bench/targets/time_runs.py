@@ -705,7 +705,13 @@ RUNS: list[dict] = [
                "11,254-11,758 over steps 10-40. The job compiles the loss only (compile.components ['loss']: "
                "--compile-loss); per-op SAC stores the MoE layers' all-to-all outputs (deepseek_v3's "
                "save list at that commit too); attention is flex with a block-causal mask (modelled as flash); "
-               "routing is modelled balanced (the router is untrained at step 10: under-counts the busiest rank)."),
+               "routing is modelled balanced (the router is untrained at step 10: under-counts the busiest rank). "
+               "NB: at 99fee810b a flex model whose blocks are not compiled is not checkpointed block by block: "
+               "the MoE module alone runs per-op SAC and the attention full AC (distributed/activation_checkpoint.py:"
+               "147-218, the 16B flavor's use_flex_attn=True at models/deepseek_v3/__init__.py:102), where the "
+               "pinned 0.2.2 wraps the whole block (modelled): the q and wkv_b outputs and the attention output are "
+               "not stored, the norms' inputs and the two modules' inputs are (NB: over-counts ~6.2 KB per token "
+               "and layer, ~2.5 GiB here)."),
     *(_mpt(*r) for r in MPT_RUNS),
     _bert("V100-16GB", "amp-fp16", 16, 128, 919.04, "Pre-training NVIDIA DGX-1 With 16G"),
     _bert("V100-16GB", "amp-fp16", 4, 512, 194.56, "Pre-training NVIDIA DGX-1 With 16G"),
