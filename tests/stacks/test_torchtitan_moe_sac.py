@@ -72,3 +72,49 @@ def test_the_moe_module_stores_the_shared_experts_first_and_last_projections(mon
     # tensors (the per-expert counts, offsets: < 16 B per token here)
     expected = 2 * (h + h + sum(out for _, out in stored)) * B * S
     assert expected <= kept < expected + 16 * B * S
+
+
+def test_mla_stores_its_first_and_third_matmuls(monkeypatch):
+    """torchtitan 0.2.2's MLA (models/deepseek_v3/model/model.py Attention, q_lora_rank 0 as the 16B flavor) under
+    the same SAC: wq (1st) and wkv_b (3rd) are stored, wkv_a and wo recomputed. On CPU the attention kernel
+    (aten._scaled_dot_product_flash_attention_for_cpu) is not on the save list, so only the matmuls count."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchtitan")
+    from torchtitan.config import ActivationCheckpoint
+    from torchtitan.distributed.activation_checkpoint import _apply_op_sac
+    from torchtitan.models.deepseek_v3.infra.parallelize import _op_sac_save_list
+    from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
+    from torchtitan.models.deepseek_v3.model.model import Attention, precompute_freqs_cis
+
+    from trainfit.measure.cpu_peak import cpu_peak
+
+    spec = load_model("tiny-deepseek-v2")
+    m = spec.mla
+    h = spec.hidden
+    args = DeepSeekV3ModelArgs(dim=h, n_heads=spec.heads, q_lora_rank=0, kv_lora_rank=m.kv_lora_rank,
+                               qk_nope_head_dim=m.qk_nope_head_dim, qk_rope_head_dim=m.qk_rope_head_dim,
+                               v_head_dim=m.v_head_dim, max_seq_len=S, attn_type="sdpa")
+    torch.manual_seed(0)
+    attn = Attention(args).to(torch.bfloat16)
+    freqs = precompute_freqs_cis(args)
+    sac = _apply_op_sac(attn, ActivationCheckpoint(mode="selective", selective_ac_option="op"),
+                        base_fqn="attention", op_sac_save_list=_op_sac_save_list)
+    x = torch.randn(B, S, h, dtype=torch.bfloat16)
+    for _ in range(2):
+        sac(x.clone().requires_grad_(True), freqs, None).float().sum().backward()
+
+    def step(phase):
+        phase("forward")
+        inp = x.clone().requires_grad_(True)
+        out = sac(inp, freqs, None)
+        phase("forward_end")
+        del inp
+        out.float().sum().backward()
+
+    peak, _ = cpu_peak(step, 0)
+    kept = peak.live_at("forward_end") - peak.live_at("forward")
+    setup = Setup(stack="torchtitan", recompute="op", batch=B, seq=S, precision="bf16")
+    stored = [(name, out) for name, out, _, _ in op_sac_saved_matmuls(spec, setup) if name not in MOE_MATMULS]
+    assert [n for n, _ in stored] == ["q", "kv_b"]
+    expected = 2 * (h + h + sum(out for _, out in stored)) * B * S  # input, output, stored outputs (bf16)
+    assert expected <= kept < expected + 16 * B * S
