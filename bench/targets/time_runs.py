@@ -714,17 +714,23 @@ RUNS: list[dict] = [
       for n, tps in ((32, 10938), (64, 10753))),
     dict(id="tt-dsv3-16b-ep8-b4", source=f"{TT_DSV3_16B_OOM}, first log (local_batch_size 4, step 10)",
          gpu="H100-80GB", model="deepseek-v2-lite",
-         setup=dict(stack="torchtitan", batch=4, seq=4096, dp=8, zero=3, ep=8, recompute="op", precision="amp-bf16"),
+         setup=dict(stack="torchtitan", batch=4, seq=4096, dp=8, zero=3, ep=8, recompute="op", precision="amp-bf16",
+                    compile_loss=True),
          published=11636, unit="tokens/s/GPU", published_reserved_gib=73.32,
          notes="torchtitan main of 2025-10-02 (99fee810b), deepseek_v3_16b.toml (flavor 16B = DeepSeek-V2-Lite's "
                "shape: deepseek-v2-lite) with local_batch_size lowered (NB: to 4, the value the fix, PR #1792, then "
                "set for 80 GB H100s; the report's text does not restate it): FSDP 8, EP 8, ETP 1, per-op SAC, seq 4096; "
                "memory 73.32 GiB (92.70%) = torchtitan's max_reserved from step 10 to 40 (58.28 GiB at step 1), tps "
-               "11,254-11,758 over steps 10-40. NB: the job compiles the loss only (compile.components ['loss']), which "
-               "--compile (blocks + loss) does not express: run eager (the fp32 logits the compiled loss fuses away "
-               "are counted: over-counts memory); per-op SAC stores the MoE layers' all-to-all outputs (deepseek_v3's "
+               "11,254-11,758 over steps 10-40. The job compiles the loss only (compile.components ['loss']: "
+               "--compile-loss); per-op SAC stores the MoE layers' all-to-all outputs (deepseek_v3's "
                "save list at that commit too); attention is flex with a block-causal mask (modelled as flash); "
-               "routing is modelled balanced (the router is untrained at step 10: under-counts the busiest rank)."),
+               "routing is modelled balanced (the router is untrained at step 10: under-counts the busiest rank). "
+               "NB: at 99fee810b a flex model whose blocks are not compiled is not checkpointed block by block: "
+               "the MoE module alone runs per-op SAC and the attention full AC (distributed/activation_checkpoint.py:"
+               "147-218, the 16B flavor's use_flex_attn=True at models/deepseek_v3/__init__.py:102), where the "
+               "pinned 0.2.2 wraps the whole block (modelled): the q and wkv_b outputs and the attention output are "
+               "not stored, the norms' inputs and the two modules' inputs are (NB: over-counts ~6.2 KB per token "
+               "and layer, ~2.5 GiB here)."),
     *(_mpt(*r) for r in MPT_RUNS),
     _bert("V100-16GB", "amp-fp16", 16, 128, 919.04, "Pre-training NVIDIA DGX-1 With 16G"),
     _bert("V100-16GB", "amp-fp16", 4, 512, 194.56, "Pre-training NVIDIA DGX-1 With 16G"),

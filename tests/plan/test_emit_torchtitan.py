@@ -272,3 +272,17 @@ def test_low_precision_recipes_reach_torchtitans_converters(titan, tmp_path, kw,
         filtered = [f"layers.{i}.attention.wq" for i in range(32) if any(f in f"layers.{i}.attention.wq"
                                                                          for f in q.filter_fqns)]
         assert len(filtered) == kw.get("bf16_first_layers", 0) + kw.get("bf16_last_layers", 0)
+
+
+def test_compile_loss_reaches_torchtitans_compile_components(titan, tmp_path):
+    """--compile-loss as torchtitan 0.2.2 reads it back (the TOML and the torchrun line): compile enabled with the
+    loss as its only component, so the blocks run eager (models/llama3/infra/parallelize.py:107-109) and the loss is
+    compiled (components/loss.py:33-35)."""
+    spec = load_spec("llama-3.1-8b")
+    s = Setup(batch=1, seq=8192, stack="torchtitan", recompute="op", dp=8, zero=3, compile_loss=True)
+    path = tmp_path / "job.toml"
+    path.write_text(emit.emit("torchtitan", s, spec, 8, tokens=1e9))
+    line = emit.emit("torchrun", s, spec, 8, tokens=1e9)
+    args = shlex.split(line.replace("\\\n", " "))
+    for cfg in (parse(titan, ["--job.config_file", str(path)]), parse(titan, args[args.index("torchtitan.train") + 1:])):
+        assert cfg.compile.enable is True and list(cfg.compile.components) == ["loss"]

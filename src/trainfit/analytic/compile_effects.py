@@ -179,8 +179,11 @@ def compiled_head(spec: ModelSpec, setup: Setup, st: StateBytes, head: HeadBytes
 
 
 def loss_compiled(spec: ModelSpec, setup: Setup) -> bool:
-    """Whether the step's cross-entropy runs compiled (compiled_head): --compile on a modelled block and a stack
-    whose compile takes the loss ([compile] loss; a whole-model compile, HF's, has it inside the model)."""
+    """Whether the step's cross-entropy runs compiled (compiled_head): --compile-loss, or --compile on a modelled
+    block and a stack whose compile takes the loss ([compile] loss; a whole-model compile, HF's, has it inside the
+    model)."""
+    if setup.compile_loss:  # the loss alone (torchtitan compile.components ['loss']: setup/rules.py checks the stack)
+        return True
     return (setup.compile and not not_modelled(spec, setup)
             and bool(setup.stack_facts.facts["compile"].get("loss", True)))
 
@@ -188,8 +191,8 @@ def loss_compiled(spec: ModelSpec, setup: Setup) -> bool:
 def apply(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, lm, head: HeadBytes, lm_full=None):
     """memory.py's hook: one layer's (and, for layer:N, the checkpointed layer's `lm_full`) and the head's bytes of
     a compiled step (eager's where not modelled)."""
-    if not setup.compile or not_modelled(spec, setup):
-        return lm, lm_full, head
+    if not setup.compile or not_modelled(spec, setup):  # eager blocks; the loss compiled alone under --compile-loss
+        return lm, lm_full, compiled_head(spec, setup, st, head, tokens) if loss_compiled(spec, setup) else head
     every = setup.recompute.startswith("layer:")
     lm = compiled_layer(spec, setup, st, lm, tokens, "none" if every else None)
     lm_full = compiled_layer(spec, setup, st, lm_full, tokens, "full") if lm_full is not None else None
@@ -237,7 +240,11 @@ def adjust_step(step, spec: ModelSpec, setup: Setup, st: StateBytes, stage):
 
 
 def notes(spec: ModelSpec, setup: Setup) -> list[str]:
-    """What --compile changed in the estimate, and in which direction it may be off."""
+    """What --compile (or --compile-loss) changed in the estimate, and in which direction it may be off."""
+    if setup.compile_loss:
+        return ["compile-loss: the loss compiled, the blocks eager — the logits and two fp32 row statistics saved "
+                "instead of the fp32 log-softmax, no fp32 copy, its backward one gradient in the logits' dtype (compiled_head); the "
+                "loss's kernels timed as eager's (NB: over-reads the loss's time)"]
     if not setup.compile:
         return []
     # any compiled step: inductor's generated code launches the kernels, not eager's per-op Python (step_time.py)

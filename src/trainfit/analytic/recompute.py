@@ -182,12 +182,26 @@ def block_matmuls(spec: ModelSpec) -> list[tuple[str, int, int, bool]]:
         if not bias:
             mms.append((name, out, inp, column))
 
-    if traits["fused_qkv"]:
+    if spec.mla is not None:
+        # MLA in forward order (torchtitan 0.2.2 models/deepseek_v3/model/model.py:273-323: wq or wq_a -> q_norm ->
+        # wq_b, wkv_a, kv_norm -> wkv_b, wo; transformers' DeepseekV3Attention the same). wq_a and wkv_a are
+        # replicated under TP (infra/parallelize.py:271, 292 NoParallel): full outputs, like a row-parallel sum
+        m, n = spec.mla, spec.heads
+        if m.q_lora_rank:
+            linear("q_a", m.q_lora_rank, h, False, column=False)
+            linear("q_b", n * m.qk_head_dim, m.q_lora_rank, False)
+        else:
+            linear("q", n * m.qk_head_dim, h, False)
+        linear("kv_a", m.kv_lora_rank + m.qk_rope_head_dim, h, False, column=False)
+        linear("kv_b", n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, False)
+        linear("o", h, n * m.v_head_dim, False, column=False)
+    elif traits["fused_qkv"]:
         linear("qkv", spec.q_dim + 2 * spec.kv_dim, h, spec.qkv_bias)
     else:
         for name, out in (("q", spec.q_dim), ("k", spec.kv_dim), ("v", spec.kv_dim)):
             linear(name, out, h, spec.qkv_bias)
-    linear("o", h, spec.q_dim, spec.out_bias, column=False)
+    if spec.mla is None:
+        linear("o", h, spec.q_dim, spec.out_bias, column=False)
     if spec.moe is not None:
         m = spec.moe
         linear("router", m.num_experts, h, False, column=False)
@@ -213,11 +227,13 @@ def block_matmuls(spec: ModelSpec) -> list[tuple[str, int, int, bool]]:
 def op_sac_saved_matmuls(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, bool]]:
     """The matmuls whose outputs per-op SAC stores: every aten.mm of the block but each second one
     (torchtitan/distributed/activation_checkpoint.py:110-116: `mm_count % 2 == 0` -> recompute, counting from 1,
-    afresh for each block's forward: the policy's `meta` is made per checkpoint call, :126-128)."""
+    afresh for each block's forward: the policy's `meta` is made per checkpoint call, :126-128), less those the
+    stack forces to recompute before counting ([op_sac] force_recompute: torchtitan's MoE router gate)."""
     stack = setup.stack_facts
     if "mm" not in stack.fact("op_sac", "save"):
         return []
-    mms = block_matmuls(spec)
+    forced = stack.facts["op_sac"].get("force_recompute", ())
+    mms = [mm for mm in block_matmuls(spec) if mm[0] not in forced]
     if not stack.fact("op_sac", "every_second_mm_recomputed"):
         return mms
     return [mm for n, mm in enumerate(mms, start=1) if n % 2 == 1]
@@ -247,7 +263,10 @@ def op_sac_stored(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     stored = st.residual * h / sp + a * sac_mm_share(spec, setup) * sum(
         out / (t if column else 1) for _, out, _, column in op_sac_saved_matmuls(spec, setup))
     if op_sac_stores_sdpa(spec, setup):
-        stored += (a * spec.q_dim + FP32 * spec.heads) / t
+        # the attention output is heads x the value head width: q_dim, or MLA's v_head_dim per head (torchtitan
+        # models/deepseek_v3/model/model.py:322)
+        out = spec.heads * spec.mla.v_head_dim if spec.mla is not None else spec.q_dim
+        stored += (a * out + FP32 * spec.heads) / t
     return stored * tokens
 
 

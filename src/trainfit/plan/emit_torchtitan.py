@@ -142,8 +142,10 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
         "training": training,
         "parallelism": parallelism,
         "activation_checkpoint": ac,
-        # torch.compile as the plan models it (analytic/compile_effects.py): per block and the loss
-        "compile": {"enable": bool(getattr(s, "compile", False))},
+        # torch.compile as the plan models it (analytic/compile_effects.py): per block and the loss, or
+        # (--compile-loss) the loss alone
+        "compile": ({"enable": True, "components": ["loss"]} if getattr(s, "compile_loss", False)
+                    else {"enable": bool(getattr(s, "compile", False))}),
         **quantize_sections(s, spec),
     }
     if out["model"] is None and "quantize_converter" in out:
@@ -205,6 +207,7 @@ TORCHTITAN_KEYS = {
     "activation_checkpoint.mode": "config/job_config.py:652; distributed/activation_checkpoint.py:159-191",
     "activation_checkpoint.selective_ac_option": "config/job_config.py:655; distributed/activation_checkpoint.py:27-50 (every N-th block), 52-137 (op: per-op SAC)",
     "compile.enable": "config/job_config.py:722",
+    "compile.components": "config/job_config.py:725; components/loss.py:33-35 (the loss compiled when listed)",
     "model.converters": "config/job_config.py:118; components/quantization/float8.py:238, mx.py:171 (the converters' names)",
     "quantize.linear.float8.enable_fsdp_float8_all_gather": "config/job_config.py:732; components/quantization/float8.py:87-94",
     "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": "config/job_config.py:735; components/quantization/float8.py:95-99,162-173",

@@ -125,6 +125,7 @@ def validate(setup: Setup) -> None:
     why = stack.splits_model(setup.tp, setup.pp) or (setup.compile and stack.compiles())
     if why:  # (--sequence-parallel needs --tp > 1: refused above)
         raise SetupError(why)
+    _check_compile_loss(setup, stack)
     _check_low_precision(setup, stack)
     _check_moe_routing(setup, stack)
     if setup.grad_reduce_in_bf16:
@@ -293,6 +294,22 @@ def _validate_rl(setup: Setup) -> None:
         if setup.kv_dtype in ("fp32", "int8"):
             raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of "
                              "those")
+
+
+def _check_compile_loss(setup, stack) -> None:
+    """--compile-loss: a stack whose compile takes the loss as its own component ([compile] loss_only), in a
+    release that compiles the loss ([compile] loss), and not beside --compile, which compiles it already."""
+    if not setup.compile_loss:
+        return
+    if not stack.facts["compile"].get("loss_only"):
+        raise SetupError(f"--compile-loss: --stack {stack.name} has no loss-only compile (its compile, where it has "
+                         "one, takes the whole model or nothing): drop --compile-loss")
+    if not stack.facts["compile"].get("loss", True):
+        raise SetupError(f"--compile-loss: --stack {stack.name} at this --stack-release runs its loss eager (it "
+                         "could not compile it): drop --compile-loss")
+    if setup.compile:
+        raise SetupError(f"--compile-loss with --compile: --stack {stack.name}'s --compile compiles the loss too; "
+                         "drop --compile-loss")
 
 
 def _check_low_precision(setup, stack) -> None:

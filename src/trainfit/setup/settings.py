@@ -212,6 +212,11 @@ class Setup:
                             "block and the loss, the HF Trainer's torch_compile the whole model. Its partitioner saves "
                             "matmul/attention outputs and recomputes pointwise chains in backward (modelled for "
                             "Llama-style blocks and the loss).", modes=("train",), group="step")
+    compile_loss: bool = setting(False, "torch.compile the loss only, the blocks eager: torchtitan's compile.enable "
+                                 "with compile.components = ['loss'] (config/job_config.py:721-727). The compiled "
+                                 "cross-entropy fuses the fp32 upcast and log-softmax: no fp32 logits are saved. "
+                                 "--compile already compiles the loss on stacks that do.", modes=("train",),
+                                 group="step")
     tf32: bool = setting(False, "fp32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32 = True, "
                          "HF TrainingArguments tf32=True). Off is PyTorch's default: fp32 matmuls then run at the GPU's "
                          "fp32 rate, 7x slower than TF32 on an H100. Time only; --precision fp32.", group="step")
