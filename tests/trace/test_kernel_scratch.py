@@ -76,7 +76,8 @@ def _mats(dtype):
     ]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+# (fp32 in the heavy tier: its matmuls take MKL, not oneDNN, on every CPU; bf16 is the ISA-dependent one)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float32, marks=pytest.mark.heavy)], ids=str)
 def test_probe_of_matmuls_equals_a_real_run(dtype):
     # On an AVX2 CPU (or with ONEDNN_MAX_CPU_ISA=AVX2) bf16 matmuls allocate nothing through c10 except layout
     # copies; on AVX512/AMX CPUs oneDNN's reorders and scratchpad. Either way the probe must read what a real
