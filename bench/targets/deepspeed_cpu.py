@@ -153,28 +153,35 @@ def _clip_ops(prof) -> dict:
             for kind, names in (("norms", NORM_OPS), ("casts", CAST_OPS))}
 
 
-def clip_probe(spec, setup, timeout: int = 600) -> list[dict]:
-    """Per rank {live_at_clip, clip_peak, norm: {tensors, elements, largest, dtype}}: the clip's norm in DeepSpeed's
-    own step on setup.dp CPU ranks (clip_worker)."""
+def rank_job(module: str, flag: str, job: dict, ranks: int, what: str, timeout: int = 600) -> list[dict]:
+    """Run `python -m MODULE FLAG job.pkl` on `ranks` CPU ranks (torch.distributed.run, standalone): `job` (a dict
+    the worker reads, with "dir": where each rank writes its rank*.json) pickled; the ranks' JSON, or one line of
+    what failed."""
     import json
     import pickle
     import subprocess
     import sys
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="trainfit-ds-clip-") as d:
-        job = os.path.join(d, "job.pkl")
-        with open(job, "wb") as f:
-            pickle.dump({"spec": spec, "setup": setup, "dir": d}, f)
+    with tempfile.TemporaryDirectory(prefix=f"trainfit-ds-{what}-") as d:
+        path = os.path.join(d, "job.pkl")
+        with open(path, "wb") as f:
+            pickle.dump({**job, "dir": d}, f)
         env = child_env({**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"})
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(setup.dp), "--standalone",
-               "-m", __spec__.name, "--clip-worker", job]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone",
+               "-m", module, flag, path]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         files = sorted(x for x in os.listdir(d) if x.startswith("rank") and x.endswith(".json"))
-        if p.returncode != 0 or len(files) != setup.dp:
+        if p.returncode != 0 or len(files) != ranks:
             lines = [ln for ln in (p.stdout + p.stderr).splitlines() if "Error" in ln]
-            raise RuntimeError(f"deepspeed clip probe failed (rc {p.returncode}): {(lines or ['no output'])[-1]}")
+            raise RuntimeError(f"deepspeed {what} probe failed (rc {p.returncode}): {(lines or ['no output'])[-1]}")
         return [json.load(open(os.path.join(d, x))) for x in files]
+
+
+def clip_probe(spec, setup, timeout: int = 600) -> list[dict]:
+    """Per rank {live_at_clip, clip_peak, norm: {tensors, elements, largest, dtype}}: the clip's norm in DeepSpeed's
+    own step on setup.dp CPU ranks (clip_worker)."""
+    return rank_job(__spec__.name, "--clip-worker", {"spec": spec, "setup": setup}, setup.dp, "clip", timeout)
 
 
 def clip_row(spec, setup) -> str:

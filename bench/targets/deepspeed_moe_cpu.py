@@ -20,12 +20,9 @@ import argparse
 import json
 import os
 import pickle
-import subprocess
-import sys
-import tempfile
 
-from bench import child_env
 from bench.data import results_dir
+from bench.targets.deepspeed_cpu import rank_job
 
 ABOUT = {"summary": "--stack deepspeed ZeRO-3 on an MoE model: gathered parameters vs DeepSpeed's coordinator",
          "minutes": 2, "quick": None}
@@ -85,19 +82,8 @@ def gather_worker(job_path: str) -> None:
 def gather_probe(spec, setup, knobs: dict | None = None, timeout: int = 600) -> list[dict]:
     """Per rank {gathered_max, at, leaf, held: the (name, elements) gathered at that moment}: gather_worker on
     setup.dp CPU ranks."""
-    with tempfile.TemporaryDirectory(prefix="trainfit-ds-moe-") as d:
-        job = os.path.join(d, "job.pkl")
-        with open(job, "wb") as f:
-            pickle.dump({"spec": spec, "setup": setup, "knobs": knobs or {}, "dir": d}, f)
-        env = child_env({**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"})
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(setup.dp), "--standalone",
-               "-m", __spec__.name, "--gather-worker", job]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        files = sorted(x for x in os.listdir(d) if x.startswith("rank") and x.endswith(".json"))
-        if p.returncode != 0 or len(files) != setup.dp:
-            lines = [ln for ln in (p.stdout + p.stderr).splitlines() if "Error" in ln]
-            raise RuntimeError(f"deepspeed gather probe failed (rc {p.returncode}): {(lines or ['no output'])[-1]}")
-        return [json.load(open(os.path.join(d, x))) for x in files]
+    return rank_job(__spec__.name, "--gather-worker", {"spec": spec, "setup": setup, "knobs": knobs or {}},
+                    setup.dp, "gather", timeout)
 
 
 # (knobs, leaf MoE blocks): DeepSpeed's defaults, then knobs scaled to a tiny model (elements; persistence 1000 makes

@@ -47,17 +47,21 @@ def check_recompute(v: str) -> None:
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
+def _named(v: str, allowed: tuple[str, ...], flag: str, what: str, example: str) -> tuple[str, ...]:
+    """The comma-separated names of `flag`'s value, each one of `allowed` and named once (one line otherwise)."""
+    names = tuple(n.strip() for n in v.split(",") if n.strip())
+    bad = [n for n in names if n not in allowed]
+    if not names or bad:
+        raise SetupError(f"{flag} {v!r}: {', '.join(bad) or f'no {what} named'} is not a {what}; choose from "
+                         f"{', '.join(allowed)} (comma-separated, e.g. {example})")
+    if len(set(names)) != len(names):
+        raise SetupError(f"{flag} {v!r} names a {what} twice; name each once")
+    return names
+
+
 def parse_recompute_modules(v: str) -> tuple[str, ...]:
     """The module names of --recompute-modules ("layernorm,moe_act"), checked against RECOMPUTE_MODULES."""
-    names = tuple(n.strip() for n in v.split(",") if n.strip())
-    bad = [n for n in names if n not in RECOMPUTE_MODULES]
-    if not names or bad:
-        raise SetupError(f"--recompute-modules {v!r}: {', '.join(bad) or 'no module named'} is not a Megatron "
-                         f"recompute module; choose from {', '.join(RECOMPUTE_MODULES)} (comma-separated, e.g. "
-                         "layernorm,moe_act)")
-    if len(set(names)) != len(names):
-        raise SetupError(f"--recompute-modules {v!r} names a module twice; name each once")
-    return names
+    return _named(v, RECOMPUTE_MODULES, "--recompute-modules", "Megatron recompute module", "layernorm,moe_act")
 
 
 def check_recompute_modules(v: str) -> None:
@@ -74,14 +78,7 @@ CUDA_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
 def parse_cuda_graph_scope(v: str) -> tuple[str, ...]:
     """The scopes of --cuda-graph-scope ("moe_router,moe_preprocess"), checked against CUDA_GRAPH_SCOPES and
     Megatron's own rule (transformer_config.py:1747-1750: moe_preprocess only with moe_router)."""
-    names = tuple(n.strip() for n in v.split(",") if n.strip())
-    bad = [n for n in names if n not in CUDA_GRAPH_SCOPES]
-    if not names or bad:
-        raise SetupError(f"--cuda-graph-scope {v!r}: {', '.join(bad) or 'no scope named'} is not a modelled CUDA graph "
-                         f"scope; choose from {', '.join(CUDA_GRAPH_SCOPES)} (comma-separated, e.g. "
-                         "moe_router,moe_preprocess)")
-    if len(set(names)) != len(names):
-        raise SetupError(f"--cuda-graph-scope {v!r} names a scope twice; name each once")
+    names = _named(v, CUDA_GRAPH_SCOPES, "--cuda-graph-scope", "modelled CUDA graph scope", "moe_router,moe_preprocess")
     if "moe_preprocess" in names and "moe_router" not in names:
         raise SetupError(f"--cuda-graph-scope {v!r}: Megatron graphs moe_preprocess only with moe_router "
                          "(transformer_config.py:1747-1750); add moe_router")
