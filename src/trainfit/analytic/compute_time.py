@@ -180,21 +180,37 @@ def _layer_lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bo
 _LAYERS: dict = {}
 
 
+def _memo(cache: dict, key, make):
+    """cache[key], made by make() the first time; the cache emptied when it reaches _CACHE_MAX entries."""
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        hit = cache[key] = make()
+    return hit
+
+
+def _prepared(sh: Shape):
+    """What the op lists go through before they are timed: inductor's fusion under --compile (ops.compiled)."""
+    return compiled if sh.compile else (lambda ops: ops)
+
+
 def _timed_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, linear: bool, block: str):
     """(forward list, its time, the backward's time, the attention core's forward seconds, the forward's stall
     between the dispatcher's syncs, the same under combined 1F1B, the compute beside each of its EP exchanges there
     (host_queue.combined_phases), the eager forward the recompute re-runs) of one layer of a kind: memoised on what
     the lists read — the layer's Shape (micro-batch, sequence, tp, sp, cp, ep, dtypes, kernels, recipe:
     ops/shape.py), the kind, the combined 1F1B schedule, Megatron's CUDA graph scope, and with LoRA the setup's
-    adapters (the setup itself) — so one entry serves
-    every recompute policy (only stage_compute's recompute list reads it), ZeRO stage, dp and pipeline layout of a
-    shape."""
+    adapters (the setup itself) — so one entry serves every recompute policy (only stage_compute's recompute list
+    reads it), ZeRO stage, dp and pipeline layout of a shape."""
     key = ("layer", spec, gpu, sh, moe, linear, block, combined_1f1b(setup), getattr(setup, "cuda_graph_scope", None),
            op_list_setup(setup, recompute=True) if setup.lora_rank else None)
-    hit = _LAYERS.get(key)
-    if hit is not None:
-        return hit
-    prep = compiled if sh.compile else (lambda ops: ops)
+    return _memo(_LAYERS, key, lambda: _time_layer(spec, setup, gpu, sh, moe, linear, block))
+
+
+def _time_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, linear: bool, block: str):
+    """_timed_layer's tuple, computed."""
+    prep = _prepared(sh)
     fwd, bwd, eager = _layer_lists(spec, setup, sh, moe, linear, block)
     tf, tb = time_ops(gpu, prep(fwd)), time_ops(gpu, prep(bwd))
     attn = time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
@@ -207,10 +223,7 @@ def _timed_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, 
             bs = [time_ops(gpu, [o]).seconds for o in bwd]
             both = combined_stall(fwd, fs, bwd, bs, h)
             phases = combined_phases(fwd, fs, bwd, bs)
-    if len(_LAYERS) >= _CACHE_MAX:
-        _LAYERS.clear()
-    hit = _LAYERS[key] = (fwd, tf, tb, attn, stall, both, phases, eager)
-    return hit
+    return fwd, tf, tb, attn, stall, both, phases, eager
 
 
 def _timed_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[ListTime, ListTime, ListTime, ListTime]:
@@ -218,10 +231,12 @@ def _timed_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[Lis
     _timed_layer is, on what they read (the Shape, a head tied on the embedding's stage, LoRA's frozen weights, the
     loss)."""
     key = ("ends", spec, gpu, sh, setup.pp == 1, setup.lora_rank, getattr(setup, "loss", "full"))
-    hit = _LAYERS.get(key)
-    if hit is not None:
-        return hit
-    prep = compiled if sh.compile else (lambda ops: ops)
+    return _memo(_LAYERS, key, lambda: _time_ends(spec, setup, gpu, sh))
+
+
+def _time_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[ListTime, ListTime, ListTime, ListTime]:
+    """_timed_ends' tuple, computed."""
+    prep = _prepared(sh)
     ef = embedding_forward(spec, sh)
     # a tied LM head on the same stage sends the table a second gradient (ops.embedding_backward `tied`)
     tied = spec.tied_embeddings and setup.pp == 1
@@ -237,10 +252,7 @@ def _timed_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[Lis
         if setup.lora_rank:  # a frozen LM head: no weight gradient
             hf = lora_ops.frozen(hf)
         head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
-    if len(_LAYERS) >= _CACHE_MAX:
-        _LAYERS.clear()
-    hit = _LAYERS[key] = (emb_f, emb_b, head_f, head_b)
-    return hit
+    return emb_f, emb_b, head_f, head_b
 
 
 def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool, str]]:
@@ -265,7 +277,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
         from .encoder_decoder_time import stage_compute as encdec_stage_compute
         return encdec_stage_compute(spec, setup, gpu, st)
     sh = shape_of(spec, setup, st, compute_dtype(setup))
-    prep = compiled if sh.compile else (lambda ops: ops)
+    prep = _prepared(sh)
     def layer_times(sh: Shape):
         lf = lb = lr = ListTime()
         attn = stall = both = 0.0
@@ -362,12 +374,7 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     the formulas never read the raw config) and the setup's every setting but NOT_IN_OP_LISTS, so no input is left
     out of the key."""
     key = (spec, op_list_setup(setup), gpu, st, layers)
-    hit = _CACHE.get(key)
-    if hit is None:
-        if len(_CACHE) >= _CACHE_MAX:
-            _CACHE.clear()
-        hit = _CACHE[key] = stage_compute(spec, setup, gpu, st, pc, layers)
-    return hit
+    return _memo(_CACHE, key, lambda: stage_compute(spec, setup, gpu, st, pc, layers))
 
 
 # torch/optim/adam.py _multi_tensor_adam with capturable off (torch 2.13's lines): each op one multi_tensor_apply

@@ -164,7 +164,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     (its tensor-parallel shard of its pipeline stage), whose gradients and weights the DP group exchanges.
     `efficiency`: None = the roofline-timed op list; a fraction of the dense peak = the flat override."""
     b, s, m = setup.batch, setup.seq, setup.grad_accum
-    t, p, d, cp = setup.tp, setup.pp, setup.dp, setup.cp
+    p, d, cp = setup.pp, setup.dp, setup.cp
     v = virtual_stages or setup.vpp
     # fp16-master computes in fp16: V100/T4 fp16 tensor cores (timing.compute_dtype, hardware.GPU.flops_for)
     dense_peak = gpu.flops_for(compute_dtype(setup))
@@ -215,12 +215,10 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     # torchao's CPUOffloadOptimizer: gradients to the host, AdamW on the CPU, parameters back (torchao_optim.py)
     host += torchao_optim.offload_seconds(spec, setup, kernels_for(gpu).host_link, c.backward + c.recompute, m)
     step = m * t_mb + bubble + dp.once + opt + host
-    world = t * p * d * cp
+    world = setup.world_size
     issue = kernels = slowest = 0.0
     if efficiency is None:
-        # every collective waits for the slowest of the job's GPUs (stragglers.py): its GEMMs and attention run
-        # slower than the mean chip the kernel model times
-        slowest = m * (c.total.gemm + c.total.attention) * slowest_gpu_factor(world)
+        slowest = straggler_seconds(m, c.total, world)
         step += slowest
         # the host issues ahead while the GPU computes or waits (on the network, the pipeline): it is exposed only
         # where issuing takes longer than all of that
@@ -336,14 +334,20 @@ def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: Sta
     apart from step_time's terms: the planner leaves a relative margin for the rounding. `st`: the setup's state
     bytes where known. The planner skips the setups whose throughput at this bound cannot enter its ranking
     (plan/search.py)."""
-    m, world, st = setup.grad_accum, setup.tp * setup.pp * setup.dp * setup.cp, st or state_bytes(setup)
+    m, st = setup.grad_accum, st or state_bytes(setup)
     layers = split(spec.layers, setup.pp, setup.pp_split)
     sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
     c = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds
     t = c + sum(micro_batch_comm(spec, setup, Links.of(gpu), st, layers, setup.batch * setup.seq / setup.cp,
                                  setup.vpp, sc.attention_forward, c, sc.combined_phases))
-    straggler = m * (sc.total.gemm + sc.total.attention) * slowest_gpu_factor(world)
-    return m * t + bubble_seconds(setup.pp, setup.vpp, t) + straggler
+    return m * t + bubble_seconds(setup.pp, setup.vpp, t) + straggler_seconds(m, sc.total, setup.world_size)
+
+
+def straggler_seconds(m: int, total, world: int) -> float:
+    """What waiting for the slowest of the job's `world` GPUs adds to `m` micro-batches (stragglers.py): every
+    collective waits for it, and its GEMMs and attention (`total`: the micro-batch's compute_time.ListTime) run
+    slower than the mean chip the kernel model times."""
+    return m * (total.gemm + total.attention) * slowest_gpu_factor(world)
 
 
 def with_paged_migration(tm: StepTime, evicted: float, gpu: GPU) -> StepTime:
