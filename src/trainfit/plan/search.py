@@ -402,8 +402,9 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, fitting: list, 
         lay, zero, rec, prec, stack, modules = key
         # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
         # less recompute (Megatron's default modules first), then the stacks' order as given
-        rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), modules or "", q.precisions_for(stack).index(prec),
-                lay.pp, lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep, lay.etp or lay.tp, q.stacks.index(stack))
+        rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), modules or "",
+                q.precisions_for(stack).index(prec), lay.pp, lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep,
+                lay.etp or lay.tp, q.stacks.index(stack))
         if old is None or rank < old[0]:
             best[key] = (rank, (setup, tm))
             if key in top or len(top) < size:

@@ -23,9 +23,7 @@ def validate(setup: Setup) -> None:
     if setup.sequence_parallel and setup.tp == 1:
         raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
     stack = _stacks.get_stack(setup.stack, setup.stack_release)
-    # the ranks --zero shards over: dp, or the stack's own group (Megatron's distributed optimizer: dp × cp,
-    # stacks/megatron.toml [distributed_optimizer] shards)
-    shard_axes = stack.facts.get("distributed_optimizer", {}).get("shards", ["dp"])
+    shard_axes = stack.zero_shard_axes
     if setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes):
         raise SetupError(f"--zero shards states over data-parallel ranks ({' × '.join('--' + a for a in shard_axes)}"
                          f" on --stack {stack.name}): it needs --dp > 1" + (" or --cp > 1" if "cp" in shard_axes

@@ -68,6 +68,12 @@ class Stack:
         """Settings beyond dp/tp/pp/zero the stack runs (cp, ep, etp, vpp, pp_split, offload); [parallel] axes."""
         return tuple(self.facts.get("parallel", {}).get("axes", ()))
 
+    @property
+    def zero_shard_axes(self) -> tuple[str, ...]:
+        """The parallel axes whose ranks --zero shards the dense states over: dp, or the stack's own group
+        ([distributed_optimizer] shards: Megatron's dp × cp)."""
+        return tuple(self.facts.get("distributed_optimizer", {}).get("shards", ("dp",)))
+
     def axis_why_not(self, axis: str) -> str | None:
         """Why trainfit does not run `axis` on this stack though the stack has a form of it ([parallel.why_not]),
         None when the file says nothing."""

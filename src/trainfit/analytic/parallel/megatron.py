@@ -55,8 +55,7 @@ def shards(setup: Setup, expert: bool = False) -> int:
     [distributed_optimizer] shards: dp × cp), the expert data-parallel size for experts."""
     if setup.zero < 1:
         return 1
-    axes = setup.stack_facts.fact("distributed_optimizer", "shards")
-    return setup.expert_dp if expert else math.prod(getattr(setup, axis) for axis in axes)
+    return setup.expert_dp if expert else math.prod(getattr(setup, axis) for axis in setup.stack_facts.zero_shard_axes)
 
 
 def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> tuple[float, float]:
