@@ -18,8 +18,8 @@ def test_runs_are_well_formed():
         # a memory figure exactly where the metric is one, in GiB a GPU can hold
         assert (r.value is None) == (r.metric in ("ran", "oom")), r.id
         assert r.value is None or 0 < r.value < 200, r.id
-        # a pinned commit and a line
-        assert re.search(r"/blob/[0-9a-f]{40}/.+#L\d+", r.source), r.id
+        # a pinned commit and a line (or the page's numbered table)
+        assert re.search(r"/blob/[0-9a-f]{40}/.+#(L\d+|table-\d+)", r.source), r.id
         assert "gpu" in r.flags and r.flags.get("batch", 1) >= 1, r.id
 
 
