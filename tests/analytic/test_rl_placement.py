@@ -117,3 +117,15 @@ def test_trace_refuses_many_gpus_cli_exit_2():
     r = subprocess.run([sys.executable, "-m", "trainfit.cli", "estimate", "tiny-llama", "--mode", "rl", "--device",
                         "cpu", "--precision", "fp32", "--dp", "2", "--engine", "trace"], capture_output=True, text=True)
     assert r.returncode == 2 and "one process" in r.stderr + r.stdout
+
+
+def test_engine_without_kv_cache_refused():
+    # verl's rule (docs/perf/best_practices.rst:126): memory × gpu_memory_utilization × TP > 2 × parameters. 0.15 of
+    # an H100's 79.2 GiB is 11.9 GiB < qwen2.5-7b's 15.2 GB of bf16 weights: vLLM raises at start
+    with pytest.raises(SetupError, match="no KV cache"):
+        analytic(Request(model="qwen2.5-7b", mode="rl", gpu="H100-80GB", rollout="vllm",
+                         vllm_gpu_memory_utilization=0.15))
+    # TP 2 halves the weights per GPU (7.6 GB < 11.9 GiB): it starts
+    e = analytic(Request(model="qwen2.5-7b", mode="rl", gpu="H100-80GB", rollout="vllm", dp=2, zero=3,
+                         rollout_tp=2, vllm_gpu_memory_utilization=0.15))
+    assert e.detail.rl.serving.kv_blocks > 0

@@ -211,6 +211,15 @@ def vllm_rollout(spec: ModelSpec, setup: Setup, gpu) -> Rollout:
         raise SetupError("--rollout vllm sizes the colocated engine from the GPU's memory: add --gpu (see "
                          "`trainfit gpus`)")
     sv = serving.serve_memory(spec, vllm_setup(setup), gpu)
+    if sv.kv_blocks == 0:
+        # vLLM refuses to start without a KV block ("No available memory for the cache blocks. Try increasing
+        # `gpu_memory_utilization`": raise_if_cache_size_invalid, v1's _check_enough_kv_cache_memory; named, not
+        # pinned to a line: vLLM's repository is not mirrored here); verl's rule for it: docs/perf/best_practices.rst:126
+        from ..units import fmt_bytes
+        raise SetupError(f"--vllm-gpu-memory-utilization {setup.vllm_gpu_memory_utilization} leaves the vLLM engine "
+                         f"no KV cache: its {fmt_bytes(sv.requested)} per GPU hold {fmt_bytes(sv.weights)} of weights, "
+                         f"{fmt_bytes(sv.activations + sv.cuda_graphs)} of activations and CUDA graphs; raise it or "
+                         "--rollout-tp")
     engine = sv.weights + sv.activations + sv.cuda_graphs + sv.kv_pool
     sh = shape(setup)
     return Rollout(0, sv.kv_pool, int(engine), sv.weights,
