@@ -11,7 +11,7 @@ Two placements, as the frameworks name them:
              memory when actor/ref.fsdp_config.param_offload and optimizer_offload are set
              (_generated_ppo_trainer.yaml:30-31, 170-171; default false), and puts the vLLM engine to sleep
              (rollout.free_cache_engine, default true: rollout.yaml:47; sleep level 2 with vLLM >= 0.8.5:
-             verl/third_party/vllm/__init__.py:47-49; OpenRLHF's --vllm.enable_sleep sleeps at level 1:
+             verl/third_party/vllm/__init__.py:48-49; OpenRLHF's --vllm.enable_sleep sleeps at level 1:
              openrlhf/trainer/ray/vllm_engine.py:138). vLLM's sleep level 1 backs the weights up in CPU memory and
              discards the KV cache; level 2 discards both (docs.vllm.ai/en/latest/features/sleep_mode).
   split      OpenRLHF without --colocate_*: the actor, reference, reward model and critic each on their own group
