@@ -559,9 +559,12 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     needed = m.peak + fit_rule.required(spec, ts, p) - p.peak
     reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts)
     weights = p.weights + sum(o.resident for o in m.others if o.role != "critic") + m.rollout.engine_weights
-    memory = Memory(weights=int(weights + (critic.train.weights if critic else 0)), gradients=p.gradients,
-                    optimizer_states=int(p.optimizer + (critic.train.optimizer if critic else 0)),
-                    master_weights=int(p.master + (critic.train.master if critic else 0)),
+    co = critic  # the critic trained on the actor's GPUs
+    if setup.rl_placement == "split":  # the actor's GPUs hold the actor alone (the other groups': detail.rl)
+        weights, co = p.weights, None
+    memory = Memory(weights=int(weights + (co.train.weights if co else 0)), gradients=p.gradients,
+                    optimizer_states=int(p.optimizer + (co.train.optimizer if co else 0)),
+                    master_weights=int(p.master + (co.train.master if co else 0)),
                     activations=p.activations, temporaries=at.get("temporaries", 0), kv_cache=m.rollout.kv_cache,
                     peak=m.peak, peak_phase=m.peak_phase, phases=m.phases, at_peak=at, reserved=reserved,
                     device_total=device_total, overheads=beside, required=needed)
