@@ -129,3 +129,15 @@ def test_engine_without_kv_cache_refused():
     e = analytic(Request(model="qwen2.5-7b", mode="rl", gpu="H100-80GB", rollout="vllm", dp=2, zero=3,
                          rollout_tp=2, vllm_gpu_memory_utilization=0.15))
     assert e.detail.rl.serving.kv_blocks > 0
+
+
+def test_fsdp_generation_gathers_layers_by_hand():
+    # HF generation under --zero 3: TRL unshards the root only (summon_full_params(recurse=False)); each layer's
+    # forward all-gathers its parameters, the next prefetched: the root (embedding, final norm, untied head) and two
+    # layers, in FSDP2's bf16 param_dtype under amp-bf16. The rest of the phase is --zero 2's (no gather).
+    kw = dict(rollout="hf")
+    z3, z2 = _est(**kw), _est(zero=2, **kw)
+    gen2 = z2.memory.phases["generate"] - sum(z2.detail.rl.resident.values())
+    gen3 = z3.memory.phases["generate"] - sum(z3.detail.rl.resident.values())
+    root = 2 * 2000 * 256 + 256
+    assert gen3 - gen2 == (root + 2 * LAYER) * 2

@@ -109,14 +109,21 @@ def place(spec, setup, m, forwards: dict[str, int]) -> Placement:
         woken = {"weights": ew, "temporaries": graphs} if setup.vllm_sleep_level else whole
         parts[WEIGHT_SYNC] = _sum(policy_on, frozen_on, critic_on, woken,
                                   {"temporaries": largest_tensor(spec, setup)})
-    gen = {"kv_cache": roll.kv_cache, "temporaries": roll.generate - roll.kv_cache} if not roll.engine else {}
+    # --zero 3: an FSDP-wrapped model's no-grad forward all-gathers each layer's parameters in turn (the current
+    # and the prefetched layer, and the root's: memory.py's zero3_gathered_params); TRL's HF generation under FSDP
+    # unshards the root only (summon_full_params(recurse=False), trl/trainer/grpo_trainer.py:1852-1859,
+    # huggingface/trl f2cd5771), the layers gather in their forwards. NB: the reward model and critic counted
+    # without it (under by their own gathered layers)
+    unit = int(p.detail.get("zero3_gathered_params", 0)) if setup.zero == 3 else 0
+    gen = {"kv_cache": roll.kv_cache, "temporaries": roll.generate - roll.kv_cache + unit} if not roll.engine else {}
     parts[Phase.GENERATE.value] = _sum(policy_on, frozen_on, critic_on, whole, gen)
     if forwards:
         def scoring(role):  # compute_log_prob / compute_ref_log_prob load their own model
             mine = role == "policy" or (role == "reference" and bool(setup.lora_rank))
             return _sum(_states(p, mine or not setup.actor_param_offload, not setup.actor_optimizer_offload),
                         {"weights": (ref if role == "reference" or not setup.ref_param_offload else 0) + reward},
-                        critic_on, idle, {"inputs": buffers, "temporaries": forwards[role]})
+                        critic_on, idle, {"inputs": buffers,
+                                          "temporaries": forwards[role] + unit * (role in ("policy", "reference"))})
         parts[Phase.SCORE.value] = max((scoring(role) for role in forwards), key=lambda d: sum(d.values()))
     for name in PHASES:
         step = {k: v for k, v in p.at_peak.items()} if name == p.peak_phase else {"temporaries": p.phases[name]}
@@ -169,8 +176,9 @@ def _split(spec, setup, m, forwards, pw, po, ref, reward, critic, engine) -> Pla
                               key=lambda d: sum(d.values())),
              Phase.GENERATE.value: whole}
     if forwards:
-        parts[Phase.SCORE.value] = max((_sum(resident[role], {"inputs": buffers, "temporaries": f})
-                                        for role, f in forwards.items()), key=lambda d: sum(d.values()))
+        unit = int(p.detail.get("zero3_gathered_params", 0)) if setup.zero == 3 else 0  # (as colocated)
+        parts[Phase.SCORE.value] = max((_sum(resident[role], {"inputs": buffers, "temporaries": f + unit * (
+            role in ("policy", "reference"))}) for role, f in forwards.items()), key=lambda d: sum(d.values()))
     for name in PHASES:
         step = dict(p.at_peak) if name == p.peak_phase else {"temporaries": p.phases[name]}
         parts[name] = _sum(step, {"inputs": buffers})
