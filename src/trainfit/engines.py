@@ -38,6 +38,9 @@ def check_stack(setup: Setup, engine: str) -> None:
         if setup.lora_rank or setup.recompute != "none" or setup.precision not in ("fp32", "amp-bf16", "bf16"):
             raise SetupError(f"--engine {engine} --mode rl runs full fine-tuning without recompute in fp32, amp-bf16 "
                              "or bf16: drop --lora-rank/--recompute, or use --engine analytic")
+        if setup.dp > 1 or setup.zero or setup.rl_placement != "colocated":
+            raise SetupError(f"--engine {engine} --mode rl runs the step on one process: drop --dp/--zero/"
+                             "--rl-placement, or use --engine analytic")
         return
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "

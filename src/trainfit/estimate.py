@@ -33,6 +33,7 @@ class Phase(str, Enum):
     GENERATE = "generate"
     SCORE = "score"
     CRITIC_STEP = "critic_step"
+    WEIGHT_SYNC = "weight_sync"  # the switch to generation: the actor's weights into the rollout engine
 
 
 CATEGORY_NAMES = frozenset(c.value for c in Category)
@@ -222,6 +223,9 @@ class RLStep:
     # the rollout's own records: vLLM kv_tokens_needed (tokens of all completions); HF kv_bytes_per_token (bytes),
     # prefill_peak and decode_peak (bytes)
     rollout_records: dict = field(default_factory=dict)
+    # --dp GPUs (analytic/rl_placement.py): placement, groups (group -> GPUs), host_per_gpu and host_per_node
+    # (bytes offloaded), transfers (what -> bytes each way per GPU per step), sync_bytes; empty on TRL's one GPU
+    placement: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("serving", "rollout_records")}

@@ -92,7 +92,7 @@ def test_reward_model_in_its_checkpoint_dtype_with_one_output():
     (dict(critic_model="qwen2.5-0.5b"), "--critic-model"),
     (dict(grad_accum=3), "--grad-accum 3"),
     (dict(vllm_gpu_memory_utilization=0.5), "--rollout vllm"),
-    (dict(tp=2), "one GPU"),
+    (dict(tp=2), "--tp/--pp/--cp"),
     (dict(seq=100), "--seq does not apply"),
     (dict(rollout="vllm", device="cpu"), "GPU engine"),
 ])

@@ -11,7 +11,7 @@ from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
 from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, torchao_optim, vlm
-from . import nvfp4, torchao_recipes
+from . import nvfp4, rl_placement, torchao_recipes
 from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
@@ -549,7 +549,9 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     bwd = f.backward + (cf.backward if cf else 0)
     rec = f.recompute + (cf.recompute if cf else 0)
     flops = Flops(int(fwd), int(bwd), int(rec), int(fwd + bwd + rec), int(fwd + bwd), int(f.per_token))
-    at = _rl_at_peak(m)
+    hybrid = rl_placement.hybrid(setup)
+    pl = m.placement
+    at = dict(pl.parts[m.peak_phase]) if hybrid else _rl_at_peak(m)
     # the caching allocator: the policy's training step keeps its freed blocks cached (step_reserve) and needs its
     # unreleasable fragmentation (fit_rule.required) beside the step's peak; the other phases reserve and need
     # what they allocate (NB: their own freed blocks are not modelled: under)
@@ -557,9 +559,12 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     needed = m.peak + fit_rule.required(spec, ts, p) - p.peak
     reserved, device_total, beside, held = overheads.device_memory(m.peak + cached, gpu, ts)
     weights = p.weights + sum(o.resident for o in m.others if o.role != "critic") + m.rollout.engine_weights
-    memory = Memory(weights=int(weights + (critic.train.weights if critic else 0)), gradients=p.gradients,
-                    optimizer_states=int(p.optimizer + (critic.train.optimizer if critic else 0)),
-                    master_weights=int(p.master + (critic.train.master if critic else 0)),
+    co = critic  # the critic trained on the actor's GPUs
+    if setup.rl_placement == "split":  # the actor's GPUs hold the actor alone (the other groups': detail.rl)
+        weights, co = p.weights, None
+    memory = Memory(weights=int(weights + (co.train.weights if co else 0)), gradients=p.gradients,
+                    optimizer_states=int(p.optimizer + (co.train.optimizer if co else 0)),
+                    master_weights=int(p.master + (co.train.master if co else 0)),
                     activations=p.activations, temporaries=at.get("temporaries", 0), kv_cache=m.rollout.kv_cache,
                     peak=m.peak, peak_phase=m.peak_phase, phases=m.phases, at_peak=at, reserved=reserved,
                     device_total=device_total, overheads=beside, required=needed)
@@ -578,6 +583,8 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
             seconds["train"] = step_seconds(f.step, gpu, ts, mfu)
             if critic:
                 seconds[Phase.CRITIC_STEP.value] = step_seconds(cf.step, gpu, ts, mfu)
+        if hybrid:
+            seconds.update(rl_placement.seconds(pl, setup, gpu))
         secs = sum(seconds.values())
         fit = fit_rule.verdict(gpu, ts, needed, reserve)
         timing = Timing(gpu=gpu.name, mfu=flops.model_step / (secs * peak_flops), step_seconds=secs,
@@ -585,31 +592,45 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                         gpu_memory=gpu.memory, prefill_seconds=seconds[Phase.GENERATE.value],
                         decode_tokens_per_second=sh.completions * sh.completion_len / seconds[Phase.GENERATE.value])
     models = {"policy": spec.name, **{o.role: o.spec.name for o in m.others}}
+    placed = {}
+    if hybrid:
+        placed = {"placement": setup.rl_placement, "groups": pl.groups, "host_per_gpu": pl.host_per_gpu,
+                  "transfers": pl.transfers, "sync_bytes": pl.sync_bytes}
+        if gpu is not None:
+            placed["host_per_node"] = rl_placement.host_per_node(pl, gpu)
     rl_step = RLStep(algo=setup.rl_algo, rollout=setup.rollout, prompts=sh.prompts, completions=sh.completions,
                      micro_batch=sh.micro, grad_accum=sh.accum, prompt_len=sh.prompt_len,
                      completion_len=sh.completion_len, models=models, scored_by=m.scored,
                      resident={"policy": m.policy_resident, **{o.role: o.resident for o in m.others}},
                      rollout_buffers=m.buffers, engine=m.rollout.engine, phase_seconds=seconds,
                      serving=m.rollout.serving.sizing() if m.rollout.serving else None,
-                     rollout_records=m.rollout.records)
+                     rollout_records=m.rollout.records, placement=placed)
     notes = [f"--batch {setup.batch} prompts × --group-size {setup.group_size} = {sh.completions} completions "
              f"generated at once, trained in {sh.accum} micro-batch(es) of {sh.micro} (TRL's "
              f"per_device_train_batch_size={sh.micro}, gradient_accumulation_steps={sh.accum}, "
              f"num_generations={setup.group_size})",
-             "phases as TRL's GRPOTrainer runs them (docs/rl.md): generate, score (no-grad log-probs), the policy's "
-             "training step" + (" and the critic's" if critic else "") + "; the policy's optimizer states stay "
-             "resident while it generates, its gradients are freed (zero_grad)",
+             ("phases as verl's hybrid engine runs them (docs/rl.md, Many GPUs): weight sync, generate, score, "
+              "the policy's training step" + (" and the critic's" if critic else "") if hybrid else
+              "phases as TRL's GRPOTrainer runs them (docs/rl.md): generate, score (no-grad log-probs), the policy's "
+              "training step" + (" and the critic's" if critic else "") + "; the policy's optimizer states stay "
+              "resident while it generates, its gradients are freed (zero_grad)"),
              "the training step's LM head is TRL's fused chunked log-prob head (--loss chunked-logprob)"]
     if setup.beta == 0 and setup.rl_algo == "grpo":
         notes.append("--beta 0 (TRL's default): no reference model is loaded")
     if setup.rollout == "vllm":
         kv, kv_needed = m.rollout.serving.kv_tokens, m.rollout.records["kv_tokens_needed"]
-        notes.append(f"colocated vLLM: {setup.vllm_gpu_memory_utilization} of the GPU held through every phase "
-                     f"(TRL's vllm_enable_sleep_mode off), KV pool {kv:,} tokens")
+        if hybrid:
+            notes.append(f"vLLM: {setup.vllm_gpu_memory_utilization} of each rollout GPU's memory at generation, KV "
+                         f"pool {kv:,} tokens per engine")
+        else:
+            notes.append(f"colocated vLLM: {setup.vllm_gpu_memory_utilization} of the GPU held through every phase "
+                         f"(TRL's vllm_enable_sleep_mode off), KV pool {kv:,} tokens")
         if kv < kv_needed:
             notes.append(f"the KV pool holds {kv:,} of the {kv_needed:,} "
                          "tokens of all completions: vLLM preempts and runs them in waves (the decode time is a "
                          "lower bound); raise --vllm-gpu-memory-utilization")
+    if hybrid:
+        notes += rl_placement.describe(pl, setup, m.peak_phase, gpu)
     if gpu is not None:
         notes.append("time: generate = prefill at MFU "
                      f"{infer_mfu:.0%} + {sh.completion_len} decode steps at {mbu:.0%} of memory bandwidth "
@@ -618,4 +639,4 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
         notes.append(overheads.describe(beside, held, cached_block=True))
     params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)
     return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes),
-                    Detail(params_active=pc.active, rl=rl_step), fit)
+                    Detail(params_active=pc.active, rl=rl_step, host_memory=pl.host_per_gpu or None), fit)

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SetupError
-from ..estimate import Phase
 from ..precision import PRECISIONS
 from ..setup import SETTINGS, Setup
 from ..spec import ModelSpec
@@ -35,6 +34,7 @@ from .flops import forward_per_token
 from .memory import TrainMemory, train_memory
 from .params import count_params
 from .precision import DTYPE_BYTES, state_bytes
+from .rl_placement import sharded
 
 # the step settings the policy's training step and its generation share with the RL request (declared once in
 # trainfit.setup: those whose modes name both); batch, seq and accumulation are the RL shape's
@@ -134,13 +134,13 @@ def other_models(spec: ModelSpec, setup: Setup, load) -> list[Model]:
     weight = DTYPE_BYTES[PRECISIONS[setup.precision].weight]
     out = []
     if setup.beta > 0 and not setup.lora_rank:
-        out.append(Model("reference", spec, int(count_params(spec).total * weight)))
+        out.append(Model("reference", spec, sharded(int(count_params(spec).total * weight), setup)))
     if setup.reward_model is not None:
         # AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, **model_init_kwargs)
         # (grpo_trainer.py:558-559): no dtype given, so transformers' "auto" (modeling_utils.py:4186-4187), the
         # checkpoint's own dtype
         r = with_head(one_label(_token_model(load(setup.reward_model, field="reward_model"), "--reward-model")), "seq-cls")
-        out.append(Model("reward", r, int(count_params(r).total * checkpoint_bytes(r))))
+        out.append(Model("reward", r, sharded(int(count_params(r).total * checkpoint_bytes(r)), setup)))
     if setup.rl_algo == "ppo":
         # a value head on the backbone, one output per token: verl builds the critic as
         # AutoModelForTokenClassification with num_labels = 1 (verl/workers/fsdp_workers.py, CriticWorker
@@ -195,10 +195,12 @@ def hf_rollout(spec: ModelSpec, setup: Setup) -> Rollout:
 
 
 def vllm_setup(setup: Setup) -> Setup:
+    """The engine's serve setup; an engine of --rollout-tp GPUs generates all its GPUs' completions together."""
     sh = shape(setup)
     return Setup(mode="serve", precision=PRECISIONS[setup.precision].compute, kv_dtype=setup.kv_dtype,
                  gpu_memory_utilization=setup.vllm_gpu_memory_utilization, max_model_len=sh.seq,
-                 max_num_seqs=sh.completions, max_num_batched_tokens=TRL_VLLM_BATCHED_TOKENS)
+                 max_num_seqs=sh.completions * setup.rollout_tp, max_num_batched_tokens=TRL_VLLM_BATCHED_TOKENS,
+                 tp=setup.rollout_tp)
 
 
 def vllm_rollout(spec: ModelSpec, setup: Setup, gpu) -> Rollout:
@@ -209,9 +211,19 @@ def vllm_rollout(spec: ModelSpec, setup: Setup, gpu) -> Rollout:
         raise SetupError("--rollout vllm sizes the colocated engine from the GPU's memory: add --gpu (see "
                          "`trainfit gpus`)")
     sv = serving.serve_memory(spec, vllm_setup(setup), gpu)
+    if sv.kv_blocks == 0:
+        # vLLM refuses to start without a KV block ("No available memory for the cache blocks. Try increasing
+        # `gpu_memory_utilization`": raise_if_cache_size_invalid, v1's _check_enough_kv_cache_memory; named, not
+        # pinned to a line: vLLM's repository is not mirrored here); verl's rule for it: docs/perf/best_practices.rst:126
+        from ..units import fmt_bytes
+        raise SetupError(f"--vllm-gpu-memory-utilization {setup.vllm_gpu_memory_utilization} leaves the vLLM engine "
+                         f"no KV cache: its {fmt_bytes(sv.requested)} per GPU hold {fmt_bytes(sv.weights)} of weights, "
+                         f"{fmt_bytes(sv.activations + sv.cuda_graphs)} of activations and CUDA graphs; raise it or "
+                         "--rollout-tp")
     engine = sv.weights + sv.activations + sv.cuda_graphs + sv.kv_pool
     sh = shape(setup)
-    return Rollout(0, sv.kv_pool, int(engine), sv.weights, {"kv_tokens_needed": sh.completions * sh.seq}, sv)
+    return Rollout(0, sv.kv_pool, int(engine), sv.weights,
+                   {"kv_tokens_needed": sh.completions * setup.rollout_tp * sh.seq}, sv)
 
 
 def rollout_buffers(setup: Setup, scored: int) -> int:
@@ -232,6 +244,7 @@ class RLMemory:
     rollout: Rollout
     buffers: int
     scored: list[str]
+    placement: object = None  # rl_placement.Placement
 
     @property
     def policy_resident(self) -> int:
@@ -252,33 +265,24 @@ def scored_models(spec: ModelSpec, setup: Setup, others: list[Model]) -> list[tu
 
 
 def rl_memory(spec: ModelSpec, setup: Setup, gpu=None, load=None) -> RLMemory:
+    """Every phase's bytes on one GPU (the busiest GPU of the phase's group under --rl-placement split):
+    analytic/rl_placement.py places the models, the offloads and the engine's sleep."""
+    from . import rl_placement
+
     sh = shape(setup)
     policy = train_memory(spec, train_setup(setup))
     others = other_models(spec, setup, load)
     roll = vllm_rollout(spec, setup, gpu) if setup.rollout == "vllm" else hf_rollout(spec, setup)
     scorers = scored_models(spec, setup, others)
     buffers = rollout_buffers(setup, sum(1 for role, _ in scorers if role in ("policy", "reference")))
-    frozen = sum(m.resident for m in others)
-    kept = policy.weights + policy.master + policy.optimizer  # the policy between its steps
-    resident = kept + frozen + roll.engine
-    phases = {Phase.GENERATE.value: int(resident + roll.generate)}
-    if scorers:
-        # the reward model scores the whole generation batch at once (TRL's _calculate_rewards,
-        # grpo_trainer.py:1615-1620); the others go micro-batch by micro-batch
-        phases[Phase.SCORE.value] = int(resident + buffers + max(
-            no_grad_forward(s, setup, sh.completions if role == "reward" else sh.micro, sh.seq,
-                            lm_head=role in ("policy", "reference"))
-            for role, s in scorers))
-    beside = frozen + roll.engine + buffers  # what the training phases carry besides the policy's step
-    for name, v in policy.phases.items():
-        phases[name] = int(v + beside)
-    critic = next((m for m in others if m.role == "critic"), None)
-    if critic is not None:
-        phases[Phase.CRITIC_STEP.value] = int(critic.train.peak + frozen - critic.resident + roll.engine + buffers
-                                              + kept)
-    peak_phase = max(phases, key=phases.get)
-    return RLMemory(phases, phases[peak_phase], peak_phase, policy, others, roll, buffers,
-                    [role for role, _ in scorers])
+    # the reward model scores the whole generation batch at once (TRL's _calculate_rewards,
+    # grpo_trainer.py:1615-1620); the others go micro-batch by micro-batch
+    forwards = {role: no_grad_forward(s, setup, sh.completions if role == "reward" else sh.micro, sh.seq,
+                                      lm_head=role in ("policy", "reference")) for role, s in scorers}
+    m = RLMemory({}, 0, "", policy, others, roll, buffers, [role for role, _ in scorers])
+    pl = rl_placement.place(spec, setup, m, forwards)
+    peak_phase = max(pl.phases, key=pl.phases.get)
+    return RLMemory(pl.phases, pl.phases[peak_phase], peak_phase, policy, others, roll, buffers, m.scored, pl)
 
 
 def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, mfu: float, mbu: float, pc=None) -> float:
@@ -293,9 +297,13 @@ def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, mfu: flo
 
     pc = pc or count_params(spec)
     sh = shape(setup)
+    seqs = sh.completions  # the sequences whose cache this GPU reads each decode step
     if setup.rollout == "vllm":
+        # an engine of --rollout-tp GPUs: this GPU's share of the weights and of every sequence's heads, over all
+        # the engine's sequences (NB: the TP all-reduces of each decode step not counted: under)
         weights = mem.rollout.engine_weights
         per_token = mem.rollout.serving.kv_bytes_per_token
+        seqs *= setup.rollout_tp
         dtype = PRECISIONS[setup.precision].compute
     else:
         s = infer_setup(setup, sh.completions, sh.prompt_len)
@@ -308,7 +316,7 @@ def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, mfu: flo
     peak = gpu.flops_for(dtype) * mfu
     prefill = forward_per_token(spec, sh.prompt_len, pc) * sh.completions * sh.prompt_len / peak
     mid = sh.prompt_len + sh.completion_len / 2
-    step = max((weights + per_token * sh.completions * mid) / (gpu.memory_bandwidth * mbu),
+    step = max((weights + per_token * seqs * mid) / (gpu.memory_bandwidth * mbu),
                forward_per_token(spec, int(mid), pc) * sh.completions / peak)
     return prefill + sh.completion_len * step
 

@@ -11,7 +11,7 @@ from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_number
 
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
                "prefill": "prefill", "decode": "decode", "generate": "generate", "score": "score",
-               "critic_step": "critic step"}
+               "critic_step": "critic step", "weight_sync": "weight sync"}
 
 
 def _unit(e: Estimate) -> str:

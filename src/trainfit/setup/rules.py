@@ -271,11 +271,13 @@ def _validate_serve(setup: Setup) -> None:
 
 
 def _validate_rl(setup: Setup) -> None:
-    """--mode rl: one GPU running TRL's colocated loop (analytic/rl.py); the settings of the other algorithm or
-    rollout refused."""
-    if setup.world_size > 1:
-        raise SetupError("--mode rl is modelled on one GPU that generates, scores and trains (TRL's colocated loop): "
-                         "drop --dp/--tp/--pp/--cp")
+    """--mode rl: TRL's colocated loop on one GPU, or verl's / OpenRLHF's placements on --dp GPUs (analytic/rl.py,
+    analytic/rl_placement.py); the settings of the other algorithm, rollout or placement refused."""
+    if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
+        raise SetupError("--mode rl: the actor's --tp/--pp/--cp (verl's Megatron actor) are not modelled; the actor "
+                         "runs data-parallel (--dp, --zero 3 for FSDP) and the engine's tensor parallelism is "
+                         "--rollout-tp")
+    _validate_rl_placement(setup)
     completions = setup.batch * setup.group_size
     if completions % setup.grad_accum:
         raise SetupError(f"--mode rl: --batch {setup.batch} prompts × --group-size {setup.group_size} = {completions} "
@@ -292,6 +294,34 @@ def _validate_rl(setup: Setup) -> None:
         if setup.kv_dtype in ("fp32", "int8"):
             raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of "
                              "those")
+
+
+def _validate_rl_placement(setup: Setup) -> None:
+    """--rl-placement, --rollout-tp, the phase offloads and vLLM's sleep level (analytic/rl_placement.py)."""
+    if setup.rollout_tp > 1:
+        if setup.rollout != "vllm":
+            raise SetupError("--rollout-tp is the vLLM engine's tensor parallelism: it needs --rollout vllm")
+        if setup.dp % setup.rollout_tp:
+            # OpenRLHF asserts actor GPUs == vllm.num_engines × vllm.tensor_parallel_size (train_ppo_ray.py:57-63)
+            raise SetupError(f"--rollout-tp {setup.rollout_tp} does not divide --dp {setup.dp}: the engines of "
+                             f"--rollout-tp GPUs each must tile the --dp GPUs; choose a --rollout-tp dividing --dp")
+    if setup.rl_placement == "split" and setup.rollout != "vllm":
+        raise SetupError("--rl-placement split puts the rollout on its own GPUs as vLLM engines (OpenRLHF's "
+                         "--vllm.num_engines): it needs --rollout vllm")
+    offloads = [BY_NAME[n].flag for n in ("actor_param_offload", "actor_optimizer_offload", "ref_param_offload")
+                if getattr(setup, n)]
+    if offloads and (setup.rl_placement != "colocated" or setup.rollout != "vllm"):
+        raise SetupError(f"{', '.join(offloads)}: the phase offloads of verl's hybrid engine are modelled with "
+                         "--rl-placement colocated and --rollout vllm; add those or drop them")
+    if setup.ref_param_offload and (setup.beta == 0 or setup.lora_rank):
+        raise SetupError("--ref-param-offload moves the reference model's weights, and this step loads none (--beta "
+                         "0, or --lora-rank: the policy with its adapters off is the reference): drop it")
+    if setup.vllm_sleep_level:
+        if setup.rollout != "vllm":
+            raise SetupError("--vllm-sleep-level is vLLM's sleep mode: it needs --rollout vllm")
+        if setup.rl_placement != "colocated":
+            raise SetupError("--vllm-sleep-level frees the engine's memory for the models sharing its GPUs; with "
+                             "--rl-placement split nothing shares them: drop it")
 
 
 def _check_compile_loss(setup, stack) -> None:

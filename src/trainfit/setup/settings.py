@@ -17,7 +17,7 @@ from ..units import parse_count
 from .parsers import (_check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
                       combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
-                    OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
+                    OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
 
 
@@ -117,7 +117,8 @@ class Setup:
                              "Triton (llm-foundry's attn_impl: triton; CUDA, 16-bit, --stack hf; saves what flash "
                              "saves, runs slower); auto = flash on cuda, sdpa on cpu.",
                              choices=ATTENTION, modes=RL_STEP, group="step")
-    dp: int = setting(1, "Data-parallel degree.", maximum=limits.RANKS, minimum=1, example="8", group="parallel")
+    dp: int = setting(1, "Data-parallel degree.", maximum=limits.RANKS, minimum=1, example="8",
+                      modes=("train", "rl"), group="parallel")
     tp: int = setting(1, "Tensor-parallel degree (divides heads).",
                       maximum=limits.RANKS, minimum=1, example="8", modes=MODES, group="parallel")
     pp: int = setting(1, "Pipeline-parallel degree (1F1B schedule; layers split per --pp-split).",
@@ -185,7 +186,7 @@ class Setup:
     zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
                         "= FSDP). On --stack megatron: 1 is the distributed optimizer, 2 and 3 Megatron-FSDP's "
                         "optim_grads and optim_grads_params (--use-megatron-fsdp).", choices=(0, 1, 2, 3),
-                        group="parallel")
+                        modes=("train", "rl"), group="parallel")
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
                                       "over --tp ranks).", group="parallel")
     grad_reduce_in_bf16: bool = setting(False, "Megatron's --grad-reduce-in-bf16 (Megatron-Bridge's "
@@ -400,6 +401,29 @@ class Setup:
                                           "config.json; a sequence classifier, frozen).",
                                           auto="none: rule-based reward functions (TRL's reward_funcs)",
                                           example="qwen2.5-0.5b", names_model=True, group="rl")
+    rl_placement: str = setting("colocated", "--mode rl on --dp GPUs: colocated (verl's hybrid engine "
+                                "actor_rollout_ref, OpenRLHF's --train.colocate_all: the actor, reference, critic and "
+                                "the vLLM engines share every GPU and take turns) or split (OpenRLHF's default "
+                                "placement: the actor, reference, critic, reward model and vLLM engines each on "
+                                "their own group of --dp GPUs).", choices=RL_PLACEMENTS, group="rl")
+    rollout_tp: int = setting(1, "--rollout vllm: the engine's tensor-parallel size (verl's "
+                              "rollout.tensor_model_parallel_size, OpenRLHF's --vllm.tensor_parallel_size); each "
+                              "engine spans this many GPUs and generates their prompts together.",
+                              maximum=limits.RANKS, minimum=1, example="2", group="rl")
+    actor_param_offload: bool = setting(False, "--rl-placement colocated: the actor's (policy's) parameters go to "
+                                        "host memory outside its own phases (verl's "
+                                        "actor.fsdp_config.param_offload).", group="rl")
+    actor_optimizer_offload: bool = setting(False, "--rl-placement colocated: the actor's optimizer states go to "
+                                            "host memory outside its update (verl's "
+                                            "actor.fsdp_config.optimizer_offload).", group="rl")
+    ref_param_offload: bool = setting(False, "--rl-placement colocated: the reference model's weights go to host "
+                                      "memory outside its scoring (verl's ref.fsdp_config.param_offload).",
+                                      group="rl")
+    vllm_sleep_level: int = setting(0, "--rollout vllm: the engine's sleep mode between generations: 0 (held, "
+                                    "TRL's default), 1 (weights to host memory, KV cache freed: OpenRLHF's "
+                                    "--vllm.enable_sleep) or 2 (weights and KV cache freed, weights re-synced from "
+                                    "the actor: verl's free_cache_engine with vLLM >= 0.8.5).", choices=(0, 1, 2),
+                                    group="rl")
 
     def __post_init__(self) -> None:
         if self.mode == "rl" and isinstance(self.prompt_len, int) and isinstance(self.completion_len, int):

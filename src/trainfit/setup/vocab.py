@@ -13,6 +13,7 @@ TRAINING = ("train", "rl")
 RL_STEP = ("train", "infer", "rl")
 RL_ALGOS = ("grpo", "ppo")  # --rl-algo
 ROLLOUTS = ("hf", "vllm")  # --rollout: HF generate in the trainer, or a colocated vLLM engine
+RL_PLACEMENTS = ("colocated", "split")  # --rl-placement: every model on every GPU, or each on its own GPUs
 SERVERS = ("vllm", "sglang")  # --server: the serving engine modelled (analytic/serving.py, serving_sglang.py)
 # settings one server reads and the other has no counterpart for (refused under the other: _validate_serve)
 VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs")
