@@ -34,16 +34,25 @@ from .zero import ModelStates
 FP32 = 4
 
 
+def grad_buffer_bytes(setup: Setup) -> int:
+    """Bytes per element of the main-grad buffer, the one dtype backward accumulates into and the data-parallel
+    group reduces (all-reduce under DDP, reduce-scatter under the distributed optimizer: param_and_grad_buffer.py:
+    443-457 on bucket.grad_data; Megatron-FSDP's main_grad_buffer: fsdp/src/megatron_fsdp/param_and_grad_buffer.py:
+    2030, its buckets reduce-scattered at :3244-3249): fp32 when grad_reduce_in_fp32, else the param dtype
+    (distributed_data_parallel.py:147; Megatron-FSDP reads the same ddp_config field: megatron_fsdp.py:351).
+    Megatron-LM core_v0.16.1 megatron/training/arguments.py:711-724: --bf16 sets accumulate_allreduce_grads_in_fp32
+    (passed as grad_reduce_in_fp32: training.py:1295) unless --grad-reduce-in-bf16 (:720-721); under --fp16 it keeps
+    its default False (:2194). stacks/megatron.toml [grad_buffer]."""
+    fp32 = setup.precision in setup.stack_facts.fact("grad_buffer", "fp32_under") and not setup.grad_reduce_in_bf16
+    return FP32 if fp32 else 2
+
+
 def bytes_per_param(setup: Setup) -> dict:
     """Unsharded bytes per parameter by state: weights, gradients (the grad buffer), master (fp32 main params and
     the fp32 main-grad copies), optimizer."""
     low = setup.precision in ("bf16-master", "fp16-master")
     weight = 2 if low else FP32
-    # Megatron-LM: --bf16 sets accumulate_allreduce_grads_in_fp32 (grad_reduce_in_fp32); --fp16 keeps the param
-    # dtype (DistributedDataParallelConfig.grad_reduce_in_fp32 = False: distributed_data_parallel_config.py:11);
-    # --grad-reduce-in-bf16 turns it off under --bf16 (stacks/megatron.toml [grad_buffer] param_dtype_option)
-    fp32 = setup.precision in setup.stack_facts.fact("grad_buffer", "fp32_under") and not setup.grad_reduce_in_bf16
-    grad = FP32 if fp32 else 2
+    grad = grad_buffer_bytes(setup)
     # the fp32 main-grad copies of 16-bit grads live in the optimizer step only (grad_copy_bytes)
     master = (FP32 if low else 0) + (FP32 if grad == 2 else 0)
     optimizer = {"adam": 2 * FP32, "adamw": 2 * FP32, "momentum": FP32, "sgd": 0}[setup.optimizer]

@@ -9,7 +9,7 @@ from ...spec import ModelSpec
 from .. import grad_clip, megatron_recompute, te_recipes
 from ..megatron_memory import stage_memory
 from ..memory import TrainMemory
-from ..parallel.megatron import megatron_tensors, shards
+from ..parallel.megatron import grad_buffer_bytes, megatron_tensors, shards
 from .base import StackModel
 
 
@@ -20,6 +20,12 @@ class MegatronModel(StackModel):
     def stage_memory(self, spec, setup, pc, st, stage):
         """Megatron-Core's own states, TE layers and recompute (analytic/megatron_memory.py)."""
         return stage_memory(spec, setup, pc, stage, TrainMemory)
+
+    def reduced_grad_bytes(self, setup, st):
+        """The main-grad buffer's dtype, which DDP all-reduces, the distributed optimizer and Megatron-FSDP
+        reduce-scatter (parallel/megatron.py grad_buffer_bytes, the memory model's gradients too): fp32 under --bf16
+        unless --grad-reduce-in-bf16, whatever the 16-bit .grad the layers compute."""
+        return grad_buffer_bytes(setup)
 
     def tensors_per_rank(self, spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
         """Megatron-Core's parameter tensors (fused linear_qkv and linear_fc1: parallel/megatron.py)."""
