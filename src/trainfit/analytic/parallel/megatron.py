@@ -135,10 +135,12 @@ def grad_copy_bytes(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage
     `shard_main_param.grad = shard_model_grad.float()`; optimizer.py:759 without the distributed optimizer), made by
     the optimizer step and set to None by the next step's optimizer.zero_grad() before its forward (Megatron-LM
     core_v0.16.1 megatron/training/training.py:1619; distrib_optimizer.py:2286-2298 -> optimizer.py:57-68
-    _zero_grad_group_helper, set_to_none): alive in the optimizer phase only. None under Megatron-FSDP (its master
-    excludes them: fsdp_model_states)."""
+    _zero_grad_group_helper, set_to_none): alive in the optimizer phase only. Megatron-FSDP's alike: its
+    update_main_grads casts each main-grad shard to its fp32 main weight's dtype before the step
+    (fsdp/src/megatron_fsdp/param_and_grad_buffer.py:2646-2649 `optimizer_grad.to(param.dtype)`, megatron_fsdp.py:
+    1181) and zero_grad drops them (:2470-2480)."""
     b = bytes_per_param(setup)
-    if setup.zero >= 2 or b["gradients"] != 2 or b["master"] < 2 * FP32:
+    if b["gradients"] != 2 or b["master"] < 2 * FP32:
         return 0.0
     dense, expert = rank_params(spec, pc, setup, stage)
     return (dense / shards(setup) + expert / shards(setup, expert=True)) * FP32
@@ -168,11 +170,11 @@ def fsdp_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Sta
     by them."""
     in_flight = setup.stack_facts.fact("megatron_fsdp", "in_flight")
     weights = (sharded if setup.zero >= 3 else n) * b["weights"]
-    # the fp32 main weights only: the optimizer steps them with the main grad buffer's shard as their grad, no fp32
-    # copy of 16-bit grads (distrib_optimizer.py:2397-2398 returns under use_megatron_fsdp). NB: with --precision fp32
-    # Megatron-FSDP still keeps an fp32 main weight buffer (preserve_fp32_weights, param_and_grad_buffer.py:2004):
-    # not counted, under by 4/d bytes per parameter there
-    master = FP32 if b["weights"] < FP32 else 0
+    # the fp32 main weights and, over a 16-bit main-grad buffer, the fp32 copies of its shard the optimizer steps on
+    # (update_main_grads: grad_copy_bytes, the optimizer phase's only), as the distributed optimizer's (bytes_per_param).
+    # NB: with --precision fp32 Megatron-FSDP still keeps an fp32 main weight buffer (preserve_fp32_weights,
+    # param_and_grad_buffer.py:2004): not counted, under by 4/d bytes per parameter there
+    master = b["master"]
     if setup.zero >= 3:
         unit_d, unit_e = rank_params(spec, pc, setup, replace(stage, layers=1, embedding=False, head=False, mtp=0))
         outside_d, _ = rank_params(spec, pc, setup, replace(stage, layers=0))
