@@ -228,11 +228,15 @@ def _narayanan(gpus, tflops):
         id=f"narayanan-gpt3-175b-{gpus}", source=f"{NARAYANAN} Table 2, PTD-P row, {gpus} GPUs",
         gpu="A100-80GB", model=megatron_gpt(12288, 96, 96),
         setup=dict(stack="megatron", batch=1, seq=2048, grad_accum=1536 // dp, precision="bf16-master",
-                   recompute="full", dp=dp, tp=8, pp=12, attention="eager"),
+                   recompute="full", dp=dp, tp=8, pp=12, attention="eager", grad_reduce_in_bf16=True),
         published=tflops, unit="TFLOP/s/GPU (Narayanan eq. 3)",
         notes="GPT-3 174.6B, t 8 × p 12, batch 1536, micro-batch 1 (§5.2), full recompute (counted by eq. 3). "
               "NB: non-interleaved schedule assumed (Table 2 does not say); the interleaved one would be faster. "
-              "NB: fp16 in the paper, bf16-master here (same A100 peak).")
+              "NB: fp16 in the paper, bf16-master here (same A100 peak), with the 16-bit gradient buffer the fp16 "
+              "run reduced in (--grad-reduce-in-bf16): Megatron-LM of the paper's month (aed2f75e, 2021-04-11) "
+              "forces fp32 gradient accumulation and all-reduce for --bf16 only (megatron/arguments.py:136-145), "
+              "--accumulate-allreduce-grads-in-fp32 defaults off (:549-551) and its GPT-3 175B example runs --fp16 "
+              "without it (examples/pretrain_gpt3_175B.sh:51).")
 
 
 def _llama3(gpus, dp, per_rank, tflops):

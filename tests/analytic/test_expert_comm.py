@@ -157,21 +157,29 @@ def test_deepseek_v3_routes_to_at_most_four_nodes():
     assert distinct_groups(256, 8, 8) == pytest.approx(8 * (1 - free), rel=1e-12)  # 5.32 nodes
 
 
-def test_gpt_oss_experts_cross_the_expert_group_once():
+@pytest.mark.parametrize("bf16_reduce, grad_bytes", [(False, 4), (True, 2)])
+def test_gpt_oss_experts_cross_the_expert_group_once(bf16_reduce, grad_bytes):
     """gpt-oss-120b on 64 B200s, EP 8, distributed optimizer: the model card's split (OpenAI, gpt-oss-120b & gpt-oss-20b
     Model Card, 2025, Table 1: 114.71B MLP parameters of 116.83B) — each rank holds the 2.12B others whole and 1/8 of
-    the experts, reduce-scattering the gradients and all-gathering the weights (2 bytes each in the step model) over
-    64 ranks and over the 8 expert data-parallel ranks respectively, both across nodes (the dense group on 8 rails a node, the experts' on one)."""
+    the experts, reduce-scattering the gradients and all-gathering the weights over 64 ranks and over the 8 expert
+    data-parallel ranks respectively, both across nodes (the dense group on 8 rails a node, the experts' on one).
+    The gradients move in the main-grad buffer's dtype: fp32 under --bf16 (Megatron-LM core_v0.16.1 arguments.py:
+    711-724, distributed_data_parallel.py:147), bf16 with --grad-reduce-in-bf16; the weights in bf16 either way
+    (param_and_grad_buffer.py:274-290 all-gathers bucket.param_data). So the reduce-scatter's bytes double: 4 + 2 vs
+    2 + 2 bytes a parameter on the wire."""
     from trainfit.analytic.step_time import layout_step_time
 
     gpu = get_gpu("B200")
-    s = Setup(stack="megatron", precision="bf16-master", dp=64, ep=8, zero=1, seq=4096, batch=4, grad_accum=2)
+    s = Setup(stack="megatron", precision="bf16-master", dp=64, ep=8, zero=1, seq=4096, batch=4, grad_accum=2,
+              grad_reduce_in_bf16=bf16_reduce)
     tm = layout_step_time(load_model("gpt-oss-120b"), s, gpu)
     inter = Links.of(gpu).inter
     dense, experts = 116.83e9 - 114.71e9, 114.71e9 / 8
     # the dense group's 8 ranks per node ride 8 rails (capped by NVLink); the expert group one rank per node, one NIC
     dense_bw = min(Links.of(gpu).intra, 8 * inter)
-    assert tm.dp_comm_total == pytest.approx(63 / 64 * dense * 4 / dense_bw + 7 / 8 * experts * 4 / inter, rel=1e-2)
+    wire = grad_bytes + 2  # reduce-scatter of the grad buffer + all-gather of the bf16 params, (n - 1)/n of each
+    assert tm.dp_comm_total == pytest.approx(63 / 64 * dense * wire / dense_bw + 7 / 8 * experts * wire / inter,
+                                             rel=1e-2)
 
 
 def test_overlap_pairs_each_exchange_with_its_own_compute():

@@ -65,3 +65,19 @@ def test_expert_parallel_all_to_all():
     # over NVLink (450 GB/s line rate, ~370 GB/s NCCL busbw: nccl-tests#212) on each of the 32 layers
     expect = 32 * 4 * 7 / 8 * 4096 * 2 * 4096 * 2 / 370e9
     assert ep8.ep_comm == pytest.approx(expect, rel=0.01)
+
+
+def test_16_bit_grad_buffer_adds_the_main_grad_upcast():
+    """Megatron's fp32 main params step on fp32 grads whatever the buffer: under --bf16 the fp32 main-grad buffer's
+    own shard, with --grad-reduce-in-bf16 a .float() copy of each bf16 shard first (distrib_optimizer.py:2419): one
+    more pass reading 2 and writing 4 bytes a parameter, one launch a tensor; the Adam update itself unchanged."""
+    from trainfit.analytic import roofline
+    from trainfit.analytic.compute_time import optimizer_seconds
+    from trainfit.analytic.precision import state_bytes
+
+    gpu, shard, tensors = get_gpu("H100-80GB"), 1e9, 100
+    kw = dict(stack="megatron", precision="bf16-master", dp=8, zero=1)
+    fp32_buf, bf16_buf = (Setup(grad_reduce_in_bf16=b, **kw) for b in (False, True))
+    (s32, l32), (s16, l16) = (optimizer_seconds(gpu, s, state_bytes(s), shard, tensors) for s in (fp32_buf, bf16_buf))
+    assert s16 - s32 == pytest.approx(roofline.memory_seconds(gpu, shard * (2 + 4), 0, "upcast"), rel=1e-9)
+    assert (l16 - l32) / roofline.kernels_for(gpu).launch_seconds == pytest.approx(tensors)

@@ -64,10 +64,30 @@ def test_megatron_fsdp_totals_against_zero_paper_bytes():
     for zero, per_param in ((2, 2 + 16 / D), (3, 18 / D)):
         ms = states(zero)
         assert (ms.weights + ms.gradients + ms.master + ms.optimizer) / N == pytest.approx(per_param)
-    # --fp16 reduces in fp16 and keeps no fp32 copy of the gradients: the paper's own mixed-precision Adam, 16/d
-    # under ZeRO-3 (2 + 2 + 12 bytes, Rajbhandari §5.1)
+    # --fp16 reduces in fp16: the paper's own mixed-precision Adam, 16/d under ZeRO-3 (2 + 2 + 12 bytes, Rajbhandari
+    # §5.1), and the fp32 copies of the 16-bit gradient shard the fp32 main weights step on (update_main_grads,
+    # param_and_grad_buffer.py:2646-2649): 4/d more, alive in the optimizer step only (grad_copy_bytes) — Megatron's
+    # own fp16 table's 20 bytes (docs distrib_optimizer), all sharded
     ms = states(3, "fp16-master")
-    assert (ms.weights + ms.gradients + ms.master + ms.optimizer) / N == pytest.approx(16 / D)
+    assert (ms.weights + ms.gradients + ms.master + ms.optimizer) / N == pytest.approx(20 / D)
+
+
+def test_16_bit_grad_buffer_copies_live_in_the_optimizer_step_only():
+    """--grad-reduce-in-bf16 under Megatron-FSDP: a bf16 main-grad shard (2/d bytes a parameter), cast to fp32 for
+    the step (4/d: update_main_grads `optimizer_grad.to(param.dtype)` on the fp32 main weight, param_and_grad_buffer.py:
+    2646-2649) and dropped by zero_grad (:2470-2480): those copies are the optimizer phase's, not resident."""
+    from trainfit.analytic.memory import train_memory
+
+    def mem(bf16_reduce):
+        s = Setup(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=D, zero=3, attention="flash",
+                  grad_reduce_in_bf16=bf16_reduce)
+        return train_memory(gpt(), s)
+
+    fp32_buf, bf16_buf = mem(False), mem(True)
+    assert bf16_buf.gradients == pytest.approx(fp32_buf.gradients / 2)
+    # the grad copies: N/d fp32 elements (the rank's shard of the whole model: one stage), the optimizer step's only
+    assert bf16_buf.detail["optimizer_temporaries"] - fp32_buf.detail["optimizer_temporaries"] == pytest.approx(
+        4 * N / D, abs=4 * 64)
 
 
 def test_per_micro_batch_collectives():
@@ -100,3 +120,19 @@ def test_params_owned_per_rank():
     for zero, owned in ((2, N), (3, N / D)):
         s = Setup(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=D, zero=zero, attention="flash")
         assert train_memory(gpt(), s).params == pytest.approx(owned, abs=1)
+
+
+def test_optim_grads_params_reduce_scatters_the_fp32_main_grads():
+    """Each micro-batch under optim_grads_params all-gathers the bf16 weights twice (forward and backward) and
+    reduce-scatters the main-grad buffer, fp32 under --bf16 (param_and_grad_buffer.py:2030 dtype float32 if
+    grad_reduce_in_fp32; Megatron-LM core_v0.16.1 arguments.py:711-724), bf16 with --grad-reduce-in-bf16: 2·2 + 4 = 8
+    against 2·2 + 2 = 6 bytes a parameter on the wire, a ratio of 4/3 (NB: NCCL's per-call latency, a few hundred
+    calls of microseconds against ~0.1 s of bytes, pulls it below by < 1 %)."""
+    spec, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+
+    def total(bf16_reduce):
+        s = Setup(stack="megatron", precision="bf16-master", batch=1, seq=4096, dp=8, zero=3,
+                  grad_reduce_in_bf16=bf16_reduce, attention="flash")
+        return layout_step_time(spec, s, gpu).dp_comm_total
+
+    assert total(False) / total(True) == pytest.approx(8 / 6, rel=1e-2)

@@ -406,11 +406,15 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
       for-loop  torch/optim/adam.py _single_tensor_adam: the same 8 ops per tensor, one launch each;
       torchao   --optimizer adamw-torchao-*: one compiled kernel per parameter over the quantised states
                 (analytic/torchao_optim.py step_bytes, KERNELS_PER_PARAM);
-    after the gradient clipping the setup's stack runs (grad_clip.clip_work: its passes and launches). Each
+    after the gradient clipping the setup's stack runs (grad_clip.clip_work: its passes and launches). The gradients
+    the update reads, and any copy that makes them, are the stack's (StackModel.stepped_grad_bytes: Megatron's fp32
+    main grads, a .float() copy of a 16-bit grad buffer). Each
     multi_tensor_apply pass is timed launch by launch (analytic/multi_tensor.py): its bytes at the streaming
     bandwidth, or the latency floor of a launch with few chunks (LoRA's adapters: 224 tensors of under 2 chunks
     each on llama-3.2-1b)."""
-    w, g, mast, o = st.weight, st.grad, st.master, st.optimizer
+    w, mast, o = st.weight, st.master, st.optimizer
+    # the gradients the update reads and the copy that makes them, as the stack steps (StackModel.stepped_grad_bytes)
+    g, grad_copy = model_for(setup).stepped_grad_bytes(setup, st)
     p = mast or w  # the tensor the update reads and writes: the fp32 master when there is one
     kernel = setup.optimizer_kernel
     casts = master_cast_seconds(gpu, setup, st, shard)
@@ -439,7 +443,9 @@ def optimizer_seconds(gpu: GPU, setup: Setup, st: StateBytes, shard: float, tens
     # fp32 masters: over torch.optim, trainfit's step casts each gradient up and copies each master back, per tensor
     # (step/standard.py MasterWeightOptimizer.step); the other stacks keep flat master buffers (NB: one launch)
     launches += (2 * tensors if model_for(setup).torch_optimizer else 1) if mast else 0
-    seconds += casts
+    launches += tensors if grad_copy else 0
+    # a 16-bit buffer's up-cast copy, per tensor: TensorIterator's dynamic-cast loop, as master_cast_seconds' up-cast
+    seconds += casts + roofline.memory_seconds(gpu, shard * grad_copy, 0, "upcast")
     # the clip first, as the stack runs it (grad_clip.clip_work), on the model's own gradients (st.grad: a master's
     # fp32 copies are made after it); a clip reads them all below ZeRO-2
     clip = clip_work(setup, st, shard if grads is None else grads, tensors, sizes=sizes)

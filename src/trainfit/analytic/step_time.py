@@ -178,7 +178,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
                                                   c.attention_forward, c.forward + c.backward + c.recompute,
                                                   c.combined_phases)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
-    # (parallel/fsdp2.py); otherwise the collectives move the states' own dtypes
+    # (parallel/fsdp2.py); Megatron reduces its main-grad buffer (fp32 under --bf16: parallel/megatron.py
+    # grad_buffer_bytes) and gathers its 16-bit params; otherwise the collectives move the states' own dtypes
     trained, st_opt, tensors, sizes = trained_states(spec, setup, st, stage_params, stage_layers_n)
     pb = st.param or st.weight
     # the routed experts' gradients and weights go over the expert data-parallel group (parallel/zero.py dp_comm)
@@ -189,7 +190,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     gathered = held * pb - gather_saving(spec, setup, stage_layers_n, pb, part)
     expert_gathered = held_experts * pb - gather_saving(spec, setup, stage_layers_n, pb, "experts") \
         if held_experts else 0.0
-    rb = st_opt.reduce or st_opt.grad
+    rb = model_for(setup).reduced_grad_bytes(setup, st_opt)  # the reduced gradients' dtype (the stack's rule)
     dp = dp_comm(gpu, setup, links, dense_n * rb, gathered, c.forward, c.backward + c.recompute, c.memory_share,
                  expert_n * rb, expert_gathered, stage_layers_n)
     # FSDP2's copy-out writes and its copy-in reads what the rank unshards: under --ep its experts' E/(ep·etp)

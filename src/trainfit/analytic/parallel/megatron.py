@@ -34,16 +34,25 @@ from .zero import ModelStates
 FP32 = 4
 
 
+def grad_buffer_bytes(setup: Setup) -> int:
+    """Bytes per element of the main-grad buffer, the one dtype backward accumulates into and the data-parallel
+    group reduces (all-reduce under DDP, reduce-scatter under the distributed optimizer: param_and_grad_buffer.py:
+    443-457 on bucket.grad_data; Megatron-FSDP's main_grad_buffer: fsdp/src/megatron_fsdp/param_and_grad_buffer.py:
+    2030, its buckets reduce-scattered at :3244-3249): fp32 when grad_reduce_in_fp32, else the param dtype
+    (distributed_data_parallel.py:147; Megatron-FSDP reads the same ddp_config field: megatron_fsdp.py:351).
+    Megatron-LM core_v0.16.1 megatron/training/arguments.py:711-724: --bf16 sets accumulate_allreduce_grads_in_fp32
+    (passed as grad_reduce_in_fp32: training.py:1295) unless --grad-reduce-in-bf16 (:720-721); under --fp16 it keeps
+    its default False (:2194). stacks/megatron.toml [grad_buffer]."""
+    fp32 = setup.precision in setup.stack_facts.fact("grad_buffer", "fp32_under") and not setup.grad_reduce_in_bf16
+    return FP32 if fp32 else 2
+
+
 def bytes_per_param(setup: Setup) -> dict:
     """Unsharded bytes per parameter by state: weights, gradients (the grad buffer), master (fp32 main params and
     the fp32 main-grad copies), optimizer."""
     low = setup.precision in ("bf16-master", "fp16-master")
     weight = 2 if low else FP32
-    # Megatron-LM: --bf16 sets accumulate_allreduce_grads_in_fp32 (grad_reduce_in_fp32); --fp16 keeps the param
-    # dtype (DistributedDataParallelConfig.grad_reduce_in_fp32 = False: distributed_data_parallel_config.py:11);
-    # --grad-reduce-in-bf16 turns it off under --bf16 (stacks/megatron.toml [grad_buffer] param_dtype_option)
-    fp32 = setup.precision in setup.stack_facts.fact("grad_buffer", "fp32_under") and not setup.grad_reduce_in_bf16
-    grad = FP32 if fp32 else 2
+    grad = grad_buffer_bytes(setup)
     # the fp32 main-grad copies of 16-bit grads live in the optimizer step only (grad_copy_bytes)
     master = (FP32 if low else 0) + (FP32 if grad == 2 else 0)
     optimizer = {"adam": 2 * FP32, "adamw": 2 * FP32, "momentum": FP32, "sgd": 0}[setup.optimizer]
@@ -126,10 +135,12 @@ def grad_copy_bytes(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage
     `shard_main_param.grad = shard_model_grad.float()`; optimizer.py:759 without the distributed optimizer), made by
     the optimizer step and set to None by the next step's optimizer.zero_grad() before its forward (Megatron-LM
     core_v0.16.1 megatron/training/training.py:1619; distrib_optimizer.py:2286-2298 -> optimizer.py:57-68
-    _zero_grad_group_helper, set_to_none): alive in the optimizer phase only. None under Megatron-FSDP (its master
-    excludes them: fsdp_model_states)."""
+    _zero_grad_group_helper, set_to_none): alive in the optimizer phase only. Megatron-FSDP's alike: its
+    update_main_grads casts each main-grad shard to its fp32 main weight's dtype before the step
+    (fsdp/src/megatron_fsdp/param_and_grad_buffer.py:2646-2649 `optimizer_grad.to(param.dtype)`, megatron_fsdp.py:
+    1181) and zero_grad drops them (:2470-2480)."""
     b = bytes_per_param(setup)
-    if setup.zero >= 2 or b["gradients"] != 2 or b["master"] < 2 * FP32:
+    if b["gradients"] != 2 or b["master"] < 2 * FP32:
         return 0.0
     dense, expert = rank_params(spec, pc, setup, stage)
     return (dense / shards(setup) + expert / shards(setup, expert=True)) * FP32
@@ -159,11 +170,11 @@ def fsdp_model_states(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Sta
     by them."""
     in_flight = setup.stack_facts.fact("megatron_fsdp", "in_flight")
     weights = (sharded if setup.zero >= 3 else n) * b["weights"]
-    # the fp32 main weights only: the optimizer steps them with the main grad buffer's shard as their grad, no fp32
-    # copy of 16-bit grads (distrib_optimizer.py:2397-2398 returns under use_megatron_fsdp). NB: with --precision fp32
-    # Megatron-FSDP still keeps an fp32 main weight buffer (preserve_fp32_weights, param_and_grad_buffer.py:2004):
-    # not counted, under by 4/d bytes per parameter there
-    master = FP32 if b["weights"] < FP32 else 0
+    # the fp32 main weights and, over a 16-bit main-grad buffer, the fp32 copies of its shard the optimizer steps on
+    # (update_main_grads: grad_copy_bytes, the optimizer phase's only), as the distributed optimizer's (bytes_per_param).
+    # NB: with --precision fp32 Megatron-FSDP still keeps an fp32 main weight buffer (preserve_fp32_weights,
+    # param_and_grad_buffer.py:2004): not counted, under by 4/d bytes per parameter there
+    master = b["master"]
     if setup.zero >= 3:
         unit_d, unit_e = rank_params(spec, pc, setup, replace(stage, layers=1, embedding=False, head=False, mtp=0))
         outside_d, _ = rank_params(spec, pc, setup, replace(stage, layers=0))

@@ -29,6 +29,18 @@ class StackModel:
         from ..memory import stage_memory
         return stage_memory(spec, setup, pc, st, stage)
 
+    def reduced_grad_bytes(self, setup: Setup, st: StateBytes) -> float:
+        """Bytes per element of the gradients the data-parallel group reduces: FSDP2's reduce_dtype where its
+        MixedPrecisionPolicy runs (precision.py: st.reduce), else the gradients' own dtype (.grad has the
+        parameter's)."""
+        return st.reduce or st.grad
+
+    def stepped_grad_bytes(self, setup: Setup, st: StateBytes) -> tuple[float, float]:
+        """(bytes per element of the gradients the optimizer's update reads, bytes per element a copy that makes them
+        from the reduced gradients reads and writes, 0 without one): torch.optim reads each parameter's own .grad
+        (fp32 masters: compute_time.master_cast_seconds casts them apart)."""
+        return st.grad, 0.0
+
     def tensors_per_rank(self, spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
         """The parameter tensors of a stage, each an optimizer operand (compute_time.tensors_per_rank)."""
         return tensors_per_rank(spec, layers, embedding, head)

@@ -9,7 +9,7 @@ from ...spec import ModelSpec
 from .. import grad_clip, megatron_recompute, te_recipes
 from ..megatron_memory import stage_memory
 from ..memory import TrainMemory
-from ..parallel.megatron import megatron_tensors, shards
+from ..parallel.megatron import FP32, grad_buffer_bytes, megatron_tensors, shards
 from .base import StackModel
 
 
@@ -20,6 +20,25 @@ class MegatronModel(StackModel):
     def stage_memory(self, spec, setup, pc, st, stage):
         """Megatron-Core's own states, TE layers and recompute (analytic/megatron_memory.py)."""
         return stage_memory(spec, setup, pc, stage, TrainMemory)
+
+    def reduced_grad_bytes(self, setup, st):
+        """The main-grad buffer's dtype, which DDP all-reduces, the distributed optimizer and Megatron-FSDP
+        reduce-scatter (parallel/megatron.py grad_buffer_bytes, the memory model's gradients too): fp32 under --bf16
+        unless --grad-reduce-in-bf16, whatever the 16-bit .grad the layers compute."""
+        return grad_buffer_bytes(setup)
+
+    def stepped_grad_bytes(self, setup, st):
+        """The fp32 main params step on fp32 grads: the fp32 main-grad buffer's own shard (`.float()` of an fp32
+        tensor is itself), or a `.float()` copy of a 16-bit buffer's, one per parameter (read 2, write 4 bytes):
+        distrib_optimizer.py:2419 (--zero 1), optimizer.py:759 (--zero 0), Megatron-FSDP's update_main_grads
+        `optimizer_grad.to(param.dtype)` on its fp32 main weights (fsdp/src/megatron_fsdp/param_and_grad_buffer.py:
+        2646-2649). Without a master (--precision fp32) the update reads the fp32 buffer itself.
+        NB: the copy is counted one launch per tensor of the rank's stage, as the update's own passes are (the
+        distributed optimizer's shard spans about 1/(dp·cp) of them: over-counts its launches)."""
+        buf = grad_buffer_bytes(setup)
+        if not st.master or buf == FP32:
+            return float(buf), 0.0
+        return float(FP32), float(buf + FP32)
 
     def tensors_per_rank(self, spec: ModelSpec, layers: int, embedding: bool, head: bool) -> int:
         """Megatron-Core's parameter tensors (fused linear_qkv and linear_fc1: parallel/megatron.py)."""
