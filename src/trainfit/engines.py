@@ -39,6 +39,10 @@ def check_stack(setup: Setup, engine: str) -> None:
             raise SetupError(f"--engine {engine} --mode rl runs full fine-tuning without recompute in fp32, amp-bf16 "
                              "or bf16: drop --lora-rank/--recompute, or use --engine analytic")
         return
+    if setup.ulysses > 1 or setup.tiled_mlp is not None or setup.loss == "tiled":
+        raise SetupError(f"--ulysses, --tiled-mlp and --loss tiled are DeepSpeed's sequence-parallel and tiled "
+                         f"kernels on ranks' process groups, which --engine {engine} does not run here; use --engine "
+                         "analytic")
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "
                          "not run here; use --engine analytic")
