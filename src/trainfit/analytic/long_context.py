@@ -92,6 +92,16 @@ def tiled_mlp_on(setup: Setup) -> bool:
     return getattr(setup, "tiled_mlp", None) is not None and setup.mode == "train"
 
 
+def tiled_mlp_seconds(spec: ModelSpec, setup: Setup, tokens: float, layers: int, matmul_rate: float) -> float:
+    """The tiled MLP's extra forward per micro-batch: TiledMLP's backward re-runs each slice's MLP with grad
+    (ulysses_sp.py:1065-1068) after its no_grad forward, so each layer's three MLP GEMMs (2·h·i FLOPs a token each)
+    run once more than without it, at `matmul_rate` (the step's achieved matmul FLOP/s). NB: the slices' GEMMs are
+    taken at the whole MLP's rate (a slice of ceil(seq / hidden) shards keeps ~hidden rows: large enough)."""
+    if not tiled_mlp_on(setup) or matmul_rate <= 0:
+        return 0.0
+    return layers * 3 * 2 * tokens * spec.hidden * spec.intermediate / setup.tp / matmul_rate
+
+
 def tiled_loss_shards(spec: ModelSpec, setup: Setup) -> int:
     """--loss tiled's slices: ArcticTraining's auto, ceil(fp32 logits bytes / 1 GiB) of the rank's tokens
     (sft_trainer.py:106-117)."""

@@ -174,6 +174,10 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     stage_layers_n = max(first, middle, last)
     c = micro_batch_compute(spec, setup, gpu, costs, st, efficiency, (first, middle, last), tokens, dense_peak)
 
+    # --tiled-mlp: each layer's MLP forward once more, in its backward (long_context.py)
+    tiled = long_context.tiled_mlp_seconds(spec, setup, tokens, stage_layers_n, dense_peak * c.achieved)
+    if tiled:
+        c = c._replace(recompute=c.recompute + tiled)
     links = Links.of(gpu)
     tp_mb, pp_mb, cp_mb, ep_mb = micro_batch_comm(spec, setup, links, st, (first, middle, last), tokens, v,
                                                   c.attention_forward, c.forward + c.backward + c.recompute,
