@@ -169,3 +169,24 @@ def test_tiled_mlp_saved_slice_matches_deepspeeds_tiled_mlp():
     la = layer_activations(spec, setup)
     assert la.terms["mlp"] == 4 * 2 * spec.intermediate / shards
     assert max(per_slice) - slice_x == 4 * 2 * i * rows
+
+
+@pytest.mark.heavy
+def test_ulysses_exchanges_and_saved_set_match_deepspeeds_on_two_cpu_ranks():
+    """DeepSpeed's UlyssesSPAttentionHF around transformers' SDPA on 2 gloo ranks (bench/targets/ulysses_cpu.py):
+    each rank hands its all-to-alls q, k, v and the output (forward) and their gradients (backward), the bytes
+    long_context.a2a_bytes counts; and the attention it runs on heads / 2 over the whole sequence saves exactly
+    what the same attention saves on the rank's half of the sequence with every head: the shape the analytic
+    engine prices it at (ops/attention.py queries seq / n, activations at rank_tokens)."""
+    from types import SimpleNamespace
+
+    from bench.targets.ulysses_cpu import ulysses_probe
+    from trainfit.analytic.long_context import a2a_bytes
+
+    heads, kv, d, seq = 8, 2, 16, 256
+    ranks = ulysses_probe(heads, kv, d, seq, ranks=2)
+    spec = SimpleNamespace(head_dim=d, kv_heads=kv, q_dim=heads * d)
+    q, rest = a2a_bytes(spec, SimpleNamespace(ulysses=2, batch=1, seq=seq), 4)  # fp32 on the CPU ranks
+    for r in ranks:
+        assert r["a2a_forward"] == r["a2a_backward"] == q + rest
+        assert r["saved"] == r["saved_slice_all_heads"]
