@@ -114,6 +114,18 @@ def test_other_engines_refuse_in_one_line():
             engine(spec, Setup(tiled_mlp=2, device="cpu", batch=1, seq=8))
 
 
+def test_deepspeed_config_counts_data_parallel_groups_not_ranks():
+    """DeepSpeed checks train_batch_size against world / sequence_parallel_size (runtime/config.py:461-469): 16
+    ranks in groups of 8 are 2 data-parallel replicas; the tiled kernels are ArcticTraining's options, not keys."""
+    from trainfit.plan.emit_deepspeed import supports
+    from trainfit.stacks.deepspeed_config import ds_config
+
+    s = Setup(stack="deepspeed", zero=3, dp=16, ulysses=8, seq=8192, batch=1, grad_accum=2, precision="bf16-master")
+    cfg = ds_config(s)
+    assert cfg["train_batch_size"] == 1 * 2 * 2 and cfg["sequence_parallel_size"] == 8
+    assert "ArcticTraining" in supports(s.with_(tiled_mlp=0))
+
+
 @pytest.mark.heavy
 def test_tiled_mlp_saved_slice_matches_deepspeeds_tiled_mlp():
     """DeepSpeed's own TiledMLP on CPU: its forward saves only x; its backward re-runs one slice at a time, whose
