@@ -98,6 +98,11 @@ def test_refusals(kw, words):
         Setup(**kw)
 
 
+def test_hf_runs_ulysses_through_its_deepspeed_integration():
+    s = Setup(stack="hf", precision="bf16-master", zero=3, dp=4, ulysses=4, seq=4096)
+    assert s.tokens_per_step == 4096
+
+
 def test_model_limits_refused():
     with pytest.raises(SetupError, match="does not divide the 32 attention heads"):
         _est(dp=6, seq=6144, ulysses=3)
