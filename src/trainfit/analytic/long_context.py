@@ -10,7 +10,11 @@ heads / N over the whole sequence: the attention's FLOPs and saved q, k, v, outp
 seq / N queries of every head against seq keys, which is how the ops (ops/attention.py: queries seq / cp) and
 the per-token activation terms (activations.py, at rank_tokens) price it. The all-to-alls are autograd functions
 on the compute stream (deepspeed/sequence/layer.py:327-360 _dim_zero_all_to_all, its backward the reverse
-exchange): exposed, 4 each way per layer.
+exchange): exposed, 4 each way per layer. NB: the exchanges are timed at the links' bandwidth with no per-call
+latency (as parallel/expert.py's all-to-all): optimistic for short slices.
+
+The tiled loss runs the same GEMMs and loss kernels as the full loss (each slice's backward inside the forward, none
+after): timed as the full loss. NB: its per-slice launches are not counted.
 """
 from __future__ import annotations
 
