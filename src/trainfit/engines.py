@@ -42,6 +42,10 @@ def check_stack(setup: Setup, engine: str) -> None:
             raise SetupError(f"--engine {engine} --mode rl runs the step on one process: drop --dp/--zero/"
                              "--rl-placement, or use --engine analytic")
         return
+    if setup.ulysses > 1 or setup.tiled_mlp is not None or setup.loss == "tiled":
+        raise SetupError(f"--ulysses, --tiled-mlp and --loss tiled are DeepSpeed's sequence-parallel and tiled "
+                         f"kernels on ranks' process groups, which --engine {engine} does not run here; use --engine "
+                         "analytic")
     if setup.loss != "full":
         raise SetupError(f"--loss {setup.loss}: Liger's kernels need triton on a GPU, which --engine {engine} does "
                          "not run here; use --engine analytic")

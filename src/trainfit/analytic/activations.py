@@ -21,6 +21,7 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
+from .long_context import tiled_mlp_on, tiled_mlp_shards
 from . import gated_deltanet, mla, siglip
 from . import sink_attention as sinks
 from .moe import moe_block
@@ -195,6 +196,15 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
     elif spec.gated_mlp:
         # gate output (saved by the activation), act(gate) and up (saved by the product), product (down_proj input)
         t["mlp"] = 4 * a * i
+        if tiled_mlp_on(setup):
+            # DeepSpeed's TiledMLP (ulysses_sp.py:1001-1020): the forward runs each slice under no_grad and saves
+            # only the MLP input x (held anyway); the backward re-runs one slice with grad at a time
+            # (:1047-1071): one slice's intermediates live. NB: counted with every layer's saved set, so reads
+            # high without recompute by (layers − 1) slices; exact at the recomputed layer under --recompute full
+            t["mlp"] /= tiled_mlp_shards(spec, setup)
+            if amp:  # no per-linear casts are saved (no_grad): x itself, in the residual dtype
+                t["linear_inputs"] += r * h - up_calls * a * h
+                mlp_inputs = r / a
     else:
         # fc1 output saved by the activation, activation output saved by fc2 — except ReLU, whose backward uses
         # its own output (one tensor), and HF's gelu_new, a composite of pow/tanh/mul that saves four tensors.

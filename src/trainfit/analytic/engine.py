@@ -24,6 +24,7 @@ from .params import count_params
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
 from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
 from .loss import head_and_loss
+from .long_context import rank_tokens, tiled_loss_shards, tiled_mlp_on, tiled_mlp_shards
 from .optimizer import state_tensors, temporary_bytes
 from .recompute import layer_params
 from ..precision import PRECISIONS
@@ -57,12 +58,14 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     if setup.mode != "train" or setup.device != "cuda":
         return []
     st = state_bytes(setup)
-    tokens = setup.batch * setup.seq // setup.cp
+    tokens = int(rank_tokens(setup))  # (--cp, --ulysses: the rank's slice of the sequence)
     mlp = mlp_intermediate(spec, setup)
     on_last_stage = setup.pp == 1 or mem.detail["stage"] == setup.pp - 1
     logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
     if compile_effects.loss_compiled(spec, setup):
         logits = 0  # the compiled loss makes no fp32 logits-sized tensor (compile_effects.compiled_head)
+    if setup.loss == "tiled" and on_last_stage:  # one slice's fp32 logits (loss.tiled_loss_head)
+        logits = -(-tokens // tiled_loss_shards(spec, setup)) * spec.vocab // setup.tp * 4
     if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
         logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
@@ -89,7 +92,9 @@ def largest_transient(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) 
 def mlp_intermediate(spec: ModelSpec, setup: Setup) -> int:
     """Bytes of one layer's MLP intermediate on a rank (tokens × intermediate / tp in the activations' dtype): the
     largest activation block a layer frees."""
-    tokens = setup.batch * setup.seq // setup.cp
+    tokens = int(rank_tokens(setup))
+    if tiled_mlp_on(setup):  # DeepSpeed's TiledMLP: one slice's intermediate at a time
+        tokens = -(-tokens // tiled_mlp_shards(spec, setup))
     return tokens * (spec.intermediate or 4 * spec.hidden) // setup.tp * state_bytes(setup).act
 
 

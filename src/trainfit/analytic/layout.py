@@ -37,6 +37,16 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
         raise SetupError(f"--tp {t} does not divide the {spec.heads} attention heads of {spec.name}; use a divisor of {spec.heads}")
     if spec.kv_heads % t and t % spec.kv_heads:
         raise SetupError(f"--tp {t} and the {spec.kv_heads} key/value heads of {spec.name} do not divide one another")
+    n = getattr(setup, "ulysses", 1)  # DeepSpeed's Ulysses (ulysses_sp.py:147-153)
+    if n > 1 and spec.heads % n:
+        raise SetupError(f"--ulysses {n} does not divide the {spec.heads} attention heads of {spec.name}; use a "
+                         f"divisor of {spec.heads}")
+    if n > 1 and spec.kv_heads % n and n % spec.kv_heads:
+        raise SetupError(f"--ulysses {n} and the {spec.kv_heads} key/value heads of {spec.name} do not divide one "
+                         "another (DeepSpeed repeats kv heads only by a whole factor)")
+    if getattr(setup, "tiled_mlp", None) is not None and (not spec.gated_mlp or spec.moe is not None):
+        raise SetupError(f"--tiled-mlp patches a gated MLP's forward (down(act(gate(x)) * up(x)), ArcticTraining's "
+                         f"tiled_compute.py:86-91); {spec.name}'s MLP is not one: drop --tiled-mlp")
     if spec.intermediate and spec.intermediate % t:
         raise SetupError(f"--tp {t} does not divide the MLP width {spec.intermediate} of {spec.name}")
     if p > spec.layers:

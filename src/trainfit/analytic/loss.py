@@ -21,6 +21,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, _norm_saved, dropout_mask_bytes, family_traits, norm_kernel
 from .liger_ops import chunk_rows
+from .long_context import tiled_loss_shards
 from .precision import StateBytes
 
 
@@ -96,6 +97,9 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     if setup.loss == "chunked-logprob":
         norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
         return chunked_logprob_head(spec, setup, st, tokens, norm, kept, norm_bwd)
+    if setup.loss == "tiled":
+        norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
+        return tiled_loss_head(spec, setup, st, tokens, norm, weight_cast, loss_bytes, kept, norm_bwd)
     if setup.loss == "fused-linear":
         norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
         return fused_linear_head(spec, setup, st, tokens, norm, weight_cast, labels, hidden + padded, kept, norm_bwd)
@@ -241,6 +245,36 @@ def chunked_logprob_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
         # the loop's tiles, or at the return the gradients cast back to the inputs' dtypes beside the fp32 ones
         backward_transient=FP32 * h * n + grad_weight + max(trl_tiles(spec, setup, st, n, backward=True), (
             r * h * n if r != FP32 else 0) + (st.weight * v * h if (lm_head_trains and st.weight != FP32) else 0)),
+        norm_kept=kept,
+        norm_backward=norm_bwd,
+    )
+
+
+def tiled_loss_head(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, norm_saved: float,
+                    weight_cast: float, loss_bytes: int, kept: float, norm_bwd: float) -> HeadBytes:
+    """--loss tiled: DeepSpeed's TiledFusedLogitsLoss as ArcticTraining's SFT trainer runs it under Ulysses
+    (arctic_training/trainer/sft_trainer.py:101-156; deepspeed/runtime/sequence_parallel/ulysses_sp.py:1126-1225):
+    the rank's final hidden states in slices of about 1 GiB of fp32 logits (long_context.tiled_loss_shards), each
+    slice's LM head and the model's own loss (logits, their fp32 copy, the log-softmax) run and backpropagated
+    inside the forward (:1187-1196), so one slice's logits live at a time; the input gradient (zeros_like(x), the
+    hidden states' dtype, :1166) is saved for the backward (:1212-1214), which only scales it (:1226-1231), and the
+    LM head's weight gradient accumulates over the slices in the forward. The labels come shifted from
+    UlyssesSPDataLoaderAdapter (`shift_labels`, sft_trainer.py:67-77): no padded copy. The slice's high point: its
+    forward (bf16 logits, the fp32 copy, the saved log-softmax) or its backward (the log-softmax, its gradient and
+    the logits' gradient), whichever is larger. NB: the model's output (the hidden states) is held by the trainer
+    beside the slices, counted; the per-slice loss scalars are not."""
+    a, h, v = st.act, spec.hidden, spec.vocab // setup.tp
+    rows = -(-int(tokens) // tiled_loss_shards(spec, setup))
+    fp32_copy = FP32 * v * rows if (a != FP32 and loss_bytes == FP32) else 0
+    forward = a * v * rows + fp32_copy + loss_bytes * v * rows
+    backward = loss_bytes * v * rows + max(2 * loss_bytes, loss_bytes + (a if a != loss_bytes else 0)) * v * rows
+    grad_input = st.residual * h * tokens
+    grad_weight = st.weight * v * h if not setup.lora_rank else 0.0
+    return HeadBytes(
+        saved=norm_saved + weight_cast + grad_input + grad_weight + INDEX * tokens,
+        labels=INDEX * tokens,
+        forward_transient=st.residual * h * tokens + max(forward, backward),
+        backward_transient=0.0,
         norm_kept=kept,
         norm_backward=norm_bwd,
     )

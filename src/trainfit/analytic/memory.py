@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from ..models.hf_config import for_setup
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import compile_effects, encoder_decoder, encoder_decoder_training, hybrid_training
+from . import compile_effects, encoder_decoder, encoder_decoder_training, hybrid_training, long_context
 from . import torchao_recipes
 from .activations import keys_per_token
 from .compute_time import tensors_per_rank
@@ -75,6 +75,14 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
 OFFLOAD_WINDOW = 2
 
 
+def offload_window(setup: Setup) -> int:
+    """Layers whose saved tensors are on the device under --offload activations: torchtune's window (above), or
+    under ArcticTraining's checkpoint offload (long_context.checkpoint_offload) the one layer being run: its
+    CheckpointFunction copies the layer's input to host memory synchronously before the layer runs
+    (monkey_patches.py:85-92, `arg.detach().to("cpu")`) and back when its backward starts (:122-126)."""
+    return 1 if long_context.checkpoint_offload(setup) else OFFLOAD_WINDOW
+
+
 def interleaved_kinds(spec: ModelSpec, setup: Setup, stage: Stage) -> tuple:
     """Each layer's kind, first to last, as (MoE, RoPE) where Llama 4's layers differ at recorded intervals: MoE
     layers interleaved with dense ones (MoESpec.layer_step: Maverick's every other layer, dense first) and NoPE
@@ -128,7 +136,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
                                       tensors_per_rank(spec, stage.layers, stage.embedding, stage.head))
         ms, gathered = ds.states, ds_zero.gathered(spec, pc, setup, st, layer_params(spec, pc, setup))
 
-    tokens = setup.batch * setup.seq
+    tokens = setup.batch * setup.seq // setup.ulysses  # --ulysses: the rank's slice (long_context.py)
     keys = keys_per_token(spec, setup.seq)
     lp = layer_params(spec, pc, setup)
     every = setup.layers_every if setup.recompute.startswith("layer:") else 0
@@ -169,6 +177,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     # (not applied there); frozen under LoRA anyway
     idle = 0 if (setup.lora_rank or ds) else vlm.idle_params(spec, setup, pc, stage.layers, stage.embedding)
     rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup)
+    rs += long_context.a2a_transient(spec, setup, st.act)  # --ulysses: the all-to-alls' buffers at the attention
     # torchao's quantised operand copies in a converted linear's backward (torchao_recipes.backward_transient)
     rs += torchao_recipes.backward_transient(spec, setup)
     if setup.quant:  # a frozen 4-bit matmul's dequantised weight beside the backward's temporaries (quant.py)
@@ -251,7 +260,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             largest * st.act if st.autocast else 0,
             optimizer_temporaries(adapter_setup(setup, st), st, largest, largest)) if setup.optimizer_in_backward
         else None,
-        layers_on_device=OFFLOAD_WINDOW if setup.offload == "activations" else None,
+        layers_on_device=offload_window(setup) if setup.offload == "activations" else None,
     )
     step = compile_effects.adjust_step(step, spec, setup, st, stage)  # --compile's mask, --fp8-all-gather
     activations = step.activations

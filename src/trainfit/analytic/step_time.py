@@ -37,7 +37,7 @@ from ..estimate import StepTime
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import torchao_optim
+from . import long_context, torchao_optim
 from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .host_queue import combined_1f1b
@@ -151,6 +151,7 @@ def micro_batch_comm(spec: ModelSpec, setup: Setup, links: Links, st: StateBytes
     tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
     cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, attention_forward, rerun)
+    cp_mb += long_context.a2a_seconds(spec, setup, links, act, comm_n, rerun)  # --ulysses: exposed all-to-alls
     ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
     ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
     ep_mb = exposed_ep_seconds(setup, ep_mb, compute, phases)
@@ -168,11 +169,15 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     v = virtual_stages or setup.vpp
     # fp16-master computes in fp16: V100/T4 fp16 tensor cores (timing.compute_dtype, hardware.GPU.flops_for)
     dense_peak = gpu.flops_for(compute_dtype(setup))
-    tokens = b * s / cp  # this rank's share of each micro-batch (context parallelism splits the sequence)
+    tokens = long_context.rank_tokens(setup)  # this rank's share of each micro-batch (--cp, --ulysses split it)
     first, middle, last = layers_per_stage or split(spec.layers, p, setup.pp_split)  # (layers × 3 when p = 1)
     stage_layers_n = max(first, middle, last)
     c = micro_batch_compute(spec, setup, gpu, costs, st, efficiency, (first, middle, last), tokens, dense_peak)
 
+    # --tiled-mlp: each layer's MLP forward once more, in its backward (long_context.py)
+    tiled = long_context.tiled_mlp_seconds(spec, setup, tokens, stage_layers_n, dense_peak * c.achieved)
+    if tiled:
+        c = c._replace(recompute=c.recompute + tiled)
     links = Links.of(gpu)
     tp_mb, pp_mb, cp_mb, ep_mb = micro_batch_comm(spec, setup, links, st, (first, middle, last), tokens, v,
                                                   c.attention_forward, c.forward + c.backward + c.recompute,
@@ -245,7 +250,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
             issue = host_issue_exposed(setup, kernels, step)
     step += issue
 
-    tok_step = b * s * m * d
+    tok_step = setup.tokens_per_step  # (--ulysses: d / N groups train different sequences)
     model_flops = 3 * costs.forward_total * tok_step
     if spec.encdec is not None:  # both stacks and the head over the target tokens, per input token (as _infer does)
         from .encoder_decoder import prefill_flops
@@ -339,7 +344,7 @@ def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: Sta
     layers = split(spec.layers, setup.pp, setup.pp_split)
     sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
     c = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds
-    t = c + sum(micro_batch_comm(spec, setup, Links.of(gpu), st, layers, setup.batch * setup.seq / setup.cp,
+    t = c + sum(micro_batch_comm(spec, setup, Links.of(gpu), st, layers, long_context.rank_tokens(setup),
                                  setup.vpp, sc.attention_forward, c, sc.combined_phases))
     return m * t + bubble_seconds(setup.pp, setup.vpp, t) + straggler_seconds(m, sc.total, setup.world_size)
 
@@ -376,6 +381,15 @@ def offload_exposed(spec: ModelSpec, setup: Setup, gpu: GPU, forward: float, bac
     if setup.offload != "activations":
         return 0.0
     from .memory import train_memory
+    if long_context.checkpoint_offload(setup):
+        # ArcticTraining's copies are synchronous on the compute stream (monkey_patches.py:87 `.to("cpu")`, :123
+        # `.to(ctx.x_device)`): nothing overlaps them. NB: pageable host memory, taken at the pinned line rate:
+        # optimistic
+        link = kernels_for(gpu).host_link
+        if not link:
+            raise SetupError(f"--offload activations: no host link bandwidth is known for {gpu.name} (kernels.toml "
+                             "host_link); use a catalog GPU")
+        return 2 * train_memory(spec, setup).host_memory / link
 
     link = kernels_for(gpu).host_link
     if not link:

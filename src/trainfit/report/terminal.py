@@ -21,10 +21,12 @@ def _unit(e: Estimate) -> str:
 def setup_line(e: Estimate) -> str:
     s = e.setup
     extra = [f"{k}={v}" for k, v, off in (("sp", "on", not s.sequence_parallel), ("cp", s.cp, s.cp == 1),
+                                           ("ulysses", s.ulysses, s.ulysses == 1),
+                                           ("tiled-mlp", s.tiled_mlp or "auto", s.tiled_mlp is None),
                                            ("vpp", s.vpp, s.vpp == 1), ("split", s.pp_split, s.pp_split == "even"),
                                            ("ep", s.ep, s.ep == 1), ("etp", s.etp, s.etp is None),
                                            ("offload", s.offload, s.offload == "none")) if not off]
-    par = (f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 else "") + \
+    par = (f" dp={s.dp} tp={s.tp} pp={s.pp} zero={s.zero}" if s.world_size > 1 or s.zero else "") + \
         "".join(" " + x for x in extra)
     if s.mode == "rl":
         n = s.batch * s.group_size

@@ -7,6 +7,16 @@ from .pp_layout import is_layout, parse as parse_layout
 from .vocab import OFFLOAD, RECOMPUTE, RECOMPUTE_PATTERNS
 
 
+def parse_shards(text) -> int:
+    """--tiled-mlp: a shard count, or auto (0: the stack's own rule, analytic/long_context.py)."""
+    if str(text).strip().lower() == "auto":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("expected a number of shards or auto") from None
+
+
 def combine_offload(text: str) -> str:
     """--offload given several times ("optimizer,params"): one of OFFLOAD. DeepSpeed's offload_param comes with
     offload_optimizer in trainfit's model (ZeRO-Infinity, analytic/parallel/deepspeed.py), so the pair is `params`;

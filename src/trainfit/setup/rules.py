@@ -24,7 +24,9 @@ def validate(setup: Setup) -> None:
         raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
     stack = _stacks.get_stack(setup.stack, setup.stack_release)
     shard_axes = stack.zero_shard_axes
-    if setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes):
+    # (ZeRO-Offload / ZeRO-Infinity on one GPU: DeepSpeed's ZeRO engine with its states on the host, world 1)
+    one_gpu_offload = setup.offload in ("optimizer", "params") and "offload" in stack.axes
+    if setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes) and not one_gpu_offload:
         raise SetupError(f"--zero shards states over data-parallel ranks ({' × '.join('--' + a for a in shard_axes)}"
                          f" on --stack {stack.name}): it needs --dp > 1" + (" or --cp > 1" if "cp" in shard_axes
                                                                             else ""))
@@ -47,6 +49,7 @@ def validate(setup: Setup) -> None:
             raise SetupError(f"--recompute-modules applies under --recompute selective (Megatron's "
                              f"recompute_granularity 'selective'), not --recompute {setup.recompute}: add "
                              "--recompute selective, or drop --recompute-modules")
+    _check_long_context(setup, stack)
     if setup.offload == "activations" and not stack.runs("activation-offload"):
         raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
                          f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
@@ -192,6 +195,42 @@ def _check_grad_reduce(setup: Setup, stack: _stacks.Stack) -> None:
     if setup.precision != "bf16-master":
         raise SetupError(f"--grad-reduce-in-bf16 keeps --precision bf16-master's gradients in bf16; under --precision "
                          f"{setup.precision} they already have the param dtype: drop it")
+
+
+def _check_long_context(setup: Setup, stack: _stacks.Stack) -> None:
+    """--ulysses, --tiled-mlp, --loss tiled and the stack's --offload activations variant (analytic/long_context.py):
+    on the stacks whose [features] run them, with the layouts DeepSpeed's Ulysses takes (stacks/*.toml [ulysses])."""
+    n = setup.ulysses
+    for on, feature, flag in ((n > 1, "ulysses", f"--ulysses {n}"),
+                              (setup.tiled_mlp is not None, "tiled-mlp", "--tiled-mlp"),
+                              (setup.loss == "tiled", "tiled-loss", "--loss tiled")):
+        if on and not stack.runs(feature):
+            raise SetupError(f"{flag} is ArcticTraining's long-sequence recipe on an HF model under DeepSpeed; --stack "
+                             f"{stack.name} does not run it: use --stack {_runners(feature)}")
+    if (setup.tiled_mlp is not None or setup.loss == "tiled") and setup.mode != "train":
+        raise SetupError("--tiled-mlp and --loss tiled tile a training step's MLP and loss: use --mode train")
+    if n > 1:
+        facts = stack.facts["ulysses"]
+        if setup.dp % n:
+            raise SetupError(f"--ulysses {n}: DeepSpeed builds its sequence-parallel groups out of the data-parallel "
+                             f"ranks (world % sp == 0): --dp {setup.dp} must be a multiple of {n}")
+        if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
+            raise SetupError(f"--ulysses {n} is modelled on data-parallel ranks only (DeepSpeed's ZeRO engine): drop "
+                             "--tp/--pp/--cp")
+        if setup.seq % n:
+            raise SetupError(f"--ulysses {n}: each rank takes seq / {n} tokens (UlyssesSPDataLoaderAdapter needs "
+                             f"seqlen % sp == 0): --seq {setup.seq} is not a multiple of {n}")
+        if setup.attention_kernel not in facts["attention"]:
+            raise SetupError(f"--ulysses {n} with --attention {setup.attention_kernel}: UlyssesSPAttentionHF runs "
+                             f"{', '.join(facts['attention'])} only (eager builds the full mask it drops)")
+        if facts.get("precision") and setup.precision != facts["precision"]:
+            raise SetupError(f"--ulysses {n} on --stack {stack.name} runs through its DeepSpeed integration: use "
+                             f"--precision {facts['precision']}")
+    if setup.offload == "activations" and stack.facts.get("activation_offload", {}).get("needs_recompute") \
+            not in (None, setup.recompute):
+        need = stack.facts["activation_offload"]["needs_recompute"]
+        raise SetupError(f"--offload activations on --stack {stack.name} offloads each checkpointed layer's input "
+                         f"(ArcticTraining's CheckpointFunction): it needs --recompute {need}")
 
 
 def _runners(feature: str) -> str:

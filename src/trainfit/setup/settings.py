@@ -15,6 +15,7 @@ from .. import stacks as _stacks
 from ..errors import SetupError
 from ..units import parse_count
 from .parsers import (_check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
+                      parse_shards,
                       combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
@@ -143,6 +144,13 @@ class Setup:
                                         modes=("train",), group="parallel")
     cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
                       "every sequence).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
+    ulysses: int = setting(1, "DeepSpeed-Ulysses sequence-parallel degree (ALST; DeepSpeed's UlyssesSPAttentionHF on "
+                           "an HF model): each rank of a group of N holds --seq / N tokens of every sequence, and "
+                           "all-to-alls over the group swap the split to heads around the attention core (N divides "
+                           "the attention heads). The groups are carved out of --dp (DeepSpeed: consecutive ranks, "
+                           "ZeRO still shards over all --dp ranks), so --dp / N ranks train different sequences. "
+                           "--stack deepspeed, or hf through its DeepSpeed integration.", maximum=limits.RANKS,
+                           minimum=1, example="8", group="parallel")
     ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "
                       "tp).", maximum=limits.RANKS, minimum=1, example="8", group="parallel")
     etp: Optional[int] = setting(None, "Expert tensor-parallel degree (each expert's matrices split over etp ranks).",
@@ -245,7 +253,8 @@ class Setup:
                            "memory, AdamW on the CPU), params "
                            "(ZeRO-Infinity: the 16-bit weights too; --zero 3; --stack deepspeed) or activations "
                            "(torchtune's activation offloading: saved tensors to pinned host memory in forward, back "
-                           "in backward; --stack hf, analytic engine). Repeatable: --offload optimizer --offload "
+                           "in backward; --stack hf, analytic engine; on --stack deepspeed ArcticTraining's variant under --recompute "
+                           "full: each checkpointed layer's input copied to host memory and back). Repeatable: --offload optimizer --offload "
                            "params is ZeRO-Infinity's pair, the same as params.", choices=OFFLOAD, modes=("train",),
                            repeatable=True, parse=lambda v: combine_offload(v), example="optimizer", group="step")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
@@ -294,8 +303,17 @@ class Setup:
                         "(Liger's fused linear cross-entropy, as TRL's use_liger_kernel applies it: the LM head and the "
                         "loss run chunk by chunk, the logits never whole, the head's gradients made in forward) or "
                         "chunked-logprob (TRL's fused LM head, what its GRPO trainer trains with: per-token "
-                        "log-probs from [4096 × 32768] logits tiles, recomputed in backward; --mode rl uses it); "
-                        "--stack hf, analytic engine.", choices=LOSSES, modes=("train",), group="step")
+                        "log-probs from [4096 × 32768] logits tiles, recomputed in backward; --mode rl uses it) or "
+                        "tiled (DeepSpeed's TiledFusedLogitsLoss as ArcticTraining runs it under Ulysses: the model's "
+                        "own head and loss on slices of about 1 GiB of fp32 logits, each slice's backward run in the "
+                        "forward); fused-linear and tiled on --stack hf and deepspeed, analytic engine.", choices=LOSSES, modes=("train",), group="step")
+    tiled_mlp: Optional[int] = setting(None, "ArcticTraining's tiled MLP (DeepSpeed's TiledMLP): each layer's MLP "
+                                       "runs on N slices of the sequence without saving its intermediates, and its "
+                                       "backward re-runs one slice at a time; auto = ArcticTraining's ceil(tokens "
+                                       "per rank / hidden). --stack deepspeed or hf (a monkey-patch of the HF "
+                                       "model's MLP), gated (SwiGLU) MLPs, analytic engine; 0 = auto.", minimum=0,
+                                       maximum=limits.TOKENS, parse=lambda v: parse_shards(v), auto="off",
+                                       example="auto", suggestions=("auto", 4, 16), modes=("train",), group="step")
     optimizer_in_backward: bool = setting(False, "Step the optimizer inside the backward pass, one parameter at a "
                                           "time as its gradient is ready, and free that gradient at once (torchtune's "
                                           "optimizer_in_bwd): gradients never all live. Needs --grad-accum 1 and one "
@@ -465,7 +483,8 @@ class Setup:
     @property
     def tokens_per_step(self) -> int:
         """Tokens in one optimizer step across all data-parallel ranks."""
-        return self.batch * self.seq * self.grad_accum * self.dp
+        # --ulysses N: the N ranks of a sequence-parallel group share each sequence (UlyssesSPDataLoaderAdapter)
+        return self.batch * self.seq * self.grad_accum * self.dp // self.ulysses
 
     @property
     def attention_kernel(self) -> str:

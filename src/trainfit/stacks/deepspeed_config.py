@@ -17,7 +17,9 @@ def ds_config(s) -> dict:
             "reduce_bucket_size": ds.fact("reduce_bucket_size"),
             "allgather_bucket_size": ds.fact("allgather_bucket_size")}
     cfg = {
-        "train_batch_size": s.batch * s.grad_accum * s.dp,
+        # with sequence parallelism DeepSpeed counts world / sequence_parallel_size data-parallel ranks
+        # (runtime/config.py:461-469)
+        "train_batch_size": s.batch * s.grad_accum * s.dp // getattr(s, "ulysses", 1),
         "train_micro_batch_size_per_gpu": s.batch,
         "gradient_accumulation_steps": s.grad_accum,
         # the setup's clip (Setup.grad_clip_norm: --max-grad-norm, else stacks/deepspeed.toml [grad_clip], 1.0 as
@@ -29,6 +31,8 @@ def ds_config(s) -> dict:
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
     }
+    if getattr(s, "ulysses", 1) > 1:  # config.py:468-469; the groups: runtime/sequence_parallel/parallel_state_sp.py
+        cfg["sequence_parallel_size"] = s.ulysses
     if s.zero == 3:
         zero.update({"stage3_prefetch_bucket_size": ds.fact("stage3_prefetch_bucket_size"),
                      "stage3_param_persistence_threshold": ds.fact("stage3_param_persistence_threshold"),

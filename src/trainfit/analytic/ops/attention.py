@@ -138,7 +138,11 @@ def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: floa
     kernel = core_kernel(sh)
     fwd_k, bwd_k = (1, -1) if sh.attention != "eager" else (
         eager_kernels(sh.act, sh.eager_mask) if sh.hf_eager else math_kernels(spec.causal))  # scores: q's dtype
-    ops.append(Op("attention", "attention", attention_dtype(sh), sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
+    # --ulysses: after the all-to-alls a rank attends heads / N over all the sequence's queries (ulysses_sp.py:
+    # 168-206): the same FLOPs as seq / N queries of every head, the kernel's blocks those of the whole square
+    n = sh.ulysses
+    ops.append(Op("attention", "attention", attention_dtype(sh), sh.seq / sh.cp * n, sh.seq, head_k, bh / n,
+                  causal=spec.causal,
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
                   dropout=p_attn > 0 and sh.attention != "eager", gqa=kv < q and spec.mla is None,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))

@@ -130,6 +130,9 @@ class Shape:
     # the streams a grouped expert GEMM's per-expert calls are spread over (stacks/*.toml [moe] gemm_streams); 0: one
     # batched launch
     moe_gemm_streams: int = 0
+    # --ulysses (of `cp`, the ranks sharing a sequence): the attention core runs heads / ulysses over the sequence
+    # (analytic/long_context.py)
+    ulysses: int = 1
 
     @property
     def tokens(self) -> float:

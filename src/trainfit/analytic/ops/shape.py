@@ -6,6 +6,7 @@ from ...setup import Setup
 from ...spec import ModelSpec
 from ..activations import FP32, norm_kernel, resolved_kernel
 from ..families import family_traits
+from ..long_context import sp_degree
 from ..moe_imbalance import busiest_rank_load
 from ..precision import StateBytes
 from ..te_recipes import runs_te
@@ -31,7 +32,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     lp = getattr(setup, "low_precision", "none")
     # Transformer Engine runs the recipe (stacks/*.toml [low_precision] library): ops/te_casts.py, not torchao's
     te = lp if runs_te(setup) else ""
-    return Shape(setup.batch, setup.seq, setup.cp, setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
+    # --cp and --ulysses: the rank holds seq / n of every sequence, attending seq keys (long_context.py)
+    return Shape(setup.batch, setup.seq, sp_degree(setup), setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
                  bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, lp in MODELLED and not te,
@@ -51,4 +53,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),
                  moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp),
                  moe_force_balance=bool(getattr(setup, "moe_force_balance", False)),
-                 moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)))
+                 moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)),
+                 ulysses=int(getattr(setup, "ulysses", 1)))
