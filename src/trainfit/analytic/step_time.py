@@ -45,7 +45,6 @@ from .flops import attention_flops_per_token, forward_per_token, head_matmul_per
 from .float8 import compute_speedup
 from .te_recipes import gather_saving
 from .parallel.collectives import Links, ranks_per_node
-from .parallel.context import cp_comm_seconds
 from .parallel.expert import ep_comm_seconds, exposed_ep_seconds, split_params
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
@@ -150,7 +149,7 @@ def micro_batch_comm(spec: ModelSpec, setup: Setup, links: Links, st: StateBytes
     comm_n = max(n + k for n, k in zip(layers, stage_mtp(spec, setup)))
     tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
-    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, attention_forward, rerun)
+    cp_mb = model_for(setup).cp_comm_seconds(spec, setup, links, tokens, act, comm_n, attention_forward, rerun)
     ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
     ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
     ep_mb = exposed_ep_seconds(setup, ep_mb, compute, phases)

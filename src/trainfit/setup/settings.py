@@ -140,8 +140,8 @@ class Setup:
                                         auto="the config's num_nextn_predict_layers on --stack megatron "
                                         "(DeepSeek-V3: 1), 0 on stacks that drop them", example="1",
                                         modes=("train",), group="parallel")
-    cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
-                      "every sequence).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
+    cp: int = setting(1, "Context-parallel degree (ring attention: each rank holds --seq / cp tokens of every "
+                      "sequence; Megatron's, or torch's under --stack torchtitan).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
     ep: int = setting(1, "Expert-parallel degree for MoE models (experts split over ep ranks, carved out of dp × cp × "
                       "tp).", maximum=limits.RANKS, minimum=1, example="8", group="parallel")
     etp: Optional[int] = setting(None, "Expert tensor-parallel degree (each expert's matrices split over etp ranks).",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...errors import SetupError
 from ...setup import Setup
 from ...spec import ModelSpec
+from ..parallel import torch_context
 from .base import StackModel
 
 
@@ -46,11 +47,23 @@ class TorchtitanModel(StackModel):
                              f"hidden {spec.hidden}; torchtitan's llama3 derives head_dim = dim // n_heads: use "
                              "--stack hf")
 
+    def cp_comm_seconds(self, spec: ModelSpec, setup: Setup, links, tokens: float, act_bytes: float, layers: int,
+                        attention_forward: float, rerun: float) -> float:
+        """torch's ring attention as torchtitan runs it: an all-gather of K/V, fp32 dK/dV hops
+        (parallel/torch_context.py)."""
+        return torch_context.ring_comm_seconds(spec, setup, links, tokens, act_bytes, layers, attention_forward,
+                                               rerun)
+
+    def cp_backward_bytes(self, spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
+        return torch_context.ring_backward_bytes(spec, setup, tokens, act_bytes)
+
     def communicators(self, setup: Setup) -> dict[str, int]:
         """The base groups, and with expert parallelism the sparse mesh's ep and efsdp groups (torchtitan
         distributed/parallel_dims.py:154-177: efsdp = dp_shard·tp // (etp·ep), Setup.expert_dp under FSDP; the
         mesh's etp innermost, as overheads.py places Megatron's expert groups)."""
         groups = super().communicators(setup)
+        if setup.cp > 1:  # the ring's cp group, and FSDP's over dp_shard × cp (distributed/parallel_dims.py:137,
+            groups.update(cp=setup.cp, dp=setup.dp * setup.cp)  # :172-173 the fsdp and cp meshes)
         if setup.ep > 1:
             groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
         return groups
