@@ -72,10 +72,16 @@ class ModelCosts:
     pc: ParamCounts | None = field(default=None, compare=False)  # (the op lists' MoE layer mix)
 
     @classmethod
-    def of(cls, spec: ModelSpec, seq: int, pc: ParamCounts) -> "ModelCosts":
+    def of(cls, spec: ModelSpec, seq: int, pc: ParamCounts, doc_len: int | None = None) -> "ModelCosts":
+        """`doc_len`: packed documents (analytic/packing.py): the attention core over a document's keys, not the
+        row's (the FLOPs it runs, the MFU's numerator with it)."""
         fpt = forward_per_token(spec, seq, pc)
         head = 2 * head_matmul_per_token(spec, seq)  # the task head: LM (+ MLM transform) or classifier (flops.py)
-        return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt, pc)
+        attention = attention_flops_per_token(spec, seq)
+        if doc_len:
+            fpt += attention_flops_per_token(spec, doc_len) - attention
+            attention = attention_flops_per_token(spec, doc_len)
+        return cls((fpt - head) / spec.layers, head, attention / spec.layers, fpt, pc)
 
 
 class MicroBatchCompute(NamedTuple):
@@ -319,7 +325,7 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
                      pc: ParamCounts | None = None) -> StepTime:
     """The step time of one training setup on `gpu` (the planner's model, every term)."""
     pc = pc or count_params(spec)
-    return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
+    return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc, getattr(setup, "doc_len", None)),
                      stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split, stage_mtp(spec, setup)),
                      state_bytes(setup), efficiency)
 

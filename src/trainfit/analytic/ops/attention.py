@@ -4,6 +4,7 @@ gradients that come back head-major."""
 from __future__ import annotations
 
 from ...spec import ModelSpec
+from ..packing import attention_rows
 from .op import BROADCAST, Op, Shape, attention_dtype, bwd_kernel, memory, no_kernel
 from .residual import dropout
 from .sinks import sink_ops
@@ -138,7 +139,8 @@ def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: floa
     kernel = core_kernel(sh)
     fwd_k, bwd_k = (1, -1) if sh.attention != "eager" else (
         eager_kernels(sh.act, sh.eager_mask) if sh.hf_eager else math_kernels(spec.causal))  # scores: q's dtype
-    ops.append(Op("attention", "attention", attention_dtype(sh), sh.seq / sh.cp, sh.seq, head_k, bh, causal=spec.causal,
+    queries, keys, rows = attention_rows(sh)  # (the row, or its packed documents: analytic/packing.py)
+    ops.append(Op("attention", "attention", attention_dtype(sh), queries, keys, head_k, bh * rows, causal=spec.causal,
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
                   dropout=p_attn > 0 and sh.attention != "eager", gqa=kv < q and spec.mla is None,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))

@@ -130,6 +130,9 @@ class Shape:
     # the streams a grouped expert GEMM's per-expert calls are spread over (stacks/*.toml [moe] gemm_streams); 0: one
     # batched launch
     moe_gemm_streams: int = 0
+    # --doc-len: sequences packed from documents of that (token-weighted mean) length, each attending within its own
+    # (analytic/packing.py); 0: one document per sequence
+    doc_len: float = 0
 
     @property
     def tokens(self) -> float:

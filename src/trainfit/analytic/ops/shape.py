@@ -51,4 +51,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),
                  moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp),
                  moe_force_balance=bool(getattr(setup, "moe_force_balance", False)),
-                 moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)))
+                 moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)),
+                 doc_len=getattr(setup, "doc_len", None) or 0)
