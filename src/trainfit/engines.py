@@ -137,7 +137,8 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
                          "per sequence; use --engine analytic")
     if setup.cp > 1:
         # torch's ring attention dispatches the CUDA SDPA kernels only (torch 2.13 distributed/tensor/experimental/
-        # _context_parallel/_attention.py:916-938: flash, efficient, cuDNN), not the CPU flash kernel
+        # _context_parallel/_attention.py:916-938: flash, efficient, cuDNN); on gloo ranks the CPU flash kernel has no
+        # sharding strategy and raises (tests/stacks/test_torchtitan_cp_cpu.py)
         raise SetupError("the trace engine runs one process on CPU, where torch's ring attention has no kernel "
                          "(it dispatches CUDA's flash, memory-efficient and cuDNN SDPA only): --cp is analytic only "
                          "(use --engine analytic)")
