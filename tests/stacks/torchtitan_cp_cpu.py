@@ -1,8 +1,10 @@
 """Two gloo ranks on CPU: torchtitan's context parallelism (apply_cp_to_attention_module, cp_shard head-tail) on one
 causal SDPA, each rank printing whether torch's ring ran and its error against the unsharded attention. Run by
 tests/stacks/test_torchtitan_cp_cpu.py under torch.distributed.run."""
-import os, torch, torch.distributed as dist
-import torch.nn as nn, torch.nn.functional as F
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torchtitan.distributed.context_parallel import apply_cp_to_attention_module, cp_shard
 dist.init_process_group("gloo")
