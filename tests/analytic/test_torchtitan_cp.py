@@ -93,3 +93,29 @@ def test_one_process_engines_refuse_cp(llama):
     for run in (engines.trace, engines.measure):
         with pytest.raises(SetupError, match="--cp"):
             run(llama, s)
+
+
+def test_ring_merge_bytes_by_hand(llama):
+    """torch's fp32 merge around the ring's SDPA steps (ops/ring_merge.py), llama-3.1-8b, b 1, s 8192, cp 2: 4096
+    tokens a rank, O = 4096 · 4096 = 16,777,216 output elements, K = 4096 · 2 · 1024 = 8,388,608 K+V elements, bf16:
+      forward: first output to fp32 (2O read, 4O written), one merge step (2O + 8O + 4O + 8O read; 4O · 4 written),
+               the result back to bf16 (4O, 2O): reads 28 O, writes 22 O;
+      backward: fp32 zeros (4O + 4K written), per step (2) the dQ and dK/dV accumulations (6O + 6K read, 4O + 4K
+               written) and the fp32 dK/dV copy (4K, 4K), the casts back (4O + 4K read, 2O + 2K written):
+               reads 16 O + 24 K, writes 14 O + 22 K."""
+    from trainfit.analytic.ops import Shape, backward, layer_forward
+
+    o, k = 16_777_216, 8_388_608
+    fwd = [op for op in layer_forward(llama, Shape(batch=1, seq=8192, cp=2, cp_merge=True)) if op.name == "ring_merge"]
+    assert [(op.reads, op.writes) for op in fwd] == [(28 * o, 22 * o)]
+    bwd = backward(fwd)
+    assert [(op.reads, op.writes) for op in bwd] == [(16 * o + 24 * k, 14 * o + 22 * k)]
+    # Megatron's ring (TE) merges inside its own kernels: no such ops on --stack megatron, nor without CP
+    assert not [op for op in layer_forward(llama, Shape(batch=1, seq=8192, cp=2)) if op.name == "ring_merge"]
+    from trainfit.analytic.ops.shape import shape_of
+    from trainfit.analytic.precision import state_bytes
+
+    mg = Setup(batch=1, seq=8192, stack="megatron", cp=2, precision="bf16-master")
+    assert not shape_of(llama, mg, state_bytes(mg), "bf16").cp_merge
+    tt = _setup(batch=1, seq=8192, cp=2, recompute="op")
+    assert shape_of(llama, tt, state_bytes(tt), "bf16").cp_merge

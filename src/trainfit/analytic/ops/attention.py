@@ -7,6 +7,7 @@ from ...spec import ModelSpec
 from ..packing import attention_rows
 from .op import BROADCAST, Op, Shape, attention_dtype, bwd_kernel, memory, no_kernel
 from .residual import dropout
+from .ring_merge import ring_merge_ops
 from .sinks import sink_ops
 
 def grad_layout(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
@@ -144,6 +145,7 @@ def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: floa
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
                   dropout=p_attn > 0 and sh.attention != "eager", gqa=kv < q and spec.mla is None,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
+    ops += ring_merge_ops(sh, q, kv)  # --cp: torch's ring merges its steps in fp32 (ops/ring_merge.py)
     if sh.attention == "eager" and spec.attn_sinks:  # gpt-oss's sink column (sinks.py)
         ops += sink_ops(bh, sh.seq / sh.cp, sh.seq, sh)
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities
