@@ -21,6 +21,8 @@ Where it differs from Megatron's ring (parallel/context.py, whose per-rank K/V s
   * the buffers (one layer's backward): fp32 accumulators for dQ, dK, dV (:512-516), the all-gathered K/V and the
     flat K/V copied for it (:524-534), the fp32 dK/dV being sent and the one received (:595-627).
 The attention FLOPs are split as Megatron's are (ops/attention.py: s/cp queries against s keys, causal).
+NB: the cp SDPA calls of a layer (each (s/cp)·(s/2cp) but the diagonal one) are timed as one kernel over the rank's
+queries: their launches and smaller grids are not counted (optimistic).
 """
 from __future__ import annotations
 

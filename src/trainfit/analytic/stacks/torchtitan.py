@@ -70,6 +70,10 @@ class TorchtitanModel(StackModel):
 
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
         out = super().notes(spec, setup)
+        if setup.cp > 1:
+            out.append(f"context parallelism: torch's ring attention over {setup.cp} ranks (K/V all-gathered each "
+                       "layer, fp32 dK/dV passed round the ring, outputs merged in fp32); its cp SDPA calls per layer "
+                       "timed as one kernel (their launches not counted)")
         if setup.ep > 1 and spec.is_moe:
             out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}, routing taken as balanced; a real "
                        "router's busiest rank receives more tokens, and its dispatch buffers (and, under op SAC, "
