@@ -683,6 +683,15 @@ RUNS: list[dict] = [
         dict(batch=2, dp=128, zero=3, recompute="op", compile=True, low_precision="tensorwise", fp8_all_gather=True), 8380),
     _tt("tt-8b-s32k-fsdp8", 2, "FSDP 8, CP 1", "llama-3.1-8b",
         dict(batch=1, seq=32768, dp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True), 3890),
+    # Table 2's CP rows: the same 8 GPUs, FSDP over dp_shard × cp, the sequence doubling with cp (tokens per GPU fixed)
+    *(_tt(f"tt-8b-s{seq // 1024}k-fsdp{dp}-cp{cp}", 2, f"FSDP {dp}, CP {cp}", "llama-3.1-8b",
+          dict(batch=1, seq=seq, dp=dp, cp=cp, zero=3, recompute="full", compile=True, low_precision="tensorwise",
+               fp8_all_gather=dp > 1), tps,
+          "torchtitan's CP: torch's ring attention over SDPA as torch 2.13 runs it (analytic/parallel/"
+          "torch_context.py; NB: the Dec 2024 torch's ring not re-read)."
+          + ("" if dp > 1 else " FSDP 1: torchtitan's fp8 all-gather needs dp_shard > 1 (0.2.2 components/"
+                               "quantization/float8.py:87-90), off here."))
+      for dp, cp, seq, tps in ((4, 2, 65536, 2540), (2, 4, 131072, 1071), (1, 8, 262144, 548))),
     _tt("tt-70b-fsdp32-tp8", 4, "2D", "llama-3.1-70b",
         dict(batch=16, dp=32, tp=8, zero=3, recompute="full", compile=True, low_precision="tensorwise", fp8_all_gather=True,
              sequence_parallel=True), 829,
@@ -755,8 +764,8 @@ SKIPPED = [
     ("Shoeybi et al. 2019 (V100, 1.2B–8.3B)", "only scaling efficiencies and one aggregate PFLOP/s; per-run batch "
      "and FLOP formula not given per row; not verified in the time available"),
     ("llm-foundry H100 FP8 rows", "TransformerEngine fp8 (amp_fp8); TE recipes on llm-foundry are not a stack trainfit models"),
-    ("torchtitan Table 2 CP > 1, Table 6 (CP)", "torchtitan CP (ring attention in SDPA) not modelled by --stack "
-     "torchtitan"),
+    ("torchtitan Table 6 (CP)", "405B on TP 8 x PP 8 with AsyncTP: AsyncTP not modelled, and 126 layers do not "
+     "split evenly over 8 stages (as Table 5)"),
     ("torchtitan Table 4/5 AsyncTP and interleaved rows", "AsyncTP not modelled; interleaved virtual-stage count not "
      "published"),
     ("torchtitan Table 5 (405B, TP 8 x PP 8 x FSDP 8)", "126 layers do not split evenly over 8 stages and the "

@@ -139,6 +139,16 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     if setup.tp > 1 or setup.pp > 1:
         raise SetupError("the trace engine runs one process and does not split layers: --tp/--pp are analytic only "
                          "(use --engine analytic); --dp/--zero are traced one rank at a time")
+    if setup.doc_len is not None:
+        raise SetupError("--doc-len (packed documents) is analytic only: the trace engine's batches are one document "
+                         "per sequence; use --engine analytic")
+    if setup.cp > 1:
+        # torch's ring attention dispatches the CUDA SDPA kernels only (torch 2.13 distributed/tensor/experimental/
+        # _context_parallel/_attention.py:916-938: flash, efficient, cuDNN); on gloo ranks the CPU flash kernel has no
+        # sharding strategy and raises (tests/stacks/test_torchtitan_cp_cpu.py)
+        raise SetupError("the trace engine runs one process on CPU, where torch's ring attention has no kernel "
+                         "(it dispatches CUDA's flash, memory-efficient and cuDNN SDPA only): --cp is analytic only "
+                         "(use --engine analytic)")
     if setup.compile:
         raise SetupError("the trace engine runs eager kernels on fake tensors: --compile is modelled by the analytic "
                          "engine and measured by --engine measure")
@@ -184,6 +194,12 @@ def measure(spec: ModelSpec, setup: Setup, steps: int = 3, warmup: int = 1, prog
     """Real steps here (one process); the caller checks free memory first (api.check_room)."""
     check_stack(setup, "measure")
     _check_low_precision(setup, "measure")
+    if setup.doc_len is not None:
+        raise SetupError("--doc-len (packed documents) is analytic only: the measure engine's batches are one "
+                         "document per sequence; use --engine analytic")
+    if setup.cp > 1:  # (one process: no ring of cp ranks; torch's ring attention runs CUDA SDPA kernels only)
+        raise SetupError("the measure engine runs one process: --cp splits each sequence over ranks and is analytic "
+                         "only (use --engine analytic)")
     if setup.attention in ("triton", "flash2"):
         raise SetupError(f"--attention {setup.attention} names a kernel the measure engine does not pin; it runs "
                          "PyTorch's SDPA in its place: use --attention flash, or --engine analytic/trace (which save "

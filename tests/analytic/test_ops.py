@@ -94,3 +94,28 @@ def test_op_sac_reruns_every_second_matmul_and_not_sdpa():
     assert [o.name for o in rerun if o.kind == "gemm"] == ["k", "o", "up"]
     assert not any(o.kind == "attention" for o in rerun)
     assert [o for o in fwd if o.kind == "memory"] == [o for o in rerun if o.kind == "memory"]
+
+
+def test_packed_attention_flops_are_the_documents_sum():
+    """--doc-len (analytic/packing.py): an 8192-token row packed from documents, each attending causally within
+    itself, costs Σ d(d+1)/2 query-key pairs per head, 4 FLOPs per pair per head dim (q·kᵀ and p·v). Eight 1024-token
+    documents (L = Σd²/Σd = 1024): 8 · 1024 · 1025 / 2 = 4,198,400 pairs, against the unpacked row's
+    8192 · 8193 / 2 = 33,558,528; llama-3.1-8b, 32 heads of 128, micro-batch 1."""
+    from trainfit.analytic.ops import layer_forward as lf
+
+    spec = load_model("llama-3.1-8b")
+
+    def core(sh):
+        return sum(o.flops for o in lf(spec, sh) if o.kind == "attention")
+
+    assert core(Shape(batch=1, seq=8192, doc_len=1024)) == pytest.approx(4 * 32 * 128 * 4_198_400, rel=1e-12)
+    assert core(Shape(batch=1, seq=8192)) == pytest.approx(4 * 32 * 128 * 33_558_528, rel=1e-12)
+    # mixed lengths: 4096 + 2048 + 1024 + 512 + 512 tokens, L = Σd²/Σd = 22,544,384 / 8192 = 2752
+    docs = [4096, 2048, 1024, 512, 512]
+    assert sum(docs) == 8192 and sum(d * d for d in docs) / 8192 == 2752
+    # the setting's token-weighted mean: Σ d(d+1)/2 = (Σd² + Σd)/2 = 8192 · (2752 + 1)/2
+    assert core(Shape(batch=1, seq=8192, doc_len=2752)) == pytest.approx(
+        4 * 32 * 128 * sum(d * (d + 1) / 2 for d in docs), rel=1e-12)
+    # the GEMMs and every per-token op are unchanged
+    gemms = [(o.name, o.flops) for o in lf(spec, Shape(batch=1, seq=8192)) if o.kind != "attention"]
+    assert gemms == [(o.name, o.flops) for o in lf(spec, Shape(batch=1, seq=8192, doc_len=1024)) if o.kind != "attention"]

@@ -286,3 +286,29 @@ def test_compile_loss_reaches_torchtitans_compile_components(titan, tmp_path):
     args = shlex.split(line.replace("\\\n", " "))
     for cfg in (parse(titan, ["--job.config_file", str(path)]), parse(titan, args[args.index("torchtitan.train") + 1:])):
         assert cfg.compile.enable is True and list(cfg.compile.components) == ["loss"]
+
+
+def test_context_parallel_reaches_torchtitans_parallel_dims(titan, tmp_path):
+    """--cp as torchtitan 0.2.2 reads it back (the TOML and the torchrun line): context_parallel_degree, FSDP over
+    dp_shard with the cp ranks folded in by ParallelDims (distributed/parallel_dims.py:137 fsdp = dp_shard * cp), the
+    world the torchrun line launches, and seq_len divisible by tp × 2 × cp (seq_len_divisor, :365-372)."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    spec = load_spec("llama-3.1-8b")
+    s = Setup(batch=1, seq=65536, stack="torchtitan", recompute="full", dp=2, cp=4, tp=2, zero=3)
+    path = tmp_path / "job.toml"
+    path.write_text(emit.emit("torchtitan", s, spec, 8, tokens=1e9))
+    line = emit.emit("torchrun", s, spec, 8, tokens=1e9)
+    args = shlex.split(line.replace("\\\n", " "))
+    assert "--nnodes=2" in args and "--nproc_per_node=8" in args  # 2 × 4 × 2 = 16 ranks
+    for cfg in (parse(titan, ["--job.config_file", str(path)]), parse(titan, args[args.index("torchtitan.train") + 1:])):
+        p = cfg.parallelism
+        assert p.context_parallel_degree == 4 and p.data_parallel_shard_degree == 2
+        dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+                            pp=p.pipeline_parallel_degree, ep=1, etp=1, world_size=16)
+        assert dims.fsdp_enabled and dims.dp_shard * dims.cp == 8  # the FSDP group trainfit shards states over
+        assert cfg.training.seq_len % dims.seq_len_divisor == 0
+        assert layout_of(cfg) == expected(s)
+    with pytest.raises(SetupError, match="divisible by tp × 2 × cp"):
+        Setup(batch=1, seq=65536 + 8, stack="torchtitan", dp=2, cp=4, tp=2, zero=3)

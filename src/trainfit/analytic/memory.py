@@ -136,7 +136,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
                                       tensors_per_rank(spec, stage.layers, stage.embedding, stage.head))
         ms, gathered = ds.states, ds_zero.gathered(spec, pc, setup, st, layer_params(spec, pc, setup))
 
-    tokens = setup.batch * setup.seq // setup.ulysses  # --ulysses: the rank's slice (long_context.py)
+    # this rank's tokens: the ring splits each sequence over cp (inputs and labels sharded), --ulysses over its
+    # group (long_context.py); NB: keys per query stay the whole sequence (CP runs fused SDPA kernels only)
+    tokens = setup.batch * setup.seq / setup.cp / setup.ulysses
     keys = keys_per_token(spec, setup.seq)
     lp = layer_params(spec, pc, setup)
     every = setup.layers_every if setup.recompute.startswith("layer:") else 0
@@ -180,6 +182,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     rs += long_context.a2a_transient(spec, setup, st.act)  # --ulysses: the all-to-alls' buffers at the attention
     # torchao's quantised operand copies in a converted linear's backward (torchao_recipes.backward_transient)
     rs += torchao_recipes.backward_transient(spec, setup)
+    # the stack's ring attention backward buffers under --cp (parallel/torch_context.py on torchtitan)
+    rs += model_for(setup).cp_backward_bytes(spec, setup, tokens, st.act)
     if setup.quant:  # a frozen 4-bit matmul's dequantised weight beside the backward's temporaries (quant.py)
         # NB: over-reads where the layer's high point is not inside a frozen matmul (by at most that copy)
         rs += quant.dequant_transient(spec, setup)

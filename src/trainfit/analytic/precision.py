@@ -40,8 +40,10 @@ def fsdp2_mixed_precision(setup: Setup) -> bool:
     weights (an amp-* policy), and the stack sets one: its mechanism is fsdp2 (torchtitan, instead of autocast:
     torchtitan/distributed/utils.py:243-263, maybe_enable_amp: autocast only without FSDP) or its [mixed_precision]
     fsdp_policy is on (hf: accelerate's policy beside its autocast, stacks/hf.toml)."""
+    from .parallel.zero import shard_ranks  # (dp × cp on torchtitan: its FSDP spans the context-parallel ranks)
+
     mp = setup.stack_facts.facts.get("mixed_precision", {})
-    return (setup.dp > 1 and setup.zero >= 2 and setup.mode == "train"
+    return (shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
             and (mp.get("value") == "fsdp2" or bool(mp.get("fsdp_policy")))
             and bool(PRECISIONS[setup.precision].autocast))
 

@@ -45,7 +45,6 @@ from .flops import attention_flops_per_token, forward_per_token, head_matmul_per
 from .float8 import compute_speedup
 from .te_recipes import gather_saving
 from .parallel.collectives import Links, ranks_per_node
-from .parallel.context import cp_comm_seconds
 from .parallel.expert import ep_comm_seconds, exposed_ep_seconds, split_params
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
 from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
@@ -73,10 +72,16 @@ class ModelCosts:
     pc: ParamCounts | None = field(default=None, compare=False)  # (the op lists' MoE layer mix)
 
     @classmethod
-    def of(cls, spec: ModelSpec, seq: int, pc: ParamCounts) -> "ModelCosts":
+    def of(cls, spec: ModelSpec, seq: int, pc: ParamCounts, doc_len: int | None = None) -> "ModelCosts":
+        """`doc_len`: packed documents (analytic/packing.py): the attention core over a document's keys, not the
+        row's (the FLOPs it runs, the MFU's numerator with it)."""
         fpt = forward_per_token(spec, seq, pc)
         head = 2 * head_matmul_per_token(spec, seq)  # the task head: LM (+ MLM transform) or classifier (flops.py)
-        return cls((fpt - head) / spec.layers, head, attention_flops_per_token(spec, seq) / spec.layers, fpt, pc)
+        attention = attention_flops_per_token(spec, seq)
+        if doc_len:
+            fpt += attention_flops_per_token(spec, doc_len) - attention
+            attention = attention_flops_per_token(spec, doc_len)
+        return cls((fpt - head) / spec.layers, head, attention / spec.layers, fpt, pc)
 
 
 class MicroBatchCompute(NamedTuple):
@@ -150,7 +155,7 @@ def micro_batch_comm(spec: ModelSpec, setup: Setup, links: Links, st: StateBytes
     comm_n = max(n + k for n, k in zip(layers, stage_mtp(spec, setup)))
     tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
-    cp_mb = cp_comm_seconds(spec, setup, links, tokens, act, comm_n, attention_forward, rerun)
+    cp_mb = model_for(setup).cp_comm_seconds(spec, setup, links, tokens, act, comm_n, attention_forward, rerun)
     cp_mb += long_context.a2a_seconds(spec, setup, links, act, comm_n, rerun)  # --ulysses: exposed all-to-alls
     ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
     ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
@@ -326,7 +331,7 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
                      pc: ParamCounts | None = None) -> StepTime:
     """The step time of one training setup on `gpu` (the planner's model, every term)."""
     pc = pc or count_params(spec)
-    return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc),
+    return step_time(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc, getattr(setup, "doc_len", None)),
                      stage_params(spec, pc, setup.tp, setup.pp, setup.pp_split, stage_mtp(spec, setup)),
                      state_bytes(setup), efficiency)
 

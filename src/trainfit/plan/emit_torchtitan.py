@@ -32,8 +32,8 @@ def supports(s: Setup, engine: str = "torchtitan") -> str | None:
         return ("torchtitan's NVFP4 converter is in its 2026-08 main, whose jobs are Python config functions "
                 "(models/llama3/config_registry.py:229-249 llama3_8b_first_85_pct_layers_nvfp4, run with --module "
                 "llama3 --config ...), not the 0.2.2 job-config TOML emitted here")
-    if s.seq % (2 * s.tp):  # parallelize.py:69-74, parallel_dims.py:365-372 (seq_len_divisor = tp * 2 * cp)
-        return f"torchtitan needs --seq divisible by 2 × tp = {2 * s.tp}"
+    if s.seq % (2 * s.tp * s.cp):  # parallelize.py:69-74, parallel_dims.py:365-372 (seq_len_divisor = tp * 2 * cp)
+        return f"torchtitan needs --seq divisible by 2 × tp × cp = {2 * s.tp * s.cp}"
     return None
 
 
@@ -115,7 +115,7 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
     replicate = s.dp if s.zero == 0 else 1
     parallelism = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                    "tensor_parallel_degree": s.tp, "pipeline_parallel_degree": s.pp,
-                   "context_parallel_degree": 1}
+                   "context_parallel_degree": s.cp}
     if s.ep > 1:  # the routed experts over ep ranks borrowed from dp_shard (× tp with etp 1): parallel_dims.py:136-158
         parallelism.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
     if shard > 1:
@@ -135,6 +135,7 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
         ac = {"mode": "selective", "selective_ac_option": s.recompute.split(":", 1)[1]}
     out = {
         "job": {"description": f"trainfit plan: {spec.name}, dp {s.dp} x tp {s.tp} x pp {s.pp}"
+                               f"{f' x cp {s.cp}' if s.cp > 1 else ''}"
                                f"{f' (ep {s.ep})' if s.ep > 1 else ''}, ZeRO-{s.zero}, "
                                f"{s.recompute} recompute, {s.precision}"},
         "model": {"name": found[0], "flavor": found[1], "hf_assets_path": found[2]["hf_assets_path"]} if found else None,
@@ -201,7 +202,7 @@ TORCHTITAN_KEYS = {
     "parallelism.pipeline_parallel_microbatch_size": "config/job_config.py:412; distributed/pipeline_parallel.py:186-194",
     "parallelism.pipeline_parallel_first_stage_less_layers": "config/job_config.py:377; distributed/pipeline_parallel.py:65-66",
     "parallelism.pipeline_parallel_last_stage_less_layers": "config/job_config.py:383",
-    "parallelism.context_parallel_degree": "config/job_config.py:428",
+    "parallelism.context_parallel_degree": "config/job_config.py:428; distributed/parallel_dims.py:137 (FSDP over dp_shard × cp), models/llama3/infra/parallelize.py:99-105 (ring attention in every block; rotate method: torch's default all-gather in training)",
     "parallelism.expert_parallel_degree": "config/job_config.py:454; distributed/parallel_dims.py:136-158 (ep carved from dp_shard × cp × tp)",
     "parallelism.expert_tensor_parallel_degree": "config/job_config.py:464 (1 or tp; parallel_dims.py:58-59)",
     "activation_checkpoint.mode": "config/job_config.py:652; distributed/activation_checkpoint.py:159-191",

@@ -251,7 +251,9 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                 if a.name in facts.axes:
                     seen.setdefault(a.name, set()).add(getattr(lay, a.name))
             for prec in q.precisions_for(stack):
-                for zero in (q.zeros_for(stack) if lay.dp > 1 else (0,)):
+                # the ranks --zero shards over: dp, × cp where the stack shards over the context-parallel ranks
+                shard = lay.dp * (lay.cp if "cp" in facts.zero_shard_axes else 1)
+                for zero in (q.zeros_for(stack) if shard > 1 else (0,)):
                     if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue  # e.g. torchtitan's DDP beside tensor/pipeline parallelism
                     for rec, mods in ((r, m) for r in q.recomputes_for(stack)

@@ -128,6 +128,8 @@ def validate(setup: Setup) -> None:
         raise SetupError(why)
     _check_compile_loss(setup, stack)
     _check_low_precision(setup, stack)
+    if setup.doc_len is not None:
+        _check_packing(setup, stack)
     _check_moe_routing(setup, stack)
     if setup.grad_reduce_in_bf16:
         _check_grad_reduce(setup, stack)
@@ -377,6 +379,23 @@ def _check_compile_loss(setup, stack) -> None:
     if setup.compile:
         raise SetupError(f"--compile-loss with --compile: --stack {stack.name}'s --compile compiles the loss too; "
                          "drop --compile-loss")
+
+
+def _check_packing(setup, stack) -> None:
+    """--doc-len: the stacks whose step runs packed documents apart ([packing] in stacks/*.toml), with the kernel
+    that skips the pairs across documents (analytic/packing.py), documents no longer than a sequence."""
+    facts = stack.facts.get("packing", {})
+    if not facts.get("supported"):
+        runs = _stacks.running(lambda st: st.facts.get("packing", {}).get("supported", False))
+        raise SetupError(f"--doc-len packs documents into a sequence, which trainfit models on --stack "
+                         f"{' or '.join(runs)} only ({facts.get('why') or stack.name + ' has no packed-batch path here'})"
+                         "; drop --doc-len")
+    if setup.attention_kernel not in facts.get("kernels", ()):
+        raise SetupError(f"--doc-len with --attention {setup.attention}: {facts['why_kernel']}; use --attention "
+                         f"{' or '.join(facts.get('kernels', ()))}, or drop --doc-len")
+    if setup.doc_len > setup.seq:
+        raise SetupError(f"--doc-len {setup.doc_len} is longer than --seq {setup.seq}: a packed document fits in its "
+                         "sequence; use --doc-len <= --seq")
 
 
 def _check_low_precision(setup, stack) -> None:

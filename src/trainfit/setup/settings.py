@@ -112,6 +112,13 @@ class Setup:
                                               example="moe_router,moe_preprocess", group="step",
                                               suggestions=("moe_router,moe_preprocess",
                                                            "attn,moe_router,moe_preprocess"))
+    doc_len: Optional[int] = setting(None, "Sequence packing: each --seq row packs documents of this token-weighted "
+                                     "mean length (sum of d² over sum of d), each attending within itself "
+                                     "(transformers' DataCollatorWithFlattening, TRL's padding_free/packing, "
+                                     "FlashAttention's varlen kernel): the attention core costs per document; "
+                                     "--stack hf with --attention flash2.", minimum=1, maximum=limits.TOKENS,
+                                     auto="--seq (one document per sequence, no packing)", example="512",
+                                     modes=("train",), group="step")
     attention: str = setting("auto", "Attention kernel: eager (stores s×s scores), sdpa, flash (the fused kernel "
                              "torch's SDPA picks: cuDNN on H100/H200 from torch 2.9); flash2 = FlashAttention-2 (SDPA "
                              "before torch 2.9, or the flash-attn package; CUDA, 16-bit); triton = FlashAttention in "
@@ -142,8 +149,8 @@ class Setup:
                                         auto="the config's num_nextn_predict_layers on --stack megatron "
                                         "(DeepSeek-V3: 1), 0 on stacks that drop them", example="1",
                                         modes=("train",), group="parallel")
-    cp: int = setting(1, "Context-parallel degree (Megatron's ring attention: each rank holds --seq / cp tokens of "
-                      "every sequence).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
+    cp: int = setting(1, "Context-parallel degree (ring attention: each rank holds --seq / cp tokens of every "
+                      "sequence; Megatron's, or torch's under --stack torchtitan).", maximum=limits.RANKS, minimum=1, example="2", group="parallel")
     ulysses: int = setting(1, "DeepSpeed-Ulysses sequence-parallel degree (ALST; DeepSpeed's UlyssesSPAttentionHF on "
                            "an HF model): each rank of a group of N holds --seq / N tokens of every sequence, and "
                            "all-to-alls over the group swap the split to heads around the attention core (N divides "

@@ -71,8 +71,9 @@ class Stack:
     @property
     def zero_shard_axes(self) -> tuple[str, ...]:
         """The parallel axes whose ranks --zero shards the dense states over: dp, or the stack's own group
-        ([distributed_optimizer] shards: Megatron's dp × cp)."""
-        return tuple(self.facts.get("distributed_optimizer", {}).get("shards", ("dp",)))
+        ([distributed_optimizer] shards: Megatron's dp × cp; [fsdp] shards: torchtitan's dp_shard × cp)."""
+        return tuple(self.facts.get("distributed_optimizer", {}).get("shards")
+                     or self.facts.get("fsdp", {}).get("shards", ("dp",)))
 
     def axis_why_not(self, axis: str) -> str | None:
         """Why trainfit does not run `axis` on this stack though the stack has a form of it ([parallel.why_not]),

@@ -7,7 +7,10 @@ def refuse(setup) -> str | None:
     """torchtitan's expert layout (torchtitan 0.2.2 distributed/parallel_dims.py): --etp is 1 or --tp (:58-59), has
     no effect without --ep (config/job_config.py:466), and the ep × etp ranks tile the dp_shard × cp × tp ranks of a
     stage (:138, efsdp = dp_shard·cp·tp // (etp·ep) must be whole); trainfit models EP under FSDP (the experts'
-    own efsdp group, stacks/torchtitan.toml [expert_parallel]). Else None."""
+    own efsdp group, stacks/torchtitan.toml [expert_parallel]). Context parallelism: refuse_cp. Else None."""
+    why = refuse_cp(setup)
+    if why:
+        return why
     if setup.ep == 1:
         if setup.etp not in (None, 1):
             return (f"--etp {setup.etp}: torchtitan's expert_tensor_parallel_degree has no effect without expert "
@@ -26,4 +29,26 @@ def refuse(setup) -> str | None:
     if ranks % (setup.ep * etp):
         return (f"--ep {setup.ep} × --etp {etp} must divide the dp_shard × tp = {ranks} ranks of a pipeline stage "
                 "(torchtitan distributed/parallel_dims.py:138: efsdp = dp_shard·cp·tp // (etp·ep))")
+    return None
+
+
+def refuse_cp(setup) -> str | None:
+    """torchtitan's context parallelism (stacks/torchtitan.toml [context_parallel]): FSDP over dp_shard × cp is
+    applied whenever cp > 1 (distributed/parallel_dims.py:333-335 fsdp_enabled), so a cp layout is an FSDP one; the
+    ring runs the flash, memory-efficient and cuDNN SDPA kernels only (torch 2.13 distributed/tensor/experimental/
+    _context_parallel/_attention.py:916-938), and torchtitan's SDPA backends (cuDNN, flash, math) leave fp32 to the
+    math kernel; seq_len must divide by tp × 2 × cp (parallel_dims.py:365-372, models/llama3/infra/
+    parallelize.py:69-74). Else None."""
+    if setup.cp == 1:
+        return None
+    if setup.zero < 2:
+        return (f"--cp {setup.cp} with --zero {setup.zero}: torchtitan applies FSDP over dp_shard × cp whenever "
+                "context parallelism is on (distributed/parallel_dims.py:333-335); use --zero 3 (or 2)")
+    if setup.precision == "fp32":
+        return (f"--cp {setup.cp} with --precision fp32: torch's ring attention runs the flash, memory-efficient and "
+                "cuDNN SDPA kernels only (torch distributed/tensor/experimental/_context_parallel/_attention.py:"
+                "935-938), and fp32 takes torchtitan's math kernel; use --precision amp-bf16 or bf16")
+    if setup.seq % (2 * setup.cp * setup.tp):
+        return (f"--seq {setup.seq}: torchtitan needs seq_len divisible by tp × 2 × cp = {2 * setup.cp * setup.tp} "
+                "(distributed/parallel_dims.py:365-372 seq_len_divisor)")
     return None

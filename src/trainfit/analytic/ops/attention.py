@@ -4,8 +4,10 @@ gradients that come back head-major."""
 from __future__ import annotations
 
 from ...spec import ModelSpec
+from ..packing import attention_rows
 from .op import BROADCAST, Op, Shape, attention_dtype, bwd_kernel, memory, no_kernel
 from .residual import dropout
+from .ring_merge import ring_merge_ops
 from .sinks import sink_ops
 
 def grad_layout(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
@@ -138,14 +140,12 @@ def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: floa
     kernel = core_kernel(sh)
     fwd_k, bwd_k = (1, -1) if sh.attention != "eager" else (
         eager_kernels(sh.act, sh.eager_mask) if sh.hf_eager else math_kernels(spec.causal))  # scores: q's dtype
-    # --ulysses: after the all-to-alls a rank attends heads / N over all the sequence's queries (ulysses_sp.py:
-    # 168-206): the same FLOPs as seq / N queries of every head, the kernel's blocks those of the whole square
-    n = sh.ulysses
-    ops.append(Op("attention", "attention", attention_dtype(sh), sh.seq / sh.cp * n, sh.seq, head_k, bh / n,
-                  causal=spec.causal,
+    queries, keys, rows = attention_rows(sh)  # (the row, or its packed documents: analytic/packing.py)
+    ops.append(Op("attention", "attention", attention_dtype(sh), queries, keys, head_k, bh * rows, causal=spec.causal,
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
                   dropout=p_attn > 0 and sh.attention != "eager", gqa=kv < q and spec.mla is None,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
+    ops += ring_merge_ops(sh, q, kv)  # --cp: torch's ring merges its steps in fp32 (ops/ring_merge.py)
     if sh.attention == "eager" and spec.attn_sinks:  # gpt-oss's sink column (sinks.py)
         ops += sink_ops(bh, sh.seq / sh.cp, sh.seq, sh)
     if sh.attention == "eager" and p_attn > 0:  # eager_attention_forward :67 dropout on the probabilities

@@ -133,6 +133,12 @@ class Shape:
     # --ulysses (of `cp`, the ranks sharing a sequence): the attention core runs heads / ulysses over the sequence
     # (analytic/long_context.py)
     ulysses: int = 1
+    # --doc-len: sequences packed from documents of that (token-weighted mean) length, each attending within its own
+    # (analytic/packing.py); 0: one document per sequence
+    doc_len: float = 0
+    # --cp under a ring that merges its steps' outputs in fp32 (stacks/*.toml [context_parallel] merge: torch's, on
+    # torchtitan): the merge kernels around the attention core (ops/ring_merge.py)
+    cp_merge: bool = False
 
     @property
     def tokens(self) -> float:

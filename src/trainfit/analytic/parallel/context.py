@@ -14,6 +14,15 @@ from ...spec import ModelSpec
 from .collectives import Links
 
 
+def local_kv_elements(spec: ModelSpec, setup: Setup, tokens: float) -> float:
+    """Elements of the K and V of a rank's `tokens` (its chunk of the sequence, one tensor-parallel shard of the kv
+    heads): what a ring step passes to the next rank."""
+    t = max(1, setup.tp)
+    if t > spec.kv_heads:  # GQA with tp > kv heads: each rank keeps one (replicated) kv head
+        return 2 * tokens * spec.head_dim
+    return 2 * tokens * spec.kv_heads * spec.head_dim / t
+
+
 def cp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float, layers: int,
                     attention_forward: float, rerun: float) -> float:
     """One micro-batch's exposed ring-attention communication on a stage of `layers` layers, `tokens` per rank;
@@ -22,9 +31,7 @@ def cp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     t, cp = setup.tp, setup.cp
     if cp <= 1:
         return 0.0
-    kv = 2 * tokens * spec.kv_heads * spec.head_dim / max(1, t) * act_bytes  # K and V of the local chunk
-    if t > spec.kv_heads:  # GQA with tp > kv heads: each rank keeps one (replicated) kv head
-        kv = 2 * tokens * spec.head_dim * act_bytes
+    kv = local_kv_elements(spec, setup, tokens) * act_bytes
     ring = (cp - 1) * kv / links.over(t * cp)  # forward: cp − 1 hops of the local K/V
     per_layer = max(ring - attention_forward, 0.0) + max(2 * ring - 2 * attention_forward, 0.0)
     return layers * per_layer * (1 + rerun)

@@ -36,20 +36,20 @@ from ..roofline import memory_seconds
 from ..precision import StateBytes
 from ..stacks import model_for
 from .pipeline import Stage
-from .zero import ModelStates, shard
+from .zero import ModelStates, shard, shard_ranks
 
 
 def torchtitan_fsdp(setup: Setup) -> bool:
-    """FSDP as the stack's own wrapping runs it (torchtitan: parallel_dims.fsdp_enabled with dp > 1): the stack's
-    [fsdp] fact names torchtitan's groups (embedding, each block, [norm, output], root)."""
-    return (setup.mode == "train" and setup.dp > 1 and setup.zero >= 2
+    """FSDP as the stack's own wrapping runs it (torchtitan: parallel_dims.fsdp_enabled, dp_shard × cp > 1): the
+    stack's [fsdp] fact names torchtitan's groups (embedding, each block, [norm, output], root)."""
+    return (setup.mode == "train" and shard_ranks(setup) > 1 and setup.zero >= 2
             and setup.stack_facts.facts.get("fsdp", {}).get("groups") == "embedding, each block, [norm, output], root")
 
 
 def fsdp2_strategy(setup: Setup) -> bool:
     """Whether the step runs FSDP2 (fully_shard) at all: torchtitan's own wrapping (torchtitan_fsdp) or trainfit's
     hf/--zero 2-3 strategy (step/strategy.py: fully_shard on each decoder layer and the root)."""
-    return setup.mode == "train" and setup.dp > 1 and setup.zero >= 2 and model_for(setup).torch_data_parallel
+    return setup.mode == "train" and shard_ranks(setup) > 1 and setup.zero >= 2 and model_for(setup).torch_data_parallel
 
 
 def reshards_after_forward(setup: Setup) -> bool:
@@ -61,7 +61,7 @@ def reshards_after_forward(setup: Setup) -> bool:
 def fsdp2_model_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup) -> ModelStates:
     """Every state sharded over dp (FSDP shards the parameters for --zero 2 too; only their unsharded copies live
     longer): fp32 parameters, fp32 gradients (reduce_output), optimizer state."""
-    dp = setup.dp
+    dp = shard_ranks(setup)
     return ModelStates(n * st.weight / dp, n * st.grad / dp, n * st.master / shard(setup, 1),
                        optimizer_bytes / dp, 0.0)
 
@@ -113,7 +113,7 @@ def fsdp2_buffers(g: Groups, st: StateBytes, setup: Setup) -> dict:
     #   from the unsharded gradient (both live)
     embedding = 0.0
     if g.embedding:
-        shard_grad = g.embedding * st.grad / setup.dp
+        shard_grad = g.embedding * st.grad / shard_ranks(setup)
         embedding = max(2 * g.embedding * p + (g.layer * r if g.layers else 0.0), g.embedding * (r + p)) - shard_grad
     return {
         "forward_end": at_loss,
@@ -147,7 +147,7 @@ def side_stream_blocks(group_params: dict[str, float], st: StateBytes, setup: Se
     p = st.param or st.weight
     requests = [(n * p, 1) for n in group_params.values()]
     if st.param and st.param != st.weight:
-        requests.append((max(group_params.values()) * p / setup.dp, 1))
+        requests.append((max(group_params.values()) * p / shard_ranks(setup), 1))
     return held_segments(requests)
 
 

@@ -49,9 +49,16 @@ class ModelStates:
         return self.weights + self.master + self.optimizer + self.comm
 
 
+def shard_ranks(setup: Setup) -> int:
+    """The ranks one data-parallel shard group spans: dp, times cp where the stack shards its states over the
+    context-parallel ranks too (Stack.zero_shard_axes; torchtitan's FSDP mesh is dp_shard × cp: torchtitan 0.2.2
+    distributed/parallel_dims.py:137 fsdp = dp_shard * cp)."""
+    return setup.dp * (setup.cp if "cp" in setup.stack_facts.zero_shard_axes else 1)
+
+
 def shard(setup: Setup, from_stage: int) -> int:
-    """The divisor of a state that ZeRO shards from stage `from_stage` on (Rajbhandari §5.1)."""
-    return setup.dp if setup.zero >= from_stage else 1
+    """The divisor of a state that ZeRO shards from stage `from_stage` on (Rajbhandari §5.1), over shard_ranks."""
+    return shard_ranks(setup) if setup.zero >= from_stage else 1
 
 
 def params_at_rest(n: float, setup: Setup) -> float:
@@ -63,12 +70,12 @@ def params_at_rest(n: float, setup: Setup) -> float:
     (parallel/deepspeed.py persistent_params): under by those few."""
     from .fsdp2 import fsdp2_strategy
 
-    return n / setup.dp if (setup.zero >= 3 or fsdp2_strategy(setup)) else n
+    return n / shard_ranks(setup) if (setup.zero >= 3 or fsdp2_strategy(setup)) else n
 
 
 def model_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup) -> ModelStates:
     """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state."""
-    dp, z = setup.dp, setup.zero
+    dp, z = shard_ranks(setup), setup.zero
     weights = n * st.weight / shard(setup, 3)
     grads = n * st.grad / shard(setup, 2)
     master = n * st.master / shard(setup, 1)
@@ -93,7 +100,7 @@ def gathered_params(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage)
     Under an FSDP2 MixedPrecisionPolicy (st.param) the gathered copies are in param_dtype, beside the fp32 shards."""
     if setup.zero < 3:
         return 0
-    t, dp = setup.tp, setup.dp
+    t, dp = setup.tp, shard_ranks(setup)
     root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t
     root *= st.param if st.param else st.weight * (1 - 1 / dp)
     return 2 * pc.per_layer_dense / t * (st.param or st.weight) + root
@@ -133,7 +140,7 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) ->
     # parameters and layer 0's kept input, then (parameters resharded, that input recycled) beside its own
     # reduce-scatter input
     n_root = root / st.param
-    embedding = max(root + kept, n_root * r) + root - n_root * st.grad / setup.dp
+    embedding = max(root + kept, n_root * r) + root - n_root * st.grad / shard_ranks(setup)
     if setup.zero == 2:
         every = root + stage.layers * layer
         return {"forward_end": every + held, "loss_backward": every, "last_layer_backward": every,
@@ -151,7 +158,7 @@ def reduce_scatter_transient(pc: ParamCounts, largest: int, st: StateBytes, setu
     Under an FSDP2 MixedPrecisionPolicy (st.param) none: a layer's unsharded gradients are counted as its backward
     makes them (memory.py gb_layer), the root's (LM head, embedding) with the head's gradients and at the root's
     post-backward, and the reduce-scatter inputs FSDP2 keeps, by unsharded_at."""
-    z, dp = setup.zero, setup.dp
+    z, dp = setup.zero, shard_ranks(setup)
     if z < 2:
         return 0
     layer = pc.per_layer_dense / setup.tp

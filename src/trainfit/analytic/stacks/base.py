@@ -60,6 +60,18 @@ class StackModel:
         data-parallel group, and torchtitan adds one group per DeviceMesh dimension (tp, pp)."""
         return {"dp": setup.dp, "tp": setup.tp, "pp": setup.pp}
 
+    def cp_comm_seconds(self, spec: ModelSpec, setup: Setup, links, tokens: float, act_bytes: float, layers: int,
+                        attention_forward: float, rerun: float) -> float:
+        """One micro-batch's exposed context-parallel communication: Megatron's ring (parallel/context.py), the
+        only ring a stack runs unless it says otherwise."""
+        from ..parallel.context import cp_comm_seconds
+        return cp_comm_seconds(spec, setup, links, tokens, act_bytes, layers, attention_forward, rerun)
+
+    def cp_backward_bytes(self, spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
+        """Bytes a layer's context-parallel attention backward holds beyond a plain SDPA backward's (none without
+        a ring of the stack's own: Megatron's are in megatron_memory.py)."""
+        return 0.0
+
     def check_model(self, spec: ModelSpec, setup: Setup) -> None:
         """Raise SetupError when the stack does not build this model (every model here)."""
 

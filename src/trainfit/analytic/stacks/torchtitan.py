@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...errors import SetupError
 from ...setup import Setup
 from ...spec import ModelSpec
+from ..parallel import torch_context
 from .base import StackModel
 
 
@@ -46,17 +47,33 @@ class TorchtitanModel(StackModel):
                              f"hidden {spec.hidden}; torchtitan's llama3 derives head_dim = dim // n_heads: use "
                              "--stack hf")
 
+    def cp_comm_seconds(self, spec: ModelSpec, setup: Setup, links, tokens: float, act_bytes: float, layers: int,
+                        attention_forward: float, rerun: float) -> float:
+        """torch's ring attention as torchtitan runs it: an all-gather of K/V, fp32 dK/dV hops
+        (parallel/torch_context.py)."""
+        return torch_context.ring_comm_seconds(spec, setup, links, tokens, act_bytes, layers, attention_forward,
+                                               rerun)
+
+    def cp_backward_bytes(self, spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
+        return torch_context.ring_backward_bytes(spec, setup, tokens, act_bytes)
+
     def communicators(self, setup: Setup) -> dict[str, int]:
         """The base groups, and with expert parallelism the sparse mesh's ep and efsdp groups (torchtitan
         distributed/parallel_dims.py:154-177: efsdp = dp_shard·tp // (etp·ep), Setup.expert_dp under FSDP; the
         mesh's etp innermost, as overheads.py places Megatron's expert groups)."""
         groups = super().communicators(setup)
+        if setup.cp > 1:  # the ring's cp group, and FSDP's over dp_shard × cp (distributed/parallel_dims.py:137,
+            groups.update(cp=setup.cp, dp=setup.dp * setup.cp)  # :172-173 the fsdp and cp meshes)
         if setup.ep > 1:
             groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
         return groups
 
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
         out = super().notes(spec, setup)
+        if setup.cp > 1:
+            out.append(f"context parallelism: torch's ring attention over {setup.cp} ranks (K/V all-gathered each "
+                       "layer, fp32 dK/dV passed round the ring, outputs merged in fp32); its cp SDPA calls per layer "
+                       "timed as one kernel (their launches not counted)")
         if setup.ep > 1 and spec.is_moe:
             out.append(f"expert parallelism: ep {setup.ep} x etp {setup.expert_tp}, routing taken as balanced; a real "
                        "router's busiest rank receives more tokens, and its dispatch buffers (and, under op SAC, "
