@@ -6,8 +6,8 @@ A helper of the post-training bench (bench/targets/posttrain_published.py import
 What train.py runs, and the trainfit flags for it (train.py line numbers at 05ed9f2):
   * `--model_name meta-llama/Llama-2-7b-hf --batch_size 1 --context_length 512 --train_type qlora|lora
     --use_gradient_checkpointing True --reentrant_checkpointing True --use_cpu_offload False --dataset dummy
-    --dataset_samples 1024` (benchmarks_03_2024.md, the template command; it sets what the defaults at :1040-1050 would not) -> --model llama-2-7b --batch 1 --seq 512
-    --recompute full; 1,024 samples over 2 ranks = 512 steps;
+    --dataset_samples 1024` (benchmarks_03_2024.md, the template command, over the defaults at :1040-1050) ->
+    llama-2-7b --batch 1 --seq 512 --recompute full; 1,024 samples over 2 ranks = 512 steps;
   * FSDP FULL_SHARD (:740-741, the default sharding_strategy "full_shard", :1047) over 2 GPUs -> --dp 2 --zero 3; the
     wrap policy makes each decoder layer and each trainable LoRA Linear its own FSDP unit (:466-500, :734, :754-765);
     NB: that is FSDP1 (flat parameters, use_orig_params=False, :758), trainfit's hf step is FSDP2: per-parameter
@@ -21,8 +21,10 @@ What train.py runs, and the trainfit flags for it (train.py line numbers at 05ed
     adapters in the base layer's dtype (bf16) -> --lora-dtype weight (NB: peft releases of early 2024; peft >= 0.12
     keeps them fp32); NB: trainfit's adapters have no dropout: the mask and dropped copy each adapted Linear keeps
     (in the one layer being recomputed) are not counted (under-count);
-  * torch.optim.AdamW(fused=False) (:459-461, "adamw" default :1068) over the trainable parameters -> --optimizer
-    adamw;
+  * torch.optim.AdamW(fused=False) (:459-461, "adamw" default :1068), torch's foreach kernel on CUDA, over the
+    trainable parameters -> --optimizer adamw --optimizer-impl foreach;
+  * the adapters get peft's default init (LoraConfig without init_lora_weights, :672-678: Kaiming A, zero B): no
+    memory or time effect;
   * peak = torch.cuda.max_memory_reserved after the first steps (:961), reset before training (:838): what
     trainfit's memory.reserved is. NB: the CUDA caching allocator's blocks cached while loading and quantising
     (train.py prints 3.72 GiB reserved after the QLoRA wrap, benchmarks_03_2024.md, where the sharded model is
@@ -35,7 +37,7 @@ GIB = 2**30
 STEPS = 1024 // 2  # 1,024 samples, batch 1 on each of 2 ranks
 
 FLAGS = dict(gpu="3090", power_limit=280, stack="hf", dp=2, zero=3, batch=1, seq=512, precision="bf16",
-             optimizer="adamw", recompute="full", lora_rank=64,
+             optimizer="adamw", optimizer_impl="foreach", recompute="full", lora_rank=64,
              lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", lora_dtype="weight")
 
 # (train type, trainfit settings beyond FLAGS, published peak reserved GiB, published seconds per 1,024 samples,
@@ -47,7 +49,7 @@ PUBLISHED = (("QLoRA", {"quant": "nf4"}, 4.98, 1082, None),
 def flags_line(extra: dict) -> str:
     """The trainfit command line of a row."""
     kw = {**FLAGS, **extra}
-    return "trainfit estimate --model llama-2-7b " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kw.items())
+    return "trainfit estimate llama-2-7b " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kw.items())
 
 
 def c9_rows() -> list[dict]:
