@@ -153,12 +153,13 @@ def test_fsdp_comm_volumes_of_a_lora_step():
 def test_deepspeed_lora_optimizer_phase_against_the_real_engine():
     """DeepSpeed's own ZeRO-1/2 engine on 2 CPU ranks (gloo) training peft's rank-8 adapters of tiny-llama
     (bench/targets/deepspeed_cpu.py's launch): the optimizer step's live bytes, where the 1e9-element reduce bucket is
-    gone. Measured: 9,318,180 vs 9,316,864 B (ZeRO-1, -0.01 %), 9,605,780 vs 9,316,864 B (ZeRO-2, -3.0 %: one
-    adapter-sized bf16 buffer more than modelled)."""
+    gone. Measured: 9,318,180 vs 9,316,864 B (ZeRO-1, -0.01 %), 9,605,780 vs 9,316,864 B (ZeRO-2, -3.0 %: exactly
+    the adapters' n x 2 B, the block gloo's all-gather makes in the calling thread when its free lands after the work:
+    the thread-timing race parallel/deepspeed.py allgather_flat documents; either stage may show it)."""
     from bench.targets.deepspeed_cpu import analytic, case, measure_many
 
     spec, _ = case("tiny-llama", 1, "bf16-master")
     setups = [case("tiny-llama", z, "bf16-master")[1].with_(lora_rank=8) for z in (1, 2)]
-    for s, ranks, tol in zip(setups, measure_many(spec, setups, timeout=600), (0.01, 0.04)):
+    for s, ranks in zip(setups, measure_many(spec, setups, timeout=600)):
         measured = max(r["phase_peaks"]["optimizer"] for r in ranks)
-        assert analytic(spec, s).phases["optimizer_step"] == pytest.approx(measured, rel=tol)
+        assert analytic(spec, s).phases["optimizer_step"] == pytest.approx(measured, rel=0.04)
