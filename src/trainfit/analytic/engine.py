@@ -165,6 +165,10 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
         kinds = {"embedding": pc.embedding / t * first, "layer": lp, "head": head}
     else:
         kinds = {"root": pc.embedding / t * first + head, "layer": lp}
+    trained = kinds
+    if setup.lora_rank:  # LoRA: a layer gathers its frozen base and adapters; only the adapters are reduced
+        lp_g = layer_params(spec, lora.gathered_counts(spec, setup, pc, st), setup)
+        kinds, trained = {**kinds, "layer": lp_g}, {"root": 0, "layer": lora.adapter_params_per_layer(spec, setup)}
     copy_in = side_stream_blocks(kinds, st, setup)
     # compute stream: torchtitan reshards the embedding after forward and [norm, output] after its backward, both
     # before a block's backward peak; their unsharded parameters' blocks (copy-out targets, param_dtype,
@@ -174,13 +178,13 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
     copy_out = (overheads.held_segments(((pc.embedding / t * first * p, 1), (pc.lm_head / t * last * p, 1)))
                 if torchtitan_fsdp(setup) and reshards_after_forward(setup) else 0)
     r = st.reduce or st.grad
-    reduce_out = overheads.held_segments((n * r / setup.dp, layers if k == "layer" else 1) for k, n in kinds.items())
+    reduce_out = overheads.held_segments((n * r / setup.dp, layers if k == "layer" else 1) for k, n in trained.items())
     if r != st.grad:
         # a reduce_dtype unlike the shards' (hf: accelerate's bf16): the reduce-scatter output is cast to the fp32
         # gradient shard on the same stream (_fsdp_collectives.py:696, _to_dtype_if_needed), and the low-precision
         # output, freed, is reused by the next group's: one block of the largest kind beside the fp32 shards
         reduce_out = overheads.held_segments([(n * st.grad / setup.dp, layers if k == "layer" else 1)
-                                              for k, n in kinds.items()] + [(max(kinds.values()) * r / setup.dp, 1)])
+                                              for k, n in trained.items()] + [(max(trained.values()) * r / setup.dp, 1)])
     return copy_in + copy_out + max(0, reduce_out - int(mem.at_peak.get("gradients", 0)))
 
 

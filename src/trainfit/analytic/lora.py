@@ -38,8 +38,10 @@ ADAPTER = FP32  # peft's default adapter dtype (module docstring)
 
 def adapter_bytes(setup: Setup) -> float:
     """Bytes per adapter element: fp32 (peft's default), or --lora-dtype weight: the policy's weight dtype
-    (trainfit/step/lora.py _cast_trainable)."""
-    return ADAPTER if setup.lora_dtype == "fp32" else state_bytes(setup).weight
+    (trainfit/step/lora.py _cast_trainable), or the weight dtype where the stack casts every parameter to it
+    (stacks/<stack>.toml [peft] adapter_dtype = "model": DeepSpeed's engine)."""
+    model = setup.stack_facts.facts.get("peft", {}).get("adapter_dtype") == "model"
+    return ADAPTER if (setup.lora_dtype == "fp32" and not model) else state_bytes(setup).weight
 
 
 def linears(spec: ModelSpec) -> dict[str, tuple[int, int, str]]:
@@ -104,7 +106,10 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     keep nothing at all (not even their weight casts under autocast): over-estimates by about that one layer's
     share (+0.6% on a 2-layer tiny Llama under amp-bf16, 1/L of it on deeper models)."""
     st = state_bytes(setup)
-    a, res, amp, r, ad = st.act, st.residual, st.autocast, setup.lora_rank, adapter_bytes(setup)
+    # the adapters' dtype in the forward: FSDP2's MixedPrecisionPolicy gathers them in param_dtype like every
+    # parameter of the group (torch/distributed/fsdp/_fully_shard/_fsdp_param.py init_dtype_attrs), so
+    # _cast_input_dtype finds the input already in it and copies nothing
+    a, res, amp, r, ad = st.act, st.residual, st.autocast, setup.lora_rank, st.param or adapter_bytes(setup)
     lin, tgt = linears(spec), targets(spec, setup)
     # full fine-tuning: every Linear's input, for its weight gradient — under autocast each call's own cast of the
     # norm outputs (activations.py "linear_inputs"), the attention output and the MLP product once each
@@ -215,26 +220,72 @@ def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
     LoRA step: the base weights (`n`) frozen in the policy's weight dtype; the fp32 adapters, their fp32 gradients,
     fp32 masters (bf16-master: trainfit.step.MasterWeightOptimizer copies every trainable parameter) and optimizer
     states; DDP's bucket buffers hold the adapters' gradients only (torch DDP buckets parameters with
-    requires_grad, torch/nn/parallel/distributed.py _build_params_for_reducer)."""
-    from .parallel.zero import ModelStates
+    requires_grad, torch/nn/parallel/distributed.py _build_params_for_reducer).
+    Under --zero (torch's ZeRO-1 and FSDP2, parallel/zero.py model_states) the frozen base is laid out as a full
+    fine-tuning's weights are -- FSDP2 shards every parameter of a group, requires_grad or not (torch/distributed/
+    fsdp/_fully_shard/_fsdp_param_group.py builds an FSDPParam per managed parameter) -- and the adapters as
+    trainable parameters: gradients, masters and optimizer states of the adapters only (the optimizer takes the
+    requires_grad parameters, trainfit.step.standard._params; ZeroRedundancyOptimizer gets those alone,
+    step/strategy.py). DeepSpeed's ZeRO: parallel/deepspeed.py lora_states."""
+    from dataclasses import replace
+
+    from .parallel.zero import ModelStates, model_states
 
     if setup.compile:
         raise SetupError("--lora-rank with --compile: the analytic engine models torch.compile's saved set for full "
                          "fine-tuning only; use --engine trace, or drop --compile")
-    if setup.tp > 1 or setup.pp > 1 or setup.zero > 0 or setup.cp > 1:
-        raise SetupError("--lora-rank: the analytic engine models LoRA on one rank or DDP (--dp); drop --tp, --pp, "
-                         "--cp and --zero")
+    if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
+        raise SetupError("--lora-rank: the analytic engine models LoRA over data parallelism (--dp, --zero); drop "
+                         "--tp, --pp and --cp")
     n_a, ad = adapter_params(spec, setup), adapter_bytes(setup)
-    weights = n * st.weight + n_a * ad
+    frozen = model_states(n, 0.0, st, setup)  # the base's weights as full fine-tuning lays them out
+    st_a = replace(st, weight=ad, grad=ad, master=FP32 if st.master else 0.0)
+    trained = model_states(n_a, _adapter_optimizer_bytes(spec, setup), st_a, setup)
+    weights = frozen.weights + trained.weights
+    # DDP / ZeRO-1's buckets hold the adapters' gradients; FSDP2 at --zero 2 keeps every parameter's shard beside
+    # the unsharded ones (model_states), the base's included
+    comm = trained.comm + (frozen.comm if setup.zero == 2 else 0.0)
     if setup.quant:  # the decoder layers' Linear weights packed, with their quant state (analytic/quant.py)
         # NB: the quant state is booked as weights here; the trace and measure engines count it as buffers
         quant.check(setup)
-        packed, replaced, _ = quant.base_bytes(spec, setup)
-        weights += packed - replaced
-    master = n_a * FP32 if st.master else 0.0
-    comm = n_a * ad if setup.dp > 1 else 0.0
-    states = ModelStates(weights, n_a * ad, master, _adapter_optimizer_bytes(spec, setup), comm)
+        sharded = frozen.weights < n * st.weight  # FSDP2's weights at rest are shards (model_states)
+        weights += quant_delta(spec, setup, sharded)
+        if frozen.comm and setup.zero == 2 and not sharded:  # the shards kept beside the unsharded codes
+            comm += (quant.codes_bytes(spec, setup) - quant.base_bytes(spec, setup)[1]) / setup.dp
+    states = ModelStates(weights, trained.gradients, trained.master, trained.optimizer, comm)
     return states, ad, n_a, largest_adapter(spec, setup)
+
+
+def quant_delta(spec: ModelSpec, setup: Setup, sharded: bool) -> float:
+    """Bytes a bitsandbytes-quantised base adds to (or takes from) the 16-bit weights on one rank. Sharded (FSDP2,
+    --zero 2/3): the packed codes are sharded like any floating parameter -- the QLoRA-under-FSDP recipe stores
+    them in a float dtype (transformers BitsAndBytesConfig.bnb_4bit_quant_storage = bf16, whose packed
+    Params4bit is then a float tensor: bitsandbytes nn/modules.py Params4bit quant_storage; accelerate 1.15
+    fsdp_utils.py:790-806 shards Params4bit only when floating) -- while the quant state (absmax, code, offset)
+    is a plain attribute of the parameter (functional.QuantState), whole on every rank.
+    NB: with the default uint8 storage accelerate leaves the packed weights out of FSDP (ignored_params), whole on
+    every rank: under-counts such a run by (1 - 1/dp) of the codes."""
+    packed, replaced, _ = quant.base_bytes(spec, setup)
+    if not sharded:
+        return packed - replaced
+    codes = quant.codes_bytes(spec, setup)
+    return (codes - replaced) / setup.dp + (packed - codes)
+
+
+def gathered_counts(spec: ModelSpec, setup: Setup, pc, st):
+    """`pc` with one layer's count made what ZeRO-3 / FSDP2 gather of a LoRA layer, in elements of the gathered
+    dtype (param_dtype under an FSDP2 MixedPrecisionPolicy, else the weight dtype), so that parallel/zero.py's
+    gathered_params and unsharded_at read it as they read a full fine-tuning layer: the frozen base (its Linear
+    weights as packed codes under --quant, in their float storage: quant_delta) and the adapters -- cast to
+    param_dtype like every parameter of the group, else gathered in their own dtype."""
+    from dataclasses import replace
+
+    g = st.param or st.weight
+    layer = pc.per_layer_dense * g + adapter_params_per_layer(spec, setup) * (st.param or adapter_bytes(setup))
+    if setup.quant:
+        _, replaced, _ = quant.base_bytes(spec, setup)
+        layer += (quant.codes_bytes(spec, setup) - replaced * g / st.weight) / spec.layers
+    return replace(pc, attention=layer / g - pc.mlp - pc.norms)
 
 
 def embedding_grad(spec: ModelSpec, setup: Setup, st, tokens: int) -> float:

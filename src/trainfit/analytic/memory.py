@@ -18,7 +18,7 @@ from .activations import keys_per_token
 from .compute_time import tensors_per_rank
 from .embedding import embedding_saved
 from .forward_moments import last_layer_forward
-from .lora import adapter_setup, embedding_grad, head_saved_delta, lora_layer_params, lora_states
+from .lora import adapter_setup, embedding_grad, gathered_counts, head_saved_delta, lora_layer_params, lora_states
 from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, paged_state_bytes, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
@@ -118,8 +118,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     owned = params_at_rest(n, setup)  # (before LoRA's n below becomes the adapters')
     fsdp2 = torchtitan_fsdp(setup)  # the stack's own FSDP2 groups and mixed precision (parallel/fsdp2.py)
     ms = (fsdp2_model_states if fsdp2 else model_states)(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup)
+    pc_gathered, n_base = pc, n  # the parameters ZeRO-3 / FSDP2 gather per layer; the rank's before LoRA
     if setup.lora_rank:  # frozen base weights; gradients, masters and optimizer states of the adapters only
         ms, st_grad, n, largest = lora_states(spec, setup, st, n)
+        pc_gathered = gathered_counts(spec, setup, pc, st)
     # paged states live in CUDA unified memory, beside the allocator (analytic/optimizer.py; engine.py adds the
     # resident part to the device total)
     paged = paged_state_bytes(spec, setup, n)
@@ -128,13 +130,21 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     off = torchao_optim.offloaded(spec, pc, setup, n, st.optimizer) if torchao_optim.offload_runs(setup) else None
     if off:
         ms = replace(ms, optimizer=off.device_states)
-    gathered = 0.0 if fsdp2 else gathered_params(pc, setup, st, stage)
+    gathered = 0.0 if fsdp2 else gathered_params(pc_gathered, setup, st, stage)
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
+        persistent = ds_zero.persistent_params(pc, setup, stage)
+        if setup.lora_rank:  # the adapters' states; the frozen base beside them (ds_zero.lora_frozen)
+            frozen = ds_zero.lora_frozen(spec, setup, st, n_base, persistent)
+            persistent = ds_zero.lora_persistent(spec, setup)
         ds = ds_zero.deepspeed_states(n, state_bytes_unsharded(spec, n, pc, st, setup), st, setup,
-                                      ds_zero.persistent_params(pc, setup, stage), largest,
+                                      persistent, largest,
                                       tensors_per_rank(spec, stage.layers, stage.embedding, stage.head))
         ms, gathered = ds.states, ds_zero.gathered(spec, pc, setup, st, layer_params(spec, pc, setup))
+        if setup.lora_rank:
+            ms = replace(ms, weights=ms.weights + frozen)
+            # NB: the adapters gathered with each layer counted as the layer's share of them (replay of the base)
+            gathered *= pc_gathered.per_layer_dense / pc.per_layer_dense
 
     # this rank's tokens: the ring splits each sequence over cp (inputs and labels sharded), --ulysses over its
     # group (long_context.py); NB: keys per query stay the whole sequence (CP runs fused SDPA kernels only)
@@ -178,7 +188,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     # gradient, nor the step's temporaries (vlm.idle_params). NB: DeepSpeed's flat gradient partitions are made whole
     # (not applied there); frozen under LoRA anyway
     idle = 0 if (setup.lora_rank or ds) else vlm.idle_params(spec, setup, pc, stage.layers, stage.embedding)
-    rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup)
+    lora_rs = (lp_trainable, st_grad, pc_gathered.per_layer_dense * st.weight) if setup.lora_rank else None
+    rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup, lora_rs)
     rs += long_context.a2a_transient(spec, setup, st.act)  # --ulysses: the all-to-alls' buffers at the attention
     # torchao's quantised operand copies in a converted linear's backward (torchao_recipes.backward_transient)
     rs += torchao_recipes.backward_transient(spec, setup)
@@ -254,7 +265,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         norm_kept=head.norm_kept if stage.head else 0,
         norm_backward=head.norm_backward if stage.head else 0,
         gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
-        (ds.backward_moments(gathered) if ds else unsharded_at(pc, setup, st, stage)),
+        (ds.backward_moments(gathered) if ds else unsharded_at(pc_gathered, setup, st, stage,
+                                                               lp_trainable if setup.lora_rank else None)),
         kinds=kinds if pattern else (),
         pattern=pattern,
         # torchtune's optimizer_in_bwd (step/in_backward.py): one optimizer per parameter, so the step's
@@ -289,8 +301,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
         every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
         host = int(stage.in_flight * (every_layer - step.layers_saved))
-    if setup.lora_rank:  # the adapters are the rank's too (LoRA runs on one rank or DDP: lora_states)
-        owned += n
+    if setup.lora_rank:  # the adapters are the rank's too, sharded as the base is (lora_states)
+        owned += params_at_rest(n, setup)
     return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
                        int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(owned), host,
                        int(paged) if paged else None)

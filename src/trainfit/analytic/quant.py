@@ -76,6 +76,11 @@ def base_bytes(spec: ModelSpec, setup: Setup) -> tuple[float, float, int]:
     return spec.layers * packed, spec.layers * st.weight * n, spec.layers * n
 
 
+def codes_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes of the model's packed weights alone (no quant state): the part FSDP shards (lora.quant_delta)."""
+    return spec.layers * sum(linear_bytes(setup, i, o)[0] for i, o in layer_linears(spec))
+
+
 def dequant_transient(spec: ModelSpec, setup: Setup) -> float:
     """Bytes a frozen quantised matmul holds beside its output: the largest Linear dequantised to the compute
     dtype, with its fp32 absmax (4-bit; forward: + the offset-added copy) or int8's fp32 row scales / 127."""

@@ -198,6 +198,12 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     trained = dense_n + expert_n
     part = "dense" if held_experts else "all"  # TE's fp8 param all-gather
     gathered = held * pb - gather_saving(spec, setup, stage_layers_n, pb, part)
+    if setup.lora_rank:  # ZeRO-3 / FSDP gathers the frozen base (packed under --quant) with the adapters
+        from .lora import gathered_counts
+
+        pc_all = costs.pc or count_params(spec)
+        gathered += stage_layers_n * pb * (
+            gathered_counts(spec, setup, pc_all, st).per_layer_dense - pc_all.per_layer_dense) / setup.tp
     expert_gathered = held_experts * pb - gather_saving(spec, setup, stage_layers_n, pb, "experts") \
         if held_experts else 0.0
     rb = model_for(setup).reduced_grad_bytes(setup, st_opt)  # the reduced gradients' dtype (the stack's rule)

@@ -156,7 +156,8 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--quant: --stack {stack.name} does not load bitsandbytes-quantised models; use --stack "
                          f"{_runners('quant')}")
     if setup.lora_rank and not stack.fact("peft", "supported"):
-        raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf")
+        raise SetupError(f"--lora-rank: --stack {stack.name} does not run peft's adapters; use --stack hf or "
+                         "--stack deepspeed")
     if setup.attention == "triton":
         _validate_triton_attention(setup, stack)
     if setup.attention == "flash2" and (setup.device != "cuda" or setup.precision == "fp32"):

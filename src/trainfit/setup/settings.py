@@ -287,7 +287,10 @@ class Setup:
                                   auto="the config's architectures (e.g. BertForSequenceClassification -> seq-cls), "
                                   "else the family's LM head", example="seq-cls", group="step")
     lora_rank: int = setting(0, "LoRA adapter rank (peft's LoraConfig r): the base weights are frozen and only the "
-                             "adapters train; 0 = full fine-tuning. Alpha does not change memory; lora_dropout 0.",
+                             "adapters train; 0 = full fine-tuning. Alpha does not change memory; lora_dropout 0. "
+                             "Runs over --dp with --zero (hf: ZeRO-1 / FSDP2, the frozen base sharded and gathered "
+                             "like a full model, gradients and optimizer states of the adapters only; --stack "
+                             "deepspeed: ZeRO 0-3, adapters in the model dtype with fp32 masters).",
                              maximum=limits.RANK_ROWS, minimum=0, example="16",
                              suggestions=(0, 8, 16, 64), group="fine-tune")
     lora_targets: str = setting("all-linear", "Linear layers that get adapters: all-linear (peft's: every Linear "
@@ -300,7 +303,9 @@ class Setup:
     quant: Optional[str] = setting(None, "Frozen base weights quantised by bitsandbytes, as transformers' "
                                    "BitsAndBytesConfig loads them: nf4 or fp4 (4-bit, blocks of 64, double "
                                    "quantisation, compute dtype = the matmul dtype) or int8 (LLM.int8); every "
-                                   "Linear but the output head; with --lora-rank this is QLoRA; --stack hf. "
+                                   "Linear but the output head; with --lora-rank this is QLoRA; --stack hf or deepspeed "
+                                   "(under --zero 3 / FSDP the packed weights are sharded, stored in a float dtype "
+                                   "as bnb_4bit_quant_storage=bf16 sets them; their quant state whole per rank). "
                                    "Serving (vLLM's --quantization): fp8, or awq / gptq (4-bit, groups of 128).",
                                    choices=QUANTS + SERVE_QUANTS, modes=("train", "serve"), example="nf4", group="fine-tune")
     lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "

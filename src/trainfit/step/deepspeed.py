@@ -40,6 +40,9 @@ def check(setup) -> None:
     if setup.offload != "none":
         raise SetupError("--offload is modelled by the analytic engine; the measure engine runs DeepSpeed without "
                          "ZeRO-Offload (its DeepSpeedCPUAdam is a separate C++ build)")
+    if setup.quant:
+        raise SetupError("--quant under --stack deepspeed is modelled by the analytic engine only (bitsandbytes' "
+                         "packed weights with a float quant storage): use --engine analytic")
     if setup.compile or setup.low_precision != "none":
         raise SetupError("--compile/--low-precision are not run under DeepSpeed by the measure engine: use --engine analytic")
 

@@ -61,6 +61,12 @@ def check_strategy(setup: "Setup") -> None:
     if setup.precision == "bf16-master" and setup.dp > 1:
         raise EngineUnavailableError("--precision bf16-master is not run under DDP/ZeRO/FSDP by the measure/trace "
                                      "engines; use bf16 or amp-bf16, or the analytic engine")
+    if setup.quant and setup.dp > 1 and setup.zero >= 2:
+        # trainfit's base keeps bitsandbytes' default uint8 storage (step/quant.py), which fully_shard cannot turn
+        # into a DTensor (accelerate 1.15 leaves such Params4bit out of FSDP: utils/fsdp_utils.py:790-806), and
+        # bnb's Params4bit cannot wrap FSDP2's sharded (fake) tensors (nn/modules.py:233 _make_subclass)
+        raise EngineUnavailableError("--quant with --zero 2/3 (QLoRA under FSDP) is modelled by the analytic engine "
+                                     "only; use --engine analytic, or --zero 0/1 for the trace/measure engines")
     if setup.grad_accum > 1 and setup.dp > 1:
         # DDP would all-reduce every micro-batch (no no_sync), FSDP2 reduce-scatter each one: not the step users run
         raise EngineUnavailableError("--grad-accum > 1 with --dp > 1 is not run by the distributed measure/trace "

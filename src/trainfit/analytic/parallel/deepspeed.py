@@ -204,6 +204,36 @@ def allgather_flat(n: float, w: float, setup: Setup) -> float:
     return n * w
 
 
+def lora_frozen(spec: ModelSpec, setup: Setup, st: StateBytes, n_base: float, persistent: float) -> float:
+    """Bytes of a LoRA base (`n_base` frozen parameters) under DeepSpeed's ZeRO, beside the adapters' states that
+    deepspeed_states gives for the trainable parameters alone: the engine casts every parameter to the model dtype
+    (engine.py:1859-1862 _cast_module_mixed_precision, frozen or not); the ZeRO-1/2 optimizer flattens and
+    partitions only the optimized (requires_grad) parameters (stage_1_and_2.py:428-434, utils.py:815
+    is_optimized_parameter), so the frozen base stays whole on every rank with no fp32 master; ZeRO-3 converts
+    every module parameter to a partitioned one (parameter_offload.py:258-263 _convert_to_zero_parameters) but
+    makes fp32 partitions of the trainable groups only (stage3.py:440-443, :726-735): the base is partitioned in
+    the model dtype, its small tensors (`persistent`: stage3_param_persistence_threshold) whole. A bitsandbytes
+    base (--quant): ZeRO-3 partitions the packed codes stored in a float dtype (bnb_4bit_quant_storage, as HF's
+    DeepSpeed ZeRO-3 + QLoRA recipe sets it), the quant state whole (analytic/lora.py quant_delta)."""
+    from ..lora import quant_delta
+
+    w, z = st.weight, setup.zero
+    frozen = n_base * w / setup.dp + persistent * w * (1 - 1 / setup.dp) if z >= 3 else n_base * w
+    if setup.quant:
+        frozen += quant_delta(spec, setup, sharded=z >= 3)
+    return frozen
+
+
+def lora_persistent(spec: ModelSpec, setup: Setup) -> float:
+    """The adapter elements ZeRO-3 keeps whole on every rank: each tensor under stage3_param_persistence_threshold
+    elements (parameter_offload.py:187), e.g. a rank-8 lora_A of a 4096-wide input (32,768)."""
+    from ..lora import adapter_sizes
+
+    thr = _fact(setup, "stage3_param_persistence_threshold")
+    sizes = adapter_sizes(spec, setup, spec.layers)
+    return sum(x for x in sizes.period if x < thr) * sizes.times
+
+
 def gathered(spec: ModelSpec, pc: ParamCounts, setup: Setup, st: StateBytes, layer: float) -> float:
     """ZeRO-3 in forward and backward: the most parameter bytes gathered at once, by the coordinator's own rules
     replayed over the HF model's module trace (zero3_replay.py: the module being run, its prefetch, and what the

@@ -106,7 +106,7 @@ def gathered_params(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage)
     return 2 * pc.per_layer_dense / t * (st.param or st.weight) + root
 
 
-def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) -> dict:
+def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage, trainable: float | None = None) -> dict:
     """Under an FSDP2 MixedPrecisionPolicy on trainfit's hf strategy (st.param: each decoder layer and the root,
     step/strategy.py), the param_dtype unsharded copies one rank holds at the step's moments where they differ from
     `gathered_params` (phases.peak's gathered_at; {} without the policy). FSDP2 frees a group's unsharded parameters
@@ -125,7 +125,9 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) ->
     layer's own gradients; the root's comes last, after the embedding's backward.
     At the forward's end the last layer's flat all-gather output is still held (comm_ctx.all_gather_state, freed by
     the root's post-forward: _fsdp_state.py:335-342) when the loss runs inside the model's forward (the stack's
-    [loss] in_forward: transformers' ForCausalLMLoss), beside the copies: all of them (zero 2) or the root's."""
+    [loss] in_forward: transformers' ForCausalLMLoss), beside the copies: all of them (zero 2) or the root's.
+    `trainable`: a layer's parameters that get gradients where not all do (LoRA's adapters, analytic/lora.py): the
+    reduce-scatter input is theirs, and the frozen root reduces nothing."""
     if not st.param or setup.zero < 2:
         return {}
     t = setup.tp
@@ -133,7 +135,7 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) ->
     root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * st.param
     held = layer if setup.stack_facts.facts.get("loss", {}).get("in_forward") else 0.0
     r = st.reduce or st.grad
-    kept = pc.per_layer_dense / t * r  # the previous layer's reduce-scatter input
+    kept = (pc.per_layer_dense if trainable is None else trainable) / t * r  # the previous layer's reduce-scatter input
     before_first = kept if stage.layers > 1 else 0.0
     # the root's backward (the embedding's, then its post-backward), where phases.peak counts every gradient as its
     # fp32 shard: the root's are still unsharded in param_dtype; during the embedding's backward beside the root's
@@ -141,6 +143,8 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) ->
     # reduce-scatter input
     n_root = root / st.param
     embedding = max(root + kept, n_root * r) + root - n_root * st.grad / shard_ranks(setup)
+    if trainable is not None:  # a frozen root: its parameters beside layer 0's kept input, no gradient
+        embedding = root + kept
     if setup.zero == 2:
         every = root + stage.layers * layer
         return {"forward_end": every + held, "loss_backward": every, "last_layer_backward": every,
@@ -150,23 +154,27 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) ->
             "first_layer_backward": root + layer + before_first, "embedding_backward": embedding}
 
 
-def reduce_scatter_transient(pc: ParamCounts, largest: int, st: StateBytes, setup: Setup) -> float:
+def reduce_scatter_transient(pc: ParamCounts, largest: int, st: StateBytes, setup: Setup,
+                             lora: tuple[float, float, float] | None = None) -> float:
     """ZeRO-2/3 in backward: a module's full gradient lives until its reduce-scatter — a whole layer's, or the
     LM head's/embedding's; gloo (the CPU backend) also clones the reduce-scatter input and, where backward
     re-gathers parameters (ZeRO-3), all-gathers into its own flat buffer; NCCL does neither
     (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, _reduce_scatter_base / _allgather_base).
     Under an FSDP2 MixedPrecisionPolicy (st.param) none: a layer's unsharded gradients are counted as its backward
     makes them (memory.py gb_layer), the root's (LM head, embedding) with the head's gradients and at the root's
-    post-backward, and the reduce-scatter inputs FSDP2 keeps, by unsharded_at."""
+    post-backward, and the reduce-scatter inputs FSDP2 keeps, by unsharded_at.
+    `lora`: (a layer's trainable parameters, their gradient bytes, the layer's gathered bytes) where only adapters
+    train (analytic/lora.py): the gradients reduced are theirs, the parameters gathered the whole layer's."""
     z, dp = setup.zero, shard_ranks(setup)
     if z < 2:
         return 0
     layer = pc.per_layer_dense / setup.tp
     if st.param:
         return 0.0
-    extra = max(largest, layer) * st.grad * (1 - 1 / dp)
+    trained, gb, gathered = lora or (layer, st.grad, layer * st.weight)
+    extra = max(largest, trained) * gb * (1 - 1 / dp)
     if setup.device == "cpu":
-        extra += layer * (st.grad + (st.weight if z >= 3 else 0))
+        extra += trained * gb + (gathered if z >= 3 else 0)
     # NB (FSDP2 mixed precision on CPU): gloo's copies come at a layer's post-backward (the reduce-scatter input's
     # clone) and pre-backward (the prefetch's all-gather buffer), not at its backward's high point, so they are not
     # added to it; the pre-backward moment they make is not modelled (under-counts a CPU peak by up to one layer's
