@@ -29,6 +29,7 @@ from .activations import FP32, resolved_kernel
 from .families import family_traits
 from .precision import state_bytes
 from .multi_tensor import Repeated
+from .parallel.zero import shard_ranks
 
 # the Llama-style block's Linear modules (transformers models/llama/modeling_llama.py LlamaAttention, LlamaMLP)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -251,7 +252,7 @@ def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
         sharded = frozen.weights < n * st.weight  # FSDP2's weights at rest are shards (model_states)
         weights += quant_delta(spec, setup, sharded)
         if frozen.comm and setup.zero == 2 and not sharded:  # the shards kept beside the unsharded codes
-            comm += (quant.codes_bytes(spec, setup) - quant.base_bytes(spec, setup)[1]) / setup.dp
+            comm += (quant.codes_bytes(spec, setup) - quant.base_bytes(spec, setup)[1]) / shard_ranks(setup)
     states = ModelStates(weights, trained.gradients, trained.master, trained.optimizer, comm)
     return states, ad, n_a, largest_adapter(spec, setup)
 
@@ -269,7 +270,7 @@ def quant_delta(spec: ModelSpec, setup: Setup, sharded: bool) -> float:
     if not sharded:
         return packed - replaced
     codes = quant.codes_bytes(spec, setup)
-    return (codes - replaced) / setup.dp + (packed - codes)
+    return (codes - replaced) / shard_ranks(setup) + (packed - codes)
 
 
 def gathered_counts(spec: ModelSpec, setup: Setup, pc, st):
