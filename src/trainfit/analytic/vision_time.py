@@ -31,6 +31,8 @@ Kernels:
     upper bound — cuDNN has some NCHW-native tensor-core kernels.
   * SDPA (ViT): roofline.attention_seconds with the kernel HF's sdpa runs on CUDA (vision_graph.Net.attention:
     flash for 16-bit, the memory-efficient kernel for fp32).
+  * --recompute full (ViT): each checkpointed layer's forward kernels once more, from its first op to the one
+    before the early stop (vision_graph.checkpointed), in the StepTime's `recompute` term.
 NB (not modelled): the conv bias add (ConvNeXt/ViT patch convs), GradScaler's unscale and inf checks under
 amp-fp16, and gradient accumulation's adds — each a few memory-bound kernels: under.
 """
