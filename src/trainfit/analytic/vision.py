@@ -205,12 +205,10 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
         """Op i's forward: its output (unless not `makes`), what it keeps (saving) or makes and frees (not
         saving), then its inputs dropped."""
         nonlocal cache
-        if not makes:
-            pass
-        elif op.alias:
+        if makes and op.alias:
             s = w.storage[op.out] = w.storage[op.ins[0]]
             w.refs[s] += uses
-        else:
+        elif makes:
             s = w.storage[op.out] = op.out
             w.bytes[s], w.refs[s] = r(op.out_bytes), uses
         transient = 0
@@ -240,7 +238,7 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
             w.savers[w.storage[x]] = w.savers.get(w.storage[x], 0) + 1
         # the model's output keeps the logits, and the step the loss, to the step's end
         uses = consumers.get(op.out, 0) + (op.out == logits or op.kind == "loss")
-        run(i, op, uses, not op.block or op.block not in blocks, "forward_end")
+        run(i, op, uses, op.block not in blocks, "forward_end")
     w.kept -= cache  # (autocast_mode.cpp clear_cache on the outermost autocast's exit)
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
