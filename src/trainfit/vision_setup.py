@@ -8,8 +8,15 @@ from .spec import VisionSpec
 
 # the settings a vision step reads; every other one must keep its default
 APPLY = ("batch", "grad_accum", "precision", "optimizer", "optimizer_impl", "max_grad_norm", "tf32", "device", "mode",
-         "image_size", "channels_last", "stack")
+         "image_size", "channels_last", "stack", "recompute")
+# the families transformers can checkpoint: supports_gradient_checkpointing on the PreTrainedModel and the repeated
+# block a GradientCheckpointingLayer (transformers 5.24 models/vit/modeling_vit.py:257,310); the ResNet and ConvNeXt
+# PreTrainedModels keep the default False (modeling_utils.py:1138), so activation_checkpointing_enable raises
+# "does not support activation checkpointing" (modeling_utils.py:3154-3155)
+CHECKPOINTS = {"vit": "ViTLayer"}
 WHY = {
+    "compile": "trainfit models inductor's saved set for Llama-style blocks only (analytic/compile_effects.py); "
+               "its choice for convolutions, BatchNorm and ViT blocks is not derived",
     "seq": "its sequence is set by the image ({why})",
     "lora_rank": "trainfit's LoRA adapts a transformer's projections",
     "attention": "it has no attention kernel to choose",
@@ -36,6 +43,7 @@ def vision_values(spec: VisionSpec, values: dict, req=None) -> dict:
         if value != default:
             why = WHY.get(name, f"{spec.name} is a {spec.family} image classifier: one rank's HF eager step")
             raise SetupError(f"{s.flag} does not apply to {spec.name}: {why.format(why=why_seq)}")
+    check_recompute(spec, values["recompute"])
     size = values["image_size"] or spec.image_size
     check_image(spec, size)
     # seq: ViT's tokens per image; 1 for a CNN (so tokens/s reads as images/s)
@@ -48,3 +56,18 @@ def check_image(spec: VisionSpec, size: int) -> None:
         raise SetupError(f"--image-size {size} is not a multiple of {spec.name}'s patch size {spec.patch}")
     if spec.is_cnn and size < 32:
         raise SetupError(f"--image-size {size}: {spec.name} downsamples by 32; use --image-size 32 or more")
+
+
+def check_recompute(spec: VisionSpec, recompute: str) -> None:
+    """--recompute full checkpoints every block transformers checkpoints (activation_checkpointing_enable: each
+    GradientCheckpointingLayer, non-reentrant torch.utils.checkpoint); the other policies are not a transformers
+    vision model's."""
+    if recompute == "none":
+        return
+    if spec.family not in CHECKPOINTS:
+        raise SetupError(f"--recompute {recompute} does not apply to {spec.name}: transformers' {spec.family} model "
+                         "does not support activation checkpointing (no supports_gradient_checkpointing); drop "
+                         "--recompute")
+    if recompute != "full":
+        raise SetupError(f"--recompute {recompute}: for {spec.name} transformers checkpoints every "
+                         f"{CHECKPOINTS[spec.family]}; use --recompute full or none")

@@ -29,6 +29,14 @@ NB: --channels-last changes strides, not sizes: a channels_last tensor holds the
 changes; it changes which cuDNN kernels run (NHWC tensor-core kernels), i.e. time, not memory: the step time
 (analytic/vision_time.py) drops cuDNN's NCHW<->NHWC transposes around tensor-core convs.
 
+--recompute full (ViT: transformers checkpoints every ViTLayer, vision_setup.CHECKPOINTS): non-reentrant
+torch.utils.checkpoint keeps each layer's input (its frame's saved inputs) and packs nothing else of the layer; in
+the backward the layer's first unpack reruns its forward, keeping what each op saves, and stops at the last
+packed tensor (vision_graph.checkpointed). The walk replays that rerun before the layer's backward (recompute);
+autocast's weight casts made in a checkpointed forward stay in autocast's cache until the forward ends. Against
+the trace engine running transformers' own checkpointing (tests/models/test_vision_recompute.py): tiny-vit fp32
+exact, amp +0.02 %, bf16 +0.12 %; the trace equals a real CPU step (measure).
+
 Step time: every kernel of the step timed by the roofline (analytic/vision_time.py: convs as cuDNN implicit GEMMs,
 TF32 for fp32 convs where the GPU has it; memory-bound ops at the achieved HBM bandwidth; SDPA; the optimizer step;
 the host-issue bound), a StepTime like the token models'; --mfu is an override. Against NVIDIA's published
@@ -50,7 +58,7 @@ from .optimizer import clip_temporaries, optimizer_temporaries
 from .precision import state_bytes
 from .timing import budget, mfu_step_terms, step_seconds
 from ..vision_setup import check_image
-from .vision_graph import FP32, HALF, INT64, Op, vision_ops
+from .vision_graph import FP32, HALF, INT64, Op, checkpointed, vision_ops
 from .vision_time import dtypes, vision_step_time
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -141,6 +149,23 @@ class _Walk:
                 del self.gbytes[g], self.grefs[g]
 
 
+def recompute(w: "_Walk", ops: list[Op], first: int, last: int, run) -> None:
+    """Rerun ops[first..last] in the backward, keeping what each saves; the early stop comes at the last op's
+    saved inputs (autograd packs inputs before the kernel runs: the last op's output is not made, NB: unless it
+    saves it)."""
+    made = {op.out for op in ops[first:last + 1]}
+    uses: dict[str, int] = {}
+    for op in ops[first:last + 1]:
+        for t in op.ins + op.holds:
+            uses[t] = uses.get(t, 0) + 1
+    for t, n in uses.items():
+        if t not in made:  # the block's input, held by the checkpoint: each rerun consumer takes a reference
+            w.refs[w.storage[t]] += n
+    for j in range(first, last + 1):
+        early_stop = j == last and ops[j].out not in ops[j].saves
+        run(j, ops[j], uses.get(ops[j].out, 0), True, "backward", makes=not early_stop)
+
+
 def walk(spec: VisionSpec, setup: Setup) -> dict:
     """The step's high points: {phase: (bytes, {category: bytes})}, the resident sizes and the op list."""
     st = state_bytes(setup)
@@ -166,33 +191,60 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
     w.grads = sum(r(n * st.grad) for n in tensors) if accumulating else 0
     consumers: dict[str, int] = {}
     for op in ops:
-        for t in op.ins:
+        for t in op.ins + op.holds:
             consumers[t] = consumers.get(t, 0) + 1
     logits = ops[-1].ins[0]
     own = [sum(r(b) for b in op.own_saved) for op in ops]
-    for i, op in enumerate(ops):
-        # the model's output keeps the logits, and the step the loss, to the step's end
-        uses = consumers.get(op.out, 0) + (op.out == logits or op.kind == "loss")
-        if op.alias:
+    blocks = checkpointed(ops, setup.recompute)
+    first_of = {first: name for name, (first, _) in blocks.items()}
+    last_of = {last: name for name, (_, last) in blocks.items()}
+    held = {}  # block -> its input, kept by the checkpoint
+    cache = 0  # autocast's weight casts made in checkpointed blocks: cached until the forward's autocast exits
+
+    def run(i: int, op: Op, uses: int, saving: bool, phase: str, makes: bool = True) -> None:
+        """Op i's forward: its output (unless not `makes`), what it keeps (saving) or makes and frees (not
+        saving), then its inputs dropped."""
+        nonlocal cache
+        if makes and op.alias:
             s = w.storage[op.out] = w.storage[op.ins[0]]
             w.refs[s] += uses
-        else:
+        elif makes:
             s = w.storage[op.out] = op.out
             w.bytes[s], w.refs[s] = r(op.out_bytes), uses
-        w.kept += own[i]
-        for t in op.saves:
-            if t not in w.storage:
-                continue  # the images: an input, resident through the step (w.base)
-            s = w.storage[t]
-            w.refs[s] += 1
-            w.savers[s] = w.savers.get(s, 0) + 1
-        w.temp = sum(r(b) for b in op.fwd_temp)
-        w.moment("forward_end")
+        transient = 0
+        if saving:
+            w.kept += own[i]
+            for t in op.saves:
+                if t not in w.storage:
+                    continue  # the images: an input, resident through the step (w.base)
+                s = w.storage[t]
+                w.refs[s] += 1
+                w.savers[s] = w.savers.get(s, 0) + 1
+        else:  # under the checkpoint's pack hook nothing is kept but autocast's cached weight casts
+            wcast = r(op.own_saved[-1]) if op.cast_params and op.kind in ("conv", "linear") else 0
+            cache += wcast
+            w.kept += wcast
+            transient = own[i] - wcast
+        w.temp = sum(r(b) for b in op.fwd_temp) + transient
+        w.moment(phase)
         w.temp = 0
-        for t in op.ins:
+        for t in op.ins + op.holds:
             w.drop(t)
+
+    for i, op in enumerate(ops):
+        if i in first_of:  # the checkpoint saves the block's input (torch/utils/checkpoint.py save_inputs)
+            held[first_of[i]] = x = op.ins[0]
+            w.refs[w.storage[x]] += 1
+            w.savers[w.storage[x]] = w.savers.get(w.storage[x], 0) + 1
+        # the model's output keeps the logits, and the step the loss, to the step's end
+        uses = consumers.get(op.out, 0) + (op.out == logits or op.kind == "loss")
+        run(i, op, uses, op.block not in blocks, "forward_end")
+    w.kept -= cache  # (autocast_mode.cpp clear_cache on the outermost autocast's exit)
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
+        if i in last_of:  # its first unpack reruns the block's forward, saving (torch/utils/checkpoint.py)
+            first = blocks[last_of[i]][0]
+            recompute(w, ops, first, i, run)
         if op.passes_grad:
             # adds and views hand the output's gradient to every input as is, except to an input of a narrower
             # dtype (a promoting add): the engine casts the gradient to it (validate_outputs), a new tensor
@@ -224,6 +276,8 @@ def walk(spec: VisionSpec, setup: Setup) -> dict:
         w.kept -= own[i]
         for t in op.saves:
             w.drop(t, savers=1)
+        if i in first_of:  # the block's last node released its saved tensors: the checkpoint's frame goes
+            w.drop(held[first_of[i]], savers=1)
         if half:  # then the casts' ToCopyBackward0 nodes: each 16-bit gradient beside its fp32 .grad
             w.temp, w.grads = (half + made, w.grads) if accumulating else (half, w.grads + made)
             w.moment("backward")
@@ -258,9 +312,12 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     base = res["base"]
     params = res["params"]
     fwd, bwd = step_flops(res["ops"])
+    again = [op for first, last in checkpointed(res["ops"], setup.recompute).values()
+             for op in res["ops"][first:last]]  # rerun in the backward, up to the early stop (vision_graph)
+    rec = step_flops(again)[0] * setup.grad_accum
     fwd, bwd = fwd * setup.grad_accum, bwd * setup.grad_accum
     images = setup.batch * setup.grad_accum
-    flops = Flops(fwd, bwd, 0, fwd + bwd, fwd + bwd, (fwd + bwd) // max(1, images))
+    flops = Flops(fwd, bwd, rec, fwd + bwd + rec, fwd + bwd, (fwd + bwd) // max(1, images))
     reserved, device_total, beside, held = overheads.device_memory(
         overheads.reserved_from_allocated(phases[phase]), gpu, setup)
     memory = Memory(weights=base["weights"], gradients=at["gradients"], optimizer_states=base["optimizer_states"],
@@ -268,7 +325,10 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
                     kv_cache=0, peak=phases[phase], peak_phase=phase, phases=phases, at_peak=at,
                     reserved=reserved, device_total=device_total, overheads=beside, required=phases[phase])
     size = image_size(spec, setup)
-    notes = [f"{spec.name}: {size}x{size} images, {spec.num_labels} classes; HF eager step ({setup.device} semantics)",
+    notes = [f"{spec.name}: {size}x{size} images, {spec.num_labels} classes; HF eager step ({setup.device} semantics)"
+             + ("; --recompute full: each layer checkpointed as transformers' activation_checkpointing_enable does "
+                "(its input kept; its forward rerun in the backward up to the last op that saves)"
+                if setup.recompute == "full" else ""),
              "cuDNN convolution workspace not counted (NB: under by up to the largest conv's workspace)",
              "--channels-last: same bytes (strides change, not sizes); no NCHW<->NHWC transposes in the step time"
              if setup.channels_last else "channels-last would not change these bytes (strides, not sizes); the step "
@@ -277,7 +337,7 @@ def estimate(spec: VisionSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     if gpu is not None:
         if mfu is None:  # the kernels the step runs, timed by the roofline (analytic/vision_time.py)
             tm = vision_step_time(setup, gpu, res["ops"], params, res["param_tensors"],
-                                  image_bytes(spec, setup, state_bytes(setup)), flops.step)
+                                  image_bytes(spec, setup, state_bytes(setup)), flops.model_step)
             secs, achieved = tm.step_seconds, tm.mfu
             terms = tm.as_dict()
         else:

@@ -24,7 +24,7 @@ dtype; a 16-bit tensor times an fp32 parameter promotes to fp32.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import SetupError
 from ..spec import VisionSpec
@@ -57,6 +57,8 @@ class Op:
     groups: int = 1
     cast_in: int = 0  # bytes of the autocast cast of its input that it computes from (0: none)
     attn: tuple[int, int, int] = ()  # sdpa: (batch·heads, rows, head_dim)
+    holds: tuple[str, ...] = ()  # tensors a caller's Python local keeps alive until this op has run
+    block: str = ""  # the checkpointable block (a transformers GradientCheckpointingLayer) the op runs in
 
     @property
     def params(self) -> int:
@@ -360,17 +362,39 @@ def vit_ops(spec: VisionSpec, net: Net, image: int) -> list[Op]:
     x = net.conv(net.input(spec.channels, image), h, spec.patch, spec.patch, "embeddings.patch", p=0, bias=True)
     x = net.add_param(net.prepend(net.tokens(x, "embeddings.tokens"), "embeddings.cls"), "embeddings.positions")
     for i in range(spec.depths[0]):
-        name = f"layer.{i}"
+        name, first = f"layer.{i}", len(net.ops)
         y = net.layernorm(x, f"{name}.layernorm_before")
         q, k, v = (net.linear(y, h, f"{name}.{p}", bias=spec.qkv_bias) for p in ("q", "k", "v"))
         a = net.linear(net.attention(q, k, v, spec.heads, f"{name}.sdpa"), h, f"{name}.o")
+        # ViTLayer.forward's local hidden_states keeps each norm's output until self.attention / self.mlp returns
+        # (modeling_vit.py:273-283): after the o projection and fc2 (it matters when nothing saves it: autocast's
+        # casts, checkpointing)
+        net.ops[-1] = replace(net.ops[-1], holds=(y,))
         x = net.add(a, x, f"{name}.residual_1")
         y = net.layernorm(x, f"{name}.layernorm_after")
-        y = net.linear(net.gelu(net.linear(y, spec.intermediate, f"{name}.fc1"), f"{name}.act"), h, f"{name}.fc2")
+        y2 = net.linear(net.gelu(net.linear(y, spec.intermediate, f"{name}.fc1"), f"{name}.act"), h, f"{name}.fc2")
+        net.ops[-1], y = replace(net.ops[-1], holds=(y,)), y2
         x = net.add(y, x, f"{name}.residual_2")
+        net.ops[first:] = [replace(op, block=name) for op in net.ops[first:]]  # ViTLayer.forward, checkpointable
     x = net.layernorm(x, "layernorm")
     net.loss(net.linear(net.first_row(x, "cls_row"), spec.num_labels, "classifier"))
     return net.ops
+
+
+def checkpointed(ops: list[Op], recompute: str) -> dict[str, tuple[int, int]]:
+    """--recompute full: {block: (its first op, its last op that keeps a tensor)} for every block transformers
+    checkpoints (vision_setup.CHECKPOINTS). Non-reentrant torch.utils.checkpoint (transformers' default,
+    modeling_utils.py:3157-3158 use_reentrant False) keeps the block's input and, under its pack hook, no tensor
+    of the block; the backward's first unpack reruns the block's forward, which stops once its last saved tensor
+    is packed (early_stop, torch/utils/checkpoint.py _recomputation_hook): the ops after it do not rerun."""
+    if recompute != "full":
+        return {}
+    blocks: dict[str, tuple[int, int]] = {}
+    for i, op in enumerate(ops):
+        if op.block:
+            first, last = blocks.get(op.block, (i, i))
+            blocks[op.block] = (first, i if (op.saves or op.own_saved) else last)
+    return blocks
 
 
 BUILDERS = {"resnet": resnet_ops, "convnext": convnext_ops, "vit": vit_ops}

@@ -31,6 +31,8 @@ Kernels:
     upper bound — cuDNN has some NCHW-native tensor-core kernels.
   * SDPA (ViT): roofline.attention_seconds with the kernel HF's sdpa runs on CUDA (vision_graph.Net.attention:
     flash for 16-bit, the memory-efficient kernel for fp32).
+  * --recompute full (ViT): each checkpointed layer's forward kernels once more, from its first op to the one
+    before the early stop (vision_graph.checkpointed), in the StepTime's `recompute` term.
 NB (not modelled): the conv bias add (ConvNeXt/ViT patch convs), GradScaler's unscale and inf checks under
 amp-fp16, and gradient accumulation's adds — each a few memory-bound kernels: under.
 """
@@ -46,7 +48,7 @@ from ..estimate import StepTime
 from .step_time import host_issue_exposed
 from .stragglers import slowest_gpu_factor
 from .timing import compute_dtype
-from .vision_graph import FP32, HALF, Op
+from .vision_graph import FP32, HALF, Op, checkpointed
 
 _16 = {"amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16"}
 
@@ -66,14 +68,18 @@ def _sizes(ops: list[Op], images: int) -> dict[str, int]:
     return sizes
 
 
-def kernels(ops: list[Op], setup: Setup, gpu: GPU, images: int) -> tuple[list[rops.Op], list[rops.Op]]:
-    """(forward, backward) kernel lists of one micro-batch. `images`: the input batch's bytes."""
+def kernels(ops: list[Op], setup: Setup, gpu: GPU, images: int,
+            only: set[int] | None = None) -> tuple[list[rops.Op], list[rops.Op]]:
+    """(forward, backward) kernel lists of one micro-batch. `images`: the input batch's bytes; `only`: the indices
+    of the ops to list (all when None)."""
     conv_dt, lin_dt = dtypes(setup, gpu)
     sizes = _sizes(ops, images)
     fwd: list[rops.Op] = []
     bwd: list[rops.Op] = []
     transposes = not setup.channels_last and conv_dt != "fp32"
-    for op in ops:
+    for i, op in enumerate(ops):
+        if only is not None and i not in only:
+            continue
         reads = sum(sizes[t] for t in op.ins)
         if op.kind in ("conv", "linear"):
             if op.cast_params:  # the weight (and bias) cast to 16 bits; its backward casts the gradient up
@@ -124,8 +130,8 @@ def kernels(ops: list[Op], setup: Setup, gpu: GPU, images: int) -> tuple[list[ro
                          saves=op.kind not in ("pool", "cat", "loss"))
             fwd.append(e)
             bwd.extend(rops.backward([e]))
-    for op in ops:  # autocast: the 16-bit weight gradients cast to the fp32 .grad (ToCopyBackward0)
-        if op.cast_params and op.kind in ("conv", "linear"):
+    for i, op in enumerate(ops):  # autocast: the 16-bit weight gradients cast to the fp32 .grad (ToCopyBackward0)
+        if op.cast_params and op.kind in ("conv", "linear") and (only is None or i in only):
             bwd.extend(rops.memory(f"{op.name}.grad_cast", n * HALF, n * FP32, "ToCopyBackward0", saves=False)
                        for n in op.tensors)
     return fwd, bwd
@@ -150,6 +156,13 @@ def vision_step_time(setup: Setup, gpu: GPU, ops: list[Op], params: int, tensors
     tf, tb = time_ops(gpu, fwd), time_ops(gpu, bwd)
     m = setup.grad_accum
     tot: ListTime = tf + tb
+    # --recompute full: each checkpointed block's forward again in the backward, up to the early stop (the last
+    # op that saves: its inputs are packed before its kernel runs, so it does not run; NB: its autocast weight
+    # cast does, not counted: under)
+    again = {i for first, last in checkpointed(ops, setup.recompute).values() for i in range(first, last)}
+    if again:
+        tot = tot + time_ops(gpu, kernels(ops, setup, gpu, images, again)[0])
+    rec = m * (tot.seconds - tf.seconds - tb.seconds) if again else 0.0
     opt_mem, opt_launch = optimizer_seconds(gpu, setup, st, params, tensors)
     opt = opt_mem + opt_launch
     # the slowest of the data-parallel GPUs sets the pace of their compute-bound kernels (stragglers.py)
@@ -162,7 +175,7 @@ def vision_step_time(setup: Setup, gpu: GPU, ops: list[Op], params: int, tensors
     matmul = tot.gemm + tot.attention
     mfu = model_flops / (step * peak)
     return StepTime(
-        compute=m * tot.seconds, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0, bubble=0.0,
+        compute=m * tot.seconds - rec, recompute=rec, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_comm=0.0, bubble=0.0,
         dp_comm=0.0, optimizer=opt, host_copies=0.0, host_issue=issue, straggler=slowest, step_seconds=step,
         tokens_per_second=setup.batch * m * setup.dp / step, mfu=mfu, hfu=mfu, dp_comm_total=0.0,
         dp_bandwidth="intra", efficiency=tot.flops / (matmul * peak) if matmul else 0.0,

@@ -19,11 +19,13 @@ def measure_vision(spec: VisionSpec, setup: Setup, steps: int = 3, warmup: int =
     from .runner import _peak_cpu, _peak_cuda, check_device, timed_steps, to_estimate
     from ..step import make_optimizer, run_step
     from ..step.build import param_dtype
+    from ..step.standard import enable_recompute
 
     check(spec, setup)
     dev = check_device(setup.device)
     model, example = build(spec, setup, param_dtype(setup), device=setup.device)
     model.train()
+    enable_recompute(model, setup)  # --recompute full: transformers' activation_checkpointing_enable (as the trace)
     optimizer = make_optimizer(model, setup)
     batches = [example]
     for _ in range(max(1, warmup)):

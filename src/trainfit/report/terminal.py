@@ -48,7 +48,8 @@ def setup_line(e: Estimate) -> str:
     if _classifier(s):  # a vision model (trainfit.vision_setup): the batch is images, no sequence or attention kernel
         return (f"training · {s.batch} images of {s.image_size}x{s.image_size} · {e.detail.num_labels} classes "
                 f"· {s.precision} · {s.optimizer} ({s.optimizer_kernel})"
-                f"{' · channels-last' if s.channels_last else ''} · {s.device}")
+                f"{' · channels-last' if s.channels_last else ''}"
+                f"{f' · recompute {s.recompute}' if s.recompute != 'none' else ''} · {s.device}")
     labels = e.detail.num_labels
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
     target = f" · target {s.target_seq}" if s.target_seq else ""  # an encoder-decoder model's decoder tokens
