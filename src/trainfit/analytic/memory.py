@@ -139,6 +139,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     head = head_and_loss(spec, setup, st, tokens)
     lm, lm_full, head = compile_effects.apply(spec, setup, st, tokens, lm, head, lm_full)  # --compile
     gb = (st_grad if setup.lora_rank else st.grad) / shard(setup, 2)  # gradient bytes per parameter on this rank
+    if ds and ds_zero.gradients_leave_device(setup):  # ZeRO-Offload: the backward's gradients go to the host
+        gb = 0.0
     # a layer's gradients made during its backward: FSDP2 keeps them unsharded in param_dtype until its
     # post-backward reduce-scatter (parallel/fsdp2.py); otherwise they are the rank's own gradients
     # (so does trainfit's hf strategy under a MixedPrecisionPolicy, st.param: parallel/zero.py unsharded_at)

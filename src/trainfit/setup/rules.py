@@ -24,10 +24,13 @@ def validate(setup: Setup) -> None:
         raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
     stack = _stacks.get_stack(setup.stack, setup.stack_release)
     shard_axes = stack.zero_shard_axes
-    if setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes):
+    if (setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes)
+            and setup.offload not in stack.zero_single_rank_with):
         raise SetupError(f"--zero shards states over data-parallel ranks ({' × '.join('--' + a for a in shard_axes)}"
                          f" on --stack {stack.name}): it needs --dp > 1" + (" or --cp > 1" if "cp" in shard_axes
-                                                                            else ""))
+                                                                            else "")
+                         + (f", or --offload {' or '.join(stack.zero_single_rank_with)} to run it on one GPU"
+                            if stack.zero_single_rank_with else ""))
     policy = setup.recompute_policy
     if policy not in stack.policies:
         # none/selective/full: every stack's own meaning; the other policies name the stacks that run them

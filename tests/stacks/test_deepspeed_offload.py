@@ -1,0 +1,65 @@
+"""ZeRO-Offload / ZeRO-Infinity on --stack deepspeed: the device/host split by hand from DeepSpeed 0.19.8's
+allocations (paths inside the deepspeed package), and the one-GPU rule."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.analytic.memory import train_memory
+from trainfit.analytic.params import count_params
+from trainfit.errors import SetupError
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+
+def _setup(**kw) -> Setup:
+    return Setup(**{"stack": "deepspeed", "optimizer": "adamw", "precision": "bf16-master", "batch": 1, "seq": 512,
+                    **kw})
+
+
+@pytest.mark.parametrize("dp", [1, 4])
+def test_zero3_offload_optimizer_split_by_hand(dp):
+    """ZeRO-3 + offload_optimizer, Ψ parameters over dp ranks, bf16 with fp32 masters. Host, per rank
+    (stage3.py:333 self.device = 'cpu'): the fp32 partition 4Ψ/dp (:1158-1160), AdamW's two fp32 states 8Ψ/dp,
+    the fp32 gradient partition 4Ψ/dp (:1338-1342), and the bf16 gradient partition buffer 2Ψ/dp made on that
+    device (:791-795) = 18Ψ/dp. Device: the bf16 parameter partition 2Ψ/dp (+ the norms kept whole) and no
+    gradient buffer."""
+    spec = load_model("llama-3.1-8b")
+    psi = count_params(spec).total
+    m = train_memory(spec, _setup(zero=3, dp=dp, offload="optimizer"))
+    assert m.host_memory == pytest.approx(18 * psi / dp, rel=1e-6)
+    assert m.gradients == 0 and m.master == 0 and m.optimizer == 0
+    assert m.weights == pytest.approx(2 * psi / dp, rel=0.001)
+
+
+def test_zero3_offload_params_moves_the_partition():
+    """offload_param as well (ZeRO-Infinity): the bf16 partition in pinned host memory (stage3.py:906,
+    param_groups_fp16_flat_cpu_memory) = 20Ψ on one rank; on the device only the whole small parameters (norms,
+    under stage3_param_persistence_threshold) stay, far under a percent of 2Ψ."""
+    spec = load_model("llama-3.1-8b")
+    psi = count_params(spec).total
+    m = train_memory(spec, _setup(zero=3, dp=1, offload="params"))
+    assert m.host_memory == pytest.approx(20 * psi, rel=1e-6)
+    assert m.weights < 0.001 * 2 * psi
+
+
+def test_zero2_offload_accumulation_keeps_pinned_gradients():
+    """ZeRO-2 + offload_optimizer accumulating micro-batches: each partition parameter's gradient kept in a pinned
+    host buffer of the model dtype (stage_1_and_2.py:1822-1825), 2Ψ/dp beyond the single micro-batch's host
+    bytes: fp32 partition 4 + AdamW 8 + fp32 gradient 4 + the pinned bf16 copy 2 = 18Ψ/dp (:556-577, :937-941;
+    DeepSpeed's own estimate_zero2_model_states_mem_needs counts the first three, 16Ψ, before its 1.5 buffer factor)."""
+    spec = load_model("llama-3.1-8b")
+    psi = count_params(spec).total
+    one = train_memory(spec, _setup(zero=2, dp=2, offload="optimizer"))
+    acc = train_memory(spec, _setup(zero=2, dp=2, offload="optimizer", grad_accum=4))
+    assert one.host_memory == pytest.approx(18 * psi / 2, rel=1e-6)
+    assert acc.host_memory - one.host_memory == pytest.approx(2 * psi / 2, rel=1e-6)
+
+
+def test_zero_on_one_gpu_needs_offload():
+    """ZeRO-Offload/Infinity are one-GPU recipes (deepspeed.ai/tutorials/zero-offload): --zero with --dp 1 runs
+    under --offload optimizer|params; without offload it still needs data-parallel ranks to shard over."""
+    for z in (1, 2, 3):
+        _setup(zero=z, dp=1, offload="optimizer")
+    _setup(zero=3, dp=1, offload="params")
+    with pytest.raises(SetupError, match="--offload optimizer or params"):
+        _setup(zero=2, dp=1)
