@@ -63,3 +63,25 @@ def test_zero_on_one_gpu_needs_offload():
     _setup(zero=3, dp=1, offload="params")
     with pytest.raises(SetupError, match="--offload optimizer or params"):
         _setup(zero=2, dp=1)
+
+
+@pytest.mark.parametrize("zero, offload, m, expected", [
+    # ZeRO-3, overlap_comm on: D2H 2·(1e9·2) + 1e9·4 = 8e9 B (0.16 s) hidden by 2 × 0.2 s of backward; CPU Adam
+    # 28e9 B / 100e9 = 0.28 s; the bf16 partition back 2e9 / 50e9 = 0.04 s
+    (3, "optimizer", 2, 0.32),
+    # ZeRO-2, one micro-batch, overlap_comm off: the fp32 cast 4e9 B over the link exposed (0.08 s); CPU Adam 0.28 s
+    # + the cast into the pinned bf16 copy 6e9 / 100e9 = 0.06 s; the copy back 0.04 s
+    (2, "optimizer", 1, 0.46),
+    # ZeRO-Infinity: no copy back (the partition is on the host: its cast 0.06 s on the CPU); each pass's fetch
+    # 2e9 / 50e9 = 0.04 s under the pass's 0.1 / 0.2 s
+    (3, "params", 2, 0.34),
+])
+def test_offload_seconds_by_hand(zero, offload, m, expected):
+    """One rank of 1e9 parameters in bf16 (w = 2), a 50e9 B/s host link, a 100e9 B/s host memory, forward 0.1 s
+    and backward 0.2 s per micro-batch: the copies and DeepSpeedCPUAdam's 7 × 4 bytes per element
+    (ops/csrc/adam/cpu_adam_impl.cpp:36 Step_1) derived by hand from DeepSpeed 0.19.8's copies."""
+    from trainfit.analytic.parallel import deepspeed_offload
+
+    s = _setup(zero=zero, dp=1, offload=offload, grad_accum=m)
+    got = deepspeed_offload.offload_seconds(s, 1e9, 2, m, 50e9, 100e9, 0.1, 0.2)
+    assert got == pytest.approx(expected, rel=1e-9)
