@@ -283,6 +283,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         extra = budget(tokens, tps, setup.world_size, gpu, terms) if tokens else {}
         # the fit rule (fit_rule.py); paged states resident on the device take what the step leaves
         fit = fit_rule.verdict(gpu, setup, needed, reserve, paged)
+        # and the node's host memory: the offloaded states and pinned buffers of its ranks (fit_rule.host_verdict)
+        fit = fit_rule.host_verdict(fit, gpu, setup, host or 0)
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
                         tokens_per_second=tps, fits=fit.fits, headroom=fit.headroom,
                         gpu_memory=gpu.memory, **extra)
@@ -298,6 +300,9 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
                         if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
     if gpu is not None:
         notes.append(_fit_note(fit))
+        short = fit_rule.host_note(fit, setup, gpu)
+        if short:
+            notes.append(short)
         notes.append(overheads.describe(beside, held, cached_block=True))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "

@@ -182,6 +182,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
             # the partition's gradients go straight to the host fp32 gradient through a buffer of the largest
             # parameter on the device (stage_1_and_2.py:659 temp_grad_buffer_for_gpu_offload)
             grads = largest * w
+            host += largest * w  # its pinned host twin (:653-658 temp_grad_buffer_for_cpu_offload)
             if setup.grad_accum > 1:
                 # accumulating micro-batches keep each partition parameter's gradient in a pinned host buffer of
                 # the model dtype (stage_1_and_2.py:1822-1825 buffer_to_accumulate_to_in_cpu, made when
