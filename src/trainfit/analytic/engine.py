@@ -22,7 +22,7 @@ from .memory import TrainMemory, train_memory
 from . import lora
 from .params import count_params
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
-from .parallel import deepspeed_offload
+from .parallel import deepspeed_offload, fsdp_offload
 from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
 from .loss import head_and_loss
 from .optimizer import state_tensors, temporary_bytes
@@ -321,6 +321,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
             notes.append(torchao_optim.OFFLOAD_NOTE)
         if deepspeed_offload.runs(setup):  # NB: optimistic (line rates)
             notes.append(deepspeed_offload.NOTE)
+        if fsdp_offload.runs(setup):  # NB: optimistic (line rates)
+            notes.append(fsdp_offload.NOTE)
         if setup.offload == "activations":  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")

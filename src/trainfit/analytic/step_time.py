@@ -38,7 +38,7 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import torchao_optim
-from .parallel import deepspeed_offload
+from .parallel import deepspeed_offload, fsdp_offload
 from .roofline import host_memory_bandwidth
 from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
@@ -206,8 +206,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     if torchao_optim.offload_runs(setup):  # only the small parameters are stepped on the GPU (torchao_optim.py)
         shard = torchao_optim.device_params(spec, shard)
     # ZeRO-Offload: the partition is stepped on the host (parallel/deepspeed_offload.py), none on the GPU
-    zero_offload = deepspeed_offload.runs(setup)
-    zero_part, shard = (shard, 0.0) if zero_offload else (0.0, shard)
+    # so under FSDP2's CPU offload (parallel/fsdp_offload.py)
+    zero_offload, fsdp_off = deepspeed_offload.runs(setup), fsdp_offload.runs(setup)
+    zero_part, shard = (shard, 0.0) if (zero_offload or fsdp_off) else (0.0, shard)
     tensors = tensors or model_for(setup).tensors_per_rank(  # the stack's own parameter tensors
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n)
     clipped = clipped_params(setup, trained)  # the gradients the stack's clip reads on this rank
@@ -221,6 +222,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     if zero_offload:  # DeepSpeed's ZeRO-Offload: PCIe copies and DeepSpeedCPUAdam (parallel/deepspeed_offload.py)
         host += deepspeed_offload.offload_seconds(setup, zero_part, st_opt.weight, m, _host_link(gpu),
                                                   host_memory_bandwidth(), c.forward, c.backward + c.recompute)
+    if fsdp_off:  # FSDP2's CPUOffloadPolicy: shard copies over PCIe and torch's AdamW on the CPU
+        host += fsdp_offload.offload_seconds(setup, zero_part, st.weight, st_opt.grad, m, _host_link(gpu),
+                                             host_memory_bandwidth(), c.forward, c.backward + c.recompute)
     step = m * t_mb + bubble + dp.once + opt + host
     world = setup.world_size
     issue = kernels = slowest = 0.0
