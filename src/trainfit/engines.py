@@ -45,7 +45,7 @@ def check_stack(setup: Setup, engine: str) -> None:
     if setup.offload == "activations":
         raise SetupError(f"--offload activations moves saved tensors to pinned host memory, which --engine {engine} "
                          "cannot tell apart from device memory on this CPU; use --engine analytic")
-    if setup.offload == "params" and "cpu_offload" in setup.stack_facts.facts:
+    if setup.offload == "params" and setup.stack_facts.facts.get("cpu_offload") is not None:
         raise SetupError(f"--offload params (FSDP2's CPUOffloadPolicy) puts the shards in pinned host memory, which "
                          f"--engine {engine} does not run here; use --engine analytic")
     if setup.offload == "optimizer" and setup.zero == 0:

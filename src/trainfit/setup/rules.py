@@ -60,7 +60,7 @@ def validate(setup: Setup) -> None:
             continue
         if name == "offload" and setup.offload == "activations":
             continue
-        if name == "offload" and setup.offload == "params" and "cpu_offload" in stack.facts:
+        if name == "offload" and setup.offload == "params" and stack.facts.get("cpu_offload") is not None:
             continue  # FSDP2's CPUOffloadPolicy (analytic/parallel/fsdp_offload.py): needs --zero 3, below
         if name == "offload" and setup.offload == "optimizer" and stack.runs("cpu-offload-optimizer"):
             cpu_offload_rules(setup)  # torchao's CPUOffloadOptimizer (analytic/torchao_optim.py)
@@ -87,7 +87,7 @@ def validate(setup: Setup) -> None:
     if setup.offload == "optimizer" and setup.zero < 1 and not stack.runs("cpu-offload-optimizer"):
         raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
     if setup.offload == "params" and setup.zero < 3:
-        raise SetupError(f"--offload params ({'FSDP2 CPU offload' if 'cpu_offload' in stack.facts else 'ZeRO-Infinity'}"
+        raise SetupError(f"--offload params ({'FSDP2 CPU offload' if stack.facts.get('cpu_offload') else 'ZeRO-Infinity'}"
                          ") offloads the sharded weights: it needs --zero 3")
     if setup.zero not in stack.zero_stages:
         raise SetupError(f"--zero {setup.zero} is not run by --stack {stack.name} (it runs ZeRO stages "
