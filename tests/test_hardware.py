@@ -30,7 +30,7 @@ def test_json_has_every_field_and_notes():
     # the file's memory is nvidia-smi's total; GPU.memory is CUDA's (cuda_memory, with its own source); a catalog
     # GPU's kernel data is its own (kernels defaults to its name)
     # (cluster: the nodes a run places it in, --cluster; no file field)
-    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory", "kernels", "tdp_watts", "cluster"}
+    fields = {f.name for f in dataclasses.fields(GPU)} - {"smi_memory", "kernels", "tdp_watts", "cluster", "host_memory"}
     for entry in raw["gpus"]:
         assert set(entry) - {"cuda_memory", "cuda_memory_source"} == fields, entry.get("name")
         assert isinstance(entry["aliases"], list)
@@ -299,6 +299,7 @@ def test_user_gpu_file_round_trip(tmp_path, fmt):
     entry |= {"memory": h.smi_memory, "cuda_memory": entry.pop("smi_memory") and h.memory}
     entry.pop("tdp_watts")  # the board's own power, a file's power_watts
     entry.pop("cluster")  # the nodes a run places it in (--cluster), not the GPU's
+    entry.pop("host_memory")  # the node's (--host-memory, a cluster's), not the GPU's
     again = tmp_path / "h100.json"
     again.write_text(json.dumps(entry))
     assert load_gpu_file(str(again)) == h and load_gpu_file(str(again)).aliases == h.aliases

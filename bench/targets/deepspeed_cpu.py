@@ -184,6 +184,61 @@ def clip_probe(spec, setup, timeout: int = 600) -> list[dict]:
     return rank_job(__spec__.name, "--clip-worker", {"spec": spec, "setup": setup}, setup.dp, "clip", timeout)
 
 
+def offload_probe(spec, setup, timeout: int = 600) -> list[dict]:
+    """Per rank {host: bytes by buffer}: the host buffers DeepSpeed's ZeRO-Offload makes (offload_worker) on setup.dp
+    CPU ranks, after one step (the optimizer's states are made at its first step)."""
+    return rank_job(__spec__.name, "--offload-worker", {"spec": spec, "setup": setup}, setup.dp, "offload", timeout)
+
+
+def offload_worker(job_path: str) -> None:
+    """One rank of `offload_probe`: the HF model trainfit builds, deepspeed.initialize with the --emit deepspeed
+    config (offload_optimizer / offload_param: cpu, pinned) and torch's AdamW as the client optimizer
+    (zero_force_ds_cpu_optimizer off: DeepSpeedCPUAdam keeps the same fp32 states and needs a C++ build), one step;
+    then the sizes of the buffers ZeRO-Offload puts on its offload device (stage3.py:333 / stage_1_and_2.py:278:
+    the host on a GPU rank; this CPU rank's own memory here)."""
+    import json
+    import pickle
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from trainfit.step import deepspeed as kit
+
+    with open(job_path, "rb") as f:
+        job = pickle.load(f)
+    spec, setup = job["spec"], job["setup"]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    kit._skip_shm_kernel(deepspeed)
+    torch.manual_seed(0)
+    model = kit.build(spec, setup)
+    engine, opt, _, _ = deepspeed.initialize(
+        model=model, optimizer=kit.client_optimizer(model, setup),
+        config={**kit.ds_config(setup), "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False})
+    torch.manual_seed(1000 + rank)
+    kit.run_step(engine, opt, kit.make_batches(spec, setup), setup)
+
+    def nb(ts) -> int:
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+    states = [v for s in opt.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    if setup.zero == 3:
+        host = {"fp32 partition": nb(opt.fp32_partitioned_groups_flat),
+                "fp32 gradient": nb(t.grad for t in opt.fp32_partitioned_groups_flat),
+                "gradient partition buffer": nb([opt.grad_partitions_flat_buffer]),
+                "16-bit partition": nb(opt.param_groups_fp16_flat_cpu_memory) if setup.offload == "params" else 0}
+    else:
+        host = {"fp32 partition": nb(opt.single_partition_of_fp32_groups),
+                "fp32 gradient": nb(t.grad for t in opt.single_partition_of_fp32_groups),
+                "16-bit copy": nb(opt.param_buffer_of_bit16_for_cpu_offload_groups),
+                "largest-parameter buffer": nb([opt.temp_grad_buffer_for_cpu_offload]),
+                "accumulated gradients": nb(opt.accumulated_grads_in_cpu.values())}
+    host["optimizer states"] = nb(states)
+    with open(os.path.join(job["dir"], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "host": host}, f)
+
+
 def clip_row(spec, setup) -> str:
     """One clip_probe run of the setup against the analytic clip (grad_clip.clip_work) of the same rank."""
     from trainfit.analytic.compute_time import tensors_per_rank
@@ -213,6 +268,7 @@ def err(a: float, m: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clip-worker")
+    ap.add_argument("--offload-worker")
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--zero", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--precision", nargs="+", default=["bf16-master", "fp32"])
@@ -222,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if a.clip_worker:
         return clip_worker(a.clip_worker)
+    if a.offload_worker:
+        return offload_worker(a.offload_worker)
     import deepspeed
 
     cases = [case(a.model, z, p, a.batch, a.seq) for p in a.precision for z in a.zero]

@@ -49,7 +49,7 @@ def token_model(model: str, command: str):
 
 
 def load_gpu(name: str | None, price: float | None = None, memory: float | None = None,
-             power_limit: float | None = None, cluster: str | None = None):
+             power_limit: float | None = None, cluster: str | None = None, host_memory: float | None = None):
     """The GPU `--gpu` names (a catalog name or a .json/.toml file), with --price (USD/h), --gpu-memory (GiB) and
     --power-limit (W) replacing its own price, memory and board power, in the nodes of --cluster (a catalog name or
     a .toml file; cluster.py)."""
@@ -62,19 +62,22 @@ def load_gpu(name: str | None, price: float | None = None, memory: float | None 
             raise SetupError("--power-limit caps a GPU's board power, which needs --gpu (see `trainfit gpus`)")
         if cluster is not None:
             raise SetupError("--cluster places GPUs in nodes, which needs --gpu (see `trainfit gpus`)")
+        if host_memory is not None:
+            raise SetupError("--host-memory sets the memory of the GPU's node, which needs --gpu (see `trainfit gpus`)")
         return None
     from .hardware import resolve_gpu
 
     from .cluster import resolve_cluster, with_cluster
 
     gpu = resolve_gpu(name).with_price(price).with_memory(memory).with_power_limit(power_limit)
-    return with_cluster(gpu, resolve_cluster(cluster) if cluster is not None else None)
+    gpu = with_cluster(gpu, resolve_cluster(cluster) if cluster is not None else None)
+    return gpu.with_host_memory(host_memory)  # --host-memory replaces the cluster's
 
 
 def gpu_of(req: Request):
-    """The request's GPU: --gpu with its --price, --gpu-memory, --power-limit and --cluster
+    """The request's GPU: --gpu with its --price, --gpu-memory, --power-limit, --cluster and --host-memory
     (trainfit.setup.GPU_SETTINGS)."""
-    return load_gpu(req.gpu, req.price, req.gpu_memory, req.power_limit, req.cluster)
+    return load_gpu(req.gpu, req.price, req.gpu_memory, req.power_limit, req.cluster, req.host_memory)
 
 
 def resolve(req: Request, spec=None):

@@ -25,8 +25,11 @@ FIELDS = {
     "sharp": ("whether the network reduces across nodes (InfiniBand SHARP with NCCL's CollNet plugin)", "false"),
     "gpus": ("the catalog GPUs the node holds", '["H100-80GB"]'),
     "source": ("where the numbers come from", '"vendor datasheet"'),
+    "host_memory": ("bytes of host (CPU) memory in one node: what offloaded states and pinned buffers may take",
+                    "2199023255552"),
+    "host_memory_source": ("where host_memory comes from", '"vendor datasheet"'),
 }
-OPTIONAL = ("gpus", "source", "sharp")
+OPTIONAL = ("gpus", "source", "sharp", "host_memory", "host_memory_source")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class Cluster:
     sharp: bool = False
     gpus: tuple[str, ...] = ()
     source: str = ""
+    host_memory: float = 0.0  # bytes of host memory per node; 0: not known
 
     @property
     def nic_share(self) -> float:
@@ -74,8 +78,13 @@ def _validated(where: str, data: dict, name: str) -> Cluster:
     source = data.get("source", f"user file {where}")
     if not isinstance(source, str):
         raise bad("source", f"must be text, got {source!r}")
+    host = data.get("host_memory", 0)
+    if isinstance(host, bool) or not isinstance(host, (int, float)) or not math.isfinite(host) or host < 0:
+        raise bad("host_memory", f"must be a number of bytes >= 0, got {host!r}")
+    if 0 < host < 2**30:
+        raise bad("host_memory", f"= {host:g} is too small for bytes (a value in GiB or TB?)")
     return Cluster(name, data["gpus_per_node"], data["nics"], float(bw), data["nvls"], data.get("sharp", False),
-                   tuple(gpus), source)
+                   tuple(gpus), source, float(host))
 
 
 @lru_cache(maxsize=1)
@@ -140,7 +149,7 @@ def with_cluster(gpu: GPU, cluster: Cluster | None) -> GPU:
         raise SetupError(f"--cluster {cluster.name} holds {', '.join(cluster.gpus)}, not the {gpu.name}: pick a "
                          "cluster of that GPU or give a cluster file without `gpus`")
     return replace(gpu, gpus_per_node=cluster.gpus_per_node, inter_node_bandwidth=cluster.nic_share,
-                   cluster=cluster)
+                   cluster=cluster, host_memory=int(cluster.host_memory) or gpu.host_memory)
 
 
 def cluster_of(gpu: GPU) -> Cluster:

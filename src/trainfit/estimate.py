@@ -120,6 +120,10 @@ class Fit:
     required: int  # what they need (Memory.required), with the paged optimizer states resident beside them
     headroom: int  # capacity - required (negative: does not fit)
     fits: bool
+    # the node's host memory (analytic/fit_rule.py host_verdict): what the node's ranks keep there (offloaded states,
+    # pinned buffers) and the node's capacity (--host-memory or the cluster's); None: nothing offloaded / not known
+    host_required: int | None = None
+    host_capacity: int | None = None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ class GPU:
     tdp_watts: float = 0.0
     # the cluster.Cluster it runs in (--cluster: cluster.with_cluster); None: its usual node (cluster.usual_node)
     cluster: object = field(default=None, compare=False, repr=False)
+    # bytes of host memory in the node the GPU sits in (its cluster's host_memory, or --host-memory); 0: not known,
+    # the host memory an offloading step needs is then reported but not judged
+    host_memory: int = 0
 
     def __post_init__(self):
         if not self.smi_memory:
@@ -77,6 +80,10 @@ class GPU:
             raise SetupError(f"--power-limit {watts:g} W: the {self.name} board draws at most {self.tdp_watts:g} W "
                              f"(its TDP); give a cap between 1 and {self.tdp_watts:g}")
         return replace(self, power_watts=float(watts))
+
+    def with_host_memory(self, gib: float | None) -> "GPU":
+        """The same GPU in a node of `gib` GiB of host memory (--host-memory), replacing its cluster's."""
+        return self if gib is None else replace(self, host_memory=int(round(gib * 2**30)))
 
     def with_memory(self, gib: float | None) -> "GPU":
         """The same GPU holding `gib` GiB as CUDA reports it (--gpu-memory: a MIG slice, a capped or unlisted variant,

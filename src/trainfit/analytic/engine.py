@@ -22,6 +22,7 @@ from .memory import TrainMemory, train_memory
 from . import lora
 from .params import count_params
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
+from .parallel import deepspeed_offload, fsdp_offload
 from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
 from .loss import head_and_loss
 from .long_context import rank_tokens, tiled_loss_shards, tiled_mlp_on, tiled_mlp_shards
@@ -291,6 +292,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         extra = budget(tokens, tps, setup.world_size, gpu, terms) if tokens else {}
         # the fit rule (fit_rule.py); paged states resident on the device take what the step leaves
         fit = fit_rule.verdict(gpu, setup, needed, reserve, paged)
+        # and the node's host memory: the offloaded states and pinned buffers of its ranks (fit_rule.host_verdict)
+        fit = fit_rule.host_verdict(fit, gpu, setup, host or 0)
         timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=secs,
                         tokens_per_second=tps, fits=fit.fits, headroom=fit.headroom,
                         gpu_memory=gpu.memory, **extra)
@@ -306,6 +309,9 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
                         if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
     if gpu is not None:
         notes.append(_fit_note(fit))
+        short = fit_rule.host_note(fit, setup, gpu)
+        if short:
+            notes.append(short)
         notes.append(overheads.describe(beside, held, cached_block=True))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
@@ -322,6 +328,10 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
                          "(step term 'host copies', at the host link's line rate: NB optimistic)")
         if torchao_optim.offload_runs(setup):  # NB: optimistic (line rates)
             notes.append(torchao_optim.OFFLOAD_NOTE)
+        if deepspeed_offload.runs(setup):  # NB: optimistic (line rates)
+            notes.append(deepspeed_offload.NOTE)
+        if fsdp_offload.runs(setup):  # NB: optimistic (line rates)
+            notes.append(fsdp_offload.NOTE)
         if setup.offload == "activations":  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")

@@ -21,6 +21,8 @@ functions below; the trace engine judges its own allocator replay with `verdict`
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import overheads
 from ..estimate import Fit
 from ..hardware import GPU
@@ -122,11 +124,39 @@ def verdict(gpu: GPU, setup: Setup, needed: int, reserve: int = 0, paged: int = 
                fits=headroom >= 0)
 
 
+def node_ranks(gpu: GPU, setup: Setup) -> int:
+    """The job's ranks on one node: its GPUs per node, or the whole job when it is smaller."""
+    return max(1, min(setup.world_size, gpu.gpus_per_node))
+
+
+def host_verdict(fit: Fit, gpu: GPU, setup: Setup, host_per_rank: int) -> Fit:
+    """`fit` with the node's host memory judged: every rank on the node keeps `host_per_rank` bytes there (the
+    offloaded states and the pinned buffers the stack makes: analytic/memory.py Detail.host_memory), against the
+    node's host memory (GPU.host_memory: --host-memory or the cluster's). Unjudged (capacity None) where the node's
+    memory is not known. NB: the processes' own host memory (the interpreter, CUDA's and the libraries' pages, a
+    checkpoint loaded on the CPU) is not counted: under."""
+    if not host_per_rank:
+        return fit
+    need = host_per_rank * node_ranks(gpu, setup)
+    cap = gpu.host_memory or None
+    return replace(fit, host_required=need, host_capacity=cap, fits=fit.fits and (cap is None or need <= cap))
+
+
+def host_note(fit: Fit, setup: Setup, gpu: GPU) -> str | None:
+    """One line on the node's host memory where it is short, else None."""
+    if fit.host_capacity is None or fit.host_required <= fit.host_capacity:
+        return None
+    from ..units import fmt_bytes
+
+    return (f"does not fit in host memory: the node's {node_ranks(gpu, setup)} rank(s) keep "
+            f"{fmt_bytes(fit.host_required)} in host memory (offloaded states and pinned buffers), "
+            f"{fmt_bytes(fit.host_required - fit.host_capacity)} over its {fmt_bytes(fit.host_capacity)} "
+            "(--host-memory or the cluster's): offload less, or use nodes with more memory")
+
+
 def with_fit(est, gpu: GPU | None, reserve: int = 0):
     """A trace estimate judged on `gpu` (est.memory.required: the allocator simulator's least capacity): its Fit.
     Unchanged without a GPU or a required figure (CPU runs: no caching allocator)."""
-    from dataclasses import replace
-
     needed = est.memory.required
     if gpu is None or needed is None:
         return est

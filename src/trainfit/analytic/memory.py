@@ -22,6 +22,7 @@ from .lora import adapter_setup, embedding_grad, gathered_counts, head_saved_del
 from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, paged_state_bytes, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
+from .parallel import fsdp_offload
 from .parallel.pipeline import Stage, stages
 from . import quant, torchao_optim, vlm
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
@@ -130,6 +131,11 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     off = torchao_optim.offloaded(spec, pc, setup, n, st.optimizer) if torchao_optim.offload_runs(setup) else None
     if off:
         ms = replace(ms, optimizer=off.device_states)
+    # FSDP2's CPUOffloadPolicy: every sharded state on the host (parallel/fsdp_offload.py)
+    fsdp_host = None
+    if fsdp_offload.runs(setup):
+        fsdp_host = ms.weights + ms.gradients + ms.master + ms.optimizer
+        ms = replace(ms, weights=0.0, gradients=0.0, master=0.0, optimizer=0.0)
     gathered = 0.0 if fsdp2 else gathered_params(pc_gathered, setup, st, stage)
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
@@ -159,6 +165,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     head = head_and_loss(spec, setup, st, tokens)
     lm, lm_full, head = compile_effects.apply(spec, setup, st, tokens, lm, head, lm_full)  # --compile
     gb = (st_grad if setup.lora_rank else st.grad) / shard(setup, 2)  # gradient bytes per parameter on this rank
+    if (ds and ds_zero.gradients_leave_device(setup)) or fsdp_host is not None:
+        gb = 0.0  # ZeRO-Offload, FSDP2's CPU offload: the reduced gradients go to the host
     # a layer's gradients made during its backward: FSDP2 keeps them unsharded in param_dtype until its
     # post-backward reduce-scatter (parallel/fsdp2.py); otherwise they are the rank's own gradients
     # (so does trainfit's hf strategy under a MixedPrecisionPolicy, st.param: parallel/zero.py unsharded_at)
@@ -257,7 +265,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         # NB: gradient clipping's temporaries before the step (optimizer.clip_temporaries: a 0-d norm per tensor, a
         # few KB; on CUDA 512 B each and _foreach_norm's scratch, 2.4 MB for llama-3.2-1b) not counted here
         # (CPUOffloadOptimizer's on-device AdamW is fused: cpu_offload.py:39-40, in place)
-        optimizer_transient=ds.step_transient if ds else 0 if off else optimizer_temporaries(
+        optimizer_transient=ds.step_transient if ds else 0 if (off or fsdp_host is not None) else optimizer_temporaries(
             adapter_setup(setup, st), st, (n - idle) / shard(setup, 1), largest),
         masks_held=masks_held,
         masks_first=masks_first if stage.embedding else masks_held,
@@ -298,6 +306,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     host = int(ds.host) if ds else None  # ZeRO-Offload's host bytes
     if off:  # CPUOffloadOptimizer's pinned copies and CPU states
         host = int(off.host)
+    if fsdp_host is not None:  # FSDP2's pinned shards and the CPU optimizer's states
+        host = int(fsdp_host)
     if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
         every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
         host = int(stage.in_flight * (every_layer - step.layers_saved))

@@ -38,6 +38,8 @@ from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import long_context, torchao_optim
+from .parallel import deepspeed_offload, fsdp_offload
+from .roofline import host_memory_bandwidth
 from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .host_queue import combined_1f1b
@@ -216,11 +218,14 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     t_mb = c.forward + c.backward + c.recompute + tp_mb + pp_mb + cp_mb + ep_mb + dp_mb
     bubble = bubble_seconds(p, v, t_mb)
     # optimizer.step() on the rank's shard: the bytes its kernel moves and its launches (compute_time.py).
-    # NB: --offload's CPU step is timed as the GPU one (as before): optimistic for ZeRO-Offload
     dpc, z = d * cp, setup.zero
     shard = dense_n / (dpc if z >= 1 else 1) + expert_n / (setup.expert_dp if z >= 1 else 1)
     if torchao_optim.offload_runs(setup):  # only the small parameters are stepped on the GPU (torchao_optim.py)
         shard = torchao_optim.device_params(spec, shard)
+    # ZeRO-Offload: the partition is stepped on the host (parallel/deepspeed_offload.py), none on the GPU
+    # so under FSDP2's CPU offload (parallel/fsdp_offload.py)
+    zero_offload, fsdp_off = deepspeed_offload.runs(setup), fsdp_offload.runs(setup)
+    zero_part, shard = (shard, 0.0) if (zero_offload or fsdp_off) else (0.0, shard)
     tensors = tensors or model_for(setup).tensors_per_rank(  # the stack's own parameter tensors
         spec, stage_layers_n, p == 1 or first == stage_layers_n, p == 1 or last == stage_layers_n)
     clipped = clipped_params(setup, trained)  # the gradients the stack's clip reads on this rank
@@ -231,6 +236,12 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     host = m * offload_exposed(spec, setup, gpu, c.forward, c.backward + c.recompute)
     # torchao's CPUOffloadOptimizer: gradients to the host, AdamW on the CPU, parameters back (torchao_optim.py)
     host += torchao_optim.offload_seconds(spec, setup, kernels_for(gpu).host_link, c.backward + c.recompute, m)
+    if zero_offload:  # DeepSpeed's ZeRO-Offload: PCIe copies and DeepSpeedCPUAdam (parallel/deepspeed_offload.py)
+        host += deepspeed_offload.offload_seconds(setup, zero_part, st_opt.weight, m, _host_link(gpu),
+                                                  host_memory_bandwidth(), c.forward, c.backward + c.recompute)
+    if fsdp_off:  # FSDP2's CPUOffloadPolicy: shard copies over PCIe and torch's AdamW on the CPU
+        host += fsdp_offload.offload_seconds(setup, zero_part, st.weight, st_opt.grad, m, _host_link(gpu),
+                                             host_memory_bandwidth(), c.forward, c.backward + c.recompute)
     step = m * t_mb + bubble + dp.once + opt + host
     world = setup.world_size
     issue = kernels = slowest = 0.0
@@ -381,6 +392,15 @@ def with_paged_migration(tm: StepTime, evicted: float, gpu: GPU) -> StepTime:
     scale = tm.step_seconds / new
     return replace(tm, host_copies=tm.host_copies + extra, step_seconds=new,
                    tokens_per_second=tm.tokens_per_second * scale, mfu=tm.mfu * scale, hfu=tm.hfu * scale)
+
+
+def _host_link(gpu: GPU) -> float:
+    """The GPU's host link, bytes/s one way (kernels.toml host_link: its PCIe generation's line rate)."""
+    link = kernels_for(gpu).host_link
+    if not link:
+        raise SetupError(f"--offload: no host link bandwidth is known for {gpu.name} (kernels.toml host_link); use a "
+                         "catalog GPU")
+    return link
 
 
 def offload_exposed(spec: ModelSpec, setup: Setup, gpu: GPU, forward: float, backward: float) -> float:

@@ -111,6 +111,8 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
         training.update(local_batch_size=s.batch, global_batch_size=s.batch * s.grad_accum * s.dp)
     if tokens:
         training["steps"] = max(1, math.ceil(tokens / s.tokens_per_step))
+    if s.offload == "params":  # FSDP2's CPUOffloadPolicy (stacks/torchtitan.toml [cpu_offload])
+        training["enable_cpu_offload"] = True
     shard = s.dp if s.zero >= 2 else 1
     replicate = s.dp if s.zero == 0 else 1
     parallelism = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
@@ -193,6 +195,7 @@ TORCHTITAN_KEYS = {
     "training.dtype": "config/job_config.py:275 (bfloat16 = params, grads and optimizer states in bf16)",
     "training.mixed_precision_param": "config/job_config.py:282; models/llama3/infra/parallelize.py:125-140 (FSDP2 MixedPrecisionPolicy), distributed/utils.py maybe_enable_amp (autocast without FSDP)",
     "training.mixed_precision_reduce": "config/job_config.py:290",
+    "training.enable_cpu_offload": "config/job_config.py:270; models/llama3/infra/parallelize.py:315-317 (CPUOffloadPolicy)",
     "parallelism.data_parallel_replicate_degree": "config/job_config.py:313; models/llama3/infra/parallelize.py:125-151 (HSDP with shard > 1, else DDP)",
     "parallelism.data_parallel_shard_degree": "config/job_config.py:324 (FSDP degree; -1 = leftover ranks)",
     "parallelism.fsdp_reshard_after_forward": "config/job_config.py:336; models/llama3/infra/parallelize.py:319-357",

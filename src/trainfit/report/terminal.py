@@ -124,7 +124,10 @@ def verdict(e: Estimate, numbers: bool = True) -> tuple[str, str] | None:
     text = "[green]fits[/green]" if judged.fits else "[red]does not fit[/red]"
     if e.fit is not None and numbers:
         text += f" ({fit_numbers(e.fit)})"
-    return f"on {judged.gpu}{held}", f"{text}, headroom {fmt_bytes(judged.headroom)}"
+    f = e.fit
+    short = f is not None and f.host_capacity is not None and f.host_required > f.host_capacity
+    host = f"; host memory {fmt_bytes(f.host_required - f.host_capacity)} short on the node" if short else ""
+    return f"on {judged.gpu}{held}", f"{text}, headroom {fmt_bytes(judged.headroom)}{host}"
 
 
 def budget_line(tm) -> str:
@@ -147,6 +150,12 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     t.add_row("[bold]peak[/bold]", f"[bold]{fmt_bytes(m.peak)}[/bold] ({PHASE_NAMES.get(m.peak_phase, m.peak_phase)})")
     if e.detail.host_memory:  # offloaded states or activations: pinned host memory, not the GPU's
         t.add_row("host memory (offloaded)", fmt_bytes(e.detail.host_memory))
+        f = e.fit
+        if f is not None and f.host_required is not None:  # the node's ranks together, judged where it is known
+            cap = f" of {fmt_bytes(f.host_capacity)}" if f.host_capacity else " (node capacity unknown: --host-memory)"
+            over = f.host_capacity is not None and f.host_required > f.host_capacity
+            t.add_row("host memory per node", ("[red]" if over else "") + fmt_bytes(f.host_required) + cap
+                      + (" — over[/red]" if over else ""))
     if m.required is not None:  # what the fit is judged on: the peak + the fragmentation no OOM retry releases
         t.add_row(REQUIRED_LABEL, fmt_bytes(m.required))
     if m.reserved is not None:  # not a component of the peak: allocated + what the allocator keeps cached

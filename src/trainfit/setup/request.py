@@ -111,7 +111,7 @@ def default_seq(spec=None, mode: str = "train") -> int:
 # the settings naming another model beside the one estimated (a catalog name or a config.json)
 MODEL_SETTINGS = tuple(s.name for s in SETTINGS if s.meta.names_model)  # --draft-model, --critic-model, --reward-model
 # the run settings that describe the GPU itself: they become the GPU object (api.gpu_of), not engine keywords
-GPU_SETTINGS = ("gpu", "price", "gpu_memory", "power_limit", "cluster")
+GPU_SETTINGS = ("gpu", "price", "gpu_memory", "power_limit", "cluster", "host_memory")
 
 
 def run_settings(req) -> dict:
@@ -138,6 +138,8 @@ def _request_post_init(self) -> None:
         raise SetupError("--power-limit caps a GPU's board power, which needs --gpu (see `trainfit gpus`)")
     if self.cluster is not None and self.gpu is None:
         raise SetupError("--cluster places GPUs in nodes, which needs --gpu (see `trainfit gpus`)")
+    if self.host_memory is not None and self.gpu is None:
+        raise SetupError("--host-memory sets the memory of the GPU's node, which needs --gpu (see `trainfit gpus`)")
     if self.tokens is not None and self.gpu is None:
         raise SetupError("--tokens gives the time and cost of a budget, which needs a GPU: add --gpu (see `trainfit gpus`)")
     if self.mfu is not None and self.gpu is None:  # (the step time is the GPU's; without one there is none to set)

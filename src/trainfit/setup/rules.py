@@ -24,12 +24,13 @@ def validate(setup: Setup) -> None:
         raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")
     stack = _stacks.get_stack(setup.stack, setup.stack_release)
     shard_axes = stack.zero_shard_axes
-    # (ZeRO-Offload / ZeRO-Infinity on one GPU: DeepSpeed's ZeRO engine with its states on the host, world 1)
-    one_gpu_offload = setup.offload in ("optimizer", "params") and "offload" in stack.axes
-    if setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes) and not one_gpu_offload:
+    if (setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes)
+            and setup.offload not in stack.zero_single_rank_with):
         raise SetupError(f"--zero shards states over data-parallel ranks ({' × '.join('--' + a for a in shard_axes)}"
                          f" on --stack {stack.name}): it needs --dp > 1" + (" or --cp > 1" if "cp" in shard_axes
-                                                                            else ""))
+                                                                            else "")
+                         + (f", or --offload {' or '.join(stack.zero_single_rank_with)} to run it on one GPU"
+                            if stack.zero_single_rank_with else ""))
     policy = setup.recompute_policy
     if policy not in stack.policies:
         # none/selective/full: every stack's own meaning; the other policies name the stacks that run them
@@ -60,6 +61,8 @@ def validate(setup: Setup) -> None:
             continue
         if name == "offload" and setup.offload == "activations":
             continue
+        if name == "offload" and setup.offload == "params" and stack.facts.get("cpu_offload") is not None:
+            continue  # FSDP2's CPUOffloadPolicy (analytic/parallel/fsdp_offload.py): needs --zero 3, below
         if name == "offload" and setup.offload == "optimizer" and stack.runs("cpu-offload-optimizer"):
             cpu_offload_rules(setup)  # torchao's CPUOffloadOptimizer (analytic/torchao_optim.py)
             continue
@@ -85,7 +88,8 @@ def validate(setup: Setup) -> None:
     if setup.offload == "optimizer" and setup.zero < 1 and not stack.runs("cpu-offload-optimizer"):
         raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
     if setup.offload == "params" and setup.zero < 3:
-        raise SetupError("--offload params (ZeRO-Infinity) offloads the partitioned weights: it needs --zero 3")
+        raise SetupError(f"--offload params ({'FSDP2 CPU offload' if stack.facts.get('cpu_offload') else 'ZeRO-Infinity'}"
+                         ") offloads the sharded weights: it needs --zero 3")
     if setup.zero not in stack.zero_stages:
         raise SetupError(f"--zero {setup.zero} is not run by --stack {stack.name} (it runs ZeRO stages "
                          f"{', '.join(map(str, stack.zero_stages))}); use one of those or --stack hf")

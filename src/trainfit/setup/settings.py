@@ -602,6 +602,12 @@ class RunSettings:
                                      "SHARP; docs/distributed.md). It sets the GPUs per node and the rails each "
                                      "collective runs over. Default: the GPU's usual node (one NIC per GPU, "
                                      "gpus.json). Needs --gpu.", example="dgx-h100", modes=TRAINING, group="run")
+    host_memory: Optional[float] = setting(None, "GiB of host (CPU) memory per node, replacing the cluster's "
+                                           "(--cluster; data/clusters.toml host_memory): a training step whose "
+                                           "offloaded states and pinned buffers on the node's GPUs need more does "
+                                           "not fit. Without either, the host memory is reported, not judged. "
+                                           "Needs --gpu.", above=0, maximum=1048576, example="2048",
+                                           modes=("train",), group="run")
     reserve: float = setting(0.0, "Extra GiB per GPU kept free when judging the fit (the CUDA context, cuBLAS "
                              "workspace and NCCL buffers are already taken off the capacity): other processes on "
                              "the GPU, a safety margin.", minimum=0, maximum=1024, example="2",

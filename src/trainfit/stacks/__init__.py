@@ -75,6 +75,12 @@ class Stack:
         return tuple(self.facts.get("distributed_optimizer", {}).get("shards")
                      or self.facts.get("fsdp", {}).get("shards", ("dp",)))
 
+    @property
+    def zero_single_rank_with(self) -> tuple[str, ...]:
+        """The --offload values under which the stack runs --zero on one data-parallel rank ([zero]
+        single_rank_with: DeepSpeed's ZeRO-Offload/Infinity on one GPU); none elsewhere."""
+        return tuple(self.facts["zero"].get("single_rank_with", ()))
+
     def axis_why_not(self, axis: str) -> str | None:
         """Why trainfit does not run `axis` on this stack though the stack has a form of it ([parallel.why_not]),
         None when the file says nothing."""

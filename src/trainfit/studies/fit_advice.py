@@ -15,7 +15,7 @@ slowdown. Knobs that change what is trained (LoRA, QLoRA, a shorter sequence) sa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from .. import cancel
@@ -206,8 +206,9 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
         q = _largest(1, s.seq - 1, lambda q: j.fits(seq=q))
         if q >= 1:
             add(j.suggest(f"--seq {q}", "shorter sequences: a different job", seq=q))
-    bigger = sorted((g for g in list_gpus() if g.memory > gpu.memory and g.vendor == gpu.vendor),
-                    key=lambda g: (g.memory, g.name))
+    # a larger GPU in a node of the same host memory (--host-memory or the cluster's: not the GPU's to change)
+    bigger = sorted((replace(g, host_memory=gpu.host_memory) for g in list_gpus()
+                     if g.memory > gpu.memory and g.vendor == gpu.vendor), key=lambda g: (g.memory, g.name))
     g = next((g for g in bigger if j.fits(on=g)), None) if larger_gpu else None
     if g is not None:
         add(j.suggest(f"--gpu {g.name}", "a larger GPU", on=g))

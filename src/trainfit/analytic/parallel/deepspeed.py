@@ -22,8 +22,10 @@ Paths are inside the deepspeed package; the defaults are stacks/deepspeed.toml f
     sub-group (:1306, sub_group_size).
   * offload optimizer: the fp32 partition, its optimizer state and its fp32 gradient partition live in host
     memory (stage_1_and_2.py:278 device='cpu', :937-941; stage3.py:1158-1160, :1338), plus a 16-bit host copy
-    of the partition that the update is copied through (stage_1_and_2.py:563-571). offload params (stage 3)
-    moves the 16-bit partitions to host as well (stage3.py:907).
+    of the partition that the update is copied through (stage_1_and_2.py:563-571); ZeRO-3's
+    grad_partitions_flat_buffer is made on the optimizer's device, the host (stage3.py:333, :791-795), and
+    ZeRO-1/2 accumulating micro-batches keep pinned host gradient buffers (stage_1_and_2.py:1822-1825).
+    offload params (stage 3) moves the 16-bit partitions to host as well (stage3.py:907).
 """
 from __future__ import annotations
 
@@ -66,14 +68,18 @@ class DeepSpeedStates:
     host: float  # ZeRO-Offload's host bytes
     in_backward: float = 0.0  # buffers live from the backward's start to its end (ZeRO-1/2's ipg buckets)
     backward_end: float = 0.0  # made at the backward's end with every gradient live (ZeRO-0's all-reduce copy)
+    # ZeRO-3 offload: a reduced gradient partition staged on the device on its way to the host, from the first
+    # reduction (the LM head's, after the loss's backward) on
+    staged: float = 0.0
 
     def backward_moments(self, gathered: float) -> dict:
         """phases.StepBytes.gathered_at: what is live beside the states at each backward moment."""
-        if not (self.in_backward or self.backward_end):
+        if not (self.in_backward or self.backward_end or self.staged):
             return {}
         held = gathered + self.in_backward
-        return {"loss_backward": held, "last_layer_backward": held, "first_layer_backward": held,
-                "embedding_backward": held + self.backward_end, "layer_backward": (held, 0.0)}
+        return {"loss_backward": held, "last_layer_backward": held + self.staged,
+                "first_layer_backward": held + self.staged,
+                "embedding_backward": held + self.staged + self.backward_end, "layer_backward": (held + self.staged, 0.0)}
 
 
 def overlap_comm(setup: Setup) -> bool:
@@ -141,7 +147,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     # fp32, the 16-bit partition is already fp32 (stage3.py:1162-1167)
     master = part * FP32 if (z < 3 or low) else 0.0
     comm = ipg_buckets(setup, w)
-    in_backward = 0.0
+    in_backward = staged = 0.0
     if z < 3:
         # ZeRO-1/2 allocate the buckets at the backward's start (engine.py:3313 -> stage_1_and_2.py:3256
         # setup_buckets) and free them at its end (:1061 -> :924 _release_ipg_buffers); ZeRO-3 keeps its one
@@ -176,6 +182,22 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
             # the partition's gradients go straight to the host fp32 gradient through a buffer of the largest
             # parameter on the device (stage_1_and_2.py:659 temp_grad_buffer_for_gpu_offload)
             grads = largest * w
+            host += largest * w  # its pinned host twin (:653-658 temp_grad_buffer_for_cpu_offload)
+            if setup.grad_accum > 1:
+                # accumulating micro-batches keep each partition parameter's gradient in a pinned host buffer of
+                # the model dtype (stage_1_and_2.py:1822-1825 buffer_to_accumulate_to_in_cpu, made when
+                # :2166 micro_step_id > 0 or not at the boundary). NB: the parameter's whole numel for the
+                # partition's parameters: a parameter cut by the partition edge under-counted by its other part
+                host += part * w
+        else:
+            # ZeRO-3 puts its gradient partition buffer on the optimizer's device, the host under offload
+            # (stage3.py:333 self.device = cpu, :791 grad_partitions_flat_buffer, pinned :794-795); at the
+            # boundary each parameter's partition comes back to the device (:2028/:2034 .to(device)) and its fp32
+            # cast goes to the host fp32 gradient (:1456-1457): one parameter's at a time.
+            # NB: the largest parameter's partition and its fp32 cast taken live, nothing else
+            host += grads
+            staged = largest / dp * (grad_bytes(setup, w) + FP32)
+            grads = 0.0
         master, opt, transient = 0.0, 0.0, 0.0
     if setup.offload == "params":
         host += part * w  # the 16-bit partitions (stage3.py:907)
@@ -183,7 +205,17 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     if z in (1, 2):
         # the step's last moment, the all-gather of the updated 16-bit partitions: every gradient is freed by then
         transient = max(transient, allgather_flat(n, w, setup) - grads)
-    return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward)
+    return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward,
+                           staged=staged)
+
+
+def gradients_leave_device(setup: Setup) -> bool:
+    """Under ZeRO-Offload the gradients the backward makes pass through the ipg bucket (counted in the comm
+    buffers) to the host: ZeRO-1/2 copy the reduced partition out and clear the .grad (stage_1_and_2.py:2142-2167
+    copy_grads_in_partition), ZeRO-3 into its host partition buffer (stage3.py:2022-2036). So no backward moment
+    holds the layers' gradients on the device. NB: the .grad autograd makes before its hook copies it into the
+    bucket (one parameter's) is not counted."""
+    return deepspeed_engine(setup) and setup.zero >= 1 and setup.offload in ("optimizer", "params")
 
 
 def allgather_flat(n: float, w: float, setup: Setup) -> float:

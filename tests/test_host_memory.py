@@ -1,0 +1,46 @@
+"""The node's host memory (--host-memory, a cluster's host_memory): what an offloading step keeps there, judged."""
+from __future__ import annotations
+
+import pytest
+
+import trainfit
+from trainfit.analytic.params import count_params
+from trainfit.errors import SetupError
+from trainfit.models.resolve import load_model
+
+GiB = 2**30
+RUN = dict(stack="deepspeed", zero=3, offload="params", optimizer="adamw", precision="bf16-master", batch=1, seq=512,
+           gpu="H200")
+
+
+def test_overflowing_host_memory_does_not_fit():
+    """ZeRO-Infinity on one H200 keeps 20 bytes per parameter on the host (fp32 partition 4, AdamW 8, fp32 gradient
+    4, bf16 gradient partition 2, bf16 parameters 2: stage3.py:333, :791, :906, :1158, :1338): 8.03e9 × 20 = 149.6
+    GiB, over a 64 GiB node by 85.6 GiB, though the device has room."""
+    psi = count_params(load_model("llama-3.1-8b")).total
+    e = trainfit.estimate("llama-3.1-8b", host_memory=64, **RUN)
+    assert e.fit.host_required == pytest.approx(20 * psi, rel=1e-6)
+    assert e.fit.host_capacity == 64 * GiB
+    assert e.fit.headroom > 0 and not e.fit.fits and not e.time.fits
+    line = next(n for n in e.notes if n.startswith("does not fit in host memory"))
+    assert "85.58 GiB over" in line
+    assert trainfit.estimate("llama-3.1-8b", host_memory=256, **RUN).fit.fits
+
+
+def test_the_cluster_gives_the_node_and_its_ranks_share_it():
+    """dgx-h200: 2 TiB per node (32 × 64 GiB DIMMs, data/clusters.toml); 8 ranks of --dp 8 on one node keep 8 × the
+    rank's 20Ψ/8 = 20Ψ there."""
+    psi = count_params(load_model("llama-3.1-8b")).total
+    e = trainfit.estimate("llama-3.1-8b", cluster="dgx-h200", **{**RUN, "zero": 3}, dp=8)
+    assert e.fit.host_capacity == 2048 * GiB
+    assert e.fit.host_required == pytest.approx(20 * psi, rel=1e-3)
+    assert e.fit.fits
+    # without a node capacity the host bytes are reported, not judged
+    assert trainfit.estimate("llama-3.1-8b", **RUN).fit.host_capacity is None
+
+
+@pytest.mark.parametrize("kw, says", [({"host_memory": 64, "gpu": None}, "needs --gpu"),
+                                      ({"host_memory": 0}, "host-memory")])
+def test_bad_host_memory_is_one_line(kw, says):
+    with pytest.raises(SetupError, match=says):
+        trainfit.estimate("llama-3.1-8b", **{**RUN, **kw})
