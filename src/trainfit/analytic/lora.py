@@ -24,7 +24,7 @@ from __future__ import annotations
 from ..errors import SetupError
 from ..setup import Setup, lora_target_names
 from ..spec import ModelSpec
-from . import quant
+from . import kbit_prep, quant
 from .activations import FP32, resolved_kernel
 from .families import family_traits
 from .precision import state_bytes
@@ -136,6 +136,12 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     if setup.quant == "int8":  # bnb's int8 matmul saves its input (analytic/quant.py): once per input group
         # NB: the first layer's q/k/v inputs need no gradient without checkpointing and are not saved: over-reads
         lora += int8_inputs(spec, setup, groups_saved)
+    if kbit_prep.fp32_frozen_outputs(setup, amp):
+        # an fp32 norm output makes gate's and up's quantised Linears return fp32 (analytic/kbit_prep.py): SiLU
+        # saves gate's output, the product SiLU's and up's, all three fp32 instead of the compute dtype.
+        # NB: q/k/v's fp32 outputs are saved by nothing (rotary's muls keep cos/sin; FlashAttention-2's integration
+        # casts them to the target dtype); under --attention sdpa they reach the fp32 kernel: under-counted there
+        lora += 3 * (FP32 - a) * spec.intermediate
     return lora - full
 
 
@@ -189,7 +195,7 @@ def head_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     (loss.head_and_loss counts both)."""
     st = state_bytes(setup)
     norm = (FP32 if family_traits(spec)["norm_fp32"] else st.residual) * spec.hidden if spec.final_norm else 0
-    return -(norm + st.act * spec.hidden)
+    return -(norm + kbit_prep.head_bytes(setup, st) * spec.hidden)
 
 
 def lora_layer_params(spec: ModelSpec, setup: Setup) -> int:
@@ -201,7 +207,7 @@ def _adapter_optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     """The optimizer state of the fp32 adapters: per element as precision.state_bytes gives it for fp32 parameters;
     Adafactor (Shazeer & Stern 2018, Alg. 4) keeps row + column statistics per matrix, a full vector for DoRA's
     magnitude (as analytic/optimizer.adafactor_state does for the full model)."""
-    st32 = state_bytes(setup if setup.lora_dtype == "weight" else setup.with_(precision="fp32"))
+    st32 = state_bytes(setup if setup.lora_dtype == "weight" else _fp32_adapters(setup))
     if not st32.factored:
         return adapter_params(spec, setup) * st32.optimizer
     r = setup.lora_rank
@@ -228,9 +234,10 @@ def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
     weights = n * st.weight + n_a * ad
     if setup.quant:  # the decoder layers' Linear weights packed, with their quant state (analytic/quant.py)
         # NB: the quant state is booked as weights here; the trace and measure engines count it as buffers
-        quant.check(setup)
-        packed, replaced, _ = quant.base_bytes(spec, setup)
+        packed, replaced, quantised = quant.base_bytes(spec, setup)
         weights += packed - replaced
+        # --kbit-prep: the unquantised parameters it upcasts, fp32 instead of the weight dtype (analytic/kbit_prep.py)
+        weights += kbit_prep.upcast_params(spec, setup, quantised, int(n)) * (FP32 - st.weight)
     master = n_a * FP32 if st.master else 0.0
     comm = n_a * ad if setup.dp > 1 else 0.0
     states = ModelStates(weights, n_a * ad, master, _adapter_optimizer_bytes(spec, setup), comm)
@@ -252,7 +259,13 @@ def adapter_setup(setup: Setup, st) -> Setup:
     if not setup.lora_rank or st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16") \
             or setup.lora_dtype == "weight":
         return setup
-    return setup.with_(precision="fp32")
+    return _fp32_adapters(setup)
+
+
+def _fp32_adapters(setup: Setup) -> Setup:
+    """The setup whose state bytes are the fp32 adapters' (their optimizer's dtypes only: this copy holds and times
+    no attention, so --attention flash2, refused under fp32, goes back to auto in it)."""
+    return setup.with_(precision="fp32", attention="auto" if setup.attention == "flash2" else setup.attention)
 
 
 def flops_per_token(spec: ModelSpec, setup: Setup, fpt: float, attention: float) -> tuple[float, float]:

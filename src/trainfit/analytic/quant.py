@@ -25,12 +25,13 @@ int8: bnb's training matmul dequantises CB·SCB/127 to the input dtype in forwar
 also: ctx.tensors = (CAt, subA, A), :186-187): unlike a 16-bit frozen Linear, every int8 Linear keeps its input
 (lora.layer_saved_delta). NB: on CUDA MatMul8bitLt also keeps the outlier columns subA (a few per token, data-
 dependent): an under-estimate.
+A bitsandbytes Linear returns its input's dtype (nn/modules.py:626,637): fp32 where its input is an fp32 norm output
+(amp-*, whose norm weights are fp32, and every --kbit-prep): analytic/kbit_prep.py and lora.layer_saved_delta.
 """
 from __future__ import annotations
 
 from math import ceil
 
-from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32
@@ -40,14 +41,6 @@ BLOCK = 64  # bnb Params4bit blocksize default (nn/modules.py:230-231)
 NESTED_BLOCK = 256  # quantize_4bit's nested quantize_blockwise(..., blocksize=256) (functional.py:940)
 CODE_4BIT = 16  # entries of the nf4/fp4 code (functional.py get_4bit_type)
 CODE_8BIT = 256  # entries of the dynamic map (functional.py create_dynamic_map)
-
-
-def check(setup: Setup) -> None:
-    """The analytic engine models a quantised base under a precision without autocast (QLoRA recipes' bf16)."""
-    if state_bytes(setup).autocast:
-        raise SetupError(f"--quant with --precision {setup.precision}: bitsandbytes returns each frozen matmul in "
-                         "its input dtype (fp32 under autocast), which the analytic engine does not model; use "
-                         "--precision bf16 (as QLoRA recipes) or --engine trace")
 
 
 def linear_bytes(setup: Setup, inp: int, out: int) -> tuple[int, int]:
