@@ -108,7 +108,8 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     lin, tgt = linears(spec), targets(spec, setup)
     # full fine-tuning: every Linear's input, for its weight gradient — under autocast each call's own cast of the
     # norm outputs (activations.py "linear_inputs"), the attention output and the MLP product once each
-    full = sum((a * i if amp or g in ("attn", "act") else 0) for i, _, g in lin.values())
+    full = sum(((kbit_prep.input_bytes(setup, st, g) if g == "attn" else a) * i if amp or g in ("attn", "act")
+                else 0) for i, _, g in lin.values())
     if not amp:
         full += a * spec.hidden * 2  # the two norm outputs, one tensor each
     # frozen norm weights: the normalised tensor the weight multiplies is no longer saved (activations._norm_saved)
@@ -117,7 +118,7 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     lora = 0.0
     groups_saved = set()
     for name, (i, o, g) in tgt.items():
-        group_dtype = res if g.startswith("norm") else a  # norm outputs in the residual dtype; the rest in act
+        group_dtype = kbit_prep.input_bytes(setup, st, g)  # norm outputs in the residual dtype; the rest in act
         if amp:
             lora += a * i  # lora_A under autocast: its own cast of the input, per call
         elif group_dtype != ad:
@@ -132,11 +133,13 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
             # dora.py:165 `(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling`: each mul
             # keeps its activation for the magnitude's gradient — the base Linear's output (compute dtype) and
             # lora_B's output (bf16 under autocast, else the fp32 adapter dtype)
-            lora += (a + (a if amp else ad)) * o
+            # (a bitsandbytes base returns its input's dtype: fp32 after an fp32 norm, analytic/kbit_prep.py)
+            base_out = kbit_prep.input_bytes(setup, st, g) if setup.quant else a
+            lora += (base_out + (a if amp else ad)) * o
     if setup.quant == "int8":  # bnb's int8 matmul saves its input (analytic/quant.py): once per input group
         # NB: the first layer's q/k/v inputs need no gradient without checkpointing and are not saved: over-reads
         lora += int8_inputs(spec, setup, groups_saved)
-    if kbit_prep.fp32_frozen_outputs(setup, amp):
+    if kbit_prep.fp32_frozen_outputs(setup):
         # an fp32 norm output makes gate's and up's quantised Linears return fp32 (analytic/kbit_prep.py): SiLU
         # saves gate's output, the product SiLU's and up's, all three fp32 instead of the compute dtype.
         # NB: q/k/v's fp32 outputs are saved by nothing (rotary's muls keep cos/sin; FlashAttention-2's integration
@@ -151,7 +154,7 @@ def int8_inputs(spec: ModelSpec, setup: Setup, shared: set = frozenset(), checkp
     saved set is dropped by checkpointing, o_proj's input that the attention kernel keeps anyway."""
     st = state_bytes(setup)
     groups = {g: i for i, _, g in linears(spec).values()}
-    return sum((st.residual if g.startswith("norm") else st.act) * i for g, i in groups.items()
+    return sum(kbit_prep.input_bytes(setup, st, g) * i for g, i in groups.items()
                if g not in shared and (checkpointed or not _kept_by_attention(spec, setup, g)))
 
 
@@ -234,6 +237,7 @@ def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
     weights = n * st.weight + n_a * ad
     if setup.quant:  # the decoder layers' Linear weights packed, with their quant state (analytic/quant.py)
         # NB: the quant state is booked as weights here; the trace and measure engines count it as buffers
+        quant.check(setup)
         packed, replaced, quantised = quant.base_bytes(spec, setup)
         weights += packed - replaced
         # --kbit-prep: the unquantised parameters it upcasts, fp32 instead of the weight dtype (analytic/kbit_prep.py)

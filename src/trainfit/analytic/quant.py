@@ -26,12 +26,13 @@ also: ctx.tensors = (CAt, subA, A), :186-187): unlike a 16-bit frozen Linear, ev
 (lora.layer_saved_delta). NB: on CUDA MatMul8bitLt also keeps the outlier columns subA (a few per token, data-
 dependent): an under-estimate.
 A bitsandbytes Linear returns its input's dtype (nn/modules.py:626,637): fp32 where its input is an fp32 norm output
-(amp-*, whose norm weights are fp32, and every --kbit-prep): analytic/kbit_prep.py and lora.layer_saved_delta.
+(every --kbit-prep; also amp-*, whose norm weights are fp32, which `check` refuses): analytic/kbit_prep.py.
 """
 from __future__ import annotations
 
 from math import ceil
 
+from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32
@@ -41,6 +42,15 @@ BLOCK = 64  # bnb Params4bit blocksize default (nn/modules.py:230-231)
 NESTED_BLOCK = 256  # quantize_4bit's nested quantize_blockwise(..., blocksize=256) (functional.py:940)
 CODE_4BIT = 16  # entries of the nf4/fp4 code (functional.py get_4bit_type)
 CODE_8BIT = 256  # entries of the dynamic map (functional.py create_dynamic_map)
+
+
+def check(setup: Setup) -> None:
+    """The analytic engine models a quantised base under a precision without autocast (QLoRA recipes' bf16)."""
+    if state_bytes(setup).autocast:
+        raise SetupError(f"--quant with --precision {setup.precision}: the analytic engine's account of a "
+                         "quantised base under autocast is not validated (7 % over the trace of a tiny Llama); use "
+                         "--precision bf16 (--kbit-prep peft keeps the embedding, head and norms in fp32 as amp "
+                         "does) or --engine trace")
 
 
 def linear_bytes(setup: Setup, inp: int, out: int) -> tuple[int, int]:
@@ -74,6 +84,8 @@ def dequant_transient(spec: ModelSpec, setup: Setup) -> float:
     dtype, with its fp32 absmax (4-bit; forward: + the offset-added copy) or int8's fp32 row scales / 127."""
     st = state_bytes(setup)
     i, o = max(layer_linears(spec), key=lambda d: d[0] * d[1])
-    if setup.quant == "int8":
-        return st.act * i * o + FP32 * o
+    if setup.quant == "int8":  # dequantised to its input's dtype: fp32 after an fp32 norm (analytic/kbit_prep.py)
+        from .kbit_prep import fp32_frozen_outputs
+
+        return (FP32 if fp32_frozen_outputs(setup) else st.act) * i * o + FP32 * o
     return st.act * i * o + 2 * FP32 * ceil(i * o / BLOCK)
