@@ -292,7 +292,7 @@ class Setup:
                                        "checkpointing on by default: give --recompute full), norms (the norm weights "
                                        "only: how TRL's SFTTrainer (0.x, bf16=True) leaves a 4-bit model) or none "
                                        "(all in the precision's weight dtype); needs --quant.", choices=KBIT_PREPS,
-                                       modes=("train",), auto="the stack's recipe: peft on --stack hf (peft's and "
+                                       auto="the stack's recipe: peft on --stack hf (peft's and "
                                        "transformers' QLoRA recipe)", example="none", group="fine-tune")
     lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
