@@ -41,3 +41,16 @@ def test_cli_json_names_the_technique_that_extends_it_most(capsys):
     rows = json.loads(capsys.readouterr().out)["longest_context"]
     assert rows[0]["flags"] == "" and len(rows) > 1 and rows[1]["seq"] == max(r["seq"] for r in rows)
     assert f"--seq {rows[1]['seq']}" in rows[1]["command"]
+
+
+def test_context_parallel_lengths_are_multiples_of_the_split():
+    # Megatron's context parallelism takes sequences in multiples of 2·cp (shorter granules are refused, not out of
+    # memory): the answer is the longest such multiple that fits, the next one does not
+    from trainfit.studies.fit_advice import _Judge
+    from trainfit.studies.longest_context import longest_seq
+
+    spec, gpu = load_model("llama-3.2-1b"), api.load_gpu("H100-80GB")
+    setup = Setup(stack="megatron", precision="bf16-master", recompute="full")
+    q = longest_seq(_Judge(spec, setup, gpu, 0.0), cp=2)
+    assert q % 4 == 0 and q > 0
+    assert _fits(spec, setup.with_(seq=q, cp=2), gpu) and not _fits(spec, setup.with_(seq=q + 4, cp=2), gpu)

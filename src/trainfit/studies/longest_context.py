@@ -3,11 +3,12 @@ and under each technique that lengthens it, longest first.
 
 Every length is judged by the analytic engine's fit rule (analytic/fit_rule.py), as `trainfit estimate` judges it,
 so `trainfit estimate --seq N` with the answer's flags fits and `--seq N+1` does not. The search is monotone in the
-sequence (every saved activation and transient grows with it): doubling from 1 until a length does not fit, then
-bisection (fit_advice._largest). The techniques are the memory knobs `trainfit fit` tries (fit_advice.knobs: full
+sequence (every saved activation and transient grows with it): doubling from the shortest length that runs until
+one does not fit, then bisection (fit_advice._largest), over multiples of that shortest length. The techniques are the memory knobs `trainfit fit` tries (fit_advice.knobs: full
 recompute, 8-bit or paged optimizer states, the optimizer in backward, pure bf16, Liger's fused loss, activation
-offload, LoRA, QLoRA), each alone on top of the user's setup, and, where the stack splits the sequence over GPUs
-(its [parallel] axes include cp), context parallelism over 2, 4 and 8 GPUs of a node.
+offload, LoRA, QLoRA), each alone on top of the user's setup, FlashAttention-2 (--attention flash2, where the
+rules allow it), and, where the stack splits the sequence over GPUs (its [parallel] axes include cp), context
+parallelism over 2, 4 and 8 GPUs of a node.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .fit_advice import _Judge, _largest, judged_bytes, knobs
 
 MAX_SEQ = 1 << 24  # the search's ceiling: 16M tokens, beyond every model's positions
 CP_DEGREES = (2, 4, 8)
+GRANULES = 13  # powers of two tried as the lengths' step: 1 to 4096
 
 
 @dataclass(frozen=True)
@@ -44,18 +46,28 @@ def longest_seq(judge: _Judge, **changes) -> int:
     def ok(q: int) -> bool:
         return judge.fits(seq=q, **changes)
 
-    if not ok(1):
+    # the lengths' granularity: the shortest power of two that runs (a sequence split over --cp N ranks must be a
+    # multiple of 2N: shorter ones are refused, not out of memory — memory only grows with the length)
+    step = next((g for g in (1 << k for k in range(GRANULES)) if ok(g)), 0)
+    if not step:
         return 0
-    lo, q = 1, 2
-    while q <= MAX_SEQ and ok(q):
-        lo, q = q, 2 * q
-    return _largest(lo, min(q, MAX_SEQ), ok)
+
+    def ok_steps(n: int) -> bool:
+        return ok(n * step)
+
+    lo, n = 1, 2
+    while n * step <= MAX_SEQ and ok_steps(n):
+        lo, n = n, 2 * n
+    return step * _largest(lo, min(n, MAX_SEQ // step), ok_steps)
 
 
 def techniques(spec: ModelSpec, setup: Setup, gpu: GPU) -> list[tuple[str, str, dict]]:
     """(flags, why, changes) of each technique tried: the memory knobs, then context parallelism where the stack
     runs it (stacks/<stack>.toml [parallel] axes)."""
     out = [(k.flags, k.why, k.changes) for k in knobs(setup)]
+    if setup.attention != "flash2":  # (refused where it does not run: CUDA, 16-bit, the hf stack)
+        out.append(("--attention flash2", "FlashAttention-2 (HF's integration runs it in the model's 16-bit "
+                    "dtype, with no s×s probabilities)", dict(attention="flash2")))
     if "cp" in setup.stack_facts.axes and setup.cp == 1:
         out += [(f"--cp {c}", f"the sequence split over {c} GPUs (context parallelism)", dict(cp=c))
                 for c in CP_DEGREES if c <= gpu.gpus_per_node]
