@@ -10,8 +10,9 @@ tables are in unslothai/unsloth README.md "Context length benchmarks". Setup as 
 Llama 3.3 70B Instruct, 4-bit QLoRA (nf4) on every linear (q, k, v, o, gate, up, down), rank 32, batch 1, sequences
 padded to the length; FlashAttention-2. Llama 3.3 70B has Llama 3.1 70B's architecture (config.json: the same
 sizes), so trainfit's llama-3.1-70b stands for it. What the page does not state, and the rows assume: gradient
-checkpointing on (peft's prepare_model_for_kbit_training turns it on by default; the page's "HF + FA2 ... needing
-around 9GB" for 8B at batch 1 is only reachable with it), bf16 compute, AdamW, the default --kbit-prep.
+checkpointing on (peft's prepare_model_for_kbit_training turns it on by default), bf16 compute, AdamW, the default
+--kbit-prep (peft's preparation). Unsloth's earlier Llama 3.1 post (https://unsloth.ai/blog/llama3-1) has the same
+table from older versions (12 GB: 1,044; 80 GB: 28,567; 70B at 80 GB: 7,433), left out: one source per boundary.
 NB: "N GB" taken as N GiB of device memory (--gpu-memory N); a card's CUDA total is 1-3 % below its nominal size
 (A100 80GB: 79.25 GiB), so the predictions run long by that share of the capacity over the per-token bytes.
 NB: Unsloth's HF+FA2 column is linear in the memory (1,619 tokens per 4 GB from 12 to 80 GB, 932 at 12 GB): a
