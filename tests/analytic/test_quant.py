@@ -51,7 +51,7 @@ def test_qlora_model_states_from_first_principles():
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --stack torchtitan", "use --stack hf"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --mode infer", "do not apply to --mode infer"),
     ("estimate llama-3.1-8b --quant int8 --lora-rank 8 --dora", "use --quant nf4"),
-    ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --precision amp-bf16", "use --precision bf16"),
+    ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --precision amp-bf16", "--recompute full"),
 ])
 def test_bad_quant_inputs_one_line_exit_2(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:

@@ -30,6 +30,10 @@ def test_trace_upcasts_what_peft_does_and_analytic_follows():
     # to fp32: 2 more bytes each
     unquantised = spec.vocab * spec.hidden * (1 if spec.tied_embeddings else 2) + (2 * spec.layers + 1) * spec.hidden
     assert peft.memory.weights - none.memory.weights == 2 * unquantised
-    # (amp-bf16, whose weights are fp32 already: tests/trace/test_qlora_vs_real.py's autocast case)
     an = estimate(spec, _setup("peft")).memory.peak
     assert abs(an - peft.memory.peak) <= 0.01 * peft.memory.peak, (an, peft.memory.peak)
+    # amp-bf16 (fp32 weights: nothing to upcast; the norms' fp32 outputs make the quantised Linears' fp32 too),
+    # which the analytic engine models under full recompute (analytic/quant.py check)
+    amp = _setup("peft").with_(precision="amp-bf16")
+    traced, an = trace_spec(spec, amp).memory.peak, estimate(spec, amp).memory.peak
+    assert abs(an - traced) <= 0.01 * traced, (an, traced)

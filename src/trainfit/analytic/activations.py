@@ -103,7 +103,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
     traits = family_traits(spec)
     _, p_attn, p_resid = spec.dropouts
     kernel = resolved_kernel(spec, setup)
-    aq = FP32 if kbit_prep.fp32_attention(setup) else a  # the attention's inputs (analytic/kbit_prep.py)
+    aq = FP32 if kbit_prep.fp32_attention(setup, amp) else a  # the attention's inputs (analytic/kbit_prep.py)
     mask = dropout_mask_bytes(setup, a)
     t: dict[str, float] = {}
     per_key = 0.0
@@ -329,7 +329,7 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
         return "math"
     if setup.device == "cpu" and spec.mla is not None and spec.mla.qk_head_dim != spec.mla.v_head_dim:
         return "math"  # the CPU flash kernel wants one head width for q, k and v (mla.math_saved)
-    if setup.device == "cuda" and (state_bytes(setup).act == FP32 or kbit_prep.fp32_attention(setup)) and (
+    if setup.device == "cuda" and (state_bytes(setup).act == FP32 or kbit_prep.fp32_attention(setup, state_bytes(setup).autocast)) and (
             "efficient" not in setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",))
             or (spec.kv_heads < spec.heads and spec.mla is None)):
         # the memory-efficient kernel does not take GQA (sdp_utils.cpp use_mem_efficient_attention:

@@ -12,7 +12,7 @@ upcasts the norms only; stacks/hf.toml [kbit_prep]). What that changes in the st
   so the quantised Linears downstream return fp32 (bitsandbytes 0.50.2 nn/modules.py:626 `inp_dtype = x.dtype`,
   :637 `.to(inp_dtype)`): the first fp32 down_proj output makes the residual fp32 from the first layer on ("norms");
 - the frozen quantised Linears fed by a norm (q/k/v, gate/up) return fp32 whenever the norm's output is fp32 (any
-  preparation): gate's and up's outputs, which SiLU and the product save, their gradients in backward, and down's
+  preparation, and amp-*, whose norm weights are fp32): gate's and up's outputs, which SiLU and the product save, their gradients in backward, and down's
   input are fp32 (lora.layer_saved_delta, backward.layer_moments, quant.dequant_transient for int8);
 - the LM head ("peft", no autocast): an fp32 weight times the fp32 final-norm output is an fp32 matmul, so the
   logits are fp32 and the loss's `logits.float()` (transformers loss/loss_utils.py:61) copies nothing (loss.py).
@@ -55,10 +55,10 @@ def fp32_stream(setup: Setup) -> bool:
     return preparation(setup) != "none"
 
 
-def fp32_frozen_outputs(setup: Setup) -> bool:
-    """Whether the quantised Linears fed by a norm return fp32 (the norm's output is fp32: an fp32 norm weight).
-    (amp-*'s fp32 norm weights do the same; the analytic engine refuses --quant under autocast: quant.check.)"""
-    return setup.quant in QUANTS and preparation(setup) != "none"
+def fp32_frozen_outputs(setup: Setup, autocast: bool) -> bool:
+    """Whether the quantised Linears fed by a norm return fp32 (the norm's output is fp32: an fp32 norm weight, from
+    any preparation or amp-*'s fp32 weights; autocast leaves bitsandbytes' explicit `.to(inp_dtype)` alone)."""
+    return setup.quant in QUANTS and (autocast or preparation(setup) != "none")
 
 
 def head_bytes(setup: Setup, st) -> float:
@@ -68,13 +68,14 @@ def head_bytes(setup: Setup, st) -> float:
     return 4 if not st.autocast and preparation(setup) == "peft" else st.act
 
 
-def fp32_attention(setup: Setup) -> bool:
+def fp32_attention(setup: Setup, autocast: bool) -> bool:
     """Whether the attention runs on fp32 q, k, v: q/k/v_proj return fp32 (fp32_frozen_outputs) and only HF's
     FlashAttention-2 integration casts them back to the model's dtype (transformers 5.24
     modeling_flash_attention_utils.py:595-597, target dtype from integrations/flash_attention.py:12); SDPA and eager
     take them as they are (integrations/sdpa_attention.py: no cast) — on CUDA the memory-efficient kernel, or for a
-    GQA model the math path with its s×s probabilities (activations.resolved_kernel)."""
-    return fp32_frozen_outputs(setup) and setup.attention != "flash2"
+    GQA model the math path with its s×s probabilities (activations.resolved_kernel). Under autocast SDPA is on the
+    lower-precision list (aten/src/ATen/autocast_mode.cpp): cast to the compute dtype."""
+    return fp32_frozen_outputs(setup, autocast) and not autocast and setup.attention != "flash2"
 
 
 def input_bytes(setup: Setup, st, group: str) -> float:
@@ -84,6 +85,7 @@ def input_bytes(setup: Setup, st, group: str) -> float:
     dtype."""
     if group.startswith("norm"):
         return st.residual
-    if group == "act" and fp32_frozen_outputs(setup) or group == "attn" and fp32_attention(setup):
+    if group == "act" and fp32_frozen_outputs(setup, st.autocast) or group == "attn" and fp32_attention(setup,
+                                                                                                      st.autocast):
         return 4
     return st.act

@@ -139,7 +139,7 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     if setup.quant == "int8":  # bnb's int8 matmul saves its input (analytic/quant.py): once per input group
         # NB: the first layer's q/k/v inputs need no gradient without checkpointing and are not saved: over-reads
         lora += int8_inputs(spec, setup, groups_saved)
-    if kbit_prep.fp32_frozen_outputs(setup):
+    if kbit_prep.fp32_frozen_outputs(setup, amp):
         # an fp32 norm output makes gate's and up's quantised Linears return fp32 (analytic/kbit_prep.py): SiLU
         # saves gate's output, the product SiLU's and up's, all three fp32 instead of the compute dtype.
         # NB: q/k/v's fp32 outputs are saved by nothing (rotary's muls keep cos/sin; FlashAttention-2's integration
