@@ -62,7 +62,8 @@ def cuda_cases() -> list[Case]:
             Case("tinyllama-1.1b-torchtitan", "tinyllama-1.1b", dict(base, precision="amp-bf16", stack="torchtitan"),
                  ("torchtitan",)),  # torchtitan's llama3 has no tied embeddings: an untied Llama
             Case(f"{m}-lora", m, dict(base, precision="bf16", lora_rank=16), ("peft",)),
-            Case(f"{m}-qlora", m, dict(base, precision="bf16", lora_rank=16, quant="nf4"), ("peft", "bitsandbytes")),
+            Case(f"{m}-qlora", m, dict(base, precision="bf16", lora_rank=16, quant="nf4", kbit_prep="peft"),
+                 ("peft", "bitsandbytes")),
             Case(f"{m}-infer", m, dict(batch=8, seq=1024, precision="bf16", mode="infer")),
             Case("gpt2-amp-bf16-eager", "gpt2", dict(base, precision="amp-bf16", attention="eager")),
             Case("gpt2-fp32", "gpt2", dict(base, precision="fp32")),
@@ -87,7 +88,11 @@ def fp8_cases(model: str, base: dict, precision: str = "amp-bf16") -> list[Case]
 def recorded_settings(settings: dict) -> dict:
     """A committed case's settings as the step it measured ran them: runs before the hf step clipped its gradients
     (2026-11-27 and earlier; the key max_grad_norm recorded since) ran hf training steps without clipping, so those
-    get max_grad_norm 0 (torchtitan's step always clipped, its default 1.0)."""
+    get max_grad_norm 0 (torchtitan's step always clipped, its default 1.0); quantised bases recorded without a
+    kbit_prep key ran no preparation."""
+    if settings.get("quant") in ("nf4", "fp4", "int8") and "kbit_prep" not in settings:
+        # runs before --kbit-prep (the key recorded since) built the quantised base without peft's preparation
+        settings = {**settings, "kbit_prep": "none"}
     if settings.get("mode", "train") in ("train", "rl") and settings.get("stack", "hf") == "hf" \
             and "max_grad_norm" not in settings:
         return {**settings, "max_grad_norm": 0.0}

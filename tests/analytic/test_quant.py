@@ -16,7 +16,8 @@ OTHERS = 2 * V * H + (2 * L + 1) * H  # embedding, untied head, two norms per la
 
 
 def _qlora(**kw) -> Setup:
-    return Setup(lora_rank=16, quant="nf4", precision="bf16", optimizer="adamw", **kw)
+    # the embedding, head and norms as loaded (16-bit): no peft preparation (tests/analytic/test_kbit_prep.py)
+    return Setup(lora_rank=16, quant="nf4", precision="bf16", optimizer="adamw", kbit_prep="none", **kw)
 
 
 def test_nf4_double_quant_bits_per_parameter_matches_qlora_paper():
@@ -50,7 +51,7 @@ def test_qlora_model_states_from_first_principles():
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --stack torchtitan", "use --stack hf"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --mode infer", "do not apply to --mode infer"),
     ("estimate llama-3.1-8b --quant int8 --lora-rank 8 --dora", "use --quant nf4"),
-    ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --precision amp-bf16", "use --precision bf16"),
+    ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --precision amp-bf16", "--recompute full"),
 ])
 def test_bad_quant_inputs_one_line_exit_2(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
@@ -64,6 +65,7 @@ def test_int8_weights_from_first_principles():
     # LLM.int8 (Dettmers et al. 2022 §3): one int8 per weight and one fp32 absmax scale per output row
     spec = load_model("llama-3.1-8b")
     base = estimate(spec, Setup(lora_rank=16, precision="bf16", optimizer="adamw")).memory.weights
-    int8 = estimate(spec, Setup(lora_rank=16, quant="int8", precision="bf16", optimizer="adamw")).memory.weights
+    int8 = estimate(spec, Setup(lora_rank=16, quant="int8", precision="bf16", optimizer="adamw",
+                                kbit_prep="none")).memory.weights
     rows = L * (Q + KV + KV + H + I + I + H)  # out features of q, k, v, o, gate, up, down per layer
     assert base - int8 == L * LAYER_LINEARS * (2 - 1) - 4 * rows

@@ -27,7 +27,8 @@ CASES = [
     ("bf16", dict(quant="int8")),
     ("bf16", dict(quant="int8", recompute="full")),
     ("amp-bf16", dict(quant="nf4")),
-    ("bf16", dict(quant="nf4", lora_dtype="weight")),
+    # torchtune-style bf16 adapters: torchtune's QLoRA runs no peft preparation
+    ("bf16", dict(quant="nf4", lora_dtype="weight", kbit_prep="none")),
 ]
 IDS = ["-".join([p] + [f"{k}={v}" for k, v in kw.items()]) for p, kw in CASES]
 ANALYTIC = {0, 1, 2, 3, 4, 6}  # the cases without autocast (analytic/quant.py check)
@@ -130,4 +131,5 @@ def test_packed_layout_by_hand():
             else:
                 assert weight == n and base.weight.dtype == torch.int8
                 assert state == 4 * out
-        assert model.base_model.model.lm_head.weight.dtype == torch.bfloat16  # the head is not quantised
+        # the head is not quantised, and peft's preparation (--kbit-prep peft, the default) upcasts it
+        assert model.base_model.model.lm_head.weight.dtype == torch.float32

@@ -22,7 +22,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
 from .long_context import tiled_mlp_on, tiled_mlp_shards
-from . import gated_deltanet, mla, siglip
+from . import gated_deltanet, kbit_prep, mla, siglip
 from . import sink_attention as sinks
 from .moe import moe_block
 from .precision import state_bytes
@@ -104,6 +104,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
     traits = family_traits(spec)
     _, p_attn, p_resid = spec.dropouts
     kernel = resolved_kernel(spec, setup)
+    aq = FP32 if kbit_prep.fp32_attention(setup, amp) else a  # the attention's inputs (analytic/kbit_prep.py)
     mask = dropout_mask_bytes(setup, a)
     t: dict[str, float] = {}
     per_key = 0.0
@@ -135,7 +136,7 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
             core, per_key = mla.math_saved(spec, a)
             t["attention"] += core
     elif kernel == "flash":
-        t["attention"] = _flash_saved(spec, setup, a)
+        t["attention"] = _flash_saved(spec, setup, aq)
         share = masked_window_share(spec, setup)
         if share:
             t["attention"] += share * _window_repeat_saved(spec, a)
@@ -145,12 +146,12 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         # saves a contiguous copy of the merged heads. The CPU math path upcasts bf16/fp16 inputs to fp32 for
         # accuracy (aten attention.cpp: query_acc = query.to(kFloat)), under autocast or pure bf16 alike; o_proj
         # then saves the output cast back to the compute dtype.
-        if kernel == "math" and a != FP32:
+        if kernel == "math" and aq != FP32:
             a_attn = FP32
             t["attention"] = 3 * FP32 * q + a * q
         else:
-            a_attn = a
-            t["attention"] = 4 * a * q
+            a_attn = aq
+            t["attention"] = 4 * aq * q
         if kernel == "eager" and spec.attn_sinks:
             # gpt-oss's own eager attention: a sink column, max-subtracted, softmaxed in the logits' dtype
             probs = sinks.saved_per_key(spec, st) / nh
@@ -338,7 +339,7 @@ def resolved_kernel(spec: ModelSpec, setup: Setup) -> str:
         return "math"
     if setup.device == "cpu" and spec.mla is not None and spec.mla.qk_head_dim != spec.mla.v_head_dim:
         return "math"  # the CPU flash kernel wants one head width for q, k and v (mla.math_saved)
-    if setup.device == "cuda" and state_bytes(setup).act == FP32 and (
+    if setup.device == "cuda" and (state_bytes(setup).act == FP32 or kbit_prep.fp32_attention(setup, state_bytes(setup).autocast)) and (
             "efficient" not in setup.stack_facts.facts.get("attention", {}).get("sdpa_backends", ("efficient",))
             or (spec.kv_heads < spec.heads and spec.mla is None)):
         # the memory-efficient kernel does not take GQA (sdp_utils.cpp use_mem_efficient_attention:

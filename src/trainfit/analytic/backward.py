@@ -30,6 +30,7 @@ from ..spec import ModelSpec
 from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, resolved_kernel
 from . import clamped_swiglu as swiglu
 from . import sink_attention as sinks
+from . import kbit_prep
 from .families import family_traits
 from .parallel.expert_memory import dispatch_bytes
 from .precision import StateBytes
@@ -128,14 +129,17 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         moments.append(Moment(recomputed + pending + ex * routed * (2 * m.expert_intermediate - h),
                               m.num_experts * h * m.expert_intermediate / experts_split))
     else:
-        mlp = _mlp_intermediates(spec) * a * spec.intermediate * tokens / t
+        # the MLP's gradients are in its intermediates' dtype: fp32 where the frozen quantised gate and up return
+        # fp32 (analytic/kbit_prep.py)
+        ai = kbit_prep.input_bytes(setup, st, "act")
+        mlp = _mlp_intermediates(spec) * ai * spec.intermediate * tokens / t
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
         # under autocast the down projection's weight cast, saved by that matmul alone, went with its backward
         # (read off the trace of small-gpt2 amp-bf16: no c_proj cast live at the activation's backward)
         out_cast = a * out_params if st.autocast else 0
         # (a) the down projection's backward: its input gradient (one width) beside the dropout's input gradient
         # (the down projection's output gradient, which that backward reads)
-        moments = [Moment(recomputed + incoming + drop_grad + a * spec.intermediate * tokens / t, out_params,
+        moments = [Moment(recomputed + incoming + drop_grad + ai * spec.intermediate * tokens / t, out_params,
                           post_norm + post_ff + out_cast)]
         moments += _down_backward_gemms(spec, setup, st, tokens, recomputed + incoming + drop_grad,
                                         post_norm + post_ff)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from ..errors import SetupError
 from ..setup import Setup, lora_target_names
 from ..spec import ModelSpec
-from . import quant
+from . import kbit_prep, quant
 from .activations import FP32, resolved_kernel
 from .families import family_traits
 from .precision import state_bytes
@@ -114,7 +114,8 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     lin, tgt = linears(spec), targets(spec, setup)
     # full fine-tuning: every Linear's input, for its weight gradient — under autocast each call's own cast of the
     # norm outputs (activations.py "linear_inputs"), the attention output and the MLP product once each
-    full = sum((a * i if amp or g in ("attn", "act") else 0) for i, _, g in lin.values())
+    full = sum(((kbit_prep.input_bytes(setup, st, g) if g == "attn" else a) * i if amp or g in ("attn", "act")
+                else 0) for i, _, g in lin.values())
     if not amp:
         full += a * spec.hidden * 2  # the two norm outputs, one tensor each
     # frozen norm weights: the normalised tensor the weight multiplies is no longer saved (activations._norm_saved)
@@ -123,7 +124,7 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     lora = 0.0
     groups_saved = set()
     for name, (i, o, g) in tgt.items():
-        group_dtype = res if g.startswith("norm") else a  # norm outputs in the residual dtype; the rest in act
+        group_dtype = kbit_prep.input_bytes(setup, st, g)  # norm outputs in the residual dtype; the rest in act
         if amp:
             lora += a * i  # lora_A under autocast: its own cast of the input, per call
         elif group_dtype != ad:
@@ -138,10 +139,18 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
             # dora.py:165 `(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling`: each mul
             # keeps its activation for the magnitude's gradient — the base Linear's output (compute dtype) and
             # lora_B's output (bf16 under autocast, else the fp32 adapter dtype)
-            lora += (a + (a if amp else ad)) * o
+            # (a bitsandbytes base returns its input's dtype: fp32 after an fp32 norm, analytic/kbit_prep.py)
+            base_out = kbit_prep.input_bytes(setup, st, g) if setup.quant else a
+            lora += (base_out + (a if amp else ad)) * o
     if setup.quant == "int8":  # bnb's int8 matmul saves its input (analytic/quant.py): once per input group
         # NB: the first layer's q/k/v inputs need no gradient without checkpointing and are not saved: over-reads
         lora += int8_inputs(spec, setup, groups_saved)
+    if kbit_prep.fp32_frozen_outputs(setup, amp):
+        # an fp32 norm output makes gate's and up's quantised Linears return fp32 (analytic/kbit_prep.py): SiLU
+        # saves gate's output, the product SiLU's and up's, all three fp32 instead of the compute dtype.
+        # NB: q/k/v's fp32 outputs are saved by nothing (rotary's muls keep cos/sin; FlashAttention-2's integration
+        # casts them to the target dtype); under --attention sdpa they reach the fp32 kernel: under-counted there
+        lora += 3 * (FP32 - a) * spec.intermediate
     return lora - full
 
 
@@ -151,7 +160,7 @@ def int8_inputs(spec: ModelSpec, setup: Setup, shared: set = frozenset(), checkp
     saved set is dropped by checkpointing, o_proj's input that the attention kernel keeps anyway."""
     st = state_bytes(setup)
     groups = {g: i for i, _, g in linears(spec).values()}
-    return sum((st.residual if g.startswith("norm") else st.act) * i for g, i in groups.items()
+    return sum(kbit_prep.input_bytes(setup, st, g) * i for g, i in groups.items()
                if g not in shared and (checkpointed or not _kept_by_attention(spec, setup, g)))
 
 
@@ -195,7 +204,7 @@ def head_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     (loss.head_and_loss counts both)."""
     st = state_bytes(setup)
     norm = (FP32 if family_traits(spec)["norm_fp32"] else st.residual) * spec.hidden if spec.final_norm else 0
-    return -(norm + st.act * spec.hidden)
+    return -(norm + kbit_prep.head_bytes(setup, st) * spec.hidden)
 
 
 def lora_layer_params(spec: ModelSpec, setup: Setup) -> int:
@@ -207,7 +216,7 @@ def _adapter_optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     """The optimizer state of the fp32 adapters: per element as precision.state_bytes gives it for fp32 parameters;
     Adafactor (Shazeer & Stern 2018, Alg. 4) keeps row + column statistics per matrix, a full vector for DoRA's
     magnitude (as analytic/optimizer.adafactor_state does for the full model)."""
-    st32 = state_bytes(setup if setup.lora_dtype == "weight" else setup.with_(precision="fp32"))
+    st32 = state_bytes(setup if setup.lora_dtype == "weight" else _fp32_adapters(setup))
     if not st32.factored:
         return adapter_params(spec, setup) * st32.optimizer
     r = setup.lora_rank
@@ -253,6 +262,11 @@ def lora_states(spec: ModelSpec, setup: Setup, st, n: float):
         weights += quant_delta(spec, setup, sharded)
         if frozen.comm and setup.zero == 2 and not sharded:  # the shards kept beside the unsharded codes
             comm += (quant.codes_bytes(spec, setup) - quant.base_bytes(spec, setup)[1]) / shard_ranks(setup)
+        # --kbit-prep: the unquantised parameters it upcasts, fp32 instead of the weight dtype (analytic/kbit_prep.py),
+        # sharded at rest under FSDP2 like the rest of the frozen base
+        quantised = quant.base_bytes(spec, setup)[2]
+        weights += kbit_prep.upcast_params(spec, setup, quantised, int(n)) * (FP32 - st.weight) \
+            / (shard_ranks(setup) if sharded else 1)
     states = ModelStates(weights, trained.gradients, trained.master, trained.optimizer, comm)
     return states, ad, n_a, largest_adapter(spec, setup)
 
@@ -304,7 +318,13 @@ def adapter_setup(setup: Setup, st) -> Setup:
     if not setup.lora_rank or st.master or setup.precision in ("fp32", "amp-bf16", "amp-fp16") \
             or setup.lora_dtype == "weight":
         return setup
-    return setup.with_(precision="fp32")
+    return _fp32_adapters(setup)
+
+
+def _fp32_adapters(setup: Setup) -> Setup:
+    """The setup whose state bytes are the fp32 adapters' (their optimizer's dtypes only: this copy holds and times
+    no attention, so --attention flash2, refused under fp32, goes back to auto in it)."""
+    return setup.with_(precision="fp32", attention="auto" if setup.attention == "flash2" else setup.attention)
 
 
 def flops_per_token(spec: ModelSpec, setup: Setup, fpt: float, attention: float) -> tuple[float, float]:

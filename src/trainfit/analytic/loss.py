@@ -20,6 +20,7 @@ from ..precision import DTYPE_BYTES
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, _norm_saved, dropout_mask_bytes, family_traits, norm_kernel
+from . import kbit_prep
 from .liger_ops import chunk_rows
 from .long_context import tiled_loss_shards
 from .precision import StateBytes
@@ -70,6 +71,7 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
         saved += (2 * a * h + _norm_saved(spec, ln_in)) * tokens
         if amp:
             saved += a * h * h  # autocast's cast of the transform's dense weight
+    a = kbit_prep.head_bytes(setup, st)  # the head's matmul dtype: fp32 for --kbit-prep peft's fp32 head (analytic/kbit_prep.py)
     saved += a * h * tokens  # lm_head input (its autocast cast under amp)
     weight_cast = a * v * (spec.embed_proj_dim or h) if amp else 0  # autocast cast of the LM-head weight
     # log_softmax runs in fp32 when the loss upcasts the logits, under autocast (log_softmax is on its fp32 list),

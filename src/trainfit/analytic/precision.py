@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..precision import DTYPE_BYTES, PRECISIONS
 from ..setup import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, Setup
-from . import torchao_optim
+from . import kbit_prep, torchao_optim
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ def state_bytes(setup: Setup) -> StateBytes:
         autocast, residual = False, act
         param = DTYPE_BYTES[pol.compute]
         reduce = DTYPE_BYTES[policy_dtype(setup, "reduce_dtype")]
+    if kbit_prep.fp32_stream(setup):  # --kbit-prep: an fp32 embedding or norm weight makes the stream fp32
+        residual = 4
     weight = DTYPE_BYTES[pol.weight]
     grad = weight  # .grad has the parameter's dtype in PyTorch
     master = DTYPE_BYTES[pol.master] if pol.master else 0.0

@@ -9,8 +9,14 @@ from .options import JsonOpt, with_settings
 from .spinner import spinner
 
 
+LongestOpt = typer.Option(False, "--longest-context", help="Answer the longest --seq whose step fits the GPU for "
+                          "this setup, and under each technique that lengthens it (recompute, QLoRA, 8-bit "
+                          "states, Liger's fused loss, offload, context parallelism where the stack runs it), "
+                          "longest first; --seq is ignored.")
+
+
 @with_settings(defaults={"batch": 1}, exclude=("tokens", "price", "mfu", "alloc_conf"))  # (fit reads none of them)
-def fit(req, json: bool = JsonOpt) -> None:
+def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
     """Can MODEL train on --gpu, and how? Starting from the setup you give (default: full fine-tuning, micro-batch
     1), the fastest setups that fit the GPU (the fit rule: what the step needs from the caching allocator within
     the GPU's memory less the fixed overheads): the changes each needs (checkpointing, 8-bit or
@@ -32,6 +38,8 @@ def fit(req, json: bool = JsonOpt) -> None:
                          "`trainfit plan --mode serve`")
     spec = api.token_model(req.model, "fit")
     setup, gpu = req.setup(spec), api.gpu_of(req)
+    if longest_context:
+        return longest(req, spec, setup, gpu, json)
     with spinner(f"searching setups of {req.model} that fit {gpu.name}", quiet=json):
         found = fastest_that_fit(spec, setup, gpu, reserve=req.reserve)
     rows = [dict(x.as_dict(), command=estimate_command(req, spec, x.setup, gpu.name)) for x in found]
@@ -63,6 +71,40 @@ def fit(req, json: bool = JsonOpt) -> None:
     Console().print(t)
     typer.echo("why: " + rows[0]["why"])
     typer.echo("see it in full: " + rows[0]["command"])
+
+
+def longest(req, spec, setup, gpu, json: bool) -> None:
+    """`trainfit fit --longest-context`: the longest sequence that fits, as given and per technique (studies/
+    longest_context.py), longest first after the setup as given."""
+    from ..studies.longest_context import longest_context
+
+    with spinner(f"searching the longest sequence of {req.model} that fits {gpu.name}", quiet=json):
+        found = longest_context(spec, setup, gpu, reserve=req.reserve)
+    rows = [dict(x.as_dict(), command=estimate_command(req, spec, x.setup, gpu.name) if x.seq else None)
+            for x in found]
+    if json:
+        from ..report.json_out import dumps
+
+        typer.echo(dumps({"model": req.model, "gpu": gpu.name, "longest_context": rows}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    GIB = 2**30
+    t = Table(title=f"{req.model} on {gpu.name}: longest sequence that fits", title_justify="left")
+    for col in ("change", "longest --seq", "needs / capacity", "GPUs"):
+        t.add_column(col, justify="left" if col == "change" else "right", overflow="fold")
+    for r in rows:
+        t.add_row(r["flags"] or "(as given)", f"{r['seq']:,}" if r["seq"] else "none fits",
+                  f"{r['required'] / GIB:.1f} / {r['capacity'] / GIB:.1f} GiB" if r["seq"] else "-", str(r["gpus"]))
+    Console().print(t)
+    best = rows[1] if len(rows) > 1 else rows[0]
+    if len(rows) > 1:
+        typer.echo(f"lengthens it most: {best['flags']} ({best['why']}): --seq {best['seq']:,}")
+    else:
+        typer.echo("no technique trainfit tries lengthens it")
+    if best["command"]:
+        typer.echo("see it in full: " + best["command"])
 
 
 def estimate_command(req, spec, setup, gpu: str) -> str:

@@ -8,7 +8,7 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from ..errors import SetupError
 from .settings import _SETUP_SETTINGS, BY_NAME, Setup, check_value, refuse_inapplicable
-from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
+from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
 
 
 def validate(setup: Setup) -> None:
@@ -148,6 +148,9 @@ def validate(setup: Setup) -> None:
     if setup.quant and not setup.lora_rank:
         raise SetupError("--quant freezes the base weights, which leaves nothing to train without adapters: it needs "
                          "--lora-rank R > 0 (QLoRA)")
+    if setup.kbit_prep is not None and setup.quant not in QUANTS:
+        raise SetupError("--kbit-prep prepares a bitsandbytes-quantised base for training: it needs --quant nf4, fp4 "
+                         "or int8")
     if setup.quant == "int8" and setup.dora:
         raise SetupError("--dora with --quant int8: peft 0.21's DoRA fails on bitsandbytes 0.50's LLM.int8 layers "
                          "(their row scales are moved out of the weight at the first forward); use --quant nf4")

@@ -19,7 +19,7 @@ from .parsers import (_check_alloc_conf, check_cuda_graph_scope, check_lora_targ
                       combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
                     OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
-                    SERVE_QUANTS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
+                    SERVE_QUANTS, KBIT_PREPS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,14 @@ class Setup:
                                    "as bnb_4bit_quant_storage=bf16 sets them; their quant state whole per rank). "
                                    "Serving (vLLM's --quantization): fp8, or awq / gptq (4-bit, groups of 128).",
                                    choices=QUANTS + SERVE_QUANTS, modes=("train", "serve"), example="nf4", group="fine-tune")
+    kbit_prep: Optional[str] = setting(None, "How the parameters --quant leaves unquantised are prepared: peft "
+                                       "(peft's prepare_model_for_kbit_training: every fp16/bf16 parameter, i.e. the "
+                                       "embedding, the LM head and the norms, upcast to fp32; it also turns gradient "
+                                       "checkpointing on by default: give --recompute full), norms (the norm weights "
+                                       "only: how TRL's SFTTrainer (0.x, bf16=True) leaves a 4-bit model) or none "
+                                       "(all in the precision's weight dtype); needs --quant.", choices=KBIT_PREPS,
+                                       auto="the stack's recipe: peft on --stack hf (peft's and "
+                                       "transformers' QLoRA recipe)", example="none", group="fine-tune")
     lora_dtype: str = setting("fp32", "dtype of the LoRA adapters (their gradients and optimizer states follow): "
                               "fp32 (peft's default autocast_adapter_dtype=True) or weight (the precision's weight "
                               "dtype, as torchtune builds them); needs --lora-rank.", choices=LORA_DTYPES, group="fine-tune")

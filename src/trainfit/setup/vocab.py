@@ -41,6 +41,7 @@ MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")  # --moe-dispa
 OFFLOAD = ("none", "optimizer", "params", "activations")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
 SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight formats (analytic/serving.py)
+KBIT_PREPS = ("peft", "norms", "none")  # --kbit-prep: the unquantised parameters of a --quant base (analytic/kbit_prep.py)
 LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
 LOSSES = ("full", "fused-linear", "chunked-logprob", "tiled")  # --loss
 STACKS = _stacks.BUILT_IN  # (--stack's help; choices_for reads every stack found: stacks.names())

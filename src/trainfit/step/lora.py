@@ -27,7 +27,7 @@ import torch
 
 from ..errors import SetupError
 from ..setup import lora_target_names
-from .quant import quantize_base
+from .quant import prepare_kbit, quantize_base
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..setup import Setup
@@ -77,7 +77,7 @@ def apply_lora(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
 
     r = setup.lora_rank
     targets = target_modules(model, setup)  # named from the unquantised model: bnb layers are Linear subclasses
-    model = quantize_base(model, setup)  # --quant: the bitsandbytes base peft wraps (step/quant.py)
+    model = prepare_kbit(quantize_base(model, setup), setup)  # --quant: the bitsandbytes base peft wraps, prepared
     config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=targets,
                         use_dora=setup.dora, bias="none")
     with _fake_safe_adapter_moves(model):

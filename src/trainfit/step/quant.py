@@ -31,9 +31,8 @@ NB: --quant int8 on fake tensors runs bnb's CPU training matmul (MatMul8bitFp: d
 input; autograd/_functions.py:245-271 — bnb.matmul picks it for CPU tensors, :400-404); a CUDA step runs
 MatMul8bitLt, which saves the same input plus the outlier columns (data-dependent, :186-187) and makes int8 copies
 of the input in forward: a --device cuda trace of int8 under-reads by those.
-NB: recipes often also call peft's prepare_model_for_kbit_training, which casts the unquantised 16-bit parameters
-(norms, embedding, lm_head) to fp32: that is --precision amp-bf16's fp32 weights; --precision bf16 keeps them bf16
-as torchtune does.
+`prepare_kbit` then prepares the unquantised parameters as --kbit-prep says (analytic/kbit_prep.py): peft's own
+prepare_model_for_kbit_training, or the norm weights alone in fp32 as TRL's SFTTrainer leaves them.
 """
 from __future__ import annotations
 
@@ -185,3 +184,23 @@ def _fake_linear4bit():  # built on first use: bitsandbytes is an optional impor
                 del packet.default  # back to the OpOverload (OpOverloadPacket.__getattr__ re-resolves it)
 
     return FakeLinear4bit
+
+
+def prepare_kbit(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
+    """`model` (quantised) prepared as --kbit-prep says (analytic/kbit_prep.py): "peft" runs peft's own
+    prepare_model_for_kbit_training (peft 0.21.2 utils/other.py:158-259: every fp16/bf16 parameter not a Params4bit
+    to fp32), without its gradient checkpointing (use_gradient_checkpointing=False: --recompute sets that, as for
+    any model); "norms" casts the norm weights only (trl v0.25.0 models/utils.py:488-497, the same
+    `param.data = param.data.to(torch.float32)`)."""
+    from ..analytic.kbit_prep import preparation
+
+    prep = preparation(setup)
+    if prep == "peft":
+        from peft import prepare_model_for_kbit_training
+
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if prep == "norms":
+        for name, p in model.named_parameters():
+            if p.dtype in (torch.float16, torch.bfloat16) and "norm" in name.lower():
+                p.data = p.data.to(torch.float32)
+    return model

@@ -1,0 +1,56 @@
+"""`trainfit fit --longest-context` (studies/longest_context.py): the length it answers fits the GPU by a direct
+estimate and one token more does not, for the setup as given and for each technique; the JSON lists them longest
+first after the setup as given."""
+from __future__ import annotations
+
+import json
+
+from trainfit import api
+from trainfit.cli.app import main
+from trainfit.engines import analytic
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+from trainfit.studies.longest_context import longest_context
+
+QLORA = dict(lora_rank=32, quant="nf4", precision="bf16", recompute="full", attention="flash2")
+
+
+def _fits(spec, setup, gpu) -> bool:
+    return analytic(spec, setup, gpu).fit.fits
+
+
+def test_found_length_fits_and_one_more_token_does_not():
+    spec, gpu = load_model("llama-3.1-8b"), api.load_gpu("A100-80GB", memory=24)
+    found = longest_context(spec, Setup(**QLORA), gpu)
+    assert found[0].flags == "" and found[0].seq > 0
+    for x in found:
+        assert _fits(spec, x.setup, gpu), x.flags
+        assert not _fits(spec, x.setup.with_(seq=x.seq + 1), gpu), x.flags
+    assert [x.seq for x in found[1:]] == sorted((x.seq for x in found[1:]), reverse=True)
+    assert all(x.seq > found[0].seq for x in found[1:])
+
+
+def test_nothing_fits_answers_zero():
+    spec, gpu = load_model("llama-3.1-8b"), api.load_gpu("A100-80GB", memory=4)
+    assert longest_context(spec, Setup(**QLORA), gpu)[0].seq == 0
+
+
+def test_cli_json_names_the_technique_that_extends_it_most(capsys):
+    main(["fit", "llama-3.1-8b", "--gpu", "A100-80GB", "--gpu-memory", "24", "--lora-rank", "32", "--quant", "nf4",
+          "--precision", "bf16", "--recompute", "full", "--longest-context", "--json"])
+    rows = json.loads(capsys.readouterr().out)["longest_context"]
+    assert rows[0]["flags"] == "" and len(rows) > 1 and rows[1]["seq"] == max(r["seq"] for r in rows)
+    assert f"--seq {rows[1]['seq']}" in rows[1]["command"]
+
+
+def test_context_parallel_lengths_are_multiples_of_the_split():
+    # Megatron's context parallelism takes sequences in multiples of 2·cp (shorter granules are refused, not out of
+    # memory): the answer is the longest such multiple that fits, the next one does not
+    from trainfit.studies.fit_advice import _Judge
+    from trainfit.studies.longest_context import longest_seq
+
+    spec, gpu = load_model("llama-3.2-1b"), api.load_gpu("H100-80GB")
+    setup = Setup(stack="megatron", precision="bf16-master", recompute="full")
+    q = longest_seq(_Judge(spec, setup, gpu, 0.0), cp=2)
+    assert q % 4 == 0 and q > 0
+    assert _fits(spec, setup.with_(seq=q, cp=2), gpu) and not _fits(spec, setup.with_(seq=q + 4, cp=2), gpu)
