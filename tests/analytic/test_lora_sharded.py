@@ -55,9 +55,10 @@ def test_lora_under_fsdp2_more_cases(zero, device, recompute):
     _vs_trace(zero, device, recompute)
 
 
-def test_qlora_zero3_weights_hand_count():
+@pytest.mark.parametrize("kbit_prep, rest_bytes", [("none", 2), ("peft", 4)])
+def test_qlora_zero3_weights_hand_count(kbit_prep, rest_bytes):
     """Llama-3.1-8B, nf4 QLoRA rank 16 on q/v, --zero 3 over 4 ranks, bf16: FSDP2 shards every floating parameter --
-    the embedding, LM head and norms in bf16, the packed codes (two 4-bit codes a byte, stored as bf16 under
+    the embedding, LM head and norms in bf16 (fp32 after peft's prepare_model_for_kbit_training), the packed codes (two 4-bit codes a byte, stored as bf16 under
     bnb_4bit_quant_storage=bf16) and the fp32 adapters -- while the quant state (per 64-block absmax, 8-bit with
     double quantisation: 1 B a block, an fp32 absmax per 256 blocks, the fp32 offset, the 16 + 256 fp32 code
     entries; Dettmers et al. 2023 §3) is a plain attribute, whole on every rank."""
@@ -71,8 +72,8 @@ def test_qlora_zero3_weights_hand_count():
     rest = 2 * vocab * h + (2 * layers + 1) * h  # embedding, LM head, norms
     adapters = layers * r * ((h + q) + (h + kv))  # q_proj, v_proj
     e = analytic(load_model("llama-3.1-8b"), Setup(lora_rank=r, lora_targets="q_proj,v_proj", quant="nf4",
-                                                   precision="bf16", dp=dp, zero=3, seq=512))
-    assert e.memory.weights == int((2 * rest + codes + 4 * adapters) / dp + state)
+                                                   precision="bf16", dp=dp, zero=3, seq=512, kbit_prep=kbit_prep))
+    assert e.memory.weights == int((rest_bytes * rest + codes + 4 * adapters) / dp + state)
     assert e.memory.optimizer_states == 8 * adapters // dp  # AdamW's two fp32 states, sharded
 
 
