@@ -21,8 +21,9 @@ from .grad_segments import gradient_segments
 from .memory import TrainMemory, train_memory
 from . import lora
 from .params import count_params
+from .parallel import fsdp1
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
-from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
+from .precision import fsdp2_mixed_precision, fsdp_policy_on, policy_dtype, state_bytes
 from .loss import head_and_loss
 from .optimizer import state_tensors, temporary_bytes
 from .recompute import layer_params
@@ -160,7 +161,9 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
         kinds = {"embedding": pc.embedding / t * first, "layer": lp, "head": head}
     else:
         kinds = {"root": pc.embedding / t * first + head, "layer": lp}
-    copy_in = side_stream_blocks(kinds, st, setup)
+    # FSDP1: no all-gather output beside the unsharded flat parameters (parallel/fsdp1.py)
+    copy_in = fsdp1.side_stream_blocks(kinds, st, setup) if fsdp1.runs_fsdp1(setup) else \
+        side_stream_blocks(kinds, st, setup)
     # compute stream: torchtitan reshards the embedding after forward and [norm, output] after its backward, both
     # before a block's backward peak; their unsharded parameters' blocks (copy-out targets, param_dtype,
     # _fsdp_param.py:616-627 alloc_storage, per parameter) stay cached, larger than any block request after them.
@@ -289,12 +292,18 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
     notes += torchao_recipes.notes(spec, setup, gpu if mfu is None else None)
     notes += model_for(setup).notes(spec, setup)
-    if fsdp2_mixed_precision(setup):
-        notes.append("FSDP2 mixed precision (stack facts): fp32 shards; each group all-gathered in "
-                     f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "
-                     f"{policy_dtype(setup, 'reduce_dtype')}; "
-                     + ("autocast on, over low-precision weights (no weight casts)"
-                        if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
+    if fsdp_policy_on(setup):
+        version = "FSDP1 (FlatParameter per unit)" if fsdp1.runs_fsdp1(setup) else "FSDP2"
+        rd = policy_dtype(setup, "reduce_dtype")
+        if fsdp2_mixed_precision(setup):
+            notes.append(f"{version} mixed precision: fp32 shards; each group all-gathered in "
+                         f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "
+                         f"{PRECISIONS[setup.precision].compute if rd == 'none' else rd}; "
+                         + ("autocast on, over low-precision weights (no weight casts)"
+                            if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
+        else:
+            notes.append(f"{version} without a param_dtype: fp32 shards all-gathered in fp32, autocast casting each "
+                         f"weight per use; gradients reduce-scattered in {'fp32' if rd == 'none' else rd}")
     if gpu is not None:
         notes.append(_fit_note(fit))
         notes.append(overheads.describe(beside, held, cached_block=True))

@@ -29,6 +29,7 @@ from ..overlap import exposed
 from ..params import ParamCounts
 from ..precision import StateBytes
 from .collectives import Links, ranks_per_node
+from .fsdp1 import runs_fsdp1
 from .pipeline import Stage
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
@@ -124,7 +125,8 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage) ->
     t = setup.tp
     layer = pc.per_layer_dense / t * st.param
     root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * st.param
-    held = layer if setup.stack_facts.facts.get("loss", {}).get("in_forward") else 0.0
+    # (FSDP1 all-gathers into the flat parameter itself: no separate output to hold, parallel/fsdp1.py)
+    held = layer if setup.stack_facts.facts.get("loss", {}).get("in_forward") and not runs_fsdp1(setup) else 0.0
     r = st.reduce or st.grad
     kept = pc.per_layer_dense / t * r  # the previous layer's reduce-scatter input
     before_first = kept if stage.layers > 1 else 0.0
