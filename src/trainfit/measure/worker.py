@@ -162,6 +162,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
     states = storage_bytes(res["states"], seen)
     inputs = storage_bytes(batch_tensors(batches), seen)
     buckets = sum(t.numel() * t.element_size() for t in res["buckets"])
+    kept = storage_bytes(res.get("gradients", []), seen)  # FSDP1's flat gradients, kept to the next forward
     other = 0
     if dev_type == "cpu" and getattr(kit, "READ_BASELINE", False):
         # the stack's engine keeps buffers no resident-tensor sum sees (trainfit.step.deepspeed): the level read
@@ -174,7 +175,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
         # is resident, as in the one-process engine. The level read from the session (`other_resident` = read -
         # summed) is a diagnostic: blocks that gloo frees in its threads without a report and whose address is
         # never reused stay in it (DDP's first buckets, released with the work that held them, 15 MB here).
-        baseline = weights + states + inputs + buckets
+        baseline = weights + states + inputs + buckets + kept
         other = read_baseline - baseline
         phase_peaks = {k: v - other for k, v in step_peaks.items()}
         peak_phase = max(phase_peaks, key=phase_peaks.get)

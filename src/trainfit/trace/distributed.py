@@ -202,13 +202,34 @@ def _fsdp_storage_hooks(rec: ShardedRecorder):
         free(tensor)
         rec.storage_resized(tensor)
 
+    # FSDP1 (--fsdp-version 1) resizes its flat parameters' storages the same way (torch/distributed/utils.py:167-196
+    # _alloc_storage(tensor, size) / _free_storage, called by fsdp/_flat_param.py unshard and reshard)
+    from torch.distributed.fsdp import _flat_param
+
+    alloc1, free1 = _flat_param._alloc_storage, _flat_param._free_storage
+
+    def alloc_storage1(tensor, size):
+        alloc1(tensor, size)
+        rec.storage_resized(tensor)
+
+    def free_storage1(tensor):
+        free1(tensor)
+        rec.storage_resized(tensor)
+
     _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc_storage, free_storage
     _fsdp_param_group.alloc_storage = alloc_storage
+    _flat_param._alloc_storage, _flat_param._free_storage = alloc_storage1, free_storage1
+    # a fake storage has no data pointer: FSDP1's SHARD_GRAD_OP check that the unsharded flat parameter is allocated
+    # (_flat_param.py:2270-2274, utils.py:355-356 data_ptr() > 0) reads its size instead
+    allocated = _flat_param._data_ptr_allocated
+    _flat_param._data_ptr_allocated = _flat_param._storage_size_allocated
     try:
         yield
     finally:
+        _flat_param._data_ptr_allocated = allocated
         _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc, free
         _fsdp_param_group.alloc_storage = alloc
+        _flat_param._alloc_storage, _flat_param._free_storage = alloc1, free1
 
 
 @contextlib.contextmanager
