@@ -215,7 +215,8 @@ def _check_fsdp(setup: Setup, stack: _stacks.Stack) -> None:
         value = getattr(setup, name)
         if value is not None and value not in fsdp[key]:
             raise SetupError(f"{BY_NAME[name].flag} {value}: --stack {stack.name} runs "
-                             f"{', '.join(map(str, fsdp[key]))} ({fsdp.get('versions_source', '')})")
+                             f"{', '.join(map(str, fsdp[key]))} only (stacks/{stack.name}.toml [fsdp]); use "
+                             f"{'it' if len(fsdp[key]) == 1 else 'one of those'}, or drop it")
     if setup.fsdp_param_dtype is None and setup.fsdp_reduce_dtype is None:
         return
     pol = _precision.PRECISIONS[setup.precision]
