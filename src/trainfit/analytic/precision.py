@@ -97,7 +97,11 @@ def state_bytes(setup: Setup) -> StateBytes:
         if not param:
             # --fsdp-param-dtype none/fp32: the unsharded copies and their gradients are fp32 (the stored dtype),
             # each cast per use by autocast (autocast stays on, the residual stream fp32); the policy's moments
-            # (parallel/zero.py unsharded_at) count them at these bytes
+            # (parallel/zero.py unsharded_at) count them at these bytes. FSDP2's unsharded parameters are
+            # nn.Parameters (torch 2.13 fsdp/_fully_shard/_fsdp_param.py:677), leaves, so autocast's cache keeps
+            # their casts to the forward's end; FSDP1's are views (parallel/fsdp1.py caches_weight_casts).
+            # NB: with --fsdp-reduce-dtype bf16 over fp32 gradients the reduce-scatter input's copy is not counted
+            # (under by one layer × 2 B per parameter at a layer's backward)
             param = DTYPE_BYTES[pol.weight]
         # reduce_dtype "none" reduces in the unsharded gradients' dtype: param_dtype's, or the fp32 shards' without one
         rd = policy_dtype(setup, "reduce_dtype")
