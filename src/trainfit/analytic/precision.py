@@ -100,8 +100,7 @@ def state_bytes(setup: Setup) -> StateBytes:
             # (parallel/zero.py unsharded_at) count them at these bytes. FSDP2's unsharded parameters are
             # nn.Parameters (torch 2.13 fsdp/_fully_shard/_fsdp_param.py:677), leaves, so autocast's cache keeps
             # their casts to the forward's end; FSDP1's are views (parallel/fsdp1.py caches_weight_casts).
-            # NB: with --fsdp-reduce-dtype bf16 over fp32 gradients the reduce-scatter input's copy is not counted
-            # (under by one layer × 2 B per parameter at a layer's backward)
+            # (a bf16 reduce over them: its reduce-scatter input is the policy's; -0.15 % vs the trace, tiny llama)
             param = DTYPE_BYTES[pol.weight]
         # reduce_dtype "none" reduces in the unsharded gradients' dtype: param_dtype's, or the fp32 shards' without one
         rd = policy_dtype(setup, "reduce_dtype")
