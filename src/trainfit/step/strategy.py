@@ -41,7 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 STRATEGIES = {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
               2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2 / SHARD_GRAD_OP)",
-              3: "FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3 / FULL_SHARD)"}
+              3: "FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3 / FULL_SHARD)",
+              (2, 1): "FSDP1 FullyShardedDataParallel, SHARD_GRAD_OP (ZeRO-2)",
+              (3, 1): "FSDP1 FullyShardedDataParallel, FULL_SHARD (ZeRO-3)"}
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

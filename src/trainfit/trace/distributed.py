@@ -313,10 +313,10 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
     validate_layout(spec, setup)  # e.g. --seq past a model's learned positions: refused before tracing
     t0 = time.perf_counter()
     model, rec, an = trace_rank(spec, setup, backend=backend, flops=flops)
-    from ..step import stack_step
+    from ..step import stack_step, strategy_name
 
     kit = stack_step(setup)
-    notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {kit.STRATEGIES[setup.zero]}, "
+    notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {strategy_name(kit, setup)}, "
                      f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries",) + \
         ((kit.NOTE,) if kit.NOTE else ()) + ((RESERVED_NOTE,) if setup.device == "cuda" else ())
     est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes,
