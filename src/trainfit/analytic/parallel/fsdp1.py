@@ -20,7 +20,12 @@
     pre-backward (_runtime_utils.py:690-693 _prefetch_handle), as FSDP2's backward prefetch does; the root's flat
     parameter is not resharded after forward (as FSDP2's root).
   So the bytes one rank holds at the step's moments are FSDP2's under the same policy (parallel/zero.py and
-  parallel/fsdp2.py count them). NB: FSDP1's unit gradient is concatenated from its views' gradients
+  parallel/fsdp2.py count them), less FSDP2's held buffers: the last all-gather output at the forward's end and the
+  previous group's reduce-scatter input (FSDP1 drops its flat gradient at the end of the post-backward hook,
+  _runtime_utils.py:846-861; on CUDA the block waits for the reduce-scatter, :772 record_stream: reserved, not
+  allocated). NB: where reduce_dtype differs from param_dtype, the post-backward's cast copy beside the flat gradient
+  is a moment not modelled (-2.2 % vs the trace under full recompute on a 2-layer Llama, CUDA semantics). NB: FSDP1's
+  unit gradient is concatenated from its views' gradients
   (SplitWithSizesBackward) into one flat tensor, 2 × param_dtype × the unit for a moment, where FSDP2's copy-in holds
   param_dtype + reduce_dtype: equal unless reduce_dtype is wider (then FSDP1's is lower); not modelled.
   * Autocast without a policy: the module's weights are views of the flat parameter in forward, not leaves, so
