@@ -89,19 +89,18 @@ def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="
         source=f"{LLMF} table '{table}', row {size} / SeqLen {seq} / {gpus} GPUs",
         gpu=gpu, model=gpt2_config(h, n_layers, heads, MPT_VOCAB, seq, **MPT_DIFFERS),
         setup=dict(stack="hf", batch=micro, seq=seq, grad_accum=accum, dp=gpus, zero=zero, precision=precision,
-                   recompute="full" if ac else "none", attention="triton"),
+                   recompute="full" if ac else "none", attention="triton", fsdp_version=1,
+                   **({"fsdp_reduce_dtype": "fp32"} if precision == "amp-bf16" else {})),
         published=tps, unit="tokens/s/GPU", published_params=params,
         notes="Composer + torch FSDP1 (FULL_SHARD = zero 3, SHARD_GRAD_OP = zero 2), FlashAttention in Triton "
               "(submit_benchmarks.py `--attn_impl` default 'triton', set on every run's model; at 5e85bd62d, the "
               "commit that published these tables: --attention triton), "
-              "modelled as the hf stack; MP mode DEFAULT = amp-bf16, PURE = bf16. NB: the hf stack's FSDP overlap "
-              "stands in for Composer's (FSDP1 backward prefetch). Composer's DEFAULT policy at the version these "
-              "tables ran (llm-foundry setup.py at 5e85bd62d pins mosaicml>=0.17.2,<0.18; composer/trainer/"
+              "modelled as the hf stack with --fsdp-version 1 (FullyShardedDataParallel: no FSDP2 copy-out/copy-in "
+              "kernels, analytic/parallel/fsdp1.py); MP mode DEFAULT = amp-bf16, PURE = bf16. NB: the hf stack's FSDP "
+              "overlap stands in for Composer's (FSDP1 backward prefetch). Composer's DEFAULT policy at the version "
+              "these tables ran (llm-foundry setup.py at 5e85bd62d pins mosaicml>=0.17.2,<0.18; composer/trainer/"
               "mosaic_fsdp_utils.py:94-97 at v0.17.2) sets param_dtype = buffer_dtype = bf16 and reduce_dtype = "
-              "fp32: bf16 all-gathers as the hf stack's accelerate policy models them (step/strategy.py), but fp32 "
-              "reduce-scatters where accelerate's are bf16 (NB: half the reduce-scatter bytes, predicted faster). "
-              "NB: FSDP1 gathers into its flat parameter and reduces from its flat gradient, so the hf stack's FSDP2 "
-              "copy-out/copy-in kernels are an over-count here (predicted slower, 0-4 % of a step).")
+              "fp32: --fsdp-reduce-dtype fp32 (bf16 all-gathers, fp32 reduce-scatters).")
 
 
 MPT_RUNS = [

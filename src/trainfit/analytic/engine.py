@@ -21,9 +21,10 @@ from .grad_segments import gradient_segments
 from .memory import TrainMemory, train_memory
 from . import lora
 from .params import count_params
+from .parallel import fsdp1
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
 from .parallel import deepspeed_offload, fsdp_offload
-from .precision import fsdp2_mixed_precision, policy_dtype, state_bytes
+from .precision import fsdp2_mixed_precision, fsdp_policy_on, policy_dtype, state_bytes
 from .loss import head_and_loss
 from .long_context import rank_tokens, tiled_loss_shards, tiled_mlp_on, tiled_mlp_shards
 from .optimizer import state_tensors, temporary_bytes
@@ -170,7 +171,9 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
     if setup.lora_rank:  # LoRA: a layer gathers its frozen base and adapters; only the adapters are reduced
         lp_g = layer_params(spec, lora.gathered_counts(spec, setup, pc, st), setup)
         kinds, trained = {**kinds, "layer": lp_g}, {"root": 0, "layer": lora.adapter_params_per_layer(spec, setup)}
-    copy_in = side_stream_blocks(kinds, st, setup)
+    # FSDP1: no all-gather output beside the unsharded flat parameters (parallel/fsdp1.py)
+    copy_in = fsdp1.side_stream_blocks(kinds, st, setup) if fsdp1.runs_fsdp1(setup) else \
+        side_stream_blocks(kinds, st, setup)
     # compute stream: torchtitan reshards the embedding after forward and [norm, output] after its backward, both
     # before a block's backward peak; their unsharded parameters' blocks (copy-out targets, param_dtype,
     # _fsdp_param.py:616-627 alloc_storage, per parameter) stay cached, larger than any block request after them.
@@ -301,12 +304,18 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     notes += compile_effects.notes(spec, setup) + float8.notes(spec, setup, gpu if mfu is None else None)
     notes += torchao_recipes.notes(spec, setup, gpu if mfu is None else None)
     notes += model_for(setup).notes(spec, setup)
-    if fsdp2_mixed_precision(setup):
-        notes.append("FSDP2 mixed precision (stack facts): fp32 shards; each group all-gathered in "
-                     f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "
-                     f"{policy_dtype(setup, 'reduce_dtype')}; "
-                     + ("autocast on, over low-precision weights (no weight casts)"
-                        if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
+    if fsdp_policy_on(setup):
+        version = "FSDP1 (FlatParameter per unit)" if fsdp1.runs_fsdp1(setup) else "FSDP2"
+        rd = policy_dtype(setup, "reduce_dtype")
+        if fsdp2_mixed_precision(setup):
+            notes.append(f"{version} mixed precision: fp32 shards; each group all-gathered in "
+                         f"{PRECISIONS[setup.precision].compute} for compute, gradients reduce-scattered in "
+                         f"{PRECISIONS[setup.precision].compute if rd == 'none' else rd}; "
+                         + ("autocast on, over low-precision weights (no weight casts)"
+                            if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
+        else:
+            notes.append(f"{version} without a param_dtype: fp32 shards all-gathered in fp32, autocast casting each "
+                         f"weight per use; gradients reduce-scattered in {'fp32' if rd == 'none' else rd}")
     if gpu is not None:
         notes.append(_fit_note(fit))
         short = fit_rule.host_note(fit, setup, gpu)

@@ -29,15 +29,16 @@ class StateBytes:
     act: int  # activation (compute) dtype bytes
     residual: int  # dtype of the residual stream: fp32 under autocast (embeddings are never autocast)
     autocast: bool = False  # the forward runs under torch.autocast (per-call input casts, cached weight casts)
-    param: float = 0.0  # FSDP2 mixed precision: bytes per element of the unsharded compute parameters and their
-    #                     gradients (param_dtype); 0 without it (FSDP gathers the parameters in their own dtype)
+    param: float = 0.0  # FSDP mixed precision: bytes per element of the unsharded compute parameters and their
+    #                     gradients (param_dtype, the weights' own under a policy without one: --fsdp-param-dtype
+    #                     none); 0 without a policy (FSDP gathers the parameters in their own dtype)
     reduce: float = 0.0  # FSDP2 mixed precision: bytes per element of the reduce-scatter input (reduce_dtype)
 
 
-def fsdp2_mixed_precision(setup: Setup) -> bool:
-    """Whether the step runs FSDP2's MixedPrecisionPolicy: FSDP is on (dp > 1 with sharded states: torchtitan's
-    parallel_dims.fsdp_enabled, trainfit's hf --zero 2/3), the policy has a low-precision compute dtype over fp32
-    weights (an amp-* policy), and the stack sets one: its mechanism is fsdp2 (torchtitan, instead of autocast:
+def fsdp_policy_on(setup: Setup) -> bool:
+    """Whether FSDP runs with the stack's (or --fsdp-*-dtype's) mixed-precision policy at all: FSDP is on (dp > 1 with
+    sharded states: torchtitan's parallel_dims.fsdp_enabled, trainfit's hf --zero 2/3), over fp32 weights (an amp-*
+    policy), and the stack sets one: its mechanism is fsdp2 (torchtitan, instead of autocast:
     torchtitan/distributed/utils.py:243-263, maybe_enable_amp: autocast only without FSDP) or its [mixed_precision]
     fsdp_policy is on (hf: accelerate's policy beside its autocast, stacks/hf.toml)."""
     from .parallel.zero import shard_ranks  # (dp × cp on torchtitan: its FSDP spans the context-parallel ranks)
@@ -48,11 +49,21 @@ def fsdp2_mixed_precision(setup: Setup) -> bool:
             and bool(PRECISIONS[setup.precision].autocast))
 
 
+def fsdp2_mixed_precision(setup: Setup) -> bool:
+    """Whether the step gathers FSDP's parameters in a low-precision param_dtype (fsdp_policy_on, and the policy's
+    param_dtype is not "none" or the shards' fp32: --fsdp-param-dtype none/fp32 gathers fp32 and leaves the casts to
+    autocast, as a FullyShardedDataParallel without a MixedPrecision did)."""
+    return fsdp_policy_on(setup) and policy_dtype(setup, "param_dtype") not in ("none", "fp32")
+
+
 def policy_dtype(setup: Setup, field: str) -> str:
-    """The dtype of the stack's FSDP2 MixedPrecisionPolicy field ("param_dtype", "reduce_dtype") under `setup`'s
-    precision: the [mixed_precision] fact, where "compute" is the policy's compute dtype (hf: accelerate's amp
-    dtype for both)."""
-    dtype = setup.stack_facts.fact("mixed_precision", field)
+    """The dtype of the FSDP mixed-precision policy's field ("param_dtype", "reduce_dtype") under `setup`'s
+    precision: --fsdp-param-dtype / --fsdp-reduce-dtype, else the stack's [mixed_precision] fact, where "compute" is
+    the policy's compute dtype (hf: accelerate's amp dtype for both). "none": no dtype set (param_dtype: the stored
+    fp32; reduce_dtype: the gradients' own, i.e. param_dtype's: torch 2.13 fsdp/_fully_shard/_fsdp_param.py
+    init_dtype_attrs, fsdp/_flat_param.py _init_param_reduce_dtypes)."""
+    given = getattr(setup, "fsdp_" + field)
+    dtype = given if given is not None else setup.stack_facts.fact("mixed_precision", field)
     return PRECISIONS[setup.precision].compute if dtype == "compute" else dtype
 
 
@@ -84,7 +95,18 @@ def state_bytes(setup: Setup) -> StateBytes:
         # layer_norm in bf16 and matches the trace).
         autocast, residual = False, act
         param = DTYPE_BYTES[pol.compute]
-        reduce = DTYPE_BYTES[policy_dtype(setup, "reduce_dtype")]
+    if fsdp_policy_on(setup):
+        if not param:
+            # --fsdp-param-dtype none/fp32: the unsharded copies and their gradients are fp32 (the stored dtype),
+            # each cast per use by autocast (autocast stays on, the residual stream fp32); the policy's moments
+            # (parallel/zero.py unsharded_at) count them at these bytes. FSDP2's unsharded parameters are
+            # nn.Parameters (torch 2.13 fsdp/_fully_shard/_fsdp_param.py:677), leaves, so autocast's cache keeps
+            # their casts to the forward's end; FSDP1's are views (parallel/fsdp1.py caches_weight_casts).
+            # (a bf16 reduce over them: its reduce-scatter input is the policy's; -0.15 % vs the trace, tiny llama)
+            param = DTYPE_BYTES[pol.weight]
+        # reduce_dtype "none" reduces in the unsharded gradients' dtype: param_dtype's, or the fp32 shards' without one
+        rd = policy_dtype(setup, "reduce_dtype")
+        reduce = param if rd == "none" else DTYPE_BYTES[rd]
     if kbit_prep.fp32_stream(setup):  # --kbit-prep: an fp32 embedding or norm weight makes the stream fp32
         residual = 4
     weight = DTYPE_BYTES[pol.weight]

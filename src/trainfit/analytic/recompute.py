@@ -28,6 +28,7 @@ from .gated_deltanet import linear_layers
 from .backward import Moment, layer_moments
 from .params import ParamCounts
 from .parallel.expert_memory import moe_mlp_on_rank, sac_saved_all_to_all
+from .parallel.fsdp1 import caches_weight_casts
 from .parallel.tensor import layer_bytes_per_rank, term_divisors
 from .precision import StateBytes
 
@@ -100,10 +101,11 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         layer_input = st.residual * spec.hidden * tokens / (t if setup.sequence_parallel else 1)
         recomputed = rerun - (layer_input if _saves_its_input(spec, setup, st) else 0) + \
             (CPU_RNG_STATE if setup.device == "cpu" else 0)
-        if st.autocast:
+        if st.autocast and caches_weight_casts(setup):
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not —
             # of trainable leaves only (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() &&
-            # arg.is_leaf()): with LoRA only the adapters' casts stay, the frozen weights' are freed in the forward
+            # arg.is_leaf()): with LoRA only the adapters' casts stay, the frozen weights' are freed in the forward;
+            # FSDP1's forward runs on views, none of them leaves (parallel/fsdp1.py)
             casts = adapter_casts if setup.lora_rank else sum(w * k.fixed for w, k in kinds) / t
     elif setup.recompute == "op":
         saved = op_sac_stored(spec, setup, st, tokens)
@@ -118,7 +120,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         saved += frac_moe * sac_saved_all_to_all(spec, setup, tokens, st.act)
         if setup.device == "cpu":
             saved += CPU_RNG_STATE  # torch/utils/checkpoint.py:1632, as under full
-        if st.autocast:
+        if st.autocast and caches_weight_casts(setup):
             # autocast's cache keeps every weight's cast until the autocast region exits, checkpointed or not
             casts = sum(w * k.fixed for w, k in kinds) / t
     else:

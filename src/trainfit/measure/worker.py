@@ -96,7 +96,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
     import torch
     import torch.distributed as dist
 
-    from ..step import stack_step
+    from ..step import stack_step, strategy_name
     from .cpu_peak import START, batch_tensors, storage_bytes
     from .dist_peak import profiled
     from ..step.strategy import local, resident_tensors
@@ -133,7 +133,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
             progress("warmup", i + 1, warmup)
         progress("peak", 0, 1)
 
-    notes = [f"strategy: {kit.STRATEGIES[setup.zero]}, {world} ranks, backend {dist.get_backend()}"] + \
+    notes = [f"strategy: {strategy_name(kit, setup)}, {world} ranks, backend {dist.get_backend()}"] + \
         ([kit.NOTE] if kit.NOTE else [])
     if dev_type == "cpu":
         # The memory profiler runs from before the model is built, so that every block the step frees was born in
@@ -162,6 +162,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
     states = storage_bytes(res["states"], seen)
     inputs = storage_bytes(batch_tensors(batches), seen)
     buckets = sum(t.numel() * t.element_size() for t in res["buckets"])
+    kept = storage_bytes(res.get("gradients", []), seen)  # FSDP1's flat gradients, kept to the next forward
     other = 0
     if dev_type == "cpu" and getattr(kit, "READ_BASELINE", False):
         # the stack's engine keeps buffers no resident-tensor sum sees (trainfit.step.deepspeed): the level read
@@ -174,7 +175,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
         # is resident, as in the one-process engine. The level read from the session (`other_resident` = read -
         # summed) is a diagnostic: blocks that gloo frees in its threads without a report and whose address is
         # never reused stay in it (DDP's first buckets, released with the work that held them, 15 MB here).
-        baseline = weights + states + inputs + buckets
+        baseline = weights + states + inputs + buckets + kept
         other = read_baseline - baseline
         phase_peaks = {k: v - other for k, v in step_peaks.items()}
         peak_phase = max(phase_peaks, key=phase_peaks.get)
@@ -210,7 +211,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
         "step_seconds": step, "step_times": times,
         "tokens_per_second": tokens / step if step > 0 else math.inf,
         "comm_seconds": comm, "comm_calls": comm_counts, "params": params_local,
-        "device": "cpu" if dev_type == "cpu" else torch.cuda.get_device_name(), "strategy": kit.STRATEGIES[setup.zero],
+        "device": "cpu" if dev_type == "cpu" else torch.cuda.get_device_name(), "strategy": strategy_name(kit, setup),
         "notes": notes,
     }
 

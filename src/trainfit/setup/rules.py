@@ -137,6 +137,7 @@ def validate(setup: Setup) -> None:
     _check_moe_routing(setup, stack)
     if setup.grad_reduce_in_bf16:
         _check_grad_reduce(setup, stack)
+    _check_fsdp(setup, stack)
     if (setup.dora or setup.lora_targets != "all-linear") and not setup.lora_rank:
         raise SetupError(f"{'--dora' if setup.dora else '--lora-targets'} configures LoRA adapters: it needs "
                          "--lora-rank R > 0")
@@ -241,6 +242,39 @@ def _check_long_context(setup: Setup, stack: _stacks.Stack) -> None:
         need = stack.facts["activation_offload"]["needs_recompute"]
         raise SetupError(f"--offload activations on --stack {stack.name} offloads each checkpointed layer's input "
                          f"(ArcticTraining's CheckpointFunction): it needs --recompute {need}")
+
+
+def _check_fsdp(setup: Setup, stack: _stacks.Stack) -> None:
+    """--fsdp-version, --fsdp-param-dtype, --fsdp-reduce-dtype: FSDP runs (--dp > 1, --zero 2/3) on a stack that
+    names the values it runs ([fsdp] versions, param_dtypes, reduce_dtypes); the policy over fp32 shards (an amp-*
+    precision) with a low-precision param_dtype that is the precision's own compute dtype."""
+    given = [n for n in ("fsdp_version", "fsdp_param_dtype", "fsdp_reduce_dtype") if getattr(setup, n) is not None]
+    if not given:
+        return
+    flags = " and ".join(BY_NAME[n].flag for n in given)
+    fsdp = stack.facts.get("fsdp", {})
+    if "versions" not in fsdp:
+        runs = _stacks.running(lambda st: "versions" in st.facts.get("fsdp", {}))
+        raise SetupError(f"{flags}: --stack {stack.name} does not run torch FSDP; use --stack {' or '.join(runs)}, "
+                         "or drop it")
+    if setup.dp == 1 or setup.zero < 2:
+        raise SetupError(f"{flags} configures FSDP, which runs under --zero 2/3 with --dp > 1: add them, or drop it")
+    for name, key in (("fsdp_version", "versions"), ("fsdp_param_dtype", "param_dtypes"),
+                      ("fsdp_reduce_dtype", "reduce_dtypes")):
+        value = getattr(setup, name)
+        if value is not None and value not in fsdp[key]:
+            raise SetupError(f"{BY_NAME[name].flag} {value}: --stack {stack.name} runs "
+                             f"{', '.join(map(str, fsdp[key]))} only (stacks/{stack.name}.toml [fsdp]); use "
+                             f"{'it' if len(fsdp[key]) == 1 else 'one of those'}, or drop it")
+    if setup.fsdp_param_dtype is None and setup.fsdp_reduce_dtype is None:
+        return
+    pol = _precision.PRECISIONS[setup.precision]
+    if not pol.autocast:
+        raise SetupError(f"--fsdp-param-dtype/--fsdp-reduce-dtype set FSDP's mixed-precision policy over fp32 shards; "
+                         f"--precision {setup.precision} has none: use --precision amp-bf16 or amp-fp16")
+    if setup.fsdp_param_dtype not in (None, "none", "fp32", pol.compute):
+        raise SetupError(f"--fsdp-param-dtype {setup.fsdp_param_dtype}: --precision {setup.precision} computes in "
+                         f"{pol.compute}; use {pol.compute}, fp32 or none")
 
 
 def _runners(feature: str) -> str:

@@ -202,6 +202,29 @@ class Setup:
                         "= FSDP). On --stack megatron: 1 is the distributed optimizer, 2 and 3 Megatron-FSDP's "
                         "optim_grads and optim_grads_params (--use-megatron-fsdp).", choices=(0, 1, 2, 3),
                         modes=("train", "rl"), group="parallel")
+    fsdp_version: Optional[int] = setting(None, "FSDP implementation under --zero 2/3: 2 = torch's fully_shard "
+                                          "(per-parameter DTensor shards, copied into and out of the collectives' flat "
+                                          "buffers), 1 = FullyShardedDataParallel (one FlatParameter per wrapped "
+                                          "layer, gathered into and reduced from directly; limit_all_gathers, "
+                                          "BACKWARD_PRE prefetch): accelerate's fsdp_version; --stack hf.",
+                                          choices=(1, 2), auto="2 (fully_shard, as accelerate's FSDP2 runs it)",
+                                          example="1", modes=("train",), group="parallel")
+    fsdp_param_dtype: Optional[str] = setting(None, "FSDP mixed-precision policy: the dtype the sharded fp32 "
+                                              "parameters are all-gathered and computed in (FSDP's "
+                                              "MixedPrecision(Policy) param_dtype, accelerate's "
+                                              "mixed_precision_policy, torchtitan's mixed_precision_param); none = "
+                                              "no policy: gathered in fp32, cast per op by autocast (older "
+                                              "FSDP wrappers). Needs --zero 2/3 and an amp-* precision.",
+                                              choices=("none", "bf16", "fp16", "fp32"),
+                                              auto="the stack's: the amp dtype (hf: accelerate's policy; "
+                                              "torchtitan: bf16)", example="none", modes=("train",), group="parallel")
+    fsdp_reduce_dtype: Optional[str] = setting(None, "FSDP mixed-precision policy: the dtype gradients are "
+                                               "reduce-scattered in (reduce_dtype, torchtitan's "
+                                               "mixed_precision_reduce); none = the gathered parameters' dtype "
+                                               "(torch's default when reduce_dtype is unset). Needs --zero 2/3 and "
+                                               "an amp-* precision.", choices=("none", "bf16", "fp16", "fp32"),
+                                               auto="the stack's (hf: the amp dtype; torchtitan: fp32)",
+                                               example="fp32", modes=("train",), group="parallel")
     sequence_parallel: bool = setting(False, "Megatron sequence parallelism (shards norm/dropout activations "
                                       "over --tp ranks).", group="parallel")
     grad_reduce_in_bf16: bool = setting(False, "Megatron's --grad-reduce-in-bf16 (Megatron-Bridge's "

@@ -18,5 +18,11 @@ def stack_step(setup):
     return step
 
 
+def strategy_name(kit, setup) -> str:
+    """How the stack's step `kit` applies data parallelism to `setup`: its STRATEGIES entry for (--zero,
+    --fsdp-version) where it has one, else for --zero."""
+    return kit.STRATEGIES.get((setup.zero, setup.fsdp_version), kit.STRATEGIES[setup.zero])
+
+
 __all__ = ["build_model", "hf_config", "make_batches", "make_optimizer", "prepare", "run_step",
-           "MasterWeightOptimizer", "stack_step"]
+           "MasterWeightOptimizer", "stack_step", "strategy_name"]

@@ -41,7 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 STRATEGIES = {0: "DDP", 1: "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
               2: "FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2 / SHARD_GRAD_OP)",
-              3: "FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3 / FULL_SHARD)"}
+              3: "FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3 / FULL_SHARD)",
+              (2, 1): "FSDP1 FullyShardedDataParallel, SHARD_GRAD_OP (ZeRO-2)",
+              (3, 1): "FSDP1 FullyShardedDataParallel, FULL_SHARD (ZeRO-3)"}
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -112,6 +114,9 @@ def wrap(model: torch.nn.Module, setup: "Setup", device_type: str = "cpu", devic
         cls, kwargs = _optimizer_class_and_kwargs(setup)
         params = [p for p in ddp.parameters() if p.requires_grad]
         return ddp, ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+    if setup.fsdp_version == 1:
+        wrapped = _wrap_fsdp1(model, setup, device_type, device_index)
+        return wrapped, make_optimizer(wrapped, setup)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -123,19 +128,54 @@ def wrap(model: torch.nn.Module, setup: "Setup", device_type: str = "cpu", devic
     return model, make_optimizer(model, setup)
 
 
+def _wrap_fsdp1(model: torch.nn.Module, setup: "Setup", device_type: str, device_index: int | None):
+    """FSDP1 as accelerate's fsdp_version 1 under the HF Trainer wraps it (analytic/parallel/fsdp1.py): one
+    FullyShardedDataParallel unit per decoder layer (transformer_auto_wrap_policy on _no_split_modules) and the root,
+    FULL_SHARD (--zero 3) or SHARD_GRAD_OP (--zero 2), MixedPrecision(param_dtype, reduce_dtype, buffer_dtype) from
+    the same policy as FSDP2's, use_orig_params=True (transformers training_args.py:2876-2877), and torch's defaults
+    limit_all_gathers=True, backward_prefetch=BACKWARD_PRE (fully_sharded_data_parallel.py:404, 411)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    dtypes = _policy_dtypes(setup)
+    policy = None
+    if dtypes:
+        policy = MixedPrecision(param_dtype=dtypes.get("param_dtype"), reduce_dtype=dtypes.get("reduce_dtype"),
+                                buffer_dtype=dtypes.get("param_dtype"))
+    device = torch.device(device_type, device_index) if device_type == "cuda" and device_index is not None \
+        else torch.device(device_type)
+    layers = {type(m) for m in decoder_layers(model)}
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy(layers) if layers else None, mixed_precision=policy,
+                sharding_strategy=ShardingStrategy.FULL_SHARD if setup.zero == 3 else ShardingStrategy.SHARD_GRAD_OP,
+                device_id=device, use_orig_params=True, limit_all_gathers=True)
+
+
 def mixed_precision_policy(setup: "Setup"):
     """accelerate's FSDP2 MixedPrecisionPolicy for `setup` (module docstring): param_dtype = reduce_dtype =
     output_dtype = the amp dtype when the stack fact [mixed_precision] fsdp_policy is on and the precision is an
-    amp-* policy; else fully_shard's default (no casts: accelerate passes `MixedPrecisionPolicy()`,
-    fsdp_utils.py:779)."""
+    amp-* policy, or the dtypes --fsdp-param-dtype / --fsdp-reduce-dtype set (accelerate's mixed_precision_policy
+    dict; "none" = unset: param_dtype None gathers the fp32 shards as they are); else fully_shard's default (no casts:
+    accelerate passes `MixedPrecisionPolicy()`, fsdp_utils.py:779)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from .build import autocast_dtype
+    return MixedPrecisionPolicy(**_policy_dtypes(setup))
 
-    dtype = autocast_dtype(setup)
-    if dtype is None or not setup.stack_facts.facts.get("mixed_precision", {}).get("fsdp_policy"):
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+
+def _policy_dtypes(setup: "Setup") -> dict:
+    """{param_dtype, reduce_dtype, output_dtype}: the torch dtypes of the step's FSDP mixed-precision policy, {} for
+    none (analytic/precision.py policy_dtype reads the same settings and facts)."""
+    from ..analytic.precision import policy_dtype
+    from .build import _TORCH_DTYPE as TORCH_DTYPES, autocast_dtype
+
+    if autocast_dtype(setup) is None or not setup.stack_facts.facts.get("mixed_precision", {}).get("fsdp_policy"):
+        return {}
+    param, reduce = (policy_dtype(setup, f) for f in ("param_dtype", "reduce_dtype"))
+    out = {}
+    if param != "none":
+        out["param_dtype"] = out["output_dtype"] = TORCH_DTYPES[param]
+    if reduce != "none":
+        out["reduce_dtype"] = TORCH_DTYPES[reduce]
+    return out
 
 
 def local(t):
@@ -164,7 +204,18 @@ def resident_tensors(model: torch.nn.Module, optimizer) -> dict[str, list[torch.
         for v in st.values():
             if isinstance(v, torch.Tensor):
                 states.append(local(v))
-    return {"weights": weights, "states": states, "buckets": ddp_buckets(model)}
+    return {"weights": weights, "states": states, "buckets": ddp_buckets(model), "gradients": fsdp1_kept_grads(model)}
+
+
+def fsdp1_kept_grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    """FSDP1's sharded flat gradients still held between steps: with use_orig_params=True, zero_grad(set_to_none)
+    clears the original parameters' .grad views only, and the FlatParameter's .grad is dropped at the root's next
+    pre-forward (torch 2.13 fsdp/_runtime_utils.py:594 -> _flat_param.py:2447-2470
+    _reset_flat_param_grad_info_if_needed). [] without FSDP1."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return [m._handle.flat_param.grad for m in model.modules() if isinstance(m, FSDP) and m._handle is not None
+            and m._handle.flat_param.grad is not None]
 
 
 def ddp_of(model, init: bool = False):

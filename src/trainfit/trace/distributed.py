@@ -202,13 +202,34 @@ def _fsdp_storage_hooks(rec: ShardedRecorder):
         free(tensor)
         rec.storage_resized(tensor)
 
+    # FSDP1 (--fsdp-version 1) resizes its flat parameters' storages the same way (torch/distributed/utils.py:167-196
+    # _alloc_storage(tensor, size) / _free_storage, called by fsdp/_flat_param.py unshard and reshard)
+    from torch.distributed.fsdp import _flat_param
+
+    alloc1, free1 = _flat_param._alloc_storage, _flat_param._free_storage
+
+    def alloc_storage1(tensor, size):
+        alloc1(tensor, size)
+        rec.storage_resized(tensor)
+
+    def free_storage1(tensor):
+        free1(tensor)
+        rec.storage_resized(tensor)
+
     _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc_storage, free_storage
     _fsdp_param_group.alloc_storage = alloc_storage
+    _flat_param._alloc_storage, _flat_param._free_storage = alloc_storage1, free_storage1
+    # a fake storage has no data pointer: FSDP1's SHARD_GRAD_OP check that the unsharded flat parameter is allocated
+    # (_flat_param.py:2270-2274, utils.py:355-356 data_ptr() > 0) reads its size instead
+    allocated = _flat_param._data_ptr_allocated
+    _flat_param._data_ptr_allocated = _flat_param._storage_size_allocated
     try:
         yield
     finally:
+        _flat_param._data_ptr_allocated = allocated
         _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc, free
         _fsdp_param_group.alloc_storage = alloc
+        _flat_param._alloc_storage, _flat_param._free_storage = alloc1, free1
 
 
 @contextlib.contextmanager
@@ -292,10 +313,10 @@ def trace_distributed(spec: ModelSpec, setup: Setup, *, backend: str | None = No
     validate_layout(spec, setup)  # e.g. --seq past a model's learned positions: refused before tracing
     t0 = time.perf_counter()
     model, rec, an = trace_rank(spec, setup, backend=backend, flops=flops)
-    from ..step import stack_step
+    from ..step import stack_step, strategy_name
 
     kit = stack_step(setup)
-    notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {kit.STRATEGIES[setup.zero]}, "
+    notes = NOTES + (f"distributed trace: rank 0 of {setup.dp}, fake process group, {strategy_name(kit, setup)}, "
                      f"{backend or ('nccl' if setup.device == 'cuda' else 'gloo')} backend temporaries",) + \
         ((kit.NOTE,) if kit.NOTE else ()) + ((RESERVED_NOTE,) if setup.device == "cuda" else ())
     est = estimate_from(spec.name, model, setup, rec, an, setup.batch * setup.seq, time.perf_counter() - t0, notes,

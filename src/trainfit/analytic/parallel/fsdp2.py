@@ -35,6 +35,7 @@ from ..params import ParamCounts
 from ..roofline import memory_seconds
 from ..precision import StateBytes
 from ..stacks import model_for
+from .fsdp1 import runs_fsdp1
 from .pipeline import Stage
 from .zero import ModelStates, shard, shard_ranks
 
@@ -170,8 +171,9 @@ def copy_seconds(gpu: GPU, setup: Setup, st: StateBytes, st_grads: StateBytes, p
     """One micro-batch's FSDP2 copies on the compute stream (copy_bytes), 0 where the step runs no FSDP2: each
     all-gather's copy-out (two per micro-batch when the forward reshards, one otherwise: the backward reshards either
     way) and each reduce-scatter's copy-in, one kernel per FSDP group (the `layers` blocks, the embedding and the
-    head's group: NB per stage, ±1)."""
-    if not fsdp2_strategy(setup):
+    head's group: NB per stage, ±1). FSDP1 (--fsdp-version 1) gathers into and reduces from its flat parameter and
+    gradient themselves: no such kernels (parallel/fsdp1.py)."""
+    if not fsdp2_strategy(setup) or runs_fsdp1(setup):
         return 0.0
     out_b, in_b = copy_bytes(st, st_grads, params, trained)
     gathers = 2 if reshards_after_forward(setup) else 1

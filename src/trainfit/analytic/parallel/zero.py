@@ -29,6 +29,7 @@ from ..overlap import exposed
 from ..params import ParamCounts
 from ..precision import StateBytes
 from .collectives import Links, ranks_per_node
+from .fsdp1 import runs_fsdp1
 from .pipeline import Stage
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
@@ -133,9 +134,13 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage, tr
     t = setup.tp
     layer = pc.per_layer_dense / t * st.param
     root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * st.param
-    held = layer if setup.stack_facts.facts.get("loss", {}).get("in_forward") else 0.0
+    # (FSDP1 all-gathers into the flat parameter itself: no separate output to hold, parallel/fsdp1.py)
+    held = layer if setup.stack_facts.facts.get("loss", {}).get("in_forward") and not runs_fsdp1(setup) else 0.0
     r = st.reduce or st.grad
-    kept = (pc.per_layer_dense if trainable is None else trainable) / t * r  # the previous layer's reduce-scatter input
+    # the previous layer's reduce-scatter input; FSDP1 drops its own at the end of its post-backward hook
+    # (_runtime_utils.py:846-861: the flat gradient, or its reduce_dtype cast, reduce-scattered as it is, then freed;
+    # on CUDA its block waits for the reduce-scatter on the post-backward stream, :772, reserved but not allocated)
+    kept = 0.0 if runs_fsdp1(setup) else (pc.per_layer_dense if trainable is None else trainable) / t * r
     before_first = kept if stage.layers > 1 else 0.0
     # the root's backward (the embedding's, then its post-backward), where phases.peak counts every gradient as its
     # fp32 shard: the root's are still unsharded in param_dtype; during the embedding's backward beside the root's
