@@ -332,7 +332,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
             notes.append(deepspeed_offload.NOTE)
         if fsdp_offload.runs(setup):  # NB: optimistic (line rates)
             notes.append(fsdp_offload.NOTE)
-        if setup.offload == "activations":  # NB: optimistic (line rate)
+        if setup.offload_activations:  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")
     # peft's adapters join the model's parameters; only they train (analytic/lora.py)
