@@ -6,10 +6,9 @@ validation is never a gate.
 
     python -m bench run posttrain_published    # prints the table, writes bench/results/posttrain_published.md
 
-A run is expressed as the trainfit settings that describe it (`flags`). When trainfit has no setting for one of its
-features yet, the run says so (`needs`, listed as "not expressible: needs ..."); when the engine refuses the flags
-(a TrainfitError: a feature or GPU it does not model yet), its one-line message is listed the same way. Both leave
-the run out of the medians and counts, so the table stays honest while the features are added.
+A run is expressed as the trainfit settings that describe it (`flags`). When the engine refuses the flags (a
+TrainfitError: a feature or GPU it does not model yet), its one-line message is listed as "not expressible: ...",
+and the run is left out of the medians and counts.
 
 Errors: memory = predicted / published − 1 in the published kind (allocated = the engine's memory.peak, reserved =
 memory.reserved, device total = memory.device_total, the nvidia-smi / pynvml figure). Verdict: a run that ran (every
@@ -68,7 +67,6 @@ class Run:
     value: float | None  # GiB for the memory metrics
     source: str  # URL#line
     flags: dict = field(default_factory=dict)  # trainfit.estimate's settings
-    needs: str | None = None  # a feature trainfit has no setting for yet
     note: str = ""  # NB: what is assumed where the source is silent
 
 
@@ -89,6 +87,8 @@ def _aai(row: int, model: str, gpu: str, n: int, train: str, batch: int, reserve
         flags["quant"] = "nf4"
     if offload:
         flags["offload"] = "params"  # FSDP CPUOffload(offload_params=True): sharded params and grads on the host
+    if act_offload:  # train.py:794-797: offload_wrapper(model), torch's save_on_cpu over the whole forward
+        flags["offload"] = "activations+params" if offload else "activations"
     model_ref = model if model.startswith("llama") else str(MODELS / f"{model}.json")
     setup = (f"{train}, {'DDP (NO_SHARD)' if shard == 'ddp' else 'FSDP FULL_SHARD'}"
              f"{', CPU offload' if offload else ''}{', activation offload' if act_offload else ''}, batch {batch}, "
@@ -97,7 +97,8 @@ def _aai(row: int, model: str, gpu: str, n: int, train: str, batch: int, reserve
                f"{'-ddp' if shard == 'ddp' else ''}{'-off' if offload else ''}{'-alloc' if metric == 'allocated' else ''}",
                FAMILIES[1] if offload else FAMILIES[0], model_ref, f"{n} × {gpu_text or gpu}", setup, metric, reserved,
                f"{AAI}#L{row}", flags,
-               needs="activation offloading together with FSDP CPU offload" if act_offload else None)
+               note="NB: offload_wrapper (torch's save_on_cpu) moves every saved tensor, torchtune's offloading "
+                    "(--offload activations) keeps two layers' on the device: predicted high" if act_offload else "")
 
 
 AAI_RUNS = (
@@ -130,10 +131,10 @@ AAI_RUNS = (
     _aai(164, "mistral-7b-v0.2", "RTX-4090", 2, "QLoRA", 1, 22.54, seq=24576, offload=True),
     # "Llama-2 70B QLoRA with Context Length of 2048 on Select Accelerators": the fastest setting that ran, no memory
     # figure (NB: gradient checkpointing is not stated; train.py's default, on, is assumed)
-    _aai(184, "llama-2-70b", "A5000", 2, "QLoRA", 2, None, offload=True, act_offload=True, metric="ran",
+    _aai(184, "llama-2-70b", "RTX-A5000", 2, "QLoRA", 2, None, offload=True, act_offload=True, metric="ran",
          gpu_text="RTX A5000 24GB"),
-    _aai(185, "llama-2-70b", "A5000", 4, "QLoRA", 1, None, metric="ran", gpu_text="RTX A5000 24GB"),
-    _aai(186, "llama-2-70b", "A5000", 8, "QLoRA", 1, None, metric="ran", gpu_text="RTX A5000 24GB"),
+    _aai(185, "llama-2-70b", "RTX-A5000", 4, "QLoRA", 1, None, metric="ran", gpu_text="RTX A5000 24GB"),
+    _aai(186, "llama-2-70b", "RTX-A5000", 8, "QLoRA", 1, None, metric="ran", gpu_text="RTX A5000 24GB"),
     _aai(187, "llama-2-70b", "RTX-6000-Ada", 2, "QLoRA", 2, None, metric="ran", gpu_text="RTX 6000 Ada (A6000 Ada) 48GB"),
     _aai(188, "llama-2-70b", "RTX-6000-Ada", 4, "QLoRA", 3, None, metric="ran", gpu_text="RTX 6000 Ada (A6000 Ada) 48GB"),
     _aai(189, "llama-2-70b", "A100-40GB", 2, "QLoRA", 1, None, metric="ran"),
@@ -265,25 +266,29 @@ HFB_RUNS = (
 # RMSNorm/SwiGLU/RoPE kernels, which save a little activation memory, are not modelled: predicted high).
 _ALST = dict(batch=1, stack="deepspeed", zero=3, recompute="full", attention="flash",
              alloc_conf="expandable_segments:True")
-ULYSSES = "Ulysses sequence parallelism (sequence_parallel_size {n})"
-TILED = "tiled MLP compute"
-CKPT_OFF = "activation-checkpoint offload to the CPU"
 
 
 def _alst(recipe: str, line: int, model: str, gpu: str, n: int, seq: int, metric: str, value: float | None,
           liger: bool = True, tiled: bool = False, ckpt_offload: bool = False) -> Run:
-    flags = dict(_ALST, seq=seq, dp=n, gpu=gpu, offload="params" if n == 1 else "optimizer")
-    if liger:
-        flags["loss"] = "fused-linear"
-    needs = [ULYSSES.format(n=n)] if n > 1 else []
-    needs += [TILED] if tiled else []
-    needs += [CKPT_OFF] if ckpt_offload else []
+    """One recipe: ZeRO-3 with offload_optimizer (and offload_param on one GPU), sequence_parallel_size n over the
+    n GPUs (--ulysses n inside --dp n), tiled_mlp_compute (--tiled-mlp auto), activation_checkpoint_cpu_offload
+    (--offload activations beside the states' offload), Liger's fused linear cross-entropy (--loss fused-linear).
+    NB: without Liger, sft_trainer.py:100-150 at b28638e computes the loss with TiledFusedLogitsLoss (--loss tiled);
+    the recipes without it are the baselines ("no extras"), whose records fit the whole logits instead (C10, the H200
+    baseline, is calibrated with them; 32,000 tokens "NV 71.91 GB" is 24 GiB under the tiled loss): the full loss."""
+    state = "params" if n == 1 else "optimizer"
+    flags = dict(_ALST, seq=seq, dp=n, gpu=gpu, offload=f"activations+{state}" if ckpt_offload else state,
+                 loss="fused-linear" if liger else "full")
+    if n > 1:
+        flags["ulysses"] = n
+    if tiled:
+        flags["tiled_mlp"] = 0  # auto: ceil(tokens per rank / hidden) slices (tiled_compute.py:51-56)
     extras = ", ".join(x for x, on in (("Liger", liger), ("tiled MLP", tiled), ("ckpt offload", ckpt_offload)) if on)
     setup = (f"ZeRO-3 + {'optimizer and param' if n == 1 else 'optimizer'} offload, SP {n}, seq {seq:,}"
              f"{', ' + extras if extras else ''}")
     gpu_text = {"H100-80GB": "H100 80GB", "H200": "H200"}[gpu]
     return Run(f"alst-{recipe}-{seq}", FAMILIES[3], model, f"{n} × {gpu_text}", setup, metric, value,
-               f"{ALST}{recipe}.yml#L{line}", flags, needs=" + ".join(needs) or None)
+               f"{ALST}{recipe}.yml#L{line}", flags)
 
 
 ALST_RUNS = (
@@ -350,8 +355,6 @@ def evaluate(run: Run) -> dict:
     """One run's row: its error against the published memory (where it has one) and trainfit's fit verdict, or why
     it is not expressible."""
     row = {"id": run.id, "kind": KINDS[1], "family": run.family, "metric": run.metric}
-    if run.needs:
-        return dict(row, not_expressible=f"needs {run.needs}")
     settings = dict(run.flags)
     try:
         e = trainfit.estimate(run.model, **settings)
@@ -387,6 +390,12 @@ def verdicts(rows: list[dict]) -> dict:
             "disagree": sorted(r["id"] for r in judged if bool(r["fits"]) != (r["expected"] == "ran"))}
 
 
+def quantity(row: dict) -> str:
+    """What a row's error compares: "time" for C9's time rows (its `metric` "time s / 1,024 samples",
+    fsdp_qlora_c9.c9_rows), "memory" for every other row."""
+    return "time" if str(row.get("metric", "")).startswith("time") else "memory"
+
+
 def memory_stats(rows: list[dict]) -> dict:
     errs = [r["error"] for r in rows if "error" in r]
     return {"runs": len(rows), "expressible": sum("not_expressible" not in r for r in rows), "with_memory": len(errs),
@@ -402,7 +411,9 @@ def summarise(own: list[dict], others: dict[str, list[dict] | None]) -> dict:
     out = {"not_yet_available": sorted(k for k, v in others.items() if v is None)}
     for kind, rows in (("validation", own + [r for r in rl if r["kind"] == KINDS[1]]),
                        ("calibration", calibration + [r for r in rl if r["kind"] == KINDS[0]])):
-        out[kind] = {"memory": memory_stats(rows), "verdicts": verdicts(rows)}
+        # memory and time errors apart: a time row's error is no memory error
+        out[kind] = {"memory": memory_stats([r for r in rows if quantity(r) == "memory"]),
+                     "time": memory_stats([r for r in rows if quantity(r) == "time"]), "verdicts": verdicts(rows)}
     for family in FAMILIES:
         mine = [r for r in own if r["family"] == family]
         out.setdefault("families", {})[family] = {"memory": memory_stats(mine), "verdicts": verdicts(mine)}
@@ -442,6 +453,8 @@ def render(own: list[dict], s: dict) -> str:
            "| summary | kind | figure |", "| --- | --- | --- |"]
     for kind in ("validation", "calibration"):
         out.append(f"| memory | {kind} | {_mem(s[kind]['memory'])} |")
+        if s[kind]["time"]["runs"]:
+            out.append(f"| time | {kind} | {_mem(s[kind]['time']).replace('memory figure', 'time figure')} |")
         out.append(f"| ran / OOM | {kind} | {_verdict(s[kind]['verdicts'])} |")
     lc = s["longest_context"]
     out.append("| longest context | validation | " + ("not yet available (" + SOURCES["longest"] + ")" if lc is None
@@ -479,6 +492,11 @@ def table_rows(s: dict) -> list[dict]:
                     f"({m['with_memory']} of {m['runs']} compared)", "kind": kind, "n": m["with_memory"],
                     "median |error|": "—" if m["median_abs"] is None else pct(m["median_abs"], False),
                     "worst": "—" if m["worst"] is None else pct(m["worst"])})
+        t = s[kind]["time"]
+        if t["with_memory"]:  # (memory_stats counts any compared error as with_memory)
+            out.append({"table": "published", "runs": f"post-training: step time ({t['with_memory']} of {t['runs']} "
+                        "compared)", "kind": kind, "n": t["with_memory"], "median |error|": pct(t["median_abs"], False),
+                        "worst": pct(t["worst"])})
         out.append({"table": "published", "runs": "post-training: ran judged to fit / OOM judged not to",
                     "kind": kind, "n": v["ran"] + v["oom"],
                     "median |error|": f"{v['ran_fits'] + v['oom_not_fits']} of {v['ran'] + v['oom']} right",

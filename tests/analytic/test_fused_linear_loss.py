@@ -91,3 +91,19 @@ def test_fused_linear_step_runs_the_head_gemms_in_forward():
     assert sum(o.reads + o.writes for o in bwd) == 2 * (2 * T * H + 2 * V * H)  # scale dX and dW in place
     _, lora_bwd = fused_linear_loss(spec, sh, trains_head=False)
     assert len(lora_bwd) == 1  # a frozen head: no weight gradient to make or scale
+
+
+def test_reserved_caches_one_chunk_of_logits_not_the_whole():
+    # what reserved keeps beside the peak for the loss (engine.transient_blocks): the full loss's fp32 logits are
+    # T × V × 4 bytes; Liger's chunks are freed each one before the next, so the cached block is one chunk's bf16
+    # logits: Llama-3.1-8B, 65,000 tokens: ceil(128256 / 4096) = 32 -> ceil(65000 / 32) = 2032 -> 2048 rows
+    from trainfit.analytic.engine import transient_blocks
+    from trainfit.analytic.memory import train_memory
+
+    req = Request(model="llama-3.1-8b", batch=1, seq=65_000, precision="bf16", recompute="full", loss="fused-linear",
+                  gpu="H200")
+    spec = api.load_spec(req.model)
+    setup = req.setup(spec)
+    blocks = transient_blocks(spec, setup, train_memory(spec, setup))
+    # beside it one layer's bf16 MLP intermediate (65,000 × 14,336), and no tied embedding
+    assert sorted(blocks) == [0, 2048 * spec.vocab * 2, 65_000 * spec.intermediate * 2]

@@ -37,9 +37,8 @@ def test_every_run_is_reported_once():
     assert [r["id"] for r in rows] == [r.id for r in pp.RUNS]
     for row, run in zip(rows, pp.RUNS):
         assert ("not_expressible" in row) != ("fits" in row), row
-        # a run that needs a feature trainfit has no setting for is not sent to the engine
-        if run.needs:
-            assert row["not_expressible"] == f"needs {run.needs}"
+        # every run reaches the engine: what is not expressible carries the engine's own refusal
+        assert not row.get("not_expressible", "").startswith("needs "), row
         # a compared memory figure is predicted / published - 1
         if "error" in row:
             assert row["error"] == pytest.approx(row["predicted"] / run.value - 1)
@@ -63,3 +62,15 @@ def test_verdicts_count_ran_and_oom():
 
 def test_a_missing_module_is_not_yet_available():
     assert pp.optional_rows("no_such_module_here", "rows") is None
+
+
+def test_time_errors_are_summarised_apart_from_memory():
+    # C9's rows: one memory and one time comparison (fsdp_qlora_c9.c9_rows marks the time row in its metric)
+    c9 = [{"id": "C9-lora", "metric": "peak reserved GiB", "error": 0.05, "kind": "calibration"},
+          {"id": "C9-lora", "metric": "time s / 1,024 samples", "error": -0.84, "kind": "calibration"}]
+    c10 = [{"id": "C10", "error": -0.1, "kind": "calibration"}]
+    s = pp.summarise([], {"c9": c9, "c10": c10, "longest": None, "rl": None})
+    assert s["calibration"]["memory"]["with_memory"] == 2 and s["calibration"]["memory"]["worst"] == -0.1
+    assert s["calibration"]["time"]["with_memory"] == 1 and s["calibration"]["time"]["worst"] == -0.84
+    text = pp.render([], s)
+    assert "| time | calibration | 1 of 1 runs compared" in text and "-84.0%" not in text.split("| time |")[0]

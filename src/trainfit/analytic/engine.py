@@ -26,6 +26,7 @@ from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_
 from .parallel import deepspeed_offload, fsdp_offload
 from .precision import fsdp2_mixed_precision, fsdp_policy_on, policy_dtype, state_bytes
 from .loss import head_and_loss
+from .liger_ops import chunk_rows
 from .long_context import rank_tokens, tiled_loss_shards, tiled_mlp_on, tiled_mlp_shards
 from .optimizer import state_tensors, temporary_bytes
 from .recompute import layer_params
@@ -68,6 +69,9 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
         logits = 0  # the compiled loss makes no fp32 logits-sized tensor (compile_effects.compiled_head)
     if setup.loss == "tiled" and on_last_stage:  # one slice's fp32 logits (loss.tiled_loss_head)
         logits = -(-tokens // tiled_loss_shards(spec, setup)) * spec.vocab // setup.tp * 4
+    if setup.loss == "fused-linear" and on_last_stage:  # Liger's fused head: no whole logits, one chunk's in
+        v = spec.vocab // setup.tp  # the activations' dtype (loss.fused_linear_head)
+        logits = chunk_rows(tokens, v, spec.hidden) * v * st.act
     if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
         logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp
@@ -341,7 +345,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
             notes.append(deepspeed_offload.NOTE)
         if fsdp_offload.runs(setup):  # NB: optimistic (line rates)
             notes.append(fsdp_offload.NOTE)
-        if setup.offload == "activations":  # NB: optimistic (line rate)
+        if setup.offload_activations:  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")
     # peft's adapters join the model's parameters; only they train (analytic/lora.py)

@@ -116,5 +116,5 @@ def tiled_loss_shards(spec: ModelSpec, setup: Setup) -> int:
 def checkpoint_offload(setup: Setup) -> bool:
     """ArcticTraining's activation_checkpoint_cpu_offload (monkey_patches.py:37-164, trainer.py:205-217): the
     stack's [activation_offload] variant "checkpoint-input" under --offload activations."""
-    return setup.offload == "activations" and \
+    return setup.offload_activations and \
         setup.stack_facts.facts.get("activation_offload", {}).get("variant") == "checkpoint-input"

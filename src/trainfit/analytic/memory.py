@@ -53,6 +53,7 @@ class TrainMemory:
     params: int = 0  # parameters whose storage this rank owns (parallel/zero.py params_at_rest), count
     host_memory: int | None = None  # bytes in host memory: ZeRO-Offload's states, offloaded activations
     paged_optimizer_states: int | None = None  # bytes of bitsandbytes' paged states (CUDA unified memory)
+    offloaded_activations: int | None = None  # of host_memory, the saved activations --offload activations moves
 
 
 def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> TrainMemory:
@@ -284,7 +285,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             largest * st.act if st.autocast else 0,
             optimizer_temporaries(adapter_setup(setup, st), st, largest, largest)) if setup.optimizer_in_backward
         else None,
-        layers_on_device=offload_window(setup) if setup.offload == "activations" else None,
+        layers_on_device=offload_window(setup) if setup.offload_activations else None,
     )
     step = compile_effects.adjust_step(step, spec, setup, st, stage)  # --compile's mask, --fp8-all-gather
     activations = step.activations
@@ -308,11 +309,13 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         host = int(off.host)
     if fsdp_host is not None:  # FSDP2's pinned shards and the CPU optimizer's states
         host = int(fsdp_host)
-    if setup.offload == "activations":  # the other layers' saved tensors, in pinned host buffers
+    acts_host = None
+    if setup.offload_activations:  # the other layers' saved tensors, in pinned host buffers, beside any states
         every_layer = sum(kinds[k].saved for k in pattern) if every else uniform.saved * stage.layers
-        host = int(stage.in_flight * (every_layer - step.layers_saved))
+        acts_host = int(stage.in_flight * (every_layer - step.layers_saved))
+        host = (host or 0) + acts_host
     if setup.lora_rank:  # the adapters are the rank's too, sharded as the base is (lora_states)
         owned += params_at_rest(n, setup)
     return TrainMemory(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(activations),
                        int(ms.comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(owned), host,
-                       int(paged) if paged else None)
+                       int(paged) if paged else None, acts_host)

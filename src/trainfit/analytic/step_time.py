@@ -234,6 +234,8 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     clip_comm = clip_allreduce_seconds(setup, clip, links)
     opt = opt_mem + opt_launch + clip_comm
     host = m * offload_exposed(spec, setup, gpu, c.forward, c.backward + c.recompute)
+    # NB optimistic where --offload combines activations with a state offload: each part's exposed copies are taken
+    # against the whole host link and its pass, though both cross the same PCIe link in the same passes
     # torchao's CPUOffloadOptimizer: gradients to the host, AdamW on the CPU, parameters back (torchao_optim.py)
     host += torchao_optim.offload_seconds(spec, setup, kernels_for(gpu).host_link, c.backward + c.recompute, m)
     if zero_offload:  # DeepSpeed's ZeRO-Offload: PCIe copies and DeepSpeedCPUAdam (parallel/deepspeed_offload.py)
@@ -409,7 +411,7 @@ def offload_exposed(spec: ModelSpec, setup: Setup, gpu: GPU, forward: float, bac
     layer ahead during the backward (training/_activation_offloading.py), so each direction overlaps its pass:
     exposed = max(0, bytes / link − the pass's compute), each way (the offloaded bytes: analytic/memory.py).
     NB: the copies' HBM traffic is not charged to the overlapped kernels."""
-    if setup.offload != "activations":
+    if not setup.offload_activations:
         return 0.0
     from .memory import train_memory
     if long_context.checkpoint_offload(setup):
@@ -420,11 +422,11 @@ def offload_exposed(spec: ModelSpec, setup: Setup, gpu: GPU, forward: float, bac
         if not link:
             raise SetupError(f"--offload activations: no host link bandwidth is known for {gpu.name} (kernels.toml "
                              "host_link); use a catalog GPU")
-        return 2 * train_memory(spec, setup).host_memory / link
+        return 2 * train_memory(spec, setup).offloaded_activations / link
 
     link = kernels_for(gpu).host_link
     if not link:
         raise SetupError(f"--offload activations: no host link bandwidth is known for {gpu.name} (kernels.toml "
                          "host_link); use a catalog GPU")
-    copied = train_memory(spec, setup).host_memory
+    copied = train_memory(spec, setup).offloaded_activations
     return max(0.0, copied / link - forward) + max(0.0, copied / link - backward)

@@ -156,7 +156,7 @@ OFFLOAD_NOTE = ("--offload optimizer: torchao's CPUOffloadOptimizer (parameters 
 
 def offload_runs(setup: Setup) -> bool:
     """torchao's CPUOffloadOptimizer: --offload optimizer on a stack that runs it (single GPU, no ZeRO)."""
-    return (setup.offload == "optimizer" and setup.mode == "train"
+    return (setup.offload_state == "optimizer" and setup.mode == "train"
             and "cpu-offload-optimizer" in setup.stack_facts.facts.get("features", {}).get("runs", ()))
 
 

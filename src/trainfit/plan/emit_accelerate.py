@@ -66,7 +66,7 @@ def accelerate(s: Setup, spec: ModelSpec, gpus_per_node: int) -> str:
             "fsdp_transformer_layer_cls_to_wrap": LAYER_CLASS.get(spec.family, "DecoderLayer"),
             "fsdp_reshard_after_forward": s.zero == 3,  # true = FULL_SHARD (ZeRO-3), false = SHARD_GRAD_OP (ZeRO-2)
             "fsdp_activation_checkpointing": s.recompute == "full",
-            "fsdp_offload_params": s.offload == "params",  # CPUOffloadPolicy (stacks/hf.toml [cpu_offload])
+            "fsdp_offload_params": s.offload_state == "params",  # CPUOffloadPolicy (stacks/hf.toml [cpu_offload])
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }

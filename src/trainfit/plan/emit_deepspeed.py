@@ -17,7 +17,7 @@ def supports(s: Setup) -> str | None:
         return f"DeepSpeed's bf16/fp16 modes keep 16-bit weights with fp32 masters, not {s.precision}"
     if s.recompute == "selective":
         return "DeepSpeed checkpoints whole layers (full recompute) only"
-    if s.tiled_mlp is not None or s.loss != "full" or (s.offload == "activations"):
+    if s.tiled_mlp is not None or s.loss != "full" or s.offload_activations:
         # ArcticTraining's trainer options (tiled_mlp_compute, model.type liger, the tiled loss,
         # activation_checkpoint_cpu_offload), not keys of DeepSpeed's config
         return "the tiled MLP and loss, Liger and the checkpoint offload are ArcticTraining's trainer options, not DeepSpeed config keys"

@@ -111,7 +111,7 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
         training.update(local_batch_size=s.batch, global_batch_size=s.batch * s.grad_accum * s.dp)
     if tokens:
         training["steps"] = max(1, math.ceil(tokens / s.tokens_per_step))
-    if s.offload == "params":  # FSDP2's CPUOffloadPolicy (stacks/torchtitan.toml [cpu_offload])
+    if s.offload_state == "params":  # FSDP2's CPUOffloadPolicy (stacks/torchtitan.toml [cpu_offload])
         training["enable_cpu_offload"] = True
     shard = s.dp if s.zero >= 2 else 1
     replicate = s.dp if s.zero == 0 else 1

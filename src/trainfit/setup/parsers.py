@@ -18,19 +18,20 @@ def parse_shards(text) -> int:
 
 
 def combine_offload(text: str) -> str:
-    """--offload given several times ("optimizer,params"): one of OFFLOAD. DeepSpeed's offload_param comes with
-    offload_optimizer in trainfit's model (ZeRO-Infinity, analytic/parallel/deepspeed.py), so the pair is `params`;
-    torchtune's activation offloading and DeepSpeed's offload are two stacks' features, and one run has one stack."""
-    if not text.strip(", "):
+    """--offload given several times ("optimizer,params", or a value of OFFLOAD_VALUES such as "activations+params"):
+    one of OFFLOAD_VALUES. DeepSpeed's offload_param comes with offload_optimizer in trainfit's model (ZeRO-Infinity,
+    analytic/parallel/deepspeed.py), so that pair is `params`; the saved activations go to the host by their own
+    mechanism (torchtune's OffloadActivations, ArcticTraining's checkpoint offload) beside either state offload:
+    "activations+optimizer", "activations+params". Whether a stack runs each part: setup/rules.py."""
+    if not text.strip(", +"):
         raise ValueError(f"choose from {', '.join(OFFLOAD)}")
-    parts = {p.strip() for p in text.split(",") if p.strip()} - {"none"}
+    parts = {p.strip() for p in text.replace("+", ",").split(",") if p.strip()} - {"none"}
     unknown = parts - set(OFFLOAD)
     if unknown:
         raise ValueError(f"unknown {', '.join(sorted(unknown))}; choose from {', '.join(OFFLOAD)}")
-    if "activations" in parts and len(parts) > 1:
-        raise ValueError("activations (torchtune's offloading, --stack hf) cannot be combined with DeepSpeed's "
-                         "optimizer/params offload (--stack deepspeed): choose one")
-    return "params" if "params" in parts else (parts.pop() if parts else "none")
+    state = "params" if "params" in parts else "optimizer" if "optimizer" in parts else None
+    value = "+".join(p for p in ("activations" if "activations" in parts else None, state) if p)
+    return value or "none"
 
 
 def _check_alloc_conf(text) -> None:

@@ -25,7 +25,7 @@ def validate(setup: Setup) -> None:
     stack = _stacks.get_stack(setup.stack, setup.stack_release)
     shard_axes = stack.zero_shard_axes
     if (setup.zero and all(getattr(setup, axis) == 1 for axis in shard_axes)
-            and setup.offload not in stack.zero_single_rank_with):
+            and setup.offload_state not in stack.zero_single_rank_with):
         raise SetupError(f"--zero shards states over data-parallel ranks ({' × '.join('--' + a for a in shard_axes)}"
                          f" on --stack {stack.name}): it needs --dp > 1" + (" or --cp > 1" if "cp" in shard_axes
                                                                             else "")
@@ -51,7 +51,7 @@ def validate(setup: Setup) -> None:
                              f"recompute_granularity 'selective'), not --recompute {setup.recompute}: add "
                              "--recompute selective, or drop --recompute-modules")
     _check_long_context(setup, stack)
-    if setup.offload == "activations" and not stack.runs("activation-offload"):
+    if setup.offload_activations and not stack.runs("activation-offload"):
         raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
                          f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
@@ -59,14 +59,13 @@ def validate(setup: Setup) -> None:
         # the axes a stack may run (stacks/*.toml)
         if name == "overlap_moe_comm" and not setup.overlap_moe_comm:
             continue
-        if name == "offload" and setup.offload == "activations":
-            continue
-        if name == "offload" and setup.offload == "params" and stack.facts.get("cpu_offload") is not None:
+        # --offload's state part (its activations part: above)
+        value = setup.offload_state if name == "offload" else getattr(setup, name)
+        if name == "offload" and value == "params" and stack.facts.get("cpu_offload") is not None:
             continue  # FSDP2's CPUOffloadPolicy (analytic/parallel/fsdp_offload.py): needs --zero 3, below
-        if name == "offload" and setup.offload == "optimizer" and stack.runs("cpu-offload-optimizer"):
+        if name == "offload" and value == "optimizer" and stack.runs("cpu-offload-optimizer"):
             cpu_offload_rules(setup)  # torchao's CPUOffloadOptimizer (analytic/torchao_optim.py)
             continue
-        value = getattr(setup, name)
         if (value is True or value not in (1, "even", "none", None)) and name not in stack.axes:
             runs = _stacks.running(lambda st: name in st.axes)
             why = stack.axis_why_not(name)
@@ -85,9 +84,9 @@ def validate(setup: Setup) -> None:
     why = stack.refuse(setup)  # the stack's rules that are code (stacks/<name>.py)
     if why:
         raise SetupError(why)
-    if setup.offload == "optimizer" and setup.zero < 1 and not stack.runs("cpu-offload-optimizer"):
+    if setup.offload_state == "optimizer" and setup.zero < 1 and not stack.runs("cpu-offload-optimizer"):
         raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
-    if setup.offload == "params" and setup.zero < 3:
+    if setup.offload_state == "params" and setup.zero < 3:
         raise SetupError(f"--offload params ({'FSDP2 CPU offload' if stack.facts.get('cpu_offload') else 'ZeRO-Infinity'}"
                          ") offloads the sharded weights: it needs --zero 3")
     if setup.zero not in stack.zero_stages:
@@ -237,7 +236,7 @@ def _check_long_context(setup: Setup, stack: _stacks.Stack) -> None:
         if facts.get("precision") and setup.precision != facts["precision"]:
             raise SetupError(f"--ulysses {n} on --stack {stack.name} runs through its DeepSpeed integration: use "
                              f"--precision {facts['precision']}")
-    if setup.offload == "activations" and stack.facts.get("activation_offload", {}).get("needs_recompute") \
+    if setup.offload_activations and stack.facts.get("activation_offload", {}).get("needs_recompute") \
             not in (None, setup.recompute):
         need = stack.facts["activation_offload"]["needs_recompute"]
         raise SetupError(f"--offload activations on --stack {stack.name} offloads each checkpointed layer's input "

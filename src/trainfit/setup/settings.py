@@ -18,7 +18,7 @@ from .parsers import (_check_alloc_conf, check_cuda_graph_scope, check_lora_targ
                       parse_shards,
                       combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
-                    OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
+                    OFFLOAD_VALUES, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, KBIT_PREPS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
 
 
@@ -285,7 +285,9 @@ class Setup:
                            "(torchtune's activation offloading: saved tensors to pinned host memory in forward, back "
                            "in backward; --stack hf, analytic engine; on --stack deepspeed ArcticTraining's variant under --recompute "
                            "full: each checkpointed layer's input copied to host memory and back). Repeatable: --offload optimizer --offload "
-                           "params is ZeRO-Infinity's pair, the same as params.", choices=OFFLOAD, modes=("train",),
+                           "params is ZeRO-Infinity's pair, the same as params; --offload activations --offload params "
+                           "(or optimizer) offloads both, written activations+params.", choices=OFFLOAD_VALUES,
+                           modes=("train",),
                            repeatable=True, parse=lambda v: combine_offload(v), example="optimizer", group="step")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
@@ -578,6 +580,16 @@ class Setup:
         if self.recompute.startswith("layer:"):
             return self.recompute_layers
         return 1 if self.recompute == "full" else 0
+
+    @property
+    def offload_state(self) -> str:
+        """The model states --offload puts in host memory: none, optimizer or params (its activations part apart)."""
+        return self.offload.removeprefix("activations").lstrip("+") or "none"
+
+    @property
+    def offload_activations(self) -> bool:
+        """Whether --offload puts the saved activations in host memory (alone or with a state offload)."""
+        return self.offload.startswith("activations")
 
     @property
     def policy(self) -> _precision.Precision:

@@ -38,7 +38,10 @@ RECOMPUTE = ("none", "selective", "full", "op")
 RECOMPUTE_PATTERNS = ("layer", "uniform", "block")
 COMMON_RECOMPUTE = ("none", "selective", "full")  # every stack's own meaning (selective: stacks/*.toml [recompute])
 MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")  # --moe-dispatcher (analytic/parallel/expert.py)
-OFFLOAD = ("none", "optimizer", "params", "activations")
+OFFLOAD = ("none", "optimizer", "params", "activations")  # what one --offload names
+# --offload's values (parsers.combine_offload): the saved activations and the model states go to the host apart, so
+# the activations combine with either state offload (Setup.offload_activations, Setup.offload_state read them)
+OFFLOAD_VALUES = OFFLOAD + ("activations+optimizer", "activations+params")
 QUANTS = ("nf4", "fp4", "int8")  # --quant: bitsandbytes formats of the frozen base (step/quant.py)
 SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight formats (analytic/serving.py)
 KBIT_PREPS = ("peft", "norms", "none")  # --kbit-prep: the unquantised parameters of a --quant base (analytic/kbit_prep.py)

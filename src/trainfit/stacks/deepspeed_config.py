@@ -40,9 +40,9 @@ def ds_config(s) -> dict:
                      "stage3_max_reuse_distance": ds.fact("stage3_max_reuse_distance"),
                      "sub_group_size": ds.fact("sub_group_size"),
                      "stage3_gather_16bit_weights_on_model_save": True})
-    if s.offload in ("optimizer", "params"):
+    if s.offload_state in ("optimizer", "params"):
         zero["offload_optimizer"] = {"device": ds.fact("offload_optimizer"), "pin_memory": True}
-    if s.offload == "params":
+    if s.offload_state == "params":
         zero["offload_param"] = {"device": ds.fact("offload_param"), "pin_memory": True}
     if s.recompute == "full":
         # DeepSpeed's own checkpointing API settings; a HF model must also call model.gradient_checkpointing_enable()

@@ -124,7 +124,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     w = st.weight  # the model dtype: 2 under bf16/fp16-master, 4 under fp32
     low = st.master > 0  # a 16-bit model with fp32 masters
     part = n / dp
-    off_opt = setup.offload in ("optimizer", "params")
+    off_opt = setup.offload_state in ("optimizer", "params")
     host = 0.0
     if z == 0:
         weights, grads = n * w, n * w
@@ -199,7 +199,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
             staged = largest / dp * (grad_bytes(setup, w) + FP32)
             grads = 0.0
         master, opt, transient = 0.0, 0.0, 0.0
-    if setup.offload == "params":
+    if setup.offload_state == "params":
         host += part * w  # the 16-bit partitions (stage3.py:907)
         weights -= part * w
     if z in (1, 2):
@@ -215,7 +215,7 @@ def gradients_leave_device(setup: Setup) -> bool:
     copy_grads_in_partition), ZeRO-3 into its host partition buffer (stage3.py:2022-2036). So no backward moment
     holds the layers' gradients on the device. NB: the .grad autograd makes before its hook copies it into the
     bucket (one parameter's) is not counted."""
-    return deepspeed_engine(setup) and setup.zero >= 1 and setup.offload in ("optimizer", "params")
+    return deepspeed_engine(setup) and setup.zero >= 1 and setup.offload_state in ("optimizer", "params")
 
 
 def allgather_flat(n: float, w: float, setup: Setup) -> float:

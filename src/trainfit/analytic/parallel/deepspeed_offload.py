@@ -30,7 +30,7 @@ ADAM_BYTES = 7 * FP32  # DeepSpeedCPUAdam Step_1: 4 fp32 reads and 3 fp32 writes
 
 def runs(setup: Setup) -> bool:
     """ZeRO-Offload: the ZeRO engine with --offload optimizer or params (ZeRO 1-3)."""
-    return deepspeed_engine(setup) and setup.zero >= 1 and setup.offload in ("optimizer", "params")
+    return deepspeed_engine(setup) and setup.zero >= 1 and setup.offload_state in ("optimizer", "params")
 
 
 def link_bytes(setup: Setup, part: float, w: float, m: int) -> tuple[float, float]:
@@ -56,7 +56,7 @@ def offload_seconds(setup: Setup, part: float, w: float, m: int, link: float, ho
     hidden = m * backward if overlap_comm(setup) else 0.0
     exposed = max(0.0, copies - hidden)
     cpu = part * ADAM_BYTES / host_bandwidth
-    if setup.offload == "params":
+    if setup.offload_state == "params":
         cpu += part * (FP32 + w) / host_bandwidth  # fp32 -> 16-bit partition, both on the host
         back = 0.0
         fetch = part * w / link  # each pass fetches every layer's partition

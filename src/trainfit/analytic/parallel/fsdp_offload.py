@@ -34,7 +34,7 @@ CPU_ADAMW_ACCESSES = {"fused": 7, "other": 20}
 
 def runs(setup: Setup) -> bool:
     """--offload params on a stack whose FSDP2 wrapping offers CPUOffloadPolicy ([cpu_offload] fact)."""
-    return (setup.offload == "params" and setup.mode == "train" and fsdp2_strategy(setup)
+    return (setup.offload_state == "params" and setup.mode == "train" and fsdp2_strategy(setup)
             and setup.stack_facts.facts.get("cpu_offload") is not None)
 
 
