@@ -118,7 +118,7 @@ CASES = [
       "--offload"),
     C("estimate tiny-llama --stack deepspeed --engine measure --device cpu --zero 1 --dp 2 --precision amp-bf16",
       "--precision amp-bf16"),
-    C("estimate llama-3.1-8b --cp 2", "--stack megatron"),
+    C("estimate llama-3.1-8b --cp 2", "use --stack torchtitan or megatron"),
     C("estimate llama-3.1-8b --stack megatron --vpp 2", "needs --pp > 1"),
     C("estimate llama-3.1-8b --stack megatron --pp 2 --pp-split first:0", "first:N,last:M"),
     C("estimate llama-3.1-8b --stack megatron --ep 2 --dp 2", "mixture-of-experts"),
