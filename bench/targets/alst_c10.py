@@ -4,8 +4,12 @@ HF transformers 4.51 + FlashAttention-3, DeepSpeed ZeRO-3 with offload_optimizer
 offload: a 65,000-token sequence ran at "137.36 GB" (pynvml used memory ÷ 2^30, so GiB).
 
 pynvml's "used" is the whole device: torch's reserved pool + the CUDA context + non-torch allocations, which is the
-analytic engine's `memory.device_total` (overheads.device_memory). Nothing is fitted here: the rows report the
-prediction against the published figure.
+analytic engine's `memory.device_total` (overheads.device_memory), and the driver's own reserve: ArcticTraining reads
+it with `pynvml.nvmlDeviceGetMemoryInfo(handle)` (arctic_training/debug/utils.py:84 at b28638e), whose default is
+NVML's v1 struct (nvidia-ml-py 13.615.71 pynvml.py:3993-4003, version=None), where `used` is the "Sum of Reserved and
+Allocated device memory" (NVML API reference, nvmlMemory_t); nvidia-smi's total less CUDA's total is that reserve
+(GPU.smi_memory - GPU.memory, data/gpus.json). Nothing is fitted here: the rows report the prediction against the
+published figure.
 
     c10_rows() -> [dict(id, setup, predicted_gib, published_gib, error, ...)]   (imported by the post-training bench)
 
@@ -21,6 +25,7 @@ inside the forward): the same as the 5.x the hf stack's [loss] cites, so no stac
 from __future__ import annotations
 
 import trainfit
+from trainfit.hardware import resolve_gpu
 
 GiB = 2**30
 PUBLISHED_GIB = 137.36
@@ -35,20 +40,24 @@ def c10_rows() -> list[dict]:
     """The C10 row: the analytic device total (and its parts) against the published pynvml figure."""
     e = trainfit.estimate("llama-3.1-8b", alloc_conf=ALLOC_CONF, **SETUP)
     m = e.memory
-    predicted = m.device_total / GiB
+    gpu = resolve_gpu(SETUP["gpu"])
+    driver_reserve = gpu.smi_memory - gpu.memory  # in NVML v1's used, not in the device total
+    predicted = (m.device_total + driver_reserve) / GiB
     return [{
         "id": "C10 ArcticTraining Llama-3.1-8B 65k tokens, 1 x H200, ZeRO-3 + param/optimizer offload",
         "setup": dict(SETUP, alloc_conf=ALLOC_CONF),
         "predicted_gib": predicted,
         "published_gib": PUBLISHED_GIB,
         "error": predicted / PUBLISHED_GIB - 1,
+        "device_total_gib": m.device_total / GiB,
+        "driver_reserve_gib": driver_reserve / GiB,
         "allocated_peak_gib": m.peak / GiB,
         "reserved_gib": m.reserved / GiB,
         "peak_phase": m.peak_phase,
         "host_gib": (e.detail.host_memory or 0) / GiB,
         "fits": e.time.fits if e.time is not None else None,
         "source": SOURCE,
-        "note": "device total = reserved + CUDA context (+ NCCL where a communicator is made); reserved under "
+        "note": "pynvml v1 used = device total (reserved + CUDA context) + the driver's reserve; reserved under "
                 "expandable_segments = the allocated peak at the loss backward + the freed bf16 logits' hole",
     }]
 
