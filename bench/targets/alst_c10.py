@@ -21,6 +21,13 @@ analytic/expandable.py: reserved is the one segment's mapped high-water mark, re
 The loss is transformers 4.51.3's (README.md:154): loss_utils.py:51 `logits.float()`, :55-56 labels padded and
 shifted, :63 cross_entropy, LlamaForCausalLM.forward modeling_llama.py:837-841 (lm_head, then self.loss_function
 inside the forward): the same as the 5.x the hf stack's [loss] cites, so no stack release is needed for it.
+FlashAttention-3 saves q, k, v, out, softmax_lse (Dao-AILab/flash-attention 01afd16 hopper/flash_attn_interface.py
+FlashAttnFunc.forward), as --attention flash counts. ZeRO-3 runs DeepSpeed's own defaults: the recipe's yaml gives a
+zero_optimization dict, which replaces ArcticTraining's hidden-size-based one (arctic_training/config/trainer.py:421-430
+at b28638e, `ds_config.get("zero_optimization", {...})`), so stage3_prefetch_bucket_size 5e7, max_live 1e9, reduce
+bucket 5e8 (stacks/deepspeed.toml). On one rank the fetch is a host-to-device copy (deepspeed 0.19.8
+runtime/zero/partition_parameters.py _no_gather_coalesced, NoGatherHandle: ds_tensor.to(device)) on the all-gather
+stream (partitioned_param_coordinator.py:606): a pool of its own, which the allocated peak already counts.
 """
 from __future__ import annotations
 
