@@ -25,24 +25,30 @@ from __future__ import annotations
 from ..errors import SetupError
 
 
-def check(conf, analytic_applies: bool) -> bool:
-    """Whether `conf` (alloc.config.AllocConf, or None) turns expandable segments on, for the analytic engine, which
-    models that setting alone: any other setting, or a run the rule does not cover (`analytic_applies`: a CUDA
-    training step of a token model), is refused in one line."""
+def unmodelled(conf, analytic_applies: bool) -> str | None:
+    """Why the analytic engine cannot answer under `conf` (alloc.config.AllocConf, or None), or None: it models
+    expandable_segments alone, for a CUDA training step of a token model (`analytic_applies`)."""
     if conf is None:
-        return False
+        return None
     from ..alloc.config import AllocConf
 
     default = AllocConf()
     other = [k for k in ("max_split_size", "max_non_split_rounding_size", "garbage_collection_threshold",
                          "roundup_power2_divisions") if getattr(conf, k) != getattr(default, k)]
     if other:
-        raise SetupError(f"--alloc-conf: the analytic engine models expandable_segments only, not {other[0]}: use "
-                         "--engine trace (the allocator simulator replays every setting), or drop it")
+        return f"--alloc-conf: the analytic engine models expandable_segments only, not {other[0]}"
     if conf.expandable_segments and not analytic_applies:
-        raise SetupError("--alloc-conf expandable_segments: the analytic engine models it for a CUDA training step "
-                         "of a token model: use --engine trace, or drop it")
-    return conf.expandable_segments
+        return "--alloc-conf expandable_segments: the analytic engine models it for a CUDA training step of a token model"
+    return None
+
+
+def check(conf, analytic_applies: bool) -> bool:
+    """Whether `conf` turns expandable segments on for the analytic engine; what it does not model (unmodelled) is
+    refused in one line."""
+    why = unmodelled(conf, analytic_applies)
+    if why:
+        raise SetupError(f"{why}: use --engine trace (the allocator simulator replays every setting), or drop it")
+    return bool(conf and conf.expandable_segments)
 
 
 def loss_hole(head) -> float:
