@@ -323,7 +323,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
                      + ("autocast on, over low-precision weights (no weight casts)"
                         if setup.stack_facts.fact("mixed_precision") == "autocast" else "no autocast"))
     if gpu is not None:
-        notes.append(_fit_note(fit) if not expandable_segments else EXPANDABLE_NOTE)
+        notes.append(_fit_note(fit) if not expandable_segments else
+                     EXPANDABLE_NOTE.format(hole=fmt_bytes(reserved - sum(held.values()) - mem.peak)))
         short = fit_rule.host_note(fit, setup, gpu)
         if short:
             notes.append(short)
@@ -371,8 +372,8 @@ def _fit_note(fit) -> str:
 
 EXPANDABLE_NOTE = ("--alloc-conf expandable_segments:True: one segment per stream grows by 20 MiB pages; reserved "
                    "is its high-water mark: the allocated peak, or the loss backward's bytes beside the free range "
-                   "its freed logits leave; fits = the allocated peak <= capacity (the OOM retry unmaps free pages; "
-                   "analytic/expandable.py)")
+                   "its freed logits leave ({hole} beside the peak); fits = the allocated peak <= capacity (the OOM "
+                   "retry unmaps free pages; analytic/expandable.py)")
 
 
 def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
