@@ -197,12 +197,32 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
         order = [*order, measure]
     if measure in order:  # refused before any engine runs, so the refusal names the engine, not another's need
         engines.check_stack(resolve(req)[1], "measure")
-    results = [f(req) for f in order]
+    unmodelled = _alloc_conf_unmodelled(req) if engine == "all" else None
+    if unmodelled:  # the trace replays the setting; the analytic answers without it, and says so
+        from dataclasses import replace
+
+        results = [analytic(replace(req, alloc_conf=None))] + [f(req) for f in order[1:]]
+        results[0] = replace(results[0], notes=(*results[0].notes, f"{unmodelled}: its answer is without it"))
+    else:
+        results = [f(req) for f in order]
     if skipped is not None:
         from dataclasses import replace
 
         results[0] = replace(results[0], notes=(*results[0].notes, f"trace engine skipped: {skipped}"))
     return results
+
+
+def _alloc_conf_unmodelled(req: Request) -> str | None:
+    """What of --alloc-conf the analytic engine does not model (analytic/expandable.py), or None."""
+    if not req.alloc_conf:
+        return None
+    from .alloc.config import parse_alloc_conf
+    from .analytic.expandable import unmodelled
+    from .spec import VisionSpec
+
+    spec, setup = resolve(req)
+    applies = setup.mode == "train" and setup.device == "cuda" and not isinstance(spec, VisionSpec)
+    return unmodelled(parse_alloc_conf(req.alloc_conf), applies)
 
 
 def _trace_refused(setup: Setup) -> str | None:

@@ -83,11 +83,13 @@ def analytic(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, **run) -> Es
     if _vision(spec):  # image classifiers: analytic/vision.py
         from .analytic.vision import estimate as vision_estimate
 
+        if run.get("alloc_conf"):
+            raise SetupError("--alloc-conf: the analytic engine models the allocator's settings for token models "
+                             "only: use --engine trace, or drop it")
         return vision_estimate(spec, setup, gpu, **run)
     from .analytic.engine import estimate
 
-    run.pop("alloc_conf", None)  # the trace engine's allocator replay reads it; the analytic model does not yet
-    return estimate(spec, setup, gpu, **run)
+    return estimate(spec, setup, gpu, **run)  # alloc_conf: expandable_segments (analytic/expandable.py)
 
 
 def _needs(what: str, missing: str, needs: str = "torch and transformers") -> str:

@@ -371,8 +371,10 @@ def test_run_setting_is_used_or_refused(capsys, cmd, name):
     assert out != out0, f"{' '.join(args)} accepted by {cmd} but the answer is the same as without it"
 
 
-@pytest.mark.parametrize("args", [["--engine", "analytic"], ["--measure", "--device", "cpu", "--seq", "16"]],
-                         ids=["analytic", "measure"])
+@pytest.mark.parametrize("args", [["--engine", "analytic", "--alloc-conf", "max_split_size_mb:128"],
+                                  ["--engine", "analytic", "--mode", "infer"],
+                                  ["--measure", "--device", "cpu", "--seq", "16"]],
+                         ids=["analytic-max-split", "analytic-infer", "measure"])
 def test_alloc_conf_needs_an_engine_that_reads_it(capsys, args):
     code, out, err = run(capsys, ["estimate", "tiny-llama", "--alloc-conf", "expandable_segments:True", *args])
     assert_refused(code, out, err, "--alloc-conf")

@@ -11,7 +11,7 @@ from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
 from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, torchao_optim, vlm
-from . import nvfp4, rl_placement, torchao_recipes
+from . import expandable, nvfp4, rl_placement, torchao_recipes
 from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
@@ -196,16 +196,21 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
     return copy_in + copy_out + max(0, reduce_out - int(mem.at_peak.get("gradients", 0)))
 
 
-def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
+def step_reserve(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None, expandable_segments: bool = False) -> int:
     """What the training step's own tensors hold in the caching allocator when nothing limits it (reserved: an
     unconstrained run's cache; the fit is judged on fit_rule.required): the allocated peak, the cached blocks
     of its freed tensors (transient_blocks) and FSDP2's side-stream blocks (overheads.reserved_from_allocated,
     checked against the allocator simulator: bench/studies/alloc_fragmentation.py), the gradients' own segments free at the
     peak (grad_segments; bench/studies/grad_segments.py); under foreach AdamW, the segments its temporaries open, counted
     from the backward's peak (foreach_segments; bench/studies/foreach_reserved.py). pc: the model's ParamCounts when the
-    caller has them."""
-    blocks = transient_blocks(spec, setup, mem, pc)
+    caller has them. expandable_segments: the allocator grows one segment per stream (analytic/expandable.py)."""
     side = fsdp2_side_streams(spec, setup, mem, pc)
+    if expandable_segments:
+        on_head = setup.pp == 1 or mem.detail["stage"] == setup.pp - 1
+        hole = expandable.loss_hole(head_and_loss(spec, setup, state_bytes(setup), int(rank_tokens(setup)))) \
+            if on_head else 0
+        return expandable.reserved(mem, hole, side)
+    blocks = transient_blocks(spec, setup, mem, pc)
     opened = foreach_segments(spec, setup, mem, pc, blocks)
     if opened:  # the temporaries are in the cache or their own segments, not on top of the backward's blocks
         return max(mem.peak, overheads.reserved_from_allocated(backward_peak(mem), sum(blocks), side) + opened)
@@ -230,16 +235,25 @@ INFER_MFU = 0.4
 
 
 def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
-             tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
+             tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default,
+             alloc_conf: str | None = None) -> Estimate:
     """The estimate of `setup` (see _estimate); a vision-language model's language model runs over the text and
-    image tokens (analytic/vlm.py language_setup), the estimate shows the setup as given."""
+    image tokens (analytic/vlm.py language_setup), the estimate shows the setup as given. alloc_conf: the caching
+    allocator's settings (--alloc-conf); the analytic engine models expandable_segments (analytic/expandable.py)."""
+    from ..alloc.config import parse_alloc_conf
+
+    if alloc_conf is not None and not alloc_conf.strip():
+        raise SetupError("--alloc-conf is empty: give key:value pairs (e.g. expandable_segments:True), or drop it")
+    es = expandable.check(parse_alloc_conf(alloc_conf) if alloc_conf else None,
+                          setup.mode == "train" and setup.device == "cuda")
     lm = vlm.language_setup(spec, setup)
-    est = _estimate(spec, lm, gpu, mfu, tokens, mbu, reserve)
+    est = _estimate(spec, lm, gpu, mfu, tokens, mbu, reserve, es)
     return est if lm is setup else replace(est, setup=setup)
 
 
 def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
-              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default) -> Estimate:
+              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default,
+              expandable_segments: bool = False) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: each kernel of the op list
     timed by the roofline + exposed communication + bubble + optimizer, the planner's model); a number overrides it
     with a flat model-FLOPs utilisation. reserve: extra GiB per GPU kept free when judging the fit (fit_rule.py:
@@ -272,8 +286,9 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     flops = Flops(int(fwd_rank), int(bwd_rank), int(rec_rank), int(fwd_rank + bwd_rank + rec_rank),
                   int(fwd_rank + bwd_rank), int(f.per_token))
     at = mem.at_peak
-    needed = fit_rule.required(spec, setup, mem, pc)
-    reserved, device_total, beside, held = overheads.device_memory(step_reserve(spec, setup, mem, pc), gpu, setup)
+    needed = expandable.required(mem) if expandable_segments else fit_rule.required(spec, setup, mem, pc)
+    reserved, device_total, beside, held = overheads.device_memory(
+        step_reserve(spec, setup, mem, pc, expandable_segments), gpu, setup)
     paged, evicted, host = mem.paged_optimizer_states or 0, 0, mem.host_memory
     if paged and gpu is not None:  # unified memory: resident where the rest leaves room, else on the host
         device_total, evicted = overheads.with_paged(device_total, beside, paged, gpu, reserve)
@@ -321,7 +336,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
             notes.append(f"{version} without a param_dtype: fp32 shards all-gathered in fp32, autocast casting each "
                          f"weight per use; gradients reduce-scattered in {'fp32' if rd == 'none' else rd}")
     if gpu is not None:
-        notes.append(_fit_note(fit))
+        notes.append(_fit_note(fit) if not expandable_segments else
+                     EXPANDABLE_NOTE.format(hole=fmt_bytes(reserved - sum(held.values()) - mem.peak)))
         short = fit_rule.host_note(fit, setup, gpu)
         if short:
             notes.append(short)
@@ -365,6 +381,12 @@ def _fit_note(fit) -> str:
             "it: nvidia-smi's total less the driver's reserve, `trainfit gpus`; less --reserve and the fixed "
             "overheads); reserved is what an unconstrained run caches: when cudaMalloc fails, PyTorch frees its "
             "cached free segments and retries before it raises")
+
+
+EXPANDABLE_NOTE = ("--alloc-conf expandable_segments:True: one segment per stream grows by 20 MiB pages; reserved "
+                   "is its high-water mark: the allocated peak, or the loss backward's bytes beside the free range "
+                   "its freed logits leave ({hole} beside the peak); fits = the allocated peak <= capacity (the OOM "
+                   "retry unmaps free pages; analytic/expandable.py)")
 
 
 def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:

@@ -34,6 +34,9 @@ class HeadBytes:
     backward_transient: float  # backward start: the loss's gradients beside the saved log-softmax output
     norm_kept: float = 0.0  # of `saved`, the final norm's tensors still saved at its backward's high point
     norm_backward: float = 0.0  # the final norm's backward temporaries at that point
+    # of backward_transient, the first gradient the loss's backward makes (nll_loss_backward's, the saved
+    # log-softmax output's size); 0 where not laid out (analytic/expandable.py)
+    loss_grad: float = 0.0
 
 
 def final_norm_backward(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> tuple[float, float]:
@@ -115,6 +118,7 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
         backward_transient=max(2 * loss_bytes, loss_bytes + (a if a != loss_bytes else 0)) * v * tokens,
         norm_kept=kept,
         norm_backward=norm_bwd,
+        loss_grad=lsm,
     )
 
 

@@ -303,6 +303,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         "logits_buffers": int(fwd_transient),
         "optimizer_temporaries": int(step.optimizer_transient),
         "zero3_gathered_params": int(gathered if not fsdp2 else step.gathered_at["last_layer_backward"]),
+        # allocated at the loss backward's start (analytic/expandable.py: where an expandable segment grows)
+        "loss_backward_allocated": int(p.moments.get("loss_backward", p.peak)),
     }
     host = int(ds.host) if ds else None  # ZeRO-Offload's host bytes
     if off:  # CPUOffloadOptimizer's pinned copies and CPU states

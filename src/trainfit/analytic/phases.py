@@ -102,6 +102,7 @@ class Peak:
     phase: str
     peak: int
     at_peak: dict  # category -> bytes at the peak
+    moments: dict = field(default_factory=dict)  # moment name -> allocated bytes (loss_backward, ...)
 
 
 def peak(b: StepBytes) -> Peak:
@@ -168,7 +169,8 @@ def peak(b: StepBytes) -> Peak:
     phase = max(phases, key=phases.get)
     name, g, act, tmp = max(moments, key=lambda m: totals[m[0]])
     at = {**b.resident, "gradients": g, "activations": act, "temporaries": tmp}
-    return Peak(phases, phase, phases[phase], {k: int(v) for k, v in at.items()})
+    return Peak(phases, phase, phases[phase], {k: int(v) for k, v in at.items()},
+                {k: int(v) for k, v in totals.items()})
 
 
 def _mixed_layer_moments(b: StepBytes, grads, others: float, gathered) -> list:

@@ -55,9 +55,11 @@ def estimate(req: Request, engine: str = EngineOpt,
     """
     if emit is not None:
         _check_emit(req, emit, json, engine)
-    if req.alloc_conf is not None and engine not in ("trace", "all"):
-        raise SetupError(f"--alloc-conf sets the caching allocator the trace engine replays; --engine {engine} does "
-                         "not read it: add --engine trace (or all), or drop it")
+    if req.alloc_conf is not None and (engine not in ("trace", "all", "analytic") or measure):
+        raise SetupError(f"--alloc-conf sets the caching allocator the trace engine replays (and the analytic "
+                         f"engine's expandable_segments); {'--measure' if measure else '--engine ' + engine} does "
+                         "not read it (a real step runs under the process's PYTORCH_CUDA_ALLOC_CONF): add --engine "
+                         "trace (or all), or drop it")
     slow = engine in ("trace", "all", "measure") or measure
     what = {"trace": "tracing the step on fake tensors", "all": "analytic, then tracing the step on fake tensors",
             "measure": "running the real step"}.get(engine, "estimating")

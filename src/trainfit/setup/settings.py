@@ -658,7 +658,8 @@ class RunSettings:
     alloc_conf: Optional[str] = setting(None, "The CUDA caching allocator's settings for the trace's reserved and "
                                         "required, in "
                                         "PYTORCH_CUDA_ALLOC_CONF syntax (max_split_size_mb, expandable_segments, "
-                                        "roundup_power2_divisions, garbage_collection_threshold).",
+                                        "roundup_power2_divisions, garbage_collection_threshold); the analytic "
+                                        "engine models expandable_segments of a training step.",
                                         auto="torch's defaults", check=lambda v: _check_alloc_conf(v),
                                         example="expandable_segments:True", modes=STEP_MODES, group="run")
 
