@@ -42,7 +42,9 @@ FLAGS = dict(gpu="3090", power_limit=280, stack="hf", dp=2, zero=3, batch=1, seq
 
 # (train type, trainfit settings beyond FLAGS, published peak reserved GiB, published seconds per 1,024 samples,
 #  published peak allocated GiB or None) -- benchmarks_03_2024.md, "Case Study: A Dual 3090"
-PUBLISHED = (("QLoRA", {"quant": "nf4"}, 4.98, 1082, None),
+# (QLoRA: train.py never calls peft's prepare_model_for_kbit_training, the unquantised parameters keep torch_dtype,
+#  train.py:536-549, 615-616: --kbit-prep none)
+PUBLISHED = (("QLoRA", {"quant": "nf4", "kbit_prep": "none"}, 4.98, 1082, None),
              ("LoRA", {}, 10.24, 2597, 8.28))
 
 

@@ -83,8 +83,9 @@ def _aai(row: int, model: str, gpu: str, n: int, train: str, batch: int, reserve
     """One row of the benchmark file (`row`: its line): `model` a catalog name or a posttrain_models/ file stem."""
     flags = dict(batch=batch, seq=seq, precision="bf16", lora_rank=64, lora_dtype="weight", recompute="full",
                  optimizer_impl="foreach", dp=n, zero=3 if shard == "full_shard" else 0, gpu=gpu)
-    if train == "QLoRA":
-        flags["quant"] = "nf4"
+    if train == "QLoRA":  # train.py never calls peft's prepare_model_for_kbit_training: the embedding, head and
+        # norms keep torch_dtype (train.py:536-549, 615-616)
+        flags.update(quant="nf4", kbit_prep="none")
     if offload:
         flags["offload"] = "params"  # FSDP CPUOffload(offload_params=True): sharded params and grads on the host
     if act_offload:  # train.py:794-797: offload_wrapper(model), torch's save_on_cpu over the whole forward
