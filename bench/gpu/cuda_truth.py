@@ -298,7 +298,8 @@ def warm_up(device: str) -> dict:
     return process_memory(device)
 
 
-def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: int = 2) -> dict:
+def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: int = 2,
+             snapshots: Path | None = None) -> dict:
     import importlib.util
 
     from trainfit.analytic.engine import estimate
@@ -353,6 +354,10 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
 
             row["measured"]["segments"] = segment_histogram(s["total_size"] for s in torch.cuda.memory_snapshot())
             row["trace"]["segments"] = tr.detail.records.get("segments") if "error" not in row["trace"] else None
+        if snapshots is not None and device == "cuda" and setup.mode == "train":  # for `trainfit explain`
+            from bench.gpu.snapshots import record
+
+            row["snapshot"] = record(spec, setup, device, snapshots, case.id)
         if setup.mode == "train":
             prof = profile_kinds(spec, setup, device)
             row["measured"]["kinds"] = prof.pop("kinds")
@@ -526,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=8.0, help="stop starting new cases after this long")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json result")
     ap.add_argument("--render", type=Path, metavar="FILE", help="print a committed run's markdown table and exit")
+    ap.add_argument("--snapshots", action="store_true",
+                    help="also save each training case's memory snapshot (torch's _snapshot() pickle at the backward's "
+                         "start, or at an OOM) under <out>/snapshots/ for `trainfit explain`; CUDA only")
     args = ap.parse_args(argv)
     if args.render:
         print(render_file(args.render), end="")
@@ -537,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainfit.setup import Setup
 
     dry = args.dry_run
+    if dry and args.snapshots:
+        print("--snapshots records CUDA memory snapshots: drop it with --dry-run", file=sys.stderr)
+        return 2
     resolved = device_and_gpu(dry)
     if resolved is None:
         return 2
@@ -570,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"id": c.id, "skipped": f"--max-minutes {args.max_minutes} reached"})
             continue
         print(f"[{i}/{len(cases)}] {c.id}", file=sys.stderr, flush=True)
-        rows.append(run_case(c, gpu, device, process_memory(device), args.steps))
+        rows.append(run_case(c, gpu, device, process_memory(device), args.steps,
+                             args.out / "snapshots" if args.snapshots else None))
         print(f"    {json.dumps(rows[-1].get('errors') or rows[-1].get('skipped'), default=str)} "
               f"{rows[-1].get('seconds', 0)} s", file=sys.stderr, flush=True)
         if device == "cuda":

@@ -101,3 +101,15 @@ def test_a_torch_save_of_the_snapshot_is_read_with_weights_only(tmp_path):
     _, snap, _ = _snapshot(tmp_path, at=6)
     torch.save(snap, tmp_path / "snap.pt")
     assert explain(load(tmp_path / "snap.pt")).reserved == 44 * MiB
+
+
+def test_an_out_of_memory_observer_s_snapshot_says_what_failed(cli, tmp_path):
+    # the observer's _snapshot() with history on ends in an "oom" entry (torch/cuda/memory.py TraceEntry): size
+    # requested and device_free
+    _, snap, _ = _snapshot(tmp_path, at=6)
+    snap["device_traces"] = [[{"action": "alloc", "addr": 0, "size": 512, "stream": 0, "frames": []},
+                              {"action": "oom", "size": 3 * MiB, "device_free": MiB, "stream": 0, "frames": []}]]
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, _ = cli("explain", str(path))
+    assert code == 0 and "out of memory: 3.00 MiB requested with 1.00 MiB free on the device" in out
