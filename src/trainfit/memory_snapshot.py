@@ -13,9 +13,11 @@ Categories, from a block's frames (innermost first; the rules name the frames to
 - optimizer_states: allocated in torch.optim's `_init_group` (torch/optim/adam.py:178, the states' zeros_like);
   any other torch/optim frame: the optimizer step's temporaries;
 - gradients / temporaries: allocated by the autograd engine (torch/csrc/autograd/engine.cpp's C++ frames: the CUDA
-  backward runs on the engine's device thread, which has no Python stack; or torch/autograd/graph.py
+  backward runs on the engine's device thread, which has no Python stack: torch 2.13
+  include/torch/csrc/autograd/engine.h:225 start_device_threads; or torch/autograd/graph.py
   _engine_run_backward on a CPU). A parameter's gradient is an ordinary output of a backward op that
-  AccumulateGrad keeps, so no frame names it: a backward block counts as a gradient when its requested size is a
+  AccumulateGrad keeps (include/torch/csrc/autograd/functions/accumulate_grad.h:82-83, 192-200: it steals the
+  tensor, or clones it inside the engine too), so no frame names it: a backward block counts as a gradient when its requested size is a
   weight block's (one gradient per weight block). NB: an activation's gradient of a weight's size reads as a
   gradient (gradients high); a gradient in another dtype than its weight (fp32 gradients of bf16 weights) as a
   temporary (gradients low). Under torch/utils/checkpoint.py: activations recomputed for the backward;

@@ -11,7 +11,8 @@ trace knows of the storage (its category for the resident state, its phase and m
 - forward: the module's forward called through torch/nn/modules/module.py:1789 _call_impl; the module's frame
   names the traced module (`trace/<qualified name>`), where a GPU's frame names its modeling file's line;
 - backward: the autograd engine's C++ frames only (the CUDA backward runs on the engine's device thread, which
-  has no Python stack: torch/csrc/autograd/engine.cpp thread_main -> evaluate_function);
+  has no Python stack: include/torch/csrc/autograd/engine.h:225 start_device_threads; thread_main ->
+  evaluate_function);
 - optimizer step: torch/optim/adam.py:762 _multi_tensor_adam under :248 step.
 NB: master weights (trainfit's MasterWeightOptimizer) get their own frame, which no torch rule names.
 """
