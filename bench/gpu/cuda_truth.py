@@ -354,10 +354,6 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
 
             row["measured"]["segments"] = segment_histogram(s["total_size"] for s in torch.cuda.memory_snapshot())
             row["trace"]["segments"] = tr.detail.records.get("segments") if "error" not in row["trace"] else None
-        if snapshots is not None and device == "cuda" and setup.mode == "train":  # for `trainfit explain`
-            from bench.gpu.snapshots import record
-
-            row["snapshot"] = record(spec, setup, device, snapshots, case.id)
         if setup.mode == "train":
             prof = profile_kinds(spec, setup, device)
             row["measured"]["kinds"] = prof.pop("kinds")
@@ -369,6 +365,10 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
     except Exception as e:
         row["measured"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                            "traceback": traceback.format_exc(limit=3)}
+    if snapshots is not None and device == "cuda" and setup.mode == "train":  # for `trainfit explain`; a step that
+        from bench.gpu.snapshots import record  # ran out of memory above leaves the OOM observer's snapshot
+
+        row["snapshot"] = record(spec, setup, device, snapshots, case.id)
     meas, a, t = row.get("measured", {}), row.get("analytic", {}), row.get("trace", {})
     # the step's own tensors: the measured peak above what the process held before (workspaces, earlier cases'
     # leftovers) against the engines' peak; reserved likewise against the engines' reserved less the library

@@ -53,3 +53,26 @@ def test_explain_recovers_the_trace_s_categories(traced, moment):
     assert ex.bytes["rounding"] == sum(b["size"] for s in snap["segments"] for b in s["blocks"]
                                        if b["state"] == "active_allocated") - sum(truth.values())
     assert sum(ex.bytes.values()) == ex.reserved == sum(s["total_size"] for s in snap["segments"])
+
+
+@pytest.mark.heavy  # the trace of the fixture
+def test_explain_sets_the_analytic_prediction_beside_the_trace_s_snapshot(traced, cli, tmp_path):
+    # two independent accounts of one step: the analytic engine's formulas at its peak, and the traced step's
+    # allocations at theirs, read back from the snapshot: the resident state to 4 bytes a tensor (Adam's on-device
+    # `step` scalars, torch/optim/adam.py _init_group, which the analytic count of states leaves out; the rotary
+    # table), the activations within 1 %
+    import json
+    import pickle
+
+    rec, setup = traced
+    snap, _ = trace_snapshot(rec, setup)
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, _ = cli("explain", str(path), "--model", "tiny-llama", "--batch", "2", "--seq", "64", "--precision",
+                       "amp-bf16", "--device", "cuda", "--json")
+    d = json.loads(out)
+    got, want = d["bytes"], d["predicted"]["bytes"]
+    tensors = sum(1 for r in rec.records if CATEGORIES[r.cat] in ("parameter", "buffer"))
+    assert code == 0 and 0 <= got["optimizer_states"] - want["optimizer_states"] <= 4 * tensors
+    assert abs(got["weights"] - want["weights"]) <= 4 * tensors
+    assert abs(got["activations"] / want["activations"] - 1) < 0.01
