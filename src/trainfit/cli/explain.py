@@ -28,7 +28,7 @@ def predicted(memory) -> dict[str, int]:
     return {row: sum(at.get(c, 0) for c in cats) for row, cats in ROWS}
 
 
-@with_settings(model=False, exclude=("tokens", "price", "mfu"))
+@with_settings(model=False, exclude=("tokens", "price", "mfu", "alloc_conf"))  # (the analytic engine reads none)
 def explain(req, snapshot: str = SnapshotArg, model: Optional[str] = ModelOpt, json: bool = JsonOpt) -> None:
     """What held the GPU memory in a PyTorch memory snapshot, by category (weights, gradients, optimizer states,
     activations, temporaries; the allocator's rounding, fragmented and cached free blocks) and by where it was
