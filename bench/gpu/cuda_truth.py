@@ -298,7 +298,8 @@ def warm_up(device: str) -> dict:
     return process_memory(device)
 
 
-def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: int = 2) -> dict:
+def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: int = 2,
+             snapshots: Path | None = None) -> dict:
     import importlib.util
 
     from trainfit.analytic.engine import estimate
@@ -364,6 +365,10 @@ def run_case(case: Case, gpu, device: str, before: dict | None = None, steps: in
     except Exception as e:
         row["measured"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                            "traceback": traceback.format_exc(limit=3)}
+    if snapshots is not None and device == "cuda" and setup.mode == "train":  # for `trainfit explain`; a step that
+        from bench.gpu.snapshots import record  # ran out of memory above leaves the OOM observer's snapshot
+
+        row["snapshot"] = record(spec, setup, device, snapshots, case.id)
     meas, a, t = row.get("measured", {}), row.get("analytic", {}), row.get("trace", {})
     # the step's own tensors: the measured peak above what the process held before (workspaces, earlier cases'
     # leftovers) against the engines' peak; reserved likewise against the engines' reserved less the library
@@ -526,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=8.0, help="stop starting new cases after this long")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json result")
     ap.add_argument("--render", type=Path, metavar="FILE", help="print a committed run's markdown table and exit")
+    ap.add_argument("--snapshots", action="store_true",
+                    help="also save each training case's memory snapshot (torch's _snapshot() pickle at the backward's "
+                         "start, or at an OOM) under <out>/snapshots/ for `trainfit explain`; CUDA only")
     args = ap.parse_args(argv)
     if args.render:
         print(render_file(args.render), end="")
@@ -537,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainfit.setup import Setup
 
     dry = args.dry_run
+    if dry and args.snapshots:
+        print("--snapshots records CUDA memory snapshots: drop it with --dry-run", file=sys.stderr)
+        return 2
     resolved = device_and_gpu(dry)
     if resolved is None:
         return 2
@@ -570,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"id": c.id, "skipped": f"--max-minutes {args.max_minutes} reached"})
             continue
         print(f"[{i}/{len(cases)}] {c.id}", file=sys.stderr, flush=True)
-        rows.append(run_case(c, gpu, device, process_memory(device), args.steps))
+        rows.append(run_case(c, gpu, device, process_memory(device), args.steps,
+                             args.out / "snapshots" if args.snapshots else None))
         print(f"    {json.dumps(rows[-1].get('errors') or rows[-1].get('skipped'), default=str)} "
               f"{rows[-1].get('seconds', 0)} s", file=sys.stderr, flush=True)
         if device == "cuda":

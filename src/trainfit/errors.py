@@ -27,3 +27,7 @@ class SetupError(TrainfitError):
 
 class EngineUnavailableError(TrainfitError):
     pass
+
+
+class SnapshotError(TrainfitError):
+    """A memory snapshot file (`trainfit explain`) that is missing, not a pickle, or not torch's snapshot format."""

@@ -68,6 +68,17 @@ def replay(records, start: int, conf: AllocConf | str | None = None, capacity: i
     after it (None: the last record's). lazy, lazy_at: resident records (`lazy(r)` true) that the first step makes
     at its event `lazy_at` rather than before it — torch.optim's states, created in the first optimizer.step()
     after the backward has freed its activations into the cache (torch/optim/adam.py _init_group: zeros_like)."""
+    a, _, _ = steady_state(records, start, conf, capacity, end, lazy, lazy_at)
+    sizes = a.segments
+    return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(sizes), segment_sizes=tuple(sizes),
+                  retries=a.num_alloc_retries)
+
+
+def steady_state(records, start: int, conf: AllocConf | str | None = None, capacity: int | None = None,
+                 end: int | None = None, lazy=None, lazy_at: int | None = None, until: int | None = None):
+    """`replay`'s allocator run: (Allocator, {id(record): its block's address} of the records allocated at the
+    end, the event of the second pass at which allocated first reached its maximum). until: stop the second pass
+    after its event `until` (the state a snapshot taken there would show)."""
     a = Allocator(conf if isinstance(conf, AllocConf) else parse_alloc_conf(conf), capacity=capacity)
     handles: dict[int, int] = {}
     deferred = [r for r in records if r.nbytes and r.birth < start and lazy_at is not None and lazy(r)]
@@ -90,15 +101,18 @@ def replay(records, start: int, conf: AllocConf | str | None = None, capacity: i
         if r.birth >= start and id(r) in handles:
             a.free(handles.pop(id(r)))
     a.reset_peak()
-    for _, born, r in _events(records, start, end):
+    peak_at, best = start, a.allocated
+    for at, born, r in _events(records, start, end):
         cancel.check()
+        if until is not None and at > until:
+            break
         if born:
             handles[id(r)] = a.malloc(r.nbytes, getattr(r, "stream", 0))
+            if a.allocated > best:
+                peak_at, best = at, a.allocated
         elif r.birth >= start and id(r) in handles:  # a resident storage dies once, in step 1
             a.free(handles.pop(id(r)))
-    sizes = a.segments
-    return Replay(reserved=a.max_reserved, allocated=a.max_allocated, segments=len(sizes), segment_sizes=tuple(sizes),
-                  retries=a.num_alloc_retries)
+    return a, handles, peak_at
 
 
 def least_capacity(records, start: int, conf: AllocConf | str | None = None, end: int | None = None, lazy=None,

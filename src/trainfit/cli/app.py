@@ -313,11 +313,12 @@ def gpus(json: bool = JsonOpt) -> None:
 
 def _register_optional_commands() -> None:
     """Commands that live beside their feature (planner, visuals); their heavy imports stay inside them."""
+    from .explain import explain
     from .fit import fit
     from .plan import plan
     from .visual import report, serve, sweep, timeline
 
-    for command in (fit, plan, timeline, sweep, report, serve):
+    for command in (fit, plan, timeline, sweep, report, serve, explain):
         app.command(cls=GroupedCommand)(command)
 
 

@@ -267,3 +267,32 @@ def _fits(j: _Judge, s: Setup, b: int, gpu: GPU) -> bool:
 
 def _changes(base: Setup, s: Setup) -> dict:
     return {k: v for k, v in vars(s).items() if getattr(base, k) != v}
+
+
+def frees_most(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, reserve: float = 0.0,
+               shown: int = 3) -> list[tuple[Knob, int]]:
+    """The memory knobs of `setup` (knobs) by the bytes each alone frees from what the step needs (Memory.required,
+    the fit rule's; the allocated peak where an engine has none), largest first, each checked by the analytic
+    engine: `trainfit explain`'s answer to "what frees the most"."""
+    def need(s: Setup) -> int | None:
+        cancel.check()
+        try:
+            m = analytic(spec, s, gpu, reserve=reserve).memory
+        except cancel.Stopped:
+            raise
+        except TrainfitError:
+            return None  # a change the model or the settings do not allow is no answer
+        return m.required if m.required is not None else m.peak
+
+    base = need(setup)
+    if base is None:
+        return []
+    out = []
+    for k in knobs(setup):
+        try:
+            after = need(setup.with_(**k.changes))
+        except TrainfitError:
+            continue
+        if after is not None and after < base:
+            out.append((k, base - after))
+    return sorted(out, key=lambda x: (-x[1], x[0].flags))[:shown]

@@ -1,0 +1,115 @@
+"""`trainfit explain SNAPSHOT`: a memory snapshot in torch's format (torch/cuda/memory.py _snapshot), attributed by
+category. The snapshots here are the allocator simulator's (trainfit.alloc, c10's CUDACachingAllocator rule by
+rule) replaying a hand-made step: every byte below is derived by hand from the allocator's rules, and torch's own
+reader (torch/cuda/_memory_viz.py segsum, which checks that each segment's blocks add up) reads the same file."""
+from __future__ import annotations
+
+import json
+import pickle
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainfit.memory_snapshot import explain, load
+from trainfit.trace.recorder import ACTIVATION, GRADIENT, OPTIMIZER_STATE, PARAMETER, TEMPORARY
+from trainfit.trace.snapshot import snapshot_of
+
+MiB = 1 << 20
+
+
+def _r(mib, cat, phase, birth, death=None, module=""):
+    n = int(mib * MiB)
+    return SimpleNamespace(nbytes=n, cat=cat, phase=phase, birth=birth, death=death, module=module, stream=0,
+                           shape=(n // 4,), dtype=torch.float32)
+
+
+# W (weights, 12 MiB) and S (an optimizer state, 12 MiB) are resident: a 12 MiB segment each (>= kMinLargeAlloc
+# 10 MiB: rounded to 2 MiB). The step (from event 2): A, an activation of 6 MiB, takes a kLargeBuffer 20 MiB segment
+# (1 MiB < 6 MiB < 10 MiB), split: [A 6 | 14 free]; T (3 MiB, forward temporary) splits the 14 and dies, merging
+# back; G, a 12 MiB gradient made by the backward, splits the 14: [A 6 | G 12 | 2 free]; D (1.5 MiB, an
+# activation's gradient) finds the 2 MiB block, whose 0.5 MiB remainder is not > kSmallSize (1 MiB), so it is not
+# split (should_split): D holds 2 MiB for its 1.5. The replay's second pass (the steady state) lays them out alike.
+STEP = [_r(12, PARAMETER, "setup", 0), _r(12, OPTIMIZER_STATE, "setup", 1),
+        _r(6, ACTIVATION, "forward", 2, 7, "model.layers.0.mlp"), _r(3, TEMPORARY, "forward", 3, 4, "model.norm"),
+        _r(12, GRADIENT, "backward", 5), _r(1.5, TEMPORARY, "backward", 6, 8)]
+
+
+def _snapshot(tmp_path, at):
+    snap, live = snapshot_of(STEP, start=2, at=at)
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    return path, snap, live
+
+
+def test_categories_fragmentation_and_rounding_of_a_hand_made_step(tmp_path):
+    from torch.cuda._memory_viz import segsum
+
+    _, snap, _ = _snapshot(tmp_path, at=5)  # G just made: 2 MiB free inside A's and G's segment
+    ex = explain(snap)
+    assert ex.reserved == 44 * MiB and ex.segments == 3 and ex.allocated == 42 * MiB
+    assert {k: v for k, v in ex.bytes.items() if v} == {
+        "weights": 12 * MiB, "optimizer_states": 12 * MiB, "activations": 6 * MiB, "gradients": 12 * MiB,
+        "fragmented": 2 * MiB}
+    assert "total_reserved: 44.0MiB" in segsum(snap) and "total_allocated: 42.0MiB" in segsum(snap)
+    _, snap, _ = _snapshot(tmp_path, at=6)  # D takes the 2 MiB block whole: 0.5 MiB of rounding, no fragment
+    ex = explain(snap)
+    assert ex.bytes["temporaries"] == 1.5 * MiB and ex.bytes["rounding"] == MiB // 2 and ex.bytes["fragmented"] == 0
+    assert ex.bytes["gradients"] == 12 * MiB  # G matches W's size; D matches no weight: a temporary
+    assert ("model.layers.0.mlp:0:forward", "activations", 6 * MiB) in ex.by_site
+
+
+def test_explain_command_reads_the_file(cli, tmp_path):
+    path, _, _ = _snapshot(tmp_path, at=6)
+    code, out, _ = cli("explain", str(path), "--json")
+    d = json.loads(out)
+    assert code == 0 and d["reserved"] == 44 * MiB and d["bytes"]["gradients"] == 12 * MiB
+    code, out, _ = cli("explain", str(path))
+    assert code == 0 and "gradients" in out and "--model" in out  # tells how to compare
+
+
+def test_explain_compares_with_the_prediction_and_names_what_frees_most(cli, tmp_path):
+    path, _, _ = _snapshot(tmp_path, at=6)
+    code, out, _ = cli("explain", str(path), "--model", "tiny-llama", "--batch", "2", "--seq", "64", "--gpu", "T4",
+                       "--json")
+    d = json.loads(out)
+    assert code == 0 and d["predicted"]["bytes"]["optimizer_states"] > 0 and d["frees_most"]
+    frees = [x["frees"] for x in d["frees_most"]]
+    assert frees == sorted(frees, reverse=True) and frees[0] > 0
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"not a pickle at all", "not a PyTorch memory snapshot pickle"),
+    (pickle.dumps({"blocks": []}), "no 'segments' list"),
+    (pickle.dumps({"segments": [{"total_size": 2}]}), "lacks total_size or blocks"),
+    (pickle.dumps(SimpleNamespace(a=1)), "refers to types.SimpleNamespace"),  # a class: never loaded
+])
+def test_bad_snapshot_files_are_one_line_and_exit_2(cli, tmp_path, content, says):
+    path = tmp_path / "x.pickle"
+    path.write_bytes(content)
+    code, out, err = cli("explain", str(path))
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_setup_flags_without_a_model_are_refused(cli, tmp_path):
+    path, _, _ = _snapshot(tmp_path, at=6)
+    code, _, err = cli("explain", str(path), "--batch", "4")
+    assert code == 2 and "--model" in err
+
+
+def test_a_torch_save_of_the_snapshot_is_read_with_weights_only(tmp_path):
+    _, snap, _ = _snapshot(tmp_path, at=6)
+    torch.save(snap, tmp_path / "snap.pt")
+    assert explain(load(tmp_path / "snap.pt")).reserved == 44 * MiB
+
+
+def test_an_out_of_memory_observer_s_snapshot_says_what_failed(cli, tmp_path):
+    # the observer's _snapshot() with history on ends in an "oom" entry (torch/cuda/memory.py TraceEntry): size
+    # requested and device_free
+    _, snap, _ = _snapshot(tmp_path, at=6)
+    snap["device_traces"] = [[{"action": "alloc", "addr": 0, "size": 512, "stream": 0, "frames": []},
+                              {"action": "oom", "size": 3 * MiB, "device_free": MiB, "stream": 0, "frames": []}]]
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, _ = cli("explain", str(path))
+    assert code == 0 and "out of memory: 3.00 MiB requested with 1.00 MiB free on the device" in out
