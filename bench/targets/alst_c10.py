@@ -1,4 +1,4 @@
-"""Calibration C10 (/work/shared/calibration.md): ArcticTraining's long-sequence recipe on one H200 — Llama-3.1-8B,
+"""Calibration C10 (shared/calibration.md): ArcticTraining's long-sequence recipe on one H200 — Llama-3.1-8B,
 HF transformers 4.51 + FlashAttention-3, DeepSpeed ZeRO-3 with offload_optimizer cpu and offload_param cpu
 (cpu_adam), micro-batch 1, activation checkpointing, expandable_segments:True, no Liger / tiled MLP / activation
 offload: a 65,000-token sequence ran at "137.36 GB" (pynvml used memory ÷ 2^30, so GiB).
