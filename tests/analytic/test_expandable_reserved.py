@@ -85,7 +85,7 @@ def test_analytic_refuses_what_it_does_not_model():
 
 
 def test_c10_runs_on_an_h200():
-    """C10 (/work/shared/calibration.md): Llama-3.1-8B, 65,000 tokens, ZeRO-3 param + optimizer offload, one H200,
+    """C10 (shared/calibration.md): Llama-3.1-8B, 65,000 tokens, ZeRO-3 param + optimizer offload, one H200,
     expandable_segments:True ran at 137.36 GiB (pynvml v1 used: the device total and the driver's reserve): judged
     to fit, and within 10 % of what it used (NB: reads ~4 % low, bench/targets/alst_c10.py)."""
     from bench.targets.alst_c10 import PUBLISHED_GIB, SETUP, ALLOC_CONF, c10_rows
