@@ -6,7 +6,8 @@ Each row names its source, the engine's settings it states and the benchmark it 
   latency     vLLM's benchmarks/benchmark_latency.py: one batch of B prompts submitted together
               (serving_time.batch_latency); published output tokens/s = B × output / latency;
   throughput  vLLM's benchmarks/benchmark_throughput.py: every request submitted at once, the engine running as
-              many as it holds (serving_time.steady_state at the concurrency the engine allows).
+              many as it holds (serving_time.steady_state at the concurrency the engine allows);
+  tpot        vllm bench serve at --max-concurrency C: one request's decode rate, 1 / TPOT (steady_state).
 "before" is the previous model (serving.decode_seconds: weights + KV over 80 % of the bandwidth, at the request's
 batch), kept to show what the op-list model changed.
 
@@ -37,7 +38,26 @@ ORACLE_SETUP = dict(mode="serve", precision="bf16", quant="fp8", tp=8, max_num_s
 
 # (id, model, gpu, setup, benchmark, batch or None (throughput: as many as the engine holds), prompt, output,
 #  published output tokens/s, source)
+KVCACHED = ("ovg-project/kvcached benchmarks/bench_layout/H100_results.md (commit c41e22af), '1. E2E Sweep Results', "
+            "rate=inf, config A (vanilla vLLM 0.19.0): Qwen3-0.6B bf16 on one H100 80GB HBM3, vllm serve "
+            "--gpu-memory-utilization 0.5 --max-model-len 2048; vllm bench serve random 512 in / 128 out, 500 prompts "
+            "(3 seeds, means): 94.91 req/s = 12,148.5 output tokens/s")
+MUSGRAVE = ("johnmusgrave.com/p/vllm-throughput-latency-sweep-on ('vLLM throughput-latency sweep on NVIDIA A100'): "
+            "Llama-3.1-8B-Instruct bf16 on one A100 40GB, vLLM 0.23.0 defaults; vllm bench serve random 1024 in / 128 "
+            "out, --ignore-eos, --max-concurrency 1: 'decode at one request per time runs at about 75 tokens/sec' "
+            "(1 / TPOT)")
+
 ROWS = [
+    # rate=inf with 500 prompts: every request submitted at once, as benchmark_latency's batch (batch_latency at
+    # vLLM's H100 budget, 8192 tokens: engine/arg_utils.py:2970-3006). NB: V1 runs later prompts' chunks beside
+    # earlier requests' decodes; here the prompts go first. NB: a 0.6B model's GPU step at 500 sequences is ~1 ms;
+    # the engine's per-step host work for 500 requests (scheduling, input preparation, the API server's streaming
+    # and detokenisation) is not modelled, which this row shows (published TPOT 5.45 ms)
+    ("kvcached-h100-qwen3-0.6b-burst-500", "qwen3-0.6b", "H100-80GB",
+     dict(mode="serve", precision="bf16", gpu_memory_utilization=0.5, max_model_len=2048), "latency", 500, 512, 128,
+     12148.5, KVCACHED),
+    ("musgrave-a100-40gb-llama-3.1-8b-c1-tpot", "llama-3.1-8b", "A100-40GB", dict(mode="serve", precision="bf16"),
+     "tpot", 1, 1024, 128, 75, MUSGRAVE),
     *[(f"oracle-405b-fp8-latency-b{b}", "llama-3.1-405b", "MI300X", ORACLE_SETUP, "latency", b, 128, 128, tps,
        f"{ORACLE}, 'Latency measurements' table (benchmark_latency.py, input 128, output 128): batch {b}, "
        f"{tps} output tokens/s")
@@ -61,10 +81,15 @@ def predict(row) -> tuple[float, float]:
     sv = serving.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
     if bench == "latency":
+        budget = batch * prompt if "max_num_seqs" in kw else k.max_num_batched_tokens  # (V0 rows: no chunking)
         secs = serving_time.batch_latency(spec, setup, gpu, pc, sv.kv_bytes_per_token, batch, prompt, output,
-                                          k.capture_sizes, batch * prompt)
+                                          k.capture_sizes, budget)
         now = batch * output / secs
         seqs = batch
+    elif bench == "tpot":  # one request's decode rate, 1 / TPOT, at `batch` concurrent requests
+        st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, k.max_num_batched_tokens,
+                                       k.max_num_seqs, sv.kv_tokens, k.capture_sizes, batch, prompt, output)
+        return 1 / st.tpot, 1 / serving.decode_seconds(sv, gpu, batch, 0.8)
     else:
         st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, max(k.max_num_seqs * prompt, 1),
                                        k.max_num_seqs, sv.kv_tokens, k.capture_sizes, None, prompt, output)
