@@ -268,6 +268,15 @@ def vllm(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv, prefill_m
                         setup.prompt_len, setup.completion_len, prefill_mfu, sv.state_bytes)
 
 
+def decode_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv, sequences: int) -> float:
+    """One decode step of `sequences` requests at half the engine's longest request (`sv.context`) on average, on
+    either server's engine (`sv`: serving.py's or serving_sglang.py's Serving): the planner's load."""
+    k = sv.knobs
+    sizes = tuple(range(1, k.cuda_graph_max_bs + 1)) if setup.server == "sglang" else k.capture_sizes
+    return engine_step(spec, setup, gpu, pc, sv.kv_bytes_per_token, sequences, sv.context / 2, 0.0, 1, sizes,
+                       state=sv.state_bytes).seconds
+
+
 def sglang(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv, prefill_mfu: float | None = None) -> ServingTime:
     """SGLang's engine (analytic/serving_sglang.py's Serving `sv`): its scheduler fills chunked_prefill_size tokens per
     step beside max_running_requests decodes, the same continuous batching; decode CUDA graphs up to
@@ -278,5 +287,5 @@ def sglang(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv, prefill
                         sv.kv_tokens, sizes, setup.concurrency, setup.prompt_len, setup.completion_len, prefill_mfu, sv.state_bytes)
 
 
-__all__ = ["EngineStep", "ServingTime", "engine_step", "steady_state", "batch_latency", "padded", "allreduce_seconds", "vllm",
-           "sglang"]
+__all__ = ["EngineStep", "ServingTime", "engine_step", "steady_state", "batch_latency", "padded", "allreduce_seconds",
+           "decode_seconds", "vllm", "sglang"]
