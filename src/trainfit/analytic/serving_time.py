@@ -133,12 +133,16 @@ def _weights_format(op: Op, setup: Setup) -> Op:
     return op
 
 
-def _step_ops(spec: ModelSpec, setup: Setup, pc: ParamCounts, gpu: GPU, tokens: int, rows: float) -> ListTime:
+def _step_ops(spec: ModelSpec, setup: Setup, pc: ParamCounts, gpu: GPU, tokens: int, rows: float,
+              decode: bool) -> ListTime:
     """The layers' op lists at `tokens` flattened tokens without their attention core (timed apart), and the final
-    norm + LM head over `rows` sampling rows."""
-    # (the Shape of the step's one flattened row; MoE: the busiest rank's tokens at this step's count)
-    sh = replace(shape_of(spec, setup, state_bytes(setup), compute_dtype(setup)), batch=1, seq=max(1, tokens),
-                 moe_load=busiest_rank_load(spec, setup, max(1, tokens)))
+    norm + LM head over `rows` sampling rows. `decode`: every token is a sequence's next one (a decode-only step):
+    `tokens` rows of one token, whose linear-attention / Mamba layers run their recurrent update (Shape.decode);
+    else one flattened row (NB: a mixed step's decodes then run those layers' chunked form)."""
+    # (MoE: the busiest rank's tokens at this step's count)
+    n = max(1, tokens)
+    sh = replace(shape_of(spec, setup, state_bytes(setup), compute_dtype(setup)), batch=n if decode else 1,
+                 seq=1 if decode else n, decode=decode, moe_load=busiest_rank_load(spec, setup, n))
     total = ListTime()
     for w, moe, linear, block in layer_kinds(spec, pc):
         ops = [_weights_format(o, setup) for o in layer_forward(spec, sh, moe, linear, block) if o.kind != "attention"]
@@ -177,11 +181,14 @@ def engine_step(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_byt
     real = max(1, math.ceil(decodes + (0 if prefill_mfu else prefill)))
     tokens = padded(real, capture_sizes) if graphs else real
     rows = decodes + finishing
-    kernels = _step_ops(spec, setup, pc, gpu, tokens, rows)
+    decode_only = not prefill or bool(prefill_mfu)
+    kernels = _step_ops(spec, setup, pc, gpu, tokens, rows, decode_only)
     layers = spec.layers / setup.pp
     dtype = compute_dtype(setup)
     # decode attention: every cached token's K and V of this GPU's layers, once (memory-bound split-KV decode)
-    kv_read = decodes * (context * kv_bytes_per_token + 2 * state)  # (this GPU's stage already: serving.py)
+    # (this GPU's stage already: serving.py); a mixed step's decodes also read and write their recurrent states,
+    # which a decode-only step's op list updates itself
+    kv_read = decodes * (context * kv_bytes_per_token + (0 if decode_only else 2 * state))
     kv_write = real * kv_bytes_per_token  # reshape_and_cache: the step's new K and V
     attn_layers = attention_layers(spec) / setup.pp
     attn = roofline.memory_seconds(gpu, kv_read + kv_write, 0)  # (its launches: one per attention layer, below)
