@@ -151,7 +151,8 @@ def test_every_setting_has_a_concern_and_the_modes_follow_it():
     from trainfit.setup.vocab import GROUPS
     from trainfit.web.page import knob_fieldsets
 
-    exceptions = {"quant": ("train", "serve")}
+    # (a request's prompt and output lengths: RL's rollouts and serving's load mix, one definition each)
+    exceptions = {"quant": ("train", "serve"), "prompt_len": ("rl", "serve"), "completion_len": ("rl", "serve")}
     for s in SETTINGS:
         assert s.meta.group in GROUPS, s.name
         if s.meta.group in ("serve", "rl", "vision", "fine-tune"):

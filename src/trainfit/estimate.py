@@ -200,6 +200,9 @@ class Serving:
     # draft_model, draft_layers, draft_weights, speculative_num_steps, speculative_eagle_topk,
     # speculative_num_draft_tokens
     knobs: dict = field(default_factory=dict)
+    # under load (analytic/serving_time.py ServingTime.as_dict): concurrency, prompt_len, output_len, ttft_seconds,
+    # tpot_seconds, output_tokens_per_second (one replica) and _per_gpu, the engine step's tokens and seconds by part
+    load: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "knobs"}, **self.knobs}

@@ -67,11 +67,9 @@ def test_eager_decode_is_bound_by_the_weights_and_the_host():
     e = estimate(spec, setup, gpu)
     assert e.time.decode_tokens_per_second < gpu.memory_bandwidth / e.memory.weights
     assert e.detail.decode.host_bound and not e.detail.prefill.host_bound
-    # --mfu keeps the flat model: the weights and the cache at 80 % of 3.35 TB/s per token ≈ 167 tokens/s
+    # --mfu names the prefill's utilisation: the decode step stays the op list's, host-bound
     flat = estimate(spec, setup, gpu, mfu=0.4)
-    assert flat.time.decode_tokens_per_second == pytest.approx(0.8 * 3.35e12 / (flat.memory.weights
-                                                                                 + flat.memory.kv_cache), rel=1e-6)
-    assert 150 < flat.time.decode_tokens_per_second < 180
+    assert flat.time.decode_tokens_per_second == e.time.decode_tokens_per_second and flat.detail.decode.host_bound
 
 
 def test_largest_batch_really_is_the_largest():

@@ -11,7 +11,7 @@ from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
 from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, torchao_optim, vlm
-from . import expandable, nvfp4, rl_placement, torchao_recipes
+from . import expandable, nvfp4, rl_placement, serving_time, torchao_recipes
 from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
@@ -229,8 +229,9 @@ def infer_reserve(spec: ModelSpec, setup: Setup, m) -> int:
     return max(overheads.reserved_from_allocated(m.prefill_peak, mlp_intermediate(spec, setup)), m.decode_peak)
 
 
-# Serving and RL generation have no layout model yet: prefill at this model-FLOPs utilisation, decode at `mbu` of
-# bandwidth. NB: a flat utilisation, stated in the estimate's notes. (--mode infer: analytic/infer_time.py.)
+# RL generation has no op-list model yet: prefill at this model-FLOPs utilisation, decode at `mbu` of bandwidth.
+# NB: a flat utilisation, stated in the estimate's notes. (--mode infer: analytic/infer_time.py; --mode serve:
+# analytic/serving_time.py.)
 INFER_MFU = 0.4
 
 
@@ -267,14 +268,15 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     validate_layout(spec, setup)
     if setup.mode != "serve":  # serving sizes the engine's own profile run (analytic/serving.py), not these terms
         # with a GPU and no --mfu the op list times each pass (ops/layer.py asks again); without, nothing is timed
-        check_modelled(spec, kernels=gpu is not None and mfu is None)
+        # (--mode infer times its decode step op by op under --mfu too)
+        check_modelled(spec, kernels=gpu is not None and (mfu is None or setup.mode == "infer"))
     float8.check_gpu(setup, gpu)
     nvfp4.check(spec, setup, gpu)  # torchao's NVFP4 kernels: every GEMM dim a multiple of 128
     pc = count_params(spec)
     if setup.mode == "infer":
         return _infer(spec, setup, pc, gpu, mfu, mbu, reserve)
     if setup.mode == "serve":
-        return _serve(spec, setup, pc, gpu, INFER_MFU if mfu is None else mfu, mbu, reserve)
+        return _serve(spec, setup, pc, gpu, mfu, reserve)
     if setup.mode == "rl":
         return _rl(spec, setup, pc, gpu, mfu, mbu, reserve)
     mem = train_memory(spec, setup, pc)
@@ -416,9 +418,11 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
             mfu = prefill_flops / (prefill_s * gpu.flops_for(compute_dtype(setup)))
             prefill = PassTime(pre.gpu.seconds, pre.gpu.kernels, pre.host_bound)
             decode = PassTime(dec.gpu.seconds, dec.gpu.kernels, dec.host_bound) if dec else None
-        else:  # --mfu: a flat utilisation for the prefill; decode: the weights and the whole KV cache at `mbu`
+        else:  # --mfu names the prefill's utilisation: the prefill at it; the decode step still op by op
             prefill_s = prefill_flops / (gpu.flops_for(compute_dtype(setup)) * mfu)
-            decode_s = (m.weights + m.kv_cache) / (gpu.memory_bandwidth * mbu) if spec.causal else None
+            dec = infer_time.prefill_decode(spec, setup, gpu, pc)[1]
+            decode_s = dec.seconds if dec else None
+            decode = PassTime(dec.gpu.seconds, dec.gpu.kernels, dec.host_bound) if dec else None
         timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=prefill_s, tokens_per_second=setup.batch * setup.seq / prefill_s,
                         fits=fit.fits, headroom=fit.headroom, gpu_memory=gpu.memory,
                         prefill_seconds=prefill_s,
@@ -427,7 +431,7 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                         max_seq=inference.largest_context(spec, setup, fit.capacity))
     notes = [f"KV cache in {inference.kv_dtype(spec, setup)}; " + (
         "prefill and decode timed op by op (the training step's kernel model) and by the host's kernel issue"
-        if modelled else f"prefill at --mfu {mfu:.0%}, decode at {mbu:.0%} of memory bandwidth (roofline)")]
+        if modelled else f"prefill at --mfu {mfu:.0%}; the decode step timed op by op")]
     if gpu is not None:
         notes += [_fit_note(fit), overheads.describe(beside, held)]
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
@@ -436,18 +440,15 @@ def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
                                                  prefill=prefill, decode=decode), fit)
 
 
-def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
-    """--mode serve: vLLM's start-up sizing (analytic/serving.py), the device total, and the decode rate at the
-    concurrency the KV cache allows."""
+def _serve(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
+    """--mode serve: vLLM's start-up sizing (analytic/serving.py), the device total, and TTFT, TPOT and output
+    tokens/s at --concurrency (analytic/serving_time.py: engine steps op by op, continuous batching)."""
     if gpu is None:
         raise SetupError("--mode serve sizes the KV cache from the GPU's memory: add --gpu (see `trainfit gpus`)")
     if setup.server == "sglang":
-        return _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve)
+        return _serve_sglang(spec, setup, pc, gpu, mfu, reserve)
     sv = serving.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
-    # decode at the concurrency the KV cache allows (serving.decode_seconds); NB: prefill at a flat --mfu
-    concurrent = max(1, serving.concurrency(sv))
-    prompt = min(k.max_model_len, k.max_num_batched_tokens)
     notes = [f"vLLM {serving.VLLM_VERSION}: requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache "
              f"= requested − weights − profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} "
              f"sequences) − CUDA graphs ({len(k.capture_sizes)} sizes) = {fmt_bytes(sv.available_kv)} → "
@@ -456,20 +457,20 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              "in the device total; the total is CUDA's (cudaMemGetInfo), as vLLM reads it: nvidia-smi's less the "
              f"driver's reserve, {fmt_bytes(gpu.smi_memory - gpu.memory)} here (NB: by driver version; set --gpu-memory "
              "to the total_gpu_memory vLLM logs)",
-             f"decode: {concurrent} sequences at half of --max-model-len on average, at {mbu:.0%} of memory bandwidth; "
-             f"prefill of a {prompt}-token prompt at MFU {mfu:.0%}"]
+             _load_note(setup, mfu)]
     # a request of max_model_len must fit (vLLM raises at start-up otherwise: kv_cache_utils.py, "max seq len ...
     # larger than the maximum number of tokens that can be stored in KV cache")
     starts = sv.kv_blocks >= sv.blocks_per_request
     if not starts:
         notes.append(f"does not start: {sv.kv_tokens:,} KV tokens < --max-model-len {k.max_model_len} (vLLM raises); "
                      "lower --max-model-len, raise --gpu-memory-utilization, add --tp or --quant")
-    return _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, sv.activations, sv.cuda_graphs, starts,
-                             concurrent, serving.decode_seconds(sv, gpu, concurrent, mbu), prompt, k.max_model_len,
-                             notes)
+    load = serving_time.vllm(spec, setup, gpu, pc, sv, mfu) if sv.kv_tokens >= setup.prompt_len + setup.completion_len \
+        else None
+    return _serving_estimate(spec, setup, pc, gpu, reserve, sv, sv.activations, sv.cuda_graphs, starts, load,
+                             k.max_model_len, notes)
 
 
-def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
+def _serve_sglang(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     """--mode serve --server sglang: SGLang's static-fraction sizing (analytic/serving_sglang.py). The device
     total counts the weights, the KV pool, the CUDA context and NCCL, and what lives in the headroom SGLang leaves
     (pre × (1 − mem_fraction_static)): the largest eager activation and the CUDA graphs; a headroom too small for
@@ -478,8 +479,6 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
 
     sv = sg.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
-    concurrent = max(1, serving.concurrency(sv))
-    prompt = min(k.context_length, k.chunked_prefill_size)
     notes = [f"SGLang {sg.SGLANG_VERSION}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
              f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights"
              f"{' − the Mamba state pool' if sv.state_slots else ''} = "
@@ -489,8 +488,7 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"{k.chunked_prefill_size}-token chunk, or the logits of "
              f"{min(sv.max_running_requests, k.chunked_prefill_size)} requests) + CUDA graphs {fmt_bytes(sv.cuda_graphs)} (decode up to batch {k.cuda_graph_max_bs}, "
              f"{k.prefill_graph_sizes} prefill sizes)",
-             f"decode: {concurrent} sequences at half of the context length on average, at {mbu:.0%} of memory "
-             f"bandwidth; prefill of a {prompt}-token chunk at MFU {mfu:.0%}"]
+             _load_note(setup, mfu)]
     if sv.state_slots:
         notes.append(f"linear-attention / Mamba states: {sv.state_slots:,} slots of {fmt_bytes(sv.state_bytes)} per "
                      f"request (max_mamba_cache_size, mamba_full_memory_ratio 0.9 of the rest) before the token pool, "
@@ -512,15 +510,25 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     if sv.kv_tokens < k.context_length:
         notes.append(f"a request of --max-model-len {k.context_length} does not fit the {sv.kv_tokens:,}-token pool; "
                      "lower --max-model-len, raise --mem-fraction-static, add --tp or --quant")
-    return _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, sv.activations, sv.cuda_graphs, sg.fits(sv),
-                             concurrent, sg.decode_seconds(sv, gpu, concurrent, mbu), prompt, k.context_length, notes)
+    load = serving_time.sglang(spec, setup, gpu, pc, sv, mfu) if sv.kv_tokens >= setup.prompt_len + setup.completion_len \
+        else None
+    return _serving_estimate(spec, setup, pc, gpu, reserve, sv, sv.activations, sv.cuda_graphs, sg.fits(sv), load,
+                             k.context_length, notes)
 
 
-def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graphs, starts, concurrent, decode_s,
-                      prompt, max_seq, notes) -> Estimate:
+def _load_note(setup, mfu) -> str:
+    return (f"throughput at {setup.concurrency or 'the most'} concurrent requests of {setup.prompt_len} + "
+            f"{setup.completion_len} tokens: continuous batching, each engine step op by op (its GEMMs at the step's "
+            "tokens, attention over the cached K/V, TP all-reduces, the sampler, CUDA graphs or eager launches)"
+            + (f"; prefill tokens at --mfu {mfu:.0%}" if mfu is not None else ""))
+
+
+def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, starts, load, max_seq,
+                      notes) -> Estimate:
     """The Estimate of a serving engine, either server: its budget as used (weights, `activations`, CUDA `graphs`,
-    the KV pool) as the peak, the device total around it, decode at `concurrent` sequences and the prefill of a
-    `prompt`-token chunk at a flat --mfu; it fits when the engine starts (`starts`) and the device total fits."""
+    the KV pool) as the peak, the device total around it, and its steady state under load (`load`,
+    serving_time.ServingTime; None when no request fits); it fits when the engine starts (`starts`) and the device
+    total fits."""
     peak = sv.weights + activations + graphs + sv.kv_pool
     reserved, device_total, beside, held = overheads.device_memory(peak, gpu, setup)
     at = {"weights": sv.weights, "kv_cache": sv.kv_pool, "activations": activations, "temporaries": graphs}
@@ -528,15 +536,27 @@ def _serving_estimate(spec, setup, pc, gpu, mfu, reserve, sv, activations, graph
                     temporaries=graphs, kv_cache=sv.kv_pool, peak=peak, peak_phase="prefill", phases={"prefill": peak},
                     reserved=reserved, device_total=device_total, overheads=beside, at_peak=at)
     fits = starts and device_total + reserve <= gpu.memory
+    prompt = setup.prompt_len
     fpt = forward_per_token(spec, prompt, pc)
-    prefill_s = fpt * prompt / (setup.tp * setup.pp) / (gpu.flops_for(compute_dtype(setup)) * mfu)
-    timing = Timing(gpu=gpu.name, mfu=mfu, step_seconds=decode_s, tokens_per_second=concurrent / decode_s,
-                    fits=fits, headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
-                    prefill_seconds=prefill_s, decode_tokens_per_second=concurrent / decode_s,
-                    max_batch=concurrent, max_seq=max_seq)
+    timing = None
+    if load is not None:
+        s = load.step
+        achieved = s.kernels.flops / (s.seconds * gpu.flops_for(compute_dtype(setup))) if s.seconds else 0.0
+        timing = Timing(gpu=gpu.name, mfu=achieved, step_seconds=load.tpot,
+                        tokens_per_second=load.output_tokens_per_second, fits=fits,
+                        headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
+                        prefill_seconds=load.ttft, decode_tokens_per_second=load.output_tokens_per_second,
+                        max_batch=round(load.running), max_seq=max_seq)
+    else:  # no request fits the KV cache: the engine serves nothing
+        timing = Timing(gpu=gpu.name, mfu=0.0, step_seconds=0.0, tokens_per_second=0.0, fits=fits,
+                        headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory, max_batch=0,
+                        max_seq=max_seq)
+        notes = [*notes, f"no request of --prompt-len {prompt} + --completion-len {setup.completion_len} tokens "
+                 "fits the KV cache: nothing is served (0 tokens/s)"]
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
+    detail = replace(sv.sizing(), load=load.as_dict() if load is not None else {})
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
-                    timing, tuple(notes), Detail(params_active=pc.active, serving=sv.sizing()))
+                    timing, tuple(notes), Detail(params_active=pc.active, serving=detail))
 
 
 def _rl_at_peak(m: "rl.RLMemory") -> dict[str, int]:

@@ -245,5 +245,5 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         typer.echo("no GPU type serves that load within the target")
     for line in why_not:
         typer.echo(f"· not served: {line}")
-    typer.echo("· decode time: the roofline at 80% of memory bandwidth with sequences at half of --max-model-len "
-               "(NB: TP's all-reduces not counted); prices: the catalog's, or --price")
+    typer.echo("· decode time: one engine step op by op (its GEMMs, the paged KV reads with sequences at half of "
+               "--max-model-len, TP all-reduces, the sampler, CUDA graphs); prices: the catalog's, or --price")

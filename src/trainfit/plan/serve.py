@@ -6,7 +6,8 @@ vLLM refuses others: config/model.py verify_with_parallel_config; SGLang asserts
 one engine is sized as the server sizes it (analytic/serving.py for vLLM, analytic/serving_sglang.py for SGLang,
 the setup's `server` picks); it holds min(its request limit — vLLM's max_num_seqs, SGLang's max_running_requests —,
 its KV capacity in whole sequences) sequences, so N needs ceil(N / that) replicas; each replica decodes
-ceil(N / replicas) sequences, timed by the server's decode_seconds. Plans within the target are ranked by price per
+ceil(N / replicas) sequences, one decode step of them timed op by op (analytic/serving_time.py decode_seconds:
+the step's GEMMs, the paged KV reads at half of --max-model-len, TP all-reduces, the sampler, CUDA graphs). Plans within the target are ranked by price per
 hour (GPUs × the catalog's, or --price), then by that time.
 """
 from __future__ import annotations
@@ -15,14 +16,14 @@ import math
 from dataclasses import dataclass, field
 
 from .. import engines
-from ..analytic import serving, serving_sglang
+from ..analytic import serving, serving_sglang, serving_time
+from ..analytic.params import count_params
 from ..analytic.layout import validate_layout
 from ..errors import SetupError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
 
-MBU = 0.8  # the analytic engine's decode memory-bandwidth utilisation (analytic/engine.py estimate's mbu default)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def tp_degrees(spec: ModelSpec, gpu: GPU) -> list[int]:
 
 
 def server_model(setup: Setup):
-    """The module that sizes and times the setup's server: serve_memory, decode_seconds; its Serving has
+    """The module that sizes the setup's server: serve_memory; its Serving has
     `max_sequences` (the server's request limit) and `context` (the longest request, tokens)."""
     return serving_sglang if setup.server == "sglang" else serving
 
@@ -66,6 +67,7 @@ def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup,
     if tp is not None:
         validate_layout(spec, base.with_(tp=tp))
     plans, why_not = [], []
+    pc = count_params(spec)
     model = server_model(base)
     for gpu in gpus:
         best_reason = None
@@ -87,7 +89,7 @@ def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup,
                 continue
             replicas = math.ceil(concurrency / per_replica)
             load = math.ceil(concurrency / replicas)
-            t = model.decode_seconds(sv, gpu, load, MBU)
+            t = serving_time.decode_seconds(spec, setup, gpu, pc, sv, load)
             if tpot is not None and t > tpot:
                 best_reason = f"{t * 1e3:.1f} ms per token at best (tp {degree})"
                 continue

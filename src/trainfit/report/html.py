@@ -92,6 +92,11 @@ def _verdict(e: Estimate) -> str:
         if e.setup.mode == "train":
             cards.append((f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds),
                           f"{fmt_count(t.tokens_per_second)} tokens/s"))
+        elif e.setup.mode == "serve":  # the engine under load (analytic/serving_time.py)
+            ld = e.detail.serving.load
+            cards.append(("output", f"{t.tokens_per_second:,.0f} tok/s",
+                          f"TTFT {fmt_seconds(ld['ttft_seconds'])}, TPOT {fmt_seconds(ld['tpot_seconds'])}"
+                          if ld else "no request fits the KV cache"))
         else:
             cards.append(("decode", f"{t.decode_tokens_per_second:,.0f} tok/s", f"prefill {fmt_seconds(t.prefill_seconds)}"))
     body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='muted'>{escape(s)}</div></div>"
@@ -158,6 +163,10 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
                  for name, secs in e.detail.rl.phase_seconds.items()]
     elif t is not None and e.setup.mode == "train":
         crow += [[f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds)], ["tokens/s (all GPUs)", fmt_count(t.tokens_per_second)]]
+    elif t is not None and e.setup.mode == "serve":
+        ld = e.detail.serving.load
+        crow += [["TTFT", fmt_seconds(ld["ttft_seconds"])], ["TPOT", fmt_seconds(ld["tpot_seconds"])],
+                 ["output tokens/s (replica)", f"{ld['output_tokens_per_second']:,.0f}"]] if ld else []
     elif t is not None:
         crow += [["prefill time", fmt_seconds(t.prefill_seconds)],
                  [f"largest batch at {e.setup.seq} tokens", f"{t.max_batch:,}"],

@@ -203,10 +203,14 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             block = sv.knobs["page_size" if sglang else "block_size"]  # SGLang's pages, vLLM's blocks
             c.add_row("KV cache", f"{sv.kv_tokens:,} tokens in {sv.kv_blocks:,} blocks of {block}")
             c.add_row(f"sequences of {sv.max_model_len:,} tokens at once", f"{sv.max_concurrent_sequences:,.2f}")
-            chunk = sv.knobs["chunked_prefill_size" if sglang else "max_num_batched_tokens"]
-            c.add_row(f"prefill of a {min(sv.max_model_len, chunk):,}-token prompt",
-                      fmt_seconds(tm.prefill_seconds))
-            c.add_row(f"decode tokens/s ({tm.max_batch:,} sequences)", f"{tm.decode_tokens_per_second:,.0f}")
+            ld = sv.load
+            if ld:  # (empty when no request of the mix fits the KV cache: the notes say so)
+                c.add_row(f"load: {ld['concurrency']:,} requests of {ld['prompt_len']:,} + {ld['output_len']:,} "
+                          "tokens", f"{ld['running']:,.0f} running at once")
+                c.add_row("TTFT", fmt_seconds(ld["ttft_seconds"]))
+                c.add_row("TPOT", fmt_seconds(ld["tpot_seconds"]))
+                c.add_row("output tokens/s (replica)", f"{ld['output_tokens_per_second']:,.0f}")
+                c.add_row("output tokens/s per GPU", f"{ld['output_tokens_per_second_per_gpu']:,.0f}")
         else:
             c.add_row("prefill time", fmt_seconds(tm.prefill_seconds))
             if tm.decode_tokens_per_second is not None:

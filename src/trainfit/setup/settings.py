@@ -417,6 +417,11 @@ class Setup:
                                           "else 256", example="256", group="serve")
     block_size: int = setting(16, "KV-cache block size, tokens (vLLM's --block-size).",
                               maximum=limits.TOKENS, minimum=1, example="16", group="serve")
+    concurrency: Optional[int] = setting(None, "Requests kept in flight by the clients (vllm bench serve's "
+                                         "--max-concurrency): TTFT, TPOT and output tokens/s are timed at it, with "
+                                         "--prompt-len and --completion-len tokens per request.", maximum=limits.TOKENS,
+                                         minimum=1, auto="as many as the engine holds at once (--max-num-seqs, or "
+                                         "the KV cache's requests)", example="64", group="serve")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", group="serve")
     draft_model: Optional[str] = setting(None, "Speculative decoding with a draft model (a catalog name or "
@@ -439,10 +444,13 @@ class Setup:
                               "micro-batches of P × group / A (TRL's per_device_train_batch_size, which counts "
                               "completions).", maximum=limits.TOKENS, minimum=1, example="8", group="rl")
     prompt_len: int = setting(512, "Prompt tokens per sequence (the dataset's; TRL pads a batch's prompts to its "
-                              "longest).", maximum=limits.TOKENS, minimum=1, example="1024", group="rl")
+                              "longest). --mode serve: each request's prompt (vllm bench serve's "
+                              "--random-input-len).", maximum=limits.TOKENS, minimum=1, example="1024", group="rl",
+                              modes=("rl", "serve"))
     completion_len: int = setting(512, "Generated tokens per completion (TRL's max_completion_length, default 512: "
-                                  "grpo_config.py:494; modelled at full length: no early EOS).",
-                                  maximum=limits.TOKENS, minimum=1, example="4096", group="rl")
+                                  "grpo_config.py:494; modelled at full length: no early EOS). --mode serve: each "
+                                  "request's output tokens (vllm bench serve's --random-output-len).",
+                                  maximum=limits.TOKENS, minimum=1, example="4096", group="rl", modes=("rl", "serve"))
     rollout: str = setting("hf", "Who generates: hf (transformers' generate in the training process, TRL's default) "
                            "or vllm (a vLLM engine colocated on the same GPU with --vllm-gpu-memory-utilization of it, "
                            "TRL's vllm_mode='colocate', verl's hybrid engine).", choices=ROLLOUTS, group="rl")
@@ -628,8 +636,9 @@ class RunSettings:
                                           "--gpu.",
                                           above=0, maximum=4096, example="40", group="run")
     mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
-                                   "(0 < mfu <= 1).", above=0, maximum=1, example="0.4",
-                                   modes=RL_STEP, group="run")
+                                   "(0 < mfu <= 1). --mode infer and serve: the prefill's only; decode stays "
+                                   "timed op by op.", above=0, maximum=1, example="0.4",
+                                   modes=RL_STEP + ("serve",), group="run")
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T", group="run")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",

@@ -190,6 +190,12 @@ def time_text(e: Estimate) -> str:
     if s.mode == "rl":
         return (f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "
                 f"{t.decode_tokens_per_second:,.0f} generated tokens/s")
+    if s.mode == "serve":  # the engine under load (analytic/serving_time.py); empty when no request fits
+        ld = e.detail.serving.load
+        if not ld:
+            return "no request of the mix fits the KV cache: nothing is served"
+        return (f"{ld['concurrency']:,} requests: TTFT {fmt_seconds(ld['ttft_seconds'])} · TPOT "
+                f"{fmt_seconds(ld['tpot_seconds'])} · {ld['output_tokens_per_second']:,.0f} output tokens/s")
     parts = [f"prefill {fmt_seconds(t.prefill_seconds)}"]
     if t.decode_tokens_per_second is not None:  # None for an encoder (BERT): nothing is decoded
         parts.append(f"decode {t.decode_tokens_per_second:,.0f} tokens/s")

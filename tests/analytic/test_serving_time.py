@@ -1,0 +1,95 @@
+"""Serving throughput from the op lists (analytic/serving_time.py): one decode engine step against a hand roofline,
+continuous batching's load curve, and --mfu's scope."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.analytic import roofline, serving, serving_time
+from trainfit.analytic.engine import estimate
+from trainfit.analytic.parallel.collectives import Links
+from trainfit.analytic.params import count_params
+from trainfit.hardware import get_gpu
+from trainfit.models.resolve import load_model
+from trainfit.setup import Setup
+
+# Llama 3.1 8B's config.json: hidden 4096, 32 layers, 32 heads of 128, 8 KV heads, intermediate 14336, vocab 128256
+H, L, KV_HEADS, D, I = 4096, 32, 8, 128, 14336
+
+
+def _engine(tp: int = 2, **kw):
+    spec, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
+    setup = Setup(mode="serve", precision="bf16", tp=tp, max_model_len=8192, **kw)
+    pc = count_params(spec)
+    return spec, setup, gpu, pc, serving.serve_memory(spec, setup, gpu, pc)
+
+
+def test_a_decode_step_is_the_hand_roofline():
+    """B = 8 sequences at 4,096 cached tokens on 2 H200s: the layers' weights stream once (the GEMMs at M = 8 are
+    memory-bound), every cached K and V is read once, and each layer all-reduces twice with vLLM's one-stage
+    custom all-reduce (8 × 4096 × 2 bytes = 64 KiB < 512 KiB)."""
+    spec, setup, gpu, pc, sv = _engine()
+    kn = roofline.kernels_for(gpu)
+    bw = gpu.memory_bandwidth * kn.hbm_fraction
+    B, ctx, tp = 8, 4096, 2
+    step = serving_time.engine_step(spec, setup, gpu, pc, sv.kv_bytes_per_token, B, ctx, 0, 1, sv.knobs.capture_sizes)
+    # weights per GPU of the 32 layers: q, o (h × h), k, v (h × kv), gate, up, down (h × i), bf16, split over TP
+    layer_weights = (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * I) * 2 / tp
+    assert step.kernels.gemm == pytest.approx(L * layer_weights / bw, rel=0.10)
+    kv = B * ctx * L * 2 * (KV_HEADS // tp) * D * 2  # K and V, bf16, this rank's 4 KV heads
+    assert step.kernels.attention == pytest.approx(kv / bw, rel=0.02)
+    one_stage = (tp - 1) * B * H * 2 / Links.of(gpu).intra + kn.launch_seconds
+    assert step.allreduce == pytest.approx(2 * L * one_stage, rel=1e-6)
+    assert step.host == 0  # B = 8 is a captured size: one graph replay
+
+
+def test_tpot_grows_and_throughput_saturates_with_concurrency():
+    spec, setup, gpu, pc, sv = _engine()
+    k = sv.knobs
+    runs = [serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, k.max_num_batched_tokens,
+                                      k.max_num_seqs, sv.kv_tokens, k.capture_sizes, c, 1024, 256)
+            for c in (1, 8, 64, 256)]
+    tpots = [r.tpot for r in runs]
+    rates = [r.output_tokens_per_second for r in runs]
+    assert tpots == sorted(tpots) and tpots[-1] > 2 * tpots[0]
+    assert rates == sorted(rates) and rates[1] > 4 * rates[0]  # memory-bound: batching 8 is nearly free
+    # a KV cache of 64 requests: 256 clients keep 192 in the queue; the rate stays, TTFT grows by the wait
+    # (Little's law: 192 requests ahead at the rate the engine completes them)
+    def held64(c):
+        return serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, k.max_num_batched_tokens,
+                                         k.max_num_seqs, 64 * 1280, k.capture_sizes, c, 1024, 256)
+    full, over = held64(64), held64(256)
+    assert over.running == 64 and over.output_tokens_per_second == pytest.approx(full.output_tokens_per_second)
+    assert over.ttft - full.ttft == pytest.approx(192 / (full.output_tokens_per_second / 256))
+
+
+def test_mfu_sets_the_prefill_only():
+    spec, setup, gpu, pc, sv = _engine()
+    caps = sv.knobs.capture_sizes
+
+    def step(prefill, mfu):
+        return serving_time.engine_step(spec, setup, gpu, pc, sv.kv_bytes_per_token, 16, 2048, prefill, 2048, caps,
+                                        prefill_mfu=mfu).seconds
+    decode = step(0, None)
+    assert step(0, 0.2) == decode  # no prompt tokens: --mfu has nothing to set
+    # the prompt tokens' share scales as 1 / mfu; the decodes' stays
+    assert (step(512, 0.2) - decode) / (step(512, 0.4) - decode) == pytest.approx(2, rel=1e-6)
+
+
+def test_infer_mfu_leaves_the_decode_step_alone():
+    spec, gpu = load_model("llama-3.2-1b"), get_gpu("H100")
+    s = Setup(mode="infer", batch=4, seq=2048)
+    base, flat = estimate(spec, s, gpu), estimate(spec, s, gpu, mfu=0.3)
+    assert flat.time.decode_tokens_per_second == base.time.decode_tokens_per_second
+    assert flat.time.prefill_seconds != base.time.prefill_seconds
+
+
+def test_serve_reports_ttft_tpot_and_rate():
+    spec, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
+    e = estimate(spec, Setup(mode="serve", precision="bf16", max_model_len=8192, concurrency=32, prompt_len=512,
+                             completion_len=128), gpu)
+    ld = e.detail.serving.load
+    assert ld["concurrency"] == 32 and ld["running"] == 32
+    assert e.time.tokens_per_second == ld["output_tokens_per_second"]
+    # a closed loop of 32 clients: each gets 128 tokens per TTFT + 127 TPOT
+    per_request = ld["ttft_seconds"] + 127 * ld["tpot_seconds"]
+    assert ld["output_tokens_per_second"] == pytest.approx(32 * 128 / per_request, rel=0.10)
