@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .. import engines
+from .. import engines, serving_versions
 from ..analytic import serving, serving_sglang
 from ..analytic.layout import validate_layout
 from ..errors import SetupError
@@ -53,7 +53,7 @@ def tp_degrees(spec: ModelSpec, gpu: GPU) -> list[int]:
 def server_model(setup: Setup):
     """The module that sizes and times the setup's server: serve_memory, decode_seconds; its Serving has
     `max_sequences` (the server's request limit) and `context` (the longest request, tokens)."""
-    return serving_sglang if setup.server == "sglang" else serving
+    return serving_sglang if serving_versions.engine_of(setup.server) == "sglang" else serving
 
 
 def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup, tpot: float | None,

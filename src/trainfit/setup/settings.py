@@ -12,6 +12,7 @@ from .. import limits
 from .. import low_precision as _low_precision
 from .. import precision as _precision
 from .. import stacks as _stacks
+from .. import serving_versions as _serving_versions
 from ..errors import SetupError
 from ..units import parse_count
 from .parsers import (_check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
@@ -370,9 +371,11 @@ class Setup:
     kv_dtype: Optional[str] = setting(None, "KV-cache dtype (default: the activation dtype; vLLM's "
                                       "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve", "rl"),
                                       aliases=("--kv-cache-dtype",), group="step")
-    server: str = setting("vllm", "Serving engine modelled: vllm (vLLM 0.33's start-up profiling and paged KV "
-                          "cache) or sglang (SGLang 0.5.23's static memory fraction and token pool).",
-                          choices=SERVERS, group="serve")
+    server: str = setting("vllm", "Serving engine modelled, ENGINE or ENGINE==VERSION: vllm (vLLM's start-up "
+                          "profiling and paged KV cache; 0.33.0, or ==0.11.0) or sglang (SGLang 0.5.23's static "
+                          "memory fraction and token pool); the versions and their facts: data/servers.toml.",
+                          check=_serving_versions.check, suggestions=SERVERS + _serving_versions.suggestions(),
+                          example="vllm==0.11.0", group="serve")
     mem_fraction_static: Optional[float] = setting(None, "SGLang's --mem-fraction-static: the share of the free "
                                                    "memory for the weights and the KV pool (--server sglang).",
                                                    above=0, maximum=1, example="0.85",
