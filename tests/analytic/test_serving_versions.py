@@ -60,3 +60,16 @@ def test_c11_lines_as_vllm_logs_them():
     assert not sv.graphs_in_kv  # 0.11.0 captures its graphs after the KV cache: its -0.45 GiB is not in the budget
     assert sv.available_kv == sv.requested - sv.weights - sv.activations - sv.non_torch
     assert sv.available_kv / GiB == pytest.approx(51.38, rel=0.005)
+
+
+def test_kv_cache_memory_is_taken_as_given_and_refused_under_sglang():
+    """--kv-cache-memory-bytes: determine_available_memory returns it (0.11.0 gpu_worker.py:235-252); 40e9 bytes
+    // (16 tokens x 131,072 bytes per token: 32 layers x 8 kv heads x 128 x K and V x 2 bytes) = 19,073 blocks."""
+    gpu = get_gpu("H100-80GB")
+    setup = Setup(mode="serve", server="vllm==0.11.0", precision="bf16", kv_cache_memory=40 * 10**9)
+    sv = serving.serve_memory(load_model("llama-3.1-8b"), setup, gpu)
+    assert sv.available_kv == 40 * 10**9
+    assert sv.kv_blocks == 40 * 10**9 // (16 * 32 * 8 * 128 * 2 * 2)
+    from trainfit.setup import validate
+    with pytest.raises(SetupError, match="does not apply to --server sglang"):
+        validate(Setup(mode="serve", server="sglang==0.5.23", precision="bf16", kv_cache_memory=10**9))

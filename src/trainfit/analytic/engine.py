@@ -419,6 +419,8 @@ def _serve(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
              f"= requested − weights − profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} "
              f"sequences) − non-torch ({fmt_bytes(sv.non_torch)}){graphs} = {fmt_bytes(sv.available_kv)} → "
              f"{sv.kv_blocks:,} blocks of {k.block_size} tokens ({k.kv_dtype} KV)",
+             *([f"--kv-cache-memory-bytes: vLLM takes the KV cache as given ({fmt_bytes(sv.available_kv)}), not the "
+                "line above; whether it fits is the device total below"] if setup.kv_cache_memory else []),
              "the CUDA context, NCCL and cuBLAS come before vLLM's baseline snapshot: outside --gpu-memory-utilization, "
              "in the device total; the total is CUDA's (cudaMemGetInfo), as vLLM reads it: nvidia-smi's less the "
              f"driver's reserve, {fmt_bytes(gpu.smi_memory - gpu.memory)} here (NB: by driver version; set --gpu-memory "

@@ -520,6 +520,9 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
         graphs += cuda_graph_bytes(draft, setup, k)
         per_token += kv_bytes_per_token(draft, setup.with_(kv_dtype=k.kv_dtype))
     available = requested - weights - act - non_torch - (graphs if graphs_in_kv else 0)
+    if setup.kv_cache_memory:  # --kv-cache-memory-bytes: taken as given, no profiling arithmetic (0.11.0
+        # v1/worker/gpu_worker.py:235-252, 0.33.0 :656-680 determine_available_memory returns it)
+        available = setup.kv_cache_memory
     if draft is not None and len(kinds.counts()) > 1:
         raise SetupError("--draft-model with a target of several cache kinds (sliding-window, chunked, linear-attention "
                          "or Mamba layers): vLLM's mixed cache groups with a draft are not modelled")

@@ -397,6 +397,13 @@ class Setup:
                               maximum=limits.TOKENS, minimum=1, example="16", group="serve")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", group="serve")
+    kv_cache_memory: Optional[int] = setting(None, "Bytes of KV cache per GPU, fixed (vLLM's --kv-cache-memory-bytes; "
+                                             "K, M, G suffixes of 1000): the engine takes it as it is instead of "
+                                             "gpu_memory_utilization less the profiled memory (the profile run "
+                                             "still runs); too large a value does not fit the device.",
+                                             parse=lambda t: int(parse_count(t, "--kv-cache-memory")), minimum=1,
+                                             aliases=("--kv-cache-memory-bytes",), auto="profiled (gpu_memory_"
+                                             "utilization)", example="40G", group="serve")
     draft_model: Optional[str] = setting(None, "Speculative decoding with a draft model (a catalog name or "
                                          "config.json; vLLM's --speculative-config model, SGLang's "
                                          "--speculative-draft-model-path): its weights and its KV cache share the "
