@@ -57,7 +57,6 @@ from .. import serving_versions
 from .precision import DTYPE_BYTES
 
 VLLM_VERSION = serving_versions.parse("vllm").version  # the default (current) release
-DEFAULT_UTILIZATION = 0.92  # config/cache.py:215
 DEFAULT_BLOCK_SIZE = 16  # config/cache.py:185, 462-463
 VOCAB_PADDING = 64  # model_executor/layers/vocab_parallel_embedding.py:36 (pad_vocab_size)
 GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py:6351-6354: at least 1 MiB per further graph
@@ -181,7 +180,8 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
     block = setup.block_size
     if serving_state.state_layers(spec):  # one attention page holds a state page (serving_state)
         block = serving_state.hybrid_block_size(spec, setup, gpu, dtype, _weight_dtype(setup))
-    return Knobs(setup.gpu_memory_utilization, max_len, batched, seqs, block, dtype, sizes, version)
+    utilization = setup.gpu_memory_utilization or serving_versions.of(setup)["default_utilization"]
+    return Knobs(utilization, max_len, batched, seqs, block, dtype, sizes, version)
 
 
 def _weight_dtype(setup: Setup) -> str:
