@@ -350,8 +350,10 @@ def sampler_buffers(path: str, model_bytes: int) -> dict[str, int]:
             top_k_top_p_sampling_from_logits, filter_apply_order "top_k_first": masked_logits = top_k_mask_logits(
             logits, top_k); probs = torch.softmax(masked_logits)): two more fp32 copies.
       "torch-sort" (0.11.0 topk_topp_sampler.py apply_top_k_top_p :183, `logits.sort(dim=-1)`; its peak is inside
-            the sort, before the masks, softmax, cumsum and scatter that follow, which hold at most fp32 sort values,
-            int64 indices, a softmax, two bool masks and the scattered copy: 26 bytes per logit, under the sort's):
+            the sort: what follows — the top-k and top-p bool masks, the softmax the cumsum overwrites, the scattered
+            copy :185-203, then forward_native's softmax and random_sample's q :96, :232-253 — holds at most the
+            logits, the sort's values and indices, two masks, the softmax and the scattered copy: 28 bytes per logit
+            with bf16 logits, under the sort's 38):
             the sorted values (fp32) and indices (int64) the sort returns, and PyTorch's stable sort over R > 128
             rows (ATen/native/cuda/SortStable.cu do_launch_stable_sort_kernel -> segmented_sort_pairs: an int64
             `reverse_indices` iota from the caching allocator) -> cub's DeviceSegmentedRadixSort::SortPairs, whose
