@@ -73,3 +73,19 @@ def test_kv_cache_memory_is_taken_as_given_and_refused_under_sglang():
     from trainfit.setup import validate
     with pytest.raises(SetupError, match="does not apply to --server sglang"):
         validate(Setup(mode="serve", server="sglang==0.5.23", precision="bf16", kv_cache_memory=10**9))
+
+
+def test_an_engine_whose_free_memory_at_start_is_under_requested_does_not_start():
+    """vLLM raises when the free memory at its snapshot is under total x utilization (0.11.0 gpu_worker.py:185-195):
+    on an H100 the CUDA context (526.8 MiB at start, data/overheads.toml cuda_context.hopper) leaves 78.64 of
+    79.18 GiB free, under 0.995 x 79.18 = 78.78 GiB, over 0.99 x 79.18 = 78.39 GiB."""
+    from trainfit.analytic.engine import estimate
+
+    gpu = get_gpu("H100-80GB")
+    spec = load_model("llama-3.2-1b")
+    for util, starts in ((0.99, True), (0.995, False)):
+        setup = Setup(mode="serve", server="vllm==0.11.0", precision="bf16", max_model_len=4096,
+                      gpu_memory_utilization=util)
+        est = estimate(spec, setup, gpu=gpu)
+        said = any("free memory at start" in n for n in est.notes)
+        assert said != starts and est.time.fits == starts, util
