@@ -11,7 +11,7 @@ import pytest
 from trainfit.data import load_toml
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ["kernels.toml", "overheads.toml", "power.toml"]
+FILES = ["kernels.toml", "overheads.toml", "power.toml", "servers.toml"]
 KINDS = {"measured": "measured_on", "fitted": "fitted_on", "datasheet": None, "paper": None, "code": None,
          "derived": None, "assumed": None}
 ENTRY_KEYS = {"kind", "source", "measured_on", "fitted_on", "fields", "why", "versions"}

@@ -22,6 +22,10 @@ mem_fraction_static − weights) // cell. The published runs used SGLang 0.4.x, 
 model_executor/model_runner.py:608-633 profile_max_num_token: rest = free after the weights − free at start × (1 −
 fraction), // cell_size); where the log prints its free memory at start ("Load weight begin. avail mem") and the
 weights ("mem usage" at "Load weight end"), the error is split between those two terms.
+vLLM V1 start-up lines (--server vllm==VERSION, analytic/serving.py serve_memory at the version's facts,
+data/servers.toml): C11 (../shared/calibration.md; the non-torch constant is fitted on it, nothing else) line by line,
+and the vLLM half of vllm-project/vllm#21348 (validation, never fitted): its "Available KV cache memory" and "GPU KV
+cache size" lines. Targets (issue 42): peak activation within 15 %, KV pool within 10 %.
 Run: python -m bench run serving_published
 """
 from __future__ import annotations
@@ -194,12 +198,59 @@ def log_terms_tokens(case: SglangCase, cell: float) -> int:
     return int(rest * GiB // cell)
 
 
+@dataclass(frozen=True)
+class V1Case:
+    label: str
+    source: str
+    kind: str  # "calibration" or "validation"
+    model: str  # a catalog name, or an SglangCase's spec (sglang_spec) by its label
+    server: str  # --server: the vLLM version modelled
+    total_gib: float  # CUDA's total the log prints (or the GPU's)
+    tp: int
+    quant: str | None
+    utilization: float
+    max_model_len: int | None
+    published: dict  # GiB by line: weights, activation, non_torch, kv; "kv_tokens" a count
+
+
+V1_CASES = [
+    V1Case("C11: Llama-3.1-8B-Instruct, H100, max-model-len 16000, util 0.9",
+           "llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (calibration C11)", "calibration",
+           "llama-3.1-8b", "vllm==0.11.0", 79.18, 1, None, 0.9, 16000,
+           {"weights": 14.99, "activation": 4.76, "non_torch": 0.13, "kv": 51.38}),
+    V1Case("Qwen3-235B-A22B-FP8, 4x H100, tp 4, util 0.9 (vLLM of 2025-07, modelled with 0.11.0's facts)",
+           "vllm-project/vllm#21348 (Available KV cache memory: 8.11 GiB, GPU KV cache size: 178,880 tokens; "
+           "run with an LMCache KV connector)", "validation",
+           SGLANG_CASES[0].label, "vllm==0.11.0", 79.18, 4, "fp8", 0.9, None, {"kv": 8.11, "kv_tokens": 178880}),
+]
+
+
+def v1_rows() -> list[tuple[V1Case, object, dict]]:
+    """(case, trainfit's Serving, {line: relative error}) of each vLLM V1 start-up log."""
+    out = []
+    for c in V1_CASES:
+        spec = next((sglang_spec(s) for s in SGLANG_CASES if s.label == c.model), None) or load_model(c.model)
+        setup = Setup(mode="serve", server=c.server, precision="bf16", tp=c.tp, quant=c.quant,
+                      gpu_memory_utilization=c.utilization, max_model_len=c.max_model_len)
+        sv = serve_memory(spec, setup, replace(get_gpu("H100-80GB"), memory=int(c.total_gib * GiB)))
+        ours = {"weights": sv.weights / GiB, "activation": sv.activations / GiB, "non_torch": sv.non_torch / GiB,
+                "kv": sv.available_kv / GiB, "kv_tokens": sv.kv_tokens}
+        out.append((c, sv, {k: (ours[k] - v) / v for k, v in c.published.items()}))
+    return out
+
+
 def table_rows(values: dict) -> list[dict]:
     """The page's published-runs lines (bench/report.py): vLLM's C4 (calibration) and the other start-up logs."""
     errs = {**values["vllm"], **values["sglang"]}
     c4 = [e for k, e in errs.items() if k.startswith("C4")]
     others = [e for k, e in errs.items() if not k.startswith("C4")]
-    return [{"table": "published", "runs": "serving: vLLM C4 (KV blocks)", "kind": "calibration", "n": len(c4),
+    v1 = [(k, e) for k, e in values.get("vllm_v1", {}).items() if k.endswith(":kv")]
+    v1_rows_out = [{"table": "published", "runs": f"serving: vLLM V1 start-up, {kind} (available KV)", "kind": kind,
+                    "n": len(errs_), "median |error|": pct(statistics.median(map(abs, errs_)), False),
+                    "worst": pct(max(errs_, key=abs))}
+                   for kind in ("calibration", "validation")
+                   for errs_ in [[e for k, e in v1 if k.startswith("C11") == (kind == "calibration")]] if errs_]
+    return v1_rows_out + [{"table": "published", "runs": "serving: vLLM C4 (KV blocks)", "kind": "calibration", "n": len(c4),
              "median |error|": pct(statistics.median(map(abs, c4)), False), "worst": pct(max(c4, key=abs))},
             {"table": "published", "runs": "serving: vLLM and SGLang start-up logs", "kind": "validation",
              "n": len(others), "median |error|": pct(statistics.median(map(abs, others)), False),
@@ -235,9 +286,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {c.label} | {c.source} | {c.published_tokens:,} | {sg_sv.kv_tokens:,} | {err:+.1%} | "
               f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB | {' | '.join(terms)} | "
               f"{dist} / {dist_init_bytes(c) / GiB:.2f} GiB |")
+    print("\n| vLLM V1 case | source | kind | line | published | trainfit | error |")
+    print("|---|---|---|---|---:|---:|---:|")
+    v1 = v1_rows()
+    for c, sv, errs_ in v1:
+        for line, e in errs_.items():
+            pub = c.published[line]
+            fmt = (lambda x: f"{x:,.0f}") if line == "kv_tokens" else (lambda x: f"{x:.2f} GiB")
+            print(f"| {c.label} | {c.source} | {c.kind} | {line} | {fmt(pub)} | {fmt(pub * (1 + e))} | {e:+.1%} |")
     errs = [(c.label, e) for c, _, e in vllm] + [(c.label, e) for c, _, e in sglang]
     worst = max(errs, key=lambda x: abs(x[1]))
-    values = {"vllm": {c.label: e for c, _, e in vllm}, "sglang": {c.label: e for c, _, e in sglang}}
+    values = {"vllm": {c.label: e for c, _, e in vllm}, "sglang": {c.label: e for c, _, e in sglang},
+              "vllm_v1": {f"{c.label}:{line}": e for c, _, errs_ in v1 for line, e in errs_.items()}}
     record("serving_published", "serving capacity vs published vLLM and SGLang start-up logs",
            "C4 within 3 %, others within 5 %",
            f"{len(vllm)} vLLM and {len(sglang)} SGLang start-up logs: worst {worst[1]:+.1%}",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import nccl_buffers
+from . import nccl_buffers, serving_versions
 from .alloc.caching_allocator import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, \
     allocation_size, round_size
 from .alloc.config import AllocConf
@@ -88,7 +88,7 @@ def local_ranks(setup, name: str, ranks: int, per_node: int) -> int:
 
 
 def _sglang(setup) -> bool:
-    return getattr(setup, "mode", "train") == "serve" and getattr(setup, "server", None) == "sglang"
+    return getattr(setup, "mode", "train") == "serve" and serving_versions.engine_of(getattr(setup, "server", "") or "") == "sglang"
 
 
 def nvls_on(setup) -> bool:

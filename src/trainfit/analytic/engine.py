@@ -1,7 +1,7 @@
 """The analytic engine: closed-form memory, FLOPs and time for any transformer at any scale (no torch)."""
 from __future__ import annotations
 
-from .. import heads, overheads
+from .. import heads, overheads, serving_versions
 from ..models.hf_config import for_setup
 from ..errors import SetupError
 from .unmodelled import check_modelled
@@ -445,14 +445,18 @@ def _serve(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     tokens/s at --concurrency (analytic/serving_time.py: engine steps op by op, continuous batching)."""
     if gpu is None:
         raise SetupError("--mode serve sizes the KV cache from the GPU's memory: add --gpu (see `trainfit gpus`)")
-    if setup.server == "sglang":
+    if serving_versions.engine_of(setup.server) == "sglang":
         return _serve_sglang(spec, setup, pc, gpu, mfu, reserve)
     sv = serving.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
-    notes = [f"vLLM {serving.VLLM_VERSION}: requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache "
+    graphs = (f" − CUDA graphs ({len(k.capture_sizes)} sizes)" if sv.graphs_in_kv else
+              f" (its CUDA graphs, {len(k.capture_sizes)} sizes, are captured after the KV cache, outside this budget)")
+    notes = [f"vLLM {k.version}: requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache "
              f"= requested − weights − profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} "
-             f"sequences) − CUDA graphs ({len(k.capture_sizes)} sizes) = {fmt_bytes(sv.available_kv)} → "
+             f"sequences) − non-torch ({fmt_bytes(sv.non_torch)}){graphs} = {fmt_bytes(sv.available_kv)} → "
              f"{sv.kv_blocks:,} blocks of {k.block_size} tokens ({k.kv_dtype} KV)",
+             *([f"--kv-cache-memory-bytes: vLLM takes the KV cache as given ({fmt_bytes(sv.available_kv)}), not the "
+                "line above; whether it fits is the device total below"] if setup.kv_cache_memory else []),
              "the CUDA context, NCCL and cuBLAS come before vLLM's baseline snapshot: outside --gpu-memory-utilization, "
              "in the device total; the total is CUDA's (cudaMemGetInfo), as vLLM reads it: nvidia-smi's less the "
              f"driver's reserve, {fmt_bytes(gpu.smi_memory - gpu.memory)} here (NB: by driver version; set --gpu-memory "
@@ -464,6 +468,15 @@ def _serve(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     if not starts:
         notes.append(f"does not start: {sv.kv_tokens:,} KV tokens < --max-model-len {k.max_model_len} (vLLM raises); "
                      "lower --max-model-len, raise --gpu-memory-utilization, add --tp or --quant")
+    # vLLM raises at start-up when the free memory at its snapshot (the total less what is on the device before it:
+    # the CUDA context, NCCL) is under requested (0.11.0 v1/worker/gpu_worker.py:185-195; 0.33.0 v1/worker/utils.py
+    # request_memory :716-770)
+    at_start = gpu.memory - sum(overheads.overheads(gpu, setup).values())
+    if at_start < sv.requested:
+        starts = False
+        notes.append(f"does not start: free memory at start {fmt_bytes(at_start)} < requested {fmt_bytes(sv.requested)} "
+                     "(vLLM raises 'Free memory on device ... is less than desired GPU memory utilization'); lower "
+                     "--gpu-memory-utilization")
     load = serving_time.vllm(spec, setup, gpu, pc, sv, mfu) if sv.kv_tokens >= setup.prompt_len + setup.completion_len \
         else None
     return _serving_estimate(spec, setup, pc, gpu, reserve, sv, sv.activations, sv.cuda_graphs, starts, load,

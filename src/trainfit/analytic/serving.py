@@ -24,12 +24,15 @@ max_num_batched_tokens tokens and the sampler over max_num_seqs rows; its transi
            gate_up output (2i) and SiluAndMul's output (i) (model_executor/models/llama.py LlamaMLP.forward: locals
            live to its return; fused_add_rms_norm works in place); or, as o_proj runs, the fused qkv output and
            the attention output beside the same three — per token, in the model dtype, the sharded ones over TP;
-  sampler: the model's output hidden states (T × h) beside the logits of R = min(max_num_seqs, T) rows: in the
-           model dtype, their fp32 copy and the fp32 probabilities (vocab per row: LogitsProcessor gathers the
-           vocab shards).
-NB: the sampler's top-k/top-p buffers are not counted (FlashInfer's sampling kernels keep none; the PyTorch
-fallback sorts: under); non-torch memory made after the snapshot (kernel images loaded lazily by the first forward,
-tens to hundreds of MiB) is not counted (over-reads the KV cache by as much).
+  sampler: the forward's output hidden states (T × h), the R = min(max_num_seqs, T) rows the sampler is given and
+           their torch.rand_like (R × h each), beside the logits of R rows (vocab per row: LogitsProcessor gathers
+           the vocab shards) and the buffers of the path the version's sampler takes with the dummy run's top-p 0.9
+           and top-k = vocab − 1 (sampler_buffers; data/servers.toml names the path per version).
+Non-torch memory made after the snapshot: the kernel images CUDA loads lazily as the profile run first launches them
+(data/servers.toml non_torch_lazy_bytes, fitted on calibration C11). NB: taken as model-, GPU- and TP-independent;
+NCCL's buffers at TP > 1 are made before the snapshot (gpu_worker.py init_device) and not counted here.
+Which versions subtract the CUDA-graph estimate from the KV cache: data/servers.toml graphs_in_kv (0.11.0 does not:
+its graphs come out of what gpu_memory_utilization leaves).
 CUDA graphs (profile_cudagraph_memory, gpu_model_runner.py:6268-6405): vLLM captures the two smallest sizes of each
 mode (FULL and PIECEWISE), counts the first capture whole and the second as the per-graph cost of the rest; here
 the first capture is the graph pool's activations at the largest capture size (the forward transient at that many
@@ -50,10 +53,10 @@ from .embedding import rotary_dim
 from .inference import kv_bytes_per_token
 from .params import ParamCounts, count_params
 from . import roofline, serving_state
+from .. import serving_versions
 from .precision import DTYPE_BYTES
 
-VLLM_VERSION = "0.33.0"
-DEFAULT_UTILIZATION = 0.92  # config/cache.py:215
+VLLM_VERSION = serving_versions.parse("vllm").version  # the default (current) release
 DEFAULT_BLOCK_SIZE = 16  # config/cache.py:185, 462-463
 VOCAB_PADDING = 64  # model_executor/layers/vocab_parallel_embedding.py:36 (pad_vocab_size)
 GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py:6351-6354: at least 1 MiB per further graph
@@ -77,6 +80,7 @@ class Knobs:
     block_size: int
     kv_dtype: str
     capture_sizes: tuple[int, ...]  # () with --enforce-eager
+    version: str = VLLM_VERSION  # the vLLM release modelled (--server vllm==X)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ class Serving:
     kv_pool: int  # bytes of the blocks allocated
     blocks_per_request: int  # what one request of max_model_len holds (vLLM refuses to start below it)
     state_bytes: int = 0  # one sequence's linear-attention / Mamba states on this GPU (unpadded; serving_state)
+    non_torch: int = 0  # non-torch memory made after vLLM's snapshot (module docstring)
+    graphs_in_kv: bool = True  # whether this version takes the CUDA graphs out of the KV cache
 
     @property
     def max_sequences(self) -> int:
@@ -111,25 +117,40 @@ class Serving:
         """Estimate.detail.serving: the numbers vLLM logs, its settings in knobs."""
         k = self.knobs
         return ServingDetail(
-            server="vllm", version=VLLM_VERSION, max_model_len=k.max_model_len, kv_cache_dtype=k.kv_dtype,
+            server="vllm", version=k.version, max_model_len=k.max_model_len, kv_cache_dtype=k.kv_dtype,
             cuda_total=self.cuda_total, requested=self.requested, weights=self.weights,
             activation_peak=self.activations, cuda_graphs=self.cuda_graphs, available_kv=self.available_kv,
             kv_bytes_per_token=self.kv_bytes_per_token, kv_blocks=self.kv_blocks, kv_tokens=self.kv_tokens,
             max_concurrent_sequences=round(self.max_concurrent_sequences, 2),
             knobs={"gpu_memory_utilization": k.utilization, "max_num_batched_tokens": k.max_num_batched_tokens,
                    "max_num_seqs": k.max_num_seqs, "block_size": k.block_size,
-                   "cuda_graph_sizes": len(k.capture_sizes)})
+                   "cuda_graph_sizes": len(k.capture_sizes), "non_torch": self.non_torch,
+                   "cuda_graphs_in_kv": self.graphs_in_kv})
 
 
-def default_limits(gpu: GPU) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` (UsageContext.OPENAI_API_SERVER) on this GPU:
-    engine/arg_utils.py:2970-3006 — 16384 / 1024 from 160 GiB, 8192 / 1024 from 70 GiB except A100s, else
-    2048 / 256 (with chunked prefill, on by default for these models)."""
+def log_lines(sv: ServingDetail) -> list[tuple[str, float]]:
+    """The start-up accounting as vLLM logs it, in GiB (2**30, as vLLM's GiB_bytes), for a line-by-line comparison:
+    "Model loading took X GiB" (gpu_model_runner.py load_model), the memory profiler's weights / non-torch / peak
+    activation, "Graph capturing finished in N secs, took X GiB" and "Available KV cache memory: X GiB"
+    (0.11.0 gpu_worker.py:298). `sv`: Estimate.detail.serving of --server vllm."""
+    gib = 2**30
+    graphs = "CUDA graphs (in the KV budget)" if sv.knobs.get("cuda_graphs_in_kv", True) else \
+        "CUDA graphs (after the KV cache, not in its budget)"
+    return [("Model loading took", sv.weights / gib), ("PyTorch activation peak memory", sv.activation_peak / gib),
+            ("non_torch_memory", sv.knobs.get("non_torch", 0) / gib), (graphs, sv.cuda_graphs / gib),
+            ("Available KV cache memory", sv.available_kv / gib)]
+
+
+def default_limits(gpu: GPU, version: str = VLLM_VERSION) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` (UsageContext.OPENAI_API_SERVER) on this GPU: the
+    version's tiers (data/servers.toml limits: 0.33.0 engine/arg_utils.py:2970-3006 — 16384 / 1024 from 160 GiB,
+    8192 / 1024 from 70 GiB except A100s; 0.11.0 :1605-1624 only the 70 GiB tier), else 2048 / 256 (with chunked
+    prefill, on by default for these models)."""
     gib = gpu.memory / 2**30
-    if gib >= 160:
-        return 16384, 1024
-    if gib >= 70 and "a100" not in gpu.kernels.lower():  # vLLM reads the device's name; GPU.kernels names the chip
-        return 8192, 1024
+    for floor, tokens, seqs in serving_versions.parse(f"vllm=={version}")["limits"]:
+        # vLLM reads the device's name for the A100 exclusion of the 70 GiB tier; GPU.kernels names the chip
+        if gib >= floor and (floor != 70 or "a100" not in gpu.kernels.lower()):
+            return tokens, seqs
     return 2048, 256
 
 
@@ -144,7 +165,8 @@ def capture_sizes(max_num_seqs: int, max_tokens: int, blackwell: bool = False) -
 
 
 def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
-    tokens, seqs = default_limits(gpu)
+    version = serving_versions.of(setup).version
+    tokens, seqs = default_limits(gpu, version)
     longest = spec.max_positions or setup.seq
     max_len = setup.max_model_len or longest
     if setup.max_model_len and spec.max_positions and setup.max_model_len > spec.max_positions:
@@ -158,7 +180,8 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
     block = setup.block_size
     if serving_state.state_layers(spec):  # one attention page holds a state page (serving_state)
         block = serving_state.hybrid_block_size(spec, setup, gpu, dtype, _weight_dtype(setup))
-    return Knobs(setup.gpu_memory_utilization, max_len, batched, seqs, block, dtype, sizes)
+    utilization = setup.gpu_memory_utilization or serving_versions.of(setup)["default_utilization"]
+    return Knobs(utilization, max_len, batched, seqs, block, dtype, sizes, version)
 
 
 def _weight_dtype(setup: Setup) -> str:
@@ -317,10 +340,46 @@ def logits_transient(spec: ModelSpec, setup: Setup, tokens: int, rows: int, fp32
     return a * tokens * spec.hidden + rows * spec.vocab * (a + fp32_copies * FP32)
 
 
+def sampler_buffers(path: str, model_bytes: int) -> dict[str, int]:
+    """Bytes per logit (row × vocab element) live at once at the dummy sampler run's peak, by the sampler's path
+    (data/servers.toml `sampler`), each from its code:
+      both: the logits in the model dtype (compute_logits' output, held by _dummy_sampler_run) and their fp32 copy
+            (v1/sample/sampler.py: `logits = logits.to(torch.float32)`, 0.11.0 :86, 0.33.0 :158), held by Sampler
+            .forward while the top-k/top-p sampler runs (temperature divides it in place, 0.11.0 :127-137).
+      "flashinfer" (0.33.0 topk_topp_sampler.py flashinfer_sample :631-667 -> FlashInfer's
+            top_k_top_p_sampling_from_logits, filter_apply_order "top_k_first": masked_logits = top_k_mask_logits(
+            logits, top_k); probs = torch.softmax(masked_logits)): two more fp32 copies.
+      "torch-sort" (0.11.0 topk_topp_sampler.py apply_top_k_top_p :183, `logits.sort(dim=-1)`; its peak is inside
+            the sort: what follows — the top-k and top-p bool masks, the softmax the cumsum overwrites, the scattered
+            copy :185-203, then forward_native's softmax and random_sample's q :96, :232-253 — holds at most the
+            logits, the sort's values and indices, two masks, the softmax and the scattered copy: 28 bytes per logit
+            with bf16 logits, under the sort's 38):
+            the sorted values (fp32) and indices (int64) the sort returns, and PyTorch's stable sort over R > 128
+            rows (ATen/native/cuda/SortStable.cu do_launch_stable_sort_kernel -> segmented_sort_pairs: an int64
+            `reverse_indices` iota from the caching allocator) -> cub's DeviceSegmentedRadixSort::SortPairs, whose
+            temporary storage without a DoubleBuffer holds a 3rd keys buffer and a 3rd values buffer
+            (cub/device/dispatch/dispatch_radix_sort.cuh, is_overwrite_okay false): fp32 + int64.
+    NB: cub's digit-histogram spine (KiB) is not counted (under)."""
+    out = {"logits (model dtype)": model_bytes, "logits fp32": FP32}
+    if path == "flashinfer":
+        out.update({"top-k masked logits fp32": FP32, "probs fp32": FP32})
+    elif path == "torch-sort":
+        out.update({"sorted values fp32": FP32, "sort indices int64": 8, "reverse indices int64": 8,
+                    "cub keys buffer fp32": FP32, "cub values buffer int64": 8})
+    else:
+        raise LookupError(f"data/servers.toml: sampler path {path!r} is not modelled")
+    return out
+
+
 def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
-    """vLLM's dummy sampler run: the fp32 logits and the fp32 probabilities (two copies)."""
+    """vLLM's dummy sampler run (module docstring): the forward's output hidden states (T × h), the R sampled rows'
+    hidden states and their torch.rand_like (gpu_model_runner.py _dummy_sampler_run: 0.11.0 :3190, 0.33.0 :5879),
+    and the sampler's buffers over R × vocab (sampler_buffers, by the version's path)."""
+    a = DTYPE_BYTES[_weight_dtype(setup)]
     rows = min(k.max_num_seqs, k.max_num_batched_tokens)
-    return logits_transient(spec, setup, k.max_num_batched_tokens, rows, 2)
+    path = serving_versions.parse(f"vllm=={k.version}")["sampler"]
+    per_logit = sum(sampler_buffers(path, a).values())
+    return a * (k.max_num_batched_tokens + 2 * rows) * spec.hidden + rows * spec.vocab * per_logit
 
 
 def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
@@ -450,6 +509,8 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     weights = weights_per_gpu(spec, setup, pc)
     act = max(forward_transient(spec, setup, k.max_num_batched_tokens), sampler_transient(spec, setup, k))
     graphs = cuda_graph_bytes(spec, setup, k)
+    graphs_in_kv = serving_versions.parse(f"vllm=={k.version}")["graphs_in_kv"]
+    non_torch = serving_versions.vllm_shared("non_torch_lazy_bytes")
     kinds = layer_kinds(spec)
     per_token = kv_bytes_per_token(spec, setup.with_(kv_dtype=k.kv_dtype))
     if kinds.state:  # only the attention layers' K and V grow with the tokens (the states: state_bytes)
@@ -460,7 +521,10 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
         act = max(act, forward_transient(draft, setup, k.max_num_batched_tokens))
         graphs += cuda_graph_bytes(draft, setup, k)
         per_token += kv_bytes_per_token(draft, setup.with_(kv_dtype=k.kv_dtype))
-    available = requested - weights - act - graphs
+    available = requested - weights - act - non_torch - (graphs if graphs_in_kv else 0)
+    if setup.kv_cache_memory:  # --kv-cache-memory-bytes: taken as given, no profiling arithmetic (0.11.0
+        # v1/worker/gpu_worker.py:235-252, 0.33.0 :656-680 determine_available_memory returns it)
+        available = setup.kv_cache_memory
     if draft is not None and len(kinds.counts()) > 1:
         raise SetupError("--draft-model with a target of several cache kinds (sliding-window, chunked, linear-attention "
                          "or Mamba layers): vLLM's mixed cache groups with a draft are not modelled")
@@ -477,7 +541,8 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     concurrency = blocks / per_request
     state = kinds.state * serving_state.vllm_state_page(spec, setup, _weight_dtype(setup)).bytes if kinds.state else 0
     return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
-                   int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request, state)
+                   int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request, state,
+                   int(non_torch), graphs_in_kv)
 
 
 def concurrency(sv) -> int:

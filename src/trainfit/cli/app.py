@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .. import api
+from .. import api, serving_versions
 from ..errors import SetupError, TrainfitError
 from ..setup import Request
 from .options import EngineOpt, GroupedCommand, JsonOpt, with_settings
@@ -32,7 +32,7 @@ def _check_emit(req: Request, emit: str, json: bool, engine: str) -> None:
                          "from `trainfit plan --emit`")
     if req.mode != "serve":
         raise SetupError(f"--emit {emit} prints a serving command: add --mode serve")
-    if req.server != emit:
+    if serving_versions.engine_of(req.server) != emit:
         raise SetupError(f"--emit {emit} prints the command of the server the estimate models: add --server {emit}")
     if json or engine != "analytic":
         raise SetupError(f"--emit {emit} prints one command: drop --json and --engine")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .. import engines
+from .. import engines, serving_versions
 from ..analytic import serving, serving_sglang, serving_time
 from ..analytic.params import count_params
 from ..analytic.layout import validate_layout
@@ -54,7 +54,7 @@ def tp_degrees(spec: ModelSpec, gpu: GPU) -> list[int]:
 def server_model(setup: Setup):
     """The module that sizes the setup's server: serve_memory; its Serving has
     `max_sequences` (the server's request limit) and `context` (the longest request, tokens)."""
-    return serving_sglang if setup.server == "sglang" else serving
+    return serving_sglang if serving_versions.engine_of(setup.server) == "sglang" else serving
 
 
 def serve_plans(spec: ModelSpec, gpus: list[GPU], concurrency: int, base: Setup, tpot: float | None,

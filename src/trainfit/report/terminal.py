@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..analytic import serving
 from ..analytic.terms import time_terms
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
@@ -41,7 +42,7 @@ def setup_line(e: Estimate) -> str:
     sv = e.detail.serving
     if s.mode == "serve" and sv is not None:
         quant = f" · --quant {s.quant}" if s.quant else ""
-        return (f"serving · {s.server} {sv.version} · {s.precision} weights{quant} · {sv.kv_cache_dtype} KV · "
+        return (f"serving · {sv.server} {sv.version} · {s.precision} weights{quant} · {sv.kv_cache_dtype} KV · "
                 f"tp={s.tp} pp={s.pp} · max-model-len {sv.max_model_len:,} · " +
                 (f"mem-fraction-static {sv.knobs['mem_fraction_static']}" if sv.server == "sglang" else
                  f"utilization {sv.knobs['gpu_memory_utilization']}"))
@@ -203,6 +204,9 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             block = sv.knobs["page_size" if sglang else "block_size"]  # SGLang's pages, vLLM's blocks
             c.add_row("KV cache", f"{sv.kv_tokens:,} tokens in {sv.kv_blocks:,} blocks of {block}")
             c.add_row(f"sequences of {sv.max_model_len:,} tokens at once", f"{sv.max_concurrent_sequences:,.2f}")
+            if not sglang:  # vLLM's start-up lines, to compare with its log
+                for label, gib in serving.log_lines(sv):
+                    c.add_row(f"[dim]  {label}[/dim]", f"[dim]{gib:.2f} GiB[/dim]")
             ld = sv.load
             if ld:  # (empty when no request of the mix fits the KV cache: the notes say so)
                 c.add_row(f"load: {ld['concurrency']:,} requests of {ld['prompt_len']:,} + {ld['output_len']:,} "

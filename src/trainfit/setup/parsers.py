@@ -144,3 +144,13 @@ def check_pp_split(v: str) -> None:
     if not isinstance(v, str):
         raise SetupError(f"--pp-split must be text, got {v!r} (e.g. --pp-split embedding-loss)")
     parse_pp_split(v)
+
+
+def parse_byte_count(text, flag: str = "--kv-cache-memory") -> int:
+    """A whole number of bytes, with the K, M, G, T suffixes of 1000 (units.parse_count): '40G' -> 40e9."""
+    from ..units import parse_count
+
+    value = parse_count(text, flag)
+    if value != int(value):
+        raise SetupError(f"{flag} {text!r} is not a whole number of bytes; e.g. {flag} 40G")
+    return int(value)

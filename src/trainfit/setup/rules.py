@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import limits
 from .. import precision as _precision
 from .. import stacks as _stacks
+from .. import serving_versions
 from ..errors import SetupError
 from .settings import _SETUP_SETTINGS, BY_NAME, Setup, check_value, refuse_inapplicable
 from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
@@ -327,22 +328,23 @@ def _validate_triton_attention(setup: Setup, stack: _stacks.Stack) -> None:
 
 def _validate_serve(setup: Setup) -> None:
     """--mode serve: a GPU engine, and vLLM's own limits (config/cache.py CacheDType: no fp32 or int8 KV cache)."""
+    sglang = serving_versions.engine_of(setup.server) == "sglang"
     if setup.device != "cuda":
         raise SetupError("--mode serve models a serving engine on a GPU: --device cpu does not apply (trainfit measure "
                          "and trace run training and inference steps; use trainfit estimate --mode serve)")
     if setup.kv_dtype in ("fp32", "int8"):
-        raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if setup.server == 'sglang' else 'vLLM'} "
+        raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if sglang else 'vLLM'} "
                          "caches KV in bf16, fp16 or fp8; choose one of those")
-    if setup.server == "sglang" and setup.kv_dtype == "fp16" and setup.precision != "fp16":
+    if sglang and setup.kv_dtype == "fp16" and setup.precision != "fp16":
         raise SetupError("--kv-cache-dtype fp16: SGLang's KV dtypes are auto (the model's), bf16 and fp8 "
                          "(sglang/srt/arg_groups/fields/model.py:197-219); use --precision fp16 or another KV dtype")
-    other = VLLM_ONLY if setup.server == "sglang" else SGLANG_ONLY
+    other = VLLM_ONLY if sglang else SGLANG_ONLY
     off = [BY_NAME[n] for n in other if getattr(setup, n) != BY_NAME[n].default]
     if off:
         flags = " and ".join(s.flag for s in off)
         raise SetupError(f"{flags} {'do' if len(off) > 1 else 'does'} not apply to --server {setup.server}: drop "
                          f"{'them' if len(off) > 1 else 'it'}" + (" (SGLang's counterpart is --mem-fraction-static)"
-                                                                  if setup.server == "sglang" else ""))
+                                                                  if sglang else ""))
     if setup.quant and setup.precision == "fp32":
         raise SetupError(f"--quant {setup.quant} runs 16-bit activations in vLLM: use --precision bf16 or fp16")
     if setup.speculative_algorithm == "nextn" and setup.draft_model:

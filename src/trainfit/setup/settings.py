@@ -12,9 +12,11 @@ from .. import limits
 from .. import low_precision as _low_precision
 from .. import precision as _precision
 from .. import stacks as _stacks
+from .. import serving_versions as _serving_versions
 from ..errors import SetupError
 from ..units import parse_count
-from .parsers import (_check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
+from .parsers import (parse_byte_count,
+                      _check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
                       parse_shards,
                       combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
@@ -395,16 +397,20 @@ class Setup:
     kv_dtype: Optional[str] = setting(None, "KV-cache dtype (default: the activation dtype; vLLM's "
                                       "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve", "rl"),
                                       aliases=("--kv-cache-dtype",), group="step")
-    server: str = setting("vllm", "Serving engine modelled: vllm (vLLM 0.33's start-up profiling and paged KV "
-                          "cache) or sglang (SGLang 0.5.23's static memory fraction and token pool).",
-                          choices=SERVERS, group="serve")
+    server: str = setting("vllm", "Serving engine modelled, ENGINE or ENGINE==VERSION: vllm (vLLM's start-up "
+                          "profiling and paged KV cache; 0.33.0, or ==0.11.0) or sglang (SGLang 0.5.23's static "
+                          "memory fraction and token pool); the versions and their facts: data/servers.toml.",
+                          check=_serving_versions.check, suggestions=SERVERS + _serving_versions.suggestions(),
+                          example="vllm==0.11.0", group="serve")
     mem_fraction_static: Optional[float] = setting(None, "SGLang's --mem-fraction-static: the share of the free "
                                                    "memory for the weights and the KV pool (--server sglang).",
                                                    above=0, maximum=1, example="0.85",
                                                    auto="SGLang's own for the GPU, TP and PP (its memory_hook.py)", group="serve")
-    gpu_memory_utilization: float = setting(0.92, "Fraction of the GPU's memory the engine may take (vLLM's "
+    gpu_memory_utilization: Optional[float] = setting(None, "Fraction of the GPU's memory the engine may take (vLLM's "
                                             "--gpu-memory-utilization; weights, activations and CUDA graphs come "
-                                            "out of it, the rest is KV cache).", above=0, maximum=1, example="0.9", group="serve")
+                                            "out of it, the rest is KV cache).", above=0, maximum=1, example="0.9",
+                                            auto="the --server version's default: 0.92 for vLLM 0.33.0, 0.9 for "
+                                            "0.11.0 (data/servers.toml)", group="serve")
     max_model_len: Optional[int] = setting(None, "Longest request (prompt + output) served, tokens (vLLM's "
                                            "--max-model-len).", maximum=limits.TOKENS, minimum=1,
                                            auto="the model's max_position_embeddings", example="8192", group="serve")
@@ -424,6 +430,13 @@ class Setup:
                                          "the KV cache's requests)", example="64", group="serve")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", group="serve")
+    kv_cache_memory: Optional[int] = setting(None, "Bytes of KV cache per GPU, fixed (vLLM's --kv-cache-memory-bytes; "
+                                             "K, M, G suffixes of 1000): the engine takes it as it is instead of "
+                                             "gpu_memory_utilization less the profiled memory (the profile run "
+                                             "still runs); too large a value does not fit the device.",
+                                             parse=parse_byte_count, minimum=1, maximum=limits.Bound(limits.INT64_MAX, limits.INT64_BYTES),
+                                             aliases=("--kv-cache-memory-bytes",), auto="profiled (gpu_memory_"
+                                             "utilization)", example="40G", group="serve")
     draft_model: Optional[str] = setting(None, "Speculative decoding with a draft model (a catalog name or "
                                          "config.json; vLLM's --speculative-config model, SGLang's "
                                          "--speculative-draft-model-path): its weights and its KV cache share the "

@@ -16,7 +16,7 @@ ROLLOUTS = ("hf", "vllm")  # --rollout: HF generate in the trainer, or a colocat
 RL_PLACEMENTS = ("colocated", "split")  # --rl-placement: every model on every GPU, or each on its own GPUs
 SERVERS = ("vllm", "sglang")  # --server: the serving engine modelled (analytic/serving.py, serving_sglang.py)
 # settings one server reads and the other has no counterpart for (refused under the other: _validate_serve)
-VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs")
+VLLM_ONLY = ("gpu_memory_utilization", "block_size", "max_num_batched_tokens", "max_num_seqs", "kv_cache_memory")
 SGLANG_ONLY = ("mem_fraction_static", "speculative_algorithm")
 # --speculative-algorithm (SGLang 0.5.23's builtins that keep a draft KV pool beside the target's:
 # sglang/srt/arg_groups/fields/spec.py:31-34; analytic/serving_sglang_spec.py)

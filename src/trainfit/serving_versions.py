@@ -1,0 +1,76 @@
+"""--server ENGINE[==VERSION]: the serving engine and the version of it modelled (data/servers.toml lists each
+engine's versions and the start-up facts that differ between them, with their sources; plain `vllm` / `sglang` is
+the engine's `default`, its current release). The one parser of the setting's value; no torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .data import load_toml
+from .errors import SetupError
+
+ENGINES = ("vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class Version:
+    engine: str
+    version: str
+    facts: dict  # servers.toml [<engine>.versions."<version>"], values only
+
+    def __getitem__(self, key):
+        return self.facts[key]
+
+
+@lru_cache(maxsize=None)
+def _table() -> dict:
+    return load_toml("servers.toml")
+
+
+def versions(engine: str) -> tuple[str, ...]:
+    return tuple(_table()[engine]["versions"])
+
+
+def engine_of(value: str) -> str:
+    """The engine a --server value names ("vllm==0.11.0" -> "vllm"), unchecked (parse checks)."""
+    return value.split("==", 1)[0].strip().lower()
+
+
+def parse(value: str) -> Version:
+    """A --server value: ENGINE or ENGINE==VERSION; a VERSION of major.minor stands for the one listed release of
+    it. SetupError naming the engines or the listed versions otherwise."""
+    engine, _, wanted = value.partition("==")
+    engine, wanted = engine.strip().lower(), wanted.strip()
+    if engine not in ENGINES:
+        raise SetupError(f"--server {value!r}: the engines are {', '.join(ENGINES)} (optionally ==VERSION, e.g. "
+                         f"vllm=={_table()['vllm']['default']})")
+    table = _table()[engine]
+    listed = versions(engine)
+    if "==" in value and not wanted:
+        raise SetupError(f"--server {value!r}: name a version after == ({', '.join(listed)}) or drop it")
+    if not wanted:
+        wanted = table["default"]
+    match = [v for v in listed if v == wanted or v.startswith(wanted + ".")]
+    if len(match) != 1:
+        raise SetupError(f"--server {value!r}: trainfit models {engine} {', '.join(listed)} (data/servers.toml); "
+                         f"choose one of them, or --server {engine} for {table['default']}")
+    return Version(engine, match[0], table["versions"][match[0]])
+
+
+def check(value: str) -> None:
+    """The setting's value rule (settings.Meta.check)."""
+    parse(value)
+
+
+def of(setup) -> Version:
+    return parse(setup.server)
+
+
+def vllm_shared(key: str):
+    """A fact every listed vLLM version shares (servers.toml [vllm])."""
+    return _table()["vllm"][key]
+
+
+def suggestions() -> tuple[str, ...]:
+    """ENGINE==VERSION for every listed version (the web form offers them beside the plain engines)."""
+    return tuple(f"{e}=={v}" for e in ENGINES for v in versions(e))
