@@ -48,7 +48,9 @@ def test_an_explicit_loss_is_kept():
 
 
 @pytest.mark.parametrize("model,kw,words", [
-    ("tiny-llama", dict(stack="torchtitan"), "--stack"),
+    ("tiny-llama", dict(stack="torchtitan"), "--liger patches an HF model"),
+    ("tiny-llama", dict(stack="megatron"), "--liger patches an HF model"),
+    ("tiny-llama", dict(mode="infer"), "--liger applies to train only"),
     ("gpt2", {}, "no kernels"),  # not in MODEL_TYPE_TO_APPLY_LIGER_FN
     ("mixtral-8x7b", {}, "modelled for dense"),  # patched by Liger, with kernels not modelled here
 ])

@@ -502,7 +502,7 @@ class Setup:
             object.__setattr__(self, "seq", self.prompt_len + self.completion_len)
         from .rules import validate  # (rules.py imports this module)
 
-        if self.liger and self.loss == "full":  # --liger's loss: Liger's fused linear cross-entropy (liger.py)
+        if self.liger and self.loss == "full" and self.mode == "train":  # --liger's loss: Liger's fused linear cross-entropy (liger.py)
             object.__setattr__(self, "loss", "fused-linear")
         validate(self)
         if self.recompute == "selective":  # the stack's own meaning, resolved once (stacks/*.toml [recompute])
