@@ -263,8 +263,9 @@ HFB_RUNS = (
 # flash attention (FA2 on H100, FA3 on H200), activation checkpointing on (C10), PYTORCH_CUDA_ALLOC_CONF
 # expandable_segments:True (README.md:35). Each recipe's max_length comment is the run's record: "ok" (ran), "close to
 # oom" (ran), "NV x GB" (pynvml's used memory ÷ 2^30 = the device total, C10). The H200 baseline (65,000 ok 137.36 GB)
-# is C10. Liger (model type "liger") replaces the loss by its fused linear cross-entropy (--loss fused-linear; NB: its
-# RMSNorm/SwiGLU/RoPE kernels, which save a little activation memory, are not modelled: predicted high).
+# is C10. Liger (`model.type: "liger"`, line 24 of the sp1 recipes, 20-22 of the others; liger_factory.py:25-62:
+# AutoLigerKernelForCausalLM) applies all of Liger's kernels for the family: --liger (its RMSNorm, RoPE and SwiGLU,
+# the SwiGLU left out under tiled_mlp_compute, liger_factory.py:42; and the fused linear cross-entropy).
 _ALST = dict(batch=1, stack="deepspeed", zero=3, recompute="full", attention="flash",
              alloc_conf="expandable_segments:True")
 
@@ -273,13 +274,14 @@ def _alst(recipe: str, line: int, model: str, gpu: str, n: int, seq: int, metric
           liger: bool = True, tiled: bool = False, ckpt_offload: bool = False) -> Run:
     """One recipe: ZeRO-3 with offload_optimizer (and offload_param on one GPU), sequence_parallel_size n over the
     n GPUs (--ulysses n inside --dp n), tiled_mlp_compute (--tiled-mlp auto), activation_checkpoint_cpu_offload
-    (--offload activations beside the states' offload), Liger's fused linear cross-entropy (--loss fused-linear).
+    (--offload activations beside the states' offload), Liger's kernels and its fused linear cross-entropy (--liger,
+    --loss fused-linear).
     NB: without Liger, sft_trainer.py:100-150 at b28638e computes the loss with TiledFusedLogitsLoss (--loss tiled);
     the recipes without it are the baselines ("no extras"), whose records fit the whole logits instead (C10, the H200
     baseline, is calibrated with them; 32,000 tokens "NV 71.91 GB" is 24 GiB under the tiled loss): the full loss."""
     state = "params" if n == 1 else "optimizer"
     flags = dict(_ALST, seq=seq, dp=n, gpu=gpu, offload=f"activations+{state}" if ckpt_offload else state,
-                 loss="fused-linear" if liger else "full")
+                 loss="fused-linear" if liger else "full", liger=liger)
     if n > 1:
         flags["ulysses"] = n
     if tiled:

@@ -21,8 +21,9 @@ from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .families import family_traits
+from .liger import liger_on
 from .long_context import tiled_mlp_on, tiled_mlp_shards
-from . import gated_deltanet, kbit_prep, mla, siglip
+from . import gated_deltanet, kbit_prep, liger, mla, siglip
 from . import sink_attention as sinks
 from .moe import moe_block
 from .precision import state_bytes
@@ -48,8 +49,9 @@ class LayerActivations:
 
 def norm_kernel(setup: Setup) -> str:
     """The RMSNorm implementation the stack runs (stacks/*.toml [norm]): hf-rmsnorm-fp32 (HF's LlamaRMSNorm and
-    its copies) or torch-rms-norm (nn.RMSNorm -> torch.rms_norm, torchtitan). LayerNorm models are unaffected."""
-    return setup.stack_facts.fact("norm")
+    its copies) or torch-rms-norm (nn.RMSNorm -> torch.rms_norm, torchtitan); liger-rms-norm under --liger (Liger's
+    LigerRMSNorm replaces the family's, liger.py). LayerNorm models are unaffected."""
+    return "liger-rms-norm" if liger_on(setup) else setup.stack_facts.fact("norm")
 
 
 def _norm_saved(spec: ModelSpec, in_bytes: int, kernel: str = "hf-rmsnorm-fp32", device: str = "cuda") -> float:
@@ -68,6 +70,8 @@ def _norm_saved(spec: ModelSpec, in_bytes: int, kernel: str = "hf-rmsnorm-fp32",
     runs it — FSDP2 gathers both in param_dtype, autocast leaves both fp32)."""
     h = spec.hidden
     if spec.norm == "rmsnorm":
+        if kernel == "liger-rms-norm":  # LigerRMSNormFunction: X and one fp32 rstd per row (liger.py)
+            return liger.norm_saved(h, in_bytes)
         if kernel == "torch-rms-norm":
             return in_bytes * h + FP32 if device == "cuda" else FP32 * h + FP32 + FP32 * h
         # Gemma's RMSNorm multiplies in fp32 and keeps that normalised tensor (family fact `norm_fp32`)
@@ -176,6 +180,8 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         # normalised output, per head an fp32 rsqrt
         out = FP32 if traits["norm_fp32"] else a
         t["attention"] += (FP32 + out) * (q + kv) + FP32 * (nh + spec.kv_heads)
+        if liger_on(setup):  # Liger patches q_norm and k_norm (monkey_patch.py:1817: Qwen3RMSNorm): X and rstd
+            t["attention"] -= (FP32 + out) * (q + kv) - a * (q + kv)
     if spec.attn_output_gate and not linear:
         # Qwen3-Next's gated attention (modeling_qwen3_next.py:299-300): `attn_output * torch.sigmoid(gate)` keeps
         # sigmoid's output and the attention output; o_proj keeps the product
@@ -195,8 +201,9 @@ def layer_activations(spec: ModelSpec, setup: Setup, moe: bool = False, linear: 
         t["mlp"] = block["mlp"]
         mlp_inputs = block["linear_inputs"] / (a * h)
     elif spec.gated_mlp:
-        # gate output (saved by the activation), act(gate) and up (saved by the product), product (down_proj input)
-        t["mlp"] = 4 * a * i
+        # gate output (saved by the activation), act(gate) and up (saved by the product), product (down_proj input);
+        # Liger's LigerSiLUMulFunction saves gate and up only, recomputing silu in backward (liger.py): 3
+        t["mlp"] = (3 if liger.swiglu_on(setup) else 4) * a * i
         if tiled_mlp_on(setup):
             # DeepSpeed's TiledMLP (ulysses_sp.py:1001-1020): the forward runs each slice under no_grad and saves
             # only the MLP input x (held anyway); the backward re-runs one slice with grad at a time

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, resolved_kernel
+from .liger import swiglu_on
 from . import clamped_swiglu as swiglu
 from . import sink_attention as sinks
 from . import kbit_prep
@@ -132,7 +133,10 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         # the MLP's gradients are in its intermediates' dtype: fp32 where the frozen quantised gate and up return
         # fp32 (analytic/kbit_prep.py)
         ai = kbit_prep.input_bytes(setup, st, "act")
-        mlp = _mlp_intermediates(spec) * ai * spec.intermediate * tokens / t
+        # Liger's SwiGLU backward stores da and db over its saved a and b (ops/swiglu.py:104-105, liger.py), and the
+        # product (down's saved input) is freed: the down projection's input gradient alone, net of it: none
+        n = 0 if swiglu_on(setup) and spec.gated_mlp else _mlp_intermediates(spec)
+        mlp = n * ai * spec.intermediate * tokens / t
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
         # under autocast the down projection's weight cast, saved by that matmul alone, went with its backward
         # (read off the trace of small-gpt2 amp-bf16: no c_proj cast live at the activation's backward)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
+from .liger import check_family
 from .parallel import pipeline
 from .stacks import model_for
 
@@ -47,6 +48,8 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     if getattr(setup, "tiled_mlp", None) is not None and (not spec.gated_mlp or spec.moe is not None):
         raise SetupError(f"--tiled-mlp patches a gated MLP's forward (down(act(gate(x)) * up(x)), ArcticTraining's "
                          f"tiled_compute.py:86-91); {spec.name}'s MLP is not one: drop --tiled-mlp")
+    if getattr(setup, "liger", False):
+        check_family(spec)
     if spec.intermediate and spec.intermediate % t:
         raise SetupError(f"--tp {t} does not divide the MLP width {spec.intermediate} of {spec.name}")
     if p > spec.layers:

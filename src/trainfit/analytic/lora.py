@@ -24,6 +24,7 @@ from __future__ import annotations
 from ..errors import SetupError
 from ..setup import Setup, lora_target_names
 from ..spec import ModelSpec
+from .liger import liger_on
 from . import kbit_prep, quant
 from .activations import FP32, resolved_kernel
 from .families import family_traits
@@ -119,8 +120,10 @@ def layer_saved_delta(spec: ModelSpec, setup: Setup) -> float:
     if not amp:
         full += a * spec.hidden * 2  # the two norm outputs, one tensor each
     # frozen norm weights: the normalised tensor the weight multiplies is no longer saved (activations._norm_saved)
+    # (not Liger's: its kernel saves X and rstd whether or not the weight trains, liger.py)
     norm_fp32 = family_traits(spec)["norm_fp32"]
-    full += spec.norms_per_layer * (FP32 if norm_fp32 else res) * spec.hidden
+    if not liger_on(setup):
+        full += spec.norms_per_layer * (FP32 if norm_fp32 else res) * spec.hidden
     lora = 0.0
     groups_saved = set()
     for name, (i, o, g) in tgt.items():

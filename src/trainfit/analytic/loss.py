@@ -51,6 +51,9 @@ def final_norm_backward(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: i
     if not spec.final_norm:
         return 0.0, 0.0
     h, r = spec.hidden, st.residual
+    if spec.norm == "rmsnorm" and norm_kernel(setup) == "liger-rms-norm":
+        # Liger's backward writes dX over dY (ops/rms_norm.py:555-556, liger.py): the incoming gradient alone
+        return _norm_saved(spec, r, "liger-rms-norm") * tokens, r * h * tokens
     if spec.norm == "rmsnorm" and norm_kernel(setup) == "torch-rms-norm" and setup.device == "cuda":
         return _norm_saved(spec, r, "torch-rms-norm", "cuda") * tokens, 2 * r * h * tokens
     if spec.norm == "rmsnorm":

@@ -303,6 +303,8 @@ def _saves_its_input(spec: ModelSpec, setup: Setup, st: StateBytes) -> bool:
         return True
     if norm_kernel(setup) == "torch-rms-norm" and setup.device == "cuda":
         return True
+    if norm_kernel(setup) == "liger-rms-norm":  # LigerRMSNormFunction saves X (liger.py)
+        return True
     return st.residual == FP32
 
 

@@ -105,8 +105,12 @@ def validate(setup: Setup) -> None:
     if setup.optimizer_impl is not None and setup.optimizer in TORCHAO_OPTIMIZERS:
         raise SetupError(f"--optimizer-impl: --optimizer {setup.optimizer} runs torchao's own compiled per-parameter "
                          "step; drop --optimizer-impl")
+    if setup.liger and not stack.runs("liger-loss"):  # (the stacks that apply Liger's model patches: analytic/liger.py)
+        raise SetupError(f"--liger patches an HF model with Liger's kernels (TRL, ArcticTraining): use --stack "
+                         f"{_runners('liger-loss')}, or drop --liger")
     if setup.loss != "full" and (not stack.runs("liger-loss") or setup.head not in (None, "causal-lm")):
-        raise SetupError(f"--loss {setup.loss} replaces a causal LM's head and loss as Liger does in the HF stack: use "
+        raise SetupError(f"--loss {setup.loss}{' (--liger)' if setup.liger else ''} replaces a causal LM's head and "
+                         "loss as Liger does in the HF stack: use "
                          f"--stack {_runners('liger-loss')} with a causal-lm head")
     micro_batch_rules(setup)
     if setup.optimizer_in_backward:

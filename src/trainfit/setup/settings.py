@@ -354,6 +354,14 @@ class Setup:
                         "tiled (DeepSpeed's TiledFusedLogitsLoss as ArcticTraining runs it under Ulysses: the model's "
                         "own head and loss on slices of about 1 GiB of fp32 logits, each slice's backward run in the "
                         "forward); fused-linear and tiled on --stack hf and deepspeed, analytic engine.", choices=LOSSES, modes=("train",), group="step")
+    liger: bool = setting(False, "Liger's kernels for the model's family, as TRL's use_liger_kernel and "
+                          "ArcticTraining's model.type liger apply them (apply_liger_kernel_to_llama and its mistral, "
+                          "qwen2, qwen3 copies): its RMSNorm (saves the input and one fp32 per row), SwiGLU (saves "
+                          "gate and up only, recomputes silu in backward) and RoPE (in place) kernels, plus its fused "
+                          "linear cross-entropy: --loss full becomes fused-linear (Liger's fused_linear_cross_entropy="
+                          "True default); --loss tiled or chunked-logprob keep theirs. --stack hf or deepspeed, "
+                          "analytic engine; dense llama, mistral, qwen2, qwen3 models.", modes=("train",),
+                          group="step")
     tiled_mlp: Optional[int] = setting(None, "ArcticTraining's tiled MLP (DeepSpeed's TiledMLP): each layer's MLP "
                                        "runs on N slices of the sequence without saving its intermediates, and its "
                                        "backward re-runs one slice at a time; auto = ArcticTraining's ceil(tokens "
@@ -515,6 +523,8 @@ class Setup:
             object.__setattr__(self, "seq", self.prompt_len + self.completion_len)
         from .rules import validate  # (rules.py imports this module)
 
+        if self.liger and self.loss == "full" and self.mode == "train":  # --liger's loss: Liger's fused linear cross-entropy (liger.py)
+            object.__setattr__(self, "loss", "fused-linear")
         validate(self)
         if self.recompute == "selective":  # the stack's own meaning, resolved once (stacks/*.toml [recompute])
             stack = _stacks.get_stack(self.stack)

@@ -94,5 +94,16 @@ def relu2(act: str, name: str, x: float, sh: Shape, group: str) -> list[Op]:
     return [relu, square]
 
 
+def liger_swiglu(name: str, x: float, sh: Shape) -> list[Op]:
+    """Liger's LigerSiLUMulFunction over x elements (ops/swiglu.py at liger-kernel 0.8.5; analytic/liger.py): one
+    Triton kernel reads the gate and up outputs and writes silu(gate)·up (:165); its backward one kernel reads the
+    product's gradient and the saved gate and up and writes their gradients over them (:104-105). NB: the row-wise
+    kernels are taken at the vector rate, as the eager chain's."""
+    a = x * sh.act
+    src = "liger ops/swiglu.py:240-272 LigerSiLUMulFunction"
+    return [memory(f"{name}.liger_swiglu", 2 * a, a, src, "act", (2 * a, a), bwd_ops=(
+        bwd_kernel(f"{name}.liger_swiglu.backward", 3 * a, 2 * a),))]
+
+
 # the activations with their own cost function (the rest: one_kernel), by ModelSpec.activation
 ACTIVATIONS = {"gelu_new": gelu_new, "gelu_fast": gelu_fast, "relu2": relu2}

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 from ...spec import ModelSpec
 from ..families import family_traits
 from ..unmodelled import check_modelled
-from .activation import activation, activation_out_bytes
+from .activation import activation, activation_out_bytes, liger_swiglu
 from .attention import (attention_core, grad_layout, output_gate, output_gate_split, qkv_split,
                         ungrouped_kernel)
 from .cast import WEIGHT_CASTS, autocast_inputs, weight_casts
@@ -203,7 +203,7 @@ def chunk_mask_ops(spec: ModelSpec, sh: Shape, q: float, kv: float) -> list[Op]:
     # k as HF's rotary leaves it: in the wider of the activations and the stream (ops/rotary.py rope_casts), so
     # under autocast the repeat copies fp32 and the attention's cast of k reads the repeated heads (n_rep x the bytes
     # rope_casts lists on k itself: the rest here, in the same kernel)
-    o = max(a, sh.residual) if sh.rope == "cos-sin" and spec.positions == "rotary" else a
+    o = max(a, sh.residual) if sh.rope == "cos-sin" and spec.positions == "rotary" and not sh.liger else a
     ops = [memory(f"{name}_repeat", T * kv * b, T * q * b, src, "attention", saves=False, bwd_ops=(
         bwd_kernel(f"{name}_repeat.backward", T * q * b, T * kv * b, "reduce"),))
         for name, b in (("k", o), ("v", a)) if kv < q]
@@ -226,6 +226,10 @@ def _gated_mlp(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Projection, fuse
     else:
         proj("gate", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 gate_proj")
         proj("up", spec.intermediate, h, i, h, spec.mlp_bias, "modeling_llama.py:164 up_proj")
+    if sh.liger_swiglu:  # Liger's SwiGLU: one kernel each way (ops/activation.py liger_swiglu)
+        ops += liger_swiglu("act", T * i, sh)
+        proj("down", h, spec.intermediate, h, i, spec.mlp_bias, "modeling_llama.py:164 down_proj")
+        return
     ops += activation(spec, "act", T * i, sh, "act")
     x = T * i * a
     ops.append(memory("act_mul", 2 * x, x, "modeling_llama.py:164 act(gate)·up", "act", (0, x), bwd_ops=(

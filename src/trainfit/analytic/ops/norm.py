@@ -85,6 +85,20 @@ def hf_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, gr
     return ops
 
 
+def liger_rms_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int,
+                   r: int) -> list[Op]:
+    """Liger's LigerRMSNormFunction (ops/rms_norm.py at liger-kernel 0.8.5; analytic/liger.py): one Triton kernel
+    reads x and the weight and writes y in x's dtype and one fp32 rstd per row (:462-466); its backward one kernel
+    reads dy, x, rstd and the weight and writes dx over dy (:555-556) and per-SM fp32 partial weight gradients
+    (:544), then their sum (:622). NB: the partials' bytes (SMs × h × 4) are left out; y is written in x's dtype
+    whatever `out` asks (Y = torch.empty(dtype=X.dtype))."""
+    x, n, hw = tokens * h, tokens, h * sh.weight
+    src = "liger ops/rms_norm.py:629-676 LigerRMSNormFunction"
+    return [memory(name, x * r + hw, x * r + n * FP32, src, group, (x * r, x * r), bwd_ops=(
+        bwd_kernel(f"{name}.liger.backward", 2 * x * r + n * FP32 + hw, x * r, "reduce"),
+        bwd_kernel(f"{name}.liger.dw_sum", 0, hw, "reduce")))]
+
+
 def l2_norm(spec: ModelSpec, name: str, tokens: float, h: int, sh: Shape, group: str, out: int,
             r: int) -> list[Op]:
     """Llama4TextL2Norm (modeling_llama4.py:102-113): HF's RMSNorm kernels without the weight multiply (`x.float()`,
@@ -112,4 +126,5 @@ NORMS = {"layernorm": fused_norm, "torch-rms-norm": fused_norm, "hf-rmsnorm-fp32
          # extensions/transformer_engine.py TENorm). NB: under an fp8 recipe TE writes the norm's output already
          # quantised, so ops/te_casts.py's separate cast of that input over-reads by one pass
          "fused-norm": fused_norm,
-         "l2": l2_norm}  # Llama 4's weightless q/k norm (not a model's `norm`: ops/layer.py calls it by name)
+         "l2": l2_norm,  # Llama 4's weightless q/k norm (not a model's `norm`: ops/layer.py calls it by name)
+         "liger-rms-norm": liger_rms_norm}  # --liger (analytic/liger.py)

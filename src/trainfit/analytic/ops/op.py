@@ -139,6 +139,11 @@ class Shape:
     # --cp under a ring that merges its steps' outputs in fp32 (stacks/*.toml [context_parallel] merge: torch's, on
     # torchtitan): the merge kernels around the attention core (ops/ring_merge.py)
     cp_merge: bool = False
+    # --liger: Liger's Triton RoPE in place of the stack's rotary (ops/rotary.py liger_rotary) and, without the
+    # tiled MLP, its SwiGLU in place of the MLP's activation and product (ops/activation.py liger_swiglu); its
+    # RMSNorm is `norm` (analytic/liger.py)
+    liger: bool = False
+    liger_swiglu: bool = False
 
     @property
     def tokens(self) -> float:

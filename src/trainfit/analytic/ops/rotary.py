@@ -8,7 +8,7 @@ from .op import BROADCAST, DOWNCAST, UPCAST, Op, Shape, bwd_kernel, grad_cast, m
 def rotary(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
     """Rotary on q or k (`width` features): the cost function of the stack's implementation (ROTARY, keyed by
     stacks/*.toml [rotary])."""
-    return ROTARY[sh.rope](name, tokens * width, sh)
+    return (liger_rotary if sh.liger else ROTARY[sh.rope])(name, tokens * width, sh)
 
 
 def fused_rotary(name: str, x: float, sh: Shape) -> list[Op]:
@@ -56,13 +56,24 @@ def hf_rotary(name: str, x: float, sh: Shape) -> list[Op]:
                 bwd_ops=(no_kernel(f"{name}.rope_add.backward"),))]
 
 
+def liger_rotary(name: str, x: float, sh: Shape) -> list[Op]:
+    """Liger's LigerRopeFunction (ops/rope.py at liger-kernel 0.8.5; analytic/liger.py): one Triton kernel rotates q
+    and k in place in their dtype (:97-111; one launch for both, :173: listed on q), its backward the same kernel on
+    dq and dk. NB: cos and sin's reads (one [s, d] row per token) are left out: under by 2·head_dim/(q + k width)
+    of its bytes."""
+    a = sh.act
+    n = 1 if name == "q" else 0
+    return [memory(f"{name}.liger_rope", x * a, x * a, "liger ops/rope.py:279-289 LigerRopeFunction", "rope",
+                   saves=False, kernels=n, bwd_ops=(bwd_kernel(f"{name}.liger_rope.backward", x * a, x * a, kernels=n),))]
+
+
 def rope_casts(name: str, tokens: float, width: float, sh: Shape) -> list[Op]:
     """Under autocast the HF rotary output is fp32 (rotary), so the attention's autocast casts q and k back to the
     compute dtype (torch's autocast lower-precision list: scaled_dot_product_attention, matmul), and its backward
     the gradient up again. NB: eager attention with GQA casts k after repeat_kv (n_rep x the bytes); timed here
     on k itself."""
     o = max(sh.act, sh.residual)
-    if sh.rope != "cos-sin" or o == sh.act:
+    if sh.rope != "cos-sin" or o == sh.act or sh.liger:  # (Liger's kernel keeps q's dtype)
         return []
     x = tokens * width
     return [memory(f"{name}{ATTN_CAST}", x * o, x * sh.act, "torch.autocast (attention inputs)", "rope", (0, 0),

@@ -6,6 +6,7 @@ from ...setup import Setup
 from ...spec import ModelSpec
 from ..activations import FP32, norm_kernel, resolved_kernel
 from ..families import family_traits
+from ..liger import liger_on, swiglu_on
 from ..long_context import sp_degree
 from ..moe_imbalance import busiest_rank_load
 from ..precision import StateBytes
@@ -56,4 +57,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)),
                  ulysses=int(getattr(setup, "ulysses", 1)),
                  doc_len=getattr(setup, "doc_len", None) or 0,
-                 cp_merge=setup.cp > 1 and facts.get("context_parallel", {}).get("merge") == "fp32")
+                 cp_merge=setup.cp > 1 and facts.get("context_parallel", {}).get("merge") == "fp32",
+                 liger=liger_on(setup), liger_swiglu=swiglu_on(setup))
