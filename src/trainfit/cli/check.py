@@ -9,7 +9,7 @@ import typer
 from ..setup import BY_NAME
 from .options import JsonOpt
 
-FilesArg = typer.Argument(..., help="Your config: a torchtitan job .toml or torchtitan.train command line, a "
+FilesArg = typer.Argument(..., metavar="FILE...", help="Your config: a torchtitan job .toml or torchtitan.train command line, a "
                           "Megatron-LM pretrain_gpt.py command line or script, a DeepSpeed ds_config.json, HF "
                           "TrainingArguments (.json/.yaml), an accelerate config .yaml, a `vllm serve` or "
                           "`sglang.launch_server` command line. Several files describe one run together.")

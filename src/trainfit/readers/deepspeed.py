@@ -90,7 +90,9 @@ def parse(d: dict, r: Reading, source: str):
     micro, accum, total = (d.get("train_micro_batch_size_per_gpu"), d.get("gradient_accumulation_steps"),
                            d.get("train_batch_size"))
     one = dict(d)
-    if micro and accum:
+    if not micro and not total:  # all "auto" (the HF Trainer's): DeepSpeed parses the rest with one sequence
+        one.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=1)
+    elif micro and accum:
         one["train_batch_size"] = micro * accum
     elif total and (micro or accum):
         raise SetupError(f"{source}: give train_micro_batch_size_per_gpu and gradient_accumulation_steps (trainfit "

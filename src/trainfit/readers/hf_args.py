@@ -21,7 +21,8 @@ OPTIM = {"adamw_torch": ("adamw", None), "adamw_torch_fused": ("adamw", "fused")
          "paged_adamw": ("paged-adamw", None), "lion_32bit": ("lion", None), "sgd": ("sgd", None),
          "adafactor": ("adafactor", None)}
 MAPPED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "gradient_checkpointing",
-          "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "max_length", "max_seq_length")
+          "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "max_length", "max_seq_length",
+          "activation_checkpointing")
 NO_EFFECT_PREFIX = ("output_dir", "overwrite_output_dir", "logging_", "save_", "eval_", "per_device_eval",
                     "learning_rate", "weight_decay", "adam_", "warmup_", "lr_scheduler", "num_train_epochs",
                     "max_steps", "seed", "data_seed", "report_to", "run_name", "push_to_hub", "hub_", "do_train",
@@ -73,7 +74,9 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         r.set("precision", "amp-bf16" if raw.get("bf16") else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
     else:
         r.not_modelled.append(f"deepspeed = {ds!r}: its config decides precision and ZeRO: pass it to check too")
-    r.set("recompute", "full" if a.gradient_checkpointing else "none", "gradient_checkpointing")
+    # gradient_checkpointing, renamed activation_checkpointing in transformers 5.24 (training_args.py:1541 warns)
+    ckpt = a.gradient_checkpointing or getattr(a, "activation_checkpointing", False)
+    r.set("recompute", "full" if ckpt else "none", "gradient_checkpointing")
     r.set("max_grad_norm", float(a.max_grad_norm), "max_grad_norm")
     optim = str(getattr(a.optim, "value", a.optim))
     if optim not in OPTIM:
