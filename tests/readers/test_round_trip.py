@@ -162,3 +162,28 @@ def test_trainer_arguments_fill_deepspeeds_auto_values(tmp_path):
                                           "fused", 8)
     assert any(x.startswith("zero_optimization.allgather_bucket_size = 1") for x in readings[0].not_modelled)
     assert readings[1].unknown == ["foo_bar"] and "learning_rate" in readings[1].no_effect
+
+
+def test_megatrons_own_llama3_8b_fp8_example_by_hand():
+    """Megatron-LM's example (tests/readers/data: its variables expanded) read as Megatron-LM runs it: 8 ranks at tp
+    = cp = pp = 1 → dp 8 (world / (tp × pp × cp)); accumulation = 128 / (1 × 8) = 16; the distributed optimizer =
+    ZeRO-1; --bf16 with fp32 main params = bf16-master; fp8 hybrid with no --fp8-recipe = TransformerConfig's default
+    "delayed" (megatron-core 0.16.1 transformer_config.py:436-438); --fp8-param-gather; --sequence-parallel at tp 1 is
+    turned off (arguments.py:907-913); 1,953,125,000 samples × 8192 tokens; the model flags are Llama-3.1-8B's."""
+    from pathlib import Path
+
+    r = read(Path(__file__).parent / "data" / "train_llama3_8b_h100_fp8.sh")
+    req, _ = request_of([r], MODEL, "H100-80GB", None)
+    spec = load_spec(MODEL)
+    for c in r.checks:
+        c(spec)
+    s = req.setup(spec)
+    assert (s.stack, s.dp, s.tp, s.pp, s.cp, s.batch, s.grad_accum, s.seq, s.zero, s.precision, s.low_precision,
+            s.fp8_all_gather, s.sequence_parallel, s.grad_reduce_in_bf16, s.recompute, s.grad_clip_norm) == (
+        "megatron", 8, 1, 1, 1, 1, 16, 8192, 1, "bf16-master", "delayed", True, False, True, "none", 1.0)
+    assert req.tokens == 1953125000 * 8192
+    assert not r.unknown
+    assert any(x.startswith("--overlap-grad-reduce") and "less time" in x for x in r.not_modelled)
+    with pytest.raises(Exception, match="--num-layers 32"):
+        for c in r.checks:
+            c(load_spec("llama-3.2-1b"))

@@ -19,6 +19,11 @@ def split(text: str, source: str, marker) -> tuple[list[str], list[str]]:
     words = tokens(text, source)
     for i, w in enumerate(words):
         if marker(w):
+            shell = next((x for x in words[i + 1:] if "$" in x), None)
+            if shell is not None:
+                raise SetupError(f"{source}: the command uses shell variables ({shell}): trainfit reads a command "
+                                 "as written; print it expanded (put `echo` before the launcher, run the script) "
+                                 "and check that")
             return words[:i], words[i + 1:]
     raise SetupError(f"{source}: no command found in it")
 

@@ -4,7 +4,8 @@ Megatron-LM's own parser (megatron/training/arguments.py parse_args) is not impo
 wheel ships no megatron.training, and the file needs Megatron-LM's global state. So the flags are parsed with an
 argparse parser built from the cited flag list: the flags plan/emit_megatron.py writes (their arguments.py lines
 there) and Megatron-LM core_v0.16.1's other common flags, with argparse's own prefix matching off, as Megatron-LM
-sets it (arguments.py parse_args: allow_abbrev=False). Any other flag is listed as not modelled or unknown."""
+sets it (arguments.py:89-90 allow_abbrev=False), --clip-grad's default 1.0 (:1825), and sequence parallelism off at
+tp 1 (:907-913). Any other flag is listed as not modelled or unknown."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,8 @@ INT_FLAGS = ("num-layers", "hidden-size", "num-attention-heads", "kv-channels", 
              "decoder-last-pipeline-num-layers", "num-experts", "moe-router-topk", "moe-ffn-hidden-size",
              "expert-model-parallel-size", "moe-shared-expert-intermediate-size", "expert-tensor-parallel-size",
              "moe-router-num-groups", "moe-router-group-topk", "mtp-num-layers", "recompute-num-layers",
-             "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "train-iters")
+             "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "train-iters", "train-samples",
+             "vocab-size")
 STR_FLAGS = ("pipeline-model-parallel-layout", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend",
              "data-parallel-sharding-strategy", "ckpt-format", "recompute-granularity", "recompute-method",
              "cuda-graph-impl", "fp8-format", "fp8-recipe", "fp4-format", "fp4-recipe", "tokenizer-type",
@@ -36,7 +38,9 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
              "merge-file", "tokenizer-", "no-load-", "exit-", "timing-log-", "use-mcore-models", "distributed-backend",
-             "hidden-dropout", "attention-dropout", "mock-data", "num-workers", "dataloader-type")
+             "hidden-dropout", "attention-dropout", "mock-data", "num-workers", "dataloader-type", "decoupled-",
+             "data-cache-path", "tiktoken-pattern", "no-mmap-bin-files", "fp8-amax-compute-algo", "rotary-percent",
+             "apply-layernorm-1p", "no-create-attention-mask-in-dataloader")
 # flags trainfit does not model, with the direction of their effect (Megatron-LM core_v0.16.1 arguments.py)
 EFFECT = {"overlap-grad-reduce": "less time: the gradient reduce-scatter hidden behind the backward",
           "overlap-param-gather": "less time: the distributed optimizer's all-gather hidden behind the forward",
@@ -50,12 +54,14 @@ EFFECT = {"overlap-grad-reduce": "less time: the gradient reduce-scatter hidden 
           "cross-entropy-loss-fusion": "less memory and time: the fused loss",
           "calculate-per-token-loss": "no effect on memory",
           "normalization": "the model's norm (from the model)", "position-embedding-type": "the model's positions",
-          "rotary-base": "no effect on memory or time", "no-masked-softmax-fusion": "more time",
+          "rotary-base": "no effect on memory or time",
+          "empty-unused-memory-level": "more time, less reserved memory: the cache emptied each step",
+          "fp8-amax-history-len": "a little memory: the delayed recipe's amax history per tensor", "no-masked-softmax-fusion": "more time",
           "no-bias-swiglu-fusion": "more time", "no-rope-fusion": "more time",
           "no-gradient-accumulation-fusion": "more time: separate weight-gradient accumulation"}
 # the model's shape: checked against the model trainfit resolves
 SHAPE = {"num-layers": "layers", "hidden-size": "hidden", "num-attention-heads": "heads", "kv-channels": "head_dim",
-         "ffn-hidden-size": "intermediate"}
+         "ffn-hidden-size": "intermediate", "vocab-size": "vocab"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,8 +121,10 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.set("dp", world // (tp * pp * cp), "torchrun --nproc-per-node × --nnodes")
     if a.global_batch_size is not None:  # global = micro × accumulation × dp (arguments.py)
         r.global_batch = a.global_batch_size
-    if a.sequence_parallel:
+    if a.sequence_parallel and tp > 1:  # arguments.py:907-913: off at tp 1
         r.set("sequence_parallel", True, "--sequence-parallel")
+    elif a.sequence_parallel:
+        r.skip("--sequence-parallel", True, "no effect at tp 1: Megatron-LM turns it off (arguments.py:907-913)")
     if a.virtual_pipeline_model_parallel_size:
         r.set("vpp", a.virtual_pipeline_model_parallel_size, "--virtual-pipeline-model-parallel-size")
     if a.pipeline_model_parallel_layout:
@@ -174,6 +182,8 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.set("bf16_last_layers", a.num_layers_at_end_in_bf16 or 1, "--num-layers-at-end-in-bf16")
     if a.train_iters and a.global_batch_size and a.seq_length:
         r.set("tokens", float(a.train_iters * a.global_batch_size * a.seq_length), "--train-iters")
+    elif a.train_samples and a.seq_length:
+        r.set("tokens", float(a.train_samples * a.seq_length), "--train-samples")
     r.checks.append(lambda spec, a=a: _check_shape(a, spec))
 
 
@@ -199,4 +209,13 @@ def _check_shape(a, spec) -> None:
         got = getattr(a, flag.replace("-", "_"))
         if got is not None and got != v:
             raise SetupError(f"--{flag} {got}: {spec.name} has {v}; the command line builds another model: pass "
+                             "--model naming the model it builds")
+    switches = {"swiglu": spec.gated_mlp and spec.activation in ("silu", "swish"),
+                "untie_embeddings_and_output_weights": not spec.tied_embeddings,
+                "disable_bias_linear": not (spec.qkv_bias or spec.out_bias or spec.mlp_bias)}
+    for name, has in switches.items():
+        if a.num_layers is not None and getattr(a, name) != has:  # (a line without the model's flags: not checked)
+            flag = "--" + name.replace("_", "-")
+            raise SetupError(f"{flag} {'is missing' if has else 'is given'}: {spec.name} is built "
+                             f"{'with' if has else 'without'} it; the command line builds another model: pass "
                              "--model naming the model it builds")
