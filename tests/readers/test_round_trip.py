@@ -17,6 +17,8 @@ TITAN = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "zero", 
          "optimizer_kernel", "grad_clip_norm", "compile", "compile_loss", "offload")
 MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp", "pp_split", "zero", "recompute",
             "precision", "sequence_parallel", "grad_clip_norm")
+LOW = ("low_precision", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
+MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
 DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute")
 ACCELERATE = ("stack", "dp", "zero", "recompute", "precision", "offload")
 
@@ -31,12 +33,20 @@ CASES = [
                                     zero=3, tp=2, cp=2, recompute="full", compile_loss=True)),
     ("torchrun", ".sh", TITAN, dict(stack="torchtitan", precision="amp-bf16", batch=1, seq=2048, dp=2, zero=0,
                                     recompute="none")),
+    ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=8, zero=3, recompute="full",
+                                              low_precision="tensorwise", fp8_all_gather=True, bf16_first_layers=1,
+                                              bf16_last_layers=2)),
+    ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=4, zero=3, low_precision="mxfp8")),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=4096, grad_accum=4,
                                        dp=4, zero=1, tp=2, pp=2, recompute="full", sequence_parallel=True)),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=2, seq=2048, grad_accum=2,
                                        dp=8, zero=3, recompute="selective")),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=8192, grad_accum=8,
                                        dp=2, pp=4, vpp=2, pp_split="embedding-loss", recompute="uniform:2")),
+    ("megatron", ".sh", MEGATRON + MOE + LOW, dict(model="mixtral-8x7b", stack="megatron", precision="bf16-master",
+                                                   dp=8, ep=4, tp=2, pp=2, zero=1, grad_accum=4, recompute="full",
+                                                   sequence_parallel=True, moe_dispatcher="alltoall",
+                                                   low_precision="blockwise", fp8_all_gather=True)),
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="bf16-master", batch=2, grad_accum=4, dp=8,
                                            zero=3, recompute="full")),
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="fp32", batch=1, dp=4, zero=1)),
@@ -63,13 +73,17 @@ for _c in CASES:
 
 @pytest.mark.parametrize("engine,ext,fields,values", [_case(c) for c in CASES])
 def test_emit_then_check_gives_the_same_setup(tmp_path, engine, ext, fields, values):
-    spec = load_spec(MODEL)
-    setup = Request(model=MODEL, **values).setup(spec)
+    values = dict(values)
+    model = values.pop("model", MODEL)
+    spec = load_spec(model)
+    setup = Request(model=model, **values).setup(spec)
     path = tmp_path / f"job{ext}"
     path.write_text(emit.emit(engine, setup, spec, 8))
     readings = [read(path)]
-    req, _ = request_of(readings, None if readings[0].model else MODEL, None, None)
-    assert load_spec(req.model).name == MODEL
+    req, _ = request_of(readings, None if readings[0].model else model, None, None)
+    assert load_spec(req.model).name == model
+    for check in readings[0].checks:  # the file's model flags are the model's
+        check(spec)
     got = req.setup(spec)
     assert {f: getattr(got, f) for f in fields} == {f: getattr(setup, f) for f in fields}
     assert not readings[0].unknown  # every key the writer writes is known

@@ -18,7 +18,8 @@ from .spinner import spinner
 
 app = typer.Typer(
     help="Will it train (or serve) on my hardware? Memory, compute and time of a training step or of inference, "
-    "per GPU, from the model's architecture.\n\nStart with: trainfit estimate llama-3.1-8b --gpu H100-80GB",
+    "per GPU, from the model's architecture.\n\nStart with: trainfit estimate llama-3.1-8b --gpu H100-80GB, or "
+    "your own config: trainfit check my_job.toml --gpu H100-80GB",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
