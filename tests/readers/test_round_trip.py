@@ -132,6 +132,8 @@ def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
     assert req.tokens == 1000 * 64 * 8192
     assert any(x.startswith("[profiling]") for x in r.not_modelled)  # enable_profiling = true: more time
     assert "checkpoint.interval" in r.no_effect  # checkpoint.enable = false
+    assert "quantize.linear.float8.filter_fqns" in r.no_effect  # its converter is commented out
+    assert s.low_precision == "none"
     assert not r.unknown
 
 

@@ -114,7 +114,11 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     _settings(cfg, r, keys, world, dp)
     off = _sections_off(cfg)
     grouped: dict = {}
+    converters = set(cfg.model.converters)
     for k, v in keys.items():
+        if k.startswith("quantize.linear.") and ".".join(k.split(".")[:3]) not in converters:
+            r.skip(k, v, "no effect on a step's memory or time: its converter is not in model.converters")
+            continue
         if k in MAPPED:
             continue
         if any(k.startswith(p) for p in NO_EFFECT) or k.split(".")[0] in off:
