@@ -145,6 +145,10 @@ def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
     ("notes.txt", "hello", "not a config trainfit reads"),
     ("acc.yaml", "distributed_type: FSDP\nmixed_precision: fp8\nnum_processes: 2\n", "fp8"),
     ("serve.sh", "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype fp8_e5m2\n", "--kv-cache-dtype"),
+    ("job.toml", "[training]\nlocal_batch = 3\n", "Invalid field names"),
+    ("run.sh", "torchrun --nproc_per_node 8 -m torchtitan.train --training.local_batch_size x\n",
+     "invalid literal for int()"),
+    ("mega.sh", "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $NUM_LAYERS\n", "shell variables"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, name, text, needle):
     path = tmp_path / name

@@ -90,13 +90,21 @@ def parse(args: list[str], source: str):
     except ImportError:
         raise SetupError(f"{source}: reading a torchtitan job needs torchtitan (pip install 'trainfit[torchtitan]')") \
             from None
+    import contextlib
+    import io
+
+    said = io.StringIO()
     try:
-        return ConfigManager().parse_args(args)
-    except SystemExit:
-        raise SetupError(f"{source}: torchtitan's ConfigManager rejected it (see the message above): fix the key") \
-            from None
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            return ConfigManager().parse_args(args)
+    except SystemExit:  # tyro's usage error: a title, then the message, between rules of dashes
+        import re
+
+        parts = [" ".join(p.replace("│", " ").split()) for p in re.split(r"[-─]{10,}", said.getvalue())]
+        why = next((p for p in parts[1:] if p), None) or parts[0] or "a bad key or value"
+        raise SetupError(f"{source}: torchtitan's ConfigManager rejected it ({why})") from None
     except (ValueError, TypeError, KeyError, AssertionError) as e:
-        raise SetupError(f"{source}: torchtitan's ConfigManager rejected it ({e})") from None
+        raise SetupError(f"{source}: torchtitan's ConfigManager rejected it ({str(e).splitlines()[0]})") from None
 
 
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
