@@ -51,7 +51,7 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
         return
     for r in readings:
         typer.echo(f"read {r.source}")
-    typer.echo("as trainfit: " + " ".join(f"{flag(k)} {v}" for k, v in said["settings"].items()))
+    typer.echo("as trainfit: " + " ".join(f"{flag(k)} {shown(v)}" for k, v in said["settings"].items()))
     for x in said["not_modelled"]:
         typer.echo(f"  · {x}")
     if said["no_effect"]:
@@ -59,6 +59,10 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     if said["unknown"]:
         typer.echo(f"  · unknown to trainfit (effect not known): {', '.join(said['unknown'])}")
     show_estimates(req, results, False)
+
+
+def shown(v) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() and v >= 1e3 else str(v)
 
 
 def flag(name: str) -> str:

@@ -151,7 +151,7 @@ def _settings(a, r: Reading, world: int | None) -> None:
             r.skip("--moe-grouped-gemm", False, "more time: sequential expert GEMMs (trainfit models TEGroupedMLP)")
     if a.mtp_num_layers:
         r.set("mtp_layers", a.mtp_num_layers, "--mtp-num-layers")
-    if a.use_megatron_fsdp:  # fully_shard.py:41-53
+    if a.use_megatron_fsdp:  # fully_shard.py:41-53; arguments.py:2307-2309 (default no_shard)
         zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3, "no_shard": 0}.get(
             a.data_parallel_sharding_strategy or "no_shard")
         if zero is None:
