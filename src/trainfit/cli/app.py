@@ -18,7 +18,8 @@ from .spinner import spinner
 
 app = typer.Typer(
     help="Will it train (or serve) on my hardware? Memory, compute and time of a training step or of inference, "
-    "per GPU, from the model's architecture.\n\nStart with: trainfit estimate llama-3.1-8b --gpu H100-80GB",
+    "per GPU, from the model's architecture.\n\nStart with: trainfit estimate llama-3.1-8b --gpu H100-80GB, or "
+    "your own config: trainfit check my_job.toml --gpu H100-80GB",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -65,8 +66,6 @@ def estimate(req: Request, engine: str = EngineOpt,
             "measure": "running the real step"}.get(engine, "estimating")
     with spinner(what + (" and running the real step" if measure else ""), quiet=json or not slow):
         results = api.run_engines(req, engine, measure_too=measure)
-    from ..report import json_out, terminal
-
     if emit is not None:
         from ..plan.emit_sglang import sglang_command
         from ..plan.emit_vllm import vllm_command
@@ -74,13 +73,21 @@ def estimate(req: Request, engine: str = EngineOpt,
         command = sglang_command if emit == "sglang" else vllm_command
         typer.echo(command(req.model, e.setup, e.detail.serving))
         return
+    show_estimates(req, results, json)
+
+
+def show_estimates(req: Request, results: list, json: bool, extra: dict | None = None) -> None:
+    """The estimate's report (tables, or --json) of `results`, with the changes that would fit when it does not;
+    `extra`: more keys for the JSON object (`trainfit check`: what the files said)."""
+    from ..report import json_out, terminal
+
     advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:
         if len(results) == 1:
             d = results[0].to_dict()
             if advice:
                 d["would_fit"] = [x.as_dict() for x in advice]
-            typer.echo(json_out.dumps(d))
+            typer.echo(json_out.dumps({**d, **(extra or {})}))
         else:
             typer.echo(json_out.dumps({"estimates": [e.to_dict() for e in results],
                                        **api.gaps(results)}))
@@ -315,10 +322,11 @@ def _register_optional_commands() -> None:
     """Commands that live beside their feature (planner, visuals); their heavy imports stay inside them."""
     from .explain import explain
     from .fit import fit
+    from .check import check
     from .plan import plan
     from .visual import report, serve, sweep, timeline
 
-    for command in (fit, plan, timeline, sweep, report, serve, explain):
+    for command in (check, fit, plan, timeline, sweep, report, serve, explain):
         app.command(cls=GroupedCommand)(command)
 
 

@@ -1,0 +1,101 @@
+"""`trainfit check FILE…`: the user's own launch config, read by its stack's parser (trainfit.readers), answered as
+`estimate` answers: what each key became, what is not modelled, then the estimate and, with --gpu, the verdict."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from ..setup import BY_NAME
+from .options import JsonOpt
+
+FilesArg = typer.Argument(..., metavar="FILE...", help="Your config: a torchtitan job .toml or torchtitan.train command line, a "
+                          "Megatron-LM pretrain_gpt.py command line or script, a DeepSpeed ds_config.json, HF "
+                          "TrainingArguments (.json/.yaml), an accelerate config .yaml, a `vllm serve` or "
+                          "`sglang.launch_server` command line. Several files describe one run together.")
+ModelOpt = typer.Option(None, "--model", help="The model, when the files do not name one (DeepSpeed, accelerate, "
+                        "TrainingArguments, Megatron without --tokenizer-model): " + "a catalog name, config.json "
+                        "or hub id.")
+GpuOpt = typer.Option(None, "--gpu", help=BY_NAME["gpu"].meta.help)
+DpOpt = typer.Option(None, "--dp", help="Data-parallel ranks, when the files do not say (a torchtitan shard degree "
+                     "of -1 without the torchrun line, TrainingArguments, Megatron without torchrun's sizes).")
+
+
+def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Optional[str] = GpuOpt,
+          dp: Optional[int] = DpOpt, json: bool = JsonOpt) -> None:
+    """Check your own config before launch: read it with its stack's own parser, map every key to trainfit's
+    settings (or name it as not modelled, with the direction of its effect), then answer as `estimate` does.
+
+    Examples:\n
+      trainfit check my_job.toml --gpu H100-80GB\n
+      trainfit check ds_config.json train_args.yaml --model llama-3.1-8b --dp 8 --gpu A100-80GB\n
+      trainfit check serve.sh --gpu H100-80GB      # a `vllm serve ...` line
+    """
+    from .. import api
+    from ..readers import read
+    from .app import show_estimates
+
+    readings = [read(f, dp) for f in files]
+    req, notes = request_of(readings, model, gpu, dp)
+    spec = api.load_spec(req.model)
+    for r in readings:
+        for c in r.checks:
+            c(spec)
+    results = api.run_engines(req, "analytic")
+    said = {"files": [r.source for r in readings], "settings": settings_of(readings, req),
+            "not_modelled": [x for r in readings for x in r.not_modelled] + notes,
+            "unknown": [x for r in readings for x in r.unknown],
+            "no_effect": [x for r in readings for x in r.no_effect]}
+    if json:
+        show_estimates(req, results, True, {"check": said})
+        return
+    for r in readings:
+        typer.echo(f"read {r.source}")
+    typer.echo("as trainfit: " + " ".join(f"{flag(k)} {shown(v)}" for k, v in said["settings"].items()))
+    for x in said["not_modelled"]:
+        typer.echo(f"  · {x}")
+    if said["no_effect"]:
+        typer.echo(f"  · no effect on a step's memory or time: {', '.join(said['no_effect'])}")
+    if said["unknown"]:
+        typer.echo(f"  · unknown to trainfit (effect not known): {', '.join(said['unknown'])}")
+    show_estimates(req, results, False)
+
+
+def shown(v) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() and v >= 1e3 else str(v)
+
+
+def flag(name: str) -> str:
+    return BY_NAME[name].flag
+
+
+def settings_of(readings, req) -> dict:
+    """The settings the files set, as the request holds them."""
+    names = [k for r in readings for k in r.values]
+    return {k: getattr(req, k) for k in dict.fromkeys(names + (["grad_accum"] if any(r.global_batch for r in readings)
+                                                               else []) + (["dp"] if req.dp != 1 else []))}
+
+
+def request_of(readings, model: str | None, gpu: str | None, dp: int | None):
+    """(Request, notes) of the files read together, with --model, --gpu and --dp."""
+    from ..errors import SetupError
+    from ..readers import combine
+    from ..setup import Request
+
+    model, values = combine(readings, model)
+    notes = []
+    if dp is not None:
+        if values.get("dp", dp) != dp:
+            raise SetupError(f"--dp {dp}: the files say {values['dp']} data-parallel ranks: drop --dp or fix them")
+        values["dp"] = dp
+    batches = {r.global_batch for r in readings if r.global_batch}
+    if batches and "grad_accum" not in values:  # global = micro × accumulation × dp
+        total, micro, ranks = batches.pop(), values.get("batch", 1), values.get("dp", 1)
+        if total % (micro * ranks):
+            raise SetupError(f"global batch {total} is not micro-batch {micro} × dp {ranks} × a whole accumulation: "
+                             "give --dp (the data-parallel ranks) or fix the file")
+        values["grad_accum"] = total // (micro * ranks)
+    if gpu is None and "tokens" in values:
+        values.pop("tokens")
+        notes.append("the run's length (steps): its time and cost need --gpu")
+    return Request(model=model, **values, **({"gpu": gpu} if gpu is not None else {})), notes

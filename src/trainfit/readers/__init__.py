@@ -1,0 +1,121 @@
+"""Readers of the stacks' own launch configs (`trainfit check FILE…`): one module per stack, each parsing through
+the stack's own parser where it is installed, giving back a Reading: the model the file names, the trainfit
+settings (setup.settings names) its keys set, and one line per key trainfit does not model (with the direction of
+its effect) or does not know. The writers (plan/emit_*.py) are their inverses: tests/readers checks the round trip."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import import_module
+from pathlib import Path
+
+from ..errors import SetupError
+
+READERS = ("torchtitan", "megatron", "deepspeed", "accelerate", "hf_args", "vllm", "sglang")
+
+
+@dataclass
+class Reading:
+    """What one file says, in trainfit's terms."""
+
+    source: str  # the file and the parser that read it
+    values: dict = field(default_factory=dict)  # trainfit setting name -> value
+    model: str | None = None  # a model reference (catalog name, hub id, config.json path) the file names
+    not_modelled: list[str] = field(default_factory=list)  # "key = value: not modelled (effect)"
+    unknown: list[str] = field(default_factory=list)  # keys neither mapped nor known to trainfit
+    no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
+    checks: list = field(default_factory=list)  # callables(spec) -> None: the file's model shape against the spec
+    global_batch: int | None = None  # sequences per optimizer step, when the file gives them but not the world size
+
+    def set(self, name: str, value, key: str) -> None:
+        """Setting `name` = `value` from the file's `key` (two keys disagreeing: an error)."""
+        if name in self.values and self.values[name] != value:
+            raise SetupError(f"{self.source}: {key} sets {name.replace('_', '-')} = {value!r} but another key set "
+                             f"{self.values[name]!r}: make them agree")
+        self.values[name] = value
+
+    def skip(self, key: str, value, effect: str) -> None:
+        """Key `key` = `value`, which trainfit does not model: `effect` says the direction (more/less memory or
+        time), or starts with "no effect" (paths, logging, learning rates: listed apart)."""
+        if effect.startswith("no effect"):
+            self.no_effect.append(key)
+        else:
+            what = key if value == "…" else f"{key} = {value!r}"
+            self.not_modelled.append(f"{what}: not modelled ({effect})")
+
+
+def kind_of(path: Path, text: str) -> str:
+    """Which stack's file `path` is, from its name and content."""
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        return "torchtitan"
+    words = text.replace("\\\n", " ").split()
+    if "serve" in words and any(w.endswith("vllm") for w in words):
+        return "vllm"
+    if "sglang.launch_server" in words:
+        return "sglang"
+    if "torchtitan.train" in words:
+        return "torchtitan"
+    if any(w.endswith("pretrain_gpt.py") or w == "--tensor-model-parallel-size" for w in words):
+        return "megatron"
+    if suffix == ".json":
+        import json
+
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise SetupError(f"{path}: not valid JSON ({e}): fix the file") from None
+        if not isinstance(data, dict):
+            raise SetupError(f"{path}: a JSON object is expected (a DeepSpeed config or TrainingArguments)")
+        if {"train_micro_batch_size_per_gpu", "train_batch_size", "zero_optimization"} & set(data):
+            return "deepspeed"
+        if "compute_environment" in data or "distributed_type" in data:
+            return "accelerate"
+        return "hf_args"
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise SetupError(f"{path}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
+        if not isinstance(data, dict):
+            raise SetupError(f"{path}: a YAML mapping is expected (an accelerate config or TrainingArguments)")
+        if "compute_environment" in data or "distributed_type" in data:
+            return "accelerate"
+        return "hf_args"
+    raise SetupError(f"{path}: not a config trainfit reads (a torchtitan .toml, a DeepSpeed or TrainingArguments "
+                     ".json/.yaml, an accelerate .yaml, or a pretrain_gpt.py / torchtitan.train / vllm serve / "
+                     "sglang.launch_server command line)")
+
+
+def read(path: str | Path, dp: int | None = None) -> Reading:
+    """The Reading of one file, by the reader of its stack; `dp` (--dp): the data-parallel ranks when the file
+    leaves them to the launch (torchtitan's data_parallel_shard_degree -1)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SetupError(f"{path}: no such file: give the path of your config or launch script")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    kind = kind_of(p, text)
+    return import_module(f"{__package__}.{kind}").read(p, text, dp)
+
+
+def combine(readings: list[Reading], model: str | None = None) -> tuple[str, dict]:
+    """(model, settings) of several files read together (a ds_config.json with its TrainingArguments): a setting two
+    files give differently is an error; `model` (--model) names the model when no file does, or overrides them."""
+    values: dict = {}
+    owner: dict = {}
+    for r in readings:
+        for k, v in r.values.items():
+            if k in values and values[k] != v:
+                raise SetupError(f"{owner[k]} sets {k.replace('_', '-')} = {values[k]!r}, {r.source} sets {v!r}: make "
+                                 "them agree")
+            values[k], owner[k] = v, r.source
+    named = {r.model for r in readings if r.model}
+    if model is None:
+        if len(named) > 1:
+            raise SetupError(f"the files name different models ({', '.join(sorted(named))}): pass --model")
+        if not named:
+            raise SetupError(f"{', '.join(r.source.split(' ')[0] for r in readings)} names no model: pass --model (a "
+                             "catalog name, a config.json or a hub id)")
+        model = named.pop()
+    return model, values

@@ -1,0 +1,104 @@
+"""An accelerate config YAML/JSON, loaded by accelerate's own loader (accelerate 1.15.0
+commands/config/config_args.py:43 load_config_from_file → ClusterConfig), read as `accelerate launch` runs it:
+distributed_type, num_processes, mixed_precision, and the FSDP block (accelerate's FSDP guide: fsdp_version 2's
+fsdp_reshard_after_forward, FSDP1's fsdp_sharding_strategy; utils/dataclasses.py FullyShardedDataParallelPlugin)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import SetupError
+from . import Reading
+
+NO_EFFECT = ("compute_environment", "debug", "machine_rank", "main_training_function", "rdzv_backend",
+             "same_network", "use_cpu", "gpu_ids", "main_process_ip", "main_process_port", "enable_cpu_affinity",
+             "tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm",
+             "tpu_env", "num_machines", "mpirun_config", "megatron_lm_config", "parallelism_config", "fp8_config",
+             "deepspeed_config", "fsdp_config")
+FSDP_NO_EFFECT = ("fsdp_version", "fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap",
+                  "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states",
+                  "fsdp_use_orig_params", "fsdp_min_num_params")
+FSDP_EFFECT = {"fsdp_backward_prefetch": "memory and time: FSDP1's prefetch of the next gather",
+               "fsdp_forward_prefetch": "memory and time: FSDP1's explicit forward prefetch",
+               "fsdp_limit_all_gathers": "memory: FSDP1's rate limiter"}
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    try:
+        from accelerate.commands.config.config_args import load_config_from_file
+    except ImportError:
+        raise SetupError(f"{path}: reading an accelerate config needs accelerate (pip install accelerate)") from None
+    try:
+        cfg = load_config_from_file(str(path))
+    except (TypeError, ValueError, KeyError) as e:
+        raise SetupError(f"{path}: accelerate's loader rejects it ({e})") from None
+    r = Reading(f"{path} (accelerate load_config_from_file)")
+    dist = str(getattr(cfg.distributed_type, "value", cfg.distributed_type))
+    n = cfg.num_processes if cfg.num_processes and cfg.num_processes > 0 else None
+    fsdp = dict(cfg.fsdp_config or {})
+    if dist == "DEEPSPEED":
+        raise SetupError(f"{path}: distributed_type DEEPSPEED: pass its DeepSpeed config JSON (deepspeed_config_file) "
+                         "to `trainfit check` beside it")
+    if dist not in ("NO", "MULTI_GPU", "FSDP"):
+        raise SetupError(f"{path}: distributed_type {dist}: trainfit reads NO, MULTI_GPU and FSDP configs")
+    r.set("stack", "hf", "accelerate")
+    mp = str(getattr(cfg.mixed_precision, "value", cfg.mixed_precision))
+    if mp == "fp8":
+        raise SetupError(f"{path}: mixed_precision fp8 (Transformer Engine / torchao through accelerate) is not "
+                         "modelled; use bf16")
+    r.set("precision", {"bf16": "amp-bf16", "fp16": "amp-fp16"}.get(mp, "fp32"), "mixed_precision")
+    if dist == "NO":
+        r.set("dp", 1, "distributed_type")
+    elif n is not None:
+        r.set("dp", n, "num_processes")
+    r.set("zero", _zero(fsdp) if dist == "FSDP" else 0, "fsdp_config")
+    if fsdp.get("fsdp_activation_checkpointing"):
+        r.set("recompute", "full", "fsdp_activation_checkpointing")
+    if fsdp.get("fsdp_offload_params"):
+        r.set("offload", "params", "fsdp_offload_params")
+    raw = cfg.to_dict()
+    for k, v in raw.items():
+        if k in ("distributed_type", "mixed_precision", "num_processes"):
+            continue
+        if k in NO_EFFECT:
+            if v not in (None, {}) and k.endswith("_config") and k != "fsdp_config":
+                r.skip(k, v, "read only with its distributed_type")
+            elif k != "fsdp_config":
+                r.skip(k, v, "no effect on a step's memory or time")
+        elif k == "downcast_bf16":
+            r.skip(k, v, "TPU only")
+        elif k == "dynamo_config":
+            r.skip(k, v, "memory and time: torch.compile through accelerate (trainfit's --compile is the stacks')")
+        else:
+            r.unknown.append(k)
+    for k, v in fsdp.items():
+        if k in ("fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_activation_checkpointing",
+                 "fsdp_offload_params"):
+            continue
+        if k in FSDP_NO_EFFECT:
+            r.skip(f"fsdp_config.{k}", v, "no effect on a step's memory or time")
+        elif k in FSDP_EFFECT:
+            r.skip(f"fsdp_config.{k}", v, FSDP_EFFECT[k])
+        else:
+            r.unknown.append(f"fsdp_config.{k}")
+    return r
+
+
+def _zero(fsdp: dict) -> int:
+    """FSDP2's fsdp_reshard_after_forward (true: ZeRO-3, false: ZeRO-2); FSDP1's fsdp_sharding_strategy (FULL_SHARD /
+    HYBRID_SHARD: 3, SHARD_GRAD_OP: 2, NO_SHARD: 0), by name or accelerate's number (1-5: utils/constants.py
+    FSDP_SHARDING_STRATEGY)."""
+    if "fsdp_reshard_after_forward" in fsdp:
+        v = fsdp["fsdp_reshard_after_forward"]
+        if isinstance(v, str):  # FSDP1 names given under the FSDP2 key (accelerate accepts both)
+            return _strategy(v)
+        return 3 if v else 2
+    return _strategy(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD"))
+
+
+def _strategy(v) -> int:
+    names = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD", "5": "HYBRID_SHARD_ZERO2"}
+    v = names.get(str(v), str(v).upper())
+    zero = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD_ZERO2": 2, "NO_SHARD": 0}.get(v)
+    if zero is None:
+        raise SetupError(f"fsdp_sharding_strategy {v!r}: use FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD")
+    return zero

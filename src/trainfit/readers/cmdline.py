@@ -1,0 +1,43 @@
+"""A launch command line or shell script as argv: line continuations joined, comments and environment
+assignments dropped, the arguments after the program (`marker`) returned with the launcher's own."""
+from __future__ import annotations
+
+import shlex
+
+from ..errors import SetupError
+
+
+def tokens(text: str, source: str) -> list[str]:
+    try:
+        return shlex.split(text.replace("\\\r\n", " ").replace("\\\n", " "), comments=True)
+    except ValueError as e:
+        raise SetupError(f"{source}: cannot split the command line ({e}): check its quotes") from None
+
+
+def split(text: str, source: str, marker) -> tuple[list[str], list[str]]:
+    """(the launcher's tokens before the program, the program's arguments): `marker(token)` finds the program."""
+    words = tokens(text, source)
+    for i, w in enumerate(words):
+        if marker(w):
+            shell = next((x for x in words[i + 1:] if "$" in x), None)
+            if shell is not None:
+                raise SetupError(f"{source}: the command uses shell variables ({shell}): trainfit reads a command "
+                                 "as written; print it expanded (put `echo` before the launcher, run the script) "
+                                 "and check that")
+            return words[:i], words[i + 1:]
+    raise SetupError(f"{source}: no command found in it")
+
+
+def launcher_world(before: list[str]) -> int | None:
+    """torchrun's --nnodes × --nproc_per_node (either spelling, `=` or a separate value), None when not given."""
+    opts: dict = {}
+    for i, w in enumerate(before):
+        if w.startswith("--"):
+            k, eq, v = w[2:].partition("=")
+            opts[k.replace("-", "_")] = v if eq else (before[i + 1] if i + 1 < len(before) else "")
+    try:
+        nproc = int(opts["nproc_per_node"]) if "nproc_per_node" in opts else None
+        nodes = int(str(opts.get("nnodes", "1")).split(":")[-1])
+    except ValueError:
+        return None
+    return None if nproc is None else nproc * nodes

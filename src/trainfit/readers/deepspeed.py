@@ -1,0 +1,145 @@
+"""A DeepSpeed config JSON, parsed by DeepSpeed's own DeepSpeedConfig (deepspeed 0.19.8 runtime/config.py:439): its
+batch identity, ZeRO, precision, clipping and offload blocks as DeepSpeed resolves them. The data-parallel degree is
+the file's train_batch_size / (micro-batch × accumulation) (× sequence_parallel_size: config.py:461-469);
+DeepSpeedConfig itself takes the world size from torch.distributed, so it parses the file as rank 0 of that many.
+"auto" values (filled by the HF Trainer from TrainingArguments: transformers integrations/deepspeed.py
+trainer_config_process) are left to the TrainingArguments file read beside it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import SetupError
+from ..stacks import get_stack
+from . import Reading
+
+# zero_optimization keys trainfit models at DeepSpeed's defaults (stacks/deepspeed.toml facts of the same name)
+ZERO_FACTS = ("contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+              "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+              "sub_group_size")
+NO_EFFECT = ("steps_per_print", "optimizer", "scheduler", "tensorboard", "wandb", "csv_monitor", "comet",
+             "checkpoint", "gradient_predivide_factor", "prescale_gradients", "dump_state")
+EFFECT = {"wall_clock_breakdown": "more time when true: synchronised timers",
+          "flops_profiler": "more time while profiling", "memory_breakdown": "more time when true",
+          "communication_data_type": "time: the gradient reduction's dtype",
+          "data_types": "memory: the gradient accumulation dtype (grad_accum_dtype)",
+          "torch_autocast": "memory and time: DeepSpeed's autocast mode",
+          "compression_training": "memory and time", "sparse_attention": "memory and time",
+          "pipeline": "memory and time: DeepSpeed's pipeline engine", "zero_allow_untested_optimizer": "none",
+          "zero_force_ds_cpu_optimizer": "time: the CPU optimizer", "aio": "time of NVMe offload"}
+WHEN_TRUE = ("wall_clock_breakdown", "memory_breakdown")  # switches with an effect only when on
+ZERO_NO_EFFECT = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                  "round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint")
+ZERO_EFFECT = {"overlap_comm": "time (and bucket memory): DeepSpeed's default is stage == 3 (config.py:384-386)",
+               "reduce_scatter": "time", "zero_quantized_weights": "less time and memory: ZeRO++ qwZ",
+               "zero_quantized_gradients": "less time: ZeRO++ qgZ", "zero_hpz_partition_size": "more memory, "
+               "less time: ZeRO++ hpZ", "memory_efficient_linear": "memory"}
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise SetupError(f"{path}: not valid JSON ({e}): fix the file") from None
+    r = Reading(f"{path} (deepspeed DeepSpeedConfig)")
+    auto = [k for k, v in raw.items() if v == "auto"]
+    zraw = dict(raw.get("zero_optimization") or {})
+    auto += [f"zero_optimization.{k}" for k, v in zraw.items() if v == "auto"]
+    cfg = parse({k: v for k, v in raw.items() if v != "auto"} | (
+        {"zero_optimization": {k: v for k, v in zraw.items() if v != "auto"}} if zraw else {}), r, str(path))
+    for k in auto:
+        r.not_modelled.append(f"{k} = 'auto': the HF Trainer fills it from TrainingArguments (read them beside it)")
+    _settings(cfg, raw, r)
+    facts = get_stack("deepspeed")
+    for k, v in raw.items():
+        if k in MAPPED or v == "auto":
+            continue
+        if k in NO_EFFECT or (k in WHEN_TRUE and not v):
+            r.skip(k, v, "no effect on a step's memory or time")
+        elif k in EFFECT:
+            r.skip(k, v, EFFECT[k])
+        else:
+            r.unknown.append(k)
+    for k, v in zraw.items():
+        if k in ("stage", "offload_optimizer", "offload_param") or v == "auto":
+            continue
+        if k == "overlap_comm" and v == (cfg.zero_optimization_stage == 3):  # DeepSpeed's default, as modelled
+            continue
+        if k in ZERO_FACTS:
+            if v != facts.fact(k):
+                r.skip(f"zero_optimization.{k}", v, f"memory and time: trainfit models DeepSpeed's {facts.fact(k)!r}")
+        elif k in ZERO_NO_EFFECT:
+            r.skip(f"zero_optimization.{k}", v, "no effect on a step's memory or time")
+        elif k in ZERO_EFFECT:
+            r.skip(f"zero_optimization.{k}", v, ZERO_EFFECT[k])
+        else:
+            r.unknown.append(f"zero_optimization.{k}")
+    return r
+
+
+MAPPED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+          "bf16", "bfloat16", "fp16", "zero_optimization", "activation_checkpointing", "sequence_parallel_size")
+
+
+def parse(d: dict, r: Reading, source: str):
+    """DeepSpeed's own parse of `d` as one rank sees it (train_batch_size per rank: its world size is 1 here)."""
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError:
+        raise SetupError(f"{source}: reading a DeepSpeed config needs deepspeed (pip install deepspeed)") from None
+    micro, accum, total = (d.get("train_micro_batch_size_per_gpu"), d.get("gradient_accumulation_steps"),
+                           d.get("train_batch_size"))
+    one = dict(d)
+    if not micro and not total:  # all "auto" (the HF Trainer's): DeepSpeed parses the rest with one sequence
+        one.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=1)
+    elif micro and accum:
+        one["train_batch_size"] = micro * accum
+    elif total and (micro or accum):
+        raise SetupError(f"{source}: give train_micro_batch_size_per_gpu and gradient_accumulation_steps (trainfit "
+                         "cannot tell the data-parallel degree from train_batch_size and one of them)")
+    try:
+        return DeepSpeedConfig(one)
+    except (AssertionError, ValueError, TypeError, KeyError) as e:
+        raise SetupError(f"{source}: DeepSpeed rejects it ({str(e).splitlines()[0] if str(e) else type(e).__name__})")\
+            from None
+
+
+def _settings(cfg, raw: dict, r: Reading) -> None:
+    r.set("stack", "deepspeed", "deepspeed")
+    micro, accum = raw.get("train_micro_batch_size_per_gpu"), raw.get("gradient_accumulation_steps")
+    if isinstance(micro, int):
+        r.set("batch", cfg.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu")
+    if isinstance(accum, int):
+        r.set("grad_accum", cfg.gradient_accumulation_steps, "gradient_accumulation_steps")
+    sp = raw.get("sequence_parallel_size", 1)
+    if sp > 1:
+        r.set("ulysses", sp, "sequence_parallel_size")
+    total = raw.get("train_batch_size")
+    if isinstance(total, int) and isinstance(micro, int) and isinstance(accum, int):
+        dp, left = divmod(total * sp, micro * accum)  # config.py:602-605 (train = micro × accumulation × world)
+        if left or dp < 1:
+            raise SetupError(f"train_batch_size {total} is not micro-batch {micro} × accumulation {accum} × a whole "
+                             "number of ranks: DeepSpeed would refuse it")
+        r.set("dp", dp, "train_batch_size")
+    r.set("zero", int(cfg.zero_optimization_stage), "zero_optimization.stage")
+    r.set("precision", "bf16-master" if cfg.bfloat16_config.enabled else
+          "fp16-master" if cfg.float16_config.enabled else "fp32", "bf16/fp16.enabled")
+    if "gradient_clipping" in raw and raw["gradient_clipping"] != "auto":
+        r.set("max_grad_norm", float(cfg.gradient_clipping), "gradient_clipping")
+    z = cfg.zero_config
+    opt = getattr(z.offload_optimizer, "device", None) if z.offload_optimizer else None
+    par = getattr(z.offload_param, "device", None) if z.offload_param else None
+    opt, par = (str(getattr(x, "value", x)) if x is not None else "none" for x in (opt, par))
+    if par != "none":
+        r.set("offload", "params", "zero_optimization.offload_param")
+    elif opt != "none":
+        r.set("offload", "optimizer", "zero_optimization.offload_optimizer")
+    if "nvme" in (opt, par):
+        r.skip("offload device", "nvme", "time: trainfit models CPU offload (ZeRO-Infinity to NVMe is slower)")
+    if "activation_checkpointing" in raw:  # DeepSpeed's checkpointing API (the model must call it: HF
+        # gradient_checkpointing=True): every layer recomputed, as the writer emits it
+        r.set("recompute", "full", "activation_checkpointing")
+        ac = cfg.activation_checkpointing_config
+        for k in ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"):
+            if getattr(ac, k, False):
+                r.skip(f"activation_checkpointing.{k}", True, "less memory: trainfit models plain checkpoints")

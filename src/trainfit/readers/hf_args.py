@@ -1,0 +1,107 @@
+"""HF `TrainingArguments` as a JSON or YAML file, parsed by transformers' own HfArgumentParser (transformers 5.24
+hf_argparser.py parse_dict into training_args.py TrainingArguments, its __post_init__ validation included). bf16 /
+fp16 are read from the file rather than validated: TrainingArguments refuses them on a machine without the GPU
+(training_args.py _validate_args), and trainfit checks for the target GPU. TRL's SFTConfig / GRPOConfig (not
+installed here) subclass TrainingArguments: their sequence length (max_length, formerly max_seq_length) is read as
+the key, the rest of their keys listed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import SetupError
+from . import Reading
+
+# TrainingArguments.optim (training_args.py OptimizerNames) -> (trainfit --optimizer, --optimizer-impl): the HF
+# Trainer's builds (transformers trainer_optimizer.py: adamw_torch foreach by default, _fused fused)
+OPTIM = {"adamw_torch": ("adamw", None), "adamw_torch_fused": ("adamw", "fused"), "adamw_torch_4bit":
+         ("adamw-torchao-4bit", None), "adamw_torch_8bit": ("adamw-torchao-8bit", None),
+         "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None),
+         "paged_adamw_8bit": ("paged-adamw-8bit", None), "paged_adamw_32bit": ("paged-adamw", None),
+         "paged_adamw": ("paged-adamw", None), "lion_32bit": ("lion", None), "sgd": ("sgd", None),
+         "adafactor": ("adafactor", None)}
+MAPPED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "gradient_checkpointing",
+          "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "max_length", "max_seq_length",
+          "activation_checkpointing")
+NO_EFFECT_PREFIX = ("output_dir", "overwrite_output_dir", "logging_", "save_", "eval_", "per_device_eval",
+                    "learning_rate", "weight_decay", "adam_", "warmup_", "lr_scheduler", "num_train_epochs",
+                    "max_steps", "seed", "data_seed", "report_to", "run_name", "push_to_hub", "hub_", "do_train",
+                    "do_eval", "do_predict", "remove_unused_columns", "label_names", "disable_tqdm", "load_best",
+                    "metric_for_best", "greater_is_better", "resume_from", "dataset_text_field", "log_level",
+                    "include_", "prediction_loss_only", "project", "trackio")
+EFFECT = {"dataloader_num_workers": "host memory and time only", "dataloader_pin_memory": "host memory only",
+          "gradient_checkpointing_kwargs": "memory and time: use_reentrant changes nothing trainfit counts",
+          "packing": "time: sequences packed to max_length (trainfit --doc-len models packing's attention)",
+          "padding_free": "less memory and time: no padding tokens", "group_by_length": "time only",
+          "torch_compile_mode": "time", "tf32": "time: TF32 matmuls (trainfit --tf32)",
+          "fsdp_config": "memory and time: FSDP options beyond the sharding strategy",
+          "ddp_bucket_cap_mb": "memory: DDP's gradient buckets", "ddp_find_unused_parameters": "time",
+          "use_liger_kernel": "less memory and time: Liger's fused kernels (trainfit --loss)",
+          "neftune_noise_alpha": "no effect on memory", "assistant_only_loss": "no effect on memory",
+          "completion_only_loss": "no effect on memory"}
+
+
+def _load(path: Path, text: str) -> dict:
+    if path.suffix.lower() == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise SetupError(f"{path}: a mapping of TrainingArguments fields is expected")
+    return data
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    raw = _load(path, text)
+    try:
+        from transformers import HfArgumentParser, TrainingArguments
+    except ImportError:
+        raise SetupError(f"{path}: reading TrainingArguments needs transformers") from None
+    plain = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}
+    plain.setdefault("output_dir", "trainfit-check")
+    ds = plain.pop("deepspeed", None)
+    try:
+        (a,) = HfArgumentParser(TrainingArguments).parse_dict(plain, allow_extra_keys=True)
+    except (ValueError, TypeError) as e:
+        raise SetupError(f"{path}: TrainingArguments rejects it ({str(e).splitlines()[0]})") from None
+    r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
+    r.set("batch", a.per_device_train_batch_size, "per_device_train_batch_size")
+    r.set("grad_accum", a.gradient_accumulation_steps, "gradient_accumulation_steps")
+    if ds is None:  # with DeepSpeed its own config's bf16/fp16 block decides (integrations/deepspeed.py)
+        r.set("stack", "hf", "TrainingArguments")
+        r.set("precision", "amp-bf16" if raw.get("bf16") else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
+    else:
+        r.not_modelled.append(f"deepspeed = {ds!r}: its config decides precision and ZeRO: pass it to check too")
+    # gradient_checkpointing, renamed activation_checkpointing in transformers 5.24 (training_args.py:1541 warns)
+    ckpt = a.gradient_checkpointing or getattr(a, "activation_checkpointing", False)
+    r.set("recompute", "full" if ckpt else "none", "gradient_checkpointing")
+    r.set("max_grad_norm", float(a.max_grad_norm), "max_grad_norm")
+    optim = str(getattr(a.optim, "value", a.optim))
+    if optim not in OPTIM:
+        raise SetupError(f"optim {optim!r}: trainfit models {', '.join(OPTIM)}")
+    r.set("optimizer", OPTIM[optim][0], "optim")
+    if OPTIM[optim][1]:
+        r.set("optimizer_impl", OPTIM[optim][1], "optim")
+    fsdp = [str(getattr(x, "value", x)) for x in (a.fsdp or [])]
+    if fsdp:  # training_args.py FSDPOption: full_shard (ZeRO-3), shard_grad_op (ZeRO-2), offload
+        r.set("zero", 3 if "full_shard" in fsdp or "hybrid_shard" in fsdp else 2 if "shard_grad_op" in fsdp else 0,
+              "fsdp")
+        if "offload" in fsdp:
+            r.set("offload", "params", "fsdp")
+    if a.torch_compile:
+        r.set("compile", True, "torch_compile")
+    seq = raw.get("max_length", raw.get("max_seq_length"))
+    if isinstance(seq, int):
+        r.set("seq", seq, "max_length (TRL SFTConfig)")
+    for k, v in raw.items():
+        if k in MAPPED:
+            continue
+        if any(k.startswith(p) for p in NO_EFFECT_PREFIX):
+            r.skip(k, v, "no effect on a step's memory or time")
+        elif k in EFFECT:
+            r.skip(k, v, EFFECT[k])
+        else:
+            r.unknown.append(k)
+    return r

@@ -1,0 +1,221 @@
+"""A Megatron-LM launch: `torchrun ... pretrain_gpt.py --flag value ...` (a command line or a shell script).
+
+Megatron-LM's own parser (megatron/training/arguments.py parse_args) is not importable here: megatron-core 0.16.1's
+wheel ships no megatron.training, and the file needs Megatron-LM's global state. So the flags are parsed with an
+argparse parser built from the cited flag list: the flags plan/emit_megatron.py writes (their arguments.py lines
+there) and Megatron-LM core_v0.16.1's other common flags, with argparse's own prefix matching off, as Megatron-LM
+sets it (arguments.py:89-90 allow_abbrev=False), --clip-grad's default 1.0 (:1825), and sequence parallelism off at
+tp 1 (:907-913). Any other flag is listed as not modelled or unknown."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import SetupError
+from . import Reading
+from .cmdline import launcher_world, split
+
+INT_FLAGS = ("num-layers", "hidden-size", "num-attention-heads", "kv-channels", "ffn-hidden-size", "seq-length",
+             "max-position-embeddings", "micro-batch-size", "global-batch-size", "tensor-model-parallel-size",
+             "pipeline-model-parallel-size", "context-parallel-size", "num-query-groups",
+             "virtual-pipeline-model-parallel-size", "decoder-first-pipeline-num-layers",
+             "decoder-last-pipeline-num-layers", "num-experts", "moe-router-topk", "moe-ffn-hidden-size",
+             "expert-model-parallel-size", "moe-shared-expert-intermediate-size", "expert-tensor-parallel-size",
+             "moe-router-num-groups", "moe-router-group-topk", "mtp-num-layers", "recompute-num-layers",
+             "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "train-iters", "train-samples",
+             "vocab-size")
+STR_FLAGS = ("pipeline-model-parallel-layout", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend",
+             "data-parallel-sharding-strategy", "ckpt-format", "recompute-granularity", "recompute-method",
+             "cuda-graph-impl", "fp8-format", "fp8-recipe", "fp4-format", "fp4-recipe", "tokenizer-type",
+             "tokenizer-model")
+LIST_FLAGS = ("recompute-modules", "cuda-graph-scope")
+SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-embeddings-and-output-weights",
+            "sequence-parallel", "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
+            "moe-grouped-gemm", "overlap-moe-expert-parallel-comm", "use-distributed-optimizer", "use-megatron-fsdp",
+            "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
+            "moe-router-force-load-balancing")
+# flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
+NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
+             "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
+             "merge-file", "tokenizer-", "no-load-", "exit-", "timing-log-", "use-mcore-models", "distributed-backend",
+             "hidden-dropout", "attention-dropout", "mock-data", "num-workers", "dataloader-type", "decoupled-",
+             "data-cache-path", "tiktoken-pattern", "no-mmap-bin-files", "fp8-amax-compute-algo", "rotary-percent",
+             "apply-layernorm-1p", "no-create-attention-mask-in-dataloader")
+# flags trainfit does not model, with the direction of their effect (Megatron-LM core_v0.16.1 arguments.py)
+EFFECT = {"overlap-grad-reduce": "less time: the gradient reduce-scatter hidden behind the backward",
+          "overlap-param-gather": "less time: the distributed optimizer's all-gather hidden behind the forward",
+          "tp-comm-overlap": "less time: TP collectives overlapped with GEMMs (Transformer Engine userbuffers)",
+          "manual-gc": "less time: no garbage-collection pauses mid-step",
+          "use-flash-attn": "trainfit models Megatron's fused attention already",
+          "attention-backend": "time and memory of the attention kernel",
+          "transformer-impl": "trainfit models the transformer_engine layers",
+          "moe-aux-loss-coeff": "no effect on memory; a little time",
+          "moe-router-load-balancing-type": "time: the routing balance",
+          "cross-entropy-loss-fusion": "less memory and time: the fused loss",
+          "calculate-per-token-loss": "no effect on memory",
+          "normalization": "the model's norm (from the model)", "position-embedding-type": "the model's positions",
+          "rotary-base": "no effect on memory or time",
+          "empty-unused-memory-level": "more time, less reserved memory: the cache emptied each step",
+          "fp8-amax-history-len": "a little memory: the delayed recipe's amax history per tensor", "no-masked-softmax-fusion": "more time",
+          "no-bias-swiglu-fusion": "more time", "no-rope-fusion": "more time",
+          "no-gradient-accumulation-fusion": "more time: separate weight-gradient accumulation"}
+# the model's shape: checked against the model trainfit resolves
+SHAPE = {"num-layers": "layers", "hidden-size": "hidden", "num-attention-heads": "heads", "kv-channels": "head_dim",
+         "ffn-hidden-size": "intermediate", "vocab-size": "vocab"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False, add_help=False)
+    for f in INT_FLAGS:
+        p.add_argument(f"--{f}", type=int)
+    for f in STR_FLAGS:
+        p.add_argument(f"--{f}")
+    for f in LIST_FLAGS:
+        p.add_argument(f"--{f}", nargs="+")
+    for f in SWITCHES:
+        p.add_argument(f"--{f}", action="store_true")
+    p.add_argument("--clip-grad", type=float, default=1.0)  # arguments.py: default 1.0
+    return p
+
+
+def _other(rest: list[str]) -> list[tuple[str, object]]:
+    out: list = []
+    for i, a in enumerate(rest):
+        if a.startswith("--"):
+            k, eq, v = a[2:].partition("=")
+            out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--")
+                                         else True)))
+    return out
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    before, argv = split(text, str(path), lambda w: w.endswith("pretrain_gpt.py") or w.endswith("pretrain_mamba.py"))
+    r = Reading(f"{path} (Megatron-LM core_v0.16.1 flags, argparse)")
+    try:
+        a, rest = parser().parse_known_args(argv)
+    except SystemExit:
+        raise SetupError(f"{path}: a flag's value does not parse (see above): fix it") from None
+    world = launcher_world(before)
+    _settings(a, r, world)
+    for k, v in _other(rest):
+        if any(k == p or (p.endswith("-") and k.startswith(p)) for p in NO_EFFECT):
+            r.skip(f"--{k}", v, "no effect on a step's memory or time")
+        elif k in EFFECT:
+            r.skip(f"--{k}", v, EFFECT[k])
+        else:
+            r.unknown.append(f"--{k}")
+    return r
+
+
+def _settings(a, r: Reading, world: int | None) -> None:
+    r.set("stack", "megatron", "pretrain_gpt.py")
+    if a.tokenizer_type == "HuggingFaceTokenizer" and a.tokenizer_model:  # the hub id the tokenizer comes from
+        r.model = a.tokenizer_model
+    tp, pp, cp = a.tensor_model_parallel_size or 1, a.pipeline_model_parallel_size or 1, a.context_parallel_size or 1
+    for flag, name, v in (("--seq-length", "seq", a.seq_length), ("--micro-batch-size", "batch", a.micro_batch_size),
+                          ("--tensor-model-parallel-size", "tp", tp), ("--pipeline-model-parallel-size", "pp", pp),
+                          ("--context-parallel-size", "cp", cp)):
+        if v is not None:
+            r.set(name, v, flag)
+    if world is not None:  # Megatron's data-parallel size: world / (tp × pp × cp) (parallel_state.py)
+        r.set("dp", world // (tp * pp * cp), "torchrun --nproc-per-node × --nnodes")
+    if a.global_batch_size is not None:  # global = micro × accumulation × dp (arguments.py)
+        r.global_batch = a.global_batch_size
+    if a.sequence_parallel and tp > 1:  # arguments.py:907-913: off at tp 1
+        r.set("sequence_parallel", True, "--sequence-parallel")
+    elif a.sequence_parallel:
+        r.skip("--sequence-parallel", True, "no effect at tp 1: Megatron-LM turns it off (arguments.py:907-913)")
+    if a.virtual_pipeline_model_parallel_size:
+        r.set("vpp", a.virtual_pipeline_model_parallel_size, "--virtual-pipeline-model-parallel-size")
+    if a.pipeline_model_parallel_layout:
+        r.set("pp_split", a.pipeline_model_parallel_layout, "--pipeline-model-parallel-layout")
+    elif a.account_for_embedding_in_pipeline_split and a.account_for_loss_in_pipeline_split:
+        r.set("pp_split", "embedding-loss", "--account-for-embedding-in-pipeline-split")
+    elif a.decoder_first_pipeline_num_layers or a.decoder_last_pipeline_num_layers:
+        parts = [f"{k}:{n}" for k, n in (("first", a.decoder_first_pipeline_num_layers),
+                                         ("last", a.decoder_last_pipeline_num_layers)) if n]
+        r.set("pp_split", ",".join(parts), "--decoder-first/last-pipeline-num-layers")
+    elif a.account_for_embedding_in_pipeline_split or a.account_for_loss_in_pipeline_split:
+        r.skip("--account-for-embedding/loss-in-pipeline-split", True, "memory: one of the two; trainfit models both")
+    if a.num_experts:
+        r.set("ep", a.expert_model_parallel_size or 1, "--expert-model-parallel-size")
+        if a.expert_tensor_parallel_size is not None:
+            r.set("etp", a.expert_tensor_parallel_size, "--expert-tensor-parallel-size")
+        how = a.moe_token_dispatcher_type or "allgather"  # Megatron-LM's own default (transformer_config.py:675)
+        r.set("moe_dispatcher", a.moe_flex_dispatcher_backend if how == "flex" else how, "--moe-token-dispatcher-type")
+        if a.overlap_moe_expert_parallel_comm:
+            r.set("overlap_moe_comm", True, "--overlap-moe-expert-parallel-comm")
+        if a.moe_router_force_load_balancing:
+            r.set("moe_force_balance", True, "--moe-router-force-load-balancing")
+        if not a.moe_grouped_gemm:
+            r.skip("--moe-grouped-gemm", False, "more time: sequential expert GEMMs (trainfit models TEGroupedMLP)")
+    if a.mtp_num_layers:
+        r.set("mtp_layers", a.mtp_num_layers, "--mtp-num-layers")
+    if a.use_megatron_fsdp:  # fully_shard.py:41-53; arguments.py:2307-2309 (default no_shard)
+        zero = {"optim": 1, "optim_grads": 2, "optim_grads_params": 3, "no_shard": 0}.get(
+            a.data_parallel_sharding_strategy or "no_shard")
+        if zero is None:
+            raise SetupError(f"--data-parallel-sharding-strategy {a.data_parallel_sharding_strategy!r}: use no_shard, "
+                             "optim, optim_grads or optim_grads_params")
+        r.set("zero", zero, "--data-parallel-sharding-strategy")
+    else:
+        r.set("zero", 1 if a.use_distributed_optimizer else 0, "--use-distributed-optimizer")
+    r.set("precision", "bf16-master" if a.bf16 else "fp16-master" if a.fp16 else "fp32", "--bf16/--fp16")
+    if a.grad_reduce_in_bf16:
+        r.set("grad_reduce_in_bf16", True, "--grad-reduce-in-bf16")
+    r.set("max_grad_norm", a.clip_grad, "--clip-grad")
+    r.set("recompute", _recompute(a), "--recompute-granularity")
+    if a.recompute_modules:
+        r.set("recompute_modules", ",".join(a.recompute_modules), "--recompute-modules")
+    if a.cuda_graph_scope:
+        r.set("cuda_graph_scope", ",".join(a.cuda_graph_scope), "--cuda-graph-scope")
+    if a.fp8_recipe or a.fp8_format:
+        r.set("low_precision", a.fp8_recipe or "delayed", "--fp8-recipe")  # arguments.py: delayed is the default
+        if a.fp8_format != "hybrid":
+            r.skip("--fp8-format", a.fp8_format, "time: trainfit models the hybrid format")
+    if a.fp4_recipe or a.fp4_format:
+        r.set("low_precision", a.fp4_recipe or "nvfp4", "--fp4-recipe")
+    if a.fp8_param_gather or a.fp4_param_gather:
+        r.set("fp8_all_gather", True, "--fp8-param-gather")
+    if a.first_last_layers_bf16:
+        r.set("bf16_first_layers", a.num_layers_at_start_in_bf16 or 1, "--num-layers-at-start-in-bf16")
+        r.set("bf16_last_layers", a.num_layers_at_end_in_bf16 or 1, "--num-layers-at-end-in-bf16")
+    if a.train_iters and a.global_batch_size and a.seq_length:
+        r.set("tokens", float(a.train_iters * a.global_batch_size * a.seq_length), "--train-iters")
+    elif a.train_samples and a.seq_length:
+        r.set("tokens", float(a.train_samples * a.seq_length), "--train-samples")
+    r.checks.append(lambda spec, a=a: _check_shape(a, spec))
+
+
+def _recompute(a) -> str:
+    """transformer_config.py recompute_granularity / method / num_layers (emit_megatron._recompute's inverse)."""
+    if a.recompute_granularity is None:
+        return "none"
+    if a.recompute_granularity == "selective":
+        return "selective"
+    method, n = a.recompute_method or "uniform", a.recompute_num_layers or 1
+    return "full" if (method, n) == ("uniform", 1) else f"{method}:{n}"
+
+
+def _check_shape(a, spec) -> None:
+    """The model flags must describe the model trainfit resolved (the file's shape is what Megatron builds)."""
+    want = {flag: getattr(spec, attr) for flag, attr in SHAPE.items()}
+    if a.group_query_attention:
+        want["num-query-groups"] = spec.kv_heads
+    if a.num_experts:
+        want.update({"num-experts": spec.moe.num_experts if spec.moe else None,
+                     "moe-router-topk": spec.moe.top_k if spec.moe else None})
+    for flag, v in want.items():
+        got = getattr(a, flag.replace("-", "_"))
+        if got is not None and got != v:
+            raise SetupError(f"--{flag} {got}: {spec.name} has {v}; the command line builds another model: pass "
+                             "--model naming the model it builds")
+    switches = {"swiglu": spec.gated_mlp and spec.activation in ("silu", "swish"),
+                "untie_embeddings_and_output_weights": not spec.tied_embeddings,
+                "disable_bias_linear": not (spec.qkv_bias or spec.out_bias or spec.mlp_bias)}
+    for name, has in switches.items():
+        if a.num_layers is not None and getattr(a, name) != has:  # (a line without the model's flags: not checked)
+            flag = "--" + name.replace("_", "-")
+            raise SetupError(f"{flag} {'is missing' if has else 'is given'}: {spec.name} is built "
+                             f"{'with' if has else 'without'} it; the command line builds another model: pass "
+                             "--model naming the model it builds")

@@ -1,0 +1,81 @@
+"""A `python -m sglang.launch_server --model-path M --flag value ...` command line. SGLang cannot be installed here, so
+its flags are parsed with an argparse parser built from SGLang 0.5.23's ServerArgs fields (the lines cited in
+plan/emit_sglang.py: fields/model.py, parallel.py, schedule.py, exec_.py, spec.py)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import SetupError
+from . import Reading
+from .cmdline import split
+from .vllm import DTYPES, account
+
+KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
+NO_EFFECT = ("host", "port", "served-model-name", "api-key", "tokenizer-path", "trust-remote-code", "download-dir",
+             "revision", "random-seed", "log-level", "log-requests", "chat-template", "load-format",
+             "enable-metrics", "reasoning-parser", "tool-call-parser")
+# trainfit sizes these as SGLang does for the GPU (analytic/serving_sglang.py); another value is not modelled
+EFFECT = {"chunked-prefill-size": "memory: a larger chunk, more activation memory and a smaller token pool",
+          "page-size": "memory: the KV pool's page rounding", "cuda-graph-max-bs-decode": "memory: CUDA graphs "
+          "captured up to this batch", "cuda-graph-max-bs": "memory: CUDA graphs captured up to this batch",
+          "max-running-requests": "time: the batch is capped", "max-total-tokens": "memory: the token pool capped",
+          "dp-size": "more GPUs: each replica as estimated", "ep-size": "memory and time of the MoE experts",
+          "enable-torch-compile": "time", "disable-radix-cache": "time only",
+          "schedule-conservativeness": "time only", "attention-backend": "time"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False, allow_abbrev=False)
+    p.add_argument("--model-path", "--model")
+    p.add_argument("--dtype")
+    for f in ("tp-size", "pp-size", "context-length", "speculative-num-steps", "speculative-eagle-topk",
+              "speculative-num-draft-tokens"):
+        p.add_argument(f"--{f}", type=int)
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--kv-cache-dtype")
+    p.add_argument("--quantization")
+    p.add_argument("--speculative-algorithm")
+    p.add_argument("--speculative-draft-model-path")
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--disable-decode-cuda-graph", action="store_true")
+    p.add_argument("--disable-prefill-cuda-graph", action="store_true")
+    return p
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    _, argv = split(text, str(path), lambda w: w == "sglang.launch_server")
+    r = Reading(f"{path} (SGLang 0.5.23 ServerArgs flags, argparse)")
+    try:
+        a, rest = parser().parse_known_args(argv)
+    except SystemExit:
+        raise SetupError(f"{path}: a flag's value does not parse (see above): fix it") from None
+    r.model = a.model_path
+    r.set("mode", "serve", "sglang.launch_server")
+    r.set("server", "sglang", "sglang.launch_server")
+    if a.dtype and a.dtype != "auto":
+        if a.dtype not in DTYPES:
+            raise SetupError(f"--dtype {a.dtype}: use auto, bfloat16, float16 or float32")
+        r.set("precision", DTYPES[a.dtype], "--dtype")
+    for name, flag, v in (("tp", "--tp-size", a.tp_size), ("pp", "--pp-size", a.pp_size),
+                          ("max_model_len", "--context-length", a.context_length),
+                          ("mem_fraction_static", "--mem-fraction-static", a.mem_fraction_static),
+                          ("quant", "--quantization", a.quantization)):
+        if v is not None:
+            r.set(name, v, flag)
+    if a.kv_cache_dtype and a.kv_cache_dtype != "auto":
+        if a.kv_cache_dtype not in KV:
+            raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, fp8_e4m3, bfloat16")
+        r.set("kv_dtype", KV[a.kv_cache_dtype], "--kv-cache-dtype")
+    if a.disable_cuda_graph or (a.disable_decode_cuda_graph and a.disable_prefill_cuda_graph):
+        r.set("enforce_eager", True, "--disable-decode-cuda-graph")
+    if a.speculative_algorithm:
+        r.set("speculative_algorithm", a.speculative_algorithm.lower(), "--speculative-algorithm")
+        if a.speculative_draft_model_path:
+            r.set("draft_model", a.speculative_draft_model_path, "--speculative-draft-model-path")
+        for flag in ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"):
+            v = getattr(a, flag.replace("-", "_"))
+            if v is not None:
+                r.skip(f"--{flag}", v, "time; trainfit sizes the draft's buffers with SGLang's defaults")
+    account(r, rest, NO_EFFECT, EFFECT)
+    return r

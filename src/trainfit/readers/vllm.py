@@ -1,0 +1,103 @@
+"""A `vllm serve MODEL --flag value ...` command line. vLLM cannot be installed here, so its flags are parsed with an
+argparse parser built from vLLM 0.33's EngineArgs fields (engine/arg_utils.py: each field is its flag with dashes;
+the ones plan/emit_vllm.py writes and the ones below), as `vllm serve` takes them: the model positional or --model."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import SetupError
+from . import Reading
+from .cmdline import split
+
+DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+KV = {"fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+NO_EFFECT = ("host", "port", "served-model-name", "api-key", "tokenizer", "trust-remote-code", "download-dir",
+             "revision", "seed", "disable-log-requests", "disable-log-stats", "uvicorn-log-level", "chat-template",
+             "load-format", "config-format", "tokenizer-mode", "generation-config", "enable-auto-tool-choice",
+             "tool-call-parser", "reasoning-parser")
+EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effect on the KV budget",
+          "no-enable-prefix-caching": "time", "enable-chunked-prefill": "time and the activation peak",
+          "swap-space": "host memory only", "cpu-offload-gb": "less GPU memory: weights offloaded to the host",
+          "kv-cache-memory-bytes": "memory: a fixed KV budget instead of --gpu-memory-utilization's",
+          "data-parallel-size": "more GPUs: each replica as estimated",
+          "enable-expert-parallel": "memory and time of the MoE experts", "max-num-partial-prefills": "time",
+          "compilation-config": "time and CUDA-graph memory", "max-seq-len-to-capture": "CUDA-graph memory",
+          "distributed-executor-backend": "none on one node", "limit-mm-per-prompt": "memory of the encoder cache"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm serve", add_help=False, allow_abbrev=False)
+    p.add_argument("model_tag", nargs="?")
+    p.add_argument("--model")
+    p.add_argument("--dtype")
+    for f in ("tensor-parallel-size", "pipeline-parallel-size", "max-model-len", "max-num-batched-tokens",
+              "max-num-seqs", "block-size"):
+        p.add_argument(f"--{f}", type=int)
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--kv-cache-dtype")
+    p.add_argument("--quantization", "-q")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--speculative-config")
+    return p
+
+
+def other(rest: list[str]) -> list[tuple[str, object]]:
+    out: list = []
+    for i, a in enumerate(rest):
+        if a.startswith("--"):
+            k, eq, v = a[2:].partition("=")
+            out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--")
+                                         else True)))
+    return out
+
+
+def account(r: Reading, rest: list[str], no_effect, effect) -> None:
+    for k, v in other(rest):
+        if k in no_effect:
+            r.skip(f"--{k}", v, "no effect on memory or time")
+        elif k in effect:
+            r.skip(f"--{k}", v, effect[k])
+        else:
+            r.unknown.append(f"--{k}")
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    _, argv = split(text, str(path), lambda w: w == "serve")
+    r = Reading(f"{path} (vLLM 0.33 serve flags, argparse)")
+    try:
+        a, rest = parser().parse_known_args(argv)
+    except SystemExit:
+        raise SetupError(f"{path}: a flag's value does not parse (see above): fix it") from None
+    r.model = a.model or a.model_tag
+    r.set("mode", "serve", "vllm serve")
+    r.set("server", "vllm", "vllm serve")
+    if a.dtype and a.dtype != "auto":  # auto: the checkpoint's dtype, as trainfit's serve default (config/model.py)
+        if a.dtype not in DTYPES:
+            raise SetupError(f"--dtype {a.dtype}: use auto, bfloat16, float16 or float32")
+        r.set("precision", DTYPES[a.dtype], "--dtype")
+    for name, v in (("tp", a.tensor_parallel_size), ("pp", a.pipeline_parallel_size),
+                    ("max_model_len", a.max_model_len), ("max_num_batched_tokens", a.max_num_batched_tokens),
+                    ("max_num_seqs", a.max_num_seqs), ("block_size", a.block_size),
+                    ("gpu_memory_utilization", a.gpu_memory_utilization), ("quant", a.quantization)):
+        if v is not None:
+            r.set(name, v, f"--{name}")
+    if a.kv_cache_dtype and a.kv_cache_dtype != "auto":
+        if a.kv_cache_dtype not in KV:
+            raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, fp8, bfloat16")
+        r.set("kv_dtype", KV[a.kv_cache_dtype], "--kv-cache-dtype")
+    if a.enforce_eager:
+        r.set("enforce_eager", True, "--enforce-eager")
+    if a.speculative_config:
+        try:
+            spec = json.loads(a.speculative_config)
+        except ValueError:
+            raise SetupError(f"--speculative-config {a.speculative_config!r}: not JSON") from None
+        if spec.get("model"):
+            r.set("draft_model", spec["model"], "--speculative-config")
+        for k, v in spec.items():
+            if k != "model":
+                r.skip(f"--speculative-config {k}", v, "time only (the draft's memory is modelled)")
+    account(r, rest, NO_EFFECT, EFFECT)
+    return r

@@ -1,0 +1,209 @@
+"""`trainfit check`: every writer's file (plan/emit_*.py) read back by its stack's reader gives the same Setup on
+the fields the writer writes; torchtitan's own 8B job config read as torchtitan runs it (a hand derivation); bad
+input is one line and exit 2."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.api import load_spec, run_engines
+from trainfit.cli.app import main
+from trainfit.cli.check import request_of
+from trainfit.plan import emit
+from trainfit.readers import read
+from trainfit.setup import Request
+
+MODEL = "llama-3.1-8b"
+TITAN = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "zero", "recompute", "precision", "optimizer",
+         "optimizer_kernel", "grad_clip_norm", "compile", "compile_loss", "offload")
+MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp", "pp_split", "zero", "recompute",
+            "precision", "sequence_parallel", "grad_clip_norm")
+LOW = ("low_precision", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
+MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
+DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute")
+ACCELERATE = ("stack", "dp", "zero", "recompute", "precision", "offload")
+
+CASES = [
+    ("torchtitan", ".toml", TITAN, dict(stack="torchtitan", precision="amp-bf16", batch=2, seq=4096, grad_accum=2,
+                                        dp=8, zero=3, tp=2, recompute="full")),
+    ("torchtitan", ".toml", TITAN, dict(stack="torchtitan", precision="bf16", batch=1, seq=2048, grad_accum=4, dp=4,
+                                        pp=2, zero=3, recompute="layer:2", compile=True)),
+    ("torchtitan", ".toml", TITAN, dict(stack="torchtitan", precision="fp32", batch=4, seq=1024, dp=4, zero=2,
+                                        recompute="op")),
+    ("torchrun", ".sh", TITAN, dict(stack="torchtitan", precision="amp-bf16", batch=2, seq=4096, grad_accum=3, dp=16,
+                                    zero=3, tp=2, cp=2, recompute="full", compile_loss=True)),
+    ("torchrun", ".sh", TITAN, dict(stack="torchtitan", precision="amp-bf16", batch=1, seq=2048, dp=2, zero=0,
+                                    recompute="none")),
+    ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=8, zero=3, recompute="full",
+                                              low_precision="tensorwise", fp8_all_gather=True, bf16_first_layers=1,
+                                              bf16_last_layers=2)),
+    ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=4, zero=3, low_precision="mxfp8")),
+    ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=4096, grad_accum=4,
+                                       dp=4, zero=1, tp=2, pp=2, recompute="full", sequence_parallel=True)),
+    ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=2, seq=2048, grad_accum=2,
+                                       dp=8, zero=3, recompute="selective")),
+    ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=8192, grad_accum=8,
+                                       dp=2, pp=4, vpp=2, pp_split="embedding-loss", recompute="uniform:2")),
+    ("megatron", ".sh", MEGATRON + MOE + LOW, dict(model="mixtral-8x7b", stack="megatron", precision="bf16-master",
+                                                   dp=8, ep=4, tp=2, pp=2, zero=1, grad_accum=4, recompute="full",
+                                                   sequence_parallel=True, moe_dispatcher="alltoall",
+                                                   low_precision="blockwise", fp8_all_gather=True)),
+    ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="bf16-master", batch=2, grad_accum=4, dp=8,
+                                           zero=3, recompute="full")),
+    ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="fp32", batch=1, dp=4, zero=1)),
+    ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="fp16-master", batch=4, grad_accum=2, dp=2,
+                                           zero=2, offload="optimizer")),
+    ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="amp-bf16", dp=8, zero=3, recompute="full")),
+    ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="amp-fp16", dp=4, zero=2)),
+    ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="fp32", dp=4, zero=0)),
+    ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="amp-bf16", dp=1, zero=0)),
+]
+SLOW = {"torchtitan", "torchrun", "deepspeed"}  # the stacks' parsers import torch-heavy packages
+
+
+def _case(c):
+    engine, ext, fields, values = c
+    marks = [pytest.mark.heavy] if engine in SLOW and values is not _FIRST.get(engine) else []
+    return pytest.param(*c, marks=marks, id=f"{engine}-{values.get('zero')}-{values.get('precision')}")
+
+
+_FIRST = {}
+for _c in CASES:
+    _FIRST.setdefault(_c[0], _c[3])
+
+
+@pytest.mark.parametrize("engine,ext,fields,values", [_case(c) for c in CASES])
+def test_emit_then_check_gives_the_same_setup(tmp_path, engine, ext, fields, values):
+    values = dict(values)
+    model = values.pop("model", MODEL)
+    spec = load_spec(model)
+    setup = Request(model=model, **values).setup(spec)
+    path = tmp_path / f"job{ext}"
+    path.write_text(emit.emit(engine, setup, spec, 8))
+    readings = [read(path)]
+    req, _ = request_of(readings, None if readings[0].model else model, None, None)
+    assert load_spec(req.model).name == model
+    for check in readings[0].checks:  # the file's model flags are the model's
+        check(spec)
+    got = req.setup(spec)
+    assert {f: getattr(got, f) for f in fields} == {f: getattr(setup, f) for f in fields}
+    assert not readings[0].unknown  # every key the writer writes is known
+
+
+@pytest.mark.parametrize("server,values", [
+    ("vllm", dict(tp=2, kv_dtype="fp8", max_model_len=32768, max_num_seqs=128)),
+    ("vllm", dict(precision="fp16", enforce_eager=True, gpu_memory_utilization=0.85, block_size=32)),
+    ("sglang", dict(tp=2, max_model_len=16384, mem_fraction_static=0.8)),
+    ("sglang", dict(kv_dtype="fp8", enforce_eager=True)),
+])
+def test_serving_command_then_check_gives_the_same_engine(tmp_path, server, values):
+    """The command the estimate prints, read back, sizes the engine the same (its resolved knobs and peak)."""
+    from trainfit.plan.emit_sglang import sglang_command
+    from trainfit.plan.emit_vllm import vllm_command
+
+    req = Request(model=MODEL, mode="serve", server=server, gpu="H100-80GB", **values)
+    first = run_engines(req, "analytic")[0]
+    path = tmp_path / "serve.sh"
+    path.write_text((sglang_command if server == "sglang" else vllm_command)(MODEL, first.setup, first.detail.serving))
+    back, _ = request_of([read(path)], None, "H100-80GB", None)
+    again = run_engines(back, "analytic")[0]
+    assert load_spec(back.model).name == MODEL
+    assert again.detail.serving.knobs == first.detail.serving.knobs
+    assert again.detail.serving.max_model_len == first.detail.serving.max_model_len
+    assert again.memory.peak == first.memory.peak
+    for f in ("precision", "tp", "pp", "kv_dtype", "enforce_eager", "server", "mode"):
+        assert getattr(again.setup, f) == getattr(first.setup, f), f
+
+
+@pytest.mark.heavy
+def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
+    """torchtitan v0.2.2's llama3_8b.toml (a preset for 64 A100s) by hand: model llama3 8B = Llama-3.1-8B; local
+    batch 1 × seq 8192; shard degree -1 = the 64 ranks (--dp 64), "default" reshard without PP = ZeRO-3
+    (parallelize.py:319-327); training.dtype float32 with mixed_precision_param bfloat16 (the defaults,
+    job_config.py:275-282) = amp-bf16; selective AC "op" = per-op SAC; AdamW fused (job_config.py:151); global
+    batch -1 = no accumulation; 1000 steps × 64 × 8192 tokens."""
+    from pathlib import Path
+
+    r = read(Path(__file__).parent / "data" / "llama3_8b.toml", dp=64)
+    req, _ = request_of([r], None, "A100-80GB", None)
+    s = req.setup(load_spec(req.model))
+    assert req.model == "llama-3.1-8b"
+    assert (s.batch, s.seq, s.dp, s.zero, s.precision, s.recompute, s.optimizer, s.optimizer_kernel, s.grad_accum,
+            s.tp, s.pp, s.stack) == (1, 8192, 64, 3, "amp-bf16", "op", "adamw", "fused", 1, 1, 1, "torchtitan")
+    assert req.tokens == 1000 * 64 * 8192
+    assert any(x.startswith("[profiling]") for x in r.not_modelled)  # enable_profiling = true: more time
+    assert "checkpoint.interval" in r.no_effect  # checkpoint.enable = false
+    assert "quantize.linear.float8.filter_fqns" in r.no_effect  # its converter is commented out
+    assert s.low_precision == "none"
+    assert not r.unknown
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("missing.toml", None, "no such file"),
+    ("ds.json", '{"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}',
+     "whole number of ranks"),
+    ("ds2.json", '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4', "not valid JSON"),
+    ("notes.txt", "hello", "not a config trainfit reads"),
+    ("acc.yaml", "distributed_type: FSDP\nmixed_precision: fp8\nnum_processes: 2\n", "fp8"),
+    ("serve.sh", "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype fp8_e5m2\n", "--kv-cache-dtype"),
+    ("job.toml", "[training]\nlocal_batch = 3\n", "Invalid field names"),
+    ("run.sh", "torchrun --nproc_per_node 8 -m torchtitan.train --training.local_batch_size x\n",
+     "invalid literal for int()"),
+    ("mega.sh", "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $NUM_LAYERS\n", "shell variables"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, name, text, needle):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(path), "--model", MODEL])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and needle in err and "\n" not in err
+
+
+def test_trainer_arguments_fill_deepspeeds_auto_values(tmp_path):
+    """The HF Trainer's way: a ds_config.json of "auto" values beside TrainingArguments (transformers
+    integrations/deepspeed.py trainer_config_process fills train_micro_batch_size_per_gpu from
+    per_device_train_batch_size, gradient_accumulation_steps, gradient_clipping from max_grad_norm); DeepSpeed's
+    bf16 block and ZeRO stage decide precision and sharding, TRL's max_length the sequence."""
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", '
+                  '"gradient_clipping": "auto", "bf16": {"enabled": true}, '
+                  '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "allgather_bucket_size": 1}}')
+    args = tmp_path / "args.yaml"
+    args.write_text("output_dir: out\nper_device_train_batch_size: 4\ngradient_accumulation_steps: 8\nbf16: true\n"
+                    "gradient_checkpointing: true\nmax_grad_norm: 0.5\nlearning_rate: 2.0e-5\nmax_length: 4096\n"
+                    f"deepspeed: {ds}\noptim: adamw_torch_fused\nfoo_bar: 3\n")
+    readings = [read(ds), read(args)]
+    req, _ = request_of(readings, MODEL, None, 8)
+    s = req.setup(load_spec(MODEL))
+    assert (s.stack, s.zero, s.precision, s.offload, s.batch, s.grad_accum, s.recompute, s.grad_clip_norm, s.seq,
+            s.optimizer_kernel, s.dp) == ("deepspeed", 2, "bf16-master", "optimizer", 4, 8, "full", 0.5, 4096,
+                                          "fused", 8)
+    assert any(x.startswith("zero_optimization.allgather_bucket_size = 1") for x in readings[0].not_modelled)
+    assert readings[1].unknown == ["foo_bar"] and "learning_rate" in readings[1].no_effect
+
+
+def test_megatrons_own_llama3_8b_fp8_example_by_hand():
+    """Megatron-LM's example (tests/readers/data: its variables expanded) read as Megatron-LM runs it: 8 ranks at tp
+    = cp = pp = 1 → dp 8 (world / (tp × pp × cp)); accumulation = 128 / (1 × 8) = 16; the distributed optimizer =
+    ZeRO-1; --bf16 with fp32 main params = bf16-master; fp8 hybrid with no --fp8-recipe = TransformerConfig's default
+    "delayed" (megatron-core 0.16.1 transformer_config.py:436-438); --fp8-param-gather; --sequence-parallel at tp 1 is
+    turned off (arguments.py:907-913); 1,953,125,000 samples × 8192 tokens; the model flags are Llama-3.1-8B's."""
+    from pathlib import Path
+
+    r = read(Path(__file__).parent / "data" / "train_llama3_8b_h100_fp8.sh")
+    req, _ = request_of([r], MODEL, "H100-80GB", None)
+    spec = load_spec(MODEL)
+    for c in r.checks:
+        c(spec)
+    s = req.setup(spec)
+    assert (s.stack, s.dp, s.tp, s.pp, s.cp, s.batch, s.grad_accum, s.seq, s.zero, s.precision, s.low_precision,
+            s.fp8_all_gather, s.sequence_parallel, s.grad_reduce_in_bf16, s.recompute, s.grad_clip_norm) == (
+        "megatron", 8, 1, 1, 1, 1, 16, 8192, 1, "bf16-master", "delayed", True, False, True, "none", 1.0)
+    assert req.tokens == 1953125000 * 8192
+    assert not r.unknown
+    assert any(x.startswith("--overlap-grad-reduce") and "less time" in x for x in r.not_modelled)
+    with pytest.raises(Exception, match="--num-layers 32"):
+        for c in r.checks:
+            c(load_spec("llama-3.2-1b"))
