@@ -22,12 +22,17 @@ def _model():
     return transformers.LlamaForCausalLM(cfg)
 
 
-def _train(tmp_path, callback, **args):
+def _lora_model(targets):
+    peft = pytest.importorskip("peft")
+    return peft.get_peft_model(_model(), peft.LoraConfig(r=8, target_modules=targets))
+
+
+def _train(tmp_path, callback, model=None, **args):
     data = [{"input_ids": torch.randint(0, 256, (32,)), "labels": torch.randint(0, 256, (32,))} for _ in range(8)]
     targs = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=2, use_cpu=True, report_to=[],
                                            per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
                                            logging_steps=1, **args)
-    trainer = transformers.Trainer(model=_model(), args=targs, train_dataset=data, callbacks=[callback])
+    trainer = transformers.Trainer(model=model if model is not None else _model(), args=targs, train_dataset=data, callbacks=[callback])
     trainer.train()
     return trainer
 
@@ -52,6 +57,19 @@ def test_hf_trainer_two_steps_verdict_and_peak_error(tmp_path, capsys, engine, a
     # (measured here: analytic -0.02 %, trace -0.06 %)
     assert abs(logs["trainfit/peak_error"]) < 0.01, logs
     assert any("trainfit/peak_error" in r for r in trainer.state.log_history)
+
+
+@pytest.mark.parametrize("targets, names", [("all-linear", "down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj"),
+                                            (["q_proj", "v_proj"], "q_proj,v_proj")])
+def test_hf_trainer_with_a_peft_lora_model(tmp_path, targets, names):
+    """peft's LoRA read from the live model (r, the modules peft put adapters on); the peak within 2 % of the
+    allocator's over two real steps (measured here: -1.2 % all-linear, -1.5 % q_proj,v_proj: about 16 KB the
+    prediction lacks)."""
+    cb = TrainfitCallback()
+    _train(tmp_path, cb, model=_lora_model(targets))
+    s = cb.preflight.estimate.setup
+    assert (s.lora_rank, s.lora_targets, s.lora_dtype) == (8, names, "fp32")
+    assert abs(cb.logs["trainfit/peak_error"]) < 0.02, cb.logs
 
 
 def test_stop_if_not_fit_stops_before_the_first_step(tmp_path, capsys):

@@ -142,7 +142,7 @@ def lora_settings(model, peft_config: dict, trainable) -> dict:
     if getattr(cfg, "rank_pattern", None):
         raise SetupError("a LoRA rank_pattern (ranks per module) is not modelled: one rank r for every target")
     targets = cfg.target_modules
-    targets = targets if isinstance(targets, str) else ",".join(sorted(targets))
+    targets = targets if isinstance(targets, str) else target_names(base_model(model), targets)
     out = {"lora_rank": int(cfg.r), "lora_targets": targets, "dora": bool(getattr(cfg, "use_dora", False))}
     lora = [p for p in trainable if p.is_floating_point()]
     out["lora_dtype"] = "fp32" if lora and all(str(p.dtype) == "torch.float32" for p in lora) else "weight"
@@ -157,6 +157,21 @@ def lora_settings(model, peft_config: dict, trainable) -> dict:
             raise SetupError(f"a base quantised with {q.get('quant_method')} is not modelled: trainfit models "
                              "bitsandbytes' nf4, fp4 and int8")
     return out
+
+
+def target_names(base, targets) -> str:
+    """--lora-targets of peft's target_modules: module names, or the full names peft resolves all-linear to (peft 0.21
+    tuners_utils: the injected modules' qualified names), as their last components when every module of those names
+    has an adapter; LoRA on some layers only is refused."""
+    leaves = sorted({t.rsplit(".", 1)[-1] for t in targets})
+    if all("." not in t for t in targets):
+        return ",".join(leaves)
+    for leaf in leaves:
+        every = {n for n, _ in base.named_modules() if n.rsplit(".", 1)[-1] == leaf and hasattr(_, "lora_A")}
+        named = {t for t in targets if t.rsplit(".", 1)[-1] == leaf}
+        if not named >= {n.split("base_model.model.", 1)[-1] for n in every}:
+            raise SetupError(f"LoRA on some of the {leaf} layers only is not modelled: target every layer's {leaf}")
+    return ",".join(leaves)
 
 
 def batch_shape(batch) -> tuple[int, int]:
