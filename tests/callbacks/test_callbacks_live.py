@@ -149,3 +149,36 @@ def test_lightning_trainer_gives_the_layout():
     trainer.precision = "transformer-engine"
     with pytest.raises(SetupError, match="transformer-engine"):
         trainer_settings(trainer)
+
+
+def test_lightning_hooks_on_a_module_trainfit_traces(monkeypatch, capsys):
+    """The Lightning callback's hooks on stand-ins for Lightning's Trainer (Lightning is not installed here): a plain
+    nn.Module (no config trainfit reads: the trace engine runs it on the first batch), two real SGD steps between
+    the hooks; the allocator's peak over them against the trace's prediction."""
+    from trainfit.callbacks import lightning
+
+    monkeypatch.setattr(lightning, "Callback", object)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+    opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    trainer = SimpleNamespace(precision="32-true", world_size=1, accumulate_grad_batches=1, gradient_clip_val=None,
+                              strategy=type("SingleDeviceStrategy", (), {})(), optimizers=[opt], is_global_zero=True,
+                              should_stop=False, global_step=0, logger=None)
+    cb = lightning._Preflight(steps=2)
+    batch = torch.randint(0, 64, (4, 16))
+    for step in (1, 2):
+        cb.on_train_batch_start(trainer, module, batch, 0)
+        if step == 1:
+            assert cb.preflight.estimate.engine == "trace"
+            s = cb.preflight.estimate.setup
+            assert (s.batch, s.seq, s.optimizer, s.optimizer_kernel, s.precision) == \
+                (4, 16, "momentum", "for-loop", "fp32")
+        loss = module(batch).float().mean()  # the reduction the trace applies to a module's output (trace/user.py)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, module, None, batch, 0)
+    assert "peak over the first 2 step(s)" in capsys.readouterr().out
+    # the second step is the steady state the trace predicts (the momentum buffers live from the first step on)
+    assert abs(cb.logs["trainfit/peak_error"]) < 0.01, cb.logs

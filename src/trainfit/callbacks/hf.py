@@ -61,7 +61,7 @@ class TrainfitCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         def first_forward(module, fargs, fkwargs):
             self._hook.remove()
-            batch = fkwargs if fkwargs else {"input_ids": fargs[0]}
+            batch = fkwargs or ({"input_ids": fargs[0]} if fargs else {})
             autocast = training_args_autocast(args)
             run = {**training_args_settings(args), "gpu": self.gpu, "gpu_memory": self.gpu_memory, **self.settings}
             self.preflight = _preflight(model, optimizer, live.batch_shape(batch), autocast, run, self.engine,

@@ -32,6 +32,13 @@ def training_args_settings(args) -> dict:
         out["recompute"] = "full" if n == 1 else f"layer:{n}"
         if isinstance(kwargs, dict) and kwargs.get("offload"):
             out["offload"] = "activations"
+    if getattr(args, "torch_compile", False):  # :940, the whole model compiled (--compile on --stack hf)
+        out["compile"] = True
+    if getattr(args, "tf32", None):  # :898 (time only)
+        out["tf32"] = True
+    if getattr(args, "use_liger_kernel", False):  # :957: which of Liger's kernels apply depends on the model
+        raise SetupError("use_liger_kernel: pass the Liger kernels the model gets as trainfit settings (e.g. "
+                         "loss='fused-linear'), the pre-flight does not read them")
     if args.fsdp:
         out.update(fsdp_settings(args.fsdp_config or {}))
     ds = getattr(args, "hf_deepspeed_config", None)

@@ -69,7 +69,6 @@ class _Preflight:
         spec = live.model_spec(pl_module)
         req = live.request(pl_module, optimizer, live.batch_shape(batch), autocast, run, spec)
         req = _gpu(req, req.device)
-        fields = batch if isinstance(batch, dict) else None
         self.preflight = judge(estimate_live(req, spec, pl_module, batch, self.engine))
         if trainer.is_global_zero:
             print(self.preflight.verdict)
@@ -80,7 +79,7 @@ class _Preflight:
             trainer.should_stop = True
             raise
         self._watch = PeakWatch(req.device)
-        self._watch.start(live_tensors(pl_module, optimizer, fields))
+        self._watch.start(live_tensors(pl_module, optimizer, batch))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self._watch is None or trainer.global_step < self.steps:

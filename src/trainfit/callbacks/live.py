@@ -10,11 +10,10 @@ from ..setup import Request
 
 # -- the optimizer -----------------------------------------------------------------------------------------------
 def unwrap_optimizer(optimizer):
-    """The optimizer a wrapper holds (accelerate's AcceleratedOptimizer and the HF Trainer's: `.optimizer`)."""
-    seen = 0
-    while hasattr(optimizer, "optimizer") and not hasattr(optimizer, "param_groups") and seen < 8:
-        optimizer, seen = optimizer.optimizer, seen + 1
-    if hasattr(optimizer, "optimizer") and type(optimizer).__name__ == "AcceleratedOptimizer":
+    """The optimizer a wrapper holds: accelerate's AcceleratedOptimizer (the HF Trainer's self.optimizer), a torch
+    Optimizer itself that keeps the real one as `.optimizer` (accelerate 1.15 optimizer.py:38)."""
+    while hasattr(optimizer, "optimizer") and (type(optimizer).__name__ == "AcceleratedOptimizer"
+                                               or not hasattr(optimizer, "param_groups")):
         optimizer = optimizer.optimizer
     return optimizer
 

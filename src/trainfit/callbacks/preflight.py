@@ -146,11 +146,12 @@ def compare(pre: Preflight, allocated: int, reserved: int | None, steps: int) ->
 
 def live_tensors(model, optimizer=None, batch=None) -> list:
     """The tensors live before a step: parameters, buffers, gradients, optimizer state and the batch."""
+    import torch
+
     from .live import unwrap_optimizer
 
     out = list(model.parameters()) + list(model.buffers()) + [p.grad for p in model.parameters()]
     if optimizer is not None:
         out += [v for st in unwrap_optimizer(optimizer).state.values() for v in st.values()]
-    if isinstance(batch, dict):
-        out += list(batch.values())
-    return out
+    fields = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else [batch]
+    return out + [t for t in fields if isinstance(t, torch.Tensor)]
