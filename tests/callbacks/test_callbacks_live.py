@@ -91,8 +91,9 @@ def test_training_arguments_give_the_layout():
     assert training_args_settings(_args(gradient_checkpointing=True))["recompute"] == "full"
     with pytest.raises(SetupError, match="hybrid_shard"):
         training_args_settings(_args(fsdp=True, fsdp_config={"reshard_after_forward": "hybrid_shard"}))
-    ds = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-    assert deepspeed_settings(ds) == {"stack": "deepspeed", "zero": 2, "offload": "optimizer"}
+    ds = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": True}}
+    assert deepspeed_settings(ds) == {"stack": "deepspeed", "zero": 2, "offload": "optimizer",
+                                      "precision": "bf16-master"}
 
 
 def test_the_cpu_peak_of_steps_run_outside_trainfit_to_the_byte():

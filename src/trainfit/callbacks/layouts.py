@@ -61,9 +61,18 @@ def fsdp_settings(cfg: dict) -> dict:
 
 
 def deepspeed_settings(config: dict) -> dict:
-    """--stack deepspeed with the config's ZeRO stage and offload (DeepSpeed's zero_optimization block)."""
+    """--stack deepspeed with the config's ZeRO stage and offload (DeepSpeed's zero_optimization block) and its
+    precision: bf16 / fp16 enabled = 16-bit weights with fp32 masters (bf16-master, fp16-master: DeepSpeed 0.19.8
+    runtime/config.py:512 bfloat16_config / float16_config, precision_config.py:30-31 "bf16" or "bfloat16"; the inverse of stacks/deepspeed_config.py ds_config),
+    neither = fp32; after the HF Trainer has filled its "auto" values (trainer_config_process)."""
+    def enabled(*blocks) -> bool:
+        return any((config.get(b) or {}).get("enabled") is True for b in blocks)
+
+    if enabled("torch_autocast"):
+        raise SetupError("DeepSpeed's torch_autocast is not modelled: use its bf16 or fp16 block")
     z = config.get("zero_optimization", {}) or {}
-    out = {"stack": "deepspeed", "zero": int(z.get("stage", 0))}
+    out = {"stack": "deepspeed", "zero": int(z.get("stage", 0)),
+           "precision": "bf16-master" if enabled("bf16", "bfloat16") else "fp16-master" if enabled("fp16") else "fp32"}
     off = [k for k in ("offload_optimizer", "offload_param")
            if str((z.get(k) or {}).get("device", "none")).lower() not in ("none", "auto")]
     if off:
