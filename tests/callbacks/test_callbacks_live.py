@@ -120,7 +120,8 @@ def test_torchtitan_job_config_gives_the_layout():
     from trainfit.callbacks.torchtitan import job_settings
 
     job = SimpleNamespace(
-        training=SimpleNamespace(dtype="float32", mixed_precision_param="bfloat16", max_norm=1, enable_cpu_offload=False),
+        training=SimpleNamespace(dtype="float32", mixed_precision_param="bfloat16", max_norm=1,
+                                 enable_cpu_offload=False),
         activation_checkpoint=SimpleNamespace(mode="selective", selective_ac_option="op"),
         parallelism=SimpleNamespace(fsdp_reshard_after_forward="default"),
         compile=SimpleNamespace(enable=True, components=["loss"]))

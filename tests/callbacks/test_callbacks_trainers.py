@@ -32,7 +32,8 @@ def _train(tmp_path, callback, model=None, **args):
     targs = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=2, use_cpu=True, report_to=[],
                                            per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
                                            logging_steps=1, **args)
-    trainer = transformers.Trainer(model=model if model is not None else _model(), args=targs, train_dataset=data, callbacks=[callback])
+    trainer = transformers.Trainer(model=model if model is not None else _model(), args=targs, train_dataset=data,
+                                   callbacks=[callback])
     trainer.train()
     return trainer
 

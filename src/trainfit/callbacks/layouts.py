@@ -63,8 +63,8 @@ def fsdp_settings(cfg: dict) -> dict:
 def deepspeed_settings(config: dict) -> dict:
     """--stack deepspeed with the config's ZeRO stage and offload (DeepSpeed's zero_optimization block) and its
     precision: bf16 / fp16 enabled = 16-bit weights with fp32 masters (bf16-master, fp16-master: DeepSpeed 0.19.8
-    runtime/config.py:512 bfloat16_config / float16_config, precision_config.py:30-31 "bf16" or "bfloat16"; the inverse of stacks/deepspeed_config.py ds_config),
-    neither = fp32; after the HF Trainer has filled its "auto" values (trainer_config_process)."""
+    runtime/config.py:512 bfloat16_config / float16_config, precision_config.py:30-31 "bf16" or "bfloat16"; the
+    inverse of stacks/deepspeed_config.py ds_config), neither = fp32; after the HF Trainer has filled its "auto" values (trainer_config_process)."""
     def enabled(*blocks) -> bool:
         return any((config.get(b) or {}).get("enabled") is True for b in blocks)
 

@@ -137,7 +137,8 @@ def lora_settings(model, peft_config: dict, trainable) -> dict:
         raise SetupError(f"the model has {len(peft_config)} peft adapters; trainfit models one LoRA adapter")
     (cfg,) = peft_config.values()
     if str(getattr(cfg, "peft_type", "")).split(".")[-1] != "LORA":
-        raise SetupError(f"peft's {getattr(cfg, 'peft_type', type(cfg).__name__)} is not modelled: trainfit models LoRA")
+        kind = getattr(cfg, "peft_type", type(cfg).__name__)
+        raise SetupError(f"peft's {kind} is not modelled: trainfit models LoRA")
     if getattr(cfg, "rank_pattern", None):
         raise SetupError("a LoRA rank_pattern (ranks per module) is not modelled: one rank r for every target")
     targets = cfg.target_modules
