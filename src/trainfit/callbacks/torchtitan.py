@@ -14,6 +14,12 @@ from . import live
 from .preflight import PeakWatch, _gpu, compare, estimate_live, judge, live_tensors, log, stop_or_go
 
 
+def _rank_zero() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def llama3_spec(name: str, flavor: str, args):
     """The ModelSpec of torchtitan's llama3 TransformerModelArgs (models/llama3/model/args.py:28-47) as the HF Llama
     config of the same shape: RMSNorm, SwiGLU of torchtitan's FFN width (plan.emit_torchtitan.torchtitan_ffn), RoPE,
@@ -77,7 +83,8 @@ def preflight(trainer, *, gpu: str | None = None, gpu_memory: float | None = Non
     req = _gpu(live.Request(model=spec.name, batch=job.training.local_batch_size, seq=job.training.seq_len,
                             **{k: v for k, v in run.items() if v is not None}), run["device"])
     pre = judge(estimate_live(req, spec))
-    print(pre.verdict)
+    if _rank_zero():
+        print(pre.verdict)
     log.info(pre.verdict)
     stop_or_go(pre, stop_if_not_fit)
     return pre
@@ -105,7 +112,8 @@ def checked(trainer_class, *, steps: int = 2, **options):
                 allocated, reserved = self._trainfit_watch.stop()
                 self.trainfit_logs, line = compare(self.trainfit, allocated, reserved, steps)
                 log.info(line)
-                print(line)
+                if _rank_zero():
+                    print(line)
             return out
 
     Checked.__name__ = Checked.__qualname__ = f"Checked{trainer_class.__name__}"
