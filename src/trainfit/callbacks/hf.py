@@ -57,6 +57,7 @@ class TrainfitCallback(TrainerCallback):
         self.preflight = None  # the Preflight once the first batch is seen
         self.logs: dict = {}  # the comparison's record once `steps` steps ran
         self._hook = self._watch = None
+        self._start = 0  # the global step the comparison starts at (a resumed run's)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         def first_forward(module, fargs, fkwargs):
@@ -67,26 +68,24 @@ class TrainfitCallback(TrainerCallback):
             self.preflight = _preflight(model, optimizer, live.batch_shape(batch), autocast, run, self.engine,
                                         batch, state.is_local_process_zero)
             stop_or_go(self.preflight, self.stop_if_not_fit)
-            self._watch = PeakWatch(self.preflight.estimate.setup.device)
+            self._watch, self._start = PeakWatch(self.preflight.estimate.setup.device), state.global_step
             self._watch.start(live_tensors(model, optimizer, batch))
 
         self._hook = model.register_forward_pre_hook(first_forward, with_kwargs=True)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._watch is None or state.global_step != self.steps:
-            return
+        if self._watch is not None and state.global_step - self._start >= self.steps:
+            self._report(state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._watch is not None:  # fewer steps ran than `steps`
+            self._report(state)
+
+    def _report(self, state):
         allocated, reserved = self._watch.stop()
         self._watch = None
-        self.logs, line = compare(self.preflight, allocated, reserved, self.steps)
+        self.logs, line = compare(self.preflight, allocated, reserved, state.global_step - self._start)
         if state.is_local_process_zero:
             print(line)
         log.info(line)
         state.log_history.append({**self.logs, "step": state.global_step})
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self._watch is not None:  # fewer steps ran than `steps`
-            allocated, reserved = self._watch.stop()
-            self._watch = None
-            self.logs, line = compare(self.preflight, allocated, reserved, state.global_step)
-            log.info(line)
-            state.log_history.append({**self.logs, "step": state.global_step})
