@@ -259,3 +259,13 @@ def _measure_ranks(spec: ModelSpec, setup: Setup, steps: int, warmup: int, progr
     note = (f"{setup.dp} {setup.stack} ranks (torch.distributed.run, gloo); the highest peak is rank "
             f"{worst.detail.records['rank']}'s: " + ", ".join(f"rank {r} {p:,} B" for r, p in sorted(peaks.items())))
     return replace(worst, notes=(*worst.notes, note), detail=worst.detail.with_records(rank_peaks=peaks))
+
+
+def cpu_peak_session():
+    """A session over CPU steps a trainer runs itself (trainfit.callbacks): start(tensors live now), stop() ->
+    the peak from c10's CPU allocator records (measure/cpu_peak.py PeakSession)."""
+    try:
+        from .measure.cpu_peak import PeakSession
+    except ImportError as e:
+        raise _missing("the CPU allocator's records", e, "torch") from e
+    return PeakSession()

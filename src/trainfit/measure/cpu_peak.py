@@ -243,3 +243,33 @@ def profile_run(run, on_phase=None):
         if was_enabled:
             gc.enable()
     return prof, result
+
+
+class PeakSession:
+    """The CPU peak of steps a trainer runs itself (trainfit.callbacks): `start(tensors)` with the tensors live at
+    that moment (the baseline: distinct storages of the parameters, gradients, optimizer state and the batch),
+    `stop()` -> CpuPeak over everything the steps allocated in between (the same records as `cpu_peak`; the garbage
+    collector off in between, as in `profile_run`)."""
+
+    def __init__(self):
+        self._prof = None
+        self._baseline = 0
+        self._gc = True
+
+    def start(self, tensors: Iterable[torch.Tensor]) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._baseline = storage_bytes(tensors, device="cpu")
+        gc.collect()
+        self._gc = gc.isenabled()
+        gc.disable()
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._prof.start()
+
+    def stop(self) -> CpuPeak:
+        try:
+            self._prof.stop()
+        finally:
+            if self._gc:
+                gc.enable()
+        return analyse(self._prof, self._baseline)

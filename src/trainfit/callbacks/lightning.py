@@ -1,0 +1,98 @@
+"""Pre-flight in Lightning (lightning.pytorch or pytorch_lightning 2.x): a Callback.
+
+    trainer = L.Trainer(..., callbacks=[TrainfitLightningCallback(gpu="H100-80GB", stop_if_not_fit=True)])
+
+Facts read from Lightning 2.6.2 (src/lightning/pytorch/): trainer.py:1295 precision (the precision plugin's flag:
+"32-true", "bf16-mixed", "16-mixed", "bf16-true"), :1283 optimizers, :1247 world_size, :449 accumulate_grad_batches,
+:482 gradient_clip_val, :496 should_stop; strategies/fsdp.py:195 sharding_strategy; strategies/deepspeed.py:289 config;
+callbacks/callback.py:76-86 on_train_batch_start/end (the batch in hand before the first step). Lightning is not a
+dependency of trainfit: without it the class refuses in one line."""
+from __future__ import annotations
+
+from ..errors import EngineUnavailableError, SetupError
+from . import live
+from .layouts import deepspeed_settings, fsdp_settings
+from .preflight import PeakWatch, WillNotFitError, _gpu, compare, estimate_live, judge, live_tensors, log, stop_or_go
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:
+    try:
+        from pytorch_lightning.callbacks import Callback
+    except ImportError:
+        Callback = None
+
+# the precision flag -> the autocast dtype (the weights' dtype is read from the module Lightning converted)
+AUTOCAST = {"32-true": None, "32": None, "bf16-mixed": "bf16", "16-mixed": "fp16", "bf16-true": None}
+
+
+def trainer_settings(trainer) -> tuple[str | None, dict]:
+    """(autocast, trainfit settings) of a Lightning Trainer."""
+    precision = str(trainer.precision)
+    if precision not in AUTOCAST:
+        raise SetupError(f"Lightning precision {precision!r} is not modelled: use 32-true, bf16-mixed, 16-mixed or "
+                         "bf16-true")
+    out = {"dp": trainer.world_size, "grad_accum": trainer.accumulate_grad_batches,
+           "max_grad_norm": trainer.gradient_clip_val}
+    strategy = trainer.strategy
+    kind = type(strategy).__name__
+    if kind == "FSDPStrategy":
+        name = getattr(strategy.sharding_strategy, "name", strategy.sharding_strategy)
+        out.update(fsdp_settings({"reshard_after_forward": str(name).lower()}))
+    elif kind == "DeepSpeedStrategy":
+        out.update(deepspeed_settings(strategy.config or {}))
+    elif kind not in ("SingleDeviceStrategy", "DDPStrategy"):
+        raise SetupError(f"Lightning's {kind} is not modelled: trainfit reads single-device, DDP, FSDP and "
+                         "DeepSpeed strategies")
+    return AUTOCAST[precision], out
+
+
+class _Preflight:
+    """The callback's work, Lightning's hooks as plain methods (the class below only adds Lightning's base)."""
+
+    def __init__(self, gpu: str | None = None, gpu_memory: float | None = None, stop_if_not_fit: bool = False,
+                 steps: int = 2, engine: str = "auto", **settings):
+        if Callback is None:
+            raise EngineUnavailableError("TrainfitLightningCallback needs Lightning: pip install lightning")
+        if steps < 1:
+            raise SetupError(f"steps={steps}: compare the peak after at least 1 step")
+        self.gpu, self.gpu_memory, self.stop_if_not_fit = gpu, gpu_memory, stop_if_not_fit
+        self.steps, self.engine, self.settings = steps, engine, settings
+        self.preflight, self.logs, self._watch = None, {}, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.preflight is not None:
+            return
+        autocast, run = trainer_settings(trainer)
+        run = {**run, "gpu": self.gpu, "gpu_memory": self.gpu_memory, **self.settings}
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        spec = live.model_spec(pl_module)
+        req = live.request(pl_module, optimizer, live.batch_shape(batch), autocast, run, spec)
+        req = _gpu(req, req.device)
+        self.preflight = judge(estimate_live(req, spec, pl_module, batch, self.engine))
+        if trainer.is_global_zero:
+            print(self.preflight.verdict)
+        log.info(self.preflight.verdict)
+        try:
+            stop_or_go(self.preflight, self.stop_if_not_fit)
+        except WillNotFitError:
+            trainer.should_stop = True
+            raise
+        self._watch = PeakWatch(req.device)
+        self._watch.start(live_tensors(pl_module, optimizer, batch))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._watch is None or trainer.global_step < self.steps:
+            return
+        allocated, reserved = self._watch.stop()
+        self._watch = None
+        self.logs, line = compare(self.preflight, allocated, reserved, trainer.global_step)
+        if trainer.is_global_zero:
+            print(line)
+        log.info(line)
+        if trainer.logger is not None:
+            trainer.logger.log_metrics({k: v for k, v in self.logs.items() if v is not None}, step=trainer.global_step)
+
+
+TrainfitLightningCallback = type("TrainfitLightningCallback", (_Preflight,) + ((Callback,) if Callback else ()),
+                                 {"__doc__": _Preflight.__doc__, "__module__": __name__})
