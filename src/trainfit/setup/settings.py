@@ -660,7 +660,8 @@ class RunSettings:
                                           above=0, maximum=4096, example="40", group="run")
     mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
                                    "(0 < mfu <= 1). --mode infer and serve: the prefill's only; decode stays "
-                                   "timed op by op.", above=0, maximum=1, example="0.4",
+                                   "timed op by op. --mode rl: the training steps' only; generation and scoring "
+                                   "stay timed op by op.", above=0, maximum=1, example="0.4",
                                    modes=RL_STEP + ("serve",), group="run")
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T", group="run")
