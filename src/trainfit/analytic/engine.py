@@ -1,6 +1,8 @@
 """The analytic engine: closed-form memory, FLOPs and time for any transformer at any scale (no torch)."""
 from __future__ import annotations
 
+import math
+
 from .. import heads, overheads, serving_versions
 from ..models.hf_config import for_setup
 from ..errors import SetupError
@@ -530,6 +532,20 @@ def _load_note(setup, mfu) -> str:
             + (f"; prefill tokens at --mfu {mfu:.0%}" if mfu is not None else ""))
 
 
+def _target_note(setup, load) -> str:
+    """--request-rate: the replicas of this engine it needs, each completing its requests at the steady state's
+    rate (serving_time: running / a request's life); --ttft-ms: whether the TTFT at this load meets it."""
+    out = []
+    if setup.request_rate:
+        per = load.output_tokens_per_second / load.output  # requests per second, one replica
+        out.append(f"--request-rate {setup.request_rate:g}/s needs {math.ceil(setup.request_rate / per)} replica(s) "
+                   f"of this engine ({per:.3g} requests/s each at {load.concurrency} in flight)")
+    if setup.ttft_ms:
+        ttft = load.ttft * 1e3
+        out.append(f"TTFT {ttft:.1f} ms {'within' if ttft <= setup.ttft_ms else 'over'} --ttft-ms {setup.ttft_ms:g}")
+    return "; ".join(out)
+
+
 def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, starts, load, max_seq,
                       notes) -> Estimate:
     """The Estimate of a serving engine, either server: its budget as used (weights, `activations`, CUDA `graphs`,
@@ -560,6 +576,8 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
                         max_seq=max_seq)
         notes = [*notes, f"no request of --prompt-len {prompt} + --completion-len {setup.completion_len} tokens "
                  "fits the KV cache: nothing is served (0 tokens/s)"]
+    if load is not None and (setup.request_rate or setup.ttft_ms):
+        notes = [*notes, _target_note(setup, load)]
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     detail = replace(sv.sizing(), load=load.as_dict() if load is not None else {})
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,

@@ -436,6 +436,15 @@ class Setup:
                                          "--prompt-len and --completion-len tokens per request.", maximum=limits.TOKENS,
                                          minimum=1, auto="as many as the engine holds at once (--max-num-seqs, or "
                                          "the KV cache's requests)", example="64", group="serve")
+    request_rate: Optional[float] = setting(None, "Requests per second offered to the deployment (vllm bench serve's "
+                                            "--request-rate), each of --prompt-len + --completion-len tokens: "
+                                            "`trainfit plan --mode serve` sizes the replicas so that each serves its "
+                                            "share within --ttft-ms and --tpot-ms; an estimate names the replicas of "
+                                            "its engine that rate needs.", above=0, maximum=1e9, example="10",
+                                            group="serve")
+    ttft_ms: Optional[float] = setting(None, "The most time to first token, milliseconds: plan --mode serve keeps "
+                                       "each replica's load within it; an estimate says whether its TTFT meets it.",
+                                       above=0, maximum=1e9, example="500", group="serve")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", group="serve")
     kv_cache_memory: Optional[int] = setting(None, "Bytes of KV cache per GPU, fixed (vLLM's --kv-cache-memory-bytes; "
