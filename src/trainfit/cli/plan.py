@@ -48,7 +48,7 @@ def plan(
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchtitan (job-config TOML for torchtitan's own registry models; --tokens sets its steps), torchrun (torchtitan command line)."),
     verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch): one rank of the step, sharded on a fake process group when dp > 1; tp/pp plans are skipped with the reason."),
     json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens under vLLM or SGLang (--server); --gpu may list several types, or all)."),
+    mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens, or --request-rate requests/s within --ttft-ms and --tpot-ms, under vLLM or SGLang (--server); --gpu may list several types, or all)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="--mode serve: sequences served at once."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="--mode serve: the longest request, tokens (vLLM's --max-model-len). Default: the model's max_position_embeddings."),
     tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", help="--mode serve: the most time per output token, milliseconds, at that load."),
