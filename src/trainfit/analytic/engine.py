@@ -1,6 +1,8 @@
 """The analytic engine: closed-form memory, FLOPs and time for any transformer at any scale (no torch)."""
 from __future__ import annotations
 
+import math
+
 from .. import heads, overheads, serving_versions
 from ..models.hf_config import for_setup
 from ..errors import SetupError
@@ -229,14 +231,8 @@ def infer_reserve(spec: ModelSpec, setup: Setup, m) -> int:
     return max(overheads.reserved_from_allocated(m.prefill_peak, mlp_intermediate(spec, setup)), m.decode_peak)
 
 
-# RL generation has no op-list model yet: prefill at this model-FLOPs utilisation, decode at `mbu` of bandwidth.
-# NB: a flat utilisation, stated in the estimate's notes. (--mode infer: analytic/infer_time.py; --mode serve:
-# analytic/serving_time.py.)
-INFER_MFU = 0.4
-
-
 def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
-             tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default,
+             tokens: float | None = None, reserve: float = BY_NAME["reserve"].default,
              alloc_conf: str | None = None) -> Estimate:
     """The estimate of `setup` (see _estimate); a vision-language model's language model runs over the text and
     image tokens (analytic/vlm.py language_setup), the estimate shows the setup as given. alloc_conf: the caching
@@ -248,12 +244,12 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     es = expandable.check(parse_alloc_conf(alloc_conf) if alloc_conf else None,
                           setup.mode == "train" and setup.device == "cuda")
     lm = vlm.language_setup(spec, setup)
-    est = _estimate(spec, lm, gpu, mfu, tokens, mbu, reserve, es)
+    est = _estimate(spec, lm, gpu, mfu, tokens, reserve, es)
     return est if lm is setup else replace(est, setup=setup)
 
 
 def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
-              tokens: float | None = None, mbu: float = 0.8, reserve: float = BY_NAME["reserve"].default,
+              tokens: float | None = None, reserve: float = BY_NAME["reserve"].default,
               expandable_segments: bool = False) -> Estimate:
     """mfu: None times a training step with the step-time model (analytic/step_time.py: each kernel of the op list
     timed by the roofline + exposed communication + bubble + optimizer, the planner's model); a number overrides it
@@ -274,11 +270,11 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
     nvfp4.check(spec, setup, gpu)  # torchao's NVFP4 kernels: every GEMM dim a multiple of 128
     pc = count_params(spec)
     if setup.mode == "infer":
-        return _infer(spec, setup, pc, gpu, mfu, mbu, reserve)
+        return _infer(spec, setup, pc, gpu, mfu, reserve)
     if setup.mode == "serve":
         return _serve(spec, setup, pc, gpu, mfu, reserve)
     if setup.mode == "rl":
-        return _rl(spec, setup, pc, gpu, mfu, mbu, reserve)
+        return _rl(spec, setup, pc, gpu, mfu, reserve)
     mem = train_memory(spec, setup, pc)
     f = step_flops(spec, setup, pc)
     ranks_per_replica = setup.tp * setup.pp
@@ -391,7 +387,7 @@ EXPANDABLE_NOTE = ("--alloc-conf expandable_segments:True: one segment per strea
                    "retry unmaps free pages; analytic/expandable.py)")
 
 
-def _infer(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
+def _infer(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     m = inference.infer_memory(spec, setup, pc)
     peak_phase = "prefill" if m.prefill_peak >= m.decode_peak else "decode"
     peak = max(m.prefill_peak, m.decode_peak)
@@ -536,6 +532,20 @@ def _load_note(setup, mfu) -> str:
             + (f"; prefill tokens at --mfu {mfu:.0%}" if mfu is not None else ""))
 
 
+def _target_note(setup, load) -> str:
+    """--request-rate: the replicas of this engine it needs, each completing its requests at the steady state's
+    rate (serving_time: running / a request's life); --ttft-ms: whether the TTFT at this load meets it."""
+    out = []
+    if setup.request_rate:
+        per = load.output_tokens_per_second / load.output  # requests per second, one replica
+        out.append(f"--request-rate {setup.request_rate:g}/s needs {math.ceil(setup.request_rate / per)} replica(s) "
+                   f"of this engine ({per:.3g} requests/s each at {load.concurrency} in flight)")
+    if setup.ttft_ms:
+        ttft = load.ttft * 1e3
+        out.append(f"TTFT {ttft:.1f} ms {'within' if ttft <= setup.ttft_ms else 'over'} --ttft-ms {setup.ttft_ms:g}")
+    return "; ".join(out)
+
+
 def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, starts, load, max_seq,
                       notes) -> Estimate:
     """The Estimate of a serving engine, either server: its budget as used (weights, `activations`, CUDA `graphs`,
@@ -566,6 +576,8 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
                         max_seq=max_seq)
         notes = [*notes, f"no request of --prompt-len {prompt} + --completion-len {setup.completion_len} tokens "
                  "fits the KV cache: nothing is served (0 tokens/s)"]
+    if load is not None and (setup.request_rate or setup.ttft_ms):
+        notes = [*notes, _target_note(setup, load)]
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     detail = replace(sv.sizing(), load=load.as_dict() if load is not None else {})
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,
@@ -613,7 +625,7 @@ def _rl_at_peak(m: "rl.RLMemory") -> dict[str, int]:
     return at
 
 
-def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
+def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     """--mode rl: the step's phases (analytic/rl.py), its FLOPs and time (generate + score + train)."""
     from ..models.resolve import load_model
     from ..estimate import Phase
@@ -625,7 +637,6 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     critic = next((o for o in m.others if o.role == "critic"), None)
     f = step_flops(spec, ts, pc)
     cf = step_flops(critic.spec, rl.train_setup(setup, head="token-cls")) if critic else None
-    infer_mfu = INFER_MFU if mfu is None else mfu
     prefill = forward_per_token(spec, sh.prompt_len, pc) * sh.completions * sh.prompt_len
     # the decode steps' FLOPs, attention growing with the cache: sampled every completion_len / 64 steps
     decode = sum(forward_per_token(spec, sh.prompt_len + i, pc) for i in range(0, sh.completion_len,
@@ -658,18 +669,18 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     seconds = {}
     timing = fit = None
     if gpu is not None:
-        seconds[Phase.GENERATE.value] = rl.generate_seconds(spec, setup, m, gpu, infer_mfu, mbu, pc)
+        seconds[Phase.GENERATE.value] = rl.generate_seconds(spec, setup, m, gpu, pc)
         peak_flops = gpu.flops_for(compute_dtype(ts))
-        seconds[Phase.SCORE.value] = score / (peak_flops * infer_mfu)
+        seconds[Phase.SCORE.value] = rl.score_seconds(setup, m, spec, gpu)
         if mfu is None:
             seconds["train"] = layout_step_time(spec, ts, gpu, pc=pc).step_seconds
             if critic:
                 seconds[Phase.CRITIC_STEP.value] = layout_step_time(
                     critic.spec, rl.train_setup(setup, head="token-cls"), gpu).step_seconds
         else:
-            seconds["train"] = step_seconds(f.step, gpu, ts, mfu)
+            seconds["train"] = step_seconds(f.forward + f.backward + f.recompute, gpu, ts, mfu)
             if critic:
-                seconds[Phase.CRITIC_STEP.value] = step_seconds(cf.step, gpu, ts, mfu)
+                seconds[Phase.CRITIC_STEP.value] = step_seconds(cf.forward + cf.backward + cf.recompute, gpu, ts, mfu)
         if hybrid:
             seconds.update(rl_placement.seconds(pl, setup, gpu))
         secs = sum(seconds.values())
@@ -719,9 +730,11 @@ def _rl(spec, setup, pc, gpu, mfu, mbu, reserve) -> Estimate:
     if hybrid:
         notes += rl_placement.describe(pl, setup, m.peak_phase, gpu)
     if gpu is not None:
-        notes.append("time: generate = prefill at MFU "
-                     f"{infer_mfu:.0%} + {sh.completion_len} decode steps at {mbu:.0%} of memory bandwidth "
-                     "(full-length completions); score = forwards at that MFU; train = the step-time model")
+        gen = ("the vLLM engine's steps over the whole batch (analytic/serving_time.py)" if setup.rollout == "vllm"
+               else "transformers' eager prefill + decode forwards (analytic/infer_time.py)")
+        notes.append(f"time: generate = {gen}, op by op, {sh.completion_len} tokens per completion (full length); "
+                     "score = eager no-grad forwards op by op; train = "
+                     + ("the step-time model" if mfu is None else f"the step's FLOPs at --mfu {mfu:.0%}"))
         notes.append(_fit_note(fit))
         notes.append(overheads.describe(beside, held, cached_block=True))
     params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)

@@ -53,13 +53,16 @@ def _attending(ops: list[Op], q_len: int, kv_len: int) -> list[Op]:
     return [keys(o) for o in ops]
 
 
-def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len: int, kv_len: int) -> PassTime:
-    """One forward over `q_len` new tokens per sequence with `kv_len` keys in attention."""
+def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len: int, kv_len: int,
+                 logits_rows: float | None = None, casts_cached: bool = True) -> PassTime:
+    """One forward over `q_len` new tokens per sequence with `kv_len` keys in attention. logits_rows: the LM head's
+    rows (default one per sequence, logits_to_keep=1); casts_cached False: a decode step that enters its own
+    autocast region (an accelerate-wrapped forward) casts its weights anew."""
     st = state_bytes(setup)
     # a decode step (one token against the cache) runs Gated DeltaNet layers' recurrent rule (Shape.decode)
     sh = replace(shape_of(spec, setup, st, compute_dtype(setup)), seq=q_len, decode=q_len == 1 and kv_len > 1)
     # the decode step runs in the prefill's autocast context: its weights' casts are cached (ops/cast.py uncached)
-    ran = uncached if sh.decode else list
+    ran = uncached if sh.decode and casts_cached else list
     total = ListTime()
     for w, moe, linear, block in layer_kinds(spec, pc):
         total = total + (w * spec.layers) * time_ops(gpu, _attending(ran(layer_forward(spec, sh, moe, linear, block)),
@@ -69,7 +72,7 @@ def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len
     share = cross_share(spec)
     if share:
         total = (1 - share) * total + (share * spec.layers) * time_ops(gpu, ran(cross_layer_forward(spec, setup, sh)))
-    total = total + time_ops(gpu, ran(embedding_forward(spec, sh) + head_forward(spec, sh, logits_rows=setup.batch)))
+    total = total + time_ops(gpu, ran(embedding_forward(spec, sh) + head_forward(spec, sh, logits_rows=logits_rows or setup.batch)))
     if q_len > 1:  # a VLM's prefill runs its image encoder first (tower_time.py); a decode step does not
         total = total + tower_times(spec, setup, gpu, sh)[0]
     if q_len == 1 and spec.causal:  # the cache's torch.cat per attention layer: reads the old k, v and the new

@@ -285,40 +285,63 @@ def rl_memory(spec: ModelSpec, setup: Setup, gpu=None, load=None) -> RLMemory:
     return RLMemory(pl.phases, pl.phases[peak_phase], peak_phase, policy, others, roll, buffers, m.scored, pl)
 
 
-def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, mfu: float, mbu: float, pc=None) -> float:
-    """The rollout: the prompts' prefill at a flat `mfu`, then completion_len decode steps, each the larger of
-    streaming the weights and the mean cache (prompt + completion / 2 tokens of every completion) at `mbu` of the
-    bandwidth and its FLOPs at `mfu` (the roofline of analytic/engine.py's inference estimate). Under autocast
-    (HF rollout, amp-*) every decode step also writes and reads each matmul weight's 16-bit cast: accelerate wraps
-    the model's forward in autocast (accelerator.py:1826-1835, accelerate 1.15), and leaving the outermost autocast
-    region clears its cast cache (torch/amp/autocast_mode.py:349), so each forward casts anew.
-    NB: every completion runs to completion_len (no early EOS): an upper bound on the decode steps."""
-    from .timing import compute_dtype
+def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, pc=None) -> float:
+    """The rollout, op by op (no utilisation constant).
+    vllm: TRL submits every prompt of the step to the colocated engine in one call (trl/generation/vllm_generation.py
+    :680, `self.llm.generate(vllm_prompts, ...)`, TRL main f2cd57710), so the engine runs them as one batch
+    (serving_time.batch_latency: the prompts in max_num_batched_tokens chunks, then completion_len − 1 decode steps
+    of the whole batch, each step's GEMMs, paged KV reads, TP all-reduces, sampler and CUDA graphs). An engine of
+    --rollout-tp GPUs generates all its GPUs' completions; when its KV pool holds fewer whole sequences, vLLM
+    admits what fits and the rest wait (NB: taken as equal waves: the scheduler's refill as sequences finish
+    overlaps them, errs slow).
+    hf: transformers' generate, eager: the prompts' prefill, then completion_len − 1 decode steps (the prefill makes
+    the first token), each a forward of every completion's next token against its DynamicCache at the mean context
+    prompt + completion / 2 (infer_time.forward_time: each kernel by the roofline, never faster than the host
+    issues them — a small batch is launch-bound). Under autocast (amp-*) every decode step casts its weights anew:
+    accelerate wraps the model's forward in autocast (accelerator.py:1826-1835, accelerate 1.15), and leaving the
+    outermost autocast region clears its cast cache (torch/amp/autocast_mode.py:349).
+    NB: every completion runs to completion_len (no early EOS): an upper bound on the decode steps; generate's
+    logits processors and sampling (softmax, multinomial over [completions, vocab]) are not counted: errs fast."""
+    import math
+
+    from . import infer_time, serving_time
 
     pc = pc or count_params(spec)
     sh = shape(setup)
-    seqs = sh.completions  # the sequences whose cache this GPU reads each decode step
     if setup.rollout == "vllm":
-        # an engine of --rollout-tp GPUs: this GPU's share of the weights and of every sequence's heads, over all
-        # the engine's sequences (NB: the TP all-reduces of each decode step not counted: under)
-        weights = mem.rollout.engine_weights
-        per_token = mem.rollout.serving.kv_bytes_per_token
-        seqs *= setup.rollout_tp
-        dtype = PRECISIONS[setup.precision].compute
-    else:
-        s = infer_setup(setup, sh.completions, sh.prompt_len)
-        p = PRECISIONS[s.precision]
-        weights = pc.total * DTYPE_BYTES[p.weight]
-        if p.autocast:  # the casts' write and read (NB: all parameters counted as matmul weights: embedding over)
-            weights += pc.total * 2 * DTYPE_BYTES[p.autocast]
-        per_token = inference.kv_bytes_per_token(spec, s)
-        dtype = compute_dtype(s)
-    peak = gpu.flops_for(dtype) * mfu
-    prefill = forward_per_token(spec, sh.prompt_len, pc) * sh.completions * sh.prompt_len / peak
-    mid = sh.prompt_len + sh.completion_len / 2
-    step = max((weights + per_token * seqs * mid) / (gpu.memory_bandwidth * mbu),
-               forward_per_token(spec, int(mid), pc) * sh.completions / peak)
-    return prefill + sh.completion_len * step
+        sv = mem.rollout.serving
+        k = sv.knobs
+        seqs = sh.completions * setup.rollout_tp
+        waves = math.ceil(seqs / max(1, min(seqs, sv.kv_tokens // sh.seq)))
+        return waves * serving_time.batch_latency(spec, vllm_setup(setup), gpu, pc,
+                                                  sv.kv_bytes_per_token, math.ceil(seqs / waves), sh.prompt_len,
+                                                  sh.completion_len, k.capture_sizes, k.max_num_batched_tokens)
+    s = infer_setup(setup, sh.completions, sh.prompt_len)
+    pre = infer_time.forward_time(spec, s, gpu, pc, sh.prompt_len, sh.prompt_len)
+    mid = sh.prompt_len + sh.completion_len // 2
+    dec = infer_time.forward_time(spec, s, gpu, pc, 1, mid, casts_cached=False)
+    return pre.seconds + (sh.completion_len - 1) * dec.seconds
+
+
+def score_seconds(setup: Setup, mem: RLMemory, spec: ModelSpec, gpu) -> float:
+    """The score phase op by op: each scoring model's no-grad forward over prompt + completion tokens
+    (infer_time.forward_time, eager), micro-batch by micro-batch (the reward model over the whole generation batch
+    at once: rl_memory's forwards); the policy's and reference's LM head over the completion tokens whose log-probs
+    are taken (logits_to_keep), a reward or value head over theirs. NB: the log-softmax over those logits is not
+    counted: errs fast."""
+    from . import infer_time
+
+    sh = shape(setup)
+    by_role = {m.role: m.spec for m in mem.others}
+    total = 0.0
+    for role in mem.scored:
+        s = by_role.get(role, spec)
+        batch, passes = (sh.completions, 1) if role == "reward" else (sh.micro, sh.accum)
+        rows = batch * sh.completion_len if role in ("policy", "reference") else None
+        t = infer_time.forward_time(s, infer_setup(setup, batch, sh.seq), gpu, count_params(s), sh.seq, sh.seq,
+                                    logits_rows=rows)
+        total += passes * t.seconds
+    return total
 
 
 def score_flops(setup: Setup, mem: RLMemory, spec: ModelSpec, others: list[Model]) -> float:

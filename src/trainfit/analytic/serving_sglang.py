@@ -294,17 +294,10 @@ def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs, tokens_per_request
     return decode + prefill_graphs_non_torch(k.prefill_graph_sizes, spec.mla is not None)
 
 
-def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:
-    """As serving.decode_seconds: weights + every sequence's KV at half the context (and its states), memory-bound."""
-    context = sv.knobs.context_length / 2
-    per_sequence = context * sv.kv_bytes_per_token + sv.state_bytes
-    return (sv.weights + sequences * per_sequence) / (gpu.memory_bandwidth * mbu)
-
-
 def fits(sv: Serving) -> bool:
     """SGLang starts when the pool is positive; a request longer than the pool is rejected at admission."""
     return sv.kv_tokens >= sv.knobs.context_length
 
 
-__all__ = ["SGLANG_VERSION", "Knobs", "Serving", "serve_memory", "cell_size", "knobs", "decode_seconds", "fits",
+__all__ = ["SGLANG_VERSION", "Knobs", "Serving", "serve_memory", "cell_size", "knobs", "fits",
            "default_mem_fraction", "capacity_defaults", "prefill_capture_sizes"]

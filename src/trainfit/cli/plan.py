@@ -48,12 +48,16 @@ def plan(
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchtitan (job-config TOML for torchtitan's own registry models; --tokens sets its steps), torchrun (torchtitan command line)."),
     verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch): one rank of the step, sharded on a fake process group when dp > 1; tp/pp plans are skipped with the reason."),
     json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens under vLLM or SGLang (--server); --gpu may list several types, or all)."),
+    mode: str = typer.Option("train", "--mode", help="train (parallel layouts for a training step) or serve (the cheapest GPUs and TP that serve --concurrency sequences of --max-model-len tokens, or --request-rate requests/s within --ttft-ms and --tpot-ms, under vLLM or SGLang (--server); --gpu may list several types, or all)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="--mode serve: sequences served at once."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="--mode serve: the longest request, tokens (vLLM's --max-model-len). Default: the model's max_position_embeddings."),
     tpot_ms: Optional[float] = typer.Option(None, "--tpot-ms", help="--mode serve: the most time per output token, milliseconds, at that load."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="--mode serve: bf16, fp16 or fp8."),
     server: Optional[str] = typer.Option(None, "--server", help="--mode serve: " + BY_NAME["server"].meta.help + " Default: vllm."),
+    request_rate: Optional[float] = typer.Option(None, "--request-rate", help="--mode serve (instead of --concurrency): " + BY_NAME["request_rate"].meta.help),
+    ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", help="--mode serve, with --request-rate: " + BY_NAME["ttft_ms"].meta.help),
+    serve_prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="--mode serve, with --request-rate: prompt tokens per request (default 512); --max-model-len defaults to prompt + completion."),
+    serve_completion_len: Optional[int] = typer.Option(None, "--completion-len", help="--mode serve, with --request-rate: output tokens per request (default 512)."),
 ) -> None:
     """The fastest parallel layout that fits: dp × tp × pp, ZeRO stage, micro-batch, accumulation, recompute and
     precision, ranked by tokens/s with each time term shown. CPU offload is not searched.
@@ -83,14 +87,27 @@ def plan(
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
         if off:
             raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
-                             "--mode serve takes --concurrency, --max-model-len, --tpot-ms, --kv-cache-dtype, "
+                             "--mode serve takes --concurrency or --request-rate (with --ttft-ms, --prompt-len, "
+                             "--completion-len), --max-model-len, --tpot-ms, --kv-cache-dtype, "
                              "--server, --tp, --precision, --price, --top")
+        if request_rate is not None:
+            _plan_rate(model, gpu, price, request_rate, concurrency, ttft_ms, tpot_ms, serve_prompt_len,
+                       serve_completion_len,
+                       max_model_len, kv_cache_dtype, precision, tp, top, emit, json, server or "vllm")
+            return
+        rate_only = [f for f, v in (("--ttft-ms", ttft_ms), ("--prompt-len", serve_prompt_len),
+                                    ("--completion-len", serve_completion_len)) if v is not None]
+        if rate_only:
+            raise SetupError(f"{' and '.join(rate_only)} {'size' if len(rate_only) > 1 else 'sizes'} a plan for a "
+                             "request rate: add --request-rate R (requests/s) instead of --concurrency")
         _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top,
                     emit, json, server or "vllm")
         return
     serve_only = [f for f, v in (("--concurrency", concurrency), ("--max-model-len", max_model_len),
                                  ("--tpot-ms", tpot_ms), ("--kv-cache-dtype", kv_cache_dtype),
-                                 ("--server", server)) if v is not None]
+                                 ("--server", server), ("--request-rate", request_rate), ("--ttft-ms", ttft_ms),
+                                 ("--prompt-len", serve_prompt_len), ("--completion-len", serve_completion_len))
+                     if v is not None]
     if serve_only:
         raise SetupError(f"{' and '.join(serve_only)} {'apply' if len(serve_only) > 1 else 'applies'} to --mode serve "
                          "only: add --mode serve")
@@ -188,7 +205,7 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
 def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top, emit,
                 json, server) -> None:
     from ..api import token_model
-    from ..hardware import list_gpus, resolve_gpu
+    from ..hardware import resolve_gpu
     from ..plan.serve import serve_plans
     from ..report.plan import dumps
     from ..setup import Setup, serve_dtype
@@ -203,9 +220,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
     check_value(BY_NAME["price"], price)
     spec = token_model(model, "plan")
-    names = [g.strip() for g in gpu.split(",") if g.strip()]
-    gpus = [g for g in list_gpus() if g.vendor == "nvidia"] if names == ["all"] else [resolve_gpu(n) for n in names]
-    gpus = [g.with_price(price) for g in gpus]
+    gpus = _serve_gpus(gpu, price)
     base = Setup(mode="serve", server=server, precision=precision or serve_dtype(spec), max_model_len=max_model_len,
                  kv_dtype=kv_cache_dtype)
     plans, why_not = serve_plans(spec, gpus, concurrency, base, tpot_ms / 1e3 if tpot_ms else None, top, tp)
@@ -247,3 +262,79 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         typer.echo(f"· not served: {line}")
     typer.echo("· decode time: one engine step op by op (its GEMMs, the paged KV reads with sequences at half of "
                "--max-model-len, TP all-reduces, the sampler, CUDA graphs); prices: the catalog's, or --price")
+
+
+def _serve_gpus(gpu: str, price):
+    from ..hardware import list_gpus, resolve_gpu
+
+    names = [g.strip() for g in gpu.split(",") if g.strip()]
+    gpus = [g for g in list_gpus() if g.vendor == "nvidia"] if names == ["all"] else [resolve_gpu(n) for n in names]
+    return [g.with_price(price) for g in gpus]
+
+
+def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_len, completion_len, max_model_len,
+               kv_cache_dtype, precision, tp, top, emit, json, server) -> None:
+    """plan --mode serve --request-rate: replicas sized by serving_time's steady state (plan/serve.py)."""
+    from ..api import token_model
+    from ..hardware import resolve_gpu
+    from ..plan.serve import serve_rate_plans
+    from ..report.plan import dumps
+    from ..setup import Setup, serve_dtype
+
+    if concurrency is not None:
+        raise SetupError("--concurrency and --request-rate both size the load: give one of them")
+    for name, v in (("request_rate", rate), ("ttft_ms", ttft_ms), ("price", price), ("prompt_len", prompt_len),
+                    ("completion_len", completion_len)):
+        check_value(BY_NAME[name], v, "serve")
+    if tpot_ms is not None and not tpot_ms > 0:
+        raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
+    if emit is not None and emit != server:
+        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits {server}")
+    if emit is not None and json:
+        raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
+    spec = token_model(model, "plan")
+    gpus = _serve_gpus(gpu, price)
+    p = prompt_len or BY_NAME["prompt_len"].default
+    o = completion_len or BY_NAME["completion_len"].default
+    base = Setup(mode="serve", server=server, precision=precision or serve_dtype(spec), prompt_len=p,
+                 completion_len=o, max_model_len=max_model_len or p + o, kv_dtype=kv_cache_dtype)
+    plans, why_not = serve_rate_plans(spec, gpus, rate, base, ttft_ms / 1e3 if ttft_ms else None,
+                                      tpot_ms / 1e3 if tpot_ms else None, top, tp)
+    if emit:
+        if not plans:
+            raise SetupError(f"--emit {emit}: no plan serves that rate" + (f" ({'; '.join(why_not)})" if why_not
+                                                                            else ""))
+        from ..engines import analytic
+        from ..plan.emit_sglang import sglang_command
+        from ..plan.emit_vllm import vllm_command
+
+        best = plans[0]
+        sv = analytic(spec, best.setup, resolve_gpu(best.gpu)).detail.serving
+        typer.echo(f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {rate / best.replicas:.3g} "
+                   f"requests/s each ({best.in_flight} in flight): TTFT {best.ttft_seconds * 1e3:.1f} ms, TPOT "
+                   f"{best.tpot_seconds * 1e3:.1f} ms", err=True)
+        typer.echo((sglang_command if server == "sglang" else vllm_command)(model, best.setup, sv))
+        return
+    if json:
+        typer.echo(dumps({"model": spec.name, "server": server, "request_rate": rate, "prompt_len": p,
+                          "completion_len": o, "plans": [x.as_dict() for x in plans], "not_served": why_not}))
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    engine = "SGLang" if server == "sglang" else "vLLM"
+    t = Table(title=f"{spec.name}: {rate:g} requests/s of {p} + {o} tokens ({engine}), cheapest first",
+              box=box.SIMPLE_HEAD, header_style="bold")
+    for col in ("GPU", "tp", "replicas", "GPUs", "in flight each", "req/s each", "TTFT ms", "TPOT ms", "$/h"):
+        t.add_column(col, justify="left" if col == "GPU" else "right")
+    for x in plans:
+        t.add_row(x.gpu, str(x.tp), str(x.replicas), str(x.gpus), str(x.in_flight), f"{x.requests_per_second:.3g}",
+                  f"{x.ttft_seconds * 1e3:.1f}", f"{x.tpot_seconds * 1e3:.1f}", f"{x.price_per_hour:,.2f}")
+    Console().print(t)
+    if not plans:
+        typer.echo("no GPU type serves that rate within the targets")
+    for line in why_not:
+        typer.echo(f"· not served: {line}")
+    typer.echo("· each replica under continuous batching, engine steps op by op (analytic/serving_time.py): its "
+               "share of the rate at the fewest requests in flight that complete it; prices: the catalog's, or --price")

@@ -436,6 +436,15 @@ class Setup:
                                          "--prompt-len and --completion-len tokens per request.", maximum=limits.TOKENS,
                                          minimum=1, auto="as many as the engine holds at once (--max-num-seqs, or "
                                          "the KV cache's requests)", example="64", group="serve")
+    request_rate: Optional[float] = setting(None, "Requests per second offered to the deployment (vllm bench serve's "
+                                            "--request-rate), each of --prompt-len + --completion-len tokens: "
+                                            "`trainfit plan --mode serve` sizes the replicas so that each serves its "
+                                            "share within --ttft-ms and --tpot-ms; an estimate names the replicas of "
+                                            "its engine that rate needs.", above=0, maximum=1e9, example="10",
+                                            group="serve")
+    ttft_ms: Optional[float] = setting(None, "The most time to first token, milliseconds: plan --mode serve keeps "
+                                       "each replica's load within it; an estimate says whether its TTFT meets it.",
+                                       above=0, maximum=1e9, example="500", group="serve")
     enforce_eager: bool = setting(False, "No CUDA graphs (vLLM's --enforce-eager): no graph memory out of the "
                                   "budget.", group="serve")
     kv_cache_memory: Optional[int] = setting(None, "Bytes of KV cache per GPU, fixed (vLLM's --kv-cache-memory-bytes; "
@@ -660,7 +669,8 @@ class RunSettings:
                                           above=0, maximum=4096, example="40", group="run")
     mfu: Optional[float] = setting(None, "Override the step-time model with a flat model-FLOPs utilisation "
                                    "(0 < mfu <= 1). --mode infer and serve: the prefill's only; decode stays "
-                                   "timed op by op.", above=0, maximum=1, example="0.4",
+                                   "timed op by op. --mode rl: the training steps' only; generation and scoring "
+                                   "stay timed op by op.", above=0, maximum=1, example="0.4",
                                    modes=RL_STEP + ("serve",), group="run")
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T", group="run")
