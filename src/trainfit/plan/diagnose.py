@@ -153,8 +153,7 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
                                      f"{s.recompute} "
                                      "recompute)")
                 break
-    if not _fits(short) and any(x for lay in layouts(model, q.gpus, gpu.gpus_per_node) for stack in q.stacks
-                                for level in knob_levels(model, stack, lay, q.seq, q.knobs) for x in level):
+    if not _fits(short) and result.stats.get("knob_levels"):  # (the levels the search tried: plan/knobs.py)
         d.message += ("; the memory knobs the stacks run (Liger, the tiled MLP, Ulysses, activation and state "
                       "offload: plan/knobs.py) were searched too")
         for n in _counts(q.gpus, gpu.gpus_per_node):  # fewer GPUs than the plain layouts need, with the knobs

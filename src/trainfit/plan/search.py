@@ -244,12 +244,15 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
         got = batch_splits(lay, gseqs, bcap, q.batch_tolerance) if gseqs is not None else None
         return None if bcap < 1 or (got is not None and not got) else (bcap, got)
 
+    tried: dict[tuple, list[list[dict]]] = {}  # each (layout, stack)'s knob levels (plan/knobs.py), once
+
     def search_layouts(level: int | None = None) -> None:
         """Every group of every layout; with `level`, under that level's memory knobs (plan/knobs.py LEVELS)."""
         for i, lay in enumerate(lays):
             if progress is not None and level is None:
                 progress(i, len(lays))
-            if level is None and not splits(lay):
+            plain = splits(lay)
+            if level is None and not plain:
                 stats["batch_unreachable"] += 1
                 continue
             axes = lay.axes()
@@ -257,9 +260,12 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                 facts = get_stack(stack)
                 if any(a not in facts.axes for a in axes):
                     continue  # cp, vpp, uneven splits, ep, etp: the stacks that run them ([parallel] axes)
-                for extra in ([{}] if level is None else knob_levels(model, stack, lay, q.seq, q.knobs)[level]):
+                if level is not None and (lay, stack) not in tried:
+                    tried[lay, stack] = knob_levels(model, stack, lay, q.seq, q.knobs)
+                for extra in ([{}] if level is None else tried[lay, stack][level]):
                     # Ulysses groups share each sequence: dp / ulysses ranks train different ones (Setup.tokens)
-                    got = splits(replace(lay, dp=lay.dp // extra.get("ulysses", 1)))
+                    n = extra.get("ulysses", 1)
+                    got = plain if n == 1 else splits(replace(lay, dp=lay.dp // n))
                     if got:
                         _search_stack(spec, gpu, q, lay, stack, oracle, gseqs, *got, stats, fitting,
                                       module_sets[stack], extra, level)
@@ -271,6 +277,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
         if best:
             break
         search_layouts(level)
+        stats["knob_levels"] = stats.get("knob_levels", 0) + any(lv[level] for lv in tried.values())
         if fitting:
             stats["knobs"] = name
         _time_best_first(gpu, q, oracle, fitting, best, stats)
