@@ -28,7 +28,7 @@ ALL = ("liger", "tiled_mlp", "ulysses", "offload-activations", "offload-states")
 STATES = ("optimizer", "params")
 
 
-def _model_takes(spec: ModelSpec, **settings) -> bool:
+def model_takes(spec: ModelSpec, **settings) -> bool:
     """Whether the model takes these settings (analytic.layout.validate_layout: Liger's families, gated MLPs)."""
     try:
         validate_layout(spec, Setup(**settings))
@@ -40,9 +40,9 @@ def _model_takes(spec: ModelSpec, **settings) -> bool:
 def kernels(spec: ModelSpec, stack: str) -> dict:
     """Liger and the tiled MLP (auto: ArcticTraining's tile count), where the stack and the model run them."""
     st, out = get_stack(stack), {}
-    if st.runs("liger-loss") and _model_takes(spec, liger=True):
+    if st.runs("liger-loss") and model_takes(spec, liger=True):
         out["liger"] = True
-    if st.runs("tiled-mlp") and _model_takes(spec, tiled_mlp=0):
+    if st.runs("tiled-mlp") and model_takes(spec, tiled_mlp=0):
         out["tiled_mlp"] = 0
     return out
 

@@ -27,6 +27,7 @@ from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..units import fmt_bytes
+from ..plan.knobs import model_takes
 
 MAX_DP = 1024
 MAX_KNOBS = 3  # combinations of up to this many memory knobs
@@ -41,8 +42,8 @@ class Knob:
     why: str
 
 
-def knobs(s: Setup) -> list[Knob]:
-    """The memory knobs that change something for setup `s` (training)."""
+def knobs(s: Setup, spec: ModelSpec | None = None) -> list[Knob]:
+    """The memory knobs that change something for setup `s` (training); with `spec`, those the model takes."""
     out = [
         Knob("recompute", "--recompute full", dict(recompute="full"), "activations recomputed in backward"),
         Knob("optimizer", "--optimizer adamw-8bit", dict(optimizer="adamw-8bit"), "8-bit optimizer states"),
@@ -58,9 +59,15 @@ def knobs(s: Setup) -> list[Knob]:
              dict(lora_rank=16, quant="nf4", precision="bf16"), "QLoRA on a 4-bit base: a different fine-tune"),
     ]
     runs = s.stack_facts.runs
-    if runs("liger-loss"):  # Liger's kernels and its fused loss (analytic/liger.py; the model's family: rules refuse)
+    if runs("liger-loss") and (spec is None or model_takes(spec, liger=True)):
+        # Liger's kernels with its fused loss (analytic/liger.py): in place of the fused loss alone, which it includes
+        # (--liger turns --loss full into fused-linear, settings.py) while its RMSNorm and SwiGLU save less
+        out = [k for k in out if spec is None or k.flags != "--loss fused-linear"]
         out.append(Knob("loss", "--liger", dict(liger=True), "Liger's kernels and fused linear cross-entropy"))
-    if runs("tiled-mlp"):  # ArcticTraining's tiled MLP (analytic/long_context.py)
+    if runs("tiled-mlp") and (spec is None or (s.seq > spec.hidden and model_takes(spec, tiled_mlp=0))):
+        # ArcticTraining's tiled MLP (analytic/long_context.py), for sequences longer than the hidden size: its auto
+        # count is ceil(seq / hidden) slices (tiled_compute.py:51-56); NB: one slice is an MLP checkpoint, which
+        # --recompute already offers, so shorter sequences are not tried
         out.append(Knob("tiled", "--tiled-mlp auto", dict(tiled_mlp=0), "each MLP run on slices of the sequence"))
     if s.batch > 1:
         accum = s.batch * s.grad_accum
@@ -189,7 +196,7 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             found.append(x)
 
     if s.mode == "train":
-        ks = knobs(s)
+        ks = knobs(s, spec)
         for n in range(1, MAX_KNOBS + 1):
             for combo in combinations(ks, n):
                 if len({k.group for k in combo}) < n:
