@@ -225,10 +225,13 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             if b >= 1:
                 add(j.suggest(f"--batch {b}", "fewer sequences at once", batch=b))
         # the sequence over more GPUs (DeepSpeed-Ulysses), ZeRO-3 over all of them: the fewest that fit
-        for n in ulysses_degrees(s, gpu):
-            if j.fits(dp=s.dp * n, ulysses=n, zero=3):
-                add(j.suggest(f"--dp {s.dp * n} --ulysses {n} --zero 3", f"the sequence split over {n} GPUs "
-                              "(DeepSpeed-Ulysses)", dp=s.dp * n, ulysses=n, zero=3))
+        # (alone, then with Liger's loss where it is a knob here: at long context the logits dominate, ALST §3)
+        liger = [({"liger": True}, " --liger", "; Liger's kernels")] if any(k.flags == "--liger" for k in ks) else []
+        for extra, more, why in [({}, "", "")] + liger:
+            n = next((n for n in ulysses_degrees(s, gpu) if j.fits(dp=s.dp * n, ulysses=n, zero=3, **extra)), None)
+            if n is not None:
+                add(j.suggest(f"--dp {s.dp * n} --ulysses {n} --zero 3{more}", f"the sequence split over {n} GPUs "
+                              f"(DeepSpeed-Ulysses){why}", dp=s.dp * n, ulysses=n, zero=3, **extra))
                 break
     train = s.mode == "train"
     for extra, flags in (({}, ""), (dict(recompute="full"), " --recompute full") if train else ({}, "")):
