@@ -26,7 +26,7 @@ def test_suggested_gpu_count_fits_with_its_nccl_buffers():
     nccl_tp2 = 24 * (up(recv) + up(send))
     assert nccl_tp2 == 288 * MiB
     gpu = replace(get_gpu("A100-80GB"), memory=int(11.3 * 1024) * MiB)
-    two = search(spec, gpu, PlanQuery(gpus=2, seq=2048, reserve=0.5))
+    two = search(spec, gpu, PlanQuery(gpus=2, seq=2048, reserve=0.5, knobs=()))  # plain layouts only
     assert not two.candidates  # the search: no 2-GPU plan fits
     one = search(spec, gpu, PlanQuery(gpus=1, seq=2048, reserve=0.5))
     d = one.diagnosis

@@ -135,8 +135,13 @@ def test_nothing_fits_says_why_and_what_would():
     assert not r.candidates and r.diagnosis.reason == "memory"
     assert r.diagnosis.min_gpus and r.diagnosis.min_gpus > 1
     assert "leanest plan" in r.diagnosis.message and r.diagnosis.suggestions
-    r2 = search(load_spec("llama-3.1-8b"), get_gpu("H100-80GB"), PlanQuery(gpus=64, seq=4096, global_batch_tokens=8192))
+    q2 = PlanQuery(gpus=64, seq=4096, global_batch_tokens=8192, knobs=())
+    r2 = search(load_spec("llama-3.1-8b"), get_gpu("H100-80GB"), q2)
     assert r2.diagnosis.reason == "batch"
+    # two sequences on 64 GPUs: DeepSpeed-Ulysses (hf through its DeepSpeed integration) splits each over 32 of them
+    r3 = search(load_spec("llama-3.1-8b"), get_gpu("H100-80GB"), replace(q2, knobs=("ulysses",)))
+    s = r3.candidates[0].setup
+    assert s.dp == 64 and s.ulysses == 32 and s.tokens_per_step == 8192
 
 
 @pytest.mark.parametrize("kwargs", [dict(gpus=0), dict(gpus=8, precisions=("fp8",)), dict(gpus=8, zeros=(4,)),
@@ -227,6 +232,7 @@ def test_reserve_is_the_only_margin(cli):
     best = search(spec, gpu, q).candidates[0]
     assert best.setup.batch == 1 and 0 < best.headroom < 2**30  # fits with under 1 GiB to spare, as estimate says
     assert best.headroom == estimate(spec, best.setup, gpu).time.headroom
-    assert not search(spec, gpu, replace(q, reserve=1.0)).candidates  # keeping 1 GiB free leaves no plan
+    # keeping 1 GiB free leaves no plain plan (the memory knobs, plan/knobs.py, are another search)
+    assert not search(spec, gpu, replace(q, reserve=1.0, knobs=())).candidates
     code, out, err = cli("plan", "llama-3.2-1b", "--gpu", "RTX-4090", "--margin", "0.05")
     assert code == 2 and "--reserve" in err and len(err.strip().splitlines()) == 1

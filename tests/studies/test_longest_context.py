@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainfit import api
 from trainfit.cli.app import main
 from trainfit.engines import analytic
@@ -28,6 +30,24 @@ def test_found_length_fits_and_one_more_token_does_not():
         assert not _fits(spec, x.setup.with_(seq=x.seq + 1), gpu), x.flags
     assert [x.seq for x in found[1:]] == sorted((x.seq for x in found[1:]), reverse=True)
     assert all(x.seq > found[0].seq for x in found[1:])
+    # --liger: Liger's fused linear cross-entropy never holds the whole logits (and its RMSNorm/SwiGLU save less), so
+    # the 128k-vocabulary loss stops dominating: a longer context than as given (checked by direct estimates above)
+    liger = next(x for x in found if x.flags == "--liger")
+    assert liger.setup.liger and liger.seq > found[0].seq
+
+
+@pytest.mark.heavy  # ~1.5 s: three Ulysses degrees' bisections
+def test_ulysses_lengthens_the_context_with_more_gpus():
+    # DeepSpeed-Ulysses splits each sequence over n data-parallel ranks (dp × n GPUs): every per-token activation and
+    # the logits per rank shrink by n, so the longest context grows with n; each length fits by a direct estimate
+    spec, gpu = load_model("llama-3.2-1b"), api.load_gpu("H100-80GB")
+    setup = Setup(stack="deepspeed", precision="bf16-master", recompute="full", zero=3, dp=2)
+    found = longest_context(spec, setup, gpu)
+    uly = sorted((x for x in found if "--ulysses" in x.flags), key=lambda x: x.setup.ulysses)
+    assert [x.setup.ulysses for x in uly] == [2, 4, 8] and [x.gpus for x in uly] == [4, 8, 16]
+    assert found[0].seq < uly[0].seq < uly[1].seq < uly[2].seq
+    for x in uly:
+        assert _fits(spec, x.setup, gpu) and not _fits(spec, x.setup.with_(seq=x.seq + x.setup.ulysses), gpu), x.flags
 
 
 def test_nothing_fits_answers_zero():

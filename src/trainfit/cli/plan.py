@@ -27,6 +27,7 @@ def plan(
     gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help=BY_NAME["gpu_memory"].meta.help),
     power_limit: Optional[float] = typer.Option(None, "--power-limit", help=BY_NAME["power_limit"].meta.help),
     cluster: Optional[str] = typer.Option(None, "--cluster", help=BY_NAME["cluster"].meta.help),
+    host_memory: Optional[float] = typer.Option(None, "--host-memory", help=BY_NAME["host_memory"].meta.help),
     gpus: int = typer.Option(1, "--gpus", help="Number of GPUs; every plan uses all of them (dp × tp × pp × cp = gpus)."),
     seq: int = typer.Option(2048, "--seq", "-s", help="Sequence length, tokens."),
     global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="Tokens per optimizer step (e.g. 4M); micro-batch × seq × accumulation × dp matches it within --batch-tolerance. Default: accumulation just fills the pipeline."),
@@ -60,7 +61,9 @@ def plan(
     serve_completion_len: Optional[int] = typer.Option(None, "--completion-len", help="--mode serve, with --request-rate: output tokens per request (default 512)."),
 ) -> None:
     """The fastest parallel layout that fits: dp × tp × pp, ZeRO stage, micro-batch, accumulation, recompute and
-    precision, ranked by tokens/s with each time term shown. CPU offload is not searched.
+    precision, ranked by tokens/s with each time term shown. When no such plan fits, the memory knobs the stack runs
+    are searched level by level (plan/knobs.py): Liger and the tiled MLP, Ulysses, activation offload, then the
+    states' offload (judged against --host-memory or the cluster's host memory where it is known).
 
     Examples:\n
       trainfit plan llama-3.1-70b --gpu H100-80GB --gpus 64 --global-batch-tokens 4M --seq 8192 --tokens 15T\n
@@ -83,7 +86,7 @@ def plan(
                      reserve=reserve != BY_NAME["reserve"].default,
                      efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
                      seq=seq != 2048, gpu_memory=gpu_memory is not None, power_limit=power_limit is not None,
-                     cluster=cluster is not None)
+                     cluster=cluster is not None, host_memory=host_memory is not None)
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
         if off:
             raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
@@ -135,7 +138,7 @@ def plan(
                   tp=tp, pp=pp, dp=dp, reserve=reserve,
                   efficiency=efficiency,
                   batch_tolerance=batch_tolerance, top=top)
-    spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory, power_limit, cluster)
+    spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory, power_limit, cluster, host_memory)
     if emit is not None:
         from ..plan.emit import check_model
 
@@ -177,6 +180,7 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
     """Config on stdout (so `> ds.json` works), the chosen plan and any caveat on stderr."""
     from dataclasses import replace
 
+    from ..plan import knobs
     from ..plan.emit import emit as write
     from ..plan.emit import runnable_query, supports
     from ..plan.search import search
@@ -197,7 +201,8 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
     s = pick.setup
     experts = (f", ep {s.ep}" if s.ep > 1 else "") + (f", etp {s.etp}" if s.etp is not None else "")
     typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}{experts}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
-               f"{s.grad_accum}, {s.recompute} recompute, {s.precision}, stack {s.stack}: "
+               f"{s.grad_accum}, {s.recompute} recompute, {s.precision}, stack {s.stack}"
+               f"{(' ' + knobs.setup_flags(s)) if knobs.setup_flags(s) else ''}: "
                f"{pick.time.tokens_per_second:,.0f} tokens/s, peak {pick.peak / 2**30:.1f} GiB", err=True)
     typer.echo(write(engine, s, spec, g.gpus_per_node, budget_tokens), nl=False)
 

@@ -11,7 +11,9 @@ from ..errors import SetupError
 from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..units import fmt_bytes
+from ..analytic.layout import validate_layout
 from .fit import PeakOracle
+from .knobs import LEVELS as KNOB_LEVELS, levels as knob_levels, setup_flags
 from .space import Layout, Where, divisors, layouts, tp_allowed, variants
 
 MAX_GPUS = 1 << 17
@@ -28,11 +30,12 @@ class Diagnosis:
     leanest_time: dict | None = None  # the leanest plan timed anyway (StepTime.as_dict()), beside its verdict
 
 
-def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle) -> tuple[int | None, Setup | None]:
+def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, level: int | None = None) -> tuple[int | None, Setup | None]:
     """The leanest plan of `gpus` GPUs that the query allows (its fixed --tp/--pp, and --dp when `gpus` is the
     query's count; micro-batch 1, the most ZeRO and recompute searched): (its shortfall, its setup), the shortfall
     being what the step's tensors need beyond the fit rule's capacity (analytic/fit_rule.py: required − capacity(gpu,
-    setup, --reserve); <= 0 fits), as the search judges it. (None, None) when no layout is allowed."""
+    setup, --reserve); <= 0 fits), as the search judges it. (None, None) when no layout is allowed. `level`: under
+    that level's memory knobs (plan/knobs.py LEVELS), as the search tries them when no plain plan fits."""
     from ..stacks import get_stack
     from .search import planned_setup
 
@@ -46,11 +49,19 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle) -> tuple[int | Non
                     if get_stack(stack).runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue
                     lean = _most_sharded_experts(oracle.spec, gpu, q, lay, stack)
-                    for rec in (("full",) if "full" in recs else recs):
-                        s = planned_setup(spec, batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
-                                          optimizer=q.optimizer, recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp,
-                                          zero=zero, sequence_parallel=lay.tp > 1, stack=stack, ep=lean.ep,
-                                          etp=lean.etp)
+                    extras = [{}] if level is None else knob_levels(oracle.spec, stack, lay, q.seq, q.knobs)[level]
+                    for rec, extra in ((r, x) for r in (("full",) if "full" in recs else recs) for x in extras):
+                        try:
+                            s = planned_setup(spec, batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
+                                              optimizer=q.optimizer, recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp,
+                                              zero=zero, sequence_parallel=lay.tp > 1, stack=stack, ep=lean.ep,
+                                              etp=lean.etp, **extra)
+                            if extra:
+                                validate_layout(oracle.spec, s)
+                        except SetupError:
+                            if level is None:
+                                raise
+                            continue  # a knob the stack's rules refuse here (as the search skips it)
                         short = oracle.peak(s) - fit_rule.capacity(gpu, s, reserve)
                         if best is None or short < best:
                             best, where = short, s
@@ -141,6 +152,24 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
                                      f"per GPU with tp {s.tp}, pp {s.pp}, dp {s.dp}, {_experts(s)}ZeRO-{s.zero}, "
                                      f"{s.recompute} "
                                      "recompute)")
+                break
+    if not _fits(short) and result.stats.get("knob_levels"):  # (the levels the search tried: plan/knobs.py)
+        d.message += ("; the memory knobs the stacks run (Liger, the tiled MLP, Ulysses, activation and state "
+                      "offload: plan/knobs.py) were searched too")
+        for n in _counts(q.gpus, gpu.gpus_per_node):  # fewer GPUs than the plain layouts need, with the knobs
+            if d.min_gpus is not None and n >= d.min_gpus:
+                break
+            if (q.tp and n % q.tp) or (q.pp and n % q.pp):
+                continue
+            # level by level, as the search (plan/knobs.py); the device judged as the search does, then the node's
+            # host memory by the estimate (fit_rule.host_verdict). NB: the leanest of a level is its most offloaded
+            # setup, so a less aggressive one of the same level that would fit is not named
+            found = next(((lv, s) for lv in range(len(KNOB_LEVELS)) for p, s in [leanest(spec, gpu, q, n, oracle, lv)]
+                          if _fits(p) and analytic(spec, s, gpu, reserve=q.reserve).fit.fits), None)
+            if found is not None:
+                s = found[1]
+                d.suggestions.append(f"--gpus {n} {setup_flags(s)} (the fewest {gpu.name}s with the memory knobs: "
+                                     f"tp {s.tp}, pp {s.pp}, dp {s.dp}, ZeRO-{s.zero}, {s.recompute} recompute)")
                 break
     d.suggestions += knobs(spec, gpu, q, oracle)
     if _fits(short):  # memory would fit at micro-batch 1 but the batch split did not allow it

@@ -55,8 +55,11 @@ def runnable_query(engine: str, q) -> dict:
                                                              if not flat or r in ("none", "full")) or ("none",)
     zeros = None if titan else tuple(z for z in (q.zeros or (0, 1, 2, 3))
                                      if not (engine != "deepspeed" and z == 1)) or (0,)
+    # the memory knobs the config holds: DeepSpeed's sequence_parallel_size and offload_optimizer/offload_param
+    # (stacks/deepspeed_config.py), accelerate's and torchtitan's FSDP2 CPU offload of the parameters
+    held = {"deepspeed": ("ulysses", "offload-states")}.get(engine, ("offload-states",))
     return dict(precisions=allowed, tp=1 if flat else q.tp, pp=1 if flat else q.pp, recomputes=recs, zeros=zeros,
-                stacks=("torchtitan",) if titan else ("hf",))
+                stacks=("torchtitan",) if titan else ("hf",), knobs=held)
 
 
 

@@ -26,6 +26,12 @@ def supports(s: Setup) -> str | None:
         return f"accelerate mixed precision keeps fp32 sharded weights (amp), not {s.precision}"
     if s.recompute == "selective":
         return "fsdp_activation_checkpointing wraps whole layers (full recompute) only"
+    if s.ulysses > 1:
+        return "accelerate runs Ulysses through its DeepSpeed integration (sp_backend deepspeed), not an FSDP config"
+    if s.liger or s.tiled_mlp is not None or s.loss != "full" or s.offload_activations:
+        return "Liger, the tiled MLP and loss and activation offload are trainer options, not accelerate FSDP config keys"
+    if s.offload_state == "optimizer":
+        return "torchao's CPUOffloadOptimizer is built in the training script, not by accelerate's FSDP config"
     return None
 
 

@@ -41,6 +41,7 @@ from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check
 from ..spec import ModelSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
+from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, levels as knob_levels
 from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets, variants
 
 DEFAULT_STACKS = (BY_NAME["stack"].default,)  # planned when --stack is not given
@@ -70,6 +71,7 @@ class PlanQuery:
     efficiency: float | None = None  # None: the roofline-timed op list; a number: flat fraction of peak (override)
     batch_tolerance: float = 0.05  # relative deviation allowed from the requested global batch
     top: int = 5
+    knobs: tuple[str, ...] = KNOBS  # the memory knobs searched when no plain plan fits (plan/knobs.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpus, int) or self.gpus < 1:
@@ -133,6 +135,8 @@ class PlanQuery:
                 raise SetupError(f"--{name} {v} must be a positive divisor of --gpus {self.gpus}")
         if self.top < 1:
             raise SetupError(f"--top must be >= 1, got {self.top}")
+        if any(k not in KNOBS for k in self.knobs):
+            raise SetupError(f"knobs {', '.join(self.knobs)}: give some of {', '.join(KNOBS)}")
 
     def precisions_for(self, stack: str) -> tuple[str, ...]:
         given = self.precisions if self.precisions is not None else get_stack(stack).plan_precisions
@@ -233,44 +237,62 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                                                      for x in q.stacks}}
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
     fitting: list[tuple] = []  # every setup that fits, with its throughput bound (_search_group)
-    for i, lay in enumerate(lays):
-        if progress is not None:
-            progress(i, len(lays))
+
+    def splits(lay: Layout) -> tuple | None:
+        """(largest micro-batch, the global batch's splits or None) of a layout; None where the batch cannot split."""
         bcap = max_micro_batch(lay, gseqs, q.batch_tolerance)
-        splits_all = batch_splits(lay, gseqs, bcap, q.batch_tolerance) if gseqs is not None else None
-        if bcap < 1 or (splits_all is not None and not splits_all):
-            stats["batch_unreachable"] += 1
-            continue
-        axes = lay.axes()
-        for stack in q.stacks:
-            facts = get_stack(stack)
-            if any(a not in facts.axes for a in axes):
-                continue  # cp, vpp, uneven splits, ep, etp: the stacks that run them ([parallel] axes)
-            seen = stats["stacks"][stack]["axes"]
-            for a in SEARCHED:
-                if a.name in facts.axes:
-                    seen.setdefault(a.name, set()).add(getattr(lay, a.name))
-            for prec in q.precisions_for(stack):
-                # the ranks --zero shards over: dp, × cp where the stack shards over the context-parallel ranks
-                shard = lay.dp * (lay.cp if "cp" in facts.zero_shard_axes else 1)
-                for zero in (q.zeros_for(stack) if shard > 1 else (0,)):
-                    if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
-                        continue  # e.g. torchtitan's DDP beside tensor/pipeline parallelism
-                    for rec, mods in ((r, m) for r in q.recomputes_for(stack)
-                                      for m in (module_sets[stack] if r == "selective" else (None,))):
-                        cancel.check()  # (the web's time limit and disconnects)
-                        stats["groups"] += 1
-                        stats["stacks"][stack]["groups"] += 1
-                        _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
-                                      fitting, stack, mods)
+        got = batch_splits(lay, gseqs, bcap, q.batch_tolerance) if gseqs is not None else None
+        return None if bcap < 1 or (got is not None and not got) else (bcap, got)
+
+    tried: dict[tuple, list[list[dict]]] = {}  # each (layout, stack)'s knob levels (plan/knobs.py), once
+
+    def search_layouts(level: int | None = None) -> None:
+        """Every group of every layout; with `level`, under that level's memory knobs (plan/knobs.py LEVELS)."""
+        for i, lay in enumerate(lays):
+            if progress is not None and level is None:
+                progress(i, len(lays))
+            plain = splits(lay)
+            if level is None and not plain:
+                stats["batch_unreachable"] += 1
+                continue
+            axes = lay.axes()
+            for stack in q.stacks:
+                facts = get_stack(stack)
+                if any(a not in facts.axes for a in axes):
+                    continue  # cp, vpp, uneven splits, ep, etp: the stacks that run them ([parallel] axes)
+                if level is not None and (lay, stack) not in tried:
+                    tried[lay, stack] = knob_levels(model, stack, lay, q.seq, q.knobs)
+                for extra in ([{}] if level is None else tried[lay, stack][level]):
+                    # Ulysses groups share each sequence: dp / ulysses ranks train different ones (Setup.tokens)
+                    n = extra.get("ulysses", 1)
+                    got = plain if n == 1 else splits(replace(lay, dp=lay.dp // n))
+                    if got:
+                        _search_stack(spec, gpu, q, lay, stack, oracle, gseqs, *got, stats, fitting,
+                                      module_sets[stack], extra, level)
+
+    search_layouts()
     _time_best_first(gpu, q, oracle, fitting, best, stats)
+    # nothing fits plainly: the memory knobs the stacks run, level by level (plan/knobs.py: the search order rule)
+    for level, name in enumerate(KNOB_LEVELS):
+        if best:
+            break
+        search_layouts(level)
+        stats["knob_levels"] = stats.get("knob_levels", 0) + any(lv[level] for lv in tried.values())
+        if fitting:
+            stats["knobs"] = name
+        _time_best_first(gpu, q, oracle, fitting, best, stats)
     for d in stats["stacks"].values():  # the values each searched setting took (None: its default, e.g. etp = tp)
         d["axes"] = {k: sorted(v, key=lambda x: (x is not None, str(x) if isinstance(x, str) else x or 0))
                      for k, v in d["axes"].items()}
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
-    for setup, tm, est in _refined(spec, gpu, q, ranked[: q.top * REFINE_POOL], stats)[: q.top]:
+    for setup, tm, est in _refined(spec, gpu, q, ranked[: q.top * REFINE_POOL], stats):
+        if len(cands) == q.top:
+            break
         est = est or analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
+        if setup.offload != "none" and not est.fit.fits:  # the node's host memory (fit_rule.host_verdict), which
+            stats["host_rejected"] = stats.get("host_rejected", 0) + 1  # the device-only search does not judge
+            continue
         if q.efficiency is None:
             tm = est.detail.step_time
         c = Candidate(setup, tm, est)
@@ -331,8 +353,32 @@ def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict)
     return [o[1:] for o in sorted(out, key=lambda o: o[0])]
 
 
+def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, gseqs, bcap, splits_all, stats: dict,
+                  fitting: list, module_sets, extra: dict, level: int | None) -> None:
+    """Every (precision, ZeRO, recompute, modules) group of `lay` under `stack` with the settings `extra`."""
+    facts = get_stack(stack)
+    seen = stats["stacks"][stack]["axes"]
+    for a in SEARCHED:
+        if a.name in facts.axes:
+            seen.setdefault(a.name, set()).add(getattr(lay, a.name))
+    for prec in q.precisions_for(stack):
+        # the ranks --zero shards over: dp, × cp where the stack shards over the context-parallel ranks
+        shard = lay.dp * (lay.cp if "cp" in facts.zero_shard_axes else 1)
+        for zero in (q.zeros_for(stack) if shard > 1 or extra.get("offload", "none") != "none" else (0,)):
+            if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
+                continue  # e.g. torchtitan's DDP beside tensor/pipeline parallelism
+            for rec, mods in ((r, m) for r in q.recomputes_for(stack)
+                              for m in (module_sets if r == "selective" else (None,))):
+                cancel.check()  # (the web's time limit and disconnects)
+                stats["groups"] += 1
+                stats["stacks"][stack]["groups"] += 1
+                _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
+                              fitting, stack, mods, extra, level)
+
+
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
-                  fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None) -> None:
+                  fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None, extra: dict | None = None,
+                  level: int | None = None) -> None:
     """The group's splits that fit, each appended to `fitting` as (-bound, order, group, micro-batch, setup): `bound`
     the most tokens/s it could reach (step_time.step_floor; inf under --efficiency), `order` its place in the
     search."""
@@ -342,7 +388,9 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     try:
         base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
                              recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
-                             **({"recompute_modules": modules} if modules else {}), **lay.settings())
+                             **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
+        if extra:
+            validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
         stats["stack_refused"] = stats.get("stack_refused", 0) + 1
         return
@@ -364,7 +412,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     else:
         splits = splits_all
     stats["searched"] += len(splits)
-    key = (lay, zero, rec, prec, stack, modules)
+    key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
     st = state_bytes(base)  # (the precision's and the optimizer's, ZeRO's and dp's: not the micro-batch's)
     any_fit = False
     for b, accum in splits:
@@ -374,6 +422,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         setup = base.with_micro_batches(b, accum)
         # NB: a relative margin of 1e-9 above the bound covers its rounding (summed apart from step_time's terms)
         floor = 0.0 if q.efficiency is not None else step_floor(oracle.spec, setup, gpu, oracle.pc, st)
+        # NB: under --ulysses the tokens are dp / ulysses sequences: the bound over-counts (still a bound)
         bound = b * setup.seq * accum * setup.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
         fitting.append((-bound, len(fitting), key, b, setup))
     if any_fit:
@@ -401,12 +450,12 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, fitting: list, 
         # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)
         tm = layout_step_time(oracle.spec, setup, gpu, q.efficiency, oracle.pc)
         stats["timed"] += 1
-        lay, zero, rec, prec, stack, modules = key
+        lay, zero, rec, prec, stack, modules, extra, _ = key
         # rank: fastest first; ties to the larger micro-batch (bigger GEMMs run faster in practice), less ZeRO,
         # less recompute (Megatron's default modules first), then the stacks' order as given
         rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), modules or "",
                 q.precisions_for(stack).index(prec), lay.pp, lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep,
-                lay.etp or lay.tp, q.stacks.index(stack))
+                lay.etp or lay.tp, q.stacks.index(stack), extra)
         if old is None or rank < old[0]:
             best[key] = (rank, (setup, tm))
             if key in top or len(top) < size:

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from .json_out import dumps  # noqa: F401  (re-exported for the command)
 from ..analytic.terms import time_terms
 from ..units import fmt_bytes, fmt_count, fmt_seconds
+from ..plan import knobs
 from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult
 
 
@@ -129,6 +130,11 @@ def render(r: PlanResult, echo=print) -> None:
                                                  if len(mods) > 1 else "")
             echo(f"{name}: searched {d['groups']} groups over recompute {recs}; ZeRO "
                  f"{', '.join(map(str, d['zeros']))}; precision {', '.join(d['precisions'])}{axes}")
+    if st.get("knobs"):
+        echo(f"no plain plan fits: searched again with the stacks' memory knobs up to {st['knobs']} (plan/knobs.py)")
+    for i, c in enumerate(r.candidates, 1):
+        if knobs.setup_flags(c.setup):
+            echo(f"#{i} runs {knobs.setup_flags(c.setup)}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges "

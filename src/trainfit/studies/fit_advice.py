@@ -3,7 +3,7 @@
 One definition for `trainfit estimate` (when a setup does not fit), `trainfit fit`, the HTML report and the web
 page. Every suggestion is checked with the analytic engine on the device total (as the estimate judges), so
 `trainfit estimate` with the suggested flags fits. Two kinds of change:
-- memory knobs (KNOBS: recompute, 8-bit optimizer, optimizer in backward, pure bf16, Liger's fused loss,
+- memory knobs (knobs: recompute, 8-bit optimizer, optimizer in backward, pure bf16, Liger's fused loss, --liger, the tiled MLP,
   activation offloading, LoRA, QLoRA, micro-batch 1 with accumulation), tried alone and in combinations of up to
   three — one per group — since a fine-tuning setup that fits a 24 GB card usually needs several at once;
 - single changes searched for their smallest value (searches monotone in the knob: the peak grows with batch and
@@ -27,6 +27,7 @@ from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..units import fmt_bytes
+from ..plan.knobs import model_takes
 
 MAX_DP = 1024
 MAX_KNOBS = 3  # combinations of up to this many memory knobs
@@ -41,8 +42,8 @@ class Knob:
     why: str
 
 
-def knobs(s: Setup) -> list[Knob]:
-    """The memory knobs that change something for setup `s` (training)."""
+def knobs(s: Setup, spec: ModelSpec | None = None) -> list[Knob]:
+    """The memory knobs that change something for setup `s` (training); with `spec`, those the model takes."""
     out = [
         Knob("recompute", "--recompute full", dict(recompute="full"), "activations recomputed in backward"),
         Knob("optimizer", "--optimizer adamw-8bit", dict(optimizer="adamw-8bit"), "8-bit optimizer states"),
@@ -52,17 +53,46 @@ def knobs(s: Setup) -> list[Knob]:
              "each gradient applied and freed as it is made"),
         Knob("precision", "--precision bf16", dict(precision="bf16"), "pure bf16 weights, gradients and states"),
         Knob("loss", "--loss fused-linear", dict(loss="fused-linear"), "Liger's fused linear cross-entropy"),
-        Knob("offload", "--offload activations", dict(offload="activations"), "saved activations in host memory"),
+        _activation_offload(s),
         Knob("adapters", "--lora-rank 16", dict(lora_rank=16), "LoRA adapters only: a different fine-tune"),
         Knob("adapters", "--lora-rank 16 --quant nf4 --precision bf16",
              dict(lora_rank=16, quant="nf4", precision="bf16"), "QLoRA on a 4-bit base: a different fine-tune"),
     ]
+    runs = s.stack_facts.runs
+    if runs("liger-loss") and (spec is None or model_takes(spec, liger=True)):
+        # Liger's kernels with its fused loss (analytic/liger.py): in place of the fused loss alone, which it includes
+        # (--liger turns --loss full into fused-linear, settings.py) while its RMSNorm and SwiGLU save less
+        out = [k for k in out if spec is None or k.flags != "--loss fused-linear"]
+        out.append(Knob("loss", "--liger", dict(liger=True), "Liger's kernels and fused linear cross-entropy"))
+    if runs("tiled-mlp") and (spec is None or (s.seq > spec.hidden and model_takes(spec, tiled_mlp=0))):
+        # ArcticTraining's tiled MLP (analytic/long_context.py), for sequences longer than the hidden size: its auto
+        # count is ceil(seq / hidden) slices (tiled_compute.py:51-56); NB: one slice is an MLP checkpoint, which
+        # --recompute already offers, so shorter sequences are not tried
+        out.append(Knob("tiled", "--tiled-mlp auto", dict(tiled_mlp=0), "each MLP run on slices of the sequence"))
     if s.batch > 1:
         accum = s.batch * s.grad_accum
         out.append(Knob("batch", f"--batch 1 --grad-accum {accum}", dict(batch=1, grad_accum=accum),
                         "same tokens per step"))
     return [k for k in out if any(getattr(s, name) != v for name, v in k.changes.items())
             and not (s.lora_rank and k.group in ("adapters", "optimizer"))]
+
+
+def _activation_offload(s: Setup) -> Knob:
+    """--offload activations, with the recompute policy the stack's variant needs (stacks/<stack>.toml
+    [activation_offload] needs_recompute: ArcticTraining's offloads each checkpointed layer's input)."""
+    need = s.stack_facts.facts.get("activation_offload", {}).get("needs_recompute")
+    if need and s.recompute != need:
+        return Knob("offload", f"--offload activations --recompute {need}", dict(offload="activations", recompute=need),
+                    "checkpointed layers' inputs in host memory")
+    return Knob("offload", "--offload activations", dict(offload="activations"), "saved activations in host memory")
+
+
+def ulysses_degrees(s: Setup, gpu: GPU) -> list[int]:
+    """DeepSpeed-Ulysses degrees worth trying with more GPUs (the groups carved out of --dp × n ranks): 2, 4, 8 within
+    a node, where the stack runs it on a data-parallel-only setup (setup/rules.py refuses the rest)."""
+    if not s.stack_facts.runs("ulysses") or s.ulysses > 1 or (s.tp, s.pp, s.cp) != (1, 1, 1):
+        return []
+    return [n for n in (2, 4, 8) if n <= gpu.gpus_per_node]
 
 
 @dataclass(frozen=True)
@@ -166,7 +196,7 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             found.append(x)
 
     if s.mode == "train":
-        ks = knobs(s)
+        ks = knobs(s, spec)
         for n in range(1, MAX_KNOBS + 1):
             for combo in combinations(ks, n):
                 if len({k.group for k in combo}) < n:
@@ -194,6 +224,15 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             b = _largest(1, s.batch - 1, lambda b: j.fits(batch=b))
             if b >= 1:
                 add(j.suggest(f"--batch {b}", "fewer sequences at once", batch=b))
+        # the sequence over more GPUs (DeepSpeed-Ulysses), ZeRO-3 over all of them: the fewest that fit
+        # (alone, then with Liger's loss where it is a knob here: at long context the logits dominate, ALST §3)
+        liger = [({"liger": True}, " --liger", "; Liger's kernels")] if any(k.flags == "--liger" for k in ks) else []
+        for extra, more, why in [({}, "", "")] + liger:
+            n = next((n for n in ulysses_degrees(s, gpu) if j.fits(dp=s.dp * n, ulysses=n, zero=3, **extra)), None)
+            if n is not None:
+                add(j.suggest(f"--dp {s.dp * n} --ulysses {n} --zero 3{more}", f"the sequence split over {n} GPUs "
+                              f"(DeepSpeed-Ulysses){why}", dp=s.dp * n, ulysses=n, zero=3, **extra))
+                break
     train = s.mode == "train"
     for extra, flags in (({}, ""), (dict(recompute="full"), " --recompute full") if train else ({}, "")):
         t = next((t for t in range(s.tp + 1, gpu.gpus_per_node + 1)

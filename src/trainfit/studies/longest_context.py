@@ -8,7 +8,8 @@ one does not fit, then bisection (fit_advice._largest), over multiples of that s
 recompute, 8-bit or paged optimizer states, the optimizer in backward, pure bf16, Liger's fused loss, activation
 offload, LoRA, QLoRA), each alone on top of the user's setup, FlashAttention-2 (--attention flash2, where the
 rules allow it), and, where the stack splits the sequence over GPUs (its [parallel] axes include cp), context
-parallelism over 2, 4 and 8 GPUs of a node.
+parallelism over 2, 4 and 8 GPUs of a node, and where it runs DeepSpeed-Ulysses, the sequence split over 2, 4 and 8
+times the data-parallel GPUs (stacks/<stack>.toml [features]).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..analytic.unmodelled import check_modelled
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
-from .fit_advice import _Judge, _largest, judged_bytes, knobs
+from .fit_advice import _Judge, _largest, judged_bytes, knobs, ulysses_degrees
 
 MAX_SEQ = 1 << 24  # the search's ceiling: 16M tokens, beyond every model's positions
 CP_DEGREES = (2, 4, 8)
@@ -68,6 +69,8 @@ def techniques(spec: ModelSpec, setup: Setup, gpu: GPU) -> list[tuple[str, str, 
     if setup.attention != "flash2":  # (refused where it does not run: CUDA, 16-bit, the hf stack)
         out.append(("--attention flash2", "FlashAttention-2 (HF's integration runs it in the model's 16-bit "
                     "dtype, with no s×s probabilities)", dict(attention="flash2")))
+    out += [(f"--dp {setup.dp * n} --ulysses {n}", f"the sequence split over {n} GPUs (DeepSpeed-Ulysses)",
+             dict(dp=setup.dp * n, ulysses=n)) for n in ulysses_degrees(setup, gpu)]
     if "cp" in setup.stack_facts.axes and setup.cp == 1:
         out += [(f"--cp {c}", f"the sequence split over {c} GPUs (context parallelism)", dict(cp=c))
                 for c in CP_DEGREES if c <= gpu.gpus_per_node]
