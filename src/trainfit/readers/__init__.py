@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 
-READERS = ("torchtitan", "megatron", "deepspeed", "accelerate", "hf_args", "vllm", "sglang")
+READERS = ("torchtitan", "megatron", "deepspeed", "accelerate", "hf_args", "trl", "vllm", "sglang")
 
 
 @dataclass
@@ -70,7 +70,7 @@ def kind_of(path: Path, text: str) -> str:
             return "deepspeed"
         if "compute_environment" in data or "distributed_type" in data:
             return "accelerate"
-        return "hf_args"
+        return _trainer_args(data)
     if suffix in (".yaml", ".yml"):
         import yaml
 
@@ -82,10 +82,17 @@ def kind_of(path: Path, text: str) -> str:
             raise SetupError(f"{path}: a YAML mapping is expected (an accelerate config or TrainingArguments)")
         if "compute_environment" in data or "distributed_type" in data:
             return "accelerate"
-        return "hf_args"
+        return _trainer_args(data)
     raise SetupError(f"{path}: not a config trainfit reads (a torchtitan .toml, a DeepSpeed or TrainingArguments "
                      ".json/.yaml, an accelerate .yaml, or a pretrain_gpt.py / torchtitan.train / vllm serve / "
                      "sglang.launch_server command line)")
+
+
+def _trainer_args(data: dict) -> str:
+    """trl for a TRL SFTConfig/GRPOConfig/DPOConfig (keys only TRL's configs have), else hf_args."""
+    from .trl import kind
+
+    return "trl" if kind(data) else "hf_args"
 
 
 def read(path: str | Path, dp: int | None = None) -> Reading:

@@ -53,25 +53,35 @@ def _load(path: Path, text: str) -> dict:
     return data
 
 
-def read(path: Path, text: str, dp: int | None = None) -> Reading:
-    raw = _load(path, text)
+def parse(path: Path, raw: dict, cls):
+    """(the `cls` (TrainingArguments or a subclass) HfArgumentParser makes of `raw`, its deepspeed value). bf16/fp16
+    go in as False: their check needs the GPU (training_args.py _validate_args); the callers read them from `raw`."""
     try:
-        from transformers import HfArgumentParser, TrainingArguments
+        from transformers import HfArgumentParser
     except ImportError:
         raise SetupError(f"{path}: reading TrainingArguments needs transformers") from None
     plain = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}
+    plain.update(bf16=False, fp16=False)
     plain.setdefault("output_dir", "trainfit-check")
     ds = plain.pop("deepspeed", None)
     try:
-        (a,) = HfArgumentParser(TrainingArguments).parse_dict(plain, allow_extra_keys=True)
+        (a,) = HfArgumentParser(cls).parse_dict(plain, allow_extra_keys=True)
     except (ValueError, TypeError) as e:
-        raise SetupError(f"{path}: TrainingArguments rejects it ({str(e).splitlines()[0]})") from None
-    r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
+        raise SetupError(f"{path}: {cls.__name__} rejects it ({str(e).splitlines()[0]})") from None
+    return a, ds
+
+
+def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
+    """The TrainingArguments fields every HF-Trainer-based trainer shares, from parsed `a` into `r`; `bf16_default`:
+    bf16 when the file sets neither bf16 nor fp16 (TRL's configs: base_config.py:108)."""
     r.set("batch", a.per_device_train_batch_size, "per_device_train_batch_size")
     r.set("grad_accum", a.gradient_accumulation_steps, "gradient_accumulation_steps")
     if ds is None:  # with DeepSpeed its own config's bf16/fp16 block decides (integrations/deepspeed.py)
+        bf16 = raw.get("bf16")
+        if bf16 is None:
+            bf16 = bf16_default and not raw.get("fp16")
         r.set("stack", "hf", "TrainingArguments")
-        r.set("precision", "amp-bf16" if raw.get("bf16") else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
+        r.set("precision", "amp-bf16" if bf16 else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
     else:
         r.not_modelled.append(f"deepspeed = {ds!r}: its config decides precision and ZeRO: pass it to check too")
     # gradient_checkpointing, renamed activation_checkpointing in transformers 5.24 (training_args.py:1541 warns)
@@ -92,16 +102,33 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             r.set("offload", "params", "fsdp")
     if a.torch_compile:
         r.set("compile", True, "torch_compile")
+
+
+def leftovers(r: Reading, raw: dict, mapped, no_effect: tuple = (), effect: dict | None = None) -> None:
+    """Every key of `raw` not in `mapped`: no effect, not modelled (with its effect), or unknown."""
+    effect = {**EFFECT, **(effect or {})}
+    for k, v in raw.items():
+        if k in mapped or k in MAPPED:
+            continue
+        if any(k.startswith(p) for p in NO_EFFECT_PREFIX) or k in no_effect:
+            r.skip(k, v, "no effect on a step's memory or time")
+        elif k in effect:
+            r.skip(k, v, effect[k])
+        else:
+            r.unknown.append(k)
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    raw = _load(path, text)
+    try:
+        from transformers import TrainingArguments
+    except ImportError:
+        raise SetupError(f"{path}: reading TrainingArguments needs transformers") from None
+    a, ds = parse(path, raw, TrainingArguments)
+    r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
+    apply(r, a, raw, ds)
     seq = raw.get("max_length", raw.get("max_seq_length"))
     if isinstance(seq, int):
         r.set("seq", seq, "max_length (TRL SFTConfig)")
-    for k, v in raw.items():
-        if k in MAPPED:
-            continue
-        if any(k.startswith(p) for p in NO_EFFECT_PREFIX):
-            r.skip(k, v, "no effect on a step's memory or time")
-        elif k in EFFECT:
-            r.skip(k, v, EFFECT[k])
-        else:
-            r.unknown.append(k)
+    leftovers(r, raw, ())
     return r
