@@ -81,6 +81,7 @@ def test_plain_training_arguments_stay_with_transformers(tmp_path):
     ("per_device_train_batch_size: 3\nnum_generations: 4\n", "holds part of a group of 4"),
     ("per_device_train_batch_size: 4\nnum_generations: 1\n", "GRPOConfig rejects it"),
     ("per_device_train_batch_size: 4\nnum_generations: 4\noptim: adamw_anyprecision\n", "optim"),
+    ("per_device_train_batch_size: 4\nmax_seq_length: 2048\n", "max_seq_length is TRL's old name"),
 ])
 def test_bad_trl_config_is_one_line_and_exit_2(tmp_path, capsys, text, needle):
     path = tmp_path / "grpo.yaml"

@@ -1,9 +1,8 @@
 """HF `TrainingArguments` as a JSON or YAML file, parsed by transformers' own HfArgumentParser (transformers 5.24
 hf_argparser.py parse_dict into training_args.py TrainingArguments, its __post_init__ validation included). bf16 /
 fp16 are read from the file rather than validated: TrainingArguments refuses them on a machine without the GPU
-(training_args.py _validate_args), and trainfit checks for the target GPU. TRL's SFTConfig / GRPOConfig (not
-installed here) subclass TrainingArguments: their sequence length (max_length, formerly max_seq_length) is read as
-the key, the rest of their keys listed."""
+(training_args.py _validate_args), and trainfit checks for the target GPU. TRL's configs, TrainingArguments
+subclasses, go to trl.py, which shares parse/apply/leftovers."""
 from __future__ import annotations
 
 import json
@@ -21,8 +20,7 @@ OPTIM = {"adamw_torch": ("adamw", None), "adamw_torch_fused": ("adamw", "fused")
          "paged_adamw": ("paged-adamw", None), "lion_32bit": ("lion", None), "sgd": ("sgd", None),
          "adafactor": ("adafactor", None)}
 MAPPED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "gradient_checkpointing",
-          "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "max_length", "max_seq_length",
-          "activation_checkpointing")
+          "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "activation_checkpointing")
 NO_EFFECT_PREFIX = ("output_dir", "overwrite_output_dir", "logging_", "save_", "eval_", "per_device_eval",
                     "learning_rate", "weight_decay", "adam_", "warmup_", "lr_scheduler", "num_train_epochs",
                     "max_steps", "seed", "data_seed", "report_to", "run_name", "push_to_hub", "hub_", "do_train",
@@ -31,14 +29,11 @@ NO_EFFECT_PREFIX = ("output_dir", "overwrite_output_dir", "logging_", "save_", "
                     "include_", "prediction_loss_only", "project", "trackio")
 EFFECT = {"dataloader_num_workers": "host memory and time only", "dataloader_pin_memory": "host memory only",
           "gradient_checkpointing_kwargs": "memory and time: use_reentrant changes nothing trainfit counts",
-          "packing": "time: sequences packed to max_length (trainfit --doc-len models packing's attention)",
-          "padding_free": "less memory and time: no padding tokens", "group_by_length": "time only",
+          "group_by_length": "time only",
           "torch_compile_mode": "time", "tf32": "time: TF32 matmuls (trainfit --tf32)",
           "fsdp_config": "memory and time: FSDP options beyond the sharding strategy",
           "ddp_bucket_cap_mb": "memory: DDP's gradient buckets", "ddp_find_unused_parameters": "time",
-          "use_liger_kernel": "less memory and time: Liger's fused kernels (trainfit --loss)",
-          "neftune_noise_alpha": "no effect on memory", "assistant_only_loss": "no effect on memory",
-          "completion_only_loss": "no effect on memory"}
+          "neftune_noise_alpha": "no effect on memory"}
 
 
 def _load(path: Path, text: str) -> dict:
@@ -127,8 +122,5 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     a, ds = parse(path, raw, TrainingArguments)
     r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
     apply(r, a, raw, ds)
-    seq = raw.get("max_length", raw.get("max_seq_length"))
-    if isinstance(seq, int):
-        r.set("seq", seq, "max_length (TRL SFTConfig)")
     leftovers(r, raw, ())
     return r

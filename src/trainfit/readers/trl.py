@@ -57,7 +57,7 @@ EFFECT = {
     "precompute_ref_log_probs": "less memory: the reference log-probs computed before training, no reference "
                                 "model kept (dpo_trainer.py:908-914)",
 }
-MAPPED = ("max_length", "max_seq_length", "use_liger_kernel", "num_generations", "max_completion_length",
+MAPPED = ("max_length", "use_liger_kernel", "num_generations", "max_completion_length",
           "generation_batch_size", "steps_per_generation", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
           "vllm_tensor_parallel_size", "vllm_enable_sleep_mode")
 
@@ -85,6 +85,9 @@ def _classes():
 
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     raw = _load(path, text)
+    if "max_seq_length" in raw:
+        raise SetupError(f"{path}: max_seq_length is TRL's old name (trl 1.16 SFTConfig has max_length, "
+                         "sft_config.py:202): rename the key")
     which = kind(raw) or "sft"
     version, classes = _classes()
     cls = classes[which]
