@@ -14,7 +14,7 @@ from .hf_args import _load, apply, leftovers, parse
 # Keys only one trainer's config has (trl 1.16.0): GRPO's generation, DPO's preference loss, SFT's dataset shaping.
 GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode", "steps_per_generation",
              "generation_batch_size", "num_iterations", "vllm_gpu_memory_utilization", "reward_weights"}
-DPO_KEYS = {"precompute_ref_log_probs", "precompute_ref_batch_size", "f_divergence_type", "ld_alpha",
+DPO_KEYS = {"beta", "precompute_ref_log_probs", "precompute_ref_batch_size", "f_divergence_type", "ld_alpha",
             "label_smoothing", "use_weighting", "discopop_tau", "loss_weights"}
 SFT_KEYS = {"packing", "packing_strategy", "padding_free", "dataset_text_field", "completion_only_loss",
             "assistant_only_loss", "max_length", "max_seq_length", "use_liger_kernel", "activation_offloading"}
@@ -161,9 +161,8 @@ def _grpo(r: Reading, a, raw: dict, dp: int) -> None:
                               "batch (no effect on the peak; time per optimizer step differs)")
     if dp > 1:
         r.set("dp", dp, "--dp")
-    if raw.get("max_prompt_length") is None:
-        r.not_modelled.append("prompt length: the dataset's (TRL pads a batch's prompts to its longest): pass "
-                              "--prompt-len")
+    # GRPOConfig 1.16 has no prompt limit: the dataset's prompts decide
+    r.not_modelled.append("prompt length: the dataset's (TRL pads a batch's prompts to its longest): pass --prompt-len")
     if a.use_vllm:
         if a.vllm_mode == "colocate":  # grpo_config.py:594
             r.set("rollout", "vllm", "use_vllm + vllm_mode colocate")
