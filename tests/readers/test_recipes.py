@@ -90,6 +90,20 @@ def test_llamafactory_defaults_are_lora_rank_8_all_linear_checkpointed(tmp_path)
     assert not r.unknown and {"template", "dataset", "learning_rate"} <= set(r.no_effect)
 
 
+def test_axolotl_with_its_deepspeed_json(tmp_path):
+    """deepspeed: its config decides the stack, precision and ZeRO (read beside it, as with TrainingArguments)."""
+    ds = tmp_path / "zero2.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", '
+                  '"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}}')
+    axo = tmp_path / "axo.yaml"
+    axo.write_text(f"base_model: Qwen/Qwen2.5-0.5B\nmicro_batch_size: 4\ngradient_accumulation_steps: 2\n"
+                   f"sequence_len: 1024\ndeepspeed: {ds}\n")
+    req, _ = request_of([read(ds), read(axo)], MODEL, None, 4)
+    s = req.setup(load_spec(MODEL))
+    assert (s.stack, s.zero, s.precision, s.batch, s.grad_accum, s.seq, s.dp) == (
+        "deepspeed", 2, "bf16-master", 4, 2, 1024, 4)
+
+
 def test_each_yaml_goes_to_its_reader(tmp_path):
     path = tmp_path / "x.yaml"
     assert kind_of(path, AXOLOTL) == "axolotl"

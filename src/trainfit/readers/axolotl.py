@@ -50,7 +50,6 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     if not raw.get("base_model"):  # model.py:17: required
         raise SetupError(f"{path}: axolotl needs base_model (model.py:17): add it")
     r.model = str(raw["base_model"])
-    r.set("stack", "hf", "axolotl (the HF Trainer)")
     r.set("batch", int(raw.get("micro_batch_size") or 1), "micro_batch_size")  # training.py:77, default 1
     r.set("grad_accum", int(raw.get("gradient_accumulation_steps") or 1), "gradient_accumulation_steps")  # :71
     if raw.get("batch_size") and "gradient_accumulation_steps" not in raw:
@@ -60,6 +59,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         r.no_effect.append("batch_size")
     r.set("seq", int(raw.get("sequence_len") or 512), "sequence_len")  # config.py:665, default 512
     if raw.get("deepspeed") is None:  # with DeepSpeed its own config's bf16/fp16 block decides
+        r.set("stack", "hf", "axolotl (the HF Trainer)")
         # bf16 default "auto" (config.py:559): bf16 where the GPU has it (Ampere on). NB: read as bf16.
         bf16 = raw.get("bf16", "auto")
         prec = "amp-fp16" if raw.get("fp16") and bf16 is not True else "amp-bf16" if bf16 else "fp32"
