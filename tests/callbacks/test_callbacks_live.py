@@ -175,10 +175,11 @@ def test_lightning_hooks_on_a_module_trainfit_traces(monkeypatch, capsys):
             s = cb.preflight.estimate.setup
             assert (s.batch, s.seq, s.optimizer, s.optimizer_kernel, s.precision) == \
                 (4, 16, "momentum", "for-loop", "fp32")
+        # Lightning's automatic optimization: training_step, zero_grad, backward, step (automatic.py:131-140)
         loss = module(batch).float().mean()  # the reduction the trace applies to a module's output (trace/user.py)
+        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=True)
         trainer.global_step = step
         cb.on_train_batch_end(trainer, module, None, batch, 0)
     assert "peak over the first 2 step(s)" in capsys.readouterr().out

@@ -65,6 +65,10 @@ def estimate_live(req, spec, model=None, batch=None, engine: str = "auto") -> Es
 
     gpu = api.gpu_of(req)
     traced = with_device_total(engines.trace_module(model, batch, req.setup(None)), gpu)
+    if gpu is not None and traced.memory.required is None:  # a CPU run's trace: no caching allocator simulated
+        log.warning("trainfit: gpu=%r not judged: the trace of a module on the CPU has no CUDA allocator figure "
+                    "(run it on the GPU, or a model whose config trainfit reads); judged against the host instead",
+                    req.gpu)
     return with_fit(traced, gpu, reserve_bytes(req.reserve))
 
 

@@ -11,7 +11,8 @@ from .options import JsonOpt
 
 FilesArg = typer.Argument(..., metavar="FILE...", help="Your config: a torchtitan job .toml or torchtitan.train command line, a "
                           "Megatron-LM pretrain_gpt.py command line or script, a DeepSpeed ds_config.json, HF "
-                          "TrainingArguments (.json/.yaml), an accelerate config .yaml, a `vllm serve` or "
+                          "TrainingArguments or a TRL SFTConfig/GRPOConfig/DPOConfig (.json/.yaml), an axolotl or "
+                          "LLaMA-Factory .yaml, an accelerate config .yaml, a `vllm serve` or "
                           "`sglang.launch_server` command line. Several files describe one run together.")
 ModelOpt = typer.Option(None, "--model", help="The model, when the files do not name one (DeepSpeed, accelerate, "
                         "TrainingArguments, Megatron without --tokenizer-model): " + "a catalog name, config.json "
@@ -29,7 +30,8 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     Examples:\n
       trainfit check my_job.toml --gpu H100-80GB\n
       trainfit check ds_config.json train_args.yaml --model llama-3.1-8b --dp 8 --gpu A100-80GB\n
-      trainfit check serve.sh --gpu H100-80GB      # a `vllm serve ...` line
+      trainfit check serve.sh --gpu H100-80GB      # a `vllm serve ...` line\n
+      trainfit check grpo.yaml --model qwen2.5-1.5b --dp 8 --gpu H100-80GB   # a TRL GRPOConfig
     """
     from .. import api
     from ..readers import read

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..errors import SetupError
 
-READERS = ("torchtitan", "megatron", "deepspeed", "accelerate", "hf_args", "vllm", "sglang")
+READERS = ("torchtitan", "megatron", "deepspeed", "accelerate", "hf_args", "trl", "axolotl", "llamafactory", "vllm",
+           "sglang")
 
 
 @dataclass
@@ -70,7 +71,7 @@ def kind_of(path: Path, text: str) -> str:
             return "deepspeed"
         if "compute_environment" in data or "distributed_type" in data:
             return "accelerate"
-        return "hf_args"
+        return _trainer_args(data)
     if suffix in (".yaml", ".yml"):
         import yaml
 
@@ -82,10 +83,22 @@ def kind_of(path: Path, text: str) -> str:
             raise SetupError(f"{path}: a YAML mapping is expected (an accelerate config or TrainingArguments)")
         if "compute_environment" in data or "distributed_type" in data:
             return "accelerate"
-        return "hf_args"
-    raise SetupError(f"{path}: not a config trainfit reads (a torchtitan .toml, a DeepSpeed or TrainingArguments "
-                     ".json/.yaml, an accelerate .yaml, or a pretrain_gpt.py / torchtitan.train / vllm serve / "
-                     "sglang.launch_server command line)")
+        return _trainer_args(data)
+    raise SetupError(f"{path}: not a config trainfit reads (a torchtitan .toml, a DeepSpeed, TrainingArguments, "
+                     "TRL, axolotl or LLaMA-Factory .json/.yaml, an accelerate .yaml, or a pretrain_gpt.py / "
+                     "torchtitan.train / vllm serve / sglang.launch_server command line)")
+
+
+def _trainer_args(data: dict) -> str:
+    """axolotl (its base_model), llamafactory (model_name_or_path with its stage, finetuning_type, cutoff_len or
+    template), trl for a TRL SFTConfig/GRPOConfig/DPOConfig (keys only TRL's configs have), else hf_args."""
+    from .trl import kind
+
+    if "base_model" in data:
+        return "axolotl"
+    if "model_name_or_path" in data and {"stage", "finetuning_type", "cutoff_len", "template"} & set(data):
+        return "llamafactory"
+    return "trl" if kind(data) else "hf_args"
 
 
 def read(path: str | Path, dp: int | None = None) -> Reading:

@@ -1,9 +1,8 @@
 """HF `TrainingArguments` as a JSON or YAML file, parsed by transformers' own HfArgumentParser (transformers 5.24
 hf_argparser.py parse_dict into training_args.py TrainingArguments, its __post_init__ validation included). bf16 /
 fp16 are read from the file rather than validated: TrainingArguments refuses them on a machine without the GPU
-(training_args.py _validate_args), and trainfit checks for the target GPU. TRL's SFTConfig / GRPOConfig (not
-installed here) subclass TrainingArguments: their sequence length (max_length, formerly max_seq_length) is read as
-the key, the rest of their keys listed."""
+(training_args.py _validate_args), and trainfit checks for the target GPU. TRL's configs, TrainingArguments
+subclasses, go to trl.py, which shares parse/apply/leftovers."""
 from __future__ import annotations
 
 import json
@@ -21,8 +20,7 @@ OPTIM = {"adamw_torch": ("adamw", None), "adamw_torch_fused": ("adamw", "fused")
          "paged_adamw": ("paged-adamw", None), "lion_32bit": ("lion", None), "sgd": ("sgd", None),
          "adafactor": ("adafactor", None)}
 MAPPED = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "gradient_checkpointing",
-          "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "max_length", "max_seq_length",
-          "activation_checkpointing")
+          "max_grad_norm", "optim", "fsdp", "torch_compile", "deepspeed", "activation_checkpointing")
 NO_EFFECT_PREFIX = ("output_dir", "overwrite_output_dir", "logging_", "save_", "eval_", "per_device_eval",
                     "learning_rate", "weight_decay", "adam_", "warmup_", "lr_scheduler", "num_train_epochs",
                     "max_steps", "seed", "data_seed", "report_to", "run_name", "push_to_hub", "hub_", "do_train",
@@ -31,14 +29,11 @@ NO_EFFECT_PREFIX = ("output_dir", "overwrite_output_dir", "logging_", "save_", "
                     "include_", "prediction_loss_only", "project", "trackio")
 EFFECT = {"dataloader_num_workers": "host memory and time only", "dataloader_pin_memory": "host memory only",
           "gradient_checkpointing_kwargs": "memory and time: use_reentrant changes nothing trainfit counts",
-          "packing": "time: sequences packed to max_length (trainfit --doc-len models packing's attention)",
-          "padding_free": "less memory and time: no padding tokens", "group_by_length": "time only",
+          "group_by_length": "time only",
           "torch_compile_mode": "time", "tf32": "time: TF32 matmuls (trainfit --tf32)",
           "fsdp_config": "memory and time: FSDP options beyond the sharding strategy",
           "ddp_bucket_cap_mb": "memory: DDP's gradient buckets", "ddp_find_unused_parameters": "time",
-          "use_liger_kernel": "less memory and time: Liger's fused kernels (trainfit --loss)",
-          "neftune_noise_alpha": "no effect on memory", "assistant_only_loss": "no effect on memory",
-          "completion_only_loss": "no effect on memory"}
+          "neftune_noise_alpha": "no effect on memory"}
 
 
 def _load(path: Path, text: str) -> dict:
@@ -53,25 +48,35 @@ def _load(path: Path, text: str) -> dict:
     return data
 
 
-def read(path: Path, text: str, dp: int | None = None) -> Reading:
-    raw = _load(path, text)
+def parse(path: Path, raw: dict, cls):
+    """(the `cls` (TrainingArguments or a subclass) HfArgumentParser makes of `raw`, its deepspeed value). bf16/fp16
+    go in as False: their check needs the GPU (training_args.py _validate_args); the callers read them from `raw`."""
     try:
-        from transformers import HfArgumentParser, TrainingArguments
+        from transformers import HfArgumentParser
     except ImportError:
         raise SetupError(f"{path}: reading TrainingArguments needs transformers") from None
     plain = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}
+    plain.update(bf16=False, fp16=False)
     plain.setdefault("output_dir", "trainfit-check")
     ds = plain.pop("deepspeed", None)
     try:
-        (a,) = HfArgumentParser(TrainingArguments).parse_dict(plain, allow_extra_keys=True)
+        (a,) = HfArgumentParser(cls).parse_dict(plain, allow_extra_keys=True)
     except (ValueError, TypeError) as e:
-        raise SetupError(f"{path}: TrainingArguments rejects it ({str(e).splitlines()[0]})") from None
-    r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
+        raise SetupError(f"{path}: {cls.__name__} rejects it ({str(e).splitlines()[0]})") from None
+    return a, ds
+
+
+def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
+    """The TrainingArguments fields every HF-Trainer-based trainer shares, from parsed `a` into `r`; `bf16_default`:
+    bf16 when the file sets neither bf16 nor fp16 (TRL's configs: base_config.py:108)."""
     r.set("batch", a.per_device_train_batch_size, "per_device_train_batch_size")
     r.set("grad_accum", a.gradient_accumulation_steps, "gradient_accumulation_steps")
     if ds is None:  # with DeepSpeed its own config's bf16/fp16 block decides (integrations/deepspeed.py)
+        bf16 = raw.get("bf16")
+        if bf16 is None:
+            bf16 = bf16_default and not raw.get("fp16")
         r.set("stack", "hf", "TrainingArguments")
-        r.set("precision", "amp-bf16" if raw.get("bf16") else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
+        r.set("precision", "amp-bf16" if bf16 else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
     else:
         r.not_modelled.append(f"deepspeed = {ds!r}: its config decides precision and ZeRO: pass it to check too")
     # gradient_checkpointing, renamed activation_checkpointing in transformers 5.24 (training_args.py:1541 warns)
@@ -92,16 +97,30 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             r.set("offload", "params", "fsdp")
     if a.torch_compile:
         r.set("compile", True, "torch_compile")
-    seq = raw.get("max_length", raw.get("max_seq_length"))
-    if isinstance(seq, int):
-        r.set("seq", seq, "max_length (TRL SFTConfig)")
+
+
+def leftovers(r: Reading, raw: dict, mapped, no_effect: tuple = (), effect: dict | None = None) -> None:
+    """Every key of `raw` not in `mapped`: no effect, not modelled (with its effect), or unknown."""
+    effect = {**EFFECT, **(effect or {})}
     for k, v in raw.items():
-        if k in MAPPED:
+        if k in mapped or k in MAPPED:
             continue
-        if any(k.startswith(p) for p in NO_EFFECT_PREFIX):
+        if any(k.startswith(p) for p in NO_EFFECT_PREFIX) or k in no_effect:
             r.skip(k, v, "no effect on a step's memory or time")
-        elif k in EFFECT:
-            r.skip(k, v, EFFECT[k])
+        elif k in effect:
+            r.skip(k, v, effect[k])
         else:
             r.unknown.append(k)
+
+
+def read(path: Path, text: str, dp: int | None = None) -> Reading:
+    raw = _load(path, text)
+    try:
+        from transformers import TrainingArguments
+    except ImportError:
+        raise SetupError(f"{path}: reading TrainingArguments needs transformers") from None
+    a, ds = parse(path, raw, TrainingArguments)
+    r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
+    apply(r, a, raw, ds)
+    leftovers(r, raw, ())
     return r

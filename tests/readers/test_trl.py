@@ -1,0 +1,93 @@
+"""`trainfit check` on TRL's SFTConfig / GRPOConfig / DPOConfig files, parsed by trl's own classes: each key's
+trainfit setting against a hand derivation from trl 1.16.0's code (cited per case), TRL's own validation and
+trainfit's refusals as one line and exit 2."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.api import load_spec
+from trainfit.cli.app import main
+from trainfit.cli.check import request_of
+from trainfit.readers import kind_of, read
+
+pytest.importorskip("trl")
+MODEL = "qwen2.5-0.5b"
+
+
+def _setup(tmp_path, text: str, dp: int | None = None, name: str = "cfg.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    r = read(path, dp)
+    req, _ = request_of([r], MODEL, None, dp)
+    return r, req.setup(load_spec(MODEL))
+
+
+def test_grpo_config_counts_prompts_per_gpu(tmp_path):
+    """8 completions per GPU micro-batch, gradient_accumulation_steps 4 → steps_per_generation 4 (grpo_config.py:1099):
+    one GPU generates 8 × 4 = 32 completions = 2 prompts × num_generations 16, trained in 4 micro-batches of 8;
+    vLLM colocated at 0.4 of the GPU, sleeping at level 2 (vllm_generation.py:366); TRL's defaults:
+    gradient_checkpointing on (base_config.py:62), bf16 (base_config.py:108)."""
+    r, s = _setup(tmp_path, "output_dir: out\nper_device_train_batch_size: 8\ngradient_accumulation_steps: 4\n"
+                  "num_generations: 16\nmax_completion_length: 1024\nuse_vllm: true\nvllm_mode: colocate\n"
+                  "vllm_gpu_memory_utilization: 0.4\nvllm_enable_sleep_mode: true\nbeta: 0.04\ntemperature: 0.7\n"
+                  "num_iterations: 2\nfoo: 1\n", dp=2)
+    assert (s.mode, s.rl_algo, s.batch, s.group_size, s.grad_accum, s.completion_len, s.rollout,
+            s.vllm_gpu_memory_utilization, s.vllm_sleep_level, s.beta, s.dp, s.recompute, s.precision) == (
+        "rl", "grpo", 2, 16, 4, 1024, "vllm", 0.4, 2, 0.04, 2, "full", "amp-bf16")
+    assert r.unknown == ["foo"] and "temperature" in r.no_effect
+    assert any(x.startswith("num_iterations = 2: not modelled (more time") for x in r.not_modelled)
+    assert any(x.startswith("prompt length") for x in r.not_modelled)
+
+
+def test_grpo_steps_per_generation_sets_the_micro_batches(tmp_path):
+    """steps_per_generation 8 with gradient_accumulation_steps 2: 4 × 8 = 32 completions per GPU = 4 prompts × 8,
+    trained in 8 micro-batches of 4; the optimizer's extra steps are listed."""
+    r, s = _setup(tmp_path, "output_dir: out\nper_device_train_batch_size: 4\ngradient_accumulation_steps: 2\n"
+                  "steps_per_generation: 8\nnum_generations: 8\nbf16: false\ngradient_checkpointing: false\n")
+    assert (s.batch, s.group_size, s.grad_accum, s.rollout, s.precision, s.recompute) == (4, 8, 8, "hf", "fp32",
+                                                                                           "none")
+    assert any(x.startswith("gradient_accumulation_steps = 2 with steps_per_generation = 8") for x in r.not_modelled)
+
+
+def test_sft_config_reads_trls_defaults(tmp_path):
+    """SFTConfig with only a batch: max_length 1024 (sft_config.py:202), gradient checkpointing on, bf16, TRL's fused
+    LM head (sft_trainer.py:1144) = --loss chunked-logprob; use_liger_kernel → --liger; packing listed."""
+    r, s = _setup(tmp_path, '{"output_dir": "o", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8, '
+                  '"packing": true, "use_liger_kernel": true, "activation_offloading": false, '
+                  '"dataset_text_field": "text"}', name="sft.json")
+    assert (s.stack, s.batch, s.grad_accum, s.seq, s.recompute, s.precision, s.loss, s.liger) == (
+        "hf", 2, 8, 1024, "full", "amp-bf16", "chunked-logprob", True)
+    assert any(x.startswith("packing = True: not modelled") for x in r.not_modelled)
+    assert "activation_offloading" in r.no_effect and not r.unknown
+
+
+def test_dpo_config_runs_chosen_and_rejected_together(tmp_path):
+    """DPO's collator puts prompt+chosen and prompt+rejected in one batch (dpo_trainer.py:169): 2 × 4 sequences of
+    max_length 512; the reference model is named as not modelled."""
+    r, s = _setup(tmp_path, "output_dir: out\nper_device_train_batch_size: 4\nmax_length: 512\nbeta: 0.1\n"
+                  "label_smoothing: 0.0\n")
+    assert (s.mode, s.batch, s.seq, s.loss) == ("train", 8, 512, "chunked-logprob")
+    assert any(x.startswith("reference model") for x in r.not_modelled)
+
+
+def test_plain_training_arguments_stay_with_transformers(tmp_path):
+    path = tmp_path / "args.yaml"
+    text = "output_dir: out\nper_device_train_batch_size: 4\n"
+    assert kind_of(path, text) == "hf_args"
+    assert kind_of(path, text + "num_generations: 4\n") == "trl"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("per_device_train_batch_size: 3\nnum_generations: 4\n", "holds part of a group of 4"),
+    ("per_device_train_batch_size: 4\nnum_generations: 1\n", "GRPOConfig rejects it"),
+    ("per_device_train_batch_size: 4\nnum_generations: 4\noptim: adamw_anyprecision\n", "optim"),
+    ("per_device_train_batch_size: 4\nmax_seq_length: 2048\n", "max_seq_length is TRL's old name"),
+])
+def test_bad_trl_config_is_one_line_and_exit_2(tmp_path, capsys, text, needle):
+    path = tmp_path / "grpo.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(path), "--model", MODEL, "--dp", "4"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and needle in err and "\n" not in err
