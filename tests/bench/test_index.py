@@ -7,7 +7,7 @@ import pytest
 from bench import __main__ as runner, figures, index
 
 HELPERS = {"time_runs", "device", "accelerate_anchor", "deepspeed_anchor", "llm_analysis_anchor",
-           "ulysses_cpu", "fsdp_qlora_c9", "alst_c10"}  # no main(argv): probes and rows other modules import
+           "ulysses_cpu", "fsdp_qlora_c9", "alst_c10", "snapshots"}  # no main(argv): probes and rows other modules import
 
 
 def test_every_runnable_module_is_in_the_index_once():

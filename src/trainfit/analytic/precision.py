@@ -78,7 +78,7 @@ def state_bytes(setup: Setup) -> StateBytes:
     act = 4 if pol.compute == "fp32" else 2
     # the residual stream keeps the weights' dtype: fp32 under autocast (embeddings are never autocast)
     residual = 4 if pol.weight == "fp32" else 2
-    if setup.mode == "infer":
+    if setup.mode in ("infer", "serve"):  # no gradients, masters or optimizer states (an fp16 serving policy has none)
         return StateBytes(DTYPE_BYTES[pol.weight], 0, 0, 0, False, act, residual, bool(pol.autocast))
     autocast, param, reduce = bool(pol.autocast), 0.0, 0.0
     if fsdp2_mixed_precision(setup):
