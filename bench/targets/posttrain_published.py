@@ -383,6 +383,21 @@ def optional_rows(module: str, function: str, kind: str | None = None) -> list[d
     return [dict(r, kind=kind or r.get("kind", KINDS[1])) for r in rows]
 
 
+def longest_rows() -> list[dict] | None:
+    """longest_context_published.rows() in this module's row contract: `error` = predicted / published − 1 where a
+    boundary was published; a published OOM (no context fits) as an OOM verdict, judged to fit when the search found
+    any length."""
+    rows = optional_rows("longest_context_published", "rows")
+    if rows is None:
+        return None
+    out = []
+    for r in rows:
+        rid = f"lc-{r['model']}-{r['gpu_memory']}gib"
+        out.append(dict(r, id=rid, error=r["error_pct"] / 100) if r["published"]
+                   else dict(r, id=rid, expected="oom", fits=r["predicted"] > 0))
+    return out
+
+
 def verdicts(rows: list[dict]) -> dict:
     """Agreement of the fit verdict with what happened: ran judged to fit, OOM judged not to."""
     judged = [r for r in rows if "fits" in r and r.get("expected") in ("ran", "oom")]
@@ -423,6 +438,8 @@ def summarise(own: list[dict], others: dict[str, list[dict] | None]) -> dict:
     longest = others.get("longest")
     out["longest_context"] = None if longest is None else memory_stats(
         [r for r in longest if r["kind"] == KINDS[1]])
+    if longest is not None:
+        out["longest_context"]["verdicts"] = verdicts(longest)
     return out
 
 
@@ -461,7 +478,8 @@ def render(own: list[dict], s: dict) -> str:
         out.append(f"| ran / OOM | {kind} | {_verdict(s[kind]['verdicts'])} |")
     lc = s["longest_context"]
     out.append("| longest context | validation | " + ("not yet available (" + SOURCES["longest"] + ")" if lc is None
-                                                        else _mem(lc).replace("memory figure", "boundary")) + " |")
+                                                        else _mem(lc).replace("memory figure", "boundary")
+                                                        + " · " + _verdict(lc["verdicts"])) + " |")
     for name in (n for n in s["not_yet_available"] if n != "longest"):
         out.append(f"| {name} rows | — | not yet available ({SOURCES[name]}) |")
     out += ["", "By family (this module's runs):", "", "| family | memory | ran / OOM |", "| --- | --- | --- |"]
@@ -512,7 +530,7 @@ def main(argv: list[str] | None = None) -> None:
     own = [evaluate(r) for r in RUNS]
     others = {"c9": optional_rows("fsdp_qlora_c9", "c9_rows", KINDS[0]),
               "c10": optional_rows("alst_c10", "c10_rows", KINDS[0]),
-              "longest": optional_rows("longest_context_published", "rows"),
+              "longest": longest_rows(),
               "rl": optional_rows("rl_published", "rows")}
     s = summarise(own, others)
     text = render(own, s)
