@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import SetupError
 from ..hardware import GPU
+from .. import serving_versions
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import roofline
@@ -279,7 +280,7 @@ def decode_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv,
     """One decode step of `sequences` requests at half the engine's longest request (`sv.context`) on average, on
     either server's engine (`sv`: serving.py's or serving_sglang.py's Serving): the planner's load."""
     k = sv.knobs
-    sizes = tuple(range(1, k.cuda_graph_max_bs + 1)) if setup.server == "sglang" else k.capture_sizes
+    sizes = tuple(range(1, k.cuda_graph_max_bs + 1)) if serving_versions.engine_of(setup.server) == "sglang" else k.capture_sizes
     return engine_step(spec, setup, gpu, pc, sv.kv_bytes_per_token, sequences, sv.context / 2, 0.0, 1, sizes,
                        state=sv.state_bytes).seconds
 

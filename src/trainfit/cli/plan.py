@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from .. import serving_versions
 from ..errors import SetupError
 from ..setup import BY_NAME, check_value
 from .options import ModelArg
@@ -210,7 +211,6 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
 def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top, emit,
                 json, server) -> None:
     from ..api import token_model
-    from ..hardware import resolve_gpu
     from ..plan.serve import serve_plans
     from ..report.plan import dumps
     from ..setup import Setup, serve_dtype
@@ -219,8 +219,9 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         raise SetupError("--mode serve plans for a number of concurrent sequences: add --concurrency N")
     if tpot_ms is not None and not tpot_ms > 0:
         raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
-    if emit is not None and emit != server:
-        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits {server}")
+    if emit is not None and emit != serving_versions.engine_of(server):
+        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits "
+                         f"{serving_versions.engine_of(server)}")
     if emit is not None and json:
         raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
     check_value(BY_NAME["price"], price)
@@ -230,18 +231,9 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
                  kv_dtype=kv_cache_dtype)
     plans, why_not = serve_plans(spec, gpus, concurrency, base, tpot_ms / 1e3 if tpot_ms else None, top, tp)
     if emit:
-        if not plans:
-            raise SetupError(f"--emit {emit}: no plan serves that load" + (f" ({'; '.join(why_not)})" if why_not
-                                                                            else ""))
-        from ..engines import analytic
-        from ..plan.emit_sglang import sglang_command
-        from ..plan.emit_vllm import vllm_command
-
-        best = plans[0]
-        sv = analytic(spec, best.setup, resolve_gpu(best.gpu)).detail.serving
-        typer.echo(f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {best.sequences_per_replica} "
-                   f"sequences each, {best.tpot_seconds * 1e3:.1f} ms per token", err=True)
-        typer.echo((sglang_command if server == "sglang" else vllm_command)(model, best.setup, sv))
+        _emit_serve(emit, model, spec, plans, why_not, "load", lambda best: (
+            f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {best.sequences_per_replica} sequences "
+            f"each, {best.tpot_seconds * 1e3:.1f} ms per token"))
         return
     if json:
         typer.echo(dumps({"model": spec.name, "server": server, "concurrency": concurrency,
@@ -269,6 +261,24 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
                "--max-model-len, TP all-reduces, the sampler, CUDA graphs); prices: the catalog's, or --price")
 
 
+def _emit_serve(emit: str, model: str, spec, plans: list, why_not: list, what: str, describe) -> None:
+    """--emit vllm|sglang of `plan --mode serve`: the best plan's engine command on stdout, its summary (`describe`)
+    on stderr; no plan: one line with why."""
+    if not plans:
+        raise SetupError(f"--emit {emit}: no plan serves that {what}" + (f" ({'; '.join(why_not)})" if why_not
+                                                                         else ""))
+    from ..engines import analytic
+    from ..hardware import resolve_gpu
+    from ..plan.emit_sglang import sglang_command
+    from ..plan.emit_vllm import vllm_command
+
+    best = plans[0]
+    sv = analytic(spec, best.setup, resolve_gpu(best.gpu)).detail.serving
+    typer.echo(describe(best), err=True)
+    sglang = serving_versions.engine_of(best.setup.server) == "sglang"
+    typer.echo((sglang_command if sglang else vllm_command)(model, best.setup, sv))
+
+
 def _serve_gpus(gpu: str, price):
     from ..hardware import list_gpus, resolve_gpu
 
@@ -281,7 +291,6 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
                kv_cache_dtype, precision, tp, top, emit, json, server) -> None:
     """plan --mode serve --request-rate: replicas sized by serving_time's steady state (plan/serve.py)."""
     from ..api import token_model
-    from ..hardware import resolve_gpu
     from ..plan.serve import serve_rate_plans
     from ..report.plan import dumps
     from ..setup import Setup, serve_dtype
@@ -293,8 +302,9 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
         check_value(BY_NAME[name], v, "serve")
     if tpot_ms is not None and not tpot_ms > 0:
         raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
-    if emit is not None and emit != server:
-        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits {server}")
+    if emit is not None and emit != serving_versions.engine_of(server):
+        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits "
+                         f"{serving_versions.engine_of(server)}")
     if emit is not None and json:
         raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
     spec = token_model(model, "plan")
@@ -306,19 +316,10 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
     plans, why_not = serve_rate_plans(spec, gpus, rate, base, ttft_ms / 1e3 if ttft_ms else None,
                                       tpot_ms / 1e3 if tpot_ms else None, top, tp)
     if emit:
-        if not plans:
-            raise SetupError(f"--emit {emit}: no plan serves that rate" + (f" ({'; '.join(why_not)})" if why_not
-                                                                            else ""))
-        from ..engines import analytic
-        from ..plan.emit_sglang import sglang_command
-        from ..plan.emit_vllm import vllm_command
-
-        best = plans[0]
-        sv = analytic(spec, best.setup, resolve_gpu(best.gpu)).detail.serving
-        typer.echo(f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {rate / best.replicas:.3g} "
-                   f"requests/s each ({best.in_flight} in flight): TTFT {best.ttft_seconds * 1e3:.1f} ms, TPOT "
-                   f"{best.tpot_seconds * 1e3:.1f} ms", err=True)
-        typer.echo((sglang_command if server == "sglang" else vllm_command)(model, best.setup, sv))
+        _emit_serve(emit, model, spec, plans, why_not, "rate", lambda best: (
+            f"plan: {best.replicas} replica(s) of tp {best.tp} on {best.gpu}, {rate / best.replicas:.3g} requests/s "
+            f"each ({best.in_flight} in flight): TTFT {best.ttft_seconds * 1e3:.1f} ms, TPOT "
+            f"{best.tpot_seconds * 1e3:.1f} ms"))
         return
     if json:
         typer.echo(dumps({"model": spec.name, "server": server, "request_rate": rate, "prompt_len": p,
