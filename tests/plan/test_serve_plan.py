@@ -81,8 +81,9 @@ def test_sglang_plan_picks_the_cheapest_of_a_hand_enumeration():
     assert plans[0].price_per_hour == 4 * 3.0
 
 
-def test_sglang_plan_emits_sglangs_command(capsys):
-    main(["plan", "llama-3.1-70b", "--mode", "serve", "--server", "sglang", "--concurrency", "16",
+@pytest.mark.parametrize("server", ["sglang", "sglang==0.5.23"])
+def test_sglang_plan_emits_sglangs_command(capsys, server):
+    main(["plan", "llama-3.1-70b", "--mode", "serve", "--server", server, "--concurrency", "16",
           "--max-model-len", "8192", "--gpu", "H100-80GB", "--emit", "sglang"])
     captured = capsys.readouterr()
     argv = captured.out.split()
