@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainfit.cli import main
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
