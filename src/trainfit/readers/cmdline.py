@@ -41,3 +41,15 @@ def launcher_world(before: list[str]) -> int | None:
     except ValueError:
         return None
     return None if nproc is None else nproc * nodes
+
+
+def leftover_flags(rest: list[str]) -> list[tuple[str, object]]:
+    """The (name, value) of each --flag argparse left over (`--k=v`, `--k v`, or a bare switch: True), for the
+    reader to map, list as not modelled, or name as unknown."""
+    out: list = []
+    for i, a in enumerate(rest):
+        if a.startswith("--"):
+            k, eq, v = a[2:].partition("=")
+            out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--")
+                                         else True)))
+    return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import launcher_world, split
+from .cmdline import launcher_world, leftover_flags, split
 
 INT_FLAGS = ("num-layers", "hidden-size", "num-attention-heads", "kv-channels", "ffn-hidden-size", "seq-length",
              "max-position-embeddings", "micro-batch-size", "global-batch-size", "tensor-model-parallel-size",
@@ -78,14 +78,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _other(rest: list[str]) -> list[tuple[str, object]]:
-    out: list = []
-    for i, a in enumerate(rest):
-        if a.startswith("--"):
-            k, eq, v = a[2:].partition("=")
-            out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--")
-                                         else True)))
-    return out
 
 
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
@@ -97,7 +89,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         raise SetupError(f"{path}: a flag's value does not parse (see above): fix it") from None
     world = launcher_world(before)
     _settings(a, r, world)
-    for k, v in _other(rest):
+    for k, v in leftover_flags(rest):
         if any(k == p or (p.endswith("-") and k.startswith(p)) for p in NO_EFFECT):
             r.skip(f"--{k}", v, "no effect on a step's memory or time")
         elif k in EFFECT:

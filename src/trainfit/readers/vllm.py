@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import split
+from .cmdline import leftover_flags, split
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 KV = {"fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -43,18 +43,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def other(rest: list[str]) -> list[tuple[str, object]]:
-    out: list = []
-    for i, a in enumerate(rest):
-        if a.startswith("--"):
-            k, eq, v = a[2:].partition("=")
-            out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--")
-                                         else True)))
-    return out
 
 
 def account(r: Reading, rest: list[str], no_effect, effect) -> None:
-    for k, v in other(rest):
+    for k, v in leftover_flags(rest):
         if k in no_effect:
             r.skip(f"--{k}", v, "no effect on memory or time")
         elif k in effect:
