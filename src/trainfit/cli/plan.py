@@ -217,13 +217,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
 
     if concurrency is None:
         raise SetupError("--mode serve plans for a number of concurrent sequences: add --concurrency N")
-    if tpot_ms is not None and not tpot_ms > 0:
-        raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
-    if emit is not None and emit != serving_versions.engine_of(server):
-        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits "
-                         f"{serving_versions.engine_of(server)}")
-    if emit is not None and json:
-        raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
+    _check_serve_outputs(tpot_ms, emit, json, server)
     check_value(BY_NAME["price"], price)
     spec = token_model(model, "plan")
     gpus = _serve_gpus(gpu, price)
@@ -259,6 +253,18 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
         typer.echo(f"· not served: {line}")
     typer.echo("· decode time: one engine step op by op (its GEMMs, the paged KV reads with sequences at half of "
                "--max-model-len, TP all-reduces, the sampler, CUDA graphs); prices: the catalog's, or --price")
+
+
+def _check_serve_outputs(tpot_ms, emit, json, server) -> None:
+    """The flags both serve searches share: a positive --tpot-ms; --emit of the engine --server names, not with
+    --json."""
+    if tpot_ms is not None and not tpot_ms > 0:
+        raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
+    if emit is not None and emit != serving_versions.engine_of(server):
+        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits "
+                         f"{serving_versions.engine_of(server)}")
+    if emit is not None and json:
+        raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
 
 
 def _emit_serve(emit: str, model: str, spec, plans: list, why_not: list, what: str, describe) -> None:
@@ -300,13 +306,7 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
     for name, v in (("request_rate", rate), ("ttft_ms", ttft_ms), ("price", price), ("prompt_len", prompt_len),
                     ("completion_len", completion_len)):
         check_value(BY_NAME[name], v, "serve")
-    if tpot_ms is not None and not tpot_ms > 0:
-        raise SetupError(f"--tpot-ms must be a positive number of milliseconds, got {tpot_ms}")
-    if emit is not None and emit != serving_versions.engine_of(server):
-        raise SetupError(f"--emit {emit!r}: plan --mode serve --server {server} emits "
-                         f"{serving_versions.engine_of(server)}")
-    if emit is not None and json:
-        raise SetupError(f"--emit {emit} prints a command, --json the plans: choose one of them")
+    _check_serve_outputs(tpot_ms, emit, json, server)
     spec = token_model(model, "plan")
     gpus = _serve_gpus(gpu, price)
     p = prompt_len or BY_NAME["prompt_len"].default
