@@ -76,10 +76,9 @@ def main(argv: list[str] | None = None) -> int:
           f"|error| {p_median:.2%} · worst {p_worst[7]:+.2%} ({p_worst[0]}, {p_worst[2]}, ZeRO-{p_worst[4]})")
     if not a.real:  # the figures are the default run's
         record("hf_fsdp_vs_trace", "--stack hf under FSDP2 amp-bf16: analytic vs the distributed trace", None,
-               f"{len(out)} cases (ZeRO-2/3, recompute none/full, CUDA/CPU): median {pct(median, False, 2)}, "
-               f"worst {pct(worst[7], digits=2)} ({worst[2]}, ZeRO-{worst[4]}); FSDP1 and policy settings, "
-               f"{len(policies)} cases: median {pct(p_median, False, 2)}, worst {pct(p_worst[7], digits=2)} "
-               f"({p_worst[0]}, {p_worst[2]})",
+               f"FSDP2, {len(out)} cases: median {pct(median, False, 2)}, worst {pct(worst[7], digits=2)}; "
+               f"FSDP1/policy, {len(policies)}: median {pct(p_median, False, 2)}, worst "
+               f"{pct(p_worst[7], digits=2)}",
                {"cases": len(out), "median_pct": round(median * 100, 3), "worst_pct": round(worst[7] * 100, 3),
                 "policy_cases": len(policies), "policy_median_pct": round(p_median * 100, 3),
                 "policy_worst_pct": round(p_worst[7] * 100, 3)}, "stacks")
