@@ -6,14 +6,14 @@ import json
 from ..setup import Setup
 from ..spec import ModelSpec
 
-PRECISIONS = ("bf16-master", "amp-fp16", "fp32")
+PRECISIONS = ("bf16-master", "fp16-master", "fp32")  # DeepSpeed's bf16/fp16 modes: 16-bit weights, fp32 masters
 
 
 def supports(s: Setup) -> str | None:
     """None when DeepSpeed's config can run plan `s`, else why not (one line)."""
     if s.tp > 1 or s.pp > 1:
         return "DeepSpeed's JSON config has no tensor/pipeline layout (that needs Megatron-DeepSpeed code)"
-    if s.precision not in ("bf16-master", "fp16-master", "amp-fp16", "fp32"):
+    if s.precision not in PRECISIONS:
         return f"DeepSpeed's bf16/fp16 modes keep 16-bit weights with fp32 masters, not {s.precision}"
     if s.recompute == "selective":
         return "DeepSpeed checkpoints whole layers (full recompute) only"

@@ -11,7 +11,7 @@ def ds_config(s) -> dict:
     ZeRO block names the buckets and overlap trainfit models (stacks/deepspeed.toml, DeepSpeed's own defaults),
     so the run allocates what the estimate counts; --offload adds the offload blocks."""
     ds = get_stack("deepspeed")
-    fp16 = s.precision in ("fp16-master", "amp-fp16")  # DeepSpeed's fp16 mode: fp16 weights + fp32 masters
+    fp16 = s.precision == "fp16-master"  # DeepSpeed's fp16 mode: fp16 weights + fp32 masters
     zero = {"stage": s.zero, "contiguous_gradients": ds.fact("contiguous_gradients"),
             "overlap_comm": s.zero == 3,  # config.py:384-386: the default DeepSpeed resolves (stage == 3)
             "reduce_bucket_size": ds.fact("reduce_bucket_size"),
