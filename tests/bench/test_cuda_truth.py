@@ -18,6 +18,7 @@ def test_kernel_names_sorted_by_kind():
     assert cuda_truth.kind_of("aten::addmm") == "gemm"
 
 
+@pytest.mark.heavy  # ~8 s: the harness's whole dry run (bench cuda_truth --dry-run runs it too)
 def test_dry_run_writes_results_and_the_trace_matches_the_cpu_step(tmp_path):
     assert cuda_truth.main(["--dry-run", "--only", "tiny-llama-fp32", "--out", str(tmp_path)]) == 0
     (js,) = tmp_path.glob("*-none-truth-dry-run.json")

@@ -192,6 +192,7 @@ def _buffer_bytes(spec, setup):
 # ---------------------------------------------------------------- 3. scaling
 
 
+@pytest.mark.heavy  # ~5 s of real steps at several sizes
 def test_peak_linear_in_batch_and_recompute_lowers_it():
     """Eager attention: every saved tensor scales with the batch, so equal steps in the peak, to the byte.
     (With SDPA and dropout > 0, CPU SDPA takes the math path whose (seq, seq) causal mask is batch

@@ -68,6 +68,7 @@ def test_kv_cache_by_hand(llama, precision, nbytes):
     assert not any("foreign" in n for n in r.notes), r.notes
 
 
+@pytest.mark.heavy  # ~4 s of real inference steps: the by-hand KV cases stay in the default run
 def test_kv_cache_linear_in_batch_and_seq(llama):
     a = measure_inference(llama, infer_setup(batch=1, seq=32), steps=0)
     b = measure_inference(llama, infer_setup(batch=3, seq=96), steps=0)

@@ -71,6 +71,7 @@ def test_training_step_agrees_with_profiler_timeline(name, kw, tmp_path):
     assert abs(start - ours.baseline) <= TOLERANCE * ours.baseline, (start, ours.baseline)
 
 
+@pytest.mark.heavy  # ~5 s: the training step's profiler check stays in the default run
 def test_inference_agrees_with_profiler_timeline(tmp_path):
     spec = load_model("tiny-llama")
     setup = Setup(batch=2, seq=128, precision="bf16", device="cpu", mode="infer")

@@ -152,6 +152,7 @@ def test_plan_query_errors_are_one_line():
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.heavy  # ~5 s: torchtitan's checkpointed step under the flop counter
 def test_recompute_matmul_flops_equal_torchtitans_checkpointing():
     """Independent truth: torchtitan's own apply_ac (distributed/activation_checkpoint.py) on its own Transformer,
     one forward + backward under torch's FlopCounterMode. The extra matmul FLOPs with checkpointing are the

@@ -99,6 +99,7 @@ def test_trace_peak_matches_real_cpu_step(recompute, precision):
     assert real.optimizer_states == est.memory.optimizer_states  # fused AdamW: exp_avg, exp_avg_sq, step
 
 
+@pytest.mark.heavy  # ~5 s: torchtitan's real step stays in the default run (test_trace_peak_matches_real_cpu_step)
 @pytest.mark.slow
 def test_grad_accumulation_matches_real_cpu_step():
     from trainfit.measure import measure

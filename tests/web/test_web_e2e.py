@@ -165,6 +165,7 @@ def test_changing_batch_updates_the_peak(server, browser):
     assert infer < expected
 
 
+@pytest.mark.heavy  # ~5 s in a browser: the other end-to-end checks stay in the default run
 def test_a_mode_switch_and_an_error_leave_nothing_stale(server, browser):
     """train -> serve -> infer -> an invalid batch -> a valid one: each screen is the answer for its inputs."""
     wait = load(browser, server)

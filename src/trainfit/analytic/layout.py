@@ -80,3 +80,13 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
                          f"use --seq {longest} or less")
     if setup.mode == "train" and p > 1 and setup.grad_accum < p:
         raise SetupError(f"--pp {p} needs at least {p} micro-batches per step to fill the pipeline: set --grad-accum >= {p}")
+
+
+def model_takes(spec: ModelSpec, **settings) -> bool:
+    """Whether the model takes these settings (validate_layout: Liger's families, gated MLPs), for the planner's
+    and the fit advice's knobs."""
+    try:
+        validate_layout(spec, Setup(**settings))
+    except SetupError:
+        return False
+    return True

@@ -119,6 +119,7 @@ def plan(
     check_value(BY_NAME["gpu_memory"], gpu_memory)
     check_value(BY_NAME["power_limit"], power_limit)
     check_value(BY_NAME["reserve"], reserve)
+    check_value(BY_NAME["host_memory"], host_memory)
     from ..units import parse_count
     from ..report import plan as report
     from ..plan.emit import ENGINES

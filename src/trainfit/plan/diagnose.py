@@ -13,7 +13,7 @@ from ..setup import Setup
 from ..units import fmt_bytes
 from ..analytic.layout import validate_layout
 from .fit import PeakOracle
-from .knobs import LEVELS as KNOB_LEVELS, levels as knob_levels, setup_flags
+from .knobs import LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels, setup_flags
 from .space import Layout, Where, divisors, layouts, tp_allowed, variants
 
 MAX_GPUS = 1 << 17
@@ -49,7 +49,7 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, level: int | None 
                     if get_stack(stack).runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue
                     lean = _most_sharded_experts(oracle.spec, gpu, q, lay, stack)
-                    extras = [{}] if level is None else knob_levels(oracle.spec, stack, lay, q.seq, q.knobs)[level]
+                    extras = [{}] if level is None else knob_levels(oracle.spec, stack, lay, q.seq, judged_knobs(q.knobs, gpu))[level]
                     for rec, extra in ((r, x) for r in (("full",) if "full" in recs else recs) for x in extras):
                         try:
                             s = planned_setup(spec, batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
@@ -154,8 +154,10 @@ def diagnose(spec, gpu: GPU, q, result, oracle: PeakOracle) -> Diagnosis:
                                      "recompute)")
                 break
     if not _fits(short) and result.stats.get("knob_levels"):  # (the levels the search tried: plan/knobs.py)
-        d.message += ("; the memory knobs the stacks run (Liger, the tiled MLP, Ulysses, activation and state "
-                      "offload: plan/knobs.py) were searched too")
+        d.message += ("; the memory knobs the stacks run (Liger, the tiled MLP, Ulysses" +
+                      (", activation and state offload" if gpu.host_memory else "") + ": plan/knobs.py) were searched "
+                      "too" + ("" if gpu.host_memory else "; offload is searched where the node's host memory is "
+                               "known: add --host-memory GiB or --cluster"))
         for n in _counts(q.gpus, gpu.gpus_per_node):  # fewer GPUs than the plain layouts need, with the knobs
             if d.min_gpus is not None and n >= d.min_gpus:
                 break

@@ -15,8 +15,7 @@ k is the fastest of level k, not always the fastest overall.
 """
 from __future__ import annotations
 
-from ..analytic.layout import validate_layout
-from ..errors import SetupError
+from ..analytic.layout import model_takes
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..stacks import get_stack
@@ -26,15 +25,6 @@ LEVELS = ("kernels", "ulysses", "activation offload", "state offload")
 # the knobs by name (PlanQuery.knobs: those a search may use; --emit keeps those its config holds)
 ALL = ("liger", "tiled_mlp", "ulysses", "offload-activations", "offload-states")
 STATES = ("optimizer", "params")
-
-
-def model_takes(spec: ModelSpec, **settings) -> bool:
-    """Whether the model takes these settings (analytic.layout.validate_layout: Liger's families, gated MLPs)."""
-    try:
-        validate_layout(spec, Setup(**settings))
-    except SetupError:
-        return False
-    return True
 
 
 def kernels(spec: ModelSpec, stack: str) -> dict:
@@ -98,3 +88,10 @@ def flags(extra: dict) -> str:
     if extra.get("offload", "none") != "none":
         out.append(f"--offload {extra['offload']}")
     return " ".join(out)
+
+
+def judged_knobs(knobs: tuple[str, ...], gpu) -> tuple[str, ...]:
+    """The knobs searched on `gpu`: the offloads only where the node's host memory is known (--host-memory, or a
+    cluster file's node), since an offloaded plan fits or not by the host as much as by the device
+    (fit_rule.host_verdict); elsewhere they are named, not planned (diagnose.py)."""
+    return knobs if gpu.host_memory else tuple(k for k in knobs if not k.startswith("offload"))

@@ -41,7 +41,7 @@ from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check
 from ..spec import ModelSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
-from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, levels as knob_levels
+from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
 from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets, variants
 
 DEFAULT_STACKS = (BY_NAME["stack"].default,)  # planned when --stack is not given
@@ -217,6 +217,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it. `progress(i, n)`: called as
     each of the n layouts starts (the CLI's bar)."""
     t0 = time.perf_counter()
+    q = replace(q, knobs=judged_knobs(q.knobs, gpu))  # offload only where the node's host memory is known
     # the model the setups train (its head: hf_config.for_setup, as the analytic engine resolves it)
     model = for_setup(spec, planned_setup(spec, seq=q.seq))
     check_fixed_axes(model, gpu, q)

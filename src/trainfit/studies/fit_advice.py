@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from .. import cancel
+from ..analytic.layout import model_takes
 from ..analytic.unmodelled import check_modelled
 from ..engines import analytic
 from ..errors import TrainfitError
@@ -27,7 +28,6 @@ from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..units import fmt_bytes
-from ..plan.knobs import model_takes
 
 MAX_DP = 1024
 MAX_KNOBS = 3  # combinations of up to this many memory knobs
@@ -217,13 +217,6 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
                 if d is not None:
                     add(j.suggest(f"--dp {d} --zero 3{flags}", f"{d} GPUs, FSDP", dp=d, zero=3, **extra))
                     break
-    else:
-        for p in ("int8", "int4"):
-            add(j.suggest(f"--precision {p}", "quantised weights", precision=p))
-        if s.batch > 1:
-            b = _largest(1, s.batch - 1, lambda b: j.fits(batch=b))
-            if b >= 1:
-                add(j.suggest(f"--batch {b}", "fewer sequences at once", batch=b))
         # the sequence over more GPUs (DeepSpeed-Ulysses), ZeRO-3 over all of them: the fewest that fit
         # (alone, then with Liger's loss where it is a knob here: at long context the logits dominate, ALST §3)
         liger = [({"liger": True}, " --liger", "; Liger's kernels")] if any(k.flags == "--liger" for k in ks) else []
@@ -233,6 +226,13 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
                 add(j.suggest(f"--dp {s.dp * n} --ulysses {n} --zero 3{more}", f"the sequence split over {n} GPUs "
                               f"(DeepSpeed-Ulysses){why}", dp=s.dp * n, ulysses=n, zero=3, **extra))
                 break
+    else:
+        for p in ("int8", "int4"):
+            add(j.suggest(f"--precision {p}", "quantised weights", precision=p))
+        if s.batch > 1:
+            b = _largest(1, s.batch - 1, lambda b: j.fits(batch=b))
+            if b >= 1:
+                add(j.suggest(f"--batch {b}", "fewer sequences at once", batch=b))
     train = s.mode == "train"
     for extra, flags in (({}, ""), (dict(recompute="full"), " --recompute full") if train else ({}, "")):
         t = next((t for t in range(s.tp + 1, gpu.gpus_per_node + 1)
