@@ -29,7 +29,7 @@ CASES = [
     ("llama", {}),
     ("llama", {"recompute": "full"}),
     ("llama", {"grad_accum": 2, "optimizer_impl": "foreach"}),  # two backward passes; one temporary per parameter
-    ("qwen2", {"precision": "bf16", "optimizer_impl": "for-loop"}),
+    pytest.param("qwen2", {"precision": "bf16", "optimizer_impl": "for-loop"}, marks=pytest.mark.heavy),  # ~2.5 s
     pytest.param("gemma2", {}, marks=pytest.mark.heavy),  # ~8 s
 ]
 

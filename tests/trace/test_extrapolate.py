@@ -49,6 +49,7 @@ def test_extrapolation_equals_full_trace(family, precision, recompute, optimizer
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~3 s at 7B shapes: the tiny families' extrapolation checks stay in the default run
 def test_extrapolation_equals_full_trace_llama2_7b():
     from trainfit.models.hf_config import spec_from_config
 
