@@ -212,15 +212,19 @@ class Allocator:
         """resetPeakStats: peaks restart at the current values."""
         self.max_allocated, self.max_reserved = self.allocated, self.reserved
 
-    @property
-    def segments(self) -> list[int]:
-        """Segment sizes by address; an expandable segment counts each contiguous mapped range (like snapshot())."""
+    def segment_heads(self) -> list:
+        """The first block of each segment, by address; an expandable segment gives one per contiguous mapped range
+        (as torch's snapshot() lists them)."""
         blocks = list(self.active.values())
         for pool in (self.small_pool, self.large_pool):
             blocks += pool.blocks.values()
-        heads = sorted((b for b in blocks if b.mapped and (b.prev is None or not b.prev.mapped)), key=lambda b: b.ptr)
+        return sorted((b for b in blocks if b.mapped and (b.prev is None or not b.prev.mapped)), key=lambda b: b.ptr)
+
+    @property
+    def segments(self) -> list[int]:
+        """Segment sizes by address (segment_heads)."""
         out = []
-        for b in heads:
+        for b in self.segment_heads():
             total = 0
             while b is not None and b.mapped:
                 total += b.size

@@ -18,12 +18,8 @@ from .caching_allocator import Allocator
 def snapshot_dict(a: Allocator, describe: Callable[[int], tuple[int, list[dict]]]) -> dict:
     """{"segments": [...], "device_traces": [[]]} of allocator `a`. describe(address of an allocated block) ->
     (requested bytes, frames innermost first: [{"filename", "line", "name"}])."""
-    blocks = list(a.active.values())
-    for pool in (a.small_pool, a.large_pool):
-        blocks += pool.blocks.values()
-    heads = sorted((b for b in blocks if b.mapped and (b.prev is None or not b.prev.mapped)), key=lambda b: b.ptr)
     segments = []
-    for head in heads:
+    for head in a.segment_heads():
         out, b = [], head
         while b is not None and b.mapped:
             if b.allocated:
