@@ -53,3 +53,18 @@ def leftover_flags(rest: list[str]) -> list[tuple[str, object]]:
             out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--")
                                          else True)))
     return out
+
+
+def parse_flags(parser, argv: list[str], path) -> tuple:
+    """(namespace, leftover words) of `argv` under the reader's argparse `parser`; a value that does not parse is one
+    line naming argparse's own complaint (its usage text, which it prints before exiting, kept out of the way)."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_known_args(argv)
+    except SystemExit:
+        why = (err.getvalue().strip().splitlines() or ["?"])[-1]
+        raise SetupError(f"{path}: a flag's value does not parse ({why}): fix it") from None

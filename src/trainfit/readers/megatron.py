@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import launcher_world, leftover_flags, split
+from .cmdline import launcher_world, leftover_flags, parse_flags, split
 
 INT_FLAGS = ("num-layers", "hidden-size", "num-attention-heads", "kv-channels", "ffn-hidden-size", "seq-length",
              "max-position-embeddings", "micro-batch-size", "global-batch-size", "tensor-model-parallel-size",
@@ -83,10 +83,7 @@ def parser() -> argparse.ArgumentParser:
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     before, argv = split(text, str(path), lambda w: w.endswith("pretrain_gpt.py") or w.endswith("pretrain_mamba.py"))
     r = Reading(f"{path} (Megatron-LM core_v0.16.1 flags, argparse)")
-    try:
-        a, rest = parser().parse_known_args(argv)
-    except SystemExit:
-        raise SetupError(f"{path}: a flag's value does not parse (see above): fix it") from None
+    a, rest = parse_flags(parser(), argv, path)
     world = launcher_world(before)
     _settings(a, r, world)
     for k, v in leftover_flags(rest):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import split
+from .cmdline import parse_flags, split
 from .vllm import DTYPES, account
 
 KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
@@ -46,10 +46,7 @@ def parser() -> argparse.ArgumentParser:
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     _, argv = split(text, str(path), lambda w: w == "sglang.launch_server")
     r = Reading(f"{path} (SGLang 0.5.23 ServerArgs flags, argparse)")
-    try:
-        a, rest = parser().parse_known_args(argv)
-    except SystemExit:
-        raise SetupError(f"{path}: a flag's value does not parse (see above): fix it") from None
+    a, rest = parse_flags(parser(), argv, path)
     r.model = a.model_path
     r.set("mode", "serve", "sglang.launch_server")
     r.set("server", "sglang", "sglang.launch_server")

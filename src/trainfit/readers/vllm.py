@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import leftover_flags, split
+from .cmdline import leftover_flags, parse_flags, split
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 KV = {"fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -58,10 +58,7 @@ def account(r: Reading, rest: list[str], no_effect, effect) -> None:
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     _, argv = split(text, str(path), lambda w: w == "serve")
     r = Reading(f"{path} (vLLM 0.33 serve flags, argparse)")
-    try:
-        a, rest = parser().parse_known_args(argv)
-    except SystemExit:
-        raise SetupError(f"{path}: a flag's value does not parse (see above): fix it") from None
+    a, rest = parse_flags(parser(), argv, path)
     r.model = a.model or a.model_tag
     r.set("mode", "serve", "vllm serve")
     r.set("server", "vllm", "vllm serve")
