@@ -227,3 +227,20 @@ def test_gpt_oss_mxfp4_experts_by_hand(name, layers, experts, card_gib):
     got = weights_per_gpu(spec, _serve(), count_params(spec))
     assert got == pytest.approx(hand, rel=1e-12)
     assert got / 2**30 == pytest.approx(card_gib, abs=0.05)
+
+
+def test_gpt_oss_marlin_pads_the_experts():
+    """vLLM 0.11.0 as its wheel installs runs MXFP4 experts through Marlin (no flashinfer, no triton_kernels), whose
+    create_weights pads I to a multiple of 128 and H to 256 (mxfp4.py:189-204): gpt-oss-120b's experts are then
+    128 x 3 x 2944 x 3072 x (1/2 + 1/32) bytes a layer where the checkpoint holds 2880 x 2880 — by hand, beside the
+    unpadded total; the published Marlin start-up of vllm-project/vllm#23278 (vLLM 0.10.1 on an H100, its log:
+    "Using Marlin ... Model loading took 65.9651 GiB") within 0.1 GiB."""
+    spec = load_model("gpt-oss-120b")
+    pc = count_params(spec)
+    plain = weights_per_gpu(spec, _serve(server="vllm==0.33.0"), pc)
+    marlin = weights_per_gpu(spec, _serve(server="vllm==0.11.0"), pc)
+    mxfp4 = 0.5 + 1 / 32
+    grown = 36 * 128 * 3 * (2944 * 3072 - 2880 * 2880) * mxfp4
+    assert marlin - plain == pytest.approx(grown, rel=1e-12)
+    assert marlin / 2**30 == pytest.approx(65.9651, abs=0.1)
+    assert weights_per_gpu(spec, _serve(server="sglang"), pc) == plain  # SGLang's layout is not vLLM's Marlin

@@ -238,13 +238,26 @@ def expert_weight_bytes(spec: ModelSpec, setup: Setup) -> float:
     experts so (MoESpec.experts_mxfp4: gpt-oss) and no --quant asks for another format — vLLM loads it as stored
     (Mxfp4Config.get_quant_method: FusedMoE -> Mxfp4MoEMethod; its biases stay bf16, and the attention, router,
     embeddings and head, which the config's modules_to_not_convert names, run UnquantizedLinearMethod); else
-    quant_bytes. NB: the backends' padding of I/tp (mxfp4.py create_weights: to 64 on Hopper's Triton path, none at
-    gpt-oss's 2880 with TP 1; 128 for Marlin, which also pads H to 256; 256 on Blackwell's FlashInfer) and the Triton
-    path's fp32 copies of the expert biases (process_weights_after_loading) are not counted: an under-count of up to
-    6.7 % of the experts (TP 8 on Hopper: 384 for 360 per rank)."""
+    quant_bytes. Where the version runs them through Marlin (data/servers.toml mxfp4_moe), its padding of the expert
+    matrices (mxfp4_padding). NB: other backends' padding of I/tp (mxfp4.py create_weights: to 64 on Hopper's Triton
+    path, none at gpt-oss's 2880 with TP 1; 256 on Blackwell's FlashInfer and on ROCm), the Triton path's fp32 copies
+    of the expert biases and its swizzled scales kept beside the originals (0.11.0 process_weights_after_loading
+    :578-617 frees only the weights) are not counted, nor Marlin's padding of the bf16 biases (a few MiB): under."""
     if spec.moe is not None and spec.moe.experts_mxfp4 and not setup.quant:
-        return MXFP4_BYTES
+        return MXFP4_BYTES * mxfp4_padding(spec, setup)
     return quant_bytes(setup)
+
+
+def mxfp4_padding(spec: ModelSpec, setup: Setup) -> float:
+    """The factor by which vLLM's Marlin MXFP4 MoE backend grows the expert matrices and their scales: "the moe marlin
+    kernel requires that for each linear n % 256 == 0 and k % 128 == 0", so create_weights pads I/tp up to a multiple
+    of 128 and H to 256 (0.11.0 model_executor/layers/quantization/mxfp4.py:189-204; gpt-oss's 2880 -> 2944 and
+    3072). 1 where the version's backend is not Marlin (servers.toml mxfp4_moe absent) or the engine is not vLLM."""
+    if serving_versions.engine_of(setup.server or "vllm") != "vllm" or \
+            serving_versions.of(setup).facts.get("mxfp4_moe") != "marlin":
+        return 1.0
+    i = spec.moe.expert_intermediate / setup.tp
+    return (math.ceil(i / 128) * 128 / i) * (math.ceil(spec.hidden / 256) * 256 / spec.hidden)
 
 
 def kv_share(spec: ModelSpec, tp: int) -> float:
