@@ -31,6 +31,7 @@ Run: python -m bench run serving_published
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -201,18 +202,30 @@ def log_terms_tokens(case: SglangCase, cell: float) -> int:
 @dataclass(frozen=True)
 class V1Case:
     label: str
-    source: str
+    source: str  # the URL and the lines quoted from the log
     kind: str  # "calibration" or "validation"
     model: str  # a catalog name, or an SglangCase's spec (sglang_spec) by its label
     server: str  # --server: the vLLM version modelled
-    total_gib: float  # CUDA's total the log prints (or the GPU's)
+    total_gib: float | None  # CUDA's total the log prints (None: the catalog GPU's)
     tp: int
     quant: str | None
     utilization: float
     max_model_len: int | None
     published: dict  # GiB by line: weights, activation, non_torch, kv; "kv_tokens" a count
+    gpu: str = "H100-80GB"
+    logged: str = ""  # the vLLM version the log was made with, where it is not the one modelled
+    max_num_batched_tokens: int | None = None  # set in the run (None: the version's default on that GPU)
+    max_num_seqs: int | None = None
+    starts: bool | None = None  # the log's verdict: the engine started (True) or failed to (False)
+    # the log's accounting is requested − weights − peak activation − non-torch (v1 memory_profiling from vLLM 0.9.2,
+    # PR #19312): its peak activation + non-torch follow from util, the total, the weights and the KV lines
+    derive_peak: bool = False
 
 
+# Versions a log was made with that data/servers.toml does not list are modelled with the nearest listed release by
+# version number (0.8.4-0.19.0 -> 0.11.0). Where a log prints no total, the catalog GPU's cudaMemGetInfo total is
+# taken (data/gpus.json cuda_memory).
+NEAREST = "vllm==0.11.0"
 V1_CASES = [
     V1Case("C11: Llama-3.1-8B-Instruct, H100, max-model-len 16000, util 0.9",
            "llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (calibration C11)", "calibration",
@@ -221,22 +234,127 @@ V1_CASES = [
     V1Case("Qwen3-235B-A22B-FP8, 4x H100, tp 4, util 0.9 (vLLM of 2025-07, modelled with 0.11.0's facts)",
            "vllm-project/vllm#21348 (Available KV cache memory: 8.11 GiB, GPU KV cache size: 178,880 tokens; "
            "run with an LMCache KV connector)", "validation",
-           SGLANG_CASES[0].label, "vllm==0.11.0", 79.18, 4, "fp8", 0.9, None, {"kv": 8.11, "kv_tokens": 178880}),
+           SGLANG_CASES[0].label, "vllm==0.11.0", 79.18, 4, "fp8", 0.9, None,
+           {"kv": 8.11, "kv_tokens": 178880}),
+    V1Case("gpt-oss-120b, H100, vLLM 0.10.1 defaults (util 0.9, max-model-len 131072, 8192 batched tokens)",
+           "https://github.com/vllm-project/vllm/issues/23278 ('vLLM API server version 0.10.1', non-default args "
+           "only the model; 'Using max model len 131072'; 'Chunked prefill is enabled with max_num_batched_tokens="
+           "8192'; marlin_utils_fp4.py: 'Weight-only FP4 compression will be used leveraging the Marlin kernel'; "
+           "'Model loading took 65.9651 GiB'; 'Available KV cache memory: -2.14 GiB'; 'EngineCore failed to start')",
+           "validation", "gpt-oss-120b", NEAREST, None, 1, None, 0.9, 131072, {"weights": 65.9651, "kv": -2.14},
+           logged="0.10.1", starts=False, derive_peak=True),
+    V1Case("gpt-oss-120b, H100, vLLM 0.11.0, util 0.95, 1024 batched tokens (max-model-len 131072)",
+           "https://github.com/vllm-project/vllm/issues/27508 (comment 2025-10-31: `vllm serve openai/gpt-oss-120b "
+           "--gpu-memory-utilization 0.95 --max-num-batched-tokens 1024`; '[gpu_worker.py:298] Available KV cache "
+           "memory: 1.71 GiB'; 'EngineCore failed to start', the KV cache too small for the max model len)",
+           "validation", "gpt-oss-120b", "vllm==0.11.0", None, 1, None, 0.95, 131072, {"kv": 1.71},
+           max_num_batched_tokens=1024, starts=False),
+    V1Case("gpt-oss-20b, A100-80GB, vLLM 0.19.0, util 0.65, max-model-len 131072",
+           "https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/ (`vllm serve openai/gpt-oss-20b --max-model-len "
+           "131072 --gpu-memory-utilization 0.65`, 'version 0.19.0'; 'Model loading took 13.72 GiB memory'; "
+           "'Available KV cache memory: 36.56 GiB'; the server served)",
+           "validation", "gpt-oss-20b", NEAREST, None, 1, None, 0.65, 131072, {"weights": 13.72, "kv": 36.56},
+           gpu="A100-80GB", logged="0.19.0", starts=True, derive_peak=True),
+    V1Case("gpt-oss-120b, H100, vLLM 0.14.1, util 0.97, max-model-len 5120, 1 sequence, -O3",
+           "https://github.com/vllm-project/vllm/issues/33155 (`--gpu-memory-utilization 0.97 -O3 --max_num_seqs 1 "
+           "--max-model-len 5120`; 'mxfp4.py:165] Using Triton backend'; 'Model loading took 64.38 GiB memory'; "
+           "the issue: OOM on one H100 after upgrading from v0.11.2 to v0.14.1)",
+           "validation", "gpt-oss-120b", NEAREST, None, 1, None, 0.97, 5120, {"weights": 64.38},
+           logged="0.14.1", max_num_seqs=1, starts=False),
+    V1Case("gpt-oss-120b, H100, vLLM 0.11.2, util 0.97, max-model-len 87040, 100 sequences, -O3",
+           "https://github.com/vllm-project/vllm/issues/33155 ('When to use v0.11.2, I can run gpt-oss-120B on "
+           "single H100 with 85K context length': --gpu-memory-utilization 0.97 --max_num_seqs 100 --max-model-len "
+           "$((85 * 1024)))", "validation", "gpt-oss-120b", "vllm==0.11.0", None, 1, None, 0.97, 87040, {},
+           logged="0.11.2", max_num_seqs=100, starts=True),
+    V1Case("Llama-3.1-8B-Instruct, L40S, vLLM 0.8.4 (V1), util 0.9, max-model-len 32768",
+           "https://github.com/vllm-project/vllm/pull/17122 (2025-04-24, 1x L40S: '[gpu_model_runner.py:1316] Model "
+           "loading took 14.9889 GiB'; '[kv_cache_utils.py:634] GPU KV cache size: 158,656 tokens'; 'Maximum "
+           "concurrency for 32,768 tokens per request: 4.84x'); 0.8.4's defaults off H100/H200: 256 sequences, 2048 "
+           "batched tokens for vllm serve (8192 for the LLM class: the KV line moves by 0.2 %) (engine/arg_utils.py "
+           ":1669-1682)", "validation", "llama-3.1-8b", NEAREST, None, 1, None, 0.9, 32768,
+           {"weights": 14.9889, "kv_tokens": 158656}, gpu="L40S", logged="0.8.4", max_num_batched_tokens=2048,
+           max_num_seqs=256, starts=True),
+    V1Case("Qwen3-30B-A3B, 4x A10, tp 4, vLLM 0.8.5, max-model-len 8192",
+           "https://github.com/vllm-project/vllm/issues/17469 ('vLLM: v0.8.5, Model: Qwen/Qwen3-30B-A3B, Hardware: "
+           "A10*4'; '[gpu_model_runner.py:1347] Model loading took 14.2474 GiB'; 'GPU KV cache size: 198,784 "
+           "tokens', 'Maximum concurrency for 8,192 tokens per request'; then OOM in capture_model ('Gives OOM, even "
+           "i set max-model-len to 1024, with max-num-seq =1. Works with enforce-eager'); its max_num_seqs is not "
+           "shown, so only the weights and the verdict are compared)", "validation", "qwen3-30b-a3b", NEAREST, None,
+           4, None, 0.9, 8192, {"weights": 14.2474}, gpu="A10", logged="0.8.5", starts=False),
 ]
 
 
+def v1_settings(c: V1Case) -> dict:
+    """The case's settings of trainfit.setup (a Request's)."""
+    return dict(mode="serve", server=c.server, precision="bf16", tp=c.tp, quant=c.quant,
+                gpu_memory_utilization=c.utilization, max_model_len=c.max_model_len,
+                max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs)
+
+
+def v1_gpu(c: V1Case):
+    gpu = get_gpu(c.gpu)
+    return replace(gpu, memory=int(c.total_gib * GiB)) if c.total_gib else gpu
+
+
+def v1_spec(c: V1Case):
+    return next((sglang_spec(s) for s in SGLANG_CASES if s.label == c.model), None) or load_model(c.model)
+
+
+def derived_peak(c: V1Case, gpu) -> float:
+    """The log's peak activation + non-torch (GiB): requested − weights − available KV (requested = ceil(total ×
+    util), 0.11.0 v1/worker/gpu_worker.py:185-195, 279-280)."""
+    return math.ceil(gpu.memory * c.utilization) / GiB - c.published["weights"] - c.published["kv"]
+
+
+def v1_verdict(c: V1Case) -> bool:
+    """trainfit's start verdict for the case (analytic/engine.py: the KV cache holds a request of max_model_len, the
+    free memory at start covers `requested`, the device total fits)."""
+    from trainfit import api
+
+    return api.estimate(c.model, **v1_settings(c), gpu=c.gpu, gpu_memory=c.total_gib).time.fits
+
+
 def v1_rows() -> list[tuple[V1Case, object, dict]]:
-    """(case, trainfit's Serving, {line: relative error}) of each vLLM V1 start-up log."""
+    """(case, trainfit's Serving, {line: relative error}) of each vLLM V1 start-up log; "peak+non_torch" (derived,
+    derive_peak) and "starts" (the verdict: 0 right, 1 wrong) where the log gives them."""
     out = []
     for c in V1_CASES:
-        spec = next((sglang_spec(s) for s in SGLANG_CASES if s.label == c.model), None) or load_model(c.model)
-        setup = Setup(mode="serve", server=c.server, precision="bf16", tp=c.tp, quant=c.quant,
-                      gpu_memory_utilization=c.utilization, max_model_len=c.max_model_len)
-        sv = serve_memory(spec, setup, replace(get_gpu("H100-80GB"), memory=int(c.total_gib * GiB)))
+        gpu = v1_gpu(c)
+        sv = serve_memory(v1_spec(c), Setup(**v1_settings(c)), gpu)
         ours = {"weights": sv.weights / GiB, "activation": sv.activations / GiB, "non_torch": sv.non_torch / GiB,
                 "kv": sv.available_kv / GiB, "kv_tokens": sv.kv_tokens}
-        out.append((c, sv, {k: (ours[k] - v) / v for k, v in c.published.items()}))
+        errs = {k: (ours[k] - v) / abs(v) for k, v in c.published.items()}
+        if c.derive_peak:
+            pub = derived_peak(c, gpu)
+            errs["peak+non_torch"] = ((sv.activations + sv.non_torch) / GiB - pub) / pub
+        if c.starts is not None:
+            errs["starts"] = float(v1_verdict(c) != c.starts)
+        out.append((c, sv, errs))
     return out
+
+
+def v1_published(c: V1Case, line: str) -> float:
+    if line == "peak+non_torch":
+        return derived_peak(c, v1_gpu(c))
+    if line == "starts":
+        return float(c.starts)
+    return c.published[line]
+
+
+def v1_summary(values: dict) -> dict[str, list[float]]:
+    """The validation logs' errors by quantity (calibration C11 apart): weights, peak activation + non-torch (derived
+    from the log's lines), the KV pool (its GiB line, else its tokens line: one per log) and the start verdicts
+    (0 right, 1 wrong)."""
+    v1 = {k: e for k, e in values.get("vllm_v1", {}).items() if not k.startswith("C11")}
+    by_case: dict[str, dict[str, float]] = {}
+    for key, e in v1.items():
+        case, _, line = key.rpartition(":")
+        by_case.setdefault(case, {})[line] = e
+    kv = [lines.get("kv", lines.get("kv_tokens")) for lines in by_case.values()]
+    return {"weights": [lines["weights"] for lines in by_case.values() if "weights" in lines],
+            "peak+non_torch": [lines["peak+non_torch"] for lines in by_case.values() if "peak+non_torch" in lines],
+            "kv": [e for e in kv if e is not None],
+            "starts": [lines["starts"] for lines in by_case.values() if "starts" in lines]}
 
 
 def table_rows(values: dict) -> list[dict]:
@@ -244,17 +362,24 @@ def table_rows(values: dict) -> list[dict]:
     errs = {**values["vllm"], **values["sglang"]}
     c4 = [e for k, e in errs.items() if k.startswith("C4")]
     others = [e for k, e in errs.items() if not k.startswith("C4")]
-    v1 = [(k, e) for k, e in values.get("vllm_v1", {}).items() if k.endswith(":kv")]
-    v1_rows_out = [{"table": "published", "runs": f"serving: vLLM V1 start-up, {kind} (available KV)", "kind": kind,
-                    "n": len(errs_), "median |error|": pct(statistics.median(map(abs, errs_)), False),
-                    "worst": pct(max(errs_, key=abs))}
-                   for kind in ("calibration", "validation")
-                   for errs_ in [[e for k, e in v1 if k.startswith("C11") == (kind == "calibration")]] if errs_]
-    return v1_rows_out + [{"table": "published", "runs": "serving: vLLM C4 (KV blocks)", "kind": "calibration", "n": len(c4),
-             "median |error|": pct(statistics.median(map(abs, c4)), False), "worst": pct(max(c4, key=abs))},
-            {"table": "published", "runs": "serving: vLLM and SGLang start-up logs", "kind": "validation",
-             "n": len(others), "median |error|": pct(statistics.median(map(abs, others)), False),
-             "worst": pct(max(others, key=abs))}]
+    c11 = [e for k, e in values.get("vllm_v1", {}).items() if k.startswith("C11") and k.endswith(":kv")]
+    summary = v1_summary(values)
+
+    def line(runs, kind, errs_):
+        return {"table": "published", "runs": runs, "kind": kind, "n": len(errs_),
+                "median |error|": pct(statistics.median(map(abs, errs_)), False), "worst": pct(max(errs_, key=abs))}
+
+    v1_out = [line("serving: vLLM V1 start-up, calibration (available KV)", "calibration", c11)] if c11 else []
+    names = {"kv": "KV pool, GiB or tokens; target 10 %", "peak+non_torch": "peak activation + non-torch, derived "
+             "from the log; target 15 %", "weights": "Model loading took"}
+    v1_out += [line(f"serving: vLLM V1 start-up, validation ({names[q]})", "validation", summary[q])
+               for q in ("kv", "peak+non_torch", "weights") if summary[q]]
+    if summary["starts"]:
+        v1_out.append({"table": "published", "runs": "serving: vLLM V1 start-up, validation (start / fail verdict)",
+                       "kind": "validation", "n": len(summary["starts"]), "median |error|": "—",
+                       "worst": f"{int(sum(summary['starts']))} of {len(summary['starts'])} wrong"})
+    return v1_out + [line("serving: vLLM C4 (KV blocks)", "calibration", c4),
+                     line("serving: vLLM and SGLang start-up logs", "validation", others)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,21 +411,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {c.label} | {c.source} | {c.published_tokens:,} | {sg_sv.kv_tokens:,} | {err:+.1%} | "
               f"{c.published_k_gib:.2f} / {k_gib:.2f} GiB | {' | '.join(terms)} | "
               f"{dist} / {dist_init_bytes(c) / GiB:.2f} GiB |")
-    print("\n| vLLM V1 case | source | kind | line | published | trainfit | error |")
+    print("\n| vLLM V1 case | modelled | kind | line | published | trainfit | error |")
     print("|---|---|---|---|---:|---:|---:|")
     v1 = v1_rows()
     for c, sv, errs_ in v1:
+        modelled = c.server + (f" (log: {c.logged})" if c.logged else "")
         for line, e in errs_.items():
-            pub = c.published[line]
+            pub = v1_published(c, line)
+            if line == "starts":
+                verdict = {True: "starts", False: "fails"}
+                print(f"| {c.label} | {modelled} | {c.kind} | start / fail | {verdict[c.starts]} | "
+                      f"{verdict[c.starts != bool(e)]} | {'wrong' if e else 'right'} |")
+                continue
             fmt = (lambda x: f"{x:,.0f}") if line == "kv_tokens" else (lambda x: f"{x:.2f} GiB")
-            print(f"| {c.label} | {c.source} | {c.kind} | {line} | {fmt(pub)} | {fmt(pub * (1 + e))} | {e:+.1%} |")
+            print(f"| {c.label} | {modelled} | {c.kind} | {line} | {fmt(pub)} | {fmt(pub + e * abs(pub))} | "
+                  f"{e:+.1%} |")
+    print("\nSources of the vLLM V1 logs:")
+    for c, _, _ in v1:
+        print(f"- {c.label}: {c.source}")
     errs = [(c.label, e) for c, _, e in vllm] + [(c.label, e) for c, _, e in sglang]
     worst = max(errs, key=lambda x: abs(x[1]))
     values = {"vllm": {c.label: e for c, _, e in vllm}, "sglang": {c.label: e for c, _, e in sglang},
               "vllm_v1": {f"{c.label}:{line}": e for c, _, errs_ in v1 for line, e in errs_.items()}}
+    summary = v1_summary(values)
+    med = {q: statistics.median(map(abs, e)) for q, e in summary.items() if e and q != "starts"}
+    print(f"\nvLLM V1 validation logs ({len(V1_CASES) - 1}): median |error| KV pool {med['kv']:.1%} (target 10 %), "
+          f"peak activation + non-torch {med['peak+non_torch']:.1%} (target 15 %; derived, "
+          f"{len(summary['peak+non_torch'])} logs), weights {med['weights']:.1%}; start / fail verdicts "
+          f"{len(summary['starts']) - int(sum(summary['starts']))} of {len(summary['starts'])} right")
     record("serving_published", "serving capacity vs published vLLM and SGLang start-up logs",
-           "C4 within 3 %, others within 5 %",
-           f"{len(vllm)} vLLM and {len(sglang)} SGLang start-up logs: worst {worst[1]:+.1%}",
+           "C4 within 3 %, others within 5 %; vLLM V1 validation: peak activation within 15 %, KV pool within 10 %",
+           f"{len(vllm)} vLLM and {len(sglang)} SGLang start-up logs: worst {worst[1]:+.1%}; {len(V1_CASES) - 1} vLLM V1 "
+           f"validation logs: KV pool median {med['kv']:.1%}, peak + non-torch {med['peak+non_torch']:.1%}",
            values, "published", rows=table_rows(values))
     return 0
 
