@@ -487,10 +487,13 @@ LOWP_VALIDATION: list[dict] = [
               f"({MBRIDGE}#L530, #L445): the software moved that layout by 77 %, more than this row's error; at "
               "MBS 1 trainfit's step is host-bound (the dispatcher's per-layer sync) and reads about 4,700."),
     _mb("25.11", 583, "DGX-B200", "Qwen3_235B_a22B", 64, "FP8-MX", 1024, 1, 4096, pp=8, vp=2, ep=8, tps=3269,
+        overlap_moe_comm=True,
         notes="PP 8 VP 2 EP 8; qwen3_235b_a22b_pretrain_config sets account_for_embedding/loss_in_pipeline_split "
               "(recipes/qwen/qwen3_moe.py:160-161 at v0.2.0): 94 layers + embedding + loss = 96 over 16 chunks, six "
               "each (--pp-split embedding-loss). NB: the v0.2.0 B200 base config reads VP 4 "
-              "(configs/qwen3/workload_base_configs.py:109-117), the table VP 2: the table's taken."),
+              "(configs/qwen3/workload_base_configs.py:109-117), the table VP 2: the table's taken. The same config "
+              "sets moe_a2a_overlap=True (:116; FP8_MX = FP8_CS, :120), which utils/helpers.py:76-77, 182-186 turn "
+              "into overlap_moe_expert_parallel_comm and delay_wgrad_compute: --overlap-moe-comm."),
     _mb("25.11", 581, "DGX-B200", "GPT OSS 120B", 64, "BF16", 512, 4, 4096, ep=8, tps=8213,
         notes="Blackwell bf16 run: EP 8 over DP 64, MBS 4. Recipe GPT_OSS_120B_B200_BF16_BASE_CONFIG "
               "(configs/gpt_oss/workload_base_configs.py:50-55 at v0.2.0) names recompute modules layernorm, moe_act, "
