@@ -162,3 +162,26 @@ def test_default_limits_by_version_on_an_a100():
         assert serving.default_limits(gpu, version) == (2048, 256), version
     assert serving.default_limits(get_gpu("H100-80GB"), "0.8.5") == (8192, 1024)
     assert serving_versions.parse("vllm==0.8").version == "0.8.5"
+
+
+def test_capture_sizes_and_graph_modes_by_version():
+    """0.8.5's V1 captures 1, 2, 4 and every 8 to 512 whatever max_num_seqs (config.py:4032-4046: 67 sizes, the
+    reason one sequence did not avoid the log's capture OOM), piecewise only; 0.10.1 every 8 up to
+    min(2 x max_num_seqs, 512) (scheduler.py:239-244), piecewise only; 0.14.1 / 0.19.0 every 16 from 256 and 512 on
+    Blackwell too (0.19.0 config/vllm.py:1383-1441), FULL_AND_PIECEWISE."""
+    spec = load_model("llama-3.1-8b")
+
+    def k(server, gpu="H100-80GB", **kw):
+        return serving.knobs(spec, Setup(mode="serve", server=server, precision="bf16", **kw), get_gpu(gpu))
+
+    eights = (1, 2, 4) + tuple(range(8, 513, 8))
+    assert k("vllm==0.8.5", max_num_seqs=1).capture_sizes == eights and len(eights) == 67
+    assert k("vllm==0.8.5", max_num_seqs=1, max_num_batched_tokens=100).capture_sizes == eights[:15]  # to 96
+    assert k("vllm==0.10.1").capture_sizes == eights
+    assert k("vllm==0.10.1", max_num_seqs=100).capture_sizes == (1, 2, 4) + tuple(range(8, 201, 8))
+    sixteen = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
+    assert k("vllm==0.19.0", "B200").capture_sizes == sixteen
+    assert len(k("vllm==0.33.0", "B200").capture_sizes) > len(sixteen)  # 0.33.0: to 1024 on Blackwell
+    setup = Setup(mode="serve", server="vllm==0.8.5", precision="bf16", max_num_seqs=1)
+    kk = k("vllm==0.8.5", max_num_seqs=1)
+    assert serving.cuda_graph_bytes(spec, setup, kk) == serving.forward_transient(spec, setup, 512) + 66 * 2**20

@@ -64,7 +64,7 @@ VLLM_VERSION = serving_versions.parse("vllm").version  # the default (current) r
 DEFAULT_BLOCK_SIZE = 16  # config/cache.py:185, 462-463
 VOCAB_PADDING = 64  # model_executor/layers/vocab_parallel_embedding.py:36 (pad_vocab_size)
 GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py:6351-6354: at least 1 MiB per further graph
-GRAPH_MODES = 2  # FULL_AND_PIECEWISE, the v1 default (config/compilation.py:618)
+GRAPH_MODES = 2  # FULL_AND_PIECEWISE, the v1 default (config/compilation.py:618); servers.toml graph_modes per version
 GROUP = 128  # AWQ/GPTQ group size of the published int4 checkpoints (a checkpoint property; NB: 128 assumed)
 # MXFP4 (OCP Microscaling: 4-bit e2m1 values, one e8m0 scale byte per block of 32): vLLM's Mxfp4MoEMethod.create_weights
 # (model_executor/layers/quantization/mxfp4.py, commit 007d5005) stores w13 (E, 2I, H/2) and w2 (E, H, I/2) as uint8
@@ -110,7 +110,7 @@ class Serving:
     kv_pool: int  # bytes of the blocks allocated
     blocks_per_request: int  # what one request of max_model_len holds (vLLM refuses to start below it)
     state_bytes: int = 0  # one sequence's linear-attention / Mamba states on this GPU (unpadded; serving_state)
-    non_torch: int = 0  # non-torch memory made after vLLM's snapshot; 0.8.x: all on the device + cuBLAS (non_torch_device)
+    non_torch: int = 0  # non-torch made after vLLM's snapshot; 0.8.x: all on the device + cuBLAS (non_torch_device)
     graphs_in_kv: bool = True  # whether this version takes the CUDA graphs out of the KV cache
 
     @property
@@ -164,13 +164,23 @@ def default_limits(gpu: GPU, version: str = VLLM_VERSION) -> tuple[int, int]:
     return 2048, 256
 
 
-def capture_sizes(max_num_seqs: int, max_tokens: int, blackwell: bool = False) -> tuple[int, ...]:
-    """CUDA-graph batch sizes (config/vllm.py:2453-2470, 2575-2591): up to min(2 × max_num_seqs, 512 — 1024 on
-    Blackwell, compute capability 10.x), capped by max_num_batched_tokens: 1, 2, 4, then every 8 to 248, then
-    every 16 from 256."""
-    top = min(max_num_seqs * 2, 1024 if blackwell else 512, max_tokens)
-    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + \
-        list(range(256, top + 1, 16))
+# 0.33.0's capture-size rule (config/vllm.py:2453-2470, 2575-2591), what a version without servers.toml `capture`
+# takes: up to min(2 × max_num_seqs, 512 — 1024 on Blackwell), every 16 from 256
+CAPTURE_RULE = {"by_seqs": True, "top": 512, "top_blackwell": 1024, "step16_from": 256}
+
+
+def capture_sizes(max_num_seqs: int, max_tokens: int, blackwell: bool = False,
+                  rule: dict | None = None) -> tuple[int, ...]:
+    """CUDA-graph batch sizes by the version's rule (servers.toml `capture`, else CAPTURE_RULE): up to `top` (on
+    Blackwell, compute capability 10.x, `top_blackwell`), below 2 × max_num_seqs where `by_seqs`, capped by
+    max_num_batched_tokens: 1, 2, 4, then every 8, every 16 from `step16_from` where the rule has one."""
+    rule = rule or CAPTURE_RULE
+    top = min(rule.get("top_blackwell", rule["top"]) if blackwell else rule["top"], max_tokens)
+    if rule["by_seqs"]:
+        top = min(top, max_num_seqs * 2)
+    step16 = rule.get("step16_from", top + 1)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, step16), 8)) + \
+        list(range(step16, top + 1, 16))
     return tuple(sizes)
 
 
@@ -185,7 +195,8 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
     batched = setup.max_num_batched_tokens or tokens
     seqs = setup.max_num_seqs or seqs
     blackwell = roofline.kernels_for(gpu).generation == "blackwell"
-    sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell)
+    rule = serving_versions.of(setup).facts.get("capture")
+    sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell, rule)
     dtype = setup.kv_dtype or _weight_dtype(setup)
     block = setup.block_size
     if serving_state.state_layers(spec):  # one attention page holds a state page (serving_state)
@@ -493,7 +504,8 @@ def non_torch_device(gpu: GPU, setup: Setup) -> int:
 def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
     if not k.capture_sizes:
         return 0.0
-    return forward_transient(spec, setup, max(k.capture_sizes)) + GRAPH_MODES * (len(k.capture_sizes) - 1) * GRAPH_FLOOR
+    modes = serving_versions.parse(f"vllm=={k.version}").facts.get("graph_modes", GRAPH_MODES)
+    return forward_transient(spec, setup, max(k.capture_sizes)) + modes * (len(k.capture_sizes) - 1) * GRAPH_FLOOR
 
 
 @dataclass(frozen=True)
