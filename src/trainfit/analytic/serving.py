@@ -112,6 +112,7 @@ class Serving:
     state_bytes: int = 0  # one sequence's linear-attention / Mamba states on this GPU (unpadded; serving_state)
     non_torch: int = 0  # non-torch made after vLLM's snapshot; 0.8.x: all on the device + cuBLAS (non_torch_device)
     graphs_in_kv: bool = True  # whether this version takes the CUDA graphs out of the KV cache
+    non_torch_on_device: bool = False  # 0.8.x: non_torch is every non-torch byte on the device (non_torch_device)
 
     @property
     def max_sequences(self) -> int:
@@ -631,8 +632,8 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     graphs = cuda_graph_bytes(spec, setup, k)
     facts = serving_versions.parse(f"vllm=={k.version}").facts
     graphs_in_kv = facts["graphs_in_kv"]
-    non_torch = non_torch_device(gpu, setup) if facts.get("non_torch") == "device" else \
-        serving_versions.vllm_shared("non_torch_lazy_bytes")
+    on_device = facts.get("non_torch") == "device"
+    non_torch = non_torch_device(gpu, setup) if on_device else serving_versions.vllm_shared("non_torch_lazy_bytes")
     kinds = layer_kinds(spec)
     per_token = kv_bytes_per_token(spec, setup.with_(kv_dtype=k.kv_dtype))
     if kinds.state:  # only the attention layers' K and V grow with the tokens (the states: state_bytes)
@@ -664,7 +665,7 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     state = kinds.state * serving_state.vllm_state_page(spec, setup, _weight_dtype(setup)).bytes if kinds.state else 0
     return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
                    int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request, state,
-                   int(non_torch), graphs_in_kv)
+                   int(non_torch), graphs_in_kv, on_device)
 
 
 def concurrency(sv) -> int:
