@@ -166,8 +166,8 @@ def test_default_limits_by_version_on_an_a100():
 
 def test_capture_sizes_and_graph_modes_by_version():
     """0.8.5's V1 captures 1, 2, 4 and every 8 to 512 whatever max_num_seqs (config.py:4032-4046: 67 sizes, the
-    reason one sequence did not avoid the log's capture OOM), piecewise only; 0.10.1 every 8 up to
-    min(2 x max_num_seqs, 512) (scheduler.py:239-244), piecewise only; 0.14.1 / 0.19.0 every 16 from 256 and 512 on
+    reason one sequence did not avoid the log's capture OOM), piecewise only; 0.10.1 and 0.11.0 every 8 up to
+    min(2 x max_num_seqs, 512) (0.10.1 scheduler.py:239-244), 0.10.1 piecewise only; 0.14.1 / 0.19.0 every 16 from 256 and 512 on
     Blackwell too (0.19.0 config/vllm.py:1383-1441), FULL_AND_PIECEWISE."""
     spec = load_model("llama-3.1-8b")
 
@@ -178,6 +178,7 @@ def test_capture_sizes_and_graph_modes_by_version():
     assert k("vllm==0.8.5", max_num_seqs=1).capture_sizes == eights and len(eights) == 67
     assert k("vllm==0.8.5", max_num_seqs=1, max_num_batched_tokens=100).capture_sizes == eights[:15]  # to 96
     assert k("vllm==0.10.1").capture_sizes == eights
+    assert k("vllm==0.11.0", "B200").capture_sizes == eights  # 0.11.0 too (config/__init__.py:588-608), no 1024
     assert k("vllm==0.10.1", max_num_seqs=100).capture_sizes == (1, 2, 4) + tuple(range(8, 201, 8))
     sixteen = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
     assert k("vllm==0.19.0", "B200").capture_sizes == sixteen
