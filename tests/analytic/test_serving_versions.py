@@ -89,3 +89,100 @@ def test_an_engine_whose_free_memory_at_start_is_under_requested_does_not_start(
         est = estimate(spec, setup, gpu=gpu)
         said = any("free memory at start" in n for n in est.notes)
         assert said != starts and est.time.fits == starts, util
+
+
+def _serve(server, gpu, model, **kw):
+    setup = Setup(mode="serve", server=server, precision="bf16", **kw)
+    return serving.serve_memory(load_model(model), setup, get_gpu(gpu))
+
+
+def test_0_19_triton_sampler_by_hand_from_its_code():
+    """0.19.0, gpt-oss-20b on an A100-80GB: the A100 is kept off the 70 GiB tier (arg_utils.py:2053) -> 2048 batched
+    tokens, 256 sequences. 256 rows >= 8 take apply_top_k_top_p_triton (topk_topp_sampler.py:251): bf16 logits 2 +
+    fp32 copy 4 + softmax 4 + random_sample's q 4 = 14 bytes per logit of 201,088, and the kernel's cached buffer of
+    min(next_power_of_2(min(108 SMs, 256)), 108) = 108 rows x 201,088 fp32 (topk_topp_triton.py:1011-1018); beside
+    them the forward's 2048 x 2880 bf16 output and the 256 rows with their rand_like."""
+    sv = _serve("vllm==0.19.0", "A100-80GB", "gpt-oss-20b", max_model_len=131072, gpu_memory_utilization=0.65)
+    assert (sv.knobs.max_num_batched_tokens, sv.knobs.max_num_seqs) == (2048, 256)
+    assert sv.activations == 256 * 201088 * 14 + 108 * 201088 * 4 + 2 * (2048 + 2 * 256) * 2880
+    # below 8 rows the PyTorch sort (38 bytes per logit), and no buffer
+    assert serving.sampler_path("0.19.0", 7) == "torch-sort" and serving.sampler_path("0.19.0", 8) == "triton"
+    k = replace(sv.knobs, max_num_seqs=4)
+    spec = load_model("gpt-oss-20b")
+    got = serving.sampler_transient(spec, Setup(mode="serve", server="vllm==0.19.0", precision="bf16"), k)
+    assert got == 4 * 201088 * 38 + 2 * (2048 + 2 * 4) * 2880
+    # the buffer's rows: a power of two under the SM count, else the SM count (132 on an H100)
+    assert serving.triton_buffer_bytes(40, 1000, 132) == 64 * 1000 * 4
+    assert serving.triton_buffer_bytes(100, 1000, 132) == 128 * 1000 * 4
+    assert serving.triton_buffer_bytes(1024, 1000, 132) == 132 * 1000 * 4
+
+
+def test_0_8_takes_every_non_torch_byte_and_holds_only_the_sampled_rows():
+    """0.8.5 (and 0.8.4, the same code), Llama-3.1-8B on one L40S (44.5 GiB: under 70 -> 2048 / 256): available =
+    total x 0.9 - torch's allocated peak - (total - free - torch allocated) (v1/worker/gpu_worker.py:177-210): beside
+    0.11.0's lazily loaded kernels, the CUDA context and cuBLAS's workspace (4096 KiB x 2 + 16 KiB x 8 off sm_90,
+    CublasHandlePool.cpp). Its dummy sampler run holds only the 256 sampled rows (gpu_model_runner.py:1508-1509, no
+    rand_like): 256 x 128,256 x 38 bytes at the sort + 256 x 4096 bf16."""
+    from trainfit import overheads
+
+    old = _serve("vllm==0.8.5", "L40S", "llama-3.1-8b", max_model_len=32768)
+    new = _serve("vllm==0.11.0", "L40S", "llama-3.1-8b", max_model_len=32768)
+    assert (old.knobs.max_num_batched_tokens, old.knobs.max_num_seqs) == (2048, 256)
+    assert old.activations == 256 * 128256 * 38 + 2 * 256 * 4096
+    assert new.activations - old.activations == 2 * (2048 + 256) * 4096  # 0.11.0 keeps the forward's output, rand_like
+    assert old.non_torch - new.non_torch == overheads.cuda_context(get_gpu("L40S")) + 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert old.available_kv == old.requested - old.weights - old.activations - old.non_torch
+    assert not old.graphs_in_kv
+
+
+def test_mxfp4_backend_by_version_and_gpu_weights_by_hand():
+    """gpt-oss-120b (36 MoE layers of 128 experts, H = I = 2880, biased): 0.11.0 and 0.10.1 run Marlin on an H100
+    (I padded to 2944, H to 3072: 4.25 bits each); 0.14.1 and 0.19.0 find the bundled triton_kernels on SM90 (Triton:
+    2880 is a multiple of 64, no padding; the loaded scales kept beside the swizzled ones, 0.5 + 2/32 bytes; the
+    biases made fp32, + 2 bytes each of 128 x (2 x 2880 + 2880)); on an A100 0.14.1 runs Marlin again."""
+    kw = dict(max_model_len=8192)
+    marlin = _serve("vllm==0.11.0", "H100-80GB", "gpt-oss-120b", **kw).weights
+    assert _serve("vllm==0.10.1", "H100-80GB", "gpt-oss-120b", **kw).weights == marlin
+    triton = _serve("vllm==0.14.1", "H100-80GB", "gpt-oss-120b", **kw).weights
+    assert _serve("vllm==0.19.0", "H100-80GB", "gpt-oss-120b", **kw).weights == triton
+    elements = 128 * 3 * 2880 * 2880
+    per_layer = elements * ((0.5 + 1 / 32) * 2944 / 2880 * 3072 / 2880 - (0.5 + 2 / 32)) - 128 * 3 * 2880 * 2
+    assert marlin - triton == pytest.approx(36 * per_layer, abs=2)
+    a100 = dict(gpu_memory_utilization=0.9, **kw)
+    assert _serve("vllm==0.14.1", "A100-80GB", "gpt-oss-120b", **a100).weights == \
+        _serve("vllm==0.11.0", "A100-80GB", "gpt-oss-120b", **a100).weights
+
+
+def test_default_limits_by_version_on_an_a100():
+    """0.8.5 gives every GPU of 70 GiB or more 8192 / 1024, A100s included (arg_utils.py:1596-1609); 0.10.1 onward skip
+    A100s ("a100" not in device_name, 0.10.1 :1638) -> 2048 / 256; "vllm==0.8" names 0.8.5."""
+    gpu = get_gpu("A100-80GB")
+    assert serving.default_limits(gpu, "0.8.5") == (8192, 1024)
+    for version in ("0.10.1", "0.14.1", "0.19.0", "0.11.0"):
+        assert serving.default_limits(gpu, version) == (2048, 256), version
+    assert serving.default_limits(get_gpu("H100-80GB"), "0.8.5") == (8192, 1024)
+    assert serving_versions.parse("vllm==0.8").version == "0.8.5"
+
+
+def test_capture_sizes_and_graph_modes_by_version():
+    """0.8.5's V1 captures 1, 2, 4 and every 8 to 512 whatever max_num_seqs (config.py:4032-4046: 67 sizes, the
+    reason one sequence did not avoid the log's capture OOM), piecewise only; 0.10.1 and 0.11.0 every 8 up to
+    min(2 x max_num_seqs, 512) (0.10.1 scheduler.py:239-244), 0.10.1 piecewise only; 0.14.1 / 0.19.0 every 16 from 256 and 512 on
+    Blackwell too (0.19.0 config/vllm.py:1383-1441), FULL_AND_PIECEWISE."""
+    spec = load_model("llama-3.1-8b")
+
+    def k(server, gpu="H100-80GB", **kw):
+        return serving.knobs(spec, Setup(mode="serve", server=server, precision="bf16", **kw), get_gpu(gpu))
+
+    eights = (1, 2, 4) + tuple(range(8, 513, 8))
+    assert k("vllm==0.8.5", max_num_seqs=1).capture_sizes == eights and len(eights) == 67
+    assert k("vllm==0.8.5", max_num_seqs=1, max_num_batched_tokens=100).capture_sizes == eights[:15]  # to 96
+    assert k("vllm==0.10.1").capture_sizes == eights
+    assert k("vllm==0.11.0", "B200").capture_sizes == eights  # 0.11.0 too (config/__init__.py:588-608), no 1024
+    assert k("vllm==0.10.1", max_num_seqs=100).capture_sizes == (1, 2, 4) + tuple(range(8, 201, 8))
+    sixteen = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
+    assert k("vllm==0.19.0", "B200").capture_sizes == sixteen
+    assert len(k("vllm==0.33.0", "B200").capture_sizes) > len(sixteen)  # 0.33.0: to 1024 on Blackwell
+    setup = Setup(mode="serve", server="vllm==0.8.5", precision="bf16", max_num_seqs=1)
+    kk = k("vllm==0.8.5", max_num_seqs=1)
+    assert serving.cuda_graph_bytes(spec, setup, kk) == serving.forward_transient(spec, setup, 512) + 66 * 2**20

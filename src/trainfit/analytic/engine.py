@@ -453,8 +453,11 @@ def _serve(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
              f"{sv.kv_blocks:,} blocks of {k.block_size} tokens ({k.kv_dtype} KV)",
              *([f"--kv-cache-memory-bytes: vLLM takes the KV cache as given ({fmt_bytes(sv.available_kv)}), not the "
                 "line above; whether it fits is the device total below"] if setup.kv_cache_memory else []),
-             "the CUDA context, NCCL and cuBLAS come before vLLM's baseline snapshot: outside --gpu-memory-utilization, "
-             "in the device total; the total is CUDA's (cudaMemGetInfo), as vLLM reads it: nvidia-smi's less the "
+             ("vLLM 0.8.x counts the CUDA context, NCCL and cuBLAS inside --gpu-memory-utilization (the non-torch "
+              "term above: every non-torch byte on the device)" if sv.non_torch_on_device else
+              "the CUDA context, NCCL and cuBLAS come before vLLM's baseline snapshot: outside "
+              "--gpu-memory-utilization, in the device total") +
+             "; the total is CUDA's (cudaMemGetInfo), as vLLM reads it: nvidia-smi's less the "
              f"driver's reserve, {fmt_bytes(gpu.smi_memory - gpu.memory)} here (NB: by driver version; set --gpu-memory "
              "to the total_gpu_memory vLLM logs)",
              _load_note(setup, mfu)]

@@ -31,8 +31,12 @@ max_num_batched_tokens tokens and the sampler over max_num_seqs rows; its transi
 Non-torch memory made after the snapshot: the kernel images CUDA loads lazily as the profile run first launches them
 (data/servers.toml non_torch_lazy_bytes, fitted on calibration C11). NB: taken as model-, GPU- and TP-independent;
 NCCL's buffers at TP > 1 are made before the snapshot (gpu_worker.py init_device) and not counted here.
-Which versions subtract the CUDA-graph estimate from the KV cache: data/servers.toml graphs_in_kv (0.11.0 does not:
-its graphs come out of what gpu_memory_utilization leaves).
+Which versions subtract the CUDA-graph estimate from the KV cache: data/servers.toml graphs_in_kv (0.33.0 only of the
+versions listed: the others capture their graphs after the KV cache, out of what gpu_memory_utilization leaves).
+vLLM 0.8.x (servers.toml non_torch = "device") subtracts every non-torch byte on the device instead (its
+determine_available_memory: total × util − torch's allocated peak − (total − free − torch allocated)): the CUDA context,
+NCCL, custom all-reduce buffers and the cuBLAS workspace (overheads.py: what 0.9.2+ leave before the snapshot) with the
+lazily loaded kernels (non_torch_device).
 CUDA graphs (profile_cudagraph_memory, gpu_model_runner.py:6268-6405): vLLM captures the two smallest sizes of each
 mode (FULL and PIECEWISE), counts the first capture whole and the second as the per-graph cost of the rest; here
 the first capture is the graph pool's activations at the largest capture size (the forward transient at that many
@@ -60,13 +64,18 @@ VLLM_VERSION = serving_versions.parse("vllm").version  # the default (current) r
 DEFAULT_BLOCK_SIZE = 16  # config/cache.py:185, 462-463
 VOCAB_PADDING = 64  # model_executor/layers/vocab_parallel_embedding.py:36 (pad_vocab_size)
 GRAPH_FLOOR = 1 << 20  # gpu_model_runner.py:6351-6354: at least 1 MiB per further graph
-GRAPH_MODES = 2  # FULL_AND_PIECEWISE, the v1 default (config/compilation.py:618)
+GRAPH_MODES = 2  # FULL_AND_PIECEWISE, the v1 default (config/compilation.py:618); servers.toml graph_modes per version
 GROUP = 128  # AWQ/GPTQ group size of the published int4 checkpoints (a checkpoint property; NB: 128 assumed)
 # MXFP4 (OCP Microscaling: 4-bit e2m1 values, one e8m0 scale byte per block of 32): vLLM's Mxfp4MoEMethod.create_weights
 # (model_executor/layers/quantization/mxfp4.py, commit 007d5005) stores w13 (E, 2I, H/2) and w2 (E, H, I/2) as uint8
 # (two values a byte) and their scales (E, 2I, H/32), (E, H, I/32) as uint8 (`mxfp4_block = 32`)
 MXFP4_BLOCK = 32
 MXFP4_BYTES = 0.5 + 1 / MXFP4_BLOCK
+# Triton's MXFP4 backend keeps the loaded scales (layer.w13_weight_scale / w2_weight_scale: never deleted or replaced)
+# beside the swizzled copies its PrecisionConfig holds (0.14.1 model_executor/layers/quantization/mxfp4.py:746-785:
+# `del layer.w13_weight` only; 0.19.0 fused_moe/oracle/mxfp4.py:721-753 and quantization/mxfp4.py:297-308); the
+# weights themselves are replaced. NB: the swizzled scale layout's own padding is not counted (under)
+MXFP4_TRITON_SCALE_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -101,8 +110,9 @@ class Serving:
     kv_pool: int  # bytes of the blocks allocated
     blocks_per_request: int  # what one request of max_model_len holds (vLLM refuses to start below it)
     state_bytes: int = 0  # one sequence's linear-attention / Mamba states on this GPU (unpadded; serving_state)
-    non_torch: int = 0  # non-torch memory made after vLLM's snapshot (module docstring)
+    non_torch: int = 0  # non-torch made after vLLM's snapshot; 0.8.x: all on the device + cuBLAS (non_torch_device)
     graphs_in_kv: bool = True  # whether this version takes the CUDA graphs out of the KV cache
+    non_torch_on_device: bool = False  # 0.8.x: non_torch is every non-torch byte on the device (non_torch_device)
 
     @property
     def max_sequences(self) -> int:
@@ -144,23 +154,34 @@ def log_lines(sv: ServingDetail) -> list[tuple[str, float]]:
 def default_limits(gpu: GPU, version: str = VLLM_VERSION) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) of `vllm serve` (UsageContext.OPENAI_API_SERVER) on this GPU: the
     version's tiers (data/servers.toml limits: 0.33.0 engine/arg_utils.py:2970-3006 — 16384 / 1024 from 160 GiB,
-    8192 / 1024 from 70 GiB except A100s; 0.11.0 :1605-1624 only the 70 GiB tier), else 2048 / 256 (with chunked
-    prefill, on by default for these models)."""
+    8192 / 1024 from 70 GiB except A100s; 0.10.1-0.19.0 only the 70 GiB tier; 0.8.5 :1596-1609 from 70 GiB, A100s
+    included), else 2048 / 256 (with chunked prefill, on by default for these models)."""
     gib = gpu.memory / 2**30
-    for floor, tokens, seqs in serving_versions.parse(f"vllm=={version}")["limits"]:
-        # vLLM reads the device's name for the A100 exclusion of the 70 GiB tier; GPU.kernels names the chip
-        if gib >= floor and (floor != 70 or "a100" not in gpu.kernels.lower()):
+    for floor, tokens, seqs, *skips in serving_versions.parse(f"vllm=={version}")["limits"]:
+        # a tier's 4th element: a device name it skips (vLLM reads the device's name: "a100" not in device_name from
+        # 0.10; 0.8.5 has no such test); GPU.kernels names the chip
+        if gib >= floor and not any(name in gpu.kernels.lower() for name in skips):
             return tokens, seqs
     return 2048, 256
 
 
-def capture_sizes(max_num_seqs: int, max_tokens: int, blackwell: bool = False) -> tuple[int, ...]:
-    """CUDA-graph batch sizes (config/vllm.py:2453-2470, 2575-2591): up to min(2 × max_num_seqs, 512 — 1024 on
-    Blackwell, compute capability 10.x), capped by max_num_batched_tokens: 1, 2, 4, then every 8 to 248, then
-    every 16 from 256."""
-    top = min(max_num_seqs * 2, 1024 if blackwell else 512, max_tokens)
-    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + \
-        list(range(256, top + 1, 16))
+# 0.33.0's capture-size rule (config/vllm.py:2453-2470, 2575-2591), what a version without servers.toml `capture`
+# takes: up to min(2 × max_num_seqs, 512 — 1024 on Blackwell), every 16 from 256
+CAPTURE_RULE = {"by_seqs": True, "top": 512, "top_blackwell": 1024, "step16_from": 256}
+
+
+def capture_sizes(max_num_seqs: int, max_tokens: int, blackwell: bool = False,
+                  rule: dict | None = None) -> tuple[int, ...]:
+    """CUDA-graph batch sizes by the version's rule (servers.toml `capture`, else CAPTURE_RULE): up to `top` (on
+    Blackwell, compute capability 10.x, `top_blackwell`), below 2 × max_num_seqs where `by_seqs`, capped by
+    max_num_batched_tokens: 1, 2, 4, then every 8, every 16 from `step16_from` where the rule has one."""
+    rule = rule or CAPTURE_RULE
+    top = min(rule.get("top_blackwell", rule["top"]) if blackwell else rule["top"], max_tokens)
+    if rule["by_seqs"]:
+        top = min(top, max_num_seqs * 2)
+    step16 = rule.get("step16_from", top + 1)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, step16), 8)) + \
+        list(range(step16, top + 1, 16))
     return tuple(sizes)
 
 
@@ -175,7 +196,8 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
     batched = setup.max_num_batched_tokens or tokens
     seqs = setup.max_num_seqs or seqs
     blackwell = roofline.kernels_for(gpu).generation == "blackwell"
-    sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell)
+    rule = serving_versions.of(setup).facts.get("capture")
+    sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell, rule)
     dtype = setup.kv_dtype or _weight_dtype(setup)
     block = setup.block_size
     if serving_state.state_layers(spec):  # one attention page holds a state page (serving_state)
@@ -195,7 +217,8 @@ def embedding_bytes(spec: ModelSpec, setup: Setup) -> float:
     return vocab * spec.hidden / setup.tp * DTYPE_BYTES[_weight_dtype(setup)]
 
 
-def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | None = None) -> float:
+def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | None = None,
+                gpu: GPU | None = None) -> float:
     """One decoder layer on one GPU — the average of the model's layers, or one whose MLP has `mlp` parameters —:
     its projections over TP (kv heads replicated when TP exceeds them; MLA's down-projections replicated), at
     --quant's bytes, norms replicated. A MoE layer's router gate (experts × hidden) is whole on every rank and in
@@ -221,7 +244,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | Non
         per_layer = (layer_linear - kv_params) / t + kv_params * kv_share(spec, t)
     # the experts' matrices (sharded over TP with the rest) at their own bytes where the checkpoint's differ
     experts = expert_matrices(spec) * moe_share / t
-    return per_layer * quant_bytes(setup) + experts * (expert_weight_bytes(spec, setup) - quant_bytes(setup)) + \
+    return per_layer * quant_bytes(setup) + experts * (expert_weight_bytes(spec, setup, gpu) - quant_bytes(setup)) + \
         (pc.norms + router) * b
 
 
@@ -233,7 +256,7 @@ def expert_matrices(spec: ModelSpec) -> float:
     return m.num_experts * (3 if spec.gated_mlp else 2) * m.expert_intermediate * spec.hidden
 
 
-def expert_weight_bytes(spec: ModelSpec, setup: Setup) -> float:
+def expert_weight_bytes(spec: ModelSpec, setup: Setup, gpu: GPU | None = None) -> float:
     """Bytes per routed-expert matrix weight: the checkpoint's MXFP4 (4.25 bits: MXFP4_BYTES) where it stores the
     experts so (MoESpec.experts_mxfp4: gpt-oss) and no --quant asks for another format — vLLM loads it as stored
     (Mxfp4Config.get_quant_method: FusedMoE -> Mxfp4MoEMethod; its biases stay bf16, and the attention, router,
@@ -244,20 +267,53 @@ def expert_weight_bytes(spec: ModelSpec, setup: Setup) -> float:
     of the expert biases and its swizzled scales kept beside the originals (0.11.0 process_weights_after_loading
     :578-617 frees only the weights) are not counted, nor Marlin's padding of the bf16 biases (a few MiB): under."""
     if spec.moe is not None and spec.moe.experts_mxfp4 and not setup.quant:
-        return MXFP4_BYTES * mxfp4_padding(spec, setup)
+        if mxfp4_backend(setup, gpu) == "triton":  # the scales twice: as loaded and swizzled (mxfp4_triton_scales)
+            return (0.5 + MXFP4_TRITON_SCALE_COPIES / MXFP4_BLOCK) * mxfp4_padding(spec, setup, gpu)
+        return MXFP4_BYTES * mxfp4_padding(spec, setup, gpu)
     return quant_bytes(setup)
 
 
-def mxfp4_padding(spec: ModelSpec, setup: Setup) -> float:
-    """The factor by which vLLM's Marlin MXFP4 MoE backend grows the expert matrices and their scales: "the moe marlin
-    kernel requires that for each linear n % 256 == 0 and k % 128 == 0", so create_weights pads I/tp up to a multiple
-    of 128 and H to 256 (0.11.0 model_executor/layers/quantization/mxfp4.py:189-204; gpt-oss's 2880 -> 2944 and
-    3072). 1 where the version's backend is not Marlin (servers.toml mxfp4_moe absent) or the engine is not vLLM."""
-    if serving_versions.engine_of(setup.server or "vllm") != "vllm" or \
-            serving_versions.of(setup).facts.get("mxfp4_moe") != "marlin":
-        return 1.0
+def mxfp4_backend(setup: Setup, gpu: GPU | None = None) -> str | None:
+    """The MXFP4 MoE backend the vLLM version runs a checkpoint's MXFP4 experts on (data/servers.toml mxfp4_moe, by
+    the GPU's generation where mxfp4_moe_by_generation names one); None under SGLang or where the version lists none.
+    Without a GPU, the version's mxfp4_moe."""
+    if serving_versions.engine_of(setup.server or "vllm") != "vllm":
+        return None
+    facts = serving_versions.of(setup).facts
+    backend = facts.get("mxfp4_moe")
+    if gpu is not None:
+        backend = facts.get("mxfp4_moe_by_generation", {}).get(roofline.kernels_for(gpu).generation, backend)
+    return backend
+
+
+def mxfp4_padding(spec: ModelSpec, setup: Setup, gpu: GPU | None = None) -> float:
+    """The factor by which vLLM's MXFP4 MoE backend grows the expert matrices and their scales. Marlin: "the moe
+    marlin kernel requires that for each linear n % 256 == 0 and k % 128 == 0", so create_weights pads I/tp up to a
+    multiple of 128 and H to 256 (0.11.0 model_executor/layers/quantization/mxfp4.py:189-204, 0.10.1 :156-167, 0.14.1
+    :279-294, 0.19.0 fused_moe/oracle/mxfp4.py:380-385; gpt-oss's 2880 -> 2944 and 3072). Triton on CUDA: I/tp up to
+    a multiple of 64, H as it is (0.14.1 quantization/mxfp4.py:327-330, 0.19.0 oracle/mxfp4.py:398-399; 2880 is one).
+    1 for any other backend (FlashInfer's: not modelled, NB under) or engine."""
+    backend = mxfp4_backend(setup, gpu)
     i = spec.moe.expert_intermediate / setup.tp
-    return (math.ceil(i / 128) * 128 / i) * (math.ceil(spec.hidden / 256) * 256 / spec.hidden)
+    if backend == "marlin":
+        return (math.ceil(i / 128) * 128 / i) * (math.ceil(spec.hidden / 256) * 256 / spec.hidden)
+    if backend == "triton":
+        return math.ceil(i / 64) * 64 / i
+    return 1.0
+
+
+def mxfp4_bias_upcast(spec: ModelSpec, setup: Setup, gpu: GPU | None = None) -> float:
+    """Bytes the Triton MXFP4 backend adds on one GPU by making the experts' biases fp32 (0.14.1 model_executor/layers/
+    quantization/mxfp4.py:749-753, 0.19.0 fused_moe/oracle/mxfp4.py:724-726 `w13_bias.to(torch.float32)`, replacing
+    the bf16 parameters): + 2 bytes per bias, w13's 2 I_pad/tp and w2's H per expert of every MoE layer of the stage;
+    0 on other backends."""
+    if spec.moe is None or not spec.moe.experts_mxfp4 or not spec.moe.expert_bias or setup.quant or \
+            mxfp4_backend(setup, gpu) != "triton":
+        return 0.0
+    m, pc = spec.moe, count_params(spec)
+    i_pad = m.expert_intermediate / setup.tp * mxfp4_padding(spec, setup, gpu)
+    per_layer = m.num_experts * ((2 if spec.gated_mlp else 1) * i_pad + spec.hidden)
+    return pc.moe_layers * per_layer * (FP32 - DTYPE_BYTES[_weight_dtype(setup)]) / setup.pp
 
 
 def kv_share(spec: ModelSpec, tp: int) -> float:
@@ -280,7 +336,7 @@ def _attention_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
     return ((pc.attention - kv) / setup.tp + kv * kv_share(spec, setup.tp)) * quant_bytes(setup)
 
 
-def stack_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+def stack_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, gpu: GPU | None = None) -> float:
     """Every decoder layer of one pipeline stage on one GPU. A hybrid stack (Nemotron-H: one norm and one mixer per
     block) counts its attention blocks as attention layers, its MLP blocks' MLP and its Mamba-2 mixers over TP
     (vLLM's MambaMixer2 shards in_proj, conv1d, A, D, dt_bias, its gated norm and out_proj by heads: model_executor/
@@ -294,20 +350,20 @@ def stack_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
         mixers = m.attention_layers * _attention_bytes(spec, setup, pc) + (
             m.mlp_layers * pc.mlp + m.mamba_layers * pc.mamba) / t * q
         return (mixers + spec.layers * pc.norms * DTYPE_BYTES[_weight_dtype(setup)]) / setup.pp
-    layers = spec.layers * layer_bytes(spec, setup, pc)
+    layers = spec.layers * layer_bytes(spec, setup, pc, gpu=gpu)
     if pc.linear_layers:  # a Gated DeltaNet in place of each such layer's attention
         layers += pc.linear_layers * (pc.linear_attention / t * q - _attention_bytes(spec, setup, pc))
     return layers / setup.pp
 
 
-def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts) -> float:
+def weights_per_gpu(spec: ModelSpec, setup: Setup, pc: ParamCounts, gpu: GPU | None = None) -> float:
     """The model's weights on one GPU as vLLM shards them: every layer as layer_bytes shards it, layers split
     evenly over PP, the embedding (embedding_bytes) on the first stage (the largest), an untied head and the final
-    norm on the last."""
+    norm on the last. `gpu`: the device, where the version's MXFP4 backend depends on it (mxfp4_backend)."""
     b = DTYPE_BYTES[_weight_dtype(setup)]
     embed = embedding_bytes(spec, setup)
     head = 0 if spec.tied_embeddings else embed
-    layers = stack_bytes(spec, setup, pc)
+    layers = stack_bytes(spec, setup, pc, gpu) + mxfp4_bias_upcast(spec, setup, gpu)
     # RotaryEmbedding's cos/sin cache, a buffer of (max positions, rotary dim) in the model dtype on every rank
     # (model_executor/layers/rotary_embedding/base.py _compute_cos_sin_cache; "Loading model weights took" counts it)
     rope = (spec.max_positions or 0) * rotary_dim(spec) * b if spec.positions == "rotary" else 0
@@ -372,9 +428,15 @@ def sampler_buffers(path: str, model_bytes: int) -> dict[str, int]:
             `reverse_indices` iota from the caching allocator) -> cub's DeviceSegmentedRadixSort::SortPairs, whose
             temporary storage without a DoubleBuffer holds a 3rd keys buffer and a 3rd values buffer
             (cub/device/dispatch/dispatch_radix_sort.cuh, is_overwrite_okay false): fp32 + int64.
+      "triton" (0.19.0 topk_topp_sampler.py:245-255 -> topk_topp_triton.py apply_top_k_top_p_triton :965-1050:
+            the mask is applied in place on the fp32 logits; its per-program buffer: triton_buffer_bytes); then
+            forward_native's softmax (:112) and random_sample's q = torch.empty_like(probs) (:334), live together
+            beside the logits: two more fp32 copies.
     NB: cub's digit-histogram spine (KiB) is not counted (under)."""
     out = {"logits (model dtype)": model_bytes, "logits fp32": FP32}
-    if path == "flashinfer":
+    if path == "triton":
+        out.update({"probs fp32": FP32, "random_sample q fp32": FP32})
+    elif path == "flashinfer":
         out.update({"top-k masked logits fp32": FP32, "probs fp32": FP32})
     elif path == "torch-sort":
         out.update({"sorted values fp32": FP32, "sort indices int64": 8, "reverse indices int64": 8,
@@ -384,21 +446,67 @@ def sampler_buffers(path: str, model_bytes: int) -> dict[str, int]:
     return out
 
 
-def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
-    """vLLM's dummy sampler run (module docstring): the forward's output hidden states (T × h), the R sampled rows'
-    hidden states and their torch.rand_like (gpu_model_runner.py _dummy_sampler_run: 0.11.0 :3190, 0.33.0 :5879),
-    and the sampler's buffers over R × vocab (sampler_buffers, by the version's path)."""
+# what the dummy sampler run holds in hidden states beside the logits, where servers.toml names no sampler_holds:
+# profile_run keeps the forward's output (T × h) and the R sampled rows, _dummy_sampler_run their torch.rand_like
+# (0.10.1 gpu_model_runner.py:2433, 2622-2631; 0.11.0 :3190; 0.19.0 :5569, 5782-5793; 0.33.0 :5879)
+SAMPLER_HOLDS = ("forward output", "rows", "rand_like rows")
+
+
+def sampler_path(version: str, rows: int) -> str:
+    """The top-k/top-p path the version's dummy sampler run takes over `rows` rows (servers.toml sampler; a Triton
+    sampler falls back to the PyTorch sort below sampler_triton_min_rows: 0.19.0 topk_topp_sampler.py:251)."""
+    facts = serving_versions.parse(f"vllm=={version}").facts
+    if facts["sampler"] == "triton" and rows < facts["sampler_triton_min_rows"]:
+        return "torch-sort"
+    return facts["sampler"]
+
+
+def triton_buffer_bytes(rows: int, vocab: int, sms: int) -> int:
+    """apply_top_k_top_p_triton's cached per-program buffer (0.19.0 v1/sample/ops/topk_topp_triton.py:1011-1021):
+    NUM_PROGRAMS = min(SMs, rows) programs; a buffer of min(next_power_of_2(NUM_PROGRAMS), SMs) rows of the vocabulary
+    in the logits' dtype (fp32), kept in _TRITON_BUFFER_CACHE (held past the profile run: in its peak either way).
+    SMs: torch's multi_processor_count (platforms/cuda.py:520-521)."""
+    programs = min(sms, rows)
+    return min(1 << (programs - 1).bit_length(), sms) * vocab * FP32
+
+
+def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs, gpu: GPU | None = None) -> float:
+    """vLLM's dummy sampler run (module docstring): the hidden states it holds (SAMPLER_HOLDS, or the version's
+    sampler_holds: 0.8.5 only the R rows), and the sampler's buffers over R × vocab (sampler_buffers, by the
+    version's path) with the Triton sampler's per-program buffer (triton_buffer_bytes: `gpu` needed there)."""
     a = DTYPE_BYTES[_weight_dtype(setup)]
     rows = min(k.max_num_seqs, k.max_num_batched_tokens)
-    path = serving_versions.parse(f"vllm=={k.version}")["sampler"]
+    facts = serving_versions.parse(f"vllm=={k.version}").facts
+    path = sampler_path(k.version, rows)
     per_logit = sum(sampler_buffers(path, a).values())
-    return a * (k.max_num_batched_tokens + 2 * rows) * spec.hidden + rows * spec.vocab * per_logit
+    holds = facts.get("sampler_holds", SAMPLER_HOLDS)
+    hidden = sum(k.max_num_batched_tokens if h == "forward output" else rows for h in holds)
+    extra = 0
+    if path == "triton":
+        if gpu is None:
+            raise LookupError(f"vLLM {k.version}'s Triton sampler buffer depends on the GPU's SM count: pass gpu")
+        extra = triton_buffer_bytes(rows, spec.vocab, roofline.kernels_for(gpu).sms)
+    return a * hidden * spec.hidden + rows * spec.vocab * per_logit + extra
+
+
+def non_torch_device(gpu: GPU, setup: Setup) -> int:
+    """vLLM 0.8.x's non-torch term (servers.toml non_torch = "device"; 0.8.5 v1/worker/gpu_worker.py:194-210): the
+    allocated peak since reset_peak_memory_stats counts every live torch allocation — the cuBLAS workspace too
+    (overheads.blas_workspace: torch allocates it from its caching allocator) — and `total − free − torch allocated`
+    every other byte on the device: the CUDA context, NCCL's buffers, custom all-reduce (overheads.overheads, what later
+    versions leave before their snapshot) and the kernels loaded lazily by the profile run (non_torch_lazy_bytes).
+    NB: other processes on the device would count too (none taken)."""
+    from .. import overheads
+
+    return sum(overheads.overheads(gpu, setup).values()) + overheads.blas_workspace(gpu) + \
+        serving_versions.vllm_shared("non_torch_lazy_bytes")
 
 
 def cuda_graph_bytes(spec: ModelSpec, setup: Setup, k: Knobs) -> float:
     if not k.capture_sizes:
         return 0.0
-    return forward_transient(spec, setup, max(k.capture_sizes)) + GRAPH_MODES * (len(k.capture_sizes) - 1) * GRAPH_FLOOR
+    modes = serving_versions.parse(f"vllm=={k.version}").facts.get("graph_modes", GRAPH_MODES)
+    return forward_transient(spec, setup, max(k.capture_sizes)) + modes * (len(k.capture_sizes) - 1) * GRAPH_FLOOR
 
 
 @dataclass(frozen=True)
@@ -519,18 +627,20 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     # total_gpu_memory 79.11-79.33 GiB on an H100). NB: the reserve varies by driver by ~0.1 GiB; --gpu-memory sets it
     total = gpu.memory
     requested = math.ceil(total * k.utilization)
-    weights = weights_per_gpu(spec, setup, pc)
-    act = max(forward_transient(spec, setup, k.max_num_batched_tokens), sampler_transient(spec, setup, k))
+    weights = weights_per_gpu(spec, setup, pc, gpu)
+    act = max(forward_transient(spec, setup, k.max_num_batched_tokens), sampler_transient(spec, setup, k, gpu))
     graphs = cuda_graph_bytes(spec, setup, k)
-    graphs_in_kv = serving_versions.parse(f"vllm=={k.version}")["graphs_in_kv"]
-    non_torch = serving_versions.vllm_shared("non_torch_lazy_bytes")
+    facts = serving_versions.parse(f"vllm=={k.version}").facts
+    graphs_in_kv = facts["graphs_in_kv"]
+    on_device = facts.get("non_torch") == "device"
+    non_torch = non_torch_device(gpu, setup) if on_device else serving_versions.vllm_shared("non_torch_lazy_bytes")
     kinds = layer_kinds(spec)
     per_token = kv_bytes_per_token(spec, setup.with_(kv_dtype=k.kv_dtype))
     if kinds.state:  # only the attention layers' K and V grow with the tokens (the states: state_bytes)
         per_token = (kinds.full + kinds.sliding + kinds.chunked) * \
             serving_state.attention_page_per_token(spec, setup, k.kv_dtype)
     if draft is not None:  # NB: the two models' profile peaks taken as not overlapping (they run one after another)
-        weights += weights_per_gpu(draft, setup, count_params(draft))
+        weights += weights_per_gpu(draft, setup, count_params(draft), gpu)
         act = max(act, forward_transient(draft, setup, k.max_num_batched_tokens))
         graphs += cuda_graph_bytes(draft, setup, k)
         per_token += kv_bytes_per_token(draft, setup.with_(kv_dtype=k.kv_dtype))
@@ -555,7 +665,7 @@ def serve_memory(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts | None
     state = kinds.state * serving_state.vllm_state_page(spec, setup, _weight_dtype(setup)).bytes if kinds.state else 0
     return Serving(k, total, requested, int(weights), int(act), int(graphs), int(available), per_token, blocks,
                    int(concurrency * k.max_model_len), concurrency, int(blocks * block), per_request, state,
-                   int(non_torch), graphs_in_kv)
+                   int(non_torch), graphs_in_kv, on_device)
 
 
 def concurrency(sv) -> int:
