@@ -28,7 +28,9 @@ def _table() -> dict:
 
 
 def versions(engine: str) -> tuple[str, ...]:
-    return tuple(_table()[engine]["versions"])
+    """The listed releases of `engine`, newest first."""
+    return tuple(sorted(_table()[engine]["versions"], key=lambda v: tuple(int(p) for p in v.split(".")),
+                        reverse=True))
 
 
 def engine_of(value: str) -> str:

@@ -406,8 +406,9 @@ class Setup:
                                       "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve", "rl"),
                                       aliases=("--kv-cache-dtype",), group="step")
     server: str = setting("vllm", "Serving engine modelled, ENGINE or ENGINE==VERSION: vllm (vLLM's start-up "
-                          "profiling and paged KV cache; 0.33.0, or ==0.11.0) or sglang (SGLang 0.5.23's static "
-                          "memory fraction and token pool); the versions and their facts: data/servers.toml.",
+                          "profiling and paged KV cache) or sglang (SGLang's static memory fraction and token pool); "
+                          "plain ENGINE is its current release, ==VERSION one of the releases listed in "
+                          "data/servers.toml (an unlisted one is refused with the list).",
                           check=_serving_versions.check, suggestions=SERVERS + _serving_versions.suggestions(),
                           example="vllm==0.11.0", group="serve")
     mem_fraction_static: Optional[float] = setting(None, "SGLang's --mem-fraction-static: the share of the free "
