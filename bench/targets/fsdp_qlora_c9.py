@@ -1,7 +1,8 @@
 """C9 of shared/calibration.md: Answer.AI's fsdp_qlora (AnswerDotAI/fsdp_qlora at 05ed9f2, benchmarks_03_2024.md),
 Llama-2-7B on 2 x RTX 3090 (no NVLink, 280 W), batch 1, context 512, 1,024 dummy samples: QLoRA 4.98 GiB peak
 reserved in 1,082 s, LoRA 10.24 GiB in 2,597 s (the LoRA run's peak allocated, 8.28 GiB, is in the same note).
-A helper of the post-training bench (bench/targets/posttrain_published.py imports `c9_rows`); nothing is fitted.
+A helper of the post-training bench (bench/targets/posttrain_published.py imports `c9_rows`). Fitted on it: the RTX
+3090's link fraction (src/trainfit/data/kernels.toml: the LoRA time; the QLoRA time is its check).
 
 What train.py runs, and the trainfit flags for it (train.py line numbers at 05ed9f2):
   * `--model_name meta-llama/Llama-2-7b-hf --batch_size 1 --context_length 512 --train_type qlora|lora
