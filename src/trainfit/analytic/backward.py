@@ -241,15 +241,17 @@ def _flash_backward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens
                            layer_params: float, base: float, freed: float) -> Moment:
     """Inside the 16-bit flash kernel's backward (FlashAttention-2's mha_bwd, which torch's SDPA flash backend and
     transformers' flash_attention_2 both run): the output's gradient (dout) it reads, the dq, dk, dv it writes
-    (flash_attn_interface.py:690-694, flash_api.cpp:887-913 at 0251105), its fp32 scratch — softmax_d (batch, heads,
+    (flash_attn_interface.py:881-883 FlashAttnFunc.backward, csrc/flash_attn/flash_api.cpp:887-913 at 0251105), its
+    fp32 scratch — softmax_d (batch, heads,
     seq) and the dq accumulator (batch, seq, heads, head_dim) (:921-926) — and under GQA dk and dv at the query heads
     before their sum over each group (dk_expanded, dv_expanded: :936-939; the varlen path alike, :1142-1165). By then
     the MLP sub-block's saved tensors are freed (its backward has run) and every gradient of the layer exists but
     q/k/v's. Under a full-width MLP the MLP's moments above stay higher (its saved intermediates alone outweigh
     these); it sets the layer's high point where the MLP is tiled (--tiled-mlp) or narrow.
     NB: FlashAttention-3 (Hopper) accumulates dk and dv in fp32 at the kv heads instead of expanding them in 16-bit at
-    the query heads (hopper/flash_api.cpp dk_accum, dv_accum): under GQA 2·a·(q_dim − kv_dim) bytes a token fewer
-    than counted here (read high there)."""
+    the query heads, and keeps a second fp32 row statistic (hopper/flash_api.cpp:1479-1497 dk_accum, dv_accum,
+    softmax_lse_log2): under GQA 2·a·q_dim − 8·kv_dim − 4·heads bytes a token fewer than counted here (Llama-3.1-8B
+    in bf16: ~8 KiB; read high there)."""
     t, a = setup.tp, st.act
     q, kv = spec.q_dim, spec.kv_dim
     per_token = a * (2 * q + 2 * kv) + FP32 * (q + spec.heads)  # dout, dq, dk, dv; dq_accum, softmax_d
