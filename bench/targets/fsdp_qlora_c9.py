@@ -39,7 +39,8 @@ STEPS = 1024 // 2  # 1,024 samples, batch 1 on each of 2 ranks
 
 FLAGS = dict(gpu="3090", power_limit=280, stack="hf", dp=2, zero=3, batch=1, seq=512, precision="bf16",
              optimizer="adamw", optimizer_impl="foreach", recompute="full", lora_rank=64,
-             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", lora_dtype="weight")
+             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", lora_dtype="weight",
+             stack_release="2024-03-fsdp-qlora")
 
 # (train type, trainfit settings beyond FLAGS, published peak reserved GiB, published seconds per 1,024 samples,
 #  published peak allocated GiB or None) -- benchmarks_03_2024.md, "Case Study: A Dual 3090"

@@ -82,7 +82,10 @@ def _aai(row: int, model: str, gpu: str, n: int, train: str, batch: int, reserve
          gpu_text: str | None = None) -> Run:
     """One row of the benchmark file (`row`: its line): `model` a catalog name or a posttrain_models/ file stem."""
     flags = dict(batch=batch, seq=seq, precision="bf16", lora_rank=64, lora_dtype="weight", recompute="full",
-                 optimizer_impl="foreach", dp=n, zero=3 if shard == "full_shard" else 0, gpu=gpu)
+                 optimizer_impl="foreach", dp=n, zero=3 if shard == "full_shard" else 0, gpu=gpu,
+                 # transformers 4.40's loss (fp32 logits returned, a shifted fp32 copy) and train.py's loop holding
+                 # the model's output through the backward (train.py:872-894): stacks/hf.toml [releases]
+                 stack_release="2024-03-fsdp-qlora")
     if train == "QLoRA":  # train.py never calls peft's prepare_model_for_kbit_training: the embedding, head and
         # norms keep torch_dtype (train.py:536-549, 615-616)
         flags.update(quant="nf4", kbit_prep="none")
