@@ -152,7 +152,11 @@ AAI_RUNS = (
 # nvidia-smi screenshot: the device total. NB: the docs write "GB" for what nvidia-smi shows in MiB; taken as GiB
 # (an "80 %" of an 80 GB H100 is 63.7 GiB: the 64 GB row), so the published figure may be up to 7 % high in GB.
 # Adapters in fp32 (peft > 0.13, the docs' stated version: autocast_adapter_dtype=True), the default lora_dtype.
-_PEFT_70B = dict(seq=2048, lora_rank=8, recompute="full", attention="flash")
+# Flash attention 2 is the FA2 package (--attention flash2): the launch commands pass --use_flash_attn True, which the
+# training code the docs show turns into attn_implementation="flash_attention_2" (deepspeed.md and fsdp.md, read at
+# 018ca9d); transformers' FA2 path casts the fp32 q, k, v peft's k-bit preparation leaves to bf16, where SDPA
+# (--attention flash) would take the math path for fp32 with GQA
+_PEFT_70B = dict(seq=2048, lora_rank=8, recompute="full", attention="flash2")
 PEFT_RUNS = (
     Run("peft-ds-z3-lora-70b-8xh100", FAMILIES[0], "llama-2-70b", "8 × H100 80GB",
         "LoRA, DeepSpeed ZeRO-3, batch 8, bf16", "device_total", 64.0, f"{PEFT}deepspeed.md#L157",
