@@ -1,7 +1,8 @@
 """C9 of shared/calibration.md: Answer.AI's fsdp_qlora (AnswerDotAI/fsdp_qlora at 05ed9f2, benchmarks_03_2024.md),
 Llama-2-7B on 2 x RTX 3090 (no NVLink, 280 W), batch 1, context 512, 1,024 dummy samples: QLoRA 4.98 GiB peak
 reserved in 1,082 s, LoRA 10.24 GiB in 2,597 s (the LoRA run's peak allocated, 8.28 GiB, is in the same note).
-A helper of the post-training bench (bench/targets/posttrain_published.py imports `c9_rows`); nothing is fitted.
+A helper of the post-training bench (bench/targets/posttrain_published.py imports `c9_rows`). Fitted on it: the RTX
+3090's link fraction (src/trainfit/data/kernels.toml: the LoRA time; the QLoRA time is its check).
 
 What train.py runs, and the trainfit flags for it (train.py line numbers at 05ed9f2):
   * `--model_name meta-llama/Llama-2-7b-hf --batch_size 1 --context_length 512 --train_type qlora|lora
@@ -38,7 +39,8 @@ STEPS = 1024 // 2  # 1,024 samples, batch 1 on each of 2 ranks
 
 FLAGS = dict(gpu="3090", power_limit=280, stack="hf", dp=2, zero=3, batch=1, seq=512, precision="bf16",
              optimizer="adamw", optimizer_impl="foreach", recompute="full", lora_rank=64,
-             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", lora_dtype="weight")
+             lora_targets="q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj", lora_dtype="weight",
+             stack_release="2024-03-fsdp-qlora")
 
 # (train type, trainfit settings beyond FLAGS, published peak reserved GiB, published seconds per 1,024 samples,
 #  published peak allocated GiB or None) -- benchmarks_03_2024.md, "Case Study: A Dual 3090"

@@ -10,8 +10,8 @@ tables are in unslothai/unsloth README.md "Context length benchmarks". Setup as 
 Llama 3.3 70B Instruct, 4-bit QLoRA (nf4) on every linear (q, k, v, o, gate, up, down), rank 32, batch 1, sequences
 padded to the length; FlashAttention-2. Llama 3.3 70B has Llama 3.1 70B's architecture (config.json: the same
 sizes), so trainfit's llama-3.1-70b stands for it. What the page does not state, and the rows assume: gradient
-checkpointing on (peft's prepare_model_for_kbit_training turns it on by default), bf16 compute, AdamW, the default
---kbit-prep (peft's preparation). Unsloth's earlier Llama 3.1 post (https://unsloth.ai/blog/llama3-1) has the same
+checkpointing on (peft's prepare_model_for_kbit_training turns it on by default), bf16 compute, AdamW (torch's
+foreach: the Trainer's default then, FLAGS below), the default --kbit-prep (peft's preparation). Unsloth's earlier Llama 3.1 post (https://unsloth.ai/blog/llama3-1) has the same
 table from older versions (12 GB: 1,044; 80 GB: 28,567; 70B at 80 GB: 7,433), left out: one source per boundary.
 NB: "N GB" taken as N GiB of device memory (--gpu-memory N); a card's CUDA total is 1-3 % below its nominal size
 (A100 80GB: 79.25 GiB), so the predictions run long by that share of the capacity over the per-token bytes.
@@ -29,8 +29,12 @@ ABOUT = {"summary": "HF + FA2 QLoRA longest context (Unsloth's tables) vs `train
          "minutes": 0.1, "quick": None}
 
 SOURCE = "https://unsloth.ai/blog/llama3-3"
+# AdamW as the HF Trainer of the page's date ran it: transformers' default optim is "adamw_torch" (torch.optim.AdamW,
+# foreach on CUDA), "adamw_torch_fused" only for torch >= 2.8 (transformers 00349ae src/transformers/training_args.py,
+# the `optim` entry of TrainingArguments' docstring; trainfit's hf stack, stacks/hf.toml, takes the later default):
+# torch 2.8 came out in August 2025, after the page (December 2024)
 FLAGS = dict(lora_rank=32, quant="nf4", batch=1, recompute="full", attention="flash2", precision="bf16",
-             optimizer="adamw")
+             optimizer="adamw", optimizer_impl="foreach")
 GPU = "A100-80GB"  # the page's 70B runs: "on a 80GB A100"; other sizes: the same card with --gpu-memory N
 # (model, GiB of device memory, published longest context; 0 = "OOM")
 PUBLISHED = [

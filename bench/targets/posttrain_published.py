@@ -82,7 +82,10 @@ def _aai(row: int, model: str, gpu: str, n: int, train: str, batch: int, reserve
          gpu_text: str | None = None) -> Run:
     """One row of the benchmark file (`row`: its line): `model` a catalog name or a posttrain_models/ file stem."""
     flags = dict(batch=batch, seq=seq, precision="bf16", lora_rank=64, lora_dtype="weight", recompute="full",
-                 optimizer_impl="foreach", dp=n, zero=3 if shard == "full_shard" else 0, gpu=gpu)
+                 optimizer_impl="foreach", dp=n, zero=3 if shard == "full_shard" else 0, gpu=gpu,
+                 # transformers 4.40's loss (fp32 logits returned, a shifted fp32 copy) and train.py's loop holding
+                 # the model's output through the backward (train.py:872-894): stacks/hf.toml [releases]
+                 stack_release="2024-03-fsdp-qlora")
     if train == "QLoRA":  # train.py never calls peft's prepare_model_for_kbit_training: the embedding, head and
         # norms keep torch_dtype (train.py:536-549, 615-616)
         flags.update(quant="nf4", kbit_prep="none")
@@ -149,7 +152,11 @@ AAI_RUNS = (
 # nvidia-smi screenshot: the device total. NB: the docs write "GB" for what nvidia-smi shows in MiB; taken as GiB
 # (an "80 %" of an 80 GB H100 is 63.7 GiB: the 64 GB row), so the published figure may be up to 7 % high in GB.
 # Adapters in fp32 (peft > 0.13, the docs' stated version: autocast_adapter_dtype=True), the default lora_dtype.
-_PEFT_70B = dict(seq=2048, lora_rank=8, recompute="full", attention="flash")
+# Flash attention 2 is the FA2 package (--attention flash2): the launch commands pass --use_flash_attn True, which the
+# training code the docs show turns into attn_implementation="flash_attention_2" (deepspeed.md and fsdp.md, read at
+# 018ca9d); transformers' FA2 path casts the fp32 q, k, v peft's k-bit preparation leaves to bf16, where SDPA
+# (--attention flash) would take the math path for fp32 with GQA
+_PEFT_70B = dict(seq=2048, lora_rank=8, recompute="full", attention="flash2")
 PEFT_RUNS = (
     Run("peft-ds-z3-lora-70b-8xh100", FAMILIES[0], "llama-2-70b", "8 × H100 80GB",
         "LoRA, DeepSpeed ZeRO-3, batch 8, bf16", "device_total", 64.0, f"{PEFT}deepspeed.md#L157",
@@ -222,13 +229,26 @@ TT_RUNS = (
 )
 
 # --- DeepSpeed ZeRO-Offload tutorial: the 10B GPT-2 (Megatron-LM GPT-2, posttrain_models/gpt2-10b-megatron.json)
-# trained on one V100-SXM3 32GB with ZeRO-2 + offload_optimizer cpu, batch 10, --checkpoint-activations, fp16 (the
-# Megatron-LM tutorial's) at seq 1024: it ran (screenshots of its training log and nvidia-smi, no figure given).
+# trained on one V100-SXM3 32GB, batch 10, seq 1024, fp16, --checkpoint-activations. Its nvidia-smi screenshot
+# (docs/assets/images/zero_offload_dp1_10B_smi.png at the same commit, linked at zero-offload.md:65-68) shows GPU 0 at 32290 MiB of
+# 32480 MiB while training (the device total; the log beside it is dated 2020-09-10). The run is DeepSpeedExamples'
+# Megatron-LM/scripts/ds_zero-offload_10B_pretrain_gpt2_model_parallel.sh with ds_zero-offload_10B_config.json (at
+# b989b41, 2020-09-10): ZeRO-2 with cpu_offload, --cpu-optimizer, reduce_bucket_size 5e7, and
+# --deepspeed-activation-checkpointing with activation_checkpointing {partition_activations, contiguous_memory_
+# optimization, cpu_checkpointing}: DeepSpeed's CheckpointFunction copies each checkpointed layer input into a host
+# buffer (deepspeed/runtime/activation_checkpointing/checkpointing.py:382-407 at c82756c, DeepSpeed of that day) and
+# brings it back to the device at the layer's backward (:524-525): --offload activations (one layer's input on the
+# device, as ArcticTraining's checkpoint offload) beside the optimizer's.
 DS_RUNS = (
     Run("ds-zero-offload-gpt2-10b-v100", FAMILIES[2], str(MODELS / "gpt2-10b-megatron.json"), "1 × V100-SXM3 32GB",
-        "ZeRO-2 + offload_optimizer cpu, batch 10, seq 1024, fp16, activation checkpointing", "ran", None,
-        f"{DS}#L19-L32", dict(batch=10, seq=1024, stack="deepspeed", precision="fp16-master", zero=2,
-                              offload="optimizer", recompute="full", gpu="V100-32GB")),
+        "ZeRO-2 + offload_optimizer cpu, batch 10, seq 1024, fp16, activation checkpointing with cpu_checkpointing",
+        "device_total", 32290 / 1024, f"{DS}#L65-L68",
+        dict(batch=10, seq=1024, stack="deepspeed", precision="fp16-master", zero=2, offload="activations+optimizer",
+             recompute="full", gpu="V100-32GB"),
+        note="NB: trainfit runs the HF GPT-2 on DeepSpeed 0.19.8: Megatron-LM's vocab-parallel cross-entropy of 2020 "
+             "(mpu/cross_entropy.py:31-40, 78-104: fp32 clone and exp in the forward, gradient in place of the saved "
+             "softmax) peaks ~1 GiB higher in the forward and ~2.9 GiB lower at the loss's backward than HF's loss; "
+             "the screenshot is of a nearly full device (the caching allocator keeps what it freed)"),
 )
 
 # --- Hugging Face blog "Accelerate Large Model Training using PyTorch Fully Sharded Data Parallel" (Apr 2022), Tables 1

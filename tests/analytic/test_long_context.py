@@ -207,3 +207,57 @@ def test_ulysses_exchanges_and_saved_set_match_deepspeeds_on_two_cpu_ranks():
     for r in ranks:
         assert r["a2a_forward"] == r["a2a_backward"] == q + rest
         assert r["saved"] == r["saved_slice_all_heads"]
+
+
+def _layer_moments(seq: int, **kw):
+    """The backward moments of one Llama-3.2-1B layer on --stack deepspeed under full recomputation (bf16, CUDA,
+    flash attention), in the order backward.layer_moments makes them: the down projection's, the activation's,
+    the flash kernel's, the end of the re-run forward."""
+    from trainfit.analytic.activations import keys_per_token, layer_activations
+    from trainfit.analytic.params import count_params
+    from trainfit.analytic.precision import state_bytes
+    from trainfit.analytic.recompute import layer_memory
+
+    spec = api.load_spec(MODEL)
+    setup = Setup(stack="deepspeed", zero=3, dp=2, seq=seq, recompute="full", precision="bf16-master",
+                  attention="flash", **kw)
+    lm = layer_memory(spec, setup, count_params(spec), state_bytes(setup), seq, keys_per_token(spec, seq))
+    return [m.extra for m in lm.moments], sum(layer_activations(spec, setup).mlp_share.values())
+
+
+def test_tiled_mlp_backward_holds_the_input_gradient_and_one_slice():
+    """DeepSpeed's TiledMLP.backward (ulysses_sp.py TiledMLP): x_grad = zeros_like(x), the whole MLP input's
+    gradient (bf16 T × h, the size of the residual gradient the re-run's end holds), then one slice's re-run with
+    grad at a time: the down projection's input gradient is one slice's (T / N × intermediate), the SwiGLU product
+    rule's two likewise. Hand count against the end-of-re-run moment (incoming gradient + residual)."""
+    seq, i, n = 65536, 8192, 32  # auto slices: ceil(65536 / 2048) = 32
+    (down, act, _flash, end), _ = _layer_moments(seq, tiled_mlp=0)
+    assert down - end == pytest.approx(2 * i * seq / n, rel=1e-9)
+    assert act - end == pytest.approx(2 * 2 * i * seq / n, rel=1e-9)
+    # without tiling the same moments hold the whole sequence's MLP-width gradients
+    (down_full, _, _, end_full), _ = _layer_moments(seq)
+    assert down_full - end_full == pytest.approx(2 * (i - 2048) * seq, rel=1e-9)
+
+
+def test_flash_backward_holds_fa2s_scratch():
+    """FlashAttention-2's mha_bwd (flash_api.cpp), per token for Llama-3.2-1B (32 heads of 64, 8 kv heads), bf16:
+    dout and dq (2 × 2 × 2048), dk and dv (2 × 2 × 512), the fp32 dq accumulator (4 × 2048), the fp32 softmax_d
+    (4 × 32 heads), and under GQA dk and dv expanded to the 32 query heads (2 × 2 × 2048): 26,752 bytes. By then the
+    MLP sub-block's saved tensors are freed; against the end of the re-run forward (which holds the residual, bf16
+    T × h, instead)."""
+    seq = 65536
+    (_, _, flash, end), mlp_saved = _layer_moments(seq, tiled_mlp=0)
+    fa2 = 2 * 2 * 2048 + 2 * 2 * 512 + 4 * 2048 + 4 * 32 + 2 * 2 * 2048
+    assert flash - end == pytest.approx((fa2 - mlp_saved - 2 * 2048) * seq, rel=1e-9)
+
+
+def test_checkpoint_offload_holds_the_rerun_output_through_the_layers_backward():
+    """ArcticTraining's CheckpointFunctionWithCPUOffload is the reentrant checkpoint: its backward keeps the re-run
+    layer's `outputs` through torch.autograd.backward (monkey_patches.py:142, :156): one bf16 T × h more at the
+    layer's backward than torch's non-reentrant checkpoint (--offload activations elsewhere keeps none)."""
+    from trainfit.analytic.long_context import rerun_output
+
+    spec, seq = api.load_spec(MODEL), 32768
+    kw = dict(stack="deepspeed", zero=3, seq=seq, recompute="full", precision="bf16-master")
+    assert rerun_output(spec, Setup(**kw, offload="activations+params"), 2, seq) == 2 * 2048 * seq
+    assert rerun_output(spec, Setup(**kw, offload="params"), 2, seq) == 0

@@ -14,6 +14,8 @@ gradient. The high points read off traced steps:
   attention  (eager and math kernels only) the s×s gradient, once the MLP's saved tensors and its gradients are done
              (the math path with dropout: first probs·v's backward, then softmax's, the dropped probabilities and
              the noise freed);
+  flash      (16-bit on CUDA) FlashAttention-2's backward scratch beside dq, dk, dv, the MLP's saved tensors freed: the
+             high point of a layer whose MLP is tiled (--tiled-mlp: one slice's MLP-width gradients at a time);
   recompute  with full recomputation, the end of the layer's re-run forward: all its saved tensors again, plus its
              output (discarded) and the incoming gradient.
 NB: moment not modelled, an under-count where it sets the peak (tests/analytic/test_vs_trace_families.py lists the
@@ -29,6 +31,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, _norm_saved, dropout_mask_bytes, norm_kernel, resolved_kernel
 from .liger import swiglu_on
+from .long_context import tiled_mlp_on, tiled_mlp_shards
 from . import clamped_swiglu as swiglu
 from . import sink_attention as sinks
 from . import kbit_prep
@@ -136,14 +139,20 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         # Liger's SwiGLU backward stores da and db over its saved a and b (ops/swiglu.py:104-105, liger.py), and the
         # product (down's saved input) is freed: the down projection's input gradient alone, net of it: none
         n = 0 if swiglu_on(setup) and spec.gated_mlp else _mlp_intermediates(spec)
-        mlp = n * ai * spec.intermediate * tokens / t
+        # --tiled-mlp: DeepSpeed's TiledMLP.backward (deepspeed/runtime/sequence_parallel/ulysses_sp.py:1012-1062 at
+        # edaa722) allocates the input's gradient whole (`x_grad = torch.zeros_like(x)`, :1031) and re-runs one
+        # slice's MLP with grad at a time (:1035-1057): the MLP-width gradients are one slice's
+        tiles = tiled_mlp_shards(spec, setup) if tiled_mlp_on(setup) else 1
+        x_grad = a * h * tokens / sp if tiled_mlp_on(setup) else 0
+        incoming = incoming + x_grad
+        mlp = n * ai * spec.intermediate * tokens / t / tiles
         out_params = (h * spec.intermediate + (h if spec.mlp_bias else 0)) / t
         # under autocast the down projection's weight cast, saved by that matmul alone, went with its backward
         # (read off the trace of small-gpt2 amp-bf16: no c_proj cast live at the activation's backward)
         out_cast = a * out_params if st.autocast else 0
         # (a) the down projection's backward: its input gradient (one width) beside the dropout's input gradient
         # (the down projection's output gradient, which that backward reads)
-        moments = [Moment(recomputed + incoming + drop_grad + ai * spec.intermediate * tokens / t, out_params,
+        moments = [Moment(recomputed + incoming + drop_grad + ai * spec.intermediate * tokens / t / tiles, out_params,
                           post_norm + post_ff + out_cast)]
         moments += _down_backward_gemms(spec, setup, st, tokens, recomputed + incoming + drop_grad,
                                         post_norm + post_ff)
@@ -154,6 +163,7 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         # small-gpt2 fp32 full recompute on CPU: no h-sized dropout gradient live at gelu_new's last multiply)
         mask_freed = dropout_mask_bytes(setup, a) * h * tokens / sp if p_resid > 0 else 0
         moments.append(Moment(recomputed + incoming + mlp, out_params, post_norm + post_ff + out_cast + mask_freed))
+        incoming -= x_grad  # (by the attention's backward the MLP's input gradient is summed into the residual's)
     if family_traits(spec)["norm_fp32"] and spec.norms_per_layer == 4 and not moe:
         # Gemma-2's post-feed-forward RMSNorm (`self._norm(x.float()) * (1.0 + self.weight.float())`,
         # modeling_gemma2.py:55-63, applied to the MLP's output at :326) is the first op of the layer's backward:
@@ -205,6 +215,11 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
             # saved tensors (Gemma-2's, norms_per_layer 4) with its own (read off the trace of small-gemma2 at 1 x 200)
             freed += o_block + (a * spec.heads * tokens * keys / t if a != FP32 else 0) + post_ff
         moments.append(Moment(recomputed + incoming + scores, layer_params - qkv, freed))
+    if resolved_kernel(spec, setup) == "flash" and setup.device == "cuda" and a < FP32 and spec.mla is None \
+            and not moe:
+        moments.append(_flash_backward_moment(spec, setup, st, tokens, mlp_saved, layer_params, recomputed + incoming,
+                                              post_norm + (dropout_mask_bytes(setup, a) * h * tokens / sp
+                                                           if p_resid > 0 else 0)))
     if spec.mla is not None and resolved_kernel(spec, setup) == "flash":
         moments.append(_mla_sdpa_moment(spec, setup, st, tokens, mlp_saved, layer_params, recomputed + incoming))
     if spec.mla is not None and spec.mla.q_lora_rank:
@@ -220,6 +235,30 @@ def layer_moments(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, ke
         dropped = a * h * tokens / sp if (post_norm and p_resid > 0) else 0
         moments.append(Moment(recomputed + incoming + st.residual * h * tokens / sp + dropped, 0.0))
     return moments
+
+
+def _flash_backward_moment(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, mlp_saved: float,
+                           layer_params: float, base: float, freed: float) -> Moment:
+    """Inside the 16-bit flash kernel's backward (FlashAttention-2's mha_bwd, which torch's SDPA flash backend and
+    transformers' flash_attention_2 both run): the output's gradient (dout) it reads, the dq, dk, dv it writes
+    (flash_attn_interface.py:881-883 FlashAttnFunc.backward, csrc/flash_attn/flash_api.cpp:887-913 at 0251105), its
+    fp32 scratch — softmax_d (batch, heads,
+    seq) and the dq accumulator (batch, seq, heads, head_dim) (:921-926) — and under GQA dk and dv at the query heads
+    before their sum over each group (dk_expanded, dv_expanded: :936-939; the varlen path alike, :1142-1165). By then
+    the MLP sub-block's saved tensors are freed (its backward has run) and every gradient of the layer exists but
+    q/k/v's. Under a full-width MLP the MLP's moments above stay higher (its saved intermediates alone outweigh
+    these); it sets the layer's high point where the MLP is tiled (--tiled-mlp) or narrow.
+    NB: FlashAttention-3 (Hopper) accumulates dk and dv in fp32 at the kv heads instead of expanding them in 16-bit at
+    the query heads, and keeps a second fp32 row statistic (hopper/flash_api.cpp:1479-1497 dk_accum, dv_accum,
+    softmax_lse_log2): under GQA 2·a·q_dim − 8·kv_dim − 4·heads bytes a token fewer than counted here (Llama-3.1-8B
+    in bf16: ~8 KiB; read high there)."""
+    t, a = setup.tp, st.act
+    q, kv = spec.q_dim, spec.kv_dim
+    per_token = a * (2 * q + 2 * kv) + FP32 * (q + spec.heads)  # dout, dq, dk, dv; dq_accum, softmax_d
+    if spec.kv_heads < spec.heads:
+        per_token += 2 * a * q  # dk_expanded, dv_expanded
+    qkv = (spec.hidden * (q + 2 * kv) + ((q + 2 * kv) if spec.qkv_bias else 0)) / t
+    return Moment(base + per_token * tokens / t, layer_params - qkv, mlp_saved * tokens + freed)
 
 
 def _down_backward_gemms(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int, base: float,

@@ -118,3 +118,17 @@ def checkpoint_offload(setup: Setup) -> bool:
     stack's [activation_offload] variant "checkpoint-input" under --offload activations."""
     return setup.offload_activations and \
         setup.stack_facts.facts.get("activation_offload", {}).get("variant") == "checkpoint-input"
+
+
+def rerun_output(spec: ModelSpec, setup: Setup, residual_bytes: int, tokens: float) -> float:
+    """Bytes beside every backward moment of a layer under ArcticTraining's checkpoint offload: its
+    CheckpointFunctionWithCPUOffload is the reentrant checkpoint (it replaces torch.utils.checkpoint.
+    CheckpointFunction), whose backward re-runs the layer into `outputs` (monkey_patches.py:142 at b28638e) and holds
+    them through `torch.autograd.backward(outputs_with_grad, args_with_grad)` (:156): the layer's output, in the
+    residual stream's dtype, live through its whole backward. (The non-reentrant checkpoint the hf stack runs drops
+    the re-run forward's output: backward.py's recompute moment.)
+    NB: ArcticTraining's recipes without checkpoint offload run transformers 4.x's reentrant default too
+    (pyproject.toml:69): not counted there (an under-count by this term where a layer's backward sets the peak)."""
+    if not checkpoint_offload(setup):
+        return 0.0
+    return residual_bytes * spec.hidden * tokens / (setup.tp if setup.sequence_parallel else 1)

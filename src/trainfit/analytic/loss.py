@@ -29,7 +29,7 @@ from .precision import StateBytes
 @dataclass(frozen=True)
 class HeadBytes:
     saved: float  # saved for backward from the head's forward to the loss's backward (+ autocast's head cast)
-    labels: float  # of `saved`, the batch's labels: an input, live to the end of the step
+    labels: float  # of `saved`, the labels (an input) and a model output the loop holds: live to the step's end
     forward_transient: float  # forward high point: the logits, their fp32 copy (and the saved log-softmax)
     backward_transient: float  # backward start: the loss's gradients beside the saved log-softmax output
     norm_kept: float = 0.0  # of `saved`, the final norm's tensors still saved at its backward's high point
@@ -94,6 +94,13 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     labels = INDEX * tokens * (2 if shifts else 1)
     logits = a * v * tokens
     logits_fp32 = FP32 * v * tokens if (a != FP32 and loss_bytes == FP32) else 0
+    # [loss] logits = "fp32-returned" (transformers before ForCausalLMLoss: stacks/hf.toml [releases]): the model
+    # rebinds `logits = logits.float()` (its 16-bit logits dropped), takes the loss on a contiguous fp32 copy of the
+    # shifted logits and returns the fp32 ones; [loss] output_held: the caller's loop keeps the model's output (its
+    # `logits`) to the end of the step, with the saved set here and among the step's inputs below
+    returned = loss_fact.get("logits") == "fp32-returned" and logits_fp32 > 0
+    held = ((FP32 if returned else a) * v * tokens) if loss_fact.get("output_held", False) else 0.0
+    fwd_logits = (logits_fp32 + FP32 * v * tokens if returned else logits + logits_fp32) - held
     # HF's *ForCausalLM / *ForMaskedLM forward holds the final hidden states (`outputs[0]`) until it returns with
     # the loss: under autocast that fp32 tensor is not the one the head saved (its bf16 cast is). A stack whose
     # loss runs after the model returns ([loss] in_forward = false) has dropped them by then.
@@ -112,10 +119,11 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
         norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
         return fused_linear_head(spec, setup, st, tokens, norm, weight_cast, labels, hidden + padded, kept, norm_bwd)
     return HeadBytes(
-        saved=saved + weight_cast + lsm + labels,
-        labels=INDEX * tokens,
+        saved=saved + weight_cast + lsm + labels + held,
+        # NB (output_held): the held logits are not counted at the optimizer step (phases.py's step inputs)
+        labels=INDEX * tokens + held,
         # forward high point: the logits, their fp32 copy and the log-softmax output, all live at once
-        forward_transient=logits + logits_fp32 + hidden + padded,
+        forward_transient=fwd_logits + hidden + padded,
         # backward start: grad of the log-softmax output and the logits' gradient beside the saved output
         # (counted in `saved`); the gradient's cast for the LM-head matmul comes after the first is freed
         backward_transient=max(2 * loss_bytes, loss_bytes + (a if a != loss_bytes else 0)) * v * tokens,

@@ -200,6 +200,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     lora_rs = (lp_trainable, st_grad, pc_gathered.per_layer_dense * st.weight) if setup.lora_rank else None
     rs = 0.0 if (fsdp2 or ds) else reduce_scatter_transient(pc, largest, st, setup, lora_rs)
     rs += long_context.a2a_transient(spec, setup, st.act)  # --ulysses: the all-to-alls' buffers at the attention
+    # ArcticTraining's reentrant checkpoint holds the re-run layer's output through its backward (long_context.py)
+    rs += long_context.rerun_output(spec, setup, st.residual, tokens) if setup.recompute == "full" else 0
     # torchao's quantised operand copies in a converted linear's backward (torchao_recipes.backward_transient)
     rs += torchao_recipes.backward_transient(spec, setup)
     # the stack's ring attention backward buffers under --cp (parallel/torch_context.py on torchtitan)
