@@ -16,14 +16,14 @@ from trainfit.trace import trace_spec
 
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*")
 
-# (family, head, precision, num_labels)
+# (family, head, precision, num_labels); each head keeps a default case, the rest are in the heavy tier
 CASES = [
-    ("bert", "masked-lm", "fp32", 2),
-    ("bert", "seq-cls", "fp32", 2),
+    pytest.param("bert", "masked-lm", "fp32", 2, marks=pytest.mark.heavy),
+    pytest.param("bert", "seq-cls", "fp32", 2, marks=pytest.mark.heavy),
     ("bert", "token-cls", "fp32", 2),
     ("bert", "masked-lm", "amp-bf16", 2),
-    ("bert", "seq-cls", "amp-bf16", 5),
-    ("bert", "token-cls", "amp-bf16", 9),
+    pytest.param("bert", "seq-cls", "amp-bf16", 5, marks=pytest.mark.heavy),
+    pytest.param("bert", "token-cls", "amp-bf16", 9, marks=pytest.mark.heavy),
     ("bert", "seq-cls", "bf16", 1),  # regression: MSELoss on float labels
     ("llama", "seq-cls", "amp-bf16", 3),  # scores every position, gathers the last non-padding one
     ("llama", "token-cls", "bf16", 2),
@@ -36,7 +36,8 @@ def _spec(family: str, head: str, labels: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,head,precision,labels", CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize("family,head,precision,labels", CASES,
+                         ids=["-".join(map(str, getattr(c, "values", c))) for c in CASES])
 def test_trace_peak_of_each_head_equals_the_real_peak(family, head, precision, labels):
     spec = _spec(family, head, labels)
     setup = Setup(batch=2, seq=64, precision=precision, optimizer="adamw", device="cpu", head=head)

@@ -29,22 +29,22 @@ CASES = [
     ("llama", "fp32", "none", "sgd", 1, 64),
     pytest.param("llama", "amp-bf16", "full", "adamw", 4, 64, marks=pytest.mark.heavy),  # ~2.6 s each: grad
     # accumulation 4 (heavy; the default run keeps accumulation 2 on six families)
-    ("llama", "bf16", "none", "momentum", 1, 64),
+    pytest.param("llama", "bf16", "none", "momentum", 1, 64, marks=pytest.mark.heavy),
     ("llama", "bf16-master", "full", "adamw", 2, 32),
     ("qwen2", "amp-bf16", "none", "adamw", 2, 32),
-    ("qwen2", "bf16", "full", "sgd", 1, 64),
+    pytest.param("qwen2", "bf16", "full", "sgd", 1, 64, marks=pytest.mark.heavy),
     ("gpt_neox", "fp32", "full", "adamw", 1, 64),
-    ("gpt_neox", "amp-bf16", "none", "momentum", 2, 32),
+    pytest.param("gpt_neox", "amp-bf16", "none", "momentum", 2, 32, marks=pytest.mark.heavy),
     ("phi3", "bf16", "none", "adamw", 1, 64),
     pytest.param("phi3", "amp-bf16", "full", "sgd", 4, 32, marks=pytest.mark.heavy),
     ("gemma2", "amp-bf16", "none", "adamw", 1, 64),
-    ("gemma2", "fp32", "full", "momentum", 2, 32),
+    pytest.param("gemma2", "fp32", "full", "momentum", 2, 32, marks=pytest.mark.heavy),
     ("gemma3_text", "bf16", "full", "adamw", 1, 64),
-    ("gemma3_text", "amp-bf16", "none", "momentum", 2, 32),
+    pytest.param("gemma3_text", "amp-bf16", "none", "momentum", 2, 32, marks=pytest.mark.heavy),
     ("mixtral", "fp32", "none", "adamw", 1, 32),
     ("qwen2_moe", "bf16", "full", "momentum", 2, 32),
     ("nemotron", "amp-bf16", "full", "adamw", 2, 32),
-    ("nemotron", "bf16", "none", "sgd", 1, 64),
+    pytest.param("nemotron", "bf16", "none", "sgd", 1, 64, marks=pytest.mark.heavy),
     ("llama4_text", "amp-bf16", "none", "adamw", 1, 64),
     pytest.param("llama4_text", "bf16", "full", "sgd", 2, 32, marks=pytest.mark.heavy),  # ~3 s; its other case stays
     ("gpt_oss", "amp-bf16", "none", "adamw", 1, 64),
@@ -61,8 +61,10 @@ CASES = [
     pytest.param("bart", "fp32", "none", "momentum", 1, 64, marks=pytest.mark.heavy),
     ("whisper", "amp-bf16", "none", "adamw", 1, 64),  # (64: the tiny config's encoder positions, all it reads)
     ("bert", "fp32", "none", "adamw", 1, 64),
-    ("bert", "amp-bf16", "full", "momentum", 2, 32),
-    ("bert", "bf16", "none", "sgd", 1, 32),
+    # (a family's second and third cases are in the heavy tier where the other families' default cases already run
+    # their precision, recompute and optimizer paths: ~4 s each)
+    pytest.param("bert", "amp-bf16", "full", "momentum", 2, 32, marks=pytest.mark.heavy),
+    pytest.param("bert", "bf16", "none", "sgd", 1, 32, marks=pytest.mark.heavy),
 ]
 
 
@@ -229,7 +231,9 @@ def _user_module_peaks(module_cls, x, y, setup):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp-bf16", "bf16-master"])
+# (bf16 and amp-bf16 in the heavy tier: fp32 and bf16-master keep the user-module path; the families run the rest)
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.heavy),
+                                       pytest.param("amp-bf16", marks=pytest.mark.heavy), "bf16-master"])
 def test_user_module_trace_equals_real_step(precision):
     setup = Setup(batch=32, seq=1, precision=precision, grad_accum=2, device="cpu")
     traced, real = _user_module_peaks(_MLP, torch.randn(32, 64), torch.randn(32, 64), setup)
@@ -237,7 +241,7 @@ def test_user_module_trace_equals_real_step(precision):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "amp-bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", pytest.param("amp-bf16", marks=pytest.mark.heavy)])
 def test_convolution_scratch_is_probed_and_the_trace_equals_real_step(precision):
     setup = Setup(batch=8, seq=1, precision=precision, device="cpu")
     traced, real = _user_module_peaks(_CNN, torch.randn(8, 3, 32, 32), torch.randn(8, 10), setup)
@@ -262,12 +266,13 @@ def test_data_dependent_op_is_a_one_line_engine_error():
 # -- inference: prefill + one decode step ----------------------------------------------------------
 INFER_CASES = [("llama", "bf16"), ("llama4_text", "amp-bf16"), ("gpt2", "amp-bf16"), ("gemma2", "amp-bf16"),
                ("gemma3_text", "fp32"), ("bert", "fp32"), ("gpt_neox", "fp32"), ("nemotron", "bf16"),
-               ("gpt_oss", "amp-bf16"), ("qwen3_next", "bf16"), ("nemotron_h", "amp-bf16"), ("nemotron_h", "bf16"),
+               ("gpt_oss", "amp-bf16"), ("qwen3_next", "bf16"), ("nemotron_h", "amp-bf16"),
+               pytest.param("nemotron_h", "bf16", marks=pytest.mark.heavy),
                ("t5", "amp-bf16"), ("t5", "fp16"), ("bart", "bf16"), ("whisper", "bf16")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,precision", INFER_CASES, ids=["-".join(c) for c in INFER_CASES])
+@pytest.mark.parametrize("family,precision", INFER_CASES, ids=["-".join(getattr(c, "values", c)) for c in INFER_CASES])
 def test_inference_trace_peak_equals_real_peak(family, precision):
     from trainfit.measure.cpu_peak import cpu_peak, storage_bytes
     from trainfit.step import build_model
