@@ -34,6 +34,22 @@ def main(path: str, sharding: str = "FULL_SHARD", offload: bool = False) -> None
                                            max_position_embeddings=128)
             torch.manual_seed(0)
             self.model = transformers.LlamaForCausalLM(cfg)
+            self.config = cfg  # the config trainfit reads (callbacks/live.py model_spec): the analytic engine
+
+        def configure_model(self):
+            """Wrapped here, as Lightning lets a module wrap itself (fsdp.py:297: an FSDP inside, Lightning's own
+            wrap skipped), with the strategy's sharding and offload and device_id cpu: torch's FSDP1 refuses a CPU
+            module without a device_id (fsdp/_init_utils.py:376-392), and Lightning passes the root device's index,
+            None on the CPU (fsdp.py:315)."""
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+            from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+            s = self.trainer.strategy  # a unit per decoder layer and the root, as transformers' auto-wrap policy
+            self.model = FullyShardedDataParallel(self.model, sharding_strategy=s.sharding_strategy,
+                                                  cpu_offload=s.cpu_offload, device_id=torch.device("cpu"),
+                                                  auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+                                                  use_orig_params=True)
 
         def forward(self, input_ids):
             return self.model(input_ids=input_ids, labels=input_ids).loss

@@ -44,7 +44,8 @@ def trainer_settings(trainer) -> tuple[str | None, dict]:
     if "FSDPStrategy" in kinds:
         name = getattr(strategy.sharding_strategy, "name", strategy.sharding_strategy)
         offload = bool(getattr(strategy.cpu_offload, "offload_params", False))  # fsdp.py:176 _init_cpu_offload
-        out.update(fsdp_settings({"reshard_after_forward": str(name).lower(), "cpu_offload": offload}))
+        out.update(fsdp_settings({"reshard_after_forward": str(name).lower(), "cpu_offload": offload}),
+                   fsdp_version=1)  # torch's FullyShardedDataParallel (FSDP1) around the module (fsdp.py:310)
     elif "DeepSpeedStrategy" in kinds:
         out.update(deepspeed_settings(deepspeed_config(strategy.config or {}, precision)))
     elif not kinds & {"SingleDeviceStrategy", "DDPStrategy"}:
