@@ -1,6 +1,7 @@
 """A real lightning.Trainer (2.6.6) under its FSDP strategy on CPU ranks over gloo, with trainfit's callback:
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/callbacks/lightning_fsdp_cpu.py OUT.json [SHARDING] [offload]
+    python -m torch.distributed.run --nproc-per-node 2 tests/callbacks/lightning_fsdp_cpu.py OUT.json [SHARDING]
+        [offload]
 
 Lightning refuses FSDP on the CPU by the strategy's exact class: trainer/connectors/accelerator_connector.py:431-438
 raises "The strategy `fsdp` requires a GPU accelerator" when the flag is the string "fsdp" or `type(flag) is

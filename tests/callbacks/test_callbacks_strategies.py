@@ -51,6 +51,7 @@ def test_lightning_live_fsdp_and_deepspeed_strategies_read_as_their_layout():
         _, run = trainer_settings(trainer)
         got = (run["dp"], run["zero"], run.get("offload"), run.get("stack"), run.get("precision"))
         assert got == (dp, zero, offload, stack, prec), (type(strategy).__name__, precision, run)
+        assert run.get("fsdp_version") == (1 if stack is None else None)  # Lightning wraps with FSDP1 (fsdp.py:310)
 
 
 def test_lightning_unmodelled_fsdp_sharding_is_refused_in_one_line():

@@ -82,7 +82,7 @@ def random_tokens(dp_world_size, dp_rank, tokenizer, job_config, **_):
 
 
 def main(path: str, flags: list[str]) -> None:
-    sys.argv = [sys.argv[0], *flags]  # before the import: config/manager.py:46 binds sys.argv[1:] as parse_args' default
+    sys.argv = [sys.argv[0], *flags]  # before the import: config/manager.py:46 binds sys.argv[1:] as a default
     import torch
     import torchtitan.protocols.train_spec as train_spec_module
     import torchtitan.train as tt
@@ -102,9 +102,9 @@ def main(path: str, flags: list[str]) -> None:
     class Written(checked(tt.Trainer, steps=2)):
         def close(self):
             if torch.distributed.get_rank() == 0:
-                s = self.trainfit.estimate.setup
+                s, world = self.trainfit.estimate.setup, torch.distributed.get_world_size()
                 with open(path, "w") as f:
-                    json.dump({**self.trainfit_logs, "steps_run": self.step, "world": torch.distributed.get_world_size(),
+                    json.dump({**self.trainfit_logs, "steps_run": self.step, "world": world,
                                "layout": {"dp": s.dp, "zero": s.zero, "offload": s.offload, "stack": s.stack,
                                           "precision": s.precision, "recompute": s.recompute},
                                "params": sum(p.numel() for m in self.model_parts for p in m.parameters())}, f)

@@ -43,7 +43,8 @@ def trainer_settings(trainer) -> tuple[str | None, dict]:
     kinds = {c.__name__ for c in type(strategy).__mro__}  # a subclass of Lightning's strategy reads as its base
     if "FSDPStrategy" in kinds:
         name = getattr(strategy.sharding_strategy, "name", strategy.sharding_strategy)
-        offload = bool(getattr(strategy.cpu_offload, "offload_params", False))  # fsdp.py:176 _init_cpu_offload
+        # fsdp.py:176 cpu_offload (_init_cpu_offload: a CPUOffload whose offload_params is the flag)
+        offload = bool(getattr(getattr(strategy, "cpu_offload", None), "offload_params", False))
         out.update(fsdp_settings({"reshard_after_forward": str(name).lower(), "cpu_offload": offload}),
                    fsdp_version=1)  # torch's FullyShardedDataParallel (FSDP1) around the module (fsdp.py:310)
     elif "DeepSpeedStrategy" in kinds:

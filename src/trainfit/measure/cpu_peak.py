@@ -278,8 +278,9 @@ class PeakSession:
                 gc.enable()
         if alive is None:
             return analyse(self._prof, self._baseline)
-        # a process group's threads free tensors outside the profiler (gloo's reduce-scatter clone, measure/dist_peak.py):
-        # the live bytes rebuilt block by block, on top of the baseline (blocks born before the session are not in them)
+        # a process group's threads free tensors outside the profiler (gloo's reduce-scatter clone,
+        # measure/dist_peak.py): the live bytes rebuilt block by block, on top of the baseline (blocks born before
+        # the session are not in them)
         from dataclasses import replace
 
         from .dist_peak import analyse_blocks
