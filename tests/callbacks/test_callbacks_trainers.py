@@ -1,6 +1,8 @@
-"""The pre-flight inside real trainers on the CPU (heavy: importing the trainers and two real steps take ~10 s):
+"""The pre-flight inside real trainers on the CPU (heavy: importing the trainers and two real steps take ~10 s; the
+torchtitan and Lightning FSDP cases launch their own processes, a minute or two each):
 the HF Trainer for two steps with TrainfitCallback, an accelerate Accelerator, torchtitan's own job config and model
-args. The number that matters: the peak c10's allocator records over the Trainer's two real steps against the
+args and its real Trainer (one rank, and FSDP2 on two), Lightning on one rank and under FSDP on two. The number that
+matters: the peak c10's allocator records over the Trainer's two real steps against the
 prediction made from the live objects before the first forward."""
 from __future__ import annotations
 
