@@ -138,13 +138,15 @@ def test_torchtitan_job_config_gives_the_layout():
 
 
 def test_lightning_trainer_gives_the_layout():
-    """Lightning 2.6.2: precision flags, FSDPStrategy's sharding_strategy, other strategies refused in one line."""
+    """Lightning 2.6.6: precision flags, FSDPStrategy's sharding_strategy (read from live strategies in
+    test_callbacks_strategies.py), other strategies refused in one line."""
     from trainfit.callbacks.lightning import trainer_settings
 
     fsdp = type("FSDPStrategy", (), {"sharding_strategy": SimpleNamespace(name="SHARD_GRAD_OP")})()
     trainer = SimpleNamespace(precision="bf16-mixed", world_size=4, accumulate_grad_batches=2, gradient_clip_val=None,
                               strategy=fsdp)
-    assert trainer_settings(trainer) == ("bf16", {"dp": 4, "grad_accum": 2, "max_grad_norm": None, "zero": 2})
+    assert trainer_settings(trainer) == ("bf16", {"dp": 4, "grad_accum": 2, "max_grad_norm": None, "zero": 2,
+                                                      "fsdp_version": 1})
     trainer.strategy = type("XLAStrategy", (), {})()
     with pytest.raises(SetupError, match="XLAStrategy is not modelled"):
         trainer_settings(trainer)

@@ -4,7 +4,8 @@
 
 Facts read from Lightning 2.6.6 (src/lightning/pytorch/): trainer.py:1289 precision (the precision plugin's flag:
 "32-true", "bf16-mixed", "16-mixed", "bf16-true"), :1277 optimizers, :1241 world_size, :443 accumulate_grad_batches,
-:476 gradient_clip_val, :490 should_stop; strategies/fsdp.py:185 sharding_strategy; strategies/deepspeed.py:289 config;
+:476 gradient_clip_val, :490 should_stop; strategies/fsdp.py:185 sharding_strategy, :176 cpu_offload;
+strategies/deepspeed.py:289 config;
 callbacks/callback.py:76-86 on_train_batch_start/end (the batch in hand before the first step). Lightning 2.6.6
 loops/optimization/automatic.py:131-140: automatic optimization's closure runs training_step before zero_grad, so
 the previous step's gradients live through the next forward (closure_order). Lightning is in the test extra only:
@@ -39,16 +40,31 @@ def trainer_settings(trainer) -> tuple[str | None, dict]:
     out = {"dp": trainer.world_size, "grad_accum": trainer.accumulate_grad_batches,
            "max_grad_norm": trainer.gradient_clip_val}
     strategy = trainer.strategy
-    kind = type(strategy).__name__
-    if kind == "FSDPStrategy":
+    kinds = {c.__name__ for c in type(strategy).__mro__}  # a subclass of Lightning's strategy reads as its base
+    if "FSDPStrategy" in kinds:
         name = getattr(strategy.sharding_strategy, "name", strategy.sharding_strategy)
-        out.update(fsdp_settings({"reshard_after_forward": str(name).lower()}))
-    elif kind == "DeepSpeedStrategy":
-        out.update(deepspeed_settings(strategy.config or {}))
-    elif kind not in ("SingleDeviceStrategy", "DDPStrategy"):
-        raise SetupError(f"Lightning's {kind} is not modelled: trainfit reads single-device, DDP, FSDP and "
-                         "DeepSpeed strategies")
+        # fsdp.py:176 cpu_offload (_init_cpu_offload: a CPUOffload whose offload_params is the flag)
+        offload = bool(getattr(getattr(strategy, "cpu_offload", None), "offload_params", False))
+        out.update(fsdp_settings({"reshard_after_forward": str(name).lower(), "cpu_offload": offload}),
+                   fsdp_version=1)  # torch's FullyShardedDataParallel (FSDP1) around the module (fsdp.py:310)
+    elif "DeepSpeedStrategy" in kinds:
+        out.update(deepspeed_settings(deepspeed_config(strategy.config or {}, precision)))
+    elif not kinds & {"SingleDeviceStrategy", "DDPStrategy"}:
+        raise SetupError(f"Lightning's {type(strategy).__name__} is not modelled: trainfit reads single-device, DDP, "
+                         "FSDP and DeepSpeed strategies")
     return AUTOCAST[precision], out
+
+
+def deepspeed_config(config: dict, precision: str) -> dict:
+    """The DeepSpeed config as Lightning hands it to DeepSpeed: its strategy adds an fp16 block for 16-mixed/16-true
+    and a bf16 block for bf16-mixed/bf16-true unless the config has one (lightning/fabric/strategies/deepspeed.py
+    937-950 _format_precision_config, called from the strategy's setup, pytorch/strategies/deepspeed.py:359), so a
+    strategy read before setup gets the precision the run will have."""
+    if "fp16" not in config and precision in ("16-mixed", "16-true"):
+        return {**config, "fp16": {"enabled": True}}
+    if "bf16" not in config and precision in ("bf16-mixed", "bf16-true"):
+        return {**config, "bf16": {"enabled": True}}
+    return config
 
 
 def closure_order(e, pl_module):

@@ -269,7 +269,23 @@ class PeakSession:
     def stop(self) -> CpuPeak:
         try:
             self._prof.stop()
+            alive = None
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                from .dist_peak import live_storage_ptrs
+                alive = live_storage_ptrs()
         finally:
             if self._gc:
                 gc.enable()
-        return analyse(self._prof, self._baseline)
+        if alive is None:
+            return analyse(self._prof, self._baseline)
+        # a process group's threads free tensors outside the profiler (gloo's reduce-scatter clone,
+        # measure/dist_peak.py): the live bytes rebuilt block by block, on top of the baseline (blocks born before
+        # the session are not in them)
+        from dataclasses import replace
+
+        from .dist_peak import analyse_blocks
+
+        p = analyse_blocks(self._prof, alive=alive)
+        return replace(p, baseline=self._baseline, peak=self._baseline + p.peak, end=self._baseline + p.end,
+                       phase_peaks={k: self._baseline + v for k, v in p.phase_peaks.items()},
+                       marks=[(k, self._baseline + v) for k, v in p.marks])

@@ -185,14 +185,17 @@ def live_storage_ptrs() -> set:
     """The data pointers of every CPU tensor storage the garbage collector can reach (parameters, buffers, optimizer
     state, caches such as Megatron's GlobalMemoryBuffer)."""
     import gc
+    import warnings
 
     import torch
 
     out = set()
-    for o in gc.get_objects():
-        try:
-            if isinstance(o, torch.Tensor) and o.device.type == "cpu":
-                out.add(o.untyped_storage().data_ptr())
-        except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse, wrappers)
-            continue
+    with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated reduce_op object warns
+        warnings.simplefilter("ignore", FutureWarning)
+        for o in gc.get_objects():
+            try:
+                if isinstance(o, torch.Tensor) and o.device.type == "cpu":
+                    out.add(o.untyped_storage().data_ptr())
+            except Exception:  # noqa: BLE001 - tensors without storage (meta, sparse, wrappers)
+                continue
     return out
