@@ -197,11 +197,21 @@ def compiled_terms(spec: ModelSpec, setup: Setup, st, full: dict) -> dict[str, f
     The weights' casts (the frozen ones and the adapters') are read by the input-gradient matmuls: saved, counted
     as full fine-tuning's batch-independent `fixed` (compile_effects.compiled_layer) plus adapter_casts."""
     a, h, i = st.act, spec.hidden, spec.intermediate
-    groups = {g for _, _, g in targets(spec, setup).values()}
+    tgt = targets(spec, setup)
+    groups = {g: n for n, _, g in tgt.values()}
     out = dict(full)
-    out["linear_inputs"] = a * h * len(groups & {"norm1", "norm2"})
+    ad = st.param or adapter_bytes(setup)  # (FSDP2's policy gathers the adapters in param_dtype: no copy)
+    if not st.autocast and ad != a:
+        # no autocast to cast back: peft's copy of each group's input in the adapters' dtype is what lora_A's weight
+        # gradient reads (materialized in backward: saved, one per group after CSE); the compute-dtype norm outputs
+        # and MLP product are then read by no backward op (SDPA's output stays in the attention term)
+        out["linear_inputs"] = sum(ad * n for n in groups.values())
+        out["mlp"] = 2 * a * i
+        out["lora"] = ad * setup.lora_rank * len(tgt)  # lora_A's outputs, in the adapters' dtype
+        return out
+    out["linear_inputs"] = a * h * len(groups.keys() & {"norm1", "norm2"})
     out["mlp"] = (2 + ("act" in groups)) * a * i
-    out["lora"] = a * setup.lora_rank * len(targets(spec, setup))
+    out["lora"] = a * setup.lora_rank * len(tgt)
     return out
 
 
