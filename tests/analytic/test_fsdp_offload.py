@@ -1,5 +1,7 @@
 """--offload params on --stack hf / torchtitan: FSDP2's CPUOffloadPolicy (torch 2.13 distributed/fsdp/_fully_shard;
-torchtitan 0.2.2 training.enable_cpu_offload, accelerate's fsdp_offload_params under fsdp_version 2)."""
+torchtitan 0.2.2 training.enable_cpu_offload, accelerate's fsdp_offload_params under fsdp_version 2), and FSDP1's
+CPUOffload(offload_params=True) under --fsdp-version 1, by hand from torch's code (this CPU-only torch cannot pin
+memory, so no real or traced FSDP1 offload step runs here: analytic/parallel/fsdp1.py)."""
 from __future__ import annotations
 
 import pytest
