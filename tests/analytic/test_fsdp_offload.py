@@ -91,6 +91,6 @@ def test_fsdp1_cpu_offload_by_hand():
 
 def test_fsdp1_cpu_offload_refuses_accumulation():
     """accelerate accumulates under no_sync (accelerator.py:1284-1297): FSDP1's unsharded gradients on the device,
-    and torch's CPU offload does not accumulate outside it (_flat_param.py:1640-1645): refused, not mis-modelled."""
+    and torch's CPU offload does not accumulate outside it (_flat_param.py:1642-1646): refused, not mis-modelled."""
     with pytest.raises(SetupError, match="--grad-accum 1, or --fsdp-version 2"):
         _fsdp(offload="params", grad_accum=2)

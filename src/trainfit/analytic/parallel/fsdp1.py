@@ -62,11 +62,11 @@ FullyShardedDataParallel at accelerator.py:1948):
     step terms (parallel/fsdp_offload.py offload_seconds).
   * gradient accumulation: the HF Trainer accumulates under accelerate's no_sync (accelerator.py:1284-1297 unless
     sync_each_batch), where FSDP1 keeps every unit's unsharded gradient on the device, and torch's CPU offload does
-    not accumulate sharded gradients outside no_sync (_flat_param.py:1640-1645): refused (accumulation_refusal).
+    not accumulate sharded gradients outside no_sync (_flat_param.py:1642-1646): refused (accumulation_refusal).
   This CPU-only torch build cannot run it: `pin_memory()` needs an accelerator ("Cannot access accelerator device
-  when none is available"), and fake tensors have no `aten._pin_memory` (fake_impls.py: NYI); on a CPU compute
-  device the offload is a no-op anyway (pre_unshard's copy is skipped when the shard is on the compute device,
-  :1335).
+  when none is available"), and fake tensors have no `aten._pin_memory` (torch/_subclasses/fake_impls.py:1743,
+  "NYI: aten._pin_memory.default"); on a CPU compute device the offload is a no-op anyway (pre_unshard's copy is
+  skipped when the shard is on the compute device, :1335).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def accumulation_refusal(setup: Setup) -> str | None:
         return None
     return ("--offload params with --fsdp-version 1 and --grad-accum > 1: the HF Trainer accumulates under "
             "accelerate's no_sync, where FSDP1 keeps every unit's unsharded gradient on the device, and torch's CPU "
-            "offload does not accumulate sharded gradients outside it (torch 2.13 fsdp/_flat_param.py:1640-1645): "
+            "offload does not accumulate sharded gradients outside it (torch 2.13 fsdp/_flat_param.py:1642-1646): "
             "not modelled; use --grad-accum 1, or --fsdp-version 2")
 
 
