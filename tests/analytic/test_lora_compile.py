@@ -73,3 +73,44 @@ def test_compiled_lora_step_against_the_measure_engine():
     predicted = analytic(spec, setup).memory
     assert predicted.phases["forward_end"] == pytest.approx(real.phase_peaks["forward"], rel=0.008)
     assert predicted.peak == pytest.approx(real.peak, rel=0.008)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # ~60 s on an idle CPU: two compiled peft models
+def test_one_compiled_lora_layer_saves_what_the_model_says():
+    """Forward-end live bytes of a 2-layer minus a 1-layer compiled peft tiny-llama (amp-bf16, rank 8, all-linear) on
+    CPU: one layer's saved set, measured 2725120 = lora.compiled_terms' count (test_compiled_lora_layer_by_hand)."""
+    pytest.importorskip("peft")
+    import dataclasses
+
+    import torch
+
+    from trainfit.measure.cpu_peak import cpu_peak
+    from trainfit.step.build import build_model
+
+    base, setup = load_model("tiny-llama"), _setup()
+
+    def saved(layers: int) -> int:
+        spec = dataclasses.replace(base, layers=layers, config={**base.config, "num_hidden_layers": layers})
+        torch.manual_seed(0)
+        model = torch.compile(build_model(spec, setup))
+        tok = torch.randint(0, spec.vocab, (B, S))
+
+        def loss():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(input_ids=tok, labels=tok).loss
+
+        for _ in range(2):  # compile, then warm
+            loss().backward()
+
+        def step(phase):
+            phase("forward")
+            out = loss()
+            phase("forward_end")
+            out.backward()
+
+        peak, _ = cpu_peak(step, 0)
+        return peak.live_at("forward_end") - peak.live_at("forward")
+
+    per_layer = saved(2) - saved(1)
+    assert analytic(base, setup).detail.records["activation_per_layer"] == per_layer
