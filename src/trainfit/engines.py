@@ -54,8 +54,9 @@ def check_stack(setup: Setup, engine: str) -> None:
         raise SetupError(f"--offload activations moves saved tensors to pinned host memory, which --engine {engine} "
                          "cannot tell apart from device memory on this CPU; use --engine analytic")
     if setup.offload_state == "params" and setup.stack_facts.facts.get("cpu_offload") is not None:
-        raise SetupError(f"--offload params (FSDP2's CPUOffloadPolicy) puts the shards in pinned host memory, which "
-                         f"--engine {engine} does not run here; use --engine analytic")
+        raise SetupError(f"--offload params (FSDP's CPU offload) puts the shards in pinned host memory, which "
+                         f"--engine {engine} does not run here (pin_memory needs an accelerator: torch 2.13 "
+                         "fsdp/_flat_param.py:1260 for FSDP1); use --engine analytic")
     if setup.offload_state == "optimizer" and setup.zero == 0:
         raise SetupError(f"--offload optimizer on one GPU is torchao's CPUOffloadOptimizer, which asserts a CUDA or XPU "
                          f"device (torchao 0.18.0 optim/cpu_offload.py:55-59) and which --engine {engine} does not run "

@@ -358,7 +358,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         if deepspeed_offload.runs(setup):  # NB: optimistic (line rates)
             notes.append(deepspeed_offload.NOTE)
         if fsdp_offload.runs(setup):  # NB: optimistic (line rates)
-            notes.append(fsdp_offload.NOTE)
+            notes.append(fsdp_offload.note(setup))
         if setup.offload_activations:  # NB: optimistic (line rate)
             notes.append("--offload activations: host copies at the PCIe line rate, each overlapped with its pass "
                          "as torchtune's side stream does (step term 'host copies': what stays exposed)")

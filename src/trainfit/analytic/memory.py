@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..models.hf_config import for_setup
+from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import compile_effects, encoder_decoder, encoder_decoder_training, hybrid_training, long_context
@@ -22,7 +23,7 @@ from .lora import adapter_setup, embedding_grad, gathered_counts, head_saved_del
 from .loss import head_and_loss
 from .optimizer import adafactor_state, optimizer_temporaries, paged_state_bytes, state_bytes_unsharded
 from .parallel import deepspeed as ds_zero
-from .parallel import fsdp_offload
+from .parallel import fsdp1, fsdp_offload
 from .parallel.pipeline import Stage, stages
 from . import quant, torchao_optim, vlm
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
@@ -132,11 +133,16 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     off = torchao_optim.offloaded(spec, pc, setup, n, st.optimizer) if torchao_optim.offload_runs(setup) else None
     if off:
         ms = replace(ms, optimizer=off.device_states)
-    # FSDP2's CPUOffloadPolicy: every sharded state on the host (parallel/fsdp_offload.py)
-    fsdp_host = None
+    # FSDP's CPU offload: every sharded state on the host (parallel/fsdp_offload.py); FSDP1 keeps the gradient
+    # shards on the device too, through the backward (parallel/fsdp1.py keeps_gradient_shards)
+    fsdp_host, kept_grads = None, False
     if fsdp_offload.runs(setup):
         fsdp_host = ms.weights + ms.gradients + ms.master + ms.optimizer
-        ms = replace(ms, weights=0.0, gradients=0.0, master=0.0, optimizer=0.0)
+        kept_grads = fsdp1.keeps_gradient_shards(setup)
+        why = fsdp1.accumulation_refusal(setup)
+        if why:
+            raise SetupError(why)
+        ms = replace(ms, weights=0.0, gradients=ms.gradients if kept_grads else 0.0, master=0.0, optimizer=0.0)
     gathered = 0.0 if fsdp2 else gathered_params(pc_gathered, setup, st, stage)
     ds = None  # DeepSpeed's ZeRO engine allocates its own states and buckets (parallel/deepspeed.py)
     if ds_zero.deepspeed_engine(setup):
@@ -166,7 +172,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     head = head_and_loss(spec, setup, st, tokens)
     lm, lm_full, head = compile_effects.apply(spec, setup, st, tokens, lm, head, lm_full)  # --compile
     gb = (st_grad if setup.lora_rank else st.grad) / shard(setup, 2)  # gradient bytes per parameter on this rank
-    if (ds and ds_zero.gradients_leave_device(setup)) or fsdp_host is not None:
+    if (ds and ds_zero.gradients_leave_device(setup)) or (fsdp_host is not None and not kept_grads):
         gb = 0.0  # ZeRO-Offload, FSDP2's CPU offload: the reduced gradients go to the host
     # a layer's gradients made during its backward: FSDP2 keeps them unsharded in param_dtype until its
     # post-backward reduce-scatter (parallel/fsdp2.py); otherwise they are the rank's own gradients
@@ -288,6 +294,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
             optimizer_temporaries(adapter_setup(setup, st), st, largest, largest)) if setup.optimizer_in_backward
         else None,
         layers_on_device=offload_window(setup) if setup.offload_activations else None,
+        # FSDP1's CPU offload: the gradient shards kept through the backward are freed before the step (fsdp1.py)
+        step_gradients=0.0 if kept_grads else None,
     )
     step = compile_effects.adjust_step(step, spec, setup, st, stage)  # --compile's mask, --fp8-all-gather
     activations = step.activations

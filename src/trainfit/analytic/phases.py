@@ -58,6 +58,9 @@ class StepBytes:
     # them through the last layer's backward, the first layer's at its backward, none at the embedding's
     masks_held: float = 0.0
     masks_first: float = 0.0
+    # the gradients left on the device at the optimizer step where they differ from `gradients` (None: the same;
+    # FSDP1's CPU offload frees its device copies at the backward's end, parallel/fsdp1.py keeps_gradient_shards)
+    step_gradients: float | None = None
     # beside every layer's saved tensors at the last layer's forward high point (forward_moments.py; 0: none)
     last_layer_forward: float = 0.0
     norm_kept: float = 0.0  # of head_saved, the final norm's tensors still saved at its backward's high point
@@ -159,7 +162,8 @@ def peak(b: StepBytes) -> Peak:
          + b.inputs,
          b.embedding_backward + gathered("embedding_backward")),
         # in backward, nothing is left for the step after it
-        ("optimizer_step", 0 if in_bwd else b.gradients, b.step_inputs, 0 if in_bwd else b.optimizer_transient),
+        ("optimizer_step", 0 if in_bwd else b.gradients if b.step_gradients is None else b.step_gradients,
+         b.step_inputs, 0 if in_bwd else b.optimizer_transient),
     ]
     totals = {name: states + g + act + tmp for name, g, act, tmp in moments}
     phases = {"forward_end": int(max(v for k, v in totals.items() if k.startswith("forward_end")

@@ -9,7 +9,7 @@
   * The backward's gradients of the views make the unit's unsharded flat gradient (param_dtype), cast to
     reduce_dtype on the post-backward stream where the two differ (_runtime_utils.py:757-764) and reduce-scattered
     from as it is (_runtime_utils.py:846-857, reduce_scatter_single into a new 1/dp shard): no copy-in kernel. The
-    shard is cast back to the fp32 gradient shard where reduce_dtype is lower (_runtime_utils.py:1029
+    shard is cast back to the fp32 gradient shard where reduce_dtype is lower (_runtime_utils.py:1030
     _cast_grad_to_param_dtype), as FSDP2's is.
   * Under a MixedPrecision the fp32 shard is first cast to a low-precision shard `_mp_shard` (1/dp of the unit,
     _flat_param.py:1342-1357, freed after the all-gather), as FSDP2's all-gather input is (not counted either).
@@ -35,6 +35,38 @@
     unsharded nn.Parameters are leaves whose casts the cache keeps to the forward's end (analytic/recompute.py).
     This holds with use_orig_params=True too (the HF Trainer's default, transformers training_args.py:2876-2877):
     the original parameters are set to plain tensor views in forward (_flat_param.py:1517-1521).
+
+CPUOffload(offload_params=True) (--offload params under --zero 3: accelerate 1.15.0's fsdp_offload_params with
+fsdp_version 1, utils/dataclasses.py:2178-2191 set_cpu_offload -> CPUOffload(offload_params=True), passed to
+FullyShardedDataParallel at accelerator.py:1948):
+  * host, per rank: each unit's padded fp32 shard `_local_shard`, pinned (_flat_param.py:1257-1261; the flat
+    parameter is moved to the CPU at wrapping, _init_utils.py:671-673), and a pinned fp32 gradient shard of the same
+    size made beside it at the lazy init, `_cpu_grad` (_flat_param.py:1262-1266); the optimizer's states, made by
+    torch.optim beside the parameters, which are views of the CPU shards (use_orig_params=True), and the optimizer
+    step there. The same host bytes as FSDP2's CPUOffloadPolicy (parallel/fsdp_offload.py).
+  * device, at rest: nothing of the model's states (after the reshard the flat parameter points at the CPU shard,
+    _flat_param.py:1837-1843; `.grad` is the CPU `_cpu_grad` after the backward, prepare_gradient_for_optim
+    :1694-1698). Each unshard copies the unit's fp32 shard to the device first (pre_unshard: `flat_param_to(device)`
+    :1335-1338, or under a MixedPrecision `_local_shard.to(device)` cast into `_mp_shard`, :1342-1357) and
+    all-gathers it into `_full_param_padded` as without offload: NB these per-unit shards (1/dp of a unit) are not
+    counted, as FSDP2's are not.
+  * device, in backward: unlike FSDP2's offload, each unit's reduce-scattered gradient shard, cast to fp32
+    (_runtime_utils.py:917, :1047-1048), is kept on the device as `_saved_grad_shard` (_runtime_utils.py:918-927) after
+    its non-blocking copy into `_cpu_grad` (_offload_grad :969-989), until the root's post-backward callback
+    deletes it (_finalize_params -> prepare_gradient_for_optim, _runtime_utils.py:1199, _flat_param.py:1717-1720):
+    the rank's gradient shards build up on the device through the backward exactly as without offload, and are
+    gone at the optimizer step (keeps_gradient_shards).
+  * PCIe per micro-batch: the H2D copy of every unit's fp32 shard at each unshard (forward, and backward under
+    FULL_SHARD; the root is not resharded after forward) and the D2H copy of its fp32 gradient shard on the
+    post-backward stream, which the callback waits for (_runtime_utils.py:1107-1111): FSDP2's offload's traffic and
+    step terms (parallel/fsdp_offload.py offload_seconds).
+  * gradient accumulation: the HF Trainer accumulates under accelerate's no_sync (accelerator.py:1284-1297 unless
+    sync_each_batch), where FSDP1 keeps every unit's unsharded gradient on the device, and torch's CPU offload does
+    not accumulate sharded gradients outside no_sync (_flat_param.py:1642-1646): refused (accumulation_refusal).
+  This CPU-only torch build cannot run it: `pin_memory()` needs an accelerator ("Cannot access accelerator device
+  when none is available"), and fake tensors have no `aten._pin_memory` (torch/_subclasses/fake_impls.py:1743,
+  "NYI: aten._pin_memory.default"); on a CPU compute device the offload is a no-op anyway (pre_unshard's copy is
+  skipped when the shard is on the compute device, :1335).
 """
 from __future__ import annotations
 
@@ -46,6 +78,27 @@ from ..precision import StateBytes
 def runs_fsdp1(setup: Setup) -> bool:
     """Whether the step's FSDP is FullyShardedDataParallel (--fsdp-version 1 under --dp > 1 --zero 2/3)."""
     return setup.fsdp_version == 1 and setup.mode == "train" and setup.dp > 1 and setup.zero >= 2
+
+
+def offloads_params(setup: Setup) -> bool:
+    """FSDP1 under CPUOffload(offload_params=True) (module docstring)."""
+    return runs_fsdp1(setup) and setup.offload_state == "params"
+
+
+def keeps_gradient_shards(setup: Setup) -> bool:
+    """Whether the rank's fp32 gradient shards stay on the device through the backward though they are offloaded
+    (FSDP1's `_saved_grad_shard`, module docstring), to be freed at the backward's end, before the optimizer step."""
+    return offloads_params(setup)
+
+
+def accumulation_refusal(setup: Setup) -> str | None:
+    """Why FSDP1's CPU offload with gradient accumulation is not modelled (module docstring), None where it is."""
+    if setup.fsdp_version != 1 or setup.offload_state != "params" or setup.grad_accum <= 1:
+        return None
+    return ("--offload params with --fsdp-version 1 and --grad-accum > 1: the HF Trainer accumulates under "
+            "accelerate's no_sync, where FSDP1 keeps every unit's unsharded gradient on the device, and torch's CPU "
+            "offload does not accumulate sharded gradients outside it (torch 2.13 fsdp/_flat_param.py:1642-1646): "
+            "not modelled; use --grad-accum 1, or --fsdp-version 2")
 
 
 def caches_weight_casts(setup: Setup) -> bool:

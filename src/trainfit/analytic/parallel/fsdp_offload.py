@@ -16,10 +16,14 @@ backward, and the optimizer step runs on CPU with CPU optimizer states."
   * time: the H2D shard copies of every all-gather (forward and backward under --zero 3), overlapped with the pass
     they prefetch for; the gradient shards' D2H copies on the post-reduce stream beside the backward; then the
     optimizer step on the host's CPU while the GPU waits.
+FSDP1's CPUOffload(offload_params=True) (--fsdp-version 1, parallel/fsdp1.py) holds the same host bytes and moves
+the same bytes over PCIe, but keeps the gradient shards on the device through the backward (fsdp1.keeps_gradient_
+shards): analytic/memory.py keeps them there and drops them at the optimizer step.
 """
 from __future__ import annotations
 
 from ...setup import Setup
+from .fsdp1 import offloads_params as fsdp1_offloads
 from .fsdp2 import fsdp2_strategy, reshards_after_forward
 
 FP32 = 4
@@ -33,7 +37,8 @@ CPU_ADAMW_ACCESSES = {"fused": 7, "other": 20}
 
 
 def runs(setup: Setup) -> bool:
-    """--offload params on a stack whose FSDP2 wrapping offers CPUOffloadPolicy ([cpu_offload] fact)."""
+    """--offload params on a stack whose FSDP wrapping offers CPU offload ([cpu_offload] fact): FSDP2's
+    CPUOffloadPolicy, or FSDP1's CPUOffload under --fsdp-version 1."""
     return (setup.offload_state == "params" and setup.mode == "train" and fsdp2_strategy(setup)
             and setup.stack_facts.facts.get("cpu_offload") is not None)
 
@@ -63,3 +68,13 @@ NOTE = ("--offload params: FSDP2's CPUOffloadPolicy (parameter and gradient shar
         "optimizer's states on the host, the optimizer step on the CPU); step term 'host copies': the shards' "
         "PCIe copies beyond the passes they overlap and torch's CPU AdamW at the host's memory line rate: NB "
         "optimistic")
+NOTE_FSDP1 = ("--offload params: FSDP1's CPUOffload(offload_params=True) (parameter and gradient shards pinned in "
+              "host memory, the optimizer's states on the host, the optimizer step on the CPU; each unit's fp32 "
+              "gradient shard also kept on the device until the backward's end); step term 'host copies': the "
+              "shards' PCIe copies beyond the passes they overlap and torch's CPU AdamW at the host's memory line "
+              "rate: NB optimistic")
+
+
+def note(setup: Setup) -> str:
+    """The estimate's note on the offload `setup` runs."""
+    return NOTE_FSDP1 if fsdp1_offloads(setup) else NOTE
