@@ -88,8 +88,8 @@ def validate(setup: Setup) -> None:
     if setup.offload_state == "optimizer" and setup.zero < 1 and not stack.runs("cpu-offload-optimizer"):
         raise SetupError("--offload optimizer moves ZeRO's optimizer partitions to the host: it needs --zero 1, 2 or 3")
     if setup.offload_state == "params" and setup.zero < 3:
-        raise SetupError(f"--offload params ({'FSDP2 CPU offload' if stack.facts.get('cpu_offload') else 'ZeRO-Infinity'}"
-                         ") offloads the sharded weights: it needs --zero 3")
+        kind = (f"FSDP{setup.fsdp_version or 2} CPU offload" if stack.facts.get("cpu_offload") else "ZeRO-Infinity")
+        raise SetupError(f"--offload params ({kind}) offloads the sharded weights: it needs --zero 3")
     if setup.zero not in stack.zero_stages:
         raise SetupError(f"--zero {setup.zero} is not run by --stack {stack.name} (it runs ZeRO stages "
                          f"{', '.join(map(str, stack.zero_stages))}); use one of those or --stack hf")
