@@ -239,11 +239,23 @@ def test_enforce_eager_has_no_graphs():
     ("L4", 4, (0.85, 2048, 80)), ("L4", 1, (0.88, 2048, 8)), ("H100-80GB", 8, (0.81, 8192, 160)),
     ("H100-80GB", 2, (0.87, 8192, 160)),
 ])
-def test_sglang_0_4_3_defaults_by_hand(gpu, tp, expected):
-    k = sg.knobs(load_model("qwen2.5-32b"), Setup(mode="serve", server="sglang==0.4.3.post4", precision="bf16",
+@pytest.mark.parametrize("version", ["0.4.1", "0.4.3.post4", "0.4.4"])
+def test_sglang_0_4_defaults_by_hand(gpu, tp, expected, version):
+    k = sg.knobs(load_model("qwen2.5-32b"), Setup(mode="serve", server=f"sglang=={version}", precision="bf16",
                                                   tp=tp), get_gpu(gpu))
     assert (k.mem_fraction_static, k.chunked_prefill_size, k.cuda_graph_max_bs) == expected
-    assert k.prefill_graph_sizes == 0 and k.version == "0.4.3.post4"  # 0.4.x captures decode batches only
+    assert k.prefill_graph_sizes == 0 and k.version == version  # 0.4.x captures decode batches only
+
+
+def test_published_logs_ran_their_release_default_fraction():
+    """Three published start-up logs state their SGLang release and ran its default mem_fraction_static
+    (bench/targets/serving_published.py): 0.4.1 and 0.4.4 on one H100 and 0.4.3.post4 on 4 L4s."""
+    from bench.targets import serving_published as script
+    for version, base in (("0.4.1", "llama-3.1-8b"), ("0.4.4", "llama-3.1-8b"), ("0.4.3.post4", "qwen2.5-32b")):
+        case = next(c for c in script.SGLANG_CASES if c.base == base and version in c.label)
+        k = sg.knobs(load_model(base), Setup(mode="serve", server=f"sglang=={version}", precision="bf16",
+                                             tp=case.tp), get_gpu(case.gpu))
+        assert k.mem_fraction_static == case.mem_fraction_static, case.label
 
 
 def test_sglang_0_4_3_pool_at_its_default_is_the_published_l4_log():
