@@ -23,8 +23,8 @@ next CUDA-graph capture size when graphs run (v1/cudagraph_dispatcher.py:71-90, 
               by one (NB: the piecewise graphs of a mixed step replay per layer around eager attention, a few µs each,
               not counted: errs fast); --enforce-eager: every kernel from the host at the no-grad rate
               (roofline.host_seconds_per_kernel, measured), the step never faster than the host.
-  scheduler   the engine core's host work per step (0.33.0 v1/engine/core.py:667-691 step, :708-793 step_with_batch_queue):
-              Scheduler.schedule() and update_from_output() over the step's requests, pure Python, seconds =
+  scheduler   the engine core's host work per step (0.33.0 v1/engine/core.py:667-691 step, :708-793
+              step_with_batch_queue): Scheduler.schedule() and update_from_output() over the step's requests, pure Python, seconds =
               fixed + per request × the requests scheduled (data/servers.toml scheduler_host: measured on a CPU with
               the version's own Scheduler, bench/tools/vllm_scheduler_cpu). With async scheduling (host_overlap: the
               default from vLLM 0.14, config/vllm.py async_scheduling None -> True; 0.13 and earlier off) the next
