@@ -2,8 +2,8 @@
 
 SGLang 0.5.23 (the wheel's sglang/srt/...) sizes its token-to-KV pool once, at start-up, from a static fraction.
 Older releases (--server sglang==0.4.1, 0.4.3.post4, 0.4.4) differ in the defaults only (data/servers.toml, cited
-at their version): mem_fraction_static by tp alone, the chunked prefill size and decode graph batch by GPU memory, no prefill
-graphs; their pool formula and max_running_requests are this one's.
+at their version): mem_fraction_static by tp alone, the chunked prefill size and decode graph batch by GPU memory,
+no prefill graphs; their pool formula and max_running_requests are this one's.
 
   mem_fraction_static  (arg_groups/memory_hook.py:47-344 handle_gpu_memory_settings, when not given):
       gpu_mem   = nvidia-smi's memory.total in MiB (utils/common.py:990-1015, 802-832: get_nvgpu_memory_capacity)

@@ -24,15 +24,15 @@ next CUDA-graph capture size when graphs run (v1/cudagraph_dispatcher.py:71-90, 
               not counted: errs fast); --enforce-eager: every kernel from the host at the no-grad rate
               (roofline.host_seconds_per_kernel, measured), the step never faster than the host.
   scheduler   the engine core's host work per step (0.33.0 v1/engine/core.py:667-691 step, :708-793
-              step_with_batch_queue): Scheduler.schedule() and update_from_output() over the step's requests, pure Python, seconds =
-              fixed + per request × the requests scheduled (data/servers.toml scheduler_host: measured on a CPU with
-              the version's own Scheduler, bench/tools/vllm_scheduler_cpu). With async scheduling (host_overlap: the
-              default from vLLM 0.14, config/vllm.py async_scheduling None -> True; 0.13 and earlier off) the next
-              step is scheduled while this one runs on the GPU: a step takes max(GPU, host); without it, GPU + the
-              scheduler. SGLang's overlap scheduler (on by default) overlaps the same way; its scheduler's cost is not
-              measured and not counted. NB: the model runner's input preparation (_prepare_inputs), the outputs'
-              serialisation and the API server's detokenisation are not counted (errs fast where the host binds); the
-              measuring CPU's speed is taken as the serving host's.
+              step_with_batch_queue): Scheduler.schedule() and update_from_output() over the step's requests, pure
+              Python; seconds = fixed + per request × the requests scheduled (data/servers.toml scheduler_host,
+              measured on a CPU with the version's own Scheduler: bench/tools/vllm_scheduler_cpu). With async
+              scheduling (host_overlap: the default from vLLM 0.14, config/vllm.py async_scheduling None -> True;
+              0.13 and earlier off) the next step is scheduled while this one runs on the GPU: a step takes
+              max(GPU, host); without it, GPU + the scheduler. SGLang's overlap scheduler (on by default) overlaps
+              the same way; its scheduler's cost is not measured and not counted. NB: the model runner's input
+              preparation (_prepare_inputs), the outputs' serialisation and the API server's detokenisation are not
+              counted (errs fast where the host binds); the measuring CPU's speed is taken as the serving host's.
 NB: vLLM's fused kernels (qkv and gate_up GEMMs, fused_add_rms_norm, its rotary) are timed as the stack's op list
 (--stack's memory-bound ops): the GEMMs' FLOPs and bytes are the same, the elementwise launches differ.
 
