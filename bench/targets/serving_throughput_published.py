@@ -10,6 +10,12 @@ Each row names its source, the engine's settings it states and the benchmark it 
   tpot        vllm bench serve at --max-concurrency C: one request's decode rate, 1 / TPOT (steady_state).
 "before" is the previous model (serving.decode_seconds: weights + KV over 80 % of the bandwidth, at the request's
 batch), kept to show what the op-list model changed.
+The engine's scheduler CPU time per step (serving_time.py scheduler: vLLM's Scheduler measured on a CPU,
+data/servers.toml scheduler_host; overlapped under async scheduling, the default from 0.14) moved only the 500-request
+row: +126.8 % -> +117.7 % (median 20.2 % and 7 of 13 within 25 % unchanged). NB: every row is timed as plain
+--server vllm (0.33.0): the 0.19.0 row's Scheduler measured 20.5 us per request against 0.33.0's 27.2 (over by its
+difference, ~3.4 ms a step at 500), and the Oracle rows' 2024 engine (V0) scheduled synchronously with a different
+scheduler (not listed: their GPU-bound steps hide 0.33.0's).
 
     python -m bench run serving_throughput_published
 """
@@ -50,9 +56,10 @@ MUSGRAVE = ("johnmusgrave.com/p/vllm-throughput-latency-sweep-on ('vLLM throughp
 ROWS = [
     # rate=inf with 500 prompts: every request submitted at once, as benchmark_latency's batch (batch_latency at
     # vLLM's H100 budget, 8192 tokens: engine/arg_utils.py:2970-3006). NB: V1 runs later prompts' chunks beside
-    # earlier requests' decodes; here the prompts go first. NB: a 0.6B model's GPU step at 500 sequences is ~1 ms;
-    # the engine's per-step host work for 500 requests (scheduling, input preparation, the API server's streaming
-    # and detokenisation) is not modelled, which this row shows (published TPOT 5.45 ms)
+    # earlier requests' decodes; here the prompts go first. NB: the scheduler's CPU time (500 requests x 27.2 us,
+    # overlapped) is counted; the rest of the per-step host work for 500 requests (input preparation, the outputs'
+    # serialisation, the API server's streaming and detokenisation, the benchmark client on the same host) is not,
+    # which this row shows (published TPOT 5.45 ms)
     ("kvcached-h100-qwen3-0.6b-burst-500", "qwen3-0.6b", "H100-80GB",
      dict(mode="serve", precision="bf16", gpu_memory_utilization=0.5, max_model_len=2048), "latency", 500, 512, 128,
      12148.5, KVCACHED),

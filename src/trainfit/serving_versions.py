@@ -29,8 +29,12 @@ def _table() -> dict:
 
 def versions(engine: str) -> tuple[str, ...]:
     """The listed releases of `engine`, newest first."""
-    return tuple(sorted(_table()[engine]["versions"], key=lambda v: tuple(int(p) for p in v.split(".")),
-                        reverse=True))
+    return tuple(sorted(_table()[engine]["versions"], key=_release_key, reverse=True))
+
+
+def _release_key(version: str) -> tuple:
+    """Orders "0.4.3" < "0.4.3.post4" < "0.4.4": numbers by value, a suffix after the release it follows."""
+    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in version.split("."))
 
 
 def engine_of(value: str) -> str:

@@ -231,3 +231,45 @@ def test_a_fraction_that_leaves_too_little_is_a_warning_with_the_number():
 def test_enforce_eager_has_no_graphs():
     sv = sg.serve_memory(load_model("llama-3.1-8b"), _sgl(enforce_eager=True), get_gpu("H100-80GB"))
     assert sv.cuda_graphs == 0
+
+
+@pytest.mark.parametrize("gpu, tp, expected", [
+    # SGLang 0.4.3.post4 (server_args.py:203-232, by hand): the fraction by tp alone; below 25,000 MiB of
+    # nvidia-smi (an L4's 23,034) chunked prefill 2048 and decode graphs to 8 (tp < 4) or 80; else 8192 / 160
+    ("L4", 4, (0.85, 2048, 80)), ("L4", 1, (0.88, 2048, 8)), ("H100-80GB", 8, (0.81, 8192, 160)),
+    ("H100-80GB", 2, (0.87, 8192, 160)),
+])
+@pytest.mark.parametrize("version", ["0.4.1", "0.4.3.post4", "0.4.4"])
+def test_sglang_0_4_defaults_by_hand(gpu, tp, expected, version):
+    k = sg.knobs(load_model("qwen2.5-32b"), Setup(mode="serve", server=f"sglang=={version}", precision="bf16",
+                                                  tp=tp), get_gpu(gpu))
+    assert (k.mem_fraction_static, k.chunked_prefill_size, k.cuda_graph_max_bs) == expected
+    assert k.prefill_graph_sizes == 0 and k.version == version  # 0.4.x captures decode batches only
+
+
+def test_published_logs_ran_their_release_default_fraction():
+    """Three published start-up logs state their SGLang release and ran its default mem_fraction_static
+    (bench/targets/serving_published.py): 0.4.1 and 0.4.4 on one H100 and 0.4.3.post4 on 4 L4s."""
+    from bench.targets import serving_published as script
+    for version, base in (("0.4.1", "llama-3.1-8b"), ("0.4.4", "llama-3.1-8b"), ("0.4.3.post4", "qwen2.5-32b")):
+        case = next(c for c in script.SGLANG_CASES if c.base == base and version in c.label)
+        k = sg.knobs(load_model(base), Setup(mode="serve", server=f"sglang=={version}", precision="bf16",
+                                             tp=case.tp), get_gpu(case.gpu))
+        assert k.mem_fraction_static == case.mem_fraction_static, case.label
+
+
+def test_sglang_0_4_3_pool_at_its_default_is_the_published_l4_log():
+    """The llms-in-clouds 0.4.3.post4 start-up (bench/targets/serving_published.py: QwQ-32B on 4 L4s, the fraction
+    not given) logs #tokens 46611: with the release's default (0.85 at tp 4) the token count is the one the row
+    computes at its stated fraction, and plain --server sglang (0.5.23's reserve rule) gives another."""
+    from bench.targets import serving_published as script
+    case = next(c for c in script.SGLANG_CASES if c.base == "qwen2.5-32b")
+    spec, gpu = load_model(case.base), get_gpu(case.gpu)
+    old = sg.serve_memory(spec, Setup(mode="serve", server="sglang==0.4.3", precision="bf16", tp=4), gpu)
+    stated = sg.serve_memory(spec, Setup(mode="serve", server="sglang==0.4.3.post4", precision="bf16", tp=4,
+                                         mem_fraction_static=case.mem_fraction_static), gpu)
+    assert old.kv_tokens == stated.kv_tokens
+    assert abs(old.kv_tokens - case.published_tokens) / case.published_tokens < 0.10
+    # 0.5.23's reserve rule (memory_hook.py:296-328) gives this L4 0.658: 15.54 GiB of weights exceed 0.658 x 21.56
+    assert sg.knobs(spec, _sgl(tp=4), gpu).mem_fraction_static < 0.7
+    assert old.sizing().version == "0.4.3.post4"

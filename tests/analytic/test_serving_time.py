@@ -93,3 +93,30 @@ def test_serve_reports_ttft_tpot_and_rate():
     # a closed loop of 32 clients: each gets 128 tokens per TTFT + 127 TPOT
     per_request = ld["ttft_seconds"] + 127 * ld["tpot_seconds"]
     assert ld["output_tokens_per_second"] == pytest.approx(32 * 128 / per_request, rel=0.10)
+
+
+def test_the_scheduler_binds_a_small_model_at_hundreds_of_requests():
+    """A decode step of 500 Qwen3-0.6B requests on one H100 (one graph replay): beside the GPU's work the engine core's
+    Scheduler.schedule() + update_from_output() over 500 requests is 500 × the version's measured seconds per
+    request (servers.toml scheduler_host, bench/tools/vllm_scheduler_cpu). vLLM 0.33 schedules asynchronously
+    (config/vllm.py:1685-1719): the step is the larger of the two; 0.11.0 does not (config/scheduler.py:138): the
+    scheduler adds. SGLang's overlap scheduler overlaps an unmeasured cost: the GPU alone."""
+    from trainfit import serving_versions
+    spec, gpu = load_model("qwen3-0.6b"), get_gpu("H100-80GB")
+    pc = count_params(spec)
+    per = serving_versions.parse("vllm==0.33.0")["scheduler_host"][1]
+    for server, overlapped in (("vllm==0.33.0", True), ("vllm==0.11.0", False), ("sglang", True)):
+        setup = Setup(mode="serve", server=server, precision="bf16", max_model_len=2048)
+        sizes = serving.serve_memory(spec, Setup(mode="serve", precision="bf16", max_model_len=2048), gpu,
+                                     pc).knobs.capture_sizes
+        assert sizes[-1] >= 500  # one graph replay: no per-kernel issue
+        step = serving_time.engine_step(spec, setup, gpu, pc, 28 * 2 * 8 * 128 * 2, 500, 576, 0, 1, sizes)
+        gpu_s = max(step.gpu_seconds, step.host)
+        sched = 500 * serving_versions.parse(server).facts.get("scheduler_host", (0, 0))[1]
+        assert (sched > 0) == server.startswith("vllm")
+        assert step.overlapped == overlapped and step.scheduler == pytest.approx(sched)
+        assert step.seconds == pytest.approx(max(gpu_s, step.host + sched) if overlapped else gpu_s + sched)
+    assert 500 * per > gpu_s / 2  # the same order as the GPU's step (its 500 x 576 cached tokens' KV reads)
+    one = serving_time.engine_step(spec, Setup(mode="serve", precision="bf16", max_model_len=2048), gpu, pc,
+                                   28 * 2 * 8 * 128 * 2, 1, 576, 0, 1, (1, 2, 4, 8))
+    assert one.seconds == one.gpu_seconds  # one request: the GPU binds, the scheduler hides behind it

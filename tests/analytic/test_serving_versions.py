@@ -22,7 +22,7 @@ def test_plain_engine_is_the_current_release_and_major_minor_names_one_release()
 
 
 @pytest.mark.parametrize("value, says", [("vllm==0.12", "0.33.0, 0.19.0, 0.14.1, 0.11.0"), ("tgi", "vllm, sglang"),
-                                         ("vllm==", "name a version"), ("sglang==0.4.3", "0.5.23")])
+                                         ("vllm==", "name a version"), ("sglang==0.4.2", "0.5.23, 0.4.4, 0.4.3.post4, 0.4.1")])
 def test_unknown_versions_are_refused_with_the_list(value, says):
     with pytest.raises(SetupError, match=says):
         check_value(BY_NAME["server"], value, "serve")

@@ -491,7 +491,7 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
 
     sv = sg.serve_memory(spec, setup, gpu, pc)
     k = sv.knobs
-    notes = [f"SGLang {sg.SGLANG_VERSION}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
+    notes = [f"SGLang {k.version}: mem_fraction_static {k.mem_fraction_static} of the free memory at "
              f"start ({fmt_bytes(sv.pre_model_load)}) = {fmt_bytes(sv.requested)}; KV pool = that − weights"
              f"{' − the Mamba state pool' if sv.state_slots else ''} = "
              f"{fmt_bytes(sv.available_kv)} → max_total_num_tokens {sv.kv_tokens:,} ({sv.kv_bytes_per_token:,} "

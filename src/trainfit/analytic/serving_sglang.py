@@ -1,6 +1,9 @@
 """--mode serve --server sglang: what an SGLang server holds on each GPU, and the KV pool it is left with.
 
-SGLang 0.5.23 (the wheel's sglang/srt/...) sizes its token-to-KV pool once, at start-up, from a static fraction:
+SGLang 0.5.23 (the wheel's sglang/srt/...) sizes its token-to-KV pool once, at start-up, from a static fraction.
+Older releases (--server sglang==0.4.1, 0.4.3.post4, 0.4.4) differ in the defaults only (data/servers.toml, cited
+at their version): mem_fraction_static by tp alone, the chunked prefill size and decode graph batch by GPU memory,
+no prefill graphs; their pool formula and max_running_requests are this one's.
 
   mem_fraction_static  (arg_groups/memory_hook.py:47-344 handle_gpu_memory_settings, when not given):
       gpu_mem   = nvidia-smi's memory.total in MiB (utils/common.py:990-1015, 802-832: get_nvgpu_memory_capacity)
@@ -52,7 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import overheads
+from .. import overheads, serving_versions
 from ..errors import SetupError
 from ..estimate import Serving as ServingDetail
 from ..hardware import GPU
@@ -68,7 +71,7 @@ from .embedding import rotary_dim
 from .precision import DTYPE_BYTES
 from .serving import _weight_dtype, check, forward_transient, logits_transient, weights_per_gpu
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = serving_versions.parse("sglang").version  # the current release, plain --server sglang
 MiB = 1 << 20
 PREFILL_GRAPH_NON_TORCH = 8 * MiB  # per prefill capture size (memory_hook.py:384-386, SGLang's own estimate)
 MLA_PREFILL_GRAPHS = 1.5 * 1024 * MiB  # memory_hook.py:387-389 (its estimate for MLA backends' prefill graphs)
@@ -86,6 +89,7 @@ class Knobs:
     prefill_graph_sizes: int  # how many prefill capture sizes (0 with --enforce-eager)
     page_size: int
     kv_dtype: str
+    version: str = SGLANG_VERSION  # the release whose defaults these are (--server sglang==X)
 
 
 @dataclass(frozen=True)
@@ -146,24 +150,26 @@ class Serving:
                       "draft_weights": int(d.weights), "speculative_num_steps": d.steps,
                       "speculative_eagle_topk": d.topk, "speculative_num_draft_tokens": d.draft_tokens}
         return ServingDetail(
-            server="sglang", version=SGLANG_VERSION, max_model_len=k.context_length, kv_cache_dtype=k.kv_dtype,
+            server="sglang", version=k.version, max_model_len=k.context_length, kv_cache_dtype=k.kv_dtype,
             cuda_total=self.cuda_total, requested=self.requested, weights=self.weights,
             activation_peak=self.activations, cuda_graphs=self.cuda_graphs, available_kv=self.available_kv,
             kv_bytes_per_token=self.kv_bytes_per_token, kv_blocks=self.kv_tokens // k.page_size,
             kv_tokens=self.kv_tokens, max_concurrent_sequences=round(self.max_concurrent_sequences, 2), knobs=knobs)
 
 
-def capacity_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, decode cuda graph max_bs) by nvidia-smi's MiB (memory_hook.py:87-167)."""
-    if gpu_mib < 20 * 1024:
-        return 2048, 8
-    if gpu_mib < 35 * 1024:
-        return 4096, 48 if tp < 4 else 160
-    if gpu_mib < 60 * 1024:
-        return 4096, 32 if tp < 4 else 160
-    if gpu_mib < 160 * 1024:  # the < 90 GiB (H100, A100) and < 160 GiB (H20, H200) branches are the same
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
+def _version(setup: Setup) -> serving_versions.Version:
+    return serving_versions.parse(setup.server or "sglang")
+
+
+def capacity_defaults(gpu_mib: float, tp: int, version: str = SGLANG_VERSION) -> tuple[int, int]:
+    """(chunked_prefill_size, decode cuda graph max_bs) by nvidia-smi's MiB: the version's tiers (data/servers.toml
+    capacity; 0.5.23 memory_hook.py:87-167)."""
+    facts = serving_versions.parse(f"sglang=={version}")
+    for below, chunked, small_tp, large_tp in facts["capacity"]:
+        if gpu_mib < below:
+            return chunked, small_tp if tp < 4 else large_tp
+    chunked, small_tp, large_tp = facts["capacity_above"]
+    return chunked, small_tp if tp < 4 else large_tp
 
 
 def prefill_capture_sizes(max_bs: int) -> list[int]:
@@ -190,21 +196,32 @@ def default_mem_fraction(gpu_mib: float, setup: Setup, k_chunked: int, max_bs: i
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
+def fraction_by_tp(rule: list, tp: int) -> float:
+    """mem_fraction_static of the releases that chose it by tp alone ([at least this tp, fraction], largest first:
+    0.4.3.post4 server_args.py:203-214)."""
+    return next(f for least, f in rule if tp >= least)
+
+
 def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
     # SGLang's defaults read nvidia-smi's memory.total (utils get_nvgpu_memory_capacity); its pool reads CUDA's
+    version = _version(setup)
     gpu_mib = gpu.smi_memory / MiB
-    chunked, max_bs = capacity_defaults(gpu_mib, setup.tp)
+    chunked, max_bs = capacity_defaults(gpu_mib, setup.tp, version.version)
     max_bs = 0 if setup.enforce_eager else max_bs
-    prefill = 0 if setup.enforce_eager else len(prefill_capture_sizes(chunked))
+    graphs = version["prefill_graphs"] and not setup.enforce_eager
+    prefill = len(prefill_capture_sizes(chunked)) if graphs else 0
     # MLA's prefill graph captures at most 8192 tokens (memory_hook.py:222-227): its reserve is flat anyway
     fraction = setup.mem_fraction_static
-    if fraction is None:
+    if fraction is None and "mem_fraction_by_tp" in version.facts:
+        fraction = fraction_by_tp(version["mem_fraction_by_tp"], setup.tp)
+    elif fraction is None:
         fraction = default_mem_fraction(gpu_mib, setup, chunked, max_bs, prefill, spec.mla is not None)
     context = setup.max_model_len or spec.max_positions or setup.seq
     if setup.max_model_len and spec.max_positions and setup.max_model_len > spec.max_positions:
         raise SetupError(f"--max-model-len {setup.max_model_len} exceeds {spec.name}'s max_position_embeddings "
                          f"({spec.max_positions}); SGLang refuses it without SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
-    return Knobs(fraction, context, chunked, max_bs, prefill, PAGE_SIZE, setup.kv_dtype or _weight_dtype(setup))
+    return Knobs(fraction, context, chunked, max_bs, prefill, PAGE_SIZE, setup.kv_dtype or _weight_dtype(setup),
+                 version.version)
 
 
 def cell_size(spec: ModelSpec, setup: Setup, kv_dtype: str) -> int:

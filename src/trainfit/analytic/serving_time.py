@@ -23,9 +23,18 @@ next CUDA-graph capture size when graphs run (v1/cudagraph_dispatcher.py:71-90, 
               by one (NB: the piecewise graphs of a mixed step replay per layer around eager attention, a few µs each,
               not counted: errs fast); --enforce-eager: every kernel from the host at the no-grad rate
               (roofline.host_seconds_per_kernel, measured), the step never faster than the host.
+  scheduler   the engine core's host work per step (0.33.0 v1/engine/core.py:667-691 step, :708-793
+              step_with_batch_queue): Scheduler.schedule() and update_from_output() over the step's requests, pure
+              Python; seconds = fixed + per request × the requests scheduled (data/servers.toml scheduler_host,
+              measured on a CPU with the version's own Scheduler: bench/tools/vllm_scheduler_cpu). With async
+              scheduling (host_overlap: the default from vLLM 0.14, config/vllm.py async_scheduling None -> True;
+              0.13 and earlier off) the next step is scheduled while this one runs on the GPU: a step takes
+              max(GPU, host); without it, GPU + the scheduler. SGLang's overlap scheduler (on by default) overlaps
+              the same way; its scheduler's cost is not measured and not counted. NB: the model runner's input
+              preparation (_prepare_inputs), the outputs' serialisation and the API server's detokenisation are not
+              counted (errs fast where the host binds); the measuring CPU's speed is taken as the serving host's.
 NB: vLLM's fused kernels (qkv and gate_up GEMMs, fused_add_rms_norm, its rotary) are timed as the stack's op list
-(--stack's memory-bound ops): the GEMMs' FLOPs and bytes are the same, the elementwise launches differ; the
-scheduler's CPU time is overlapped by async scheduling (the default) and not counted.
+(--stack's memory-bound ops): the GEMMs' FLOPs and bytes are the same, the elementwise launches differ.
 
 The steady state (v1/core/sched/scheduler.py:701-720, 795, 1062: each step first gives the running requests their
 next token, then fills the token budget, max_num_batched_tokens, with waiting requests' prompt chunks): C requests
@@ -72,7 +81,9 @@ class EngineStep:
     kernels: ListTime
     allreduce: float
     sampler: float
-    host: float  # the host's time to issue the step (0 under CUDA graphs)
+    host: float  # the host's time to issue the step's kernels (0 under CUDA graphs)
+    scheduler: float = 0.0  # the engine's scheduler CPU time for the step (scheduler_host)
+    overlapped: bool = True  # the scheduler runs while the GPU does (async scheduling / SGLang's overlap)
 
     @property
     def gpu_seconds(self) -> float:
@@ -80,7 +91,9 @@ class EngineStep:
 
     @property
     def seconds(self) -> float:
-        return max(self.gpu_seconds, self.host)
+        if self.overlapped:
+            return max(self.gpu_seconds, self.host + self.scheduler)
+        return max(self.gpu_seconds, self.host) + self.scheduler
 
 
 @dataclass(frozen=True)
@@ -113,7 +126,7 @@ class ServingTime:
                 "step_seconds": {"gemm": s.kernels.gemm, "attention": s.kernels.attention,
                                  "memory": s.kernels.memory, "launches": s.kernels.launches,
                                  "allreduce": s.allreduce, "sampler": s.sampler, "host": s.host,
-                                 "total": s.seconds}}
+                                 "scheduler": s.scheduler, "total": s.seconds}}
 
 
 def padded(tokens: int, capture_sizes: tuple[int, ...]) -> int:
@@ -171,13 +184,24 @@ def allreduce_seconds(gpu: GPU, tp: int, nbytes: float) -> float:
     return moved / links.intra + roofline.kernels_for(gpu).launch_seconds
 
 
+def scheduler_seconds(setup: Setup, requests: float) -> tuple[float, bool]:
+    """(the engine's scheduler CPU seconds for a step of `requests` scheduled requests, whether it overlaps the GPU):
+    the version's measured line (data/servers.toml scheduler_host [fixed, per request]; absent: not measured, 0) and
+    host_overlap (module docstring)."""
+    facts = serving_versions.parse(setup.server or "vllm").facts
+    fixed, per = facts.get("scheduler_host", (0.0, 0.0))
+    return (fixed + per * max(0.0, requests) if requests > 0 else 0.0), facts["host_overlap"]
+
+
 def engine_step(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_bytes_per_token: float,
                 decodes: float, context: float, prefill: float, prompt: int, capture_sizes: tuple[int, ...],
-                finishing: float = 0.0, prefill_mfu: float | None = None, state: float = 0.0) -> EngineStep:
+                finishing: float = 0.0, prefill_mfu: float | None = None, state: float = 0.0,
+                requests: float | None = None) -> EngineStep:
     """One step of `decodes` sequences at mean `context` cached tokens and `prefill` prompt tokens of `prompt`-token
     requests (`finishing` of them sample this step). kv_bytes_per_token: this GPU's, every layer (serving.py).
     prefill_mfu (--mfu): the prefill tokens timed at that model-FLOPs utilisation instead of their kernels.
-    state: one sequence's linear-attention / Mamba states on this GPU (serving_state), read and written per decode."""
+    state: one sequence's linear-attention / Mamba states on this GPU (serving_state), read and written per decode.
+    requests: the requests the scheduler schedules this step (default: the decodes and the finishing prefills)."""
     graphs = bool(capture_sizes)
     real = max(1, math.ceil(decodes + (0 if prefill_mfu else prefill)))
     tokens = padded(real, capture_sizes) if graphs else real
@@ -213,7 +237,8 @@ def engine_step(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_byt
     host = 0.0 if graphed else kernels.kernels * roofline.host_seconds_per_kernel(no_grad=True)
     if graphed:  # a graph replays its kernels without per-kernel launches (ops/cuda_graphs.py's rule and its NB)
         kernels = replace(kernels, launches=0.0)
-    return EngineStep(tokens, decodes, prefill, kernels, ar, sampler, host)
+    sched, overlapped = scheduler_seconds(setup, decodes + finishing if requests is None else requests)
+    return EngineStep(tokens, decodes, prefill, kernels, ar, sampler, host, sched, overlapped)
 
 
 def steady_state(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_bytes_per_token: float,
@@ -240,12 +265,13 @@ def steady_state(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_by
     carrying = min(life, running * prefill_steps)
     context = prompt + output / 2
 
-    def step(prefill: float, finishing: float) -> EngineStep:
+    def step(prefill: float, finishing: float, prefilling: float) -> EngineStep:
         return engine_step(spec, setup, gpu, pc, kv_bytes_per_token, decodes, context, prefill, prompt,
-                           capture_sizes, finishing, prefill_mfu, state)
+                           capture_sizes, finishing, prefill_mfu, state, decodes + prefilling)
 
-    with_prompt = step(running * prompt / carrying, running / carrying)
-    plain = step(0.0, 0.0) if carrying < life else with_prompt
+    # the scheduler walks every request it schedules: the decodes and the requests whose prompt chunk runs
+    with_prompt = step(running * prompt / carrying, running / carrying, running * prefill_steps / carrying)
+    plain = step(0.0, 0.0, 0.0) if carrying < life else with_prompt
     total = carrying * with_prompt.seconds + (life - carrying) * plain.seconds  # one request's life, seconds
     rate = running / total  # requests completed per second
     # Little's law: the requests beyond what the engine holds wait (concurrency - running) / rate in the queue
@@ -295,5 +321,5 @@ def sglang(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv, prefill
                         sv.kv_tokens, sizes, setup.concurrency, setup.prompt_len, setup.completion_len, prefill_mfu, sv.state_bytes)
 
 
-__all__ = ["EngineStep", "ServingTime", "engine_step", "steady_state", "batch_latency", "padded", "allreduce_seconds",
+__all__ = ["EngineStep", "ServingTime", "engine_step", "scheduler_seconds", "steady_state", "batch_latency", "padded", "allreduce_seconds",
            "decode_seconds", "vllm", "sglang"]
