@@ -88,3 +88,22 @@ def test_a_layers_lists_do_not_read_the_recompute_policy():
         # full: every layer re-runs its forward (the stage's forward has the embedding or the head besides)
         part = got["selective" if stack == "megatron" else "op"].recompute.seconds
         assert 0 < part < got["full"].recompute.seconds < none.forward.seconds
+
+
+def test_the_lists_do_not_read_the_virtual_pipeline_but_under_block_recompute():
+    """The memo keys --vpp at 1 except under block:N (compute_time.op_list_setup): stage_compute run afresh at each
+    --vpp gives the same times under the other policies, and different ones under block:N, whose checkpointed layers
+    are counted per model chunk (ops/derived.py checkpointed_layers)."""
+    from trainfit.plan.search import planned_setup
+
+    gpu, spec = get_gpu("H100-80GB"), load_spec("qwen3-30b-a3b")
+    pc, layers = count_params(spec), (spec.layers // 2,) * 3
+    for rec in ("none", "selective", "full", "block:4"):
+        got = []
+        for vpp in (2, 3, 4):
+            s = planned_setup(spec, seq=2048, batch=2, dp=4, ep=4, pp=2, vpp=vpp, grad_accum=4, stack="megatron",
+                              recompute=rec)
+            key = compute_time.op_list_setup(s)
+            assert key.vpp == (vpp if rec == "block:4" else 1)
+            got.append(fresh(spec, s, gpu, state_bytes(s), pc, layers))
+        assert (got[0] == got[1] == got[2]) is (rec != "block:4"), rec

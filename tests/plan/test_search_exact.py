@@ -1,7 +1,8 @@
 """The search's shortcuts change no answer: the op lists' memo keyed on what the lists read (compute_time:
 NOT_IN_OP_LISTS, one layer's lists shared by every recompute policy) and the exact throughput bound (step_time.step_floor,
 search._time_best_first) give the same plans, with the same step times, as the straightforward search — every fitting
-setup timed, every op list built and timed afresh (compute_time.stage_compute itself, no memo)."""
+setup timed, every op list built and timed afresh (compute_time.stage_compute itself, no memo), every group's setup
+built from its Request (search.planned_setup, not the search's template: search.group_setup)."""
 from __future__ import annotations
 
 import pytest
@@ -32,6 +33,8 @@ def _straightforward(monkeypatch, spec, gpu, q):
         m.setattr(step_time, "cached_stage_compute",
                   lambda spec, setup, gpu, st, pc, layers: compute_time.stage_compute(spec, setup, gpu, st, pc, layers))
         m.setattr(search_mod, "step_floor", lambda *a, **k: 0.0)
+        # each group's setup built from its Request, as `trainfit estimate` builds it (not from the search's template)
+        m.setattr(search_mod, "group_setup", search_mod.planned_setup)
         m.setattr(search_mod, "layout_step_time", checked)
         compute_time.clear_memos()
         r = search(spec, gpu, q)
@@ -46,8 +49,8 @@ def _check(monkeypatch, model, gpu, q):
     fast = search(spec, g, q)
     assert _answer(fast) == _answer(plain) and len(fast.candidates) == q.top
     # the same space searched and judged: only the timing is skipped (the bound never skips a fitting group's memory)
-    for k in ("searched", "groups", "fits", "memory_rejected_groups", "engine_calls"):
-        assert fast.stats[k] == plain.stats[k], k
+    for k in ("searched", "groups", "fits", "memory_rejected_groups", "engine_calls", "stack_refused"):
+        assert fast.stats.get(k) == plain.stats.get(k), k
     assert plain.stats.get("bounded", 0) == 0 and fast.stats["timed"] + fast.stats.get("bounded", 0) == \
         plain.stats["timed"]
     return fast

@@ -344,13 +344,17 @@ _CACHE_MAX = 8192  # entries (each a few hundred bytes): the planner's searches 
 # Keyed at fixed values, so the planner's ZeRO stages of one layout share their lists' times
 # (tests/analytic/test_stage_compute_key.py runs stage_compute itself at every value of them).
 NOT_IN_OP_LISTS = (("dp", 1), ("zero", 0))
+# --vpp: the op lists are one micro-batch's through the stage's layers, whatever chunks interleave them; it is read
+# only by block:N's count of the checkpointed layers (ops/derived.py checkpointed_layers), so it is keyed at 1 under
+# every other policy (Megatron's layouts that differ only in --vpp share their lists' times).
 
 
 def op_list_setup(setup: Setup, recompute: bool = False) -> Setup:
     """`setup` with the settings the op lists never read (NOT_IN_OP_LISTS) at fixed values: the memo's key. With
     `recompute`, the policy too (--recompute none): the key of what the policy does not change (a layer's forward
     and backward lists)."""
-    fixed = NOT_IN_OP_LISTS + ((("recompute", "none"), ("recompute_modules", None)) if recompute else ())
+    fixed = NOT_IN_OP_LISTS + ((("recompute", "none"), ("recompute_modules", None)) if recompute else ()) + \
+        ((("vpp", 1),) if setup.recompute_policy != "block" else ())
     if all(getattr(setup, k) == v for k, v in fixed):
         return setup
     key = copy.copy(setup)  # (a key, never run: no validation of the fixed values)

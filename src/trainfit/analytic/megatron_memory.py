@@ -74,8 +74,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # --recompute-modules: in a layer's backward its recomputed modules' tensors are made again and live beside
         # the backward's temporaries (NB: all of them at once, as if one module's backward held the others': over-
         # counts by the smaller modules' when several are named)
-        core = setup.with_(recompute_modules="core_attn") if "core_attn" in modules(setup) else \
-            setup.with_(recompute="none", recompute_modules=None)
+        core = _core_only(setup)
         temps += max(0.0, _stored(spec, core, frac, tokens, keys) - _stored(spec, setup, frac, tokens, keys))
 
     policy, n = setup.recompute_policy, setup.recompute_layers
@@ -201,6 +200,34 @@ def held_pairs(setup: Setup, stage: Stage, frac: float) -> float:
     else:
         layers, micro = stage.layers, stage.in_flight
     return max(1.0, frac * layers * micro)
+
+
+_CORE: dict = {}  # Setup at one micro-batch -> its core-only Setup; None -> (last setup, its answer)
+_CORE_MAX = 4096  # entries: emptied when full
+
+
+def _core_only(setup: Setup) -> Setup:
+    """`setup` with its recompute modules cut to the attention core (none where core_attn is not among them): the
+    Setup `with_` builds, memoised on the setup at one micro-batch (a training setup: the rules that read the
+    micro-batch are Setup.with_micro_batches', so the policy's change is checked once per setting of the others)."""
+    def make(s: Setup) -> Setup:
+        return s.with_(recompute_modules="core_attn") if "core_attn" in modules(s) else \
+            s.with_(recompute="none", recompute_modules=None)
+
+    if setup.mode != "train":
+        return make(setup)
+    last = _CORE.get(None)  # (the setup asked last and its answer: each pipeline stage of one evaluation asks again)
+    if last is not None and last[0] is setup:
+        return last[1]
+    key = setup.with_micro_batches(1)
+    got = _CORE.get(key)
+    if got is None:
+        if len(_CORE) >= _CORE_MAX:
+            _CORE.clear()
+        got = _CORE[key] = make(key)
+    got = got.with_micro_batches(setup.batch, setup.grad_accum)
+    _CORE[None] = (setup, got)
+    return got
 
 
 def _stored(spec: ModelSpec, setup: Setup, frac: float, tokens: float, keys: float) -> float:

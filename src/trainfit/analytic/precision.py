@@ -73,7 +73,24 @@ def bitsandbytes_optimizer(setup: Setup) -> bool:
     return setup.optimizer in BNB_OPTIMIZERS and setup.stack_facts.facts["optimizers"].get("bitsandbytes", False)
 
 
+# The last few setups' answers, looked up by identity: a Setup is frozen, so the same object has the same answer, and
+# one memory or step-time evaluation asks for the same setup's many times (every layer's terms, the clip, the states).
+_RECENT: list[tuple[Setup, StateBytes]] = []
+_RECENT_SIZE = 4
+
+
 def state_bytes(setup: Setup) -> StateBytes:
+    """Bytes per element of the model states and activations under `setup`'s precision, optimizer and stack."""
+    for known, got in _RECENT:
+        if known is setup:
+            return got
+    got = _state_bytes(setup)
+    _RECENT.insert(0, (setup, got))
+    del _RECENT[_RECENT_SIZE:]
+    return got
+
+
+def _state_bytes(setup: Setup) -> StateBytes:
     pol = PRECISIONS[setup.precision]  # the policy's dtypes (trainfit/precision.py)
     act = 4 if pol.compute == "fp32" else 2
     # the residual stream keeps the weights' dtype: fp32 under autocast (embeddings are never autocast)

@@ -161,6 +161,28 @@ def planned_setup(spec: ModelSpec, **settings) -> Setup:
     return Request(model=spec.name, **settings).setup(spec)
 
 
+_TEMPLATES: dict = {}  # (spec, --seq) -> planned_setup(spec, seq=...): the Request's defaults resolved for the model
+
+
+def group_setup(spec: ModelSpec, **settings) -> Setup:
+    """planned_setup(spec, **settings) for the search's groups, without building a Request each time: the setup of
+    --seq alone (its model-dependent defaults resolved: head, target length) with the group's settings set by
+    Setup.with_, which checks every rule of the Setup again; the Request's own checks are its run settings' (GPU,
+    price, budget), which the planner never sets, and its value checks are the Setup's (tests/plan/
+    test_search_exact.py compares the two). A vision model's defaults depend on more settings: planned_setup."""
+    from ..spec import VisionSpec
+
+    if isinstance(spec, VisionSpec) or getattr(spec, "vision", None) is not None:
+        return planned_setup(spec, **settings)
+    key = (spec, settings["seq"])
+    template = _TEMPLATES.get(key)
+    if template is None:
+        if len(_TEMPLATES) >= 64:
+            _TEMPLATES.clear()
+        template = _TEMPLATES[key] = planned_setup(spec, seq=settings["seq"])
+    return template.with_(**settings)
+
+
 @dataclass
 class Candidate:
     setup: Setup
@@ -387,9 +409,9 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
     try:
-        base = planned_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
-                             recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
-                             **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
+        base = group_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
+                           recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
+                           **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
         if extra:
             validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout

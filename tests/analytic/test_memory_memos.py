@@ -1,0 +1,38 @@
+"""The memory engine's memos change no number: state_bytes' answer by setup identity and Megatron's core-attention-only
+setup (megatron_memory._core_only, memoised on the setup at one micro-batch) against their own straightforward
+derivations, built afresh for each setup (Setup.with_ with every rule checked, precision._state_bytes). Fast (no
+torch)."""
+from __future__ import annotations
+
+import copy
+
+from trainfit.analytic import megatron_memory, precision
+from trainfit.analytic.memory import train_memory
+from trainfit.analytic.params import count_params
+from trainfit.api import load_spec
+from trainfit.plan.search import planned_setup
+
+
+def test_core_only_setup_is_the_validated_one_at_every_micro_batch():
+    spec = load_spec("qwen3-30b-a3b")
+    for mods, core in (("moe_act", dict(recompute="none", recompute_modules=None)),
+                       ("core_attn,moe_act", dict(recompute_modules="core_attn"))):
+        base = planned_setup(spec, seq=2048, batch=1, grad_accum=4, dp=4, ep=4, pp=2, vpp=2, stack="megatron",
+                             recompute="selective", recompute_modules=mods)
+        for b, accum in ((1, 4), (3, 4), (2, 8), (3, 4)):  # (3, 4) twice: the second is read back
+            s = base.with_micro_batches(b, accum)
+            got = megatron_memory._core_only(s)
+            assert got == s.with_(**core) and (got.batch, got.grad_accum) == (b, accum)
+
+
+def test_memory_is_the_same_with_the_memos_emptied_and_without_the_identity_memo(monkeypatch):
+    spec = load_spec("qwen3-30b-a3b")
+    pc = count_params(spec)
+    s = planned_setup(spec, seq=2048, batch=2, grad_accum=4, dp=4, ep=4, pp=2, vpp=2, stack="megatron",
+                      recompute="selective", recompute_modules="moe_act")
+    memo = train_memory(spec, s, pc)
+    megatron_memory._CORE.clear()
+    # every state_bytes call computes afresh on a copy (a new identity, the same fields)
+    monkeypatch.setattr(precision, "_RECENT_SIZE", 0)
+    fresh = train_memory(spec, copy.copy(s), pc)
+    assert fresh == memo and precision.state_bytes(s) == precision._state_bytes(copy.copy(s))
