@@ -29,10 +29,13 @@ def tiny(layers: int, vocab: int, tied: bool):
                             f"tiny-L{layers}-V{vocab}" + ("-tied" if tied else ""))
 
 
-# FSDP1 and the policy settings (--fsdp-version, --fsdp-param-dtype, --fsdp-reduce-dtype), beside the default
+# FSDP1 and the policy settings (--fsdp-version, --fsdp-param-dtype, --fsdp-reduce-dtype), beside the default; and
+# fp32 without autocast (no MixedPrecision at all: the unsharded copies in the stored dtype, parallel/zero.py
+# unsharded_bytes), FSDP2 and FSDP1
 POLICIES = {"": {}, "FSDP1": {"fsdp_version": 1}, "no param_dtype": {"fsdp_param_dtype": "none"},
             "FSDP1, no param_dtype": {"fsdp_version": 1, "fsdp_param_dtype": "none"},
-            "FSDP1, fp32 reduce": {"fsdp_version": 1, "fsdp_reduce_dtype": "fp32"}}
+            "FSDP1, fp32 reduce": {"fsdp_version": 1, "fsdp_reduce_dtype": "fp32"},
+            "fp32": {"precision": "fp32"}, "FSDP1, fp32": {"fsdp_version": 1, "precision": "fp32"}}
 
 
 def rows(spec, dp: int, batch: int, seq: int, devices, recomputes, policies=("",)):
@@ -40,8 +43,9 @@ def rows(spec, dp: int, batch: int, seq: int, devices, recomputes, policies=("",
         for recompute in recomputes:
             for zero in (3, 2):
                 for policy in policies:
-                    s = Setup(stack="hf", batch=batch, seq=seq, precision="amp-bf16", optimizer="adamw",
-                              device=device, dp=dp, zero=zero, recompute=recompute, **POLICIES[policy])
+                    s = Setup(**{"stack": "hf", "batch": batch, "seq": seq, "precision": "amp-bf16",
+                                 "optimizer": "adamw", "device": device, "dp": dp, "zero": zero,
+                                 "recompute": recompute, **POLICIES[policy]})
                     t0 = time.time()
                     traced = trace_distributed(spec, s).memory.peak
                     predicted = estimate(spec, s).memory.peak
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(out)} cases · median |error| {median:.2%} · worst {worst[7]:+.2%}")
     p_errs = sorted(abs(r[7]) for r in policies)
     p_median, p_worst = p_errs[len(p_errs) // 2], max(policies, key=lambda r: abs(r[7]))
-    print(f"--fsdp-version 1 / --fsdp-param-dtype none / --fsdp-reduce-dtype fp32: {len(policies)} cases · median "
+    print(f"--fsdp-version 1 / --fsdp-param-dtype none / --fsdp-reduce-dtype fp32 / fp32: {len(policies)} cases · "
+          f"median "
           f"|error| {p_median:.2%} · worst {p_worst[7]:+.2%} ({p_worst[0]}, {p_worst[2]}, ZeRO-{p_worst[4]})")
     if not a.real:  # the figures are the default run's
         record("hf_fsdp_vs_trace", "--stack hf under FSDP2 amp-bf16: analytic vs the distributed trace", None,

@@ -177,14 +177,15 @@ def trace(spec: ModelSpec, setup: Setup, extrapolate: bool = True, flops: bool =
     return trace_spec(spec, setup, extrapolate=extrapolate, flops=flops, alloc_conf=alloc_conf)
 
 
-def trace_module(module_or_factory, batch, setup: Setup) -> Estimate:
+def trace_module(module_or_factory, batch, setup: Setup, param_groups: list[list[int]] | None = None) -> Estimate:
     """The trace engine on any nn.Module, a factory returning one, or (module, example batch); `batch`: one
-    micro-batch (tensor, tuple or dict), or None when the factory gives it."""
+    micro-batch (tensor, tuple or dict), or None when the factory gives it; `param_groups`: a live optimizer's
+    grouping of the module's parameters (trace/user.py)."""
     try:
         from .trace.user import trace as run
     except ImportError as e:
         raise _missing("the trace engine", e, "torch") from e
-    return run(module_or_factory, batch, setup)
+    return run(module_or_factory, batch, setup, param_groups=param_groups)
 
 
 def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:

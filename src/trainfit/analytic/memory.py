@@ -28,7 +28,8 @@ from .parallel.pipeline import Stage, stages
 from . import quant, torchao_optim, vlm
 from .parallel.fsdp2 import fsdp2_buffers, fsdp2_model_states, groups, layer_unsharded_grad_bytes, torchtitan_fsdp
 from .parallel.tensor import rank_params, term_divisors
-from .parallel.zero import gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard, unsharded_at
+from .parallel.zero import (gathered_params, model_states, params_at_rest, reduce_scatter_transient, shard,
+                            unsharded_at, unsharded_bytes)
 from .params import ParamCounts, count_params
 from .phases import LayerKind, StepBytes, peak
 from .stacks import model_for
@@ -176,11 +177,13 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         gb = 0.0  # ZeRO-Offload, FSDP2's CPU offload: the reduced gradients go to the host
     # a layer's gradients made during its backward: FSDP2 keeps them unsharded in param_dtype until its
     # post-backward reduce-scatter (parallel/fsdp2.py); otherwise they are the rank's own gradients
-    # (so does trainfit's hf strategy under a MixedPrecisionPolicy, st.param: parallel/zero.py unsharded_at)
-    gb_layer = layer_unsharded_grad_bytes(st) if (fsdp2 or (st.param and setup.zero >= 2)) else gb
-    # hf under FSDP2 mixed precision: the head's (and a tied embedding's) gradients are the root group's, unsharded
-    # in param_dtype until the root's post-backward, after the embedding's backward (parallel/zero.py unsharded_at)
-    gb_root = st.param if (st.param and not fsdp2 and setup.zero >= 2) else gb
+    # (so does the hf stack's FSDP, with a MixedPrecision(Policy) or none, in param_dtype or the stored dtype:
+    # parallel/zero.py unsharded_bytes, unsharded_at)
+    hf_fsdp = not fsdp2 and ds is None and unsharded_bytes(setup, st)
+    gb_layer = layer_unsharded_grad_bytes(st) if (fsdp2 or hf_fsdp) else gb
+    # hf under FSDP: the head's (and a tied embedding's) gradients are the root group's, unsharded
+    # in that dtype until the root's post-backward, after the embedding's backward (parallel/zero.py unsharded_at)
+    gb_root = hf_fsdp if hf_fsdp else gb
     head_params = (pc.final + pc.lm_head / t) if stage.head else 0
     if stage.head and spec.tied_embeddings:
         head_params += spec.vocab * (spec.embed_proj_dim or spec.hidden) / t  # the tied weight's gradient

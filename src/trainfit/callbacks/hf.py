@@ -33,7 +33,7 @@ def _preflight(model, optimizer, shape, autocast, run, engine, batch, main: bool
     spec = live.model_spec(model)
     req = live.request(model, optimizer, shape, autocast, run, spec)
     req = _gpu(req, req.device)
-    pre = judge(estimate_live(req, spec, model, batch, engine))
+    pre = judge(estimate_live(req, spec, model, batch, engine, optimizer))
     if main:
         print(pre.verdict)
     log.info(pre.verdict)

@@ -112,7 +112,7 @@ class _Preflight:
         spec = live.model_spec(pl_module)
         req = live.request(pl_module, optimizer, live.batch_shape(batch), autocast, run, spec)
         req = _gpu(req, req.device)
-        self.preflight = judge(closure_order(estimate_live(req, spec, pl_module, batch, self.engine), pl_module))
+        self.preflight = judge(closure_order(estimate_live(req, spec, pl_module, batch, self.engine, optimizer), pl_module))
         if trainer.is_global_zero:
             print(self.preflight.verdict)
         log.info(self.preflight.verdict)

@@ -64,6 +64,22 @@ def optimizer_settings(optimizer, device: str) -> dict:
                      "Adafactor, bitsandbytes' 8-bit/paged AdamW and Lion, torchao's low-bit AdamW")
 
 
+def optimizer_groups(optimizer, model) -> list[list[int]] | None:
+    """The live optimizer's param groups as positions in model.parameters(), in the optimizer's own order: the
+    trace engine steps the same groups (trace/user.py). The HF Trainer's create_optimizer makes two, the parameters
+    with weight decay then those without (biases and norms; transformers 5.24 trainer.py:1272-1286, named by
+    get_decay_parameter_names, :1408-1418), so its for-loop AdamW reaches lm_head right after the last layer's
+    down_proj, not after the final norm. None when the optimizer holds a tensor that is not one of the model's
+    parameters (the model's own order is traced then)."""
+    if optimizer is None:
+        return None
+    where = {id(p): i for i, p in enumerate(model.parameters())}
+    groups = [[where.get(id(p)) for p in g["params"]] for g in unwrap_optimizer(optimizer).param_groups]
+    if any(i is None for g in groups for i in g):
+        return None
+    return [g for g in groups if g]
+
+
 # -- the precision -----------------------------------------------------------------------------------------------
 def precision_of(weights: str, autocast: str | None) -> str:
     """trainfit's --precision of weights in `weights` ("fp32", "bf16", "fp16") under an autocast dtype (None: off):

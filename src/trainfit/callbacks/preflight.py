@@ -47,9 +47,10 @@ def _gpu(req, device: str):
     return replace(req, gpu=name)
 
 
-def estimate_live(req, spec, model=None, batch=None, engine: str = "auto") -> Estimate:
+def estimate_live(req, spec, model=None, batch=None, engine: str = "auto", optimizer=None) -> Estimate:
     """The analytic engine when trainfit reads the model's config (`spec`), else the trace engine on the live module
-    and its first batch (trace/user.py: the module copied as fake tensors, not run)."""
+    and its first batch (trace/user.py: the module copied as fake tensors, not run), its optimizer built with the
+    live `optimizer`'s param groups (live.optimizer_groups)."""
     from .. import api
 
     if engine not in ("auto", "analytic", "trace"):
@@ -64,7 +65,10 @@ def estimate_live(req, spec, model=None, batch=None, engine: str = "auto") -> Es
     from ..overheads import with_device_total
 
     gpu = api.gpu_of(req)
-    traced = with_device_total(engines.trace_module(model, batch, req.setup(None)), gpu)
+    from .live import optimizer_groups
+
+    groups = optimizer_groups(optimizer, model)
+    traced = with_device_total(engines.trace_module(model, batch, req.setup(None), param_groups=groups), gpu)
     if gpu is not None and traced.memory.required is None:  # a CPU run's trace: no caching allocator simulated
         log.warning("trainfit: gpu=%r not judged: the trace of a module on the CPU has no CUDA allocator figure "
                     "(run it on the GPU, or a model whose config trainfit reads); judged against the host instead",

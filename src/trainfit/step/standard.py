@@ -45,10 +45,20 @@ if TYPE_CHECKING:  # pragma: no cover
 LR = 1e-3
 
 
-def _params(params_or_model) -> list[torch.nn.Parameter]:
+def _params(params_or_model) -> list:
+    """The trainable parameters of a model or a list of them; a list of param groups ({"params": [...]}, as a
+    trainer builds them) stays groups, each with its trainable parameters in its own order."""
     if isinstance(params_or_model, torch.nn.Module):
         return [p for p in params_or_model.parameters() if p.requires_grad]
-    return [p for p in params_or_model if p.requires_grad]
+    items = list(params_or_model)
+    if items and all(isinstance(g, dict) for g in items):
+        return [{"params": [p for p in g["params"] if p.requires_grad]} for g in items]
+    return [p for p in items if p.requires_grad]
+
+
+def _flat(params: list) -> list[torch.nn.Parameter]:
+    """The parameters of `_params`' answer in their order, groups flattened (the wrappers keep one group)."""
+    return [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
 
 
 def _torch_optimizer(params: list, name: str, kernel: str = "for-loop",
@@ -114,15 +124,16 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
 
 def make_optimizer(params_or_model, setup: "Setup") -> torch.optim.Optimizer:
-    """The optimizer of `setup.optimizer` (lr 1e-3; Adafactor 1e-2). bf16-master wraps it with fp32 masters;
+    """The optimizer of `setup.optimizer` (lr 1e-3; Adafactor 1e-2) over a model, its parameters, or param groups
+    (a live trainer's grouping, kept: trace/user.py); bf16-master wraps it with fp32 masters (one group);
     --optimizer-in-backward makes one per parameter, stepped during the backward (step/in_backward.py)."""
     params = _params(params_or_model)
     # torchao's block size as the stack builds it (analytic/torchao_optim.py block_size)
     blk = torchao_block(setup) if setup.optimizer in TORCHAO_OPTIMIZERS else None
     if setup.precision == "bf16-master":
-        return MasterWeightOptimizer(params, setup.optimizer, setup.optimizer_kernel, blk)
+        return MasterWeightOptimizer(_flat(params), setup.optimizer, setup.optimizer_kernel, blk)
     if setup.optimizer_in_backward:
-        return InBackwardOptimizer(params, lambda p: _torch_optimizer([p], setup.optimizer, setup.optimizer_kernel, blk))
+        return InBackwardOptimizer(_flat(params), lambda p: _torch_optimizer([p], setup.optimizer, setup.optimizer_kernel, blk))
     return _torch_optimizer(params, setup.optimizer, setup.optimizer_kernel, blk)
 
 

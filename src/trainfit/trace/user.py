@@ -150,13 +150,27 @@ def _fake_batches(batch, mode, dtype: torch.dtype, n: int) -> tuple[list[dict], 
     return [first] + more, positional
 
 
-def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bool = True) -> Estimate:
+def _groups(model: torch.nn.Module, param_groups: list[list[int]] | None):
+    """The fake model's parameters in the live optimizer's param groups (positions in model.parameters()), or the
+    model itself (one group in module order) when none are given."""
+    if param_groups is None:
+        return model
+    params = list(model.parameters())
+    return [{"params": [params[i] for i in g]} for g in param_groups]
+
+
+def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bool = True,
+          param_groups: list[list[int]] | None = None) -> Estimate:
     """Trace a training step of any nn.Module.
 
     model_or_factory: an nn.Module (its real weights are copied as fake tensors; it is not run or
     changed), a callable returning a model or (model, example_batch), or "pkg.mod:fn".
     `batch`: one micro-batch (tensor, tuple or dict), repeated `setup.grad_accum` times. The model
     is cast to bf16 for bf16 precisions.
+    `param_groups`: the optimizer's param groups as positions in the module's parameters() (a live trainer's own
+    grouping, callbacks/live.py optimizer_groups): the traced optimizer steps them in that order, group by group,
+    as the real one does (the for-loop kernel holds the previous parameter's temporaries into the next one's;
+    foreach kernels allocate per group). None: one group in module order.
     """
     from ..step import make_optimizer
     from ..step.build import param_dtype
@@ -191,7 +205,7 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
             if setup.recompute != "none":
                 enable_recompute(model, setup)
             wrapped = _LossModule(model, positional)
-            optimizer = make_optimizer(model, setup)
+            optimizer = make_optimizer(_groups(model, param_groups), setup)
             warm_up_optimizer(wrapped, optimizer)
             rec, an = record_train_step(wrapped, optimizer, batches, setup, count_flops=flops,
                                         round_cuda=setup.device == "cuda", named=model)

@@ -87,9 +87,9 @@ def model_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup)
     # FSDP2 runs it (fully_shard(reshard_after_forward=False)) keeps the sharded parameter storage it gathers from
     # beside the full parameters (Rajbhandari's P_os+g, as DeepSpeed runs it, has only the full ones: n/dp fewer).
     comm = n * st.grad if (dp > 1 and z <= 1) else (n * st.weight / dp if z == 2 else 0)
-    if z == 2 and st.param:
-        # under an FSDP2 MixedPrecisionPolicy (hf: accelerate's, analytic/precision.py) the weights are the fp32
-        # shards; the param_dtype copies kept from forward to backward are freed group by group (unsharded_at)
+    if z == 2 and unsharded_bytes(setup, st):
+        # under the hf stack's FSDP (an FSDP2 MixedPrecisionPolicy, analytic/precision.py, or none) the weights are
+        # the shards; the unsharded copies kept from forward to backward are freed group by group (unsharded_at)
         weights, comm = n * st.weight / dp, 0.0
     return ModelStates(weights, grads, master, opt, comm)
 
@@ -98,13 +98,33 @@ def gathered_params(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage)
     """ZeRO-3 / FSDP2: the current layer's and the prefetched next layer's full parameters are gathered
     (Rajbhandari §5.3: parameters are broadcast layer by layer), and the root module (embeddings, final norm,
     LM head) stays unsharded from its forward all-gather to its backward (FSDP2's root is not resharded).
-    Under an FSDP2 MixedPrecisionPolicy (st.param) the gathered copies are in param_dtype, beside the fp32 shards."""
+    Under the hf stack's FSDP (unsharded_bytes: param_dtype under a MixedPrecision(Policy), else the stored dtype)
+    the gathered root is a whole copy beside its shard, as the layers' are (the trace's FSDP1 and FSDP2 steps hold
+    it whole: +14 % over the trace on a 0.1 M-parameter fp32 job counted the old way, tests/callbacks); elsewhere
+    (Megatron-FSDP) the (1 - 1/dp) gathered from the other ranks, as before."""
     if setup.zero < 3:
         return 0
     t, dp = setup.tp, shard_ranks(setup)
     root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t
-    root *= st.param if st.param else st.weight * (1 - 1 / dp)
+    whole = unsharded_bytes(setup, st)
+    root *= whole if whole else st.weight * (1 - 1 / dp)
     return 2 * pc.per_layer_dense / t * (st.param or st.weight) + root
+
+
+def unsharded_bytes(setup: Setup, st: StateBytes) -> float | None:
+    """Bytes per parameter of the unsharded copies whose moments `unsharded_at` counts: param_dtype under a
+    MixedPrecision(Policy) (st.param); without one, under the stack's own FSDP wrapper (its [fsdp] versions:
+    accelerate's FSDP1 or FSDP2 over each decoder layer and the root) at --zero 2/3, the stored dtype: FSDP1
+    all-gathers into `_full_param_padded`, a buffer beside the flat parameter's local shard in the stored dtype
+    when no MixedPrecision is given (torch/distributed/fsdp/_flat_param.py:1280-1292), and FSDP2's unsharded
+    parameters are their own tensors beside the sharded DTensors (_fsdp_param.py init_unsharded_param), so the same
+    moments hold, in fp32. None elsewhere (the constant `gathered_params` is used)."""
+    if st.param:
+        return st.param
+    fsdp = setup.stack_facts.facts.get("fsdp", {})
+    if fsdp.get("versions") and setup.zero >= 2 and shard_ranks(setup) > 1:
+        return st.weight
+    return None
 
 
 def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage, trainable: float | None = None) -> dict:
@@ -129,11 +149,12 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage, tr
     [loss] in_forward: transformers' ForCausalLMLoss), beside the copies: all of them (zero 2) or the root's.
     `trainable`: a layer's parameters that get gradients where not all do (LoRA's adapters, analytic/lora.py): the
     reduce-scatter input is theirs, and the frozen root reduces nothing."""
-    if not st.param or setup.zero < 2:
+    p = unsharded_bytes(setup, st)
+    if not p or setup.zero < 2:
         return {}
     t = setup.tp
-    layer = pc.per_layer_dense / t * st.param
-    root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * st.param
+    layer = pc.per_layer_dense / t * p
+    root = (pc.embedding * stage.embedding + (pc.final + pc.lm_head) * stage.head) / t * p
     # (FSDP1 all-gathers into the flat parameter itself: no separate output to hold, parallel/fsdp1.py)
     held = layer if setup.stack_facts.facts.get("loss", {}).get("in_forward") and not runs_fsdp1(setup) else 0.0
     r = st.reduce or st.grad
@@ -146,7 +167,7 @@ def unsharded_at(pc: ParamCounts, setup: Setup, st: StateBytes, stage: Stage, tr
     # fp32 shard: the root's are still unsharded in param_dtype; during the embedding's backward beside the root's
     # parameters and layer 0's kept input, then (parameters resharded, that input recycled) beside its own
     # reduce-scatter input
-    n_root = root / st.param
+    n_root = root / p
     embedding = max(root + kept, n_root * r) + root - n_root * st.grad / shard_ranks(setup)
     if trainable is not None:  # a frozen root: its parameters beside layer 0's kept input, no gradient
         embedding = root + kept
@@ -165,16 +186,16 @@ def reduce_scatter_transient(pc: ParamCounts, largest: int, st: StateBytes, setu
     LM head's/embedding's; gloo (the CPU backend) also clones the reduce-scatter input and, where backward
     re-gathers parameters (ZeRO-3), all-gathers into its own flat buffer; NCCL does neither
     (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, _reduce_scatter_base / _allgather_base).
-    Under an FSDP2 MixedPrecisionPolicy (st.param) none: a layer's unsharded gradients are counted as its backward
-    makes them (memory.py gb_layer), the root's (LM head, embedding) with the head's gradients and at the root's
-    post-backward, and the reduce-scatter inputs FSDP2 keeps, by unsharded_at.
+    Under the hf stack's FSDP (unsharded_bytes: a MixedPrecision or none) none: a layer's unsharded gradients are
+    counted as its backward makes them (memory.py gb_layer), the root's (LM head, embedding) with the head's
+    gradients and at the root's post-backward, and the reduce-scatter inputs FSDP2 keeps, by unsharded_at.
     `lora`: (a layer's trainable parameters, their gradient bytes, the layer's gathered bytes) where only adapters
     train (analytic/lora.py): the gradients reduced are theirs, the parameters gathered the whole layer's."""
     z, dp = setup.zero, shard_ranks(setup)
     if z < 2:
         return 0
     layer = pc.per_layer_dense / setup.tp
-    if st.param:
+    if unsharded_bytes(setup, st):  # (the hf stack's FSDP, with or without a MixedPrecision: unsharded_at)
         return 0.0
     trained, gb, gathered = lora or (layer, st.grad, layer * st.weight)
     extra = max(largest, trained) * gb * (1 - 1 / dp)
