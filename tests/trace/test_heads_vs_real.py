@@ -20,13 +20,13 @@ warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*")
 CASES = [
     pytest.param("bert", "masked-lm", "fp32", 2, marks=pytest.mark.heavy),
     pytest.param("bert", "seq-cls", "fp32", 2, marks=pytest.mark.heavy),
-    ("bert", "token-cls", "fp32", 2),
+    pytest.param("bert", "token-cls", "fp32", 2, marks=pytest.mark.heavy),
     ("bert", "masked-lm", "amp-bf16", 2),
     pytest.param("bert", "seq-cls", "amp-bf16", 5, marks=pytest.mark.heavy),
     pytest.param("bert", "token-cls", "amp-bf16", 9, marks=pytest.mark.heavy),
     ("bert", "seq-cls", "bf16", 1),  # regression: MSELoss on float labels
     ("llama", "seq-cls", "amp-bf16", 3),  # scores every position, gathers the last non-padding one
-    ("llama", "token-cls", "bf16", 2),
+    pytest.param("llama", "token-cls", "bf16", 2, marks=pytest.mark.heavy),
 ]
 
 

@@ -20,11 +20,12 @@ warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*")
 # (precision, settings): all-linear, attention-only, DoRA, and all-linear under full recompute
 CASES = [
     ("amp-bf16", dict(lora_rank=8)),
-    ("bf16", dict(lora_rank=8, lora_targets="attention")),
+    pytest.param("bf16", dict(lora_rank=8, lora_targets="attention"), marks=pytest.mark.heavy),  # the others: all-linear
     ("amp-bf16", dict(lora_rank=8, dora=True)),
     ("bf16", dict(lora_rank=8, recompute="full")),
 ]
-IDS = ["-".join([p] + [f"{k}={v}" for k, v in kw.items()]) for p, kw in CASES]
+IDS = ["-".join([p] + [f"{k}={v}" for k, v in kw.items()])
+       for p, kw in (getattr(c, "values", c) for c in CASES)]
 
 
 def _setup(precision, kw):

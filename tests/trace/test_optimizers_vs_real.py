@@ -22,10 +22,10 @@ CASES = [
     ("amp-bf16", 64, dict(optimizer="adamw-8bit")),
     pytest.param("bf16", 64, dict(optimizer="adamw-8bit"), marks=pytest.mark.heavy),  # amp-bf16 keeps 8-bit AdamW
     ("bf16", 64, dict(optimizer="paged-adamw")),
-    ("bf16", 64, dict(optimizer="lion")),
-    ("amp-bf16", 64, dict(optimizer="adafactor")),
+    pytest.param("bf16", 64, dict(optimizer="lion"), marks=pytest.mark.heavy),  # its states: the test below
+    pytest.param("amp-bf16", 64, dict(optimizer="adafactor"), marks=pytest.mark.heavy),
     ("amp-bf16", 8, dict(optimizer_in_backward=True)),  # short sequence: the gradients decide the peak
-    ("amp-bf16", 8, dict(optimizer_in_backward=True, optimizer="adamw-8bit")),
+    pytest.param("amp-bf16", 8, dict(optimizer_in_backward=True, optimizer="adamw-8bit"), marks=pytest.mark.heavy),
 ]
 IDS = ["-".join([p, str(s)] + [f"{k}={v}" for k, v in kw.items()])
        for p, s, kw in (getattr(c, "values", c) for c in CASES)]
