@@ -31,7 +31,8 @@ def test_memory_is_the_same_with_the_memos_emptied_and_without_the_identity_memo
     s = planned_setup(spec, seq=2048, batch=2, grad_accum=4, dp=4, ep=4, pp=2, vpp=2, stack="megatron",
                       recompute="selective", recompute_modules="moe_act")
     memo = train_memory(spec, s, pc)
-    megatron_memory._CORE.clear()
+    megatron_memory._core_at_one_micro_batch.cache_clear()
+    monkeypatch.setattr(megatron_memory, "_LAST_CORE", (None, None))
     # every state_bytes call computes afresh on a copy (a new identity, the same fields)
     monkeypatch.setattr(precision, "_RECENT_SIZE", 0)
     fresh = train_memory(spec, copy.copy(s), pc)

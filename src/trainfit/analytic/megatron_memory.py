@@ -12,6 +12,7 @@ Context parallelism (--cp): each rank holds seq/cp tokens of every sequence (TE'
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -202,31 +203,30 @@ def held_pairs(setup: Setup, stage: Stage, frac: float) -> float:
     return max(1.0, frac * layers * micro)
 
 
-_CORE: dict = {}  # Setup at one micro-batch -> its core-only Setup; None -> (last setup, its answer)
-_CORE_MAX = 4096  # entries: emptied when full
+def _cut_to_core(s: Setup) -> Setup:
+    """`s` with its recompute modules cut to the attention core (none where core_attn is not among them)."""
+    return s.with_(recompute_modules="core_attn") if "core_attn" in modules(s) else \
+        s.with_(recompute="none", recompute_modules=None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _core_at_one_micro_batch(setup: Setup) -> Setup:
+    return _cut_to_core(setup)
+
+
+_LAST_CORE: tuple = (None, None)  # (the setup asked last, its answer): each pipeline stage of one evaluation asks again
 
 
 def _core_only(setup: Setup) -> Setup:
-    """`setup` with its recompute modules cut to the attention core (none where core_attn is not among them): the
-    Setup `with_` builds, memoised on the setup at one micro-batch (a training setup: the rules that read the
-    micro-batch are Setup.with_micro_batches', so the policy's change is checked once per setting of the others)."""
-    def make(s: Setup) -> Setup:
-        return s.with_(recompute_modules="core_attn") if "core_attn" in modules(s) else \
-            s.with_(recompute="none", recompute_modules=None)
-
+    """_cut_to_core, memoised on the setup at one micro-batch (a training setup: the rules that read the micro-batch
+    are Setup.with_micro_batches', so the policy's change is checked once per setting of the others)."""
+    global _LAST_CORE
     if setup.mode != "train":
-        return make(setup)
-    last = _CORE.get(None)  # (the setup asked last and its answer: each pipeline stage of one evaluation asks again)
-    if last is not None and last[0] is setup:
-        return last[1]
-    key = setup.with_micro_batches(1)
-    got = _CORE.get(key)
-    if got is None:
-        if len(_CORE) >= _CORE_MAX:
-            _CORE.clear()
-        got = _CORE[key] = make(key)
-    got = got.with_micro_batches(setup.batch, setup.grad_accum)
-    _CORE[None] = (setup, got)
+        return _cut_to_core(setup)
+    if _LAST_CORE[0] is setup:
+        return _LAST_CORE[1]
+    got = _core_at_one_micro_batch(setup.with_micro_batches(1)).with_micro_batches(setup.batch, setup.grad_accum)
+    _LAST_CORE = (setup, got)
     return got
 
 
