@@ -325,7 +325,14 @@ def _ao(id_, gpu, table, row, recipe, tps, reserved, attention, notes, calibrati
 # training/mixed_precision.py:272-290); MXFP8 gathers in fp8 too (mixed_precision.py:242-253); NVFP4 gathers in fp4
 # (v0.4.2 mixed_precision.py:411-423: fp8_param_gather False, fp4_param_gather True). Sequence parallelism whenever
 # TP > 1 (utils/utils.py WorkloadBaseConfig.sequence_parallel). Llama 3.1 405B splits its 126 layers with the
-# embedding and the loss counted as layers (recipes/llama/llama3.py:413-414: --pp-split embedding-loss).
+# embedding and the loss counted as layers (recipes/llama/llama3.py:413-414: --pp-split embedding-loss). TP
+# communication overlap (--tp-comm-overlap) whenever TP > 1 but under NVFP4: the Llama recipes set
+# CommOverlapConfig(tp_comm_overlap=True) (v0.2.0 recipes/llama/llama3.py:301-303 70B, :415-417 405B; v0.4.2 :738,
+# :1189), the performance configs keep it and turn it off for NVFP4 (v0.2.0 configs/llama3/llama3_llm_pretrain.py:
+# 113, 148, 173, configs/llama31/llama31_llm_pretrain.py:108, 138, 163; v0.4.2 configs/llama/llama3_llm_pretrain.py:
+# 115, 150, 214, llama31_llm_pretrain.py:122, 154), and the Qwen3 and GPT-OSS configs set it (v0.2.0 configs/qwen3/
+# qwen3_llm_pretrain.py:81; v0.4.2 configs/gpt_oss/gpt_oss_llm_pretrain.py:81-82), which CommOverlapConfig drops at
+# TP 1 (v0.2.0 training/comm_overlap.py:440-441).
 _MB_RECIPE = {"BF16": {}, "FP8-CS": dict(low_precision="tensorwise", fp8_all_gather=True),
               "FP8-MX": dict(low_precision="mxfp8", fp8_all_gather=True), "MXFP8": dict(low_precision="mxfp8",
                                                                                         fp8_all_gather=True),
@@ -343,6 +350,7 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
     assert accum * mbs * dp == gbs, (model, system)
     setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                  zero=3 if fsdp else 1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
+                 tp_comm_overlap=tp > 1 and precision != "NVFP4",
                  attention="flash", grad_reduce_in_bf16=True, **_MB_RECIPE[precision], **moe)
     if vp > 1:
         setup["vpp"] = vp

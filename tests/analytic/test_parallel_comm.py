@@ -59,3 +59,55 @@ def test_float8_halves_the_forward_all_gathers_bytes():
     # 2 forward all-reduces of 4: their all-gather halves move 1 byte instead of 2
     assert tp_comm_seconds(spec, fp8, LINKS, 4096, 2, 1, 0.0) == pytest.approx(
         3.5 / 4 * tp_comm_seconds(spec, bf16, LINKS, 4096, 2, 1, 0.0))
+
+
+def _tp_overlap_cases():
+    spec = load_model("llama-3.1-70b")
+    kw = dict(stack="megatron", precision="bf16-master", tp=4, dp=2, sequence_parallel=True, seq=8192)
+    return spec, Setup(**kw), Setup(**kw, tp_comm_overlap=True)
+
+
+def test_tp_comm_overlap_with_free_gemms_leaves_every_collective_exposed(monkeypatch):
+    # TE's ring exchange waits on each chunk's send when the GEMM beside it takes no time (comm_gemm_overlap.cpp
+    # split_overlap_ag/rs): the collectives cost what they cost unoverlapped, plus the reduce-scatter's sum of its
+    # tp chunks (one memory-bound kernel per forward reduce-scatter: 2 per layer)
+    from trainfit.analytic import roofline
+    from trainfit.analytic.parallel import tp_overlap
+
+    spec, plain, over = _tp_overlap_cases()
+    monkeypatch.setattr(roofline, "gemm_seconds", lambda *a, **k: 0.0)
+    x = 8192 * spec.hidden * 2
+    reduce = roofline.memory_seconds(H100, x + x / 4)
+    exposed = tp_comm_seconds(spec, over, LINKS, 8192, 2, 1, 0.0, H100)
+    assert exposed == pytest.approx(tp_comm_seconds(spec, plain, LINKS, 8192, 2, 1, 0.0) + 2 * reduce)
+    assert tp_overlap.layer_seconds(spec, over, H100, LINKS, 8192, 2, 0.0) == pytest.approx(exposed)
+
+
+def test_tp_comm_overlap_behind_long_gemms_leaves_only_the_chunk_sums(monkeypatch):
+    # GEMMs far longer than the collectives, their time proportional to their rows (so splitting them in tp chunks
+    # costs nothing): every collective hides; what is left is the reduce kernel of each forward reduce-scatter, and
+    # a MoE layer's MLP collectives (the token dispatcher's, not a TE linear's) stay exposed
+    from trainfit.analytic import roofline
+
+    spec, plain, over = _tp_overlap_cases()
+    monkeypatch.setattr(roofline, "gemm_seconds", lambda gpu, m, n, k, dtype, batch=1: m * 1.0)
+    x = 8192 * spec.hidden * 2
+    reduce = roofline.memory_seconds(H100, x + x / 4)
+    assert tp_comm_seconds(spec, over, LINKS, 8192, 2, 1, 0.0, H100) == pytest.approx(2 * reduce)
+    # full recompute re-runs the forward: its two reduce-scatters again
+    assert tp_comm_seconds(spec, over, LINKS, 8192, 2, 1, 1.0, H100) == pytest.approx(4 * reduce)
+    moe = load_model("mixtral-8x7b")
+    y = 8192 * moe.hidden * 2
+    mlp = 2 * (LINKS.all_gather(4, 4, y) + LINKS.reduce_scatter(4, 4, y))
+    assert tp_comm_seconds(moe, over, LINKS, 8192, 2, 1, 0.0, H100) == pytest.approx(
+        roofline.memory_seconds(H100, y + y / 4) + mlp)
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism_and_megatron():
+    from trainfit.errors import SetupError
+    from trainfit.setup import validate
+
+    with pytest.raises(SetupError, match="--sequence-parallel"):
+        validate(Setup(stack="megatron", precision="bf16-master", tp=2, tp_comm_overlap=True))
+    with pytest.raises(SetupError, match="async TP"):
+        validate(Setup(stack="torchtitan", tp=2, sequence_parallel=True, tp_comm_overlap=True))

@@ -15,7 +15,7 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
           "--virtual-pipeline-model-parallel-size": "virtual_pipeline_model_parallel_size",
           "--context-parallel-size": "context_parallel_size", "--expert-model-parallel-size": "expert_model_parallel_size",
-          "--sequence-parallel": "sequence_parallel", "--bf16": "bf16", "--fp16": "fp16",
+          "--sequence-parallel": "sequence_parallel", "--tp-comm-overlap": "tp_comm_overlap", "--bf16": "bf16", "--fp16": "fp16",
           "--account-for-embedding-in-pipeline-split": "account_for_embedding_in_pipeline_split",
           "--account-for-loss-in-pipeline-split": "account_for_loss_in_pipeline_split",
           "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
@@ -83,9 +83,10 @@ def _configs(a: dict):
 def test_405b_meta_layout_round_trips():
     spec = load_model("llama-3.1-405b")
     s = Setup(stack="megatron", precision="bf16-master", tp=8, pp=16, dp=128, vpp=4, pp_split="embedding-loss",
-              grad_accum=16, seq=8192, batch=1, sequence_parallel=True, recompute="full", zero=1)
+              grad_accum=16, seq=8192, batch=1, sequence_parallel=True, recompute="full", zero=1, tp_comm_overlap=True)
     a = _parse(emit("megatron", s, spec, 8))
     tc, oc, dc = _configs(a)
+    assert tc.tp_comm_overlap
     assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.context_parallel_size) == (8, 16, 1)
     assert tc.virtual_pipeline_model_parallel_size == 4 and tc.sequence_parallel
     assert tc.account_for_embedding_in_pipeline_split and tc.account_for_loss_in_pipeline_split

@@ -16,7 +16,7 @@ MODEL = "llama-3.1-8b"
 TITAN = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "zero", "recompute", "precision", "optimizer",
          "optimizer_kernel", "grad_clip_norm", "compile", "compile_loss", "offload")
 MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp", "pp_split", "zero", "recompute",
-            "precision", "sequence_parallel", "grad_clip_norm")
+            "precision", "sequence_parallel", "tp_comm_overlap", "grad_clip_norm")
 LOW = ("low_precision", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
 MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
 DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute")
@@ -38,7 +38,8 @@ CASES = [
                                               bf16_last_layers=2)),
     ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=4, zero=3, low_precision="mxfp8")),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=4096, grad_accum=4,
-                                       dp=4, zero=1, tp=2, pp=2, recompute="full", sequence_parallel=True)),
+                                       dp=4, zero=1, tp=2, pp=2, recompute="full", sequence_parallel=True,
+                                       tp_comm_overlap=True)),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=2, seq=2048, grad_accum=2,
                                        dp=8, zero=3, recompute="selective")),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=8192, grad_accum=8,

@@ -146,16 +146,17 @@ def trained_states(spec: ModelSpec, setup: Setup, st: StateBytes, stage_params: 
 
 def micro_batch_comm(spec: ModelSpec, setup: Setup, links: Links, st: StateBytes, layers: tuple[int, int, int],
                      tokens: float, v: int, attention_forward: float, compute: float,
-                     phases: tuple = ()) -> tuple[float, ...]:
+                     phases: tuple = (), gpu: GPU | None = None) -> tuple[float, ...]:
     """Each parallel axis's communication in one micro-batch on the critical path (parallel/<axis>.py), in seconds:
     (tp, pp, cp, ep); `attention_forward`: one layer's attention core forward (ring attention overlaps it),
     `compute`: the micro-batch's forward + backward + recompute (--overlap-moe-comm hides the exchanges behind it),
-    `phases`: the compute beside each EP exchange under combined 1F1B (host_queue.combined_phases)."""
+    `phases`: the compute beside each EP exchange under combined 1F1B (host_queue.combined_phases); `gpu`: times the
+    GEMMs --tp-comm-overlap hides the TP collectives behind (parallel/tp_overlap.py)."""
     act, stage_layers_n = st.act, max(layers)
     rerun = forward_rerun_share(setup, stage_layers_n)
     # the MTP layers' decoder layers communicate as the others do (mtp.py; 0 without them)
     comm_n = max(n + k for n, k in zip(layers, stage_mtp(spec, setup)))
-    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun)
+    tp_mb = tp_comm_seconds(spec, setup, links, tokens, act, comm_n, rerun, gpu)
     pp_mb = pp_comm_seconds(spec, setup, links, tokens, act, v)
     cp_mb = model_for(setup).cp_comm_seconds(spec, setup, links, tokens, act, comm_n, attention_forward, rerun)
     cp_mb += long_context.a2a_seconds(spec, setup, links, act, comm_n, rerun)  # --ulysses: exposed all-to-alls
@@ -188,7 +189,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     links = Links.of(gpu)
     tp_mb, pp_mb, cp_mb, ep_mb = micro_batch_comm(spec, setup, links, st, (first, middle, last), tokens, v,
                                                   c.attention_forward, c.forward + c.backward + c.recompute,
-                                                  c.combined_phases)
+                                                  c.combined_phases, gpu)
     # FSDP2 mixed precision (torchtitan) all-gathers the parameters in param_dtype and reduces in reduce_dtype
     # (parallel/fsdp2.py); Megatron reduces its main-grad buffer (fp32 under --bf16: parallel/megatron.py
     # grad_buffer_bytes) and gathers its 16-bit params; otherwise the collectives move the states' own dtypes
@@ -369,7 +370,7 @@ def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: Sta
     sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
     c = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds
     t = c + sum(micro_batch_comm(spec, setup, Links.of(gpu), st, layers, long_context.rank_tokens(setup),
-                                 setup.vpp, sc.attention_forward, c, sc.combined_phases))
+                                 setup.vpp, sc.attention_forward, c, sc.combined_phases, gpu))
     return m * t + bubble_seconds(setup.pp, setup.vpp, t) + straggler_seconds(m, sc.total, setup.world_size)
 
 

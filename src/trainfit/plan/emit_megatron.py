@@ -102,6 +102,8 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         out += ["--untie-embeddings-and-output-weights"]
     if s.tp > 1 and s.sequence_parallel:
         out += ["--sequence-parallel"]
+    if s.tp_comm_overlap:  # model_parallel_config.py:186 tp_comm_overlap (Transformer Engine's userbuffers)
+        out += ["--tp-comm-overlap"]
     how = parse_pp_split(s.pp_split)
     if s.pp > 1 and s.vpp > 1 and not isinstance(how, Layout):  # (a layout sets the virtual stages: arguments.py:503)
         out += ["--virtual-pipeline-model-parallel-size", str(s.vpp)]

@@ -33,7 +33,7 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
             "sequence-parallel", "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
             "moe-grouped-gemm", "overlap-moe-expert-parallel-comm", "use-distributed-optimizer", "use-megatron-fsdp",
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
-            "moe-router-force-load-balancing")
+            "moe-router-force-load-balancing", "tp-comm-overlap")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -44,7 +44,6 @@ NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", 
 # flags trainfit does not model, with the direction of their effect (Megatron-LM core_v0.16.1 arguments.py)
 EFFECT = {"overlap-grad-reduce": "less time: the gradient reduce-scatter hidden behind the backward",
           "overlap-param-gather": "less time: the distributed optimizer's all-gather hidden behind the forward",
-          "tp-comm-overlap": "less time: TP collectives overlapped with GEMMs (Transformer Engine userbuffers)",
           "manual-gc": "less time: no garbage-collection pauses mid-step",
           "use-flash-attn": "trainfit models Megatron's fused attention already",
           "attention-backend": "time and memory of the attention kernel",
@@ -114,6 +113,8 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.set("sequence_parallel", True, "--sequence-parallel")
     elif a.sequence_parallel:
         r.skip("--sequence-parallel", True, "no effect at tp 1: Megatron-LM turns it off (arguments.py:907-913)")
+    if a.tp_comm_overlap:  # (Megatron-LM refuses it without sequence parallelism, arguments.py:915-916: so does Setup)
+        r.set("tp_comm_overlap", True, "--tp-comm-overlap")
     if a.virtual_pipeline_model_parallel_size:
         r.set("vpp", a.virtual_pipeline_model_parallel_size, "--virtual-pipeline-model-parallel-size")
     if a.pipeline_model_parallel_layout:

@@ -62,6 +62,14 @@ def plan_dict(r: PlanResult) -> dict:
     return out
 
 
+def run_flags(s) -> str:
+    """The flags beyond the table's columns a plan's setup runs with, as `trainfit estimate` takes them: its memory
+    knobs (plan/knobs.py) and the communication settings the search turns on (plan/search.py)."""
+    timed = [f"--moe-dispatcher {s.moe_dispatcher}" if s.moe_dispatcher else "",
+             "--overlap-moe-comm" if s.overlap_moe_comm else "", "--tp-comm-overlap" if s.tp_comm_overlap else ""]
+    return " ".join(x for x in (knobs.setup_flags(s), *timed) if x)
+
+
 def render(r: PlanResult, echo=print) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -133,8 +141,8 @@ def render(r: PlanResult, echo=print) -> None:
     if st.get("knobs"):
         echo(f"no plain plan fits: searched again with the stacks' memory knobs up to {st['knobs']} (plan/knobs.py)")
     for i, c in enumerate(r.candidates, 1):
-        if knobs.setup_flags(c.setup):
-            echo(f"#{i} runs {knobs.setup_flags(c.setup)}")
+        if run_flags(c.setup):
+            echo(f"#{i} runs {run_flags(c.setup)}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
          f"{st['fits']} with a plan that fits, {st['engine_calls']} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges "

@@ -56,9 +56,9 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
                          f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
-                 "cuda_graph_scope"):
-        # the axes a stack may run (stacks/*.toml)
-        if name == "overlap_moe_comm" and not setup.overlap_moe_comm:
+                 "tp_comm_overlap", "cuda_graph_scope"):
+        # the axes a stack may run (stacks/*.toml); a switch left off asks for nothing
+        if getattr(setup, name, None) is False:
             continue
         # --offload's state part (its activations part: above)
         value = setup.offload_state if name == "offload" else getattr(setup, name)

@@ -6,11 +6,26 @@ from __future__ import annotations
 def refuse(setup) -> str | None:
     """Megatron's expert layout: the expert-parallel × expert-tensor-parallel group tiles the dp × cp × tp ranks of a
     pipeline stage (megatron-core 0.16.1 parallel_state.py:788-794: world_size divisible by etp × ep × pp); and its
-    low-precision checks (_low_precision). Else None."""
+    overlap (_moe_overlap, _tp_overlap) and low-precision checks (_low_precision). Else None."""
     if (setup.ep > 1 or setup.etp is not None) and (setup.dp * setup.cp * setup.tp) % (setup.ep * setup.expert_tp):
         return (f"--ep {setup.ep} × --etp {setup.expert_tp} must divide the dp × cp × tp = "
                 f"{setup.dp * setup.cp * setup.tp} ranks of a pipeline stage (Megatron's expert layout)")
-    return _moe_overlap(setup) or _low_precision(setup)
+    return _moe_overlap(setup) or _tp_overlap(setup) or _low_precision(setup)
+
+
+def _tp_overlap(setup) -> str | None:
+    """--tp-comm-overlap's own checks: sequence parallelism (Megatron-LM core_v0.16.1 megatron/training/arguments.py:
+    915-916 asserts it), so tensor parallelism (:907-913 turns sequence parallelism off at tp 1); Transformer Engine's
+    userbuffers, CUDA kernels (transformer_engine/common/comm_gemm_overlap)."""
+    if not getattr(setup, "tp_comm_overlap", False):
+        return None
+    if setup.tp <= 1 or not setup.sequence_parallel:
+        return ("--tp-comm-overlap overlaps the tensor-parallel all-gathers and reduce-scatters of sequence "
+                "parallelism: it needs --tp > 1 and --sequence-parallel (Megatron-LM arguments.py:915-916)")
+    if setup.device != "cuda":
+        return (f"--tp-comm-overlap runs Transformer Engine's userbuffers CUDA kernels, which do not run on --device "
+                f"{setup.device}: use --device cuda")
+    return None
 
 
 def _moe_overlap(setup) -> str | None:

@@ -79,12 +79,12 @@ def layer_bytes_per_rank(la: LayerActivations, setup: Setup, tokens: int, keys: 
 
 
 def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float, layers: int,
-                    rerun: float) -> float:
+                    rerun: float, gpu=None) -> float:
     """One micro-batch's tensor-parallel all-reduces on a stage of `layers` layers, `tokens` per rank, inside a node,
     on the critical path. `rerun`: the share of layers whose forward runs again in the backward (full recompute,
     per-op SAC, whose re-run forward all-reduces again: the functional all_reduce is not on torchtitan's save list;
-    reduce_scatter, sequence parallelism's, is: NB counted as re-run too; layer:N's re-run layers).
-    NB: pessimistic for stacks with TP/GEMM overlap (Megatron --tp-comm-overlap)."""
+    reduce_scatter, sequence parallelism's, is: NB counted as re-run too; layer:N's re-run layers). With
+    --tp-comm-overlap (`gpu` given) what stays exposed beside the GEMMs: tp_overlap.py."""
     t = setup.tp
     if t <= 1:
         return 0.0
@@ -102,6 +102,10 @@ def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     n_ar -= te_gather_saving(setup, act_bytes, rerun)
     # the tp ranks are innermost: all on one node. Sequence parallelism runs each all-reduce as an all-gather and a
     # reduce-scatter (Korthikanti et al. 2022 §4.2.2, g and g-bar), which NVLS does not speed up (tuning.cc:272)
+    if getattr(setup, "tp_comm_overlap", False) and gpu is not None:
+        from .tp_overlap import layer_seconds
+
+        return layers * layer_seconds(spec, setup, gpu, links, tokens, act_bytes, rerun)
     if setup.sequence_parallel:
         return layers * n_ar * (links.all_gather(t, t, x) + links.reduce_scatter(t, t, x))
     return layers * n_ar * links.allreduce(t, t, x)
