@@ -19,24 +19,15 @@ import sys
 def main(path: str, sharding: str = "FULL_SHARD", offload: bool = False) -> None:
     import lightning as L
     import torch
-    import transformers
     from lightning.pytorch.strategies import FSDPStrategy
+    from lightning_tiny import token_batches, tiny_module_class
 
     from trainfit.callbacks.lightning import TrainfitLightningCallback
 
     class CPUFSDPStrategy(FSDPStrategy):
         """Lightning's FSDPStrategy, unchanged (see the module's docstring)."""
 
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                           max_position_embeddings=128)
-            torch.manual_seed(0)
-            self.model = transformers.LlamaForCausalLM(cfg)
-            self.config = cfg  # the config trainfit reads (callbacks/live.py model_spec): the analytic engine
-
+    class Tiny(tiny_module_class(L, config=True)):
         def configure_model(self):
             """Wrapped here, as Lightning lets a module wrap itself (fsdp.py:297: an FSDP inside, Lightning's own
             wrap skipped), with the strategy's sharding and offload and device_id cpu: torch's FSDP1 refuses a CPU
@@ -52,17 +43,7 @@ def main(path: str, sharding: str = "FULL_SHARD", offload: bool = False) -> None
                                                   auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
                                                   use_orig_params=True)
 
-        def forward(self, input_ids):
-            return self.model(input_ids=input_ids, labels=input_ids).loss
-
-        def training_step(self, batch, batch_idx):
-            return self(batch)
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    torch.manual_seed(0)
-    data = torch.utils.data.DataLoader([torch.randint(0, 256, (32,)) for _ in range(8)], batch_size=2)
+    data = token_batches()
     cb = TrainfitLightningCallback(steps=2)
     strategy = CPUFSDPStrategy(sharding_strategy=sharding, cpu_offload=offload)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=2, logger=False,

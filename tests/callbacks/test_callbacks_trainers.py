@@ -15,13 +15,10 @@ pytestmark = pytest.mark.heavy
 
 from trainfit.callbacks import WillNotFitError  # noqa: E402
 from trainfit.callbacks.hf import TrainfitCallback, accelerate_preflight  # noqa: E402
+from tests.callbacks.lightning_tiny import tiny_llama, tiny_module_class, token_batches  # noqa: E402
 
 
-def _model():
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg)
+_model = tiny_llama
 
 
 def _lora_model(targets):
@@ -190,25 +187,10 @@ def _lightning_fit(cb):
     returns the loss: the trace engine runs it), AdamW; the module back."""
     L = pytest.importorskip("lightning")
 
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = _model()
-
-        def forward(self, input_ids):
-            return self.model(input_ids=input_ids, labels=input_ids).loss
-
-        def training_step(self, batch, batch_idx):
-            return self(batch)
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    torch.manual_seed(0)
-    data = torch.utils.data.DataLoader([torch.randint(0, 256, (32,)) for _ in range(8)], batch_size=2)
+    data = token_batches()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
-    module = Tiny()
+    module = tiny_module_class(L)()
     trainer.fit(module, data)
     return module
 
