@@ -438,26 +438,35 @@ LOWP_VALIDATION: list[dict] = [
         "(AO_TRAINING 'mxfp8 gemm' table: dim0 rceil 220 us vs floor 126 us) are not told apart: predicted faster"),
     _ao("torchao-b200-8b-rowwise", "B200", "Training e2e benchmarks on NVIDIA B200", "Llama3-8b | float8 rowwise",
         "rowwise", 8640.5, 33.72, "flash", "Same job as C6"),
-    # torchtitan's async-TP benchmark: the vanilla-TP column (async TP is not modelled)
-    *(dict(id=f"tt-asynctp-{size}-{recipe}", source=f"{TT_ASYNCTP} table '{table}', row 'float8 {recipe}', column "
-           "'Vanilla TP tokens/sec'", gpu="H100-96GB", model=f"llama-3.1-{size}",
+    # torchtitan's async-TP benchmark: both columns (vanilla TP; async TP: --tp-comm-overlap, parallel/tp_overlap.py)
+    *(dict(id=f"tt-asynctp-{size}-{recipe}" + ("-async" if asyn else ""),
+           source=f"{TT_ASYNCTP} table '{table}', row '{'None (bfloat16)' if recipe == 'bf16' else 'float8 ' + recipe}', "
+                  f"column '{'Async' if asyn else 'Vanilla'} TP tokens/sec'", gpu="H100-96GB", model=f"llama-3.1-{size}",
            setup=dict(stack="torchtitan", batch=batch, seq=8192, dp=dp, tp=8, zero=3, recompute=ac, compile=True,
-                      precision="amp-bf16", attention="flash2", low_precision=recipe, sequence_parallel=True),
-           published=tps, unit="tokens/s/GPU",
-           notes="torchtitan June 2025 on Grand Teton H100 96 GB at 500 W: FSDP x TP 8 (vanilla TP: sequence-parallel, "
+                      precision="amp-bf16", attention="flash2", sequence_parallel=True, tp_comm_overlap=asyn,
+                      **({} if recipe == "bf16" else {"low_precision": recipe})),
+           published=tps[asyn], unit="tokens/s/GPU",
+           notes="torchtitan June 2025 on Grand Teton H100 96 GB at 500 W: FSDP x TP 8 (sequence-parallel, "
                  "models/llama3/infra/parallelize.py:141-195 at 2887250b: blocks' input/output Shard(1), norms "
-                 f"SequenceParallel), compile, Float8 {recipe}; seq 8192 (llama3_{size}.toml). NB: the FSDP fp8 all-gather is not stated (torchtitan's "
-                 "default enable_fsdp_float8_all_gather = False: bf16 gathers). NB: the 500 W cap lowers the clock "
-                 "below gpus.json's peak (predicted faster).")
+                 f"SequenceParallel), compile, {'bf16' if recipe == 'bf16' else 'Float8 ' + recipe}; seq 8192 "
+                 f"(llama3_{size}.toml)"
+                 + ("; async TP (--parallelism.enable_async_tensor_parallel, the page's command)" if asyn else "")
+                 + ". NB: the FSDP fp8 all-gather is not stated (torchtitan's default enable_fsdp_float8_all_gather = "
+                   "False: bf16 gathers). NB: the 500 W cap lowers the clock below gpus.json's peak (predicted faster).")
       for size, table, batch, dp, ac, recipe, tps in (
           ("70b", "Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC, local batch size 16", 16, 32,
-           "full", "tensorwise", 809.8),
+           "full", "bf16", (597.3, 652.4)),
           ("70b", "Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC, local batch size 16", 16, 32,
-           "full", "rowwise", 599.6),
+           "full", "tensorwise", (809.8, 942.4)),
+          ("70b", "Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC, local batch size 16", 16, 32,
+           "full", "rowwise", (599.6, 624.8)),
           ("8b", "Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12", 12, 8,
-           "op", "tensorwise", 5078.1),
+           "op", "bf16", (4378, 4809.4)),
           ("8b", "Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12", 12, 8,
-           "op", "rowwise", 3708.5))),
+           "op", "tensorwise", (5078.1, 5570.1)),
+          ("8b", "Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per op SAC, local batch size 12", 12, 8,
+           "op", "rowwise", (3708.5, 3914.9)))
+      for asyn in (False, True)),
     # Megatron-Bridge performance summaries: 25.11 (C7's container), the rows calibration.md leaves out
     _mb("25.11", 565, "DGX-GB200", "LLAMA3_8B", 8, "FP8-CS", 128, 2, 8192, tps=31508,
         notes="Recipe LLAMA3_8B_GB200_FP8_CS_BASE_CONFIG: MBS 2, CUDA graph of the full iteration (NB: not modelled, "

@@ -52,13 +52,15 @@ def test_sequence_parallel_dispatches_a_tp_share_of_the_tokens():
     assert ep_comm_seconds(load_model("llama-3.1-8b"), plain, LINKS, 4096, 2, 1) == 0.0  # a dense model
 
 
-def test_float8_halves_the_forward_all_gathers_bytes():
+def test_float8_halves_the_all_gathers_bytes():
     spec = load_model("llama-3.1-8b")
     bf16 = Setup(stack="torchtitan", tp=2)
     fp8 = Setup(stack="torchtitan", tp=2, low_precision="tensorwise")
-    # 2 forward all-reduces of 4: their all-gather halves move 1 byte instead of 2
+    # torchao's tensorwise TP casts before both directions' all-gathers (float8_tensor_parallel.py: the block inputs
+    # forward, the row-parallel outputs' gradients backward): of the 4 all-reduces' all-gather halves, each moves 1
+    # byte instead of 2; the reduce-scatter halves keep 2
     assert tp_comm_seconds(spec, fp8, LINKS, 4096, 2, 1, 0.0) == pytest.approx(
-        3.5 / 4 * tp_comm_seconds(spec, bf16, LINKS, 4096, 2, 1, 0.0))
+        3 / 4 * tp_comm_seconds(spec, bf16, LINKS, 4096, 2, 1, 0.0))
 
 
 def _tp_overlap_cases():
@@ -80,7 +82,7 @@ def test_tp_comm_overlap_with_free_gemms_leaves_every_collective_exposed(monkeyp
     reduce = roofline.memory_seconds(H100, x + x / 4)
     exposed = tp_comm_seconds(spec, over, LINKS, 8192, 2, 1, 0.0, H100)
     assert exposed == pytest.approx(tp_comm_seconds(spec, plain, LINKS, 8192, 2, 1, 0.0) + 2 * reduce)
-    assert tp_overlap.layer_seconds(spec, over, H100, LINKS, 8192, 2, 0.0) == pytest.approx(exposed)
+    assert tp_overlap.layer_seconds(spec, over, H100, LINKS, 8192, 2, (2, 2), 0.0) == pytest.approx(exposed)
 
 
 def test_tp_comm_overlap_behind_long_gemms_leaves_only_the_chunk_sums(monkeypatch):
@@ -103,11 +105,31 @@ def test_tp_comm_overlap_behind_long_gemms_leaves_only_the_chunk_sums(monkeypatc
         roofline.memory_seconds(H100, y + y / 4) + mlp)
 
 
-def test_tp_comm_overlap_needs_sequence_parallelism_and_megatron():
+def test_async_tp_leaves_the_rowwise_recipes_all_gathers_exposed(monkeypatch):
+    # torchtitan's async TP fuses a collective into a matmul only where the matmul consumes or produces it
+    # (micro_pipeline_tp.py): rowwise float8 gathers in bf16 and casts after, so with GEMMs that hide everything the
+    # rowwise layer keeps its four all-gathers (2 forward, 2 backward) and the bf16 layer none
+    from trainfit.analytic import roofline
+
+    monkeypatch.setattr(roofline, "gemm_seconds", lambda gpu, m, n, k, dtype, batch=1: m * 1.0)
+    spec = load_model("llama-3.1-8b")
+    kw = dict(stack="torchtitan", tp=4, sequence_parallel=True, compile=True, tp_comm_overlap=True)
+    bf16, rowwise = Setup(**kw), Setup(**kw, low_precision="rowwise")
+    x = 4096 * spec.hidden * 2
+    reduce = roofline.memory_seconds(H100, x + x / 4)
+    # the reduce-scatters hidden: each leaves its chunks' sum (2 forward, 2 backward: pipelined there, not bulk)
+    assert tp_comm_seconds(spec, bf16, LINKS, 4096, 2, 1, 0.0, H100) == pytest.approx(4 * reduce)
+    assert tp_comm_seconds(spec, rowwise, LINKS, 4096, 2, 1, 0.0, H100) == pytest.approx(
+        4 * reduce + 4 * LINKS.all_gather(4, 4, x))
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism_and_the_stacks_own_conditions():
     from trainfit.errors import SetupError
     from trainfit.setup import validate
 
     with pytest.raises(SetupError, match="--sequence-parallel"):
         validate(Setup(stack="megatron", precision="bf16-master", tp=2, tp_comm_overlap=True))
-    with pytest.raises(SetupError, match="async TP"):
+    with pytest.raises(SetupError, match="add --compile"):  # torchtitan's async TP needs the model compiled
         validate(Setup(stack="torchtitan", tp=2, sequence_parallel=True, tp_comm_overlap=True))
+    with pytest.raises(SetupError, match="not run by --stack hf"):
+        validate(Setup(stack="hf", tp=2, sequence_parallel=True, tp_comm_overlap=True))

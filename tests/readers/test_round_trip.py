@@ -14,7 +14,8 @@ from trainfit.setup import Request
 
 MODEL = "llama-3.1-8b"
 TITAN = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "zero", "recompute", "precision", "optimizer",
-         "optimizer_kernel", "grad_clip_norm", "compile", "compile_loss", "offload")
+         "optimizer_kernel", "grad_clip_norm", "compile", "compile_loss", "offload", "sequence_parallel",
+         "tp_comm_overlap")
 MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp", "pp_split", "zero", "recompute",
             "precision", "sequence_parallel", "tp_comm_overlap", "grad_clip_norm")
 LOW = ("low_precision", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
@@ -24,13 +25,14 @@ ACCELERATE = ("stack", "dp", "zero", "recompute", "precision", "offload")
 
 CASES = [
     ("torchtitan", ".toml", TITAN, dict(stack="torchtitan", precision="amp-bf16", batch=2, seq=4096, grad_accum=2,
-                                        dp=8, zero=3, tp=2, recompute="full")),
+                                        dp=8, zero=3, tp=2, recompute="full", sequence_parallel=True, compile=True,
+                                        tp_comm_overlap=True)),
     ("torchtitan", ".toml", TITAN, dict(stack="torchtitan", precision="bf16", batch=1, seq=2048, grad_accum=4, dp=4,
                                         pp=2, zero=3, recompute="layer:2", compile=True)),
     ("torchtitan", ".toml", TITAN, dict(stack="torchtitan", precision="fp32", batch=4, seq=1024, dp=4, zero=2,
                                         recompute="op")),
     ("torchrun", ".sh", TITAN, dict(stack="torchtitan", precision="amp-bf16", batch=2, seq=4096, grad_accum=3, dp=16,
-                                    zero=3, tp=2, cp=2, recompute="full", compile_loss=True)),
+                                    zero=3, tp=2, cp=2, recompute="full", compile_loss=True, sequence_parallel=True)),
     ("torchrun", ".sh", TITAN, dict(stack="torchtitan", precision="amp-bf16", batch=1, seq=2048, dp=2, zero=0,
                                     recompute="none")),
     ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=8, zero=3, recompute="full",

@@ -118,6 +118,8 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
     parallelism = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                    "tensor_parallel_degree": s.tp, "pipeline_parallel_degree": s.pp,
                    "context_parallel_degree": s.cp}
+    if s.tp_comm_overlap:  # async TP (stacks/torchtitan.toml [tp_comm_overlap])
+        parallelism["enable_async_tensor_parallel"] = True
     if s.ep > 1:  # the routed experts over ep ranks borrowed from dp_shard (× tp with etp 1): parallel_dims.py:136-158
         parallelism.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
     if shard > 1:
@@ -200,6 +202,7 @@ TORCHTITAN_KEYS = {
     "parallelism.data_parallel_shard_degree": "config/job_config.py:324 (FSDP degree; -1 = leftover ranks)",
     "parallelism.fsdp_reshard_after_forward": "config/job_config.py:336; models/llama3/infra/parallelize.py:319-357",
     "parallelism.tensor_parallel_degree": "config/job_config.py:351; models/llama3/infra/parallelize.py:76-94 (apply_tp, sequence parallel norms)",
+    "parallelism.enable_async_tensor_parallel": "config/job_config.py:357; distributed/tensor_parallel.py:16-25 (compile required)",
     "parallelism.pipeline_parallel_degree": "config/job_config.py:360",
     "parallelism.pipeline_parallel_schedule": "config/job_config.py:396",
     "parallelism.pipeline_parallel_microbatch_size": "config/job_config.py:412; distributed/pipeline_parallel.py:186-194",

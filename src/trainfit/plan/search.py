@@ -408,15 +408,22 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
-    # TP's collectives beside the GEMMs wherever the stack runs it (Megatron-Bridge's Llama recipes set
-    # tp_comm_overlap=True: recipes/llama/llama3.py:738 at v0.4.2; parallel/tp_overlap.py). NB: NVIDIA GPUs only (TE's
-    # userbuffers are CUDA kernels; ROCm's TE fork not read): AMD plans keep the collectives exposed (errs slow)
+    # TP's collectives beside the GEMMs wherever the stack runs it (parallel/tp_overlap.py: Megatron's TE userbuffers,
+    # which Megatron-Bridge's Llama recipes turn on, recipes/llama/llama3.py:738 at v0.4.2; torchtitan's async TP, with
+    # compile). NB: NVIDIA GPUs only (TE's userbuffers and torch's symmetric memory read for CUDA; ROCm not read): AMD
+    # plans keep the collectives exposed (errs slow)
     overlap = {"tp_comm_overlap": True} if (lay.tp > 1 and gpu.vendor == "nvidia"
                                             and "tp_comm_overlap" in get_stack(stack).axes) else {}
+    settings = dict(batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer, recompute=rec,
+                    zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
+                    **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
     try:
-        base = group_setup(spec, batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer,
-                           recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack, **overlap,
-                           **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
+        try:
+            base = group_setup(spec, **settings, **overlap)
+        except SetupError:
+            if not overlap:
+                raise
+            base = group_setup(spec, **settings)  # a group the overlap's own rules refuse (torchtitan's: compile)
         if extra:
             validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout

@@ -22,7 +22,7 @@ MAPPED = {"model.name", "model.flavor", "model.hf_assets_path", "model.converter
           "parallelism.pipeline_parallel_degree", "parallelism.pipeline_parallel_schedule",
           "parallelism.pipeline_parallel_microbatch_size", "parallelism.context_parallel_degree",
           "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
-          "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option", "compile.enable",
+          "parallelism.enable_async_tensor_parallel", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option", "compile.enable",
           "compile.components", "quantize.linear.float8.enable_fsdp_float8_all_gather",
           "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "quantize.linear.float8.recipe_name",
           "quantize.linear.float8.filter_fqns", "quantize.linear.mx.recipe_name", "quantize.linear.mx.filter_fqns",
@@ -36,7 +36,6 @@ NO_EFFECT = ("job.", "metrics.", "lr_scheduler.", "optimizer.lr", "optimizer.eps
              "memory_estimation.", "validation.freq", "validation.dataset")
 # keys trainfit does not model, with the direction of their effect (config/job_config.py's line of each)
 EFFECT = {
-    "parallelism.enable_async_tensor_parallel": "less time: TP collectives overlapped with matmuls (:357)",
     "parallelism.disable_loss_parallel": "more memory and time: the full-vocabulary logits on every TP rank (:354)",
     "parallelism.context_parallel_rotate_method": "time: alltoall instead of allgather K/V exchange (:446)",
     "parallelism.context_parallel_load_balancer": "time: the causal work per CP rank (:431)",
@@ -208,6 +207,11 @@ def _settings(cfg, r: Reading, keys: dict, world: int | None, dp: int | None) ->
                                                                   and pp == 1)  # parallelize.py:319-327
         r.set("zero", (3 if resharded else 2) if shard > 1 else 0, "parallelism.fsdp_reshard_after_forward")
     r.set("tp", tp, "parallelism.tensor_parallel_degree")
+    if tp > 1:  # torchtitan's TP is sequence-parallel (models/llama3/infra/parallelize.py:161-240 apply_tp: the
+        # blocks' input and output Shard(1), the norms SequenceParallel)
+        r.set("sequence_parallel", True, "parallelism.tensor_parallel_degree")
+    if p.enable_async_tensor_parallel:  # (the Setup refuses it without compile, as torchtitan does)
+        r.set("tp_comm_overlap", True, "parallelism.enable_async_tensor_parallel")
     r.set("pp", pp, "parallelism.pipeline_parallel_degree")
     r.set("cp", cp, "parallelism.context_parallel_degree")
     if p.expert_parallel_degree > 1:

@@ -72,6 +72,11 @@ def validate(setup: Setup) -> None:
             why = stack.axis_why_not(name)
             raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}"
                              + (f" ({why})" if why else "") + f"; use --stack {' or '.join(runs)}")
+    if setup.tp_comm_overlap and (setup.tp <= 1 or not setup.sequence_parallel):
+        # the overlap splits sequence parallelism's all-gathers and reduce-scatters (Megatron-LM core_v0.16.1
+        # arguments.py:915-916 asserts it; torchtitan's TP is sequence-parallel: parallel/tp_overlap.py)
+        raise SetupError("--tp-comm-overlap overlaps the tensor-parallel all-gathers and reduce-scatters of sequence "
+                         "parallelism: it needs --tp > 1 and --sequence-parallel")
     if setup.moe_dispatcher is not None and setup.ep <= 1:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")

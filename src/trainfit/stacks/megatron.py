@@ -14,15 +14,9 @@ def refuse(setup) -> str | None:
 
 
 def _tp_overlap(setup) -> str | None:
-    """--tp-comm-overlap's own checks: sequence parallelism (Megatron-LM core_v0.16.1 megatron/training/arguments.py:
-    915-916 asserts it), so tensor parallelism (:907-913 turns sequence parallelism off at tp 1); Transformer Engine's
-    userbuffers, CUDA kernels (transformer_engine/common/comm_gemm_overlap)."""
-    if not getattr(setup, "tp_comm_overlap", False):
-        return None
-    if setup.tp <= 1 or not setup.sequence_parallel:
-        return ("--tp-comm-overlap overlaps the tensor-parallel all-gathers and reduce-scatters of sequence "
-                "parallelism: it needs --tp > 1 and --sequence-parallel (Megatron-LM arguments.py:915-916)")
-    if setup.device != "cuda":
+    """--tp-comm-overlap runs Transformer Engine's userbuffers, CUDA kernels (transformer_engine/common/
+    comm_gemm_overlap); its need of sequence parallelism is setup/rules.py's (Megatron-LM arguments.py:915-916)."""
+    if getattr(setup, "tp_comm_overlap", False) and setup.device != "cuda":
         return (f"--tp-comm-overlap runs Transformer Engine's userbuffers CUDA kernels, which do not run on --device "
                 f"{setup.device}: use --device cuda")
     return None

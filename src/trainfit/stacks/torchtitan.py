@@ -8,7 +8,7 @@ def refuse(setup) -> str | None:
     no effect without --ep (config/job_config.py:466), and the ep × etp ranks tile the dp_shard × cp × tp ranks of a
     stage (:138, efsdp = dp_shard·cp·tp // (etp·ep) must be whole); trainfit models EP under FSDP (the experts'
     own efsdp group, stacks/torchtitan.toml [expert_parallel]). Context parallelism: refuse_cp. Else None."""
-    why = refuse_cp(setup)
+    why = refuse_cp(setup) or _async_tp(setup)
     if why:
         return why
     if setup.ep == 1:
@@ -29,6 +29,19 @@ def refuse(setup) -> str | None:
     if ranks % (setup.ep * etp):
         return (f"--ep {setup.ep} × --etp {etp} must divide the dp_shard × tp = {ranks} ranks of a pipeline stage "
                 "(torchtitan distributed/parallel_dims.py:138: efsdp = dp_shard·cp·tp // (etp·ep))")
+    return None
+
+
+def _async_tp(setup) -> str | None:
+    """--tp-comm-overlap is async TP, which torchtitan runs only with the model compiled (0.2.2
+    distributed/tensor_parallel.py:20-23 raises otherwise) and torch's symmetric-memory CUDA kernels."""
+    if not getattr(setup, "tp_comm_overlap", False):
+        return None
+    if not setup.compile:
+        return ("--tp-comm-overlap is torchtitan's async TP, which needs the model compiled "
+                "(distributed/tensor_parallel.py:20-23): add --compile")
+    if setup.device != "cuda":
+        return f"--tp-comm-overlap runs torch's symmetric-memory CUDA kernels, not on --device {setup.device}"
     return None
 
 

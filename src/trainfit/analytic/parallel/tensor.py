@@ -92,20 +92,26 @@ def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     n_ar = 4 + 2 * rerun
     from ..te_recipes import runs_te, te_gather_saving  # (te_recipes imports parallel/)
 
+    gathers = (act_bytes, act_bytes)  # bytes per element of the forward's and the backward's all-gathers
     if getattr(setup, "low_precision", "none") == "tensorwise" and not runs_te(setup):
-        # torchtitan's tensorwise Float8 TP casts each block input to fp8 before its sequence-parallel all-gather
-        # (torchtitan models/llama3/infra/parallelize.py:83-86, 191-203 PrepareFloat8ModuleInput; torchao
-        # float8/float8_tensor_parallel.py:176-177 "the float8 cast happens before the all-gather"): in each forward
-        # (and re-run forward) all-reduce the all-gather half moves 1 byte per element, the reduce-scatter half of the
-        # row-parallel outputs and the backward's gradients keep act_bytes
-        n_ar -= (2 + 2 * rerun) * 0.5 * (1 - 1 / act_bytes)
+        # torchtitan's tensorwise Float8 TP gathers in fp8 both ways: each block input is cast before its
+        # sequence-parallel all-gather (torchtitan models/llama3/infra/parallelize.py:83-86, 191-203
+        # PrepareFloat8ModuleInput; torchao float8/float8_tensor_parallel.py:176-177 "the float8 cast happens before
+        # the all-gather"), and the row-parallel outputs' gradients before the backward's all-gather (:138-152
+        # Float8RowwiseParallel._prepare_output_fn: NoopFwToFloat8BwDynamic after the reduce-scatter, so its backward
+        # cast runs first); the reduce-scatters keep act_bytes. Each all-reduce's all-gather half moves 1 byte.
+        n_ar -= (2 + 2 * rerun + 2) * 0.5 * (1 - 1 / act_bytes)
+        gathers = (1.0, 1.0)
     n_ar -= te_gather_saving(setup, act_bytes, rerun)
-    # the tp ranks are innermost: all on one node. Sequence parallelism runs each all-reduce as an all-gather and a
-    # reduce-scatter (Korthikanti et al. 2022 §4.2.2, g and g-bar), which NVLS does not speed up (tuning.cc:272)
     if getattr(setup, "tp_comm_overlap", False) and gpu is not None:
+        from ...low_precision import recipe
         from .tp_overlap import layer_seconds
 
-        return layers * layer_seconds(spec, setup, gpu, links, tokens, act_bytes, rerun)
+        if runs_te(setup):  # TE's quantised forward all-gather (te_recipes.te_gather_saving)
+            gathers = (recipe(setup).per_element, act_bytes)
+        return layers * layer_seconds(spec, setup, gpu, links, tokens, act_bytes, gathers, rerun)
+    # the tp ranks are innermost: all on one node. Sequence parallelism runs each all-reduce as an all-gather and a
+    # reduce-scatter (Korthikanti et al. 2022 §4.2.2, g and g-bar), which NVLS does not speed up (tuning.cc:272)
     if setup.sequence_parallel:
         return layers * n_ar * (links.all_gather(t, t, x) + links.reduce_scatter(t, t, x))
     return layers * n_ar * links.allreduce(t, t, x)
