@@ -95,7 +95,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     else:  # none, selective
         uniform = LayerKind(full, temps, 0.0, 0.0)
     n_off = min(setup.offload_layers, stage.layers)  # --offload-layers (Megatron refuses pipelines: one stage)
-    copied = 0.0
+    off = copied = 0.0
     if n_off:
         # Transformer Engine's activation CPU offloading (megatron_offload.py): an offloaded layer keeps its unmarked
         # tensors; the offloadable bytes of the layers in TE's window sit beside the layer being run
@@ -178,9 +178,12 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         opt_tmp = ms.weights
     clip = grad_clip_temporaries(spec, setup, pc, stage)
     copies = grad_copy_bytes(spec, pc, setup, stage)  # the fp32 grad copies: the optimizer step's only
+    resident = {"weights": ms.weights, "master_weights": ms.master - copies, "optimizer_states": ms.optimizer,
+                "comm_buffers": comm}
+    if n_off and megatron_offload.reload_buffers(setup, off):  # TE's double buffer (none as Megatron-LM runs it)
+        resident["offload_buffers"] = megatron_offload.reload_buffers(setup, off)
     step = StepBytes(
-        resident={"weights": ms.weights, "master_weights": ms.master - copies, "optimizer_states": ms.optimizer,
-                  "comm_buffers": comm},
+        resident=resident,
         gradients=ms.gradients,
         accumulating=True,  # the contiguous grad buffer exists from initialisation (param_and_grad_buffer.py)
         head_gradients=0.0, layer_gradients=0.0, layers=stage.layers + stage.mtp, in_flight=stage.in_flight,

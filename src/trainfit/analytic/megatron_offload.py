@@ -103,6 +103,14 @@ def exposed_seconds(layers: int, offloaded: int, copy: float, forward: float, ba
     return out
 
 
+def reload_buffers(setup: Setup, off: float) -> float:
+    """Device bytes TE keeps for the reloads through the run: under double buffering two groups' worth, made at group
+    0's commit and at the last layer's (cpu_offload.py:499-510, :544-551); without it (Megatron-LM's, stacks/
+    megatron.toml [cpu_offloading]) none: each reload allocates its own buffers on the compute stream (:576-582),
+    counted with the group on the device."""
+    return 2 * off if setup.stack_facts.fact("cpu_offloading", "double_buffering") else 0.0
+
+
 def layer_kinds(layers: int, offloaded: int, full: float, off: float, temps: float, kind_type) -> tuple:
     """(kinds, pattern) for phases.StepBytes: layer j keeps its non-offloadable bytes (all of them past the first
     `offloaded`), and at its forward and backward high points also the offloadable bytes of groups_on_device(j)
