@@ -102,8 +102,9 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         def offloadable(quantised: bool, copies: bool) -> float:
             def one(m: bool) -> float:
                 lt = layer_terms(spec, setup, moe=m, quantised=quantised, held=held)
-                return megatron_offload.copied_per_layer(lt, setup, tokens, keys, quantised) if copies else \
-                    megatron_offload.parts(lt)[1].per_rank(setup, tokens, keys)
+                router = a * h if m else 0.0  # the router's bf16 norm output (megatron_activations._moe_replicated)
+                return megatron_offload.copied_per_layer(lt, setup, tokens, keys, quantised, router) if copies else \
+                    megatron_offload.parts(lt, router)[1].per_rank(setup, tokens, keys)
             return (1 - frac) * one(False) + (frac * one(True) if moe else 0.0)
         # NB: the recipe's and the bf16 first/last layers' bytes averaged over the stage, as `full` is
         off, copied = ((n8 * offloadable(True, c) + (stage.layers - n8) * offloadable(False, c)) / stage.layers

@@ -62,23 +62,29 @@ def groups_on_device(layers: int, offloaded: int, j: int) -> int:
     return sum(1 for g, w in enumerate(window_map(layers, offloaded)) if g <= j <= w)
 
 
-def parts(layer: MegatronLayer) -> tuple[MegatronLayer, MegatronLayer]:
-    """(kept, offloaded): the layer's saved terms that stay on the device and those TE copies to the host."""
-    kept = replace(layer, replicated={k: v for k, v in layer.replicated.items() if k not in OFFLOADED},
-                   split={k: v for k, v in layer.split.items() if k not in OFFLOADED})
-    off = MegatronLayer({k: v for k, v in layer.replicated.items() if k in OFFLOADED},
-                        {k: v for k, v in layer.split.items() if k in OFFLOADED}, 0.0, 0.0)
+def parts(layer: MegatronLayer, router_input: float = 0.0) -> tuple[MegatronLayer, MegatronLayer]:
+    """(kept, offloaded): the layer's saved terms that stay on the device and those TE copies to the host.
+    `router_input`: a MoE layer's bytes per token of the pre-MLP norm output among its linear_inputs, which the
+    router's torch linear saves unmarked (transformer/moe/router.py), so it stays."""
+    rep_off = {k: v for k, v in layer.replicated.items() if k in OFFLOADED}
+    rep_kept = {k: v for k, v in layer.replicated.items() if k not in OFFLOADED}
+    if router_input and "linear_inputs" in rep_off:
+        rep_off["linear_inputs"] -= router_input
+        rep_kept["router_input"] = router_input
+    kept = replace(layer, replicated=rep_kept, split={k: v for k, v in layer.split.items() if k not in OFFLOADED})
+    off = MegatronLayer(rep_off, {k: v for k, v in layer.split.items() if k in OFFLOADED}, 0.0, 0.0)
     return kept, off
 
 
-def copied_per_layer(layer: MegatronLayer, setup: Setup, tokens: float, keys: float, quantised: bool) -> float:
+def copied_per_layer(layer: MegatronLayer, setup: Setup, tokens: float, keys: float, quantised: bool,
+                     router_input: float = 0.0) -> float:
     """Bytes one offloaded layer copies each way on one rank: its offloadable terms, and under a 16-bit linear_proj
     the attention output once more — the fused attention and linear_proj each save that one tensor, and each save
     is its own pack-hook call, copied and reloaded on its own (cpu_offload.py:149-151 tensor_push per save; a
     --low-precision linear_proj saves its quantised copy instead: te_recipes.saved_delta).
     NB: the reloaded duplicate is counted in the copies, not on the device (under-counts a reloaded layer by its
     attention output)."""
-    _, off = parts(layer)
+    _, off = parts(layer, router_input)
     out = off.per_rank(setup, tokens, keys)
     if not quantised and "attention_output" in off.split:
         out += off.split["attention_output"] / setup.tp * tokens
