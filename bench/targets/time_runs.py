@@ -522,10 +522,11 @@ LOWP_VALIDATION: list[dict] = [
               "table's taken."),
     _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
         notes="Blackwell bf16 run: EP 64, MBS 1, seq 8192."),
-    _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312,
-        notes="Recipe LLAMA3_70B_GB200_FP8_CS: Megatron-FSDP over 64 with activation CPU offload of 40 layers.",
-        inexpressible="activation CPU offload of 40 of the 80 layers (cpu_offloading_num_layers=40): --offload "
-                      "activations offloads every layer"),
+    _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312, offload_layers=40,
+        notes="Recipe LLAMA3_70B_GB200_FP8_CS: Megatron-FSDP over 64 with activation CPU offload of 40 layers "
+              "(configs/llama3/workload_base_configs.py:73-78 at v0.2.0: micro_batch_size 2, use_megatron_fsdp, "
+              "cpu_offloading_num_layers 40; utils/helpers.py:163-173 set_recompute_overrides: cpu_offloading on, "
+              "weights off): --offload-layers 40. NB: the base config's GBS 128 (:28-31), the table's 256 taken."),
     # 26.04.01: MXFP8 and NVFP4 rows of the dense Llamas, and a Blackwell bf16 MoE row; GA = GBS / (MBS x DP)
     _mb("26.04.01", 205, "DGX-GB200", "LLAMA3_70B", 64, "MXFP8", 256, 1, 8192, tp=2, pp=4, vp=5, tps=3712,
         notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 (configs/llama/llama3_workload_base_configs.py:"

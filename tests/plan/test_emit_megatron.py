@@ -33,6 +33,7 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
           "--moe-router-num-groups": "moe_router_num_groups", "--moe-router-group-topk": "moe_router_group_topk",
           "--cuda-graph-impl": "cuda_graph_impl", "--cuda-graph-scope": "cuda_graph_scope",
+          "--cpu-offloading-num-layers": "cpu_offloading_num_layers",
           # Transformer Engine's recipes (arguments.py:1398, :1331: --fp8-param-gather sets fp8_param)
           "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",
           "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe", "--fp4-param-gather": "fp4_param",
@@ -71,6 +72,8 @@ def _configs(a: dict):
     kw["params_dtype"] = torch.bfloat16 if a.get("--bf16") else (torch.float16 if a.get("--fp16") else torch.float32)
     kw["pipeline_dtype"] = kw["params_dtype"]
     kw["add_bias_linear"] = not a.get("--disable-bias-linear")  # Megatron-LM: add_bias_linear = not the flag
+    if kw.get("cpu_offloading_num_layers", 0) > 0:  # Megatron-LM core_v0.16.1 arguments.py:1236-1237
+        kw["cpu_offloading"] = True
     tc = TransformerConfig(**kw)  # __post_init__: Megatron's split, vpp, recompute, SP checks
     dist = bool(a.get("--use-distributed-optimizer"))
     oc = OptimizerConfig(use_distributed_optimizer=dist, bf16=bool(a.get("--bf16")), fp16=bool(a.get("--fp16")))
@@ -218,3 +221,33 @@ def test_megatron_fsdp_round_trips():
             assert a["--ckpt-format"] == "fsdp_dtensor"
         else:
             assert "--data-parallel-sharding-strategy" not in a
+
+
+def test_cpu_offloading_round_trips_and_is_refused_as_megatron_refuses():
+    """--offload-layers 40 (Megatron-Bridge's GB200 Llama-3.1-70B FP8-CS recipe) becomes --cpu-offloading-num-layers,
+    which builds TransformerConfig with cpu_offloading; its __post_init__ and Setup refuse the same things:
+    N >= num_layers (transformer_config.py:1137-1142), pipeline parallelism (:1144-1147), recompute (:1149-1152)."""
+    import pytest
+
+    from trainfit.analytic.layout import check_stack_model
+    from trainfit.errors import SetupError
+
+    spec = load_model("llama-3.1-70b")
+    base = dict(stack="megatron", precision="bf16-master", dp=64, zero=3, seq=8192, batch=2, grad_accum=2)
+    a = _parse(emit("megatron", Setup(**base, offload_layers=40), spec, 8))
+    assert a["--cpu-offloading-num-layers"] == "40"
+    tc, _, _ = _configs(a)
+    assert tc.cpu_offloading and tc.cpu_offloading_num_layers == 40 and tc.cpu_offloading_activations
+    shape = {"--num-layers": "80", "--hidden-size": "8192", "--num-attention-heads": "64", "--bf16": True}
+    for extra, match, setup in (
+            ({"--cpu-offloading-num-layers": "80"}, "less than 80", dict(offload_layers=80)),
+            ({"--cpu-offloading-num-layers": "8", "--pipeline-model-parallel-size": "2"}, "Pipeline parallelism",
+             dict(offload_layers=8, pp=2, dp=32)),
+            ({"--cpu-offloading-num-layers": "8", "--recompute-granularity": "full", "--recompute-method": "uniform",
+              "--recompute-num-layers": "1"}, "recomputation", dict(offload_layers=8, recompute="full"))):
+        with pytest.raises(ValueError, match=match):
+            _configs({**shape, **extra})
+        with pytest.raises(SetupError, match="--offload-layers"):
+            s = Setup(**{**base, **setup})
+            validate(s)
+            check_stack_model(spec, s)

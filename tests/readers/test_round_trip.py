@@ -17,7 +17,7 @@ TITAN = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "zero", 
          "optimizer_kernel", "grad_clip_norm", "compile", "compile_loss", "offload", "sequence_parallel",
          "tp_comm_overlap")
 MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp", "pp_split", "zero", "recompute",
-            "precision", "sequence_parallel", "tp_comm_overlap", "grad_clip_norm")
+            "precision", "sequence_parallel", "tp_comm_overlap", "offload_layers", "grad_clip_norm")
 LOW = ("low_precision", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
 MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
 DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute")
@@ -46,6 +46,9 @@ CASES = [
                                        dp=8, zero=3, recompute="selective")),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=8192, grad_accum=8,
                                        dp=2, pp=4, vpp=2, pp_split="embedding-loss", recompute="uniform:2")),
+    ("megatron", ".sh", MEGATRON + LOW, dict(stack="megatron", precision="bf16-master", batch=2, seq=8192,
+                                             grad_accum=2, dp=8, zero=3, offload_layers=16,
+                                             low_precision="tensorwise", fp8_all_gather=True)),
     ("megatron", ".sh", MEGATRON + MOE + LOW, dict(model="mixtral-8x7b", stack="megatron", precision="bf16-master",
                                                    dp=8, ep=4, tp=2, pp=2, zero=1, grad_accum=4, recompute="full",
                                                    sequence_parallel=True, moe_dispatcher="alltoall",

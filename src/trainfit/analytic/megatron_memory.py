@@ -20,6 +20,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
 from .megatron_recompute import modules
+from . import megatron_offload
 from .mtp import mtp_layers
 from . import te_recipes
 from ..low_precision import recipe
@@ -93,6 +94,24 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         kinds = (uniform, LayerKind(kept, full + temps, 0.0, 0.0))
     else:  # none, selective
         uniform = LayerKind(full, temps, 0.0, 0.0)
+    n_off = min(setup.offload_layers, stage.layers)  # --offload-layers (Megatron refuses pipelines: one stage)
+    off = copied = 0.0
+    if n_off:
+        # Transformer Engine's activation CPU offloading (megatron_offload.py): an offloaded layer keeps its unmarked
+        # tensors; the offloadable bytes of the layers in TE's window sit beside the layer being run
+        def offloadable(quantised: bool, copies: bool) -> float:
+            def one(m: bool) -> float:
+                lt = layer_terms(spec, setup, moe=m, quantised=quantised, held=held)
+                router = a * h if m else 0.0  # the router's bf16 norm output (megatron_activations._moe_replicated)
+                return megatron_offload.copied_per_layer(lt, setup, tokens, keys, quantised, router) if copies else \
+                    megatron_offload.parts(lt, router)[1].per_rank(setup, tokens, keys)
+            return (1 - frac) * one(False) + (frac * one(True) if moe else 0.0)
+        # NB: the recipe's and the bf16 first/last layers' bytes averaged over the stage, as `full` is
+        off, copied = ((n8 * offloadable(True, c) + (stage.layers - n8) * offloadable(False, c)) / stage.layers
+                       for c in (False, True))
+        off_kinds, off_pattern = megatron_offload.layer_kinds(stage.layers, n_off, full, off, temps, LayerKind)
+        kinds = (uniform,) + off_kinds  # kind 0 the layer stored whole (the MTP layers' below)
+        pattern = tuple(i + 1 for i in off_pattern)
 
     _, _, p_hidden = spec.dropouts
     embed = emb_back = 0.0
@@ -160,9 +179,12 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         opt_tmp = ms.weights
     clip = grad_clip_temporaries(spec, setup, pc, stage)
     copies = grad_copy_bytes(spec, pc, setup, stage)  # the fp32 grad copies: the optimizer step's only
+    resident = {"weights": ms.weights, "master_weights": ms.master - copies, "optimizer_states": ms.optimizer,
+                "comm_buffers": comm}
+    if n_off and megatron_offload.reload_buffers(setup, off):  # TE's double buffer (none as Megatron-LM runs it)
+        resident["offload_buffers"] = megatron_offload.reload_buffers(setup, off)
     step = StepBytes(
-        resident={"weights": ms.weights, "master_weights": ms.master - copies, "optimizer_states": ms.optimizer,
-                  "comm_buffers": comm},
+        resident=resident,
         gradients=ms.gradients,
         accumulating=True,  # the contiguous grad buffer exists from initialisation (param_and_grad_buffer.py)
         head_gradients=0.0, layer_gradients=0.0, layers=stage.layers + stage.mtp, in_flight=stage.in_flight,
@@ -179,12 +201,17 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "optimizer_temporaries": int(step.optimizer_transient), "grad_clip_temporaries": int(clip),
               "context_parallel_ring_buffers": int(ring),
               "quantised_weight_copies": int(te_weights), "layers_in_recipe": n8,
-              "moe_pairs_held": round(held, 2)}
+              "moe_pairs_held": round(held, 2), "offloaded_layers": n_off,
+              "offloaded_copied_per_layer": int(copied)}
     dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
     if setup.zero >= 3:  # Megatron-FSDP's optim_grads_params does: the rank owns its shard (parallel/megatron.py)
         dense, expert = dense / shards(setup), expert / shards(setup, expert=True)
+    # the offloaded layers' pinned host copies, all of them at the forward's end (cpu_offload.py:243-257)
+    host = n_off * copied * stage.in_flight
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
-                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert))
+                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert),
+                       host_memory=int(host) if n_off else None,
+                       offloaded_activations=int(n_off * copied) if n_off else None)
 
 
 def held_pairs(setup: Setup, stage: Stage, frac: float) -> float:

@@ -235,6 +235,9 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
     clip_comm = clip_allreduce_seconds(setup, clip, links)
     opt = opt_mem + opt_launch + clip_comm
     host = m * offload_exposed(spec, setup, gpu, c.forward, c.backward + c.recompute)
+    # the stack's own activation offloading (Megatron's --offload-layers: megatron_offload.py)
+    host += m * model_for(setup).host_copy_seconds(spec, setup, gpu, c.forward, c.backward + c.recompute,
+                                                   stage_layers_n)
     # NB optimistic where --offload combines activations with a state offload: each part's exposed copies are taken
     # against the whole host link and its pass, though both cross the same PCIe link in the same passes
     # torchao's CPUOffloadOptimizer: gradients to the host, AdamW on the CPU, parameters back (torchao_optim.py)

@@ -104,6 +104,9 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         out += ["--sequence-parallel"]
     if s.tp_comm_overlap:  # model_parallel_config.py:186 tp_comm_overlap (Transformer Engine's userbuffers)
         out += ["--tp-comm-overlap"]
+    if s.offload_layers:  # model_parallel_config.py:373 cpu_offloading_num_layers (arguments.py:1621 generates the
+        # flag; :1236-1237 turns cpu_offloading on with it)
+        out += ["--cpu-offloading-num-layers", str(s.offload_layers)]
     how = parse_pp_split(s.pp_split)
     if s.pp > 1 and s.vpp > 1 and not isinstance(how, Layout):  # (a layout sets the virtual stages: arguments.py:503)
         out += ["--virtual-pipeline-model-parallel-size", str(s.vpp)]

@@ -23,7 +23,7 @@ INT_FLAGS = ("num-layers", "hidden-size", "num-attention-heads", "kv-channels", 
              "expert-model-parallel-size", "moe-shared-expert-intermediate-size", "expert-tensor-parallel-size",
              "moe-router-num-groups", "moe-router-group-topk", "mtp-num-layers", "recompute-num-layers",
              "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "train-iters", "train-samples",
-             "vocab-size")
+             "vocab-size", "cpu-offloading-num-layers")
 STR_FLAGS = ("pipeline-model-parallel-layout", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend",
              "data-parallel-sharding-strategy", "ckpt-format", "recompute-granularity", "recompute-method",
              "cuda-graph-impl", "fp8-format", "fp8-recipe", "fp4-format", "fp4-recipe", "tokenizer-type",
@@ -115,6 +115,8 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.skip("--sequence-parallel", True, "no effect at tp 1: Megatron-LM turns it off (arguments.py:907-913)")
     if a.tp_comm_overlap:  # (Megatron-LM refuses it without sequence parallelism, arguments.py:915-916: so does Setup)
         r.set("tp_comm_overlap", True, "--tp-comm-overlap")
+    if a.cpu_offloading_num_layers:  # arguments.py:1236-1237: cpu_offloading on with N > 0 (Setup refuses as Megatron)
+        r.set("offload_layers", a.cpu_offloading_num_layers, "--cpu-offloading-num-layers")
     if a.virtual_pipeline_model_parallel_size:
         r.set("vpp", a.virtual_pipeline_model_parallel_size, "--virtual-pipeline-model-parallel-size")
     if a.pipeline_model_parallel_layout:

@@ -55,6 +55,10 @@ def validate(setup: Setup) -> None:
     if setup.offload_activations and not stack.runs("activation-offload"):
         raise SetupError(f"--offload activations is torchtune's activation offloading, modelled on --stack "
                          f"{_runners('activation-offload')}; --stack {stack.name} does not run it")
+    if setup.offload_layers and not stack.runs("cpu-offloading"):
+        raise SetupError(f"--offload-layers is Megatron's activation CPU offloading (--cpu-offloading-num-layers), "
+                         f"modelled on --stack {_runners('cpu-offloading')}; --stack {stack.name} does not run it"
+                         + ("; --offload activations is its own" if stack.runs("activation-offload") else ""))
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
                  "tp_comm_overlap", "cuda_graph_scope"):
         # the axes a stack may run (stacks/*.toml); a switch left off asks for nothing

@@ -295,6 +295,13 @@ class Setup:
                            "(or optimizer) offloads both, written activations+params.", choices=OFFLOAD_VALUES,
                            modes=("train",),
                            repeatable=True, parse=lambda v: combine_offload(v), example="optimizer", group="step")
+    offload_layers: int = setting(0, "Megatron's activation CPU offloading (--cpu-offloading-num-layers N, Transformer "
+                                  "Engine's offload context): the saved activations of the first N transformer "
+                                  "layers copied to pinned host memory during the forward, on a side stream beside "
+                                  "the next layers' compute, and back during the backward; fewer than the model's "
+                                  "layers, no pipeline, no recompute, no CUDA graphs; --stack megatron.", minimum=0,
+                                  maximum=limits.LAYERS, modes=("train",), example="40",
+                                  aliases=("--cpu-offloading-num-layers",), group="step")
     optimizer_impl: Optional[str] = setting(None, "Optimizer kernel: for-loop, foreach (multi-tensor, with "
                                             "temporaries) or fused (in place).", choices=OPTIMIZER_IMPLS,
                                             modes=TRAINING,

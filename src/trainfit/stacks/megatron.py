@@ -6,11 +6,34 @@ from __future__ import annotations
 def refuse(setup) -> str | None:
     """Megatron's expert layout: the expert-parallel × expert-tensor-parallel group tiles the dp × cp × tp ranks of a
     pipeline stage (megatron-core 0.16.1 parallel_state.py:788-794: world_size divisible by etp × ep × pp); and its
-    overlap (_moe_overlap, _tp_overlap) and low-precision checks (_low_precision). Else None."""
+    overlap (_moe_overlap, _tp_overlap), CPU offloading (_cpu_offloading) and low-precision checks (_low_precision).
+    Else None."""
     if (setup.ep > 1 or setup.etp is not None) and (setup.dp * setup.cp * setup.tp) % (setup.ep * setup.expert_tp):
         return (f"--ep {setup.ep} × --etp {setup.expert_tp} must divide the dp × cp × tp = "
                 f"{setup.dp * setup.cp * setup.tp} ranks of a pipeline stage (Megatron's expert layout)")
-    return _moe_overlap(setup) or _tp_overlap(setup) or _low_precision(setup)
+    return _moe_overlap(setup) or _tp_overlap(setup) or _cpu_offloading(setup) or _low_precision(setup)
+
+
+def _cpu_offloading(setup) -> str | None:
+    """--offload-layers (cpu_offloading)'s own checks (megatron-core 0.16.1 transformer_config.py:1144-1152): no
+    pipeline parallelism, no activation recomputation (recompute_granularity set: selective or full), and no CUDA
+    graphs (:1722-1723); Transformer Engine's offload context, whose handler runs its copies on CUDA streams
+    (TransformerEngine v2.9 cpu_offload.py:353-354; transformer_block.py:318-320 refuses it without TE). The count
+    against the model's layers is the model's (analytic/stacks/megatron.py check_model)."""
+    if not getattr(setup, "offload_layers", 0):
+        return None
+    why = None
+    if setup.pp > 1:
+        why = "Megatron has no pipeline parallelism with CPU offloading (transformer_config.py:1144-1147): use --pp 1"
+    elif setup.recompute_policy != "none":
+        why = ("Megatron refuses it with activation recomputation (transformer_config.py:1149-1152): use "
+               "--recompute none")
+    elif setup.cuda_graph_scope:
+        why = "Megatron refuses CUDA graphs with CPU offloading (transformer_config.py:1722-1723): drop --cuda-graph-scope"
+    elif setup.device != "cuda":
+        why = (f"Transformer Engine's offload context copies on CUDA streams, which do not run on --device "
+               f"{setup.device}: use --device cuda")
+    return f"--offload-layers: {why}" if why else None
 
 
 def _tp_overlap(setup) -> str | None:

@@ -72,6 +72,13 @@ class StackModel:
         a ring of the stack's own: Megatron's are in megatron_memory.py)."""
         return 0.0
 
+    def host_copy_seconds(self, spec: ModelSpec, setup: Setup, gpu, forward: float, backward: float,
+                          layers: int) -> float:
+        """Seconds per micro-batch the stack's own activation offloading leaves exposed (`forward`/`backward`: the
+        micro-batch's passes over `layers` layers): none unless the stack has one (--offload activations is
+        step_time.offload_exposed's)."""
+        return 0.0
+
     def check_model(self, spec: ModelSpec, setup: Setup) -> None:
         """Raise SetupError when the stack does not build this model (every model here)."""
 

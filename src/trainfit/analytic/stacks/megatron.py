@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ...setup import Setup
 from ...spec import ModelSpec
-from .. import grad_clip, megatron_recompute, te_recipes
+from ...errors import SetupError
+from .. import grad_clip, megatron_offload, megatron_recompute, te_recipes
 from ..megatron_memory import stage_memory
 from ..memory import TrainMemory
 from ..parallel.megatron import FP32, grad_buffer_bytes, megatron_tensors, shards
@@ -65,9 +66,29 @@ class MegatronModel(StackModel):
             groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
         return groups
 
+    def host_copy_seconds(self, spec, setup, gpu, forward, backward, layers):
+        """--offload-layers: the copies Transformer Engine's offload handler leaves exposed (megatron_offload.py),
+        each offloaded layer's bytes over the GPU's host link (kernels.toml host_link) one way in the forward and
+        back in the backward."""
+        if not setup.offload_layers:
+            return 0.0
+        from ..memory import train_memory
+        from ..roofline import kernels_for
+        link = kernels_for(gpu).host_link
+        if not link:
+            raise SetupError(f"--offload-layers: no host link bandwidth is known for {gpu.name} (kernels.toml "
+                             "host_link); use a catalog GPU")
+        n = min(setup.offload_layers, layers)
+        per_layer = (train_memory(spec, setup).offloaded_activations or 0) / n
+        return megatron_offload.exposed_seconds(layers, n, per_layer / link, forward / layers, backward / layers)
+
     def check_model(self, spec: ModelSpec, setup: Setup) -> None:
-        """--recompute-modules naming a module the model has nothing for (megatron_recompute.check_model)."""
+        """--recompute-modules naming a module the model has nothing for (megatron_recompute.check_model); an
+        --offload-layers count Megatron refuses: at least the model's layers (transformer_config.py:1137-1142)."""
         megatron_recompute.check_model(spec, setup)
+        if setup.offload_layers >= spec.layers:
+            raise SetupError(f"--offload-layers {setup.offload_layers}: Megatron offloads fewer layers than the "
+                             f"model's {spec.layers} (transformer_config.py:1137-1142): use at most {spec.layers - 1}")
 
     def notes(self, spec: ModelSpec, setup: Setup) -> list[str]:
         out = te_recipes.notes(spec, setup)  # --low-precision: Transformer Engine's recipe
