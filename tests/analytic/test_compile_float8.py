@@ -330,3 +330,30 @@ def test_float8_tp_all_gathers_move_fp8(llama8b, recompute, ratio):
     a = layout_step_time(llama8b, Setup(**kw), gpu)
     b = layout_step_time(llama8b, Setup(low_precision="tensorwise", **kw), gpu)
     assert b.tp_comm / a.tp_comm == pytest.approx(ratio, rel=1e-9)
+
+
+def test_float8_tp_casts_each_block_input_once_on_its_sequence_shard(llama8b):
+    """torchtitan's tensorwise Float8 TP (parallelize.py: PrepareFloat8ModuleInput on `attention` and `feed_forward`,
+    Float8Colwise/RowwiseParallel on the linears): a block's input is cast on the rank's Shard(1) rows before its
+    all-gather, and wq/wk/wv (w1/w3) read it already cast (float8_linear.py: tensor_already_casted_to_fp8), so one
+    input cast per block of T/tp rows; the row-parallel wo/w2 cast their own local input (T rows, k/tp wide); in the
+    backward wo/w2's output gradient is cast on T/tp rows before the gather (NoopFwToFloat8BwDynamic). Counted by
+    hand from those files against the op list."""
+    from trainfit.analytic.ops.layer import layer_forward
+    from trainfit.analytic.ops.gemm import fp8_backward_extra
+    from trainfit.analytic.ops.shape import shape_of
+    from trainfit.analytic.timing import compute_dtype
+
+    t, tokens, h = 4, 8192, llama8b.hidden
+    s = Setup(stack="torchtitan", tp=t, sequence_parallel=True, seq=tokens, low_precision="tensorwise")
+    sh = shape_of(llama8b, s, state_bytes(s), compute_dtype(s))
+    fwd = layer_forward(llama8b, sh)
+    casts = {o.name: o.reads for o in fwd if o.name.endswith(".cast_x")}
+    # the attention block's input cast once (on q), the MLP's once (on gate): T/tp rows of h, bf16 read
+    assert set(casts) == {"q.cast_x", "o.cast_x", "gate.cast_x", "down.cast_x"}
+    assert casts["q.cast_x"] == casts["gate.cast_x"] == pytest.approx(tokens / t * h * 2)
+    assert casts["o.cast_x"] == pytest.approx(tokens * llama8b.q_dim / t * 2)
+    assert casts["down.cast_x"] == pytest.approx(tokens * llama8b.intermediate / t * 2)
+    bwd = {o.name: o.reads for o in fp8_backward_extra(fwd, sh)}
+    assert bwd["o.cast_dy"] == bwd["down.cast_dy"] == pytest.approx(tokens / t * h * 2)
+    assert bwd["q.cast_dy"] == pytest.approx(tokens * llama8b.q_dim / t * 2)  # a column-parallel output: local

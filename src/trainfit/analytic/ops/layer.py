@@ -64,11 +64,13 @@ def layer_forward(spec: ModelSpec, sh: Shape, moe: bool = False, linear: bool = 
         layer with its fp8 casts where torchao converts it (torchtitan module_filter_fn: both dims multiples of 16)."""
         fp8 = (sh.float8 or bool(sh.te)) and n_full % 16 == 0 and k_full % 16 == 0
         g = gemm(name, sh.tokens, n, k, sh, src, bias=bias, fp8=fp8)
+        if sh.tp > 1:
+            g = g._replace(tp_split="col" if n < n_full else "row" if k < k_full else "")
+        shared = bool(ops) and ops[-1].kind == "gemm" and (ops[-1].m, ops[-1].k) == (g.m, g.k)
         if fp8 and sh.te:  # Megatron's fused linear_qkv / linear_fc1 quantise their shared input once (te_casts)
-            ops.extend(te_casts(g, sh, shared_input=bool(ops) and ops[-1].kind == "gemm"
-                                and (ops[-1].m, ops[-1].k) == (g.m, g.k)))
+            ops.extend(te_casts(g, sh, shared_input=shared))
         elif fp8:  # torchao's recipe: its casts and GEMM dtype (torchao_recipes.py; tensorwise: gemm.fp8_casts)
-            casts, g = quantise(g, sh)
+            casts, g = quantise(g, sh, shared)
             ops.extend(casts)
         ops.append(g)
         return g

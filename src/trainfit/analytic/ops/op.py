@@ -59,6 +59,9 @@ class Op(NamedTuple):
     # gemm: its `batch` GEMMs launched one by one, round-robin over this many streams (a grouped GEMM of separate
     # cuBLAS calls: compute_time.time_ops); 0: one batched launch
     streams: int = 0
+    # gemm: its tensor-parallel split, "col" (output columns over tp: the block's input gathered before it) or "row"
+    # (input rows over tp: its output reduce-scattered after it); "" without TP
+    tp_split: str = ""
 
     @property
     def flops(self) -> float:

@@ -86,15 +86,15 @@ def _operand_bytes(sh: Shape) -> dict[str, int]:
     return {"x": sh.act, "w": sh.weight, "dy": sh.act}
 
 
-def quantise(g: Op, sh: Shape) -> tuple[list[Op], Op]:
+def quantise(g: Op, sh: Shape, shared_input: bool = False) -> tuple[list[Op], Op]:
     """A converted projection's forward: the casts before its GEMM and the GEMM at the recipe's dtype. tensorwise:
-    ops/gemm.py's casts, the GEMM in fp8 (unchanged)."""
+    ops/gemm.py's casts, the GEMM in fp8 (unchanged); `shared_input`: the GEMM before it read the same input."""
     r = recipe_of(sh)
     if r is not None and r.name == "nvfp4":  # NVFP4Linear's own kernels (ops/nvfp4_casts.py)
         g = g._replace(dtype=r.peak)
         return nvfp4_forward(g, sh), g
     if r is None or r.name == "tensorwise" or r.name not in _FWD:
-        return fp8_casts(g, sh), g
+        return fp8_casts(g, sh, shared_input), g
     g = g._replace(dtype=r.peak)
     d, b = _dims(g), _operand_bytes(sh)
     elements = {"x": d["T"] * g.k, "w": g.k * g.n * g.batch}
