@@ -354,9 +354,10 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
                  attention="flash", grad_reduce_in_bf16=True, **_MB_RECIPE[precision], **moe,
                  # the fused cross-entropy, TE's: GPTModelProvider.cross_entropy_loss_fusion = True (v0.2.0
                  # src/megatron/bridge/models/gpt_provider.py:180, v0.4.2 :196; the Llama, Qwen3 and GPT-OSS providers
-                 # inherit it: models/qwen/qwen_provider.py:256, :363, gpt_oss/gpt_oss_provider.py:39), impl "te" set by the performance scripts for every recipe (v0.2.0 scripts/performance/
-                 # utils/helpers.py:108, called :285; v0.4.2 utils/overrides.py:67-68, called :228, after the recipe:
-                 # also over GPT-OSS's own "native", recipes/gpt_oss/gpt_oss.py:104-105)
+                 # inherit it: models/qwen/qwen_provider.py:256, :363, gpt_oss/gpt_oss_provider.py:39), impl "te" set
+                 # by the performance scripts for every recipe (v0.2.0 scripts/performance/utils/helpers.py:108,
+                 # called :285; v0.4.2 utils/overrides.py:67-68, called :228, after the recipe: also over GPT-OSS's
+                 # own "native", recipes/gpt_oss/gpt_oss.py:104-105)
                  loss_fusion="te")
     if vp > 1:
         setup["vpp"] = vp
