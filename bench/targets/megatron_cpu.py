@@ -34,14 +34,24 @@ from bench import child_env
 ABOUT = {"summary": "--stack megatron vs Megatron-Core's own GPT step on CPU ranks",
          "minutes": 1, "quick": ["--cases", "tp1-fp32"]}
 
-# name: (tp, sequence_parallel, precision)
+# name: (tp, sequence_parallel, precision[, --loss-fusion: Megatron's cross_entropy_loss_fusion with
+# cross_entropy_fusion_impl, megatron-core 0.16.1 model_parallel_config.py:241-249])
 CASES = {
     "tp1-fp32": (1, False, "fp32"),
     "tp1-bf16": (1, False, "bf16-master"),
     "tp2-fp32": (2, False, "fp32"),
     "tp2-bf16": (2, False, "bf16-master"),
     "tp2-sp-bf16": (2, True, "bf16-master"),  # does not run: torch_norm.py:32 (local spec, no SP)
+    # the native fused cross-entropy (fusions/fused_cross_entropy.py: torch.compile'd, which inductor builds for CPU)
+    "tp1-bf16-ce-native": (1, False, "bf16-master", "native"),
+    "tp2-bf16-ce-native": (2, False, "bf16-master", "native"),
 }
+
+
+def case(name: str) -> tuple[int, bool, str, str]:
+    """(tp, sequence_parallel, precision, loss_fusion) of case `name`."""
+    tp, sp, precision, *fusion = CASES[name]
+    return tp, sp, precision, (fusion or ["none"])[0]
 MODEL = {"hidden": 128, "heads": 4, "layers": 2, "ffn": 512, "vocab": 512, "positions": 128}
 BATCH, SEQ = 2, 128
 PHASES = ("forward", "backward", "optimizer")
@@ -59,11 +69,11 @@ def spec_and_setup(name: str, batch: int = BATCH, seq: int = SEQ, max_grad_norm:
     from trainfit.models.hf_config import spec_from_config
     from trainfit.setup import Setup
 
-    tp, sp, precision = CASES[name]
+    tp, sp, precision, fusion = case(name)
     spec = spec_from_config(hf_config(), "megatron-cpu-gpt")
     setup = Setup(stack="megatron", device="cpu", attention="eager", tp=tp, sequence_parallel=sp,
                   precision=precision, batch=batch, seq=seq, optimizer="adam",  # dp 1: the distributed optimizer
-                  max_grad_norm=max_grad_norm)  # shards over 1 rank (= --zero 0)
+                  max_grad_norm=max_grad_norm, loss_fusion=fusion)  # shards over 1 rank (= --zero 0)
     return spec, setup
 
 
@@ -149,6 +159,8 @@ def worker(job_path: str) -> None:
             num_layers=m["layers"], hidden_size=m["hidden"], num_attention_heads=m["heads"],
             ffn_hidden_size=m["ffn"], use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
             tensor_model_parallel_size=tp, sequence_parallel=sp, bf16=bf16,
+            cross_entropy_loss_fusion=job["loss_fusion"] != "none",  # language_module.py:140-165
+            cross_entropy_fusion_impl="native" if job["loss_fusion"] == "none" else job["loss_fusion"],
             params_dtype=torch.bfloat16 if bf16 else torch.float32,
             pipeline_dtype=torch.bfloat16 if bf16 else torch.float32)
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: F401
@@ -250,13 +262,13 @@ def measure(name: str, batch: int = BATCH, seq: int = SEQ, model: dict = MODEL, 
             max_grad_norm: float | None = None) -> list[dict]:
     """Per-rank {peak, phase_peaks, clip_at, clip, ...} of one Megatron-Core step of case `name` on TP CPU ranks, with
     the setup's clip_grad (Setup.grad_clip_norm: Megatron's 1.0 unless `max_grad_norm`)."""
-    tp, sp, precision = CASES[name]
+    tp, sp, precision, fusion = case(name)
     clip_grad = spec_and_setup(name, batch, seq, max_grad_norm)[1].grad_clip_norm
     with tempfile.TemporaryDirectory(prefix="trainfit-mg-") as d:
         job = os.path.join(d, "job.pkl")
         with open(job, "wb") as f:
             pickle.dump({"tp": tp, "sp": sp, "precision": precision, "batch": batch, "seq": seq, "model": model,
-                         "clip_grad": clip_grad, "dir": d}, f)
+                         "clip_grad": clip_grad, "dir": d, "loss_fusion": fusion}, f)
         env = child_env({**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
                          "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp), "--standalone",
@@ -289,7 +301,9 @@ MECHANISMS = """Local spec vs the TE model: what `--device cpu` changes in train
 * gloo's all-gather of the param buffer after the step (param_and_grad_buffer.py:274): a buffer-sized temporary;
 * head: the per-token fp32 loss is alive until backward; fp32 logits are not copied (cross_entropy.py:28);
   output_layer's backward makes a whole weight gradient (no gradient-accumulation fusion: layers.py:614);
-* model states: the learned position embedding and row-parallel biases are replicated over TP.
+* model states: the learned position embedding and row-parallel biases are replicated over TP;
+* --loss-fusion native (the *-ce-native cases): the fused cross-entropy's torch.compile'd functions, built by inductor
+  for CPU as for CUDA; its backward's functional fp32 copy of the softmax beside the bf16 gradient (megatron_loss.py).
 
 Not modelled / not run: sequence parallelism (the local spec's torch LayerNorm asserts `not sequence_parallel`,
 torch_norm.py:32); RMSNorm/SwiGLU (Llama-like) layers were not measured; a few KB of small tensors (position ids,

@@ -351,7 +351,14 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
     setup = dict(stack="megatron", batch=mbs, seq=seq, grad_accum=accum, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                  zero=3 if fsdp else 1, precision="bf16-master", recompute=recompute, sequence_parallel=tp > 1,
                  tp_comm_overlap=tp > 1 and precision != "NVFP4",
-                 attention="flash", grad_reduce_in_bf16=True, **_MB_RECIPE[precision], **moe)
+                 attention="flash", grad_reduce_in_bf16=True, **_MB_RECIPE[precision], **moe,
+                 # the fused cross-entropy, TE's: GPTModelProvider.cross_entropy_loss_fusion = True (v0.2.0
+                 # src/megatron/bridge/models/gpt_provider.py:180, v0.4.2 :196; the Llama, Qwen3 and GPT-OSS providers
+                 # inherit it: models/qwen/qwen_provider.py:256, :363, gpt_oss/gpt_oss_provider.py:39), impl "te" set
+                 # by the performance scripts for every recipe (v0.2.0 scripts/performance/utils/helpers.py:108,
+                 # called :285; v0.4.2 utils/overrides.py:67-68, called :228, after the recipe: also over GPT-OSS's
+                 # own "native", recipes/gpt_oss/gpt_oss.py:104-105)
+                 loss_fusion="te")
     if vp > 1:
         setup["vpp"] = vp
     if model in _MB_MOE:
@@ -610,7 +617,11 @@ def _mbridge_gptoss(container, line, ep, tps):
         gpu="B200", model="gpt-oss-120b", layout_set="gpt-oss-120b on 64 B200, GBS 1280 (two patch releases)",
         setup=dict(stack="megatron", batch=4, seq=4096, grad_accum=5, dp=64, ep=ep, zero=1, precision="bf16-master",
                    attention="flash", recompute="selective", recompute_modules="layernorm,moe_act",
-                   moe_force_balance=True, grad_reduce_in_bf16=True),
+                   moe_force_balance=True, grad_reduce_in_bf16=True,
+                   # TE's fused cross-entropy: the performance scripts' impl "te" over the recipe's "native" (v0.3.0
+                   # scripts/performance/utils/overrides.py:64, called :221; v0.3.1 :65, :222; recipes/gpt_oss/
+                   # gpt_oss.py:94-95), on GPTModelProvider's cross_entropy_loss_fusion True (gpt_provider.py:180)
+                   loss_fusion="te"),
         published=tps, unit="tokens/s/GPU",
         notes=f"EP {ep} over DP 64, GA 5 = 1280 / (4 x 64), distributed optimizer. Recipe "
               "GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 (scripts/performance/configs/gpt_oss/"

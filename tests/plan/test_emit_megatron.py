@@ -34,6 +34,9 @@ FIELDS = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-a
           "--moe-router-num-groups": "moe_router_num_groups", "--moe-router-group-topk": "moe_router_group_topk",
           "--cuda-graph-impl": "cuda_graph_impl", "--cuda-graph-scope": "cuda_graph_scope",
           "--cpu-offloading-num-layers": "cpu_offloading_num_layers",
+          # ModelParallelConfig's fused cross-entropy (model_parallel_config.py:241-249)
+          "--cross-entropy-loss-fusion": "cross_entropy_loss_fusion",
+          "--cross-entropy-fusion-impl": "cross_entropy_fusion_impl",
           # Transformer Engine's recipes (arguments.py:1398, :1331: --fp8-param-gather sets fp8_param)
           "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-param-gather": "fp8_param",
           "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe", "--fp4-param-gather": "fp4_param",
@@ -251,3 +254,27 @@ def test_cpu_offloading_round_trips_and_is_refused_as_megatron_refuses():
             s = Setup(**{**base, **setup})
             validate(s)
             check_stack_model(spec, s)
+
+
+def test_loss_fusion_round_trips_and_is_refused_off_megatron():
+    """--loss-fusion te / native (Megatron-Bridge's GPT provider default cross_entropy_loss_fusion True, its Llama
+    recipes' impl "te") becomes --cross-entropy-loss-fusion --cross-entropy-fusion-impl, which build
+    TransformerConfig's own fields (model_parallel_config.py:241-249); none writes neither (Megatron's default off).
+    Other stacks and TE's Triton kernels off CUDA are refused, one line each."""
+    import pytest
+
+    from trainfit.errors import SetupError
+
+    spec = load_model("llama-3.1-8b")
+    base = dict(stack="megatron", precision="bf16-master", dp=8, zero=1, seq=8192, batch=1, grad_accum=4)
+    for impl in ("native", "te"):
+        a = _parse(emit("megatron", Setup(**base, loss_fusion=impl), spec, 8))
+        tc, _, _ = _configs(a)
+        assert tc.cross_entropy_loss_fusion and tc.cross_entropy_fusion_impl == impl
+    tc, _, _ = _configs(_parse(emit("megatron", Setup(**base), spec, 8)))
+    assert not tc.cross_entropy_loss_fusion
+    with pytest.raises(SetupError, match="--loss-fusion is Megatron's fused cross-entropy"):
+        validate(Setup(stack="torchtitan", dp=8, zero=3, loss_fusion="te"))
+    with pytest.raises(SetupError, match="--loss-fusion te: .*Triton"):
+        validate(Setup(stack="megatron", precision="bf16-master", device="cpu", loss_fusion="te"))
+    validate(Setup(stack="megatron", precision="bf16-master", device="cpu", loss_fusion="native"))

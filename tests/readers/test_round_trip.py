@@ -17,7 +17,7 @@ TITAN = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "zero", 
          "optimizer_kernel", "grad_clip_norm", "compile", "compile_loss", "offload", "sequence_parallel",
          "tp_comm_overlap")
 MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp", "pp_split", "zero", "recompute",
-            "precision", "sequence_parallel", "tp_comm_overlap", "offload_layers", "grad_clip_norm")
+            "precision", "sequence_parallel", "tp_comm_overlap", "offload_layers", "loss_fusion", "grad_clip_norm")
 LOW = ("low_precision", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
 MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
 DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute")
@@ -43,11 +43,11 @@ CASES = [
                                        dp=4, zero=1, tp=2, pp=2, recompute="full", sequence_parallel=True,
                                        tp_comm_overlap=True)),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=2, seq=2048, grad_accum=2,
-                                       dp=8, zero=3, recompute="selective")),
+                                       dp=8, zero=3, recompute="selective", loss_fusion="native")),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=8192, grad_accum=8,
                                        dp=2, pp=4, vpp=2, pp_split="embedding-loss", recompute="uniform:2")),
     ("megatron", ".sh", MEGATRON + LOW, dict(stack="megatron", precision="bf16-master", batch=2, seq=8192,
-                                             grad_accum=2, dp=8, zero=3, offload_layers=16,
+                                             grad_accum=2, dp=8, zero=3, offload_layers=16, loss_fusion="te",
                                              low_precision="tensorwise", fp8_all_gather=True)),
     ("megatron", ".sh", MEGATRON + MOE + LOW, dict(model="mixtral-8x7b", stack="megatron", precision="bf16-master",
                                                    dp=8, ep=4, tp=2, pp=2, zero=1, grad_accum=4, recompute="full",
@@ -195,7 +195,9 @@ def test_megatrons_own_llama3_8b_fp8_example_by_hand():
     = cp = pp = 1 → dp 8 (world / (tp × pp × cp)); accumulation = 128 / (1 × 8) = 16; the distributed optimizer =
     ZeRO-1; --bf16 with fp32 main params = bf16-master; fp8 hybrid with no --fp8-recipe = TransformerConfig's default
     "delayed" (megatron-core 0.16.1 transformer_config.py:436-438); --fp8-param-gather; --sequence-parallel at tp 1 is
-    turned off (arguments.py:907-913); 1,953,125,000 samples × 8192 tokens; the model flags are Llama-3.1-8B's."""
+    turned off (arguments.py:907-913); --cross-entropy-loss-fusion with no --cross-entropy-fusion-impl = the config's
+    default "native" (model_parallel_config.py:246); 1,953,125,000 samples × 8192 tokens; the model flags are
+    Llama-3.1-8B's."""
     from pathlib import Path
 
     r = read(Path(__file__).parent / "data" / "train_llama3_8b_h100_fp8.sh")
@@ -208,6 +210,7 @@ def test_megatrons_own_llama3_8b_fp8_example_by_hand():
             s.fp8_all_gather, s.sequence_parallel, s.grad_reduce_in_bf16, s.recompute, s.grad_clip_norm) == (
         "megatron", 8, 1, 1, 1, 1, 16, 8192, 1, "bf16-master", "delayed", True, False, True, "none", 1.0)
     assert req.tokens == 1953125000 * 8192
+    assert s.loss_fusion == "native"
     assert not r.unknown
     assert any(x.startswith("--overlap-grad-reduce") and "less time" in x for x in r.not_modelled)
     with pytest.raises(Exception, match="--num-layers 32"):

@@ -56,7 +56,10 @@ def test_megatron_cpu_tp1_bf16():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", ["tp1-fp32", "tp2-fp32", "tp2-bf16"])
+@pytest.mark.parametrize("name", ["tp1-fp32", "tp2-fp32", "tp2-bf16",
+                                  # --loss-fusion native: megatron-core's torch.compile'd cross-entropy, built by
+                                  # inductor for CPU (its backward's functional fp32 copy: analytic/megatron_loss.py)
+                                  "tp1-bf16-ce-native", "tp2-bf16-ce-native"])
 def test_megatron_cpu_heavy(name):
     check(name)
 

@@ -20,6 +20,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from .megatron_activations import FP32, INDEX, MASK, act_bytes, layer_input, layer_terms, local_spec
 from .megatron_recompute import modules
+from .megatron_loss import cross_entropy_bytes
 from . import megatron_offload
 from .mtp import mtp_layers
 from . import te_recipes
@@ -131,26 +132,30 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # masked targets (cross_entropy.py:187 save_for_backward); the per-token fp32 loss handed back to the caller
         # ([b s] copy: language_module.py:170), alive until its backward. The labels' [s b] copy
         # (language_module.py:139) is not saved: the function keeps masked_target_1d instead
-        head_saved = ((2 * a * h + stats) / sp + FP32 * v + MASK + INDEX + FP32) * tokens
+        # (the cross-entropy's share per --loss-fusion: megatron_loss.py)
+        ce = cross_entropy_bytes(setup, a, v, tokens)
+        head_saved = ((2 * a * h + stats) / sp + FP32) * tokens + ce.saved
         labels = INDEX * tokens
         # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`; a no-op on fp32 logits, which
         # the function then overwrites in place: cross_entropy.py:45)
-        fwd = a * v * tokens if a < FP32 else 0.0
+        fwd = ce.forward
         # backward: the logits' 16-bit gradient (the `.float()` cast's; the fp32 one is computed in place of the
         # saved softmax: cross_entropy.py:196-210), then output_layer's backward without gradient-accumulation fusion
         # (off by default; TE-less CPU): its input gradient [s b h] and a whole weight gradient (layers.py:531,614),
         # the latter added into main_grad by the DDP hook and freed
-        loss_back = max(a * v * tokens if a < FP32 else 0.0, a * h * tokens + a * v * h)
+        loss_back = max(ce.backward, a * h * tokens + a * v * h)
         norm_back = 2 * a * h / sp * tokens
     elif stage.head:
         v = spec.vocab / t
         # final TENorm (input + statistics) and output_layer's input, /t under SP; the cross-entropy's fp32 softmax,
         # target mask and masked targets (cross_entropy.py:187); the labels and their [s b] contiguous copy
         # (language_module.py:139)
-        head_saved = ((2 * a * h + FP32) / sp + FP32 * v + MASK + INDEX + 2 * INDEX) * tokens
+        # (the cross-entropy's share per --loss-fusion: megatron_loss.py)
+        ce = cross_entropy_bytes(setup, a, v, tokens)
+        head_saved = ((2 * a * h + FP32) / sp + 2 * INDEX) * tokens + ce.saved
         labels = INDEX * tokens
-        fwd = a * v * tokens  # the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`)
-        loss_back = a * v * tokens  # the logits' 16-bit gradient (the fp32 one is computed in place of the softmax)
+        fwd = ce.forward  # unfused: the 16-bit logits beside their fp32 copy (cross_entropy.py:28 `.float()`)
+        loss_back = ce.backward  # unfused: the logits' 16-bit gradient (the fp32 one made in place of the softmax)
         norm_back = 2 * a * h / sp * tokens
     if pattern and stage.mtp:
         pattern += (0,) * stage.mtp  # the MTP layers' own (not block-checkpointed)

@@ -27,13 +27,13 @@ INT_FLAGS = ("num-layers", "hidden-size", "num-attention-heads", "kv-channels", 
 STR_FLAGS = ("pipeline-model-parallel-layout", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend",
              "data-parallel-sharding-strategy", "ckpt-format", "recompute-granularity", "recompute-method",
              "cuda-graph-impl", "fp8-format", "fp8-recipe", "fp4-format", "fp4-recipe", "tokenizer-type",
-             "tokenizer-model")
+             "tokenizer-model", "cross-entropy-fusion-impl")
 LIST_FLAGS = ("recompute-modules", "cuda-graph-scope")
 SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-embeddings-and-output-weights",
             "sequence-parallel", "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
             "moe-grouped-gemm", "overlap-moe-expert-parallel-comm", "use-distributed-optimizer", "use-megatron-fsdp",
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
-            "moe-router-force-load-balancing", "tp-comm-overlap")
+            "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -50,7 +50,6 @@ EFFECT = {"overlap-grad-reduce": "less time: the gradient reduce-scatter hidden 
           "transformer-impl": "trainfit models the transformer_engine layers",
           "moe-aux-loss-coeff": "no effect on memory; a little time",
           "moe-router-load-balancing-type": "time: the routing balance",
-          "cross-entropy-loss-fusion": "less memory and time: the fused loss",
           "calculate-per-token-loss": "no effect on memory",
           "normalization": "the model's norm (from the model)", "position-embedding-type": "the model's positions",
           "rotary-base": "no effect on memory or time",
@@ -117,6 +116,11 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.set("tp_comm_overlap", True, "--tp-comm-overlap")
     if a.cpu_offloading_num_layers:  # arguments.py:1236-1237: cpu_offloading on with N > 0 (Setup refuses as Megatron)
         r.set("offload_layers", a.cpu_offloading_num_layers, "--cpu-offloading-num-layers")
+    if a.cross_entropy_loss_fusion:  # model_parallel_config.py:241-249: the impl defaults to native
+        r.set("loss_fusion", a.cross_entropy_fusion_impl or "native", "--cross-entropy-loss-fusion")
+    elif a.cross_entropy_fusion_impl:
+        r.skip("--cross-entropy-fusion-impl", a.cross_entropy_fusion_impl,
+               "no effect without --cross-entropy-loss-fusion (language_module.py:140)")
     if a.virtual_pipeline_model_parallel_size:
         r.set("vpp", a.virtual_pipeline_model_parallel_size, "--virtual-pipeline-model-parallel-size")
     if a.pipeline_model_parallel_layout:

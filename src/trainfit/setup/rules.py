@@ -59,6 +59,9 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--offload-layers is Megatron's activation CPU offloading (--cpu-offloading-num-layers), "
                          f"modelled on --stack {_runners('cpu-offloading')}; --stack {stack.name} does not run it"
                          + ("; --offload activations is its own" if stack.runs("activation-offload") else ""))
+    if setup.loss_fusion != "none" and not stack.runs("cross-entropy-fusion"):
+        raise SetupError(f"--loss-fusion is Megatron's fused cross-entropy (--cross-entropy-loss-fusion), modelled on "
+                         f"--stack {_runners('cross-entropy-fusion')}; --stack {stack.name} does not run it")
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
                  "tp_comm_overlap", "cuda_graph_scope"):
         # the axes a stack may run (stacks/*.toml); a switch left off asks for nothing

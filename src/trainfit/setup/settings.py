@@ -19,7 +19,7 @@ from .parsers import (parse_byte_count,
                       _check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
                       parse_shards,
                       combine_offload)
-from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
+from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, LOSS_FUSIONS, MODES, MOE_DISPATCHERS,
                     OFFLOAD_VALUES, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, KBIT_PREPS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
 
@@ -365,6 +365,13 @@ class Setup:
                         "tiled (DeepSpeed's TiledFusedLogitsLoss as ArcticTraining runs it under Ulysses: the model's "
                         "own head and loss on slices of about 1 GiB of fp32 logits, each slice's backward run in the "
                         "forward); fused-linear and tiled on --stack hf and deepspeed, analytic engine.", choices=LOSSES, modes=("train",), group="step")
+    loss_fusion: str = setting("none", "Megatron's fused vocab-parallel cross-entropy (--cross-entropy-loss-fusion "
+                               "with --cross-entropy-fusion-impl): none (Megatron-LM's default: the logits upcast "
+                               "to fp32, the fp32 softmax saved), native (megatron-core's torch.compile'd kernels: "
+                               "the same buffers, fewer passes) or te (Transformer Engine's Triton kernels: no fp32 "
+                               "copy, the gradient written into the 16-bit logits in the forward and saved; CUDA); "
+                               "--stack megatron.", choices=LOSS_FUSIONS, modes=("train",), example="te",
+                               group="step")
     liger: bool = setting(False, "Liger's kernels for the model's family, as TRL's use_liger_kernel and "
                           "ArcticTraining's model.type liger apply them (apply_liger_kernel_to_llama and its mistral, "
                           "qwen2, qwen3 copies): its RMSNorm (saves the input and one fp32 per row), SwiGLU (saves "

@@ -47,6 +47,7 @@ SERVE_QUANTS = ("fp8", "awq", "gptq")  # --quant in --mode serve: vLLM's weight 
 KBIT_PREPS = ("peft", "norms", "none")  # --kbit-prep: the unquantised parameters of a --quant base (analytic/kbit_prep.py)
 LORA_DTYPES = ("fp32", "weight")  # --lora-dtype
 LOSSES = ("full", "fused-linear", "chunked-logprob", "tiled")  # --loss
+LOSS_FUSIONS = ("none", "native", "te")  # --loss-fusion: Megatron's cross-entropy (analytic/megatron_loss.py)
 STACKS = _stacks.BUILT_IN  # (--stack's help; choices_for reads every stack found: stacks.names())
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 HEADS = _heads.HEADS

@@ -6,12 +6,25 @@ from __future__ import annotations
 def refuse(setup) -> str | None:
     """Megatron's expert layout: the expert-parallel × expert-tensor-parallel group tiles the dp × cp × tp ranks of a
     pipeline stage (megatron-core 0.16.1 parallel_state.py:788-794: world_size divisible by etp × ep × pp); and its
-    overlap (_moe_overlap, _tp_overlap), CPU offloading (_cpu_offloading) and low-precision checks (_low_precision).
+    overlap (_moe_overlap, _tp_overlap), CPU offloading (_cpu_offloading), fused cross-entropy (_loss_fusion) and
+    low-precision checks (_low_precision).
     Else None."""
     if (setup.ep > 1 or setup.etp is not None) and (setup.dp * setup.cp * setup.tp) % (setup.ep * setup.expert_tp):
         return (f"--ep {setup.ep} × --etp {setup.expert_tp} must divide the dp × cp × tp = "
                 f"{setup.dp * setup.cp * setup.tp} ranks of a pipeline stage (Megatron's expert layout)")
-    return _moe_overlap(setup) or _tp_overlap(setup) or _cpu_offloading(setup) or _low_precision(setup)
+    return (_moe_overlap(setup) or _tp_overlap(setup) or _cpu_offloading(setup) or _loss_fusion(setup)
+            or _low_precision(setup))
+
+
+def _loss_fusion(setup) -> str | None:
+    """--loss-fusion te: Transformer Engine's parallel_cross_entropy runs Triton kernels (TransformerEngine v2.9
+    transformer_engine/pytorch/triton/cross_entropy.py:297-338), which need a CUDA device; the native kernels are
+    megatron-core's own torch.compile'd functions (fusions/fused_cross_entropy.py:12-84, jit.py:16-23), which also
+    compile for CPU."""
+    if getattr(setup, "loss_fusion", "none") == "te" and setup.device != "cuda":
+        return (f"--loss-fusion te: Transformer Engine's cross-entropy runs Triton kernels, which do not run on "
+                f"--device {setup.device}: use --device cuda, or --loss-fusion native")
+    return None
 
 
 def _cpu_offloading(setup) -> str | None:

@@ -14,6 +14,8 @@ def lm_loss(rows: float, x: float, sh: Shape) -> list[Op]:
     """Cross-entropy over `rows` tokens' `x` logits. HF's ForCausalLMLoss and torchtitan's cross_entropy_loss upcast
     the T × V/t logits to fp32 (loss_utils.py:61, loss.py:23) and run log_softmax (two reading passes: max/sum,
     then write) + nll_loss; compiled, one kernel reads the logits."""
+    if sh.loss_fusion:
+        return megatron_fused_ce(rows, x, sh)
     a, lb = sh.act, loss_bytes(sh)
     src = "loss_utils.py:61 logits.float() + cross_entropy"
     ops = [memory("logits_fp32", x * a, x * lb, src, "loss", (0, 0), saves=False, **UPCAST)] if lb != a else []
@@ -24,7 +26,10 @@ def lm_loss(rows: float, x: float, sh: Shape) -> list[Op]:
 
 
 def lm_loss_backward_extra(x: float, sh: Shape) -> list[Op]:
-    """nll_loss's backward writes a zeroed gradient of the `x` logits before scattering -1 (aten nll_loss_backward)."""
+    """nll_loss's backward writes a zeroed gradient of the `x` logits before scattering -1 (aten nll_loss_backward);
+    Megatron's fused cross-entropy has its own backward (megatron_fused_ce_backward)."""
+    if sh.loss_fusion:
+        return megatron_fused_ce_backward(x, sh)
     return [memory("nll_loss.grad", 0, x * loss_bytes(sh), "aten nll_loss_backward (zeros + scatter)", "loss", (0, 0),
                    saves=False)]
 
@@ -45,3 +50,54 @@ def loss_scale() -> Op:
     HF Trainer divides by the accumulation steps; torchtitan train.py:530-542 `/ global_valid_tokens`): one div of a
     scalar, and its backward one (grad / n)."""
     return memory("loss_scale", FP32, FP32, "step loss / n", saves=False)
+
+
+def megatron_fused_ce(rows: float, x: float, sh: Shape) -> list[Op]:
+    """Megatron's fused vocab-parallel cross-entropy forward over `rows` tokens' `x` logits (--loss-fusion; what each
+    saves: analytic/megatron_loss.py). Their backward is megatron_fused_ce_backward, so none has a generic one.
+    native (megatron-core 0.16.1 fusions/fused_cross_entropy.py, each function one torch.compile graph; kernels read
+    off inductor's code for it): calculate_logits_max, the fp32 copy and its row max in one reduction (reads the
+    16-bit logits, writes the fp32 copy); calculate_predicted_logits, subtract-max, exp in place and the row sum in
+    one reduction that writes back (the target gather and masks on rows beside it); calculate_cross_entropy_loss, the
+    div_ by the sum in place (and log-sum minus target). NB: on CUDA inductor may split the second graph's row work
+    (masks, gather) into a kernel of its own: one launch more, bytes of rows only.
+    te (TransformerEngine v2.9 triton/cross_entropy.py:266-342): loss_1d and m_d_X_y zeroed (two fills of rows),
+    online_softmax_kernel (reads the logits in their dtype, writes 3 fp32 per row), the m/d/X_y all-gather over TP
+    (NB: its few bytes per row not timed as a collective), cross_entropy_kernel (reads the logits again, writes the
+    gradient over them in their dtype)."""
+    a = sh.act
+    if sh.loss_fusion == "te":
+        src = "TransformerEngine v2.9 triton/cross_entropy.py:266-342 cross_entropy_forward"
+        return [memory("te_ce.zeros", 0, 4 * FP32 * rows, src, "loss", (0, 0), saves=False, grad=False, kernels=2),
+                memory("te_ce.online_softmax", x * a, 3 * FP32 * rows, src, "loss", (x * a, 3 * FP32 * rows),
+                       saves=False, grad=False, access="reduce"),
+                memory("te_ce.loss_and_grad", x * a + 3 * FP32 * rows, x * a + FP32 * rows, src, "loss",
+                       (x * a, x * a), saves=False, grad=False)]
+    src = "megatron-core 0.16.1 fusions/fused_cross_entropy.py:12-61 (torch.compile'd)"
+    return [memory("ce.logits_max", x * a, x * FP32 + FP32 * rows, src, "loss", (x * a, x * FP32), saves=False,
+                   grad=False, access="upcast"),
+            memory("ce.exp_sum", x * FP32 + rows * (FP32 + INDEX), x * FP32 + rows * (3 * FP32 + INDEX + 1), src,
+                   "loss", (x * FP32, x * FP32), saves=False, grad=False, access="reduce"),
+            memory("ce.div", x * FP32 + 2 * FP32 * rows, x * FP32 + FP32 * rows, src, "loss", (x * FP32, x * FP32),
+                   saves=False, grad=False)]
+
+
+def megatron_fused_ce_backward(x: float, sh: Shape) -> list[Op]:
+    """The fused cross-entropy's backward over `x` logits. native: calculate_gradients compiled to one kernel (read off
+    inductor's code: `cpp_fused__to_copy_..._index_put_mul_...`) reading the saved fp32 softmax and writing its
+    functional fp32 copy, the bf16 gradient and the update back into the saved softmax; autograd then casts the bf16
+    gradient to the logits' dtype when that is not bf16 (engine.cpp validate_outputs). te: element_mul_kernel scales
+    the gradient written into the logits in place (triton/cross_entropy.py:345-371; the loss's gradient is a tensor,
+    not the 1.0 its check skips)."""
+    a = sh.act
+    if sh.loss_fusion == "te":
+        return [memory("te_ce.element_mul", x * a, x * a, "TransformerEngine v2.9 triton/cross_entropy.py:345-371",
+                       "loss", (x * a, x * a), saves=False, grad=False)]
+    src = "megatron-core 0.16.1 fusions/fused_cross_entropy.py:64-84 (torch.compile'd)"
+    ops = [memory("ce.gradients", x * FP32, x * (2 * FP32 + 2), src, "loss", (x * FP32, x * 2), saves=False,
+                  grad=False)]
+    # NB: fp16 logits (2 bytes, as bf16) get the bf16 gradient cast to fp16 too: that pass is not timed (under)
+    if a != 2:
+        ops.append(memory("ce.grad_cast", x * 2, x * a, "autograd engine.cpp validate_outputs", "loss", (0, 0),
+                          saves=False, grad=False, access="upcast" if a > 2 else "vector"))
+    return ops

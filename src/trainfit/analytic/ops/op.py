@@ -147,6 +147,9 @@ class Shape:
     # RMSNorm is `norm` (analytic/liger.py)
     liger: bool = False
     liger_swiglu: bool = False
+    # --loss-fusion: Megatron's fused cross-entropy kernels, "native" or "te" (ops/loss.py megatron_fused_ce); "" the
+    # loss's own log_softmax + nll_loss
+    loss_fusion: str = ""
 
     @property
     def tokens(self) -> float:

@@ -58,4 +58,5 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  ulysses=int(getattr(setup, "ulysses", 1)),
                  doc_len=getattr(setup, "doc_len", None) or 0,
                  cp_merge=setup.cp > 1 and facts.get("context_parallel", {}).get("merge") == "fp32",
-                 liger=liger_on(setup), liger_swiglu=swiglu_on(setup))
+                 liger=liger_on(setup), liger_swiglu=swiglu_on(setup),
+                 loss_fusion="" if getattr(setup, "loss_fusion", "none") == "none" else setup.loss_fusion)
