@@ -399,6 +399,19 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, gse
                               fitting, stack, mods, extra, level)
 
 
+def plan_switches(stack: str, lay: Layout, gpu: GPU) -> dict:
+    """The settings every plan of `stack` runs with (stacks/*.toml [plan] switches: Megatron's TP communication overlap
+    and fused cross entropy, torchtitan's async TP), on NVIDIA GPUs, --tp-comm-overlap where there is TP to overlap
+    (setup/rules.py). NB: AMD plans keep them off (TE's userbuffers and Triton loss, torch's symmetric memory read for
+    CUDA only): errs slow there."""
+    if gpu.vendor != "nvidia":
+        return {}
+    switches = dict(get_stack(stack).facts.get("plan", {}).get("switches", {}))
+    if lay.tp <= 1:
+        switches.pop("tp_comm_overlap", None)
+    return switches
+
+
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
                   fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None, extra: dict | None = None,
                   level: int | None = None) -> None:
@@ -408,22 +421,17 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
-    # TP's collectives beside the GEMMs wherever the stack runs it (parallel/tp_overlap.py: Megatron's TE userbuffers,
-    # which Megatron-Bridge's Llama recipes turn on, recipes/llama/llama3.py:738 at v0.4.2; torchtitan's async TP, with
-    # compile). NB: NVIDIA GPUs only (TE's userbuffers and torch's symmetric memory read for CUDA; ROCm not read): AMD
-    # plans keep the collectives exposed (errs slow)
-    overlap = {"tp_comm_overlap": True} if (lay.tp > 1 and gpu.vendor == "nvidia"
-                                            and "tp_comm_overlap" in get_stack(stack).axes) else {}
+    switches = plan_switches(stack, lay, gpu)
     settings = dict(batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer, recompute=rec,
                     zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
                     **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
     try:
         try:
-            base = group_setup(spec, **settings, **overlap)
+            base = group_setup(spec, **settings, **switches)
         except SetupError:
-            if not overlap:
+            if not switches:
                 raise
-            base = group_setup(spec, **settings)  # a group the overlap's own rules refuse (torchtitan's: compile)
+            base = group_setup(spec, **settings)  # a group the switches' own rules refuse (torchtitan's: compile)
         if extra:
             validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
