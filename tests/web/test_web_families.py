@@ -110,11 +110,17 @@ def test_a_vision_model_gets_no_transformer_advice(client):
 TINY = 50e6  # NB: a family whose smallest catalog model is larger (gemma-7b, mistral-7b, the MoEs, qwen3-0.6b,
 # roberta-base) takes 3-15 s to trace, so its timeline runs with `-m heavy` (the trace engine's per-family
 # checks are tests/trace's; what is the web's own is the SVG answer for each kind of model)
+# The default run draws one timeline per kind of model: a dense decoder (llama), MoE (mixtral), a hybrid Mamba stack
+# (nemotron_h), an encoder (bert), an encoder-decoder (t5), audio (whisper), a vision transformer (vit) and a
+# convolution net (resnet). The other small families' timelines (gpt2, gpt_neox, opt, phi3, qwen2, gemma2,
+# gemma3_text, gpt_oss, deepseek_v2/v3, llama4_text, qwen3_next, convnext: 3-30 s each) are in the heavy tier; their
+# layers are traced by the default run's tests/analytic/test_vs_trace_families.py.
+TIMELINE_KINDS = {"llama", "mixtral", "nemotron_h", "bert", "t5", "whisper", "vit", "resnet"}
 
 
 def _timeline_case(family: str):
     params = {m["name"]: m["params"] for m in _models()}
-    heavy = params[SMALLEST[family]] > TINY
+    heavy = params[SMALLEST[family]] > TINY or family not in TIMELINE_KINDS
     return pytest.param(family, marks=[pytest.mark.heavy] if heavy else [])
 
 
