@@ -158,7 +158,7 @@ def test_only_megatron_runs_its_block():
     sh, fwd, _ = _layer(spec, setup)
     assert sh.moe_block == "megatron" and any(o.name == "dispatch_metadata" for o in fwd)
     hf = replace(setup, stack="hf", low_precision="none", fp8_all_gather=False, ep=1, zero=0,
-                 moe_force_balance=False, cuda_graph_scope=None, grad_reduce_in_bf16=False)
+                 moe_force_balance=False, cuda_graph_scope=None, grad_reduce_in_bf16=False, loss_fusion="none")
     sh, fwd, _ = _layer(spec, hf)
     assert sh.moe_block == "transformers" and not any(o.name == "dispatch_metadata" for o in fwd)
 

@@ -230,14 +230,20 @@ def default_run(index: int, s: Setup) -> bool:
     return (PRECISIONS.index(s.precision) + RECOMPUTE.index(s.recompute) + index) % 2 == 0
 
 
+# default cases that run their path again in another default test, at 10 s or more here (pure bf16 on the CPU): to the
+# heavy tier, with the test that keeps the path
+COVERED_ELSEWHERE = {"nemotron_h-bf16-full-sgd-cpu": "tests/analytic/test_hybrid_inference.py "
+                                                     "test_training_past_one_chunk_within_1_percent_of_the_trace"
+                                                     "[small-bf16-full-cpu] (Nemotron-H, bf16, full recompute, CPU)"}
+
 CASES = []
 # (a family in its own file takes no index: the others' setups stay as they were)
 for _i, _family in enumerate(f for f in FAMILIES if f not in OWN_FILE):
     for _s in setups(_i):
         _case = _id(_family, _s)
         _marks = [pytest.mark.xfail(reason=KNOWN_GAPS[_case], strict=True)] if _case in KNOWN_GAPS else []
-        if not default_run(_i, _s) and _case not in KNOWN_GAPS:  # a named gap stays in the default run
-            _marks.append(pytest.mark.heavy)
+        if (not default_run(_i, _s) or _case in COVERED_ELSEWHERE) and _case not in KNOWN_GAPS:
+            _marks.append(pytest.mark.heavy)  # (a named gap stays in the default run)
         CASES.append(pytest.param(_family, _s, id=_case, marks=_marks))
 
 
