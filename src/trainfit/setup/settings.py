@@ -180,8 +180,8 @@ class Setup:
                                      aliases=("--overlap-moe-expert-parallel-comm",), group="parallel")
     tp_comm_overlap: bool = setting(False, "Run the tensor-parallel all-gathers and reduce-scatters chunk by chunk "
                                     "beside the GEMMs they feed (Megatron's --tp-comm-overlap, Transformer Engine's "
-                                    "userbuffers); needs --tp > 1 and --sequence-parallel.", modes=("train",),
-                                    aliases=("--tp-comm-overlap",), group="parallel")
+                                    "userbuffers; torchtitan: async TP, with --compile); needs --tp > 1 and "
+                                    "--sequence-parallel.", modes=("train",), group="parallel")
     moe_imbalance: Optional[float] = setting(None, "Routing imbalance under --ep: the routed tokens the busiest "
                                              "expert-parallel rank receives over the mean (>= 1), per micro-batch "
                                              "and layer. Its expert GEMMs scale by it and every rank waits for it "
