@@ -572,7 +572,8 @@ C8_RUN: dict = dict(id="c8-moezoo-qwen3-235b-a2a", source=f"{MOE_ZOO_QWEN3}, H10
      gpu="H100-80GB", model="qwen3-235b-a22b", layout_set=ZOO_SET,
      setup=dict(stack="megatron", batch=1, seq=4096, grad_accum=512, dp=4, tp=2, pp=32, vpp=3, ep=8, etp=1,
                 zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
-                pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe_act"),
+                pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe_act",
+                tp_comm_overlap=True),  # PR=bf16: sbatch_benchmarking.sh:93-95 adds --tp-comm-overlap
      published=24.2, unit="s/step", in_sample=True,
      notes="Megatron-Core (main 1e057005) with the all-to-all dispatcher, no 1F1B all-to-all overlap; "
            f"{MOE_ZOO_QWEN3_CFG}: --expert-tensor-parallel-size 1, --sequence-parallel, flash attention, "
@@ -597,6 +598,8 @@ def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", i
         setup=dict(stack="megatron", batch=mbs, seq=4096, grad_accum=ga, dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=1,
                    pp_split="embedding-loss" if pp > 1 else "even", zero=3 if fsdp else 1, precision="bf16-master",
                    sequence_parallel=tp > 1, attention="flash", **rec,
+                   # sbatch_benchmarking.sh:93-95 at MOE_ZOO's commit: PR=bf16 (every row here) adds --tp-comm-overlap
+                   tp_comm_overlap=tp > 1,
                    **({"moe_dispatcher": "deepep"} if dispatcher == "DeepEP" else {}),
                    **({"overlap_moe_comm": True} if overlap else {})),
         published=step, unit="s/step",
@@ -647,7 +650,8 @@ def _zoo_long(line, seq, tp, cp, forced, tflops):
         setup=dict(stack="megatron", batch=1, seq=seq, grad_accum=256 // dp, dp=dp, tp=tp, cp=cp, pp=8, vpp=4, ep=8,
                    etp=1, zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
                    pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe",
-                   moe_dispatcher="deepep", **({"moe_force_balance": True} if forced else {})),
+                   moe_dispatcher="deepep", tp_comm_overlap=True,  # the command's PR=bf16: sbatch_benchmarking.sh:93-95
+                   **({"moe_force_balance": True} if forced else {})),
         published=tflops, unit="TFLOP/s/GPU (Megatron-LM)",
         notes=f"TP {tp} CP {cp} EP 8 ETP 1 PP 8 VPP 4 DP {dp}, GBS 256, MBS 1, DeepEP, recompute modules layernorm, "
               "moe; " + ("routing force-balanced." if forced else "dropless routing with the aux loss: the documented "
