@@ -75,7 +75,7 @@ ROWS = [
     # the one API server process (api_server_count 1, entrypoints/cli/serve.py:83-99) tokenising 500 prompts and
     # streaming 64,000 SSE chunks (detokenising each), and the benchmark client parsing them; neither is measured
     # here, and the model times the engine core only. NB: the requests carry no sampling parameters
-    # (benchmarks/lib/endpoint_request_func.py:170-180), so the server applies the model's generation_config
+    # (benchmarks/lib/endpoint_request_func.py:169-182), so the server applies the model's generation_config
     # (config/model.py:267 "auto", :1391-1411; Qwen3-0.6B's sets top-k 20 / top-p 0.95, as quoted, not read here): the
     # Triton top-k/top-p pass and softmax over 500 x 151,936 fp32 logits (topk_topp_sampler.py:94-113, :245-255) are
     # not timed (the 0.33.0 sampler without them is): errs fast, a few 304 MB passes (~0.1 ms each) a step
