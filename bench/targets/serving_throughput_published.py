@@ -11,11 +11,21 @@ Each row names its source, the engine's settings it states and the benchmark it 
 "before" is the previous model (serving.decode_seconds: weights + KV over 80 % of the bandwidth, at the request's
 batch), kept to show what the op-list model changed.
 The engine's scheduler CPU time per step (serving_time.py scheduler: vLLM's Scheduler measured on a CPU,
-data/servers.toml scheduler_host; overlapped under async scheduling, the default from 0.14) moved only the 500-request
-row: +126.8 % -> +117.7 % (median 20.2 % and 7 of 13 within 25 % unchanged). NB: every row is timed as plain
---server vllm (0.33.0): the 0.19.0 row's Scheduler measured 20.5 us per request against 0.33.0's 27.2 (over by its
-difference, ~3.4 ms a step at 500), and the Oracle rows' 2024 engine (V0) scheduled synchronously with a different
-scheduler (not listed: their GPU-bound steps hide 0.33.0's).
+data/servers.toml scheduler_host; overlapped under async scheduling, the default from 0.14). The 500-request row runs
+--server vllm==0.19.0, the version its source ran (its Scheduler, 20.5 us per request, then hides behind the GPU's
+step); the others plain --server vllm (0.33.0): Musgrave's 0.23.0 is not listed in data/servers.toml, and the Oracle
+rows' 2024 engine (V0) scheduled synchronously with a different scheduler (not listed: their GPU-bound steps hide
+0.33.0's).
+A latency row's batch runs in waves where it exceeds what the engine holds (max_num_seqs, the KV pool:
+serving_time.batch_latency); no row's does.
+NB (the Oracle rows at batch 64 and 128, +34 % and +38 %): the published latency less the model's prefill, over 127
+decode steps, grows by ~0.26-0.30 ms a step per sequence from batch 32 to 128, the model's decode step by ~0.12
+(its all-reduces leave the custom kernel at 256: 8 MiB). The decode attention is not it (one KV head per GPU
+at TP 8: 128 sequences x ~190 cached tokens are ~1.6 GB a step, ~0.5 ms); the 2024 stack's fp8 GEMM rate at M 64-256
+and the N, K of 405B at TP 8 has no source here (ROCm/aiter PR #1092 times 2025's CK fp8 kernels on MI300X: 18 us at
+M 32 and 64 us at M 64 for N 1280, K 8192 — another stack, and not a roofline's curve), and neither has V0's
+synchronous host work per sequence (its scheduler, input preparation, sampler output processing and detokenisation
+in one process). Not fitted to these rows.
 
     python -m bench run serving_throughput_published
 """
@@ -54,14 +64,24 @@ MUSGRAVE = ("johnmusgrave.com/p/vllm-throughput-latency-sweep-on ('vLLM throughp
             "(1 / TPOT)")
 
 ROWS = [
-    # rate=inf with 500 prompts: every request submitted at once, as benchmark_latency's batch (batch_latency at
-    # vLLM's H100 budget, 8192 tokens: engine/arg_utils.py:2970-3006). NB: V1 runs later prompts' chunks beside
-    # earlier requests' decodes; here the prompts go first. NB: the scheduler's CPU time (500 requests x 27.2 us,
-    # overlapped) is counted; the rest of the per-step host work for 500 requests (input preparation, the outputs'
-    # serialisation, the API server's streaming and detokenisation, the benchmark client on the same host) is not,
-    # which this row shows (published TPOT 5.45 ms)
+    # rate=inf with 500 prompts: every request submitted at once (no --max-concurrency: the client's aiohttp connector
+    # is unlimited, 0.19.0 benchmarks/serve.py:642-651), as benchmark_latency's batch (batch_latency at vLLM's H100
+    # limits, budget 8192 and max_num_seqs 1024: engine/arg_utils.py:2050-2071; the 0.5 pool's ~339k KV tokens hold
+    # 500 x 640; 0.19.0 captures graphs to min(2 x 1024, 512) tokens, config/vllm.py:1383-1441, so the 500 decodes
+    # replay one). NB: V1 runs later prompts' chunks beside earlier requests' decodes; here the prompts go first.
+    # NB (this row's error): the source's own means say the requests reached the engine about as fast as they left
+    # it: TTFT 2,905 ms and TPOT 5.45 ms at 94.91 req/s put ~66 requests in decode at once (Little's law: 94.91/s x
+    # 127 x 5.45 ms), where nothing in the engine stops at fewer than 500. What bound it sits before the engine core:
+    # the one API server process (api_server_count 1, entrypoints/cli/serve.py:83-99) tokenising 500 prompts and
+    # streaming 64,000 SSE chunks (detokenising each), and the benchmark client parsing them; neither is measured
+    # here, and the model times the engine core only. NB: the requests carry no sampling parameters
+    # (benchmarks/lib/endpoint_request_func.py:169-182), so the server applies the model's generation_config
+    # (config/model.py:267 "auto", :1391-1411; Qwen3-0.6B's sets top-k 20 / top-p 0.95, as quoted, not read here): the
+    # Triton top-k/top-p pass and softmax over 500 x 151,936 fp32 logits (topk_topp_sampler.py:94-113, :245-255) are
+    # not timed (the 0.33.0 sampler without them is): errs fast, a few 304 MB passes (~0.1 ms each) a step
     ("kvcached-h100-qwen3-0.6b-burst-500", "qwen3-0.6b", "H100-80GB",
-     dict(mode="serve", precision="bf16", gpu_memory_utilization=0.5, max_model_len=2048), "latency", 500, 512, 128,
+     dict(mode="serve", server="vllm==0.19.0", precision="bf16", gpu_memory_utilization=0.5, max_model_len=2048),
+     "latency", 500, 512, 128,
      12148.5, KVCACHED),
     ("musgrave-a100-40gb-llama-3.1-8b-c1-tpot", "llama-3.1-8b", "A100-40GB", dict(mode="serve", precision="bf16"),
      "tpot", 1, 1024, 128, 75, MUSGRAVE),
@@ -90,7 +110,7 @@ def predict(row) -> tuple[float, float]:
     if bench == "latency":
         budget = batch * prompt if "max_num_seqs" in kw else k.max_num_batched_tokens  # (V0 rows: no chunking)
         secs = serving_time.batch_latency(spec, setup, gpu, pc, sv.kv_bytes_per_token, batch, prompt, output,
-                                          k.capture_sizes, budget)
+                                          k.capture_sizes, budget, k.max_num_seqs, sv.kv_tokens)
         now = batch * output / secs
         seqs = batch
     elif bench == "tpot":  # one request's decode rate, 1 / TPOT, at `batch` concurrent requests

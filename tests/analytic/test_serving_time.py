@@ -120,3 +120,22 @@ def test_the_scheduler_binds_a_small_model_at_hundreds_of_requests():
     one = serving_time.engine_step(spec, Setup(mode="serve", precision="bf16", max_model_len=2048), gpu, pc,
                                    28 * 2 * 8 * 128 * 2, 1, 576, 0, 1, (1, 2, 4, 8))
     assert one.seconds == one.gpu_seconds  # one request: the GPU binds, the scheduler hides behind it
+
+
+def test_a_batch_over_what_the_engine_holds_runs_in_waves():
+    """benchmark_latency's one batch of 96 equal requests against an engine that runs at most 32 at once: the
+    scheduler stops admitting at max_num_seqs (0.19.0 v1/core/sched/scheduler.py:568) and the 32 running requests,
+    equal in length, all finish on the same step, so the next 32 start then: three back-to-back batches of 32. A
+    KV pool of 40 whole requests (512 + 128 tokens each) holds 80 as two waves of 40; a batch within both limits
+    is one wave."""
+    spec, setup, gpu, pc, sv = _engine()
+    k = sv.knobs
+
+    def latency(batch, max_seqs=None, kv_tokens=None):
+        return serving_time.batch_latency(spec, setup, gpu, pc, sv.kv_bytes_per_token, batch, 512, 128,
+                                          k.capture_sizes, k.max_num_batched_tokens, max_seqs, kv_tokens)
+    one32, one40 = latency(32), latency(40)
+    assert latency(96, max_seqs=32) == pytest.approx(3 * one32, rel=1e-12)
+    assert latency(80, kv_tokens=40 * 640) == pytest.approx(2 * one40, rel=1e-12)
+    assert latency(32, max_seqs=32, kv_tokens=32 * 640) == one32
+    assert latency(96) < 3 * one32  # unlimited: one batch of 96 shares the weight reads of every decode step

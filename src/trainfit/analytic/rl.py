@@ -292,8 +292,8 @@ def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, pc=None)
     (serving_time.batch_latency: the prompts in max_num_batched_tokens chunks, then completion_len − 1 decode steps
     of the whole batch, each step's GEMMs, paged KV reads, TP all-reduces, sampler and CUDA graphs). An engine of
     --rollout-tp GPUs generates all its GPUs' completions; when its KV pool holds fewer whole sequences, vLLM
-    admits what fits and the rest wait (NB: taken as equal waves: the scheduler's refill as sequences finish
-    overlaps them, errs slow).
+    admits what fits and the rest wait (serving_time.batch_latency's waves; NB: taken as equal waves: the
+    scheduler's refill as sequences finish overlaps them, errs slow).
     hf: transformers' generate, eager: the prompts' prefill, then completion_len − 1 decode steps (the prefill makes
     the first token), each a forward of every completion's next token against its DynamicCache at the mean context
     prompt + completion / 2 (infer_time.forward_time: each kernel by the roofline, never faster than the host
@@ -302,8 +302,6 @@ def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, pc=None)
     outermost autocast region clears its cast cache (torch/amp/autocast_mode.py:349).
     NB: every completion runs to completion_len (no early EOS): an upper bound on the decode steps; generate's
     logits processors and sampling (softmax, multinomial over [completions, vocab]) are not counted: errs fast."""
-    import math
-
     from . import infer_time, serving_time
 
     pc = pc or count_params(spec)
@@ -312,10 +310,9 @@ def generate_seconds(spec: ModelSpec, setup: Setup, mem: RLMemory, gpu, pc=None)
         sv = mem.rollout.serving
         k = sv.knobs
         seqs = sh.completions * setup.rollout_tp
-        waves = math.ceil(seqs / max(1, min(seqs, sv.kv_tokens // sh.seq)))
-        return waves * serving_time.batch_latency(spec, vllm_setup(setup), gpu, pc,
-                                                  sv.kv_bytes_per_token, math.ceil(seqs / waves), sh.prompt_len,
-                                                  sh.completion_len, k.capture_sizes, k.max_num_batched_tokens)
+        return serving_time.batch_latency(spec, vllm_setup(setup), gpu, pc, sv.kv_bytes_per_token, seqs,
+                                          sh.prompt_len, sh.completion_len, k.capture_sizes,
+                                          k.max_num_batched_tokens, k.max_num_seqs, sv.kv_tokens)
     s = infer_setup(setup, sh.completions, sh.prompt_len)
     pre = infer_time.forward_time(spec, s, gpu, pc, sh.prompt_len, sh.prompt_len)
     mid = sh.prompt_len + sh.completion_len // 2

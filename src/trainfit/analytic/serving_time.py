@@ -282,10 +282,22 @@ def steady_state(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_by
 
 
 def batch_latency(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_bytes_per_token: float, batch: int,
-                  prompt: int, output: int, capture_sizes: tuple[int, ...], budget: int) -> float:
+                  prompt: int, output: int, capture_sizes: tuple[int, ...], budget: int, max_seqs: int | None = None,
+                  kv_tokens: int | None = None) -> float:
     """Seconds for one batch of `batch` requests submitted together (vLLM's benchmarks/benchmark_latency.py: one
     llm.generate of `batch` prompts, ignore_eos): their prompts in ceil(batch × prompt / budget) steps, then
-    output − 1 decode steps of the whole batch at its mean context prompt + output / 2."""
+    output − 1 decode steps of the whole batch at its mean context prompt + output / 2.
+    The engine runs at most what it holds at once: max_num_seqs requests (the scheduler stops admitting at
+    len(running) == max_num_running_reqs, 0.19.0 v1/core/sched/scheduler.py:105, :568) whose prompt + output tokens
+    the KV pool (`kv_tokens`) holds; the rest wait, and equal requests finish together, so the batch runs in
+    ceil(batch / held) waves one after another. NB: taken as equal waves of ceil(batch / waves) (the scheduler fills
+    full waves, then a remainder: equal under a step time affine in the batch; padding and tiles differ); a KV-bound
+    engine admits by the prompt's blocks and preempts as decodes grow (v1 allocate_slots on demand): not modelled."""
+    held = min(batch, max_seqs or batch, kv_tokens // (prompt + output) if kv_tokens is not None else batch)
+    waves = math.ceil(batch / max(1, held))
+    if waves > 1:
+        return waves * batch_latency(spec, setup, gpu, pc, kv_bytes_per_token, math.ceil(batch / waves), prompt,
+                                     output, capture_sizes, budget)
     steps = math.ceil(batch * prompt / budget)
     pre = engine_step(spec, setup, gpu, pc, kv_bytes_per_token, 0.0, 0.0, batch * prompt / steps, prompt,
                       capture_sizes, finishing=batch / steps)
