@@ -533,7 +533,11 @@ LOWP_VALIDATION: list[dict] = [
         notes="Recipe LLAMA3_70B_GB200_FP8_CS: Megatron-FSDP over 64 with activation CPU offload of 40 layers "
               "(configs/llama3/workload_base_configs.py:73-78 at v0.2.0: micro_batch_size 2, use_megatron_fsdp, "
               "cpu_offloading_num_layers 40; utils/helpers.py:163-173 set_recompute_overrides: cpu_offloading on, "
-              "weights off): --offload-layers 40. NB: the base config's GBS 128 (:28-31), the table's 256 taken."),
+              "weights off): --offload-layers 40. NB: the base config's GBS 128 (:28-31), the table's 256 taken. The "
+              "GB200 config's FSDP overrides (llama3_llm_pretrain.py:107-110): fsdp_double_buffer, and "
+              "gradient_accumulation_fusion off, which trainfit has no setting for: each layer's 16-bit weight "
+              "gradients wait for the unit's post-backward copy (megatron_fsdp.py:552-575 at the container's "
+              "megatron-core 0d8e0714), up to 1.7 GB at a layer's backward not counted."),
     # 26.04.01: MXFP8 and NVFP4 rows of the dense Llamas, and a Blackwell bf16 MoE row; GA = GBS / (MBS x DP)
     _mb("26.04.01", 205, "DGX-GB200", "LLAMA3_70B", 64, "MXFP8", 256, 1, 8192, tp=2, pp=4, vp=5, tps=3712,
         notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 (configs/llama/llama3_workload_base_configs.py:"

@@ -136,3 +136,23 @@ def test_optim_grads_params_reduce_scatters_the_fp32_main_grads():
         return layout_step_time(spec, s, gpu).dp_comm_total
 
     assert total(False) / total(True) == pytest.approx(8 / 6, rel=1e-2)
+
+
+def test_per_tensor_fp8_params_are_one_uint8_copy():
+    """--low-precision tensorwise --fp8-all-gather under optim_grads_params: Megatron-FSDP's model weight buffer holds
+    the fp8 parameters' uint8 data (param_and_grad_buffer.py:1940-1947 at 0.16.1, :1811-1817 at 0.15), no transpose
+    buffer for per-tensor fp8 (:1951-1961, MXFP8 only) and no kept transpose cache (keep_fp8_transpose_cache False:
+    megatron_fsdp.py drops it after each module). GPT-2's TE linears by hand: c_attn 3h², c_proj h², c_fc 4h², mlp
+    c_proj 4h² = 12h² weights a layer (their biases, the norms and everything outside the units stay bf16): 1 byte
+    each in the shard and in the two gathered units, against 2 in bf16."""
+    from trainfit.analytic.memory import train_memory
+
+    q = 12 * H * H
+
+    def mem(**kw):
+        s = Setup(stack="megatron", precision="bf16-master", batch=1, seq=512, dp=D, zero=3, attention="flash", **kw)
+        return train_memory(gpt(), s)
+
+    bf16, fp8 = mem(), mem(low_precision="tensorwise", fp8_all_gather=True)
+    assert bf16.weights - fp8.weights == pytest.approx(L * q / D, abs=2)
+    assert bf16.comm_buffers - fp8.comm_buffers == pytest.approx(2 * q, abs=2)

@@ -51,3 +51,16 @@ def test_fused_kernels_bytes():
         ops = lm_loss(rows, x, sh) + lm_loss_backward_extra(x, sh)
         moved = sum(o.reads + o.writes for o in ops)
         assert per_logit * x <= moved < per_logit * x + 64 * rows, (impl, moved / x)
+
+
+def test_te_frees_16_bit_logits_not_an_fp32_copy():
+    """The fit rule's pinned block (fit_rule.pinned_block: the largest block freed before the backward's peak) is the
+    loss's largest tensor: unfused, the fp32 copy turned softmax (cross_entropy.py:28 `.float()`, 4x); TE makes no
+    fp32 copy (triton/cross_entropy.py:284-316 allocates 3 fp32 per row) and frees the bf16 logits that hold their
+    gradient (2x) after the output layer's backward. Both larger than the layer's MLP block (4096 × 14336 bytes ×
+    2 / 2), and Megatron's flat buffers have no segment slack, so required − peak is that block."""
+    x = 4096 * 128256 // 2
+    none = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", **BASE).memory
+    te = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", **BASE, loss_fusion="te").memory
+    assert none.required - none.peak == 4 * x
+    assert te.required - te.peak == 2 * x

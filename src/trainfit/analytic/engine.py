@@ -41,8 +41,9 @@ from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 
 def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> list[int]:
     """The blocks of tensors a training step makes and frees before its peak that stay cached beside the peak's
-    tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (every stack's loss upcasts:
-    stacks/*.toml [loss]; a compiled loss makes none, compile_effects.loss_compiled) when the peak's stage holds
+    tensors (overheads.reserved_from_allocated): the largest of the loss's fp32 logits (the torch-native losses upcast:
+    stacks/*.toml [loss]; a compiled loss makes none, compile_effects.loss_compiled; Megatron's TE fused loss makes
+    none and frees its 16-bit logits instead: StackModel.loss_block_bytes) when the peak's stage holds
     the head, one layer's MLP intermediate (tokens ×
     intermediate / tp), or a tied embedding's partial gradient (vocab × hidden / tp in the gradients' dtype: autograd
     sums the head's and the embedding's partials, in place under autocast, and frees the partial it does not keep
@@ -66,7 +67,10 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     tokens = int(rank_tokens(setup))  # (--cp, --ulysses: the rank's slice of the sequence)
     mlp = mlp_intermediate(spec, setup)
     on_last_stage = setup.pp == 1 or mem.detail["stage"] == setup.pp - 1
-    logits = tokens * spec.vocab // setup.tp * 4 if (on_last_stage and spec.causal) else 0
+    # the loss's largest block: the fp32 logits, or what the stack's loss makes instead (StackModel.loss_block_bytes:
+    # Megatron's TE fused cross-entropy keeps the 16-bit logits and makes no fp32 copy)
+    logits = int(model_for(setup).loss_block_bytes(setup, tokens * spec.vocab // setup.tp)) \
+        if (on_last_stage and spec.causal) else 0
     if compile_effects.loss_compiled(spec, setup):
         logits = 0  # the compiled loss makes no fp32 logits-sized tensor (compile_effects.compiled_head)
     if setup.loss == "tiled" and on_last_stage:  # one slice's fp32 logits (loss.tiled_loss_head)

@@ -53,3 +53,15 @@ def cross_entropy_bytes(setup: Setup, a: int, v: float, tokens: float) -> LossBy
     if f["gradient"] == "compiled":  # native: the compiled backward's fp32 copy and its bf16 output
         return LossBytes(saved=saved, forward=copy, backward=(FP32 + BF16) * x)
     return LossBytes(saved=saved, forward=copy, backward=a * x if a < FP32 else 0.0)
+
+
+def largest_block(setup: Setup, a: int, x: float) -> float:
+    """Bytes of the largest single tensor the cross-entropy over `x` logits of `a` bytes makes, freed once the output
+    layer's backward has read the gradient (engine.transient_blocks: the freed block beside the backward's peak).
+    none/native: the fp32 copy that becomes the saved softmax (cross_entropy.py:28 `.float()`; the native backward's
+    new fp32 buffer is as large); te: no fp32 copy (triton/cross_entropy.py:284-316 allocates 3 fp32 per row), the
+    logits themselves, saved and turned into their gradient in place (cross_entropy.py:50-61, :345-371)."""
+    f = impl_fact(setup)
+    if f["saved"] == "logits":
+        return a * x
+    return max(FP32, a) * x

@@ -28,8 +28,8 @@ from ..low_precision import recipe
 from .params import ParamCounts
 from .grad_clip import clip_work
 from .moe_imbalance import busiest_rank_load
-from .parallel.megatron import (grad_copy_bytes, largest_param, megatron_model_states, megatron_tensors, rank_params,
-                                shards)
+from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
+                                megatron_tensors, rank_params, shards)
 from .parallel.pipeline import Stage
 from .phases import LayerKind, StepBytes, peak
 from .precision import state_bytes
@@ -44,11 +44,17 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     moe_share = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
     te_weights = te_recipes.weight_bytes(spec, setup, stage, moe_share)  # the recipe's quantised weight copies
     if setup.zero >= 3 and setup.fp8_all_gather:
-        # Megatron-FSDP keeps the fp8 parameters and their transposes in the model weight and transpose weight
-        # buffers, sharded alike (param_and_grad_buffer.py:1970-1999); the gathered units' copies are the bf16-sized
-        # buckets of megatron_model_states (NB: 2 fp8 copies = one bf16 element: equal for fp8; the experts' copies
-        # divided by the dense shard count: under by the expert data-parallel group's smaller size)
+        # Megatron-FSDP keeps the quantised parameters in its model weight buffer (and MXFP8's columnwise data in a
+        # transpose weight buffer), sharded alike (param_and_grad_buffer.py:1940-1999): te_recipes.weight_copies of
+        # them (NB: the experts' copies divided by the dense shard count: under by the expert data-parallel group's
+        # smaller size)
         te_weights /= shards(setup)
+        # the gathered units' buckets hold them in the same format: megatron_model_states counts 16-bit ones
+        # (NB: the MoE/dense mix taken as the model's average, te_recipes.gather_saving)
+        units = setup.stack_facts.fact("megatron_fsdp", "in_flight")
+        gathered = te_recipes.gather_saving(spec, setup, units, bytes_per_param(setup)["weights"],
+                                            copies=te_recipes.weight_copies(setup))
+        ms = replace(ms, comm=ms.comm - gathered)
     ms = replace(ms, weights=ms.weights + te_weights) if te_weights else ms
     moe = spec.moe is not None and pc.moe_layers > 0
     frac = pc.moe_layers / spec.layers if moe else 0.0
@@ -63,7 +69,11 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     kept = layer_input(spec, setup) * tokens  # a checkpointed layer's (group's) input
     # NB: a layer's backward temporaries, approximated as the incoming and outgoing residual gradients, the
     # re-gathered ln_out under SP (TE's backward all-gather) and fc1's output gradient; TE's gradient-accumulation
-    # fusion writes weight gradients straight into main_grad (no per-layer weight-gradient temporaries)
+    # fusion writes weight gradients straight into main_grad (no per-layer weight-gradient temporaries). NB: without
+    # it (Megatron-Bridge v0.2.0's Megatron-FSDP recipes turn it off: scripts/performance/configs/llama3/
+    # llama3_llm_pretrain.py:108-109; no trainfit setting) Megatron-FSDP copies each unit's 16-bit .grad into its
+    # bucket at the unit's post-backward (megatron_fsdp.py:552-575, :525-532 at 0.15): under by up to one layer's
+    # 16-bit weights at its backward's end
     # (a MoE layer's: the busiest EP rank's routed copies, moe_imbalance.py)
     width = (spec.moe.expert_intermediate * spec.moe.top_k * busiest_rank_load(spec, setup, tokens)
              if moe and frac >= 0.5 else spec.intermediate)

@@ -85,6 +85,22 @@ def routed_quantised(spec: ModelSpec, setup: Setup) -> float:
     return m.num_experts * gate * spec.hidden * m.expert_intermediate / (setup.ep * setup.expert_tp)
 
 
+def weight_copies(setup: Setup) -> int:
+    """Quantised copies the recipe keeps of each weight (rowwise and columnwise data: COPIES), but one under
+    Megatron-FSDP (--zero 3) with --fp8-all-gather for per-tensor fp8 (tensorwise, delayed): its model weight buffer
+    holds the fp8 parameters' uint8 data (megatron-core 0.15 / 0.16.1 fsdp/src/megatron_fsdp/param_and_grad_buffer.py:
+    1811-1820 / :1940-1949 param_dtype uint8), a transpose weight buffer is made only for MXFP8 (0.16.1 :1951-1961,
+    mixed_precision.py:182-184 fp8_need_transpose_data), and the Float8Tensor transpose caches are dropped after each
+    module's forward and backward (keep_fp8_transpose_cache False, the default: distributed_data_parallel_config.py:97;
+    megatron_fsdp.py:497-504 at 0.15, and its README: "(number of parameter x 1 Byte) of memory overhead" when kept).
+    NB: on sm90 each fp8 GEMM's transpose is then made per use, one linear's at a time (not counted: under by one
+    weight's bytes at most); sm100 needs none (non-TN fp8 GEMMs)."""
+    r = recipe(setup)
+    if setup.zero >= 3 and setup.fp8_all_gather and r is not None and r.scale == "tensor":
+        return 1
+    return COPIES
+
+
 def local_experts(spec: ModelSpec, setup: Setup) -> int:
     return max(1, spec.moe.num_experts // setup.ep) if spec.moe is not None else 0
 
@@ -101,7 +117,7 @@ def weight_bytes(spec: ModelSpec, setup: Setup, stage: Stage, moe_share: float) 
     n = recipe_layers(setup, stage)
     params = n * ((1 - moe_share) * quantised_params(spec, setup, False) +
                   (moe_share * quantised_params(spec, setup, True) if moe_share else 0.0))
-    out = params * COPIES * r.per_element
+    out = params * weight_copies(setup) * r.per_element
     if setup.fp8_all_gather:
         from .parallel.megatron import bytes_per_param
 
@@ -165,10 +181,12 @@ def notes(spec: ModelSpec, setup: Setup) -> list[str]:
             "linear_fc1's output gradient)"]
 
 
-def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float, part: str = "all") -> float:
+def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float, part: str = "all",
+                  copies: int = 1) -> float:
     """Bytes fewer in the distributed optimizer's parameter all-gather of a stage of `layers` layers under
-    --fp8-all-gather: the recipe's linears gathered in its format (rowwise data with its scales) instead of
-    `param_bytes` (megatron distributed/param_and_grad_buffer.py: the param buffer holds the fp8 params).
+    --fp8-all-gather: the recipe's linears gathered in its format (rowwise data with its scales; `copies` of it
+    where a buffer holds more: weight_copies) instead of `param_bytes` (megatron distributed/param_and_grad_buffer.py:
+    the param buffer holds the fp8 params).
     `part`: "all", "experts" (the routed experts', gathered over the expert data-parallel group) or "dense" (the rest).
     NB: the first/last bf16 layers and the MoE/dense mix are taken as the model's average."""
     r = recipe(setup)
@@ -186,7 +204,7 @@ def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float
     if part != "all":
         routed = moe * routed_quantised(spec, setup) if moe else 0.0
         per_layer = routed if part == "experts" else per_layer - routed
-    return n * per_layer * (param_bytes - r.per_element)
+    return n * per_layer * (param_bytes - copies * r.per_element)
 
 
 def te_gather_saving(setup, act_bytes: float, rerun: float) -> float:

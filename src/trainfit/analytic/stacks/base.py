@@ -72,6 +72,12 @@ class StackModel:
         a ring of the stack's own: Megatron's are in megatron_memory.py)."""
         return 0.0
 
+    def loss_block_bytes(self, setup: Setup, logits: float) -> float:
+        """Bytes of the largest block the loss makes over `logits` elements (the rank's tokens x vocab / tp) and
+        frees before the backward's peak (engine.transient_blocks): the logits' fp32 copy every torch-native loss
+        makes (stacks/*.toml [loss])."""
+        return 4.0 * logits
+
     def host_copy_seconds(self, spec: ModelSpec, setup: Setup, gpu, forward: float, backward: float,
                           layers: int) -> float:
         """Seconds per micro-batch the stack's own activation offloading leaves exposed (`forward`/`backward`: the

@@ -8,6 +8,7 @@ from ...setup import Setup
 from ...spec import ModelSpec
 from ...errors import SetupError
 from .. import grad_clip, megatron_offload, megatron_recompute, te_recipes
+from ..megatron_loss import largest_block
 from ..megatron_memory import stage_memory
 from ..memory import TrainMemory
 from ..parallel.megatron import FP32, grad_buffer_bytes, megatron_tensors, shards
@@ -65,6 +66,12 @@ class MegatronModel(StackModel):
         if setup.ep > 1:
             groups.update(ep=setup.ep, expert_dp=setup.expert_dp)
         return groups
+
+    def loss_block_bytes(self, setup, logits):
+        """The cross-entropy's largest block per --loss-fusion (megatron_loss.largest_block): the fp32 softmax
+        of none/native, the 16-bit logits Transformer Engine's fused loss saves and writes its gradient into."""
+        from ..megatron_activations import act_bytes
+        return largest_block(setup, act_bytes(setup), logits)
 
     def host_copy_seconds(self, spec, setup, gpu, forward, backward, layers):
         """--offload-layers: the copies Transformer Engine's offload handler leaves exposed (megatron_offload.py),
