@@ -6,6 +6,8 @@ worst, in sample (C1–C3, C5–C8) and out of sample apart, and per GPU generat
 Only the public path is used (spec + Setup + trainfit.hardware.get_gpu -> layout_step_time(spec, setup, gpu) ->
 StepTime.step_seconds), so the table keeps working when step_time.py's internals change.
 Error = predicted / published step time − 1 (positive: predicted slower).
+Every run here ran, so each is also a fit verdict to get right: the analytic estimate's `time.fits` on the run's GPU
+(validation only, never a gate).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from bench.targets.time_runs import RUNS, SKIPPED, gpus, published_step
 
 from trainfit.analytic.step_time import layout_step_time
 from trainfit.analytic.params import count_params
+from trainfit.engines import analytic
 from trainfit.api import load_spec
 from trainfit.hardware import get_gpu
 from trainfit.models.hf_config import for_setup, spec_from_config
@@ -55,7 +58,8 @@ def size_band(run: dict) -> str:
     return next(name for limit, name in bands if n < limit)
 
 
-def predict(run: dict) -> float:
+def _parts(run: dict):
+    """(spec, setup, gpu) of a run as its source states it."""
     if run.get("inexpressible"):  # a layout no Setup has (time_runs' docstring): reported, not approximated
         raise ValueError(f"not expressible: {run['inexpressible']}")
     setup = build_setup(run)
@@ -63,7 +67,16 @@ def predict(run: dict) -> float:
     gpu = get_gpu(run["gpu"])
     if run.get("power_limit") is not None:  # the board power limit the source states (time_runs' docstring)
         gpu = dataclasses.replace(gpu, power_watts=run["power_limit"])
-    return layout_step_time(spec, setup, gpu).step_seconds
+    return spec, setup, gpu
+
+
+def predict(run: dict) -> float:
+    return layout_step_time(*_parts(run)).step_seconds
+
+
+def judged_fits(run: dict) -> bool:
+    """The analytic estimate's fit verdict on the run's own GPU (the run ran: `True` is right)."""
+    return bool(analytic(*_parts(run)).time.fits)
 
 
 def summary(errs: list[float]) -> str:
@@ -82,24 +95,32 @@ def render() -> tuple[str, dict[str, list[float]]]:
             pred = predict(r)
         except Exception as err:  # noqa: BLE001 — a setting this checkout refuses is reported, not fatal
             rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
-                        f"{r['published']:g} {r['unit']} | {pub:.3g} | error: {str(err).splitlines()[0]} | — |")
+                        f"{r['published']:g} {r['unit']} | {pub:.3g} | error: {str(err).splitlines()[0]} | — | — |")
             continue
         e = pred / pub - 1
+        fits = judged_fits(r)
+        groups.setdefault("judged to fit", []).append(fits)
+        if not fits:
+            groups.setdefault("judged not to fit", []).append(r["id"])
         groups.setdefault("all runs", []).append(e)
         groups.setdefault(IN_SAMPLE if r.get("in_sample") else "out of sample", []).append(e)
         groups.setdefault("gen: " + generation(r["gpu"]), []).append(e)
         groups.setdefault("size: " + size_band(r), []).append(e)
         groups.setdefault("source: " + r["id"].split("-")[0], []).append(e)
         rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
-                    f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} |")
+                    f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} | {'yes' if fits else 'no'} |")
     out = ["# Step time vs published runs (`python -m bench run time_published`)", "",
            "Runs and sources: bench/targets/time_runs.py. Error = predicted / published step time − 1 (positive: predicted "
            "slower). Nothing fitted here; in sample = calibration C1–C3, C5–C8 (shared/calibration.md).", "",
            "| group | summary |", "| --- | --- |"]
+    verdicts, wrong = groups.pop("judged to fit"), groups.pop("judged not to fit", [])
     for name in sorted(groups, key=lambda g: (g.split(":")[0] in ("gen", "size", "source"), g.split(":")[0], g)):
         out.append(f"| {name} | {summary(groups[name])} |")
-    out += ["", "| run | GPU | GPUs | sample | published | published s/step | predicted s/step | error |",
-            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |", *rows, "", "Left out:", ""]
+    out.append(f"| fit verdict (every run ran) | {sum(verdicts)} of {len(verdicts)} judged to fit"
+               + (f"; not: {', '.join(wrong)}" if wrong else "") + " |")
+    groups["fit verdicts"] = [float(v) for v in verdicts]
+    out += ["", "| run | GPU | GPUs | sample | published | published s/step | predicted s/step | error | judged to fit |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |", *rows, "", "Left out:", ""]
     out += [f"- {what}: {why}" for what, why in SKIPPED]
     return "\n".join(out) + "\n", groups
 
@@ -129,11 +150,13 @@ def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     text, groups = render()
     print(text)
+    verdicts = groups.pop("fit verdicts")
     stats = {g: {"runs": len(e), "median_abs": statistics.median(abs(x) for x in e), "worst": max(e, key=abs)}
              for g, e in groups.items()}
     out = stats["out of sample"]
     record("time_published", "step time vs published runs", "out of sample: median ≤ 10 %, worst ≤ 25 %",
-           f"out of sample ({out['runs']} runs): median {out['median_abs']:.1%}, worst {out['worst']:+.1%}", stats,
+           f"out of sample ({out['runs']} runs): median {out['median_abs']:.1%}, worst {out['worst']:+.1%}; "
+           f"{int(sum(verdicts))} of {len(verdicts)} runs judged to fit", stats,
            "published", rows=table_rows(stats))
     path = results_dir() / "time_published.md"
     path.parent.mkdir(exist_ok=True)
