@@ -89,7 +89,8 @@ def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="
         source=f"{LLMF} table '{table}', row {size} / SeqLen {seq} / {gpus} GPUs",
         gpu=gpu, model=gpt2_config(h, n_layers, heads, MPT_VOCAB, seq, **MPT_DIFFERS),
         setup=dict(stack="hf", batch=micro, seq=seq, grad_accum=accum, dp=gpus, zero=zero, precision=precision,
-                   recompute="full" if ac else "none", attention="triton", fsdp_version=1,
+                   recompute="full" if ac else "none", attention="triton", fsdp_version=1, loss="xentropy",
+                   stack_release="2024-01-llm-foundry",
                    **({"fsdp_reduce_dtype": "fp32"} if precision == "amp-bf16" else {})),
         published=tps, unit="tokens/s/GPU", published_params=params,
         notes="Composer + torch FSDP1 (FULL_SHARD = zero 3, SHARD_GRAD_OP = zero 2), FlashAttention in Triton "
@@ -100,7 +101,15 @@ def _mpt(size, seq, gpus, micro, accum, ac, gpu, table, tps, params, precision="
               "overlap stands in for Composer's (FSDP1 backward prefetch). Composer's DEFAULT policy at the version "
               "these tables ran (llm-foundry setup.py at 5e85bd62d pins mosaicml>=0.17.2,<0.18; composer/trainer/"
               "mosaic_fsdp_utils.py:94-97 at v0.17.2) sets param_dtype = buffer_dtype = bf16 and reduce_dtype = "
-              "fp32: --fsdp-reduce-dtype fp32 (bf16 all-gathers, fp32 reduce-scatters).")
+              "fp32: --fsdp-reduce-dtype fp32 (bf16 all-gathers, fp32 reduce-scatters). The loss: MPT's default "
+              "loss_fn fused_crossentropy (llmfoundry/models/mpt/modeling_mpt.py:981-987 at 5e85bd62d; neither the "
+              "yamls nor submit_benchmarks.py set another) is flash-attn's CrossEntropyLoss (flash-attn 1.0.9 with "
+              "its xentropy kernel: setup.py:95-98), on the 16-bit logits with no fp32 copy: --loss xentropy; "
+              "Composer 0.17.2's loop computes it after the forward and keeps the logits (state.outputs) through the "
+              "backward for its train metrics: --stack-release 2024-01-llm-foundry (stacks/hf.toml). MicroBatchSize "
+              "is the per-device micro-batch Composer ran (collect_results.py:141-142 reads the logged "
+              "device_train_microbatch_size; GradAccum = ceil(global / GPUs / micro), :193-194): --batch, "
+              "--grad-accum as published.")
 
 
 MPT_RUNS = [

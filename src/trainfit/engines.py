@@ -47,9 +47,8 @@ def check_stack(setup: Setup, engine: str) -> None:
                          f"kernels on ranks' process groups, which --engine {engine} does not run here; use --engine "
                          "analytic")
     if setup.loss != "full":
-        raise SetupError(f"--loss {setup.loss}{' (--liger)' if setup.liger else ''}: Liger's kernels need triton on a "
-                         f"GPU, which --engine {engine} does "
-                         "not run here; use --engine analytic")
+        raise SetupError(f"--loss {setup.loss}{' (--liger)' if setup.liger else ''}: its kernels (Liger's, TRL's, "
+                         f"flash-attn's) need a GPU, which --engine {engine} does not run here; use --engine analytic")
     if setup.offload_activations:
         raise SetupError(f"--offload activations moves saved tensors to pinned host memory, which --engine {engine} "
                          "cannot tell apart from device memory on this CPU; use --engine analytic")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..hardware import GPU
+from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, multi_tensor, roofline, torchao_optim
@@ -32,6 +33,7 @@ from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
                   grad_accumulations, head_backward_extra, head_forward, layer_forward,
                   norm_ops, recomputed, shape_of)
+from .ops.loss import metric_losses
 from .params import ParamCounts
 from .precision import StateBytes
 from .stacks import model_for
@@ -230,7 +232,8 @@ def _timed_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[Lis
     """(embedding forward, its backward, head and loss forward, their backward) of one micro-batch: memoised as
     _timed_layer is, on what they read (the Shape, a head tied on the embedding's stage, LoRA's frozen weights, the
     loss)."""
-    key = ("ends", spec, gpu, sh, setup.pp == 1, setup.lora_rank, getattr(setup, "loss", "full"))
+    key = ("ends", spec, gpu, sh, setup.pp == 1, setup.lora_rank, getattr(setup, "loss", "full"),
+           metric_passes(setup))
     return _memo(_LAYERS, key, lambda: _time_ends(spec, setup, gpu, sh))
 
 
@@ -252,7 +255,16 @@ def _time_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[List
         if setup.lora_rank:  # a frozen LM head: no weight gradient
             hf = lora_ops.frozen(hf)
         head_f, head_b = time_ops(gpu, prep(hf)), time_ops(gpu, prep(backward(hf) + head_backward_extra(spec, sh)))
+        if metric_passes(setup) and layout(spec).kind not in CLASSIFIERS:  # the loop's train metrics (no grad)
+            x = sh.tokens * spec.vocab / sh.tp
+            head_f = head_f + time_ops(gpu, prep(metric_losses(sh.tokens, x, sh, metric_passes(setup))))
     return emb_f, emb_b, head_f, head_b
+
+
+def metric_passes(setup: Setup) -> int:
+    """The cross-entropy passes the stack's loop runs over each micro-batch's logits for its train metrics ([loss]
+    metric_passes: Composer's, stacks/hf.toml [releases."2024-01-llm-foundry"]); 0 for none."""
+    return int(setup.stack_facts.facts.get("loss", {}).get("metric_passes", 0)) if setup.mode == "train" else 0
 
 
 def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool, str]]:

@@ -78,6 +78,8 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     if setup.loss == "fused-linear" and on_last_stage:  # Liger's fused head: no whole logits, one chunk's in
         v = spec.vocab // setup.tp  # the activations' dtype (loss.fused_linear_head)
         logits = chunk_rows(tokens, v, spec.hidden) * v * st.act
+    if setup.loss == "xentropy" and on_last_stage:  # flash-attn's fused loss: no fp32 copy; its largest block, the
+        logits = tokens * spec.vocab // setup.tp * st.act  # logits' 16-bit gradient (loss.xentropy_head)
     if setup.loss == "chunked-logprob":  # TRL's fused head: no whole logits; its largest block, the fp32 input
         logits = tokens * spec.hidden * 4 if on_last_stage else 0  # gradient (analytic/loss.py chunked_logprob_head)
     table = spec.vocab * (spec.embed_proj_dim or spec.hidden) // setup.tp

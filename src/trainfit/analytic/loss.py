@@ -118,6 +118,9 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
     if setup.loss == "fused-linear":
         norm = (_norm_saved(spec, r, norm_kernel(setup), setup.device) if spec.final_norm else 0) * tokens
         return fused_linear_head(spec, setup, st, tokens, norm, weight_cast, labels, hidden + padded, kept, norm_bwd)
+    if setup.loss == "xentropy":
+        return xentropy_head(saved + weight_cast + labels, logits, tokens, loss_fact, hidden + padded, kept,
+                             norm_bwd)
     return HeadBytes(
         saved=saved + weight_cast + lsm + labels + held,
         # NB (output_held): the held logits are not counted at the optimizer step (phases.py's step inputs)
@@ -130,6 +133,30 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
         norm_kept=kept,
         norm_backward=norm_bwd,
         loss_grad=lsm,
+    )
+
+
+def xentropy_head(saved: float, logits: float, tokens: int, loss_fact: dict, transient: float, kept: float,
+                  norm_bwd: float) -> HeadBytes:
+    """flash-attn's fused softmax cross-entropy (--loss xentropy: flash_attn/losses/cross_entropy.py at v1.0.9, what
+    llm-foundry's loss_fn fused_crossentropy runs, llmfoundry/models/mpt/modeling_mpt.py:981-987 at 5e85bd62d) on
+    the head's `logits` bytes (16-bit under autocast or in bf16; `saved`: the head's own saved tensors and the
+    labels). Its forward (csrc/xentropy/xentropy_kernel.cu:638-639) reads the logits in their dtype and makes two
+    fp32 numbers per token, the losses and the log-sum-exp; it saves the logits themselves, the log-sum-exp and the
+    labels (cross_entropy.py:85 ctx.save_for_backward): no fp32 copy, no log-softmax output. Its backward writes
+    the logits' gradient into a new tensor of their dtype (xentropy_kernel.cu:697 `at::empty_like(logits_)`;
+    CrossEntropyLoss's inplace_backward defaults False, and llm-foundry leaves it). [loss] output_held: the loop
+    keeps the same logits to the step's end (no second copy)."""
+    held = logits if loss_fact.get("output_held", False) else 0.0
+    return HeadBytes(
+        saved=saved + logits + FP32 * tokens,
+        labels=INDEX * tokens + held,
+        forward_transient=FP32 * tokens + transient,  # the per-token losses until the mean reduces them
+        # the fp32 grad_loss per token (grad_loss.contiguous() of the expanded mean's gradient) and the new
+        # 16-bit gradient beside the saved logits
+        backward_transient=logits + FP32 * tokens,
+        norm_kept=kept,
+        norm_backward=norm_bwd,  # (loss_grad 0: the forward frees no logits-sized block: expandable.loss_hole)
     )
 
 

@@ -122,7 +122,7 @@ def validate(setup: Setup) -> None:
                          f"{_runners('liger-loss')}, or drop --liger")
     if setup.loss != "full" and (not stack.runs("liger-loss") or setup.head not in (None, "causal-lm")):
         raise SetupError(f"--loss {setup.loss}{' (--liger)' if setup.liger else ''} replaces a causal LM's head and "
-                         "loss as Liger does in the HF stack: use "
+                         "loss as Liger's, TRL's and flash-attn's kernels do in the HF stack: use "
                          f"--stack {_runners('liger-loss')} with a causal-lm head")
     micro_batch_rules(setup)
     if setup.optimizer_in_backward:

@@ -364,7 +364,10 @@ class Setup:
                         "log-probs from [4096 × 32768] logits tiles, recomputed in backward; --mode rl uses it) or "
                         "tiled (DeepSpeed's TiledFusedLogitsLoss as ArcticTraining runs it under Ulysses: the model's "
                         "own head and loss on slices of about 1 GiB of fp32 logits, each slice's backward run in the "
-                        "forward); fused-linear and tiled on --stack hf and deepspeed, analytic engine.", choices=LOSSES, modes=("train",), group="step")
+                        "forward) or xentropy (flash-attn's fused softmax cross-entropy, CrossEntropyLoss of flash_attn.losses, as "
+                        "llm-foundry's loss_fn fused_crossentropy runs it: the 16-bit logits saved, no fp32 copy, an "
+                        "fp32 loss and log-sum-exp per token, the gradient a new 16-bit tensor); fused-linear, tiled "
+                        "and xentropy on --stack hf and deepspeed, analytic engine.", choices=LOSSES, modes=("train",), group="step")
     loss_fusion: str = setting("none", "Megatron's fused vocab-parallel cross-entropy (--cross-entropy-loss-fusion "
                                "with --cross-entropy-fusion-impl): none (Megatron-LM's default: the logits upcast "
                                "to fp32, the fp32 softmax saved), native (megatron-core's torch.compile'd kernels: "

@@ -1,6 +1,8 @@
 """Cost functions of the LM loss: the logits' upcast, log_softmax + nll_loss, the labels' shift, the loss scaling."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..activations import FP32, INDEX
 from .op import REDUCE, UPCAST, Op, Shape, memory
 
@@ -14,6 +16,8 @@ def lm_loss(rows: float, x: float, sh: Shape) -> list[Op]:
     """Cross-entropy over `rows` tokens' `x` logits. HF's ForCausalLMLoss and torchtitan's cross_entropy_loss upcast
     the T × V/t logits to fp32 (loss_utils.py:61, loss.py:23) and run log_softmax (two reading passes: max/sum,
     then write) + nll_loss; compiled, one kernel reads the logits."""
+    if sh.loss_fusion == "xentropy":
+        return xentropy_ce(rows, x, sh)
     if sh.loss_fusion:
         return megatron_fused_ce(rows, x, sh)
     a, lb = sh.act, loss_bytes(sh)
@@ -28,6 +32,8 @@ def lm_loss(rows: float, x: float, sh: Shape) -> list[Op]:
 def lm_loss_backward_extra(x: float, sh: Shape) -> list[Op]:
     """nll_loss's backward writes a zeroed gradient of the `x` logits before scattering -1 (aten nll_loss_backward);
     Megatron's fused cross-entropy has its own backward (megatron_fused_ce_backward)."""
+    if sh.loss_fusion == "xentropy":
+        return xentropy_ce_backward(x, sh)
     if sh.loss_fusion:
         return megatron_fused_ce_backward(x, sh)
     return [memory("nll_loss.grad", 0, x * loss_bytes(sh), "aten nll_loss_backward (zeros + scatter)", "loss", (0, 0),
@@ -101,3 +107,46 @@ def megatron_fused_ce_backward(x: float, sh: Shape) -> list[Op]:
         ops.append(memory("ce.grad_cast", x * 2, x * a, "autograd engine.cpp validate_outputs", "loss", (0, 0),
                           saves=False, grad=False, access="upcast" if a > 2 else "vector"))
     return ops
+
+
+XENTROPY = "flash-attn v1.0.9 csrc/xentropy/xentropy_kernel.cu"
+
+
+def xentropy_ce(rows: float, x: float, sh: Shape) -> list[Op]:
+    """flash-attn's fused softmax cross-entropy forward (--loss xentropy; memory: analytic/loss.py xentropy_head) over
+    `rows` tokens' `x` logits in their own dtype: cunn_SoftMaxXEntropyForward (xentropy_kernel.cu:430-470), one
+    block a row, reduces the row's max, then its sum of exp(x - max) (two reading passes, :452 and :466), and writes
+    the fp32 loss and log-sum-exp of each row; then losses.masked_fill_ of the ignored labels
+    (losses/cross_entropy.py:38) and the mean's sum and division (:130). NB: the second pass over a row (its 16-bit
+    logits, ~100 KiB at a 50k vocabulary) may be served from L2: timed as read from memory (slower)."""
+    a = sh.act
+    src = f"{XENTROPY}:430-470 cunn_SoftMaxXEntropyForward; flash_attn/losses/cross_entropy.py:38,130"
+    return [memory("xentropy.forward", 2 * x * a + rows * INDEX, 2 * FP32 * rows, src, "loss", (0, 0), saves=False,
+                   grad=False, **REDUCE),
+            memory("xentropy.mask_mean", rows * (FP32 + INDEX), rows * FP32 + FP32, src, "loss", (0, 0),
+                   saves=False, grad=False, kernels=3)]
+
+
+def xentropy_ce_backward(x: float, sh: Shape) -> list[Op]:
+    """Its backward: grad_loss masked (cross_entropy.py:93-94: the mean's gradient expanded, made contiguous and
+    masked, a few row-sized kernels) and cunn_SoftMaxXEntropyBackward (xentropy_kernel.cu:596-630), which reads the
+    logits and the log-sum-exp and writes the gradient into a new tensor of the logits' dtype (:697, inplace_backward
+    False)."""
+    a, rows = sh.act, sh.tokens  # (the LM head scores every token: head.head_backward_extra)
+    src = f"{XENTROPY}:596-630,697 cunn_SoftMaxXEntropyBackward; flash_attn/losses/cross_entropy.py:93-94"
+    return [memory("xentropy.grad_loss", rows * (FP32 + INDEX), rows * FP32, src, "loss", (0, 0), saves=False,
+                   grad=False, kernels=2),
+            memory("xentropy.backward", x * a + rows * (2 * FP32 + INDEX), x * a, src, "loss", (0, 0), saves=False,
+                   grad=False)]
+
+
+def metric_losses(rows: float, x: float, sh: Shape, passes: int) -> list[Op]:
+    """The loop's train metrics over the held logits ([loss] metric_passes, stacks/*.toml): `passes` torch
+    cross-entropy forwards on the `x` logits of `rows` tokens, without grad, under the loop's autocast (Composer
+    0.17.2 trainer.py:2176-2188 _eval_train_metrics inside _get_precision_context; metrics/nlp.py:100,121
+    LanguageCrossEntropy's CrossEntropyLoss(reduction='sum'), which LanguagePerplexity inherits, :188; models/
+    huggingface.py:446 eval_forward reuses the held outputs, no second forward): each the fp32 copy (cross_entropy
+    is on CUDA autocast's float32 list: torch.amp docs, "CUDA Ops that can autocast to float32"), log_softmax and
+    nll_loss of lm_loss."""
+    plain = replace(sh, loss_fusion="", autocast=True)
+    return [op for _ in range(passes) for op in lm_loss(rows, x, plain)]

@@ -147,8 +147,9 @@ class Shape:
     # RMSNorm is `norm` (analytic/liger.py)
     liger: bool = False
     liger_swiglu: bool = False
-    # --loss-fusion: Megatron's fused cross-entropy kernels, "native" or "te" (ops/loss.py megatron_fused_ce); "" the
-    # loss's own log_softmax + nll_loss
+    # the fused cross-entropy kernels: Megatron's --loss-fusion "native" or "te" (ops/loss.py megatron_fused_ce),
+    # flash-attn's --loss xentropy "xentropy" (ops/loss.py xentropy_ce); "" the loss's own log_softmax + nll_loss
+    # (shape.loss_kernel)
     loss_fusion: str = ""
 
     @property

@@ -59,4 +59,12 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  doc_len=getattr(setup, "doc_len", None) or 0,
                  cp_merge=setup.cp > 1 and facts.get("context_parallel", {}).get("merge") == "fp32",
                  liger=liger_on(setup), liger_swiglu=swiglu_on(setup),
-                 loss_fusion="" if getattr(setup, "loss_fusion", "none") == "none" else setup.loss_fusion)
+                 loss_fusion=loss_kernel(setup))
+
+
+def loss_kernel(setup: Setup) -> str:
+    """Shape.loss_fusion: the fused cross-entropy the step runs, Megatron's --loss-fusion (native, te) or flash-attn's
+    --loss xentropy; "" for the loss's own log_softmax + nll_loss."""
+    if getattr(setup, "loss", "full") == "xentropy":
+        return "xentropy"
+    return "" if getattr(setup, "loss_fusion", "none") == "none" else setup.loss_fusion
