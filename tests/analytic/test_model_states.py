@@ -41,8 +41,16 @@ def test_zero_stages_match_the_zero_paper(llama8b, stage, paper_gb):
     # ranks: 120, 31.4, 16.6 and 1.9 GB per rank. The engine's bytes per parameter at each stage, times 7.5B, to the
     # paper's printed precision, on DeepSpeed's ZeRO (the paper's implementation; the hf stack's FSDP at --zero 2
     # keeps the weights as shards and counts its unsharded copies by moment, analytic/parallel/zero.py unsharded_at).
-    e = estimate(llama8b, Setup(precision="bf16-master", optimizer="adam", dp=64, zero=stage, stack="deepspeed"))
-    assert states(e) / e.params * 7.5 == pytest.approx(paper_gb, abs=0.06)
+    # At stage 2 DeepSpeed's gradient buffer holds the parameters a rank's partition touches whole, where the paper
+    # counts 2Ψ/Nd (analytic/parallel/deepspeed.py partition_grad_elements: here the word embedding, 525M elements,
+    # against a 125M-element partition): that remainder is taken off before the comparison.
+    from trainfit.analytic.parallel.deepspeed import partition_grad_elements
+
+    setup = Setup(precision="bf16-master", optimizer="adam", dp=64, zero=stage, stack="deepspeed")
+    e = estimate(llama8b, setup)
+    edges = 2 * (partition_grad_elements(llama8b, count_params(llama8b), setup, e.params) - e.params / 64) \
+        if stage == 2 else 0
+    assert (states(e) - edges) / e.params * 7.5 == pytest.approx(paper_gb, abs=0.06)
 
 
 def test_adafactor_keeps_factored_state(llama8b):

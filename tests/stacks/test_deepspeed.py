@@ -36,23 +36,71 @@ def test_model_states_match_zero_paper_figure_1(zero, paper_gb):
 def test_zero2_states_match_deepspeeds_estimator():
     """deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs (no offload): 2Ψ 16-bit
     params on every GPU + 18Ψ/N (16-bit grads, fp32 grads, fp32 params, Adam states). Its fp32 gradient is the
-    step's cast (our step transient's fp32 part)."""
+    step's cast (our step transient's fp32 part). The estimator's 16-bit gradients are Ψ/N; the optimizer's buffer
+    holds the parameters cut by the partition's edges whole (test_zero12_partition_buffer_holds_edge_parameters):
+    that remainder, 16-bit, beside it."""
     ds = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
     spec = load_model("llama-2-7b")
+    from trainfit.analytic.parallel.deepspeed import partition_grad_elements
     from trainfit.analytic.params import count_params
 
-    psi = count_params(spec).total
+    pc = count_params(spec)
+    psi = pc.total
     for dp in (8, 64):
         m = train_memory(spec, _setup(zero=2, dp=dp))
         _, gpu = ds.estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=dp, cpu_offload=False)
         fp32_grad = 4 * psi / dp
-        assert _states(m) + fp32_grad == pytest.approx(gpu, rel=1e-6)
+        edges = 2 * (partition_grad_elements(spec, pc, _setup(zero=2, dp=dp), psi) - psi / dp)
+        # at most the two cut parameters whole, each at most the word embedding (a partition inside it: dp 64)
+        assert 0 < edges <= 2 * 2 * pc.embedding
+        assert _states(m) + fp32_grad == pytest.approx(gpu + edges, rel=1e-6)
         # with the optimizer offloaded only the 16-bit weights stay (the estimator's gpu_mem = 2Ψ), beside the
         # gradient staging buffer of the largest parameter
         off = train_memory(spec, _setup(zero=2, dp=dp, offload="optimizer"))
         _, gpu_off = ds.estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=dp, cpu_offload=True)
         assert off.weights + off.master + off.optimizer == pytest.approx(gpu_off, rel=1e-6)
         assert off.host_memory > 0
+
+
+def test_zero12_partition_buffer_holds_edge_parameters():
+    """ZeRO-1/2's grads_in_partition holds every parameter the rank's partition touches whole (stage_1_and_2.py:
+    2185-2194). By hand for tiny-llama (hidden 256, q width 256, k/v width 64, MLP 688, vocab 2000,
+    untied head), flattened in model.parameters() order: embedding 512,000; a layer q 65,536, k 16,384, v 16,384,
+    o 65,536, gate/up/down 176,128 each, two norms 256 (692,736); final norm 256; head 512,000: 3,795,200 in all,
+    1,897,600 a rank. The third layer starts at 512,000 + 2 x 692,736 = 1,897,472 with its q_proj, so rank 0 holds
+    it whole: 1,897,600 + 65,536 - 128 = 1,963,008 (measured: rank 0's grads_in_partition block, 7,852,032 B in
+    fp32, on 2 CPU ranks)."""
+    from trainfit.analytic.parallel.deepspeed import partition_grad_elements
+    from trainfit.analytic.params import count_params
+
+    spec = load_model("tiny-llama")
+    pc = count_params(spec)
+    assert pc.total == 3_795_200
+    setup = _setup(zero=2, dp=2, precision="fp32", device="cpu", seq=64)
+    assert partition_grad_elements(spec, pc, setup, pc.total) == 1_963_008
+    # the optimizer phase holds that buffer (16-bit model: the model dtype) beside the partition's flat gradient
+    z1 = train_memory(spec, _setup(zero=1, dp=2, precision="fp32", device="cpu", seq=64))
+    z2 = train_memory(spec, _setup(zero=2, dp=2, precision="fp32", device="cpu", seq=64))
+    assert z1.phases["optimizer_step"] == z2.phases["optimizer_step"]
+
+
+def test_zero3_persistent_small_parameters_and_fp32_clone():
+    """ZeRO-3 keeps each parameter of at most 100,000 elements whole (parameter_offload.py:315-328): in tiny-llama
+    its q/k/v/o projections (65,536, 16,384, 16,384, 65,536) and norms (256, 256) in each of 4 layers and the final
+    norm: 4 x 164,352 + 256 = 657,664. Under fp32 its optimizer still clones an fp32 partition: stage3.py:1162
+    compares the partition's torch.device with the accelerator's device name, a str, which torch.device never
+    equals."""
+    import torch
+
+    from trainfit.analytic.parallel.deepspeed import persistent_params
+    from trainfit.analytic.parallel.pipeline import stages
+    from trainfit.analytic.params import count_params
+
+    assert torch.device("cpu") != "cpu"
+    spec = load_model("tiny-llama")
+    setup = _setup(zero=3, dp=2, precision="fp32", device="cpu", seq=64)
+    assert persistent_params(spec, count_params(spec), setup, stages(spec, setup)[0]) == 657_664
+    assert train_memory(spec, setup).master == 3_795_200 / 2 * 4
 
 
 def test_offload_needs_zero():

@@ -98,7 +98,7 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
 
     from ..step import stack_step, strategy_name
     from .cpu_peak import START, batch_tensors, storage_bytes
-    from .dist_peak import profiled
+    from .dist_peak import live_storage_ptrs, profiled
     from ..step.strategy import local, resident_tensors
 
     kit = stack_step(setup)
@@ -142,7 +142,11 @@ def run_rank(job: dict, setup, rank: int, world: int, local_rank: int, progress)
             build_and_warm_up()
             run_step(state["wrapped"], state["optimizer"], state["batches"], setup, phase)
 
-        pk, _ = profiled(run, on_phase)
+        # a stack whose engine keeps every buffer as a Python-held tensor (no C++-held buckets, as DDP's Reducer)
+        # says so (trainfit.step.deepspeed PYTHON_HELD): a block no live tensor holds at the end was freed without a
+        # report, by a gloo worker thread dropping the collective's last reference (dist_peak.analyse_blocks alive)
+        alive = live_storage_ptrs if getattr(kit, "PYTHON_HELD", False) else None
+        pk, _ = profiled(run, on_phase, alive)
         step_peaks = {k: v for k, v in pk.phase_peaks.items() if k != START}
         read_baseline = pk.live_at("forward", 0)
         activations = pk.live_at("backward") - pk.live_at("forward")

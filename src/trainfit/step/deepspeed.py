@@ -26,6 +26,12 @@ STRATEGIES = {0: "DeepSpeed engine, ZeRO-0 (data parallel)", 1: "DeepSpeedZeroOp
 NOTE = "DeepSpeed's own step: deepspeed.initialize with the --emit deepspeed config"
 DDP_TAKES_MESH = False  # deepspeed.initialize uses the default process group
 READ_BASELINE = True  # the worker reads the session's live bytes (module docstring)
+# every buffer the engine keeps is a tensor Python holds (the optimizers' flat groups, partitions, ipg buckets): a
+# block none holds at the step's end was freed unreported. gloo's worker thread can drop the last reference to a
+# collective's input after the caller: the flat bucket an all-reduce runs on (engine.py:3796 and
+# zero/stage_1_and_2.py:2367, allreduce_bucket), whose free the profiler then never sees (trainfit.measure.worker,
+# dist_peak.analyse_blocks alive)
+PYTHON_HELD = True
 PRECISIONS = ("bf16-master", "fp16-master", "fp32")
 
 
@@ -140,5 +146,5 @@ def prepare(spec, setup, device="cpu"):
                                  "not in one process")
 
 
-__all__ = ["NOTE", "DDP_TAKES_MESH", "STRATEGIES", "READ_BASELINE", "check", "check_ranks", "ds_config", "build", "wrap", "make_batches", "run_step",
+__all__ = ["NOTE", "DDP_TAKES_MESH", "STRATEGIES", "READ_BASELINE", "PYTHON_HELD", "check", "check_ranks", "ds_config", "build", "wrap", "make_batches", "run_step",
            "resident_tensors", "prepare"]

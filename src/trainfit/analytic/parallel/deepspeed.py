@@ -16,10 +16,11 @@ Paths are inside the deepspeed package; the defaults are stacks/deepspeed.toml f
     them to a new fp32 tensor (:3113-3118), freed after the update (:3142); the step ends with the all-gather of
     the updated partitions (:3155), into a flat buffer of the whole model under gloo (allgather_flat).
   * stage 3: DeepSpeedZeroOptimizer_Stage3: 16-bit partitions of the parameters (parameters under
-    stage3_param_persistence_threshold elements stay whole), the fp32 partition (stage3.py:1170-1172; none
-    under fp32: the partition itself is the master, :1162-1167), grad_partitions_flat_buffer (n/dp in the
-    accumulation dtype, :791), one ipg bucket (:782), and at the step an fp32 gradient of the largest
-    sub-group (:1306, sub_group_size).
+    stage3_param_persistence_threshold elements stay whole), the fp32 partition (stage3.py:1170-1172; cloned under
+    fp32 too, see deepspeed_states), grad_partitions_flat_buffer (n/dp in the accumulation dtype, :791), one ipg
+    bucket (:782), at the backward's end the last bucket's reduce-scatter copies (reduce_scatter_copies) with the
+    embedding still gathered (backward_leftovers), and at the step an fp32 gradient of the largest sub-group
+    (:1306, sub_group_size).
   * offload optimizer: the fp32 partition, its optimizer state and its fp32 gradient partition live in host
     memory (stage_1_and_2.py:278 device='cpu', :937-941; stage3.py:1158-1160, :1338), plus a 16-bit host copy
     of the partition that the update is copied through (stage_1_and_2.py:563-571); ZeRO-3's
@@ -71,15 +72,20 @@ class DeepSpeedStates:
     # ZeRO-3 offload: a reduced gradient partition staged on the device on its way to the host, from the first
     # reduction (the LM head's, after the loss's backward) on
     staged: float = 0.0
+    # the parameters still gathered when backward_end is made (None: as at the other backward moments)
+    end_gathered: float | None = None
 
     def backward_moments(self, gathered: float) -> dict:
         """phases.StepBytes.gathered_at: what is live beside the states at each backward moment."""
         if not (self.in_backward or self.backward_end or self.staged):
             return {}
         held = gathered + self.in_backward
+        end = (held if self.end_gathered is None else self.end_gathered + self.in_backward) + self.backward_end
+        # NB (ZeRO-3): the embedding's backward temporaries, added to this moment by phases.peak, are freed by the
+        # backward's end (its gradient copied into the bucket, stage3.py:1636-1640): over-counts by them there
         return {"loss_backward": held, "last_layer_backward": held + self.staged,
                 "first_layer_backward": held + self.staged,
-                "embedding_backward": held + self.staged + self.backward_end, "layer_backward": (held + self.staged, 0.0)}
+                "embedding_backward": max(held, end) + self.staged, "layer_backward": (held + self.staged, 0.0)}
 
 
 def overlap_comm(setup: Setup) -> bool:
@@ -103,23 +109,82 @@ def ipg_buckets(setup: Setup, w: float) -> float:
     return count * _fact(setup, "reduce_bucket_size") * grad_bytes(setup, w)
 
 
-def persistent_params(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
-    """ZeRO-3 leaves parameters below stage3_param_persistence_threshold elements whole on every rank
-    (parameter_offload.py:187): in a transformer the norm weights and biases (vectors of `hidden` elements).
-    NB: counted as the layer norms and the final norm only; small biases are not (under-counts by their
-    (1 - 1/dp) share, a few hidden-sized vectors per layer)."""
+def persistent_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) -> float:
+    """Elements ZeRO-3 leaves whole on every rank: each parameter of at most stage3_param_persistence_threshold
+    elements (parameter_offload.py:187, :315-328 mark_persistent_parameters: ds_numel <= threshold). A model the
+    replay lays out (zero3_replay.hf_model) is taken tensor by tensor: the norms, and in a small model its small
+    projections too (tiny-llama's q/k/v/o: 65,536 and 16,384 elements). NB: biases are not in that layout (under-
+    counts by their (1 - 1/dp) share, a few hidden-sized vectors per layer); another model: its layer norms and
+    final norm only."""
     thr = _fact(setup, "stage3_param_persistence_threshold")
-    norms = pc.norms if pc.norms < thr else 0
-    final = pc.final if (stage.head and pc.final < thr) else 0
+    if zero3_replay.replayable(spec):
+        model = _model(spec, pc, spec.family in setup.stack_facts.fact("leaf_module", "families"))
+        numel = model.numel
+        in_layers = {p for m in model.layers for p in m.subtree}
+        layers = sum(numel[p] for p in in_layers if numel[p] <= thr)
+        # the embedding, the final norm and an untied LM head (a tied head is the embedding's parameter)
+        rest = sum(numel[p] for p in set(model.root.subtree) - in_layers if numel[p] <= thr)
+        return layers * stage.layers / spec.layers + (rest if stage.head else 0)
+    norms = pc.norms if pc.norms <= thr else 0
+    final = pc.final if (stage.head and pc.final <= thr) else 0
     return stage.layers * norms + final
 
 
+def registration_order(spec: ModelSpec, pc: ParamCounts, setup: Setup) -> list[int] | None:
+    """Elements of each parameter in the order model.parameters() yields them (the client optimizer's group, which
+    ZeRO-1/2 flattens in that order: stage_1_and_2.py:428-434, :504-517), for a model zero3_replay lays out: the
+    embedding, each layer's modules as transformers' decoder layer registers them (self_attn, mlp, then its two
+    norms: models/llama/modeling_llama.py LlamaDecoderLayer.__init__), the final norm, an untied LM head. None for
+    another model. NB: biases are not in the layout, and a family registering its layer otherwise (extra norms,
+    norms first) is laid out as Llama's."""
+    if not zero3_replay.replayable(spec):
+        return None
+    model = _model(spec, pc, spec.family in setup.stack_facts.fact("leaf_module", "families"))
+    numel, root = model.numel, model.root
+    body, head = root.children
+    out = [numel[p] for p in body.children[0].subtree]  # the embedding
+    for layer in model.layers:  # box(input norm, self_attn, post norm, mlp), the forward's order
+        norm_in, attn, norm_post, mlp = layer.children
+        out += [numel[p] for m in (attn, mlp, norm_in, norm_post) for p in m.subtree]
+    out += [numel[p] for p in body.children[-1].subtree]  # the final norm
+    if not spec.tied_embeddings:
+        out += [numel[p] for p in head.subtree]
+    return out
+
+
+def partition_grad_elements(spec: ModelSpec, pc: ParamCounts, setup: Setup, n: float) -> float | None:
+    """ZeRO-1/2 with contiguous_gradients copy each reduced gradient of the rank's partition into grads_in_partition,
+    sized as the whole parameters the partition touches (stage_1_and_2.py:2185-2194, copy_grads_in_partition,
+    called for stage 2 at :2270-2271 and stage 1 at :2273-2274): a parameter cut by a partition edge is whole in
+    both ranks' buffers (get_partition_info :2579-2607). The partitions are len(flat) / dp elements, the flat group
+    padded to a multiple of 2·dp (:387, :441-446, :585). The most over the ranks, by registration_order; None
+    where the layout is not known or is not the rank's trainable parameters (`n`, e.g. LoRA adapters)."""
+    sizes = registration_order(spec, pc, setup)
+    dp = setup.dp
+    if sizes is None or setup.lora_rank or sum(sizes) != int(n) or dp <= 1:
+        return None
+    align = 2 * dp
+    size = -(-sum(sizes) // align) * align // dp
+    best = 0
+    for r in range(dp):
+        start, end, offset, total = r * size, (r + 1) * size, 0, 0
+        for x in sizes:
+            if start <= offset < end or offset < start < offset + x:
+                total += x
+            offset += x
+        best = max(best, total)
+    return float(best)
+
+
 def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Setup, persistent: float = 0.0,
-                     largest: float = 0.0, tensors: int = 0) -> DeepSpeedStates:
+                     largest: float = 0.0, tensors: int = 0, leftover: float = 0.0,
+                     kept: float | None = None) -> DeepSpeedStates:
     """n: parameters on this rank before ZeRO; optimizer_bytes: their unsharded optimizer state (fp32 states:
     the ZeRO optimizers hand the client optimizer the fp32 partition); persistent: ZeRO-3's whole small
     parameters; largest: the largest parameter (ZeRO-Offload stages its gradient through a buffer of it, the
-    clip's norm casts it); tensors: the parameter tensors (the clip's per-tensor norms)."""
+    clip's norm casts it); tensors: the parameter tensors (the clip's per-tensor norms); leftover: ZeRO-3's
+    parameters still gathered at the backward's end (backward_leftovers); kept: ZeRO-1/2's gradient elements
+    in the rank's partition buffer (partition_grad_elements; None: n/dp)."""
     dp, z = setup.dp, setup.zero
     w = st.weight  # the model dtype: 2 under bf16/fp16-master, 4 under fp32
     low = st.master > 0  # a 16-bit model with fp32 masters
@@ -143,12 +208,18 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         flat = min(n, _fact(setup, "stage0_allreduce")) * w if setup.dp > 1 else 0.0
         return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, 0.0, flat)
     opt = optimizer_bytes / dp
-    # stages 1-2 clone an fp32 partition even under fp32 (stage_1_and_2.py:556-577); stage 3 does not under
-    # fp32, the 16-bit partition is already fp32 (stage3.py:1162-1167)
-    master = part * FP32 if (z < 3 or low) else 0.0
+    # every stage clones an fp32 partition, under fp32 too: stages 1-2 always (stage_1_and_2.py:556-577); stage 3
+    # would reuse an fp32 partition already on its device (stage3.py:1162-1167), but compares its torch.device with
+    # self.device, the accelerator's device name, a string (:333, cpu_accelerator.py:67-68 / cuda_accelerator.py:
+    # 82-83), which no torch.device equals, so it takes the clone (:1169-1172)
+    master = part * FP32
     comm = ipg_buckets(setup, w)
-    in_backward = staged = 0.0
+    in_backward = staged = backward_end = 0.0
     if z < 3:
+        # NB: the reduction's flat copy of the bucket's gradients (stage_1_and_2.py:1707-1712 allreduce_and_scatter
+        # -> :2367 allreduce_bucket, min(n, reduce_bucket_size) elements) is not added at the backward's end: there
+        # the gradients are views of the bucket (:1455-1461), while the backward moments count the gradients made so
+        # far beside it; the two nearly cancel (ZeRO-2 -0.3 % on tiny-llama, bench/results/deepspeed_cpu.md)
         # ZeRO-1/2 allocate the buckets at the backward's start (engine.py:3313 -> stage_1_and_2.py:3256
         # setup_buckets) and free them at its end (:1061 -> :924 _release_ipg_buffers); ZeRO-3 keeps its one
         # bucket from construction on (stage3.py:782)
@@ -159,21 +230,24 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # the fp32 gradient of the largest sub-group at the step (stage3.py:1306); under fp32 the step uses
         # the flat buffer's own partition. NB: one sub-group (sub_group_size 1e9 > n/dp in every modelled case)
         transient = min(part, _fact(setup, "sub_group_size")) * FP32 if low else 0.0
+        backward_end = reduce_scatter_copies(n, setup, grad_bytes(setup, w))
     else:
         weights = n * w  # bit16_groups_flat (stage_1_and_2.py:509)
-        grads = part * grad_bytes(setup, w) if z == 2 else n * w  # grads_in_partition (:2192) / every .grad (stage 1)
+        kept = part if kept is None else kept  # grads_in_partition's whole parameters (partition_grad_elements)
+        grads = kept * grad_bytes(setup, w) if z == 2 else n * w  # grads_in_partition (:2192) / every .grad (stage 1)
         # :3113-3118: the partition's flat gradient and its fp32 cast are both live at the cast. Under fp32
         # the cast is a copy-free .to() (same dtype) and only the flat copy exists
         transient = part * w + (part * FP32 if low else 0.0)
         if z == 1:
-            # the step first frees the gradients outside the rank's partition (:3103 free_grad_in_param_list)
-            transient -= (n - part) * w
+            # the step first frees the gradients of the parameters outside the rank's partition (:3103
+            # free_grad_in_param_list); those it touches are views of grads_in_partition
+            transient -= (n - kept) * w
     # the clip's norm runs before the step's flat gradient is made (grad_clip.zero_clip), beside the rank's own
     # gradients: ZeRO-1 has by then reduced every gradient into its compact partition buffer (stage_1_and_2.py:
-    # 1034-1036, :1336-1340) and dropped the rest (:2395-2399 _clear_previous_reduced_grads), n - part of `grads`.
+    # 1034-1036, :1336-1340) and dropped the rest (:2395-2399 _clear_previous_reduced_grads), n - kept of `grads`.
     # NB: under ZeRO-Offload the norm is taken on the host copies (complete_grad_norm_calculation_for_cpu_offload):
     # not counted
-    dropped = (n - part) * w if z == 1 else 0.0
+    dropped = (n - (part if kept is None else kept)) * w if z == 1 else 0.0
     transient = max(transient, clip_work(setup, st, part, tensors, largest).temporaries - dropped)
     if off_opt:
         # host: fp32 partition, its optimizer state, its fp32 gradient, the 16-bit copy buffer
@@ -206,7 +280,41 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
         # the step's last moment, the all-gather of the updated 16-bit partitions: every gradient is freed by then
         transient = max(transient, allgather_flat(n, w, setup) - grads)
     return DeepSpeedStates(ModelStates(weights, grads, master, opt, comm), transient, host, in_backward,
-                           staged=staged)
+                           backward_end, staged, leftover * w if z == 3 else None)
+
+
+def backward_leftovers(pc: ParamCounts, setup: Setup, stage: Stage) -> float:
+    """Elements ZeRO-3 still holds gathered when the backward's last bucket is reduced: a module's parameters are
+    released by its post-backward hook, which only fires through inputs that require grad (parameter_offload.py:
+    429-431 ds_grads_remaining), so the token embedding (its input the token ids) stays gathered until the
+    optimizer's backward_epilogue releases such leftovers (stage3.py:3066-3068), which the engine calls after the
+    reduction (engine.py:3165 allreduce_gradients -> :3086-3087 -> stage3.py:1484-1485, then :3169).
+    NB: the embedding modules taken whole (ParamCounts.embedding: any position table and embedding norm with the
+    word table); 0 when it is persistent
+    (under stage3_param_persistence_threshold: already whole in the weights)."""
+    if setup.zero < 3 or not stage.embedding:
+        return 0.0
+    table = pc.embedding
+    return table if table >= _fact(setup, "stage3_param_persistence_threshold") else 0.0
+
+
+def reduce_scatter_copies(n: float, setup: Setup, gb: float) -> float:
+    """ZeRO-3's last bucket reduction, at the backward's end (independent_gradient_partition_epilogue, stage3.py:
+    1407-1410): with reduce_scatter (stacks/deepspeed.toml) __avg_scatter_grads (:1678, :1931) hands the bucket's
+    gradients to reduce_scatter_coalesced, which interleaves every tensor's dp partitions into one new flat tensor
+    (runtime/comm/coalesced_collectives.py:109-122 torch.cat, each tensor padded to a multiple of dp), reduce-scatters
+    it, and returns views of the rank's slice that partition_grads copies into the gradient partition buffer
+    (stage3.py:2024-2027) while the flat still lives. gloo (the CPU backend) clones the reduce-scatter's input too
+    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp _reduce_scatter_base, as parallel/zero.py
+    reduce_scatter_transient); NCCL reduces in place. The bucket holds every gradient not reduced yet, up to
+    reduce_bucket_size elements, in the reduction dtype `gb`.
+    NB: min(n, reduce_bucket_size) taken at the backward's end only: a model over the bucket reduces a full bucket
+    mid-backward too, with more activations live (under-counts there), and its last bucket holds the remainder
+    (over-counts here); a bucket of one tensor divisible by dp is reduced without the copy (:102-105, over-counts)."""
+    if setup.zero < 3 or not _fact(setup, "reduce_scatter"):
+        return 0.0
+    flat = min(n, _fact(setup, "reduce_bucket_size")) * gb
+    return flat * (2 if setup.device == "cpu" and setup.dp > 1 else 1)
 
 
 def gradients_leave_device(setup: Setup) -> bool:
