@@ -9,7 +9,7 @@ from trainfit import limits
 from trainfit.setup import SETTINGS
 
 HUGE = (10**6, 10**9, 10**12, 10**18, 2**63, 10**30)
-WALL = 10  # seconds per case: generous (slow CI machines); each answers in about 2 s here
+WALL = 60  # seconds per case: a hang guard, not a speed target (each answers in about 2 s on an idle 2-core machine; a loaded one is slower)
 INTS = [s for s in SETTINGS if s.base_type is int and s.meta.choices is None]
 
 
