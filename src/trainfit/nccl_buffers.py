@@ -24,8 +24,7 @@ from .hardware import GPU
 
 
 def _conf() -> dict:
-    from .overheads import data
-    return data()["nccl"]
+    return _overheads.data()["nccl"]
 
 
 def interconnect(gpu: GPU) -> dict | None:
@@ -111,3 +110,8 @@ def communicator_bytes(gpu: GPU, ranks: int, nvls_local: int | None = None) -> i
         return _conf()["max_channels"] * channel_bytes({"pcie": "gen4", "sm": 0}, ranks)
     local = ranks if nvls_local is None else nvls_local
     return ring_channels(link) * channel_bytes(link, ranks) + nvls_bytes(link, local)
+
+
+# (imported last, as the module, not its names: overheads imports this module; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from . import overheads as _overheads  # noqa: E402

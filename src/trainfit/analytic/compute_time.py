@@ -33,6 +33,7 @@ from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_
                   grad_accumulations, head_backward_extra, head_forward, layer_forward,
                   norm_ops, recomputed, shape_of)
 from .params import ParamCounts
+from .parallel.collectives import _LINKS
 from .precision import StateBytes
 from .stacks import model_for
 from .timing import compute_dtype
@@ -369,6 +370,7 @@ def clear_memos() -> None:
     _CACHE.clear()
     _LAYERS.clear()
     _gemm_seconds.cache_clear()
+    _LINKS.clear()  # (Links.of's, of the kernel data's link fractions)
 
 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,

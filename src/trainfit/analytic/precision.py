@@ -41,10 +41,9 @@ def fsdp_policy_on(setup: Setup) -> bool:
     policy), and the stack sets one: its mechanism is fsdp2 (torchtitan, instead of autocast:
     torchtitan/distributed/utils.py:243-263, maybe_enable_amp: autocast only without FSDP) or its [mixed_precision]
     fsdp_policy is on (hf: accelerate's policy beside its autocast, stacks/hf.toml)."""
-    from .parallel.zero import shard_ranks  # (dp × cp on torchtitan: its FSDP spans the context-parallel ranks)
-
+    # (shard_ranks: dp × cp on torchtitan, its FSDP spans the context-parallel ranks)
     mp = setup.stack_facts.facts.get("mixed_precision", {})
-    return (shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
+    return (_zero.shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
             and (mp.get("value") == "fsdp2" or bool(mp.get("fsdp_policy")))
             and bool(PRECISIONS[setup.precision].autocast))
 
@@ -150,3 +149,8 @@ def _state_bytes(setup: Setup) -> StateBytes:
         **{name: torchao_optim.per_element(setup) for name in TORCHAO_OPTIMIZERS if name == setup.optimizer},
     }[setup.optimizer]
     return StateBytes(weight, grad, master, opt, setup.optimizer == "adafactor", act, residual, autocast, param, reduce)
+
+
+# (imported last, as the module, not its names: parallel/zero.py imports this module; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from .parallel import zero as _zero  # noqa: E402
