@@ -14,7 +14,6 @@ encoder-decoder (T5): its two stacks' lists (encoder_decoder_time.stage_compute)
 """
 from __future__ import annotations
 
-import copy
 import math
 from itertools import product
 
@@ -358,7 +357,7 @@ def op_list_setup(setup: Setup, recompute: bool = False) -> Setup:
         ((("vpp", 1),) if setup.recompute_policy != "block" else ())
     if all(getattr(setup, k) == v for k, v in fixed):
         return setup
-    key = copy.copy(setup)  # (a key, never run: no validation of the fixed values)
+    key = setup.copied()  # (a key, never run: no validation of the fixed values)
     for k, v in fixed:
         object.__setattr__(key, k, v)
     return key

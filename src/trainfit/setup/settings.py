@@ -3,7 +3,6 @@ question: GPU, utilisation, budget) with its type, default, help, choices, bound
 and `check_value` / `parse_value` / `refuse_inapplicable` read those declarations."""
 from __future__ import annotations
 
-import copy
 import math
 import os as _os
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -676,6 +675,14 @@ class Setup:
         _DERIVED[key] = (self, new)
         return new
 
+    def copied(self) -> "Setup":
+        """copy.copy(self) without its pickle-protocol round trip (__reduce_ex__, copyreg): a Setup is its fields'
+        __dict__ (no slots, no state of its own), so a new object with that dict copied is the same copy. For the
+        callers that set fields on the copy before anyone sees it (with_micro_batches, compute_time.op_list_setup)."""
+        new = object.__new__(Setup)
+        new.__dict__.update(self.__dict__)
+        return new
+
     def _replaced(self, changes: dict) -> "Setup":
         """dataclasses.replace(self, **changes) without its keyword round trip through __init__ (~90 fields, each
         set through object.__setattr__): this setup's fields copied, the changes set, then __post_init__ (its
@@ -684,8 +691,7 @@ class Setup:
         own TypeError."""
         if not changes.keys() <= _SETUP_FIELDS:
             return replace(self, **changes)
-        new = object.__new__(Setup)
-        new.__dict__.update(self.__dict__)
+        new = self.copied()
         for k, v in changes.items():
             object.__setattr__(new, k, v)
         new.__post_init__()
@@ -699,7 +705,7 @@ class Setup:
         grad_accum = self.grad_accum if grad_accum is None else grad_accum
         if self.mode != "train":
             return self.with_(batch=batch, grad_accum=grad_accum)
-        new = copy.copy(self)  # (no __init__: the other fields are this validated setup's)
+        new = self.copied()  # (no __init__: the other fields are this validated setup's)
         object.__setattr__(new, "batch", batch)
         object.__setattr__(new, "grad_accum", grad_accum)
         _rules.micro_batch_rules(new)
@@ -823,11 +829,32 @@ def _example(s: Setting) -> str:
     return f" (e.g. {s.flag} {s.meta.example})" if s.meta.example else ""
 
 
+# Values check_value passed, as (setting, value's type, value, mode): the check is a function of those alone (its
+# choices, bounds and `check` rules read no state) but --stack's, whose choices are the stack folders' (not kept).
+# Every Setup built checks its ~90 settings again (Setup.with_, the planner's setups): most values recur.
+_PASSED: set = set()
+_PASSED_MAX = 8192
+
+
 def check_value(s: Setting, v: Any, mode: str = "train") -> None:
     """One setting's value: its type, bounds and allowed choices."""
-    m = s.meta
     if v is None:
         return
+    try:
+        key = (s.name, type(v), v, mode)
+        if key in _PASSED:
+            return
+    except TypeError:  # an unhashable value: checked, not kept
+        key = None
+    _check_value(s, v, mode)
+    if key is not None and s.name != "stack":
+        if len(_PASSED) >= _PASSED_MAX:
+            _PASSED.clear()
+        _PASSED.add(key)
+
+
+def _check_value(s: Setting, v: Any, mode: str) -> None:
+    m = s.meta
     t = s.base_type
     if t is bool:
         if not isinstance(v, bool):
@@ -858,6 +885,23 @@ def check_value(s: Setting, v: Any, mode: str = "train") -> None:
             raise SetupError(f"{s.flag} must be at most {m.maximum:,}, got {v!r}{_example(s)}{why}")
 
 
+_INAPPLICABLE: dict = {}  # (id(settings), mode) -> (settings, those of them that do not apply to mode)
+
+
+def _inapplicable(settings, mode: str) -> tuple:
+    """The settings of `settings` (a tuple, as the registry's are) that do not apply to `mode`, in order;
+    remembered per tuple object and mode, the entry holding the tuple (its id is not reused while it lives)."""
+    hit = _INAPPLICABLE.get((id(settings), mode))
+    if hit is not None and hit[0] is settings:
+        return hit[1]
+    out = tuple(s for s in settings if mode not in s.meta.modes)
+    if isinstance(settings, tuple):  # (a list could change: not kept)
+        if len(_INAPPLICABLE) >= 64:
+            _INAPPLICABLE.clear()
+        _INAPPLICABLE[(id(settings), mode)] = (settings, out)
+    return out
+
+
 def parse_value(s: Setting, value: Any) -> Any:
     """Text from the CLI or the web -> the setting's value, with a one-line error naming the flag."""
     if s.meta.repeatable and not isinstance(value, str):  # the flag given several times (or not at all)
@@ -872,7 +916,7 @@ def parse_value(s: Setting, value: Any) -> Any:
 
 def refuse_inapplicable(values, settings, mode: str) -> None:
     """Flags set away from their default that do not apply to `mode` are refused, not ignored (named at once)."""
-    off = [s for s in settings if mode not in s.meta.modes and getattr(values, s.name) != s.default]
+    off = [s for s in _inapplicable(settings, mode) if getattr(values, s.name) != s.default]
     if off:
         flags, them = " and ".join(s.flag for s in off), "them" if len(off) > 1 else "it"
         where = {"/".join(s.meta.modes) for s in off}
