@@ -13,6 +13,7 @@ foreach_reduce reduce-scatters the gradients in reduce_dtype).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..precision import DTYPE_BYTES, PRECISIONS
 from ..setup import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, Setup
@@ -43,7 +44,7 @@ def fsdp_policy_on(setup: Setup) -> bool:
     fsdp_policy is on (hf: accelerate's policy beside its autocast, stacks/hf.toml)."""
     # (shard_ranks: dp × cp on torchtitan, its FSDP spans the context-parallel ranks)
     mp = setup.stack_facts.facts.get("mixed_precision", {})
-    return (_zero.shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
+    return (_zero().shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
             and (mp.get("value") == "fsdp2" or bool(mp.get("fsdp_policy")))
             and bool(PRECISIONS[setup.precision].autocast))
 
@@ -151,6 +152,11 @@ def _state_bytes(setup: Setup) -> StateBytes:
     return StateBytes(weight, grad, master, opt, setup.optimizer == "adafactor", act, residual, autocast, param, reduce)
 
 
-# (imported last, as the module, not its names: parallel/zero.py imports this module; a function-level import costs its
-# resolution on every call, and this one sits on the engine's and the planner's hot path)
-from .parallel import zero as _zero  # noqa: E402
+@lru_cache(maxsize=1)
+def _zero():
+    """analytic/parallel/zero.py, imported on first use (it imports this module, and importing it at the end of this
+    one breaks the import of parallel/fsdp1.py first); then looked up here, not resolved as an import each call (the
+    engine's and the planner's hot path)."""
+    from .parallel import zero
+
+    return zero
