@@ -131,9 +131,7 @@ def usual_node(gpu: GPU) -> Cluster:
     """The GPU's usual node: gpus.json's gpus_per_node GPUs, one NIC of its inter_node_bandwidth each; NVLS where
     NCCL turns it on by default (an sm_90+ NVSwitch node of more than 2 GPUs: data/overheads.toml [nccl.gpus],
     transport/nvls.cc)."""
-    from .nccl_buffers import interconnect
-
-    link = interconnect(gpu) or {}
+    link = _nccl_buffers.interconnect(gpu) or {}
     nvls = "nvlinks" in link and link.get("sm", 0) >= 90 and gpu.gpus_per_node > 2
     return Cluster(f"{gpu.name} node", gpu.gpus_per_node, gpu.gpus_per_node, gpu.inter_node_bandwidth, nvls,
                    source=gpu.source)
@@ -155,3 +153,8 @@ def with_cluster(gpu: GPU, cluster: Cluster | None) -> GPU:
 def cluster_of(gpu: GPU) -> Cluster:
     """The cluster `gpu` runs in: the one with_cluster placed it in, else its usual node."""
     return gpu.cluster if isinstance(gpu.cluster, Cluster) else usual_node(gpu)
+
+
+# (imported last, as the module, not its names: nccl_buffers.py reads the overheads, which read the clusters; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from . import nccl_buffers as _nccl_buffers  # noqa: E402

@@ -159,7 +159,14 @@ class StepTime:
     grad_clip: float = 0.0  # of `optimizer`: the stack's gradient clipping (passes, launches, norm all-reduces)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """asdict(self) without its recursion: the fields are numbers and a string but compute_terms, a dict of
+        numbers (copied, as asdict copies it)."""
+        d = {name: getattr(self, name) for name in _STEP_TIME_FIELDS}
+        d["compute_terms"] = dict(self.compute_terms)
+        return d
+
+
+_STEP_TIME_FIELDS = tuple(f.name for f in fields(StepTime))
 
 
 @dataclass(frozen=True)

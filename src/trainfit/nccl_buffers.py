@@ -19,13 +19,13 @@ algorithm on its first use (NCCL_RUNTIME_CONNECT): until the stack has run both 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from .hardware import GPU
 
 
 def _conf() -> dict:
-    from .overheads import data
-    return data()["nccl"]
+    return _overheads.data()["nccl"]
 
 
 def interconnect(gpu: GPU) -> dict | None:
@@ -103,11 +103,22 @@ def communicator_bytes(gpu: GPU, ranks: int, nvls_local: int | None = None) -> i
     NB: PCIe cards are counted with the P2P transport (NCCL's choice wherever the driver allows peer access,
     graph/paths.cc:278-302); where it does not (many VMs, GeForce cards) NCCL uses SHM, whose FIFOs are in host
     memory: over-counts there. NB: GPUs without an [nccl.gpus] entry (AMD: RCCL's own search) get MAXCHANNELS on
-    the P2P rule (direction unknown)."""
+    the P2P rule (direction unknown). Memoised on what it reads of the GPU (its kernel data's name, which
+    interconnect looks up): the planner asks per layout group, the estimate per communicator."""
+    return _communicator_bytes(gpu.kernels, ranks, nvls_local)
+
+
+@lru_cache(maxsize=1024, typed=True)
+def _communicator_bytes(kernels: str, ranks: int, nvls_local: int | None) -> int:
     if ranks < 2:
         return 0
-    link = interconnect(gpu)
+    link = _conf()["gpus"].get(kernels)  # (interconnect's lookup)
     if link is None:
         return _conf()["max_channels"] * channel_bytes({"pcie": "gen4", "sm": 0}, ranks)
     local = ranks if nvls_local is None else nvls_local
     return ring_channels(link) * channel_bytes(link, ranks) + nvls_bytes(link, local)
+
+
+# (imported last, as the module, not its names: overheads imports this module; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from . import overheads as _overheads  # noqa: E402

@@ -27,6 +27,7 @@ def _table() -> dict:
     return load_toml("servers.toml")
 
 
+@lru_cache(maxsize=None)  # (a few engines; servers.toml is read once, _table)
 def versions(engine: str) -> tuple[str, ...]:
     """The listed releases of `engine`, newest first."""
     return tuple(sorted(_table()[engine]["versions"], key=_release_key, reverse=True))

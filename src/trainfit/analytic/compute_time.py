@@ -14,7 +14,6 @@ encoder-decoder (T5): its two stacks' lists (encoder_decoder_time.stage_compute)
 """
 from __future__ import annotations
 
-import copy
 import math
 from itertools import product
 
@@ -35,6 +34,7 @@ from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_
                   norm_ops, recomputed, shape_of)
 from .ops.loss import metric_losses
 from .params import ParamCounts
+from .parallel.collectives import _LINKS
 from .precision import StateBytes
 from .stacks import model_for
 from .timing import compute_dtype
@@ -369,7 +369,7 @@ def op_list_setup(setup: Setup, recompute: bool = False) -> Setup:
         ((("vpp", 1),) if setup.recompute_policy != "block" else ())
     if all(getattr(setup, k) == v for k, v in fixed):
         return setup
-    key = copy.copy(setup)  # (a key, never run: no validation of the fixed values)
+    key = setup.copied()  # (a key, never run: no validation of the fixed values)
     for k, v in fixed:
         object.__setattr__(key, k, v)
     return key
@@ -381,6 +381,7 @@ def clear_memos() -> None:
     _CACHE.clear()
     _LAYERS.clear()
     _gemm_seconds.cache_clear()
+    _LINKS.clear()  # (Links.of's, of the kernel data's link fractions)
 
 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,

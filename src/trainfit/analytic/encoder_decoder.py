@@ -29,9 +29,7 @@ MODELLED = ("t5", "mt5")
 def modelled(spec: ModelSpec) -> bool:
     """Whether `spec` is an encoder-decoder whose inference the analytic engine models: T5 / mT5 here, BART and
     Whisper in encdec_absolute.py."""
-    from . import encdec_absolute  # noqa: PLC0415 (it reads this module's caches and activation terms)
-
-    return spec.encdec is not None and (spec.family in MODELLED or spec.family in encdec_absolute.MODELLED)
+    return spec.encdec is not None and (spec.family in MODELLED or spec.family in _encdec_absolute.MODELLED)
 
 
 def absolute(spec: ModelSpec):
@@ -276,3 +274,8 @@ def prefill_flops(spec: ModelSpec, setup: Setup) -> float:
     decoder = spec.encdec.decoder_layers * b * (t * (2 * (6 * h * q + mlp) + 4 * q * t + 4 * q * s)
                                                 + s * 2 * 2 * h * q)
     return encoder + decoder + 2 * b * t * spec.vocab * h
+
+
+# (imported last, as the module, not its names: encdec_absolute reads this module's caches and activation terms; a function-level import costs its
+# resolution on every call, and this one sits on the engine's hot path)
+from . import encdec_absolute as _encdec_absolute  # noqa: E402

@@ -56,9 +56,7 @@ def required(spec: ModelSpec, setup: Setup, mem, pc=None) -> int:
     and the MLP's freed blocks: gpt2, pythia-160m -9 to -11 %; llama-3.1-8b bf16, two of the loss's blocks: -2.1 %)
     and by the activations' 20 MiB segment slack in sub-GiB steps; mostly over on real-size steps (a conservative
     verdict). Can exceed the analytic reserved by segment_slack, which reserved_from_allocated leaves out."""
-    from .engine import transient_blocks
-
-    return mem.peak + pinned_block(transient_blocks(spec, setup, mem, pc)) + segment_slack(spec, setup, mem)
+    return mem.peak + pinned_block(_engine.transient_blocks(spec, setup, mem, pc)) + segment_slack(spec, setup, mem)
 
 
 def pinned_block(blocks: list[int]) -> int:
@@ -80,19 +78,14 @@ def segment_slack(spec: ModelSpec, setup: Setup, mem) -> int:
     torchtitan, no LoRA). NB: under elsewhere (Megatron's and
     DeepSpeed's flat buffers: one segment each, slack < 2 MiB; LoRA's frozen weights), for the activations (their
     own segments, and 20 MiB packing where they are 1-10 MiB: small steps), and for packing taken as perfect."""
-    from .engine import _torch_optim_on_cuda
-    from .foreach_segments import parameter_tensors
-    from .optimizer import state_tensors, temporary_bytes
-    from .precision import state_bytes
-
-    if not _torch_optim_on_cuda(setup):
+    if not _engine._torch_optim_on_cuda(setup):
         return 0
-    st = state_bytes(setup)
-    per = temporary_bytes(setup, st)
+    st = _precision.state_bytes(setup)
+    per = _optimizer.temporary_bytes(setup, st)
     kinds = [st.weight, st.master, st.grad if mem.at_peak.get("gradients", 0) else 0]
     if not mem.paged_optimizer_states:  # paged: unified memory, not segments
-        kinds += [per] * state_tensors(setup, st)
-    requests = [(int(n * b), c) for n, c in parameter_tensors(spec, setup) for b in kinds if b]
+        kinds += [per] * _optimizer.state_tensors(setup, st)
+    requests = [(int(n * b), c) for n, c in _foreach_segments.parameter_tensors(spec, setup) for b in kinds if b]
     return overheads.held_segments(requests) - sum(n * c for n, c in requests)
 
 
@@ -161,3 +154,9 @@ def with_fit(est, gpu: GPU | None, reserve: int = 0):
     if gpu is None or needed is None:
         return est
     return replace(est, fit=verdict(gpu, est.setup, needed, reserve, est.detail.paged_optimizer_states or 0))
+
+
+# (imported last, as the module, not its names: engine.py imports this module; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from . import engine as _engine, foreach_segments as _foreach_segments, optimizer as _optimizer, \
+    precision as _precision  # noqa: E402

@@ -100,8 +100,6 @@ def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forwar
       layer:N    every N-th layer's forward again (torchtitan _apply_layer_sac: the blocks whose count is a
                  multiple of N).
     NB: the elementwise ops every policy re-runs (norms, rotary, activations) are not counted, as in the forward."""
-    from .recompute import op_sac_saved_matmuls, op_sac_stores_sdpa  # (recompute imports nothing from here)
-
     r = setup.recompute
     if r == "full":
         return layers * layer_forward
@@ -112,8 +110,8 @@ def recompute_per_token(spec: ModelSpec, setup: Setup, layers: int, layer_forwar
     if r == "op":
         from .nvfp4 import sac_mm_share  # (NVFP4 layers re-run every matmul: analytic/nvfp4.py)
 
-        stored = sac_mm_share(spec, setup) * sum(2 * out * inp for _, out, inp, _ in op_sac_saved_matmuls(spec, setup))
-        stored += attention_per_layer if op_sac_stores_sdpa(spec, setup) else 0.0
+        stored = sac_mm_share(spec, setup) * sum(2 * out * inp for _, out, inp, _ in _recompute.op_sac_saved_matmuls(spec, setup))
+        stored += attention_per_layer if _recompute.op_sac_stores_sdpa(spec, setup) else 0.0
         return layers * (layer_forward - stored)
     if r.startswith("layer:"):
         return layers // setup.layers_every * layer_forward
@@ -157,3 +155,8 @@ def step_flops(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> 
         recompute += tower
     backward = 2 * (fwd + tower) - vlm.patch_embed_flops(spec, setup) * setup.grad_accum
     return StepFlops(fwd + tower, backward, recompute, 3 * fpt, fpt)
+
+
+# (imported last, as the module, not its names: recompute.py's imports reach this module; a function-level import costs its
+# resolution on every call, and this one sits on the engine's hot path)
+from . import recompute as _recompute  # noqa: E402

@@ -193,7 +193,19 @@ def launch_seconds(gpu: GPU, launch: Launch, bytes_per_element: float, access: s
 def pass_seconds(gpu: GPU, runs: tuple[tuple[int, int], ...], depth: int, bytes_per_element: float, access: str,
                  scalar_list: bool = False, iteration_seconds: float | None = None) -> tuple[float, int]:
     """(seconds without launch costs, launches) of one multi_tensor_apply op over the tensors in `runs` (runs_of),
-    reading and writing `bytes_per_element` per element in all of its lists."""
+    reading and writing `bytes_per_element` per element in all of its lists. Memoised on its arguments (an
+    optimizer step and a clip run the same passes over the same tensors: the estimate and the planner's setups of
+    one layout ask again and again); the GPU by equality, which covers every field it reads (its bandwidth, kernel
+    data name, power)."""
+    try:
+        return _pass_seconds(gpu, runs, depth, bytes_per_element, access, scalar_list, iteration_seconds)
+    except TypeError:  # an unhashable argument: not memoised
+        return _pass_seconds.__wrapped__(gpu, runs, depth, bytes_per_element, access, scalar_list, iteration_seconds)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _pass_seconds(gpu: GPU, runs: tuple[tuple[int, int], ...], depth: int, bytes_per_element: float, access: str,
+                  scalar_list: bool, iteration_seconds: float | None) -> tuple[float, int]:
     launches = pack(runs, tensor_limit(depth, scalar_list))
     return (sum(n * launch_seconds(gpu, ln, bytes_per_element, access, iteration_seconds) for ln, n in launches),
             sum(n for _, n in launches))

@@ -13,6 +13,7 @@ foreach_reduce reduce-scatters the gradients in reduce_dtype).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..precision import DTYPE_BYTES, PRECISIONS
 from ..setup import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, Setup
@@ -41,10 +42,9 @@ def fsdp_policy_on(setup: Setup) -> bool:
     policy), and the stack sets one: its mechanism is fsdp2 (torchtitan, instead of autocast:
     torchtitan/distributed/utils.py:243-263, maybe_enable_amp: autocast only without FSDP) or its [mixed_precision]
     fsdp_policy is on (hf: accelerate's policy beside its autocast, stacks/hf.toml)."""
-    from .parallel.zero import shard_ranks  # (dp × cp on torchtitan: its FSDP spans the context-parallel ranks)
-
+    # (shard_ranks: dp × cp on torchtitan, its FSDP spans the context-parallel ranks)
     mp = setup.stack_facts.facts.get("mixed_precision", {})
-    return (shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
+    return (_zero().shard_ranks(setup) > 1 and setup.zero >= 2 and setup.mode == "train"
             and (mp.get("value") == "fsdp2" or bool(mp.get("fsdp_policy")))
             and bool(PRECISIONS[setup.precision].autocast))
 
@@ -150,3 +150,13 @@ def _state_bytes(setup: Setup) -> StateBytes:
         **{name: torchao_optim.per_element(setup) for name in TORCHAO_OPTIMIZERS if name == setup.optimizer},
     }[setup.optimizer]
     return StateBytes(weight, grad, master, opt, setup.optimizer == "adafactor", act, residual, autocast, param, reduce)
+
+
+@lru_cache(maxsize=1)
+def _zero():
+    """analytic/parallel/zero.py, imported on first use (it imports this module, and importing it at the end of this
+    one breaks the import of parallel/fsdp1.py first); then looked up here, not resolved as an import each call (the
+    engine's and the planner's hot path)."""
+    from .parallel import zero
+
+    return zero

@@ -38,7 +38,7 @@ from ..estimate import Estimate, StepTime
 from ..hardware import GPU
 from ..models.hf_config import for_setup
 from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check_recompute, check_value
-from ..spec import ModelSpec
+from ..spec import ModelSpec, VisionSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
 from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
@@ -170,8 +170,6 @@ def group_setup(spec: ModelSpec, **settings) -> Setup:
     Setup.with_, which checks every rule of the Setup again; the Request's own checks are its run settings' (GPU,
     price, budget), which the planner never sets, and its value checks are the Setup's (tests/plan/
     test_search_exact.py compares the two). A vision model's defaults depend on more settings: planned_setup."""
-    from ..spec import VisionSpec
-
     if isinstance(spec, VisionSpec) or getattr(spec, "vision", None) is not None:
         return planned_setup(spec, **settings)
     key = (spec, settings["seq"])

@@ -2,6 +2,8 @@
 --alloc-conf): each raises one line naming the flag."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..errors import SetupError
 from .pp_layout import is_layout, parse as parse_layout
 from .vocab import OFFLOAD, RECOMPUTE, RECOMPUTE_PATTERNS
@@ -70,6 +72,7 @@ def _named(v: str, allowed: tuple[str, ...], flag: str, what: str, example: str)
     return names
 
 
+@lru_cache(maxsize=256)  # (a str -> a tuple; the planner and the Megatron engine parse the same few values per call)
 def parse_recompute_modules(v: str) -> tuple[str, ...]:
     """The module names of --recompute-modules ("layernorm,moe_act"), checked against RECOMPUTE_MODULES."""
     return _named(v, RECOMPUTE_MODULES, "--recompute-modules", "Megatron recompute module", "layernorm,moe_act")

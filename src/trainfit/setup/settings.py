@@ -3,8 +3,8 @@ question: GPU, utilisation, budget) with its type, default, help, choices, bound
 and `check_value` / `parse_value` / `refuse_inapplicable` read those declarations."""
 from __future__ import annotations
 
-import copy
 import math
+import os as _os
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Callable, Optional
 
@@ -552,11 +552,9 @@ class Setup:
         if self.mode == "rl" and isinstance(self.prompt_len, int) and isinstance(self.completion_len, int):
             # an RL step's sequences are its prompts and completions: --seq follows them
             object.__setattr__(self, "seq", self.prompt_len + self.completion_len)
-        from .rules import validate  # (rules.py imports this module)
-
         if self.liger and self.loss == "full" and self.mode == "train":  # --liger's loss: Liger's fused linear cross-entropy (liger.py)
             object.__setattr__(self, "loss", "fused-linear")
-        validate(self)
+        _rules.validate(self)
         if self.recompute == "selective":  # the stack's own meaning, resolved once (stacks/*.toml [recompute])
             stack = _stacks.get_stack(self.stack)
             meaning = stack.fact("recompute", "selective")
@@ -659,7 +657,48 @@ class Setup:
         return _precision.PRECISIONS[self.precision]
 
     def with_(self, **changes) -> "Setup":
-        return replace(self, **changes)
+        """This setup with `changes`, validated (a new Setup). Memoised on this object and the changes: the
+        engines derive the same setups again and again (recompute.layer_setup per layer kind, the fit advice's
+        and the planner's variants), each a full validation (~100 µs). A Setup never changes once built (frozen;
+        with_micro_batches and compute_time.op_list_setup alter fresh copies only), so the setup derived from one
+        is the same every time; the memo holds the object it was derived from, so its id is not reused while the
+        entry lives. Keyed by identity and the values' types, never by equality (2 == 2.0 == True: an equal setup
+        of other types would hand back a setup of its types), and on the stack folders (validate reads them)."""
+        try:
+            key = (id(self), tuple((k, type(v), v) for k, v in changes.items()),
+                   _os.environ.get(_stacks.PATH_VARIABLE))
+            hit = _DERIVED.get(key)
+        except TypeError:  # an unhashable value: not memoised
+            return self._replaced(changes)
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        new = self._replaced(changes)
+        if len(_DERIVED) >= _DERIVED_MAX:  # bounded: the oldest entry goes
+            _DERIVED.pop(next(iter(_DERIVED)), None)
+        _DERIVED[key] = (self, new)
+        return new
+
+    def copied(self) -> "Setup":
+        """copy.copy(self) without its pickle-protocol round trip (__reduce_ex__, copyreg): a Setup is its fields'
+        __dict__ (no slots, no state of its own), so a new object with that dict copied is the same copy. For the
+        callers that set fields on the copy before anyone sees it (with_micro_batches, compute_time.op_list_setup)."""
+        new = object.__new__(Setup)
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def _replaced(self, changes: dict) -> "Setup":
+        """dataclasses.replace(self, **changes) without its keyword round trip through __init__ (~90 fields, each
+        set through object.__setattr__): this setup's fields copied, the changes set, then __post_init__ (its
+        normalisations and every rule, as __init__ runs them) on the result. Same fields in, same object out:
+        replace passes __init__ this setup's field values, which is what the copy holds. An unknown name: replace's
+        own TypeError."""
+        if not changes.keys() <= _SETUP_FIELDS:
+            return replace(self, **changes)
+        new = self.copied()
+        for k, v in changes.items():
+            object.__setattr__(new, k, v)
+        new.__post_init__()
+        return new
 
     def with_micro_batches(self, batch: int, grad_accum: int | None = None) -> "Setup":
         """This training setup with another micro-batch (and accumulation): the Setup `with_(batch=...,
@@ -669,13 +708,18 @@ class Setup:
         grad_accum = self.grad_accum if grad_accum is None else grad_accum
         if self.mode != "train":
             return self.with_(batch=batch, grad_accum=grad_accum)
-        new = copy.copy(self)  # (no __init__: the other fields are this validated setup's)
+        new = self.copied()  # (no __init__: the other fields are this validated setup's)
         object.__setattr__(new, "batch", batch)
         object.__setattr__(new, "grad_accum", grad_accum)
-        from .rules import micro_batch_rules
-
-        micro_batch_rules(new)
+        _rules.micro_batch_rules(new)
         return new
+
+
+_SETUP_FIELDS = frozenset(f.name for f in fields(Setup) if f.init)  # (Setup._replaced)
+
+# Setup.with_'s memo: (id(setup), changes, stack folders) -> (setup, derived setup); a few KB an entry
+_DERIVED: dict = {}
+_DERIVED_MAX = 2048
 
 
 @dataclass(frozen=True)
@@ -783,25 +827,50 @@ def choices_for(s: Setting, mode: str) -> tuple | None:
     return s.meta.choices
 
 
+def _example(s: Setting) -> str:
+    """" (e.g. --flag VALUE)" for a setting with an example, "" without (for its error messages)."""
+    return f" (e.g. {s.flag} {s.meta.example})" if s.meta.example else ""
+
+
+# Values check_value passed, as (setting, value's type, value, mode): the check is a function of those alone (its
+# choices, bounds and `check` rules read no state) but --stack's, whose choices are the stack folders' (not kept).
+# Every Setup built checks its ~90 settings again (Setup.with_, the planner's setups): most values recur.
+_PASSED: set = set()
+_PASSED_MAX = 8192
+
+
 def check_value(s: Setting, v: Any, mode: str = "train") -> None:
     """One setting's value: its type, bounds and allowed choices."""
-    m = s.meta
     if v is None:
         return
+    try:
+        key = (s.name, type(v), v, mode)
+        if key in _PASSED:
+            return
+    except TypeError:  # an unhashable value: checked, not kept
+        key = None
+    _check_value(s, v, mode)
+    if key is not None and s.name != "stack":
+        if len(_PASSED) >= _PASSED_MAX:
+            _PASSED.clear()
+        _PASSED.add(key)
+
+
+def _check_value(s: Setting, v: Any, mode: str) -> None:
+    m = s.meta
     t = s.base_type
-    example = f" (e.g. {s.flag} {m.example})" if m.example else ""
     if t is bool:
         if not isinstance(v, bool):
             raise SetupError(f"{s.flag} is a switch (true/false), got {v!r}")
         return
     if t is int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise SetupError(f"{s.flag} must be an integer, got {v!r}{example}")
+            raise SetupError(f"{s.flag} must be an integer, got {v!r}{_example(s)}")
     if t is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise SetupError(f"{s.flag} must be a number, got {v!r}{example}")
+            raise SetupError(f"{s.flag} must be a number, got {v!r}{_example(s)}")
         if not math.isfinite(v):
-            raise SetupError(f"{s.flag} must be a finite number, got {v!r}{example}")
+            raise SetupError(f"{s.flag} must be a finite number, got {v!r}{_example(s)}")
     allowed = choices_for(s, mode)
     if allowed is not None and v not in allowed:
         hint = f" ({mode} mode)" if s.name == "precision" else ""
@@ -813,10 +882,27 @@ def check_value(s: Setting, v: Any, mode: str = "train") -> None:
         if (m.minimum is not None and v < m.minimum) or (m.above is not None and v <= m.above):
             what = "a positive integer" if t is int and low == 1 else (
                 f"greater than {m.above:g}" if m.above is not None else f"at least {m.minimum:g}")
-            raise SetupError(f"{s.flag} must be {what}, got {v!r}{example}")
+            raise SetupError(f"{s.flag} must be {what}, got {v!r}{_example(s)}")
         if m.maximum is not None and v > m.maximum:
             why = f"; {m.maximum.why}" if isinstance(m.maximum, limits.Bound) else ""
-            raise SetupError(f"{s.flag} must be at most {m.maximum:,}, got {v!r}{example}{why}")
+            raise SetupError(f"{s.flag} must be at most {m.maximum:,}, got {v!r}{_example(s)}{why}")
+
+
+_INAPPLICABLE: dict = {}  # (id(settings), mode) -> (settings, those of them that do not apply to mode)
+
+
+def _inapplicable(settings, mode: str) -> tuple:
+    """The settings of `settings` (a tuple, as the registry's are) that do not apply to `mode`, in order;
+    remembered per tuple object and mode, the entry holding the tuple (its id is not reused while it lives)."""
+    hit = _INAPPLICABLE.get((id(settings), mode))
+    if hit is not None and hit[0] is settings:
+        return hit[1]
+    out = tuple(s for s in settings if mode not in s.meta.modes)
+    if isinstance(settings, tuple):  # (a list could change: not kept)
+        if len(_INAPPLICABLE) >= 64:
+            _INAPPLICABLE.clear()
+        _INAPPLICABLE[(id(settings), mode)] = (settings, out)
+    return out
 
 
 def parse_value(s: Setting, value: Any) -> Any:
@@ -828,13 +914,12 @@ def parse_value(s: Setting, value: Any) -> Any:
     try:
         return s.meta.parse(value)
     except (ValueError, ArithmeticError) as e:
-        example = f" (e.g. {s.flag} {s.meta.example})" if s.meta.example else ""
-        raise SetupError(f"{s.flag} {value!r}: {e}{example}") from None
+        raise SetupError(f"{s.flag} {value!r}: {e}{_example(s)}") from None
 
 
 def refuse_inapplicable(values, settings, mode: str) -> None:
     """Flags set away from their default that do not apply to `mode` are refused, not ignored (named at once)."""
-    off = [s for s in settings if mode not in s.meta.modes and getattr(values, s.name) != s.default]
+    off = [s for s in _inapplicable(settings, mode) if getattr(values, s.name) != s.default]
     if off:
         flags, them = " and ".join(s.flag for s in off), "them" if len(off) > 1 else "it"
         where = {"/".join(s.meta.modes) for s in off}
@@ -842,3 +927,8 @@ def refuse_inapplicable(values, settings, mode: str) -> None:
             raise SetupError(f"{flags} do not apply to --mode {mode}: drop {them}")
         raise SetupError(f"{flags} {'apply' if len(off) > 1 else 'applies'} to {where.pop()} only, not --mode "
                          f"{mode}: drop {them}")
+
+
+# (imported last, as the module, not its names: rules.py imports this module; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from . import rules as _rules  # noqa: E402

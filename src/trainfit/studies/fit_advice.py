@@ -139,10 +139,30 @@ class _Judge:
                 self.cache[key] = None
         return self.cache[key]
 
+    def cannot_fit(self, s: Setup, on: GPU | None = None) -> bool:
+        """True where `s` does not fit, read off the estimate under a flat --mfu, which skips the step-time model
+        (about half an estimate): a training step's fit verdict reads its memory only (analytic/engine.py judges it
+        before and apart from the step time), so it is the full estimate's, or the full estimate refuses the setup
+        (it runs every check the flat one does, and the kernel model's). False where that says nothing: the setup
+        fits or is refused there, another mode, or the full estimate is already cached; the full estimate decides.
+        Most candidates the advice tries do not fit (the searches for the least dp, tp, sequence that fits)."""
+        if s.mode != "train" or (s, (on or self.gpu).name) in self.cache:
+            return False
+        cancel.check()
+        try:
+            e = analytic(self.spec, s, on or self.gpu, reserve=self.reserve, mfu=1.0)
+        except cancel.Stopped:
+            raise
+        except TrainfitError:
+            return False
+        return e.fit is not None and e.time is not None and not e.time.fits
+
     def fits(self, on: GPU | None = None, **changes) -> bool:
         try:
             s = self.base.with_(**changes)
         except TrainfitError:
+            return False
+        if self.cannot_fit(s, on):
             return False
         e = self.estimate(s, on)
         return e is not None and e.time is not None and e.time.fits
@@ -152,6 +172,8 @@ class _Judge:
         try:
             s = self.base.with_(**changes)
         except TrainfitError:
+            return None
+        if self.cannot_fit(s, on):
             return None
         e = self.estimate(s, on)
         if e is None or e.time is None or not e.time.fits:

@@ -60,6 +60,9 @@ def ranks_per_node(stride: int, size: int, gpus_per_node: int) -> int:
     return max(1, min(size, gpus_per_node // max(1, stride)))
 
 
+_LINKS: dict = {}  # id(gpu) -> (gpu, Links.of(gpu))
+
+
 def _log2i(x: int) -> int:
     return max(0, int(x).bit_length() - 1)  # tuning.cc's log2i: floor(log2 x)
 
@@ -79,11 +82,22 @@ class Links(NamedTuple):
 
     @classmethod
     def of(cls, gpu: GPU) -> "Links":
-        from ...cluster import cluster_of
-        from ...nccl_buffers import interconnect
+        """`gpu`'s links; memoised on the GPU object (a GPU never changes once built: frozen), not on its equality,
+        which leaves out its cluster (GPU.cluster: compare=False); the entry holds the GPU, so its id is not reused
+        while it lives. Cleared with the op-list memos (compute_time.clear_memos)."""
+        hit = _LINKS.get(id(gpu))
+        if hit is not None and hit[0] is gpu:
+            return hit[1]
+        links = cls._of(gpu)
+        if len(_LINKS) >= 64:  # bounded: a process sees a few GPUs
+            _LINKS.clear()
+        _LINKS[id(gpu)] = (gpu, links)
+        return links
 
-        c = cluster_of(gpu)
-        link = interconnect(gpu) or {}
+    @classmethod
+    def _of(cls, gpu: GPU) -> "Links":
+        c = _cluster.cluster_of(gpu)
+        link = _nccl_buffers.interconnect(gpu) or {}
         # NB: Infinity Fabric (AMD: RCCL, whose tuning is its own) and GPUs NCCL's topology is not modelled for
         # (data/overheads.toml [nccl.gpus]) but whose cluster has NVLS are timed with NVLink's latencies
         nvlink = "nvlinks" in link or (not link and (gpu.vendor == "amd" or c.nvls))
@@ -185,3 +199,7 @@ def busbw(links: Links, coll: str, n: int, per_node: int, nbytes: float) -> floa
     factor = 2 * (n - 1) / n if coll == "allreduce" else (n - 1) / n
     return 0.0 if t <= 0 else nbytes / t * factor
 
+
+# (imported last, as the module, not its names: cluster.py and nccl_buffers.py sit above the analytic package; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from ... import cluster as _cluster, nccl_buffers as _nccl_buffers  # noqa: E402

@@ -122,10 +122,8 @@ def stages(spec: ModelSpec, setup: Setup) -> list[Stage]:
     middle ranks), and the last; memory takes the worst.
     NB: with embedding-loss and --vpp the embedding's missing layer is in rank 0's first chunk only; counted
     spread over its chunks (an over-estimate by under one layer × the in-flight chunks of chunk 0)."""
-    from ..mtp import stage_mtp  # (mtp.py reads the layout from here)
-
     p, v, m = setup.pp, setup.vpp, setup.grad_accum
-    mtp = stage_mtp(spec, setup)
+    mtp = _mtp.stage_mtp(spec, setup)
     if p == 1:
         return [Stage(0, spec.layers, True, True, 1, mtp[0])]
     first, middle, last = split(spec.layers, p, setup.pp_split)
@@ -174,3 +172,8 @@ def bubble_seconds(pp: int, virtual_stages: int, micro_batch: float) -> float:
     """The pipeline bubble of a step of micro-batches taking `micro_batch` seconds each on the slowest stage:
     (p−1)/(v·m) of m·t_mb (Narayanan et al. 2021 §2.2.2)."""
     return (pp - 1) / virtual_stages * micro_batch if pp > 1 else 0.0
+
+
+# (imported last, as the module, not its names: mtp.py reads the layout from here; a function-level import costs its
+# resolution on every call, and this one sits on the engine's and the planner's hot path)
+from .. import mtp as _mtp  # noqa: E402

@@ -26,8 +26,7 @@ class StackModel:
 
     def stage_memory(self, spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage):
         """One pipeline stage's TrainMemory (analytic/memory.py)."""
-        from ..memory import stage_memory
-        return stage_memory(spec, setup, pc, st, stage)
+        return _memory.stage_memory(spec, setup, pc, st, stage)
 
     def reduced_grad_bytes(self, setup: Setup, st: StateBytes) -> float:
         """Bytes per element of the gradients the data-parallel group reduces: FSDP2's reduce_dtype where its
@@ -64,8 +63,7 @@ class StackModel:
                         attention_forward: float, rerun: float) -> float:
         """One micro-batch's exposed context-parallel communication: Megatron's ring (parallel/context.py), the
         only ring a stack runs unless it says otherwise."""
-        from ..parallel.context import cp_comm_seconds
-        return cp_comm_seconds(spec, setup, links, tokens, act_bytes, layers, attention_forward, rerun)
+        return _context.cp_comm_seconds(spec, setup, links, tokens, act_bytes, layers, attention_forward, rerun)
 
     def cp_backward_bytes(self, spec: ModelSpec, setup: Setup, tokens: float, act_bytes: float) -> float:
         """Bytes a layer's context-parallel attention backward holds beyond a plain SDPA backward's (none without
@@ -93,3 +91,9 @@ class StackModel:
         if self.torch_data_parallel and setup.dp > 1 and setup.zero == 0:
             return ["DDP keeps a gradient-sized bucket buffer (counted in temporaries)"]
         return []
+
+
+# (imported last, as the module, not its names: memory.py and parallel/context.py import the stack models; a function-level import costs its
+# resolution on every call, and this one sits on the engine's hot path)
+from .. import memory as _memory  # noqa: E402
+from ..parallel import context as _context  # noqa: E402
