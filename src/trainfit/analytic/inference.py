@@ -175,7 +175,7 @@ def _held(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     traits = family_traits(spec)
     base = _stream(spec, r * h * tokens)
     if spec.positions == "rotary":
-        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+        base += rotary_tables(spec, setup.seq, r, setup.batch) + INDEX * setup.seq
     if traits["position_embeds_kept"]:
         base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
     return base
@@ -205,7 +205,7 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     if spec.positions == "rotary":
         # cos and sin (1, s, rotary_dim) in the hidden states' dtype, and the positions they came from, live
         # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
-        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+        base += rotary_tables(spec, setup.seq, r, setup.batch) + INDEX * setup.seq
     # Llama 4's chunked layers past the chunk: create_chunked_causal_mask's boolean (b, 1, s, s), held in the
     # model's causal_mask_mapping through every layer (modeling_llama4.py:552-562)
     base += setup.batch * setup.seq * setup.seq if masked_chunk_share(spec, setup) else 0
