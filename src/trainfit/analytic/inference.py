@@ -195,7 +195,8 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     and mid-layer residuals and the normalised copy, plus either attention (q, k, v, output; eager adds the s×s
     scores and probabilities) or the MLP (gate, up, product; fc1 and activation; four for HF's composite
     gelu_new; the MoE block's routed copies). At the attention's high point the mid-layer residual does not exist
-    yet; at the MLP's it does (GPT-NeoX's parallel residual holds the attention output instead)."""
+    yet; at the MLP's it does (GPT-NeoX's parallel residual holds the attention output instead). Eager attention's
+    causal masks span `keys` keys (setup.seq; a decode step's: the cache, `_decode_moment`)."""
     st = state_bytes(setup)
     a, r = st.act, st.residual
     t = setup.tp
