@@ -313,7 +313,7 @@ def _math_sdpa_prefill(spec: ModelSpec, setup: Setup, tokens: int, a: int) -> fl
     query head (enable_gqa), the s×s scores and their softmax per head, and the causal mask as one additive (s, s)
     tensor of the query's dtype (torch aten/src/ATen/native/transformers/attention.cpp
     _scaled_dot_product_attention_math); k and v themselves are the cache's tensors. The output does not exist yet.
-    NB: the decode step's math path (one query row) is not priced: heads × cached tokens per sequence, small."""
+    The decode step's math path over the cache: `_running_layer`."""
     t = setup.tp
     return (a * 4 * spec.q_dim / t * tokens + 2 * a * spec.heads / t * tokens * setup.seq
             + a * setup.seq * setup.seq)
@@ -596,8 +596,8 @@ def _running_layer(spec: ModelSpec, setup: Setup, old: int, new: int, sliding: b
         under HF rebuilds the layer's k and v from the latent for every cached token after the update
         (modeling_deepseek_v3.py DeepseekV3Attention.forward: cache.update, then expand_kv; NB: vLLM/SGLang absorb
         kv_b_proj into q and o at decode and rebuild nothing, so this over-estimates a serving engine's decode).
-    NB: the SDPA math path's decode tensors (one query row per head over the cache, CUDA fp32 with GQA) are not
-    counted."""
+    SDPA's math path (CUDA fp32 with GQA) repeats k and v over the cache too, and copies the repeated k's transpose.
+    """
     st = state_bytes(setup)
     k, v = kv_layer_bytes(spec, setup)
     if sliding:
@@ -605,10 +605,18 @@ def _running_layer(spec: ModelSpec, setup: Setup, old: int, new: int, sliding: b
     else:
         update = max(k * (old + new) + v * old, k * new + v * (old + new))
     after = (k + v) * new + st.act * mla_decompressed(spec, setup.tp) * new
-    if resolved_kernel(spec, setup) == "eager":
+    kernel = resolved_kernel(spec, setup)
+    repeats = (spec.heads / setup.tp) / max(spec.kv_heads / setup.tp, 1)  # query heads per cached kv head
+    if kernel == "eager":
         if spec.kv_heads < spec.heads:
-            after += (k + v) * (spec.heads / setup.tp) / max(spec.kv_heads / setup.tp, 1) * new
+            after += (k + v) * repeats * new
         after += _eager_scores(spec, setup, 1, new)
+    elif kernel == "math" and setup.device == "cuda" and spec.mla is None:
+        # SDPA's math path (fp32 with GQA on CUDA: activations.resolved_kernel; torch aten/src/ATen/native/
+        # transformers/attention.cpp _scaled_dot_product_attention_math, enable_gqa): k and v repeated to every query
+        # head over the cache, the repeated k's transpose copied for the bmm, beside the one-row scores (read off the
+        # traced decode of small-qwen2 in fp32 on CUDA semantics at 8 x 200: at the scores' bmm)
+        after += (2 * k + v) * repeats * new + st.act * spec.heads / setup.tp * new
     return setup.batch * max(update, after)
 
 
