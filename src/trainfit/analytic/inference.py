@@ -611,7 +611,9 @@ def _running_layer(spec: ModelSpec, setup: Setup, old: int, new: int, sliding: b
         if spec.kv_heads < spec.heads:
             after += (k + v) * repeats * new
         after += _eager_scores(spec, setup, 1, new)
-    elif kernel == "math" and setup.device == "cuda" and spec.mla is None:
+    elif kernel == "math" and spec.mla is not None:
+        after += mla.decode_math_per_key(spec, a=st.act, tp=setup.tp) * new
+    elif kernel == "math" and setup.device == "cuda":
         # SDPA's math path (fp32 with GQA on CUDA: activations.resolved_kernel; torch aten/src/ATen/native/
         # transformers/attention.cpp _scaled_dot_product_attention_math, enable_gqa): k and v repeated to every query
         # head over the cache, the repeated k's transpose copied for the bmm, beside the one-row scores (read off the
