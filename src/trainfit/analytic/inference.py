@@ -610,7 +610,11 @@ def _running_layer(spec: ModelSpec, setup: Setup, old: int, new: int, sliding: b
     if kernel == "eager":
         if spec.kv_heads < spec.heads:
             after += (k + v) * repeats * new
-        after += _eager_scores(spec, setup, 1, new)
+        # the scores' matmul under autocast casts a k that rotary promoted to fp32 (kv_dtype) to the 16-bit dtype, a
+        # copy over every query head freed when the matmul returns (read off the traced amp-bf16 decode of
+        # small-gemma2 at 8 x 200: that copy and the 16-bit scores at the bmm, before the softmax's fp32 tensors)
+        cast = st.act * spec.q_dim / setup.tp if st.autocast and DTYPE_BYTES[kv_dtype(spec, setup)] != st.act else 0
+        after += max((cast + st.act * spec.heads / setup.tp) * new, _eager_scores(spec, setup, 1, new))
     elif kernel == "math" and spec.mla is not None:
         after += mla.decode_math_per_key(spec, a=st.act, tp=setup.tp) * new
     elif kernel == "math" and setup.device == "cuda":
