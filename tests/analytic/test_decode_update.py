@@ -77,3 +77,29 @@ def test_inference_phase_peak_within_half_a_percent_of_the_trace(model, phase, s
     predicted = estimate(spec, setup).memory.phases[phase]
     gap = (predicted - traced) / traced
     assert abs(gap) <= 0.005, (phase, predicted, traced, f"{gap:+.2%}")
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family,precision,device", [
+    # SDPA's math path (CUDA fp32 with GQA): k and v repeated over the cache, the repeated k's transpose copied
+    # (before: -35 %)
+    ("qwen2", "fp32", "cuda"),
+    # MLA on the CPU's math path: k and v upcast to fp32 over the cache, the scaled k (before: -41 %)
+    ("deepseek_v3", "bf16", "cpu"),
+    # eager under autocast: the scores' matmul casts the fp32 k over every head to bf16 (before: -6.5 %)
+    ("gemma2", "amp-bf16", "cpu"),
+])
+def test_decode_attention_over_the_cache_within_half_a_percent_of_the_trace(family, precision, device):
+    """The shrunk catalog configs of tests/analytic/test_vs_trace_families.py at 8 x 200, where the running layer's
+    attention over the cache is the decode step's high point."""
+    from test_vs_trace_families import CONFIGS, shrink
+
+    from trainfit.models.hf_config import spec_from_config
+    from trainfit.trace import trace_spec
+
+    spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
+    setup = Setup(batch=8, seq=200, precision=precision, device=device, mode="infer")
+    traced = trace_spec(spec, setup, flops=False).memory.phases["decode"]
+    predicted = estimate(spec, setup).memory.phases["decode"]
+    gap = (predicted - traced) / traced
+    assert abs(gap) <= 0.005, (predicted, traced, f"{gap:+.2%}")
