@@ -19,15 +19,17 @@ def rotary_dim(spec: ModelSpec) -> int:
     return int(spec.head_dim * spec.rotary_fraction)
 
 
-def rotary_tables(spec: ModelSpec, seq: int, r: int) -> int:
+def rotary_tables(spec: ModelSpec, seq: int, r: int, batch: int = 1) -> int:
     """Bytes of the position tables HF's rotary embedding returns for one forward: cos and sin, (1, s, rotary_dim)
-    in the hidden states' dtype (modeling_llama.py LlamaRotaryEmbedding.forward: `cos.to(dtype=x.dtype)`), or
-    DeepSeek-V2's one complex64 freqs_cis of (1, s, rotary_dim / 2) (modeling_deepseek_v2.py:214-219
+    in the hidden states' dtype (modeling_llama.py LlamaRotaryEmbedding.forward: `cos.to(dtype=x.dtype)`), one per
+    sequence of the `batch` where the positions are M-RoPE's (family fact rotary_per_sequence: Qwen2.5-VL, Qwen3-VL),
+    or DeepSeek-V2's one complex64 freqs_cis of (1, s, rotary_dim / 2) (modeling_deepseek_v2.py:214-219
     `torch.polar`)."""
     if (spec.mla is not None and spec.family == "deepseek_v2") or family_traits(spec).get("rotary_complex"):
         # (Llama 4 the same: modeling_llama4.py:205-208 Llama4TextRotaryEmbedding.forward, `torch.polar`)
         return 8 * seq * rotary_dim(spec) // 2
-    return 2 * seq * rotary_dim(spec) * r
+    rows = batch if family_traits(spec)["rotary_per_sequence"] else 1
+    return 2 * rows * seq * rotary_dim(spec) * r
 
 
 def embedding_saved(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> float:
@@ -47,7 +49,7 @@ def embedding_saved(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) 
     elif spec.positions == "rotary":
         # HF's rotary tables (rotary_tables); every layer's q·cos, k·sin saves the same tensors, freed after the
         # first layer's backward
-        saved += rotary_tables(spec, setup.seq, r)
+        saved += rotary_tables(spec, setup.seq, r, setup.batch)
         saved += INDEX * setup.seq  # the positions (cache_position) the rotary table was computed from
     if p_emb > 0:
         saved += dropout_mask_bytes(setup, r) * h * tokens  # dropout mask on the (fp32 under amp) embeddings

@@ -96,6 +96,20 @@ def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
     tiny-gemma3 with a 64-token window at 2 x 200: within 0.6 %). Its decode update frees that storage for
     min(seq, window - 1) + 1 tokens (`sliding_decode_tokens`), which the decode peak counts for the layers updated
     before it (`_decode_cache_moment`). Serving engines cap them (serving.layer_kinds)."""
+    k, v = kv_layer_bytes(spec, setup)
+    if spec.mla is not None:
+        return spec.layers / setup.pp * (k + v)
+    # Qwen3-Next's Gated DeltaNet layers cache no k and v (their per-sequence state: linear_state_bytes); a hybrid
+    # stack caches K and V in its attention blocks only (its Mamba blocks' states do not grow with the tokens:
+    # hybrid_inference.block_cache_bytes)
+    attention = spec.hybrid.attention_layers if spec.hybrid is not None else gated_deltanet.attention_layers(spec)
+    return attention / setup.pp * (k + v)
+
+
+def kv_layer_bytes(spec: ModelSpec, setup: Setup) -> tuple[float, float]:
+    """(keys, values): the bytes one token adds to one attention layer's cache on one rank, each of the two tensors
+    the HF cache layer keeps (DynamicLayer.keys and .values, cache_utils.py:134-137). MLA's latent is its `keys`
+    and the shared RoPE key k^R its `values` (modeling_deepseek_v3.py: `cache.update(kv_nope, k_rot)`)."""
     k_bytes = v_bytes = DTYPE_BYTES[kv_dtype(spec, setup)]
     # under autocast the cache's "values" keep the 16-bit dtype they are made in (values_keep_their_dtype):
     # v, the projection's output; MLA's RoPE key k^R where DeepSeek-V2's complex rotary returns its input's dtype
@@ -105,14 +119,9 @@ def kv_bytes_per_token(spec: ModelSpec, setup: Setup) -> float:
             spec.family == "deepseek_v2" if spec.mla is not None else spec.positions == "rotary"):
         v_bytes = DTYPE_BYTES[PRECISIONS[setup.precision].compute]
     if spec.mla is not None:
-        m = spec.mla
-        return spec.layers / setup.pp * (m.kv_lora_rank * k_bytes + m.qk_rope_head_dim * v_bytes)
-    kv_heads_per_rank = max(spec.kv_heads / setup.tp, 1)  # kv heads are replicated when tp > kv_heads
-    # Qwen3-Next's Gated DeltaNet layers cache no k and v (their per-sequence state: linear_state_bytes); a hybrid
-    # stack caches K and V in its attention blocks only (its Mamba blocks' states do not grow with the tokens:
-    # hybrid_inference.block_cache_bytes)
-    attention = spec.hybrid.attention_layers if spec.hybrid is not None else gated_deltanet.attention_layers(spec)
-    return attention / setup.pp * kv_heads_per_rank * spec.head_dim * (k_bytes + v_bytes)
+        return spec.mla.kv_lora_rank * k_bytes, spec.mla.qk_rope_head_dim * v_bytes
+    per_head = max(spec.kv_heads / setup.tp, 1) * spec.head_dim  # kv heads are replicated when tp > kv_heads
+    return per_head * k_bytes, per_head * v_bytes
 
 
 def linear_state_bytes(spec: ModelSpec, setup: Setup) -> float:
@@ -122,11 +131,6 @@ def linear_state_bytes(spec: ModelSpec, setup: Setup) -> float:
         return 0.0
     act = state_bytes(setup).act
     return gated_deltanet.linear_layers(spec) / setup.pp * gated_deltanet.state_per_sequence(spec, act) * setup.batch
-
-
-def _prefill_transient(spec: ModelSpec, setup: Setup, tokens: int) -> float:
-    """The larger of the two high points of `_prefill_moments`."""
-    return max(*_prefill_moments(spec, setup, tokens), _linear_moment(spec, setup, tokens))
 
 
 def _linear_moment(spec: ModelSpec, setup: Setup, tokens: int) -> float:
@@ -169,37 +173,49 @@ def _held(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     st = state_bytes(setup)
     r, h = st.residual, spec.hidden
     traits = family_traits(spec)
-    base = 3 * r * h * tokens
+    base = _stream(spec, r * h * tokens)
     if spec.positions == "rotary":
-        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+        base += rotary_tables(spec, setup.seq, r, setup.batch) + INDEX * setup.seq
     if traits["position_embeds_kept"]:
         base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
     return base
 
 
-def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float, float, float]:
+def _stream(spec: ModelSpec, hidden_bytes: float) -> float:
+    """A layer's residual-stream tensors at its high points, each `hidden_bytes`: the embedding output (kept by the
+    model's forward), the layer's input and, pre-norm, its normalised copy. A post-norm layer (BERT, RoBERTa: family
+    fact post_norm) reads its input as it is, the previous LayerNorm's output (modeling_bert.py BertLayer: no norm
+    before the attention): no copy (traced tiny-bert prefill at 4 x 256: two such tensors beside the MLP's)."""
+    return (2 if family_traits(spec)["post_norm"] else 3) * hidden_bytes
+
+
+def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | None = None) -> tuple[float, float, float]:
     """(attention, MLP, residual add): the largest sets of live tensors inside one layer during a no-grad forward (read off traced prefills): the
     embedding output (HF's forward keeps `inputs_embeds` alive to the end), the rotary tables, the layer's input
     and mid-layer residuals and the normalised copy, plus either attention (q, k, v, output; eager adds the s×s
     scores and probabilities) or the MLP (gate, up, product; fc1 and activation; four for HF's composite
     gelu_new; the MoE block's routed copies). At the attention's high point the mid-layer residual does not exist
-    yet; at the MLP's it does (GPT-NeoX's parallel residual holds the attention output instead)."""
+    yet; at the MLP's it does (GPT-NeoX's parallel residual holds the attention output instead). Eager attention's
+    causal masks span `keys` keys (setup.seq; a decode step's: the cache, `_decode_moment`)."""
     st = state_bytes(setup)
     a, r = st.act, st.residual
     t = setup.tp
     h = spec.hidden
     traits = family_traits(spec)
-    base = 3 * r * h * tokens  # the embedding output, the layer's input, the normalised copy
+    base = _stream(spec, r * h * tokens)  # the embedding output, the layer's input, the normalised copy
     if spec.positions == "rotary":
         # cos and sin (1, s, rotary_dim) in the hidden states' dtype, and the positions they came from, live
         # through all the layers (modeling_llama.py LlamaModel.forward: `position_embeddings`)
-        base += rotary_tables(spec, setup.seq, r) + INDEX * setup.seq
+        base += rotary_tables(spec, setup.seq, r, setup.batch) + INDEX * setup.seq
     # Llama 4's chunked layers past the chunk: create_chunked_causal_mask's boolean (b, 1, s, s), held in the
     # model's causal_mask_mapping through every layer (modeling_llama4.py:552-562)
     base += setup.batch * setup.seq * setup.seq if masked_chunk_share(spec, setup) else 0
     if traits["position_embeds_kept"]:
         # GPT-2's forward keeps `position_embeds` (1, s, h) beside `inputs_embeds`; OPT's `pos_embeds` are (b, s, h)
         base += r * (tokens if traits["positions_per_sequence"] else setup.seq) * h
+    if spec.mla is None and resolved_kernel(spec, setup) == "eager":
+        # the model's causal masks over `keys` (setup.seq; a decode step's: the cache) live through every layer
+        base += _eager_mask(spec, setup, tokens, setup.seq if keys is None else keys)
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens
     if spec.mla is not None:
         autocast = setup.precision.startswith("amp")
@@ -207,32 +223,18 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
                                      tokens=tokens, tp=t, autocast=autocast,
                                      o_cast=a * o_proj_params(spec) / t if autocast else 0)
     elif resolved_kernel(spec, setup) == "eager":
-        # HF's eager softmax(dtype=float32) copies the scores to fp32 beside its fp32 output (the scores stay
-        # alive as its input), and the model's (b, 1, s, s) causal mask is live throughout; GPT-2's eager
-        # softmaxes in the scores' dtype with a boolean mask.
+        # the s x s scores (_eager_scores) beside q, k and v
         if traits["eager_softmax_fp32"]:
-            # the mask is built in the embeddings' dtype (r: fp32 under autocast); under autocast, rotary's fp32
-            # cos/sin promote q and k to fp32 (kv_dtype), k repeated to every head when kv_heads < heads (repeat_kv)
-            # and adding the fp32 mask to the 16-bit scores makes fp32 scores, which softmax(dtype=float32) does not
-            # copy: on CUDA 2 fp32 s×s per head, on CPU the add's fp32 scratch copy of the 16-bit scores beside them
-            # (TensorIterator; trace/cpu_casts.py) as before the softmax's copy
-            low = a if a != FP32 and (a == r or setup.device == "cpu") else 0
             # beside the scores: the rotated q, and k and v repeated to every head when kv_heads < heads (repeat_kv;
             # otherwise they are the cache's own tensors: k and v's projections went into DynamicCache's torch.cat);
-            # the output does not exist yet
+            # the output does not exist yet. Under autocast, rotary's fp32 cos/sin promote q and k to fp32 (kv_dtype)
             promoted = setup.precision.startswith("amp") and spec.positions == "rotary"
             q_b = FP32 if promoted else a
             v_b = a if (promoted and values_keep_their_dtype()) else q_b
             attn = q_b * spec.q_dim / t * tokens
             if spec.kv_heads < spec.heads:
                 attn += (q_b + v_b) * spec.q_dim / t * tokens
-            if spec.attn_sinks:  # gpt-oss's own eager attention (sink_attention.py)
-                attn += sinks.prefill_scores(spec, st, tokens, setup.seq) / t
-                attn += r * traits["causal_masks"] * tokens * setup.seq
-            else:
-                attn += ((2 * FP32 + low) * spec.heads / t + r * traits["causal_masks"]) * tokens * setup.seq
-        else:  # GPT-2: scores and probabilities in the scores' dtype; the mask is a view of a buffer
-            attn += 2 * a * spec.heads / t * tokens * setup.seq
+        attn += _eager_scores(spec, setup, tokens, setup.seq)
     elif resolved_kernel(spec, setup) == "math" and setup.device == "cuda" and siglip.image_block_masks(spec, setup):
         # Gemma 3's image-block masks (analytic/siglip.py): with a mask transformers repeats k and v to every head
         # and passes no enable_gqa (activations.masked_efficient_share), which the memory-efficient kernel takes
@@ -261,9 +263,8 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
         if resolved_kernel(spec, setup) == "eager":
             kept += a * spec.heads / t * tokens * setup.seq
     if spec.attn_sinks and resolved_kernel(spec, setup) == "eager":
-        # gpt-oss's layer holds its attention's probabilities through the MLP (sink_attention.held_per_key), and the
-        # model's causal masks (one per kind of layer, the embeddings' dtype) live through the forward
-        kept += (sinks.held_per_key(spec, st) / t + r * traits["causal_masks"]) * tokens * setup.seq
+        # gpt-oss's layer holds its attention's probabilities through the MLP (sink_attention.held_per_key)
+        kept += sinks.held_per_key(spec, st) / t * tokens * setup.seq
     # the MLP's closing residual add (`hidden_states = residual + hidden_states`, modeling_llama.py
     # LlamaDecoderLayer.forward; OPT's modeling_opt.py OPTDecoderLayer.forward): the normalised copy is freed, the
     # MLP's output (a) and the mid residual make the new residual (r); on CPU, adding a 16-bit output to an fp32
@@ -276,13 +277,43 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int) -> tuple[float,
     return base + attn, base + mid + mlp + kept, add
 
 
+def _eager_scores(spec: ModelSpec, setup: Setup, rows: int, keys: int) -> float:
+    """HF eager attention's score-sized tensors at its high point, `rows` queries (every sequence's) by `keys` keys,
+    one TP rank: a prefill's s x s per sequence, a decode step's one row over the cache (eager_attention_forward,
+    modeling_llama.py: `attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling`, the mask added,
+    `softmax(attn_weights, dim=-1, dtype=torch.float32)`). HF's eager softmax(dtype=float32) copies the scores to
+    fp32 beside its fp32 output (the scores stay alive as its input), and the model's (b, 1, q, k) causal mask is
+    live throughout (`_eager_mask`, counted with the layer's stream); adding the fp32 mask (autocast) to 16-bit
+    scores makes fp32 scores, which softmax(dtype=float32) does not copy: on CUDA 2 fp32 per score, on CPU the add's
+    fp32 scratch copy of the 16-bit scores beside them (TensorIterator; trace/cpu_casts.py) as before the softmax's
+    copy. GPT-2's eager softmaxes in the scores' dtype: scores and probabilities; gpt-oss's own eager attention:
+    sink_attention.py."""
+    st = state_bytes(setup)
+    a, r, t = st.act, st.residual, setup.tp
+    traits = family_traits(spec)
+    if not traits["eager_softmax_fp32"]:
+        return 2 * a * spec.heads / t * rows * keys
+    if spec.attn_sinks:
+        return sinks.prefill_scores(spec, st, rows, keys) / t
+    low = a if a != FP32 and (a == r or setup.device == "cpu") else 0
+    return (2 * FP32 + low) * spec.heads / t * rows * keys
+
+
+def _eager_mask(spec: ModelSpec, setup: Setup, rows: int, keys: int) -> float:
+    """Eager attention's causal masks, `rows` queries by `keys` keys: the model builds each kind's (b, 1, q, k) mask
+    once, in the embeddings' dtype (r: fp32 under autocast), and holds it through the layers (masking_utils.py
+    create_causal_mask, called from the model's forward: LlamaModel, GPT2Model in transformers 5.24; traced tiny-gpt2
+    eager prefill at 4 x 256: its (4, 1, 256, 256) bf16 mask beside layer 3's MLP; family fact causal_masks)."""
+    return state_bytes(setup).residual * family_traits(spec)["causal_masks"] * rows * keys
+
+
 def _math_sdpa_prefill(spec: ModelSpec, setup: Setup, tokens: int, a: int) -> float:
     """The attention's high point on SDPA's math path (fp32 with GQA on CUDA: activations.resolved_kernel), read off
     traced prefills (qwen3, gemma3_text at 2 x 128): the rotated q and its scaled copy, k and v repeated to every
     query head (enable_gqa), the s×s scores and their softmax per head, and the causal mask as one additive (s, s)
     tensor of the query's dtype (torch aten/src/ATen/native/transformers/attention.cpp
     _scaled_dot_product_attention_math); k and v themselves are the cache's tensors. The output does not exist yet.
-    NB: the decode step's math path (one query row) is not priced: heads × cached tokens per sequence, small."""
+    The decode step's math path over the cache: `_running_layer`."""
     t = setup.tp
     return (a * 4 * spec.q_dim / t * tokens + 2 * a * spec.heads / t * tokens * setup.seq
             + a * setup.seq * setup.seq)
@@ -405,6 +436,9 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     if spec.encdec is not None:  # an encoder-decoder's two stacks and two caches (encoder_decoder.py)
         return encoder_decoder.infer_memory(spec, setup, weights)
     tokens = setup.batch * setup.seq
+    # the prompt's token ids (b, seq) int64: an input, held by the caller through the prefill and the decode step
+    # (generate() keeps input_ids; step/infer.py inference_step), and at decode the new token's (b, 1) beside them
+    ids = INDEX * tokens
     kv = kv_bytes_per_token(spec, setup) * tokens + linear_state_bytes(spec, setup)
     attn_moment, mlp_moment, add_moment = _prefill_moments(spec, setup, tokens)
     linear_moment = _linear_moment(spec, setup, tokens)
@@ -441,7 +475,7 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         if casts:
             h = spec.hidden
             head += casts + st.act * (h * h + h + (spec.vocab * h + spec.vocab) / setup.tp)
-        peak = weights + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, head,
+        peak = weights + ids + max(attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, head,
                              o_gemm + casts_o, mlp_first + casts_mlp, mlp_last + casts)
         return InferMemory(int(weights), 0, int(act), int(full_logits), int(peak), 0)
     # at the residual add every matmul of the layer has cast its weight
@@ -450,15 +484,18 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     # cached weight casts; the tower's outputs held through the layers; the tower's own high point (its first
     # block's rotary) before them
     pixels = vlm.tower_inputs(spec, setup) + vlm.tower_casts(spec, setup, st)
-    prefill = weights + pixels + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st),
-                                     kv + logits + vlm.encoder_outputs_held(spec, setup, st) + max(
-        attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
-        mlp_first + casts_mlp, mlp_last + casts))
     head_cast = st.act * spec.vocab * spec.hidden / setup.tp if casts else 0  # the LM head's, cast after the layers
+    # the logits exist only at the forward's end, after the layers (the LM head is its last op): beside the whole
+    # cache, the embedding output, the last hidden state and its normalised copy (`_held`), every cast
+    head = _held(spec, setup, tokens) + logits + casts + head_cast
+    held = kv + vlm.encoder_outputs_held(spec, setup, st)
+    prefill = weights + pixels + ids + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st), held + max(
+        attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
+        mlp_first + casts_mlp, mlp_last + casts, head))
     # NB: a one-token matmul's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
     # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -3.9 %, its eager bmm)
-    decode = (weights + pixels + _decode_cache_moment(spec, setup) + linear_state_bytes(spec, setup) + casts + head_cast
-              + _prefill_transient(spec, setup.with_(seq=1), setup.batch) + logits)
+    decode = (weights + pixels + ids + INDEX * setup.batch + linear_state_bytes(spec, setup) + casts + head_cast
+              + _decode_moment(spec, setup, logits))
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
 
 
@@ -488,15 +525,45 @@ def _sliding_layers_per_stage(spec: ModelSpec, setup: Setup) -> float:
     return spec.chunked_layers / setup.pp if spec.attention_chunk else 0.0
 
 
+def _decode_moment(spec: ModelSpec, setup: Setup, logits: float) -> float:
+    """The decode step's high point beside the weights, the casts and the linear layers' states: the larger of
+      inside the running layer's attention: the cache as its update leaves it (`_decode_cache_moment`) beside the
+        layer's one-token attention tensors (q, k, v, output: NB over by those not born yet at the update);
+      inside a layer's MLP or residual add (or a Gated DeltaNet layer's step): the updated cache
+        (`_decode_cache_between`) beside that one-token moment;
+      at the LM head: the updated cache, the embedding output, the last hidden state and its normalised copy, and
+        the last position's logits, which exist only after the layers (the forward's last op).
+    The cache-sized tensors dominate the first wherever the cache outweighs a layer's one-token activations."""
+    one = setup.with_(seq=1)
+    b = setup.batch
+    attn, mlp, add = _prefill_moments(spec, one, b, keys=setup.seq + 1)
+    between = _decode_cache_between(spec, setup)
+    return max(_decode_cache_moment(spec, setup) + attn,
+               between + max(mlp, add, _linear_moment(spec, one, b)),
+               between + _held(spec, one, b) + logits)
+
+
+def _decode_cache_between(spec: ModelSpec, setup: Setup) -> float:
+    """The cache between two layers' decode updates, at its largest: every full-attention layer at seq + 1 tokens.
+    NB: over by the windowed layers' cut (counted at the prompt's seq tokens, as before their update) where one has
+    run: a layer's MLP moment rarely tops the update moments, whose cache-sized tensors are larger."""
+    attention = max(gated_deltanet.attention_layers(spec), 1) / setup.pp
+    per_layer = kv_bytes_per_token(spec, setup) / attention
+    sliding = _sliding_layers_per_stage(spec, setup)
+    s = setup.seq
+    return per_layer * setup.batch * ((attention - sliding) * (s + 1) + sliding * s)
+
+
 def _decode_cache_moment(spec: ModelSpec, setup: Setup) -> float:
     """The cache at the decode step's high point, with the running layer's cache-sized tensors. Layers update their
     caches in order, so inside a layer those before it hold their updated caches and those after it the prefill's:
     a sliding-window (or chunked) layer shrinks from the prompt's seq tokens to `sliding_decode_tokens` as it runs
-    (read off traces of small-gpt_oss, small-gemma2, small-gemma3_text and small-llama4_text past their windows). The high point is inside the
-    first layer of a kind (a later one of the same kind runs beside caches that can only have shrunk): the larger of
-      a full-attention layer's, after `spec.sliding_lead` sliding layers (updated), the rest still at the prompt;
+    (read off traces of small-gpt_oss, small-gemma2, small-gemma3_text and small-llama4_text past their windows), a
+    full layer grows by one token. The high point is inside the larger of
+      a full-attention layer's: the last one (the cache only grows through them), after `spec.sliding_lead` sliding
+        layers (updated), the rest still at the prompt;
       the first sliding layer's: every other layer at the prompt beside its own (`_running_layer`).
-    NB: full layers count seq + 1 tokens whether updated or not (one token over for those after the running one)."""
+    NB: the full layers after the running one, where sliding layers follow it, count seq + 1 tokens (one over)."""
     b, s = setup.batch, setup.seq
     attention = max(gated_deltanet.attention_layers(spec), 1) / setup.pp
     per_layer = kv_bytes_per_token(spec, setup) / attention  # one attention layer's cache per token
@@ -506,26 +573,57 @@ def _decode_cache_moment(spec: ModelSpec, setup: Setup) -> float:
     if full > 0:
         lead = min(spec.sliding_lead, sliding)
         others = (full - 1) * (s + 1) + (sliding - lead) * s + (lead * sliding_decode_tokens(spec, s) if lead else 0)
-        moments.append(per_layer * b * others + _running_layer(spec, setup, per_layer, s + 1, s + 1))
+        moments.append(per_layer * b * others + _running_layer(spec, setup, s, s + 1, sliding=False))
     if sliding > 0:
         others = full * (s + 1) + (sliding - 1) * s
-        moments.append(per_layer * b * others + _running_layer(spec, setup, per_layer, s, sliding_decode_tokens(spec, s)))
+        moments.append(per_layer * b * others +
+                       _running_layer(spec, setup, s, sliding_decode_tokens(spec, s), sliding=True))
     return max(moments)
 
 
-def _running_layer(spec: ModelSpec, setup: Setup, per_layer: float, old: int, new: int) -> float:
+def _running_layer(spec: ModelSpec, setup: Setup, old: int, new: int, sliding: bool) -> float:
     """The running layer's cache-sized tensors at its high point, its cache going from `old` to `new` tokens per
-    sequence: the torch.cat of its update holds old and new together (DynamicLayer.update, cache_utils.py:136-137;
-    DynamicSlidingWindowLayer.update :242-243), and frees the old as the layer keeps the result; eager attention with
-    fewer kv heads than heads then repeats k and v to every head over the new (repeat_kv), beside the new alone
-    (traced decodes of small-gemma2 and small-gpt_oss: the old storage is gone there). MLA under HF rebuilds the
-    layer's k and v from the latent for every cached token (NB: vLLM/SGLang absorb kv_b_proj into q and o at decode
-    and rebuild nothing, so this over-estimates a serving engine's decode). NB: a full layer's old counts seq + 1."""
+    sequence; the larger of
+      its update: a full layer's DynamicLayer.update (cache_utils.py:136-137, transformers 5.24) concatenates the keys,
+        then the values, and rebinding `self.keys` frees the old keys before the values' cat: old and new keys beside
+        the old values, then the new keys beside old and new values (traced decodes of tiny-qwen2 at 16 x 480 and
+        tiny-gpt2 at 4 x 256: one old tensor live at the peak, not two). A windowed layer's
+        DynamicSlidingWindowLayer.update (:242-246) makes the full keys and values before either kept view replaces
+        the old storage: old and new, both;
+      its attention, the old storage gone: the new cache, eager attention's k and v repeated to every head when
+        kv_heads < heads (repeat_kv: copies of the cache's tensors, in their dtypes) and its one-row scores over the
+        cache (`_eager_scores`: traced decodes of tiny-llama eager at 4 x 384, small-gemma2, small-gpt_oss); MLA
+        under HF rebuilds the layer's k and v from the latent for every cached token after the update
+        (modeling_deepseek_v3.py DeepseekV3Attention.forward: cache.update, then expand_kv; NB: vLLM/SGLang absorb
+        kv_b_proj into q and o at decode and rebuild nothing, so this over-estimates a serving engine's decode).
+    SDPA's math path (CUDA fp32 with GQA) repeats k and v over the cache too, and copies the repeated k's transpose.
+    """
     st = state_bytes(setup)
-    repeat = 2 * st.act * spec.q_dim / setup.tp if (resolved_kernel(spec, setup) == "eager"
-                                                    and spec.kv_heads < spec.heads) else 0
-    b = setup.batch
-    return b * (per_layer * new + max(per_layer * old, repeat * new) + st.act * mla_decompressed(spec, setup.tp) * new)
+    k, v = kv_layer_bytes(spec, setup)
+    if sliding:
+        update = (k + v) * (old + new)
+    else:
+        update = max(k * (old + new) + v * old, k * new + v * (old + new))
+    after = (k + v) * new + st.act * mla_decompressed(spec, setup.tp) * new
+    kernel = resolved_kernel(spec, setup)
+    repeats = (spec.heads / setup.tp) / max(spec.kv_heads / setup.tp, 1)  # query heads per cached kv head
+    if kernel == "eager":
+        if spec.kv_heads < spec.heads:
+            after += (k + v) * repeats * new
+        # the scores' matmul under autocast casts a k that rotary promoted to fp32 (kv_dtype) to the 16-bit dtype, a
+        # copy over every query head freed when the matmul returns (read off the traced amp-bf16 decode of
+        # small-gemma2 at 8 x 200: that copy and the 16-bit scores at the bmm, before the softmax's fp32 tensors)
+        cast = st.act * spec.q_dim / setup.tp if st.autocast and DTYPE_BYTES[kv_dtype(spec, setup)] != st.act else 0
+        after += max((cast + st.act * spec.heads / setup.tp) * new, _eager_scores(spec, setup, 1, new))
+    elif kernel == "math" and spec.mla is not None:
+        after += mla.decode_math_per_key(spec, a=st.act, tp=setup.tp) * new
+    elif kernel == "math" and setup.device == "cuda":
+        # SDPA's math path (fp32 with GQA on CUDA: activations.resolved_kernel; torch aten/src/ATen/native/
+        # transformers/attention.cpp _scaled_dot_product_attention_math, enable_gqa): k and v repeated to every query
+        # head over the cache, the repeated k's transpose copied for the bmm, beside the one-row scores (read off the
+        # traced decode of small-qwen2 in fp32 on CUDA semantics at 8 x 200: at the scores' bmm)
+        after += (2 * k + v) * repeats * new + st.act * spec.heads / setup.tp * new
+    return setup.batch * max(update, after)
 
 
 def largest_batch(spec: ModelSpec, setup: Setup, capacity: int) -> int:

@@ -133,3 +133,16 @@ def prefill_attention(spec: ModelSpec, *, a: int, r: int, kernel: str, seq: int,
     softmax = FP32 * (n * qk + 2 * n * seq)  # the scores freed as the masked copy replaces them
     output = FP32 * (n * qk + n * seq + n * v + v_clone) + low * n * seq
     return held + (upcast + max(scores, softmax, output)) * tokens + FP32 * seq * seq
+
+
+def decode_math_per_key(spec: ModelSpec, *, a: int, tp: int) -> float:
+    """Bytes per cached token (one sequence, one TP rank) that SDPA's math path ('math': CPU, q/k wider than v) adds
+    at a decode step's high point, beside expand_kv's k and v over the cache (inference.mla_decompressed): as in
+    `prefill_attention`, aten _scaled_dot_product_attention_math upcasts k and v to fp32 when they are not
+    (FP32·n·(qk + v); the one-token q's upcast is negligible), scales k (FP32·n·qk, transposed for the scores' bmm)
+    and makes the one-row scores (FP32·n) — read off the traced decode of small-deepseek_v3 in bf16 on the CPU at
+    8 x 200, at the scores' bmm. No causal mask at one query row."""
+    m = spec.mla
+    n = spec.heads / tp
+    upcast = FP32 * n * (m.qk_head_dim + m.v_head_dim) if a != FP32 else 0
+    return upcast + FP32 * n * m.qk_head_dim + FP32 * n
