@@ -13,7 +13,7 @@ import typer
 from .. import api, serving_versions
 from ..errors import SetupError, TrainfitError
 from ..setup import Request
-from .options import EngineOpt, GroupedCommand, JsonOpt, with_settings
+from .options import EngineOpt, Group, GroupedCommand, JsonOpt, with_settings
 from .spinner import spinner
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=Group,
 )
 
 

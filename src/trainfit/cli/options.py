@@ -16,6 +16,12 @@ import click
 import typer
 import typer.core
 
+try:  # typer >= 0.26 coerces every parameter through a pydantic TypeAdapter (typer/_coercion.py)
+    from typer._coercion import RuntimeParam as _RuntimeParam
+    from typer._coercion import build_runtime_param as _build_runtime_param
+except ImportError:  # older typer coerces with click's types: nothing to defer
+    _RuntimeParam = None
+
 from ..setup import SETTINGS, Request, Setting, parse_value
 from ..setup.vocab import GROUPS
 
@@ -24,7 +30,64 @@ JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of t
 EngineOpt = typer.Option("analytic", "--engine", help="analytic (formulas, instant), trace (fake-tensor run of the real model), measure (real run here), all.")
 
 
-class GroupedCommand(typer.core.TyperCommand):
+if _RuntimeParam is not None:
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class _DeferredCoercion(_RuntimeParam):
+        """A parameter's coercion, built only for a value that needs it.
+
+        Why: typer 0.29 builds each parameter's pydantic TypeAdapter on its first `process_value`
+        (typer/core.py:100-109, `_TyperParameter.get_runtime_param` -> `_coercion.build_runtime_param`, which
+        imports typer/_adapters.py and so pydantic), and click processes every parameter of the invoked command,
+        given or not: `trainfit estimate` has ~90 options, most left at None or at their default. Building all
+        their adapters and importing pydantic cost ~0.3 s of a ~1.3 s estimate. Here None never reaches
+        `_coerce_value` (the base class `RuntimeParam.coerce` returns first, typer/_coercion.py:137-145, as with
+        typer's own); a value whose type is exactly the parameter's plain str/int/float annotation (a str typed on
+        the command line, an int or float default) is returned as is, which is what typer's adapter returns for
+        it: str is `TypeAdapter(Annotated[str, BeforeValidator(_parse_cli_str)])` with `_parse_cli_str` =
+        `str(value)`, and a number without min/max is `TypeAdapter(int|float)`, which keeps an exact int/float
+        (typer/_adapters.py:143-156,185-201,216-240); any other value (e.g. "4" for an int) goes to the adapter
+        typer would have built (then cached, as `get_runtime_param` caches its own)."""
+
+        descriptor: Any = None
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            d, info = self.descriptor, self.parameter_info
+            if type(value) is d.annotation and d.annotation in (str, int, float) and info.parser is None \
+                    and info.min is None and info.max is None and d.file_annotation is None:
+                return value
+            param._runtime_param = _build_runtime_param(d)
+            return param._runtime_param._coerce_value(value, param=param, ctx=ctx)
+
+
+def _defer_coercion(params: list) -> None:
+    for p in params:
+        if _RuntimeParam is not None and getattr(p, "_runtime_param", 0) is None and hasattr(p, "type_descriptor"):
+            d = p.type_descriptor
+            p._runtime_param = _DeferredCoercion(parameter_info=d.parameter_info, annotation=d.annotation,
+                                                 descriptor=d)
+
+
+class DeferredCoercion:
+    """Mixin for typer's command and group classes: their parameters, the help option included (created on
+    first use, typer/_click/core.py:597-616), coerce through `_DeferredCoercion`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _defer_coercion(self.params)
+
+    def get_help_option(self, ctx: click.Context) -> Any:
+        option = super().get_help_option(ctx)
+        _defer_coercion([option] if option is not None else [])
+        return option
+
+
+class Group(DeferredCoercion, typer.core.TyperGroup):
+    """The CLI's group (typer.Typer(cls=Group)): typer's, with deferred coercion."""
+
+
+class GroupedCommand(DeferredCoercion, typer.core.TyperCommand):
     """A command whose --help lists the settings under their concern's heading (setup.vocab.GROUPS: the step,
     parallelism, fine-tuning, serving, RL, vision, the GPU and the budget), then the command's own options. (typer
     draws such sections, rich_help_panel, only through rich's formatter, which the CLI leaves off.)"""
