@@ -7,14 +7,17 @@ value once) and calls the command with it.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import typing
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import click
 import typer
 import typer.core
+import typer.main
 
 try:  # typer >= 0.26 coerces every parameter through a pydantic TypeAdapter (typer/_coercion.py)
     from typer._coercion import RuntimeParam as _RuntimeParam
@@ -84,7 +87,48 @@ class DeferredCoercion:
 
 
 class Group(DeferredCoercion, typer.core.TyperGroup):
-    """The CLI's group (typer.Typer(cls=Group)): typer's, with deferred coercion."""
+    """The CLI's group (typer.Typer(cls=Group)): typer's, with deferred coercion, and (from `lazy_group`) its
+    commands built when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # typer's reads .items(), which would build every command (same names, order)
+
+
+class LazyCommands(Mapping):
+    """A group's commands by name, each built by typer (typer.main.get_command_from_info) on first access.
+
+    Why: typer.main.get_group_from_info (typer/main.py:1272-1290) builds every registered command, its ~30-90
+    options each read from the function's signature (typer/utils.py get_params_from_function, main.py _get_param),
+    before parsing: ~70 ms for the CLI's 14 commands, when one runs. The names and their order are typer's (the
+    command's name or its function's, main.py:1374; a later registration of a name replaces the earlier)."""
+
+    def __init__(self, infos: list, build: Callable[[Any], click.Command]) -> None:
+        self._infos = {info.name or typer.main.get_command_name(info.callback.__name__): info for info in infos}
+        self._built: dict[str, click.Command] = {}
+        self._build = build
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._built:
+            self._built[name] = self._build(self._infos[name])
+        return self._built[name]
+
+    def __iter__(self):
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
+def lazy_group(app: typer.Typer) -> Group:
+    """typer.main.get_command(app) for an app of commands only (no sub-typers), its commands built on first use."""
+    assert not app.registered_groups and app.info.cls is Group, "lazy_group builds a Group of commands only"
+    shell = copy.copy(app)
+    shell.registered_commands = []
+    group = typer.main.get_group(shell)
+    group.commands = LazyCommands(app.registered_commands, functools.partial(
+        typer.main.get_command_from_info, pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode))
+    return group
 
 
 class GroupedCommand(DeferredCoercion, typer.core.TyperCommand):

@@ -1,6 +1,7 @@
-"""The CLI's deferred parameter coercion (cli/options.py `_DeferredCoercion`): what it returns is what typer's own
-coercion (the pydantic adapter typer builds, typer/_coercion.py `build_runtime_param`) returns, and an estimate
-with default options never imports pydantic (the adapters' ~0.3 s of start-up)."""
+"""The CLI's start-up shortcuts (cli/options.py): the deferred parameter coercion (`_DeferredCoercion`) returns
+what typer's own coercion (the pydantic adapter typer builds, typer/_coercion.py `build_runtime_param`) returns,
+and an estimate with default options never imports pydantic (the adapters' ~0.3 s of start-up); the lazy group
+(`lazy_group`) has typer's commands, in typer's order, each the same command, and builds only the one invoked."""
 import subprocess
 import sys
 
@@ -50,3 +51,24 @@ def test_a_default_estimate_does_not_import_pydantic():
             "sys.exit(10 + ('pydantic' in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 10, r.stderr[-2000:]
+
+
+def test_lazy_group_has_typers_commands_and_builds_only_the_invoked_one():
+    import click
+    import typer.main
+
+    from trainfit.cli import app
+    from trainfit.cli.options import lazy_group
+
+    eager, lazy = typer.main.get_command(app), lazy_group(app)
+    ctx = click.Context(eager, info_name="trainfit")
+    assert lazy.list_commands(ctx) == eager.list_commands(ctx) and len(eager.commands) > 10
+    assert lazy.commands._built == {}
+    assert lazy.get_command(ctx, "estimate") is not None and list(lazy.commands._built) == ["estimate"]
+    assert lazy.get_command(ctx, "estimat") is None and list(lazy.commands._built) == ["estimate"]
+    assert lazy.get_help(click.Context(lazy, info_name="trainfit")) == ctx.get_help()
+    for name in eager.list_commands(ctx):
+        a, b = eager.commands[name], lazy.commands[name]
+        assert type(a) is type(b) and a.help == b.help, name
+        assert [(p.name, p.opts, p.default, p.type_descriptor.annotation) for p in a.params] == \
+            [(p.name, p.opts, p.default, p.type_descriptor.annotation) for p in b.params], name
