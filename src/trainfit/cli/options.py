@@ -19,10 +19,10 @@ import typer
 import typer.core
 import typer.main
 
-try:  # typer >= 0.26 coerces every parameter through a pydantic TypeAdapter (typer/_coercion.py)
+try:  # typer 0.29 (read at 0.29.2; pyproject allows >= 0.12) coerces each parameter through a pydantic TypeAdapter
     from typer._coercion import RuntimeParam as _RuntimeParam
     from typer._coercion import build_runtime_param as _build_runtime_param
-except ImportError:  # older typer coerces with click's types: nothing to defer
+except ImportError:  # a typer without typer/_coercion.py coerces with click's types: nothing to defer
     _RuntimeParam = None
 
 from ..setup import SETTINGS, Request, Setting, parse_value
