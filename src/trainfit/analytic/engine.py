@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from .. import heads, overheads, serving_versions
 from ..models.hf_config import for_setup
@@ -12,8 +13,14 @@ from ..hardware import GPU
 from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
-from . import compile_effects, encoder_decoder, fit_rule, float8, infer_time, inference, rl, serving, torchao_optim, vlm
-from . import expandable, nvfp4, rl_placement, serving_time, torchao_recipes
+from . import compile_effects, fit_rule, float8, torchao_optim, vlm
+from . import expandable, nvfp4, torchao_recipes
+if TYPE_CHECKING:
+    from .rl import RLMemory
+# _MODE_MODULES: the modules of the other modes (inference, infer_time, encoder_decoder's inference FLOPs for
+# --mode infer; serving, serving_time for --mode serve; rl, rl_placement for --mode rl) are imported inside the
+# function of their mode, not here: a training estimate (the CLI's default) never reads them, and importing them
+# with this module cost ~0.1 s of `trainfit estimate`'s start-up (python -X importtime).
 from dataclasses import replace
 from .fit_rule import reserve_bytes
 from .layout import validate_layout
@@ -394,6 +401,8 @@ EXPANDABLE_NOTE = ("--alloc-conf expandable_segments:True: one segment per strea
 
 
 def _infer(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
+    from . import encoder_decoder, infer_time, inference  # noqa: PLC0415 (see _MODE_MODULES)
+
     m = inference.infer_memory(spec, setup, pc)
     peak_phase = "prefill" if m.prefill_peak >= m.decode_peak else "decode"
     peak = max(m.prefill_peak, m.decode_peak)
@@ -445,6 +454,8 @@ def _infer(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
 def _serve(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     """--mode serve: vLLM's start-up sizing (analytic/serving.py), the device total, and TTFT, TPOT and output
     tokens/s at --concurrency (analytic/serving_time.py: engine steps op by op, continuous batching)."""
+    from . import serving, serving_time  # noqa: PLC0415 (see _MODE_MODULES)
+
     if gpu is None:
         raise SetupError("--mode serve sizes the KV cache from the GPU's memory: add --gpu (see `trainfit gpus`)")
     if serving_versions.engine_of(setup.server) == "sglang":
@@ -493,6 +504,8 @@ def _serve_sglang(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     total counts the weights, the KV pool, the CUDA context and NCCL, and what lives in the headroom SGLang leaves
     (pre × (1 − mem_fraction_static)): the largest eager activation and the CUDA graphs; a headroom too small for
     them is a warning with the numbers (SGLang itself does not check)."""
+    from . import serving_time  # noqa: PLC0415 (see _MODE_MODULES)
+
     from . import serving_sglang as sg
 
     sv = sg.serve_memory(spec, setup, gpu, pc)
@@ -593,7 +606,7 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
                     timing, tuple(notes), Detail(params_active=pc.active, serving=detail))
 
 
-def _rl_at_peak(m: "rl.RLMemory") -> dict[str, int]:
+def _rl_at_peak(m: "RLMemory") -> dict[str, int]:
     """What is live at the RL step's peak, by Category: the phase's own breakdown (the policy's or the critic's
     training step) with the models and buffers the phase carries beside it; the generate and score phases' own
     bytes (KV cache, a forward's transient) beside the resident models."""
@@ -636,6 +649,7 @@ def _rl_at_peak(m: "rl.RLMemory") -> dict[str, int]:
 
 def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     """--mode rl: the step's phases (analytic/rl.py), its FLOPs and time (generate + score + train)."""
+    from . import rl, rl_placement  # noqa: PLC0415 (see _MODE_MODULES)
     from ..models.resolve import load_model
     from ..estimate import Phase
 

@@ -13,7 +13,7 @@ import typer
 from .. import api, serving_versions
 from ..errors import SetupError, TrainfitError
 from ..setup import Request
-from .options import EngineOpt, GroupedCommand, JsonOpt, with_settings
+from .options import EngineOpt, Group, GroupedCommand, JsonOpt, lazy_group, with_settings
 from .spinner import spinner
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=Group,
 )
 
 
@@ -335,8 +336,9 @@ _register_optional_commands()
 
 @functools.lru_cache(maxsize=1)
 def _click_command():
-    """The click group typer builds from `app` (~25 ms: built once per process, not once per call of `main`)."""
-    return typer.main.get_command(app)
+    """The click group typer builds from `app`, each command built when invoked (options.lazy_group): built once
+    per process, not once per call of `main`."""
+    return lazy_group(app)
 
 
 def main(argv: list[str] | None = None) -> None:

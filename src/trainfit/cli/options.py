@@ -7,14 +7,23 @@ value once) and calls the command with it.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import typing
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import click
 import typer
 import typer.core
+import typer.main
+
+try:  # typer 0.29 (read at 0.29.2; pyproject allows >= 0.12) coerces each parameter through a pydantic TypeAdapter
+    from typer._coercion import RuntimeParam as _RuntimeParam
+    from typer._coercion import build_runtime_param as _build_runtime_param
+except ImportError:  # a typer without typer/_coercion.py coerces with click's types: nothing to defer
+    _RuntimeParam = None
 
 from ..setup import SETTINGS, Request, Setting, parse_value
 from ..setup.vocab import GROUPS
@@ -24,7 +33,105 @@ JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of t
 EngineOpt = typer.Option("analytic", "--engine", help="analytic (formulas, instant), trace (fake-tensor run of the real model), measure (real run here), all.")
 
 
-class GroupedCommand(typer.core.TyperCommand):
+if _RuntimeParam is not None:
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class _DeferredCoercion(_RuntimeParam):
+        """A parameter's coercion, built only for a value that needs it.
+
+        Why: typer 0.29 builds each parameter's pydantic TypeAdapter on its first `process_value`
+        (typer/core.py:100-109, `_TyperParameter.get_runtime_param` -> `_coercion.build_runtime_param`, which
+        imports typer/_adapters.py and so pydantic), and click processes every parameter of the invoked command,
+        given or not: `trainfit estimate` has ~90 options, most left at None or at their default. Building all
+        their adapters and importing pydantic cost ~0.3 s of a ~1.3 s estimate. Here None never reaches
+        `_coerce_value` (the base class `RuntimeParam.coerce` returns first, typer/_coercion.py:137-145, as with
+        typer's own); a value whose type is exactly the parameter's plain str/int/float annotation (a str typed on
+        the command line, an int or float default) is returned as is, which is what typer's adapter returns for
+        it: str is `TypeAdapter(Annotated[str, BeforeValidator(_parse_cli_str)])` with `_parse_cli_str` =
+        `str(value)`, and a number without min/max is `TypeAdapter(int|float)`, which keeps an exact int/float
+        (typer/_adapters.py:143-156,185-201,216-240); any other value (e.g. "4" for an int) goes to the adapter
+        typer would have built (then cached, as `get_runtime_param` caches its own)."""
+
+        descriptor: Any = None
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            d, info = self.descriptor, self.parameter_info
+            if type(value) is d.annotation and d.annotation in (str, int, float) and info.parser is None \
+                    and info.min is None and info.max is None and d.file_annotation is None:
+                return value
+            param._runtime_param = _build_runtime_param(d)
+            return param._runtime_param._coerce_value(value, param=param, ctx=ctx)
+
+
+def _defer_coercion(params: list) -> None:
+    for p in params:
+        if _RuntimeParam is not None and getattr(p, "_runtime_param", 0) is None and hasattr(p, "type_descriptor"):
+            d = p.type_descriptor
+            p._runtime_param = _DeferredCoercion(parameter_info=d.parameter_info, annotation=d.annotation,
+                                                 descriptor=d)
+
+
+class DeferredCoercion:
+    """Mixin for typer's command and group classes: their parameters, the help option included (created on
+    first use, typer/_click/core.py:597-616), coerce through `_DeferredCoercion`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _defer_coercion(self.params)
+
+    def get_help_option(self, ctx: click.Context) -> Any:
+        option = super().get_help_option(ctx)
+        _defer_coercion([option] if option is not None else [])
+        return option
+
+
+class Group(DeferredCoercion, typer.core.TyperGroup):
+    """The CLI's group (typer.Typer(cls=Group)): typer's, with deferred coercion, and (from `lazy_group`) its
+    commands built when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # typer's reads .items(), which would build every command (same names, order)
+
+
+class LazyCommands(Mapping):
+    """A group's commands by name, each built by typer (typer.main.get_command_from_info) on first access.
+
+    Why: typer.main.get_group_from_info (typer/main.py:1272-1290) builds every registered command, its ~30-90
+    options each read from the function's signature (typer/utils.py get_params_from_function, main.py _get_param),
+    before parsing: ~70 ms for the CLI's 14 commands, when one runs. The names and their order are typer's (the
+    command's name or its function's, main.py:1374; a later registration of a name replaces the earlier)."""
+
+    def __init__(self, infos: list, build: Callable[[Any], click.Command]) -> None:
+        self._infos = {info.name or typer.main.get_command_name(info.callback.__name__): info for info in infos}
+        self._built: dict[str, click.Command] = {}
+        self._build = build
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._built:
+            self._built[name] = self._build(self._infos[name])
+        return self._built[name]
+
+    def __iter__(self):
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
+def lazy_group(app: typer.Typer) -> Group:
+    """typer.main.get_command(app) for an app of commands only (no sub-typers), its commands built on first use."""
+    assert not app.registered_groups and app.info.cls is Group, "lazy_group builds a Group of commands only"
+    shell = copy.copy(app)
+    shell.registered_commands = []
+    group = typer.main.get_group(shell)
+    group.commands = LazyCommands(app.registered_commands, functools.partial(
+        typer.main.get_command_from_info, pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode))
+    return group
+
+
+class GroupedCommand(DeferredCoercion, typer.core.TyperCommand):
     """A command whose --help lists the settings under their concern's heading (setup.vocab.GROUPS: the step,
     parallelism, fine-tuning, serving, RL, vision, the GPU and the budget), then the command's own options. (typer
     draws such sections, rich_help_panel, only through rich's formatter, which the CLI leaves off.)"""
