@@ -491,12 +491,26 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     held = kv + vlm.encoder_outputs_held(spec, setup, st)
     prefill = weights + pixels + ids + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st), held + max(
         attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
-        mlp_first + casts_mlp, mlp_last + casts, head))
+        mlp_first + casts_mlp, mlp_last + casts, head, _q_norm_moment(spec, setup, tokens, casts_attn)))
     # NB: a one-token matmul's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
     # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -3.9 %, its eager bmm)
     decode = (weights + pixels + ids + INDEX * setup.batch + linear_state_bytes(spec, setup) + casts + head_cast
               + _decode_moment(spec, setup, logits))
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
+
+
+def _q_norm_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float) -> float:
+    """MLA's q_a_layernorm high point in the last layer (mla.q_norm_prefill) beside the whole cache less this
+    layer's own (not written yet) and the layer's stream (`_held`); under autocast with the casts of the layers
+    before and of this layer's q_a_proj only (`casts_attn` less its later attention matmuls: q_b, kv_a, kv_b;
+    NB: q_a_proj's bias, if any, is not counted). 0 without MLA or a q LoRA."""
+    if spec.mla is None or not spec.mla.q_lora_rank:
+        return 0.0
+    st = state_bytes(setup)
+    own = kv_bytes_per_token(spec, setup) * tokens / (spec.layers / setup.pp)
+    later = attention_linear_params(spec) - o_proj_params(spec) - spec.hidden * spec.mla.q_lora_rank
+    casts = casts_attn - st.act * later / setup.tp if casts_attn else 0
+    return _held(spec, setup, tokens) + mla.q_norm_prefill(spec, a=st.act, tokens=tokens) + casts - own
 
 
 def cache_window(spec: ModelSpec) -> int | None:
