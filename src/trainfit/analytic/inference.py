@@ -253,7 +253,7 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
             # gate and up (one 2×-wide output when fused: Phi-3), the activation, the product
             live = 4 if traits["fused_gate_up"] else 3
         else:
-            live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
+            live = _mlp_live(spec)
         mlp = live * a * spec.intermediate / t * tokens
     kept = 0
     if traits["block_keeps_attn_output"]:
@@ -275,6 +275,15 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     # an inline MLP (OPT) frees the normalised copy at fc1: the mid residual takes its place
     mid = 0 if traits["mlp_inline"] else r * h * tokens
     return base + attn, base + mid + mlp + kept, add
+
+
+def _mlp_live(spec: ModelSpec) -> int:
+    """A plain (ungated) MLP's intermediate-wide tensors at its activation's high point, fc1's output among them:
+    fc1's output and the activation's (2); four for HF's composite gelu_new/gelu_fast (the input, its pow, and the
+    tanh chain's temporaries: activations.py NewGELUActivation.forward); three for relu² (Nemotron), whose
+    ReLUSquaredActivation.forward (transformers activations.py:211-214) holds `relu_applied` while torch.square
+    makes its output (traced small-nemotron bf16 prefill at 8 x 200: up_proj's, relu's and pow's outputs, the peak)."""
+    return {"gelu_new": 4, "gelu_fast": 4, "relu2": 3}.get(spec.activation, 2)
 
 
 def _eager_scores(spec: ModelSpec, setup: Setup, rows: int, keys: int) -> float:
@@ -364,7 +373,7 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
             held = (live - 3) * a * i * tokens  # the fused gate_up's storage, minus the freed activation
             last = mlp - 2 * a * i * tokens + held + a * h * tokens + gemm_scratch(setup, tokens, i, h)
         else:
-            live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
+            live = _mlp_live(spec)
             inline = r * h * tokens if traits["mlp_inline"] else 0
             first = mlp - (live - 1) * a * i * tokens + cast_in + inline + gemm_scratch(setup, tokens, h, i)
             last = mlp - (live - 1) * a * i * tokens + a * h * tokens + gemm_scratch(setup, tokens, i, h)
