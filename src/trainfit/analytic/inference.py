@@ -272,9 +272,28 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     # is priced in the activation dtype.
     scratch = FP32 * h * tokens if (setup.device == "cpu" and a != r) else 0
     add = base - r * h * tokens + r * h * tokens + a * h * tokens + r * h * tokens + scratch + kept
+    if traits["post_norm"] and not spec.gated_mlp:
+        add = _post_norm_add(spec, setup, tokens, base, scratch)
     # an inline MLP (OPT) frees the normalised copy at fc1: the mid residual takes its place
     mid = 0 if traits["mlp_inline"] else r * h * tokens
     return base + attn, base + mid + mlp + kept, add
+
+
+def _post_norm_add(spec: ModelSpec, setup: Setup, tokens: int, base: float, scratch: float) -> float:
+    """A post-norm layer's (BERT, RoBERTa) closing add and LayerNorm: BertLayer.feed_forward_chunk holds
+    `intermediate_output` (the activation's output, a·i) while BertOutput.forward runs `self.LayerNorm(hidden_states
+    + input_tensor)` on the down projection's output (a·h) and the mid residual (r·h, the attention's LayerNorm
+    output) (modeling_bert.py BertOutput/BertLayer, transformers 5.24): the sum (r·h) and, beside it, either the CPU
+    add's fp32 copy of the 16-bit output (`scratch`) or the LayerNorm's output (r·h: layer_norm runs in fp32 under
+    autocast, on both autocast fp32 lists: torch/amp autocast_mode, aten/src/ATen/autocast_mode.cpp) with its mean
+    and rstd (native_layer_norm's two (b, s, 1) outputs, NB: counted in r bytes; on a pure bf16 CPU run their dtype
+    may differ, a few bytes per token). Read off the traced small-bert amp-bf16 CPU prefill at 8 x 200: the peak
+    inside the last layer's output LayerNorm."""
+    a, r = state_bytes(setup).act, state_bytes(setup).residual
+    h = spec.hidden
+    mid = r * h * tokens
+    act_out = a * spec.intermediate / setup.tp * tokens
+    return base + mid + act_out + a * h * tokens + r * h * tokens + max(scratch, r * h * tokens + 2 * r * tokens)
 
 
 def _mlp_live(spec: ModelSpec) -> int:
@@ -479,7 +498,14 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         # (biases included) cached, the transform's and the decoder's among them
         full_logits = st.act * spec.vocab / setup.tp * tokens
         # (its high point is inside the decoder's matmul, tokens x hidden x vocab: oneDNN's scratch, onednn.py)
-        head = full_logits + (st.residual + st.act) * spec.hidden * tokens + \
+        # the transform's LayerNorm (its input the 16-bit GELU output) runs in fp32 under CUDA autocast (layer_norm
+        # is on CUDA's fp32 list, torch/testing/_internal/autocast_test_lists.py:148; not on the CPU lists,
+        # AutocastCPUTestLists :242-, where it returns its input's dtype) and its output is cast for the decoder's
+        # matmul, a copy that lives through it (traced small-bert amp-bf16 CUDA prefill at 8 x 200: the encoder
+        # output, the fp32 LayerNorm output and its bf16 copy beside the logits; on the CPU a bf16 output, no copy)
+        norm = st.residual if (st.autocast and setup.device == "cuda") else st.act
+        copy = st.act if norm != st.act else 0
+        head = full_logits + (st.residual + norm + copy) * spec.hidden * tokens + \
             gemm_scratch(setup, tokens, spec.hidden, spec.vocab / setup.tp)
         if casts:
             h = spec.hidden
