@@ -17,6 +17,7 @@ from ..spec import ModelSpec
 from .activations import (FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer,
                           masked_chunk_share, resolved_kernel)
 from . import clamped_swiglu as swiglu
+from . import cpu_flash
 from . import gated_deltanet, mla, siglip, vlm
 from . import sink_attention as sinks
 from .embedding import rotary_tables
@@ -246,6 +247,7 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
         # and the flash kernels' (b, h, s, d) output is copied for the output projection (activations._flash_saved)
         efficient = setup.device == "cuda" and a == FP32
         attn += a * spec.q_dim / t * tokens * (1 if efficient else 2)
+        attn = max(attn, _fused_rotary_sdpa(spec, setup, tokens, setup.seq if keys is None else keys))
     if spec.moe:
         mlp = _moe_prefill(spec, setup, st) / t * tokens
     else:
@@ -277,6 +279,27 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     # an inline MLP (OPT) frees the normalised copy at fc1: the mid residual takes its place
     mid = 0 if traits["mlp_inline"] else r * h * tokens
     return base + attn, base + mid + mlp + kept, add
+
+
+def _fused_rotary_sdpa(spec: ModelSpec, setup: Setup, tokens: int, keys: int) -> float:
+    """Inside SDPA's flash kernel (CPU flash; CUDA flash / memory-efficient) in a fused-qkv rotary layer (GPT-NeoX,
+    Phi-3), beside the stream and the caches: the fused projection's whole output a·(q + 2kv) (q, k, v are views of
+    it), rotary's new q (promoted to fp32 by the fp32 cos/sin under autocast: kv_dtype), and under autocast SDPA's
+    casts of that q and of the cache's fp32 k back to the 16-bit dtype (v keeps its own dtype from transformers
+    5.24: values_keep_their_dtype; before, an fp32 v copied too); then the kernel's output (a·q), its fp32 logsumexp
+    (one per head and token) and, on the CPU, its per-thread buffers (cpu_flash.scratch; `keys`: the keys each
+    query sees, a decode step's the cache). Read off the traced
+    small-gpt_neox amp-bf16 CPU prefill at 8 x 200 (the peak inside layer 1's
+    _scaled_dot_product_flash_attention_for_cpu). NB: the CUDA memory-efficient kernel pads the logsumexp to 32 rows
+    (under by at most 31 per head and sequence)."""
+    st = state_bytes(setup)
+    a, t = st.act, setup.tp
+    q, kv = spec.q_dim / t, max(spec.kv_heads / t, 1) * spec.head_dim
+    promoted = st.autocast and spec.positions == "rotary"
+    rot_q = FP32 if promoted else a
+    casts = a * q + a * kv + (0 if values_keep_their_dtype() else a * kv) if promoted else 0
+    scratch = cpu_flash.scratch(setup.seq, keys, spec.head_dim, a) if setup.device == "cpu" else 0
+    return (a * (q + 2 * kv) + rot_q * q + casts + a * q + FP32 * spec.heads / t) * tokens + scratch
 
 
 def _post_norm_add(spec: ModelSpec, setup: Setup, tokens: int, base: float, scratch: float) -> float:
