@@ -338,14 +338,16 @@ def test_llama4_scout_full_recompute_under_autocast_at_a_real_size():
 @pytest.mark.heavy
 @pytest.mark.parametrize("family,precision,device", [
     ("deepseek_v3", "bf16", "cuda"), ("nemotron", "bf16", "cpu"), ("nemotron", "amp-bf16", "cpu"),
-    ("bert", "amp-bf16", "cpu"), ("bert", "amp-bf16", "cuda"), ("gpt_neox", "amp-bf16", "cpu")])
+    ("bert", "amp-bf16", "cpu"), ("bert", "amp-bf16", "cuda"), ("gpt_neox", "amp-bf16", "cpu"),
+    ("llama", "amp-bf16", "cpu")])
 def test_prefill_moments_at_a_larger_batch(family, precision, device):
     """Prefill moments that the matrix's 2 x 128 hides and 8 x 200 shows (the analytic peak before these terms):
     MLA's q_a_layernorm fp32 upcast of the q LoRA (mla.q_norm_prefill; -20.1 %), relu²'s three intermediate-wide
     tensors (inference._mlp_live; -13.9 % bf16, -9 % amp-bf16), a post-norm layer's closing add and LayerNorm beside
     the held MLP activation and the MLM head's fp32 LayerNorm output under CUDA autocast (inference._post_norm_add;
     -8.2 % CPU, -10.6 % CUDA), and a fused-qkv rotary layer inside SDPA with its autocast casts and the CPU flash
-    kernel's buffers (inference._fused_rotary_sdpa, cpu_flash.py; -8.5 %)."""
+    kernel's buffers (inference._fused_rotary_sdpa, cpu_flash.py; -8.5 %), and inside a Llama-style rotary under CPU
+    autocast, with the mixed-dtype mul's fp32 copy (inference._rotary_moment; -2.2 %)."""
     spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
     setup = Setup(batch=8, seq=200, precision=precision, device=device, mode="infer")
     assert_analytic_near_trace(spec, setup, family, TOLERANCE)

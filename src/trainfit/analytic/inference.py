@@ -549,7 +549,8 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     held = kv + vlm.encoder_outputs_held(spec, setup, st)
     prefill = weights + pixels + ids + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st), held + max(
         attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
-        mlp_first + casts_mlp, mlp_last + casts, head, _q_norm_moment(spec, setup, tokens, casts_attn)))
+        mlp_first + casts_mlp, mlp_last + casts, head, _q_norm_moment(spec, setup, tokens, casts_attn),
+        _rotary_moment(spec, setup, tokens, casts_attn)))
     # NB: a one-token matmul's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
     # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -3.9 %, its eager bmm)
     decode = (weights + pixels + ids + INDEX * setup.batch + linear_state_bytes(spec, setup) + casts + head_cast
@@ -569,6 +570,29 @@ def _q_norm_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float
     later = attention_linear_params(spec) - o_proj_params(spec) - spec.hidden * spec.mla.q_lora_rank
     casts = casts_attn - st.act * later / setup.tp if casts_attn else 0
     return _held(spec, setup, tokens) + mla.q_norm_prefill(spec, a=st.act, tokens=tokens) + casts - own
+
+
+def _rotary_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float) -> float:
+    """Inside the last layer's apply_rotary_pos_emb (modeling_llama.py: `k_embed = (k * cos) + (rotate_half(k) *
+    sin)`, after q's) with separate q, k, v projections: their outputs a·(q + 2kv) (held by the attention's locals),
+    q_embed, k·cos and the product with sin (in cos's dtype: fp32 under autocast, kv_dtype), rotate_half(k) (a, a
+    torch.cat), and on the CPU under autocast the mixed-dtype mul's fp32 copy of that 16-bit operand
+    (TensorIterator; trace/cpu_casts.py); beside the stream (`_held`), the casts of the layers before and this
+    layer's q, k, v (`casts_attn`) and the caches of the layers before (this one's is written after). Read off the
+    traced small-llama amp-bf16 CPU prefill at 8 x 200 (the peak at layer 1's `rotate_half(k) * sin`). 0 where the
+    projections are fused, for MLA and for complex rotary (their own paths)."""
+    traits = family_traits(spec)
+    if (spec.positions != "rotary" or spec.mla is not None or traits["fused_qkv"] or traits.get("rotary_complex")
+            or spec.rotary_fraction != 1.0 or spec.hybrid is not None or gated_deltanet.linear_layers(spec)):
+        return 0.0
+    st = state_bytes(setup)
+    a, t = st.act, setup.tp
+    q, kv = spec.q_dim / t, max(spec.kv_heads / t, 1) * spec.head_dim
+    rq = FP32 if st.autocast else a
+    scratch = FP32 * kv if (setup.device == "cpu" and rq != a) else 0
+    own = kv_bytes_per_token(spec, setup) * tokens / (spec.layers / setup.pp)
+    live = (a * (q + 2 * kv) + rq * q + 2 * rq * kv + a * kv + scratch) * tokens
+    return _held(spec, setup, tokens) + live + casts_attn - own
 
 
 def cache_window(spec: ModelSpec) -> int | None:
