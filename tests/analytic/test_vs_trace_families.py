@@ -24,7 +24,6 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainfit.analytic.engine import estimate  # noqa: E402
-from trainfit.analytic.inference import values_keep_their_dtype  # noqa: E402
 from trainfit.models.hf_config import spec_from_config  # noqa: E402
 from trainfit.setup import Setup  # noqa: E402
 from trainfit.trace import trace_spec  # noqa: E402
@@ -156,10 +155,6 @@ KNOWN_GAPS: dict[str, str] = {
         "vectors, their gradients and Adam states; and the HF stack's fused AdamW keeps each parameter's `step` on "
         "the device (torch/optim/adam.py:168-175: on the CPU only when neither fused nor capturable), 512 B each "
         "there — the analytic engine counts exact bytes and no step tensors (-1.04%; nil at real sizes)"),
-    "gpt_neox-infer-amp-bf16-cuda": (
-        "fused-qkv rotary prefill under autocast: rotary's fp32 cos/sin promote q to fp32 and SDPA's autocast casts "
-        "q, k, v back to bf16 beside the fused projection's output; analytic/inference.py counts q, k, v once in the "
-        "activation dtype (-2.6%)"),
 }
 
 # MLA (DeepSeek): checked at 3%, the target of issue 16 — the shrunk configs keep the published MLA widths
@@ -187,20 +182,6 @@ try:  # the CPU's 16-bit oneDNN matmul path (off under ONEDNN_MAX_CPU_ISA=AVX2)
     _ONEDNN_BF16 = bool(_torch.ops.mkldnn._is_mkldnn_bf16_supported())
 except (AttributeError, RuntimeError):
     _ONEDNN_BF16 = False
-if not _ONEDNN_BF16:
-    KNOWN_GAPS["nemotron-infer-amp-bf16-cpu"] = (
-        "without oneDNN's bf16 matmul path the traced prefill peaks at 1,328,128 B of temporaries where the analytic "
-        "moments give 811,840 (-3.6%); the mechanism is not established (open)")
-
-if values_keep_their_dtype():
-    # transformers >= 5.24 caches v in its own bf16 (not k's fp32): SDPA's autocast copy of an fp32 v is gone
-    KNOWN_GAPS["gpt_neox-infer-amp-bf16-cuda"] = (
-        "fused-qkv rotary prefill under autocast: rotary's fp32 cos/sin promote q to fp32 and SDPA's autocast casts "
-        "q and k back to bf16 beside the fused projection's output (traced: the fp32 q, three (2, 4, 128, 32) bf16 "
-        "tensors and the kernel's logsumexp at layer 1's attention); analytic/inference.py counts q, k, v once in the "
-        "activation dtype (-1.13 %; it read -0.97 % while the prefill also counted the last position's logits beside "
-        "the layers, where they do not exist yet)")
-
 if _ONEDNN_BF16:
     KNOWN_GAPS["nemotron_h-amp-bf16-full-adamw-cpu"] = (
         "the oneDNN scratch of the Mamba-2 scan's last bmm under autocast (C_times_states, modeling_nemotron_h.py:359, "
@@ -352,3 +333,21 @@ def test_llama4_scout_full_recompute_under_autocast_at_a_real_size():
     spec = with_layers(load_model("llama-4-scout"), 2)
     setup = Setup(batch=1, seq=4096, precision="amp-bf16", recompute="full", optimizer="adamw", device="cuda")
     assert_analytic_near_trace(spec, setup, "llama-4-scout (2 layers)", TOLERANCE)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family,precision,device", [
+    ("deepseek_v3", "bf16", "cuda"), ("nemotron", "bf16", "cpu"), ("nemotron", "amp-bf16", "cpu"),
+    ("bert", "amp-bf16", "cpu"), ("bert", "amp-bf16", "cuda"), ("gpt_neox", "amp-bf16", "cpu"),
+    ("llama", "amp-bf16", "cpu")])
+def test_prefill_moments_at_a_larger_batch(family, precision, device):
+    """Prefill moments that the matrix's 2 x 128 hides and 8 x 200 shows (the analytic peak before these terms):
+    MLA's q_a_layernorm fp32 upcast of the q LoRA (mla.q_norm_prefill; -20.1 %), relu²'s three intermediate-wide
+    tensors (inference._mlp_live; -13.9 % bf16, -9 % amp-bf16), a post-norm layer's closing add and LayerNorm beside
+    the held MLP activation and the MLM head's fp32 LayerNorm output under CUDA autocast (inference._post_norm_add;
+    -8.2 % CPU, -10.6 % CUDA), and a fused-qkv rotary layer inside SDPA with its autocast casts and the CPU flash
+    kernel's buffers (inference._fused_rotary_sdpa, cpu_flash.py; -8.5 %), and inside a Llama-style rotary under CPU
+    autocast, with the mixed-dtype mul's fp32 copy (inference._rotary_moment; -2.2 %)."""
+    spec = spec_from_config(shrink(CONFIGS[family]), f"small-{family}")
+    setup = Setup(batch=8, seq=200, precision=precision, device=device, mode="infer")
+    assert_analytic_near_trace(spec, setup, family, TOLERANCE)

@@ -17,6 +17,7 @@ from ..spec import ModelSpec
 from .activations import (FP32, INDEX, attention_linear_params, family_traits, linear_params_per_layer,
                           masked_chunk_share, resolved_kernel)
 from . import clamped_swiglu as swiglu
+from . import cpu_flash
 from . import gated_deltanet, mla, siglip, vlm
 from . import sink_attention as sinks
 from .embedding import rotary_tables
@@ -246,6 +247,7 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
         # and the flash kernels' (b, h, s, d) output is copied for the output projection (activations._flash_saved)
         efficient = setup.device == "cuda" and a == FP32
         attn += a * spec.q_dim / t * tokens * (1 if efficient else 2)
+        attn = max(attn, _fused_rotary_sdpa(spec, setup, tokens, setup.seq if keys is None else keys))
     if spec.moe:
         mlp = _moe_prefill(spec, setup, st) / t * tokens
     else:
@@ -253,7 +255,7 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
             # gate and up (one 2×-wide output when fused: Phi-3), the activation, the product
             live = 4 if traits["fused_gate_up"] else 3
         else:
-            live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
+            live = _mlp_live(spec)
         mlp = live * a * spec.intermediate / t * tokens
     kept = 0
     if traits["block_keeps_attn_output"]:
@@ -272,9 +274,58 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     # is priced in the activation dtype.
     scratch = FP32 * h * tokens if (setup.device == "cpu" and a != r) else 0
     add = base - r * h * tokens + r * h * tokens + a * h * tokens + r * h * tokens + scratch + kept
+    if traits["post_norm"] and not spec.gated_mlp:
+        add = _post_norm_add(spec, setup, tokens, base, scratch)
     # an inline MLP (OPT) frees the normalised copy at fc1: the mid residual takes its place
     mid = 0 if traits["mlp_inline"] else r * h * tokens
     return base + attn, base + mid + mlp + kept, add
+
+
+def _fused_rotary_sdpa(spec: ModelSpec, setup: Setup, tokens: int, keys: int) -> float:
+    """Inside SDPA's flash kernel (CPU flash; CUDA flash / memory-efficient) in a fused-qkv rotary layer (GPT-NeoX,
+    Phi-3), beside the stream and the caches: the fused projection's whole output a·(q + 2kv) (q, k, v are views of
+    it), rotary's new q (promoted to fp32 by the fp32 cos/sin under autocast: kv_dtype), and under autocast SDPA's
+    casts of that q and of the cache's fp32 k back to the 16-bit dtype (v keeps its own dtype from transformers
+    5.24: values_keep_their_dtype; before, an fp32 v copied too); then the kernel's output (a·q), its fp32 logsumexp
+    (one per head and token) and, on the CPU, its per-thread buffers (cpu_flash.scratch; `keys`: the keys each
+    query sees, a decode step's the cache). Read off the traced
+    small-gpt_neox amp-bf16 CPU prefill at 8 x 200 (the peak inside layer 1's
+    _scaled_dot_product_flash_attention_for_cpu). NB: the CUDA memory-efficient kernel pads the logsumexp to 32 rows
+    (under by at most 31 per head and sequence)."""
+    st = state_bytes(setup)
+    a, t = st.act, setup.tp
+    q, kv = spec.q_dim / t, max(spec.kv_heads / t, 1) * spec.head_dim
+    promoted = st.autocast and spec.positions == "rotary"
+    rot_q = FP32 if promoted else a
+    casts = a * q + a * kv + (0 if values_keep_their_dtype() else a * kv) if promoted else 0
+    scratch = cpu_flash.scratch(setup.seq, keys, spec.head_dim, a) if setup.device == "cpu" else 0
+    return (a * (q + 2 * kv) + rot_q * q + casts + a * q + FP32 * spec.heads / t) * tokens + scratch
+
+
+def _post_norm_add(spec: ModelSpec, setup: Setup, tokens: int, base: float, scratch: float) -> float:
+    """A post-norm layer's (BERT, RoBERTa) closing add and LayerNorm: BertLayer.feed_forward_chunk holds
+    `intermediate_output` (the activation's output, a·i) while BertOutput.forward runs `self.LayerNorm(hidden_states
+    + input_tensor)` on the down projection's output (a·h) and the mid residual (r·h, the attention's LayerNorm
+    output) (modeling_bert.py BertOutput/BertLayer, transformers 5.24): the sum (r·h) and, beside it, either the CPU
+    add's fp32 copy of the 16-bit output (`scratch`) or the LayerNorm's output (r·h: layer_norm runs in fp32 under
+    autocast, on both autocast fp32 lists: torch/amp autocast_mode, aten/src/ATen/autocast_mode.cpp) with its mean
+    and rstd (native_layer_norm's two (b, s, 1) outputs, NB: counted in r bytes; on a pure bf16 CPU run their dtype
+    may differ, a few bytes per token). Read off the traced small-bert amp-bf16 CPU prefill at 8 x 200: the peak
+    inside the last layer's output LayerNorm."""
+    a, r = state_bytes(setup).act, state_bytes(setup).residual
+    h = spec.hidden
+    mid = r * h * tokens
+    act_out = a * spec.intermediate / setup.tp * tokens
+    return base + mid + act_out + a * h * tokens + r * h * tokens + max(scratch, r * h * tokens + 2 * r * tokens)
+
+
+def _mlp_live(spec: ModelSpec) -> int:
+    """A plain (ungated) MLP's intermediate-wide tensors at its activation's high point, fc1's output among them:
+    fc1's output and the activation's (2); four for HF's composite gelu_new/gelu_fast (the input, its pow, and the
+    tanh chain's temporaries: activations.py NewGELUActivation.forward); three for relu² (Nemotron), whose
+    ReLUSquaredActivation.forward (transformers activations.py:211-214) holds `relu_applied` while torch.square
+    makes its output (traced small-nemotron bf16 prefill at 8 x 200: up_proj's, relu's and pow's outputs, the peak)."""
+    return {"gelu_new": 4, "gelu_fast": 4, "relu2": 3}.get(spec.activation, 2)
 
 
 def _eager_scores(spec: ModelSpec, setup: Setup, rows: int, keys: int) -> float:
@@ -364,7 +415,7 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
             held = (live - 3) * a * i * tokens  # the fused gate_up's storage, minus the freed activation
             last = mlp - 2 * a * i * tokens + held + a * h * tokens + gemm_scratch(setup, tokens, i, h)
         else:
-            live = {"gelu_new": 4, "gelu_fast": 4}.get(spec.activation, 2)
+            live = _mlp_live(spec)
             inline = r * h * tokens if traits["mlp_inline"] else 0
             first = mlp - (live - 1) * a * i * tokens + cast_in + inline + gemm_scratch(setup, tokens, h, i)
             last = mlp - (live - 1) * a * i * tokens + a * h * tokens + gemm_scratch(setup, tokens, i, h)
@@ -470,7 +521,14 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
         # (biases included) cached, the transform's and the decoder's among them
         full_logits = st.act * spec.vocab / setup.tp * tokens
         # (its high point is inside the decoder's matmul, tokens x hidden x vocab: oneDNN's scratch, onednn.py)
-        head = full_logits + (st.residual + st.act) * spec.hidden * tokens + \
+        # the transform's LayerNorm (its input the 16-bit GELU output) runs in fp32 under CUDA autocast (layer_norm
+        # is on CUDA's fp32 list, torch/testing/_internal/autocast_test_lists.py:148; not on the CPU lists,
+        # AutocastCPUTestLists :242-, where it returns its input's dtype) and its output is cast for the decoder's
+        # matmul, a copy that lives through it (traced small-bert amp-bf16 CUDA prefill at 8 x 200: the encoder
+        # output, the fp32 LayerNorm output and its bf16 copy beside the logits; on the CPU a bf16 output, no copy)
+        norm = st.residual if (st.autocast and setup.device == "cuda") else st.act
+        copy = st.act if norm != st.act else 0
+        head = full_logits + (st.residual + norm + copy) * spec.hidden * tokens + \
             gemm_scratch(setup, tokens, spec.hidden, spec.vocab / setup.tp)
         if casts:
             h = spec.hidden
@@ -491,12 +549,50 @@ def infer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     held = kv + vlm.encoder_outputs_held(spec, setup, st)
     prefill = weights + pixels + ids + max(linear_prefill, vlm.tower_prefill_peak(spec, setup, st), held + max(
         attn_moment + casts_attn, mlp_moment + casts_mlp, add_moment + casts, o_gemm + casts_o,
-        mlp_first + casts_mlp, mlp_last + casts, head))
+        mlp_first + casts_mlp, mlp_last + casts, head, _q_norm_moment(spec, setup, tokens, casts_attn),
+        _rotary_moment(spec, setup, tokens, casts_attn)))
     # NB: a one-token matmul's oneDNN scratch (a CPU step in 16 bits: onednn.py) is not counted at decode, an
     # under-count where the decode peak falls inside one (tiny-gpt-oss 2 x 128 bf16 CPU: -3.9 %, its eager bmm)
     decode = (weights + pixels + ids + INDEX * setup.batch + linear_state_bytes(spec, setup) + casts + head_cast
               + _decode_moment(spec, setup, logits))
     return InferMemory(int(weights), int(kv), int(act), int(logits), int(prefill), int(decode))
+
+
+def _q_norm_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float) -> float:
+    """MLA's q_a_layernorm high point in the last layer (mla.q_norm_prefill) beside the whole cache less this
+    layer's own (not written yet) and the layer's stream (`_held`); under autocast with the casts of the layers
+    before and of this layer's q_a_proj only (`casts_attn` less its later attention matmuls: q_b, kv_a, kv_b;
+    NB: q_a_proj's bias, if any, is not counted). 0 without MLA or a q LoRA."""
+    if spec.mla is None or not spec.mla.q_lora_rank:
+        return 0.0
+    st = state_bytes(setup)
+    own = kv_bytes_per_token(spec, setup) * tokens / (spec.layers / setup.pp)
+    later = attention_linear_params(spec) - o_proj_params(spec) - spec.hidden * spec.mla.q_lora_rank
+    casts = casts_attn - st.act * later / setup.tp if casts_attn else 0
+    return _held(spec, setup, tokens) + mla.q_norm_prefill(spec, a=st.act, tokens=tokens) + casts - own
+
+
+def _rotary_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float) -> float:
+    """Inside the last layer's apply_rotary_pos_emb (modeling_llama.py: `k_embed = (k * cos) + (rotate_half(k) *
+    sin)`, after q's) with separate q, k, v projections: their outputs a·(q + 2kv) (held by the attention's locals),
+    q_embed, k·cos and the product with sin (in cos's dtype: fp32 under autocast, kv_dtype), rotate_half(k) (a, a
+    torch.cat), and on the CPU under autocast the mixed-dtype mul's fp32 copy of that 16-bit operand
+    (TensorIterator; trace/cpu_casts.py); beside the stream (`_held`), the casts of the layers before and this
+    layer's q, k, v (`casts_attn`) and the caches of the layers before (this one's is written after). Read off the
+    traced small-llama amp-bf16 CPU prefill at 8 x 200 (the peak at layer 1's `rotate_half(k) * sin`). 0 where the
+    projections are fused, for MLA and for complex rotary (their own paths)."""
+    traits = family_traits(spec)
+    if (spec.positions != "rotary" or spec.mla is not None or traits["fused_qkv"] or traits.get("rotary_complex")
+            or spec.rotary_fraction != 1.0 or spec.hybrid is not None or gated_deltanet.linear_layers(spec)):
+        return 0.0
+    st = state_bytes(setup)
+    a, t = st.act, setup.tp
+    q, kv = spec.q_dim / t, max(spec.kv_heads / t, 1) * spec.head_dim
+    rq = FP32 if st.autocast else a
+    scratch = FP32 * kv if (setup.device == "cpu" and rq != a) else 0
+    own = kv_bytes_per_token(spec, setup) * tokens / (spec.layers / setup.pp)
+    live = (a * (q + 2 * kv) + rq * q + 2 * rq * kv + a * kv + scratch) * tokens
+    return _held(spec, setup, tokens) + live + casts_attn - own
 
 
 def cache_window(spec: ModelSpec) -> int | None:

@@ -135,6 +135,24 @@ def prefill_attention(spec: ModelSpec, *, a: int, r: int, kernel: str, seq: int,
     return held + (upcast + max(scores, softmax, output)) * tokens + FP32 * seq * seq
 
 
+def q_norm_prefill(spec: ModelSpec, *, a: int, tokens: int) -> float:
+    """Bytes live inside q_a_layernorm at its high point (no grad), beside the layer's input and the caches of the
+    layers before it (this layer's is written later, at cache.update): 0 without a q LoRA (q_proj). The attention
+    runs q_a_proj, then q_a_layernorm, before anything else (modeling_deepseek_v3.py:438-441; V2 the same), and
+    DeepseekV3RMSNorm.forward (:47-52) upcasts its q_lora-wide input to fp32 (`.to(torch.float32)`, a copy unless
+    the input is fp32), holds `variance` and its rsqrt (one fp32 each per token) and multiplies into a new fp32
+    tensor before the old one is rebound: q_a_proj's output (a), the fp32 copy and the product (the fp32 input's
+    pow(2) at the same size where there is no copy). Where q_lora_rank outweighs the heads' q and k (the shrunk
+    configs: 1536 against 4·192) this tops the SDPA moment (traced small-deepseek_v3 bf16 prefill on CUDA
+    semantics at 8 x 200: the peak at this mul). q_a_proj is not split across tensor-parallel ranks (vLLM's
+    ReplicatedLinear for q_a_proj in vllm/model_executor/models/deepseek_v2.py)."""
+    rank = spec.mla.q_lora_rank
+    if not rank:
+        return 0.0
+    copy = FP32 if a != FP32 else 0
+    return ((a + copy + FP32) * rank + 2 * FP32) * tokens
+
+
 def decode_math_per_key(spec: ModelSpec, *, a: int, tp: int) -> float:
     """Bytes per cached token (one sequence, one TP rank) that SDPA's math path ('math': CPU, q/k wider than v) adds
     at a decode step's high point, beside expand_kv's k and v over the cache (inference.mla_decompressed): as in
