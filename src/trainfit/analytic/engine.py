@@ -414,10 +414,16 @@ def _infer(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
         prefill_flops = fpt * setup.batch * setup.seq / (setup.tp * setup.pp)
     reserved, device_total, beside, held = overheads.device_memory(infer_reserve(spec, setup, m), gpu, setup)
     needed = fit_rule.infer_required(spec, setup, m)
+    # what the peak holds, adding up to it: the weights and the cache, the prefill's largest layer transient where
+    # the prefill peaks, and the rest (the logits, the prompt ids, autocast's casts, the moment's other tensors:
+    # inference.infer_memory) as temporaries
+    states = m.weights + m.kv_cache
+    acts = min(m.activations, max(0, peak - states)) if peak_phase == "prefill" else 0
     memory = Memory(weights=m.weights, gradients=0, optimizer_states=0, master_weights=0, activations=m.activations,
                     temporaries=m.logits, kv_cache=m.kv_cache, peak=peak, peak_phase=peak_phase,
                     phases=phases, reserved=reserved, device_total=device_total, overheads=beside, required=needed,
-                    at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations, "temporaries": m.logits})
+                    at_peak={"weights": m.weights, "kv_cache": m.kv_cache, "activations": acts,
+                             "temporaries": max(0, peak - states - acts)})
     flops = Flops(int(prefill_flops), 0, 0, int(prefill_flops), int(prefill_flops), int(fpt))
     timing = fit = prefill = decode = None
     modelled = mfu is None
