@@ -31,7 +31,12 @@ def _conf() -> dict:
 def interconnect(gpu: GPU) -> dict | None:
     """overheads.toml [nccl.gpus]: {"nvlinks", "sm"} for NVSwitch boards, {"pcie", "sm"} for PCIe cards; None for a
     GPU NCCL's search is not modelled for (AMD: RCCL). By GPU.kernels: the catalog GPU a GPU file names."""
-    return _conf()["gpus"].get(gpu.kernels)
+    return _link_of(gpu.kernels)
+
+
+def _link_of(kernels: str) -> dict | None:
+    """interconnect's entry, by the name of the GPU's kernel data."""
+    return _conf()["gpus"].get(kernels)
 
 
 def link_bw(link: dict) -> float:
@@ -112,7 +117,7 @@ def communicator_bytes(gpu: GPU, ranks: int, nvls_local: int | None = None) -> i
 def _communicator_bytes(kernels: str, ranks: int, nvls_local: int | None) -> int:
     if ranks < 2:
         return 0
-    link = _conf()["gpus"].get(kernels)  # (interconnect's lookup)
+    link = _link_of(kernels)
     if link is None:
         return _conf()["max_channels"] * channel_bytes({"pcie": "gen4", "sm": 0}, ranks)
     local = ranks if nvls_local is None else nvls_local

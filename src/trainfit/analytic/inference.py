@@ -63,7 +63,18 @@ def kv_values_per_token_layer(spec: ModelSpec, tp: int = 1) -> float:
     k_rot)`, both (b, 1, s, ·)) and decompresses per step (see `mla_decompressed`)."""
     if spec.mla is not None:
         return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
-    return 2 * max(spec.kv_heads / tp, 1) * spec.head_dim
+    return 2 * kv_width(spec, tp)
+
+
+def kv_width(spec: ModelSpec, tp: int = 1) -> float:
+    """Values per token of k (or of v) on one tensor-parallel rank: kv heads × head_dim, the heads replicated when
+    tp > kv_heads."""
+    return max(spec.kv_heads / tp, 1) * spec.head_dim
+
+
+def _layer_cache(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """One layer's cache of `tokens` tokens on this rank (the stage's cache over its layers)."""
+    return kv_bytes_per_token(spec, setup) * tokens / (spec.layers / setup.pp)
 
 
 def mla_decompressed(spec: ModelSpec, tp: int = 1) -> float:
@@ -121,7 +132,7 @@ def kv_layer_bytes(spec: ModelSpec, setup: Setup) -> tuple[float, float]:
         v_bytes = DTYPE_BYTES[PRECISIONS[setup.precision].compute]
     if spec.mla is not None:
         return spec.mla.kv_lora_rank * k_bytes, spec.mla.qk_rope_head_dim * v_bytes
-    per_head = max(spec.kv_heads / setup.tp, 1) * spec.head_dim  # kv heads are replicated when tp > kv_heads
+    per_head = kv_width(spec, setup.tp)
     return per_head * k_bytes, per_head * v_bytes
 
 
@@ -294,7 +305,7 @@ def _fused_rotary_sdpa(spec: ModelSpec, setup: Setup, tokens: int, keys: int) ->
     (under by at most 31 per head and sequence)."""
     st = state_bytes(setup)
     a, t = st.act, setup.tp
-    q, kv = spec.q_dim / t, max(spec.kv_heads / t, 1) * spec.head_dim
+    q, kv = spec.q_dim / t, kv_width(spec, t)
     promoted = st.autocast and spec.positions == "rotary"
     rot_q = FP32 if promoted else a
     casts = a * q + a * kv + (0 if values_keep_their_dtype() else a * kv) if promoted else 0
@@ -566,7 +577,7 @@ def _q_norm_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float
     if spec.mla is None or not spec.mla.q_lora_rank:
         return 0.0
     st = state_bytes(setup)
-    own = kv_bytes_per_token(spec, setup) * tokens / (spec.layers / setup.pp)
+    own = _layer_cache(spec, setup, tokens)
     later = attention_linear_params(spec) - o_proj_params(spec) - spec.hidden * spec.mla.q_lora_rank
     casts = casts_attn - st.act * later / setup.tp if casts_attn else 0
     return _held(spec, setup, tokens) + mla.q_norm_prefill(spec, a=st.act, tokens=tokens) + casts - own
@@ -587,10 +598,10 @@ def _rotary_moment(spec: ModelSpec, setup: Setup, tokens: int, casts_attn: float
         return 0.0
     st = state_bytes(setup)
     a, t = st.act, setup.tp
-    q, kv = spec.q_dim / t, max(spec.kv_heads / t, 1) * spec.head_dim
+    q, kv = spec.q_dim / t, kv_width(spec, t)
     rq = FP32 if st.autocast else a
     scratch = FP32 * kv if (setup.device == "cpu" and rq != a) else 0
-    own = kv_bytes_per_token(spec, setup) * tokens / (spec.layers / setup.pp)
+    own = _layer_cache(spec, setup, tokens)
     live = (a * (q + 2 * kv) + rq * q + 2 * rq * kv + a * kv + scratch) * tokens
     return _held(spec, setup, tokens) + live + casts_attn - own
 

@@ -247,7 +247,7 @@ def deepspeed_states(n: float, optimizer_bytes: float, st: StateBytes, setup: Se
     # 1034-1036, :1336-1340) and dropped the rest (:2395-2399 _clear_previous_reduced_grads), n - kept of `grads`.
     # NB: under ZeRO-Offload the norm is taken on the host copies (complete_grad_norm_calculation_for_cpu_offload):
     # not counted
-    dropped = (n - (part if kept is None else kept)) * w if z == 1 else 0.0
+    dropped = (n - kept) * w if z == 1 else 0.0  # (kept: set with the ZeRO-1/2 gradients above)
     transient = max(transient, clip_work(setup, st, part, tensors, largest).temporaries - dropped)
     if off_opt:
         # host: fp32 partition, its optimizer state, its fp32 gradient, the 16-bit copy buffer
