@@ -35,6 +35,12 @@ GENERATIONS = ("Blackwell", "CDNA")
 OWN = {r["id"] for r in LOWP_CALIBRATION + LOWP_VALIDATION}
 
 
+def recipe_of(setup: dict) -> str:
+    """The row's recipe as the table names it: --low-precision (bf16 without), with a non-default --mx-scale."""
+    lp = setup.get("low_precision", "bf16")
+    return lp + (f" ({setup['mx_scale']})" if setup.get("mx_scale", "floor") != "floor" else "")
+
+
 def in_scope(run_id: str, setup: dict, gpu: str) -> bool:
     """One of this table's own runs, a low-precision recipe, or a Blackwell / AMD Instinct GPU."""
     return (run_id in OWN or setup.get("low_precision", "none") != "none"
@@ -49,7 +55,7 @@ def throughput_rows() -> list[dict]:
         dense = time_published.build_spec(r).moe is None
         row = {"id": r["id"], "kind": KINDS[0] if r.get("in_sample") else KINDS[1], "gpu": r["gpu"],
                "group": f"{r['setup']['stack']} · {time_published.generation(r['gpu'])} · {'dense' if dense else 'MoE'}",
-               "gpus": gpus(r), "recipe": r["setup"].get("low_precision", "bf16"), "stack": r["setup"]["stack"],
+               "gpus": gpus(r), "recipe": recipe_of(r["setup"]), "stack": r["setup"]["stack"],
                "published": f"{r['published']:g} {r['unit']}"}
         try:
             row["error"] = published_step(r) / time_published.predict(r) - 1
@@ -66,7 +72,7 @@ def memory_rows() -> list[dict]:
         if run.metric != "reserved" or not in_scope(run.name, s, s.get("gpu", "")):
             continue
         p = stacks_published.predict(run)
-        row = {"id": run.name, "kind": run.kind, "gpu": s.get("gpu"), "recipe": s.get("low_precision", "bf16"),
+        row = {"id": run.name, "kind": run.kind, "gpu": s.get("gpu"), "recipe": recipe_of(s),
                "published": f"{run.published_gib:g} GiB max_reserved"}
         if "error" in p:
             row["not_expressible"] = p["error"]

@@ -294,7 +294,7 @@ NEW_GPUS = ("GB200", "MI325X", "MI355X")
 # (GB)" is torchtitan's max_reserved in GiB (calibration.md C5).
 _AO_RECIPE = {"bf16": {}, "tensorwise": dict(low_precision="tensorwise", fp8_all_gather=True),
               "rowwise": dict(low_precision="rowwise"), "rowwise_with_gw_hp": dict(low_precision="rowwise_with_gw_hp"),
-              "mxfp8": dict(low_precision="mxfp8")}
+              "mxfp8": dict(low_precision="mxfp8"), "mxfp8_rceil": dict(low_precision="mxfp8", mx_scale="rceil")}
 
 
 # the torchtitan checkout each table ran (stacks/torchtitan.toml [releases]): the H100 table's "0.0.2" (main at
@@ -449,9 +449,9 @@ LOWP_VALIDATION: list[dict] = [
         "Llama3-8b | float8 tensorwise (f8 all-gather)", "tensorwise", 10417.0, 33.38, "flash",
         "Same job as C6 (power-limited B200, limit not stated)"),
     _ao("torchao-b200-8b-mxfp8-rceil", "B200", "Training e2e benchmarks on NVIDIA B200",
-        "Llama3-8b | mxfp8_cublas_rceil", "mxfp8", 9642.0, 33.88, "flash",
-        "Same job as C6; mxfp8_cublas with round-up (rceil) scales. NB: the rounding mode's slower cast kernels "
-        "(AO_TRAINING 'mxfp8 gemm' table: dim0 rceil 220 us vs floor 126 us) are not told apart: predicted faster"),
+        "Llama3-8b | mxfp8_cublas_rceil", "mxfp8_rceil", 9642.0, 33.88, "flash",
+        "Same job as C6; mxfp8_cublas with round-up (rceil) scales (--mx-scale rceil): torchao 0.13's dim0 cast "
+        "clamps in inductor, a slower kernel (kernels.toml MXCAST: 3697 vs floor's 6462 GB/s)"),
     _ao("torchao-b200-8b-rowwise", "B200", "Training e2e benchmarks on NVIDIA B200", "Llama3-8b | float8 rowwise",
         "rowwise", 8640.5, 33.72, "flash", "Same job as C6"),
     # torchtitan's async-TP benchmark: both columns (vanilla TP; async TP: --tp-comm-overlap, parallel/tp_overlap.py)

@@ -63,6 +63,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
 )}
 NONE = "none"
 CHOICES = (NONE, *RECIPES)
+# How an MX recipe rounds each 32-element block's e8m0 scale (torchao ScaleCalculationMode, prototype/mx_formats/
+# config.py at v0.16.0 :50-80): FLOOR (the OCP MX spec's, torchao's mxfp8_cublas) or RCEIL (cuBLAS's, the
+# mxfp8_cublas_rceil recipe, :222-233). The same bytes; the cast kernels differ in speed (ops/torchao_casts.py).
+MX_SCALES = ("floor", "rceil")
 
 
 def recipe(setup) -> Recipe | None:

@@ -176,6 +176,45 @@ def test_mxfp8_casts_are_one_pass_each():
     assert _cast_bytes("mxfp8", compiled=True) == pytest.approx(sum(3 * x + x / 32 for x in e))
 
 
+@pytest.mark.parametrize("scale, dim0_us", [("floor", 125.92), ("rceil", 220.10)])
+def test_mx_cast_kernels_per_scale_rounding_run_at_torchaos_measured_times(scale, dim0_us):
+    """torchao's cast benchmark (kernels.toml MXCAST; benchmarks/mx_formats/cast_bench.py) on a B200: a 16384 x 16384
+    bf16 tensor cast to mxfp8 along dim0 (to_mx + torch.compile) takes 125.92 us with FLOOR scales and 220.10 us
+    with RCEIL's (inductor keeps its clamp); along dim1 (the CUDA kernel) 150.56 / 142.34 us. The op list's casts
+    of one projection, sized as that benchmark's tensor, take those times: torchao's bytes (2 read, 1 + 1/32
+    written per element) at the kernels' rates, less the launch (3 us, outside cast_bench's kernel timing)."""
+    from trainfit.analytic.roofline import memory_seconds
+    from trainfit.stacks import get_stack
+
+    kinds = get_stack("torchtitan").fact("low_precision", "mx_cast_kernels")[scale]
+    sh = Shape(batch=1, seq=16384, compile=True, float8=True, lp="mxfp8", mx_casts=tuple(kinds))
+    g = gemm("q", 16384, 16384, 16384, sh, "", fp8=True)
+    fwd, g = torchao_casts.quantise(g, sh)
+    bwd = torchao_casts.backward_extra([g], sh)
+    b200 = get_gpu("B200")
+    launch = kernels_for(b200).launch_seconds
+    us = {o.name: (memory_seconds(b200, o.nbytes, o.kernels, o.access) - launch) * 1e6 for o in fwd + bwd}
+    dim1_us = {"floor": 150.56, "rceil": 142.34}[scale]
+    assert us["q.cast_x"] == pytest.approx(dim0_us, rel=0.01)  # x [T, K] along dim0: the benchmark's own shape
+    assert us["q.cast_dy"] == pytest.approx(dim0_us, rel=0.01)
+    assert us["q.cast_xT"] == pytest.approx(dim1_us, rel=0.01)
+
+
+def test_mx_scale_is_a_torchtitan_mxfp8_setting(llama8b):
+    """--mx-scale rceil is torchao's mxfp8_cublas_rceil: refused without --low-precision mxfp8 and on stacks that do
+    not run torchao's MX recipes (Megatron's MXFP8 is Transformer Engine's); on the C6 job it is slower than floor by
+    its dim0 casts and nothing else costs memory."""
+    for kw in (dict(low_precision="tensorwise"),
+               dict(stack="megatron", precision="bf16-master", low_precision="mxfp8", zero=1)):
+        with pytest.raises(SetupError) as e:
+            Setup(**{**dict(batch=1, seq=8192, stack="torchtitan", dp=8, zero=3, mx_scale="rceil"), **kw})
+        assert "--mx-scale" in str(e.value) and "\n" not in str(e.value)
+    gpu = b200_mx()
+    floor, rceil = c5(low_precision="mxfp8"), c5(low_precision="mxfp8", mx_scale="rceil")
+    assert layout_step_time(llama8b, rceil, gpu).step_seconds > layout_step_time(llama8b, floor, gpu).step_seconds
+    assert estimate(llama8b, rceil, gpu).memory.peak == estimate(llama8b, floor, gpu).memory.peak
+
+
 # -- refusals (torchtitan 0.2.2's own) and the notes ----------------------------------------------------------------
 @pytest.mark.parametrize("kw, words", [
     (dict(low_precision="nvfp4"), "NVFP4"),

@@ -18,7 +18,7 @@ TITAN = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "zero", 
          "tp_comm_overlap")
 MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp", "pp_split", "zero", "recompute",
             "precision", "sequence_parallel", "tp_comm_overlap", "offload_layers", "loss_fusion", "grad_clip_norm")
-LOW = ("low_precision", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
+LOW = ("low_precision", "mx_scale", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
 MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
 DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute")
 ACCELERATE = ("stack", "dp", "zero", "recompute", "precision", "offload")
@@ -39,6 +39,8 @@ CASES = [
                                               low_precision="tensorwise", fp8_all_gather=True, bf16_first_layers=1,
                                               bf16_last_layers=2)),
     ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=4, zero=3, low_precision="mxfp8")),
+    ("torchtitan", ".toml", TITAN + LOW, dict(stack="torchtitan", dp=4, zero=3, low_precision="mxfp8",
+                                              mx_scale="rceil")),
     ("megatron", ".sh", MEGATRON, dict(stack="megatron", precision="bf16-master", batch=1, seq=4096, grad_accum=4,
                                        dp=4, zero=1, tp=2, pp=2, recompute="full", sequence_parallel=True,
                                        tp_comm_overlap=True)),

@@ -49,6 +49,9 @@ from .ops.torchao_casts import LOW_GEMMS  # (the op-level half: quantise kernels
 
 # the torchao recipes this module models (stacks/torchtitan.toml [low_precision] recipes lists those torchtitan runs)
 MODELLED = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "nvfp4")
+# torchtitan's quantize.linear.mx.recipe_name values modelled: torchao's MXLinearRecipeName (v0.16.0 prototype/
+# mx_formats/config.py:42-47) -> --low-precision mxfp8's --mx-scale (readers/torchtitan.py, plan/emit_torchtitan.py)
+MX_RECIPES = {"mxfp8_cublas": "floor", "mxfp8_cublas_rceil": "rceil"}
 
 
 def low_gemm_share(name: str) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from ..analytic.torchao_recipes import filter_fqns
+from ..analytic.torchao_recipes import MX_RECIPES, filter_fqns
 from ..errors import SetupError
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -163,7 +163,8 @@ def torchtitan_sections(s: Setup, spec: ModelSpec, tokens: float | None = None, 
 def quantize_sections(s: Setup, spec: ModelSpec) -> dict:
     """--low-precision as torchtitan's converter config: [quantize.linear.float8] (tensorwise without recipe_name:
     the only path that takes enable_fsdp_float8_all_gather, components/quantization/float8.py:65-99; rowwise,
-    rowwise_with_gw_hp by recipe_name) or [quantize.linear.mx] (mxfp8: recipe mxfp8_cublas). filter_fqns: the LM
+    rowwise_with_gw_hp by recipe_name) or [quantize.linear.mx] (mxfp8: recipe mxfp8_cublas, or mxfp8_cublas_rceil
+    under --mx-scale rceil). filter_fqns: the LM
     head ("output", as trainfit models it: float8's default list is empty, job_config.py:741) and the
     --bf16-first/last-layers as "layers.<i>." (a substring match: components/quantization/utils.py:24-25)."""
     lp = getattr(s, "low_precision", "none")
@@ -171,8 +172,9 @@ def quantize_sections(s: Setup, spec: ModelSpec) -> dict:
         return {}
     fqns = filter_fqns(s, spec.layers)  # (a plan with a recipe is a torchtitan one: Setup refuses it elsewhere)
     if lp == "mxfp8":
+        name = next(k for k, v in MX_RECIPES.items() if v == getattr(s, "mx_scale", "floor"))
         return {"quantize_converter": "quantize.linear.mx",
-                "quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": fqns}}
+                "quantize.linear.mx": {"recipe_name": name, "filter_fqns": fqns}}
     keys: dict = {"filter_fqns": fqns}
     if lp == "tensorwise":
         keys.update(enable_fsdp_float8_all_gather=bool(s.fp8_all_gather),

@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 from ..errors import SetupError
+from ..analytic.torchao_recipes import MX_RECIPES
 from . import Reading
 from .cmdline import launcher_world, split
 
@@ -253,7 +254,14 @@ def _quantize(cfg, r: Reading) -> None:
                 r.set("fp8_all_gather", True, "quantize.linear.float8.enable_fsdp_float8_all_gather")
             _bf16_layers(list(f8.filter_fqns), r)
         elif c == "quantize.linear.mx":
-            r.set("low_precision", "mxfp8", "quantize.linear.mx.recipe_name")
+            name = cfg.quantize.linear.mx.recipe_name
+            if name in MX_RECIPES:
+                r.set("low_precision", "mxfp8", "quantize.linear.mx.recipe_name")
+                if MX_RECIPES[name] != "floor":
+                    r.set("mx_scale", MX_RECIPES[name], "quantize.linear.mx.recipe_name")
+            else:  # torchao's emulated and MXFP4 recipes (MXLinearRecipeName at v0.16.0 config.py:42-47)
+                r.skip("quantize.linear.mx.recipe_name", name, "memory and time: an MX recipe trainfit does not model "
+                       "(it models mxfp8_cublas and mxfp8_cublas_rceil)")
             _bf16_layers(list(cfg.quantize.linear.mx.filter_fqns), r)
         else:
             r.skip("model.converters", c, "memory and time: a converter trainfit does not model")

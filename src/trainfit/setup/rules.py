@@ -469,6 +469,12 @@ def _check_low_precision(setup, stack) -> None:
     if lp in stack.facts["low_precision"].get("refuse_tp_compile", ()) and setup.tp > 1 and setup.compile:
         raise SetupError(f"--low-precision {lp} with --tp > 1 and --compile is refused by --stack {stack.name} "
                          "(its converter asserts it): drop --compile or --tp")
+    if setup.mx_scale != "floor":
+        scales = stack.facts["low_precision"].get("mx_scales", ())
+        if lp != "mxfp8" or setup.mx_scale not in scales:
+            runs = _stacks.running(lambda st: setup.mx_scale in st.facts.get("low_precision", {}).get("mx_scales", ()))
+            raise SetupError(f"--mx-scale {setup.mx_scale} picks torchao's MX scale rounding: it needs --low-precision "
+                             f"mxfp8 on --stack {' or '.join(runs)}; drop it")
     if (setup.bf16_first_layers or setup.bf16_last_layers) and lp == "none":
         raise SetupError("--bf16-first-layers / --bf16-last-layers keep layers out of a low-precision recipe: they "
                          "need --low-precision")

@@ -272,6 +272,10 @@ class Setup:
                                  "recipe's tensor cores. Formats: trainfit/low_precision.py; what each stack keeps: "
                                  "stacks/<stack>.toml [low_precision].", choices=_low_precision.CHOICES,
                                  modes=("train",), example="tensorwise", group="step")
+    mx_scale: str = setting("floor", "How --low-precision mxfp8 rounds each 32-element block's scale on --stack "
+                            "torchtitan: floor (torchao's mxfp8_cublas, the default) or rceil (mxfp8_cublas_rceil). "
+                            "Same memory; rceil's dim0 cast kernel runs slower (ops/torchao_casts.py).",
+                            choices=_low_precision.MX_SCALES, modes=("train",), example="rceil", group="step")
     fp8_all_gather: bool = setting(False, "Gather the sharded weights in the recipe's format instead of bf16: "
                                    "torchtitan's enable_fsdp_float8_all_gather (--zero 3), Megatron's "
                                    "--fp8-param-gather (fp8 weights as the primary copy). Needs --low-precision and "

@@ -121,6 +121,9 @@ class Shape:
     te_weight_share: float = 1.0  # of a weight's once-per-step quantisation, the part one micro-batch carries
     # the --low-precision recipe of the float8 projections (low_precision.RECIPES; analytic/torchao_recipes.py), "" off
     lp: str = ""
+    # torchao's MX cast kernels, (dim0, dim1): their access kinds (roofline.memory_seconds; stacks/*.toml
+    # [low_precision] mx_cast_kernels for the setup's --mx-scale); () off or unknown (streaming)
+    mx_casts: tuple = ()
     # the sparse MoE block's op list (stacks/*.toml [moe] block: ops/layer.py MOE_BLOCKS) and whether the stack's
     # router adds its load-balancing loss in training ([moe] aux_loss)
     moe_block: str = "transformers"

@@ -50,6 +50,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  te=te,  # (the share only TE's casts read: ops/te_casts.py; 1 without the recipe)
                  te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)) if te else 1.0,
                  lp=lp if lp in MODELLED and not te else "",
+                 mx_casts=tuple(facts.get("low_precision", {}).get("mx_cast_kernels", {}).get(
+                     getattr(setup, "mx_scale", "floor"), ())) if lp == "mxfp8" and not te else (),
                  moe_block=facts.get("moe", {}).get("block", "transformers"),
                  moe_aux_loss=facts.get("moe", {}).get("aux_loss", False),
                  moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp),

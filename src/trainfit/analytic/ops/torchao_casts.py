@@ -4,7 +4,9 @@
 Bytes per cast: a float8 recipe's amax reduction reads the bf16 operand and writes its scales, then the scaled cast
 reads it again and writes 1 byte per element and the scales (two passes, eager and compiled: the amax must finish
 before the cast); eager, the dgrad weight and both wgrad operands are then copied to the layout _scaled_mm reads. An
-MX cast is one pass (the 32-element block's amax and the cast in one kernel). NB: eager mxfp8_cublas casts along
+MX cast is one pass (the 32-element block's amax and the cast in one kernel), at its kernel's measured rate: dim0
+to_mx compiled, dim1 torchao's CUDA kernel, --mx-scale rceil's dim0 clamping in inductor at 0.57 of floor's
+(stacks/torchtitan.toml [low_precision] mx_cast_kernels; kernels.toml access). NB: eager mxfp8_cublas casts along
 dim0 with torch ops (to_mx: abs, amax, divide, clamp, cast: several passes): under-counted as one (compiled, as
 torchtitan runs it, inductor fuses them). NB: the scales' tiny reductions and the swizzle of MX scales for cuBLAS
 are left out (a few launches per linear).
@@ -32,6 +34,7 @@ class Cast(NamedTuple):
     passes: int
     copy: bool = False
     tensorwise: bool = False
+    dim1: bool = False  # MX: the transposing cast (its own kernel: Shape.mx_casts[1]), else along dim0
 
 
 # forward and backward casts per recipe (sources: analytic/torchao_recipes.py docstring)
@@ -47,7 +50,8 @@ _BWD = {
     # dgrad only: the weight tensorwise; wgrad in bf16 (no casts)
     "rowwise_with_gw_hp": (Cast("dy", "dy", "T", 2), Cast("wT", "w", "", 2, copy=True, tensorwise=True)),
     # dim0 of dy; dim1 (transposing, one kernel each) of w, dy and x
-    "mxfp8": (Cast("dy", "dy", "T", 1), Cast("wT", "w", "k", 1), Cast("dyT", "dy", "n", 1), Cast("xT", "x", "k", 1)),
+    "mxfp8": (Cast("dy", "dy", "T", 1), Cast("wT", "w", "k", 1, dim1=True), Cast("dyT", "dy", "n", 1, dim1=True),
+              Cast("xT", "x", "k", 1, dim1=True)),
 }
 # the GEMMs that run in the recipe's format: (forward, dgrad, wgrad)
 LOW_GEMMS = {"tensorwise": (True, True, True), "rowwise": (True, True, True),
@@ -74,8 +78,10 @@ def _cast_ops(prefix: str, c: Cast, elements: float, rows: float, src_bytes: int
     out = []
     if c.passes == 2:
         out.append(memory(f"{prefix}.amax_{c.name}", elements * src_bytes, max(scales, FP32), src, **kw))
+    # MX: the stack's dim0 / dim1 cast kernel, at its measured rate (Shape.mx_casts; kernels.toml access)
+    access = sh.mx_casts[c.dim1] if sh.mx_casts and r.name == "mxfp8" else "vector"
     out.append(memory(f"{prefix}.cast_{c.name}", elements * src_bytes + (scales if c.passes == 2 else 0), q, src,
-                      **kw))
+                      access=access, **kw))
     if c.copy and not sh.compile:
         out.append(memory(f"{prefix}.copy_{c.name}", q, q, "torchao float8/float8_ops.py:342-345 preprocess_addmm",
                           **kw))
