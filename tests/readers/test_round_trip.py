@@ -218,3 +218,19 @@ def test_megatrons_own_llama3_8b_fp8_example_by_hand():
     with pytest.raises(Exception, match="--num-layers 32"):
         for c in r.checks:
             c(load_spec("llama-3.2-1b"))
+
+
+@pytest.mark.heavy
+def test_an_mx_recipe_trainfit_does_not_model_is_named_not_dropped(tmp_path):
+    """quantize.linear.mx.recipe_name: torchao's mxfp8_cublas / mxfp8_cublas_rceil read as --low-precision mxfp8
+    with their --mx-scale (test_round_trip_per_writer); its emulated and MXFP4 recipes (MXLinearRecipeName, v0.16.0
+    config.py:42-47) are named as not modelled, and no recipe is set."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "llama3_8b.toml").read_text()
+    text = text.replace('# converters = ["float8"]', 'converters = ["quantize.linear.mx"]')
+    f = tmp_path / "job.toml"
+    f.write_text(text + '\n[quantize.linear.mx]\nrecipe_name = "mxfp4_cutlass"\n')
+    r = read(f, dp=64)
+    assert "low_precision" not in r.values
+    assert any(x.startswith("quantize.linear.mx.recipe_name = 'mxfp4_cutlass': not modelled") for x in r.not_modelled)
