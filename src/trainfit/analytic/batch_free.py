@@ -1,0 +1,87 @@
+"""Memos keyed on a training setup without its micro-batch and accumulation (BatchFree): for the memory terms that
+read neither (a stage's model states, the clip's temporaries, a layer's saved bytes per token), which the planner's
+fit search (plan/fit.py PeakOracle) asks again for every micro-batch of a group. Emptied by compute_time.clear_memos
+(clear), so a search timed from a cold start is cold here too."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ..setup import Setup
+from ..spec import ModelSpec
+from ..stacks import PATH_VARIABLE
+
+_RECENT: list[tuple[Setup, "BatchFree"]] = []  # (setup, its key), the last few: one evaluation asks per stage and term
+_RECENT_SIZE = 4
+_LIMIT = 8192  # entries per memo: emptied when reached (a search's groups reuse theirs right away)
+
+
+class BatchFree:
+    """`setup` with --batch 1 and --grad-accum 1 (a key, never run) and the stack folders (a stack's facts are read
+    from them: stacks.PATH_VARIABLE), its hash computed once. Equal for two setups that differ only in their
+    micro-batch and accumulation: a memo keyed on it is exact for a function that reads neither (nor what is derived
+    from them: tokens, tokens_per_step, the pipeline's in-flight micro-batches unless passed in the key)."""
+
+    __slots__ = ("setup", "folders", "_hash")
+
+    def __init__(self, setup: Setup):
+        if setup.batch != 1 or setup.grad_accum != 1:
+            setup = setup.copied()
+            object.__setattr__(setup, "batch", 1)
+            object.__setattr__(setup, "grad_accum", 1)
+        self.setup, self.folders = setup, os.environ.get(PATH_VARIABLE)
+        self._hash = hash((setup, self.folders))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        # a Setup's __dict__ is its fields (Setup.copied): equal dicts are equal setups, compared without building
+        # the dataclass's two tuples of ~100 fields
+        return isinstance(other, BatchFree) and self._hash == other._hash and self.folders == other.folders \
+            and self.setup.__dict__ == other.setup.__dict__
+
+
+_CACHES: list[dict] = []  # every memo of this module's keys (cache()), emptied by clear()
+
+
+def cache() -> dict:
+    """A new memo, emptied with the others by clear()."""
+    _CACHES.append({})
+    return _CACHES[-1]
+
+
+def clear() -> None:
+    """Forget every memoised term (compute_time.clear_memos: a search from a cold start)."""
+    for c in _CACHES:
+        c.clear()
+    _RECENT.clear()
+
+
+_INTERNED = cache()  # one object per key: the memos' lookups then match it by identity, not field by field
+
+
+def batch_free(setup: Setup) -> BatchFree:
+    """`setup`'s BatchFree key, memoised on the last few setup objects (by identity: the entry holds the setup, so
+    its id is not reused while it lives)."""
+    for known, key in _RECENT:
+        if known is setup:
+            return key
+    key = BatchFree(setup)
+    key = _INTERNED.setdefault(key, key) if len(_INTERNED) < _LIMIT else key
+    _RECENT.insert(0, (setup, key))
+    del _RECENT[_RECENT_SIZE:]
+    return key
+
+
+def memo(cache: dict, spec: ModelSpec, setup: Setup, extra: tuple, make: Callable[[], object]):
+    """make()'s value for (spec, setup without its micro-batch, `extra`), made the first time. The spec is keyed by
+    identity (a ModelSpec never changes once built; hashing its fields costs more than the lookup): the entry
+    holds it, so its id is not reused while the entry lives."""
+    key = (id(spec), batch_free(setup), extra)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not spec:
+        if len(cache) >= _LIMIT:
+            cache.clear()
+        hit = cache[key] = (spec, make())
+    return hit[1]
