@@ -12,7 +12,6 @@ Context parallelism (--cp): each rank holds seq/cp tokens of every sequence (TE'
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 
@@ -26,7 +25,7 @@ from .mtp import mtp_layers
 from . import te_recipes
 from ..low_precision import recipe
 from .params import ParamCounts
-from .batch_free import cache, memo
+from .batch_free import batch_free, cache, memo
 from .grad_clip import clip_work
 from .moe_imbalance import busiest_rank_load
 from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
@@ -270,23 +269,26 @@ def _cut_to_core(s: Setup) -> Setup:
         s.with_(recompute="none", recompute_modules=None)
 
 
-@functools.lru_cache(maxsize=4096)
-def _core_at_one_micro_batch(setup: Setup) -> Setup:
-    return _cut_to_core(setup)
-
-
+_CORES = cache()  # _core_only's: the setup without its micro-batch and accumulation -> its core at one micro-batch
 _LAST_CORE: tuple = (None, None)  # (the setup asked last, its answer): each pipeline stage of one evaluation asks again
 
 
 def _core_only(setup: Setup) -> Setup:
-    """_cut_to_core, memoised on the setup at one micro-batch (a training setup: the rules that read the micro-batch
-    are Setup.with_micro_batches', so the policy's change is checked once per setting of the others)."""
+    """_cut_to_core, memoised on the setup without its micro-batch and accumulation (batch_free; a training setup:
+    the rules that read them are Setup.with_micro_batches', which checks them at this setup's own, so the policy's
+    change is checked once per setting of the others)."""
     global _LAST_CORE
     if setup.mode != "train":
         return _cut_to_core(setup)
     if _LAST_CORE[0] is setup:
         return _LAST_CORE[1]
-    got = _core_at_one_micro_batch(setup.with_micro_batches(1)).with_micro_batches(setup.batch, setup.grad_accum)
+    key = batch_free(setup)
+    one = _CORES.get(key)
+    if one is None:
+        if len(_CORES) >= 8192:
+            _CORES.clear()
+        one = _CORES[key] = _cut_to_core(setup.with_micro_batches(1))
+    got = one.with_micro_batches(setup.batch, setup.grad_accum)
     _LAST_CORE = (setup, got)
     return got
 
