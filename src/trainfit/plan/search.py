@@ -42,6 +42,7 @@ from ..spec import ModelSpec, VisionSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
 from .floors import Floors
+from .gc_paused import gc_paused
 from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
 from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets, variants
 
@@ -233,6 +234,7 @@ def _runs_any(q: PlanQuery, *axes: str) -> bool:
     return any(a in get_stack(x).axes for x in q.stacks for a in axes)
 
 
+@gc_paused
 def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
            progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it. `progress(i, n)`: called as
