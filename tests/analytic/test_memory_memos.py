@@ -40,10 +40,11 @@ def test_memory_is_the_same_with_the_memos_emptied_and_without_the_identity_memo
 
 
 def test_memory_is_the_same_with_the_batch_free_memos_warm_or_emptied():
-    """megatron_memory.rank_states and megatron_activations.per_token_terms are memoised on the setup without its
-    micro-batch and accumulation (batch_free.BatchFree): the peak of each micro-batch read with the memos warm from
-    the others equals the one computed with every memo emptied first — over the recompute modules, full recompute,
-    a pipeline and the expert layout."""
+    """megatron_memory.rank_states (keyed without the micro-batch, the accumulation and the recompute policy) and
+    megatron_activations.per_token_terms (without the micro-batch, the accumulation and the ZeRO stage) are memoised
+    on batch_free.BatchFree keys: the peak of each micro-batch read with the memos warm from the other micro-batches,
+    another recompute policy and another ZeRO stage equals the one computed with every memo emptied first — over the
+    recompute modules, full recompute, a pipeline and the expert layout."""
     from trainfit.analytic import compute_time
 
     spec = load_spec("qwen3-30b-a3b")
@@ -55,6 +56,8 @@ def test_memory_is_the_same_with_the_batch_free_memos_warm_or_emptied():
     for base in bases:
         warm = []
         compute_time.clear_memos()
+        for other in (base.with_(recompute="none", recompute_modules=None), base.with_(zero=2)):
+            train_memory(spec, other, pc)  # the states' entry (same ZeRO), the layers' terms (same recompute)
         for b, accum in ((1, base.grad_accum), (3, base.grad_accum), (2, 2 * base.grad_accum)):
             warm.append(train_memory(spec, base.with_micro_batches(b, accum), pc))
         for (b, accum), got in zip(((1, base.grad_accum), (3, base.grad_accum), (2, 2 * base.grad_accum)), warm):

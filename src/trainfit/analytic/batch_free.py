@@ -1,7 +1,8 @@
-"""Memos keyed on a training setup without its micro-batch and accumulation (BatchFree): for the memory terms that
-read neither (a stage's model states, the clip's temporaries, a layer's saved bytes per token), which the planner's
-fit search (plan/fit.py PeakOracle) asks again for every micro-batch of a group. Emptied by compute_time.clear_memos
-(clear), so a search timed from a cold start is cold here too."""
+"""Memos keyed on a training setup without its micro-batch and accumulation (BatchFree), and without any other
+settings a term does not read: for the memory terms the planner's fit search (plan/fit.py PeakOracle) asks again for
+every micro-batch of a group and for the groups of a layout (a stage's model states, the clip's temporaries, a
+layer's saved bytes per token). Emptied by compute_time.clear_memos (clear), so a search timed from a cold start is
+cold here too."""
 from __future__ import annotations
 
 import os
@@ -11,24 +12,26 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from ..stacks import PATH_VARIABLE
 
-_RECENT: list[tuple[Setup, "BatchFree"]] = []  # (setup, its key), the last few: one evaluation asks per stage and term
-_RECENT_SIZE = 4
+MICRO_BATCH = (("batch", 1), ("grad_accum", 1))  # the settings every key here leaves out (at these values)
+_RECENT: list[tuple[Setup, tuple, "BatchFree"]] = []  # (setup, fixed, its key), the last few: asked per stage and term
+_RECENT_SIZE = 8
 _LIMIT = 8192  # entries per memo: emptied when reached (a search's groups reuse theirs right away)
 
 
 class BatchFree:
-    """`setup` with --batch 1 and --grad-accum 1 (a key, never run) and the stack folders (a stack's facts are read
-    from them: stacks.PATH_VARIABLE), its hash computed once. Equal for two setups that differ only in their
-    micro-batch and accumulation: a memo keyed on it is exact for a function that reads neither (nor what is derived
-    from them: tokens, tokens_per_step, the pipeline's in-flight micro-batches unless passed in the key)."""
+    """`setup` with the `fixed` settings at the values given (--batch 1 and --grad-accum 1 at least: a key, never run)
+    and the stack folders (a stack's facts are read from them: stacks.PATH_VARIABLE), its hash computed once. Equal
+    for two setups that differ only in the fixed settings: a memo keyed on it is exact for a function that reads none
+    of them (nor what is derived from them: tokens, tokens_per_step, the pipeline's in-flight micro-batches unless
+    passed in the key)."""
 
     __slots__ = ("setup", "folders", "_hash")
 
-    def __init__(self, setup: Setup):
-        if setup.batch != 1 or setup.grad_accum != 1:
+    def __init__(self, setup: Setup, fixed: tuple = MICRO_BATCH):
+        if any(getattr(setup, k) != v for k, v in fixed):
             setup = setup.copied()
-            object.__setattr__(setup, "batch", 1)
-            object.__setattr__(setup, "grad_accum", 1)
+            for k, v in fixed:
+                object.__setattr__(setup, k, v)
         self.setup, self.folders = setup, os.environ.get(PATH_VARIABLE)
         self._hash = hash((setup, self.folders))
 
@@ -61,24 +64,25 @@ def clear() -> None:
 _INTERNED = cache()  # one object per key: the memos' lookups then match it by identity, not field by field
 
 
-def batch_free(setup: Setup) -> BatchFree:
-    """`setup`'s BatchFree key, memoised on the last few setup objects (by identity: the entry holds the setup, so
-    its id is not reused while it lives)."""
-    for known, key in _RECENT:
-        if known is setup:
+def batch_free(setup: Setup, fixed: tuple = MICRO_BATCH) -> BatchFree:
+    """`setup`'s BatchFree key with `fixed`, memoised on the last few setup objects (by identity: the entry holds the
+    setup, so its id is not reused while it lives)."""
+    for known, f, key in _RECENT:
+        if known is setup and f is fixed:
             return key
-    key = BatchFree(setup)
+    key = BatchFree(setup, fixed)
     key = _INTERNED.setdefault(key, key) if len(_INTERNED) < _LIMIT else key
-    _RECENT.insert(0, (setup, key))
+    _RECENT.insert(0, (setup, fixed, key))
     del _RECENT[_RECENT_SIZE:]
     return key
 
 
-def memo(cache: dict, spec: ModelSpec, setup: Setup, extra: tuple, make: Callable[[], object]):
-    """make()'s value for (spec, setup without its micro-batch, `extra`), made the first time. The spec is keyed by
-    identity (a ModelSpec never changes once built; hashing its fields costs more than the lookup): the entry
-    holds it, so its id is not reused while the entry lives."""
-    key = (id(spec), batch_free(setup), extra)
+def memo(cache: dict, spec: ModelSpec, setup: Setup, extra: tuple, make: Callable[[], object],
+         fixed: tuple = MICRO_BATCH):
+    """make()'s value for (spec, setup without the `fixed` settings, `extra`), made the first time. The spec is keyed
+    by identity (a ModelSpec never changes once built; hashing its fields costs more than the lookup): the entry
+    holds it, so its id is not reused while the entry lives. Each cache is used with one `fixed`."""
+    key = (id(spec), batch_free(setup, fixed), extra)
     hit = cache.get(key)
     if hit is None or hit[0] is not spec:
         if len(cache) >= _LIMIT:

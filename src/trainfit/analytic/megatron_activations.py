@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .batch_free import cache, memo
+from .batch_free import MICRO_BATCH, cache, memo
 from .moe_imbalance import busiest_rank_load, held_load
 from .precision import state_bytes
 from .megatron_recompute import dropped, modules
@@ -79,14 +79,19 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
 
 
 _TERMS = cache()  # per_token_terms' memo
+# per_token_terms reads neither the micro-batch nor the ZeRO stage: a layout's ZeRO stages share it
+TERMS_FIXED = MICRO_BATCH + (("zero", 0),)
 
 
 def per_token_terms(spec: ModelSpec, setup: Setup, moe: bool, quantised: bool) -> tuple:
     """(replicated, split, scores, mask, one norm's statistics bytes) of layer_terms before the routed copies' load
     and the recompute modules' drops: bytes per token (per token and key, per key pair), so independent of the
-    micro-batch and the accumulation. Memoised on the setup without them (batch_free: every other setting, the stack
+    micro-batch and the accumulation; nor do they read the ZeRO stage (the activation dtype is the precision's:
+    precision._state_bytes act; the rest the attention kernel, the device, the recompute modules, the expert layout
+    and the recipe). Memoised on the setup without them (batch_free with TERMS_FIXED: every other setting, the stack
     folders) and the layer's kind; shared, never changed (layer_terms copies what it scales)."""
-    return memo(_TERMS, spec, setup, (moe, quantised), lambda: _per_token_terms(spec, setup, moe, quantised))
+    return memo(_TERMS, spec, setup, (moe, quantised), lambda: _per_token_terms(spec, setup, moe, quantised),
+                TERMS_FIXED)
 
 
 def _per_token_terms(spec: ModelSpec, setup: Setup, moe: bool, quantised: bool) -> tuple:

@@ -25,7 +25,7 @@ from .mtp import mtp_layers
 from . import te_recipes
 from ..low_precision import recipe
 from .params import ParamCounts
-from .batch_free import batch_free, cache, memo
+from .batch_free import MICRO_BATCH, batch_free, cache, memo
 from .grad_clip import clip_work
 from .moe_imbalance import busiest_rank_load
 from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
@@ -210,15 +210,18 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
 
 
 _STATES = cache()  # rank_states' memo
+# rank_states reads neither the micro-batch nor the recompute policy: its groups of one layout and ZeRO stage share it
+STATES_FIXED = MICRO_BATCH + (("recompute", "none"), ("recompute_modules", None))
 
 
 def rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> tuple:
     """(model states with the recipe's weight copies, those copies' bytes, the clip's temporaries, the optimizer
     step's fp32 grad copies, the parameters the rank owns) of a stage: the parameters' and their states' bytes, none
-    of which reads the micro-batch or the accumulation (the in-flight micro-batches are the Stage's, in the key).
-    Memoised on the setup without them (batch_free: every other setting, the stack folders), the stage and the
-    model (`pc`: the spec's own counts)."""
-    return memo(_STATES, spec, setup, (stage,), lambda: _rank_states(spec, setup, pc, stage))
+    of which reads the micro-batch, the accumulation (the in-flight micro-batches are the Stage's, in the key) or the
+    recompute policy and modules (parallel/megatron.py, te_recipes.weight_bytes, grad_clip: the parameters, their
+    dtypes, shards and tensors). Memoised on the setup without them (batch_free with STATES_FIXED: every other
+    setting, the stack folders), the stage and the model (`pc`: the spec's own counts)."""
+    return memo(_STATES, spec, setup, (stage,), lambda: _rank_states(spec, setup, pc, stage), STATES_FIXED)
 
 
 def _rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> tuple:
