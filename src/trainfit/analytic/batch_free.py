@@ -13,8 +13,8 @@ from ..spec import ModelSpec
 from ..stacks import PATH_VARIABLE
 
 MICRO_BATCH = (("batch", 1), ("grad_accum", 1))  # the settings every key here leaves out (at these values)
-_RECENT: list[tuple[Setup, tuple, "BatchFree"]] = []  # (setup, fixed, its key), the last few: asked per stage and term
-_RECENT_SIZE = 8
+_RECENT: list[tuple[Setup, "BatchFree"]] = []  # (setup, its MICRO_BATCH key), the last few: asked per stage and term
+_RECENT_SIZE = 4
 _LIMIT = 8192  # entries per memo: emptied when reached (a search's groups reuse theirs right away)
 
 
@@ -64,17 +64,33 @@ def clear() -> None:
 _INTERNED = cache()  # one object per key: the memos' lookups then match it by identity, not field by field
 
 
+_WIDER = cache()  # (a MICRO_BATCH key, more fixed settings) -> the key with them fixed too
+
+
 def batch_free(setup: Setup, fixed: tuple = MICRO_BATCH) -> BatchFree:
-    """`setup`'s BatchFree key with `fixed`, memoised on the last few setup objects (by identity: the entry holds the
-    setup, so its id is not reused while it lives)."""
-    for known, f, key in _RECENT:
-        if known is setup and f is fixed:
-            return key
-    key = BatchFree(setup, fixed)
-    key = _INTERNED.setdefault(key, key) if len(_INTERNED) < _LIMIT else key
-    _RECENT.insert(0, (setup, fixed, key))
-    del _RECENT[_RECENT_SIZE:]
-    return key
+    """`setup`'s BatchFree key with `fixed` (MICRO_BATCH and more), memoised on the last few setup objects (by
+    identity: the entry holds the setup, so its id is not reused while it lives); a key that fixes more settings is
+    derived from the setup's MICRO_BATCH key, once per such key (the setup's other settings are that key's)."""
+    for known, key in _RECENT:
+        if known is setup:
+            break
+    else:
+        key = _interned(BatchFree(setup))
+        _RECENT.insert(0, (setup, key))
+        del _RECENT[_RECENT_SIZE:]
+    if fixed is MICRO_BATCH:
+        return key
+    wider = _WIDER.get((key, fixed))
+    if wider is None:
+        if len(_WIDER) >= _LIMIT:
+            _WIDER.clear()
+        wider = _WIDER[key, fixed] = _interned(BatchFree(key.setup, fixed))
+    return wider
+
+
+def _interned(key: BatchFree) -> BatchFree:
+    """The one object of keys equal to `key` (the memos then find it by identity)."""
+    return _INTERNED.setdefault(key, key) if len(_INTERNED) < _LIMIT else key
 
 
 def memo(cache: dict, spec: ModelSpec, setup: Setup, extra: tuple, make: Callable[[], object],
