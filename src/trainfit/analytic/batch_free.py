@@ -75,7 +75,7 @@ def batch_free(setup: Setup, fixed: tuple = MICRO_BATCH) -> BatchFree:
         if known is setup:
             break
     else:
-        key = _interned(BatchFree(setup))
+        key = _sibling_key(setup) or _interned(BatchFree(setup))
         _RECENT.insert(0, (setup, key))
         del _RECENT[_RECENT_SIZE:]
     if fixed is MICRO_BATCH:
@@ -86,6 +86,20 @@ def batch_free(setup: Setup, fixed: tuple = MICRO_BATCH) -> BatchFree:
             _WIDER.clear()
         wider = _WIDER[key, fixed] = _interned(BatchFree(key.setup, fixed))
     return wider
+
+
+def _sibling_key(setup: Setup) -> BatchFree | None:
+    """The MICRO_BATCH key of a recent setup that differs from `setup` only in its micro-batch and accumulation (the
+    fit search's next micro-batch of a group), found by comparing the fields (a Setup's __dict__) with that key's
+    setup at --batch 1, --grad-accum 1 and the stack folders: cheaper than building and interning a new key."""
+    if not _RECENT:
+        return None
+    fields = dict(setup.__dict__, batch=1, grad_accum=1)
+    folders = os.environ.get(PATH_VARIABLE)
+    for _, key in _RECENT:
+        if key.setup.__dict__ == fields and key.folders == folders:
+            return key
+    return None
 
 
 def _interned(key: BatchFree) -> BatchFree:
