@@ -107,3 +107,21 @@ def test_the_lists_do_not_read_the_virtual_pipeline_but_under_block_recompute():
             assert key.vpp == (vpp if rec == "block:4" else 1)
             got.append(fresh(spec, s, gpu, state_bytes(s), pc, layers))
         assert (got[0] == got[1] == got[2]) is (rec != "block:4"), rec
+
+
+def test_the_layers_lists_shared_by_recompute_policies_time_each_policy_as_alone():
+    """stage_compute memoises its layers' lists on the setup with the recompute policy fixed (compute_time._LISTS):
+    each policy and module set read after the others equals it computed with every memo emptied first."""
+    from trainfit.plan.search import planned_setup
+
+    gpu, spec = get_gpu("H100-80GB"), load_spec("qwen3-30b-a3b")
+    pc, layers = count_params(spec), (spec.layers // 2,) * 3
+    policies = [dict(recompute="none"), dict(recompute="full"), dict(recompute="selective"),
+                dict(recompute="selective", recompute_modules="layernorm,moe_act")]
+    setups = [planned_setup(spec, seq=2048, batch=2, grad_accum=4, dp=4, ep=4, pp=2, stack="megatron", **p)
+              for p in policies]
+    compute_time.clear_memos()
+    warm = [compute_time.stage_compute(spec, s, gpu, state_bytes(s), pc, layers) for s in setups]
+    assert len({w.recompute for w in warm}) == len(policies)  # each policy its own re-run
+    for s, got in zip(setups, warm):
+        assert got == fresh(spec, s, gpu, state_bytes(s), pc, layers)

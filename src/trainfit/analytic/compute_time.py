@@ -24,7 +24,7 @@ from ..hardware import GPU
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora_ops, multi_tensor, roofline, torchao_optim
+from . import batch_free, lora_ops, multi_tensor, roofline, torchao_optim
 from .gated_deltanet import linear_layers
 from .host_queue import combined_1f1b, combined_phases, combined_stall, has_sync, sync_stall
 from .grad_clip import clip_work, pass_seconds
@@ -35,6 +35,7 @@ from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_
 from .ops.loss import metric_losses
 from .params import ParamCounts
 from .parallel.collectives import _LINKS
+from .parallel.tp_overlap import _EXPOSED
 from .precision import StateBytes
 from .stacks import model_for
 from .timing import compute_dtype
@@ -288,30 +289,15 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     if spec.encdec is not None:  # two stacks, their own lists (encoder_decoder_time.py)
         from .encoder_decoder_time import stage_compute as encdec_stage_compute
         return encdec_stage_compute(spec, setup, gpu, st)
-    sh = shape_of(spec, setup, st, compute_dtype(setup))
+    sh, layer, sixteen = _memo(_LISTS, (spec, op_list_setup(setup, recompute=True), gpu, st),
+                               lambda: _stage_lists(spec, setup, gpu, st, pc))
     prep = _prepared(sh)
-    def layer_times(sh: Shape):
-        lf = lb = lr = ListTime()
-        attn = stall = both = 0.0
-        phases = ()
-        # (under torchao's recipe, its converted and its --bf16-*-layers layers in their proportion)
-        for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc), layer_shapes(spec, setup, sh)):
-            w *= q
-            fwd, tf, tb, a, s1, s2, ph, eager = _timed_layer(spec, setup, gpu, lsh, moe, linear, block)
-            rec = recomputed(spec, setup, eager)
-            tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
-            lf, lb, lr = lf + w * tf, lb + w * tb, lr + w * tr
-            attn += w * a
-            stall += w * s1
-            both += w * s2
-            if ph:
-                phases = tuple(p + w * x for p, x in zip(phases or (0.0,) * 4, ph))
-        return lf, lb, lr, attn, stall, both, phases
-
-    lf, lb, lr, attn, stall, both, phases = layer_times(sh)
+    lf, lb, attn, stall, both, phases, reruns = layer
+    lr = _rerun_time(spec, setup, gpu, prep, reruns)
     # Transformer Engine's --bf16-first/last-layers: those layers' lists without the recipe (te_recipes.py)
     bf16_first, bf16_last = (setup.bf16_first_layers, setup.bf16_last_layers) if sh.te else (0, 0)
-    lf16, lb16, lr16, *_ = layer_times(replace(sh, te="")) if bf16_first or bf16_last else (lf, lb, lr)
+    lf16, lb16, lr16 = (sixteen[0], sixteen[1], _rerun_time(spec, setup, gpu, prep, sixteen[-1])) \
+        if bf16_first or bf16_last else (lf, lb, lr)
     # Llama 3.2 Vision's cross-attention layers, their share of the layers (NB: `attn` stays the self-attention's)
     from .tower_time import cross_layer_times, cross_share
     share = cross_share(spec)
@@ -348,6 +334,53 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     return best
 
 
+_LISTS: dict = {}  # _stage_lists' memo: the layers' lists of a setup, whatever its recompute policy
+
+
+def _stage_lists(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts):
+    """(the Shape, _layer_times of it, _layer_times without TE's recipe where --bf16-first/last-layers run some
+    layers outside it, else None): what stage_compute's layers run but their recompute, which neither reads (the
+    Shape: ops/shape.py; the layers' lists: _timed_layer), memoised by stage_compute on the setup with the recompute
+    policy fixed (op_list_setup(recompute=True)) — one entry for every policy and module set of a layout."""
+    sh = shape_of(spec, setup, st, compute_dtype(setup))
+    bf16 = (setup.bf16_first_layers or setup.bf16_last_layers) if sh.te else 0
+    return sh, _layer_times(spec, setup, gpu, pc, sh), _layer_times(spec, setup, gpu, pc, replace(sh, te="")) \
+        if bf16 else None
+
+
+def _layer_times(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sh: Shape):
+    """(forward, backward, attention core forward, sync stall, combined stall, combined phases, and per layer kind
+    (its weight, forward list, forward time, the eager forward its recompute re-runs)) of the stage's average layer:
+    every layer kind's lists in their proportion, under torchao's recipe its converted and its --bf16-*-layers
+    layers. The recompute's time: _rerun_time of the kinds."""
+    lf = lb = ListTime()
+    attn = stall = both = 0.0
+    phases = ()
+    reruns = []
+    for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc), layer_shapes(spec, setup, sh)):
+        w *= q
+        fwd, tf, tb, a, s1, s2, ph, eager = _timed_layer(spec, setup, gpu, lsh, moe, linear, block)
+        reruns.append((w, fwd, tf, eager))
+        lf, lb = lf + w * tf, lb + w * tb
+        attn += w * a
+        stall += w * s1
+        both += w * s2
+        if ph:
+            phases = tuple(p + w * x for p, x in zip(phases or (0.0,) * 4, ph))
+    return lf, lb, attn, stall, both, phases, tuple(reruns)
+
+
+def _rerun_time(spec: ModelSpec, setup: Setup, gpu: GPU, prep, reruns: tuple) -> ListTime:
+    """The average layer's recompute under the setup's policy: what each kind's checkpointed layer re-runs
+    (ops.recomputed), in the kinds' proportion (_layer_times' order)."""
+    lr = ListTime()
+    for w, fwd, tf, eager in reruns:
+        rec = recomputed(spec, setup, eager)
+        tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
+        lr = lr + w * tr
+    return lr
+
+
 _CACHE: dict = {}
 _CACHE_MAX = 8192  # entries (each a few hundred bytes): the planner's searches stay well within it
 # Settings the op lists never read beyond what `st` (the state bytes, part of the key) already says: the data-parallel
@@ -379,9 +412,12 @@ def clear_memos() -> None:
     """Forget every memoised op-list time (stage_compute's, a layer's and the ends' lists', the GEMMs'): after a change
     to the kernel data, or to time a search from a cold start."""
     _CACHE.clear()
+    _LISTS.clear()
     _LAYERS.clear()
     _gemm_seconds.cache_clear()
     _LINKS.clear()  # (Links.of's, of the kernel data's link fractions)
+    _EXPOSED.clear()  # (tp_overlap.layer_seconds': its GEMMs' times)
+    batch_free.clear()  # (the memory terms memoised without the micro-batch: megatron_memory, megatron_activations)
 
 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,

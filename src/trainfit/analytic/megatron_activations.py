@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..setup import Setup
 from ..spec import ModelSpec
+from .batch_free import MICRO_BATCH, cache, memo
 from .moe_imbalance import busiest_rank_load, held_load
 from .precision import state_bytes
 from .megatron_recompute import dropped, modules
@@ -66,6 +67,35 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
     """`quantised`: a layer inside --low-precision's recipe (te_recipes.saved_delta changes its linears' inputs);
     `held`: the (micro-batch, MoE layer) pairs the rank holds at once, whose routed copies are counted at the load
     of the rank that holds the most of them (moe_imbalance.held_load; 1: one pair, its busiest rank's)."""
+    rep, split, scores, mask, stat = per_token_terms(spec, setup, moe, quantised)
+    if moe:  # the busiest expert-parallel rank's routed copies, X times the balanced ones (moe_imbalance.py)
+        load = held_load(busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp), held)
+        split = dict(split)
+        for name in ("expert_tokens", "expert_hidden"):
+            split[name] *= load
+    if modules(setup) - {"core_attn"}:  # --recompute-modules beyond the attention core (megatron_recompute.py)
+        rep, split = dropped(spec, setup, moe, act_bytes(setup), stat, rep, split)
+    return MegatronLayer(rep, split, scores, mask)
+
+
+_TERMS = cache()  # per_token_terms' memo
+# per_token_terms reads neither the micro-batch nor the ZeRO stage: a layout's ZeRO stages share it
+TERMS_FIXED = MICRO_BATCH + (("zero", 0),)
+
+
+def per_token_terms(spec: ModelSpec, setup: Setup, moe: bool, quantised: bool) -> tuple:
+    """(replicated, split, scores, mask, one norm's statistics bytes) of layer_terms before the routed copies' load
+    and the recompute modules' drops: bytes per token (per token and key, per key pair), so independent of the
+    micro-batch and the accumulation; nor do they read the ZeRO stage (the activation dtype is the precision's:
+    precision._state_bytes act; the rest the attention kernel, the device, the recompute modules, the expert layout
+    and the recipe). Memoised on the setup without them (batch_free with TERMS_FIXED: every other setting, the stack
+    folders) and the layer's kind; shared, never changed (layer_terms copies what it scales)."""
+    return memo(_TERMS, spec, setup, (moe, quantised), lambda: _per_token_terms(spec, setup, moe, quantised),
+                TERMS_FIXED)
+
+
+def _per_token_terms(spec: ModelSpec, setup: Setup, moe: bool, quantised: bool) -> tuple:
+    """per_token_terms, computed."""
     a = act_bytes(setup)
     h, q, kv, nh = spec.hidden, spec.q_dim, spec.kv_dim, spec.heads
     _, p_attn, p_hidden = spec.dropouts
@@ -121,13 +151,7 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
         d_rep, d_split = saved_delta(spec, setup, a, moe, attention_core_recomputed(setup))
         rep = {k: rep.get(k, 0.0) + d_rep.get(k, 0.0) for k in rep | d_rep}
         split = {k: split.get(k, 0.0) + d_split.get(k, 0.0) for k in split | d_split}
-    if moe:  # the busiest expert-parallel rank's routed copies, X times the balanced ones (moe_imbalance.py)
-        load = held_load(busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp), held)
-        for name in ("expert_tokens", "expert_hidden"):
-            split[name] *= load
-    if modules(setup) - {"core_attn"}:  # --recompute-modules beyond the attention core (megatron_recompute.py)
-        rep, split = dropped(spec, setup, moe, a, stat * (2 if spec.norm == "layernorm" else 1), rep, split)
-    return MegatronLayer(rep, split, scores, mask)
+    return rep, split, scores, mask, stat * (2 if spec.norm == "layernorm" else 1)
 
 
 def _moe_replicated(spec: ModelSpec, a: int) -> dict:

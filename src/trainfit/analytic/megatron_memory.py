@@ -12,7 +12,6 @@ Context parallelism (--cp): each rank holds seq/cp tokens of every sequence (TE'
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 
@@ -26,6 +25,7 @@ from .mtp import mtp_layers
 from . import te_recipes
 from ..low_precision import recipe
 from .params import ParamCounts
+from .batch_free import MICRO_BATCH, batch_free, cache, memo
 from .grad_clip import clip_work
 from .moe_imbalance import busiest_rank_load
 from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
@@ -40,22 +40,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     sp = t if setup.sequence_parallel else 1
     tokens = setup.batch * setup.seq / setup.cp  # this CP rank's tokens of the micro-batch
     keys = setup.seq / setup.cp  # NB: eager scores per CP chunk pair; TE runs CP only with fused attention
-    ms = megatron_model_states(spec, pc, setup, stage)
-    moe_share = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
-    te_weights = te_recipes.weight_bytes(spec, setup, stage, moe_share)  # the recipe's quantised weight copies
-    if setup.zero >= 3 and setup.fp8_all_gather:
-        # Megatron-FSDP keeps the quantised parameters in its model weight buffer (and MXFP8's columnwise data in a
-        # transpose weight buffer), sharded alike (param_and_grad_buffer.py:1940-1999): te_recipes.weight_copies of
-        # them (NB: the experts' copies divided by the dense shard count: under by the expert data-parallel group's
-        # smaller size)
-        te_weights /= shards(setup)
-        # the gathered units' buckets hold them in the same format: megatron_model_states counts 16-bit ones
-        # (NB: the MoE/dense mix taken as the model's average, te_recipes.gather_saving)
-        units = setup.stack_facts.fact("megatron_fsdp", "in_flight")
-        gathered = te_recipes.gather_saving(spec, setup, units, bytes_per_param(setup)["weights"],
-                                            copies=te_recipes.weight_copies(setup))
-        ms = replace(ms, comm=ms.comm - gathered)
-    ms = replace(ms, weights=ms.weights + te_weights) if te_weights else ms
+    ms, te_weights, clip, copies, owned = rank_states(spec, setup, pc, stage)
     moe = spec.moe is not None and pc.moe_layers > 0
     frac = pc.moe_layers / spec.layers if moe else 0.0
     held = held_pairs(setup, stage, frac) if moe else 1.0
@@ -192,8 +177,6 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # optimizer/__init__.py:32 without TE/apex) come before it and are smaller unless one param is > 1/2 of
         # the buffer: under-counts then
         opt_tmp = ms.weights
-    clip = grad_clip_temporaries(spec, setup, pc, stage)
-    copies = grad_copy_bytes(spec, pc, setup, stage)  # the fp32 grad copies: the optimizer step's only
     resident = {"weights": ms.weights, "master_weights": ms.master - copies, "optimizer_states": ms.optimizer,
                 "comm_buffers": comm}
     if n_off and megatron_offload.reload_buffers(setup, off):  # TE's double buffer (none as Megatron-LM runs it)
@@ -218,15 +201,53 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
               "quantised_weight_copies": int(te_weights), "layers_in_recipe": n8,
               "moe_pairs_held": round(held, 2), "offloaded_layers": n_off,
               "offloaded_copied_per_layer": int(copied)}
-    dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
-    if setup.zero >= 3:  # Megatron-FSDP's optim_grads_params does: the rank owns its shard (parallel/megatron.py)
-        dense, expert = dense / shards(setup), expert / shards(setup, expert=True)
     # the offloaded layers' pinned host copies, all of them at the forward's end (cpu_offload.py:243-257)
     host = n_off * copied * stage.in_flight
     return result_type(int(ms.weights), int(ms.gradients), int(ms.master), int(ms.optimizer), int(step.activations),
-                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, round(dense + expert),
+                       int(comm), p.phases, p.peak, p.phase, p.at_peak, detail, owned,
                        host_memory=int(host) if n_off else None,
                        offloaded_activations=int(n_off * copied) if n_off else None)
+
+
+_STATES = cache()  # rank_states' memo
+# rank_states reads neither the micro-batch nor the recompute policy: its groups of one layout and ZeRO stage share it
+STATES_FIXED = MICRO_BATCH + (("recompute", "none"), ("recompute_modules", None))
+
+
+def rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> tuple:
+    """(model states with the recipe's weight copies, those copies' bytes, the clip's temporaries, the optimizer
+    step's fp32 grad copies, the parameters the rank owns) of a stage: the parameters' and their states' bytes, none
+    of which reads the micro-batch, the accumulation (the in-flight micro-batches are the Stage's, in the key) or the
+    recompute policy and modules (parallel/megatron.py, te_recipes.weight_bytes, grad_clip: the parameters, their
+    dtypes, shards and tensors). Memoised on the setup without them (batch_free with STATES_FIXED: every other
+    setting, the stack folders), the stage and the model (`pc`: the spec's own counts)."""
+    return memo(_STATES, spec, setup, (stage,), lambda: _rank_states(spec, setup, pc, stage), STATES_FIXED)
+
+
+def _rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> tuple:
+    """rank_states, computed."""
+    ms = megatron_model_states(spec, pc, setup, stage)
+    moe_share = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
+    te_weights = te_recipes.weight_bytes(spec, setup, stage, moe_share)  # the recipe's quantised weight copies
+    if setup.zero >= 3 and setup.fp8_all_gather:
+        # Megatron-FSDP keeps the quantised parameters in its model weight buffer (and MXFP8's columnwise data in a
+        # transpose weight buffer), sharded alike (param_and_grad_buffer.py:1940-1999): te_recipes.weight_copies of
+        # them (NB: the experts' copies divided by the dense shard count: under by the expert data-parallel group's
+        # smaller size)
+        te_weights /= shards(setup)
+        # the gathered units' buckets hold them in the same format: megatron_model_states counts 16-bit ones
+        # (NB: the MoE/dense mix taken as the model's average, te_recipes.gather_saving)
+        units = setup.stack_facts.fact("megatron_fsdp", "in_flight")
+        gathered = te_recipes.gather_saving(spec, setup, units, bytes_per_param(setup)["weights"],
+                                            copies=te_recipes.weight_copies(setup))
+        ms = replace(ms, comm=ms.comm - gathered)
+    ms = replace(ms, weights=ms.weights + te_weights) if te_weights else ms
+    clip = grad_clip_temporaries(spec, setup, pc, stage)
+    copies = grad_copy_bytes(spec, pc, setup, stage)  # the fp32 grad copies: the optimizer step's only
+    dense, expert = rank_params(spec, pc, setup, stage)  # the distributed optimizer shards no parameters
+    if setup.zero >= 3:  # Megatron-FSDP's optim_grads_params does: the rank owns its shard (parallel/megatron.py)
+        dense, expert = dense / shards(setup), expert / shards(setup, expert=True)
+    return ms, te_weights, clip, copies, round(dense + expert)
 
 
 def held_pairs(setup: Setup, stage: Stage, frac: float) -> float:
@@ -251,23 +272,26 @@ def _cut_to_core(s: Setup) -> Setup:
         s.with_(recompute="none", recompute_modules=None)
 
 
-@functools.lru_cache(maxsize=4096)
-def _core_at_one_micro_batch(setup: Setup) -> Setup:
-    return _cut_to_core(setup)
-
-
+_CORES = cache()  # _core_only's: the setup without its micro-batch and accumulation -> its core at one micro-batch
 _LAST_CORE: tuple = (None, None)  # (the setup asked last, its answer): each pipeline stage of one evaluation asks again
 
 
 def _core_only(setup: Setup) -> Setup:
-    """_cut_to_core, memoised on the setup at one micro-batch (a training setup: the rules that read the micro-batch
-    are Setup.with_micro_batches', so the policy's change is checked once per setting of the others)."""
+    """_cut_to_core, memoised on the setup without its micro-batch and accumulation (batch_free; a training setup:
+    the rules that read them are Setup.with_micro_batches', which checks them at this setup's own, so the policy's
+    change is checked once per setting of the others)."""
     global _LAST_CORE
     if setup.mode != "train":
         return _cut_to_core(setup)
     if _LAST_CORE[0] is setup:
         return _LAST_CORE[1]
-    got = _core_at_one_micro_batch(setup.with_micro_batches(1)).with_micro_batches(setup.batch, setup.grad_accum)
+    key = batch_free(setup)
+    one = _CORES.get(key)
+    if one is None:
+        if len(_CORES) >= 8192:
+            _CORES.clear()
+        one = _CORES[key] = _cut_to_core(setup.with_micro_batches(1))
+    got = one.with_micro_batches(setup.batch, setup.grad_accum)
     _LAST_CORE = (setup, got)
     return got
 

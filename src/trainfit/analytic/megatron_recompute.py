@@ -25,6 +25,8 @@ megatron-core 0.16.1 (megatron/core/...):
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..errors import SetupError
 from ..setup import Setup
 from ..setup.parsers import parse_recompute_modules as parse
@@ -38,7 +40,13 @@ def modules(setup: Setup) -> frozenset[str]:
     without it (which is what selective means on every stack: the attention core); none under other policies."""
     if setup.recompute_policy != "selective":
         return frozenset()
-    return frozenset(parse(setup.recompute_modules) if setup.recompute_modules else DEFAULT)
+    return _named(setup.recompute_modules)
+
+
+@lru_cache(maxsize=64)
+def _named(recompute_modules: str | None) -> frozenset[str]:
+    """The set --recompute-modules names (Megatron's default without it), parsed once per value."""
+    return frozenset(parse(recompute_modules) if recompute_modules else DEFAULT)
 
 
 def separate_norms(spec: ModelSpec, setup: Setup, moe: bool) -> tuple[bool, bool]:

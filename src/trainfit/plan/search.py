@@ -41,6 +41,8 @@ from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check
 from ..spec import ModelSpec, VisionSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
+from .floors import Floors
+from .gc_paused import gc_paused
 from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
 from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets, variants
 
@@ -232,6 +234,7 @@ def _runs_any(q: PlanQuery, *axes: str) -> bool:
     return any(a in get_stack(x).axes for x in q.stacks for a in axes)
 
 
+@gc_paused
 def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
            progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it. `progress(i, n)`: called as
@@ -243,6 +246,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     check_fixed_axes(model, gpu, q)
     pc = count_params(model)
     oracle = PeakOracle(model, pc)
+    floors = Floors(model, gpu, pc, step_floor)  # the throughput bounds, shared by a layout's ZeRO stages
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
     lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
     run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)
@@ -288,7 +292,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                     n = extra.get("ulysses", 1)
                     got = plain if n == 1 else splits(replace(lay, dp=lay.dp // n))
                     if got:
-                        _search_stack(spec, gpu, q, lay, stack, oracle, gseqs, *got, stats, fitting,
+                        _search_stack(spec, gpu, q, lay, stack, oracle, floors, gseqs, *got, stats, fitting,
                                       module_sets[stack], extra, level)
 
     search_layouts()
@@ -374,8 +378,8 @@ def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict)
     return [o[1:] for o in sorted(out, key=lambda o: o[0])]
 
 
-def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, gseqs, bcap, splits_all, stats: dict,
-                  fitting: list, module_sets, extra: dict, level: int | None) -> None:
+def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, floors: Floors, gseqs, bcap, splits_all,
+                  stats: dict, fitting: list, module_sets, extra: dict, level: int | None) -> None:
     """Every (precision, ZeRO, recompute, modules) group of `lay` under `stack` with the settings `extra`."""
     facts = get_stack(stack)
     seen = stats["stacks"][stack]["axes"]
@@ -393,7 +397,7 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, gse
                 cancel.check()  # (the web's time limit and disconnects)
                 stats["groups"] += 1
                 stats["stacks"][stack]["groups"] += 1
-                _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, gseqs, bcap, splits_all, stats,
+                _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, floors, gseqs, bcap, splits_all, stats,
                               fitting, stack, mods, extra, level)
 
 
@@ -410,9 +414,9 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU) -> dict:
     return switches
 
 
-def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, gseqs, bcap, splits_all, stats,
-                  fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None, extra: dict | None = None,
-                  level: int | None = None) -> None:
+def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, floors: Floors, gseqs, bcap,
+                  splits_all, stats, fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None,
+                  extra: dict | None = None, level: int | None = None) -> None:
     """The group's splits that fit, each appended to `fitting` as (-bound, order, group, micro-batch, setup): `bound`
     the most tokens/s it could reach (step_time.step_floor; inf under --efficiency), `order` its place in the
     search."""
@@ -462,7 +466,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         any_fit = True
         setup = base.with_micro_batches(b, accum)
         # NB: a relative margin of 1e-9 above the bound covers its rounding (summed apart from step_time's terms)
-        floor = 0.0 if q.efficiency is not None else step_floor(oracle.spec, setup, gpu, oracle.pc, st)
+        floor = 0.0 if q.efficiency is not None else floors(setup, st)
         # NB: under --ulysses the tokens are dp / ulysses sequences: the bound over-counts (still a bound)
         bound = b * setup.seq * accum * setup.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
         fitting.append((-bound, len(fitting), key, b, setup))

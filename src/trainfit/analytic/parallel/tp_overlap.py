@@ -55,17 +55,37 @@ def _gemm_dtype(setup) -> str:
     return RECIPES[lp].peak if lp in RECIPES else compute_dtype(setup)
 
 
+_EXPOSED: dict = {}  # layer_seconds' memo (emptied by compute_time.clear_memos: it reads the kernel data)
+
+
 def layer_seconds(spec: ModelSpec, setup, gpu: GPU, links: Links, tokens: float, act_bytes: float,
                   gathers: tuple[float, float], rerun: float) -> float:
     """One layer's exposed tensor-parallel time under --tp-comm-overlap on one rank of `tokens` (the sequence-parallel
     group's whole micro-batch); `gathers`: bytes per element of the forward's and the backward's all-gathers (a
-    quantised gather moves fewer: tensor.py); `rerun`: the share of its forward run again in the backward."""
-    t, h = setup.tp, spec.hidden
+    quantised gather moves fewer: tensor.py); `rerun`: the share of its forward run again in the backward.
+    Memoised on what it reads: of the setup its tp, the collectives its stack hides (hidden_collectives) and the
+    GEMMs' dtype (_gemm_dtype), nothing else of it; the spec and the GPU by identity (the entry holds them: a GPU's
+    equality leaves out its cluster, which the kernel data may read), the links, tokens, bytes and re-run share."""
+    hidden, bulk = hidden_collectives(setup)
+    dtype = _gemm_dtype(setup)
+    key = (id(spec), id(gpu), links, tokens, act_bytes, gathers, rerun, setup.tp, hidden, bulk, dtype)
+    hit = _EXPOSED.get(key)
+    if hit is None or hit[0] is not spec or hit[1] is not gpu:
+        if len(_EXPOSED) >= 8192:
+            _EXPOSED.clear()
+        hit = _EXPOSED[key] = (spec, gpu, _layer_seconds(spec, setup.tp, gpu, links, tokens, act_bytes, gathers,
+                                                         rerun, hidden, bulk, dtype))
+    return hit[2]
+
+
+def _layer_seconds(spec: ModelSpec, t: int, gpu: GPU, links: Links, tokens: float, act_bytes: float,
+                   gathers: tuple[float, float], rerun: float, hidden: frozenset[str], bulk: frozenset[str],
+                   dtype: str) -> float:
+    """layer_seconds, computed from what it reads."""
+    h = spec.hidden
     x = tokens * h * act_bytes  # one b·s·h activation, gathered
     ag_fwd, ag_bwd = (links.all_gather(t, t, tokens * h * g) for g in gathers)
     rs = links.reduce_scatter(t, t, x)
-    hidden, bulk = hidden_collectives(setup)
-    dtype = _gemm_dtype(setup)
     # the sum of a pipelined reduce-scatter's tp chunks: x read, x / tp written (comm_gemm_overlap.cpp:1193-1204)
     reduce = roofline.memory_seconds(gpu, x + x / t)
 

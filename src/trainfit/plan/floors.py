@@ -1,0 +1,47 @@
+"""The search's throughput bounds (analytic/step_time.py step_floor), memoised for one search.
+
+step_floor times one micro-batch of a setup: its compute (the op lists, compute_time.cached_stage_compute, keyed with
+--zero fixed: compute_time.NOT_IN_OP_LISTS), its critical-path communication (step_time.micro_batch_comm: the TP, PP,
+CP and EP exchanges, which read the layout, the micro-batch and the stack's switches, never the ZeRO stage: the
+ZeRO stage's collectives are the DP exchange's, parallel/zero.py dp_comm, which the bound leaves out), the pipeline
+bubble and the stragglers' wait. Where a ZeRO stage changes what the compute reads, it does so through the state
+bytes (FSDP2's mixed precision: precision.fsdp2_mixed_precision), which the key holds. So the groups of one layout
+that differ only in --zero share their bounds: Megatron's four ZeRO stages cost one bound per (micro-batch,
+accumulation) instead of four (tests/plan/test_floors.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..analytic.params import ParamCounts
+from ..analytic.precision import StateBytes
+from ..hardware import GPU
+from ..setup import Setup
+from ..spec import ModelSpec
+
+
+class Floors:
+    """step_floor(spec, setup, gpu, pc, st) of one search (its model, GPU and parameter counts fixed), memoised on
+    the setup with --zero fixed at 0 and the state bytes `st`: every other setting is in the key (the setup's own
+    equality: all its fields), so the one left out is the ZeRO stage, which no term of the bound reads (module
+    docstring). `bound`: the bound's function (step_time.step_floor, as the search module names it)."""
+
+    def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts, bound: Callable[..., float]):
+        self.spec, self.gpu, self.pc, self.bound = spec, gpu, pc, bound
+        self._memo: dict[tuple[Setup, StateBytes], float] = {}
+
+    def __call__(self, setup: Setup, st: StateBytes) -> float:
+        key = (_zero_free(setup), st)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self.bound(self.spec, setup, self.gpu, self.pc, st)
+        return got
+
+
+def _zero_free(setup: Setup) -> Setup:
+    """`setup` with --zero 0: a key, never run (no validation of the fixed value)."""
+    if setup.zero == 0:
+        return setup
+    key = setup.copied()
+    object.__setattr__(key, "zero", 0)
+    return key
