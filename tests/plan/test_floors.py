@@ -24,7 +24,7 @@ def test_the_bound_is_the_same_at_every_zero_stage():
     for name, stack, prec, kw in cases:
         spec = load_spec(name)
         pc = count_params(spec)
-        floors = Floors(spec, gpu, pc, step_floor)
+        floors = Floors(spec, gpu, pc)
         bounds: dict = {}
         runs = 0
         for zero in (0, 1, 2, 3):

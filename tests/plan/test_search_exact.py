@@ -10,7 +10,7 @@ import pytest
 from trainfit.analytic import compute_time, step_time
 from trainfit.api import load_spec
 from trainfit.hardware import get_gpu
-from trainfit.plan import search as search_mod
+from trainfit.plan import floors as floors_mod, search as search_mod
 from trainfit.plan.search import PlanQuery, search
 
 
@@ -32,7 +32,7 @@ def _straightforward(monkeypatch, spec, gpu, q):
     with monkeypatch.context() as m:
         m.setattr(step_time, "cached_stage_compute",
                   lambda spec, setup, gpu, st, pc, layers: compute_time.stage_compute(spec, setup, gpu, st, pc, layers))
-        m.setattr(search_mod, "step_floor", lambda *a, **k: 0.0)
+        m.setattr(floors_mod, "step_floor", lambda *a, **k: 0.0)  # (the search's bounds: plan/floors.py)
         # each group's setup built from its Request, as `trainfit estimate` builds it (not from the search's template)
         m.setattr(search_mod, "group_setup", search_mod.planned_setup)
         m.setattr(search_mod, "layout_step_time", checked)

@@ -11,10 +11,9 @@ accumulation) instead of four (tests/plan/test_floors.py).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..analytic.params import ParamCounts
 from ..analytic.precision import StateBytes
+from ..analytic.step_time import step_floor
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -24,17 +23,17 @@ class Floors:
     """step_floor(spec, setup, gpu, pc, st) of one search (its model, GPU and parameter counts fixed), memoised on
     the setup with --zero fixed at 0 and the state bytes `st`: every other setting is in the key (the setup's own
     equality: all its fields), so the one left out is the ZeRO stage, which no term of the bound reads (module
-    docstring). `bound`: the bound's function (step_time.step_floor, as the search module names it)."""
+    docstring)."""
 
-    def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts, bound: Callable[..., float]):
-        self.spec, self.gpu, self.pc, self.bound = spec, gpu, pc, bound
+    def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts):
+        self.spec, self.gpu, self.pc = spec, gpu, pc
         self._memo: dict[tuple[Setup, StateBytes], float] = {}
 
     def __call__(self, setup: Setup, st: StateBytes) -> float:
         key = (_zero_free(setup), st)
         got = self._memo.get(key)
         if got is None:
-            got = self._memo[key] = self.bound(self.spec, setup, self.gpu, self.pc, st)
+            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st)
         return got
 
 

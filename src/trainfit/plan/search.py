@@ -30,7 +30,7 @@ from ..analytic.fit_rule import reserve_bytes
 from ..analytic.layout import validate_layout
 from ..analytic.params import count_params
 from ..analytic.precision import state_bytes
-from ..analytic.step_time import layout_step_time, step_floor
+from ..analytic.step_time import layout_step_time
 from ..analytic.timing import budget
 from ..engines import analytic
 from ..errors import SetupError
@@ -246,7 +246,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     check_fixed_axes(model, gpu, q)
     pc = count_params(model)
     oracle = PeakOracle(model, pc)
-    floors = Floors(model, gpu, pc, step_floor)  # the throughput bounds, shared by a layout's ZeRO stages
+    floors = Floors(model, gpu, pc)  # the throughput bounds, shared by a layout's ZeRO stages
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
     lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
     run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)

@@ -470,9 +470,11 @@ def _check_low_precision(setup, stack) -> None:
         raise SetupError(f"--low-precision {lp} with --tp > 1 and --compile is refused by --stack {stack.name} "
                          "(its converter asserts it): drop --compile or --tp")
     if setup.mx_scale != "floor":
-        scales = stack.facts["low_precision"].get("mx_scales", ())
+        # (the roundings a stack runs: its [low_precision] mx_cast_kernels)
+        scales = stack.facts["low_precision"].get("mx_cast_kernels", {})
         if lp != "mxfp8" or setup.mx_scale not in scales:
-            runs = _stacks.running(lambda st: setup.mx_scale in st.facts.get("low_precision", {}).get("mx_scales", ()))
+            runs = _stacks.running(
+                lambda st: setup.mx_scale in st.facts.get("low_precision", {}).get("mx_cast_kernels", {}))
             raise SetupError(f"--mx-scale {setup.mx_scale} picks torchao's MX scale rounding: it needs --low-precision "
                              f"mxfp8 on --stack {' or '.join(runs)}; drop it")
     if (setup.bf16_first_layers or setup.bf16_last_layers) and lp == "none":

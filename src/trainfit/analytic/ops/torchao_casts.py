@@ -79,7 +79,7 @@ def _cast_ops(prefix: str, c: Cast, elements: float, rows: float, src_bytes: int
     if c.passes == 2:
         out.append(memory(f"{prefix}.amax_{c.name}", elements * src_bytes, max(scales, FP32), src, **kw))
     # MX: the stack's dim0 / dim1 cast kernel, at its measured rate (Shape.mx_casts; kernels.toml access)
-    access = sh.mx_casts[c.dim1] if sh.mx_casts and r.name == "mxfp8" else "vector"
+    access = sh.mx_casts[c.dim1] if sh.mx_casts else "vector"
     out.append(memory(f"{prefix}.cast_{c.name}", elements * src_bytes + (scales if c.passes == 2 else 0), q, src,
                       access=access, **kw))
     if c.copy and not sh.compile:
