@@ -768,13 +768,18 @@ RUNS: list[dict] = [
     *(dict(id=f"tt-h200-8b-fsdp{n}", source=f"{TT_H200}, Results table, row NUM_NODES {n // 8}", gpu="H200",
            model="llama-3.1-8b",
            setup=dict(stack="torchtitan", batch=2, seq=8192, dp=n, zero=3, recompute="op", compile=True,
-                      low_precision="tensorwise", fp8_all_gather=True, precision="amp-bf16", attention="flash2"),
-           published=tps, unit="tokens/s/GPU",
+                      low_precision="tensorwise", fp8_all_gather=True, precision="amp-bf16", attention="flash2",
+                      stack_release="2025-06"),  # e7c0cae with NGC 25.05's torch: the table's versions
+           published=tps, unit="tokens/s/GPU", published_reserved_gib=gib,
            notes="Trainy, June 2025: llama3_8b.toml (seq 8192, FSDP over all ranks, selective op AC) with local batch "
                  "2, compile and Float8 (fp8 FSDP all-gather); SDPA pinned to FlashAttention-2 first on sm90 "
-                 "(torchtitan models/attention.py at bcdeaa37: flash2). NB: force_recompute_fp8_weight_in_bwd is not "
-                 "modelled (predicted faster).")
-      for n, tps in ((32, 10938), (64, 10753))),
+                 "(torchtitan models/attention.py at bcdeaa37: flash2). The command's "
+                 "--float8.force_recompute_fp8_weight_in_bwd changes nothing: torchao 0afa4c1 (the table's) "
+                 "deprecated it to a warning (float8/config.py:195-198, :270-273). Memory(GiB) read as max_reserved: "
+                 "the figure torchtitan e7c0cae logs as 'memory' (components/metrics.py:403) and to wandb "
+                 "(:388); NB if the table took another of its memory metrics (max_active), the published figure is "
+                 "lower than reserved.")
+      for n, tps, gib in ((32, 10938, 47.96), (64, 10753, 46.97))),
     dict(id="tt-dsv3-16b-ep8-b4", source=f"{TT_DSV3_16B_OOM}, first log (local_batch_size 4, step 10)",
          gpu="H100-80GB", model="deepseek-v2-lite",
          setup=dict(stack="torchtitan", batch=4, seq=4096, dp=8, zero=3, ep=8, recompute="op", precision="amp-bf16",
