@@ -370,6 +370,16 @@ def _mb(container, line, system, model, gpus, precision, gbs, mbs, seq, tp=1, pp
                  loss_fusion="te")
     if vp > 1:
         setup["vpp"] = vp
+    # the parameter all-gather behind the forward (--overlap-param-gather): Megatron-Bridge's CommOverlapConfig turns
+    # it on over the distributed optimizer wherever data_parallel_size > 1 (training/comm_overlap.py:538-542, 602-606
+    # at v0.2.0; :576-579, 636-643 at v0.4.2), but where the performance config turns it off: 25.11's MXFP8 Llama and Qwen3
+    # ("keeping this enabled causes NaN grad norm": v0.2.0 configs/llama3/llama3_llm_pretrain.py:80-83, 115-118,
+    # 150-153, llama31/llama31_llm_pretrain.py:76-79, qwen3/qwen3_llm_pretrain.py:133-136) and 26.04.01's GB200 405B
+    # NVFP4 V2 (v0.4.2 configs/llama/llama31_llm_pretrain.py:46-55, 123-124 disable_param_gather_overlap)
+    off = (container == "25.11" and precision in ("FP8-MX", "MXFP8")) or \
+        (container == "26.04.01" and system == "DGX-GB200" and model == "LLAMA3.1_405B" and precision == "NVFP4")
+    if dp * cp > 1 and not off:
+        setup["overlap_param_gather"] = True
     if model in _MB_MOE:
         # the table's note: "In MoE training benchmarks, we force-balance the token distribution among experts and
         # all benchmarks are token-dropless" (performance-summary-archive.md:291; scripts/performance/utils/
@@ -550,7 +560,7 @@ LOWP_VALIDATION: list[dict] = [
     # 26.04.01: MXFP8 and NVFP4 rows of the dense Llamas, and a Blackwell bf16 MoE row; GA = GBS / (MBS x DP)
     _mb("26.04.01", 205, "DGX-GB200", "LLAMA3_70B", 64, "MXFP8", 256, 1, 8192, tp=2, pp=4, vp=5, tps=3712,
         notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 (configs/llama/llama3_workload_base_configs.py:"
-              "249-254 at v0.4.2): TP 2 PP 4 VP 5, no recompute; overlap_param_gather off for MXFP8 (llama3_llm_pretrain.py)."),
+              "249-254 at v0.4.2): TP 2 PP 4 VP 5, no recompute."),
     _mb("26.04.01", 206, "DGX-GB200", "LLAMA3_70B", 64, "NVFP4", 256, 1, 8192, tp=2, pp=4, vp=5, tps=4864,
         notes="Recipe LLAMA3_70B_PRETRAIN_CONFIG_GB200_NVFP4_V2 (:256-264): TP 2 PP 4 VP 5, no CUDA graphs, TP comm "
               "overlap off for NVFP4; fp4 param gather (--fp8-all-gather)."),
@@ -586,7 +596,8 @@ C8_RUN: dict = dict(id="c8-moezoo-qwen3-235b-a2a", source=f"{MOE_ZOO_QWEN3}, H10
      setup=dict(stack="megatron", batch=1, seq=4096, grad_accum=512, dp=4, tp=2, pp=32, vpp=3, ep=8, etp=1,
                 zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
                 pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe_act",
-                tp_comm_overlap=True),  # PR=bf16: sbatch_benchmarking.sh:93-95 adds --tp-comm-overlap
+                tp_comm_overlap=True,  # PR=bf16: sbatch_benchmarking.sh:93-95 adds --tp-comm-overlap
+                overlap_param_gather=True),  # model_configs/benchmarking/Qwen3-235B-A22B.yaml:23-25
      published=24.2, unit="s/step", in_sample=True,
      notes="Megatron-Core (main 1e057005) with the all-to-all dispatcher, no 1F1B all-to-all overlap; "
            f"{MOE_ZOO_QWEN3_CFG}: --expert-tensor-parallel-size 1, --sequence-parallel, flash attention, "
@@ -613,6 +624,9 @@ def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", i
                    sequence_parallel=tp > 1, attention="flash", **rec,
                    # sbatch_benchmarking.sh:93-95 at MOE_ZOO's commit: PR=bf16 (every row here) adds --tp-comm-overlap
                    tp_comm_overlap=tp > 1,
+                   # model_configs/benchmarking/Qwen3-235B-A22B.yaml:23-25: --use-distributed-optimizer,
+                   # --overlap-grad-reduce, --overlap-param-gather
+                   overlap_param_gather=True,
                    **({"moe_dispatcher": "deepep"} if dispatcher == "DeepEP" else {}),
                    **({"overlap_moe_comm": True} if overlap else {})),
         published=step, unit="s/step",
@@ -634,6 +648,8 @@ def _mbridge_gptoss(container, line, ep, tps):
         setup=dict(stack="megatron", batch=4, seq=4096, grad_accum=5, dp=64, ep=ep, zero=1, precision="bf16-master",
                    attention="flash", recompute="selective", recompute_modules="layernorm,moe_act",
                    moe_force_balance=True, grad_reduce_in_bf16=True,
+                   # the recipe's DistributedDataParallelConfig (recipes/gpt_oss/gpt_oss.py:287-294 at v0.3.0)
+                   overlap_param_gather=True,
                    # TE's fused cross-entropy: the performance scripts' impl "te" over the recipe's "native" (v0.3.0
                    # scripts/performance/utils/overrides.py:64, called :221; v0.3.1 :65, :222; recipes/gpt_oss/
                    # gpt_oss.py:94-95), on GPTModelProvider's cross_entropy_loss_fusion True (gpt_provider.py:180)
@@ -664,6 +680,7 @@ def _zoo_long(line, seq, tp, cp, forced, tflops):
                    etp=1, zero=1, sequence_parallel=True, precision="bf16-master", attention="flash",
                    pp_split="embedding-loss", recompute="selective", recompute_modules="layernorm,moe",
                    moe_dispatcher="deepep", tp_comm_overlap=True,  # the command's PR=bf16: sbatch_benchmarking.sh:93-95
+                   overlap_param_gather=True,  # Qwen3-235B-A22B.yaml:25 (over DP x CP: CP 8 at DP 1 gathers)
                    **({"moe_force_balance": True} if forced else {})),
         published=tflops, unit="TFLOP/s/GPU (Megatron-LM)",
         notes=f"TP {tp} CP {cp} EP 8 ETP 1 PP 8 VPP 4 DP {dp}, GBS 256, MBS 1, DeepEP, recompute modules layernorm, "

@@ -32,6 +32,7 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.select import Select  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 
 from trainfit import api  # noqa: E402
 from trainfit.report.held import fit_numbers  # noqa: E402
@@ -104,7 +105,9 @@ def fresh(driver) -> bool:
 
 def load(driver, server: str) -> WebDriverWait:
     driver.get(server + "/")
-    wait = WebDriverWait(driver, 20)
+    # the page replaces the result's elements as each answer arrives: a wait that reads one between its lookup and its
+    # attribute gets a stale reference, and tries again (WebDriverWait ignores only NoSuchElementException by default)
+    wait = WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException,))
     wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
     driver.get_log("browser")  # drop what an earlier page logged
     return wait

@@ -33,13 +33,18 @@ def _data_parallel(s: Setup) -> list[str]:
     distributed optimizer over its buffers, the fsdp_dtensor checkpoint format that arguments.py:690-691 asserts).
     The guide's --no-gradient-accumulation-fusion is left out: arguments.py:677-681 only warns, and Megatron-Bridge's
     FSDP recipes keep the fusion (scripts/performance/utils/helpers.py:116-126 at v0.2.0), as trainfit models it."""
+    # the gradient reduce hidden behind the backward, as the time model has it (parallel/zero.py dp_comm), and the
+    # parameter all-gather behind the forward where the setup says (--overlap-param-gather, which Megatron-LM accepts
+    # only beside --overlap-grad-reduce: core_v0.16.1 arguments.py:600-601)
+    overlap = (["--overlap-grad-reduce"] if s.dp * s.cp > 1 or s.overlap_param_gather else []) + \
+        (["--overlap-param-gather"] if s.overlap_param_gather else [])
     if s.zero == 1:
-        return ["--use-distributed-optimizer"]
+        return ["--use-distributed-optimizer"] + overlap
     if s.zero >= 2:
         strategy = {2: "optim_grads", 3: "optim_grads_params"}[s.zero]
         return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--use-distributed-optimizer",
-                "--ckpt-format", "fsdp_dtensor"]
-    return []
+                "--ckpt-format", "fsdp_dtensor"] + overlap
+    return overlap
 
 
 def _recompute(rec: str) -> list[str]:

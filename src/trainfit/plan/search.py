@@ -401,7 +401,7 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, flo
                               fitting, stack, mods, extra, level)
 
 
-def plan_switches(stack: str, lay: Layout, gpu: GPU) -> dict:
+def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
     """The settings every plan of `stack` runs with (stacks/*.toml [plan] switches: Megatron's TP communication overlap
     and fused cross entropy, torchtitan's async TP), on NVIDIA GPUs, --tp-comm-overlap where there is TP to overlap
     (setup/rules.py). NB: AMD plans keep them off (TE's userbuffers and Triton loss, torch's symmetric memory read for
@@ -411,6 +411,8 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU) -> dict:
     switches = dict(get_stack(stack).facts.get("plan", {}).get("switches", {}))
     if lay.tp <= 1:
         switches.pop("tp_comm_overlap", None)
+    if zero < 1 or lay.dp * lay.cp <= 1:  # no sharded parameters to gather (Megatron-Bridge: data_parallel_size > 1)
+        switches.pop("overlap_param_gather", None)
     return switches
 
 
@@ -423,7 +425,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
-    switches = plan_switches(stack, lay, gpu)
+    switches = plan_switches(stack, lay, gpu, zero)
     settings = dict(batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer, recompute=rec,
                     zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
                     **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))

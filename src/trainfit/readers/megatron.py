@@ -33,7 +33,8 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
             "sequence-parallel", "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
             "moe-grouped-gemm", "overlap-moe-expert-parallel-comm", "use-distributed-optimizer", "use-megatron-fsdp",
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
-            "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion")
+            "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion", "overlap-param-gather",
+            "overlap-grad-reduce")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -42,9 +43,7 @@ NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", 
              "data-cache-path", "tiktoken-pattern", "no-mmap-bin-files", "fp8-amax-compute-algo", "rotary-percent",
              "apply-layernorm-1p", "no-create-attention-mask-in-dataloader")
 # flags trainfit does not model, with the direction of their effect (Megatron-LM core_v0.16.1 arguments.py)
-EFFECT = {"overlap-grad-reduce": "less time: the gradient reduce-scatter hidden behind the backward",
-          "overlap-param-gather": "less time: the distributed optimizer's all-gather hidden behind the forward",
-          "manual-gc": "less time: no garbage-collection pauses mid-step",
+EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
           "use-flash-attn": "trainfit models Megatron's fused attention already",
           "attention-backend": "time and memory of the attention kernel",
           "transformer-impl": "trainfit models the transformer_engine layers",
@@ -114,6 +113,12 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.skip("--sequence-parallel", True, "no effect at tp 1: Megatron-LM turns it off (arguments.py:907-913)")
     if a.tp_comm_overlap:  # (Megatron-LM refuses it without sequence parallelism, arguments.py:915-916: so does Setup)
         r.set("tp_comm_overlap", True, "--tp-comm-overlap")
+    if world is not None and world // (tp * pp) > 1 and not a.overlap_grad_reduce:
+        # (with it: what trainfit models, parallel/zero.py dp_comm, the reduce hidden behind the last backward)
+        r.skip("--overlap-grad-reduce", False, "more time: without it Megatron reduces the gradients after the "
+                                               "backward, where trainfit hides them behind it")
+    if a.overlap_param_gather:  # (Megatron-LM refuses it without the distributed optimizer, arguments.py:597-599)
+        r.set("overlap_param_gather", True, "--overlap-param-gather")
     if a.cpu_offloading_num_layers:  # arguments.py:1236-1237: cpu_offloading on with N > 0 (Setup refuses as Megatron)
         r.set("offload_layers", a.cpu_offloading_num_layers, "--cpu-offloading-num-layers")
     if a.cross_entropy_loss_fusion:  # model_parallel_config.py:241-249: the impl defaults to native

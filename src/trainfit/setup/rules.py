@@ -63,7 +63,7 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--loss-fusion is Megatron's fused cross-entropy (--cross-entropy-loss-fusion), modelled on "
                          f"--stack {_runners('cross-entropy-fusion')}; --stack {stack.name} does not run it")
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
-                 "tp_comm_overlap", "cuda_graph_scope"):
+                 "tp_comm_overlap", "overlap_param_gather", "cuda_graph_scope"):
         # the axes a stack may run (stacks/*.toml); a switch left off asks for nothing
         if getattr(setup, name, None) is False:
             continue
@@ -84,6 +84,10 @@ def validate(setup: Setup) -> None:
         # arguments.py:915-916 asserts it; torchtitan's TP is sequence-parallel: parallel/tp_overlap.py)
         raise SetupError("--tp-comm-overlap overlaps the tensor-parallel all-gathers and reduce-scatters of sequence "
                          "parallelism: it needs --tp > 1 and --sequence-parallel")
+    if setup.overlap_param_gather and setup.zero < 1:
+        # Megatron-LM core_v0.16.1 arguments.py:597-599: only with the distributed optimizer or Megatron-FSDP
+        raise SetupError("--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs "
+                         "--zero 1 (or Megatron-FSDP's --zero 2 / 3)")
     if setup.moe_dispatcher is not None and setup.ep <= 1:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")

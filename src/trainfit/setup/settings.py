@@ -178,6 +178,12 @@ class Setup:
                                      "forward of one micro-batch beside the backward of another); needs --ep > 1, "
                                      "--grad-accum > 1 to hide anything.", modes=("train",),
                                      aliases=("--overlap-moe-expert-parallel-comm",), group="parallel")
+    overlap_param_gather: bool = setting(False, "Megatron's --overlap-param-gather: the distributed optimizer's "
+                                         "parameter all-gather is dispatched bucket by bucket as the next step's "
+                                         "first forward reaches each bucket's modules, hidden behind that forward "
+                                         "(without it the all-gather runs whole after optimizer.step()); needs "
+                                         "--zero 1 or more.", modes=("train",),
+                                         aliases=("--overlap-param-gather",), group="parallel")
     tp_comm_overlap: bool = setting(False, "Run the tensor-parallel all-gathers and reduce-scatters chunk by chunk "
                                     "beside the GEMMs they feed (Megatron's --tp-comm-overlap, Transformer Engine's "
                                     "userbuffers; torchtitan: async TP, with --compile); needs --tp > 1 and "

@@ -278,7 +278,14 @@ def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_byte
             once = max(exposed(gpu, total, backward, mem_share, bw), bucket_t)
         elif z == 1:
             total = rs + ag
-            once = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) + ag
+            # --overlap-param-gather (Megatron): each bucket's all-gather is dispatched as the next step's first
+            # forward reaches the bucket before it and waited for by its modules' forward pre-hook (megatron-core
+            # 0.16.1 distributed_data_parallel.py:384-417, distrib_optimizer.py:2611-2617), so it hides behind one
+            # micro-batch's forward but for the first bucket's; without it the all-gather runs whole after the step.
+            # NB: one forward of the stage's layers hides it (under --vpp each chunk's share behind its own): optimistic
+            # by the buckets a chunk's forward cannot cover
+            gather = max(exposed(gpu, ag, forward, mem_share, bw), bucket_t / 2) if setup.overlap_param_gather else ag
+            once = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) + gather
         elif z == 2:
             total = m * rs + ag
             per_mb = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2)
