@@ -13,6 +13,7 @@ import sys
 import time
 
 from bench.figures import record
+from trainfit.analytic.compute_time import clear_memos
 from trainfit.analytic.engine import estimate
 from trainfit.hardware import get_gpu
 from trainfit.models.resolve import load_model
@@ -22,11 +23,14 @@ ABOUT = {"summary": "analytic estimate per setup and `trainfit estimate` wall ti
 
 
 def per_setup_us(name: str, setups: list[Setup], repeat: int = 5) -> float:
+    """Best of `repeat` passes over `setups`, each from empty op-list memos (compute_time.clear_memos): what a first
+    estimate of each setup costs, whatever ran before in the process (warm memos would time their lookups)."""
     spec = load_model(name)
     gpu = get_gpu("H100-80GB")
     estimate(spec, setups[0], gpu)  # warm the data-file caches
     best = []
     for _ in range(repeat):
+        clear_memos()
         t0 = time.perf_counter()
         for s in setups:
             estimate(spec, s, gpu)
