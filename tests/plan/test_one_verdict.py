@@ -21,7 +21,8 @@ RESERVE = 1.5  # GiB: the plan judges with the user's --reserve, as estimate doe
 # the settings a plan prints (report/plan.py, --emit), which a user passes to `trainfit estimate`
 PLAN_SETTINGS = ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "dp", "tp", "pp", "zero",
                  "sequence_parallel", "stack", "cp", "vpp", "pp_split", "ep", "etp", "moe_dispatcher", "overlap_moe_comm",
-                 "tp_comm_overlap", "loss_fusion", "recompute_modules", "overlap_param_gather")
+                 "tp_comm_overlap", "loss_fusion", "recompute_modules", "overlap_param_gather",
+                 "overlap_comm")
 # (model, the stacks that build it): torchtitan builds untied, bias-free llama models only (stacks/torchtitan.toml)
 MODELS = (("llama-3.1-8b", ("hf", "torchtitan", "megatron", "deepspeed")),
           ("qwen2.5-1.5b", ("hf", "megatron", "deepspeed")),

@@ -21,7 +21,8 @@ MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp"
             "overlap_param_gather")
 LOW = ("low_precision", "mx_scale", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
 MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
-DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute")
+DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute",
+             "overlap_comm")
 ACCELERATE = ("stack", "dp", "zero", "recompute", "precision", "offload")
 
 CASES = [
@@ -59,6 +60,8 @@ CASES = [
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="bf16-master", batch=2, grad_accum=4, dp=8,
                                            zero=3, recompute="full")),
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="fp32", batch=1, dp=4, zero=1)),
+    ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="bf16-master", batch=2, dp=8, zero=2,
+                                           overlap_comm=True)),
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="fp16-master", batch=4, grad_accum=2, dp=2,
                                            zero=2, offload="optimizer")),
     ("accelerate", ".yaml", ACCELERATE, dict(stack="hf", precision="amp-bf16", dp=8, zero=3, recompute="full")),

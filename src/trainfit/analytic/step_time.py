@@ -211,7 +211,7 @@ def step_time(spec: ModelSpec, setup: Setup, gpu: GPU, costs: ModelCosts, stage_
         if held_experts else 0.0
     rb = model_for(setup).reduced_grad_bytes(setup, st_opt)  # the reduced gradients' dtype (the stack's rule)
     dp = dp_comm(gpu, setup, links, dense_n * rb, gathered, c.forward, c.backward + c.recompute, c.memory_share,
-                 expert_n * rb, expert_gathered, stage_layers_n)
+                 expert_n * rb, expert_gathered, stage_layers_n, model_for(setup).reduce_behind_backward(setup))
     # FSDP2's copy-out writes and its copy-in reads what the rank unshards: under --ep its experts' E/(ep·etp)
     dp_mb = dp.per_micro_batch + fsdp2_copy_seconds(gpu, setup, st, st_opt, held + held_experts, trained,
                                                     stage_layers_n)

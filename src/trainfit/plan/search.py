@@ -402,17 +402,20 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, flo
 
 
 def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
-    """The settings every plan of `stack` runs with (stacks/*.toml [plan] switches: Megatron's TP communication overlap
-    and fused cross entropy, torchtitan's async TP), on NVIDIA GPUs, --tp-comm-overlap where there is TP to overlap
-    (setup/rules.py). NB: AMD plans keep them off (TE's userbuffers and Triton loss, torch's symmetric memory read for
-    CUDA only): errs slow there."""
-    if gpu.vendor != "nvidia":
-        return {}
+    """The settings every plan of `stack` runs with (stacks/*.toml [plan] switches: Megatron's TP communication overlap,
+    fused cross entropy and parameter-gather overlap, torchtitan's async TP, DeepSpeed's overlap_comm), each where the
+    setup takes it: --tp-comm-overlap where there is TP to overlap (setup/rules.py), the data-parallel overlaps where
+    ZeRO shards over more than one rank. NB: AMD plans keep the TP overlap and TE's loss off (TE's userbuffers and
+    Triton loss, torch's symmetric memory read for CUDA only): errs slow there."""
     switches = dict(get_stack(stack).facts.get("plan", {}).get("switches", {}))
-    if lay.tp <= 1:
+    if lay.tp <= 1 or gpu.vendor != "nvidia":
         switches.pop("tp_comm_overlap", None)
+    if gpu.vendor != "nvidia":
+        switches.pop("loss_fusion", None)
     if zero < 1 or lay.dp * lay.cp <= 1:  # no sharded parameters to gather (Megatron-Bridge: data_parallel_size > 1)
         switches.pop("overlap_param_gather", None)
+    if zero not in (1, 2):  # DeepSpeed: ZeRO-3 overlaps by default, ZeRO-0 reduces after the backward
+        switches.pop("overlap_comm", None)
     return switches
 
 

@@ -30,8 +30,7 @@ EFFECT = {"wall_clock_breakdown": "more time when true: synchronised timers",
 WHEN_TRUE = ("wall_clock_breakdown", "memory_breakdown")  # switches with an effect only when on
 ZERO_NO_EFFECT = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                   "round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint")
-ZERO_EFFECT = {"overlap_comm": "time (and bucket memory): DeepSpeed's default is stage == 3 (config.py:384-386)",
-               "reduce_scatter": "time", "zero_quantized_weights": "less time and memory: ZeRO++ qwZ",
+ZERO_EFFECT = {"reduce_scatter": "time", "zero_quantized_weights": "less time and memory: ZeRO++ qwZ",
                "zero_quantized_gradients": "less time: ZeRO++ qgZ", "zero_hpz_partition_size": "more memory, "
                "less time: ZeRO++ hpZ", "memory_efficient_linear": "memory"}
 
@@ -63,7 +62,16 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     for k, v in zraw.items():
         if k in ("stage", "offload_optimizer", "offload_param") or v == "auto":
             continue
-        if k == "overlap_comm" and v == (cfg.zero_optimization_stage == 3):  # DeepSpeed's default, as modelled
+        if k == "overlap_comm":  # (config.py:384-386: None resolves to stage == 3)
+            stage = cfg.zero_optimization_stage
+            if v and stage in (1, 2):
+                r.set("overlap_comm", True, "zero_optimization.overlap_comm")
+            elif stage == 3 and not v:
+                r.skip("zero_optimization.overlap_comm", v, "more time: ZeRO-3 then reduces on the backward's stream "
+                                                            "(trainfit models its default, overlapped)")
+            elif v and stage == 0:
+                r.skip("zero_optimization.overlap_comm", v, "no effect: ZeRO-0 reduces after the backward "
+                                                            "(engine.allreduce_gradients)")
             continue
         if k in ZERO_FACTS:
             if v != facts.fact(k):

@@ -67,7 +67,7 @@ def run_flags(s) -> str:
     knobs (plan/knobs.py) and the communication settings the search turns on (plan/search.py)."""
     timed = [f"--moe-dispatcher {s.moe_dispatcher}" if s.moe_dispatcher else "",
              "--overlap-moe-comm" if s.overlap_moe_comm else "", "--tp-comm-overlap" if s.tp_comm_overlap else "",
-             "--overlap-param-gather" if s.overlap_param_gather else "",
+             "--overlap-param-gather" if s.overlap_param_gather else "", "--overlap-comm" if s.overlap_comm else "",
              f"--loss-fusion {s.loss_fusion}" if s.loss_fusion != "none" else ""]
     return " ".join(x for x in (knobs.setup_flags(s), *timed) if x)
 

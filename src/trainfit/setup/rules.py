@@ -63,7 +63,7 @@ def validate(setup: Setup) -> None:
         raise SetupError(f"--loss-fusion is Megatron's fused cross-entropy (--cross-entropy-loss-fusion), modelled on "
                          f"--stack {_runners('cross-entropy-fusion')}; --stack {stack.name} does not run it")
     for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
-                 "tp_comm_overlap", "overlap_param_gather", "cuda_graph_scope"):
+                 "tp_comm_overlap", "overlap_param_gather", "overlap_comm", "cuda_graph_scope"):
         # the axes a stack may run (stacks/*.toml); a switch left off asks for nothing
         if getattr(setup, name, None) is False:
             continue
@@ -88,6 +88,11 @@ def validate(setup: Setup) -> None:
         # Megatron-LM core_v0.16.1 arguments.py:597-599: only with the distributed optimizer or Megatron-FSDP
         raise SetupError("--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs "
                          "--zero 1 (or Megatron-FSDP's --zero 2 / 3)")
+    if setup.overlap_comm and setup.zero not in (1, 2):
+        # DeepSpeed 0.19.8 runtime/zero/config.py:384-386 (ZeRO-3 overlaps by default); ZeRO-0 reduces in
+        # engine.allreduce_gradients after the backward (runtime/engine.py:2427-2434), which overlap_comm does not move
+        raise SetupError("--overlap-comm overlaps DeepSpeed's ZeRO-1/2 gradient reduction with the backward: it needs "
+                         "--zero 1 or 2 (ZeRO-3 overlaps by default)")
     if setup.moe_dispatcher is not None and setup.ep <= 1:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")

@@ -184,6 +184,11 @@ class Setup:
                                          "(without it the all-gather runs whole after optimizer.step()); needs "
                                          "--zero 1 or more.", modes=("train",),
                                          aliases=("--overlap-param-gather",), group="parallel")
+    overlap_comm: bool = setting(False, "DeepSpeed's zero_optimization.overlap_comm at --zero 1 or 2: the gradient "
+                                 "reduction runs on its own stream beside the backward, with a second reduce bucket "
+                                 "of reduce_bucket_size elements; without it (DeepSpeed's default there) the "
+                                 "reduction runs on the backward's stream and the step waits for it. ZeRO-3 "
+                                 "overlaps by default.", modes=("train",), group="parallel")
     tp_comm_overlap: bool = setting(False, "Run the tensor-parallel all-gathers and reduce-scatters chunk by chunk "
                                     "beside the GEMMs they feed (Megatron's --tp-comm-overlap, Transformer Engine's "
                                     "userbuffers; torchtitan: async TP, with --compile); needs --tp > 1 and "

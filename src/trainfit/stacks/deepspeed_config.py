@@ -13,7 +13,8 @@ def ds_config(s) -> dict:
     ds = get_stack("deepspeed")
     fp16 = s.precision == "fp16-master"  # DeepSpeed's fp16 mode: fp16 weights + fp32 masters
     zero = {"stage": s.zero, "contiguous_gradients": ds.fact("contiguous_gradients"),
-            "overlap_comm": s.zero == 3,  # config.py:384-386: the default DeepSpeed resolves (stage == 3)
+            # config.py:384-386: the default DeepSpeed resolves (stage == 3), or --overlap-comm at ZeRO-1/2
+            "overlap_comm": s.zero == 3 or bool(getattr(s, "overlap_comm", False)),
             "reduce_bucket_size": ds.fact("reduce_bucket_size"),
             "allgather_bucket_size": ds.fact("allgather_bucket_size")}
     cfg = {

@@ -89,8 +89,9 @@ class DeepSpeedStates:
 
 
 def overlap_comm(setup: Setup) -> bool:
-    """overlap_comm's default for the stage (stacks/deepspeed.toml [overlap_comm]: config.py:384-386)."""
-    return setup.zero in setup.stack_facts.fact("overlap_comm", "stages")
+    """Whether ZeRO overlaps its gradient reduction with the backward: the stage's default (stacks/deepspeed.toml
+    [overlap_comm]: config.py:384-386) or --overlap-comm at ZeRO-1/2."""
+    return setup.overlap_comm or setup.zero in setup.stack_facts.fact("overlap_comm", "stages")
 
 
 def grad_bytes(setup: Setup, w: float) -> float:

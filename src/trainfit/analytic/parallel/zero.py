@@ -244,7 +244,7 @@ def group_per_node(setup: Setup, links: Links, expert: bool = False) -> tuple[in
 
 def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_bytes: float, forward: float,
             backward: float, mem_share: float, expert_grad_bytes: float = 0.0,
-            expert_weight_bytes: float = 0.0, layers: int = 1) -> DataParallelComm:
+            expert_weight_bytes: float = 0.0, layers: int = 1, reduce_hidden: bool = True) -> DataParallelComm:
     """The busiest rank's `grad_bytes` of gradients and `weight_bytes` of weights, exchanged over the dp × cp ranks
     per ZeRO stage, and its routed experts' `expert_grad_bytes` / `expert_weight_bytes` over the expert
     data-parallel ranks (Setup.expert_dp: Megatron-Core's separate expert_parallel_buffers over the expert data-
@@ -257,7 +257,9 @@ def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_byte
     NB: the two groups' collectives are summed, as if one waited for the other: pessimistic where they overlap.
     NB: ZeRO 0-2 are timed as one call per step (their buckets' sizes are the stacks' own: torch DDP 25 MiB,
     Megatron max(40M, 1M × dp) elements or one buffer without overlap_grad_reduce, megatron/core/distributed/
-    distributed_data_parallel.py:62-68 in megatron-core 0.16.1): optimistic by a latency per further bucket."""
+    distributed_data_parallel.py:62-68 in megatron-core 0.16.1): optimistic by a latency per further bucket.
+    `reduce_hidden` False (the stack's reduce_behind_backward: DeepSpeed without overlap_comm): the gradients'
+    reduction runs on the backward's stream or after it, whole."""
     m, z = setup.grad_accum, setup.zero
     groups = [(*group_per_node(setup, links), grad_bytes, weight_bytes)]
     if expert_grad_bytes or expert_weight_bytes:
@@ -275,7 +277,7 @@ def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_byte
         bucket_t = links.allreduce(n0, g0, min(BUCKET_BYTES, live[0][2]))
         if z == 0:
             total = allreduce
-            once = max(exposed(gpu, total, backward, mem_share, bw), bucket_t)
+            once = max(exposed(gpu, total, backward, mem_share, bw), bucket_t) if reduce_hidden else total
         elif z == 1:
             total = rs + ag
             # --overlap-param-gather (Megatron): each bucket's all-gather is dispatched as the next step's first
@@ -285,14 +287,15 @@ def dp_comm(gpu: GPU, setup: Setup, links: Links, grad_bytes: float, weight_byte
             # NB: one forward of the stage's layers hides it (under --vpp each chunk's share behind its own): optimistic
             # by the buckets a chunk's forward cannot cover
             gather = max(exposed(gpu, ag, forward, mem_share, bw), bucket_t / 2) if setup.overlap_param_gather else ag
-            once = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) + gather
+            once = (max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) if reduce_hidden else rs) + gather
         elif z == 2:
             total = m * rs + ag
-            per_mb = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2)
+            per_mb = max(exposed(gpu, rs, backward, mem_share, bw), bucket_t / 2) if reduce_hidden else rs
             once = ag
         else:
             total = m * (2 * ag + rs)
             # forward all-gathers hide behind the forward, backward all-gather + reduce-scatter behind the backward
-            per_mb = (exposed(gpu, ag, forward, mem_share, bw)
-                      + max(exposed(gpu, ag + rs, backward, mem_share, bw), bucket_t / 2))
+            per_mb = exposed(gpu, ag, forward, mem_share, bw) + (
+                max(exposed(gpu, ag + rs, backward, mem_share, bw), bucket_t / 2) if reduce_hidden
+                else exposed(gpu, ag, backward, mem_share, bw) + rs)
     return DataParallelComm(per_mb, once, total, "intra" if within else "inter")

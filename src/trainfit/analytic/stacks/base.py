@@ -28,6 +28,12 @@ class StackModel:
         """One pipeline stage's TrainMemory (analytic/memory.py)."""
         return _memory.stage_memory(spec, setup, pc, st, stage)
 
+    def reduce_behind_backward(self, setup: Setup) -> bool:
+        """Whether the data-parallel gradient reduction runs beside the backward (parallel/zero.py dp_comm): torch
+        DDP's bucket hooks and FSDP's reduce-scatter stream do; Megatron's with --overlap-grad-reduce, as trainfit
+        runs it."""
+        return True
+
     def reduced_grad_bytes(self, setup: Setup, st: StateBytes) -> float:
         """Bytes per element of the gradients the data-parallel group reduces: FSDP2's reduce_dtype where its
         MixedPrecisionPolicy runs (precision.py: st.reduce), else the gradients' own dtype (.grad has the

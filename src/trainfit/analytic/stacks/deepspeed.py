@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...setup import Setup
 from .. import grad_clip
+from ..parallel.deepspeed import overlap_comm
 from .base import StackModel
 
 
@@ -12,6 +13,11 @@ class DeepSpeedModel(StackModel):
     torch_data_parallel = False  # runtime/engine.py (its own allreduce / ZeRO reduce-scatter buckets)
     torch_optimizer = False  # runtime/zero/stage_1_and_2.py:556, fp16/fused_optimizer.py:100 (flat fp32 groups)
     zero_engine = True
+
+    def reduce_behind_backward(self, setup: Setup) -> bool:
+        """With overlap_comm (ZeRO-3's default, --overlap-comm at 1/2) on its reduction stream; else on the
+        backward's stream (stage_1_and_2.py:1221-1228) or after the backward (ZeRO-0: engine.py:2427-2434)."""
+        return overlap_comm(setup)
 
     def clipped_params(self, setup: Setup, trained: float) -> float:
         """ZeRO-1/2/3: the rank's gradient partition (runtime/zero/stage_1_and_2.py:2951, stage3.py:2579)."""
