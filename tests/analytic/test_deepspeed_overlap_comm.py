@@ -1,5 +1,5 @@
 """DeepSpeed's zero_optimization.overlap_comm (--overlap-comm at ZeRO-1/2; ZeRO-3's default): without it the
-gradient reduction runs on the backward's own stream (DeepSpeed 0.19.8 stage_1_and_2.py:1221-1228) and the step
+gradient reduction runs on the backward's own stream (DeepSpeed 0.19.8 stage_1_and_2.py:1590-1614) and the step
 waits for it; with it the reduction stream runs it beside the backward and a second reduce bucket is allocated
 (:3273-3278). Checked against DeepSpeed's own default bucket size and the byte counts of the collectives."""
 from __future__ import annotations

@@ -90,7 +90,7 @@ def validate(setup: Setup) -> None:
                          "--zero 1 (or Megatron-FSDP's --zero 2 / 3)")
     if setup.overlap_comm and setup.zero not in (1, 2):
         # DeepSpeed 0.19.8 runtime/zero/config.py:384-386 (ZeRO-3 overlaps by default); ZeRO-0 reduces in
-        # engine.allreduce_gradients after the backward (runtime/engine.py:2427-2434), which overlap_comm does not move
+        # engine.allreduce_gradients after the backward (runtime/engine.py:3088-3095), which overlap_comm does not move
         raise SetupError("--overlap-comm overlaps DeepSpeed's ZeRO-1/2 gradient reduction with the backward: it needs "
                          "--zero 1 or 2 (ZeRO-3 overlaps by default)")
     if setup.moe_dispatcher is not None and setup.ep <= 1:

@@ -16,7 +16,7 @@ class DeepSpeedModel(StackModel):
 
     def reduce_behind_backward(self, setup: Setup) -> bool:
         """With overlap_comm (ZeRO-3's default, --overlap-comm at 1/2) on its reduction stream; else on the
-        backward's stream (stage_1_and_2.py:1221-1228) or after the backward (ZeRO-0: engine.py:2427-2434)."""
+        backward's stream (stage_1_and_2.py:1590-1614) or after the backward (ZeRO-0: engine.py:3088-3095)."""
         return overlap_comm(setup)
 
     def clipped_params(self, setup: Setup, trained: float) -> float:
