@@ -161,6 +161,9 @@ def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
     ("run.sh", "torchrun --nproc_per_node 8 -m torchtitan.train --training.local_batch_size x\n",
      "invalid literal for int()"),
     ("mega.sh", "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers $NUM_LAYERS\n", "shell variables"),
+    # Megatron-LM core_v0.16.1 arguments.py:600-601 refuses the gather's overlap without the reduce's
+    ("mega2.sh", "torchrun --nproc_per_node 8 pretrain_gpt.py --use-distributed-optimizer --overlap-param-gather\n",
+     "--overlap-grad-reduce"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, name, text, needle):
     path = tmp_path / name

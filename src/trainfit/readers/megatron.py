@@ -118,6 +118,9 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.skip("--overlap-grad-reduce", False, "more time: without it Megatron reduces the gradients after the "
                                                "backward, where trainfit hides them behind it")
     if a.overlap_param_gather:  # (Megatron-LM refuses it without the distributed optimizer, arguments.py:597-599)
+        if not a.overlap_grad_reduce:  # arguments.py:600-601
+            raise SetupError("--overlap-param-gather without --overlap-grad-reduce: Megatron-LM refuses to start "
+                             "(arguments.py:600-601); add --overlap-grad-reduce")
         r.set("overlap_param_gather", True, "--overlap-param-gather")
     if a.cpu_offloading_num_layers:  # arguments.py:1236-1237: cpu_offloading on with N > 0 (Setup refuses as Megatron)
         r.set("offload_layers", a.cpu_offloading_num_layers, "--cpu-offloading-num-layers")
