@@ -25,14 +25,17 @@ def read_text(relpath: str | Path) -> str:
 @cache
 def write_section(name: str, heading: str, text: str, title: str) -> Path:
     """Replace (or append) the `heading` section ("## ...") of results/<name>, a markdown page several benchmarks
-    share (plan.md: the search speed and the time model), keeping the others' sections."""
+    share (plan.md: the search speed and the time model), keeping the others' sections where they are (a page that
+    does not change with the order its benchmarks ran in)."""
     path = results_dir() / name
     old = path.read_text() if path.exists() else f"{title}\n\n"
-    if heading in old:
-        start = old.index(heading)
-        nxt = old.find("\n## ", start + 1)
-        old = old[:start] + (old[nxt + 1:] if nxt >= 0 else "")
-    path.write_text(old.rstrip() + "\n\n" + text)
+    if heading not in old:
+        path.write_text(old.rstrip() + "\n\n" + text)
+        return path
+    start = old.index(heading)
+    nxt = old.find("\n## ", start + 1)
+    rest = old[nxt + 1:] if nxt >= 0 else ""
+    path.write_text(old[:start] + text.rstrip() + "\n" + ("\n" + rest if rest else ""))
     return path
 
 
