@@ -414,7 +414,7 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
         switches.pop("loss_fusion", None)
     if zero < 1 or lay.dp * lay.cp <= 1:  # no sharded parameters to gather (Megatron-Bridge: data_parallel_size > 1)
         switches.pop("overlap_param_gather", None)
-    if zero not in (1, 2):  # DeepSpeed: ZeRO-3 overlaps by default, ZeRO-0 reduces after the backward
+    if zero not in get_stack(stack).facts.get("overlap_comm", {}).get("choice", ()):  # (DeepSpeed's: ZeRO-1/2)
         switches.pop("overlap_comm", None)
     return switches
 

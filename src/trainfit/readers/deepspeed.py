@@ -64,9 +64,9 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             continue
         if k == "overlap_comm":  # (config.py:384-386: None resolves to stage == 3)
             stage = cfg.zero_optimization_stage
-            if v and stage in (1, 2):
+            if v and stage in facts.fact("overlap_comm", "choice"):
                 r.set("overlap_comm", True, "zero_optimization.overlap_comm")
-            elif stage == 3 and not v:
+            elif stage in facts.fact("overlap_comm", "stages") and not v:
                 r.skip("zero_optimization.overlap_comm", v, "more time: ZeRO-3 then reduces on the backward's stream "
                                                             "(trainfit models its default, overlapped)")
             elif v and stage == 0:

@@ -88,7 +88,7 @@ def validate(setup: Setup) -> None:
         # Megatron-LM core_v0.16.1 arguments.py:597-599: only with the distributed optimizer or Megatron-FSDP
         raise SetupError("--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs "
                          "--zero 1 (or Megatron-FSDP's --zero 2 / 3)")
-    if setup.overlap_comm and setup.zero not in (1, 2):
+    if setup.overlap_comm and setup.zero not in stack.fact("overlap_comm", "choice"):
         # DeepSpeed 0.19.8 runtime/zero/config.py:384-386 (ZeRO-3 overlaps by default); ZeRO-0 reduces in
         # engine.allreduce_gradients after the backward (runtime/engine.py:3088-3095), which overlap_comm does not move
         raise SetupError("--overlap-comm overlaps DeepSpeed's ZeRO-1/2 gradient reduction with the backward: it needs "

@@ -14,7 +14,7 @@ def ds_config(s) -> dict:
     fp16 = s.precision == "fp16-master"  # DeepSpeed's fp16 mode: fp16 weights + fp32 masters
     zero = {"stage": s.zero, "contiguous_gradients": ds.fact("contiguous_gradients"),
             # config.py:384-386: the default DeepSpeed resolves (stage == 3), or --overlap-comm at ZeRO-1/2
-            "overlap_comm": s.zero == 3 or bool(getattr(s, "overlap_comm", False)),
+            "overlap_comm": s.zero in ds.fact("overlap_comm", "stages") or bool(getattr(s, "overlap_comm", False)),
             "reduce_bucket_size": ds.fact("reduce_bucket_size"),
             "allgather_bucket_size": ds.fact("allgather_bucket_size")}
     cfg = {
