@@ -190,3 +190,21 @@ def test_overlap_pairs_each_exchange_with_its_own_compute():
     on = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=4, overlap_moe_comm=True)
     assert exposed_ep_seconds(on, 1.0, 0.9, (0.1, 0.3, 0.2, 0.3)) == pytest.approx((1.0 + 3 * 0.2) / 4)
     assert exposed_ep_seconds(on, 1.0, 0.9) == pytest.approx((1.0 + 3 * 0.1) / 4)
+
+
+def test_overlapped_compute_runs_on_the_sms_the_exchange_leaves():
+    """DeepEP's kernels hold Megatron's moe_deepep_num_sms = 20 SMs (transformer_config.py:722) of the H100's 132 while
+    they run: beside a 0.25 s exchange the 0.3 s stretch does 0.25 x 112/132 of its work, then the rest on all SMs,
+    so the pair takes 0.25 + (0.3 - 0.25 x 112/132) = 0.3379 s: 0.0379 s more than the compute alone, where
+    free SMs would hide the exchange whole. Hand-simulated, over 4 micro-batches (the first and last alone)."""
+    from trainfit.hardware import get_gpu
+
+    on = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=4, overlap_moe_comm=True,
+               moe_dispatcher="deepep")
+    h100 = get_gpu("H100-80GB")
+    pair = 0.25 + (0.3 - 0.25 * 112 / 132) - 0.3
+    assert exposed_ep_seconds(on, 1.0, 1.2, (0.3,) * 4, h100) == pytest.approx((1.0 + 3 * 4 * pair) / 4, rel=1e-9)
+    # an exchange longer than the slowed stretch is the wall time
+    assert exposed_ep_seconds(on, 4.0, 1.2, (0.3,) * 4, h100) == pytest.approx((4.0 + 3 * 4 * 0.7) / 4, rel=1e-9)
+    # without a GPU (no SM data) the old rule: only what outlasts the compute
+    assert exposed_ep_seconds(on, 1.0, 1.2, (0.3,) * 4) == pytest.approx(1.0 / 4)

@@ -162,7 +162,7 @@ def micro_batch_comm(spec: ModelSpec, setup: Setup, links: Links, st: StateBytes
     cp_mb += long_context.a2a_seconds(spec, setup, links, act, comm_n, rerun)  # --ulysses: exposed all-to-alls
     ep_mb = ep_comm_seconds(spec, setup, links, tokens, act, comm_n)
     ep_mb *= 1 + ep_rerun_share(setup)  # --recompute-modules moe: the forward's all-to-alls again (megatron_recompute)
-    ep_mb = exposed_ep_seconds(setup, ep_mb, compute, phases)
+    ep_mb = exposed_ep_seconds(setup, ep_mb, compute, phases, gpu)
     return tp_mb, pp_mb, cp_mb, ep_mb
 
 

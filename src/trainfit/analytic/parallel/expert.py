@@ -34,17 +34,25 @@ mlp_fwd | attn_bwd"), and the stretches wait on each other (the MLP forward on t
 backward on the MLP backward's gradient): a layer takes Σ max(exchange_i, compute_i) over its four pairs
 (host_queue.combined_phases). Exposed per step: A + (m − 1)·Σ max(0, A/4 − P_i) for A the exchanges of one
 micro-batch (four equal ones per layer: dispatch and combine, forward and backward) and P_i the compute beside the
-i-th; A + (m − 1)·max(0, A − C), C the micro-batch's compute, where the op lists give no phases. NB: optimistic —
-the comm kernels' SMs slow the compute they hide behind (not charged), and the exchanges are taken as equal while
-the busiest rank's dispatch waits on its receiving side.
+i-th; A + (m − 1)·max(0, A − C), C the micro-batch's compute, where the op lists give no phases. The exchange's
+kernels hold SMs while they run, so the compute they hide behind runs on the others (analytic/overlap.py: each
+pair takes max(exchange, compute stretched by the held SMs), not max(exchange, compute)): DeepEP's and HybridEP's
+kernels on the SMs Megatron gives them (transformer_config.py:722 moe_deepep_num_sms = 20, :725
+moe_hybridep_num_sms = 16; token_dispatcher.py:1153 set_deepep_num_sms -> fused_a2a.py:258-260 Buffer.set_num_sms,
+:1044-1045 the HybridEP buffer's num_sms_dispatch_api / num_sms_combine_api), an NCCL all-to-all or all-gather on
+its channels (exchange_sms). NB: optimistic — the exchanges are taken as equal while the busiest rank's dispatch
+waits on its receiving side, and their HBM traffic is not charged to the memory-bound kernels beside them; the
+NCCL dispatchers' SMs are the ring's channels, not NCCL's own count for grouped send/receive.
 """
 from __future__ import annotations
 
 from math import comb
 
+from ...hardware import GPU
 from ...setup import Setup
 from ...spec import ModelSpec
 from ..moe_imbalance import busiest_rank_load
+from ..overlap import exposed, nccl_sms
 from ..params import ParamCounts
 from .collectives import Links, ranks_per_node, ring_half
 
@@ -129,15 +137,29 @@ def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     return layers * 4 * busiest * exchange_seconds(spec, setup, links, tokens, act_bytes)
 
 
-def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float, phases: tuple[float, ...] = ()) -> float:
+def exchange_sms(setup: Setup, gpu: GPU) -> int:
+    """The SMs the dispatcher's exchange kernels hold while they run (module doc): DeepEP's and HybridEP's are the
+    stack's setting ([moe] dispatcher_sms), the NCCL dispatchers' NCCL's channels."""
+    how = setup.moe_dispatcher or "alltoall"
+    own = setup.stack_facts.facts.get("moe", {}).get("dispatcher_sms", {})
+    return int(own[how]) if how in own else nccl_sms(gpu)
+
+
+def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float, phases: tuple[float, ...] = (),
+                       gpu: GPU | None = None) -> float:
     """Of one micro-batch's `exchanges` seconds, the part exposed per micro-batch on average over the step's
-    grad_accum micro-batches, each of `compute` seconds (forward + backward): all of it without --overlap-moe-comm,
-    else (A + (m − 1)·L) / m with L what the combined layers leave exposed (module doc): Σ max(0, A/4 − P_i) over
-    the four exchanges each beside its own compute P_i (`phases`: host_queue.combined_phases, summed over the stage's
-    layers), or max(0, A − C) where the op lists do not give the phases."""
+    grad_accum micro-batches, each of `compute` seconds (forward + backward), with the hidden compute's slowdown
+    counted as exposed: all of it without --overlap-moe-comm, else (A + (m − 1)·L) / m with L what the combined
+    layers add (module doc): Σ over the four exchanges, each beside its own compute P_i (`phases`: host_queue.
+    combined_phases, summed over the stage's layers), of what the pair takes beyond P_i, or the same for A beside C
+    where the op lists do not give the phases. Without a `gpu` no SMs are taken (max(0, A/4 − P_i))."""
     m = setup.grad_accum
     if not setup.overlap_moe_comm or m <= 1:
         return exchanges
-    left = (sum(max(0.0, exchanges / len(phases) - p) for p in phases) if phases
-            else max(0.0, exchanges - compute))
+    sms = exchange_sms(setup, gpu) if gpu is not None else 0
+
+    def added(comm: float, beside: float) -> float:
+        return exposed(gpu, comm, beside, sms=sms) if gpu is not None else max(0.0, comm - beside)
+
+    left = (sum(added(exchanges / len(phases), p) for p in phases) if phases else added(exchanges, compute))
     return (exchanges + (m - 1) * left) / m
