@@ -11,11 +11,11 @@ from collections.abc import Callable
 from ..setup import Setup
 from ..spec import ModelSpec
 from ..stacks import PATH_VARIABLE
+from . import memo as memos
 
 MICRO_BATCH = (("batch", 1), ("grad_accum", 1))  # the settings every key here leaves out (at these values)
 _RECENT: list[tuple[Setup, "BatchFree"]] = []  # (setup, its MICRO_BATCH key), the last few: asked per stage and term
 _RECENT_SIZE = 4
-_LIMIT = 8192  # entries per memo: emptied when reached (a search's groups reuse theirs right away)
 
 
 class BatchFree:
@@ -45,19 +45,14 @@ class BatchFree:
             and self.setup.__dict__ == other.setup.__dict__
 
 
-_CACHES: list[dict] = []  # every memo of this module's keys (cache()), emptied by clear()
-
-
 def cache() -> dict:
-    """A new memo, emptied with the others by clear()."""
-    _CACHES.append({})
-    return _CACHES[-1]
+    """A new memo of this module's keys (memo.table: forgotten by compute_time.clear_memos)."""
+    return memos.table()
 
 
 def clear() -> None:
-    """Forget every memoised term (compute_time.clear_memos: a search from a cold start)."""
-    for c in _CACHES:
-        c.clear()
+    """Forget every memoised term (memo.clear: this module's tables and the others) and the recent keys."""
+    memos.clear()
     _RECENT.clear()
 
 
@@ -80,12 +75,7 @@ def batch_free(setup: Setup, fixed: tuple = MICRO_BATCH) -> BatchFree:
         del _RECENT[_RECENT_SIZE:]
     if fixed is MICRO_BATCH:
         return key
-    wider = _WIDER.get((key, fixed))
-    if wider is None:
-        if len(_WIDER) >= _LIMIT:
-            _WIDER.clear()
-        wider = _WIDER[key, fixed] = _interned(BatchFree(key.setup, fixed))
-    return wider
+    return memos.remember(_WIDER, (key, fixed), lambda: _interned(BatchFree(key.setup, fixed)))
 
 
 def _sibling_key(setup: Setup) -> BatchFree | None:
@@ -104,7 +94,7 @@ def _sibling_key(setup: Setup) -> BatchFree | None:
 
 def _interned(key: BatchFree) -> BatchFree:
     """The one object of keys equal to `key` (the memos then find it by identity)."""
-    return _INTERNED.setdefault(key, key) if len(_INTERNED) < _LIMIT else key
+    return _INTERNED.setdefault(key, key) if len(_INTERNED) < memos.LIMIT else key
 
 
 def memo(cache: dict, spec: ModelSpec, setup: Setup, extra: tuple, make: Callable[[], object],
@@ -112,10 +102,4 @@ def memo(cache: dict, spec: ModelSpec, setup: Setup, extra: tuple, make: Callabl
     """make()'s value for (spec, setup without the `fixed` settings, `extra`), made the first time. The spec is keyed
     by identity (a ModelSpec never changes once built; hashing its fields costs more than the lookup): the entry
     holds it, so its id is not reused while the entry lives. Each cache is used with one `fixed`."""
-    key = (id(spec), batch_free(setup, fixed), extra)
-    hit = cache.get(key)
-    if hit is None or hit[0] is not spec:
-        if len(cache) >= _LIMIT:
-            cache.clear()
-        hit = cache[key] = (spec, make())
-    return hit[1]
+    return memos.remember_held(cache, (id(spec), batch_free(setup, fixed), extra), (spec,), make)

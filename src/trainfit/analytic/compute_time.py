@@ -24,7 +24,7 @@ from ..hardware import GPU
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import batch_free, lora_ops, multi_tensor, roofline, torchao_optim
+from . import batch_free, lora_ops, memo, multi_tensor, roofline, torchao_optim
 from .gated_deltanet import linear_layers
 from .host_queue import combined_1f1b, combined_phases, combined_stall, has_sync, sync_stall
 from .grad_clip import clip_work, pass_seconds
@@ -34,8 +34,6 @@ from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_
                   norm_ops, recomputed, shape_of)
 from .ops.loss import metric_losses
 from .params import ParamCounts
-from .parallel.collectives import _LINKS
-from .parallel.tp_overlap import _EXPOSED
 from .precision import StateBytes
 from .stacks import model_for
 from .timing import compute_dtype
@@ -180,17 +178,7 @@ def _layer_lists(spec: ModelSpec, setup: Setup, sh: Shape, moe: bool, linear: bo
     return fwd, bwd, fwd
 
 
-_LAYERS: dict = {}
-
-
-def _memo(cache: dict, key, make):
-    """cache[key], made by make() the first time; the cache emptied when it reaches _CACHE_MAX entries."""
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) >= _CACHE_MAX:
-            cache.clear()
-        hit = cache[key] = make()
-    return hit
+_LAYERS = memo.table()
 
 
 def _prepared(sh: Shape):
@@ -208,7 +196,7 @@ def _timed_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, 
     reads it), ZeRO stage, dp and pipeline layout of a shape."""
     key = ("layer", spec, gpu, sh, moe, linear, block, combined_1f1b(setup), getattr(setup, "cuda_graph_scope", None),
            op_list_setup(setup, recompute=True) if setup.lora_rank else None)
-    return _memo(_LAYERS, key, lambda: _time_layer(spec, setup, gpu, sh, moe, linear, block))
+    return memo.remember(_LAYERS, key, lambda: _time_layer(spec, setup, gpu, sh, moe, linear, block))
 
 
 def _time_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, linear: bool, block: str):
@@ -235,7 +223,7 @@ def _timed_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[Lis
     loss)."""
     key = ("ends", spec, gpu, sh, setup.pp == 1, setup.lora_rank, getattr(setup, "loss", "full"),
            metric_passes(setup))
-    return _memo(_LAYERS, key, lambda: _time_ends(spec, setup, gpu, sh))
+    return memo.remember(_LAYERS, key, lambda: _time_ends(spec, setup, gpu, sh))
 
 
 def _time_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[ListTime, ListTime, ListTime, ListTime]:
@@ -289,7 +277,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     if spec.encdec is not None:  # two stacks, their own lists (encoder_decoder_time.py)
         from .encoder_decoder_time import stage_compute as encdec_stage_compute
         return encdec_stage_compute(spec, setup, gpu, st)
-    sh, layer, sixteen = _memo(_LISTS, (spec, op_list_setup(setup, recompute=True), gpu, st),
+    sh, layer, sixteen = memo.remember(_LISTS, (spec, op_list_setup(setup, recompute=True), gpu, st),
                                lambda: _stage_lists(spec, setup, gpu, st, pc))
     prep = _prepared(sh)
     lf, lb, attn, stall, both, phases, reruns = layer
@@ -334,7 +322,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: P
     return best
 
 
-_LISTS: dict = {}  # _stage_lists' memo: the layers' lists of a setup, whatever its recompute policy
+_LISTS = memo.table()  # _stage_lists' memo: the layers' lists of a setup, whatever its recompute policy
 
 
 def _stage_lists(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts):
@@ -381,8 +369,7 @@ def _rerun_time(spec: ModelSpec, setup: Setup, gpu: GPU, prep, reruns: tuple) ->
     return lr
 
 
-_CACHE: dict = {}
-_CACHE_MAX = 8192  # entries (each a few hundred bytes): the planner's searches stay well within it
+_CACHE = memo.table()
 # Settings the op lists never read beyond what `st` (the state bytes, part of the key) already says: the data-parallel
 # degree and the ZeRO stage only reach stage_compute through state_bytes (precision.fsdp2_mixed_precision, which sets
 # st.param / st.reduce) and the attention kernel's choice (activations.resolved_kernel: st.act, the precision's).
@@ -411,13 +398,8 @@ def op_list_setup(setup: Setup, recompute: bool = False) -> Setup:
 def clear_memos() -> None:
     """Forget every memoised op-list time (stage_compute's, a layer's and the ends' lists', the GEMMs'): after a change
     to the kernel data, or to time a search from a cold start."""
-    _CACHE.clear()
-    _LISTS.clear()
-    _LAYERS.clear()
+    batch_free.clear()  # (every memo.table: stage_compute's, the lists', Links.of's, tp_overlap's, the memory terms')
     _gemm_seconds.cache_clear()
-    _LINKS.clear()  # (Links.of's, of the kernel data's link fractions)
-    _EXPOSED.clear()  # (tp_overlap.layer_seconds': its GEMMs' times)
-    batch_free.clear()  # (the memory terms memoised without the micro-batch: megatron_memory, megatron_activations)
 
 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,
@@ -427,7 +409,7 @@ def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes
     the formulas never read the raw config) and the setup's every setting but NOT_IN_OP_LISTS, so no input is left
     out of the key."""
     key = (spec, op_list_setup(setup), gpu, st, layers)
-    return _memo(_CACHE, key, lambda: stage_compute(spec, setup, gpu, st, pc, layers))
+    return memo.remember(_CACHE, key, lambda: stage_compute(spec, setup, gpu, st, pc, layers))
 
 
 # torch/optim/adam.py _multi_tensor_adam with capturable off (torch 2.13's lines): each op one multi_tensor_apply

@@ -26,6 +26,7 @@ from . import te_recipes
 from ..low_precision import recipe
 from .params import ParamCounts
 from .batch_free import MICRO_BATCH, batch_free, cache, memo
+from .memo import remember
 from .grad_clip import clip_work
 from .moe_imbalance import busiest_rank_load
 from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
@@ -285,12 +286,7 @@ def _core_only(setup: Setup) -> Setup:
         return _cut_to_core(setup)
     if _LAST_CORE[0] is setup:
         return _LAST_CORE[1]
-    key = batch_free(setup)
-    one = _CORES.get(key)
-    if one is None:
-        if len(_CORES) >= 8192:
-            _CORES.clear()
-        one = _CORES[key] = _cut_to_core(setup.with_micro_batches(1))
+    one = remember(_CORES, batch_free(setup), lambda: _cut_to_core(setup.with_micro_batches(1)))
     got = one.with_micro_batches(setup.batch, setup.grad_accum)
     _LAST_CORE = (setup, got)
     return got

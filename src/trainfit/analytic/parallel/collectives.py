@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ...hardware import GPU
+from ..memo import remember_held, table
 from ..roofline import kernels_for
 
 US = 1e-6
@@ -60,7 +61,7 @@ def ranks_per_node(stride: int, size: int, gpus_per_node: int) -> int:
     return max(1, min(size, gpus_per_node // max(1, stride)))
 
 
-_LINKS: dict = {}  # id(gpu) -> (gpu, Links.of(gpu))
+_LINKS = table()  # Links.of's memo: id(gpu) -> ((gpu,), its Links)
 
 
 def _log2i(x: int) -> int:
@@ -85,14 +86,7 @@ class Links(NamedTuple):
         """`gpu`'s links; memoised on the GPU object (a GPU never changes once built: frozen), not on its equality,
         which leaves out its cluster (GPU.cluster: compare=False); the entry holds the GPU, so its id is not reused
         while it lives. Cleared with the op-list memos (compute_time.clear_memos)."""
-        hit = _LINKS.get(id(gpu))
-        if hit is not None and hit[0] is gpu:
-            return hit[1]
-        links = cls._of(gpu)
-        if len(_LINKS) >= 64:  # bounded: a process sees a few GPUs
-            _LINKS.clear()
-        _LINKS[id(gpu)] = (gpu, links)
-        return links
+        return remember_held(_LINKS, id(gpu), (gpu,), lambda: cls._of(gpu), limit=64)  # a process sees a few GPUs
 
     @classmethod
     def _of(cls, gpu: GPU) -> "Links":

@@ -32,6 +32,7 @@ from ...hardware import GPU
 from ...low_precision import RECIPES
 from ...spec import ModelSpec
 from .. import roofline
+from ..memo import remember_held, table
 from ..timing import compute_dtype
 from .collectives import Links
 
@@ -55,7 +56,7 @@ def _gemm_dtype(setup) -> str:
     return RECIPES[lp].peak if lp in RECIPES else compute_dtype(setup)
 
 
-_EXPOSED: dict = {}  # layer_seconds' memo (emptied by compute_time.clear_memos: it reads the kernel data)
+_EXPOSED = table()  # layer_seconds' memo (it reads the kernel data: forgotten by compute_time.clear_memos)
 
 
 def layer_seconds(spec: ModelSpec, setup, gpu: GPU, links: Links, tokens: float, act_bytes: float,
@@ -69,13 +70,8 @@ def layer_seconds(spec: ModelSpec, setup, gpu: GPU, links: Links, tokens: float,
     hidden, bulk = hidden_collectives(setup)
     dtype = _gemm_dtype(setup)
     key = (id(spec), id(gpu), links, tokens, act_bytes, gathers, rerun, setup.tp, hidden, bulk, dtype)
-    hit = _EXPOSED.get(key)
-    if hit is None or hit[0] is not spec or hit[1] is not gpu:
-        if len(_EXPOSED) >= 8192:
-            _EXPOSED.clear()
-        hit = _EXPOSED[key] = (spec, gpu, _layer_seconds(spec, setup.tp, gpu, links, tokens, act_bytes, gathers,
-                                                         rerun, hidden, bulk, dtype))
-    return hit[2]
+    return remember_held(_EXPOSED, key, (spec, gpu), lambda: _layer_seconds(
+        spec, setup.tp, gpu, links, tokens, act_bytes, gathers, rerun, hidden, bulk, dtype))
 
 
 def _layer_seconds(spec: ModelSpec, t: int, gpu: GPU, links: Links, tokens: float, act_bytes: float,
