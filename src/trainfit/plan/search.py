@@ -346,6 +346,15 @@ REFINED: tuple[tuple[str, tuple], ...] = (
 REFINE_POOL = 4
 
 
+def timed_settings() -> tuple[str, ...]:
+    """The settings the search turns on that change the step time, not the table's columns: every stack's [plan]
+    switches and REFINED (report/plan.py prints them per plan)."""
+    from ..stacks import get_stack, names
+
+    switched = {k: None for name in names() for k in get_stack(name).facts.get("plan", {}).get("switches", {})}
+    return tuple({**{k: None for k, _ in REFINED}, **switched})
+
+
 def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict) -> list[tuple]:
     """Each ranked plan ((rank, (setup, time))) with the REFINED settings its stack runs (stacks/*.toml [parallel]
     axes) tried one at a time and together, each as `trainfit estimate` would take it (Setup's checks and the stack's

@@ -8,7 +8,8 @@ from .json_out import dumps  # noqa: F401  (re-exported for the command)
 from ..analytic.terms import time_terms
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..plan import knobs
-from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult
+from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult, timed_settings
+from ..setup.settings import BY_NAME
 
 
 def layout_text(s) -> str:
@@ -64,11 +65,8 @@ def plan_dict(r: PlanResult) -> dict:
 
 def run_flags(s) -> str:
     """The flags beyond the table's columns a plan's setup runs with, as `trainfit estimate` takes them: its memory
-    knobs (plan/knobs.py) and the communication settings the search turns on (plan/search.py)."""
-    timed = [f"--moe-dispatcher {s.moe_dispatcher}" if s.moe_dispatcher else "",
-             "--overlap-moe-comm" if s.overlap_moe_comm else "", "--tp-comm-overlap" if s.tp_comm_overlap else "",
-             "--overlap-param-gather" if s.overlap_param_gather else "", "--overlap-comm" if s.overlap_comm else "",
-             f"--loss-fusion {s.loss_fusion}" if s.loss_fusion != "none" else ""]
+    knobs (plan/knobs.py) and the communication settings the search turns on (plan/search.py timed_settings)."""
+    timed = [BY_NAME[name].as_flag(getattr(s, name)) for name in timed_settings()]
     return " ".join(x for x in (knobs.setup_flags(s), *timed) if x)
 
 

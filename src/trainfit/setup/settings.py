@@ -805,6 +805,12 @@ class Setting:
     def request_default(self) -> Any:
         return None if self.meta.auto else self.default
 
+    def as_flag(self, value) -> str:
+        """The CLI text that sets `value` ("" at the default; a switch by its flag alone)."""
+        if value == self.default:
+            return ""
+        return self.flag if value is True else f"{self.flag} {value}"
+
 
 def _base_type(annotation) -> type:
     t = eval(annotation, {"Optional": Optional}) if isinstance(annotation, str) else annotation  # postponed annotations
