@@ -283,9 +283,6 @@ MBRIDGE_RECIPES = {"25.11": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/tree
                    "26.04.01": "https://github.com/NVIDIA-NeMo/Megatron-Bridge/tree/"
                                "c810129341a84e58f4cbed3093f70668a088c028/scripts/performance (v0.4.2)"}
 
-# GPUs named by runs here that src/trainfit/data/gpus.json is being extended with; until an entry lands, the run's
-# row reads "not expressible" (tests/bench/test_lowp_runs.py accepts these names beside the catalog's).
-NEW_GPUS = ("GB200", "MI325X", "MI355X")
 
 # torchao's benchmark job (AO_TRAINING "e2e training benchmarks"; benchmarks/float8/training/llama3.sh at 36027d82):
 # torchtitan's llama3_8b.toml (Llama 3 8B, seq 8192, FSDP over the 8 GPUs, per-op SAC) with --training.local-batch-size

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 
-from bench.targets.time_runs import (LOWP_CALIBRATION, LOWP_VALIDATION, MPT, MPT_VOCAB, NEW_GPUS, RUNS,  # noqa: E402
+from bench.targets.time_runs import (LOWP_CALIBRATION, LOWP_VALIDATION, MPT, MPT_VOCAB, RUNS,  # noqa: E402
                                      SKIPPED, gpus, published_step)
 
 from trainfit.errors import SetupError  # noqa: E402
@@ -27,8 +27,7 @@ def test_run_is_complete_and_valid(run):
         assert run[key], f"{run['id']}: empty {key}"
     assert "http" in run["source"] or "arxiv" in run["source"]
     assert run["published"] > 0
-    if run["gpu"] not in NEW_GPUS:
-        get_gpu(run["gpu"])  # a catalog GPU (raises otherwise)
+    get_gpu(run["gpu"])  # a catalog GPU (raises otherwise)
     try:
         Setup(**run["setup"])  # validates every field and their combination
     except SetupError:  # a low-precision run this checkout refuses: its table reports it as not expressible
