@@ -53,6 +53,12 @@ _BWD = {
     "mxfp8": (Cast("dy", "dy", "T", 1), Cast("wT", "w", "k", 1, dim1=True), Cast("dyT", "dy", "n", 1, dim1=True),
               Cast("xT", "x", "k", 1, dim1=True)),
 }
+# the backward GEMMs whose output torchao rescales itself: rowwise's dgrad and wgrad run without fast accumulation
+# (float8/config.py:215-217 at torchao v0.18.0: only gemm_config_output sets use_fast_accum), and there
+# addmm_float8_unwrapped calls cuBLAS's tensorwise _scaled_mm with unit scales and multiplies the output by the
+# outer product of the two row scales afterwards (float8_ops.py:53-57, :84-85: "the rowwise CUTLASS-based kernel is
+# so slow without fast-accum"); rowwise_with_gw_hp's dgrad has a tensorwise weight (no axiswise pair: no rescale)
+_RESCALED = {"rowwise": ("dgrad", "wgrad")}
 # the GEMMs that run in the recipe's format: (forward, dgrad, wgrad)
 LOW_GEMMS = {"tensorwise": (True, True, True), "rowwise": (True, True, True),
               "rowwise_with_gw_hp": (True, True, False), "mxfp8": (True, True, True), "nvfp4": (True, True, True)}
@@ -127,6 +133,28 @@ def backward_extra(fwd: list[Op], sh: Shape) -> list[Op]:
             out += [o for c in _BWD[r.name] for o in _cast_ops(g.name, c, elements[c.operand],
                                                                d[c.rows] if c.rows else 1, b[c.operand], r, sh, src,
                                                                True)]
+            out += _rescales(g, r, sh)
+    return out
+
+
+def _rescales(g: Op, r: Recipe, sh: Shape) -> list[Op]:
+    """The rescale of each backward GEMM output torchao scales after the GEMM (_RESCALED): the dgrad's T·k input
+    gradient (activation dtype) and the wgrad's k·n weight gradient (the weight's dtype). Compiled, inductor fuses
+    the scales' outer product into the multiply: one kernel reading and writing the output ("at least one extra
+    triton kernel per GEMM ... just for the rescaling": pytorch/ao#2184). Eager, the outer product is an fp32 tensor
+    of the output's shape, then the in-place multiply reads both. NB: where inductor fuses the multiply into a
+    pointwise consumer of the output it costs less (errs slow by up to that consumer's read)."""
+    src = "torchao float8/float8_ops.py:53-57, :84-85 (addmm_float8_unwrapped: output *= post_inverse_scale)"
+    d = _dims(g)
+    sizes = {"dgrad": (d["T"] * g.k, sh.act), "wgrad": (g.k * g.n * g.batch, sh.weight)}
+    out = []
+    for which in _RESCALED.get(r.name, ()):
+        n, nbytes = sizes[which]
+        if sh.compile:
+            out.append(memory(f"{g.name}.rescale_{which}", n * nbytes, n * nbytes, src, saves=False))
+        else:
+            out += [memory(f"{g.name}.rescale_scales_{which}", 0.0, n * FP32, src, saves=False),
+                    memory(f"{g.name}.rescale_{which}", n * (nbytes + FP32), n * nbytes, src, saves=False)]
     return out
 
 
