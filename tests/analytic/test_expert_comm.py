@@ -208,3 +208,37 @@ def test_overlapped_compute_runs_on_the_sms_the_exchange_leaves():
     assert exposed_ep_seconds(on, 4.0, 1.2, (0.3,) * 4, h100) == pytest.approx((4.0 + 3 * 4 * 0.7) / 4, rel=1e-9)
     # without a GPU (no SM data) the old rule: only what outlasts the compute
     assert exposed_ep_seconds(on, 1.0, 1.2, (0.3,) * 4) == pytest.approx(1.0 / 4)
+
+
+def test_the_dispatcher_sms_setting_takes_more_from_the_hidden_compute():
+    """--moe-dispatcher-sms 32 (Megatron-Bridge's HybridEP override, scripts/performance/utils/helpers.py:111-113)
+    leaves 100 of the H100's 132 SMs to the stretch beside each exchange: 0.25 s of exchange then costs the 0.3 s
+    stretch 0.25 x 32/132 more, against 16/132 at HybridEP's default (transformer_config.py:725)."""
+    from trainfit.hardware import get_gpu
+
+    h100 = get_gpu("H100-80GB")
+    base = dict(stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=4, overlap_moe_comm=True,
+                moe_dispatcher="hybridep")
+    for sms, s in ((16, Setup(**base)), (32, Setup(**base, moe_dispatcher_sms=32))):
+        pair = 0.25 * sms / 132
+        assert exposed_ep_seconds(s, 1.0, 1.2, (0.3,) * 4, h100) == pytest.approx((1.0 + 3 * 4 * pair) / 4, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(moe_dispatcher="alltoall"), "needs --moe-dispatcher deepep or hybridep"),
+    (dict(moe_dispatcher="deepep", stack="torchtitan", precision="amp-bf16", zero=3), "not run by --stack torchtitan"),
+])
+def test_dispatcher_sms_is_refused_where_it_means_nothing(kw, words):
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match=words):
+        Setup(**{**dict(stack="megatron", precision="bf16-master", dp=8, ep=8, moe_dispatcher_sms=24), **kw})
+
+
+def test_dispatcher_sms_must_leave_the_gpu_some():
+    import trainfit
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match="H100-80GB has 132 SMs"):
+        trainfit.estimate("qwen3-30b-a3b", stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=2,
+                          moe_dispatcher="deepep", moe_dispatcher_sms=132, gpu="H100-80GB")

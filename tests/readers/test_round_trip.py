@@ -20,7 +20,7 @@ MEGATRON = ("stack", "batch", "seq", "grad_accum", "dp", "tp", "pp", "cp", "vpp"
             "precision", "sequence_parallel", "tp_comm_overlap", "offload_layers", "loss_fusion", "grad_clip_norm",
             "overlap_param_gather")
 LOW = ("low_precision", "mx_scale", "fp8_all_gather", "bf16_first_layers", "bf16_last_layers")
-MOE = ("ep", "etp", "moe_dispatcher", "overlap_moe_comm")
+MOE = ("ep", "etp", "moe_dispatcher", "moe_dispatcher_sms", "overlap_moe_comm")
 DEEPSPEED = ("stack", "batch", "grad_accum", "dp", "zero", "precision", "grad_clip_norm", "offload", "recompute",
              "overlap_comm")
 ACCELERATE = ("stack", "dp", "zero", "recompute", "precision", "offload")
@@ -57,6 +57,9 @@ CASES = [
                                                    dp=8, ep=4, tp=2, pp=2, zero=1, grad_accum=4, recompute="full",
                                                    sequence_parallel=True, moe_dispatcher="alltoall",
                                                    low_precision="blockwise", fp8_all_gather=True)),
+    ("megatron", ".sh", MEGATRON + MOE, dict(model="qwen3-30b-a3b", stack="megatron", precision="bf16-master", dp=16,
+                                             ep=16, zero=1, grad_accum=8, recompute="selective",
+                                             moe_dispatcher="hybridep", moe_dispatcher_sms=32, overlap_moe_comm=True)),
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="bf16-master", batch=2, grad_accum=4, dp=8,
                                            zero=3, recompute="full")),
     ("deepspeed", ".json", DEEPSPEED, dict(stack="deepspeed", precision="fp32", batch=1, dp=4, zero=1)),

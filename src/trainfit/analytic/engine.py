@@ -30,7 +30,7 @@ from .grad_segments import gradient_segments
 from .memory import TrainMemory, train_memory
 from . import lora
 from .params import count_params
-from .parallel import fsdp1
+from .parallel import expert, fsdp1
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
 from .parallel import deepspeed_offload, fsdp_offload
 from .precision import fsdp2_mixed_precision, fsdp_policy_on, policy_dtype, state_bytes
@@ -280,6 +280,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         # (--mode infer times its decode step op by op under --mfu too)
         check_modelled(spec, kernels=gpu is not None and (mfu is None or setup.mode == "infer"))
     float8.check_gpu(setup, gpu)
+    expert.check_gpu(setup, gpu)
     nvfp4.check(spec, setup, gpu)  # torchao's NVFP4 kernels: every GEMM dim a multiple of 128
     pc = count_params(spec)
     if setup.mode == "infer":

@@ -67,6 +67,8 @@ def _moe_dispatcher(s: Setup) -> list[str]:
     how = s.moe_dispatcher or "alltoall"
     out = ["--moe-token-dispatcher-type", how] if how in ("alltoall", "allgather") else \
         ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", how]
+    if s.moe_dispatcher_sms:  # TransformerConfig.moe_deepep_num_sms / moe_hybridep_num_sms (:722, :725)
+        out += [f"--moe-{how}-num-sms", str(s.moe_dispatcher_sms)]
     return out + (["--overlap-moe-expert-parallel-comm"] if s.overlap_moe_comm else [])
 
 

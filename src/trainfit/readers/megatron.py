@@ -23,7 +23,7 @@ INT_FLAGS = ("num-layers", "hidden-size", "num-attention-heads", "kv-channels", 
              "expert-model-parallel-size", "moe-shared-expert-intermediate-size", "expert-tensor-parallel-size",
              "moe-router-num-groups", "moe-router-group-topk", "mtp-num-layers", "recompute-num-layers",
              "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", "train-iters", "train-samples",
-             "vocab-size", "cpu-offloading-num-layers")
+             "vocab-size", "cpu-offloading-num-layers", "moe-deepep-num-sms", "moe-hybridep-num-sms")
 STR_FLAGS = ("pipeline-model-parallel-layout", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend",
              "data-parallel-sharding-strategy", "ckpt-format", "recompute-granularity", "recompute-method",
              "cuda-graph-impl", "fp8-format", "fp8-recipe", "fp4-format", "fp4-recipe", "tokenizer-type",
@@ -147,6 +147,16 @@ def _settings(a, r: Reading, world: int | None) -> None:
             r.set("etp", a.expert_tensor_parallel_size, "--expert-tensor-parallel-size")
         how = a.moe_token_dispatcher_type or "allgather"  # Megatron-LM's own default (transformer_config.py:675)
         r.set("moe_dispatcher", a.moe_flex_dispatcher_backend if how == "flex" else how, "--moe-token-dispatcher-type")
+        # TransformerConfig.moe_deepep_num_sms / moe_hybridep_num_sms, flags through arguments.py:1621's
+        # ArgumentGroupFactory(TransformerConfig) (transformer_config.py:722, 725); each read by its own backend
+        for backend in ("deepep", "hybridep"):
+            n = getattr(a, f"moe_{backend}_num_sms")
+            if n is None:
+                continue
+            if how == "flex" and a.moe_flex_dispatcher_backend == backend:
+                r.set("moe_dispatcher_sms", n, f"--moe-{backend}-num-sms")
+            else:
+                r.skip(f"--moe-{backend}-num-sms", n, f"no effect: the dispatcher is not {backend}")
         if a.overlap_moe_expert_parallel_comm:
             r.set("overlap_moe_comm", True, "--overlap-moe-expert-parallel-comm")
         if a.moe_router_force_load_balancing:

@@ -62,8 +62,8 @@ def validate(setup: Setup) -> None:
     if setup.loss_fusion != "none" and not stack.runs("cross-entropy-fusion"):
         raise SetupError(f"--loss-fusion is Megatron's fused cross-entropy (--cross-entropy-loss-fusion), modelled on "
                          f"--stack {_runners('cross-entropy-fusion')}; --stack {stack.name} does not run it")
-    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "overlap_moe_comm",
-                 "tp_comm_overlap", "overlap_param_gather", "overlap_comm", "cuda_graph_scope"):
+    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "moe_dispatcher_sms",
+                 "overlap_moe_comm", "tp_comm_overlap", "overlap_param_gather", "overlap_comm", "cuda_graph_scope"):
         # the axes a stack may run (stacks/*.toml); a switch left off asks for nothing
         if getattr(setup, name, None) is False:
             continue
@@ -96,6 +96,9 @@ def validate(setup: Setup) -> None:
     if setup.moe_dispatcher is not None and setup.ep <= 1:
         raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
                          "ranks: it needs --ep > 1")
+    if setup.moe_dispatcher_sms is not None and setup.moe_dispatcher not in ("deepep", "hybridep"):
+        raise SetupError("--moe-dispatcher-sms sets the SMs of the deepep / hybridep dispatcher's kernels: it needs "
+                         "--moe-dispatcher deepep or hybridep")
     if setup.vpp > 1 and setup.pp == 1:
         raise SetupError("--vpp interleaves model chunks over pipeline stages: it needs --pp > 1")
     if setup.pp_split != "even" and setup.pp == 1:

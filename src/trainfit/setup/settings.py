@@ -178,6 +178,12 @@ class Setup:
                                      "forward of one micro-batch beside the backward of another); needs --ep > 1, "
                                      "--grad-accum > 1 to hide anything.", modes=("train",),
                                      aliases=("--overlap-moe-expert-parallel-comm",), group="parallel")
+    moe_dispatcher_sms: Optional[int] = setting(None, "SMs the deepep / hybridep dispatcher's kernels run on "
+                                                "(Megatron's --moe-deepep-num-sms, --moe-hybridep-num-sms): under "
+                                                "--overlap-moe-comm the compute hidden beside an exchange runs on the "
+                                                "others.", minimum=1, maximum=1024, modes=("train",),
+                                                auto="Megatron-Core's: 20 for deepep, 16 for hybridep", example="32",
+                                                group="parallel")
     overlap_param_gather: bool = setting(False, "Megatron's --overlap-param-gather: the distributed optimizer's "
                                          "parameter all-gather is dispatched bucket by bucket as the next step's "
                                          "first forward reaches each bucket's modules, hidden behind that forward "

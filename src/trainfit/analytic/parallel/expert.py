@@ -138,11 +138,24 @@ def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
 
 
 def exchange_sms(setup: Setup, gpu: GPU) -> int:
-    """The SMs the dispatcher's exchange kernels hold while they run (module doc): DeepEP's and HybridEP's are the
-    stack's setting ([moe] dispatcher_sms), the NCCL dispatchers' NCCL's channels."""
+    """The SMs the dispatcher's exchange kernels hold while they run (module doc): DeepEP's and HybridEP's are
+    --moe-dispatcher-sms, else the stack's default ([moe] dispatcher_sms); the NCCL dispatchers' NCCL's channels."""
     how = setup.moe_dispatcher or "alltoall"
     own = setup.stack_facts.facts.get("moe", {}).get("dispatcher_sms", {})
-    return int(own[how]) if how in own else nccl_sms(gpu)
+    if how not in own:
+        return nccl_sms(gpu)
+    return int(setup.moe_dispatcher_sms or own[how])
+
+
+def check_gpu(setup: Setup, gpu: GPU | None) -> None:
+    """--moe-dispatcher-sms must leave the GPU SMs to compute on (kernels.toml sms)."""
+    from ...errors import SetupError
+    from ..roofline import kernels_for
+
+    n = getattr(setup, "moe_dispatcher_sms", None)
+    if n and gpu is not None and n >= kernels_for(gpu).sms:
+        raise SetupError(f"--moe-dispatcher-sms {n}: {gpu.name} has {kernels_for(gpu).sms} SMs; give the dispatcher "
+                         f"fewer (Megatron's default: 20 for deepep, 16 for hybridep)")
 
 
 def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float, phases: tuple[float, ...] = (),
