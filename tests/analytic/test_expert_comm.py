@@ -242,3 +242,17 @@ def test_dispatcher_sms_must_leave_the_gpu_some():
     with pytest.raises(SetupError, match="H100-80GB has 132 SMs"):
         trainfit.estimate("qwen3-30b-a3b", stack="megatron", precision="bf16-master", dp=8, ep=8, grad_accum=2,
                           moe_dispatcher="deepep", moe_dispatcher_sms=132, gpu="H100-80GB")
+
+
+def test_nccl_all_to_all_holds_the_p2p_channels():
+    """NCCL runs the all-to-all dispatcher's grouped send/receive on its p2p channels, the ring's count rounded up
+    to a power of two (ncclTopoComputeP2pChannels, quoted in NVIDIA/nccl#1198): 24 ring channels on an NVSwitch
+    H100 node (tests/test_overheads.py) -> 32 p2p; the all-gather dispatcher's collective keeps the ring's 24."""
+    from trainfit.analytic.parallel.expert import exchange_sms
+    from trainfit.hardware import get_gpu
+
+    h100 = get_gpu("H100-80GB")
+    base = dict(stack="megatron", precision="bf16-master", dp=8, ep=8)
+    assert exchange_sms(Setup(**base, moe_dispatcher="alltoall"), h100) == 32
+    assert exchange_sms(Setup(**base), h100) == 32  # the default dispatcher is alltoall
+    assert exchange_sms(Setup(**base, moe_dispatcher="allgather"), h100) == 24

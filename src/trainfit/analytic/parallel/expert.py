@@ -40,9 +40,12 @@ pair takes max(exchange, compute stretched by the held SMs), not max(exchange, c
 kernels on the SMs Megatron gives them (transformer_config.py:722 moe_deepep_num_sms = 20, :725
 moe_hybridep_num_sms = 16; token_dispatcher.py:1153 set_deepep_num_sms -> fused_a2a.py:258-260 Buffer.set_num_sms,
 :1044-1045 the HybridEP buffer's num_sms_dispatch_api / num_sms_combine_api), an NCCL all-to-all or all-gather on
-its channels (exchange_sms). NB: optimistic — the exchanges are taken as equal while the busiest rank's dispatch
-waits on its receiving side, and their HBM traffic is not charged to the memory-bound kernels beside them; the
-NCCL dispatchers' SMs are the ring's channels, not NCCL's own count for grouped send/receive.
+its channels (exchange_sms): the all-gather dispatcher's collective on the ring's, the all-to-all's grouped
+send/receive on NCCL's p2p channels, the ring's count rounded up to a power of two (NCCL src/graph/paths.cc
+ncclTopoComputeP2pChannels, quoted in NVIDIA/nccl#1198: p2pnChannels = nextPow2(min(nChannels, MaxP2pNChannels));
+NCCL_DEBUG logs print "16 coll channels, ... 16 p2p channels" on H800, nccl#892, "8 coll ... 8 p2p" on H20,
+nccl#1189). NB: optimistic — the exchanges are taken as equal while the busiest rank's dispatch waits on its
+receiving side, and their HBM traffic is not charged to the memory-bound kernels beside them.
 """
 from __future__ import annotations
 
@@ -139,12 +142,14 @@ def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
 
 def exchange_sms(setup: Setup, gpu: GPU) -> int:
     """The SMs the dispatcher's exchange kernels hold while they run (module doc): DeepEP's and HybridEP's are
-    --moe-dispatcher-sms, else the stack's default ([moe] dispatcher_sms); the NCCL dispatchers' NCCL's channels."""
+    --moe-dispatcher-sms, else the stack's default ([moe] dispatcher_sms); the NCCL dispatchers' NCCL's channels
+    (the all-to-all's p2p channels, the all-gather's ring channels)."""
     how = setup.moe_dispatcher or "alltoall"
     own = setup.stack_facts.facts.get("moe", {}).get("dispatcher_sms", {})
-    if how not in own:
-        return nccl_sms(gpu)
-    return int(setup.moe_dispatcher_sms or own[how])
+    if how in own:
+        return int(setup.moe_dispatcher_sms or own[how])
+    ring = nccl_sms(gpu)
+    return 1 << (ring - 1).bit_length() if how == "alltoall" and ring > 0 else ring  # p2p: nextPow2 (module doc)
 
 
 def check_gpu(setup: Setup, gpu: GPU | None) -> None:
