@@ -160,8 +160,15 @@ def test_device_total_is_reserved_plus_overheads_and_fits_on_it():
     # copy-in stream: each kind's bf16 all-gather output + the largest kind's bf16 shard cast (1/8)
     copy_in = seg(525_336_576 * 2) + seg(218_112_000 * 2) + seg(525_340_672 * 2) + seg(525_340_672 * 2 // 8)
     assert copy_in == 501 * 2 * MiB + 209 * 2 * MiB + 502 * 2 * MiB + 63 * 2 * MiB
-    # compute stream: the embedding's and the output weight's unsharded bf16 copies, resharded before the peak
-    copy_out = 2 * seg(525_336_576 * 2)
+    # compute stream: the embedding's unsharded bf16 copy, resharded after the forward; the peak is the loss's
+    # backward (the fp32 logits' gradient beside the saved log-softmax), before [norm, output]'s backward, so the
+    # output weight's copy is still live and in the peak (the allocator simulator at this step: one ~1 GiB free
+    # block on the compute stream, the embedding's)
+    from trainfit.analytic.memory import train_memory
+
+    tm = train_memory(spec, e.setup)
+    assert tm.peak == m.peak == tm.detail["loss_backward_allocated"]
+    copy_out = seg(525_336_576 * 2)
     # reduce-scatter stream: every group's fp32 gradient shard; none is counted by the peak (it comes in backward,
     # before the gradients exist: at_peak has none)
     assert m.at_peak.get("gradients", 0) == 0

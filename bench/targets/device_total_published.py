@@ -47,8 +47,8 @@ def c2() -> tuple[list[str], float, float]:
             f"GiB; reserved {m.reserved / GiB:.2f} GiB ({(m.reserved / GiB - pub) / pub:+.1%}); device total "
             f"{m.device_total / GiB:.2f} GiB ({(m.device_total / GiB - pub) / pub:+.1%}) | the reserved gap "
             f"({pub - m.reserved / GiB:+.1f} GiB): the analytic engine keeps one cached block (the fp32 logits) and "
-            f"FSDP2's side-stream blocks (all-gather outputs, gradient shards) and the unsharded embedding and output "
-            f"copies; judged {'fits' if e.time.fits else 'does not fit'} "
+            f"FSDP2's side-stream blocks (all-gather outputs, gradient shards) and the unsharded embedding's copy (the "
+            f"output weight's is live at the loss backward's peak); judged {'fits' if e.time.fits else 'does not fit'} "
             f"(it ran) |"]
     # the trace engine's allocation stream through the allocator simulator (~80 s)
     t = trainfit.estimate("llama-3.1-8b", stack="torchtitan", recompute="op", dp=8, zero=3, batch=2, seq=8192,

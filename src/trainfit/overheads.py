@@ -191,8 +191,8 @@ def reserved_from_allocated(peak: int, transient: int = 0, side_streams: int = 0
       reduce-scatter streams, analytic.engine.fsdp2_side_streams): a block freed on one stream serves only that
       stream (get_free_block searches the pool keyed by (stream, size)).
     Against the simulator (trainfit.alloc) replaying the trace of 23 setups (bench/results/alloc_fragmentation.md,
-    the analytic peak in; rerun 2026-11-27): −16.6 % to +3.9 %, mean −3.8 %; the 18 with a peak >= 1 GiB −12.1 % to
-    +3.9 %, mean −2.5 %, 14 of them within ±5 % (C2, torchtitan Llama-3.1-8B FSDP 8: +0.9 % of the published 82.4
+    the analytic peak in; rerun 2026-11-30): −16.6 % to +3.9 %, mean −3.8 %; the 18 with a peak >= 1 GiB −12.1 % to
+    +3.9 %, mean −2.5 %, 14 of them within ±5 % (C2, torchtitan Llama-3.1-8B FSDP 8: −0.3 % of the published 82.4
     GiB, bench/targets/device_total_published.py). NB: mostly low, by blocks no rule here counts: pythia-1b −12.1 % (freed
     autocast weight casts, too small for the fp32 gradients made after them), torchtitan FSDP2 at 1024 tokens
     −6.2 %, gpt2 b1 s256 −6.0 %, gpt2 full recompute −5.7 %, sub-GiB steps −8 to −17 % (2-20 MiB segment slack of

@@ -65,9 +65,11 @@ def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -
     _fsdp_collectives.py:597-601). NB: Megatron and DeepSpeed keep gradients in preallocated buffers: only the
     tied partial is counted there. NB (reads high at one long sequence per GPU): torchtitan Llama-3.1-8B FSDP 8,
     op SAC, eager, 1 x 8192 tokens, H100: the allocator simulator replaying the trace keeps 2.36 GiB on the compute
-    stream beside the 39.60 GiB peak where this block (3.91) and the FSDP2 copy-out blocks (1.96) count 5.87; its
-    side streams agree (6.30 vs 6.29); 48.31 vs 51.83 GiB reserved. At 2 x 8192 (C2) 8.87 vs 9.79 (82.17 vs 83.08
-    GiB, published 82.4)."""
+    stream beside the 39.60 GiB peak (the loss backward's), where this block (3.91) and the embedding's FSDP2
+    copy-out block (0.98) count 4.89: there the loss backward's fp32 gradient takes this very block, and what stays
+    free is the embedding's block and fragments; its side streams agree (6.30 vs 6.29); 48.25 vs 50.79 GiB reserved.
+    At 2 x 8192 (C2) the fragments are 8.87 GiB (~100 MiB blocks) against 8.81 counted (82.17 vs 82.10 GiB,
+    published 82.4): this block stands in for them, right at C2's shape only."""
     if setup.mode != "train" or setup.device != "cuda":
         return []
     st = state_bytes(setup)
@@ -193,12 +195,18 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
     # FSDP1: no all-gather output beside the unsharded flat parameters (parallel/fsdp1.py)
     copy_in = fsdp1.side_stream_blocks(kinds, st, setup) if fsdp1.runs_fsdp1(setup) else \
         side_stream_blocks(kinds, st, setup)
-    # compute stream: torchtitan reshards the embedding after forward and [norm, output] after its backward, both
-    # before a block's backward peak; their unsharded parameters' blocks (copy-out targets, param_dtype,
-    # _fsdp_param.py:616-627 alloc_storage, per parameter) stay cached, larger than any block request after them.
+    # compute stream: torchtitan reshards the embedding after forward and [norm, output] after its backward; their
+    # unsharded parameters' blocks (copy-out targets, param_dtype, _fsdp_param.py:616-627 alloc_storage, per
+    # parameter) stay cached, larger than any block request after them, beside a peak that comes later. A peak at the
+    # loss's backward (memory.py detail loss_backward_allocated) comes before the head's backward: the output weight
+    # is then still unsharded and counted in the peak itself, only the embedding's block is beside it (the allocator
+    # simulator replaying torchtitan Llama-3.1-8B, FSDP 8, op SAC at 1 and 2 x 8192 tokens: the largest free block
+    # on the compute stream at that peak is the embedding's, 0.92-1.44 GiB, and no second one of the output's size).
     # NB: counts the embedding's and the output weight's blocks only (norms are small-pool bytes).
     p = st.param or st.weight
-    copy_out = (overheads.held_segments(((pc.embedding / t * first * p, 1), (pc.lm_head / t * last * p, 1)))
+    head_live = mem.detail.get("loss_backward_allocated") == mem.peak
+    copy_out = (overheads.held_segments(((pc.embedding / t * first * p, 1),
+                                         (pc.lm_head / t * last * p * (not head_live), 1)))
                 if torchtitan_fsdp(setup) and reshards_after_forward(setup) else 0)
     r = st.reduce or st.grad
     reduce_out = overheads.held_segments((n * r / setup.dp, layers if k == "layer" else 1) for k, n in trained.items())
