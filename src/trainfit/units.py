@@ -6,6 +6,11 @@ from .errors import SetupError
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n, for n >= 1 (triton.next_power_of_2, NCCL's nextPow2)."""
+    return 1 << (n - 1).bit_length()
+
+
 def fmt_bytes(n: float) -> str:
     """Binary units, as nvidia-smi and torch.cuda report them."""
     n = float(n)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 
-from trainfit.analytic import batch_free, megatron_memory, precision
+from trainfit.analytic import megatron_memory, memo as memos, precision
 from trainfit.analytic.memory import train_memory
 from trainfit.analytic.params import count_params
 from trainfit.api import load_spec
@@ -31,7 +31,7 @@ def test_memory_is_the_same_with_the_memos_emptied_and_without_the_identity_memo
     s = planned_setup(spec, seq=2048, batch=2, grad_accum=4, dp=4, ep=4, pp=2, vpp=2, stack="megatron",
                       recompute="selective", recompute_modules="moe_act")
     memo = train_memory(spec, s, pc)
-    batch_free.clear()
+    memos.clear()
     monkeypatch.setattr(megatron_memory, "_LAST_CORE", (None, None))
     # every state_bytes call computes afresh on a copy (a new identity, the same fields)
     monkeypatch.setattr(precision, "_RECENT_SIZE", 0)

@@ -1,8 +1,8 @@
 """Memos keyed on a training setup without its micro-batch and accumulation (BatchFree), and without any other
 settings a term does not read: for the memory terms the planner's fit search (plan/fit.py PeakOracle) asks again for
 every micro-batch of a group and for the groups of a layout (a stage's model states, the clip's temporaries, a
-layer's saved bytes per token). Emptied by compute_time.clear_memos (clear), so a search timed from a cold start is
-cold here too."""
+layer's saved bytes per token). Emptied by memo.clear (compute_time.clear_memos), so a search timed from a cold
+start is cold here too."""
 from __future__ import annotations
 
 import os
@@ -46,14 +46,11 @@ class BatchFree:
 
 
 def cache() -> dict:
-    """A new memo of this module's keys (memo.table: forgotten by compute_time.clear_memos)."""
+    """A new memo of this module's keys (memo.table: forgotten by memo.clear)."""
     return memos.table()
 
 
-def clear() -> None:
-    """Forget every memoised term (memo.clear: this module's tables and the others) and the recent keys."""
-    memos.clear()
-    _RECENT.clear()
+memos.also_clear(_RECENT.clear)
 
 
 _INTERNED = cache()  # one object per key: the memos' lookups then match it by identity, not field by field

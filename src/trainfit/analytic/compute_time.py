@@ -24,7 +24,7 @@ from ..hardware import GPU
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import batch_free, lora_ops, memo, multi_tensor, roofline, torchao_optim
+from . import lora_ops, memo, multi_tensor, roofline, torchao_optim
 from .gated_deltanet import linear_layers
 from .host_queue import combined_1f1b, combined_phases, combined_stall, has_sync, sync_stall
 from .grad_clip import clip_work, pass_seconds
@@ -75,6 +75,9 @@ class ListTime:
 def _gemm_seconds(gpu: GPU, m: float, n: float, k: float, dtype: str, batch: float) -> float:
     """(a backward's dgrad/wgrad and a recompute repeat the forward's shapes)"""
     return roofline.gemm_seconds(gpu, m, n, k, dtype, batch)
+
+
+memo.also_clear(_gemm_seconds.cache_clear)
 
 
 def _gemm_calls(op: Op) -> int:
@@ -398,8 +401,7 @@ def op_list_setup(setup: Setup, recompute: bool = False) -> Setup:
 def clear_memos() -> None:
     """Forget every memoised op-list time (stage_compute's, a layer's and the ends' lists', the GEMMs'): after a change
     to the kernel data, or to time a search from a cold start."""
-    batch_free.clear()  # (every memo.table: stage_compute's, the lists', Links.of's, tp_overlap's, the memory terms')
-    _gemm_seconds.cache_clear()
+    memo.clear()  # (stage_compute's, the lists', the GEMMs', Links.of's, tp_overlap's, the memory terms')
 
 
 def cached_stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts,

@@ -204,9 +204,8 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
     # on the compute stream at that peak is the embedding's, 0.92-1.44 GiB, and no second one of the output's size).
     # NB: counts the embedding's and the output weight's blocks only (norms are small-pool bytes).
     p = st.param or st.weight
-    head_live = mem.detail.get("loss_backward_allocated") == mem.peak
-    copy_out = (overheads.held_segments(((pc.embedding / t * first * p, 1),
-                                         (pc.lm_head / t * last * p * (not head_live), 1)))
+    head_cached = last and mem.detail.get("loss_backward_allocated") != mem.peak
+    copy_out = (overheads.held_segments(((pc.embedding / t * first * p, 1), (pc.lm_head / t * head_cached * p, 1)))
                 if torchtitan_fsdp(setup) and reshards_after_forward(setup) else 0)
     r = st.reduce or st.grad
     reduce_out = overheads.held_segments((n * r / setup.dp, layers if k == "layer" else 1) for k, n in trained.items())

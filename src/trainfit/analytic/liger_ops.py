@@ -13,6 +13,7 @@ by the loss's gradient (element_mul_kernel, read + write), skipped when that gra
 from __future__ import annotations
 
 from ..spec import ModelSpec
+from ..units import next_pow2
 from .activations import FP32, INDEX
 from .ops import Op, Shape, gemm, memory
 
@@ -23,7 +24,7 @@ def chunk_rows(tokens: float, vocab: float, hidden: int) -> int:
     """Rows per chunk (:68-70): next_pow2(ceil(BT / ceil(V / H))), at most BT."""
     inc = -(-int(vocab) // hidden)
     rows = -(-int(tokens) // inc)
-    return min(1 << max(0, (rows - 1).bit_length()), int(tokens))
+    return min(next_pow2(rows), int(tokens))
 
 
 def fused_linear_loss(spec: ModelSpec, sh: Shape, trains_head: bool) -> tuple[list[Op], list[Op]]:

@@ -13,6 +13,7 @@ from operator import is_
 LIMIT = 8192  # entries per table (each a few hundred bytes): a search's groups stay well within it
 
 _TABLES: list[dict] = []
+_ALSO: list[Callable[[], None]] = []  # the memos kept in another form (an lru_cache, a list of recent keys)
 
 
 def table() -> dict:
@@ -21,10 +22,17 @@ def table() -> dict:
     return _TABLES[-1]
 
 
+def also_clear(forget: Callable[[], None]) -> None:
+    """Have clear() call `forget` too: a memo that is not a table()."""
+    _ALSO.append(forget)
+
+
 def clear() -> None:
-    """Forget every entry of every table."""
+    """Forget every entry of every table, and every memo registered with also_clear."""
     for t in _TABLES:
         t.clear()
+    for forget in _ALSO:
+        forget()
 
 
 def remember(memo: dict, key, make: Callable[[], object], limit: int = LIMIT):

@@ -52,6 +52,7 @@ from ..estimate import Serving as ServingDetail
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from ..units import next_pow2
 from .activations import FP32
 from .embedding import rotary_dim
 from .inference import kv_bytes_per_token
@@ -467,7 +468,7 @@ def triton_buffer_bytes(rows: int, vocab: int, sms: int) -> int:
     in the logits' dtype (fp32), kept in _TRITON_BUFFER_CACHE (held past the profile run: in its peak either way).
     SMs: torch's multi_processor_count (platforms/cuda.py:520-521)."""
     programs = min(sms, rows)
-    return min(1 << (programs - 1).bit_length(), sms) * vocab * FP32
+    return min(next_pow2(programs), sms) * vocab * FP32
 
 
 def sampler_transient(spec: ModelSpec, setup: Setup, k: Knobs, gpu: GPU | None = None) -> float:

@@ -54,6 +54,7 @@ from math import comb
 from ...hardware import GPU
 from ...setup import Setup
 from ...spec import ModelSpec
+from ...units import next_pow2
 from ..moe_imbalance import busiest_rank_load
 from ..overlap import exposed, nccl_sms
 from ..params import ParamCounts
@@ -149,7 +150,7 @@ def exchange_sms(setup: Setup, gpu: GPU) -> int:
     if how in own:
         return int(setup.moe_dispatcher_sms or own[how])
     ring = nccl_sms(gpu)
-    return 1 << (ring - 1).bit_length() if how == "alltoall" and ring > 0 else ring  # p2p: nextPow2 (module doc)
+    return next_pow2(ring) if how == "alltoall" and ring > 0 else ring  # the p2p channels (module doc)
 
 
 def check_gpu(setup: Setup, gpu: GPU | None) -> None:
@@ -158,8 +159,11 @@ def check_gpu(setup: Setup, gpu: GPU | None) -> None:
     from ..roofline import kernels_for
 
     n = getattr(setup, "moe_dispatcher_sms", None)
-    if n and gpu is not None and n >= kernels_for(gpu).sms:
-        raise SetupError(f"--moe-dispatcher-sms {n}: {gpu.name} has {kernels_for(gpu).sms} SMs; give the dispatcher "
+    if not n or gpu is None:
+        return
+    sms = kernels_for(gpu).sms
+    if n >= sms:
+        raise SetupError(f"--moe-dispatcher-sms {n}: {gpu.name} has {sms} SMs; give the dispatcher "
                          f"fewer (Megatron's default: 20 for deepep, 16 for hybridep)")
 
 
