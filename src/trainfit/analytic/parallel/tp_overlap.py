@@ -17,7 +17,8 @@ that consume or produce them, instead of before or after them. Two implementatio
   _pipelined_all_gather_and_consume / :325-380 _pipelined_produce_and_all2all: the same tp chunks, the local one
   first, copies between ranks beside the matmuls, and the reduce-scatter's chunks summed at the end. A collective
   whose matmul side has a cast between (torchao's rowwise recipes gather in bf16 and cast after) is not matched and
-  stays exposed: the stack's [tp_comm_overlap] gathered_before_cast.
+  stays exposed: the stack's [tp_comm_overlap] gathered_before_cast; so does a backward reduce-scatter of the summed
+  input gradients of separate projections (torchtitan's wq/wk/wv, w1/w3: an add produces it, not a matmul).
 
 Either way the pair takes g_c + (tp − 1)·max(g_c, c / (tp − 1)), g_c one chunk's GEMM and c the collective: what it
 adds to the unchunked GEMM the compute term counts is tp·g_c − g + max(0, c − (tp − 1)·g_c). Which collectives are
