@@ -18,7 +18,11 @@ trainfit's roofline prediction for it (analytic/roofline.py):
   lora          the six thin GEMMs of a LoRA pair on Llama-3.2-1B's linear shapes, ranks 8 / 16 / 64, fp32 and bf16;
   host          the host's time to issue one eager op (a small add; a small linear's forward + backward);
   sustained     one large bf16 GEMM back to back for 20 s: its rate per second beside NVML's SM clock, power and
-                temperature (the chip-to-chip spread of analytic/stragglers.py, measured per machine).
+                temperature (the chip-to-chip spread of analytic/stragglers.py, measured per machine);
+  sustained_step  real training steps back to back for 30 s each (SUSTAINED_STEPS: a step whose GEMMs are about
+                half its time and one that is mostly GEMMs), each step's time beside NVML's SM clock and power, and
+                the analytic engine's prediction: whether a training step, not only a lone GEMM, settles below the
+                clock its kernels were timed at in short bursts (docs/benchmarks/published-time.md).
 Writes bench/results/gpu/<gpu>-<date>-<chip>-kernels.json: ground truth of rule 1 (DEVELOPERS: real steps on a GPU).
 """
 from __future__ import annotations
@@ -337,6 +341,58 @@ def adamw(device: str, gpu, model: str, lora_ranks=()) -> list[dict]:
     return rows
 
 
+# (id, model, settings): the steps `sustained_step` repeats. The first, the truth harness's llama-3.1-8b bf16 case at
+# twice its tokens, spends about half its time in GEMMs; the second, llama-3.2-3b at 16k tokens a step, mostly GEMMs.
+SUSTAINED_STEPS = (("llama-3.1-8b-bf16-2x2048", "llama-3.1-8b", dict(batch=2, seq=2048, precision="bf16")),
+                   ("llama-3.2-3b-bf16-8x2048", "llama-3.2-3b", dict(batch=8, seq=2048, precision="bf16")))
+
+
+def sustained_step(device: str, gpu, seconds: float, steps=SUSTAINED_STEPS) -> list[dict]:
+    """Each of `steps` run back to back for `seconds` after one warm-up step: per step its wall time (the device
+    synchronised) and, on a GPU, NVML's SM clock and board power read after it; beside them the analytic engine's
+    step time and GEMM share (the kernels timed cold, kernels.toml). A step that slows as the board reaches its power
+    limit shows here as the later steps' time over the first ones', with the clock it settled at."""
+    import torch
+
+    from trainfit.analytic.step_time import layout_step_time
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+    from trainfit.step import stack_step
+
+    nvml = nvml_device() if device == "cuda" else None
+    if isinstance(nvml, str):
+        nvml = None
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = []
+    for case, model_name, settings in steps:
+        spec, setup = load_model(model_name), Setup(**settings, device=device)
+        step = stack_step(setup)
+        model, optimizer, batches = step.prepare(spec, setup, device=device)
+        step.run_step(model, optimizer, batches, setup)  # warm-up: the allocator, cuBLAS's heuristics
+        sync()
+        rows, start = [], time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t0 = time.perf_counter()
+            step.run_step(model, optimizer, batches, setup)
+            sync()
+            row = {"t": round(time.perf_counter() - start, 3), "step_seconds": time.perf_counter() - t0}
+            if nvml:
+                lib, h = nvml
+                row.update(sm_mhz=lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM),
+                           watts=lib.nvmlDeviceGetPowerUsage(h) / 1e3)
+            rows.append(row)
+        del model, optimizer, batches
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        predicted = layout_step_time(spec, setup, gpu)
+        terms = predicted.compute_terms
+        out.append({"case": case, "model": model_name, "settings": settings, "steps": rows,
+                    "predicted_step_seconds": predicted.step_seconds,
+                    "predicted_gemm_share": (terms.get("gemm", 0.0) + terms.get("attention", 0.0))
+                    / predicted.step_seconds if predicted.step_seconds else None})
+    return out
+
+
 def sustained(device: str, seconds: float) -> dict:
     """A large bf16 GEMM (8,192 cubed; 128 cubed in the dry run) back to back for `seconds`: its rate per ~1 s window
     beside the SM clock, board power and temperature NVML reads at the window's end. The chip-to-chip spread of the
@@ -379,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU (no GPU needed)")
     ap.add_argument("--only", default=None,
-                    help="one section: elementwise, step_ops, sdpa, sdpa_variants, gemm, adamw, lora, host or sustained")
+                    help="one section: elementwise, step_ops, sdpa, sdpa_variants, gemm, adamw, lora, host, sustained or "
+                         "sustained_step")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the .json results")
     args = ap.parse_args(argv)
 
@@ -406,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                              (4,) if dry else (8, 16, 64), ("fp32",) if dry else ("fp32", "bf16")),
         "host": lambda: host(device),
         "sustained": lambda: sustained(device, 0.3 if dry else 20.0),  # last: its heat does not reach the others
+        "sustained_step": lambda: sustained_step(device, gpu, 0.3 if dry else 30.0, (
+            ("tiny-llama-bf16", "tiny-llama", dict(batch=2, seq=64, precision="bf16")),) if dry else SUSTAINED_STEPS),
     }
     out, t0 = {"gpu": gpu.name, "device_name": name, "dry_run": dry, "torch": torch.__version__}, time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -203,3 +203,16 @@ def test_fp32_and_dropout_constants_are_the_fit_of_the_committed_run(h200, varia
             frac, fixed = fit([r for r in rows if r["shape"][3] == d], h200, bwd, fill, backend, passes, tile)
             assert frac == pytest.approx((c.backward if bwd else c.forward)[i], abs=6e-4)
             assert fixed == pytest.approx((c.backward_fixed if bwd else c.forward_fixed)[i], abs=6e-8)
+
+
+def test_dry_run_of_the_sustained_training_step(tmp_path):
+    """The sustained_step section (real training steps back to back, each one's time beside the engine's prediction)
+    runs end to end on CPU with a tiny model: every step timed, the prediction and its GEMM share recorded."""
+    from bench.gpu import cuda_kernels
+
+    assert cuda_kernels.main(["--dry-run", "--only", "sustained_step", "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("*-none-kernels-dry-run*.json")
+    (case,) = json.loads(js.read_text())["sustained_step"]
+    assert case["steps"] and all(r["step_seconds"] > 0 for r in case["steps"])
+    assert case["predicted_step_seconds"] > 0 and 0 < case["predicted_gemm_share"] < 1
+    assert "sm_mhz" not in case["steps"][0]  # no NVML on CPU
