@@ -341,10 +341,26 @@ def adamw(device: str, gpu, model: str, lora_ranks=()) -> list[dict]:
     return rows
 
 
+def board_nvml(device: str):
+    """(pynvml, handle) for reading the board while a section runs, or None: on CPU, or where NVML is unavailable
+    (the sections' own timings still stand without it)."""
+    nvml = nvml_device() if device == "cuda" else None
+    return None if isinstance(nvml, str) else nvml
+
+
+def clock_and_power(nvml) -> dict:
+    """NVML's SM clock (MHz) and board power (W) now; {} without NVML."""
+    if not nvml:
+        return {}
+    lib, h = nvml
+    return {"sm_mhz": lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM), "watts": lib.nvmlDeviceGetPowerUsage(h) / 1e3}
+
+
 # (id, model, settings): the steps `sustained_step` repeats. The first, the truth harness's llama-3.1-8b bf16 case at
 # twice its tokens, spends about half its time in GEMMs; the second, llama-3.2-3b at 16k tokens a step, mostly GEMMs.
 SUSTAINED_STEPS = (("llama-3.1-8b-bf16-2x2048", "llama-3.1-8b", dict(batch=2, seq=2048, precision="bf16")),
                    ("llama-3.2-3b-bf16-8x2048", "llama-3.2-3b", dict(batch=8, seq=2048, precision="bf16")))
+DRY_SUSTAINED_STEPS = (("tiny-llama-bf16", "tiny-llama", dict(batch=2, seq=64, precision="bf16")),)  # CPU, the harness
 
 
 def sustained_step(device: str, gpu, seconds: float, steps=SUSTAINED_STEPS) -> list[dict]:
@@ -359,9 +375,7 @@ def sustained_step(device: str, gpu, seconds: float, steps=SUSTAINED_STEPS) -> l
     from trainfit.setup import Setup
     from trainfit.step import stack_step
 
-    nvml = nvml_device() if device == "cuda" else None
-    if isinstance(nvml, str):
-        nvml = None
+    nvml = board_nvml(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = []
     for case, model_name, settings in steps:
@@ -375,12 +389,8 @@ def sustained_step(device: str, gpu, seconds: float, steps=SUSTAINED_STEPS) -> l
             t0 = time.perf_counter()
             step.run_step(model, optimizer, batches, setup)
             sync()
-            row = {"t": round(time.perf_counter() - start, 3), "step_seconds": time.perf_counter() - t0}
-            if nvml:
-                lib, h = nvml
-                row.update(sm_mhz=lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM),
-                           watts=lib.nvmlDeviceGetPowerUsage(h) / 1e3)
-            rows.append(row)
+            now = time.perf_counter()
+            rows.append({"t": round(now - start, 3), "step_seconds": now - t0, **clock_and_power(nvml)})
         del model, optimizer, batches
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -403,9 +413,7 @@ def sustained(device: str, seconds: float) -> dict:
     n = 8192 if device == "cuda" else 128
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    nvml = nvml_device() if device == "cuda" else None
-    if isinstance(nvml, str):  # NVML unavailable: the rates alone still say the spread
-        nvml = None
+    nvml = board_nvml(device)  # without NVML the rates alone still say the spread
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     windows, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -418,11 +426,10 @@ def sustained(device: str, seconds: float) -> dict:
             sync()
         dt = time.perf_counter() - t0
         w = {"t": round(time.perf_counter() - start, 2), "tflops": 2 * n**3 * calls / dt / 1e12}
+        w.update(clock_and_power(nvml))
         if nvml:
             lib, h = nvml
-            w.update(sm_mhz=lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM),
-                     watts=lib.nvmlDeviceGetPowerUsage(h) / 1e3,
-                     temp_c=lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU))
+            w["temp_c"] = lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU)
         windows.append(w)
     out = {"n": n, "dtype": str(dtype).split(".")[-1], "windows": windows}
     if nvml:
@@ -463,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
                              (4,) if dry else (8, 16, 64), ("fp32",) if dry else ("fp32", "bf16")),
         "host": lambda: host(device),
         "sustained": lambda: sustained(device, 0.3 if dry else 20.0),  # last: its heat does not reach the others
-        "sustained_step": lambda: sustained_step(device, gpu, 0.3 if dry else 30.0, (
-            ("tiny-llama-bf16", "tiny-llama", dict(batch=2, seq=64, precision="bf16")),) if dry else SUSTAINED_STEPS),
+        "sustained_step": lambda: sustained_step(device, gpu, 0.3 if dry else 30.0,
+                                                 DRY_SUSTAINED_STEPS if dry else SUSTAINED_STEPS),
     }
     out, t0 = {"gpu": gpu.name, "device_name": name, "dry_run": dry, "torch": torch.__version__}, time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
