@@ -45,10 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rows = ["## Search speed (bench/targets/plan_speed.py)", "",
             "One process, best of 3, each from empty op-list memos (compute_time.clear_memos). `searched` = (layout, "
-            "ZeRO, recompute, precision, micro-batch, accumulation) combinations inside the batch constraint (the "
-            "space), each either excluded by the largest-fitting micro-batch bound, skipped by the exact throughput "
-            "bound (`bounded`: step_time.step_floor, it cannot enter the ranking) or timed; `engine calls` = analytic "
-            "memory evaluations (~0.25 ms each here).", "",
+            "ZeRO, recompute, precision, micro-batch, accumulation) combinations inside the batch constraint, and for "
+            "an expert layout on Megatron each MoE dispatcher and --overlap-moe-comm (plan/space.py TIMED) the stack's "
+            "rules take (the space), each either excluded by the largest-fitting micro-batch bound, skipped by the "
+            "exact throughput bound (`bounded`: step_time.step_floor, it cannot enter the ranking) or timed; `engine "
+            "calls` = analytic memory evaluations (~0.25 ms each here), one set per group for all its dispatchers.", "",
             "| model | GPUs | global batch | seconds | searched | timed | bounded | engine calls | searched/s | "
             "best plan |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]

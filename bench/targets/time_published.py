@@ -58,6 +58,17 @@ def size_band(run: dict) -> str:
     return next(name for limit, name in bands if n < limit)
 
 
+def scale(run: dict) -> str | None:
+    """"MoE" for a mixture-of-experts model, "dense, multi-node" for a dense one over more GPUs than one node of its
+    GPU holds (the catalog's gpus_per_node), else None: the runs of the MoE and multi-node cluster target."""
+    if build_spec(run).is_moe:
+        return "MoE"
+    return "dense, multi-node" if gpus(run) > get_gpu(run["gpu"]).gpus_per_node else None
+
+
+MOE_AND_MULTI_NODE = "MoE and multi-node dense, out of sample"
+
+
 def _parts(run: dict):
     """(spec, setup, gpu) of a run as its source states it."""
     if run.get("inexpressible"):  # a layout no Setup has (time_runs' docstring): reported, not approximated
@@ -107,6 +118,9 @@ def render() -> tuple[str, dict[str, list[float]]]:
         groups.setdefault("gen: " + generation(r["gpu"]), []).append(e)
         groups.setdefault("size: " + size_band(r), []).append(e)
         groups.setdefault("source: " + r["id"].split("-")[0], []).append(e)
+        if not r.get("in_sample") and scale(r):
+            groups.setdefault(MOE_AND_MULTI_NODE, []).append(e)
+            groups.setdefault("scale: " + scale(r) + ", out of sample", []).append(e)
         rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
                     f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} | {'yes' if fits else 'no'} |")
     out = ["# Step time vs published runs (`python -m bench run time_published`)", "",
@@ -140,6 +154,8 @@ def table_rows(stats: dict[str, dict]) -> list[dict]:
                  "calibration (in sample)", inside),
             line("step time: Narayanan, Llama 3, torchtitan, llm-foundry, NVIDIA BERT, torchao, NeMo", "validation",
                  out),
+            line("step time: MoE runs, and dense runs over more than one node", "validation",
+                 stats[MOE_AND_MULTI_NODE]),
             {"table": "published", "runs": f"step time by generation: {' / '.join(gens)}", "kind": "both",
              "n": sum(v["runs"] for v in gens.values()),
              "median |error|": " / ".join(f"{v['median_abs'] * 100:.1f}" for v in gens.values()) + " %",

@@ -125,3 +125,25 @@ def test_the_layers_lists_shared_by_recompute_policies_time_each_policy_as_alone
     assert len({w.recompute for w in warm}) == len(policies)  # each policy its own re-run
     for s, got in zip(setups, warm):
         assert got == fresh(spec, s, gpu, state_bytes(s), pc, layers)
+
+
+def test_the_lists_do_not_read_the_moe_dispatcher():
+    """The memo keys the MoE dispatcher (and its SMs) at the default (compute_time.NOT_IN_OP_LISTS): its exchanges
+    are step_time's, so stage_compute run afresh under each dispatcher times the same lists — with and without the
+    combined 1F1B schedule (--overlap-moe-comm, which the lists do read: its phases)."""
+    from trainfit.plan.search import planned_setup
+
+    gpu, spec = get_gpu("H100-80GB"), load_spec("qwen3-30b-a3b")
+    pc, layers = count_params(spec), (spec.layers,) * 3
+    for overlap in (False, True):
+        got = []
+        for how, sms in ((None, None), ("allgather", None), ("deepep", None), ("deepep", 32), ("hybridep", None)):
+            if overlap and how == "allgather":
+                continue  # (Megatron overlaps the alltoall and flex dispatchers only)
+            s = planned_setup(spec, seq=2048, batch=2, dp=8, ep=8, grad_accum=4, stack="megatron",
+                              moe_dispatcher=how, moe_dispatcher_sms=sms, overlap_moe_comm=overlap)
+            key = compute_time.op_list_setup(s)
+            assert (key.moe_dispatcher, key.moe_dispatcher_sms, key.overlap_moe_comm) == (None, None, overlap)
+            got.append(fresh(spec, s, gpu, state_bytes(s), pc, layers))
+        assert all(g == got[0] for g in got), overlap
+        assert bool(got[0].combined_phases) is overlap  # (the schedule is read: not keyed away)

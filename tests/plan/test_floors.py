@@ -41,3 +41,31 @@ def test_the_bound_is_the_same_at_every_zero_stage():
         assert sum(map(len, bounds.values())) == len(bounds), (name, stack, bounds)
         if stack == "megatron":  # its four stages keep the same state bytes: one bound for all of them
             assert runs == 4 and len(bounds) == 1
+
+
+def test_the_bound_without_exchanges_is_below_every_dispatcher_and_schedule():
+    """Floors.without_exchanges, the one bound a group's TIMED assignments share at a micro-batch (plan/search.py):
+    step_floor with the expert exchanges left out, at or below the floor (and so the step time) of every dispatcher
+    and --overlap-moe-comm the stack runs there — and strictly below them where there is an exchange to leave out."""
+    from trainfit.analytic.step_time import layout_step_time
+
+    gpu, spec = get_gpu("H100-80GB"), load_spec("qwen3-30b-a3b")
+    pc = count_params(spec)
+    floors = Floors(spec, gpu, pc)
+    for lay in (dict(dp=16, ep=16), dict(dp=8, tp=2, ep=8, sequence_parallel=True),
+                dict(dp=8, pp=2, vpp=2, ep=8, grad_accum=8)):
+        lay = {"grad_accum": 4, **lay}
+        base = planned_setup(spec, seq=4096, batch=2, stack="megatron", precision="bf16-master", zero=1,
+                             recompute="selective", **lay)
+        shared = floors.without_exchanges(base, state_bytes(base))
+        ran = 0
+        for how in (None, "allgather", "deepep", "hybridep"):
+            for overlap in (False, True):
+                try:
+                    s = base.with_(moe_dispatcher=how, overlap_moe_comm=overlap)
+                except SetupError:
+                    continue  # (Megatron overlaps the alltoall and flex dispatchers only)
+                ran += 1
+                own = step_floor(spec, s, gpu, pc, state_bytes(s))
+                assert shared < own <= layout_step_time(spec, s, gpu, None, pc).step_seconds, (lay, how, overlap)
+        assert ran == 7, lay

@@ -1,10 +1,12 @@
 """`trainfit plan` prints, per plan, the step-time settings the search turned on as `trainfit estimate` flags
-(report/plan.py run_flags): every switch a stack's [plan] table names and the refined MoE settings, none by hand."""
+(report/plan.py run_flags): every switch a stack's [plan] table names and the searched MoE exchange settings
+(plan/space.py TIMED), none by hand."""
 import json
 import shlex
 
 from trainfit.cli import app
-from trainfit.plan.search import REFINED, timed_settings
+from trainfit.plan.search import timed_settings
+from trainfit.plan.space import TIMED
 from trainfit.report.plan import run_flags
 from trainfit.setup import Setup
 from trainfit.stacks import get_stack, names
@@ -15,7 +17,7 @@ def test_every_planned_switch_is_printed():
     for name in names():
         for key in get_stack(name).facts.get("plan", {}).get("switches", {}):
             assert key in timed_settings(), (name, key)
-    assert {k for k, _ in REFINED} <= set(timed_settings())
+    assert {a.name for a in TIMED} <= set(timed_settings())
 
 
 def test_a_megatron_plan_prints_the_flags_estimate_takes_back():

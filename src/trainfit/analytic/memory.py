@@ -72,6 +72,26 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     return max(results, key=lambda m: m.peak)
 
 
+# Settings the memory model never reads: the MoE token dispatcher, its SMs and the combined 1F1B schedule change how
+# the expert exchanges are timed (parallel/expert.py), not what a rank holds (the busiest rank's tokens:
+# moe_imbalance.py, whatever moves them). NB: Megatron's allgather dispatcher gathers the tp x ep group's tokens
+# before it keeps its experts' (token_dispatcher.py MoEAllGatherTokenDispatcher), a transient not counted: errs low
+# there; DeepEP's and HybridEP's communication buffers are allocated outside PyTorch's allocator, not counted either.
+# The planner's memory oracle keys on memory_key (tests/analytic/test_memory_key.py runs train_memory at every value).
+NOT_IN_MEMORY = (("moe_dispatcher", None), ("moe_dispatcher_sms", None), ("overlap_moe_comm", False))
+
+
+def memory_key(setup: Setup) -> Setup:
+    """`setup` with the settings the memory model never reads (NOT_IN_MEMORY) at fixed values: a memo key, never
+    run (no validation of the fixed values)."""
+    if all(getattr(setup, k) == v for k, v in NOT_IN_MEMORY):
+        return setup
+    key = setup.copied()
+    for k, v in NOT_IN_MEMORY:
+        object.__setattr__(key, k, v)
+    return key
+
+
 # torchtune's OffloadActivations (training/_activation_offloading.py): each saved tensor is copied to pinned host
 # memory on a side stream as the forward moves on, and in backward the next layer's tensors are brought back while
 # the current one runs: the layer in flight and the one prefetched are on the device.

@@ -359,7 +359,8 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
                      state_bytes(setup), efficiency)
 
 
-def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: StateBytes | None = None) -> float:
+def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: StateBytes | None = None,
+               exchanges: bool = True) -> float:
     """A lower bound of layout_step_time(spec, setup, gpu, None, pc).step_seconds from the micro-batch alone: its
     compute (the memoised op lists' times: compute_time.cached_stage_compute) and its critical-path communication
     (micro_batch_comm), the terms of step_time's t_mb but the DP exchange's share. step_time's step is m·t_mb +
@@ -367,13 +368,16 @@ def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: Sta
     (pipeline.bubble_seconds); so m·t + bubble(t) + the straggler term, t those terms, stays below it. NB: summed
     apart from step_time's terms: the planner leaves a relative margin for the rounding. `st`: the setup's state
     bytes where known. The planner skips the setups whose throughput at this bound cannot enter its ranking
-    (plan/search.py)."""
+    (plan/search.py). Without `exchanges`, the expert exchanges are left out (micro_batch_comm's ep term, >= 0 and
+    the only one that reads the dispatcher and --overlap-moe-comm): a floor of every setup that differs from `setup`
+    only in those (tests/plan/test_floors.py)."""
     m, st = setup.grad_accum, st or state_bytes(setup)
     layers = split(spec.layers, setup.pp, setup.pp_split)
     sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
     c = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds
-    t = c + sum(micro_batch_comm(spec, setup, Links.of(gpu), st, layers, long_context.rank_tokens(setup),
-                                 setup.vpp, sc.attention_forward, c, sc.combined_phases, gpu))
+    comm = micro_batch_comm(spec, setup, Links.of(gpu), st, layers, long_context.rank_tokens(setup), setup.vpp,
+                            sc.attention_forward, c, sc.combined_phases, gpu)
+    t = c + sum(comm if exchanges else comm[:3])  # (tp, pp, cp, ep)
     return m * t + bubble_seconds(setup.pp, setup.vpp, t) + straggler_seconds(m, sc.total, setup.world_size)
 
 

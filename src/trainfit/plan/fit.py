@@ -10,8 +10,8 @@ call usually confirms it; a binary search covers the rest. Every number is the e
 """
 from __future__ import annotations
 
-from ..analytic.fit_rule import required
-from ..analytic.memory import train_memory
+from ..analytic.fit_rule import capacity, required
+from ..analytic.memory import memory_key, train_memory
 from ..analytic.params import ParamCounts
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -24,15 +24,26 @@ class PeakOracle:
         self.spec, self.pc = spec, pc
         self.calls = 0
         self._memo: dict[Setup, int] = {}
+        self._capacity: dict[tuple, int] = {}
 
     def peak(self, setup: Setup) -> int:
         """What the step's tensors need from the caching allocator: the fit rule's bytes (analytic/fit_rule.py
         required; convex in b like the peak: the pinned block is the largest of blocks that scale with b·s tokens
         or not at all, the segment slack does not depend on b)."""
-        got = self._memo.get(setup)
+        key = memory_key(setup)  # (the settings memory never reads: the setups that differ only in them share it)
+        got = self._memo.get(key)
         if got is None:
             self.calls += 1
-            got = self._memo[setup] = required(self.spec, setup, train_memory(self.spec, setup, self.pc), self.pc)
+            got = self._memo[key] = required(self.spec, setup, train_memory(self.spec, setup, self.pc), self.pc)
+        return got
+
+    def capacity(self, gpu, setup: Setup, reserve: int) -> int:
+        """fit_rule.capacity (the GPU less --reserve and the setup's fixed overheads), memoised on the memory's key:
+        the overheads are memory, which the settings memory never reads do not change."""
+        key = (gpu, memory_key(setup), reserve)
+        got = self._capacity.get(key)
+        if got is None:
+            got = self._capacity[key] = capacity(gpu, setup, reserve)
         return got
 
     def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:

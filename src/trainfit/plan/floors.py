@@ -37,6 +37,17 @@ class Floors:
         return got
 
 
+    def without_exchanges(self, setup: Setup, st: StateBytes) -> float:
+        """step_floor without the expert exchanges (its `exchanges`): a floor of every setup that differs from
+        `setup` only in the TIMED settings (plan/space.py: the dispatcher, --overlap-moe-comm), which only those
+        exchanges read; memoised as __call__ is, on the setup with those at their defaults too."""
+        key = (_zero_free(setup), st, "without exchanges")
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges=False)
+        return got
+
+
 def _zero_free(setup: Setup) -> Setup:
     """`setup` with --zero 0: a key, never run (no validation of the fixed value)."""
     if setup.zero == 0:

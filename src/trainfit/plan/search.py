@@ -14,18 +14,19 @@ largest fitting micro-batch bounds all others, since the peak grows with the mic
 (micro-batch, accumulation) gets an exact bound on its throughput (step_time.step_floor: its compute and
 critical-path communication, the op lists' times memoised on what they read — compute_time._timed_layer: one layer's
 Shape, shared by every ZeRO stage, recompute policy and pipeline layout); they are timed best bound first, and a setup
-whose bound cannot reach its group's best or the REFINE_POOL x --top fastest groups' is not timed (_time_best_first):
-the plans returned are those of timing every one (tests/plan/test_search_exact.py). Only the top plans get a full
-estimate.
+whose bound cannot reach its group's best or the --top fastest groups' is not timed (_time_best_first): the plans
+returned are those of timing every one (tests/plan/test_search_exact.py). The settings that change only the step time
+(space.TIMED: the MoE dispatcher, --overlap-moe-comm) are searched inside each group, its memory judged once for all
+of them. Only the top plans get a full estimate.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .. import cancel, limits
-from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.layout import validate_layout
 from ..analytic.params import count_params
@@ -44,7 +45,8 @@ from .fit import PeakOracle
 from .floors import Floors
 from .gc_paused import gc_paused
 from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
-from .space import SEARCHED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets, variants
+from .space import (SEARCHED, TIMED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets,
+                    timed_variants, variants)
 
 DEFAULT_STACKS = (BY_NAME["stack"].default,)  # planned when --stack is not given
 
@@ -250,10 +252,12 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
     lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
     run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)
+    at = Where(q.seq, gpu.gpus_per_node)
+    timed = {a.name for a in TIMED if _runs_any(q, a.name)}  # those tried inside each group (space.TIMED)
     # under a selective policy, the recompute modules each stack searches (space.recompute_module_sets)
     module_sets = {x: recompute_module_sets(model, x) for x in q.stacks}
     if run:
-        lays = [v for lay in lays for v in variants(model, lay, Where(q.seq, gpu.gpus_per_node), run)]
+        lays = [v for lay in lays for v in variants(model, lay, at, run)]
     stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
              "memory_rejected_groups": 0, "stacks": {x: {"precisions": list(q.precisions_for(x)),
                                                          "recomputes": list(q.recomputes_for(x)),
@@ -292,11 +296,12 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
                     n = extra.get("ulysses", 1)
                     got = plain if n == 1 else splits(replace(lay, dp=lay.dp // n))
                     if got:
+                        tv = timed_variants(model, lay, at, timed & set(facts.axes))
                         _search_stack(spec, gpu, q, lay, stack, oracle, floors, gseqs, *got, stats, fitting,
-                                      module_sets[stack], extra, level)
+                                      module_sets[stack], extra, level, tv)
 
     search_layouts()
-    _time_best_first(gpu, q, oracle, fitting, best, stats)
+    _time_best_first(gpu, q, oracle, floors, fitting, best, stats)
     # nothing fits plainly: the memory knobs the stacks run, level by level (plan/knobs.py: the search order rule)
     for level, name in enumerate(KNOB_LEVELS):
         if best:
@@ -305,16 +310,16 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
         stats["knob_levels"] = stats.get("knob_levels", 0) + any(lv[level] for lv in tried.values())
         if fitting:
             stats["knobs"] = name
-        _time_best_first(gpu, q, oracle, fitting, best, stats)
+        _time_best_first(gpu, q, oracle, floors, fitting, best, stats)
     for d in stats["stacks"].values():  # the values each searched setting took (None: its default, e.g. etp = tp)
         d["axes"] = {k: sorted(v, key=lambda x: (x is not None, str(x) if isinstance(x, str) else x or 0))
                      for k, v in d["axes"].items()}
     ranked = sorted(best.values(), key=lambda v: v[0])
     cands = []
-    for setup, tm, est in _refined(spec, gpu, q, ranked[: q.top * REFINE_POOL], stats):
+    for _, (setup, tm) in ranked[: q.top * POOL]:
         if len(cands) == q.top:
             break
-        est = est or analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
+        est = analytic(spec, setup, gpu, reserve=q.reserve)  # the estimate's own numbers for this setup
         if setup.offload != "none" and not est.fit.fits:  # the node's host memory (fit_rule.host_verdict), which
             stats["host_rejected"] = stats.get("host_rejected", 0) + 1  # the device-only search does not judge
             continue
@@ -335,66 +340,33 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     return result
 
 
-# Settings tried on the best plans only, not chained into the search: each leaves the layout and the micro-batch as
-# they are and changes the step time (the EP exchanges: parallel/expert.py), so they are tried on the REFINE_POOL x
-# --top fastest plans and kept where the estimate says the plan is faster and still fits. NB: a plan outside that pool
-# which one of them would lift into the top is not found (the ranking can miss it).
-REFINED: tuple[tuple[str, tuple], ...] = (
-    ("moe_dispatcher", ("deepep", "hybridep")),
-    ("overlap_moe_comm", (True,)),
-)
-REFINE_POOL = 4
+# The fastest groups kept beyond --top (POOL x --top of them): the spares for the plans the host-memory verdict
+# rejects (offloaded plans: fit_rule.host_verdict, which the device-only search does not judge).
+POOL = 4
 
 
 def timed_settings() -> tuple[str, ...]:
     """The settings the search turns on that change the step time, not the table's columns: every stack's [plan]
-    switches and REFINED (report/plan.py prints them per plan)."""
+    switches and the TIMED settings (report/plan.py prints them per plan)."""
     from ..stacks import get_stack, names
 
     switched = {k: None for name in names() for k in get_stack(name).facts.get("plan", {}).get("switches", {})}
-    return tuple({**{k: None for k, _ in REFINED}, **switched})
-
-
-def _refined(spec: ModelSpec, gpu: GPU, q: PlanQuery, ranked: list, stats: dict) -> list[tuple]:
-    """Each ranked plan ((rank, (setup, time))) with the REFINED settings its stack runs (stacks/*.toml [parallel]
-    axes) tried one at a time and together, each as `trainfit estimate` would take it (Setup's checks and the stack's
-    rules run again: a refusal skips it), the fastest that fits kept; re-ranked by the search's own key with the
-    estimate's throughput. (setup, time, estimate) each, the estimate None where nothing was tried (the caller
-    estimates the plans it keeps). Under --efficiency (the flat override) nothing is tried: the refinements are the
-    kernel model's."""
-    out = []
-    for rank, (setup, tm) in ranked:
-        est = None
-        changes = [{}]
-        if q.efficiency is None and spec.is_moe and setup.ep > 1:
-            axes = get_stack(setup.stack).axes
-            for name, values in REFINED:
-                if name in axes:
-                    changes += [{**c, name: v} for c in changes for v in values]
-        if len(changes) > 1:
-            est = analytic(spec, setup, gpu, reserve=q.reserve)
-        for change in changes[1:]:
-            try:
-                alt = replace(setup, **change)
-                e = analytic(spec, alt, gpu, reserve=q.reserve)
-            except SetupError:
-                stats["stack_refused"] = stats.get("stack_refused", 0) + 1
-                continue
-            stats["refined"] = stats.get("refined", 0) + 1
-            if e.fit is not None and e.fit.fits and e.detail.step_time.step_seconds < est.detail.step_time.step_seconds:
-                setup, tm, est = alt, e.detail.step_time, e
-        out.append(((-tm.tokens_per_second, *rank[1:]), setup, tm, est))
-    return [o[1:] for o in sorted(out, key=lambda o: o[0])]
+    return tuple({**{a.name: None for a in TIMED}, **switched})
 
 
 def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, floors: Floors, gseqs, bcap, splits_all,
-                  stats: dict, fitting: list, module_sets, extra: dict, level: int | None) -> None:
-    """Every (precision, ZeRO, recompute, modules) group of `lay` under `stack` with the settings `extra`."""
+                  stats: dict, fitting: list, module_sets, extra: dict, level: int | None,
+                  timed: list[dict] = ({},)) -> None:
+    """Every (precision, ZeRO, recompute, modules) group of `lay` under `stack` with the settings `extra`, each with
+    the TIMED settings' assignments `timed` (space.timed_variants)."""
     facts = get_stack(stack)
     seen = stats["stacks"][stack]["axes"]
     for a in SEARCHED:
         if a.name in facts.axes:
             seen.setdefault(a.name, set()).add(getattr(lay, a.name))
+    for a in TIMED:
+        if a.name in facts.axes:
+            seen.setdefault(a.name, set()).update(v.get(a.name, a.default) for v in timed)
     for prec in q.precisions_for(stack):
         # the ranks --zero shards over: dp, × cp where the stack shards over the context-parallel ranks
         shard = lay.dp * (lay.cp if "cp" in facts.zero_shard_axes else 1)
@@ -407,7 +379,7 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, flo
                 stats["groups"] += 1
                 stats["stacks"][stack]["groups"] += 1
                 _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, floors, gseqs, bcap, splits_all, stats,
-                              fitting, stack, mods, extra, level)
+                              fitting, stack, mods, extra, level, timed)
 
 
 def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
@@ -430,10 +402,11 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, floors: Floors, gseqs, bcap,
                   splits_all, stats, fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None,
-                  extra: dict | None = None, level: int | None = None) -> None:
-    """The group's splits that fit, each appended to `fitting` as (-bound, order, group, micro-batch, setup): `bound`
-    the most tokens/s it could reach (step_time.step_floor; inf under --efficiency), `order` its place in the
-    search."""
+                  extra: dict | None = None, level: int | None = None, timed: list[dict] = ({},)) -> None:
+    """The group's splits that fit, under each of its TIMED assignments `timed` (one memory judgement for all of
+    them: the memory never reads those settings), appended to `fitting` as (-bound, order, key, micro-batch, setups,
+    assignments): `bound` the most tokens/s any of the setups could reach (step_time.step_floor, or for several the
+    floor without the expert exchanges, Floors.without_exchanges; inf under --efficiency), `order` its place."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -451,11 +424,19 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         if extra:
             validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
-        stats["stack_refused"] = stats.get("stack_refused", 0) + 1
+        stats["stack_refused"] = stats.get("stack_refused", 0) + len(timed)
+        return
+    bases = []  # (the assignment, its setup): each as the stack's rules take it
+    for v in timed:
+        try:
+            bases.append((tuple(sorted(v.items())), base.with_(**v) if v else base))
+        except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
+            stats["stack_refused"] = stats.get("stack_refused", 0) + 1
+    if not bases:
         return
     # The fit rule's capacity: the GPU less --reserve and this layout's fixed overheads (context, cuBLAS workspace,
     # its NCCL communicators), which do not depend on the micro-batch or the accumulation.
-    cap = fit_rule.capacity(gpu, base, reserve_bytes(q.reserve))
+    cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve))
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
     bmax: dict[bool, int] = {}
@@ -470,7 +451,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         splits = batch_splits(lay, None, largest(lay.pp > 1), q.batch_tolerance)
     else:
         splits = splits_all
-    stats["searched"] += len(splits)
+    stats["searched"] += len(splits) * len(bases)
     key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
     st = state_bytes(base)  # (the precision's and the optimizer's, ZeRO's and dp's: not the micro-batch's)
     any_fit = False
@@ -478,28 +459,53 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         if b > largest(accum > 1):
             continue
         any_fit = True
-        setup = base.with_micro_batches(b, accum)
+        setups = tuple(x.with_micro_batches(b, accum) for _, x in bases)
         # NB: a relative margin of 1e-9 above the bound covers its rounding (summed apart from step_time's terms)
-        floor = 0.0 if q.efficiency is not None else floors(setup, st)
+        if q.efficiency is not None:
+            floor = 0.0
+        elif len(setups) == 1:
+            floor = floors(setups[0], st)
+        else:
+            floor = floors.without_exchanges(setups[0], st)
         # NB: under --ulysses the tokens are dp / ulysses sequences: the bound over-counts (still a bound)
-        bound = b * setup.seq * accum * setup.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
-        fitting.append((-bound, len(fitting), key, b, setup))
+        bound = b * base.seq * accum * base.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
+        fitting.append((-bound, len(fitting), key, b, setups, tuple(v for v, _ in bases)))
     if any_fit:
         stats["fits"] += 1
     else:
         stats["memory_rejected_groups"] += 1
 
 
-def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, fitting: list, best: dict, stats: dict) -> None:
-    """Time the fitting setups, highest bound first, into `best` (each group's fastest). Exact: a setup is skipped
-    only where its bound — the most tokens/s it could reach — is below its own group's best so far or below the
-    REFINE_POOL x --top fastest groups' (so its group's best cannot change or could not enter ranked[: the pool]);
-    once the bound falls below the pool's, every later one does. `stats`: timed, bounded (skipped)."""
-    size, top = q.top * REFINE_POOL, {}  # the fastest groups' best tokens/s, at most `size` of them
-    for i, (neg, _, key, b, setup) in enumerate(sorted(fitting, key=lambda e: e[:2])):
+def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors, fitting: list, best: dict,
+                     stats: dict) -> None:
+    """Time the fitting setups, highest bound first, into `best` (each group's fastest over its splits and TIMED
+    assignments: one plan per group). Exact: a setup is skipped only where its bound — the most tokens/s it could
+    reach — is below its own group's best so far or below the --top fastest groups' (POOL x --top where offloaded
+    setups may be rejected later: the spares), so its group's best cannot change or could not enter the ranking's
+    head; once the bound falls below the pool's, every later one does. An entry of several setups (a group's TIMED
+    assignments at one micro-batch) is bounded by the floor without the expert exchanges, which none of them can
+    beat (Floors.without_exchanges); taken, it is split into its setups, each with its own bound. `stats`: timed,
+    bounded (skipped)."""
+    # the fastest groups' best tokens/s, at most `size` of them: --top, or the POOL of spares where the host-memory
+    # verdict may reject some (offloaded setups)
+    spares = any(e[4][0].offload != "none" for e in fitting)
+    size, top = q.top * (POOL if spares else 1), {}
+    heap = list(fitting)
+    heapq.heapify(heap)  # (entries differ in their order: the setups are never compared)
+    order = len(fitting)
+    while heap:
+        neg, _, key, b, setups, assigned = heapq.heappop(heap)
         if len(top) == size and -neg < min(top.values()):
-            stats["bounded"] = stats.get("bounded", 0) + len(fitting) - i
+            stats["bounded"] = stats.get("bounded", 0) + len(setups) + sum(len(e[4]) for e in heap)
             return
+        if len(setups) > 1:
+            for setup, v in zip(setups, assigned):
+                floor = 0.0 if q.efficiency is not None else floors(setup, state_bytes(setup))
+                bound = b * setup.seq * setup.grad_accum * setup.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
+                heapq.heappush(heap, (-bound, order, key, b, (setup,), (v,)))
+                order += 1
+            continue
+        setup = setups[0]
         old = best.get(key)
         if old is not None and -neg < -old[0][0]:
             stats["bounded"] = stats.get("bounded", 0) + 1
@@ -514,7 +520,7 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, fitting: list, 
         # less recompute (Megatron's default modules first), then the stacks' order as given
         rank = (-tm.tokens_per_second, -b, zero, recompute_rank(rec), modules or "",
                 q.precisions_for(stack).index(prec), lay.pp, lay.tp, lay.cp, lay.vpp, lay.pp_split, lay.ep,
-                lay.etp or lay.tp, q.stacks.index(stack), extra)
+                lay.etp or lay.tp, setup.moe_dispatcher or "", setup.overlap_moe_comm, q.stacks.index(stack), extra)
         if old is None or rank < old[0]:
             best[key] = (rank, (setup, tm))
             if key in top or len(top) < size:

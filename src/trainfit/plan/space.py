@@ -110,6 +110,23 @@ def _etps(spec: ModelSpec, lay: Layout, at: Where) -> list[int | None]:
             if spec.moe.expert_intermediate % t == 0 and ranks % (lay.ep * t) == 0]
 
 
+def _dispatchers(spec: ModelSpec, lay: Layout, at: Where) -> list[str | None]:
+    """The token dispatchers of an expert layout (ep > 1; vocab.MOE_DISPATCHERS, alltoall as the setting's default
+    None): each moves the same tokens by another exchange (analytic/parallel/expert.py); the stack's rules refuse
+    those it cannot run."""
+    if not spec.is_moe or lay.ep <= 1:
+        return [None]
+    from ..setup.vocab import MOE_DISPATCHERS
+
+    return [None] + [d for d in MOE_DISPATCHERS if d != "alltoall"]
+
+
+def _moe_overlaps(spec: ModelSpec, lay: Layout, at: Where) -> list[bool]:
+    """--overlap-moe-comm off and on for an expert layout (ep > 1); Megatron's own checks (stacks/megatron.py
+    _moe_overlap: the dispatcher, the recompute policy, the virtual pipeline, the precision) refuse the rest."""
+    return [False, True] if spec.is_moe and lay.ep > 1 else [False]
+
+
 def _carve_cp(lay: Layout, c: int) -> Layout:
     return replace(lay, dp=lay.dp // c, cp=c)
 
@@ -120,6 +137,12 @@ class Axis:
     default: object  # the value a stack that does not run the axis has
     values: Callable[[ModelSpec, Layout, Where], list]  # candidates for a layout with the earlier axes already set
     apply: Callable[[Layout, object], Layout] | None = None  # how a value enters the layout; None: the field is set
+    none_means: str = ""  # what a value of None runs, as `trainfit plan` names it (etp: tp's degree)
+
+    def label(self, value) -> str:
+        """A searched value as `trainfit plan` lists it."""
+        return self.none_means if value is None else ("on" if value else "off") if isinstance(value, bool) else \
+            str(value)
 
 
 # The settings searched beyond dp × tp × pp, in the order their candidates are chained (vpp after pp_split, etp after
@@ -129,7 +152,14 @@ SEARCHED: tuple[Axis, ...] = (
     Axis("vpp", 1, _vpps),
     Axis("cp", 1, _cps, _carve_cp),
     Axis("ep", 1, _eps),
-    Axis("etp", None, _etps),
+    Axis("etp", None, _etps, none_means="tp"),
+)
+# The settings searched that change only the step time, never the memory (analytic.memory.NOT_IN_MEMORY): tried
+# inside each group of a layout (plan/search.py), which judges its memory once for all of them, on the stacks whose
+# [parallel] axes list them.
+TIMED: tuple[Axis, ...] = (
+    Axis("moe_dispatcher", None, _dispatchers, none_means="alltoall"),
+    Axis("overlap_moe_comm", False, _moe_overlaps),
 )
 
 
@@ -142,6 +172,15 @@ def variants(spec: ModelSpec, lay: Layout, at: Where, run: Iterable[str]) -> lis
             continue
         put = a.apply or (lambda x, v, n=a.name: replace(x, **{n: v}))
         out = [put(x, v) for x in out for v in a.values(spec, x, at)]
+    return out
+
+
+def timed_variants(spec: ModelSpec, lay: Layout, at: Where, run: Iterable[str]) -> list[dict]:
+    """Every assignment of the TIMED settings in `run` to one layout, as Setup fields; the defaults ({}) first."""
+    out = [{}]
+    for a in TIMED:
+        if a.name in run:
+            out = [{**x, **({a.name: v} if v != a.default else {})} for x in out for v in a.values(spec, lay, at)]
     return out
 
 

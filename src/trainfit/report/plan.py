@@ -9,7 +9,10 @@ from ..analytic.terms import time_terms
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..plan import knobs
 from ..plan.search import DEFAULT_STACKS, Candidate, PlanResult, timed_settings
+from ..plan.space import SEARCHED, TIMED
 from ..setup.settings import BY_NAME
+
+AXES = {a.name: a for a in SEARCHED + TIMED}  # (the searched settings' values as the table lists them)
 
 
 def layout_text(s) -> str:
@@ -131,7 +134,7 @@ def render(r: PlanResult, echo=print) -> None:
     st = r.stats
     if show_stack:
         for name, d in st["stacks"].items():
-            axes = "".join(f"; {k} {', '.join('tp' if x is None else str(x) for x in v)}"
+            axes = "".join(f"; {k} {', '.join(AXES[k].label(x) for x in v)}"
                            for k, v in d.get("axes", {}).items() if len(v) > 1)
             mods = d.get("recompute_modules", [None])
             recs = ", ".join(d["recomputes"]) + (f" (selective's modules: {'; '.join(m or 'core_attn' for m in mods)})"

@@ -12,12 +12,13 @@ from .settings import _SETUP_SETTINGS, BY_NAME, Setup, check_value, refuse_inapp
 from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
 
 
-def validate(setup: Setup) -> None:
-    """Every Setup field, then the rules that tie settings together."""
+def validate(setup: Setup, changed: frozenset | None = None) -> None:
+    """Every Setup field (`changed`: those only, the others having passed for this mode already: Setup._replaced),
+    then the rules that tie settings together."""
     mode = setup.mode
     if mode not in MODES:
         raise SetupError(f"--mode {mode!r} is not supported; choose one of: {', '.join(MODES)}")
-    for s in _SETUP_SETTINGS:
+    for s in _SETUP_SETTINGS if changed is None else (BY_NAME[n] for n in changed):
         check_value(s, getattr(setup, s.name), mode)
     refuse_inapplicable(setup, _SETUP_SETTINGS, mode)
     limits.check_world(setup.world_size)

@@ -570,12 +570,18 @@ class Setup:
                                     group="rl")
 
     def __post_init__(self) -> None:
+        self._settle()
+
+    def _settle(self, changed: frozenset | None = None) -> None:
+        """The normalisations, every rule (rules.validate), the stack's meaning of selective. `changed`: the fields
+        set on a copy of a validated setup of the same mode (Setup._replaced): only their values (and those the
+        normalisations write) are checked one by one again; None: every field."""
         if self.mode == "rl" and isinstance(self.prompt_len, int) and isinstance(self.completion_len, int):
             # an RL step's sequences are its prompts and completions: --seq follows them
             object.__setattr__(self, "seq", self.prompt_len + self.completion_len)
         if self.liger and self.loss == "full" and self.mode == "train":  # --liger's loss: Liger's fused linear cross-entropy (liger.py)
             object.__setattr__(self, "loss", "fused-linear")
-        _rules.validate(self)
+        _rules.validate(self, changed)
         if self.recompute == "selective":  # the stack's own meaning, resolved once (stacks/*.toml [recompute])
             stack = _stacks.get_stack(self.stack)
             meaning = stack.fact("recompute", "selective")
@@ -718,7 +724,9 @@ class Setup:
         new = self.copied()
         for k, v in changes.items():
             object.__setattr__(new, k, v)
-        new.__post_init__()
+        # the other fields' values passed check_value in this setup, for the same mode (a function of the setting,
+        # the value and the mode alone: check_value) — but --stack's, whose choices are the stack folders'
+        new._settle(None if "mode" in changes else frozenset(changes) | _SETTLED)
         return new
 
     def with_micro_batches(self, batch: int, grad_accum: int | None = None) -> "Setup":
@@ -737,6 +745,9 @@ class Setup:
 
 
 _SETUP_FIELDS = frozenset(f.name for f in fields(Setup) if f.init)  # (Setup._replaced)
+# the fields Setup._settle may write (its normalisations) or whose check reads more than the value: checked again on
+# every derived setup
+_SETTLED = frozenset({"seq", "loss", "recompute", "stack"})
 
 # Setup.with_'s memo: (id(setup), changes, stack folders) -> (setup, derived setup); a few KB an entry
 _DERIVED: dict = {}

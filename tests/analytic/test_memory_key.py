@@ -1,0 +1,38 @@
+"""The planner judges a group's memory once for all its TIMED settings (plan/space.py: the MoE dispatcher,
+--overlap-moe-comm), keyed by analytic.memory.memory_key: train_memory, the fit rule's required bytes and capacity run
+afresh under each value of NOT_IN_MEMORY give the same bytes. Fast (no torch)."""
+from __future__ import annotations
+
+from trainfit.analytic.fit_rule import capacity, required
+from trainfit.analytic.memory import NOT_IN_MEMORY, memory_key, train_memory
+from trainfit.analytic.params import count_params
+from trainfit.api import load_spec
+from trainfit.hardware import get_gpu
+from trainfit.plan.search import planned_setup
+from trainfit.plan.space import TIMED
+
+
+def test_the_timed_settings_are_those_memory_never_reads():
+    assert {a.name for a in TIMED} <= {k for k, _ in NOT_IN_MEMORY}
+    assert all(dict(NOT_IN_MEMORY)[a.name] == a.default for a in TIMED)
+
+
+def test_memory_is_the_same_under_every_dispatcher_and_schedule():
+    gpu = get_gpu("H100-80GB")
+    spec = load_spec("qwen3-30b-a3b")
+    pc = count_params(spec)
+    layouts = [dict(dp=8, ep=8, recompute="selective", recompute_modules="moe_act"),
+               dict(dp=4, tp=2, ep=4, sequence_parallel=True, recompute="none"),
+               dict(dp=4, pp=2, vpp=2, ep=4, recompute="none", grad_accum=8)]
+    for lay in layouts:
+        lay = {"grad_accum": 4, **lay}
+        seen = set()
+        for how, sms, overlap in ((None, None, False), ("allgather", None, False), ("deepep", 24, False),
+                                  ("hybridep", None, False), (None, None, True), ("deepep", None, True)):
+            s = planned_setup(spec, seq=4096, batch=2, stack="megatron", precision="bf16-master", zero=1,
+                              moe_dispatcher=how, moe_dispatcher_sms=sms, overlap_moe_comm=overlap, **lay)
+            key = memory_key(s)
+            assert all(getattr(key, k) == v for k, v in NOT_IN_MEMORY) and key != s or (how, overlap) == (None, False)
+            m = train_memory(spec, s, pc)
+            seen.add((m.peak, m.phases["backward"], required(spec, s, m, pc), capacity(gpu, s)))
+        assert len(seen) == 1, (lay, seen)
