@@ -28,3 +28,20 @@ def test_deepspeed_plans_are_data_parallel():
     assert r.exit_code == 0, r.output
     cands = json.loads(r.stdout)["candidates"]
     assert cands and all(c["setup"]["tp"] == 1 and c["setup"]["pp"] == 1 for c in cands)
+
+
+def test_interleaving_depths_go_down_to_one_layer_a_chunk():
+    """Megatron-Bridge's Qwen3-30B-A3B H100 recipe runs 48 layers on pp 2 with 24 virtual stages of one layer each
+    (performance-summary-archive.md, 25.11 DGX-H100 row: PP 2 VP 24; bench/targets/time_runs.py): the search tries
+    every depth that splits each stage's layers evenly (pipeline.check), that one included."""
+    from trainfit.api import load_spec
+    from trainfit.plan.space import Layout, Where, variants
+
+    spec = load_spec("qwen3-30b-a3b")
+    got = {v.vpp for v in variants(spec, Layout(8, 1, 2), Where(4096, 8), {"vpp"})}
+    assert got == {v for v in range(1, 25) if 24 % v == 0} and 24 in got
+    # Llama 3.1 405B's 126 layers with the embedding and the loss counted as layers (--pp-split embedding-loss):
+    # 128 = 16 stages of 8, one layer a chunk at vpp 8 (Meta's layout, Llama 3 §3.3.2); 126 does not split evenly
+    split = {(v.pp_split, v.vpp) for v in variants(load_spec("llama-3.1-405b"), Layout(8, 8, 16), Where(8192, 8),
+                                                    {"pp_split", "vpp"})}
+    assert ("embedding-loss", 8) in split and ("even", 8) not in split  # 126 + 2 = 16 x 8; 126 / 16 is not whole

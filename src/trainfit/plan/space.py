@@ -47,7 +47,6 @@ class Layout:
 # Context parallelism is searched from this sequence length on (Megatron's CP targets long context: Llama 3 used
 # CP 16 only for its 128k stage, Dubey et al. 2024 §3.3.2); NB: shorter sequences could also use it.
 CP_MIN_SEQ = 16384
-VPP_MAX = 8  # interleaving depths searched: 1..VPP_MAX where the stage layers divide
 
 
 @dataclass(frozen=True)
@@ -74,13 +73,14 @@ def _pp_splits(spec: ModelSpec, lay: Layout, at: Where) -> list[str]:
 
 
 def _vpps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
-    """Interleaving depths 1..VPP_MAX where every stage's layers split into equal chunks (pipeline.check)."""
+    """Every interleaving depth that splits each stage's layers into equal chunks (pipeline.check), down to one layer
+    a chunk (Megatron-Bridge's Qwen3-30B-A3B H100 recipe runs pp 2 with 24 chunks of one layer)."""
     if lay.pp == 1:
         return [1]
     from ..analytic.parallel.pipeline import chunked_layers
 
     chunked = chunked_layers(spec.layers, lay.pp, lay.pp_split)
-    return [v for v in range(1, VPP_MAX + 1) if all(n % v == 0 for n in chunked)]
+    return [v for v in range(1, min(chunked) + 1) if all(n % v == 0 for n in chunked)]
 
 
 def _cps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
