@@ -25,7 +25,7 @@ def _straightforward(monkeypatch, spec, gpu, q):
 
     def checked(spec, setup, gpu, efficiency, pc):
         tm = step_time.layout_step_time(spec, setup, gpu, efficiency, pc)
-        assert step_time.step_floor(spec, setup, gpu, pc) <= tm.step_seconds * (1 + 1e-12)
+        assert step_time.step_floor(spec, setup, gpu, pc, efficiency=efficiency) <= tm.step_seconds * (1 + 1e-12)
         timed.append(tm.step_seconds)
         return tm
 
@@ -67,6 +67,12 @@ def test_moe_model_with_expert_layouts(monkeypatch):
     # tiny-mixtral on megatron: ep and etp searched, recompute none / selective / full share their layers' lists
     _check(monkeypatch, "tiny-mixtral", "H100-80GB",
            PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",)))
+
+
+def test_flat_efficiency_override(monkeypatch):
+    # --efficiency: the bound is the flat override's own (step_floor's efficiency), the dispatchers searched alike
+    _check(monkeypatch, "tiny-mixtral", "H100-80GB",
+           PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",), efficiency=0.4))
 
 
 def test_no_global_batch(monkeypatch):

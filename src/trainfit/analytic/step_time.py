@@ -360,7 +360,7 @@ def layout_step_time(spec: ModelSpec, setup: Setup, gpu: GPU, efficiency: float 
 
 
 def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: StateBytes | None = None,
-               exchanges: bool = True) -> float:
+               exchanges: bool = True, efficiency: float | None = None) -> float:
     """A lower bound of layout_step_time(spec, setup, gpu, None, pc).step_seconds from the micro-batch alone: its
     compute (the memoised op lists' times: compute_time.cached_stage_compute) and its critical-path communication
     (micro_batch_comm), the terms of step_time's t_mb but the DP exchange's share. step_time's step is m·t_mb +
@@ -370,15 +370,23 @@ def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: Sta
     bytes where known. The planner skips the setups whose throughput at this bound cannot enter its ranking
     (plan/search.py). Without `exchanges`, the expert exchanges are left out (micro_batch_comm's ep term, >= 0 and
     the only one that reads the dispatcher and --overlap-moe-comm): a floor of every setup that differs from `setup`
-    only in those (tests/plan/test_floors.py)."""
+    only in those (tests/plan/test_floors.py). With `efficiency` (the flat override), the same bound of
+    layout_step_time(spec, setup, gpu, efficiency, pc): its flat compute (micro_batch_compute), no straggler term."""
     m, st = setup.grad_accum, st or state_bytes(setup)
     layers = split(spec.layers, setup.pp, setup.pp_split)
-    sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
-    c = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds
-    comm = micro_batch_comm(spec, setup, Links.of(gpu), st, layers, long_context.rank_tokens(setup), setup.vpp,
-                            sc.attention_forward, c, sc.combined_phases, gpu)
+    tokens = long_context.rank_tokens(setup)
+    if efficiency is None:
+        sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
+        c, attention, phases = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds, sc.attention_forward, \
+            sc.combined_phases
+    else:
+        f = micro_batch_compute(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc, getattr(setup, "doc_len", None)),
+                                st, efficiency, layers, tokens, gpu.flops_for(compute_dtype(setup)))
+        c, attention, phases = f.forward + f.backward + f.recompute, f.attention_forward, f.combined_phases
+    comm = micro_batch_comm(spec, setup, Links.of(gpu), st, layers, tokens, setup.vpp, attention, c, phases, gpu)
     t = c + sum(comm if exchanges else comm[:3])  # (tp, pp, cp, ep)
-    return m * t + bubble_seconds(setup.pp, setup.vpp, t) + straggler_seconds(m, sc.total, setup.world_size)
+    slowest = straggler_seconds(m, sc.total, setup.world_size) if efficiency is None else 0.0
+    return m * t + bubble_seconds(setup.pp, setup.vpp, t) + slowest
 
 
 def straggler_seconds(m: int, total, world: int) -> float:

@@ -25,15 +25,15 @@ class Floors:
     equality: all its fields), so the one left out is the ZeRO stage, which no term of the bound reads (module
     docstring)."""
 
-    def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts):
-        self.spec, self.gpu, self.pc = spec, gpu, pc
+    def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts, efficiency: float | None = None):
+        self.spec, self.gpu, self.pc, self.efficiency = spec, gpu, pc, efficiency  # (--efficiency: the flat override)
         self._memo: dict[tuple[Setup, StateBytes], float] = {}
 
     def __call__(self, setup: Setup, st: StateBytes) -> float:
         key = (_zero_free(setup), st)
         got = self._memo.get(key)
         if got is None:
-            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st)
+            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, efficiency=self.efficiency)
         return got
 
 
@@ -44,7 +44,8 @@ class Floors:
         key = (_zero_free(setup), st, "without exchanges")
         got = self._memo.get(key)
         if got is None:
-            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges=False)
+            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges=False,
+                                               efficiency=self.efficiency)
         return got
 
 

@@ -248,7 +248,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     check_fixed_axes(model, gpu, q)
     pc = count_params(model)
     oracle = PeakOracle(model, pc)
-    floors = Floors(model, gpu, pc)  # the throughput bounds, shared by a layout's ZeRO stages
+    floors = Floors(model, gpu, pc, q.efficiency)  # the throughput bounds, shared by a layout's ZeRO stages
     gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
     lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
     run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)
@@ -406,7 +406,8 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     """The group's splits that fit, under each of its TIMED assignments `timed` (one memory judgement for all of
     them: the memory never reads those settings), appended to `fitting` as (-bound, order, key, micro-batch, setups,
     assignments): `bound` the most tokens/s any of the setups could reach (step_time.step_floor, or for several the
-    floor without the expert exchanges, Floors.without_exchanges; inf under --efficiency), `order` its place."""
+    floor without the expert exchanges, Floors.without_exchanges; under --efficiency the flat override's), `order`
+    its place."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -461,12 +462,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         any_fit = True
         setups = tuple(x.with_micro_batches(b, accum) for _, x in bases)
         # NB: a relative margin of 1e-9 above the bound covers its rounding (summed apart from step_time's terms)
-        if q.efficiency is not None:
-            floor = 0.0
-        elif len(setups) == 1:
-            floor = floors(setups[0], st)
-        else:
-            floor = floors.without_exchanges(setups[0], st)
+        floor = floors(setups[0], st) if len(setups) == 1 else floors.without_exchanges(setups[0], st)
         # NB: under --ulysses the tokens are dp / ulysses sequences: the bound over-counts (still a bound)
         bound = b * base.seq * accum * base.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
         fitting.append((-bound, len(fitting), key, b, setups, tuple(v for v, _ in bases)))
@@ -500,7 +496,7 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
             return
         if len(setups) > 1:
             for setup, v in zip(setups, assigned):
-                floor = 0.0 if q.efficiency is not None else floors(setup, state_bytes(setup))
+                floor = floors(setup, state_bytes(setup))
                 bound = b * setup.seq * setup.grad_accum * setup.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
                 heapq.heappush(heap, (-bound, order, key, b, (setup,), (v,)))
                 order += 1
