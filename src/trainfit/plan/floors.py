@@ -36,11 +36,10 @@ class Floors:
             got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, efficiency=self.efficiency)
         return got
 
-
     def without_exchanges(self, setup: Setup, st: StateBytes) -> float:
         """step_floor without the expert exchanges (its `exchanges`): a floor of every setup that differs from
         `setup` only in the TIMED settings (plan/space.py: the dispatcher, --overlap-moe-comm), which only those
-        exchanges read; memoised as __call__ is, on the setup with those at their defaults too."""
+        exchanges read (the search passes a group's default assignment); memoised as __call__ is."""
         key = (_zero_free(setup), st, "without exchanges")
         got = self._memo.get(key)
         if got is None:
