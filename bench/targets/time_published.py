@@ -118,9 +118,10 @@ def render() -> tuple[str, dict[str, list[float]]]:
         groups.setdefault("gen: " + generation(r["gpu"]), []).append(e)
         groups.setdefault("size: " + size_band(r), []).append(e)
         groups.setdefault("source: " + r["id"].split("-")[0], []).append(e)
-        if not r.get("in_sample") and scale(r):
+        kind = None if r.get("in_sample") else scale(r)
+        if kind:
             groups.setdefault(MOE_AND_MULTI_NODE, []).append(e)
-            groups.setdefault("scale: " + scale(r) + ", out of sample", []).append(e)
+            groups.setdefault(f"scale: {kind}, out of sample", []).append(e)
         rows.append(f"| {r['id']} | {r['gpu']} | {gpus(r)} | {'in' if r.get('in_sample') else 'out'} | "
                     f"{r['published']:g} {r['unit']} | {pub:.3g} | {pred:.3g} | {e:+.1%} | {'yes' if fits else 'no'} |")
     out = ["# Step time vs published runs (`python -m bench run time_published`)", "",

@@ -379,13 +379,14 @@ def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: Sta
         sc = cached_stage_compute(spec, setup, gpu, st, pc, layers)
         c, attention, phases = sc.forward.seconds + sc.backward.seconds + sc.recompute.seconds, sc.attention_forward, \
             sc.combined_phases
+        slowest = straggler_seconds(m, sc.total, setup.world_size)
     else:
         f = micro_batch_compute(spec, setup, gpu, ModelCosts.of(spec, setup.seq, pc, getattr(setup, "doc_len", None)),
                                 st, efficiency, layers, tokens, gpu.flops_for(compute_dtype(setup)))
         c, attention, phases = f.forward + f.backward + f.recompute, f.attention_forward, f.combined_phases
+        slowest = 0.0  # (the flat override has no straggler term)
     comm = micro_batch_comm(spec, setup, Links.of(gpu), st, layers, tokens, setup.vpp, attention, c, phases, gpu)
     t = c + sum(comm if exchanges else comm[:3])  # (tp, pp, cp, ep)
-    slowest = straggler_seconds(m, sc.total, setup.world_size) if efficiency is None else 0.0
     return m * t + bubble_seconds(setup.pp, setup.vpp, t) + slowest
 
 

@@ -27,25 +27,20 @@ class Floors:
 
     def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts, efficiency: float | None = None):
         self.spec, self.gpu, self.pc, self.efficiency = spec, gpu, pc, efficiency  # (--efficiency: the flat override)
-        self._memo: dict[tuple[Setup, StateBytes], float] = {}
+        self._memo: dict[tuple[Setup, StateBytes, bool], float] = {}
 
-    def __call__(self, setup: Setup, st: StateBytes) -> float:
-        key = (_zero_free(setup), st)
+    def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True) -> float:
+        key = (_zero_free(setup), st, exchanges)
         got = self._memo.get(key)
         if got is None:
-            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, efficiency=self.efficiency)
+            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges, self.efficiency)
         return got
 
     def without_exchanges(self, setup: Setup, st: StateBytes) -> float:
         """step_floor without the expert exchanges (its `exchanges`): a floor of every setup that differs from
         `setup` only in the TIMED settings (plan/space.py: the dispatcher, --overlap-moe-comm), which only those
         exchanges read (the search passes a group's default assignment); memoised as __call__ is."""
-        key = (_zero_free(setup), st, "without exchanges")
-        got = self._memo.get(key)
-        if got is None:
-            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges=False,
-                                               efficiency=self.efficiency)
-        return got
+        return self(setup, st, exchanges=False)
 
 
 def _zero_free(setup: Setup) -> Setup:

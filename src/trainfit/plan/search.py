@@ -461,15 +461,20 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
             continue
         any_fit = True
         setups = tuple(x.with_micro_batches(b, accum) for _, x in bases)
-        # NB: a relative margin of 1e-9 above the bound covers its rounding (summed apart from step_time's terms)
         floor = floors(setups[0], st) if len(setups) == 1 else floors.without_exchanges(setups[0], st)
-        # NB: under --ulysses the tokens are dp / ulysses sequences: the bound over-counts (still a bound)
-        bound = b * base.seq * accum * base.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
-        fitting.append((-bound, len(fitting), key, b, setups, tuple(v for v, _ in bases)))
+        fitting.append((-_bound(setups[0], floor), len(fitting), key, b, setups, tuple(v for v, _ in bases)))
     if any_fit:
         stats["fits"] += 1
     else:
         stats["memory_rejected_groups"] += 1
+
+
+def _bound(setup: Setup, floor: float) -> float:
+    """The most tokens/s `setup` could reach with a step of at least `floor` seconds (inf for a floor of 0). NB: a
+    relative margin of 1e-9 above it covers its rounding (summed apart from step_time's terms); under --ulysses the
+    tokens are dp / ulysses sequences: it over-counts (still a bound)."""
+    tokens = setup.batch * setup.seq * setup.grad_accum * setup.dp
+    return tokens / floor * (1 + 1e-9) if floor > 0 else float("inf")
 
 
 def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors, fitting: list, best: dict,
@@ -496,9 +501,7 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
             return
         if len(setups) > 1:
             for setup, v in zip(setups, assigned):
-                floor = floors(setup, state_bytes(setup))
-                bound = b * setup.seq * setup.grad_accum * setup.dp / floor * (1 + 1e-9) if floor > 0 else float("inf")
-                heapq.heappush(heap, (-bound, order, key, b, (setup,), (v,)))
+                heapq.heappush(heap, (-_bound(setup, floors(setup, state_bytes(setup))), order, key, b, (setup,), (v,)))
                 order += 1
             continue
         setup = setups[0]
