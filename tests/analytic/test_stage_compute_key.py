@@ -35,9 +35,10 @@ def fresh(*args):
 
 
 def test_the_key_leaves_out_only_what_the_op_lists_never_read():
-    """The memo keys every setup at dp 1, ZeRO 0 (compute_time.NOT_IN_OP_LISTS): stage_compute run on the setup
-    itself and on that key setup, with the setup's own state bytes, times the same lists — at every ZeRO stage of
-    each stack, FSDP2's mixed precision (torchtitan, hf at ZeRO 2/3 under amp-bf16) and MoE layers included."""
+    """The memo keys every setup at dp 1, ZeRO 0, no --overlap-param-gather (compute_time.NOT_IN_OP_LISTS):
+    stage_compute run on the setup itself and on that key setup, with the setup's own state bytes, times the same
+    lists — at every ZeRO stage of each stack, FSDP2's mixed precision (torchtitan, hf at ZeRO 2/3 under amp-bf16)
+    and MoE layers included."""
     from trainfit.plan.search import planned_setup
 
     gpu = get_gpu("H100-80GB")
@@ -50,12 +51,14 @@ def test_the_key_leaves_out_only_what_the_op_lists_never_read():
         pc = count_params(spec)
         for zero in (0, 1, 2, 3):
             try:
+                # Megatron's --overlap-param-gather (the planner's switch at ZeRO >= 1) schedules the DP exchange only
+                gather = {"overlap_param_gather": True} if stack == "megatron" and zero else {}
                 s = planned_setup(spec, seq=2048, batch=2, grad_accum=2, dp=4, zero=zero, stack=stack,
-                                  precision=prec, **kw)
+                                  precision=prec, **kw, **gather)
             except SetupError:
                 continue  # a stage the stack does not run
             key = compute_time.op_list_setup(s)
-            assert (key.dp, key.zero) == (1, 0) and key != s
+            assert (key.dp, key.zero, key.overlap_param_gather) == (1, 0, False) and key != s
             st, layers = state_bytes(s), (spec.layers,) * 3
             assert fresh(spec, key, gpu, st, pc, layers) == fresh(spec, s, gpu, st, pc, layers)
             checked.add((stack, zero, st.param > 0))

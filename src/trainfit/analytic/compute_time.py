@@ -376,11 +376,13 @@ _CACHE = memo.table()
 # Settings the op lists never read beyond what `st` (the state bytes, part of the key) already says: the data-parallel
 # degree and the ZeRO stage only reach stage_compute through state_bytes (precision.fsdp2_mixed_precision, which sets
 # st.param / st.reduce) and the attention kernel's choice (activations.resolved_kernel: st.act, the precision's).
-# The MoE token dispatcher (and its SMs) moves the tokens between ranks: its exchanges are step_time's
+# Megatron's --overlap-param-gather schedules the distributed optimizer's gathers (parallel/zero.py dp_comm) and
+# nothing else. The MoE token dispatcher (and its SMs) moves the tokens between ranks: its exchanges are step_time's
 # (parallel/expert.py ep_comm_seconds, exposed_ep_seconds), never an op of the lists. Keyed at fixed values, so the
 # planner's ZeRO stages and dispatchers of one layout share their lists' times (tests/analytic/
 # test_stage_compute_key.py runs stage_compute itself at every value of them).
-NOT_IN_OP_LISTS = (("dp", 1), ("zero", 0), ("moe_dispatcher", None), ("moe_dispatcher_sms", None))
+NOT_IN_OP_LISTS = (("dp", 1), ("zero", 0), ("overlap_param_gather", False), ("moe_dispatcher", None),
+                   ("moe_dispatcher_sms", None))
 # --vpp: the op lists are one micro-batch's through the stage's layers, whatever chunks interleave them; it is read
 # only by block:N's count of the checkpointed layers (ops/derived.py checkpointed_layers), so it is keyed at 1 under
 # every other policy (Megatron's layouts that differ only in --vpp share their lists' times).

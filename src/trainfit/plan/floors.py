@@ -5,7 +5,8 @@ step_floor times one micro-batch of a setup: its compute (the op lists, compute_
 CP and EP exchanges, which read the layout, the micro-batch and the stack's switches, never the ZeRO stage: the
 ZeRO stage's collectives are the DP exchange's, parallel/zero.py dp_comm, which the bound leaves out), the pipeline
 bubble and the stragglers' wait. Where a ZeRO stage changes what the compute reads, it does so through the state
-bytes (FSDP2's mixed precision: precision.fsdp2_mixed_precision), which the key holds. So the groups of one layout
+bytes (FSDP2's mixed precision: precision.fsdp2_mixed_precision), which the key holds; the DP exchange alone reads
+--overlap-param-gather, which the planner turns on with ZeRO (search.plan_switches). So the groups of one layout
 that differ only in --zero share their bounds: Megatron's four ZeRO stages cost one bound per (micro-batch,
 accumulation) instead of four (tests/plan/test_floors.py).
 """
@@ -19,18 +20,21 @@ from ..setup import Setup
 from ..spec import ModelSpec
 
 
+# The settings only the DP exchange reads (parallel/zero.py dp_comm), which the bound leaves out, at fixed values
+DP_ONLY = (("zero", 0), ("overlap_param_gather", False))
+
+
 class Floors:
     """step_floor(spec, setup, gpu, pc, st) of one search (its model, GPU and parameter counts fixed), memoised on
-    the setup with --zero fixed at 0 and the state bytes `st`: every other setting is in the key (the setup's own
-    equality: all its fields), so the one left out is the ZeRO stage, which no term of the bound reads (module
-    docstring)."""
+    the setup with DP_ONLY's settings fixed and the state bytes `st`: every other setting is in the key (the setup's
+    own equality: all its fields), so the ones left out are those no term of the bound reads (module docstring)."""
 
     def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts, efficiency: float | None = None):
         self.spec, self.gpu, self.pc, self.efficiency = spec, gpu, pc, efficiency  # (--efficiency: the flat override)
         self._memo: dict[tuple[Setup, StateBytes, bool], float] = {}
 
     def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True) -> float:
-        key = (_zero_free(setup), st, exchanges)
+        key = (_dp_free(setup), st, exchanges)
         got = self._memo.get(key)
         if got is None:
             got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges, self.efficiency)
@@ -43,10 +47,11 @@ class Floors:
         return self(setup, st, exchanges=False)
 
 
-def _zero_free(setup: Setup) -> Setup:
-    """`setup` with --zero 0: a key, never run (no validation of the fixed value)."""
-    if setup.zero == 0:
+def _dp_free(setup: Setup) -> Setup:
+    """`setup` with DP_ONLY's settings fixed: a key, never run (no validation of the fixed values)."""
+    if all(getattr(setup, k) == v for k, v in DP_ONLY):
         return setup
     key = setup.copied()
-    object.__setattr__(key, "zero", 0)
+    for k, v in DP_ONLY:
+        object.__setattr__(key, k, v)
     return key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 from ..spec import ModelSpec
 
@@ -57,19 +58,43 @@ class Where:
 
 
 def _pp_splits(spec: ModelSpec, lay: Layout, at: Where) -> list[str]:
-    """even, and Megatron's embedding-loss split (transformer_config.py:96-100) where pp > 1; each where the layers
-    split (parallel/pipeline.py chunked_layers)."""
-    from ..analytic.parallel.pipeline import chunked_layers
+    """even, Megatron's embedding-loss split (transformer_config.py:96-100) and its first:N,last:M splits
+    (balanced_ends) where pp > 1; each where the layers split (parallel/pipeline.py chunked_layers). A first:N,last:M
+    split that puts the same decoder layers on every stage as even or embedding-loss is left out: it runs the same
+    step, and those two take every --vpp it takes (their chunks count the same layers or one more on the ends)."""
+    from ..analytic.parallel.pipeline import chunked_layers, split
     from ..errors import SetupError
 
-    out = []
-    for how in (("even", "embedding-loss") if lay.pp > 1 else ("even",)):
+    out, seen = [], set()
+    for how in (("even", "embedding-loss", *balanced_ends(spec.layers, lay.pp)) if lay.pp > 1 else ("even",)):
         try:
             chunked_layers(spec.layers, lay.pp, how)
         except SetupError:
             continue
-        out.append(how)
+        layers = split(spec.layers, lay.pp, how)
+        if layers not in seen:
+            seen.add(layers)
+            out.append(how)
     return out
+
+
+@lru_cache(maxsize=256)
+def balanced_ends(layers: int, pp: int) -> tuple[str, ...]:
+    """Megatron's uneven splits (--decoder-first/last-pipeline-num-layers N, M > 0, the other layers even over the
+    pp − 2 middle stages: transformer_config.py:1359-1420 at core_v0.16.1) whose heaviest stage holds the fewest
+    layers any of them can: every such (N, M), so a lighter first stage (it holds pp micro-batches in flight) is
+    searched beside the even-handed ones. A model whose layer count pp divides neither way (DeepSeek-V3's 61 on
+    pp 16: first:1..4 with 4 a middle stage) pipelines only so. NB: splits with a heavier stage are not searched:
+    never faster, they could fit where these do not only by a lighter first stage than these allow."""
+    if pp < 2 or pp > layers:
+        return ()
+    # (N, k, M): k the middle stages' layers (pp == 2: none, k = 0)
+    shapes = ([(n, 0, layers - n) for n in range(1, layers)] if pp == 2 else
+              [(n, k, layers - k * (pp - 2) - n) for k in range(1, layers // (pp - 2) + 1)
+               for n in range(1, layers - k * (pp - 2))])
+    shapes = [x for x in shapes if x[2] >= 1]
+    least = min(max(x) for x in shapes)
+    return tuple(f"first:{n},last:{m}" for n, k, m in shapes if max(n, k, m) <= least)
 
 
 def _vpps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
@@ -79,7 +104,7 @@ def _vpps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
         return [1]
     from ..analytic.parallel.pipeline import chunked_layers
 
-    chunked = chunked_layers(spec.layers, lay.pp, lay.pp_split)
+    chunked = [n for n in chunked_layers(spec.layers, lay.pp, lay.pp_split) if n]  # (pp 2: no middle stage, 0)
     return [v for v in range(1, min(chunked) + 1) if all(n % v == 0 for n in chunked)]
 
 
@@ -187,13 +212,14 @@ def timed_variants(spec: ModelSpec, lay: Layout, at: Where, run: Iterable[str]) 
 def layouts(spec: ModelSpec, gpus: int, gpus_per_node: int, tp: int | None = None, pp: int | None = None,
             dp: int | None = None, uneven: bool = False) -> list[Layout]:
     """Every dp × tp × pp == gpus with tp valid for the model and pp dividing the layers (fixed where given); with
-    `uneven`, also pp dividing layers + 2 (Megatron's embedding-loss split)."""
+    `uneven`, also the other pp up to the layer count (Megatron's embedding-loss and first:N,last:M splits,
+    _pp_splits)."""
     out = []
     for t in divisors(gpus):
         if (tp is not None and t != tp) or not tp_allowed(spec, t, gpus_per_node):
             continue
         for p in divisors(gpus // t):
-            if (pp is not None and p != pp) or (spec.layers % p and not (uneven and (spec.layers + 2) % p == 0)):
+            if (pp is not None and p != pp) or (spec.layers % p and not (uneven and p <= spec.layers)):
                 continue
             d = gpus // (t * p)
             if dp is not None and d != dp:
