@@ -20,7 +20,7 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
         raise SetupError(f"--mode {mode!r} is not supported; choose one of: {', '.join(MODES)}")
     for s in _SETUP_SETTINGS if changed is None else (BY_NAME[n] for n in changed):
         check_value(s, getattr(setup, s.name), mode)
-    refuse_inapplicable(setup, _SETUP_SETTINGS, mode)
+    refuse_inapplicable(setup, _SETUP_SETTINGS, mode, changed)
     limits.check_world(setup.world_size)
     if setup.sequence_parallel and setup.tp == 1:
         raise SetupError("--sequence-parallel splits activations over tensor-parallel ranks: it needs --tp > 1")

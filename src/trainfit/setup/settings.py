@@ -955,9 +955,12 @@ def parse_value(s: Setting, value: Any) -> Any:
         raise SetupError(f"{s.flag} {value!r}: {e}{_example(s)}") from None
 
 
-def refuse_inapplicable(values, settings, mode: str) -> None:
-    """Flags set away from their default that do not apply to `mode` are refused, not ignored (named at once)."""
-    off = [s for s in _inapplicable(settings, mode) if getattr(values, s.name) != s.default]
+def refuse_inapplicable(values, settings, mode: str, only: frozenset | None = None) -> None:
+    """Flags set away from their default that do not apply to `mode` are refused, not ignored (named at once).
+    `only`: those names alone (the others' values passed for this mode already: a function of the setting, its value
+    and the mode)."""
+    off = [s for s in _inapplicable(settings, mode) if (only is None or s.name in only)
+           and getattr(values, s.name) != s.default]
     if off:
         flags, them = " and ".join(s.flag for s in off), "them" if len(off) > 1 else "it"
         where = {"/".join(s.meta.modes) for s in off}
