@@ -23,8 +23,10 @@ CASES = [("llama-3.1-405b", "H100-80GB", 16384, 8192, 16 * 2**20), ("llama-3.1-4
          # a MoE model on the stack that runs expert parallelism: ep and etp searched too (plan/space.py SEARCHED)
          ("qwen3-30b-a3b", "H100-80GB", 16, 4096, 2**20, ("megatron",)),
          # DeepSeek-V3's pre-training batch: 15,360 sequences of 4,096 tokens (DeepSeek-V3 technical report,
-         # arXiv 2412.19437 §4.2), on 1,024 H100s: every dp × tp × pp × pp_split × vpp × ep × etp layout Megatron runs
+         # arXiv 2412.19437 §4.2), on 1,024 H100s: every dp × tp × pp × pp_split × vpp × ep × etp layout of the space
+         # (its 61 layers pipelined through Megatron's first:N,last:M splits: plan/space.py balanced_ends)
          ("deepseek-v3", "H100-80GB", 1024, 4096, 15360 * 4096, ("megatron",))]
+DEEPSEEK = "deepseek-v3 on 1024 "  # (the issue's target: its whole space in <= 10 s on two cores)
 
 
 def rates(speeds: dict[str, dict]) -> list[float]:
@@ -38,7 +40,10 @@ def table_rows(speeds: dict[str, dict]) -> list[dict]:
     return [{"table": "speed", "what": "planner, setups searched per second",
              "measured": f"{min(rates(speeds)):,.0f}–{max(rates(speeds)):,.0f}", "target": "≥ 100k"},
             {"table": "speed", "what": "planner, llama-3.1-405b on 16,384 GPUs", "measured": f"{big['seconds']:.3f} s",
-             "target": "< 2 s"}]
+             "target": "< 2 s"}] + [
+            {"table": "speed", "what": "planner, deepseek-v3 on 1,024 GPUs (Megatron's space)",
+             "measured": f"{v['seconds']:.1f} s", "target": "≤ 10 s"}
+            for k, v in speeds.items() if k.startswith(DEEPSEEK)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     out = "\n".join(rows) + "\n"
     print(out)
     big = max(speeds.items(), key=lambda kv: kv[1]["seconds"])
-    record("plan_speed", "planner search speed", "≥ 100k setups/s; 405B on 16,384 GPUs < 2 s",
+    record("plan_speed", "planner search speed",
+           "≥ 100k setups/s; 405B on 16,384 GPUs < 2 s; DeepSeek-V3 on 1,024 GPUs ≤ 10 s",
            f"{min(rates(speeds)):,.0f}–{max(rates(speeds)):,.0f} searched/s; slowest: {big[0].split(',')[0]} in {big[1]['seconds']:.2f} s",
            speeds, "speed", rows=table_rows(speeds))
     data.write_section("plan.md", "## Search speed", out, "# Planner benchmarks")

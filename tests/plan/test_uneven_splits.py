@@ -66,6 +66,10 @@ def test_a_split_that_repeats_even_or_embedding_loss_is_searched_once():
     spec = load_spec("llama-3.1-405b")
     got = [v.pp_split for v in variants(spec, Layout(8, 8, 16), Where(8192, 8), {"pp_split"})]
     assert got == ["embedding-loss", "first:6,last:8", "first:8,last:6"]
+    # Qwen3-30B-A3B's 48 layers on pp 2 (no middle stage): first:24,last:24 is even's; embedding-loss (24 / 24 decoder
+    # layers, but chunks of 25 with the embedding and the loss: --vpp 5, 25) stays its own
+    got = {v.pp_split for v in variants(load_spec("qwen3-30b-a3b"), Layout(8, 1, 2), Where(4096, 8), {"pp_split"})}
+    assert got == {"even", "embedding-loss"}
 
 
 def test_plan_with_a_fixed_pp_the_layers_do_not_divide():

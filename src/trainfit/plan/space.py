@@ -71,10 +71,12 @@ def _pp_splits(spec: ModelSpec, lay: Layout, at: Where) -> list[str]:
             chunked_layers(spec.layers, lay.pp, how)
         except SetupError:
             continue
-        layers = split(spec.layers, lay.pp, how)
-        if layers not in seen:
-            seen.add(layers)
-            out.append(how)
+        first, middle, last = split(spec.layers, lay.pp, how)
+        layers = (first, middle, last) if lay.pp > 2 else (first, last)  # (pp 2 has no middle stage)
+        if how.startswith("first:") and layers in seen:
+            continue
+        seen.add(layers)
+        out.append(how)
     return out
 
 
@@ -84,8 +86,9 @@ def balanced_ends(layers: int, pp: int) -> tuple[str, ...]:
     pp − 2 middle stages: transformer_config.py:1359-1420 at core_v0.16.1) whose heaviest stage holds the fewest
     layers any of them can: every such (N, M), so a lighter first stage (it holds pp micro-batches in flight) is
     searched beside the even-handed ones. A model whose layer count pp divides neither way (DeepSeek-V3's 61 on
-    pp 16: first:1..4 with 4 a middle stage) pipelines only so. NB: splits with a heavier stage are not searched:
-    never faster, they could fit where these do not only by a lighter first stage than these allow."""
+    pp 16: first:1..4 with 4 a middle stage) pipelines only so. NB: splits with a heavier stage are not searched: one
+    is faster only where an end stage's extras (the LM head and loss, MTP layers) outweigh the layers it could shed,
+    and fits where these do not only through a still lighter first stage (errs slow, or toward nothing fitting)."""
     if pp < 2 or pp > layers:
         return ()
     # (N, k, M): k the middle stages' layers (pp == 2: none, k = 0)
