@@ -252,3 +252,27 @@ def test_cuda_graph_scope_is_checked():
             Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, cuda_graph_scope=bad)
     with pytest.raises(SetupError, match="--cuda-graph-scope is not run by --stack hf"):
         Setup(stack="hf", precision="bf16", cuda_graph_scope="attn")
+
+
+@pytest.mark.parametrize("etp", [1, 2])
+def test_expert_and_router_shapes_follow_the_sequence_parallel_dispatch(etp):
+    """Qwen3-30B-A3B (128 experts, top-8, hidden 2048, expert width 768) on TP 2 with sequence parallelism, EP 8,
+    4,096 tokens, balanced: a rank holds 2,048 of them (moe_layer.py:379-383 runs MoE with TP only under sequence
+    parallelism). By hand from megatron-core 0.16.1's alltoall dispatcher: the router (router.py:79-101) and the
+    permute (token_dispatcher.py:637) read the rank's 2,048 tokens; after the all-to-all the expert-TP group gathers
+    what its etp ranks received (:691-701), so each of the 128 / 8 = 16 local experts runs 2,048 · etp · 8 / 16 rows
+    at 768 / etp of the width (TEGroupedMLP, experts.py:670, 748): the same FLOPs whatever etp."""
+    from trainfit.api import load_spec
+    from trainfit.setup import Setup
+
+    spec = load_spec("qwen3-30b-a3b")
+    assert (spec.moe.num_experts, spec.moe.top_k, spec.hidden, spec.moe.expert_intermediate) == (128, 8, 2048, 768)
+    setup = Setup(stack="megatron", precision="bf16-master", seq=4096, tp=2, dp=8, ep=8, etp=etp,
+                  sequence_parallel=True, moe_imbalance=1.0)
+    _, fwd, _ = _layer(spec, setup)
+    ops = {o.name: o for o in fwd}
+    assert (ops["router"].m, ops["router"].n, ops["router"].k) == (2048, 128, 2048)
+    assert ops["permute"].writes == 2048 * 8 * (2048 * 2 + 4)
+    rows = 2048 * etp * 8 / 16
+    assert (ops["experts_in"].m, ops["experts_in"].n, ops["experts_in"].k) == (rows, 2 * 768 / etp, 2048)
+    assert (ops["experts_out"].m, ops["experts_out"].n, ops["experts_out"].k) == (rows, 2048, 768 / etp)

@@ -65,15 +65,16 @@ def _pp_splits(spec: ModelSpec, lay: Layout, at: Where) -> list[str]:
     from ..analytic.parallel.pipeline import chunked_layers, split
     from ..errors import SetupError
 
+    named = ("even", "embedding-loss") if lay.pp > 1 else ("even",)
     out, seen = [], set()
-    for how in (("even", "embedding-loss", *balanced_ends(spec.layers, lay.pp)) if lay.pp > 1 else ("even",)):
+    for how in (*named, *balanced_ends(spec.layers, lay.pp)):
         try:
             chunked_layers(spec.layers, lay.pp, how)
         except SetupError:
             continue
         first, middle, last = split(spec.layers, lay.pp, how)
         layers = (first, middle, last) if lay.pp > 2 else (first, last)  # (pp 2 has no middle stage)
-        if how.startswith("first:") and layers in seen:
+        if how not in named and layers in seen:
             continue
         seen.add(layers)
         out.append(how)

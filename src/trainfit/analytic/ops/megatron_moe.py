@@ -42,14 +42,22 @@ SRC = "megatron-core 0.16.1 transformer/moe/"
 BOOL = 1  # bytes of a torch.bool routing-map element
 
 
+# LOCAL: under sequence parallelism the MoE layer's input and output are the rank's 1/tp of the sequence
+# (transformer_layer.py:703-756 hands it the norm of the scattered residual; moe_layer.py:379-383 refuses MoE with
+# TP but without sequence parallelism in training): the router, the permutes and the combine's unpermute run on those
+# tokens, the experts on what the dispatcher brings them (ops/moe.py expert_dims), the shared experts on the
+# TP-gathered sequence.
+
+
 def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     """The forward kernels of one MoE layer on the busiest expert-parallel rank: its `local` experts each receive
-    sh.moe_load times the balanced T·k / local rows (ops/moe.py busiest_per_expert); the router, permute and
-    unpermute run on the rank's own T·k."""
+    sh.moe_load times the balanced rows of its expert-TP group's tokens' copies (ops/moe.py expert_dims,
+    busiest_per_expert); the router, permute and unpermute run on the rank's own tokens and their k copies
+    (LOCAL)."""
     m = spec.moe
     if m.experts_every_token:
         return moe_block(spec, sh)
-    h, a, T, e, k, i, local, per_expert, rows = expert_dims(spec, sh)
+    h, a, T, e, k, i, local, per_expert, rows = expert_dims(spec, sh, sh.expert_tp or sh.tp)
     ops = router_ops(spec, sh) + dispatch_ops(spec, sh)
     gate = 2 if spec.gated_mlp else 1
     if sh.te:  # under a quantised recipe the experts' rows are padded to the recipe's alignment first
@@ -71,6 +79,7 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     ops += combine_ops(spec, sh)
     if m.shared_intermediate:  # shared_experts.py: a gated MLP beside the routed experts
         ops += shared_expert_ops(spec, sh, SRC + "shared_experts.py")
+        T = sh.norm_tokens  # the gate reads the layer's input, the add its output: the rank's own tokens (LOCAL)
         if m.shared_gate:  # shared_experts.py:128-131: linear to one logit, its sigmoid, the output scaled
             ops += [gemm("shared_expert_gate", T, 1, h, sh, SRC + "shared_experts.py:129 gate_weight"),
                     memory("shared_sigmoid", T * a, T * a, SRC + "shared_experts.py:130 sigmoid", "combine"),
@@ -132,7 +141,7 @@ def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     logging (router.py:448-450 save_to_aux_losses_tracker(aux_loss / coeff): the division and the tracker's add).
     NB: the loss's all-reduce over the TP x CP group (moe_utils.py:224) is not counted (a no-op at TP = CP = 1)."""
     m, h = spec.moe, spec.hidden
-    T, e = sh.tokens, m.num_experts
+    T, e = sh.norm_tokens, m.num_experts  # the rank's own tokens (under sequence parallelism its 1/tp: LOCAL)
     ops = [gemm("router", T, e, h, sh, SRC + "router.py:79-101 gating")]
     if sh.moe_force_balance:  # router.py:655-657 apply_random_logits (the benchmarks' forced balance)
         ops.append(memory("router_random_logits", T * e * FP32, 2 * T * e * FP32, SRC + "moe_utils.py:1110-1131 "
@@ -158,9 +167,9 @@ def dispatch_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     their launches); permutation 2 by local expert (:732 sort_chunks_by_idxs: :874 the chunk map, :978 the
     sort). Backward: the permute's is one unpermute kernel (:319), the sort's one sort (:703)."""
     m, h, a = spec.moe, spec.hidden, sh.act
-    T, e, k = sh.tokens, m.num_experts, m.top_k
+    T, e, k = sh.norm_tokens, m.num_experts, m.top_k  # (LOCAL)
     rows = T * k
-    received = expert_dims(spec, sh)[-1]  # after the all-to-all
+    received = expert_dims(spec, sh, sh.expert_tp or sh.tp)[-1]  # after the all-to-all and the expert-TP gather
     copies = 3 + (1 if sh.tp > 1 else 0)
     return [memory("dispatch_metadata", T * e * BOOL, e * INDEX, SRC + "token_dispatcher.py:469-590 preprocess",
                    saves=False, grad=False, kernels=5 + 1 + copies),
@@ -180,9 +189,9 @@ def combine_ops(spec: ModelSpec, sh: Shape) -> list[Op]:
     one kernel reading the k copies of each token, writing its sum; backward :785 one kernel, the probabilities
     already applied in the activation)."""
     m, h, a = spec.moe, spec.hidden, sh.act
-    T, k = sh.tokens, m.top_k
+    T, k = sh.norm_tokens, m.top_k  # (LOCAL)
     rows = T * k
-    received = expert_dims(spec, sh)[-1]
+    received = expert_dims(spec, sh, sh.expert_tp or sh.tp)[-1]
     return [memory("unsort_by_expert", received * h * a, received * h * a,
                    SRC + "token_dispatcher.py:767 sort_chunks_by_idxs (fused)", "combine", saves=False,
                    kernels=2, bwd=1),

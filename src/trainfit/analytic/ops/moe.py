@@ -12,13 +12,19 @@ from .clamped_swiglu import clamped_swiglu, expert_bias
 from .op import Op, Shape, gemm, memory
 from .te_casts import te_casts
 
-def expert_dims(spec: ModelSpec, sh: Shape) -> tuple:
+def expert_dims(spec: ModelSpec, sh: Shape, etp: int | None = None) -> tuple:
     """(hidden, activation bytes, tokens T, experts E, top_k, an expert's width over tp, local experts E/ep, rows of
-    each local expert's GEMMs on the busiest rank (busiest_per_expert), the rows its experts receive in all)."""
+    each local expert's GEMMs on the busiest rank (busiest_per_expert), the rows its experts receive in all).
+    `etp`: Megatron's expert tensor-parallel degree (ops/megatron_moe.py): under sequence parallelism a rank holds
+    T / tp of the TP group's T tokens, sends their copies to the experts, and its expert-TP group gathers what its
+    etp ranks received (token_dispatcher.py:691-701 at core_v0.16.1, AG over the expert-TP group), each expert's
+    width split etp ways: T·etp / tp tokens' copies at 1/etp of the width (T at 1/tp where etp = tp)."""
     m = spec.moe
+    t = etp or sh.tp
+    tokens = sh.tokens * t / sh.tp if sh.sp else sh.tokens
     local = max(1, m.num_experts // sh.ep)
-    per_expert = busiest_per_expert(sh, m.top_k, local)
-    return (spec.hidden, sh.act, sh.tokens, m.num_experts, m.top_k, m.expert_intermediate / sh.tp, local, per_expert,
+    per_expert = busiest_per_expert(sh, m.top_k, local, tokens)
+    return (spec.hidden, sh.act, sh.tokens, m.num_experts, m.top_k, m.expert_intermediate / t, local, per_expert,
             per_expert * local)
 
 
@@ -69,12 +75,12 @@ def moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     return ops
 
 
-def busiest_per_expert(sh: Shape, top_k: int, local: int) -> float:
+def busiest_per_expert(sh: Shape, top_k: int, local: int, tokens: float | None = None) -> float:
     """Routed copies per local expert on the busiest expert-parallel rank: the balanced T·top_k/local times
     sh.moe_load (analytic/moe_imbalance.py), the extra copies in whole 16-token rows so that the imbalance changes
     the GEMMs' size and not the 16-byte alignment the balanced count has (roofline.gemm_seconds' unaligned
     fallback: a mean count landing on an odd number is not a kernel choice). NB: over-counts by < 16 copies."""
-    balanced = sh.tokens * top_k / local
+    balanced = (sh.tokens if tokens is None else tokens) * top_k / local
     return balanced + math.ceil((sh.moe_load - 1) * balanced / 16) * 16
 
 

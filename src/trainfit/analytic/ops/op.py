@@ -136,6 +136,9 @@ class Shape:
     # the streams a grouped expert GEMM's per-expert calls are spread over (stacks/*.toml [moe] gemm_streams); 0: one
     # batched launch
     moe_gemm_streams: int = 0
+    # Megatron's expert tensor-parallel degree where it is not tp (--etp; 0: tp's): its alltoall dispatcher gathers
+    # the etp group's received copies and each expert runs 1/etp of its width (ops/megatron_moe.py)
+    expert_tp: int = 0
     # --ulysses (of `cp`, the ranks sharing a sequence): the attention core runs heads / ulysses over the sequence
     # (analytic/long_context.py)
     ulysses: int = 1

@@ -57,6 +57,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  moe_load=busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp),
                  moe_force_balance=bool(getattr(setup, "moe_force_balance", False)),
                  moe_gemm_streams=int(facts.get("moe", {}).get("gemm_streams", 0)),
+                 expert_tp=setup.expert_tp if spec.is_moe and setup.expert_tp != setup.tp else 0,
                  ulysses=int(getattr(setup, "ulysses", 1)),
                  doc_len=getattr(setup, "doc_len", None) or 0,
                  cp_merge=setup.cp > 1 and facts.get("context_parallel", {}).get("merge") == "fp32",

@@ -8,7 +8,11 @@ backward the gradients make the reverse trip: 4 exchanges per layer, each of the
     expert, so every one of a token's top-k copies is sent, (ep−1)/ep of them off the rank; NCCL runs the
     all-to-all as one ncclSend/ncclRecv per peer in a group (torch/csrc/cuda/nccl.cpp all2all_single_unequal_split),
     so the copies for peers in the node ride NVLink while those for other nodes leave through the NIC, at once:
-    the longer of the two;
+    the longer of the two. NB: with --etp > 1 the expert-TP group then all-gathers its ranks' received copies and
+    reduce-scatters them before the combine (:691-701, :774-781), not timed here: the layer's tensor-parallel
+    all-gather and reduce-scatter of its T·h tokens stand in for them (parallel/tensor.py, tp_overlap.py, as for a
+    dense MLP), which under-counts by the top-k copies where etp = tp, and over-counts where etp = 1 and no shared
+    expert gathers over tp;
   * allgather (MoEAllGatherTokenDispatcher, :208; gather_from_sequence_parallel_region over the tp × ep group,
     :265-276, and reduce_scatter_to_sequence_parallel_region back, :338): every rank gathers every rank's tokens,
     once each (no top-k copies): an all-gather (and a reduce-scatter) of the etp × ep ranks' tokens;
