@@ -13,8 +13,9 @@ from .op import Op, Shape, gemm, memory
 from .te_casts import te_casts
 
 def expert_dims(spec: ModelSpec, sh: Shape, etp: int | None = None) -> tuple:
-    """(hidden, activation bytes, tokens T, experts E, top_k, an expert's width over tp, local experts E/ep, rows of
-    each local expert's GEMMs on the busiest rank (busiest_per_expert), the rows its experts receive in all).
+    """(hidden, activation bytes, tokens T, experts E, top_k, an expert's width over tp (over `etp` where given),
+    local experts E/ep, rows of each local expert's GEMMs on the busiest rank (busiest_per_expert), the rows its
+    experts receive in all).
     `etp`: Megatron's expert tensor-parallel degree (ops/megatron_moe.py): under sequence parallelism a rank holds
     T / tp of the TP group's T tokens, sends their copies to the experts, and its expert-TP group gathers what its
     etp ranks received (token_dispatcher.py:691-701 at core_v0.16.1, AG over the expert-TP group), each expert's
