@@ -28,10 +28,7 @@ class BatchFree:
     __slots__ = ("setup", "folders", "_hash")
 
     def __init__(self, setup: Setup, fixed: tuple = MICRO_BATCH):
-        if any(getattr(setup, k) != v for k, v in fixed):
-            setup = setup.copied()
-            for k, v in fixed:
-                object.__setattr__(setup, k, v)
+        setup = setup.keyed(fixed)
         self.setup, self.folders = setup, os.environ.get(PATH_VARIABLE)
         self._hash = hash((setup, self.folders))
 

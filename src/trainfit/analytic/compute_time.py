@@ -394,12 +394,7 @@ def op_list_setup(setup: Setup, recompute: bool = False) -> Setup:
     and backward lists)."""
     fixed = NOT_IN_OP_LISTS + ((("recompute", "none"), ("recompute_modules", None)) if recompute else ()) + \
         ((("vpp", 1),) if setup.recompute_policy != "block" else ())
-    if all(getattr(setup, k) == v for k, v in fixed):
-        return setup
-    key = setup.copied()  # (a key, never run: no validation of the fixed values)
-    for k, v in fixed:
-        object.__setattr__(key, k, v)
-    return key
+    return setup.keyed(fixed)
 
 
 def clear_memos() -> None:

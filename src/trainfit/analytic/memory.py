@@ -84,12 +84,7 @@ NOT_IN_MEMORY = (("moe_dispatcher", None), ("moe_dispatcher_sms", None), ("overl
 def memory_key(setup: Setup) -> Setup:
     """`setup` with the settings the memory model never reads (NOT_IN_MEMORY) at fixed values: a memo key, never
     run (no validation of the fixed values)."""
-    if all(getattr(setup, k) == v for k, v in NOT_IN_MEMORY):
-        return setup
-    key = setup.copied()
-    for k, v in NOT_IN_MEMORY:
-        object.__setattr__(key, k, v)
-    return key
+    return setup.keyed(NOT_IN_MEMORY)
 
 
 # torchtune's OffloadActivations (training/_activation_offloading.py): each saved tensor is copied to pinned host

@@ -34,7 +34,7 @@ class Floors:
         self._memo: dict[tuple[Setup, StateBytes, bool], float] = {}
 
     def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True) -> float:
-        key = (_dp_free(setup), st, exchanges)
+        key = (setup.keyed(DP_ONLY), st, exchanges)
         got = self._memo.get(key)
         if got is None:
             got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges, self.efficiency)
@@ -46,12 +46,3 @@ class Floors:
         exchanges read (the search passes a group's default assignment); memoised as __call__ is."""
         return self(setup, st, exchanges=False)
 
-
-def _dp_free(setup: Setup) -> Setup:
-    """`setup` with DP_ONLY's settings fixed: a key, never run (no validation of the fixed values)."""
-    if all(getattr(setup, k) == v for k, v in DP_ONLY):
-        return setup
-    key = setup.copied()
-    for k, v in DP_ONLY:
-        object.__setattr__(key, k, v)
-    return key

@@ -708,10 +708,22 @@ class Setup:
     def copied(self) -> "Setup":
         """copy.copy(self) without its pickle-protocol round trip (__reduce_ex__, copyreg): a Setup is its fields'
         __dict__ (no slots, no state of its own), so a new object with that dict copied is the same copy. For the
-        callers that set fields on the copy before anyone sees it (with_micro_batches, compute_time.op_list_setup)."""
+        callers that set fields on the copy before anyone sees it (with_micro_batches, keyed)."""
         new = object.__new__(Setup)
         new.__dict__.update(self.__dict__)
         return new
+
+    def keyed(self, fixed: tuple) -> "Setup":
+        """This setup with the (setting, value) pairs of `fixed` set, unchecked: a memo key standing for every setup
+        that differs from this one only in those settings (the engines' "never reads" lists: memory.NOT_IN_MEMORY,
+        compute_time.NOT_IN_OP_LISTS, the planner's bounds, batch_free), never run; this setup itself where they
+        already hold."""
+        if all(getattr(self, k) == v for k, v in fixed):
+            return self
+        key = self.copied()
+        for k, v in fixed:
+            object.__setattr__(key, k, v)
+        return key
 
     def _replaced(self, changes: dict) -> "Setup":
         """dataclasses.replace(self, **changes) without its keyword round trip through __init__ (~90 fields, each
