@@ -11,6 +11,11 @@ analytic/moe_imbalance.py), and C8's predicted ratio (published dropless only).
 
 Validation only: C8 (shared/calibration.md) is one row of the Qwen3-235B set (in sample, marked); no other number
 here may be fitted on.
+
+    python -m bench run moe_order --fit  # also fits the dropless default (moe_imbalance.DROPLESS) on C8 alone
+
+The fit: C8's predicted step time (time_published.predict, as above) equals its published 24.2 s, bisected over
+X in [1, 3] (the step time grows with X); the pairs above then check it.
 """
 from __future__ import annotations
 
@@ -83,8 +88,37 @@ def routing_gaps() -> list[dict]:
     return out
 
 
+def fit_dropless() -> tuple[float, float]:
+    """(X, C8's error there): the dropless training default at which C8 is predicted at its published step time,
+    and C8's error at the X moe_imbalance keeps."""
+    from trainfit.analytic import compute_time, moe_imbalance
+
+    kept = moe_imbalance.DROPLESS
+
+    def err(x: float) -> float:
+        moe_imbalance.DROPLESS = x
+        compute_time.clear_memos()
+        return predict(C8_RUN) / published_step(C8_RUN) - 1
+    try:
+        lo, hi = 1.0, 3.0
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if err(mid) < 0 else (lo, mid)
+        return (lo + hi) / 2, err(kept)
+    finally:
+        moe_imbalance.DROPLESS = kept
+        compute_time.clear_memos()
+
+
+def moe_imbalance_default() -> float:
+    from trainfit.analytic.moe_imbalance import DROPLESS
+    return DROPLESS
+
+
 def main(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit", action="store_true", help="fit the dropless default (moe_imbalance.DROPLESS) on C8")
+    args = ap.parse_args(argv)
     lines = ["# Published MoE layouts in their published order (bench/targets/moe_order.py)", "",
              "Each set: layouts of one model on one cluster at one global batch, published step times (faster "
              "first), the planner's predicted step time and the estimate's fit verdict. Kendall's tau over the "
@@ -116,6 +150,10 @@ def main(argv: list[str] | None = None) -> None:
         pub = "—" if g["published"] is None else f"{g['published']:.3f}"
         lines.append(f"| {g['layout']} | {seq} | {pub} | {g['predicted']:.3f} | {g['id']} |")
     lines.append("")
+    if args.fit:
+        x, kept_err = fit_dropless()
+        lines += [f"Fit on C8 (dropless, alltoall, EP 8): moe_imbalance.DROPLESS = {x:.3f} (kept: "
+                  f"{moe_imbalance_default():g}, at which C8 is {kept_err:+.1%})", ""]
     out = "\n".join(lines) + "\n"
     print(out)
     taus = [v["kendall_tau"] for k, v in values.items() if k in sets() and v["kendall_tau"] is not None]

@@ -600,8 +600,8 @@ C8_RUN: dict = dict(id="c8-moezoo-qwen3-235b-a2a", source=f"{MOE_ZOO_QWEN3}, H10
            f"{MOE_ZOO_QWEN3_CFG}: --expert-tensor-parallel-size 1, --sequence-parallel, flash attention, "
            "--account-for-embedding/loss-in-pipeline-split (94 layers + 2 over 32 x 3 chunks: one each), "
            "distributed optimizer with overlapped grad reduce / param gather; --recompute-modules "
-           "moe_act layernorm (run_h100_235b.sh). NB: dropless routing with the aux loss: the documented default "
-           "imbalance (moe_imbalance.py); TE cross-entropy fusion not modelled (its logits copy counted: predicted slower).")
+           "moe_act layernorm (run_h100_235b.sh). Dropless routing with the aux loss: the default imbalance "
+           "(moe_imbalance.DROPLESS) is fitted on this run; TE cross-entropy fusion not modelled (its logits copy counted: predicted slower).")
 
 
 def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", inexpressible=None, mbs=1,
@@ -628,8 +628,8 @@ def _zoo(line, dispatcher, tp, ep, pp, vpp, dp, ga, recompute, step, notes="", i
                    **({"overlap_moe_comm": True} if overlap else {})),
         published=step, unit="s/step",
         notes=f"TP {tp} EP {ep} ETP 1 PP {pp} VPP {vpp} DP {dp}, GA {ga}, {dispatcher} token dispatcher; recompute "
-              f"modules: {recompute or 'none'}. NB: dropless routing with the aux loss: the documented default "
-              "imbalance (moe_imbalance.py)" + (". " + notes if notes else ""))
+              f"modules: {recompute or 'none'}. NB: dropless routing with the aux loss: the default imbalance "
+              "fitted on C8 (moe_imbalance.DROPLESS)" + (". " + notes if notes else ""))
     if inexpressible:
         run["inexpressible"] = inexpressible
     return run
@@ -681,7 +681,7 @@ def _zoo_long(line, seq, tp, cp, forced, tflops):
                    **({"moe_force_balance": True} if forced else {})),
         published=tflops, unit="TFLOP/s/GPU (Megatron-LM)",
         notes=f"TP {tp} CP {cp} EP 8 ETP 1 PP 8 VPP 4 DP {dp}, GBS 256, MBS 1, DeepEP, recompute modules layernorm, "
-              "moe; " + ("routing force-balanced." if forced else "dropless routing with the aux loss: the documented "
+              "moe; " + ("routing force-balanced." if forced else "dropless routing with the aux loss: the default "
                          "default imbalance (moe_imbalance.py).") + " Its pair differs only in the routing.")
 
 

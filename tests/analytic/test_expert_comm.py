@@ -69,10 +69,20 @@ def test_two_node_dispatch_by_hand():
     for i in range(8):
         miss_gpu *= (120 - i) / (128 - i)
     fan_out = 16 * (1 - miss_gpu) * 7 / 8  # distinct GPUs but the landing one: ~5.7 copies over NVLink
-    deepep = tokens * token_bytes * (remote / 50e9 + fan_out / 400e9)
+    # the RDMA senders and the NVLink forwarders run at once (DeepEP internode.cu WarpRole): the longer of the two
+    rdma, nvl = tokens * token_bytes * remote / 50e9, tokens * token_bytes * fan_out / 400e9
+    deepep = max(rdma, nvl)
     flex = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_dispatcher="deepep", moe_imbalance=1.0)
     assert ep_comm_seconds(spec, flex, LINKS, tokens, 2, 1) == pytest.approx(4 * deepep, rel=1e-12)
     assert 4 * deepep < 0.5 * 4 * one  # the NIC carries ~1 copy per token instead of 4
+    # imbalance 1.5: the busiest GPU's NVLink share grows by 1.5, the NICs' by the busiest node's excess, which
+    # averages its 8 ranks: 1 + 0.5 · E[max of 2 N(0,1)] / (E[max of 16] · √8) = 1 + 0.5 · 0.5642 / (1.7660 · 2.8284)
+    skew = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_dispatcher="deepep", moe_imbalance=1.5)
+    node = 1 + 0.5 * 0.5642 / (1.7660 * 2.8284)  # 1.056
+    assert ep_comm_seconds(spec, skew, LINKS, tokens, 2, 1) == pytest.approx(4 * max(rdma * node, nvl * 1.5),
+                                                                              rel=1e-3)
+    a2a_skew = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_imbalance=1.5)
+    assert ep_comm_seconds(spec, a2a_skew, LINKS, tokens, 2, 1) == pytest.approx(4 * one * 1.5, rel=1e-12)
     # allgather: every rank gathers the 16 ranks' tokens (15 others', once each) and reduce-scatters them back
     ag = Setup(stack="megatron", precision="bf16-master", dp=16, ep=16, moe_dispatcher="allgather")
     assert ep_comm_seconds(spec, ag, LINKS, tokens, 2, 1) == pytest.approx(4 * 15 * tokens * token_bytes / 50e9)

@@ -62,13 +62,14 @@ def test_expert_parallelism_makes_mixtral_fit_tp2_pp2():
     """Mixtral 8x7B on 16 H100-80GB at TP 2 × PP 2 (DP 4). Hand derivation (Megatron's bf16 weights, fp32 main-grad
     buffer, fp32 main params + Adam states sharded over DP 4 by the distributed optimizer): at EP 1 a rank holds 1/4
     of the 46.7B parameters, 11.68B × (2 + 4 + 12/4) bytes = 97.9 GiB > 80 GB: no plan fits without expert
-    parallelism. The plan found splits the experts, and its busiest rank's bf16 weights are what EP × ETP leaves
-    it: 16 layers × (attention/tp + experts/(ep·etp)) + the vocab-parallel embedding (or head)/tp."""
+    parallelism (under that optimizer, --zero 1; Megatron-FSDP's --zero 3 shards the weights too). The plan found
+    splits the experts, and its busiest rank's bf16 weights are what EP × ETP leaves it: 16 layers ×
+    (attention/tp + experts/(ep·etp)) + the vocab-parallel embedding (or head)/tp."""
     spec = load_spec("mixtral-8x7b")
     ep1_bytes = 46_702_792_704 / 4 * (2 + 4 + 12 / 4)
     assert ep1_bytes > 80e9
     r = search(spec, get_gpu("H100-80GB"), PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20,
-                                                     stacks=("megatron",), tp=2, pp=2, top=3))
+                                                     stacks=("megatron",), tp=2, pp=2, top=3, zeros=(1,)))
     assert r.candidates
     for c in r.candidates:
         s = c.setup

@@ -8,7 +8,7 @@ from (busiest_rank_load):
   --moe-force-balance Megatron's --moe-router-force-load-balancing: the router's logits replaced by N(0, 1) noise
                       (megatron-core 0.16.1 megatron/core/transformer/moe/router.py:655-657, moe_utils.py:1110-1131
                       RandomSTE), so each token's top-k is a uniform draw: the imbalance is the sampling floor below;
-  otherwise           dropless learned routing: DROPLESS, or the sampling floor where that is larger;
+  otherwise           dropless learned routing: DROPLESS (fitted on C8), or the sampling floor where that is larger;
   --moe-capacity-factor cf  Megatron's --moe-expert-capacity-factor caps it: a source rank sends each expert at most
                       ceil(T·top_k / E · cf) copies (moe_utils.py:193-211 get_capacity, :800-850
                       apply_router_token_dropping), so a local expert receives at most cf times its mean.
@@ -23,14 +23,20 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-# Documented default for dropless learned routing (not fitted): Megatron-Core sizes the busiest rank's routed-token
-# buffers at 1.10 x the perfectly balanced case by default (Megatron-LM d98e8a6 transformer_config.py:1370
-# moe_paged_stash_buffer_size_factor_cuda = 1.10; docs/user-guide/features/paged_stash.md:51 "multipliers on buffer
-# size relative to the perfectly balanced case ... headroom for real-world skew"). The one published per-rank
-# measurement found agrees: median max/mean rank load 1.069 over 16 EP ranks without EPLB (vLLM PR #50647, Kimi K3
-# serving, "Observation-only control"). NB: one value for every model, EP degree and batch; real imbalance grows
-# with ep and with routers that specialise, and falls with the tokens per batch: either direction.
-DROPLESS = 1.10
+# Dropless learned routing in a training run: the busiest rank's load X fitted on C8 (shared/calibration.md: Qwen3-235B-
+# A22B, EP 8, Megatron's alltoall dispatcher, dropless), the only published MoE run a constant may be fitted on:
+# `python -m bench run moe_order --fit` solves C8's predicted step time = its published 24.2 s for X (1.86: the C8 row
+# was -14.7 % at 1.10). Checked, not fitted: MoE-Zoo's four Qwen3-235B long-context pairs, the same layout run
+# dropless and force-balanced (bench/results/moe_order.md), take a 9-25 % slower dropless step that 1.10 read as 1-2 %.
+# The mechanism that makes X this large early in a run: a fresh router maps each token's hidden state, which the
+# token's own embedding dominates, to nearly fixed experts, and token frequencies are Zipfian, so a few experts take
+# the frequent tokens (the aux loss only evens them out over training). NB: one value for every model, EP degree and
+# batch, fitted at EP 8 with 16 experts per rank: a later, balanced run, or an aux-loss-free router with its bias
+# (DeepSeek-V3's), sits lower (errs slow): a trained router measured 1.069 (median max/mean rank load over 16 EP
+# ranks without EPLB, vLLM PR #50647, Kimi K3 serving), and Megatron-Core's own buffer margin for real-world skew is
+# 1.10 (Megatron-LM d98e8a6 transformer_config.py:1370 moe_paged_stash_buffer_size_factor_cuda); larger EP with
+# fewer experts per rank likely higher (errs fast).
+DROPLESS = 1.86
 
 
 @lru_cache(maxsize=None)
@@ -98,3 +104,16 @@ def held_load(load: float, pairs: float) -> float:
     correlates them and the excess grows faster than √n (under-counts), as does a run's largest sum over its many
     steps above this expectation; a capacity factor's cap on each pair also caps their mean (kept: load ≤ cap)."""
     return 1.0 + (load - 1.0) / math.sqrt(max(pairs, 1.0))
+
+
+def node_load(load: float, ep: int, per_node: int) -> float:
+    """The busiest node's routed copies over the mean, for ranks whose busiest one takes `load` (busiest_rank_load),
+    `ep` ranks in `per_node`-rank nodes (what a node's NICs receive under DeepEP's dispatch: parallel/expert.py).
+    sampling_floor's model: rank r takes μ + s·(Z_r − mean Z), so load − 1 = s·E[max of ep Z]/μ; a node sums its n
+    ranks: nμ + s·√n·W, W ~ N(0, 1), and the busiest of ep/n nodes takes nμ·(1 + s·E[max of ep/n W]/(√n·μ)):
+    1 + (load − 1)·E[max of ep/n]/(E[max of ep]·√n). NB: independent ranks (as held_load); experts that a router
+    favours together on one node would correlate them (under-counts)."""
+    nodes = -(-ep // max(1, per_node))
+    if nodes <= 1 or load <= 1.0:
+        return 1.0
+    return 1.0 + (load - 1.0) * expected_max_normal(nodes) / (expected_max_normal(ep) * math.sqrt(per_node))

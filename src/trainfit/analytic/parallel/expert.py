@@ -21,12 +21,18 @@ backward the gradients make the reverse trip: 4 exchanges per layer, each of the
     destination node over RDMA and is fanned out inside the node over NVLink to each GPU holding one of its experts
     (DeepSeek-AI, "DeepSeek-V3 Technical Report" 2024, §3.2.2: cross-node IB then intra-node NVLink forwarding).
     RDMA: the token × its expected distinct remote nodes (`distinct_groups`); NVLink: the token × its expected
-    distinct destination GPUs in a node other than the forwarding one. NB: the two parts are summed, while DeepEP
-    pipelines its RDMA sends with the NVLink forwarding: pessimistic by up to the shorter part.
+    distinct destination GPUs in a node other than the forwarding one. The two run at once: DeepEP's internode
+    dispatch kernel gives half its SMs to RDMA senders and the other half to NVLink forwarders and receivers
+    (DeepEP v1.2.1 csrc/kernels/internode.cu:370-401 WarpRole, is_forwarder = sm_id % 2 == 0), passing chunks of
+    num_max_rdma_chunked_send_tokens through its buffers, and its combine the same way back (:1380-1385): the
+    exchange takes the longer of the two. NB: HybridEP's kernels taken as DeepEP's.
 Routing imbalance (analytic/moe_imbalance.py): the busiest rank receives X times the mean copies in the dispatch
-and sends them back in the combine, and the exchange ends when it is done: the alltoall and deepep/hybridep times
-scale by X (the allgather dispatcher gathers every token whatever the routing). NB: the other ranks' sends to it
-are taken as evenly spread over its links.
+and sends them back in the combine, and the exchange ends when it is done: the alltoall's time and DeepEP's NVLink
+part scale by X (the allgather dispatcher gathers every token whatever the routing). DeepEP's RDMA part scales by the
+busiest node's load instead (moe_imbalance.node_load): a token crosses to the rank of the destination node with the
+sender's local index (the RDMA team is the ranks gpus_per_node apart: runtime.cu:61 nvshmem_team_split_strided;
+internode.cu:74-76), so a node's NICs share what the node receives evenly, whichever of its GPUs holds the experts.
+NB: the other ranks' sends to the busiest are taken as evenly spread over its links.
 
 Overlap (--overlap-moe-comm, Megatron's overlap_moe_expert_parallel_comm: model_parallel_config.py:264; pipeline_
 parallel/combined_1f1b.py:34-48): in 1F1B one micro-batch's forward runs beside another's backward, each one's EP
@@ -59,7 +65,7 @@ from ...hardware import GPU
 from ...setup import Setup
 from ...spec import ModelSpec
 from ...units import next_pow2
-from ..moe_imbalance import busiest_rank_load
+from ..moe_imbalance import busiest_rank_load, node_load
 from ..overlap import exposed, nccl_sms
 from ..params import ParamCounts
 from .collectives import Links, ranks_per_node, ring_half
@@ -109,9 +115,10 @@ def split_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, held: float, la
     return held - routed / setup.tp, routed / (setup.ep * setup.expert_tp)
 
 
-def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float) -> float:
+def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float,
+                     load: float = 1.0) -> float:
     """One dispatch (or combine) of one MoE layer for `tokens` on the rank (1/t of them each under sequence
-    parallelism), by --moe-dispatcher."""
+    parallelism), by --moe-dispatcher, the busiest rank receiving `load` times the mean copies (module doc)."""
     e, etp, m = setup.ep, setup.expert_tp, spec.moe
     local = tokens / (setup.tp if setup.sequence_parallel else 1)
     token_bytes = spec.hidden * act_bytes
@@ -124,7 +131,7 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
     nodes = -(-e // per_node)
     if how == "alltoall":
         copies = local * m.top_k * token_bytes / e  # to each rank of the group
-        return max((e - per_node) * copies / links.inter, (per_node - 1) * copies / links.intra)
+        return load * max((e - per_node) * copies / links.inter, (per_node - 1) * copies / links.intra)
     # deepep / hybridep
     limit = (m.route_group_topk, m.route_groups)  # group-limited routing (DeepSeek-V3's node limit)
     # RDMA: the distinct nodes but the rank's own (each node as likely to be hit); NVLink: the distinct destination
@@ -132,7 +139,8 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
     # symmetry every rank forwards as much as it sends.
     remote = distinct_groups(m.num_experts, m.top_k, nodes, *limit) * (nodes - 1) / nodes
     in_node = distinct_groups(m.num_experts, m.top_k, e, *limit) * (per_node - 1) / per_node
-    return local * token_bytes * (remote / links.inter + in_node / links.intra)
+    rdma = local * token_bytes * remote / links.inter * node_load(load, e, per_node)
+    return max(rdma, local * token_bytes * in_node / links.intra * load)
 
 
 def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float,
@@ -141,8 +149,8 @@ def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     (exposed or not: `exposed_ep_seconds`)."""
     if setup.ep <= 1 or not spec.is_moe:
         return 0.0
-    busiest = 1.0 if setup.moe_dispatcher == "allgather" else busiest_rank_load(spec, setup, tokens)
-    return layers * 4 * busiest * exchange_seconds(spec, setup, links, tokens, act_bytes)
+    load = 1.0 if setup.moe_dispatcher == "allgather" else busiest_rank_load(spec, setup, tokens)
+    return layers * 4 * exchange_seconds(spec, setup, links, tokens, act_bytes, load)
 
 
 def exchange_sms(setup: Setup, gpu: GPU) -> int:
