@@ -88,6 +88,55 @@ def test_two_node_dispatch_by_hand():
     assert ep_comm_seconds(spec, ag, LINKS, tokens, 2, 1) == pytest.approx(4 * 15 * tokens * token_bytes / 50e9)
 
 
+def test_expert_tp_gathers_what_the_group_received():
+    """--etp 2, alltoall, one node (Qwen3-30B-A3B: 128 experts, top-8, hidden 2048): after the all-to-all the
+    expert-TP pair all-gathers its ranks' received copies (token_dispatcher.py:685-701) and reduce-scatters the
+    experts' outputs before the combine (:774-781). Hand derivation of the volumes: a rank of the tp 2 × ep 4 layout
+    routes its own 1000 / 2 tokens under sequence parallelism, receives their 8 copies' worth (balanced), and the
+    pair gathers 2 × 500 × 8 rows of 2048 × 2 bytes."""
+    spec = load_model("qwen3-30b-a3b")
+    kw = dict(stack="megatron", precision="bf16-master", dp=8, tp=2, sequence_parallel=True, ep=4, moe_imbalance=1.0)
+    one, two = Setup(**kw, etp=1), Setup(**kw, etp=2)
+    local = 1000 / 2
+    gathered = 2 * local * 8 * 2048 * 2
+    ring = (LINKS.all_gather(2, 2, gathered) + LINKS.reduce_scatter(2, 2, gathered)) / 2
+    # at etp 1 the ep group's 4 ranks are 1 apart, at etp 2 2 apart: both inside the node, the same a2a volume
+    a2a = 3 * local * 8 * 2048 * 2 / 4 / 400e9
+    assert ep_comm_seconds(spec, one, LINKS, 1000, 2, 1) == pytest.approx(4 * a2a, rel=1e-12)
+    assert ep_comm_seconds(spec, two, LINKS, 1000, 2, 1) == pytest.approx(4 * (a2a + ring), rel=1e-12)
+    # the flex dispatcher instead sends each token to both expert-TP ranks of every expert group it picks (its
+    # experts and top-k scaled by tp_size: token_dispatcher.py:1346-1360), over the node's 8 GPUs: a GPU group (32
+    # of the experts) missed when all 8 picks fall in the other 96
+    miss = 1.0
+    for i in range(8):
+        miss *= (96 - i) / (128 - i)
+    flex = Setup(**kw, etp=2, moe_dispatcher="deepep")
+    assert ep_comm_seconds(spec, flex, LINKS, 1000, 2, 1) == pytest.approx(
+        4 * local * 2048 * 2 * 2 * 4 * (1 - miss) * 7 / 8 / 400e9, rel=1e-12)
+
+
+def test_megatron_moe_layers_run_no_dense_mlp_collectives():
+    """Megatron routes each rank's own T/tp tokens (moe_layer.py:379-383) and gathers over the expert-TP group only:
+    a MoE layer without a shared expert runs the attention's tensor-parallel all-gathers and reduce-scatters, not a
+    dense MLP's. Hand: Qwen3-30B-A3B (every layer MoE, no shared expert) at tp 2, 4 layers, no overlap:
+    4 × (2 pairs forward and backward of the attention) × (AG + RS of T·h); with a shared expert (Qwen1.5-MoE) the
+    MLP's pairs are back, as on the other stacks' MoE layers (a dense MLP's stand-in)."""
+    from trainfit.analytic.parallel.expert import dense_mlp_share
+    from trainfit.analytic.parallel.tensor import tp_comm_seconds
+
+    qwen3 = load_model("qwen3-30b-a3b")
+    assert qwen3.moe.shared_intermediate == 0
+    meg = Setup(stack="megatron", precision="bf16-master", dp=4, tp=2, sequence_parallel=True, ep=4)
+    x = 4096 * 2048 * 2
+    pair = LINKS.all_gather(2, 2, x) + LINKS.reduce_scatter(2, 2, x)
+    assert dense_mlp_share(qwen3, meg) == 0.0
+    assert tp_comm_seconds(qwen3, meg, LINKS, 4096, 2, 4, 0.0) == pytest.approx(4 * 2 * pair, rel=1e-12)
+    shared = load_model("qwen1.5-moe-a2.7b")
+    assert shared.moe.shared_intermediate > 0 and dense_mlp_share(shared, meg) == 1.0
+    titan = Setup(stack="torchtitan", precision="amp-bf16", dp=4, tp=2, sequence_parallel=True, zero=3)
+    assert dense_mlp_share(qwen3, titan) == 1.0
+
+
 def test_one_node_deepep_stays_on_nvlink():
     spec = load_model("qwen3-30b-a3b")
     s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, moe_dispatcher="deepep", moe_imbalance=1.0)

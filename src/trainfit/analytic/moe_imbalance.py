@@ -25,8 +25,8 @@ from functools import lru_cache
 
 # Dropless learned routing in a training run: the busiest rank's load X fitted on C8 (shared/calibration.md: Qwen3-235B-
 # A22B, EP 8, Megatron's alltoall dispatcher, dropless), the only published MoE run a constant may be fitted on:
-# `python -m bench run moe_order --fit` solves C8's predicted step time = its published 24.2 s for X (1.86: the C8 row
-# was -14.7 % at 1.10). Checked, not fitted: MoE-Zoo's four Qwen3-235B long-context pairs, the same layout run
+# `python -m bench run moe_order --fit` solves C8's predicted step time = its published 24.2 s for X (1.91: the C8 row
+# is -16.2 % at 1.10). Checked, not fitted: MoE-Zoo's four Qwen3-235B long-context pairs, the same layout run
 # dropless and force-balanced (bench/results/moe_order.md), take a 9-25 % slower dropless step that 1.10 read as 1-2 %.
 # The mechanism that makes X this large early in a run: a fresh router maps each token's hidden state, which the
 # token's own embedding dominates, to nearly fixed experts, and token frequencies are Zipfian, so a few experts take
@@ -36,7 +36,7 @@ from functools import lru_cache
 # ranks without EPLB, vLLM PR #50647, Kimi K3 serving), and Megatron-Core's own buffer margin for real-world skew is
 # 1.10 (Megatron-LM d98e8a6 transformer_config.py:1370 moe_paged_stash_buffer_size_factor_cuda); larger EP with
 # fewer experts per rank likely higher (errs fast).
-DROPLESS = 1.86
+DROPLESS = 1.91
 
 
 @lru_cache(maxsize=None)

@@ -206,7 +206,7 @@ class Setup:
                                              "n (micro-batch, layer) pairs by 1 + (X - 1)/sqrt(n) (the busiest rank "
                                              "changes from pair to pair). With --ep 1 every rank holds every expert, "
                                              "so none is busier (no effect).", minimum=1, maximum=1024,
-                                             auto="1.86 for dropless learned routing (fitted on calibration C8, "
+                                             auto="1.91 for dropless learned routing (fitted on calibration C8, "
                                              "a benchmark's early steps; analytic/moe_imbalance.py), "
                                              "at least the sampling floor of the uniform draw; that floor with "
                                              "--moe-force-balance; at most --moe-capacity-factor",

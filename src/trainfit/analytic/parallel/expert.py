@@ -8,11 +8,11 @@ backward the gradients make the reverse trip: 4 exchanges per layer, each of the
     expert, so every one of a token's top-k copies is sent, (ep−1)/ep of them off the rank; NCCL runs the
     all-to-all as one ncclSend/ncclRecv per peer in a group (torch/csrc/cuda/nccl.cpp all2all_single_unequal_split),
     so the copies for peers in the node ride NVLink while those for other nodes leave through the NIC, at once:
-    the longer of the two. NB: with --etp > 1 the expert-TP group then all-gathers its ranks' received copies and
-    reduce-scatters them before the combine (:691-701, :774-781), not timed here: the layer's tensor-parallel
-    all-gather and reduce-scatter of its T·h tokens stand in for them (parallel/tensor.py, tp_overlap.py, as for a
-    dense MLP), which under-counts by the top-k copies where etp = tp, and over-counts where etp = 1 and no shared
-    expert gathers over tp;
+    the longer of the two. With --etp > 1 the expert-TP group then all-gathers what its ranks received
+    (dispatch_postprocess, :685-701: gather_from_sequence_parallel_region over the dispatcher's tp group, which is
+    the expert-TP group, :72-76) and reduce-scatters the experts' outputs before the combine (:774-781): a ring over
+    etp consecutive ranks (etp innermost in the expert rank order) of etp times the rank's received copies, added to
+    each exchange;
   * allgather (MoEAllGatherTokenDispatcher, :208; gather_from_sequence_parallel_region over the tp × ep group,
     :265-276, and reduce_scatter_to_sequence_parallel_region back, :338): every rank gathers every rank's tokens,
     once each (no top-k copies): an all-gather (and a reduce-scatter) of the etp × ep ranks' tokens;
@@ -25,7 +25,10 @@ backward the gradients make the reverse trip: 4 exchanges per layer, each of the
     dispatch kernel gives half its SMs to RDMA senders and the other half to NVLink forwarders and receivers
     (DeepEP v1.2.1 csrc/kernels/internode.cu:370-401 WarpRole, is_forwarder = sm_id % 2 == 0), passing chunks of
     num_max_rdma_chunked_send_tokens through its buffers, and its combine the same way back (:1380-1385): the
-    exchange takes the longer of the two. NB: HybridEP's kernels taken as DeepEP's.
+    exchange takes the longer of the two. With --etp > 1 the flex dispatcher runs over the tp × ep group as if each
+    expert were etp experts, one per expert-TP rank, each token's top-k times etp of them (MoEFlexTokenDispatcher,
+    :1346-1360: num_experts and router_topk scaled by tp_size): a token reaches the same nodes, and etp GPUs for each
+    expert group it picks. NB: HybridEP's kernels taken as DeepEP's.
 Routing imbalance (analytic/moe_imbalance.py): the busiest rank receives X times the mean copies in the dispatch
 and sends them back in the combine, and the exchange ends when it is done: the alltoall's time and DeepEP's NVLink
 part scale by X (the allgather dispatcher gathers every token whatever the routing). DeepEP's RDMA part scales by the
@@ -126,20 +129,24 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
     if how == "allgather":
         n = etp * e  # the tp × ep group (expert rank generator: etp innermost, then ep)
         return ring_half(n, n * local * token_bytes, links.over(n))
-    # the ep group's ranks etp apart: gpus_per_node / etp of them per node
-    per_node = ranks_per_node(etp, e, links.gpus_per_node)
-    nodes = -(-e // per_node)
     if how == "alltoall":
+        per_node = ranks_per_node(etp, e, links.gpus_per_node)  # the ep group's ranks etp apart
         copies = local * m.top_k * token_bytes / e  # to each rank of the group
-        return load * max((e - per_node) * copies / links.inter, (per_node - 1) * copies / links.intra)
-    # deepep / hybridep
+        a2a = load * max((e - per_node) * copies / links.inter, (per_node - 1) * copies / links.intra)
+        if etp <= 1:
+            return a2a
+        gathered = etp * local * m.top_k * load * token_bytes  # the expert-TP group's received copies
+        return a2a + (links.all_gather(etp, etp, gathered) + links.reduce_scatter(etp, etp, gathered)) / 2
+    # deepep / hybridep: over the tp × ep group (etp innermost), etp GPUs for each expert group picked
+    per_node = ranks_per_node(1, etp * e, links.gpus_per_node)
+    nodes = -(-(etp * e) // per_node)
     limit = (m.route_group_topk, m.route_groups)  # group-limited routing (DeepSeek-V3's node limit)
     # RDMA: the distinct nodes but the rank's own (each node as likely to be hit); NVLink: the distinct destination
     # GPUs but the one the token lands on in its node (one of per_node, as likely as any to be a destination). By
     # symmetry every rank forwards as much as it sends.
     remote = distinct_groups(m.num_experts, m.top_k, nodes, *limit) * (nodes - 1) / nodes
-    in_node = distinct_groups(m.num_experts, m.top_k, e, *limit) * (per_node - 1) / per_node
-    rdma = local * token_bytes * remote / links.inter * node_load(load, e, per_node)
+    in_node = etp * distinct_groups(m.num_experts, m.top_k, e, *limit) * (per_node - 1) / per_node
+    rdma = local * token_bytes * remote / links.inter * node_load(load, etp * e, per_node)
     return max(rdma, local * token_bytes * in_node / links.intra * load)
 
 
@@ -197,3 +204,20 @@ def exposed_ep_seconds(setup: Setup, exchanges: float, compute: float, phases: t
 
     left = (sum(added(exchanges / len(phases), p) for p in phases) if phases else added(exchanges, compute))
     return (exchanges + (m - 1) * left) / m
+
+
+def dense_mlp_share(spec: ModelSpec, setup: Setup) -> float:
+    """Of a stage's layers, the share whose MLP runs a dense MLP's tensor-parallel collectives (its T·h input
+    all-gathered, its output reduce-scattered under sequence parallelism; one all-reduce each without): every
+    layer, but the MoE layers of a stack whose token dispatcher runs them instead ([moe] tp_collectives =
+    "dispatcher": Megatron routes each rank's own T/tp tokens, moe_layer.py:379-383, and its dispatcher gathers
+    over the expert-TP group only, exchange_seconds), unless a shared expert (a dense tensor-parallel MLP beside the
+    experts, SharedExpertMLP) runs them there. NB: the other stacks' MoE layers keep a dense MLP's collectives as a
+    stand-in."""
+    m = spec.moe
+    if m is None or m.shared_intermediate or setup.tp <= 1:
+        return 1.0
+    if setup.stack_facts.facts.get("moe", {}).get("tp_collectives") != "dispatcher":
+        return 1.0
+    moe_layers = spec.layers if m.sparse_layers is None else m.sparse_layers
+    return 1.0 - moe_layers / spec.layers

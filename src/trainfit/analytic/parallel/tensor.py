@@ -17,6 +17,7 @@ from ..activations import LayerActivations
 from ..families import family_traits
 from ..params import ParamCounts, hybrid_layers_params
 from .collectives import Links
+from .expert import dense_mlp_share
 from .pipeline import Stage
 
 # LayerActivations.terms split t ways by TP alone (Korthikanti eq. 2); the rest need sequence parallelism (eq. 4)
@@ -103,15 +104,19 @@ def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
         n_ar -= (2 + 2 * rerun + 2) * 0.5 * (1 - 1 / act_bytes)
         gathers = (1.0, 1.0)
     n_ar -= te_gather_saving(setup, act_bytes, rerun)
+    # the MLP's collectives where a dense MLP runs them (a MoE layer's are its dispatcher's: parallel/expert.py)
+    mlp = dense_mlp_share(spec, setup)
     if getattr(setup, "tp_comm_overlap", False) and gpu is not None:
         from ...low_precision import recipe
         from .tp_overlap import layer_seconds
 
         if runs_te(setup):  # TE's quantised forward all-gather (te_recipes.te_gather_saving)
             gathers = (recipe(setup).per_element, act_bytes)
-        return layers * layer_seconds(spec, setup, gpu, links, tokens, act_bytes, gathers, rerun)
+        return layers * layer_seconds(spec, setup, gpu, links, tokens, act_bytes, gathers, rerun, mlp)
     # the tp ranks are innermost: all on one node. Sequence parallelism runs each all-reduce as an all-gather and a
-    # reduce-scatter (Korthikanti et al. 2022 §4.2.2, g and g-bar), which NVLS does not speed up (tuning.cc:272)
+    # reduce-scatter (Korthikanti et al. 2022 §4.2.2, g and g-bar), which NVLS does not speed up (tuning.cc:272).
+    # n_ar counts the attention's and the MLP's collectives alike: half each.
+    pairs = layers * n_ar * (1 + mlp) / 2
     if setup.sequence_parallel:
-        return layers * n_ar * (links.all_gather(t, t, x) + links.reduce_scatter(t, t, x))
-    return layers * n_ar * links.allreduce(t, t, x)
+        return pairs * (links.all_gather(t, t, x) + links.reduce_scatter(t, t, x))
+    return pairs * links.allreduce(t, t, x)

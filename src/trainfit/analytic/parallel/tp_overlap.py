@@ -22,8 +22,9 @@ that consume or produce them, instead of before or after them. Two implementatio
 
 Either way the pair takes g_c + (tp − 1)·max(g_c, c / (tp − 1)), g_c one chunk's GEMM and c the collective: what it
 adds to the unchunked GEMM the compute term counts is tp·g_c − g + max(0, c − (tp − 1)·g_c). Which collectives are
-hidden is the stack's fact ([tp_comm_overlap] hidden). The MoE layers' MLP collectives are the token dispatcher's,
-not a linear's: they stay exposed as in tensor.py.
+hidden is the stack's fact ([tp_comm_overlap] hidden). A MoE model's MLP collectives are taken as a dense MLP's,
+exposed as in tensor.py, on the layers that run them (parallel/expert.py dense_mlp_share: not Megatron's MoE layers,
+whose dispatcher gathers over the expert-TP group, timed with the exchange).
 NB: optimistic by the SMs TE's bulk and pipelined methods take from the GEMM beside them (num_sm 2-32 of 132-148)
 and by the dense layers of a MoE model (their MLP taken as exposed: pessimistic); the collectives are timed as NCCL
 runs them (collectives.Links), the point-to-point copies moving the same (tp − 1)/tp of the bytes."""
@@ -61,23 +62,24 @@ _EXPOSED = table()  # layer_seconds' memo (it reads the kernel data: forgotten b
 
 
 def layer_seconds(spec: ModelSpec, setup, gpu: GPU, links: Links, tokens: float, act_bytes: float,
-                  gathers: tuple[float, float], rerun: float) -> float:
+                  gathers: tuple[float, float], rerun: float, mlp: float = 1.0) -> float:
     """One layer's exposed tensor-parallel time under --tp-comm-overlap on one rank of `tokens` (the sequence-parallel
     group's whole micro-batch); `gathers`: bytes per element of the forward's and the backward's all-gathers (a
-    quantised gather moves fewer: tensor.py); `rerun`: the share of its forward run again in the backward.
+    quantised gather moves fewer: tensor.py); `rerun`: the share of its forward run again in the backward; `mlp`:
+    the share of layers whose MLP runs these collectives (expert.dense_mlp_share; a MoE layer's are its dispatcher's).
     Memoised on what it reads: of the setup its tp, the collectives its stack hides (hidden_collectives) and the
     GEMMs' dtype (_gemm_dtype), nothing else of it; the spec and the GPU by identity (the entry holds them: a GPU's
     equality leaves out its cluster, which the kernel data may read), the links, tokens, bytes and re-run share."""
     hidden, bulk = hidden_collectives(setup)
     dtype = _gemm_dtype(setup)
-    key = (id(spec), id(gpu), links, tokens, act_bytes, gathers, rerun, setup.tp, hidden, bulk, dtype)
+    key = (id(spec), id(gpu), links, tokens, act_bytes, gathers, rerun, setup.tp, hidden, bulk, dtype, mlp)
     return remember_held(_EXPOSED, key, (spec, gpu), lambda: _layer_seconds(
-        spec, setup.tp, gpu, links, tokens, act_bytes, gathers, rerun, hidden, bulk, dtype))
+        spec, setup.tp, gpu, links, tokens, act_bytes, gathers, rerun, hidden, bulk, dtype, mlp))
 
 
 def _layer_seconds(spec: ModelSpec, t: int, gpu: GPU, links: Links, tokens: float, act_bytes: float,
                    gathers: tuple[float, float], rerun: float, hidden: frozenset[str], bulk: frozenset[str],
-                   dtype: str) -> float:
+                   dtype: str, mlp: float) -> float:
     """layer_seconds, computed from what it reads."""
     h = spec.hidden
     x = tokens * h * act_bytes  # one b·s·h activation, gathered
@@ -106,7 +108,7 @@ def _layer_seconds(spec: ModelSpec, t: int, gpu: GPU, links: Links, tokens: floa
         return forward * (1 + rerun) + backward
 
     attention = block(((spec.q_dim + 2 * spec.kv_dim) / t, h), (h, spec.q_dim / t))
-    if spec.moe is not None:
-        return attention + (ag_fwd + rs) * (1 + rerun) + ag_bwd + rs
+    if spec.moe is not None:  # a dense MLP's collectives, exposed, where they run (expert.dense_mlp_share)
+        return attention + mlp * ((ag_fwd + rs) * (1 + rerun) + ag_bwd + rs)
     fc1 = (2 if spec.gated_mlp else 1) * spec.intermediate / t
     return attention + block((fc1, h), (h, spec.intermediate / t))
