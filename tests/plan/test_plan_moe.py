@@ -35,14 +35,15 @@ def _megatron_expert_layout(world: int, tp: int, pp: int, cp: int, ep: int, etp:
 @pytest.mark.parametrize("dp,tp,pp,cp", [(4, 2, 2, 1), (2, 4, 1, 2), (16, 1, 1, 1)])
 def test_searched_expert_layouts_are_megatrons(dp, tp, pp, cp):
     """Every (ep, etp) Megatron builds for the layout (its rank generators above; ep dividing the experts,
-    moe_layer.py:101; etp dividing the expert width; etp ≤ tp, the search's own bound) is searched, and nothing else."""
+    moe_layer.py:101; etp dividing the expert width; the expert-TP group inside an 8-GPU node, the search's own
+    bound, above tp too) is searched, and nothing else."""
     spec = load_spec("mixtral-8x7b")  # 8 experts, expert MLP width 14336
     world = dp * tp * pp * cp
     got = {(v.ep, v.etp) for v in variants(spec, Layout(dp, tp, pp, cp), Where(4096, 8), {"ep", "etp"})}
     want = set()
     for ep in range(1, world + 1):
-        for etp in range(1, tp + 1):
-            if spec.moe.num_experts % ep or tp % etp or spec.moe.expert_intermediate % etp:
+        for etp in range(1, 9):
+            if spec.moe.num_experts % ep or 8 % etp or spec.moe.expert_intermediate % etp:
                 continue
             try:
                 _megatron_expert_layout(world, tp, pp, cp, ep, etp)
@@ -51,6 +52,7 @@ def test_searched_expert_layouts_are_megatrons(dp, tp, pp, cp):
             want.add((ep, None if etp == tp else etp))
     assert got == want
     assert any(ep > 1 for ep, _ in got)
+    assert any(etp is not None and etp > tp for _, etp in got) or world // tp < 2
 
 
 def test_dense_models_search_no_expert_axes():
@@ -58,12 +60,13 @@ def test_dense_models_search_no_expert_axes():
     assert {(v.ep, v.etp) for v in variants(spec, Layout(8, 2, 1), Where(4096, 8), {"ep", "etp"})} == {(1, None)}
 
 
-def test_expert_parallelism_makes_mixtral_fit_tp2_pp2():
+def test_splitting_the_experts_makes_mixtral_fit_tp2_pp2():
     """Mixtral 8x7B on 16 H100-80GB at TP 2 × PP 2 (DP 4). Hand derivation (Megatron's bf16 weights, fp32 main-grad
     buffer, fp32 main params + Adam states sharded over DP 4 by the distributed optimizer): at EP 1 a rank holds 1/4
-    of the 46.7B parameters, 11.68B × (2 + 4 + 12/4) bytes = 97.9 GiB > 80 GB: no plan fits without expert
-    parallelism (under that optimizer, --zero 1; Megatron-FSDP's --zero 3 shards the weights too). The plan found
-    splits the experts, and its busiest rank's bf16 weights are what EP × ETP leaves it: 16 layers ×
+    of the 46.7B parameters, 11.68B × (2 + 4 + 12/4) bytes = 97.9 GiB > 80 GB: no plan fits that does not split
+    the experts further than tp, by expert parallelism or an expert TP above tp (under that optimizer, --zero 1;
+    Megatron-FSDP's --zero 3 shards the weights too). The plan found splits the experts, and its busiest rank's
+    bf16 weights are what EP × ETP leaves it: 16 layers ×
     (attention/tp + experts/(ep·etp)) + the vocab-parallel embedding (or head)/tp."""
     spec = load_spec("mixtral-8x7b")
     ep1_bytes = 46_702_792_704 / 4 * (2 + 4 + 12 / 4)
@@ -73,7 +76,7 @@ def test_expert_parallelism_makes_mixtral_fit_tp2_pp2():
     assert r.candidates
     for c in r.candidates:
         s = c.setup
-        assert s.ep > 1 and c.estimate.time.fits
+        assert s.ep * s.expert_tp > s.tp and c.estimate.time.fits
         attention, experts, embedding = 41_943_040, 8 * 176_160_768, 32_000 * 4096  # mixtral-8x7b config.json
         hand = 2 * (16 * (attention / 2 + experts / (s.ep * s.expert_tp)) + embedding / 2)
         assert c.estimate.memory.weights == pytest.approx(hand, rel=0.01)

@@ -129,14 +129,17 @@ def _eps(spec: ModelSpec, lay: Layout, at: Where) -> list[int]:
 
 
 def _etps(spec: ModelSpec, lay: Layout, at: Where) -> list[int | None]:
-    """Expert tensor-parallel degrees of a MoE model: divisors of tp (NB: Megatron also runs etp > tp; not searched)
-    that divide the expert MLP width and with ep tile the stage's dp × cp × tp ranks (stacks/megatron.py refuse);
-    tp itself is Megatron's default, None."""
+    """Expert tensor-parallel degrees of a MoE model: those that divide the expert MLP width, with ep tile the stage's
+    dp × cp × tp ranks (stacks/megatron.py refuse) and keep the expert-TP group inside a node (etp innermost in
+    Megatron's expert rank order: parallel_state.py:788-794), below tp or above it; tp itself is Megatron's default,
+    None. NB: an expert-TP group across nodes (its gather over the NIC) is not searched."""
     if not spec.is_moe:
         return [None]
     ranks = lay.dp * lay.cp * lay.tp
-    return [None if t == lay.tp else t for t in divisors(lay.tp)
-            if spec.moe.expert_intermediate % t == 0 and ranks % (lay.ep * t) == 0]
+    if ranks % lay.ep:
+        return []
+    return [None if t == lay.tp else t for t in divisors(ranks // lay.ep)
+            if t <= at.gpus_per_node and at.gpus_per_node % t == 0 and spec.moe.expert_intermediate % t == 0]
 
 
 def _dispatchers(spec: ModelSpec, lay: Layout, at: Where) -> list[str | None]:

@@ -153,8 +153,8 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
 def ep_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, act_bytes: float,
                     layers: int) -> float:
     """One micro-batch's exchanges on a stage of `layers` layers: dispatch and combine, forward and backward
-    (exposed or not: `exposed_ep_seconds`)."""
-    if setup.ep <= 1 or not spec.is_moe:
+    (exposed or not: `exposed_ep_seconds`). At --ep 1 only the expert-TP group's gather and scatter, where etp > 1."""
+    if not spec.is_moe or (setup.ep <= 1 and setup.expert_tp <= 1):
         return 0.0
     load = 1.0 if setup.moe_dispatcher == "allgather" else busiest_rank_load(spec, setup, tokens)
     return layers * 4 * exchange_seconds(spec, setup, links, tokens, act_bytes, load)
