@@ -146,7 +146,9 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
     # symmetry every rank forwards as much as it sends.
     remote = distinct_groups(m.num_experts, m.top_k, nodes, *limit) * (nodes - 1) / nodes
     in_node = etp * distinct_groups(m.num_experts, m.top_k, e, *limit) * (per_node - 1) / per_node
-    rdma = local * token_bytes * remote / links.inter * node_load(load, etp * e, per_node)
+    # (the busiest node over the ep expert groups, per_node / etp of them a node: an expert-TP group's ranks share
+    # their experts' load)
+    rdma = local * token_bytes * remote / links.inter * node_load(load, e, max(1, per_node // etp))
     return max(rdma, local * token_bytes * in_node / links.intra * load)
 
 
