@@ -88,9 +88,9 @@ def routing_gaps() -> list[dict]:
     return out
 
 
-def fit_dropless() -> tuple[float, float]:
-    """(X, C8's error there): the dropless training default at which C8 is predicted at its published step time,
-    and C8's error at the X moe_imbalance keeps."""
+def fit_dropless() -> tuple[float, float, float]:
+    """(X, the X moe_imbalance keeps, C8's error there): X the dropless training default at which C8 is predicted at
+    its published step time."""
     from trainfit.analytic import compute_time, moe_imbalance
 
     kept = moe_imbalance.DROPLESS
@@ -104,15 +104,10 @@ def fit_dropless() -> tuple[float, float]:
         for _ in range(30):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if err(mid) < 0 else (lo, mid)
-        return (lo + hi) / 2, err(kept)
+        return (lo + hi) / 2, kept, err(kept)
     finally:
         moe_imbalance.DROPLESS = kept
         compute_time.clear_memos()
-
-
-def moe_imbalance_default() -> float:
-    from trainfit.analytic.moe_imbalance import DROPLESS
-    return DROPLESS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,9 +146,9 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {g['layout']} | {seq} | {pub} | {g['predicted']:.3f} | {g['id']} |")
     lines.append("")
     if args.fit:
-        x, kept_err = fit_dropless()
-        lines += [f"Fit on C8 (dropless, alltoall, EP 8): moe_imbalance.DROPLESS = {x:.3f} (kept: "
-                  f"{moe_imbalance_default():g}, at which C8 is {kept_err:+.1%})", ""]
+        x, kept, kept_err = fit_dropless()
+        lines += [f"Fit on C8 (dropless, alltoall, EP 8): moe_imbalance.DROPLESS = {x:.3f} (kept: {kept:g}, at "
+                  f"which C8 is {kept_err:+.1%})", ""]
     out = "\n".join(lines) + "\n"
     print(out)
     taus = [v["kendall_tau"] for k, v in values.items() if k in sets() and v["kendall_tau"] is not None]

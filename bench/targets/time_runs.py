@@ -682,7 +682,7 @@ def _zoo_long(line, seq, tp, cp, forced, tflops):
         published=tflops, unit="TFLOP/s/GPU (Megatron-LM)",
         notes=f"TP {tp} CP {cp} EP 8 ETP 1 PP 8 VPP 4 DP {dp}, GBS 256, MBS 1, DeepEP, recompute modules layernorm, "
               "moe; " + ("routing force-balanced." if forced else "dropless routing with the aux loss: the default "
-                         "default imbalance (moe_imbalance.py).") + " Its pair differs only in the routing.")
+                         "imbalance, fitted on C8 (moe_imbalance.DROPLESS).") + " Its pair differs only in the routing.")
 
 
 # line 38 (seq 131072 on CP 8) runs at DP 1: the distributed optimizer shards over the 8 CP ranks

@@ -377,6 +377,13 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.moe is not None
 
+    @property
+    def moe_layers(self) -> int:
+        """How many layers run the sparse MoE block (MoESpec.sparse_layers; None there: all of them); 0 if dense."""
+        if self.moe is None:
+            return 0
+        return self.layers if self.moe.sparse_layers is None else self.moe.sparse_layers
+
     def position_limit(self, mode: str) -> int:
         """The longest --seq within max_position_embeddings (0: none given). A causal model's decode step writes
         position `seq` (HF generate), so inference needs one position more (not an encoder-decoder's: --seq is its

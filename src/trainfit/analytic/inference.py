@@ -460,7 +460,7 @@ def cast_params(spec: ModelSpec) -> float:
         # cast too (modeling_llama4.py:78-81); its shared expert has no gate
         moe_layer = attention_linear_params(spec) + m.num_experts * h * (1 + 3 * m.expert_intermediate) + \
             3 * h * m.shared_intermediate
-    n_moe = spec.layers if m.sparse_layers is None else m.sparse_layers
+    n_moe = spec.moe_layers
     return (n_moe * moe_layer + (spec.layers - n_moe) * dense) / spec.layers
 
 

@@ -234,7 +234,7 @@ def count_params(spec: ModelSpec) -> ParamCounts:
             moe_mlp += mlp_params(h, m.shared_intermediate, True, spec.mlp_bias)
         if m.shared_gate:
             moe_mlp += h  # Qwen2-MoE shared_expert_gate = Linear(hidden, 1, bias=False)
-        moe_layers = spec.layers if m.sparse_layers is None else m.sparse_layers
+        moe_layers = spec.moe_layers
     dense_layers = spec.layers - moe_layers
 
     final = norm_params(spec, h) if spec.final_norm else 0

@@ -45,9 +45,7 @@ def construction(spec: ModelSpec, setup: Setup) -> list[tuple[str, str, float]]:
     kv_rows = spec.kv_dim * kv_share(spec, t)
     qkv_rows = spec.q_dim / t + 2 * kv_rows
     norm = norm_params(spec, h) * b
-    moe_layers = 0
-    if spec.moe is not None:
-        moe_layers = spec.layers if spec.moe.sparse_layers is None else spec.moe.sparse_layers
+    moe_layers = spec.moe_layers
     ops: list[tuple[str, str, float]] = [("alloc", "embed", embedding_bytes(spec, setup))]
     for i in range(spec.layers // setup.pp):
         ops.append(("alloc", f"{i}.qkv", qkv_rows * h * q))

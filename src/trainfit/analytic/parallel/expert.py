@@ -221,5 +221,4 @@ def dense_mlp_share(spec: ModelSpec, setup: Setup) -> float:
         return 1.0
     if setup.stack_facts.facts.get("moe", {}).get("tp_collectives") != "dispatcher":
         return 1.0
-    moe_layers = spec.layers if m.sparse_layers is None else m.sparse_layers
-    return 1.0 - moe_layers / spec.layers
+    return 1.0 - spec.moe_layers / spec.layers
