@@ -24,7 +24,7 @@ from ..hardware import GPU
 from ..heads import CLASSIFIERS, layout
 from ..setup import Setup
 from ..spec import ModelSpec
-from . import lora_ops, memo, multi_tensor, roofline, torchao_optim
+from . import lora_ops, memo, multi_tensor, roofline, torchao_optim, windowed
 from .gated_deltanet import linear_layers
 from .host_queue import combined_1f1b, combined_phases, combined_stall, has_sync, sync_stall
 from .grad_clip import clip_work, pass_seconds
@@ -121,7 +121,7 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
                 g, unfused = g + gemms, unfused + elementwise
             else:
                 at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
-                                                 op.backward, op.mask, op.dropout) - launch
+                                                 op.backward, op.mask, op.dropout, op.window) - launch
             if op.backward:
                 k = kn.attention_bwd_launches.get(kernel, op.kernels) + \
                     (kn.attention_gqa_bwd_launches.get(kernel, 0) if op.gqa else 0)
@@ -343,12 +343,14 @@ def _layer_times(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sh: S
     """(forward, backward, attention core forward, sync stall, combined stall, combined phases, and per layer kind
     (its weight, forward list, forward time, the eager forward its recompute re-runs)) of the stage's average layer:
     every layer kind's lists in their proportion, under torchao's recipe its converted and its --bf16-*-layers
-    layers. The recompute's time: _rerun_time of the kinds."""
+    layers, and its sliding-window layers where the stack skips the blocks outside the window (windowed.split).
+    The recompute's time: _rerun_time of the kinds."""
     lf = lb = ListTime()
     attn = stall = both = 0.0
     phases = ()
     reruns = []
-    for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc), layer_shapes(spec, setup, sh)):
+    for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc),
+                                                     windowed.split(spec, setup, layer_shapes(spec, setup, sh))):
         w *= q
         fwd, tf, tb, a, s1, s2, ph, eager = _timed_layer(spec, setup, gpu, lsh, moe, linear, block)
         reruns.append((w, fwd, tf, eager))

@@ -269,10 +269,12 @@ def _kernels_by_name(name: str, watts: float = 0.0, tdp: float = 0.0) -> Kernels
     return _build(entry, t["generation"][entry["generation"]], name, clock=clock)
 
 
-def fused_dropout_seconds(gpu: GPU, batch_heads: float, s_q: float, s_kv: float, causal: bool) -> float:
+def fused_dropout_seconds(gpu: GPU, batch_heads: float, s_q: float, s_kv: float, causal: bool,
+                          window: int = 0) -> float:
     """What dropout adds to one fused attention forward: a random draw per score at the measured SM-seconds
-    (kernels.toml [dropout]) spread over the GPU's SMs. Causal kernels skip masked blocks, so only kept pairs draw."""
-    scores = batch_heads * (_causal_pairs(s_q, s_kv) if causal else s_q * s_kv)
+    (kernels.toml [dropout]) spread over the GPU's SMs. Causal kernels skip masked blocks, so only kept pairs draw
+    (under a sliding window, its pairs)."""
+    scores = batch_heads * attention_pairs(s_q, s_kv, causal, window)
     return scores * float(_table()["dropout"]["sm_seconds_per_score"]) / kernels_for(gpu).sms
 
 
@@ -436,10 +438,14 @@ def _simt_gemm_seconds(gpu: GPU, kn: Kernels, m: int, n: int, k: int, batch: int
 
 # ---- attention -------------------------------------------------------------------------------------------------
 @lru_cache(maxsize=4096)
-def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[int, int, int]:
+def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool, window: int = 0) -> tuple[int, int, int]:
     """(query tiles, total key-block steps over all tiles, the longest tile's steps) for one (batch, head).
     Causal: query row i sees keys <= i + (s_kv - s_q) (bottom-right aligned, flash-attn >= 2.1 convention), so
-    tile t walks ceil(min(s_kv, (t+1)*br + s_kv - s_q) / bc) blocks; masked tiles are skipped (FA2 §3.1.1)."""
+    tile t walks ceil(min(s_kv, (t+1)*br + s_kv - s_q) / bc) blocks; masked tiles are skipped (FA2 §3.1.1).
+    `window` (causal only; 0: none): row i sees only its last `window` keys, i + d - window < j <= i + d, and a
+    tile starts at the block of its first row's first key (flash-attn csrc/flash_attn/src/block_info.h and
+    flash_fwd_kernel.h: Is_local sets n_block_min from the window's left edge; cuDNN's sliding window and flex
+    attention's block mask skip the same blocks)."""
     tiles = math.ceil(s_q / br)
     full = math.ceil(s_kv / bc)
     if not causal:
@@ -455,7 +461,24 @@ def _block_steps(s_q: int, s_kv: int, br: int, bc: int, causal: bool) -> tuple[i
     # a(t) = floor((br·t + br + d + bc − 1) / bc), summed over t in [lo, hi)
     middle = floor_sum(hi - lo, bc, br, br * (lo + 1) + d + bc - 1)
     longest = min(full, max(0, -(-(tiles * br + d) // bc)))  # a(t) rises: the last tile's
-    return tiles, middle + full * (tiles - hi), longest
+    total = middle + full * (tiles - hi)
+    if not window or window >= s_kv:
+        return tiles, total, longest
+    # the window: tile t starts at block b(t) = floor((br·t + c) / bc), c = d − window + 1, from the first tile t0
+    # whose first row's window begins past key 0; summed in closed form, and the longest tile among the ones where
+    # a(t) − b(t) can peak (it depends on br·t mod bc alone: one period of bc / gcd(br, bc) tiles from t0, the last
+    # tile before t0, whose a(t) is the highest unclipped, and the last tiles, where a(t) is clipped at `full`)
+    c = d - window + 1
+    t0 = min(tiles, max(0, -(-(-c) // br)))
+    total -= floor_sum(tiles - t0, bc, br, br * t0 + c)
+    period = bc // math.gcd(br, bc)
+
+    def steps(t: int) -> int:
+        a = min(full, max(0, -(-((t + 1) * br + d) // bc)))
+        return max(0, a - max(0, br * t + c) // bc)
+
+    probe = {*range(max(0, t0 - 1), min(tiles, t0 + period)), *range(max(0, tiles - period), tiles)}
+    return tiles, total, max(steps(t) for t in probe)
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
@@ -478,7 +501,8 @@ def floor_sum(n: int, m: int, a: int, b: int) -> int:
 
 
 def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                     kernel: str = "default", block: tuple[int, int] | None = None, fill: int = 1) -> float:
+                     kernel: str = "default", block: tuple[int, int] | None = None, fill: int = 1,
+                     window: int = 0) -> float:
     """Sequence factor in (0, 1]: useful block steps / the step-slots the SMs are held for.
     A step = one Br x Bc block of QK^T and PV (4*Br*Bc*d FLOPs) at the per-SM long-sequence rate. Each CTA (one
     query tile of one head, FA2 §3.2) walks its key blocks — a partial edge block costs a whole step — plus one
@@ -486,13 +510,14 @@ def flash_efficiency(kn: Kernels, batch_heads: int, s_q: int, s_kv: int, head_di
     block j+1 while computing block j; FA3 §3.1 two-stage pipeline), so the first load is exposed once per CTA.
     CTAs run in waves over the SMs (one CTA per SM per wave), never faster than the longest CTA.
     NB: the fill step is one block-compute long, not a measured latency; errs either way by < 1 step per CTA.
-    `block` and `fill` override the kernel's tiles and the one fill step (a measured kernel's: FittedAttention)."""
+    `block` and `fill` override the kernel's tiles and the one fill step (a measured kernel's: FittedAttention);
+    `window`: a causal sliding window (_block_steps), whose tiles walk few blocks, each partly masked."""
     br, bc = block or kn.attn_block(head_dim, kernel)
-    tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal)
+    tiles, total, longest = _block_steps(s_q, s_kv, br, bc, causal, window)
     if total == 0:
         return 1.0
     ctas = batch_heads * tiles
-    useful = batch_heads * (_causal_pairs(s_q, s_kv) if causal else s_q * s_kv) / (br * bc)
+    useful = batch_heads * attention_pairs(s_q, s_kv, causal, window) / (br * bc)
     waves = math.ceil(ctas / kn.sms)
     busy = max(waves * (batch_heads * total + ctas * fill) / ctas, longest + fill)  # per-SM step-slots
     return min(1.0, useful / (kn.sms * busy))
@@ -508,27 +533,48 @@ def _causal_pairs(s_q: int, s_kv: int) -> float:
     return n * (n + 1) / 2
 
 
-def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool) -> float:
+def attention_pairs(s_q: int, s_kv: int, causal: bool, window: int = 0) -> float:
+    """(query, key) pairs a kernel computes: every pair, those a bottom-right causal mask keeps (_causal_pairs), or
+    under a sliding `window` (causal) those whose key is among the query row's last `window`: row i loses
+    max(0, i + d − window + 1) keys below its window, d = s_kv − s_q (summed in closed form)."""
+    if not causal:
+        return s_q * s_kv
+    pairs = _causal_pairs(s_q, s_kv)
+    if not window or window >= s_kv:
+        return pairs
+    c = s_kv - s_q - window + 1  # row i's first key
+    first = max(0, -c)  # rows before this one keep every key the causal mask gives them
+    n = max(0, s_q - first)
+    return pairs - (n * (first + c) + n * (n - 1) / 2)
+
+
+def _attention_flops(batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool, window: int = 0) -> float:
     """Forward FLOPs 4*bh*s_q*s_kv*d (QK^T and PV, 2 FLOPs per MAC; FA2 §4.1 counts the same), halved by a causal
-    mask for kernels that skip masked blocks (FA2 §4.1: 'divide by 2 for causal')."""
+    mask for kernels that skip masked blocks (FA2 §4.1: 'divide by 2 for causal'); under a sliding `window`, the
+    window's pairs (attention_pairs: what cudnn-frontend's benchmark_single_sdpa.py flops() counts for it)."""
+    if causal and window and window < s_kv:
+        return 4.0 * batch_heads * attention_pairs(s_q, s_kv, True, window) * head_dim
     f = 4.0 * batch_heads * s_q * s_kv * head_dim
     return f / 2 if causal else f
 
 
 def attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                      dtype: str, backward: bool, mask: int = 0, dropout: bool = False) -> float:
+                      dtype: str, backward: bool, mask: int = 0, dropout: bool = False, window: int = 0) -> float:
     """One attention call (forward, or its backward when `backward`) on one GPU. mask: HF eager's additive mask's
     bytes per element (ops.Shape.eager_mask; 0: SDPA's math path). dropout: on the probabilities inside a fused
-    kernel (an eager step's dropout is its own kernel, analytic/ops/)."""
+    kernel (an eager step's dropout is its own kernel, analytic/ops/). window: a causal sliding window the fused
+    kernel takes itself, skipping the key blocks outside it (_block_steps; 0: none); an eager call computes them
+    all (it is refused here: the window is the fused kernels')."""
     if min(batch_heads, s_q, s_kv, head_dim) <= 0:
         return 0.0
+    window = int(window) if causal and window and window < s_kv else 0
     return _attention_seconds(gpu, kernel, int(batch_heads), int(s_q), int(s_kv), int(head_dim), bool(causal),
-                              dtype, bool(backward), int(mask), bool(dropout))
+                              dtype, bool(backward), int(mask), bool(dropout), window)
 
 
 @lru_cache(maxsize=65536)
 def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: int, head_dim: int, causal: bool,
-                       dtype: str, backward: bool, mask: int = 0, dropout: bool = False) -> float:
+                       dtype: str, backward: bool, mask: int = 0, dropout: bool = False, window: int = 0) -> float:
     kn = kernels_for(gpu)
     kernel = runnable(kn, kernel)
     if kernel in kn.fitted:
@@ -537,32 +583,33 @@ def _attention_seconds(gpu: GPU, kernel: str, batch_heads: int, s_q: int, s_kv: 
         # not measured this way: the fit without dropout (else the 16-bit one at this dtype's peak) + the draws
         draws = dropout and fit is None and not backward
         fit = fit or base.variant(dtype, False) or base
-        return _fitted_seconds(gpu, kn, fit, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward) \
-            + _draws(gpu, batch_heads, s_q, s_kv, causal, draws)
+        return _fitted_seconds(gpu, kn, fit, kernel, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward,
+                               window) + _draws(gpu, batch_heads, s_q, s_kv, causal, draws, window)
     if kernel == "eager":
+        assert not window, "an eager attention computes every key: no window to skip"
         return sum(unfused_attention(gpu, batch_heads, s_q, s_kv, head_dim, causal, dtype, backward, mask)) \
             + kn.launch_seconds
-    flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal)
+    flops = _attention_flops(batch_heads, s_q, s_kv, head_dim, causal, window)
     frac = kn.attention[kernel]
     if backward:
         flops *= 2.5  # FA2 §4.1: backward = 2.5x forward FLOPs (5 matmuls vs 2, one recomputing QK^T)
         frac = kn.attention_bwd.get(kernel, frac)
         # FA2 §3.2: the backward grid is batch x heads x key blocks walking the query blocks (swap roles)
-        seq = flash_efficiency(kn, batch_heads, s_kv, s_q, head_dim, causal, kernel)
+        seq = flash_efficiency(kn, batch_heads, s_kv, s_q, head_dim, causal, kernel, window=window)
     else:
-        seq = flash_efficiency(kn, batch_heads, s_q, s_kv, head_dim, causal, kernel)
+        seq = flash_efficiency(kn, batch_heads, s_q, s_kv, head_dim, causal, kernel, window=window)
     compute = flops / (_attention_peak(gpu, kernel, dtype) * frac * seq)
     # HBM traffic: forward reads Q, K, V and writes O; backward reads Q, K, V, O, dO and writes dQ, dK, dV
     io = batch_heads * head_dim * _size(dtype) * ((4 * s_q + 4 * s_kv) if backward else (2 * s_q + 2 * s_kv))
     return max(compute, io / _bandwidth(gpu, kn)) + kn.launch_seconds \
-        + _draws(gpu, batch_heads, s_q, s_kv, causal, dropout and not backward)
+        + _draws(gpu, batch_heads, s_q, s_kv, causal, dropout and not backward, window)
 
 
-def _draws(gpu: GPU, batch_heads: int, s_q: int, s_kv: int, causal: bool, dropout: bool) -> float:
+def _draws(gpu: GPU, batch_heads: int, s_q: int, s_kv: int, causal: bool, dropout: bool, window: int = 0) -> float:
     """A fused kernel's random draws where no fit with dropout holds them (fused_dropout_seconds); the backward
     regenerates them beside 2.5x the matmuls and is left as is. NB: fast where a fitted variant shows the
     backward's dropout cost (the H200's: +10 ... +40 %, kernels.toml [dropout])."""
-    return fused_dropout_seconds(gpu, batch_heads, s_q, s_kv, causal) if dropout else 0.0
+    return fused_dropout_seconds(gpu, batch_heads, s_q, s_kv, causal, window) if dropout else 0.0
 
 
 def _attention_peak(gpu: GPU, kernel: str, dtype: str) -> float:
@@ -578,16 +625,17 @@ def _attention_peak(gpu: GPU, kernel: str, dtype: str) -> float:
 
 
 def _fitted_seconds(gpu: GPU, kn: Kernels, c: FittedAttention, kernel: str, bh: int, s_q: int, s_kv: int, d: int,
-                    causal: bool, dtype: str, backward: bool) -> float:
+                    causal: bool, dtype: str, backward: bool, window: int = 0) -> float:
     """A measured fused attention kernel `c` (FittedAttention): FLOPs at its fraction of the peak over its tiles'
     tile factor, its fixed time per call, and in the backward its pre/post passes' bytes at HBM bandwidth. The
     fixed time includes its launches: time_ops times one launch for it, and counts all of them for the host."""
     frac, fixed = c.at(d, backward)
-    flops = _attention_flops(bh, s_q, s_kv, d, causal) * (2.5 if backward else 1.0)
+    flops = _attention_flops(bh, s_q, s_kv, d, causal, window) * (2.5 if backward else 1.0)
     tile = c.tile(d, backward)
-    # the backward's grid walks the query blocks per key block (FA2 §3.2): the roles swap
-    seq = flash_efficiency(kn, bh, s_kv, s_q, d, causal, block=tile, fill=c.fill) if backward else \
-        flash_efficiency(kn, bh, s_q, s_kv, d, causal, block=tile, fill=c.fill)
+    # the backward's grid walks the query blocks per key block (FA2 §3.2): the roles swap (NB: under a window the
+    # swapped walk is exact for s_q = s_kv, the training case; the band is its own mirror)
+    seq = flash_efficiency(kn, bh, s_kv, s_q, d, causal, block=tile, fill=c.fill, window=window) if backward else \
+        flash_efficiency(kn, bh, s_q, s_kv, d, causal, block=tile, fill=c.fill, window=window)
     extra = bh * s_q * d * c.backward_bytes_per_element / _bandwidth(gpu, kn) if backward else 0.0
     return flops / (_attention_peak(gpu, kernel, dtype) * frac * seq) + extra + fixed
 

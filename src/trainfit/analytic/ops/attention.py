@@ -144,6 +144,7 @@ def attention_core(spec: ModelSpec, sh: Shape, q: float, kv: float, head_k: floa
     ops.append(Op("attention", "attention", attention_dtype(sh), queries, keys, head_k, bh * rows, causal=spec.causal,
                   kernel=kernel, kernels=fwd_k, bwd_kernels=bwd_k, mask=sh.eager_mask,
                   dropout=p_attn > 0 and sh.attention != "eager", gqa=kv < q and spec.mla is None,
+                  window=sh.window if sh.attention != "eager" else 0,
                   source="SDPA / eager_attention_forward (flash: p_attn dropout in the kernel)"))
     ops += ring_merge_ops(sh, q, kv)  # --cp: torch's ring merges its steps in fp32 (ops/ring_merge.py)
     if sh.attention == "eager" and spec.attn_sinks:  # gpt-oss's sink column (sinks.py)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...low_precision import RECIPES
+from ..roofline import attention_pairs
 
 SIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
 # weight formats whose GEMMs run quantised while attention runs on the 16-bit activations: bitsandbytes' LLM.int8
@@ -62,14 +63,19 @@ class Op(NamedTuple):
     # gemm: its tensor-parallel split, "col" (output columns over tp: the block's input gathered before it) or "row"
     # (input rows over tp: its output reduce-scattered after it); "" without TP
     tp_split: str = ""
+    # attention: a causal sliding window the fused kernel skips the key blocks outside of (Shape.window; 0: none)
+    window: int = 0
 
     @property
     def flops(self) -> float:
         if self.kind == "gemm":
             return 2 * self.m * self.n * self.k * self.batch
         if self.kind == "attention":
-            # q·kᵀ and p·v, 2 FLOPs per MAC each; causal: the (s+1)/2 keys a query sees on average (flops.py)
+            # q·kᵀ and p·v, 2 FLOPs per MAC each; causal: the (s+1)/2 keys a query sees on average (flops.py); under
+            # a sliding window, its pairs per query (roofline.attention_pairs)
             keys = (self.n + 1) / 2 if self.causal else self.n
+            if self.causal and 0 < self.window < self.n:
+                keys = attention_pairs(int(self.m), int(self.n), True, self.window) / self.m
             return 4 * self.batch * self.m * keys * self.k * (2.5 if self.backward else 1.0)
         return 0.0
 
@@ -112,6 +118,9 @@ class Shape:
     # an inference step of one new token per sequence against a cache (infer_time's decode): a Gated DeltaNet layer
     # then runs its recurrent rule, not the chunked one (ops/gated_deltanet.py)
     decode: bool = False
+    # the causal sliding window of this kind of layer where the stack's fused attention skips the key blocks
+    # outside it (analytic/windowed.py); 0: every layer attends over the whole causal prefix
+    window: int = 0
     # every layer's SDPA gets an explicit mask: Gemma 3 with images, whose image blocks attend both ways
     # (analytic/siglip.py image_block_masks; ops/layer.py masked_sdpa, chunk_mask_ops)
     masked: bool = False
