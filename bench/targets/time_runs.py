@@ -824,6 +824,14 @@ RUNS: list[dict] = [
     *LOWP_VALIDATION,
     *(r for r in MOE_LAYOUT_RUNS if r is not C8_RUN),  # layout sets of MoE models (C8 listed above)
     *MOE_ROUTING_PAIRS,  # dropless vs forced balance, one layout each
+    # the same gpt-oss-120b job on Hopper: whether the Blackwell rows' gap is the GPU's or the model's on this stack
+    _mb("26.04.01", 238, "DGX-H100", "GPT OSS 120B", 64, "BF16", 1280, 1, 4096, pp=4, ep=8, tps=5824,
+        recompute="selective", recompute_modules="layernorm,moe_act",
+        notes="Hopper bf16 run: PP 4 (36 layers, 9 a stage: the recipe leaves the embedding and the loss out of the "
+              "split, recipes/gpt_oss/gpt_oss.py:190-191 at v0.4.2), EP 8 over DP 16, MBS 1, GA 80. Recipe "
+              "GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2 (configs/gpt_oss/gpt_oss_workload_base_configs.py:124-127 "
+              "at v0.4.2): V1's PP 4 and recompute modules layernorm, moe_act (:79-83; utils/overrides.py:148-150: "
+              "selective granularity) with GBS 1280; EP 8, MBS 1 from the base (:32-38); no CUDA graphs."),
 ]
 
 # Candidates looked at and left out (configuration not pinned down, or not expressible):
