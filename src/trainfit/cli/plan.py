@@ -60,6 +60,7 @@ def plan(
     ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", help="--mode serve, with --request-rate: " + BY_NAME["ttft_ms"].meta.help),
     serve_prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="--mode serve, with --request-rate: prompt tokens per request (default 512); --max-model-len defaults to prompt + completion."),
     serve_completion_len: Optional[int] = typer.Option(None, "--completion-len", help="--mode serve, with --request-rate: output tokens per request (default 512)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes a large search (1,000+ groups) is shared over, on Linux; the plans are the same. Default: this machine's CPUs, up to 8."),
 ) -> None:
     """The fastest parallel layout that fits: dp × tp × pp, ZeRO stage, micro-batch, accumulation, recompute and
     precision, ranked by tokens/s with each time term shown. When no such plan fits, the memory knobs the stack runs
@@ -87,7 +88,7 @@ def plan(
                      reserve=reserve != BY_NAME["reserve"].default,
                      efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
                      seq=seq != 2048, gpu_memory=gpu_memory is not None, power_limit=power_limit is not None,
-                     cluster=cluster is not None, host_memory=host_memory is not None)
+                     cluster=cluster is not None, host_memory=host_memory is not None, workers=workers is not None)
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
         if off:
             raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
@@ -115,6 +116,8 @@ def plan(
     if serve_only:
         raise SetupError(f"{' and '.join(serve_only)} {'apply' if len(serve_only) > 1 else 'applies'} to --mode serve "
                          "only: add --mode serve")
+    if workers is not None and workers < 1:
+        raise SetupError(f"--workers {workers}: give 1 or more processes (1: search in this one)")
     check_value(BY_NAME["price"], price)  # the one definitions of --price (finite, >= 0) and --gpu-memory
     check_value(BY_NAME["gpu_memory"], gpu_memory)
     check_value(BY_NAME["power_limit"], power_limit)
@@ -145,7 +148,7 @@ def plan(
         from ..plan.emit import check_model
 
         check_model(emit, spec)  # a model the engine cannot build: say so before searching
-    result = _searched(spec, g, q, budget_tokens, quiet=json)
+    result = _searched(spec, g, q, budget_tokens, quiet=json, workers=workers or default_workers())
     if verify and result.candidates:
         from ..plan.verify import verify as run_verify
 
@@ -161,8 +164,18 @@ def plan(
     report.render(result, echo=typer.echo)
 
 
-def _searched(spec, g, q, budget_tokens, quiet: bool):
-    """search() with a transient bar over its layouts on stderr (a MoE model's search takes seconds)."""
+def default_workers() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's limit), up to 8."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus))
+
+
+def _searched(spec, g, q, budget_tokens, quiet: bool, workers: int = 1):
+    """search() with a transient bar over its layouts on stderr (a MoE model's search takes seconds), over `workers`
+    processes where the search is large (plan/parallel.py). The bar refreshes as the search reports (no refresh
+    thread: a parallel search forks only a process with one thread)."""
     from rich.console import Console
     from rich.progress import Progress
 
@@ -170,12 +183,14 @@ def _searched(spec, g, q, budget_tokens, quiet: bool):
 
     console = Console(stderr=True)
     # (off when stderr is not a terminal: a redirected run's stderr keeps only its messages, one line per error)
-    with Progress(transient=True, disable=quiet or not console.is_terminal, console=console) as bar:
+    with Progress(transient=True, auto_refresh=False, disable=quiet or not console.is_terminal,
+                  console=console) as bar:
         task = bar.add_task("searching layouts", total=None)
 
         def step(i: int, n: int) -> None:
             bar.update(task, completed=i, total=n, description=f"searching layouts {i}/{n}")
-        return search(spec, g, q, tokens=budget_tokens, progress=step)
+            bar.refresh()
+        return search(spec, g, q, tokens=budget_tokens, progress=step, workers=workers)
 
 
 def _emit(engine, spec, g, q, result, budget_tokens) -> None:

@@ -236,81 +236,113 @@ def _runs_any(q: PlanQuery, *axes: str) -> bool:
     return any(a in get_stack(x).axes for x in q.stacks for a in axes)
 
 
-@gc_paused
-def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
-           progress: Callable[[int, int], None] | None = None) -> PlanResult:
-    """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it. `progress(i, n)`: called as
-    each of the n layouts starts (the CLI's bar)."""
-    t0 = time.perf_counter()
-    q = replace(q, knobs=judged_knobs(q.knobs, gpu))  # offload only where the node's host memory is known
-    # the model the setups train (its head: hf_config.for_setup, as the analytic engine resolves it)
-    model = for_setup(spec, planned_setup(spec, seq=q.seq))
-    check_fixed_axes(model, gpu, q)
-    pc = count_params(model)
-    oracle = PeakOracle(model, pc)
-    floors = Floors(model, gpu, pc, q.efficiency)  # the throughput bounds, shared by a layout's ZeRO stages
-    gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
-    lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
-    run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)
-    at = Where(q.seq, gpu.gpus_per_node)
-    timed = {a.name for a in TIMED if _runs_any(q, a.name)}  # those tried inside each group (space.TIMED)
-    # under a selective policy, the recompute modules each stack searches (space.recompute_module_sets)
-    module_sets = {x: recompute_module_sets(model, x) for x in q.stacks}
-    if run:
-        lays = [v for lay in lays for v in variants(model, lay, at, run)]
-    stats = {"layouts": len(lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0, "batch_unreachable": 0,
-             "memory_rejected_groups": 0, "stacks": {x: {"precisions": list(q.precisions_for(x)),
-                                                         "recomputes": list(q.recomputes_for(x)),
-                                                         "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {},
-                                                         "recompute_modules": module_sets[x]}
-                                                     for x in q.stacks}}
-    best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
-    fitting: list[tuple] = []  # every setup that fits, with its throughput bound (_search_group)
+class Space:
+    """One search's fixed parts — the model as planned (its head: hf_config.for_setup, as the analytic engine
+    resolves it), its memory oracle and throughput bounds, the layouts with the settings each stack searches beside
+    them — and what searching its layouts collects: `fitting` (_search_group's entries) and `stats`. Built the same
+    way in each worker process of a parallel search (plan/parallel.py), which searches a share of the layouts."""
 
-    def splits(lay: Layout) -> tuple | None:
+    def __init__(self, spec: ModelSpec, gpu: GPU, q: PlanQuery):
+        self.spec, self.gpu, self.q = spec, gpu, q
+        self.model = model = for_setup(spec, planned_setup(spec, seq=q.seq))
+        check_fixed_axes(model, gpu, q)
+        self.oracle = PeakOracle(model, count_params(model))
+        self.floors = Floors(model, gpu, self.oracle.pc, q.efficiency)  # shared by a layout's ZeRO stages
+        self.gseqs = q.global_batch_tokens / q.seq if q.global_batch_tokens else None
+        lays = layouts(model, q.gpus, gpu.gpus_per_node, q.tp, q.pp, q.dp, uneven=_runs_any(q, "pp_split"))
+        run = {a.name for a in SEARCHED if _runs_any(q, a.name)}  # the settings beyond dp × tp × pp (space.SEARCHED)
+        self.at = Where(q.seq, gpu.gpus_per_node)
+        self.timed = {a.name for a in TIMED if _runs_any(q, a.name)}  # those tried inside each group (space.TIMED)
+        # under a selective policy, the recompute modules each stack searches (space.recompute_module_sets)
+        self.module_sets = {x: recompute_module_sets(model, x) for x in q.stacks}
+        self.lays = [v for lay in lays for v in variants(model, lay, self.at, run)] if run else lays
+        self.stats = {"layouts": len(self.lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0,
+                      "batch_unreachable": 0, "memory_rejected_groups": 0,
+                      "stacks": {x: {"precisions": list(q.precisions_for(x)), "recomputes": list(q.recomputes_for(x)),
+                                     "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {},
+                                     "recompute_modules": self.module_sets[x]} for x in q.stacks}}
+        self.fitting: list[tuple] = []  # every setup that fits, with its throughput bound (_search_group)
+        self.tried: dict[tuple, list[list[dict]]] = {}  # each (layout, stack)'s knob levels (plan/knobs.py), once
+
+    def groups(self) -> int:
+        """How many (layout, stack, precision, ZeRO, recompute, modules) groups the plain pass searches at most (the
+        parallel search's size test: plan/parallel.py)."""
+        q = self.q
+        n = 0
+        for stack in q.stacks:
+            per = len(q.precisions_for(stack)) * len(q.zeros_for(stack)) * sum(
+                len(self.module_sets[stack]) if r == "selective" else 1 for r in q.recomputes_for(stack))
+            axes_of = get_stack(stack).axes
+            n += per * sum(all(a in axes_of for a in lay.axes()) for lay in self.lays)
+        return n
+
+    def splits(self, lay: Layout) -> tuple | None:
         """(largest micro-batch, the global batch's splits or None) of a layout; None where the batch cannot split."""
-        bcap = max_micro_batch(lay, gseqs, q.batch_tolerance)
-        got = batch_splits(lay, gseqs, bcap, q.batch_tolerance) if gseqs is not None else None
+        q = self.q
+        bcap = max_micro_batch(lay, self.gseqs, q.batch_tolerance)
+        got = batch_splits(lay, self.gseqs, bcap, q.batch_tolerance) if self.gseqs is not None else None
         return None if bcap < 1 or (got is not None and not got) else (bcap, got)
 
-    tried: dict[tuple, list[list[dict]]] = {}  # each (layout, stack)'s knob levels (plan/knobs.py), once
-
-    def search_layouts(level: int | None = None) -> None:
-        """Every group of every layout; with `level`, under that level's memory knobs (plan/knobs.py LEVELS)."""
-        for i, lay in enumerate(lays):
+    def search_layouts(self, level: int | None = None, progress: Callable[[int, int], None] | None = None,
+                       share: tuple[int, int] = (0, 1)) -> None:
+        """Every group of every layout; with `level`, under that level's memory knobs (plan/knobs.py LEVELS);
+        `share` (k, n): the layouts i with i % n == k only (a worker's part of a parallel search)."""
+        q, model = self.q, self.model
+        for i, lay in enumerate(self.lays):
+            if i % share[1] != share[0]:
+                continue
             if progress is not None and level is None:
-                progress(i, len(lays))
-            plain = splits(lay)
+                progress(i, len(self.lays))
+            plain = self.splits(lay)
             if level is None and not plain:
-                stats["batch_unreachable"] += 1
+                self.stats["batch_unreachable"] += 1
                 continue
             axes = lay.axes()
             for stack in q.stacks:
                 facts = get_stack(stack)
                 if any(a not in facts.axes for a in axes):
                     continue  # cp, vpp, uneven splits, ep, etp: the stacks that run them ([parallel] axes)
-                if level is not None and (lay, stack) not in tried:
-                    tried[lay, stack] = knob_levels(model, stack, lay, q.seq, q.knobs)
-                for extra in ([{}] if level is None else tried[lay, stack][level]):
+                if level is not None and (lay, stack) not in self.tried:
+                    self.tried[lay, stack] = knob_levels(model, stack, lay, q.seq, q.knobs)
+                for extra in ([{}] if level is None else self.tried[lay, stack][level]):
                     # Ulysses groups share each sequence: dp / ulysses ranks train different ones (Setup.tokens)
                     n = extra.get("ulysses", 1)
-                    got = plain if n == 1 else splits(replace(lay, dp=lay.dp // n))
+                    got = plain if n == 1 else self.splits(replace(lay, dp=lay.dp // n))
                     if got:
-                        tv = timed_variants(model, lay, at, timed & set(facts.axes))
-                        _search_stack(spec, gpu, q, lay, stack, oracle, floors, gseqs, *got, stats, fitting,
-                                      module_sets[stack], extra, level, tv)
+                        tv = timed_variants(model, lay, self.at, self.timed & set(facts.axes))
+                        _search_stack(self.spec, self.gpu, q, lay, stack, self.oracle, self.floors, self.gseqs, *got,
+                                      self.stats, self.fitting, self.module_sets[stack], extra, level, tv)
 
-    search_layouts()
-    _time_best_first(gpu, q, oracle, floors, fitting, best, stats)
+    def time_best_first(self, best: dict, spares: bool | None = None) -> None:
+        """The fitting setups timed into `best` (_time_best_first)."""
+        _time_best_first(self.gpu, self.q, self.oracle, self.floors, self.fitting, best, self.stats, spares)
+
+
+@gc_paused
+def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
+           progress: Callable[[int, int], None] | None = None, workers: int = 1) -> PlanResult:
+    """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it. `progress(i, n)`: called as
+    each of the n layouts starts (the CLI's bar; a parallel search calls it as each share is done). `workers`: the
+    processes a large search's layouts are shared over (plan/parallel.py; 1: this one); the plans are the same."""
+    t0 = time.perf_counter()
+    q = replace(q, knobs=judged_knobs(q.knobs, gpu))  # offload only where the node's host memory is known
+    space = Space(spec, gpu, q)
+    stats, oracle = space.stats, space.oracle
+    best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
+    from .parallel import searched_in_parallel
+
+    if not searched_in_parallel(spec, gpu, q, space, best, workers, progress):
+        space.search_layouts(progress=progress)
+        space.time_best_first(best)
     # nothing fits plainly: the memory knobs the stacks run, level by level (plan/knobs.py: the search order rule)
     for level, name in enumerate(KNOB_LEVELS):
         if best:
             break
-        search_layouts(level)
-        stats["knob_levels"] = stats.get("knob_levels", 0) + any(lv[level] for lv in tried.values())
-        if fitting:
+        space.search_layouts(level)
+        stats["knob_levels"] = stats.get("knob_levels", 0) + any(lv[level] for lv in space.tried.values())
+        if space.fitting:
             stats["knobs"] = name
-        _time_best_first(gpu, q, oracle, floors, fitting, best, stats)
+        space.time_best_first(best)
     for d in stats["stacks"].values():  # the values each searched setting took (None: its default, e.g. etp = tp)
         d["axes"] = {k: sorted(v, key=lambda x: (x is not None, str(x) if isinstance(x, str) else x or 0))
                      for k, v in d["axes"].items()}
@@ -478,7 +510,7 @@ def _bound(setup: Setup, floor: float) -> float:
 
 
 def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors, fitting: list, best: dict,
-                     stats: dict) -> None:
+                     stats: dict, spares: bool | None = None) -> None:
     """Time the fitting setups, highest bound first, into `best` (each group's fastest over its splits and TIMED
     assignments: one plan per group). Exact: a setup is skipped only where its bound — the most tokens/s it could
     reach — is below its own group's best so far or below the --top fastest groups' (POOL x --top where offloaded
@@ -486,10 +518,12 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     head; once the bound falls below the pool's, every later one does. An entry of several setups (a group's TIMED
     assignments at one micro-batch) is bounded by the floor without the expert exchanges, which none of them can
     beat (Floors.without_exchanges); taken, it is split into its setups, each with its own bound. `stats`: timed,
-    bounded (skipped)."""
+    bounded (skipped). `spares`: keep the POOL of spares whatever the setups (a worker's share of a parallel search,
+    whose setups may not be offloaded where another share's are); None: where any setup is offloaded."""
     # the fastest groups' best tokens/s, at most `size` of them: --top, or the POOL of spares where the host-memory
     # verdict may reject some (offloaded setups)
-    spares = any(e[4][0].offload != "none" for e in fitting)
+    if spares is None:
+        spares = any(e[4][0].offload != "none" for e in fitting)
     size, top = q.top * (POOL if spares else 1), {}
     heap = list(fitting)
     heapq.heapify(heap)  # (entries differ in their order: the setups are never compared)

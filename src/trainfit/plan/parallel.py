@@ -1,0 +1,85 @@
+"""A large search's layouts shared over worker processes: each searches every n-th layout (its share) exactly as the
+one-process search does (search.Space), times its own fitting setups best first and returns the groups it timed;
+this process merges them. The plans are the same: a group lives in one share (its key holds its layout), and a share
+skips a setup only where its bound cannot reach that share's --top fastest groups, which the whole search's --top
+can only raise (_time_best_first's rule, the POOL of spares kept in every share); the ranking reads only the
+setups (its rank has no search order in it). tests/plan/test_parallel_search.py checks it against one process.
+
+Python's threads share one interpreter lock, so the work runs in processes, forked: a forkserver or spawned worker
+imports the caller's main module again, which a script without a `__main__` guard would run again. A fork copies
+only the calling thread, so it is used where this process runs no other thread (the CLI, a script), on Linux (macOS
+defaults to spawn: its system libraries are not fork-safe); elsewhere, and for a search too small to repay the
+workers' start (~0.1 s here), the search runs in this process. Each worker builds its own memos."""
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import threading
+from collections.abc import Callable
+
+from ..hardware import GPU
+from ..spec import ModelSpec
+from .gc_paused import gc_paused
+
+# The fewest groups (search.Space.groups) a parallel search is started for: each costs ~1-3 ms (its memory judged,
+# its splits bounded), so below this the whole search takes under about a second
+MIN_GROUPS = 1000
+# Shares per worker: more, smaller shares even out the layouts' unequal costs (a share's own best-first timing is
+# the price of each: tens of setups)
+SHARES_PER_WORKER = 2
+
+
+def searched_in_parallel(spec: ModelSpec, gpu: GPU, q, space, best: dict, workers: int,
+                         progress: Callable[[int, int], None] | None = None) -> bool:
+    """The plain pass of `space`'s search (every layout, no memory knobs) run over `workers` processes, its timed
+    groups merged into `best` and its counts into space.stats; False (nothing done) where one process is asked for
+    or the search is too small (MIN_GROUPS), and where this process cannot fork safely (forkable)."""
+    if workers <= 1 or not forkable() or space.groups() < MIN_GROUPS:
+        return False
+    n = workers * SHARES_PER_WORKER
+    ctx = multiprocessing.get_context("fork")
+    space.stats["workers"] = workers
+    done = 0
+    with ctx.Pool(workers) as pool:
+        for got, stats, calls in pool.imap_unordered(_share, [(spec, gpu, q, k, n) for k in range(n)]):
+            best.update(got)
+            _merge(space.stats, stats)
+            space.oracle.calls += calls
+            done += 1
+            if progress is not None:
+                progress(done * len(space.lays) // n, len(space.lays))
+    return True
+
+
+def forkable() -> bool:
+    """Linux, with no thread but this one running (a fork copies the calling thread only: a lock another thread
+    held would stay held in the child)."""
+    return sys.platform == "linux" and threading.active_count() == 1
+
+
+@gc_paused
+def _share(args: tuple) -> tuple[dict, dict, int]:
+    """One worker's share (k of n): its layouts searched and timed best first; (its timed groups, its counts, its
+    engine calls)."""
+    from .search import Space
+
+    spec, gpu, q, k, n = args
+    space = Space(spec, gpu, q)
+    space.search_layouts(share=(k, n))
+    best: dict = {}
+    space.time_best_first(best, spares=True)
+    return best, space.stats, space.oracle.calls
+
+
+def _merge(into: dict, stats: dict) -> None:
+    """A share's counts added to the search's: the numbers summed (the layouts are the whole search's in each),
+    each stack's groups summed and the values its searched settings took joined."""
+    for key, v in stats.items():
+        if key == "stacks":
+            for stack, d in v.items():
+                mine = into["stacks"][stack]
+                mine["groups"] += d["groups"]
+                for axis, values in d["axes"].items():
+                    mine["axes"].setdefault(axis, set()).update(values)
+        elif key != "layouts" and isinstance(v, (int, float)):
+            into[key] = into.get(key, 0) + v
