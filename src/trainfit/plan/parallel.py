@@ -39,16 +39,35 @@ def searched_in_parallel(spec: ModelSpec, gpu: GPU, q, space, best: dict, worker
     n = workers * SHARES_PER_WORKER
     ctx = multiprocessing.get_context("fork")
     space.stats["workers"] = workers
-    done = 0
-    with ctx.Pool(workers) as pool:
-        for got, stats, calls in pool.imap_unordered(_share, [(spec, gpu, q, k, n) for k in range(n)]):
+    started = ctx.Value("i", 0)  # layouts the workers have started (the progress bar's count)
+    with ctx.Pool(workers, initializer=_count_into, initargs=(started,)) as pool:
+        pending = pool.map_async(_share, [(spec, gpu, q, k, n) for k in range(n)])
+        while not pending.ready():
+            pending.wait(PROGRESS_SECONDS)
+            if progress is not None:
+                progress(min(started.value, len(space.lays)), len(space.lays))
+        for got, stats, calls in pending.get():
             best.update(got)
             _merge(space.stats, stats)
             space.oracle.calls += calls
-            done += 1
-            if progress is not None:
-                progress(done * len(space.lays) // n, len(space.lays))
     return True
+
+
+PROGRESS_SECONDS = 0.25  # how often the caller's progress hears the workers' count
+_started = None  # in a worker: the shared count of layouts started (_count_into)
+
+
+def _count_into(counter) -> None:
+    """A worker's initializer: the shared count its layouts add to."""
+    global _started
+    _started = counter
+
+
+def _one_started(i: int, n: int) -> None:
+    """search_layouts' progress in a worker: one more layout started."""
+    if _started is not None:
+        with _started.get_lock():
+            _started.value += 1
 
 
 def forkable() -> bool:
@@ -65,7 +84,7 @@ def _share(args: tuple) -> tuple[dict, dict, int]:
 
     spec, gpu, q, k, n = args
     space = Space(spec, gpu, q)
-    space.search_layouts(share=(k, n))
+    space.search_layouts(progress=_one_started, share=(k, n))
     best: dict = {}
     space.time_best_first(best, spares=True)
     return best, space.stats, space.oracle.calls
