@@ -72,6 +72,20 @@ def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     return max(results, key=lambda m: m.peak)
 
 
+def states_floor(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> int:
+    """A lower bound of train_memory(spec, setup, pc).peak, and so of the fit rule's required bytes, from the
+    busiest stage's states alone (the stack's StackModel.states_floor; 0 where it has none): the planner's memory
+    oracle rejects a group whose states cannot fit without an engine call (plan/fit.py)."""
+    headed = for_setup(spec, setup)
+    if headed is not spec:
+        spec, pc = headed, None
+    if encoder_decoder.modelled(spec):
+        return 0
+    pc = pc or count_params(spec)
+    stack = model_for(setup)
+    return max(stack.states_floor(spec, setup, pc, s) for s in stages(spec, setup))
+
+
 # Settings the memory model never reads: the MoE token dispatcher, its SMs and the combined 1F1B schedule change how
 # the expert exchanges are timed (parallel/expert.py), not what a rank holds (the busiest rank's tokens:
 # moe_imbalance.py, whatever moves them). NB: Megatron's allgather dispatcher gathers the tp x ep group's tokens

@@ -11,7 +11,7 @@ call usually confirms it; a binary search covers the rest. Every number is the e
 from __future__ import annotations
 
 from ..analytic.fit_rule import capacity, required
-from ..analytic.memory import memory_key, train_memory
+from ..analytic.memory import memory_key, states_floor, train_memory
 from ..analytic.params import ParamCounts
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -23,6 +23,7 @@ class PeakOracle:
     def __init__(self, spec: ModelSpec, pc: ParamCounts):
         self.spec, self.pc = spec, pc
         self.calls = 0
+        self.floored = 0  # groups the states floor rejected without an engine call (largest_batch)
         self._memo: dict[Setup, int] = {}
         self._capacity: dict[tuple, int] = {}
 
@@ -50,7 +51,12 @@ class PeakOracle:
         """Largest b in [0, limit] with peak(base with batch=b) <= capacity (0: not even b = 1 fits)."""
         if limit < 1:
             return 0
-        p1 = self.peak(base.with_micro_batches(1))
+        one = base.with_micro_batches(1)
+        # the states alone outgrow the capacity (memory.states_floor <= peak <= required): no engine call
+        if states_floor(self.spec, one, self.pc) > capacity:
+            self.floored += 1
+            return 0
+        p1 = self.peak(one)
         if p1 > capacity:
             return 0
         if limit == 1:

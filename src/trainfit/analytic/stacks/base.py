@@ -28,6 +28,12 @@ class StackModel:
         """One pipeline stage's TrainMemory (analytic/memory.py)."""
         return _memory.stage_memory(spec, setup, pc, st, stage)
 
+    def states_floor(self, spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> int:
+        """A lower bound of stage_memory(...).peak from the states alone, which no micro-batch changes (the planner
+        rejects a group whose states cannot fit without timing its activations: memory.states_floor); 0 where the
+        stack has none."""
+        return 0
+
     def reduce_behind_backward(self, setup: Setup) -> bool:
         """Whether the data-parallel gradient reduction runs beside the backward (parallel/zero.py dp_comm): torch
         DDP's bucket hooks and FSDP's reduce-scatter stream do; Megatron's with --overlap-grad-reduce, as trainfit

@@ -9,7 +9,7 @@ from ...spec import ModelSpec
 from ...errors import SetupError
 from .. import grad_clip, megatron_offload, megatron_recompute, te_recipes
 from ..megatron_loss import largest_block
-from ..megatron_memory import stage_memory
+from ..megatron_memory import rank_states, stage_memory
 from ..memory import TrainMemory
 from ..parallel.megatron import FP32, grad_buffer_bytes, megatron_tensors, shards
 from .base import StackModel
@@ -22,6 +22,15 @@ class MegatronModel(StackModel):
     def stage_memory(self, spec, setup, pc, st, stage):
         """Megatron-Core's own states, TE layers and recompute (analytic/megatron_memory.py)."""
         return stage_memory(spec, setup, pc, stage, TrainMemory)
+
+    def states_floor(self, spec, setup, pc, stage) -> int:
+        """The optimizer step's states: what stage_memory's resident bytes (weights, the master weights less the
+        step's fp32 grad copies, the optimizer states, the buffers beside them) and its grad buffer, live at the
+        step (accumulating from initialisation), sum to before the step's own copies and temporaries
+        (megatron_memory.py: StepBytes.resident, gradients; phases.peak's optimizer_step moment). Read off the
+        memoised rank_states, which no micro-batch or recompute policy changes."""
+        ms, _, _, copies, _ = rank_states(spec, setup, pc, stage)
+        return int(ms.weights + ms.master - copies + ms.optimizer + ms.comm + ms.gradients)
 
     def reduced_grad_bytes(self, setup, st):
         """The main-grad buffer's dtype, which DDP all-reduces, the distributed optimizer and Megatron-FSDP
