@@ -2,6 +2,7 @@
 command that takes settings, the web API's schema and the web page. Adding a setting is one declaration (plus
 the formula that reads it); these tests fail if any surface would need a second edit."""
 import json
+import re
 
 import pytest
 
@@ -140,6 +141,38 @@ def test_with_micro_batches_is_with_and_keeps_its_rules():
     inbwd = Setup(optimizer_in_backward=True, precision="bf16")
     with pytest.raises(SetupError, match="--grad-accum 1"):
         inbwd.with_micro_batches(1, 2)
+
+
+def test_with_exchange_is_with_and_keeps_its_rules():
+    """Setup.with_exchange (the planner's cheap derivation of a group's MoE dispatchers) builds the Setup `with_`
+    builds and refuses what `with_` refuses, over every assignment of the exchange settings on Megatron bases that
+    differ in what the rules read (ep, recompute, pipelining and its virtual stages, precision), and on a stack
+    without them."""
+    import itertools
+
+    from trainfit.errors import SetupError
+
+    bases = [Setup(stack="megatron", precision=p, seq=4096, dp=dp, ep=ep, pp=pp, vpp=vpp, grad_accum=8,
+                   recompute=rec, zero=1)
+             for p, dp, ep, pp, vpp, rec in itertools.product(("bf16-master", "fp32"), (8,), (1, 8), (1, 2), (1, 2),
+                                                             ("none", "full", "selective"))
+             if not (vpp > 1 and pp == 1)] + [Setup(seq=4096, dp=8, zero=3)]
+    assignments = [dict(zip(("moe_dispatcher", "moe_dispatcher_sms", "overlap_moe_comm"), v)) for v in
+                   itertools.product((None, "alltoall", "allgather", "deepep"), (None, 20), (False, True))]
+    outcomes = set()
+    for base, v in itertools.product(bases, assignments):
+        try:
+            want = base.with_(**v)
+        except SetupError as e:
+            with pytest.raises(SetupError, match=re.escape(str(e))):
+                base.with_exchange(**v)
+            outcomes.add("refused")
+            continue
+        got = base.with_exchange(**v)
+        assert got == want and hash(got) == hash(want)
+        outcomes.add("built")
+    assert outcomes == {"built", "refused"}
+    assert bases[0].with_exchange(batch=2) == bases[0].with_(batch=2)  # (other settings: with_ itself)
 
 
 def test_every_setting_has_a_concern_and_the_modes_follow_it():

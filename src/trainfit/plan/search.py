@@ -462,7 +462,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     bases = []  # (the assignment, its setup): each as the stack's rules take it
     for v in timed:
         try:
-            bases.append((tuple(sorted(v.items())), base.with_(**v) if v else base))
+            bases.append((tuple(sorted(v.items())), base.with_exchange(**v) if v else base))
         except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
             stats["stack_refused"] = stats.get("stack_refused", 0) + 1
     if not bases:

@@ -63,23 +63,9 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
     if setup.loss_fusion != "none" and not stack.runs("cross-entropy-fusion"):
         raise SetupError(f"--loss-fusion is Megatron's fused cross-entropy (--cross-entropy-loss-fusion), modelled on "
                          f"--stack {_runners('cross-entropy-fusion')}; --stack {stack.name} does not run it")
-    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", "moe_dispatcher", "moe_dispatcher_sms",
-                 "overlap_moe_comm", "tp_comm_overlap", "overlap_param_gather", "overlap_comm", "cuda_graph_scope"):
-        # the axes a stack may run (stacks/*.toml); a switch left off asks for nothing
-        if getattr(setup, name, None) is False:
-            continue
-        # --offload's state part (its activations part: above)
-        value = setup.offload_state if name == "offload" else getattr(setup, name)
-        if name == "offload" and value == "params" and stack.facts.get("cpu_offload") is not None:
-            continue  # FSDP2's CPUOffloadPolicy (analytic/parallel/fsdp_offload.py): needs --zero 3, below
-        if name == "offload" and value == "optimizer" and stack.runs("cpu-offload-optimizer"):
-            cpu_offload_rules(setup)  # torchao's CPUOffloadOptimizer (analytic/torchao_optim.py)
-            continue
-        if (value is True or value not in (1, "even", "none", None)) and name not in stack.axes:
-            runs = _stacks.running(lambda st: name in st.axes)
-            why = stack.axis_why_not(name)
-            raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}"
-                             + (f" ({why})" if why else "") + f"; use --stack {' or '.join(runs)}")
+    for name in ("cp", "ep", "vpp", "pp_split", "offload", "etp", *EXCHANGE, "tp_comm_overlap",
+                 "overlap_param_gather", "overlap_comm", "cuda_graph_scope"):
+        _check_axis(setup, stack, name)
     if setup.tp_comm_overlap and (setup.tp <= 1 or not setup.sequence_parallel):
         # the overlap splits sequence parallelism's all-gathers and reduce-scatters (Megatron-LM core_v0.16.1
         # arguments.py:915-916 asserts it; torchtitan's TP is sequence-parallel: parallel/tp_overlap.py)
@@ -94,12 +80,7 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
         # engine.allreduce_gradients after the backward (runtime/engine.py:3088-3095), which overlap_comm does not move
         raise SetupError("--overlap-comm overlaps DeepSpeed's ZeRO-1/2 gradient reduction with the backward: it needs "
                          "--zero 1 or 2 (ZeRO-3 overlaps by default)")
-    if setup.moe_dispatcher is not None and setup.ep <= 1:
-        raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
-                         "ranks: it needs --ep > 1")
-    if setup.moe_dispatcher_sms is not None and setup.moe_dispatcher not in ("deepep", "hybridep"):
-        raise SetupError("--moe-dispatcher-sms sets the SMs of the deepep / hybridep dispatcher's kernels: it needs "
-                         "--moe-dispatcher deepep or hybridep")
+    _check_dispatcher(setup)
     if setup.vpp > 1 and setup.pp == 1:
         raise SetupError("--vpp interleaves model chunks over pipeline stages: it needs --pp > 1")
     if setup.pp_split != "even" and setup.pp == 1:
@@ -314,6 +295,56 @@ def _runners(feature: str) -> str:
 def trains_any() -> list[str]:
     """The stacks that train any transformers model ([model] any): heads, vision models, a user's module."""
     return _stacks.running(lambda st: st.trains == "any")
+
+
+def _check_axis(setup: Setup, stack, name: str) -> None:
+    """A parallel axis or switch the stack may run (stacks/*.toml [parallel] axes); a switch left off asks for
+    nothing."""
+    if getattr(setup, name, None) is False:
+        return
+    # --offload's state part (its activations part: validate)
+    value = setup.offload_state if name == "offload" else getattr(setup, name)
+    if name == "offload" and value == "params" and stack.facts.get("cpu_offload") is not None:
+        return  # FSDP2's CPUOffloadPolicy (analytic/parallel/fsdp_offload.py): needs --zero 3, validate
+    if name == "offload" and value == "optimizer" and stack.runs("cpu-offload-optimizer"):
+        cpu_offload_rules(setup)  # torchao's CPUOffloadOptimizer (analytic/torchao_optim.py)
+        return
+    if (value is True or value not in (1, "even", "none", None)) and name not in stack.axes:
+        runs = _stacks.running(lambda st: name in st.axes)
+        why = stack.axis_why_not(name)
+        raise SetupError(f"{BY_NAME[name].flag} is not run by --stack {stack.name}"
+                         + (f" ({why})" if why else "") + f"; use --stack {' or '.join(runs)}")
+
+
+def _check_dispatcher(setup: Setup) -> None:
+    """The MoE token dispatcher's own rules: expert parallelism to dispatch over, its SMs for deepep / hybridep."""
+    if setup.moe_dispatcher is not None and setup.ep <= 1:
+        raise SetupError(f"--moe-dispatcher {setup.moe_dispatcher} sends tokens to experts on other expert-parallel "
+                         "ranks: it needs --ep > 1")
+    if setup.moe_dispatcher_sms is not None and setup.moe_dispatcher not in ("deepep", "hybridep"):
+        raise SetupError("--moe-dispatcher-sms sets the SMs of the deepep / hybridep dispatcher's kernels: it needs "
+                         "--moe-dispatcher deepep or hybridep")
+
+
+# The expert exchange's settings: how the MoE tokens move between ranks, which no other setting's rule reads
+EXCHANGE = ("moe_dispatcher", "moe_dispatcher_sms", "overlap_moe_comm")
+
+
+def exchange_rules(setup: Setup, changed: frozenset) -> None:
+    """The rules of a validated setup whose EXCHANGE settings alone changed (Setup.with_exchange checks only these):
+    their values and modes, the stack's axes, the dispatcher's rules and the stack's code rules (stacks/<name>.py
+    refuse, which read them beside settings already checked: run whole)."""
+    names = [n for n in EXCHANGE if n in changed]  # (validate's order: the same refusal named first)
+    for name in names:
+        check_value(BY_NAME[name], getattr(setup, name), setup.mode)
+    refuse_inapplicable(setup, _SETUP_SETTINGS, setup.mode, changed)
+    stack = _stacks.get_stack(setup.stack, setup.stack_release)
+    for name in names:
+        _check_axis(setup, stack, name)
+    _check_dispatcher(setup)
+    why = stack.refuse(setup)
+    if why:
+        raise SetupError(why)
 
 
 def micro_batch_rules(setup: Setup) -> None:

@@ -741,6 +741,19 @@ class Setup:
         new._settle(None if "mode" in changes else frozenset(changes) | _SETTLED)
         return new
 
+    def with_exchange(self, **changes) -> "Setup":
+        """This setup with other expert-exchange settings (rules.EXCHANGE: the MoE dispatcher, its SMs,
+        --overlap-moe-comm): the Setup `with_(**changes)` builds, checked by the rules those settings take part in
+        (rules.exchange_rules) rather than by every rule again (the planner derives each group's dispatchers:
+        plan/space.py TIMED). Other changes: `with_`."""
+        if not changes.keys() <= set(_rules.EXCHANGE):
+            return self.with_(**changes)
+        new = self.copied()  # (no __init__: the other fields are this validated setup's)
+        for k, v in changes.items():
+            object.__setattr__(new, k, v)
+        _rules.exchange_rules(new, frozenset(changes))
+        return new
+
     def with_micro_batches(self, batch: int, grad_accum: int | None = None) -> "Setup":
         """This training setup with another micro-batch (and accumulation): the Setup `with_(batch=...,
         grad_accum=...)` builds, checked by the rules those two settings take part in (micro_batch_rules) rather
