@@ -63,6 +63,11 @@ def test_windowed_share_follows_the_stack():
     # transformers passes the window as an SDPA mask: every block computed
     assert windowed.windowed_share(spec, Setup(stack="hf", seq=4096)) == 0.0
     assert windowed.windowed_share(spec, Setup(stack="megatron", seq=128, precision="bf16-master")) == 0.0  # the window spans the sequence
+    # Megatron-Bridge's Gemma 2 masks its window explicitly and its Mistral sets none: every block computed
+    for name in ("gemma-2-9b", "mistral-7b"):
+        assert windowed.windowed_share(load_spec(name), Setup(stack="megatron", seq=16384, precision="bf16-master")) == 0
+    assert windowed.windowed_share(load_spec("gemma-3-27b"), Setup(stack="megatron", seq=4096,
+                                                                   precision="bf16-master")) == pytest.approx(52 / 62)
 
 
 def test_gpt_oss_layer_attention_is_its_two_kinds_of_layer():
