@@ -384,6 +384,14 @@ class ModelSpec:
             return 0
         return self.layers if self.moe.sparse_layers is None else self.moe.sparse_layers
 
+    @property
+    def sliding_layers(self) -> int:
+        """How many layers attend over a sliding window (sliding_window_layers; None there: all of them); 0 without
+        a window."""
+        if not self.sliding_window:
+            return 0
+        return self.layers if self.sliding_window_layers is None else self.sliding_window_layers
+
     def position_limit(self, mode: str) -> int:
         """The longest --seq within max_position_embeddings (0: none given). A causal model's decode step writes
         position `seq` (HF generate), so inference needs one position more (not an encoder-decoder's: --seq is its

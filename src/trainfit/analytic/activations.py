@@ -288,8 +288,7 @@ def masked_window_share(spec: ModelSpec, setup: Setup) -> float:
     window = spec.sliding_window
     if not window or setup.seq < window:
         return masked_chunk_share(spec, setup)
-    sliding = spec.layers if spec.sliding_window_layers is None else spec.sliding_window_layers
-    return sliding / spec.layers + masked_chunk_share(spec, setup)
+    return spec.sliding_layers / spec.layers + masked_chunk_share(spec, setup)
 
 
 def masked_chunk_share(spec: ModelSpec, setup: Setup) -> float:

@@ -58,10 +58,15 @@ class TrainMemory:
     offloaded_activations: int | None = None  # of host_memory, the saved activations --offload activations moves
 
 
+def _headed(spec: ModelSpec, setup: Setup, pc: ParamCounts | None) -> tuple[ModelSpec, ParamCounts | None]:
+    """The model with the head the setup trains (trainfit.heads), with `pc` where that is the spec itself (None:
+    the caller counts the headed model's)."""
+    headed = for_setup(spec, setup)
+    return (spec, pc) if headed is spec else (headed, None)
+
+
 def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> TrainMemory:
-    headed = for_setup(spec, setup)  # the model with the head the setup trains (trainfit.heads)
-    if headed is not spec:
-        spec, pc = headed, None
+    spec, pc = _headed(spec, setup, pc)
     encoder_decoder.check_trainable(spec, setup)  # an encoder-decoder family not modelled (encoder_decoder.py)
     pc = pc or count_params(spec)
     if encoder_decoder.modelled(spec):  # T5 / mT5, BART, Whisper: two stacks (encoder_decoder_training.py)
@@ -76,9 +81,7 @@ def states_floor(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     """A lower bound of train_memory(spec, setup, pc).peak, and so of the fit rule's required bytes, from the
     busiest stage's states alone (the stack's StackModel.states_floor; 0 where it has none): the planner's memory
     oracle rejects a group whose states cannot fit without an engine call (plan/fit.py)."""
-    headed = for_setup(spec, setup)
-    if headed is not spec:
-        spec, pc = headed, None
+    spec, pc = _headed(spec, setup, pc)
     if encoder_decoder.modelled(spec):
         return 0
     pc = pc or count_params(spec)

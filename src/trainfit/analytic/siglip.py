@@ -209,7 +209,6 @@ def checkpoint_held_masks(spec: ModelSpec, setup: Setup, layers: int) -> tuple[i
             or not image_block_masks(spec, setup)):
         return None
     one = setup.batch * setup.seq ** 2
-    sliding = (spec.layers if spec.sliding_window_layers is None else spec.sliding_window_layers) \
-        if spec.sliding_window else 0
+    sliding = spec.sliding_layers
     kinds = (sliding > 0) + (sliding < spec.layers)
     return min(kinds, layers) * one, one

@@ -33,8 +33,7 @@ def windowed_share(spec: ModelSpec, setup: Setup) -> float:
     window = spec.sliding_window
     if not window or window >= setup.seq or not skipped(spec, setup):
         return 0.0
-    sliding = spec.layers if spec.sliding_window_layers is None else spec.sliding_window_layers
-    return sliding / spec.layers
+    return spec.sliding_layers / spec.layers
 
 
 def split(spec: ModelSpec, setup: Setup, shapes: list[tuple[float, Shape]]) -> list[tuple[float, Shape]]:

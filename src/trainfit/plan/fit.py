@@ -23,7 +23,6 @@ class PeakOracle:
     def __init__(self, spec: ModelSpec, pc: ParamCounts):
         self.spec, self.pc = spec, pc
         self.calls = 0
-        self.floored = 0  # groups the states floor rejected without an engine call (largest_batch)
         self._memo: dict[Setup, int] = {}
         self._capacity: dict[tuple, int] = {}
 
@@ -54,7 +53,6 @@ class PeakOracle:
         one = base.with_micro_batches(1)
         # the states alone outgrow the capacity (memory.states_floor <= peak <= required): no engine call
         if states_floor(self.spec, one, self.pc) > capacity:
-            self.floored += 1
             return 0
         p1 = self.peak(one)
         if p1 > capacity:

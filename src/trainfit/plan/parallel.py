@@ -17,8 +17,6 @@ import sys
 import threading
 from collections.abc import Callable
 
-from ..hardware import GPU
-from ..spec import ModelSpec
 from .gc_paused import gc_paused
 
 # The fewest groups (search.Space.groups) a parallel search is started for: each costs ~1-3 ms (its memory judged,
@@ -29,8 +27,7 @@ MIN_GROUPS = 1000
 SHARES_PER_WORKER = 2
 
 
-def searched_in_parallel(spec: ModelSpec, gpu: GPU, q, space, best: dict, workers: int,
-                         progress: Callable[[int, int], None] | None = None) -> bool:
+def searched_in_parallel(space, best: dict, workers: int, progress: Callable[[int, int], None] | None = None) -> bool:
     """The plain pass of `space`'s search (every layout, no memory knobs) run over `workers` processes, its timed
     groups merged into `best` and its counts into space.stats; False (nothing done) where one process is asked for
     or the search is too small (MIN_GROUPS), and where this process cannot fork safely (forkable)."""
@@ -41,7 +38,7 @@ def searched_in_parallel(spec: ModelSpec, gpu: GPU, q, space, best: dict, worker
     space.stats["workers"] = workers
     started = ctx.Value("i", 0)  # layouts the workers have started (the progress bar's count)
     with ctx.Pool(workers, initializer=_count_into, initargs=(started,)) as pool:
-        pending = pool.map_async(_share, [(spec, gpu, q, k, n) for k in range(n)])
+        pending = pool.map_async(_share, [(space.spec, space.gpu, space.q, k, n) for k in range(n)])
         while not pending.ready():
             pending.wait(PROGRESS_SECONDS)
             if progress is not None:

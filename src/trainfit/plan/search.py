@@ -44,6 +44,7 @@ from ..stacks import get_stack, names
 from .fit import PeakOracle
 from .floors import Floors
 from .gc_paused import gc_paused
+from .parallel import searched_in_parallel
 from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
 from .space import (SEARCHED, TIMED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets,
                     timed_variants, variants)
@@ -329,9 +330,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     space = Space(spec, gpu, q)
     stats, oracle = space.stats, space.oracle
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
-    from .parallel import searched_in_parallel
-
-    if not searched_in_parallel(spec, gpu, q, space, best, workers, progress):
+    if not searched_in_parallel(space, best, workers, progress):
         space.search_layouts(progress=progress)
         space.time_best_first(best)
     # nothing fits plainly: the memory knobs the stacks run, level by level (plan/knobs.py: the search order rule)
