@@ -150,3 +150,24 @@ def test_the_lists_do_not_read_the_moe_dispatcher():
             got.append(fresh(spec, s, gpu, state_bytes(s), pc, layers))
         assert all(g == got[0] for g in got), overlap
         assert bool(got[0].combined_phases) is overlap  # (the schedule is read: not keyed away)
+
+
+def test_a_dense_layer_is_timed_without_the_moe_fields():
+    """_timed_layer keys a dense layer on its Shape with the MoE block's fields at their defaults (ops/shape.py
+    without_moe): DeepSeek-V3's dense first layers, built fresh from the setup's own Shape at TP 2, EP 8, ETP 1 with a
+    busiest-rank load, time and list the same as from the defaulted Shape — and its MoE layers do differ."""
+    from trainfit.analytic.ops.shape import shape_of, without_moe
+
+    spec, gpu = load_spec("deepseek-v3"), get_gpu("H100-80GB")
+    s = Setup(stack="megatron", precision="bf16-master", seq=4096, batch=2, dp=16, tp=2, ep=8, etp=1,
+              sequence_parallel=True)
+    sh = shape_of(spec, s, state_bytes(s), "bf16")
+    assert (sh.ep, sh.expert_tp, sh.moe_block) == (8, 1, "megatron") and without_moe(sh) != sh
+    got = {}
+    for shape in (sh, without_moe(sh)):
+        for moe in (False, True):
+            compute_time.clear_memos()
+            fwd, tf, tb, *_ = compute_time._time_layer(spec, s, gpu, shape, moe, False, "")
+            got[shape is sh, moe] = ([o.name for o in fwd], tf, tb)
+    assert got[True, False] == got[False, False]
+    assert got[True, True] != got[False, True]

@@ -70,3 +70,39 @@ def test_the_bound_without_exchanges_is_below_every_dispatcher_and_schedule():
                 own = step_floor(spec, s, gpu, pc, state_bytes(s))
                 assert shared < own <= layout_step_time(spec, s, gpu, None, pc).step_seconds, (lay, how, overlap)
         assert ran == 7, lay
+
+
+def test_the_bound_with_nothing_recomputed_is_below_every_policy():
+    """Floors.below_every_policy, the bound every recompute group of a layout shares at a split (plan/search.py
+    COARSE entries): at or below the bound without exchanges of each policy and module set the stacks run there (and
+    so below each one's own floor), with TP (and its overlap), pipelines, CP, experts and a TE recipe — strictly
+    below where the policy re-runs anything."""
+    gpu = get_gpu("H100-80GB")
+    cases = [("qwen3-30b-a3b", "megatron", dict(tp=2, ep=4, sequence_parallel=True, tp_comm_overlap=True, pp=2,
+                                                 grad_accum=4)),
+             ("qwen3-30b-a3b", "megatron", dict(ep=4, grad_accum=2, overlap_moe_comm=True)),
+             ("llama-3.1-8b", "megatron", dict(tp=4, cp=2, sequence_parallel=True, pp=2, vpp=2, grad_accum=4,
+                                               low_precision="tensorwise", fp8_all_gather=True, zero=1)),
+             ("llama-3.2-1b", "torchtitan", dict(tp=2, grad_accum=2)),
+             ("llama-3.2-1b", "hf", {})]
+    policies = {"megatron": ["none", "full", "uniform:2", "block:2", *(("selective", m) for m in (
+                    None, "core_attn", "layernorm,moe_act", "mlp", "moe", "layernorm,core_attn,mlp"))],
+                "torchtitan": ["none", "op", "full", "layer:2"], "hf": ["none", "selective", "full"]}
+    for name, stack, kw in cases:
+        spec = load_spec(name)
+        floors = Floors(spec, gpu, count_params(spec))
+        prec = "amp-bf16" if stack in ("hf", "torchtitan") else "bf16-master"
+        ran = strict = 0
+        for policy in policies[stack]:
+            rec, mods = policy if isinstance(policy, tuple) else (policy, None)
+            try:
+                s = planned_setup(spec, seq=4096, batch=2, dp=4, stack=stack, precision=prec, recompute=rec,
+                                  **({"recompute_modules": mods} if mods else {}), **kw)
+            except SetupError:
+                continue  # (a module the model has not, or a policy the layout refuses)
+            ran += 1
+            st = state_bytes(s)
+            shared, own = floors.below_every_policy(s, st), floors.without_exchanges(s, st)
+            assert shared <= own <= floors(s, st), (name, stack, policy)
+            strict += shared < own
+        assert ran >= 2 and strict >= 1, (name, stack, ran, strict)

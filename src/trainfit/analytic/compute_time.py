@@ -18,6 +18,7 @@ import math
 from itertools import product
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 from functools import lru_cache
 
 from ..hardware import GPU
@@ -33,6 +34,7 @@ from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_
                   grad_accumulations, head_backward_extra, head_forward, layer_forward,
                   norm_ops, recomputed, shape_of)
 from .ops.loss import metric_losses
+from .ops.shape import without_moe
 from .params import ParamCounts
 from .precision import StateBytes
 from .stacks import model_for
@@ -45,9 +47,9 @@ from .torchao_recipes import layer_shapes
 TERMS = ("gemm", "attention", "memory", "launches")
 
 
-@dataclass(frozen=True)
-class ListTime:
-    """Seconds of an op list by term (launches: kernels × the GPU's launch cost, taken out of the others)."""
+class ListTime(NamedTuple):
+    """Seconds of an op list by term (launches: kernels × the GPU's launch cost, taken out of the others). A tuple
+    (made far more often than read: the op lists' sums), with + and × by a number termwise, not a sequence's."""
 
     gemm: float = 0.0
     attention: float = 0.0
@@ -67,6 +69,14 @@ class ListTime:
     def __mul__(self, c: float) -> "ListTime":
         return ListTime(self.gemm * c, self.attention * c, self.memory * c, self.launches * c, self.flops * c,
                         self.kernels * c)
+
+    def __eq__(self, o: object) -> bool:  # (a ListTime equals only a ListTime, as the dataclass it was)
+        return isinstance(o, ListTime) and tuple.__eq__(self, o)
+
+    def __ne__(self, o: object) -> bool:
+        return not self == o
+
+    __hash__ = tuple.__hash__
 
     __rmul__ = __mul__
 
@@ -197,6 +207,8 @@ def _timed_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, 
     ops/shape.py), the kind, the combined 1F1B schedule, Megatron's CUDA graph scope, and with LoRA the setup's
     adapters (the setup itself) — so one entry serves every recompute policy (only stage_compute's recompute list
     reads it), ZeRO stage, dp and pipeline layout of a shape."""
+    if not moe:  # (a dense layer's lists read no MoE field: ops/shape.py without_moe)
+        sh = without_moe(sh)
     key = ("layer", spec, gpu, sh, moe, linear, block, combined_1f1b(setup), getattr(setup, "cuda_graph_scope", None),
            op_list_setup(setup, recompute=True) if setup.lora_rank else None)
     return memo.remember(_LAYERS, key, lambda: _time_layer(spec, setup, gpu, sh, moe, linear, block))

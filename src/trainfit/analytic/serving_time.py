@@ -236,7 +236,7 @@ def engine_step(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_byt
     graphed = graphs and real <= capture_sizes[-1]
     host = 0.0 if graphed else kernels.kernels * roofline.host_seconds_per_kernel(no_grad=True)
     if graphed:  # a graph replays its kernels without per-kernel launches (ops/cuda_graphs.py's rule and its NB)
-        kernels = replace(kernels, launches=0.0)
+        kernels = kernels._replace(launches=0.0)
     sched, overlapped = scheduler_seconds(setup, decodes + finishing if requests is None else requests)
     return EngineStep(tokens, decodes, prefill, kernels, ar, sampler, host, sched, overlapped)
 

@@ -22,6 +22,11 @@ from ..spec import ModelSpec
 
 # The settings only the DP exchange reads (parallel/zero.py dp_comm), which the bound leaves out, at fixed values
 DP_ONLY = (("zero", 0), ("overlap_param_gather", False))
+# The recompute policy at its cheapest: nothing re-run. step_floor's lists are the same under every policy (compute_time
+# keys them without it), and a policy only adds to its terms: the re-run forward (its recompute list), the TP and CP
+# collectives that re-run with it (forward_rerun_share), the stragglers' share of both and the bubble that grows with
+# them (tests/plan/test_floors.py)
+NO_RECOMPUTE = (("recompute", "none"), ("recompute_modules", None))
 
 
 class Floors:
@@ -33,11 +38,12 @@ class Floors:
         self.spec, self.gpu, self.pc, self.efficiency = spec, gpu, pc, efficiency  # (--efficiency: the flat override)
         self._memo: dict[tuple[Setup, StateBytes, bool], float] = {}
 
-    def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True) -> float:
-        key = (setup.keyed(DP_ONLY), st, exchanges)
+    def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True, fixed: tuple = DP_ONLY) -> float:
+        key = (setup.keyed(fixed), st, exchanges)
         got = self._memo.get(key)
-        if got is None:
-            got = self._memo[key] = step_floor(self.spec, setup, self.gpu, self.pc, st, exchanges, self.efficiency)
+        if got is None:  # (under NO_RECOMPUTE: the floor of `setup` with nothing re-run)
+            run = setup.keyed(NO_RECOMPUTE) if fixed is not DP_ONLY else setup
+            got = self._memo[key] = step_floor(self.spec, run, self.gpu, self.pc, st, exchanges, self.efficiency)
         return got
 
     def without_exchanges(self, setup: Setup, st: StateBytes) -> float:
@@ -45,4 +51,11 @@ class Floors:
         `setup` only in the TIMED settings (plan/space.py: the dispatcher, --overlap-moe-comm), which only those
         exchanges read (the search passes a group's default assignment); memoised as __call__ is."""
         return self(setup, st, exchanges=False)
+
+    def below_every_policy(self, setup: Setup, st: StateBytes) -> float:
+        """step_floor without the expert exchanges and without recomputation (NO_RECOMPUTE): a floor of every setup
+        that differs from `setup` only in its recompute policy and modules, the TIMED settings or the ZeRO stage:
+        one bound per micro-batch for a layout's selective groups (each module set's), which the search refines only
+        for the entries it takes (plan/search.py _time_best_first); memoised as __call__ is."""
+        return self(setup, st, exchanges=False, fixed=DP_ONLY + NO_RECOMPUTE)
 

@@ -15,7 +15,9 @@ largest fitting micro-batch bounds all others, since the peak grows with the mic
 critical-path communication, the op lists' times memoised on what they read — compute_time._timed_layer: one layer's
 Shape, shared by every ZeRO stage, recompute policy and pipeline layout); they are timed best bound first, and a setup
 whose bound cannot reach its group's best or the --top fastest groups' is not timed (_time_best_first): the plans
-returned are those of timing every one (tests/plan/test_search_exact.py). The settings that change only the step time
+returned are those of timing every one (tests/plan/test_search_exact.py). A selective group's splits start from the
+bound with nothing recomputed, which its layout's module sets share (Floors.below_every_policy), and get their own
+only when taken. The settings that change only the step time
 (space.TIMED: the MoE dispatcher, --overlap-moe-comm) are searched inside each group, its memory judged once for all
 of them. Only the top plans get a full estimate.
 """
@@ -25,6 +27,7 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from .. import cancel, limits
 from ..analytic.fit_rule import reserve_bytes
@@ -435,10 +438,9 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
                   splits_all, stats, fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None,
                   extra: dict | None = None, level: int | None = None, timed: list[dict] = ({},)) -> None:
     """The group's splits that fit, under each of its TIMED assignments `timed` (one memory judgement for all of
-    them: the memory never reads those settings), appended to `fitting` as (-bound, order, key, micro-batch, setups,
-    assignments): `bound` the most tokens/s any of the setups could reach (step_time.step_floor, or for several the
-    floor without the expert exchanges, Floors.without_exchanges; under --efficiency the flat override's), `order`
-    its place."""
+    them: the memory never reads those settings), appended to `fitting` as entries (_Entry) bounded by the floor
+    of the split with nothing recomputed and no expert exchanges (Floors.below_every_policy: one per micro-batch for
+    every group of the layout), which _time_best_first refines for the entries it takes."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -487,13 +489,19 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
     st = state_bytes(base)  # (the precision's and the optimizer's, ZeRO's and dp's: not the micro-batch's)
     any_fit = False
+    variants = tuple(bases)
+    # a selective policy's re-run is a few modules': its entries start from the bound of nothing re-run, which the
+    # layout's groups share (the others re-run whole layers, or nothing, and start from their own)
+    start = COARSE if base.recompute == "selective" else SHARED if len(variants) > 1 else EXACT
     for b, accum in splits:
         if b > largest(accum > 1):
             continue
         any_fit = True
-        setups = tuple(x.with_micro_batches(b, accum) for _, x in bases)
-        floor = floors(setups[0], st) if len(setups) == 1 else floors.without_exchanges(setups[0], st)
-        fitting.append((-_bound(setups[0], floor), len(fitting), key, b, setups, tuple(v for v, _ in bases)))
+        first = bases[0][1].with_micro_batches(b, accum)
+        floor = floors.below_every_policy(first, st) if start == COARSE else floors.without_exchanges(first, st) \
+            if start == SHARED else floors(first, st)
+        fitting.append(_Entry(-_bound(first, floor), len(fitting), key, b, accum, start,
+                              ((variants[0][0], first),) if start == EXACT else variants))
     if any_fit:
         stats["fits"] += 1
     else:
@@ -508,40 +516,74 @@ def _bound(setup: Setup, floor: float) -> float:
     return tokens / floor * (1 + 1e-9) if floor > 0 else float("inf")
 
 
+# An entry's bound (_time_best_first): with nothing recomputed and no expert exchanges, with its group's recompute
+# and no exchanges (all its assignments), its one setup's own
+COARSE, SHARED, EXACT = 0, 1, 2
+
+
+class _Entry(NamedTuple):
+    """A fitting split of a group, best first by its bound (the most tokens/s its setups could reach; under --efficiency
+    the flat override's), then by `order` (the setups are never compared). `variants`: (TIMED assignment, setup) pairs:
+    the group's setups (at its probe micro-batch) until EXACT, whose one setup is at (b, accum)."""
+    neg_bound: float
+    order: int
+    key: tuple
+    b: int
+    accum: int
+    level: int
+    variants: tuple
+
+
+def _refined(e: _Entry, floors: Floors) -> list[_Entry]:
+    """A COARSE entry bounded with its recompute policy (SHARED, or EXACT for one assignment), or a SHARED one split
+    into its assignments (EXACT, each setup at the entry's split)."""
+    first = e.variants[0][1].with_micro_batches(e.b, e.accum)
+    if e.level == COARSE and len(e.variants) > 1:
+        return [e._replace(neg_bound=-_bound(first, floors.without_exchanges(first, state_bytes(first))), level=SHARED)]
+    out = []
+    for v, x in e.variants:
+        x = first if x is e.variants[0][1] else x.with_micro_batches(e.b, e.accum)
+        out.append(e._replace(neg_bound=-_bound(x, floors(x, state_bytes(x))), level=EXACT, variants=((v, x),)))
+    return out
+
+
 def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors, fitting: list, best: dict,
                      stats: dict, spares: bool | None = None) -> None:
     """Time the fitting setups, highest bound first, into `best` (each group's fastest over its splits and TIMED
     assignments: one plan per group). Exact: a setup is skipped only where its bound — the most tokens/s it could
     reach — is below its own group's best so far or below the --top fastest groups' (POOL x --top where offloaded
     setups may be rejected later: the spares), so its group's best cannot change or could not enter the ranking's
-    head; once the bound falls below the pool's, every later one does. An entry of several setups (a group's TIMED
-    assignments at one micro-batch) is bounded by the floor without the expert exchanges, which none of them can
-    beat (Floors.without_exchanges); taken, it is split into its setups, each with its own bound. `stats`: timed,
-    bounded (skipped). `spares`: keep the POOL of spares whatever the setups (a worker's share of a parallel search,
-    whose setups may not be offloaded where another share's are); None: where any setup is offloaded."""
+    head; once the bound falls below the pool's, every later one does. An entry starts at COARSE (a group's TIMED
+    assignments at one split, bounded with nothing recomputed and no expert exchanges: Floors.below_every_policy);
+    taken, it is bounded again with its own recompute policy (SHARED: Floors.without_exchanges, which none of its
+    assignments can beat) or, one assignment alone, with its own floor (EXACT), and put back; a SHARED entry taken
+    is split into its assignments, each with its own floor. Every bound is at or above the next (tests/plan/
+    test_floors.py), so the order stays best first. `stats`: timed, bounded (setups skipped). `spares`: keep the POOL
+    of spares whatever the setups (a worker's share of a parallel search, whose setups may not be offloaded where
+    another share's are); None: where any setup is offloaded."""
     # the fastest groups' best tokens/s, at most `size` of them: --top, or the POOL of spares where the host-memory
     # verdict may reject some (offloaded setups)
     if spares is None:
-        spares = any(e[4][0].offload != "none" for e in fitting)
+        spares = any(x.offload != "none" for e in fitting for _, x in e.variants)
     size, top = q.top * (POOL if spares else 1), {}
     heap = list(fitting)
     heapq.heapify(heap)  # (entries differ in their order: the setups are never compared)
     order = len(fitting)
     while heap:
-        neg, _, key, b, setups, assigned = heapq.heappop(heap)
-        if len(top) == size and -neg < min(top.values()):
-            stats["bounded"] = stats.get("bounded", 0) + len(setups) + sum(len(e[4]) for e in heap)
+        e = heapq.heappop(heap)
+        if len(top) == size and -e.neg_bound < min(top.values()):
+            stats["bounded"] = stats.get("bounded", 0) + len(e.variants) + sum(len(x.variants) for x in heap)
             return
-        if len(setups) > 1:
-            for setup, v in zip(setups, assigned):
-                heapq.heappush(heap, (-_bound(setup, floors(setup, state_bytes(setup))), order, key, b, (setup,), (v,)))
+        old = best.get(e.key)
+        if old is not None and -e.neg_bound < -old[0][0]:  # none of its setups can beat its group's best
+            stats["bounded"] = stats.get("bounded", 0) + len(e.variants)
+            continue
+        if e.level != EXACT:
+            for refined in _refined(e, floors):
+                heapq.heappush(heap, refined._replace(order=order))
                 order += 1
             continue
-        setup = setups[0]
-        old = best.get(key)
-        if old is not None and -neg < -old[0][0]:
-            stats["bounded"] = stats.get("bounded", 0) + 1
-            continue
+        key, b, ((_, setup),) = e.key, e.b, e.variants
         cancel.check()
         # the estimate's step time (NB: without paged optimizer states' migration, which the estimate adds where the
         # device cannot hold them all: rank optimistic for a paged optimizer on a full GPU; the plan shows the estimate's)

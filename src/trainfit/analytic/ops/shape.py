@@ -2,6 +2,8 @@
 the setup's stack facts (stacks/*.toml) and the precision."""
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 from ...setup import Setup
 from ...spec import ModelSpec
 from ..activations import FP32, norm_kernel, resolved_kernel
@@ -63,6 +65,17 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  cp_merge=setup.cp > 1 and facts.get("context_parallel", {}).get("merge") == "fp32",
                  liger=liger_on(setup), liger_swiglu=swiglu_on(setup),
                  loss_fusion=loss_kernel(setup))
+
+
+# The fields only the sparse MoE block reads (ops/layer.py MOE_BLOCKS: ops/moe.py, ops/megatron_moe.py)
+MOE_ONLY = ("ep", "moe_block", "moe_aux_loss", "moe_load", "moe_force_balance", "moe_gemm_streams", "expert_tp")
+_MOE_DEFAULTS = {f.name: f.default for f in fields(Shape) if f.name in MOE_ONLY}
+
+
+def without_moe(sh: Shape) -> Shape:
+    """`sh` with the MoE block's fields at their defaults: the key of a dense layer's lists, which never read them
+    (the layouts of one dense shape that differ in their expert layout share those lists' times)."""
+    return sh if all(getattr(sh, k) == v for k, v in _MOE_DEFAULTS.items()) else replace(sh, **_MOE_DEFAULTS)
 
 
 def loss_kernel(setup: Setup) -> str:
