@@ -22,13 +22,18 @@ def cpu_model(name: str) -> str:
 
 
 def cpu_machine() -> str:
-    """This CPU in one line: its model, the bf16 ISA oneDNN sees (AVX512-BF16, else AVX2) and the cores this process
-    may use: "AMD EPYC, AVX512-BF16, 2 cores"."""
+    """This CPU in one line: its model, the ISA oneDNN takes for its 16-bit kernels (AMX, AVX512-BF16, AVX-512,
+    AVX2-VNNI-2, else AVX2: its effective ISA, ONEDNN_MAX_CPU_ISA's cap applied, analytic/onednn.py) and the cores this
+    process may use: "AMD EPYC, AVX512-BF16, 2 cores"."""
+    from trainfit.analytic.onednn import effective_isa
+
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    isa = "AVX512-BF16" if "avx512_bf16" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{cpu_model(model)}, {isa}, {len(os.sched_getaffinity(0))} cores"
+    isa = effective_isa() or ""
+    label = ("AMX" if isa.startswith("avx512_core_amx") else "AVX512-BF16" if isa in ("avx512_core_bf16",
+             "avx512_core_fp16") else "AVX-512" if isa.startswith("avx512") else "AVX2-VNNI-2" if isa == "avx2_vnni_2"
+             else "AVX2" if isa else "no AVX2")
+    return f"{cpu_model(model)}, {label}, {len(os.sched_getaffinity(0))} cores"
 
 
 def pct(x: float, signed: bool = True, digits: int = 1) -> str:

@@ -61,8 +61,12 @@ def test_the_cpu_model_is_shortened(name, short):
 
 
 def test_the_machine_line_names_model_isa_and_cores():
+    from trainfit.analytic.onednn import effective_isa
+
     model, isa, cores = figures.cpu_machine().split(", ")
-    assert model and isa in ("AVX512-BF16", "AVX2", "no AVX2") and cores.endswith(" cores")
+    assert model and isa in ("AMX", "AVX512-BF16", "AVX-512", "AVX2-VNNI-2", "AVX2", "no AVX2") and \
+        cores.endswith(" cores")
+    assert (isa == "AMX") is (effective_isa() or "").startswith("avx512_core_amx")  # (oneDNN's, capped or not)
 
 
 def test_pct_signs_only_what_does_not_round_to_zero():
