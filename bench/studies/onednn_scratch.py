@@ -55,7 +55,7 @@ def rows(threads: list[int], full: bool = False):
         for t in threads:
             torch.set_num_threads(t)
             for m, k, n, ta, tb in shapes:
-                formula = matmul_scratch(m, k, n, transposed_a=ta, threads=t) if onednn_matmul("bf16") else 0
+                formula = matmul_scratch(m, k, n, transposed_a=ta, transposed_b=tb, threads=t) if onednn_matmul("bf16") else 0
                 yield (m, k, n, ta, tb), t, formula, measured(m, k, n, ta, tb)
     finally:
         torch.set_num_threads(before)

@@ -280,14 +280,15 @@ def _down_backward_gemms(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
         return []
     t, h, a = setup.tp, spec.hidden, st.act
     width = spec.intermediate / t
-    s_in = gemm_scratch(setup, tokens, h, width)
+    conv1d = family_traits(spec)["conv1d_weights"]
+    s_in = gemm_scratch(setup, tokens, h, width, transposed_b=conv1d)  # grad·W (nn.Linear: W plain), grad·Wᵀ
     if not s_in:
         return []
     in_grad = a * width * tokens
     if setup.lora_rank:
         return [Moment(base + in_grad + s_in, 0.0, freed)]
-    rows, cols = (width, h) if family_traits(spec)["conv1d_weights"] else (h, width)
-    s_w = gemm_scratch(setup, rows, tokens, cols, transposed_a=True)
+    rows, cols = (width, h) if conv1d else (h, width)
+    s_w = gemm_scratch(setup, rows, tokens, cols, transposed_a=True, transposed_b=False)
     w_grad = a * h * width
     if spec.mlp_bias:  # addmm: the input gradient, then the weight gradient
         return [Moment(base + in_grad + s_in, 0.0, freed), Moment(base + in_grad + w_grad + s_w, 0.0, freed)]

@@ -408,6 +408,11 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
     traits = family_traits(spec)
     cast_in = a * h * tokens if st.autocast and r != a else 0  # autocast's copy of an fp32 input
     o_gemm = first = last = 0.0
+    tb = not traits["conv1d_weights"]  # x·Wᵀ (nn.Linear) or x·W (Conv1D): B's layout (onednn.py, AMX)
+
+    def gemm(m: float, k: float, n: float) -> int:
+        return gemm_scratch(setup, m, k, n, transposed_b=tb)
+
     kernel = resolved_kernel(spec, setup)
     if spec.mla is None and kernel != "eager":
         if not traits["fused_qkv"]:
@@ -416,20 +421,20 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
             live = attn
         else:
             live = attn + a * h * tokens
-        o_gemm = live + gemm_scratch(setup, tokens, spec.q_dim / t, h)
+        o_gemm = live + gemm(tokens, spec.q_dim / t, h)
     if spec.moe is None:
         i = spec.intermediate / t
         if spec.gated_mlp:
             live = 4 if traits["fused_gate_up"] else 3  # as _prefill_moments counts them at the product
             width = 2 * i if traits["fused_gate_up"] else i
-            first = mlp - (live - 2) * a * i * tokens + cast_in + gemm_scratch(setup, tokens, h, width)
+            first = mlp - (live - 2) * a * i * tokens + cast_in + gemm(tokens, h, width)
             held = (live - 3) * a * i * tokens  # the fused gate_up's storage, minus the freed activation
-            last = mlp - 2 * a * i * tokens + held + a * h * tokens + gemm_scratch(setup, tokens, i, h)
+            last = mlp - 2 * a * i * tokens + held + a * h * tokens + gemm(tokens, i, h)
         else:
             live = _mlp_live(spec)
             inline = r * h * tokens if traits["mlp_inline"] else 0
-            first = mlp - (live - 1) * a * i * tokens + cast_in + inline + gemm_scratch(setup, tokens, h, i)
-            last = mlp - (live - 1) * a * i * tokens + a * h * tokens + gemm_scratch(setup, tokens, i, h)
+            first = mlp - (live - 1) * a * i * tokens + cast_in + inline + gemm(tokens, h, i)
+            last = mlp - (live - 1) * a * i * tokens + a * h * tokens + gemm(tokens, i, h)
     return o_gemm, first, last
 
 

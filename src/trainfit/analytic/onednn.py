@@ -19,8 +19,13 @@ The mechanism (PyTorch files at the commits trace/kernel_scratch.py cites; the o
     (avx512_core_bf16 and up, avx2_vnni_2); on avx512_core / avx512_core_vnni (AVX-512 without BF16: Skylake, Cascade
     Lake, Ice Lake) oneDNN's bf16 matmul is `gemm:jit:bf16` (src/cpu/matmul/gemm_bf16_matmul.cpp), which books an
     fp32 copy of the whole output (ONEDNN_VERBOSE=1 on this project's machines, with ONEDNN_MAX_CPU_ISA=AVX512_CORE).
+  * AMX (avx512_core_amx: Sapphire Rapids and later; ONEDNN_VERBOSE `brg_matmul:avx10_1_512_amx`): its own
+    blocking heuristics ("macro" for a plain A, else "micro"), which read this CPU's L1/L2 sizes, a per-thread AMX
+    tile workspace, and a hand-off of tiny problems to avx512_core_bf16: analytic/onednn_amx.py (one job: that
+    port), called from `matmul_scratch`.
 Checked against the trace engine's probe (trace/kernel_scratch.py, which runs the op on this CPU) for the layers'
-shapes by tests/analytic/test_onednn_scratch.py and bench/studies/onednn_scratch.py.
+shapes by tests/analytic/test_onednn_scratch.py and bench/studies/onednn_scratch.py (on AVX-512-BF16 and, capped,
+AVX-512 CPUs; on a Sapphire Rapids with AMX, natively and capped to AVX512_CORE_BF16 / AVX512_CORE / AVX2).
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ import os
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
+
+from .onednn_amx import amx_scratch
 
 # -- the sizes, in one place (oneDNN 80afa710) --------------------------------------------------------------------
 ALIGN = 128  # src/common/memory_tracking.hpp:384 default_alignment: each booking takes size + 128 (:420-425)
@@ -237,20 +244,23 @@ def _copy_a_preferred(m: int, k: int, transposed_a: bool, avx2: bool) -> bool:
     return not avx2 and not transposed_a and k & (k - 1) == 0 and k >= 8192 // 2 and m >= 1024
 
 
-def gemm_scratch(setup, m: float, k: float, n: float, transposed_a: bool = False) -> int:
+def gemm_scratch(setup, m: float, k: float, n: float, transposed_a: bool = False,
+                 transposed_b: bool | None = None) -> int:
     """The scratch of one of the step's matmuls (m×k · k×n in the compute dtype) under `setup`: only a CPU step
-    (device "cpu") with a 16-bit compute dtype whose CPU takes oneDNN's path allocates it; 0 otherwise."""
+    (device "cpu") with a 16-bit compute dtype whose CPU takes oneDNN's path allocates it; 0 otherwise. B's layout
+    (matmul_scratch) matters on AMX: nn.Linear's forward x·Wᵀ has it transposed, its input gradient grad·W plain."""
     from ..precision import PRECISIONS  # noqa: PLC0415
 
     pol = PRECISIONS[setup.precision]
     # quantised weight formats (int8, int4, fp8) run their own kernels, not aten.mm on 16-bit operands
     if setup.device != "cpu" or pol.weight not in ("fp32", "bf16", "fp16") or not onednn_matmul(pol.compute):
         return 0
-    return matmul_scratch(max(1, int(m)), max(1, int(k)), max(1, int(n)), transposed_a=transposed_a)
+    return matmul_scratch(max(1, int(m)), max(1, int(k)), max(1, int(n)), transposed_a=transposed_a,
+                          transposed_b=transposed_b)
 
 
-def matmul_scratch(m: int, k: int, n: int, *, transposed_a: bool = False, threads: int | None = None,
-                   isa: str | None = None) -> int:
+def matmul_scratch(m: int, k: int, n: int, *, transposed_a: bool = False, transposed_b: bool | None = None,
+                   threads: int | None = None, isa: str | None = None) -> int:
     """Bytes of the scratchpad oneDNN's matmul primitive books for C (m×n, 16-bit) = A (m×k) · B (k×n) on `isa`
     (default: this CPU's effective ISA), with `threads` threads (default: cpu_threads()); 0 where the call does not
     reach oneDNN (m·n·k <= 16³, or an ISA without the 16-bit path). Every booking is its size + ALIGN.
@@ -266,8 +276,17 @@ def matmul_scratch(m: int, k: int, n: int, *, transposed_a: bool = False, thread
     gemm:jit:bf16 (AVX-512 without BF16): the fp32 output, split in per-thread blocks (gemm_based_common.hpp:125-175
     get_scratchpad_num_elements / book_acc_scratchpad; use_single_gemm_call_optimization_ is never set there, :57),
     each rounded up to 64 elements.
-    NB: AMX ISAs (avx512_core_amx*) choose blocks by amx_blocking_heuristics.cpp and book a tile buffer, not modelled:
-    their sizes are taken as avx512_core_bf16's (unverified, direction unknown)."""
+    AMX (avx512_core_amx, avx512_core_amx_fp16): analytic/onednn_amx.py's port of the AMX blocking heuristics and
+    bookings (with the AMX tile workspace), given B's layout `transposed_b` (default: not transposed_a, as nn.Linear's
+    forward and weight gradient; its input gradient grad·W has a plain B); a problem whose A block is tiny (<= 126
+    B) goes to avx512_core_bf16, as oneDNN hands it on. An M×1 result is computed as Cᵀ = Bᵀ·Aᵀ (torch keeps it
+    column-major), and a 1-row A is plain whatever its strides (treat_A_as_plain).
+    NB: the sizes are bf16's; an fp16 matmul (on the path from avx512_core_fp16 up) is taken as bf16 (unverified,
+    direction unknown). On AMX exact against the probe (bench onednn_scratch --full at 1 and 2 threads; 1,080 random
+    shapes, plain/transposed A and B, M/K/N from 1 to 8192, 1-32 threads); avx512_core_amx_fp16 (no small-shape
+    hand-off there) is not checked on a real CPU. On the other ISAs an M×1 result and a transposed 1-row A are not
+    special-cased as on AMX: their sizes can be off there, either direction (measured on AVX512_CORE_BF16: a weight
+    gradient with N = 1 read 1.4-1.5x over, an M×1 input gradient 0.3 % under)."""
     if m * n * k <= MKLDNN_GEMM_MIN:
         return 0
     isa = effective_isa() if isa is None else isa
@@ -279,6 +298,15 @@ def matmul_scratch(m: int, k: int, n: int, *, transposed_a: bool = False, thread
             per = _div_up(m * n, threads)
             return _rnd_up(min(m * n, per - per % n) if per >= n else per, 64)
         return ACC * max(block(1), nthr * block(nthr)) + ALIGN
+    if isa in ("avx512_core_amx", "avx512_core_amx_fp16"):
+        tb = not transposed_a if transposed_b is None else transposed_b
+        if n == 1:  # addmm_impl_cpu_ keeps an M×1 result column-major (LinearAlgebra.cpp): oneDNN runs Cᵀ=BᵀAᵀ
+            m, n, transposed_a, tb = 1, m, False, not transposed_a
+        transposed_a = transposed_a and m != 1  # treat_A_as_plain (brgemm_matmul_utils.cpp:1642-1645)
+        amx = amx_scratch(m, k, n, nthr, transposed_a, tb, small_shape_check=isa == "avx512_core_amx")
+        if amx is not None:
+            return amx
+        # small shapes: oneDNN hands this problem to brg_matmul:avx512_core_bf16, modelled below
     avx2 = isa == "avx2_vnni_2"
     b = brgemm_blocking(m, k, n, nthr, transposed_a, avx2)
     copy_a = transposed_a or _copy_a_preferred(m, k, transposed_a, avx2)
