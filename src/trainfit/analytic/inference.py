@@ -298,8 +298,7 @@ def _fused_rotary_sdpa(spec: ModelSpec, setup: Setup, tokens: int, keys: int) ->
     it), rotary's new q (promoted to fp32 by the fp32 cos/sin under autocast: kv_dtype), and under autocast SDPA's
     casts of that q and of the cache's fp32 k back to the 16-bit dtype (v keeps its own dtype from transformers
     5.24: values_keep_their_dtype; before, an fp32 v copied too); then the kernel's output (a·q), its fp32 logsumexp
-    (one per head and token) and, on the CPU, its per-thread buffers (cpu_flash.scratch; `keys`: the keys each
-    query sees, a decode step's the cache). Read off the traced
+    and, on the CPU, its buffers (_sdpa_returning; `keys`: the keys each query sees, a decode step's the cache). Read off the traced
     small-gpt_neox amp-bf16 CPU prefill at 8 x 200 (the peak inside layer 1's
     _scaled_dot_product_flash_attention_for_cpu). NB: the CUDA memory-efficient kernel pads the logsumexp to 32 rows
     (under by at most 31 per head and sequence)."""
@@ -309,8 +308,18 @@ def _fused_rotary_sdpa(spec: ModelSpec, setup: Setup, tokens: int, keys: int) ->
     promoted = st.autocast and spec.positions == "rotary"
     rot_q = FP32 if promoted else a
     casts = a * q + a * kv + (0 if values_keep_their_dtype() else a * kv) if promoted else 0
-    scratch = cpu_flash.scratch(setup.seq, keys, spec.head_dim, a) if setup.device == "cpu" else 0
-    return (a * (q + 2 * kv) + rot_q * q + casts + a * q + FP32 * spec.heads / t) * tokens + scratch
+    return (a * (q + 2 * kv) + rot_q * q + casts + a * q) * tokens + _sdpa_returning(spec, setup, tokens, keys)
+
+
+def _sdpa_returning(spec: ModelSpec, setup: Setup, tokens: int, keys: int, pack: bool | None = None) -> float:
+    """What dies as the SDPA kernel returns, beside its output: its fp32 logsumexp (one per head and token) and, on
+    the CPU, its own buffers (cpu_flash.scratch, over the rank's query heads; a decoder's prefill is causal; `pack`:
+    as packed or not, None: as the kernel decides)."""
+    t = setup.tp
+    scratch = cpu_flash.scratch(setup.seq, keys, spec.head_dim, state_bytes(setup).act, batch=setup.batch,
+                                heads=spec.heads // t, causal=spec.causal,
+                                dtype=PRECISIONS[setup.precision].compute, pack=pack) if setup.device == "cpu" else 0
+    return FP32 * spec.heads / t * tokens + scratch
 
 
 def _post_norm_add(spec: ModelSpec, setup: Setup, tokens: int, base: float, scratch: float) -> float:
@@ -393,7 +402,8 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
       output projection (SDPA kernels): q's rotated copy and the kernel's output beside the projection's output, the
         moment's k and v gone (read off traced prefills of small-llama, -qwen2, -opt); a fused q/k/v projection
         keeps its whole output (its k and v are views): with rotary, the attention moment itself (small-gpt_neox,
-        -phi3), without (GPT-2's c_attn), the moment and the projection's output;
+        -phi3; on the CPU less a packed kernel's own copies), without (GPT-2's c_attn), the moment and the projection's
+        output;
       MLP, gated: the up projection, the activated gate beside it (the product not made yet); a fused gate_up, its own
         output alone; the down projection, the product beside its output (gate and up freed; a fused gate_up's
         storage still held by the gate's view: modeling_phi3.py Phi3MLP.forward);
@@ -418,7 +428,11 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
         if not traits["fused_qkv"]:
             live = attn - 2 * a * spec.kv_dim / t * tokens + a * h * tokens
         elif spec.positions == "rotary":
-            live = attn
+            # (less the packed CPU kernel's K/V copies and blocks, freed as it returned: several times the
+            # projection's output on an AMX CPU, cpu_flash.py; the traced prefills that read the moment itself
+            # ran the unpacked kernel)
+            live = attn - _sdpa_returning(spec, setup, tokens, setup.seq) + \
+                _sdpa_returning(spec, setup, tokens, setup.seq, pack=False)
         else:
             live = attn + a * h * tokens
         o_gemm = live + gemm(tokens, spec.q_dim / t, h)
