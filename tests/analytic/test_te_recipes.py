@@ -128,3 +128,20 @@ def test_sequence_parallel_gathers_quantised_inputs():
     bf16 = layout_step_time(spec70, Setup(**kw), gpu).tp_comm
     assert layout_step_time(spec70, Setup(**kw, low_precision="tensorwise"), gpu).tp_comm == pytest.approx(
         bf16 * 5 / 6, rel=1e-9)
+
+
+@pytest.mark.parametrize("lp, release", [("mxfp8", {}), ("nvfp4", {"stack_release": "2026-08"})])
+def test_torchao_terms_stay_off_where_transformer_engine_runs_the_recipe(spec, lp, release):
+    """A recipe both libraries name: on --stack megatron Transformer Engine runs it, so torchao's backward operand
+    copies and its note (torchao_recipes.py) are not the estimate's; on --stack torchtitan they are."""
+    from trainfit.analytic import torchao_recipes
+
+    te = Setup(**BASE, low_precision=lp)
+    assert torchao_recipes.running(te) == ""
+    assert torchao_recipes.backward_transient(spec, te) == 0
+    notes = " ".join(estimate(spec, te).notes)
+    assert "Transformer Engine" in notes and "torchao" not in notes
+    ao = Setup(stack="torchtitan", precision="amp-bf16", dp=8, zero=3, seq=SEQ, batch=1, low_precision=lp, **release)
+    assert torchao_recipes.running(ao) == lp
+    assert torchao_recipes.backward_transient(spec, ao) > 0
+    assert "torchao" in " ".join(estimate(spec, ao).notes)

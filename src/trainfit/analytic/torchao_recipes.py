@@ -46,12 +46,20 @@ from dataclasses import replace
 from ..low_precision import RECIPES, Recipe
 from .ops.op import Shape
 from .ops.torchao_casts import LOW_GEMMS  # (the op-level half: quantise kernels and GEMM dtypes)
+from .te_recipes import runs_te
 
 # the torchao recipes this module models (stacks/torchtitan.toml [low_precision] recipes lists those torchtitan runs)
 MODELLED = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "nvfp4")
 # torchtitan's quantize.linear.mx.recipe_name values modelled: torchao's MXLinearRecipeName (v0.16.0 prototype/
 # mx_formats/config.py:42-47) -> --low-precision mxfp8's --mx-scale (readers/torchtitan.py, plan/emit_torchtitan.py)
 MX_RECIPES = {"mxfp8_cublas": "floor", "mxfp8_cublas_rceil": "rceil"}
+
+
+def running(setup) -> str:
+    """--low-precision where torchao runs it (a MODELLED recipe on a stack whose library is not Transformer
+    Engine's: te_recipes.runs_te, whose recipes te_recipes.py and ops/te_casts.py model), else ""."""
+    lp = getattr(setup, "low_precision", "none")
+    return lp if lp in MODELLED and not runs_te(setup) else ""
 
 
 def low_gemm_share(name: str) -> float:
@@ -127,8 +135,8 @@ def backward_transient(spec, setup) -> float:
     """The quantised copies of the largest converted linear (quantised_copies), beside a layer's backward high point
     (memory.py, as quant.dequant_transient). NB: over-reads where the layer's high point is not inside a converted
     linear's backward (by at most this). Not for tensorwise, whose numbers float8.py keeps (its NB: under-read)."""
-    lp = getattr(setup, "low_precision", "none")
-    if lp not in MODELLED or lp == "tensorwise" or bf16_layers(setup, spec.layers) >= spec.layers:
+    lp = running(setup)
+    if lp in ("", "tensorwise") or bf16_layers(setup, spec.layers) >= spec.layers:
         return 0.0
     r, t = RECIPES[lp], setup.tp
     tokens = setup.batch * setup.seq / setup.cp
@@ -141,8 +149,8 @@ def backward_transient(spec, setup) -> float:
 
 def notes(spec, setup, gpu) -> list[str]:
     """What --low-precision (a torchao recipe other than tensorwise: float8.notes) changed, with its NBs."""
-    lp = getattr(setup, "low_precision", "none")
-    if lp not in MODELLED or lp == "tensorwise":
+    lp = running(setup)
+    if lp in ("", "tensorwise"):
         return []
     r = RECIPES[lp]
     gemms = {(True, True, True): "forward, dgrad and wgrad GEMMs", (True, True, False):

@@ -19,7 +19,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     """The Shape of `setup` (a Setup or the planner's light _Cfg)."""
     from ..compile_effects import not_modelled
     from ..siglip import image_block_masks
-    from ..torchao_recipes import MODELLED
+    from ..torchao_recipes import running
 
     facts = setup.stack_facts.facts
     kernel = resolved_kernel(spec, setup)
@@ -39,7 +39,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     return Shape(setup.batch, setup.seq, sp_degree(setup), setup.tp, bool(setup.sequence_parallel), dtype, int(st.act),
                  int(st.residual), int(st.param or st.weight), int(st.grad), bool(st.autocast), kernel,
                  norm_kernel(setup) if spec.norm == "rmsnorm" else "layernorm", rope,
-                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, lp in MODELLED and not te,
+                 bool(family_traits(spec)["loss_upcast"]), setup.ep, compiled, bool(running(setup)),
                  facts.get("fused_elementwise", {}).get("value", False),
                  ("sdpa_backends" in facts.get("attention", {}) or facts.get("attention", {}).get("gpu_preferred", False))
                  and setup.attention_kernel != "flash2",
@@ -51,7 +51,7 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
                  masked=spec.vision is not None and not hf_eager and image_block_masks(spec, setup),
                  te=te,  # (the share only TE's casts read: ops/te_casts.py; 1 without the recipe)
                  te_weight_share=1.0 / max(1, getattr(setup, "grad_accum", 1)) if te else 1.0,
-                 lp=lp if lp in MODELLED and not te else "",
+                 lp=running(setup),
                  mx_casts=tuple(facts.get("low_precision", {}).get("mx_cast_kernels", {}).get(
                      getattr(setup, "mx_scale", "floor"), ())) if lp == "mxfp8" and not te else (),
                  moe_block=facts.get("moe", {}).get("block", "transformers"),
