@@ -8,8 +8,6 @@ Each row names its source, the engine's settings it states and the benchmark it 
   throughput  vLLM's benchmarks/benchmark_throughput.py: every request submitted at once, the engine running as
               many as it holds (serving_time.steady_state at the concurrency the engine allows);
   tpot        vllm bench serve at --max-concurrency C: one request's decode rate, 1 / TPOT (steady_state).
-"before" is the previous model (serving.decode_seconds: weights + KV over 80 % of the bandwidth, at the request's
-batch), kept to show what the op-list model changed.
 The engine's scheduler CPU time per step (serving_time.py scheduler: vLLM's Scheduler measured on a CPU,
 data/servers.toml scheduler_host; overlapped under async scheduling, the default from 0.14). The 500-request row runs
 --server vllm==0.19.0, the version its source ran (its Scheduler, 20.5 us per request, then hides behind the GPU's
@@ -99,8 +97,8 @@ ROWS = [
 ]
 
 
-def predict(row) -> tuple[float, float]:
-    """(predicted output tokens/s, the previous model's)."""
+def predict(row) -> float:
+    """Predicted output tokens/s."""
     _, model, gpu_name, kw, bench, batch, prompt, output, _, _ = row
     spec, gpu = load_model(model), get_gpu(gpu_name)
     setup = Setup(**kw, prompt_len=prompt, completion_len=output)
@@ -111,37 +109,30 @@ def predict(row) -> tuple[float, float]:
         budget = batch * prompt if "max_num_seqs" in kw else k.max_num_batched_tokens  # (V0 rows: no chunking)
         secs = serving_time.batch_latency(spec, setup, gpu, pc, sv.kv_bytes_per_token, batch, prompt, output,
                                           k.capture_sizes, budget, k.max_num_seqs, sv.kv_tokens)
-        now = batch * output / secs
-        seqs = batch
+        return batch * output / secs
     elif bench == "tpot":  # one request's decode rate, 1 / TPOT, at `batch` concurrent requests
         st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, k.max_num_batched_tokens,
                                        k.max_num_seqs, sv.kv_tokens, k.capture_sizes, batch, prompt, output)
-        return 1 / st.tpot, 1 / serving.decode_seconds(sv, gpu, batch, 0.8)
+        return 1 / st.tpot
     else:
         st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, max(k.max_num_seqs * prompt, 1),
                                        k.max_num_seqs, sv.kv_tokens, k.capture_sizes, None, prompt, output)
-        now = st.output_tokens_per_second
-        seqs = round(st.running)
-    return now, seqs / serving.decode_seconds(sv, gpu, seqs, 0.8)
+        return st.output_tokens_per_second
 
 
 def main(argv=None) -> int:
     argparse.ArgumentParser(description=__doc__).parse_args(argv)
-    lines = ["| run | published tok/s | predicted | error | before (0.8 of bandwidth) | error before |",
-             "|---|---:|---:|---:|---:|---:|"]
-    errs, before = [], []
+    lines = ["| run | published tok/s | predicted | error |", "|---|---:|---:|---:|"]
+    errs = []
     for row in ROWS:
-        now, old = predict(row)
-        pub = row[8]
-        e, b = now / pub - 1, old / pub - 1
+        now, pub = predict(row), row[8]
+        e = now / pub - 1
         errs.append(e)
-        before.append(b)
-        lines.append(f"| {row[0]} | {pub:,} | {now:,.0f} | {pct(e)} | {old:,.0f} | {pct(b)} |")
+        lines.append(f"| {row[0]} | {pub:,} | {now:,.0f} | {pct(e)} |")
     med, worst = statistics.median(abs(e) for e in errs), max(errs, key=abs)
     within = sum(abs(e) <= 0.25 for e in errs)
-    lines += ["", f"median |error| {med:.1%}, worst {pct(worst)}, within 25 %: {within}/{len(errs)} "
-              f"(before: median |error| {statistics.median(abs(b) for b in before):.1%}, worst "
-              f"{pct(max(before, key=abs))})", "", "Sources:"] + [f"- {r[0]}: {r[9]}" for r in ROWS]
+    lines += ["", f"median |error| {med:.1%}, worst {pct(worst)}, within 25 %: {within}/{len(errs)}", "",
+              "Sources:"] + [f"- {r[0]}: {r[9]}" for r in ROWS]
     text = "\n".join(lines)
     print(text)
     (results_dir() / "serving_throughput_published.md").write_text(text + "\n")

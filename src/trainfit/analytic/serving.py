@@ -673,14 +673,3 @@ def concurrency(sv) -> int:
     """Sequences one engine holds at once: its request limit (`max_sequences`) or the whole `context`-token
     sequences its KV cache holds, whichever is fewer. `sv`: either server's Serving (vLLM's or SGLang's)."""
     return min(sv.max_sequences, int(sv.max_concurrent_sequences))
-
-
-def decode_seconds(sv: Serving, gpu: GPU, sequences: int, mbu: float) -> float:
-    """One decode step of `sequences` running sequences: memory-bound, it reads the weights and every sequence's KV
-    once (Pope et al. 2022 §3; the roofline of Williams et al. 2009) at `mbu` of the memory bandwidth.
-    NB: sequences taken at half of max_model_len on average; TP's two all-reduces per layer are not counted
-    (optimistic by tens of µs per layer). A linear-attention / Mamba layer reads and writes its state once per step
-    (counted once: NB under by the write)."""
-    context = sv.knobs.max_model_len / 2
-    per_sequence = context * sv.kv_bytes_per_token + sv.state_bytes
-    return (sv.weights + sequences * per_sequence) / (gpu.memory_bandwidth * mbu)
