@@ -254,11 +254,7 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     elif resolved_kernel(spec, setup) == "math" and setup.device == "cuda":
         attn = _math_sdpa_prefill(spec, setup, tokens, a)
     elif traits["fused_qkv"] and spec.positions == "rotary":
-        # Phi-3/GPT-NeoX: the fused projection's output stays whole beside rotary's new q (k goes to the cache),
-        # and the flash kernels' (b, h, s, d) output is copied for the output projection (activations._flash_saved)
-        efficient = setup.device == "cuda" and a == FP32
-        attn += a * spec.q_dim / t * tokens * (1 if efficient else 2)
-        attn = max(attn, _fused_rotary_sdpa(spec, setup, tokens, setup.seq if keys is None else keys))
+        attn = _fused_rotary_attention(spec, setup, tokens, setup.seq if keys is None else keys)
     if spec.moe:
         mlp = _moe_prefill(spec, setup, st) / t * tokens
     else:
@@ -292,6 +288,29 @@ def _prefill_moments(spec: ModelSpec, setup: Setup, tokens: int, keys: int | Non
     return base + attn, base + mid + mlp + kept, add
 
 
+def _fused_rotary_attention(spec: ModelSpec, setup: Setup, tokens: int, keys: int) -> float:
+    """Phi-3/GPT-NeoX's attention high point beside the stream: the fused projection's output stays whole beside
+    rotary's new q (k goes to the cache), and the flash kernels' (b, h, s, d) output is copied for the output
+    projection (activations._flash_saved); or, where more, the moment inside SDPA (_fused_rotary_sdpa)."""
+    a, t = state_bytes(setup).act, setup.tp
+    efficient = setup.device == "cuda" and a == FP32
+    plain = a * (2 * spec.q_dim + 2 * spec.kv_dim) / t * tokens + a * spec.q_dim / t * tokens * (1 if efficient else 2)
+    return max(plain, _fused_rotary_sdpa(spec, setup, tokens, keys))
+
+
+def _fused_rotary_o_proj(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """Beside the stream inside a fused-qkv rotary layer's output projection (oneDNN's scratch is the caller's): SDPA's
+    autocast casts, logsumexp and buffers died as it returned (a packed CPU kernel's K/V copies too: cpu_flash.py),
+    and its output with the transpose's contiguous copy the projection reads; the fused projection's output and
+    rotary's q stay, and the projection's output is made (the traced small-gpt_neox amp-bf16 CPU prefill at 8 x 200:
+    10,290,528 B live after layer 1's dense addmm, its weight's cast among them)."""
+    st = state_bytes(setup)
+    a, t = st.act, setup.tp
+    q, kv = spec.q_dim / t, kv_width(spec, t)
+    rot_q = FP32 if st.autocast and spec.positions == "rotary" else a
+    return (a * (q + 2 * kv) + rot_q * q + a * q + a * spec.hidden) * tokens
+
+
 def _fused_rotary_sdpa(spec: ModelSpec, setup: Setup, tokens: int, keys: int) -> float:
     """Inside SDPA's flash kernel (CPU flash; CUDA flash / memory-efficient) in a fused-qkv rotary layer (GPT-NeoX,
     Phi-3), beside the stream and the caches: the fused projection's whole output a·(q + 2kv) (q, k, v are views of
@@ -311,14 +330,14 @@ def _fused_rotary_sdpa(spec: ModelSpec, setup: Setup, tokens: int, keys: int) ->
     return (a * (q + 2 * kv) + rot_q * q + casts + a * q) * tokens + _sdpa_returning(spec, setup, tokens, keys)
 
 
-def _sdpa_returning(spec: ModelSpec, setup: Setup, tokens: int, keys: int, pack: bool | None = None) -> float:
+def _sdpa_returning(spec: ModelSpec, setup: Setup, tokens: int, keys: int) -> float:
     """What dies as the SDPA kernel returns, beside its output: its fp32 logsumexp (one per head and token) and, on
-    the CPU, its own buffers (cpu_flash.scratch, over the rank's query heads; a decoder's prefill is causal; `pack`:
-    as packed or not, None: as the kernel decides)."""
+    the CPU, its own buffers (cpu_flash.scratch, over the rank's query heads, packed where the kernel packs; a
+    decoder's prefill is causal)."""
     t = setup.tp
     scratch = cpu_flash.scratch(setup.seq, keys, spec.head_dim, state_bytes(setup).act, batch=setup.batch,
                                 heads=spec.heads // t, causal=spec.causal,
-                                dtype=PRECISIONS[setup.precision].compute, pack=pack) if setup.device == "cpu" else 0
+                                dtype=PRECISIONS[setup.precision].compute) if setup.device == "cpu" else 0
     return FP32 * spec.heads / t * tokens + scratch
 
 
@@ -401,9 +420,9 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
     trace).
       output projection (SDPA kernels): q's rotated copy and the kernel's output beside the projection's output, the
         moment's k and v gone (read off traced prefills of small-llama, -qwen2, -opt); a fused q/k/v projection
-        keeps its whole output (its k and v are views): with rotary, the attention moment itself (small-gpt_neox,
-        -phi3; on the CPU less a packed kernel's own copies), without (GPT-2's c_attn), the moment and the projection's
-        output;
+        keeps its whole output (its k and v are views): with rotary, that output, rotary's q, SDPA's output copied
+        contiguous and the projection's output, SDPA's casts and buffers gone (_fused_rotary_o_proj; small-gpt_neox),
+        without (GPT-2's c_attn), the moment and the projection's output;
       MLP, gated: the up projection, the activated gate beside it (the product not made yet); a fused gate_up, its own
         output alone; the down projection, the product beside its output (gate and up freed; a fused gate_up's
         storage still held by the gate's view: modeling_phi3.py Phi3MLP.forward);
@@ -428,11 +447,8 @@ def _prefill_gemms(spec: ModelSpec, setup: Setup, tokens: int, attn: float, mlp:
         if not traits["fused_qkv"]:
             live = attn - 2 * a * spec.kv_dim / t * tokens + a * h * tokens
         elif spec.positions == "rotary":
-            # (less the packed CPU kernel's K/V copies and blocks, freed as it returned: several times the
-            # projection's output on an AMX CPU, cpu_flash.py; the traced prefills that read the moment itself
-            # ran the unpacked kernel)
-            live = attn - _sdpa_returning(spec, setup, tokens, setup.seq) + \
-                _sdpa_returning(spec, setup, tokens, setup.seq, pack=False)
+            live = attn - _fused_rotary_attention(spec, setup, tokens, setup.seq) + \
+                _fused_rotary_o_proj(spec, setup, tokens)
         else:
             live = attn + a * h * tokens
         o_gemm = live + gemm(tokens, spec.q_dim / t, h)
