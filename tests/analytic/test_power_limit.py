@@ -54,6 +54,15 @@ def test_the_cap_sets_the_energy_and_a_cap_above_the_tdp_is_refused():
         get_gpu("B200").with_power_limit(1001)
 
 
+def test_a_cap_at_or_below_the_static_power_is_refused():
+    """At the board's idle draw nothing is left to clock the SMs (power_clock: r = 0, a zero rate): refused, not a
+    division by zero; just above it the run is slow but finite."""
+    with pytest.raises(SetupError, match="137 W idle"):
+        get_gpu("B200").with_power_limit(B200_STATIC)
+    capped = get_gpu("B200").with_power_limit(B200_STATIC + 13)
+    assert 0 < power_clock(capped.power_watts, 1000, B200_STATIC) < 0.5
+
+
 def test_cli_refuses_a_cap_above_the_tdp_in_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         main(["estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--power-limit", "5000"])

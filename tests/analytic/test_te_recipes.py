@@ -145,3 +145,13 @@ def test_torchao_terms_stay_off_where_transformer_engine_runs_the_recipe(spec, l
     assert torchao_recipes.running(ao) == lp
     assert torchao_recipes.backward_transient(spec, ao) > 0
     assert "torchao" in " ".join(estimate(spec, ao).notes)
+
+
+@pytest.mark.parametrize("lp", ["rowwise", "rowwise_with_gw_hp"])
+def test_torchao_only_recipes_are_refused_by_name(lp):
+    """torchao's rowwise recipes are no Transformer Engine recipe: one SetupError naming the stack that runs them
+    (before: a LookupError from the missing [low_precision] why of stacks/megatron.toml)."""
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match=f"--low-precision {lp} is not run by --stack megatron.*--stack torchtitan"):
+        Setup(**BASE, low_precision=lp)

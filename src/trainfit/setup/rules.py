@@ -507,7 +507,7 @@ def _check_low_precision(setup, stack) -> None:
     lp = setup.low_precision
     if lp != "none" and lp not in stack.fact("low_precision", "recipes"):
         runs = _stacks.running(lambda st: lp in st.fact("low_precision", "recipes"))
-        why = stack.fact("low_precision", "why") or f"it runs {', '.join(stack.fact('low_precision', 'recipes'))}"
+        why = stack.facts["low_precision"].get("why") or f"it runs {', '.join(stack.fact('low_precision', 'recipes'))}"
         raise SetupError(f"--low-precision {lp} is not run by --stack {stack.name} ({why})"
                          + (f"; use --stack {' or '.join(runs)}" if runs else ""))
     if lp in stack.facts["low_precision"].get("refuse_tp_compile", ()) and setup.tp > 1 and setup.compile:
