@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
+from trainfit.errors import SetupError
 from trainfit.models.resolve import load_model
 from trainfit.plan.emit import emit
 from trainfit.setup import Setup, validate
@@ -136,9 +139,6 @@ def test_moe_dispatcher_and_overlap_round_trip():
 def test_te_recipes_round_trip():
     """Each --low-precision recipe under megatron builds TransformerConfig's fp8/fp4 fields (its __post_init__ checks
     the bf16 first/last layers against num_layers / pp); delayed with bf16 layers is refused by both."""
-    import pytest
-
-    from trainfit.errors import SetupError
 
     spec = load_model("llama-3.1-8b")
     base = dict(stack="megatron", precision="bf16-master", dp=8, zero=1, seq=8192, batch=1, grad_accum=16)
@@ -278,3 +278,38 @@ def test_loss_fusion_round_trips_and_is_refused_off_megatron():
     with pytest.raises(SetupError, match="--loss-fusion te: .*Triton"):
         validate(Setup(stack="megatron", precision="bf16-master", device="cpu", loss_fusion="te"))
     validate(Setup(stack="megatron", precision="bf16-master", device="cpu", loss_fusion="native"))
+
+
+def test_the_emitted_command_builds_the_planned_architecture():
+    """Norms, positions and attention reach megatron.core's configs as the model has them (Megatron-LM's defaults are
+    LayerNorm, learned absolute positions, rotary base 10000: without the flags the command built another model)."""
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+    from trainfit.plan.emit_megatron import check_model
+
+    s = Setup(stack="megatron", precision="bf16-master", tp=1, dp=8, zero=1, seq=4096, batch=1)
+    a = _parse(emit("megatron", s, load_model("llama-3.1-8b"), 8))
+    assert (a["--normalization"], float(a["--norm-epsilon"])) == ("RMSNorm", 1e-5)
+    assert (a["--position-embedding-type"], a["--rotary-base"], a["--rope-scaling-factor"]) == ("rope", "500000", "8")
+    assert a["--use-rope-scaling"] is True
+    tc = TransformerConfig(num_layers=32, hidden_size=4096, num_attention_heads=32, normalization=a["--normalization"],
+                           layernorm_epsilon=float(a["--norm-epsilon"]))
+    assert tc.normalization == "RMSNorm"
+    assert _parse(emit("megatron", s, load_model("qwen3-30b-a3b"), 8))["--qk-layernorm"] is True
+    assert _parse(emit("megatron", s, load_model("qwen2.5-7b"), 8))["--add-qkv-bias"] is True
+    # DeepSeek-V3: multi-latent attention with YaRN, three dense layers first (first_k_dense_replace 3)
+    v3 = load_model("deepseek-v3")
+    d = _parse(emit("megatron", Setup(stack="megatron", precision="bf16-master", pp=16, dp=64, ep=64, zero=1,
+                                      seq=4096, batch=1, grad_accum=32), v3, 8))
+    freq = eval(d["--moe-layer-freq"])  # (Megatron-LM's moe_freq_type evaluates the same expression)
+    assert len(freq) == 61 and freq[:3] == [0, 0, 0] and sum(freq) == 58
+    mla = MLATransformerConfig(num_layers=61, hidden_size=7168, num_attention_heads=128,
+                               q_lora_rank=int(d["--q-lora-rank"]), kv_lora_rank=int(d["--kv-lora-rank"]),
+                               qk_head_dim=int(d["--qk-head-dim"]), qk_pos_emb_head_dim=int(d["--qk-pos-emb-head-dim"]),
+                               v_head_dim=int(d["--v-head-dim"]), rope_type=d["--rope-type"],
+                               rotary_scaling_factor=float(d["--rotary-scaling-factor"]), moe_layer_freq=freq)
+    assert (mla.q_lora_rank, mla.kv_lora_rank, mla.qk_pos_emb_head_dim) == (1536, 512, 64)
+    # what the command would build otherwise is refused in one line, before the search
+    for name, what in (("gpt-oss-120b", "attention sinks"), ("mistral-7b", "sliding-window")):
+        with pytest.raises(SetupError, match=what):
+            check_model(load_model(name))

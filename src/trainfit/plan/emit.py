@@ -37,11 +37,16 @@ def precisions_for(engine: str) -> tuple[str, ...]:
 
 
 def check_model(engine: str, spec: ModelSpec) -> None:
-    """Refuse, before any search, a model `engine` cannot build (torchtitan: its registry's models only)."""
+    """Refuse, before any search, a model `engine` cannot build (torchtitan: its registry's models only; Megatron-LM:
+    emit_megatron.check_model)."""
     if engine == "torchtitan":
         from .emit_torchtitan import torchtitan_flavor_or_error
 
         torchtitan_flavor_or_error(spec)
+    if engine == "megatron":
+        from .emit_megatron import check_model as megatron_builds
+
+        megatron_builds(spec)
 
 
 def runnable_query(engine: str, q) -> dict:

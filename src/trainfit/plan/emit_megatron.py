@@ -90,6 +90,88 @@ def _low_precision(s: Setup) -> list[str]:
     return out
 
 
+# What the emitted command cannot build: Megatron-LM core_v0.16.1's GPT (gpt_layer_specs.py with Transformer Engine) has
+# no flag for these, or builds them another way than the model trainfit timed (each a one-line refusal: check_model)
+UNBUILT = (("vision", "a vision tower"), ("encdec", "an encoder-decoder"), ("hybrid", "Mamba-2 blocks"),
+           ("linear_attn", "Gated DeltaNet layers"), ("attn_sinks", "attention sinks (gpt-oss)"),
+           ("sliding_window", "sliding-window attention"), ("attention_chunk", "chunked attention (Llama 4)"),
+           ("parallel_residual", "a parallel residual (GPT-NeoX, Phi-2)"), ("attn_softcap", "attention softcapping"),
+           ("attn_output_gate", "a gated attention output (Qwen3-Next)"), ("embedding_norm", "an embedding norm"))
+
+
+def rope(spec: ModelSpec) -> tuple[float, dict]:
+    """(rope_theta, the config's rope scaling dict) as the HF config holds them (transformers 4.x: rope_theta and
+    rope_scaling; 5.x: rope_parameters holding both)."""
+    cfg = spec.config
+    scaling = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    return float(scaling.get("rope_theta", cfg.get("rope_theta", 10000.0))), scaling
+
+
+def check_model(spec: ModelSpec) -> None:
+    """Refuse, before the search, a model the emitted pretrain_gpt.py would build differently (UNBUILT; and YaRN
+    RoPE outside multi-latent attention, which Megatron-LM core_v0.16.1 asserts against: arguments.py:1357-1358)."""
+    from ..errors import SetupError
+
+    for field, what in UNBUILT:
+        if getattr(spec, field, None):
+            raise SetupError(f"--emit megatron: {spec.name} has {what}, which the emitted pretrain_gpt.py command "
+                             "would not build; plan without --emit, or --emit torchtitan / deepspeed / accelerate")
+    if not spec.causal:
+        raise SetupError(f"--emit megatron: {spec.name} is an encoder; pretrain_gpt.py builds decoders only")
+    kind = rope(spec)[1].get("rope_type", rope(spec)[1].get("type"))
+    if spec.positions == "rotary" and spec.mla is None and kind not in (None, "default", "llama3"):
+        raise SetupError(f"--emit megatron: {spec.name}'s {kind} RoPE runs in Megatron-LM's multi-latent attention "
+                         "only (arguments.py:1357-1358); plan without --emit")
+
+
+def _architecture(spec: ModelSpec) -> list[str]:
+    """The model's norms, positions and attention as Megatron-LM flags, where its defaults differ (LayerNorm,
+    learned absolute positions, biases on, gelu): TransformerConfig's normalization, layernorm_epsilon (--norm-epsilon),
+    qk_layernorm, add_qkv_bias, multi_latent_attention (transformer_config.py:150-152, 167, 205-208, 237; flags from
+    the fields: arguments.py:1621), GPTModel's position_embedding_type, rotary_base, rotary_percent and Llama 3's rope
+    scaling (arguments.py:1645-1664), and MLA's ranks and YaRN (arguments.py:2723-2740)."""
+    out = ["--normalization", "RMSNorm"] if spec.norm == "rmsnorm" else []
+    cfg = spec.config
+    eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon")))
+    if eps is not None:
+        out += ["--norm-epsilon", f"{float(eps):g}"]
+    if spec.positions == "rotary":
+        theta, scaling = rope(spec)
+        out += ["--position-embedding-type", "rope", "--rotary-base", str(int(theta))]
+        if spec.rotary_fraction != 1.0:
+            out += ["--rotary-percent", f"{spec.rotary_fraction:g}"]
+        if scaling.get("rope_type", scaling.get("type")) == "llama3":
+            out += ["--use-rope-scaling", "--rope-scaling-factor", f"{float(scaling['factor']):g}"]
+    elif spec.positions == "none":
+        out += ["--position-embedding-type", "none"]
+    if spec.qk_norm:
+        out += ["--qk-layernorm"]
+    if spec.qkv_bias and not (spec.out_bias or spec.mlp_bias):
+        out += ["--add-qkv-bias"]  # (with --disable-bias-linear: biases on q, k, v only, Qwen2's)
+    if spec.mla is not None:
+        m, scaling = spec.mla, rope(spec)[1]
+        out += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim",
+                str(m.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim), "--v-head-dim",
+                str(m.v_head_dim)] + (["--q-lora-rank", str(m.q_lora_rank)] if m.q_lora_rank else [])
+        if scaling.get("rope_type", scaling.get("type")) == "yarn":
+            out += ["--rope-type", "yarn", "--rotary-scaling-factor", f"{float(scaling['factor']):g}",
+                    "--mscale", f"{float(scaling.get('mscale', 1.0)):g}",
+                    "--mscale-all-dim", f"{float(scaling.get('mscale_all_dim', 0.0)):g}"]
+    return out
+
+
+def _moe_layers(spec: ModelSpec) -> list[str]:
+    """Which layers are MoE where not all are: TransformerConfig.moe_layer_freq as a pattern (transformer_config.py:556;
+    arguments.py:231-245 moe_freq_type, :2693), 1 an expert layer: Llama 4's interleave (MoESpec.layer_step: layer i
+    is MoE iff i % step == step - 1), else the dense layers first (DeepSeek's first_k_dense_replace)."""
+    m = spec.moe
+    if m.layer_step >= 2:
+        return ["--moe-layer-freq", f"([0]*{m.layer_step - 1}+[1])*{spec.layers // m.layer_step}"]
+    if m.sparse_layers is not None and m.sparse_layers < spec.layers:
+        return ["--moe-layer-freq", f"([0]*{spec.layers - m.sparse_layers}+[1]*{m.sparse_layers})"]
+    return []
+
+
 def args(s: Setup, spec: ModelSpec) -> list[str]:
     """The pretrain_gpt.py arguments of setup `s` for model `spec`."""
     out = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden),
@@ -101,6 +183,7 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
            "--context-parallel-size", str(s.cp)]
     if spec.kv_heads != spec.heads:
         out += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
+    out += _architecture(spec)
     if spec.activation == "silu":
         out += ["--swiglu"]
     if not (spec.qkv_bias or spec.out_bias or spec.mlp_bias):
@@ -133,6 +216,7 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         # argument_utils.py:82): moe_ffn_hidden_size (transformer_config.py:561; unset it falls back to
         # --ffn-hidden-size, :1054-1056), moe_shared_expert_intermediate_size (:534), and ModelParallelConfig's
         # expert_model_parallel_size / expert_tensor_parallel_size (model_parallel_config.py:72-78; None: tp, :413-414)
+        out += _moe_layers(spec)
         out += ["--num-experts", str(spec.moe.num_experts), "--moe-router-topk", str(spec.moe.top_k),
                 "--moe-ffn-hidden-size", str(spec.moe.expert_intermediate),
                 "--expert-model-parallel-size", str(s.ep)]
