@@ -129,6 +129,30 @@ def test_serving_command_then_check_gives_the_same_engine(tmp_path, server, valu
         assert getattr(again.setup, f) == getattr(first.setup, f), f
 
 
+@pytest.mark.parametrize("text, want", [
+    # vLLM's short aliases (engine/arg_utils.py: "--tensor-parallel-size", "-tp"; "-pp"; "-dp") and its
+    # human-readable --max-model-len (lowercase decimal, uppercase binary: argparse_utils.py human_readable_int)
+    ("vllm serve m -tp 2 -pp 2 --max-model-len 32k -dp 2", dict(tp=2, pp=2, max_model_len=32000)),
+    ("vllm serve m --tensor-parallel-size 4 --max-model-len 32K", dict(tp=4, max_model_len=32768)),
+    # SGLang's ServerArgs spellings, and --tp by launch_server's argparse prefix matching
+    ("python -m sglang.launch_server --model-path m --tp 2 --dp 2", dict(tp=2)),
+    ("python -m sglang.launch_server --model-path m --tensor-parallel-size 4 --pp-size 2", dict(tp=4, pp=2)),
+])
+def test_serving_commands_as_people_write_them(tmp_path, text, want):
+    path = tmp_path / "serve.sh"
+    path.write_text(text + "\n")
+    r = read(path)
+    for k, v in want.items():
+        assert r.values[k] == v, (k, r.values)
+    assert not r.unknown  # (before: the short flags dropped without a word, --tp / --tensor-parallel-size unknown)
+
+
+def test_an_unknown_short_flag_is_named(tmp_path):
+    path = tmp_path / "serve.sh"
+    path.write_text("vllm serve m -x 3\n")
+    assert read(path).unknown == ["-x"]
+
+
 @pytest.mark.heavy
 def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
     """torchtitan v0.2.2's llama3_8b.toml (a preset for 64 A100s) by hand: model llama3 8B = Llama-3.1-8B; local

@@ -44,15 +44,29 @@ def launcher_world(before: list[str]) -> int | None:
 
 
 def leftover_flags(rest: list[str]) -> list[tuple[str, object]]:
-    """The (name, value) of each --flag argparse left over (`--k=v`, `--k v`, or a bare switch: True), for the
-    reader to map, list as not modelled, or name as unknown."""
+    """The (name, value) of each flag argparse left over (`--k=v`, `--k v`, a short `-k v`, or a bare switch: True),
+    for the reader to map, list as not modelled, or name as unknown (a short flag keeps its one dash: `-x`)."""
     out: list = []
     for i, a in enumerate(rest):
-        if a.startswith("--"):
-            k, eq, v = a[2:].partition("=")
-            out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--")
+        if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit():
+            k, eq, v = (a[2:] if a.startswith("--") else a).partition("=")
+            out.append((k, v if eq else (rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("-")
                                          else True)))
     return out
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's integer flags that take a size (--max-model-len): a plain integer, or one with a suffix, lowercase
+    decimal (k, m, g, t: 25.6k = 25,600) or uppercase binary (K, M, G, T: 32K = 32,768; whole numbers only), as
+    vllm/utils/argparse_utils.py human_readable_int reads it."""
+    import argparse
+    import re
+
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text.strip())
+    if not m or ("." in m[1] and not m[2].islower()):
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r} (e.g. 32768, 32k = 32,000, 32K = 32,768)")
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    return int(float(m[1]) * scale[m[2]]) if m[2] else int(m[1])
 
 
 def parse_flags(parser, argv: list[str], path) -> tuple:

@@ -51,7 +51,14 @@ EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
           "moe-router-load-balancing-type": "time: the routing balance",
           "calculate-per-token-loss": "no effect on memory",
           "normalization": "the model's norm (from the model)", "position-embedding-type": "the model's positions",
-          "rotary-base": "no effect on memory or time",
+          "rotary-base": "no effect on memory or time", "norm-epsilon": "no effect on memory or time",
+          "use-rope-scaling": "no effect on memory or time", "rope-scaling-factor": "no effect on memory or time",
+          "qk-layernorm": "the model's q/k norms (from the model)", "add-qkv-bias": "the model's biases (from the model)",
+          "moe-layer-freq": "the model's dense and MoE layers (from the model)",
+          # multi-latent attention's shape and YaRN (arguments.py:2723-2740): the model's own (from the model)
+          **{f: "the model's attention (from the model)" for f in (
+              "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
+              "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim")},
           "empty-unused-memory-level": "more time, less reserved memory: the cache emptied each step",
           "fp8-amax-history-len": "a little memory: the delayed recipe's amax history per tensor", "no-masked-softmax-fusion": "more time",
           "no-bias-swiglu-fusion": "more time", "no-rope-fusion": "more time",
@@ -89,7 +96,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         elif k in EFFECT:
             r.skip(f"--{k}", v, EFFECT[k])
         else:
-            r.unknown.append(f"--{k}")
+            r.unknown.append(k if k.startswith("-") else f"--{k}")
     return r
 
 

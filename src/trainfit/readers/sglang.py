@@ -25,12 +25,20 @@ EFFECT = {"chunked-prefill-size": "memory: a larger chunk, more activation memor
           "schedule-conservativeness": "time only", "attention-backend": "time"}
 
 
+# ServerArgs' other spellings of the flags EFFECT lists (--data-parallel-size / --dp-size, --expert-parallel-size /
+# --ep-size; --dp, --ep by argparse's prefix matching)
+ALIASES = {"data-parallel-size": "dp-size", "dp": "dp-size", "expert-parallel-size": "ep-size", "ep": "ep-size"}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False, allow_abbrev=False)
     p.add_argument("--model-path", "--model")
     p.add_argument("--dtype")
-    for f in ("tp-size", "pp-size", "context-length", "speculative-num-steps", "speculative-eagle-topk",
-              "speculative-num-draft-tokens"):
+    # ServerArgs' own spellings (--tensor-parallel-size, --tp-size), and --tp: launch_server's argparse takes any
+    # unambiguous prefix (allow_abbrev, argparse's default)
+    p.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tp_size", type=int)
+    p.add_argument("--pipeline-parallel-size", "--pp-size", "--pp", dest="pp_size", type=int)
+    for f in ("context-length", "speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"):
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--kv-cache-dtype")
@@ -74,5 +82,5 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             v = getattr(a, flag.replace("-", "_"))
             if v is not None:
                 r.skip(f"--{flag}", v, "time; trainfit sizes the draft's buffers with SGLang's defaults")
-    account(r, rest, NO_EFFECT, EFFECT)
+    account(r, rest, NO_EFFECT, EFFECT, ALIASES)
     return r

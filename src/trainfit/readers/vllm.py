@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading
-from .cmdline import leftover_flags, parse_flags, split
+from .cmdline import human_readable_int, leftover_flags, parse_flags, split
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 KV = {"fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -27,13 +27,19 @@ EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effec
           "distributed-executor-backend": "none on one node", "limit-mm-per-prompt": "memory of the encoder cache"}
 
 
+SHORT = {"-dp": "data-parallel-size", "-O": "compilation-config"}  # EngineArgs' other short aliases (arg_utils.py)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm serve", add_help=False, allow_abbrev=False)
     p.add_argument("model_tag", nargs="?")
     p.add_argument("--model")
     p.add_argument("--dtype")
-    for f in ("tensor-parallel-size", "pipeline-parallel-size", "max-model-len", "max-num-batched-tokens",
-              "max-num-seqs", "block-size"):
+    # (-tp, -pp: EngineArgs.add_cli_args' short aliases, engine/arg_utils.py parallel_group)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int)
+    p.add_argument("--max-model-len", type=human_readable_int)  # (EngineArgs reads it with human_readable_int)
+    for f in ("max-num-batched-tokens", "max-num-seqs", "block-size"):
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--kv-cache-dtype")
@@ -45,14 +51,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 
-def account(r: Reading, rest: list[str], no_effect, effect) -> None:
+def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None = None) -> None:
+    """Each flag left over listed as without effect, as not modelled (what it changes), or as unknown; `aliases`:
+    other spellings of those flags."""
     for k, v in leftover_flags(rest):
+        k = (aliases or {}).get(k, k)
         if k in no_effect:
             r.skip(f"--{k}", v, "no effect on memory or time")
         elif k in effect:
             r.skip(f"--{k}", v, effect[k])
         else:
-            r.unknown.append(f"--{k}")
+            r.unknown.append(k if k.startswith("-") else f"--{k}")
 
 
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
@@ -88,5 +97,5 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         for k, v in spec.items():
             if k != "model":
                 r.skip(f"--speculative-config {k}", v, "time only (the draft's memory is modelled)")
-    account(r, rest, NO_EFFECT, EFFECT)
+    account(r, rest, NO_EFFECT, EFFECT, SHORT)
     return r
