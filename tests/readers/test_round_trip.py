@@ -269,3 +269,17 @@ def test_an_mx_recipe_trainfit_does_not_model_is_named_not_dropped(tmp_path):
     r = read(f, dp=64)
     assert "low_precision" not in r.values
     assert any(x.startswith("quantize.linear.mx.recipe_name = 'mxfp4_cutlass': not modelled") for x in r.not_modelled)
+
+
+def test_check_json_of_a_deepspeed_config_is_json_alone(tmp_path):
+    """Importing deepspeed logs 'Setting accelerator to CPU' to stdout (its logger's handler): `check --json` must
+    print the JSON object alone there (a fresh process: the import happens inside the command)."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}, "bf16": {"enabled": true}}')
+    out = subprocess.run([sys.executable, "-m", "trainfit.cli", "check", str(path), "--model", "tiny-llama", "--dp", "2",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["setup"]["zero"] == 2

@@ -89,12 +89,30 @@ MAPPED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumu
           "bf16", "bfloat16", "fp16", "zero_optimization", "activation_checkpointing", "sequence_parallel_size")
 
 
-def parse(d: dict, r: Reading, source: str):
-    """DeepSpeed's own parse of `d` as one rank sees it (train_batch_size per rank: its world size is 1 here)."""
+def _config_class(source: str):
+    """deepspeed.runtime.config.DeepSpeedConfig, imported quietly: importing deepspeed detects the accelerator and
+    logs "Setting accelerator to CPU" through its logger, whose handler writes to stdout (deepspeed/utils/logging.py
+    LoggerFactory.create_logger: StreamHandler(stream=sys.stdout)), which would break `check --json` and one-line
+    errors. That import-time line is dropped; the logger's later lines go to stderr."""
+    import contextlib
+    import io
+    import logging
+    import sys
+
     try:
-        from deepspeed.runtime.config import DeepSpeedConfig
+        with contextlib.redirect_stdout(io.StringIO()):
+            from deepspeed.runtime.config import DeepSpeedConfig
     except ImportError:
         raise SetupError(f"{source}: reading a DeepSpeed config needs deepspeed (pip install deepspeed)") from None
+    for h in logging.getLogger("DeepSpeed").handlers:
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            h.setStream(sys.stderr)
+    return DeepSpeedConfig
+
+
+def parse(d: dict, r: Reading, source: str):
+    """DeepSpeed's own parse of `d` as one rank sees it (train_batch_size per rank: its world size is 1 here)."""
+    DeepSpeedConfig = _config_class(source)
     micro, accum, total = (d.get("train_micro_batch_size_per_gpu"), d.get("gradient_accumulation_steps"),
                            d.get("train_batch_size"))
     one = dict(d)
