@@ -155,3 +155,16 @@ def test_torchao_only_recipes_are_refused_by_name(lp):
 
     with pytest.raises(SetupError, match=f"--low-precision {lp} is not run by --stack megatron.*--stack torchtitan"):
         Setup(**BASE, low_precision=lp)
+
+
+def test_settings_the_model_cannot_take_are_refused(spec):
+    """--etp on a dense model (as --ep) and more bf16 layers than the model has (before: accepted without a word,
+    the estimate equal to the step without the flag)."""
+    from trainfit.analytic.layout import validate_layout
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match="--etp 2 .* is dense"):
+        validate_layout(spec, Setup(**BASE, etp=2))
+    with pytest.raises(SetupError, match="keep 40 layers in bf16, more than the 32"):
+        validate_layout(spec, Setup(**BASE, low_precision="tensorwise", bf16_first_layers=20, bf16_last_layers=20))
+    validate_layout(spec, Setup(**BASE, low_precision="tensorwise", bf16_first_layers=16, bf16_last_layers=16))

@@ -61,6 +61,13 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     if setup.ep > 1 and not spec.is_moe:
         raise SetupError(f"--ep {setup.ep} splits the experts of a mixture-of-experts model; {spec.name} is dense "
                          "(Megatron: transformer_config.py:1048-1049): use --ep 1")
+    if getattr(setup, "etp", None) is not None and not spec.is_moe:
+        raise SetupError(f"--etp {setup.etp} sets the experts' tensor parallelism; {spec.name} is dense: drop --etp")
+    kept = getattr(setup, "bf16_first_layers", 0) + getattr(setup, "bf16_last_layers", 0)
+    if kept > spec.layers:
+        raise SetupError(f"--bf16-first-layers and --bf16-last-layers keep {kept} layers in bf16, more than the "
+                         f"{spec.layers} of {spec.name}; give at most {spec.layers} in all (all of them: the step "
+                         "without --low-precision)")
     routing = [f for f, v in (("--moe-imbalance", getattr(setup, "moe_imbalance", None)),
                               ("--moe-force-balance", getattr(setup, "moe_force_balance", False)),
                               ("--moe-capacity-factor", getattr(setup, "moe_capacity_factor", None)))
