@@ -226,15 +226,18 @@ def with_paged(device_total: int, beside: dict[str, int], paged: int, gpu: GPU, 
     return device_total + resident, int(paged) - resident
 
 
-def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: bool = False) -> str:
+def describe(mem_overheads: dict[str, int], held: dict[str, int], cached_block: bool = False, tied: bool = False,
+             side_streams: bool = False) -> str:
     """One sentence for the notes: what lies between the peak and the device total (`cached_block`: reserved also
-    holds the cached blocks of reserved_from_allocated's training rule)."""
+    holds the cached blocks of reserved_from_allocated's training rule; `tied`: a tied embedding's gradient among
+    them; `side_streams`: FSDP2's side-stream blocks too, where the setup runs FSDP2 on CUDA)."""
     from .units import fmt_bytes
 
     parts = [f"{k} {fmt_bytes(v)}" for k, v in held.items()]
     beside = [f"{k} {fmt_bytes(v)}" for k, v in mem_overheads.items()]
-    block = (" + the cached blocks of freed tensors (the largest; a tied embedding's gradient and the loss's) and "
-             "FSDP2's side-stream blocks" if cached_block else "")
+    block = (" + the cached blocks of freed tensors (the largest" + ("; a tied embedding's gradient and the loss's"
+                                                                    if tied else "") + ")"
+             + (" and FSDP2's side-stream blocks" if side_streams else "") if cached_block else "")
     return ("reserved = peak + " + (", ".join(parts) or "nothing") + block + " (through the caching allocator, "
             "what an unconstrained run caches; a run near capacity gets the freed blocks back at its OOM retry"
             + ("; NB: within a few % of the allocator simulator, mostly under" if cached_block else "")

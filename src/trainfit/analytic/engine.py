@@ -360,7 +360,8 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         short = fit_rule.host_note(fit, setup, gpu)
         if short:
             notes.append(short)
-        notes.append(overheads.describe(beside, held, cached_block=True))
+        notes.append(overheads.describe(beside, held, cached_block=True, tied=spec.tied_embeddings,
+                                        side_streams=setup.device == "cuda" and bool(fsdp2_strategy(setup))))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
                           "timed by the roofline, analytic/ops/ + roofline.py, + exposed communication, bubble, "
@@ -773,7 +774,8 @@ def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
                      "score = eager no-grad forwards op by op; train = "
                      + ("the step-time model" if mfu is None else f"the step's FLOPs at --mfu {mfu:.0%}"))
         notes.append(_fit_note(fit))
-        notes.append(overheads.describe(beside, held, cached_block=True))
+        notes.append(overheads.describe(beside, held, cached_block=True, tied=spec.tied_embeddings,
+                                        side_streams=setup.device == "cuda" and bool(fsdp2_strategy(setup))))
     params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)
     return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes),
                     Detail(params_active=pc.active, rl=rl_step, host_memory=pl.host_per_gpu or None), fit)
