@@ -27,6 +27,18 @@ def test_a_group_leaves_the_node_past_its_gpus():
     assert far.total == pytest.approx(2 * (42.8e-6 + 7 / 8 * 1e9 / (4 * H100.inter_node_bandwidth)))
 
 
+def test_a_tensor_parallel_group_wider_than_a_node_crosses_the_network():
+    """--tp 16 on 8-GPU nodes: the ring runs over the node's 8 rails, at min(NVLink, 8 x NIC) (NCCL tuning.cc:266,
+    276), not all on NVLink as inside a node (before: every TP group was taken as one node's)."""
+    spec = load_model("llama-3.1-70b")
+    s = Setup(stack="megatron", precision="bf16-master", tp=16, dp=2, zero=1, sequence_parallel=True, seq=8192)
+    x = 8192 * spec.hidden * 2  # one b·s·h activation
+    per_pair = LINKS.all_gather(16, 8, x) + LINKS.reduce_scatter(16, 8, x)
+    assert per_pair > LINKS.all_gather(16, 16, x) + LINKS.reduce_scatter(16, 16, x)
+    # one layer: 4 all-reduces (2 forward, 2 backward), each an all-gather and a reduce-scatter under SP
+    assert tp_comm_seconds(spec, s, LINKS, 8192, 2, 1, 0.0) == pytest.approx(4 * per_pair)
+
+
 def test_ring_attention_keeps_one_kv_head_per_rank_past_the_kv_heads():
     spec = load_model("llama-3.1-8b")  # 8 kv heads
     assert spec.kv_heads == 8

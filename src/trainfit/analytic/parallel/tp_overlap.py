@@ -83,8 +83,9 @@ def _layer_seconds(spec: ModelSpec, t: int, gpu: GPU, links: Links, tokens: floa
     """layer_seconds, computed from what it reads."""
     h = spec.hidden
     x = tokens * h * act_bytes  # one b·s·h activation, gathered
-    ag_fwd, ag_bwd = (links.all_gather(t, t, tokens * h * g) for g in gathers)
-    rs = links.reduce_scatter(t, t, x)
+    node = min(t, links.gpus_per_node)  # (a group wider than a node spans nodes)
+    ag_fwd, ag_bwd = (links.all_gather(t, node, tokens * h * g) for g in gathers)
+    rs = links.reduce_scatter(t, node, x)
     # the sum of a pipelined reduce-scatter's tp chunks: x read, x / tp written (comm_gemm_overlap.cpp:1193-1204)
     reduce = roofline.memory_seconds(gpu, x + x / t)
 
