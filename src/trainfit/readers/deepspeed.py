@@ -7,6 +7,7 @@ trainer_config_process) are left to the TrainingArguments file read beside it.""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ..errors import SetupError
@@ -97,7 +98,6 @@ def _config_class(source: str):
     import contextlib
     import io
     import logging
-    import sys
 
     try:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -105,9 +105,19 @@ def _config_class(source: str):
     except ImportError:
         raise SetupError(f"{source}: reading a DeepSpeed config needs deepspeed (pip install deepspeed)") from None
     for h in logging.getLogger("DeepSpeed").handlers:
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-            h.setStream(sys.stderr)
+        if type(h) is logging.StreamHandler:  # (its own: not a subclass another tool attached, pytest's capture)
+            h.setStream(_Stderr())
     return DeepSpeedConfig
+
+
+class _Stderr:
+    """A stream that writes to whatever sys.stderr is at the time (a handler keeps the object it was given)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def parse(d: dict, r: Reading, source: str):
