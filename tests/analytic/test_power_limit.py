@@ -83,3 +83,11 @@ def test_b200_sdpa_is_cudnn_at_its_published_rate():
     # sequence factor reads 8k ~7 % faster than cuDNN ran it (16k's fraction over the FA2 tile model)
     published = 32 * (1.877e-3 + 5.833e-3) / 4
     assert _b200_step()["compute_terms"]["attention"] == pytest.approx(published, rel=0.10)
+
+
+def test_tf32_needs_tf32_tensor_cores():
+    """--tf32 on a GPU without TF32 (V100, T4: no TF32 peak in the catalog) is refused, not timed on another path
+    (before: accepted, and slower than without it)."""
+    with pytest.raises(SetupError, match="--tf32 .* V100-32GB has not"):
+        api.estimate("llama-3.2-1b", precision="fp32", tf32=True, gpu="V100-32GB")
+    assert api.estimate("llama-3.2-1b", precision="fp32", tf32=True, gpu="A100-80GB").time.step_seconds > 0

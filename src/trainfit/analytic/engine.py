@@ -43,7 +43,7 @@ from ..precision import PRECISIONS
 from .step_time import layout_step_time, stage_params, with_paged_migration
 from .roofline import cluster_table, host_seconds_per_kernel
 from .stacks import model_for
-from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
+from .timing import budget, check_gpu as check_tf32, compute_dtype, mfu_step_terms, step_seconds
 
 
 def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> list[int]:
@@ -288,6 +288,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         check_modelled(spec, kernels=gpu is not None and (mfu is None or setup.mode == "infer"))
     float8.check_gpu(setup, gpu)
     expert.check_gpu(setup, gpu)
+    check_tf32(setup, gpu)
     nvfp4.check(spec, setup, gpu)  # torchao's NVFP4 kernels: every GEMM dim a multiple of 128
     pc = count_params(spec)
     if setup.mode == "infer":

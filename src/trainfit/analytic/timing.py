@@ -24,6 +24,16 @@ def compute_dtype(setup: Setup) -> str:
     return "tf32" if dtype == "fp32" and getattr(setup, "tf32", False) else dtype
 
 
+def check_gpu(setup: Setup, gpu: GPU | None) -> None:
+    """--tf32 needs TF32 tensor cores: a GPU whose catalog entry lists no TF32 peak has none (NVIDIA's come with
+    Ampere; V100 and T4 have none, nor MI250X or MI355X): refused, not timed on another path."""
+    from ..errors import SetupError
+
+    if gpu is not None and getattr(setup, "tf32", False) and "tf32" not in gpu.peak_flops:
+        raise SetupError(f"--tf32 runs fp32 matmuls on TF32 tensor cores, which the {gpu.name} has not: drop --tf32 "
+                         "(its fp32 matmuls run at the fp32 rate)")
+
+
 def step_seconds(hw_flops_per_rank: float, gpu: GPU, setup: Setup, mfu: float) -> float:
     ideal = hw_flops_per_rank / (gpu.flops_for(compute_dtype(setup)) * mfu)
     if setup.pp > 1:
