@@ -107,6 +107,7 @@ def test_emit_then_check_gives_the_same_setup(tmp_path, engine, ext, fields, val
 @pytest.mark.parametrize("server,values", [
     ("vllm", dict(tp=2, kv_dtype="fp8", max_model_len=32768, max_num_seqs=128)),
     ("vllm", dict(precision="fp16", enforce_eager=True, gpu_memory_utilization=0.85, block_size=32)),
+    ("vllm", dict(kv_cache_memory=20_000_000_000)),
     ("sglang", dict(tp=2, max_model_len=16384, mem_fraction_static=0.8)),
     ("sglang", dict(kv_dtype="fp8", enforce_eager=True)),
 ])
@@ -125,7 +126,7 @@ def test_serving_command_then_check_gives_the_same_engine(tmp_path, server, valu
     assert again.detail.serving.knobs == first.detail.serving.knobs
     assert again.detail.serving.max_model_len == first.detail.serving.max_model_len
     assert again.memory.peak == first.memory.peak
-    for f in ("precision", "tp", "pp", "kv_dtype", "enforce_eager", "server", "mode"):
+    for f in ("precision", "tp", "pp", "kv_dtype", "enforce_eager", "server", "mode", "kv_cache_memory"):
         assert getattr(again.setup, f) == getattr(first.setup, f), f
 
 

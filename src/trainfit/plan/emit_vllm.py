@@ -34,6 +34,8 @@ def vllm_command(model: str, setup: Setup, serving: Serving) -> str:
         args += ["--quantization", setup.quant]
     if setup.enforce_eager:
         args.append("--enforce-eager")
+    if setup.kv_cache_memory:  # EngineArgs.kv_cache_memory_bytes: the KV budget taken as given (analytic/serving.py)
+        args += ["--kv-cache-memory-bytes", str(setup.kv_cache_memory)]
     if setup.draft_model:  # NB: the number of speculative tokens is a throughput choice, not a memory one
         draft = serving_ref(setup.draft_model, field="draft_model")
         args += ["--speculative-config", json.dumps({"model": draft, "num_speculative_tokens": 4})]

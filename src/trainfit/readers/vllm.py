@@ -20,7 +20,6 @@ NO_EFFECT = ("host", "port", "served-model-name", "api-key", "tokenizer", "trust
 EFFECT = {"enable-prefix-caching": "time: cached prefixes skip prefill; no effect on the KV budget",
           "no-enable-prefix-caching": "time", "enable-chunked-prefill": "time and the activation peak",
           "swap-space": "host memory only", "cpu-offload-gb": "less GPU memory: weights offloaded to the host",
-          "kv-cache-memory-bytes": "memory: a fixed KV budget instead of --gpu-memory-utilization's",
           "data-parallel-size": "more GPUs: each replica as estimated",
           "enable-expert-parallel": "memory and time of the MoE experts", "max-num-partial-prefills": "time",
           "compilation-config": "time and CUDA-graph memory", "max-seq-len-to-capture": "CUDA-graph memory",
@@ -42,6 +41,7 @@ def parser() -> argparse.ArgumentParser:
     for f in ("max-num-batched-tokens", "max-num-seqs", "block-size"):
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--kv-cache-memory-bytes", type=human_readable_int)  # (a size: EngineArgs' human_readable_int)
     p.add_argument("--kv-cache-dtype")
     p.add_argument("--quantization", "-q")
     p.add_argument("--enforce-eager", action="store_true")
@@ -78,7 +78,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     for name, v in (("tp", a.tensor_parallel_size), ("pp", a.pipeline_parallel_size),
                     ("max_model_len", a.max_model_len), ("max_num_batched_tokens", a.max_num_batched_tokens),
                     ("max_num_seqs", a.max_num_seqs), ("block_size", a.block_size),
-                    ("gpu_memory_utilization", a.gpu_memory_utilization), ("quant", a.quantization)):
+                    ("gpu_memory_utilization", a.gpu_memory_utilization), ("quant", a.quantization),
+                    ("kv_cache_memory", a.kv_cache_memory_bytes)):
         if v is not None:
             r.set(name, v, f"--{name}")
     if a.kv_cache_dtype and a.kv_cache_dtype != "auto":
