@@ -73,17 +73,13 @@ class GPU:
     def with_power_limit(self, watts: float | None) -> "GPU":
         """The same GPU capped at `watts` of board power (--power-limit, nvidia-smi -pl / amd-smi's power cap): it
         replaces power_watts (tdp_watts keeps the board's), so the compute fractions fall by roofline.power_clock
-        and the energy is the cap's. A cap above the board's TDP is refused (a board cannot be run above it), and
-        one at or below its static power (energy.static_watts: nothing is left to clock the SMs)."""
+        and the energy is the cap's. A cap above the board's TDP is refused: a board cannot be run above it (one at
+        or below its static power is refused where it is timed: roofline._kernels_by_name)."""
         if watts is None:
             return self
-        from .analytic.energy import static_watts  # (lazy: analytic imports this module)
-
-        floor = static_watts(self)  # what the board draws idle at P0: a cap at or below it leaves no clock
-        if not (floor < watts <= self.tdp_watts):
-            raise SetupError(f"--power-limit {watts:g} W: the {self.name} board draws {floor:.0f} W idle and at most "
-                             f"{self.tdp_watts:g} W (its TDP); give a cap above {floor:.0f} and at most "
-                             f"{self.tdp_watts:g}")
+        if not (0 < watts <= self.tdp_watts):
+            raise SetupError(f"--power-limit {watts:g} W: the {self.name} board draws at most {self.tdp_watts:g} W "
+                             f"(its TDP); give a cap between 1 and {self.tdp_watts:g}")
         return replace(self, power_watts=float(watts))
 
     def with_host_memory(self, gib: float | None) -> "GPU":

@@ -58,9 +58,9 @@ def test_a_cap_at_or_below_the_static_power_is_refused():
     """At the board's idle draw nothing is left to clock the SMs (power_clock: r = 0, a zero rate): refused, not a
     division by zero; just above it the run is slow but finite."""
     with pytest.raises(SetupError, match="137 W idle"):
-        get_gpu("B200").with_power_limit(B200_STATIC)
-    capped = get_gpu("B200").with_power_limit(B200_STATIC + 13)
-    assert 0 < power_clock(capped.power_watts, 1000, B200_STATIC) < 0.5
+        api.estimate("llama-3.2-1b", gpu="B200", power_limit=B200_STATIC)
+    assert api.estimate("llama-3.2-1b", gpu="B200", power_limit=B200_STATIC + 13).time.step_seconds > 0
+    assert 0 < power_clock(B200_STATIC + 13, 1000, B200_STATIC) < 0.5
 
 
 def test_cli_refuses_a_cap_above_the_tdp_in_one_line(capsys):
