@@ -37,6 +37,9 @@ class HeadBytes:
     # of backward_transient, the first gradient the loss's backward makes (nll_loss_backward's, the saved
     # log-softmax output's size); 0 where not laid out (analytic/expandable.py)
     loss_grad: float = 0.0
+    # inside the LM head's backward matmuls (head_matmuls): the logits' gradient in the matmul's dtype, the weight
+    # and input gradients and oneDNN's scratch (CPU), with `loss_grad`'s log-softmax output freed; 0: not a moment
+    matmul_backward: float = 0.0
 
 
 def final_norm_backward(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) -> tuple[float, float]:
@@ -133,7 +136,26 @@ def head_and_loss(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: int) ->
         norm_kept=kept,
         norm_backward=norm_bwd,
         loss_grad=lsm,
+        matmul_backward=head_matmuls(spec, setup, a, v, spec.embed_proj_dim or h, tokens),
     )
+
+
+def head_matmuls(spec: ModelSpec, setup: Setup, a: int, v: float, h: float, tokens: int) -> float:
+    """The LM head's backward (nn.Linear h -> v, no bias: mm's backward makes the weight gradient first, then the
+    input gradient: ONEDNN_VERBOSE of nn.Linear's backward, backward._down_backward_gemms), after the loss's: the
+    logits' gradient in the matmul's dtype `a`, the weight gradient gradᵀ·x (v × tokens · tokens × h, autograd's
+    transposed A) beside it with its oneDNN scratch, then the input gradient grad·W (tokens × v · v × h) beside both
+    with its own. A frozen head (LoRA) makes no weight gradient. Read off the trace of tiny-llama amp-bf16 at seq 8
+    with the optimizer in backward under ONEDNN_MAX_CPU_ISA=AVX512_CORE, where the weight gradient's gemm:jit:bf16
+    scratch (an fp32 copy of its output, 256,128 B) sets the step's peak (onednn.py)."""
+    from .onednn import gemm_scratch  # noqa: PLC0415 (onednn sits beside this module's importers)
+
+    grad = a * v * tokens
+    dx = a * tokens * h + gemm_scratch(setup, tokens, v, h)
+    if setup.lora_rank:
+        return grad + dx
+    dw = a * v * h
+    return grad + dw + max(gemm_scratch(setup, v, tokens, h, transposed_a=True, transposed_b=False), dx)
 
 
 def xentropy_head(saved: float, logits: float, tokens: int, loss_fact: dict, transient: float, kept: float,

@@ -318,6 +318,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         last_layer_forward=last_layer_forward(spec, setup, st, tokens, uniform.saved) if stage.head else 0,
         norm_kept=head.norm_kept if stage.head else 0,
         norm_backward=head.norm_backward if stage.head else 0,
+        head_matmul=head.matmul_backward if stage.head else 0,
+        head_matmul_freed=head.loss_grad if stage.head and head.matmul_backward else 0,
         gathered_at=fsdp2_buffers(groups(pc, setup, stage, lp), st, setup) if fsdp2 else
         (ds.backward_moments(gathered) if ds else unsharded_at(pc_gathered, setup, st, stage,
                                                                lp_trainable if setup.lora_rank else None)),

@@ -65,6 +65,8 @@ class StepBytes:
     last_layer_forward: float = 0.0
     norm_kept: float = 0.0  # of head_saved, the final norm's tensors still saved at its backward's high point
     norm_backward: float = 0.0  # the final norm's backward temporaries at that point
+    head_matmul: float = 0.0  # inside the LM head's backward matmuls (loss.head_matmuls; 0: not a moment)
+    head_matmul_freed: float = 0.0  # of head_saved, what is freed by then (the saved log-softmax output)
     # per moment, the gathered parameters and FSDP buffers where they differ from `gathered` (parallel/fsdp2.py);
     # "layer_backward": (constant, per layer) for a layer k between the first and the last: constant + (k+1)·per
     gathered_at: dict = field(default_factory=dict)
@@ -129,6 +131,7 @@ def peak(b: StepBytes) -> Peak:
         ("forward_end", before, b.activations, b.forward_transient + gathered("forward_end")),
         # the loss's gradients and a layer's backward temporaries are not live at the same time
         ("loss_backward", before, b.activations, b.loss_backward + gathered("loss_backward")),
+        ("head_backward", before, b.activations - b.head_matmul_freed, b.head_matmul + gathered("loss_backward")),
         # the final norm belongs to the head's FSDP group ([norm, output]), still gathered during its backward
         ("final_norm_backward", grads(b.head_gradients), after_head + b.norm_kept,
          b.norm_backward + gathered("loss_backward")),
