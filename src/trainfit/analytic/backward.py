@@ -271,9 +271,9 @@ def _down_backward_gemms(spec: ModelSpec, setup: Setup, st: StateBytes, tokens: 
     (ONEDNN_VERBOSE of nn.Linear's backward, torch 2.13; the trace of small-gpt2): the second runs beside the first's
     output, as moment (a), its weight cast (autocast) not freed yet; the weight gradient comes out in the matmul's
     dtype (autocast copies it to fp32 after). Frozen weights (LoRA) make no weight gradient.
-    NB: the other matmuls' backward (q/k/v/o, gate/up, the LM head: loss.py; MoE experts, shared experts) and the
-    forward's are not moments here: an under-count where the peak falls inside one on a CPU that takes oneDNN's path
-    (none in the families matrix on AVX512-BF16 or, capped, AVX-512 without BF16)."""
+    NB: the other layer matmuls' backward (q/k/v/o, gate/up; MoE experts, shared experts) and the forward's are not
+    moments here (the LM head's are: loss.head_matmuls): an under-count where the peak falls inside one on a CPU that
+    takes oneDNN's path (none in the families matrix on AVX512-BF16 or, capped, AVX-512 without BF16)."""
     from .onednn import gemm_scratch  # noqa: PLC0415
 
     if setup.quant:  # frozen 4-bit weights: dequantised per call (quant.py), not modelled here
