@@ -278,15 +278,7 @@ class AllocationRecorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {})) if override is None else override(func, args, kwargs or {})
         if self.flops is not None:
             self.flops.count(func, args, kwargs, out)
-        scratch = None
-        if func in self.promoting:
-            n = cast_scratch(func, args, out)
-            if n:
-                scratch = self._born(n, TEMPORARY, (n,), torch.uint8, "cpu dtype-cast scratch")
-        elif func in self.probed:
-            n = self.kernels.bytes(func, args, kwargs or {}, out)
-            if n:
-                scratch = self._born(n, TEMPORARY, (n,), torch.uint8, "cpu kernel scratch (probed)")
+        scratch = self._cpu_scratch(func, args, kwargs, out)
         live = self.live
         # where a storage came from (with seg_marks: depth_records.py finds the layer of an optimizer's temporary
         # through it): an op's first argument, element by element for a foreach op (torch.optim's multi-tensor
@@ -318,6 +310,18 @@ class AllocationRecorder(TorchDispatchMode):
             self.event += 1
             self.total -= scratch.nbytes
         return out
+
+    def _cpu_scratch(self, func, args, kwargs, out) -> Record | None:
+        """What a CPU kernel allocates and frees inside itself (born here; the caller kills it once the op's outputs
+        are registered): a mixed-dtype op's cast copies (cpu_casts.py) or a probed kernel's scratch (kernel_scratch.py);
+        None for other ops and on CUDA semantics."""
+        if func in self.promoting:
+            n = cast_scratch(func, args, out)
+            return self._born(n, TEMPORARY, (n,), torch.uint8, "cpu dtype-cast scratch") if n else None
+        if func in self.probed:
+            n = self.kernels.bytes(func, args, kwargs or {}, out)
+            return self._born(n, TEMPORARY, (n,), torch.uint8, "cpu kernel scratch (probed)") if n else None
+        return None
 
     def _resized(self, rec: Record, st) -> None:
         # An out= or resize_ kernel changed a storage's size in place: the allocator allocates the new
