@@ -168,3 +168,15 @@ def test_settings_the_model_cannot_take_are_refused(spec):
     with pytest.raises(SetupError, match="keep 40 layers in bf16, more than the 32"):
         validate_layout(spec, Setup(**BASE, low_precision="tensorwise", bf16_first_layers=20, bf16_last_layers=20))
     validate_layout(spec, Setup(**BASE, low_precision="tensorwise", bf16_first_layers=16, bf16_last_layers=16))
+
+
+def test_nvfp4_is_refused_on_an_amd_gpu(spec):
+    """MI355X lists an fp4 peak (MXFP4's), not NVFP4's format: refused in one line naming the GPUs that run it (before:
+    accepted and timed at the fp4 peak)."""
+    from trainfit.analytic.float8 import check_gpu
+    from trainfit.errors import SetupError
+    from trainfit.hardware import get_gpu
+
+    with pytest.raises(SetupError, match="needs NVIDIA fp4 tensor cores, which MI355X has not.*B200"):
+        check_gpu(Setup(**BASE, low_precision="nvfp4"), get_gpu("MI355X"))
+    check_gpu(Setup(**BASE, low_precision="nvfp4"), get_gpu("B200"))
