@@ -5,6 +5,7 @@ Every error a user can cause is one line on stderr and exit code 2 (DESIGN.md §
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from typing import Optional
 
@@ -343,6 +344,12 @@ def _click_command():
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors (ours and click's usage errors) become one line and exit code 2."""
+    # torchao, which transformers imports to look for its quantizer, warns of each optional CUDA/CPython-version
+    # extension its wheel could not load (torchao/__init__.py: logger.warning(f"Failed to load {file}")): nothing
+    # trainfit runs needs them, and the user did not ask for them
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    # and registers its enums with torch's deprecated pytree register_constant (torch/utils/_pytree.py:630 warns)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     command = _click_command()
     try:
         command.main(args=argv, prog_name="trainfit", standalone_mode=False)
