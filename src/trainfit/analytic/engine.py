@@ -164,6 +164,18 @@ def grad_segments(spec: ModelSpec, setup: Setup, mem: TrainMemory, blocks: list[
                              int(mem.at_peak.get("gradients", 0)))
 
 
+def _side_streamed(setup: Setup) -> bool:
+    """Whether the step runs FSDP2's side streams (fsdp2_side_streams): FSDP2 on CUDA."""
+    return setup.device == "cuda" and bool(fsdp2_strategy(setup))
+
+
+def _reserved_note(spec: ModelSpec, setup: Setup, beside: dict, held: dict) -> str:
+    """overheads.describe for a training step: its cached blocks, a tied embedding's gradient where the model ties
+    it, FSDP2's side-stream blocks where it runs them."""
+    return overheads.describe(beside, held, cached_block=True, tied=spec.tied_embeddings,
+                              side_streams=_side_streamed(setup))
+
+
 def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> int:
     """FSDP2's blocks on its side streams, which the compute stream cannot reuse (parallel/fsdp2.py
     side_stream_blocks; trace/streams.py for the file:line facts), beyond what the allocated peak already counts:
@@ -175,7 +187,7 @@ def fsdp2_side_streams(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None)
       the peak's gradients do not cover is added.
     Groups: torchtitan's (embedding, each block, [norm, output]; parallel/fsdp2.py groups) or trainfit's hf
     strategy (each decoder layer, the root holding embedding + final norm + head: step/strategy.py)."""
-    if setup.device != "cuda" or not fsdp2_strategy(setup):
+    if not _side_streamed(setup):
         return 0
     pc = pc or count_params(spec)
     st = state_bytes(setup)
@@ -361,8 +373,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         short = fit_rule.host_note(fit, setup, gpu)
         if short:
             notes.append(short)
-        notes.append(overheads.describe(beside, held, cached_block=True, tied=spec.tied_embeddings,
-                                        side_streams=setup.device == "cuda" and bool(fsdp2_strategy(setup))))
+        notes.append(_reserved_note(spec, setup, beside, held))
         notes.append("step time from FLOPs at the stated --mfu (an override; communication not included)" if mfu is not None
                      else "step time: the planner's model (each GEMM, attention and memory-bound kernel of the step "
                           "timed by the roofline, analytic/ops/ + roofline.py, + exposed communication, bubble, "
@@ -775,8 +786,7 @@ def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
                      "score = eager no-grad forwards op by op; train = "
                      + ("the step-time model" if mfu is None else f"the step's FLOPs at --mfu {mfu:.0%}"))
         notes.append(_fit_note(fit))
-        notes.append(overheads.describe(beside, held, cached_block=True, tied=spec.tied_embeddings,
-                                        side_streams=setup.device == "cuda" and bool(fsdp2_strategy(setup))))
+        notes.append(_reserved_note(spec, setup, beside, held))
     params = pc.total + sum(count_params(o.spec).total for o in m.others if o.spec is not spec)
     return Estimate("analytic", spec.name, params, params, setup, memory, flops, timing, tuple(notes),
                     Detail(params_active=pc.active, rl=rl_step, host_memory=pl.host_per_gpu or None), fit)

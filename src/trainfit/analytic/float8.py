@@ -120,13 +120,15 @@ def check_gpu(setup: Setup, gpu: GPU | None) -> None:
     # NVFP4 (e2m1 with an e4m3 scale per 16 and a per-tensor fp32 scale) is NVIDIA Blackwell's format: Transformer
     # Engine runs it from compute capability 10.0 (TE pytorch/quantization.py:171-175 _compute_nvfp4_support),
     # torchao's NVFP4 GEMMs are sm100 CUDA kernels; an AMD GPU's fp4 peak is MXFP4's (e8m0 per 32)
-    nvidia_only = r.name == "nvfp4" and gpu.vendor != "nvidia"
-    if r.peak not in gpu.peak_flops or nvidia_only:
-        have = ", ".join(g.name for g in list_gpus() if r.peak in g.peak_flops and not (nvidia_only and
-                                                                                   g.vendor != "nvidia"))
-        raise SetupError(f"--low-precision {r.name} needs {'NVIDIA ' if nvidia_only else ''}{r.peak} tensor cores, "
-                         f"which {gpu.name} has not: drop --low-precision or choose a --gpu that has them "
-                         f"({have or 'no catalog GPU lists their peak yet'})")
+    nvidia = r.name == "nvfp4"
+
+    def runs(g: GPU) -> bool:
+        return r.peak in g.peak_flops and (not nvidia or g.vendor == "nvidia")
+
+    if not runs(gpu):
+        have = ", ".join(g.name for g in list_gpus() if runs(g)) or "no catalog GPU lists their peak yet"
+        raise SetupError(f"--low-precision {r.name} needs {'NVIDIA ' if nvidia else ''}{r.peak} tensor cores, which "
+                         f"{gpu.name} has not: drop --low-precision or choose a --gpu that has them ({have})")
 
 
 def notes(spec: ModelSpec, setup: Setup, gpu: GPU | None) -> list[str]:

@@ -61,7 +61,7 @@ from .flops import forward_per_token
 from .moe_imbalance import busiest_rank_load
 from .ops import Op, compiled, head_forward, layer_forward, shape_of
 from .ops.op import SIZE
-from .parallel.collectives import Links
+from .parallel.collectives import Links, ranks_per_node
 from .params import ParamCounts
 from .precision import state_bytes
 from .serving_state import attention_layers
@@ -178,7 +178,7 @@ def allreduce_seconds(gpu: GPU, tp: int, nbytes: float) -> float:
         return 0.0
     links = Links.of(gpu)
     if nbytes >= CUSTOM_AR_MAX or not links.within_node(tp):
-        return links.allreduce(tp, min(tp, gpu.gpus_per_node), nbytes)
+        return links.allreduce(tp, ranks_per_node(1, tp, gpu.gpus_per_node), nbytes)
     one_stage = tp == 2 or (tp <= 4 and nbytes < 512 * 1024) or (tp <= 8 and nbytes < 256 * 1024)
     moved = (tp - 1) * nbytes if one_stage else 2 * (tp - 1) / tp * nbytes
     return moved / links.intra + roofline.kernels_for(gpu).launch_seconds

@@ -38,6 +38,15 @@ class _NonFinite(ValueError):
     pass
 
 
+def rope_parameters(config: dict) -> tuple[float, str | None, dict]:
+    """(rope_theta, the scaling's type, the scaling dict) as a HF config holds them (transformers 4.x: rope_theta
+    and rope_scaling, its type under "rope_type" or the older "type"; 5.x: rope_parameters holding both); theta
+    10000 where none is given (transformers' default)."""
+    scaling = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    theta = float(scaling.get("rope_theta", config.get("rope_theta", 10000.0)))
+    return theta, scaling.get("rope_type", scaling.get("type")), scaling
+
+
 def _no_constant(token: str):
     raise _NonFinite(token)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 
 from ..analytic.mtp import mtp_layers
+from ..models.hf_config import rope_parameters
 from ..setup import Setup, parse_pp_split
 from ..setup.pp_layout import Layout
 from ..spec import ModelSpec
@@ -99,14 +100,6 @@ UNBUILT = (("vision", "a vision tower"), ("encdec", "an encoder-decoder"), ("hyb
            ("attn_output_gate", "a gated attention output (Qwen3-Next)"), ("embedding_norm", "an embedding norm"))
 
 
-def rope(spec: ModelSpec) -> tuple[float, dict]:
-    """(rope_theta, the config's rope scaling dict) as the HF config holds them (transformers 4.x: rope_theta and
-    rope_scaling; 5.x: rope_parameters holding both)."""
-    cfg = spec.config
-    scaling = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
-    return float(scaling.get("rope_theta", cfg.get("rope_theta", 10000.0))), scaling
-
-
 def check_model(spec: ModelSpec) -> None:
     """Refuse, before the search, a model the emitted pretrain_gpt.py would build differently (UNBUILT; and YaRN
     RoPE outside multi-latent attention, which Megatron-LM core_v0.16.1 asserts against: arguments.py:1357-1358)."""
@@ -118,7 +111,7 @@ def check_model(spec: ModelSpec) -> None:
                              "would not build; plan without --emit, or --emit torchtitan / deepspeed / accelerate")
     if not spec.causal:
         raise SetupError(f"--emit megatron: {spec.name} is an encoder; pretrain_gpt.py builds decoders only")
-    kind = rope(spec)[1].get("rope_type", rope(spec)[1].get("type"))
+    kind = rope_parameters(spec.config)[1]
     if spec.positions == "rotary" and spec.mla is None and kind not in (None, "default", "llama3"):
         raise SetupError(f"--emit megatron: {spec.name}'s {kind} RoPE runs in Megatron-LM's multi-latent attention "
                          "only (arguments.py:1357-1358); plan without --emit")
@@ -136,11 +129,11 @@ def _architecture(spec: ModelSpec) -> list[str]:
     if eps is not None:
         out += ["--norm-epsilon", f"{float(eps):g}"]
     if spec.positions == "rotary":
-        theta, scaling = rope(spec)
+        theta, kind, scaling = rope_parameters(spec.config)
         out += ["--position-embedding-type", "rope", "--rotary-base", str(int(theta))]
         if spec.rotary_fraction != 1.0:
             out += ["--rotary-percent", f"{spec.rotary_fraction:g}"]
-        if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        if kind == "llama3":
             out += ["--use-rope-scaling", "--rope-scaling-factor", f"{float(scaling['factor']):g}"]
     elif spec.positions == "none":
         out += ["--position-embedding-type", "none"]
@@ -149,11 +142,11 @@ def _architecture(spec: ModelSpec) -> list[str]:
     if spec.qkv_bias and not (spec.out_bias or spec.mlp_bias):
         out += ["--add-qkv-bias"]  # (with --disable-bias-linear: biases on q, k, v only, Qwen2's)
     if spec.mla is not None:
-        m, scaling = spec.mla, rope(spec)[1]
+        m, (_, kind, scaling) = spec.mla, rope_parameters(spec.config)
         out += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim",
                 str(m.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim), "--v-head-dim",
                 str(m.v_head_dim)] + (["--q-lora-rank", str(m.q_lora_rank)] if m.q_lora_rank else [])
-        if scaling.get("rope_type", scaling.get("type")) == "yarn":
+        if kind == "yarn":
             out += ["--rope-type", "yarn", "--rotary-scaling-factor", f"{float(scaling['factor']):g}",
                     "--mscale", f"{float(scaling.get('mscale', 1.0)):g}",
                     "--mscale-all-dim", f"{float(scaling.get('mscale_all_dim', 0.0)):g}"]

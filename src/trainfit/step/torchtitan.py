@@ -126,10 +126,11 @@ def model_args(spec: "ModelSpec", setup: "Setup"):
     except ImportError as e:
         raise _missing(e) from e
     check(spec, setup)
+    from ..models.hf_config import rope_parameters
+
     cfg = spec.config
-    rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
-    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    if rope.get("rope_type", rope.get("type")) == "llama3":
+    theta, kind, rope = rope_parameters(cfg)
+    if kind == "llama3":
         scaling = RoPEScalingArgs(scaling_factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
                                   high_freq_factor=float(rope["high_freq_factor"]),
                                   original_max_position_embeddings=int(rope["original_max_position_embeddings"]))

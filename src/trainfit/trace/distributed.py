@@ -81,8 +81,9 @@ class ShardedRecorder(AllocationRecorder):
         out = func(*args, **(kwargs or {}))
         if self.flops is not None:
             self.flops.count(func, args, kwargs, out)
-        if scratch is None:  # a CPU kernel's own copies and scratch, as the one-process recorder probes them, on the
-            # local shards (a DTensor op reaches here as its local op too)
+        if scratch is None and (func in self.promoting or func in self.probed):
+            # a CPU kernel's own copies and scratch, as the one-process recorder probes them, on the local shards (a
+            # DTensor op reaches here as its local op too)
             local_args, local_kwargs, local_out = tree_map_only(torch.Tensor, _local, (args, kwargs or {}, out))
             scratch = self._cpu_scratch(func, local_args, local_kwargs, local_out)
         outs = out if type(out) in (tuple, list) else (out,)

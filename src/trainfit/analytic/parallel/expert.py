@@ -136,7 +136,7 @@ def exchange_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float,
         if etp <= 1:
             return a2a
         gathered = etp * local * m.top_k * load * token_bytes  # the expert-TP group's received copies
-        node = min(etp, links.gpus_per_node)  # (a group wider than a node spans nodes)
+        node = ranks_per_node(1, etp, links.gpus_per_node)  # (a group wider than a node spans nodes)
         return a2a + (links.all_gather(etp, node, gathered) + links.reduce_scatter(etp, node, gathered)) / 2
     # deepep / hybridep: over the tp × ep group (etp innermost), etp GPUs for each expert group picked
     per_node = ranks_per_node(1, etp * e, links.gpus_per_node)

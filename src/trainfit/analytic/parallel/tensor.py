@@ -16,7 +16,7 @@ from ...spec import ModelSpec
 from ..activations import LayerActivations
 from ..families import family_traits
 from ..params import ParamCounts, hybrid_layers_params
-from .collectives import Links
+from .collectives import Links, ranks_per_node
 from .expert import dense_mlp_share
 from .pipeline import Stage
 
@@ -117,7 +117,7 @@ def tp_comm_seconds(spec: ModelSpec, setup: Setup, links: Links, tokens: float, 
     # reduce-scatter (Korthikanti et al. 2022 §4.2.2, g and g-bar), which NVLS does not speed up (tuning.cc:272).
     # n_ar counts the attention's and the MLP's collectives alike: half each.
     pairs = layers * n_ar * (1 + mlp) / 2
-    node = min(t, links.gpus_per_node)  # (a group wider than a node spans nodes: its rings cross the network)
+    node = ranks_per_node(1, t, links.gpus_per_node)  # (a group wider than a node: its rings cross the network)
     if setup.sequence_parallel:
         return pairs * (links.all_gather(t, node, x) + links.reduce_scatter(t, node, x))
     return pairs * links.allreduce(t, node, x)

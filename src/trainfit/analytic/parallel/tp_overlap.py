@@ -36,7 +36,7 @@ from ...spec import ModelSpec
 from .. import roofline
 from ..memo import remember_held, table
 from ..timing import compute_dtype
-from .collectives import Links
+from .collectives import Links, ranks_per_node
 
 COLLECTIVES = ("forward all-gather", "forward reduce-scatter", "backward all-gather", "backward reduce-scatter")
 
@@ -83,7 +83,7 @@ def _layer_seconds(spec: ModelSpec, t: int, gpu: GPU, links: Links, tokens: floa
     """layer_seconds, computed from what it reads."""
     h = spec.hidden
     x = tokens * h * act_bytes  # one b·s·h activation, gathered
-    node = min(t, links.gpus_per_node)  # (a group wider than a node spans nodes)
+    node = ranks_per_node(1, t, links.gpus_per_node)  # (a group wider than a node spans nodes)
     ag_fwd, ag_bwd = (links.all_gather(t, node, tokens * h * g) for g in gathers)
     rs = links.reduce_scatter(t, node, x)
     # the sum of a pipelined reduce-scatter's tp chunks: x read, x / tp written (comm_gemm_overlap.cpp:1193-1204)
