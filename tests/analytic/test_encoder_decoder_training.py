@@ -135,13 +135,25 @@ def test_training_flops_are_the_traced_ones():
         assert est.backward == pytest.approx(traced.backward, rel=0.02)
 
 
-@pytest.mark.parametrize("kw", [{"tp": 2}, {"pp": 2, "grad_accum": 2}, {"dp": 2, "zero": 3}, {"lora_rank": 8},
+@pytest.mark.parametrize("kw", [{"tp": 2}, {"dp": 2, "zero": 3}, {"lora_rank": 8},
                                 {"recompute": "selective", "attention": "eager"}, {"precision": "amp-fp16"}])
 def test_settings_not_covered_are_refused_in_one_line(kw):
     spec = small("t5")
     with pytest.raises(SetupError, match="not modelled by the analytic engine") as e:
         estimate(spec, Setup(batch=2, seq=128, **{"precision": "bf16", **kw}))
     assert "\n" not in str(e.value) and "--engine trace" in str(e.value)
+
+
+def test_a_pipeline_is_refused_by_the_only_stack_training_encoder_decoders():
+    """hf trains any head but runs no pipeline (stacks/hf.toml [model_parallel]); the stacks that do refuse a T5
+    too: each in one line."""
+    with pytest.raises(SetupError, match="--stack hf runs no pipeline split") as e:
+        Setup(batch=2, seq=128, precision="bf16", pp=2, grad_accum=2)
+    assert "\n" not in str(e.value)
+    for stack, precision in (("torchtitan", "bf16"), ("megatron", "bf16-master")):
+        with pytest.raises(SetupError, match="small-t5") as e:  # its own model, or a split not modelled
+            estimate(small("t5"), Setup(batch=2, seq=128, precision=precision, pp=2, grad_accum=2, stack=stack))
+        assert "\n" not in str(e.value)
 
 
 # BART and Whisper (encdec_absolute_training.py): every precision x recompute on both devices' semantics (a trace of

@@ -52,7 +52,8 @@ def test_communication_heavy_layout_draws_less_than_tdp(tmp_path):
 def test_mfu_override_counts_the_bubble_as_waiting():
     """--mfu with pp 4, vpp 1, accum 4: bubble = (4 − 1)/4 of the compute (Narayanan et al. 2021 eq. 1), so the
     busy share is 1/1.75 and P = 142 + 558/1.75 = 460.857 W on an H100 (TDP 700 W, static 142 W)."""
-    e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", pp=4, grad_accum=4, mfu=0.4, tokens=1e12)
+    e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", pp=4, grad_accum=4, mfu=0.4, tokens=1e12,
+                          stack="megatron")
     assert e.time.average_power_watts == pytest.approx(142 + 558 / 1.75, rel=1e-9)
 
 

@@ -106,6 +106,11 @@ CASES = [
     C("estimate", "Missing argument"),
     C("estimate llama-3.1-8b --no-such-flag", "--no-such-flag"),
     C("estimate llama-3.1-8b extra-positional", "unexpected extra argument"),
+    # a flag that does not apply to the mode is refused when written at its default value too (its value alone
+    # cannot tell it from an unwritten flag: options.written reads click's parameter source)
+    C("estimate tiny-llama --rl-algo grpo", "--rl-algo applies to rl only"),
+    C("estimate tiny-llama --mode infer --grad-accum 1", "--grad-accum applies to train/rl only"),
+    C("estimate tiny-llama --mode train --max-num-seqs 256", "--max-num-seqs applies to serve only"),
     # ---- the caching allocator's settings (issue 13) ------------------------------------------------------------
     C("estimate tiny-llama --alloc-conf max_split_size_mb:5", "max_split_size_mb too small"),
     C("estimate tiny-llama --alloc-conf expandable_segment:True", "unknown key"),
@@ -222,8 +227,10 @@ CASES = [
     # ---- impossible layouts ------------------------------------------------------------------------------
     C("estimate llama-3.1-8b --tp 3", "--tp 3"),
     C("estimate llama-3.1-8b --tp 64", "--tp 64"),
-    C("estimate llama-3.1-8b --pp 5", "--pp 5"),
-    C("estimate llama-3.1-8b --pp 2", "--grad-accum"),
+    C("estimate llama-3.1-8b --stack megatron --pp 5", "--pp 5"),
+    C("estimate llama-3.1-8b --stack torchtitan --pp 2", "--grad-accum"),
+    # the HF Trainer and accelerate train with no pipeline (stacks/hf.toml [model_parallel])
+    C("estimate llama-3.1-8b --pp 2 --grad-accum 2", "--stack hf runs no pipeline split"),
     C("estimate llama-3.1-8b --zero 2", "--dp"),
     C("estimate llama-3.1-8b --zero 4 --dp 2", "--zero"),
     C("estimate llama-3.1-8b --zero -1 --dp 2", "--zero"),
@@ -234,7 +241,7 @@ CASES = [
     C("compare gpt2 --seq 4096", "learned positions"),
     C("sweep llama-3.1-8b --vary batch 1:4 --tp 3", "--tp 3"),
     C("sweep gpt2 --vary batch 1:4 --seq 2048", "learned positions"),
-    C("report llama-3.1-8b --pp 5 -o {tmp}/r.html", "--pp 5"),
+    C("report llama-3.1-8b --stack megatron --pp 5 -o {tmp}/r.html", "--pp 5"),
     C("measure tiny-llama --device cpu --zero 1", "--dp"),
     # ---- --attention triton: llm-foundry's Triton kernel runs on a GPU, in 16 bits, on the hf stack -------------
     C("estimate gpt2 --attention triton --device cpu", "--device cpu"),

@@ -42,7 +42,7 @@ def test_catalog_listings(cli):
     (["estimate", "llama-3.1-8b", "--batch", "0"], "--batch"),
     (["estimate", "llama-3.1-8b", "--seq", "-5"], "--seq"),
     (["estimate", "llama-3.1-8b", "--tp", "3"], "--tp 3"),
-    (["estimate", "llama-3.1-8b", "--pp", "5"], "--pp 5"),
+    (["estimate", "llama-3.1-8b", "--stack", "megatron", "--pp", "5"], "--pp 5"),
     (["estimate", "llama-3.1-8b", "--zero", "2"], "--dp"),
     (["estimate", "llama-3.1-8b", "--precision", "fp64"], "--precision"),
     (["estimate", "llama-3.1-8b", "--batch", "many"], "--batch"),

@@ -53,7 +53,14 @@ def test_tensor_layouts_and_compile_follow_the_stacks_own_facts(cli, stack):
         assert cli(*args, *tp)[0] == 0
     else:
         err = _refused(cli, *args, *tp)
-        assert f"--stack {stack} runs no tensor/pipeline split" in err and "--tp 1" in err
+        assert f"--stack {stack} runs no tensor split" in err and "--tp 1" in err
+    pipeline = facts.get("model_parallel", {}).get("pipeline", True)
+    pp = ("--pp", "2", "--grad-accum", "2")
+    if pipeline:
+        assert cli(*args, *pp)[0] == 0
+    else:
+        err = _refused(cli, *args, *pp)
+        assert f"--stack {stack} runs no pipeline split" in err and "--pp 1" in err
     if facts["compile"]["supported"]:
         assert cli(*args, "--compile")[0] == 0
     else:

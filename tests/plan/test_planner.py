@@ -33,7 +33,8 @@ def test_layouts_respect_the_model_shape(l8b):
         assert lay.dp * lay.tp * lay.pp == 64
         assert spec.heads % lay.tp == 0 and spec.intermediate % lay.tp == 0 and lay.tp <= 8
         assert spec.layers % lay.pp == 0
-        validate_layout(spec, Setup(dp=lay.dp, tp=lay.tp, pp=lay.pp, grad_accum=max(lay.pp, 1)))
+        validate_layout(spec, Setup(dp=lay.dp, tp=lay.tp, pp=lay.pp, grad_accum=max(lay.pp, 1), stack="megatron",
+                                    precision="bf16-master"))
     assert not tp_allowed(spec, 16, 8)  # beyond a node
     assert not tp_allowed(replace(spec, heads=24, kv_heads=8), 16, 16)  # 16 does not divide 24 heads
     assert {lay.pp for lay in layouts(load_spec("llama-3.1-405b"), 16384, 8)} == {1, 2}  # 126 layers
@@ -54,7 +55,7 @@ def test_peak_is_convex_nondecreasing_in_micro_batch(l8b):
     """The property fit.PeakOracle relies on (secant bound + binary search)."""
     pc = count_params(l8b)
     for s in (Setup(seq=4096, dp=4, tp=2, zero=3, sequence_parallel=True),
-              Setup(seq=4096, pp=4, grad_accum=8, recompute="full", precision="bf16-master"),
+              Setup(seq=4096, pp=4, grad_accum=8, recompute="full", precision="bf16-master", stack="megatron"),
               Setup(seq=2048, attention="eager")):
         mems = [train_memory(l8b, s.with_(batch=b), pc) for b in range(1, 12)]
         peaks = [m.peak for m in mems]
@@ -204,7 +205,8 @@ def test_accelerate_yaml_keys(l8b):
 
 
 def test_torchrun_command(l8b):
-    s = Setup(batch=1, seq=8192, grad_accum=16, dp=4, tp=8, pp=2, zero=3, precision="amp-bf16", sequence_parallel=True)
+    s = Setup(batch=1, seq=8192, grad_accum=16, dp=4, tp=8, pp=2, zero=3, precision="amp-bf16", sequence_parallel=True,
+              stack="torchtitan")
     cmd = emit.emit("torchrun", s, l8b, 8)
     assert "--nnodes=8" in cmd and "--parallelism.tensor_parallel_degree 8" in cmd
     assert "--parallelism.pipeline_parallel_degree 2" in cmd and "--training.global_batch_size 64" in cmd
@@ -214,12 +216,15 @@ def test_fixed_tp_and_pp_constrain_the_search_before_the_top(l8b, cli):
     """--tp/--pp are search constraints: only such plans are ranked, so --top 1 shows the best of them; a --tp the
     model's heads or a node cannot take, or a --pp its layers cannot, is one line, exit 2 (not an empty table)."""
     gpu = get_gpu("H100-80GB")
-    r = search(l8b, gpu, PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, tp=4, pp=2, top=1))
+    r = search(l8b, gpu, PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, tp=4, pp=2, top=1,
+                                   stacks=("torchtitan",)))
     assert [(c.setup.tp, c.setup.pp) for c in r.candidates] == [(4, 2)]
     for args, words in ((("--gpus", "24", "--tp", "3"), "--tp 3 does not divide the 32 attention heads"),
                         (("--gpus", "16", "--tp", "16"), "--tp 16: tensor parallelism stays inside a node"),
-                        (("--gpus", "10", "--pp", "5"), "--pp 5 does not divide the 32 layers"),
-                        (("--gpus", "40", "--pp", "40"), "--pp 40 exceeds the 32 layers")):
+                        (("--gpus", "10", "--pp", "5", "--stack", "torchtitan"), "--pp 5 does not divide the 32 layers"),
+                        (("--gpus", "40", "--pp", "40", "--stack", "megatron"), "--pp 40 exceeds the 32 layers"),
+                        # the planned stack (hf, the default) trains with no pipeline: stacks/hf.toml [model_parallel]
+                        (("--gpus", "16", "--pp", "2"), "--stack hf runs no pipeline split")):
         code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", *args)
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
 

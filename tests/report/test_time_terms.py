@@ -12,10 +12,10 @@ from trainfit.report.time_bar import time_section
 def test_cli_shows_each_term_and_the_budget_line(cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # one table row per line
     code, out, err = cli("estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--dp", "4", "--tp", "2", "--pp", "2",
-                         "--grad-accum", "4", "--tokens", "1T")
+                         "--grad-accum", "4", "--tokens", "1T", "--stack", "megatron")
     assert code == 0, err
     code, js, _ = cli("estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--dp", "4", "--tp", "2", "--pp", "2",
-                      "--grad-accum", "4", "--tokens", "1T", "--json")
+                      "--grad-accum", "4", "--tokens", "1T", "--stack", "megatron", "--json")
     st = json.loads(js)["detail"]["step_time"]
     for term in ("compute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer"):
         assert st[term] > 0
@@ -37,7 +37,7 @@ def test_plan_times_the_leanest_plan_when_nothing_fits(cli):
 
 
 def test_html_bar_has_one_rect_per_term_with_its_share():
-    e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", dp=4, tp=2, pp=2, grad_accum=4)
+    e = trainfit.estimate("llama-3.1-8b", gpu="H100-80GB", dp=4, tp=2, pp=2, grad_accum=4, stack="megatron")
     html = time_section(e)
     st = e.detail.step_time.as_dict()
     rects = re.findall(r"<rect class='term' data-term='(\w+)' x='[\d.]+' y='0' width='([\d.]+)'", html)

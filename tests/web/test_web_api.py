@@ -29,7 +29,8 @@ def same_as_cli(req: api.Request) -> dict:
 @pytest.mark.parametrize("params", [
     {"model": "llama-3.1-8b"},
     {"model": "llama-3.1-8b", "batch": 4, "seq": 4096, "gpu": "H100-80GB", "recompute": "full", "attention": "eager"},
-    {"model": "llama-3.1-70b", "dp": 8, "tp": 8, "pp": 2, "grad_accum": 8, "zero": 1, "gpu": "H100-80GB"},
+    {"model": "llama-3.1-70b", "dp": 8, "tp": 8, "pp": 2, "grad_accum": 8, "zero": 1, "gpu": "H100-80GB",
+     "stack": "megatron"},
     {"model": "mistral-7b", "mode": "infer", "batch": 16, "seq": 8192, "precision": "int8", "gpu": "L4"},
     {"model": "qwen2.5-7b", "optimizer": "sgd", "precision": "bf16-master", "device": "cpu", "mfu": 0.3,
      "tokens": 1e12, "price": 2.5, "gpu": "A100-80GB", "sequence_parallel": "false"},
@@ -87,7 +88,7 @@ BAD_GET = [
     ({"model": "llama-3.1-8b", "batch": -3}, 400, "--batch"),
     ({"model": "llama-3.1-8b", "seq": 0}, 400, "--seq"),
     ({"model": "llama-3.1-8b", "tp": 3}, 400, "does not divide the 32 attention heads"),
-    ({"model": "llama-3.1-8b", "pp": 5}, 400, "--pp 5 does not divide"),
+    ({"model": "llama-3.1-8b", "stack": "megatron", "pp": 5}, 400, "--pp 5 does not divide"),
     ({"model": "llama-3.1-8b", "zero": 3}, 400, "needs --dp > 1"),
     ({"model": "llama-3.1-8b", "zero": 7, "dp": 2}, 400, "--zero"),
     ({"model": "llama-3.1-8b", "gpu": "H900"}, 400, "unknown GPU"),

@@ -74,8 +74,9 @@ BAD_GET = [
     ({**M, "pp": 0}, "--pp"),
     # layouts
     ({**M, "tp": 3}, "--tp 3"),
-    ({**M, "pp": 5}, "--pp 5"),
-    ({**M, "pp": 2}, "--grad-accum"),
+    ({**M, "stack": "megatron", "pp": 5}, "--pp 5"),
+    ({**M, "stack": "torchtitan", "pp": 2}, "--grad-accum"),
+    ({**M, "pp": 2, "grad_accum": 2}, "--stack hf runs no pipeline split"),
     ({**M, "zero": 2}, "--dp"),
     ({**M, "zero": 7, "dp": 2}, "--zero"),
     ({**M, "sequence_parallel": "true"}, "--tp"),

@@ -341,7 +341,7 @@ def stage_params(spec: ModelSpec, pc: ParamCounts, tp: int, pp: int, pp_split: s
     one layout)."""
     from .memory import Stage, rank_params
 
-    probe = Setup(tp=tp, pp=pp, dp=1, grad_accum=max(pp, 1))
+    probe = Setup(tp=tp, pp=pp, dp=1, mode="infer")  # (rank_params reads its tp alone; infer: no stack's rules)
     if pp == 1:
         return rank_params(spec, pc, probe, Stage(0, spec.layers, True, True, 1, mtp[0]))[0]
     first, middle, last = split(spec.layers, pp, pp_split)

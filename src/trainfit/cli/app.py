@@ -52,7 +52,7 @@ def estimate(req: Request, engine: str = EngineOpt,
     Examples:\n
       trainfit estimate llama-3.1-8b --gpu H100-80GB\n
       trainfit estimate ./config.json --batch 4 --seq 2048 --precision amp-bf16 --recompute full --json\n
-      trainfit estimate llama-3.1-70b --dp 8 --tp 8 --pp 2 --grad-accum 8 --zero 1 --gpu H100-80GB\n
+      trainfit estimate llama-3.1-70b --stack megatron --dp 8 --tp 8 --pp 2 --grad-accum 8 --zero 1 --gpu H100-80GB\n
       trainfit estimate llama-3.1-8b --mode infer --batch 16 --seq 8192 --precision bf16 --gpu L4\n
       trainfit estimate llama-3.1-70b --mode serve --tp 4 --max-model-len 32768 --gpu H100-80GB
     """

@@ -24,9 +24,13 @@ try:  # typer 0.29 (read at 0.29.2; pyproject allows >= 0.12) coerces each param
     from typer._coercion import build_runtime_param as _build_runtime_param
 except ImportError:  # a typer without typer/_coercion.py coerces with click's types: nothing to defer
     _RuntimeParam = None
+try:  # typer 0.29 runs its own copy of click (typer/_click), whose context is not click's
+    from typer._click.globals import get_current_context
+except ImportError:
+    from click import get_current_context
 
-from ..setup import SETTINGS, Request, Setting, parse_value
-from ..setup.vocab import GROUPS
+from ..setup import SETTINGS, Request, Setting, parse_value, refuse_written
+from ..setup.vocab import GROUPS, MODES
 
 ModelArg = typer.Argument(..., help="Catalog name (see `trainfit models`), a config.json or folder holding one, or a cached hub id org/name.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
@@ -207,6 +211,8 @@ def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] 
         def command(**kwargs):
             values = {s.name: parse_value(s, kwargs.pop(s.name)) for s in chosen}
             req = Request(model=kwargs.pop("model") if model else "-", **values)
+            if req.mode in MODES:  # a flag written at its default value is refused too where it does not apply
+                refuse_written(written(chosen), req.mode)
             return fn(req, **kwargs)
 
         command.__signature__ = inspect.Signature(params)
@@ -215,3 +221,13 @@ def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] 
         return command
 
     return decorate
+
+
+def written(settings: list[Setting]) -> frozenset:
+    """The names of `settings` the user wrote on the command line or set through the environment (click's parameter
+    source), whatever their value: the Request sees only values, and a flag at its default looks unwritten there."""
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return frozenset()
+    return frozenset(s.name for s in settings
+                     if getattr(ctx.get_parameter_source(s.name), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))

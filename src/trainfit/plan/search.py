@@ -141,6 +141,9 @@ class PlanQuery:
             v = getattr(self, name)
             if v is not None and (v < 1 or self.gpus % v):
                 raise SetupError(f"--{name} {v} must be a positive divisor of --gpus {self.gpus}")
+        whys = [get_stack(x).splits_model(self.tp or 1, self.pp or 1) for x in self.stacks]
+        if all(whys):  # a fixed split no planned stack runs (stacks/*.toml [model_parallel]) is refused, not an empty plan
+            raise SetupError(whys[0])
         if self.top < 1:
             raise SetupError(f"--top must be >= 1, got {self.top}")
         if any(k not in KNOBS for k in self.knobs):
@@ -232,7 +235,8 @@ def check_fixed_axes(spec: ModelSpec, gpu: GPU, q: PlanQuery) -> None:
                              f"{gpu.name}s; use --tp {gpu.gpus_per_node} or less")
     if q.pp is not None and not layouts(spec, q.gpus, gpu.gpus_per_node, None, q.pp, None,
                                         uneven=_runs_any(q, "pp_split")):
-        validate_layout(spec, Setup(pp=q.pp, grad_accum=q.pp))  # (Megatron's uneven splits are searched above)
+        # (Megatron's uneven splits are searched above; infer: the layer split alone, the stacks' rules are PlanQuery's)
+        validate_layout(spec, Setup(pp=q.pp, mode="infer"))
 
 
 def _runs_any(q: PlanQuery, *axes: str) -> bool:

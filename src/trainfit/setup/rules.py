@@ -137,7 +137,8 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
     if stack.trains != "any" and setup.head not in (None, "causal-lm"):
         raise SetupError(f"--stack {stack.name} trains causal language models, not a {setup.head} head (--head, or the "
                          f"config's architectures): use --stack {' or '.join(trains_any())}")
-    why = stack.splits_model(setup.tp, setup.pp) or (setup.compile and stack.compiles())
+    # (--stack names a training stack: serving and inference split the model as their engines do)
+    why = (setup.mode == "train" and stack.splits_model(setup.tp, setup.pp)) or (setup.compile and stack.compiles())
     if why:  # (--sequence-parallel needs --tp > 1: refused above)
         raise SetupError(why)
     _check_compile_loss(setup, stack)

@@ -984,8 +984,17 @@ def refuse_inapplicable(values, settings, mode: str, only: frozenset | None = No
     """Flags set away from their default that do not apply to `mode` are refused, not ignored (named at once).
     `only`: those names alone (the others' values passed for this mode already: a function of the setting, its value
     and the mode)."""
-    off = [s for s in _inapplicable(settings, mode) if (only is None or s.name in only)
-           and getattr(values, s.name) != s.default]
+    _refuse_off([s for s in _inapplicable(settings, mode) if (only is None or s.name in only)
+                 and getattr(values, s.name) != s.default], mode)
+
+
+def refuse_written(names: frozenset, mode: str) -> None:
+    """The flags the user wrote (`names`: the CLI's command line) that do not apply to `mode` are refused at any
+    value, their default included (a value alone cannot tell a written default from an unwritten flag)."""
+    _refuse_off([s for s in _inapplicable(SETTINGS, mode) if s.name in names], mode)
+
+
+def _refuse_off(off: list, mode: str) -> None:
     if off:
         flags, them = " and ".join(s.flag for s in off), "them" if len(off) > 1 else "it"
         where = {"/".join(s.meta.modes) for s in off}

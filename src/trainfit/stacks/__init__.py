@@ -108,12 +108,20 @@ class Stack:
     def splits_model(self, tp: int, pp: int) -> str | None:
         """None when the stack runs this tensor/pipeline split ([model_parallel]; absent: it runs both), else why
         not."""
-        mp = self.facts.get("model_parallel", {})
-        if (tp > 1 and not mp.get("tensor", True)) or (pp > 1 and not mp.get("pipeline", True)):
-            others = [n for n in names() if n != self.name and get_stack(n).splits_model(tp, pp) is None]
-            return (f"--stack {self.name} runs no tensor/pipeline split: {mp['why']}; use --tp 1 --pp 1, or --stack "
-                    f"{' or '.join(others)}")
+        off = self._unsplit(tp, pp)
+        if off:
+            others = [n for n in names() if n != self.name and not get_stack(n)._unsplit(tp, pp)]
+            mp = self.facts["model_parallel"]
+            runs = "/".join(axis for axis, _ in off)
+            return (f"--stack {self.name} runs no {runs} split: {mp['why']}; use {' '.join(f + ' 1' for _, f in off)}"
+                    f", or --stack {' or '.join(others)}")
         return None
+
+    def _unsplit(self, tp: int, pp: int) -> list[tuple[str, str]]:
+        """(axis, flag) of the tensor/pipeline splits asked for (> 1) that this stack does not run."""
+        mp = self.facts.get("model_parallel", {})
+        return [(axis, flag) for axis, flag, n in (("tensor", "--tp", tp), ("pipeline", "--pp", pp))
+                if n > 1 and not mp.get(axis, True)]
 
     def compiles(self) -> str | None:
         """None when trainfit models --compile on this stack ([compile] supported), else why not."""

@@ -15,11 +15,12 @@ group) and the distributed trace (fake process group), so that both run exactly 
             FSDP2 keeps the root's own parameters -- embeddings, final norm, LM head -- unsharded after
             forward, by design).
 
-Mixed precision under FSDP2 (--zero 2/3 with amp-bf16/amp-fp16), as HF Trainer / accelerate 1.15 runs it: accelerate
-gives every fully_shard call a MixedPrecisionPolicy whose param_dtype, reduce_dtype and output_dtype are all the
-amp dtype (state.py:1014-1015 set_mixed_precision; utils/dataclasses.py:2109-2143, the dtype_args at :2137-2141;
-utils/fsdp_utils.py:779 mp_policy), over fp32 shards (fsdp_utils.py:815-820 upcasts the trainable parameters), and
-still wraps the forward in torch.autocast (accelerator.py:1824-1835, native_amp). So each layer is all-gathered and
+Mixed precision under FSDP2 (--zero 2/3 with amp-bf16/amp-fp16), as HF Trainer / accelerate 1.16 runs it: accelerate
+gives every fully_shard call a MixedPrecisionPolicy whose param_dtype and reduce_dtype are the amp dtype, output_dtype
+unset (state.py:975-976 set_mixed_precision; utils/dataclasses.py:1981-2012, the dtype_args at :2008-2012; 1.15 also
+set output_dtype, its :2137-2141; utils/fsdp_utils.py:768 mp_policy), over fp32 shards (fsdp_utils.py:802-806
+upcasts the trainable parameters), and still wraps the forward in torch.autocast (accelerator.py:1791-1801,
+native_amp). So each layer is all-gathered and
 computes in bf16/fp16 under autocast, and its gradients are reduce-scattered in the same dtype. The stack fact
 stacks/hf.toml [mixed_precision] fsdp_policy says so; the analytic engine reads the same fact
 (analytic/precision.py). fp32, bf16 and bf16-master set no policy: accelerate's mixed_precision is "no" there (a
@@ -151,18 +152,18 @@ def _wrap_fsdp1(model: torch.nn.Module, setup: "Setup", device_type: str, device
 
 
 def mixed_precision_policy(setup: "Setup"):
-    """accelerate's FSDP2 MixedPrecisionPolicy for `setup` (module docstring): param_dtype = reduce_dtype =
-    output_dtype = the amp dtype when the stack fact [mixed_precision] fsdp_policy is on and the precision is an
+    """accelerate's FSDP2 MixedPrecisionPolicy for `setup` (module docstring): param_dtype = reduce_dtype = the amp
+    dtype when the stack fact [mixed_precision] fsdp_policy is on and the precision is an
     amp-* policy, or the dtypes --fsdp-param-dtype / --fsdp-reduce-dtype set (accelerate's mixed_precision_policy
     dict; "none" = unset: param_dtype None gathers the fp32 shards as they are); else fully_shard's default (no casts:
-    accelerate passes `MixedPrecisionPolicy()`, fsdp_utils.py:779)."""
+    accelerate passes `MixedPrecisionPolicy()`, fsdp_utils.py:768)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(**_policy_dtypes(setup))
 
 
 def _policy_dtypes(setup: "Setup") -> dict:
-    """{param_dtype, reduce_dtype, output_dtype}: the torch dtypes of the step's FSDP mixed-precision policy, {} for
+    """{param_dtype, reduce_dtype}: the torch dtypes of the step's FSDP mixed-precision policy, {} for
     none (analytic/precision.py policy_dtype reads the same settings and facts)."""
     from ..analytic.precision import policy_dtype
     from .build import _TORCH_DTYPE as TORCH_DTYPES, autocast_dtype
@@ -172,7 +173,7 @@ def _policy_dtypes(setup: "Setup") -> dict:
     param, reduce = (policy_dtype(setup, f) for f in ("param_dtype", "reduce_dtype"))
     out = {}
     if param != "none":
-        out["param_dtype"] = out["output_dtype"] = TORCH_DTYPES[param]
+        out["param_dtype"] = TORCH_DTYPES[param]
     if reduce != "none":
         out["reduce_dtype"] = TORCH_DTYPES[reduce]
     return out
