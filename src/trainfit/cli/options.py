@@ -224,10 +224,10 @@ def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] 
 
 
 def written(settings: list[Setting]) -> frozenset:
-    """The names of `settings` the user wrote on the command line or set through the environment (click's parameter
-    source), whatever their value: the Request sees only values, and a flag at its default looks unwritten there."""
+    """The names of `settings` the user wrote on the command line (click's parameter source), whatever their value:
+    the Request sees only values, and a flag at its default looks unwritten there."""
     ctx = get_current_context(silent=True)
     if ctx is None:
         return frozenset()
-    return frozenset(s.name for s in settings
-                     if getattr(ctx.get_parameter_source(s.name), "name", None) in ("COMMANDLINE", "ENVIRONMENT"))
+    source = ctx.get_parameter_source
+    return frozenset(s.name for s in settings if getattr(source(s.name), "name", None) == "COMMANDLINE")
