@@ -349,6 +349,7 @@ class ModelSpec:
     attn_softcap: float = 0.0  # Gemma-2 attn_logit_softcapping: tanh caps the attention scores (0: none)
     final_softcap: float = 0.0  # Gemma-2 final_logit_softcapping: tanh caps the logits (0: none)
     rotary_fraction: float = 1.0  # share of head_dim that rotary rotates (partial_rotary_factor, GPT-NeoX rotary_pct)
+    rope_attention_factor: float = 1.0  # YaRN's concentration factor on cos and sin (hf_config.yarn_attention_factor)
     mtp_layers: int = 0  # DeepSeek-V3 multi-token-prediction modules (num_nextn_predict_layers)
     classifier_dropout: float = 0.1  # the seq-cls / token-cls head's dropout p
     token_cls_bias: bool = True  # the token-cls head's output layer has a bias (token_classification_bias)

@@ -93,3 +93,17 @@ def test_combined_phases_by_hand():
     for got, want in zip(phases, (103, 200, 100, 52)):
         assert abs(got - want * US) < 1e-12
     assert abs(sum(phases) - (sum(fs) + sum(bs))) < 1e-12
+
+
+def test_blocking_copy_drains_the_stream_by_hand():
+    """A layer with no dispatcher sync but a blocking host-to-device copy (gpt-oss's linear offset: host_queue
+    DRAIN_OPS): one 1 ms kernel, the copy, then ten 10 µs kernels; host 100 µs per kernel. Steady state, from the
+    drain at t0 (the host waits for the stream): the ten kernels are issued at t0+0.1 … t0+1.0, the last ends
+    t0+1.01; the next layer's long kernel is issued at t0+1.1 and ends t0+2.1, when the copy (issued at t0+1.2) has
+    landed and the host passes the next drain. Period 2.1 ms, GPU work 1.1 ms: 1.0 ms idle per layer. Named anything
+    else, the copy does not wait: no stall."""
+    ms = 1e-3
+    ops = [memory("long", 0, 0, "t"), memory("experts_act_offset", 0, 0, "t"), memory("short", 0, 0, "t", kernels=10)]
+    secs = [1 * ms, 0.0, 0.1 * ms]
+    assert abs(sync_stall(ops, secs, 0.1 * ms) - 1.0 * ms) < 1e-12
+    assert sync_stall([ops[0], memory("copy", 0, 0, "t"), ops[2]], secs, 0.1 * ms) == 0.0

@@ -177,6 +177,50 @@ def test_dispatcher_sync_exposes_the_forward_issue_time():
     assert tm.host_issue > without_syncs + 0.01 * tm.step_seconds
 
 
+def test_gpt_oss_activation_and_fc2_bias_kernels_by_hand():
+    """gpt-oss-120b on 64 H100 (PP 4, EP 8: 128 / 8 = 16 local experts), recompute modules layernorm, moe_act.
+    weighted_bias_quick_geglu_impl (megatron-core 0.16.1 fusions/fused_bias_geglu.py:424-434) runs, before its fused
+    kernel, the two halves' clamps and their cat, and makes its linear offset a device tensor (a blocking copy, the
+    host waiting for the stream: host_queue.DRAIN_OPS); moe_act re-runs all four in the backward. Backward by
+    derivatives.yaml: the glu half's clamp le + zero + where, the linear half's ge, le, logical_and_, zero, where, the
+    chunk's cat: 9 kernels. _apply_bias (experts.py:609-626) per expert t + b·p: backward the .to() once, then per
+    expert a cast, grad·p and its sum, the bias grad's cast, grad·b and its sum: 6 · 16 + 1 = 97 kernels."""
+    from trainfit.analytic import megatron_recompute
+    from trainfit.analytic.host_queue import DRAIN_OPS
+
+    spec, setup, r = _run("mbridge-26.04.01-h100-80gb-gpt-oss-120b-bf16")
+    assert (spec.moe.num_experts, setup.ep, setup.recompute_modules) == (128, 8, "layernorm,moe_act")
+    _, fwd, bwd = _layer(spec, setup)
+    names = [o.name for o in fwd]
+    prelude = ["experts_act_clamp_glu", "experts_act_clamp_linear", "experts_act_cat", "experts_act_offset"]
+    at = names.index("experts_act")
+    assert names[at - 4:at] == prelude and DRAIN_OPS & set(names) == {"experts_act_offset"}
+    assert sum(o.kernels for o in bwd if o.name.startswith(("experts_act_clamp", "experts_act_chunk",
+                                                             "experts_act_cat"))) == 9
+    assert sum(o.kernels for o in bwd if o.name.startswith("experts_out_bias")) == 6 * 16 + 1
+    rerun = [o.name for o in megatron_recompute.rerun_ops(spec, setup, fwd)]
+    assert set(prelude) <= set(rerun)
+
+
+def test_gpt_oss_yarn_scale_takes_megatrons_unfused_rotary():
+    """Megatron-Bridge builds gpt-oss with YaRN factor 32 and yarn_mscale None: the concentration factor is
+    0.1·ln 32 + 1 (yarn_rotary_pos_embedding.py:252-271), which TE's fused RoPE cannot take (rope_utils.py:279-284):
+    q and k each run the unfused rotary, by hand 6 small table kernels + neg, cat, two muls, add, cat forward, and
+    backward two muls, neg, the chunk's cat, the gradient sum and slice_backward's fill and copy (7). A Llama on the
+    same stack keeps the one fused kernel each way."""
+    import math
+
+    spec, setup, _ = _run("mbridge-26.04.01-h100-80gb-gpt-oss-120b-bf16")
+    assert spec.rope_attention_factor == pytest.approx(0.1 * math.log(32) + 1)
+    sh, fwd, bwd = _layer(spec, setup)
+    assert sh.rope == "megatron-unfused"
+    for t in ("q", "k"):
+        assert sum(o.kernels for o in fwd if o.name.startswith(f"{t}.rope")) == 6 + 6
+        assert sum(o.kernels for o in bwd if o.name.startswith(f"{t}.rope")) == 7
+    llama, lsetup, _ = _run("mbridge-25.11-b200-qwen3-235b-a22b-mxfp8")
+    assert llama.rope_attention_factor == 1.0 and _layer(llama, lsetup)[0].rope == "fused"
+
+
 @pytest.mark.heavy
 def test_against_megatron_moe_layer_on_cpu():
     """megatron-core's real MoELayer (alltoall dispatcher, 4 experts, top-2; tests/analytic/megatron_moe_cpu.py)

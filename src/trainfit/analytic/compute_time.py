@@ -27,7 +27,7 @@ from ..setup import Setup
 from ..spec import ModelSpec
 from . import lora_ops, memo, multi_tensor, roofline, torchao_optim, windowed
 from .gated_deltanet import linear_layers
-from .host_queue import combined_1f1b, combined_phases, combined_stall, has_sync, sync_stall
+from .host_queue import combined_1f1b, combined_phases, combined_stall, has_sync, sync_stall, waits
 from .grad_clip import clip_work, pass_seconds
 from .liger_ops import fused_linear_loss
 from .ops import (Op, Shape, backward, checkpointed_layers, compiled, embedding_backward, embedding_forward,
@@ -222,10 +222,10 @@ def _time_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, l
     attn = time_ops(gpu, [o for o in fwd if o.kind == "attention"]).seconds
     stall = both = 0.0
     phases = ()
-    if moe and not sh.compile and has_sync(fwd):  # the forward's stretches between the dispatcher's syncs
+    if moe and not sh.compile and waits(fwd):  # the forward's stretches between the host's syncs
         fs, h = [time_ops(gpu, [o]).seconds for o in fwd], roofline.host_seconds_per_kernel()
         stall = sync_stall(fwd, fs, h)
-        if combined_1f1b(setup):
+        if combined_1f1b(setup) and has_sync(fwd):
             bs = [time_ops(gpu, [o]).seconds for o in bwd]
             both = combined_stall(fwd, fs, bwd, bs, h)
             phases = combined_phases(fwd, fs, bwd, bs)

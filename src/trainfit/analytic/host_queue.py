@@ -6,6 +6,8 @@ on the GPU (Megatron's alltoall dispatcher: the D2H copies of the token counts r
 megatron-core 0.16.1 transformer/moe/token_dispatcher.py:438 cuda_dtoh_point "before_permutation_1", :871-895 the
 copies and their event, and the wait on that event before the expert-parallel all-to-all, :663-665 and :897-899
 d2h_event.synchronize()), the stream is drained up to the copies and the host starts the next stretch with no lead.
+A blocking host-to-device copy (DRAIN_OPS: gpt-oss's activation makes its linear offset a device tensor in each
+call, ops/megatron_moe.py quick_geglu_prelude) waits for the whole stream: the same, from that op on.
 The stretch then lasts as the ordered sum of each kernel's max(issue, previous end) + its time, not max(host, GPU)
 over the whole stretch: a run of short kernels the host cannot feed (the per-expert quantises and GEMMs) leaves the
 GPU idle even where long kernels (attention) later in the same stretch would hide the host's total.
@@ -16,12 +18,19 @@ from .ops.op import Op
 
 SYNC_OP = "dispatch_a2a"  # ops/megatron_moe.py dispatch_ops: the all-to-all the host waits before issuing
 D2H_OP = "dispatch_metadata"  # ops/megatron_moe.py dispatch_ops: the preprocess whose last kernels are the D2H copies
+# ops after which the host waits for the stream to finish everything issued (torch's blocking copy: memcpy_and_sync)
+DRAIN_OPS = frozenset({"experts_act_offset"})  # ops/megatron_moe.py quick_geglu_prelude
 
 
 def has_sync(ops: list[Op]) -> bool:
     """Whether a layer's forward waits on the host once (the dispatcher's copies and the all-to-all after them)."""
     names = {o.name for o in ops}
     return SYNC_OP in names and D2H_OP in names
+
+
+def waits(ops: list[Op]) -> bool:
+    """Whether a layer's forward waits on the GPU anywhere: the dispatcher's sync (has_sync) or a blocking copy."""
+    return has_sync(ops) or any(o.name in DRAIN_OPS for o in ops)
 
 
 def _op_end(gpu_free: float, issue_start: float, kernels: float, seconds: float, host: float) -> float:
@@ -37,23 +46,28 @@ def _op_end(gpu_free: float, issue_start: float, kernels: float, seconds: float,
 
 
 def sync_stall(ops: list[Op], seconds: list[float], host: float) -> float:
-    """Seconds per layer the GPU idles, in the steady state of a stack of identical MoE layers each with one host
-    synchronisation (module doc), beyond the layer's GPU time: the period between two successive syncs less the sum
-    of `seconds` (each op's GPU time, in the order of `ops`, one layer's forward). 0 when the list has no sync (a
-    dispatcher that does not wait: ops/moe.py's block) or the host is free (`host` 0)."""
-    if not has_sync(ops) or host <= 0:
+    """Seconds per layer the GPU idles, in the steady state of a stack of identical MoE layers each with its host
+    synchronisations (module doc), beyond the layer's GPU time: the period between two successive layers' first
+    syncs less the sum of `seconds` (each op's GPU time, in the order of `ops`, one layer's forward). 0 when the list
+    has no sync (a dispatcher that does not wait: ops/moe.py's block) or the host is free (`host` 0)."""
+    if not waits(ops) or host <= 0:
         return 0.0
     gpu_t = host_t = 0.0
     syncs, d2h = [], 0.0
     for _ in range(3):  # the first layer starts from an empty stream; the second and third give the steady period
+        first = None
         for op, s in zip(ops, seconds):
             if op.name == SYNC_OP:
                 host_t = max(host_t, d2h)  # d2h_event.synchronize(): the host waits for the copies
-                syncs.append(host_t)
+                first = host_t if first is None else first
             gpu_t = _op_end(gpu_t, host_t, op.kernels, s, host)
             host_t += op.kernels * host
             if op.name == D2H_OP:
                 d2h = gpu_t
+            if op.name in DRAIN_OPS:  # cudaStreamSynchronize after the copy: the host waits for all of it
+                host_t = max(host_t, gpu_t)
+                first = host_t if first is None else first
+        syncs.append(first)
     return max(0.0, syncs[-1] - syncs[-2] - sum(seconds))
 
 

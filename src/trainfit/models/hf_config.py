@@ -47,6 +47,25 @@ def rope_parameters(config: dict) -> tuple[float, str | None, dict]:
     return theta, scaling.get("rope_type", scaling.get("type")), scaling
 
 
+def yarn_attention_factor(config: dict) -> float:
+    """YaRN's attention (concentration) factor, which scales cos and sin: 0.1·ln(factor) + 1, or the ratio of the two
+    mscale forms where mscale and mscale_all_dim are both given (DeepSeek's); 1.0 without YaRN or at factor <= 1
+    (transformers 5.24 modeling_rope_utils.py _compute_yarn_parameters get_mscale; megatron-core 0.16.1
+    models/common/embeddings/yarn_rotary_pos_embedding.py:252-271 _yarn_get_mscale / _yarn_get_concentration_factor,
+    the same formula). NB: an explicit attention_factor in the config is taken as given."""
+    _, kind, scaling = rope_parameters(config)
+    if kind != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling.get("factor", 1.0))
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return mscale() if m is None or m_all is None else mscale(float(m)) / mscale(float(m_all))
+
+
 def _no_constant(token: str):
     raise _NonFinite(token)
 
@@ -1053,6 +1072,7 @@ def _kernel_facts(c: _Cfg) -> dict:
     return dict(
         dropouts=_dropouts(c),
         rotary_fraction=_rotary_fraction(c),
+        rope_attention_factor=yarn_attention_factor(c.d),
         # not a transformers field (it builds no MTP module): DeepSeek-V3's config.json states it; absent: none
         mtp_layers=c.int("num_nextn_predict_layers", default=0, minimum=0),
         classifier_dropout=heads.classifier_dropout(c.d, c.mt),

@@ -25,8 +25,8 @@ The router's force-balance benchmark option (moe/router.py:655-657 apply_random_
 (router_ops; analytic/moe_imbalance.py times the busiest rank's load it leaves). NB: CUDA graphs of the router
 and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
 modelled: pessimistic by their few kernels where a run graphs them. gpt-oss (Megatron-Bridge's GPT-OSS provider:
-expert biases, quick GeGLU with clamp and linear offset) runs the same layer with its fused activation and
-_apply_bias; Llama 4's every-expert block keeps transformers' op list (ops/moe.py). NB: every launch costs the host the
+expert biases, quick GeGLU with clamp and linear offset) runs the same layer with its fused activation after eager
+clamps and a host-synchronising copy (quick_geglu_prelude) and _apply_bias; Llama 4's every-expert block keeps transformers' op list (ops/moe.py). NB: every launch costs the host the
 calibrated eager time per kernel (data/kernels.toml [host], Python-issued aten kernels); TE issues the per-expert
 GEMMs and quantises from a C++ loop (each GEMM with its own cuBLASLt heuristic query), unmeasured here: likely
 pessimistic for those launches.
@@ -36,7 +36,7 @@ from __future__ import annotations
 from ...spec import ModelSpec
 from ..activations import FP32, INDEX
 from .moe import _experts_gemm, expert_dims, moe_block, shared_expert_ops
-from .op import Op, Shape, gemm, memory
+from .op import Op, Shape, bwd_kernel, gemm, memory, no_kernel
 
 SRC = "megatron-core 0.16.1 transformer/moe/"
 BOOL = 1  # bytes of a torch.bool routing-map element
@@ -66,9 +66,11 @@ def megatron_moe_block(spec: ModelSpec, sh: Shape) -> list[Op]:
     ops += _experts_gemm(gemm("experts_in", per_expert, gate * i, h, sh, SRC + "experts.py:670 linear_fc1 "
                               "(TE GroupedLinear)", batch=local, fp8=bool(sh.te))._replace(
         kernels=local, streams=sh.moe_gemm_streams), sh)
-    act = ("experts.py:697-705 weighted_bias_quick_geglu_impl (gpt-oss: clamp, quick GeGLU + 1, · prob, one kernel)"
+    act = ("experts.py:697-705 weighted_bias_quick_geglu_impl (gpt-oss: quick GeGLU + 1, · prob, one kernel)"
            if m.swiglu_limit else "experts.py:689-696 weighted_bias_swiglu_impl (act(gate) · up · prob, one kernel)")
     # (an expert bias of linear_fc1 is added in TE's GEMM epilogue: experts.py:548-549 skip_bias_add False)
+    if m.swiglu_limit:
+        ops += quick_geglu_prelude(rows * i, sh)
     ops.append(memory("experts_act", rows * (gate * i * a + FP32), rows * i * a, SRC + act, "experts_act"))
     ops += _experts_gemm(gemm("experts_out", per_expert, h, i, sh, SRC + "experts.py:748 linear_fc2 (TE GroupedLinear)",
                               batch=local, fp8=bool(sh.te))._replace(kernels=local, streams=sh.moe_gemm_streams), sh)
@@ -120,16 +122,60 @@ def quantization_unpadding(spec: ModelSpec, sh: Shape, rows: float, local: int) 
                   "(moe/experts.py:761-762)", saves=False, kernels=_padding_launches(local))
 
 
+GEGLU_SRC = "megatron-core 0.16.1 fusions/fused_bias_geglu.py:"
+
+
+def quick_geglu_prelude(x: float, sh: Shape) -> list[Op]:
+    """What weighted_bias_quick_geglu_impl runs eagerly before its fused kernel (gpt-oss's clamp_value and
+    linear_offset, fused_bias_geglu.py:424-434) over the routed rows' x = rows · i elements of each half: the two
+    halves' clamps (the glu half from above, the linear half both ways) and their torch.cat, then
+    `torch.tensor(linear_offset, device=...)`, a host-to-device copy that synchronises the host with the stream
+    (torch's copy without non_blocking: memcpy_and_sync, a cudaStreamSynchronize; host_queue.DRAIN_OPS). Backward
+    (tools/autograd/derivatives.yaml clamp: clamp_backward): the cat passes views of its gradient on; each clamp's
+    mask (le; ge, le and logical_and_ for the two-sided one), a zero scalar and where; the chunk's halves concatenated
+    back (split_backward: cat). The moe_act recompute runs them again with the activation (names experts_act_*:
+    megatron_recompute.rerun_ops). NB: without that recompute the clamps save the unclamped fc1 output beside the
+    fused kernel's clamped input (rows · 2i more bytes): not in the activation memory (under there)."""
+    a = x * sh.act
+    m = x * BOOL
+
+    def k(n: str, r: float, w: float, kernels: int = 1) -> Op:
+        return bwd_kernel(f"experts_act_{n}", r, w, kernels=kernels)
+    glu_bwd = (k("clamp_glu.mask", a, m), k("clamp_glu.zero", 0, 0), k("clamp_glu.where", m + a, a),
+               k("chunk.backward", 2 * a, 2 * a))  # (the chunk is the first op: its gradient is made last)
+    linear_bwd = (k("clamp_linear.mask", 2 * a, 2 * m, kernels=2), k("clamp_linear.and", 2 * m, m),
+                  k("clamp_linear.zero", 0, 0), k("clamp_linear.where", m + a, a))
+    return [memory("experts_act_clamp_glu", a, a, GEGLU_SRC + "428 x_glu.clamp(max=clamp_value)", "experts_act",
+                   bwd_ops=glu_bwd),
+            memory("experts_act_clamp_linear", a, a, GEGLU_SRC + "429 x_linear.clamp(-clamp_value, clamp_value)",
+                   "experts_act", bwd_ops=linear_bwd),
+            memory("experts_act_cat", 2 * a, 2 * a, GEGLU_SRC + "426-432 torch.cat of the clamped halves",
+                   "experts_act", saves=False, bwd_ops=(no_kernel("experts_act_cat.backward"),)),
+            memory("experts_act_offset", 0, sh.act, GEGLU_SRC + "434 torch.tensor(linear_offset, device=input.device)",
+                   "experts_act", saves=False, grad=False)]
+
+
 def fc2_bias(spec: ModelSpec, sh: Shape, rows: float, local: int) -> Op:
     """linear_fc2's expert bias, returned by TE (experts.py:571-572 skip_bias_add True) and added per local expert
     by TEGroupedMLP._apply_bias (experts.py:609-626): for each expert `t + b * p` over its rows (the bias times the
     fp32 probabilities: an fp32 [rows, h]; the bf16 output plus it: fp32), torch.cat of the experts' fp32 pieces,
-    and .to() back to the activation dtype: 2 kernels per local expert and 2 more, each over rows x h."""
+    and .to() back to the activation dtype: 2 kernels per local expert and 2 more, each over rows x h. Its backward
+    (autograd, per expert: derivatives.yaml add and mul, engine.cpp validate_outputs' casts): .to()'s gradient up to
+    fp32 once; the cat's pieces are views; then for each expert the gradient cast to the bf16 output's dtype, grad·p
+    and its sum over the rows (the bias's gradient, cast to its dtype), grad·b and its sum over h (the
+    probabilities'): 6 kernels per local expert and 1."""
     h, a = spec.hidden, sh.act
     el = rows * h
     moved = el * (FP32 + (a + FP32 + FP32) + 2 * FP32 + (FP32 + a)) + rows * FP32
+
+    def k(n: str, r: float, w: float, access: str = "vector") -> Op:
+        return bwd_kernel(f"experts_out_bias.{n}", r, w, access, kernels=local)
+    bwd = (bwd_kernel("experts_out_bias.to.backward", el * a, el * FP32, "upcast"),
+           k("out_grad_cast", el * FP32, el * a), k("grad_p", el * FP32 + rows * FP32, el * FP32, "strided"),
+           k("bias_grad_sum", el * FP32, 0), k("bias_grad_cast", 0, 0), k("grad_b", el * FP32, el * FP32, "strided"),
+           k("prob_grad_sum", el * FP32, rows * FP32))
     return memory("experts_out_bias", moved / 2, moved / 2, SRC + "experts.py:609-626 _apply_bias", "combine",
-                  saves=False, kernels=2 * local + 2)
+                  saves=False, kernels=2 * local + 2, bwd_ops=bwd)
 
 
 def router_ops(spec: ModelSpec, sh: Shape) -> list[Op]:

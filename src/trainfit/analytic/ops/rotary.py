@@ -17,6 +17,32 @@ def fused_rotary(name: str, x: float, sh: Shape) -> list[Op]:
     return [memory(f"{name}.rope", x * a, x * a, "megatron fused_apply_rotary_pos_emb", "rope", saves=False)]
 
 
+def megatron_unfused_rotary(name: str, x: float, sh: Shape) -> list[Op]:
+    """Megatron-core's unfused rotary (rope_utils.py:92-126 _apply_rotary_pos_emb_bshd, the fallback of a scaled
+    YaRN: stacks/megatron.toml [rotary] scaled): cos and sin of the [s, d] angles, each times mscale and cast to q's
+    dtype (6 small kernels, their bytes left out: NB under by 2·s·d·(8 + 2) bytes against the x-sized kernels);
+    rotate_half's neg of one half and cat (:75-89); t·cos, rotate_half(t)·sin, their sum; the cat with the empty
+    pass-through part (a copy). Backward (tools/autograd/derivatives.yaml): the cats' and the add's views and
+    pass-throughs, each product's one multiply, neg's, the chunk's halves concatenated back (split_backward), t's two
+    gradients summed, and the slice t[..., :rot_dim] scattered back into zeros (slice_backward: a fill and a copy)."""
+    a = sh.act
+    src = "megatron-core 0.16.1 models/common/embeddings/rope_utils.py:92-126"
+
+    def k(n: str, r: float, w: float, kernels: int = 1) -> Op:
+        return bwd_kernel(f"{name}.rope_{n}", r, w, kernels=kernels)
+    return [memory(f"{name}.rope_tables", 0, 0, src + " (cos/sin · mscale, .to)", "rope", saves=False, grad=False,
+                   kernels=6),
+            memory(f"{name}.rope_neg", x * a / 2, x * a / 2, src, "rope", (x * a, 0), saves=False, **BROADCAST),
+            memory(f"{name}.rope_cat", x * a, x * a, src, "rope", (0, 0), saves=False, bwd_ops=(
+                k("chunk.backward", x * a, x * a),), **BROADCAST),
+            memory(f"{name}.rope_cos", x * a, x * a, src, "rope", (0, 0), saves=False, **BROADCAST),
+            memory(f"{name}.rope_sin", x * a, x * a, src, "rope", (0, 0), saves=False, **BROADCAST),
+            memory(f"{name}.rope_add", 2 * x * a, x * a, src, "rope", (0, 0), saves=False, bwd_ops=(
+                k("grad_sum", 2 * x * a, x * a), k("slice_backward", x * a, 2 * x * a, kernels=2))),
+            memory(f"{name}.rope_out", x * a, x * a, src, "rope", (0, x * a), saves=False,
+                   bwd_ops=(no_kernel(f"{name}.rope_out.backward"),))]
+
+
 def complex_rotary(name: str, x: float, sh: Shape) -> list[Op]:
     """torchtitan (llama3 model.py:164-169): cast to fp32, complex mul, cast back."""
     a = sh.act
@@ -84,4 +110,5 @@ ATTN_CAST = ".attn_cast"  # rope_casts' op names: "q.attn_cast", "k.attn_cast"
 
 
 # rotary implementations by stacks/*.toml [rotary]
-ROTARY = {"fused": fused_rotary, "complex-buffer": complex_rotary, "cos-sin": hf_rotary}
+ROTARY = {"fused": fused_rotary, "complex-buffer": complex_rotary, "cos-sin": hf_rotary,
+          "megatron-unfused": megatron_unfused_rotary}

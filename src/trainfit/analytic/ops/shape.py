@@ -24,6 +24,8 @@ def shape_of(spec: ModelSpec, setup: Setup, st: StateBytes, dtype: str) -> Shape
     facts = setup.stack_facts.facts
     kernel = resolved_kernel(spec, setup)
     rope = setup.stack_facts.fact("rotary")
+    if spec.mla is None and spec.rope_attention_factor != 1.0:  # a fused kernel without a scale: its fallback
+        rope = facts.get("rotary", {}).get("scaled", rope)
     hf_eager = kernel == "eager" and rope == "cos-sin"  # (before SDPA's math path is timed as eager below)
     if kernel == "math":
         kernel = "eager"  # SDPA's math path: bmm + softmax, as eager
