@@ -542,7 +542,10 @@ LOWP_VALIDATION: list[dict] = [
               "but v0.2.0's set_recompute_overrides sets only the modules (utils/helpers.py:178-179; v0.2.1's :180 "
               "adds recompute_granularity 'selective') and Megatron-Core reads them under selective granularity only "
               "(transformer_layer.py:382, moe/experts.py:103): no recompute. Its EP 64 is not the table's EP 8: the "
-              "table's taken."),
+              "table's taken. NB: judged not to fit (187 GiB of a B200's 178) since the activation's clamps are "
+              "counted (a second fc1-wide tensor per routed copy, +25 GiB here, read off megatron-core's own "
+              "weighted_bias_quick_geglu_impl on CPU: tests/analytic/test_megatron_moe.py); the run ran, so an "
+              "over-count elsewhere or a recompute setting not read here remains, unresolved."),
     _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
         notes="Blackwell bf16 run: EP 64, MBS 1, seq 8192."),
     _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312, offload_layers=40,

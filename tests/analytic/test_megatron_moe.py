@@ -202,6 +202,42 @@ def test_gpt_oss_activation_and_fc2_bias_kernels_by_hand():
     assert set(prelude) <= set(rerun)
 
 
+def test_gpt_oss_clamps_save_a_second_fc1_wide_tensor_as_megatron_does_on_cpu():
+    """megatron-core 0.16.1's own weighted_bias_quick_geglu_impl run on CPU under saved_tensors_hooks: with gpt-oss's
+    clamp (7.0) it saves fc1's output (the clamps' inputs) and the clamped cat (the fused kernel's input), 2i wide
+    each; without, fc1's output alone. The analytic per-token expert term (megatron_activations._moe_terms) differs by
+    exactly that per routed copy; under moe_act both sit inside the checkpointed activation and go."""
+    torch = pytest.importorskip("torch")
+    geglu = pytest.importorskip("megatron.core.fusions.fused_bias_geglu")
+    from trainfit.analytic.megatron_activations import _moe_terms
+    from trainfit.analytic.megatron_recompute import dropped
+
+    spec, setup, _ = _run("mbridge-26.04.01-h100-80gb-gpt-oss-120b-bf16")
+    m, rows = spec.moe, 8
+    i = m.expert_intermediate
+
+    def saved(clamp):
+        fc1 = torch.randn(rows, 2 * i, dtype=torch.bfloat16, requires_grad=True) * 1.0
+        probs = torch.rand(rows, 1, requires_grad=True)
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            geglu.weighted_bias_quick_geglu_impl(fc1, None, probs, False, 1.0, clamp)
+        return sum(seen.values())
+    per_copy = (saved(m.swiglu_limit) - saved(None)) / rows
+    assert per_copy == 2 * i * 2  # bf16
+    plain = replace(spec, moe=replace(m, swiglu_limit=0.0))
+    a = 2
+    assert (_moe_terms(spec, setup, a)["expert_hidden"] - _moe_terms(plain, setup, a)["expert_hidden"]) \
+        == m.top_k * per_copy
+    split = {"expert_hidden": _moe_terms(spec, setup, a)["expert_hidden"]}
+    kept = dropped(spec, setup, True, a, 0.0, {}, split)[1]["expert_hidden"]
+    assert kept == m.top_k * a * 2 * i  # moe_act: fc1's output, the checkpoint's input, alone
+
+
 def test_gpt_oss_yarn_scale_takes_megatrons_unfused_rotary():
     """Megatron-Bridge builds gpt-oss with YaRN factor 32 and yarn_mscale None: the concentration factor is
     0.1·ln 32 + 1 (yarn_rotary_pos_embedding.py:252-271), which TE's fused RoPE cannot take (rope_utils.py:279-284):

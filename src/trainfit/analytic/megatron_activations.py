@@ -174,16 +174,24 @@ def _moe_terms(spec: ModelSpec, setup: Setup, a: int) -> dict:
     t + b·p, :609-625) and the combine unpermutes without them (token_dispatcher.py:833-840, no probs; TE v2.10
     permutation.py:375-378 _moe_unpermute_mask_map saves only row_id_map without merging_probs).
     As 'split by TP' terms (÷t: the rank's tokens/t); layer_terms scales them to the busiest EP rank's load.
+    gpt-oss's clamps before its fused activation (fusions/fused_bias_geglu.py:424-432) save fc1's output while the
+    fused kernel saves their clamped cat: 2i more per copy (clamped).
     NB: without SP (Megatron requires it for MoE with TP > 1) counted as with SP."""
     m = spec.moe
     k, i = m.top_k, m.expert_intermediate
     gate = 2 if spec.gated_mlp else 1
     out = {"expert_tokens": k * a * spec.hidden * setup.expert_tp,
-           "expert_hidden": k * a * i * (gate + 1)}
+           "expert_hidden": k * a * i * (gate + 1 + clamped(spec))}
     if m.shared_intermediate:
         s = m.shared_intermediate
         out["shared_expert"] = a * s * (gate + 1)  # SharedExpertMLP: an ordinary MLP, column/row-parallel over tp
     return out
+
+
+def clamped(spec: ModelSpec) -> int:
+    """Features per routed copy the clamps' cat adds to the saved tensors (_moe_terms): gate (2i wide) for a clamped
+    GLU (gpt-oss's swiglu_limit), else 0."""
+    return (2 if spec.gated_mlp else 1) if spec.moe is not None and spec.moe.swiglu_limit else 0
 
 
 def layer_input(spec: ModelSpec, setup: Setup) -> float:

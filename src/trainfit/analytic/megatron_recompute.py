@@ -89,6 +89,8 @@ def dropped(spec: ModelSpec, setup: Setup, moe: bool, act: int, stat: float, rep
     """The layer's saved terms (megatron_activations.layer_terms: `rep` replicated, `split` by TP, bytes per
     token) less what the recomputed modules do not keep; core_attn is applied by layer_terms itself (the attention
     kernel's terms are never made). `act`: bytes of an activation; `stat`: of one norm's statistics."""
+    from .megatron_activations import clamped  # (which imports this module)
+
     names = modules(setup)
     rep, split = dict(rep), dict(split)
     h = spec.hidden
@@ -113,8 +115,9 @@ def dropped(spec: ModelSpec, setup: Setup, moe: bool, act: int, stat: float, rep
             drop(split, key)
         drop(rep, "router")
     if moe and "moe_act" in names and "expert_hidden" in split:
-        # expert_hidden = top_k × (fc1's output + the activation's output): the latter, i wide per copy
-        drop(split, "expert_hidden", spec.moe.top_k * act * spec.moe.expert_intermediate)
+        # expert_hidden = top_k × (fc1's output + the activation's output [+ the clamps' cat]): the latter, i wide
+        # per copy, and the cat, both inside the checkpointed activation (its input, fc1's output, kept)
+        drop(split, "expert_hidden", spec.moe.top_k * act * spec.moe.expert_intermediate * (1 + clamped(spec)))
     if moe and "shared_experts" in names:
         drop(split, "shared_expert")
     if "mla_up_proj" in names and spec.mla is not None:

@@ -134,8 +134,8 @@ def quick_geglu_prelude(x: float, sh: Shape) -> list[Op]:
     (tools/autograd/derivatives.yaml clamp: clamp_backward): the cat passes views of its gradient on; each clamp's
     mask (le; ge, le and logical_and_ for the two-sided one), a zero scalar and where; the chunk's halves concatenated
     back (split_backward: cat). The moe_act recompute runs them again with the activation (names experts_act_*:
-    megatron_recompute.rerun_ops). NB: without that recompute the clamps save the unclamped fc1 output beside the
-    fused kernel's clamped input (rows · 2i more bytes): not in the activation memory (under there)."""
+    megatron_recompute.rerun_ops). Without that recompute the clamps save the unclamped fc1 output beside the
+    fused kernel's clamped input (megatron_activations.clamped)."""
     a = x * sh.act
     m = x * BOOL
 
