@@ -229,6 +229,15 @@ def test_fixed_tp_and_pp_constrain_the_search_before_the_top(l8b, cli):
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
 
 
+def test_a_stack_that_runs_no_fixed_split_says_so_beside_the_others_plans(l8b):
+    """--pp 2 planned on hf and torchtitan: torchtitan's plans are ranked, and the result says in a note why hf has
+    none (stacks/hf.toml [model_parallel]: the HF Trainer runs no pipeline), instead of dropping it silently."""
+    r = search(l8b, get_gpu("H100-80GB"), PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, pp=2, top=3,
+                                                    stacks=("hf", "torchtitan")))
+    assert r.candidates and {c.setup.stack for c in r.candidates} == {"torchtitan"}
+    assert [n for n in r.notes if n.startswith("--stack hf runs no pipeline split")]
+
+
 def test_reserve_is_the_only_margin(cli):
     """The plan keeps free what `--reserve` says (GiB, the estimate's run setting) and nothing else; --margin is
     refused in one line pointing at --reserve."""

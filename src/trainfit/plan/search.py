@@ -141,13 +141,18 @@ class PlanQuery:
             v = getattr(self, name)
             if v is not None and (v < 1 or self.gpus % v):
                 raise SetupError(f"--{name} {v} must be a positive divisor of --gpus {self.gpus}")
-        whys = [get_stack(x).splits_model(self.tp or 1, self.pp or 1) for x in self.stacks]
-        if all(whys):  # a fixed split no planned stack runs (stacks/*.toml [model_parallel]) is refused, not an empty plan
-            raise SetupError(whys[0])
+        refused = self.split_refusals()
+        if len(refused) == len(self.stacks):  # a fixed split no planned stack runs is refused, not an empty plan
+            raise SetupError(refused[self.stacks[0]])
         if self.top < 1:
             raise SetupError(f"--top must be >= 1, got {self.top}")
         if any(k not in KNOBS for k in self.knobs):
             raise SetupError(f"knobs {', '.join(self.knobs)}: give some of {', '.join(KNOBS)}")
+
+    def split_refusals(self) -> dict[str, str]:
+        """{stack: why} for the planned stacks that do not run the fixed --tp/--pp split (stacks/*.toml
+        [model_parallel]): they plan nothing, said in the result's notes."""
+        return {x: why for x in self.stacks if (why := get_stack(x).splits_model(self.tp or 1, self.pp or 1))}
 
     def precisions_for(self, stack: str) -> tuple[str, ...]:
         given = self.precisions if self.precisions is not None else get_stack(stack).plan_precisions
@@ -370,7 +375,7 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     elapsed = time.perf_counter() - t0
     stats.update(seconds=elapsed, engine_calls=oracle.calls,
                  searched_per_second=stats["searched"] / elapsed if elapsed > 0 else float("inf"))
-    result = PlanResult(spec.name, gpu, q, cands, stats)
+    result = PlanResult(spec.name, gpu, q, cands, stats, notes=tuple(q.split_refusals().values()))
     if not cands:
         from .diagnose import diagnose
 
