@@ -194,3 +194,17 @@ def test_every_setting_has_a_concern_and_the_modes_follow_it():
     names = re.findall(r'<(?:input|select)[^>]* id="([a-z_0-9]+)"', html)
     assert sorted(names) == sorted(s.name for s in SETTINGS)
     assert "Serving (--mode serve)" in re.findall(r"<legend>([^<]*)", html)
+
+
+@pytest.mark.parametrize("kw, words", [({"mode": "infer", "grad_accum": 1}, "--grad-accum applies to train/rl only"),
+                                       ({"rl_algo": "grpo"}, "--rl-algo applies to rl only")])
+def test_the_api_refuses_a_keyword_given_at_its_default_where_it_does_not_apply(kw, words):
+    """trainfit.estimate(**settings), like the CLI's written flags: a keyword the mode does not read is refused in one
+    line even at its default value (its value alone cannot tell it from one not given); left out, it is fine."""
+    import trainfit
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match=words) as e:
+        trainfit.estimate("tiny-llama", **kw)
+    assert "\n" not in str(e.value)
+    assert trainfit.estimate("tiny-llama", mode=kw.get("mode", "train")).memory.peak > 0

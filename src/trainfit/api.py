@@ -9,7 +9,7 @@ from . import engines
 from .engines import ENGINES
 from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate
-from .setup import Request, Setup, run_settings
+from .setup import Request, Setup, refuse_written, run_settings
 
 __all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "trace", "measure", "measure_ranks", "run_engines",
            "compare", "resolve", "load_spec", "load_gpu", "gpu_of", "trace_factory", "catalog_models", "vision_models",
@@ -27,7 +27,9 @@ def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
     """
     if engine == "all":
         raise SetupError("estimate() returns one Estimate: pick analytic, trace or measure (run_engines for several)")
-    return run_engines(Request(model=model, **settings), engine)[0]
+    req = Request(model=model, **settings)
+    refuse_written(frozenset(settings), req.mode)  # a keyword given at its default is refused too where it does not apply
+    return run_engines(req, engine)[0]
 
 
 def load_spec(model: str):
