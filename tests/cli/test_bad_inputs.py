@@ -111,6 +111,11 @@ CASES = [
     C("estimate tiny-llama --rl-algo grpo", "--rl-algo applies to rl only"),
     C("estimate tiny-llama --mode infer --grad-accum 1", "--grad-accum applies to train/rl only"),
     C("estimate tiny-llama --mode train --max-num-seqs 256", "--max-num-seqs applies to serve only"),
+    # a --reserve or --gpu-memory that leaves the step nothing is the question's error, not a negative capacity
+    C("estimate llama-3.2-1b --gpu H100-80GB --reserve 100", "leave nothing for the step"),
+    C("estimate llama-3.2-1b --gpu H100-80GB --gpu-memory 0.001", "leave nothing for the step"),
+    C("fit llama-3.1-8b --gpu H100-80GB --reserve 100", "leave nothing for the step"),
+    C("fit llama-3.1-8b --gpu H100-80GB --longest-context --seq 4096", "drop --seq"),
     # ---- the caching allocator's settings (issue 13) ------------------------------------------------------------
     C("estimate tiny-llama --alloc-conf max_split_size_mb:5", "max_split_size_mb too small"),
     C("estimate tiny-llama --alloc-conf expandable_segment:True", "unknown key"),

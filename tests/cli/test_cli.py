@@ -79,3 +79,19 @@ def test_startup_does_not_import_torch():
     code = ("import sys, trainfit.cli, trainfit.api, trainfit.engines, trainfit.analytic.engine, trainfit.plan.verify, "
             "trainfit.report.html; sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_trace_prints_no_profiler_chatter_on_stderr():
+    """The trace engine's CPU kernel probes open torch profiler sessions; torch 2.13's libkineto prints a "USDT: ...
+    profiler_start/stop" pair to stderr for each (hundreds in an RL trace). The CLI sets KINETO_LOG_LEVEL above its
+    levels unless the user set one: a trace's stderr stays empty. (A fresh process: kineto reads the level once.)"""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    run = subprocess.run([sys.executable, "-c", "from trainfit.cli import main; main(['estimate', 'tiny-llama', "
+                          "'--engine', 'trace', '--device', 'cpu'])"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "USDT" not in run.stderr and "profiler_start" not in run.stderr, run.stderr[:500]

@@ -24,10 +24,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import overheads
+from ..errors import SetupError
 from ..estimate import Fit
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
+from ..units import fmt_bytes
 
 
 def reserve_bytes(reserve: float) -> int:
@@ -111,6 +113,10 @@ def verdict(gpu: GPU, setup: Setup, needed: int, reserve: int = 0, paged: int = 
     allocator, overheads.with_paged), resident in what the step leaves and evicted to the host beyond it, so they
     take headroom but never make a step not fit."""
     cap = capacity(gpu, setup, reserve)
+    if cap <= 0:  # nothing left for the step: the question is wrong, not the step too large
+        raise SetupError(f"{gpu.name}: its {fmt_bytes(gpu.memory)} less --reserve {fmt_bytes(reserve)} and the "
+                         f"fixed overheads {fmt_bytes(overheads.fixed_bytes(gpu, setup))} (CUDA context, cuBLAS "
+                         "workspace, NCCL) leave nothing for the step; lower --reserve or raise --gpu-memory")
     resident = min(paged, max(0, cap - needed))
     headroom = cap - needed - resident
     return Fit(gpu=gpu.name, gpu_memory=gpu.memory, capacity=cap, required=needed + resident, headroom=headroom,

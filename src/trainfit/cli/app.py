@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from typing import Optional
 
@@ -350,6 +351,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("torchao").setLevel(logging.ERROR)
     # and registers its enums with torch's deprecated pytree register_constant (torch/utils/_pytree.py:630 warns)
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    # bitsandbytes (0.50.2) on an AVX512-BF16 CPU looks for the hub's `kernels` package for its 4-bit CPU GEMM when
+    # imported (transformers' quantizer probe imports it) and warns when it is absent (backends/cpu/ops.py:242-255):
+    # its own fallback runs, nothing the user asked for
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # torch 2.13's libkineto prints "USDT: ... profiler_start / profiler_stop" to stderr for each profiler session the
+    # trace engine's CPU kernel probes open (hundreds in an RL trace); it reads KINETO_LOG_LEVEL when the first session
+    # starts, and 6 is above its levels. A level the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     command = _click_command()
     try:
         command.main(args=argv, prog_name="trainfit", standalone_mode=False)

@@ -28,8 +28,11 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
       trainfit fit qwen2.5-7b --gpu A100-80GB --seq 4096 --json
     """
     from .. import api
+    from ..analytic.fit_rule import reserve_bytes, verdict
     from ..errors import SetupError
+    from ..setup import BY_NAME
     from ..studies.fit_advice import fastest_that_fit
+    from .options import written
 
     if req.gpu is None:
         raise SetupError("trainfit fit judges a GPU: give --gpu NAME (see `trainfit gpus`)")
@@ -38,7 +41,10 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
                          "`trainfit plan --mode serve`")
     spec = api.token_model(req.model, "fit")
     setup, gpu = req.setup(spec), api.gpu_of(req)
+    verdict(gpu, setup, 0, reserve_bytes(req.reserve))  # a --reserve / --gpu-memory that leaves nothing: one line
     if longest_context:
+        if "seq" in written([BY_NAME["seq"]]):
+            raise SetupError("--longest-context finds the longest --seq that fits: drop --seq")
         return longest(req, spec, setup, gpu, json)
     with spinner(f"searching setups of {req.model} that fit {gpu.name}", quiet=json):
         found = fastest_that_fit(spec, setup, gpu, reserve=req.reserve)
