@@ -26,10 +26,9 @@ ENGINES = ("analytic", "trace", "measure", "all")
 def check_stack(setup: Setup, engine: str) -> None:
     """Refuse, in one line, what the trace or measure `engine` does not run for this setup's mode and stack."""
     if setup.mode == "serve":
-        flag = "--measure, no --engine measure" if engine == "measure" else f"no --engine {engine}"
         raise SetupError(f"--mode serve models a serving engine's start-up on a GPU (analytic/serving.py), which the "
-                         f"{engine} engine does not run: use trainfit estimate --mode serve with the analytic engine "
-                         f"(without {flag})")
+                         f"{engine} engine does not run: use `trainfit estimate --mode serve` (the analytic engine"
+                         + ("; without --measure or --engine measure)" if engine == "measure" else ")"))
     if setup.mode == "rl":
         if setup.device != "cpu" or setup.rollout != "hf" or setup.rl_algo != "grpo" or setup.reward_model:
             raise SetupError(f"--engine {engine} --mode rl runs the minimal GRPO step (step/grpo.py) with CPU "

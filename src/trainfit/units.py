@@ -46,14 +46,16 @@ def fmt_seconds(s: float) -> str:
 _COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
 
 
-def parse_count(text: str, flag: str = "--tokens") -> float:
-    """'4M' -> 4e6, '15T' -> 1.5e13, '1e12' -> 1e12: a positive, finite count of tokens.
+def parse_count(text: str, flag: str = "--tokens", unit: str = "tokens",
+                examples: tuple[str, ...] = ("15T", "4M", "1e12")) -> float:
+    """'4M' -> 4e6, '15T' -> 1.5e13, '1e12' -> 1e12: a positive, finite count of tokens (or of `unit`).
 
-    Used for --tokens and --global-batch-tokens; `flag` is the option named in the error (a one-line
-    SetupError saying what is wrong, with a valid example) for a malformed, unknown-suffix, NaN, infinite,
-    zero or negative count.
+    Used for --tokens and --global-batch-tokens (and bytes: setup/parsers.py parse_byte_count); `flag` is the
+    option named in the error (a one-line SetupError saying what is wrong, with valid `examples`) for a malformed,
+    unknown-suffix, NaN, infinite, zero or negative count.
     """
-    example = f"e.g. {flag} 15T, {flag} 4M or {flag} 1e12"
+    example = "e.g. " + ", ".join(f"{flag} {x}" for x in examples[:-1]) + f" or {flag} {examples[-1]}" \
+        if len(examples) > 1 else f"e.g. {flag} {examples[0]}"
     t = str(text).strip().upper()
     body, mult = t, 1.0
     if t and t[-1] in _COUNT_SUFFIXES:
@@ -67,9 +69,9 @@ def parse_count(text: str, flag: str = "--tokens") -> float:
                else "not a number")
         raise SetupError(f"{flag} {text!r}: {why}; give a count like {example[5:]}") from None
     if math.isnan(value) or math.isinf(value):
-        raise SetupError(f"{flag} {text!r} is not a finite count; give a positive number of tokens, {example}")
+        raise SetupError(f"{flag} {text!r} is not a finite count; give a positive number of {unit}, {example}")
     if value <= 0:
-        raise SetupError(f"{flag} {text!r} must be a positive number of tokens, {example}")
+        raise SetupError(f"{flag} {text!r} must be a positive number of {unit}, {example}")
     return value
 
 

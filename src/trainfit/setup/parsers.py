@@ -153,7 +153,7 @@ def parse_byte_count(text, flag: str = "--kv-cache-memory") -> int:
     """A whole number of bytes, with the K, M, G, T suffixes of 1000 (units.parse_count): '40G' -> 40e9."""
     from ..units import parse_count
 
-    value = parse_count(text, flag)
+    value = parse_count(text, flag, "bytes", ("40G", "4e10"))
     if value != int(value):
         raise SetupError(f"{flag} {text!r} is not a whole number of bytes; e.g. {flag} 40G")
     return int(value)
