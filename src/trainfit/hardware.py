@@ -228,7 +228,7 @@ def load_gpu_file(path: str) -> GPU:
     """A GPU described in a JSON or TOML file with the catalog's fields (data/gpus.json), validated field by field;
     any mistake is one line naming the field and the fix. The one place a GPU reference reaches the file system:
     refused under references.catalog_only."""
-    from .references import catalog_only_rule, check_name
+    from .references import catalog_only_rule, check_name, not_a_file
 
     path = path.strip()
     if catalog_only_rule() is not None:
@@ -236,9 +236,10 @@ def load_gpu_file(path: str) -> GPU:
     check_name(path, "gpu", GPUFileError)
     where = f"GPU file {path}"
     toml = path.lower().endswith(".toml")
-    if not os.path.isfile(path):
-        raise GPUFileError(f"{where} not found: give a catalog name (see `trainfit gpus`) or a .json/.toml file "
-                           "with the catalog's fields")
+    why = not_a_file(path)
+    if why:
+        raise GPUFileError(f"{where}: {why}: give a catalog name (see `trainfit gpus`) or a .json/.toml file with "
+                           "the catalog's fields")
     try:
         with open(path, "rb") as f:
             raw = f.read()

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SnapshotError
+from .references import not_a_file
 
 TENSOR_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "inputs_and_other",
                      "unattributed")
@@ -58,8 +59,9 @@ class _DataOnly(pickle.Unpickler):
 def load(path: str | Path) -> dict:
     """The snapshot dict ({"segments": [...], "device_traces": [...]}) in `path`, or a SnapshotError saying why not."""
     p = Path(path)
-    if not p.is_file():
-        raise SnapshotError(f"{path}: no such file (save one with torch.cuda.memory._dump_snapshot(path))")
+    why = not_a_file(p)
+    if why:
+        raise SnapshotError(f"{path}: {why} (save a snapshot with torch.cuda.memory._dump_snapshot(path))")
     how = "torch.cuda.memory._dump_snapshot(path)"
     try:
         if zipfile.is_zipfile(p):

@@ -74,3 +74,13 @@ def check_name(ref: str, field: str, error: type[Exception] = ConfigError) -> No
     if len(raw) > PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
         raise error(f"{field} {shown(ref)}: name too long ({len(raw)} bytes; a file name has at most {NAME_MAX}): "
                     "pass a catalog name or a file's path")
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """Why `path` is no regular file to read (None when it is one): missing, a folder, or a device or pipe
+    (/dev/null reads as empty): each said as it is, not all as "no such file"."""
+    if os.path.isfile(path):
+        return None
+    if os.path.isdir(path):
+        return "a folder, not a file"
+    return "not a regular file" if os.path.exists(path) else "no such file"

@@ -176,6 +176,10 @@ CASES = [
     C("estimate '   '", "model"),
     C("estimate nobody/not-a-cached-model", "not in the local HF cache"),
     C("estimate /nonexistent/config.json", "no such file"),
+    # a folder or a device where a file is read is said as it is (references.not_a_file), not "no such file"
+    C("check {tmp} --gpu H100-80GB", "a folder, not a file"),
+    C("check /dev/null --gpu H100-80GB", "not a regular file"),
+    C("estimate llama-3.1-8b --gpu {tmp}", "a folder, not a file"),
     C("estimate ./missing-folder/", "no such file"),
     C("estimate {tmp}", "config.json", id="estimate <folder without config.json>"),
     C("compare no-such-model", "unknown model"),

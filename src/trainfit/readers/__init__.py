@@ -9,6 +9,7 @@ from importlib import import_module
 from pathlib import Path
 
 from ..errors import SetupError
+from ..references import not_a_file
 
 READERS = ("torchtitan", "megatron", "deepspeed", "accelerate", "hf_args", "trl", "axolotl", "llamafactory", "vllm",
            "sglang")
@@ -105,8 +106,9 @@ def read(path: str | Path, dp: int | None = None) -> Reading:
     """The Reading of one file, by the reader of its stack; `dp` (--dp): the data-parallel ranks when the file
     leaves them to the launch (torchtitan's data_parallel_shard_degree -1)."""
     p = Path(path)
-    if not p.is_file():
-        raise SetupError(f"{path}: no such file: give the path of your config or launch script")
+    why = not_a_file(p)
+    if why:
+        raise SetupError(f"{path}: {why}: give the path of your config or launch script")
     text = p.read_text(encoding="utf-8", errors="replace")
     kind = kind_of(p, text)
     return import_module(f"{__package__}.{kind}").read(p, text, dp)
