@@ -251,6 +251,10 @@ CASES = [
     C("estimate opt-125m --mode infer --seq 2048", "learned positions"),
     C("compare gpt2 --seq 4096", "learned positions"),
     C("sweep llama-3.1-8b --vary batch 1:4 --tp 3", "--tp 3"),
+    # a swept value or knob the setting's definition or the mode refuses is one line, not rows of n/a
+    C("sweep llama-3.1-8b --vary zero 0:5", "--zero 4 is not supported"),
+    C("sweep llama-3.1-8b --vary recompute none,bogus", "'bogus' is not supported"),
+    C("sweep llama-3.1-8b --vary zero 0:3 --mode infer", "--zero applies to train/rl only"),
     C("sweep gpt2 --vary batch 1:4 --seq 2048", "learned positions"),
     C("report llama-3.1-8b --stack megatron --pp 5 -o {tmp}/r.html", "--pp 5"),
     C("measure tiny-llama --device cpu --zero 1", "--dp"),
