@@ -116,6 +116,8 @@ CASES = [
     C("estimate llama-3.2-1b --gpu H100-80GB --gpu-memory 0.001", "leave nothing for the step"),
     C("fit llama-3.1-8b --gpu H100-80GB --reserve 100", "leave nothing for the step"),
     C("fit llama-3.1-8b --gpu H100-80GB --longest-context --seq 4096", "drop --seq"),
+    C("fit llama-3.1-8b --gpu H100-80GB --mode rl", "use `trainfit estimate --mode rl`"),
+    C("fit llama-3.1-8b --gpu H100-80GB --mode serve", "`trainfit plan --mode serve`"),
     # ---- the caching allocator's settings (issue 13) ------------------------------------------------------------
     C("estimate tiny-llama --alloc-conf max_split_size_mb:5", "max_split_size_mb too small"),
     C("estimate tiny-llama --alloc-conf expandable_segment:True", "unknown key"),
