@@ -329,7 +329,7 @@ def test_user_gpu_file_errors_name_the_field_and_the_fix(tmp_path, cli, change, 
 def test_user_gpu_file_unreadable_or_absent(tmp_path, cli):
     bad = tmp_path / "x.toml"
     bad.write_text("memory = [")
-    for path, words in ((bad, ["cannot be read as TOML"]), (tmp_path / "none.json", ["not found", "trainfit gpus"])):
+    for path, words in ((bad, ["cannot be read as TOML"]), (tmp_path / "none.json", ["no such file", "trainfit gpus"])):
         code, _, err = cli("estimate", "llama-3.2-1b", "--gpu", str(path))
         assert code == 2 and len(err.strip().splitlines()) == 1 and all(w in err for w in words), err
     (tmp_path / "list.json").write_text("[1, 2]")
