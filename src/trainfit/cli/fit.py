@@ -38,9 +38,8 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
         raise SetupError("trainfit fit judges a GPU: give --gpu NAME (see `trainfit gpus`)")
     if req.mode != "train":
         raise SetupError(f"trainfit fit answers for a training step (--mode train), not --mode {req.mode}: use "
-                         + ("`trainfit estimate --mode rl`" if req.mode == "rl" else
-                            "`trainfit estimate --mode serve` or `trainfit plan --mode serve`" if req.mode == "serve"
-                            else f"`trainfit estimate --mode {req.mode}`"))
+                         f"`trainfit estimate --mode {req.mode}`"
+                         + (" or `trainfit plan --mode serve`" if req.mode == "serve" else ""))
     spec = api.token_model(req.model, "fit")
     setup, gpu = req.setup(spec), api.gpu_of(req)
     verdict(gpu, setup, 0, reserve_bytes(req.reserve))  # a --reserve / --gpu-memory that leaves nothing: one line

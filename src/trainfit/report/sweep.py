@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .. import api
 from ..errors import SetupError, TrainfitError
 from ..estimate import Estimate
-from ..setup import BY_NAME, check_value
+from ..setup import BY_NAME, check_value, refuse_written
 
 # knob -> (Request field, numeric?, axis label)
 KNOBS = {
@@ -166,12 +166,9 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
                          "trainfit estimate --mode serve, or trainfit plan --mode serve to compare GPUs and TP")
     vals = parse_values(vary, values) if isinstance(values, str) else list(values)
     field_name = KNOBS[vary][0]
-    setting = BY_NAME[field_name]
-    if req.mode not in setting.meta.modes:  # a knob the mode does not read would sweep nothing
-        raise SetupError(f"--vary {vary}: {setting.flag} applies to {'/'.join(setting.meta.modes)} only, not "
-                         f"--mode {req.mode}")
+    refuse_written(frozenset({field_name}), req.mode)  # a knob the mode does not read would sweep nothing
     for v in vals:  # the setting's own definition: a value it refuses is one line, not a row of n/a
-        check_value(setting, v, req.mode)
+        check_value(BY_NAME[field_name], v, req.mode)
     lists = {k: split_list(v) for k, v in (variants or {}).items() if v}
     for k in lists:
         if k not in VARIANT_KNOBS:

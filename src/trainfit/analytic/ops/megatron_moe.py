@@ -26,10 +26,10 @@ The router's force-balance benchmark option (moe/router.py:655-657 apply_random_
 and preprocess (cuda_graph_scope moe_router / moe_preprocess: one graph launch in place of their kernels) are not
 modelled: pessimistic by their few kernels where a run graphs them. gpt-oss (Megatron-Bridge's GPT-OSS provider:
 expert biases, quick GeGLU with clamp and linear offset) runs the same layer with its fused activation after eager
-clamps and a host-synchronising copy (quick_geglu_prelude) and _apply_bias; Llama 4's every-expert block keeps transformers' op list (ops/moe.py). NB: every launch costs the host the
-calibrated eager time per kernel (data/kernels.toml [host], Python-issued aten kernels); TE issues the per-expert
-GEMMs and quantises from a C++ loop (each GEMM with its own cuBLASLt heuristic query), unmeasured here: likely
-pessimistic for those launches.
+clamps and a host-synchronising copy (quick_geglu_prelude) and _apply_bias; Llama 4's every-expert block keeps
+transformers' op list (ops/moe.py). NB: every launch costs the host the calibrated eager time per kernel
+(data/kernels.toml [host], Python-issued aten kernels); TE issues the per-expert GEMMs and quantises from a C++ loop
+(each GEMM with its own cuBLASLt heuristic query), unmeasured here: likely pessimistic for those launches.
 """
 from __future__ import annotations
 
