@@ -49,6 +49,9 @@ def assert_one_line_error(r, words: str | None = None) -> None:
 M = {"model": "llama-3.1-8b"}
 
 BAD_GET = [
+    # a parameter that is no knob: refused, never run at the default it would leave (a misspelt one named)
+    ({**M, "bacth": 4}, "did you mean batch"),
+    ({**M, "seq_len": 4096}, "unknown parameter"),
     # models
     ({"model": "no-such-model"}, "unknown model"),
     ({}, "choose a model"),
@@ -128,6 +131,7 @@ def test_bad_estimate_query(client, params, words):
 
 
 BAD_BODIES = [
+    ({"model": "llama-3.1-8b", "seqlen": 4096}, "did you mean seq"),
     # pasted config.json: text
     ({"config": "{not json"}, "not valid JSON"),
     ({"config": "[1, 2]"}, "JSON object"),
@@ -209,6 +213,7 @@ def test_nested_too_deep(client, raw):
 
 
 BAD_TIMELINE = [
+    ({"model": "llama-3.1-8b", "zzz": 1}, "unknown parameter"),
     ({"model": "llama-3.1-8b", "batch": 0}, "--batch"),
     ({"model": "llama-3.1-8b", "tp": 2}, "--tp"),
     ({"model": "llama-3.1-8b", "pp": 2, "grad_accum": 2}, "--pp"),  # the trace runs one process: pipelines are analytic only
@@ -228,6 +233,13 @@ BAD_TIMELINE = [
 @pytest.mark.parametrize("params,words", BAD_TIMELINE, ids=_id)
 def test_bad_timeline_query(client, params, words):
     assert_one_line_error(client.get("/api/timeline.svg", params=params), words)
+
+
+@pytest.mark.parametrize("route", ["/api/estimate", "/api/timeline.svg"])
+def test_repeated_query_key(client, route):
+    """batch=4&batch=8: one line naming the key, not the last value silently taken."""
+    r = client.get(route, params=[("model", "llama-3.1-8b"), ("batch", "4"), ("batch", "8")])
+    assert_one_line_error(r, "batch: given more than once")
 
 
 def test_corpus_size():

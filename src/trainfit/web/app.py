@@ -17,7 +17,8 @@ Past the limit the answer is HTTP 503 with {"error": "stopped after N s (the tim
 --time-limit`): ..."}; sizes beyond what the engines can run are refused before any work (trainfit/limits.py).
 
 Every error a user can cause answers HTTP 400 (a TrainfitError: unknown model, batch 0, tp not dividing the
-heads, a malformed pasted config) or 422 (a parameter of the wrong type), with the body {"error": "<one line>"}.
+heads, a malformed pasted config, a query parameter given twice) or 422 (a parameter of the wrong type, or one that
+is no setting: never ignored), with the body {"error": "<one line>"}.
 The app computes nothing itself: the numbers come from trainfit.api and the formatting from trainfit.report.
 """
 from __future__ import annotations
@@ -60,8 +61,9 @@ def _knob_type(s: Setting):
 
 
 # The setup knobs, generated from trainfit.setup.SETTINGS with the CLI's defaults (query parameters or JSON body
-# fields): the same names, defaults and validation as `trainfit estimate`. Blank fields take the defaults.
-Knobs = create_model("Knobs", __config__=ConfigDict(extra="ignore"), model=(Optional[str], None),
+# fields): the same names, defaults and validation as `trainfit estimate`. Blank fields take the defaults; a name
+# that is none of them is refused (a misspelt knob would otherwise run the estimate at its default: _unknown_field).
+Knobs = create_model("Knobs", __config__=ConfigDict(extra="forbid"), model=(Optional[str], None),
                      **{s.name: (_knob_type(s), s.request_default) for s in SETTINGS})
 
 
@@ -272,8 +274,28 @@ def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err.get("loc", ()) if x not in ("query", "body"))
-        parts.append(f"{loc or 'request'}: {err.get('msg', 'invalid value')}")
+        parts.append(_unknown_field(loc) if err.get("type") == "extra_forbidden" else
+                     f"{loc or 'request'}: {err.get('msg', 'invalid value')}")
     return "; ".join(parts) or "invalid request"
+
+
+def _unknown_field(name: str) -> str:
+    """A parameter that is no knob: named, with the closest knob (the CLI's flag names with _ for -)."""
+    from difflib import get_close_matches
+
+    near = get_close_matches(name.replace("-", "_"), list(PastedKnobs.model_fields), n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    return (f"{name}: unknown parameter; {hint}the parameters are `trainfit estimate`'s settings with _ for - "
+            "(see /api/openapi.json)")
+
+
+def _once(request: HTTPRequest) -> None:
+    """A query parameter given twice is refused (one value would silently win)."""
+    seen = set()
+    for name, _ in request.query_params.multi_items():
+        if name in seen:
+            raise SetupError(f"{name}: given more than once; give each parameter once")
+        seen.add(name)
 
 
 DEFAULT_TIME_LIMIT = cancel.DEFAULT_TIME_LIMIT
@@ -372,6 +394,7 @@ def create_app(time_limit: float = DEFAULT_TIME_LIMIT) -> FastAPI:
     @app.get("/api/estimate")
     async def get_estimate(request: HTTPRequest, knobs: Annotated[Knobs, Query()]) -> JSONResponse:
         """The analytic estimate for a catalog model: exactly `trainfit estimate MODEL ... --json`."""
+        _once(request)
         return JSONResponse(await bounded(app, request, _catalog_estimate, knobs))
 
     @app.post("/api/estimate")
@@ -385,6 +408,7 @@ def create_app(time_limit: float = DEFAULT_TIME_LIMIT) -> FastAPI:
 
     @app.get("/api/timeline.svg")
     async def get_timeline(request: HTTPRequest, knobs: Annotated[Knobs, Query()]) -> Response:
+        _once(request)
         return Response(await bounded(app, request, _timeline_of, knobs), media_type="image/svg+xml")
 
     @app.get("/api/models")
