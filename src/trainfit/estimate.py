@@ -262,7 +262,8 @@ class Detail:
       trace     timeline, top_tensors, activations_by_module (bytes), baseline (bytes by kind), storages (count),
                 trace_seconds (s), segments (the allocator simulator's, bytes -> count), flops_by_module,
                 decode_flops (inference), cpu_isa, kernel_scratch (CPU runs), extrapolated_from_layers,
-                timeline_layers, reserved_from (extrapolated traces)
+                timeline_layers, reserved_from (extrapolated traces), example_batch (a user's module traced on
+                inputs without token ids, trace/user.py: name -> [shape, dtype]; its FLOPs per_token are per sample)
       measure   phase_peaks, baseline, inputs, rss_peak, reserved_peak, device_used (bytes), step_times or
                 prefill_times and decode_seconds (s), kv_cache_decode (bytes); per torch.distributed rank: rank,
                 host, comm_seconds (s), comm_buffers (bytes), strategy; the rank chosen of several: rank_peaks

@@ -51,6 +51,11 @@ def setup_line(e: Estimate) -> str:
                 f"· {s.precision} · {s.optimizer} ({s.optimizer_kernel})"
                 f"{' · channels-last' if s.channels_last else ''}"
                 f"{f' · recompute {s.recompute}' if s.recompute != 'none' else ''} · {s.device}")
+    inputs = e.detail.records.get("example_batch")
+    if inputs:  # a user's module traced on its example batch (trace/user.py): no sequence, no attention kernel
+        shown = ", ".join(f"{k} {tuple(shape)} {dtype}" for k, (shape, dtype) in inputs.items())
+        return (f"training · stack {s.stack} · micro-batch {s.batch} ({shown}) · accum {s.grad_accum} · "
+                f"{s.precision} · {s.optimizer} ({s.optimizer_kernel}) · recompute {s.recompute} · {s.device}")
     labels = e.detail.num_labels
     head = f"{s.head} head{f' ({labels} labels)' if labels else ''} · " if s.head else ""
     target = f" · target {s.target_seq}" if s.target_seq else ""  # an encoder-decoder model's decoder tokens
@@ -178,7 +183,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     elif e.setup.mode == "train":
         c.add_row("FLOPs per step (fwd / bwd / recompute)", f"{fmt_count(f.forward)} / {fmt_count(f.backward)} / {fmt_count(f.recompute)}")
         c.add_row("FLOPs per step (hardware)", fmt_count(f.step, "FLOP"))
-        c.add_row(f"model FLOPs per {'image' if _classifier(e.setup) else 'token'}", fmt_count(f.per_token, "FLOP"))
+        per = "image" if _classifier(e.setup) else "sample" if e.detail.records.get("example_batch") else "token"
+        c.add_row(f"model FLOPs per {per}", fmt_count(f.per_token, "FLOP"))
     else:
         c.add_row("prefill FLOPs", fmt_count(f.forward, "FLOP"))
         c.add_row("forward FLOPs per token", fmt_count(f.per_token, "FLOP"))

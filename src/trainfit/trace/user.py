@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -44,6 +45,9 @@ def load_factory(ref: str) -> Callable:
     except Exception as e:  # the module itself fails: a syntax error, an exception at import time
         raise SetupError(f"cannot load model factory {ref!r}: importing {mod_name} raised "
                          f"{type(e).__name__}: {_first_line(e)}; fix the module") from e
+    except SystemExit as e:  # (not an Exception: it would end trainfit with the module's code and no word)
+        raise SetupError(f"cannot load model factory {ref!r}: importing {mod_name} called sys.exit({e.code!r}); "
+                         "guard the module's script part with `if __name__ == \"__main__\":`") from e
     if not callable(obj):
         raise SetupError(f"model factory {ref!r} is not callable")
     return obj
@@ -67,6 +71,8 @@ def _user_code(what: str, doing: str, fix: str):
         if limitation is not None:
             raise limitation from e
         raise SetupError(f"{doing} raised {type(e).__name__}: {_first_line(e)}; {fix}") from e
+    except SystemExit as e:  # (not an Exception: it would end trainfit with the user's code and no word)
+        raise SetupError(f"{doing} called sys.exit({e.code!r}); {fix}") from e
 
 
 class _Out:
@@ -209,9 +215,31 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
             warm_up_optimizer(wrapped, optimizer)
             rec, an = record_train_step(wrapped, optimizer, batches, setup, count_flops=flops,
                                         round_cuda=setup.device == "cuda", named=model)
-    tokens = setup.batch * setup.seq * setup.grad_accum
-    return estimate_from(type(model).__name__, model, setup, rec, an, tokens, time.perf_counter() - t0,
-                     NOTES + tuple(device_notes(setup)))
+    # the estimate speaks of the batch it ran, not of --batch/--seq's defaults (a factory's own example batch)
+    samples, length = _example_size(batches[0])
+    ran = {"batch": samples, **({"seq": length} if length else {})} if samples else {}
+    if any(getattr(setup, k) != v for k, v in ran.items()):
+        setup = setup.with_(**ran)
+    tokens = setup.batch * setup.grad_accum * (length or 1)  # (per sample where the inputs hold no token ids)
+    est = estimate_from(type(model).__name__, model, setup, rec, an, tokens, time.perf_counter() - t0,
+                        NOTES + tuple(device_notes(setup)))
+    if samples and not length:  # no sequence: the reports show the example's inputs in its place
+        est = dataclasses.replace(est, detail=est.detail.with_records(example_batch={
+            k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in batches[0].items()
+            if isinstance(v, torch.Tensor)}))
+    return est
+
+
+def _example_size(fields: dict) -> tuple[int | None, int | None]:
+    """(samples, tokens per sample) of one micro-batch: the first tensor's leading dimension (NB: taken as the batch
+    dimension, as --batch resizes it), and the length of its token ids where an integer tensor of two or more
+    dimensions is among the inputs (a language model's input_ids), else None."""
+    tensors = [v for v in fields.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    if not tensors:
+        return None, None
+    ids = next((t for t in tensors if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()
+                and t.dtype != torch.bool), None)
+    return int(tensors[0].shape[0]), (int(ids.shape[1]) if ids is not None else None)
 
 
 def trace_factory(ref: str, batch: int | None, setup: Setup) -> Estimate:
