@@ -168,6 +168,14 @@ def test_emit_refusals_are_one_line(cli):
 def test_hf_plans_are_not_emitted_as_torchtitan_jobs():
     s = search(load_spec("llama-3.1-8b"), get_gpu("H100-80GB"), PlanQuery(gpus=8, seq=4096)).candidates[0].setup
     assert s.stack == "hf" and "plan with --stack torchtitan" in emit.supports("torchtitan", s)
+    # nor as a torchrun line: it runs torchtitan's step too, whose memory and time the hf plan does not model
+    assert s.recompute in ("none", "full") and "plan with --stack torchtitan" in emit.supports("torchrun", s)
+
+
+def test_cli_torchrun_emits_a_torchtitan_plan(cli):
+    code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--emit", "torchrun")
+    assert code == 0 and out.startswith("torchrun ") and "stack torchtitan:" in err, err
+    assert "cannot run on torchrun (the plan models the hf stack's step" in " ".join(err.split())
 
 
 # -- torchtitan's trainer ---------------------------------------------------------------------------------------

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from ..setup import Setup
 from ..spec import ModelSpec
-from .emit_torchtitan import PRECISIONS, supports as torchtitan_supports, torchtitan_sections  # noqa: F401
-
-
-def supports(s: Setup) -> str | None:
-    """torchtitan's rules; the command line also takes hf plans whose recompute means the same in both stacks."""
-    return torchtitan_supports(s, "torchrun")
+# torchtitan's rules (supports): the command line runs torchtitan's step, as the job config does
+from .emit_torchtitan import PRECISIONS, supports, torchtitan_sections  # noqa: F401
 
 
 def write(s: Setup, spec: ModelSpec, gpus_per_node: int, tokens: float | None = None) -> str:

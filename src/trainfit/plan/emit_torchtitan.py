@@ -16,11 +16,11 @@ from ..stacks import get_stack
 PRECISIONS = get_stack("torchtitan").precisions  # the job config's training.dtype / mixed_precision_param
 
 
-def supports(s: Setup, engine: str = "torchtitan") -> str | None:
-    """None when torchtitan (its job config, or `engine` torchrun: the command line) runs plan `s`, else why not."""
-    # the job config runs torchtitan's step: a plan of another stack's step (memory, time) is not it; the
-    # torchrun line also takes hf plans whose recompute means the same in both stacks (none, full)
-    if s.stack != "torchtitan" and (engine == "torchtitan" or s.recompute not in ("none", "full")):
+def supports(s: Setup) -> str | None:
+    """None when torchtitan (its job config, or the torchrun command line) runs plan `s`, else why not."""
+    # the job config and the torchrun line run torchtitan's step: a plan of another stack's step (its memory and
+    # time) is not what they run, whatever the settings they share
+    if s.stack != "torchtitan":
         return (f"the plan models the {s.stack} stack's step (its memory and time); plan with --stack "
                 "torchtitan")
     why = get_stack("torchtitan").runs_layout(s.dp, s.tp, s.pp, s.zero, s.precision)
