@@ -33,3 +33,14 @@ def test_a_command_with_few_settings_shows_only_their_groups():
     result = CliRunner().invoke(app, ["plan", "--help"], terminal_width=200)
     sections = _sections(result.output)
     assert "RL post-training (--mode rl)" not in sections and "Parallelism" in sections
+
+
+def test_compare_offers_only_the_training_settings_it_reads():
+    """compare runs --mode train (and derives its inference): an option of another mode only would be refused, so
+    its --help does not list it; every training setting it takes is there."""
+    result = CliRunner().invoke(app, ["compare", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for s in SETTINGS:
+        row = re.compile(rf"^  (-\w, )?{re.escape(s.flag)}[\s,]", re.M)
+        listed = bool(row.search(result.output))
+        assert listed == ("train" in s.meta.modes and s.name not in ("mode", "tokens", "mfu", "price", "alloc_conf")), s.flag

@@ -239,7 +239,7 @@ def trace_module(req: Request,
 
 
 @app.command(cls=GroupedCommand)
-@with_settings(exclude=("mode", "kv_dtype", "tokens", "mfu", "price", "alloc_conf"))
+@with_settings(exclude=("mode", "tokens", "mfu", "price", "alloc_conf"), mode="train")
 def compare(req: Request, json: bool = JsonOpt) -> None:
     """Training vs inference of the same model, side by side, with the ratio — at this batch and at batch 1.
 

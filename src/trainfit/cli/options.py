@@ -185,10 +185,13 @@ def option(s: Setting, default: Any = inspect.Parameter.empty, help: str | None 
 
 
 def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (), model: bool = True,
-                  defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None) -> Callable:
-    """Decorate `fn(req, **own)`: add the model argument (unless model=False) and the settings' options."""
+                  defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None,
+                  mode: str | None = None) -> Callable:
+    """Decorate `fn(req, **own)`: add the model argument (unless model=False) and the settings' options; `mode`: a
+    command that runs in that mode only offers the settings it reads (its --help lists no option it would refuse)."""
     defaults, helps = defaults or {}, helps or {}
-    chosen = [s for s in SETTINGS if (only is None or s.name in only) and s.name not in exclude]
+    chosen = [s for s in SETTINGS if (only is None or s.name in only) and s.name not in exclude
+              and (mode is None or mode in s.meta.modes)]
 
     def decorate(fn: Callable) -> Callable:
         own = list(inspect.signature(fn).parameters.values())[1:]  # the first parameter receives the Request
