@@ -60,8 +60,9 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
                    "1024 GPUs with ZeRO-3 or a node's tensor parallelism, with recompute); try a shorter --seq, "
                    "`trainfit plan` for pipeline layouts, or a smaller model")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from ..report.console import console as stdout_console
 
     from ..units import fmt_seconds
 
@@ -75,7 +76,7 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
         per = r["tokens_per_second"] / r["gpus"]
         t.add_row(r["flags"] or "(as given)", f"{r['required'] / GIB:.1f} / {r['capacity'] / GIB:.1f} GiB",
                   fmt_seconds(r["step_seconds"]), f"{per:,.0f}", f"{best / per:.2f}x")
-    Console().print(t)
+    stdout_console().print(t)
     typer.echo("why: " + rows[0]["why"])
     typer.echo("see it in full: " + rows[0]["command"])
 
@@ -94,8 +95,9 @@ def longest(req, spec, setup, gpu, json: bool) -> None:
 
         typer.echo(dumps({"model": req.model, "gpu": gpu.name, "longest_context": rows}))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from ..report.console import console as stdout_console
 
     GIB = 2**30
     t = Table(title=f"{req.model} on {gpu.name}: longest sequence that fits", title_justify="left")
@@ -104,7 +106,7 @@ def longest(req, spec, setup, gpu, json: bool) -> None:
     for r in rows:
         t.add_row(r["flags"] or "(as given)", f"{r['seq']:,}" if r["seq"] else "none fits",
                   f"{r['required'] / GIB:.1f} / {r['capacity'] / GIB:.1f} GiB" if r["seq"] else "-", str(r["gpus"]))
-    Console().print(t)
+    stdout_console().print(t)
     best = rows[1] if len(rows) > 1 else rows[0]
     if len(rows) > 1:
         typer.echo(f"lengthens it most: {best['flags']} ({best['why']}): --seq {best['seq']:,}")

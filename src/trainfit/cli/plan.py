@@ -251,8 +251,9 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
                           "not_served": why_not}))
         return
     from rich import box
-    from rich.console import Console
     from rich.table import Table
+
+    from ..report.console import console as stdout_console
 
     engine = "SGLang" if server == "sglang" else "vLLM"
     t = Table(title=f"{spec.name}: {concurrency} sequences of {base.max_model_len or spec.max_positions:,} tokens "
@@ -262,7 +263,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
     for p in plans:
         t.add_row(p.gpu, str(p.tp), str(p.replicas), str(p.gpus), str(p.sequences_per_replica), f"{p.kv_tokens:,}",
                   f"{p.tpot_seconds * 1e3:.1f}", f"{p.price_per_hour:,.2f}")
-    Console().print(t)
+    stdout_console().print(t)
     if not plans:
         typer.echo("no GPU type serves that load within the target")
     for line in why_not:
@@ -342,8 +343,9 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
                           "completion_len": o, "plans": [x.as_dict() for x in plans], "not_served": why_not}))
         return
     from rich import box
-    from rich.console import Console
     from rich.table import Table
+
+    from ..report.console import console as stdout_console
 
     engine = "SGLang" if server == "sglang" else "vLLM"
     t = Table(title=f"{spec.name}: {rate:g} requests/s of {p} + {o} tokens ({engine}), cheapest first",
@@ -353,7 +355,7 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
     for x in plans:
         t.add_row(x.gpu, str(x.tp), str(x.replicas), str(x.gpus), str(x.in_flight), f"{x.requests_per_second:.3g}",
                   f"{x.ttft_seconds * 1e3:.1f}", f"{x.tpot_seconds * 1e3:.1f}", f"{x.price_per_hour:,.2f}")
-    Console().print(t)
+    stdout_console().print(t)
     if not plans:
         typer.echo("no GPU type serves that rate within the targets")
     for line in why_not:

@@ -74,14 +74,15 @@ def run_flags(s) -> str:
 
 
 def render(r: PlanResult, echo=print) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from .console import console as stdout_console
 
     q = r.query
     gb = f", global batch {fmt_count(q.global_batch_tokens)} tokens" if q.global_batch_tokens else ""
     title = f"trainfit plan: {r.model} on {q.gpus} × {r.gpu.name} (seq {q.seq}{gb})"
     if not r.candidates:
-        Console().print(f"[bold]{title}[/bold]")
+        stdout_console().print(f"[bold]{title}[/bold]")
         dg = r.diagnosis
         echo(f"nothing fits: {dg.message}")
         lt = getattr(dg, "leanest_time", None)
@@ -114,7 +115,7 @@ def render(r: PlanResult, echo=print) -> None:
         tm = c.time
         terms.add_row(str(i), *(fmt_seconds(row[k]) if row.get(k) else "-" for k in names),
                       fmt_seconds(tm.dp_comm_total) if tm.dp_comm_total else "-", tm.dp_bandwidth)
-    con = Console()
+    con = stdout_console()
     con.print(t)
     con.print(terms)
     if any(c.budget for c in r.candidates):

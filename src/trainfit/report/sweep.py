@@ -213,12 +213,13 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
 
 def render_table(s: SweepResult, console=None) -> None:
     """The sweep as a rich table: one row per value, per variant its peak (and step time, fit with --gpu)."""
-    from rich.console import Console
     from rich.table import Table
+
+    from .console import console as stdout_console
 
     from ..units import fmt_bytes, fmt_count, fmt_seconds
 
-    console = console or Console()
+    console = console or stdout_console()
     t = Table(title=f"{s.model} — sweep over {s.vary} (analytic, per GPU)", header_style="bold",
               caption=s.caption)
     t.add_column(s.vary, justify="right", style="cyan")

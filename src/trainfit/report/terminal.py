@@ -4,6 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from .console import console as stdout_console
+
 from ..analytic import serving
 from ..analytic.terms import time_terms
 from ..estimate import Estimate
@@ -142,7 +144,7 @@ def budget_line(tm) -> str:
 
 
 def render_estimate(e: Estimate, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or stdout_console()
     title = f"{e.model} — {e.engine} engine — per {_unit(e)}"
     t = Table(title=title, caption=setup_line(e), show_header=True, header_style="bold")
     t.add_column("memory", style="cyan")
@@ -238,7 +240,7 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
 def render_side_by_side(estimates: list[Estimate], console: Console | None = None, labels: list[str] | None = None,
                         reference: int | None = None) -> None:
     """Several estimates of the same model in columns (engines, or training vs inference), with the gap."""
-    console = console or Console()
+    console = console or stdout_console()
     labels = labels or [e.engine for e in estimates]
     t = Table(title=f"{estimates[0].model} — per {_unit(estimates[0])}", header_style="bold")
     t.add_column("", style="cyan")
