@@ -36,14 +36,17 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     from .. import api
     from ..readers import read
     from .app import show_estimates
+    from .spinner import spinner
 
-    readings = [read(f, dp) for f in files]
-    req, notes = request_of(readings, model, gpu, dp)
-    spec = api.load_spec(req.model)
-    for r in readings:
-        for c in r.checks:
-            c(spec)
-    results = api.run_engines(req, "analytic")
+    # (a stack's own parser imports the stack: seconds for torchtitan's or Megatron's)
+    with spinner(f"reading {', '.join(files)} with the stacks' own parsers", quiet=json):
+        readings = [read(f, dp) for f in files]
+        req, notes = request_of(readings, model, gpu, dp)
+        spec = api.load_spec(req.model)
+        for r in readings:
+            for c in r.checks:
+                c(spec)
+        results = api.run_engines(req, "analytic")
     said = {"files": [r.source for r in readings], "settings": settings_of(readings, req),
             "not_modelled": [x for r in readings for x in r.not_modelled] + notes,
             "unknown": [x for r in readings for x in r.unknown],
