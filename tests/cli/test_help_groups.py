@@ -44,3 +44,17 @@ def test_compare_offers_only_the_training_settings_it_reads():
         row = re.compile(rf"^  (-\w, )?{re.escape(s.flag)}[\s,]", re.M)
         listed = bool(row.search(result.output))
         assert listed == ("train" in s.meta.modes and s.name not in ("mode", "tokens", "mfu", "price", "alloc_conf")), s.flag
+
+
+def test_help_is_one_line_per_option_and_help_all_has_each_whole():
+    """--help teaches in few lines (each option's first sentence, one line at 80 columns); --help-all has every
+    option's whole description (the precision policies' list, the defaults)."""
+    short = CliRunner().invoke(app, ["estimate", "--help"], terminal_width=80)
+    whole = CliRunner().invoke(app, ["estimate", "--help-all"], terminal_width=80)
+    assert short.exit_code == 0 and whole.exit_code == 0
+    assert max(map(len, short.output.splitlines())) <= 80
+    flags = [s for s in SETTINGS if re.search(rf"^  (-\w, )?{re.escape(s.flag)}[\s,]", short.output, re.M)]
+    assert len(flags) == len(SETTINGS)
+    assert len(short.output.splitlines()) < 1.3 * len(SETTINGS) + 60 < len(whole.output.splitlines()) / 3
+    assert "bf16-master (bf16 weights and grads" in " ".join(whole.output.split())
+    assert "bf16-master (bf16" not in short.output and "--help-all" in short.output

@@ -137,17 +137,28 @@ def lazy_group(app: typer.Typer) -> Group:
 
 class GroupedCommand(DeferredCoercion, typer.core.TyperCommand):
     """A command whose --help lists the settings under their concern's heading (setup.vocab.GROUPS: the step,
-    parallelism, fine-tuning, serving, RL, vision, the GPU and the budget), then the command's own options. (typer
-    draws such sections, rich_help_panel, only through rich's formatter, which the CLI leaves off.)"""
+    parallelism, fine-tuning, serving, RL, vision, the GPU and the budget), then the command's own options, one line
+    each (its help's first sentence); --help-all gives each its whole description. (typer draws such sections,
+    rich_help_panel, only through rich's formatter, which the CLI leaves off.)"""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.context_settings.setdefault("max_content_width", HELP_WIDTH)
+        self.params.append(_eager_flag("--help-all", _help_all, "Show every option's whole description and exit."))
+        _defer_coercion(self.params[-1:])  # (as DeferredCoercion does the others')
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         group_of = {s.name: s.meta.group for s in SETTINGS}
         arguments, sections = [], {title: [] for title, _ in GROUPS.values()}
         own = sections.setdefault("Options", [])
+        whole = ctx.meta.get(HELP_ALL, False)
+        room = formatter.width - formatter.current_indent - 2 * HELP_INDENT - HELP_FLAGS  # (click's write_dl)
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is None:
                 continue
+            if not whole:
+                record = (record[0], first_sentence(record[1], room))
             if param.param_type_name == "argument":
                 arguments.append(record)
             else:
@@ -157,6 +168,45 @@ class GroupedCommand(DeferredCoercion, typer.core.TyperCommand):
             if records:
                 with formatter.section(title):
                     formatter.write_dl(records)
+
+
+HELP_ALL = "trainfit.help_all"  # ctx.meta: --help-all asked for (each option's whole description)
+HELP_FLAGS, HELP_INDENT = 30, 2  # click's HelpFormatter.write_dl: the flags' column (col_max), its spacing
+HELP_WIDTH = 120  # columns --help may use on a wide terminal (click's default stops at 80)
+
+
+def _help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--help-all: the command's help with every option's whole description."""
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
+
+
+def _eager_flag(name: str, callback: Callable, help: str):
+    """A flag that acts when parsed and takes no part in the command's call, as --help is built (typer 0.29's own
+    click copy, typer/_click/decorators.py help_option: a TyperOption; click's Option before it)."""
+    try:
+        from typer._coercion import bool_flag_type_descriptor
+    except ImportError:
+        return click.Option([name], is_flag=True, expose_value=False, is_eager=True, callback=callback, help=help)
+    return typer.core.TyperOption(param_decls=[name], is_flag=True, expose_value=False, is_eager=True, required=False,
+                                  callback=callback, help=help, type_descriptor=bool_flag_type_descriptor())
+
+
+def first_sentence(text: str, room: int) -> str:
+    """An option's help in one line of `room` characters: its first sentence (cut at a word with '…'), and click's
+    [default: …] where it fits."""
+    tail = ""
+    if text.endswith("]") and "  [" in text:
+        text, tail = text.rsplit("  [", 1)
+        tail = "  [" + tail
+    head = text.split(". ", 1)[0].rstrip(".")
+    if len(head) + len(tail) <= room:
+        return head + tail
+    if len(head) > room:
+        head = head[:room - 1].rsplit(" ", 1)[0].rstrip(",;:(") + "…"
+    return head
 
 
 def _help(s: Setting) -> str:
