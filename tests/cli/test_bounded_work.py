@@ -117,3 +117,52 @@ def test_flash_block_steps_closed_form_is_the_loop():
         s_q, s_kv = rng.randint(0, 5000), rng.randint(0, 5000)
         br, bc = rng.choice((1, 64, 128, 176)), rng.choice((1, 32, 64, 128))
         assert _block_steps.__wrapped__(s_q, s_kv, br, bc, True) == walked(s_q, s_kv, br, bc)
+
+
+def test_new_segments_closed_form_is_the_loop():
+    """foreach_segments.new_segments places each size's copies in closed form once no cached block holds one: the
+    same bytes as placing them one by one (as it once did, O(layers): a 10**9-layer config hung)."""
+    import random
+
+    from trainfit.alloc.caching_allocator import K_SMALL_SIZE, allocation_size, round_size
+    from trainfit.analytic.foreach_segments import _CONF, new_segments
+
+    def one_by_one(temporaries, blocks, largest_activation, activation_cache):
+        free, opened = sorted(b for b in blocks if b > 0), 0
+        for nbytes, count in sorted(temporaries, reverse=True):
+            n = round_size(int(nbytes), _CONF)
+            if n <= K_SMALL_SIZE:
+                continue
+            for _ in range(count):
+                fit = next((k for k, b in enumerate(free) if b >= n), None)
+                if fit is not None:
+                    rest = free.pop(fit) - n
+                    if rest > 0:
+                        free.append(rest)
+                        free.sort()
+                elif n <= largest_activation and activation_cache >= n:
+                    activation_cache -= n
+                else:
+                    opened += allocation_size(n)
+        return opened
+
+    rng = random.Random(36)
+    mib = 2**20
+    for _ in range(2000):
+        temps = [(rng.randint(1, 300) * mib // rng.choice((1, 3)), rng.randint(0, 40)) for _ in range(rng.randint(0, 5))]
+        blocks = [rng.randint(0, 900) * mib for _ in range(rng.randint(0, 4))]
+        args = (temps, blocks, rng.choice((0, 64 * mib, 512 * mib)), rng.randint(0, 4000) * mib)
+        assert new_segments(*args) == one_by_one(*args), args
+
+
+def test_a_billion_wide_layers_answers(bounded, tmp_path):
+    """A config whose layers' tensors are large enough to open gradient and foreach segments (2048 wide: 64 MiB MLP
+    gradients), 10**9 of them, answers (it took ~0.4 ms a layer)."""
+    import json
+
+    p = tmp_path / "wide.json"
+    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+                             "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 10**9,
+                             "vocab_size": 32000, "max_position_embeddings": 4096}))
+    code, out, err, took = bounded("estimate", str(p), "--gpu", "H100-80GB", "--json")
+    assert code == 0 and took < WALL, err

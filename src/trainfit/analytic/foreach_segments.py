@@ -64,15 +64,19 @@ def new_segments(temporaries: list[tuple[int, int]], blocks: list[int], largest_
         n = round_size(int(nbytes), _CONF)
         if n <= K_SMALL_SIZE:  # small pool: its own 2 MiB segments, packed
             continue
-        for _ in range(count):
+        left = count
+        while left:  # into the cached blocks while one holds it (at most their bytes / n times)
             fit = next((k for k, b in enumerate(free) if b >= n), None)
-            if fit is not None:
-                rest = free.pop(fit) - n
-                if rest > 0:
-                    free.append(rest)
-                    free.sort()
-            elif n <= largest_activation and activation_cache >= n:
-                activation_cache -= n
-            else:
-                opened += allocation_size(n)
+            if fit is None:  # (the blocks only shrink: none holds the rest of this size either)
+                break
+            rest = free.pop(fit) - n
+            if rest > 0:
+                free.append(rest)
+                free.sort()
+            left -= 1
+        if n <= largest_activation:  # then the activations' cache, as many as it has room for
+            k = min(left, activation_cache // n)
+            activation_cache -= k * n
+            left -= k
+        opened += left * allocation_size(n)  # the rest: a segment each (counted in closed form: layers may be many)
     return opened
