@@ -609,3 +609,11 @@ def test_attention_beside_int8_gemms_runs_in_fp16():
     eager_over_sdpa = {p: runs[p, "eager"].prefill.gpu_seconds - runs[p, "sdpa"].prefill.gpu_seconds
                        for p in ("fp16", "int8")}
     assert eager_over_sdpa["int8"] == pytest.approx(eager_over_sdpa["fp16"], rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("tp", ["5", "7"])
+def test_fit_refuses_a_tp_the_model_cannot_take(cli, tp):
+    """fit starts from the layout given: one the model's heads refuse is refused as estimate refuses it, not
+    answered with another --tp (5 became 6) or "nothing fits" (7)."""
+    code, out, err = cli("fit", "gpt2", "--gpu", "A100-40GB", "--tp", tp)
+    assert code == 2 and err.count("\n") == 1 and f"--tp {tp} does not divide the 12 attention heads" in err, (out, err)

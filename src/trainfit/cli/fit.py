@@ -29,6 +29,7 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
     """
     from .. import api
     from ..analytic.fit_rule import reserve_bytes, verdict
+    from ..analytic.layout import validate_layout
     from ..errors import SetupError
     from ..setup import BY_NAME
     from ..studies.fit_advice import fastest_that_fit
@@ -42,6 +43,7 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
                          + (" or `trainfit plan --mode serve`" if req.mode == "serve" else ""))
     spec = api.token_model(req.model, "fit")
     setup, gpu = req.setup(spec), api.gpu_of(req)
+    validate_layout(spec, setup)  # the layout given is the model's to take, as estimate checks it (not replaced)
     verdict(gpu, setup, 0, reserve_bytes(req.reserve))  # a --reserve / --gpu-memory that leaves nothing: one line
     if longest_context:
         if "seq" in written([BY_NAME["seq"]]):
