@@ -244,3 +244,24 @@ def test_gpt_oss_marlin_pads_the_experts():
     assert marlin - plain == pytest.approx(grown, rel=1e-12)
     assert marlin / 2**30 == pytest.approx(65.9651, abs=0.1)
     assert weights_per_gpu(spec, _serve(server="sglang"), pc) == plain  # SGLang's layout is not vLLM's Marlin
+
+
+def test_block_size_is_one_vllm_takes():
+    """vLLM's --block-size choices (config BlockSize): 7 was taken and gave 456,977 tokens in 65,284 blocks of 7."""
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match="--block-size 7 is not supported; choose one of: 1, 8, 16, 32, 64, 128, 256"):
+        Setup(mode="serve", precision="bf16", block_size=7)
+
+
+def test_kv_cache_memory_note_says_what_the_fraction_still_does():
+    """Beside --kv-cache-memory-bytes the footer does not size the cache from total × fraction (vLLM takes the bytes
+    as given; the fraction only sets the free memory its start-up asks for)."""
+    from trainfit.api import analytic
+    from trainfit.setup import Request
+
+    e = analytic(Request(model="llama-3.1-8b", mode="serve", gpu="H100-80GB", kv_cache_memory=10**10,
+                         gpu_memory_utilization=0.5))
+    first = next(n for n in e.notes if n.startswith("vLLM "))
+    assert "requested = total" not in first and "taken as given" in first and "start-up" in first
+    assert e.detail.serving.kv_blocks * 16 * e.detail.serving.kv_bytes_per_token <= 10**10

@@ -491,12 +491,14 @@ def _serve(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     k = sv.knobs
     graphs = (f" − CUDA graphs ({len(k.capture_sizes)} sizes)" if sv.graphs_in_kv else
               f" (its CUDA graphs, {len(k.capture_sizes)} sizes, are captured after the KV cache, outside this budget)")
-    notes = [f"vLLM {k.version}: requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache "
-             f"= requested − weights − profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} "
-             f"sequences) − non-torch ({fmt_bytes(sv.non_torch)}){graphs} = {fmt_bytes(sv.available_kv)} → "
-             f"{sv.kv_blocks:,} blocks of {k.block_size} tokens ({k.kv_dtype} KV)",
-             *([f"--kv-cache-memory-bytes: vLLM takes the KV cache as given ({fmt_bytes(sv.available_kv)}), not the "
-                "line above; whether it fits is the device total below"] if setup.kv_cache_memory else []),
+    sizing = (f"KV cache = --kv-cache-memory-bytes, taken as given = {fmt_bytes(sv.available_kv)} (the profile run "
+              f"still runs; whether it all fits is the device total below); gpu_memory_utilization {k.utilization} "
+              "then only sets the free memory vLLM asks for at start-up, total × it (v1/worker/gpu_worker.py "
+              "init_device), which an otherwise empty GPU has" if setup.kv_cache_memory else
+              f"requested = total × {k.utilization} = {fmt_bytes(sv.requested)}; KV cache = requested − weights − "
+              f"profile-run peak ({k.max_num_batched_tokens} tokens, {k.max_num_seqs} sequences) − non-torch "
+              f"({fmt_bytes(sv.non_torch)}){graphs} = {fmt_bytes(sv.available_kv)}")
+    notes = [f"vLLM {k.version}: {sizing} → {sv.kv_blocks:,} blocks of {k.block_size} tokens ({k.kv_dtype} KV)",
              ("vLLM 0.8.x counts the CUDA context, NCCL and cuBLAS inside --gpu-memory-utilization (the non-torch "
               "term above: every non-torch byte on the device)" if sv.non_torch_on_device else
               "the CUDA context, NCCL and cuBLAS come before vLLM's baseline snapshot: outside "

@@ -403,9 +403,10 @@ def _validate_serve(setup: Setup) -> None:
     off = [BY_NAME[n] for n in other if getattr(setup, n) != BY_NAME[n].default]
     if off:
         flags = " and ".join(s.flag for s in off)
+        fraction = sglang and any(s.name in ("gpu_memory_utilization", "kv_cache_memory") for s in off)
         raise SetupError(f"{flags} {'do' if len(off) > 1 else 'does'} not apply to --server {setup.server}: drop "
-                         f"{'them' if len(off) > 1 else 'it'}" + (" (SGLang's counterpart is --mem-fraction-static)"
-                                                                  if sglang else ""))
+                         f"{'them' if len(off) > 1 else 'it'}" + (" (SGLang sizes its memory with "
+                                                                  "--mem-fraction-static)" if fraction else ""))
     if setup.quant and setup.precision == "fp32":
         raise SetupError(f"--quant {setup.quant} runs 16-bit activations in vLLM: use --precision bf16 or fp16")
     if setup.speculative_algorithm == "nextn" and setup.draft_model:

@@ -472,8 +472,10 @@ class Setup:
     max_num_seqs: Optional[int] = setting(None, "Sequences per engine step (vLLM's --max-num-seqs).",
                                           maximum=limits.TOKENS, minimum=1, auto="vLLM's for the GPU: 1024 on H100/H200 and up, "
                                           "else 256", example="256", group="serve")
+    # vLLM's BlockSize: Literal[1, 8, 16, 32, 64, 128] (docs.vllm.ai/en/v0.9.2/api/vllm/config.html), 256 added by
+    # the later releases (vllm/config/cache.py BlockSize), the --block-size choices its argument parser offers
     block_size: int = setting(16, "KV-cache block size, tokens (vLLM's --block-size).",
-                              maximum=limits.TOKENS, minimum=1, example="16", group="serve")
+                              choices=(1, 8, 16, 32, 64, 128, 256), example="16", group="serve")
     concurrency: Optional[int] = setting(None, "Requests kept in flight by the clients (vllm bench serve's "
                                          "--max-concurrency): TTFT, TPOT and output tokens/s are timed at it, with "
                                          "--prompt-len and --completion-len tokens per request.", maximum=limits.TOKENS,
