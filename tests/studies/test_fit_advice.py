@@ -79,3 +79,13 @@ def test_a_setup_that_fits_is_answered_as_given(capsys):
 def test_fit_refuses_in_one_line(capsys, argv, words):
     code, out, err = _run(capsys, *argv)
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_inference_never_suggests_a_context_past_the_models_positions():
+    """Llama-3.1-8B's 131,072 positions (one fewer for a decode: spec.position_limit): the shorter --seq proposed for
+    an inference that does not fit is at most the longest context the estimate reports, not the memory's 244,017."""
+    req = Request(model="llama-3.1-8b", gpu="H100-80GB", mode="infer", seq=999_999_999)
+    spec = api.load_spec(req.model)
+    xs = suggestions(spec, req.setup(spec), api.gpu_of(req))
+    seqs = [x.setup.seq for x in xs if x.flags.startswith("--seq ")]
+    assert seqs == [131_071]

@@ -263,8 +263,12 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             add(j.suggest(f"--tp {t}" + (" --sequence-parallel" if train else "") + flags, f"{t} GPUs per replica",
                           tp=t, sequence_parallel=train, **extra))
             break
-    if s.seq > 1:
-        q = _largest(1, s.seq - 1, lambda q: j.fits(seq=q))
+    # inference: no longer than the positions the model was trained to (the estimate's longest context, inference.
+    # largest_context, is capped there too); training may run a rotary model past them (long-context fine-tuning)
+    limit = spec.position_limit(s.mode) if s.mode != "train" else 0
+    top = min(s.seq - 1, limit) if limit else s.seq - 1
+    if top >= 1:
+        q = _largest(1, top, lambda q: j.fits(seq=q))
         if q >= 1:
             add(j.suggest(f"--seq {q}", "shorter sequences: a different job", seq=q))
     # a larger GPU in a node of the same host memory (--host-memory or the cluster's: not the GPU's to change)
