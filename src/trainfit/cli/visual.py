@@ -94,7 +94,8 @@ def _list_help(name: str) -> str:
     return BY_NAME[name].meta.help + " A comma list draws one line per value."
 
 
-@with_settings(exclude=("precision", "optimizer", "recompute", "attention", "alloc_conf"))
+# (--tokens and --price: the sweep's table has no budget column to spend them on)
+@with_settings(exclude=("precision", "optimizer", "recompute", "attention", "alloc_conf", "tokens", "price"))
 def sweep(req: Request,
           vary: Tuple[str, str] = typer.Option(..., "--vary", help="KNOB VALUES: the knob (batch, seq, grad-accum, gpus, dp, tp, pp, zero, recompute, attention, precision, optimizer) and its values: low:high doubles (1:64 → 1,2,4,…,64; zero 0:3 counts), or a comma list."),
           precision: Optional[str] = typer.Option(None, "--precision", help=_list_help("precision")),
