@@ -617,3 +617,18 @@ def test_fit_refuses_a_tp_the_model_cannot_take(cli, tp):
     answered with another --tp (5 became 6) or "nothing fits" (7)."""
     code, out, err = cli("fit", "gpt2", "--gpu", "A100-40GB", "--tp", tp)
     assert code == 2 and err.count("\n") == 1 and f"--tp {tp} does not divide the 12 attention heads" in err, (out, err)
+
+
+@pytest.mark.parametrize("mode", ["infer", "serve", "rl"])
+def test_report_plans_training_only(cli, tmp_path, mode):
+    """report --gpus adds a training plan (ZeRO, accumulation, bf16-master): refused beside another mode, not added."""
+    code, out, err = cli("report", "tiny-llama", "--gpu", "H100-80GB", "--mode", mode, "--gpus", "4", "--no-trace",
+                         "-o", str(tmp_path / "r.html"))
+    assert code == 2 and err.count("\n") == 1 and "--gpus plans a training run" in err, (out, err)
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("flag", ["--tokens", "--price"])
+def test_sweep_does_not_take_a_budget(cli, flag):
+    code, _, err = cli("sweep", "tiny-llama", "--vary", "batch", "1,2", "--gpu", "H100-80GB", flag, "1")
+    assert code == 2 and f"No such option: {flag}" in err, err

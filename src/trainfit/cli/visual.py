@@ -166,6 +166,9 @@ def report(req: Request,
         _vary_not_fixed(vary[0], req)
     if gpus is not None and gpus < 1:
         raise SetupError(f"--gpus must be a positive integer, got {gpus}")
+    if gpus is not None and req.mode != "train":  # (the plan is a training layout's; plan --mode serve sizes serving)
+        raise SetupError(f"--gpus plans a training run; the report of --mode {req.mode} has no plan: drop --gpus"
+                         + (" (for serving replicas: trainfit plan --mode serve)" if req.mode == "serve" else ""))
     if gpus is not None and req.gpu is None:
         raise SetupError(f"--gpus {gpus} plans for that many GPUs of one type: add --gpu (see `trainfit gpus`)")
     gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
