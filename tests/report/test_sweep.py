@@ -112,3 +112,11 @@ def test_json_and_tables_hold_the_same_numbers():
     # the fit column sits beside the number it is judged on (the fit rule's required)
     assert row["required"] == e.memory.required and row["fits"] == e.fit.fits
     assert fmt_bytes(row["required"]) in text and fmt_bytes(row["required"]) in sweep_html_table(s)
+
+
+def test_inference_caption_names_only_what_inference_reads():
+    """An inference sweep's 'fixed:' caption has no optimizer, accumulation or ZeRO stage (training's settings)."""
+    s = run_sweep(api.Request("llama-3.2-1b", gpu="H100-80GB", mode="infer"), "batch", "1,2")
+    fixed = s.caption.split(" · ")[0]
+    assert "mode infer" in fixed and "seq" in fixed
+    assert not any(w in fixed for w in ("optimizer", "grad-accum", "zero", "recompute"))

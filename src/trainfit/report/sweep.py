@@ -119,9 +119,11 @@ class SweepResult:
     @property
     def caption(self) -> str:
         b = self.base
+        mode = b.get("mode") or "train"
         fixed = {k: b[k] for k in ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention",
                                    "dp", "tp", "pp", "zero", "mode", "device")
-                 if k != KNOBS[self.vary][0] and not (k in _variant_fields(self) and len(self.variants) > 1)}
+                 if k != KNOBS[self.vary][0] and not (k in _variant_fields(self) and len(self.variants) > 1)
+                 and mode in BY_NAME[k].meta.modes}  # (the settings the mode reads: no optimizer in inference)
         text = "fixed: " + ", ".join(f"{k.replace('_', '-')} {v if v is not None else 'default'}" for k, v in fixed.items())
         text += " · analytic engine, per GPU"
         return "\n".join([text, *self.notes])
