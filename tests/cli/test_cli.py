@@ -95,3 +95,19 @@ def test_a_trace_prints_no_profiler_chatter_on_stderr():
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "USDT" not in run.stderr and "profiler_start" not in run.stderr, run.stderr[:500]
+
+
+def test_library_hand_overs_print_nothing_on_stderr():
+    """transformers' warnings about the configs trainfit builds (GPT-2's loss_type=None) and peft reading a property
+    transformers deprecates (is_gradient_checkpointing) are not the user's to act on: a LoRA trace and a GPT-2 trace
+    leave stderr empty. (Fresh processes: transformers reads its verbosity once.)"""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TRANSFORMERS_VERBOSITY", "KINETO_LOG_LEVEL")}
+    for args in (['estimate', 'tiny-llama', '--engine', 'trace', '--device', 'cpu', '--lora-rank', '8', '--seq', '16'],
+                 ['estimate', 'tiny-gpt2', '--engine', 'trace', '--device', 'cpu', '--seq', '16']):
+        run = subprocess.run([sys.executable, "-c", f"from trainfit.cli import main; main({args!r})"], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and run.stderr == "", (args, run.stderr[-2000:])

@@ -359,6 +359,10 @@ def main(argv: list[str] | None = None) -> None:
     # trace engine's CPU kernel probes open (hundreds in an RL trace); it reads KINETO_LOG_LEVEL when the first session
     # starts, and 6 is above its levels. A level the user set is kept.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    # transformers' own warnings about the models trainfit builds from configs (5.24 modeling_utils.py:4778 "loss_type
+    # =None ... unrecognized" for a config without one): its logging reads TRANSFORMERS_VERBOSITY when first imported
+    # (utils/logging.py _get_default_logging_level). A level the user set is kept.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     command = _click_command()
     try:
         command.main(args=argv, prog_name="trainfit", standalone_mode=False)

@@ -21,6 +21,7 @@ optimizer takes requires_grad parameters only, trainfit.step.standard._params). 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
@@ -80,7 +81,10 @@ def apply_lora(model: torch.nn.Module, setup: "Setup") -> torch.nn.Module:
     model = prepare_kbit(quantize_base(model, setup), setup)  # --quant: the bitsandbytes base peft wraps, prepared
     config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=targets,
                         use_dora=setup.dora, bias="none")
-    with _fake_safe_adapter_moves(model):
+    with _fake_safe_adapter_moves(model), warnings.catch_warnings():
+        # peft 0.21.2 peft_model.py:184 reads transformers' deprecated is_gradient_checkpointing, which transformers
+        # 5.24 warns of (modeling_utils.py:3312): their hand-over, not the user's to act on
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         model = get_peft_model(model, config)
     if setup.lora_dtype == "weight":
         from .build import param_dtype  # build imports this module
