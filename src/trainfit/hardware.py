@@ -238,7 +238,7 @@ def load_gpu_file(path: str) -> GPU:
     toml = path.lower().endswith(".toml")
     why = not_a_file(path)
     if why:
-        raise GPUFileError(f"{where}: {why}: give a catalog name (see `trainfit gpus`) or a .json/.toml file with "
+        raise GPUFileError(f"GPU file {why}: give a catalog name (see `trainfit gpus`) or a .json/.toml file with "
                            "the catalog's fields")
     try:
         with open(path, "rb") as f:

@@ -58,11 +58,11 @@ class _DataOnly(pickle.Unpickler):
 
 def load(path: str | Path) -> dict:
     """The snapshot dict ({"segments": [...], "device_traces": [...]}) in `path`, or a SnapshotError saying why not."""
-    p = Path(path)
-    why = not_a_file(p)
-    if why:
-        raise SnapshotError(f"{path}: {why} (save a snapshot with torch.cuda.memory._dump_snapshot(path))")
     how = "torch.cuda.memory._dump_snapshot(path)"
+    why = not_a_file(path)  # the text as given: Path("") is ".", a folder
+    if why:
+        raise SnapshotError(f"{why}: give the path of a snapshot saved with {how}")
+    p = Path(path)
     try:
         if zipfile.is_zipfile(p):
             import torch
@@ -78,12 +78,25 @@ def load(path: str | Path) -> dict:
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise SnapshotError(f"{path}: a pickle, but not a memory snapshot (no 'segments' list); save one with {how}")
-    for s in data["segments"]:
-        if not (isinstance(s, dict) and isinstance(s.get("total_size"), int) and isinstance(s.get("blocks"), list)
-                and all(isinstance(b, dict) and isinstance(b.get("size"), int) and "state" in b for b in s["blocks"])):
+    for i, s in enumerate(data["segments"]):
+        if not (isinstance(s, dict) and "total_size" in s and isinstance(s.get("blocks"), list)
+                and all(isinstance(b, dict) and "size" in b and "state" in b for b in s["blocks"])):
             raise SnapshotError(f"{path}: a segment lacks total_size or blocks with size and state: not the format of "
                                 f"{how} (torch/cuda/memory.py Segment, Block)")
+        sizes = [(f"segment {i}'s total_size", s["total_size"])] + [
+            (f"segment {i} block {j}'s {k}", b[k]) for j, b in enumerate(s["blocks"])
+            for k in ("size", "requested_size") if k in b]
+        for what, v in sizes:
+            if not _is_size(v):
+                v = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "…"
+                raise SnapshotError(f"{path}: {what} is {v}, not a byte count (an int >= 0: torch/cuda/memory.py "
+                                    f"Segment, Block): save the snapshot again with {how}")
     return data
+
+
+def _is_size(v) -> bool:
+    """A byte count as torch writes one: an int >= 0 (a bool is an int to isinstance, not a size)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 @dataclass
@@ -93,7 +106,7 @@ class Explained:
     bytes: dict[str, int]  # TENSOR_CATEGORIES and ALLOCATOR_CATEGORIES -> bytes (they sum to `reserved`)
     by_site: list[tuple[str, str, int]]  # (where: file:line:function, category, bytes), largest first
     segments: int
-    blocks: int
+    blocks: int  # allocated blocks (state active_allocated): the blocks that make up `allocated`
     with_frames: float  # share of allocated bytes whose blocks carry frames
     oom: dict | None = None  # the last "oom" history entry: size requested, device_free
     notes: list[str] = field(default_factory=list)
@@ -141,6 +154,8 @@ def explain(data: dict) -> Explained:
     sites: Counter = Counter()
     blocks, framed, allocated = [], 0, 0
     for s in data["segments"]:
+        # allocated means state "active_allocated" only, as torch 2.13 torch/cuda/_memory_viz.py:219 (calc_active) and
+        # :274 (segsum) count it; "inactive" and "active_awaiting_free" are not (memory.py:1065-1069)
         live = any(b["state"] == "active_allocated" for b in s["blocks"])
         for b in s["blocks"]:
             if b["state"] == "active_allocated":
@@ -166,7 +181,7 @@ def explain(data: dict) -> Explained:
     ooms = [e for trace in data.get("device_traces") or [] for e in trace or [] if e.get("action") == "oom"]
     ex = Explained(reserved=reserved, allocated=allocated, bytes=dict(out),
                    by_site=sorted(((w, k, n) for (w, k), n in sites.items()), key=lambda x: -x[2]),
-                   segments=len(data["segments"]), blocks=sum(len(s["blocks"]) for s in data["segments"]),
+                   segments=len(data["segments"]), blocks=len(blocks),
                    with_frames=framed / allocated if allocated else 0.0,
                    oom={"size": ooms[-1].get("size"), "device_free": ooms[-1].get("device_free")} if ooms else None)
     if allocated and ex.with_frames < 0.5:

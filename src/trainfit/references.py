@@ -77,10 +77,13 @@ def check_name(ref: str, field: str, error: type[Exception] = ConfigError) -> No
 
 
 def not_a_file(path: str | os.PathLike) -> str | None:
-    """Why `path` is no regular file to read (None when it is one): missing, a folder, or a device or pipe
-    (/dev/null reads as empty): each said as it is, not all as "no such file"."""
+    """Why `path` is no regular file to read, as a message starts: "PATH: why" (None when it is one): missing, a
+    folder, or a device or pipe (/dev/null reads as empty), each said as it is, not all as "no such file"; an empty
+    path as "'': the path is empty". Pass the text as given: Path("") is ".", the current folder."""
+    if os.fspath(path) == "":
+        return "'': the path is empty"
     if os.path.isfile(path):
         return None
     if os.path.isdir(path):
-        return "a folder, not a file"
-    return "not a regular file" if os.path.exists(path) else "no such file"
+        return f"{path}: a folder, not a file"
+    return f"{path}: " + ("not a regular file" if os.path.exists(path) else "no such file")

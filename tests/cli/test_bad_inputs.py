@@ -181,6 +181,8 @@ CASES = [
     # a folder or a device where a file is read is said as it is (references.not_a_file), not "no such file"
     C("check {tmp} --gpu H100-80GB", "a folder, not a file"),
     C("check /dev/null --gpu H100-80GB", "not a regular file"),
+    C("check '' --gpu H100-80GB", "'': the path is empty"),  # not "a folder": Path('') is the current folder
+    C("explain ''", "'': the path is empty"),
     C("estimate llama-3.1-8b --gpu {tmp}", "a folder, not a file"),
     C("estimate ./missing-folder/", "no such file"),
     C("estimate {tmp}", "config.json", id="estimate <folder without config.json>"),

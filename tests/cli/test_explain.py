@@ -91,6 +91,49 @@ def test_bad_snapshot_files_are_one_line_and_exit_2(cli, tmp_path, content, says
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
 
 
+def _one_segment(sizes_states, total=None):
+    blocks = [{"size": n, "requested_size": n if st == "active_allocated" else 0, "state": st, "frames": []}
+              for n, st in sizes_states]
+    return {"segments": [{"total_size": sum(n for n, _ in sizes_states) if total is None else total,
+                          "blocks": blocks}], "device_traces": [[]]}
+
+
+def test_blocks_counts_the_allocated_blocks_only(cli, tmp_path):
+    # 1 allocated block and 5 free ones in one segment: torch's segsum counts "active_allocated" blocks as allocated
+    snap = _one_segment([(MiB, "active_allocated")] + [(MiB, "inactive")] * 4 + [(MiB, "active_awaiting_free")])
+    ex = explain(snap)
+    assert ex.blocks == 1 and ex.allocated == MiB and ex.reserved == 6 * MiB
+    path = tmp_path / "frag.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, _ = cli("explain", str(path))
+    assert code == 0 and "allocated 1.00 MiB in 1 blocks" in out.splitlines()[0]
+    code, out, _ = cli("explain", str(path), "--json")
+    assert code == 0 and json.loads(out)["blocks"] == 1
+
+
+@pytest.mark.parametrize("total, size, says", [
+    (-5, MiB, "segment 0's total_size is -5, not a byte count"),
+    (1.5 * MiB, MiB, "segment 0's total_size is 1572864.0, not a byte count"),
+    (MiB, -1, "segment 0 block 0's size is -1, not a byte count"),
+    (MiB, True, "segment 0 block 0's size is True, not a byte count"),
+])
+def test_negative_or_non_integer_sizes_are_refused(cli, tmp_path, total, size, says):
+    snap = _one_segment([(size, "active_allocated")], total=total)
+    snap["segments"][0]["blocks"][0]["requested_size"] = 0
+    path = tmp_path / "x.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, err = cli("explain", str(path))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.strip() == (f"error: {path}: {says} (an int >= 0: torch/cuda/memory.py Segment, Block): save the "
+                           "snapshot again with torch.cuda.memory._dump_snapshot(path)")
+
+
+def test_an_empty_path_is_said_to_be_empty(cli):
+    code, out, err = cli("explain", "")  # not ": a folder, not a file" (Path("") is the current folder)
+    assert code == 2 and out == "" and err.strip() == (
+        "error: '': the path is empty: give the path of a snapshot saved with torch.cuda.memory._dump_snapshot(path)")
+
+
 def test_setup_flags_without_a_model_are_refused(cli, tmp_path):
     path, _, _ = _snapshot(tmp_path, at=6)
     code, _, err = cli("explain", str(path), "--batch", "4")

@@ -105,10 +105,10 @@ def _trainer_args(data: dict) -> str:
 def read(path: str | Path, dp: int | None = None) -> Reading:
     """The Reading of one file, by the reader of its stack; `dp` (--dp): the data-parallel ranks when the file
     leaves them to the launch (torchtitan's data_parallel_shard_degree -1)."""
-    p = Path(path)
-    why = not_a_file(p)
+    why = not_a_file(path)
     if why:
-        raise SetupError(f"{path}: {why}: give the path of your config or launch script")
+        raise SetupError(f"{why}: give the path of your config or launch script")
+    p = Path(path)
     text = p.read_text(encoding="utf-8", errors="replace")
     kind = kind_of(p, text)
     return import_module(f"{__package__}.{kind}").read(p, text, dp)
