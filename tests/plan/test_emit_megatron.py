@@ -313,3 +313,11 @@ def test_the_emitted_command_builds_the_planned_architecture():
     for name, what in (("gpt-oss-120b", "attention sinks"), ("mistral-7b", "sliding-window")):
         with pytest.raises(SetupError, match=what):
             check_model(load_model(name))
+
+
+def test_plan_emit_megatron_searches_megatrons_step(cli):
+    """plan --emit megatron without --stack: the hf plans cannot run on Megatron-LM, so the command searches
+    Megatron's own step (as --emit torchtitan searches torchtitan's), not the hf stack again ('no plan fits')."""
+    code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--seq", "4096", "--emit",
+                         "megatron")
+    assert code == 0 and "pretrain_gpt.py" in out and "stack megatron:" in err, err

@@ -52,19 +52,22 @@ def check_model(engine: str, spec: ModelSpec) -> None:
 def runnable_query(engine: str, q) -> dict:
     """The PlanQuery fields (search.PlanQuery `q` replaced) of a search among the plans `engine` can run, when none
     of `q`'s best can: its precisions, data parallelism only for DeepSpeed's and accelerate's configs, the
-    recomputes and ZeRO stages they run, torchtitan's own step for its job config and command line."""
+    recomputes and ZeRO stages they run, torchtitan's own step for its job config and command line, Megatron's for
+    Megatron-LM's."""
     allowed = tuple(p for p in (q.precisions or ()) if p in precisions_for(engine)) or precisions_for(engine)[:1]
     flat = engine in ("deepspeed", "accelerate")  # data-parallel only
-    titan = engine in ("torchtitan", "torchrun")  # torchtitan's own step, options and ZeRO stages
-    recs = None if titan and q.recomputes is None else tuple(r for r in (q.recomputes or ("none", "full"))
-                                                             if not flat or r in ("none", "full")) or ("none",)
-    zeros = None if titan else tuple(z for z in (q.zeros or (0, 1, 2, 3))
-                                     if not (engine != "deepspeed" and z == 1)) or (0,)
+    # the stack whose own step the engine runs (its options, recomputes and ZeRO stages): torchtitan's job config
+    # and command line, Megatron-LM's command line
+    own = {"torchtitan": "torchtitan", "torchrun": "torchtitan", "megatron": "megatron"}.get(engine)
+    recs = None if own and q.recomputes is None else tuple(r for r in (q.recomputes or ("none", "full"))
+                                                           if not flat or r in ("none", "full")) or ("none",)
+    zeros = None if own else tuple(z for z in (q.zeros or (0, 1, 2, 3))
+                                   if not (engine != "deepspeed" and z == 1)) or (0,)
     # the memory knobs the config holds: DeepSpeed's sequence_parallel_size and offload_optimizer/offload_param
     # (stacks/deepspeed_config.py), accelerate's and torchtitan's FSDP2 CPU offload of the parameters
     held = {"deepspeed": ("ulysses", "offload-states")}.get(engine, ("offload-states",))
     return dict(precisions=allowed, tp=1 if flat else q.tp, pp=1 if flat else q.pp, recomputes=recs, zeros=zeros,
-                stacks=("torchtitan",) if titan else ("hf",), knobs=held)
+                stacks=(own or "hf",), knobs=held)
 
 
 
