@@ -192,6 +192,9 @@ def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
     # Megatron-LM core_v0.16.1 arguments.py:600-601 refuses the gather's overlap without the reduce's
     ("mega2.sh", "torchrun --nproc_per_node 8 pretrain_gpt.py --use-distributed-optimizer --overlap-param-gather\n",
      "--overlap-grad-reduce"),
+    # transformers 5.24.0 training_args.py:1784-1785 (before: read as amp-bf16)
+    ("args.json", '{"output_dir": "out", "per_device_train_batch_size": 2, "bf16": true, "fp16": true}',
+     "At most one of fp16 and bf16 can be True"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, name, text, needle):
     path = tmp_path / name
@@ -225,6 +228,67 @@ def test_trainer_arguments_fill_deepspeeds_auto_values(tmp_path):
                                           "fused", 8)
     assert any(x.startswith("zero_optimization.allgather_bucket_size = 1") for x in readings[0].not_modelled)
     assert readings[1].unknown == ["foo_bar"] and "learning_rate" in readings[1].no_effect
+
+
+@pytest.mark.parametrize("ds_key,args_key,precision", [("bf16", "bf16", "bf16-master"),
+                                                       ("fp16", "fp16", "fp16-master"), ("bf16", "fp16", "fp32")])
+def test_trainer_arguments_fill_deepspeeds_auto_precision(tmp_path, ds_key, args_key, precision):
+    """DeepSpeed's "bf16"/"fp16": {"enabled": "auto"} takes the TrainingArguments' bf16/fp16 (transformers 5.24.0
+    integrations/deepspeed.py:183-184 fill_match), DeepSpeed then runs master weights in fp32 (before: fp32 whatever
+    the TrainingArguments said, and their deepspeed file named as not passed though it was)."""
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", '
+                  f'"train_batch_size": "auto", "{ds_key}": {{"enabled": "auto"}}, '
+                  '"zero_optimization": {"stage": 2}}')
+    args = tmp_path / "args.json"
+    args.write_text(f'{{"output_dir": "out", "per_device_train_batch_size": 2, "{args_key}": true, '
+                    f'"deepspeed": "{ds}"}}')
+    readings = [read(ds), read(args)]
+    req, notes = request_of(readings, MODEL, None, 8)
+    assert (req.precision, req.stack, req.batch, req.zero) == (precision, "deepspeed", 2, 2)
+    said = [x for r in readings for x in r.not_modelled] + notes
+    assert not [x for x in said if "'auto'" in x or "pass it to check too" in x], said
+
+
+def test_deepspeeds_auto_precision_without_trainer_arguments_is_named(tmp_path):
+    """Nothing fills bf16.enabled "auto": read as off (fp32), and said so."""
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": "auto"}, '
+                  '"zero_optimization": {"stage": 1}}')
+    r = read(ds)
+    req, _ = request_of([r], MODEL, None, 8)
+    assert req.precision == "fp32"
+    assert any(x.startswith("bf16.enabled = 'auto'") and "none were read with it" in x for x in r.not_modelled)
+
+
+@pytest.mark.parametrize("name,text", [
+    ("job.toml", '[model]\nname = "llama3"\nflavor = "8B"\n\n[parallelism]\ndata_parallel_shard_degree = 4\n'),
+    ("serve.sh", "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2\n"),
+])
+def test_a_model_other_than_the_files_is_refused(tmp_path, capsys, name, text):
+    """--model another model than the file names: one line and exit 2, as a conflicting --dp (before: --model
+    silently replaced it); the same model named otherwise (a hub id, an alias of torchtitan's flavor) is taken."""
+    path = tmp_path / name
+    path.write_text(text)
+    r = read(path)
+    assert request_of([r], "llama3.1-8b", "H100-80GB", None)[0].model == "llama3.1-8b"
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(path), "--model", "qwen3-30b-a3b", "--gpu", "H100-80GB"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --model qwen3-30b-a3b: the files say") and "\n" not in err
+
+
+def test_a_training_config_with_a_serving_command_is_refused_as_such(tmp_path, capsys):
+    """A torchtitan job and a `vllm serve` line of the same model: two jobs, not different models."""
+    job, serve = tmp_path / "job.toml", tmp_path / "serve.sh"
+    job.write_text('[model]\nname = "llama3"\nflavor = "8B"\n\n[parallelism]\ndata_parallel_shard_degree = 4\n')
+    serve.write_text("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2\n")
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(job), str(serve), "--gpu", "H100-80GB"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a training config and" in err and "check them separately" in err and "\n" not in err
 
 
 def test_megatrons_own_llama3_8b_fp8_example_by_hand():

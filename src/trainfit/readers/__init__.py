@@ -27,6 +27,13 @@ class Reading:
     no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
     checks: list = field(default_factory=list)  # callables(spec) -> None: the file's model shape against the spec
     global_batch: int | None = None  # sequences per optimizer step, when the file gives them but not the world size
+    kind: str = ""  # its reader (READERS), set by read()
+    fills: dict = field(default_factory=dict)  # DeepSpeed "auto" key -> the value the HF Trainer fills it with (the
+    # TrainingArguments' bf16/fp16: transformers 5.24.0 integrations/deepspeed.py:183-184)
+    together: list = field(default_factory=list)  # callables(readings) -> None, run once by combine: what the file
+    # leaves to the files read with it (DeepSpeed's "auto" values, TrainingArguments' deepspeed)
+    same_model: object = None  # callable(ref) -> bool: whether --model `ref` is the model the file builds (torchtitan's
+    # flavor, Megatron's flags), for files whose model is a shape rather than a name
 
     def set(self, name: str, value, key: str) -> None:
         """Setting `name` = `value` from the file's `key` (two keys disagreeing: an error)."""
@@ -111,12 +118,63 @@ def read(path: str | Path, dp: int | None = None) -> Reading:
     p = Path(path)
     text = p.read_text(encoding="utf-8", errors="replace")
     kind = kind_of(p, text)
-    return import_module(f"{__package__}.{kind}").read(p, text, dp)
+    r = import_module(f"{__package__}.{kind}").read(p, text, dp)
+    r.kind = kind
+    return r
+
+
+def names_deepspeed(r: Reading, ds) -> None:
+    """`r` (TrainingArguments, axolotl) runs DeepSpeed with config `ds`, whose bf16/fp16 block and ZeRO decide: noted
+    when no DeepSpeed config is read with it."""
+    def note(readings):
+        if not any(o.kind == "deepspeed" for o in readings):
+            r.not_modelled.append(f"deepspeed = {ds!r}: its config decides precision and ZeRO: pass it to check too")
+    r.together.append(note)
+
+
+def model_identity(ref: str) -> str:
+    """What a model reference names, to compare two: a catalog model's hub id (its name without one), a hub id (in
+    any case, as the Hub takes them), or a config.json's real path."""
+    import os
+
+    from ..models.resolve import locate, serving_ref
+
+    found = locate(ref)
+    return os.path.realpath(found.path) if found.kind == "file" else serving_ref(ref).lower()
+
+
+def _same_model(r: Reading, ref: str) -> bool | None:
+    """Whether --model `ref` is the model `r` names; None when the file's model cannot be found here."""
+    from ..errors import TrainfitError
+
+    if ref == r.model:
+        return True
+    if r.same_model is not None:
+        return r.same_model(ref)
+    wanted = model_identity(ref)  # (a bad --model: its own error)
+    try:
+        return model_identity(r.model) == wanted
+    except TrainfitError:
+        return None
+
+
+def _file(r: Reading) -> str:
+    return r.source.split(" ")[0]
 
 
 def combine(readings: list[Reading], model: str | None = None) -> tuple[str, dict]:
     """(model, settings) of several files read together (a ds_config.json with its TrainingArguments): a setting two
-    files give differently is an error; `model` (--model) names the model when no file does, or overrides them."""
+    files give differently is an error; `model` (--model) names the model when no file does, and another model than
+    the files name is an error (one they name that is not found here: --model names it, with a note)."""
+    serving = [r for r in readings if r.values.get("mode") == "serve"]
+    if serving and len(serving) < len(readings):
+        train = next(r for r in readings if r.values.get("mode") != "serve")
+        raise SetupError(f"{_file(train)} is a training config and {_file(serving[0])} a serving command: they "
+                         "describe different jobs: check them separately")
+    for r in readings:
+        together, r.together = r.together, []
+        for f in together:
+            f(readings)
     values: dict = {}
     owner: dict = {}
     for r in readings:
@@ -130,7 +188,15 @@ def combine(readings: list[Reading], model: str | None = None) -> tuple[str, dic
         if len(named) > 1:
             raise SetupError(f"the files name different models ({', '.join(sorted(named))}): pass --model")
         if not named:
-            raise SetupError(f"{', '.join(r.source.split(' ')[0] for r in readings)} names no model: pass --model (a "
-                             "catalog name, a config.json or a hub id)")
+            raise SetupError(f"{', '.join(_file(r) for r in readings)} names no model: pass --model (a catalog name, a "
+                             "config.json or a hub id)")
         model = named.pop()
+    for r in readings:
+        if not r.model:
+            continue
+        same = _same_model(r, model)
+        if same is False:  # as a conflicting --dp (cli/check.py request_of)
+            raise SetupError(f"--model {model}: the files say {r.model}: drop --model or fix them")
+        if same is None:
+            r.not_modelled.append(f"model {r.model!r}: not found here: read as --model {model}")
     return model, values

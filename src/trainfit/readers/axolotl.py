@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SetupError
-from . import Reading
+from . import Reading, names_deepspeed
 from .hf_args import OPTIM, _load, leftovers
 
 SCHEMA = "axolotl 067b021c schemas"
@@ -58,15 +58,16 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     elif "batch_size" in raw:
         r.no_effect.append("batch_size")
     r.set("seq", int(raw.get("sequence_len") or 512), "sequence_len")  # config.py:665, default 512
+    # bf16 default "auto" (config.py:559): bf16 where the GPU has it (Ampere on). NB: read as bf16.
+    bf16 = raw.get("bf16", "auto")
+    prec = "amp-fp16" if raw.get("fp16") and bf16 is not True else "amp-bf16" if bf16 else "fp32"
+    # (its TrainingArguments fill DeepSpeed's "auto" bf16/fp16.enabled: transformers integrations/deepspeed.py:183-184)
+    r.fills = {"bf16.enabled": prec == "amp-bf16", "fp16.enabled": prec == "amp-fp16"}
     if raw.get("deepspeed") is None:  # with DeepSpeed its own config's bf16/fp16 block decides
         r.set("stack", "hf", "axolotl (the HF Trainer)")
-        # bf16 default "auto" (config.py:559): bf16 where the GPU has it (Ampere on). NB: read as bf16.
-        bf16 = raw.get("bf16", "auto")
-        prec = "amp-fp16" if raw.get("fp16") and bf16 is not True else "amp-bf16" if bf16 else "fp32"
         r.set("precision", prec, "bf16/fp16")
     else:
-        r.not_modelled.append(f"deepspeed = {raw['deepspeed']!r}: its config decides precision and ZeRO: pass it "
-                              "to check too")
+        names_deepspeed(r, raw["deepspeed"])
     ckpt = raw.get("gradient_checkpointing", False)  # config.py:600: true, false, "offload", "offload_disk"
     fsdp_ckpt = (raw.get("fsdp_config") or {}).get("activation_checkpointing")  # fsdp.py:20
     r.set("recompute", "full" if ckpt or fsdp_ckpt else "none", "gradient_checkpointing")

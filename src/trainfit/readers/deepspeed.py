@@ -2,8 +2,9 @@
 batch identity, ZeRO, precision, clipping and offload blocks as DeepSpeed resolves them. The data-parallel degree is
 the file's train_batch_size / (micro-batch × accumulation) (× sequence_parallel_size: config.py:461-469);
 DeepSpeedConfig itself takes the world size from torch.distributed, so it parses the file as rank 0 of that many.
-"auto" values (filled by the HF Trainer from TrainingArguments: transformers integrations/deepspeed.py
-trainer_config_process) are left to the TrainingArguments file read beside it."""
+"auto" values are filled as the HF Trainer fills them from TrainingArguments (transformers 5.24.0
+integrations/deepspeed.py:136-192 trainer_config_process) when a TrainingArguments file is read with it (`_fill`),
+else named in the notes."""
 from __future__ import annotations
 
 import json
@@ -45,11 +46,14 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     auto = [k for k, v in raw.items() if v == "auto"]
     zraw = dict(raw.get("zero_optimization") or {})
     auto += [f"zero_optimization.{k}" for k, v in zraw.items() if v == "auto"]
-    cfg = parse({k: v for k, v in raw.items() if v != "auto"} | (
+    # bf16/fp16 "enabled": "auto" (DeepSpeed's own parse would take it as off): filled by _fill
+    amp = {b: {k: v for k, v in raw[b].items() if k != "enabled"} for b in ("bf16", "fp16")
+           if isinstance(raw.get(b), dict) and raw[b].get("enabled") == "auto"}
+    auto += [f"{b}.enabled" for b in amp]
+    cfg = parse({k: v for k, v in raw.items() if v != "auto"} | amp | (
         {"zero_optimization": {k: v for k, v in zraw.items() if v != "auto"}} if zraw else {}), r, str(path))
-    for k in auto:
-        r.not_modelled.append(f"{k} = 'auto': the HF Trainer fills it from TrainingArguments (read them beside it)")
-    _settings(cfg, raw, r)
+    r.together.append(lambda readings: _fill(r, auto, cfg, readings))
+    _settings(cfg, raw, r, auto)
     facts = get_stack("deepspeed")
     for k, v in raw.items():
         if k in MAPPED or v == "auto":
@@ -84,6 +88,43 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         else:
             r.unknown.append(f"zero_optimization.{k}")
     return r
+
+
+# DeepSpeed's keys the HF Trainer fills from TrainingArguments -> their fields (transformers 5.24.0
+# integrations/deepspeed.py:144-161, 183-184); the batch and clipping are the TrainingArguments reading's own settings
+TRAINER = {"train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+           "gradient_accumulation_steps": "gradient_accumulation_steps",
+           "train_batch_size": "world size × per_device_train_batch_size × gradient_accumulation_steps",
+           "gradient_clipping": "max_grad_norm", "bf16.enabled": "bf16", "fp16.enabled": "fp16"}
+# filled from the model's hidden size when the Trainer builds the engine (integrations/deepspeed.py:203-241)
+HIDDEN = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+          "zero_optimization.stage3_param_persistence_threshold")
+
+
+def _fill(r: Reading, auto: list, cfg, readings: list) -> None:
+    """The "auto" values `auto` as the HF Trainer fills them from the TrainingArguments read with `r` (its `fills`),
+    else named; bf16/fp16.enabled set the precision (off when nothing fills them)."""
+    fills = next((o.fills for o in readings if o.fills), None)
+    for k in auto:
+        if k in TRAINER:
+            if fills is None:
+                off = ", read as false" if k.endswith(".enabled") else ""
+                r.not_modelled.append(f"{k} = 'auto': the HF Trainer fills it from TrainingArguments' {TRAINER[k]}, "
+                                      f"and none were read with it{off}: pass them to check too")
+        elif k in HIDDEN:
+            r.not_modelled.append(f"{k} = 'auto': not modelled (memory and time: the HF Trainer fills it from the "
+                                  "model's hidden size; trainfit models DeepSpeed's default)")
+        else:
+            r.not_modelled.append(f"{k} = 'auto': not modelled (left to the HF Trainer)")
+    if not {"bf16.enabled", "fp16.enabled"} & set(auto):
+        return
+    fills = fills or {}
+    bf16 = fills.get("bf16.enabled", False) if "bf16.enabled" in auto else cfg.bfloat16_config.enabled
+    fp16 = fills.get("fp16.enabled", False) if "fp16.enabled" in auto else cfg.float16_config.enabled
+    if bf16 and fp16:  # (DeepSpeed's config.py:511-512)
+        raise SetupError(f"{r.source}: bf16 and fp16 are both enabled once TrainingArguments fill 'auto': DeepSpeed "
+                         "rejects it (bfloat16 and fp16 modes cannot be simultaneously enabled)")
+    r.set("precision", "bf16-master" if bf16 else "fp16-master" if fp16 else "fp32", "bf16/fp16.enabled")
 
 
 MAPPED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
@@ -140,7 +181,7 @@ def parse(d: dict, r: Reading, source: str):
             from None
 
 
-def _settings(cfg, raw: dict, r: Reading) -> None:
+def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
     r.set("stack", "deepspeed", "deepspeed")
     micro, accum = raw.get("train_micro_batch_size_per_gpu"), raw.get("gradient_accumulation_steps")
     if isinstance(micro, int):
@@ -158,8 +199,9 @@ def _settings(cfg, raw: dict, r: Reading) -> None:
                              "number of ranks: DeepSpeed would refuse it")
         r.set("dp", dp, "train_batch_size")
     r.set("zero", int(cfg.zero_optimization_stage), "zero_optimization.stage")
-    r.set("precision", "bf16-master" if cfg.bfloat16_config.enabled else
-          "fp16-master" if cfg.float16_config.enabled else "fp32", "bf16/fp16.enabled")
+    if not {"bf16.enabled", "fp16.enabled"} & set(auto):  # (else _fill)
+        r.set("precision", "bf16-master" if cfg.bfloat16_config.enabled else
+              "fp16-master" if cfg.float16_config.enabled else "fp32", "bf16/fp16.enabled")
     if "gradient_clipping" in raw and raw["gradient_clipping"] != "auto":
         r.set("max_grad_norm", float(cfg.gradient_clipping), "gradient_clipping")
     z = cfg.zero_config

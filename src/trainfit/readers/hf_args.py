@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..errors import SetupError
-from . import Reading
+from . import Reading, names_deepspeed
 
 # TrainingArguments.optim (training_args.py OptimizerNames) -> (trainfit --optimizer, --optimizer-impl): the HF
 # Trainer's builds (transformers trainer_optimizer.py: adamw_torch foreach by default, _fused fused)
@@ -55,6 +55,9 @@ def parse(path: Path, raw: dict, cls):
         from transformers import HfArgumentParser
     except ImportError:
         raise SetupError(f"{path}: reading TrainingArguments needs transformers") from None
+    if raw.get("bf16") and raw.get("fp16"):  # (transformers 5.24.0 training_args.py:1784-1785, _validate_args)
+        raise SetupError(f"{path}: bf16 and fp16 are both true: {cls.__name__} rejects it (At most one of fp16 and "
+                         "bf16 can be True, but not both): keep one")
     plain = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}
     plain.update(bf16=False, fp16=False)
     plain.setdefault("output_dir", "trainfit-check")
@@ -71,14 +74,17 @@ def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
     bf16 when the file sets neither bf16 nor fp16 (TRL's configs: base_config.py:108)."""
     r.set("batch", a.per_device_train_batch_size, "per_device_train_batch_size")
     r.set("grad_accum", a.gradient_accumulation_steps, "gradient_accumulation_steps")
+    bf16 = raw.get("bf16")
+    if bf16 is None:
+        bf16 = bf16_default and not raw.get("fp16")
+    # what the HF Trainer fills DeepSpeed's "auto" bf16/fp16.enabled with (integrations/deepspeed.py:183-184)
+    r.fills = {"bf16.enabled": bool(bf16 or raw.get("bf16_full_eval")),
+               "fp16.enabled": bool(raw.get("fp16") or raw.get("fp16_full_eval"))}
     if ds is None:  # with DeepSpeed its own config's bf16/fp16 block decides (integrations/deepspeed.py)
-        bf16 = raw.get("bf16")
-        if bf16 is None:
-            bf16 = bf16_default and not raw.get("fp16")
         r.set("stack", "hf", "TrainingArguments")
         r.set("precision", "amp-bf16" if bf16 else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
     else:
-        r.not_modelled.append(f"deepspeed = {ds!r}: its config decides precision and ZeRO: pass it to check too")
+        names_deepspeed(r, ds)
     # gradient_checkpointing, renamed activation_checkpointing in transformers 5.24 (training_args.py:1541 warns)
     ckpt = a.gradient_checkpointing or getattr(a, "activation_checkpointing", False)
     r.set("recompute", "full" if ckpt else "none", "gradient_checkpointing")

@@ -104,6 +104,8 @@ def _settings(a, r: Reading, world: int | None) -> None:
     r.set("stack", "megatron", "pretrain_gpt.py")
     if a.tokenizer_type == "HuggingFaceTokenizer" and a.tokenizer_model:  # the hub id the tokenizer comes from
         r.model = a.tokenizer_model
+        # (the tokenizer's: the flags build the model, and checks hold --model to them)
+        r.same_model = lambda ref: True
     tp, pp, cp = a.tensor_model_parallel_size or 1, a.pipeline_model_parallel_size or 1, a.context_parallel_size or 1
     for flag, name, v in (("--seq-length", "seq", a.seq_length), ("--micro-batch-size", "batch", a.micro_batch_size),
                           ("--tensor-model-parallel-size", "tp", tp), ("--pipeline-model-parallel-size", "pp", pp),

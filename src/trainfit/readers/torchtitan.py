@@ -175,6 +175,7 @@ def _settings(cfg, r: Reading, keys: dict, world: int | None, dp: int | None) ->
     r.set("stack", "torchtitan", "torchtitan")
     m = cfg.model
     r.model = _model_ref(m.name, m.flavor, m.hf_assets_path, r)
+    r.same_model = lambda ref: _builds(ref, m.name, m.flavor)
     r.set("precision", _precision(t), "training.dtype")
     r.set("seq", t.seq_len, "training.seq_len")
     optimizer = {"Adam": "adam", "AdamW": "adamw"}.get(cfg.optimizer.name)
@@ -288,6 +289,16 @@ def _bf16_layers(fqns: list[str], r: Reading) -> None:
     for f in fqns:
         if not f.startswith("layers.") and f != "output":
             r.skip("filter_fqns", f, "more time, less low-precision memory: that module stays in bf16")
+
+
+def _builds(ref: str, name: str, flavor: str) -> bool:
+    """Whether model `ref` is one torchtitan builds for model `name` `flavor`: its registry flavor of that shape."""
+    from ..models.resolve import load_model
+    from ..plan.emit_torchtitan import torchtitan_flavor
+    from ..spec import ModelSpec
+
+    spec = load_model(ref)
+    return isinstance(spec, ModelSpec) and (torchtitan_flavor(spec) or ())[:2] == (name, flavor)
 
 
 def _model_ref(name: str, flavor: str, assets: str, r: Reading) -> str | None:
