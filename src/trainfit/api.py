@@ -28,7 +28,7 @@ def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
     if engine == "all":
         raise SetupError("estimate() returns one Estimate: pick analytic, trace or measure (run_engines for several)")
     req = Request(model=model, **settings)
-    refuse_written(frozenset(settings), req.mode)  # a keyword given at its default is refused too where it does not apply
+    refuse_written(frozenset(settings), req.mode, req.rollout, req.server)  # a keyword given at its default is refused too where it does not apply
     return run_engines(req, engine)[0]
 
 

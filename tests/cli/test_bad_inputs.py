@@ -634,3 +634,16 @@ def test_report_plans_training_only(cli, tmp_path, mode):
 def test_sweep_does_not_take_a_budget(cli, flag):
     code, _, err = cli("sweep", "tiny-llama", "--vary", "batch", "1,2", "--gpu", "H100-80GB", flag, "1")
     assert code == 2 and f"No such option: {flag}" in err, err
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--mode", "rl", "--rollout", "hf", "--vllm-gpu-memory-utilization", "0.3"], "needs --rollout vllm"),
+    (["--mode", "rl", "--rollout", "hf", "--rollout-tp", "1"], "needs --rollout vllm"),
+    (["--mode", "serve", "--server", "sglang", "--block-size", "16"], "does not apply to --server sglang"),
+    (["--mode", "serve", "--mem-fraction-static", "0.88"], "does not apply to --server vllm"),
+])
+def test_other_engines_flags_are_refused_at_their_default_too(cli, args, words):
+    """The vLLM rollout's flags under --rollout hf, one serving engine's under the other: refused when written, at
+    their default value too (rules.py can only refuse them away from it)."""
+    code, out, err = cli("estimate", "qwen2.5-1.5b", "--gpu", "H100-80GB", *args)
+    assert code == 2 and err.count("\n") == 1 and words in err, (out, err)

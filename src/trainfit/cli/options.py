@@ -265,7 +265,7 @@ def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] 
             values = {s.name: parse_value(s, kwargs.pop(s.name)) for s in chosen}
             req = Request(model=kwargs.pop("model") if model else "-", **values)
             if req.mode in MODES:  # a flag written at its default value is refused too where it does not apply
-                refuse_written(written(chosen), req.mode)
+                refuse_written(written(chosen), req.mode, req.rollout, req.server)
             return fn(req, **kwargs)
 
         command.__signature__ = inspect.Signature(params)

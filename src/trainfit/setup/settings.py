@@ -21,7 +21,8 @@ from .parsers import (parse_byte_count,
                       combine_offload)
 from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, LOSS_FUSIONS, MODES, MOE_DISPATCHERS,
                     OFFLOAD_VALUES, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
-                    SERVE_QUANTS, KBIT_PREPS, SERVERS, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS, TRAINING)
+                    SERVE_QUANTS, KBIT_PREPS, SERVERS, SGLANG_ONLY, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS,
+                    TRAINING, VLLM_ONLY)
 
 
 @dataclass(frozen=True)
@@ -990,10 +991,28 @@ def refuse_inapplicable(values, settings, mode: str, only: frozenset | None = No
                  and getattr(values, s.name) != s.default], mode)
 
 
-def refuse_written(names: frozenset, mode: str) -> None:
+def refuse_written(names: frozenset, mode: str, rollout: str | None = None, server: str | None = None) -> None:
     """The flags the user wrote (`names`: the CLI's command line) that do not apply to `mode` are refused at any
-    value, their default included (a value alone cannot tell a written default from an unwritten flag)."""
+    value, their default included (a value alone cannot tell a written default from an unwritten flag); so are those
+    of the other rollout engine (--mode rl) or serving engine (--mode serve) than `rollout` / `server` name, which
+    rules.py refuses away from their defaults."""
     _refuse_off([s for s in _inapplicable(SETTINGS, mode) if s.name in names], mode)
+    if mode == "rl" and rollout is not None and rollout != "vllm":
+        off = [BY_NAME[n].flag for n in VLLM_ROLLOUT if n in names]
+        if off:
+            raise SetupError(f"{' and '.join(off)} {'set' if len(off) > 1 else 'sets'} the vLLM rollout engine: "
+                             f"{'they need' if len(off) > 1 else 'it needs'} --rollout vllm (this is --rollout "
+                             f"{rollout})")
+    if mode == "serve" and server is not None:
+        other = VLLM_ONLY if _serving_versions.engine_of(server) == "sglang" else SGLANG_ONLY
+        off = [BY_NAME[n].flag for n in other if n in names]
+        if off:
+            raise SetupError(f"{' and '.join(off)} {'do' if len(off) > 1 else 'does'} not apply to --server "
+                             f"{server}: drop {'them' if len(off) > 1 else 'it'}")
+
+
+# --mode rl: the settings of TRL's / verl's colocated vLLM engine (rules.py _validate_rl, _validate_rl_placement)
+VLLM_ROLLOUT = ("vllm_gpu_memory_utilization", "rollout_tp", "vllm_sleep_level")
 
 
 def _refuse_off(off: list, mode: str) -> None:
