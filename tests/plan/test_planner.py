@@ -177,7 +177,10 @@ def test_cli_command_and_emits(tmp_path):
     cfg = json.loads(ds.stdout)
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 8
     assert cfg["zero_optimization"]["stage"] in (0, 1, 2, 3)
-    bad = run(app, ["plan", "llama-3.1-8b", "--gpu", "A100-40GB", "--gpus", "8", "--emit", "megatron"])
+    # the hf plans cannot run on Megatron-LM: its own step is searched and emitted
+    mg = run(app, ["plan", "llama-3.1-8b", "--gpu", "A100-40GB", "--gpus", "8", "--emit", "megatron"])
+    assert mg.exit_code == 0 and "pretrain_gpt.py" in mg.stdout, mg.output
+    bad = run(app, ["plan", "llama-3.1-8b", "--gpu", "A100-40GB", "--gpus", "8", "--emit", "nope"])
     assert bad.exit_code != 0 and isinstance(bad.exception, SetupError)
 
 

@@ -27,7 +27,6 @@ class Reading:
     no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
     checks: list = field(default_factory=list)  # callables(spec) -> None: the file's model shape against the spec
     global_batch: int | None = None  # sequences per optimizer step, when the file gives them but not the world size
-    kind: str = ""  # its reader (READERS), set by read()
     fills: dict = field(default_factory=dict)  # DeepSpeed "auto" key -> the value the HF Trainer fills it with (the
     # TrainingArguments' bf16/fp16: transformers 5.24.0 integrations/deepspeed.py:183-184)
     together: list = field(default_factory=list)  # callables(readings) -> None, run once by combine: what the file
@@ -118,18 +117,28 @@ def read(path: str | Path, dp: int | None = None) -> Reading:
     p = Path(path)
     text = p.read_text(encoding="utf-8", errors="replace")
     kind = kind_of(p, text)
-    r = import_module(f"{__package__}.{kind}").read(p, text, dp)
-    r.kind = kind
-    return r
+    return import_module(f"{__package__}.{kind}").read(p, text, dp)
 
 
 def names_deepspeed(r: Reading, ds) -> None:
     """`r` (TrainingArguments, axolotl) runs DeepSpeed with config `ds`, whose bf16/fp16 block and ZeRO decide: noted
     when no DeepSpeed config is read with it."""
     def note(readings):
-        if not any(o.kind == "deepspeed" for o in readings):
+        if not any(_names_file(o, ds) for o in readings):
             r.not_modelled.append(f"deepspeed = {ds!r}: its config decides precision and ZeRO: pass it to check too")
     r.together.append(note)
+
+
+def _names_file(r: Reading, path) -> bool:
+    """Whether `r` was read from the file `path` names (the same file, else the same file name: a path in a config
+    is relative to where the run starts, not to here)."""
+    import os
+
+    mine, other = _file(r), str(path)
+    try:
+        return os.path.samefile(mine, other)
+    except OSError:
+        return os.path.basename(mine) == os.path.basename(other)
 
 
 def model_identity(ref: str) -> str:
