@@ -5,7 +5,7 @@ The Python API (no torch at import; the trace and measure engines import it when
     estimate(model, engine="analytic", **settings) -> Estimate   a catalog name, config.json path or cached hub id
     trace_module(module_or_factory, batch=None, **settings)      the training step of any nn.Module, on fake tensors
     measure_step(model, **settings) -> Estimate                  real steps here (cpu) or on a GPU (device="cuda")
-    compare(Request(...)) -> {label: Estimate}                   training vs inference
+    compare(model or Request, **settings) -> {label: Estimate}   training vs inference
     SETTINGS                                                     every setting: name, default, help, choices, modes
 
 `settings` are the fields of `Setup` and `RunSettings` (trainfit.setup), with the CLI's names and defaults:
@@ -32,8 +32,10 @@ def trace_module(module_or_factory, batch=None, **settings) -> Estimate:
     >>> e.memory.weights == (1024 * 1024 + 1024) * 4  # fp32 weight and bias
     True
     """
-    from .engines import trace_module as run
+    from .engines import TRACED_MODULE, trace_module as run
+    from .setup import refuse_unread
 
+    refuse_unread(settings, "trace_module()", TRACED_MODULE)  # (the others would change nothing it traces)
     return run(module_or_factory, batch, Setup(**settings))
 
 
@@ -46,5 +48,12 @@ def measure_step(model: str, steps: int = 3, warmup: int = 1, **settings) -> Est
     ('measure', True)
     """
     from .api import measure
+    from .engines import MEASURED
+    from .errors import SetupError
+    from .setup import refuse_unread
 
+    refuse_unread(settings, "measure_step()", MEASURED)  # (as `trainfit measure` offers them)
+    for name, n, least in (("steps", steps, 0), ("warmup", warmup, 1)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < least:
+            raise SetupError(f"measure_step(): {name} must be an integer >= {least}, got {n!r}")
     return measure(Request(model=model, **settings), steps=steps, warmup=warmup)

@@ -9,7 +9,7 @@ from . import engines
 from .engines import ENGINES
 from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate
-from .setup import Request, Setup, refuse_written, run_settings
+from .setup import Request, Setup, refuse_unread, refuse_written, run_settings
 
 __all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "trace", "measure", "measure_ranks", "run_engines",
            "compare", "resolve", "load_spec", "load_gpu", "gpu_of", "trace_factory", "catalog_models", "vision_models",
@@ -27,6 +27,7 @@ def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
     """
     if engine == "all":
         raise SetupError("estimate() returns one Estimate: pick analytic, trace or measure (run_engines for several)")
+    refuse_unread(settings, "estimate()")  # (a misspelt keyword named, not a TypeError)
     req = Request(model=model, **settings)
     refuse_written(frozenset(settings), req.mode, req.rollout, req.server)  # a keyword given at its default is refused too where it does not apply
     return run_engines(req, engine)[0]
@@ -264,15 +265,23 @@ def fit_advice(req: Request, est: Estimate, spec=None) -> list:
     return advise(spec, est.setup, gpu_of(req), reserve=req.reserve)
 
 
-def compare(req: Request) -> dict[str, Estimate]:
+def compare(req: Request | str, **settings) -> dict[str, Estimate]:
     """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1 (when the batch is
     larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype. Without
     --seq both run at the model's default for inference (a causal model's decode writes position --seq, so a learned
-    position table allows one token fewer than training: GPT-2 1023)."""
+    position table allows one token fewer than training: GPT-2 1023). `req`: a Request, or a model with `settings`
+    as estimate() takes them."""
     from dataclasses import replace
 
     from .precision import DEFAULT, inference_counterpart
     from .setup import SETTINGS, default_seq
+
+    if isinstance(req, str):
+        refuse_unread(settings, "compare()")
+        req = Request(model=req, **settings)
+    elif not isinstance(req, Request) or settings:
+        raise SetupError("compare() takes a Request, or a model name with its settings: compare('llama-3.1-8b', "
+                         "batch=8)")
 
     if req.mode != "train":
         raise SetupError("compare contrasts a training step with inference: drop --mode")

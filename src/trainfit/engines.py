@@ -21,6 +21,11 @@ from .setup import TORCHAO_OPTIMIZERS, Setup
 from .spec import ModelSpec
 
 ENGINES = ("analytic", "trace", "measure", "all")
+# The settings a run of each reads (`trainfit measure`'s and `trainfit trace`'s options, trainfit.measure_step's and
+# trace_module's keywords): the measure engine's one process of the standard step, the trace of a user's module
+MEASURED = ("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention", "zero", "stack",
+            "optimizer_impl", "device", "mode", "kv_dtype")
+TRACED_MODULE = ("grad_accum", "precision", "optimizer", "recompute", "device")
 
 
 def check_stack(setup: Setup, engine: str) -> None:

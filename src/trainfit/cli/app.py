@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from .. import api, serving_versions
+from ..engines import MEASURED, TRACED_MODULE
 from ..errors import SetupError, TrainfitError
 from ..setup import Request
 from .options import EngineOpt, Group, GroupedCommand, JsonOpt, lazy_group, with_settings
@@ -110,8 +111,7 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
 
 
 @app.command(cls=GroupedCommand)
-@with_settings(only=("batch", "seq", "grad_accum", "precision", "optimizer", "recompute", "attention", "zero", "stack",
-                     "optimizer_impl", "device", "mode", "kv_dtype"), defaults={"device": "cpu"},
+@with_settings(only=MEASURED, defaults={"device": "cpu"},
                helps={"device": "cpu (here) or cuda."})
 def measure(req: Request,
             steps: int = typer.Option(3, "--steps", help="Timed steps after the measured one."),
@@ -207,7 +207,7 @@ def _measure_ranks(req, nproc, launcher, steps, warmup, force, json) -> None:
 
 
 @app.command("trace", cls=GroupedCommand)
-@with_settings(only=("grad_accum", "precision", "optimizer", "recompute", "device"), model=False,
+@with_settings(only=TRACED_MODULE, model=False,
                helps={"recompute": "none, or full (torch.utils.checkpoint around each direct child module)."})
 def trace_module(req: Request,
                  factory: str = typer.Argument(..., help="'package.module:function' returning an nn.Module or (module, example batch)."),

@@ -17,7 +17,8 @@ from .vocab import *  # noqa: F401,F403
 from .parsers import (check_lora_targets, check_pp_split, check_recompute, combine_offload,  # noqa: F401
                       lora_target_names, parse_pp_split)
 from .settings import (BY_NAME, SETTINGS, SETUP_NAMES, Meta, RunSettings, Setting, Setup, check_value,  # noqa: F401
-                       choices_for, parse_value, refuse_inapplicable, refuse_written, setting, settings)
+                       choices_for, parse_value, refuse_inapplicable, refuse_unread, refuse_written, setting,
+                       settings)
 from .rules import micro_batch_rules, trains_any, validate  # noqa: F401
 from .request import (GPU_SETTINGS, MODEL_SETTINGS, Request, default_seq, make_request_class, run_settings,  # noqa: F401
                       serve_dtype)

@@ -906,8 +906,11 @@ _PASSED_MAX = 8192
 
 
 def check_value(s: Setting, v: Any, mode: str = "train") -> None:
-    """One setting's value: its type, bounds and allowed choices."""
+    """One setting's value: its type, bounds and allowed choices (None: its default, where it has no value of its
+    own: an optional setting's, or one the model or the stack decides)."""
     if v is None:
+        if s.request_default is not None:
+            raise SetupError(f"{s.flag} needs a value, not None{_example(s) or f' (default {s.default!r})'}")
         return
     try:
         key = (s.name, type(v), v, mode)
@@ -929,6 +932,8 @@ def _check_value(s: Setting, v: Any, mode: str) -> None:
         if not isinstance(v, bool):
             raise SetupError(f"{s.flag} is a switch (true/false), got {v!r}")
         return
+    if t is str and not isinstance(v, str):
+        raise SetupError(f"{s.flag} must be text, got {v!r}{_example(s)}")
     if t is int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise SetupError(f"{s.flag} must be an integer, got {v!r}{_example(s)}")
@@ -989,6 +994,22 @@ def refuse_inapplicable(values, settings, mode: str, only: frozenset | None = No
     and the mode)."""
     _refuse_off([s for s in _inapplicable(settings, mode) if (only is None or s.name in only)
                  and getattr(values, s.name) != s.default], mode)
+
+
+def refuse_unread(names, what: str, read: tuple[str, ...] | None = None) -> None:
+    """The keywords `names` a Python API call was given: one that is no setting is named with the closest one, and
+    with `read` (the settings `what` reads) one it does not read is refused, never ignored."""
+    from difflib import get_close_matches
+
+    for n in names:
+        if n not in BY_NAME:
+            near = get_close_matches(n, list(BY_NAME), n=1)
+            raise SetupError(f"{what}: {n!r} is no setting{f'; did you mean {near[0]!r}?' if near else ''} "
+                             "(trainfit.SETTINGS lists them)")
+    off = [n for n in names if read is not None and n not in read]
+    if off:
+        raise SetupError(f"{what} does not read {', '.join(map(repr, off))}: drop "
+                         f"{'them' if len(off) > 1 else 'it'} (it reads {', '.join(read)})")
 
 
 def refuse_written(names: frozenset, mode: str, rollout: str | None = None, server: str | None = None) -> None:
