@@ -109,7 +109,7 @@ def _would_fit(req: api.Request, e: Estimate) -> str:
     if e.time is None or e.time.fits:
         return ""
     rows = [[escape(x.flags), escape(x.why), f"{fmt_bytes(x.required)} of {fmt_bytes(x.capacity)}",
-             fmt_seconds(x.step_seconds), f"{x.slowdown:.2f}x"] for x in api.fit_advice(req, e)]
+             fmt_seconds(x.step_seconds), x.times] for x in api.fit_advice(req, e)]
     if not rows:
         return ""
     return ("<section><h2>What would fit</h2><p class='muted'>Each change checked by the analytic engine's fit rule "

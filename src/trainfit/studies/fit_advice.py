@@ -15,6 +15,8 @@ slowdown. Knobs that change what is trained (LoRA, QLoRA, a shorter sequence) sa
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
@@ -108,14 +110,20 @@ class Suggestion:
     setup: Setup = field(repr=False, compare=False)
     knobs: frozenset = field(default=frozenset(), repr=False, compare=False)
 
+    @property
+    def times(self) -> str:
+        """The slowdown as the reports print it ("n/a" where either side runs no tokens: NaN)."""
+        return f"{self.slowdown:.2f}x" if math.isfinite(self.slowdown) else "n/a"
+
     def line(self) -> str:
         return (f"{self.flags} ({self.why}; needs {fmt_bytes(self.required)} of {fmt_bytes(self.capacity)}, "
-                f"{self.slowdown:.2f}x the time per token per GPU)")
+                f"{self.times} the time per token per GPU)")
 
     def as_dict(self) -> dict:
         return {"flags": self.flags, "why": self.why, "required": self.required,
                 "capacity": self.capacity, "step_seconds": self.step_seconds,
-                "tokens_per_second": self.tokens_per_second, "gpus": self.gpus, "slowdown": self.slowdown}
+                "tokens_per_second": self.tokens_per_second, "gpus": self.gpus,
+                "slowdown": self.slowdown if math.isfinite(self.slowdown) else None}  # (JSON has no NaN)
 
 
 class _Judge:
