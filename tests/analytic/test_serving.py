@@ -265,3 +265,27 @@ def test_kv_cache_memory_note_says_what_the_fraction_still_does():
     first = next(n for n in e.notes if n.startswith("vLLM "))
     assert "requested = total" not in first and "taken as given" in first and "start-up" in first
     assert e.detail.serving.kv_blocks * 16 * e.detail.serving.kv_bytes_per_token <= 10**10
+
+
+def test_requests_longer_than_the_model_length_are_not_timed():
+    """512 + 512-token requests against --max-model-len 600: the server refuses them, so no throughput is reported
+    (it was, at 1,024-token requests), and a note says why."""
+    from trainfit.api import analytic
+    from trainfit.setup import Request
+
+    e = analytic(Request(model="llama-3.1-8b", mode="serve", gpu="H100-80GB", max_model_len=600))
+    assert e.time.tokens_per_second == 0 and any("longer than the model length, 600" in n for n in e.notes)
+    ok = analytic(Request(model="llama-3.1-8b", mode="serve", gpu="H100-80GB", max_model_len=600, prompt_len=300,
+                          completion_len=300))
+    assert ok.time.tokens_per_second > 0
+
+
+def test_kv_tokens_line_says_when_vllms_count_is_whole_requests(capsys):
+    """vLLM counts the pool in whole max-model-len requests: at --max-model-len 1 that is one token a block, and the
+    table says so beside the blocks' token slots (blocks x 16)."""
+    from trainfit.cli.app import main
+
+    main(["estimate", "tiny-llama", "--mode", "serve", "--gpu", "H100-80GB", "--max-model-len", "1"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "blocks of 16" in x)
+    blocks = int(line.split(" tokens in ")[1].split(" blocks")[0].replace(",", ""))
+    assert f"as whole 1-token requests; {blocks * 16:,} token slots" in line

@@ -613,6 +613,9 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
     prompt = setup.prompt_len
     fpt = forward_per_token(spec, prompt, pc)
     timing = None
+    longer = prompt + setup.completion_len > max_seq  # the OpenAI server refuses a request past the model length
+    if longer:
+        load = None
     if load is not None:
         s = load.step
         achieved = s.kernels.flops / (s.seconds * gpu.flops_for(compute_dtype(setup))) if s.seconds else 0.0
@@ -626,7 +629,9 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
                         headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory, max_batch=0,
                         max_seq=max_seq)
         notes = [*notes, f"no request of --prompt-len {prompt} + --completion-len {setup.completion_len} tokens "
-                 "fits the KV cache: nothing is served (0 tokens/s)"]
+                 + (f"is taken: it is longer than the model length, {max_seq:,} (the server refuses it); set "
+                    "--prompt-len and --completion-len within it (0 tokens/s)" if longer else
+                    "fits the KV cache: nothing is served (0 tokens/s)")]
     if load is not None and (setup.request_rate or setup.ttft_ms):
         notes = [*notes, _target_note(setup, load)]
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))

@@ -210,7 +210,11 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             sv = e.detail.serving
             sglang = sv.server == "sglang"
             block = sv.knobs["page_size" if sglang else "block_size"]  # SGLang's pages, vLLM's blocks
-            c.add_row("KV cache", f"{sv.kv_tokens:,} tokens in {sv.kv_blocks:,} blocks of {block}")
+            # (vLLM's "GPU KV cache size" counts whole requests: blocks over a request's blocks x max-model-len,
+            # fewer than blocks x block where max-model-len is no multiple of the block: analytic/serving.py)
+            whole = "" if sv.kv_tokens == sv.kv_blocks * block else \
+                f" (as whole {sv.max_model_len:,}-token requests; {sv.kv_blocks * block:,} token slots)"
+            c.add_row("KV cache", f"{sv.kv_tokens:,} tokens in {sv.kv_blocks:,} blocks of {block}{whole}")
             c.add_row(f"sequences of {sv.max_model_len:,} tokens at once", f"{sv.max_concurrent_sequences:,.2f}")
             if not sglang:  # vLLM's start-up lines, to compare with its log
                 for label, gib in serving.log_lines(sv):
