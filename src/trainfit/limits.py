@@ -57,3 +57,12 @@ def check_logits(tokens: int, vocab: int) -> None:
 
 # a count of a model's transformer layers: each holds at least one 16-bit weight
 LAYERS = Bound(INT64_MAX // 2, f"every layer holds at least one 16-bit weight and {INT64_BYTES}")
+
+
+def check_device_bytes(nbytes: float) -> None:
+    """What one GPU (or process) holds is counted by PyTorch's caching allocator in int64 (c10/core/Allocator.h,
+    CUDACachingAllocator's DeviceStats: int64_t counters): a step holding more describes no run the engines could
+    measure (a config of 10**12 layers)."""
+    if nbytes > INT64_MAX:
+        raise SetupError(f"the step would hold {nbytes:.3g} bytes on one GPU, more than 2**63 - 1, which PyTorch's "
+                         "allocator counts in int64: no device holds it; check the model's size (its layers, widths)")

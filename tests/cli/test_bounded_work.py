@@ -166,3 +166,16 @@ def test_a_billion_wide_layers_answers(bounded, tmp_path):
                              "vocab_size": 32000, "max_position_embeddings": 4096}))
     code, out, err, took = bounded("estimate", str(p), "--gpu", "H100-80GB", "--json")
     assert code == 0 and took < WALL, err
+
+
+def test_a_step_beyond_int64_bytes_is_refused(bounded, tmp_path):
+    """10**12 layers hold ~3.7e19 bytes on one GPU: more than PyTorch's allocator counts (int64), refused in one line
+    (it answered, with parts that no longer summed to the peak in float arithmetic)."""
+    import json
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
+                             "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 10**12,
+                             "vocab_size": 2000, "max_position_embeddings": 512}))
+    code, out, err, took = bounded("estimate", str(p))
+    assert code == 2 and "more than 2**63 - 1" in err and err.count("\n") == 1, err

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .. import heads, overheads, serving_versions
+from .. import heads, limits, overheads, serving_versions
 from ..models.hf_config import for_setup
 from ..errors import SetupError
 from .unmodelled import check_modelled
@@ -277,6 +277,7 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
                           setup.mode == "train" and setup.device == "cuda")
     lm = vlm.language_setup(spec, setup)
     est = _estimate(spec, lm, gpu, mfu, tokens, reserve, es)
+    limits.check_device_bytes(est.memory.device_total or est.memory.peak)
     return est if lm is setup else replace(est, setup=setup)
 
 
