@@ -647,3 +647,10 @@ def test_other_engines_flags_are_refused_at_their_default_too(cli, args, words):
     their default value too (rules.py can only refuse them away from it)."""
     code, out, err = cli("estimate", "qwen2.5-1.5b", "--gpu", "H100-80GB", *args)
     assert code == 2 and err.count("\n") == 1 and words in err, (out, err)
+
+
+@pytest.mark.parametrize("top", ["0", "-1"])
+def test_plan_serve_refuses_top_below_one(cli, top):
+    code, out, err = cli("plan", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--concurrency", "64",
+                         "--top", top)
+    assert code == 2 and f"--top must be >= 1, got {top}" in err, (out, err)

@@ -131,6 +131,7 @@ def test_bad_estimate_query(client, params, words):
 
 
 BAD_BODIES = [
+    ({"model": "gpt2", "config": TINY}, "not both"),  # (one would be dropped unsaid)
     ({"model": "llama-3.1-8b", "seqlen": 4096}, "did you mean seq"),
     # pasted config.json: text
     ({"config": "{not json"}, "not valid JSON"),
@@ -186,7 +187,8 @@ def test_bad_post_body(client, route, body, words):
 
 
 RAW_BODIES = [
-    (b"{oops", None),
+    (b"{oops", "not valid JSON at character 1"),
+    (b'{"model": ', "not valid JSON at character 10"),
     (b"", None),
     (b"[1, 2, 3]", None),
     (b'"just text"', None),

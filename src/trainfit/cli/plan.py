@@ -95,6 +95,8 @@ def plan(
                              "--mode serve takes --concurrency or --request-rate (with --ttft-ms, --prompt-len, "
                              "--completion-len), --max-model-len, --tpot-ms, --kv-cache-dtype, "
                              "--server, --tp, --precision, --price, --top")
+        if top < 1:  # (--mode train: PlanQuery's own check)
+            raise SetupError(f"--top must be >= 1, got {top}")
         if request_rate is not None:
             _plan_rate(model, gpu, price, request_rate, concurrency, ttft_ms, tpot_ms, serve_prompt_len,
                        serve_completion_len,

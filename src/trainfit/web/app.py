@@ -124,6 +124,8 @@ def _spec_and_request(k: PastedKnobs):
         return api.load_spec(req.model), req
     from ..models.hf_config import spec_from_config
 
+    if k.model is not None and k.model.strip():  # (one of them is the model: the other would be dropped unsaid)
+        raise SetupError("give a catalog model or a pasted config.json, not both")
     data = parse_config(k.config)
     name = str(data.get("_name_or_path") or data.get("model_type") or "pasted-config").split("/")[-1] or "pasted-config"
     req = to_request(k, model=name)
@@ -274,6 +276,11 @@ def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err.get("loc", ()) if x not in ("query", "body"))
+        if err.get("type") == "json_invalid":  # (loc: ("body", the character's position))
+            why = (err.get("ctx") or {}).get("error", "")
+            parts.append(f"the request body is not valid JSON at character {loc}{f' ({why})' if why else ''}: send "
+                         "a JSON object of the knobs")
+            continue
         parts.append(_unknown_field(loc) if err.get("type") == "extra_forbidden" else
                      f"{loc or 'request'}: {err.get('msg', 'invalid value')}")
     return "; ".join(parts) or "invalid request"
