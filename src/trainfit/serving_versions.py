@@ -57,7 +57,8 @@ def parse(value: str) -> Version:
         raise SetupError(f"--server {value!r}: name a version after == ({', '.join(listed)}) or drop it")
     if not wanted:
         wanted = table["default"]
-    match = [v for v in listed if v == wanted or v.startswith(wanted + ".")]
+    # (a prefix only for major.minor: 0.4.3 is not its 0.4.3.post4, whose fixes may move what it holds)
+    match = [v for v in listed if v == wanted or (wanted.count(".") == 1 and v.startswith(wanted + "."))]
     if len(match) != 1:
         raise SetupError(f"--server {value!r}: trainfit models {engine} {', '.join(listed)} (data/servers.toml); "
                          f"choose one of them, or --server {engine} for {table['default']}")

@@ -265,7 +265,7 @@ def test_sglang_0_4_3_pool_at_its_default_is_the_published_l4_log():
     from bench.targets import serving_published as script
     case = next(c for c in script.SGLANG_CASES if c.base == "qwen2.5-32b")
     spec, gpu = load_model(case.base), get_gpu(case.gpu)
-    old = sg.serve_memory(spec, Setup(mode="serve", server="sglang==0.4.3", precision="bf16", tp=4), gpu)
+    old = sg.serve_memory(spec, Setup(mode="serve", server="sglang==0.4.3.post4", precision="bf16", tp=4), gpu)
     stated = sg.serve_memory(spec, Setup(mode="serve", server="sglang==0.4.3.post4", precision="bf16", tp=4,
                                          mem_fraction_static=case.mem_fraction_static), gpu)
     assert old.kv_tokens == stated.kv_tokens
@@ -273,3 +273,11 @@ def test_sglang_0_4_3_pool_at_its_default_is_the_published_l4_log():
     # 0.5.23's reserve rule (memory_hook.py:296-328) gives this L4 0.658: 15.54 GiB of weights exceed 0.658 x 21.56
     assert sg.knobs(spec, _sgl(tp=4), gpu).mem_fraction_static < 0.7
     assert old.sizing().version == "0.4.3.post4"
+
+
+def test_a_patch_version_not_listed_is_refused():
+    """sglang==0.4.3 is not the listed 0.4.3.post4 (its fixes may move what it holds): refused, naming the listed
+    ones; a major.minor (0.5) stands for its one listed release."""
+    with pytest.raises(SetupError, match="trainfit models sglang .*0.4.3.post4"):
+        Setup(mode="serve", server="sglang==0.4.3", precision="bf16")
+    assert Setup(mode="serve", server="sglang==0.5", precision="bf16").server == "sglang==0.5"
