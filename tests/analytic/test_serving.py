@@ -286,6 +286,8 @@ def test_kv_tokens_line_says_when_vllms_count_is_whole_requests(capsys):
     from trainfit.cli.app import main
 
     main(["estimate", "tiny-llama", "--mode", "serve", "--gpu", "H100-80GB", "--max-model-len", "1"])
-    line = next(x for x in capsys.readouterr().out.splitlines() if "blocks of 16" in x)
-    blocks = int(line.split(" tokens in ")[1].split(" blocks")[0].replace(",", ""))
-    assert f"as whole 1-token requests; {blocks * 16:,} token slots" in line
+    import re
+
+    words = " ".join(capsys.readouterr().out.replace("│", " ").split())  # (a narrow console wraps the cell)
+    blocks = int(re.search(r"tokens in ([\d,]+) blocks of 16", words).group(1).replace(",", ""))
+    assert f"as whole 1-token requests; {blocks * 16:,} token slots" in words

@@ -278,3 +278,19 @@ def test_building_a_model_leaves_the_catalog_as_its_file():
     hf_config(spec, setup)
     on_disk = json.loads((CATALOG_DIR / "llama-3.2-1b.json").read_text())
     assert load_model("llama-3.2-1b").config["rope_scaling"] == on_disk["rope_scaling"]
+
+
+@pytest.mark.parametrize("scaling,words", [
+    ("junk", "'rope_scaling' must be an object"),
+    ({"rope_type": "linear", "factor": "x"}, "'factor' of the rotary embedding must be a number, got 'x'"),
+])
+def test_a_malformed_rope_scaling_is_named(scaling, words):
+    """transformers' own error for these is a bare ValueError ('dictionary update sequence ...')."""
+    from trainfit.errors import ConfigError
+    from trainfit.models.hf_config import spec_from_config
+
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+           "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 2000, "max_position_embeddings": 512,
+           "rope_scaling": scaling}
+    with pytest.raises(ConfigError, match=words):
+        spec_from_config(cfg, "t")

@@ -42,7 +42,16 @@ def rope_parameters(config: dict) -> tuple[float, str | None, dict]:
     """(rope_theta, the scaling's type, the scaling dict) as a HF config holds them (transformers 4.x: rope_theta
     and rope_scaling, its type under "rope_type" or the older "type"; 5.x: rope_parameters holding both); theta
     10000 where none is given (transformers' default)."""
-    scaling = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    raw = config.get(key) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"'{key}' must be an object (e.g. {{\"rope_type\": \"llama3\", \"factor\": 8.0}}), got "
+                          f"{str(raw)[:40]!r}")
+    scaling = dict(raw)
+    for name in ("rope_theta", "factor", "original_max_position_embeddings", "attention_factor"):
+        v = scaling.get(name, config.get(name) if name == "rope_theta" else None)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ConfigError(f"'{name}' of the rotary embedding must be a number, got {str(v)[:40]!r}")
     theta = float(scaling.get("rope_theta", config.get("rope_theta", 10000.0)))
     return theta, scaling.get("rope_type", scaling.get("type")), scaling
 
