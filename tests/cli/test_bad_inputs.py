@@ -654,3 +654,10 @@ def test_plan_serve_refuses_top_below_one(cli, top):
     code, out, err = cli("plan", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--concurrency", "64",
                          "--top", top)
     assert code == 2 and f"--top must be >= 1, got {top}" in err, (out, err)
+
+
+def test_timeline_refusals_do_not_offer_an_engine_option(cli, tmp_path):
+    """timeline always runs the trace engine and has no --engine: a refusal it passes on names the analytic engine
+    through `trainfit estimate`, not an option timeline does not take."""
+    code, out, err = cli("timeline", "tiny-llama", "--mode", "rl", "--gpu", "H100-80GB", "-o", str(tmp_path / "t.png"))
+    assert code == 2 and err.count("\n") == 1 and "--engine" not in err and "trainfit estimate" in err, err

@@ -61,8 +61,15 @@ def timeline(req: Request,
         raise SetupError("--measure overlays a measured training step; drop --mode infer")
     if fast and req.mode != "train":
         raise SetupError("--fast extrapolates a training trace over the layers; inference is traced whole: drop --fast")
-    with spinner("tracing the step on fake tensors", quiet=json):
-        traced = api.trace(req, extrapolate=fast)
+    try:
+        with spinner("tracing the step on fake tensors", quiet=json):
+            traced = api.trace(req, extrapolate=fast)
+    except SetupError as e:  # the engine's refusals name estimate's --engine, which timeline has not
+        if "--engine" not in str(e):
+            raise
+        why = str(e).replace("--engine analytic", "the analytic engine").replace("--engine trace", "the trace engine")
+        raise SetupError(f"timeline draws the trace engine's step: {why}; `trainfit estimate` answers with the "
+                         "analytic engine") from e
     measured = None
     if measure:
         with spinner("running the real step here", quiet=json):

@@ -207,7 +207,8 @@ def trace(model_or_factory, batch=None, setup: Setup | None = None, *, flops: bo
             _cast_floating(model, dtype)
         model.train()
         with _user_code(name, f"the training step of {name} on its example batch",
-                        "check that the example batch matches the module's forward()"):
+                        f"check that the example batch matches the module's forward() and that --optimizer "
+                        f"{setup.optimizer} --precision {setup.precision} run on it (the step runs both)"):
             if setup.recompute != "none":
                 enable_recompute(model, setup)
             wrapped = _LossModule(model, positional)
