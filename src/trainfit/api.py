@@ -29,7 +29,8 @@ def estimate(model: str, engine: str = "analytic", **settings) -> Estimate:
         raise SetupError("estimate() returns one Estimate: pick analytic, trace or measure (run_engines for several)")
     refuse_unread(settings, "estimate()")  # (a misspelt keyword named, not a TypeError)
     req = Request(model=model, **settings)
-    refuse_written(frozenset(settings), req.mode, req.rollout, req.server)  # a keyword given at its default is refused too where it does not apply
+    # a keyword given at its default is refused too where it does not apply
+    refuse_written(frozenset(settings), req.mode, req.rollout, req.server)
     return run_engines(req, engine)[0]
 
 

@@ -96,6 +96,7 @@ TRAINER = {"train_micro_batch_size_per_gpu": "per_device_train_batch_size",
            "gradient_accumulation_steps": "gradient_accumulation_steps",
            "train_batch_size": "world size × per_device_train_batch_size × gradient_accumulation_steps",
            "gradient_clipping": "max_grad_norm", "bf16.enabled": "bf16", "fp16.enabled": "fp16"}
+AMP_AUTO = {"bf16.enabled", "fp16.enabled"}  # the "auto" keys that decide the precision (_fill sets it then)
 # filled from the model's hidden size when the Trainer builds the engine (integrations/deepspeed.py:203-241)
 HIDDEN = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
           "zero_optimization.stage3_param_persistence_threshold")
@@ -116,7 +117,7 @@ def _fill(r: Reading, auto: list, cfg, readings: list) -> None:
                                   "model's hidden size; trainfit models DeepSpeed's default)")
         else:
             r.not_modelled.append(f"{k} = 'auto': not modelled (left to the HF Trainer)")
-    if not {"bf16.enabled", "fp16.enabled"} & set(auto):
+    if not AMP_AUTO & set(auto):
         return
     fills = fills or {}
     bf16 = fills.get("bf16.enabled", False) if "bf16.enabled" in auto else cfg.bfloat16_config.enabled
@@ -124,7 +125,12 @@ def _fill(r: Reading, auto: list, cfg, readings: list) -> None:
     if bf16 and fp16:  # (DeepSpeed's config.py:511-512)
         raise SetupError(f"{r.source}: bf16 and fp16 are both enabled once TrainingArguments fill 'auto': DeepSpeed "
                          "rejects it (bfloat16 and fp16 modes cannot be simultaneously enabled)")
-    r.set("precision", "bf16-master" if bf16 else "fp16-master" if fp16 else "fp32", "bf16/fp16.enabled")
+    r.set("precision", _precision(bf16, fp16), "bf16/fp16.enabled")
+
+
+def _precision(bf16: bool, fp16: bool) -> str:
+    """DeepSpeed's bf16 / fp16 modes: 16-bit weights with fp32 masters, else fp32."""
+    return "bf16-master" if bf16 else "fp16-master" if fp16 else "fp32"
 
 
 MAPPED = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
@@ -199,9 +205,8 @@ def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
                              "number of ranks: DeepSpeed would refuse it")
         r.set("dp", dp, "train_batch_size")
     r.set("zero", int(cfg.zero_optimization_stage), "zero_optimization.stage")
-    if not {"bf16.enabled", "fp16.enabled"} & set(auto):  # (else _fill)
-        r.set("precision", "bf16-master" if cfg.bfloat16_config.enabled else
-              "fp16-master" if cfg.float16_config.enabled else "fp32", "bf16/fp16.enabled")
+    if not AMP_AUTO & set(auto):  # (else _fill)
+        r.set("precision", _precision(cfg.bfloat16_config.enabled, cfg.float16_config.enabled), "bf16/fp16.enabled")
     if "gradient_clipping" in raw and raw["gradient_clipping"] != "auto":
         r.set("max_grad_norm", float(cfg.gradient_clipping), "gradient_clipping")
     z = cfg.zero_config

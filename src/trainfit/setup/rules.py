@@ -8,8 +8,9 @@ from .. import precision as _precision
 from .. import stacks as _stacks
 from .. import serving_versions
 from ..errors import SetupError
-from .settings import _SETUP_SETTINGS, BY_NAME, Setup, check_value, refuse_inapplicable
-from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS, SGLANG_ONLY, VLLM_ONLY
+from .settings import (_SETUP_SETTINGS, BY_NAME, Setup, check_value, other_server_settings, refuse_inapplicable,
+                       refuse_other_server)
+from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS
 
 
 def validate(setup: Setup, changed: frozenset | None = None) -> None:
@@ -399,14 +400,8 @@ def _validate_serve(setup: Setup) -> None:
     if sglang and setup.kv_dtype == "fp16" and setup.precision != "fp16":
         raise SetupError("--kv-cache-dtype fp16: SGLang's KV dtypes are auto (the model's), bf16 and fp8 "
                          "(sglang/srt/arg_groups/fields/model.py:197-219); use --precision fp16 or another KV dtype")
-    other = VLLM_ONLY if sglang else SGLANG_ONLY
-    off = [BY_NAME[n] for n in other if getattr(setup, n) != BY_NAME[n].default]
-    if off:
-        flags = " and ".join(s.flag for s in off)
-        fraction = sglang and any(s.name in ("gpu_memory_utilization", "kv_cache_memory") for s in off)
-        raise SetupError(f"{flags} {'do' if len(off) > 1 else 'does'} not apply to --server {setup.server}: drop "
-                         f"{'them' if len(off) > 1 else 'it'}" + (" (SGLang sizes its memory with "
-                                                                  "--mem-fraction-static)" if fraction else ""))
+    refuse_other_server([BY_NAME[n] for n in other_server_settings(setup.server)
+                         if getattr(setup, n) != BY_NAME[n].default], setup.server)
     if setup.quant and setup.precision == "fp32":
         raise SetupError(f"--quant {setup.quant} runs 16-bit activations in vLLM: use --precision bf16 or fp16")
     if setup.speculative_algorithm == "nextn" and setup.draft_model:

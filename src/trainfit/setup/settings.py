@@ -1025,11 +1025,23 @@ def refuse_written(names: frozenset, mode: str, rollout: str | None = None, serv
                              f"{'they need' if len(off) > 1 else 'it needs'} --rollout vllm (this is --rollout "
                              f"{rollout})")
     if mode == "serve" and server is not None:
-        other = VLLM_ONLY if _serving_versions.engine_of(server) == "sglang" else SGLANG_ONLY
-        off = [BY_NAME[n].flag for n in other if n in names]
-        if off:
-            raise SetupError(f"{' and '.join(off)} {'do' if len(off) > 1 else 'does'} not apply to --server "
-                             f"{server}: drop {'them' if len(off) > 1 else 'it'}")
+        refuse_other_server([BY_NAME[n] for n in other_server_settings(server) if n in names], server)
+
+
+def other_server_settings(server: str) -> tuple[str, ...]:
+    """The settings only the other serving engine than --server's reads (vLLM's under SGLang, SGLang's under vLLM)."""
+    return VLLM_ONLY if _serving_versions.engine_of(server) == "sglang" else SGLANG_ONLY
+
+
+def refuse_other_server(off: list, server: str) -> None:
+    """`off` (settings of the other serving engine, given) refused in one line; under SGLang the memory flags get
+    their counterpart named."""
+    if off:
+        sglang = _serving_versions.engine_of(server) == "sglang"
+        fraction = sglang and any(s.name in ("gpu_memory_utilization", "kv_cache_memory") for s in off)
+        raise SetupError(f"{' and '.join(s.flag for s in off)} {'do' if len(off) > 1 else 'does'} not apply to "
+                         f"--server {server}: drop {'them' if len(off) > 1 else 'it'}"
+                         + (" (SGLang sizes its memory with --mem-fraction-static)" if fraction else ""))
 
 
 # --mode rl: the settings of TRL's / verl's colocated vLLM engine (rules.py _validate_rl, _validate_rl_placement)
