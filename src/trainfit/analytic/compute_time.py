@@ -42,7 +42,7 @@ from .timing import compute_dtype
 from .ops.torchao_casts import backward_extra, backward_gemms
 from .ops.cuda_graphs import graphed_lists
 from ..setup.parsers import parse_cuda_graph_scope
-from .torchao_recipes import layer_shapes
+from .torchao_recipes import bf16_layers, layer_shapes
 
 TERMS = ("gemm", "attention", "memory", "launches")
 
@@ -346,9 +346,24 @@ def _stage_lists(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes, pc: Pa
     Shape: ops/shape.py; the layers' lists: _timed_layer), memoised by stage_compute on the setup with the recompute
     policy fixed (op_list_setup(recompute=True)) — one entry for every policy and module set of a layout."""
     sh = shape_of(spec, setup, st, compute_dtype(setup))
-    bf16 = (setup.bf16_first_layers or setup.bf16_last_layers) if sh.te else 0
-    return sh, _layer_times(spec, setup, gpu, pc, sh), _layer_times(spec, setup, gpu, pc, replace(sh, te="")) \
-        if bf16 else None
+    bf16 = bool(setup.bf16_first_layers or setup.bf16_last_layers) if sh.te else False
+    # memoised again on what the layers' lists read (_layer_times_key), which the layouts of one Shape share: they
+    # differ in the pipeline (pp, its split, vpp), which the Shape and the lists never read
+    key = ("lists", spec, gpu, sh, bf16, _layer_times_key(spec, setup, sh))
+    return sh, *memo.remember(_SHAPED, key, lambda: (_layer_times(spec, setup, gpu, pc, sh), _layer_times(
+        spec, setup, gpu, pc, replace(sh, te="")) if bf16 else None))
+
+
+_SHAPED = memo.table()  # _stage_lists' layers' times, keyed on the Shape and _layer_times_key
+
+
+def _layer_times_key(spec: ModelSpec, setup: Setup, sh: Shape) -> tuple:
+    """What _layer_times reads of the setup beyond the Shape `sh`: its layers' own key (_timed_layer: the combined
+    1F1B schedule, Megatron's CUDA graph scope, LoRA's adapters), torchao's bf16 layers (torchao_recipes.layer_shapes)
+    and the windowed layers' share (windowed.split); the layer kinds read the spec alone (layer_kinds)."""
+    return (combined_1f1b(setup), getattr(setup, "cuda_graph_scope", None),
+            op_list_setup(setup, recompute=True) if setup.lora_rank else None,
+            bf16_layers(setup, spec.layers) if sh.float8 else 0, windowed.windowed_share(spec, setup))
 
 
 def _layer_times(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sh: Shape):

@@ -7,6 +7,7 @@ as the largest of the step's high points).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from ..models.hf_config import for_setup
@@ -36,7 +37,7 @@ from .stacks import model_for
 from .precision import StateBytes, state_bytes
 from .recompute import LayerMemory, checkpoint_held_masks, layer_memory, layer_params
 
-__all__ = ["Stage", "TrainMemory", "adafactor_state", "rank_params", "stages", "train_memory"]
+__all__ = ["Stage", "TrainMemory", "adafactor_state", "rank_params", "stage_memories", "stages", "train_memory"]
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,23 @@ def _headed(spec: ModelSpec, setup: Setup, pc: ParamCounts | None) -> tuple[Mode
 
 
 def train_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> TrainMemory:
+    return max(stage_memories(spec, setup, pc), key=lambda m: m.peak)
+
+
+def stage_memories(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> Iterator[TrainMemory]:
+    """Each pipeline stage's memory, first stage first (one for an encoder-decoder's two stacks), computed as they
+    are taken: train_memory is the largest; the planner's memory oracle stops at the first above a capacity
+    (plan/fit.py PeakOracle.fits)."""
     spec, pc = _headed(spec, setup, pc)
     encoder_decoder.check_trainable(spec, setup)  # an encoder-decoder family not modelled (encoder_decoder.py)
     pc = pc or count_params(spec)
     if encoder_decoder.modelled(spec):  # T5 / mT5, BART, Whisper: two stacks (encoder_decoder_training.py)
-        return encoder_decoder_training.train_memory(spec, setup, pc)
+        yield encoder_decoder_training.train_memory(spec, setup, pc)
+        return
     st = state_bytes(setup)
     stack = model_for(setup)  # its per-stage memory (analytic/stacks: Megatron-Core's is megatron_memory.py)
-    results = [stack.stage_memory(spec, setup, pc, st, s) for s in stages(spec, setup)]
-    return max(results, key=lambda m: m.peak)
+    for s in stages(spec, setup):
+        yield stack.stage_memory(spec, setup, pc, st, s)
 
 
 def states_floor(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> int:

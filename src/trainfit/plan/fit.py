@@ -11,7 +11,7 @@ call usually confirms it; a binary search covers the rest. Every number is the e
 from __future__ import annotations
 
 from ..analytic.fit_rule import capacity, required
-from ..analytic.memory import memory_key, states_floor, train_memory
+from ..analytic.memory import memory_key, stage_memories, states_floor, train_memory
 from ..analytic.params import ParamCounts
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -24,7 +24,9 @@ class PeakOracle:
         self.spec, self.pc = spec, pc
         self.calls = 0
         self._memo: dict[Setup, int] = {}
+        self._above: dict[Setup, int] = {}  # a stage's peak above the capacity asked: a lower bound of required
         self._capacity: dict[tuple, int] = {}
+        self._states: dict[tuple, int] = {}  # states_floor of the groups that differ only in their recompute
 
     def peak(self, setup: Setup) -> int:
         """What the step's tensors need from the caching allocator: the fit rule's bytes (analytic/fit_rule.py
@@ -37,41 +39,75 @@ class PeakOracle:
             got = self._memo[key] = required(self.spec, setup, train_memory(self.spec, setup, self.pc), self.pc)
         return got
 
-    def capacity(self, gpu, setup: Setup, reserve: int) -> int:
-        """fit_rule.capacity (the GPU less --reserve and the setup's fixed overheads), memoised on the memory's key:
-        the overheads are memory, which the settings memory never reads do not change."""
-        key = (gpu, memory_key(setup), reserve)
+    def fits(self, setup: Setup, capacity: int) -> bool:
+        """peak(setup) <= capacity, its stages computed first to last until one's peak is above the capacity
+        (required >= the peak of the step's every stage: fit_rule.required adds bytes >= 0 to the largest), so a
+        setup that does not fit usually costs one stage, not all; the answer is peak's."""
+        key = memory_key(setup)
+        got = self._memo.get(key)
+        if got is not None:
+            return got <= capacity
+        if self._above.get(key, capacity) > capacity:
+            return False
+        self.calls += 1
+        stages = []
+        for m in stage_memories(self.spec, setup, self.pc):
+            if m.peak > capacity:
+                self._above[key] = m.peak
+                return False
+            stages.append(m)
+        got = self._memo[key] = required(self.spec, setup, max(stages, key=lambda m: m.peak), self.pc)
+        return got <= capacity
+
+    def capacity(self, gpu, setup: Setup, reserve: int, key: tuple | None = None) -> int:
+        """fit_rule.capacity (the GPU less --reserve and the setup's fixed overheads), memoised on the memory's key
+        (the overheads are memory, which the settings memory never reads do not change), or on the caller's `key`
+        for the setups that differ only in their recompute policy and modules, which no overhead reads (the
+        context, the cuBLAS workspace, the communicators: overheads.fixed_bytes)."""
+        key = (gpu, memory_key(setup) if key is None else key, reserve)
         got = self._capacity.get(key)
         if got is None:
             got = self._capacity[key] = capacity(gpu, setup, reserve)
         return got
 
-    def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:
-        """Largest b in [0, limit] with peak(base with batch=b) <= capacity (0: not even b = 1 fits)."""
+    def states_floor(self, setup: Setup, key: tuple | None = None) -> int:
+        """memory.states_floor(setup), memoised on `key` where given: the caller's name for the setups that differ
+        only in settings the states never read (the micro-batch, the recompute policy and modules: rank_states'
+        STATES_FIXED, megatron_memory.py)."""
+        got = self._states.get(key) if key is not None else None
+        if got is None:
+            got = states_floor(self.spec, setup, self.pc)
+            if key is not None:
+                self._states[key] = got
+        return got
+
+    def batch_bounds(self, base: Setup, capacity: int, limit: int, states_key: tuple | None = None) -> tuple[int, int]:
+        """(lo, hi): the largest b in [0, limit] with peak(base with batch=b) <= capacity lies in [lo, hi], b = lo
+        known to fit (0: not even b = 1 fits, and hi = 0) — from at most two engine calls: b = 1, b = 2 and the secant
+        through them, which under-estimates the convex peak beyond (module docstring). `states_key`: states_floor's."""
         if limit < 1:
-            return 0
+            return 0, 0
         one = base.with_micro_batches(1)
         # the states alone outgrow the capacity (memory.states_floor <= peak <= required): no engine call
-        if states_floor(self.spec, one, self.pc) > capacity:
-            return 0
-        p1 = self.peak(one)
-        if p1 > capacity:
-            return 0
+        if self.states_floor(one, states_key) > capacity or not self.fits(one, capacity):
+            return 0, 0
         if limit == 1:
-            return 1
-        p2 = self.peak(base.with_micro_batches(2))
-        if p2 > capacity:
-            return 1
-        slope = p2 - p1
-        hi = limit if slope <= 0 else min(limit, 2 + int((capacity - p2) // slope))
-        if hi <= 2:
-            return 2
-        if self.peak(base.with_micro_batches(hi)) <= capacity:
+            return 1, 1
+        two = base.with_micro_batches(2)
+        if not self.fits(two, capacity):
+            return 1, 1
+        slope = self.peak(two) - self.peak(one)
+        hi = limit if slope <= 0 else min(limit, 2 + int((capacity - self.peak(two)) // slope))
+        return (2, 2) if hi <= 2 else (2, hi)
+
+    def largest_batch(self, base: Setup, capacity: int, limit: int, states_key: tuple | None = None) -> int:
+        """Largest b in [0, limit] with peak(base with batch=b) <= capacity (0: not even b = 1 fits)."""
+        lo, hi = self.batch_bounds(base, capacity, limit, states_key)
+        if lo == hi or self.fits(base.with_micro_batches(hi), capacity):
             return hi
-        lo = 2  # fits; hi does not
-        while hi - lo > 1:
+        while hi - lo > 1:  # lo fits, hi does not
             mid = (lo + hi) // 2
-            if self.peak(base.with_micro_batches(mid)) <= capacity:
+            if self.fits(base.with_micro_batches(mid), capacity):
                 lo = mid
             else:
                 hi = mid

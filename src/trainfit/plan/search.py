@@ -9,8 +9,10 @@ capacity(gpu, setup, --reserve)); the top plans' numbers are the analytic engine
 (trainfit.engines.analytic), so `trainfit estimate` with a plan's settings answers the same step time, peak,
 device total, headroom and fit.
 
-Cost: memory needs a few engine calls per (layout, ZeRO, recompute, precision) group (fit.PeakOracle: the
-largest fitting micro-batch bounds all others, since the peak grows with the micro-batch). Each fitting
+Cost: memory needs one or two engine calls per (layout, ZeRO, recompute, precision) group (fit.PeakOracle: the
+largest fitting micro-batch bounds all others, since the peak grows with the micro-batch; b = 1 and b = 2 bound it,
+and a split between the two bounds is settled only where the search takes it: _Unsettled; a setup that does not fit
+usually costs one pipeline stage's memory, PeakOracle.fits). Each fitting
 (micro-batch, accumulation) gets an exact bound on its throughput (step_time.step_floor: its compute and
 critical-path communication, the op lists' times memoised on what they read — compute_time._timed_layer: one layer's
 Shape, shared by every ZeRO stage, recompute policy and pipeline layout); they are timed best bound first, and a setup
@@ -299,10 +301,12 @@ class Space:
     def search_layouts(self, level: int | None = None, progress: Callable[[int, int], None] | None = None,
                        share: tuple[int, int] = (0, 1)) -> None:
         """Every group of every layout; with `level`, under that level's memory knobs (plan/knobs.py LEVELS);
-        `share` (k, n): the layouts i with i % n == k only (a worker's part of a parallel search)."""
+        `share` (k, n): the layouts of every n-th shape family from the k-th (shape_families) only (a worker's part
+        of a parallel search)."""
         q, model = self.q, self.model
+        family = self.shape_families() if share[1] > 1 else None
         for i, lay in enumerate(self.lays):
-            if i % share[1] != share[0]:
+            if family is not None and family[i] % share[1] != share[0]:
                 continue
             if progress is not None and level is None:
                 progress(i, len(self.lays))
@@ -325,6 +329,13 @@ class Space:
                         tv = timed_variants(model, lay, self.at, self.timed & set(facts.axes))
                         _search_stack(self.spec, self.gpu, q, lay, stack, self.oracle, self.floors, self.gseqs, *got,
                                       self.stats, self.fitting, self.module_sets[stack], extra, level, tv)
+
+    def shape_families(self) -> list[int]:
+        """Each layout's family, numbered as they first appear: the layouts of one tp, cp, ep and etp, whose micro-
+        batches run the same op shapes (ops/shape.py Shape: the memoised layers' lists and times, compute_time), so
+        a parallel search that gives each worker whole families times each shape in one process only."""
+        seen: dict[tuple, int] = {}
+        return [seen.setdefault((lay.tp, lay.cp, lay.ep, lay.etp), len(seen)) for lay in self.lays]
 
     def time_best_first(self, best: dict, spares: bool | None = None) -> None:
         """The fitting setups timed into `best` (_time_best_first)."""
@@ -464,6 +475,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
             if not switches:
                 raise
             base = group_setup(spec, **settings)  # a group the switches' own rules refuse (torchtitan's: compile)
+            switches = {}
         if extra:
             validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
@@ -479,19 +491,23 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         return
     # The fit rule's capacity: the GPU less --reserve and this layout's fixed overheads (context, cuBLAS workspace,
     # its NCCL communicators), which do not depend on the micro-batch or the accumulation.
-    cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve))
+    # the group's settings but its recompute policy and modules, which neither the overheads nor the states read
+    family = (lay, zero, prec, stack, tuple(sorted((extra or {}).items())), tuple(switches))
+    cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=("family", family))
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
-    bmax: dict[bool, int] = {}
+    # The largest micro-batch that fits is bounded from two engine calls (PeakOracle.batch_bounds: lo fits, hi is the
+    # secant's); a split between them is settled only when the search takes it (_Unsettled, _time_best_first).
+    spans: dict[bool, _Unsettled] = {}
 
-    def largest(multi: bool) -> int:
-        if multi not in bmax:
-            b = base if (lay.pp > 1 or not multi) else base.with_micro_batches(1, 2)
-            bmax[multi] = oracle.largest_batch(b, cap, bcap)
-        return bmax[multi]
+    def span(multi: bool) -> _Unsettled:
+        if multi not in spans:
+            probe = base if (lay.pp > 1 or not multi) else base.with_micro_batches(1, 2)
+            spans[multi] = _Unsettled(oracle, probe, cap, bcap, (family, multi))
+        return spans[multi]
 
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
-        splits = batch_splits(lay, None, largest(lay.pp > 1), q.batch_tolerance)
+        splits = batch_splits(lay, None, span(lay.pp > 1).largest(), q.batch_tolerance)
     else:
         splits = splits_all
     stats["searched"] += len(splits) * len(bases)
@@ -502,15 +518,23 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # a selective policy's re-run is a few modules': its entries start from the bound of nothing re-run, which the
     # layout's groups share (the others re-run whole layers, or nothing, and start from their own)
     start = COARSE if base.recompute == "selective" else SHARED if len(variants) > 1 else EXACT
+    unsure = []  # the splits whose fit is not settled yet
     for b, accum in splits:
-        if b > largest(accum > 1):
+        probe = span(accum > 1)
+        if b > probe.hi:
             continue
-        any_fit = True
+        if b <= probe.lo:
+            any_fit = True
         first = bases[0][1].with_micro_batches(b, accum)
         floor = floors.below_every_policy(first, st) if start == COARSE else floors.without_exchanges(first, st) \
             if start == SHARED else floors(first, st)
         fitting.append(_Entry(-_bound(first, floor), len(fitting), key, b, accum, start,
-                              ((variants[0][0], first),) if start == EXACT else variants))
+                              ((variants[0][0], first),) if start == EXACT else variants,
+                              probe if b > probe.lo else None))
+        if b > probe.lo:
+            unsure.append((b, probe))
+    if not any_fit:  # (its splits all lie above the known fit: settled now, for the count of fitting groups)
+        any_fit = any(probe.fits(b) for b, probe in unsure)
     if any_fit:
         stats["fits"] += 1
     else:
@@ -523,6 +547,27 @@ def _bound(setup: Setup, floor: float) -> float:
     tokens are dp / ulysses sequences: it over-counts (still a bound)."""
     tokens = setup.batch * setup.seq * setup.grad_accum * setup.dp
     return tokens / floor * (1 + 1e-9) if floor > 0 else float("inf")
+
+
+class _Unsettled:
+    """A group's memory probe (its setup at the probe's accumulation, the capacity, the batch constraint's largest
+    micro-batch): the largest micro-batch that fits lies in [lo, hi] (PeakOracle.batch_bounds), settled by
+    PeakOracle.largest_batch the first time a split above lo is asked about (`fits`)."""
+
+    __slots__ = ("oracle", "probe", "capacity", "limit", "states_key", "lo", "hi", "_largest")
+
+    def __init__(self, oracle: PeakOracle, probe: Setup, capacity: int, limit: int, states_key: tuple):
+        self.oracle, self.probe, self.capacity, self.limit, self.states_key = oracle, probe, capacity, limit, states_key
+        self.lo, self.hi = oracle.batch_bounds(probe, capacity, limit, states_key)
+        self._largest = self.lo if self.lo == self.hi else None
+
+    def largest(self) -> int:
+        if self._largest is None:
+            self._largest = self.oracle.largest_batch(self.probe, self.capacity, self.limit, self.states_key)
+        return self._largest
+
+    def fits(self, b: int) -> bool:
+        return b <= self.lo or (b <= self.hi and b <= self.largest())
 
 
 # An entry's bound (_time_best_first): with nothing recomputed and no expert exchanges, with its group's recompute
@@ -541,6 +586,15 @@ class _Entry(NamedTuple):
     accum: int
     level: int
     variants: tuple
+    unsettled: _Unsettled | None = None  # the group's probe where this split's fit is not settled (b above its lo)
+
+
+def _skipped(stats: dict, e: _Entry) -> None:
+    """Count an entry's setups the bound skips (`bounded`; of them, `bounded_unsettled`: those whose fit was never
+    settled, a split above its group's known fit)."""
+    stats["bounded"] = stats.get("bounded", 0) + len(e.variants)
+    if e.unsettled is not None:
+        stats["bounded_unsettled"] = stats.get("bounded_unsettled", 0) + len(e.variants)
 
 
 def _refined(e: _Entry, floors: Floors) -> list[_Entry]:
@@ -581,16 +635,20 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     while heap:
         e = heapq.heappop(heap)
         if len(top) == size and -e.neg_bound < min(top.values()):
-            stats["bounded"] = stats.get("bounded", 0) + len(e.variants) + sum(len(x.variants) for x in heap)
+            for x in [e, *heap]:
+                _skipped(stats, x)
             return
         old = best.get(e.key)
         if old is not None and -e.neg_bound < -old[0][0]:  # none of its setups can beat its group's best
-            stats["bounded"] = stats.get("bounded", 0) + len(e.variants)
+            _skipped(stats, e)
             continue
         if e.level != EXACT:
             for refined in _refined(e, floors):
                 heapq.heappush(heap, refined._replace(order=order))
                 order += 1
+            continue
+        if e.unsettled is not None and not e.unsettled.fits(e.b):  # its memory, settled: it does not fit
+            stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + 1
             continue
         key, b, ((_, setup),) = e.key, e.b, e.variants
         cancel.check()
