@@ -250,6 +250,39 @@ def test_trainer_arguments_fill_deepspeeds_auto_precision(tmp_path, ds_key, args
     assert not [x for x in said if "'auto'" in x or "pass it to check too" in x], said
 
 
+@pytest.mark.parametrize("ds_json,args_json,needle", [
+    ('"bf16": {"enabled": false}', '"bf16": true', "bf16.enabled False vs bf16 True"),
+    ('"train_micro_batch_size_per_gpu": 4', '"per_device_train_batch_size": 8',
+     "train_micro_batch_size_per_gpu 4 vs per_device_train_batch_size 8"),
+    ('"gradient_accumulation_steps": 2, "gradient_clipping": 0.5', '"gradient_accumulation_steps": 4',
+     "gradient_accumulation_steps 2 vs gradient_accumulation_steps 4, gradient_clipping 0.5 vs max_grad_norm 1.0"),
+])
+def test_deepspeed_values_contradicting_trainer_arguments_are_refused(tmp_path, capsys, ds_json, args_json, needle):
+    """A DeepSpeed value other than "auto" that differs from the TrainingArguments': the HF Trainer refuses to start
+    (transformers 5.24.0 integrations/deepspeed.py:130-132 fill_match, :258-263 its ValueError): one line naming
+    each key with both values, exit 2 (before: one of them taken silently, or a message naming neither key)."""
+    ds, args = tmp_path / "ds.json", tmp_path / "args.json"
+    ds.write_text(f'{{"train_micro_batch_size_per_gpu": "auto", {ds_json}, "zero_optimization": {{"stage": 2}}}}')
+    args.write_text(f'{{"output_dir": "out", {args_json}, "deepspeed": "{ds}"}}')
+    with pytest.raises(SystemExit) as e:
+        main(["check", str(ds), str(args), "--model", MODEL, "--dp", "2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and needle in err and '"auto"' in err and "\n" not in err, err
+
+
+def test_deepspeed_values_equal_to_trainer_arguments_are_taken(tmp_path):
+    """Explicit DeepSpeed values equal to the TrainingArguments' pass the HF Trainer's check; "auto" ones are still
+    filled from them (fp16.enabled here)."""
+    ds, args = tmp_path / "ds.json", tmp_path / "args.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "gradient_clipping": 1, '
+                  '"bf16": {"enabled": false}, "fp16": {"enabled": "auto"}, "zero_optimization": {"stage": 1}}')
+    args.write_text(f'{{"output_dir": "out", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, '
+                    f'"fp16": true, "deepspeed": "{ds}"}}')
+    req, _ = request_of([read(ds), read(args)], MODEL, None, 2)
+    assert (req.batch, req.grad_accum, req.max_grad_norm, req.precision, req.zero) == (4, 2, 1.0, "fp16-master", 1)
+
+
 def test_deepspeeds_auto_precision_without_trainer_arguments_is_named(tmp_path):
     """Nothing fills bf16.enabled "auto": read as off (fp32), and said so."""
     ds = tmp_path / "ds.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from ..stacks import get_stack
-from . import Reading
+from . import Reading, _file
 
 # zero_optimization keys trainfit models at DeepSpeed's defaults (stacks/deepspeed.toml facts of the same name)
 ZERO_FACTS = ("contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
@@ -52,7 +52,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     auto += [f"{b}.enabled" for b in amp]
     cfg = parse({k: v for k, v in raw.items() if v != "auto"} | amp | (
         {"zero_optimization": {k: v for k, v in zraw.items() if v != "auto"}} if zraw else {}), r, str(path))
-    r.together.append(lambda readings: _fill(r, auto, cfg, readings))
+    r.together.append(lambda readings: _fill(r, auto, cfg, raw, readings))
     _settings(cfg, raw, r, auto)
     facts = get_stack("deepspeed")
     for k, v in raw.items():
@@ -97,15 +97,22 @@ TRAINER = {"train_micro_batch_size_per_gpu": "per_device_train_batch_size",
            "train_batch_size": "world size × per_device_train_batch_size × gradient_accumulation_steps",
            "gradient_clipping": "max_grad_norm", "bf16.enabled": "bf16", "fp16.enabled": "fp16"}
 AMP_AUTO = {"bf16.enabled", "fp16.enabled"}  # the "auto" keys that decide the precision (_fill sets it then)
+# TRAINER's keys a TrainingArguments reading sets as trainfit settings -> those settings (bf16/fp16.enabled: its fills)
+MATCHED = {"train_micro_batch_size_per_gpu": "batch", "gradient_accumulation_steps": "grad_accum",
+           "gradient_clipping": "max_grad_norm"}
 # filled from the model's hidden size when the Trainer builds the engine (integrations/deepspeed.py:203-241)
 HIDDEN = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
           "zero_optimization.stage3_param_persistence_threshold")
 
 
-def _fill(r: Reading, auto: list, cfg, readings: list) -> None:
+def _fill(r: Reading, auto: list, cfg, raw: dict, readings: list) -> None:
     """The "auto" values `auto` as the HF Trainer fills them from the TrainingArguments read with `r` (its `fills`),
-    else named; bf16/fp16.enabled set the precision (off when nothing fills them)."""
-    fills = next((o.fills for o in readings if o.fills), None)
+    else named; bf16/fp16.enabled set the precision (off when nothing fills them). The file's other values of those
+    keys must equal the TrainingArguments' (_match)."""
+    trainer = next((o for o in readings if o.fills), None)
+    fills = trainer.fills if trainer else None
+    if trainer:
+        _match(r, raw, trainer)
     for k in auto:
         if k in TRAINER:
             if fills is None:
@@ -126,6 +133,23 @@ def _fill(r: Reading, auto: list, cfg, readings: list) -> None:
         raise SetupError(f"{r.source}: bf16 and fp16 are both enabled once TrainingArguments fill 'auto': DeepSpeed "
                          "rejects it (bfloat16 and fp16 modes cannot be simultaneously enabled)")
     r.set("precision", _precision(bf16, fp16), "bf16/fp16.enabled")
+
+
+def _match(r: Reading, raw: dict, trainer: Reading) -> None:
+    """The HF Trainer refuses a value in `raw` other than "auto" that differs from its TrainingArguments' (`trainer`):
+    transformers 5.24.0 integrations/deepspeed.py:130-132 fill_match, raised at :258-263 trainer_config_finalize."""
+    hf = {k: trainer.values[n] for k, n in MATCHED.items() if n in trainer.values} | trainer.fills
+    bad = []
+    for k, want in hf.items():
+        block, _, key = k.rpartition(".")
+        node = raw.get(block) if block else raw
+        ds = node.get(key) if isinstance(node, dict) else None
+        if ds is not None and ds != "auto" and ds != want:
+            bad.append(f"{k} {ds!r} vs {TRAINER[k]} {want!r}")
+    if bad:
+        raise SetupError(f"{_file(r)}: {', '.join(bad)} (TrainingArguments of {_file(trainer)}): the HF Trainer refuses "
+                         "DeepSpeed values that mismatch its TrainingArguments: set them to \"auto\" or make them "
+                         "equal")
 
 
 def _precision(bf16: bool, fp16: bool) -> str:
