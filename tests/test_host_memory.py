@@ -44,3 +44,18 @@ def test_the_cluster_gives_the_node_and_its_ranks_share_it():
 def test_bad_host_memory_is_one_line(kw, says):
     with pytest.raises(SetupError, match=says):
         trainfit.estimate("llama-3.1-8b", **{**RUN, **kw})
+
+
+def test_host_memory_that_nothing_reads_is_named():
+    """--host-memory on a step that keeps nothing in host memory and fits: nothing judges it (fit_rule.host_verdict
+    judges only what the step keeps there; the advice's offloads are judged only when it does not fit), so the
+    estimate says so rather than ignoring it. An offloading step, or one that does not fit, reads it: no note."""
+    from trainfit.api import HOST_MEMORY_UNREAD
+
+    plain = dict(batch=1, seq=512, gpu="H100-80GB", host_memory=512)
+    e = trainfit.estimate("llama-3.2-1b", **plain)
+    assert e.fit.fits and e.fit.host_required is None and HOST_MEMORY_UNREAD in e.notes
+    assert HOST_MEMORY_UNREAD not in trainfit.estimate("llama-3.2-1b", **plain, offload="activations").notes
+    short = trainfit.estimate("llama-3.1-8b", **{**plain, "gpu": "L4"})  # (the advice's offloads read it)
+    assert not short.fit.fits and HOST_MEMORY_UNREAD not in short.notes
+    assert HOST_MEMORY_UNREAD not in trainfit.estimate("llama-3.2-1b", **{**plain, "host_memory": None}).notes

@@ -206,14 +206,33 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
         from dataclasses import replace
 
         results = [analytic(replace(req, alloc_conf=None))] + [f(req) for f in order[1:]]
-        results[0] = replace(results[0], notes=(*results[0].notes, f"{unmodelled}: its answer is without it"))
+        results[0] = _noted(results[0], f"{unmodelled}: its answer is without it")
     else:
         results = [f(req) for f in order]
     if skipped is not None:
-        from dataclasses import replace
-
-        results[0] = replace(results[0], notes=(*results[0].notes, f"trace engine skipped: {skipped}"))
+        results[0] = _noted(results[0], f"trace engine skipped: {skipped}")
+    if _host_memory_unread(req, results[0]):
+        results[0] = _noted(results[0], HOST_MEMORY_UNREAD)
     return results
+
+
+HOST_MEMORY_UNREAD = ("--host-memory judges nothing here: this step keeps nothing in host memory (no --offload or "
+                      "--offload-layers, no paged optimizer states evicted) and fits, so no offloading change is "
+                      "judged against it: drop it")
+
+
+def _noted(e: Estimate, note: str) -> Estimate:
+    from dataclasses import replace
+
+    return replace(e, notes=(*e.notes, note))
+
+
+def _host_memory_unread(req: Request, e: Estimate) -> bool:
+    """Whether --host-memory was given and nothing reads it: the analytic estimate judges the node's host memory
+    only for what the step keeps there (fit_rule.host_verdict: Fit.host_required), and the advice (fit_advice, shown
+    when the step does not fit) its offloading suggestions; `trainfit fit` and `plan` read it for theirs."""
+    return (req.host_memory is not None and e.engine == "analytic" and e.fit is not None
+            and e.fit.host_required is None and e.fit.fits)
 
 
 def _alloc_conf_unmodelled(req: Request) -> str | None:

@@ -100,8 +100,9 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
         terminal.render_estimate(results[0])
     else:
         terminal.render_side_by_side(results, reference=len(results) - 1)
-        for note in results[0].notes:  # the side-by-side table shows no notes: an engine --engine all skipped
-            if note.startswith("trace engine skipped"):
+        for note in results[0].notes:  # the side-by-side table shows no notes: an engine --engine all skipped, an
+            # unread --host-memory
+            if note.startswith("trace engine skipped") or note == api.HOST_MEMORY_UNREAD:
                 typer.echo(f"· {note}")
     if advice:
         typer.echo(f"does not fit on {results[0].time.gpu}; what would, fastest first (each checked by the analytic "
