@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> None:
             "ZeRO, recompute, precision, micro-batch, accumulation) combinations inside the batch constraint, and for "
             "an expert layout on Megatron each MoE dispatcher and --overlap-moe-comm (plan/space.py TIMED) the stack's "
             "rules take (the space), each either excluded by the largest-fitting micro-batch bound, skipped by the "
-            "exact throughput bound (`bounded`: step_time.step_floor, it cannot enter the ranking) or timed; `engine "
-            "calls` = analytic memory evaluations (~0.25 ms each here), one set per group for all its dispatchers.", "",
+            "exact throughput bound (`bounded`: step_time.step_floor, it cannot enter the ranking; a split between its "
+            "group's two memory bounds is settled only when taken, so `bounded` counts some that would not fit) or "
+            "timed; `engine calls` = analytic memory evaluations (a setup that does not fit usually costs one pipeline "
+            "stage), one set per group for all its dispatchers.", "",
             "| model | GPUs | global batch | seconds | searched | timed | bounded | engine calls | searched/s | "
             "best plan |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
