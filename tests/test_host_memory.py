@@ -59,3 +59,20 @@ def test_host_memory_that_nothing_reads_is_named():
     short = trainfit.estimate("llama-3.1-8b", **{**plain, "gpu": "L4"})  # (the advice's offloads read it)
     assert not short.fit.fits and HOST_MEMORY_UNREAD not in short.notes
     assert HOST_MEMORY_UNREAD not in trainfit.estimate("llama-3.2-1b", **{**plain, "host_memory": None}).notes
+
+
+@pytest.mark.parametrize("engine, judges", [("trace", "--engine trace judges the device only"),
+                                            ("measure", "--engine measure judges the step it runs on this machine")])
+def test_host_memory_is_refused_by_the_engines_that_never_read_it(cli, engine, judges):
+    """The trace and measure engines judge no host memory (fit_rule.host_verdict runs in the analytic engine only; the
+    trace's Fit is the allocator replay's, fit_rule.with_fit) and their estimates get no advice (the trace has no
+    Timing; a measured step ran): --host-memory is refused before any engine runs, in the library and the CLI, even
+    with --offload. Under --engine all the analytic estimate reads it (test above)."""
+    with pytest.raises(SetupError, match=judges):
+        trainfit.estimate("gpt2", engine=engine, gpu="H100-80GB", host_memory=512)
+    for extra in ((), ("--offload", "optimizer", "--zero", "2", "--dp", "2")):
+        code, out, err = cli("estimate", "gpt2", "--gpu", "H100-80GB", "--engine", engine, "--host-memory", "512",
+                             *extra)
+        assert code == 2 and out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert err.startswith("error: --host-memory is read by the analytic engine") and judges in err
+        assert err.strip().endswith("use --engine analytic or all, or drop it")

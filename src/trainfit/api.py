@@ -188,6 +188,11 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
     """Estimates from the requested engines, most exact last ('all' = analytic and trace)."""
     if engine not in ENGINES:
         raise SetupError(f"--engine {engine!r} is not one of: {', '.join(ENGINES)}")
+    if engine in ("trace", "measure"):  # neither judges host memory, and their estimates get no advice (no Timing
+        # from the trace; a measured step ran, so it fits): nothing would read it
+        refuse_host_memory(req, f"--engine {engine} judges "
+                           + ("the device only" if engine == "trace" else "the step it runs on this machine"),
+                           "use --engine analytic or all, or drop it")
     order = {"analytic": [analytic], "trace": [trace], "measure": [measure], "all": [analytic, trace]}[engine]
     skipped = None
     if engine == "all":
@@ -211,14 +216,32 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
         results = [f(req) for f in order]
     if skipped is not None:
         results[0] = _noted(results[0], f"trace engine skipped: {skipped}")
-    if _host_memory_unread(req, results[0]):
-        results[0] = _noted(results[0], HOST_MEMORY_UNREAD)
+    results[0] = host_memory_noted(req, results[0])
     return results
 
 
-HOST_MEMORY_UNREAD = ("--host-memory judges nothing here: this step keeps nothing in host memory (no --offload or "
-                      "--offload-layers, no paged optimizer states evicted) and fits, so no offloading change is "
-                      "judged against it: drop it")
+# --host-memory (the node's host memory) is read by the analytic engine's verdict on what a step keeps in host memory
+# (fit_rule.host_verdict: Fit.host_required) and by the offloads the advice (fit_advice, shown when the step does not
+# fit), `trainfit fit` and `trainfit plan` try. Where nothing can read it, it is refused (refuse_host_memory); where
+# the step decides, an estimate or a sweep that read nothing says so in a note.
+_NOTHING_KEPT = "(no --offload or --offload-layers, no paged optimizer states evicted)"
+HOST_MEMORY_UNREAD = (f"--host-memory judges nothing here: this step keeps nothing in host memory {_NOTHING_KEPT} and "
+                      "fits, so no offloading change is judged against it: drop it")
+HOST_MEMORY_UNREAD_SWEEP = (f"--host-memory judges no point of this sweep: none keeps anything in host memory "
+                            f"{_NOTHING_KEPT}, and a sweep suggests no offloads")
+
+
+def refuse_host_memory(req: Request, where: str, instead: str) -> None:
+    """Refuse --host-memory where nothing can read it: `where` says what runs instead, `instead` what to do."""
+    if req.host_memory is not None:
+        raise SetupError("--host-memory is read by the analytic engine (what an offloading step keeps in host memory) "
+                         f"and by trainfit fit and plan (the offloads they try); {where}: {instead}")
+
+
+def host_memory_noted(req: Request, e: Estimate) -> Estimate:
+    """`e`, with HOST_MEMORY_UNREAD among its notes where --host-memory was given and nothing reads it
+    (host_memory_unread): run_engines' estimates and the web app's."""
+    return _noted(e, HOST_MEMORY_UNREAD) if host_memory_unread(req, e) else e
 
 
 def _noted(e: Estimate, note: str) -> Estimate:
@@ -227,12 +250,14 @@ def _noted(e: Estimate, note: str) -> Estimate:
     return replace(e, notes=(*e.notes, note))
 
 
-def _host_memory_unread(req: Request, e: Estimate) -> bool:
+def host_memory_unread(req: Request, e: Estimate, advised: bool = True) -> bool:
     """Whether --host-memory was given and nothing reads it: the analytic estimate judges the node's host memory
     only for what the step keeps there (fit_rule.host_verdict: Fit.host_required), and the advice (fit_advice, shown
-    when the step does not fit) its offloading suggestions; `trainfit fit` and `plan` read it for theirs."""
+    when the step does not fit) its offloading suggestions; `trainfit fit` and `plan` read it for theirs.
+    `advised`: the caller shows the advice when the step does not fit (estimate, check, the web app; a sweep does
+    not)."""
     return (req.host_memory is not None and e.engine == "analytic" and e.fit is not None
-            and e.fit.host_required is None and e.fit.fits)
+            and e.fit.host_required is None and (e.fit.fits or not advised))
 
 
 def _alloc_conf_unmodelled(req: Request) -> str | None:

@@ -140,6 +140,16 @@ def test_setup_flags_without_a_model_are_refused(cli, tmp_path):
     assert code == 2 and "--model" in err
 
 
+def test_host_memory_is_refused(cli, tmp_path):
+    """explain sets the snapshot beside the predicted device memory and what frees the most of it (fit_advice.
+    frees_most: Memory.required), none of which the node's host memory changes: --host-memory is refused."""
+    path, _, _ = _snapshot(tmp_path, at=6)
+    code, out, err = cli("explain", str(path), "--model", "tiny-llama", "--gpu", "T4", "--host-memory", "64")
+    assert code == 2 and out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: --host-memory is read by the analytic engine")
+    assert "explain compares device memory" in err and err.strip().endswith("drop it")
+
+
 def test_a_torch_save_of_the_snapshot_is_read_with_weights_only(tmp_path):
     _, snap, _ = _snapshot(tmp_path, at=6)
     torch.save(snap, tmp_path / "snap.pt")

@@ -56,6 +56,36 @@ def test_sweep_user_errors_are_trainfit_errors(app):
     assert isinstance(r.exception, TrainfitError)
 
 
+def test_sweep_names_a_host_memory_no_point_reads(app):
+    """--host-memory is read where a point keeps something in host memory (fit_rule.host_verdict); a sweep shows no
+    advice, so a point that does not fit (batch 64 on an L4) reads it no more than one that does: a note, in the JSON
+    and under the table."""
+    from trainfit.api import HOST_MEMORY_UNREAD_SWEEP
+
+    base = ("sweep", "gpt2", "--vary", "batch", "1,64", "--gpu", "L4", "--host-memory", "512")
+    r = invoke(app, *base, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert [x["fits"] for x in d["rows"]] == [True, False] and d["notes"] == [HOST_MEMORY_UNREAD_SWEEP]
+    r = invoke(app, *base)
+    assert r.exit_code == 0 and "--host-memory judges no point of this sweep" in " ".join(r.output.split())
+    r = invoke(app, *base, "--offload", "optimizer", "--json")  # CPUOffloadOptimizer's states: judged there
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["notes"] == []
+    r = invoke(app, *base[:-2], "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["notes"] == []
+
+
+def test_timeline_refuses_host_memory(cli, tmp_path):
+    """timeline draws the trace engine's step, which judges no host memory: refused in one line, before any trace."""
+    code, out, err = cli("timeline", "gpt2", "--gpu", "H100-80GB", "--host-memory", "512",
+                         "-o", str(tmp_path / "t.png"))
+    assert code == 2 and out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: --host-memory is read by the analytic engine")
+    assert "timeline draws the trace engine's step" in err and err.strip().endswith("drop it")
+    assert not (tmp_path / "t.png").exists()
+
+
 def test_report_without_trace(app, tmp_path):
     out = tmp_path / "r.html"
     r = invoke(app, "report", "llama-3.2-1b", "--gpu", "H100-80GB", "--no-trace", "--vary", "seq", "512:4096",

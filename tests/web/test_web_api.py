@@ -154,6 +154,25 @@ def test_timeline_endpoint_validates_before_tracing(client):
     assert r.status_code == 400 and "error" in r.json()  # the trace engine runs one unsharded rank
 
 
+def test_host_memory_nothing_reads_is_named_or_refused_like_the_cli(client):
+    """The estimates and the view carry `trainfit estimate`'s note where --host-memory judges nothing (api.
+    HOST_MEMORY_UNREAD, api.host_memory_noted), the same object as the CLI's JSON; an offloading step reads it (no
+    note); the timeline (the trace engine: no host memory judged) refuses it with a 400, before any trace."""
+    from trainfit.api import HOST_MEMORY_UNREAD
+
+    params = {"model": "gpt2", "gpu": "H100-80GB", "host_memory": 512}
+    cli_json = json.loads(dumps(api.run_engines(api.Request(**params), "analytic")[0].to_dict()))
+    assert HOST_MEMORY_UNREAD in cli_json["notes"]
+    assert client.get("/api/estimate", params=params).json() == cli_json
+    assert client.post("/api/estimate", json=params).json() == cli_json
+    assert HOST_MEMORY_UNREAD in client.post("/api/view", json=params).json()["notes"]
+    off = client.get("/api/estimate", params={**params, "offload": "optimizer"}).json()
+    assert off["fit"]["host_required"] and HOST_MEMORY_UNREAD not in off["notes"]
+    r = client.get("/api/timeline.svg", params=params)
+    assert r.status_code == 400 and r.json()["error"].startswith("--host-memory is read by the analytic engine")
+    assert r.json()["error"].endswith("drop host_memory")
+
+
 def test_view_says_what_would_fit_like_the_cli(client):
     from trainfit.studies.fit_advice import fit_advice
 

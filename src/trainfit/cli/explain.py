@@ -48,6 +48,8 @@ def explain(req, snapshot: str = SnapshotArg, model: Optional[str] = ModelOpt, j
     from ..errors import SetupError
     from ..setup import Request
 
+    api.refuse_host_memory(req, "explain compares device memory, which the node's host memory does not change",
+                           "drop it")
     ex = memory_snapshot.explain(memory_snapshot.load(snapshot))
     est = frees = None
     if model is None:

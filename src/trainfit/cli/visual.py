@@ -54,6 +54,7 @@ def timeline(req: Request,
       trainfit timeline tiny-llama --device cpu --grad-accum 2 --measure -o accum.svg\n
       trainfit timeline llama-3.1-70b --fast -o 70b.png
     """
+    api.refuse_host_memory(req, "timeline draws the trace engine's step, which judges the device only", "drop it")
     plots = _plots()
     plots.check_output(output)  # a bad -o before the trace, not after it
     g = api.gpu_of(req)  # a bad --gpu before the trace too

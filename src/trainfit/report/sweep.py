@@ -187,6 +187,7 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
     base = dataclasses.asdict(req) | {k: v for k, v in (variants or {}).items() if v}
     notes: list[str] = []
     rows: list[dict] = []
+    host_read = False  # whether a point's estimate reads --host-memory
     gpu = api.gpu_of(req)
     spec = api.load_spec(req.model)  # an unknown model is one error, not one per row
     for combo, label in zip(combos, labels):
@@ -198,13 +199,18 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
                 if note not in notes:
                     notes.append(note)
             try:
-                e = api.analytic(dataclasses.replace(req, **changes))
+                point = dataclasses.replace(req, **changes)
+                e = api.analytic(point)
                 rows.append(_row(label, v, e, None))
+                # (a sweep shows no advice: a point that does not fit reads --host-memory no more than one that does)
+                host_read = host_read or not api.host_memory_unread(point, e, advised=False)
             except TrainfitError as err:
                 rows.append(_row(label, v, None, str(err)))
     valid = [r for r in rows if r["error"] is None]
     if not valid:
         raise SetupError(f"no point of the sweep is a valid setup: {rows[0]['error']}")
+    if req.host_memory is not None and not host_read:  # named, not ignored (api.HOST_MEMORY_UNREAD's rule)
+        notes.append(api.HOST_MEMORY_UNREAD_SWEEP)
     for label in labels:  # a variant invalid at every point is a bad variant value (say --attention eager,magic)
         mine = [r for r in rows if r["variant"] == label]
         if all(r["error"] is not None for r in mine):

@@ -2,7 +2,8 @@
 
 Routes
   GET  /                      the page (page.py: one HTML document, vanilla JS, nothing fetched from elsewhere)
-  GET  /api/estimate?model=…  exactly `api.analytic(req).to_dict()`, the object `trainfit estimate --json` prints
+  GET  /api/estimate?model=…  `api.analytic(req).to_dict()` with run_engines' note on an unread --host-memory
+                              (api.host_memory_noted): the object `trainfit estimate --json` prints
   POST /api/estimate          the same, for a pasted config.json: {"config": {...} or "<json text>", knobs...}
   POST /api/view              what the page shows: the estimate plus its formatted rows, the phase chart's bars
                               and what the GPU holds (allocated peak, reserved, overheads, device total: `held`)
@@ -136,7 +137,7 @@ def estimate_for(k: PastedKnobs):
     """(spec, request, the analytic Estimate) for a catalog model or a pasted config.json (as api.analytic)."""
     try:
         spec, req = _spec_and_request(k)
-        return spec, req, api.analytic(req, spec)
+        return spec, req, api.host_memory_noted(req, api.analytic(req, spec))  # (as `trainfit estimate`'s notes)
     except TrainfitError:
         raise
     except (ValueError, TypeError, KeyError, ArithmeticError, AttributeError) as e:
@@ -249,7 +250,8 @@ def _timeline_svg(req: Request) -> str:
 
 
 def _catalog_estimate(knobs: Knobs) -> dict:
-    return api.analytic(to_request(knobs, model=_catalog_ref(knobs.model))).to_dict()
+    req = to_request(knobs, model=_catalog_ref(knobs.model))
+    return api.host_memory_noted(req, api.analytic(req)).to_dict()
 
 
 def view_with_advice(knobs: PastedKnobs) -> dict:
@@ -263,6 +265,8 @@ def view_with_advice(knobs: PastedKnobs) -> dict:
 
 def _timeline_of(knobs: Knobs) -> str:
     req = to_request(knobs, model=_catalog_ref(knobs.model))
+    api.refuse_host_memory(req, "the timeline draws the trace engine's step, which judges the device only",
+                           "drop host_memory")
     api.resolve(req)  # bad knobs: a 400 before any trace
     return _timeline_svg(req)
 
