@@ -1,6 +1,8 @@
 """The node's host memory (--host-memory, a cluster's host_memory): what an offloading step keeps there, judged."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import trainfit
@@ -61,18 +63,51 @@ def test_host_memory_that_nothing_reads_is_named():
     assert HOST_MEMORY_UNREAD not in trainfit.estimate("llama-3.2-1b", **{**plain, "host_memory": None}).notes
 
 
-@pytest.mark.parametrize("engine, judges", [("trace", "--engine trace judges the device only"),
-                                            ("measure", "--engine measure judges the step it runs on this machine")])
-def test_host_memory_is_refused_by_the_engines_that_never_read_it(cli, engine, judges):
+@pytest.mark.parametrize("engine, flags, judges", [
+    ("trace", ("--host-memory", "512"), "--engine trace judges the step's memory on the GPU"),
+    ("trace", ("--tokens", "1B", "--mfu", "0.4", "--power-limit", "500"), "--engine trace judges the step's memory"),
+    ("measure", ("--host-memory", "512"), "--engine measure runs the step on this machine's --device"),
+    ("measure", ("--reserve", "2"), "--engine measure runs the step on this machine's --device")])
+def test_the_engines_refuse_the_run_settings_they_never_read(cli, engine, flags, judges):
     """The trace and measure engines judge no host memory (fit_rule.host_verdict runs in the analytic engine only; the
     trace's Fit is the allocator replay's, fit_rule.with_fit) and their estimates get no advice (the trace has no
-    Timing; a measured step ran): --host-memory is refused before any engine runs, in the library and the CLI, even
-    with --offload. Under --engine all the analytic estimate reads it (test above)."""
+    Timing; a measured step ran); the trace has no step time (so no budget, --mfu or power cap) and the measure engine
+    runs on this machine's --device, not the catalog GPU --gpu names (api.UNREAD_BY): each such setting is refused
+    before any engine runs, in the library and the CLI, even with --offload, naming every one given. Under --engine
+    all the analytic estimate reads them (test above; --tokens: the budget)."""
+    names = flags[::2]
     with pytest.raises(SetupError, match=judges):
         trainfit.estimate("gpt2", engine=engine, gpu="H100-80GB", host_memory=512)
     for extra in ((), ("--offload", "optimizer", "--zero", "2", "--dp", "2")):
-        code, out, err = cli("estimate", "gpt2", "--gpu", "H100-80GB", "--engine", engine, "--host-memory", "512",
-                             *extra)
+        code, out, err = cli("estimate", "gpt2", "--gpu", "H100-80GB", "--engine", engine, *flags, *extra)
         assert code == 2 and out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1
-        assert err.startswith("error: --host-memory is read by the analytic engine") and judges in err
-        assert err.strip().endswith("use --engine analytic or all, or drop it")
+        assert err.startswith(f"error: {judges}") and err.strip().endswith(
+            "use --engine analytic or all (the analytic engine reads " + ("it), or drop it" if len(names) == 1 and
+                                                                          engine == "trace" else "them), or drop them"))
+        # every setting given is named (the measure engine's --gpu too: it reads no catalog GPU)
+        assert all(n in err for n in names) and (engine == "trace") != ("--gpu" in err)
+    code, out, _ = cli("estimate", "gpt2", "--gpu", "H100-80GB", "--engine", "all", "--batch", "1", "--seq", "64",
+                       "--tokens", "1B", "--json")
+    assert code == 0 and json.loads(out)["estimates"][0]["time"]["train_tokens"] == 1e9  # (the analytic reads it)
+
+
+def test_compare_and_report_name_a_host_memory_nothing_reads(cli):
+    """`trainfit compare` shows no advice, so --host-memory is read only where the training step keeps something in
+    host memory (torchao's CPUOffloadOptimizer here): otherwise its training estimate carries the note and the command
+    prints it. The HTML report's estimate carries estimate's note (api.host_memory_noted) unless --gpus adds a plan,
+    whose offloads read it."""
+    from trainfit.api import HOST_MEMORY_UNREAD, HOST_MEMORY_UNREAD_COMPARE, Request
+    from trainfit.report.html import build_report
+
+    plain = dict(batch=1, seq=64, gpu="H100-80GB", host_memory=512)
+    rows = trainfit.compare("gpt2", **plain)
+    assert HOST_MEMORY_UNREAD_COMPARE in next(iter(rows.values())).notes
+    assert HOST_MEMORY_UNREAD_COMPARE not in next(iter(trainfit.compare("gpt2", **plain, offload="optimizer")
+                                                       .values())).notes
+    assert HOST_MEMORY_UNREAD_COMPARE not in next(iter(trainfit.compare("gpt2", **{**plain, "host_memory": None})
+                                                       .values())).notes
+    code, out, _ = cli("compare", "gpt2", "--gpu", "H100-80GB", "--batch", "1", "--seq", "64", "--host-memory", "512")
+    assert code == 0 and out.strip().endswith("· " + HOST_MEMORY_UNREAD_COMPARE)
+    req = Request("gpt2", batch=1, seq=64, gpu="H100-80GB", host_memory=512)
+    assert HOST_MEMORY_UNREAD in build_report(req, trace=False)
+    assert HOST_MEMORY_UNREAD not in build_report(req, gpus=2, trace=False)

@@ -9,7 +9,7 @@ from . import engines
 from .engines import ENGINES
 from .errors import EngineUnavailableError, SetupError
 from .estimate import Estimate
-from .setup import Request, Setup, refuse_unread, refuse_written, run_settings
+from .setup import GPU_SETTINGS, Request, Setup, refuse_unread, refuse_written, run_settings
 
 __all__ = ["Request", "Setup", "Estimate", "estimate", "analytic", "trace", "measure", "measure_ranks", "run_engines",
            "compare", "resolve", "load_spec", "load_gpu", "gpu_of", "trace_factory", "catalog_models", "vision_models",
@@ -188,11 +188,7 @@ def run_engines(req: Request, engine: str, measure_too: bool = False) -> list[Es
     """Estimates from the requested engines, most exact last ('all' = analytic and trace)."""
     if engine not in ENGINES:
         raise SetupError(f"--engine {engine!r} is not one of: {', '.join(ENGINES)}")
-    if engine in ("trace", "measure"):  # neither judges host memory, and their estimates get no advice (no Timing
-        # from the trace; a measured step ran, so it fits): nothing would read it
-        refuse_host_memory(req, f"--engine {engine} judges "
-                           + ("the device only" if engine == "trace" else "the step it runs on this machine"),
-                           "use --engine analytic or all, or drop it")
+    refuse_unread_by(req, engine)
     order = {"analytic": [analytic], "trace": [trace], "measure": [measure], "all": [analytic, trace]}[engine]
     skipped = None
     if engine == "all":
@@ -229,6 +225,30 @@ HOST_MEMORY_UNREAD = (f"--host-memory judges nothing here: this step keeps nothi
                       "fits, so no offloading change is judged against it: drop it")
 HOST_MEMORY_UNREAD_SWEEP = (f"--host-memory judges no point of this sweep: none keeps anything in host memory "
                             f"{_NOTHING_KEPT}, and a sweep suggests no offloads")
+HOST_MEMORY_UNREAD_COMPARE = (f"--host-memory judges nothing here: the training step keeps nothing in host memory "
+                              f"{_NOTHING_KEPT}, and compare suggests no offloads: drop it")
+
+
+# The run settings an engine never reads (the analytic engine reads them all): the trace judges the step's memory on
+# the GPU (no Timing: no step time, so no budget, --mfu or power cap; no host-memory verdict, fit_rule.host_verdict
+# running in the analytic engine only, and no advice), the measure engine runs the step on this machine's --device
+# (its fit the device's free memory, its time the clock's: no catalog GPU at all). Refused before any engine runs.
+UNREAD_BY = {"trace": ("judges the step's memory on the GPU, not its time nor the node's host memory",
+                       ("tokens", "price", "mfu", "power_limit", "host_memory")),
+             "measure": ("runs the step on this machine's --device, not on a catalog GPU",
+                         (*GPU_SETTINGS, "reserve", "tokens", "mfu"))}
+
+
+def refuse_unread_by(req: Request, engine: str) -> None:
+    """Refuse the settings given that `engine` never reads (UNREAD_BY) in one line naming them."""
+    from .setup import BY_NAME
+
+    what, names = UNREAD_BY.get(engine, ("", ()))
+    given = [BY_NAME[n].flag for n in names if getattr(req, n) != BY_NAME[n].default]
+    if given:
+        raise SetupError(f"--engine {engine} {what}: it reads no {', '.join(given)}; use --engine analytic or all "
+                         f"(the analytic engine reads {'it' if len(given) == 1 else 'them'}), or drop "
+                         f"{'it' if len(given) == 1 else 'them'}")
 
 
 def refuse_host_memory(req: Request, where: str, instead: str) -> None:
@@ -334,6 +354,8 @@ def compare(req: Request | str, **settings) -> dict[str, Estimate]:
     if req.seq is None:
         req = replace(req, seq=default_seq(spec, "infer"))
     train = analytic(req)
+    if host_memory_unread(req, train, advised=False):  # (compare shows no advice)
+        train = _noted(train, HOST_MEMORY_UNREAD_COMPARE)
     training_only = {s.name: s.request_default for s in SETTINGS if "infer" not in s.meta.modes}  # stack, zero, ...
     infer = replace(req, **training_only, mode="infer", seq=train.setup.seq,
                     precision=inference_counterpart(req.precision or DEFAULT["train"]))

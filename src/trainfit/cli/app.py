@@ -259,6 +259,8 @@ def compare(req: Request, json: bool = JsonOpt) -> None:
     if len(ests) > 2:
         line += f"; at batch 1 it needs {ests[2].memory.peak / train:.1%}"
     typer.echo(line + ".")
+    if api.HOST_MEMORY_UNREAD_COMPARE in ests[0].notes:
+        typer.echo("· " + api.HOST_MEMORY_UNREAD_COMPARE)
 
 
 @app.command(cls=GroupedCommand)

@@ -308,6 +308,8 @@ def build_report(req: api.Request, gpus: int | None = None, trace: bool | None =
         raise TrainfitError(f"--gpus adds a plan of a transformer's parallel layouts; {req.model} is an image "
                             "classifier: leave out --gpus")
     e = api.analytic(req)
+    if not gpus:  # (the plan reads --host-memory for the offloads it tries; the estimate and its advice, as estimate's)
+        e = api.host_memory_noted(req, e)
     gpu = api.gpu_of(req)
     traced, why = _try_trace(req, trace)
     sweep_html, _ = _sweep(req, vary, variants)
