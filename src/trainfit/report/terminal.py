@@ -179,7 +179,11 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
     if e.params_per_rank != e.params:
         c.add_row("parameters per GPU", fmt_count(e.params_per_rank))
     f = e.flops
-    if e.setup.mode == "rl":
+    # a measured step's FLOPs are not counted (measure/runner.py to_estimate leaves them 0): no FLOP rows, no MFU
+    counted = e.engine != "measure" or f.step > 0
+    if not counted:
+        c.add_row("FLOPs", "not counted by real steps (the analytic engine's)")
+    elif e.setup.mode == "rl":
         c.add_row("FLOPs per step (generate + score + train)", fmt_count(f.step, "FLOP"))
         c.add_row("model FLOPs per trained token", fmt_count(f.per_token, "FLOP"))
     elif e.setup.mode == "train":
@@ -196,13 +200,15 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         c.add_row(*judged)
     if tm is not None:
         if e.setup.mode == "rl":
-            c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
+            c.add_row(f"step time (MFU {tm.mfu:.0%})" if counted else "step time (measured)",
+                      fmt_seconds(tm.step_seconds))
             for name, secs in e.detail.rl.phase_seconds.items():
                 c.add_row(f"[dim]  {PHASE_NAMES.get(name, name)}[/dim]",
                           f"[dim]{fmt_seconds(secs)} ({secs / tm.step_seconds:.1%})[/dim]")
             c.add_row("generated tokens/s", f"{tm.decode_tokens_per_second:,.0f}")
         elif e.setup.mode == "train":
-            c.add_row(f"step time (MFU {tm.mfu:.0%})", fmt_seconds(tm.step_seconds))
+            c.add_row(f"step time (MFU {tm.mfu:.0%})" if counted else "step time (measured)",
+                      fmt_seconds(tm.step_seconds))
             for name, secs, share in step_term_rows(e):
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
             c.add_row(f"{'images' if _classifier(e.setup) else 'tokens'}/s (all GPUs)", fmt_count(tm.tokens_per_second))

@@ -1,0 +1,13 @@
+"""A measured step in the terminal: its memory and time are the real step's, its FLOPs are not counted (the measure
+engine leaves them 0: measure/runner.py to_estimate), so no FLOP row and no MFU reads as a measured 0."""
+from __future__ import annotations
+
+
+def test_a_measured_step_shows_no_zero_flops_or_mfu(cli):
+    code, out, _ = cli("estimate", "tiny-llama", "--engine", "measure", "--device", "cpu", "--batch", "1",
+                       "--seq", "32")
+    assert code == 0
+    assert "not counted by real steps" in out and "step time (measured)" in out
+    assert "MFU" not in out and "0 FLOP" not in out
+    code, out, _ = cli("estimate", "tiny-llama", "--batch", "1", "--seq", "32", "--gpu", "H100-80GB")
+    assert code == 0 and "step time (MFU" in out and "not counted" not in out  # (the analytic count and its MFU)
