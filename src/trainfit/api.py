@@ -318,6 +318,16 @@ def gaps(results: list[Estimate]) -> dict:
             "peak_gap": {e.engine: (e.memory.peak - ref) / ref if ref else None for e in results[:-1]}}
 
 
+def estimate_dict(req: Request, est: Estimate, spec=None) -> dict:
+    """`est` as `trainfit estimate --json` prints it (and the web app's /api/estimate returns it): its to_dict(), with
+    the changes that would fit (fit_advice, as dicts) where it does not fit its GPU."""
+    d = est.to_dict()
+    advice = fit_advice(req, est, spec) if est.time is not None and not est.time.fits else []
+    if advice:
+        d["would_fit"] = [x.as_dict() for x in advice]
+    return d
+
+
 def fit_advice(req: Request, est: Estimate, spec=None) -> list:
     """For an estimate that does not fit its GPU: the changes that would, fastest first (studies/fit_advice.py
     Suggestion objects). spec: the model when it is not req.model's (the web page's pasted config.json)."""

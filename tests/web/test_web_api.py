@@ -23,7 +23,9 @@ def client():
 
 
 def same_as_cli(req: api.Request) -> dict:
-    return json.loads(dumps(api.analytic(req).to_dict()))  # what `trainfit estimate --json` prints
+    # what `trainfit estimate --json` prints: the estimate with its advice where it does not fit (api.estimate_dict;
+    # the CLI's own output is compared in test_estimate_is_the_cli_json_with_its_advice)
+    return json.loads(dumps(api.estimate_dict(req, api.analytic(req))))
 
 
 @pytest.mark.parametrize("params", [
@@ -65,7 +67,9 @@ def test_view_is_what_the_page_draws(client):
     r = client.post("/api/view", json={"model": "llama-3.1-8b", "batch": "8", "gpu": "H100-80GB", "precision": ""})
     assert r.status_code == 200, r.text
     v = r.json()
-    assert v["estimate"] == same_as_cli(api.Request("llama-3.1-8b", batch=8, gpu="H100-80GB"))
+    # the estimate itself (the view carries the advice as the page's lines: would_fit beside it)
+    assert v["estimate"] == json.loads(dumps(api.analytic(api.Request("llama-3.1-8b", batch=8, gpu="H100-80GB"))
+                                             .to_dict()))
     assert v["summary"]["peak"] == v["estimate"]["memory"]["peak"]
     assert v["summary"]["fits"] is False and v["capacity"] == api.load_gpu("H100-80GB").memory
     assert [b["total"] for b in v["bars"]] == list(v["estimate"]["memory"]["phases"].values())
@@ -191,3 +195,14 @@ def test_timeline_at_a_models_default_sequence(client):
     r = client.get("/api/timeline.svg", params={"model": "tiny-gpt2", "batch": 1})
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("image/svg+xml") and "<svg" in r.text
+
+
+def test_estimate_is_the_cli_json_with_its_advice(client, cli):
+    """Where the step does not fit, `trainfit estimate --json` adds what would (would_fit: the advice, checked by the
+    analytic engine); /api/estimate (GET and POST) is that same object (api.estimate_dict), not the bare estimate."""
+    code, out, _ = cli("estimate", "llama-3.2-1b", "--gpu", "T4", "--batch", "8", "--seq", "2048", "--json")
+    cli_json = json.loads(out)
+    assert code == 0 and not cli_json["time"]["fits"] and cli_json["would_fit"]
+    params = {"model": "llama-3.2-1b", "gpu": "T4", "batch": 8, "seq": 2048}
+    assert client.get("/api/estimate", params=params).json() == cli_json
+    assert client.post("/api/estimate", json=params).json() == cli_json

@@ -85,17 +85,14 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
     `extra`: more keys for the JSON object (`trainfit check`: what the files said)."""
     from ..report import json_out, terminal
 
-    advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if json:
         if len(results) == 1:
-            d = results[0].to_dict()
-            if advice:
-                d["would_fit"] = [x.as_dict() for x in advice]
-            typer.echo(json_out.dumps({**d, **(extra or {})}))
+            typer.echo(json_out.dumps({**api.estimate_dict(req, results[0]), **(extra or {})}))
         else:
             typer.echo(json_out.dumps({"estimates": [e.to_dict() for e in results],
                                        **api.gaps(results)}))
         return
+    advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
     if len(results) == 1:
         terminal.render_estimate(results[0])
     else:

@@ -2,8 +2,9 @@
 
 Routes
   GET  /                      the page (page.py: one HTML document, vanilla JS, nothing fetched from elsewhere)
-  GET  /api/estimate?model=…  `api.analytic(req).to_dict()` with run_engines' note on an unread --host-memory
-                              (api.host_memory_noted): the object `trainfit estimate --json` prints
+  GET  /api/estimate?model=…  the object `trainfit estimate --json` prints (api.estimate_dict: the analytic estimate
+                              with the changes that would fit where it does not; run_engines' note on an unread
+                              --host-memory, api.host_memory_noted)
   POST /api/estimate          the same, for a pasted config.json: {"config": {...} or "<json text>", knobs...}
   POST /api/view              what the page shows: the estimate plus its formatted rows, the phase chart's bars
                               and what the GPU holds (allocated peak, reserved, overheads, device total: `held`)
@@ -251,7 +252,12 @@ def _timeline_svg(req: Request) -> str:
 
 def _catalog_estimate(knobs: Knobs) -> dict:
     req = to_request(knobs, model=_catalog_ref(knobs.model))
-    return api.host_memory_noted(req, api.analytic(req)).to_dict()
+    return api.estimate_dict(req, api.host_memory_noted(req, api.analytic(req)))
+
+
+def _pasted_estimate(knobs: PastedKnobs) -> dict:
+    spec, req, e = estimate_for(knobs)
+    return api.estimate_dict(req, e, spec)
 
 
 def view_with_advice(knobs: PastedKnobs) -> dict:
@@ -411,7 +417,7 @@ def create_app(time_limit: float = DEFAULT_TIME_LIMIT) -> FastAPI:
     @app.post("/api/estimate")
     async def post_estimate(request: HTTPRequest, knobs: PastedKnobs) -> JSONResponse:
         """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
-        return JSONResponse(await bounded(app, request, lambda: estimate_for(knobs)[2].to_dict()))
+        return JSONResponse(await bounded(app, request, _pasted_estimate, knobs))
 
     @app.post("/api/view")
     async def post_view(request: HTTPRequest, knobs: PastedKnobs) -> JSONResponse:
