@@ -180,7 +180,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         c.add_row("parameters per GPU", fmt_count(e.params_per_rank))
     f = e.flops
     # a measured step's FLOPs are not counted (measure/runner.py to_estimate leaves them 0): no FLOP rows, no MFU
-    counted = e.engine != "measure" or f.step > 0
+    measured = e.engine == "measure"
+    counted = not measured or f.step > 0
     if not counted:
         c.add_row("FLOPs", "not counted by real steps (the analytic engine's)")
     elif e.setup.mode == "rl":
@@ -211,7 +212,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
                       fmt_seconds(tm.step_seconds))
             for name, secs, share in step_term_rows(e):
                 c.add_row(f"[dim]  {name.replace('_', ' ')}[/dim]", f"[dim]{fmt_seconds(secs)} ({share:.1%})[/dim]")
-            c.add_row(f"{'images' if _classifier(e.setup) else 'tokens'}/s (all GPUs)", fmt_count(tm.tokens_per_second))
+            c.add_row(f"{'images' if _classifier(e.setup) else 'tokens'}/s ({'measured here' if measured else 'all GPUs'})",
+                      fmt_count(tm.tokens_per_second))
         elif e.setup.mode == "serve":
             sv = e.detail.serving
             sglang = sv.server == "sglang"
