@@ -153,6 +153,9 @@ CASES = [
     C("sweep llama-3.1-8b --mode serve --gpu H100-80GB --vary batch 1:8", "trainfit estimate --mode serve"),
     C("plan llama-3.1-8b --concurrency 8 --gpu H100-80GB", "add --mode serve"),
     C("plan llama-3.1-8b --mode serve --concurrency 0 --gpu H100-80GB", "positive integer"),
+    # one hourly price for several GPU types would rank them by it alone (an L4 at an H100's price)
+    C("plan llama-3.2-1b --mode serve --concurrency 32 --gpu H100-80GB,L4 --price 5", "lists 2 types: drop --price"),
+    C("plan llama-3.2-1b --mode serve --request-rate 2 --gpu all --price 5", "drop --price"),
     C("plan llama-3.1-8b --mode serve --concurrency 8 --gpu H100-80GB --global-batch-tokens 1M", "--mode train only"),
     C("plan llama-3.1-8b --mode serve --concurrency 8 --gpu H100-80GB --tpot-ms -1", "--tpot-ms"),
     C("plan llama-3.1-8b --mode serve --concurrency 8 --gpu H100-80GB --kv-cache-dtype int8", "bf16, fp16 or fp8"),

@@ -74,6 +74,17 @@ def test_cli_json_emit_and_refusals(capsys):
     assert e.value.code == 2 and "--request-rate" in capsys.readouterr().err
 
 
+def test_cli_lengths_default_to_512_each(capsys):
+    """--prompt-len and --completion-len are optional (512 each, as --help says): a rate alone plans, its engine
+    command sized for 512 + 512 tokens; a non-positive length given is still refused."""
+    args = ["plan", "qwen2.5-0.5b", "--mode", "serve", "--request-rate", "40", "--gpu", "H100-80GB", "--tp", "1"]
+    main(args + ["--emit", "vllm"])
+    assert "--max-model-len 1024" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(args + ["--prompt-len", "0"])
+    assert e.value.code == 2 and "--prompt-len must be a positive integer" in capsys.readouterr().err
+
+
 def test_estimate_names_the_replicas_a_rate_needs():
     from trainfit.api import Request, analytic
 

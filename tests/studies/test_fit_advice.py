@@ -39,6 +39,22 @@ def test_8b_on_a_24gb_card_proposes_a_setup_whose_estimate_fits(capsys):
     assert any(f in first for f in ("--lora-rank", "--tp", "--dp"))
 
 
+def test_the_printed_command_shows_the_row_it_came_from(capsys):
+    """Each row's `command` reruns the row's setup on the GPU fit judged it on: the run settings fit read (here the
+    power cap, which slows the step, and --reserve) travel with it, so its estimate gives the row's step time."""
+    code, out, err = _run(capsys, "fit", "llama-3.2-1b", "--gpu", "RTX-4090", "--seq", "2048", "--power-limit", "200",
+                          "--reserve", "0.5", "--json")
+    assert code == 0, err
+    row = json.loads(out)["fits"][0]
+    argv = row["command"].split()[1:]
+    assert "--power-limit" in argv and "--reserve" in argv
+    code, out, err = _run(capsys, *argv, "--json")
+    assert code == 0, err
+    est = json.loads(out)
+    assert est["time"]["step_seconds"] == pytest.approx(row["step_seconds"], rel=1e-9)
+    assert est["fit"]["capacity"] == row["capacity"]
+
+
 def test_suggestions_fit_and_are_fastest_first():
     req = Request(model="llama-3.1-8b", gpu="H100-80GB", batch=4, seq=4096)
     spec = api.load_spec(req.model)

@@ -123,7 +123,7 @@ def estimate_command(req, spec, setup, gpu: str) -> str:
     defaults (the user's own flags and the suggestion's changes together), and the run settings fit reads."""
     from dataclasses import fields
 
-    from ..setup import BY_NAME, Setup
+    from ..setup import BY_NAME, GPU_SETTINGS, Setup, run_settings
 
     default = type(req)(model=req.model).setup(spec)
     argv = ["trainfit", "estimate", req.model, "--gpu", gpu, "--seq", str(setup.seq)]
@@ -133,8 +133,8 @@ def estimate_command(req, spec, setup, gpu: str) -> str:
             continue
         flag = BY_NAME[f.name].flag
         argv += [flag] if v is True else [flag, str(v)] if v is not False and v is not None else []
-    for name in ("reserve", "gpu_memory"):
-        if getattr(req, name) != BY_NAME[name].request_default:
+    for name in (*GPU_SETTINGS, *run_settings(req)):  # (the GPU's, its node's and the fit rule's, as fit read them)
+        if name != "gpu" and getattr(req, name) != BY_NAME[name].request_default:
             argv += [BY_NAME[name].flag, str(getattr(req, name))]
     return shlex.join(argv)
 

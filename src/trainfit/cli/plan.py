@@ -309,6 +309,9 @@ def _serve_gpus(gpu: str, price):
 
     names = [g.strip() for g in gpu.split(",") if g.strip()]
     gpus = [g for g in list_gpus() if g.vendor == "nvidia"] if names == ["all"] else [resolve_gpu(n) for n in names]
+    if price is not None and len(gpus) > 1:  # one price for every type would rank them by it alone
+        raise SetupError(f"--price {price:g} is one GPU type's hourly price, and --gpu {gpu} lists {len(gpus)} types: "
+                         "drop --price (each type's catalog price, `trainfit gpus`), or plan one type with its price")
     return [g.with_price(price) for g in gpus]
 
 
@@ -324,7 +327,8 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
         raise SetupError("--concurrency and --request-rate both size the load: give one of them")
     for name, v in (("request_rate", rate), ("ttft_ms", ttft_ms), ("price", price), ("prompt_len", prompt_len),
                     ("completion_len", completion_len)):
-        check_value(BY_NAME[name], v, "serve")
+        if v is not None:  # (the lengths not given take their defaults below)
+            check_value(BY_NAME[name], v, "serve")
     _check_serve_outputs(tpot_ms, emit, json, server)
     spec = token_model(model, "plan")
     gpus = _serve_gpus(gpu, price)
