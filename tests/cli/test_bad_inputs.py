@@ -154,6 +154,11 @@ CASES = [
     C("plan llama-3.1-8b --concurrency 8 --gpu H100-80GB", "add --mode serve"),
     C("plan llama-3.1-8b --mode serve --concurrency 0 --gpu H100-80GB", "positive integer"),
     # one hourly price for several GPU types would rank them by it alone (an L4 at an H100's price)
+    C("plan llama-3.2-1b --gpu H100-80GB --gpus 8 --seq 2048 --price 5", "add --tokens"),  # (as estimate refuses it)
+    C("estimate llama-3.2-1b --mode serve --gpu H100-80GB --price 3", "--price applies to train only"),
+    C("estimate llama-3.2-1b --mode infer --gpu H100-80GB --price 3", "--price applies to train only"),
+    C("estimate llama-3.2-1b --mode serve --gpu H100-80GB --server vllm --emit vllm --concurrency 16 --mfu 0.3",
+      "which --concurrency, --mfu do not change"),
     C("plan llama-3.2-1b --mode serve --concurrency 32 --gpu H100-80GB,L4 --price 5", "lists 2 types: drop --price"),
     C("plan llama-3.2-1b --mode serve --request-rate 2 --gpu all --price 5", "drop --price"),
     C("plan llama-3.1-8b --mode serve --concurrency 8 --gpu H100-80GB --global-batch-tokens 1M", "--mode train only"),

@@ -15,6 +15,7 @@ from trainfit.errors import SetupError, TrainfitError
 from trainfit.hardware import get_gpu
 from trainfit.plan import emit
 from trainfit.plan.fit import PeakOracle
+from trainfit.units import fmt_seconds
 from trainfit.analytic.params import count_params
 from trainfit.analytic.fit_rule import capacity
 from trainfit.plan.search import PlanQuery, search
@@ -182,6 +183,26 @@ def test_cli_command_and_emits(tmp_path):
     assert mg.exit_code == 0 and "pretrain_gpt.py" in mg.stdout, mg.output
     bad = run(app, ["plan", "llama-3.1-8b", "--gpu", "A100-40GB", "--gpus", "8", "--emit", "nope"])
     assert bad.exit_code != 0 and isinstance(bad.exception, SetupError)
+
+
+def test_emit_says_the_budget_and_the_verify_it_ran(cli):
+    """--emit prints the config on stdout and the plan on stderr: with --tokens (and --price) the plan's line carries
+    the budget the table would show (time, GPU-hours, cost), and --verify's trace of the emitted plan is printed, not
+    run and dropped; the config itself is the same."""
+    args = ("plan", "gpt2", "--gpu", "L4", "--gpus", "1", "--seq", "1024", "--top", "1", "--emit", "deepspeed")
+    code, plain, err = cli(*args)
+    assert code == 0 and "tokens in" not in err and "verify" not in err
+    code, out, err = cli(*args, "--tokens", "1B", "--price", "2")
+    assert code == 0 and out == plain
+    line = next(x for x in err.splitlines() if x.startswith("plan:"))
+    tps = float(line.split(" tokens/s")[0].rsplit(": ", 1)[1].replace(",", ""))
+    days = line.split("1.00 G tokens in ")[1].split(",")[0]
+    assert days == fmt_seconds(1e9 / tps)  # the budget's time: the tokens at the plan's rate
+    hours = float(line.split(" GPU-h")[0].rsplit(", ", 1)[1].replace(",", ""))
+    assert hours == pytest.approx(1e9 / tps / 3600, abs=0.5) and f"${2 * 1e9 / tps / 3600:,.0f}" in line
+    code, out, err = cli(*args, "--verify")
+    assert code == 0 and out == plain
+    assert next(x for x in err.splitlines() if x.startswith("verify: ")).startswith("verify: trace peak ")
 
 
 # accelerate's documented config-file keys (accelerate docs: usage_guides/fsdp and "FSDP1 vs FSDP2")

@@ -15,7 +15,7 @@ import typer
 from .. import api, serving_versions
 from ..engines import MEASURED, TRACED_MODULE
 from ..errors import SetupError, TrainfitError
-from ..setup import Request
+from ..setup import BY_NAME, Request
 from .options import EngineOpt, Group, GroupedCommand, JsonOpt, lazy_group, with_settings
 from .spinner import spinner
 
@@ -41,6 +41,17 @@ def _check_emit(req: Request, emit: str, json: bool, engine: str) -> None:
         raise SetupError(f"--emit {emit} prints the command of the server the estimate models: add --server {emit}")
     if json or engine != "analytic":
         raise SetupError(f"--emit {emit} prints one command: drop --json and --engine")
+    # the load and the timing (the engine's memory, which the command's flags size, reads none of them)
+    timed = [BY_NAME[n].flag for n in EMIT_UNREAD if getattr(req, n) != BY_NAME[n].default]
+    if timed:
+        raise SetupError(f"--emit {emit} prints the engine's command, which {', '.join(timed)} "
+                         f"{'does' if len(timed) == 1 else 'do'} not change (the load and its timing): drop "
+                         f"{'it' if len(timed) == 1 else 'them'}, or leave out --emit to see the throughput")
+
+
+# Serving settings of the load and its timing, which the engine's command (plan/emit_vllm.py, emit_sglang.py: the
+# memory's knobs, analytic/serving.py) never reads
+EMIT_UNREAD = ("concurrency", "request_rate", "ttft_ms", "prompt_len", "completion_len", "mfu", "power_limit")
 
 
 @app.command(cls=GroupedCommand)

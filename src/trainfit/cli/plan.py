@@ -9,6 +9,7 @@ import typer
 from .. import serving_versions
 from ..errors import SetupError
 from ..setup import BY_NAME, check_value
+from ..setup.request import refuse_price_without_tokens
 from .options import ModelArg
 
 STACK_DEFAULT = BY_NAME["stack"].default  # the stack planned when --stack is not given
@@ -121,6 +122,7 @@ def plan(
     if workers is not None and workers < 1:
         raise SetupError(f"--workers {workers}: give 1 or more processes (1: search in this one)")
     check_value(BY_NAME["price"], price)  # the one definitions of --price (finite, >= 0) and --gpu-memory
+    refuse_price_without_tokens(price, tokens)
     check_value(BY_NAME["gpu_memory"], gpu_memory)
     check_value(BY_NAME["power_limit"], power_limit)
     check_value(BY_NAME["reserve"], reserve)
@@ -158,7 +160,7 @@ def plan(
         if note:
             result.notes = (*result.notes, note)
     if emit:
-        _emit(emit, spec, g, q, result, budget_tokens)
+        _emit(emit, spec, g, q, result, budget_tokens, verify)
         return
     if json:
         typer.echo(report.dumps(report.plan_dict(result)))
@@ -195,9 +197,11 @@ def _searched(spec, g, q, budget_tokens, quiet: bool, workers: int = 1):
         return search(spec, g, q, tokens=budget_tokens, progress=step, workers=workers)
 
 
-def _emit(engine, spec, g, q, result, budget_tokens) -> None:
-    """Config on stdout (so `> ds.json` works), the chosen plan and any caveat on stderr."""
+def _emit(engine, spec, g, q, result, budget_tokens, verify: bool = False) -> None:
+    """Config on stdout (so `> ds.json` works), the chosen plan, its --verify trace and any caveat on stderr."""
     from dataclasses import replace
+
+    from ..report import plan as report
 
     from ..plan import knobs
     from ..plan.emit import emit as write
@@ -222,8 +226,23 @@ def _emit(engine, spec, g, q, result, budget_tokens) -> None:
     typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}{experts}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
                f"{s.grad_accum}, {s.recompute} recompute, {s.precision}, stack {s.stack}"
                f"{(' ' + knobs.setup_flags(s)) if knobs.setup_flags(s) else ''}: "
-               f"{pick.time.tokens_per_second:,.0f} tokens/s, peak {pick.peak / 2**30:.1f} GiB", err=True)
+               f"{pick.time.tokens_per_second:,.0f} tokens/s, peak {pick.peak / 2**30:.1f} GiB"
+               + (f"; {_budget_words(pick.budget)}" if pick.budget else ""), err=True)
+    if verify:  # (the trace of the table's plans: the one emitted, or a later one the table did not hold)
+        v = getattr(pick, "verify", None)
+        typer.echo("verify: " + (report.verify_words(v) if v else "not traced (--verify traces the table's plans; "
+                                 f"{engine} runs none of them)"), err=True)
+    for note in result.notes:  # (the plans' caveats, as the table prints them)
+        typer.echo(f"· {note}", err=True)
     typer.echo(write(engine, s, spec, g.gpus_per_node, budget_tokens), nl=False)
+
+
+def _budget_words(b: dict) -> str:
+    """A --tokens budget's time, GPU-hours, cost and energy in words (analytic/timing.py budget's keys)."""
+    from ..units import fmt_count, fmt_seconds
+
+    return (f"{fmt_count(b['train_tokens'])} tokens in {fmt_seconds(b['train_seconds'])}, {b['gpu_hours']:,.0f} "
+            f"GPU-h, ${b['cost_usd']:,.0f}, {b['energy_kwh']:,.0f} kWh")
 
 
 def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache_dtype, precision, tp, top, emit,

@@ -73,6 +73,13 @@ def run_flags(s) -> str:
     return " ".join(x for x in (knobs.setup_flags(s), *timed) if x)
 
 
+def verify_words(v: dict) -> str:
+    """--verify's result for one plan (plan/verify.py): the trace's peak beside the analytic one, or why it was
+    skipped."""
+    return v["skipped"] if "skipped" in v else \
+        f"trace peak {fmt_bytes(v['trace_peak'])} vs analytic {fmt_bytes(v['analytic_peak'])} ({v['gap']:+.1%})"
+
+
 def render(r: PlanResult, echo=print) -> None:
     from rich.table import Table
 
@@ -128,10 +135,8 @@ def render(r: PlanResult, echo=print) -> None:
                        f"{b['energy_kwh'] / 1000:,.1f} MWh", f"{b.get('average_power_watts', 0):,.0f}")
         con.print(bt)
     for i, c in enumerate(r.candidates, 1):
-        v = getattr(c, "verify", None)
-        if v:
-            echo(f"verify #{i}: " + (v["skipped"] if "skipped" in v else
-                 f"trace peak {fmt_bytes(v['trace_peak'])} vs analytic {fmt_bytes(v['analytic_peak'])} ({v['gap']:+.1%})"))
+        if getattr(c, "verify", None):
+            echo(f"verify #{i}: {verify_words(c.verify)}")
     st = r.stats
     if show_stack:
         for name, d in st["stacks"].items():

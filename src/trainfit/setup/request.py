@@ -120,6 +120,12 @@ def run_settings(req) -> dict:
     return {s.name: getattr(req, s.name) for s in _RUN_SETTINGS if s.name not in GPU_SETTINGS}
 
 
+def refuse_price_without_tokens(price, tokens) -> None:
+    """--price is read only to cost a --tokens budget (estimate's and plan's)."""
+    if price is not None and tokens is None:
+        raise SetupError("--price sets the cost of a training budget: add --tokens (e.g. --tokens 15T), or drop it")
+
+
 def _request_post_init(self) -> None:
     if not isinstance(self.model, str) or not self.model.strip():
         raise SetupError("choose a model: a catalog name (see `trainfit models`), a config.json, or a hub id")
@@ -147,8 +153,7 @@ def _request_post_init(self) -> None:
     if self.reserve != BY_NAME["reserve"].default and self.gpu is None:
         raise SetupError("--reserve keeps memory free when judging the fit on a GPU, which needs --gpu (see "
                          "`trainfit gpus`)")
-    if self.price is not None and self.tokens is None:  # (the price is read only to cost a budget)
-        raise SetupError("--price sets the cost of a training budget: add --tokens (e.g. --tokens 15T), or drop it")
+    refuse_price_without_tokens(self.price, self.tokens)
     for name in ("gpu", *MODEL_SETTINGS):
         value = getattr(self, name)
         if isinstance(value, str) and not value.strip():

@@ -800,8 +800,9 @@ class RunSettings:
                                    modes=RL_STEP + ("serve",), group="run")
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T", group="run")
-    price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu).",
-                                     minimum=0, example="2.5", group="run")
+    price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu): the cost "
+                                     "of a --tokens budget (plan --mode serve: of the replicas).", minimum=0,
+                                     example="2.5", modes=("train",), group="run")
     power_limit: Optional[float] = setting(None, "Board power cap per GPU in W (nvidia-smi -pl): replaces the "
                                            "GPU's TDP for the run; below the power its kernel rates were measured "
                                            "at it lowers the SM clock and so the compute rates (power_clock), and "
