@@ -11,3 +11,11 @@ def test_a_measured_step_shows_no_zero_flops_or_mfu(cli):
     assert "MFU" not in out and "0 FLOP" not in out
     code, out, _ = cli("estimate", "tiny-llama", "--batch", "1", "--seq", "32", "--gpu", "H100-80GB")
     assert code == 0 and "step time (MFU" in out and "not counted" not in out  # (the analytic count and its MFU)
+
+
+def test_a_measured_inference_step_renders(cli):
+    """A measured prefill + decode (--mode infer --engine measure) has no capacities (largest batch, longest
+    context: the analytic engine's): the table leaves them out; it raised a TypeError formatting None."""
+    code, out, err = cli("estimate", "tiny-llama", "--mode", "infer", "--engine", "measure", "--device", "cpu",
+                         "--batch", "1", "--seq", "32")
+    assert code == 0 and "Traceback" not in err and "prefill time" in out and "largest batch" not in out

@@ -305,7 +305,7 @@ def models(json: bool = JsonOpt) -> None:
 @app.command(cls=GroupedCommand)
 def gpus(json: bool = JsonOpt) -> None:
     """The GPU catalog: memory (what CUDA can allocate; nvidia-smi's total beside it), bandwidth, dense peak FLOP/s,
-    power, price (override with --price). --json: each GPU as a GPU file writes it (`--gpu my_gpu.json`)."""
+    power, price (`estimate --price` and `plan --price` override it). --json: each GPU as a GPU file writes it (`--gpu my_gpu.json`)."""
     from ..hardware import file_entry, list_gpus
 
     items = list_gpus()

@@ -239,8 +239,10 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
             c.add_row("prefill time", fmt_seconds(tm.prefill_seconds))
             if tm.decode_tokens_per_second is not None:
                 c.add_row("decode tokens/s (batch)", f"{tm.decode_tokens_per_second:,.0f}")
-            c.add_row(f"largest batch at {e.setup.seq} tokens", f"{tm.max_batch:,}")
-            c.add_row(f"longest context at batch {e.setup.batch}", f"{tm.max_seq:,}")
+            if tm.max_batch is not None:  # (the analytic engine's capacities; a measured step ran one batch)
+                c.add_row(f"largest batch at {e.setup.seq} tokens", f"{tm.max_batch:,}")
+            if tm.max_seq is not None:
+                c.add_row(f"longest context at batch {e.setup.batch}", f"{tm.max_seq:,}")
         if tm.train_seconds is not None:
             c.add_row(f"train on {fmt_count(tm.train_tokens)} tokens", fmt_seconds(tm.train_seconds))
             c.add_row("budget (GPU boards)", budget_line(tm))
