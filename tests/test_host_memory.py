@@ -111,3 +111,15 @@ def test_compare_and_report_name_a_host_memory_nothing_reads(cli):
     req = Request("gpt2", batch=1, seq=64, gpu="H100-80GB", host_memory=512)
     assert HOST_MEMORY_UNREAD in build_report(req, trace=False)
     assert HOST_MEMORY_UNREAD not in build_report(req, gpus=2, trace=False)
+
+
+def test_plan_names_a_host_memory_no_offload_was_searched_against(cli):
+    """plan searches the offloads (the last memory-knob levels, judged against the node's host memory) only where
+    nothing fits plainly: where plans fit, --host-memory judged nothing and the plan's notes say so."""
+    from trainfit.cli.plan import HOST_MEMORY_UNREAD_PLAN
+
+    args = ("plan", "gpt2", "--gpu", "H100-80GB", "--gpus", "2", "--seq", "1024", "--json")
+    code, out, _ = cli(*args, "--host-memory", "64")
+    assert code == 0 and json.loads(out)["candidates"] and HOST_MEMORY_UNREAD_PLAN in json.loads(out)["notes"]
+    code, out, _ = cli(*args)
+    assert code == 0 and HOST_MEMORY_UNREAD_PLAN not in json.loads(out)["notes"]

@@ -153,6 +153,10 @@ def plan(
 
         check_model(emit, spec)  # a model the engine cannot build: say so before searching
     result = _searched(spec, g, q, budget_tokens, quiet=json, workers=workers or default_workers())
+    if host_memory is not None and result.candidates and "knobs" not in result.stats:
+        # plans fit without the memory knobs (search.py: the knob levels, the offloads among them, searched only
+        # where nothing fits plainly): no offload was judged against the node's memory
+        result.notes = (*result.notes, HOST_MEMORY_UNREAD_PLAN)
     if verify and result.candidates:
         from ..plan.verify import verify as run_verify
 
@@ -166,6 +170,10 @@ def plan(
         typer.echo(report.dumps(report.plan_dict(result)))
         return
     report.render(result, echo=typer.echo)
+
+
+HOST_MEMORY_UNREAD_PLAN = ("--host-memory judges nothing here: plans fit without offloading, so no offload was "
+                           "searched against it: drop it")
 
 
 def default_workers() -> int:

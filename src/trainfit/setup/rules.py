@@ -392,8 +392,9 @@ def _validate_serve(setup: Setup) -> None:
     """--mode serve: a GPU engine, and vLLM's own limits (config/cache.py CacheDType: no fp32 or int8 KV cache)."""
     sglang = serving_versions.engine_of(setup.server) == "sglang"
     if setup.device != "cuda":
-        raise SetupError("--mode serve models a serving engine on a GPU: drop --device cpu (to run an inference step "
-                         "on this CPU: --mode infer --engine measure)")
+        raise SetupError("--mode serve models a serving engine on a GPU, not a step on this CPU (--device cpu): "
+                         "`trainfit estimate --mode serve --gpu GPU` answers it, without --device cpu (an inference "
+                         "step here: --mode infer)")
     if setup.kv_dtype in ("fp32", "int8"):
         raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if sglang else 'vLLM'} "
                          "caches KV in bf16, fp16 or fp8; choose one of those")
