@@ -155,6 +155,10 @@ CASES = [
     C("plan llama-3.1-8b --mode serve --concurrency 0 --gpu H100-80GB", "positive integer"),
     # one hourly price for several GPU types would rank them by it alone (an L4 at an H100's price)
     C("plan llama-3.2-1b --gpu H100-80GB --gpus 8 --seq 2048 --price 5", "add --tokens"),  # (as estimate refuses it)
+    # a training flag written at its default value asks for training too (estimate refuses it so: options.written)
+    C("plan llama-3.2-1b --mode serve --gpu H100-80GB --concurrency 8 --optimizer adamw --seq 2048",
+      "--optimizer and --seq apply to --mode train only"),
+    C("sweep gpt2 --mode infer --vary batch 1,4 --optimizer adamw", "--optimizer applies to train/rl only"),
     C("estimate llama-3.2-1b --mode serve --gpu H100-80GB --price 3", "--price applies to train only"),
     C("estimate llama-3.2-1b --mode infer --gpu H100-80GB --price 3", "--price applies to train only"),
     C("estimate llama-3.2-1b --mode serve --gpu H100-80GB --server vllm --emit vllm --concurrency 16 --mfu 0.3",

@@ -279,8 +279,13 @@ def with_settings(only: tuple[str, ...] | None = None, exclude: tuple[str, ...] 
 def written(settings: list[Setting]) -> frozenset:
     """The names of `settings` the user wrote on the command line (click's parameter source), whatever their value:
     the Request sees only values, and a flag at its default looks unwritten there."""
+    return written_params(s.name for s in settings)
+
+
+def written_params(names) -> frozenset:
+    """Of the command's parameters `names`, those written on the command line (click's parameter source)."""
     ctx = get_current_context(silent=True)
     if ctx is None:
         return frozenset()
     source = ctx.get_parameter_source
-    return frozenset(s.name for s in settings if getattr(source(s.name), "name", None) == "COMMANDLINE")
+    return frozenset(n for n in names if getattr(source(n), "name", None) == "COMMANDLINE")

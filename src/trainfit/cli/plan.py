@@ -10,7 +10,7 @@ from .. import serving_versions
 from ..errors import SetupError
 from ..setup import BY_NAME, check_value
 from ..setup.request import refuse_price_without_tokens
-from .options import ModelArg
+from .options import ModelArg, written_params
 
 STACK_DEFAULT = BY_NAME["stack"].default  # the stack planned when --stack is not given
 
@@ -90,7 +90,8 @@ def plan(
                      efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
                      seq=seq != 2048, gpu_memory=gpu_memory is not None, power_limit=power_limit is not None,
                      cluster=cluster is not None, host_memory=host_memory is not None, workers=workers is not None)
-        off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
+        wrote = written_params(given)  # (a flag written at its default value asks for training too)
+        off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v or k in wrote]
         if off:
             raise SetupError(f"{' and '.join(off)} {'apply' if len(off) > 1 else 'applies'} to --mode train only; "
                              "--mode serve takes --concurrency or --request-rate (with --ttft-ms, --prompt-len, "

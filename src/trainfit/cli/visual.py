@@ -13,9 +13,9 @@ import typer
 from .. import api
 from ..cancel import DEFAULT_TIME_LIMIT
 from ..errors import EngineUnavailableError, SetupError, TrainfitError
-from .options import JsonOpt, with_settings
+from .options import JsonOpt, with_settings, written_params
 from .spinner import spinner
-from ..setup import BY_NAME, Request
+from ..setup import BY_NAME, Request, refuse_written
 
 
 def _vary_not_fixed(knob: str, req: Request) -> None:
@@ -125,6 +125,8 @@ def sweep(req: Request,
 
     knob, values = vary
     variants = {"attention": attention, "recompute": recompute, "precision": precision, "optimizer": optimizer}
+    # the variant options are the sweep's own: a training one written in another mode is refused as estimate's are
+    refuse_written(written_params(variants), req.mode, req.rollout, req.server)
     single = {k: v for k, v in variants.items() if v and "," not in v}
     from dataclasses import replace
 
