@@ -226,10 +226,10 @@ def _emit(engine, spec, g, q, result, budget_tokens, verify: bool = False) -> No
             raise SetupError(f"--emit {engine}: no plan that {engine} can run fits ({why}); try another --emit")
         best = result.candidates[0] if result.candidates else None
         if best is not None:
-            typer.echo(f"note: the best plan searched ({best.setup.dp}×{best.setup.tp}×{best.setup.pp} on the "
-                       f"{best.setup.stack} stack, {best.time.tokens_per_second:,.0f} tokens/s) cannot run on {engine} "
-                       f"({supports(engine, best.setup)}); emitting the best one that can (on the "
-                       f"{pick.setup.stack} stack, {pick.time.tokens_per_second:,.0f} tokens/s)", err=True)
+            typer.echo(f"note: the best plan of --stack {','.join(q.stacks)} ({best.setup.dp}×{best.setup.tp}×"
+                       f"{best.setup.pp} on the {best.setup.stack} stack, {best.time.tokens_per_second:,.0f} tokens/s) "
+                       f"cannot run on {engine} ({supports(engine, best.setup)}); emitting the fastest plan {engine} "
+                       f"runs (on the {pick.setup.stack} stack, {pick.time.tokens_per_second:,.0f} tokens/s)", err=True)
     s = pick.setup
     experts = (f", ep {s.ep}" if s.ep > 1 else "") + (f", etp {s.etp}" if s.etp is not None else "")
     typer.echo(f"plan: dp {s.dp} × tp {s.tp} × pp {s.pp}{experts}, ZeRO-{s.zero}, micro-batch {s.batch} × accumulation "
