@@ -116,7 +116,7 @@ def test_compare_and_report_name_a_host_memory_nothing_reads(cli):
 def test_plan_names_a_host_memory_no_offload_was_searched_against(cli):
     """plan searches the offloads (the last memory-knob levels, judged against the node's host memory) only where
     nothing fits plainly: where plans fit, --host-memory judged nothing and the plan's notes say so."""
-    from trainfit.cli.plan import HOST_MEMORY_UNREAD_PLAN
+    from trainfit.api import HOST_MEMORY_UNREAD_PLAN
 
     args = ("plan", "gpt2", "--gpu", "H100-80GB", "--gpus", "2", "--seq", "1024", "--json")
     code, out, _ = cli(*args, "--host-memory", "64")

@@ -227,6 +227,8 @@ HOST_MEMORY_UNREAD_SWEEP = (f"--host-memory judges no point of this sweep: none 
                             f"{_NOTHING_KEPT}, and a sweep suggests no offloads")
 HOST_MEMORY_UNREAD_COMPARE = (f"--host-memory judges nothing here: the training step keeps nothing in host memory "
                               f"{_NOTHING_KEPT}, and compare suggests no offloads: drop it")
+HOST_MEMORY_UNREAD_PLAN = ("--host-memory judges nothing here: plans fit without offloading, so no offload was "
+                           "searched against it: drop it")
 
 
 # The run settings an engine never reads (the analytic engine reads them all): the trace judges the step's memory on
@@ -241,10 +243,10 @@ UNREAD_BY = {"trace": ("judges the step's memory on the GPU, not its time nor th
 
 def refuse_unread_by(req: Request, engine: str) -> None:
     """Refuse the settings given that `engine` never reads (UNREAD_BY) in one line naming them."""
-    from .setup import BY_NAME
+    from .setup.settings import given_flags
 
     what, names = UNREAD_BY.get(engine, ("", ()))
-    given = [BY_NAME[n].flag for n in names if getattr(req, n) != BY_NAME[n].default]
+    given = given_flags(req, names)
     if given:
         raise SetupError(f"--engine {engine} {what}: it reads no {', '.join(given)}; use --engine analytic or all "
                          f"(the analytic engine reads {'it' if len(given) == 1 else 'them'}), or drop "
@@ -322,7 +324,7 @@ def estimate_dict(req: Request, est: Estimate, spec=None) -> dict:
     """`est` as `trainfit estimate --json` prints it (and the web app's /api/estimate returns it): its to_dict(), with
     the changes that would fit (fit_advice, as dicts) where it does not fit its GPU."""
     d = est.to_dict()
-    advice = fit_advice(req, est, spec) if est.time is not None and not est.time.fits else []
+    advice = fit_advice(req, est, spec)
     if advice:
         d["would_fit"] = [x.as_dict() for x in advice]
     return d
@@ -330,10 +332,13 @@ def estimate_dict(req: Request, est: Estimate, spec=None) -> dict:
 
 def fit_advice(req: Request, est: Estimate, spec=None) -> list:
     """For an estimate that does not fit its GPU: the changes that would, fastest first (studies/fit_advice.py
-    Suggestion objects). spec: the model when it is not req.model's (the web page's pasted config.json)."""
+    Suggestion objects); none for one that fits or has no GPU time. spec: the model when it is not req.model's (the
+    web page's pasted config.json)."""
     from .spec import VisionSpec
     from .studies.fit_advice import suggestions as advise
 
+    if est.time is None or est.time.fits:
+        return []
     spec = spec if spec is not None else load_spec(req.model)
     if isinstance(spec, VisionSpec):
         return []  # the advice searches a transformer's settings (recompute, sequence, parallelism)

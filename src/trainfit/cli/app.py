@@ -15,7 +15,8 @@ import typer
 from .. import api, serving_versions
 from ..engines import MEASURED, TRACED_MODULE
 from ..errors import SetupError, TrainfitError
-from ..setup import BY_NAME, Request
+from ..setup import Request
+from ..setup.settings import given_flags
 from .options import EngineOpt, Group, GroupedCommand, JsonOpt, lazy_group, with_settings
 from .spinner import spinner
 
@@ -42,7 +43,7 @@ def _check_emit(req: Request, emit: str, json: bool, engine: str) -> None:
     if json or engine != "analytic":
         raise SetupError(f"--emit {emit} prints one command: drop --json and --engine")
     # the load and the timing (the engine's memory, which the command's flags size, reads none of them)
-    timed = [BY_NAME[n].flag for n in EMIT_UNREAD if getattr(req, n) != BY_NAME[n].default]
+    timed = given_flags(req, EMIT_UNREAD)
     if timed:
         raise SetupError(f"--emit {emit} prints the engine's command, which {', '.join(timed)} "
                          f"{'does' if len(timed) == 1 else 'do'} not change (the load and its timing): drop "
@@ -103,7 +104,7 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
             typer.echo(json_out.dumps({"estimates": [e.to_dict() for e in results],
                                        **api.gaps(results)}))
         return
-    advice = api.fit_advice(req, results[0]) if results[0].time is not None and not results[0].time.fits else []
+    advice = api.fit_advice(req, results[0])
     if len(results) == 1:
         terminal.render_estimate(results[0])
     else:

@@ -76,7 +76,7 @@ def plan(
       trainfit plan mistral-7b --gpu RTX-4090 --gpus 1 --seq 2048\n
       trainfit plan gpt-3-175b --gpu A100-80GB --gpus 1024 --global-batch-tokens 3.2M --seq 2048 --json
     """
-    from ..api import load_gpu, token_model
+    from ..api import HOST_MEMORY_UNREAD_PLAN, load_gpu, token_model
     if margin is not None:
         raise SetupError("--margin is gone: plan judges the fit as `trainfit estimate` does (its fit rule: required <= "
                          "GPU memory less the fixed overheads); keep memory free with --reserve GiB")
@@ -171,10 +171,6 @@ def plan(
         typer.echo(report.dumps(report.plan_dict(result)))
         return
     report.render(result, echo=typer.echo)
-
-
-HOST_MEMORY_UNREAD_PLAN = ("--host-memory judges nothing here: plans fit without offloading, so no offload was "
-                           "searched against it: drop it")
 
 
 def default_workers() -> int:

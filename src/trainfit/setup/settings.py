@@ -997,6 +997,11 @@ def refuse_inapplicable(values, settings, mode: str, only: frozenset | None = No
                  and getattr(values, s.name) != s.default], mode)
 
 
+def given_flags(values, names) -> list[str]:
+    """The flags of the settings `names` that `values` (a Request) sets away from their defaults, in that order."""
+    return [BY_NAME[n].flag for n in names if getattr(values, n) != BY_NAME[n].default]
+
+
 def refuse_unread(names, what: str, read: tuple[str, ...] | None = None) -> None:
     """The keywords `names` a Python API call was given: one that is no setting is named with the closest one, and
     with `read` (the settings `what` reads) one it does not read is refused, never ignored."""
