@@ -106,3 +106,37 @@ def test_the_bound_with_nothing_recomputed_is_below_every_policy():
             assert shared <= own <= floors(s, st), (name, stack, policy)
             strict += shared < own
         assert ran >= 2 and strict >= 1, (name, stack, ran, strict)
+
+
+def test_the_bound_from_the_layers_is_below_the_shared_one():
+    """Floors.of_layers, every split's first bound (plan/search.py LAYERS entries): at or below below_every_policy's
+    (the stage's own lists, ends, MTP and collectives) on the layouts the planner searches — even and uneven
+    pipelines (Megatron's first:N,last:M), interleaving, TP with its overlap, CP, experts, MTP layers, a TE recipe,
+    a tied head with and without a pipeline — and within 15 % of it (a bound that loose prunes nothing); None under
+    --efficiency (the flat override) and where the stage is not its layers × one layer (bf16 first/last layers)."""
+    gpu = get_gpu("H100-80GB")
+    cases = [("qwen3-30b-a3b", "megatron", dict(tp=2, ep=4, sequence_parallel=True, tp_comm_overlap=True, pp=2,
+                                                 grad_accum=4)),
+             ("deepseek-v3", "megatron", dict(ep=8, pp=16, pp_split="first:3,last:2", grad_accum=32, dp=64)),
+             ("deepseek-v3", "megatron", dict(ep=8, pp=8, vpp=2, pp_split="first:7,last:6", grad_accum=16, dp=16,
+                                              tp=8, sequence_parallel=True)),
+             ("llama-3.1-8b", "megatron", dict(tp=4, cp=2, sequence_parallel=True, pp=2, vpp=2, grad_accum=4,
+                                               low_precision="tensorwise", fp8_all_gather=True, zero=1)),
+             ("llama-3.2-1b", "torchtitan", dict(tp=2, grad_accum=2)), ("llama-3.2-1b", "torchtitan", dict(pp=2)),
+             ("llama-3.2-1b", "hf", {})]
+    for name, stack, kw in cases:
+        spec = load_spec(name)
+        floors = Floors(spec, gpu, count_params(spec))
+        prec = "amp-bf16" if stack in ("hf", "torchtitan") else "bf16-master"
+        s = planned_setup(spec, seq=4096, batch=2, stack=stack, precision=prec, **{"dp": 4, **kw})
+        st = state_bytes(s)
+        first, shared = floors.of_layers(s, st), floors.below_every_policy(s, st)
+        assert first is not None and 0.85 * shared < first <= shared, (name, kw, first, shared)
+    s = planned_setup(load_spec("llama-3.1-8b"), seq=4096, stack="megatron", precision="bf16-master", pp=2,
+                      low_precision="tensorwise", bf16_first_layers=1)
+    assert Floors(load_spec("llama-3.1-8b"), gpu, count_params(load_spec("llama-3.1-8b"))).of_layers(
+        s, state_bytes(s)) is None
+    spec = load_spec("llama-3.2-1b")
+    flat = Floors(spec, gpu, count_params(spec), efficiency=0.4)
+    s = planned_setup(spec, seq=4096)
+    assert flat.of_layers(s, state_bytes(s)) is None

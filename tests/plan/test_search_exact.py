@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from trainfit.analytic import compute_time, step_time
+from trainfit.analytic.precision import state_bytes
 from trainfit.api import load_spec
 from trainfit.hardware import get_gpu
 from trainfit.plan import floors as floors_mod, search as search_mod
@@ -21,11 +22,16 @@ def _answer(r) -> list[tuple]:
 def _straightforward(monkeypatch, spec, gpu, q):
     """Every fitting setup timed (a bound of 0 s: nothing skipped), every stage's lists timed afresh; and for each,
     the bound the search uses (step_time.step_floor) checked against its step: never above it."""
-    timed = []
+    timed, bounds = [], []
 
     def checked(spec, setup, gpu, efficiency, pc):
         tm = step_time.layout_step_time(spec, setup, gpu, efficiency, pc)
-        assert step_time.step_floor(spec, setup, gpu, pc, efficiency=efficiency) <= tm.step_seconds * (1 + 1e-12)
+        floor = step_time.step_floor(spec, setup, gpu, pc, efficiency=efficiency)
+        assert floor <= tm.step_seconds * (1 + 1e-12)
+        # and the first bound of every split, from the layers alone (Floors.of_layers), below that floor
+        layers = step_time.layer_floor(spec, setup, gpu, pc, state_bytes(setup)) if efficiency is None else None
+        assert layers is None or layers <= floor * (1 + 1e-12)
+        bounds.append(layers)
         timed.append(tm.step_seconds)
         return tm
 
@@ -33,12 +39,14 @@ def _straightforward(monkeypatch, spec, gpu, q):
         m.setattr(step_time, "cached_stage_compute",
                   lambda spec, setup, gpu, st, pc, layers: compute_time.stage_compute(spec, setup, gpu, st, pc, layers))
         m.setattr(floors_mod, "step_floor", lambda *a, **k: 0.0)  # (the search's bounds: plan/floors.py)
+        m.setattr(floors_mod, "layer_floor", lambda *a, **k: 0.0)
         # each group's setup built from its Request, as `trainfit estimate` builds it (not from the search's template)
         m.setattr(search_mod, "group_setup", search_mod.planned_setup)
         m.setattr(search_mod, "layout_step_time", checked)
         compute_time.clear_memos()
         r = search(spec, gpu, q)
     assert len(timed) == r.stats["timed"] > 0
+    assert q.efficiency is not None or any(bounds)  # (the layers' bound was checked)
     return r
 
 

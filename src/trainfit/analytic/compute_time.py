@@ -43,6 +43,7 @@ from .ops.torchao_casts import backward_extra, backward_gemms
 from .ops.cuda_graphs import graphed_lists
 from ..setup.parsers import parse_cuda_graph_scope
 from .torchao_recipes import bf16_layers, layer_shapes
+from .te_recipes import runs_te
 
 TERMS = ("gemm", "attention", "memory", "launches")
 
@@ -399,6 +400,37 @@ def _rerun_time(spec: ModelSpec, setup: Setup, gpu: GPU, prep, reruns: tuple) ->
         tr = tf if len(rec) == len(fwd) else time_ops(gpu, prep(rec))  # (full-layer policies re-run all of it)
         lr = lr + w * tr
     return lr
+
+
+def pipeline_free(spec: ModelSpec, setup: Setup) -> Setup | None:
+    """`setup` as a memo key for what one layer and the model's ends cost whatever the pipeline (layer_times), with
+    the settings the op lists never read fixed (op_list_setup, the recompute policy among them) and the pipeline's
+    (--pp, its split, --vpp, the accumulation) but whether there is one (a head tied on the embedding's stage:
+    _timed_ends); the accumulation reaches the lists only through combined_1f1b (> 1), which the layers' forward
+    and backward times do not read (their stalls and phases do), and Transformer Engine's weight casts, once per
+    step (ops/shape.py te_weight_share), under which it is kept. None where a stage's time is not its layers × the
+    average layer, its ends and terms >= 0 (MTP's layers, a VLM's tower, the recompute): an encoder-decoder, Llama
+    3.2 Vision's cross-attention layers, Transformer Engine's bf16 first/last layers, LoRA's adapters (whose lists
+    are keyed on the whole setup: _layer_times_key). Never run."""
+    from .tower_time import cross_share  # (as stage_compute imports it)
+    if (spec.encdec is not None or setup.lora_rank or setup.bf16_first_layers or setup.bf16_last_layers
+            or cross_share(spec)):
+        return None
+    # (the accumulation stays where Transformer Engine casts the weights once per step: Shape.te_weight_share)
+    accum = setup.grad_accum if runs_te(setup) else 1
+    return op_list_setup(setup, recompute=True).keyed(
+        (("pp", min(setup.pp, 2)), ("pp_split", "even"), ("vpp", 1), ("grad_accum", accum)))
+
+
+def layer_times(spec: ModelSpec, key: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts) -> tuple:
+    """(the average layer's forward + backward, the embedding's forward + backward, the LM head and loss's) ListTimes
+    of a pipeline_free key: the lf + lb stage_compute multiplies by each stage's layers (_stage_lists) and its ends
+    (_timed_ends)."""
+    sh, (lf, lb, *_), _ = _stage_lists(spec, key, gpu, st, pc)
+    emb_f, emb_b, head_f, head_b = _timed_ends(spec, key, gpu, sh)
+    return lf + lb, emb_f + emb_b, head_f + head_b
+
+
 
 
 _CACHE = memo.table()

@@ -40,7 +40,9 @@ from ..spec import ModelSpec
 from . import long_context, torchao_optim
 from .parallel import deepspeed_offload, fsdp_offload
 from .roofline import host_memory_bandwidth
-from .compute_time import cached_stage_compute, master_cast_seconds, optimizer_seconds
+from . import memo
+from .compute_time import (cached_stage_compute, layer_times, master_cast_seconds, optimizer_seconds,
+                           pipeline_free)
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .host_queue import combined_1f1b
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
@@ -53,7 +55,7 @@ from .parallel.pipeline import bubble_seconds, pp_comm_seconds, split
 from .parallel.tensor import tp_comm_seconds
 from .parallel.zero import dp_comm, group_per_node
 from .megatron_recompute import ep_rerun_share
-from .mtp import stage_mtp
+from .mtp import mtp_layers, stage_mtp
 from .recompute import forward_rerun_share
 from .roofline import host_seconds_per_kernel, kernels_for
 from .stacks import model_for
@@ -388,6 +390,47 @@ def step_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: Sta
     comm = micro_batch_comm(spec, setup, Links.of(gpu), st, layers, tokens, setup.vpp, attention, c, phases, gpu)
     t = c + sum(comm if exchanges else comm[:3])  # (tp, pp, cp, ep)
     return m * t + bubble_seconds(setup.pp, setup.vpp, t) + slowest
+
+
+def layer_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: StateBytes) -> float | None:
+    """A lower bound of step_floor(spec, x, gpu, pc, st, exchanges) for every x that differs from `setup` only in
+    its recompute policy and modules, its expert-exchange settings and the settings only the DP exchange reads, from
+    what one layer and the model's ends cost (_layer_parts, whatever the pipeline): each stage's layers × the
+    layer's forward + backward, with the embedding on the first stage and the head and loss (once more per MTP
+    layer) on the last, each stage's MTP layers as its other layers, as stage_compute sums them, less its terms >= 0
+    (a VLM's tower, the recompute); the TP collectives of the busiest stage's layers (tp_comm_seconds: layers × one layer's, without
+    the re-run's) and the pipeline sends, as micro_batch_comm times them, less the context-parallel and expert
+    exchanges (>= 0); the pipeline bubble of that micro-batch and the stragglers' wait over the least of the
+    stages' GEMMs and attention (the slowest stage's hold at least those). The planner bounds every split with it
+    first, computing step_floor only for the splits it takes (plan/search.py). None where the stages are not so
+    made (compute_time.pipeline_free)."""
+    key = pipeline_free(spec, setup)
+    if key is None:
+        return None
+    per, first_end, last_end, tp_layer = memo.remember(_LAYER_PARTS, (spec, key, gpu, st),
+                                                       lambda: _layer_parts(spec, key, gpu, st, pc))
+    m = setup.grad_accum
+    # each stage's decoder layers and MTP layers (mtp.py: a decoder layer each, timed as the stage's average layer)
+    first, middle, last = (n + k for n, k in zip(split(spec.layers, setup.pp, setup.pp_split), stage_mtp(spec, setup)))
+    last_end = last_end * (1 + mtp_layers(spec, setup))
+    if setup.pp == 1:
+        stages = [per * first + first_end + last_end]
+    else:  # (pp 2: split's middle is no stage)
+        stages = [per * first + first_end, *([per * middle] if setup.pp > 2 else []), per * last + last_end]
+    links = Links.of(gpu)
+    t = max(x.seconds for x in stages) + max(first, middle, last) * tp_layer + pp_comm_seconds(
+        spec, setup, links, long_context.rank_tokens(setup), st.act, setup.vpp)
+    slowest = m * min(x.gemm + x.attention for x in stages) * slowest_gpu_factor(setup.world_size)
+    return m * t + bubble_seconds(setup.pp, setup.vpp, t) + slowest
+
+
+def _layer_parts(spec: ModelSpec, key: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts) -> tuple:
+    """layer_floor's parts of a pipeline_free key: compute_time.layer_times and one layer's TP collectives."""
+    return (*layer_times(spec, key, gpu, st, pc),
+            tp_comm_seconds(spec, key, Links.of(gpu), long_context.rank_tokens(key), st.act, 1, 0.0, gpu))
+
+
+_LAYER_PARTS = memo.table()
 
 
 def straggler_seconds(m: int, total, world: int) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..analytic.params import ParamCounts
 from ..analytic.precision import StateBytes
-from ..analytic.step_time import step_floor
+from ..analytic.step_time import layer_floor, step_floor
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -37,6 +37,7 @@ class Floors:
     def __init__(self, spec: ModelSpec, gpu: GPU, pc: ParamCounts, efficiency: float | None = None):
         self.spec, self.gpu, self.pc, self.efficiency = spec, gpu, pc, efficiency  # (--efficiency: the flat override)
         self._memo: dict[tuple[Setup, StateBytes, bool], float] = {}
+        self._layers: dict[tuple[Setup, StateBytes], float | None] = {}
 
     def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True, fixed: tuple = DP_ONLY) -> float:
         key = (setup.keyed(fixed), st, exchanges)
@@ -59,3 +60,16 @@ class Floors:
         for the entries it takes (plan/search.py _time_best_first); memoised as __call__ is."""
         return self(setup, st, exchanges=False, fixed=DP_ONLY + NO_RECOMPUTE)
 
+    def of_layers(self, setup: Setup, st: StateBytes) -> float | None:
+        """step_time.layer_floor: below every floor above of the setups that differ from `setup` only in their
+        recompute policy and modules, the TIMED settings or the ZeRO stage, from the average layer's lists alone
+        (no op list of the stage's ends and no communication timed), memoised as __call__ is; None under --efficiency
+        (the flat override) or where layer_floor has none. The search's first bound of every split (plan/search.py
+        _time_best_first refines it to below_every_policy's and on)."""
+        if self.efficiency is not None:
+            return None
+        key = (setup.keyed(DP_ONLY + NO_RECOMPUTE), st)
+        got = self._layers.get(key, False)
+        if got is False:
+            got = self._layers[key] = layer_floor(self.spec, setup, self.gpu, self.pc, st)
+        return got

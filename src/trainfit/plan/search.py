@@ -515,9 +515,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     st = state_bytes(base)  # (the precision's and the optimizer's, ZeRO's and dp's: not the micro-batch's)
     any_fit = False
     variants = tuple(bases)
-    # a selective policy's re-run is a few modules': its entries start from the bound of nothing re-run, which the
-    # layout's groups share (the others re-run whole layers, or nothing, and start from their own)
-    start = COARSE if base.recompute == "selective" else SHARED if len(variants) > 1 else EXACT
+    start = _start(base, len(variants))
     unsure = []  # the splits whose fit is not settled yet
     for b, accum in splits:
         probe = span(accum > 1)
@@ -526,9 +524,13 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         if b <= probe.lo:
             any_fit = True
         first = bases[0][1].with_micro_batches(b, accum)
-        floor = floors.below_every_policy(first, st) if start == COARSE else floors.without_exchanges(first, st) \
-            if start == SHARED else floors(first, st)
-        fitting.append(_Entry(-_bound(first, floor), len(fitting), key, b, accum, start,
+        # every split is bounded first from its layers alone (Floors.of_layers), its stage's own floor computed only
+        # where the search takes it (_refined)
+        floor = floors.of_layers(first, st)
+        level = LAYERS if floor is not None else start
+        if floor is None:
+            floor = _start_floor(floors, first, st, start)
+        fitting.append(_Entry(-_bound(first, floor), len(fitting), key, b, accum, level,
                               ((variants[0][0], first),) if start == EXACT else variants,
                               probe if b > probe.lo else None))
         if b > probe.lo:
@@ -570,9 +572,22 @@ class _Unsettled:
         return b <= self.lo or (b <= self.hi and b <= self.largest())
 
 
-# An entry's bound (_time_best_first): with nothing recomputed and no expert exchanges, with its group's recompute
-# and no exchanges (all its assignments), its one setup's own
-COARSE, SHARED, EXACT = 0, 1, 2
+# An entry's bound (_time_best_first): from its layers alone (Floors.of_layers), with nothing recomputed and no
+# expert exchanges, with its group's recompute and no exchanges (all its assignments), its one setup's own
+LAYERS, COARSE, SHARED, EXACT = -1, 0, 1, 2
+
+
+def _start(setup: Setup, variants: int) -> int:
+    """The first level an entry of a group is bounded at past LAYERS: a selective policy's re-run is a few modules',
+    so its entries start from the bound of nothing re-run, which the layout's groups share; the others re-run whole
+    layers, or nothing, and start from their own recompute (with several TIMED assignments, without the exchanges)."""
+    return COARSE if setup.recompute == "selective" else SHARED if variants > 1 else EXACT
+
+
+def _start_floor(floors: Floors, setup: Setup, st, level: int) -> float:
+    """The floor of `setup` at an entry's `level` (COARSE, SHARED or EXACT)."""
+    return floors.below_every_policy(setup, st) if level == COARSE else floors.without_exchanges(setup, st) \
+        if level == SHARED else floors(setup, st)
 
 
 class _Entry(NamedTuple):
@@ -601,6 +616,10 @@ def _refined(e: _Entry, floors: Floors) -> list[_Entry]:
     """A COARSE entry bounded with its recompute policy (SHARED, or EXACT for one assignment), or a SHARED one split
     into its assignments (EXACT, each setup at the entry's split)."""
     first = e.variants[0][1].with_micro_batches(e.b, e.accum)
+    if e.level == LAYERS:
+        start = _start(first, len(e.variants))
+        return [e._replace(neg_bound=-_bound(first, _start_floor(floors, first, state_bytes(first), start)),
+                           level=start)]
     if e.level == COARSE and len(e.variants) > 1:
         return [e._replace(neg_bound=-_bound(first, floors.without_exchanges(first, state_bytes(first))), level=SHARED)]
     out = []
