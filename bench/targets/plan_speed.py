@@ -55,11 +55,12 @@ def main(argv: list[str] | None = None) -> None:
             "others run in one), best of 3, each from empty op-list memos (compute_time.clear_memos). `searched` = (layout, "
             "ZeRO, recompute, precision, micro-batch, accumulation) combinations inside the batch constraint, and for "
             "an expert layout on Megatron each MoE dispatcher and --overlap-moe-comm (plan/space.py TIMED) the stack's "
-            "rules take (the space), each either excluded by the largest-fitting micro-batch bound, skipped by the "
-            "exact throughput bound (`bounded`: step_time.step_floor, it cannot enter the ranking; a split between its "
-            "group's two memory bounds is settled only when taken, so `bounded` counts some that would not fit) or "
-            "timed; `engine calls` = analytic memory evaluations (a setup that does not fit usually costs one pipeline "
-            "stage), one set per group for all its dispatchers.", "",
+            "rules take (the space), each either excluded by its group's memory (the states alone, or the largest-"
+            "fitting micro-batch bound), skipped by an exact throughput bound (`bounded`: step_time.layer_floor for a "
+            "group, step_floor for a split: it cannot enter the ranking; a group's memory is judged only when the search "
+            "takes it, so `bounded` counts many that would not fit) or timed; `engine calls` = analytic memory "
+            "evaluations (a setup that does not fit usually costs one pipeline stage), one set per group judged for all "
+            "its dispatchers.", "",
             "| model | GPUs | global batch | seconds | searched | timed | bounded | engine calls | searched/s | "
             "best plan |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]

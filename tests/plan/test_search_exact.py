@@ -58,8 +58,11 @@ def _check(monkeypatch, model, gpu, q):
     assert _answer(fast) == _answer(plain) and len(fast.candidates) == q.top
     # the same space searched and judged: only the timing is skipped, and the memory of the splits above a group's
     # known fit that the bound skips (search._Unsettled): those are bounded unsettled, fitting or not
-    for k in ("searched", "groups", "fits", "memory_rejected_groups", "stack_refused"):
+    for k in ("searched", "groups", "stack_refused"):
         assert fast.stats.get(k) == plain.stats.get(k), k
+    # the straightforward search judges every group's memory; the bounded one those the search takes
+    assert 0 < fast.stats["fits"] <= fast.stats["memory_judged"] <= plain.stats["memory_judged"] == plain.stats["groups"]
+    assert fast.stats["fits"] <= plain.stats["fits"]
     assert fast.stats["engine_calls"] <= plain.stats["engine_calls"]
     assert plain.stats.get("bounded", 0) == 0
     bounded, unsettled = fast.stats.get("bounded", 0), fast.stats.get("bounded_unsettled", 0)

@@ -38,6 +38,7 @@ class Floors:
         self.spec, self.gpu, self.pc, self.efficiency = spec, gpu, pc, efficiency  # (--efficiency: the flat override)
         self._memo: dict[tuple[Setup, StateBytes, bool], float] = {}
         self._layers: dict[tuple[Setup, StateBytes], float | None] = {}
+        self._splits: dict[tuple, list] = {}
 
     def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True, fixed: tuple = DP_ONLY) -> float:
         key = (setup.keyed(fixed), st, exchanges)
@@ -72,4 +73,25 @@ class Floors:
         got = self._layers.get(key, False)
         if got is False:
             got = self._layers[key] = layer_floor(self.spec, setup, self.gpu, self.pc, st)
+        return got
+
+    def of_splits(self, setup: Setup, st: StateBytes, splits) -> list[tuple[float, int, int, int]]:
+        """(negated bound in tokens/s, micro-batch, accumulation, level) of each (micro-batch, accumulation) split of
+        `setup` (a group's, at any micro-batch): of_layers' floor (level search.LAYERS), or below_every_policy's
+        where it has none (search.COARSE) — a bound of every group of the layout (its recompute policies and modules,
+        ZeRO stages, TIMED assignments), memoised for all of them."""
+        from .search import COARSE, LAYERS, _bound
+
+        key = (setup.keyed(DP_ONLY + NO_RECOMPUTE + (("batch", 1), ("grad_accum", 1))), st, tuple(splits))
+        got = self._splits.get(key)
+        if got is None:
+            got = []
+            for b, accum in splits:
+                x = setup.with_micro_batches(b, accum)
+                floor = self.of_layers(x, st)
+                level = LAYERS
+                if floor is None:
+                    floor, level = self.below_every_policy(x, st), COARSE
+                got.append((-_bound(x, floor), b, accum, level))
+            self._splits[key] = got
         return got

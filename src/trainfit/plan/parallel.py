@@ -1,9 +1,10 @@
 """A large search's layouts shared over worker processes: each searches every n-th layout (its share) exactly as the
 one-process search does (search.Space), times its own fitting setups best first and returns the groups it timed;
 this process merges them. The plans are the same: a group lives in one share (its key holds its layout), and a share
-skips a setup only where its bound cannot reach that share's --top fastest groups, which the whole search's --top
-can only raise (_time_best_first's rule, the POOL of spares kept in every share); the ranking reads only the
-setups (its rank has no search order in it). tests/plan/test_parallel_search.py checks it against one process.
+skips a setup only where its bound cannot reach the --top fastest groups of that share or of any share done so far
+(a threshold the workers share), which the whole search's --top can only raise (_time_best_first's rule; the plain
+pass offloads nothing, so no spares are kept for the host-memory verdict); the ranking reads only the setups (its
+rank has no search order in it). tests/plan/test_parallel_search.py checks it against one process.
 
 Python's threads share one interpreter lock, so the work runs in processes, forked: a forkserver or spawned worker
 imports the caller's main module again, which a script without a `__main__` guard would run again. A fork copies
@@ -37,7 +38,10 @@ def searched_in_parallel(space, best: dict, workers: int, progress: Callable[[in
     ctx = multiprocessing.get_context("fork")
     space.stats["workers"] = workers
     started = ctx.Value("i", 0)  # layouts the workers have started (the progress bar's count)
-    with ctx.Pool(workers, initializer=_count_into, initargs=(started,)) as pool:
+    # the highest tokens/s some share's POOL x --top fastest groups all reach: every share skips what is below it
+    # (search._time_best_first `shared`). Unlocked: a write lost to a race leaves a lower value, which is still one
+    threshold = ctx.RawValue("d", 0.0)
+    with ctx.Pool(workers, initializer=_count_into, initargs=(started, threshold)) as pool:
         pending = pool.map_async(_share, [(space.spec, space.gpu, space.q, k, n) for k in range(n)])
         while not pending.ready():
             pending.wait(PROGRESS_SECONDS)
@@ -52,12 +56,13 @@ def searched_in_parallel(space, best: dict, workers: int, progress: Callable[[in
 
 PROGRESS_SECONDS = 0.25  # how often the caller's progress hears the workers' count
 _started = None  # in a worker: the shared count of layouts started (_count_into)
+_threshold = None  # in a worker: the shares' shared threshold (searched_in_parallel)
 
 
-def _count_into(counter) -> None:
-    """A worker's initializer: the shared count its layouts add to."""
-    global _started
-    _started = counter
+def _count_into(counter, threshold) -> None:
+    """A worker's initializer: the shared count its layouts add to, and the shares' threshold."""
+    global _started, _threshold
+    _started, _threshold = counter, threshold
 
 
 def _one_started(i: int, n: int) -> None:
@@ -83,7 +88,9 @@ def _share(args: tuple) -> tuple[dict, dict, int]:
     space = Space(spec, gpu, q)
     space.search_layouts(progress=_one_started, share=(k, n))
     best: dict = {}
-    space.time_best_first(best, spares=True)
+    # (no spares: the plain pass a share searches offloads nothing, the memory knobs' levels coming after it, so no
+    # share holds a plan the host-memory verdict could reject)
+    space.time_best_first(best, spares=False, shared=_threshold)
     return best, space.stats, space.oracle.calls
 
 

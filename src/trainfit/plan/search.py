@@ -9,19 +9,22 @@ capacity(gpu, setup, --reserve)); the top plans' numbers are the analytic engine
 (trainfit.engines.analytic), so `trainfit estimate` with a plan's settings answers the same step time, peak,
 device total, headroom and fit.
 
-Cost: memory needs one or two engine calls per (layout, ZeRO, recompute, precision) group (fit.PeakOracle: the
-largest fitting micro-batch bounds all others, since the peak grows with the micro-batch; b = 1 and b = 2 bound it,
-and a split between the two bounds is settled only where the search takes it: _Unsettled; a setup that does not fit
-usually costs one pipeline stage's memory, PeakOracle.fits). Each fitting
-(micro-batch, accumulation) gets an exact bound on its throughput (step_time.step_floor: its compute and
-critical-path communication, the op lists' times memoised on what they read — compute_time._timed_layer: one layer's
-Shape, shared by every ZeRO stage, recompute policy and pipeline layout); they are timed best bound first, and a setup
-whose bound cannot reach its group's best or the --top fastest groups' is not timed (_time_best_first): the plans
-returned are those of timing every one (tests/plan/test_search_exact.py). A selective group's splits start from the
-bound with nothing recomputed, which its layout's module sets share (Floors.below_every_policy), and get their own
-only when taken. The settings that change only the step time
-(space.TIMED: the MoE dispatcher, --overlap-moe-comm) are searched inside each group, its memory judged once for all
-of them. Only the top plans get a full estimate.
+Cost: every (layout, ZeRO, recompute, precision) group enters the search as one entry, bounded by the best of its
+(micro-batch, accumulation) splits' bounds from their layers alone (step_time.layer_floor: each stage's layers × one
+layer's forward and backward, the ends, the TP collectives and pipeline sends, bubble and stragglers, the op lists'
+times memoised whatever the pipeline; Floors.of_splits, shared by the layout's every group); a group whose states
+alone outgrow the GPU never enters (PeakOracle.states_floor). Groups are taken best bound first (_time_best_first):
+a group taken has its memory judged (fit.PeakOracle: the largest fitting micro-batch bounds all others, since the
+peak grows with the micro-batch; b = 1 and b = 2 bound it, two engine calls; a split between the two bounds is
+settled only where the search takes it: _Unsettled) and its splits that may fit entered, each bounded again by the
+exact bound on its throughput (step_time.step_floor: its compute and critical-path communication, the op lists'
+times memoised on what they read — compute_time._timed_layer: one layer's Shape, shared by every ZeRO stage,
+recompute policy and pipeline layout) and timed best bound first; a group or setup whose bound cannot reach its
+group's best or the --top fastest groups' is never judged or timed: the plans returned are those of timing every
+one (tests/plan/test_search_exact.py). A selective group's splits start from the bound with nothing recomputed,
+which its layout's module sets share (Floors.below_every_policy), and get their own only when taken. The settings
+that change only the step time (space.TIMED: the MoE dispatcher, --overlap-moe-comm) are searched inside each
+group, its memory judged once for all of them. Only the top plans get a full estimate.
 """
 from __future__ import annotations
 
@@ -271,8 +274,8 @@ class Space:
         # under a selective policy, the recompute modules each stack searches (space.recompute_module_sets)
         self.module_sets = {x: recompute_module_sets(model, x) for x in q.stacks}
         self.lays = [v for lay in lays for v in variants(model, lay, self.at, run)] if run else lays
-        self.stats = {"layouts": len(self.lays), "searched": 0, "timed": 0, "fits": 0, "groups": 0,
-                      "batch_unreachable": 0, "memory_rejected_groups": 0,
+        self.stats = {"layouts": len(self.lays), "searched": 0, "timed": 0, "fits": 0, "memory_judged": 0,
+                      "groups": 0, "batch_unreachable": 0,
                       "stacks": {x: {"precisions": list(q.precisions_for(x)), "recomputes": list(q.recomputes_for(x)),
                                      "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {},
                                      "recompute_modules": self.module_sets[x]} for x in q.stacks}}
@@ -337,9 +340,9 @@ class Space:
         seen: dict[tuple, int] = {}
         return [seen.setdefault((lay.tp, lay.cp, lay.ep, lay.etp), len(seen)) for lay in self.lays]
 
-    def time_best_first(self, best: dict, spares: bool | None = None) -> None:
+    def time_best_first(self, best: dict, spares: bool | None = None, shared=None) -> None:
         """The fitting setups timed into `best` (_time_best_first)."""
-        _time_best_first(self.gpu, self.q, self.oracle, self.floors, self.fitting, best, self.stats, spares)
+        _time_best_first(self.gpu, self.q, self.oracle, self.floors, self.fitting, best, self.stats, spares, shared)
 
 
 @gc_paused
@@ -457,10 +460,11 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, floors: Floors, gseqs, bcap,
                   splits_all, stats, fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None,
                   extra: dict | None = None, level: int | None = None, timed: list[dict] = ({},)) -> None:
-    """The group's splits that fit, under each of its TIMED assignments `timed` (one memory judgement for all of
-    them: the memory never reads those settings), appended to `fitting` as entries (_Entry) bounded by the floor
-    of the split with nothing recomputed and no expert exchanges (Floors.below_every_policy: one per micro-batch for
-    every group of the layout), which _time_best_first refines for the entries it takes."""
+    """The group's splits, under each of its TIMED assignments `timed` (one memory judgement for all of them: the
+    memory never reads those settings), appended to `fitting` as one GROUP entry (_Entry with its _Pending splits)
+    bounded by the best of its splits' bounds from their layers (Floors.of_splits: one per split for every group of
+    the layout), which _time_best_first judges and refines for the entries it takes; none where the states alone
+    cannot fit."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -496,51 +500,36 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=("family", family))
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
-    # The largest micro-batch that fits is bounded from two engine calls (PeakOracle.batch_bounds: lo fits, hi is the
-    # secant's); a split between them is settled only when the search takes it (_Unsettled, _time_best_first).
+    # The largest micro-batch that fits is judged when the search first takes one of the group's splits (_Unsettled:
+    # two engine calls bound it, lo fits and hi is the secant's; a split between them is settled when taken,
+    # _time_best_first), or at once where the states alone cannot fit; a split the search never takes costs none.
     spans: dict[bool, _Unsettled] = {}
+    group = _Group(stats)
 
     def span(multi: bool) -> _Unsettled:
         if multi not in spans:
             probe = base if (lay.pp > 1 or not multi) else base.with_micro_batches(1, 2)
-            spans[multi] = _Unsettled(oracle, probe, cap, bcap, (family, multi))
+            spans[multi] = _Unsettled(oracle, probe, cap, bcap, (family, multi), group)
         return spans[multi]
 
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
-        splits = batch_splits(lay, None, span(lay.pp > 1).largest(), q.batch_tolerance)
+        probe = span(lay.pp > 1)
+        splits = () if probe.hopeless else batch_splits(lay, None, probe.largest(), q.batch_tolerance)
     else:
         splits = splits_all
     stats["searched"] += len(splits) * len(bases)
+    # the group's splits the states alone do not rule out, each with its bound from the layers (shared by the
+    # layout's every group: Floors.of_splits), entered as one entry at the best of them (GROUP), its memory judged
+    # and its splits entered when the search takes it (_Pending.entries)
+    bounded = [(neg, b, accum, lvl) for neg, b, accum, lvl in floors.of_splits(bases[0][1], state_bytes(base), splits)
+               if not span(accum > 1).hopeless]
+    if not bounded:
+        group.judged(False)
+        return
     key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
-    st = state_bytes(base)  # (the precision's and the optimizer's, ZeRO's and dp's: not the micro-batch's)
-    any_fit = False
-    variants = tuple(bases)
-    start = _start(base, len(variants))
-    unsure = []  # the splits whose fit is not settled yet
-    for b, accum in splits:
-        probe = span(accum > 1)
-        if b > probe.hi:
-            continue
-        if b <= probe.lo:
-            any_fit = True
-        first = bases[0][1].with_micro_batches(b, accum)
-        # every split is bounded first from its layers alone (Floors.of_layers), its stage's own floor computed only
-        # where the search takes it (_refined)
-        floor = floors.of_layers(first, st)
-        level = LAYERS if floor is not None else start
-        if floor is None:
-            floor = _start_floor(floors, first, st, start)
-        fitting.append(_Entry(-_bound(first, floor), len(fitting), key, b, accum, level,
-                              ((variants[0][0], first),) if start == EXACT else variants,
-                              probe if b > probe.lo else None))
-        if b > probe.lo:
-            unsure.append((b, probe))
-    if not any_fit:  # (its splits all lie above the known fit: settled now, for the count of fitting groups)
-        any_fit = any(probe.fits(b) for b, probe in unsure)
-    if any_fit:
-        stats["fits"] += 1
-    else:
-        stats["memory_rejected_groups"] += 1
+    neg, b, accum, _ = min(bounded)
+    fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
+                          pending=_Pending(bounded, span, _start(base, len(bases)))))
 
 
 def _bound(setup: Setup, floor: float) -> float:
@@ -553,17 +542,43 @@ def _bound(setup: Setup, floor: float) -> float:
 
 class _Unsettled:
     """A group's memory probe (its setup at the probe's accumulation, the capacity, the batch constraint's largest
-    micro-batch): the largest micro-batch that fits lies in [lo, hi] (PeakOracle.batch_bounds), settled by
-    PeakOracle.largest_batch the first time a split above lo is asked about (`fits`)."""
+    micro-batch), judged only when the search takes one of its splits: `hopeless` at once where the states alone
+    outgrow the capacity (PeakOracle.states_floor, no engine call); else the largest micro-batch that fits lies in
+    [lo, hi] (PeakOracle.batch_bounds: two engine calls, on first asking), settled by PeakOracle.largest_batch the
+    first time a split between them is asked about (`fits`). Each verdict is told to its group (_Group)."""
 
-    __slots__ = ("oracle", "probe", "capacity", "limit", "states_key", "lo", "hi", "_largest")
+    __slots__ = ("oracle", "probe", "capacity", "limit", "states_key", "group", "hopeless", "_bounds", "_largest")
 
-    def __init__(self, oracle: PeakOracle, probe: Setup, capacity: int, limit: int, states_key: tuple):
+    def __init__(self, oracle: PeakOracle, probe: Setup, capacity: int, limit: int, states_key: tuple,
+                 group: "_Group"):
         self.oracle, self.probe, self.capacity, self.limit, self.states_key = oracle, probe, capacity, limit, states_key
-        self.lo, self.hi = oracle.batch_bounds(probe, capacity, limit, states_key)
-        self._largest = self.lo if self.lo == self.hi else None
+        self.group, self._bounds, self._largest = group, None, None
+        self.hopeless = limit < 1 or oracle.states_floor(probe.with_micro_batches(1), states_key) > capacity
+
+    @property
+    def known(self) -> bool:
+        """Whether [lo, hi] is computed."""
+        return self._bounds is not None
+
+    @property
+    def lo(self) -> int:
+        return self._judged()[0]
+
+    @property
+    def hi(self) -> int:
+        return self._judged()[1]
+
+    def _judged(self) -> tuple[int, int]:
+        if self._bounds is None:
+            self._bounds = self.oracle.batch_bounds(self.probe, self.capacity, self.limit, self.states_key)
+            self.group.judged(self._bounds[0] >= 1)
+            if self._bounds[0] == self._bounds[1]:
+                self._largest = self._bounds[0]
+        return self._bounds
 
     def largest(self) -> int:
+        if self._largest is None:
+            self._judged()
         if self._largest is None:
             self._largest = self.oracle.largest_batch(self.probe, self.capacity, self.limit, self.states_key)
         return self._largest
@@ -572,9 +587,29 @@ class _Unsettled:
         return b <= self.lo or (b <= self.hi and b <= self.largest())
 
 
-# An entry's bound (_time_best_first): from its layers alone (Floors.of_layers), with nothing recomputed and no
-# expert exchanges, with its group's recompute and no exchanges (all its assignments), its one setup's own
-LAYERS, COARSE, SHARED, EXACT = -1, 0, 1, 2
+class _Group:
+    """A group's memory verdict, counted into the search's stats as the search finds it: `memory_judged` (groups
+    whose memory was judged: their states alone, or a probe's engine calls) and `fits` (of them, those whose
+    micro-batch of 1 fits)."""
+
+    __slots__ = ("stats", "seen", "fit")
+
+    def __init__(self, stats: dict):
+        self.stats, self.seen, self.fit = stats, False, False
+
+    def judged(self, fits: bool) -> None:
+        if not self.seen:
+            self.seen = True
+            self.stats["memory_judged"] = self.stats.get("memory_judged", 0) + 1
+        if fits and not self.fit:
+            self.fit = True
+            self.stats["fits"] += 1
+
+
+# An entry's bound (_time_best_first): a group's, the best of its splits' from their layers (Floors.of_splits);
+# a split's from its layers alone (Floors.of_layers), with nothing recomputed and no expert exchanges, with its
+# group's recompute and no exchanges (all its assignments), its one setup's own
+GROUP, LAYERS, COARSE, SHARED, EXACT = -2, -1, 0, 1, 2
 
 
 def _start(setup: Setup, variants: int) -> int:
@@ -602,14 +637,43 @@ class _Entry(NamedTuple):
     level: int
     variants: tuple
     unsettled: _Unsettled | None = None  # the group's probe where this split's fit is not settled (b above its lo)
+    pending: "_Pending | None" = None  # a GROUP entry's splits, entered when it is taken
+
+
+class _Pending:
+    """A group's splits not yet entered: (negated bound, micro-batch, accumulation, level) of each, the bound from
+    its layers (Floors.of_splits: LAYERS, or COARSE where there is none), with the group's memory probes (`span`) and
+    the level its own floors start from (_start)."""
+
+    __slots__ = ("splits", "span", "start")
+
+    def __init__(self, splits: list, span: Callable[[bool], _Unsettled], start: int):
+        self.splits, self.span, self.start = splits, span, start
+
+    def entries(self, e: "_Entry", stats: dict) -> list["_Entry"]:
+        """The group entry `e`'s splits that its memory does not rule out (its probes judged now: two engine calls
+        each), as entries of their own: the fit of a split above the probe's known fit is settled when taken."""
+        out = []
+        variants = e.variants
+        for neg, b, accum, level in self.splits:
+            probe = self.span(accum > 1)
+            if b > probe.hi:
+                stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + len(variants)
+                continue
+            first = variants[0][1].with_micro_batches(b, accum)
+            out.append(_Entry(neg, 0, e.key, b, accum, level,
+                              ((variants[0][0], first),) if self.start == EXACT and level != COARSE else variants,
+                              None if b <= probe.lo else probe))
+        return out
 
 
 def _skipped(stats: dict, e: _Entry) -> None:
     """Count an entry's setups the bound skips (`bounded`; of them, `bounded_unsettled`: those whose fit was never
     settled, a split above its group's known fit)."""
-    stats["bounded"] = stats.get("bounded", 0) + len(e.variants)
-    if e.unsettled is not None:
-        stats["bounded_unsettled"] = stats.get("bounded_unsettled", 0) + len(e.variants)
+    n = len(e.variants) * (len(e.pending.splits) if e.pending is not None else 1)
+    stats["bounded"] = stats.get("bounded", 0) + n
+    if e.unsettled is not None or e.pending is not None:
+        stats["bounded_unsettled"] = stats.get("bounded_unsettled", 0) + n
 
 
 def _refined(e: _Entry, floors: Floors) -> list[_Entry]:
@@ -630,7 +694,7 @@ def _refined(e: _Entry, floors: Floors) -> list[_Entry]:
 
 
 def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors, fitting: list, best: dict,
-                     stats: dict, spares: bool | None = None) -> None:
+                     stats: dict, spares: bool | None = None, shared=None) -> None:
     """Time the fitting setups, highest bound first, into `best` (each group's fastest over its splits and TIMED
     assignments: one plan per group). Exact: a setup is skipped only where its bound — the most tokens/s it could
     reach — is below its own group's best so far or below the --top fastest groups' (POOL x --top where offloaded
@@ -642,7 +706,9 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     is split into its assignments, each with its own floor. Every bound is at or above the next (tests/plan/
     test_floors.py), so the order stays best first. `stats`: timed, bounded (setups skipped). `spares`: keep the POOL
     of spares whatever the setups (a worker's share of a parallel search, whose setups may not be offloaded where
-    another share's are); None: where any setup is offloaded."""
+    another share's are); None: where any setup is offloaded. `shared`: the parallel search's threshold (a
+    multiprocessing value: plan/parallel.py), the highest tokens/s any share's `size` fastest groups all reach so far,
+    below which a setup cannot enter the whole search's `size` fastest either: skipped as below this share's own."""
     # the fastest groups' best tokens/s, at most `size` of them: --top, or the POOL of spares where the host-memory
     # verdict may reject some (offloaded setups)
     if spares is None:
@@ -653,13 +719,18 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     order = len(fitting)
     while heap:
         e = heapq.heappop(heap)
-        if len(top) == size and -e.neg_bound < min(top.values()):
+        if (len(top) == size and -e.neg_bound < min(top.values())) or (shared is not None and -e.neg_bound < shared.value):
             for x in [e, *heap]:
                 _skipped(stats, x)
             return
         old = best.get(e.key)
         if old is not None and -e.neg_bound < -old[0][0]:  # none of its setups can beat its group's best
             _skipped(stats, e)
+            continue
+        if e.pending is not None:  # a group taken: its memory judged, its splits that may fit entered
+            for split in e.pending.entries(e, stats):
+                heapq.heappush(heap, split._replace(order=order))
+                order += 1
             continue
         if e.level != EXACT:
             for refined in _refined(e, floors):
@@ -688,3 +759,5 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
             elif tm.tokens_per_second > min(top.values()):
                 del top[min(top, key=top.get)]
                 top[key] = tm.tokens_per_second
+            if shared is not None and len(top) == size and min(top.values()) > shared.value:
+                shared.value = min(top.values())  # (for the other shares: plan/parallel.py)
