@@ -70,14 +70,23 @@ def _check(monkeypatch, model, gpu, q):
     return fast
 
 
-def test_dense_model_over_the_four_stacks(monkeypatch):
+@pytest.fixture(params=["judged first", "judged when taken"])
+def judging(request, monkeypatch):
+    """Both ways a search judges its groups' memory (search.Space.judge_first): as each enters (a search too small to
+    share over processes, these) and only when the bound reaches it (a large one's: the whole search's, here too)."""
+    if request.param == "judged when taken":
+        monkeypatch.setattr(search_mod, "MIN_GROUPS", 0)
+    return request.param
+
+
+def test_dense_model_over_the_four_stacks(monkeypatch, judging):
     r = _check(monkeypatch, "llama-3.1-8b", "A100-40GB",
                PlanQuery(gpus=8, seq=4096, global_batch_tokens=1e6, stacks=("hf", "torchtitan", "megatron",
                                                                              "deepspeed")))
     assert r.stats.get("bounded", 0) > r.stats["timed"]  # the bound does skip most of them here
 
 
-def test_moe_model_with_expert_layouts(monkeypatch):
+def test_moe_model_with_expert_layouts(monkeypatch, judging):
     # tiny-mixtral on megatron: ep and etp searched, recompute none / selective / full share their layers' lists
     _check(monkeypatch, "tiny-mixtral", "H100-80GB",
            PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",)))
@@ -89,7 +98,7 @@ def test_flat_efficiency_override(monkeypatch):
            PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",), efficiency=0.4))
 
 
-def test_no_global_batch(monkeypatch):
+def test_no_global_batch(monkeypatch, judging):
     _check(monkeypatch, "llama-3.1-70b", "H100-80GB", PlanQuery(gpus=64, seq=8192, top=3))
 
 

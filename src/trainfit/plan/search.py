@@ -52,7 +52,7 @@ from ..stacks import get_stack, names
 from .fit import PeakOracle
 from .floors import Floors
 from .gc_paused import gc_paused
-from .parallel import searched_in_parallel
+from .parallel import MIN_GROUPS, searched_in_parallel
 from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
 from .space import (SEARCHED, TIMED, Layout, Where, batch_splits, layouts, max_micro_batch, recompute_module_sets,
                     timed_variants, variants)
@@ -280,6 +280,11 @@ class Space:
                                      "zeros": list(q.zeros_for(x)), "groups": 0, "axes": {},
                                      "recompute_modules": self.module_sets[x]} for x in q.stacks}}
         self.fitting: list[tuple] = []  # every setup that fits, with its throughput bound (_search_group)
+        # A search too small to share over processes (plan/parallel.py MIN_GROUPS) judges each group's memory as it
+        # enters: its groups are few and cheap to judge, and the op lists of the micro-batches that do not fit are then
+        # never built for their bounds (llama-3.1-8b on 8 A100s: 0.57 -> 0.19 s). A larger one judges only the groups
+        # its bound reaches (DeepSeek-V3 on 1,024 H100s: 64,373 -> ~24,000 engine calls).
+        self.judge_first = self.groups() < MIN_GROUPS
         self.tried: dict[tuple, list[list[dict]]] = {}  # each (layout, stack)'s knob levels (plan/knobs.py), once
 
     def groups(self) -> int:
@@ -331,7 +336,8 @@ class Space:
                     if got:
                         tv = timed_variants(model, lay, self.at, self.timed & set(facts.axes))
                         _search_stack(self.spec, self.gpu, q, lay, stack, self.oracle, self.floors, self.gseqs, *got,
-                                      self.stats, self.fitting, self.module_sets[stack], extra, level, tv)
+                                      self.stats, self.fitting, self.module_sets[stack], extra, level, tv,
+                                      self.judge_first)
 
     def shape_families(self) -> list[int]:
         """Each layout's family, numbered as they first appear: the layouts of one tp, cp, ep and etp, whose micro-
@@ -413,7 +419,7 @@ def timed_settings() -> tuple[str, ...]:
 
 def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, floors: Floors, gseqs, bcap, splits_all,
                   stats: dict, fitting: list, module_sets, extra: dict, level: int | None,
-                  timed: list[dict] = ({},)) -> None:
+                  timed: list[dict] = ({},), judge_first: bool = False) -> None:
     """Every (precision, ZeRO, recompute, modules) group of `lay` under `stack` with the settings `extra`, each with
     the TIMED settings' assignments `timed` (space.timed_variants)."""
     facts = get_stack(stack)
@@ -436,7 +442,7 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, flo
                 stats["groups"] += 1
                 stats["stacks"][stack]["groups"] += 1
                 _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, floors, gseqs, bcap, splits_all, stats,
-                              fitting, stack, mods, extra, level, timed)
+                              fitting, stack, mods, extra, level, timed, judge_first)
 
 
 def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
@@ -459,12 +465,14 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
 
 def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, floors: Floors, gseqs, bcap,
                   splits_all, stats, fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None,
-                  extra: dict | None = None, level: int | None = None, timed: list[dict] = ({},)) -> None:
+                  extra: dict | None = None, level: int | None = None, timed: list[dict] = ({},),
+                  judge_first: bool = False) -> None:
     """The group's splits, under each of its TIMED assignments `timed` (one memory judgement for all of them: the
     memory never reads those settings), appended to `fitting` as one GROUP entry (_Entry with its _Pending splits)
     bounded by the best of its splits' bounds from their layers (Floors.of_splits: one per split for every group of
     the layout), which _time_best_first judges and refines for the entries it takes; none where the states alone
-    cannot fit."""
+    cannot fit. `judge_first`: its memory judged now, the splits above its largest fitting micro-batch never bounded
+    (Space.judge_first)."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -518,14 +526,15 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     else:
         splits = splits_all
     stats["searched"] += len(splits) * len(bases)
-    # the group's splits the states alone do not rule out, each with its bound from the layers (shared by the
-    # layout's every group: Floors.of_splits), entered as one entry at the best of them (GROUP), its memory judged
-    # and its splits entered when the search takes it (_Pending.entries)
-    bounded = [(neg, b, accum, lvl) for neg, b, accum, lvl in floors.of_splits(bases[0][1], state_bytes(base), splits)
-               if not span(accum > 1).hopeless]
-    if not bounded:
+    # the group's splits the states alone do not rule out (and under `judge_first` its memory), each with its bound
+    # from the layers (Floors.of_splits, shared by the layout's groups of the same splits), entered as one entry at
+    # the best of them (GROUP), its memory judged and its splits entered when the search takes it (_Pending.entries)
+    kept = tuple((b, accum) for b, accum in splits if not span(accum > 1).hopeless
+                 and not (judge_first and b > span(accum > 1).hi))
+    if not kept:
         group.judged(False)
         return
+    bounded = floors.of_splits(bases[0][1], state_bytes(base), kept)
     key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
     neg, b, accum, _ = min(bounded)
     fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
