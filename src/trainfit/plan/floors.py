@@ -75,13 +75,11 @@ class Floors:
             got = self._layers[key] = layer_floor(self.spec, setup, self.gpu, self.pc, st)
         return got
 
-    def of_splits(self, setup: Setup, st: StateBytes, splits) -> list[tuple[float, int, int, int]]:
-        """(negated bound in tokens/s, micro-batch, accumulation, level) of each (micro-batch, accumulation) split of
-        `setup` (a group's, at any micro-batch): of_layers' floor (level search.LAYERS), or below_every_policy's
-        where it has none (search.COARSE) — a bound of every group of the layout (its recompute policies and modules,
-        ZeRO stages, TIMED assignments), memoised for all of them."""
-        from .search import COARSE, LAYERS, _bound
-
+    def of_splits(self, setup: Setup, st: StateBytes, splits) -> list[tuple[float, int, int, bool]]:
+        """(negated tokens_bound, micro-batch, accumulation, whether of_layers gave it) of each (micro-batch,
+        accumulation) split of `setup` (a group's, at any micro-batch): of_layers' floor, or below_every_policy's
+        where it has none — a bound of every group of the layout (its recompute policies and modules, ZeRO stages,
+        TIMED assignments), memoised for all of them."""
         key = (setup.keyed(DP_ONLY + NO_RECOMPUTE + (("batch", 1), ("grad_accum", 1))), st, tuple(splits))
         got = self._splits.get(key)
         if got is None:
@@ -89,9 +87,15 @@ class Floors:
             for b, accum in splits:
                 x = setup.with_micro_batches(b, accum)
                 floor = self.of_layers(x, st)
-                level = LAYERS
-                if floor is None:
-                    floor, level = self.below_every_policy(x, st), COARSE
-                got.append((-_bound(x, floor), b, accum, level))
+                got.append((-tokens_bound(x, floor if floor is not None else self.below_every_policy(x, st)), b, accum,
+                            floor is not None))
             self._splits[key] = got
         return got
+
+
+def tokens_bound(setup: Setup, floor: float) -> float:
+    """The most tokens/s `setup` could reach with a step of at least `floor` seconds (inf for a floor of 0). NB: a
+    relative margin of 1e-9 above it covers its rounding (summed apart from step_time's terms); under --ulysses the
+    tokens are dp / ulysses sequences: it over-counts (still a bound)."""
+    tokens = setup.batch * setup.seq * setup.grad_accum * setup.dp
+    return tokens / floor * (1 + 1e-9) if floor > 0 else float("inf")

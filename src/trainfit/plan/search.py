@@ -50,7 +50,7 @@ from ..setup import BY_NAME, OPTIMIZERS, TRAIN_PRECISIONS, Request, Setup, check
 from ..spec import ModelSpec, VisionSpec
 from ..stacks import get_stack, names
 from .fit import PeakOracle
-from .floors import Floors
+from .floors import Floors, tokens_bound
 from .gc_paused import gc_paused
 from .parallel import MIN_GROUPS, searched_in_parallel
 from .knobs import ALL as KNOBS, LEVELS as KNOB_LEVELS, judged_knobs, levels as knob_levels
@@ -541,14 +541,6 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
                           pending=_Pending(bounded, span, _start(base, len(bases)))))
 
 
-def _bound(setup: Setup, floor: float) -> float:
-    """The most tokens/s `setup` could reach with a step of at least `floor` seconds (inf for a floor of 0). NB: a
-    relative margin of 1e-9 above it covers its rounding (summed apart from step_time's terms); under --ulysses the
-    tokens are dp / ulysses sequences: it over-counts (still a bound)."""
-    tokens = setup.batch * setup.seq * setup.grad_accum * setup.dp
-    return tokens / floor * (1 + 1e-9) if floor > 0 else float("inf")
-
-
 class _Unsettled:
     """A group's memory probe (its setup at the probe's accumulation, the capacity, the batch constraint's largest
     micro-batch), judged only when the search takes one of its splits: `hopeless` at once where the states alone
@@ -563,11 +555,6 @@ class _Unsettled:
         self.oracle, self.probe, self.capacity, self.limit, self.states_key = oracle, probe, capacity, limit, states_key
         self.group, self._bounds, self._largest = group, None, None
         self.hopeless = limit < 1 or oracle.states_floor(probe.with_micro_batches(1), states_key) > capacity
-
-    @property
-    def known(self) -> bool:
-        """Whether [lo, hi] is computed."""
-        return self._bounds is not None
 
     @property
     def lo(self) -> int:
@@ -650,8 +637,8 @@ class _Entry(NamedTuple):
 
 
 class _Pending:
-    """A group's splits not yet entered: (negated bound, micro-batch, accumulation, level) of each, the bound from
-    its layers (Floors.of_splits: LAYERS, or COARSE where there is none), with the group's memory probes (`span`) and
+    """A group's splits not yet entered: (negated bound, micro-batch, accumulation, whether from the layers) of
+    each (Floors.of_splits: its entry starts at LAYERS, else at COARSE), with the group's memory probes (`span`) and
     the level its own floors start from (_start)."""
 
     __slots__ = ("splits", "span", "start")
@@ -664,7 +651,8 @@ class _Pending:
         each), as entries of their own: the fit of a split above the probe's known fit is settled when taken."""
         out = []
         variants = e.variants
-        for neg, b, accum, level in self.splits:
+        for neg, b, accum, layers in self.splits:
+            level = LAYERS if layers else COARSE
             probe = self.span(accum > 1)
             if b > probe.hi:
                 stats["memory_rejected_splits"] = stats.get("memory_rejected_splits", 0) + len(variants)
@@ -691,14 +679,14 @@ def _refined(e: _Entry, floors: Floors) -> list[_Entry]:
     first = e.variants[0][1].with_micro_batches(e.b, e.accum)
     if e.level == LAYERS:
         start = _start(first, len(e.variants))
-        return [e._replace(neg_bound=-_bound(first, _start_floor(floors, first, state_bytes(first), start)),
+        return [e._replace(neg_bound=-tokens_bound(first, _start_floor(floors, first, state_bytes(first), start)),
                            level=start)]
     if e.level == COARSE and len(e.variants) > 1:
-        return [e._replace(neg_bound=-_bound(first, floors.without_exchanges(first, state_bytes(first))), level=SHARED)]
+        return [e._replace(neg_bound=-tokens_bound(first, floors.without_exchanges(first, state_bytes(first))), level=SHARED)]
     out = []
     for v, x in e.variants:
         x = first if x is e.variants[0][1] else x.with_micro_batches(e.b, e.accum)
-        out.append(e._replace(neg_bound=-_bound(x, floors(x, state_bytes(x))), level=EXACT, variants=((v, x),)))
+        out.append(e._replace(neg_bound=-tokens_bound(x, floors(x, state_bytes(x))), level=EXACT, variants=((v, x),)))
     return out
 
 
