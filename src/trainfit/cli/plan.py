@@ -197,7 +197,8 @@ def _searched(spec, g, q, budget_tokens, quiet: bool, workers: int = 1):
         task = bar.add_task("searching layouts", total=None)
 
         def step(i: int, n: int) -> None:
-            bar.update(task, completed=i, total=n, description=f"searching layouts {i}/{n}")
+            bar.update(task, completed=i, total=n, description=f"searching layouts {i}/{n}" if i < n else
+                       "judging and timing the fastest layouts")
             bar.refresh()
         return search(spec, g, q, tokens=budget_tokens, progress=step, workers=workers)
 

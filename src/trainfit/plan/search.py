@@ -355,7 +355,8 @@ class Space:
 def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
            progress: Callable[[int, int], None] | None = None, workers: int = 1) -> PlanResult:
     """`spec`: the model as loaded (api.load_spec), as `trainfit estimate` takes it. `progress(i, n)`: called as
-    each of the n layouts starts (the CLI's bar; a parallel search calls it as each share is done). `workers`: the
+    each of the n layouts starts and with i = n once all are entered, while the groups they reach are judged and
+    timed (the CLI's bar; a parallel search calls it with the workers' count of layouts started). `workers`: the
     processes a large search's layouts are shared over (plan/parallel.py; 1: this one); the plans are the same."""
     t0 = time.perf_counter()
     q = replace(q, knobs=judged_knobs(q.knobs, gpu))  # offload only where the node's host memory is known
@@ -364,6 +365,8 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     best: dict[tuple, tuple[tuple, tuple[Setup, StepTime]]] = {}
     if not searched_in_parallel(space, best, workers, progress):
         space.search_layouts(progress=progress)
+        if progress is not None:
+            progress(len(space.lays), len(space.lays))  # (every layout entered: the fastest groups judged and timed)
         space.time_best_first(best)
     # nothing fits plainly: the memory knobs the stacks run, level by level (plan/knobs.py: the search order rule)
     for level, name in enumerate(KNOB_LEVELS):
