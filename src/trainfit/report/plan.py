@@ -153,7 +153,7 @@ def render(r: PlanResult, echo=print) -> None:
         if run_flags(c.setup):
             echo(f"#{i} runs {run_flags(c.setup)}")
     echo(f"searched {st['searched']:,} configurations ({st['groups']} layout/ZeRO/recompute/precision groups, "
-         f"memory judged for the {st['memory_judged']:,} the throughput bound reached, {st['fits']:,} of them fitting; "
+         f"memory judged for {st['memory_judged']:,} of them, {st['fits']:,} fitting; "
          f"{st['engine_calls']:,} analytic-engine calls) in "
          f"{st['seconds'] * 1e3:.0f} ms ({st['searched_per_second']:,.0f}/s); fits as `trainfit estimate` judges "
          f"(the fit rule: required <= GPU memory - the fixed overheads{f' - {q.reserve:g} GiB (--reserve)' if q.reserve else ''}), "
