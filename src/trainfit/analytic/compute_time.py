@@ -431,8 +431,6 @@ def layer_times(spec: ModelSpec, key: Setup, gpu: GPU, st: StateBytes, pc: Param
     return lf + lb, emb_f + emb_b, head_f + head_b
 
 
-
-
 _CACHE = memo.table()
 # Settings the op lists never read beyond what `st` (the state bytes, part of the key) already says: the data-parallel
 # degree and the ZeRO stage only reach stage_compute through state_bytes (precision.fsdp2_mixed_precision, which sets

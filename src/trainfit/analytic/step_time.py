@@ -398,9 +398,9 @@ def layer_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: St
     what one layer and the model's ends cost (_layer_parts, whatever the pipeline): each stage's layers × the
     layer's forward + backward, with the embedding on the first stage and the head and loss (once more per MTP
     layer) on the last, each stage's MTP layers as its other layers, as stage_compute sums them, less its terms >= 0
-    (a VLM's tower, the recompute); the TP collectives of the busiest stage's layers (tp_comm_seconds: layers × one layer's, without
-    the re-run's) and the pipeline sends, as micro_batch_comm times them, less the context-parallel and expert
-    exchanges (>= 0); the pipeline bubble of that micro-batch and the stragglers' wait over the least of the
+    (a VLM's tower, the recompute); the TP collectives of the busiest stage's layers (tp_comm_seconds: layers × one
+    layer's, without the re-run's) and the pipeline sends, as micro_batch_comm times them, less the context-parallel
+    and expert exchanges (>= 0); the pipeline bubble of that micro-batch and the stragglers' wait over the least of the
     stages' GEMMs and attention (the slowest stage's hold at least those). The planner bounds every split with it
     first, computing step_floor only for the splits it takes (plan/search.py). None where the stages are not so
     made (compute_time.pipeline_free)."""

@@ -63,10 +63,10 @@ class Floors:
 
     def of_layers(self, setup: Setup, st: StateBytes) -> float | None:
         """step_time.layer_floor: below every floor above of the setups that differ from `setup` only in their
-        recompute policy and modules, the TIMED settings or the ZeRO stage, from the average layer's lists alone
-        (no op list of the stage's ends and no communication timed), memoised as __call__ is; None under --efficiency
-        (the flat override) or where layer_floor has none. The search's first bound of every split (plan/search.py
-        _time_best_first refines it to below_every_policy's and on)."""
+        recompute policy and modules, the TIMED settings or the ZeRO stage, from one layer's and the ends' op lists
+        and one layer's TP collectives, whatever the pipeline (the stage's own lists are not built), memoised as
+        __call__ is; None under --efficiency (the flat override) or where layer_floor has none. The search's first
+        bound of every split (plan/search.py _time_best_first refines it to below_every_policy's and on)."""
         if self.efficiency is not None:
             return None
         key = (setup.keyed(DP_ONLY + NO_RECOMPUTE), st)

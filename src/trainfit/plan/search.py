@@ -677,15 +677,17 @@ def _skipped(stats: dict, e: _Entry) -> None:
 
 
 def _refined(e: _Entry, floors: Floors) -> list[_Entry]:
-    """A COARSE entry bounded with its recompute policy (SHARED, or EXACT for one assignment), or a SHARED one split
-    into its assignments (EXACT, each setup at the entry's split)."""
+    """A LAYERS entry bounded from its stage's own lists at the level its group starts from (_start), a COARSE one
+    with its recompute policy (SHARED, or EXACT for one assignment), or a SHARED one split into its assignments
+    (EXACT, each setup at the entry's split)."""
     first = e.variants[0][1].with_micro_batches(e.b, e.accum)
     if e.level == LAYERS:
         start = _start(first, len(e.variants))
         return [e._replace(neg_bound=-tokens_bound(first, _start_floor(floors, first, state_bytes(first), start)),
                            level=start)]
     if e.level == COARSE and len(e.variants) > 1:
-        return [e._replace(neg_bound=-tokens_bound(first, floors.without_exchanges(first, state_bytes(first))), level=SHARED)]
+        return [e._replace(neg_bound=-tokens_bound(first, floors.without_exchanges(first, state_bytes(first))),
+                           level=SHARED)]
     out = []
     for v, x in e.variants:
         x = first if x is e.variants[0][1] else x.with_micro_batches(e.b, e.accum)
@@ -699,14 +701,16 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     assignments: one plan per group). Exact: a setup is skipped only where its bound — the most tokens/s it could
     reach — is below its own group's best so far or below the --top fastest groups' (POOL x --top where offloaded
     setups may be rejected later: the spares), so its group's best cannot change or could not enter the ranking's
-    head; once the bound falls below the pool's, every later one does. An entry starts at COARSE (a group's TIMED
+    head; once the bound falls below the pool's, every later one does. A GROUP entry taken has its memory judged and
+    its splits that may fit entered (_Pending.entries), each at LAYERS (its bound from its layers: Floors.of_layers;
+    taken, bounded from its stage's own lists at its group's first level, _refined) or COARSE (a group's TIMED
     assignments at one split, bounded with nothing recomputed and no expert exchanges: Floors.below_every_policy);
-    taken, it is bounded again with its own recompute policy (SHARED: Floors.without_exchanges, which none of its
-    assignments can beat) or, one assignment alone, with its own floor (EXACT), and put back; a SHARED entry taken
-    is split into its assignments, each with its own floor. Every bound is at or above the next (tests/plan/
+    taken, a COARSE entry is bounded again with its own recompute policy (SHARED: Floors.without_exchanges, which
+    none of its assignments can beat) or, one assignment alone, with its own floor (EXACT), and put back; a SHARED
+    entry taken is split into its assignments, each with its own floor. Every bound is at or above the next (tests/plan/
     test_floors.py), so the order stays best first. `stats`: timed, bounded (setups skipped). `spares`: keep the POOL
-    of spares whatever the setups (a worker's share of a parallel search, whose setups may not be offloaded where
-    another share's are); None: where any setup is offloaded. `shared`: the parallel search's threshold (a
+    of spares whatever the setups, or none (False: a parallel search's share of the plain pass, which offloads
+    nothing); None: where any setup is offloaded. `shared`: the parallel search's threshold (a
     multiprocessing value: plan/parallel.py), the highest tokens/s any share's `size` fastest groups all reach so far,
     below which a setup cannot enter the whole search's `size` fastest either: skipped as below this share's own."""
     # the fastest groups' best tokens/s, at most `size` of them: --top, or the POOL of spares where the host-memory
@@ -719,7 +723,8 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     order = len(fitting)
     while heap:
         e = heapq.heappop(heap)
-        if (len(top) == size and -e.neg_bound < min(top.values())) or (shared is not None and -e.neg_bound < shared.value):
+        if ((len(top) == size and -e.neg_bound < min(top.values()))
+                or (shared is not None and -e.neg_bound < shared.value)):
             for x in [e, *heap]:
                 _skipped(stats, x)
             return
@@ -759,5 +764,5 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
             elif tm.tokens_per_second > min(top.values()):
                 del top[min(top, key=top.get)]
                 top[key] = tm.tokens_per_second
-            if shared is not None and len(top) == size and min(top.values()) > shared.value:
-                shared.value = min(top.values())  # (for the other shares: plan/parallel.py)
+            if shared is not None and len(top) == size:
+                shared.value = max(shared.value, min(top.values()))  # (for the other shares: plan/parallel.py)
