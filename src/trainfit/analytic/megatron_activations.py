@@ -32,12 +32,13 @@ class MegatronLayer:
     scores: float  # bytes per token per key (all heads), split t ways by TP (eager attention only)
     mask: float = 0.0  # bytes per (query, key) pair of one sequence, on every rank (the local spec's causal mask)
 
-    def per_rank(self, setup: Setup, tokens: float, keys: float) -> float:
-        """One layer's saved bytes on one TP rank for `tokens` tokens (this CP rank's) attending to `keys` keys."""
+    def per_rank(self, setup: Setup, tokens: float, keys: float, mask: bool = True) -> float:
+        """One layer's saved bytes on one TP rank for `tokens` tokens (this CP rank's) attending to `keys` keys;
+        without `mask`, the terms that scale with the tokens alone (the local spec's mask is one sequence's)."""
         t = setup.tp
         rep = sum(self.replicated.values()) / (t if setup.sequence_parallel else 1)
         return (rep + sum(self.split.values()) / t) * tokens + self.scores * tokens * keys / t + \
-            self.mask * keys * keys
+            (self.mask * keys * keys if mask else 0.0)
 
 
 def local_spec(setup: Setup) -> bool:
@@ -63,13 +64,15 @@ def attention_core_recomputed(setup: Setup) -> bool:
 
 
 def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: bool = False,
-                held: float = 1.0) -> MegatronLayer:
+                held: float = 1.0, load: float | None = None) -> MegatronLayer:
     """`quantised`: a layer inside --low-precision's recipe (te_recipes.saved_delta changes its linears' inputs);
     `held`: the (micro-batch, MoE layer) pairs the rank holds at once, whose routed copies are counted at the load
-    of the rank that holds the most of them (moe_imbalance.held_load; 1: one pair, its busiest rank's)."""
+    of the rank that holds the most of them (moe_imbalance.held_load; 1: one pair, its busiest rank's); `load`: that
+    load given instead (megatron_memory.saved_floor's least)."""
     rep, split, scores, mask, stat = per_token_terms(spec, setup, moe, quantised)
     if moe:  # the busiest expert-parallel rank's routed copies, X times the balanced ones (moe_imbalance.py)
-        load = held_load(busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp), held)
+        if load is None:
+            load = held_load(busiest_rank_load(spec, setup, setup.batch * setup.seq / setup.cp), held)
         split = dict(split)
         for name in ("expert_tokens", "expert_hidden"):
             split[name] *= load

@@ -28,7 +28,7 @@ from .params import ParamCounts
 from .batch_free import MICRO_BATCH, batch_free, cache, memo
 from .memo import remember
 from .grad_clip import clip_work
-from .moe_imbalance import busiest_rank_load
+from .moe_imbalance import busiest_rank_load, least_load
 from .parallel.megatron import (bytes_per_param, grad_copy_bytes, largest_param, megatron_model_states,
                                 megatron_tensors, rank_params, shards)
 from .parallel.pipeline import Stage
@@ -42,16 +42,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     tokens = setup.batch * setup.seq / setup.cp  # this CP rank's tokens of the micro-batch
     keys = setup.seq / setup.cp  # NB: eager scores per CP chunk pair; TE runs CP only with fused attention
     ms, te_weights, clip, copies, owned = rank_states(spec, setup, pc, stage)
-    moe = spec.moe is not None and pc.moe_layers > 0
-    frac = pc.moe_layers / spec.layers if moe else 0.0
-    held = held_pairs(setup, stage, frac) if moe else 1.0
-    def stored(quantised: bool) -> float:
-        return (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(setup, tokens, keys) + \
-            (frac * layer_terms(spec, setup, moe=True, quantised=quantised, held=held).per_rank(setup, tokens, keys)
-             if moe else 0.0)
-    # --low-precision: the recipe's layers save quantised linear inputs, the bf16 first/last ones do not (te_recipes)
-    n8 = te_recipes.recipe_layers(setup, stage) if recipe(setup) is not None else 0
-    full = stored(False) if n8 == 0 else (n8 * stored(True) + (stage.layers - n8) * stored(False)) / stage.layers
+    frac = _moe_share(spec, pc)
+    held = held_pairs(setup, stage, frac) if frac else 1.0
+    full = _layer_stored(spec, setup, stage, frac, tokens, keys, held=held)
+    n8 = _recipe_layers(setup, stage)
     kept = layer_input(spec, setup) * tokens  # a checkpointed layer's (group's) input
     # NB: a layer's backward temporaries, approximated as the incoming and outgoing residual gradients, the
     # re-gathered ln_out under SP (TE's backward all-gather) and fc1's output gradient; TE's gradient-accumulation
@@ -61,6 +55,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     # bucket at the unit's post-backward (megatron_fsdp.py:552-575, :525-532 at 0.15): under by up to one layer's
     # 16-bit weights at its backward's end
     # (a MoE layer's: the busiest EP rank's routed copies, moe_imbalance.py)
+    moe = frac > 0
     width = (spec.moe.expert_intermediate * spec.moe.top_k * busiest_rank_load(spec, setup, tokens)
              if moe and frac >= 0.5 else spec.intermediate)
     temps = (2 * a * h / sp + (a * h if sp > 1 else 0) + a * width * (2 if spec.gated_mlp else 1) / t) * tokens
@@ -249,6 +244,76 @@ def _rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -
     if setup.zero >= 3:  # Megatron-FSDP's optim_grads_params does: the rank owns its shard (parallel/megatron.py)
         dense, expert = dense / shards(setup), expert / shards(setup, expert=True)
     return ms, te_weights, clip, copies, round(dense + expert)
+
+
+def _moe_share(spec: ModelSpec, pc: ParamCounts) -> float:
+    """The share of the model's layers that are MoE layers (0: a dense model)."""
+    return pc.moe_layers / spec.layers if spec.moe is not None and pc.moe_layers > 0 else 0.0
+
+
+def _recipe_layers(setup: Setup, stage: Stage) -> int:
+    """The stage's layers inside --low-precision's recipe (te_recipes.recipe_layers; 0 without one)."""
+    return te_recipes.recipe_layers(setup, stage) if recipe(setup) is not None else 0
+
+
+def _layer_stored(spec: ModelSpec, setup: Setup, stage: Stage, frac: float, tokens: float, keys: float,
+                  held: float) -> float:
+    """The stage's average layer's saved bytes on one rank for `tokens` tokens (its dense and MoE layers in their
+    proportion, the MoE layers' routed copies at `held` pairs' load: layer_terms); under --low-precision the recipe's
+    layers save quantised linear inputs, the bf16 first/last ones do not (te_recipes)."""
+    def stored(quantised: bool) -> float:
+        return (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(setup, tokens, keys) + \
+            (frac * layer_terms(spec, setup, moe=True, quantised=quantised, held=held).per_rank(setup, tokens, keys)
+             if frac else 0.0)
+    return _in_recipe(setup, stage, stored)
+
+
+def _in_recipe(setup: Setup, stage: Stage, stored) -> float:
+    """The stage's average of `stored(quantised)` over its layers inside and outside --low-precision's recipe."""
+    n8 = _recipe_layers(setup, stage)
+    return stored(False) if n8 == 0 else (n8 * stored(True) + (stage.layers - n8) * stored(False)) / stage.layers
+
+
+def saved_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts, stages: list[Stage]) -> tuple:
+    """(saved, working) of each stage: bytes per sequence of the micro-batch that the stage holds at least beside
+    states_floor's states and grad buffer (accumulating from initialisation), for every micro-batch b and
+    accumulation: its last layer's backward (phases.peak's last_layer_backward moment) holds in_flight × its layers'
+    saved bytes (`saved`: each layer's, `full` below, or under full/uniform recompute its groups' inputs, kept) and
+    the layer's backward working set (`working`: under full/uniform recompute the group's N layers re-run, their
+    `full` bytes; the temporaries, >= 0, left out) — at b sequences at least b × these: the saved bytes are b ×
+    per-sequence terms plus the local spec's mask (>= 0, left out), and the routed copies' load is at least
+    moe_imbalance.least_load whatever b. On the head's stage the forward's end holds the saved layers and the loss's
+    saved logits (cross_entropy_bytes' saved, once more per MTP layer; the head's other tensors, >= 0, left out):
+    `working` is the larger of the two moments'. (0, 0) where the layers differ in kind (block:N, --offload-layers:
+    not bounded here). The planner's memory cap (plan/fit.py); one layer's terms for all the stages."""
+    policy = setup.recompute_policy
+    if policy == "block" or setup.offload_layers:
+        return tuple((0.0, 0.0) for _ in stages)
+    tokens = keys = setup.seq / setup.cp  # one sequence's tokens on this CP rank
+    frac, load = _moe_share(spec, pc), least_load(setup)
+    per: dict[bool, float] = {}
+
+    def stored(quantised: bool) -> float:
+        if quantised not in per:
+            per[quantised] = (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(
+                setup, tokens, keys, False) + (frac * layer_terms(spec, setup, moe=True, quantised=quantised,
+                                                                   load=load).per_rank(setup, tokens, keys, False)
+                                               if frac else 0.0)
+        return per[quantised]
+    kept = layer_input(spec, setup) * tokens
+    logits = cross_entropy_bytes(setup, act_bytes(setup), spec.vocab / setup.tp, tokens).saved * (
+        1 + mtp_layers(spec, setup))
+    out = []
+    for stage in stages:
+        full = _in_recipe(setup, stage, stored)
+        if policy in ("full", "uniform"):
+            n = setup.recompute_layers
+            groups = math.ceil(stage.layers / max(setup.vpp, 1) / n) * max(setup.vpp, 1)
+            per_layer, working = groups * kept / stage.layers, min(n, stage.layers) * full
+        else:
+            per_layer, working = full, 0.0
+        out.append(((stage.layers + stage.mtp) * per_layer, max(working, logits) if stage.head else working))
+    return tuple(out)
 
 
 def held_pairs(setup: Setup, stage: Stage, frac: float) -> float:

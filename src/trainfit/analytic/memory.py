@@ -90,12 +90,31 @@ def states_floor(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -
     """A lower bound of train_memory(spec, setup, pc).peak, and so of the fit rule's required bytes, from the
     busiest stage's states alone (the stack's StackModel.states_floor; 0 where it has none): the planner's memory
     oracle rejects a group whose states cannot fit without an engine call (plan/fit.py)."""
+    return max(stage_states_floors(spec, setup, pc))
+
+
+def stage_states_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> tuple[int, ...]:
+    """Each pipeline stage's states_floor (its stack's; 0 where it has none), in stages()' order. With
+    stage_saved_floors' (rank, saved, working) of the same stage: states + b × (pipeline.in_flight(pp, rank, vpp, m)
+    × saved + working) <= train_memory(spec, setup at micro-batch b, accumulation m).peak for every b and m
+    (tests/analytic/test_memory_floor.py): the planner's cap on the micro-batch without an engine call (plan/fit.py)."""
     spec, pc = _headed(spec, setup, pc)
     if encoder_decoder.modelled(spec):
-        return 0
+        return (0,)
     pc = pc or count_params(spec)
     stack = model_for(setup)
-    return max(stack.states_floor(spec, setup, pc, s) for s in stages(spec, setup))
+    return tuple(stack.states_floor(spec, setup, pc, s) for s in stages(spec, setup))
+
+
+def stage_saved_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None) -> tuple[tuple, ...]:
+    """Each pipeline stage's (rank, saved, working): its stack's saved_floor, bytes per sequence of the micro-batch
+    beside stage_states_floors' states ((0, 0) where the stack has none)."""
+    spec, pc = _headed(spec, setup, pc)
+    if encoder_decoder.modelled(spec):
+        return ((0, 0.0, 0.0),)
+    pc = pc or count_params(spec)
+    ranks = stages(spec, setup)
+    return tuple((s.index, *f) for s, f in zip(ranks, model_for(setup).saved_floors(spec, setup, pc, ranks)))
 
 
 # Settings the memory model never reads: the MoE token dispatcher, its SMs and the combined 1F1B schedule change how

@@ -92,6 +92,14 @@ def busiest_rank_load(spec, setup, tokens: float) -> float:
     return min(load, cap) if cap is not None else load
 
 
+def least_load(setup) -> float:
+    """A lower bound of held_load(busiest_rank_load(spec, setup, tokens), pairs) for every micro-batch and pair
+    count: every load above is at least 1 (the busiest rank holds at least the mean; --moe-imbalance >= 1) but under a
+    capacity factor below 1, which caps it, and held_load lies between its load and 1."""
+    cap = getattr(setup, "moe_capacity_factor", None)
+    return min(1.0, cap) if cap is not None else 1.0
+
+
 def held_load(load: float, pairs: float) -> float:
     """The routed copies a rank holds over `pairs` (micro-batch, MoE layer) pairs at once, on the rank that holds the
     most, over the balanced pairs × mean, for a per-pair busiest-rank load `load` (busiest_rank_load).

@@ -10,8 +10,13 @@ call usually confirms it; a binary search covers the rest. Every number is the e
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import NamedTuple
+
 from ..analytic.fit_rule import capacity, required
-from ..analytic.memory import memory_key, stage_memories, states_floor, train_memory
+from ..analytic.memory import (memory_key, stage_memories, stage_saved_floors, stage_states_floors, states_floor,
+                               train_memory)
+from ..analytic.parallel.pipeline import in_flight
 from ..analytic.params import ParamCounts
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -27,6 +32,8 @@ class PeakOracle:
         self._above: dict[Setup, int] = {}  # a stage's peak above the capacity asked: a lower bound of required
         self._capacity: dict[tuple, int] = {}
         self._states: dict[tuple, int] = {}  # states_floor of the groups that differ only in their recompute
+        self._first_states: dict[tuple, tuple] = {}  # micro_batch_room's, likewise
+        self._saved: dict[tuple, tuple] = {}  # micro_batch_room's, of the groups that differ only in their ZeRO stage
 
     def peak(self, setup: Setup) -> int:
         """What the step's tensors need from the caching allocator: the fit rule's bytes (analytic/fit_rule.py
@@ -81,6 +88,18 @@ class PeakOracle:
                 self._states[key] = got
         return got
 
+    def micro_batch_room(self, setup: Setup, capacity: int, states_key: tuple, saved_key: tuple) -> "Room":
+        """The room each pipeline stage's states leave under the capacity for its saved bytes (memory.
+        stage_states_floors, stage_saved_floors, memoised on the caller's names for the setups that share them: the
+        states read no recompute policy, the saved bytes no ZeRO stage). No engine call."""
+        states = self._first_states.get(states_key)
+        if states is None:
+            states = self._first_states[states_key] = stage_states_floors(self.spec, setup, self.pc)
+        saved = self._saved.get(saved_key)
+        if saved is None:
+            saved = self._saved[saved_key] = stage_saved_floors(self.spec, setup, self.pc)
+        return Room(tuple((capacity - st, *sv) for st, sv in zip(states, saved)))
+
     def batch_bounds(self, base: Setup, capacity: int, limit: int, states_key: tuple | None = None) -> tuple[int, int]:
         """(lo, hi): the largest b in [0, limit] with peak(base with batch=b) <= capacity lies in [lo, hi], b = lo
         known to fit (0: not even b = 1 fits, and hi = 0) — from at most two engine calls: b = 1, b = 2 and the secant
@@ -112,3 +131,29 @@ class PeakOracle:
             else:
                 hi = mid
         return lo
+
+
+class Room(NamedTuple):
+    """A split (b, m) needs at least b × (in_flight × saved + working) bytes beside each pipeline stage's states
+    (memory.stage_saved_floors), in_flight the stage's micro-batches in flight at accumulation m (pipeline.in_flight:
+    non-decreasing in m): above the capacity less those states (`free`) on any stage, it cannot fit. `stages`:
+    (free, rank, saved, working) of each."""
+    stages: tuple
+
+    def largest(self, pp: int, vpp: int, accum: int, limit: int) -> int:
+        """The largest micro-batch up to `limit` that may fit at accumulation `accum`, or at any accumulation
+        above it (0: none)."""
+        for free, rank, saved, working in self.stages:
+            if free < 0:
+                return 0
+            per = stage_in_flight(pp, rank, vpp, accum) * saved + working
+            if per > 0:
+                limit = min(limit, int(free / per))
+        return limit
+
+
+@lru_cache(maxsize=65536)
+def stage_in_flight(pp: int, rank: int, vpp: int, accum: int) -> float:
+    """Stage `rank`'s micro-batches in flight at accumulation `accum` (pipeline.in_flight, as stages() counts them:
+    one without a pipeline)."""
+    return in_flight(pp, rank, vpp, accum) if pp > 1 else 1.0

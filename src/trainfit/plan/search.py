@@ -514,13 +514,19 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # The largest micro-batch that fits is judged when the search first takes one of the group's splits (_Unsettled:
     # two engine calls bound it, lo fits and hi is the secant's; a split between them is settled when taken,
     # _time_best_first), or at once where the states alone cannot fit; a split the search never takes costs none.
+    # A split whose first stage's states and saved layers alone outgrow the capacity cannot fit (PeakOracle.
+    # micro_batch_room: no engine call; the states read no recompute policy, the saved bytes no ZeRO stage).
+    room = oracle.micro_batch_room(base, cap, ("family", family),
+                                   (lay, prec, stack, tuple(sorted((extra or {}).items())), rec, modules))
     spans: dict[bool, _Unsettled] = {}
     group = _Group(stats)
 
     def span(multi: bool) -> _Unsettled:
         if multi not in spans:
             probe = base if (lay.pp > 1 or not multi) else base.with_micro_batches(1, 2)
-            spans[multi] = _Unsettled(oracle, probe, cap, bcap, (family, multi), group)
+            # (at the probe's accumulation the room caps the micro-batch its engine calls look for)
+            limit = room.largest(lay.pp, lay.vpp, probe.grad_accum, bcap)
+            spans[multi] = _Unsettled(oracle, probe, cap, limit, (family, multi), group)
         return spans[multi]
 
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
@@ -532,8 +538,10 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # the group's splits the states alone do not rule out (and under `judge_first` its memory), each with its bound
     # from the layers (Floors.of_splits, shared by the layout's groups of the same splits), entered as one entry at
     # the best of them (GROUP), its memory judged and its splits entered when the search takes it (_Pending.entries)
-    kept = tuple((b, accum) for b, accum in splits if not span(accum > 1).hopeless
-                 and not (judge_first and b > span(accum > 1).hi))
+    # (the room at the splits' least accumulation, the fewest micro-batches in flight, caps every split's)
+    largest = room.largest(lay.pp, lay.vpp, min((a for _, a in splits), default=1), bcap)
+    kept = tuple((b, accum) for b, accum in splits if b <= largest
+                 and not span(accum > 1).hopeless and not (judge_first and b > span(accum > 1).hi))
     if not kept:
         group.judged(False)
         return

@@ -34,6 +34,12 @@ class StackModel:
         stack has none."""
         return 0
 
+    def saved_floors(self, spec: ModelSpec, setup: Setup, pc: ParamCounts, stages: list[Stage]) -> tuple:
+        """(saved, working) of each stage: bytes per sequence of the micro-batch such that stage_memory(...).peak
+        >= states_floor + b × (in_flight × saved + working) for every micro-batch b and accumulation
+        (memory.stage_saved_floors); (0, 0) where the stack has none."""
+        return tuple((0.0, 0.0) for _ in stages)
+
     def reduce_behind_backward(self, setup: Setup) -> bool:
         """Whether the data-parallel gradient reduction runs beside the backward (parallel/zero.py dp_comm): torch
         DDP's bucket hooks and FSDP's reduce-scatter stream do; Megatron's with --overlap-grad-reduce, as trainfit

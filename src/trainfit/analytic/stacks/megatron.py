@@ -9,7 +9,7 @@ from ...spec import ModelSpec
 from ...errors import SetupError
 from .. import grad_clip, megatron_offload, megatron_recompute, te_recipes
 from ..megatron_loss import largest_block
-from ..megatron_memory import rank_states, stage_memory
+from ..megatron_memory import rank_states, saved_floors, stage_memory
 from ..memory import TrainMemory
 from ..parallel.megatron import FP32, grad_buffer_bytes, megatron_tensors, shards
 from .base import StackModel
@@ -31,6 +31,11 @@ class MegatronModel(StackModel):
         memoised rank_states, which no micro-batch or recompute policy changes."""
         ms, _, _, copies, _ = rank_states(spec, setup, pc, stage)
         return int(ms.weights + ms.master - copies + ms.optimizer + ms.comm + ms.gradients)
+
+    def saved_floors(self, spec, setup, pc, stages) -> tuple:
+        """The last layer's backward's saved and re-run layers, and the head's saved logits (megatron_memory.
+        saved_floors), beside states_floor's states and grad buffer, which those moments hold too."""
+        return saved_floors(spec, setup, pc, stages)
 
     def reduced_grad_bytes(self, setup, st):
         """The main-grad buffer's dtype, which DDP all-reduces, the distributed optimizer and Megatron-FSDP
