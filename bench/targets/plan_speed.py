@@ -54,13 +54,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{WORKERS} processes where the search is large enough to share (plan/parallel.py: 1,000+ groups; the "
             "others run in one), best of 3, each from empty op-list memos (compute_time.clear_memos). `searched` = (layout, "
             "ZeRO, recompute, precision, micro-batch, accumulation) combinations inside the batch constraint, and for "
-            "an expert layout on Megatron each MoE dispatcher and --overlap-moe-comm (plan/space.py TIMED) the stack's "
-            "rules take (the space), each either excluded by its group's memory (the states alone, or the largest-"
-            "fitting micro-batch bound), skipped by an exact throughput bound (`bounded`: step_time.layer_floor for a "
-            "group, step_floor for a split: it cannot enter the ranking; a group's memory is judged only when the search "
-            "takes it, so `bounded` counts many that would not fit) or timed; `engine calls` = analytic memory "
-            "evaluations (a setup that does not fit usually costs one pipeline stage), one set per group judged for all "
-            "its dispatchers.", "",
+            "an expert layout on Megatron each MoE dispatcher and --overlap-moe-comm (plan/space.py TIMED) (the space: "
+            "the assignments the stack's code rules refuse are counted too, found only where a group's memory may fit), "
+            "each either excluded by its group's memory (its room: each stage's states and saved layers alone, no "
+            "engine call; or the largest-fitting micro-batch bound), skipped by an exact throughput bound (`bounded`: "
+            "step_time.layer_floor for a group, step_floor for a split: it cannot enter the ranking; a group's memory is "
+            "judged only when the search takes it, so `bounded` counts many that would not fit) or timed; `engine "
+            "calls` = analytic memory evaluations (a setup that does not fit usually costs one pipeline stage), one set "
+            "per group judged for all its dispatchers.", "",
             "| model | GPUs | global batch | seconds | searched | timed | bounded | engine calls | searched/s | "
             "best plan |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]

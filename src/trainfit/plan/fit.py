@@ -32,7 +32,7 @@ class PeakOracle:
         self._above: dict[Setup, int] = {}  # a stage's peak above the capacity asked: a lower bound of required
         self._capacity: dict[tuple, int] = {}
         self._states: dict[tuple, int] = {}  # states_floor of the groups that differ only in their recompute
-        self._first_states: dict[tuple, tuple] = {}  # micro_batch_room's, likewise
+        self._stage_states: dict[tuple, tuple] = {}  # micro_batch_room's, likewise
         self._saved: dict[tuple, tuple] = {}  # micro_batch_room's, of the groups that differ only in their ZeRO stage
 
     def peak(self, setup: Setup) -> int:
@@ -92,9 +92,9 @@ class PeakOracle:
         """The room each pipeline stage's states leave under the capacity for its saved bytes (memory.
         stage_states_floors, stage_saved_floors, memoised on the caller's names for the setups that share them: the
         states read no recompute policy, the saved bytes no ZeRO stage). No engine call."""
-        states = self._first_states.get(states_key)
+        states = self._stage_states.get(states_key)
         if states is None:
-            states = self._first_states[states_key] = stage_states_floors(self.spec, setup, self.pc)
+            states = self._stage_states[states_key] = stage_states_floors(self.spec, setup, self.pc)
         saved = self._saved.get(saved_key)
         if saved is None:
             saved = self._saved[saved_key] = stage_saved_floors(self.spec, setup, self.pc)

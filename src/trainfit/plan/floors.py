@@ -38,7 +38,7 @@ class Floors:
         self.spec, self.gpu, self.pc, self.efficiency = spec, gpu, pc, efficiency  # (--efficiency: the flat override)
         self._memo: dict[tuple[Setup, StateBytes, bool], float] = {}
         self._layers: dict[tuple[Setup, StateBytes], float | None] = {}
-        self._splits: dict[tuple, list] = {}
+        self._splits: dict[tuple, dict] = {}
 
     def __call__(self, setup: Setup, st: StateBytes, exchanges: bool = True, fixed: tuple = DP_ONLY) -> float:
         key = (setup.keyed(fixed), st, exchanges)
@@ -80,16 +80,20 @@ class Floors:
         accumulation) split of `setup` (a group's, at any micro-batch): of_layers' floor, or below_every_policy's
         where it has none — a bound of every group of the layout (its recompute policies and modules, ZeRO stages,
         TIMED assignments), memoised for all of them."""
-        key = (setup.keyed(DP_ONLY + NO_RECOMPUTE + (("batch", 1), ("grad_accum", 1))), st, tuple(splits))
-        got = self._splits.get(key)
-        if got is None:
-            got = []
-            for b, accum in splits:
+        key = (setup.keyed(DP_ONLY + NO_RECOMPUTE + (("batch", 1), ("grad_accum", 1))), st)
+        known = self._splits.get(key)
+        if known is None:
+            known = self._splits[key] = {}  # (b, accum) -> its entry, as the layout's groups ask for them
+        got = []
+        for split in splits:
+            entry = known.get(split)
+            if entry is None:
+                b, accum = split
                 x = setup.with_micro_batches(b, accum)
                 floor = self.of_layers(x, st)
-                got.append((-tokens_bound(x, floor if floor is not None else self.below_every_policy(x, st)), b, accum,
-                            floor is not None))
-            self._splits[key] = got
+                entry = known[split] = (-tokens_bound(x, floor if floor is not None else self.below_every_policy(x, st)),
+                                        b, accum, floor is not None)
+            got.append(entry)
         return got
 
 

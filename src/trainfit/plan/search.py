@@ -475,7 +475,9 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     bounded by the best of its splits' bounds from their layers (Floors.of_splits: one per split for every group of
     the layout), which _time_best_first judges and refines for the entries it takes; none where the states alone
     cannot fit. `judge_first`: its memory judged now, the splits above its largest fitting micro-batch never bounded
-    (Space.judge_first)."""
+    (Space.judge_first). stats["searched"] counts its every split × assignment; its memory is judged before its
+    assignments are built (memory never reads them: memory_key), so the assignments the stack's code rules refuse
+    (stats["stack_refused"]) are found only in the groups whose memory may fit."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -496,18 +498,11 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
         stats["stack_refused"] = stats.get("stack_refused", 0) + len(timed)
         return
-    bases = []  # (the assignment, its setup): each as the stack's rules take it
-    for v in timed:
-        try:
-            bases.append((tuple(sorted(v.items())), base.with_exchange(**v) if v else base))
-        except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
-            stats["stack_refused"] = stats.get("stack_refused", 0) + 1
-    if not bases:
-        return
+    extra_key = tuple(sorted((extra or {}).items()))
     # The fit rule's capacity: the GPU less --reserve and this layout's fixed overheads (context, cuBLAS workspace,
     # its NCCL communicators), which do not depend on the micro-batch or the accumulation.
     # the group's settings but its recompute policy and modules, which neither the overheads nor the states read
-    family = (lay, zero, prec, stack, tuple(sorted((extra or {}).items())), tuple(switches))
+    family = (lay, zero, prec, stack, extra_key, tuple(switches))
     cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=("family", family))
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
@@ -516,8 +511,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # _time_best_first), or at once where the states alone cannot fit; a split the search never takes costs none.
     # A split whose first stage's states and saved layers alone outgrow the capacity cannot fit (PeakOracle.
     # micro_batch_room: no engine call; the states read no recompute policy, the saved bytes no ZeRO stage).
-    room = oracle.micro_batch_room(base, cap, ("family", family),
-                                   (lay, prec, stack, tuple(sorted((extra or {}).items())), rec, modules))
+    room = oracle.micro_batch_room(base, cap, ("family", family), (lay, prec, stack, extra_key, rec, modules))
     spans: dict[bool, _Unsettled] = {}
     group = _Group(stats)
 
@@ -534,28 +528,34 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
         splits = () if probe.hopeless else batch_splits(lay, None, probe.largest(), q.batch_tolerance)
     else:
         splits = splits_all
-    stats["searched"] += len(splits) * len(bases)
-    # the group's splits the states alone do not rule out (and under `judge_first` its memory), each with its bound
+    # the group's splits its room does not rule out (and under `judge_first` its memory), each with its bound
     # from the layers (Floors.of_splits, shared by the layout's groups of the same splits), entered as one entry at
     # the best of them (GROUP), its memory judged and its splits entered when the search takes it (_Pending.entries)
     # (the room at the splits' least accumulation, the fewest micro-batches in flight, caps every split's)
     largest = room.largest(lay.pp, lay.vpp, min((a for _, a in splits), default=1), bcap)
     kept = tuple((b, accum) for b, accum in splits if b <= largest
                  and not span(accum > 1).hopeless and not (judge_first and b > span(accum > 1).hi))
-    if not kept:
+    stats["searched"] += len(splits) * len(timed)
+    if not kept:  # every setup of the group, whatever its TIMED assignment (memory never reads them: memory_key)
         group.judged(False)
         return
-    bounded = floors.of_splits(bases[0][1], state_bytes(base), kept)
-    key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
+    bases = [((), base)]  # (the assignment, its setup): the defaults first, the others as the stack's rules take them
+    for v in timed[1:]:
+        try:
+            bases.append((tuple(sorted(v.items())), base.with_exchange(**v)))
+        except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
+            stats["stack_refused"] = stats.get("stack_refused", 0) + 1
+    bounded = floors.of_splits(base, state_bytes(base), kept)
+    key = (lay, zero, rec, prec, stack, modules, extra_key, level)
     neg, b, accum, _ = min(bounded)
     fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
                           pending=_Pending(bounded, span, _start(base, len(bases)))))
 
 
 class _Unsettled:
-    """A group's memory probe (its setup at the probe's accumulation, the capacity, the batch constraint's largest
-    micro-batch), judged only when the search takes one of its splits: `hopeless` at once where the states alone
-    outgrow the capacity (PeakOracle.states_floor, no engine call); else the largest micro-batch that fits lies in
+    """A group's memory probe (its setup at the probe's accumulation, the capacity, the largest micro-batch the batch
+    constraint and the group's room allow), judged only when the search takes one of its splits: `hopeless` at once
+    where that is none (the room: PeakOracle.micro_batch_room, no engine call); else the largest micro-batch that fits lies in
     [lo, hi] (PeakOracle.batch_bounds: two engine calls, on first asking), settled by PeakOracle.largest_batch the
     first time a split between them is asked about (`fits`). Each verdict is told to its group (_Group)."""
 
@@ -565,7 +565,7 @@ class _Unsettled:
                  group: "_Group"):
         self.oracle, self.probe, self.capacity, self.limit, self.states_key = oracle, probe, capacity, limit, states_key
         self.group, self._bounds, self._largest = group, None, None
-        self.hopeless = limit < 1 or oracle.states_floor(probe.with_micro_batches(1), states_key) > capacity
+        self.hopeless = limit < 1
 
     @property
     def lo(self) -> int:

@@ -123,6 +123,7 @@ def lora_target_names(v: str) -> tuple[str, ...]:
     return () if v in ("all-linear", "attention") else tuple(n.strip() for n in v.split(","))
 
 
+@lru_cache(maxsize=1024)  # (the engines read it for every stage of every setup; each answer is immutable)
 def parse_pp_split(v: str):
     """"even", "embedding-loss", (first, last) layer counts of "first:N,last:M" (either part may be left out:
     then -1, meaning the even share), or a pp_layout.Layout of Megatron's layout string ("Et*3|(tt|)*29,m|L")."""
