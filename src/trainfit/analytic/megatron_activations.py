@@ -68,7 +68,7 @@ def layer_terms(spec: ModelSpec, setup: Setup, moe: bool = False, quantised: boo
     """`quantised`: a layer inside --low-precision's recipe (te_recipes.saved_delta changes its linears' inputs);
     `held`: the (micro-batch, MoE layer) pairs the rank holds at once, whose routed copies are counted at the load
     of the rank that holds the most of them (moe_imbalance.held_load; 1: one pair, its busiest rank's); `load`: that
-    load given instead (megatron_memory.saved_floor's least)."""
+    load given instead (megatron_memory.saved_floors' least)."""
     rep, split, scores, mask, stat = per_token_terms(spec, setup, moe, quantised)
     if moe:  # the busiest expert-parallel rank's routed copies, X times the balanced ones (moe_imbalance.py)
         if load is None:

@@ -69,7 +69,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
         # the backward's temporaries (NB: all of them at once, as if one module's backward held the others': over-
         # counts by the smaller modules' when several are named)
         core = _core_only(setup)
-        temps += max(0.0, _stored(spec, core, frac, tokens, keys) - _stored(spec, setup, frac, tokens, keys))
+        temps += max(0.0, _stored(spec, core, frac, tokens, keys, False)
+                     - _stored(spec, setup, frac, tokens, keys, False))
 
     policy, n = setup.recompute_policy, setup.recompute_layers
     pattern: tuple = ()
@@ -256,16 +257,21 @@ def _recipe_layers(setup: Setup, stage: Stage) -> int:
     return te_recipes.recipe_layers(setup, stage) if recipe(setup) is not None else 0
 
 
+def _stored(spec: ModelSpec, setup: Setup, frac: float, tokens: float, keys: float, quantised: bool,
+            held: float = 1.0, load: float | None = None, mask: bool = True) -> float:
+    """The average layer's saved bytes on one rank for `tokens` tokens: its dense and MoE layers in their proportion
+    `frac`, the MoE layers' routed copies at `held` pairs' load or at `load` (layer_terms), inside --low-precision's
+    recipe or not (`quantised`), the local spec's mask or not (MegatronLayer.per_rank's `mask`)."""
+    return (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(setup, tokens, keys, mask) + \
+        (frac * layer_terms(spec, setup, moe=True, quantised=quantised, held=held, load=load).per_rank(
+            setup, tokens, keys, mask) if frac else 0.0)
+
+
 def _layer_stored(spec: ModelSpec, setup: Setup, stage: Stage, frac: float, tokens: float, keys: float,
                   held: float) -> float:
-    """The stage's average layer's saved bytes on one rank for `tokens` tokens (its dense and MoE layers in their
-    proportion, the MoE layers' routed copies at `held` pairs' load: layer_terms); under --low-precision the recipe's
-    layers save quantised linear inputs, the bf16 first/last ones do not (te_recipes)."""
-    def stored(quantised: bool) -> float:
-        return (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(setup, tokens, keys) + \
-            (frac * layer_terms(spec, setup, moe=True, quantised=quantised, held=held).per_rank(setup, tokens, keys)
-             if frac else 0.0)
-    return _in_recipe(setup, stage, stored)
+    """The stage's average layer's saved bytes on one rank (_stored at `held` pairs); under --low-precision the
+    recipe's layers save quantised linear inputs, the bf16 first/last ones do not (te_recipes)."""
+    return _in_recipe(setup, stage, lambda quantised: _stored(spec, setup, frac, tokens, keys, quantised, held))
 
 
 def _in_recipe(setup: Setup, stage: Stage, stored) -> float:
@@ -291,14 +297,11 @@ def saved_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts, stages: list[St
         return tuple((0.0, 0.0) for _ in stages)
     tokens = keys = setup.seq / setup.cp  # one sequence's tokens on this CP rank
     frac, load = _moe_share(spec, pc), least_load(setup)
-    per: dict[bool, float] = {}
+    per: dict[bool, float] = {}  # (one layer's, for every stage)
 
     def stored(quantised: bool) -> float:
         if quantised not in per:
-            per[quantised] = (1 - frac) * layer_terms(spec, setup, quantised=quantised).per_rank(
-                setup, tokens, keys, False) + (frac * layer_terms(spec, setup, moe=True, quantised=quantised,
-                                                                   load=load).per_rank(setup, tokens, keys, False)
-                                               if frac else 0.0)
+            per[quantised] = _stored(spec, setup, frac, tokens, keys, quantised, load=load, mask=False)
         return per[quantised]
     kept = layer_input(spec, setup) * tokens
     logits = cross_entropy_bytes(setup, act_bytes(setup), spec.vocab / setup.tp, tokens).saved * (
@@ -357,11 +360,6 @@ def _core_only(setup: Setup) -> Setup:
     return got
 
 
-def _stored(spec: ModelSpec, setup: Setup, frac: float, tokens: float, keys: float) -> float:
-    """The average layer's saved bytes on one rank (the stage's dense and MoE layers in their proportion)."""
-    dense = layer_terms(spec, setup).per_rank(setup, tokens, keys)
-    return dense if not frac else (1 - frac) * dense + frac * layer_terms(spec, setup, moe=True).per_rank(
-        setup, tokens, keys)
 
 
 def grad_clip_temporaries(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> float:

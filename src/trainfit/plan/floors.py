@@ -91,8 +91,10 @@ class Floors:
                 b, accum = split
                 x = setup.with_micro_batches(b, accum)
                 floor = self.of_layers(x, st)
-                entry = known[split] = (-tokens_bound(x, floor if floor is not None else self.below_every_policy(x, st)),
-                                        b, accum, floor is not None)
+                if floor is None:
+                    entry = known[split] = (-tokens_bound(x, self.below_every_policy(x, st)), b, accum, False)
+                else:
+                    entry = known[split] = (-tokens_bound(x, floor), b, accum, True)
             got.append(entry)
         return got
 

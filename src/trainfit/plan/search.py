@@ -12,9 +12,10 @@ device total, headroom and fit.
 Cost: every (layout, ZeRO, recompute, precision) group enters the search as one entry, bounded by the best of its
 (micro-batch, accumulation) splits' bounds from their layers alone (step_time.layer_floor: each stage's layers × one
 layer's forward and backward, the ends, the TP collectives and pipeline sends, bubble and stragglers, the op lists'
-times memoised whatever the pipeline; Floors.of_splits, shared by the layout's every group); a group whose states
-alone outgrow the GPU never enters (PeakOracle.states_floor). Groups are taken best bound first (_time_best_first):
-a group taken has its memory judged (fit.PeakOracle: the largest fitting micro-batch bounds all others, since the
+times memoised whatever the pipeline; Floors.of_splits, shared by the layout's every group), at the splits its room
+allows: each pipeline stage's states plus b × its saved bytes must fit (PeakOracle.micro_batch_room, memory.
+stage_saved_floors; no engine call), and a group whose room allows none never enters. Groups are taken best bound
+first (_time_best_first): a group taken has its memory judged (fit.PeakOracle: the largest fitting micro-batch bounds all others, since the
 peak grows with the micro-batch; b = 1 and b = 2 bound it, two engine calls; a split between the two bounds is
 settled only where the search takes it: _Unsettled) and its splits that may fit entered, each bounded again by the
 exact bound on its throughput (step_time.step_floor: its compute and critical-path communication, the op lists'
@@ -473,8 +474,8 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     """The group's splits, under each of its TIMED assignments `timed` (one memory judgement for all of them: the
     memory never reads those settings), appended to `fitting` as one GROUP entry (_Entry with its _Pending splits)
     bounded by the best of its splits' bounds from their layers (Floors.of_splits: one per split for every group of
-    the layout), which _time_best_first judges and refines for the entries it takes; none where the states alone
-    cannot fit. `judge_first`: its memory judged now, the splits above its largest fitting micro-batch never bounded
+    the layout), which _time_best_first judges and refines for the entries it takes; none where its room (each
+    stage's states and saved bytes alone: PeakOracle.micro_batch_room) admits no split. `judge_first`: its memory judged now, the splits above its largest fitting micro-batch never bounded
     (Space.judge_first). stats["searched"] counts its every split × assignment; its memory is judged before its
     assignments are built (memory never reads them: memory_key), so the assignments the stack's code rules refuse
     (stats["stack_refused"]) are found only in the groups whose memory may fit."""
@@ -555,8 +556,8 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
 class _Unsettled:
     """A group's memory probe (its setup at the probe's accumulation, the capacity, the largest micro-batch the batch
     constraint and the group's room allow), judged only when the search takes one of its splits: `hopeless` at once
-    where that is none (the room: PeakOracle.micro_batch_room, no engine call); else the largest micro-batch that fits lies in
-    [lo, hi] (PeakOracle.batch_bounds: two engine calls, on first asking), settled by PeakOracle.largest_batch the
+    where that is none (the room: PeakOracle.micro_batch_room, no engine call); else the largest micro-batch that
+    fits lies in [lo, hi] (PeakOracle.batch_bounds: two engine calls, on first asking), settled by PeakOracle.largest_batch the
     first time a split between them is asked about (`fits`). Each verdict is told to its group (_Group)."""
 
     __slots__ = ("oracle", "probe", "capacity", "limit", "states_key", "group", "hopeless", "_bounds", "_largest")
