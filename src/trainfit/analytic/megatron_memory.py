@@ -224,7 +224,7 @@ def rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) ->
 def _rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> tuple:
     """rank_states, computed."""
     ms = megatron_model_states(spec, pc, setup, stage)
-    moe_share = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
+    moe_share = _moe_share(spec, pc)
     te_weights = te_recipes.weight_bytes(spec, setup, stage, moe_share)  # the recipe's quantised weight copies
     if setup.zero >= 3 and setup.fp8_all_gather:
         # Megatron-FSDP keeps the quantised parameters in its model weight buffer (and MXFP8's columnwise data in a
