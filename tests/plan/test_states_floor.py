@@ -47,8 +47,8 @@ def test_stacks_without_a_floor_read_zero():
                                           ("torchtitan", "llama-3.1-8b"), ("hf", "llama-3.1-8b"),
                                           ("deepspeed", "llama-3.1-8b")])
 def test_states_and_overheads_do_not_read_the_recompute_policy(stack, model):
-    # the memory oracle memoises states_floor and the fit rule's capacity once for a group's every recompute policy
-    # and module set (plan/fit.py PeakOracle.states_floor and capacity, keyed by plan/search.py's `family`)
+    # the memory oracle memoises the stages' states and the fit rule's capacity once for a group's every recompute
+    # policy and module set (plan/fit.py PeakOracle.micro_batch_room and capacity, keyed by plan/search.py's `family`)
     from trainfit.analytic.fit_rule import capacity
     from trainfit.hardware import get_gpu
     from trainfit.plan.space import recompute_module_sets

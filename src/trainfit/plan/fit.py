@@ -14,8 +14,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from ..analytic.fit_rule import capacity, required
-from ..analytic.memory import (memory_key, stage_memories, stage_saved_floors, stage_states_floors, states_floor,
-                               train_memory)
+from ..analytic.memory import memory_key, stage_memories, stage_saved_floors, stage_states_floors, train_memory
 from ..analytic.parallel.pipeline import in_flight
 from ..analytic.params import ParamCounts
 from ..setup import Setup
@@ -31,8 +30,8 @@ class PeakOracle:
         self._memo: dict[Setup, int] = {}
         self._above: dict[Setup, int] = {}  # a stage's peak above the capacity asked: a lower bound of required
         self._capacity: dict[tuple, int] = {}
-        self._states: dict[tuple, int] = {}  # states_floor of the groups that differ only in their recompute
-        self._stage_states: dict[tuple, tuple] = {}  # micro_batch_room's, likewise
+        # micro_batch_room's stage states, of the groups that differ only in their recompute (rank_states' STATES_FIXED)
+        self._stage_states: dict[tuple, tuple] = {}
         self._saved: dict[tuple, tuple] = {}  # micro_batch_room's, of the groups that differ only in their ZeRO stage
 
     def peak(self, setup: Setup) -> int:
@@ -77,17 +76,6 @@ class PeakOracle:
             got = self._capacity[key] = capacity(gpu, setup, reserve)
         return got
 
-    def states_floor(self, setup: Setup, key: tuple | None = None) -> int:
-        """memory.states_floor(setup), memoised on `key` where given: the caller's name for the setups that differ
-        only in settings the states never read (the micro-batch, the recompute policy and modules: rank_states'
-        STATES_FIXED, megatron_memory.py)."""
-        got = self._states.get(key) if key is not None else None
-        if got is None:
-            got = states_floor(self.spec, setup, self.pc)
-            if key is not None:
-                self._states[key] = got
-        return got
-
     def micro_batch_room(self, setup: Setup, capacity: int, states_key: tuple, saved_key: tuple) -> "Room":
         """The room each pipeline stage's states leave under the capacity for its saved bytes (memory.
         stage_states_floors, stage_saved_floors, memoised on the caller's names for the setups that share them: the
@@ -100,15 +88,15 @@ class PeakOracle:
             saved = self._saved[saved_key] = stage_saved_floors(self.spec, setup, self.pc)
         return Room(tuple((capacity - st, *sv) for st, sv in zip(states, saved)))
 
-    def batch_bounds(self, base: Setup, capacity: int, limit: int, states_key: tuple | None = None) -> tuple[int, int]:
+    def batch_bounds(self, base: Setup, capacity: int, limit: int) -> tuple[int, int]:
         """(lo, hi): the largest b in [0, limit] with peak(base with batch=b) <= capacity lies in [lo, hi], b = lo
         known to fit (0: not even b = 1 fits, and hi = 0) — from at most two engine calls: b = 1, b = 2 and the secant
-        through them, which under-estimates the convex peak beyond (module docstring). `states_key`: states_floor's."""
+        through them, which under-estimates the convex peak beyond (module docstring). The search's `limit` is its
+        room's (micro_batch_room: none where the states alone outgrow the capacity, without an engine call)."""
         if limit < 1:
             return 0, 0
         one = base.with_micro_batches(1)
-        # the states alone outgrow the capacity (memory.states_floor <= peak <= required): no engine call
-        if self.states_floor(one, states_key) > capacity or not self.fits(one, capacity):
+        if not self.fits(one, capacity):
             return 0, 0
         if limit == 1:
             return 1, 1
@@ -119,9 +107,9 @@ class PeakOracle:
         hi = limit if slope <= 0 else min(limit, 2 + int((capacity - self.peak(two)) // slope))
         return (2, 2) if hi <= 2 else (2, hi)
 
-    def largest_batch(self, base: Setup, capacity: int, limit: int, states_key: tuple | None = None) -> int:
+    def largest_batch(self, base: Setup, capacity: int, limit: int) -> int:
         """Largest b in [0, limit] with peak(base with batch=b) <= capacity (0: not even b = 1 fits)."""
-        lo, hi = self.batch_bounds(base, capacity, limit, states_key)
+        lo, hi = self.batch_bounds(base, capacity, limit)
         if lo == hi or self.fits(base.with_micro_batches(hi), capacity):
             return hi
         while hi - lo > 1:  # lo fits, hi does not
@@ -154,6 +142,6 @@ class Room(NamedTuple):
 
 @lru_cache(maxsize=65536)
 def stage_in_flight(pp: int, rank: int, vpp: int, accum: int) -> float:
-    """Stage `rank`'s micro-batches in flight at accumulation `accum` (pipeline.in_flight, as stages() counts them:
-    one without a pipeline)."""
-    return in_flight(pp, rank, vpp, accum) if pp > 1 else 1.0
+    """Stage `rank`'s micro-batches in flight at accumulation `accum` (pipeline.in_flight, as stages() counts them;
+    one without a pipeline: no warm-up)."""
+    return in_flight(pp, rank, vpp, accum)

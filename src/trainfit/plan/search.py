@@ -15,8 +15,9 @@ layer's forward and backward, the ends, the TP collectives and pipeline sends, b
 times memoised whatever the pipeline; Floors.of_splits, shared by the layout's every group), at the splits its room
 allows: each pipeline stage's states plus b × its saved bytes must fit (PeakOracle.micro_batch_room, memory.
 stage_saved_floors; no engine call), and a group whose room allows none never enters. Groups are taken best bound
-first (_time_best_first): a group taken has its memory judged (fit.PeakOracle: the largest fitting micro-batch bounds all others, since the
-peak grows with the micro-batch; b = 1 and b = 2 bound it, two engine calls; a split between the two bounds is
+first (_time_best_first): a group taken has its memory judged (fit.PeakOracle: the largest fitting micro-batch
+bounds all others, since the peak grows with the micro-batch; b = 1 and b = 2 bound it, two engine calls; a split
+between the two bounds is
 settled only where the search takes it: _Unsettled) and its splits that may fit entered, each bounded again by the
 exact bound on its throughput (step_time.step_floor: its compute and critical-path communication, the op lists'
 times memoised on what they read — compute_time._timed_layer: one layer's Shape, shared by every ZeRO stage,
@@ -475,10 +476,11 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     memory never reads those settings), appended to `fitting` as one GROUP entry (_Entry with its _Pending splits)
     bounded by the best of its splits' bounds from their layers (Floors.of_splits: one per split for every group of
     the layout), which _time_best_first judges and refines for the entries it takes; none where its room (each
-    stage's states and saved bytes alone: PeakOracle.micro_batch_room) admits no split. `judge_first`: its memory judged now, the splits above its largest fitting micro-batch never bounded
-    (Space.judge_first). stats["searched"] counts its every split × assignment; its memory is judged before its
-    assignments are built (memory never reads them: memory_key), so the assignments the stack's code rules refuse
-    (stats["stack_refused"]) are found only in the groups whose memory may fit."""
+    stage's states and saved bytes alone: PeakOracle.micro_batch_room) admits no split. `judge_first`: its memory
+    judged now, the splits above its largest fitting micro-batch never bounded (Space.judge_first).
+    stats["searched"] counts its every split × assignment; its memory is judged before its assignments are built
+    (memory never reads them: memory_key), so the assignments the stack's code rules refuse (stats["stack_refused"])
+    are found only in the groups whose memory may fit."""
     # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
     # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
     accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
@@ -509,9 +511,9 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
     # The largest micro-batch that fits is judged when the search first takes one of the group's splits (_Unsettled:
     # two engine calls bound it, lo fits and hi is the secant's; a split between them is settled when taken,
-    # _time_best_first), or at once where the states alone cannot fit; a split the search never takes costs none.
-    # A split whose first stage's states and saved layers alone outgrow the capacity cannot fit (PeakOracle.
-    # micro_batch_room: no engine call; the states read no recompute policy, the saved bytes no ZeRO stage).
+    # _time_best_first); a split the search never takes costs none. A split for which any pipeline stage's states
+    # and saved bytes alone outgrow the capacity cannot fit: the group's room (PeakOracle.micro_batch_room, no engine
+    # call; the states read no recompute policy, the saved bytes no ZeRO stage) caps the micro-batch first.
     room = oracle.micro_batch_room(base, cap, ("family", family), (lay, prec, stack, extra_key, rec, modules))
     spans: dict[bool, _Unsettled] = {}
     group = _Group(stats)
@@ -521,7 +523,7 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
             probe = base if (lay.pp > 1 or not multi) else base.with_micro_batches(1, 2)
             # (at the probe's accumulation the room caps the micro-batch its engine calls look for)
             limit = room.largest(lay.pp, lay.vpp, probe.grad_accum, bcap)
-            spans[multi] = _Unsettled(oracle, probe, cap, limit, (family, multi), group)
+            spans[multi] = _Unsettled(oracle, probe, cap, limit, group)
         return spans[multi]
 
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
@@ -557,14 +559,14 @@ class _Unsettled:
     """A group's memory probe (its setup at the probe's accumulation, the capacity, the largest micro-batch the batch
     constraint and the group's room allow), judged only when the search takes one of its splits: `hopeless` at once
     where that is none (the room: PeakOracle.micro_batch_room, no engine call); else the largest micro-batch that
-    fits lies in [lo, hi] (PeakOracle.batch_bounds: two engine calls, on first asking), settled by PeakOracle.largest_batch the
-    first time a split between them is asked about (`fits`). Each verdict is told to its group (_Group)."""
+    fits lies in [lo, hi] (PeakOracle.batch_bounds: two engine calls, on first asking), settled by
+    PeakOracle.largest_batch the first time a split between them is asked about (`fits`). Each verdict is told to
+    its group (_Group)."""
 
-    __slots__ = ("oracle", "probe", "capacity", "limit", "states_key", "group", "hopeless", "_bounds", "_largest")
+    __slots__ = ("oracle", "probe", "capacity", "limit", "group", "hopeless", "_bounds", "_largest")
 
-    def __init__(self, oracle: PeakOracle, probe: Setup, capacity: int, limit: int, states_key: tuple,
-                 group: "_Group"):
-        self.oracle, self.probe, self.capacity, self.limit, self.states_key = oracle, probe, capacity, limit, states_key
+    def __init__(self, oracle: PeakOracle, probe: Setup, capacity: int, limit: int, group: "_Group"):
+        self.oracle, self.probe, self.capacity, self.limit = oracle, probe, capacity, limit
         self.group, self._bounds, self._largest = group, None, None
         self.hopeless = limit < 1
 
@@ -578,7 +580,7 @@ class _Unsettled:
 
     def _judged(self) -> tuple[int, int]:
         if self._bounds is None:
-            self._bounds = self.oracle.batch_bounds(self.probe, self.capacity, self.limit, self.states_key)
+            self._bounds = self.oracle.batch_bounds(self.probe, self.capacity, self.limit)
             self.group.judged(self._bounds[0] >= 1)
             if self._bounds[0] == self._bounds[1]:
                 self._largest = self._bounds[0]
@@ -588,7 +590,7 @@ class _Unsettled:
         if self._largest is None:
             self._judged()
         if self._largest is None:
-            self._largest = self.oracle.largest_batch(self.probe, self.capacity, self.limit, self.states_key)
+            self._largest = self.oracle.largest_batch(self.probe, self.capacity, self.limit)
         return self._largest
 
     def fits(self, b: int) -> bool:
