@@ -50,44 +50,45 @@ def _straightforward(monkeypatch, spec, gpu, q):
     return r
 
 
-def _check(monkeypatch, model, gpu, q):
+# Both ways a search judges its groups' memory (search.Space.judge_first): as each enters (a search too small to share
+# over processes, these) and only when the bound reaches it (a large one's: the whole search's, here too)
+JUDGING = ("judged first", "judged when taken")
+
+
+def _check(monkeypatch, model, gpu, q, judging=JUDGING):
+    """The search under each way of `judging` against one straightforward search (which judges every group)."""
     spec, g = load_spec(model), get_gpu(gpu)
     plain = _straightforward(monkeypatch, spec, g, q)
-    compute_time.clear_memos()
-    fast = search(spec, g, q)
-    assert _answer(fast) == _answer(plain) and len(fast.candidates) == q.top
-    # the same space searched and judged: only the timing is skipped, and the memory of the splits above a group's
-    # known fit that the bound skips (search._Unsettled): those are bounded unsettled, fitting or not
-    for k in ("searched", "groups", "stack_refused"):
-        assert fast.stats.get(k) == plain.stats.get(k), k
-    # the straightforward search judges every group's memory; the bounded one those the search takes
-    judged = fast.stats["memory_judged"]
-    assert 0 < fast.stats["fits"] <= judged <= plain.stats["memory_judged"] == plain.stats["groups"]
-    assert fast.stats["fits"] <= plain.stats["fits"]
-    assert fast.stats["engine_calls"] <= plain.stats["engine_calls"]
     assert plain.stats.get("bounded", 0) == 0
-    bounded, unsettled = fast.stats.get("bounded", 0), fast.stats.get("bounded_unsettled", 0)
-    assert fast.stats["timed"] + bounded - unsettled <= plain.stats["timed"] <= fast.stats["timed"] + bounded
+    for how in judging:
+        with monkeypatch.context() as m:
+            if how == "judged when taken":
+                m.setattr(search_mod, "MIN_GROUPS", 0)
+            compute_time.clear_memos()
+            fast = search(spec, g, q)
+        assert _answer(fast) == _answer(plain) and len(fast.candidates) == q.top, how
+        # the same space searched and judged: only the timing is skipped, and the memory of the splits above a
+        # group's known fit that the bound skips (search._Unsettled): those are bounded unsettled, fitting or not
+        for k in ("searched", "groups", "stack_refused"):
+            assert fast.stats.get(k) == plain.stats.get(k), (how, k)
+        # the straightforward search judges every group's memory; the bounded one those the search takes
+        judged = fast.stats["memory_judged"]
+        assert 0 < fast.stats["fits"] <= judged <= plain.stats["memory_judged"] == plain.stats["groups"], how
+        assert fast.stats["fits"] <= plain.stats["fits"], how
+        assert fast.stats["engine_calls"] <= plain.stats["engine_calls"], how
+        bounded, unsettled = fast.stats.get("bounded", 0), fast.stats.get("bounded_unsettled", 0)
+        assert fast.stats["timed"] + bounded - unsettled <= plain.stats["timed"] <= fast.stats["timed"] + bounded, how
     return fast
 
 
-@pytest.fixture(params=["judged first", "judged when taken"])
-def judging(request, monkeypatch):
-    """Both ways a search judges its groups' memory (search.Space.judge_first): as each enters (a search too small to
-    share over processes, these) and only when the bound reaches it (a large one's: the whole search's, here too)."""
-    if request.param == "judged when taken":
-        monkeypatch.setattr(search_mod, "MIN_GROUPS", 0)
-    return request.param
-
-
-def test_dense_model_over_the_four_stacks(monkeypatch, judging):
+def test_dense_model_over_the_four_stacks(monkeypatch):
     r = _check(monkeypatch, "llama-3.1-8b", "A100-40GB",
                PlanQuery(gpus=8, seq=4096, global_batch_tokens=1e6, stacks=("hf", "torchtitan", "megatron",
                                                                              "deepspeed")))
     assert r.stats.get("bounded", 0) > r.stats["timed"]  # the bound does skip most of them here
 
 
-def test_moe_model_with_expert_layouts(monkeypatch, judging):
+def test_moe_model_with_expert_layouts(monkeypatch):
     # tiny-mixtral on megatron: ep and etp searched, recompute none / selective / full share their layers' lists
     _check(monkeypatch, "tiny-mixtral", "H100-80GB",
            PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",)))
@@ -96,10 +97,11 @@ def test_moe_model_with_expert_layouts(monkeypatch, judging):
 def test_flat_efficiency_override(monkeypatch):
     # --efficiency: the bound is the flat override's own (step_floor's efficiency), the dispatchers searched alike
     _check(monkeypatch, "tiny-mixtral", "H100-80GB",
-           PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",), efficiency=0.4))
+           PlanQuery(gpus=4, seq=2048, global_batch_tokens=2**16, stacks=("megatron",), efficiency=0.4),
+           judging=JUDGING[:1])
 
 
-def test_no_global_batch(monkeypatch, judging):
+def test_no_global_batch(monkeypatch):
     _check(monkeypatch, "llama-3.1-70b", "H100-80GB", PlanQuery(gpus=64, seq=8192, top=3))
 
 
