@@ -386,6 +386,12 @@ class ModelSpec:
         return self.layers if self.moe.sparse_layers is None else self.moe.sparse_layers
 
     @property
+    def moe_share(self) -> float:
+        """The share of the layers that run the sparse MoE block (moe_layers / layers; ParamCounts.moe_layers is
+        the same count); 0.0 if dense."""
+        return self.moe_layers / self.layers if self.moe is not None else 0.0
+
+    @property
     def sliding_layers(self) -> int:
         """How many layers attend over a sliding window (sliding_window_layers; None there: all of them); 0 without
         a window."""

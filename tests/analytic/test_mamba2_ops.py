@@ -20,7 +20,6 @@ from trainfit.analytic.compute_time import layer_kinds  # noqa: E402
 from trainfit.analytic.engine import estimate  # noqa: E402
 from trainfit.analytic.ops import backward, layer_forward, shape_of  # noqa: E402
 from trainfit.analytic.ops.mamba2 import SCAN  # noqa: E402
-from trainfit.analytic.params import count_params  # noqa: E402
 from trainfit.analytic.precision import state_bytes  # noqa: E402
 from trainfit.analytic.timing import compute_dtype  # noqa: E402
 from trainfit.hardware import get_gpu  # noqa: E402
@@ -42,7 +41,7 @@ def test_step_time_counts_the_traced_scan_kernels(precision):
     assert e.time is not None and 0 < e.time.step_seconds < 1 and 0 < e.time.mfu < 1
     sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
     listed: Counter = Counter()
-    for w, moe, linear, block in layer_kinds(spec, count_params(spec)):
+    for w, moe, linear, block in layer_kinds(spec):
         fwd = layer_forward(spec, sh, moe, linear, block)
         for phase, ops in (("forward", fwd), ("backward", backward(fwd))):
             for op in ops:

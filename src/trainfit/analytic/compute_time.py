@@ -272,7 +272,7 @@ def metric_passes(setup: Setup) -> int:
     return int(setup.stack_facts.facts.get("loss", {}).get("metric_passes", 0)) if setup.mode == "train" else 0
 
 
-def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, bool, str]]:
+def layer_kinds(spec: ModelSpec) -> list[tuple[float, bool, bool, str]]:
     """(share of the layers, sparse MLP, Gated DeltaNet mixer, hybrid block kind) of each kind of layer. NB: the two
     splits are taken as independent (Qwen3-Next's every layer is an MoE one, so its shares are exact). A hybrid
     stack (spec.hybrid: Nemotron-H) has its Mamba, attention and MLP blocks in their proportion (exact over the
@@ -281,7 +281,7 @@ def layer_kinds(spec: ModelSpec, pc: ParamCounts) -> list[tuple[float, bool, boo
         hb = spec.hybrid
         return [(n / spec.layers, False, False, kind) for n, kind in (
             (hb.mamba_layers, "mamba"), (hb.attention_layers, "attention"), (hb.mlp_layers, "mlp")) if n]
-    frac_moe = pc.moe_layers / spec.layers if spec.moe is not None else 0.0
+    frac_moe = spec.moe_share
     frac_linear = linear_layers(spec) / spec.layers
     return [(wm * wl, moe, linear, "") for wm, moe in ((1.0 - frac_moe, False), (frac_moe, True))
             for wl, linear in ((1.0 - frac_linear, False), (frac_linear, True)) if wm * wl > 0]
@@ -377,7 +377,7 @@ def _layer_times(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sh: S
     attn = stall = both = 0.0
     phases = ()
     reruns = []
-    for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec, pc),
+    for (w, moe, linear, block), (q, lsh) in product(layer_kinds(spec),
                                                      windowed.split(spec, setup, layer_shapes(spec, setup, sh))):
         w *= q
         fwd, tf, tb, a, s1, s2, ph, eager = _timed_layer(spec, setup, gpu, lsh, moe, linear, block)

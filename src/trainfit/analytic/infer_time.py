@@ -64,7 +64,7 @@ def forward_time(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, q_len
     # the decode step runs in the prefill's autocast context: its weights' casts are cached (ops/cast.py uncached)
     ran = uncached if sh.decode and casts_cached else list
     total = ListTime()
-    for w, moe, linear, block in layer_kinds(spec, pc):
+    for w, moe, linear, block in layer_kinds(spec):
         total = total + (w * spec.layers) * time_ops(gpu, _attending(ran(layer_forward(spec, sh, moe, linear, block)),
                                                                      q_len, kv_len))
     # Llama 3.2 Vision's cross-attention layers: their own list, over the vision tokens (NB: the decode step's kv_cat

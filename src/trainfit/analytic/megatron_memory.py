@@ -42,7 +42,7 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
     tokens = setup.batch * setup.seq / setup.cp  # this CP rank's tokens of the micro-batch
     keys = setup.seq / setup.cp  # NB: eager scores per CP chunk pair; TE runs CP only with fused attention
     ms, te_weights, clip, copies, owned = rank_states(spec, setup, pc, stage)
-    frac = _moe_share(spec, pc)
+    frac = spec.moe_share
     held = held_pairs(setup, stage, frac) if frac else 1.0
     full = _layer_stored(spec, setup, stage, frac, tokens, keys, held=held)
     n8 = _recipe_layers(setup, stage)
@@ -224,7 +224,7 @@ def rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) ->
 def _rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> tuple:
     """rank_states, computed."""
     ms = megatron_model_states(spec, pc, setup, stage)
-    moe_share = _moe_share(spec, pc)
+    moe_share = spec.moe_share
     te_weights = te_recipes.weight_bytes(spec, setup, stage, moe_share)  # the recipe's quantised weight copies
     if setup.zero >= 3 and setup.fp8_all_gather:
         # Megatron-FSDP keeps the quantised parameters in its model weight buffer (and MXFP8's columnwise data in a
@@ -245,11 +245,6 @@ def _rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -
     if setup.zero >= 3:  # Megatron-FSDP's optim_grads_params does: the rank owns its shard (parallel/megatron.py)
         dense, expert = dense / shards(setup), expert / shards(setup, expert=True)
     return ms, te_weights, clip, copies, round(dense + expert)
-
-
-def _moe_share(spec: ModelSpec, pc: ParamCounts) -> float:
-    """The share of the model's layers that are MoE layers (0: a dense model)."""
-    return pc.moe_layers / spec.layers if spec.moe is not None and pc.moe_layers > 0 else 0.0
 
 
 def _recipe_layers(setup: Setup, stage: Stage) -> int:
@@ -296,7 +291,7 @@ def saved_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts, stages: list[St
     if policy == "block" or setup.offload_layers:
         return tuple((0.0, 0.0) for _ in stages)
     tokens = keys = setup.seq / setup.cp  # one sequence's tokens on this CP rank
-    frac, load = _moe_share(spec, pc), least_load(setup)
+    frac, load = spec.moe_share, least_load(setup)
     per: dict[bool, float] = {}  # (one layer's, for every stage)
 
     def stored(quantised: bool) -> float:

@@ -70,7 +70,7 @@ def layer_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
     la = layer_activations(spec, ls)
     moe = spec.moe is not None and pc.moe_layers > 0
     la_moe = layer_activations(spec, ls, moe=True) if moe else la
-    frac_moe = pc.moe_layers / spec.layers if moe_layer is None else float(moe_layer and moe)
+    frac_moe = spec.moe_share if moe_layer is None else float(moe_layer and moe)
     kinds = layer_kinds(spec, ls, frac_moe)
     one_layer = sum(w * layer_bytes_per_rank(k, setup, tokens, keys) for w, k in kinds)
     adapter_casts = 0.0

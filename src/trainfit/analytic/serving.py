@@ -228,7 +228,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, pc: ParamCounts, mlp: float | Non
     0.4.9.post2 qwen3_moe.py:131-136 the same). NB: taken as vLLM's too (its models were not read here)."""
     b = DTYPE_BYTES[_weight_dtype(setup)]
     t, h = setup.tp, spec.hidden
-    moe_share = pc.moe_layers / spec.layers if mlp is None else float(spec.moe is not None and mlp == pc.moe_mlp)
+    moe_share = spec.moe_share if mlp is None else float(spec.moe is not None and mlp == pc.moe_mlp)
     router = spec.moe.num_experts * h * moe_share if spec.moe is not None else 0
     if mlp is None:
         mlp = (pc.mlp * pc.dense_layers + pc.moe_mlp * pc.moe_layers) / spec.layers

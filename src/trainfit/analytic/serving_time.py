@@ -158,7 +158,7 @@ def _step_ops(spec: ModelSpec, setup: Setup, pc: ParamCounts, gpu: GPU, tokens: 
     sh = replace(shape_of(spec, setup, state_bytes(setup), compute_dtype(setup)), batch=n if decode else 1,
                  seq=1 if decode else n, decode=decode, moe_load=busiest_rank_load(spec, setup, n))
     total = ListTime()
-    for w, moe, linear, block in layer_kinds(spec, pc):
+    for w, moe, linear, block in layer_kinds(spec):
         ops = [_weights_format(o, setup) for o in layer_forward(spec, sh, moe, linear, block) if o.kind != "attention"]
         if not setup.enforce_eager:  # vLLM compiles the model with Inductor (VLLM_COMPILE, config/vllm.py:1827-1829;
             ops = compiled(ops)      # backend "inductor", config/compilation.py:461-465): its elementwise runs fused

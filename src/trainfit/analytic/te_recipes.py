@@ -192,12 +192,7 @@ def gather_saving(spec: ModelSpec, setup: Setup, layers: int, param_bytes: float
     r = recipe(setup)
     if r is None or not setup.fp8_all_gather or not runs_te(setup):
         return 0.0
-    moe = 0.0
-    if spec.moe is not None:
-        from .params import count_params
-
-        pc = count_params(spec)
-        moe = pc.moe_layers / spec.layers
+    moe = spec.moe_share
     n = max(0, layers - (setup.bf16_first_layers + setup.bf16_last_layers) * layers / spec.layers)
     per_layer = (1 - moe) * quantised_params(spec, setup, False) + \
         (moe * quantised_params(spec, setup, True) if moe else 0.0)

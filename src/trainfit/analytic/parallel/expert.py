@@ -114,7 +114,7 @@ def split_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, held: float, la
     model's MoE blocks are left in the dense count: its experts' gradients taken as reduced over dp × cp."""
     if not spec.is_moe or spec.hybrid is not None:
         return held, 0.0
-    routed = layers * pc.moe_layers / spec.layers * routed_expert_params(spec, pc)
+    routed = layers * spec.moe_share * routed_expert_params(spec, pc)
     return held - routed / setup.tp, routed / (setup.ep * setup.expert_tp)
 
 
@@ -222,4 +222,4 @@ def dense_mlp_share(spec: ModelSpec, setup: Setup) -> float:
         return 1.0
     if setup.stack_facts.facts.get("moe", {}).get("tp_collectives") != "dispatcher":
         return 1.0
-    return 1.0 - spec.moe_layers / spec.layers
+    return 1.0 - spec.moe_share

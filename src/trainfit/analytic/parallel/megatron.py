@@ -81,7 +81,7 @@ def rank_params(spec: ModelSpec, pc: ParamCounts, setup: Setup, stage: Stage) ->
     row_bias = spec.hidden * ((1 if spec.out_bias else 0) +
                               (pc.dense_layers / spec.layers if spec.mlp_bias else 0))
     dense = stage.layers * (pc.norms + (per_layer - row_bias) / t + row_bias)
-    expert = stage.layers * pc.moe_layers / spec.layers * experts / (setup.ep * setup.expert_tp)
+    expert = stage.layers * spec.moe_share * experts / (setup.ep * setup.expert_tp)
     word = min(pc.embedding, spec.vocab * spec.hidden)
     if stage.embedding:
         dense += word / t + (pc.embedding - word)
