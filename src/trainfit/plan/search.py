@@ -9,11 +9,14 @@ capacity(gpu, setup, --reserve)); the top plans' numbers are the analytic engine
 (trainfit.engines.analytic), so `trainfit estimate` with a plan's settings answers the same step time, peak,
 device total, headroom and fit.
 
-Cost: every (layout, ZeRO, recompute, precision) group enters the search as one entry, bounded by the best of its
-(micro-batch, accumulation) splits' bounds from their layers alone (step_time.layer_floor: each stage's layers × one
-layer's forward and backward, the ends, the TP collectives and pipeline sends, bubble and stragglers, the op lists'
-times memoised whatever the pipeline; Floors.of_splits, shared by the layout's every group), at the splits its room
-allows: each pipeline stage's states plus b × its saved bytes must fit (PeakOracle.micro_batch_room, memory.
+Cost: a large search (one that judges its groups when taken: Space.judge_first) enters each layout of a stack as one
+entry (LAYOUT: _layout_entry), bounded by the best bound any of its groups could have; the search taking it builds its
+groups then, so the groups of a layout the bound never reaches are never built (DeepSeek-V3 on 1,024 H100s: 699 of 2,036
+layouts taken, in one process). Every (layout, ZeRO, recompute, precision) group enters as one entry, bounded by the
+best of its (micro-batch, accumulation) splits' bounds from their layers alone (step_time.layer_floor: each stage's
+layers × one layer's forward and backward, the ends, the TP collectives and pipeline sends, bubble and stragglers, the
+op lists' times memoised whatever the pipeline; Floors.of_splits, shared by the layout's every group), at the splits its
+room allows: each pipeline stage's states plus b × its saved bytes must fit (PeakOracle.micro_batch_room, memory.
 stage_saved_floors; no engine call), and a group whose room allows none never enters. Groups are taken best bound
 first (_time_best_first): a group taken has its memory judged (fit.PeakOracle: the largest fitting micro-batch
 bounds all others, since the peak grows with the micro-batch; b = 1 and b = 2 bound it, two engine calls; a split
@@ -435,19 +438,29 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, flo
     for a in TIMED:
         if a.name in facts.axes:
             seen.setdefault(a.name, set()).update(v.get(a.name, a.default) for v in timed)
+    groups = []  # (precision, ZeRO, recompute, modules) of each group the stack's layout rules let through
     for prec in q.precisions_for(stack):
         # the ranks --zero shards over: dp, × cp where the stack shards over the context-parallel ranks
         shard = lay.dp * (lay.cp if "cp" in facts.zero_shard_axes else 1)
         for zero in (q.zeros_for(stack) if shard > 1 or extra.get("offload", "none") != "none" else (0,)):
             if facts.runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                 continue  # e.g. torchtitan's DDP beside tensor/pipeline parallelism
-            for rec, mods in ((r, m) for r in q.recomputes_for(stack)
-                              for m in (module_sets if r == "selective" else (None,))):
-                cancel.check()  # (the web's time limit and disconnects)
-                stats["groups"] += 1
-                stats["stacks"][stack]["groups"] += 1
-                _search_group(spec, gpu, q, lay, prec, zero, rec, oracle, floors, gseqs, bcap, splits_all, stats,
-                              fitting, stack, mods, extra, level, timed, judge_first)
+            groups += [(prec, zero, r, m) for r in q.recomputes_for(stack)
+                       for m in (module_sets if r == "selective" else (None,))]
+    stats["groups"] += len(groups)
+    stats["stacks"][stack]["groups"] += len(groups)
+    if splits_all is not None:  # every split × assignment of every group, those the stack's code refuses too
+        stats["searched"] += len(groups) * len(splits_all) * len(timed)
+    group_args = (spec, gpu, q, lay, oracle, floors, gseqs, bcap, splits_all, stats, stack, extra, level, timed,
+                  judge_first)
+    if level is None and splits_all is not None and not judge_first and len(groups) > 1:
+        entry = _layout_entry(group_args, groups)  # its groups built when the search takes it
+        if entry is not None:
+            fitting.append(entry._replace(order=len(fitting)))
+        return
+    for group in groups:
+        cancel.check()  # (the web's time limit and disconnects)
+        _search_group(group_args, group, fitting)
 
 
 def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
@@ -468,36 +481,20 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
     return switches
 
 
-def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle, floors: Floors, gseqs, bcap,
-                  splits_all, stats, fitting: list, stack: str = DEFAULT_STACKS[0], modules: str | None = None,
-                  extra: dict | None = None, level: int | None = None, timed: list[dict] = ({},),
-                  judge_first: bool = False) -> None:
+def _search_group(args: tuple, group: tuple, fitting: list) -> None:
     """The group's splits, under each of its TIMED assignments `timed` (one memory judgement for all of them: the
     memory never reads those settings), appended to `fitting` as one GROUP entry (_Entry with its _Pending splits)
     bounded by the best of its splits' bounds from their layers (Floors.of_splits: one per split for every group of
     the layout), which _time_best_first judges and refines for the entries it takes; none where its room (each
     stage's states and saved bytes alone: PeakOracle.micro_batch_room) admits no split. `judge_first`: its memory
     judged now, the splits above its largest fitting micro-batch never bounded (Space.judge_first).
-    stats["searched"] counts its every split × assignment; its memory is judged before its assignments are built
-    (memory never reads them: memory_key), so the assignments the stack's code rules refuse (stats["stack_refused"])
-    are found only in the groups whose memory may fit."""
-    # Interleaving keeps more in flight as the accumulation grows until the warm-up saturates (pipeline.in_flight:
-    # rank 0 at m >= 2·pp, m a multiple of pp): the memory probe uses that depth, an upper bound for every split.
-    accum0 = (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
-    switches = plan_switches(stack, lay, gpu, zero)
-    settings = dict(batch=1, seq=q.seq, grad_accum=accum0, precision=prec, optimizer=q.optimizer, recompute=rec,
-                    zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
-                    **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
+    Its memory is judged before its assignments are built (memory never reads them: memory_key), so the
+    assignments the stack's code rules refuse (stats["stack_refused"]) are found only in the groups whose memory may
+    fit. `args`: the layout's (_search_stack's group_args); `group`: (precision, ZeRO, recompute, modules)."""
+    spec, gpu, q, lay, oracle, floors, gseqs, bcap, splits_all, stats, stack, extra, level, timed, judge_first = args
+    prec, zero, rec, modules = group
     try:
-        try:
-            base = group_setup(spec, **settings, **switches)
-        except SetupError:
-            if not switches:
-                raise
-            base = group_setup(spec, **settings)  # a group the switches' own rules refuse (torchtitan's: compile)
-            switches = {}
-        if extra:
-            validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
+        base, switches = _group_base(args, group)
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
         stats["stack_refused"] = stats.get("stack_refused", 0) + len(timed)
         return
@@ -516,19 +513,20 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     # call; the states read no recompute policy, the saved bytes no ZeRO stage) caps the micro-batch first.
     room = oracle.micro_batch_room(base, cap, ("family", family), (lay, prec, stack, extra_key, rec, modules))
     spans: dict[bool, _Unsettled] = {}
-    group = _Group(stats)
+    verdict = _Group(stats)
 
     def span(multi: bool) -> _Unsettled:
         if multi not in spans:
             probe = base if (lay.pp > 1 or not multi) else base.with_micro_batches(1, 2)
             # (at the probe's accumulation the room caps the micro-batch its engine calls look for)
             limit = room.largest(lay.pp, lay.vpp, probe.grad_accum, bcap)
-            spans[multi] = _Unsettled(oracle, probe, cap, limit, group)
+            spans[multi] = _Unsettled(oracle, probe, cap, limit, verdict)
         return spans[multi]
 
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
         probe = span(lay.pp > 1)
         splits = () if probe.hopeless else batch_splits(lay, None, probe.largest(), q.batch_tolerance)
+        stats["searched"] += len(splits) * len(timed)  # (with a global batch, _search_stack counts them)
     else:
         splits = splits_all
     # the group's splits its room does not rule out (and under `judge_first` its memory), each with its bound
@@ -538,9 +536,8 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     largest = room.largest(lay.pp, lay.vpp, min((a for _, a in splits), default=1), bcap)
     kept = tuple((b, accum) for b, accum in splits if b <= largest
                  and not span(accum > 1).hopeless and not (judge_first and b > span(accum > 1).hi))
-    stats["searched"] += len(splits) * len(timed)
     if not kept:  # every setup of the group, whatever its TIMED assignment (memory never reads them: memory_key)
-        group.judged(False)
+        verdict.judged(False)
         return
     bases = [((), base)]  # (the assignment, its setup): the defaults first, the others as the stack's rules take them
     for v in timed[1:]:
@@ -553,6 +550,114 @@ def _search_group(spec, gpu, q, lay: Layout, prec, zero, rec, oracle: PeakOracle
     neg, b, accum, _ = min(bounded)
     fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
                           pending=_Pending(bounded, span, _start(base, len(bases)))))
+
+
+def _probe_accum(lay: Layout) -> int:
+    """The accumulation of a group's memory probe: interleaving keeps more in flight as the accumulation grows until
+    the warm-up saturates (pipeline.in_flight: rank 0 at m >= 2·pp, m a multiple of pp), so that depth bounds every
+    split's."""
+    return (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
+
+
+def _group_base(args: tuple, group: tuple) -> tuple[Setup, dict]:
+    """(the group's setup at its memory probe — micro-batch 1, _probe_accum — with the stack's plan switches, the
+    switches set): without the switches where their own rules refuse the group (torchtitan's async TP: compile).
+    SetupError where the stack's rules refuse the group itself."""
+    spec, gpu, q, lay, oracle, *_, stack, extra, _level, _timed, _judge = args
+    prec, zero, rec, modules = group
+    switches = plan_switches(stack, lay, gpu, zero)
+    settings = dict(batch=1, seq=q.seq, grad_accum=_probe_accum(lay), precision=prec, optimizer=q.optimizer,
+                    recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
+                    **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
+    try:
+        base = group_setup(spec, **settings, **switches)
+    except SetupError:
+        if not switches:
+            raise
+        base = group_setup(spec, **settings)  # a group the switches' own rules refuse (torchtitan's: compile)
+        switches = {}
+    if extra:
+        validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
+    return base, switches
+
+
+def _layout_entry(args: tuple, groups: list[tuple]) -> "_Entry | None":
+    """One LAYOUT entry for a layout's `groups` under one stack, bounded by the most tokens/s any of them could
+    reach: for each (precision, ZeRO stage), the best of Floors.of_splits over the splits the loosest of its rooms
+    allows (each stage's states of that ZeRO stage, its saved bytes under the recompute policy and modules that
+    save least: the room of every group is no looser, PeakOracle.micro_batch_room), which is a group's own bound
+    over a superset of its splits (_search_group: its key and state bytes read no recompute policy, Floors.of_splits
+    none; the ZeRO stage through the state bytes and the switches, hence one per stage; the switches read the ZeRO
+    stage, not the policy: plan_switches and the rules that refuse them). The setups it builds are
+    one per ZeRO stage and one per policy of each precision, not one per group; the groups are built when the
+    search takes the entry (_Lazy.entries). None where no group can fit (or the stack refuses them all)."""
+    spec, gpu, q, lay, oracle, floors, _gseqs, bcap, splits_all, stats, stack, extra, level, timed, _ = args
+    extra_key = tuple(sorted((extra or {}).items()))
+    least = min(accum for _, accum in splits_all)
+    negs = []
+    for prec in dict.fromkeys(g[0] for g in groups):
+        bases: dict[tuple, tuple[Setup, dict] | None] = {}
+
+        def base_of(g: tuple) -> tuple[Setup, dict] | None:  # (_group_base's, None where the stack refuses it)
+            if g not in bases:
+                try:
+                    bases[g] = _group_base(args, g)
+                except SetupError:
+                    bases[g] = None
+            return bases[g]
+
+        mine = [g for g in groups if g[0] == prec]
+        zeros, policies = dict.fromkeys(g[1] for g in mine), dict.fromkeys(g[2:] for g in mine)
+        # a setup of each ZeRO stage at a policy the stack takes, of each policy at a stage it takes
+        by_zero = {z: next((b for g in mine if g[1] == z and (b := base_of(g)) is not None), None) for z in zeros}
+        by_policy = {p: next((b for g in mine if g[2:] == p and (b := base_of(g)) is not None), None)
+                     for p in policies}
+        by_zero = {z: b for z, b in by_zero.items() if b is not None}
+        by_policy = {p: b for p, b in by_policy.items() if b is not None}
+        families = {}
+        for z, (base, switches) in by_zero.items():
+            family = ("family", (lay, z, prec, stack, extra_key, tuple(switches)))
+            families[z] = (family, oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=family))
+        saved = {p: (lay, prec, stack, extra_key, *p) for p in by_policy}
+        for p, (base, switches) in by_policy.items():  # each policy's saved bytes, from a setup of its own
+            family = ("family", (lay, base.zero, prec, stack, extra_key, tuple(switches)))
+            oracle.micro_batch_room(base, oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=family), family,
+                                    saved[p])
+        for z, (base, _switches) in by_zero.items():
+            family, cap = families[z]
+            largest = max(oracle.micro_batch_room(base, cap, family, saved[p]).largest(lay.pp, lay.vpp, least, bcap)
+                          for p in by_policy)
+            kept = tuple((b, accum) for b, accum in splits_all if b <= largest)
+            if kept:
+                negs.append(min(floors.of_splits(base, state_bytes(base), kept))[0])
+    if not negs:  # every group's room rules out every split (or the stack refuses every group): none built
+        return None
+    return _Entry(min(negs), 0, ("layout", lay, stack, extra_key, level), 0, 0, LAYOUT, (),
+                  pending=_Lazy(args, groups, len(groups) * len(splits_all) * len(timed)))
+
+
+class _Lazy:
+    """A LAYOUT entry's groups, built when the search takes it (_layout_entry); `setups`: their splits × TIMED
+    assignments."""
+
+    __slots__ = ("args", "groups", "setups")
+
+    def __init__(self, args: tuple, groups: list[tuple], setups: int):
+        self.args, self.groups, self.setups = args, groups, setups
+
+    def entries(self, e: "_Entry", stats: dict) -> list["_Entry"]:
+        """Its groups' GROUP entries (_search_group), none bounded above `e`'s bound; counted in
+        stats["layouts_taken"]."""
+        stats["layouts_taken"] = stats.get("layouts_taken", 0) + 1
+        out: list[_Entry] = []
+        for group in self.groups:
+            cancel.check()  # (the web's time limit and disconnects)
+            _search_group(self.args, group, out)
+        return out
+
+    def count(self, e: "_Entry") -> int:
+        """The setups of its groups (_skipped)."""
+        return self.setups
 
 
 class _Unsettled:
@@ -619,7 +724,7 @@ class _Group:
 # An entry's bound (_time_best_first): a group's, the best of its splits' from their layers (Floors.of_splits);
 # a split's from its layers alone (Floors.of_layers), with nothing recomputed and no expert exchanges, with its
 # group's recompute and no exchanges (all its assignments), its one setup's own
-GROUP, LAYERS, COARSE, SHARED, EXACT = -2, -1, 0, 1, 2
+LAYOUT, GROUP, LAYERS, COARSE, SHARED, EXACT = -3, -2, -1, 0, 1, 2
 
 
 def _start(setup: Setup, variants: int) -> int:
@@ -660,6 +765,10 @@ class _Pending:
     def __init__(self, splits: list, span: Callable[[bool], _Unsettled], start: int):
         self.splits, self.span, self.start = splits, span, start
 
+    def count(self, e: "_Entry") -> int:
+        """The setups of the group entry `e`: its splits × its TIMED assignments."""
+        return len(e.variants) * len(self.splits)
+
     def entries(self, e: "_Entry", stats: dict) -> list["_Entry"]:
         """The group entry `e`'s splits that its memory does not rule out (its probes judged now: two engine calls
         each), as entries of their own: the fit of a split above the probe's known fit is settled when taken."""
@@ -681,7 +790,7 @@ class _Pending:
 def _skipped(stats: dict, e: _Entry) -> None:
     """Count an entry's setups the bound skips (`bounded`; of them, `bounded_unsettled`: those whose fit was never
     settled, a split above its group's known fit)."""
-    n = len(e.variants) * (len(e.pending.splits) if e.pending is not None else 1)
+    n = e.pending.count(e) if e.pending is not None else len(e.variants)
     stats["bounded"] = stats.get("bounded", 0) + n
     if e.unsettled is not None or e.pending is not None:
         stats["bounded_unsettled"] = stats.get("bounded_unsettled", 0) + n
