@@ -55,16 +55,19 @@ def main(argv: list[str] | None = None) -> None:
             "others run in one), best of 3, each from empty op-list memos (compute_time.clear_memos). `searched` = (layout, "
             "ZeRO, recompute, precision, micro-batch, accumulation) combinations inside the batch constraint, and for "
             "an expert layout on Megatron each MoE dispatcher and --overlap-moe-comm (plan/space.py TIMED) (the space: "
-            "the assignments the stack's code rules refuse are counted too, found only where a group's memory may fit), "
+            "the groups and assignments the stack's code rules refuse are counted too, found only where the search "
+            "builds a group), "
             "each either excluded by its group's memory (its room: each stage's states and saved layers alone, no "
             "engine call; or the largest-fitting micro-batch bound), skipped by an exact throughput bound (`bounded`: "
             "step_time.layer_floor for a group, step_floor for a split: it cannot enter the ranking; a group's memory is "
             "judged only when the search takes it, so `bounded` counts many that would not fit) or timed; `engine "
             "calls` = analytic memory evaluations (a setup that does not fit usually costs one pipeline stage), one set "
-            "per group judged for all its dispatchers.", "",
-            "| model | GPUs | global batch | seconds | searched | timed | bounded | engine calls | searched/s | "
-            "best plan |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            "per group judged for all its dispatchers; `layouts taken` = layouts whose groups were built (a search "
+            "that judges its groups when taken enters each layout as one entry, bounded above all its groups: plan/"
+            "search.py _layout_entry; a small one builds every group: -).", "",
+            "| model | GPUs | global batch | seconds | searched | layouts taken | timed | bounded | engine calls | "
+            "searched/s | best plan |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     speeds = {}
     for model, gpu, n, seq, gbt, *stacks in CASES:
         stacks = stacks[0] if stacks else DEFAULT_STACKS
@@ -84,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
         speeds[f"{model} on {n} {gpu}" + (f", {gbt:,.0f} tokens per batch" if gbt else "")
                + (f", --stacks {','.join(stacks)}" if stacks != DEFAULT_STACKS else "")] = {"seconds": best, "searched_per_s": st["searched"] / best}
         on = f" ({', '.join(stacks)})" if stacks != DEFAULT_STACKS else ""
-        rows.append(f"| {model} on {gpu}{on} | {n} | {gbt or '-'} | {best:.3f} | {st['searched']:,} | {st['timed']:,} | "
+        taken = f"{st['layouts_taken']:,} of {st['layouts']:,}" if "layouts_taken" in st else "-"
+        rows.append(f"| {model} on {gpu}{on} | {n} | {gbt or '-'} | {best:.3f} | {st['searched']:,} | {taken} | "
+                    f"{st['timed']:,} | "
                     f"{st.get('bounded', 0):,} | {st['engine_calls']:,} | {st['searched'] / best:,.0f} | {plan} |")
     out = "\n".join(rows) + "\n"
     print(out)
