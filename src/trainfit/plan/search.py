@@ -451,8 +451,8 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, flo
     stats["stacks"][stack]["groups"] += len(groups)
     if splits_all is not None:  # every split × assignment of every group, those the stack's code refuses too
         stats["searched"] += len(groups) * len(splits_all) * len(timed)
-    group_args = (spec, gpu, q, lay, oracle, floors, gseqs, bcap, splits_all, stats, stack, extra, level, timed,
-                  judge_first)
+    group_args = _LayoutArgs(spec, gpu, q, lay, oracle, floors, gseqs, bcap, splits_all, stats, stack, extra, level,
+                             timed, judge_first)
     if level is None and splits_all is not None and not judge_first and len(groups) > 1:
         entry = _layout_entry(group_args, groups)  # its groups built when the search takes it
         if entry is not None:
@@ -481,7 +481,37 @@ def plan_switches(stack: str, lay: Layout, gpu: GPU, zero: int) -> dict:
     return switches
 
 
-def _search_group(args: tuple, group: tuple, fitting: list) -> None:
+class _LayoutArgs(NamedTuple):
+    """What a layout's groups under one stack share (_search_stack): the search's fixed parts, the layout's splits,
+    the stack, the settings `extra`, the knob level, the TIMED assignments and the judging mode."""
+    spec: ModelSpec
+    gpu: GPU
+    q: PlanQuery
+    lay: Layout
+    oracle: PeakOracle
+    floors: Floors
+    gseqs: float | None
+    bcap: int
+    splits_all: tuple | None
+    stats: dict
+    stack: str
+    extra: dict
+    level: int | None
+    timed: list
+    judge_first: bool
+
+
+def _memory_keys(args: _LayoutArgs, group: tuple, switches: dict) -> tuple[tuple, tuple]:
+    """(the group's family: the key of its capacity and stage states, its settings but the recompute policy and
+    modules, which neither reads; the key of its saved bytes, its settings but the ZeRO stage, which they never read)
+    (PeakOracle.capacity, micro_batch_room)."""
+    prec, zero, rec, modules = group
+    extra_key = tuple(sorted((args.extra or {}).items()))
+    return (("family", (args.lay, zero, prec, args.stack, extra_key, tuple(switches))),
+            (args.lay, prec, args.stack, extra_key, rec, modules))
+
+
+def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     """The group's splits, under each of its TIMED assignments `timed` (one memory judgement for all of them: the
     memory never reads those settings), appended to `fitting` as one GROUP entry (_Entry with its _Pending splits)
     bounded by the best of its splits' bounds from their layers (Floors.of_splits: one per split for every group of
@@ -498,12 +528,10 @@ def _search_group(args: tuple, group: tuple, fitting: list) -> None:
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
         stats["stack_refused"] = stats.get("stack_refused", 0) + len(timed)
         return
-    extra_key = tuple(sorted((extra or {}).items()))
     # The fit rule's capacity: the GPU less --reserve and this layout's fixed overheads (context, cuBLAS workspace,
-    # its NCCL communicators), which do not depend on the micro-batch or the accumulation.
-    # the group's settings but its recompute policy and modules, which neither the overheads nor the states read
-    family = (lay, zero, prec, stack, extra_key, tuple(switches))
-    cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=("family", family))
+    # its NCCL communicators), which do not depend on the micro-batch or the accumulation, keyed on the group's family
+    family, saved_key = _memory_keys(args, group, switches)
+    cap = oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=family)
     # Memory depends on the accumulation only through "more than one micro-batch" (earlier micro-batches'
     # gradients stay live) and the 1F1B depth min(pp, accum) = pp; so two largest batches cover every split.
     # The largest micro-batch that fits is judged when the search first takes one of the group's splits (_Unsettled:
@@ -511,7 +539,7 @@ def _search_group(args: tuple, group: tuple, fitting: list) -> None:
     # _time_best_first); a split the search never takes costs none. A split for which any pipeline stage's states
     # and saved bytes alone outgrow the capacity cannot fit: the group's room (PeakOracle.micro_batch_room, no engine
     # call; the states read no recompute policy, the saved bytes no ZeRO stage) caps the micro-batch first.
-    room = oracle.micro_batch_room(base, cap, ("family", family), (lay, prec, stack, extra_key, rec, modules))
+    room = oracle.micro_batch_room(base, cap, family, saved_key)
     spans: dict[bool, _Unsettled] = {}
     verdict = _Group(stats)
 
@@ -546,7 +574,7 @@ def _search_group(args: tuple, group: tuple, fitting: list) -> None:
         except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
             stats["stack_refused"] = stats.get("stack_refused", 0) + 1
     bounded = floors.of_splits(base, state_bytes(base), kept)
-    key = (lay, zero, rec, prec, stack, modules, extra_key, level)
+    key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
     neg, b, accum, _ = min(bounded)
     fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
                           pending=_Pending(bounded, span, _start(base, len(bases)))))
@@ -559,11 +587,11 @@ def _probe_accum(lay: Layout) -> int:
     return (2 * lay.pp if lay.vpp > 1 else lay.pp) if lay.pp > 1 else 1
 
 
-def _group_base(args: tuple, group: tuple) -> tuple[Setup, dict]:
+def _group_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
     """(the group's setup at its memory probe — micro-batch 1, _probe_accum — with the stack's plan switches, the
     switches set): without the switches where their own rules refuse the group (torchtitan's async TP: compile).
     SetupError where the stack's rules refuse the group itself."""
-    spec, gpu, q, lay, oracle, *_, stack, extra, _level, _timed, _judge = args
+    spec, gpu, q, lay, stack, extra = args.spec, args.gpu, args.q, args.lay, args.stack, args.extra
     prec, zero, rec, modules = group
     switches = plan_switches(stack, lay, gpu, zero)
     settings = dict(batch=1, seq=q.seq, grad_accum=_probe_accum(lay), precision=prec, optimizer=q.optimizer,
@@ -577,11 +605,11 @@ def _group_base(args: tuple, group: tuple) -> tuple[Setup, dict]:
         base = group_setup(spec, **settings)  # a group the switches' own rules refuse (torchtitan's: compile)
         switches = {}
     if extra:
-        validate_layout(oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
+        validate_layout(args.oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     return base, switches
 
 
-def _layout_entry(args: tuple, groups: list[tuple]) -> "_Entry | None":
+def _layout_entry(args: _LayoutArgs, groups: list[tuple]) -> "_Entry | None":
     """One LAYOUT entry for a layout's `groups` under one stack, bounded by the most tokens/s any of them could
     reach: for each (precision, ZeRO stage), the best of Floors.of_splits over the splits the loosest of its rooms
     allows (each stage's states of that ZeRO stage, its saved bytes under the recompute policy and modules that
@@ -591,8 +619,8 @@ def _layout_entry(args: tuple, groups: list[tuple]) -> "_Entry | None":
     stage, not the policy: plan_switches and the rules that refuse them). The setups it builds are
     one per ZeRO stage and one per policy of each precision, not one per group; the groups are built when the
     search takes the entry (_Lazy.entries). None where no group can fit (or the stack refuses them all)."""
-    spec, gpu, q, lay, oracle, floors, _gseqs, bcap, splits_all, stats, stack, extra, level, timed, _ = args
-    extra_key = tuple(sorted((extra or {}).items()))
+    gpu, lay, oracle, splits_all = args.gpu, args.lay, args.oracle, args.splits_all
+    reserve = reserve_bytes(args.q.reserve)
     least = min(accum for _, accum in splits_all)
     negs = []
     for prec in dict.fromkeys(g[0] for g in groups):
@@ -608,32 +636,32 @@ def _layout_entry(args: tuple, groups: list[tuple]) -> "_Entry | None":
 
         mine = [g for g in groups if g[0] == prec]
         zeros, policies = dict.fromkeys(g[1] for g in mine), dict.fromkeys(g[2:] for g in mine)
-        # a setup of each ZeRO stage at a policy the stack takes, of each policy at a stage it takes
-        by_zero = {z: next((b for g in mine if g[1] == z and (b := base_of(g)) is not None), None) for z in zeros}
-        by_policy = {p: next((b for g in mine if g[2:] == p and (b := base_of(g)) is not None), None)
-                     for p in policies}
-        by_zero = {z: b for z, b in by_zero.items() if b is not None}
-        by_policy = {p: b for p, b in by_policy.items() if b is not None}
-        families = {}
-        for z, (base, switches) in by_zero.items():
-            family = ("family", (lay, z, prec, stack, extra_key, tuple(switches)))
-            families[z] = (family, oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=family))
-        saved = {p: (lay, prec, stack, extra_key, *p) for p in by_policy}
-        for p, (base, switches) in by_policy.items():  # each policy's saved bytes, from a setup of its own
-            family = ("family", (lay, base.zero, prec, stack, extra_key, tuple(switches)))
-            oracle.micro_batch_room(base, oracle.capacity(gpu, base, reserve_bytes(q.reserve), key=family), family,
-                                    saved[p])
-        for z, (base, _switches) in by_zero.items():
-            family, cap = families[z]
-            largest = max(oracle.micro_batch_room(base, cap, family, saved[p]).largest(lay.pp, lay.vpp, least, bcap)
-                          for p in by_policy)
+        # a group of each ZeRO stage whose policy the stack takes, of each policy at a stage it takes
+        by_zero = {z: next((g for g in mine if g[1] == z and base_of(g) is not None), None) for z in zeros}
+        by_policy = {p: next((g for g in mine if g[2:] == p and base_of(g) is not None), None) for p in policies}
+        saved = []  # each policy's saved-bytes key, its bytes memoised from a setup of its own
+        for g in by_policy.values():
+            if g is not None:
+                base, switches = base_of(g)
+                family, key = _memory_keys(args, g, switches)
+                oracle.micro_batch_room(base, oracle.capacity(gpu, base, reserve, key=family), family, key)
+                saved.append(key)
+        for g in by_zero.values():
+            if g is None:
+                continue
+            base, switches = base_of(g)
+            family = _memory_keys(args, g, switches)[0]
+            cap = oracle.capacity(gpu, base, reserve, key=family)
+            largest = max(oracle.micro_batch_room(base, cap, family, key).largest(lay.pp, lay.vpp, least, args.bcap)
+                          for key in saved)
             kept = tuple((b, accum) for b, accum in splits_all if b <= largest)
             if kept:
-                negs.append(min(floors.of_splits(base, state_bytes(base), kept))[0])
+                negs.append(min(args.floors.of_splits(base, state_bytes(base), kept))[0])
     if not negs:  # every group's room rules out every split (or the stack refuses every group): none built
         return None
-    return _Entry(min(negs), 0, ("layout", lay, stack, extra_key, level), 0, 0, LAYOUT, (),
-                  pending=_Lazy(args, groups, len(groups) * len(splits_all) * len(timed)))
+    key = ("layout", lay, args.stack, tuple(sorted((args.extra or {}).items())), args.level)
+    return _Entry(min(negs), 0, key, 0, 0, LAYOUT, (),
+                  pending=_Lazy(args, groups, len(groups) * len(splits_all) * len(args.timed)))
 
 
 class _Lazy:
@@ -642,7 +670,7 @@ class _Lazy:
 
     __slots__ = ("args", "groups", "setups")
 
-    def __init__(self, args: tuple, groups: list[tuple], setups: int):
+    def __init__(self, args: _LayoutArgs, groups: list[tuple], setups: int):
         self.args, self.groups, self.setups = args, groups, setups
 
     def entries(self, e: "_Entry", stats: dict) -> list["_Entry"]:
