@@ -25,6 +25,11 @@ class SetupError(TrainfitError):
     """An impossible setup: sizes <= 0, a parallel layout that does not divide the model, ..."""
 
 
+class NotModelledError(SetupError):
+    """A setup whose terms the analytic engine has not derived (the trace engine runs it): refused in one line like any
+    SetupError; the planner leaves such layouts out and says so (plan/search.py)."""
+
+
 class EngineUnavailableError(TrainfitError):
     pass
 

@@ -14,7 +14,7 @@ conv front-end), their training in encoder_decoder_training.py with encdec_absol
 """
 from __future__ import annotations
 
-from ..errors import SetupError
+from ..errors import NotModelledError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .onednn import gemm_scratch
@@ -43,7 +43,7 @@ def check_trainable(spec: ModelSpec, setup: Setup) -> None:
     """Refuse, in one line, a training step (analytic/memory.py train_memory) of an encoder-decoder whose saved
     tensors are not modelled: a family other than T5 / mT5, BART and Whisper (encoder_decoder_training.py)."""
     if spec.encdec is not None and not modelled(spec):
-        raise SetupError(
+        raise NotModelledError(
             f"{spec.name}: training an encoder-decoder model is not modelled by the analytic engine (both stacks' "
             "saved tensors: the encoder's over --seq, the decoder's self- and cross-attention over --target-seq, "
             "the dropout masks; T5's, mT5's, BART's and Whisper's are modelled); use --engine trace")

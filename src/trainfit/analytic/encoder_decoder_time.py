@@ -12,14 +12,14 @@ prefill (generate()'s first forward): the same forward in eval (no dropout) with
   are the prefill's, cached for the region).
 BART and Whisper: the same parts from their own front-ends (no relative bias: every block of a stack alike), generate()'s
   cache cats at the prefill too, and BART's decoder mask rebuilt per forward.
-Refused in one line (_check): tensor, pipeline and context parallelism of the two stacks, LoRA, Float8 and Liger's
+Refused in one line (check_timed): tensor, pipeline and context parallelism of the two stacks, LoRA, Float8 and Liger's
 loss (their kernels are listed for decoder-only layers), fp16 and quantised weights (T5's wo kept in fp32); for BART
 and Whisper quantised weights and --attention eager (their lists are SDPA's kernels).
 NB: checkpointed_layers counts each stack's blocks as a model's layers (per-stack --recompute layer:N / block:N).
 """
 from __future__ import annotations
 
-from ..errors import SetupError
+from ..errors import NotModelledError
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -31,32 +31,33 @@ from .precision import StateBytes, state_bytes
 from .timing import compute_dtype
 
 
-def _check(spec: ModelSpec, setup: Setup) -> None:
+def check_timed(spec: ModelSpec, setup: Setup) -> None:
     """Refuse, in one line, what the lists do not cover: parallel stacks, LoRA, Float8 and Liger's loss, and fp16 or
     quantised weights, beside which transformers keeps every wo in fp32 (T5PreTrainedModel._keep_in_fp32_modules:
     modeling_utils.py _get_dtype_plan under fp16, and quantizers/base.py get_modules_to_not_convert leaves it a plain
     Linear), so wo's GEMM runs in fp32 and its fp32 output promotes the residual stream to fp32 from the first block
     on."""
     if setup.tp > 1 or setup.pp > 1 or setup.cp > 1:
-        raise SetupError(f"{spec.name}: an encoder-decoder's step time is modelled on one GPU per replica (no --tp, "
-                         "--pp or --cp); use --engine trace for its memory")
+        raise NotModelledError(f"{spec.name}: an encoder-decoder's step time is modelled on one GPU per replica "
+                               "(no --tp, --pp or --cp); use --engine trace for its memory")
     if setup.mode == "train" and (setup.lora_rank or getattr(setup, "low_precision", "none") != "none"
                                   or getattr(setup, "loss", "full") != "full"):
-        raise SetupError(f"{spec.name}: an encoder-decoder's step time lists its full-precision linears and HF's "
-                         "loss only (no --lora-rank, --low-precision or --loss fused-linear kernels); use --engine trace")
+        raise NotModelledError(f"{spec.name}: an encoder-decoder's step time lists its full-precision linears and "
+                               "HF's loss only (no --lora-rank, --low-precision or --loss fused-linear kernels); use "
+                               "--engine trace")
     dtype = compute_dtype(setup)
     if absolute(spec):
         if dtype in QUANTISED_GEMMS:
-            raise SetupError(f"{spec.name}: --precision {setup.precision}'s quantised linears are not in the "
-                             "encoder-decoders' op list; time it in bf16, fp16, amp-bf16, amp-fp16 or fp32")
+            raise NotModelledError(f"{spec.name}: --precision {setup.precision}'s quantised linears are not in the "
+                                   "encoder-decoders' op list; time it in bf16, fp16, amp-bf16, amp-fp16 or fp32")
         if ab.stack_shape(shape_of(spec, setup, state_bytes(setup), dtype), setup.seq).attention == "eager":
-            raise SetupError(f"{spec.name}: the op list has BART's and Whisper's SDPA kernels, not eager attention's; "
-                             "drop --attention eager or use --engine trace")
+            raise NotModelledError(f"{spec.name}: the op list has BART's and Whisper's SDPA kernels, not eager "
+                                   "attention's; drop --attention eager or use --engine trace")
         return
     if (dtype == "fp16" and not state_bytes(setup).autocast) or dtype in QUANTISED_GEMMS:
-        raise SetupError(f"{spec.name}: --precision {setup.precision} keeps T5's wo in fp32 (transformers "
-                         "_keep_in_fp32_modules: fp16 weights; quantizers leave it unconverted), whose kernels the op "
-                         "list does not list; time it in bf16, amp-bf16, amp-fp16 or fp32")
+        raise NotModelledError(f"{spec.name}: --precision {setup.precision} keeps T5's wo in fp32 (transformers "
+                               "_keep_in_fp32_modules: fp16 weights; quantizers leave it unconverted), whose kernels "
+                               "the op list does not list; time it in bf16, amp-bf16, amp-fp16 or fp32")
 
 
 def absolute(spec: ModelSpec) -> bool:
@@ -111,7 +112,7 @@ def training_parts(spec: ModelSpec, enc, dec) -> tuple[dict, dict, dict]:
 
 def stage_lists(spec: ModelSpec, setup: Setup) -> tuple[list, list]:
     """(a training micro-batch's forward ops, its backward ops), uncompiled."""
-    _check(spec, setup)
+    check_timed(spec, setup)
     lists, counts, extra = training_parts(spec, *shapes(spec, setup, state_bytes(setup)))
     return ([o for part, ops in lists.items() for o in counts[part] * ops],
             [o for part, ops in lists.items() for o in counts[part] * (backward(ops) + extra[part])])
@@ -119,7 +120,7 @@ def stage_lists(spec: ModelSpec, setup: Setup) -> tuple[list, list]:
 
 def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes) -> StageCompute:
     """One micro-batch's forward, backward and recompute of a training step (the module docstring)."""
-    _check(spec, setup)
+    check_timed(spec, setup)
     enc, dec = shapes(spec, setup, st)
     lists, counts, extra = training_parts(spec, enc, dec)
     prep = compiled if enc.compile else (lambda ops: ops)  # torch.compile's fused elementwise chains (ops.compiled)
@@ -138,7 +139,7 @@ def stage_compute(spec: ModelSpec, setup: Setup, gpu: GPU, st: StateBytes) -> St
 
 def prefill_decode_lists(spec: ModelSpec, setup: Setup) -> tuple[list, list]:
     """(the prefill's ops, a decode step's ops) of generate(), in eval."""
-    _check(spec, setup)
+    check_timed(spec, setup)
     enc, dec = shapes(spec, setup, state_bytes(setup))
     parts = forward_lists(spec, enc, dec, 0.0, loss=False, cache=True)
     prefill = (parts["once"] + parts["encoder_first"] + (spec.layers - 1) * parts["encoder"] + parts["decoder_first"]

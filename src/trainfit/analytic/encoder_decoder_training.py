@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import SetupError
+from ..errors import NotModelledError
 from ..setup import Setup
 from ..spec import ModelSpec
 from .activations import FP32, INDEX, dropout_mask_bytes
@@ -98,8 +98,8 @@ def check_trainable(spec: ModelSpec, setup: Setup) -> None:
     elif spec.task_head != "seq2seq-lm":
         why = f"the {spec.task_head} head"
     if why:
-        raise SetupError(f"{spec.name}: training an encoder-decoder under {why} is not modelled by the analytic "
-                         "engine; use --engine trace")
+        raise NotModelledError(f"{spec.name}: training an encoder-decoder under {why} is not modelled by the analytic "
+                               "engine; use --engine trace")
 
 
 def norm_saved(st: StateBytes, rows: int, h: int, final: bool = False) -> float:

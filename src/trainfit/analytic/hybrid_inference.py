@@ -9,7 +9,7 @@ the whole cache and the logits.
 """
 from __future__ import annotations
 
-from ..errors import SetupError
+from ..errors import NotModelledError
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import mamba2
@@ -92,8 +92,8 @@ def hybrid_infer_memory(spec: ModelSpec, setup: Setup, weights: float):
     if setup.tp > 1 or setup.pp > 1:
         # the Mamba blocks' heads and states split over TP ranks, and each pipeline stage's share of the pattern,
         # are not modelled
-        raise SetupError(f"{spec.name}: --tp/--pp with Mamba-2 blocks are not modelled by the analytic engine; "
-                         "use --engine trace on one device")
+        raise NotModelledError(f"{spec.name}: --tp/--pp with Mamba-2 blocks are not modelled by the analytic engine; "
+                               "use --engine trace on one device")
 
     st = state_bytes(setup)
     moments = prefill_moments(spec, setup)

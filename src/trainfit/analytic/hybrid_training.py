@@ -10,7 +10,7 @@ gradients of the blocks after it and the incoming gradient.
 """
 from __future__ import annotations
 
-from ..errors import SetupError
+from ..errors import NotModelledError
 from ..setup import Setup
 from ..spec import ModelSpec
 from . import mamba2
@@ -31,8 +31,8 @@ def check_trainable(spec: ModelSpec, setup: Setup, st: StateBytes) -> None:
     elif setup.lora_rank or setup.compile or setup.offload != "none":
         why = "--lora, --compile or --offload"
     if why:
-        raise SetupError(f"{spec.name}: training with Mamba-2 blocks under {why} is not modelled by the analytic "
-                         "engine; use --engine trace")
+        raise NotModelledError(f"{spec.name}: training with Mamba-2 blocks under {why} is not modelled by the analytic "
+                               "engine; use --engine trace")
 
 
 def sub_blocks_saved(lm: LayerMemory, setup: Setup, tokens: int) -> tuple[float, float]:

@@ -174,7 +174,7 @@ memory-efficient one, the caches' cats, final_logits_bias, forward and backward;
 test_encdec_absolute_ops_vs_trace.py, fp32, bf16, amp-bf16): every GEMM and attention call as the trace's, a
 block's casts equal and its other memory-bound bytes -0.30 % to +0.23 %, a whole training step's -0.08 % to +3.0 %,
 generate()'s prefill -0.06 % to -0.19 % and decode -1.7 % to -3.4 %; --gpu times their prefill and decode (SDPA's
-kernels: under --attention eager the timing is refused in one line, encoder_decoder_time._check).
+kernels: under --attention eager the timing is refused in one line, encoder_decoder_time.check_timed).
 unmodelled_kernels refuses the encoder-decoders whose memory is modelled but whose stacks the op list does not list.
 """
 from __future__ import annotations
@@ -225,3 +225,20 @@ def check_modelled(spec: ModelSpec, kernels: bool = True) -> None:
     if missing:
         raise SetupError(f"{spec.name}: the analytic engine does not model {', '.join(missing)} "
                          f"({spec.family}); use --engine trace (the real transformers model on fake tensors)")
+
+
+def check_training_setup(spec: ModelSpec, setup) -> None:
+    """Refuse, in one line (NotModelledError), a training setup whose terms its family's own module has not derived:
+    Nemotron-H's under --tp/--pp, ZeRO-3 or other recompute policies (hybrid_training.check_trainable), an
+    encoder-decoder's beyond one GPU (encoder_decoder.check_trainable, encoder_decoder_training.check_trainable, its
+    step time: encoder_decoder_time.check_timed). The engine raises each where it computes those terms; the planner
+    asks here first, so that it leaves such groups out instead of failing the search (plan/search.py _group_base)."""
+    from . import encoder_decoder_time, encoder_decoder_training, hybrid_training  # noqa: PLC0415 (they import this)
+    from .precision import state_bytes  # noqa: PLC0415
+
+    if spec.hybrid is not None:
+        hybrid_training.check_trainable(spec, setup, state_bytes(setup))
+    if spec.encdec is not None:
+        encoder_decoder.check_trainable(spec, setup)
+        encoder_decoder_training.check_trainable(spec, setup)
+        encoder_decoder_time.check_timed(spec, setup)

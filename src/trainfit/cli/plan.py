@@ -31,7 +31,7 @@ def plan(
     cluster: Optional[str] = typer.Option(None, "--cluster", help=BY_NAME["cluster"].meta.help),
     host_memory: Optional[float] = typer.Option(None, "--host-memory", help=BY_NAME["host_memory"].meta.help),
     gpus: int = typer.Option(1, "--gpus", help="Number of GPUs; every plan uses all of them (dp × tp × pp × cp = gpus)."),
-    seq: int = typer.Option(2048, "--seq", "-s", help="Sequence length, tokens."),
+    seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Sequence length, tokens. Default: 2048, or the model's learned position table where it is shorter (BERT 512, GPT-2 1024)."),
     global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="Tokens per optimizer step (e.g. 4M); micro-batch × seq × accumulation × dp matches it within --batch-tolerance. Default: accumulation just fills the pipeline."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 15T): time, GPU-hours, cost and energy per plan."),
     stack: str = typer.Option(STACK_DEFAULT, "--stack", "--stacks", help="Training stack(s) whose step is planned, comma-separated: hf, torchtitan, megatron, deepspeed; several are compared in one table (a stack column). Each searches its own options (stacks/*.toml): hf recompute none, full and ZeRO 0-3; torchtitan recompute none, op, layer:2, layer:4, full, ZeRO 0, 2, 3 and precisions amp-bf16, bf16, fp32; megatron tp with sequence parallelism, pp with virtual stages (interleaved 1F1B) and the even or embedding-loss split, cp for sequences of 16k and more, the distributed optimizer (ZeRO 0/1), recompute none, selective, full, bf16-master; deepspeed ZeRO 0-3 over dp (no tp/pp), bf16-master."),
@@ -88,7 +88,7 @@ def plan(
                      zero=zero is not None, pp=pp is not None, dp=dp is not None,
                      reserve=reserve != BY_NAME["reserve"].default,
                      efficiency=efficiency is not None, batch_tolerance=batch_tolerance != 0.05, verify=verify,
-                     seq=seq != 2048, gpu_memory=gpu_memory is not None, power_limit=power_limit is not None,
+                     seq=seq is not None, gpu_memory=gpu_memory is not None, power_limit=power_limit is not None,
                      cluster=cluster is not None, host_memory=host_memory is not None, workers=workers is not None)
         wrote = written_params(given)  # (a flag written at its default value asks for training too)
         off = [f"--{k.replace('_', '-')}" for k, v in given.items() if v or k in wrote]
@@ -132,6 +132,7 @@ def plan(
     from ..report import plan as report
     from ..plan.emit import ENGINES
     from ..plan.search import PlanQuery
+    from ..setup import default_seq
 
     gbt = parse_count(global_batch_tokens, "--global-batch-tokens") if global_batch_tokens is not None else None
     if gbt is None and batch_tolerance != 0.05:
@@ -142,13 +143,14 @@ def plan(
         raise SetupError(f"--emit {emit!r} is not one of: {', '.join(ENGINES)}")
     if emit is not None and json:
         raise SetupError(f"--emit {emit} prints a launch config, --json the plans: choose one of them")
-    q = PlanQuery(gpus=gpus, seq=seq, global_batch_tokens=gbt, precisions=_csv(precision, "precision") if precision is not None else None,
+    spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory, power_limit, cluster, host_memory)
+    # (--seq: the model's default as `trainfit estimate` takes it, setup/request.py default_seq)
+    q = PlanQuery(gpus=gpus, seq=seq if seq is not None else default_seq(spec), global_batch_tokens=gbt, precisions=_csv(precision, "precision") if precision is not None else None,
                   optimizer=optimizer, recomputes=_csv(recompute, "recompute") if recompute is not None else None,
                   zeros=_csv(zero, "zero", int) if zero is not None else None, stacks=_csv(stack, "stack"),
                   tp=tp, pp=pp, dp=dp, reserve=reserve,
                   efficiency=efficiency,
                   batch_tolerance=batch_tolerance, top=top)
-    spec, g = token_model(model, "plan"), load_gpu(gpu, price, gpu_memory, power_limit, cluster, host_memory)
     if emit is not None:
         from ..plan.emit import check_model
 

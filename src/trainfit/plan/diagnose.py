@@ -7,7 +7,8 @@ from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.step_time import layout_step_time
 from ..engines import analytic
-from ..errors import SetupError
+from ..errors import NotModelledError, SetupError
+from ..analytic.unmodelled import check_training_setup
 from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..units import fmt_bytes
@@ -45,9 +46,11 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, level: int | None 
         for stack in q.stacks:
             recs, zeros = q.recomputes_for(stack), q.zeros_for(stack)
             for prec in q.precisions_for(stack):
-                for zero in ((max(zeros),) if lay.dp > 1 else (0,)):
+                # the most ZeRO the stack runs here and the analytic engine models (as the search leaves the rest out)
+                for zero in (sorted(zeros, reverse=True) if lay.dp > 1 else (0,)):
                     if get_stack(stack).runs_layout(lay.dp, lay.tp, lay.pp, zero, prec) is not None:
                         continue
+                    modelled = False
                     lean = _most_sharded_experts(oracle.spec, gpu, q, lay, stack)
                     extras = [{}] if level is None else knob_levels(oracle.spec, stack, lay, q.seq, judged_knobs(q.knobs, gpu))[level]
                     for rec, extra in ((r, x) for r in (("full",) if "full" in recs else recs) for x in extras):
@@ -58,13 +61,19 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, level: int | None 
                                               etp=lean.etp, **extra)
                             if extra:
                                 validate_layout(oracle.spec, s)
+                            check_training_setup(oracle.spec, s)
+                        except NotModelledError:
+                            continue  # (the search leaves it out: plan/search.py _group_base)
                         except SetupError:
                             if level is None:
                                 raise
                             continue  # a knob the stack's rules refuse here (as the search skips it)
+                        modelled = True
                         short = oracle.peak(s) - fit_rule.capacity(gpu, s, reserve)
                         if best is None or short < best:
                             best, where = short, s
+                    if modelled:
+                        break
     return best, where
 
 

@@ -46,8 +46,9 @@ from ..analytic.params import count_params
 from ..analytic.precision import state_bytes
 from ..analytic.step_time import layout_step_time
 from ..analytic.timing import budget
+from ..analytic.unmodelled import check_training_setup
 from ..engines import analytic
-from ..errors import SetupError
+from ..errors import NotModelledError, SetupError
 from ..estimate import Estimate, StepTime
 from ..hardware import GPU
 from ..models.hf_config import for_setup
@@ -403,7 +404,13 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     elapsed = time.perf_counter() - t0
     stats.update(seconds=elapsed, engine_calls=oracle.calls,
                  searched_per_second=stats["searched"] / elapsed if elapsed > 0 else float("inf"))
-    result = PlanResult(spec.name, gpu, q, cands, stats, notes=tuple(q.split_refusals().values()))
+    notes = tuple(q.split_refusals().values())
+    why = stats.get("not_modelled_why")
+    if why is not None:
+        if not cands and not stats["memory_judged"]:  # no group the engine models: its reason is the answer
+            raise NotModelledError(f"plan: the analytic engine models no layout of {spec.name} on {q.gpus} GPUs: {why}")
+        notes += (f"layouts the analytic engine does not model were left out ({why})",)
+    result = PlanResult(spec.name, gpu, q, cands, stats, notes=notes)
     if not cands:
         from .diagnose import diagnose
 
@@ -525,6 +532,9 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     prec, zero, rec, modules = group
     try:
         base, switches = _group_base(args, group)
+    except NotModelledError as e:  # a setup the analytic engine has not derived (e.g. Nemotron-H under ZeRO-3)
+        not_modelled(stats, e, len(timed))
+        return
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
         stats["stack_refused"] = stats.get("stack_refused", 0) + len(timed)
         return
@@ -580,6 +590,12 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
                           pending=_Pending(bounded, span, _start(base, len(bases)))))
 
 
+def not_modelled(stats: dict, e: NotModelledError, setups: int) -> None:
+    """Count `setups` the analytic engine does not model (stats["not_modelled"]), keeping the first reason."""
+    stats["not_modelled"] = stats.get("not_modelled", 0) + setups
+    stats.setdefault("not_modelled_why", str(e))
+
+
 def _probe_accum(lay: Layout) -> int:
     """The accumulation of a group's memory probe: interleaving keeps more in flight as the accumulation grows until
     the warm-up saturates (pipeline.in_flight: rank 0 at m >= 2·pp, m a multiple of pp), so that depth bounds every
@@ -606,6 +622,7 @@ def _group_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
         switches = {}
     if extra:
         validate_layout(args.oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
+    check_training_setup(args.oracle.spec, base)  # NotModelledError where the engine has not derived its terms
     return base, switches
 
 
@@ -630,6 +647,9 @@ def _layout_entry(args: _LayoutArgs, groups: list[tuple]) -> "_Entry | None":
             if g not in bases:
                 try:
                     bases[g] = _group_base(args, g)
+                except NotModelledError as e:  # (counted when its layout is taken: _search_group)
+                    args.stats.setdefault("not_modelled_why", str(e))
+                    bases[g] = None
                 except SetupError:
                     bases[g] = None
             return bases[g]
