@@ -81,10 +81,30 @@ def assert_refused(code, out: str, err: str, *names: str) -> str:
 
 
 @pytest.fixture
-def out_dir(tmp_path, monkeypatch):
+def fresh_out_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # tests.cli.example_factories
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def _shared_out(tmp_path_factory):
+    return tmp_path_factory.mktemp("out")
+
+
+@pytest.fixture
+def out_dir(_shared_out, monkeypatch):
+    """An output folder and cwd shared by the module's refused cases (one per xdist worker, not a tmp_path per case:
+    ~1,900 cases); each is refused before writing (assert_refused), and a case that wrote into it fails here."""
+    monkeypatch.chdir(_shared_out)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # tests.cli.example_factories
+    before = _listing(_shared_out)
+    yield _shared_out
+    assert _listing(_shared_out) == before, "a refused command wrote into the shared folder"
+
+
+def _listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
 
 
 def fill(argv: list[str], out: Path) -> list[str]:
@@ -333,9 +353,9 @@ OUTPUT_CASES = [pytest.param(cmd, kind, id=f"{cmd}-{kind}") for cmd in OUTPUT_CO
 
 
 @pytest.mark.parametrize("cmd,kind", OUTPUT_CASES)
-def test_unwritable_output_is_refused(out_dir, capsys, cmd, kind):
+def test_unwritable_output_is_refused(fresh_out_dir, capsys, cmd, kind):
     argv, ext = OUTPUT_COMMANDS[cmd]
-    path = _outputs(out_dir)[kind].replace("{ext}", ext)
+    path = _outputs(fresh_out_dir)[kind].replace("{ext}", ext)
     code, out, err = run(capsys, argv + ["-o", path])
     assert_refused(code, out, err)
 
