@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -36,6 +38,14 @@ def tiny(layers: int = 4):
 
 def setup(**kw) -> Setup:
     return Setup(**{"stack": "torchtitan", "batch": B, "seq": S, "device": "cpu", **kw})
+
+
+@functools.lru_cache(maxsize=None)
+def _traced(recompute: str, precision: str):
+    """The full (unextrapolated) trace of tiny() under setup(recompute=..., precision=...), once per process: the
+    real-step comparison and the op-SAC hand counts read the same traces of (none, amp-bf16), (full, fp32) and
+    (op, amp-bf16). Read-only: an Estimate is not changed by the tests that read it."""
+    return trace_spec(tiny(), setup(recompute=recompute, precision=precision), extrapolate=False)
 
 
 # -- the model torchtitan builds ----------------------------------------------------------------------------
@@ -97,7 +107,7 @@ def test_trace_peak_matches_real_cpu_step(recompute, precision):
     from trainfit.measure import measure
 
     spec, s = tiny(), setup(recompute=recompute, precision=precision)
-    est = trace_spec(spec, s, extrapolate=False)
+    est = _traced(recompute, precision)
     real = measure(spec, s, steps=0, warmup=1)
     err = (est.memory.peak - real.peak) / real.peak
     assert abs(err) <= TOL, f"trace {est.memory.peak} vs real {real.peak} ({err:+.3%})"
@@ -133,9 +143,7 @@ def test_op_sac_saves_what_torchtitans_list_says_cpu():
     tokens, dim, kv = B * S, spec.hidden, spec.kv_heads * spec.head_dim
     rng = torch.get_rng_state().nbytes  # what torch.utils.checkpoint stashes per block on CPU
     for precision, compute in (("amp-bf16", 2), ("fp32", 4)):
-        op = trace_spec(spec, setup(recompute="op", precision=precision), extrapolate=False)
-        full = trace_spec(spec, setup(recompute="full", precision=precision), extrapolate=False)
-        none = trace_spec(spec, setup(recompute="none", precision=precision), extrapolate=False)
+        op, full, none = (_traced(r, precision) for r in ("op", "full", "none"))
         saved_mms = tokens * (dim + kv + spec.intermediate + dim) * compute  # wq, wv, w1, w2 outputs
         block_io = tokens * dim * 4 + rng  # the block's output (the next one's input) and the RNG state
         for i in range(spec.layers):
