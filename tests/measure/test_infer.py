@@ -37,6 +37,14 @@ def llama():
     return spec
 
 
+@pytest.fixture(scope="module")
+def bf16_measured(llama):
+    """`measure` of the bf16 prefill + decode with one timed run (it dispatches to measure_inference with the same
+    arguments), once per module: the by-hand bf16 case and the dispatch check read the same result (not changed by
+    either: to_estimate only reads it)."""
+    return measure(llama, infer_setup(), steps=1)
+
+
 def kv(tokens: int, nbytes: int, batch: int = B) -> int:
     return 2 * LAYERS * KV_HEADS * HEAD_DIM * batch * tokens * nbytes
 
@@ -49,8 +57,10 @@ AMP_KV = 3 if values_keep_their_dtype() else 4
 
 
 @pytest.mark.parametrize("precision,nbytes", [("bf16", 2), ("fp32", 4), ("fp16", 2), ("amp-bf16", AMP_KV)])
-def test_kv_cache_by_hand(llama, precision, nbytes):
-    r = measure_inference(llama, infer_setup(precision=precision), steps=1 if precision == "bf16" else 0)
+def test_kv_cache_by_hand(request, llama, precision, nbytes):
+    # bf16: the timed run, measure's (the same measure_inference call: test_measure_dispatches_and_estimate)
+    r = (request.getfixturevalue("bf16_measured") if precision == "bf16" else
+         measure_inference(llama, infer_setup(precision=precision), steps=0))
     assert r.mode == "infer"
     assert r.kv_cache == kv(S, nbytes)  # bf16: 2·4·2·32·2·64·2 = 131072
     assert r.kv_cache_decode == kv(S + 1, nbytes)  # the decode step appends one token
@@ -96,9 +106,9 @@ def test_live_bytes_at_phase_boundaries(llama):
     assert res.foreign_frees == 0
 
 
-def test_measure_dispatches_and_estimate(llama):
+def test_measure_dispatches_and_estimate(llama, bf16_measured):
     setup = infer_setup()
-    r = measure(llama, setup, steps=1)
+    r = bf16_measured
     assert r.mode == "infer" and r.kv_cache == kv(S, 2)
     e = to_estimate(r, llama, setup)
     assert e.engine == "measure" and e.memory.peak == r.peak
