@@ -74,8 +74,11 @@ def _inference_kernels(spec, setup, mamba_blocks: int) -> list:
 
 def test_inference_lists_match_the_traced_mamba_block():
     """One Mamba block's prefill (the chunked scan, its cache writes aside) and decode step (causal_conv1d_update,
-    mamba2_selective_state_update): GEMM shapes exact, kernels within 4, bytes within 10 % (the decode's in-place
-    copy_ into the conv and SSM states: the trace counts the destination both read and written, +7.5 %)."""
+    mamba2_selective_state_update): GEMM shapes exact, kernels within 4, bytes within 10 %. An in-place copy_ into a
+    state (the decode's conv and SSM states; transformers 5.25's cache write of the SSM state) moves its source and
+    its destination once each; the trace counts the destination both as an argument and as the output
+    (kernel_shapes.kernel_of): a third of a same-dtype copy_'s bytes is taken off (counted whole, the decode read
+    +7.5 % under transformers 5.24, +10.9 % under 5.25; taken off, +0.4 % under both)."""
     spec = load_model("tiny-nemotron-h")
     setup = Setup(batch=2, seq=128, precision="bf16", device="cuda", mode="infer")
     more, fewer = (Counter(_inference_kernels(spec, setup, n)) for n in (3, 2))
@@ -87,6 +90,7 @@ def test_inference_lists_match_the_traced_mamba_block():
                        if k.kind == "gemm") == Counter(_key(phase, o.m, o.n, o.k, o.batch) for o in ops
                                                        if o.kind == "gemm")
         assert abs(sum(traced.values()) - sum(o.kernels for o in ops)) <= 4
-        nbytes = sum(k.nbytes * c for k, c in traced.items() if k.kind == "memory")
+        nbytes = sum((k.nbytes * 2 // 3 if k.op == "copy_" else k.nbytes) * c for k, c in traced.items()
+                     if k.kind == "memory")
         listed = sum(o.nbytes for o in ops if o.kind == "memory")
         assert abs(nbytes / listed - 1) <= 0.10, f"{phase}: trace {nbytes}, op list {listed:.0f}"

@@ -221,10 +221,12 @@ KNOWN: dict[str, dict] = {
                   "backward": {"cast": (208896, 2), "other": 106480640}},
     # Qwen3-Next (bf16, tiny-qwen3-next at 2 x 128: two chunks of the delta rule): the casts are the MoE routing's as
     # above (the router's fp32 softmax input and weights: 3 forward, 2 backward); the other bytes of its Gated
-    # DeltaNet layer within +2.7 % forward, +5.1 % backward (ops/gated_deltanet.py: the routing's gathers and
-    # scatters, and the scan's CopySlices backward counted by the generic rule)
+    # DeltaNet layer within +2.7 % forward, +4.9 % backward (ops/gated_deltanet.py: the routing's gathers and
+    # scatters, and the scan's CopySlices backward counted by the generic rule). The same under transformers 5.24
+    # and 5.25, whose split of the rule's inputs and cat of its output the op list follows
+    # (gated_deltanet.splits_at_kept_states)
     "qwen3_next": {"forward": {"cast": (15360, 3), "other": 240704},
-                   "backward": {"cast": (9216, 2), "other": 1283184}},
+                   "backward": {"cast": (9216, 2), "other": 1250416}},
     # FINDING: its gated full-attention layer: the same routing casts; partial rotary (partial_rotary_factor 0.25,
     # modeling_qwen3_next.py apply_rotary_pos_emb: rotary on q[..., :rotary_dim], a cat with the pass-through part)
     # rotated by ops' `rotary.hf_rotary` over the full head width, as GPT-NeoX's entry: the slices' zero-filling

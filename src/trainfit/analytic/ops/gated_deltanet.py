@@ -2,7 +2,8 @@
 transformers runs it without flash-linear-attention and causal-conv1d: the torch fallbacks of
 models/qwen3_next/modeling_qwen3_next.py (transformers 5.24): Qwen3NextGatedDeltaNet.forward :660-769,
 fix_query_key_value_ordering :629-656, causal_conv1d_fn :340-359, l2norm :364-367, torch_chunk_gated_delta_rule
-:371-509, Qwen3NextRMSNormGated :59-75. Every elementwise kernel is one op with the bytes it reads and writes (the
+:371-509, Qwen3NextRMSNormGated :59-75; under transformers 5.25 also the split of the rule's inputs and the cat
+of its output (splits_at_kept_states). Every elementwise kernel is one op with the bytes it reads and writes (the
 shapes of analytic/gated_deltanet.py: chunks of CHUNK tokens over the sequence padded to a multiple of CHUNK);
 the rule's matmuls are batched GEMMs (batch: sequences x value heads, x chunks for the intra-chunk products); its
 two unitriangular solves (torch.linalg.solve_triangular, :470-471) are listed by their bytes: cuBLAS's batched trsm
@@ -18,6 +19,7 @@ experts, 2 x 128, when written): casts exact both ways, other bytes -4.5 % / +2.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 from ...spec import ModelSpec
@@ -28,8 +30,39 @@ from .norm import hf_rms_norm
 from .op import BROADCAST, DOWNCAST, REDUCE, UPCAST, Op, Shape, bwd_kernel, gemm, grad_cast, memory, no_kernel
 
 SRC = "modeling_qwen3_next.py"
+SRC_525 = "modeling_qwen3_next.py (5.25)"
 BOOL = 1
 RULE = "rule."  # the prefix of the rule's ops: its matmuls multiply activations, not weights (no adapters, no casts)
+
+
+@lru_cache(maxsize=1)
+def splits_at_kept_states() -> bool:
+    """Whether transformers' linear mixers split their inputs at the recurrent states the cache keeps (for speculative
+    decoding's rollback) and cat their outputs, and commit a decode step's state through the cache: from 5.25
+    (modeling_qwen3_next.py:786-841: tensor_split of q, k, v, beta and g :793-797, the chunked rule on the first
+    part, the cat :834; modeling_nemotron_h.py mamba2_scan_forward :408-539, called at :718: A again :445, the decode
+    state's clone :458 and cache write :462, the same split :473-478, zero state :508 and cat :530; both convs'
+    causal_conv1d_forward, :363-413 and :121-171, counts a decode token in the cache, cache_utils.py:1222). Up to
+    5.24 the rule's and the scan's outputs were used as they came (modeling_qwen3_next.py:742-754,
+    modeling_nemotron_h.py:556-607). The installed version decides (read from its metadata, transformers is not
+    imported); without it, 5.25's. NB: the memory side is not modelled: the cache's token counter (one int64 per
+    layer, cache_utils.py:1283) and the training scan's (batch, heads) zero state, under 1 KiB per layer."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(x) for x in version("transformers").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return True
+    return (major, minor) >= (5, 25)
+
+
+def cache_count(sh: Shape, src: str) -> list[Op]:
+    """A decode step's `cache.increase_count` (5.25, splits_at_kept_states; `src`: the call): the layer's int64 token
+    counter incremented in place (cache_utils.py:1222). NB: the prefill's, in update_conv_state (cache_utils.py:1283),
+    is not listed (the prefill and training share the list; training has no cache): one 8-byte kernel under."""
+    if not (sh.decode and splits_at_kept_states()):
+        return []
+    return [memory("cache_count", 8, 8, f"{src} increase_count, cache_utils.py:1222 add_")]
 
 
 class _Dims:
@@ -59,7 +92,7 @@ def linear_mixer(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Callable[..., 
     if sh.decode:  # one cached token per sequence: the conv-state update and the recurrent rule (:686-694, :729-741)
         ops += _conv_update(d, sh) + _gates(d, sh) + _recurrent_rule(d, sh) + _gated_norm(spec, d, sh)
     else:
-        ops += _conv(d, sh) + _gates(d, sh) + _rule(d, sh) + _gated_norm(spec, d, sh)
+        ops += _conv(d, sh) + _gates(d, sh) + _split(d, sh) + _rule(d, sh) + _cat(d, sh) + _gated_norm(spec, d, sh)
     proj("out_proj", h, spec.linear_attn.value_dim, h, d.vd, False, f"{SRC}:768 out_proj")
 
 
@@ -109,6 +142,32 @@ def _gates(d: _Dims, sh: Shape) -> list[Op]:
             memory("softplus", x * FP32, x * FP32, src),
             memory("decay_mul", x * FP32 + d.nv * FP32, x * FP32, src, **BROADCAST)]
     return ops
+
+
+def _split(d: _Dims, sh: Shape) -> list[Op]:
+    """Backward only. 5.25 (splits_at_kept_states): tensor_split of q, k, v, beta and g at the kept states (:793-797;
+    none kept in training and the prefill: the rule's part is the whole tensor), views whose backward writes each
+    tensor's gradient whole (slice_backward: reads the gradient, writes it zero-filled around it; g is fp32, :727).
+    Up to 5.24: none, but value's gradient, which arrives transposed (the rule's transpose, :413-416), is copied by
+    the backward of its reshape (modeling_qwen3_next.py:723); 5.25's slice_backward writes it contiguous instead."""
+    a, T = sh.act, d.T
+    if not splits_at_kept_states():
+        v = T * d.vd * a
+        return [memory("value_reshape", 0, 0, f"{SRC}:723 value.reshape", saves=False, kernels=0, bwd_ops=(
+            bwd_kernel("value_reshape.backward", v, v, "transpose"),))]
+    x = T * (2 * d.kd * a + d.vd * a + d.nv * (a + FP32))  # q, k, v, beta, g
+    return [memory("rule.split", 0, 0, f"{SRC_525}:793-797 tensor_split", saves=False, kernels=0, bwd_ops=(
+        bwd_kernel("rule.split.slice_backward", x, x, kernels=5),))]
+
+
+def _cat(d: _Dims, sh: Shape) -> list[Op]:
+    """5.25 (splits_at_kept_states): the rule's output cat'ed with the kept states' (none: a copy, :834); its
+    backward slices the gradient (views)."""
+    if not splits_at_kept_states():
+        return []
+    x = d.T * d.vd * sh.act
+    return [memory("rule.out_cat", x, x, f"{SRC_525}:834 torch.cat", saves=False,
+                   bwd_ops=(no_kernel("rule.out_cat.backward"),))]
 
 
 def _bmm(name: str, m: float, n: float, k: float, batch: float, sh: Shape, src: str, operands: bool = True,
@@ -335,7 +394,7 @@ def _conv_update(d: _Dims, sh: Shape) -> list[Op]:
             memory("conv_state_cat", window, window, src),
             memory("conv_state_copy", T * cd * K * a, T * cd * K * a, src),
             memory("conv1d", window + cd * K * sh.weight, 2 * qkv, src),
-            memory("conv_silu", qkv, qkv, src)]
+            memory("conv_silu", qkv, qkv, src)] + cache_count(sh, f"{SRC_525}:402")
 
 
 def _recurrent_rule(d: _Dims, sh: Shape) -> list[Op]:

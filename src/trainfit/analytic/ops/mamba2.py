@@ -3,7 +3,8 @@ block's own RMSNorm, as transformers runs them without the `mamba_ssm` / `causal
 fallbacks of models/nemotron_h/modeling_nemotron_h.py (transformers 5.24): NemotronHMamba2Mixer.forward :468-613,
 causal_conv1d_fn :164-183, mamba2_chunk_scan :274-378 (segment_sum :111-128, reshape_into_chunks :91-108),
 NemotronHRMSNormGated :56-74, NemotronHRMSNorm :617-633; a decode step's causal_conv1d_update :144-160 and
-mamba2_selective_state_update :212-270. Every elementwise kernel is one op with the bytes it reads and writes
+mamba2_selective_state_update :212-270; under transformers 5.25 also mamba2_scan_forward's split, cat and state
+commit (gated_deltanet.splits_at_kept_states). Every elementwise kernel is one op with the bytes it reads and writes
 (symbols of analytic/mamba2.py: T tokens, Tp padded to whole chunks of Q, H heads of P channels, state N, G groups,
 c chunks); each torch.einsum is the copies sumproduct_pair makes of operands whose permuted layout is not viewable
 (aten/src/ATen/native/Linear.cpp: `.reshape`) and one batched GEMM.
@@ -19,15 +20,16 @@ CUDA's autocast lists einsum itself (autocast_mode.cpp KERNEL_CUDA(einsum, lower
 semantics too, trace/cuda_autocast.py): the fp32 operands are cast before their permuted copies, which move 16-bit
 bytes.
 tests/analytic/test_ops_vs_trace.py checks tiny-nemotron-h's three kinds of block in amp-bf16 (GEMM shapes and casts
-exact, a Mamba block's other bytes +0.18 % forward, -0.43 % backward); checked once when written against the trace of
-a Mamba block in bf16 (+0.23 % / -0.45 %), fp32 (+0.22 % / -0.91 %), at a padded last chunk (2 x 120: +0.16 % /
-+1.06 %) and with head width, state, chunk and groups all distinct (P 8, N 32, Q 32, G 4, H 12 at 2 x 100: GEMM shapes
-and casts exact, +0.14 % / +0.25 %); kernels launched: 102 / 148 listed, 102 / 151 traced.
-tests/analytic/test_mamba2_ops.py checks a Mamba block's inference lists against the trace's inference step (bf16,
-2 x 128): GEMM shapes exact, prefill bytes +1.1 % (91 of 95 kernels: the cache's conv-state and final-state writes
-not listed), decode +7.5 % (45 of 46; the trace counts the in-place copy_ into the states' destination as read and
-written). Under autocast the decode step runs no weight casts (autocast's cache made them in the prefill: infer_time drops
-them, ops/cast.py uncached; with them the decode list read -30.7 % of the trace, +4.9 % without).
+exact, a Mamba block's other bytes +0.18 % forward, -0.43 % backward; under 5.25 +0.17 % / -0.42 %); checked once when
+written against the trace of a Mamba block in bf16 (+0.23 % / -0.45 %), fp32 (+0.22 % / -0.91 %), at a padded last
+chunk (2 x 120: +0.16 % / +1.06 %) and with head width, state, chunk and groups all distinct (P 8, N 32, Q 32, G 4, H
+12 at 2 x 100: GEMM shapes and casts exact, +0.14 % / +0.25 %); kernels launched: 102 / 148 listed, 102 / 151 traced.
+tests/analytic/test_mamba2_ops.py checks a Mamba block's inference lists against the trace's inference step (bf16, 2 x
+128): GEMM shapes exact, prefill bytes +0.9 % (91 of 95 kernels: the cache's conv-state and final-state writes not
+listed; 5.25: +0.9 %, 96 of 100, its token counter not listed either, its zero state listed), decode +0.4 % (45 of 46;
+5.25: +0.4 %, 51 of 52), the trace's in-place copy_ into a state counted as the bytes it moves. Under autocast the
+decode step runs no weight casts (autocast's cache made them in the prefill: infer_time drops them, ops/cast.py
+uncached; with them the decode list read -30.7 % of the trace, +4.9 % without).
 """
 from __future__ import annotations
 
@@ -36,12 +38,13 @@ from typing import Callable
 from ...spec import ModelSpec
 from ..activations import FP32
 from .cast import autocast_inputs
-from .gated_deltanet import rule_dtype
+from .gated_deltanet import cache_count, rule_dtype, splits_at_kept_states
 from .norm import hf_rms_norm
 from .op import (BROADCAST, DOWNCAST, UPCAST, Op, Shape, add_backward, bwd_kernel, gemm, grad_cast, memory,
                  no_kernel)
 
 SRC = "modeling_nemotron_h.py"
+SRC_525 = "modeling_nemotron_h.py (5.25)"
 SCAN = "scan."  # the prefix of the scan's ops: its matmuls multiply activations, not weights (no weight casts)
 BOOL = 1
 
@@ -95,10 +98,12 @@ def mamba_mixer(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Callable[..., O
     proj("in_proj", m.ssm_inner + m.conv_dim + m.ssm_heads, h, d.inner + d.cd + d.h, h, m.proj_bias,
          f"{SRC}:486 in_proj")
     ops += _a(d, sh)
+    # 5.25 (splits_at_kept_states): mamba2_scan_forward (:408-539) computes A again (:445)
+    again = _a(d, sh, f"{SRC_525}:445") if splits_at_kept_states() else []
     if sh.decode:  # one cached token per sequence (:521-527, :556-579)
-        ops += _conv_update(d, sh) + _state_update(d, sh)
+        ops += _conv_update(d, sh) + again + _state_update(d, sh)
     else:
-        ops += _conv(d, sh) + _scan(d, sh)
+        ops += _conv(d, sh) + again + _split(d, sh) + _scan(d, sh) + _cat(d, sh)
     ops += _gated_norm(spec, d, sh) + ([] if sh.decode else _grad_sums(d, sh))
     if sh.act != FP32 and not sh.autocast:  # `scan_output.to(dtype)` (:612): the fp32 norm output to the input's
         x = d.T * d.inner
@@ -108,9 +113,9 @@ def mamba_mixer(spec: ModelSpec, sh: Shape, ops: list[Op], proj: Callable[..., O
     proj("out_proj", h, m.ssm_inner, h, d.inner, m.proj_bias, f"{SRC}:612 out_proj")
 
 
-def _a(d: _Dims, sh: Shape) -> list[Op]:
+def _a(d: _Dims, sh: Shape, src: str = f"{SRC}:488") -> list[Op]:
     """A = -exp(self.A_log.float()) (:488): the cast (none where the weights are fp32), exp and negation, H each."""
-    w, src = sh.weight, f"{SRC}:488"
+    w = sh.weight
     ops = [memory("a_log.to_fp32", d.h * w, d.h * FP32, src, saves=False, **UPCAST)] if w != FP32 else []
     return ops + [memory("a_log.exp", d.h * FP32, d.h * FP32, src), memory("a_log.neg", d.h * FP32, d.h * FP32, src)]
 
@@ -138,6 +143,29 @@ def _conv(d: _Dims, sh: Shape) -> list[Op]:
             memory("conv_silu", x * a, x * a, f"{src} SiLU", bwd_ops=(
                 bwd_kernel("conv_silu.backward", 3 * x * a, x * a),))]  # silu_backward: grad, input -> grad
     return ops
+
+
+def _split(d: _Dims, sh: Shape) -> list[Op]:
+    """5.25 (splits_at_kept_states): the zero state of a scan without a cache (:508: `A.new_zeros(batch, heads)`,
+    unused; NB: listed in the prefill too, whose scan's final state takes its place: one kernel of b·H fp32 over);
+    and tensor_split of x, dt, B and C at the kept states (:473-478; none kept: the scan's part is the whole tensor),
+    views whose backward writes each gradient whole (slice_backward: reads it, writes it zero-filled around it)."""
+    if not splits_at_kept_states():
+        return []
+    x = d.T * (d.inner + d.h + 2 * d.g * d.n) * sh.act  # x, dt, B, C: in_proj's and the conv's outputs
+    return [memory("scan.zero_state", 0, d.b * d.h * FP32, f"{SRC_525}:508 new_zeros", saves=False, grad=False),
+            memory("scan.split", 0, 0, f"{SRC_525}:473-478 tensor_split", saves=False, kernels=0, bwd_ops=(
+                bwd_kernel("scan.split.slice_backward", x, x, kernels=4),))]
+
+
+def _cat(d: _Dims, sh: Shape) -> list[Op]:
+    """5.25 (splits_at_kept_states): the scan's fp32 output cat'ed with the kept states' (none: a copy, :530); its
+    backward slices the gradient (views)."""
+    if not splits_at_kept_states():
+        return []
+    x = d.T * d.inner * FP32
+    return [memory("scan.out_cat", x, x, f"{SRC_525}:530 torch.cat", saves=False,
+                   bwd_ops=(no_kernel("scan.out_cat.backward"),))]
 
 
 def _mul(name: str, r: float, w: float, src: str, bwd: tuple[float, float] | None = None, **kw) -> Op:
@@ -341,7 +369,8 @@ def _conv_update(d: _Dims, sh: Shape) -> list[Op]:
         ops += [memory("conv_weight.autocast", cd * K * w, cd * K * a, "torch.autocast (conv1d)", **DOWNCAST),
                 memory("conv_window.autocast", x * w, x * a, "torch.autocast (conv1d)", **DOWNCAST)]
     return ops + [memory("conv1d", x * a + cd * K * a, 2 * b * cd * a, f"{SRC}:156 F.conv1d"),
-                  memory("conv_silu", b * cd * a, b * cd * a, f"{SRC}:157-159 SiLU")]
+                  memory("conv_silu", b * cd * a, b * cd * a, f"{SRC}:157-159 SiLU")] + cache_count(
+                      sh, f"{SRC_525}:160")
 
 
 def _state_update(d: _Dims, sh: Shape) -> list[Op]:
@@ -355,7 +384,11 @@ def _state_update(d: _Dims, sh: Shape) -> list[Op]:
     dtb = F if sh.autocast else a
     hp, st, hn = b * H * P, b * H * P * N, b * H * N
     src = f"{SRC}:212-270 mamba2_selective_state_update"
-    ops = [memory("scan.dt_bias_add", (b * H + H) * a, hp * a, src, **BROADCAST),
+    # 5.25 (splits_at_kept_states): the update runs on a clone of the cached state (:458), copied back by the cache
+    # (:462, cache_utils.py:1340 copy_)
+    commit = splits_at_kept_states()
+    ops = [memory("scan.state_clone", st * F, st * F, f"{SRC_525}:458 clone")] if commit else []
+    ops += [memory("scan.dt_bias_add", (b * H + H) * a, hp * a, src, **BROADCAST),
            memory("scan.softplus", hp * dtb, hp * dtb, src)]
     if dtb != F:
         ops.append(memory("scan.dt.to_fp32", hp * dtb, hp * F, src, **UPCAST))
@@ -375,6 +408,8 @@ def _state_update(d: _Dims, sh: Shape) -> list[Op]:
             memory("scan.d_skip", hp * (a + max(a, sh.weight)), hp * max(a, sh.weight), src)]
     if sh.weight != a:
         ops.append(memory("scan.out.to_dtype", hp * sh.weight, hp * a, src))
+    if commit:
+        ops.append(memory("scan.state_commit", st * F, st * F, f"{SRC_525}:462 update_recurrent_state"))
     return ops
 
 
