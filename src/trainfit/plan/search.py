@@ -533,7 +533,7 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     try:
         base, switches = _group_base(args, group)
     except NotModelledError as e:  # a setup the analytic engine has not derived (e.g. Nemotron-H under ZeRO-3)
-        not_modelled(stats, e, len(timed))
+        _not_modelled(stats, e, len(timed))
         return
     except SetupError:  # a combination the stack's own rules refuse (stacks/<stack>.py refuse), e.g. its expert layout
         stats["stack_refused"] = stats.get("stack_refused", 0) + len(timed)
@@ -590,7 +590,7 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
                           pending=_Pending(bounded, span, _start(base, len(bases)))))
 
 
-def not_modelled(stats: dict, e: NotModelledError, setups: int) -> None:
+def _not_modelled(stats: dict, e: NotModelledError, setups: int) -> None:
     """Count `setups` the analytic engine does not model (stats["not_modelled"]), keeping the first reason."""
     stats["not_modelled"] = stats.get("not_modelled", 0) + setups
     stats.setdefault("not_modelled_why", str(e))
@@ -606,7 +606,8 @@ def _probe_accum(lay: Layout) -> int:
 def _group_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
     """(the group's setup at its memory probe — micro-batch 1, _probe_accum — with the stack's plan switches, the
     switches set): without the switches where their own rules refuse the group (torchtitan's async TP: compile).
-    SetupError where the stack's rules refuse the group itself."""
+    SetupError where the stack's rules refuse the group itself; NotModelledError where the analytic engine has not
+    derived its terms (analytic/unmodelled.check_training_setup: the search leaves it out and says so)."""
     spec, gpu, q, lay, stack, extra = args.spec, args.gpu, args.q, args.lay, args.stack, args.extra
     prec, zero, rec, modules = group
     switches = plan_switches(stack, lay, gpu, zero)
