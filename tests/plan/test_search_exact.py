@@ -123,6 +123,30 @@ def test_no_global_batch(monkeypatch):
     _check(monkeypatch, "llama-3.1-70b", "H100-80GB", PlanQuery(gpus=64, seq=8192, top=3))
 
 
+def _judged_when_taken(monkeypatch, model, gpu, q):
+    """No global batch, Megatron's rooms capping the micro-batch (search.LAZY_LIMIT): a large search bounds each group
+    over every micro-batch its room allows and judges its memory only when taken; the plans are those of the
+    straightforward search, with fewer groups judged than where every group is judged first (LAZY_LIMIT 0)."""
+    fast = _check(monkeypatch, model, gpu, q, judging=JUDGING[1:])
+    with monkeypatch.context() as m:
+        m.setattr(search_mod, "MIN_GROUPS", 0)
+        m.setattr(search_mod, "LAZY_LIMIT", 0)
+        eager = search(load_spec(model), get_gpu(gpu), q)
+    assert _answer(eager) == _answer(fast)
+    assert fast.stats["memory_judged"] < eager.stats["memory_judged"]
+
+
+def test_no_global_batch_groups_judged_when_taken(monkeypatch):
+    _judged_when_taken(monkeypatch, "llama-3.1-8b", "A100-40GB", PlanQuery(gpus=8, seq=8192, top=3,
+                                                                          stacks=("megatron",)))
+
+
+@pytest.mark.heavy
+def test_no_global_batch_moe_groups_judged_when_taken(monkeypatch):  # (~50 s)
+    _judged_when_taken(monkeypatch, "mixtral-8x7b", "H100-80GB", PlanQuery(gpus=16, seq=4096, top=3,
+                                                                          stacks=("megatron",)))
+
+
 @pytest.mark.heavy
 def test_qwen3_moe_on_16_h100(monkeypatch):
     _check(monkeypatch, "qwen3-30b-a3b", "H100-80GB",

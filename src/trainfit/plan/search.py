@@ -418,6 +418,11 @@ def search(spec: ModelSpec, gpu: GPU, q: PlanQuery, tokens: float | None = None,
     return result
 
 
+# Without a global batch, a group whose room allows micro-batches up to this many is bounded over all of them and
+# judged only when taken (_search_group); above it, its memory is judged first (the bound's op lists at every
+# micro-batch up to the room's would cost more than the engine calls they save)
+LAZY_LIMIT = 64
+
 # The fastest groups kept beyond --top (POOL x --top of them): the spares for the plans the host-memory verdict
 # rejects (offloaded plans: fit_rule.host_verdict, which the device-only search does not judge).
 POOL = 4
@@ -561,10 +566,26 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
             spans[multi] = _Unsettled(oracle, probe, cap, limit, verdict)
         return spans[multi]
 
+    allowed = counted = None  # (a group judged when taken: the micro-batches of its splits, _Pending.entries)
     if splits_all is None:  # no global batch: accumulation fills the pipeline, micro-batch up to the largest fit
         probe = span(lay.pp > 1)
-        splits = () if probe.hopeless else batch_splits(lay, None, probe.largest(), q.batch_tolerance)
-        stats["searched"] += len(splits) * len(timed)  # (with a global batch, _search_stack counts them)
+        # (searched: the splits up to the largest micro-batch its room allows, before its memory is judged; with a
+        # global batch, _search_stack counts them)
+        counted = len(batch_splits(lay, None, probe.limit, q.batch_tolerance)) if not probe.hopeless else 0
+        stats["searched"] += counted * len(timed)
+        if probe.hopeless:
+            splits = ()
+        elif not judge_first and probe.limit <= LAZY_LIMIT:
+            # its splits' micro-batches run up to the largest that fits, which only its memory tells: bounded over
+            # every micro-batch its room allows, its memory judged only when the search takes it
+            splits = [(b, lay.pp if lay.pp > 1 else 1) for b in range(1, probe.limit + 1)]
+
+            def judged() -> set[int]:
+                return {b for b, _ in batch_splits(lay, None, probe.largest(), q.batch_tolerance)}
+            allowed = judged
+        else:
+            splits = batch_splits(lay, None, probe.largest(), q.batch_tolerance)
+            counted = None
     else:
         splits = splits_all
     # the group's splits its room does not rule out (and under `judge_first` its memory), each with its bound
@@ -587,7 +608,7 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
     neg, b, accum, _ = min(bounded)
     fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
-                          pending=_Pending(bounded, span, _start(base, len(bases)))))
+                          pending=_Pending(bounded, span, _start(base, len(bases)), allowed, counted)))
 
 
 def _not_modelled(stats: dict, e: NotModelledError, setups: int) -> None:
@@ -809,21 +830,26 @@ class _Pending:
     each (Floors.of_splits: its entry starts at LAYERS, else at COARSE), with the group's memory probes (`span`) and
     the level its own floors start from (_start)."""
 
-    __slots__ = ("splits", "span", "start")
+    __slots__ = ("splits", "span", "start", "allowed", "counted")
 
-    def __init__(self, splits: list, span: Callable[[bool], _Unsettled], start: int):
-        self.splits, self.span, self.start = splits, span, start
+    def __init__(self, splits: list, span: Callable[[bool], _Unsettled], start: int,
+                 allowed: Callable[[], set[int]] | None = None, counted: int | None = None):
+        self.splits, self.span, self.start, self.allowed, self.counted = splits, span, start, allowed, counted
 
     def count(self, e: "_Entry") -> int:
-        """The setups of the group entry `e`: its splits × its TIMED assignments."""
-        return len(e.variants) * len(self.splits)
+        """The setups of the group entry `e`: its splits (`counted`, as `searched` counts them, where its splits are
+        the candidates of a group judged when taken) × its TIMED assignments."""
+        return len(e.variants) * (len(self.splits) if self.counted is None else self.counted)
 
     def entries(self, e: "_Entry", stats: dict) -> list["_Entry"]:
         """The group entry `e`'s splits that its memory does not rule out (its probes judged now: two engine calls
         each), as entries of their own: the fit of a split above the probe's known fit is settled when taken."""
         out = []
         variants = e.variants
+        keep = self.allowed() if self.allowed is not None else None  # (its memory judged now: _search_group)
         for neg, b, accum, layers in self.splits:
+            if keep is not None and b not in keep:
+                continue
             level = LAYERS if layers else COARSE
             probe = self.span(accum > 1)
             if b > probe.hi:
