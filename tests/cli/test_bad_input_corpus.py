@@ -13,7 +13,6 @@ The hand-written cases beside these are in test_bad_inputs.py (config files, fac
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import typer
 
+from tests.cli.shared_folder import left_unwritten
 from trainfit import stacks
 from trainfit.cli import app, main
 from trainfit.setup import MODES, SETTINGS
@@ -98,13 +98,8 @@ def out_dir(_shared_out, monkeypatch):
     ~1,900 cases); each is refused before writing (assert_refused), and a case that wrote into it fails here."""
     monkeypatch.chdir(_shared_out)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # tests.cli.example_factories
-    before = _listing(_shared_out)
-    yield _shared_out
-    assert _listing(_shared_out) == before, "a refused command wrote into the shared folder"
-
-
-def _listing(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
+    with left_unwritten(_shared_out):
+        yield _shared_out
 
 
 def fill(argv: list[str], out: Path) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.shared_folder import left_unwritten
 from trainfit.cli import main
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
@@ -536,14 +537,9 @@ def workdir(_workdir_files, monkeypatch):
     monkeypatch.syspath_prepend(str(_workdir_files / "mods"))
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # tests.cli.example_factories
     monkeypatch.chdir(_workdir_files)
-    before = _listing(_workdir_files)
-    yield _workdir_files
     # shared by the module's cases: one that wrote into it would change what the next reads
-    assert _listing(_workdir_files) == before, "a refused command wrote into the shared folder"
-
-
-def _listing(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
+    with left_unwritten(_workdir_files):
+        yield _workdir_files
 
 
 def argv_for(line: str, tmp: Path) -> list[str]:

@@ -233,12 +233,14 @@ def check_training_setup(spec: ModelSpec, setup) -> None:
     encoder-decoder's beyond one GPU (encoder_decoder.check_trainable, encoder_decoder_training.check_trainable, its
     step time: encoder_decoder_time.check_timed). The engine raises each where it computes those terms; the planner
     asks here first, so that it leaves such groups out instead of failing the search (plan/search.py _group_base)."""
-    from . import encoder_decoder_time, encoder_decoder_training, hybrid_training  # noqa: PLC0415 (they import this)
-    from .precision import state_bytes  # noqa: PLC0415
-
     if spec.hybrid is not None:
+        from . import hybrid_training  # noqa: PLC0415 (it imports this module)
+        from .precision import state_bytes  # noqa: PLC0415
+
         hybrid_training.check_trainable(spec, setup, state_bytes(setup))
     if spec.encdec is not None:
+        from . import encoder_decoder_time, encoder_decoder_training  # noqa: PLC0415 (they import this module)
+
         encoder_decoder.check_trainable(spec, setup)
         encoder_decoder_training.check_trainable(spec, setup)
         encoder_decoder_time.check_timed(spec, setup)

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field, replace
 from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.step_time import layout_step_time
+from ..analytic.unmodelled import check_training_setup
 from ..engines import analytic
 from ..errors import NotModelledError, SetupError
-from ..analytic.unmodelled import check_training_setup
 from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..units import fmt_bytes

@@ -104,7 +104,7 @@ def _merge(into: dict, stats: dict) -> None:
                 mine["groups"] += d["groups"]
                 for axis, values in d["axes"].items():
                     mine["axes"].setdefault(axis, set()).update(values)
-        elif key == "not_modelled_why":  # (the first reason a share found: search.not_modelled)
+        elif key == "not_modelled_why":  # (the first reason a share found: search._not_modelled)
             into.setdefault(key, v)
         elif key != "layouts" and isinstance(v, (int, float)):
             into[key] = into.get(key, 0) + v

@@ -669,8 +669,8 @@ def _layout_entry(args: _LayoutArgs, groups: list[tuple]) -> "_Entry | None":
             if g not in bases:
                 try:
                     bases[g] = _group_base(args, g)
-                except NotModelledError as e:  # (counted when its layout is taken: _search_group)
-                    args.stats.setdefault("not_modelled_why", str(e))
+                except NotModelledError as e:  # (its reason kept; its setups counted if its layout is taken)
+                    _not_modelled(args.stats, e, 0)
                     bases[g] = None
                 except SetupError:
                     bases[g] = None
