@@ -22,6 +22,8 @@ CASES = [("llama-3.1-405b", "H100-80GB", 16384, 8192, 16 * 2**20), ("llama-3.1-4
          ("llama-3.1-8b", "A100-40GB", 8, 4096, 1e6), ("mistral-7b", "RTX-4090", 1, 2048, None),
          # a MoE model on the stack that runs expert parallelism: ep and etp searched too (plan/space.py SEARCHED)
          ("qwen3-30b-a3b", "H100-80GB", 16, 4096, 2**20, ("megatron",)),
+         # without a global batch: each group's splits run to its largest fitting micro-batch (search.LAZY_LIMIT)
+         ("mixtral-8x7b", "H100-80GB", 32, 2048, None, ("megatron",)),
          # DeepSeek-V3's pre-training batch: 15,360 sequences of 4,096 tokens (DeepSeek-V3 technical report,
          # arXiv 2412.19437 §4.2), on 1,024 H100s: every dp × tp × pp × pp_split × vpp × ep × etp layout of the space
          # (its 61 layers pipelined through Megatron's first:N,last:M splits: plan/space.py balanced_ends)
