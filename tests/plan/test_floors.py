@@ -140,3 +140,31 @@ def test_the_bound_from_the_layers_is_below_the_shared_one():
     flat = Floors(spec, gpu, count_params(spec), efficiency=0.4)
     s = planned_setup(spec, seq=4096)
     assert flat.of_layers(s, state_bytes(s)) is None
+
+
+def test_the_splits_floors_are_each_splits_own():
+    """Floors.of_splits bounds a layout's splits together (step_time.layer_floors: the key, the stages and the links
+    worked out once, each split's layer parts looked up at its own micro-batch and, under a TE recipe, accumulation):
+    each bound is tokens_bound of layer_floor run on that split's own setup from empty memos."""
+    from trainfit.analytic.step_time import layer_floor
+    from trainfit.plan.floors import tokens_bound
+
+    gpu = get_gpu("H100-80GB")
+    cases = [("qwen3-30b-a3b", "megatron", dict(tp=2, ep=4, sequence_parallel=True, pp=2, grad_accum=4)),
+             ("llama-3.1-8b", "megatron", dict(tp=2, sequence_parallel=True, pp=2, vpp=2, grad_accum=4,
+                                               low_precision="tensorwise", fp8_all_gather=True, zero=1)),
+             ("llama-3.2-1b", "torchtitan", dict(tp=2, grad_accum=2))]
+    for name, stack, kw in cases:
+        spec = load_spec(name)
+        pc = count_params(spec)
+        prec = "amp-bf16" if stack == "torchtitan" else "bf16-master"
+        s = planned_setup(spec, seq=4096, batch=1, stack=stack, precision=prec, **{"dp": 4, **kw})
+        st = state_bytes(s)
+        splits = [(1, 8), (2, 4), (4, 2), (3, 4)]  # (accumulations 8, 4, 2: under the TE recipe each its own casts)
+        compute_time.clear_memos()
+        got = Floors(spec, gpu, pc).of_splits(s, st, splits)
+        for (neg, b, accum, layers), (sb, sa) in zip(got, splits):
+            x = s.with_micro_batches(sb, sa)
+            compute_time.clear_memos()
+            assert (b, accum, layers) == (sb, sa, True)
+            assert -neg == tokens_bound(x, layer_floor(spec, x, gpu, pc, st)), (name, b, accum)

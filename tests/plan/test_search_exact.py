@@ -39,7 +39,7 @@ def _straightforward(monkeypatch, spec, gpu, q):
         m.setattr(step_time, "cached_stage_compute",
                   lambda spec, setup, gpu, st, pc, layers: compute_time.stage_compute(spec, setup, gpu, st, pc, layers))
         m.setattr(floors_mod, "step_floor", lambda *a, **k: 0.0)  # (the search's bounds: plan/floors.py)
-        m.setattr(floors_mod, "layer_floor", lambda *a, **k: 0.0)
+        m.setattr(floors_mod, "layer_floors", lambda spec, setups, *a, **k: [0.0] * len(setups))
         # each group's setup built from its Request, as `trainfit estimate` builds it (not from the search's template)
         m.setattr(search_mod, "group_setup", search_mod.planned_setup)
         m.setattr(search_mod, "layout_step_time", checked)

@@ -47,7 +47,7 @@ from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .host_queue import combined_1f1b
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
 from .float8 import compute_speedup
-from .te_recipes import gather_saving
+from .te_recipes import gather_saving, runs_te
 from .parallel.collectives import Links, ranks_per_node
 from .parallel.expert import ep_comm_seconds, exposed_ep_seconds, split_params
 from .parallel.fsdp2 import copy_seconds as fsdp2_copy_seconds
@@ -404,24 +404,39 @@ def layer_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: St
     stages' GEMMs and attention (the slowest stage's hold at least those). The planner bounds every split with it
     first, computing step_floor only for the splits it takes (plan/search.py). None where the stages are not so
     made (compute_time.pipeline_free)."""
+    return layer_floors(spec, (setup,), gpu, pc, st)[0]
+
+
+def layer_floors(spec: ModelSpec, setups, gpu: GPU, pc: ParamCounts, st: StateBytes) -> list[float | None]:
+    """layer_floor of each of `setups`, which differ from one another in their micro-batch and accumulation alone
+    (one layout's splits: plan/floors.py Floors.of_splits), what none of those changes worked out once: the
+    pipeline_free key (each setup's is it with its micro-batch and, where Transformer Engine keeps it, its
+    accumulation), the stages' layer counts, the links and the stragglers' factor."""
+    setup = setups[0]
     key = pipeline_free(spec, setup)
     if key is None:
-        return None
-    per, first_end, last_end, tp_layer = memo.remember(_LAYER_PARTS, (spec, key, gpu, st),
-                                                       lambda: _layer_parts(spec, key, gpu, st, pc))
-    m = setup.grad_accum
+        return [None] * len(setups)
+    te = runs_te(setup)
     # each stage's decoder layers and MTP layers (mtp.py: a decoder layer each, timed as the stage's average layer)
     first, middle, last = (n + k for n, k in zip(split(spec.layers, setup.pp, setup.pp_split), stage_mtp(spec, setup)))
-    last_end = last_end * (1 + mtp_layers(spec, setup))
-    if setup.pp == 1:
-        stages = [per * first + first_end + last_end]
-    else:  # (pp 2: split's middle is no stage)
-        stages = [per * first + first_end, *([per * middle] if setup.pp > 2 else []), per * last + last_end]
-    links = Links.of(gpu)
-    t = max(x.seconds for x in stages) + max(first, middle, last) * tp_layer + pp_comm_seconds(
-        spec, setup, links, long_context.rank_tokens(setup), st.act, setup.vpp)
-    slowest = m * min(x.gemm + x.attention for x in stages) * slowest_gpu_factor(setup.world_size)
-    return m * t + bubble_seconds(setup.pp, setup.vpp, t) + slowest
+    ends = 1 + mtp_layers(spec, setup)  # the head and loss once more per MTP layer on the last stage
+    links, factor = Links.of(gpu), slowest_gpu_factor(setup.world_size)
+    out = []
+    for x in setups:
+        m = x.grad_accum
+        k = key.keyed((("batch", x.batch), ("grad_accum", m if te else 1)))  # (pipeline_free(spec, x))
+        per, first_end, last_end, tp_layer = memo.remember(_LAYER_PARTS, (spec, k, gpu, st),
+                                                           lambda: _layer_parts(spec, k, gpu, st, pc))
+        last_end = last_end * ends
+        if x.pp == 1:
+            stages = [per * first + first_end + last_end]
+        else:  # (pp 2: split's middle is no stage)
+            stages = [per * first + first_end, *([per * middle] if x.pp > 2 else []), per * last + last_end]
+        t = max(y.seconds for y in stages) + max(first, middle, last) * tp_layer + pp_comm_seconds(
+            spec, x, links, long_context.rank_tokens(x), st.act, x.vpp)
+        slowest = m * min(y.gemm + y.attention for y in stages) * factor
+        out.append(m * t + bubble_seconds(x.pp, x.vpp, t) + slowest)
+    return out
 
 
 def _layer_parts(spec: ModelSpec, key: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts) -> tuple:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..analytic.params import ParamCounts
 from ..analytic.precision import StateBytes
-from ..analytic.step_time import layer_floor, step_floor
+from ..analytic.step_time import layer_floors, step_floor
 from ..hardware import GPU
 from ..setup import Setup
 from ..spec import ModelSpec
@@ -72,7 +72,7 @@ class Floors:
         key = (setup.keyed(DP_ONLY + NO_RECOMPUTE), st)
         got = self._layers.get(key, False)
         if got is False:
-            got = self._layers[key] = layer_floor(self.spec, setup, self.gpu, self.pc, st)
+            got = self._layers[key] = layer_floors(self.spec, (setup,), self.gpu, self.pc, st)[0]
         return got
 
     def of_splits(self, setup: Setup, st: StateBytes, splits) -> list[tuple[float, int, int, bool]]:
@@ -84,19 +84,18 @@ class Floors:
         known = self._splits.get(key)
         if known is None:
             known = self._splits[key] = {}  # (b, accum) -> its entry, as the layout's groups ask for them
-        got = []
-        for split in splits:
-            entry = known.get(split)
-            if entry is None:
-                b, accum = split
-                x = setup.with_micro_batches(b, accum)
-                floor = self.of_layers(x, st)
+        missing = [setup.with_micro_batches(b, accum) for b, accum in dict.fromkeys(splits) if (b, accum) not in known]
+        if missing:
+            # (step_time.layer_floors: the splits' floors from one layer's lists, what no split changes worked out once)
+            floors = layer_floors(self.spec, missing, self.gpu, self.pc, st) if self.efficiency is None \
+                else [None] * len(missing)
+            for x, floor in zip(missing, floors):
                 if floor is None:
-                    entry = known[split] = (-tokens_bound(x, self.below_every_policy(x, st)), b, accum, False)
+                    known[(x.batch, x.grad_accum)] = (-tokens_bound(x, self.below_every_policy(x, st)), x.batch,
+                                                      x.grad_accum, False)
                 else:
-                    entry = known[split] = (-tokens_bound(x, floor), b, accum, True)
-            got.append(entry)
-        return got
+                    known[(x.batch, x.grad_accum)] = (-tokens_bound(x, floor), x.batch, x.grad_accum, True)
+        return [known[split] for split in splits]
 
 
 def tokens_bound(setup: Setup, floor: float) -> float:
