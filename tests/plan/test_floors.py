@@ -11,7 +11,7 @@ from trainfit.analytic.step_time import step_floor
 from trainfit.api import load_spec
 from trainfit.errors import SetupError
 from trainfit.hardware import get_gpu
-from trainfit.plan.floors import Floors
+from trainfit.plan.floors import Floors, tokens_bound
 from trainfit.plan.search import planned_setup
 
 
@@ -147,7 +147,6 @@ def test_the_splits_floors_are_each_splits_own():
     worked out once, each split's layer parts looked up at its own micro-batch and, under a TE recipe, accumulation):
     each bound is tokens_bound of layer_floor run on that split's own setup from empty memos."""
     from trainfit.analytic.step_time import layer_floor
-    from trainfit.plan.floors import tokens_bound
 
     gpu = get_gpu("H100-80GB")
     cases = [("qwen3-30b-a3b", "megatron", dict(tp=2, ep=4, sequence_parallel=True, pp=2, grad_accum=4)),
@@ -168,3 +167,35 @@ def test_the_splits_floors_are_each_splits_own():
             compute_time.clear_memos()
             assert (b, accum, layers) == (sb, sa, True)
             assert -neg == tokens_bound(x, layer_floor(spec, x, gpu, pc, st)), (name, b, accum)
+
+
+def test_a_whole_layer_policy_bounds_with_its_re_run():
+    """Under a policy that re-runs whole layers (full, layer:N, uniform:N, block:N) a split's first bound adds each
+    stage's checkpointed layers' re-run (Floors.of_splits with `rerun`: step_time.layer_floors): still at or below the
+    policy's own floor without the expert exchanges (Floors.without_exchanges, which stage_compute's recompute term
+    is part of), and above the bound without a re-run (below_every_policy's side): the groups of those policies
+    enter the search with it. Selective's stays the bound without a re-run."""
+    gpu = get_gpu("H100-80GB")
+    cases = [("deepseek-v3", "megatron", "full", dict(ep=8, pp=16, pp_split="first:3,last:2", grad_accum=32, dp=64)),
+             ("qwen3-30b-a3b", "megatron", "full", dict(tp=2, ep=4, sequence_parallel=True, pp=2, vpp=2,
+                                                        grad_accum=4)),
+             ("llama-3.1-8b", "megatron", "uniform:2", dict(tp=2, sequence_parallel=True, pp=2, grad_accum=4)),
+             ("llama-3.1-8b", "megatron", "block:3", dict(pp=4, vpp=2, grad_accum=8)),
+             ("llama-3.2-1b", "torchtitan", "layer:2", dict(tp=2, grad_accum=2)),
+             ("llama-3.2-1b", "hf", "full", {})]
+    for name, stack, policy, kw in cases:
+        spec = load_spec(name)
+        floors = Floors(spec, gpu, count_params(spec))
+        prec = "amp-bf16" if stack in ("hf", "torchtitan") else "bf16-master"
+        s = planned_setup(spec, seq=4096, batch=2, stack=stack, precision=prec, recompute=policy, **{"dp": 4, **kw})
+        st = state_bytes(s)
+        split = [(s.batch, s.grad_accum)]
+        with_rerun = -floors.of_splits(s, st, split, rerun=True)[0][0]
+        without = -floors.of_splits(s, st, split)[0][0]
+        own = floors.without_exchanges(s, st)
+        assert tokens_bound(s, own) <= with_rerun < without, (name, policy, own, with_rerun, without)
+    s = planned_setup(load_spec("llama-3.1-8b"), seq=4096, stack="megatron", precision="bf16-master",
+                      recompute="selective", dp=4)
+    floors = Floors(load_spec("llama-3.1-8b"), gpu, count_params(load_spec("llama-3.1-8b")))
+    st = state_bytes(s)
+    assert floors.of_splits(s, st, [(1, 1)], rerun=True) == floors.of_splits(s, st, [(1, 1)])

@@ -31,6 +31,10 @@ def _straightforward(monkeypatch, spec, gpu, q):
         # and the first bound of every split, from the layers alone (Floors.of_layers), below that floor
         layers = step_time.layer_floor(spec, setup, gpu, pc, state_bytes(setup)) if efficiency is None else None
         assert layers is None or layers <= floor * (1 + 1e-12)
+        # with its policy's re-run where it re-runs whole layers (a whole-layer group's first bound), still below
+        again = step_time.layer_floors(spec, (setup,), gpu, pc, state_bytes(setup), rerun=True)[0] \
+            if efficiency is None else None
+        assert again is None or layers <= again <= floor * (1 + 1e-12)
         bounds.append(layers)
         timed.append(tm.step_seconds)
         return tm

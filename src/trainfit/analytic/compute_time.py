@@ -423,12 +423,15 @@ def pipeline_free(spec: ModelSpec, setup: Setup) -> Setup | None:
 
 
 def layer_times(spec: ModelSpec, key: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts) -> tuple:
-    """(the average layer's forward + backward, the embedding's forward + backward, the LM head and loss's) ListTimes
-    of a pipeline_free key: the lf + lb stage_compute multiplies by each stage's layers (_stage_lists) and its ends
-    (_timed_ends)."""
-    sh, (lf, lb, *_), _ = _stage_lists(spec, key, gpu, st, pc)
+    """(the average layer's forward + backward, the embedding's forward + backward, the LM head and loss's, the
+    average layer's re-run under a policy that re-runs its whole forward: ops.WHOLE_LAYER's) ListTimes of a
+    pipeline_free key: the lf + lb stage_compute multiplies by each stage's layers (_stage_lists), its ends
+    (_timed_ends), and the re-run it multiplies by each stage's checkpointed layers under those policies
+    (_rerun_time)."""
+    sh, (lf, lb, *_, reruns), _ = _stage_lists(spec, key, gpu, st, pc)
     emb_f, emb_b, head_f, head_b = _timed_ends(spec, key, gpu, sh)
-    return lf + lb, emb_f + emb_b, head_f + head_b
+    whole = _rerun_time(spec, key.keyed((("recompute", "full"),)), gpu, _prepared(sh), reruns)
+    return lf + lb, emb_f + emb_b, head_f + head_b, whole
 
 
 _CACHE = memo.table()

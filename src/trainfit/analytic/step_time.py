@@ -43,6 +43,7 @@ from .roofline import host_memory_bandwidth
 from . import memo
 from .compute_time import (cached_stage_compute, layer_times, master_cast_seconds, optimizer_seconds,
                            pipeline_free)
+from .ops import WHOLE_LAYER, checkpointed_layers
 from .grad_clip import ClipWork, clip_seconds, clip_work, clipped_params
 from .host_queue import combined_1f1b
 from .flops import attention_flops_per_token, forward_per_token, head_matmul_per_token, recompute_per_token
@@ -407,11 +408,16 @@ def layer_floor(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, st: St
     return layer_floors(spec, (setup,), gpu, pc, st)[0]
 
 
-def layer_floors(spec: ModelSpec, setups, gpu: GPU, pc: ParamCounts, st: StateBytes) -> list[float | None]:
+def layer_floors(spec: ModelSpec, setups, gpu: GPU, pc: ParamCounts, st: StateBytes,
+                 rerun: bool = False) -> list[float | None]:
     """layer_floor of each of `setups`, which differ from one another in their micro-batch and accumulation alone
     (one layout's splits: plan/floors.py Floors.of_splits), what none of those changes worked out once: the
     pipeline_free key (each setup's is it with its micro-batch and, where Transformer Engine keeps it, its
-    accumulation), the stages' layer counts, the links and the stragglers' factor."""
+    accumulation), the stages' layer counts, the links and the stragglers' factor. With `rerun`, under a policy that
+    re-runs whole layers (ops.WHOLE_LAYER: full, layer:N, uniform:N, block:N) each stage's checkpointed layers'
+    re-run too, as stage_compute adds it (checkpointed_layers × the average layer's re-run): a lower bound of
+    step_floor(spec, x, gpu, pc, st, exchanges) for every x that differs from the setup only in its expert-exchange
+    and DP-only settings (the other policies' re-runs, >= 0, left out)."""
     setup = setups[0]
     key = pipeline_free(spec, setup)
     if key is None:
@@ -421,17 +427,24 @@ def layer_floors(spec: ModelSpec, setups, gpu: GPU, pc: ParamCounts, st: StateBy
     first, middle, last = (n + k for n, k in zip(split(spec.layers, setup.pp, setup.pp_split), stage_mtp(spec, setup)))
     ends = 1 + mtp_layers(spec, setup)  # the head and loss once more per MTP layer on the last stage
     links, factor = Links.of(gpu), slowest_gpu_factor(setup.world_size)
+    # the checkpointed layers of each stage (first, middle, last) under a whole-layer policy, else none
+    whole = rerun and setup.recompute_policy in WHOLE_LAYER
+    reruns = [checkpointed_layers(setup, n) for n in (first, middle, last)] if whole else None
     out = []
     for x in setups:
         m = x.grad_accum
         k = key.keyed((("batch", x.batch), ("grad_accum", m if te else 1)))  # (pipeline_free(spec, x))
-        per, first_end, last_end, tp_layer = memo.remember(_LAYER_PARTS, (spec, k, gpu, st),
-                                                           lambda: _layer_parts(spec, k, gpu, st, pc))
+        per, first_end, last_end, tp_layer, again = memo.remember(_LAYER_PARTS, (spec, k, gpu, st),
+                                                                  lambda: _layer_parts(spec, k, gpu, st, pc))
         last_end = last_end * ends
         if x.pp == 1:
             stages = [per * first + first_end + last_end]
         else:  # (pp 2: split's middle is no stage)
             stages = [per * first + first_end, *([per * middle] if x.pp > 2 else []), per * last + last_end]
+        if reruns is not None:
+            n_first, n_middle, n_last = reruns
+            counts = [n_first] if x.pp == 1 else [n_first, *([n_middle] if x.pp > 2 else []), n_last]
+            stages = [y + again * c for y, c in zip(stages, counts)]
         t = max(y.seconds for y in stages) + max(first, middle, last) * tp_layer + pp_comm_seconds(
             spec, x, links, long_context.rank_tokens(x), st.act, x.vpp)
         slowest = m * min(y.gemm + y.attention for y in stages) * factor
@@ -440,9 +453,11 @@ def layer_floors(spec: ModelSpec, setups, gpu: GPU, pc: ParamCounts, st: StateBy
 
 
 def _layer_parts(spec: ModelSpec, key: Setup, gpu: GPU, st: StateBytes, pc: ParamCounts) -> tuple:
-    """layer_floor's parts of a pipeline_free key: compute_time.layer_times and one layer's TP collectives."""
-    return (*layer_times(spec, key, gpu, st, pc),
-            tp_comm_seconds(spec, key, Links.of(gpu), long_context.rank_tokens(key), st.act, 1, 0.0, gpu))
+    """layer_floor's parts of a pipeline_free key: compute_time.layer_times (the layer's, the ends', the whole-layer
+    re-run's) and one layer's TP collectives, in layer_floors' order."""
+    per, first_end, last_end, again = layer_times(spec, key, gpu, st, pc)
+    return per, first_end, last_end, tp_comm_seconds(spec, key, Links.of(gpu), long_context.rank_tokens(key), st.act,
+                                                     1, 0.0, gpu), again
 
 
 _LAYER_PARTS = memo.table()

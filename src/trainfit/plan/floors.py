@@ -12,6 +12,7 @@ accumulation) instead of four (tests/plan/test_floors.py).
 """
 from __future__ import annotations
 
+from ..analytic.ops import WHOLE_LAYER
 from ..analytic.params import ParamCounts
 from ..analytic.precision import StateBytes
 from ..analytic.step_time import layer_floors, step_floor
@@ -75,19 +76,24 @@ class Floors:
             got = self._layers[key] = layer_floors(self.spec, (setup,), self.gpu, self.pc, st)[0]
         return got
 
-    def of_splits(self, setup: Setup, st: StateBytes, splits) -> list[tuple[float, int, int, bool]]:
+    def of_splits(self, setup: Setup, st: StateBytes, splits,
+                  rerun: bool = False) -> list[tuple[float, int, int, bool]]:
         """(negated tokens_bound, micro-batch, accumulation, whether of_layers gave it) of each (micro-batch,
         accumulation) split of `setup` (a group's, at any micro-batch): of_layers' floor, or below_every_policy's
         where it has none — a bound of every group of the layout (its recompute policies and modules, ZeRO stages,
-        TIMED assignments), memoised for all of them."""
-        key = (setup.keyed(DP_ONLY + NO_RECOMPUTE + (("batch", 1), ("grad_accum", 1))), st)
+        TIMED assignments), memoised for all of them. With `rerun` and a policy that re-runs whole layers
+        (ops.WHOLE_LAYER), the floors add its re-run (step_time.layer_floors): a bound of the groups of that policy
+        alone, memoised for them."""
+        whole = rerun and setup.recompute_policy in WHOLE_LAYER
+        fixed = DP_ONLY + (() if whole else NO_RECOMPUTE) + (("batch", 1), ("grad_accum", 1))
+        key = (setup.keyed(fixed), st)
         known = self._splits.get(key)
         if known is None:
             known = self._splits[key] = {}  # (b, accum) -> its entry, as the layout's groups ask for them
         missing = [setup.with_micro_batches(b, accum) for b, accum in dict.fromkeys(splits) if (b, accum) not in known]
         if missing:
             # (step_time.layer_floors: the splits' floors from one layer's lists, what no split changes worked out once)
-            floors = layer_floors(self.spec, missing, self.gpu, self.pc, st) if self.efficiency is None \
+            floors = layer_floors(self.spec, missing, self.gpu, self.pc, st, whole) if self.efficiency is None \
                 else [None] * len(missing)
             for x, floor in zip(missing, floors):
                 if floor is None:

@@ -42,6 +42,7 @@ from typing import NamedTuple
 from .. import cancel, limits
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.layout import validate_layout
+from ..analytic.ops import WHOLE_LAYER
 from ..analytic.params import count_params
 from ..analytic.precision import state_bytes
 from ..analytic.step_time import layout_step_time
@@ -604,7 +605,7 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
             bases.append((tuple(sorted(v.items())), base.with_exchange(**v)))
         except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
             stats["stack_refused"] = stats.get("stack_refused", 0) + 1
-    bounded = floors.of_splits(base, state_bytes(base), kept)
+    bounded = floors.of_splits(base, state_bytes(base), kept, rerun=True)
     key = (lay, zero, rec, prec, stack, modules, tuple(sorted((extra or {}).items())), level)
     neg, b, accum, _ = min(bounded)
     fitting.append(_Entry(neg, len(fitting), key, b, accum, GROUP, tuple(bases),
@@ -681,24 +682,35 @@ def _layout_entry(args: _LayoutArgs, groups: list[tuple]) -> "_Entry | None":
         # a group of each ZeRO stage whose policy the stack takes, of each policy at a stage it takes
         by_zero = {z: next((g for g in mine if g[1] == z and base_of(g) is not None), None) for z in zeros}
         by_policy = {p: next((g for g in mine if g[2:] == p and base_of(g) is not None), None) for p in policies}
-        saved = []  # each policy's saved-bytes key, its bytes memoised from a setup of its own
-        for g in by_policy.values():
+        saved = []  # (policy, its saved-bytes key), its bytes memoised from a setup of its own
+        for p, g in by_policy.items():
             if g is not None:
                 base, switches = base_of(g)
                 family, key = _memory_keys(args, g, switches)
                 oracle.micro_batch_room(base, oracle.capacity(gpu, base, reserve, key=family), family, key)
-                saved.append(key)
+                saved.append((p, key))
         for g in by_zero.values():
             if g is None:
                 continue
             base, switches = base_of(g)
             family = _memory_keys(args, g, switches)[0]
             cap = oracle.capacity(gpu, base, reserve, key=family)
-            largest = max(oracle.micro_batch_room(base, cap, family, key).largest(lay.pp, lay.vpp, least, args.bcap)
-                          for key in saved)
-            kept = tuple((b, accum) for b, accum in splits_all if b <= largest)
+            st = state_bytes(base)
+            # the policies that re-run whole layers bounded each with its re-run over the splits its room allows;
+            # the others together without one, over the splits the loosest of their rooms allows
+            rest = 0
+            for (rec, modules), key in saved:
+                largest = oracle.micro_batch_room(base, cap, family, key).largest(lay.pp, lay.vpp, least, args.bcap)
+                if rec.split(":", 1)[0] not in WHOLE_LAYER:
+                    rest = max(rest, largest)
+                    continue
+                kept = tuple((b, accum) for b, accum in splits_all if b <= largest)
+                if kept:
+                    x = base.keyed((("recompute", rec), ("recompute_modules", modules)))
+                    negs.append(min(args.floors.of_splits(x, st, kept, rerun=True))[0])
+            kept = tuple((b, accum) for b, accum in splits_all if b <= rest)
             if kept:
-                negs.append(min(args.floors.of_splits(base, state_bytes(base), kept))[0])
+                negs.append(min(args.floors.of_splits(base, st, kept))[0])
     if not negs:  # every group's room rules out every split (or the stack refuses every group): none built
         return None
     key = ("layout", lay, args.stack, tuple(sorted((args.extra or {}).items())), args.level)

@@ -41,7 +41,7 @@ tests/analytic/test_tower_ops_vs_trace.py the towers'.
 """
 from .activation import activation_out_bytes
 from .attention import ATTENTION_BWD_KERNELS, SOFTMAX_BWD_KERNELS, eager_kernels, math_kernels
-from .derived import backward, checkpointed_layers, compiled, grad_accumulations, recomputed
+from .derived import WHOLE_LAYER, backward, checkpointed_layers, compiled, grad_accumulations, recomputed
 from .embedding import EMBEDDING_DIRECT_MAX, embedding_backward, embedding_forward
 from .gemm import fp8_backward_extra
 from .head import head_backward_extra, head_forward

@@ -75,6 +75,10 @@ def compiled(ops: list[Op]) -> list[Op]:
             out.append(op)
     return out
 
+# The policies whose checkpointed layer re-runs its whole forward (recomputed)
+WHOLE_LAYER = ("full", "layer", "uniform", "block")
+
+
 def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
     """What ONE checkpointed layer re-runs in its backward under the setup's per-layer policy (flops.py
     recompute_per_token, op by op): full / layer:N / uniform / block — the whole forward; selective — the attention
@@ -103,7 +107,7 @@ def recomputed(spec: ModelSpec, setup: Setup, forward: list[Op]) -> list[Op]:
                 continue
             keep.append(o)
         return keep
-    if pol in ("full", "layer", "uniform", "block"):
+    if pol in WHOLE_LAYER:
         return list(forward)
     return []
 
