@@ -35,3 +35,30 @@ def test_small_searches_stay_in_this_process():
     spec, g = load_spec("llama-3.1-8b"), get_gpu("A100-40GB")
     r = search(spec, g, PlanQuery(gpus=8, seq=4096, global_batch_tokens=1e6), workers=2)
     assert r.stats["groups"] < parallel.MIN_GROUPS and "workers" not in r.stats
+
+
+def test_threshold_is_the_sizeth_fastest_of_all_shares_groups():
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    t = parallel.Threshold(ctx, 2, 3)  # two shares, --top 3
+    t.share = 0
+    t.publish([10.0, 9.0])
+    assert t.value == 0.0  # two groups timed in all: no third yet
+    t.share = 1
+    t.publish([8.0, 7.0])
+    assert t.value == 8.0  # 10, 9, 8 over both shares (each share's own third: none, none)
+    t.publish([12.0, 8.0, 7.0])  # share 1's fastest grew: its slots rewritten, not added to (12, 10, 9)
+    assert t.value == 9.0
+    t.share = 0
+    t.publish([11.0, 10.0, 9.0])
+    assert t.value == 10.0  # 12, 11, 10
+    t.publish([11.0])  # (12, 11, 8: a share's fastest never shrink; read so, the threshold would not fall)
+    assert t.value == 10.0
+
+
+def test_each_family_is_claimed_once():
+    import multiprocessing
+    fams = parallel.Families(multiprocessing.get_context("fork"), [3, 1, 2, 0])
+    a, b = fams.claimed(), fams.claimed()
+    got = [next(a), next(b), next(a)] + list(b) + list(a)
+    assert got == [3, 1, 2, 0]

@@ -41,6 +41,7 @@ from . import long_context, torchao_optim
 from .parallel import deepspeed_offload, fsdp_offload
 from .roofline import host_memory_bandwidth
 from . import memo
+from .batch_free import MICRO_BATCH
 from .compute_time import (cached_stage_compute, layer_times, master_cast_seconds, optimizer_seconds,
                            pipeline_free)
 from .ops import WHOLE_LAYER, checkpointed_layers
@@ -431,11 +432,16 @@ def layer_floors(spec: ModelSpec, setups, gpu: GPU, pc: ParamCounts, st: StateBy
     whole = rerun and setup.recompute_policy in WHOLE_LAYER
     reruns = [checkpointed_layers(setup, n) for n in (first, middle, last)] if whole else None
     out = []
+    # the key's parts by (micro-batch, accumulation kept): a split's key is hashed as two numbers, not a Setup
+    known = memo.remember(_LAYER_PARTS, (spec, key.keyed(MICRO_BATCH), gpu, st), dict)
     for x in setups:
         m = x.grad_accum
-        k = key.keyed((("batch", x.batch), ("grad_accum", m if te else 1)))  # (pipeline_free(spec, x))
-        per, first_end, last_end, tp_layer, again = memo.remember(_LAYER_PARTS, (spec, k, gpu, st),
-                                                                  lambda: _layer_parts(spec, k, gpu, st, pc))
+        at = (x.batch, m if te else 1)
+        parts = known.get(at)
+        if parts is None:
+            k = key.keyed((("batch", at[0]), ("grad_accum", at[1])))  # (pipeline_free(spec, x))
+            parts = known[at] = _layer_parts(spec, k, gpu, st, pc)
+        per, first_end, last_end, tp_layer, again = parts
         last_end = last_end * ends
         if x.pp == 1:
             stages = [per * first + first_end + last_end]

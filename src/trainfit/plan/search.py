@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -314,15 +314,14 @@ class Space:
         return None if bcap < 1 or (got is not None and not got) else (bcap, got)
 
     def search_layouts(self, level: int | None = None, progress: Callable[[int, int], None] | None = None,
-                       share: tuple[int, int] = (0, 1)) -> None:
+                       families: Iterable[int] | None = None) -> None:
         """Every group of every layout; with `level`, under that level's memory knobs (plan/knobs.py LEVELS);
-        `share` (k, n): the layouts of every n-th shape family from the k-th (shape_families) only (a worker's part
-        of a parallel search)."""
+        `families`: the layouts of those shape families only (shape_families' numbers), family by family in that
+        order (a worker's part of a parallel search, claimed as it goes)."""
         q, model = self.q, self.model
-        family = self.shape_families() if share[1] > 1 else None
-        for i, lay in enumerate(self.lays):
-            if family is not None and family[i] % share[1] != share[0]:
-                continue
+        members = self.family_members() if families is not None else None
+        order = enumerate(self.lays) if members is None else ((i, self.lays[i]) for f in families for i in members[f])
+        for i, lay in order:
             if progress is not None and level is None:
                 progress(i, len(self.lays))
             plain = self.splits(lay)
@@ -346,12 +345,15 @@ class Space:
                                       self.stats, self.fitting, self.module_sets[stack], extra, level, tv,
                                       self.judge_first)
 
-    def shape_families(self) -> list[int]:
-        """Each layout's family, numbered as they first appear: the layouts of one tp, cp, ep and etp, whose micro-
-        batches run the same op shapes (ops/shape.py Shape: the memoised layers' lists and times, compute_time), so
-        a parallel search that gives each worker whole families times each shape in one process only."""
-        seen: dict[tuple, int] = {}
-        return [seen.setdefault((lay.tp, lay.cp, lay.ep, lay.etp), len(seen)) for lay in self.lays]
+    def family_members(self) -> list[list[int]]:
+        """The layouts (their indices) of each shape family, the families numbered as they first appear: the layouts
+        of one tp, cp, ep and etp, whose micro-batches run the same op shapes (ops/shape.py Shape: the memoised
+        layers' lists and times, compute_time), so a parallel search that gives each worker whole families times
+        each shape in one process only."""
+        seen: dict[tuple, list[int]] = {}
+        for i, lay in enumerate(self.lays):
+            seen.setdefault((lay.tp, lay.cp, lay.ep, lay.etp), []).append(i)
+        return list(seen.values())
 
     def time_best_first(self, best: dict, spares: bool | None = None, shared=None) -> None:
         """The fitting setups timed into `best` (_time_best_first)."""
@@ -465,7 +467,7 @@ def _search_stack(spec, gpu, q, lay: Layout, stack: str, oracle: PeakOracle, flo
     if splits_all is not None:  # every split × assignment of every group, those the stack's code refuses too
         stats["searched"] += len(groups) * len(splits_all) * len(timed)
     group_args = _LayoutArgs(spec, gpu, q, lay, oracle, floors, gseqs, bcap, splits_all, stats, stack, extra, level,
-                             timed, judge_first)
+                             timed, judge_first, {})
     if level is None and splits_all is not None and not judge_first and len(groups) > 1:
         entry = _layout_entry(group_args, groups)  # its groups built when the search takes it
         if entry is not None:
@@ -512,6 +514,7 @@ class _LayoutArgs(NamedTuple):
     level: int | None
     timed: list
     judge_first: bool
+    bases: dict  # each group's _group_base (its setup and switches, or the error it raised), built once: _built_base
 
 
 def _memory_keys(args: _LayoutArgs, group: tuple, switches: dict) -> tuple[tuple, tuple]:
@@ -534,10 +537,11 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     Its memory is judged before its assignments are built (memory never reads them: memory_key), so the
     assignments the stack's code rules refuse (stats["stack_refused"]) are found only in the groups whose memory may
     fit. `args`: the layout's (_search_stack's group_args); `group`: (precision, ZeRO, recompute, modules)."""
-    spec, gpu, q, lay, oracle, floors, gseqs, bcap, splits_all, stats, stack, extra, level, timed, judge_first = args
+    spec, gpu, q, lay, oracle, floors, gseqs, bcap, splits_all, stats, stack, extra, level, timed, judge_first, _ = \
+        args
     prec, zero, rec, modules = group
     try:
-        base, switches = _group_base(args, group)
+        base, switches = _built_base(args, group)
     except NotModelledError as e:  # a setup the analytic engine has not derived (e.g. Nemotron-H under ZeRO-3)
         _not_modelled(stats, e, len(timed))
         return
@@ -649,6 +653,21 @@ def _group_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
     return base, switches
 
 
+def _built_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
+    """_group_base(args, group), built once per layout (args.bases): a layout's entry builds some of its groups'
+    setups to bound it, and the search builds them all again when it takes the layout. The error it raised, again."""
+    got = args.bases.get(group)
+    if got is None:
+        try:
+            got = args.bases[group] = _group_base(args, group)
+        except (NotModelledError, SetupError) as e:
+            args.bases[group] = e
+            raise
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
 def _layout_entry(args: _LayoutArgs, groups: list[tuple]) -> "_Entry | None":
     """One LAYOUT entry for a layout's `groups` under one stack, bounded by the most tokens/s any of them could
     reach: for each (precision, ZeRO stage), the best of Floors.of_splits over the splits the loosest of its rooms
@@ -669,7 +688,7 @@ def _layout_entry(args: _LayoutArgs, groups: list[tuple]) -> "_Entry | None":
         def base_of(g: tuple) -> tuple[Setup, dict] | None:  # (_group_base's, None where the stack refuses it)
             if g not in bases:
                 try:
-                    bases[g] = _group_base(args, g)
+                    bases[g] = _built_base(args, g)
                 except NotModelledError as e:  # (its reason kept; its setups counted if its layout is taken)
                     _not_modelled(args.stats, e, 0)
                     bases[g] = None
@@ -917,9 +936,9 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
     entry taken is split into its assignments, each with its own floor. Every bound is at or above the next (tests/plan/
     test_floors.py), so the order stays best first. `stats`: timed, bounded (setups skipped). `spares`: keep the POOL
     of spares whatever the setups, or none (False: a parallel search's share of the plain pass, which offloads
-    nothing); None: where any setup is offloaded. `shared`: the parallel search's threshold (a
-    multiprocessing value: plan/parallel.py), the highest tokens/s any share's `size` fastest groups all reach so far,
-    below which a setup cannot enter the whole search's `size` fastest either: skipped as below this share's own."""
+    nothing); None: where any setup is offloaded. `shared`: the parallel search's threshold (plan/parallel.py
+    Threshold), the `size`-th fastest tokens/s of the groups every share has timed so far, below which a setup cannot
+    enter the whole search's `size` fastest either: skipped as below this share's own; told this share's fastest."""
     # the fastest groups' best tokens/s, at most `size` of them: --top, or the POOL of spares where the host-memory
     # verdict may reject some (offloaded setups)
     if spares is None:
@@ -971,5 +990,5 @@ def _time_best_first(gpu: GPU, q: PlanQuery, oracle: PeakOracle, floors: Floors,
             elif tm.tokens_per_second > min(top.values()):
                 del top[min(top, key=top.get)]
                 top[key] = tm.tokens_per_second
-            if shared is not None and len(top) == size:
-                shared.value = max(shared.value, min(top.values()))  # (for the other shares: plan/parallel.py)
+            if shared is not None and key in top:
+                shared.publish(top.values())  # (for the other shares: plan/parallel.py Threshold)
