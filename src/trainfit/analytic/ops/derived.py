@@ -7,7 +7,7 @@ from ...spec import ModelSpec
 from ..activations import FP32
 from ..families import family_traits
 from .attention import ATTENTION_BWD_KERNELS
-from .op import SIZE, Op, Shape, column_sum_launches, memory
+from .op import SIZE, Op, Shape, column_sum_launches, memory, replaced
 
 def backward(ops: list[Op]) -> list[Op]:
     """The backward kernels of a forward list, in reverse order: GEMM dgrad (m, k, n) and wgrad (k, n, m); attention's
@@ -15,26 +15,26 @@ def backward(ops: list[Op]) -> list[Op]:
     out: list[Op] = []
     for op in reversed(ops):
         if op.kind == "gemm" and op.grad:  # (a GEMM run under no_grad has no backward: DoRA's weight norm)
-            out.append(op._replace(name=op.name + ".dgrad", m=op.m, n=op.k, k=op.n))
+            out.append(replaced(op, name=op.name + ".dgrad", m=op.m, n=op.k, k=op.n))
             if op.wgrad:
-                out.append(op._replace(name=op.name + ".wgrad", m=op.k, n=op.n, k=op.m))
+                out.append(replaced(op, name=op.name + ".wgrad", m=op.k, n=op.n, k=op.m))
             if op.bias:  # db = Σ_tokens dY: one read of dY, a column sum (its semaphores' memset: column_sum_launches)
                 dy = op.m * op.n * op.batch * SIZE.get(op.dtype, 2)
                 out.append(memory(op.name + ".bias_grad", dy, op.n * FP32, "autograd bias gradient", saves=False,
                                kernels=column_sum_launches(op.m)))
         elif op.kind == "attention":
             k = op.bwd_kernels if op.bwd_kernels >= 0 else ATTENTION_BWD_KERNELS.get(op.kernel, 1)
-            out.append(op._replace(name=op.name + ".backward", backward=True, kernels=k))
+            out.append(replaced(op, name=op.name + ".backward", backward=True, kernels=k))
         elif op.kind != "gemm" and op.grad:
             reads = op.writes + (op.reads if op.saves_input else 0.0)
             fr = op.fused_writes + (op.fused_reads if op.saves_input else 0.0)
             if op.bwd_ops:  # its kernels as spelled out; compiled, they fuse to the generic rule's HBM bytes
-                out += [b._replace(group=op.group, fused_reads=fr if j == 0 else 0.0,
+                out += [replaced(b, group=op.group, fused_reads=fr if j == 0 else 0.0,
                                    fused_writes=op.fused_reads if j == 0 else 0.0, source=op.source)
                         for j, b in enumerate(op.bwd_ops)]
                 continue
             k = op.kernels if op.bwd_kernels < 0 else op.bwd_kernels
-            out.append(op._replace(name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,
+            out.append(replaced(op, name=op.name + ".backward", reads=reads, writes=op.reads, fused_reads=fr,
                                    fused_writes=op.fused_reads, kernels=k, access=op.bwd_access or op.access,
                                    bwd_access=""))
     return out

@@ -177,6 +177,18 @@ class Shape:
 
 
 
+_FIELD = {name: i for i, name in enumerate(Op._fields)}
+
+
+def replaced(op: Op, **changes) -> Op:
+    """op._replace(**changes) without namedtuple's keyword round trip (its _make over a map of dict.pop calls, ~1.6×
+    slower): the backward lists derive one op from each forward op, thousands per search (ops/derived.py backward)."""
+    values = list(op)
+    for name, value in changes.items():
+        values[_FIELD[name]] = value
+    return tuple.__new__(Op, values)
+
+
 # --- builders ----------------------------------------------------------------------------------------------------
 
 def gemm(name: str, m: float, n: float, k: float, sh: Shape, src: str, bias: bool = False, batch: float = 1,
