@@ -316,7 +316,7 @@ class Space:
     def search_layouts(self, level: int | None = None, progress: Callable[[int, int], None] | None = None,
                        families: Iterable[int] | None = None) -> None:
         """Every group of every layout; with `level`, under that level's memory knobs (plan/knobs.py LEVELS);
-        `families`: the layouts of those shape families only (shape_families' numbers), family by family in that
+        `families`: the layouts of those shape families only (family_members' numbers), family by family in that
         order (a worker's part of a parallel search, claimed as it goes)."""
         q, model = self.q, self.model
         members = self.family_members() if families is not None else None
@@ -664,7 +664,7 @@ def _built_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
             args.bases[group] = e
             raise
     if isinstance(got, Exception):
-        raise got
+        raise got.with_traceback(None)  # (its first traceback dropped, not grown by each raise)
     return got
 
 
@@ -683,18 +683,14 @@ def _layout_entry(args: _LayoutArgs, groups: list[tuple]) -> "_Entry | None":
     least = min(accum for _, accum in splits_all)
     negs = []
     for prec in dict.fromkeys(g[0] for g in groups):
-        bases: dict[tuple, tuple[Setup, dict] | None] = {}
-
-        def base_of(g: tuple) -> tuple[Setup, dict] | None:  # (_group_base's, None where the stack refuses it)
-            if g not in bases:
-                try:
-                    bases[g] = _built_base(args, g)
-                except NotModelledError as e:  # (its reason kept; its setups counted if its layout is taken)
-                    _not_modelled(args.stats, e, 0)
-                    bases[g] = None
-                except SetupError:
-                    bases[g] = None
-            return bases[g]
+        def base_of(g: tuple) -> tuple[Setup, dict] | None:  # (_built_base's, None where the stack refuses it)
+            try:
+                return _built_base(args, g)
+            except NotModelledError as e:  # (its reason kept; its setups counted if its layout is taken)
+                _not_modelled(args.stats, e, 0)
+            except SetupError:
+                pass
+            return None
 
         mine = [g for g in groups if g[0] == prec]
         zeros, policies = dict.fromkeys(g[1] for g in mine), dict.fromkeys(g[2:] for g in mine)
