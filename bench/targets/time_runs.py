@@ -541,13 +541,14 @@ LOWP_VALIDATION: list[dict] = [
               "(configs/gpt_oss/workload_base_configs.py:50-55 at v0.2.0) names recompute modules layernorm, moe_act, "
               "but v0.2.0's set_recompute_overrides sets only the modules (utils/helpers.py:178-179; v0.2.1's :180 "
               "adds recompute_granularity 'selective') and Megatron-Core reads them under selective granularity only "
-              "(transformer_layer.py:382, moe/experts.py:103): no recompute. Its EP 64 (set for B200, GB200 and GB300 by "
-              "'fix GPT-OSS perf scripts', e59a5736, 2025-11-20) is not the table's EP 8: the table's taken, as the "
-              "same table's GB200 row departs from its recipe too (MBS 1, GBS 1280, seq 8192 against the recipe's "
-              "MBS 4, GBS 512, seq 4096: gpt_oss.py:189-191), so the table records the runs' overrides. NB: judged not to fit (187 GiB of a B200's 178) since the activation's clamps are "
-              "counted (a second fc1-wide tensor per routed copy, +25 GiB here, read off megatron-core's own "
-              "weighted_bias_quick_geglu_impl on CPU: tests/analytic/test_megatron_moe.py); the run ran, so an "
-              "over-count elsewhere or a recompute setting not read here remains, unresolved."),
+              "(transformer_layer.py:382, moe/experts.py:103): no recompute. Its EP 64 (:50-55, set for B200, GB200 "
+              "and GB300 by 'fix GPT-OSS perf scripts', e59a5736, 2025-11-20) is not the table's EP 8: the table's "
+              "taken, as the same table's GB200 row departs from its recipe too (MBS 1, GBS 1280, seq 8192 against "
+              "MBS 4, GBS 512, seq 4096: workload_base_configs.py:22-27, 42-45, recipes/gpt_oss/gpt_oss.py:191), so "
+              "the table records the runs' overrides. NB: judged not to fit (187 GiB of a B200's 178) since the "
+              "activation's clamps are counted (a second fc1-wide tensor per routed copy, +25 GiB here, read off "
+              "megatron-core's own weighted_bias_quick_geglu_impl on CPU: tests/analytic/test_megatron_moe.py); the "
+              "run ran, so an over-count elsewhere or a recompute setting not read here remains, unresolved."),
     _mb("25.11", 570, "DGX-GB200", "GPT OSS 120B", 64, "BF16", 1280, 1, 8192, ep=64, tps=15876,
         notes="Blackwell bf16 run: EP 64, MBS 1, seq 8192."),
     _mb("25.11", 566, "DGX-GB200", "LLAMA3_70B", 64, "FP8-CS", 256, 2, 8192, fsdp=True, tps=4312, offload_layers=40,
