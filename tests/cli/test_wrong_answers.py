@@ -143,3 +143,23 @@ def test_fit_commands_reproduce_their_rows(cli):
         assert code == 0, err
         t = json.loads(out)["time"]
         assert t["fits"] and t["step_seconds"] == pytest.approx(r["step_seconds"], rel=1e-12), (r, t)
+
+
+def test_a_serving_engine_that_fails_its_start_up_check_says_it_does_not_start(cli):
+    """Qwen3-32B on one H100 under vLLM's defaults: its device total fits the GPU, but the KV cache holds fewer tokens
+    than one request of --max-model-len (40,960, the model's own), and vLLM raises at start-up ("max seq len ... is
+    larger than the maximum number of tokens that can be stored in KV cache", v1/core/kv_cache_utils.py). The verdict
+    said "does not fit" beside a positive headroom; it names what happens, and the numbers it rests on agree."""
+    from trainfit import estimate
+
+    e = estimate("qwen3-32b", gpu="H100-80GB", mode="serve")
+    sv = e.detail.serving
+    assert e.time.headroom > 0 and sv.kv_tokens < sv.max_model_len == 40960  # memory fits; one request does not
+    code, out, err = cli("estimate", "qwen3-32b", "--gpu", "H100-80GB", "--mode", "serve")
+    assert code == 0, err
+    assert "does not start, headroom" in out and "does not fit" not in out
+    assert "does not start on H100-80GB; what would" in out
+    # memory short: "does not fit", as before; its advice is timed although the setup as given serves nothing
+    code, out, _ = cli("estimate", "llama-3.1-70b", "--gpu", "H100-80GB", "--mode", "serve")
+    assert "does not fit, headroom -" in out and "does not fit on H100-80GB; what would" in out
+    assert "n/a the time" not in out and "tokens/s per GPU; the setup as given runs none" in out

@@ -35,7 +35,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 
 from trainfit import api  # noqa: E402
-from trainfit.report.held import fit_numbers  # noqa: E402
+from trainfit.report.held import fit_numbers, verdict_word  # noqa: E402
 from trainfit.setup import BY_NAME, choices_for  # noqa: E402
 from trainfit.units import fmt_bytes  # noqa: E402
 
@@ -181,7 +181,7 @@ def test_a_mode_switch_and_an_error_leave_nothing_stale(server, browser):
     assert browser.find_element(By.ID, "result").get_attribute("data-stale") == "1"  # at once, before the answer
     serve = api.analytic(api.Request(model=model, gpu=gpu, mode="serve"))
     wait.until(lambda d: fresh(d) and peak_bytes(d) == serve.memory.peak)
-    assert text(browser, "verdict") == ("fits" if serve.time.fits else "does not fit")
+    assert text(browser, "verdict") == verdict_word(serve.time, "serve")
     assert not browser.find_element(By.ID, "batch").is_enabled()  # serving has no --batch: not sent, not editable
     assert browser.find_element(By.ID, "server").is_enabled()
     precisions = [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "precision")).options]

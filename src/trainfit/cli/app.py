@@ -96,6 +96,7 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
     """The estimate's report (tables, or --json) of `results`, with the changes that would fit when it does not;
     `extra`: more keys for the JSON object (`trainfit check`: what the files said)."""
     from ..report import json_out, terminal
+    from ..report.held import verdict_word
 
     if json:
         if len(results) == 1:
@@ -114,8 +115,9 @@ def show_estimates(req: Request, results: list, json: bool, extra: dict | None =
             if note.startswith("trace engine skipped") or note == api.HOST_MEMORY_UNREAD:
                 typer.echo(f"· {note}")
     if advice:
-        typer.echo(f"does not fit on {results[0].time.gpu}; what would, fastest first (each checked by the analytic "
-                   "engine; `trainfit fit` searches further):")
+        t = results[0].time
+        typer.echo(f"{verdict_word(t, results[0].setup.mode)} on {t.gpu}; what would, fastest first (each checked by "
+                   "the analytic engine; `trainfit fit` searches further):")
         for x in advice:
             typer.echo("  " + x.line())
 

@@ -27,6 +27,16 @@ def fit_numbers(fit) -> str:
     return f"required {fmt_bytes(fit.required)} of capacity {fmt_bytes(fit.capacity)}"
 
 
+def verdict_word(judged, mode: str) -> str:
+    """The verdict in words of `judged` (an estimate.Fit or Timing) for an estimate of `mode`, as every report shows
+    it. A serving engine that fails a start-up check while its device total fits the GPU (KV cache shorter than
+    --max-model-len, free memory under the requested share: analytic/engine.py) "does not start"; "does not fit" is
+    kept for memory the GPU has not."""
+    if judged.fits:
+        return "fits"
+    return "does not start" if mode == "serve" and judged.headroom >= 0 else "does not fit"
+
+
 def overhead_label(name: str) -> str:
     """A Memory.overheads key (overheads.overheads: "cuda_context", "nccl_<process group>", "custom_allreduce") as a
     row label."""

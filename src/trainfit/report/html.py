@@ -18,7 +18,7 @@ from ..spec import VisionSpec
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
 from .output import check_writable, writing
-from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, held_sentence
+from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, held_sentence, verdict_word
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .time_bar import time_section
 from .terminal import PHASE_NAMES, memory_rows, setup_line
@@ -84,7 +84,7 @@ def _verdict(e: Estimate) -> str:
              ("parameters", fmt_count(e.params), f"{e.params:,}")]
     t = e.time
     if t is not None:
-        fit = "<span class='ok'>fits</span>" if t.fits else "<span class='bad'>does not fit</span>"
+        fit = f"<span class='{'ok' if t.fits else 'bad'}'>{verdict_word(t, e.setup.mode)}</span>"
         held = f" ({fmt_bytes(t.gpu_memory)})" if t.gpu_memory else ""
         judged = (f"{fit_numbers(e.fit)}, "
                   if e.fit is not None else "")

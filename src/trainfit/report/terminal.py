@@ -10,7 +10,7 @@ from ..analytic import serving
 from ..analytic.terms import time_terms
 from ..estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_seconds
-from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers
+from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, verdict_word
 
 PHASE_NAMES = {"forward_end": "forward end", "backward": "backward", "optimizer_step": "optimizer step",
                "prefill": "prefill", "decode": "decode", "generate": "generate", "score": "score",
@@ -129,7 +129,8 @@ def verdict(e: Estimate, numbers: bool = True) -> tuple[str, str] | None:
     if judged is None:
         return None
     held = f" ({fmt_bytes(judged.gpu_memory)})" if judged.gpu_memory else ""
-    text = "[green]fits[/green]" if judged.fits else "[red]does not fit[/red]"
+    word = verdict_word(judged, e.setup.mode)
+    text = f"[green]{word}[/green]" if judged.fits else f"[red]{word}[/red]"
     if e.fit is not None and numbers:
         text += f" ({fit_numbers(e.fit)})"
     f = e.fit

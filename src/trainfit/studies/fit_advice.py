@@ -29,7 +29,7 @@ from ..estimate import Estimate
 from ..hardware import GPU, list_gpus
 from ..setup import Setup
 from ..spec import ModelSpec
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_count
 
 MAX_DP = 1024
 MAX_KNOBS = 3  # combinations of up to this many memory knobs
@@ -116,8 +116,10 @@ class Suggestion:
         return f"{self.slowdown:.2f}x" if math.isfinite(self.slowdown) else "n/a"
 
     def line(self) -> str:
-        return (f"{self.flags} ({self.why}; needs {fmt_bytes(self.required)} of {fmt_bytes(self.capacity)}, "
-                f"{self.times} the time per token per GPU)")
+        pace = (f"{self.times} the time per token per GPU" if math.isfinite(self.slowdown) else
+                f"{fmt_count(self.tokens_per_second / self.gpus)} tokens/s per GPU; the setup as given runs none"
+                if self.tokens_per_second > 0 else "no tokens run, as in the setup as given")
+        return f"{self.flags} ({self.why}; needs {fmt_bytes(self.required)} of {fmt_bytes(self.capacity)}, {pace})"
 
     def as_dict(self) -> dict:
         return {"flags": self.flags, "why": self.why, "required": self.required,

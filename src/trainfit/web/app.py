@@ -151,7 +151,7 @@ def estimate_for(k: PastedKnobs):
 def view(e: Estimate) -> dict:
     """What the page draws: the estimate, its formatted rows and the phase chart's stacked bars."""
     from ..report import plots
-    from ..report.held import fit_numbers
+    from ..report.held import fit_numbers, verdict_word
     from ..report.terminal import PHASE_NAMES, memory_rows, setup_line
     from ..units import fmt_bytes, fmt_count
 
@@ -166,7 +166,7 @@ def view(e: Estimate) -> dict:
         judged = (fit_numbers(f) if f is not None else
                   f"device total {fmt_bytes(m.device_total)} of {fmt_bytes(t.gpu_memory)}"
                   if m.device_total is not None and t.gpu_memory else None)
-        summary.update(fits=t.fits, gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom),
+        summary.update(fits=t.fits, verdict=verdict_word(t, e.setup.mode), gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom),
                        device_total=m.device_total, gpu_memory=t.gpu_memory, judged_text=judged,
                        time_text=time_text(e))
     rows = [{"name": n, "bytes": v, "text": fmt_bytes(v)} for n, v in memory_rows(e)]

@@ -286,7 +286,7 @@ function render(v) {
     $("headroom").textContent = "";
   } else {
     $("verdict-k").textContent = "on " + s.gpu;
-    $("verdict").textContent = s.fits ? "fits" : "does not fit";
+    $("verdict").textContent = s.verdict;
     $("verdict").className = "v " + (s.fits ? "ok" : "bad");
     $("headroom").textContent = (s.judged_text ? s.judged_text + " · " : "") + "headroom " + s.headroom_text;
   }
