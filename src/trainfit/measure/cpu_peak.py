@@ -171,28 +171,8 @@ def analyse(prof, baseline: int, device_type: str = "cpu") -> CpuPeak:
         )
 
     # walk events and markers in time order
-    phase = START
-    live = baseline
-    phase_peaks: dict[str, int] = {START: baseline}
-    mark_vals: list[tuple[str, int]] = []
-    peak, peak_phase = baseline, START
-    mi = 0
-    for t, _, _, _, total in allocs:
-        while mi < len(marks) and marks[mi][0] <= t:
-            phase = marks[mi][2]
-            mark_vals.append((phase, live))
-            phase_peaks[phase] = max(phase_peaks.get(phase, 0), live)
-            mi += 1
-        live = baseline + total - base_counter
-        if live > phase_peaks.get(phase, 0):
-            phase_peaks[phase] = live
-        if live > peak:
-            peak, peak_phase = live, phase
-    while mi < len(marks):
-        phase = marks[mi][2]
-        mark_vals.append((phase, live))
-        phase_peaks[phase] = max(phase_peaks.get(phase, 0), live)
-        mi += 1
+    peak, peak_phase, phase_peaks, mark_vals, live = walk_phases(
+        ((t, baseline + total - base_counter) for t, _, _, _, total in allocs), marks, baseline)
     return CpuPeak(
         baseline=baseline,
         peak=peak,
@@ -205,6 +185,31 @@ def analyse(prof, baseline: int, device_type: str = "cpu") -> CpuPeak:
         foreign_bytes=foreign_bytes,
         notes=notes,
     )
+
+
+def walk_phases(samples: Iterable[tuple[float, int]], marks: list, start: int):
+    """One time-ordered walk of the live bytes `samples` ((time, live bytes after that event)) against the phase
+    `marks` ((time, _, phase name), sorted), from `start` live bytes: (peak, its phase, each phase's peak, the live
+    bytes at each mark as (phase, bytes), the live bytes at the end). A mark at an event's time opens its phase
+    before that event; marks after the last event open theirs at the end."""
+    phase, live = START, start
+    phase_peaks: dict[str, int] = {START: start}
+    mark_vals: list[tuple[str, int]] = []
+    peak, peak_phase, mi = start, START, 0
+    for t, after in (*samples, (float("inf"), None)):
+        while mi < len(marks) and marks[mi][0] <= t:
+            phase = marks[mi][2]
+            mark_vals.append((phase, live))
+            phase_peaks[phase] = max(phase_peaks.get(phase, 0), live)
+            mi += 1
+        if after is None:
+            break
+        live = after
+        if live > phase_peaks.get(phase, 0):
+            phase_peaks[phase] = live
+        if live > peak:
+            peak, peak_phase = live, phase
+    return peak, peak_phase, phase_peaks, mark_vals, live
 
 
 def cpu_peak(

@@ -24,9 +24,10 @@ was allocated in the session: the baseline is read, not summed.
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 from typing import Any, Callable
 
-from .cpu_peak import PHASE_PREFIX, START, CpuPeak, _walk, profile_run
+from .cpu_peak import PHASE_PREFIX, CpuPeak, _walk, profile_run, walk_phases
 
 
 # The backend work each c10d op enqueues, by name (seen in the profiler: gloo runs _reduce_scatter_base_ as an
@@ -140,26 +141,8 @@ def analyse_blocks(prof, device_type: str = "cpu", alive: set | None = None) -> 
         if b[3] is not None:
             ev.append((b[3], 2, b[1], -b[2]))
     ev.sort()
-    phase, live = START, 0
-    phase_peaks = {START: 0}
-    mark_vals = []
-    peak, peak_phase, mi = 0, START, 0
-    for t, _, _, delta in ev:
-        while mi < len(marks) and marks[mi][0] <= t:
-            phase = marks[mi][2]
-            mark_vals.append((phase, live))
-            phase_peaks[phase] = max(phase_peaks.get(phase, 0), live)
-            mi += 1
-        live += delta
-        if live > phase_peaks.get(phase, 0):
-            phase_peaks[phase] = live
-        if live > peak:
-            peak, peak_phase = live, phase
-    while mi < len(marks):
-        phase = marks[mi][2]
-        mark_vals.append((phase, live))
-        phase_peaks[phase] = max(phase_peaks.get(phase, 0), live)
-        mi += 1
+    peak, peak_phase, phase_peaks, mark_vals, live = walk_phases(
+        zip((e[0] for e in ev), accumulate(e[3] for e in ev)), marks, 0)
     notes = []
     if unreported:
         notes.append(f"{unreported} free(s) made by process-group threads outside the profiler were placed at the "
