@@ -71,8 +71,10 @@ ROWS = [
     # it: TTFT 2,905 ms and TPOT 5.45 ms at 94.91 req/s put ~66 requests in decode at once (Little's law: 94.91/s x
     # 127 x 5.45 ms), where nothing in the engine stops at fewer than 500. What bound it sits before the engine core:
     # the one API server process (api_server_count 1, entrypoints/cli/serve.py:83-99) tokenising 500 prompts and
-    # streaming 64,000 SSE chunks (detokenising each), and the benchmark client parsing them; neither is measured
-    # here, and the model times the engine core only. NB: the requests carry no sampling parameters
+    # streaming 64,000 SSE chunks (detokenising each), and the benchmark client parsing them. The streaming is
+    # measured and counted (serving_time.py api_server: 0.19.0's 27.5 us a token, 13.8 ms a step of 500 decodes, about
+    # the engine's own step: +127 % became +116 %); at 128 tokens a request it bounds the server at ~280 requests/s,
+    # three times the published rate, so the rest is the intake (tokenisation, HTTP) or the client: not measured. NB: the requests carry no sampling parameters
     # (benchmarks/lib/endpoint_request_func.py:169-182), so the server applies the model's generation_config
     # (config/model.py:267 "auto", :1391-1411; Qwen3-0.6B's sets top-k 20 / top-p 0.95, as quoted, not read here): the
     # Triton top-k/top-p pass and softmax over 500 x 151,936 fp32 logits (topk_topp_sampler.py:94-113, :245-255) are
@@ -97,6 +99,11 @@ ROWS = [
 ]
 
 
+# the rows whose requests went through `vllm serve` (vllm bench serve): their tokens stream through the API server
+# (serving_time.py api_server); the Oracle rows ran vLLM's offline benchmark scripts (the LLM class: none). The tpot
+# row's steady state streams by default.
+ONLINE = {"kvcached-h100-qwen3-0.6b-burst-500", "musgrave-a100-40gb-llama-3.1-8b-c1-tpot"}
+
 def predict(row) -> float:
     """Predicted output tokens/s."""
     _, model, gpu_name, kw, bench, batch, prompt, output, _, _ = row
@@ -108,7 +115,8 @@ def predict(row) -> float:
     if bench == "latency":
         budget = batch * prompt if "max_num_seqs" in kw else k.max_num_batched_tokens  # (V0 rows: no chunking)
         secs = serving_time.batch_latency(spec, setup, gpu, pc, sv.kv_bytes_per_token, batch, prompt, output,
-                                          k.capture_sizes, budget, k.max_num_seqs, sv.kv_tokens)
+                                          k.capture_sizes, budget, k.max_num_seqs, sv.kv_tokens,
+                                          streamed=row[0] in ONLINE)
         return batch * output / secs
     elif bench == "tpot":  # one request's decode rate, 1 / TPOT, at `batch` concurrent requests
         st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, k.max_num_batched_tokens,
@@ -116,7 +124,8 @@ def predict(row) -> float:
         return 1 / st.tpot
     else:
         st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, max(k.max_num_seqs * prompt, 1),
-                                       k.max_num_seqs, sv.kv_tokens, k.capture_sizes, None, prompt, output)
+                                       k.max_num_seqs, sv.kv_tokens, k.capture_sizes, None, prompt, output,
+                                       streamed=False)  # benchmark_throughput: the LLM class, no API server
         return st.output_tokens_per_second
 
 

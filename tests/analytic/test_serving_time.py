@@ -122,6 +122,40 @@ def test_the_scheduler_binds_a_small_model_at_hundreds_of_requests():
     assert one.seconds == one.gpu_seconds  # one request: the GPU binds, the scheduler hides behind it
 
 
+def test_the_api_server_binds_a_small_model_streaming_hundreds_of_requests():
+    """`vllm serve` streams each sampled token from one API server process beside the engine core: 500 Qwen3-0.6B
+    decodes on one H100 cost the API server 500 × the version's measured seconds per token (servers.toml
+    frontend_host, bench/tools/vllm_frontend_cpu), about the engine core's own step, and the step takes the larger.
+    Offline (the LLM class: no API server) the same step is the engine core's alone; a 70B decode of 8 requests is
+    GPU-bound either way (8 tokens: a fraction of a millisecond of streaming). SGLang's is not measured: 0."""
+    from trainfit import serving_versions
+    spec, gpu = load_model("qwen3-0.6b"), get_gpu("H100-80GB")
+    pc = count_params(spec)
+    for server in ("vllm==0.33.0", "vllm==0.19.0", "sglang"):
+        setup = Setup(mode="serve", server=server, precision="bf16", max_model_len=2048)
+        sizes = serving.serve_memory(spec, Setup(mode="serve", precision="bf16", max_model_len=2048), gpu,
+                                     pc).knobs.capture_sizes
+        args = (spec, setup, gpu, pc, 28 * 2 * 8 * 128 * 2, 500, 576, 0, 1, sizes)
+        online, offline = (serving_time.engine_step(*args, streamed=s) for s in (True, False))
+        per = serving_versions.parse(server).facts.get("frontend_host", 0.0)
+        assert (per > 0) == server.startswith("vllm") and offline.api_server == 0
+        assert online.api_server == pytest.approx(500 * per)
+        assert online.seconds == pytest.approx(max(offline.seconds, 500 * per))
+        if per:
+            assert 0.5 < 500 * per / offline.seconds < 2  # the same order as the engine core's step
+    big = load_model("llama-3.1-70b")
+    setup = Setup(mode="serve", precision="bf16", tp=4, max_model_len=8192)
+    args = (big, setup, gpu, count_params(big), 80 * 2 * 8 * 128 * 2 / 4, 8, 4096, 0, 1, (1, 2, 4, 8))
+    assert serving_time.engine_step(*args, streamed=True).seconds == serving_time.engine_step(*args).seconds
+    # the steady state streams by default (`vllm serve`); benchmark_throughput's offline engine does not
+    sv = serving.serve_memory(spec, Setup(mode="serve", precision="bf16", max_model_len=2048), gpu, pc)
+    k = sv.knobs
+    st = [serving_time.steady_state(spec, Setup(mode="serve", precision="bf16", max_model_len=2048), gpu, pc,
+                                    sv.kv_bytes_per_token, k.max_num_batched_tokens, k.max_num_seqs, sv.kv_tokens,
+                                    k.capture_sizes, 1000, 512, 128, streamed=s) for s in (True, False)]
+    assert st[0].step.api_server > 0 == st[1].step.api_server and st[0].tpot >= st[1].tpot
+
+
 def test_a_batch_over_what_the_engine_holds_runs_in_waves():
     """benchmark_latency's one batch of 96 equal requests against an engine that runs at most 32 at once: the
     scheduler stops admitting at max_num_seqs (0.19.0 v1/core/sched/scheduler.py:568) and the 32 running requests,

@@ -31,8 +31,17 @@ next CUDA-graph capture size when graphs run (v1/cudagraph_dispatcher.py:71-90, 
               0.13 and earlier off) the next step is scheduled while this one runs on the GPU: a step takes
               max(GPU, host); without it, GPU + the scheduler. SGLang's overlap scheduler (on by default) overlaps
               the same way; its scheduler's cost is not measured and not counted. NB: the model runner's input
-              preparation (_prepare_inputs), the outputs' serialisation and the API server's detokenisation are not
-              counted (errs fast where the host binds); the measuring CPU's speed is taken as the serving host's.
+              preparation (_prepare_inputs) and the outputs' serialisation are not counted (errs fast where the host
+              binds); the measuring CPU's speed is taken as the serving host's.
+  API server  `vllm serve` streams every sampled token to its client from one API server process beside the
+              engine core (api_server_count 1 at data parallel 1: 0.33.0 entrypoints/cli/serve.py:107-117): the
+              output processor's detokenisation, the request's collector, the completion stream generator's chunk
+              and its send, pure Python per token (data/servers.toml frontend_host, measured on a CPU with the
+              version's own classes: bench/tools/vllm_frontend_cpu). It runs while the engine core does: a step
+              takes at least the API server's time for the step's tokens. Offline runs (benchmark_latency /
+              benchmark_throughput, the LLM class) have no API server: not counted there. NB: the requests' intake
+              (HTTP parse, tokenisation) and the ZMQ and HTTP writes are not counted (errs fast); SGLang's tokenizer
+              manager and detokenizer processes are not measured and not counted.
 NB: vLLM's fused kernels (qkv and gate_up GEMMs, fused_add_rms_norm, its rotary) are timed as the stack's op list
 (--stack's memory-bound ops): the GEMMs' FLOPs and bytes are the same, the elementwise launches differ.
 
@@ -84,6 +93,7 @@ class EngineStep:
     host: float  # the host's time to issue the step's kernels (0 under CUDA graphs)
     scheduler: float = 0.0  # the engine's scheduler CPU time for the step (scheduler_host)
     overlapped: bool = True  # the scheduler runs while the GPU does (async scheduling / SGLang's overlap)
+    api_server: float = 0.0  # the API server's CPU time streaming the step's tokens (frontend_host; its own process)
 
     @property
     def gpu_seconds(self) -> float:
@@ -92,8 +102,10 @@ class EngineStep:
     @property
     def seconds(self) -> float:
         if self.overlapped:
-            return max(self.gpu_seconds, self.host + self.scheduler)
-        return max(self.gpu_seconds, self.host) + self.scheduler
+            core = max(self.gpu_seconds, self.host + self.scheduler)
+        else:
+            core = max(self.gpu_seconds, self.host) + self.scheduler
+        return max(core, self.api_server)
 
 
 @dataclass(frozen=True)
@@ -126,7 +138,7 @@ class ServingTime:
                 "step_seconds": {"gemm": s.kernels.gemm, "attention": s.kernels.attention,
                                  "memory": s.kernels.memory, "launches": s.kernels.launches,
                                  "allreduce": s.allreduce, "sampler": s.sampler, "host": s.host,
-                                 "scheduler": s.scheduler, "total": s.seconds}}
+                                 "scheduler": s.scheduler, "api_server": s.api_server, "total": s.seconds}}
 
 
 def padded(tokens: int, capture_sizes: tuple[int, ...]) -> int:
@@ -193,15 +205,22 @@ def scheduler_seconds(setup: Setup, requests: float) -> tuple[float, bool]:
     return (fixed + per * max(0.0, requests) if requests > 0 else 0.0), facts["host_overlap"]
 
 
+def api_server_seconds(setup: Setup, streamed: float) -> float:
+    """The API server's CPU seconds streaming `streamed` tokens to their clients (module docstring): the version's
+    measured seconds per token (data/servers.toml frontend_host; absent: not measured, 0)."""
+    return serving_versions.parse(setup.server or "vllm").facts.get("frontend_host", 0.0) * max(0.0, streamed)
+
+
 def engine_step(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_bytes_per_token: float,
                 decodes: float, context: float, prefill: float, prompt: int, capture_sizes: tuple[int, ...],
                 finishing: float = 0.0, prefill_mfu: float | None = None, state: float = 0.0,
-                requests: float | None = None) -> EngineStep:
+                requests: float | None = None, streamed: bool = False) -> EngineStep:
     """One step of `decodes` sequences at mean `context` cached tokens and `prefill` prompt tokens of `prompt`-token
     requests (`finishing` of them sample this step). kv_bytes_per_token: this GPU's, every layer (serving.py).
     prefill_mfu (--mfu): the prefill tokens timed at that model-FLOPs utilisation instead of their kernels.
     state: one sequence's linear-attention / Mamba states on this GPU (serving_state), read and written per decode.
-    requests: the requests the scheduler schedules this step (default: the decodes and the finishing prefills)."""
+    requests: the requests the scheduler schedules this step (default: the decodes and the finishing prefills).
+    streamed: the sampled tokens go to clients through the API server (`vllm serve`; offline: not)."""
     graphs = bool(capture_sizes)
     real = max(1, math.ceil(decodes + (0 if prefill_mfu else prefill)))
     tokens = padded(real, capture_sizes) if graphs else real
@@ -238,15 +257,18 @@ def engine_step(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_byt
     if graphed:  # a graph replays its kernels without per-kernel launches (ops/cuda_graphs.py's rule and its NB)
         kernels = kernels._replace(launches=0.0)
     sched, overlapped = scheduler_seconds(setup, decodes + finishing if requests is None else requests)
-    return EngineStep(tokens, decodes, prefill, kernels, ar, sampler, host, sched, overlapped)
+    api = api_server_seconds(setup, rows) if streamed else 0.0  # every sampled token is one streamed event
+    return EngineStep(tokens, decodes, prefill, kernels, ar, sampler, host, sched, overlapped, api)
 
 
 def steady_state(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_bytes_per_token: float,
                  budget: int, max_seqs: int, kv_tokens: int, capture_sizes: tuple[int, ...], concurrency: int | None,
-                 prompt: int, output: int, prefill_mfu: float | None = None, state: float = 0.0) -> ServingTime:
+                 prompt: int, output: int, prefill_mfu: float | None = None, state: float = 0.0,
+                 streamed: bool = True) -> ServingTime:
     """Continuous batching at `concurrency` requests of `prompt` + `output` tokens (module doc). budget:
     max_num_batched_tokens; max_seqs: max_num_seqs; kv_tokens: the KV pool's tokens (what it holds at once);
-    concurrency None: as many requests as the engine holds at once."""
+    concurrency None: as many requests as the engine holds at once. streamed: through the API server (`vllm
+    serve`, the default); False: offline (benchmark_throughput's LLM class)."""
     held = min(max_seqs, kv_tokens // (prompt + output))
     if held < 1:
         raise SetupError(f"a request of --prompt-len {prompt} + --completion-len {output} tokens does not fit the "
@@ -267,7 +289,7 @@ def steady_state(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_by
 
     def step(prefill: float, finishing: float, prefilling: float) -> EngineStep:
         return engine_step(spec, setup, gpu, pc, kv_bytes_per_token, decodes, context, prefill, prompt,
-                           capture_sizes, finishing, prefill_mfu, state, decodes + prefilling)
+                           capture_sizes, finishing, prefill_mfu, state, decodes + prefilling, streamed)
 
     # the scheduler walks every request it schedules: the decodes and the requests whose prompt chunk runs
     with_prompt = step(running * prompt / carrying, running / carrying, running * prefill_steps / carrying)
@@ -283,7 +305,7 @@ def steady_state(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_by
 
 def batch_latency(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_bytes_per_token: float, batch: int,
                   prompt: int, output: int, capture_sizes: tuple[int, ...], budget: int, max_seqs: int | None = None,
-                  kv_tokens: int | None = None) -> float:
+                  kv_tokens: int | None = None, streamed: bool = False) -> float:
     """Seconds for one batch of `batch` requests submitted together (vLLM's benchmarks/benchmark_latency.py: one
     llm.generate of `batch` prompts, ignore_eos): their prompts in ceil(batch × prompt / budget) steps, then
     output − 1 decode steps of the whole batch at its mean context prompt + output / 2.
@@ -292,17 +314,18 @@ def batch_latency(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, kv_b
     the KV pool (`kv_tokens`) holds; the rest wait, and equal requests finish together, so the batch runs in
     ceil(batch / held) waves one after another. NB: taken as equal waves of ceil(batch / waves) (the scheduler fills
     full waves, then a remainder: equal under a step time affine in the batch; padding and tiles differ); a KV-bound
-    engine admits by the prompt's blocks and preempts as decodes grow (v1 allocate_slots on demand): not modelled."""
+    engine admits by the prompt's blocks and preempts as decodes grow (v1 allocate_slots on demand): not modelled.
+    streamed: the batch is sent to `vllm serve` at once and streamed back through its API server (module doc)."""
     held = min(batch, max_seqs or batch, kv_tokens // (prompt + output) if kv_tokens is not None else batch)
     waves = math.ceil(batch / max(1, held))
     if waves > 1:
         return waves * batch_latency(spec, setup, gpu, pc, kv_bytes_per_token, math.ceil(batch / waves), prompt,
-                                     output, capture_sizes, budget)
+                                     output, capture_sizes, budget, streamed=streamed)
     steps = math.ceil(batch * prompt / budget)
     pre = engine_step(spec, setup, gpu, pc, kv_bytes_per_token, 0.0, 0.0, batch * prompt / steps, prompt,
-                      capture_sizes, finishing=batch / steps)
+                      capture_sizes, finishing=batch / steps, streamed=streamed)
     dec = engine_step(spec, setup, gpu, pc, kv_bytes_per_token, batch, prompt + output / 2, 0.0, prompt,
-                      capture_sizes)
+                      capture_sizes, streamed=streamed)
     return steps * pre.seconds + (output - 1) * dec.seconds
 
 
@@ -320,7 +343,7 @@ def decode_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv,
     k = sv.knobs
     sizes = tuple(range(1, k.cuda_graph_max_bs + 1)) if serving_versions.engine_of(setup.server) == "sglang" else k.capture_sizes
     return engine_step(spec, setup, gpu, pc, sv.kv_bytes_per_token, sequences, sv.context / 2, 0.0, 1, sizes,
-                       state=sv.state_bytes).seconds
+                       state=sv.state_bytes, streamed=True).seconds
 
 
 def sglang(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv, prefill_mfu: float | None = None) -> ServingTime:
@@ -333,5 +356,5 @@ def sglang(spec: ModelSpec, setup: Setup, gpu: GPU, pc: ParamCounts, sv, prefill
                         sv.kv_tokens, sizes, setup.concurrency, setup.prompt_len, setup.completion_len, prefill_mfu, sv.state_bytes)
 
 
-__all__ = ["EngineStep", "ServingTime", "engine_step", "scheduler_seconds", "steady_state", "batch_latency", "padded", "allreduce_seconds",
+__all__ = ["EngineStep", "ServingTime", "engine_step", "scheduler_seconds", "api_server_seconds", "steady_state", "batch_latency", "padded", "allreduce_seconds",
            "decode_seconds", "vllm", "sglang"]
