@@ -10,7 +10,7 @@ Each row names its source, the engine's settings it states and the benchmark it 
   tpot        vllm bench serve at --max-concurrency C: one request's decode rate, 1 / TPOT (steady_state).
 The engine's scheduler CPU time per step (serving_time.py scheduler: vLLM's Scheduler measured on a CPU,
 data/servers.toml scheduler_host; overlapped under async scheduling, the default from 0.14). The 500-request row runs
---server vllm==0.19.0, the version its source ran (its Scheduler, 20.5 us per request, then hides behind the GPU's
+--server vllm==0.19.0, the version its source ran (its Scheduler, 8.9 us per request, then hides behind the GPU's
 step); the others plain --server vllm (0.33.0): Musgrave's 0.23.0 is not listed in data/servers.toml, and the Oracle
 rows' 2024 engine (V0) scheduled synchronously with a different scheduler (not listed: their GPU-bound steps hide
 0.33.0's).
@@ -72,9 +72,10 @@ ROWS = [
     # 127 x 5.45 ms), where nothing in the engine stops at fewer than 500. What bound it sits before the engine core:
     # the one API server process (api_server_count 1, entrypoints/cli/serve.py:83-99) tokenising 500 prompts and
     # streaming 64,000 SSE chunks (detokenising each), and the benchmark client parsing them. The streaming is
-    # measured and counted (serving_time.py api_server: 0.19.0's 27.5 us a token, 13.8 ms a step of 500 decodes, about
-    # the engine's own step: +127 % became +116 %); at 128 tokens a request it bounds the server at ~280 requests/s,
-    # three times the published rate, so the rest is the intake (tokenisation, HTTP) or the client: not measured. NB: the requests carry no sampling parameters
+    # measured and counted (serving_time.py api_server: 0.19.0's 32.7 us a token, 16.4 ms a step of 500 decodes,
+    # over the engine core's 12.8: +127 % became +90 %); at 128 tokens a request it bounds the server at ~240
+    # requests/s, 2.5 times the published rate, so the rest is the intake (tokenisation, HTTP) or the client: not
+    # measured. NB: the requests carry no sampling parameters
     # (benchmarks/lib/endpoint_request_func.py:169-182), so the server applies the model's generation_config
     # (config/model.py:267 "auto", :1391-1411; Qwen3-0.6B's sets top-k 20 / top-p 0.95, as quoted, not read here): the
     # Triton top-k/top-p pass and softmax over 500 x 151,936 fp32 logits (topk_topp_sampler.py:94-113, :245-255) are

@@ -27,13 +27,9 @@ shares the host.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 
-from bench.tools.vllm_scheduler_cpu import fit
+from bench.tools.vllm_scheduler_cpu import fit, run_probe
 
 ABOUT = {"summary": "vLLM API server CPU seconds per streamed token vs running requests (needs an unpacked vLLM)",
          "minutes": 2, "quick": None}
@@ -139,13 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, nargs="+", default=[64, 256, 500])
     p.add_argument("--steps", type=int, default=60)
     a = p.parse_args(argv)
-    env = {**os.environ, "PYTHONPATH": a.path, "VLLM_LOGGING_LEVEL": "ERROR"}
-    done = subprocess.run([sys.executable, "-c", PROBE, tempfile.mkdtemp(), ",".join(map(str, a.requests)),
-                           str(a.steps)], env=env, capture_output=True, text=True)
-    if done.returncode:
-        print(done.stderr[-2000:], file=sys.stderr)
+    rows = run_probe(PROBE, a.path, tempfile.mkdtemp(), a.requests, a.steps)
+    if rows is None:
         return 1
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
     for n, s in rows:
         print(f"{n:5d} streaming requests: API server {s * 1e6:8.0f} us per step")
     print(f"fit: {fit(rows) * 1e6:.2f} us per streamed token")

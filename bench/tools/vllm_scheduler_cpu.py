@@ -111,6 +111,18 @@ def fit(rows: list[list[float]]) -> float:
     return sum(n * t for n, t in rows) / sum(n * n for n, _ in rows)
 
 
+def run_probe(probe: str, path: str, folder: str, requests: list[int], steps: int) -> list | None:
+    """Run a probe (its source) over the unpacked vLLM at `path` in its own interpreter: its last line's JSON rows of
+    [requests, seconds per step]; None (its error printed) when it fails."""
+    env = {**os.environ, "PYTHONPATH": path, "VLLM_LOGGING_LEVEL": "ERROR"}
+    done = subprocess.run([sys.executable, "-c", probe, folder, ",".join(map(str, requests)), str(steps)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        print(done.stderr[-2000:], file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--path", required=True, help="folders holding the unpacked vllm package and its requirements")
@@ -126,13 +138,9 @@ def main(argv=None) -> int:
     cfg.pop("_trainfit", None)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f)
-    env = {**os.environ, "PYTHONPATH": a.path, "VLLM_LOGGING_LEVEL": "ERROR"}
-    done = subprocess.run([sys.executable, "-c", PROBE, folder, ",".join(map(str, a.requests)), str(a.steps)],
-                          env=env, capture_output=True, text=True)
-    if done.returncode:
-        print(done.stderr[-2000:], file=sys.stderr)
+    rows = run_probe(PROBE, a.path, folder, a.requests, a.steps)
+    if rows is None:
         return 1
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
     for n, s in rows:
         print(f"{n:5d} running requests: schedule + update_from_output {s * 1e6:8.0f} us per step")
     print(f"fit: {fit(rows) * 1e6:.2f} us per request")

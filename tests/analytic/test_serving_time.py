@@ -154,6 +154,13 @@ def test_the_api_server_binds_a_small_model_streaming_hundreds_of_requests():
                                     sv.kv_bytes_per_token, k.max_num_batched_tokens, k.max_num_seqs, sv.kv_tokens,
                                     k.capture_sizes, 1000, 512, 128, streamed=s) for s in (True, False)]
     assert st[0].step.api_server > 0 == st[1].step.api_server and st[0].tpot >= st[1].tpot
+    # the estimate says which process binds, with both times
+    from trainfit import estimate
+    e = estimate("qwen3-0.6b", gpu="H100-80GB", mode="serve", concurrency=1000, prompt_len=256, completion_len=256)
+    step = e.detail.serving.load["step_seconds"]
+    assert step["api_server"] == step["total"] > 0
+    assert any(n.startswith(f"the API server binds: streaming a step's tokens takes it {step['api_server'] * 1e3:.1f}")
+               for n in e.notes)
 
 
 def test_a_batch_over_what_the_engine_holds_runs_in_waves():

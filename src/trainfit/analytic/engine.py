@@ -635,6 +635,11 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
                     "fits the KV cache: nothing is served (0 tokens/s)")]
     if load is not None and (setup.request_rate or setup.ttft_ms):
         notes = [*notes, _target_note(setup, load)]
+    if load is not None and load.step.api_server > load.step.core_seconds:
+        s = load.step
+        notes = [*notes, f"the API server binds: streaming a step's tokens takes it {s.api_server * 1e3:.1f} ms, the "
+                 f"engine core's step {s.core_seconds * 1e3:.1f} ms (analytic/serving_time.py api_server); vLLM's "
+                 "--api-server-count spreads it over processes (not modelled: one)"]
     flops = Flops(int(fpt * prompt), 0, 0, int(fpt * prompt), int(fpt * prompt), int(fpt))
     detail = replace(sv.sizing(), load=load.as_dict() if load is not None else {})
     return Estimate("analytic", spec.name, pc.total, stage_params(spec, pc, setup.tp, setup.pp), setup, memory, flops,

@@ -100,12 +100,15 @@ class EngineStep:
         return self.kernels.seconds + self.allreduce + self.sampler
 
     @property
-    def seconds(self) -> float:
+    def core_seconds(self) -> float:
+        """The engine core's step: the GPU's and the host's (kernel issue, the scheduler)."""
         if self.overlapped:
-            core = max(self.gpu_seconds, self.host + self.scheduler)
-        else:
-            core = max(self.gpu_seconds, self.host) + self.scheduler
-        return max(core, self.api_server)
+            return max(self.gpu_seconds, self.host + self.scheduler)
+        return max(self.gpu_seconds, self.host) + self.scheduler
+
+    @property
+    def seconds(self) -> float:
+        return max(self.core_seconds, self.api_server)  # the API server streams beside the engine core
 
 
 @dataclass(frozen=True)
