@@ -72,7 +72,7 @@ ROWS = [
     # 127 x 5.45 ms), where nothing in the engine stops at fewer than 500. What bound it sits before the engine core:
     # the one API server process (api_server_count 1, entrypoints/cli/serve.py:83-99) tokenising 500 prompts and
     # streaming 64,000 SSE chunks (detokenising each), and the benchmark client parsing them. The streaming is
-    # measured and counted (serving_time.py api_server: 0.19.0's 32.7 us a token, 16.4 ms a step of 500 decodes,
+    # measured and counted (serving_time.py api_server: 0.19.0's 32.8 us a token, 16.4 ms a step of 500 decodes,
     # over the engine core's 12.8: +127 % became +90 %); at 128 tokens a request it bounds the server at ~240
     # requests/s, 2.5 times the published rate, so the rest is the intake (tokenisation, HTTP) or the client: not
     # measured. NB: the requests carry no sampling parameters

@@ -16,7 +16,9 @@ Printed: the median seconds per step at each N and their least-squares seconds p
 
 The tokenizer is a byte-level BPE trained here on transformers' own modeling sources (no download): the detokeniser
 (tokenizers' DecodeStream behind vLLM's FastIncrementalDetokenizer) does the same work per token whatever the
-vocabulary's merges. vLLM is not a dependency: unpack its wheel as for bench/tools/vllm_scheduler_cpu.py.
+vocabulary's merges. vLLM is not a dependency: unpack its wheel as for bench/tools/vllm_scheduler_cpu.py (0.14 also
+imports mistral_common, jsonschema, pydantic-extra-types, tiktoken, lm-format-enforcer and interegular; 0.11 needs
+transformers 4.x, e.g. 4.57.1 with tokenizers 0.22.1, first on the path).
 
     python -m bench run vllm_frontend_cpu --path UNPACKED_WHEEL:DEPS_DIR [--requests 64 256 500]
 
@@ -39,15 +41,25 @@ import asyncio, glob, inspect, json, random, statistics, sys, time
 from starlette.responses import StreamingResponse
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
-from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-try:
-    from vllm.entrypoints.openai.engine.protocol import RequestResponseMetadata
-except ImportError:  # 0.33 keeps it in generate/base/protocol.py
-    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+try:  # 0.19 and later
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    from vllm.tokenizers import get_tokenizer
+except ImportError:  # 0.11: one protocol module, serving_completion.py
+    from vllm.entrypoints.openai.protocol import CompletionRequest
+    from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+    from vllm.transformers_utils.tokenizer import get_tokenizer
+for home in ("openai.engine.protocol", "generate.base.protocol", "openai.protocol"):  # 0.19, 0.33, 0.11
+    try:
+        RequestResponseMetadata = __import__(f"vllm.entrypoints.{home}", fromlist=["x"]).RequestResponseMetadata
+        break
+    except (ImportError, AttributeError):
+        pass
 from vllm.sampling_params import RequestOutputKind, SamplingParams
-from vllm.tokenizers import get_tokenizer
-from vllm.utils.async_utils import merge_async_iterators
+try:
+    from vllm.utils.async_utils import merge_async_iterators
+except ImportError:  # 0.11: vllm/utils/__init__.py
+    from vllm.utils import merge_async_iterators
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
 from vllm.v1.metrics.stats import IterationStats
@@ -72,6 +84,9 @@ for cls in OpenAIServingCompletion.__mro__:
         if par.default is not inspect.Parameter.empty and not hasattr(serving, name):
             setattr(serving, name, par.default)
 serving.request_logger = serving.system_fingerprint = None
+# 0.11 passes enable_force_include_usage to the generator itself (its default: False)
+late = [False] if "enable_force_include_usage" in inspect.signature(
+    OpenAIServingCompletion.completion_stream_generator).parameters else []
 
 
 async def generate(q):  # AsyncLLM.generate's loop over the request's collector
@@ -94,16 +109,18 @@ async def run(n):
         prompt = [rng.randrange(V) for _ in range(PROMPT)]
         text = tok.decode(prompt)
         sp = SamplingParams(max_tokens=steps, output_kind=RequestOutputKind.DELTA, ignore_eos=True)
-        req = EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=prompt, mm_features=None, sampling_params=sp,
-                                pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
-                                data_parallel_rank=None, external_req_id=f"x{i}")
-        q = RequestOutputCollector(RequestOutputKind.DELTA, f"r{i}")
+        fields = dict(request_id=f"r{i}", prompt_token_ids=prompt, mm_features=None, sampling_params=sp,
+                      pooling_params=None, eos_token_id=None, arrival_time=time.time(), lora_request=None,
+                      cache_salt=None, data_parallel_rank=None, external_req_id=f"x{i}")
+        req = EngineCoreRequest(**{k: v for k, v in fields.items() if k in EngineCoreRequest.__struct_fields__})
+        q = RequestOutputCollector(RequestOutputKind.DELTA, *(  # (0.11 takes no request id)
+            [f"r{i}"] if "request_id" in inspect.signature(RequestOutputCollector).parameters else []))
         op.add_request(req, text, None, 0, q)
         body = CompletionRequest(model="m", prompt=text, max_tokens=steps, stream=True, logprobs=None,
                                  repetition_penalty=1.0, stream_options={"include_usage": True})
         events = serving.completion_stream_generator(body, [None], merge_async_iterators(generate(q)), f"cmpl-{i}",
                                                      int(time.time()), "m", 1, tok,
-                                                     RequestResponseMetadata(request_id=f"cmpl-{i}"))
+                                                     RequestResponseMetadata(request_id=f"cmpl-{i}"), *late)
         tasks.append(asyncio.create_task(StreamingResponse(events, media_type="text/event-stream")
                                          .stream_response(send)))
     await asyncio.sleep(0)
