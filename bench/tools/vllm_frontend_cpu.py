@@ -1,5 +1,5 @@
 """vLLM's API server CPU time per streamed output token, measured on this machine's CPU: the source of
-data/servers.toml [vllm.versions.X] frontend_host (analytic/serving_time.py frontend_seconds).
+data/servers.toml [vllm.versions.X] frontend_host (analytic/serving_time.py api_server_seconds).
 
 `vllm serve` runs the engine core (scheduler, model runner) in one process and the OpenAI API server in another
 (v1/engine/async_llm.py AsyncLLM over core_client.py's AsyncMPClient). For every engine step the API server turns each
