@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from bench.tools.vllm_scheduler_cpu import fit, run_probe
+from bench.tools.vllm_scheduler_cpu import measure
 
 ABOUT = {"summary": "vLLM API server CPU seconds per streamed token vs running requests (needs an unpacked vLLM)",
          "minutes": 2, "quick": None}
@@ -152,13 +152,8 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, nargs="+", default=[64, 256, 500])
     p.add_argument("--steps", type=int, default=60)
     a = p.parse_args(argv)
-    rows = run_probe(PROBE, a.path, tempfile.mkdtemp(), a.requests, a.steps)
-    if rows is None:
-        return 1
-    for n, s in rows:
-        print(f"{n:5d} streaming requests: API server {s * 1e6:8.0f} us per step")
-    print(f"fit: {fit(rows) * 1e6:.2f} us per streamed token")
-    return 0
+    return measure(PROBE, a.path, tempfile.mkdtemp(), a.requests, a.steps, "streaming requests: API server",
+                   "streamed token")
 
 
 if __name__ == "__main__":

@@ -123,6 +123,18 @@ def run_probe(probe: str, path: str, folder: str, requests: list[int], steps: in
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def measure(probe: str, path: str, folder: str, requests: list[int], steps: int, what: str, per: str) -> int:
+    """run_probe, then print each row's seconds per step (`what` names them) and the fit's seconds per `per`; the
+    exit status."""
+    rows = run_probe(probe, path, folder, requests, steps)
+    if rows is None:
+        return 1
+    for n, s in rows:
+        print(f"{n:5d} {what} {s * 1e6:8.0f} us per step")
+    print(f"fit: {fit(rows) * 1e6:.2f} us per {per}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--path", required=True, help="folders holding the unpacked vllm package and its requirements")
@@ -138,13 +150,8 @@ def main(argv=None) -> int:
     cfg.pop("_trainfit", None)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f)
-    rows = run_probe(PROBE, a.path, folder, a.requests, a.steps)
-    if rows is None:
-        return 1
-    for n, s in rows:
-        print(f"{n:5d} running requests: schedule + update_from_output {s * 1e6:8.0f} us per step")
-    print(f"fit: {fit(rows) * 1e6:.2f} us per request")
-    return 0
+    return measure(PROBE, a.path, folder, a.requests, a.steps, "running requests: schedule + update_from_output",
+                   "request")
 
 
 if __name__ == "__main__":
