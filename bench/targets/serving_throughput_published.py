@@ -101,8 +101,7 @@ ROWS = [
 
 
 # the rows whose requests went through `vllm serve` (vllm bench serve): their tokens stream through the API server
-# (serving_time.py api_server); the Oracle rows ran vLLM's offline benchmark scripts (the LLM class: none). The tpot
-# row's steady state streams by default.
+# (serving_time.py api_server); the Oracle rows ran vLLM's offline benchmark scripts (the LLM class: none)
 ONLINE = {"kvcached-h100-qwen3-0.6b-burst-500", "musgrave-a100-40gb-llama-3.1-8b-c1-tpot"}
 
 def predict(row) -> float:
@@ -121,12 +120,13 @@ def predict(row) -> float:
         return batch * output / secs
     elif bench == "tpot":  # one request's decode rate, 1 / TPOT, at `batch` concurrent requests
         st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, k.max_num_batched_tokens,
-                                       k.max_num_seqs, sv.kv_tokens, k.capture_sizes, batch, prompt, output)
+                                       k.max_num_seqs, sv.kv_tokens, k.capture_sizes, batch, prompt, output,
+                                       streamed=row[0] in ONLINE)
         return 1 / st.tpot
     else:
         st = serving_time.steady_state(spec, setup, gpu, pc, sv.kv_bytes_per_token, max(k.max_num_seqs * prompt, 1),
                                        k.max_num_seqs, sv.kv_tokens, k.capture_sizes, None, prompt, output,
-                                       streamed=False)  # benchmark_throughput: the LLM class, no API server
+                                       streamed=row[0] in ONLINE)  # (benchmark_throughput: the LLM class)
         return st.output_tokens_per_second
 
 

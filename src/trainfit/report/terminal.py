@@ -129,8 +129,8 @@ def verdict(e: Estimate, numbers: bool = True) -> tuple[str, str] | None:
     if judged is None:
         return None
     held = f" ({fmt_bytes(judged.gpu_memory)})" if judged.gpu_memory else ""
-    word = verdict_word(judged, e.setup.mode)
-    text = f"[green]{word}[/green]" if judged.fits else f"[red]{word}[/red]"
+    color = "green" if judged.fits else "red"
+    text = f"[{color}]{verdict_word(judged, e.setup.mode)}[/{color}]"
     if e.fit is not None and numbers:
         text += f" ({fit_numbers(e.fit)})"
     f = e.fit

@@ -7,6 +7,7 @@ from html import escape
 from ..estimate import Estimate
 from ..units import fmt_seconds
 from .terminal import budget_line, step_term_rows
+from .held import verdict_word
 
 # seaborn "deep" (the palette report/plots.py uses), cycled over the terms in StepTime's order
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974",
@@ -39,7 +40,7 @@ def time_section(e: Estimate) -> str:
     if not rows:
         return ""
     t = e.time
-    verdict = "fits" if t.fits else "does not fit (timed anyway)"
+    verdict = verdict_word(t, e.setup.mode) + ("" if t.fits else " (timed anyway)")
     extra = f" Budget on {t.train_tokens:,.0f} tokens: {budget_line(t)}." if t.train_seconds is not None else ""
     return (f"<section id='time'><h2>Where the time goes</h2><p class='note'>One optimizer step on {escape(t.gpu)}: "
             f"{fmt_seconds(t.step_seconds)} ({verdict}); each term of the step-time model, as a share of the step."

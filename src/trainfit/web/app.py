@@ -166,7 +166,8 @@ def view(e: Estimate) -> dict:
         judged = (fit_numbers(f) if f is not None else
                   f"device total {fmt_bytes(m.device_total)} of {fmt_bytes(t.gpu_memory)}"
                   if m.device_total is not None and t.gpu_memory else None)
-        summary.update(fits=t.fits, verdict=verdict_word(t, e.setup.mode), gpu=t.gpu, headroom=t.headroom, headroom_text=fmt_bytes(t.headroom),
+        summary.update(fits=t.fits, verdict=verdict_word(t, e.setup.mode), gpu=t.gpu, headroom=t.headroom,
+                       headroom_text=fmt_bytes(t.headroom),
                        device_total=m.device_total, gpu_memory=t.gpu_memory, judged_text=judged,
                        time_text=time_text(e))
     rows = [{"name": n, "bytes": v, "text": fmt_bytes(v)} for n, v in memory_rows(e)]
