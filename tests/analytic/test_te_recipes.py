@@ -81,6 +81,27 @@ def test_casts_and_gemms_of_a_layer(spec):
     assert f"{fc2.name}.x.cast" in names and f"{fc2.name}.x.amax" not in names  # the amax inside the cast
 
 
+def test_mxfp8_cast_runs_at_transformer_engines_measured_b200_rate(spec):
+    """A 16k-token micro-batch's linear_qkv input (16,384 x 4,096 bf16, the element count of the source's 8,192 x
+    8,192) quantised to MXFP8 rowwise and columnwise on a B200: timed as TE's own kernel ran there, 52.34 us
+    (ROCm/TransformerEngine PR #598, CAST_ONLY, B200 column, bf16 'both'), not at the streaming rate (37 us); the
+    weight's cast too (the same kernel); a GPU without the measurement streams it."""
+    from trainfit.analytic.compute_time import time_ops
+    from trainfit.hardware import get_gpu
+
+    s = Setup(**{**BASE, "seq": 8192, "batch": 2}, low_precision="mxfp8")
+    ops = {o.name: o for o in layer_forward(spec, shape_of(spec, s, state_bytes(s), "bf16"))}
+    qkv = [o for o in ops.values() if o.kind == "gemm" and o.k == H][0]
+    x, w = ops[f"{qkv.name}.x.cast"], ops[f"{qkv.name}.w.cast"]
+    assert x.reads + x.writes == pytest.approx(8192 * 8192 * (2 + 2 * (1 + 1 / 32)))
+    b200 = get_gpu("B200")
+    launch = 3e-6  # kernels.toml [generation.blackwell] launch_seconds, timed beside the kernel
+    assert time_ops(b200, [x]).seconds - launch == pytest.approx(52.34e-6, rel=0.01)
+    assert x.access == w.access
+    h100 = get_gpu("H100-80GB")  # no MXFP8 quantize rate measured on Hopper: the streaming one
+    assert time_ops(h100, [x]).seconds == pytest.approx(time_ops(h100, [x._replace(access="vector")]).seconds)
+
+
 def test_every_layer_in_bf16_is_the_bf16_step(spec):
     """--bf16-first/last-layers covering all 32 layers leaves nothing to the recipe: memory and the layers' time equal
     the step without --low-precision (Megatron runs those layers outside fp8_autocast: fp8_utils.get_fp8_context)."""

@@ -44,6 +44,9 @@ SCALE_LAUNCHES = {"tensorwise": 1}
 # :615-660 (64 tensors per multi-tensor launch)
 SWIZZLED = ("mxfp8", "nvfp4")
 SWIZZLED_GROUPED = ("mxfp8",)
+# the quantize kernels whose rate is measured apart from the streaming one (kernels.toml access; a GPU without the
+# class streams): MXFP8's rowwise + columnwise cast (common/cast/mxfp8/quantize_mxfp8.cuh), kernels.toml TEMXCAST
+CAST_ACCESS = {"mxfp8": "te_mx_cast"}
 
 
 def split_kernels(linear: Op, sh: Shape) -> int:
@@ -63,7 +66,7 @@ def _quantise(name: str, elements: float, in_bytes: float, sh: Shape, kernels: i
         out.append(memory(f"{name}.scale", FP32, FP32, SRC + ": scale from amax", grad=False, saves=False,
                           kernels=kernels * SCALE_LAUNCHES[r.name]))
     return out + [memory(f"{name}.cast", elements * in_bytes, 2 * elements * r.per_element, SRC, grad=False,
-                         saves=False, kernels=kernels)]
+                         saves=False, kernels=kernels, access=CAST_ACCESS.get(r.name, "vector"))]
 
 
 def swizzles(name: str, gemm: Op, a: float, b: float, sh: Shape) -> list[Op]:
@@ -88,7 +91,7 @@ def te_casts(linear: Op, sh: Shape, shared_input: bool = False) -> list[Op]:
     x, w = linear.m * linear.k * linear.batch, linear.k * linear.n * linear.batch
     # the weight's kernels run in the step's first micro-batch only: their bytes and launches spread over the others
     weight = [memory(o.name, o.reads * sh.te_weight_share, o.writes * sh.te_weight_share, o.source, grad=False,
-                     saves=False, kernels=o.kernels * sh.te_weight_share)
+                     saves=False, kernels=o.kernels * sh.te_weight_share, access=o.access)
               for o in _quantise(f"{linear.name}.w", w, sh.weight, sh, split_kernels(linear, sh))]
     if shared_input:
         return weight
