@@ -58,3 +58,13 @@ def test_help_is_one_line_per_option_and_help_all_has_each_whole():
     assert len(short.output.splitlines()) < 1.3 * len(SETTINGS) + 60 < len(whole.output.splitlines()) / 3
     assert "bf16-master (bf16 weights and grads" in " ".join(whole.output.split())
     assert "bf16-master (bf16" not in short.output and "--help-all" in short.output
+
+
+def test_each_option_names_each_of_its_flags_once():
+    """An alias is another name (an engine's own flag, a short form), never the flag again: `--help` printed
+    '--overlap-param-gather, --overlap-param-gather' when a setting listed its own flag as its alias."""
+    result = CliRunner().invoke(app, ["estimate", "--help"], terminal_width=200)
+    for s in SETTINGS:
+        names = [s.flag, *s.meta.aliases, *([s.meta.short] if s.meta.short else [])]
+        assert len(set(names)) == len(names), names
+    assert not re.search(r"^  (--[\w-]+), \1(?![\w-])", result.output, re.M)

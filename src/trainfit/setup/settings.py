@@ -189,8 +189,7 @@ class Setup:
                                          "parameter all-gather is dispatched bucket by bucket as the next step's "
                                          "first forward reaches each bucket's modules, hidden behind that forward "
                                          "(without it the all-gather runs whole after optimizer.step()); needs "
-                                         "--zero 1 or more.", modes=("train",),
-                                         aliases=("--overlap-param-gather",), group="parallel")
+                                         "--zero 1 or more.", modes=("train",), group="parallel")
     overlap_comm: bool = setting(False, "DeepSpeed's zero_optimization.overlap_comm at --zero 1 or 2: the gradient "
                                  "reduction runs on its own stream beside the backward, with a second reduce bucket "
                                  "of reduce_bucket_size elements; without it (DeepSpeed's default there) the "
