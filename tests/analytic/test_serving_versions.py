@@ -186,3 +186,22 @@ def test_capture_sizes_and_graph_modes_by_version():
     setup = Setup(mode="serve", server="vllm==0.8.5", precision="bf16", max_num_seqs=1)
     kk = k("vllm==0.8.5", max_num_seqs=1)
     assert serving.cuda_graph_bytes(spec, setup, kk) == serving.forward_transient(spec, setup, 512) + 66 * 2**20
+
+
+def test_max_num_batched_tokens_below_max_num_seqs_is_refused_or_caps_the_default(capsys):
+    """vLLM raises when max_num_batched_tokens < max_num_seqs (0.33.0 config/scheduler.py:331-336, 0.8.5 config.py:
+    2033-2037); a default max_num_seqs is min(it, max_num_batched_tokens) from 0.10.1 (0.33.0 engine/arg_utils.py:
+    3232-3234), 0.8.5 keeps its 1024 and raises. Before: estimated (and emitted) as given, with 1024 sequences."""
+    from trainfit.cli import main
+
+    base = ["estimate", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--max-model-len", "8192"]
+    for extra, says in ((["--max-num-seqs", "2000", "--max-num-batched-tokens", "1024"],
+                         "must be greater than or equal to max_num_seqs (2000)"),
+                        (["--max-num-batched-tokens", "100", "--server", "vllm==0.8.5"],
+                         "--max-num-seqs 1024 (the default)")):
+        with pytest.raises(SystemExit) as e:
+            main(base + extra)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+    main(base + ["--max-num-batched-tokens", "100", "--emit", "vllm"])
+    assert "--max-num-batched-tokens 100 --max-num-seqs 100 " in capsys.readouterr().out

@@ -195,9 +195,18 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
         raise SetupError(f"--max-model-len {setup.max_model_len} exceeds {spec.name}'s max_position_embeddings "
                          f"({spec.max_positions}); vLLM refuses it without VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     batched = setup.max_num_batched_tokens or tokens
-    seqs = setup.max_num_seqs or seqs
+    facts = serving_versions.of(setup).facts
+    # a default max_num_seqs is capped at max_num_batched_tokens (0.33.0 engine/arg_utils.py:3232-3234, 0.10.1
+    # :1709-1712); 0.8.5 keeps it (servers.toml seqs_capped), and then raises below as for a given one
+    seqs = setup.max_num_seqs or (min(seqs, batched) if facts.get("seqs_capped", True) else seqs)
+    if batched < seqs:  # 0.33.0 config/scheduler.py:331-336, 0.8.5 config.py:2033-2037
+        default = {False: " (the default)", True: ""}
+        raise SetupError(f"--max-num-batched-tokens {batched}{default[bool(setup.max_num_batched_tokens)]} is below "
+                         f"--max-num-seqs {seqs}{default[bool(setup.max_num_seqs)]}: vLLM {version} refuses it "
+                         f"('max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs "
+                         f"({seqs})'); raise --max-num-batched-tokens or lower --max-num-seqs")
     blackwell = roofline.kernels_for(gpu).generation == "blackwell"
-    rule = serving_versions.of(setup).facts.get("capture")
+    rule = facts.get("capture")
     sizes = () if setup.enforce_eager else capture_sizes(seqs, batched, blackwell, rule)
     dtype = setup.kv_dtype or _weight_dtype(setup)
     block = setup.block_size
