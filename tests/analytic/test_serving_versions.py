@@ -205,3 +205,17 @@ def test_max_num_batched_tokens_below_max_num_seqs_is_refused_or_caps_the_defaul
         assert e.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
     main(base + ["--max-num-batched-tokens", "100", "--emit", "vllm"])
     assert "--max-num-batched-tokens 100 --max-num-seqs 100 " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version", ["0.10.1", "0.8.5"])
+def test_kv_cache_memory_is_refused_by_a_release_without_the_flag(version, capsys):
+    """--kv-cache-memory-bytes came in 0.11.0 (engine/arg_utils.py:358, :766); 0.10.1's and 0.8.5's wheels have no
+    kv_cache_memory_bytes (servers.toml). Before: the KV cache was taken as given, and --emit vllm wrote the flag."""
+    from trainfit.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["estimate", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--server", f"vllm=={version}",
+              "--kv-cache-memory", "20G", "--emit", "vllm"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"vLLM {version} has no --kv-cache-memory-bytes" in err and "0.11.0 have it" in err, err

@@ -196,6 +196,12 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
                          f"({spec.max_positions}); vLLM refuses it without VLLM_ALLOW_LONG_MAX_MODEL_LEN")
     batched = setup.max_num_batched_tokens or tokens
     facts = serving_versions.of(setup).facts
+    if setup.kv_cache_memory and not facts.get("kv_cache_memory_bytes", True):  # (servers.toml: the releases without)
+        having = [v for v in serving_versions.versions("vllm")
+                  if serving_versions.parse(f"vllm=={v}").facts.get("kv_cache_memory_bytes", True)]
+        raise SetupError(f"--kv-cache-memory: vLLM {version} has no --kv-cache-memory-bytes (its EngineArgs has no "
+                         f"kv_cache_memory_bytes; vLLM {', '.join(having)} have it): drop it, its "
+                         "--gpu-memory-utilization sizes the KV cache")
     # a default max_num_seqs is capped at max_num_batched_tokens (0.33.0 engine/arg_utils.py:3232-3234, 0.10.1
     # :1709-1712); 0.8.5 keeps it (servers.toml seqs_capped), and then raises below as for a given one
     seqs = setup.max_num_seqs or (min(seqs, batched) if facts.get("seqs_capped", True) else seqs)
