@@ -186,6 +186,23 @@ def test_emit_sglang_parses_with_sglangs_own_parser(kw):
     assert ns.tp_size == kw.get("tp", 1)
 
 
+@pytest.mark.parametrize("version", ["0.4.1", "0.4.3.post4", "0.4.4"])
+def test_emit_sglang_is_refused_for_a_release_without_its_flags(version, capsys):
+    """--emit sglang writes 0.5.23's flags; the 0.4.x wheels' srt/server_args.py have no --pp-size nor
+    --cuda-graph-max-bs-decode (0.4.1 and 0.4.3.post4 no --page-size), so their launch_server would reject the
+    command. Before: printed with exit 0. Refused in one line, the plan's summary not printed either."""
+    from trainfit.cli import main
+
+    for argv in (["estimate", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--max-model-len", "8192"],
+                 ["plan", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--concurrency", "8",
+                  "--max-model-len", "8192"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv + ["--server", f"sglang=={version}", "--emit", "sglang"])
+        out, err = capsys.readouterr()
+        assert e.value.code == 2 and not out and len(err.strip().splitlines()) == 1, (out, err)
+        assert f"SGLang {version}'s parser has no --pp-size" in err
+
+
 def test_headroom_terms_by_hand():
     """Llama-3.1-8B on an H100-80GB at SGLang's defaults (chunk 8192, decode graphs up to batch 256, 58 prefill
     sizes; max_running_requests 2048), hidden 4096, intermediate 14336, vocab 128,256, bf16:

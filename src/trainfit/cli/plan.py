@@ -326,9 +326,10 @@ def _emit_serve(emit: str, model: str, spec, plans: list, why_not: list, what: s
 
     best = plans[0]
     sv = analytic(spec, best.setup, resolve_gpu(best.gpu)).detail.serving
-    typer.echo(describe(best), err=True)
     sglang = serving_versions.engine_of(best.setup.server) == "sglang"
-    typer.echo((sglang_command if sglang else vllm_command)(model, best.setup, sv))
+    command = (sglang_command if sglang else vllm_command)(model, best.setup, sv)  # (a refusal before any output)
+    typer.echo(describe(best), err=True)
+    typer.echo(command)
 
 
 def _serve_gpus(gpu: str, price):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import shlex
 
+from .. import serving_versions
+from ..errors import SetupError
 from ..estimate import Serving
 from ..models.resolve import serving_ref
 from ..setup import Setup
@@ -23,11 +25,17 @@ from .emit_vllm import DTYPES
 # --kv-cache-dtype (fields/model.py:197-219: auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, ...): no fp16
 # choice, the model's own dtype is "auto"
 KV_DTYPES = {"fp8": "fp8_e4m3", "bf16": "bfloat16"}
+FLAGS_OF = "0.5.23"  # the SGLang release whose ServerArgs flags this writes (the lines the docstring cites)
 
 
 def sglang_command(model: str, setup: Setup, serving: Serving) -> str:
     """`model`: the model's reference as given (models.resolve.serving_ref turns it into what --model-path takes);
     `serving`: the estimate's resolved settings (Estimate.detail.serving, analytic/serving_sglang.py)."""
+    version = serving_versions.of(setup).version
+    if version != FLAGS_OF:  # the 0.4.x wheels' srt/server_args.py: no --pp-size, --cuda-graph-max-bs-decode
+        raise SetupError(f"--emit sglang writes SGLang {FLAGS_OF}'s launch_server flags, and SGLang {version}'s parser "
+                         "has no --pp-size or --cuda-graph-max-bs-decode (it would reject the command): emit with "
+                         f"--server sglang (={FLAGS_OF}), or drop --emit")
     k = serving.knobs
     args = ["python", "-m", "sglang.launch_server", "--model-path", serving_ref(model),
             "--dtype", DTYPES[setup.precision], "--tp-size", str(setup.tp), "--pp-size", str(setup.pp),
