@@ -148,6 +148,30 @@ def test_serving_commands_as_people_write_them(tmp_path, text, want):
     assert not r.unknown  # (before: the short flags dropped without a word, --tp / --tensor-parallel-size unknown)
 
 
+@pytest.mark.parametrize("flags, listed", [
+    ("--disable-decode-cuda-graph", "--disable-decode-cuda-graph = True: not modelled (less memory"),
+    ("--disable-prefill-cuda-graph", "--disable-prefill-cuda-graph = True: not modelled (less memory"),
+])
+def test_sglang_one_kind_of_graphs_off_is_listed_not_dropped(tmp_path, flags, listed):
+    """One of SGLang's two graph switches alone is not --enforce-eager (both are): it is listed as not modelled.
+    Before: parsed and then dropped without a word."""
+    path = tmp_path / "serve.sh"
+    path.write_text(f"python -m sglang.launch_server --model-path m {flags}\n")
+    r = read(path)
+    assert "enforce_eager" not in r.values and any(x.startswith(listed) for x in r.not_modelled), r.not_modelled
+
+
+def test_sglang_speculative_flags_without_an_algorithm_are_listed_not_dropped(tmp_path):
+    """SGLang runs no draft without --speculative-algorithm (0.5.23 arg_groups/speculative_hook.py): the draft path and
+    the step counts are listed as without effect. Before: parsed and then dropped without a word."""
+    path = tmp_path / "serve.sh"
+    path.write_text("python -m sglang.launch_server --model-path m --speculative-draft-model-path d "
+                    "--speculative-num-steps 3\n")
+    r = read(path)
+    assert "draft_model" not in r.values
+    assert set(r.no_effect) >= {"--speculative-draft-model-path", "--speculative-num-steps"}, r.no_effect
+
+
 def test_an_unknown_short_flag_is_named(tmp_path):
     path = tmp_path / "serve.sh"
     path.write_text("vllm serve m -x 3\n")

@@ -74,13 +74,24 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         r.set("kv_dtype", KV[a.kv_cache_dtype], "--kv-cache-dtype")
     if a.disable_cuda_graph or (a.disable_decode_cuda_graph and a.disable_prefill_cuda_graph):
         r.set("enforce_eager", True, "--disable-decode-cuda-graph")
+    else:  # one kind of graphs off: trainfit's --enforce-eager turns off both
+        for flag in ("disable-decode-cuda-graph", "disable-prefill-cuda-graph"):
+            if getattr(a, flag.replace("-", "_")):
+                r.skip(f"--{flag}", True, f"less memory: no {flag.split('-')[1]} CUDA graphs, which trainfit counts; "
+                       "both flags together are --enforce-eager")
+    spec_flags = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
     if a.speculative_algorithm:
         r.set("speculative_algorithm", a.speculative_algorithm.lower(), "--speculative-algorithm")
         if a.speculative_draft_model_path:
             r.set("draft_model", a.speculative_draft_model_path, "--speculative-draft-model-path")
-        for flag in ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"):
+        for flag in spec_flags:
             v = getattr(a, flag.replace("-", "_"))
             if v is not None:
                 r.skip(f"--{flag}", v, "time; trainfit sizes the draft's buffers with SGLang's defaults")
+    else:  # SGLang speculates only with an algorithm (arg_groups/speculative_hook.py: None runs no draft)
+        for flag in ("speculative-draft-model-path",) + spec_flags:
+            v = getattr(a, flag.replace("-", "_"))
+            if v is not None:
+                r.skip(f"--{flag}", v, "no effect without --speculative-algorithm (SGLang runs no draft)")
     account(r, rest, NO_EFFECT, EFFECT, ALIASES)
     return r
