@@ -10,6 +10,7 @@ from .data import load_toml
 from .errors import SetupError
 
 ENGINES = ("vllm", "sglang")
+NAMES = {"vllm": "vLLM", "sglang": "SGLang"}  # as the engines write their own names
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,11 @@ class Version:
 
     def __getitem__(self, key):
         return self.facts[key]
+
+    @property
+    def label(self) -> str:
+        """How a title names it: "SGLang 0.4.4", "vLLM 0.33.0"."""
+        return f"{NAMES[self.engine]} {self.version}"
 
 
 @lru_cache(maxsize=None)

@@ -267,6 +267,20 @@ def test_kv_cache_memory_note_says_what_the_fraction_still_does():
     assert e.detail.serving.kv_blocks * 16 * e.detail.serving.kv_bytes_per_token <= 10**10
 
 
+def test_a_fixed_kv_cache_too_small_for_one_request_is_told_to_grow_not_the_fraction():
+    """1.5 GB of KV at 128 KiB a token (Llama-3.1-8B bf16: 32 layers x 2 x 8 heads x 128 x 2 B) is 11,444 tokens,
+    under one 131,072-token request: vLLM raises. The fraction does not size a given cache, so the advice names
+    --kv-cache-memory, not --gpu-memory-utilization."""
+    from trainfit.api import analytic
+    from trainfit.setup import Request
+
+    e = analytic(Request(model="llama-3.1-8b", mode="serve", gpu="H100-80GB", kv_cache_memory=1_500_000_000))
+    note = next(n for n in e.notes if n.startswith("does not start"))
+    assert "raise --kv-cache-memory" in note and "--gpu-memory-utilization" not in note
+    assert "raise --gpu-memory-utilization" in next(
+        n for n in analytic(Request(model="llama-3.1-8b", mode="serve", gpu="L4")).notes
+        if n.startswith("does not start"))
+
 def test_requests_longer_than_the_model_length_are_not_timed():
     """512 + 512-token requests against --max-model-len 600: the server refuses them, so no throughput is reported
     (it was, at 1,024-token requests), and a note says why."""

@@ -128,3 +128,12 @@ def test_tp_is_a_search_constraint_before_the_top(cli):
                          "--tp", "3")
     assert code == 2 and err.strip().splitlines() == [
         "error: --tp 3 does not divide the 32 attention heads of llama-3.1-8b; use a divisor of 32"]
+
+
+@pytest.mark.parametrize("server,title", [("sglang==0.4.4", "(SGLang 0.4.4)"), ("vllm==0.11.0", "(vLLM 0.11.0)"),
+                                          ("sglang", "(SGLang 0.5.23)")])
+def test_the_plans_title_names_the_engine_and_release_modelled(capsys, server, title):
+    """A versioned SGLang value was titled "(vLLM)": the title compared the value with "sglang" literally."""
+    main(["plan", "llama-3.1-8b", "--mode", "serve", "--server", server, "--concurrency", "16",
+          "--max-model-len", "4096", "--gpu", "H100-80GB"])
+    assert title in capsys.readouterr().out

@@ -513,7 +513,8 @@ def _serve(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
     starts = sv.kv_blocks >= sv.blocks_per_request
     if not starts:
         notes.append(f"does not start: {sv.kv_tokens:,} KV tokens < --max-model-len {k.max_model_len} (vLLM raises); "
-                     "lower --max-model-len, raise --gpu-memory-utilization, add --tp or --quant")
+                     "lower --max-model-len, " + ("raise --kv-cache-memory or add --tp" if setup.kv_cache_memory
+                                                  else "raise --gpu-memory-utilization, add --tp or --quant"))
     # vLLM raises at start-up when the free memory at its snapshot (the total less what is on the device before it:
     # the CUDA context, NCCL) is under requested (0.11.0 v1/worker/gpu_worker.py:185-195; 0.33.0 v1/worker/utils.py
     # request_memory :716-770)

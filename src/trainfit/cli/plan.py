@@ -284,7 +284,7 @@ def _plan_serve(model, gpu, price, concurrency, max_model_len, tpot_ms, kv_cache
 
     from ..report.console import console as stdout_console
 
-    engine = "SGLang" if server == "sglang" else "vLLM"
+    engine = serving_versions.parse(server).label
     t = Table(title=f"{spec.name}: {concurrency} sequences of {base.max_model_len or spec.max_positions:,} tokens "
               f"({engine}), cheapest first", box=box.SIMPLE_HEAD, header_style="bold")
     for col in ("GPU", "tp", "replicas", "GPUs", "sequences each", "KV tokens each", "ms per token", "$/h"):
@@ -381,7 +381,7 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
 
     from ..report.console import console as stdout_console
 
-    engine = "SGLang" if server == "sglang" else "vLLM"
+    engine = serving_versions.parse(server).label
     t = Table(title=f"{spec.name}: {rate:g} requests/s of {p} + {o} tokens ({engine}), cheapest first",
               box=box.SIMPLE_HEAD, header_style="bold")
     for col in ("GPU", "tp", "replicas", "GPUs", "in flight each", "req/s each", "TTFT ms", "TPOT ms", "$/h"):
