@@ -219,3 +219,24 @@ def test_kv_cache_memory_is_refused_by_a_release_without_the_flag(version, capsy
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"vLLM {version} has no --kv-cache-memory-bytes" in err and "0.11.0 have it" in err, err
+
+
+@pytest.mark.parametrize("version,batched", [("0.33.0", 5120), ("0.19.0", 5120), ("0.14.1", 5120),
+                                             ("0.11.0", 8192), ("0.10.1", 8192)])
+def test_a_default_batch_is_capped_at_max_num_seqs_times_max_model_len_from_014(version, batched):
+    """`--max-num-seqs 1 --max-model-len 5120` on an H100 (vllm#33155's command): from 0.14.1 EngineArgs caps a default
+    max_num_batched_tokens at max_num_seqs x max_model_len = 5120 (0.33.0 engine/arg_utils.py:3218-3224) where 0.11.0
+    and 0.10.1 keep the tier's 8192 (their SchedulerConfig's cap runs only when EngineArgs left it None, which on a GPU
+    it does not). The profile run's batch, and with it the activation peak, follows."""
+    from trainfit.analytic.serving import knobs
+    from trainfit.hardware import get_gpu
+    from trainfit.models.resolve import load_model
+    from trainfit.setup import Setup
+
+    k = knobs(load_model("llama-3.1-8b"), Setup(mode="serve", precision="bf16", server=f"vllm=={version}",
+                                                max_num_seqs=1, max_model_len=5120), get_gpu("H100-80GB"))
+    assert (k.max_num_batched_tokens, k.max_num_seqs) == (batched, 1)
+    given = knobs(load_model("llama-3.1-8b"), Setup(mode="serve", precision="bf16", server=f"vllm=={version}",
+                                                    max_num_seqs=1, max_model_len=5120, max_num_batched_tokens=8192),
+                  get_gpu("H100-80GB"))
+    assert given.max_num_batched_tokens == 8192  # a given one is kept

@@ -202,6 +202,10 @@ def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
         raise SetupError(f"--kv-cache-memory: vLLM {version} has no --kv-cache-memory-bytes (its EngineArgs has no "
                          f"kv_cache_memory_bytes; vLLM {', '.join(having)} have it): drop it, its "
                          "--gpu-memory-utilization sizes the KV cache")
+    # a default max_num_batched_tokens is capped at max_num_seqs (given or the tier's) × max_model_len (0.33.0
+    # engine/arg_utils.py:3218-3224, 0.14.1 :2010-2016); servers.toml batched_capped = false where it is not
+    if not setup.max_num_batched_tokens and facts.get("batched_capped", True):
+        batched = min(batched, (setup.max_num_seqs or seqs) * max_len)
     # a default max_num_seqs is capped at max_num_batched_tokens (0.33.0 engine/arg_utils.py:3232-3234, 0.10.1
     # :1709-1712); 0.8.5 keeps it (servers.toml seqs_capped), and then raises below as for a given one
     seqs = setup.max_num_seqs or (min(seqs, batched) if facts.get("seqs_capped", True) else seqs)
