@@ -119,6 +119,13 @@ CASES = [
     C("fit llama-3.1-8b --gpu H100-80GB --longest-context --seq 4096", "drop --seq"),
     C("fit llama-3.1-8b --gpu H100-80GB --mode rl", "use `trainfit estimate --mode rl`"),
     C("fit llama-3.1-8b --gpu H100-80GB --mode serve", "`trainfit plan --mode serve`"),
+    # what the GPU lacks (a recipe's tensor cores, TF32) is the setup's refusal, as estimate gives it: no search on
+    # that GPU lifts it (before: every candidate refused, "nothing trainfit tried fits", exit 0)
+    C("fit llama-3.1-8b --gpu H100-80GB --stack torchtitan --low-precision mxfp8 --seq 8192",
+      "mxfp8 tensor cores, which H100-80GB has not"),
+    C("fit llama-3.1-8b --gpu A100-80GB --stack torchtitan --low-precision tensorwise --longest-context",
+      "fp8 tensor cores, which A100-80GB has not"),
+    C("fit llama-3.2-1b --gpu V100-32GB --precision fp32 --tf32", "--tf32 runs fp32 matmuls on TF32 tensor cores"),
     # ---- the caching allocator's settings (issue 13) ------------------------------------------------------------
     C("estimate tiny-llama --alloc-conf max_split_size_mb:5", "max_split_size_mb too small"),
     C("estimate tiny-llama --alloc-conf expandable_segment:True", "unknown key"),

@@ -281,6 +281,15 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     return est if lm is setup else replace(est, setup=setup)
 
 
+def check_gpu(setup: Setup, gpu: GPU | None) -> None:
+    """What the setup needs of the GPU's hardware, refused in one line where the GPU lacks it: the --low-precision
+    recipe's tensor cores (float8.check_gpu), TF32 tensor cores for --tf32 (timing.check_gpu), SMs left beside
+    --moe-dispatcher-sms (expert.check_gpu). No layout or memory knob on the same GPU lifts them (fit_advice)."""
+    float8.check_gpu(setup, gpu)
+    expert.check_gpu(setup, gpu)
+    check_tf32(setup, gpu)
+
+
 def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
               tokens: float | None = None, reserve: float = BY_NAME["reserve"].default,
               expandable_segments: bool = False) -> Estimate:
@@ -299,9 +308,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         # with a GPU and no --mfu the op list times each pass (ops/layer.py asks again); without, nothing is timed
         # (--mode infer times its decode step op by op under --mfu too)
         check_modelled(spec, kernels=gpu is not None and (mfu is None or setup.mode == "infer"))
-    float8.check_gpu(setup, gpu)
-    expert.check_gpu(setup, gpu)
-    check_tf32(setup, gpu)
+    check_gpu(setup, gpu)
     nvfp4.check(spec, setup, gpu)  # torchao's NVFP4 kernels: every GEMM dim a multiple of 128
     pc = count_params(spec)
     if setup.mode == "infer":

@@ -132,6 +132,9 @@ class _Judge:
     """Estimates setups on a GPU (analytic engine, cached) and turns the fitting ones into suggestions."""
 
     def __init__(self, spec: ModelSpec, base: Setup, gpu: GPU, reserve: float):
+        from ..analytic.engine import check_gpu
+
+        check_gpu(base, gpu)  # what the GPU lacks no search on it lifts: refused, not 'nothing fits' (trainfit fit)
         self.spec, self.base, self.gpu, self.reserve = spec, base, gpu, reserve
         self.cache: dict = {}
         ref = self.estimate(base)
