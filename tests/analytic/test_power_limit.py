@@ -63,6 +63,20 @@ def test_a_cap_at_or_below_the_static_power_is_refused():
     assert 0 < power_clock(B200_STATIC + 13, 1000, B200_STATIC) < 0.5
 
 
+def test_a_cap_at_or_below_the_static_power_is_refused_under_mfu_too(capsys):
+    """The cap is the board's, timed or not: under --mfu (no kernel timed) a 100 W cap on a B200 was accepted and its
+    energy reported at 100 W per GPU, below the board's idle draw; now the same one line as the timed step's."""
+    with pytest.raises(SetupError, match="137 W idle"):
+        api.estimate("llama-3.2-1b", gpu="B200", power_limit=100, mfu=0.4, tokens=1e9)
+    with pytest.raises(SystemExit) as e:
+        main(["estimate", "llama-3.2-1b", "--gpu", "B200", "--power-limit", "100", "--mfu", "0.4", "--tokens", "1B"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "137 W idle" in err
+    # a cap above the TDP names the range a cap can take, not 1 W upwards (1 W is refused as below the idle draw)
+    with pytest.raises(SetupError, match="give a cap above 137 W and at most 1000 W"):
+        get_gpu("B200").with_power_limit(2000)
+
+
 def test_cli_refuses_a_cap_above_the_tdp_in_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         main(["estimate", "llama-3.1-8b", "--gpu", "H100-80GB", "--power-limit", "5000"])

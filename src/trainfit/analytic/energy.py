@@ -45,6 +45,17 @@ def static_watts(gpu: GPU) -> float:
     return entry["watts"] if entry else _static_ratio() * gpu.tdp_watts
 
 
+def check_above_static(gpu: GPU, watts: float) -> None:
+    """A --power-limit at or below the board's static power leaves nothing to clock its SMs (roofline.power_clock:
+    r = 0, a zero compute rate; the energy would be of a board drawing less than its idle): refused in one line."""
+    floor = static_watts(gpu)
+    if watts <= floor:
+        from ..errors import SetupError
+
+        raise SetupError(f"--power-limit {watts:g} W: the {gpu.name} board draws {floor:.0f} W idle (at P0), so a cap "
+                         f"at or below it leaves its SMs no clock; give a cap above {floor:.0f} W")
+
+
 def busy_share(step: dict) -> float:
     """Seconds of the step's non-waiting terms over the seconds of all its terms."""
     terms = time_terms(step)

@@ -263,15 +263,11 @@ def _kernels_by_name(name: str, watts: float = 0.0, tdp: float = 0.0) -> Kernels
     clock = 1.0
     ref = float(entry.get("fraction_watts") or tdp)
     if watts and ref:
-        from .energy import static_watts  # lazy: energy -> terms -> step_time imports this module
+        from .energy import check_above_static, static_watts  # lazy: energy -> terms -> step_time imports this
         from ..hardware import get_gpu
-        floor = static_watts(get_gpu(name))
-        if watts <= floor:  # nothing left above the idle draw to clock the SMs (power_clock: r = 0)
-            from ..errors import SetupError
-
-            raise SetupError(f"--power-limit {watts:g} W: the {name} board draws {floor:.0f} W idle (at P0), so a cap "
-                             f"at or below it leaves its SMs no clock; give a cap above {floor:.0f} W")
-        clock = power_clock(watts, ref, floor, voltage_floor(entry["generation"]))
+        chip = get_gpu(name)  # (a GPU file's chip: its static power, where the cap itself was checked on the file's)
+        check_above_static(chip, watts)
+        clock = power_clock(watts, ref, static_watts(chip), voltage_floor(entry["generation"]))
     return _build(entry, t["generation"][entry["generation"]], name, clock=clock)
 
 
