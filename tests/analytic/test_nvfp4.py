@@ -76,6 +76,27 @@ def test_every_gemm_dim_must_be_a_multiple_of_128(llama8b):
                             tp=8), get_gpu("B200"))
 
 
+def test_the_refusal_names_only_a_flag_that_fixes_it(llama8b):
+    """The advice follows the dims refused: tokens -> --batch/--seq, a width over TP that tp 1 would run -> --tp; a
+    width of the model itself (hidden 320) is no flag's to change (before: 'change --batch/--seq/--tp' for each)."""
+    with pytest.raises(SetupError) as e:
+        estimate(llama8b, Setup(batch=1, seq=8000, stack="torchtitan", stack_release=RELEASE, low_precision="nvfp4"))
+    assert str(e.value).endswith("tokens per rank (batch × seq / cp) = 8000; change --batch/--seq, or keep the "
+                                 "layers bf16")
+    with pytest.raises(SetupError) as e:
+        estimate(llama8b, Setup(batch=1, seq=8192, stack="torchtitan", stack_release=RELEASE, low_precision="nvfp4",
+                                tp=16))
+    assert str(e.value).endswith("k/v projection / tp = 64; change --tp, or keep the layers bf16")
+    odd = ModelSpec(name="odd", family="llama", causal=True, hidden=320, layers=2, heads=5, kv_heads=5,
+                    head_dim=64, intermediate=768, vocab=1024, max_positions=256, gated_mlp=True, activation="silu",
+                    norm="rmsnorm", norm_bias=False)
+    with pytest.raises(SetupError) as e:
+        estimate(odd, Setup(batch=1, seq=256, stack="torchtitan", stack_release=RELEASE, low_precision="nvfp4"))
+    msg = str(e.value)
+    assert "hidden = 320" in msg and msg.endswith("no flag changes odd's own widths: use another --low-precision")
+    assert "--tp" not in msg and "--batch" not in msg
+
+
 # -- memory: op SAC stores no NVFP4 GEMM output (hand derivation) ----------------------------------------------------
 def test_op_sac_keeps_no_projection_output_of_an_nvfp4_layer(llama8b):
     """Op SAC stores the outputs of the save list's ops; in a bf16 layer the 1st, 3rd and 5th aten.mm (q, v, gate:

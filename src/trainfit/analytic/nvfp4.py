@@ -72,14 +72,19 @@ def check(spec, setup, gpu=None) -> None:
     if not block:
         return
     t, h = setup.tp, spec.hidden
-    dims = {"tokens per rank (batch × seq / cp)": setup.batch * setup.seq // setup.cp, "hidden": h,
-            "q projection / tp": spec.q_dim / t, "k/v projection / tp": spec.kv_dim / t,
-            "MLP width / tp": spec.intermediate / t}
-    bad = [f"{name} = {v:g}" for name, v in dims.items() if v % block]
+    # each dim: (its local size, the flag that moves it; None: the model's own width, which no flag moves)
+    dims = {"tokens per rank (batch × seq / cp)": (setup.batch * setup.seq // setup.cp, "--batch/--seq"),
+            "hidden": (h, None), "q projection / tp": (spec.q_dim / t, "--tp"),
+            "k/v projection / tp": (spec.kv_dim / t, "--tp"), "MLP width / tp": (spec.intermediate / t, "--tp")}
+    bad = {name: flag if flag != "--tp" or (v * t) % block == 0 else None  # (tp 1's width: no --tp helps)
+           for name, (v, flag) in dims.items() if v % block}
     if bad:
+        shown = ", ".join(f"{name} = {dims[name][0]:g}" for name in bad)
+        flags = list(dict.fromkeys(bad.values()))
+        how = (f"no flag changes {spec.name}'s own widths: use another --low-precision" if None in flags else
+               f"change {' or '.join(flags)}, or keep the layers bf16")
         raise SetupError(f"--low-precision nvfp4: torchao's NVFP4 kernels need every GEMM dim a multiple of {block} "
-                         f"(torchtitan's converter raises, it does not skip): {', '.join(bad)}; change --batch/--seq/"
-                         "--tp, or keep the layers bf16")
+                         f"(torchtitan's converter raises, it does not skip): {shown}; {how}")
 
 
 def layer_saved_delta(spec, setup, st, tokens: float) -> float:
