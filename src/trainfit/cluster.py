@@ -150,6 +150,17 @@ def with_cluster(gpu: GPU, cluster: Cluster | None) -> GPU:
                    cluster=cluster, host_memory=int(cluster.host_memory) or gpu.host_memory)
 
 
+def in_nodes_of(gpu: GPU, other: GPU) -> GPU | None:
+    """`other` in the nodes `gpu` runs in (a larger GPU the advice offers): `gpu`'s cluster (with_cluster: its GPUs per
+    node and NICs) and host memory (--host-memory or the cluster's), so that `--gpu OTHER` beside the same flags is
+    the setup judged; None where that cluster names its GPUs and `other` is not one of them (that --gpu is refused)."""
+    try:
+        placed = with_cluster(other, gpu.cluster if isinstance(gpu.cluster, Cluster) else None)
+    except SetupError:
+        return None
+    return replace(placed, host_memory=gpu.host_memory)
+
+
 def cluster_of(gpu: GPU) -> Cluster:
     """The cluster `gpu` runs in: the one with_cluster placed it in, else its usual node."""
     return gpu.cluster if isinstance(gpu.cluster, Cluster) else usual_node(gpu)

@@ -2,6 +2,7 @@
 suggested layout's communicators included (issue 13), so `--gpus N` from the diagnosis does fit. Fast (no torch)."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from trainfit.api import load_spec
@@ -35,3 +36,16 @@ def test_suggested_gpu_count_fits_with_its_nccl_buffers():
     assert search(spec, gpu, PlanQuery(gpus=d.min_gpus, seq=2048, reserve=0.5)).candidates
     # the 1-GPU leanest plan's device total is what the message reports
     assert d.leanest_device_total > 10.8 * 1024 * MiB and "device total" in d.message
+
+
+def test_nothing_fits_offers_only_a_gpu_the_cluster_holds(cli):
+    """The diagnosis's larger GPUs sit in --cluster's nodes: dgx-h100 holds H100-80GBs only, so it names none (it
+    offered GH200, H100-96GB, H200, B200, each of which `--cluster dgx-h100` refuses); without the cluster it does."""
+    argv = ["plan", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--gpus", "7", "--stack", "megatron", "--seq", "4096"]
+    code, out, err = cli(*argv, "--json")
+    assert code == 0, err
+    assert any(s.startswith("--gpu ") for s in json.loads(out)["nothing_fits"]["suggestions"])
+    code, out, err = cli(*argv, "--cluster", "dgx-h100", "--json")
+    assert code == 0, err
+    said = json.loads(out)["nothing_fits"]["suggestions"]
+    assert said and not [s for s in said if s.startswith("--gpu ")]

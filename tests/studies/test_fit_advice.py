@@ -118,3 +118,30 @@ def test_json_is_valid_where_the_setup_as_given_runs_no_tokens(capsys):
     main(args)
     out = capsys.readouterr().out
     assert "nanx" not in out and "n/a" not in out and "no tokens run, as in the setup as given" in out
+
+
+CLUSTER_6 = "gpus_per_node = 6\nnics = 4\nnic_bandwidth = 50e9\nnvls = true\n"  # no `gpus`: any GPU
+
+
+def test_a_larger_gpu_is_offered_in_the_clusters_nodes(cli, tmp_path):
+    """Under --cluster the larger GPU the advice offers sits in the cluster's nodes: on a user's file without `gpus`
+    (6 GPUs and 4 NICs a node) `--gpu X` beside the same flags is the estimate judged there, to the step time and
+    capacity (it was judged on X's usual 8-GPU node: 0.58 s offered for a 0.89 s step); a catalog cluster that names
+    its GPU (dgx-h100: H100-80GB only) offers none, since `--gpu H200 --cluster dgx-h100` exits 2."""
+    path = tmp_path / "six.toml"
+    path.write_text(CLUSTER_6)
+    argv = ["estimate", "qwen3-30b-a3b", "--stack", "megatron", "--dp", "16", "--ep", "8", "--seq", "2048"]
+    code, out, err = cli(*argv, "--gpu", "H100-80GB", "--cluster", str(path), "--json")
+    assert code == 0, err
+    larger = [w for w in json.loads(out)["would_fit"] if w["flags"].startswith("--gpu ")]
+    assert larger, json.loads(out)["would_fit"]
+    code, out, err = cli(*argv, *larger[0]["flags"].split(), "--cluster", str(path), "--json")
+    assert code == 0, err
+    est = json.loads(out)
+    assert est["time"]["step_seconds"] == pytest.approx(larger[0]["step_seconds"], rel=1e-9)
+    assert est["fit"]["capacity"] == larger[0]["capacity"]
+    code, out, err = cli(*argv, "--gpu", "H100-80GB", "--cluster", "dgx-h100", "--json")
+    assert code == 0, err
+    advice = json.loads(out)["would_fit"]
+    assert advice and not [w for w in advice if w["flags"].startswith("--gpu ")]
+    assert cli(*argv, "--gpu", "H200", "--cluster", "dgx-h100")[0] == 2

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import combinations
 
 from .. import cancel
 from ..analytic.layout import model_takes
 from ..analytic.unmodelled import check_modelled
+from ..cluster import in_nodes_of
 from ..engines import analytic
 from ..errors import TrainfitError
 from ..estimate import Estimate
@@ -284,9 +285,11 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
         q = _largest(1, top, lambda q: j.fits(seq=q))
         if q >= 1:
             add(j.suggest(f"--seq {q}", "shorter sequences: a different job", seq=q))
-    # a larger GPU in a node of the same host memory (--host-memory or the cluster's: not the GPU's to change)
-    bigger = sorted((replace(g, host_memory=gpu.host_memory) for g in list_gpus()
-                     if g.memory > gpu.memory and g.vendor == gpu.vendor), key=lambda g: (g.memory, g.name))
+    # a larger GPU in the same nodes (--cluster's, so that `--gpu X` beside the given flags is the estimate judged
+    # here; one its catalog entry holds) of the same host memory (--host-memory or the cluster's: not the GPU's)
+    bigger = sorted((g for g in (in_nodes_of(gpu, g) for g in list_gpus()
+                                 if g.memory > gpu.memory and g.vendor == gpu.vendor) if g is not None),
+                    key=lambda g: (g.memory, g.name))
     g = next((g for g in bigger if j.fits(on=g)), None) if larger_gpu else None
     if g is not None:
         add(j.suggest(f"--gpu {g.name}", "a larger GPU", on=g))
