@@ -188,3 +188,20 @@ def test_routing_settings_are_refused_where_they_do_not_apply():
     with pytest.raises(SetupError, match="is dense"):
         validate_layout(load_model("tiny-llama"), Setup(stack="megatron", precision="bf16-master",
                                                         moe_imbalance=1.2))
+
+
+@pytest.mark.parametrize("stack, flags", [
+    (("--stack", "megatron", "--zero", "1"), ("--moe-imbalance", "1.5")),
+    (("--stack", "megatron", "--zero", "1"), ("--moe-capacity-factor", "0.5")),
+    (("--stack", "torchtitan", "--zero", "3"), ("--moe-imbalance", "1.5")),  # (torchtitan has no capacity factor)
+])
+def test_a_load_setting_at_ep_1_is_refused_not_ignored(cli, stack, flags):
+    """At --ep 1 no rank is busier (busiest_rank_load is 1 whatever they say): --moe-imbalance and
+    --moe-capacity-factor on a MoE model were accepted and changed nothing (the same step and peak as without them);
+    now one line, exit 2. With --ep 2 they are read."""
+    argv = ("estimate", "tiny-deepseek", "--gpu", "H100-80GB", "--dp", "2", *stack)
+    code, out, err = cli(*argv, *flags)
+    assert code == 2 and not out
+    line = err.strip()
+    assert "\n" not in line and flags[0] in line and "--ep 1" in line and "add --ep N" in line
+    assert cli(*argv, "--ep", "2", *flags)[0] == 0

@@ -75,6 +75,12 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     if routing and not spec.is_moe:
         raise SetupError(f"{routing[0]} sets how a mixture-of-experts router loads its experts; {spec.name} is dense: "
                          "drop it")
+    # (the load they set is the busiest expert-parallel rank's, analytic/moe_imbalance.py: 1 at --ep 1, whatever they say)
+    loads = [f for f in routing if f != "--moe-force-balance"]
+    if loads and setup.ep <= 1:
+        raise SetupError(f"{loads[0]} sets the busiest expert-parallel rank's load (analytic/moe_imbalance.py); at "
+                         "--ep 1 every rank holds every expert and none is busier, so the estimate would not read "
+                         "it: add --ep N, or drop it")
     if setup.ep > 1 and spec.moe.num_experts % setup.ep:
         raise SetupError(f"--ep {setup.ep} does not divide the {spec.moe.num_experts} experts of {spec.name} (Megatron: "
                          f"moe/moe_layer.py:101); use a divisor of {spec.moe.num_experts}")

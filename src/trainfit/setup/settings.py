@@ -205,7 +205,7 @@ class Setup:
                                              "at the combine all-to-all; the routed activations a stage holds over "
                                              "n (micro-batch, layer) pairs by 1 + (X - 1)/sqrt(n) (the busiest rank "
                                              "changes from pair to pair). With --ep 1 every rank holds every expert, "
-                                             "so none is busier (no effect).", minimum=1, maximum=1024,
+                                             "so none is busier: refused there.", minimum=1, maximum=1024,
                                              auto="1.91 for dropless learned routing (fitted on calibration C8, "
                                              "a benchmark's early steps; analytic/moe_imbalance.py), "
                                              "at least the sampling floor of the uniform draw; that floor with "
@@ -217,8 +217,9 @@ class Setup:
                                       modes=("train",), group="parallel")
     moe_capacity_factor: Optional[float] = setting(None, "Megatron's --moe-expert-capacity-factor: each expert "
                                                    "takes at most this factor times its balanced share of a rank's "
-                                                   "routed tokens, the rest dropped; caps --moe-imbalance. NB: "
-                                                   "--moe-pad-expert-input-to-capacity is not modelled.",
+                                                   "routed tokens, the rest dropped; caps --moe-imbalance (needs --ep > "
+                                                   "1, as it). NB: --moe-pad-expert-input-to-capacity is not "
+                                                   "modelled.",
                                                    above=0, maximum=1024, example="1.25", modes=("train",),
                                                    group="parallel")
     zero: int = setting(0, "ZeRO stage over --dp ranks: 0 (DDP), 1 (optimizer), 2 (+gradients), 3 (+weights, "
