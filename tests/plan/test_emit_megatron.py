@@ -321,3 +321,32 @@ def test_plan_emit_megatron_searches_megatrons_step(cli):
     code, out, err = cli("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--gpus", "8", "--seq", "4096", "--emit",
                          "megatron")
     assert code == 0 and "pretrain_gpt.py" in out and "stack megatron:" in err, err
+
+
+def test_moe_overlap_beside_mtp_is_refused_as_megatron_refuses(cli):
+    """Megatron refuses --overlap-moe-expert-parallel-comm beside MTP layers without pipelining, or beside more than
+    one (transformer_config.py:1889-1896). The estimate took both (DeepSeek-V3's own MTP layer at pp 1: exit 0); now
+    one line, exit 2. plan picked the overlap for DeepSeek-V3 at pp 1 and emitted it beside --mtp-num-layers 1,
+    which TransformerConfig rejects; it searches it no more there."""
+    argv = ("estimate", "deepseek-v3", "--gpu", "H100-80GB", "--stack", "megatron", "--dp", "64", "--ep", "64",
+            "--overlap-moe-comm")
+    code, out, err = cli(*argv)
+    assert code == 2 and not out and "\n" not in err.strip()
+    assert "multi-token-prediction" in err and "--pp > 1" in err and "1889-1896" in err
+    assert cli(*argv, "--mtp-layers", "0")[0] == 0
+    code, out, err = cli("estimate", "tiny-deepseek", "--gpu", "H100-80GB", "--stack", "megatron", "--dp", "2",
+                         "--pp", "2", "--vpp", "2", "--pp-split", "Et|t|t|mmL", "--mtp-layers", "2", "--ep", "2",
+                         "--grad-accum", "4", "--overlap-moe-comm")
+    assert code == 2 and "at most, not 2" in err
+    code, out, err = cli("plan", "deepseek-v3", "--gpu", "H100-80GB", "--gpus", "1024", "--seq", "4096",
+                         "--global-batch-tokens", "16M", "--stack", "megatron", "--pp", "1", "--recompute", "selective",
+                         "--emit", "megatron")
+    assert code == 0, err
+    a = _parse(out)
+    assert a["--pipeline-model-parallel-size"] == "1" and a["--mtp-num-layers"] == "1"
+    assert "--overlap-moe-expert-parallel-comm" not in a
+    # Megatron's own check on the combination (TransformerConfig.__post_init__)
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, seq=4096, zero=1, overlap_moe_comm=True,
+              mtp_layers=1)
+    with pytest.raises(AssertionError, match="MTP layer"):
+        _configs(_parse(emit("megatron", s, load_model("qwen3-30b-a3b"), 8)))

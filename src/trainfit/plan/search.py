@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 from .. import cancel, limits
 from ..analytic.fit_rule import reserve_bytes
-from ..analytic.layout import validate_layout
+from ..analytic.layout import check_stack_model, validate_layout
 from ..analytic.ops import WHOLE_LAYER
 from ..analytic.params import count_params
 from ..analytic.precision import state_bytes
@@ -606,7 +606,9 @@ def _search_group(args: _LayoutArgs, group: tuple, fitting: list) -> None:
     bases = [((), base)]  # (the assignment, its setup): the defaults first, the others as the stack's rules take them
     for v in timed[1:]:
         try:
-            bases.append((tuple(sorted(v.items())), base.with_exchange(**v)))
+            variant = base.with_exchange(**v)
+            check_stack_model(spec, variant)  # (and the stack's rules on the model: Megatron's overlap beside MTP)
+            bases.append((tuple(sorted(v.items())), variant))
         except SetupError:  # e.g. Megatron's --overlap-moe-comm under full recompute (stacks/megatron.py)
             stats["stack_refused"] = stats.get("stack_refused", 0) + 1
     bounded = floors.of_splits(base, state_bytes(base), kept, rerun=True)

@@ -78,6 +78,22 @@ def _moe_overlap(setup) -> str | None:
     return f"--overlap-moe-comm: {why} (transformer_config.py:1852-1884)" if why else None
 
 
+def moe_overlap_mtp(setup, mtp: int) -> str | None:
+    """overlap_moe_expert_parallel_comm beside multi-token prediction (megatron-core 0.16.1 transformer_config.py:
+    1889-1896): one MTP layer at most, and with one a pipeline. `mtp`: the MTP layers trained (analytic/mtp.py
+    mtp_layers: --mtp-layers, else the model's), which the setup alone does not know."""
+    if not setup.overlap_moe_comm or not mtp:
+        return None
+    if mtp > 1:
+        why = f"Megatron runs it beside one multi-token-prediction layer at most, not {mtp}: use --mtp-layers 1 or 0"
+    elif setup.pp == 1:
+        why = ("Megatron runs it beside a multi-token-prediction layer only under pipelining: add --pp > 1 (with "
+               "--vpp), or --mtp-layers 0")
+    else:
+        return None
+    return f"--overlap-moe-comm: {why} (transformer_config.py:1889-1896)"
+
+
 def _low_precision(setup) -> str | None:
     """Transformer Engine's recipes under Megatron (megatron-core 0.16.1 transformer_config.py:988-1017): CUDA only
     (TE's kernels; its wheel builds against CUDA), no bf16 first/last layers with delayed scaling (:990-991), at most

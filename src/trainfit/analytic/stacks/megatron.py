@@ -7,9 +7,11 @@ from __future__ import annotations
 from ...setup import Setup
 from ...spec import ModelSpec
 from ...errors import SetupError
+from ...stacks.megatron import moe_overlap_mtp
 from .. import grad_clip, megatron_offload, megatron_recompute, te_recipes
 from ..megatron_loss import largest_block
 from ..megatron_memory import rank_states, saved_floors, stage_memory
+from ..mtp import mtp_layers
 from ..memory import TrainMemory
 from ..parallel.megatron import FP32, grad_buffer_bytes, megatron_tensors, shards
 from .base import StackModel
@@ -105,8 +107,13 @@ class MegatronModel(StackModel):
 
     def check_model(self, spec: ModelSpec, setup: Setup) -> None:
         """--recompute-modules naming a module the model has nothing for (megatron_recompute.check_model); an
-        --offload-layers count Megatron refuses: at least the model's layers (transformer_config.py:1137-1142)."""
+        --offload-layers count Megatron refuses: at least the model's layers (transformer_config.py:1137-1142);
+        --overlap-moe-comm beside MTP layers Megatron refuses (stacks/megatron.py moe_overlap_mtp: the model's count
+        where --mtp-layers is not given)."""
         megatron_recompute.check_model(spec, setup)
+        why = moe_overlap_mtp(setup, mtp_layers(spec, setup))
+        if why:
+            raise SetupError(why)
         if setup.offload_layers >= spec.layers:
             raise SetupError(f"--offload-layers {setup.offload_layers}: Megatron offloads fewer layers than the "
                              f"model's {spec.layers} (transformer_config.py:1137-1142): use at most {spec.layers - 1}")
