@@ -148,3 +148,19 @@ def test_plan_searches_selective_recompute_modules_and_keeps_them():
             e = estimate_of("tiny-mixtral", c.setup, gpu="H100-80GB")
             assert e.setup.recompute_modules == c.setup.recompute_modules
             assert e.time.step_seconds == pytest.approx(c.time.step_seconds, rel=1e-9)
+
+
+def test_torchtitan_plans_search_etp_tp_once_each():
+    """torchtitan runs expert_tensor_parallel_degree 1 (its default) or tp (parallel_dims.py:58-59). The search's
+    etp None is tp's degree (space._etps), which a torchtitan Setup without --etp runs as 1: etp = tp was never
+    searched, and each EP layout was listed twice, as "(ep4)" and "(ep4, etp1)", with the same numbers. Now the
+    layout says --etp tp there (Layout.settings), so both degrees are searched, each once, and a plan's setup is
+    the one it names."""
+    r = search(load_spec("qwen3-30b-a3b"), get_gpu("H100-80GB"),
+               PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, stacks=("torchtitan",), tp=2, zeros=(3,),
+                         top=200))
+    ep = [c.setup for c in r.candidates if c.setup.ep > 1]
+    assert {s.expert_tp for s in ep} == {1, 2}
+    assert {s.etp for s in ep} == {1, 2}  # said, not left to the stack's default
+    runs = [(s.dp, s.pp, s.ep, s.expert_tp, s.recompute, s.batch, s.grad_accum) for s in ep]
+    assert len(runs) == len(set(runs))

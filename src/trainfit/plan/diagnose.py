@@ -59,7 +59,7 @@ def leanest(spec, gpu: GPU, q, gpus: int, oracle: PeakOracle, level: int | None 
                             s = planned_setup(spec, batch=1, seq=q.seq, grad_accum=max(lay.pp, 1), precision=prec,
                                               optimizer=q.optimizer, recompute=rec, dp=lay.dp, tp=lay.tp, pp=lay.pp,
                                               zero=zero, sequence_parallel=lay.tp > 1, stack=stack, ep=lean.ep,
-                                              etp=lean.etp, **extra)
+                                              etp=lean.settings(get_stack(stack).etp_default)["etp"], **extra)
                             if extra:
                                 validate_layout(oracle.spec, s)
                             check_training_setup(oracle.spec, s)

@@ -641,7 +641,8 @@ def _group_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
     switches = plan_switches(stack, lay, gpu, zero)
     settings = dict(batch=1, seq=q.seq, grad_accum=_probe_accum(lay), precision=prec, optimizer=q.optimizer,
                     recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
-                    **({"recompute_modules": modules} if modules else {}), **lay.settings(), **(extra or {}))
+                    **({"recompute_modules": modules} if modules else {}),
+                    **lay.settings(get_stack(stack).etp_default), **(extra or {}))
     try:
         base = group_setup(spec, **settings, **switches)
     except SetupError:

@@ -36,9 +36,14 @@ class Layout:
     ep: int = 1  # expert parallelism (MoE): experts split over ep ranks of the dp × cp × tp ranks of a stage
     etp: int | None = None  # expert tensor parallelism; None: tp (Megatron's expert_tensor_parallel_size default)
 
-    def settings(self) -> dict:
-        """The Setup fields of this layout (setup/settings.py names)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def settings(self, etp_default: int | None = None) -> dict:
+        """The Setup fields of this layout (setup/settings.py names) on a stack whose expert tensor-parallel degree
+        without --etp is `etp_default` (Stack.etp_default; None: tp): the layout's etp None, tp's degree (_etps), is
+        said as --etp tp where that default differs (torchtitan's 1), so the stack runs the layout searched."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.etp is None and self.ep > 1 and etp_default not in (None, self.tp):
+            out["etp"] = self.tp
+        return out
 
     def axes(self) -> tuple[str, ...]:
         """The searched settings (SEARCHED) this layout sets away from their defaults: a stack must run them all."""

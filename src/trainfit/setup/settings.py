@@ -606,7 +606,7 @@ class Setup:
         expert_tensor_parallel_degree = 1), else --tp (Megatron's expert_tensor_parallel_size default)."""
         if self.etp is not None:
             return self.etp
-        default = self.stack_facts.facts.get("expert_parallel", {}).get("etp_default")
+        default = self.stack_facts.etp_default
         return self.tp if default is None else default
 
     @property

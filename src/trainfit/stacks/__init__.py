@@ -177,6 +177,12 @@ class Stack:
         return self.fact("engines", "ranks")
 
     @property
+    def etp_default(self) -> int | None:
+        """The expert tensor-parallel degree the stack runs without --etp ([expert_parallel] etp_default: torchtitan's
+        expert_tensor_parallel_degree = 1); None: --tp's (Megatron's expert_tensor_parallel_size default)."""
+        return self.facts.get("expert_parallel", {}).get("etp_default")
+
+    @property
     def plan_precisions(self) -> tuple[str, ...]:
         """The precisions the planner searches when none are given ([plan] precisions)."""
         return tuple(self.fact("plan", "precisions"))
