@@ -73,7 +73,12 @@ def load_gpu(name: str | None, price: float | None = None, memory: float | None 
 
     from .cluster import resolve_cluster, with_cluster
 
-    gpu = resolve_gpu(name).with_price(price).with_memory(memory).with_power_limit(power_limit)
+    gpu = resolve_gpu(name)
+    if power_limit is not None:
+        from .analytic.energy import check_power_limit
+
+        check_power_limit(gpu, power_limit)
+    gpu = gpu.with_price(price).with_memory(memory).with_power_limit(power_limit)
     gpu = with_cluster(gpu, resolve_cluster(cluster) if cluster is not None else None)
     return gpu.with_host_memory(host_memory)  # --host-memory replaces the cluster's
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 
-from .errors import GPUFileError, SetupError, UnknownGPUError
+from .errors import GPUFileError, UnknownGPUError
 
 
 @dataclass(frozen=True)
@@ -73,18 +73,8 @@ class GPU:
     def with_power_limit(self, watts: float | None) -> "GPU":
         """The same GPU capped at `watts` of board power (--power-limit, nvidia-smi -pl / amd-smi's power cap): it
         replaces power_watts (tdp_watts keeps the board's), so the compute fractions fall by roofline.power_clock
-        and the energy is the cap's. Refused: a cap above the board's TDP (a board cannot be run above it) and one at
-        or below its static power (energy.check_above_static), whether the step is timed or not (--mfu)."""
-        if watts is None:
-            return self
-        from .analytic.energy import check_above_static, static_watts  # (lazy: analytic.energy imports this module)
-
-        if watts > self.tdp_watts:
-            raise SetupError(f"--power-limit {watts:g} W: the {self.name} board draws at most {self.tdp_watts:g} W "
-                             f"(its TDP); give a cap above {static_watts(self):.0f} W and at most "
-                             f"{self.tdp_watts:g} W")
-        check_above_static(self, watts)
-        return replace(self, power_watts=float(watts))
+        and the energy is the cap's. The cap's range is analytic.energy.check_power_limit's (api.load_gpu runs it)."""
+        return self if watts is None else replace(self, power_watts=float(watts))
 
     def with_host_memory(self, gib: float | None) -> "GPU":
         """The same GPU in a node of `gib` GiB of host memory (--host-memory), replacing its cluster's."""

@@ -51,7 +51,7 @@ def test_the_cap_sets_the_energy_and_a_cap_above_the_tdp_is_refused():
     assert capped.power_watts == 700 and get_gpu("B200").power_watts == 1000
     assert get_gpu("B200").with_power_limit(None) is get_gpu("B200")
     with pytest.raises(SetupError, match="at most 1000 W"):
-        get_gpu("B200").with_power_limit(1001)
+        api.estimate("llama-3.2-1b", gpu="B200", power_limit=1001)
 
 
 def test_a_cap_at_or_below_the_static_power_is_refused():
@@ -74,7 +74,7 @@ def test_a_cap_at_or_below_the_static_power_is_refused_under_mfu_too(capsys):
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "137 W idle" in err
     # a cap above the TDP names the range a cap can take, not 1 W upwards (1 W is refused as below the idle draw)
     with pytest.raises(SetupError, match="give a cap above 137 W and at most 1000 W"):
-        get_gpu("B200").with_power_limit(2000)
+        api.estimate("llama-3.2-1b", gpu="B200", power_limit=2000, mfu=0.4)
 
 
 def test_cli_refuses_a_cap_above_the_tdp_in_one_line(capsys):

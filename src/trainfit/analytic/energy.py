@@ -45,9 +45,21 @@ def static_watts(gpu: GPU) -> float:
     return entry["watts"] if entry else _static_ratio() * gpu.tdp_watts
 
 
+def check_power_limit(gpu: GPU, watts: float) -> None:
+    """A --power-limit the board cannot take, refused in one line with the range it can, whether the step is timed
+    or not (--mfu): above its TDP (a board cannot be run above it), or at or below its static power
+    (check_above_static)."""
+    if watts > gpu.tdp_watts:
+        from ..errors import SetupError
+
+        raise SetupError(f"--power-limit {watts:g} W: the {gpu.name} board draws at most {gpu.tdp_watts:g} W (its "
+                         f"TDP); give a cap above {static_watts(gpu):.0f} W and at most {gpu.tdp_watts:g} W")
+    check_above_static(gpu, watts)
+
+
 def check_above_static(gpu: GPU, watts: float) -> None:
-    """A --power-limit at or below the board's static power leaves nothing to clock its SMs (roofline.power_clock:
-    r = 0, a zero compute rate; the energy would be of a board drawing less than its idle): refused in one line."""
+    """A cap at or below the board's static power leaves nothing to clock its SMs (roofline.power_clock: r = 0, a
+    zero compute rate; the energy would be of a board drawing less than its idle): refused in one line."""
     floor = static_watts(gpu)
     if watts <= floor:
         from ..errors import SetupError

@@ -14,7 +14,7 @@ from ..units import fmt_bytes
 from ..setup import BY_NAME, Setup
 from ..spec import ModelSpec
 from . import compile_effects, fit_rule, float8, torchao_optim, vlm
-from . import expandable, nvfp4, torchao_recipes
+from . import expandable, gpu_support, nvfp4, torchao_recipes
 if TYPE_CHECKING:
     from .rl import RLMemory
 # _MODE_MODULES: the modules of the other modes (inference, infer_time, encoder_decoder's inference FLOPs for
@@ -30,7 +30,7 @@ from .grad_segments import gradient_segments
 from .memory import TrainMemory, train_memory
 from . import lora
 from .params import count_params
-from .parallel import expert, fsdp1
+from .parallel import fsdp1
 from .parallel.fsdp2 import fsdp2_strategy, reshards_after_forward, side_stream_blocks, torchtitan_fsdp
 from .parallel import deepspeed_offload, fsdp_offload
 from .precision import fsdp2_mixed_precision, fsdp_policy_on, policy_dtype, state_bytes
@@ -43,7 +43,7 @@ from ..precision import PRECISIONS
 from .step_time import layout_step_time, stage_params, with_paged_migration
 from .roofline import cluster_table, host_seconds_per_kernel
 from .stacks import model_for
-from .timing import budget, check_gpu as check_tf32, compute_dtype, mfu_step_terms, step_seconds
+from .timing import budget, compute_dtype, mfu_step_terms, step_seconds
 
 
 def transient_blocks(spec: ModelSpec, setup: Setup, mem: TrainMemory, pc=None) -> list[int]:
@@ -281,15 +281,6 @@ def estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float |
     return est if lm is setup else replace(est, setup=setup)
 
 
-def check_gpu(setup: Setup, gpu: GPU | None) -> None:
-    """What the setup needs of the GPU's hardware, refused in one line where the GPU lacks it: the --low-precision
-    recipe's tensor cores (float8.check_gpu), TF32 tensor cores for --tf32 (timing.check_gpu), SMs left beside
-    --moe-dispatcher-sms (expert.check_gpu). No layout or memory knob on the same GPU lifts them (fit_advice)."""
-    float8.check_gpu(setup, gpu)
-    expert.check_gpu(setup, gpu)
-    check_tf32(setup, gpu)
-
-
 def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float | None = None,
               tokens: float | None = None, reserve: float = BY_NAME["reserve"].default,
               expandable_segments: bool = False) -> Estimate:
@@ -308,7 +299,7 @@ def _estimate(spec: ModelSpec, setup: Setup, gpu: GPU | None = None, mfu: float 
         # with a GPU and no --mfu the op list times each pass (ops/layer.py asks again); without, nothing is timed
         # (--mode infer times its decode step op by op under --mfu too)
         check_modelled(spec, kernels=gpu is not None and (mfu is None or setup.mode == "infer"))
-    check_gpu(setup, gpu)
+    gpu_support.check_gpu(setup, gpu)
     nvfp4.check(spec, setup, gpu)  # torchao's NVFP4 kernels: every GEMM dim a multiple of 128
     pc = count_params(spec)
     if setup.mode == "infer":

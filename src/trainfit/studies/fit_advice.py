@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from .. import cancel
+from ..analytic.gpu_support import check_gpu
 from ..analytic.layout import model_takes
 from ..analytic.unmodelled import check_modelled
 from ..cluster import in_nodes_of
@@ -133,8 +134,6 @@ class _Judge:
     """Estimates setups on a GPU (analytic engine, cached) and turns the fitting ones into suggestions."""
 
     def __init__(self, spec: ModelSpec, base: Setup, gpu: GPU, reserve: float):
-        from ..analytic.engine import check_gpu
-
         check_gpu(base, gpu)  # what the GPU lacks no search on it lifts: refused, not 'nothing fits' (trainfit fit)
         self.spec, self.base, self.gpu, self.reserve = spec, base, gpu, reserve
         self.cache: dict = {}
