@@ -126,6 +126,18 @@ def test_emit_vllm_uses_vllms_flags(kw):
     assert argv[argv.index("--max-num-seqs") + 1] == str(est.detail.serving.knobs["max_num_seqs"])
 
 
+@pytest.mark.parametrize("server,kv,written", [("vllm==0.10.1", "bf16", None), ("vllm==0.8.5", "bf16", None),
+                                               ("vllm==0.10.1", "fp8", "fp8"), ("vllm", "fp16", "float16")])
+def test_emit_vllm_writes_a_kv_dtype_only_where_it_is_not_the_models(server, kv, written):
+    """A bf16 KV cache on a bf16 model is vLLM's default "auto": 0.10.1 and 0.8.5 know no "bfloat16" (their
+    config CacheDType: auto, fp8, fp8_e4m3, fp8_e5m2[, fp8_inc]), so writing it made a command they reject."""
+    from trainfit.plan.emit_vllm import vllm_command
+
+    spec = load_model("llama-3.1-8b")
+    setup = _serve(kv_dtype=kv, server=server, max_model_len=8192)
+    argv = shlex.split(vllm_command("llama-3.1-8b", setup, estimate(spec, setup, gpu=get_gpu("H100-80GB")).detail.serving))
+    assert (argv[argv.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in argv else None) == written
+
 def test_a_draft_models_weights_and_kv_share_the_pool():
     """--draft-model llama-3.2-1b beside llama-3.1-70b at tp 4: the draft's KV per token is added to every block
     (16 layers x 8/4 kv heads x 64 x 2 x 2 B = 8,192 B), its weights come out of the budget."""

@@ -28,7 +28,9 @@ def vllm_command(model: str, setup: Setup, serving: Serving) -> str:
             "--max-model-len", str(serving.max_model_len),
             "--max-num-batched-tokens", str(k["max_num_batched_tokens"]),
             "--max-num-seqs", str(k["max_num_seqs"]), "--block-size", str(k["block_size"])]
-    if setup.kv_dtype is not None:
+    # a KV dtype that is the model's own is vLLM's default "auto" (CacheDType in every release): written only where it
+    # differs, since 0.8.5 and 0.10.1 know no "bfloat16" (their CacheDType: auto and the fp8 kinds)
+    if setup.kv_dtype is not None and setup.kv_dtype != setup.precision:
         args += ["--kv-cache-dtype", KV_DTYPES.get(setup.kv_dtype, setup.kv_dtype)]
     if setup.quant:
         args += ["--quantization", setup.quant]
