@@ -36,6 +36,18 @@ def test_catalog_listings(cli):
     assert code == 0 and len(models) >= 20 and {"llama-3.1-8b", "gpt-3-175b", "bert-large"} <= {m["name"] for m in models}
 
 
+def test_the_gpu_table_shows_the_low_precision_peaks_a_chip_has():
+    """docs/low-precision.md: the catalog has fp8 / fp4 peaks; the table showed bf16 and fp32 only. B200's datasheet
+    dense peaks: 4.5 PFLOP/s fp8, 9 PFLOP/s fp4 (NVIDIA DGX B200 datasheet, halved from its sparse figures); an A100
+    has neither tensor core (a dash, not its bf16 rate)."""
+    from typer.testing import CliRunner
+
+    from trainfit.cli.app import app
+
+    out = CliRunner().invoke(app, ["gpus"], env={"COLUMNS": "200"}).output
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│")}
+    assert "4,500 / 9,000" in rows["B200"] and "— / —" in rows["A100-80GB"] and "1,979 / —" in rows["H100-80GB"]
+
 @pytest.mark.parametrize("args,needle", [
     (["estimate", "llama-3.1-8bb"], "did you mean"),
     (["estimate", "llama-3.1-8b", "--gpu", "H100-8GB"], "did you mean"),
