@@ -5,11 +5,13 @@ fp16 are read from the file rather than validated: TrainingArguments refuses the
 subclasses, go to trl.py, which shares parse/apply/leftovers."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading, names_deepspeed
+from .accelerate import _zero as accelerate_zero
 
 # TrainingArguments.optim (training_args.py OptimizerNames) -> (trainfit --optimizer, --optimizer-impl): the HF
 # Trainer's builds (transformers trainer_optimizer.py: adamw_torch foreach by default, _fused fused)
@@ -31,7 +33,7 @@ EFFECT = {"dataloader_num_workers": "host memory and time only", "dataloader_pin
           "gradient_checkpointing_kwargs": "memory and time: use_reentrant changes nothing trainfit counts",
           "group_by_length": "time only",
           "torch_compile_mode": "time", "tf32": "time: TF32 matmuls (trainfit --tf32)",
-          "fsdp_config": "memory and time: FSDP options beyond the sharding strategy",
+          "fsdp_config": "memory and time: FSDP options beyond the sharding, version, offload and checkpointing",
           "ddp_bucket_cap_mb": "memory: DDP's gradient buckets", "ddp_find_unused_parameters": "time",
           "neftune_noise_alpha": "no effect on memory"}
 
@@ -58,7 +60,8 @@ def parse(path: Path, raw: dict, cls):
     if raw.get("bf16") and raw.get("fp16"):  # (transformers 5.24.0 training_args.py:1784-1785, _validate_args)
         raise SetupError(f"{path}: bf16 and fp16 are both true: {cls.__name__} rejects it (At most one of fp16 and "
                          "bf16 can be True, but not both): keep one")
-    plain = {k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")}
+    # (a deep copy: TrainingArguments fills fsdp_config's dict in place, training_args.py:2802-2808)
+    plain = copy.deepcopy({k: v for k, v in raw.items() if k not in ("bf16", "fp16", "tf32")})
     plain.update(bf16=False, fp16=False)
     plain.setdefault("output_dir", "trainfit-check")
     ds = plain.pop("deepspeed", None)
@@ -87,7 +90,17 @@ def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
         names_deepspeed(r, ds)
     # gradient_checkpointing, renamed activation_checkpointing in transformers 5.24 (training_args.py:1541 warns)
     ckpt = a.gradient_checkpointing or getattr(a, "activation_checkpointing", False)
-    r.set("recompute", "full" if ckpt else "none", "gradient_checkpointing")
+    # FSDP: transformers 5.24 sets `fsdp` True and moves its legacy string / list ("full_shard offload") into
+    # fsdp_config, then builds accelerate's FSDP plugin kwargs from it (training_args.py:2775-2880
+    # _process_fsdp_args, :2890-2937 _apply_legacy_fsdp_to_config): fsdp_version (default 2), reshard_after_forward
+    # (FSDP2 a bool, FSDP1 a strategy name), cpu_offload, FSDP's own activation_checkpointing
+    plugin = (getattr(a, "fsdp_plugin_args", None) or {}) if a.fsdp else {}
+    if ckpt and plugin.get("activation_checkpointing"):  # trainer.py:878-884 (Trainer.__init__) refuses both
+        raise SetupError(f"{r.source}: fsdp_config activation_checkpointing and gradient_checkpointing are both true: "
+                         "the HF Trainer refuses it (FSDP's own activation checkpointing and the "
+                         "activation_checkpointing training argument can't both be set to True): keep one")
+    r.set("recompute", "full" if ckpt or plugin.get("activation_checkpointing") else "none",
+          "gradient_checkpointing / fsdp_config.activation_checkpointing")
     r.set("max_grad_norm", float(a.max_grad_norm), "max_grad_norm")
     optim = str(getattr(a.optim, "value", a.optim))
     if optim not in OPTIM:
@@ -95,12 +108,13 @@ def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
     r.set("optimizer", OPTIM[optim][0], "optim")
     if OPTIM[optim][1]:
         r.set("optimizer_impl", OPTIM[optim][1], "optim")
-    fsdp = [str(getattr(x, "value", x)) for x in (a.fsdp or [])]
-    if fsdp:  # training_args.py FSDPOption: full_shard (ZeRO-3), shard_grad_op (ZeRO-2), offload
-        r.set("zero", 3 if "full_shard" in fsdp or "hybrid_shard" in fsdp else 2 if "shard_grad_op" in fsdp else 0,
-              "fsdp")
-        if "offload" in fsdp:
-            r.set("offload", "params", "fsdp")
+    if plugin:  # reshard_after_forward as accelerate's config takes it (true / full_shard: ZeRO-3, ...)
+        zero = accelerate_zero({"fsdp_reshard_after_forward": plugin["reshard_after_forward"]})
+        r.set("zero", zero, "fsdp / fsdp_config.reshard_after_forward")
+        if zero >= 2:
+            r.set("fsdp_version", int(plugin["fsdp_version"]), "fsdp_config.version")
+        if plugin.get("cpu_offload"):
+            r.set("offload", "params", "fsdp offload / fsdp_config.cpu_offload")
     if a.torch_compile:
         r.set("compile", True, "torch_compile")
 

@@ -1,0 +1,45 @@
+"""`trainfit check` on launch configs as people write them for the installed stacks (transformers 5.24,
+accelerate 1.15, torchtitan 0.2.2): each read as the stack reads it, by hand from the stack's own source."""
+from __future__ import annotations
+
+import pytest
+
+from trainfit.api import load_spec
+from trainfit.cli.check import request_of
+from trainfit.readers import read
+
+MODEL = "llama-3.1-8b"
+
+
+def _setup(paths, dp=None, model=MODEL):
+    readings = [read(p, dp) for p in paths]
+    req, _ = request_of(readings, model, None, dp)
+    return req.setup(load_spec(req.model)), readings
+
+
+@pytest.mark.parametrize("fsdp,want", [
+    # transformers 5.24 training_args.py:2890-2937: the legacy string moved into fsdp_config (FSDP2 by default,
+    # reshard_after_forward True for full_shard, False for shard_grad_op; offload: cpu_offload)
+    ('fsdp: "full_shard auto_wrap"\n', (3, 2, "none", "none")),
+    ('fsdp: "full_shard offload auto_wrap"\n', (3, 2, "none", "params")),
+    ('fsdp: [shard_grad_op]\n', (2, 2, "none", "none")),
+    # fsdp: true with fsdp_config (:2775-2880): FSDP1's strategy names, FSDP's own activation checkpointing
+    ("fsdp: true\nfsdp_config:\n  version: 1\n  reshard_after_forward: full_shard\n", (3, 1, "none", "none")),
+    ("fsdp: true\nfsdp_config:\n  activation_checkpointing: true\n", (3, 2, "full", "none")),
+])
+def test_trainer_arguments_fsdp_reads_as_transformers_builds_it(tmp_path, fsdp, want):
+    """TrainingArguments' `fsdp` (a bool in transformers 5.24 once parsed) crashed check with a TypeError
+    ('bool' object is not iterable); it is read from the FSDP plugin arguments TrainingArguments builds."""
+    path = tmp_path / "args.yaml"
+    path.write_text("output_dir: out\nper_device_train_batch_size: 2\nbf16: true\n" + fsdp)
+    s, _ = _setup([path], dp=8)
+    assert (s.stack, s.dp, s.zero, s.fsdp_version, s.recompute, s.offload) == ("hf", 8, *want)
+
+
+def test_trainer_arguments_fsdp_checkpointing_beside_gradient_checkpointing_is_refused(tmp_path, cli):
+    """The HF Trainer refuses FSDP's own activation checkpointing with gradient_checkpointing (trainer.py:878-884)."""
+    path = tmp_path / "args.yaml"
+    path.write_text("output_dir: out\nper_device_train_batch_size: 2\ngradient_checkpointing: true\nfsdp: true\n"
+                    "fsdp_config:\n  activation_checkpointing: true\n")
+    code, _, err = cli("check", str(path), "--model", MODEL, "--dp", "8")
+    assert code == 2 and "can't both be set to True" in err and "Traceback" not in err
