@@ -7,6 +7,7 @@ import pytest
 from trainfit.api import load_spec
 from trainfit.cli.check import request_of
 from trainfit.readers import read
+from trainfit.setup import Request
 
 MODEL = "llama-3.1-8b"
 
@@ -43,3 +44,18 @@ def test_trainer_arguments_fsdp_checkpointing_beside_gradient_checkpointing_is_r
                     "fsdp_config:\n  activation_checkpointing: true\n")
     code, _, err = cli("check", str(path), "--model", MODEL, "--dp", "8")
     assert code == 2 and "can't both be set to True" in err and "Traceback" not in err
+
+
+def test_trainer_arguments_with_use_liger_kernel_read_as_trainer_arguments(tmp_path):
+    """use_liger_kernel is a TrainingArguments field (transformers 5.24 training_args.py:957): such a file was read
+    as TRL's SFTConfig, with TRL's defaults (gradient checkpointing on, max_length 1024, its chunked LM head) the
+    HF Trainer does not run. Read as TrainingArguments: no recompute, Liger's kernels (trainer.py:1494-1495)."""
+    path = tmp_path / "args.yaml"
+    path.write_text("output_dir: out\nper_device_train_batch_size: 4\ngradient_accumulation_steps: 2\nbf16: true\n"
+                    "use_liger_kernel: true\nliger_kernel_config: {rope: false}\n")
+    s, (r,) = _setup([path], dp=2)
+    assert "TrainingArguments" in r.source
+    default_seq = Request(model=MODEL).setup(load_spec(MODEL)).seq  # (no max_length: trainfit's default, not TRL's)
+    assert (s.stack, s.batch, s.grad_accum, s.recompute, s.liger, s.loss, s.seq) == (
+        "hf", 4, 2, "none", True, "fused-linear", default_seq)
+    assert any(x.startswith("liger_kernel_config") for x in r.not_modelled) and not r.unknown

@@ -35,7 +35,8 @@ EFFECT = {"dataloader_num_workers": "host memory and time only", "dataloader_pin
           "torch_compile_mode": "time", "tf32": "time: TF32 matmuls (trainfit --tf32)",
           "fsdp_config": "memory and time: FSDP options beyond the sharding, version, offload and checkpointing",
           "ddp_bucket_cap_mb": "memory: DDP's gradient buckets", "ddp_find_unused_parameters": "time",
-          "neftune_noise_alpha": "no effect on memory"}
+          "neftune_noise_alpha": "no effect on memory",
+          "liger_kernel_config": "memory and time: Liger's kernels switched one by one (--liger: Liger's defaults)"}
 
 
 def _load(path: Path, text: str) -> dict:
@@ -142,5 +143,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     a, ds = parse(path, raw, TrainingArguments)
     r = Reading(f"{path} (transformers HfArgumentParser → TrainingArguments)")
     apply(r, a, raw, ds)
-    leftovers(r, raw, ())
+    if a.use_liger_kernel:  # training_args.py:957; trainer.py:1494-1495 applies Liger's defaults to the model
+        r.set("liger", True, "use_liger_kernel")
+    leftovers(r, raw, ("use_liger_kernel",))
     return r

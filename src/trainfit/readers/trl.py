@@ -11,13 +11,14 @@ from ..errors import SetupError
 from . import Reading
 from .hf_args import _load, apply, leftovers, parse
 
-# Keys only one trainer's config has (trl 1.16.0): GRPO's generation, DPO's preference loss, SFT's dataset shaping.
+# Keys only one trainer's config has (trl 1.16.0): GRPO's generation, DPO's preference loss, SFT's dataset shaping
+# (not use_liger_kernel: a TrainingArguments field, transformers 5.24 training_args.py:957, read by hf_args.py).
 GRPO_KEYS = {"num_generations", "max_completion_length", "use_vllm", "vllm_mode", "steps_per_generation",
              "generation_batch_size", "num_iterations", "vllm_gpu_memory_utilization", "reward_weights"}
 DPO_KEYS = {"beta", "precompute_ref_log_probs", "precompute_ref_batch_size", "f_divergence_type", "ld_alpha",
             "label_smoothing", "use_weighting", "discopop_tau", "loss_weights"}
 SFT_KEYS = {"packing", "packing_strategy", "padding_free", "dataset_text_field", "completion_only_loss",
-            "assistant_only_loss", "max_length", "max_seq_length", "use_liger_kernel", "activation_offloading"}
+            "assistant_only_loss", "max_length", "max_seq_length", "activation_offloading"}
 
 # Keys of any TRL config without an effect on a step's memory or time (data preparation, loss coefficients,
 # sampling parameters, logging, the vLLM server's address)
