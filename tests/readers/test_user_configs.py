@@ -59,3 +59,43 @@ def test_trainer_arguments_with_use_liger_kernel_read_as_trainer_arguments(tmp_p
     assert (s.stack, s.batch, s.grad_accum, s.recompute, s.liger, s.loss, s.seq) == (
         "hf", 4, 2, "none", True, "fused-linear", default_seq)
     assert any(x.startswith("liger_kernel_config") for x in r.not_modelled) and not r.unknown
+
+
+TITAN_TOML = """[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 2
+seq_len = 4096
+gc_freq = 50
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+disable_loss_parallel = true
+"""
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_torchtitan_command_lines_config_file_keys_are_accounted_for(tmp_path, absolute):
+    """`torchrun … -m torchtitan.train --job.config_file job.toml --…`: the TOML's keys (under the command line's,
+    torchtitan 0.2.2 config/manager.py) are listed as the TOML alone lists them; they were dropped unlisted. A
+    relative path is where the run starts: here, else beside the script."""
+    (tmp_path / "job.toml").write_text(TITAN_TOML)
+    sh = tmp_path / "run.sh"
+    name = tmp_path / "job.toml" if absolute else "job.toml"
+    sh.write_text(f"torchrun --nproc_per_node=8 -m torchtitan.train --job.config_file {name} "
+                  "--parallelism.tensor_parallel_degree 2\n")
+    s, (r,) = _setup([sh], model=None)
+    assert (s.tp, s.dp, s.batch, s.seq) == (2, 4, 2, 4096)
+    notes = " ".join(r.not_modelled)
+    assert "parallelism.disable_loss_parallel = True" in notes and "training.gc_freq = 50" in notes
+
+
+def test_torchtitan_config_file_not_found_is_one_line_and_exit_2(tmp_path, cli):
+    """A --job.config_file found neither here nor beside the script: one line, exit 2 (was a FileNotFoundError
+    traceback from torchtitan's ConfigManager, exit 1)."""
+    sh = tmp_path / "run.sh"
+    sh.write_text("torchrun --nproc_per_node=8 -m torchtitan.train "
+                  "--job.config_file=./torchtitan/models/llama3/train_configs/llama3_8b.toml\n")
+    code, _, err = cli("check", str(sh))
+    assert code == 2 and err.startswith("error:") and "--job.config_file" in err and "Traceback" not in err

@@ -107,16 +107,47 @@ def parse(args: list[str], source: str):
         raise SetupError(f"{source}: torchtitan's ConfigManager rejected it ({str(e).splitlines()[0]})") from None
 
 
+FILE_FLAGS = ("--job.config_file", "--job.config-file")  # config/manager.py:66 (_maybe_load_toml)
+
+
+def _toml_keys(path: Path, text: str) -> dict:
+    try:
+        return _flat(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as e:
+        raise SetupError(f"{path}: not valid TOML ({e}): fix the file") from None
+
+
+def _job_file(name: str, script: Path) -> Path:
+    """The TOML a command line's --job.config_file names: where torchtitan opens it (config/manager.py:80, from the
+    directory the run starts in: here), else beside the script."""
+    for p in (Path(name), script.parent / name):
+        if p.is_file():
+            return p
+    raise SetupError(f"{script}: --job.config_file {name}: no such file here or beside the script (torchtitan opens "
+                     "it from where the run starts): run check from there, or give the file's path")
+
+
+def _with_file(args: list[str], found: Path) -> list[str]:
+    """`args` with the --job.config_file value replaced by `found`."""
+    out = []
+    for i, a in enumerate(args):
+        k, eq, _ = a.partition("=")
+        out.append(f"{k}={found}" if eq and k in FILE_FLAGS else str(found) if i and args[i - 1] in FILE_FLAGS
+                   else a)
+    return out
+
+
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     if path.suffix.lower() == ".toml":
-        try:
-            keys = _flat(tomllib.loads(text))
-        except tomllib.TOMLDecodeError as e:
-            raise SetupError(f"{path}: not valid TOML ({e}): fix the file") from None
+        keys = _toml_keys(path, text)
         args, world = ["--job.config_file", str(path)], None
     else:
         before, args = split(text, str(path), lambda w: w == "torchtitan.train")
         keys, world = _cli_keys(args), launcher_world(before)
+        if "job.config_file" in keys:  # its keys under the command line's (manager.py: CLI > TOML > defaults)
+            found = _job_file(str(keys["job.config_file"]), path)
+            keys = _toml_keys(found, found.read_text(encoding="utf-8", errors="replace")) | keys
+            args = _with_file(args, found)
     r = Reading(f"{path} (torchtitan 0.2.2 ConfigManager)")
     cfg = parse(args, str(path))
     _settings(cfg, r, keys, world, dp)
