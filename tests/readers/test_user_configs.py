@@ -99,3 +99,27 @@ def test_torchtitan_config_file_not_found_is_one_line_and_exit_2(tmp_path, cli):
                   "--job.config_file=./torchtitan/models/llama3/train_configs/llama3_8b.toml\n")
     code, _, err = cli("check", str(sh))
     assert code == 2 and err.startswith("error:") and "--job.config_file" in err and "Traceback" not in err
+
+
+# accelerate config's own FSDP1 shape (`accelerate config` with FSDP, no fsdp_version) and the FSDP2 one
+ACCELERATE = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_sharding_strategy: FULL_SHARD
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+{version}mixed_precision: bf16
+num_machines: 1
+num_processes: 8
+"""
+
+
+@pytest.mark.parametrize("version,want", [("", 1), ("  fsdp_version: 1\n", 1), ("  fsdp_version: 2\n", 2)])
+def test_accelerate_fsdp_version_is_read_fsdp1_unless_given(tmp_path, version, want):
+    """accelerate launches FSDP1 unless the config says fsdp_version 2 (commands/launch.py:517-522, its default "1");
+    fsdp_version was listed as having no effect and every config estimated as FSDP2 (trainfit's own default)."""
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(ACCELERATE.format(version=version))
+    s, (r,) = _setup([path])
+    assert (s.stack, s.dp, s.zero, s.fsdp_version) == ("hf", 8, 3, want)
+    assert "fsdp_config.fsdp_version" not in r.no_effect

@@ -1,7 +1,8 @@
 """An accelerate config YAML/JSON, loaded by accelerate's own loader (accelerate 1.15.0
 commands/config/config_args.py:43 load_config_from_file → ClusterConfig), read as `accelerate launch` runs it:
-distributed_type, num_processes, mixed_precision, and the FSDP block (accelerate's FSDP guide: fsdp_version 2's
-fsdp_reshard_after_forward, FSDP1's fsdp_sharding_strategy; utils/dataclasses.py FullyShardedDataParallelPlugin)."""
+distributed_type, num_processes, mixed_precision, and the FSDP block (accelerate's FSDP guide: fsdp_version, 1
+unless given; 2's fsdp_reshard_after_forward, FSDP1's fsdp_sharding_strategy; utils/dataclasses.py
+FullyShardedDataParallelPlugin)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,7 @@ NO_EFFECT = ("compute_environment", "debug", "machine_rank", "main_training_func
              "tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm",
              "tpu_env", "num_machines", "mpirun_config", "megatron_lm_config", "parallelism_config", "fp8_config",
              "deepspeed_config", "fsdp_config")
-FSDP_NO_EFFECT = ("fsdp_version", "fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap",
+FSDP_NO_EFFECT = ("fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap",
                   "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states",
                   "fsdp_use_orig_params", "fsdp_min_num_params")
 FSDP_EFFECT = {"fsdp_backward_prefetch": "memory and time: FSDP1's prefetch of the next gather",
@@ -51,6 +52,11 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     elif n is not None:
         r.set("dp", n, "num_processes")
     r.set("zero", _zero(fsdp) if dist == "FSDP" else 0, "fsdp_config")
+    if dist == "FSDP" and r.values["zero"] >= 2:
+        # FSDP1 unless the config says 2: `accelerate launch --fsdp_version` defaults to "1"
+        # (commands/launch.py:517-522), the config's fsdp_config filling only the keys it names (:1313-1326);
+        # FullyShardedDataParallelPlugin reads FSDP_VERSION (utils/launch.py:281, utils/dataclasses.py:1709-1710)
+        r.set("fsdp_version", int(fsdp.get("fsdp_version", 1)), "fsdp_config.fsdp_version")
     if fsdp.get("fsdp_activation_checkpointing"):
         r.set("recompute", "full", "fsdp_activation_checkpointing")
     if fsdp.get("fsdp_offload_params"):
@@ -71,8 +77,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         else:
             r.unknown.append(k)
     for k, v in fsdp.items():
-        if k in ("fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_activation_checkpointing",
-                 "fsdp_offload_params"):
+        if k in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy",
+                 "fsdp_activation_checkpointing", "fsdp_offload_params"):
             continue
         if k in FSDP_NO_EFFECT:
             r.skip(f"fsdp_config.{k}", v, "no effect on a step's memory or time")
