@@ -123,3 +123,36 @@ def test_accelerate_fsdp_version_is_read_fsdp1_unless_given(tmp_path, version, w
     s, (r,) = _setup([path])
     assert (s.stack, s.dp, s.zero, s.fsdp_version) == ("hf", 8, 3, want)
     assert "fsdp_config.fsdp_version" not in r.no_effect
+
+
+MEGATRON = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+            "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer ")
+
+
+@pytest.mark.parametrize("flags,want", [
+    # Megatron-LM validate_args: --recompute-activations sets recompute_granularity 'selective', over any given one
+    ("--recompute-activations", "selective"),
+    ("--recompute-activations --recompute-granularity full", "selective"),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1", "full"),
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 4", "block:4"),
+])
+def test_megatron_recompute_flags_read_as_megatron_sets_them(tmp_path, flags, want):
+    """--recompute-activations was listed as unknown and the step taken without recompute."""
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + flags + "\n")
+    s, _ = _setup([sh])
+    assert s.recompute == want
+
+
+@pytest.mark.parametrize("flags,says", [
+    ("--recompute-granularity full", "transformer_config.py:1166-1178"),
+    ("--recompute-granularity full --recompute-method uniform", "transformer_config.py:1166-1178"),
+    ("--recompute-granularity selective --recompute-num-layers 2", "transformer_config.py:1179-1185"),
+])
+def test_megatron_recompute_combinations_transformer_config_rejects_are_refused(tmp_path, cli, flags, says):
+    """megatron-core 0.16.1 TransformerConfig raises on these (transformer_config.py:1161-1185); check took full
+    recompute over one uniform layer, and selective, as if Megatron ran them."""
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + flags + "\n")
+    code, _, err = cli("check", str(sh), "--model", MODEL)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err

@@ -34,7 +34,7 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
             "moe-grouped-gemm", "overlap-moe-expert-parallel-comm", "use-distributed-optimizer", "use-megatron-fsdp",
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
             "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion", "overlap-param-gather",
-            "overlap-grad-reduce")
+            "overlap-grad-reduce", "recompute-activations")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -187,7 +187,8 @@ def _settings(a, r: Reading, world: int | None) -> None:
     if a.grad_reduce_in_bf16:
         r.set("grad_reduce_in_bf16", True, "--grad-reduce-in-bf16")
     r.set("max_grad_norm", a.clip_grad, "--clip-grad")
-    r.set("recompute", _recompute(a), "--recompute-granularity")
+    r.set("recompute", _recompute(a),
+          "--recompute-activations" if a.recompute_activations else "--recompute-granularity")
     if a.recompute_modules:
         r.set("recompute_modules", ",".join(a.recompute_modules), "--recompute-modules")
     if a.cuda_graph_scope:
@@ -211,12 +212,25 @@ def _settings(a, r: Reading, world: int | None) -> None:
 
 
 def _recompute(a) -> str:
-    """transformer_config.py recompute_granularity / method / num_layers (emit_megatron._recompute's inverse)."""
-    if a.recompute_granularity is None:
+    """transformer_config.py recompute_granularity / method / num_layers (emit_megatron._recompute's inverse);
+    --recompute-activations is selective granularity (Megatron-LM arguments.py validate_args: `if
+    args.recompute_activations: args.recompute_granularity = 'selective'`, over any --recompute-granularity).
+    The combinations TransformerConfig raises on are refused with its reason (megatron-core 0.16.1
+    transformer_config.py:1161-1185)."""
+    granularity = "selective" if a.recompute_activations else a.recompute_granularity
+    if granularity is None:
         return "none"
-    if a.recompute_granularity == "selective":
+    if granularity == "selective":
+        if a.recompute_num_layers is not None:  # :1179-1185
+            raise SetupError(f"--recompute-num-layers {a.recompute_num_layers} with selective recompute: Megatron "
+                             "refuses it (recompute_num_layers must be None, transformer_config.py:1179-1185): drop "
+                             "it, or use --recompute-granularity full")
         return "selective"
-    method, n = a.recompute_method or "uniform", a.recompute_num_layers or 1
+    if a.recompute_method is None or a.recompute_num_layers is None:  # :1166-1178
+        raise SetupError(f"--recompute-granularity {granularity} without --recompute-method and "
+                         "--recompute-num-layers: Megatron refuses it (transformer_config.py:1166-1178): add "
+                         "--recompute-method uniform|block and --recompute-num-layers N")
+    method, n = a.recompute_method, a.recompute_num_layers
     return "full" if (method, n) == ("uniform", 1) else f"{method}:{n}"
 
 
