@@ -5,6 +5,7 @@ one definition of the settings (trainfit/setup/settings.py).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -212,6 +213,18 @@ def test_malformed_request_body(client, route, raw, words):
 def test_nested_too_deep(client, raw):
     r = client.post("/api/estimate", content=raw, headers={"Content-Type": "application/json"})
     assert_one_line_error(r)
+
+
+@pytest.mark.parametrize("layout", ["Et*99999999999|L", "Et*" + "9" * 5000 + "|L", "(t|)*1000000000"],
+                         ids=["t*1e11", "t*(5000 digits)", "(t|)*1e9"])
+def test_a_layout_unrolling_past_any_model_is_refused_at_once(client, layout):
+    """--pp-split's Megatron layout repeats unroll up to pp_layout.MAX_UNROLLED characters: a repeat count of 10**11
+    was a 500 (MemoryError), one of 5000 digits a 500 (int's digit limit), and (t|)*10**9 held the server for minutes
+    building gigabytes of text (past its --time-limit: the unrolling holds the GIL)."""
+    t0 = time.perf_counter()
+    r = client.get("/api/estimate", params={**M, "stack": "megatron", "pp": 2, "grad_accum": 2, "pp_split": layout})
+    assert_one_line_error(r, "unrolls to more than 1,048,576 characters")
+    assert time.perf_counter() - t0 < 10
 
 
 BAD_TIMELINE = [

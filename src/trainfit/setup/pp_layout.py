@@ -70,14 +70,37 @@ class Layout:
                              "(pipeline_parallel_layer_layout.py:119-131)")
 
 
+# A layout names each of the model's layers once and '|' between its pp x vpp stages: the unrolled text is refused
+# past this many characters before it is built ("(t|)*1000000000" would otherwise build gigabytes of text first)
+MAX_UNROLLED = 2**20
+
+
 def parse(text: str) -> Layout:
     """The layout of `text` (Megatron's parse_str_to_list, pipeline_parallel_layer_layout.py:285-318)."""
     s = text.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        s = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), s)
+        s = _unroll(pattern, s, text)
     bad = sorted({c for c in s if c not in CHARS and c != "|"})
     if bad:
         raise SetupError(f"--pp-split {text!r}: {''.join(bad)!r} is not a layout character; use E (embedding), L "
                          "(loss), t (decoder layer), m (MTP layer), '|' between stages, (..)*n and x*n repeats "
                          "(e.g. Et*3|(tt|)*29,m|L)")
     return Layout(text, tuple(s.split("|")))
+
+
+def _unroll(pattern: str, s: str, text: str) -> str:
+    """`s` with each repeat of `pattern` unrolled, refused once the result would pass MAX_UNROLLED characters."""
+    size = len(s)
+
+    def repeat(m: re.Match) -> str:
+        nonlocal size
+        unit, count = m.group(1), m.group(2)
+        size += len(unit) * (int(count) if len(count) <= 18 else MAX_UNROLLED + 1) - len(m.group(0))
+        if size > MAX_UNROLLED:
+            shown = text if len(text) <= 40 else text[:40] + "…"
+            raise SetupError(f"--pp-split {shown!r} unrolls to more than {MAX_UNROLLED:,} characters; a layout names "
+                             "each of the model's layers once, with '|' between its pp x vpp stages: check the repeat "
+                             "counts (e.g. Et*3|(tt|)*29,m|L)")
+        return unit * int(count)
+
+    return re.sub(pattern, repeat, s)
