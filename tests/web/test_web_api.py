@@ -47,6 +47,21 @@ def test_estimate_is_exactly_the_cli_json(client, params):
     assert r.json() == same_as_cli(api.Request(**kw))
 
 
+def test_a_number_past_the_float_range_is_null_as_in_the_cli_json(client):
+    """--price 1e308 with --tokens 15T: the cost overflows to inf, which `trainfit estimate --json` writes as null
+    (report/json_out.py); the routes answered 500 (starlette's JSONResponse refuses inf). Now the CLI's object."""
+    params = {"model": "llama-3.1-8b", "gpu": "H100-80GB", "tokens": 1.5e13, "price": 1e308}
+    ref = same_as_cli(api.Request(**params))
+    assert ref["time"]["cost_usd"] is None and ref["time"]["gpu_hours"] > 0
+    r = client.get("/api/estimate", params=params)
+    assert r.status_code == 200, r.text
+    assert r.json() == ref
+    for route in ("/api/estimate", "/api/view"):
+        r = client.post(route, json=params)
+        assert r.status_code == 200, r.text
+        assert r.json().get("estimate", r.json())["time"]["cost_usd"] is None
+
+
 def test_pasted_config_matches_the_same_file(client, tmp_path):
     cfg = json.loads((api.__file__ and __import__("pathlib").Path(api.__file__).parent / "models" / "catalog" /
                       "llama-3.2-1b.json").read_text())

@@ -10,15 +10,16 @@ from dataclasses import asdict
 def dumps(obj) -> str:
     """JSON text (RFC 8259: no NaN or Infinity, which json.dumps would write as bare words no JSON parser reads): a
     number that is not finite is null, as "not known"."""
-    return json.dumps(_finite(obj), indent=2,
-                      default=lambda o: _finite(asdict(o)) if hasattr(o, "__dataclass_fields__") else str(o))
+    return json.dumps(finite(obj), indent=2,
+                      default=lambda o: finite(asdict(o)) if hasattr(o, "__dataclass_fields__") else str(o))
 
 
-def _finite(obj):
+def finite(obj):
+    """`obj` with every float that is not finite (inf, nan) as None, through dicts, lists and tuples."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [finite(v) for v in obj]
     return obj

@@ -278,6 +278,16 @@ def _timeline_of(knobs: Knobs) -> str:
     return _timeline_svg(req)
 
 
+class FiniteJSON(JSONResponse):
+    """JSON as `trainfit estimate --json` writes it (report/json_out.py): a number that is not finite (a cost of
+    --price x a huge --tokens budget overflowing to inf) is null; starlette's JSONResponse refuses it (a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        from ..report.json_out import finite
+
+        return super().render(finite(content))
+
+
 def _error(status: int, message: str) -> JSONResponse:
     first = message.strip().splitlines()[0] if message.strip() else "bad request"
     return JSONResponse({"error": first}, status_code=status)
@@ -413,16 +423,16 @@ def create_app(time_limit: float = DEFAULT_TIME_LIMIT) -> FastAPI:
     async def get_estimate(request: HTTPRequest, knobs: Annotated[Knobs, Query()]) -> JSONResponse:
         """The analytic estimate for a catalog model: exactly `trainfit estimate MODEL ... --json`."""
         _once(request)
-        return JSONResponse(await bounded(app, request, _catalog_estimate, knobs))
+        return FiniteJSON(await bounded(app, request, _catalog_estimate, knobs))
 
     @app.post("/api/estimate")
     async def post_estimate(request: HTTPRequest, knobs: PastedKnobs) -> JSONResponse:
         """The same object, for a pasted config.json ({"config": ...}) or a catalog model ({"model": ...})."""
-        return JSONResponse(await bounded(app, request, _pasted_estimate, knobs))
+        return FiniteJSON(await bounded(app, request, _pasted_estimate, knobs))
 
     @app.post("/api/view")
     async def post_view(request: HTTPRequest, knobs: PastedKnobs) -> JSONResponse:
-        return JSONResponse(await bounded(app, request, view_with_advice, knobs))
+        return FiniteJSON(await bounded(app, request, view_with_advice, knobs))
 
     @app.get("/api/timeline.svg")
     async def get_timeline(request: HTTPRequest, knobs: Annotated[Knobs, Query()]) -> Response:
