@@ -84,6 +84,22 @@ def test_recompute_and_zero_sweeps_decrease():
     assert any("ZeRO is off" in n for n in s.notes)
 
 
+def test_the_fit_line_follows_the_rows_where_larger_values_fit():
+    """More GPUs fit where fewer do not: the line under the table said "fits on H100-80GB at every gpus swept"
+    (terminal) and "up to gpus 64" (the HTML report) beside rows that do not fit; it says where the fit starts."""
+    from trainfit.report.html import build_report
+
+    req = api.Request("llama-3.1-70b", dp=8, zero=3, recompute="full", gpu="H100-80GB")
+    s = run_sweep(req, "gpus", "8:64")
+    assert [r["fits"] for r in _series(s)] == [False, False, True, True]
+    console = Console(record=True, width=200)
+    render_table(s, console)
+    text = console.export_text()
+    assert "fits on H100-80GB from gpus 32 on" in text and "at every" not in text
+    page = build_report(req, trace=False, vary=("gpus", "8:64"))
+    assert "fits on H100-80GB from gpus 32 on" in page and "up to gpus" not in page
+
+
 def test_invalid_points_are_rows_with_errors():
     s = run_sweep(api.Request("llama-3.1-8b"), "tp", "1,2,3,4")
     bad = [r for r in s.rows if r["error"]]

@@ -248,9 +248,9 @@ def _sweep(req: api.Request, vary: tuple[str, str] | None, variants: dict[str, s
     lines = []
     if s.gpu is not None:
         for v in s.variants:
-            up = s.fits_up_to(v)
+            where = s.fit_where(v)
             who = f"{escape(v)}: " if v else ""
-            lines.append(f"{who}fits on {escape(s.gpu.name)} up to {escape(s.vary)} {up}" if up is not None
+            lines.append(f"{who}fits on {escape(s.gpu.name)} {escape(where)}" if where is not None
                          else f"{who}<span class='bad'>does not fit at any {escape(s.vary)} swept</span>")
     text = "<p>" + "<br>".join(lines) + "</p>" if lines else ""
     return (f"<section id='sweep'><h2>Sweep over {escape(s.vary)}</h2>{text}{_svg(fig)}{sweep_html_table(s)}"

@@ -473,9 +473,8 @@ def plot_sweep(sweep: "SweepResult", path: str | Path | None = None) -> "Figure"
                 ax_m.scatter([x for x, _ in bad], [r["peak"] / unit[1] for _, r in bad], marker="x", s=70,
                              color="#D62728", zorder=4, linewidths=2,
                              label="does not fit" if j == 0 or not _has_label(ax_m, "does not fit") else None)
-                last_fit = [r for r in pts if r["fits"]]
-                where = (f"fits up to {sweep.vary} {last_fit[-1]['value']}" if last_fit
-                         else "never fits")
+                fit = sweep.fit_where(variant)  # (the words the table and the report print)
+                where = f"fits {fit}" if fit is not None else "never fits"
                 x, r = bad[0]
                 ax_m.annotate(f"{variant + ': ' if variant else ''}{where}", xy=(x, r["peak"] / unit[1]),
                               xytext=(6, -14 - 12 * j), textcoords="offset points", fontsize=8.5, color=color)

@@ -133,6 +133,25 @@ class SweepResult:
         ok = [r["value"] for r in self.rows if r["variant"] == variant and r.get("error") is None and r["fits"]]
         return ok[-1] if ok else None
 
+    def fit_where(self, variant: str) -> str | None:
+        """Where `variant` fits on the GPU (a sweep with --gpu), from its valid rows' verdicts, as the words after
+        "fits" that the table, the report and the plot print (None: no value fits). "up to" only where the values
+        that fit are the lowest swept, "from" where they are the highest (more GPUs, a higher ZeRO stage), else the
+        values themselves."""
+        mine = [r for r in self.rows if r["variant"] == variant]
+        rows = [r for r in mine if r.get("error") is None]  # (an invalid value is n/a: neither fits nor not)
+        ok = [r["value"] for r in rows if r["fits"]]
+        fits = [bool(r["fits"]) for r in rows]
+        if not ok:
+            return None
+        if len(ok) == len(mine):
+            return f"at every {self.vary} swept"
+        if self.numeric and fits == sorted(fits, reverse=True):
+            return f"up to {self.vary} {ok[-1]}"
+        if self.numeric and fits == sorted(fits):
+            return f"from {self.vary} {ok[0]} on"
+        return f"at {self.vary} {', '.join(map(str, ok))} only"
+
     def to_dict(self) -> dict:
         return {"model": self.model, "vary": self.vary, "values": self.values, "variants": self.variants,
                 "gpu": self.gpu.name if self.gpu is not None else None, "mfu": self.mfu, "engine": "analytic",
@@ -259,14 +278,10 @@ def render_table(s: SweepResult, console=None) -> None:
         console.print(f"[dim]· n/a: {err}[/dim]")
     if timed:
         for v in s.variants:
-            up = s.fits_up_to(v)
+            where = s.fit_where(v)
             who = f"{v}: " if v else ""
-            if up is None:
-                console.print(f"{who}[red]does not fit on {s.gpu.name} at any {s.vary} swept[/red]")
-            elif up != s.values[-1]:
-                console.print(f"{who}fits on {s.gpu.name} up to {s.vary} {up}")
-            else:
-                console.print(f"{who}fits on {s.gpu.name} at every {s.vary} swept")
+            console.print(f"{who}fits on {s.gpu.name} {where}" if where else
+                          f"{who}[red]does not fit on {s.gpu.name} at any {s.vary} swept[/red]")
 
 
 def sweep_html_table(s: SweepResult) -> str:
