@@ -62,6 +62,17 @@ def test_report_is_self_contained_with_every_section(tmp_path):
     assert text.count("<svg") >= 3  # phases, compare, sweep
 
 
+def test_the_tokens_budget_is_shown_under_mfu_too():
+    """--tokens/--price under --mfu: the report printed the budget only in the step-time section, which --mfu leaves
+    out, so the budget the CLI prints was silently dropped. The compute table has the CLI's rows."""
+    from trainfit.report.terminal import budget_line
+
+    req = api.Request("llama-3.1-8b", gpu="H100-80GB", mfu=0.4, tokens=1.5e13, price=2)
+    t = api.analytic(req).time
+    text = build_report(req, trace=False)
+    assert "train on 15.00 T tokens" in text and budget_line(t) in text
+
+
 def test_plan_section(tmp_path):
     req = api.Request("llama-3.1-8b", gpu="H100-80GB")
     cands, note = plan_candidates(req, 8)

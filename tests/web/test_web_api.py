@@ -62,6 +62,23 @@ def test_a_number_past_the_float_range_is_null_as_in_the_cli_json(client):
         assert r.json().get("estimate", r.json())["time"]["cost_usd"] is None
 
 
+@pytest.mark.parametrize("mfu", [None, 0.4])
+def test_the_page_shows_the_tokens_budget(client, mfu):
+    """tokens and price are knobs on the page, but the view drew nothing of the budget they set (the CLI's rows
+    "train on ... tokens" and "budget (GPU boards)"): a setting silently ignored. The timing line carries them."""
+    from trainfit.report.terminal import budget_line
+    from trainfit.units import fmt_seconds
+
+    params = {"model": "llama-3.1-8b", "gpu": "H100-80GB", "tokens": 1.5e13, "price": 2,
+              **({"mfu": mfu} if mfu else {})}
+    t = api.analytic(api.Request(**params)).time
+    r = client.post("/api/view", json=params)
+    assert r.status_code == 200, r.text
+    text = r.json()["summary"]["time_text"]
+    assert f"train on 15.00 T tokens: {fmt_seconds(t.train_seconds)}" in text and budget_line(t) in text
+    assert "$" in budget_line(t) and "GPU-h" in budget_line(t)
+
+
 def test_pasted_config_matches_the_same_file(client, tmp_path):
     cfg = json.loads((api.__file__ and __import__("pathlib").Path(api.__file__).parent / "models" / "catalog" /
                       "llama-3.2-1b.json").read_text())

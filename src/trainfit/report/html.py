@@ -21,7 +21,7 @@ from .output import check_writable, writing
 from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, held_sentence, verdict_word
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .time_bar import time_section
-from .terminal import PHASE_NAMES, memory_rows, setup_line
+from .terminal import PHASE_NAMES, budget_rows, memory_rows, setup_line
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#e3e6ec; --ok:#1a7f37; --bad:#c62828; --accent:#4C72B0; }
@@ -171,6 +171,7 @@ def _breakdown(e: Estimate, traced: Estimate | None) -> str:
         crow += [["prefill time", fmt_seconds(t.prefill_seconds)],
                  [f"largest batch at {e.setup.seq} tokens", f"{t.max_batch:,}"],
                  [f"longest context at batch {e.setup.batch}", f"{t.max_seq:,}"]]
+    crow += [[escape(label), escape(value)] for label, value in budget_rows(t)]  # (--tokens; also under --mfu)
     comp = _table(["compute", "value"], crow)
     gap = ""
     if traced is not None and traced.memory.peak:

@@ -144,6 +144,15 @@ def budget_line(tm) -> str:
     return f"{tm.gpu_hours:,.0f} GPU-h · ${tm.cost_usd:,.0f} · {tm.energy_kwh:,.0f} kWh{power}"
 
 
+def budget_rows(tm) -> list[tuple[str, str]]:
+    """The --tokens budget of a Timing as (label, value) rows (none without --tokens): the terminal table, the HTML
+    report and the web page show these."""
+    if tm is None or tm.train_seconds is None:
+        return []
+    return [(f"train on {fmt_count(tm.train_tokens)} tokens", fmt_seconds(tm.train_seconds)),
+            ("budget (GPU boards)", budget_line(tm))]
+
+
 def render_estimate(e: Estimate, console: Console | None = None) -> None:
     console = console or stdout_console()
     title = f"{e.model} — {e.engine} engine — per {_unit(e)}"
@@ -244,9 +253,8 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
                 c.add_row(f"largest batch at {e.setup.seq} tokens", f"{tm.max_batch:,}")
             if tm.max_seq is not None:
                 c.add_row(f"longest context at batch {e.setup.batch}", f"{tm.max_seq:,}")
-        if tm.train_seconds is not None:
-            c.add_row(f"train on {fmt_count(tm.train_tokens)} tokens", fmt_seconds(tm.train_seconds))
-            c.add_row("budget (GPU boards)", budget_line(tm))
+        for label, value in budget_rows(tm):
+            c.add_row(label, value)
     console.print(c)
     for n in e.notes:
         console.print(f"[dim]· {n}[/dim]")

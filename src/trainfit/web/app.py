@@ -187,13 +187,16 @@ def view(e: Estimate) -> dict:
 
 def time_text(e: Estimate) -> str:
     """The timing in one line, by mode, in the terminal table's terms (report/terminal.py render_estimate); a
-    figure the mode's Timing lacks (an encoder's decode, RL's prefill) is left out."""
+    figure the mode's Timing lacks (an encoder's decode, RL's prefill) is left out; training adds the --tokens budget."""
+    from ..report.terminal import budget_rows
     from ..units import fmt_count, fmt_seconds
 
     t, s = e.time, e.setup
     if s.mode == "train":
         unit = "images" if s.image_size and s.images is None else "tokens"  # (a VLM: tokens)
-        return f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · {fmt_count(t.tokens_per_second)} {unit}/s"
+        budget = "".join(f" · {label}: {value}" for label, value in budget_rows(t))  # (--tokens, as the CLI's rows)
+        return (f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · {fmt_count(t.tokens_per_second)} "
+                f"{unit}/s{budget}")
     if s.mode == "rl":
         return (f"step {fmt_seconds(t.step_seconds)} at MFU {t.mfu:.0%} · "
                 f"{t.decode_tokens_per_second:,.0f} generated tokens/s")
