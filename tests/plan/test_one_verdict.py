@@ -167,3 +167,22 @@ def test_fit_sweep_report_and_web_answer_the_estimate():
     assert_same(verdict(t["step_seconds"], t["tokens_per_second"], m["peak"], m["reserved"], m["device_total"],
                         m["required"], t["headroom"], t["fits"]), want, "web")
     assert web == json.loads(dumps(trainfit.estimate(model, gpu=GPU, reserve=RESERVE, **LAYOUT).to_dict()))
+
+
+def test_a_tp_row_of_the_plan_table_says_it_runs_sequence_parallel(capsys, monkeypatch):
+    """Every tp > 1 plan runs --sequence-parallel; the table's row said '32×2×1' only, and that row typed into
+    `estimate` (without --sequence-parallel) read 110.9 GiB where the plan had 66.2 (llama-3.1-70b, 64 H100s).
+    The row now says '(sp)', and with it the estimate is the plan's."""
+    from trainfit.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # (the table's whole rows, as a wide terminal prints them)
+    main(["plan", "llama-3.1-70b", "--gpus", "64", "--gpu", GPU, "--top", "5"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if "×2×1" in line]
+    assert rows and all("(sp)" in r for r in rows)
+    cells = [c.strip() for c in rows[0].split("│")]
+    micro, _ = cells[4].split("×")
+    peak = float(cells[10].split()[0])
+    kw = dict(dp=32, tp=2, zero=int(cells[3]), batch=int(micro), recompute=cells[5], precision=cells[6], seq=2048,
+              gpu=GPU)
+    assert round(trainfit.estimate("llama-3.1-70b", sequence_parallel=True, **kw).memory.peak / 2**30, 2) == peak
+    assert trainfit.estimate("llama-3.1-70b", **kw).memory.peak / 2**30 > peak + 10
