@@ -119,6 +119,17 @@ def test_trace_refuses_many_gpus_cli_exit_2():
     assert r.returncode == 2 and "one process" in r.stderr + r.stdout
 
 
+def test_rollout_tp_not_dividing_the_heads_is_refused_as_vllm_refuses_it():
+    # vLLM's ModelConfig.verify_with_parallel_config: num_attention_heads % tensor_parallel_size == 0. qwen2.5-7b has
+    # 28 query heads and 4 key/value heads: an engine of TP 8 (dividing --dp 8) does not start; TP 4 does
+    cli = [sys.executable, "-m", "trainfit.cli", "estimate", "qwen2.5-7b", "--mode", "rl", "--rollout", "vllm",
+           "--dp", "8", "--zero", "3", "--gpu", "H100-80GB"]
+    r = subprocess.run(cli + ["--rollout-tp", "8"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--rollout-tp 8 does not divide the 28 attention heads of qwen2.5-7b" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert subprocess.run(cli + ["--rollout-tp", "4"], capture_output=True, text=True).returncode == 0
+
+
 def test_engine_without_kv_cache_refused():
     # verl's rule (docs/perf/best_practices.rst:126): memory × gpu_memory_utilization × TP > 2 × parameters. 0.15 of
     # an H100's 79.2 GiB is 11.9 GiB < qwen2.5-7b's 15.2 GB of bf16 weights: vLLM raises at start

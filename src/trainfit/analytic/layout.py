@@ -34,10 +34,15 @@ def validate_layout(spec: ModelSpec, setup: Setup) -> None:
     check_stack_model(spec, setup)
     check_generates(spec, setup)
     t, p = setup.tp, setup.pp
-    if spec.heads % t:
-        raise SetupError(f"--tp {t} does not divide the {spec.heads} attention heads of {spec.name}; use a divisor of {spec.heads}")
-    if spec.kv_heads % t and t % spec.kv_heads:
-        raise SetupError(f"--tp {t} and the {spec.kv_heads} key/value heads of {spec.name} do not divide one another")
+    # --mode rl's vLLM engine shards the same heads over --rollout-tp GPUs, which vLLM's own check refuses likewise
+    # (config/model.py verify_with_parallel_config: num_attention_heads % tensor_parallel_size)
+    for flag, size in (("--tp", t), ("--rollout-tp", getattr(setup, "rollout_tp", 1))):
+        if spec.heads % size:
+            raise SetupError(f"{flag} {size} does not divide the {spec.heads} attention heads of {spec.name}; use a "
+                             f"divisor of {spec.heads}")
+        if spec.kv_heads % size and size % spec.kv_heads:
+            raise SetupError(f"{flag} {size} and the {spec.kv_heads} key/value heads of {spec.name} do not divide one "
+                             "another")
     n = getattr(setup, "ulysses", 1)  # DeepSpeed's Ulysses (ulysses_sp.py:147-153)
     if n > 1 and spec.heads % n:
         raise SetupError(f"--ulysses {n} does not divide the {spec.heads} attention heads of {spec.name}; use a "
