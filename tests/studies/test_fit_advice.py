@@ -145,3 +145,23 @@ def test_a_larger_gpu_is_offered_in_the_clusters_nodes(cli, tmp_path):
     advice = json.loads(out)["would_fit"]
     assert advice and not [w for w in advice if w["flags"].startswith("--gpu ")]
     assert cli(*argv, "--gpu", "H200", "--cluster", "dgx-h100")[0] == 2
+
+
+def test_activation_offload_suggested_beside_a_given_state_offload_is_what_estimate_gets(capsys):
+    """A suggestion's flags added to the command as given are the setup it judged: --offload activations beside a
+    given --offload optimizer combines with it (activations+optimizer, as the CLI combines repeated --offload), so the
+    suggestion keeps the optimizer offload and its numbers are that estimate's (it judged --offload activations alone,
+    the optimizer states back on the GPU, before)."""
+    argv = ["estimate", "llama-3.1-8b", "--lora-rank", "16", "--quant", "nf4", "--stack", "deepspeed", "--dp", "4",
+            "--zero", "3", "--offload", "optimizer", "--gpu", "A100-40GB", "--json"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    rows = [r for r in json.loads(out)["would_fit"] if "--offload activations" in r["flags"]]
+    assert rows
+    for row in rows:
+        code, out, err = _run(capsys, *argv, *row["flags"].split())
+        assert code == 0, err
+        est = json.loads(out)
+        assert est["setup"]["offload"] == "activations+optimizer"
+        assert est["fit"]["required"] == row["required"]
+        assert est["time"]["step_seconds"] == pytest.approx(row["step_seconds"], rel=1e-9)

@@ -29,7 +29,7 @@ from ..engines import analytic
 from ..errors import TrainfitError
 from ..estimate import Estimate
 from ..hardware import GPU, list_gpus
-from ..setup import Setup
+from ..setup import Setup, combine_offload
 from ..spec import ModelSpec
 from ..units import fmt_bytes, fmt_count
 
@@ -83,12 +83,15 @@ def knobs(s: Setup, spec: ModelSpec | None = None) -> list[Knob]:
 
 def _activation_offload(s: Setup) -> Knob:
     """--offload activations, with the recompute policy the stack's variant needs (stacks/<stack>.toml
-    [activation_offload] needs_recompute: ArcticTraining's offloads each checkpointed layer's input)."""
+    [activation_offload] needs_recompute: ArcticTraining's offloads each checkpointed layer's input). Beside the
+    setup's own state offload (--offload optimizer/params stays): the flag added to the given ones combines with
+    theirs (combine_offload), so the setup judged is the one `estimate` gets."""
+    offload = combine_offload(f"{s.offload}+activations")
     need = s.stack_facts.facts.get("activation_offload", {}).get("needs_recompute")
     if need and s.recompute != need:
-        return Knob("offload", f"--offload activations --recompute {need}", dict(offload="activations", recompute=need),
+        return Knob("offload", f"--offload activations --recompute {need}", dict(offload=offload, recompute=need),
                     "checkpointed layers' inputs in host memory")
-    return Knob("offload", "--offload activations", dict(offload="activations"), "saved activations in host memory")
+    return Knob("offload", "--offload activations", dict(offload=offload), "saved activations in host memory")
 
 
 def ulysses_degrees(s: Setup, gpu: GPU) -> list[int]:
