@@ -107,6 +107,17 @@ def test_rl_settings_refused_elsewhere_cli_exit_2():
     assert r.returncode == 2 and "--group-size applies to rl only" in r.stderr + r.stdout
 
 
+def test_ppo_with_lora_is_refused_naming_the_critic():
+    # the critic (a token-classification value model) would train the adapters too, which the analytic engine does
+    # not model; the line said "llama-3.1-8b is not one [a Llama-style causal LM]: use --engine trace or measure",
+    # neither true: the policy is one, and those engines run GRPO only
+    r = subprocess.run([sys.executable, "-m", "trainfit.cli", "estimate", "llama-3.1-8b", "--mode", "rl", "--rl-algo",
+                        "ppo", "--lora-rank", "16", "--gpu", "H100-80GB"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--lora-rank with --rl-algo ppo" in r.stderr and "critic" in r.stderr
+    assert "is not one" not in r.stderr and "use --engine trace or measure" not in r.stderr
+
+
 def test_cli_json_has_the_phases():
     r = subprocess.run([sys.executable, "-m", "trainfit.cli", "estimate", "qwen2.5-7b", "--mode", "rl", "--group-size",
                         "8", "--prompt-len", "1024", "--completion-len", "4096", "--gpu", "H100-80GB", "--json"],

@@ -428,6 +428,12 @@ def _validate_rl(setup: Setup) -> None:
     if setup.critic_model is not None and setup.rl_algo != "ppo":
         raise SetupError(f"--critic-model is PPO's value model; --rl-algo {setup.rl_algo} has no critic: drop it or "
                          "use --rl-algo ppo")
+    if setup.rl_algo == "ppo" and setup.lora_rank:
+        # the critic trains with the policy's settings (analytic/rl.py train_setup), and the analytic LoRA is a causal
+        # LM's (analytic/lora.py linears); the trace and measure engines run GRPO only
+        raise SetupError("--lora-rank with --rl-algo ppo: PPO's critic, a token-classification value model, would "
+                         "train adapters too, which is not modelled (LoRA is modelled on causal LMs; --engine trace "
+                         "and measure run GRPO only): drop --lora-rank or use --rl-algo grpo")
     if setup.vllm_gpu_memory_utilization != BY_NAME["vllm_gpu_memory_utilization"].default and setup.rollout != "vllm":
         raise SetupError("--vllm-gpu-memory-utilization sizes the colocated vLLM engine: it needs --rollout vllm")
     if setup.rollout == "vllm":
