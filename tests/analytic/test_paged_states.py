@@ -44,6 +44,22 @@ def test_paged_states_leave_the_allocated_peak():
     assert plain.memory.peak - paged.memory.peak == pytest.approx(paged.detail.paged_optimizer_states, abs=1)
 
 
+@pytest.mark.parametrize("dp,zero", [(2, 1), (2, 2), (4, 3)])
+def test_paged_states_are_sharded_with_the_other_optimizer_states(dp, zero):
+    """Under ZeRO the paged states are a rank's share, as its other optimizer states are: the peak drops from the
+    non-paged 8-bit AdamW's by the rank's paged bytes, and what stays in the allocator is never negative (the
+    unsharded paged bytes were taken from the sharded states: -11.16 GiB of optimizer states for llama-3.1-8b at
+    --dp 4 --zero 3)."""
+    spec = load_model("llama-3.1-8b")
+    one = estimate(spec, Setup(precision="bf16", seq=512, optimizer="paged-adamw-8bit")).detail.paged_optimizer_states
+    plain, paged = (estimate(spec, Setup(precision="bf16", seq=512, optimizer=o, dp=dp, zero=zero))
+                    for o in ("adamw-8bit", "paged-adamw-8bit"))
+    assert paged.detail.paged_optimizer_states == pytest.approx(one / dp, abs=1)
+    assert 0 <= paged.memory.optimizer_states < plain.memory.optimizer_states
+    assert plain.memory.optimizer_states - paged.memory.optimizer_states == pytest.approx(
+        paged.detail.paged_optimizer_states, abs=1)
+
+
 def test_torchtune_8b_full_finetune_on_a_4090_fits():
     """torchtune README (bd2a0fc) "Memory and training speed": Llama-3.1-8B full fine-tune on 1x RTX 4090, 18.9 GiB
     peak (recipes/configs/llama3_1/8B_full_single_device.yaml: bf16, PagedAdamW8bit in backward, activation

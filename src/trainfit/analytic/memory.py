@@ -187,8 +187,8 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes,
         ms, st_grad, n, largest = lora_states(spec, setup, st, n)
         pc_gathered = gathered_counts(spec, setup, pc, st)
     # paged states live in CUDA unified memory, beside the allocator (analytic/optimizer.py; engine.py adds the
-    # resident part to the device total)
-    paged = paged_state_bytes(spec, setup, n)
+    # resident part to the device total); optimizer states, so sharded from ZeRO-1 on as ms.optimizer is
+    paged = paged_state_bytes(spec, setup, n) / shard(setup, 1)
     ms = replace(ms, optimizer=ms.optimizer - paged)
     # torchao's CPUOffloadOptimizer: the large parameters' states on the host, the small ones' on the device
     off = torchao_optim.offloaded(spec, pc, setup, n, st.optimizer) if torchao_optim.offload_runs(setup) else None
