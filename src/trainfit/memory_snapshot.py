@@ -91,7 +91,20 @@ def load(path: str | Path) -> dict:
                 v = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "…"
                 raise SnapshotError(f"{path}: {what} is {v}, not a byte count (an int >= 0: torch/cuda/memory.py "
                                     f"Segment, Block): save the snapshot again with {how}")
+        for j, b in enumerate(s["blocks"]):
+            if not _are_frames(b.get("frames", [])):
+                raise SnapshotError(f"{path}: segment {i} block {j}'s frames are not a list of frames (each a dict "
+                                    "of filename, line, name: torch/cuda/memory.py Frame): save the snapshot again "
+                                    f"with {how}")
     return data
+
+
+def _are_frames(frames) -> bool:
+    """A block's frames as torch writes them (torch/cuda/memory.py Frame): a list of dicts whose filename and name
+    are strings and whose line is an int, where given (the categories read them: _kind, _where)."""
+    return isinstance(frames, list) and all(
+        isinstance(f, dict) and isinstance(f.get("filename", ""), str) and isinstance(f.get("name", ""), str)
+        and isinstance(f.get("line", 0), int) for f in frames)
 
 
 def _is_size(v) -> bool:

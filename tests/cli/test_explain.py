@@ -83,6 +83,12 @@ def test_explain_compares_with_the_prediction_and_names_what_frees_most(cli, tmp
     (pickle.dumps({"blocks": []}), "no 'segments' list"),
     (pickle.dumps({"segments": [{"total_size": 2}]}), "lacks total_size or blocks"),
     (pickle.dumps(SimpleNamespace(a=1)), "refers to types.SimpleNamespace"),  # a class: never loaded
+    # frames not as torch writes them (a TypeError / AttributeError traceback before)
+    (pickle.dumps({"segments": [{"total_size": 512, "blocks": [{"size": 512, "requested_size": 512,
+                  "state": "active_allocated", "frames": "model.py:3"}]}]}), "block 0's frames are not a list"),
+    (pickle.dumps({"segments": [{"total_size": 512, "blocks": [{"size": 512, "requested_size": 512,
+                  "state": "active_allocated", "frames": [{"filename": "m.py", "line": 3, "name": None}]}]}]}),
+     "block 0's frames are not a list"),
 ])
 def test_bad_snapshot_files_are_one_line_and_exit_2(cli, tmp_path, content, says):
     path = tmp_path / "x.pickle"
