@@ -152,3 +152,14 @@ def test_fsdp_generation_gathers_layers_by_hand():
     gen3 = z3.memory.phases["generate"] - sum(z3.detail.rl.resident.values())
     root = 2 * 2000 * 256 + 256
     assert gen3 - gen2 == (root + 2 * LAYER) * 2
+
+
+def test_a_split_placement_is_not_called_colocated_or_verls_hybrid_engine(cli):
+    """Under --rl-placement split the notes said 'phases as verl's hybrid engine runs them' and the table's row
+    'KV pool (colocated vLLM)', beside the note that the rollout runs on its own GPUs."""
+    base = ("estimate", "qwen2.5-7b", "--mode", "rl", "--rollout", "vllm", "--dp", "8", "--gpu", "H100-80GB")
+    code, out, _ = cli(*base, "--rl-placement", "split")
+    assert code == 0 and "KV pool (split vLLM)" in out and "hybrid engine runs them" not in out
+    assert "colocated vLLM" not in out and "phases of the split placement" in out
+    code, out, _ = cli(*base)
+    assert code == 0 and "KV pool (colocated vLLM)" in out and "hybrid engine runs them" in out

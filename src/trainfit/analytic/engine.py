@@ -769,7 +769,9 @@ def _rl(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
              f"generated at once, trained in {sh.accum} micro-batch(es) of {sh.micro} (TRL's "
              f"per_device_train_batch_size={sh.micro}, gradient_accumulation_steps={sh.accum}, "
              f"num_generations={setup.group_size})",
-             ("phases as verl's hybrid engine runs them (docs/rl.md, Many GPUs): weight sync, generate, score, "
+             (("phases as verl's hybrid engine runs them" if setup.rl_placement == "colocated" else
+               "phases of the split placement, each on its own group") + " (docs/rl.md, Many GPUs): weight sync, "
+              "generate, score, "
               "the policy's training step" + (" and the critic's" if critic else "") if hybrid else
               "phases as TRL's GRPOTrainer runs them (docs/rl.md): generate, score (no-grad log-probs), the policy's "
               "training step" + (" and the critic's" if critic else "") + "; the policy's optimizer states stay "

@@ -104,7 +104,8 @@ def memory_rows(e: Estimate) -> list[tuple[str, int]]:
         if m.master_weights:
             rows.append(("fp32 master weights", m.master_weights))
         rows += [("activations (saved for backward)", m.activations),
-                 ("KV pool (colocated vLLM)" if e.setup.rollout == "vllm" else "KV cache (rollout)", m.kv_cache)]
+                 (f"KV pool ({e.setup.rl_placement} vLLM)" if e.setup.rollout == "vllm" else "KV cache (rollout)",
+                  m.kv_cache)]
     elif e.setup.mode == "serve":  # the engine's budget as vLLM splits it (analytic/serving.py)
         return rows + [("profile-run peak (activations)", m.activations), ("CUDA graphs", m.temporaries),
                        ("KV cache (all blocks)", m.kv_cache)]
