@@ -156,3 +156,17 @@ def test_megatron_recompute_combinations_transformer_config_rejects_are_refused(
     sh.write_text(MEGATRON + flags + "\n")
     code, _, err = cli("check", str(sh), "--model", MODEL)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_deepspeed_optimizer_block_is_listed_as_changing_memory_not_as_without_effect(tmp_path):
+    """DeepSpeed builds the optimizer its block names (runtime/engine.py _configure_basic_optimizer): Lion keeps one
+    state where AdamW keeps two, so the block moves the optimizer states; it was listed under 'no effect'."""
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": '
+                    '{"stage": 2, "allgather_partitions": true}, "bf16": {"enabled": true}, "optimizer": {"type": '
+                    '"Lion", "params": {"lr": 1e-4}}, "zero_allow_untested_optimizer": true}')
+    r = read(path, 8)
+    assert "optimizer" not in r.no_effect
+    assert any(n.startswith("optimizer = ") and "optimizer states" in n for n in r.not_modelled)
+    # DeepSpeedZeroConfig's allgather_partitions (a real key: not unknown); the untested-optimizer switch: no effect
+    assert not r.unknown and "zero_allow_untested_optimizer" in r.no_effect

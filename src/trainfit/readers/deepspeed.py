@@ -19,20 +19,25 @@ from . import Reading, _file
 ZERO_FACTS = ("contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
               "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
               "sub_group_size")
-NO_EFFECT = ("steps_per_print", "optimizer", "scheduler", "tensorboard", "wandb", "csv_monitor", "comet",
-             "checkpoint", "gradient_predivide_factor", "prescale_gradients", "dump_state")
+NO_EFFECT = ("steps_per_print", "scheduler", "zero_allow_untested_optimizer", "tensorboard", "wandb", "csv_monitor",
+             "comet", "checkpoint", "gradient_predivide_factor", "prescale_gradients", "dump_state")
 EFFECT = {"wall_clock_breakdown": "more time when true: synchronised timers",
           "flops_profiler": "more time while profiling", "memory_breakdown": "more time when true",
           "communication_data_type": "time: the gradient reduction's dtype",
           "data_types": "memory: the gradient accumulation dtype (grad_accum_dtype)",
           "torch_autocast": "memory and time: DeepSpeed's autocast mode",
           "compression_training": "memory and time", "sparse_attention": "memory and time",
-          "pipeline": "memory and time: DeepSpeed's pipeline engine", "zero_allow_untested_optimizer": "none",
-          "zero_force_ds_cpu_optimizer": "time: the CPU optimizer", "aio": "time of NVMe offload"}
+          "pipeline": "memory and time: DeepSpeed's pipeline engine",
+          "zero_force_ds_cpu_optimizer": "time: the CPU optimizer", "aio": "time of NVMe offload",
+          # the optimizer DeepSpeed builds (runtime/engine.py:2476 _configure_basic_optimizer): its type sets the
+          # states' bytes (Lion or SGD momentum one state, Adam/AdamW two); trainfit takes --optimizer
+          "optimizer": "memory: its type sets the optimizer states; trainfit counts --optimizer's (adamw by "
+                       "default)"}
 WHEN_TRUE = ("wall_clock_breakdown", "memory_breakdown")  # switches with an effect only when on
 ZERO_NO_EFFECT = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                   "round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint")
-ZERO_EFFECT = {"reduce_scatter": "time", "zero_quantized_weights": "less time and memory: ZeRO++ qwZ",
+ZERO_EFFECT = {"reduce_scatter": "time", "allgather_partitions": "time: one all-gather or a broadcast per partition",
+               "zero_quantized_weights": "less time and memory: ZeRO++ qwZ",
                "zero_quantized_gradients": "less time: ZeRO++ qgZ", "zero_hpz_partition_size": "more memory, "
                "less time: ZeRO++ hpZ", "memory_efficient_linear": "memory"}
 
