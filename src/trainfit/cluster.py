@@ -161,6 +161,15 @@ def in_nodes_of(gpu: GPU, other: GPU) -> GPU | None:
     return replace(placed, host_memory=gpu.host_memory)
 
 
+def larger_in_nodes(gpu: GPU) -> list[GPU]:
+    """The catalog's GPUs of `gpu`'s vendor with more memory, each in `gpu`'s nodes (in_nodes_of; one the cluster does
+    not hold left out), in catalog order: what the advice and plan's diagnosis offer as a larger GPU."""
+    from .hardware import list_gpus
+
+    placed = (in_nodes_of(gpu, g) for g in list_gpus() if g.memory > gpu.memory and g.vendor == gpu.vendor)
+    return [g for g in placed if g is not None]
+
+
 def cluster_of(gpu: GPU) -> Cluster:
     """The cluster `gpu` runs in: the one with_cluster placed it in, else its usual node."""
     return gpu.cluster if isinstance(gpu.cluster, Cluster) else usual_node(gpu)

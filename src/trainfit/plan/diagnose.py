@@ -7,10 +7,10 @@ from ..analytic import fit_rule
 from ..analytic.fit_rule import reserve_bytes
 from ..analytic.step_time import layout_step_time
 from ..analytic.unmodelled import check_training_setup
-from ..cluster import in_nodes_of
+from ..cluster import larger_in_nodes
 from ..engines import analytic
 from ..errors import NotModelledError, SetupError
-from ..hardware import GPU, list_gpus
+from ..hardware import GPU
 from ..setup import Setup
 from ..units import fmt_bytes
 from ..analytic.layout import validate_layout
@@ -214,9 +214,7 @@ def knobs(spec, gpu: GPU, q, oracle: PeakOracle) -> list[str]:
         if _fits(leanest(spec, gpu, qq, q.gpus, oracle)[0]):
             out.append(label)
             seen_seq = seen_seq or label.startswith("--seq")
-    # (in the same nodes: --cluster's, and only a GPU it holds: cluster.in_nodes_of)
-    placed = (in_nodes_of(gpu, g) for g in list_gpus() if g.memory > gpu.memory and g.vendor == gpu.vendor)
-    bigger = [g.name for g in sorted((g for g in placed if g is not None), key=lambda g: g.memory)
+    bigger = [g.name for g in sorted(larger_in_nodes(gpu), key=lambda g: g.memory)
               if _fits(leanest(spec, g, q, q.gpus, oracle)[0])]
     if bigger:
         out.append(f"--gpu {bigger[0]} (or: {', '.join(bigger[1:4])})" if len(bigger) > 1 else f"--gpu {bigger[0]}")

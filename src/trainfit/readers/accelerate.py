@@ -90,15 +90,21 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
 
 
 def _zero(fsdp: dict) -> int:
-    """FSDP2's fsdp_reshard_after_forward (true: ZeRO-3, false: ZeRO-2); FSDP1's fsdp_sharding_strategy (FULL_SHARD /
-    HYBRID_SHARD: 3, SHARD_GRAD_OP: 2, NO_SHARD: 0), by name or accelerate's number (1-5: utils/constants.py
+    """FSDP2's fsdp_reshard_after_forward (reshard_zero); FSDP1's fsdp_sharding_strategy (FULL_SHARD / HYBRID_SHARD:
+    3, SHARD_GRAD_OP: 2, NO_SHARD: 0), by name or accelerate's number (1-5: utils/constants.py
     FSDP_SHARDING_STRATEGY)."""
     if "fsdp_reshard_after_forward" in fsdp:
-        v = fsdp["fsdp_reshard_after_forward"]
-        if isinstance(v, str):  # FSDP1 names given under the FSDP2 key (accelerate accepts both)
-            return _strategy(v)
-        return 3 if v else 2
+        return reshard_zero(fsdp["fsdp_reshard_after_forward"])
     return _strategy(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD"))
+
+
+def reshard_zero(v) -> int:
+    """The ZeRO stage of an FSDP reshard_after_forward value as accelerate takes it (its config here, the plugin
+    kwargs TrainingArguments builds in hf_args.py): true ZeRO-3, false ZeRO-2, or an FSDP1 strategy name given
+    under the FSDP2 key (accelerate accepts both)."""
+    if isinstance(v, str):
+        return _strategy(v)
+    return 3 if v else 2
 
 
 def _strategy(v) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from . import Reading, names_deepspeed
-from .accelerate import _zero as accelerate_zero
+from .accelerate import reshard_zero
 
 # TrainingArguments.optim (training_args.py OptimizerNames) -> (trainfit --optimizer, --optimizer-impl): the HF
 # Trainer's builds (transformers trainer_optimizer.py: adamw_torch foreach by default, _fused fused)
@@ -110,7 +110,7 @@ def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
     if OPTIM[optim][1]:
         r.set("optimizer_impl", OPTIM[optim][1], "optim")
     if plugin:  # reshard_after_forward as accelerate's config takes it (true / full_shard: ZeRO-3, ...)
-        zero = accelerate_zero({"fsdp_reshard_after_forward": plugin["reshard_after_forward"]})
+        zero = reshard_zero(plugin["reshard_after_forward"])
         r.set("zero", zero, "fsdp / fsdp_config.reshard_after_forward")
         if zero >= 2:
             r.set("fsdp_version", int(plugin["fsdp_version"]), "fsdp_config.version")

@@ -19,9 +19,10 @@ def layout_text(s) -> str:
     """dp×tp×pp, then the extra axes where set: sequence parallelism (every tp > 1 plan's: a row copied into
     `estimate` needs --sequence-parallel too), cp, virtual stages, the uneven split, ep, etp."""
     out = f"{s.dp}×{s.tp}×{s.pp}"
-    extra = ["sp" if s.sequence_parallel and s.tp > 1 else "", f"cp{s.cp}" if s.cp > 1 else "", f"v{s.vpp}" if s.vpp > 1 else "", "" if s.pp_split == "even" else
-             ("emb/loss" if s.pp_split == "embedding-loss" else s.pp_split), f"ep{s.ep}" if s.ep > 1 else "",
-             f"etp{s.etp}" if s.etp is not None else ""]
+    extra = ["sp" if s.sequence_parallel and s.tp > 1 else "", f"cp{s.cp}" if s.cp > 1 else "",
+             f"v{s.vpp}" if s.vpp > 1 else "",
+             "" if s.pp_split == "even" else ("emb/loss" if s.pp_split == "embedding-loss" else s.pp_split),
+             f"ep{s.ep}" if s.ep > 1 else "", f"etp{s.etp}" if s.etp is not None else ""]
     extra = [e for e in extra if e]
     return out + (f" ({', '.join(extra)})" if extra else "")
 

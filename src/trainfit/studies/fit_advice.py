@@ -24,11 +24,11 @@ from .. import cancel
 from ..analytic.gpu_support import check_gpu
 from ..analytic.layout import model_takes
 from ..analytic.unmodelled import check_modelled
-from ..cluster import in_nodes_of
+from ..cluster import larger_in_nodes
 from ..engines import analytic
 from ..errors import TrainfitError
 from ..estimate import Estimate
-from ..hardware import GPU, list_gpus
+from ..hardware import GPU
 from ..setup import Setup, combine_offload
 from ..spec import ModelSpec
 from ..units import fmt_bytes, fmt_count
@@ -289,9 +289,7 @@ def suggestions(spec: ModelSpec, setup: Setup, gpu: GPU, reserve: float = 0.0, s
             add(j.suggest(f"--seq {q}", "shorter sequences: a different job", seq=q))
     # a larger GPU in the same nodes (--cluster's, so that `--gpu X` beside the given flags is the estimate judged
     # here; one its catalog entry holds) of the same host memory (--host-memory or the cluster's: not the GPU's)
-    bigger = sorted((g for g in (in_nodes_of(gpu, g) for g in list_gpus()
-                                 if g.memory > gpu.memory and g.vendor == gpu.vendor) if g is not None),
-                    key=lambda g: (g.memory, g.name))
+    bigger = sorted(larger_in_nodes(gpu), key=lambda g: (g.memory, g.name))
     g = next((g for g in bigger if j.fits(on=g)), None) if larger_gpu else None
     if g is not None:
         add(j.suggest(f"--gpu {g.name}", "a larger GPU", on=g))
