@@ -208,3 +208,26 @@ def test_the_api_refuses_a_keyword_given_at_its_default_where_it_does_not_apply(
         trainfit.estimate("tiny-llama", **kw)
     assert "\n" not in str(e.value)
     assert trainfit.estimate("tiny-llama", mode=kw.get("mode", "train")).memory.peak > 0
+
+
+def test_setup_equality_and_hash_are_the_dataclass_fields():
+    """Setup.__eq__ / __hash__ read the instance's __dict__ (settings.py): it must hold the fields and nothing else,
+    in their order, however the setup was made — so equality is the fields' and equal setups hash alike."""
+    import copy
+    import dataclasses
+    import pickle
+
+    names = [f.name for f in dataclasses.fields(Setup)]
+    base = Setup(tp=2, dp=4, sequence_parallel=True, stack="megatron", precision="bf16-master", recompute="selective")
+    made = {"init": base, "with_": base.with_(zero=1, batch=3), "keyed": base.keyed((("zero", 2), ("batch", 7))),
+            "micro": base.with_micro_batches(5, 2), "copy": copy.copy(base), "pickle": pickle.loads(pickle.dumps(base)),
+            "replace": dataclasses.replace(base, grad_accum=4), "copied": base.copied()}
+    for how, s in made.items():
+        assert list(s.__dict__) == names, how
+        fields = tuple(getattr(s, n) for n in names)
+        assert hash(s) == hash(fields), how
+        twin = Setup(**{n: getattr(s, n) for n in names if dataclasses.fields(Setup)[names.index(n)].init})
+        assert (s == twin) == (fields == tuple(getattr(twin, n) for n in names)), how
+    assert made["copy"] == base and made["pickle"] == base and made["copied"] == base
+    assert made["with_"] != base and made["keyed"] != made["micro"]
+    assert (base == "x") is False and base != 1

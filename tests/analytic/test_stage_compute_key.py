@@ -171,3 +171,28 @@ def test_a_dense_layer_is_timed_without_the_moe_fields():
             got[shape is sh, moe] = ([o.name for o in fwd], tf, tb)
     assert got[True, False] == got[False, False]
     assert got[True, True] != got[False, True]
+
+
+def test_op_seconds_is_time_ops_of_each_op_to_the_bit():
+    """compute_time.op_seconds (host_queue's per-kernel stream) equals time_ops(gpu, [op]).seconds for every op of an
+    MoE layer's forward and backward, GEMMs, attention (fused and eager) and memory ops alike."""
+    from trainfit.analytic import compute_time
+    from trainfit.analytic.ops import shape_of
+    from trainfit.analytic.precision import state_bytes
+    from trainfit.analytic.timing import compute_dtype
+    from trainfit.api import load_spec
+    from trainfit.hardware import get_gpu
+    from trainfit.plan.search import planned_setup
+
+    spec = load_spec("qwen3-30b-a3b")
+    kinds = set()
+    for attention in ("flash", "eager"):
+        setup = planned_setup(spec, stack="megatron", tp=2, dp=4, ep=4, sequence_parallel=True, batch=2, seq=2048,
+                              precision="bf16-master", attention=attention)
+        sh = shape_of(spec, setup, state_bytes(setup), compute_dtype(setup))
+        fwd, bwd, _ = compute_time._layer_lists(spec, setup, sh, True)
+        for gpu in (get_gpu("H100-80GB"), get_gpu("MI300X")):
+            ops = fwd + bwd
+            assert compute_time.op_seconds(gpu, ops) == [compute_time.time_ops(gpu, [o]).seconds for o in ops]
+            kinds |= {o.kind for o in ops}
+    assert {"gemm", "attention"} <= kinds and len(kinds) >= 3

@@ -46,6 +46,7 @@ def _straightforward(monkeypatch, spec, gpu, q):
         m.setattr(floors_mod, "layer_floors", lambda spec, setups, *a, **k: [0.0] * len(setups))
         # each group's setup built from its Request, as `trainfit estimate` builds it (not from the search's template)
         m.setattr(search_mod, "group_setup", search_mod.planned_setup)
+        m.setattr(search_mod, "_layout_base", lambda *a, **k: None)  # (each group from its Request, not its layout's)
         m.setattr(search_mod, "layout_step_time", checked)
         compute_time.clear_memos()
         r = search(spec, gpu, q)
@@ -155,3 +156,35 @@ def test_no_global_batch_moe_groups_judged_when_taken(monkeypatch):  # (~50 s)
 def test_qwen3_moe_on_16_h100(monkeypatch):
     _check(monkeypatch, "qwen3-30b-a3b", "H100-80GB",
            PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, stacks=("megatron",)))
+
+
+def test_a_layouts_groups_derived_from_its_default_setup_are_their_requests_setups():
+    """search._derived (the layout's default setup with the group's recompute, ZeRO stage, modules and switches set)
+    gives the Setup that planned_setup builds from the group's Request, field for field, for every group of an expert
+    layout and of a dense one (the search derives every group so: search._group_base)."""
+    spec, gpu = load_spec("qwen3-30b-a3b"), get_gpu("H100-80GB")
+    q = PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, stacks=("megatron",))
+    space = search_mod.Space(spec, gpu, q)
+    checked = 0
+    for lay in [x for x in space.lays if x.ep > 1][:3] + [x for x in space.lays if x.ep == 1][:2]:
+        args = search_mod._LayoutArgs(spec, gpu, q, lay, space.oracle, space.floors, None, 1, ((1, 1),), {},
+                                      "megatron", {}, None, [{}], False, {})
+        for group in [("bf16-master", z, r, mods) for z in (0, 1) for r, mods in
+                      (("none", None), ("full", None), ("selective", "moe_act"), ("selective", None))]:
+            try:
+                base, switches = search_mod._group_base(args, group)
+            except Exception as e:  # a group the rules refuse is refused by its Request too
+                with pytest.raises(type(e)):
+                    search_mod.planned_setup(spec, **_request_settings(lay, q, group, {}))
+                continue
+            assert base == search_mod.planned_setup(spec, **_request_settings(lay, q, group, switches))
+            assert base.__dict__ == search_mod.planned_setup(spec, **_request_settings(lay, q, group, switches)).__dict__
+            checked += 1
+    assert checked >= 20
+
+
+def _request_settings(lay, q, group, switches) -> dict:
+    prec, zero, rec, modules = group
+    return dict(batch=1, seq=q.seq, grad_accum=search_mod._probe_accum(lay), precision=prec, optimizer=q.optimizer,
+                recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack="megatron",
+                **({"recompute_modules": modules} if modules else {}), **lay.settings(None), **switches)

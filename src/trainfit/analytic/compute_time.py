@@ -111,6 +111,29 @@ def _grouped_gemm_seconds(gpu: GPU, op: Op) -> float:
     return t + (_gemm_seconds(gpu, op.m, op.n, op.k, op.dtype, rest) if rest else 0.0)
 
 
+def _op_terms(gpu: GPU, kn, launch: float, op: Op) -> tuple:
+    """One op's share of time_ops' sums: (GEMM seconds, attention seconds, unfused attention's elementwise seconds,
+    kernels launched, launches timed, FLOPs) less its launches, which the launches term carries; a memory op's bytes
+    are summed by access class by the caller (its seconds: roofline.memory_seconds over them)."""
+    if op.kind == "gemm":
+        return _grouped_gemm_seconds(gpu, op) - launch * _gemm_calls(op), 0.0, 0.0, op.kernels, op.kernels, op.flops
+    kernel = roofline.runnable(kn, op.kernel)
+    g = at = unfused = 0.0
+    if kernel == "eager":  # cuBLAS's batched GEMMs and PyTorch's elementwise kernels, as a profile sorts them
+        g, unfused = roofline.unfused_attention(
+            gpu, *(math.ceil(x) for x in (op.batch, op.m, op.n, op.k)), op.causal, op.dtype, op.backward, op.mask)
+    else:
+        at = roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype, op.backward,
+                                        op.mask, op.dropout, op.window) - launch
+    if op.backward:
+        k = kn.attention_bwd_launches.get(kernel, op.kernels) + \
+            (kn.attention_gqa_bwd_launches.get(kernel, 0) if op.gqa else 0)
+    else:
+        k = op.kernels + (kn.attention_dropout_launches.get(kernel, 0) if op.dropout else 0)
+    # a measured kernel's time per call includes its own launches (roofline._fitted_seconds): one is timed
+    return g, at, unfused, k, 1 if kernel in kn.fitted else k, op.flops
+
+
 def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     kn = roofline.kernels_for(gpu)
     launch = kn.launch_seconds
@@ -118,30 +141,9 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     n = timed = 0  # kernels launched (the host issues each); launches whose time is the launches term's
     nbytes: dict[str, float] = {}  # memory ops' bytes by access class (roofline.memory_seconds)
     for op in ops:
-        if op.kind == "gemm":
-            g += _grouped_gemm_seconds(gpu, op) - launch * _gemm_calls(op)
-            n += op.kernels
-            timed += op.kernels
-            fl += op.flops
-        elif op.kind == "attention":
-            kernel = roofline.runnable(kn, op.kernel)
-            if kernel == "eager":  # cuBLAS's batched GEMMs and PyTorch's elementwise kernels, as a profile sorts them
-                gemms, elementwise = roofline.unfused_attention(
-                    gpu, *(math.ceil(x) for x in (op.batch, op.m, op.n, op.k)), op.causal, op.dtype, op.backward,
-                    op.mask)
-                g, unfused = g + gemms, unfused + elementwise
-            else:
-                at += roofline.attention_seconds(gpu, op.kernel, op.batch, op.m, op.n, op.k, op.causal, op.dtype,
-                                                 op.backward, op.mask, op.dropout, op.window) - launch
-            if op.backward:
-                k = kn.attention_bwd_launches.get(kernel, op.kernels) + \
-                    (kn.attention_gqa_bwd_launches.get(kernel, 0) if op.gqa else 0)
-            else:
-                k = op.kernels + (kn.attention_dropout_launches.get(kernel, 0) if op.dropout else 0)
-            n += k
-            # a measured kernel's time per call includes its own launches (roofline._fitted_seconds): one is timed
-            timed += 1 if kernel in kn.fitted else k
-            fl += op.flops
+        if op.kind == "gemm" or op.kind == "attention":
+            dg, dat, du, k, kt, f = _op_terms(gpu, kn, launch, op)
+            g, at, unfused, n, timed, fl = g + dg, at + dat, unfused + du, n + k, timed + kt, fl + f
         else:
             nbytes[op.access] = nbytes.get(op.access, 0.0) + op.nbytes
             n += op.kernels
@@ -149,6 +151,22 @@ def time_ops(gpu: GPU, ops: list[Op]) -> ListTime:
     # memory_seconds is bytes / achieved bandwidth + launches (roofline API): one call per access class
     mem = unfused + sum(roofline.memory_seconds(gpu, b, 0, access) for access, b in nbytes.items())
     return ListTime(g, at, mem, timed * launch, fl, n)
+
+
+def op_seconds(gpu: GPU, ops: list[Op]) -> list[float]:
+    """time_ops(gpu, [op]).seconds of each of `ops`, to the bit, without a ListTime and a dict per op (host_queue's
+    kernel-by-kernel stream times every op of a MoE layer's lists alone)."""
+    kn = roofline.kernels_for(gpu)
+    launch = kn.launch_seconds
+    out = []
+    for op in ops:
+        if op.kind == "gemm" or op.kind == "attention":
+            g, at, unfused, _, timed, _ = _op_terms(gpu, kn, launch, op)
+            out.append(g + at + unfused + timed * launch)
+        else:  # (time_ops' memory term of one op: its bytes at its access class's bandwidth)
+            out.append(0.0 + 0.0 + roofline.memory_seconds(gpu, 0.0 + op.nbytes, 0, op.access)
+                       + op.kernels * launch)
+    return out
 
 
 @dataclass(frozen=True)
@@ -224,10 +242,10 @@ def _time_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, l
     stall = both = 0.0
     phases = ()
     if moe and not sh.compile and waits(fwd):  # the forward's stretches between the host's syncs
-        fs, h = [time_ops(gpu, [o]).seconds for o in fwd], roofline.host_seconds_per_kernel()
+        fs, h = op_seconds(gpu, fwd), roofline.host_seconds_per_kernel()
         stall = sync_stall(fwd, fs, h)
         if combined_1f1b(setup) and has_sync(fwd):
-            bs = [time_ops(gpu, [o]).seconds for o in bwd]
+            bs = op_seconds(gpu, bwd)
             both = combined_stall(fwd, fs, bwd, bs, h)
             phases = combined_phases(fwd, fs, bwd, bs)
     return fwd, tf, tb, attn, stall, both, phases, eager
@@ -235,8 +253,10 @@ def _time_layer(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape, moe: bool, l
 
 def _timed_ends(spec: ModelSpec, setup: Setup, gpu: GPU, sh: Shape) -> tuple[ListTime, ListTime, ListTime, ListTime]:
     """(embedding forward, its backward, head and loss forward, their backward) of one micro-batch: memoised as
-    _timed_layer is, on what they read (the Shape, a head tied on the embedding's stage, LoRA's frozen weights, the
-    loss)."""
+    _timed_layer is, on what they read (the Shape without the MoE block's fields, which only that block reads:
+    ops/shape.py MOE_ONLY; a head tied on the embedding's stage, LoRA's frozen weights, the loss), so the expert
+    layouts of one shape share them."""
+    sh = without_moe(sh)
     key = ("ends", spec, gpu, sh, setup.pp == 1, setup.lora_rank, getattr(setup, "loss", "full"),
            metric_passes(setup))
     return memo.remember(_LAYERS, key, lambda: _time_ends(spec, setup, gpu, sh))

@@ -207,8 +207,10 @@ def stage_memory(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage, r
 
 
 _STATES = cache()  # rank_states' memo
-# rank_states reads neither the micro-batch nor the recompute policy: its groups of one layout and ZeRO stage share it
-STATES_FIXED = MICRO_BATCH + (("recompute", "none"), ("recompute_modules", None))
+# rank_states reads neither the micro-batch nor the recompute policy: its groups of one layout and ZeRO stage share it;
+# nor the pipeline split but through the Stage (its layers, ends and MTP layers, in the key): the splits that give a
+# stage the same layers share it
+STATES_FIXED = MICRO_BATCH + (("recompute", "none"), ("recompute_modules", None), ("pp_split", "even"))
 
 
 def rank_states(spec: ModelSpec, setup: Setup, pc: ParamCounts, stage: Stage) -> tuple:
@@ -275,6 +277,13 @@ def _in_recipe(setup: Setup, stage: Stage, stored) -> float:
     return stored(False) if n8 == 0 else (n8 * stored(True) + (stage.layers - n8) * stored(False)) / stage.layers
 
 
+_PER_LAYER = cache()  # saved_floors' one-layer terms
+# One layer's saved bytes per sequence and its checkpointed input (_stored, layer_input) read the pipeline only through
+# the Stage, which saved_floors applies after (te_recipes.recipe_layers): the layouts that differ only in their
+# pipeline share them, as the micro-batch's
+PER_LAYER_FIXED = MICRO_BATCH + (("pp", 1), ("pp_split", "even"), ("vpp", 1))
+
+
 def saved_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts, stages: list[Stage]) -> tuple:
     """(saved, working) of each stage: bytes per sequence of the micro-batch that the stage holds at least beside
     states_floor's states and grad buffer (accumulating from initialisation), for every micro-batch b and
@@ -292,13 +301,16 @@ def saved_floors(spec: ModelSpec, setup: Setup, pc: ParamCounts, stages: list[St
         return tuple((0.0, 0.0) for _ in stages)
     tokens = keys = setup.seq / setup.cp  # one sequence's tokens on this CP rank
     frac, load = spec.moe_share, least_load(setup)
-    per: dict[bool, float] = {}  # (one layer's, for every stage)
+    # one layer's, for every stage, and for every pipeline of the layout (PER_LAYER_FIXED)
+    per: dict = memo(_PER_LAYER, spec, setup, (), dict, PER_LAYER_FIXED)
 
     def stored(quantised: bool) -> float:
         if quantised not in per:
             per[quantised] = _stored(spec, setup, frac, tokens, keys, quantised, load=load, mask=False)
         return per[quantised]
-    kept = layer_input(spec, setup) * tokens
+    kept = per.get("kept")
+    if kept is None:
+        kept = per["kept"] = layer_input(spec, setup) * tokens
     logits = cross_entropy_bytes(setup, act_bytes(setup), spec.vocab / setup.tp, tokens).saved * (
         1 + mtp_layers(spec, setup))
     out = []

@@ -639,21 +639,48 @@ def _group_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:
     spec, gpu, q, lay, stack, extra = args.spec, args.gpu, args.q, args.lay, args.stack, args.extra
     prec, zero, rec, modules = group
     switches = plan_switches(stack, lay, gpu, zero)
-    settings = dict(batch=1, seq=q.seq, grad_accum=_probe_accum(lay), precision=prec, optimizer=q.optimizer,
-                    recompute=rec, zero=zero, sequence_parallel=lay.tp > 1, stack=stack,
-                    **({"recompute_modules": modules} if modules else {}),
-                    **lay.settings(get_stack(stack).etp_default), **(extra or {}))
+    shared = dict(batch=1, seq=q.seq, grad_accum=_probe_accum(lay), precision=prec, optimizer=q.optimizer,
+                  sequence_parallel=lay.tp > 1, stack=stack, **lay.settings(get_stack(stack).etp_default),
+                  **(extra or {}))
+    own = dict(recompute=rec, zero=zero, **({"recompute_modules": modules} if modules else {}))
+    layout = _layout_base(args, prec, shared)
     try:
-        base = group_setup(spec, **settings, **switches)
+        base = _derived(spec, layout, shared, {**own, **switches})
     except SetupError:
         if not switches:
             raise
-        base = group_setup(spec, **settings)  # a group the switches' own rules refuse (torchtitan's: compile)
+        base = _derived(spec, layout, shared, own)  # a group the switches' own rules refuse (torchtitan's: compile)
         switches = {}
     if extra:
         validate_layout(args.oracle.spec, base)  # the model takes them (Liger's families, gated MLPs, Ulysses' heads)
     check_training_setup(args.oracle.spec, base)  # NotModelledError where the engine has not derived its terms
     return base, switches
+
+
+def _layout_base(args: _LayoutArgs, prec: str, shared: dict) -> Setup | None:
+    """The setup of a layout's groups of one precision at their defaults (no recompute, ZeRO-0, no switch), built
+    once per layout (args.bases): each group's setup is derived from it (_derived), so Setup.with_ checks one by one
+    only the settings the group sets (its recompute, ZeRO stage, modules, switches) where group_setup would check
+    all of the layout's again. None where that default setup is itself refused (or not a plain model's: group_setup's
+    vision path): its groups are built from the template (_derived)."""
+    key = ("layout", prec)
+    if key not in args.bases:
+        spec = args.spec
+        try:
+            layout = None if isinstance(spec, VisionSpec) or getattr(spec, "vision", None) is not None \
+                else group_setup(spec, **shared)
+        except SetupError:
+            layout = None
+        args.bases[key] = layout
+    return args.bases[key]
+
+
+def _derived(spec: ModelSpec, layout: Setup | None, shared: dict, own: dict) -> Setup:
+    """group_setup(spec, **shared, **own): `layout` (the same `shared` settings, validated) with `own` set, which
+    Setup.with_ validates as it validates every setup (the rules that tie settings together all run again; the
+    values of the settings not set passed for this mode already), or the template's where there is no `layout`.
+    The same Setup either way (tests/plan/test_search_exact.py)."""
+    return group_setup(spec, **shared, **own) if layout is None else layout.with_(**own)
 
 
 def _built_base(args: _LayoutArgs, group: tuple) -> tuple[Setup, dict]:

@@ -575,6 +575,18 @@ class Setup:
     def __post_init__(self) -> None:
         self._settle()
 
+    # The dataclass's own equality and hash, read off the instance's __dict__, which holds its fields and nothing else,
+    # in their order (__init__ sets them in order; Setup.copied, keyed and the setters replace values in place): the
+    # same answers without building two tuples of ~100 attributes (every memo of the engines and the planner is keyed
+    # on setups; tests/setup/test_setup_identity.py)
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self.__dict__ == other.__dict__
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.__dict__.values()))
+
     def _settle(self, changed: frozenset | None = None) -> None:
         """The normalisations, every rule (rules.validate), the stack's meaning of selective. `changed`: the fields
         set on a copy of a validated setup of the same mode (Setup._replaced): only their values (and those the
