@@ -164,8 +164,7 @@ def op_seconds(gpu: GPU, ops: list[Op]) -> list[float]:
             g, at, unfused, _, timed, _ = _op_terms(gpu, kn, launch, op)
             out.append(g + at + unfused + timed * launch)
         else:  # (time_ops' memory term of one op: its bytes at its access class's bandwidth)
-            out.append(0.0 + 0.0 + roofline.memory_seconds(gpu, 0.0 + op.nbytes, 0, op.access)
-                       + op.kernels * launch)
+            out.append(roofline.memory_seconds(gpu, op.nbytes, 0, op.access) + op.kernels * launch)
     return out
 
 

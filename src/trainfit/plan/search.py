@@ -192,13 +192,19 @@ def planned_setup(spec: ModelSpec, **settings) -> Setup:
 _TEMPLATES: dict = {}  # (spec, --seq) -> planned_setup(spec, seq=...): the Request's defaults resolved for the model
 
 
+def _templated(spec: ModelSpec) -> bool:
+    """Whether the model's Request defaults depend on --seq alone, so a group's setup can be derived from a template:
+    not a vision model's (group_setup, _layout_base)."""
+    return not isinstance(spec, VisionSpec) and getattr(spec, "vision", None) is None
+
+
 def group_setup(spec: ModelSpec, **settings) -> Setup:
     """planned_setup(spec, **settings) for the search's groups, without building a Request each time: the setup of
     --seq alone (its model-dependent defaults resolved: head, target length) with the group's settings set by
     Setup.with_, which checks every rule of the Setup again; the Request's own checks are its run settings' (GPU,
     price, budget), which the planner never sets, and its value checks are the Setup's (tests/plan/
     test_search_exact.py compares the two). A vision model's defaults depend on more settings: planned_setup."""
-    if isinstance(spec, VisionSpec) or getattr(spec, "vision", None) is not None:
+    if not _templated(spec):
         return planned_setup(spec, **settings)
     key = (spec, settings["seq"])
     template = _TEMPLATES.get(key)
@@ -665,10 +671,8 @@ def _layout_base(args: _LayoutArgs, prec: str, shared: dict) -> Setup | None:
     vision path): its groups are built from the template (_derived)."""
     key = ("layout", prec)
     if key not in args.bases:
-        spec = args.spec
         try:
-            layout = None if isinstance(spec, VisionSpec) or getattr(spec, "vision", None) is not None \
-                else group_setup(spec, **shared)
+            layout = group_setup(args.spec, **shared) if _templated(args.spec) else None
         except SetupError:
             layout = None
         args.bases[key] = layout

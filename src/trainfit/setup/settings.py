@@ -578,7 +578,7 @@ class Setup:
     # The dataclass's own equality and hash, read off the instance's __dict__, which holds its fields and nothing else,
     # in their order (__init__ sets them in order; Setup.copied, keyed and the setters replace values in place): the
     # same answers without building two tuples of ~100 attributes (every memo of the engines and the planner is keyed
-    # on setups; tests/setup/test_setup_identity.py)
+    # on setups; tests/test_settings.py test_setup_equality_and_hash_are_the_dataclass_fields)
     def __eq__(self, other: object) -> bool:
         if other.__class__ is self.__class__:
             return self.__dict__ == other.__dict__
