@@ -44,12 +44,24 @@ def test_half_the_rails_slow_the_data_parallel_group(tmp_path, cli):
     ("gpus_per_node = 8\nnics = 8\nnic_bandwidth = 50e9\nnvls = 1\n", "'nvls' must be true or false"),
     ("gpus_per_node = 8\nnic = 8\nnic_bandwidth = 50e9\nnvls = true\n", "did you mean nics"),
     ("gpus_per_node = 8\nnics = 8\nnic_bandwidth = 50e9\nnvls = true\ngpus = ['A100-80GB']\n", "holds A100-80GB"),
+    # a name the catalog does not know, refused where the file is read, with the catalog's nearest names
+    ("gpus_per_node = 8\nnics = 8\nnic_bandwidth = 50e9\nnvls = true\ngpus = ['H100-80GBX']\n",
+     "field 'gpus': unknown GPU 'H100-80GBX'. Did you mean: H100-80GB"),
 ])
 def test_a_wrong_file_is_one_line(tmp_path, cli, text, says):
     f = tmp_path / "bad.toml"
     f.write_text(text)
     code, _, err = cli("estimate", "llama-3.2-1b", "--gpu", "H100-80GB", "--cluster", str(f))
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_files_gpus_read_as_the_catalog_names_them(tmp_path):
+    # another case of a catalog name holds the same GPU: the node takes --gpu H100-80GB
+    f = tmp_path / "mine.toml"
+    f.write_text("gpus_per_node = 8\nnics = 8\nnic_bandwidth = 50e9\nnvls = true\ngpus = ['h100-80gb']\n")
+    cluster = resolve_cluster(str(f))
+    assert cluster.gpus == ("H100-80GB",)
+    assert with_cluster(get_gpu("H100-80GB"), cluster).gpus_per_node == 8
 
 
 def test_names_and_needs():

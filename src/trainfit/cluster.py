@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
-from .errors import GPUFileError, SetupError
-from .hardware import GPU, refuse_unknown_fields
+from .errors import GPUFileError, SetupError, UnknownGPUError
+from .hardware import GPU, get_gpu, refuse_unknown_fields
 
 # field -> (what it is, an example as the file writes it); all required but sharp (false), gpus and source
 FIELDS = {
@@ -75,6 +75,7 @@ def _validated(where: str, data: dict, name: str) -> Cluster:
     gpus = data.get("gpus", [])
     if not isinstance(gpus, list) or not all(isinstance(g, str) and g.strip() for g in gpus):
         raise bad("gpus", f"must be a list of catalog GPU names, got {gpus!r}")
+    gpus = [_catalog_name(g, where) for g in gpus]
     source = data.get("source", f"user file {where}")
     if not isinstance(source, str):
         raise bad("source", f"must be text, got {source!r}")
@@ -85,6 +86,16 @@ def _validated(where: str, data: dict, name: str) -> Cluster:
         raise bad("host_memory", f"= {host:g} is too small for bytes (a value in GiB or TB?)")
     return Cluster(name, data["gpus_per_node"], data["nics"], float(bw), data["nvls"], data.get("sharp", False),
                    tuple(gpus), source, float(host))
+
+
+def _catalog_name(name: str, where: str) -> str:
+    """A cluster's `gpus` entry as the catalog names it (an alias or another case read as get_gpu reads --gpu, so
+    in_nodes_of compares it with the GPU's own name): an unknown one refused where the file is read, not when a
+    --gpu is placed in its nodes."""
+    try:
+        return get_gpu(name).name
+    except UnknownGPUError as e:
+        raise GPUFileError(f"{where}: field 'gpus': {e}") from None
 
 
 @lru_cache(maxsize=1)
