@@ -53,6 +53,9 @@ BAD_GET = [
     # a parameter that is no knob: refused, never run at the default it would leave (a misspelt one named)
     ({**M, "bacth": 4}, "did you mean batch"),
     ({**M, "seq_len": 4096}, "unknown parameter"),
+    # a pasted config.json as a query parameter: where it goes instead (not "did you mean config")
+    ({"config": ""}, "JSON body of POST /api/estimate"),
+    ({**M, "config": "/etc/passwd"}, "JSON body of POST /api/estimate"),
     # models
     ({"model": "no-such-model"}, "unknown model"),
     ({}, "choose a model"),

@@ -314,6 +314,9 @@ def _unknown_field(name: str) -> str:
     """A parameter that is no knob: named, with the closest knob (the CLI's flag names with _ for -)."""
     from difflib import get_close_matches
 
+    if name == "config":  # a PastedKnobs field, refused where only Knobs are read (the GET endpoints)
+        return ("config: a pasted config.json goes in the JSON body of POST /api/estimate or /api/view "
+                '({"config": {...}, knobs...}); a GET request takes a catalog model (model=NAME, see /api/models)')
     near = get_close_matches(name.replace("-", "_"), list(PastedKnobs.model_fields), n=1)
     hint = f"did you mean {near[0]}? " if near else ""
     return (f"{name}: unknown parameter; {hint}the parameters are `trainfit estimate`'s settings with _ for - "
