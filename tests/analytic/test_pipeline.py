@@ -36,7 +36,7 @@ def test_first_last_split_matches_megatron_uneven_rule():
     got = stages(spec, _setup(pp_split="first:6,last:8"))
     # transformer_block.py: (126 - 6 - 8) / 14 = 8 per middle stage
     assert [(s.layers) for s in got] == [6, 8, 8]
-    with pytest.raises(SetupError, match="middle stages"):
+    with pytest.raises(SetupError, match="do not split evenly over the 14 other stages"):
         validate_layout(spec, _setup(pp_split="first:5,last:8"))
 
 

@@ -49,6 +49,39 @@ def test_the_splits_are_megatrons_with_the_lightest_heaviest_stage(layers, pp):
         assert (first, *([middle] * (pp - 2)), last) == accepted[n, m]
 
 
+@pytest.mark.parametrize("first,last,pp,says", [
+    (7, 7, 2, "hold 14 of the 32 layers and --pp 2 has no other stage for the other 18"),
+    (16, 16, 3, "hold all 32 layers and leave the 1 other stage of --pp 3 empty"),
+    (None, 32, 3, "the last stage holds all 32 layers and leaves the 2 other stages of --pp 3 empty"),
+    (8, 9, 4, "the 15 remaining layers do not split evenly over the 2 other stages of --pp 4"),
+    (5, None, 3, "the 27 remaining layers do not split evenly over the 2 other stages of --pp 3"),
+    (6, 8, 4, None), (None, 12, 2, None), (4, None, 3, None)])
+def test_a_split_megatron_refuses_is_refused_with_its_reason(first, last, pp, says):
+    """Megatron-core's own TransformerConfig decides: trainfit refuses the first/last splits it refuses, each with
+    what is wrong, and takes the ones it takes at its per-rank counts."""
+    from trainfit.errors import SetupError
+
+    how = ",".join(f"{k}:{n}" for k, n in (("first", first), ("last", last)) if n is not None)
+    got = megatron_layers(32, pp, first, last)
+    if got is None:
+        assert says is not None
+        with pytest.raises(SetupError, match=says):
+            split(32, pp, how)
+    else:
+        assert says is None
+        f, middle, la = split(32, pp, how)
+        assert (f, *([middle] * (pp - 2)), la) == got
+
+
+def test_more_layers_on_the_ends_than_the_model_has_is_refused():
+    # megatron-core 0.16's config passes first:40 on a 32-layer model at pp 2 (its -8 middle layers divide the one
+    # middle stage); no rank could build them: refused here
+    from trainfit.errors import SetupError
+
+    with pytest.raises(SetupError, match="the first stage holds 40 layers, more than the model's 32"):
+        split(32, 2, "first:40")
+
+
 def test_deepseek_v3_pipelines_on_a_power_of_two():
     # 61 layers on pp 16: 14 middle stages of 4, the 5 left on the ends (megatron_layers(61, 16, 2, 3) above);
     # pp 2 has no middle stage, and still takes every interleaving depth that splits both ends (only 1 here)

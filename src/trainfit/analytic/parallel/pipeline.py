@@ -79,10 +79,29 @@ def split(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
             rest -= n
             left -= 1
     if rest < 0 or bool(rest) != bool(left) or (left and rest % left):
-        raise SetupError(f"--pp-split {pp_split}: the {max(rest, 0)} remaining layers must split evenly over the "
-                         f"{left} middle stages of --pp {pp} (transformer_config.py:1404-1418)")
+        named = " and ".join(k for k, n in (("first", first), ("last", last)) if n > 0)
+        raise SetupError(f"--pp-split {pp_split}: {_uneven_why(layers, pp, named, layers - rest, rest, left)} "
+                         "(transformer_config.py:1404-1418)")
     mid = rest // left if left else 0
     return first if first > 0 else mid, mid, last if last > 0 else mid
+
+
+def _uneven_why(layers: int, pp: int, named: str, ends: int, rest: int, left: int) -> str:
+    """Why first:N,last:M does not split `layers` over `pp` stages (`ends` layers on the `named` stages, `rest` and
+    `left` other stages for the rest), with the fix: Megatron wants every layer placed and each other ("middle")
+    stage the same count, none empty."""
+    both = " and " in named
+    held = f"the {named} stage{'s hold' if both else ' holds'}"
+    if rest < 0:
+        return f"{held} {ends} layers, more than the model's {layers}: give fewer"
+    if not left:
+        return (f"{held} {ends} of the {layers} layers and --pp {pp} has no other stage for the other "
+                f"{rest}: place all {layers}, or raise --pp")
+    stages = f"{left} other stage{'s' if left > 1 else ''}"
+    if not rest:
+        return (f"{held} all {layers} layers and leave{'' if both else 's'} the {stages} of --pp {pp} empty: give fewer, or lower "
+                "--pp")
+    return f"the {rest} remaining layers do not split evenly over the {stages} of --pp {pp}: change N or M"
 
 
 def chunked_layers(layers: int, pp: int, pp_split: str = "even") -> tuple[int, int, int]:
