@@ -110,6 +110,17 @@ def test_invalid_points_are_rows_with_errors():
         run_sweep(api.Request("llama-3.1-8b"), "attention", "eager,flash", {"attention": "eager,flash"})
 
 
+def test_json_says_where_fitting_starts_as_the_table_does():
+    # more GPUs under ZeRO-3: the values that fit are the highest swept, so `fits_up_to` (the largest that fits)
+    # alone would read as a limit; fit_where carries the table's words, from the rows' own verdicts
+    s = run_sweep(api.Request("llama-3.1-70b", gpu="H100-80GB", zero=3, seq=2048, recompute="full"), "gpus",
+                  "8,16,32,64")
+    d = s.to_dict()
+    fits = [r for r in d["rows"] if r["fits"]]
+    assert 0 < len(fits) < len(d["rows"]) and all(r["fits"] for r in d["rows"][len(d["rows"]) - len(fits):])
+    assert d["fit_where"] == {"": f"from gpus {fits[0]['value']} on"} and d["fits_up_to"] == {"": 64}
+
+
 def test_json_and_tables_hold_the_same_numbers():
     s = run_sweep(api.Request("llama-3.2-1b", gpu="A100-40GB"), "batch", "1,4,16", {"recompute": "none,full"})
     d = s.to_dict()

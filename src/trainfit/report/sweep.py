@@ -156,7 +156,10 @@ class SweepResult:
         return {"model": self.model, "vary": self.vary, "values": self.values, "variants": self.variants,
                 "gpu": self.gpu.name if self.gpu is not None else None, "mfu": self.mfu, "engine": "analytic",
                 "setup": self.base, "rows": self.rows, "notes": self.notes,
-                **({"fits_up_to": {v: self.fits_up_to(v) for v in self.variants}} if self.gpu is not None else {})}
+                # fits_up_to: the largest swept value that fits, whatever fits below it; fit_where: the words the
+                # table prints ("up to batch 4", "from gpus 16 on", "at tp 2, 8 only"), None where none fits
+                **({"fits_up_to": {v: self.fits_up_to(v) for v in self.variants},
+                    "fit_where": {v: self.fit_where(v) for v in self.variants}} if self.gpu is not None else {})}
 
 
 def _variant_fields(s: SweepResult) -> set[str]:
