@@ -172,6 +172,19 @@ def test_sglang_speculative_flags_without_an_algorithm_are_listed_not_dropped(tm
     assert set(r.no_effect) >= {"--speculative-draft-model-path", "--speculative-num-steps"}, r.no_effect
 
 
+def test_an_sglang_flag_abbreviated_is_named_with_its_whole_name(tmp_path):
+    """SGLang's launch_server parser takes a flag's unique prefix for it (argparse's allow_abbrev default): --mem-frac
+    0.8 runs as --mem-fraction-static 0.8 there. trainfit, which does not list every SGLang flag, cannot know the
+    prefix is unique: it reads nothing from it and names the flag to write. A prefix of two flags it knows is named
+    as it is."""
+    path = tmp_path / "serve.sh"
+    path.write_text("python -m sglang.launch_server --model-path m --mem-frac 0.8 --speculative-num 3 --tp 2\n")
+    r = read(path)
+    assert "mem_fraction_static" not in r.values and r.values["tp"] == 2
+    assert r.unknown == ["--mem-frac (the engine reads a unique prefix as its flag: write --mem-fraction-static for "
+                         "trainfit to read it)", "--speculative-num"], r.unknown
+
+
 def test_an_unknown_short_flag_is_named(tmp_path):
     path = tmp_path / "serve.sh"
     path.write_text("vllm serve m -x 3\n")

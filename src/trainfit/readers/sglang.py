@@ -93,5 +93,13 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             v = getattr(a, flag.replace("-", "_"))
             if v is not None:
                 r.skip(f"--{flag}", v, "no effect without --speculative-algorithm (SGLang runs no draft)")
-    account(r, rest, NO_EFFECT, EFFECT, ALIASES)
+    # launch_server's parser takes any unambiguous prefix (argparse.ArgumentParser(prog="sglang serve"), allow_abbrev
+    # left at its default: srt/server_args.py prepare_server_args)
+    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=_whole_flags())
     return r
+
+
+def _whole_flags() -> list[str]:
+    """The whole names of the flags parser() reads (without their dashes). NB: argparse lists a parser's options only
+    through its private _actions (no public accessor)."""
+    return [o[2:] for a in parser()._actions for o in a.option_strings if o.startswith("--")]
