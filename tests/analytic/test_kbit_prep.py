@@ -10,6 +10,7 @@ from trainfit.analytic.kbit_prep import preparation
 from trainfit.analytic.loss import head_and_loss
 from trainfit.analytic.precision import state_bytes
 from trainfit.cli import main
+from trainfit.errors import SetupError
 from trainfit.models.resolve import load_model
 from trainfit.setup import Setup
 
@@ -47,6 +48,63 @@ def test_default_follows_the_stack_recipe():
     assert preparation(Setup(lora_rank=8, precision="bf16")) == "none"
     assert state_bytes(Setup(lora_rank=8, quant="nf4", precision="bf16")).residual == 4  # the fp32 embedding's output
     assert state_bytes(Setup(lora_rank=8, quant="nf4", precision="bf16", kbit_prep="none")).residual == 2
+
+
+_RECAST = r"""
+import json, os
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+import torch, deepspeed
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+from transformers import LlamaConfig, LlamaForCausalLM
+cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256)
+model = prepare_model_for_kbit_training(LlamaForCausalLM(cfg).to(torch.bfloat16), use_gradient_checkpointing=False)
+prepared = sorted({str(p.dtype) for p in model.parameters()})
+model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
+torch.distributed.init_process_group("gloo")
+opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config={"train_micro_batch_size_per_gpu": 1,
+                                  "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}})
+print(json.dumps([prepared, sorted({str(p.dtype) for p in engine.module.parameters()})]))
+"""
+
+
+@pytest.mark.heavy
+def test_deepspeeds_engine_casts_the_prepared_parameters_back(tmp_path):
+    """DeepSpeed 0.19.8's own deepspeed.initialize (bf16, one gloo rank) on a model prepared by peft's own
+    prepare_model_for_kbit_training and wrapped with LoRA adapters: every parameter peft made fp32 is bf16 after it
+    (the fact stacks/deepspeed.toml [peft] adapter_dtype = "model" states, StackFacts.casts_parameters)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    run = subprocess.run([sys.executable, "-c", _RECAST], capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "PORT": port, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    prepared, wrapped = json.loads(run.stdout.strip().splitlines()[-1])
+    assert prepared == ["torch.float32"] and wrapped == ["torch.bfloat16"]
+
+
+def test_deepspeed_steps_with_no_preparation_in_force():
+    """Under DeepSpeed's bf16 engine the preparation's fp32 parameters are bf16 again (the test above), so the
+    step's dtypes are those of no preparation: the saved activations equal --stack hf's with --kbit-prep none (the
+    HF step without it, whose activations the trace matches to real steps: tests/trace/test_kbit_prep_trace.py)
+    — before, the fp32 residual stream of peft's preparation was counted beside bf16 weights. An explicit
+    --kbit-prep is refused there (it would change nothing)."""
+    spec = load_model("llama-3.1-8b")
+    kw = dict(lora_rank=16, quant="nf4", precision="bf16-master", recompute="full", seq=4096)
+    ds = estimate(spec, Setup(stack="deepspeed", **kw)).memory
+    hf = estimate(spec, Setup(stack="hf", kbit_prep="none", **kw)).memory
+    prepared = estimate(spec, Setup(stack="hf", **kw)).memory
+    assert ds.activations == hf.activations < prepared.activations
+    assert state_bytes(Setup(stack="deepspeed", **kw)).residual == 2
+    with pytest.raises(SetupError, match="--kbit-prep peft: --stack deepspeed's engine casts every parameter"):
+        Setup(stack="deepspeed", kbit_prep="peft", **kw)
 
 
 @pytest.mark.parametrize("argv,needle", [

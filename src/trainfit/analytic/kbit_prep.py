@@ -32,10 +32,18 @@ def preparation(setup: Setup) -> str:
     return setup.kbit_prep or setup.stack_facts.fact("kbit_prep")
 
 
+def in_force(setup: Setup) -> str:
+    """The preparation whose dtypes the step runs with: "none" on a stack whose engine casts every parameter to the
+    model dtype after peft's preparation (StackFacts.casts_parameters: DeepSpeed 0.19.8's deepspeed.initialize,
+    runtime/engine.py:2080-2088 -> _cast_module_mixed_precision :1859-1862, every floating parameter to bf16/fp16),
+    which leaves none of its fp32 parameters (under the fp32 policy they were fp32 already); else preparation's."""
+    return "none" if setup.stack_facts.casts_parameters else preparation(setup)
+
+
 def upcast_params(spec: ModelSpec, setup: Setup, quantised: int, total: int) -> int:
     """Parameters the preparation moves to fp32 (`quantised` of `total` are bitsandbytes-packed): every other one for
     peft, the norm weights for norms."""
-    prep = preparation(setup)
+    prep = in_force(setup)
     if prep == "peft":
         return total - quantised
     if prep == "norms":
@@ -52,20 +60,20 @@ def norm_params(spec: ModelSpec) -> int:
 def fp32_stream(setup: Setup) -> bool:
     """Whether the preparation makes the residual stream fp32 (module docstring).
     NB: "norms": the first layer's attention half is still bf16 (its residual add): over by half a layer."""
-    return preparation(setup) != "none"
+    return in_force(setup) != "none"
 
 
 def fp32_frozen_outputs(setup: Setup, autocast: bool) -> bool:
     """Whether the quantised Linears fed by a norm return fp32 (the norm's output is fp32: an fp32 norm weight, from
     any preparation or amp-*'s fp32 weights; autocast leaves bitsandbytes' explicit `.to(inp_dtype)` alone)."""
-    return setup.quant in QUANTS and (autocast or preparation(setup) != "none")
+    return setup.quant in QUANTS and (autocast or in_force(setup) != "none")
 
 
 def head_bytes(setup: Setup, st) -> float:
     """Bytes per element of the LM head's input and logits (st: precision.StateBytes): the compute dtype; fp32 for
     peft's fp32 head outside autocast, whose matmul runs on the fp32 final-norm output.
     NB: the fp32 matmul's time is not modelled (the op list keeps the compute dtype): under."""
-    return 4 if not st.autocast and preparation(setup) == "peft" else st.act
+    return 4 if not st.autocast and in_force(setup) == "peft" else st.act
 
 
 def fp32_attention(setup: Setup, autocast: bool) -> bool:

@@ -42,8 +42,8 @@ def adapter_bytes(setup: Setup) -> float:
     """Bytes per adapter element: fp32 (peft's default), or --lora-dtype weight: the policy's weight dtype
     (trainfit/step/lora.py _cast_trainable), or the weight dtype where the stack casts every parameter to it
     (stacks/<stack>.toml [peft] adapter_dtype = "model": DeepSpeed's engine)."""
-    model = setup.stack_facts.facts.get("peft", {}).get("adapter_dtype") == "model"
-    return ADAPTER if (setup.lora_dtype == "fp32" and not model) else state_bytes(setup).weight
+    return ADAPTER if (setup.lora_dtype == "fp32" and not setup.stack_facts.casts_parameters) \
+        else state_bytes(setup).weight
 
 
 def linears(spec: ModelSpec) -> dict[str, tuple[int, int, str]]:

@@ -87,6 +87,13 @@ class Stack:
         return self.facts.get("parallel", {}).get("why_not", {}).get(axis)
 
     @property
+    def casts_parameters(self) -> bool:
+        """The stack's engine casts every floating parameter to the model dtype when it wraps the model, after
+        peft has built it ([peft] adapter_dtype = "model": DeepSpeed's deepspeed.initialize), so no parameter peft
+        left in fp32 (its adapters, prepare_model_for_kbit_training's upcasts) stays fp32 under a 16-bit policy."""
+        return self.facts.get("peft", {}).get("adapter_dtype") == "model"
+
+    @property
     def zero_stages(self) -> tuple[int, ...]:
         return tuple(self.facts["zero"]["stages"])
 
