@@ -352,14 +352,16 @@ def fit_advice(req: Request, est: Estimate, spec=None) -> list:
 
 def compare(req: Request | str, **settings) -> dict[str, Estimate]:
     """Training step vs inference (prefill + decode) at the same batch, and inference at batch 1 (when the batch is
-    larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype. Without
-    --seq both run at the model's default for inference (a causal model's decode writes position --seq, so a learned
-    position table allows one token fewer than training: GPT-2 1023). `req`: a Request, or a model with `settings`
-    as estimate() takes them."""
+    larger): {label: Estimate}, training first. Inference serves the weights in the training compute dtype and reads
+    every setting that applies to it; the inference estimates note the flags given that it does not read
+    (compare_setup.unused_note: --quant, --lora-rank, --zero, --recompute, ...). Without --seq both run at the
+    model's default for inference (a causal model's decode writes position --seq, so a learned position table allows
+    one token fewer than training: GPT-2 1023). `req`: a Request, or a model with `settings` as estimate() takes
+    them."""
     from dataclasses import replace
 
-    from .precision import DEFAULT, inference_counterpart
-    from .setup import SETTINGS, default_seq
+    from .compare_setup import inference_request, unused_note
+    from .setup import default_seq
 
     if isinstance(req, str):
         refuse_unread(settings, "compare()")
@@ -374,15 +376,16 @@ def compare(req: Request | str, **settings) -> dict[str, Estimate]:
     if req.seq is None:
         req = replace(req, seq=default_seq(spec, "infer"))
     train = analytic(req)
+    infer, note = replace(inference_request(req), seq=train.setup.seq), unused_note(req)
     if host_memory_unread(req, train, advised=False):  # (compare shows no advice)
         train = _noted(train, HOST_MEMORY_UNREAD_COMPARE)
-    training_only = {s.name: s.request_default for s in SETTINGS if "infer" not in s.meta.modes}  # stack, zero, ...
-    infer = replace(req, **training_only, mode="infer", seq=train.setup.seq,
-                    precision=inference_counterpart(req.precision or DEFAULT["train"]))
-    rows = [(f"train (batch {req.batch})", train), (f"infer (batch {req.batch})", analytic(infer))]
-    if req.batch > 1:
-        rows.append(("infer (batch 1)", analytic(replace(infer, batch=1))))
-    return dict(rows)
+        note = unused_note(replace(req, host_memory=None))  # (that note says drop it, for every column)
+    sizes = (req.batch, 1) if req.batch > 1 else (req.batch,)
+    rows = {f"train (batch {req.batch})": train}
+    for batch in sizes:
+        e = analytic(replace(infer, batch=batch))
+        rows[f"infer (batch {batch})"] = _noted(e, note) if note else e
+    return rows
 
 
 def catalog_models() -> list[dict]:

@@ -253,25 +253,25 @@ def trace_module(req: Request,
 @app.command(cls=GroupedCommand)
 @with_settings(exclude=("mode", "tokens", "mfu", "price", "alloc_conf"), mode="train")
 def compare(req: Request, json: bool = JsonOpt) -> None:
-    """Training vs inference of the same model, side by side, with the ratio — at this batch and at batch 1.
+    """Training vs inference of the same model, side by side, with the ratio — at this batch and at batch 1; with
+    --gpu, each one's time. Inference reads the flags that apply to it; a note names those it does not use.
 
     Example: trainfit compare llama-3.1-8b --batch 8 --seq 4096
     """
     results = api.compare(req)
+    from ..compare_setup import NOTE_START
     from ..report import json_out, terminal
 
     if json:
         typer.echo(json_out.dumps({k: v.to_dict() for k, v in results.items()}))
         return
     labels, ests = list(results), list(results.values())
-    terminal.render_side_by_side(ests, labels=labels, reference=0)
-    train, infer = ests[0].memory.peak, ests[1].memory.peak
-    line = f"inference at the same batch needs {infer / train:.0%} of the training peak ({1 - infer / train:.0%} less)"
-    if len(ests) > 2:
-        line += f"; at batch 1 it needs {ests[2].memory.peak / train:.1%}"
-    typer.echo(line + ".")
-    if api.HOST_MEMORY_UNREAD_COMPARE in ests[0].notes:
-        typer.echo("· " + api.HOST_MEMORY_UNREAD_COMPARE)
+    terminal.render_side_by_side(ests, labels=labels, reference=0, times=True)
+    typer.echo(terminal.compare_summary(ests))
+    shown = [n for n in ests[0].notes if n == api.HOST_MEMORY_UNREAD_COMPARE]
+    shown += [n for n in ests[1].notes if n.startswith(NOTE_START)]  # (every inference column carries it)
+    for note in shown:
+        typer.echo("· " + note)
 
 
 @app.command(cls=GroupedCommand)

@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 
 from .. import api
+from ..compare_setup import NOTE_START
 from ..errors import TrainfitError
 from ..estimate import Estimate
 from ..spec import VisionSpec
@@ -21,7 +22,7 @@ from .output import check_writable, writing
 from .held import DEVICE_TOTAL_LABEL, REQUIRED_LABEL, RESERVED_LABEL, fit_numbers, held_sentence, verdict_word
 from .sweep import SweepResult, run_sweep, sweep_html_table
 from .time_bar import time_section
-from .terminal import PHASE_NAMES, budget_rows, memory_rows, setup_line
+from .terminal import PHASE_NAMES, budget_rows, compare_summary, memory_rows, setup_line, time_cells
 
 CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#e3e6ec; --ok:#1a7f37; --bad:#c62828; --accent:#4C72B0; }
@@ -229,10 +230,14 @@ def _compare(req: api.Request, gpu) -> str:
         rows.append([fld.replace("_", " ")] + [fmt_bytes(v) + (f" <span class='muted'>({v / ref:.0%})</span>" if ref and i else "")
                                                for i, v in enumerate(vals)])
         classes.append("peak" if fld == "peak" else "")
-    train, same, one = ests[0].memory.peak, ests[1].memory.peak, ests[-1].memory.peak  # batch 1: two entries
-    summary = (f"<p>Inference at the same batch needs <b>{same / train:.0%}</b> of the training peak "
-               f"({1 - same / train:.0%} less)"
-               + (f"; at batch 1 it needs <b>{one / train:.1%}</b>.</p>" if len(ests) > 2 else ".</p>"))
+    if any(x.time is not None for x in ests):  # (with a GPU) each one's time, as `trainfit compare` shows it
+        cells = [time_cells(x) for x in ests]
+        rows += [["time", *(c[0] for c in cells)], ["tokens/s", *(c[1] for c in cells)]]
+        classes += ["", ""]
+    line = compare_summary(ests)
+    summary = f"<p>{escape(line[0].upper() + line[1:])}</p>"
+    unused = [n for n in ests[1].notes if n.startswith(NOTE_START)]  # (every inference column carries it)
+    summary += "".join(f"<p class='note'>{escape(n[0].upper() + n[1:])}.</p>" for n in unused)
     fig = plots.plot_compare(results, gpu=gpu)
     table = _table([""] + [escape(x) for x in labels], rows, row_classes=classes)
     return (f"<section id='compare'><h2>Training vs inference</h2>{summary}<div class='row even'><div>{_svg(fig)}</div>"

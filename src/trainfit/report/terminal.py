@@ -261,9 +261,41 @@ def render_estimate(e: Estimate, console: Console | None = None) -> None:
         console.print(f"[dim]· {n}[/dim]")
 
 
+def time_cells(e: Estimate) -> tuple[str, str]:
+    """(time, tokens/s) of an estimate timed on its GPU, in render_estimate's terms: a training step's time and
+    tokens/s (all GPUs), an inference's prefill time and decode tokens/s (the batch's); dashes where untimed."""
+    tm = e.time
+    if tm is None:
+        return "—", "—"
+    if e.setup.mode == "infer":
+        decode = tm.decode_tokens_per_second
+        return (f"prefill {fmt_seconds(tm.prefill_seconds)}",
+                "—" if decode is None else f"{decode:,.0f} decode (batch)")
+    return f"step {fmt_seconds(tm.step_seconds)}", f"{fmt_count(tm.tokens_per_second)} (all GPUs)"
+
+
+def _share(ratio: float, of: str = "") -> str:
+    """`ratio` of a reference as a percentage (two digits under 10 %), and how much more or less that is."""
+    diff = ratio - 1
+    more = "about the same" if round(abs(diff), 2) == 0 else f"{abs(diff):.0%} {'more' if diff > 0 else 'less'}"
+    return f"{ratio:.1%}{of} ({more})" if ratio < 0.1 else f"{ratio:.0%}{of} ({more})"
+
+
+def compare_summary(estimates: list[Estimate]) -> str:
+    """api.compare's estimates (training, inference at its micro-batch, then at batch 1 where that is larger) in one
+    sentence: each inference peak as a share of the training peak, and how much more or less that is."""
+    train, same = estimates[0].memory.peak, estimates[1].memory.peak
+    line = (f"inference at batch {estimates[1].setup.batch} (the training micro-batch) needs "
+            f"{_share(same / train, ' of the training peak')}")
+    if len(estimates) > 2:
+        line += f"; at batch 1 it needs {_share(estimates[2].memory.peak / train)}"
+    return line + "."
+
+
 def render_side_by_side(estimates: list[Estimate], console: Console | None = None, labels: list[str] | None = None,
-                        reference: int | None = None) -> None:
-    """Several estimates of the same model in columns (engines, or training vs inference), with the gap."""
+                        reference: int | None = None, times: bool = False) -> None:
+    """Several estimates of the same model in columns (engines, or training vs inference), with the gap; `times`:
+    with each one's time and tokens/s on its GPU (time_cells)."""
     console = console or stdout_console()
     labels = labels or [e.engine for e in estimates]
     t = Table(title=f"{estimates[0].model} — per {_unit(estimates[0])}", header_style="bold")
@@ -290,6 +322,10 @@ def render_side_by_side(estimates: list[Estimate], console: Console | None = Non
         if any(v is not None for v in caps):
             t.add_row("capacity (fit rule)", *[fmt_bytes(v) if v is not None else "—" for v in caps])
         t.add_row(next(j[0] for j in judged if j), *[j[1] if j else "—" for j in judged])
+    if times and any(e.time is not None for e in estimates):
+        cells = [time_cells(e) for e in estimates]
+        t.add_row("time", *[c[0] for c in cells])
+        t.add_row("tokens/s", *[c[1] for c in cells])
     if reference is not None:
         t.caption = f"(×) = ratio to {labels[reference]}"
     console.print(t)
