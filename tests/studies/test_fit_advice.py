@@ -152,8 +152,9 @@ def test_activation_offload_suggested_beside_a_given_state_offload_is_what_estim
     given --offload optimizer combines with it (activations+optimizer, as the CLI combines repeated --offload), so the
     suggestion keeps the optimizer offload and its numbers are that estimate's (it judged --offload activations alone,
     the optimizer states back on the GPU, before)."""
+    # (at 8,192 tokens: DeepSpeed's QLoRA step keeps no fp32 stream, kbit_prep.in_force, and fits at the default)
     argv = ["estimate", "llama-3.1-8b", "--lora-rank", "16", "--quant", "nf4", "--stack", "deepspeed", "--dp", "4",
-            "--zero", "3", "--offload", "optimizer", "--gpu", "A100-40GB", "--json"]
+            "--zero", "3", "--offload", "optimizer", "--gpu", "A100-40GB", "--seq", "8192", "--json"]
     code, out, err = _run(capsys, *argv)
     assert code == 0, err
     rows = [r for r in json.loads(out)["would_fit"] if "--offload activations" in r["flags"]]
