@@ -107,6 +107,28 @@ def test_deepspeed_steps_with_no_preparation_in_force():
         Setup(stack="deepspeed", kbit_prep="peft", **kw)
 
 
+@pytest.mark.parametrize("zero,dp", [(0, 1), (3, 8)])
+def test_under_fp32_weights_the_preparation_changes_nothing(zero, dp):
+    """peft's own prepare_model_for_kbit_training on a model whose weights are fp32 (amp-*'s) leaves every dtype as
+    it was (it casts fp16/bf16 parameters only: peft 0.21.2 utils/other.py:204-209), so under amp-bf16 the step is
+    the same with it or without it — also under FSDP2's MixedPrecisionPolicy (--zero 3), whose bf16 param_dtype makes
+    the stream bf16. Before, --kbit-prep peft there counted an fp32 residual stream, fp32 frozen outputs and
+    logits beside the bf16 gathers."""
+    torch = pytest.importorskip("torch")
+    from peft import prepare_model_for_kbit_training
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256))
+    before = {n: p.dtype for n, p in model.named_parameters()}
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    assert {n: p.dtype for n, p in model.named_parameters()} == before and set(before.values()) == {torch.float32}
+    spec = load_model("llama-3.1-8b")
+    kw = dict(lora_rank=16, quant="nf4", precision="amp-bf16", recompute="full", seq=4096, dp=dp, zero=zero)
+    prepared, plain = (estimate(spec, Setup(kbit_prep=k, **kw)).memory for k in ("peft", "none"))
+    assert (prepared.peak, prepared.activations, prepared.weights) == (plain.peak, plain.activations, plain.weights)
+
+
 @pytest.mark.parametrize("argv,needle", [
     ("estimate llama-3.1-8b --kbit-prep peft", "needs --quant"),
     ("estimate llama-3.1-8b --quant nf4 --lora-rank 8 --kbit-prep fp32", "peft, norms, none"),

@@ -19,6 +19,7 @@ upcasts the norms only; stacks/hf.toml [kbit_prep]). What that changes in the st
 """
 from __future__ import annotations
 
+from ..precision import PRECISIONS
 from ..setup import Setup
 from ..setup.vocab import QUANTS
 from ..spec import ModelSpec
@@ -33,11 +34,16 @@ def preparation(setup: Setup) -> str:
 
 
 def in_force(setup: Setup) -> str:
-    """The preparation whose dtypes the step runs with: "none" on a stack whose engine casts every parameter to the
-    model dtype after peft's preparation (StackFacts.casts_parameters: DeepSpeed 0.19.8's deepspeed.initialize,
-    runtime/engine.py:2080-2088 -> _cast_module_mixed_precision :1859-1862, every floating parameter to bf16/fp16),
-    which leaves none of its fp32 parameters (under the fp32 policy they were fp32 already); else preparation's."""
-    return "none" if setup.stack_facts.casts_parameters else preparation(setup)
+    """The preparation whose dtypes the step runs with: "none" where it changes no parameter's dtype — under a policy
+    whose weights are fp32 (amp-*, fp32), since it casts only fp16/bf16 parameters (peft 0.21.2 utils/other.py:
+    204-209; TRL's norm upcast likewise), so the stream is the policy's (fp32 under autocast, the gathered param_dtype
+    under an FSDP mixed-precision policy: analytic/precision.py) — and on a stack whose engine casts every parameter
+    to the model dtype after it (StackFacts.casts_parameters: DeepSpeed 0.19.8's deepspeed.initialize,
+    runtime/engine.py:2080-2088 -> _cast_module_mixed_precision :1859-1862), which leaves none of its fp32
+    parameters; else preparation's."""
+    if setup.stack_facts.casts_parameters or PRECISIONS[setup.precision].weight == "fp32":
+        return "none"
+    return preparation(setup)
 
 
 def upcast_params(spec: ModelSpec, setup: Setup, quantised: int, total: int) -> int:
