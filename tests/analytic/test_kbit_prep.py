@@ -125,8 +125,11 @@ def test_under_fp32_weights_the_preparation_changes_nothing(zero, dp):
     assert {n: p.dtype for n, p in model.named_parameters()} == before and set(before.values()) == {torch.float32}
     spec = load_model("llama-3.1-8b")
     kw = dict(lora_rank=16, quant="nf4", precision="amp-bf16", recompute="full", seq=4096, dp=dp, zero=zero)
-    prepared, plain = (estimate(spec, Setup(kbit_prep=k, **kw)).memory for k in ("peft", "none"))
+    # (the hf stack's default preparation is peft's: stacks/hf.toml [kbit_prep]; an explicit one is refused here)
+    prepared, plain = estimate(spec, Setup(**kw)).memory, estimate(spec, Setup(kbit_prep="none", **kw)).memory
     assert (prepared.peak, prepared.activations, prepared.weights) == (plain.peak, plain.activations, plain.weights)
+    with pytest.raises(SetupError, match="under --precision amp-bf16 they are fp32 already"):
+        Setup(kbit_prep="peft", **kw)
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -396,8 +396,10 @@ def adapter_setup(setup: Setup, st) -> Setup:
 
 def _fp32_adapters(setup: Setup) -> Setup:
     """The setup whose state bytes are the fp32 adapters' (their optimizer's dtypes only: this copy holds and times
-    no attention, so --attention flash2, refused under fp32, goes back to auto in it)."""
-    return setup.with_(precision="fp32", attention="auto" if setup.attention == "flash2" else setup.attention)
+    no attention, so --attention flash2, refused under fp32, goes back to auto in it, and --kbit-prep, which changes
+    nothing under fp32 weights and is refused there, to the stack's default: kbit_prep.in_force)."""
+    return setup.with_(precision="fp32", attention="auto" if setup.attention == "flash2" else setup.attention,
+                       kbit_prep=None)
 
 
 def flops_per_token(spec: ModelSpec, setup: Setup, fpt: float, attention: float) -> tuple[float, float]:

@@ -164,11 +164,14 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
     if setup.kbit_prep is not None and setup.quant not in QUANTS:
         raise SetupError("--kbit-prep prepares a bitsandbytes-quantised base for training: it needs --quant nf4, fp4 "
                          "or int8")
-    if setup.kbit_prep not in (None, "none") and stack.casts_parameters:
-        # (analytic/kbit_prep.py in_force: DeepSpeed 0.19.8 runtime/engine.py:2080-2088, 1859-1862)
-        raise SetupError(f"--kbit-prep {setup.kbit_prep}: --stack {stack.name}'s engine casts every parameter to the "
-                         "model dtype when it wraps the model, so nothing the preparation keeps in fp32 stays fp32: "
-                         "drop --kbit-prep")
+    if setup.kbit_prep not in (None, "none"):  # where it would change nothing (analytic/kbit_prep.py in_force)
+        if stack.casts_parameters:  # (DeepSpeed 0.19.8 runtime/engine.py:2080-2088, 1859-1862)
+            raise SetupError(f"--kbit-prep {setup.kbit_prep}: --stack {stack.name}'s engine casts every parameter to "
+                             "the model dtype when it wraps the model, so nothing the preparation keeps in fp32 stays "
+                             "fp32: drop --kbit-prep")
+        if _precision.PRECISIONS[setup.precision].weight == "fp32":  # (peft 0.21.2 utils/other.py:204-209)
+            raise SetupError(f"--kbit-prep {setup.kbit_prep} casts the bf16/fp16 parameters --quant leaves to fp32; "
+                             f"under --precision {setup.precision} they are fp32 already: drop --kbit-prep")
     if setup.quant == "int8" and setup.dora:
         raise SetupError("--dora with --quant int8: peft 0.21's DoRA fails on bitsandbytes 0.50's LLM.int8 layers "
                          "(their row scales are moved out of the weight at the first forward); use --quant nf4")
