@@ -19,8 +19,8 @@ upcasts the norms only; stacks/hf.toml [kbit_prep]). What that changes in the st
 """
 from __future__ import annotations
 
-from ..precision import PRECISIONS
 from ..setup import Setup
+from ..setup.rules import inert_preparation
 from ..setup.vocab import QUANTS
 from ..spec import ModelSpec
 
@@ -34,16 +34,11 @@ def preparation(setup: Setup) -> str:
 
 
 def in_force(setup: Setup) -> str:
-    """The preparation whose dtypes the step runs with: "none" where it changes no parameter's dtype — under a policy
-    whose weights are fp32 (amp-*, fp32), since it casts only fp16/bf16 parameters (peft 0.21.2 utils/other.py:
-    204-209; TRL's norm upcast likewise), so the stream is the policy's (fp32 under autocast, the gathered param_dtype
-    under an FSDP mixed-precision policy: analytic/precision.py) — and on a stack whose engine casts every parameter
-    to the model dtype after it (StackFacts.casts_parameters: DeepSpeed 0.19.8's deepspeed.initialize,
-    runtime/engine.py:2080-2088 -> _cast_module_mixed_precision :1859-1862), which leaves none of its fp32
-    parameters; else preparation's."""
-    if setup.stack_facts.casts_parameters or PRECISIONS[setup.precision].weight == "fp32":
-        return "none"
-    return preparation(setup)
+    """The preparation whose dtypes the step runs with: "none" where it changes no parameter's dtype
+    (setup/rules.py inert_preparation: under fp32 weights, amp-* or fp32, it has nothing to upcast, so the stream is
+    the policy's — fp32 under autocast, the gathered param_dtype under an FSDP mixed-precision policy:
+    analytic/precision.py; on DeepSpeed the engine casts its upcasts back), else preparation's."""
+    return "none" if inert_preparation(setup, setup.stack_facts) else preparation(setup)
 
 
 def upcast_params(spec: ModelSpec, setup: Setup, quantised: int, total: int) -> int:

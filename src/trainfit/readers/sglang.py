@@ -54,7 +54,8 @@ def parser() -> argparse.ArgumentParser:
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     _, argv = split(text, str(path), lambda w: w == "sglang.launch_server")
     r = Reading(f"{path} (SGLang 0.5.23 ServerArgs flags, argparse)")
-    a, rest = parse_flags(parser(), argv, path)
+    p = parser()
+    a, rest = parse_flags(p, argv, path)
     r.model = a.model_path
     r.set("mode", "serve", "sglang.launch_server")
     r.set("server", "sglang", "sglang.launch_server")
@@ -95,11 +96,11 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
                 r.skip(f"--{flag}", v, "no effect without --speculative-algorithm (SGLang runs no draft)")
     # launch_server's parser takes any unambiguous prefix (argparse.ArgumentParser(prog="sglang serve"), allow_abbrev
     # left at its default: srt/server_args.py prepare_server_args)
-    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=_whole_flags())
+    account(r, rest, NO_EFFECT, EFFECT, ALIASES, abbreviated=_whole_flags(p))
     return r
 
 
-def _whole_flags() -> list[str]:
-    """The whole names of the flags parser() reads (without their dashes). NB: argparse lists a parser's options only
+def _whole_flags(p: argparse.ArgumentParser) -> list[str]:
+    """The whole names of the flags `p` reads (without their dashes). NB: argparse lists a parser's options only
     through its private _actions (no public accessor)."""
-    return [o[2:] for a in parser()._actions for o in a.option_strings if o.startswith("--")]
+    return [o[2:] for a in p._actions for o in a.option_strings if o.startswith("--")]

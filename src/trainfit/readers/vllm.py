@@ -57,7 +57,7 @@ def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None
     other spellings of those flags. `abbreviated`: where the engine's argparse takes a flag's unique prefix for the
     flag (allow_abbrev), the whole flags trainfit knows: an unknown one that begins exactly one of them is named with
     it (trainfit reads whole names only: the engine's other flags, which it does not list, decide the prefix)."""
-    known = sorted({*(abbreviated or ()), *no_effect, *effect, *(aliases or {})})
+    known = sorted({*abbreviated, *no_effect, *effect, *(aliases or {})}) if abbreviated is not None else ()
     for k, v in leftover_flags(rest):
         k = (aliases or {}).get(k, k)
         if k in no_effect:
@@ -66,7 +66,7 @@ def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None
             r.skip(f"--{k}", v, effect[k])
         else:
             name = k if k.startswith("-") else f"--{k}"
-            whole = [f for f in known if f.startswith(k)] if abbreviated is not None and not k.startswith("-") else []
+            whole = [f for f in known if f.startswith(k)] if not k.startswith("-") else []
             r.unknown.append(name if len(whole) != 1 else
                              f"{name} (the engine reads a unique prefix as its flag: write --{whole[0]} for trainfit "
                              "to read it)")

@@ -164,14 +164,10 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
     if setup.kbit_prep is not None and setup.quant not in QUANTS:
         raise SetupError("--kbit-prep prepares a bitsandbytes-quantised base for training: it needs --quant nf4, fp4 "
                          "or int8")
-    if setup.kbit_prep not in (None, "none"):  # where it would change nothing (analytic/kbit_prep.py in_force)
-        if stack.casts_parameters:  # (DeepSpeed 0.19.8 runtime/engine.py:2080-2088, 1859-1862)
-            raise SetupError(f"--kbit-prep {setup.kbit_prep}: --stack {stack.name}'s engine casts every parameter to "
-                             "the model dtype when it wraps the model, so nothing the preparation keeps in fp32 stays "
-                             "fp32: drop --kbit-prep")
-        if _precision.PRECISIONS[setup.precision].weight == "fp32":  # (peft 0.21.2 utils/other.py:204-209)
-            raise SetupError(f"--kbit-prep {setup.kbit_prep} casts the bf16/fp16 parameters --quant leaves to fp32; "
-                             f"under --precision {setup.precision} they are fp32 already: drop --kbit-prep")
+    if setup.kbit_prep not in (None, "none"):
+        why = inert_preparation(setup, stack)
+        if why:
+            raise SetupError(f"--kbit-prep {setup.kbit_prep}: {why}: drop --kbit-prep")
     if setup.quant == "int8" and setup.dora:
         raise SetupError("--dora with --quant int8: peft 0.21's DoRA fails on bitsandbytes 0.50's LLM.int8 layers "
                          "(their row scales are moved out of the weight at the first forward); use --quant nf4")
@@ -196,6 +192,20 @@ def validate(setup: Setup, changed: frozenset | None = None) -> None:
         raise SetupError(f"--recompute selective recomputes the attention scores, which --attention "
                          f"{setup.attention_kernel} never stores: it would equal --recompute none; use --attention "
                          "eager, or --recompute full")
+
+
+def inert_preparation(setup: Setup, stack: _stacks.Stack) -> str | None:
+    """Why a k-bit preparation (--kbit-prep peft or norms) changes no dtype of the step, None where it does: its
+    upcast undone by the engine's cast of every parameter (DeepSpeed 0.19.8 runtime/engine.py:2080-2088, 1859-1862),
+    or nothing to upcast, since it casts bf16/fp16 parameters only (peft 0.21.2 utils/other.py:204-209). Refused
+    when given (validate), and no preparation in force (analytic/kbit_prep.py in_force)."""
+    if stack.casts_parameters:
+        return (f"--stack {stack.name}'s engine casts every parameter to the model dtype when it wraps the model, so "
+                "nothing the preparation keeps in fp32 stays fp32")
+    if _precision.PRECISIONS[setup.precision].weight == "fp32":
+        return (f"it casts the bf16/fp16 parameters --quant leaves to fp32; under --precision {setup.precision} they "
+                "are fp32 already")
+    return None
 
 
 def _check_moe_routing(setup: Setup, stack: _stacks.Stack) -> None:

@@ -99,8 +99,8 @@ def _uneven_why(layers: int, pp: int, named: str, ends: int, rest: int, left: in
                 f"{rest}: place all {layers}, or raise --pp")
     stages = f"{left} other stage{'s' if left > 1 else ''}"
     if not rest:
-        return (f"{held} all {layers} layers and leave{'' if both else 's'} the {stages} of --pp {pp} empty: give fewer, or lower "
-                "--pp")
+        return (f"{held} all {layers} layers and leave{'' if both else 's'} the {stages} of --pp {pp} empty: "
+                "give fewer, or lower --pp")
     return f"the {rest} remaining layers do not split evenly over the {stages} of --pp {pp}: change N or M"
 
 
