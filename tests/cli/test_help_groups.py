@@ -68,3 +68,17 @@ def test_each_option_names_each_of_its_flags_once():
         names = [s.flag, *s.meta.aliases, *([s.meta.short] if s.meta.short else [])]
         assert len(set(names)) == len(names), names
     assert not re.search(r"^  (--[\w-]+), \1(?![\w-])", result.output, re.M)
+
+
+def test_a_first_sentence_runs_past_an_abbreviation():
+    """--help's one line is the option's first sentence: "(e.g. 15T)" goes on (it printed "Training budget in tokens
+    (e.g" and "Tokens per optimizer step (e.g"); a real full stop still ends it."""
+    result = CliRunner().invoke(app, ["plan", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert re.search(r"^  --tokens <str> +Training budget in tokens \(e\.g\. 15T\): time, GPU-hours, cost and energy "
+                     r"per plan$", result.output, re.M)
+    assert re.search(r"^  --global-batch-tokens <str> +Tokens per optimizer step \(e\.g\. 4M\); micro-batch", result.output,
+                     re.M)
+    assert not re.search(r"\((e\.g|i\.e)$", result.output, re.M)
+    assert re.search(r"^  --gpus <int> +Number of GPUs; every plan uses all of them \(dp × tp × pp × cp = gpus\)  "
+                     r"\[default: 1\]$", result.output, re.M)

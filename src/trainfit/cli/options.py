@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
@@ -194,6 +195,10 @@ def _eager_flag(name: str, callback: Callable, help: str):
                                   callback=callback, help=help, type_descriptor=bool_flag_type_descriptor())
 
 
+# A sentence's end: a full stop and a space, not an abbreviation's ("e.g. 15T" is one sentence going on)
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)(?<!\bcf)\. ")
+
+
 def first_sentence(text: str, room: int) -> str:
     """An option's help in one line of `room` characters: its first sentence (cut at a word with '…'), and click's
     [default: …] where it fits."""
@@ -201,7 +206,7 @@ def first_sentence(text: str, room: int) -> str:
     if text.endswith("]") and "  [" in text:
         text, tail = text.rsplit("  [", 1)
         tail = "  [" + tail
-    head = text.split(". ", 1)[0].rstrip(".")
+    head = _SENTENCE_END.split(text, 1)[0].rstrip(".")
     if len(head) + len(tail) <= room:
         return head + tail
     if len(head) > room:
