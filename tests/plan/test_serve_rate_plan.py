@@ -101,3 +101,25 @@ def test_estimate_names_the_replicas_a_rate_needs():
     note = next(n for n in e.notes if "--request-rate" in n)
     assert f"needs {math.ceil(100 / per)} replica(s)" in note
     assert ("within" if load["ttft_seconds"] * 1e3 <= 50 else "over") + " --ttft-ms 50" in note
+
+
+@pytest.mark.parametrize("max_model_len, words", [
+    ("300", "--max-model-len 300 is shorter than one request"),  # 256 + 64 = 320 tokens
+    ("0", "--max-model-len must be a positive integer"),  # (was taken as no value: the default, one request)
+])
+def test_a_model_length_shorter_than_a_request_is_refused(capsys, max_model_len, words):
+    """The server refuses a request longer than --max-model-len: the estimate of that engine serves none of them
+    (0 tokens/s), so no number of its replicas serves a rate of them (the plan had sized one, and --emit printed
+    `vllm serve ... --max-model-len 300` for 320-token requests)."""
+    from trainfit.api import Request, analytic
+
+    e = analytic(Request(model="qwen2.5-0.5b", mode="serve", gpu="H100-80GB", prompt_len=256, completion_len=64,
+                         max_model_len=300))
+    assert e.detail.serving.load == {} and e.time.tokens_per_second == 0
+    assert any("the server refuses it" in n for n in e.notes)
+    for out in ([], ["--json"], ["--emit", "vllm"]):
+        with pytest.raises(SystemExit) as ex:
+            main(["plan", "qwen2.5-0.5b", "--mode", "serve", "--request-rate", "40", "--prompt-len", "256",
+                  "--completion-len", "64", "--max-model-len", max_model_len, "--gpu", "H100-80GB", *out])
+        captured = capsys.readouterr()
+        assert ex.value.code == 2 and words in captured.err and "vllm serve" not in captured.out

@@ -354,7 +354,7 @@ def _plan_rate(model, gpu, price, rate, concurrency, ttft_ms, tpot_ms, prompt_le
     if concurrency is not None:
         raise SetupError("--concurrency and --request-rate both size the load: give one of them")
     for name, v in (("request_rate", rate), ("ttft_ms", ttft_ms), ("price", price), ("prompt_len", prompt_len),
-                    ("completion_len", completion_len)):
+                    ("completion_len", completion_len), ("max_model_len", max_model_len)):
         if v is not None:  # (the lengths not given take their defaults below)
             check_value(BY_NAME[name], v, "serve")
     _check_serve_outputs(tpot_ms, emit, json, server)

@@ -161,6 +161,13 @@ def serve_rate_plans(spec: ModelSpec, gpus: list[GPU], rate: float, base: Setup,
     pc = count_params(spec)
     model = server_model(base)
     request = base.prompt_len + base.completion_len
+    if base.max_model_len is not None and request > base.max_model_len:
+        # the server refuses a request past its model length, and the estimate serves none (analytic/engine.py
+        # _serving_estimate): no replica count serves the rate
+        raise SetupError(f"--max-model-len {base.max_model_len:,} is shorter than one request (--prompt-len "
+                         f"{base.prompt_len} + --completion-len {base.completion_len} = {request:,} tokens), which "
+                         f"the server refuses: raise --max-model-len to at least {request}, or drop it (default: one "
+                         "request's length)")
     for gpu in gpus:
         reason = None
         if tp is not None and tp > gpu.gpus_per_node:
