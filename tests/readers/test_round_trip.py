@@ -222,6 +222,9 @@ def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
     ("notes.txt", "hello", "not a config trainfit reads"),
     ("acc.yaml", "distributed_type: FSDP\nmixed_precision: fp8\nnum_processes: 2\n", "fp8"),
     ("serve.sh", "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype fp8_e5m2\n", "--kv-cache-dtype"),
+    # vLLM's EngineArgs.speculative_config is a dict (engine/arg_utils.py): valid JSON that is not an object (was a
+    # traceback: AttributeError, 'list' object has no attribute 'get')
+    ("spec.sh", "vllm serve meta-llama/Llama-3.1-8B --speculative-config '[1, 2]'\n", "not a JSON object"),
     ("job.toml", "[training]\nlocal_batch = 3\n", "Invalid field names"),
     ("run.sh", "torchrun --nproc_per_node 8 -m torchtitan.train --training.local_batch_size x\n",
      "invalid literal for int()"),

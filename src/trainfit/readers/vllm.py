@@ -101,6 +101,9 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             spec = json.loads(a.speculative_config)
         except ValueError:
             raise SetupError(f"--speculative-config {a.speculative_config!r}: not JSON") from None
+        if not isinstance(spec, dict):  # EngineArgs.speculative_config: dict[str, Any] | None (engine/arg_utils.py)
+            raise SetupError(f"--speculative-config {a.speculative_config!r}: not a JSON object; give one, e.g. "
+                             "'{\"model\": \"meta-llama/Llama-3.2-1B\", \"num_speculative_tokens\": 4}'")
         if spec.get("model"):
             r.set("draft_model", spec["model"], "--speculative-config")
         for k, v in spec.items():
