@@ -240,3 +240,24 @@ def test_a_default_batch_is_capped_at_max_num_seqs_times_max_model_len_from_014(
                                                     max_num_seqs=1, max_model_len=5120, max_num_batched_tokens=8192),
                   get_gpu("H100-80GB"))
     assert given.max_num_batched_tokens == 8192  # a given one is kept
+
+
+@pytest.mark.parametrize("version", [v for v in serving_versions.versions("sglang") if v != "0.5.23"])
+def test_pp_is_refused_by_an_sglang_release_without_pipeline_parallelism(version, capsys):
+    """SGLang's pipeline parallelism (--pp-size) came with sgl-project/sglang#5724 (opened 2025-04-24), after the
+    0.4.x releases listed; --emit sglang refuses their command for that reason (plan/emit_sglang.py: "no --pp-size").
+    Before: the estimate split the layers over --pp 2 stages (half the KV cell per GPU) for an engine that cannot."""
+    from trainfit.cli import main
+
+    base = ["estimate", "llama-3.1-8b", "--mode", "serve", "--gpu", "H100-80GB", "--max-model-len", "8192",
+            "--server", f"sglang=={version}"]
+    with pytest.raises(SystemExit) as e:  # the other command's own word on this release's flags
+        main(base + ["--emit", "sglang"])
+    assert e.value.code == 2 and "no --pp-size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--pp", "2"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"--pp 2: SGLang {version} has no pipeline parallelism" in err and "0.5.23 has it" in err, err
+    main(base + ["--tp", "2", "--json"])  # the release's own parallelism still estimates
+    capsys.readouterr()

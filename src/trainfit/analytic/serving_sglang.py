@@ -205,6 +205,11 @@ def fraction_by_tp(rule: list, tp: int) -> float:
 def knobs(spec: ModelSpec, setup: Setup, gpu: GPU) -> Knobs:
     # SGLang's defaults read nvidia-smi's memory.total (utils get_nvgpu_memory_capacity); its pool reads CUDA's
     version = _version(setup)
+    if setup.pp > 1 and not version.facts.get("pipeline_parallel", True):  # (servers.toml: the releases without)
+        having = [v for v in serving_versions.versions("sglang")
+                  if serving_versions.parse(f"sglang=={v}").facts.get("pipeline_parallel", True)]
+        raise SetupError(f"--pp {setup.pp}: SGLang {version.version} has no pipeline parallelism (no --pp-size in its "
+                         f"ServerArgs; SGLang {', '.join(having)} has it): drop --pp (use --tp), or --server sglang")
     gpu_mib = gpu.smi_memory / MiB
     chunked, max_bs = capacity_defaults(gpu_mib, setup.tp, version.version)
     max_bs = 0 if setup.enforce_eager else max_bs
