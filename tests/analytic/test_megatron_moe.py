@@ -356,3 +356,27 @@ def test_expert_and_router_shapes_follow_the_sequence_parallel_dispatch(etp):
     rows = 2048 * etp * 8 / 16
     assert (ops["experts_in"].m, ops["experts_in"].n, ops["experts_in"].k) == (rows, 2 * 768 / etp, 2048)
     assert (ops["experts_out"].m, ops["experts_out"].n, ops["experts_out"].k) == (rows, 2048, 768 / etp)
+
+
+def test_expert_tp_gathers_other_ranks_sequences_without_tensor_parallelism():
+    """TP 1, ETP 4 (Megatron allows expert_tensor_parallel_size != tensor_model_parallel_size): the four expert-TP
+    ranks hold four different sequences (no sequence parallelism at tp 1), and the alltoall dispatcher gathers what
+    they received over the expert-TP group whatever the sequence parallelism (megatron-core 0.16.1
+    token_dispatcher.py:72-76 tp_group = expt_tp, :691-701 `if self.tp_size > 1: gather_from_sequence_parallel_region`):
+    each of Qwen3-30B-A3B's 128 / 8 = 16 local experts runs 4,096 · 4 · 8 / 16 rows at 768 / 4 of the width, the
+    same FLOPs as ETP 1. Before, the rows stayed 4,096 · 8 / 16 at 1/4 of the width (a quarter of the expert FLOPs:
+    MFU above 100 %)."""
+    from trainfit.api import load_spec
+    from trainfit.setup import Setup
+
+    spec = load_spec("qwen3-30b-a3b")
+    per_rank = {}
+    for etp in (1, 4):
+        setup = Setup(stack="megatron", precision="bf16-master", seq=4096, dp=32, ep=8, etp=etp, moe_imbalance=1.0)
+        _, fwd, _ = _layer(spec, setup)
+        ops = {o.name: o for o in fwd}
+        rows = 4096 * etp * 8 / 16
+        assert (ops["experts_in"].m, ops["experts_in"].n, ops["experts_in"].k) == (rows, 2 * 768 / etp, 2048)
+        assert (ops["experts_out"].m, ops["experts_out"].n, ops["experts_out"].k) == (rows, 2048, 768 / etp)
+        per_rank[etp] = sum(2 * o.m * o.n * o.k * o.batch for o in fwd if o.kind == "gemm" and o.name.startswith("experts_"))
+    assert per_rank[4] == pytest.approx(per_rank[1])

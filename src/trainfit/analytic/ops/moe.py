@@ -19,10 +19,12 @@ def expert_dims(spec: ModelSpec, sh: Shape, etp: int | None = None) -> tuple:
     `etp`: Megatron's expert tensor-parallel degree (ops/megatron_moe.py): under sequence parallelism a rank holds
     T / tp of the TP group's T tokens, sends their copies to the experts, and its expert-TP group gathers what its
     etp ranks received (token_dispatcher.py:691-701 at core_v0.16.1, AG over the expert-TP group), each expert's
-    width split etp ways: T·etp / tp tokens' copies at 1/etp of the width (T at 1/tp where etp = tp)."""
+    width split etp ways: T·etp / tp tokens' copies at 1/etp of the width (T at 1/tp where etp = tp). The gather
+    runs whatever the sequence parallelism (`if self.tp_size > 1`, tp_size the expert-TP group's, :72-76): at tp 1
+    the etp ranks hold different sequences, T·etp copies' rows (MoE with tp > 1 is modelled as under SP)."""
     m = spec.moe
     t = etp or sh.tp
-    tokens = sh.tokens * t / sh.tp if sh.sp else sh.tokens
+    tokens = sh.tokens * t / sh.tp
     local = max(1, m.num_experts // sh.ep)
     per_expert = busiest_per_expert(sh, m.top_k, local, tokens)
     return (spec.hidden, sh.act, sh.tokens, m.num_experts, m.top_k, m.expert_intermediate / t, local, per_expert,
