@@ -170,3 +170,40 @@ def test_a_deepspeed_optimizer_block_is_listed_as_changing_memory_not_as_without
     assert any(n.startswith("optimizer = ") and "optimizer states" in n for n in r.not_modelled)
     # DeepSpeedZeroConfig's allgather_partitions (a real key: not unknown); the untested-optimizer switch: no effect
     assert not r.unknown and "zero_allow_untested_optimizer" in r.no_effect
+
+
+MEGATRON_MOE = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "
+                "--num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+                "--use-distributed-optimizer --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 "
+                "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --overlap-grad-reduce --swiglu "
+                "--disable-bias-linear --untie-embeddings-and-output-weights --group-query-attention "
+                "--num-query-groups 4 --kv-channels 128 ")
+
+
+@pytest.mark.parametrize("flags,listed", [("", None), ("--moe-token-dispatcher-type alltoall ", "time"),
+                                          ("--moe-token-dispatcher-type alltoall --expert-tensor-parallel-size 1 ",
+                                           "no effect")])
+def test_megatron_moe_at_expert_parallel_1_is_read(tmp_path, cli, flags, listed):
+    """A Megatron MoE run without --expert-model-parallel-size (EP 1: megatron-core 0.16.1 model_parallel_config.py:72
+    default 1) is legal, whatever the dispatcher (TransformerConfig builds it). check refused it in one line naming a
+    flag the command never gave: the reader set --moe-dispatcher to Megatron-LM's default allgather, which trainfit
+    refuses at --ep 1. Now the dispatcher is read at EP > 1 only; one given at EP 1 is listed."""
+    from megatron.core.transformer import TransformerConfig
+
+    TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8,
+                      moe_token_dispatcher_type="alltoall", expert_model_parallel_size=1, tensor_model_parallel_size=2,
+                      sequence_parallel=True, add_bias_linear=False)
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON_MOE.replace("--moe-token-dispatcher-type alltoall ", "") + "--tensor-model-parallel-size 2 "
+                  "--sequence-parallel " + flags + "\n")
+    s, readings = _setup([sh], model="qwen3-30b-a3b")
+    assert (s.ep, s.moe_dispatcher) == (1, None)
+    r = readings[0]
+    assert "--moe-token-dispatcher-type" not in r.unknown
+    if listed == "no effect":
+        assert "--moe-token-dispatcher-type" in r.no_effect
+    elif listed:
+        assert any("--moe-token-dispatcher-type" in x for x in r.not_modelled), r.not_modelled
+    code, _, err = cli("check", str(sh), "--model", "qwen3-30b-a3b")
+    assert code == 0, err
+

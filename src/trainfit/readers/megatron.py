@@ -155,7 +155,15 @@ def _settings(a, r: Reading, world: int | None) -> None:
         if a.expert_tensor_parallel_size is not None:
             r.set("etp", a.expert_tensor_parallel_size, "--expert-tensor-parallel-size")
         how = a.moe_token_dispatcher_type or "allgather"  # Megatron-LM's own default (transformer_config.py:675)
-        r.set("moe_dispatcher", a.moe_flex_dispatcher_backend if how == "flex" else how, "--moe-token-dispatcher-type")
+        if (a.expert_model_parallel_size or 1) > 1:
+            r.set("moe_dispatcher", a.moe_flex_dispatcher_backend if how == "flex" else how,
+                  "--moe-token-dispatcher-type")
+        elif a.moe_token_dispatcher_type:  # (at ep 1 --moe-dispatcher is refused: no expert-parallel rank to send to)
+            etp = a.expert_tensor_parallel_size or tp  # model_parallel_config.py:413-414: None is tp
+            r.skip("--moe-token-dispatcher-type", how,
+                   "time: at --expert-model-parallel-size 1 trainfit times the expert-TP group's gather as the "
+                   "alltoall dispatcher's" if etp > 1 else
+                   "no effect at --expert-model-parallel-size 1 and expert TP 1: no token leaves the rank")
         # TransformerConfig.moe_deepep_num_sms / moe_hybridep_num_sms, flags through arguments.py:1621's
         # ArgumentGroupFactory(TransformerConfig) (transformer_config.py:722, 725); each read by its own backend
         for backend in ("deepep", "hybridep"):
