@@ -378,5 +378,6 @@ def test_expert_tp_gathers_other_ranks_sequences_without_tensor_parallelism():
         rows = 4096 * etp * 8 / 16
         assert (ops["experts_in"].m, ops["experts_in"].n, ops["experts_in"].k) == (rows, 2 * 768 / etp, 2048)
         assert (ops["experts_out"].m, ops["experts_out"].n, ops["experts_out"].k) == (rows, 2048, 768 / etp)
-        per_rank[etp] = sum(2 * o.m * o.n * o.k * o.batch for o in fwd if o.kind == "gemm" and o.name.startswith("experts_"))
+        per_rank[etp] = sum(2 * o.m * o.n * o.k * o.batch for o in fwd
+                            if o.kind == "gemm" and o.name.startswith("experts_"))
     assert per_rank[4] == pytest.approx(per_rank[1])
