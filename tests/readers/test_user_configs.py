@@ -207,3 +207,23 @@ def test_megatron_moe_at_expert_parallel_1_is_read(tmp_path, cli, flags, listed)
     code, _, err = cli("check", str(sh), "--model", "qwen3-30b-a3b")
     assert code == 0, err
 
+
+@pytest.mark.parametrize("ep,factor,want", [("8", "1.25", 1.25), ("8", "-1", None), ("1", "1.25", None)])
+def test_megatron_expert_capacity_factor_is_read(tmp_path, ep, factor, want):
+    """--moe-expert-capacity-factor is a Megatron-LM flag (megatron-core 0.16.1 TransformerConfig.
+    moe_expert_capacity_factor, transformer_config.py:690, through Megatron-LM core_v0.16.1 arguments.py:1621) and
+    trainfit's --moe-capacity-factor. check listed it as unknown and estimated the dropless step (plan's Qwen3-30B-A3B
+    command on 16 H100s, ep 16, with factor 1.0 added: 4.73 s where 3.48 s). A negative factor is TransformerConfig's
+    None (:1106-1107: dropless); at --ep 1 it is listed (trainfit caps the busiest EP rank's load only)."""
+    from megatron.core.transformer import TransformerConfig
+
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON_MOE + f"--expert-model-parallel-size {ep} --moe-expert-capacity-factor {factor}\n")
+    s, readings = _setup([sh], model="qwen3-30b-a3b")
+    assert s.moe_capacity_factor == want
+    assert "--moe-expert-capacity-factor" not in readings[0].unknown
+    if factor.startswith("-"):
+        tc = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8,
+                               moe_expert_capacity_factor=float(factor))
+        assert tc.moe_expert_capacity_factor is None
+        assert "--moe-expert-capacity-factor" in readings[0].no_effect

@@ -79,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
     for f in SWITCHES:
         p.add_argument(f"--{f}", action="store_true")
     p.add_argument("--clip-grad", type=float, default=1.0)  # arguments.py: default 1.0
+    # TransformerConfig.moe_expert_capacity_factor (megatron-core 0.16.1 transformer_config.py:690, Optional[float]),
+    # a flag through arguments.py:1621 ArgumentGroupFactory(TransformerConfig)
+    p.add_argument("--moe-expert-capacity-factor", type=float)
     return p
 
 
@@ -178,6 +181,15 @@ def _settings(a, r: Reading, world: int | None) -> None:
             r.set("overlap_moe_comm", True, "--overlap-moe-expert-parallel-comm")
         if a.moe_router_force_load_balancing:
             r.set("moe_force_balance", True, "--moe-router-force-load-balancing")
+        cf = a.moe_expert_capacity_factor
+        if cf is not None and cf < 0:  # transformer_config.py:1106-1107: a negative factor is None, dropless
+            r.skip("--moe-expert-capacity-factor", cf, "no effect: a negative factor drops no token "
+                                                       "(transformer_config.py:1106-1107)")
+        elif cf is not None and (a.expert_model_parallel_size or 1) > 1:
+            r.set("moe_capacity_factor", cf, "--moe-expert-capacity-factor")
+        elif cf is not None:  # (Setup's moe_capacity_factor caps the busiest expert-parallel rank's load: --ep > 1)
+            r.skip("--moe-expert-capacity-factor", cf, "less time: at --ep 1 trainfit models no expert's excess "
+                                                       "load, so no dropped tokens")
         if not a.moe_grouped_gemm:
             r.skip("--moe-grouped-gemm", False, "more time: sequential expert GEMMs (trainfit models TEGroupedMLP)")
     if a.mtp_num_layers:
