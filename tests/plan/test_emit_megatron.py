@@ -350,3 +350,29 @@ def test_moe_overlap_beside_mtp_is_refused_as_megatron_refuses(cli):
               mtp_layers=1)
     with pytest.raises(AssertionError, match="MTP layer"):
         _configs(_parse(emit("megatron", s, load_model("qwen3-30b-a3b"), 8)))
+
+
+def test_moe_command_runs_the_fused_router_and_permutation_it_was_timed_with(tmp_path):
+    """The megatron stack times TopKRouter's fused kernels and TE's fused permutation (stacks/megatron.toml [moe],
+    as Megatron-Bridge's MoE recipes set them), but megatron-core 0.16.1 defaults both off (TransformerConfig
+    moe_permute_fusion, moe_router_fusion: transformer_config.py:708, :711), so the emitted pretrain_gpt.py ran the
+    unfused kernels. Now it says both; check reads them as modelled, and lists their absence as more time."""
+    from dataclasses import fields
+
+    from megatron.core.transformer import TransformerConfig
+
+    from trainfit.readers import read
+
+    defaults = {f.name: f.default for f in fields(TransformerConfig)}
+    assert defaults["moe_permute_fusion"] is False and defaults["moe_router_fusion"] is False
+    s = Setup(stack="megatron", precision="bf16-master", dp=8, ep=8, seq=4096, zero=1)
+    text = emit("megatron", s, load_model("qwen3-30b-a3b"), 8)
+    a = _parse(text)
+    assert a["--moe-router-fusion"] is True and a["--moe-permute-fusion"] is True
+    sh = tmp_path / "run.sh"
+    sh.write_text(text)
+    r = read(sh)
+    assert not [k for k in r.unknown if "fusion" in k] and not [n for n in r.not_modelled if "-fusion" in n]
+    sh.write_text(text.replace(" \\\n    --moe-router-fusion", "").replace(" \\\n    --moe-permute-fusion", ""))
+    r = read(sh)
+    assert sum(n.startswith("--moe-") and "more time: the unfused" in n for n in r.not_modelled) == 2, r.not_modelled

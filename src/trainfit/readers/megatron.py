@@ -34,7 +34,7 @@ SWITCHES = ("group-query-attention", "swiglu", "disable-bias-linear", "untie-emb
             "moe-grouped-gemm", "overlap-moe-expert-parallel-comm", "use-distributed-optimizer", "use-megatron-fsdp",
             "bf16", "fp16", "grad-reduce-in-bf16", "fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16",
             "moe-router-force-load-balancing", "tp-comm-overlap", "cross-entropy-loss-fusion", "overlap-param-gather",
-            "overlap-grad-reduce", "recompute-activations")
+            "overlap-grad-reduce", "recompute-activations", "moe-router-fusion", "moe-permute-fusion")
 # flags with no effect on a step's memory or time (data, checkpoint paths, logging, learning rate, initialisation)
 NO_EFFECT = ("lr", "min-lr", "lr-", "weight-decay", "adam-", "init-method-std", "seed", "train-samples", "data-path",
              "split", "save", "load", "save-interval", "log-", "tensorboard-", "wandb-", "eval-", "vocab-file",
@@ -192,6 +192,10 @@ def _settings(a, r: Reading, world: int | None) -> None:
                                                        "load, so no dropped tokens")
         if not a.moe_grouped_gemm:
             r.skip("--moe-grouped-gemm", False, "more time: sequential expert GEMMs (trainfit models TEGroupedMLP)")
+        for fused in ("router", "permute"):  # transformer_config.py:708, :711: off unless given
+            if not getattr(a, f"moe_{fused}_fusion"):
+                r.skip(f"--moe-{fused}-fusion", False, f"more time: the unfused {fused} kernels (trainfit models "
+                                                       "the fused ones, stacks/megatron.toml [moe])")
     if a.mtp_num_layers:
         r.set("mtp_layers", a.mtp_num_layers, "--mtp-num-layers")
     if a.use_megatron_fsdp:  # fully_shard.py:41-53; arguments.py:2307-2309 (default no_shard)
