@@ -164,3 +164,22 @@ def test_torchtitan_plans_search_etp_tp_once_each():
     assert {s.etp for s in ep} == {1, 2}  # said, not left to the stack's default
     runs = [(s.dp, s.pp, s.ep, s.expert_tp, s.recompute, s.batch, s.grad_accum) for s in ep]
     assert len(runs) == len(set(runs))
+
+
+def test_torchtitan_plans_search_no_expert_tp_without_expert_parallelism():
+    """torchtitan's expert_tensor_parallel_degree has no effect without expert parallelism (0.2.2 config/
+    job_config.py:464-472): with no ep mesh the experts are tensor-parallel over the tp mesh (models/llama4/infra/
+    parallelize.py:559-562, `experts_mesh = tp_mesh`). The search listed each tp > 1 layout at ep 1 twice, as
+    "8×2×1 (sp)" and "8×2×1 (sp, etp1)", with the same numbers; now once, without --etp."""
+    r = search(load_spec("qwen3-30b-a3b"), get_gpu("H100-80GB"),
+               PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, stacks=("torchtitan",), tp=2, zeros=(3,),
+                         top=200))
+    dense = [c.setup for c in r.candidates if c.setup.ep == 1]
+    assert dense and all(s.etp is None for s in dense)
+    runs = [(s.dp, s.pp, s.recompute, s.batch, s.grad_accum) for s in dense]
+    assert len(runs) == len(set(runs))
+    # Megatron's expert_tensor_parallel_size applies at ep 1 too (its experts' own TP group): still searched
+    m = search(load_spec("qwen3-30b-a3b"), get_gpu("H100-80GB"),
+               PlanQuery(gpus=16, seq=4096, global_batch_tokens=2**20, stacks=("megatron",), tp=2, zeros=(1,),
+                         top=200))
+    assert {c.setup.etp for c in m.candidates if c.setup.ep == 1} > {None}

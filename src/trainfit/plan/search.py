@@ -308,8 +308,8 @@ class Space:
         for stack in q.stacks:
             per = len(q.precisions_for(stack)) * len(q.zeros_for(stack)) * sum(
                 len(self.module_sets[stack]) if r == "selective" else 1 for r in q.recomputes_for(stack))
-            axes_of = get_stack(stack).axes
-            n += per * sum(all(a in axes_of for a in lay.axes()) for lay in self.lays)
+            facts = get_stack(stack)
+            n += per * sum(lay.runs_on(facts) for lay in self.lays)
         return n
 
     def splits(self, lay: Layout) -> tuple | None:
@@ -334,10 +334,9 @@ class Space:
             if level is None and not plain:
                 self.stats["batch_unreachable"] += 1
                 continue
-            axes = lay.axes()
             for stack in q.stacks:
                 facts = get_stack(stack)
-                if any(a not in facts.axes for a in axes):
+                if not lay.runs_on(facts):
                     continue  # cp, vpp, uneven splits, ep, etp: the stacks that run them ([parallel] axes)
                 if level is not None and (lay, stack) not in self.tried:
                     self.tried[lay, stack] = knob_levels(model, stack, lay, q.seq, q.knobs)

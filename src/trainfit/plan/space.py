@@ -49,6 +49,13 @@ class Layout:
         """The searched settings (SEARCHED) this layout sets away from their defaults: a stack must run them all."""
         return tuple(a.name for a in SEARCHED if getattr(self, a.name) != a.default)
 
+    def runs_on(self, stack) -> bool:
+        """Whether `stack` (a stacks.Stack) runs this layout as a layout of its own: it runs every setting the layout
+        sets (axes), and an expert-TP degree without expert parallelism only where its etp applies at ep 1 (Stack.
+        etp_needs_ep: torchtitan's --etp 1 at ep 1 is its default layout again, which the search has already)."""
+        return all(a in stack.axes for a in self.axes()) and not (
+            self.ep == 1 and self.etp is not None and stack.etp_needs_ep)
+
 
 # Context parallelism is searched from this sequence length on (Megatron's CP targets long context: Llama 3 used
 # CP 16 only for its 128k stage, Dubey et al. 2024 §3.3.2); NB: shorter sequences could also use it.

@@ -190,6 +190,12 @@ class Stack:
         return self.facts.get("expert_parallel", {}).get("etp_default")
 
     @property
+    def etp_needs_ep(self) -> bool:
+        """--etp has no effect without --ep ([expert_parallel] etp_needs_ep: torchtitan's); False: the stack's expert
+        tensor parallelism applies at ep 1 too (Megatron's expert_tensor_parallel_size)."""
+        return bool(self.facts.get("expert_parallel", {}).get("etp_needs_ep", False))
+
+    @property
     def plan_precisions(self) -> tuple[str, ...]:
         """The precisions the planner searches when none are given ([plan] precisions)."""
         return tuple(self.fact("plan", "precisions"))
