@@ -130,6 +130,40 @@ def test_serving_command_then_check_gives_the_same_engine(tmp_path, server, valu
         assert getattr(again.setup, f) == getattr(first.setup, f), f
 
 
+@pytest.mark.parametrize("server, changed", [
+    ("sglang", {"--chunked-prefill-size": "4096", "--page-size": "16", "--cuda-graph-max-bs-decode": "64"}),
+    ("vllm", {}),
+])
+def test_emitted_command_checks_back_with_nothing_not_modelled(tmp_path, capsys, server, changed):
+    """`plan --emit X` then `check` of that command: every flag the command carries is what the estimate assumed,
+    so none is listed as not modelled (SGLang's chunk, page and decode-graph sizes are listed as the estimate's);
+    another value of those flags is still listed as not modelled. Before: --chunked-prefill-size 8192, --page-size 1
+    and --cuda-graph-max-bs-decode 512, trainfit's own, were listed as not modelled."""
+    import json
+    import shlex
+
+    main(["plan", MODEL, "--mode", "serve", "--gpu", "H100-80GB", "--concurrency", "64", "--server", server,
+          "--emit", server])
+    command = capsys.readouterr().out.strip().splitlines()[-1]
+    path = tmp_path / "serve.sh"
+    path.write_text(command + "\n")
+    main(["check", str(path), "--gpu", "H100-80GB", "--json"])
+    said = json.loads(capsys.readouterr().out)["check"]
+    assert said["not_modelled"] == [] and said["unknown"] == [], said
+    argv = shlex.split(command)
+    emitted = {f: argv[argv.index(f) + 1] for f in changed}  # the plan's own values, as it wrote them
+    assert said["as_modelled"] == [f"{f} {v}" for f, v in emitted.items()], said
+    if not changed:
+        return
+    for f, v in changed.items():  # another value than the estimate's: not modelled, never silently taken
+        argv[argv.index(f) + 1] = v
+    path.write_text(shlex.join(argv) + "\n")
+    main(["check", str(path), "--gpu", "H100-80GB", "--json"])
+    said = json.loads(capsys.readouterr().out)["check"]
+    assert said["as_modelled"] == []
+    assert [x.split(":")[0] for x in said["not_modelled"]] == [f"{f} = {int(v)}" for f, v in changed.items()], said
+
+
 @pytest.mark.parametrize("text, want", [
     # vLLM's short aliases (engine/arg_utils.py: "--tensor-parallel-size", "-tp"; "-pp"; "-dp") and its
     # human-readable --max-model-len (lowercase decimal, uppercase binary: argparse_utils.py human_readable_int)

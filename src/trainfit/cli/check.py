@@ -47,10 +47,14 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
             for c in r.checks:
                 c(spec)
         results = api.run_engines(req, "analytic")
+    serving = results[0].detail.serving  # (--mode serve's; None for training)
+    for r in readings:  # the engine's flags the estimate sized itself: as it assumed, or not modelled
+        r.against(serving.knobs if serving is not None else {})
     said = {"files": [r.source for r in readings], "settings": settings_of(readings, req),
             "not_modelled": [x for r in readings for x in r.not_modelled] + notes,
             "unknown": [x for r in readings for x in r.unknown],
-            "no_effect": [x for r in readings for x in r.no_effect]}
+            "no_effect": [x for r in readings for x in r.no_effect],
+            "as_modelled": [x for r in readings for x in r.as_modelled]}
     if json:
         show_estimates(req, results, True, {"check": said})
         return
@@ -59,6 +63,8 @@ def check(files: List[str] = FilesArg, model: Optional[str] = ModelOpt, gpu: Opt
     typer.echo("as trainfit: " + " ".join(f"{flag(k)} {shown(v)}" for k, v in said["settings"].items()))
     for x in said["not_modelled"]:
         typer.echo(f"  · {x}")
+    if said["as_modelled"]:
+        typer.echo(f"  · as the estimate sizes the engine: {', '.join(said['as_modelled'])}")
     if said["no_effect"]:
         typer.echo(f"  · no effect on a step's memory or time: {', '.join(said['no_effect'])}")
     if said["unknown"]:

@@ -25,6 +25,9 @@ class Reading:
     not_modelled: list[str] = field(default_factory=list)  # "key = value: not modelled (effect)"
     unknown: list[str] = field(default_factory=list)  # keys neither mapped nor known to trainfit
     no_effect: list[str] = field(default_factory=list)  # keys with no effect on a step's memory or time
+    sized: list = field(default_factory=list)  # (knob, key, value, effect): a serving engine's flag that trainfit
+    # sizes as the engine does (Estimate.detail.serving.knobs[knob]), settled by `against` once the estimate is made
+    as_modelled: list[str] = field(default_factory=list)  # "key value": what the estimate assumed (`against`)
     checks: list = field(default_factory=list)  # callables(spec) -> None: the file's model shape against the spec
     global_batch: int | None = None  # sequences per optimizer step, when the file gives them but not the world size
     fills: dict = field(default_factory=dict)  # DeepSpeed "auto" key -> the value the HF Trainer fills it with (the
@@ -49,6 +52,20 @@ class Reading:
         else:
             what = key if value == "…" else f"{key} = {value!r}"
             self.not_modelled.append(f"{what}: not modelled ({effect})")
+
+    def sizes(self, knob: str, key: str, value, effect: str) -> None:
+        """Key `key` = `value` sets what the estimate sizes itself as the engine does (the serving knob `knob`): as
+        modelled where the estimate's knob is that value, else not modelled with `effect` (`against`)."""
+        self.sized.append((knob, key, value, effect))
+
+    def against(self, knobs: dict) -> None:
+        """Settle the `sizes` keys against the estimate's serving knobs (Estimate.detail.serving.knobs)."""
+        for knob, key, value, effect in self.sized:
+            if knobs.get(knob) == value:
+                self.as_modelled.append(f"{key} {value}")
+            else:
+                self.skip(key, value, effect + (f"; the estimate has {knobs[knob]}" if knob in knobs else ""))
+        self.sized = []
 
 
 def kind_of(path: Path, text: str) -> str:

@@ -15,10 +15,13 @@ KV = {"fp8_e4m3": "fp8", "fp8": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
 NO_EFFECT = ("host", "port", "served-model-name", "api-key", "tokenizer-path", "trust-remote-code", "download-dir",
              "revision", "random-seed", "log-level", "log-requests", "chat-template", "load-format",
              "enable-metrics", "reasoning-parser", "tool-call-parser")
-# trainfit sizes these as SGLang does for the GPU (analytic/serving_sglang.py); another value is not modelled
-EFFECT = {"chunked-prefill-size": "memory: a larger chunk, more activation memory and a smaller token pool",
-          "page-size": "memory: the KV pool's page rounding", "cuda-graph-max-bs-decode": "memory: CUDA graphs "
-          "captured up to this batch", "cuda-graph-max-bs": "memory: CUDA graphs captured up to this batch",
+# trainfit sizes these as SGLang does for the GPU (analytic/serving_sglang.py Knobs, plan/emit_sglang.py writes them):
+# the value the estimate has is as modelled, another is not modelled (Reading.sizes): the knob and the effect
+SIZED = {"chunked-prefill-size": ("chunked_prefill_size", "memory: a larger chunk, more activation memory and a "
+                                  "smaller token pool"),
+         "page-size": ("page_size", "memory: the KV pool's page rounding"),
+         "cuda-graph-max-bs-decode": ("cuda_graph_max_bs", "memory: CUDA graphs captured up to this batch")}
+EFFECT = {"cuda-graph-max-bs": "memory: CUDA graphs captured up to this batch",
           "max-running-requests": "time: the batch is capped", "max-total-tokens": "memory: the token pool capped",
           "dp-size": "more GPUs: each replica as estimated", "ep-size": "memory and time of the MoE experts",
           "enable-torch-compile": "time", "disable-radix-cache": "time only",
@@ -38,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
     # unambiguous prefix (allow_abbrev, argparse's default)
     p.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tp_size", type=int)
     p.add_argument("--pipeline-parallel-size", "--pp-size", "--pp", dest="pp_size", type=int)
-    for f in ("context-length", "speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"):
+    for f in ("context-length", *SIZED, "speculative-num-steps", "speculative-eagle-topk",
+              "speculative-num-draft-tokens"):
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--kv-cache-dtype")
@@ -80,6 +84,10 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             if getattr(a, flag.replace("-", "_")):
                 r.skip(f"--{flag}", True, f"less memory: no {flag.split('-')[1]} CUDA graphs, which trainfit counts; "
                        "both flags together are --enforce-eager")
+    for flag, (knob, effect) in SIZED.items():
+        v = getattr(a, flag.replace("-", "_"))
+        if v is not None:
+            r.sizes(knob, f"--{flag}", v, effect)
     spec_flags = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
     if a.speculative_algorithm:
         r.set("speculative_algorithm", a.speculative_algorithm.lower(), "--speculative-algorithm")
@@ -87,8 +95,9 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             r.set("draft_model", a.speculative_draft_model_path, "--speculative-draft-model-path")
         for flag in spec_flags:
             v = getattr(a, flag.replace("-", "_"))
-            if v is not None:
-                r.skip(f"--{flag}", v, "time; trainfit sizes the draft's buffers with SGLang's defaults")
+            if v is not None:  # (Knobs' speculative_num_steps, ...: serving_sglang.py sizing)
+                r.sizes(flag.replace("-", "_"), f"--{flag}", v,
+                        "time; trainfit sizes the draft's buffers with SGLang's defaults")
     else:  # SGLang speculates only with an algorithm (arg_groups/speculative_hook.py: None runs no draft)
         for flag in ("speculative-draft-model-path",) + spec_flags:
             v = getattr(a, flag.replace("-", "_"))
