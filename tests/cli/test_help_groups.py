@@ -82,3 +82,63 @@ def test_a_first_sentence_runs_past_an_abbreviation():
     assert not re.search(r"\((e\.g|i\.e)$", result.output, re.M)
     assert re.search(r"^  --gpus <int> +Number of GPUs; every plan uses all of them \(dp × tp × pp × cp = gpus\)  "
                      r"\[default: 1\]$", result.output, re.M)
+
+
+def _option_help(command: list[str], flag: str) -> str:
+    """The whole --help-all description of `flag` under `command`, on one line."""
+    out = CliRunner().invoke(app, [*command, "--help-all"], terminal_width=200).output
+    m = re.search(rf"^  (?:-\w, )?(?:--[\w-]+, )*{re.escape(flag)}[ ,].*?(?=^  -|^\S|\Z)", out, re.M | re.S)
+    assert m, flag
+    return " ".join(m.group(0).split())
+
+
+def _run(capsys, args: list[str]) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of the trainfit command `args`, as the console script runs it."""
+    from trainfit.cli.app import main
+
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_price_help_says_the_modes_that_take_it(capsys):
+    """--price's help said "(plan --mode serve: of the replicas). (train only)" in `estimate`, which refuses it with
+    --mode serve. Now estimate's help claims train only, as its behaviour does; plan's help says what --price does
+    with --mode serve, and plan --mode serve does price its replicas by it."""
+    import json
+
+    estimate = _option_help(["estimate"], "--price")
+    assert "(train only)" in estimate and "--mode serve" not in estimate, estimate
+    code, out = _run(capsys, ["estimate", "tiny-llama", "--mode", "serve", "--gpu", "H100-80GB", "--price", "2"])
+    assert code == 2 and "--price applies to train only" in out, out
+    plan = _option_help(["plan"], "--price")
+    assert "--mode serve" in plan and "(train only)" not in plan, plan
+    best = []
+    for extra in ([], ["--price", "100"]):
+        code, out = _run(capsys, ["plan", "tiny-llama", "--mode", "serve", "--gpu", "H100-80GB", "--concurrency", "8",
+                                  "--json", *extra])
+        assert code == 0, out
+        best.append(json.loads(out)["plans"][0])
+    assert best[0]["price_per_hour"] != best[1]["price_per_hour"] == 100 * best[1]["gpus"], best
+
+
+def test_kv_cache_dtype_help_says_which_modes_take_which(capsys):
+    """--kv-cache-dtype listed fp32 and int8 for every mode, and --mode serve refuses them. The help's serve list is
+    what `estimate --mode serve` takes (vLLM and SGLang), its infer list what --mode infer takes."""
+    from trainfit.setup.vocab import KV_DTYPES
+
+    text = _option_help(["estimate"], "--kv-cache-dtype")
+    lists = {mode: re.search(rf"(\w+(?:, \w+)*) with --mode {mode}", text).group(1).split(", ")
+             for mode in ("infer", "serve")}
+    assert sorted(lists["infer"]) == sorted(KV_DTYPES) and set(lists["serve"]) < set(KV_DTYPES), text
+    for dtype in KV_DTYPES:
+        for server, precision in (("vllm", "bf16"), ("sglang", "fp16")):  # (SGLang: fp16 as the model's only)
+            code, out = _run(capsys, ["estimate", "tiny-llama", "--mode", "serve", "--gpu", "H100-80GB", "--server",
+                                      server, "--precision", precision, "--kv-dtype", dtype])
+            assert (code == 0) == (dtype in lists["serve"]), (server, dtype, out)
+        code, out = _run(capsys, ["estimate", "tiny-llama", "--mode", "infer", "--kv-dtype", dtype])
+        assert code == 0, (dtype, out)

@@ -281,6 +281,38 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, name, text, needle):
     assert err.startswith("error:") and needle in err and "\n" not in err
 
 
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_a_kv_cache_dtype_refusal_lists_what_the_reader_takes(tmp_path, server):
+    """The refusal of an unmodelled --kv-cache-dtype names every value the reader takes: each one it lists reads
+    back. Before, vLLM's said "auto, fp8, bfloat16" and the reader took float16 and fp8_e4m3 too (and float32, which
+    vLLM's CacheDType has no place for: config/cache.py at vllm-project/vllm 002f10e0, and the estimate then refused
+    it)."""
+    import re
+
+    from trainfit.errors import SetupError
+
+    line = {"vllm": "vllm serve m --kv-cache-dtype {}\n", "sglang": "python -m sglang.launch_server --model-path m "
+            "--kv-cache-dtype {}\n"}[server]
+    path = tmp_path / "serve.sh"
+    path.write_text(line.format("fp8_e5m2"))
+    with pytest.raises(SetupError) as e:
+        read(path)
+    listed = re.search(r"trainfit models (.*)$", str(e.value)).group(1).split(", ")
+    for dtype in listed:
+        path.write_text(line.format(dtype))
+        read(path)  # every listed value is read
+    candidates = ("float16", "float32", "bfloat16", "fp8", "fp8_e4m3", "bf16", "half", "int8", "fp8_e5m2")
+    for dtype in candidates:  # and every value the reader takes is listed
+        path.write_text(line.format(dtype))
+        try:
+            read(path)
+        except SetupError:
+            continue
+        assert dtype in listed, (dtype, listed)
+    if server == "vllm":  # vLLM 0.33's CacheDType: float16, bfloat16, fp8, fp8_e4m3 (and ones trainfit does not model)
+        assert sorted(listed) == sorted(["auto", "float16", "bfloat16", "fp8", "fp8_e4m3"])
+
+
 def test_trainer_arguments_fill_deepspeeds_auto_values(tmp_path):
     """The HF Trainer's way: a ds_config.json of "auto" values beside TrainingArguments (transformers
     integrations/deepspeed.py trainer_config_process fills train_micro_batch_size_per_gpu from

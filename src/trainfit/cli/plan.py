@@ -47,7 +47,7 @@ def plan(
     efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Override: time compute as FLOPs at this flat fraction of the dense peak (default: each kernel timed by the roofline, analytic/ops/)."),
     batch_tolerance: float = typer.Option(0.05, "--batch-tolerance", help="Allowed relative deviation from --global-batch-tokens."),
     top: int = typer.Option(5, "--top", help="How many plans to show."),
-    price: Optional[float] = typer.Option(None, "--price", help=BY_NAME["price"].meta.help),
+    price: Optional[float] = typer.Option(None, "--price", help=BY_NAME["price"].meta.help + " --mode serve: the replicas' price per hour, which ranks the plans."),
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config for the best plan the engine can run: deepspeed (JSON), accelerate (FSDP YAML), torchtitan (job-config TOML for torchtitan's own registry models; --tokens sets its steps), torchrun (torchtitan command line), megatron (Megatron-LM pretrain_gpt.py command line)."),
     verify: bool = typer.Option(False, "--verify", help="Confirm the top plans' peaks with the trace engine (needs torch): one rank of the step, sharded on a fake process group when dp > 1; tp/pp plans are skipped with the reason."),
     json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),

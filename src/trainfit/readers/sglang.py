@@ -75,7 +75,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             r.set(name, v, flag)
     if a.kv_cache_dtype and a.kv_cache_dtype != "auto":
         if a.kv_cache_dtype not in KV:
-            raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, fp8_e4m3, bfloat16")
+            raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, {', '.join(KV)}")
         r.set("kv_dtype", KV[a.kv_cache_dtype], "--kv-cache-dtype")
     if a.disable_cuda_graph or (a.disable_decode_cuda_graph and a.disable_prefill_cuda_graph):
         r.set("enforce_eager", True, "--disable-decode-cuda-graph")

@@ -12,7 +12,9 @@ from . import Reading
 from .cmdline import human_readable_int, leftover_flags, parse_flags, split
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
-KV = {"fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# --kv-cache-dtype: the CacheDType values (config/cache.py, "auto" apart) trainfit models; vLLM has no float32 KV
+# cache (CacheDType: auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, ... at vllm-project/vllm 002f10e0)
+KV = {"fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "bf16", "float16": "fp16"}
 NO_EFFECT = ("host", "port", "served-model-name", "api-key", "tokenizer", "trust-remote-code", "download-dir",
              "revision", "seed", "disable-log-requests", "disable-log-stats", "uvicorn-log-level", "chat-template",
              "load-format", "config-format", "tokenizer-mode", "generation-config", "enable-auto-tool-choice",
@@ -92,7 +94,7 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
             r.set(name, v, f"--{name}")
     if a.kv_cache_dtype and a.kv_cache_dtype != "auto":
         if a.kv_cache_dtype not in KV:
-            raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, fp8, bfloat16")
+            raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, {', '.join(KV)}")
         r.set("kv_dtype", KV[a.kv_cache_dtype], "--kv-cache-dtype")
     if a.enforce_eager:
         r.set("enforce_eager", True, "--enforce-eager")

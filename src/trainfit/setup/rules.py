@@ -10,7 +10,8 @@ from .. import serving_versions
 from ..errors import SetupError
 from .settings import (_SETUP_SETTINGS, BY_NAME, Setup, check_value, other_server_settings, refuse_inapplicable,
                        refuse_other_server)
-from .vocab import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS
+from .vocab import (BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, COMMON_RECOMPUTE, MODES, QUANTS, RECOMPUTE_PATTERNS,
+                    SERVE_KV_DTYPES)
 
 
 def validate(setup: Setup, changed: frozenset | None = None) -> None:
@@ -307,6 +308,11 @@ def _check_fsdp(setup: Setup, stack: _stacks.Stack) -> None:
                          f"{pol.compute}; use {pol.compute}, fp32 or none")
 
 
+def _either(names) -> str:
+    """'a, b or c'."""
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
+
+
 def _runners(feature: str) -> str:
     """The stacks that run a [features] feature, for a refusal's "use --stack ..." (hf for trainfit's own)."""
     return " or ".join(_stacks.running(lambda st: st.runs(feature)))
@@ -413,9 +419,9 @@ def _validate_serve(setup: Setup) -> None:
         raise SetupError("--mode serve models a serving engine on a GPU, not a step on this CPU (--device cpu): "
                          "`trainfit estimate --mode serve --gpu GPU` answers it, without --device cpu (an inference "
                          "step here: --mode infer)")
-    if setup.kv_dtype in ("fp32", "int8"):
+    if setup.kv_dtype is not None and setup.kv_dtype not in SERVE_KV_DTYPES:
         raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: {'SGLang' if sglang else 'vLLM'} "
-                         "caches KV in bf16, fp16 or fp8; choose one of those")
+                         f"caches KV in {_either(SERVE_KV_DTYPES)}; choose one of those")
     if sglang and setup.kv_dtype == "fp16" and setup.precision != "fp16":
         raise SetupError("--kv-cache-dtype fp16: SGLang's KV dtypes are auto (the model's), bf16 and fp8 "
                          "(sglang/srt/arg_groups/fields/model.py:197-219); use --precision fp16 or another KV dtype")
@@ -457,9 +463,9 @@ def _validate_rl(setup: Setup) -> None:
     if setup.rollout == "vllm":
         if setup.device != "cuda":
             raise SetupError("--rollout vllm is a GPU engine: --device cpu does not apply (use --rollout hf)")
-        if setup.kv_dtype in ("fp32", "int8"):
-            raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in bf16, fp16 or fp8; choose one of "
-                             "those")
+        if setup.kv_dtype is not None and setup.kv_dtype not in SERVE_KV_DTYPES:
+            raise SetupError(f"--kv-cache-dtype {setup.kv_dtype}: vLLM caches KV in {_either(SERVE_KV_DTYPES)}; "
+                             "choose one of those")
 
 
 def _validate_rl_placement(setup: Setup) -> None:

@@ -19,7 +19,7 @@ from .parsers import (parse_byte_count,
                       _check_alloc_conf, check_cuda_graph_scope, check_lora_targets, check_pp_split, check_recompute, check_recompute_modules,
                       parse_shards,
                       combine_offload)
-from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, LORA_DTYPES, LOSSES, LOSS_FUSIONS, MODES, MOE_DISPATCHERS,
+from .vocab import (GROUPS, ATTENTION, DEFAULT_SEQ, DEFAULT_TARGET_SEQ, DEVICES, HEADS, INFER_PRECISIONS, KV_DTYPES, SERVE_KV_DTYPES, LORA_DTYPES, LOSSES, LOSS_FUSIONS, MODES, MOE_DISPATCHERS,
                     OFFLOAD_VALUES, OPTIMIZER_IMPLS, OPTIMIZERS, QUANTS, RECOMPUTE, RL_ALGOS, RL_PLACEMENTS, RL_STEP, ROLLOUTS, SERVE_PRECISIONS,
                     SERVE_QUANTS, KBIT_PREPS, SERVERS, SGLANG_ONLY, SPECULATIVE_ALGORITHMS, STACKS, STEP_MODES, TRAIN_PRECISIONS,
                     TRAINING, VLLM_ONLY)
@@ -446,7 +446,9 @@ class Setup:
                         "post-training step, GRPO or PPO: generate, score, train; docs/rl.md).", choices=MODES,
                         modes=MODES, group="step")
     kv_dtype: Optional[str] = setting(None, "KV-cache dtype (default: the activation dtype; vLLM's "
-                                      "--kv-cache-dtype).", choices=KV_DTYPES, modes=("infer", "serve", "rl"),
+                                      f"--kv-cache-dtype): {', '.join(KV_DTYPES)} with --mode infer (and --mode rl's "
+                                      f"--rollout hf); {', '.join(SERVE_KV_DTYPES)} with --mode serve and --rollout "
+                                      "vllm (SGLang: fp16 only with --precision fp16).", choices=KV_DTYPES, modes=("infer", "serve", "rl"),
                                       aliases=("--kv-cache-dtype",), group="step")
     server: str = setting("vllm", "Serving engine modelled, ENGINE or ENGINE==VERSION: vllm (vLLM's start-up "
                           "profiling and paged KV cache) or sglang (SGLang's static memory fraction and token pool); "
@@ -813,7 +815,7 @@ class RunSettings:
     tokens: Optional[float] = setting(None, "Training budget in tokens (e.g. 1e12, 15T): time, GPU-hours, cost "
                                       "and energy.", above=0, modes=("train",), parse=parse_count, example="15T", group="run")
     price: Optional[float] = setting(None, "GPU price per hour in USD (overrides the catalog; needs --gpu): the cost "
-                                     "of a --tokens budget (plan --mode serve: of the replicas).", minimum=0,
+                                     "of a --tokens budget.", minimum=0,
                                      example="2.5", modes=("train",), group="run")
     power_limit: Optional[float] = setting(None, "Board power cap per GPU in W (nvidia-smi -pl): replaces the "
                                            "GPU's TDP for the run; below the power its kernel rates were measured "

@@ -54,6 +54,9 @@ HEADS = _heads.HEADS
 ATTENTION = ("auto", "eager", "sdpa", "flash", "flash2", "triton")
 DEVICES = ("cuda", "cpu")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+# the KV dtypes of a serving engine (--mode serve, --rollout vllm): vLLM's CacheDType has no fp32 or int8 (its
+# config/cache.py), SGLang's --kv-cache-dtype neither (fields/model.py:197-219; fp16 only as the model's own)
+SERVE_KV_DTYPES = ("bf16", "fp16", "fp8")
 DEFAULT_SEQ = 2048
 # an encoder-decoder model's decoder (target) tokens when --target-seq is not given: transformers' seq2seq example
 # scripts' max_target_length (examples/pytorch/summarization/run_summarization.py, default 128)
