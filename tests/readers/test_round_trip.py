@@ -259,6 +259,13 @@ def test_torchtitans_own_8b_job_reads_as_torchtitan_runs_it():
     # vLLM's EngineArgs.speculative_config is a dict (engine/arg_utils.py): valid JSON that is not an object (was a
     # traceback: AttributeError, 'list' object has no attribute 'get')
     ("spec.sh", "vllm serve meta-llama/Llama-3.1-8B --speculative-config '[1, 2]'\n", "not a JSON object"),
+    # a value the setting refuses names the file's flag, not trainfit's alone (was "--draft-model must be text, got
+    # 3", "--max-model-len must be a positive integer", "--tp must be ...")
+    ("spec2.sh", "vllm serve meta-llama/Llama-3.1-8B --speculative-config '{\"model\": 3}'\n",
+     "spec2.sh: --speculative-config model 3 (read as --draft-model): --draft-model must be text"),
+    ("ctx.sh", "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --context-length 0\n",
+     "ctx.sh: --context-length 0 (read as --max-model-len): "),
+    ("tp.sh", "vllm serve meta-llama/Llama-3.1-8B -tp 0\n", "tp.sh: --tensor-parallel-size 0 (read as --tp): "),
     ("job.toml", "[training]\nlocal_batch = 3\n", "Invalid field names"),
     ("run.sh", "torchrun --nproc_per_node 8 -m torchtitan.train --training.local_batch_size x\n",
      "invalid literal for int()"),

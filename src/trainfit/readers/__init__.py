@@ -38,7 +38,14 @@ class Reading:
     # flavor, Megatron's flags), for files whose model is a shape rather than a name
 
     def set(self, name: str, value, key: str) -> None:
-        """Setting `name` = `value` from the file's `key` (two keys disagreeing: an error)."""
+        """Setting `name` = `value` from the file's `key` (two keys disagreeing: an error; a value the setting refuses:
+        an error naming the file's key, not only trainfit's flag)."""
+        from ..setup import BY_NAME, check_value
+
+        try:
+            check_value(BY_NAME[name], value, self.values.get("mode", "train"))
+        except SetupError as e:
+            raise SetupError(f"{_file(self)}: {key} {value!r} (read as {BY_NAME[name].flag}): {e}") from None
         if name in self.values and self.values[name] != value:
             raise SetupError(f"{self.source}: {key} sets {name.replace('_', '-')} = {value!r} but another key set "
                              f"{self.values[name]!r}: make them agree")

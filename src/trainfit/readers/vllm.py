@@ -85,13 +85,14 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         if a.dtype not in DTYPES:
             raise SetupError(f"--dtype {a.dtype}: use auto, bfloat16, float16 or float32")
         r.set("precision", DTYPES[a.dtype], "--dtype")
-    for name, v in (("tp", a.tensor_parallel_size), ("pp", a.pipeline_parallel_size),
-                    ("max_model_len", a.max_model_len), ("max_num_batched_tokens", a.max_num_batched_tokens),
-                    ("max_num_seqs", a.max_num_seqs), ("block_size", a.block_size),
-                    ("gpu_memory_utilization", a.gpu_memory_utilization), ("quant", a.quantization),
-                    ("kv_cache_memory", a.kv_cache_memory_bytes)):
+    for name, flag in (("tp", "tensor-parallel-size"), ("pp", "pipeline-parallel-size"),
+                       ("max_model_len", "max-model-len"), ("max_num_batched_tokens", "max-num-batched-tokens"),
+                       ("max_num_seqs", "max-num-seqs"), ("block_size", "block-size"),
+                       ("gpu_memory_utilization", "gpu-memory-utilization"), ("quant", "quantization"),
+                       ("kv_cache_memory", "kv-cache-memory-bytes")):
+        v = getattr(a, flag.replace("-", "_"))
         if v is not None:
-            r.set(name, v, f"--{name}")
+            r.set(name, v, f"--{flag}")
     if a.kv_cache_dtype and a.kv_cache_dtype != "auto":
         if a.kv_cache_dtype not in KV:
             raise SetupError(f"--kv-cache-dtype {a.kv_cache_dtype}: trainfit models auto, {', '.join(KV)}")
@@ -106,8 +107,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         if not isinstance(spec, dict):  # EngineArgs.speculative_config: dict[str, Any] | None (engine/arg_utils.py)
             raise SetupError(f"--speculative-config {a.speculative_config!r}: not a JSON object; give one, e.g. "
                              "'{\"model\": \"meta-llama/Llama-3.2-1B\", \"num_speculative_tokens\": 4}'")
-        if spec.get("model"):
-            r.set("draft_model", spec["model"], "--speculative-config")
+        if spec.get("model"):  # (SpeculativeConfig.model: str | None, vllm/config/speculative.py; Reading.set checks)
+            r.set("draft_model", spec["model"], "--speculative-config model")
         for k, v in spec.items():
             if k != "model":
                 r.skip(f"--speculative-config {k}", v, "time only (the draft's memory is modelled)")
