@@ -106,7 +106,12 @@ class Timing:
     # inference
     prefill_seconds: float | None = None
     decode_tokens_per_second: float | None = None
+    # the most sequences held at once, each of max_batch_tokens tokens (--mode infer: the largest batch at --seq;
+    # --mode serve: the requests of --prompt-len + --completion-len running at once under load)
     max_batch: int | None = None
+    max_batch_tokens: int | None = None
+    # --mode infer: the longest context at --batch; --mode serve: the model length (--max-model-len), the longest
+    # request the server takes (how many of those fit at once: serving.max_concurrent_sequences), not max_batch's
     max_seq: int | None = None
 
 

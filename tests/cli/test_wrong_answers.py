@@ -103,6 +103,25 @@ def test_serve_mode_runs_a_model_with_fewer_positions_than_the_default_sequence(
     assert "--max-model-len 2048" in err and "1024" in err
 
 
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_serve_json_says_the_request_length_its_batch_is_at(cli, server):
+    """time.max_batch (446 for Llama-3.1-8B on an H100 at --max-model-len 8192) counts requests of --prompt-len +
+    --completion-len tokens, yet sat beside max_seq = the model length alone, reading as 446 sequences of 8,192 tokens
+    where ~55 fit. time.max_batch_tokens now says the length it is at. Hand count from the estimate's own KV pool: the
+    batch is the pool's tokens over one request's (vLLM's 16-token blocks and SGLang's page of 1 divide 1,024), below
+    the request limit; the model-length sequences that fit are the pool over 8,192."""
+    out = _json(cli, "estimate", "llama-3.1-8b", "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                "--max-model-len", "8192")
+    t, sv, s = out["time"], out["serving"], out["setup"]
+    assert t["max_batch_tokens"] == s["prompt_len"] + s["completion_len"] == 1024
+    limit = sv.get("max_num_seqs") or sv["max_running_requests"]  # (the knobs sit flat in `serving`)
+    assert t["max_batch"] == min(sv["kv_tokens"] // 1024, limit)
+    assert t["max_seq"] == sv["max_model_len"] == 8192
+    assert int(sv["max_concurrent_sequences"]) == sv["kv_tokens"] // 8192 < t["max_batch"]
+    infer = _json(cli, "estimate", "llama-3.1-8b", "--mode", "infer", "--seq", "2048", "--gpu", "H100-80GB")
+    assert infer["time"]["max_batch_tokens"] == 2048  # --mode infer: the largest batch at --seq
+
+
 def test_serve_mode_refuses_an_encoder_with_the_reason(cli):
     err = _refused(cli, "estimate", "bert-base", "--mode", "serve", "--gpu", "H100-80GB")
     assert "bert-base is an encoder" in err and "pooling" in err and "--mode infer" in err

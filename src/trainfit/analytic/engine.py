@@ -464,7 +464,7 @@ def _infer(spec, setup, pc, gpu, mfu, reserve) -> Estimate:
                         fits=fit.fits, headroom=fit.headroom, gpu_memory=gpu.memory,
                         prefill_seconds=prefill_s,
                         decode_tokens_per_second=setup.batch / decode_s if decode_s else None,
-                        max_batch=inference.largest_batch(spec, setup, fit.capacity),
+                        max_batch=inference.largest_batch(spec, setup, fit.capacity), max_batch_tokens=setup.seq,
                         max_seq=inference.largest_context(spec, setup, fit.capacity))
     notes = [f"KV cache in {inference.kv_dtype(spec, setup)}; " + (
         "prefill and decode timed op by op (the training step's kernel model) and by the host's kernel issue"
@@ -623,11 +623,12 @@ def _serving_estimate(spec, setup, pc, gpu, reserve, sv, activations, graphs, st
                         tokens_per_second=load.output_tokens_per_second, fits=fits,
                         headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory,
                         prefill_seconds=load.ttft, decode_tokens_per_second=load.output_tokens_per_second,
-                        max_batch=round(load.running), max_seq=max_seq)
+                        max_batch=round(load.running), max_batch_tokens=prompt + setup.completion_len,
+                        max_seq=max_seq)
     else:  # no request fits the KV cache: the engine serves nothing
         timing = Timing(gpu=gpu.name, mfu=0.0, step_seconds=0.0, tokens_per_second=0.0, fits=fits,
                         headroom=gpu.memory - reserve - device_total, gpu_memory=gpu.memory, max_batch=0,
-                        max_seq=max_seq)
+                        max_batch_tokens=prompt + setup.completion_len, max_seq=max_seq)
         notes = [*notes, f"no request of --prompt-len {prompt} + --completion-len {setup.completion_len} tokens "
                  + (f"is taken: it is longer than the model length, {max_seq:,} (the server refuses it); set "
                     "--prompt-len and --completion-len within it (0 tokens/s)" if longer else
