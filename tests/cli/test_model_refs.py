@@ -94,3 +94,42 @@ def test_emit_refuses_a_config_file_not_named_config_json(cli, model_dir):
     code, out, err = cli("estimate", "my model/tiny.json", "--mode", "serve", "--gpu", "H100-80GB",
                      "--emit", "vllm")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not named config.json" in err, err
+
+
+# as AutoAWQ / GPTQModel write them into the quantised checkpoint's config.json (the engine reads quant_method:
+# vLLM ModelConfig._verify_quantization, SGLang's model config the same)
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+@pytest.mark.parametrize("quant", ["awq", "gptq"])
+def test_emit_refuses_a_16_bit_checkpoint_under_awq_or_gptq(cli, server, quant):
+    """--emit printed `--model meta-llama/Llama-3.2-1B --quantization awq`, which vLLM cannot load: it reads the
+    checkpoint's quantization_config (model_executor/model_loader/weight_utils.py get_quant_config: 'Cannot find
+    the config file for awq'). fp8 quantises the 16-bit weights at load and is still emitted."""
+    code, out, err = cli("estimate", "llama-3.2-1b", "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                         "--quant", quant, "--emit", server)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert f"--emit {server} --quant {quant}" in err and "config.json or folder as MODEL" in err, err
+    code, out, err = cli("estimate", "llama-3.2-1b", "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                         "--quant", "fp8", "--emit", server)
+    assert code == 0 and "--quantization fp8" in out, err
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_emit_takes_a_local_checkpoint_quantised_so(cli, model_dir, server):
+    """A local config.json whose quantization_config.quant_method is the --quant is emitted as its folder, with
+    --quantization; one quantised otherwise is refused, naming its method."""
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(dict(config, quantization_config=AWQ)))
+    code, out, err = cli("estimate", "my model", "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                         "--quant", "awq", "--emit", server)
+    assert code == 0, err
+    emitted = shlex.split(out)
+    assert os.path.samefile(_model_arg(emitted, server), model_dir)
+    assert emitted[emitted.index("--quantization") + 1] == "awq"
+    (model_dir / "config.json").write_text(json.dumps(dict(config, quantization_config=GPTQ)))
+    code, out, err = cli("estimate", "my model", "--mode", "serve", "--server", server, "--gpu", "H100-80GB",
+                         "--quant", "awq", "--emit", server)
+    assert code == 2 and "has quant_method 'gptq'" in err and len(err.strip().splitlines()) == 1, err

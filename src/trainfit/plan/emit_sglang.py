@@ -20,7 +20,7 @@ from ..errors import SetupError
 from ..estimate import Serving
 from ..models.resolve import serving_ref
 from ..setup import Setup
-from .emit_vllm import DTYPES
+from .emit_vllm import DTYPES, model_argument
 
 # --kv-cache-dtype (fields/model.py:197-219: auto, fp8_e5m2, fp8_e4m3, mxfp8, bf16, bfloat16, nvfp4, ...): no fp16
 # choice, the model's own dtype is "auto"
@@ -37,7 +37,7 @@ def sglang_command(model: str, setup: Setup, serving: Serving) -> str:
                          "has no --pp-size or --cuda-graph-max-bs-decode (it would reject the command): emit with "
                          f"--server sglang (={FLAGS_OF}), or drop --emit")
     k = serving.knobs
-    args = ["python", "-m", "sglang.launch_server", "--model-path", serving_ref(model),
+    args = ["python", "-m", "sglang.launch_server", "--model-path", model_argument(model, setup, "sglang"),
             "--dtype", DTYPES[setup.precision], "--tp-size", str(setup.tp), "--pp-size", str(setup.pp),
             "--mem-fraction-static", f"{k['mem_fraction_static']:g}",
             "--context-length", str(serving.max_model_len),

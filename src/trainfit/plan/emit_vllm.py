@@ -9,12 +9,37 @@ from __future__ import annotations
 import json
 import shlex
 
+from ..errors import SetupError
 from ..estimate import Serving
-from ..models.resolve import serving_ref
+from ..models.resolve import locate, serving_ref
 from ..setup import Setup
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype
 KV_DTYPES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --kv-cache-dtype (fp8 = e4m3)
+# --quant methods whose weights the engine loads already quantised: it reads the checkpoint's
+# config.json quantization_config (vLLM ModelConfig._verify_quantization, vllm/config/model.py: its quant_method
+# must match --quantization; model_executor/model_loader/weight_utils.py get_quant_config builds the AWQ/GPTQ config
+# from it, else "Cannot find the config file for awq", vllm-project/vllm 0035bdf2). fp8 quantises bf16 weights at load.
+PREQUANTISED = ("awq", "gptq")
+
+
+def model_argument(model: str, setup: Setup, emit: str) -> str:
+    """What the engine's model argument takes for `model` (serving_ref); under --quant awq/gptq only a checkpoint
+    whose config.json says that quant_method (a local config, or a hub id's in the HF cache): the engine cannot
+    load a 16-bit checkpoint as AWQ/GPTQ."""
+    if setup.quant in PREQUANTISED:
+        found = locate(model)
+        method = None
+        if found.path is not None:
+            with open(found.path, encoding="utf-8") as f:
+                method = str((json.load(f).get("quantization_config") or {}).get("quant_method", "")).lower() or None
+        if method != setup.quant:
+            q = setup.quant.upper()
+            has = f"has quant_method {method!r}" if method else "has none (16-bit weights)"
+            raise SetupError(f"--emit {emit} --quant {setup.quant}: the engine loads {q} weights only from a {q} "
+                             f"checkpoint (its config.json's quantization_config.quant_method), and {model} {has}: "
+                             f"pass the {q} checkpoint's config.json or folder as MODEL, or drop --emit")
+    return serving_ref(model)
 
 
 def vllm_command(model: str, setup: Setup, serving: Serving) -> str:
@@ -22,7 +47,7 @@ def vllm_command(model: str, setup: Setup, serving: Serving) -> str:
     turns it into what --model takes); `serving`: the estimate's resolved engine settings (Estimate.detail.serving,
     analytic/serving.py)."""
     k = serving.knobs
-    args = ["vllm", "serve", serving_ref(model), "--dtype", DTYPES[setup.precision],
+    args = ["vllm", "serve", model_argument(model, setup, "vllm"), "--dtype", DTYPES[setup.precision],
             "--tensor-parallel-size", str(setup.tp), "--pipeline-parallel-size", str(setup.pp),
             "--gpu-memory-utilization", f"{k['gpu_memory_utilization']:g}",
             "--max-model-len", str(serving.max_model_len),
