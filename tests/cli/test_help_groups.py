@@ -142,3 +142,23 @@ def test_kv_cache_dtype_help_says_which_modes_take_which(capsys):
             assert (code == 0) == (dtype in lists["serve"]), (server, dtype, out)
         code, out = _run(capsys, ["estimate", "tiny-llama", "--mode", "infer", "--kv-dtype", dtype])
         assert code == 0, (dtype, out)
+
+
+def test_plan_stack_help_says_what_each_stack_searches():
+    """plan --stack's help names, for each stack, the recompute policies, ZeRO stages, precisions and settings the
+    search itself records as searched (PlanResult.stats["stacks"]); it had said megatron searches 'the distributed
+    optimizer (ZeRO 0/1)' while its search covers ZeRO 0-3 (Megatron-FSDP), experts and dispatchers."""
+    import json
+
+    helped = CliRunner().invoke(app, ["plan", "--help-all"], terminal_width=2000)
+    text = " ".join(helped.output.split())
+    got = CliRunner().invoke(app, ["plan", "llama-3.2-1b", "--gpu", "H100-80GB", "--gpus", "8", "--stacks",
+                                   "hf,torchtitan,megatron,deepspeed", "--json"])
+    assert got.exit_code == 0, got.output
+    for stack, d in json.loads(got.output)["search"]["stacks"].items():
+        said = re.search(rf"; {stack} recompute ([^;.]*)", text.replace("(stacks/*.toml): ", "; ")).group(1)
+        assert said.startswith(", ".join(d["recomputes"]) + ", ZeRO " + ", ".join(map(str, d["zeros"]))
+                               + ", precision " + ", ".join(d["precisions"])), (stack, said)
+        for axis in d["axes"]:
+            assert axis.replace("_", "-") in said, (stack, axis, said)
+    assert "ZeRO 0/1" not in text

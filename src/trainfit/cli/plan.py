@@ -23,6 +23,25 @@ def _csv(text: str, what: str, cast=str) -> tuple:
         raise SetupError(f"--{what} takes a comma-separated list, got {text!r}") from None
 
 
+def _stacks_help() -> str:
+    """--stack's help: what each stack's search covers, read off its facts ([plan] precisions and recomputes, its ZeRO
+    stages and [parallel] axes) and the planner's searched settings (plan/space.py), not restated here."""
+    from ..plan.space import CP_MIN_SEQ, SEARCHED, TIMED
+    from ..stacks import get_stack, names
+
+    each = []
+    for name in names():
+        s = get_stack(name)
+        axes = [a.name.replace("_", "-") + (f" (sequences of {CP_MIN_SEQ // 1024}k and more)" if a.name == "cp" else "")
+                for a in (*SEARCHED, *TIMED) if a.name in s.axes] + (["recompute-modules"] if s.runs("recompute-modules")
+                                                                       else [])
+        each.append(f"{name} recompute {', '.join(s.plan_recomputes)}, ZeRO {', '.join(map(str, s.zero_stages))}, "
+                    f"precision {', '.join(s.plan_precisions)}" + (f", {', '.join(axes)}" if axes else ""))
+    return ("Training stack(s) whose step is planned, comma-separated: " + ", ".join(names()) + "; several are "
+            "compared in one table (a stack column). Each searches dp × tp × pp as it runs them and its own options "
+            "(stacks/*.toml): " + "; ".join(each) + ".")
+
+
 def plan(
     model: str = ModelArg,
     gpu: str = typer.Option(..., "--gpu", help="GPU type (see `trainfit gpus`), or a .json/.toml file with the catalog's fields."),
@@ -34,7 +53,7 @@ def plan(
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Sequence length, tokens. Default: 2048, or the model's learned position table where it is shorter (BERT 512, GPT-2 1024)."),
     global_batch_tokens: Optional[str] = typer.Option(None, "--global-batch-tokens", help="Tokens per optimizer step (e.g. 4M); micro-batch × seq × accumulation × dp matches it within --batch-tolerance. Default: accumulation just fills the pipeline."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training budget in tokens (e.g. 15T): time, GPU-hours, cost and energy per plan."),
-    stack: str = typer.Option(STACK_DEFAULT, "--stack", "--stacks", help="Training stack(s) whose step is planned, comma-separated: hf, torchtitan, megatron, deepspeed; several are compared in one table (a stack column). Each searches its own options (stacks/*.toml): hf recompute none, full and ZeRO 0-3; torchtitan recompute none, op, layer:2, layer:4, full, ZeRO 0, 2, 3 and precisions amp-bf16, bf16, fp32; megatron tp with sequence parallelism, pp with virtual stages (interleaved 1F1B) and the even or embedding-loss split, cp for sequences of 16k and more, the distributed optimizer (ZeRO 0/1), recompute none, selective, full, bf16-master; deepspeed ZeRO 0-3 over dp (no tp/pp), bf16-master."),
+    stack: str = typer.Option(STACK_DEFAULT, "--stack", "--stacks", help=_stacks_help()),
     precision: Optional[str] = typer.Option(None, "--precision", help="Precision policies to search, comma-separated: fp32, amp-bf16, amp-fp16, bf16, bf16-master, fp16-master (each stack searches those it runs). Default: hf amp-bf16,bf16-master; torchtitan amp-bf16; megatron and deepspeed bf16-master."),
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, momentum, adam, adamw, adafactor, adamw-8bit, paged-adamw-8bit, paged-adamw, lion, adamw-torchao-8bit, adamw-torchao-4bit, adamw-torchao-fp8 (not searched)."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Recompute policies to search, comma-separated: none, full, selective, op, layer:N, uniform:N, block:N (each stack searches those it runs; selective is megatron's core-attention recompute: hf's equals none under the flash attention plans run, torchtitan's is op). Default: each stack's own."),
