@@ -27,6 +27,9 @@ class MoESpec:
     # each token's top_k taken among the experts of its best `route_group_topk` groups (0: not limited)
     route_groups: int = 0
     route_group_topk: int = 0
+    # DeepSeek-V3's routed_scaling_factor: the routed experts' top-k weights multiplied by it (DeepseekV3MoE.route_tokens
+    # _to_experts; configuration_deepseek_v3.py:91, default 2.5); 1.0: none. Numerics only: no memory or time
+    routed_scaling: float = 1.0
     # Llama 4 (modeling_llama4.py Llama4TextMoe): every expert runs every token, its input pre-multiplied by the
     # token's router score (0 off the top-k) — one batched bmm over all experts, no dispatch
     experts_every_token: bool = False

@@ -2,7 +2,9 @@
 checks run on CPU) and the layout round-trips."""
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -280,7 +282,7 @@ def test_loss_fusion_round_trips_and_is_refused_off_megatron():
     validate(Setup(stack="megatron", precision="bf16-master", device="cpu", loss_fusion="native"))
 
 
-def test_the_emitted_command_builds_the_planned_architecture():
+def test_the_emitted_command_builds_the_planned_architecture(tmp_path):
     """Norms, positions and attention reach megatron.core's configs as the model has them (Megatron-LM's defaults are
     LayerNorm, learned absolute positions, rotary base 10000: without the flags the command built another model)."""
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
@@ -309,6 +311,24 @@ def test_the_emitted_command_builds_the_planned_architecture():
                                v_head_dim=int(d["--v-head-dim"]), rope_type=d["--rope-type"],
                                rotary_scaling_factor=float(d["--rotary-scaling-factor"]), moe_layer_freq=freq)
     assert (mla.q_lora_rank, mla.kv_lora_rank, mla.qk_pos_emb_head_dim) == (1536, 512, 64)
+    # its router: sigmoid scores with the e_score_correction_bias, the top-k weights × routed_scaling_factor 2.5
+    # (the checkpoint's config.json; DeepseekV3TopkRouter, DeepseekV3MoE), not Megatron's default softmax router
+    router = TransformerConfig(num_layers=61, hidden_size=7168, num_attention_heads=128, num_moe_experts=256,
+                               moe_router_topk=8, moe_router_score_function=d["--moe-router-score-function"],
+                               moe_router_enable_expert_bias=d["--moe-router-enable-expert-bias"],
+                               moe_router_topk_scaling_factor=float(d["--moe-router-topk-scaling-factor"]))
+    config = json.loads((Path(__file__).parents[2] / "src/trainfit/models/catalog/deepseek-v3.json").read_text())
+    assert (router.moe_router_score_function, router.moe_router_enable_expert_bias,
+            router.moe_router_topk_scaling_factor) == ("sigmoid", True, config["routed_scaling_factor"])
+    from trainfit.readers import read
+
+    sh = tmp_path / "v3.sh"
+    sh.write_text(emit("megatron", Setup(stack="megatron", precision="bf16-master", pp=16, dp=64, ep=64, zero=1,
+                                         seq=4096, batch=1, grad_accum=32), v3, 8))
+    assert not [k for k in read(sh).unknown if "router" in k]  # (check reads them as the model's own)
+    q = _parse(emit("megatron", s, load_model("qwen3-30b-a3b"), 8))  # (a softmax router, no scaling: the defaults)
+    assert not {"--moe-router-score-function", "--moe-router-enable-expert-bias",
+                "--moe-router-topk-scaling-factor"} & set(q)
     # what the command would build otherwise is refused in one line, before the search
     for name, what in (("gpt-oss-120b", "attention sinks"), ("mistral-7b", "sliding-window")):
         with pytest.raises(SetupError, match=what):

@@ -179,6 +179,12 @@ class _Cfg:
             raise ConfigError(f"{self.name}: '{keys[0]}' must be true or false, got {v!r}")
         return v
 
+    def float(self, *keys: str, default: Any = _MISSING) -> float:
+        v = self.get(*keys, default=default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"{self.name}: '{keys[0]}' must be a positive number, got {v!r}")
+        return float(v)
+
     def str(self, *keys: str, default: Any = _MISSING) -> str:
         v = self.get(*keys, default=default)
         if not isinstance(v, str):
@@ -479,6 +485,9 @@ def _deepseek(c: _Cfg, *, v3: bool) -> dict:
         # DeepseekV2Config.topk_method = "greedy" (configuration_deepseek_v2.py:115); DeepseekV3TopkRouter always
         # selects as noaux_tc (sigmoid scores + e_score_correction_bias, group-limited; it has no such option)
         topk_method="noaux_tc" if v3 else c.str("topk_method", default="greedy"),
+        # V3's routed top-k weights × routed_scaling_factor (configuration_deepseek_v3.py:91, default 2.5); V2 scales
+        # them too, by its own routed_scaling_factor (configuration_deepseek_v2.py, default 1.0)
+        routed_scaling=c.float("routed_scaling_factor", default=2.5 if v3 else 1.0),
     )
     # group-limited routing: V3's router always (modeling_deepseek_v3.py:128-143; n_group 8, topk_group 4 by default,
     # configuration_deepseek_v3.py:97-98), V2's under topk_method group_limited_greedy (modeling_deepseek_v2.py:

@@ -220,6 +220,12 @@ def args(s: Setup, spec: ModelSpec) -> list[str]:
         if spec.moe.route_groups:  # group-limited routing (transformer_config.py:598-614)
             out += ["--moe-router-num-groups", str(spec.moe.route_groups),
                     "--moe-router-group-topk", str(spec.moe.route_group_topk)]
+        if spec.moe.router_scoring == "sigmoid":  # DeepSeek-V3's router: sigmoid scores, e_score_correction_bias
+            # (TransformerConfig moe_router_score_function, moe_router_enable_expert_bias: transformer_config.py:626,
+            # :634, the bias with sigmoid only, :1593; Megatron's default is a softmax router without the bias)
+            out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+        if spec.moe.routed_scaling != 1.0:  # moe_router_topk_scaling_factor (transformer_config.py:622; None: 1)
+            out += ["--moe-router-topk-scaling-factor", f"{spec.moe.routed_scaling:g}"]
         out += _moe_dispatcher(s)
         out += ["--moe-grouped-gemm"]  # TEGroupedMLP, the experts the megatron stack models (megatron_activations.py)
         # the fused router and permutation the stack times (stacks/megatron.toml [moe]: Megatron-Bridge's recipes);

@@ -59,6 +59,9 @@ EFFECT = {"manual-gc": "less time: no garbage-collection pauses mid-step",
           **{f: "the model's attention (from the model)" for f in (
               "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
               "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim")},
+          # the router's scores, expert bias and top-k scaling (transformer_config.py:622-634): the model's own
+          **{f: "the model's router (from the model)" for f in (
+              "moe-router-score-function", "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor")},
           "empty-unused-memory-level": "more time, less reserved memory: the cache emptied each step",
           "fp8-amax-history-len": "a little memory: the delayed recipe's amax history per tensor", "no-masked-softmax-fusion": "more time",
           "no-bias-swiglu-fusion": "more time", "no-rope-fusion": "more time",
