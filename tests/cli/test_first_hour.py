@@ -96,12 +96,35 @@ def test_training_flags_are_refused_for_inference(cli, flag):
 
 
 def test_models_readable_at_80_columns(cli, monkeypatch):
+    """At 80 columns every column stays whole: rich crops a no-wrap table's lines at the width without an ellipsis,
+    which had cut the vocab column to 'voca' / '50'."""
     monkeypatch.setenv("COLUMNS", "80")
     code, out, _ = cli("models")
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
+    assert out.splitlines()[1].split() == ["name", "family", "params", "layers", "hidden", "heads", "vocab"]
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
     for m in api.catalog_models():
-        assert f" {m['name']} " in out  # every name in full
+        # every name in full, with its vocabulary (thousands) as the catalog has it in the last column
+        vocab = m["vocab"]
+        assert lines[m["name"]][-1] == (f"{vocab / 1000:.0f}k" if vocab >= 10_000 else str(vocab or "-"))
+
+
+def test_catalog_tables_keep_every_header_when_piped(monkeypatch):
+    """Piped (no terminal, no COLUMNS), the tables print at the reports' width (report/console.py PIPED_WIDTH), not
+    rich's 80 columns, at which `trainfit gpus` wrapped its headers to 'memo…' and `trainfit models` cut its vocab
+    column and hid the hub ids."""
+    from typer.testing import CliRunner
+
+    from trainfit.cli.app import app
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    gpus = CliRunner().invoke(app, ["gpus"]).output
+    header = next(line for line in gpus.splitlines() if "name" in line)
+    for col in ("memory (CUDA)", "nvidia-smi", "bandwidth", "bf16 TFLOP/s", "fp32/tf32 TFLOP/s", "fp8 / fp4 TFLOP/s"):
+        assert col in header
+    models = CliRunner().invoke(app, ["models"]).output
+    assert "hub id" in models and " meta-llama/Llama-3.1-8B" in models and "…" not in models
 
 
 def test_longest_context_that_fits_honours_learned_positions(cli):

@@ -285,14 +285,15 @@ def models(json: bool = JsonOpt) -> None:
         typer.echo(dumps(rows))
         return
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
+    from ..report.console import console as report_console
     from ..units import fmt_count
 
-    console = Console()
+    console = report_console()  # (piped: wide enough for every column, hub ids too)
     wide = console.width >= 120  # the hub id column only where it fits; names are never cut
-    t = Table(title="trainfit models", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t = Table(title="trainfit models", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+              show_edge=False)
     for col in ("name", "family", "params", "layers", "hidden", "heads", "vocab") + (("hub id",) if wide else ()):
         t.add_column(col, justify="right" if col in ("params", "layers", "hidden", "vocab") else "left",
                      no_wrap=True, min_width=max((len(r["name"]) for r in rows), default=4) if col == "name" else len(col))
@@ -318,9 +319,9 @@ def gpus(json: bool = JsonOpt) -> None:
         # each entry is a GPU file (`--gpu file.json`) as written: memory is nvidia-smi's total, cuda_memory CUDA's
         typer.echo(dumps([file_entry(g) for g in items]))
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from ..report.console import console
     from ..units import fmt_bytes
 
     t = Table(title="trainfit gpus (dense peaks)", header_style="bold", padding=(0, 1))
@@ -335,7 +336,7 @@ def gpus(json: bool = JsonOpt) -> None:
         t.add_row(g.name, fmt_bytes(g.memory), fmt_bytes(g.smi_memory), f"{g.memory_bandwidth / 1e12:.2f} TB/s",
                   f"{bf16 / 1e12:,.1f}", f"{g.flops_for('tf32') / 1e12:,.1f}", low, f"{g.power_watts:.0f}",
                   f"{g.price_per_hour:.2f}")
-    Console().print(t)
+    console().print(t)
 
 
 def _register_optional_commands() -> None:
