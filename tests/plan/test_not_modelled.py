@@ -63,3 +63,17 @@ def test_default_seq_is_the_estimates(capsys, model, positions):
     got = json.loads(capsys.readouterr().out)
     assert got["query"]["seq"] == positions
     assert planned_setup(load_spec(model)).seq == positions  # `trainfit estimate`'s default for the same model
+
+
+def test_a_hybrid_model_on_a_stack_without_mamba_blocks_is_refused_not_estimated_as_attention(capsys):
+    """Megatron's memory model (megatron_memory.py) has GPTModel's TransformerLayers only: it had estimated every
+    Nemotron-H block as an attention + MLP layer (activation_per_layer equal to a dense Llama layer's), where
+    Megatron-LM trains the model as MambaModel (megatron-core ssm/mamba_layer.py). The estimate is refused in one
+    line; the planner leaves those groups out and plans the stack that models the blocks."""
+    with pytest.raises(SystemExit) as e:
+        main(["estimate", "nemotron-h-8b", "--stack", "megatron", "--dp", "8", "--gpu", "H100-80GB"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "--stack megatron" in err and "Mamba-2" in err
+    r = search(load_spec("nemotron-h-8b"), get_gpu("H100-80GB"), PlanQuery(gpus=8, stacks=("hf", "megatron")))
+    assert r.candidates and {c.setup.stack for c in r.candidates} == {"hf"}
+    assert r.stats["not_modelled"] > 0

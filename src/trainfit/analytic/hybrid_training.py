@@ -24,6 +24,11 @@ from .recompute import CPU_RNG_STATE, LayerMemory
 
 def check_trainable(spec: ModelSpec, setup: Setup, st: StateBytes) -> None:
     """Refuse, in one line, the hybrid training setups whose terms are not derived."""
+    from .stacks import model_for  # noqa: PLC0415 (the stacks' models import the memory modules)
+
+    if not model_for(setup).hybrid_blocks:  # (its memory model has no Mamba-2 layers: StackModel.hybrid_blocks)
+        raise NotModelledError(f"{spec.name}: training with Mamba-2 blocks on --stack {setup.stack} is not modelled by "
+                               "the analytic engine (its memory model has no Mamba-2 layers); use --stack hf")
     why = None
     if setup.tp > 1 or setup.pp > 1 or setup.zero >= 3 or setup.recompute not in ("none", "full"):
         # the Mamba heads' TP split, each stage's share of the pattern and the per-block parameter gathers are not

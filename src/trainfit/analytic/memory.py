@@ -81,6 +81,8 @@ def stage_memories(spec: ModelSpec, setup: Setup, pc: ParamCounts | None = None)
         yield encoder_decoder_training.train_memory(spec, setup, pc)
         return
     st = state_bytes(setup)
+    if spec.hybrid is not None:  # (every stack's: one whose memory model has no Mamba-2 blocks refuses it)
+        hybrid_training.check_trainable(spec, setup, st)
     stack = model_for(setup)  # its per-stage memory (analytic/stacks: Megatron-Core's is megatron_memory.py)
     for s in stages(spec, setup):
         yield stack.stage_memory(spec, setup, pc, st, s)

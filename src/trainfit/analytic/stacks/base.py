@@ -23,6 +23,9 @@ class StackModel:
     torch_optimizer = True
     # the stack's own ZeRO engine allocates the states, partitions and buckets (parallel/deepspeed.py)
     zero_engine = False
+    # its memory model has a hybrid model's Mamba-2 blocks (memory.py through hybrid_training.py); where it does not,
+    # a hybrid model's training is refused as not modelled (hybrid_training.check_trainable)
+    hybrid_blocks = True
 
     def stage_memory(self, spec: ModelSpec, setup: Setup, pc: ParamCounts, st: StateBytes, stage: Stage):
         """One pipeline stage's TrainMemory (analytic/memory.py)."""

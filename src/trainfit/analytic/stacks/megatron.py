@@ -20,6 +20,9 @@ from .base import StackModel
 class MegatronModel(StackModel):
     torch_data_parallel = False  # distributed/distributed_data_parallel.py (contiguous param_and_grad_buffer)
     torch_optimizer = False  # optimizer/optimizer.py, distrib_optimizer.py (fp32 main params, FusedAdam)
+    # megatron_memory.py models GPTModel's TransformerLayers only, not MambaModel's Mamba-2 layers (megatron-core
+    # 0.16.1 ssm/mamba_layer.py, ssm/mamba_mixer.py, which Megatron-LM's pretrain_mamba.py builds)
+    hybrid_blocks = False
 
     def stage_memory(self, spec, setup, pc, st, stage):
         """Megatron-Core's own states, TE layers and recompute (analytic/megatron_memory.py)."""
