@@ -124,6 +124,24 @@ def test_timeline_from_the_trace_engine(app, tmp_path):
     assert "activations" in text and "T4 memory" in text and "backward" in text
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
+def test_timeline_verdict_is_estimates_fit_rule(cli, tmp_path):
+    """timeline's fits / does not fit is `estimate --engine trace`'s (required within capacity, less --reserve): it
+    had judged the peak against the GPU's memory, saying 'fits' where estimate says the step does not (--reserve
+    read by nothing)."""
+    setup = ("tiny-llama", "--seq", "512", "--batch", "8", "--gpu", "H100-80GB", "--reserve", "78")
+    code, out, err = cli("estimate", *setup, "--engine", "trace", "--json")
+    assert code == 0, err
+    fit = json.loads(out)["fit"]
+    assert not fit["fits"]  # the setup: what the step requires is over what --reserve leaves
+    code, out, err = cli("timeline", *setup, "-o", str(tmp_path / "t.png"))
+    assert code == 0, err
+    assert "; does not fit on H100-80GB" in out and "; fits" not in out
+    from trainfit.units import fmt_bytes
+
+    assert f"required {fmt_bytes(fit['required'])} of capacity {fmt_bytes(fit['capacity'])}" in out
+
+
 def test_serve_without_web_extra(app, monkeypatch):
     real_import = builtins.__import__
 

@@ -89,7 +89,11 @@ def timeline(req: Request,
 
     m = traced.memory
     line = f"wrote {output}: peak {fmt_bytes(m.peak)} at {PHASE_NAMES.get(m.peak_phase, m.peak_phase)} (trace engine)"
-    if g is not None:
+    f = traced.fit  # the fit rule's verdict, as `estimate --engine trace` judges it (api.trace: with_fit)
+    if f is not None:
+        line += (f"; {'fits' if f.fits else 'does not fit'} on {g.name} (required {fmt_bytes(f.required)} of "
+                 f"capacity {fmt_bytes(f.capacity)})")
+    elif g is not None:  # (no caching allocator replayed, e.g. --device cpu: the peak against the GPU's memory)
         line += f"; {'fits' if m.peak <= g.memory else 'does not fit'} on {g.name} ({fmt_bytes(g.memory)})"
     typer.echo(line)
     if measured is not None:
