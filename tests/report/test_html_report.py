@@ -86,6 +86,21 @@ def test_plan_section(tmp_path):
     assert plan_candidates(api.Request("llama-3.1-8b"), 8)[1].startswith("the plan needs a GPU")
 
 
+def test_plan_section_names_the_flags_the_plan_does_not_use():
+    """report --gpus with --lora-rank 16 --recompute full planned full fine-tuning without recompute (the planner has
+    no base setup) and said nothing: the plan section names the flags given that its plans do not carry."""
+    if importlib.util.find_spec("trainfit.plan") is None:
+        pytest.skip("the planner is not installed")
+    req = api.Request("llama-3.1-8b", gpu="H100-80GB", lora_rank=16, recompute="full")
+    cands, _ = plan_candidates(req, 8)
+    assert cands and all(c["setup"]["lora_rank"] == 0 for c in cands)  # the planner's own setups: no adapters
+    section = build_report(req, gpus=8, trace=False).split("id='plan'")[1]
+    note = re.search(r"The plan does not use ([^:]*):", section)
+    assert note and set(note.group(1).split(", ")) == {"--lora-rank", "--recompute"}
+    assert "The plan does not use" not in build_report(api.Request("llama-3.1-8b", gpu="H100-80GB"), gpus=8,
+                                                       trace=False)
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
 def test_report_with_the_traced_timeline(tmp_path):
     text = build_report(api.Request("tiny-llama", batch=2, seq=64, device="cpu", gpu="T4"), trace=True,

@@ -15,6 +15,7 @@ from .. import api
 from ..compare_setup import NOTE_START
 from ..errors import TrainfitError
 from ..estimate import Estimate
+from ..setup import GPU_SETTINGS, SETTINGS
 from ..spec import VisionSpec
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from . import plots
@@ -285,13 +286,30 @@ def plan_candidates(req: api.Request, gpus: int, global_batch_tokens: float | No
     return d.get("candidates", []), note
 
 
+# the settings plan_candidates hands the planner (PlanQuery has no base setup: every other one is its default)
+PLAN_READS = ("seq", "precision", "optimizer", "stack", "mode", "tokens", "reserve", *GPU_SETTINGS)
+
+
+def plan_unused_note(req: api.Request) -> str:
+    """The flags given away from their defaults that the plan section does not read (a setting the plan drops is
+    named, never dropped silently); '' when there is none."""
+    flags = [s.flag for s in SETTINGS if s.name not in PLAN_READS and getattr(req, s.name) != s.request_default]
+    if not flags:
+        return ""
+    return ("The plan does not use " + ", ".join(flags) + ": the planner searches full training of the model at "
+            "--seq, --precision, --optimizer and --stack, choosing the parallel layout, ZeRO, micro-batch, "
+            "accumulation and recompute itself.")
+
+
 def _plan(req: api.Request, gpus: int | None, global_batch_tokens: float | None = None) -> str:
     if not gpus:
         return ""
     cands, note = plan_candidates(req, gpus, global_batch_tokens)
+    unused = plan_unused_note(req)
+    unused = f"<p class='note'>{escape(unused)}</p>" if unused else ""
     if not cands:
         return (f"<section id='plan'><h2>Plan for {gpus} × {escape(req.gpu or 'GPU')}</h2>"
-                f"<p class='note'>{escape(note or 'no configuration fits')}</p></section>")
+                f"<p class='note'>{escape(note or 'no configuration fits')}</p>{unused}</section>")
     keys = ("dp", "tp", "pp", "zero", "batch", "grad_accum", "recompute", "precision")
     rows = []
     for c in cands[:8]:
@@ -302,7 +320,8 @@ def _plan(req: api.Request, gpus: int | None, global_batch_tokens: float | None 
     table = _table([k.replace("_", "-") for k in keys] + ["peak", "step time", "tokens/s"], rows)
     return (f"<section id='plan'><h2>Plan for {gpus} × {escape(req.gpu or 'GPU')}</h2>"
             f"<p class='note'>Fastest configurations that fit, ranked by tokens/s (<code>trainfit plan {escape(req.model)} "
-            f"--gpu {escape(req.gpu)} --gpus {gpus}</code> shows each time term and writes launch configs).</p>{table}</section>")
+            f"--gpu {escape(req.gpu)} --gpus {gpus}</code> shows each time term and writes launch configs).</p>{unused}"
+            f"{table}</section>")
 
 
 # ---- the page ------------------------------------------------------------------------------------------
