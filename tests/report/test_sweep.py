@@ -147,3 +147,29 @@ def test_inference_caption_names_only_what_inference_reads():
     fixed = s.caption.split(" · ")[0]
     assert "mode infer" in fixed and "seq" in fixed
     assert not any(w in fixed for w in ("optimizer", "grad-accum", "zero", "recompute"))
+
+
+def test_many_variants_stay_readable_at_80_columns():
+    """sweep --vary batch 1:2 --gpu H100-80GB --recompute none,full --optimizer adamw,adamw-8bit at 80 columns:
+    rich shrank the 17 columns until every cell read '6…' and every header 'r…'; each variant is now a table of its
+    own there, every number whole."""
+    import re
+
+    from trainfit.units import fmt_bytes, fmt_seconds
+
+    req = api.Request("llama-3.1-8b", gpu="H100-80GB", precision="bf16")
+    s = run_sweep(req, "batch", "1:2", {"recompute": "none,full", "optimizer": "adamw,adamw-8bit"})
+    console = Console(record=True, width=80)
+    render_table(s, console)
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    for recompute in ("none", "full"):
+        for optimizer in ("adamw", "adamw-8bit"):
+            e = api.analytic(api.Request("llama-3.1-8b", gpu="H100-80GB", precision="bf16", batch=2,
+                                         recompute=recompute, optimizer=optimizer))
+            assert f"recompute {recompute} optimizer {optimizer}" in text
+            peak, step = (re.escape(x) for x in (fmt_bytes(e.memory.peak), fmt_seconds(e.time.step_seconds)))
+            assert re.search(rf"│\s+2 │\s+{peak} │\s+{step} │", text)
+    wide = Console(record=True, width=400)  # (piped: report/console.py PIPED_WIDTH) side by side, one table
+    render_table(s, wide)
+    assert wide.export_text().count("┏") == 1

@@ -242,40 +242,53 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
 
 
 def render_table(s: SweepResult, console=None) -> None:
-    """The sweep as a rich table: one row per value, per variant its peak (and step time, fit with --gpu)."""
+    """The sweep as a rich table: one row per value, per variant its peak (and step time, fit with --gpu). Variants
+    side by side where the console is wide enough, else one table per variant: rich shrinks a wide table's
+    columns until each cell reads '6…' (at 80 columns, 4 variants of 4 columns)."""
     from rich.table import Table
 
-    from .console import console as stdout_console
+    from .console import PIPED_WIDTH, console as stdout_console
 
     from ..units import fmt_bytes, fmt_count, fmt_seconds
 
     console = console or stdout_console()
-    t = Table(title=f"{s.model} — sweep over {s.vary} (analytic, per GPU)", header_style="bold",
-              caption=s.caption)
-    t.add_column(s.vary, justify="right", style="cyan")
     timed = s.gpu is not None
-    for v in s.variants:
-        prefix = f"{v} " if v else ""
-        t.add_column(f"{prefix}peak", justify="right")
-        t.add_column(f"{prefix}step time" if timed else f"{prefix}FLOPs/step", justify="right")
-        if timed:  # the fit is judged on required (analytic/fit_rule.py), shown beside it
-            t.add_column(f"{prefix}required", justify="right")
-            t.add_column(f"{prefix}fits {s.gpu.name}", justify="center")
     by = {(r["variant"], r["value"]): r for r in s.rows}
-    for value in s.values:
-        cells = [str(value)]
-        for v in s.variants:
-            r = by[(v, value)]
-            if r["error"] is not None:
-                cells += ["[dim]n/a[/dim]", "[dim]invalid[/dim]"] + (["", ""] if timed else [])
-                continue
-            cells.append(fmt_bytes(r["peak"]))
-            cells.append(fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"]))
-            if timed:
-                cells.append(fmt_bytes(r["required"]) if r["required"] is not None else "")
-                cells.append("[green]yes[/green]" if r["fits"] else "[red]no[/red]")
-        t.add_row(*cells)
-    console.print(t)
+
+    def table(variants: list, title: str, caption: str | None, named: bool) -> Table:
+        t = Table(title=title, header_style="bold", caption=caption)
+        t.add_column(s.vary, justify="right", style="cyan")
+        for v in variants:
+            prefix = f"{v} " if v and named else ""
+            t.add_column(f"{prefix}peak", justify="right")
+            t.add_column(f"{prefix}step time" if timed else f"{prefix}FLOPs/step", justify="right")
+            if timed:  # the fit is judged on required (analytic/fit_rule.py), shown beside it
+                t.add_column(f"{prefix}required", justify="right")
+                t.add_column(f"{prefix}fits {s.gpu.name}", justify="center")
+        for value in s.values:
+            cells = [str(value)]
+            for v in variants:
+                r = by[(v, value)]
+                if r["error"] is not None:
+                    cells += ["[dim]n/a[/dim]", "[dim]invalid[/dim]"] + (["", ""] if timed else [])
+                    continue
+                cells.append(fmt_bytes(r["peak"]))
+                cells.append(fmt_seconds(r["step_seconds"]) if timed else fmt_count(r["flops_step"]))
+                if timed:
+                    cells.append(fmt_bytes(r["required"]) if r["required"] is not None else "")
+                    cells.append("[green]yes[/green]" if r["fits"] else "[red]no[/red]")
+            t.add_row(*cells)
+        return t
+
+    title = f"{s.model} — sweep over {s.vary} (analytic, per GPU)"
+    t = table(s.variants, title, s.caption, named=True)
+    # (the narrowest it goes without cutting a word, measured unclamped: wider than the console, rich crops cells)
+    narrowest = console.measure(t, options=console.options.update_width(PIPED_WIDTH * 10)).minimum
+    if len(s.variants) > 1 and narrowest > console.width:
+        for i, v in enumerate(s.variants):
+            console.print(table([v], f"{title}: {v}", s.caption if i == len(s.variants) - 1 else None, named=False))
+    else:
+        console.print(t)
     errors = {r["error"] for r in s.rows if r["error"]}
     for err in sorted(errors):
         console.print(f"[dim]· n/a: {err}[/dim]")
