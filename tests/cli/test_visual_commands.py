@@ -142,6 +142,21 @@ def test_timeline_verdict_is_estimates_fit_rule(cli, tmp_path):
     assert f"required {fmt_bytes(fit['required'])} of capacity {fmt_bytes(fit['capacity'])}" in out
 
 
+@pytest.mark.parametrize("flags,needs", [(("--sequence-parallel",), "--tp > 1"),
+                                         (("--tp-comm-overlap",), "--tp > 1"),
+                                         (("--vpp", "2"), "--pp > 1"), (("--pp-split", "first:1,last:1"), "--pp > 1")])
+def test_timeline_offers_no_setting_that_needs_tp_or_pp(cli, tmp_path, flags, needs):
+    """timeline has no --tp or --pp (the trace engine runs neither), yet offered the settings that need one above 1:
+    timeline tiny-llama --stack torchtitan --sequence-parallel said 'it needs --tp > 1', and --tp was then 'No such
+    option'. They are not offered: one line naming the option unknown."""
+    code, out, err = cli("estimate", "tiny-llama", "--stack", "megatron", *flags)  # the rule at --tp 1 --pp 1
+    assert code == 2 and f"needs {needs}" in err
+    code, out, err = cli("timeline", "--help")
+    assert code == 0 and flags[0] not in out
+    code, out, err = cli("timeline", "tiny-llama", "--stack", "torchtitan", *flags, "-o", str(tmp_path / "t.png"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"No such option: {flags[0]}" in err
+
+
 def test_serve_without_web_extra(app, monkeypatch):
     real_import = builtins.__import__
 
