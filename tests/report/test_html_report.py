@@ -101,6 +101,23 @@ def test_plan_section_names_the_flags_the_plan_does_not_use():
                                                        trace=False)
 
 
+def _verdict_cards(text: str) -> list[str]:
+    cards = text.split("<div class='verdict'>")[1].split("\n")[0]  # (the verdict is one line of the page)
+    return [re.sub(r"<[^>]+>", " ", c).split() for c in cards.split("<div class='card'>")[1:]]
+
+
+def test_report_of_an_encoders_inference():
+    """report bert-base --mode infer --gpu H100-80GB raised TypeError (a traceback, exit 1): the verdict formatted
+    the decode rate an encoder does not have (None). The card is the prefill, as estimate's table has it."""
+    from trainfit.units import fmt_seconds
+
+    req = api.Request("bert-base", mode="infer", gpu="H100-80GB")
+    t = api.analytic(req).time
+    assert t.decode_tokens_per_second is None  # (estimate's own: nothing decoded)
+    cards = _verdict_cards(build_report(req, trace=False))
+    assert ["prefill", *fmt_seconds(t.prefill_seconds).split(), "an", "encoder:", "no", "decode"] in cards
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
 def test_report_with_the_traced_timeline(tmp_path):
     text = build_report(api.Request("tiny-llama", batch=2, seq=64, device="cpu", gpu="T4"), trace=True,

@@ -99,6 +99,8 @@ def _verdict(e: Estimate) -> str:
             cards.append(("output", f"{t.tokens_per_second:,.0f} tok/s",
                           f"TTFT {fmt_seconds(ld['ttft_seconds'])}, TPOT {fmt_seconds(ld['tpot_seconds'])}"
                           if ld else "no request fits the KV cache"))
+        elif t.decode_tokens_per_second is None:  # an encoder (BERT): nothing is decoded
+            cards.append(("prefill", fmt_seconds(t.prefill_seconds), "an encoder: no decode"))
         else:
             cards.append(("decode", f"{t.decode_tokens_per_second:,.0f} tok/s", f"prefill {fmt_seconds(t.prefill_seconds)}"))
     body = "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div><div class='muted'>{escape(s)}</div></div>"
