@@ -118,6 +118,24 @@ def test_report_of_an_encoders_inference():
     assert ["prefill", *fmt_seconds(t.prefill_seconds).split(), "an", "encoder:", "no", "decode"] in cards
 
 
+def test_report_of_rl_post_training():
+    """report llama-3.1-8b --mode rl headed 'will it serve?' and carded 'decode 212 tok/s, prefill 19.30 s': the
+    19.30 s is the whole generate phase (estimate's table: generate 19.30 s of a 20.28 s step). The card is the step
+    time with the generated tokens/s, as estimate prints them."""
+    from trainfit.units import fmt_seconds
+
+    req = api.Request("llama-3.1-8b", mode="rl", gpu="H100-80GB")
+    e = api.analytic(req)
+    text = build_report(req, trace=False)
+    assert "will it train?" in text
+    cards = _verdict_cards(text)
+    assert not any(c[0] in ("decode", "prefill") for c in cards)
+    step = [c for c in cards if c[:2] == ["step", "time"]]
+    assert step and fmt_seconds(e.time.step_seconds) in " ".join(step[0])
+    assert f"{e.time.decode_tokens_per_second:,.0f} generated tokens/s" in " ".join(step[0])
+    assert e.detail.rl.phase_seconds["generate"] == e.time.prefill_seconds  # the figure the card had as 'prefill'
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
 def test_report_with_the_traced_timeline(tmp_path):
     text = build_report(api.Request("tiny-llama", batch=2, seq=64, device="cpu", gpu="T4"), trace=True,

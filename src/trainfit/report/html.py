@@ -99,6 +99,9 @@ def _verdict(e: Estimate) -> str:
             cards.append(("output", f"{t.tokens_per_second:,.0f} tok/s",
                           f"TTFT {fmt_seconds(ld['ttft_seconds'])}, TPOT {fmt_seconds(ld['tpot_seconds'])}"
                           if ld else "no request fits the KV cache"))
+        elif e.setup.mode == "rl":  # (Timing's prefill_seconds is the whole generate phase: estimate's table)
+            cards.append((f"step time (MFU {t.mfu:.0%})", fmt_seconds(t.step_seconds),
+                          f"{t.decode_tokens_per_second:,.0f} generated tokens/s"))
         elif t.decode_tokens_per_second is None:  # an encoder (BERT): nothing is decoded
             cards.append(("prefill", fmt_seconds(t.prefill_seconds), "an encoder: no decode"))
         else:
@@ -346,7 +349,7 @@ def build_report(req: api.Request, gpus: int | None = None, trace: bool | None =
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>trainfit report — {escape(e.model)}</title>",
         f"<style>{CSS}</style></head><body><main>",
-        f"<header><h1>{escape(e.model)} — will it {'train' if req.mode == 'train' else 'serve'}?</h1>",
+        f"<header><h1>{escape(e.model)} — will it {'train' if req.mode in ('train', 'rl') else 'serve'}?</h1>",
         f"<div class='setup'>{escape(setup_line(e))}</div></header>",
         _verdict(e),
         _would_fit(req, e),
