@@ -173,3 +173,23 @@ def test_many_variants_stay_readable_at_80_columns():
     wide = Console(record=True, width=400)  # (piped: report/console.py PIPED_WIDTH) side by side, one table
     render_table(s, wide)
     assert wide.export_text().count("┏") == 1
+
+
+def test_an_inference_sweep_names_its_time_the_prefill():
+    """sweep --mode infer --gpu headed its time column 'step time' (terminal, report, plot) over the prefill's time
+    (Timing.step_seconds of an inference): estimate's table calls the same number 'prefill time'."""
+    from trainfit.units import fmt_seconds
+
+    req = api.Request("llama-3.1-8b", mode="infer", gpu="H100-80GB")
+    s = run_sweep(req, "seq", "1024,4096")
+    t = api.analytic(api.Request("llama-3.1-8b", mode="infer", gpu="H100-80GB", seq=4096)).time
+    console = Console(record=True, width=200)
+    render_table(s, console)
+    text, page = console.export_text(), sweep_html_table(s)
+    assert "prefill time" in text and "step time" not in text
+    assert "<th>prefill time</th>" in page and "step time" not in page
+    assert fmt_seconds(t.prefill_seconds) in text and fmt_seconds(t.prefill_seconds) in page
+    train = run_sweep(api.Request("llama-3.1-8b", gpu="H100-80GB"), "seq", "1024")
+    console = Console(record=True, width=200)
+    render_table(train, console)
+    assert "step time" in console.export_text()

@@ -454,7 +454,8 @@ def plot_sweep(sweep: "SweepResult", path: str | Path | None = None) -> "Figure"
         _style(ax)
     positions = {v: (v if numeric else i) for i, v in enumerate(sweep.values)}
     timed = gpu is not None
-    time_key, time_label = ("step_seconds", "step time (s)") if timed else ("flops_step", "FLOPs per step (hardware)")
+    time_key, time_label = ("step_seconds", f"{sweep.time_name} (s)") if timed else ("flops_step",
+                                                                                     "FLOPs per step (hardware)")
     markers = "osD^vP*X"
     for j, variant in enumerate(sweep.variants):
         pts = [r for r in rows if r["variant"] == variant]
@@ -500,7 +501,7 @@ def plot_sweep(sweep: "SweepResult", path: str | Path | None = None) -> "Figure"
         ax_m.set_yscale("log")
         ax_t.set_yscale("log")
     ax_m.set_title(f"{sweep.model} — peak memory vs {sweep.vary}", loc="left", fontsize=11)
-    ax_t.set_title(("step time" if timed else "compute") + f" vs {sweep.vary}"
+    ax_t.set_title((sweep.time_name if timed else "compute") + f" vs {sweep.vary}"
                    + (f" on {gpu.name} " + (f"(MFU {sweep.mfu:.0%})" if sweep.mfu else "(step-time model)") if timed else " (pass --gpu for step time)"),
                    loc="left", fontsize=11)
     ax_m.legend(fontsize=8.5, loc="upper left")

@@ -107,6 +107,12 @@ class SweepResult:
         return KNOBS[self.vary][2]
 
     @property
+    def time_name(self) -> str:
+        """What the rows' step_seconds times: an inference's prefill (Timing.step_seconds is its prefill_seconds;
+        estimate's table calls it prefill time), else the step."""
+        return "prefill time" if self.base.get("mode") == "infer" else "step time"
+
+    @property
     def log_x(self) -> bool:
         vals = [v for v in self.values if isinstance(v, int) and v > 0]
         return self.numeric and self.vary != "zero" and len(vals) == len(self.values) and max(vals) / min(vals) >= 8
@@ -261,7 +267,7 @@ def render_table(s: SweepResult, console=None) -> None:
         for v in variants:
             prefix = f"{v} " if v and named else ""
             t.add_column(f"{prefix}peak", justify="right")
-            t.add_column(f"{prefix}step time" if timed else f"{prefix}FLOPs/step", justify="right")
+            t.add_column(f"{prefix}{s.time_name}" if timed else f"{prefix}FLOPs/step", justify="right")
             if timed:  # the fit is judged on required (analytic/fit_rule.py), shown beside it
                 t.add_column(f"{prefix}required", justify="right")
                 t.add_column(f"{prefix}fits {s.gpu.name}", justify="center")
@@ -310,7 +316,7 @@ def sweep_html_table(s: SweepResult) -> str:
     head = [escape(s.vary)]
     for v in s.variants:
         p = f"{v} " if v else ""
-        head += [f"{p}peak", f"{p}step time" if timed else f"{p}FLOPs/step"]
+        head += [f"{p}peak", f"{p}{s.time_name}" if timed else f"{p}FLOPs/step"]
         head += [f"{p}required", f"{p}fits"] if timed else []
     by = {(r["variant"], r["value"]): r for r in s.rows}
     lines = ["<table class='num'><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"]
