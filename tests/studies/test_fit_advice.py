@@ -97,6 +97,20 @@ def test_fit_refuses_in_one_line(capsys, argv, words):
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--longest-context"]])
+def test_fit_refuses_a_setup_the_engine_refuses_as_estimate_does(capsys, extra):
+    """fit mixtral-8x7b --gpu H100-80GB --lora-rank 16 answered 'nothing trainfit tried fits ... try a shorter --seq'
+    (exit 0; --json: fits []), where estimate refuses the setup itself (the analytic engine models LoRA on
+    Llama-style layers only): fit gives estimate's reason, in one line, exit 2."""
+    setup = ["mixtral-8x7b", "--gpu", "H100-80GB", "--lora-rank", "16"]
+    code, out, err = _run(capsys, "estimate", *setup)
+    assert code == 2 and "models LoRA on Llama-style causal LMs" in err
+    reason = err.strip().split(": use ")[0]
+    code, out, err = _run(capsys, "fit", *setup, *extra)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.strip().startswith(reason) and "nothing trainfit tried fits" not in err
+
+
 def test_inference_never_suggests_a_context_past_the_models_positions():
     """Llama-3.1-8B's 131,072 positions (one fewer for a decode: spec.position_limit): the shorter --seq proposed for
     an inference that does not fit is at most the longest context the estimate reports, not the memory's 244,017."""
