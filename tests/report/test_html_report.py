@@ -101,6 +101,19 @@ def test_plan_section_names_the_flags_the_plan_does_not_use():
                                                        trace=False)
 
 
+def test_report_trace_refusal_names_reports_own_flag(cli, tmp_path):
+    """report llama-3.1-8b --stack megatron --trace answered estimate's '--engine trace runs the stack's own step ...:
+    use --engine analytic', an option report has not: the refusal names --trace, report's own (one line, exit 2)."""
+    code, out, err = cli("estimate", "llama-3.1-8b", "--stack", "megatron", "--engine", "trace")
+    assert code == 2 and "use --engine analytic" in err
+    reason = err.split("which it does not for --stack megatron")[1].split(": use")[0]  # the engine's own words
+    code, out, err = cli("report", "--help")
+    assert code == 0 and "--engine" not in out and "--trace" in out
+    code, out, err = cli("report", "llama-3.1-8b", "--stack", "megatron", "--trace", "-o", str(tmp_path / "r.html"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and reason in err
+    assert "--engine" not in err and "drop --trace" in err and not (tmp_path / "r.html").exists()
+
+
 def _verdict_cards(text: str) -> list[str]:
     cards = text.split("<div class='verdict'>")[1].split("\n")[0]  # (the verdict is one line of the page)
     return [re.sub(r"<[^>]+>", " ", c).split() for c in cards.split("<div class='card'>")[1:]]

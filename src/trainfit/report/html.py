@@ -203,9 +203,14 @@ def _try_trace(req: api.Request, want: bool | None) -> tuple[Estimate | None, st
         # image classifier is traced whole
         return api.trace(req, extrapolate=not isinstance(spec, VisionSpec) and spec.layers > 40), ""
     except TrainfitError as e:
+        # the engine's refusals name estimate's --engine, which report has not
+        why = str(e).replace("--engine analytic", "the analytic engine").replace("--engine trace", "the trace engine")
+        if want and why != str(e):
+            raise type(e)(f"--trace draws the trace engine's step: {why}; drop --trace (the page then shows the "
+                          "analytic engine's memory at each phase)") from e
         if want:
             raise
-        return None, str(e)
+        return None, why
 
 
 def _timeline(e: Estimate, traced: Estimate | None, why: str, gpu) -> str:
