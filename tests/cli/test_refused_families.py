@@ -62,3 +62,22 @@ def test_llama_3_2_vision_is_timed(capsys):
     main(["estimate", "llama-3.2-11b-vision", "--images", "1", "--gpu", "H100-80GB"])
     out = capsys.readouterr()
     assert "does not model" not in out.err and "step time" in out.out
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "mixtral-8x7b", "--vary", "batch", "1:2", "--lora-rank", "16"],
+    ["compare", "mixtral-8x7b", "--lora-rank", "16"],
+    ["fit", "mixtral-8x7b", "--gpu", "H100-80GB", "--lora-rank", "16"],
+])
+def test_a_refusal_under_a_command_without_engine_names_estimates(argv, cli):
+    """sweep, compare and fit passed on the analytic engine's 'use --engine trace or measure', an option none of them
+    has ('No such option: --engine'): they name `trainfit estimate --engine trace`; estimate's line is unchanged."""
+    code, out, err = cli("estimate", "mixtral-8x7b", "--lora-rank", "16")
+    assert code == 2 and "use --engine trace or measure" in err
+    reason = err.strip().split(": use ")[0]
+    code, out, err = cli(argv[0], "--help")
+    assert code == 0 and "--engine" not in out
+    code, out, err = cli(*argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and reason.removeprefix("error: ") in err
+    assert "use `trainfit estimate --engine trace` or measure" in err and " --engine trace or" not in err.replace(
+        "`trainfit estimate --engine trace`", "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sys
 from typing import Optional
 
@@ -361,6 +362,15 @@ def _click_command():
     return lazy_group(app)
 
 
+def engine_named(message: str, argv: list[str]) -> str:
+    """An engine's refusal names estimate's --engine (e.g. analytic/lora.py 'use --engine trace or measure'); under a
+    command that has no --engine (sweep, compare, fit, plan, ...) it names the command that has it."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in (None, "estimate"):  # (the one command with --engine: options.EngineOpt)
+        return message
+    return re.sub(r"(?<![\w`-])--engine (\w+)", r"`trainfit estimate --engine \1`", message)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors (ours and click's usage errors) become one line and exit code 2."""
     # torchao, which transformers imports to look for its quantizer, warns of each optional CUDA/CPython-version
@@ -385,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         command.main(args=argv, prog_name="trainfit", standalone_mode=False)
     except TrainfitError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {engine_named(str(e), sys.argv[1:] if argv is None else argv)}", err=True)
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)

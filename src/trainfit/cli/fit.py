@@ -45,10 +45,8 @@ def fit(req, json: bool = JsonOpt, longest_context: bool = LongestOpt) -> None:
     setup, gpu = req.setup(spec), api.gpu_of(req)
     validate_layout(spec, setup)  # the layout given is the model's to take, as estimate checks it (not replaced)
     verdict(gpu, setup, 0, reserve_bytes(req.reserve))  # a --reserve / --gpu-memory that leaves nothing: one line
-    try:  # the setup as given, as estimate runs it: one the analytic engine refuses (LoRA on a MoE) is its one line,
-        api.analytic(req, spec)  # not "nothing trainfit tried fits" (the search judges every change of it as None)
-    except SetupError as e:
-        raise SetupError(str(e).replace("use --engine", "use trainfit estimate --engine")) from None
+    # the setup as given, as estimate runs it: one the analytic engine refuses (LoRA on a MoE) is its one line, not
+    api.analytic(req, spec)  # "nothing trainfit tried fits" (the search judges every change of it as None)
     if longest_context:
         if "seq" in written([BY_NAME["seq"]]):
             raise SetupError("--longest-context finds the longest --seq that fits: drop --seq")
