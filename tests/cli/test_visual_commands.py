@@ -157,6 +157,26 @@ def test_timeline_offers_no_setting_that_needs_tp_or_pp(cli, tmp_path, flags, ne
     assert code == 2 and len(err.strip().splitlines()) == 1 and f"No such option: {flags[0]}" in err
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
+def test_timeline_offers_no_power_limit(cli, tmp_path):
+    """timeline took --power-limit 200 and drew the same step: the cap lowers the compute rates (estimate's step
+    time), which the timeline has not (the trace engine's estimate has no time). Not offered, as --mfu is not."""
+    from trainfit import api
+
+    big = dict(model="llama-3.1-8b", gpu="H100-80GB")  # (compute-bound: tiny-llama's step is the host's launches)
+    assert (api.analytic(api.Request(**big, power_limit=200)).time.step_seconds
+            > api.analytic(api.Request(**big)).time.step_seconds)
+    base = dict(model="tiny-llama", gpu="H100-80GB", seq=64)
+    capped = api.Request(**base, power_limit=200)
+    traced, plain = api.trace(capped, extrapolate=False), api.trace(api.Request(**base), extrapolate=False)
+    assert traced.time is None and (traced.memory, traced.fit) == (plain.memory, plain.fit)
+    code, out, err = cli("timeline", "--help")
+    assert code == 0 and "--power-limit" not in out and "--mfu" not in out
+    code, out, err = cli("timeline", "tiny-llama", "--gpu", "H100-80GB", "--power-limit", "200", "-o",
+                         str(tmp_path / "t.png"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "No such option: --power-limit" in err
+
+
 def test_serve_without_web_extra(app, monkeypatch):
     real_import = builtins.__import__
 

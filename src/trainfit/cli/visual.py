@@ -39,9 +39,10 @@ def _plots():
 
 
 # (the trace engine runs no --tp or --pp, so neither is offered, nor the settings that need one above 1: setup/rules.py
-# refuses --sequence-parallel and --tp-comm-overlap without --tp > 1, --vpp and a --pp-split without --pp > 1)
-@with_settings(exclude=("mfu", "tokens", "price", "tp", "pp", "sequence_parallel", "tp_comm_overlap", "vpp",
-                        "pp_split"))
+# refuses --sequence-parallel and --tp-comm-overlap without --tp > 1, --vpp and a --pp-split without --pp > 1; nor
+# the settings of the step's time and cost, which the timeline has not: --mfu, --tokens, --price, --power-limit)
+@with_settings(exclude=("mfu", "tokens", "price", "power_limit", "tp", "pp", "sequence_parallel", "tp_comm_overlap",
+                        "vpp", "pp_split"))
 def timeline(req: Request,
              output: str = typer.Option("timeline.png", "--output", "-o", help="Image to write: .png, .svg or .pdf."),
              measure: bool = typer.Option(False, "--measure", help="Also run the real step here (use --device cpu) and overlay its measured peaks."),
