@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import importlib.resources
 import importlib.util
 import json
 
@@ -190,3 +191,23 @@ def test_serve_without_web_extra(app, monkeypatch):
     assert isinstance(r.exception, EngineUnavailableError) and "trainfit[web]" in str(r.exception)
     r = invoke(app, "serve", "--port", "0")
     assert isinstance(r.exception, TrainfitError)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="the trace engine needs torch and transformers")
+def test_fast_timeline_caption_names_flags_timeline_has(cli, tmp_path):
+    """timeline --fast (a 16-layer model: a 5-layer trace extrapolated) captioned its curve 'run with --full-trace for
+    the whole model's curve'; no command has --full-trace. Every flag the caption names is one of timeline's."""
+    import re
+
+    config = json.loads((importlib.resources.files("trainfit.models.catalog") / "tiny-llama.json").read_text())
+    config["num_hidden_layers"] = 16
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, out, err = cli("timeline", str(path), "--seq", "64", "--fast", "-o", str(tmp_path / "t.svg"))
+    assert code == 0, err
+    text = (tmp_path / "t.svg").read_text().replace("- -", "--")  # (the text rides in XML comments: '--' spaced)
+    assert "-layer trace" in text  # (the extrapolated curve's note)
+    code, helped, err = cli("timeline", "--help")
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", text))
+    assert flags and all(f in helped for f in flags), flags
+    assert "without --fast" in text

@@ -300,7 +300,7 @@ def plot_timeline(e: Estimate, path: str | Path | None = None, gpu: "GPU | None"
     layers = e.detail.records.get("timeline_layers")
     if layers:
         caption += (f"\nNB: curve from a {layers}-layer trace (the peak in the box is extrapolated to the full "
-                    "model); run with --full-trace for the whole model's curve")
+                    "model); `trainfit timeline` without --fast draws the whole model's curve")
     fig.text(0.0, -0.02, caption, fontsize=8, color="#555555", ha="left", va="top")
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5,
