@@ -158,3 +158,24 @@ def test_timeline_draws_reserved_and_device_total_levels():
     assert any(lab.startswith("reserved (caching allocator)") for lab in labels)
     assert levels["device total"] - levels["reserved"] == pytest.approx(400)  # MiB: the plot's unit here
     assert "caching allocator" in "".join(t.get_text() for t in fig.texts)
+
+
+def test_a_long_caption_does_not_widen_the_image(tmp_path):
+    """A timeline's caption (the setup line, then the held-memory sentence, ~330 characters) was one line under the
+    plot: saved tight, the PNG was 2,878 px wide for an 11 in figure at 110 dpi, the chart a third of it. The caption
+    is wrapped: the image is the figure's width and its legend, and the caption's words are all there."""
+    from PIL import Image
+
+    from trainfit.report.held import held_sentence
+
+    e = traced_like(synthetic_timeline())
+    on_gpu = api.analytic(api.Request("tiny-llama", batch=2, seq=128, gpu="H100-80GB")).memory  # (its device total)
+    e = dataclasses.replace(e, memory=dataclasses.replace(e.memory, reserved=on_gpu.reserved,
+                                                          device_total=on_gpu.device_total))
+    assert e.memory.reserved != e.memory.peak and e.memory.device_total  # (the whole sentence is drawn)
+    fig = plots.plot_timeline(e, tmp_path / "t.png")
+    width = Image.open(tmp_path / "t.png").size[0]
+    assert width <= fig.get_figwidth() * 110 * 1.3  # (save's dpi; the legend beside the axes)
+    caption = " ".join(t.get_text() for t in fig.texts).split()
+    assert " ".join(held_sentence("The curve", device_total=e.memory.device_total is not None).split()) in " ".join(
+        caption)
