@@ -1,6 +1,8 @@
 """Sweeps: value parsing, the physics the table must show (monotone where it must be), the JSON and table."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from rich.console import Console
 
@@ -193,3 +195,18 @@ def test_an_inference_sweep_names_its_time_the_prefill():
     console = Console(record=True, width=200)
     render_table(train, console)
     assert "step time" in console.export_text()
+
+
+def test_a_gpus_sweep_is_refused_where_a_point_runs_more_gpus():
+    """sweep llama-3.1-70b --vary gpus 8:32 --tp 8 --stack megatron labelled rows 'gpus 8, 16, 32' and said 'fits from
+    gpus 16 on' while each point ran dp × tp = 64, 128, 256 GPUs (the knob sets dp). Refused in one line, naming
+    --vary dp, which sweeps the same points under their own name."""
+    req = api.Request("llama-3.1-70b", tp=8, stack="megatron", zero=1, gpu="H100-80GB")
+    spec = api.load_spec(req.model)
+    assert dataclasses.replace(req, dp=8).setup(spec).world_size == 64  # the point 'gpus 8' is
+    with pytest.raises(SetupError, match=r"--vary gpus .* with --tp 8 each point runs 8x as many GPUs: use --vary dp"):
+        run_sweep(req, "gpus", "8:32")
+    s = run_sweep(req, "dp", "8:32")
+    e = api.analytic(dataclasses.replace(req, dp=16))
+    assert [r["peak"] for r in s.rows if r["value"] == 16] == [e.memory.peak]
+    run_sweep(api.Request("llama-3.1-70b", zero=3, gpu="H100-80GB"), "gpus", "8,16")  # (dp alone: GPUs = dp)

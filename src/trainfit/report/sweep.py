@@ -7,6 +7,7 @@ heads) is kept as a row with its error, so a sweep over tp or zero shows which v
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from .. import api
@@ -196,6 +197,11 @@ def run_sweep(req: api.Request, vary: str, values: str | list, variants: dict[st
                          "trainfit estimate --mode serve, or trainfit plan --mode serve to compare GPUs and TP")
     vals = parse_values(vary, values) if isinstance(values, str) else list(values)
     field_name = KNOBS[vary][0]
+    others = {f"--{k}": getattr(req, k) for k in ("tp", "pp", "cp") if getattr(req, k) > 1}
+    if vary == "gpus" and others:  # (GPUs = dp × tp × pp × cp: Setup.world_size)
+        given = " ".join(f"{k} {v}" for k, v in others.items())
+        raise SetupError(f"--vary gpus sets the data-parallel degree as the GPU count; with {given} each point runs "
+                         f"{math.prod(others.values())}x as many GPUs: use --vary dp (its axis is dp)")
     refuse_written(frozenset({field_name}), req.mode)  # a knob the mode does not read would sweep nothing
     for v in vals:  # the setting's own definition: a value it refuses is one line, not a row of n/a
         check_value(BY_NAME[field_name], v, req.mode)
