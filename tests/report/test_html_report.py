@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from html.parser import HTMLParser
 
@@ -99,6 +100,27 @@ def test_plan_section_names_the_flags_the_plan_does_not_use():
     assert note and set(note.group(1).split(", ")) == {"--lora-rank", "--recompute"}
     assert "The plan does not use" not in build_report(api.Request("llama-3.1-8b", gpu="H100-80GB"), gpus=8,
                                                        trace=False)
+
+
+def test_plan_section_command_gives_its_plans(cli):
+    """report --gpus 8 --seq 4096 --stack megatron planned megatron at seq 4096 but pointed to `trainfit plan
+    llama-3.1-8b --gpu H100-80GB --gpus 8` (hf at seq 2048: other plans). The command shown carries the settings the
+    plan read: run, it answers the section's plans."""
+    import html
+    import shlex
+
+    if importlib.util.find_spec("trainfit.plan") is None:
+        pytest.skip("the planner is not installed")
+    req = api.Request("llama-3.1-8b", gpu="H100-80GB", seq=4096, stack="megatron", reserve=2.5)
+    section = build_report(req, gpus=8, trace=False, global_batch_tokens=1e6).split("id='plan'")[1]
+    command = html.unescape(re.search(r"<code>(trainfit plan [^<]*)</code>", section).group(1))
+    code, out, err = cli(*shlex.split(command)[1:], "--json")
+    assert code == 0, err
+    keys = ("stack", "dp", "tp", "pp", "zero", "batch", "grad_accum", "recompute", "precision", "seq")
+    planned = [tuple(c["setup"][k] for k in keys) for c in json.loads(out)["candidates"]]
+    shown, _ = plan_candidates(req, 8, 1e6)
+    assert planned == [tuple(c["setup"][k] for k in keys) for c in shown]
+    assert {p[0] for p in planned} == {"megatron"} and {p[-1] for p in planned} == {4096}
 
 
 def test_report_trace_refusal_names_reports_own_flag(cli, tmp_path):

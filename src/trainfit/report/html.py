@@ -329,9 +329,29 @@ def _plan(req: api.Request, gpus: int | None, global_batch_tokens: float | None 
                        fmt_count(t["tokens_per_second"]) if t.get("tokens_per_second") else ""])
     table = _table([k.replace("_", "-") for k in keys] + ["peak", "step time", "tokens/s"], rows)
     return (f"<section id='plan'><h2>Plan for {gpus} × {escape(req.gpu or 'GPU')}</h2>"
-            f"<p class='note'>Fastest configurations that fit, ranked by tokens/s (<code>trainfit plan {escape(req.model)} "
-            f"--gpu {escape(req.gpu)} --gpus {gpus}</code> shows each time term and writes launch configs).</p>{unused}"
-            f"{table}</section>")
+            f"<p class='note'>Fastest configurations that fit, ranked by tokens/s (<code>"
+            f"{escape(plan_command(req, gpus, global_batch_tokens))}</code> shows each time term and writes launch "
+            f"configs).</p>{unused}{table}</section>")
+
+
+def plan_command(req: api.Request, gpus: int, global_batch_tokens: float | None = None) -> str:
+    """The `trainfit plan` command of the plan section: the settings plan_candidates hands the planner, each as plan's
+    own flag where it is not the default."""
+    import shlex
+
+    from ..setup import BY_NAME
+
+    def text(v) -> str:  # (a count as digits: 1e+06 is no number plan's parse_count reads)
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+    argv = ["trainfit", "plan", req.model, "--gpu", req.gpu, "--gpus", str(gpus)]
+    if global_batch_tokens is not None:
+        argv += ["--global-batch-tokens", text(global_batch_tokens)]
+    for name in ("seq", "stack", "precision", "optimizer", "reserve", "tokens", *GPU_SETTINGS):
+        value = getattr(req, name)
+        if name not in ("gpu", "price") and value != BY_NAME[name].request_default:
+            argv += [BY_NAME[name].flag, text(value)]
+    return shlex.join(argv)
 
 
 # ---- the page ------------------------------------------------------------------------------------------
