@@ -494,3 +494,21 @@ def test_check_json_of_a_deepspeed_config_is_json_alone(tmp_path):
     out = subprocess.run([sys.executable, "-m", "trainfit.cli", "check", str(path), "--model", "tiny-llama", "--dp", "2",
                           "--json"], capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["setup"]["zero"] == 2
+
+
+@pytest.mark.parametrize("text, same_as", [
+    # vLLM's FlexibleArgumentParser.parse_args (vllm/utils/argparse_utils.py) turns a flag's underscores into dashes
+    # before argparse: `vllm serve m --max_model_len 8192` runs at 8192 (before: listed as unknown, estimated at the
+    # model's whole length)
+    ("vllm serve m --max_model_len 8192 --gpu_memory_utilization=0.8 --tensor_parallel_size 2",
+     "vllm serve m --max-model-len 8192 --gpu-memory-utilization 0.8 --tensor-parallel-size 2"),
+    # and merges a JSON flag's dotted keys into its object (--speculative-config.model M: before, unknown)
+    ("vllm serve m --speculative-config.model d --speculative_config.num_speculative_tokens 4",
+     "vllm serve m --speculative-config '{\"model\": \"d\", \"num_speculative_tokens\": 4}'"),
+])
+def test_vllm_flags_spelt_as_its_flexible_parser_takes_them(tmp_path, text, same_as):
+    (tmp_path / "a.sh").write_text(text + "\n")
+    (tmp_path / "b.sh").write_text(same_as + "\n")
+    got, want = read(tmp_path / "a.sh"), read(tmp_path / "b.sh")
+    assert not got.unknown, got.unknown
+    assert (got.values, got.not_modelled) == (want.values, want.not_modelled)

@@ -74,10 +74,56 @@ def account(r: Reading, rest: list[str], no_effect, effect, aliases: dict | None
                              "to read it)")
 
 
+def flexible(argv: list[str], source: str) -> list[str]:
+    """argv as vLLM's FlexibleArgumentParser.parse_args rewrites it before argparse (vllm/utils/argparse_utils.py):
+    a flag's underscores are dashes up to its first '.' (--max_model_len is --max-model-len), and the dotted form of
+    a JSON flag (--speculative-config.model M, --x.y=v, --x.list+ a,b) is merged into one --x '{...}' at the end, each
+    value JSON, else a human-readable int, else text."""
+    out: list[str] = []
+    dicts: dict[str, dict] = {}
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            head, dot, tail = key[2:].partition(".")
+            arg = "--" + head.replace("_", "-") + dot + tail + eq + value
+        if not (arg.startswith("-") and "." in arg.partition("=")[0]):
+            out.append(arg)
+            continue
+        key, eq, value = arg.partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise SetupError(f"{source}: {key} expects a value after it, as vLLM reads it")
+            value, skip = argv[i + 1], True
+        if key.endswith("+"):
+            key, value = key[:-1], json.dumps(value.split(","))
+        name, *keys = key.split(".")
+        try:
+            v = json.loads(value)
+        except ValueError:
+            try:
+                v = human_readable_int(value)
+            except (ValueError, argparse.ArgumentTypeError):
+                v = value
+        node = dicts.setdefault(name, {})
+        for k in keys[:-1]:
+            if not isinstance(node.get(k), dict):
+                node[k] = {}
+            node = node[k]
+        last = keys[-1] if keys else ""
+        node[last] = node[last] + v if isinstance(v, list) and isinstance(node.get(last), list) else v
+    for name, d in dicts.items():
+        out += [name, json.dumps(d)]
+    return out
+
+
 def read(path: Path, text: str, dp: int | None = None) -> Reading:
     _, argv = split(text, str(path), lambda w: w == "serve")
     r = Reading(f"{path} (vLLM 0.33 serve flags, argparse)")
-    a, rest = parse_flags(parser(), argv, path)
+    a, rest = parse_flags(parser(), flexible(argv, str(path)), path)
     r.model = a.model or a.model_tag
     r.set("mode", "serve", "vllm serve")
     r.set("server", "vllm", "vllm serve")
