@@ -169,6 +169,9 @@ def test_emitted_command_checks_back_with_nothing_not_modelled(tmp_path, capsys,
     # human-readable --max-model-len (lowercase decimal, uppercase binary: argparse_utils.py human_readable_int)
     ("vllm serve m -tp 2 -pp 2 --max-model-len 32k -dp 2", dict(tp=2, pp=2, max_model_len=32000)),
     ("vllm serve m --tensor-parallel-size 4 --max-model-len 32K", dict(tp=4, max_model_len=32768)),
+    # --max-num-batched-tokens is one too (engine/arg_utils.py _compute_kwargs; before: refused, "invalid int value")
+    ("vllm serve m --max-num-batched-tokens 8k --max-model-len 4K", dict(max_num_batched_tokens=8000,
+                                                                       max_model_len=4096)),
     # SGLang's ServerArgs spellings, and --tp by launch_server's argparse prefix matching
     ("python -m sglang.launch_server --model-path m --tp 2 --dp 2", dict(tp=2)),
     ("python -m sglang.launch_server --model-path m --tensor-parallel-size 4 --pp-size 2", dict(tp=4, pp=2)),

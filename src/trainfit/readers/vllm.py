@@ -40,7 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", type=int)
     p.add_argument("--pipeline-parallel-size", "-pp", type=int)
     p.add_argument("--max-model-len", type=human_readable_int)  # (EngineArgs reads it with human_readable_int)
-    for f in ("max-num-batched-tokens", "max-num-seqs", "block-size"):
+    # (--max-num-batched-tokens too: engine/arg_utils.py _compute_kwargs, name in ("max_num_batched_tokens",
+    # "kv_cache_memory_bytes") -> human_readable_int)
+    p.add_argument("--max-num-batched-tokens", type=human_readable_int)
+    for f in ("max-num-seqs", "block-size"):
         p.add_argument(f"--{f}", type=int)
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--kv-cache-memory-bytes", type=human_readable_int)  # (a size: EngineArgs' human_readable_int)
