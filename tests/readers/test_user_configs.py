@@ -46,6 +46,23 @@ def test_trainer_arguments_fsdp_checkpointing_beside_gradient_checkpointing_is_r
     assert code == 2 and "can't both be set to True" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("keys, tf32", [
+    ("tf32: true\n", True),  # training_args.py:1677-1680: enable_tf32(True)
+    ("torch_compile: true\n", True),  # :1664-1672: compiled, tf32 unset, neither bf16 nor fp16: TF32 on
+    ("torch_compile: true\ntf32: false\n", False),
+    ("", False),
+])
+def test_trainer_arguments_tf32_is_read_where_the_trainer_turns_it_on(tmp_path, keys, tf32):
+    """An fp32 TrainingArguments with tf32: true runs its matmuls on TF32 tensor cores (transformers 5.24.0
+    training_args.py:1664-1680); check listed tf32 as not modelled and estimated fp32 matmuls at the GPU's fp32
+    rate, though --tf32 models it (its help names TrainingArguments tf32=True)."""
+    path = tmp_path / "args.yaml"
+    path.write_text("output_dir: out\nper_device_train_batch_size: 2\n" + keys)
+    s, (r,) = _setup([path])
+    assert (s.precision, s.tf32) == ("fp32", tf32)
+    assert not any(x.startswith("tf32") for x in r.not_modelled), r.not_modelled
+
+
 def test_trainer_arguments_with_use_liger_kernel_read_as_trainer_arguments(tmp_path):
     """use_liger_kernel is a TrainingArguments field (transformers 5.24 training_args.py:957): such a file was read
     as TRL's SFTConfig, with TRL's defaults (gradient checkpointing on, max_length 1024, its chunked LM head) the

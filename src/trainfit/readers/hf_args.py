@@ -87,6 +87,11 @@ def apply(r: Reading, a, raw: dict, ds, bf16_default: bool = False) -> None:
     if ds is None:  # with DeepSpeed its own config's bf16/fp16 block decides (integrations/deepspeed.py)
         r.set("stack", "hf", "TrainingArguments")
         r.set("precision", "amp-bf16" if bf16 else "amp-fp16" if raw.get("fp16") else "fp32", "bf16/fp16")
+        # TF32 matmuls (trainfit --tf32, fp32 only): tf32 true turns them on, and so does torch_compile with tf32
+        # unset and neither bf16 nor fp16 (transformers 5.24.0 training_args.py:1664-1680, enable_tf32)
+        compiled = raw.get("tf32") is None and a.torch_compile
+        if not bf16 and not raw.get("fp16") and ("tf32" in raw or compiled):
+            r.set("tf32", raw.get("tf32") is True or compiled, "tf32" if "tf32" in raw else "torch_compile")
     else:
         names_deepspeed(r, ds)
     # gradient_checkpointing, renamed activation_checkpointing in transformers 5.24 (training_args.py:1541 warns)
@@ -124,7 +129,7 @@ def leftovers(r: Reading, raw: dict, mapped, no_effect: tuple = (), effect: dict
     """Every key of `raw` not in `mapped`: no effect, not modelled (with its effect), or unknown."""
     effect = {**EFFECT, **(effect or {})}
     for k, v in raw.items():
-        if k in mapped or k in MAPPED:
+        if k in mapped or k in MAPPED or (k == "tf32" and "tf32" in r.values):
             continue
         if any(k.startswith(p) for p in NO_EFFECT_PREFIX) or k in no_effect:
             r.skip(k, v, "no effect on a step's memory or time")
