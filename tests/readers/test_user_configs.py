@@ -189,6 +189,33 @@ def test_a_deepspeed_optimizer_block_is_listed_as_changing_memory_not_as_without
     assert not r.unknown and "zero_allow_untested_optimizer" in r.no_effect
 
 
+@pytest.mark.parametrize("blocks, want", [
+    ('"offload_param": {"device": "cpu"}', "none"),  # the optimizer states stay on the GPU: listed, not offloaded
+    ('"offload_optimizer": {"device": "cpu"}', "optimizer"),
+    ('"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}', "params"),
+])
+def test_deepspeed_offload_param_alone_keeps_the_optimizer_states_on_the_gpu(tmp_path, blocks, want):
+    """DeepSpeed's ZeRO-3 offloads parameters and optimizer states by two switches (runtime/zero/stage3.py:824-831);
+    trainfit's --offload params is the pair (ZeRO-Infinity). offload_param alone was read as --offload params: the
+    optimizer states (fp32 master, m, v) counted in host memory while DeepSpeed keeps them on the GPU."""
+    import json
+
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    text = ('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true}, '
+            '"zero_optimization": {"stage": 3, ' + blocks + '}}')
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    z = DeepSpeedConfig(json.loads(text)).zero_config  # DeepSpeed's own reading of the two switches
+    on_host = [b for b in (z.offload_optimizer, z.offload_param)
+               if b is not None and str(getattr(b.device, "value", b.device)) == "cpu"]
+    s, (r,) = _setup([path], dp=8)
+    assert s.offload == want
+    assert (want == "none") == (len(on_host) == 1 and z.offload_optimizer is None)
+    listed = [x for x in r.not_modelled if x.startswith("zero_optimization.offload_param")]
+    assert bool(listed) == (want == "none"), r.not_modelled
+
+
 MEGATRON_MOE = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "
                 "--num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 "
                 "--use-distributed-optimizer --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 "

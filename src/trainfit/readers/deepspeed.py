@@ -242,7 +242,11 @@ def _settings(cfg, raw: dict, r: Reading, auto: list) -> None:
     opt = getattr(z.offload_optimizer, "device", None) if z.offload_optimizer else None
     par = getattr(z.offload_param, "device", None) if z.offload_param else None
     opt, par = (str(getattr(x, "value", x)) if x is not None else "none" for x in (opt, par))
-    if par != "none":
+    if par != "none" and opt == "none":  # the optimizer states stay on the GPU (stage3.py:824-831: two switches)
+        r.skip("zero_optimization.offload_param", par, "less GPU memory: the 16-bit parameter partitions in host "
+               "memory; trainfit's --offload params also moves the optimizer's (ZeRO-Infinity with "
+               "offload_optimizer), so none is modelled here")
+    elif par != "none":
         r.set("offload", "params", "zero_optimization.offload_param")
     elif opt != "none":
         r.set("offload", "optimizer", "zero_optimization.offload_optimizer")
