@@ -216,6 +216,33 @@ def test_deepspeed_offload_param_alone_keeps_the_optimizer_states_on_the_gpu(tmp
     assert bool(listed) == (want == "none"), r.not_modelled
 
 
+@pytest.mark.parametrize("checkpointing, want", [("false", "none"), ("true", "full")])
+def test_deepspeed_activation_checkpointing_block_under_the_hf_trainer(tmp_path, checkpointing, want):
+    """A ds_config.json with DeepSpeed's activation_checkpointing block (a common template) read with
+    TrainingArguments of gradient_checkpointing: false was refused ('sets recompute = none, ... sets full: make them
+    agree'), though the run is valid and checkpoints nothing: DeepSpeed's engine never applies the block and
+    transformers never calls deepspeed.checkpointing (neither names it), so gradient_checkpointing decides."""
+    import pathlib
+
+    import deepspeed.runtime.engine as engine
+    import transformers
+
+    assert "activation_checkpointing_config" not in pathlib.Path(engine.__file__).read_text()
+    here = pathlib.Path(transformers.__file__).parent  # (its DeepSpeed integration, the Trainer, the models' base)
+    files = [*here.glob("integrations/*.py"), *here.glob("trainer*.py"), here / "modeling_utils.py"]
+    assert not any("deepspeed.checkpointing" in f.read_text(errors="replace") for f in files)
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", '
+                  '"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}, '
+                  '"activation_checkpointing": {"partition_activations": true}}')
+    args = tmp_path / "args.yaml"
+    args.write_text(f"output_dir: out\nper_device_train_batch_size: 2\nbf16: true\n"
+                    f"gradient_checkpointing: {checkpointing}\ndeepspeed: {ds}\n")
+    s, (_, r) = _setup([args, ds], dp=8)
+    assert (s.stack, s.zero, s.recompute) == ("deepspeed", 3, want)
+    assert "activation_checkpointing" in r.no_effect and not r.not_modelled, r.not_modelled
+
+
 MEGATRON_MOE = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "
                 "--num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 "
                 "--use-distributed-optimizer --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 "

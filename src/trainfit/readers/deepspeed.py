@@ -58,6 +58,8 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     cfg = parse({k: v for k, v in raw.items() if v != "auto"} | amp | (
         {"zero_optimization": {k: v for k, v in zraw.items() if v != "auto"}} if zraw else {}), r, str(path))
     r.together.append(lambda readings: _fill(r, auto, cfg, raw, readings))
+    if "activation_checkpointing" in raw:
+        r.together.append(lambda readings: _trainer_checkpoints(r, readings))
     _settings(cfg, raw, r, auto)
     facts = get_stack("deepspeed")
     for k, v in raw.items():
@@ -138,6 +140,19 @@ def _fill(r: Reading, auto: list, cfg, raw: dict, readings: list) -> None:
         raise SetupError(f"{r.source}: bf16 and fp16 are both enabled once TrainingArguments fill 'auto': DeepSpeed "
                          "rejects it (bfloat16 and fp16 modes cannot be simultaneously enabled)")
     r.set("precision", _precision(bf16, fp16), "bf16/fp16.enabled")
+
+
+def _trainer_checkpoints(r: Reading, readings: list) -> None:
+    """Under the HF Trainer (a TrainingArguments-style reading with `r`) the activation_checkpointing block has no
+    effect: DeepSpeed's engine never applies it (runtime/engine.py: only deepspeed.checkpointing's own callers do, as
+    Megatron-DeepSpeed) and transformers never calls deepspeed.checkpointing; the model checkpoints by
+    TrainingArguments' gradient_checkpointing (torch.utils.checkpoint), which decides --recompute."""
+    if not any(o.fills for o in readings if o is not r):
+        return
+    r.values.pop("recompute", None)
+    r.not_modelled = [x for x in r.not_modelled if not x.startswith("activation_checkpointing.")]
+    r.skip("activation_checkpointing", "…", "no effect under the HF Trainer: TrainingArguments' "
+           "gradient_checkpointing decides")
 
 
 def _match(r: Reading, raw: dict, trainer: Reading) -> None:
