@@ -96,6 +96,16 @@ def load(path: str | Path) -> dict:
                 raise SnapshotError(f"{path}: segment {i} block {j}'s frames are not a list of frames (each a dict "
                                     "of filename, line, name: torch/cuda/memory.py Frame): save the snapshot again "
                                     f"with {how}")
+    traces = data.get("device_traces") or []
+    if not (isinstance(traces, list) and all(isinstance(t, list) and all(isinstance(e, dict) for e in t)
+                                             for t in traces)):
+        raise SnapshotError(f"{path}: its device_traces are not a list of each device's list of entries (dicts: "
+                            f"torch/cuda/memory.py Snapshot, TraceEntry): save the snapshot again with {how}")
+    for e in (e for t in traces for e in t if e.get("action") == "oom"):  # (the entries explain reads)
+        for k in ("size", "device_free"):
+            if e.get(k) is not None and not _is_size(e[k]):
+                raise SnapshotError(f"{path}: an oom entry's {k} is {e[k]!r:.40}, not a byte count (an int >= 0: "
+                                    f"torch/cuda/memory.py TraceEntry): save the snapshot again with {how}")
     return data
 
 

@@ -78,6 +78,23 @@ def test_explain_compares_with_the_prediction_and_names_what_frees_most(cli, tmp
     assert frees == sorted(frees, reverse=True) and frees[0] > 0
 
 
+@pytest.mark.parametrize("traces, says", [
+    ([{"action": "oom"}], "device_traces are not a list of each device's list"),  # (AttributeError before)
+    (5, "device_traces are not a list of each device's list"),  # (TypeError before)
+    ([["oom"]], "device_traces are not a list of each device's list"),
+    ([[{"action": "oom", "size": "3 MiB", "device_free": 0}]], "an oom entry's size is '3 MiB', not a byte count"),
+])
+def test_device_traces_not_as_torch_writes_them_are_one_line_and_exit_2(cli, tmp_path, traces, says):
+    """torch/cuda/memory.py Snapshot: device_traces is a List[List[TraceEntry]], an oom entry's size and device_free
+    byte counts; anything else was a traceback (exit 1)."""
+    snap = _one_segment([(MiB, "active_allocated")])
+    snap["device_traces"] = traces
+    path = tmp_path / "x.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, err = cli("explain", str(path))
+    assert code == 2 and out == "" and says in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("content, says", [
     (b"not a pickle at all", "not a PyTorch memory snapshot pickle"),
     (pickle.dumps({"blocks": []}), "no 'segments' list"),
