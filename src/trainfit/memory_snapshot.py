@@ -46,6 +46,7 @@ from .references import not_a_file
 TENSOR_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "inputs_and_other",
                      "unattributed")
 ALLOCATOR_CATEGORIES = ("rounding", "fragmented", "cached", "awaiting_free")
+STATES = ("active_allocated", "active_awaiting_free", "inactive")  # a block's (torch/cuda/memory.py Block)
 
 
 class _DataOnly(pickle.Unpickler):
@@ -91,6 +92,22 @@ def load(path: str | Path) -> dict:
                 v = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "…"
                 raise SnapshotError(f"{path}: {what} is {v}, not a byte count (an int >= 0: torch/cuda/memory.py "
                                     f"Segment, Block): save the snapshot again with {how}")
+        for j, b in enumerate(s["blocks"]):
+            # the block's own invariants (memory.py Block): one of the allocator's three states, rounded up from the
+            # request, inside its segment; else the categories come out negative or above what is reserved
+            if b["state"] not in STATES:
+                raise SnapshotError(f"{path}: segment {i} block {j}'s state is {b['state']!r:.40}, not one of "
+                                    f"{', '.join(STATES)} (torch/cuda/memory.py Block): save the snapshot again with "
+                                    f"{how}")
+            if b.get("requested_size", 0) > b["size"]:
+                raise SnapshotError(f"{path}: segment {i} block {j}'s requested_size {b['requested_size']} is above "
+                                    f"its size {b['size']} (the allocator rounds requests up: torch/cuda/memory.py "
+                                    f"Block): save the snapshot again with {how}")
+        split = sum(b["size"] for b in s["blocks"])
+        if split != s["total_size"]:  # (torch's own reader asserts it: _memory_viz.py segsum, "Segment size mismatch")
+            raise SnapshotError(f"{path}: segment {i}'s blocks add up to {split} bytes, not its total_size "
+                                f"{s['total_size']} (a segment is split into its blocks: torch/cuda/memory.py "
+                                f"Segment): save the snapshot again with {how}")
         for j, b in enumerate(s["blocks"]):
             if not _are_frames(b.get("frames", [])):
                 raise SnapshotError(f"{path}: segment {i} block {j}'s frames are not a list of frames (each a dict "

@@ -95,6 +95,29 @@ def test_device_traces_not_as_torch_writes_them_are_one_line_and_exit_2(cli, tmp
     assert code == 2 and out == "" and says in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("change, says", [
+    # torch/cuda/memory.py Block: one of three states (an unknown one was counted as a cached free block)
+    (lambda b, seg: b.update(state="allocated"), "block 0's state is 'allocated', not one of active_allocated"),
+    # requested_size <= size (a larger request gave a negative rounding, -3.50 KiB)
+    (lambda b, seg: b.update(size=512, requested_size=4096), "block 0's requested_size 4096 is above its size 512"),
+    # the blocks split their segment (more than it gave allocated 4.00 KiB of 1.00 KiB reserved)
+    (lambda b, seg: seg.update(total_size=1024), "segment 0's blocks add up to 4096 bytes, not its total_size 1024"),
+])
+def test_blocks_outside_the_allocators_invariants_are_refused(cli, tmp_path, change, says):
+    from torch.cuda._memory_viz import segsum
+
+    snap = _one_segment([(4096, "active_allocated")])
+    change(snap["segments"][0]["blocks"][0], snap["segments"][0])
+    path = tmp_path / "x.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, err = cli("explain", str(path))
+    assert code == 2 and out == "" and says in err and len(err.strip().splitlines()) == 1, err
+    if "total_size" in says:  # torch's own reader refuses it too
+        snap["segments"][0]["stream"] = 0
+        with pytest.raises(AssertionError, match="Segment size mismatch"):
+            segsum(snap)
+
+
 @pytest.mark.parametrize("content, says", [
     (b"not a pickle at all", "not a PyTorch memory snapshot pickle"),
     (pickle.dumps({"blocks": []}), "no 'segments' list"),
