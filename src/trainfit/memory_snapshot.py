@@ -84,6 +84,9 @@ def load(path: str | Path) -> dict:
                 and all(isinstance(b, dict) and "size" in b and "state" in b for b in s["blocks"])):
             raise SnapshotError(f"{path}: a segment lacks total_size or blocks with size and state: not the format of "
                                 f"{how} (torch/cuda/memory.py Segment, Block)")
+        if "device" in s and not _is_size(s["device"]):  # (a CUDA device index: memory_snapshot.cpp)
+            raise SnapshotError(f"{path}: segment {i}'s device is {s['device']!r:.40}, not a CUDA device index (an "
+                                f"int >= 0): save the snapshot again with {how}")
         sizes = [(f"segment {i}'s total_size", s["total_size"])] + [
             (f"segment {i} block {j}'s {k}", b[k]) for j, b in enumerate(s["blocks"])
             for k in ("size", "requested_size") if k in b]
@@ -189,11 +192,21 @@ def _kind(frames: list[dict]) -> str:
 
 
 def explain(data: dict) -> Explained:
-    """Attribute every reserved byte of snapshot `data` (load's dict) to a category (module docstring)."""
+    """Attribute every reserved byte of snapshot `data` (load's dict) to a category (module docstring). A snapshot of
+    a process using several GPUs holds each one's segments (each segment names its device: torch/csrc/cuda/
+    memory_snapshot.cpp segmentInfoToDict): the GPU that reserved the most is explained, as one GPU is predicted."""
+    reserved_on = Counter()
+    for s in data["segments"]:
+        reserved_on[s.get("device", 0)] += s["total_size"]
+    device = max(reserved_on, key=lambda d: reserved_on[d]) if len(reserved_on) > 1 else None
+    segments = [s for s in data["segments"] if device is None or s.get("device", 0) == device]
+    traces = data.get("device_traces") or []
+    if device is not None:  # (device_traces: one list per device, by index)
+        traces = [traces[device]] if isinstance(device, int) and 0 <= device < len(traces) else []
     out = Counter({k: 0 for k in TENSOR_CATEGORIES + ALLOCATOR_CATEGORIES})
     sites: Counter = Counter()
     blocks, framed, allocated = [], 0, 0
-    for s in data["segments"]:
+    for s in segments:
         # allocated means state "active_allocated" only, as torch 2.13 torch/cuda/_memory_viz.py:219 (calc_active) and
         # :274 (segsum) count it; "inactive" and "active_awaiting_free" are not (memory.py:1065-1069)
         live = any(b["state"] == "active_allocated" for b in s["blocks"])
@@ -217,13 +230,19 @@ def explain(data: dict) -> Explained:
                 weights[requested] -= 1
         out[kind] += requested
         sites[(_where(frames) or "(no frames)", kind)] += requested
-    reserved = sum(s["total_size"] for s in data["segments"])
-    ooms = [e for trace in data.get("device_traces") or [] for e in trace or [] if e.get("action") == "oom"]
+    reserved = sum(s["total_size"] for s in segments)
+    ooms = [e for trace in traces for e in trace or [] if e.get("action") == "oom"]
     ex = Explained(reserved=reserved, allocated=allocated, bytes=dict(out),
                    by_site=sorted(((w, k, n) for (w, k), n in sites.items()), key=lambda x: -x[2]),
-                   segments=len(data["segments"]), blocks=len(blocks),
+                   segments=len(segments), blocks=len(blocks),
                    with_frames=framed / allocated if allocated else 0.0,
                    oom={"size": ooms[-1].get("size"), "device_free": ooms[-1].get("device_free")} if ooms else None)
+    if device is not None:
+        from .units import fmt_bytes
+
+        others = ", ".join(f"cuda:{d} {fmt_bytes(n)}" for d, n in sorted(reserved_on.items()) if d != device)
+        ex.notes.append(f"the snapshot holds {len(reserved_on)} GPUs' segments: cuda:{device} is explained (it "
+                        f"reserved the most, {fmt_bytes(reserved)}); the others reserved {others}")
     if allocated and ex.with_frames < 0.5:
         ex.notes.append("most blocks carry no frames: call torch.cuda.memory._record_memory_history() before "
                         "building the model, so the snapshot says what allocated each block")

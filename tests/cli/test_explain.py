@@ -118,6 +118,29 @@ def test_blocks_outside_the_allocators_invariants_are_refused(cli, tmp_path, cha
             segsum(snap)
 
 
+def test_a_snapshot_of_several_gpus_explains_one(cli, tmp_path):
+    """torch writes each segment's device (torch/csrc/cuda/memory_snapshot.cpp segmentInfoToDict) and one trace per
+    device: a process on two GPUs (device_map="auto") gave reserved 4.00 GiB, the two GPUs summed, against a
+    prediction per GPU. The GPU that reserved the most is explained, with its own trace's OOM; the other is named."""
+    def seg(device, n):
+        return {"device": device, "total_size": n, "blocks": [{"size": n, "requested_size": n,
+                                                               "state": "active_allocated", "frames": []}]}
+
+    snap = {"segments": [seg(0, 1 << 30), seg(1, 3 << 30)],
+            "device_traces": [[], [{"action": "oom", "size": 1 << 30, "device_free": MiB}]]}
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, _ = cli("explain", str(path), "--json")
+    d = json.loads(out)
+    assert code == 0 and (d["reserved"], d["allocated"], d["segments"]) == (3 << 30, 3 << 30, 1)
+    assert d["oom"] == {"size": 1 << 30, "device_free": MiB}
+    assert any("cuda:1 is explained" in n and "cuda:0 1.00 GiB" in n for n in d["notes"]), d["notes"]
+    snap["segments"][0]["device"] = "cuda:0"
+    path.write_bytes(pickle.dumps(snap))
+    code, out, err = cli("explain", str(path))
+    assert code == 2 and "segment 0's device is 'cuda:0'" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("content, says", [
     (b"not a pickle at all", "not a PyTorch memory snapshot pickle"),
     (pickle.dumps({"blocks": []}), "no 'segments' list"),
