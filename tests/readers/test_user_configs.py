@@ -243,6 +243,37 @@ def test_deepspeed_activation_checkpointing_block_under_the_hf_trainer(tmp_path,
     assert "activation_checkpointing" in r.no_effect and not r.not_modelled, r.not_modelled
 
 
+TITAN = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 8\nseq_len = 2048\n'
+         'global_batch_size = {g}\n[parallelism]\ndata_parallel_shard_degree = 4\n{pp}')
+
+
+@pytest.mark.parametrize("g, pp, want", [
+    # by hand, as torchtitan's train.py:196-215 computes it: accumulation = global / (local 8 × dp 4)
+    (64, "", (8, 2, None)),
+    # with PP each local batch is one 1F1B schedule of local / micro = 4 micro-batches, run 128 / 32 = 4 times
+    # (train_step's loop, train.py:561): listed (before: dropped without a word, the step time 4x short)
+    (128, "pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 2\n", (2, 4, "time: 4 local batches")),
+    (32, "pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 2\n", (2, 4, None)),
+])
+def test_torchtitan_global_batch_accumulates_as_train_py_does(tmp_path, g, pp, want):
+    path = tmp_path / "job.toml"
+    path.write_text(TITAN.format(g=g, pp=pp))
+    s, (r,) = _setup([path], model=None)
+    listed = [x for x in r.not_modelled if x.startswith("training.global_batch_size")]
+    assert (s.batch, s.grad_accum) == want[:2]
+    assert (want[2] in listed[0]) if want[2] else not listed, r.not_modelled
+
+
+@pytest.mark.parametrize("g", [100, 16])
+def test_torchtitan_global_batch_torchtitan_refuses_is_refused(tmp_path, cli, g):
+    """train.py:201-209 asserts global_batch_size % (local × dp) == 0: 100 and 16 against 8 × 4 (before: read as
+    accumulation 3 and 1, a run torchtitan does not start)."""
+    path = tmp_path / "job.toml"
+    path.write_text(TITAN.format(g=g, pp=""))
+    code, _, err = cli("check", str(path))
+    assert code == 2 and "torchtitan refuses it (train.py:201-209)" in err and len(err.strip().splitlines()) == 1
+
+
 MEGATRON_MOE = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "
                 "--num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 "
                 "--use-distributed-optimizer --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import SetupError
 from ..analytic.torchao_recipes import MX_RECIPES
-from . import Reading
+from . import Reading, _file
 from .cmdline import launcher_world, split
 
 # keys (section.key) the settings are read from (the writer's keys: emit_torchtitan.TORCHTITAN_KEYS, and these)
@@ -250,6 +250,16 @@ def _settings(cfg, r: Reading, keys: dict, world: int | None, dp: int | None) ->
     if p.expert_parallel_degree > 1:
         r.set("ep", p.expert_parallel_degree, "parallelism.expert_parallel_degree")
         r.set("etp", p.expert_tensor_parallel_degree, "parallelism.expert_tensor_parallel_degree")
+    # train.py:196-215: global_batch_size a multiple of local × the data-parallel degree (asserted), the step
+    # accumulating global / (local × dp) local batches (train_step's loop, :561), each pipelined when pp > 1
+    accum = 1
+    if t.global_batch_size > 0 and shard is not None:
+        per = t.local_batch_size * shard * replicate
+        if t.global_batch_size % per:
+            raise SetupError(f"{_file(r)}: training.global_batch_size {t.global_batch_size} is not a multiple of "
+                             f"local_batch_size {t.local_batch_size} × data-parallel degree {shard * replicate}: "
+                             "torchtitan refuses it (train.py:201-209)")
+        accum = t.global_batch_size // per
     if pp > 1:  # one local batch = grad_accum micro-batches of the 1F1B schedule (pipeline_parallel.py:186-199)
         if p.pipeline_parallel_schedule != "1F1B":
             r.skip("parallelism.pipeline_parallel_schedule", p.pipeline_parallel_schedule,
@@ -257,11 +267,13 @@ def _settings(cfg, r: Reading, keys: dict, world: int | None, dp: int | None) ->
         micro = p.pipeline_parallel_microbatch_size
         r.set("batch", micro, "parallelism.pipeline_parallel_microbatch_size")
         r.set("grad_accum", t.local_batch_size // micro, "training.local_batch_size")
-    else:  # train.py:196-215: accumulation = global / (local × dp)
+        if accum > 1:  # a schedule per local batch, run `accum` times: not one schedule of all the micro-batches
+            r.skip("training.global_batch_size", t.global_batch_size, f"time: {accum} local batches accumulated, "
+                   f"each its own pipeline schedule; the step time is {accum}× the one estimated")
+    else:
         r.set("batch", t.local_batch_size, "training.local_batch_size")
         if t.global_batch_size > 0 and shard is not None:
-            r.set("grad_accum", max(1, t.global_batch_size // (t.local_batch_size * (shard * replicate))),
-                  "training.global_batch_size")
+            r.set("grad_accum", accum, "training.global_batch_size")
     r.set("recompute", _recompute(ac), "activation_checkpoint.mode")
     if cfg.compile.enable:
         components = list(cfg.compile.components)
