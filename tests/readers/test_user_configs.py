@@ -264,14 +264,20 @@ def test_torchtitan_global_batch_accumulates_as_train_py_does(tmp_path, g, pp, w
     assert (want[2] in listed[0]) if want[2] else not listed, r.not_modelled
 
 
-@pytest.mark.parametrize("g", [100, 16])
-def test_torchtitan_global_batch_torchtitan_refuses_is_refused(tmp_path, cli, g):
+@pytest.mark.parametrize("g, pp, why", [
+    (100, "", "train.py:201-209"), (16, "", "train.py:201-209"),
+    # a local batch of 8 in pipeline micro-batches of 3 (before: read as 2 micro-batches)
+    (-1, "pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 3\n", "pipeline_parallel.py:189-193"),
+])
+def test_torchtitan_global_batch_torchtitan_refuses_is_refused(tmp_path, cli, g, pp, why):
     """train.py:201-209 asserts global_batch_size % (local × dp) == 0: 100 and 16 against 8 × 4 (before: read as
-    accumulation 3 and 1, a run torchtitan does not start)."""
+    accumulation 3 and 1, a run torchtitan does not start); distributed/pipeline_parallel.py:189-193 raises when the
+    local batch is not a whole number of pipeline micro-batches."""
     path = tmp_path / "job.toml"
-    path.write_text(TITAN.format(g=g, pp=""))
+    path.write_text(TITAN.format(g=g, pp=pp))
     code, _, err = cli("check", str(path))
-    assert code == 2 and "torchtitan refuses it (train.py:201-209)" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "torchtitan refuses it (" in err and why + ")" in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 MEGATRON_MOE = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "

@@ -265,6 +265,10 @@ def _settings(cfg, r: Reading, keys: dict, world: int | None, dp: int | None) ->
             r.skip("parallelism.pipeline_parallel_schedule", p.pipeline_parallel_schedule,
                    "memory and time: trainfit models 1F1B")
         micro = p.pipeline_parallel_microbatch_size
+        if t.local_batch_size % micro:  # (distributed/pipeline_parallel.py:189-193 raises)
+            raise SetupError(f"{_file(r)}: training.local_batch_size {t.local_batch_size} is not divisible by "
+                             f"parallelism.pipeline_parallel_microbatch_size {micro}: torchtitan refuses it "
+                             "(distributed/pipeline_parallel.py:189-193)")
         r.set("batch", micro, "parallelism.pipeline_parallel_microbatch_size")
         r.set("grad_accum", t.local_batch_size // micro, "training.local_batch_size")
         if accum > 1:  # a schedule per local batch, run `accum` times: not one schedule of all the micro-batches
