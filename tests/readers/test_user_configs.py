@@ -175,6 +175,29 @@ def test_megatron_recompute_combinations_transformer_config_rejects_are_refused(
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("flags, want", [
+    ("--fp8-recipe tensorwise", "none"),  # (before: read as --low-precision tensorwise)
+    ("--fp8-format hybrid --fp8-recipe tensorwise", "tensorwise"),
+    ("--fp8-format hybrid", "delayed"),  # the recipe's default
+])
+def test_megatron_fp8_runs_only_with_a_format(tmp_path, flags, want):
+    """TransformerConfig.fp8 is --fp8-format (None by default, transformer_config.py:429-431): get_fp8_context turns
+    FP8 on from it alone (fp8_utils.py:612, need_fp8_context = config.fp8); the recipe's own default is delayed."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    argv = flags.split()
+    kw = {"fp8": argv[argv.index("--fp8-format") + 1] if "--fp8-format" in argv else None}
+    if "--fp8-recipe" in argv:
+        kw["fp8_recipe"] = argv[argv.index("--fp8-recipe") + 1]
+    config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, **kw)
+    fp8_on = bool(config.fp8)
+    sh = tmp_path / "pretrain.sh"
+    sh.write_text(MEGATRON + flags + "\n")
+    s, (r,) = _setup([sh])
+    assert s.low_precision == want and (want != "none") == fp8_on
+    assert (want == "none") == ("--fp8-recipe" in r.no_effect), r.no_effect
+
+
 def test_a_deepspeed_optimizer_block_is_listed_as_changing_memory_not_as_without_effect(tmp_path):
     """DeepSpeed builds the optimizer its block names (runtime/engine.py _configure_basic_optimizer): Lion keeps one
     state where AdamW keeps two, so the block moves the optimizer states; it was listed under 'no effect'."""

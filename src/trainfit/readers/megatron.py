@@ -220,12 +220,19 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.set("recompute_modules", ",".join(a.recompute_modules), "--recompute-modules")
     if a.cuda_graph_scope:
         r.set("cuda_graph_scope", ",".join(a.cuda_graph_scope), "--cuda-graph-scope")
-    if a.fp8_recipe or a.fp8_format:
-        r.set("low_precision", a.fp8_recipe or "delayed", "--fp8-recipe")  # arguments.py: delayed is the default
+    # FP8/FP4 run only with a format: TransformerConfig.fp8 / fp4 are --fp8-format / --fp4-format (default None;
+    # transformer_config.py:429-431, :510-512), which fp8_utils.py:612 / fp4_utils.py:131 get_fp8/fp4_context test;
+    # the recipe alone (default delayed / nvfp4, :436-438, :516) changes nothing
+    if a.fp8_format:
+        r.set("low_precision", a.fp8_recipe or "delayed", "--fp8-recipe")
         if a.fp8_format != "hybrid":
             r.skip("--fp8-format", a.fp8_format, "time: trainfit models the hybrid format")
-    if a.fp4_recipe or a.fp4_format:
+    elif a.fp8_recipe:
+        r.skip("--fp8-recipe", a.fp8_recipe, "no effect without --fp8-format (FP8 is off)")
+    if a.fp4_format:
         r.set("low_precision", a.fp4_recipe or "nvfp4", "--fp4-recipe")
+    elif a.fp4_recipe:
+        r.skip("--fp4-recipe", a.fp4_recipe, "no effect without --fp4-format (FP4 is off)")
     if a.fp8_param_gather or a.fp4_param_gather:
         r.set("fp8_all_gather", True, "--fp8-param-gather")
     if a.first_last_layers_bf16:
