@@ -165,6 +165,7 @@ def test_megatron_recompute_flags_read_as_megatron_sets_them(tmp_path, flags, wa
     ("--recompute-granularity full", "transformer_config.py:1166-1178"),
     ("--recompute-granularity full --recompute-method uniform", "transformer_config.py:1166-1178"),
     ("--recompute-granularity selective --recompute-num-layers 2", "transformer_config.py:1179-1185"),
+    ("--fp16", "transformer_config.py:915-918"),  # beside MEGATRON's --bf16 (before: read as bf16, --fp16 dropped)
 ])
 def test_megatron_recompute_combinations_transformer_config_rejects_are_refused(tmp_path, cli, flags, says):
     """megatron-core 0.16.1 TransformerConfig raises on these (transformer_config.py:1161-1185); check took full

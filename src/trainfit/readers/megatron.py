@@ -210,6 +210,9 @@ def _settings(a, r: Reading, world: int | None) -> None:
         r.set("zero", zero, "--data-parallel-sharding-strategy")
     else:
         r.set("zero", 1 if a.use_distributed_optimizer else 0, "--use-distributed-optimizer")
+    if a.bf16 and a.fp16:  # (megatron-core 0.16.1 transformer_config.py:915-918 raises)
+        raise SetupError("--bf16 with --fp16: Megatron refuses it (Only one of self.fp16 and self.bf16 should be "
+                         "True, transformer_config.py:915-918): keep one")
     r.set("precision", "bf16-master" if a.bf16 else "fp16-master" if a.fp16 else "fp32", "--bf16/--fp16")
     if a.grad_reduce_in_bf16:
         r.set("grad_reduce_in_bf16", True, "--grad-reduce-in-bf16")
