@@ -142,6 +142,21 @@ def test_accelerate_fsdp_version_is_read_fsdp1_unless_given(tmp_path, version, w
     assert "fsdp_config.fsdp_version" not in r.no_effect
 
 
+def test_accelerate_parallelism_config_is_listed_as_run_under_fsdp2(tmp_path):
+    """`accelerate launch` runs a non-empty parallelism_config under FSDP2 (commands/launch.py:1298 turns
+    use_parallelism_config on from the file; utils/launch.py:369-392 hands its sizes to the run): it was listed as
+    'read only with its distributed_type', as if this FSDP run ignored its tp 2."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(ACCELERATE.format(version="  fsdp_version: 2\n") + "parallelism_config:\n"
+                    "  parallelism_config_dp_shard_size: 4\n  parallelism_config_tp_size: 2\n")
+    assert load_config_from_file(str(path)).parallelism_config != {}  # what launch.py:1298 tests
+    _, (r,) = _setup([path])
+    (line,) = [x for x in r.not_modelled if x.startswith("parallelism_config")]
+    assert "read only with its distributed_type" not in line and "N-d parallelism" in line, line
+
+
 MEGATRON = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
             "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer ")
 

@@ -65,7 +65,11 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     for k, v in raw.items():
         if k in ("distributed_type", "mixed_precision", "num_processes"):
             continue
-        if k in NO_EFFECT:
+        if k == "parallelism_config" and v and dist == "FSDP":  # `accelerate launch` runs it under FSDP2 when not
+            # empty (commands/launch.py:1261-1262, :1298; utils/launch.py:369-392: the PARALLELISM_CONFIG_* sizes)
+            r.skip(k, v, "memory and time: accelerate's N-d parallelism (dp_replicate × dp_shard × tp × cp); "
+                         "trainfit shards over all num_processes ranks, without TP or CP")
+        elif k in NO_EFFECT:
             if v not in (None, {}) and k.endswith("_config") and k != "fsdp_config":
                 r.skip(k, v, "read only with its distributed_type")
             elif k != "fsdp_config":
