@@ -157,6 +157,22 @@ def test_accelerate_parallelism_config_is_listed_as_run_under_fsdp2(tmp_path):
     assert "read only with its distributed_type" not in line and "N-d parallelism" in line, line
 
 
+@pytest.mark.parametrize("strategy, machines, listed", [
+    ("HYBRID_SHARD", 2, True), ("4", 2, True), ("HYBRID_SHARD", 1, False), ("FULL_SHARD", 2, False)])
+def test_accelerate_hybrid_shard_over_machines_is_listed(tmp_path, strategy, machines, listed):
+    """FSDP1's HYBRID_SHARD shards within a node and replicates across nodes (torch/distributed/fsdp/
+    _init_utils.py:201-213): over 2 machines it was read as ZeRO-3 over all 16 ranks without a word (half the
+    shard memory of the run)."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    assert ShardingStrategy.HYBRID_SHARD.value == 4  # (accelerate's number for it, utils/constants.py)
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(ACCELERATE.format(version="").replace("FULL_SHARD", strategy)
+                    .replace("num_machines: 1", f"num_machines: {machines}").replace("8", str(8 * machines)))
+    s, (r,) = _setup([path])
+    assert s.zero == 3 and any("HSDP" in x for x in r.not_modelled) == listed, r.not_modelled
+
+
 MEGATRON = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
             "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer ")
 

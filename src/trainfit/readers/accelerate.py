@@ -52,6 +52,13 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
     elif n is not None:
         r.set("dp", n, "num_processes")
     r.set("zero", _zero(fsdp) if dist == "FSDP" else 0, "fsdp_config")
+    hybrid = str(fsdp.get("fsdp_sharding_strategy", fsdp.get("fsdp_reshard_after_forward", ""))).upper()
+    if dist == "FSDP" and hybrid in ("4", "5", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2") and (cfg.num_machines or 1) > 1:
+        # torch FSDP's hybrid strategies shard within a node and replicate across nodes (torch/distributed/fsdp/
+        # _init_utils.py:161, :201-213 _init_intra_node_process_group)
+        r.not_modelled.append(f"fsdp_sharding_strategy {hybrid} over {cfg.num_machines} machines (HSDP: sharded "
+                              "within a machine, replicated across): trainfit shards over all ranks (NB: less "
+                              "memory, more gather traffic than the run)")
     if dist == "FSDP" and r.values["zero"] >= 2:
         # FSDP1 unless the config says 2: `accelerate launch --fsdp_version` defaults to "1"
         # (commands/launch.py:517-522), the config's fsdp_config filling only the keys it names (:1313-1326);
