@@ -515,3 +515,15 @@ def test_vllm_flags_spelt_as_its_flexible_parser_takes_them(tmp_path, text, same
     got, want = read(tmp_path / "a.sh"), read(tmp_path / "b.sh")
     assert not got.unknown, got.unknown
     assert (got.values, got.not_modelled) == (want.values, want.not_modelled)
+
+
+@pytest.mark.parametrize("value", ["auto", "AUTO", "-1"])
+def test_vllm_max_model_len_auto_is_listed_not_refused(tmp_path, value):
+    """vLLM takes --max-model-len auto / -1 (human_readable_int_or_auto, engine/arg_utils.py) and auto-fits the
+    length to the KV cache (v1/core/kv_cache_utils.py _auto_fit_max_model_len); check refused the command as 'a
+    flag's value does not parse (... invalid integer 'auto' ...)'. It is listed, the estimate at the model's length."""
+    path = tmp_path / "serve.sh"
+    path.write_text(f"vllm serve m --max-model-len {value} -tp 2\n")
+    r = read(path)
+    assert "max_model_len" not in r.values and r.values["tp"] == 2
+    assert any(x.startswith("--max-model-len = 'auto': not modelled") for x in r.not_modelled), r.not_modelled

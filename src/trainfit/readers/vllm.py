@@ -39,7 +39,10 @@ def parser() -> argparse.ArgumentParser:
     # (-tp, -pp: EngineArgs.add_cli_args' short aliases, engine/arg_utils.py parallel_group)
     p.add_argument("--tensor-parallel-size", "-tp", type=int)
     p.add_argument("--pipeline-parallel-size", "-pp", type=int)
-    p.add_argument("--max-model-len", type=human_readable_int)  # (EngineArgs reads it with human_readable_int)
+    # (EngineArgs reads it with human_readable_int_or_auto: -1 or auto, vLLM's auto-fit, engine/arg_utils.py
+    # _compute_kwargs; vllm/utils/argparse_utils.py)
+    p.add_argument("--max-model-len", type=lambda v: -1 if v.strip().lower() in ("auto", "-1") else
+                   human_readable_int(v))
     # (--max-num-batched-tokens too: engine/arg_utils.py _compute_kwargs, name in ("max_num_batched_tokens",
     # "kv_cache_memory_bytes") -> human_readable_int)
     p.add_argument("--max-num-batched-tokens", type=human_readable_int)
@@ -134,6 +137,10 @@ def read(path: Path, text: str, dp: int | None = None) -> Reading:
         if a.dtype not in DTYPES:
             raise SetupError(f"--dtype {a.dtype}: use auto, bfloat16, float16 or float32")
         r.set("precision", DTYPES[a.dtype], "--dtype")
+    if a.max_model_len == -1:  # v1/core/kv_cache_utils.py _auto_fit_max_model_len (original_max_model_len == -1)
+        r.skip("--max-model-len", "auto", "memory: vLLM lowers the length to what the KV cache holds where the "
+               "model's own does not fit; trainfit estimates at the model's length (give a length to set one)")
+        a.max_model_len = None
     for name, flag in (("tp", "tensor-parallel-size"), ("pp", "pipeline-parallel-size"),
                        ("max_model_len", "max-model-len"), ("max_num_batched_tokens", "max-num-batched-tokens"),
                        ("max_num_seqs", "max-num-seqs"), ("block_size", "block-size"),
