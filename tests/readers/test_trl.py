@@ -91,3 +91,35 @@ def test_bad_trl_config_is_one_line_and_exit_2(tmp_path, capsys, text, needle):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and needle in err and "\n" not in err
+
+
+
+def _check_then_estimate(cli, path, *extra):
+    """check's JSON, and `trainfit estimate`'s for the flags check prints (its "as trainfit:" line) plus `extra`."""
+    import json
+    import shlex
+
+    code, out, err = cli("check", str(path), "--model", MODEL, "--dp", "2", *extra, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    flags = [w for k, v in d["check"]["settings"].items() for w in ("--" + k.replace("_", "-"), str(v))]
+    code, plain, _ = cli("check", str(path), "--model", MODEL, "--dp", "2", *extra)
+    line = next(x for x in plain.splitlines() if x.startswith("as trainfit: "))
+    assert shlex.split(line.removeprefix("as trainfit: ")) == flags
+    code, est, err = cli("estimate", MODEL, *flags, *extra, "--json")
+    assert code == 0, err
+    return d, json.loads(est)
+
+
+GRPO = ("output_dir: out\nper_device_train_batch_size: 8\ngradient_accumulation_steps: 4\nnum_generations: 8\n"
+        "max_completion_length: 256\n")
+
+
+def test_the_flags_check_prints_for_a_grpo_config_are_flags_estimate_takes(tmp_path, cli):
+    """check printed 'as trainfit: ... --stack hf ... --mode rl ...' for a GRPOConfig, a line `trainfit estimate`
+    refuses ('--stack applies to train only, not --mode rl: drop it'): a setting that does not apply to the mode
+    (at its default, or the request refuses it) is left out, and estimate's answer is check's."""
+    path = tmp_path / "grpo.yaml"
+    path.write_text(GRPO)
+    d, e = _check_then_estimate(cli, path)
+    assert "stack" not in d["check"]["settings"] and d["memory"] == e["memory"]

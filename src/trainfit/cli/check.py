@@ -81,8 +81,9 @@ def flag(name: str) -> str:
 
 
 def settings_of(readings, req) -> dict:
-    """The settings the files set, as the request holds them."""
-    names = [k for r in readings for k in r.values]
+    """The settings the files set, as the request holds them; those that do not apply to its mode (a GRPOConfig's
+    stack: the request refuses them away from their defaults) left out, as `trainfit estimate` refuses them written."""
+    names = [k for r in readings for k in r.values if req.mode in BY_NAME[k].meta.modes]
     return {k: getattr(req, k) for k in dict.fromkeys(names + (["grad_accum"] if any(r.global_batch for r in readings)
                                                                else []) + (["dp"] if req.dp != 1 else []))}
 
